@@ -1,0 +1,6 @@
+/* hixl: everything a user needs, in one include. */
+#ifndef HIXL_H
+#define HIXL_H
+#include "hixl/hixl_status.h"
+#include "hixl/hixl_engine.h"
+#endif

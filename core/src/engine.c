@@ -1,0 +1,640 @@
+/* engine: the public HixlEngine* API. Validates every argument, then works on the
+ * engine state under its lock; the wire and socket work lives in engine_link.c. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine_int.h"
+#include "log.h"
+#include "sock.h"
+#include "status_int.h"
+
+#define CHECK_ARG(cond, ...) \
+  do {                       \
+    if (!(cond)) return hixl_fail(HIXL_PARAM_INVALID, __VA_ARGS__); \
+  } while (0)
+
+/* Lock e and check it is initialized; on failure the lock is not held. */
+static HixlStatus engine_enter(HixlEngine *e, const char *fn) {
+  if (!e) return hixl_fail(HIXL_PARAM_INVALID, "%s: engine is NULL", fn);
+  pthread_mutex_lock(&e->lock);
+  if (!e->initialized) {
+    pthread_mutex_unlock(&e->lock);
+    return hixl_fail(HIXL_PARAM_INVALID, "%s: engine is not initialized; call HixlEngineInitialize first", fn);
+  }
+  return HIXL_SUCCESS;
+}
+
+static HixlStatus check_timeout(int32_t timeout_ms, const char *fn) {
+  CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms %d is negative (0 means the default %d ms)", fn, timeout_ms,
+            HIXL_DEFAULT_TIMEOUT_MS);
+  return HIXL_SUCCESS;
+}
+
+static struct peer *find_peer(HixlEngine *e, const char *name) {
+  for (struct peer *p = e->peers; p; p = p->next)
+    if (strcmp(p->name, name) == 0) return p;
+  return NULL;
+}
+
+static void peer_free(HixlEngine *e, struct peer *p) {
+  for (struct peer **pp = &e->peers; *pp; pp = &(*pp)->next)
+    if (*pp == p) {
+      *pp = p->next;
+      break;
+    }
+  for (size_t i = 0; i < p->rtab.count; i++) free(p->rtab.v[i]);
+  memtab_free(&p->rtab);
+  free(p);
+}
+
+HixlStatus HixlEngineCreate(HixlEngine **engine) {
+  pthread_condattr_t ca;
+  CHECK_ARG(engine, "HixlEngineCreate: engine output is NULL");
+  hixl_log_init();
+  HixlEngine *e = calloc(1, sizeof(*e));
+  if (!e) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineCreate: out of memory");
+  pthread_mutex_init(&e->lock, NULL);
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&e->cond, &ca);
+  pthread_condattr_destroy(&ca);
+  e->listen_fd = e->epfd = e->evfd = -1;
+  *engine = e;
+  return HIXL_SUCCESS;
+}
+
+HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const HixlOption *options,
+                                size_t num_options) {
+  struct hixl_options opts;
+  struct sockaddr_in sa;
+  bool has_port;
+  HixlStatus st;
+  CHECK_ARG(e, "HixlEngineInitialize: engine is NULL");
+  CHECK_ARG(local_engine && strlen(local_engine) < ENGINE_NAME_MAX,
+            "HixlEngineInitialize: local_engine is NULL or longer than %d characters", ENGINE_NAME_MAX - 1);
+  st = sock_parse_endpoint(local_engine, "local_engine", &sa, &has_port);
+  if (st != HIXL_SUCCESS) return st;
+  st = hixl_options_parse(options, num_options, &opts);
+  if (st != HIXL_SUCCESS) return st;
+  if (opts.transport == HIXL_TRANSPORT_RDMA || opts.transport == HIXL_TRANSPORT_SHM)
+    return hixl_fail(HIXL_UNSUPPORTED, "Transport \"%s\" is not available in this build yet; use auto or tcp",
+                     hixl_transport_name(opts.transport));
+
+  pthread_mutex_lock(&e->lock);
+  if (e->initialized) {
+    pthread_mutex_unlock(&e->lock);
+    return hixl_fail(HIXL_PARAM_INVALID, "HixlEngineInitialize: engine is already initialized as %s",
+                     e->local_name);
+  }
+  e->opts = opts;
+  e->local_addr = sa;
+  e->stopping = false;
+  snprintf(e->local_name, sizeof(e->local_name), "%s", local_engine);
+  e->listen_fd = has_port ? sock_listen(&sa, &st) : -1;
+  if (has_port && e->listen_fd < 0) goto unlock;
+  if (link_start(e, &st) < 0) {
+    st = hixl_fail(HIXL_FAILED, "HixlEngineInitialize: cannot start the progress thread: %s", strerror(errno));
+    goto close_listen;
+  }
+  e->initialized = true;
+  log_info("engine %s up (%s, transport %s)", e->local_name, has_port ? "listening" : "client only",
+           hixl_transport_name(opts.transport));
+  pthread_mutex_unlock(&e->lock);
+  return HIXL_SUCCESS;
+close_listen:
+  if (e->listen_fd >= 0) close(e->listen_fd);
+  e->listen_fd = -1;
+unlock:
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}
+
+HixlStatus HixlEngineFinalize(HixlEngine *e) {
+  HixlStatus st = engine_enter(e, "HixlEngineFinalize");
+  if (st != HIXL_SUCCESS) return st;
+  e->initialized = false; /* new calls are refused from here on */
+  pthread_mutex_unlock(&e->lock);
+  link_stop(e);
+  pthread_mutex_lock(&e->lock);
+  while (e->peers) peer_free(e, e->peers);
+  for (size_t i = 0; i < e->regs.count; i++) free(e->regs.v[i]);
+  memtab_free(&e->regs);
+  for (size_t i = 0; i < e->n_notifies; i++) {
+    free(e->notifies[i].name);
+    free(e->notifies[i].msg);
+    free(e->notifies[i].remote);
+  }
+  free(e->notifies);
+  e->notifies = NULL;
+  e->n_notifies = e->cap_notifies = 0;
+  if (e->listen_fd >= 0) close(e->listen_fd);
+  e->listen_fd = -1;
+  pthread_mutex_unlock(&e->lock);
+  return HIXL_SUCCESS;
+}
+
+HixlStatus HixlEngineDestroy(HixlEngine *e) {
+  CHECK_ARG(e, "HixlEngineDestroy: engine is NULL");
+  if (e->initialized) HixlEngineFinalize(e);
+  /* Async requests never queried: every chunk ended when the links closed. */
+  for (size_t i = 0; i < e->reqs.cap; i++) {
+    struct hixl_transfer_req *r = e->reqs.slots[i];
+    if (r) {
+      free(r->chunks);
+      free(r);
+    }
+  }
+  ptrset_free(&e->reqs);
+  pthread_cond_destroy(&e->cond);
+  pthread_mutex_destroy(&e->lock);
+  free(e);
+  return HIXL_SUCCESS;
+}
+
+/* ---- memory ---- */
+
+HixlStatus HixlEngineRegisterMem(HixlEngine *e, const HixlMemDesc *mem, HixlMemType type, HixlMemHandle *handle) {
+  struct memtab_entry *clash;
+  CHECK_ARG(mem && handle, "HixlEngineRegisterMem: mem or handle is NULL");
+  CHECK_ARG(mem->addr != 0 && mem->len > 0, "HixlEngineRegisterMem: empty range [0x%lx, +%zu)",
+            (unsigned long)mem->addr, mem->len);
+  CHECK_ARG(mem->addr + mem->len > mem->addr, "HixlEngineRegisterMem: range [0x%lx, +%zu) wraps around",
+            (unsigned long)mem->addr, mem->len);
+  if (type == HIXL_MEM_DEVICE)
+    return hixl_fail(HIXL_UNSUPPORTED,
+                     "HixlEngineRegisterMem: device memory needs an accelerator backend, and this build has none");
+  CHECK_ARG(type == HIXL_MEM_HOST, "HixlEngineRegisterMem: unknown memory type %d", (int)type);
+  HixlStatus st = engine_enter(e, "HixlEngineRegisterMem");
+  if (st != HIXL_SUCCESS) return st;
+  struct hixl_mem_reg *r = NULL;
+  if (e->regs.count >= HIXL_MAX_REGISTRATIONS) {
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineRegisterMem: %d registrations already (the limit)",
+                   HIXL_MAX_REGISTRATIONS);
+    goto unlock;
+  }
+  r = calloc(1, sizeof(*r));
+  if (!r) {
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineRegisterMem: out of memory");
+    goto unlock;
+  }
+  r->range.addr = mem->addr;
+  r->range.len = mem->len;
+  r->type = type;
+  if (memtab_add(&e->regs, &r->range, &clash) < 0) {
+    if (clash)
+      st = hixl_fail(HIXL_PARAM_INVALID, "HixlEngineRegisterMem: [0x%lx, +%zu) overlaps registered [0x%llx, +%llu)",
+                     (unsigned long)mem->addr, mem->len, (unsigned long long)clash->addr,
+                     (unsigned long long)clash->len);
+    else
+      st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineRegisterMem: out of memory");
+    free(r);
+    goto unlock;
+  }
+  link_broadcast_mem(e, WIRE_MEM_ADD, r);
+  *handle = r;
+unlock:
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}
+
+HixlStatus HixlEngineDeregisterMem(HixlEngine *e, HixlMemHandle handle) {
+  CHECK_ARG(handle, "HixlEngineDeregisterMem: handle is NULL");
+  HixlStatus st = engine_enter(e, "HixlEngineDeregisterMem");
+  if (st != HIXL_SUCCESS) return st;
+  struct hixl_mem_reg *r = NULL;
+  for (size_t i = 0; i < e->regs.count && !r; i++)
+    if (e->regs.v[i] == &handle->range) r = handle;
+  if (!r) {
+    st = hixl_fail(HIXL_PARAM_INVALID, "HixlEngineDeregisterMem: handle %p is not registered with this engine",
+                   (void *)handle);
+  } else if (r->inflight > 0) {
+    st = hixl_fail(HIXL_FAILED,
+                   "HixlEngineDeregisterMem: %u transfer chunks on [0x%llx, +%llu) are still in flight; "
+                   "wait for them or Disconnect the peer first",
+                   r->inflight, (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
+  } else {
+    memtab_remove(&e->regs, &r->range);
+    link_broadcast_mem(e, WIRE_MEM_DEL, r);
+    free(r);
+  }
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}
+
+/* ---- links ---- */
+
+/* Exchange HELLO / HELLO_ACK on a fresh blocking socket; fills the peer. */
+static HixlStatus handshake(HixlEngine *e, int fd, const char *remote, uint64_t deadline, struct peer *p) {
+  uint8_t hello[WIRE_HDR_LEN + 6 + WIRE_MAX_NAME], hb[WIRE_HDR_LEN];
+  struct wire_wr w;
+  struct wire_hdr h;
+  struct wire_msg m;
+  HixlStatus st;
+  wire_begin(&w, hello, sizeof(hello), WIRE_HELLO);
+  wire_put_u32(&w, WIRE_CAP_TCP_DATA);
+  wire_put_u16(&w, (uint16_t)strlen(e->local_name));
+  wire_put_bytes(&w, e->local_name, strlen(e->local_name));
+  st = sock_send_all(fd, hello, wire_end(&w, 0), deadline);
+  if (st == HIXL_SUCCESS) st = sock_recv_all(fd, hb, sizeof(hb), deadline);
+  if (st != HIXL_SUCCESS)
+    return hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());
+  enum wire_err err = wire_parse_hdr(hb, &h);
+  if (err == WIRE_EVERSION)
+    return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s speaks hixl protocol version %u, this engine %u", remote,
+                     h.version, WIRE_VERSION);
+  if (err != WIRE_OK || h.type != WIRE_HELLO_ACK)
+    return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s is not a hixl engine (%s)", remote,
+                     err != WIRE_OK ? wire_err_str(err) : "unexpected first frame");
+  uint8_t *body = malloc(h.body_len);
+  if (!body) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: out of memory");
+  st = sock_recv_all(fd, body, h.body_len, deadline);
+  if (st != HIXL_SUCCESS) {
+    st = hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());
+    goto out;
+  }
+  if (wire_decode(&h, body, &m) != WIRE_OK) {
+    st = hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s sent a malformed HELLO_ACK", remote);
+    goto out;
+  }
+  if (m.u.hello_ack.status != WIRE_HELLO_OK) {
+    st = hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s refused the link (%s)", remote,
+                   m.u.hello_ack.status == WIRE_HELLO_VERSION ? "protocol version mismatch" : "refused");
+    goto out;
+  }
+  snprintf(p->remote_name, sizeof(p->remote_name), "%.*s", (int)m.u.hello_ack.name_len,
+           (const char *)m.u.hello_ack.name);
+  const uint8_t *cur = m.u.hello_ack.entries;
+  size_t left = m.u.hello_ack.entries_len;
+  struct wire_mem_entry me;
+  while (wire_mem_entry_next(&cur, &left, &me)) {
+    struct memtab_entry *ent = malloc(sizeof(*ent)), *clash;
+    if (!ent) {
+      st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: out of memory");
+      goto out;
+    }
+    ent->addr = me.addr;
+    ent->len = me.len;
+    if (memtab_add(&p->rtab, ent, &clash) < 0) free(ent);
+  }
+out:
+  free(body);
+  return st;
+}
+
+HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_ms) {
+  struct sockaddr_in sa;
+  bool has_port;
+  HixlStatus st;
+  CHECK_ARG(remote && strlen(remote) < ENGINE_NAME_MAX, "HixlEngineConnect: remote_engine is NULL or too long");
+  if ((st = check_timeout(timeout_ms, "HixlEngineConnect")) != HIXL_SUCCESS) return st;
+  if ((st = sock_parse_endpoint(remote, "remote_engine", &sa, &has_port)) != HIXL_SUCCESS) return st;
+  CHECK_ARG(has_port, "HixlEngineConnect: remote_engine \"%s\" needs a port (\"ip:port\")", remote);
+  uint64_t deadline = hixl_deadline_ns(timeout_ms);
+  if ((st = engine_enter(e, "HixlEngineConnect")) != HIXL_SUCCESS) return st;
+  struct peer *old = find_peer(e, remote);
+  bool connected = old && old->conn;
+  pthread_mutex_unlock(&e->lock);
+  if (connected) return hixl_fail(HIXL_ALREADY_CONNECTED, "HixlEngineConnect: already connected to %s", remote);
+
+  struct peer *p = calloc(1, sizeof(*p));
+  if (!p) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: out of memory");
+  snprintf(p->name, sizeof(p->name), "%s", remote);
+  int fd = sock_connect(&sa, deadline, &st);
+  if (fd < 0) goto free_peer;
+  st = handshake(e, fd, remote, deadline, p);
+  if (st != HIXL_SUCCESS) goto close_fd;
+
+  if ((st = engine_enter(e, "HixlEngineConnect")) != HIXL_SUCCESS) goto close_fd;
+  old = find_peer(e, remote);
+  if (old && old->conn) {
+    pthread_mutex_unlock(&e->lock);
+    st = hixl_fail(HIXL_ALREADY_CONNECTED, "HixlEngineConnect: already connected to %s", remote);
+    goto close_fd;
+  }
+  if (old) peer_free(e, old); /* a link that broke earlier: replaced */
+  struct conn *c = link_conn_new(e, fd, CONN_INITIATOR);
+  if (!c || link_conn_watch(c) < 0) {
+    pthread_mutex_unlock(&e->lock);
+    if (c) {
+      free(c->rxbuf);
+      free(c);
+    }
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: cannot set up the link to %s", remote);
+    goto close_fd;
+  }
+  snprintf(c->remote_name, sizeof(c->remote_name), "%s", p->remote_name[0] ? p->remote_name : remote);
+  c->peer = p;
+  p->conn = c;
+  p->next = e->peers;
+  e->peers = p;
+  log_info("connected to %s (%zu remote registrations)", remote, p->rtab.count);
+  pthread_mutex_unlock(&e->lock);
+  return HIXL_SUCCESS;
+close_fd:
+  close(fd);
+free_peer:
+  for (size_t i = 0; i < p->rtab.count; i++) free(p->rtab.v[i]);
+  memtab_free(&p->rtab);
+  free(p);
+  return st;
+}
+
+HixlStatus HixlEngineDisconnect(HixlEngine *e, const char *remote, int32_t timeout_ms) {
+  HixlStatus st;
+  CHECK_ARG(remote, "HixlEngineDisconnect: remote_engine is NULL");
+  if ((st = check_timeout(timeout_ms, "HixlEngineDisconnect")) != HIXL_SUCCESS) return st;
+  if ((st = engine_enter(e, "HixlEngineDisconnect")) != HIXL_SUCCESS) return st;
+  struct peer *p = find_peer(e, remote);
+  if (!p) {
+    st = hixl_fail(HIXL_NOT_CONNECTED, "HixlEngineDisconnect: not connected to %s", remote);
+  } else {
+    if (p->conn) link_conn_kill(p->conn, HIXL_FAILED, "disconnected by the local engine");
+    peer_free(e, p);
+  }
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}
+
+/* ---- transfers ---- */
+
+/* The live link to remote, or NULL with the reason recorded. Lock held. */
+static struct conn *link_for(HixlEngine *e, const char *remote, const char *fn, HixlStatus *st) {
+  struct peer *p = find_peer(e, remote);
+  if (!p) {
+    *st = hixl_fail(HIXL_NOT_CONNECTED, "%s: not connected to %s; call HixlEngineConnect first", fn, remote);
+    return NULL;
+  }
+  if (!p->conn) {
+    *st = hixl_fail(HIXL_NOT_CONNECTED, "%s: the link to %s was lost (%s); call HixlEngineConnect again", fn,
+                    remote, p->broken_why);
+    return NULL;
+  }
+  return p->conn;
+}
+
+static struct hixl_transfer_req *req_new(HixlEngine *e, uint32_t nchunks, int32_t timeout_ms) {
+  struct hixl_transfer_req *r = calloc(1, sizeof(*r));
+  if (!r) return NULL;
+  r->chunks = calloc(nchunks, sizeof(*r->chunks));
+  if (!r->chunks) {
+    free(r);
+    return NULL;
+  }
+  r->eng = e;
+  r->nchunks = r->outstanding = nchunks;
+  r->user_holds = true;
+  r->deadline_ns = hixl_deadline_ns(timeout_ms);
+  return r;
+}
+
+/* Wait for a request the caller holds, then let go of it. Lock held. */
+static HixlStatus req_wait(HixlEngine *e, struct hixl_transfer_req *r, const char *fn, const char *remote) {
+  struct timespec ts = {.tv_sec = (time_t)(r->deadline_ns / 1000000000ull),
+                        .tv_nsec = (long)(r->deadline_ns % 1000000000ull)};
+  HixlStatus st = HIXL_SUCCESS;
+  while (r->outstanding > 0)
+    if (pthread_cond_timedwait(&e->cond, &e->lock, &ts) == ETIMEDOUT) break;
+  if (r->outstanding > 0) {
+    r->cancelled = true;
+    st = hixl_fail(HIXL_TIMEOUT, "%s: %u of %u chunks to %s unanswered at the deadline", fn, r->outstanding,
+                   r->nchunks, remote);
+  } else if (r->status != HIXL_SUCCESS) {
+    st = hixl_fail(r->status, "%s: %s", fn, r->err);
+  }
+  r->user_holds = false;
+  link_req_maybe_free(r);
+  return st;
+}
+
+static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransferOp op,
+                                  const HixlTransferOpDesc *descs, size_t count, int32_t timeout_ms,
+                                  const char *fn, struct hixl_transfer_req **out) {
+  HixlStatus st;
+  CHECK_ARG(remote, "%s: remote_engine is NULL", fn);
+  CHECK_ARG(op == HIXL_READ || op == HIXL_WRITE, "%s: op %d is neither HIXL_READ nor HIXL_WRITE", fn, (int)op);
+  CHECK_ARG(descs && count > 0 && count <= HIXL_MAX_BATCH, "%s: need 1 to %d op descriptors, got %zu%s", fn,
+            HIXL_MAX_BATCH, count, descs ? "" : " (descs is NULL)");
+  if ((st = check_timeout(timeout_ms, fn)) != HIXL_SUCCESS) return st;
+  uint64_t nchunks = 0;
+  for (size_t i = 0; i < count; i++) {
+    CHECK_ARG(descs[i].len > 0, "%s: op %zu has length 0", fn, i);
+    CHECK_ARG(descs[i].local_addr + descs[i].len > descs[i].local_addr &&
+                  descs[i].remote_addr + descs[i].len > descs[i].remote_addr,
+              "%s: op %zu range wraps around the address space", fn, i);
+    nchunks += (descs[i].len + ENGINE_TCP_CHUNK - 1) / ENGINE_TCP_CHUNK;
+  }
+  CHECK_ARG(nchunks <= UINT32_MAX / 2, "%s: batch is too large", fn);
+  if ((st = engine_enter(e, fn)) != HIXL_SUCCESS) return st;
+  struct conn *c = link_for(e, remote, fn, &st);
+  struct hixl_mem_reg **lregs = NULL;
+  struct hixl_transfer_req *r = NULL;
+  if (!c) goto unlock;
+  lregs = malloc(count * sizeof(*lregs));
+  if (!lregs) {
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+    goto unlock;
+  }
+  for (size_t i = 0; i < count; i++) {
+    lregs[i] = (struct hixl_mem_reg *)memtab_find(&e->regs, descs[i].local_addr, descs[i].len);
+    if (!lregs[i]) {
+      st = hixl_fail(HIXL_PARAM_INVALID, "%s: op %zu local range [0x%lx, +%zu) is not inside memory registered "
+                     "with this engine", fn, i, (unsigned long)descs[i].local_addr, descs[i].len);
+      goto unlock;
+    }
+  }
+  r = req_new(e, (uint32_t)nchunks, timeout_ms);
+  if (!r) {
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory for %llu chunks", fn, (unsigned long long)nchunks);
+    goto unlock;
+  }
+  struct chunk *ch = r->chunks;
+  for (size_t i = 0; i < count; i++) {
+    for (size_t off = 0; off < descs[i].len; off += ENGINE_TCP_CHUNK, ch++) {
+      size_t len = descs[i].len - off < ENGINE_TCP_CHUNK ? descs[i].len - off : ENGINE_TCP_CHUNK;
+      ch->req = r;
+      ch->lreg = lregs[i];
+      ch->lreg->inflight++;
+      ch->laddr = (uint8_t *)(descs[i].local_addr + off);
+      ch->raddr = descs[i].remote_addr + off;
+      ch->len = (uint32_t)len;
+      ch->seq = c->next_seq++;
+      ch->kind = op == HIXL_READ ? CHUNK_READ : CHUNK_WRITE;
+      ch->tx.chunk = ch;
+      if (op == HIXL_WRITE) {
+        ch->tx.hdr_len = (uint32_t)wire_put_write_req(ch->tx.hdr, ch->seq, ch->raddr, ch->len);
+        ch->tx.payload = ch->laddr;
+        ch->tx.payload_len = len;
+      } else {
+        ch->tx.hdr_len = (uint32_t)wire_put_read_req(ch->tx.hdr, ch->seq, ch->raddr, ch->len);
+      }
+      link_enqueue(c, &ch->tx);
+    }
+  }
+  link_flush(c); /* the caller's thread starts the sending; the progress thread goes on */
+  *out = r;
+unlock:
+  free(lregs);
+  if (st != HIXL_SUCCESS) pthread_mutex_unlock(&e->lock);
+  return st; /* on success the lock is still held */
+}
+
+HixlStatus HixlEngineTransferSync(HixlEngine *e, const char *remote, HixlTransferOp op,
+                                  const HixlTransferOpDesc *descs, size_t count, int32_t timeout_ms) {
+  struct hixl_transfer_req *r;
+  HixlStatus st = transfer_submit(e, remote, op, descs, count, timeout_ms, "HixlEngineTransferSync", &r);
+  if (st != HIXL_SUCCESS) return st;
+  st = req_wait(e, r, "HixlEngineTransferSync", remote);
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}
+
+HixlStatus HixlEngineTransferAsync(HixlEngine *e, const char *remote, HixlTransferOp op,
+                                   const HixlTransferOpDesc *descs, size_t count, int32_t timeout_ms,
+                                   void *user_data, HixlTransferReq *req) {
+  struct hixl_transfer_req *r;
+  CHECK_ARG(req, "HixlEngineTransferAsync: req output is NULL");
+  HixlStatus st = transfer_submit(e, remote, op, descs, count, timeout_ms, "HixlEngineTransferAsync", &r);
+  if (st != HIXL_SUCCESS) return st;
+  r->is_async = true;
+  r->user_data = user_data;
+  if (ptrset_add(&e->reqs, r) < 0) {
+    r->cancelled = true;
+    r->user_holds = false;
+    link_req_maybe_free(r);
+    pthread_mutex_unlock(&e->lock);
+    return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineTransferAsync: out of memory");
+  }
+  *req = r;
+  pthread_mutex_unlock(&e->lock);
+  return HIXL_SUCCESS;
+}
+
+/* Lock e and find a request the caller still holds. */
+static HixlStatus req_enter(HixlEngine *e, HixlTransferReq req, const char *fn) {
+  if (!e) return hixl_fail(HIXL_PARAM_INVALID, "%s: engine is NULL", fn);
+  pthread_mutex_lock(&e->lock);
+  if (!req || !ptrset_has(&e->reqs, req)) {
+    pthread_mutex_unlock(&e->lock);
+    return hixl_fail(HIXL_PARAM_INVALID, "%s: request %p is unknown or was already released", fn, (void *)req);
+  }
+  return HIXL_SUCCESS;
+}
+
+HixlStatus HixlEngineGetTransferStatus(HixlEngine *e, HixlTransferReq req, HixlTransferStatus *status) {
+  CHECK_ARG(status, "HixlEngineGetTransferStatus: status output is NULL");
+  HixlStatus st = req_enter(e, req, "HixlEngineGetTransferStatus");
+  if (st != HIXL_SUCCESS) return st;
+  struct hixl_transfer_req *r = req;
+  HixlTransferStatus s = HIXL_TRANSFER_WAITING;
+  hixl_error_clear();
+  if (r->outstanding == 0) {
+    s = r->status == HIXL_SUCCESS ? HIXL_TRANSFER_COMPLETED
+        : r->status == HIXL_TIMEOUT ? HIXL_TRANSFER_TIMEOUT
+                                    : HIXL_TRANSFER_FAILED;
+    if (s != HIXL_TRANSFER_COMPLETED) hixl_fail(r->status, "transfer failed: %s", r->err);
+  } else if (hixl_now_ns() >= r->deadline_ns) {
+    s = HIXL_TRANSFER_TIMEOUT;
+    r->cancelled = true;
+    hixl_fail(HIXL_TIMEOUT, "transfer: %u of %u chunks unanswered at the deadline", r->outstanding, r->nchunks);
+  }
+  if (s != HIXL_TRANSFER_WAITING) {
+    ptrset_del(&e->reqs, r);
+    r->user_holds = false;
+    link_req_maybe_free(r);
+  }
+  *status = s;
+  pthread_mutex_unlock(&e->lock);
+  return HIXL_SUCCESS;
+}
+
+HixlStatus HixlEngineGetTransferUserData(HixlEngine *e, HixlTransferReq req, void **user_data) {
+  CHECK_ARG(user_data, "HixlEngineGetTransferUserData: user_data output is NULL");
+  HixlStatus st = req_enter(e, req, "HixlEngineGetTransferUserData");
+  if (st != HIXL_SUCCESS) return st;
+  *user_data = req->user_data;
+  pthread_mutex_unlock(&e->lock);
+  return HIXL_SUCCESS;
+}
+
+/* ---- notifications ---- */
+
+HixlStatus HixlEngineSendNotify(HixlEngine *e, const char *remote, const HixlNotifyDesc *n, int32_t timeout_ms) {
+  HixlStatus st;
+  CHECK_ARG(remote && n && n->name && n->msg, "HixlEngineSendNotify: remote_engine, notify, name or msg is NULL");
+  size_t nl = strnlen(n->name, HIXL_MAX_NOTIFY_LEN + 1), ml = strnlen(n->msg, HIXL_MAX_NOTIFY_LEN + 1);
+  CHECK_ARG(nl <= HIXL_MAX_NOTIFY_LEN && ml <= HIXL_MAX_NOTIFY_LEN,
+            "HixlEngineSendNotify: name and msg are limited to %d bytes each", HIXL_MAX_NOTIFY_LEN);
+  if ((st = check_timeout(timeout_ms, "HixlEngineSendNotify")) != HIXL_SUCCESS) return st;
+  size_t cap = WIRE_HDR_LEN + 12 + nl + ml;
+  uint8_t *frame = malloc(cap);
+  if (!frame) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineSendNotify: out of memory");
+  if ((st = engine_enter(e, "HixlEngineSendNotify")) != HIXL_SUCCESS) {
+    free(frame);
+    return st;
+  }
+  struct conn *c = link_for(e, remote, "HixlEngineSendNotify", &st);
+  struct hixl_transfer_req *r = c ? req_new(e, 1, timeout_ms) : NULL;
+  if (!r) {
+    if (c) st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineSendNotify: out of memory");
+    free(frame);
+    pthread_mutex_unlock(&e->lock);
+    return st;
+  }
+  struct chunk *ch = r->chunks;
+  struct wire_wr w;
+  ch->req = r;
+  ch->kind = CHUNK_NOTIFY;
+  ch->seq = c->next_seq++;
+  wire_begin(&w, frame, cap, WIRE_NOTIFY);
+  wire_put_u64(&w, ch->seq);
+  wire_put_u16(&w, (uint16_t)nl);
+  wire_put_u16(&w, (uint16_t)ml);
+  wire_put_bytes(&w, n->name, nl);
+  wire_put_bytes(&w, n->msg, ml);
+  ch->tx.heap = frame;
+  ch->tx.heap_len = wire_end(&w, 0);
+  ch->tx.chunk = ch;
+  link_enqueue(c, &ch->tx);
+  link_flush(c);
+  st = req_wait(e, r, "HixlEngineSendNotify", remote);
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}
+
+HixlStatus HixlEngineGetNotifies(HixlEngine *e, HixlNotifyDesc **notifies, size_t *count) {
+  CHECK_ARG(notifies && count, "HixlEngineGetNotifies: notifies or count output is NULL");
+  HixlStatus st = engine_enter(e, "HixlEngineGetNotifies");
+  if (st != HIXL_SUCCESS) return st;
+  size_t n = e->n_notifies, bytes = n * sizeof(HixlNotifyDesc);
+  for (size_t i = 0; i < n; i++)
+    bytes += strlen(e->notifies[i].name) + strlen(e->notifies[i].msg) + strlen(e->notifies[i].remote) + 3;
+  HixlNotifyDesc *out = NULL;
+  if (n > 0 && !(out = malloc(bytes))) {
+    pthread_mutex_unlock(&e->lock);
+    return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineGetNotifies: out of memory");
+  }
+  char *s = (char *)(out + n);
+  for (size_t i = 0; i < n; i++) {
+    char *const parts[3] = {e->notifies[i].name, e->notifies[i].msg, e->notifies[i].remote};
+    const char **dst[3] = {&out[i].name, &out[i].msg, &out[i].remote_engine};
+    for (int k = 0; k < 3; k++) {
+      size_t l = strlen(parts[k]) + 1;
+      memcpy(s, parts[k], l);
+      *dst[k] = s;
+      s += l;
+      free(parts[k]);
+    }
+  }
+  e->n_notifies = 0;
+  pthread_mutex_unlock(&e->lock);
+  *notifies = out;
+  *count = n;
+  return HIXL_SUCCESS;
+}
+
+void HixlEngineFreeNotifies(HixlNotifyDesc *notifies) { free(notifies); }

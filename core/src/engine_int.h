@@ -1,0 +1,146 @@
+/* engine internals: shared by engine.c (public API) and engine_link.c (progress
+ * thread, connections, wire handling). One mutex per engine guards everything
+ * here; the progress thread takes it for each batch of events. */
+#ifndef HIXL_ENGINE_INT_H
+#define HIXL_ENGINE_INT_H
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "hixl/hixl_engine.h"
+#include "memtab.h"
+#include "options.h"
+#include "ptrset.h"
+#include "wire.h"
+
+#define ENGINE_TCP_CHUNK (1u << 20) /* ops larger than this are split */
+#define ENGINE_RXBUF (256u << 10)
+#define ENGINE_NAME_MAX 64
+
+struct hixl_mem_reg {
+  struct memtab_entry range; /* first: the memtab holds pointers to it */
+  HixlMemType type;
+  uint32_t inflight; /* chunks in flight that touch the range, either role */
+};
+
+/* One frame to send: a small inline header, or a heap frame, then an optional
+ * payload taken straight from registered memory. */
+struct txitem {
+  struct txitem *next;
+  uint8_t hdr[WIRE_SMALL_FRAME];
+  uint32_t hdr_len;
+  uint8_t *heap; /* owned; freed once sent */
+  size_t heap_len;
+  const uint8_t *payload;
+  size_t payload_len;
+  size_t sent;               /* bytes of hdr, heap and payload sent so far */
+  struct chunk *chunk;       /* initiator: awaits a response once sent */
+  struct hixl_mem_reg *reg;  /* target READ_RESP: inflight released once sent */
+};
+
+enum chunk_kind { CHUNK_WRITE, CHUNK_READ, CHUNK_NOTIFY };
+
+/* One request frame an initiator sends and the response it waits for. */
+struct chunk {
+  struct txitem tx;
+  struct chunk *next_pending;
+  struct hixl_transfer_req *req;
+  struct hixl_mem_reg *lreg; /* NULL for notify */
+  uint8_t *laddr;
+  uint64_t raddr;
+  uint32_t len;
+  uint64_t seq;
+  enum chunk_kind kind;
+};
+
+struct hixl_transfer_req {
+  struct HixlEngine *eng;
+  struct chunk *chunks;
+  uint32_t nchunks;
+  uint32_t outstanding; /* chunks not yet ended */
+  HixlStatus status;    /* first failure, or SUCCESS */
+  bool user_holds;      /* the caller may still ask about it */
+  bool cancelled;       /* timed out: unsent chunks are dropped, late data discarded */
+  bool is_async;
+  uint64_t deadline_ns;
+  void *user_data;
+  char err[256];
+};
+
+enum conn_role { CONN_TARGET_HELLO, CONN_TARGET, CONN_INITIATOR };
+
+struct peer;
+
+struct conn {
+  struct HixlEngine *eng;
+  struct conn *next; /* engine's list of live connections */
+  int fd;
+  enum conn_role role;
+  bool dead;
+  bool want_out; /* EPOLLOUT armed */
+  struct peer *peer; /* initiator side */
+  char remote_name[WIRE_MAX_NAME + 1];
+  /* receive */
+  uint8_t *rxbuf;
+  size_t rx_start, rx_end;
+  uint8_t *pay_dst;   /* payload streaming: destination, or NULL to discard */
+  size_t pay_left;
+  struct chunk *pay_chunk;   /* initiator READ_RESP being received */
+  struct hixl_mem_reg *pay_reg; /* target WRITE_REQ being received */
+  uint64_t pay_seq;
+  uint32_t pay_status;
+  /* send */
+  struct txitem *txq_head, *txq_tail;
+  /* initiator: chunks sent, in the order their responses will come */
+  struct chunk *pend_head, *pend_tail;
+  uint64_t next_seq;
+};
+
+struct peer {
+  struct peer *next;
+  char name[ENGINE_NAME_MAX];       /* as given to Connect */
+  char remote_name[WIRE_MAX_NAME + 1]; /* as the peer calls itself */
+  struct conn *conn;                /* NULL once the link broke */
+  struct memtab rtab;               /* the peer's registrations, as advertised */
+  char broken_why[256];
+};
+
+struct notify_item {
+  char *name, *msg, *remote;
+};
+
+struct HixlEngine {
+  pthread_mutex_t lock;
+  pthread_cond_t cond; /* a request ended, on any link */
+  bool initialized;
+  bool stopping;
+  char local_name[ENGINE_NAME_MAX];
+  struct sockaddr_in local_addr;
+  struct hixl_options opts;
+  int listen_fd, epfd, evfd;
+  pthread_t thread;
+  struct memtab regs;
+  struct peer *peers;
+  struct conn *conns;
+  struct conn *graveyard; /* killed, freed by the progress thread after a batch */
+  struct ptrset reqs;     /* async requests the caller holds */
+  struct notify_item *notifies;
+  size_t n_notifies, cap_notifies;
+  uint8_t scratch[64 << 10]; /* sink for discarded payload */
+};
+
+/* engine_link.c */
+int link_start(struct HixlEngine *e, HixlStatus *st);
+void link_stop(struct HixlEngine *e);
+struct conn *link_conn_new(struct HixlEngine *e, int fd, enum conn_role role);
+int link_conn_watch(struct conn *c);
+void link_conn_kill(struct conn *c, HixlStatus st, const char *why);
+void link_flush(struct conn *c);
+void link_enqueue(struct conn *c, struct txitem *it);
+void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct hixl_mem_reg *r);
+void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why);
+void link_req_maybe_free(struct hixl_transfer_req *r);
+
+#endif

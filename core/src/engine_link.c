@@ -1,0 +1,659 @@
+/* engine_link: the progress thread and the TCP connections it drives.
+ *
+ * Each connection has one role. A target connection (accepted) serves WRITE_REQ,
+ * READ_REQ and NOTIFY from its initiator, checking every range against the
+ * engine's registrations first. An initiator connection (from Connect) sends
+ * request frames and matches responses, which come back in request order, to a
+ * FIFO of pending chunks. Payloads move between the socket and registered memory
+ * with no copy when they are large; small ones are copied out of the receive
+ * buffer they arrived in. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "engine_int.h"
+#include "log.h"
+#include "sock.h"
+
+#define LINK_IOV_MAX 256
+#define LINK_READ_BUDGET (32u << 20) /* bytes per event before other links get a turn */
+
+/* ---- requests and chunks ---- */
+
+void link_req_maybe_free(struct hixl_transfer_req *r) {
+  if (r->outstanding == 0 && !r->user_holds) {
+    free(r->chunks);
+    free(r);
+  }
+}
+
+void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why) {
+  struct hixl_transfer_req *r = ch->req;
+  if (ch->lreg) ch->lreg->inflight--;
+  if (st != HIXL_SUCCESS && r->status == HIXL_SUCCESS) {
+    r->status = st;
+    snprintf(r->err, sizeof(r->err), "%s", why);
+  }
+  if (--r->outstanding == 0) {
+    pthread_cond_broadcast(&r->eng->cond);
+    link_req_maybe_free(r);
+  }
+}
+
+/* ---- connections ---- */
+
+struct conn *link_conn_new(struct HixlEngine *e, int fd, enum conn_role role) {
+  struct conn *c = calloc(1, sizeof(*c));
+  if (!c) return NULL;
+  c->rxbuf = malloc(ENGINE_RXBUF);
+  if (!c->rxbuf) {
+    free(c);
+    return NULL;
+  }
+  c->eng = e;
+  c->fd = fd;
+  c->role = role;
+  c->next_seq = 1;
+  return c;
+}
+
+int link_conn_watch(struct conn *c) {
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+  if (sock_set_nonblock(c->fd, true) < 0 || epoll_ctl(c->eng->epfd, EPOLL_CTL_ADD, c->fd, &ev) < 0)
+    return -1;
+  c->next = c->eng->conns;
+  c->eng->conns = c;
+  return 0;
+}
+
+static void txitem_done(struct txitem *it) {
+  free(it->heap);
+  it->heap = NULL;
+  if (it->reg) it->reg->inflight--;
+  if (!it->chunk) free(it);
+}
+
+/* End everything the connection holds, close it and queue it for freeing. */
+void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
+  struct HixlEngine *e = c->eng;
+  char msg[384];
+  if (c->dead) return;
+  c->dead = true;
+  snprintf(msg, sizeof(msg), "link %s %s: %s",
+           c->role == CONN_INITIATOR ? "to" : "from",
+           c->remote_name[0] ? c->remote_name : "(handshaking peer)", why);
+  if (c->pay_reg) c->pay_reg->inflight--;
+  c->pay_reg = NULL;
+  /* Unsent frames: chunks end with the link's fate, responses are dropped. */
+  while (c->txq_head) {
+    struct txitem *it = c->txq_head;
+    c->txq_head = it->next;
+    struct chunk *ch = it->chunk;
+    txitem_done(it);
+    if (ch) link_chunk_end(ch, st, msg);
+  }
+  c->txq_tail = NULL;
+  while (c->pend_head) {
+    struct chunk *ch = c->pend_head;
+    c->pend_head = ch->next_pending;
+    link_chunk_end(ch, st, msg);
+  }
+  c->pend_tail = NULL;
+  if (c->peer) {
+    snprintf(c->peer->broken_why, sizeof(c->peer->broken_why), "%s", why);
+    c->peer->conn = NULL;
+    c->peer = NULL;
+  }
+  epoll_ctl(e->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+  close(c->fd);
+  c->fd = -1;
+  for (struct conn **pp = &e->conns; *pp; pp = &(*pp)->next)
+    if (*pp == c) {
+      *pp = c->next;
+      break;
+    }
+  c->next = e->graveyard;
+  e->graveyard = c;
+  if (st != HIXL_SUCCESS) log_warn("%s", msg);
+}
+
+static void link_free_graveyard(struct HixlEngine *e) {
+  while (e->graveyard) {
+    struct conn *c = e->graveyard;
+    e->graveyard = c->next;
+    free(c->rxbuf);
+    free(c);
+  }
+}
+
+void link_enqueue(struct conn *c, struct txitem *it) {
+  it->next = NULL;
+  it->sent = 0;
+  if (c->txq_tail)
+    c->txq_tail->next = it;
+  else
+    c->txq_head = it;
+  c->txq_tail = it;
+}
+
+static void set_want_out(struct conn *c, bool on) {
+  if (c->want_out == on || c->dead) return;
+  struct epoll_event ev = {.events = EPOLLIN | (on ? EPOLLOUT : 0), .data.ptr = c};
+  if (epoll_ctl(c->eng->epfd, EPOLL_CTL_MOD, c->fd, &ev) == 0) c->want_out = on;
+}
+
+/* Drop a chunk of a timed-out request that has not started on the wire. */
+static bool drop_if_cancelled(struct conn *c) {
+  struct txitem *it = c->txq_head;
+  if (!it->chunk || it->sent || !it->chunk->req->cancelled) return false;
+  c->txq_head = it->next;
+  if (!c->txq_head) c->txq_tail = NULL;
+  link_chunk_end(it->chunk, HIXL_TIMEOUT, "request timed out before it was sent");
+  return true;
+}
+
+/* Send as much of the queue as the socket takes, in gathered writes. */
+void link_flush(struct conn *c) {
+  while (c->txq_head && !c->dead) {
+    struct iovec iov[LINK_IOV_MAX];
+    int n = 0;
+    if (drop_if_cancelled(c)) continue;
+    for (struct txitem *it = c->txq_head; it && n + 3 <= LINK_IOV_MAX; it = it->next) {
+      size_t off = it->sent;
+      const struct {
+        const void *p;
+        size_t len;
+      } parts[3] = {{it->hdr, it->hdr_len}, {it->heap, it->heap_len}, {it->payload, it->payload_len}};
+      for (int k = 0; k < 3; k++) {
+        if (off >= parts[k].len) {
+          off -= parts[k].len;
+          continue;
+        }
+        iov[n].iov_base = (uint8_t *)parts[k].p + off;
+        iov[n].iov_len = parts[k].len - off;
+        n++;
+        off = 0;
+      }
+      if (it->next && it->next->chunk && it->next->chunk->req->cancelled) break;
+    }
+    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      if (errno == EINTR) continue;
+      char why[128];
+      snprintf(why, sizeof(why), "send failed: %s", strerror(errno));
+      link_conn_kill(c, HIXL_FAILED, why);
+      return;
+    }
+    size_t done = (size_t)k;
+    while (c->txq_head) {
+      struct txitem *it = c->txq_head;
+      size_t total = it->hdr_len + it->heap_len + it->payload_len;
+      size_t take = total - it->sent < done ? total - it->sent : done;
+      it->sent += take;
+      done -= take;
+      if (it->sent < total) break;
+      c->txq_head = it->next;
+      if (!c->txq_head) c->txq_tail = NULL;
+      struct chunk *ch = it->chunk;
+      txitem_done(it);
+      if (ch) {
+        ch->next_pending = NULL;
+        if (c->pend_tail)
+          c->pend_tail->next_pending = ch;
+        else
+          c->pend_head = ch;
+        c->pend_tail = ch;
+      }
+    }
+  }
+  if (!c->dead) set_want_out(c, c->txq_head != NULL);
+}
+
+/* Queue a small frame built by one of the wire_put_* helpers. */
+static int queue_small(struct conn *c, const uint8_t *frame, size_t len,
+                       const uint8_t *payload, size_t payload_len, struct hixl_mem_reg *reg) {
+  struct txitem *it = calloc(1, sizeof(*it));
+  if (!it) return -1;
+  memcpy(it->hdr, frame, len);
+  it->hdr_len = (uint32_t)len;
+  it->payload = payload;
+  it->payload_len = payload_len;
+  it->reg = reg;
+  link_enqueue(c, it);
+  return 0;
+}
+
+static int queue_heap(struct conn *c, uint8_t *frame, size_t len) {
+  struct txitem *it = calloc(1, sizeof(*it));
+  if (!it) return -1;
+  it->heap = frame;
+  it->heap_len = len;
+  link_enqueue(c, it);
+  return 0;
+}
+
+void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct hixl_mem_reg *r) {
+  for (struct conn *c = e->conns; c; c = c->next) {
+    if (c->role != CONN_TARGET) continue;
+    uint8_t *buf = malloc(WIRE_HDR_LEN + 18);
+    struct wire_wr w;
+    if (!buf) continue;
+    wire_begin(&w, buf, WIRE_HDR_LEN + 18, type);
+    wire_put_mem_entry(&w, r->range.addr, r->range.len, NULL);
+    size_t len = wire_end(&w, 0);
+    if (queue_heap(c, buf, len) < 0) {
+      free(buf);
+      link_conn_kill(c, HIXL_FAILED, "out of memory");
+      continue;
+    }
+    link_flush(c);
+  }
+}
+
+/* ---- target side ---- */
+
+static void send_hello_ack(struct conn *c, uint32_t status) {
+  struct HixlEngine *e = c->eng;
+  size_t cap = WIRE_HDR_LEN + 14 + strlen(e->local_name) + e->regs.count * 18;
+  uint8_t *buf = malloc(cap);
+  struct wire_wr w;
+  if (!buf) {
+    link_conn_kill(c, HIXL_FAILED, "out of memory building HELLO_ACK");
+    return;
+  }
+  wire_begin(&w, buf, cap, WIRE_HELLO_ACK);
+  wire_put_u32(&w, status);
+  wire_put_u32(&w, WIRE_CAP_TCP_DATA);
+  wire_put_u16(&w, (uint16_t)strlen(e->local_name));
+  wire_put_bytes(&w, e->local_name, strlen(e->local_name));
+  wire_put_u32(&w, status == WIRE_HELLO_OK ? (uint32_t)e->regs.count : 0);
+  for (size_t i = 0; status == WIRE_HELLO_OK && i < e->regs.count; i++)
+    wire_put_mem_entry(&w, e->regs.v[i]->addr, e->regs.v[i]->len, NULL);
+  size_t len = wire_end(&w, 0);
+  if (len == 0 || queue_heap(c, buf, len) < 0) {
+    free(buf);
+    link_conn_kill(c, HIXL_FAILED, "cannot build HELLO_ACK");
+    return;
+  }
+  link_flush(c);
+}
+
+static struct hixl_mem_reg *target_range(struct conn *c, uint64_t addr, uint64_t len,
+                                         const char *what) {
+  struct hixl_mem_reg *r = (struct hixl_mem_reg *)memtab_find(&c->eng->regs, addr, len);
+  if (!r)
+    log_warn("refused %s of [0x%llx, +%llu) from %s: not inside memory registered here", what,
+             (unsigned long long)addr, (unsigned long long)len, c->remote_name);
+  return r;
+}
+
+static void target_handle(struct conn *c, const struct wire_msg *m) {
+  struct HixlEngine *e = c->eng;
+  uint8_t frame[WIRE_SMALL_FRAME];
+  switch (m->hdr.type) {
+  case WIRE_HELLO:
+    snprintf(c->remote_name, sizeof(c->remote_name), "%.*s", (int)m->u.hello.name_len,
+             (const char *)m->u.hello.name);
+    c->role = CONN_TARGET;
+    send_hello_ack(c, WIRE_HELLO_OK);
+    log_info("accepted link from %s", c->remote_name);
+    return;
+  case WIRE_WRITE_REQ: {
+    struct hixl_mem_reg *r = target_range(c, m->u.write_req.raddr, m->hdr.payload_len, "WRITE");
+    c->pay_seq = m->u.write_req.seq;
+    c->pay_left = m->hdr.payload_len;
+    c->pay_reg = r;
+    c->pay_dst = r ? (uint8_t *)(uintptr_t)m->u.write_req.raddr : NULL;
+    c->pay_status = r ? HIXL_SUCCESS : HIXL_FAILED;
+    if (r) r->inflight++;
+    return;
+  }
+  case WIRE_READ_REQ: {
+    struct hixl_mem_reg *r = target_range(c, m->u.read_req.raddr, m->u.read_req.len, "READ");
+    size_t len = wire_put_ack(frame, WIRE_READ_RESP, m->u.read_req.seq, r ? HIXL_SUCCESS : HIXL_FAILED,
+                              r ? m->u.read_req.len : 0);
+    if (queue_small(c, frame, len, r ? (const uint8_t *)(uintptr_t)m->u.read_req.raddr : NULL,
+                    r ? m->u.read_req.len : 0, r) < 0) {
+      link_conn_kill(c, HIXL_FAILED, "out of memory");
+      return;
+    }
+    if (r) r->inflight++;
+    return;
+  }
+  case WIRE_NOTIFY: {
+    uint32_t st = HIXL_SUCCESS;
+    if (e->n_notifies >= HIXL_MAX_NOTIFY_QUEUE) {
+      st = HIXL_NOTIFY_FAILED;
+    } else {
+      if (e->n_notifies == e->cap_notifies) {
+        size_t cap = e->cap_notifies ? e->cap_notifies * 2 : 16;
+        struct notify_item *nv = realloc(e->notifies, cap * sizeof(*nv));
+        if (nv) {
+          e->notifies = nv;
+          e->cap_notifies = cap;
+        }
+      }
+      struct notify_item *it = e->n_notifies < e->cap_notifies ? &e->notifies[e->n_notifies] : NULL;
+      if (it) {
+        it->name = strndup((const char *)m->u.notify.name, m->u.notify.name_len);
+        it->msg = strndup((const char *)m->u.notify.msg, m->u.notify.msg_len);
+        it->remote = strdup(c->remote_name);
+      }
+      if (it && it->name && it->msg && it->remote) {
+        e->n_notifies++;
+      } else {
+        if (it) {
+          free(it->name);
+          free(it->msg);
+          free(it->remote);
+        }
+        st = HIXL_NOTIFY_FAILED;
+      }
+    }
+    size_t len = wire_put_ack(frame, WIRE_NOTIFY_ACK, m->u.notify.seq, st, 0);
+    if (queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
+    return;
+  }
+  default:
+    break;
+  }
+}
+
+/* Called when a WRITE_REQ payload has been fully received (or discarded). */
+static void target_write_done(struct conn *c) {
+  uint8_t frame[WIRE_SMALL_FRAME];
+  if (c->pay_reg) c->pay_reg->inflight--;
+  c->pay_reg = NULL;
+  size_t len = wire_put_ack(frame, WIRE_WRITE_ACK, c->pay_seq, c->pay_status, 0);
+  if (queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
+}
+
+/* ---- initiator side ---- */
+
+static void initiator_handle(struct conn *c, const struct wire_msg *m) {
+  struct peer *p = c->peer;
+  if (m->hdr.type == WIRE_MEM_ADD || m->hdr.type == WIRE_MEM_DEL) {
+    if (!p) return;
+    if (m->hdr.type == WIRE_MEM_ADD) {
+      struct memtab_entry *ent = malloc(sizeof(*ent)), *clash;
+      if (!ent) return;
+      ent->addr = m->u.mem.addr;
+      ent->len = m->u.mem.len;
+      if (memtab_add(&p->rtab, ent, &clash) < 0) free(ent);
+    } else {
+      struct memtab_entry *ent = memtab_find_exact(&p->rtab, m->u.mem.addr, m->u.mem.len);
+      if (ent && memtab_remove(&p->rtab, ent)) free(ent);
+    }
+    return;
+  }
+  struct chunk *ch = c->pend_head;
+  static const enum wire_type expect[] = {[CHUNK_WRITE] = WIRE_WRITE_ACK, [CHUNK_READ] = WIRE_READ_RESP,
+                                          [CHUNK_NOTIFY] = WIRE_NOTIFY_ACK};
+  if (!ch || m->u.ack.seq != ch->seq || m->hdr.type != expect[ch->kind] ||
+      (m->hdr.type == WIRE_READ_RESP && m->u.ack.status == HIXL_SUCCESS &&
+       m->hdr.payload_len != ch->len)) {
+    char why[192];
+    snprintf(why, sizeof(why), "protocol error: unexpected %s seq %llu", wire_type_name(m->hdr.type),
+             (unsigned long long)m->u.ack.seq);
+    link_conn_kill(c, HIXL_FAILED, why);
+    return;
+  }
+  c->pend_head = ch->next_pending;
+  if (!c->pend_head) c->pend_tail = NULL;
+  if (m->hdr.type == WIRE_READ_RESP && m->hdr.payload_len > 0) {
+    c->pay_chunk = ch;
+    c->pay_left = m->hdr.payload_len;
+    c->pay_dst = ch->req->cancelled ? NULL : ch->laddr;
+    return;
+  }
+  if (m->u.ack.status == HIXL_SUCCESS) {
+    link_chunk_end(ch, HIXL_SUCCESS, "");
+    return;
+  }
+  char why[512];
+  if (ch->kind == CHUNK_NOTIFY)
+    snprintf(why, sizeof(why), "%s refused the notification (%s; %d undrained at most)",
+             c->remote_name, HixlStatusName(m->u.ack.status), HIXL_MAX_NOTIFY_QUEUE);
+  else
+    snprintf(why, sizeof(why), "%s refused %s of remote [0x%llx, +%u): not inside memory registered there",
+             c->remote_name, ch->kind == CHUNK_READ ? "READ" : "WRITE", (unsigned long long)ch->raddr,
+             ch->len);
+  link_chunk_end(ch, m->u.ack.status == HIXL_NOTIFY_FAILED ? HIXL_NOTIFY_FAILED : HIXL_FAILED, why);
+}
+
+static void payload_done(struct conn *c) {
+  if (c->role == CONN_INITIATOR) {
+    struct chunk *ch = c->pay_chunk;
+    c->pay_chunk = NULL;
+    link_chunk_end(ch, HIXL_SUCCESS, "");
+  } else {
+    target_write_done(c);
+  }
+}
+
+/* Take payload bytes from buf into the current destination. */
+static void payload_take(struct conn *c, const uint8_t *buf, size_t n) {
+  if (c->pay_dst) {
+    memcpy(c->pay_dst, buf, n);
+    c->pay_dst += n;
+  }
+  c->pay_left -= n;
+  if (c->pay_left == 0) payload_done(c);
+}
+
+/* Which frame types each role accepts; anything else is a protocol error. */
+static bool type_allowed(enum conn_role role, unsigned type) {
+  switch (role) {
+  case CONN_TARGET_HELLO: return type == WIRE_HELLO;
+  case CONN_TARGET: return type == WIRE_WRITE_REQ || type == WIRE_READ_REQ || type == WIRE_NOTIFY;
+  case CONN_INITIATOR:
+    return type == WIRE_WRITE_ACK || type == WIRE_READ_RESP || type == WIRE_NOTIFY_ACK ||
+           type == WIRE_MEM_ADD || type == WIRE_MEM_DEL;
+  }
+  return false;
+}
+
+/* Parse and act on every whole frame in the receive buffer. */
+static void parse_frames(struct conn *c) {
+  while (!c->dead && c->pay_left == 0) {
+    size_t avail = c->rx_end - c->rx_start;
+    uint8_t *p = c->rxbuf + c->rx_start;
+    struct wire_hdr h;
+    struct wire_msg m;
+    if (avail < WIRE_HDR_LEN) return;
+    enum wire_err err = wire_parse_hdr(p, &h);
+    if (err == WIRE_EVERSION && c->role == CONN_TARGET_HELLO && h.type == WIRE_HELLO) {
+      log_error("peer speaks hixl protocol version %u, this engine speaks %u: refusing it",
+                h.version, WIRE_VERSION);
+      send_hello_ack(c, WIRE_HELLO_VERSION);
+      link_conn_kill(c, HIXL_FAILED, "protocol version mismatch");
+      return;
+    }
+    if (err == WIRE_OK && !type_allowed(c->role, h.type)) err = WIRE_ETYPE;
+    if (err != WIRE_OK) {
+      char why[160];
+      snprintf(why, sizeof(why), "malformed frame (%s, type %s): closing this link",
+               wire_err_str(err), wire_type_name(h.type));
+      link_conn_kill(c, HIXL_FAILED, why);
+      return;
+    }
+    if (avail < WIRE_HDR_LEN + h.body_len) return; /* body not here yet; fits ENGINE_RXBUF */
+    err = wire_decode(&h, p + WIRE_HDR_LEN, &m);
+    if (err != WIRE_OK) {
+      char why[160];
+      snprintf(why, sizeof(why), "malformed %s body (%s): closing this link", wire_type_name(h.type),
+               wire_err_str(err));
+      link_conn_kill(c, HIXL_FAILED, why);
+      return;
+    }
+    c->rx_start += WIRE_HDR_LEN + h.body_len;
+    if (c->role == CONN_INITIATOR)
+      initiator_handle(c, &m);
+    else
+      target_handle(c, &m);
+    if (c->dead) return;
+    if (c->pay_left > 0) {
+      size_t have = c->rx_end - c->rx_start;
+      size_t n = have < c->pay_left ? have : c->pay_left;
+      c->rx_start += n;
+      payload_take(c, c->rxbuf + c->rx_start - n, n);
+    }
+  }
+}
+
+static void conn_on_readable(struct conn *c) {
+  size_t budget = LINK_READ_BUDGET;
+  while (!c->dead && budget > 0) {
+    ssize_t k;
+    if (c->pay_left > 0 && c->rx_start == c->rx_end) {
+      /* Stream the payload straight into its destination. */
+      size_t want = c->pay_left;
+      if (c->pay_chunk && c->pay_chunk->req->cancelled) c->pay_dst = NULL; /* caller gave up */
+      uint8_t *dst = c->pay_dst;
+      if (!dst) {
+        dst = c->eng->scratch;
+        if (want > sizeof(c->eng->scratch)) want = sizeof(c->eng->scratch);
+      }
+      k = recv(c->fd, dst, want, MSG_DONTWAIT);
+      if (k > 0) {
+        c->pay_left -= (size_t)k;
+        if (c->pay_dst) c->pay_dst += k;
+        if (c->pay_left == 0) payload_done(c);
+        budget = (size_t)k > budget ? 0 : budget - (size_t)k;
+        continue;
+      }
+    } else {
+      if (c->rx_start > 0) {
+        memmove(c->rxbuf, c->rxbuf + c->rx_start, c->rx_end - c->rx_start);
+        c->rx_end -= c->rx_start;
+        c->rx_start = 0;
+      }
+      k = recv(c->fd, c->rxbuf + c->rx_end, ENGINE_RXBUF - c->rx_end, MSG_DONTWAIT);
+      if (k > 0) {
+        c->rx_end += (size_t)k;
+        parse_frames(c);
+        budget = (size_t)k > budget ? 0 : budget - (size_t)k;
+        continue;
+      }
+    }
+    if (k == 0) {
+      link_conn_kill(c, HIXL_FAILED, "peer closed the connection");
+      return;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      char why[128];
+      snprintf(why, sizeof(why), "receive failed: %s", strerror(errno));
+      link_conn_kill(c, HIXL_FAILED, why);
+    }
+    break;
+  }
+  if (!c->dead && c->txq_head) link_flush(c);
+}
+
+/* ---- progress thread ---- */
+
+static void accept_all(struct HixlEngine *e) {
+  for (;;) {
+    int fd = accept4(e->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        log_warn("accept on %s: %s", e->local_name, strerror(errno));
+      return;
+    }
+    sock_tune(fd);
+    struct conn *c = link_conn_new(e, fd, CONN_TARGET_HELLO);
+    if (!c || link_conn_watch(c) < 0) {
+      log_error("cannot take a new link on %s: out of resources", e->local_name);
+      if (c) {
+        free(c->rxbuf);
+        free(c);
+      }
+      close(fd);
+    }
+  }
+}
+
+static void *progress_main(void *arg) {
+  struct HixlEngine *e = arg;
+  struct epoll_event evs[64];
+  for (;;) {
+    int n = epoll_wait(e->epfd, evs, 64, -1);
+    if (n < 0 && errno != EINTR) {
+      log_error("epoll_wait: %s", strerror(errno));
+      break;
+    }
+    pthread_mutex_lock(&e->lock);
+    if (e->stopping) {
+      pthread_mutex_unlock(&e->lock);
+      break;
+    }
+    for (int i = 0; i < n; i++) {
+      void *ptr = evs[i].data.ptr;
+      if (ptr == &e->listen_fd) {
+        accept_all(e);
+      } else if (ptr == &e->evfd) {
+        uint64_t v;
+        (void)!read(e->evfd, &v, sizeof(v));
+      } else {
+        struct conn *c = ptr;
+        if (c->dead) continue;
+        if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) conn_on_readable(c);
+        if (!c->dead && (evs[i].events & EPOLLOUT)) link_flush(c);
+      }
+    }
+    link_free_graveyard(e);
+    pthread_mutex_unlock(&e->lock);
+  }
+  return NULL;
+}
+
+int link_start(struct HixlEngine *e, HixlStatus *st) {
+  (void)st;
+  struct epoll_event ev = {.events = EPOLLIN};
+  e->epfd = epoll_create1(EPOLL_CLOEXEC);
+  if (e->epfd < 0) goto err;
+  e->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (e->evfd < 0) goto close_ep;
+  ev.data.ptr = &e->evfd;
+  if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->evfd, &ev) < 0) goto close_ev;
+  if (e->listen_fd >= 0) {
+    ev.data.ptr = &e->listen_fd;
+    if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->listen_fd, &ev) < 0) goto close_ev;
+  }
+  if (pthread_create(&e->thread, NULL, progress_main, e) != 0) goto close_ev;
+  return 0;
+close_ev:
+  close(e->evfd);
+  e->evfd = -1;
+close_ep:
+  close(e->epfd);
+  e->epfd = -1;
+err:
+  return -1;
+}
+
+/* Stop the thread, then end every link. Called with the lock NOT held. */
+void link_stop(struct HixlEngine *e) {
+  uint64_t one = 1;
+  pthread_mutex_lock(&e->lock);
+  e->stopping = true;
+  (void)!write(e->evfd, &one, sizeof(one));
+  pthread_mutex_unlock(&e->lock);
+  pthread_join(e->thread, NULL);
+  pthread_mutex_lock(&e->lock);
+  while (e->conns) link_conn_kill(e->conns, HIXL_FAILED, "local engine finalized");
+  link_free_graveyard(e);
+  pthread_mutex_unlock(&e->lock);
+  close(e->evfd);
+  close(e->epfd);
+  e->evfd = e->epfd = -1;
+}

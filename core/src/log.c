@@ -1,0 +1,57 @@
+/* log: one line per event to stderr or to the host's callback. */
+#include "log.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+int hixl_log_level_ = HIXL_LOG_ERROR;
+static HixlLogCallback log_cb;
+static void *log_ctx;
+static pthread_once_t log_once = PTHREAD_ONCE_INIT;
+static int log_level_set_by_api;
+
+static void log_read_env(void) {
+  const char *v = getenv("HIXL_LOG_LEVEL");
+  static const char *const names[] = {"off", "error", "warn", "info", "debug"};
+  if (!v || log_level_set_by_api) return;
+  for (int i = 0; i < 5; i++)
+    if (strcasecmp(v, names[i]) == 0) hixl_log_level_ = i;
+}
+
+/* Called from Create: no work happens in library constructors. */
+void hixl_log_init(void) { pthread_once(&log_once, log_read_env); }
+
+void HixlSetLogCallback(HixlLogCallback cb, void *ctx) {
+  log_ctx = ctx;
+  log_cb = cb;
+}
+
+void HixlSetLogLevel(HixlLogLevel level) {
+  if (level < HIXL_LOG_OFF || level > HIXL_LOG_DEBUG) return;
+  log_level_set_by_api = 1;
+  hixl_log_level_ = (int)level;
+}
+
+void hixl_log_write(HixlLogLevel level, const char *fmt, ...) {
+  static const char *const tags[] = {"", "E", "W", "I", "D"};
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  HixlLogCallback cb = log_cb;
+  if (cb) {
+    cb(level, msg, log_ctx);
+    return;
+  }
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  fprintf(stderr, "[hixl %s %ld.%06ld %d] %s\n", tags[level], (long)ts.tv_sec,
+          ts.tv_nsec / 1000, (int)getpid(), msg);
+}

@@ -1,0 +1,29 @@
+/* memtab: a sorted table of non-overlapping address ranges with O(log n) lookup.
+ * Used for local registrations and for each peer's advertised table. */
+#ifndef HIXL_MEMTAB_H
+#define HIXL_MEMTAB_H
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct memtab_entry {
+  uint64_t addr;
+  uint64_t len;
+};
+
+struct memtab {
+  struct memtab_entry **v; /* sorted by addr; entries owned by the caller */
+  size_t count;
+  size_t cap;
+};
+
+/* 0, or -1 when e overlaps an entry (*clash set) or memory runs out (*clash NULL). */
+int memtab_add(struct memtab *t, struct memtab_entry *e, struct memtab_entry **clash);
+/* The entry holding all of [addr, addr+len), or NULL. */
+struct memtab_entry *memtab_find(const struct memtab *t, uint64_t addr, uint64_t len);
+/* The entry that starts at addr with length len exactly, or NULL. */
+struct memtab_entry *memtab_find_exact(const struct memtab *t, uint64_t addr, uint64_t len);
+bool memtab_remove(struct memtab *t, struct memtab_entry *e);
+void memtab_free(struct memtab *t); /* frees the array, not the entries */
+
+#endif

@@ -1,0 +1,108 @@
+/* options: table-driven parsing and validation of engine options. */
+#include "options.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "status_int.h"
+
+typedef bool (*opt_parse_fn)(const char *value, struct hixl_options *o);
+
+static bool parse_u32(const char *s, uint32_t min, uint32_t max, uint32_t *out) {
+  if (!s || !*s || *s == '-' || *s == '+' || *s == ' ') return false;
+  errno = 0;
+  char *end;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || *end || v < min || v > max) return false;
+  *out = (uint32_t)v;
+  return true;
+}
+
+static bool parse_pool(const char *s, struct hixl_options *o) {
+  const char *colon = s ? strchr(s, ':') : NULL;
+  char num[16];
+  uint32_t n, mb;
+  if (!colon || (size_t)(colon - s) >= sizeof(num)) return false;
+  memcpy(num, s, (size_t)(colon - s));
+  num[colon - s] = '\0';
+  if (!parse_u32(num, 0, 1024, &n) || !parse_u32(colon + 1, 0, 4096, &mb)) return false;
+  if ((n == 0) != (mb == 0)) return false; /* "0:0" is off; "0:8" or "4:0" mean nothing */
+  o->pool_num = n;
+  o->pool_size_mb = mb;
+  return true;
+}
+
+static bool parse_tc(const char *s, struct hixl_options *o) {
+  uint32_t v;
+  if (!parse_u32(s, 0, 255, &v) || v % 4 != 0) return false;
+  o->rdma_tc = v;
+  return true;
+}
+
+static bool parse_sl(const char *s, struct hixl_options *o) { return parse_u32(s, 0, 7, &o->rdma_sl); }
+
+static const char *const transport_names[] = {"auto", "tcp", "rdma", "shm"};
+
+static bool parse_transport(const char *s, struct hixl_options *o) {
+  for (size_t i = 0; i < sizeof(transport_names) / sizeof(transport_names[0]); i++)
+    if (s && strcmp(s, transport_names[i]) == 0) {
+      o->transport = (enum hixl_transport)i;
+      return true;
+    }
+  return false;
+}
+
+const char *hixl_transport_name(enum hixl_transport t) {
+  return (unsigned)t < 4 ? transport_names[t] : "?";
+}
+
+static const struct hixl_option_info option_info[] = {
+    {"BufferPool", "4:8", NULL, "\"NUM:SIZE_MB\", NUM in [0,1024], SIZE_MB in [0,4096], \"0:0\" off",
+     "staging buffers: NUM buffers of SIZE_MB MiB each"},
+    {"RdmaTrafficClass", "132", "HCCL_RDMA_TC", "[0,255], a multiple of 4",
+     "RDMA traffic class (GRH traffic_class) of every QP"},
+    {"RdmaServiceLevel", "4", "HCCL_RDMA_SL", "[0,7]", "RDMA service level of every QP"},
+    {"Transport", "auto", NULL, "auto | tcp | rdma | shm",
+     "data transport; auto picks the best both peers support"},
+};
+static const opt_parse_fn option_parse[] = {parse_pool, parse_tc, parse_sl, parse_transport};
+#define N_OPTIONS (sizeof(option_info) / sizeof(option_info[0]))
+
+const struct hixl_option_info *hixl_options_table(size_t *count) {
+  *count = N_OPTIONS;
+  return option_info;
+}
+
+static HixlStatus bad_value(const struct hixl_option_info *info, const char *value, const char *from) {
+  return hixl_fail(HIXL_PARAM_INVALID, "%s \"%s\" (from %s) is invalid: expected %s", info->name,
+                   value ? value : "(null)", from, info->range);
+}
+
+HixlStatus hixl_options_parse(const HixlOption *opts, size_t n, struct hixl_options *out) {
+  struct hixl_options o;
+  bool given[N_OPTIONS] = {false};
+  if (n > 0 && !opts) return hixl_fail(HIXL_PARAM_INVALID, "options is NULL but num_options is %zu", n);
+  for (size_t k = 0; k < N_OPTIONS; k++) option_parse[k](option_info[k].def, &o);
+  for (size_t i = 0; i < n; i++) {
+    size_t k = 0;
+    if (!opts[i].key) return hixl_fail(HIXL_PARAM_INVALID, "option %zu has a NULL key", i);
+    while (k < N_OPTIONS && strcmp(opts[i].key, option_info[k].name) != 0) k++;
+    if (k == N_OPTIONS)
+      return hixl_fail(HIXL_PARAM_INVALID,
+                       "unknown option \"%s\" (known: BufferPool, RdmaTrafficClass, "
+                       "RdmaServiceLevel, Transport)",
+                       opts[i].key);
+    if (given[k]) return hixl_fail(HIXL_PARAM_INVALID, "option %s given twice", opts[i].key);
+    if (!option_parse[k](opts[i].value, &o)) return bad_value(&option_info[k], opts[i].value, "option");
+    given[k] = true;
+  }
+  /* Precedence as HIXL: option, then environment, then default. */
+  for (size_t k = 0; k < N_OPTIONS; k++) {
+    const char *env = option_info[k].env ? getenv(option_info[k].env) : NULL;
+    if (!given[k] && env && !option_parse[k](env, &o)) return bad_value(&option_info[k], env, option_info[k].env);
+  }
+  *out = o;
+  return HIXL_SUCCESS;
+}

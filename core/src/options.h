@@ -1,0 +1,34 @@
+/* options: the engine's typed options, parsed from key/value strings by one table. */
+#ifndef HIXL_OPTIONS_H
+#define HIXL_OPTIONS_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hixl/hixl_engine.h"
+
+enum hixl_transport { HIXL_TRANSPORT_AUTO, HIXL_TRANSPORT_TCP, HIXL_TRANSPORT_RDMA, HIXL_TRANSPORT_SHM };
+
+struct hixl_options {
+  uint32_t pool_num;     /* BufferPool: staging buffers */
+  uint32_t pool_size_mb; /* BufferPool: MiB each */
+  uint32_t rdma_tc;      /* RdmaTrafficClass */
+  uint32_t rdma_sl;      /* RdmaServiceLevel */
+  enum hixl_transport transport;
+};
+
+/* One row per key: the same table drives parsing, validation and the docs. */
+struct hixl_option_info {
+  const char *name;
+  const char *def;   /* default as text */
+  const char *env;   /* env var consulted when the option is absent, or NULL */
+  const char *range; /* human-readable range, used in messages and docs */
+  const char *doc;
+};
+
+/* Parse options over defaults and env; PARAM_INVALID names key, value and range. */
+HixlStatus hixl_options_parse(const HixlOption *opts, size_t n, struct hixl_options *out);
+/* The table, for printing a reference; *count rows. */
+const struct hixl_option_info *hixl_options_table(size_t *count);
+const char *hixl_transport_name(enum hixl_transport t);
+
+#endif

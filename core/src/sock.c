@@ -1,0 +1,180 @@
+/* sock: blocking helpers with deadlines (handshakes) and socket setup. */
+#include "sock.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hixl/hixl_engine.h"
+#include "log.h"
+#include "status_int.h"
+
+uint64_t hixl_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t hixl_deadline_ns(int32_t timeout_ms) {
+  if (timeout_ms == 0) timeout_ms = HIXL_DEFAULT_TIMEOUT_MS;
+  return hixl_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+}
+
+/* Milliseconds left before deadline, rounded up, 0 when past. */
+static int ms_left(uint64_t deadline_ns) {
+  uint64_t now = hixl_now_ns();
+  if (now >= deadline_ns) return 0;
+  uint64_t ms = (deadline_ns - now + 999999) / 1000000;
+  return ms > 60000000 ? 60000000 : (int)ms;
+}
+
+HixlStatus sock_parse_endpoint(const char *text, const char *what, struct sockaddr_in *sa,
+                               bool *has_port) {
+  char ip[64];
+  const char *colon;
+  size_t iplen;
+  if (!text || !*text) return hixl_fail(HIXL_PARAM_INVALID, "%s is empty; expected \"ip\" or \"ip:port\"", what);
+  colon = strchr(text, ':');
+  iplen = colon ? (size_t)(colon - text) : strlen(text);
+  if (iplen == 0 || iplen >= sizeof(ip))
+    return hixl_fail(HIXL_PARAM_INVALID, "%s \"%s\": expected \"ip\" or \"ip:port\"", what, text);
+  memcpy(ip, text, iplen);
+  ip[iplen] = '\0';
+  memset(sa, 0, sizeof(*sa));
+  sa->sin_family = AF_INET;
+  if (inet_pton(AF_INET, ip, &sa->sin_addr) != 1)
+    return hixl_fail(HIXL_PARAM_INVALID, "%s \"%s\": \"%s\" is not an IPv4 address", what, text, ip);
+  *has_port = false;
+  if (colon) {
+    char *end;
+    const char *p = colon + 1;
+    if (*p < '0' || *p > '9')
+      return hixl_fail(HIXL_PARAM_INVALID, "%s \"%s\": port must be a number in [0,65535]", what, text);
+    errno = 0;
+    unsigned long port = strtoul(p, &end, 10);
+    if (errno || *end || port > 65535)
+      return hixl_fail(HIXL_PARAM_INVALID, "%s \"%s\": port must be a number in [0,65535]", what, text);
+    sa->sin_port = htons((uint16_t)port);
+    *has_port = port > 0;
+  }
+  return HIXL_SUCCESS;
+}
+
+int sock_set_nonblock(int fd, bool on) {
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0) return -1;
+  return fcntl(fd, F_SETFL, on ? fl | O_NONBLOCK : fl & ~O_NONBLOCK);
+}
+
+void sock_tune(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  int idle = 5, intvl = 2, cnt = 3; /* a vanished host shows within ~11 s */
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+}
+
+int sock_listen(const struct sockaddr_in *sa, HixlStatus *st) {
+  char ip[INET_ADDRSTRLEN];
+  int one = 1;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof(ip));
+  if (fd < 0) {
+    *st = hixl_fail(HIXL_FAILED, "socket(): %s", strerror(errno));
+    return -1;
+  }
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd, (const struct sockaddr *)sa, sizeof(*sa)) < 0 || listen(fd, 512) < 0) {
+    *st = hixl_fail(HIXL_FAILED, "cannot listen on %s:%u: %s", ip, ntohs(sa->sin_port), strerror(errno));
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int sock_connect(const struct sockaddr_in *sa, uint64_t deadline_ns, HixlStatus *st) {
+  char ip[INET_ADDRSTRLEN];
+  int last_err = 0;
+  inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof(ip));
+  do {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+      *st = hixl_fail(HIXL_FAILED, "socket(): %s", strerror(errno));
+      return -1;
+    }
+    int rc = connect(fd, (const struct sockaddr *)sa, sizeof(*sa));
+    if (rc < 0 && errno == EINPROGRESS) {
+      struct pollfd p = {.fd = fd, .events = POLLOUT};
+      rc = poll(&p, 1, ms_left(deadline_ns));
+      if (rc == 1) {
+        socklen_t sl = sizeof(last_err);
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &last_err, &sl);
+        rc = last_err ? -1 : 0;
+        errno = last_err;
+      } else {
+        last_err = rc == 0 ? ETIMEDOUT : errno;
+        rc = -1;
+      }
+    } else if (rc < 0) {
+      last_err = errno;
+    }
+    if (rc == 0 && sock_set_nonblock(fd, false) == 0) {
+      sock_tune(fd);
+      return fd;
+    }
+    close(fd);
+    if (last_err != ECONNREFUSED && last_err != ETIMEDOUT && last_err != EINTR &&
+        last_err != EAGAIN && last_err != ECONNRESET)
+      break;
+    /* Nothing listens yet: try again shortly, never past the deadline. */
+    if (last_err == ECONNREFUSED && ms_left(deadline_ns) > 0) {
+      struct pollfd none;
+      poll(&none, 0, ms_left(deadline_ns) < 10 ? ms_left(deadline_ns) : 10);
+    }
+  } while (ms_left(deadline_ns) > 0);
+  if (last_err == ECONNREFUSED || last_err == ETIMEDOUT || ms_left(deadline_ns) == 0)
+    *st = hixl_fail(HIXL_TIMEOUT, "connect to %s:%u timed out (last error: %s)", ip,
+                    ntohs(sa->sin_port), strerror(last_err ? last_err : ETIMEDOUT));
+  else
+    *st = hixl_fail(HIXL_FAILED, "connect to %s:%u failed: %s", ip, ntohs(sa->sin_port),
+                    strerror(last_err));
+  return -1;
+}
+
+static HixlStatus sock_io_all(int fd, void *buf, size_t n, uint64_t deadline_ns, bool out) {
+  uint8_t *p = buf;
+  while (n > 0) {
+    struct pollfd pfd = {.fd = fd, .events = out ? POLLOUT : POLLIN};
+    int left = ms_left(deadline_ns);
+    if (left == 0) return hixl_fail(HIXL_TIMEOUT, "peer did not answer in time");
+    int rc = poll(&pfd, 1, left);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc < 0) return hixl_fail(HIXL_FAILED, "poll: %s", strerror(errno));
+    if (rc == 0) continue;
+    ssize_t k = out ? send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, p, n, MSG_DONTWAIT);
+    if (k < 0 && (errno == EAGAIN || errno == EINTR)) continue;
+    if (k < 0) return hixl_fail(HIXL_FAILED, "%s: %s", out ? "send" : "recv", strerror(errno));
+    if (k == 0) return hixl_fail(HIXL_FAILED, "peer closed the connection");
+    p += k;
+    n -= (size_t)k;
+  }
+  return HIXL_SUCCESS;
+}
+
+HixlStatus sock_send_all(int fd, const void *buf, size_t n, uint64_t deadline_ns) {
+  return sock_io_all(fd, (void *)buf, n, deadline_ns, true);
+}
+
+HixlStatus sock_recv_all(int fd, void *buf, size_t n, uint64_t deadline_ns) {
+  return sock_io_all(fd, buf, n, deadline_ns, false);
+}

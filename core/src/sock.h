@@ -1,0 +1,27 @@
+/* sock: address parsing and TCP socket helpers for the control plane. */
+#ifndef HIXL_SOCK_H
+#define HIXL_SOCK_H
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "hixl/hixl_status.h"
+
+/* Parse "ip" or "ip:port" (IPv4 dotted quad, port 0-65535). */
+HixlStatus sock_parse_endpoint(const char *text, const char *what, struct sockaddr_in *sa,
+                               bool *has_port);
+/* A non-blocking listening socket on sa; returns fd or -1 with the error recorded. */
+int sock_listen(const struct sockaddr_in *sa, HixlStatus *st);
+/* Connect within deadline_ns (CLOCK_MONOTONIC), retrying while nothing listens.
+ * Returns a blocking, TCP_NODELAY fd, or -1 with *st TIMEOUT or FAILED. */
+int sock_connect(const struct sockaddr_in *sa, uint64_t deadline_ns, HixlStatus *st);
+/* Send or receive exactly n bytes on a blocking fd before deadline_ns. */
+HixlStatus sock_send_all(int fd, const void *buf, size_t n, uint64_t deadline_ns);
+HixlStatus sock_recv_all(int fd, void *buf, size_t n, uint64_t deadline_ns);
+void sock_tune(int fd); /* TCP_NODELAY, buffer sizes, keepalive */
+int sock_set_nonblock(int fd, bool on);
+
+uint64_t hixl_now_ns(void); /* CLOCK_MONOTONIC */
+uint64_t hixl_deadline_ns(int32_t timeout_ms);
+
+#endif

@@ -1,0 +1,44 @@
+/* status: names and strings from HIXL_STATUS_MAP, and the per-thread error detail. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "hixl/hixl_status.h"
+#include "status_int.h"
+
+const char *HixlStatusName(HixlStatus status) {
+  switch (status) {
+#define X(name, value, text) \
+  case value:                \
+    return #name;
+    HIXL_STATUS_MAP(X)
+#undef X
+  }
+  return "HIXL_UNKNOWN_STATUS";
+}
+
+const char *HixlStatusString(HixlStatus status) {
+  switch (status) {
+#define X(name, value, text) \
+  case value:                \
+    return text;
+    HIXL_STATUS_MAP(X)
+#undef X
+  }
+  return "unknown status";
+}
+
+static _Thread_local char last_error[1024];
+
+const char *HixlGetLastErrorMessage(void) { return last_error; }
+
+const char *HixlVersionString(void) { return HIXL_VERSION; }
+
+HixlStatus hixl_fail(HixlStatus status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof(last_error), fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+void hixl_error_clear(void) { last_error[0] = '\0'; }

@@ -1,0 +1,243 @@
+/* wire: encode and decode; see wire.h and docs/design.md for the layout. */
+#include "wire.h"
+
+#include <string.h>
+
+static void be16_put(uint8_t *p, uint16_t v) {
+  p[0] = (uint8_t)(v >> 8);
+  p[1] = (uint8_t)v;
+}
+static void be32_put(uint8_t *p, uint32_t v) {
+  for (int i = 3; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
+}
+static void be64_put(uint8_t *p, uint64_t v) {
+  for (int i = 7; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
+}
+static uint16_t be16_get(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+static uint32_t be32_get(const uint8_t *p) {
+  return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static uint64_t be64_get(const uint8_t *p) {
+  return ((uint64_t)be32_get(p) << 32) | be32_get(p + 4);
+}
+
+const char *wire_err_str(enum wire_err err) {
+  switch (err) {
+  case WIRE_OK: return "ok";
+  case WIRE_EMAGIC: return "bad magic (not a hixl peer)";
+  case WIRE_EVERSION: return "protocol version mismatch";
+  case WIRE_ETYPE: return "unknown frame type";
+  case WIRE_ELEN: return "length not allowed for the frame type";
+  case WIRE_EBODY: return "malformed frame body";
+  }
+  return "unknown wire error";
+}
+
+const char *wire_type_name(unsigned type) {
+  static const char *const names[] = {"?", "HELLO", "HELLO_ACK", "MEM_ADD", "MEM_DEL",
+                                      "WRITE_REQ", "WRITE_ACK", "READ_REQ", "READ_RESP",
+                                      "NOTIFY", "NOTIFY_ACK"};
+  return type <= WIRE_TYPE_MAX_ ? names[type] : "?";
+}
+
+/* Body size limits per type: fixed types give min == max. */
+static const struct {
+  uint32_t min, max;
+  bool payload;
+} wire_limits[WIRE_TYPE_MAX_ + 1] = {
+    [WIRE_HELLO] = {6, 6 + WIRE_MAX_NAME, false},
+    [WIRE_HELLO_ACK] = {14, WIRE_MAX_BODY, false},
+    [WIRE_MEM_ADD] = {18, 18 + WIRE_MAX_TAG, false},
+    [WIRE_MEM_DEL] = {18, 18, false},
+    [WIRE_WRITE_REQ] = {16, 16, true},
+    [WIRE_WRITE_ACK] = {12, 12, false},
+    [WIRE_READ_REQ] = {20, 20, false},
+    [WIRE_READ_RESP] = {12, 12, true},
+    [WIRE_NOTIFY] = {12, 12 + 2 * WIRE_MAX_NOTIFY, false},
+    [WIRE_NOTIFY_ACK] = {12, 12, false},
+};
+
+enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *hdr) {
+  hdr->magic = be32_get(buf);
+  hdr->version = buf[4];
+  hdr->type = buf[5];
+  hdr->flags = be16_get(buf + 6);
+  hdr->body_len = be32_get(buf + 8);
+  hdr->payload_len = be32_get(buf + 12);
+  hdr->reserved = be32_get(buf + 16);
+  if (hdr->magic != WIRE_MAGIC) return WIRE_EMAGIC;
+  if (hdr->version != WIRE_VERSION) return WIRE_EVERSION;
+  if (hdr->type == 0 || hdr->type > WIRE_TYPE_MAX_) return WIRE_ETYPE;
+  if (hdr->flags != 0 || hdr->reserved != 0) return WIRE_ELEN;
+  if (hdr->body_len < wire_limits[hdr->type].min || hdr->body_len > wire_limits[hdr->type].max)
+    return WIRE_ELEN;
+  if (hdr->payload_len > (wire_limits[hdr->type].payload ? WIRE_MAX_PAYLOAD : 0))
+    return WIRE_ELEN;
+  return WIRE_OK;
+}
+
+/* Reads one memory entry; false when the bytes left cannot hold it. */
+static bool mem_entry_get(const uint8_t **p, size_t *left, struct wire_mem_entry *e) {
+  if (*left < 18) return false;
+  e->addr = be64_get(*p);
+  e->len = be64_get(*p + 8);
+  e->tag_len = be16_get(*p + 16);
+  if (e->tag_len > WIRE_MAX_TAG || *left - 18 < e->tag_len) return false;
+  e->tag = *p + 18;
+  *p += 18u + e->tag_len;
+  *left -= 18u + e->tag_len;
+  return true;
+}
+
+bool wire_mem_entry_next(const uint8_t **cursor, size_t *left, struct wire_mem_entry *entry) {
+  return *left > 0 && mem_entry_get(cursor, left, entry);
+}
+
+enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct wire_msg *m) {
+  size_t n = hdr->body_len;
+  memset(m, 0, sizeof(*m));
+  m->hdr = *hdr;
+  switch (hdr->type) {
+  case WIRE_HELLO:
+    m->u.hello.caps = be32_get(b);
+    m->u.hello.name_len = be16_get(b + 4);
+    m->u.hello.name = b + 6;
+    return n == 6u + m->u.hello.name_len ? WIRE_OK : WIRE_EBODY;
+  case WIRE_HELLO_ACK: {
+    m->u.hello_ack.status = be32_get(b);
+    m->u.hello_ack.caps = be32_get(b + 4);
+    uint16_t nl = be16_get(b + 8);
+    if (nl > WIRE_MAX_NAME || n < 14u + nl) return WIRE_EBODY;
+    m->u.hello_ack.name_len = nl;
+    m->u.hello_ack.name = b + 10;
+    m->u.hello_ack.count = be32_get(b + 10 + nl);
+    if (m->u.hello_ack.count > WIRE_MAX_MEM_ENTRIES) return WIRE_EBODY;
+    const uint8_t *p = b + 14 + nl;
+    size_t left = n - 14u - nl;
+    m->u.hello_ack.entries = p;
+    m->u.hello_ack.entries_len = left;
+    struct wire_mem_entry e;
+    for (uint32_t i = 0; i < m->u.hello_ack.count; i++)
+      if (!mem_entry_get(&p, &left, &e)) return WIRE_EBODY;
+    return left == 0 ? WIRE_OK : WIRE_EBODY;
+  }
+  case WIRE_MEM_ADD:
+  case WIRE_MEM_DEL: {
+    const uint8_t *p = b;
+    size_t left = n;
+    if (!mem_entry_get(&p, &left, &m->u.mem) || left != 0) return WIRE_EBODY;
+    return WIRE_OK;
+  }
+  case WIRE_WRITE_REQ:
+    m->u.write_req.seq = be64_get(b);
+    m->u.write_req.raddr = be64_get(b + 8);
+    return hdr->payload_len > 0 ? WIRE_OK : WIRE_EBODY;
+  case WIRE_READ_REQ:
+    m->u.read_req.seq = be64_get(b);
+    m->u.read_req.raddr = be64_get(b + 8);
+    m->u.read_req.len = be32_get(b + 16);
+    return m->u.read_req.len > 0 && m->u.read_req.len <= WIRE_MAX_PAYLOAD ? WIRE_OK : WIRE_EBODY;
+  case WIRE_WRITE_ACK:
+  case WIRE_READ_RESP:
+  case WIRE_NOTIFY_ACK:
+    m->u.ack.seq = be64_get(b);
+    m->u.ack.status = be32_get(b + 8);
+    /* A failed READ_RESP carries no data. */
+    if (hdr->type == WIRE_READ_RESP && m->u.ack.status != 0 && hdr->payload_len != 0)
+      return WIRE_EBODY;
+    return WIRE_OK;
+  case WIRE_NOTIFY:
+    m->u.notify.seq = be64_get(b);
+    m->u.notify.name_len = be16_get(b + 8);
+    m->u.notify.msg_len = be16_get(b + 10);
+    if (m->u.notify.name_len > WIRE_MAX_NOTIFY || m->u.notify.msg_len > WIRE_MAX_NOTIFY ||
+        n != 12u + m->u.notify.name_len + m->u.notify.msg_len)
+      return WIRE_EBODY;
+    /* Only now are both inside the body; msg would otherwise point past it. */
+    m->u.notify.name = b + 12;
+    m->u.notify.msg = b + 12 + m->u.notify.name_len;
+    return WIRE_OK;
+  }
+  return WIRE_ETYPE;
+}
+
+static void put_hdr(uint8_t *p, uint8_t type, uint32_t body_len, uint32_t payload_len) {
+  be32_put(p, WIRE_MAGIC);
+  p[4] = WIRE_VERSION;
+  p[5] = type;
+  be16_put(p + 6, 0);
+  be32_put(p + 8, body_len);
+  be32_put(p + 12, payload_len);
+  be32_put(p + 16, 0);
+}
+
+void wire_begin(struct wire_wr *w, uint8_t *buf, size_t cap, enum wire_type type) {
+  w->buf = buf;
+  w->cap = cap;
+  w->len = WIRE_HDR_LEN;
+  w->overflow = cap < WIRE_HDR_LEN;
+  if (!w->overflow) buf[5] = (uint8_t)type;
+}
+
+size_t wire_end(struct wire_wr *w, uint32_t payload_len) {
+  if (w->overflow || w->len - WIRE_HDR_LEN > WIRE_MAX_BODY) return 0;
+  put_hdr(w->buf, w->buf[5], (uint32_t)(w->len - WIRE_HDR_LEN), payload_len);
+  return w->len;
+}
+
+static uint8_t *wr_room(struct wire_wr *w, size_t n) {
+  if (w->overflow || w->cap - w->len < n) {
+    w->overflow = true;
+    return NULL;
+  }
+  uint8_t *p = w->buf + w->len;
+  w->len += n;
+  return p;
+}
+
+void wire_put_u16(struct wire_wr *w, uint16_t v) {
+  uint8_t *p = wr_room(w, 2);
+  if (p) be16_put(p, v);
+}
+void wire_put_u32(struct wire_wr *w, uint32_t v) {
+  uint8_t *p = wr_room(w, 4);
+  if (p) be32_put(p, v);
+}
+void wire_put_u64(struct wire_wr *w, uint64_t v) {
+  uint8_t *p = wr_room(w, 8);
+  if (p) be64_put(p, v);
+}
+void wire_put_bytes(struct wire_wr *w, const void *src, size_t n) {
+  uint8_t *p = wr_room(w, n);
+  if (p && n) memcpy(p, src, n);
+}
+void wire_put_mem_entry(struct wire_wr *w, uint64_t addr, uint64_t len, const char *tag) {
+  size_t tl = tag ? strnlen(tag, WIRE_MAX_TAG) : 0;
+  wire_put_u64(w, addr);
+  wire_put_u64(w, len);
+  wire_put_u16(w, (uint16_t)tl);
+  wire_put_bytes(w, tag, tl);
+}
+
+size_t wire_put_write_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len) {
+  put_hdr(buf, WIRE_WRITE_REQ, 16, len);
+  be64_put(buf + WIRE_HDR_LEN, seq);
+  be64_put(buf + WIRE_HDR_LEN + 8, raddr);
+  return WIRE_HDR_LEN + 16;
+}
+
+size_t wire_put_read_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len) {
+  put_hdr(buf, WIRE_READ_REQ, 20, 0);
+  be64_put(buf + WIRE_HDR_LEN, seq);
+  be64_put(buf + WIRE_HDR_LEN + 8, raddr);
+  be32_put(buf + WIRE_HDR_LEN + 16, len);
+  return WIRE_HDR_LEN + 20;
+}
+
+size_t wire_put_ack(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t status,
+                    uint32_t payload_len) {
+  put_hdr(buf, (uint8_t)type, 12, payload_len);
+  be64_put(buf + WIRE_HDR_LEN, seq);
+  be32_put(buf + WIRE_HDR_LEN + 8, status);
+  return WIRE_HDR_LEN + 12;
+}

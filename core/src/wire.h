@@ -1,0 +1,151 @@
+/* wire: the control-plane and TCP data protocol. Every frame is a fixed 20-byte
+ * header, a body parsed whole before anything acts on it, and for WRITE_REQ and
+ * READ_RESP a raw payload that streams straight to or from registered memory.
+ * All integers are big-endian; no C struct is ever sent as is. */
+#ifndef HIXL_WIRE_H
+#define HIXL_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define WIRE_MAGIC 0x4858494cu /* "HXIL" */
+#define WIRE_VERSION 1u
+#define WIRE_HDR_LEN 20u
+#define WIRE_MAX_BODY (4u << 20)    /* control bodies, as HIXL caps them */
+#define WIRE_MAX_PAYLOAD (4u << 20) /* one data chunk; larger ops are split */
+#define WIRE_MAX_NAME 255u          /* engine names */
+#define WIRE_MAX_TAG 255u           /* memory tags */
+#define WIRE_MAX_NOTIFY 1024u       /* notify name and message, each */
+#define WIRE_MAX_MEM_ENTRIES 4096u
+
+/* Capability bits exchanged in HELLO / HELLO_ACK. */
+#define WIRE_CAP_TCP_DATA 0x1u
+
+enum wire_type {
+  WIRE_HELLO = 1,      /* initiator -> target: caps, name */
+  WIRE_HELLO_ACK = 2,  /* target -> initiator: status, caps, name, memory table */
+  WIRE_MEM_ADD = 3,    /* target -> initiator: a new registration */
+  WIRE_MEM_DEL = 4,    /* target -> initiator: a registration is gone */
+  WIRE_WRITE_REQ = 5,  /* seq, remote addr; payload = data */
+  WIRE_WRITE_ACK = 6,  /* seq, status */
+  WIRE_READ_REQ = 7,   /* seq, remote addr, len */
+  WIRE_READ_RESP = 8,  /* seq, status; payload = data when status is 0 */
+  WIRE_NOTIFY = 9,     /* seq, name, msg */
+  WIRE_NOTIFY_ACK = 10, /* seq, status */
+  WIRE_TYPE_MAX_ = 10,
+};
+
+/* HELLO_ACK status values. */
+enum wire_hello_status { WIRE_HELLO_OK = 0, WIRE_HELLO_VERSION = 1, WIRE_HELLO_REFUSED = 2 };
+
+/* Why wire_parse_hdr refused a header. */
+enum wire_err {
+  WIRE_OK = 0,
+  WIRE_EMAGIC,   /* not a hixl peer */
+  WIRE_EVERSION, /* a hixl peer speaking another protocol version; hdr is filled */
+  WIRE_ETYPE,    /* unknown frame type */
+  WIRE_ELEN,     /* body or payload length not allowed for the type */
+  WIRE_EBODY,    /* body does not decode exactly */
+};
+
+struct wire_hdr {
+  uint32_t magic;
+  uint8_t version;
+  uint8_t type;
+  uint16_t flags; /* zero in version 1 */
+  uint32_t body_len;
+  uint32_t payload_len;
+  uint32_t reserved; /* zero in version 1 */
+};
+
+struct wire_mem_entry {
+  uint64_t addr;
+  uint64_t len;
+  uint16_t tag_len;
+  const uint8_t *tag; /* points into the body; not NUL-terminated */
+};
+
+/* A decoded frame. Pointers point into the body buffer given to wire_decode. */
+struct wire_msg {
+  struct wire_hdr hdr;
+  union {
+    struct {
+      uint32_t caps;
+      uint16_t name_len;
+      const uint8_t *name;
+    } hello;
+    struct {
+      uint32_t status;
+      uint32_t caps;
+      uint16_t name_len;
+      const uint8_t *name;
+      uint32_t count;          /* memory entries, validated by wire_decode */
+      const uint8_t *entries;  /* walk with wire_mem_entry_next */
+      size_t entries_len;
+    } hello_ack;
+    struct wire_mem_entry mem; /* MEM_ADD, MEM_DEL (tag empty) */
+    struct {
+      uint64_t seq;
+      uint64_t raddr;
+    } write_req;
+    struct {
+      uint64_t seq;
+      uint64_t raddr;
+      uint32_t len;
+    } read_req;
+    struct {
+      uint64_t seq;
+      uint32_t status;
+    } ack; /* WRITE_ACK, READ_RESP, NOTIFY_ACK */
+    struct {
+      uint64_t seq;
+      uint16_t name_len;
+      uint16_t msg_len;
+      const uint8_t *name;
+      const uint8_t *msg;
+    } notify;
+  } u;
+};
+
+/* Builds frames into a caller's buffer; overflow is sticky and reported by end. */
+struct wire_wr {
+  uint8_t *buf;
+  size_t cap;
+  size_t len;
+  bool overflow;
+};
+
+const char *wire_err_str(enum wire_err err);
+const char *wire_type_name(unsigned type);
+
+/* Parse and check a 20-byte header: magic, version, type, and lengths allowed for
+ * the type. On WIRE_EVERSION the header is still filled so the caller can answer. */
+enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *hdr);
+
+/* Decode a whole body (hdr->body_len bytes) for hdr->type; every length inside must
+ * add up to the body exactly. */
+enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *body, struct wire_msg *msg);
+
+/* Step through a HELLO_ACK's entries; returns false after the last. */
+bool wire_mem_entry_next(const uint8_t **cursor, size_t *left, struct wire_mem_entry *entry);
+
+/* Frame builders: wire_begin reserves the header, wire_end fills it in with the
+ * body length written since and the payload length that follows the frame. */
+void wire_begin(struct wire_wr *w, uint8_t *buf, size_t cap, enum wire_type type);
+size_t wire_end(struct wire_wr *w, uint32_t payload_len); /* 0 on overflow */
+void wire_put_u16(struct wire_wr *w, uint16_t v);
+void wire_put_u32(struct wire_wr *w, uint32_t v);
+void wire_put_u64(struct wire_wr *w, uint64_t v);
+void wire_put_bytes(struct wire_wr *w, const void *p, size_t n);
+void wire_put_mem_entry(struct wire_wr *w, uint64_t addr, uint64_t len, const char *tag);
+
+/* Header-only builder for the hot path (WRITE_REQ, READ_REQ, acks): returns length. */
+size_t wire_put_write_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len);
+size_t wire_put_read_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len);
+size_t wire_put_ack(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t status,
+                    uint32_t payload_len);
+
+#define WIRE_SMALL_FRAME 48u /* the largest frame built by the three helpers above */
+
+#endif
