@@ -13,9 +13,9 @@
 #include "sock.h"
 #include "status_int.h"
 
-#define CHECK_ARG(cond, ...) \
-  do {                       \
-    if (!(cond)) return hixl_fail(HIXL_PARAM_INVALID, __VA_ARGS__); \
+#define CHECK_ARG(cond, ...)                                                                                 \
+  do {                                                                                                       \
+    if (!(cond)) return hixl_fail(HIXL_PARAM_INVALID, __VA_ARGS__);                                          \
   } while (0)
 
 /* Lock e and check it is initialized; on failure the lock is not held. */
@@ -24,7 +24,8 @@ static HixlStatus engine_enter(HixlEngine *e, const char *fn) {
   pthread_mutex_lock(&e->lock);
   if (!e->initialized) {
     pthread_mutex_unlock(&e->lock);
-    return hixl_fail(HIXL_PARAM_INVALID, "%s: engine is not initialized; call HixlEngineInitialize first", fn);
+    return hixl_fail(HIXL_PARAM_INVALID, "%s: engine is not initialized; call HixlEngineInitialize first",
+                     fn);
   }
   return HIXL_SUCCESS;
 }
@@ -98,7 +99,8 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
   e->listen_fd = has_port ? sock_listen(&sa, &st) : -1;
   if (has_port && e->listen_fd < 0) goto unlock;
   if (link_start(e, &st) < 0) {
-    st = hixl_fail(HIXL_FAILED, "HixlEngineInitialize: cannot start the progress thread: %s", strerror(errno));
+    st =
+        hixl_fail(HIXL_FAILED, "HixlEngineInitialize: cannot start the progress thread: %s", strerror(errno));
     goto close_listen;
   }
   e->initialized = true;
@@ -158,7 +160,8 @@ HixlStatus HixlEngineDestroy(HixlEngine *e) {
 
 /* ---- memory ---- */
 
-HixlStatus HixlEngineRegisterMem(HixlEngine *e, const HixlMemDesc *mem, HixlMemType type, HixlMemHandle *handle) {
+HixlStatus HixlEngineRegisterMem(HixlEngine *e, const HixlMemDesc *mem, HixlMemType type,
+                                 HixlMemHandle *handle) {
   struct memtab_entry *clash;
   CHECK_ARG(mem && handle, "HixlEngineRegisterMem: mem or handle is NULL");
   CHECK_ARG(mem->addr != 0 && mem->len > 0, "HixlEngineRegisterMem: empty range [0x%lx, +%zu)",
@@ -166,8 +169,9 @@ HixlStatus HixlEngineRegisterMem(HixlEngine *e, const HixlMemDesc *mem, HixlMemT
   CHECK_ARG(mem->addr + mem->len > mem->addr, "HixlEngineRegisterMem: range [0x%lx, +%zu) wraps around",
             (unsigned long)mem->addr, mem->len);
   if (type == HIXL_MEM_DEVICE)
-    return hixl_fail(HIXL_UNSUPPORTED,
-                     "HixlEngineRegisterMem: device memory needs an accelerator backend, and this build has none");
+    return hixl_fail(
+        HIXL_UNSUPPORTED,
+        "HixlEngineRegisterMem: device memory needs an accelerator backend, and this build has none");
   CHECK_ARG(type == HIXL_MEM_HOST, "HixlEngineRegisterMem: unknown memory type %d", (int)type);
   HixlStatus st = engine_enter(e, "HixlEngineRegisterMem");
   if (st != HIXL_SUCCESS) return st;
@@ -187,7 +191,8 @@ HixlStatus HixlEngineRegisterMem(HixlEngine *e, const HixlMemDesc *mem, HixlMemT
   r->type = type;
   if (memtab_add(&e->regs, &r->range, &clash) < 0) {
     if (clash)
-      st = hixl_fail(HIXL_PARAM_INVALID, "HixlEngineRegisterMem: [0x%lx, +%zu) overlaps registered [0x%llx, +%llu)",
+      st = hixl_fail(HIXL_PARAM_INVALID,
+                     "HixlEngineRegisterMem: [0x%lx, +%zu) overlaps registered [0x%llx, +%llu)",
                      (unsigned long)mem->addr, mem->len, (unsigned long long)clash->addr,
                      (unsigned long long)clash->len);
     else
@@ -210,8 +215,8 @@ HixlStatus HixlEngineDeregisterMem(HixlEngine *e, HixlMemHandle handle) {
   for (size_t i = 0; i < e->regs.count && !r; i++)
     if (e->regs.v[i] == &handle->range) r = handle;
   if (!r) {
-    st = hixl_fail(HIXL_PARAM_INVALID, "HixlEngineDeregisterMem: handle %p is not registered with this engine",
-                   (void *)handle);
+    st = hixl_fail(HIXL_PARAM_INVALID,
+                   "HixlEngineDeregisterMem: handle %p is not registered with this engine", (void *)handle);
   } else if (r->inflight > 0) {
     st = hixl_fail(HIXL_FAILED,
                    "HixlEngineDeregisterMem: %u transfer chunks on [0x%llx, +%llu) are still in flight; "
@@ -245,8 +250,8 @@ static HixlStatus handshake(HixlEngine *e, int fd, const char *remote, uint64_t 
     return hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());
   enum wire_err err = wire_parse_hdr(hb, &h);
   if (err == WIRE_EVERSION)
-    return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s speaks hixl protocol version %u, this engine %u", remote,
-                     h.version, WIRE_VERSION);
+    return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s speaks hixl protocol version %u, this engine %u",
+                     remote, h.version, WIRE_VERSION);
   if (err != WIRE_OK || h.type != WIRE_HELLO_ACK)
     return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s is not a hixl engine (%s)", remote,
                      err != WIRE_OK ? wire_err_str(err) : "unexpected first frame");
@@ -290,7 +295,8 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
   struct sockaddr_in sa;
   bool has_port;
   HixlStatus st;
-  CHECK_ARG(remote && strlen(remote) < ENGINE_NAME_MAX, "HixlEngineConnect: remote_engine is NULL or too long");
+  CHECK_ARG(remote && strlen(remote) < ENGINE_NAME_MAX,
+            "HixlEngineConnect: remote_engine is NULL or too long");
   if ((st = check_timeout(timeout_ms, "HixlEngineConnect")) != HIXL_SUCCESS) return st;
   if ((st = sock_parse_endpoint(remote, "remote_engine", &sa, &has_port)) != HIXL_SUCCESS) return st;
   CHECK_ARG(has_port, "HixlEngineConnect: remote_engine \"%s\" needs a port (\"ip:port\")", remote);
@@ -299,7 +305,8 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
   struct peer *old = find_peer(e, remote);
   bool connected = old && old->conn;
   pthread_mutex_unlock(&e->lock);
-  if (connected) return hixl_fail(HIXL_ALREADY_CONNECTED, "HixlEngineConnect: already connected to %s", remote);
+  if (connected)
+    return hixl_fail(HIXL_ALREADY_CONNECTED, "HixlEngineConnect: already connected to %s", remote);
 
   struct peer *p = calloc(1, sizeof(*p));
   if (!p) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: out of memory");
@@ -416,7 +423,8 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
                                   const char *fn, struct hixl_transfer_req **out) {
   HixlStatus st;
   CHECK_ARG(remote, "%s: remote_engine is NULL", fn);
-  CHECK_ARG(op == HIXL_READ || op == HIXL_WRITE, "%s: op %d is neither HIXL_READ nor HIXL_WRITE", fn, (int)op);
+  CHECK_ARG(op == HIXL_READ || op == HIXL_WRITE, "%s: op %d is neither HIXL_READ nor HIXL_WRITE", fn,
+            (int)op);
   CHECK_ARG(descs && count > 0 && count <= HIXL_MAX_BATCH, "%s: need 1 to %d op descriptors, got %zu%s", fn,
             HIXL_MAX_BATCH, count, descs ? "" : " (descs is NULL)");
   if ((st = check_timeout(timeout_ms, fn)) != HIXL_SUCCESS) return st;
@@ -442,14 +450,17 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
   for (size_t i = 0; i < count; i++) {
     lregs[i] = (struct hixl_mem_reg *)memtab_find(&e->regs, descs[i].local_addr, descs[i].len);
     if (!lregs[i]) {
-      st = hixl_fail(HIXL_PARAM_INVALID, "%s: op %zu local range [0x%lx, +%zu) is not inside memory registered "
-                     "with this engine", fn, i, (unsigned long)descs[i].local_addr, descs[i].len);
+      st = hixl_fail(HIXL_PARAM_INVALID,
+                     "%s: op %zu local range [0x%lx, +%zu) is not inside memory registered "
+                     "with this engine",
+                     fn, i, (unsigned long)descs[i].local_addr, descs[i].len);
       goto unlock;
     }
   }
   r = req_new(e, (uint32_t)nchunks, timeout_ms);
   if (!r) {
-    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory for %llu chunks", fn, (unsigned long long)nchunks);
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory for %llu chunks", fn,
+                   (unsigned long long)nchunks);
     goto unlock;
   }
   struct chunk *ch = r->chunks;
@@ -520,7 +531,8 @@ static HixlStatus req_enter(HixlEngine *e, HixlTransferReq req, const char *fn) 
   pthread_mutex_lock(&e->lock);
   if (!req || !ptrset_has(&e->reqs, req)) {
     pthread_mutex_unlock(&e->lock);
-    return hixl_fail(HIXL_PARAM_INVALID, "%s: request %p is unknown or was already released", fn, (void *)req);
+    return hixl_fail(HIXL_PARAM_INVALID, "%s: request %p is unknown or was already released", fn,
+                     (void *)req);
   }
   return HIXL_SUCCESS;
 }
@@ -533,14 +545,15 @@ HixlStatus HixlEngineGetTransferStatus(HixlEngine *e, HixlTransferReq req, HixlT
   HixlTransferStatus s = HIXL_TRANSFER_WAITING;
   hixl_error_clear();
   if (r->outstanding == 0) {
-    s = r->status == HIXL_SUCCESS ? HIXL_TRANSFER_COMPLETED
+    s = r->status == HIXL_SUCCESS   ? HIXL_TRANSFER_COMPLETED
         : r->status == HIXL_TIMEOUT ? HIXL_TRANSFER_TIMEOUT
                                     : HIXL_TRANSFER_FAILED;
     if (s != HIXL_TRANSFER_COMPLETED) hixl_fail(r->status, "transfer failed: %s", r->err);
   } else if (hixl_now_ns() >= r->deadline_ns) {
     s = HIXL_TRANSFER_TIMEOUT;
     r->cancelled = true;
-    hixl_fail(HIXL_TIMEOUT, "transfer: %u of %u chunks unanswered at the deadline", r->outstanding, r->nchunks);
+    hixl_fail(HIXL_TIMEOUT, "transfer: %u of %u chunks unanswered at the deadline", r->outstanding,
+              r->nchunks);
   }
   if (s != HIXL_TRANSFER_WAITING) {
     ptrset_del(&e->reqs, r);
@@ -563,9 +576,11 @@ HixlStatus HixlEngineGetTransferUserData(HixlEngine *e, HixlTransferReq req, voi
 
 /* ---- notifications ---- */
 
-HixlStatus HixlEngineSendNotify(HixlEngine *e, const char *remote, const HixlNotifyDesc *n, int32_t timeout_ms) {
+HixlStatus HixlEngineSendNotify(HixlEngine *e, const char *remote, const HixlNotifyDesc *n,
+                                int32_t timeout_ms) {
   HixlStatus st;
-  CHECK_ARG(remote && n && n->name && n->msg, "HixlEngineSendNotify: remote_engine, notify, name or msg is NULL");
+  CHECK_ARG(remote && n && n->name && n->msg,
+            "HixlEngineSendNotify: remote_engine, notify, name or msg is NULL");
   size_t nl = strnlen(n->name, HIXL_MAX_NOTIFY_LEN + 1), ml = strnlen(n->msg, HIXL_MAX_NOTIFY_LEN + 1);
   CHECK_ARG(nl <= HIXL_MAX_NOTIFY_LEN && ml <= HIXL_MAX_NOTIFY_LEN,
             "HixlEngineSendNotify: name and msg are limited to %d bytes each", HIXL_MAX_NOTIFY_LEN);

@@ -16,8 +16,8 @@
 #include "wire.h"
 
 #define ENGINE_TCP_CHUNK (1u << 20) /* ops larger than this are split */
-#define ENGINE_RXBUF (256u << 10)
-#define ENGINE_NAME_MAX 64
+#define ENGINE_RXBUF     (256u << 10)
+#define ENGINE_NAME_MAX  64
 
 struct hixl_mem_reg {
   struct memtab_entry range; /* first: the memtab holds pointers to it */
@@ -35,9 +35,9 @@ struct txitem {
   size_t heap_len;
   const uint8_t *payload;
   size_t payload_len;
-  size_t sent;               /* bytes of hdr, heap and payload sent so far */
-  struct chunk *chunk;       /* initiator: awaits a response once sent */
-  struct hixl_mem_reg *reg;  /* target READ_RESP: inflight released once sent */
+  size_t sent;              /* bytes of hdr, heap and payload sent so far */
+  struct chunk *chunk;      /* initiator: awaits a response once sent */
+  struct hixl_mem_reg *reg; /* target READ_RESP: inflight released once sent */
 };
 
 enum chunk_kind { CHUNK_WRITE, CHUNK_READ, CHUNK_NOTIFY };
@@ -79,15 +79,15 @@ struct conn {
   int fd;
   enum conn_role role;
   bool dead;
-  bool want_out; /* EPOLLOUT armed */
+  bool want_out;     /* EPOLLOUT armed */
   struct peer *peer; /* initiator side */
   char remote_name[WIRE_MAX_NAME + 1];
   /* receive */
   uint8_t *rxbuf;
   size_t rx_start, rx_end;
-  uint8_t *pay_dst;   /* payload streaming: destination, or NULL to discard */
+  uint8_t *pay_dst; /* payload streaming: destination, or NULL to discard */
   size_t pay_left;
-  struct chunk *pay_chunk;   /* initiator READ_RESP being received */
+  struct chunk *pay_chunk;      /* initiator READ_RESP being received */
   struct hixl_mem_reg *pay_reg; /* target WRITE_REQ being received */
   uint64_t pay_seq;
   uint32_t pay_status;
@@ -100,10 +100,10 @@ struct conn {
 
 struct peer {
   struct peer *next;
-  char name[ENGINE_NAME_MAX];       /* as given to Connect */
+  char name[ENGINE_NAME_MAX];          /* as given to Connect */
   char remote_name[WIRE_MAX_NAME + 1]; /* as the peer calls itself */
-  struct conn *conn;                /* NULL once the link broke */
-  struct memtab rtab;               /* the peer's registrations, as advertised */
+  struct conn *conn;                   /* NULL once the link broke */
+  struct memtab rtab;                  /* the peer's registrations, as advertised */
   char broken_why[256];
 };
 

@@ -21,7 +21,7 @@
 #include "log.h"
 #include "sock.h"
 
-#define LINK_IOV_MAX 256
+#define LINK_IOV_MAX     256
 #define LINK_READ_BUDGET (32u << 20) /* bytes per event before other links get a turn */
 
 /* ---- requests and chunks ---- */
@@ -65,8 +65,7 @@ struct conn *link_conn_new(struct HixlEngine *e, int fd, enum conn_role role) {
 
 int link_conn_watch(struct conn *c) {
   struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
-  if (sock_set_nonblock(c->fd, true) < 0 || epoll_ctl(c->eng->epfd, EPOLL_CTL_ADD, c->fd, &ev) < 0)
-    return -1;
+  if (sock_set_nonblock(c->fd, true) < 0 || epoll_ctl(c->eng->epfd, EPOLL_CTL_ADD, c->fd, &ev) < 0) return -1;
   c->next = c->eng->conns;
   c->eng->conns = c;
   return 0;
@@ -85,8 +84,7 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
   char msg[384];
   if (c->dead) return;
   c->dead = true;
-  snprintf(msg, sizeof(msg), "link %s %s: %s",
-           c->role == CONN_INITIATOR ? "to" : "from",
+  snprintf(msg, sizeof(msg), "link %s %s: %s", c->role == CONN_INITIATOR ? "to" : "from",
            c->remote_name[0] ? c->remote_name : "(handshaking peer)", why);
   if (c->pay_reg) c->pay_reg->inflight--;
   c->pay_reg = NULL;
@@ -218,8 +216,8 @@ void link_flush(struct conn *c) {
 }
 
 /* Queue a small frame built by one of the wire_put_* helpers. */
-static int queue_small(struct conn *c, const uint8_t *frame, size_t len,
-                       const uint8_t *payload, size_t payload_len, struct hixl_mem_reg *reg) {
+static int queue_small(struct conn *c, const uint8_t *frame, size_t len, const uint8_t *payload,
+                       size_t payload_len, struct hixl_mem_reg *reg) {
   struct txitem *it = calloc(1, sizeof(*it));
   if (!it) return -1;
   memcpy(it->hdr, frame, len);
@@ -286,8 +284,7 @@ static void send_hello_ack(struct conn *c, uint32_t status) {
   link_flush(c);
 }
 
-static struct hixl_mem_reg *target_range(struct conn *c, uint64_t addr, uint64_t len,
-                                         const char *what) {
+static struct hixl_mem_reg *target_range(struct conn *c, uint64_t addr, uint64_t len, const char *what) {
   struct hixl_mem_reg *r = (struct hixl_mem_reg *)memtab_find(&c->eng->regs, addr, len);
   if (!r)
     log_warn("refused %s of [0x%llx, +%llu) from %s: not inside memory registered here", what,
@@ -362,8 +359,7 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
     if (queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
     return;
   }
-  default:
-    break;
+  default: break;
   }
 }
 
@@ -395,11 +391,10 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
     return;
   }
   struct chunk *ch = c->pend_head;
-  static const enum wire_type expect[] = {[CHUNK_WRITE] = WIRE_WRITE_ACK, [CHUNK_READ] = WIRE_READ_RESP,
-                                          [CHUNK_NOTIFY] = WIRE_NOTIFY_ACK};
+  static const enum wire_type expect[] = {
+      [CHUNK_WRITE] = WIRE_WRITE_ACK, [CHUNK_READ] = WIRE_READ_RESP, [CHUNK_NOTIFY] = WIRE_NOTIFY_ACK};
   if (!ch || m->u.ack.seq != ch->seq || m->hdr.type != expect[ch->kind] ||
-      (m->hdr.type == WIRE_READ_RESP && m->u.ack.status == HIXL_SUCCESS &&
-       m->hdr.payload_len != ch->len)) {
+      (m->hdr.type == WIRE_READ_RESP && m->u.ack.status == HIXL_SUCCESS && m->hdr.payload_len != ch->len)) {
     char why[192];
     snprintf(why, sizeof(why), "protocol error: unexpected %s seq %llu", wire_type_name(m->hdr.type),
              (unsigned long long)m->u.ack.seq);
@@ -420,8 +415,8 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   }
   char why[512];
   if (ch->kind == CHUNK_NOTIFY)
-    snprintf(why, sizeof(why), "%s refused the notification (%s; %d undrained at most)",
-             c->remote_name, HixlStatusName(m->u.ack.status), HIXL_MAX_NOTIFY_QUEUE);
+    snprintf(why, sizeof(why), "%s refused the notification (%s; %d undrained at most)", c->remote_name,
+             HixlStatusName(m->u.ack.status), HIXL_MAX_NOTIFY_QUEUE);
   else
     snprintf(why, sizeof(why), "%s refused %s of remote [0x%llx, +%u): not inside memory registered there",
              c->remote_name, ch->kind == CHUNK_READ ? "READ" : "WRITE", (unsigned long long)ch->raddr,
@@ -471,8 +466,8 @@ static void parse_frames(struct conn *c) {
     if (avail < WIRE_HDR_LEN) return;
     enum wire_err err = wire_parse_hdr(p, &h);
     if (err == WIRE_EVERSION && c->role == CONN_TARGET_HELLO && h.type == WIRE_HELLO) {
-      log_error("peer speaks hixl protocol version %u, this engine speaks %u: refusing it",
-                h.version, WIRE_VERSION);
+      log_error("peer speaks hixl protocol version %u, this engine speaks %u: refusing it", h.version,
+                WIRE_VERSION);
       send_hello_ack(c, WIRE_HELLO_VERSION);
       link_conn_kill(c, HIXL_FAILED, "protocol version mismatch");
       return;
@@ -480,8 +475,8 @@ static void parse_frames(struct conn *c) {
     if (err == WIRE_OK && !type_allowed(c->role, h.type)) err = WIRE_ETYPE;
     if (err != WIRE_OK) {
       char why[160];
-      snprintf(why, sizeof(why), "malformed frame (%s, type %s): closing this link",
-               wire_err_str(err), wire_type_name(h.type));
+      snprintf(why, sizeof(why), "malformed frame (%s, type %s): closing this link", wire_err_str(err),
+               wire_type_name(h.type));
       link_conn_kill(c, HIXL_FAILED, why);
       return;
     }

@@ -52,6 +52,6 @@ void hixl_log_write(HixlLogLevel level, const char *fmt, ...) {
   }
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  fprintf(stderr, "[hixl %s %ld.%06ld %d] %s\n", tags[level], (long)ts.tv_sec,
-          ts.tv_nsec / 1000, (int)getpid(), msg);
+  fprintf(stderr, "[hixl %s %ld.%06ld %d] %s\n", tags[level], (long)ts.tv_sec, ts.tv_nsec / 1000,
+          (int)getpid(), msg);
 }

@@ -7,13 +7,13 @@ extern int hixl_log_level_; /* checked before any formatting */
 void hixl_log_write(HixlLogLevel level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void hixl_log_init(void);
 
-#define HIXL_LOG(lvl, ...)                                       \
-  do {                                                           \
-    if ((int)(lvl) <= hixl_log_level_) hixl_log_write((lvl), __VA_ARGS__); \
+#define HIXL_LOG(lvl, ...)                                                                                   \
+  do {                                                                                                       \
+    if ((int)(lvl) <= hixl_log_level_) hixl_log_write((lvl), __VA_ARGS__);                                   \
   } while (0)
 #define log_error(...) HIXL_LOG(HIXL_LOG_ERROR, __VA_ARGS__)
-#define log_warn(...) HIXL_LOG(HIXL_LOG_WARN, __VA_ARGS__)
-#define log_info(...) HIXL_LOG(HIXL_LOG_INFO, __VA_ARGS__)
+#define log_warn(...)  HIXL_LOG(HIXL_LOG_WARN, __VA_ARGS__)
+#define log_info(...)  HIXL_LOG(HIXL_LOG_INFO, __VA_ARGS__)
 #define log_debug(...) HIXL_LOG(HIXL_LOG_DEBUG, __VA_ARGS__)
 
 #endif

@@ -54,9 +54,7 @@ static bool parse_transport(const char *s, struct hixl_options *o) {
   return false;
 }
 
-const char *hixl_transport_name(enum hixl_transport t) {
-  return (unsigned)t < 4 ? transport_names[t] : "?";
-}
+const char *hixl_transport_name(enum hixl_transport t) { return (unsigned)t < 4 ? transport_names[t] : "?"; }
 
 static const struct hixl_option_info option_info[] = {
     {"BufferPool", "4:8", NULL, "\"NUM:SIZE_MB\", NUM in [0,1024], SIZE_MB in [0,4096], \"0:0\" off",
@@ -101,7 +99,8 @@ HixlStatus hixl_options_parse(const HixlOption *opts, size_t n, struct hixl_opti
   /* Precedence as HIXL: option, then environment, then default. */
   for (size_t k = 0; k < N_OPTIONS; k++) {
     const char *env = option_info[k].env ? getenv(option_info[k].env) : NULL;
-    if (!given[k] && env && !option_parse[k](env, &o)) return bad_value(&option_info[k], env, option_info[k].env);
+    if (!given[k] && env && !option_parse[k](env, &o))
+      return bad_value(&option_info[k], env, option_info[k].env);
   }
   *out = o;
   return HIXL_SUCCESS;

@@ -36,12 +36,12 @@ static int ms_left(uint64_t deadline_ns) {
   return ms > 60000000 ? 60000000 : (int)ms;
 }
 
-HixlStatus sock_parse_endpoint(const char *text, const char *what, struct sockaddr_in *sa,
-                               bool *has_port) {
+HixlStatus sock_parse_endpoint(const char *text, const char *what, struct sockaddr_in *sa, bool *has_port) {
   char ip[64];
   const char *colon;
   size_t iplen;
-  if (!text || !*text) return hixl_fail(HIXL_PARAM_INVALID, "%s is empty; expected \"ip\" or \"ip:port\"", what);
+  if (!text || !*text)
+    return hixl_fail(HIXL_PARAM_INVALID, "%s is empty; expected \"ip\" or \"ip:port\"", what);
   colon = strchr(text, ':');
   iplen = colon ? (size_t)(colon - text) : strlen(text);
   if (iplen == 0 || iplen >= sizeof(ip))
@@ -133,8 +133,8 @@ int sock_connect(const struct sockaddr_in *sa, uint64_t deadline_ns, HixlStatus 
       return fd;
     }
     close(fd);
-    if (last_err != ECONNREFUSED && last_err != ETIMEDOUT && last_err != EINTR &&
-        last_err != EAGAIN && last_err != ECONNRESET)
+    if (last_err != ECONNREFUSED && last_err != ETIMEDOUT && last_err != EINTR && last_err != EAGAIN &&
+        last_err != ECONNRESET)
       break;
     /* Nothing listens yet: try again shortly, never past the deadline. */
     if (last_err == ECONNREFUSED && ms_left(deadline_ns) > 0) {
@@ -143,11 +143,10 @@ int sock_connect(const struct sockaddr_in *sa, uint64_t deadline_ns, HixlStatus 
     }
   } while (ms_left(deadline_ns) > 0);
   if (last_err == ECONNREFUSED || last_err == ETIMEDOUT || ms_left(deadline_ns) == 0)
-    *st = hixl_fail(HIXL_TIMEOUT, "connect to %s:%u timed out (last error: %s)", ip,
-                    ntohs(sa->sin_port), strerror(last_err ? last_err : ETIMEDOUT));
+    *st = hixl_fail(HIXL_TIMEOUT, "connect to %s:%u timed out (last error: %s)", ip, ntohs(sa->sin_port),
+                    strerror(last_err ? last_err : ETIMEDOUT));
   else
-    *st = hixl_fail(HIXL_FAILED, "connect to %s:%u failed: %s", ip, ntohs(sa->sin_port),
-                    strerror(last_err));
+    *st = hixl_fail(HIXL_FAILED, "connect to %s:%u failed: %s", ip, ntohs(sa->sin_port), strerror(last_err));
   return -1;
 }
 

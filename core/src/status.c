@@ -7,9 +7,8 @@
 
 const char *HixlStatusName(HixlStatus status) {
   switch (status) {
-#define X(name, value, text) \
-  case value:                \
-    return #name;
+#define X(name, value, text)                                                                                 \
+  case value: return #name;
     HIXL_STATUS_MAP(X)
 #undef X
   }
@@ -18,9 +17,8 @@ const char *HixlStatusName(HixlStatus status) {
 
 const char *HixlStatusString(HixlStatus status) {
   switch (status) {
-#define X(name, value, text) \
-  case value:                \
-    return text;
+#define X(name, value, text)                                                                                 \
+  case value: return text;
     HIXL_STATUS_MAP(X)
 #undef X
   }

@@ -4,8 +4,7 @@
 #include "hixl/hixl_status.h"
 
 /* Record why the calling thread's current call fails and return status. */
-HixlStatus hixl_fail(HixlStatus status, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+HixlStatus hixl_fail(HixlStatus status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void hixl_error_clear(void);
 
 #endif

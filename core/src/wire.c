@@ -17,9 +17,7 @@ static uint16_t be16_get(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1
 static uint32_t be32_get(const uint8_t *p) {
   return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
-static uint64_t be64_get(const uint8_t *p) {
-  return ((uint64_t)be32_get(p) << 32) | be32_get(p + 4);
-}
+static uint64_t be64_get(const uint8_t *p) { return ((uint64_t)be32_get(p) << 32) | be32_get(p + 4); }
 
 const char *wire_err_str(enum wire_err err) {
   switch (err) {
@@ -34,9 +32,9 @@ const char *wire_err_str(enum wire_err err) {
 }
 
 const char *wire_type_name(unsigned type) {
-  static const char *const names[] = {"?", "HELLO", "HELLO_ACK", "MEM_ADD", "MEM_DEL",
-                                      "WRITE_REQ", "WRITE_ACK", "READ_REQ", "READ_RESP",
-                                      "NOTIFY", "NOTIFY_ACK"};
+  static const char *const names[] = {"?",         "HELLO",     "HELLO_ACK", "MEM_ADD",
+                                      "MEM_DEL",   "WRITE_REQ", "WRITE_ACK", "READ_REQ",
+                                      "READ_RESP", "NOTIFY",    "NOTIFY_ACK"};
   return type <= WIRE_TYPE_MAX_ ? names[type] : "?";
 }
 
@@ -71,8 +69,7 @@ enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *h
   if (hdr->flags != 0 || hdr->reserved != 0) return WIRE_ELEN;
   if (hdr->body_len < wire_limits[hdr->type].min || hdr->body_len > wire_limits[hdr->type].max)
     return WIRE_ELEN;
-  if (hdr->payload_len > (wire_limits[hdr->type].payload ? WIRE_MAX_PAYLOAD : 0))
-    return WIRE_ELEN;
+  if (hdr->payload_len > (wire_limits[hdr->type].payload ? WIRE_MAX_PAYLOAD : 0)) return WIRE_ELEN;
   return WIRE_OK;
 }
 
@@ -143,8 +140,7 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     m->u.ack.seq = be64_get(b);
     m->u.ack.status = be32_get(b + 8);
     /* A failed READ_RESP carries no data. */
-    if (hdr->type == WIRE_READ_RESP && m->u.ack.status != 0 && hdr->payload_len != 0)
-      return WIRE_EBODY;
+    if (hdr->type == WIRE_READ_RESP && m->u.ack.status != 0 && hdr->payload_len != 0) return WIRE_EBODY;
     return WIRE_OK;
   case WIRE_NOTIFY:
     m->u.notify.seq = be64_get(b);
@@ -234,8 +230,7 @@ size_t wire_put_read_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t le
   return WIRE_HDR_LEN + 20;
 }
 
-size_t wire_put_ack(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t status,
-                    uint32_t payload_len) {
+size_t wire_put_ack(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t status, uint32_t payload_len) {
   put_hdr(buf, (uint8_t)type, 12, payload_len);
   be64_put(buf + WIRE_HDR_LEN, seq);
   be32_put(buf + WIRE_HDR_LEN + 8, status);

@@ -9,29 +9,29 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define WIRE_MAGIC 0x4858494cu /* "HXIL" */
-#define WIRE_VERSION 1u
-#define WIRE_HDR_LEN 20u
-#define WIRE_MAX_BODY (4u << 20)    /* control bodies, as HIXL caps them */
-#define WIRE_MAX_PAYLOAD (4u << 20) /* one data chunk; larger ops are split */
-#define WIRE_MAX_NAME 255u          /* engine names */
-#define WIRE_MAX_TAG 255u           /* memory tags */
-#define WIRE_MAX_NOTIFY 1024u       /* notify name and message, each */
+#define WIRE_MAGIC           0x4858494cu /* "HXIL" */
+#define WIRE_VERSION         1u
+#define WIRE_HDR_LEN         20u
+#define WIRE_MAX_BODY        (4u << 20) /* control bodies, as HIXL caps them */
+#define WIRE_MAX_PAYLOAD     (4u << 20) /* one data chunk; larger ops are split */
+#define WIRE_MAX_NAME        255u       /* engine names */
+#define WIRE_MAX_TAG         255u       /* memory tags */
+#define WIRE_MAX_NOTIFY      1024u      /* notify name and message, each */
 #define WIRE_MAX_MEM_ENTRIES 4096u
 
 /* Capability bits exchanged in HELLO / HELLO_ACK. */
 #define WIRE_CAP_TCP_DATA 0x1u
 
 enum wire_type {
-  WIRE_HELLO = 1,      /* initiator -> target: caps, name */
-  WIRE_HELLO_ACK = 2,  /* target -> initiator: status, caps, name, memory table */
-  WIRE_MEM_ADD = 3,    /* target -> initiator: a new registration */
-  WIRE_MEM_DEL = 4,    /* target -> initiator: a registration is gone */
-  WIRE_WRITE_REQ = 5,  /* seq, remote addr; payload = data */
-  WIRE_WRITE_ACK = 6,  /* seq, status */
-  WIRE_READ_REQ = 7,   /* seq, remote addr, len */
-  WIRE_READ_RESP = 8,  /* seq, status; payload = data when status is 0 */
-  WIRE_NOTIFY = 9,     /* seq, name, msg */
+  WIRE_HELLO = 1,       /* initiator -> target: caps, name */
+  WIRE_HELLO_ACK = 2,   /* target -> initiator: status, caps, name, memory table */
+  WIRE_MEM_ADD = 3,     /* target -> initiator: a new registration */
+  WIRE_MEM_DEL = 4,     /* target -> initiator: a registration is gone */
+  WIRE_WRITE_REQ = 5,   /* seq, remote addr; payload = data */
+  WIRE_WRITE_ACK = 6,   /* seq, status */
+  WIRE_READ_REQ = 7,    /* seq, remote addr, len */
+  WIRE_READ_RESP = 8,   /* seq, status; payload = data when status is 0 */
+  WIRE_NOTIFY = 9,      /* seq, name, msg */
   WIRE_NOTIFY_ACK = 10, /* seq, status */
   WIRE_TYPE_MAX_ = 10,
 };
@@ -80,8 +80,8 @@ struct wire_msg {
       uint32_t caps;
       uint16_t name_len;
       const uint8_t *name;
-      uint32_t count;          /* memory entries, validated by wire_decode */
-      const uint8_t *entries;  /* walk with wire_mem_entry_next */
+      uint32_t count;         /* memory entries, validated by wire_decode */
+      const uint8_t *entries; /* walk with wire_mem_entry_next */
       size_t entries_len;
     } hello_ack;
     struct wire_mem_entry mem; /* MEM_ADD, MEM_DEL (tag empty) */
@@ -143,8 +143,7 @@ void wire_put_mem_entry(struct wire_wr *w, uint64_t addr, uint64_t len, const ch
 /* Header-only builder for the hot path (WRITE_REQ, READ_REQ, acks): returns length. */
 size_t wire_put_write_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len);
 size_t wire_put_read_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len);
-size_t wire_put_ack(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t status,
-                    uint32_t payload_len);
+size_t wire_put_ack(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t status, uint32_t payload_len);
 
 #define WIRE_SMALL_FRAME 48u /* the largest frame built by the three helpers above */
 

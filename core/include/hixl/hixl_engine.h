@@ -12,15 +12,15 @@
 extern "C" {
 #endif
 
-#define HIXL_DEFAULT_TIMEOUT_MS 1000 /* used when a timeout_ms argument is 0 */
-#define HIXL_MAX_NOTIFY_LEN 1024     /* name and message, each, without the NUL */
-#define HIXL_MAX_NOTIFY_QUEUE 4096   /* undrained notifications kept per engine link */
-#define HIXL_MAX_REGISTRATIONS 4096  /* registered memories per engine */
-#define HIXL_MAX_BATCH 65536         /* op descriptors per transfer call */
+#define HIXL_DEFAULT_TIMEOUT_MS 1000  /* used when a timeout_ms argument is 0 */
+#define HIXL_MAX_NOTIFY_LEN     1024  /* name and message, each, without the NUL */
+#define HIXL_MAX_NOTIFY_QUEUE   4096  /* undrained notifications kept per engine link */
+#define HIXL_MAX_REGISTRATIONS  4096  /* registered memories per engine */
+#define HIXL_MAX_BATCH          65536 /* op descriptors per transfer call */
 
-typedef struct HixlEngine HixlEngine;                   /* opaque */
-typedef struct hixl_mem_reg *HixlMemHandle;             /* opaque, from RegisterMem */
-typedef struct hixl_transfer_req *HixlTransferReq;      /* opaque, from TransferAsync */
+typedef struct HixlEngine HixlEngine;              /* opaque */
+typedef struct hixl_mem_reg *HixlMemHandle;        /* opaque, from RegisterMem */
+typedef struct hixl_transfer_req *HixlTransferReq; /* opaque, from TransferAsync */
 
 typedef enum { HIXL_MEM_HOST = 0, HIXL_MEM_DEVICE = 1 } HixlMemType;
 typedef enum { HIXL_READ = 0, HIXL_WRITE = 1 } HixlTransferOp;
@@ -72,32 +72,28 @@ HIXL_API HixlStatus HixlEngineDestroy(HixlEngine *engine);
 /** Register [mem->addr, mem->addr + mem->len) for transfers; ranges must not overlap
  *  an existing registration. HIXL_MEM_DEVICE is UNSUPPORTED (no accelerator backend).
  *  Memory registered after Connect is usable by connected peers at once. */
-HIXL_API HixlStatus HixlEngineRegisterMem(HixlEngine *engine, const HixlMemDesc *mem,
-                                          HixlMemType type, HixlMemHandle *handle);
+HIXL_API HixlStatus HixlEngineRegisterMem(HixlEngine *engine, const HixlMemDesc *mem, HixlMemType type,
+                                          HixlMemHandle *handle);
 
 /** Deregister; FAILED while transfers that use the range are still in flight. */
 HIXL_API HixlStatus HixlEngineDeregisterMem(HixlEngine *engine, HixlMemHandle handle);
 
 /** Link to remote_engine ("ip:port"), exchanging memory tables; retried until
  *  timeout_ms (0: default) when nothing listens yet, then TIMEOUT. */
-HIXL_API HixlStatus HixlEngineConnect(HixlEngine *engine, const char *remote_engine,
-                                      int32_t timeout_ms);
+HIXL_API HixlStatus HixlEngineConnect(HixlEngine *engine, const char *remote_engine, int32_t timeout_ms);
 
 /** Close the link; transfers still in flight on it end FAILED. */
-HIXL_API HixlStatus HixlEngineDisconnect(HixlEngine *engine, const char *remote_engine,
-                                         int32_t timeout_ms);
+HIXL_API HixlStatus HixlEngineDisconnect(HixlEngine *engine, const char *remote_engine, int32_t timeout_ms);
 
 /** Run a batch of ops and wait: READ copies remote to local, WRITE local to remote. */
-HIXL_API HixlStatus HixlEngineTransferSync(HixlEngine *engine, const char *remote_engine,
-                                           HixlTransferOp op, const HixlTransferOpDesc *descs,
-                                           size_t count, int32_t timeout_ms);
+HIXL_API HixlStatus HixlEngineTransferSync(HixlEngine *engine, const char *remote_engine, HixlTransferOp op,
+                                           const HixlTransferOpDesc *descs, size_t count, int32_t timeout_ms);
 
 /** Start a batch of ops; poll HixlEngineGetTransferStatus on *req. The timeout
  *  (0: default) runs from this call; user_data is kept with the request. */
-HIXL_API HixlStatus HixlEngineTransferAsync(HixlEngine *engine, const char *remote_engine,
-                                            HixlTransferOp op, const HixlTransferOpDesc *descs,
-                                            size_t count, int32_t timeout_ms, void *user_data,
-                                            HixlTransferReq *req);
+HIXL_API HixlStatus HixlEngineTransferAsync(HixlEngine *engine, const char *remote_engine, HixlTransferOp op,
+                                            const HixlTransferOpDesc *descs, size_t count, int32_t timeout_ms,
+                                            void *user_data, HixlTransferReq *req);
 
 /** Where an async request stands. Once it reports COMPLETED, TIMEOUT or FAILED the
  *  request is released; querying it again is PARAM_INVALID. */
@@ -105,8 +101,7 @@ HIXL_API HixlStatus HixlEngineGetTransferStatus(HixlEngine *engine, HixlTransfer
                                                 HixlTransferStatus *status);
 
 /** The user_data given to TransferAsync, while the request is not yet released. */
-HIXL_API HixlStatus HixlEngineGetTransferUserData(HixlEngine *engine, HixlTransferReq req,
-                                                  void **user_data);
+HIXL_API HixlStatus HixlEngineGetTransferUserData(HixlEngine *engine, HixlTransferReq req, void **user_data);
 
 /** Deliver {name, msg} to a connected remote engine and wait for its receipt. */
 HIXL_API HixlStatus HixlEngineSendNotify(HixlEngine *engine, const char *remote_engine,
@@ -114,8 +109,7 @@ HIXL_API HixlStatus HixlEngineSendNotify(HixlEngine *engine, const char *remote_
 
 /** Take every notification received so far. *notifies (NULL when *count is 0) is one
  *  allocation; release it with HixlEngineFreeNotifies. */
-HIXL_API HixlStatus HixlEngineGetNotifies(HixlEngine *engine, HixlNotifyDesc **notifies,
-                                          size_t *count);
+HIXL_API HixlStatus HixlEngineGetNotifies(HixlEngine *engine, HixlNotifyDesc **notifies, size_t *count);
 
 /** Release what HixlEngineGetNotifies returned (NULL is fine). */
 HIXL_API void HixlEngineFreeNotifies(HixlNotifyDesc *notifies);

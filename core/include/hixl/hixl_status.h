@@ -17,15 +17,15 @@ extern "C" {
 #endif
 
 /* One list drives the values, the names and the strings (HIXL's values kept). */
-#define HIXL_STATUS_MAP(X)                                                      \
-  X(HIXL_SUCCESS, 0U, "success")                                                \
-  X(HIXL_PARAM_INVALID, 103900U, "invalid parameter")                           \
-  X(HIXL_TIMEOUT, 103901U, "timed out")                                         \
-  X(HIXL_NOT_CONNECTED, 103902U, "not connected")                               \
-  X(HIXL_ALREADY_CONNECTED, 103903U, "already connected")                       \
-  X(HIXL_NOTIFY_FAILED, 103904U, "notification failed")                         \
-  X(HIXL_UNSUPPORTED, 103905U, "unsupported")                                   \
-  X(HIXL_RESOURCE_EXHAUSTED, 203900U, "resource exhausted")                     \
+#define HIXL_STATUS_MAP(X)                                                                                   \
+  X(HIXL_SUCCESS, 0U, "success")                                                                             \
+  X(HIXL_PARAM_INVALID, 103900U, "invalid parameter")                                                        \
+  X(HIXL_TIMEOUT, 103901U, "timed out")                                                                      \
+  X(HIXL_NOT_CONNECTED, 103902U, "not connected")                                                            \
+  X(HIXL_ALREADY_CONNECTED, 103903U, "already connected")                                                    \
+  X(HIXL_NOTIFY_FAILED, 103904U, "notification failed")                                                      \
+  X(HIXL_UNSUPPORTED, 103905U, "unsupported")                                                                \
+  X(HIXL_RESOURCE_EXHAUSTED, 203900U, "resource exhausted")                                                  \
   X(HIXL_FAILED, 503900U, "failed")
 
 typedef uint32_t HixlStatus;

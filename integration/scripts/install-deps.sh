@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Install what hixl needs to build, test and benchmark, from Debian packages only.
+# Idempotent: does nothing when every package is already installed.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config clang clang-format libcunit1-dev libjson-c-dev
+      iperf3 ucx-utils iproute2 procps)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "hixl: installing ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then echo "hixl: run as root to install packages" >&2; exit 1; fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
