@@ -472,11 +472,22 @@ static void parse_frames(struct conn *c) {
       link_conn_kill(c, HIXL_FAILED, "protocol version mismatch");
       return;
     }
-    if (err == WIRE_OK && !type_allowed(c->role, h.type)) err = WIRE_ETYPE;
+    if (err == WIRE_OK && !type_allowed(c->role, h.type)) {
+      char why[160];
+      snprintf(why, sizeof(why), "protocol error: %s is not allowed on %s link: closing this link",
+               wire_type_name(h.type),
+               c->role == CONN_INITIATOR ? "an initiator"
+               : c->role == CONN_TARGET  ? "a target"
+                                         : "a handshaking");
+      log_error("%s: %s", c->remote_name[0] ? c->remote_name : "handshaking peer", why);
+      link_conn_kill(c, HIXL_FAILED, why);
+      return;
+    }
     if (err != WIRE_OK) {
       char why[160];
       snprintf(why, sizeof(why), "malformed frame (%s, type %s): closing this link", wire_err_str(err),
                wire_type_name(h.type));
+      log_error("%s: %s", c->remote_name[0] ? c->remote_name : "handshaking peer", why);
       link_conn_kill(c, HIXL_FAILED, why);
       return;
     }
@@ -486,6 +497,7 @@ static void parse_frames(struct conn *c) {
       char why[160];
       snprintf(why, sizeof(why), "malformed %s body (%s): closing this link", wire_type_name(h.type),
                wire_err_str(err));
+      log_error("%s: %s", c->remote_name[0] ? c->remote_name : "handshaking peer", why);
       link_conn_kill(c, HIXL_FAILED, why);
       return;
     }
