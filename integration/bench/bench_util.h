@@ -1,0 +1,150 @@
+/* bench_util: small helpers shared by hixl-bench and hixl-tcp-ref (clock, argument
+ * parsing, latency statistics, data pattern, CSV). Header-only, static inline. */
+#ifndef HIXL_BENCH_UTIL_H
+#define HIXL_BENCH_UTIL_H
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#define BENCH_MAX_LIST 64 /* entries in a --block-sizes / --batch list */
+
+static inline uint64_t bench_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline bool bench_parse_u64(const char *s, uint64_t *out) {
+  char *end = NULL;
+  if (s == NULL || *s == '\0' || *s == '-') return false;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 0);
+  if (errno != 0 || end == s || *end != '\0') return false;
+  *out = (uint64_t)v;
+  return true;
+}
+
+/* "4096", "4K", "4KiB", "4M", "1G" (binary multiples); *end_out gets the stop point. */
+static inline bool bench_parse_size_prefix(const char *s, size_t *out, const char **end_out) {
+  char *end = NULL;
+  if (s == NULL || *s < '0' || *s > '9') return false;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno != 0 || end == s) return false;
+  unsigned shift = 0;
+  if (*end == 'k' || *end == 'K')
+    shift = 10;
+  else if (*end == 'm' || *end == 'M')
+    shift = 20;
+  else if (*end == 'g' || *end == 'G')
+    shift = 30;
+  if (shift != 0) {
+    end++;
+    if (*end == 'i' || *end == 'I') end++;
+    if (*end == 'b' || *end == 'B') end++;
+  }
+  if (v > (SIZE_MAX >> shift)) return false;
+  *out = (size_t)(v << shift);
+  *end_out = end;
+  return true;
+}
+
+static inline bool bench_parse_size(const char *s, size_t *out) {
+  const char *end = NULL;
+  size_t v = 0;
+  if (!bench_parse_size_prefix(s, &v, &end) || *end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+/* "4K,64K,4M" -> sizes; at most cap entries, each > 0. */
+static inline bool bench_parse_size_list(const char *s, size_t *out, size_t cap, size_t *n_out) {
+  size_t n = 0;
+  if (s == NULL || *s == '\0') return false;
+  for (;;) {
+    const char *end = NULL;
+    size_t v = 0;
+    if (n == cap || !bench_parse_size_prefix(s, &v, &end) || v == 0) return false;
+    out[n++] = v;
+    if (*end == '\0') break;
+    if (*end != ',') return false;
+    s = end + 1;
+  }
+  *n_out = n;
+  return true;
+}
+
+static inline int bench_cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : (x > y ? 1 : 0);
+}
+
+struct bench_stats {
+  double avg_us, p50_us, p99_us, min_us, max_us;
+};
+
+/* Sorts v in place; nearest-rank percentiles. */
+static inline struct bench_stats bench_stats_ns(uint64_t *v, size_t n) {
+  struct bench_stats s = {0, 0, 0, 0, 0};
+  if (n == 0) return s;
+  qsort(v, n, sizeof(*v), bench_cmp_u64);
+  long double sum = 0;
+  for (size_t i = 0; i < n; i++) sum += (long double)v[i];
+  size_t i50 = (n * 50 + 99) / 100, i99 = (n * 99 + 99) / 100;
+  s.avg_us = (double)(sum / (long double)n) / 1e3;
+  s.p50_us = (double)v[i50 > 0 ? i50 - 1 : 0] / 1e3;
+  s.p99_us = (double)v[i99 > 0 ? i99 - 1 : 0] / 1e3;
+  s.min_us = (double)v[0] / 1e3;
+  s.max_us = (double)v[n - 1] / 1e3;
+  return s;
+}
+
+/* Pattern word i depends only on (seed, i): any side regenerates or checks any range. */
+static inline uint64_t bench_pattern_word(uint64_t seed, uint64_t i) {
+  uint64_t z = seed * 0x9e3779b97f4a7c15ull + i * 0xbf58476d1ce4e5b9ull + 0x94d049bb133111ebull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* Fill len bytes (len a multiple of 8 or not) with the pattern starting at word 0. */
+static inline void bench_pattern_fill(uint8_t *buf, size_t len, uint64_t seed) {
+  size_t words = len / 8;
+  for (size_t i = 0; i < words; i++) {
+    uint64_t w = bench_pattern_word(seed, i);
+    memcpy(buf + i * 8, &w, 8);
+  }
+  if (len % 8 != 0) {
+    uint64_t w = bench_pattern_word(seed, words);
+    memcpy(buf + words * 8, &w, len % 8);
+  }
+}
+
+/* True when a and b agree; otherwise *bad is the first differing offset. */
+static inline bool bench_same(const uint8_t *a, const uint8_t *b, size_t len, size_t *bad) {
+  if (memcmp(a, b, len) == 0) return true;
+  for (size_t i = 0; i < len; i++)
+    if (a[i] != b[i]) {
+      *bad = i;
+      return false;
+    }
+  return true;
+}
+
+/* Open a CSV file for appending; writes header when the file is new or empty. */
+static inline FILE *bench_csv_open(const char *path, const char *header) {
+  FILE *f = fopen(path, "a");
+  if (f == NULL) return NULL;
+  struct stat st;
+  if (fstat(fileno(f), &st) == 0 && st.st_size == 0) fprintf(f, "%s\n", header);
+  return f;
+}
+
+#endif /* HIXL_BENCH_UTIL_H */

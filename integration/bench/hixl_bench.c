@@ -1,0 +1,1063 @@
+/* hixl-bench: READ / WRITE bandwidth and latency between two hixl engines, in the
+ * spirit of nixlbench and ib_write_bw. A target process registers a buffer and
+ * serves; an initiator process sweeps block size x batch size x op and times each
+ * HixlEngineTransferSync batch (or, with --async, a window of TransferAsync
+ * requests). Both run on one machine with --role both (fork, the default) or in two
+ * shells with --role target / --role initiator and --peer.
+ *
+ * Every point: the first iteration is verified (the data is checked byte for byte
+ * through a WRITE and a READ of a fresh pattern), then warm-up, then the measured
+ * iterations, bounded by --iters / --total and by --max-seconds.
+ * GB/s means 10^9 bytes per second of payload. Latency is per batch, in us.
+ *
+ * The two processes share a small text control channel (a socketpair, or a TCP
+ * connection on --ctrl-port in two-shell mode): the target sends
+ * "READY <buffer address> <length>", the initiator sends "DONE" at the end. */
+#include <arpa/inet.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/utsname.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench_util.h"
+#include "hixl/hixl.h"
+
+#define BENCH_LINE_MAX           512
+#define BENCH_READY_TIMEOUT_MS   60000   /* target start-up */
+#define BENCH_CTRL_CONNECT_MS    30000   /* initiator retries the control port this long */
+#define BENCH_TARGET_MAX_WAIT_MS 3600000 /* target lives at most this long for one initiator */
+#define BENCH_MAX_ITERS          10000000ull
+#define BENCH_MAX_WINDOW         1024
+
+enum bench_role { ROLE_BOTH, ROLE_TARGET, ROLE_INITIATOR };
+enum bench_ops { OPS_READ = 1, OPS_WRITE = 2, OPS_BOTH = 3 };
+
+struct bench_opts {
+  enum bench_role role;
+  char peer[128];     /* target engine "ip:port" */
+  char local[64];     /* initiator engine "ip" */
+  uint16_t ctrl_port; /* two-shell control port; 0: engine port + 1 */
+  int ops;            /* enum bench_ops */
+  size_t blocks[BENCH_MAX_LIST];
+  size_t n_blocks;
+  size_t batches[BENCH_MAX_LIST];
+  size_t n_batches;
+  size_t total;       /* bytes per point, when iters is 0 */
+  uint64_t iters;     /* iterations per point; 0: from total */
+  uint64_t warmup;    /* UINT64_MAX: automatic */
+  double max_seconds; /* per point */
+  bool async;
+  size_t window; /* outstanding async requests */
+  bool latency;  /* only the small READ round trip test */
+  uint64_t lat_iters;
+  size_t lat_size;
+  const char *csv;
+  const char *json;
+  bool verify;
+  bool progress;
+  int32_t timeout_ms; /* 0: from the batch size */
+  size_t mem;         /* 0: as needed, capped at BENCH_DEFAULT_MEM_CAP */
+  uint64_t seed;
+};
+
+#define BENCH_DEFAULT_MEM_CAP ((size_t)1 << 30)
+
+struct point_result {
+  const char *op;   /* "READ" / "WRITE" */
+  const char *mode; /* "sync" / "async" / "latency" */
+  size_t block, batch, window;
+  uint64_t iters, bytes;
+  double seconds, gbps;
+  struct bench_stats st;
+  const char *verified; /* "yes" / "no" / "skipped" */
+};
+
+struct bench_ctx {
+  const struct bench_opts *o;
+  HixlEngine *eng;
+  uint8_t *lbuf, *vbuf;      /* measured region and verify region, both registered */
+  size_t span;               /* usable bytes of lbuf, vbuf and the remote buffer */
+  uintptr_t rbase;           /* remote buffer */
+  HixlTransferOpDesc *descs; /* window * max batch */
+  uint64_t *lat;             /* per-iteration latencies */
+  size_t lat_cap;
+  struct point_result *res;
+  size_t n_res, cap_res;
+};
+
+static const char *g_prog = "hixl-bench";
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: %s [options]\n"
+          "Roles (default: both, forked on 127.0.0.1):\n"
+          "  --role both|target|initiator\n"
+          "  --peer IP:PORT       target engine address (target: listen there; initiator:\n"
+          "                       connect there). Default with --role both: a free port.\n"
+          "  --ctrl-port PORT     two-shell control channel port (default: engine port + 1)\n"
+          "  --local IP           initiator engine address (default 127.0.0.1)\n"
+          "Sweep:\n"
+          "  --op read|write|both        (default both)\n"
+          "  --block-sizes LIST          e.g. 4K,64K,4M (default 4K..16M, powers of 2)\n"
+          "  --batch LIST                ops per transfer call, e.g. 1,8,32 (default 1)\n"
+          "  --total BYTES               bytes per point (default 256M), or\n"
+          "  --iters N                   iterations (transfer calls) per point\n"
+          "  --warmup N                  unmeasured iterations per point (default iters/10, 1..100)\n"
+          "  --max-seconds S             stop a point after S seconds (default 3)\n"
+          "  --async                     TransferAsync with a window of outstanding requests\n"
+          "  --window N                  outstanding async requests (default 4)\n"
+          "  --no-verify                 skip the byte-for-byte check of each point\n"
+          "Latency:\n"
+          "  --latency                   only small READ round trips (sync, batch 1)\n"
+          "  --lat-iters N               round trips (default 20000)\n"
+          "  --lat-size BYTES            bytes per READ (default 64)\n"
+          "Output and limits:\n"
+          "  --csv FILE / --json FILE    results (CSV appends; JSON is rewritten)\n"
+          "  --no-progress               no per-point progress on stderr\n"
+          "  --timeout-ms MS             per transfer call (default 10 s + 1 s per 100 MB)\n"
+          "  --mem BYTES                 registered bytes per side (default: what the sweep\n"
+          "                              needs, at most 1G; larger batches wrap around)\n"
+          "  --seed N                    pattern seed (default 1)\n",
+          g_prog);
+}
+
+static void report_hixl(const char *who, const char *what, HixlStatus st) {
+  const char *why = HixlGetLastErrorMessage();
+  fprintf(stderr, "%s: %s: %s failed: %s (%s)%s%s\n", g_prog, who, what, HixlStatusName(st),
+          HixlStatusString(st), (why != NULL && *why != '\0') ? ": " : "", (why != NULL) ? why : "");
+}
+
+static void progress(const struct bench_opts *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void progress(const struct bench_opts *o, const char *fmt, ...) {
+  if (!o->progress) return;
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s: ", g_prog);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+}
+
+static void *map_buffer(size_t len) {
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+/* ------------------------------------------------------------ control channel */
+
+static bool ctrl_send(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool ctrl_send(int fd, const char *fmt, ...) {
+  char line[BENCH_LINE_MAX];
+  va_list ap;
+  va_start(ap, fmt);
+  int len = vsnprintf(line, sizeof(line), fmt, ap);
+  va_end(ap);
+  if (len < 0 || (size_t)len >= sizeof(line)) return false;
+  const char *p = line;
+  size_t left = (size_t)len;
+  while (left > 0) {
+    ssize_t n = send(fd, p, left, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    p += n;
+    left -= (size_t)n;
+  }
+  return true;
+}
+
+/* One '\n'-terminated line within timeout_ms: 1 line, 0 EOF, -1 timeout or error. */
+static int ctrl_recv(int fd, char *line, size_t cap, int timeout_ms) {
+  size_t n = 0;
+  uint64_t deadline = bench_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+  for (;;) {
+    uint64_t now = bench_now_ns();
+    if (now >= deadline) return -1;
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    int r = poll(&pfd, 1, (int)((deadline - now + 999999ull) / 1000000ull));
+    if (r < 0 && errno != EINTR) return -1;
+    if (r <= 0) continue;
+    char c;
+    ssize_t got = recv(fd, &c, 1, 0);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return -1;
+    if (got == 0) return n > 0 ? 1 : 0;
+    if (c == '\n') {
+      line[n] = '\0';
+      return 1;
+    }
+    if (n + 1 < cap) line[n++] = c;
+  }
+}
+
+/* Split "ip:port". */
+static bool split_addr(const char *s, char *ip, size_t ip_cap, uint16_t *port) {
+  const char *colon = strrchr(s, ':');
+  uint64_t p = 0;
+  if (colon == NULL || (size_t)(colon - s) >= ip_cap || colon == s || !bench_parse_u64(colon + 1, &p) ||
+      p == 0 || p > 65535)
+    return false;
+  memcpy(ip, s, (size_t)(colon - s));
+  ip[colon - s] = '\0';
+  *port = (uint16_t)p;
+  return true;
+}
+
+static bool make_sockaddr(const char *ip, uint16_t port, struct sockaddr_in *sa) {
+  memset(sa, 0, sizeof(*sa));
+  sa->sin_family = AF_INET;
+  sa->sin_port = htons(port);
+  return inet_pton(AF_INET, ip, &sa->sin_addr) == 1;
+}
+
+static bool pick_port(uint16_t *port) {
+  struct sockaddr_in sa;
+  socklen_t sl = sizeof(sa);
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  make_sockaddr("127.0.0.1", 0, &sa);
+  bool ok =
+      bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && getsockname(fd, (struct sockaddr *)&sa, &sl) == 0;
+  close(fd);
+  if (ok) *port = ntohs(sa.sin_port);
+  return ok;
+}
+
+static int ctrl_listen_accept(const char *ip, uint16_t port) {
+  struct sockaddr_in sa;
+  int one = 1;
+  if (!make_sockaddr(ip, port, &sa)) return -1;
+  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (lfd < 0) return -1;
+  setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(lfd, 1) != 0) {
+    fprintf(stderr, "%s: target: control port %s:%u: %s\n", g_prog, ip, port, strerror(errno));
+    close(lfd);
+    return -1;
+  }
+  fprintf(stderr, "%s: target: waiting for an initiator on control port %s:%u\n", g_prog, ip, port);
+  struct pollfd pfd = {.fd = lfd, .events = POLLIN};
+  int fd = -1;
+  if (poll(&pfd, 1, BENCH_TARGET_MAX_WAIT_MS) == 1)
+    fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+  else
+    fprintf(stderr, "%s: target: no initiator within %d s\n", g_prog, BENCH_TARGET_MAX_WAIT_MS / 1000);
+  close(lfd);
+  return fd;
+}
+
+static int ctrl_connect(const char *ip, uint16_t port) {
+  struct sockaddr_in sa;
+  if (!make_sockaddr(ip, port, &sa)) return -1;
+  uint64_t deadline = bench_now_ns() + (uint64_t)BENCH_CTRL_CONNECT_MS * 1000000ull;
+  while (bench_now_ns() < deadline) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -1;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) return fd;
+    close(fd);
+    poll(NULL, 0, 100); /* the target is not up yet: retry, bounded by the deadline */
+  }
+  fprintf(stderr, "%s: initiator: no target control port at %s:%u within %d s\n", g_prog, ip, port,
+          BENCH_CTRL_CONNECT_MS / 1000);
+  return -1;
+}
+
+/* ------------------------------------------------------------------- sizing */
+
+static size_t max_of(const size_t *v, size_t n) {
+  size_t m = 0;
+  for (size_t i = 0; i < n; i++)
+    if (v[i] > m) m = v[i];
+  return m;
+}
+
+/* Bytes each side registers: enough for the largest point, capped. */
+static size_t needed_span(const struct bench_opts *o) {
+  if (o->mem != 0) return o->mem;
+  if (o->latency) return o->lat_size < 4096 ? 4096 : o->lat_size;
+  size_t maxb = max_of(o->blocks, o->n_blocks), maxn = max_of(o->batches, o->n_batches);
+  size_t win = o->async ? o->window : 1;
+  size_t cap = BENCH_DEFAULT_MEM_CAP;
+  size_t need = cap;
+  if (maxn <= SIZE_MAX / win && maxn * win <= cap / maxb) need = maxb * maxn * win;
+  if (need < maxb) /* one block larger than the cap still fits */
+    need = maxb;
+  return need;
+}
+
+static int32_t call_timeout(const struct bench_opts *o, size_t bytes) {
+  if (o->timeout_ms > 0) return o->timeout_ms;
+  uint64_t ms = 10000u + bytes / 100000u;
+  return ms > INT32_MAX ? INT32_MAX : (int32_t)ms;
+}
+
+/* ------------------------------------------------------------------- target */
+
+static int run_target(const struct bench_opts *o, int ctrl) {
+  char line[BENCH_LINE_MAX];
+  int rc = 1;
+  HixlEngine *eng = NULL;
+  HixlMemHandle mh = NULL;
+  HixlStatus st;
+  size_t span = needed_span(o);
+
+  uint8_t *buf = map_buffer(span);
+  if (buf == NULL) {
+    ctrl_send(ctrl, "ERROR target cannot map %zu bytes: %s\n", span, strerror(errno));
+    return 1;
+  }
+  bench_pattern_fill(buf, span, o->seed ^ 0x7a7a7a7aull);
+  st = HixlEngineCreate(&eng);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("target", "HixlEngineCreate", st);
+    ctrl_send(ctrl, "ERROR HixlEngineCreate failed\n");
+    goto out_unmap;
+  }
+  st = HixlEngineInitialize(eng, o->peer, NULL, 0);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("target", "HixlEngineInitialize", st);
+    ctrl_send(ctrl, "ERROR HixlEngineInitialize(%s) failed\n", o->peer);
+    goto out_destroy;
+  }
+  HixlMemDesc md = {.addr = (uintptr_t)buf, .len = span};
+  st = HixlEngineRegisterMem(eng, &md, HIXL_MEM_HOST, &mh);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("target", "HixlEngineRegisterMem", st);
+    ctrl_send(ctrl, "ERROR HixlEngineRegisterMem(%zu bytes) failed\n", span);
+    goto out_finalize;
+  }
+  if (!ctrl_send(ctrl, "READY %" PRIxPTR " %zu\n", (uintptr_t)buf, span)) goto out_dereg;
+  if (o->role == ROLE_TARGET)
+    fprintf(stderr, "%s: target: serving %zu registered bytes on %s\n", g_prog, span, o->peer);
+
+  /* Serve until the initiator says DONE or goes away (bounded). */
+  int r;
+  while ((r = ctrl_recv(ctrl, line, sizeof(line), BENCH_TARGET_MAX_WAIT_MS)) == 1) {
+    if (strcmp(line, "DONE") == 0) {
+      rc = 0;
+      break;
+    }
+  }
+  if (r == 0) rc = 0; /* the initiator closed the channel; its own status tells the story */
+
+out_dereg:
+  st = HixlEngineDeregisterMem(eng, mh);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("target", "HixlEngineDeregisterMem", st);
+    rc = 1;
+  }
+out_finalize:
+  st = HixlEngineFinalize(eng);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("target", "HixlEngineFinalize", st);
+    rc = 1;
+  }
+out_destroy:
+  HixlEngineDestroy(eng);
+out_unmap:
+  munmap(buf, span);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- initiator */
+
+static const char *op_name(HixlTransferOp op) { return op == HIXL_READ ? "READ" : "WRITE"; }
+
+/* Descriptors for request w of a point: slots (w * batch + k) mod nslots. */
+static void build_descs(const struct bench_ctx *c, HixlTransferOpDesc *d, uintptr_t local_base, size_t block,
+                        size_t batch, size_t w) {
+  size_t nslots = c->span / block;
+  for (size_t k = 0; k < batch; k++) {
+    size_t off = ((w * batch + k) % nslots) * block;
+    d[k].local_addr = local_base + off;
+    d[k].remote_addr = c->rbase + off;
+    d[k].len = block;
+  }
+}
+
+static bool sync_xfer(struct bench_ctx *c, HixlTransferOp op, const HixlTransferOpDesc *d, size_t n,
+                      size_t bytes, const char *what) {
+  HixlStatus st = HixlEngineTransferSync(c->eng, c->o->peer, op, d, n, call_timeout(c->o, bytes));
+  if (st != HIXL_SUCCESS) {
+    char w[96];
+    snprintf(w, sizeof(w), "HixlEngineTransferSync(%s, %s)", op_name(op), what);
+    report_hixl("initiator", w, st);
+    return false;
+  }
+  return true;
+}
+
+/* Check a point's data path: a fresh pattern goes out by WRITE and comes back by READ,
+ * through the very descriptors the point measures (op) plus the opposite op on the
+ * verify region. Returns 1 verified, 0 mismatch, -1 transfer error. */
+static int verify_point(struct bench_ctx *c, HixlTransferOp op, size_t block, size_t batch, size_t window,
+                        uint64_t seed) {
+  size_t nslots = c->span / block;
+  size_t used_slots = batch * window < nslots ? batch * window : nslots;
+  size_t used = used_slots * block;
+  /* src holds the pattern, dst receives it back; for WRITE the measured region
+   * is the source, for READ it is the destination. */
+  uint8_t *src = op == HIXL_WRITE ? c->lbuf : c->vbuf;
+  uint8_t *dst = op == HIXL_WRITE ? c->vbuf : c->lbuf;
+  bench_pattern_fill(src, used, seed);
+  memset(dst, 0, used);
+  HixlTransferOpDesc *d = c->descs;
+  for (size_t w = 0; w < window; w++) {
+    build_descs(c, d, (uintptr_t)src, block, batch, w);
+    if (!sync_xfer(c, HIXL_WRITE, d, batch, block * batch, "verify")) return -1;
+  }
+  for (size_t w = 0; w < window; w++) {
+    build_descs(c, d, (uintptr_t)dst, block, batch, w);
+    if (!sync_xfer(c, HIXL_READ, d, batch, block * batch, "verify")) return -1;
+  }
+  size_t bad = 0;
+  if (!bench_same(src, dst, used, &bad)) {
+    fprintf(stderr,
+            "%s: VERIFY FAILED: %s block %zu batch %zu: byte %zu (slot %zu, offset %zu in the "
+            "op) is 0x%02x, expected 0x%02x\n",
+            g_prog, op_name(op), block, batch, bad, bad / block, bad % block, dst[bad], src[bad]);
+    return 0;
+  }
+  return 1;
+}
+
+static uint64_t point_iters(const struct bench_opts *o, size_t bytes_per_iter) {
+  uint64_t n = o->iters;
+  if (n == 0) {
+    n = (o->total + bytes_per_iter - 1) / bytes_per_iter;
+    if (n < 20) n = 20;
+  }
+  return n > BENCH_MAX_ITERS ? BENCH_MAX_ITERS : n;
+}
+
+static uint64_t point_warmup(const struct bench_opts *o, uint64_t iters) {
+  if (o->warmup != UINT64_MAX) return o->warmup;
+  uint64_t w = iters / 10;
+  return w < 1 ? 1 : (w > 100 ? 100 : w);
+}
+
+static bool add_result(struct bench_ctx *c, const struct point_result *r) {
+  if (c->n_res == c->cap_res) {
+    size_t cap = c->cap_res == 0 ? 64 : c->cap_res * 2;
+    struct point_result *p = realloc(c->res, cap * sizeof(*p));
+    if (p == NULL) return false;
+    c->res = p;
+    c->cap_res = cap;
+  }
+  c->res[c->n_res++] = *r;
+  return true;
+}
+
+static bool ensure_lat(struct bench_ctx *c, uint64_t n) {
+  if (n <= c->lat_cap) return true;
+  uint64_t *p = realloc(c->lat, n * sizeof(*p));
+  if (p == NULL) return false;
+  c->lat = p;
+  c->lat_cap = n;
+  return true;
+}
+
+/* Sync: one TransferSync per iteration, the same batch each time (like ib_write_bw). */
+static bool run_sync_point(struct bench_ctx *c, HixlTransferOp op, size_t block, size_t batch, uint64_t iters,
+                           uint64_t warmup, struct point_result *r) {
+  HixlTransferOpDesc *d = c->descs;
+  build_descs(c, d, (uintptr_t)c->lbuf, block, batch, 0);
+  size_t bytes = block * batch;
+  int32_t tmo = call_timeout(c->o, bytes);
+  for (uint64_t i = 0; i < warmup; i++)
+    if (!sync_xfer(c, op, d, batch, bytes, "warm-up")) return false;
+  uint64_t n = 0;
+  uint64_t t_start = bench_now_ns();
+  uint64_t limit = t_start + (uint64_t)(c->o->max_seconds * 1e9);
+  uint64_t t_end = t_start;
+  while (n < iters) {
+    uint64_t t0 = bench_now_ns();
+    HixlStatus st = HixlEngineTransferSync(c->eng, c->o->peer, op, d, batch, tmo);
+    t_end = bench_now_ns();
+    if (st != HIXL_SUCCESS) {
+      report_hixl("initiator",
+                  op == HIXL_READ ? "HixlEngineTransferSync(READ)" : "HixlEngineTransferSync(WRITE)", st);
+      return false;
+    }
+    c->lat[n++] = t_end - t0;
+    if (t_end > limit) break;
+  }
+  r->iters = n;
+  r->bytes = n * bytes;
+  r->seconds = (double)(t_end - t_start) / 1e9;
+  r->gbps = r->seconds > 0 ? (double)r->bytes / r->seconds / 1e9 : 0;
+  r->st = bench_stats_ns(c->lat, n);
+  return true;
+}
+
+struct async_slot {
+  HixlTransferReq req;
+  uint64_t t_submit;
+  bool busy;
+};
+
+/* Async: keep `window` TransferAsync requests in flight, each on its own slots. */
+static bool run_async_phase(struct bench_ctx *c, HixlTransferOp op, size_t block, size_t batch,
+                            uint64_t count, bool record, uint64_t limit_ns, uint64_t *done_out) {
+  size_t window = c->o->window;
+  struct async_slot slots[BENCH_MAX_WINDOW];
+  size_t bytes = block * batch;
+  int32_t tmo = call_timeout(c->o, bytes);
+  uint64_t submitted = 0, done = 0;
+  size_t busy = 0;
+  bool ok = true;
+  memset(slots, 0, sizeof(slots));
+  for (size_t w = 0; w < window; w++)
+    build_descs(c, c->descs + w * batch, (uintptr_t)c->lbuf, block, batch, w);
+  /* Bound the whole phase: the time limit plus one timeout for the stragglers. */
+  uint64_t hard =
+      (limit_ns != 0 ? limit_ns : bench_now_ns() + 3600ull * 1000000000ull) + (uint64_t)tmo * 2000000ull;
+  for (;;) {
+    bool stop_submitting = !ok || submitted >= count || (limit_ns != 0 && bench_now_ns() > limit_ns);
+    for (size_t w = 0; w < window && !stop_submitting; w++) {
+      if (slots[w].busy) continue;
+      HixlTransferReq req = NULL;
+      void *ud = (void *)(uintptr_t)(w + 1);
+      slots[w].t_submit = bench_now_ns();
+      HixlStatus st =
+          HixlEngineTransferAsync(c->eng, c->o->peer, op, c->descs + w * batch, batch, tmo, ud, &req);
+      if (st != HIXL_SUCCESS) {
+        report_hixl("initiator", "HixlEngineTransferAsync", st);
+        ok = false;
+        break;
+      }
+      if (submitted == 0) {
+        void *back = NULL;
+        st = HixlEngineGetTransferUserData(c->eng, req, &back);
+        if (st != HIXL_SUCCESS || back != ud) {
+          fprintf(stderr, "%s: HixlEngineGetTransferUserData gave %p (%s), expected %p\n", g_prog, back,
+                  HixlStatusName(st), ud);
+          ok = false;
+        }
+      }
+      slots[w].req = req;
+      slots[w].busy = true;
+      busy++;
+      submitted++;
+      stop_submitting = submitted >= count;
+    }
+    if (busy == 0) break;
+    bool progressed = false;
+    for (size_t w = 0; w < window; w++) {
+      if (!slots[w].busy) continue;
+      HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
+      HixlStatus st = HixlEngineGetTransferStatus(c->eng, slots[w].req, &ts);
+      if (st != HIXL_SUCCESS) {
+        report_hixl("initiator", "HixlEngineGetTransferStatus", st);
+        slots[w].busy = false; /* unknown state: do not poll it again */
+        busy--;
+        ok = false;
+        continue;
+      }
+      if (ts == HIXL_TRANSFER_WAITING) continue;
+      uint64_t t = bench_now_ns();
+      slots[w].busy = false;
+      busy--;
+      progressed = true;
+      if (ts != HIXL_TRANSFER_COMPLETED) {
+        fprintf(stderr, "%s: async %s request ended %s (%s)\n", g_prog, op_name(op),
+                ts == HIXL_TRANSFER_TIMEOUT ? "TIMEOUT" : "FAILED", HixlGetLastErrorMessage());
+        ok = false;
+        continue;
+      }
+      if (record) c->lat[done] = t - slots[w].t_submit;
+      done++;
+    }
+    if (!progressed) {
+      if (bench_now_ns() > hard) {
+        fprintf(stderr, "%s: %zu async requests still WAITING past their timeout; giving up\n", g_prog, busy);
+        return false; /* leaves requests behind; the caller exits */
+      }
+      sched_yield();
+    }
+  }
+  *done_out = done;
+  return ok;
+}
+
+static bool run_async_point(struct bench_ctx *c, HixlTransferOp op, size_t block, size_t batch,
+                            uint64_t iters, uint64_t warmup, struct point_result *r) {
+  uint64_t done = 0;
+  if (warmup > 0 && !run_async_phase(c, op, block, batch, warmup, false, 0, &done)) return false;
+  uint64_t t_start = bench_now_ns();
+  uint64_t limit = t_start + (uint64_t)(c->o->max_seconds * 1e9);
+  if (!run_async_phase(c, op, block, batch, iters, true, limit, &done)) return false;
+  uint64_t t_end = bench_now_ns();
+  r->iters = done;
+  r->bytes = done * block * batch;
+  r->seconds = (double)(t_end - t_start) / 1e9;
+  r->gbps = r->seconds > 0 ? (double)r->bytes / r->seconds / 1e9 : 0;
+  r->st = bench_stats_ns(c->lat, done);
+  return true;
+}
+
+static void print_header(void) {
+  printf("%-6s %10s %6s %9s %9s %10s %10s %10s  %s\n", "op", "block", "batch", "iters", "GB/s", "avg_us",
+         "p50_us", "p99_us", "verified");
+}
+
+static void print_result(const struct point_result *r) {
+  printf("%-6s %10zu %6zu %9" PRIu64 " %9.3f %10.2f %10.2f %10.2f  %s\n", r->op, r->block, r->batch, r->iters,
+         r->gbps, r->st.avg_us, r->st.p50_us, r->st.p99_us, r->verified);
+  fflush(stdout);
+}
+
+/* The sweep: block sizes x batch sizes x ops. Returns 0 ok, 1 verify or transfer failure. */
+static int run_sweep(struct bench_ctx *c) {
+  const struct bench_opts *o = c->o;
+  HixlTransferOp opv[2];
+  size_t n_ops = 0;
+  if (o->ops & OPS_WRITE) opv[n_ops++] = HIXL_WRITE;
+  if (o->ops & OPS_READ) opv[n_ops++] = HIXL_READ;
+  size_t window = o->async ? o->window : 1;
+  size_t total_points = o->n_blocks * o->n_batches * n_ops, point = 0;
+  uint64_t sweep_t0 = bench_now_ns();
+  int rc = 0;
+  print_header();
+  for (size_t bi = 0; bi < o->n_blocks; bi++) {
+    for (size_t ni = 0; ni < o->n_batches; ni++) {
+      for (size_t oi = 0; oi < n_ops; oi++) {
+        size_t block = o->blocks[bi], batch = o->batches[ni];
+        HixlTransferOp op = opv[oi];
+        point++;
+        if (block > c->span) {
+          fprintf(stderr, "%s: skipping %s block %zu: larger than the %zu registered bytes (--mem)\n", g_prog,
+                  op_name(op), block, c->span);
+          continue;
+        }
+        uint64_t iters = point_iters(o, block * batch);
+        uint64_t warmup = point_warmup(o, iters);
+        progress(o, "[%zu/%zu] %s block %zu batch %zu%s: up to %" PRIu64 " iterations (%.1f s so far)\n",
+                 point, total_points, op_name(op), block, batch, o->async ? " async" : "", iters,
+                 (double)(bench_now_ns() - sweep_t0) / 1e9);
+        if (!ensure_lat(c, iters)) {
+          fprintf(stderr, "%s: out of memory for %" PRIu64 " latencies\n", g_prog, iters);
+          return 1;
+        }
+        struct point_result r = {.op = op_name(op),
+                                 .mode = o->async ? "async" : "sync",
+                                 .block = block,
+                                 .batch = batch,
+                                 .window = window,
+                                 .verified = "skipped"};
+        if (o->verify) {
+          int v = verify_point(c, op, block, batch, window, o->seed + point);
+          if (v < 0) return 1;
+          r.verified = v == 1 ? "yes" : "no";
+          if (v == 0) rc = 1;
+        }
+        bool ok = o->async ? run_async_point(c, op, block, batch, iters, warmup, &r)
+                           : run_sync_point(c, op, block, batch, iters, warmup, &r);
+        if (!ok) return 1;
+        print_result(&r);
+        if (!add_result(c, &r)) return 1;
+      }
+    }
+  }
+  progress(o, "sweep of %zu points done in %.1f s\n", total_points,
+           (double)(bench_now_ns() - sweep_t0) / 1e9);
+  return rc;
+}
+
+/* Small READ round trips, one TransferSync of one op each. */
+static int run_latency(struct bench_ctx *c) {
+  const struct bench_opts *o = c->o;
+  size_t size = o->lat_size;
+  struct point_result r = {
+      .op = "READ", .mode = "latency", .block = size, .batch = 1, .window = 1, .verified = "skipped"};
+  if (size > c->span) {
+    fprintf(stderr, "%s: --lat-size %zu is larger than the %zu registered bytes\n", g_prog, size, c->span);
+    return 1;
+  }
+  if (o->verify) {
+    int v = verify_point(c, HIXL_READ, size, 1, 1, o->seed);
+    if (v < 0) return 1;
+    r.verified = v == 1 ? "yes" : "no";
+    if (v == 0) return 1;
+  }
+  uint64_t warmup = o->warmup != UINT64_MAX ? o->warmup : 1000;
+  if (!ensure_lat(c, o->lat_iters)) return 1;
+  progress(o, "latency: %" PRIu64 " READ round trips of %zu B after %" PRIu64 " warm-up\n", o->lat_iters,
+           size, warmup);
+  HixlTransferOpDesc d = {.local_addr = (uintptr_t)c->lbuf, .remote_addr = c->rbase, .len = size};
+  int32_t tmo = call_timeout(o, size);
+  for (uint64_t i = 0; i < warmup; i++)
+    if (!sync_xfer(c, HIXL_READ, &d, 1, size, "warm-up")) return 1;
+  uint64_t n = 0, sum = 0;
+  uint64_t limit = bench_now_ns() + (uint64_t)(o->max_seconds * 1e9);
+  while (n < o->lat_iters) {
+    uint64_t t0 = bench_now_ns();
+    HixlStatus st = HixlEngineTransferSync(c->eng, o->peer, HIXL_READ, &d, 1, tmo);
+    uint64_t t1 = bench_now_ns();
+    if (st != HIXL_SUCCESS) {
+      report_hixl("initiator", "HixlEngineTransferSync(READ)", st);
+      return 1;
+    }
+    c->lat[n++] = t1 - t0;
+    sum += t1 - t0;
+    if (t1 > limit) break;
+  }
+  r.iters = n;
+  r.bytes = n * size;
+  r.seconds = (double)sum / 1e9;
+  r.gbps = r.seconds > 0 ? (double)r.bytes / r.seconds / 1e9 : 0;
+  r.st = bench_stats_ns(c->lat, n);
+  printf("latency: %zu B READ round trip, %" PRIu64 " iterations: avg %.2f us, p50 %.2f us, "
+         "p99 %.2f us, min %.2f us, max %.2f us (verified: %s)\n",
+         size, n, r.st.avg_us, r.st.p50_us, r.st.p99_us, r.st.min_us, r.st.max_us, r.verified);
+  return add_result(c, &r) ? 0 : 1;
+}
+
+static bool write_csv(const struct bench_ctx *c) {
+  FILE *f = bench_csv_open(c->o->csv, "tool,mode,op,block_size,batch,window,iters,bytes,seconds,"
+                                      "gbps,avg_us,p50_us,p99_us,min_us,max_us,verified");
+  if (f == NULL) {
+    fprintf(stderr, "%s: cannot open %s: %s\n", g_prog, c->o->csv, strerror(errno));
+    return false;
+  }
+  for (size_t i = 0; i < c->n_res; i++) {
+    const struct point_result *r = &c->res[i];
+    fprintf(f, "hixl-bench,%s,%s,%zu,%zu,%zu,%" PRIu64 ",%" PRIu64 ",%.6f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f,%s\n",
+            r->mode, r->op, r->block, r->batch, r->window, r->iters, r->bytes, r->seconds, r->gbps,
+            r->st.avg_us, r->st.p50_us, r->st.p99_us, r->st.min_us, r->st.max_us, r->verified);
+  }
+  return fclose(f) == 0;
+}
+
+static bool write_json(const struct bench_ctx *c) {
+  FILE *f = fopen(c->o->json, "w");
+  if (f == NULL) {
+    fprintf(stderr, "%s: cannot open %s: %s\n", g_prog, c->o->json, strerror(errno));
+    return false;
+  }
+  struct utsname un;
+  memset(&un, 0, sizeof(un));
+  uname(&un);
+  fprintf(f, "{\n  \"tool\": \"hixl-bench\",\n  \"hixl_version\": \"%s\",\n", HixlVersionString());
+  fprintf(f, "  \"time\": %lld,\n  \"kernel\": \"%s\",\n  \"cpus\": %ld,\n", (long long)time(NULL),
+          un.release, sysconf(_SC_NPROCESSORS_ONLN));
+  fprintf(f, "  \"peer\": \"%s\",\n  \"registered_bytes\": %zu,\n  \"results\": [\n", c->o->peer, c->span);
+  for (size_t i = 0; i < c->n_res; i++) {
+    const struct point_result *r = &c->res[i];
+    fprintf(f,
+            "    {\"mode\": \"%s\", \"op\": \"%s\", \"block_size\": %zu, \"batch\": %zu, "
+            "\"window\": %zu, \"iters\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"seconds\": %.6f, "
+            "\"gbps\": %.4f, \"avg_us\": %.3f, \"p50_us\": %.3f, \"p99_us\": %.3f, "
+            "\"min_us\": %.3f, \"max_us\": %.3f, \"verified\": \"%s\"}%s\n",
+            r->mode, r->op, r->block, r->batch, r->window, r->iters, r->bytes, r->seconds, r->gbps,
+            r->st.avg_us, r->st.p50_us, r->st.p99_us, r->st.min_us, r->st.max_us, r->verified,
+            i + 1 < c->n_res ? "," : "");
+  }
+  fprintf(f, "  ]\n}\n");
+  return fclose(f) == 0;
+}
+
+static int run_initiator(const struct bench_opts *o, int ctrl) {
+  char line[BENCH_LINE_MAX];
+  struct bench_ctx c;
+  HixlMemHandle lh = NULL, vh = NULL;
+  HixlStatus st;
+  int rc = 1;
+  size_t rlen = 0;
+  memset(&c, 0, sizeof(c));
+  c.o = o;
+
+  int r = ctrl_recv(ctrl, line, sizeof(line), BENCH_READY_TIMEOUT_MS);
+  if (r != 1 || sscanf(line, "READY %" SCNxPTR " %zu", &c.rbase, &rlen) != 2) {
+    fprintf(stderr, "%s: initiator: target not ready: %s\n", g_prog,
+            r == 1 ? line : (r == 0 ? "it closed the control channel" : "no answer in 60 s"));
+    return 1;
+  }
+  c.span = needed_span(o);
+  if (rlen < c.span) c.span = rlen;
+  size_t max_batch = o->latency ? 1 : max_of(o->batches, o->n_batches);
+  size_t window = o->async ? o->window : 1;
+
+  c.lbuf = map_buffer(c.span);
+  c.vbuf = map_buffer(c.span);
+  c.descs = calloc(max_batch * window, sizeof(*c.descs));
+  if (c.lbuf == NULL || c.vbuf == NULL || c.descs == NULL) {
+    fprintf(stderr, "%s: initiator: cannot allocate 2 x %zu bytes\n", g_prog, c.span);
+    goto out_free;
+  }
+  memset(c.lbuf, 0x11, c.span);
+  st = HixlEngineCreate(&c.eng);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("initiator", "HixlEngineCreate", st);
+    goto out_free;
+  }
+  st = HixlEngineInitialize(c.eng, o->local, NULL, 0);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("initiator", "HixlEngineInitialize", st);
+    goto out_destroy;
+  }
+  HixlMemDesc lmd = {.addr = (uintptr_t)c.lbuf, .len = c.span};
+  HixlMemDesc vmd = {.addr = (uintptr_t)c.vbuf, .len = c.span};
+  st = HixlEngineRegisterMem(c.eng, &lmd, HIXL_MEM_HOST, &lh);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("initiator", "HixlEngineRegisterMem", st);
+    goto out_finalize;
+  }
+  st = HixlEngineRegisterMem(c.eng, &vmd, HIXL_MEM_HOST, &vh);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("initiator", "HixlEngineRegisterMem(verify region)", st);
+    goto out_dereg_l;
+  }
+  uint64_t t0 = bench_now_ns();
+  st = HixlEngineConnect(c.eng, o->peer, 10000);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("initiator", "HixlEngineConnect", st);
+    goto out_dereg_v;
+  }
+  char mode[48];
+  if (o->async)
+    snprintf(mode, sizeof(mode), "async window %zu", o->window);
+  else
+    snprintf(mode, sizeof(mode), "sync");
+  printf("# hixl-bench (hixl %s): initiator %s -> target %s, %s, %zu registered bytes per side, "
+         "verify %s, connect %.2f ms\n",
+         HixlVersionString(), o->local, o->peer, mode, c.span, o->verify ? "on" : "off",
+         (double)(bench_now_ns() - t0) / 1e6);
+
+  rc = o->latency ? run_latency(&c) : run_sweep(&c);
+  if (o->csv != NULL && c.n_res > 0 && !write_csv(&c)) rc = 1;
+  if (o->json != NULL && !write_json(&c)) rc = 1;
+
+  st = HixlEngineDisconnect(c.eng, o->peer, 5000);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("initiator", "HixlEngineDisconnect", st);
+    rc = 1;
+  }
+out_dereg_v:
+  st = HixlEngineDeregisterMem(c.eng, vh);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("initiator", "HixlEngineDeregisterMem", st);
+    rc = 1;
+  }
+out_dereg_l:
+  st = HixlEngineDeregisterMem(c.eng, lh);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("initiator", "HixlEngineDeregisterMem", st);
+    rc = 1;
+  }
+out_finalize:
+  st = HixlEngineFinalize(c.eng);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("initiator", "HixlEngineFinalize", st);
+    rc = 1;
+  }
+out_destroy:
+  HixlEngineDestroy(c.eng);
+out_free:
+  ctrl_send(ctrl, "DONE\n");
+  free(c.descs);
+  free(c.lat);
+  free(c.res);
+  if (c.vbuf != NULL) munmap(c.vbuf, c.span);
+  if (c.lbuf != NULL) munmap(c.lbuf, c.span);
+  return rc;
+}
+
+/* -------------------------------------------------------------------- main */
+
+static bool parse_args(int argc, char **argv, struct bench_opts *o) {
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = (i + 1 < argc) ? argv[i + 1] : NULL;
+    uint64_t u = 0;
+    char *end = NULL;
+    bool takes = true; /* consumes v */
+    bool ok;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      usage(stdout);
+      exit(0);
+    } else if (strcmp(a, "--async") == 0) {
+      o->async = true, takes = false, ok = true;
+    } else if (strcmp(a, "--latency") == 0) {
+      o->latency = true, takes = false, ok = true;
+    } else if (strcmp(a, "--no-verify") == 0) {
+      o->verify = false, takes = false, ok = true;
+    } else if (strcmp(a, "--no-progress") == 0) {
+      o->progress = false, takes = false, ok = true;
+    } else if (v == NULL) {
+      ok = false;
+    } else if (strcmp(a, "--role") == 0) {
+      ok = true;
+      if (strcmp(v, "both") == 0)
+        o->role = ROLE_BOTH;
+      else if (strcmp(v, "target") == 0)
+        o->role = ROLE_TARGET;
+      else if (strcmp(v, "initiator") == 0)
+        o->role = ROLE_INITIATOR;
+      else
+        ok = false;
+    } else if (strcmp(a, "--peer") == 0) {
+      ok = strlen(v) < sizeof(o->peer);
+      if (ok) snprintf(o->peer, sizeof(o->peer), "%s", v);
+    } else if (strcmp(a, "--local") == 0) {
+      ok = strlen(v) < sizeof(o->local);
+      if (ok) snprintf(o->local, sizeof(o->local), "%s", v);
+    } else if (strcmp(a, "--ctrl-port") == 0) {
+      ok = bench_parse_u64(v, &u) && u > 0 && u < 65536;
+      o->ctrl_port = (uint16_t)u;
+    } else if (strcmp(a, "--op") == 0) {
+      ok = true;
+      if (strcmp(v, "read") == 0)
+        o->ops = OPS_READ;
+      else if (strcmp(v, "write") == 0)
+        o->ops = OPS_WRITE;
+      else if (strcmp(v, "both") == 0)
+        o->ops = OPS_BOTH;
+      else
+        ok = false;
+    } else if (strcmp(a, "--block-sizes") == 0) {
+      ok = bench_parse_size_list(v, o->blocks, BENCH_MAX_LIST, &o->n_blocks);
+    } else if (strcmp(a, "--batch") == 0) {
+      ok = bench_parse_size_list(v, o->batches, BENCH_MAX_LIST, &o->n_batches);
+      for (size_t k = 0; ok && k < o->n_batches; k++) ok = o->batches[k] <= HIXL_MAX_BATCH;
+    } else if (strcmp(a, "--total") == 0) {
+      ok = bench_parse_size(v, &o->total) && o->total > 0;
+    } else if (strcmp(a, "--iters") == 0) {
+      ok = bench_parse_u64(v, &o->iters) && o->iters > 0 && o->iters <= BENCH_MAX_ITERS;
+    } else if (strcmp(a, "--warmup") == 0) {
+      ok = bench_parse_u64(v, &o->warmup) && o->warmup <= BENCH_MAX_ITERS;
+    } else if (strcmp(a, "--max-seconds") == 0) {
+      o->max_seconds = strtod(v, &end);
+      ok = *end == '\0' && o->max_seconds > 0 && o->max_seconds <= 3600;
+    } else if (strcmp(a, "--window") == 0) {
+      ok = bench_parse_u64(v, &u) && u > 0 && u <= BENCH_MAX_WINDOW;
+      o->window = (size_t)u;
+    } else if (strcmp(a, "--lat-iters") == 0) {
+      ok = bench_parse_u64(v, &o->lat_iters) && o->lat_iters > 0 && o->lat_iters <= BENCH_MAX_ITERS;
+    } else if (strcmp(a, "--lat-size") == 0) {
+      ok = bench_parse_size(v, &o->lat_size) && o->lat_size > 0;
+    } else if (strcmp(a, "--csv") == 0) {
+      o->csv = v, ok = true;
+    } else if (strcmp(a, "--json") == 0) {
+      o->json = v, ok = true;
+    } else if (strcmp(a, "--timeout-ms") == 0) {
+      ok = bench_parse_u64(v, &u) && u > 0 && u <= INT32_MAX;
+      o->timeout_ms = (int32_t)u;
+    } else if (strcmp(a, "--mem") == 0) {
+      ok = bench_parse_size(v, &o->mem) && o->mem > 0;
+    } else if (strcmp(a, "--seed") == 0) {
+      ok = bench_parse_u64(v, &o->seed);
+    } else {
+      ok = false;
+    }
+    if (!ok) {
+      fprintf(stderr, "%s: bad option or value: %s%s%s\n", g_prog, a, v != NULL ? " " : "",
+              v != NULL ? v : "");
+      return false;
+    }
+    if (takes) i++;
+  }
+  return true;
+}
+
+static int wait_child(pid_t pid, int timeout_s) {
+  uint64_t deadline = bench_now_ns() + (uint64_t)timeout_s * 1000000000ull;
+  int wst = 0;
+  for (;;) {
+    pid_t w = waitpid(pid, &wst, WNOHANG);
+    if (w == pid) return WIFEXITED(wst) ? WEXITSTATUS(wst) : 128 + WTERMSIG(wst);
+    if (w < 0) return 1;
+    if (bench_now_ns() > deadline) {
+      fprintf(stderr, "%s: target process %d did not exit within %d s; killing it\n", g_prog, (int)pid,
+              timeout_s);
+      kill(pid, SIGKILL);
+      waitpid(pid, &wst, 0);
+      return 1;
+    }
+    poll(NULL, 0, 5);
+  }
+}
+
+int main(int argc, char **argv) {
+  static struct bench_opts o;
+  o.role = ROLE_BOTH;
+  snprintf(o.local, sizeof(o.local), "127.0.0.1");
+  o.ops = OPS_BOTH;
+  o.n_blocks = 0;
+  for (size_t b = 4096; b <= (16u << 20); b *= 2) o.blocks[o.n_blocks++] = b;
+  o.batches[0] = 1;
+  o.n_batches = 1;
+  o.total = 256u << 20;
+  o.warmup = UINT64_MAX;
+  o.max_seconds = 3.0;
+  o.window = 4;
+  o.lat_iters = 20000;
+  o.lat_size = 64;
+  o.verify = true;
+  o.progress = true;
+  o.seed = 1;
+  if (!parse_args(argc, argv, &o)) {
+    usage(stderr);
+    return 2;
+  }
+  signal(SIGPIPE, SIG_IGN);
+
+  if (o.role == ROLE_BOTH) {
+    uint16_t port = 0;
+    if (o.peer[0] == '\0') {
+      if (!pick_port(&port)) {
+        fprintf(stderr, "%s: no free port on 127.0.0.1: %s\n", g_prog, strerror(errno));
+        return 1;
+      }
+      snprintf(o.peer, sizeof(o.peer), "127.0.0.1:%u", (unsigned)port);
+    }
+    int sp[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0) {
+      fprintf(stderr, "%s: socketpair: %s\n", g_prog, strerror(errno));
+      return 1;
+    }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+      fprintf(stderr, "%s: fork: %s\n", g_prog, strerror(errno));
+      return 1;
+    }
+    if (pid == 0) {
+      close(sp[0]);
+      int rc = run_target(&o, sp[1]);
+      close(sp[1]);
+      fflush(NULL);
+      _exit(rc);
+    }
+    close(sp[1]);
+    int rc = run_initiator(&o, sp[0]);
+    close(sp[0]);
+    int crc = wait_child(pid, 60);
+    if (crc != 0) {
+      fprintf(stderr, "%s: target process exited with status %d\n", g_prog, crc);
+      rc = 1;
+    }
+    return rc;
+  }
+
+  char ip[64];
+  uint16_t port = 0;
+  if (!split_addr(o.peer, ip, sizeof(ip), &port)) {
+    fprintf(stderr, "%s: --role %s needs --peer IP:PORT\n", g_prog,
+            o.role == ROLE_TARGET ? "target" : "initiator");
+    return 2;
+  }
+  uint16_t cport = o.ctrl_port != 0 ? o.ctrl_port : (uint16_t)(port + 1);
+  int ctrl = o.role == ROLE_TARGET ? ctrl_listen_accept(ip, cport) : ctrl_connect(ip, cport);
+  if (ctrl < 0) return 1;
+  int rc = o.role == ROLE_TARGET ? run_target(&o, ctrl) : run_initiator(&o, ctrl);
+  close(ctrl);
+  return rc;
+}
