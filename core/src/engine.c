@@ -36,6 +36,17 @@ static HixlStatus check_timeout(int32_t timeout_ms, const char *fn) {
   return HIXL_SUCCESS;
 }
 
+/* remote_engine must be "ip:port"; returns its address. */
+static HixlStatus check_remote(const char *remote, const char *fn, struct sockaddr_in *sa) {
+  bool has_port;
+  HixlStatus st;
+  CHECK_ARG(remote && strlen(remote) < ENGINE_NAME_MAX, "%s: remote_engine is NULL or too long", fn);
+  if ((st = sock_parse_endpoint(remote, "remote_engine", sa, &has_port)) != HIXL_SUCCESS)
+    return hixl_fail(st, "%s: %s", fn, HixlGetLastErrorMessage());
+  CHECK_ARG(has_port, "%s: remote_engine \"%s\" needs a port (\"ip:port\")", fn, remote);
+  return HIXL_SUCCESS;
+}
+
 static struct peer *find_peer(HixlEngine *e, const char *name) {
   for (struct peer *p = e->peers; p; p = p->next)
     if (strcmp(p->name, name) == 0) return p;
@@ -293,13 +304,9 @@ out:
 
 HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_ms) {
   struct sockaddr_in sa;
-  bool has_port;
   HixlStatus st;
-  CHECK_ARG(remote && strlen(remote) < ENGINE_NAME_MAX,
-            "HixlEngineConnect: remote_engine is NULL or too long");
+  if ((st = check_remote(remote, "HixlEngineConnect", &sa)) != HIXL_SUCCESS) return st;
   if ((st = check_timeout(timeout_ms, "HixlEngineConnect")) != HIXL_SUCCESS) return st;
-  if ((st = sock_parse_endpoint(remote, "remote_engine", &sa, &has_port)) != HIXL_SUCCESS) return st;
-  CHECK_ARG(has_port, "HixlEngineConnect: remote_engine \"%s\" needs a port (\"ip:port\")", remote);
   uint64_t deadline = hixl_deadline_ns(timeout_ms);
   if ((st = engine_enter(e, "HixlEngineConnect")) != HIXL_SUCCESS) return st;
   struct peer *old = find_peer(e, remote);
@@ -352,8 +359,9 @@ free_peer:
 }
 
 HixlStatus HixlEngineDisconnect(HixlEngine *e, const char *remote, int32_t timeout_ms) {
+  struct sockaddr_in sa;
   HixlStatus st;
-  CHECK_ARG(remote, "HixlEngineDisconnect: remote_engine is NULL");
+  if ((st = check_remote(remote, "HixlEngineDisconnect", &sa)) != HIXL_SUCCESS) return st;
   if ((st = check_timeout(timeout_ms, "HixlEngineDisconnect")) != HIXL_SUCCESS) return st;
   if ((st = engine_enter(e, "HixlEngineDisconnect")) != HIXL_SUCCESS) return st;
   struct peer *p = find_peer(e, remote);
@@ -418,11 +426,37 @@ static HixlStatus req_wait(HixlEngine *e, struct hixl_transfer_req *r, const cha
   return st;
 }
 
+/* Index of the first op whose remote range the peer has not advertised, or count. */
+static size_t remote_miss(struct conn *c, const HixlTransferOpDesc *descs, size_t count) {
+  for (size_t i = 0; i < count; i++)
+    if (!memtab_find(&c->peer->rtab, descs[i].remote_addr, descs[i].len)) return i;
+  return count;
+}
+
+/* One SYNC round trip on c: when it returns, every MEM_ADD / MEM_DEL the peer queued
+ * before answering has been applied. Lock held; released while waiting. */
+static HixlStatus link_sync(HixlEngine *e, struct conn *c, uint64_t deadline, const char *fn,
+                            const char *remote) {
+  struct hixl_transfer_req *r = req_new(e, 1, 0);
+  if (!r) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  struct chunk *ch = r->chunks;
+  r->deadline_ns = deadline;
+  ch->req = r;
+  ch->kind = CHUNK_SYNC;
+  ch->seq = c->next_seq++;
+  ch->tx.chunk = ch;
+  ch->tx.hdr_len = (uint32_t)wire_put_sync(ch->tx.hdr, ch->seq);
+  link_enqueue(c, &ch->tx);
+  link_flush(c);
+  return req_wait(e, r, fn, remote);
+}
+
 static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransferOp op,
                                   const HixlTransferOpDesc *descs, size_t count, int32_t timeout_ms,
                                   const char *fn, struct hixl_transfer_req **out) {
+  struct sockaddr_in sa;
   HixlStatus st;
-  CHECK_ARG(remote, "%s: remote_engine is NULL", fn);
+  if ((st = check_remote(remote, fn, &sa)) != HIXL_SUCCESS) return st;
   CHECK_ARG(op == HIXL_READ || op == HIXL_WRITE, "%s: op %d is neither HIXL_READ nor HIXL_WRITE", fn,
             (int)op);
   CHECK_ARG(descs && count > 0 && count <= HIXL_MAX_BATCH, "%s: need 1 to %d op descriptors, got %zu%s", fn,
@@ -437,11 +471,28 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
     nchunks += (descs[i].len + ENGINE_TCP_CHUNK - 1) / ENGINE_TCP_CHUNK;
   }
   CHECK_ARG(nchunks <= UINT32_MAX / 2, "%s: batch is too large", fn);
+  uint64_t deadline = hixl_deadline_ns(timeout_ms);
   if ((st = engine_enter(e, fn)) != HIXL_SUCCESS) return st;
   struct conn *c = link_for(e, remote, fn, &st);
   struct hixl_mem_reg **lregs = NULL;
   struct hixl_transfer_req *r = NULL;
   if (!c) goto unlock;
+  /* An op is refused whole, before anything is sent, unless its remote range lies in
+   * one registration the peer advertised. On a miss, one SYNC round trip brings the
+   * table up to date (the peer may have registered it a moment ago). */
+  size_t miss = remote_miss(c, descs, count);
+  if (miss < count) {
+    if ((st = link_sync(e, c, deadline, fn, remote)) != HIXL_SUCCESS) goto unlock;
+    if (!(c = link_for(e, remote, fn, &st))) goto unlock;
+    miss = remote_miss(c, descs, count);
+  }
+  if (miss < count) {
+    st = hixl_fail(HIXL_FAILED,
+                   "%s: op %zu remote range [0x%lx, +%zu) is not inside memory registered with %s; "
+                   "nothing was sent",
+                   fn, miss, (unsigned long)descs[miss].remote_addr, descs[miss].len, remote);
+    goto unlock;
+  }
   lregs = malloc(count * sizeof(*lregs));
   if (!lregs) {
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
@@ -463,6 +514,7 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
                    (unsigned long long)nchunks);
     goto unlock;
   }
+  r->deadline_ns = deadline;
   struct chunk *ch = r->chunks;
   for (size_t i = 0; i < count; i++) {
     for (size_t off = 0; off < descs[i].len; off += ENGINE_TCP_CHUNK, ch++) {
@@ -578,9 +630,10 @@ HixlStatus HixlEngineGetTransferUserData(HixlEngine *e, HixlTransferReq req, voi
 
 HixlStatus HixlEngineSendNotify(HixlEngine *e, const char *remote, const HixlNotifyDesc *n,
                                 int32_t timeout_ms) {
+  struct sockaddr_in sa;
   HixlStatus st;
-  CHECK_ARG(remote && n && n->name && n->msg,
-            "HixlEngineSendNotify: remote_engine, notify, name or msg is NULL");
+  if ((st = check_remote(remote, "HixlEngineSendNotify", &sa)) != HIXL_SUCCESS) return st;
+  CHECK_ARG(n && n->name && n->msg, "HixlEngineSendNotify: notify, name or msg is NULL");
   size_t nl = strnlen(n->name, HIXL_MAX_NOTIFY_LEN + 1), ml = strnlen(n->msg, HIXL_MAX_NOTIFY_LEN + 1);
   CHECK_ARG(nl <= HIXL_MAX_NOTIFY_LEN && ml <= HIXL_MAX_NOTIFY_LEN,
             "HixlEngineSendNotify: name and msg are limited to %d bytes each", HIXL_MAX_NOTIFY_LEN);

@@ -40,7 +40,7 @@ struct txitem {
   struct hixl_mem_reg *reg; /* target READ_RESP: inflight released once sent */
 };
 
-enum chunk_kind { CHUNK_WRITE, CHUNK_READ, CHUNK_NOTIFY };
+enum chunk_kind { CHUNK_WRITE, CHUNK_READ, CHUNK_NOTIFY, CHUNK_SYNC };
 
 /* One request frame an initiator sends and the response it waits for. */
 struct chunk {

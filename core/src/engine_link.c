@@ -325,6 +325,11 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
     if (r) r->inflight++;
     return;
   }
+  case WIRE_SYNC: {
+    size_t len = wire_put_ack(frame, WIRE_SYNC_ACK, m->u.ack.seq, HIXL_SUCCESS, 0);
+    if (queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
+    return;
+  }
   case WIRE_NOTIFY: {
     uint32_t st = HIXL_SUCCESS;
     if (e->n_notifies >= HIXL_MAX_NOTIFY_QUEUE) {
@@ -391,8 +396,10 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
     return;
   }
   struct chunk *ch = c->pend_head;
-  static const enum wire_type expect[] = {
-      [CHUNK_WRITE] = WIRE_WRITE_ACK, [CHUNK_READ] = WIRE_READ_RESP, [CHUNK_NOTIFY] = WIRE_NOTIFY_ACK};
+  static const enum wire_type expect[] = {[CHUNK_WRITE] = WIRE_WRITE_ACK,
+                                          [CHUNK_READ] = WIRE_READ_RESP,
+                                          [CHUNK_NOTIFY] = WIRE_NOTIFY_ACK,
+                                          [CHUNK_SYNC] = WIRE_SYNC_ACK};
   if (!ch || m->u.ack.seq != ch->seq || m->hdr.type != expect[ch->kind] ||
       (m->hdr.type == WIRE_READ_RESP && m->u.ack.status == HIXL_SUCCESS && m->hdr.payload_len != ch->len)) {
     char why[192];
@@ -448,10 +455,11 @@ static void payload_take(struct conn *c, const uint8_t *buf, size_t n) {
 static bool type_allowed(enum conn_role role, unsigned type) {
   switch (role) {
   case CONN_TARGET_HELLO: return type == WIRE_HELLO;
-  case CONN_TARGET: return type == WIRE_WRITE_REQ || type == WIRE_READ_REQ || type == WIRE_NOTIFY;
+  case CONN_TARGET:
+    return type == WIRE_WRITE_REQ || type == WIRE_READ_REQ || type == WIRE_NOTIFY || type == WIRE_SYNC;
   case CONN_INITIATOR:
     return type == WIRE_WRITE_ACK || type == WIRE_READ_RESP || type == WIRE_NOTIFY_ACK ||
-           type == WIRE_MEM_ADD || type == WIRE_MEM_DEL;
+           type == WIRE_SYNC_ACK || type == WIRE_MEM_ADD || type == WIRE_MEM_DEL;
   }
   return false;
 }

@@ -1,6 +1,7 @@
 /* status: names and strings from HIXL_STATUS_MAP, and the per-thread error detail. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "hixl/hixl_status.h"
 #include "status_int.h"
@@ -32,10 +33,12 @@ const char *HixlGetLastErrorMessage(void) { return last_error; }
 const char *HixlVersionString(void) { return HIXL_VERSION; }
 
 HixlStatus hixl_fail(HixlStatus status, const char *fmt, ...) {
+  char msg[sizeof(last_error)]; /* the arguments may include last_error itself */
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_error, sizeof(last_error), fmt, ap);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
+  memcpy(last_error, msg, sizeof(msg));
   return status;
 }
 

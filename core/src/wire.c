@@ -32,9 +32,9 @@ const char *wire_err_str(enum wire_err err) {
 }
 
 const char *wire_type_name(unsigned type) {
-  static const char *const names[] = {"?",         "HELLO",     "HELLO_ACK", "MEM_ADD",
-                                      "MEM_DEL",   "WRITE_REQ", "WRITE_ACK", "READ_REQ",
-                                      "READ_RESP", "NOTIFY",    "NOTIFY_ACK"};
+  static const char *const names[] = {"?",          "HELLO",     "HELLO_ACK", "MEM_ADD",   "MEM_DEL",
+                                      "WRITE_REQ",  "WRITE_ACK", "READ_REQ",  "READ_RESP", "NOTIFY",
+                                      "NOTIFY_ACK", "SYNC",      "SYNC_ACK"};
   return type <= WIRE_TYPE_MAX_ ? names[type] : "?";
 }
 
@@ -53,6 +53,8 @@ static const struct {
     [WIRE_READ_RESP] = {12, 12, true},
     [WIRE_NOTIFY] = {12, 12 + 2 * WIRE_MAX_NOTIFY, false},
     [WIRE_NOTIFY_ACK] = {12, 12, false},
+    [WIRE_SYNC] = {8, 8, false},
+    [WIRE_SYNC_ACK] = {12, 12, false},
 };
 
 enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *hdr) {
@@ -137,11 +139,13 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
   case WIRE_WRITE_ACK:
   case WIRE_READ_RESP:
   case WIRE_NOTIFY_ACK:
+  case WIRE_SYNC_ACK:
     m->u.ack.seq = be64_get(b);
     m->u.ack.status = be32_get(b + 8);
     /* A failed READ_RESP carries no data. */
     if (hdr->type == WIRE_READ_RESP && m->u.ack.status != 0 && hdr->payload_len != 0) return WIRE_EBODY;
     return WIRE_OK;
+  case WIRE_SYNC: m->u.ack.seq = be64_get(b); return WIRE_OK;
   case WIRE_NOTIFY:
     m->u.notify.seq = be64_get(b);
     m->u.notify.name_len = be16_get(b + 8);
@@ -228,6 +232,12 @@ size_t wire_put_read_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t le
   be64_put(buf + WIRE_HDR_LEN + 8, raddr);
   be32_put(buf + WIRE_HDR_LEN + 16, len);
   return WIRE_HDR_LEN + 20;
+}
+
+size_t wire_put_sync(uint8_t *buf, uint64_t seq) {
+  put_hdr(buf, WIRE_SYNC, 8, 0);
+  be64_put(buf + WIRE_HDR_LEN, seq);
+  return WIRE_HDR_LEN + 8;
 }
 
 size_t wire_put_ack(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t status, uint32_t payload_len) {

@@ -33,7 +33,9 @@ enum wire_type {
   WIRE_READ_RESP = 8,   /* seq, status; payload = data when status is 0 */
   WIRE_NOTIFY = 9,      /* seq, name, msg */
   WIRE_NOTIFY_ACK = 10, /* seq, status */
-  WIRE_TYPE_MAX_ = 10,
+  WIRE_SYNC = 11,       /* seq: answered after every MEM_ADD/MEM_DEL queued before it */
+  WIRE_SYNC_ACK = 12,   /* seq, status */
+  WIRE_TYPE_MAX_ = 12,
 };
 
 /* HELLO_ACK status values. */
@@ -97,7 +99,7 @@ struct wire_msg {
     struct {
       uint64_t seq;
       uint32_t status;
-    } ack; /* WRITE_ACK, READ_RESP, NOTIFY_ACK */
+    } ack; /* WRITE_ACK, READ_RESP, NOTIFY_ACK, SYNC_ACK; SYNC (status 0) */
     struct {
       uint64_t seq;
       uint16_t name_len;
@@ -143,6 +145,7 @@ void wire_put_mem_entry(struct wire_wr *w, uint64_t addr, uint64_t len, const ch
 /* Header-only builder for the hot path (WRITE_REQ, READ_REQ, acks): returns length. */
 size_t wire_put_write_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len);
 size_t wire_put_read_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len);
+size_t wire_put_sync(uint8_t *buf, uint64_t seq);
 size_t wire_put_ack(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t status, uint32_t payload_len);
 
 #define WIRE_SMALL_FRAME 48u /* the largest frame built by the three helpers above */
