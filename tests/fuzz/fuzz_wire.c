@@ -1,0 +1,281 @@
+/* fuzz_wire: the wire parser against arbitrary bytes. The input is read as a stream of
+ * frames, the way a connection delivers them: each header is parsed, a body that passed
+ * is decoded from a heap copy of exactly body_len bytes (so the sanitizer sees any read
+ * past it), HELLO_ACK tables are walked, and whatever was accepted is rebuilt with the
+ * builders and must come out byte for byte the same. Invariants abort(). */
+#include "wire.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define CHECK(cond)                                                                                          \
+  do {                                                                                                       \
+    if (!(cond)) {                                                                                           \
+      fprintf(stderr, "fuzz_wire: %s:%d: invariant failed: %s\n", __FILE__, __LINE__, #cond);                \
+      abort();                                                                                               \
+    }                                                                                                        \
+  } while (0)
+
+static uint32_t get32(const uint8_t *p) {
+  return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static uint16_t get16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+
+/* [p, p + n) within [base, base + len), compared as integers (p may be anything). */
+static int inside(const uint8_t *p, size_t n, const uint8_t *base, size_t len) {
+  uintptr_t a = (uintptr_t)p, lo = (uintptr_t)base;
+  return a >= lo && a - lo <= len && n <= len - (a - lo);
+}
+/* A pointer in a refused message is either unset or still points into the body. */
+static int null_or_inside(const uint8_t *p, const uint8_t *base, size_t len) {
+  return p == NULL || inside(p, 0, base, len);
+}
+
+/* The body limits, written out independently of wire.c. */
+static const struct {
+  uint32_t min, max, payload;
+} limits[WIRE_TYPE_MAX_ + 1] = {
+    [WIRE_HELLO] = {6, 6 + WIRE_MAX_NAME, 0},
+    [WIRE_HELLO_ACK] = {14, WIRE_MAX_BODY, 0},
+    [WIRE_MEM_ADD] = {18, 18 + WIRE_MAX_TAG, 0},
+    [WIRE_MEM_DEL] = {18, 18, 0},
+    [WIRE_WRITE_REQ] = {16, 16, WIRE_MAX_PAYLOAD},
+    [WIRE_WRITE_ACK] = {12, 12, 0},
+    [WIRE_READ_REQ] = {20, 20, 0},
+    [WIRE_READ_RESP] = {12, 12, WIRE_MAX_PAYLOAD},
+    [WIRE_NOTIFY] = {12, 12 + 2 * WIRE_MAX_NOTIFY, 0},
+    [WIRE_NOTIFY_ACK] = {12, 12, 0},
+};
+
+/* Whatever wire_parse_hdr says must agree with the raw bytes. */
+static void check_hdr(const uint8_t *raw, enum wire_err e, const struct wire_hdr *h) {
+  CHECK(e >= WIRE_OK && e <= WIRE_EBODY && e != WIRE_EBODY);
+  CHECK(wire_err_str(e) != NULL);
+  if (e == WIRE_EMAGIC) {
+    CHECK(get32(raw) != WIRE_MAGIC);
+    return;
+  }
+  /* From here on the whole header is filled (WIRE_EVERSION included). */
+  CHECK(h->magic == WIRE_MAGIC && get32(raw) == WIRE_MAGIC);
+  CHECK(h->version == raw[4] && h->type == raw[5] && h->flags == get16(raw + 6));
+  CHECK(h->body_len == get32(raw + 8) && h->payload_len == get32(raw + 12));
+  CHECK(h->reserved == get32(raw + 16));
+  if (e == WIRE_EVERSION) {
+    CHECK(h->version != WIRE_VERSION);
+    return;
+  }
+  CHECK(h->version == WIRE_VERSION);
+  int type_ok = h->type >= 1 && h->type <= WIRE_TYPE_MAX_;
+  if (e == WIRE_ETYPE) {
+    CHECK(!type_ok);
+    return;
+  }
+  CHECK(type_ok);
+  CHECK(wire_type_name(h->type)[0] != '?');
+  int len_ok = h->flags == 0 && h->reserved == 0 && h->body_len >= limits[h->type].min &&
+               h->body_len <= limits[h->type].max && h->payload_len <= limits[h->type].payload;
+  CHECK(len_ok == (e == WIRE_OK));
+}
+
+/* Walks a memory table; returns the number of entries, all checked inside [b, b + n). */
+static uint32_t walk_entries(const uint8_t *p, size_t left, const uint8_t *b, size_t n) {
+  struct wire_mem_entry e;
+  uint32_t count = 0;
+  while (wire_mem_entry_next(&p, &left, &e)) {
+    CHECK(e.tag_len <= WIRE_MAX_TAG);
+    CHECK(inside(e.tag, e.tag_len, b, n));
+    CHECK(inside(p, left, b, n));
+    CHECK(count < n); /* every entry consumes bytes */
+    count++;
+  }
+  CHECK(inside(p, left, b, n));
+  return count;
+}
+
+/* Rebuilds an accepted frame from the decoded message; it must equal the original. */
+static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
+  const struct wire_hdr *h = &m->hdr;
+  size_t len = WIRE_HDR_LEN + (size_t)h->body_len;
+  uint8_t *buf = malloc(len);
+  struct wire_wr w;
+  size_t got;
+
+  CHECK(buf != NULL);
+  switch (h->type) {
+  case WIRE_WRITE_REQ:
+    got = wire_put_write_req(buf, m->u.write_req.seq, m->u.write_req.raddr, h->payload_len);
+    break;
+  case WIRE_READ_REQ:
+    got = wire_put_read_req(buf, m->u.read_req.seq, m->u.read_req.raddr, m->u.read_req.len);
+    break;
+  case WIRE_WRITE_ACK:
+  case WIRE_READ_RESP:
+  case WIRE_NOTIFY_ACK:
+    got = wire_put_ack(buf, (enum wire_type)h->type, m->u.ack.seq, m->u.ack.status, h->payload_len);
+    break;
+  default:
+    wire_begin(&w, buf, len, (enum wire_type)h->type);
+    switch (h->type) {
+    case WIRE_HELLO:
+      wire_put_u32(&w, m->u.hello.caps);
+      wire_put_u16(&w, m->u.hello.name_len);
+      wire_put_bytes(&w, m->u.hello.name, m->u.hello.name_len);
+      break;
+    case WIRE_HELLO_ACK: {
+      const uint8_t *p = m->u.hello_ack.entries;
+      size_t left = m->u.hello_ack.entries_len;
+      struct wire_mem_entry e;
+      wire_put_u32(&w, m->u.hello_ack.status);
+      wire_put_u32(&w, m->u.hello_ack.caps);
+      wire_put_u16(&w, m->u.hello_ack.name_len);
+      wire_put_bytes(&w, m->u.hello_ack.name, m->u.hello_ack.name_len);
+      wire_put_u32(&w, m->u.hello_ack.count);
+      /* Raw u16 + bytes, since wire_put_mem_entry takes a C string and tags may hold 0. */
+      while (wire_mem_entry_next(&p, &left, &e)) {
+        wire_put_u64(&w, e.addr);
+        wire_put_u64(&w, e.len);
+        wire_put_u16(&w, e.tag_len);
+        wire_put_bytes(&w, e.tag, e.tag_len);
+      }
+      break;
+    }
+    case WIRE_MEM_ADD:
+    case WIRE_MEM_DEL: {
+      char tag[WIRE_MAX_TAG + 1];
+      if (!memchr(m->u.mem.tag, 0, m->u.mem.tag_len)) {
+        /* A tag without NUL bytes goes through the C-string builder. */
+        memcpy(tag, m->u.mem.tag, m->u.mem.tag_len);
+        tag[m->u.mem.tag_len] = 0;
+        wire_put_mem_entry(&w, m->u.mem.addr, m->u.mem.len, tag);
+        break;
+      }
+      wire_put_u64(&w, m->u.mem.addr);
+      wire_put_u64(&w, m->u.mem.len);
+      wire_put_u16(&w, m->u.mem.tag_len);
+      wire_put_bytes(&w, m->u.mem.tag, m->u.mem.tag_len);
+      break;
+    }
+    case WIRE_NOTIFY:
+      wire_put_u64(&w, m->u.notify.seq);
+      wire_put_u16(&w, m->u.notify.name_len);
+      wire_put_u16(&w, m->u.notify.msg_len);
+      wire_put_bytes(&w, m->u.notify.name, m->u.notify.name_len);
+      wire_put_bytes(&w, m->u.notify.msg, m->u.notify.msg_len);
+      break;
+    default: CHECK(!"type accepted by wire_decode but unknown here");
+    }
+    got = wire_end(&w, h->payload_len);
+    break;
+  }
+  CHECK(got == len);
+  CHECK(memcmp(buf, frame, len) == 0);
+  free(buf);
+
+  /* One byte short must overflow, and never write past the buffer. */
+  buf = malloc(len - 1);
+  CHECK(buf != NULL);
+  wire_begin(&w, buf, len - 1, (enum wire_type)h->type);
+  wire_put_bytes(&w, frame + WIRE_HDR_LEN, h->body_len);
+  CHECK(wire_end(&w, h->payload_len) == 0 && w.overflow);
+  free(buf);
+}
+
+/* The decoded message must stay inside the body and agree with the type's rules. */
+static void check_msg(enum wire_err e, const struct wire_hdr *h, const uint8_t *b, const struct wire_msg *m) {
+  size_t n = h->body_len;
+
+  CHECK(e == WIRE_OK || e == WIRE_EBODY);
+  CHECK(memcmp(&m->hdr, h, sizeof(*h)) == 0);
+  switch (h->type) {
+  case WIRE_HELLO:
+    CHECK(null_or_inside(m->u.hello.name, b, n));
+    if (e != WIRE_OK) break;
+    CHECK(m->u.hello.name_len <= WIRE_MAX_NAME);
+    CHECK(inside(m->u.hello.name, m->u.hello.name_len, b, n));
+    CHECK(n == 6u + m->u.hello.name_len);
+    break;
+  case WIRE_HELLO_ACK:
+    CHECK(null_or_inside(m->u.hello_ack.name, b, n));
+    CHECK(null_or_inside(m->u.hello_ack.entries, b, n));
+    if (m->u.hello_ack.entries) {
+      CHECK(inside(m->u.hello_ack.entries, m->u.hello_ack.entries_len, b, n));
+      /* Walking never leaves the body, accepted or not. */
+      uint32_t count = walk_entries(m->u.hello_ack.entries, m->u.hello_ack.entries_len, b, n);
+      if (e == WIRE_OK) CHECK(count == m->u.hello_ack.count);
+    }
+    if (e != WIRE_OK) break;
+    CHECK(m->u.hello_ack.name_len <= WIRE_MAX_NAME);
+    CHECK(inside(m->u.hello_ack.name, m->u.hello_ack.name_len, b, n));
+    CHECK(m->u.hello_ack.count <= WIRE_MAX_MEM_ENTRIES);
+    CHECK(m->u.hello_ack.entries == b + 14 + m->u.hello_ack.name_len);
+    CHECK(m->u.hello_ack.entries_len == n - 14 - m->u.hello_ack.name_len);
+    CHECK(m->u.hello_ack.count > 0 || m->u.hello_ack.entries_len == 0);
+    break;
+  case WIRE_MEM_ADD:
+  case WIRE_MEM_DEL:
+    CHECK(null_or_inside(m->u.mem.tag, b, n));
+    if (e != WIRE_OK) break;
+    CHECK(m->u.mem.tag_len <= WIRE_MAX_TAG);
+    CHECK(inside(m->u.mem.tag, m->u.mem.tag_len, b, n));
+    CHECK(n == 18u + m->u.mem.tag_len);
+    if (h->type == WIRE_MEM_DEL) CHECK(m->u.mem.tag_len == 0);
+    break;
+  case WIRE_WRITE_REQ:
+    if (e == WIRE_OK) CHECK(h->payload_len > 0 && h->payload_len <= WIRE_MAX_PAYLOAD);
+    break;
+  case WIRE_READ_REQ:
+    if (e == WIRE_OK) CHECK(m->u.read_req.len > 0 && m->u.read_req.len <= WIRE_MAX_PAYLOAD);
+    break;
+  case WIRE_READ_RESP:
+    if (e == WIRE_OK) CHECK(m->u.ack.status == 0 || h->payload_len == 0);
+    break;
+  case WIRE_WRITE_ACK:
+  case WIRE_NOTIFY_ACK: CHECK(e == WIRE_OK && h->payload_len == 0); break;
+  case WIRE_NOTIFY:
+    CHECK(null_or_inside(m->u.notify.name, b, n));
+    CHECK(null_or_inside(m->u.notify.msg, b, n));
+    if (e != WIRE_OK) break;
+    CHECK(m->u.notify.name_len <= WIRE_MAX_NOTIFY && m->u.notify.msg_len <= WIRE_MAX_NOTIFY);
+    CHECK(inside(m->u.notify.name, m->u.notify.name_len, b, n));
+    CHECK(inside(m->u.notify.msg, m->u.notify.msg_len, b, n));
+    CHECK(m->u.notify.msg == m->u.notify.name + m->u.notify.name_len);
+    CHECK(n == 12u + m->u.notify.name_len + m->u.notify.msg_len);
+    break;
+  default: CHECK(!"wire_parse_hdr accepted an unknown type");
+  }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  size_t off = 0;
+
+  while (size - off >= WIRE_HDR_LEN) {
+    /* Heap copies of exactly the bytes each call may read. */
+    uint8_t *raw = malloc(WIRE_HDR_LEN);
+    struct wire_hdr h;
+    CHECK(raw != NULL);
+    memcpy(raw, data + off, WIRE_HDR_LEN);
+    enum wire_err e = wire_parse_hdr(raw, &h);
+    check_hdr(raw, e, &h);
+    free(raw);
+    off += WIRE_HDR_LEN;
+    if (e != WIRE_OK) continue; /* resynchronise on the next 20 bytes */
+    if (size - off < h.body_len) break;
+
+    uint8_t *body = malloc(h.body_len);
+    struct wire_msg m;
+    CHECK(body != NULL);
+    memcpy(body, data + off, h.body_len);
+    e = wire_decode(&h, body, &m);
+    check_msg(e, &h, body, &m);
+    if (e == WIRE_OK) check_rebuild(data + off - WIRE_HDR_LEN, &m);
+    free(body);
+    off += h.body_len;
+
+    /* Skip the payload that streams after the frame, as much of it as is here. */
+    off += size - off < h.payload_len ? size - off : h.payload_len;
+  }
+  return 0;
+}

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Writes the seed corpus for fuzz_wire: small valid frames of every type (ok_*) and
+# frames the parser must refuse (bad_*), built byte by byte from the layout in wire.h.
+# The output is committed; rerun only when the wire format changes.
+#   tests/fuzz/make_corpus.sh [DIR]    (default: tests/fuzz/corpus next to this script)
+set -euo pipefail
+
+out=${1:-"$(dirname "$0")/corpus"}
+mkdir -p "$out"
+rm -f "$out"/ok_* "$out"/bad_*
+
+# Big-endian writers; output goes straight to the file (never through $(...), which
+# would drop NUL bytes).
+u8() { printf "\\x$(printf %02x $(($1 & 255)))"; }
+u16() { u8 $(($1 >> 8)); u8 "$1"; }
+u32() { u16 $((($1 >> 16) & 65535)); u16 $(($1 & 65535)); }
+u64() { u32 $((($1 >> 32) & 0xffffffff)); u32 $(($1 & 0xffffffff)); }
+str() { printf '%s' "$1"; }
+fill() { head -c "$1" /dev/zero | tr '\0' "$2"; } # fill COUNT CHAR
+
+MAGIC=0x4858494c
+# hdr TYPE BODY_LEN PAYLOAD_LEN [VERSION] [FLAGS] [RESERVED] [MAGIC]
+hdr() {
+  u32 "${7:-$MAGIC}"; u8 "${4:-1}"; u8 "$1"; u16 "${5:-0}"
+  u32 "$2"; u32 "$3"; u32 "${6:-0}"
+}
+entry() { u64 "$1"; u64 "$2"; u16 ${#3}; str "$3"; } # entry ADDR LEN TAG
+
+HELLO=1 HELLO_ACK=2 MEM_ADD=3 MEM_DEL=4 WRITE_REQ=5 WRITE_ACK=6 READ_REQ=7
+READ_RESP=8 NOTIFY=9 NOTIFY_ACK=10
+
+# ---- valid frames ----
+hello() { hdr $HELLO 11 0; u32 1; u16 5; str dec-0; }
+hello >"$out/ok_hello"
+{
+  hdr $HELLO_ACK 58 0; u32 0; u32 1; u16 5; str pre-0; u32 2
+  entry 0x7f0000000000 4096 kv0; entry 0x7f0000100000 65536 ""
+} >"$out/ok_hello_ack"
+{ hdr $HELLO_ACK 14 0; u32 1; u32 0; u16 0; u32 0; } >"$out/ok_hello_ack_version"
+{ hdr $MEM_ADD 21 0; entry 0x7f0000200000 8192 blk; } >"$out/ok_mem_add"
+{ hdr $MEM_DEL 18 0; entry 0x7f0000200000 8192 ""; } >"$out/ok_mem_del"
+write_req() { hdr $WRITE_REQ 16 8; u64 1; u64 0x7f0000001000; str payload8; }
+write_req >"$out/ok_write_req"
+{ hdr $WRITE_ACK 12 0; u64 1; u32 0; } >"$out/ok_write_ack"
+read_req() { hdr $READ_REQ 20 0; u64 2; u64 0x7f0000002000; u32 4096; }
+read_req >"$out/ok_read_req"
+{ hdr $READ_RESP 12 4; u64 2; u32 0; str data; } >"$out/ok_read_resp"
+{ hdr $READ_RESP 12 0; u64 3; u32 503900; } >"$out/ok_read_resp_failed"
+{ hdr $NOTIFY 22 0; u64 4; u16 4; u16 6; str done; str req-17; } >"$out/ok_notify"
+notify_ack() { hdr $NOTIFY_ACK 12 0; u64 4; u32 0; }
+notify_ack >"$out/ok_notify_ack"
+{ hello; read_req; write_req; notify_ack; } >"$out/ok_stream"
+
+# ---- frames to refuse ----
+{ hdr $HELLO 11 0 1 0 0 0x4c495848; u32 1; u16 5; str dec-0; } >"$out/bad_magic_le"
+{ hdr $HELLO 11 0 2; u32 1; u16 5; str dec-0; } >"$out/bad_version_2"
+{ hdr 0 12 0; u64 1; u32 0; } >"$out/bad_type_0"
+{ hdr 11 12 0; u64 1; u32 0; } >"$out/bad_type_11"
+{ hdr $WRITE_ACK 12 0 1 1; u64 1; u32 0; } >"$out/bad_flags"
+{ hdr $WRITE_ACK 12 0 1 0 1; u64 1; u32 0; } >"$out/bad_reserved"
+{ hdr $HELLO 5 0; u32 1; u8 0; } >"$out/bad_hello_body_short"
+{ hdr $MEM_DEL 19 0; entry 1 2 x; } >"$out/bad_mem_del_body_long"
+{ hdr $WRITE_ACK 12 1; u64 1; u32 0; str x; } >"$out/bad_payload_on_ack"
+{ hdr $WRITE_REQ 16 $(((4 << 20) + 1)); u64 1; u64 0x1000; } >"$out/bad_payload_too_big"
+{ hdr $HELLO 11 0; u32 1; u16 6; str dec-0; } >"$out/bad_hello_name_len"
+{
+  hdr $HELLO_ACK 58 0; u32 0; u32 1; u16 5; str pre-0; u32 3
+  entry 0x7f0000000000 4096 kv0; entry 0x7f0000100000 65536 ""
+} >"$out/bad_hello_ack_count"
+{
+  hdr $HELLO_ACK 60 0; u32 0; u32 1; u16 5; str pre-0; u32 2
+  entry 0x7f0000000000 4096 kv0; entry 0x7f0000100000 65536 ""; u16 0
+} >"$out/bad_hello_ack_trailing"
+{
+  hdr $HELLO_ACK 288 0; u32 0; u32 1; u16 0; u32 1
+  u64 0x1000; u64 4096; u16 256; fill 256 t
+} >"$out/bad_hello_ack_tag_len"
+{ hdr $NOTIFY 1037 0; u64 5; u16 1025; u16 0; fill 1025 n; } >"$out/bad_notify_name_len"
+{ hdr $NOTIFY 22 0; u64 4; u16 4; u16 7; str done; str req-17; } >"$out/bad_notify_sum"
+{ hdr $READ_REQ 20 0; u64 2; u64 0x1000; u32 0; } >"$out/bad_read_req_len_0"
+{ hdr $READ_REQ 20 0; u64 2; u64 0x1000; u32 $(((4 << 20) + 1)); } >"$out/bad_read_req_len_big"
+{ hdr $READ_RESP 12 4; u64 3; u32 503900; str data; } >"$out/bad_read_resp_failed_data"
+{ hdr $WRITE_REQ 16 0; u64 1; u64 0x1000; } >"$out/bad_write_req_empty"
+head -c 10 "$out/ok_hello" >"$out/bad_truncated_header"
+head -c 25 "$out/ok_hello" >"$out/bad_truncated_body"

@@ -1,0 +1,875 @@
+/* test_wire: the wire codec. Builders round-trip through wire_parse_hdr and wire_decode,
+ * header bytes are checked exactly, and every malformed frame the parser must refuse is
+ * built by hand here, byte by byte, independent of the builders. */
+#include "wire.h"
+
+#include <CUnit/Basic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Independent big-endian writers: the tests must not trust the code under test. */
+static void put16(uint8_t *p, uint16_t v) {
+  p[0] = (uint8_t)(v >> 8);
+  p[1] = (uint8_t)v;
+}
+static void put32(uint8_t *p, uint32_t v) {
+  p[0] = (uint8_t)(v >> 24);
+  p[1] = (uint8_t)(v >> 16);
+  p[2] = (uint8_t)(v >> 8);
+  p[3] = (uint8_t)v;
+}
+static void put64(uint8_t *p, uint64_t v) {
+  put32(p, (uint32_t)(v >> 32));
+  put32(p + 4, (uint32_t)v);
+}
+
+/* A canonical version-1 header, then the fields a test wants to spoil. */
+static void raw_hdr(uint8_t *p, unsigned type, uint32_t body_len, uint32_t payload_len) {
+  put32(p, WIRE_MAGIC);
+  p[4] = WIRE_VERSION;
+  p[5] = (uint8_t)type;
+  put16(p + 6, 0);
+  put32(p + 8, body_len);
+  put32(p + 12, payload_len);
+  put32(p + 16, 0);
+}
+
+static enum wire_err hdr_of(unsigned type, uint32_t body_len, uint32_t payload_len) {
+  uint8_t b[WIRE_HDR_LEN];
+  struct wire_hdr h;
+  raw_hdr(b, type, body_len, payload_len);
+  return wire_parse_hdr(b, &h);
+}
+
+/* Parses a whole frame (header and body, payload not included) and checks the header
+ * claims exactly the bytes given. */
+static enum wire_err parse_frame(const uint8_t *buf, size_t len, struct wire_msg *m) {
+  struct wire_hdr h;
+  enum wire_err e;
+
+  if (len < WIRE_HDR_LEN) return WIRE_ELEN;
+  e = wire_parse_hdr(buf, &h);
+  if (e != WIRE_OK) return e;
+  CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + (size_t)h.body_len);
+  return wire_decode(&h, buf + WIRE_HDR_LEN, m);
+}
+
+/* Decodes a hand-made body under a valid header for it; body_len is the body size. */
+static enum wire_err decode_body(unsigned type, const uint8_t *body, uint32_t body_len, uint32_t payload_len,
+                                 struct wire_msg *m) {
+  uint8_t b[WIRE_HDR_LEN];
+  struct wire_hdr h;
+  raw_hdr(b, type, body_len, payload_len);
+  CU_ASSERT_EQUAL_FATAL(wire_parse_hdr(b, &h), WIRE_OK);
+  return wire_decode(&h, body, m);
+}
+
+/* True when [p, p + n) lies within [base, base + len). Compared as integers, since p may
+ * come from a buggy decoder and point anywhere. */
+static int inside(const uint8_t *p, size_t n, const uint8_t *base, size_t len) {
+  uintptr_t a = (uintptr_t)p, lo = (uintptr_t)base;
+  return a >= lo && a - lo <= len && n <= len - (a - lo);
+}
+
+/* ---- header ---- */
+
+static void test_hdr_bytes(void) {
+  uint8_t buf[WIRE_SMALL_FRAME];
+  static const uint8_t want[] = {
+      0x48, 0x58, 0x49, 0x4c,                         /* magic "HXIL" */
+      0x01,                                           /* version */
+      0x07,                                           /* READ_REQ */
+      0x00, 0x00,                                     /* flags */
+      0x00, 0x00, 0x00, 0x14,                         /* body_len 20 */
+      0x00, 0x00, 0x00, 0x00,                         /* payload_len */
+      0x00, 0x00, 0x00, 0x00,                         /* reserved */
+      0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, /* seq */
+      0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, /* raddr */
+      0x00, 0x40, 0x00, 0x00,                         /* len 4 MiB */
+  };
+
+  CU_ASSERT_EQUAL(wire_put_read_req(buf, 0x0102030405060708ull, 0x1112131415161718ull, WIRE_MAX_PAYLOAD),
+                  sizeof(want));
+  CU_ASSERT_EQUAL(memcmp(buf, want, sizeof(want)), 0);
+
+  /* The payload length is big-endian too. */
+  CU_ASSERT_EQUAL(wire_put_write_req(buf, 1, 2, 0x00a1b2c3u), WIRE_HDR_LEN + 16);
+  static const uint8_t pl[] = {0x00, 0xa1, 0xb2, 0xc3};
+  CU_ASSERT_EQUAL(memcmp(buf + 12, pl, 4), 0);
+  CU_ASSERT_EQUAL(buf[5], WIRE_WRITE_REQ);
+  CU_ASSERT_EQUAL(buf[11], 16);
+}
+
+static void test_hdr_parse_fields(void) {
+  uint8_t b[WIRE_HDR_LEN];
+  struct wire_hdr h;
+
+  raw_hdr(b, WIRE_READ_RESP, 12, 0x00010203u);
+  CU_ASSERT_EQUAL_FATAL(wire_parse_hdr(b, &h), WIRE_OK);
+  CU_ASSERT_EQUAL(h.magic, WIRE_MAGIC);
+  CU_ASSERT_EQUAL(h.version, WIRE_VERSION);
+  CU_ASSERT_EQUAL(h.type, WIRE_READ_RESP);
+  CU_ASSERT_EQUAL(h.flags, 0);
+  CU_ASSERT_EQUAL(h.body_len, 12);
+  CU_ASSERT_EQUAL(h.payload_len, 0x00010203u);
+  CU_ASSERT_EQUAL(h.reserved, 0);
+}
+
+static void test_hdr_bad_magic(void) {
+  uint8_t b[WIRE_HDR_LEN];
+  struct wire_hdr h;
+
+  for (int i = 0; i < 4; i++) {
+    raw_hdr(b, WIRE_HELLO, 6, 0);
+    b[i] ^= 0x20; /* "hXIL", "HxIL", ... */
+    CU_ASSERT_EQUAL(wire_parse_hdr(b, &h), WIRE_EMAGIC);
+  }
+  /* Little-endian magic is someone else. */
+  raw_hdr(b, WIRE_HELLO, 6, 0);
+  b[0] = 0x4c, b[1] = 0x49, b[2] = 0x58, b[3] = 0x48;
+  CU_ASSERT_EQUAL(wire_parse_hdr(b, &h), WIRE_EMAGIC);
+  memset(b, 0, sizeof(b));
+  CU_ASSERT_EQUAL(wire_parse_hdr(b, &h), WIRE_EMAGIC);
+  /* Magic is checked before anything else. */
+  memset(b, 0xff, sizeof(b));
+  CU_ASSERT_EQUAL(wire_parse_hdr(b, &h), WIRE_EMAGIC);
+}
+
+static void test_hdr_version(void) {
+  uint8_t b[WIRE_HDR_LEN];
+  struct wire_hdr h;
+  static const uint8_t versions[] = {0, 2, 0x81, 0xff};
+
+  for (size_t i = 0; i < sizeof(versions); i++) {
+    raw_hdr(b, WIRE_HELLO, 9, 0);
+    b[4] = versions[i];
+    memset(&h, 0xa5, sizeof(h));
+    CU_ASSERT_EQUAL(wire_parse_hdr(b, &h), WIRE_EVERSION);
+    /* Still filled, so the caller can answer with HELLO_ACK(VERSION). */
+    CU_ASSERT_EQUAL(h.magic, WIRE_MAGIC);
+    CU_ASSERT_EQUAL(h.version, versions[i]);
+    CU_ASSERT_EQUAL(h.type, WIRE_HELLO);
+    CU_ASSERT_EQUAL(h.flags, 0);
+    CU_ASSERT_EQUAL(h.body_len, 9);
+    CU_ASSERT_EQUAL(h.payload_len, 0);
+    CU_ASSERT_EQUAL(h.reserved, 0);
+  }
+  /* A future version may change everything after the version byte. */
+  raw_hdr(b, 0xee, 0xffffffffu, 0xffffffffu);
+  b[4] = 2;
+  b[7] = 1;
+  CU_ASSERT_EQUAL(wire_parse_hdr(b, &h), WIRE_EVERSION);
+  CU_ASSERT_EQUAL(h.type, 0xee);
+  CU_ASSERT_EQUAL(h.flags, 1);
+  CU_ASSERT_EQUAL(h.body_len, 0xffffffffu);
+}
+
+static void test_hdr_type(void) {
+  CU_ASSERT_EQUAL(hdr_of(0, 12, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_TYPE_MAX_ + 1, 12, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(0x80, 12, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(0xff, 12, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_NOTIFY_ACK, 12, 0), WIRE_OK);
+}
+
+static void test_hdr_flags_reserved(void) {
+  uint8_t b[WIRE_HDR_LEN];
+  struct wire_hdr h;
+
+  for (int i = 6; i < 8; i++) {
+    raw_hdr(b, WIRE_WRITE_ACK, 12, 0);
+    b[i] = 1;
+    CU_ASSERT_EQUAL(wire_parse_hdr(b, &h), WIRE_ELEN);
+  }
+  for (int i = 16; i < 20; i++) {
+    raw_hdr(b, WIRE_WRITE_ACK, 12, 0);
+    b[i] = 0x80;
+    CU_ASSERT_EQUAL(wire_parse_hdr(b, &h), WIRE_ELEN);
+  }
+}
+
+/* The body limits every type must enforce, written out independently of wire.c. */
+static const struct {
+  unsigned type;
+  uint32_t min, max;
+  int payload;
+} limits[] = {
+    {WIRE_HELLO, 6, 6 + WIRE_MAX_NAME, 0},
+    {WIRE_HELLO_ACK, 14, WIRE_MAX_BODY, 0},
+    {WIRE_MEM_ADD, 18, 18 + WIRE_MAX_TAG, 0},
+    {WIRE_MEM_DEL, 18, 18, 0},
+    {WIRE_WRITE_REQ, 16, 16, 1},
+    {WIRE_WRITE_ACK, 12, 12, 0},
+    {WIRE_READ_REQ, 20, 20, 0},
+    {WIRE_READ_RESP, 12, 12, 1},
+    {WIRE_NOTIFY, 12, 12 + 2 * WIRE_MAX_NOTIFY, 0},
+    {WIRE_NOTIFY_ACK, 12, 12, 0},
+};
+#define NLIMITS (sizeof(limits) / sizeof(limits[0]))
+
+static void test_hdr_body_limits(void) {
+  CU_ASSERT_EQUAL_FATAL(NLIMITS, WIRE_TYPE_MAX_);
+  for (size_t i = 0; i < NLIMITS; i++) {
+    unsigned t = limits[i].type;
+    CU_ASSERT_EQUAL(hdr_of(t, 0, 0), WIRE_ELEN);
+    CU_ASSERT_EQUAL(hdr_of(t, limits[i].min - 1, 0), WIRE_ELEN);
+    CU_ASSERT_EQUAL(hdr_of(t, limits[i].min, 0), WIRE_OK);
+    CU_ASSERT_EQUAL(hdr_of(t, limits[i].max, 0), WIRE_OK);
+    CU_ASSERT_EQUAL(hdr_of(t, limits[i].max + 1, 0), WIRE_ELEN);
+    CU_ASSERT_EQUAL(hdr_of(t, WIRE_MAX_BODY + 1, 0), WIRE_ELEN);
+    CU_ASSERT_EQUAL(hdr_of(t, 0x80000000u, 0), WIRE_ELEN);
+    CU_ASSERT_EQUAL(hdr_of(t, 0xffffffffu, 0), WIRE_ELEN);
+  }
+}
+
+static void test_hdr_payload(void) {
+  for (size_t i = 0; i < NLIMITS; i++) {
+    unsigned t = limits[i].type;
+    uint32_t body = limits[i].min;
+    if (limits[i].payload) {
+      CU_ASSERT_EQUAL(hdr_of(t, body, 1), WIRE_OK);
+      CU_ASSERT_EQUAL(hdr_of(t, body, WIRE_MAX_PAYLOAD), WIRE_OK);
+      CU_ASSERT_EQUAL(hdr_of(t, body, WIRE_MAX_PAYLOAD + 1), WIRE_ELEN);
+      CU_ASSERT_EQUAL(hdr_of(t, body, 0xffffffffu), WIRE_ELEN);
+    } else {
+      CU_ASSERT_EQUAL(hdr_of(t, body, 1), WIRE_ELEN);
+      CU_ASSERT_EQUAL(hdr_of(t, body, 0x80000000u), WIRE_ELEN);
+    }
+  }
+}
+
+static void test_names(void) {
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_HELLO), "HELLO");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_READ_RESP), "READ_RESP");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_NOTIFY_ACK), "NOTIFY_ACK");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(0), "?");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_TYPE_MAX_ + 1), "?");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(~0u), "?");
+  for (int e = WIRE_OK; e <= WIRE_EBODY; e++) {
+    CU_ASSERT_PTR_NOT_NULL(wire_err_str((enum wire_err)e));
+    CU_ASSERT_STRING_NOT_EQUAL(wire_err_str((enum wire_err)e), "unknown wire error");
+  }
+  CU_ASSERT_STRING_EQUAL(wire_err_str((enum wire_err)99), "unknown wire error");
+}
+
+/* ---- round trips ---- */
+
+static void test_rt_hello(void) {
+  uint8_t buf[WIRE_HDR_LEN + 6 + WIRE_MAX_NAME];
+  struct wire_wr w;
+  struct wire_msg m;
+  char name[WIRE_MAX_NAME];
+  static const uint16_t lens[] = {0, 1, 7, WIRE_MAX_NAME};
+
+  memset(name, 'n', sizeof(name));
+  for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+    wire_begin(&w, buf, sizeof(buf), WIRE_HELLO);
+    wire_put_u32(&w, WIRE_CAP_TCP_DATA);
+    wire_put_u16(&w, lens[i]);
+    wire_put_bytes(&w, name, lens[i]);
+    size_t len = wire_end(&w, 0);
+    CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + 6u + lens[i]);
+    CU_ASSERT_EQUAL_FATAL(parse_frame(buf, len, &m), WIRE_OK);
+    CU_ASSERT_EQUAL(m.hdr.type, WIRE_HELLO);
+    CU_ASSERT_EQUAL(m.hdr.body_len, 6u + lens[i]);
+    CU_ASSERT_EQUAL(m.u.hello.caps, WIRE_CAP_TCP_DATA);
+    CU_ASSERT_EQUAL(m.u.hello.name_len, lens[i]);
+    CU_ASSERT_PTR_EQUAL(m.u.hello.name, buf + WIRE_HDR_LEN + 6);
+    CU_ASSERT_EQUAL(memcmp(m.u.hello.name, name, lens[i]), 0);
+  }
+}
+
+struct ent {
+  uint64_t addr, len;
+  const char *tag;
+};
+
+static size_t build_hello_ack(uint8_t *buf, size_t cap, uint32_t status, const char *name,
+                              const struct ent *e, uint32_t n) {
+  struct wire_wr w;
+  wire_begin(&w, buf, cap, WIRE_HELLO_ACK);
+  wire_put_u32(&w, status);
+  wire_put_u32(&w, WIRE_CAP_TCP_DATA);
+  wire_put_u16(&w, (uint16_t)strlen(name));
+  wire_put_bytes(&w, name, strlen(name));
+  wire_put_u32(&w, n);
+  for (uint32_t i = 0; i < n; i++) wire_put_mem_entry(&w, e[i].addr, e[i].len, e[i].tag);
+  return wire_end(&w, 0);
+}
+
+static void test_rt_hello_ack(void) {
+  uint8_t buf[1024];
+  struct wire_msg m;
+  struct wire_mem_entry e;
+  char tag255[WIRE_MAX_TAG + 1];
+  memset(tag255, 't', WIRE_MAX_TAG);
+  tag255[WIRE_MAX_TAG] = 0;
+  const struct ent ents[] = {
+      {0x00007f0012345000ull, 4096, "kv.layer0"},
+      {0xffffffffffffffffull, 0xffffffffffffffffull, ""},
+      {0, 1, NULL},
+      {0x1000, 1ull << 40, tag255},
+  };
+  const uint32_t n = sizeof(ents) / sizeof(ents[0]);
+
+  size_t len = build_hello_ack(buf, sizeof(buf), WIRE_HELLO_OK, "prefill-0", ents, n);
+  CU_ASSERT_FATAL(len > 0);
+  CU_ASSERT_EQUAL_FATAL(parse_frame(buf, len, &m), WIRE_OK);
+  CU_ASSERT_EQUAL(m.u.hello_ack.status, WIRE_HELLO_OK);
+  CU_ASSERT_EQUAL(m.u.hello_ack.caps, WIRE_CAP_TCP_DATA);
+  CU_ASSERT_EQUAL_FATAL(m.u.hello_ack.name_len, 9);
+  CU_ASSERT_EQUAL(memcmp(m.u.hello_ack.name, "prefill-0", 9), 0);
+  CU_ASSERT_EQUAL(m.u.hello_ack.count, n);
+  CU_ASSERT_PTR_EQUAL(m.u.hello_ack.entries, buf + WIRE_HDR_LEN + 14 + 9);
+  CU_ASSERT_EQUAL(m.u.hello_ack.entries_len, len - WIRE_HDR_LEN - 14 - 9);
+
+  const uint8_t *cur = m.u.hello_ack.entries;
+  size_t left = m.u.hello_ack.entries_len;
+  uint32_t seen = 0;
+  while (wire_mem_entry_next(&cur, &left, &e)) {
+    CU_ASSERT_FATAL(seen < n);
+    const char *tag = ents[seen].tag ? ents[seen].tag : "";
+    CU_ASSERT_EQUAL(e.addr, ents[seen].addr);
+    CU_ASSERT_EQUAL(e.len, ents[seen].len);
+    CU_ASSERT_EQUAL_FATAL(e.tag_len, strlen(tag));
+    CU_ASSERT_EQUAL(memcmp(e.tag, tag, e.tag_len), 0);
+    CU_ASSERT(inside(e.tag, e.tag_len, buf, len));
+    seen++;
+  }
+  CU_ASSERT_EQUAL(seen, n);
+  CU_ASSERT_EQUAL(left, 0);
+  CU_ASSERT_PTR_EQUAL(cur, buf + len);
+  /* Past the end it stays false and leaves the cursor alone. */
+  CU_ASSERT_FALSE(wire_mem_entry_next(&cur, &left, &e));
+  CU_ASSERT_PTR_EQUAL(cur, buf + len);
+}
+
+static void test_rt_hello_ack_empty(void) {
+  uint8_t buf[64];
+  struct wire_msg m;
+  struct wire_mem_entry e;
+
+  size_t len = build_hello_ack(buf, sizeof(buf), WIRE_HELLO_VERSION, "", NULL, 0);
+  CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + 14);
+  CU_ASSERT_EQUAL_FATAL(parse_frame(buf, len, &m), WIRE_OK);
+  CU_ASSERT_EQUAL(m.u.hello_ack.status, WIRE_HELLO_VERSION);
+  CU_ASSERT_EQUAL(m.u.hello_ack.name_len, 0);
+  CU_ASSERT_EQUAL(m.u.hello_ack.count, 0);
+  CU_ASSERT_EQUAL(m.u.hello_ack.entries_len, 0);
+  const uint8_t *cur = m.u.hello_ack.entries;
+  size_t left = m.u.hello_ack.entries_len;
+  CU_ASSERT_FALSE(wire_mem_entry_next(&cur, &left, &e));
+}
+
+/* The largest table: WIRE_MAX_MEM_ENTRIES entries decode, one more does not. */
+static void test_rt_hello_ack_max(void) {
+  const size_t cap = WIRE_HDR_LEN + 14 + 4 + (WIRE_MAX_MEM_ENTRIES + 1) * (18 + 8);
+  uint8_t *buf = malloc(cap);
+  struct ent *ents = calloc(WIRE_MAX_MEM_ENTRIES + 1, sizeof(*ents));
+  struct wire_msg m;
+  struct wire_mem_entry e;
+  CU_ASSERT_FATAL(buf && ents);
+
+  for (uint32_t i = 0; i <= WIRE_MAX_MEM_ENTRIES; i++)
+    ents[i] = (struct ent){0x100000ull * i, 4096 + i, "blk"};
+  size_t len = build_hello_ack(buf, cap, 0, "big", ents, WIRE_MAX_MEM_ENTRIES);
+  CU_ASSERT_FATAL(len > 0);
+  CU_ASSERT_EQUAL_FATAL(parse_frame(buf, len, &m), WIRE_OK);
+  CU_ASSERT_EQUAL(m.u.hello_ack.count, WIRE_MAX_MEM_ENTRIES);
+  const uint8_t *cur = m.u.hello_ack.entries;
+  size_t left = m.u.hello_ack.entries_len;
+  uint32_t seen = 0;
+  while (wire_mem_entry_next(&cur, &left, &e)) {
+    CU_ASSERT_EQUAL(e.addr, ents[seen].addr);
+    CU_ASSERT_EQUAL(e.len, ents[seen].len);
+    seen++;
+  }
+  CU_ASSERT_EQUAL(seen, WIRE_MAX_MEM_ENTRIES);
+
+  len = build_hello_ack(buf, cap, 0, "big", ents, WIRE_MAX_MEM_ENTRIES + 1);
+  CU_ASSERT_FATAL(len > 0);
+  CU_ASSERT_EQUAL(parse_frame(buf, len, &m), WIRE_EBODY);
+  free(ents);
+  free(buf);
+}
+
+static void test_rt_mem(void) {
+  uint8_t buf[WIRE_HDR_LEN + 18 + WIRE_MAX_TAG];
+  struct wire_wr w;
+  struct wire_msg m;
+
+  wire_begin(&w, buf, sizeof(buf), WIRE_MEM_ADD);
+  wire_put_mem_entry(&w, 0xdeadbeef000ull, 123456789, "kv.v");
+  size_t len = wire_end(&w, 0);
+  CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + 18 + 4);
+  CU_ASSERT_EQUAL_FATAL(parse_frame(buf, len, &m), WIRE_OK);
+  CU_ASSERT_EQUAL(m.u.mem.addr, 0xdeadbeef000ull);
+  CU_ASSERT_EQUAL(m.u.mem.len, 123456789);
+  CU_ASSERT_EQUAL_FATAL(m.u.mem.tag_len, 4);
+  CU_ASSERT_EQUAL(memcmp(m.u.mem.tag, "kv.v", 4), 0);
+  CU_ASSERT_PTR_EQUAL(m.u.mem.tag, buf + WIRE_HDR_LEN + 18);
+
+  wire_begin(&w, buf, sizeof(buf), WIRE_MEM_DEL);
+  wire_put_mem_entry(&w, 0xdeadbeef000ull, 123456789, NULL);
+  len = wire_end(&w, 0);
+  CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + 18);
+  CU_ASSERT_EQUAL_FATAL(parse_frame(buf, len, &m), WIRE_OK);
+  CU_ASSERT_EQUAL(m.hdr.type, WIRE_MEM_DEL);
+  CU_ASSERT_EQUAL(m.u.mem.addr, 0xdeadbeef000ull);
+  CU_ASSERT_EQUAL(m.u.mem.len, 123456789);
+  CU_ASSERT_EQUAL(m.u.mem.tag_len, 0);
+}
+
+static void test_rt_write_req(void) {
+  uint8_t a[WIRE_SMALL_FRAME], b[WIRE_SMALL_FRAME];
+  struct wire_wr w;
+  struct wire_msg m;
+
+  size_t len = wire_put_write_req(a, 0xfedcba9876543210ull, 0x7f0000001000ull, 65536);
+  CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + 16);
+  CU_ASSERT_EQUAL_FATAL(parse_frame(a, len, &m), WIRE_OK);
+  CU_ASSERT_EQUAL(m.hdr.payload_len, 65536);
+  CU_ASSERT_EQUAL(m.u.write_req.seq, 0xfedcba9876543210ull);
+  CU_ASSERT_EQUAL(m.u.write_req.raddr, 0x7f0000001000ull);
+
+  /* The hot-path helper and the generic builder agree byte for byte. */
+  wire_begin(&w, b, sizeof(b), WIRE_WRITE_REQ);
+  wire_put_u64(&w, 0xfedcba9876543210ull);
+  wire_put_u64(&w, 0x7f0000001000ull);
+  CU_ASSERT_EQUAL_FATAL(wire_end(&w, 65536), len);
+  CU_ASSERT_EQUAL(memcmp(a, b, len), 0);
+
+  len = wire_put_write_req(a, 1, 2, WIRE_MAX_PAYLOAD);
+  CU_ASSERT_EQUAL(parse_frame(a, len, &m), WIRE_OK);
+}
+
+static void test_rt_read_req(void) {
+  uint8_t buf[WIRE_SMALL_FRAME];
+  struct wire_msg m;
+  static const uint32_t lens[] = {1, 4096, WIRE_MAX_PAYLOAD};
+
+  for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+    size_t len = wire_put_read_req(buf, 42 + i, 0xabcdef000ull, lens[i]);
+    CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + 20);
+    CU_ASSERT_EQUAL_FATAL(parse_frame(buf, len, &m), WIRE_OK);
+    CU_ASSERT_EQUAL(m.hdr.payload_len, 0);
+    CU_ASSERT_EQUAL(m.u.read_req.seq, 42 + i);
+    CU_ASSERT_EQUAL(m.u.read_req.raddr, 0xabcdef000ull);
+    CU_ASSERT_EQUAL(m.u.read_req.len, lens[i]);
+  }
+}
+
+static void test_rt_acks(void) {
+  uint8_t buf[WIRE_SMALL_FRAME];
+  struct wire_msg m;
+  static const struct {
+    enum wire_type type;
+    uint32_t status, payload;
+  } cases[] = {
+      {WIRE_WRITE_ACK, 0, 0},  {WIRE_WRITE_ACK, 503900, 0},           {WIRE_READ_RESP, 0, 0},
+      {WIRE_READ_RESP, 0, 1},  {WIRE_READ_RESP, 0, WIRE_MAX_PAYLOAD}, {WIRE_READ_RESP, 103900, 0},
+      {WIRE_NOTIFY_ACK, 0, 0}, {WIRE_NOTIFY_ACK, 0xffffffffu, 0},
+  };
+
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    uint64_t seq = 0x8000000000000000ull | i;
+    size_t len = wire_put_ack(buf, cases[i].type, seq, cases[i].status, cases[i].payload);
+    CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + 12);
+    CU_ASSERT_EQUAL_FATAL(parse_frame(buf, len, &m), WIRE_OK);
+    CU_ASSERT_EQUAL(m.hdr.type, cases[i].type);
+    CU_ASSERT_EQUAL(m.hdr.payload_len, cases[i].payload);
+    CU_ASSERT_EQUAL(m.u.ack.seq, seq);
+    CU_ASSERT_EQUAL(m.u.ack.status, cases[i].status);
+  }
+}
+
+static size_t build_notify(uint8_t *buf, size_t cap, uint64_t seq, const char *name, size_t nl,
+                           const char *msg, size_t ml) {
+  struct wire_wr w;
+  wire_begin(&w, buf, cap, WIRE_NOTIFY);
+  wire_put_u64(&w, seq);
+  wire_put_u16(&w, (uint16_t)nl);
+  wire_put_u16(&w, (uint16_t)ml);
+  wire_put_bytes(&w, name, nl);
+  wire_put_bytes(&w, msg, ml);
+  return wire_end(&w, 0);
+}
+
+static void test_rt_notify(void) {
+  static uint8_t buf[WIRE_HDR_LEN + 12 + 2 * WIRE_MAX_NOTIFY];
+  static char name[WIRE_MAX_NOTIFY], msg[WIRE_MAX_NOTIFY];
+  struct wire_msg m;
+  static const size_t sizes[][2] = {{0, 0}, {5, 0}, {0, 9}, {3, 11}, {WIRE_MAX_NOTIFY, WIRE_MAX_NOTIFY}};
+
+  for (size_t i = 0; i < sizeof(name); i++) {
+    name[i] = (char)('a' + i % 26);
+    msg[i] = (char)('A' + i % 26);
+  }
+  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+    size_t nl = sizes[i][0], ml = sizes[i][1];
+    size_t len = build_notify(buf, sizeof(buf), 77 + i, name, nl, msg, ml);
+    CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + 12 + nl + ml);
+    CU_ASSERT_EQUAL_FATAL(parse_frame(buf, len, &m), WIRE_OK);
+    CU_ASSERT_EQUAL(m.u.notify.seq, 77 + i);
+    CU_ASSERT_EQUAL_FATAL(m.u.notify.name_len, nl);
+    CU_ASSERT_EQUAL_FATAL(m.u.notify.msg_len, ml);
+    CU_ASSERT_PTR_EQUAL(m.u.notify.name, buf + WIRE_HDR_LEN + 12);
+    CU_ASSERT_PTR_EQUAL(m.u.notify.msg, buf + WIRE_HDR_LEN + 12 + nl);
+    CU_ASSERT_EQUAL(memcmp(m.u.notify.name, name, nl), 0);
+    CU_ASSERT_EQUAL(memcmp(m.u.notify.msg, msg, ml), 0);
+  }
+}
+
+/* A stream of frames back to back parses frame by frame. */
+static void test_rt_stream(void) {
+  uint8_t buf[256];
+  size_t off = 0;
+  struct wire_wr w;
+  struct wire_msg m;
+  struct wire_hdr h;
+  static const uint8_t types[] = {WIRE_HELLO, WIRE_READ_REQ, WIRE_WRITE_ACK, WIRE_NOTIFY};
+
+  wire_begin(&w, buf, sizeof(buf), WIRE_HELLO);
+  wire_put_u32(&w, 0);
+  wire_put_u16(&w, 1);
+  wire_put_bytes(&w, "x", 1);
+  off += wire_end(&w, 0);
+  off += wire_put_read_req(buf + off, 1, 0x1000, 8);
+  off += wire_put_ack(buf + off, WIRE_WRITE_ACK, 2, 0, 0);
+  off += build_notify(buf + off, sizeof(buf) - off, 3, "n", 1, "m", 1);
+
+  size_t at = 0;
+  for (size_t i = 0; i < sizeof(types); i++) {
+    CU_ASSERT_FATAL(off - at >= WIRE_HDR_LEN);
+    CU_ASSERT_EQUAL_FATAL(wire_parse_hdr(buf + at, &h), WIRE_OK);
+    CU_ASSERT_EQUAL(h.type, types[i]);
+    CU_ASSERT_FATAL(off - at - WIRE_HDR_LEN >= h.body_len);
+    CU_ASSERT_EQUAL(wire_decode(&h, buf + at + WIRE_HDR_LEN, &m), WIRE_OK);
+    at += WIRE_HDR_LEN + h.body_len;
+  }
+  CU_ASSERT_EQUAL(at, off);
+}
+
+/* ---- malformed bodies ---- */
+
+static void test_bad_hello(void) {
+  uint8_t body[6 + 10];
+  struct wire_msg m;
+
+  memset(body, 'z', sizeof(body));
+  put32(body, 0);
+  put16(body + 4, 10);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO, body, 16, 0, &m), WIRE_OK);
+  put16(body + 4, 11); /* claims more than the body has */
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO, body, 16, 0, &m), WIRE_EBODY);
+  put16(body + 4, 9); /* one byte of garbage after the name */
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO, body, 16, 0, &m), WIRE_EBODY);
+  put16(body + 4, 0xffff);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO, body, 16, 0, &m), WIRE_EBODY);
+  put16(body + 4, 10);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO, body, 6, 0, &m), WIRE_EBODY);
+}
+
+/* HELLO_ACK body: status, caps, name_len, name, count, then entries. */
+static size_t raw_hello_ack(uint8_t *b, uint16_t nl, uint32_t count) {
+  put32(b, 0);
+  put32(b + 4, WIRE_CAP_TCP_DATA);
+  put16(b + 8, nl);
+  memset(b + 10, 'n', nl);
+  put32(b + 10 + nl, count);
+  return 14u + nl;
+}
+static size_t raw_entry(uint8_t *b, uint64_t addr, uint64_t len, uint16_t tl) {
+  put64(b, addr);
+  put64(b + 8, len);
+  put16(b + 16, tl);
+  memset(b + 18, 'T', tl);
+  return 18u + tl;
+}
+
+static void test_bad_hello_ack(void) {
+  static uint8_t b[2048];
+  struct wire_msg m;
+  size_t n;
+
+  /* count larger than the entries present */
+  n = raw_hello_ack(b, 3, 3);
+  n += raw_entry(b + n, 1, 2, 3);
+  n += raw_entry(b + n, 3, 4, 0);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n, 0, &m), WIRE_EBODY);
+  put32(b + 10 + 3, 2);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n, 0, &m), WIRE_OK);
+  /* count smaller: the last entry becomes trailing bytes */
+  put32(b + 10 + 3, 1);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n, 0, &m), WIRE_EBODY);
+  put32(b + 10 + 3, 0);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n, 0, &m), WIRE_EBODY);
+  /* one trailing byte after complete entries */
+  put32(b + 10 + 3, 2);
+  b[n] = 0;
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n + 1, 0, &m), WIRE_EBODY);
+  /* a truncated last entry */
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n - 1, 0, &m), WIRE_EBODY);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n - 18, 0, &m), WIRE_EBODY);
+  /* a huge count with no entries at all */
+  n = raw_hello_ack(b, 0, 0xffffffffu);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n, 0, &m), WIRE_EBODY);
+  n = raw_hello_ack(b, 0, WIRE_MAX_MEM_ENTRIES + 1);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n, 0, &m), WIRE_EBODY);
+
+  /* tag_len over WIRE_MAX_TAG, even though the body holds every byte of it */
+  n = raw_hello_ack(b, 0, 1);
+  size_t at = n;
+  n += raw_entry(b + n, 1, 2, WIRE_MAX_TAG);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n, 0, &m), WIRE_OK);
+  n = raw_hello_ack(b, 0, 1);
+  n += raw_entry(b + at, 1, 2, WIRE_MAX_TAG + 1);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n, 0, &m), WIRE_EBODY);
+  /* tag_len running past the body */
+  n = raw_hello_ack(b, 0, 1);
+  n += raw_entry(b + n, 1, 2, 10);
+  put16(b + at + 16, 11);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n, 0, &m), WIRE_EBODY);
+  put16(b + at + 16, 0xffff);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n, 0, &m), WIRE_EBODY);
+
+  /* name_len over WIRE_MAX_NAME, or leaving no room for count */
+  n = raw_hello_ack(b, WIRE_MAX_NAME, 0);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n, 0, &m), WIRE_OK);
+  n = raw_hello_ack(b, WIRE_MAX_NAME + 1, 0);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n, 0, &m), WIRE_EBODY);
+  n = raw_hello_ack(b, 1, 0);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, 14, 0, &m), WIRE_EBODY);
+  n = raw_hello_ack(b, 4, 0);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n - 1, 0, &m), WIRE_EBODY);
+}
+
+static void test_bad_mem(void) {
+  uint8_t b[18 + WIRE_MAX_TAG + 1];
+  struct wire_msg m;
+
+  size_t n = raw_entry(b, 1, 2, 5);
+  CU_ASSERT_EQUAL(decode_body(WIRE_MEM_ADD, b, (uint32_t)n, 0, &m), WIRE_OK);
+  CU_ASSERT_EQUAL(decode_body(WIRE_MEM_ADD, b, (uint32_t)n - 1, 0, &m), WIRE_EBODY);
+  b[n] = 0;
+  CU_ASSERT_EQUAL(decode_body(WIRE_MEM_ADD, b, (uint32_t)n + 1, 0, &m), WIRE_EBODY);
+  /* The largest MEM_ADD body with a tag_len one over the limit. */
+  n = raw_entry(b, 1, 2, WIRE_MAX_TAG);
+  put16(b + 16, WIRE_MAX_TAG + 1);
+  CU_ASSERT_EQUAL(decode_body(WIRE_MEM_ADD, b, (uint32_t)n, 0, &m), WIRE_EBODY);
+  /* MEM_DEL carries no tag. */
+  n = raw_entry(b, 1, 2, 0);
+  CU_ASSERT_EQUAL(decode_body(WIRE_MEM_DEL, b, (uint32_t)n, 0, &m), WIRE_OK);
+  put16(b + 16, 1);
+  CU_ASSERT_EQUAL(decode_body(WIRE_MEM_DEL, b, (uint32_t)n, 0, &m), WIRE_EBODY);
+}
+
+static void test_bad_notify(void) {
+  static uint8_t b[12 + 2 * WIRE_MAX_NOTIFY];
+  struct wire_msg m;
+
+  memset(b, 'x', sizeof(b));
+  put64(b, 9);
+  /* name or msg over 1024 although the body holds exactly that many bytes */
+  put16(b + 8, WIRE_MAX_NOTIFY + 1);
+  put16(b + 10, 0);
+  CU_ASSERT_EQUAL(decode_body(WIRE_NOTIFY, b, 12 + WIRE_MAX_NOTIFY + 1, 0, &m), WIRE_EBODY);
+  put16(b + 8, 0);
+  put16(b + 10, WIRE_MAX_NOTIFY + 1);
+  CU_ASSERT_EQUAL(decode_body(WIRE_NOTIFY, b, 12 + WIRE_MAX_NOTIFY + 1, 0, &m), WIRE_EBODY);
+  put16(b + 8, WIRE_MAX_NOTIFY + 1);
+  put16(b + 10, WIRE_MAX_NOTIFY - 1);
+  CU_ASSERT_EQUAL(decode_body(WIRE_NOTIFY, b, sizeof(b), 0, &m), WIRE_EBODY);
+  put16(b + 8, 0xffff);
+  put16(b + 10, 0xffff);
+  CU_ASSERT_EQUAL(decode_body(WIRE_NOTIFY, b, sizeof(b), 0, &m), WIRE_EBODY);
+  /* lengths not adding up to the body */
+  put16(b + 8, 10);
+  put16(b + 10, 10);
+  CU_ASSERT_EQUAL(decode_body(WIRE_NOTIFY, b, 32, 0, &m), WIRE_OK);
+  CU_ASSERT_EQUAL(decode_body(WIRE_NOTIFY, b, 31, 0, &m), WIRE_EBODY);
+  CU_ASSERT_EQUAL(decode_body(WIRE_NOTIFY, b, 33, 0, &m), WIRE_EBODY);
+}
+
+/* A refused body must not leave pointers in the message that point outside it:
+ * before the fix, NOTIFY set msg = body + 12 + name_len before checking name_len
+ * against the body, so a 12-byte body claiming a 1024-byte name left msg 1024
+ * bytes past the end (and computing it is undefined behaviour). */
+static void test_bad_notify_pointers(void) {
+  /* The body is the last 12 bytes of an allocation, so anything past it is foreign. */
+  uint8_t *b = malloc(12);
+  struct wire_msg m;
+  CU_ASSERT_FATAL(b != NULL);
+
+  put64(b, 1);
+  put16(b + 8, WIRE_MAX_NOTIFY);
+  put16(b + 10, 0);
+  CU_ASSERT_EQUAL(decode_body(WIRE_NOTIFY, b, 12, 0, &m), WIRE_EBODY);
+  CU_ASSERT(m.u.notify.name == NULL || inside(m.u.notify.name, 0, b, 12));
+  CU_ASSERT(m.u.notify.msg == NULL || inside(m.u.notify.msg, 0, b, 12));
+  put16(b + 8, 0xffff);
+  put16(b + 10, 0xffff);
+  CU_ASSERT_EQUAL(decode_body(WIRE_NOTIFY, b, 12, 0, &m), WIRE_EBODY);
+  CU_ASSERT(m.u.notify.name == NULL || inside(m.u.notify.name, 0, b, 12));
+  CU_ASSERT(m.u.notify.msg == NULL || inside(m.u.notify.msg, 0, b, 12));
+  free(b);
+}
+
+static void test_bad_read_req(void) {
+  uint8_t b[20];
+  struct wire_msg m;
+
+  put64(b, 1);
+  put64(b + 8, 0x1000);
+  put32(b + 16, 0);
+  CU_ASSERT_EQUAL(decode_body(WIRE_READ_REQ, b, 20, 0, &m), WIRE_EBODY);
+  put32(b + 16, WIRE_MAX_PAYLOAD + 1);
+  CU_ASSERT_EQUAL(decode_body(WIRE_READ_REQ, b, 20, 0, &m), WIRE_EBODY);
+  put32(b + 16, 0xffffffffu);
+  CU_ASSERT_EQUAL(decode_body(WIRE_READ_REQ, b, 20, 0, &m), WIRE_EBODY);
+  put32(b + 16, WIRE_MAX_PAYLOAD);
+  CU_ASSERT_EQUAL(decode_body(WIRE_READ_REQ, b, 20, 0, &m), WIRE_OK);
+}
+
+static void test_bad_read_resp(void) {
+  uint8_t b[12];
+  struct wire_msg m;
+
+  put64(b, 5);
+  put32(b + 8, 503900); /* a failure carries no data */
+  CU_ASSERT_EQUAL(decode_body(WIRE_READ_RESP, b, 12, 1, &m), WIRE_EBODY);
+  CU_ASSERT_EQUAL(decode_body(WIRE_READ_RESP, b, 12, WIRE_MAX_PAYLOAD, &m), WIRE_EBODY);
+  CU_ASSERT_EQUAL(decode_body(WIRE_READ_RESP, b, 12, 0, &m), WIRE_OK);
+  CU_ASSERT_EQUAL(m.u.ack.status, 503900);
+  put32(b + 8, 0);
+  CU_ASSERT_EQUAL(decode_body(WIRE_READ_RESP, b, 12, 4096, &m), WIRE_OK);
+}
+
+static void test_bad_write_req(void) {
+  uint8_t b[16];
+  struct wire_msg m;
+
+  put64(b, 5);
+  put64(b + 8, 0x2000);
+  CU_ASSERT_EQUAL(decode_body(WIRE_WRITE_REQ, b, 16, 0, &m), WIRE_EBODY);
+  CU_ASSERT_EQUAL(decode_body(WIRE_WRITE_REQ, b, 16, 1, &m), WIRE_OK);
+}
+
+/* ---- builder ---- */
+
+static void test_builder_overflow(void) {
+  uint8_t buf[64];
+  struct wire_wr w;
+
+  /* Too small for the header. */
+  wire_begin(&w, buf, WIRE_HDR_LEN - 1, WIRE_WRITE_ACK);
+  wire_put_u64(&w, 1);
+  CU_ASSERT_EQUAL(wire_end(&w, 0), 0);
+  wire_begin(&w, buf, 0, WIRE_WRITE_ACK);
+  CU_ASSERT_EQUAL(wire_end(&w, 0), 0);
+
+  /* Exact fit works; one byte short does not. */
+  wire_begin(&w, buf, WIRE_HDR_LEN + 12, WIRE_WRITE_ACK);
+  wire_put_u64(&w, 1);
+  wire_put_u32(&w, 0);
+  CU_ASSERT_EQUAL(wire_end(&w, 0), WIRE_HDR_LEN + 12);
+  wire_begin(&w, buf, WIRE_HDR_LEN + 11, WIRE_WRITE_ACK);
+  wire_put_u64(&w, 1);
+  wire_put_u32(&w, 0);
+  CU_ASSERT_EQUAL(wire_end(&w, 0), 0);
+  CU_ASSERT(w.overflow);
+
+  /* Overflow is sticky: a later write that would fit does not clear it. */
+  wire_begin(&w, buf, WIRE_HDR_LEN + 4, WIRE_WRITE_ACK);
+  wire_put_u64(&w, 1);
+  wire_put_u16(&w, 2);
+  CU_ASSERT_EQUAL(wire_end(&w, 0), 0);
+
+  /* Overflowing writes leave the bytes past cap untouched. */
+  memset(buf, 0xcc, sizeof(buf));
+  wire_begin(&w, buf, WIRE_HDR_LEN + 2, WIRE_HELLO);
+  wire_put_bytes(&w, "abcdef", 6);
+  wire_put_mem_entry(&w, 1, 2, "tag");
+  CU_ASSERT_EQUAL(wire_end(&w, 0), 0);
+  for (size_t i = WIRE_HDR_LEN; i < sizeof(buf); i++) CU_ASSERT_EQUAL(buf[i], 0xcc);
+}
+
+/* A body larger than WIRE_MAX_BODY is refused by wire_end, even when it fits the buffer. */
+static void test_builder_max_body(void) {
+  size_t cap = WIRE_HDR_LEN + WIRE_MAX_BODY + 1;
+  uint8_t *buf = calloc(1, cap);
+  struct wire_wr w;
+  CU_ASSERT_FATAL(buf != NULL);
+
+  wire_begin(&w, buf, cap, WIRE_HELLO_ACK);
+  wire_put_bytes(&w, buf + WIRE_HDR_LEN, WIRE_MAX_BODY);
+  CU_ASSERT_EQUAL(wire_end(&w, 0), cap - 1);
+  wire_put_bytes(&w, "x", 1);
+  CU_ASSERT_FALSE(w.overflow);
+  CU_ASSERT_EQUAL(wire_end(&w, 0), 0);
+  free(buf);
+}
+
+static CU_TestInfo hdr_tests[] = {
+    {"bytes", test_hdr_bytes},
+    {"fields", test_hdr_parse_fields},
+    {"bad magic", test_hdr_bad_magic},
+    {"version", test_hdr_version},
+    {"type", test_hdr_type},
+    {"flags and reserved", test_hdr_flags_reserved},
+    {"body limits", test_hdr_body_limits},
+    {"payload", test_hdr_payload},
+    {"names", test_names},
+    CU_TEST_INFO_NULL,
+};
+static CU_TestInfo rt_tests[] = {
+    {"hello", test_rt_hello},
+    {"hello_ack", test_rt_hello_ack},
+    {"hello_ack empty", test_rt_hello_ack_empty},
+    {"hello_ack max entries", test_rt_hello_ack_max},
+    {"mem add/del", test_rt_mem},
+    {"write_req", test_rt_write_req},
+    {"read_req", test_rt_read_req},
+    {"acks", test_rt_acks},
+    {"notify", test_rt_notify},
+    {"stream", test_rt_stream},
+    CU_TEST_INFO_NULL,
+};
+static CU_TestInfo bad_tests[] = {
+    {"hello", test_bad_hello},
+    {"hello_ack", test_bad_hello_ack},
+    {"mem", test_bad_mem},
+    {"notify", test_bad_notify},
+    {"notify pointers", test_bad_notify_pointers},
+    {"read_req", test_bad_read_req},
+    {"read_resp", test_bad_read_resp},
+    {"write_req", test_bad_write_req},
+    CU_TEST_INFO_NULL,
+};
+static CU_TestInfo builder_tests[] = {
+    {"overflow", test_builder_overflow},
+    {"max body", test_builder_max_body},
+    CU_TEST_INFO_NULL,
+};
+static CU_SuiteInfo suites[] = {
+    {.pName = "wire header", .pTests = hdr_tests},
+    {.pName = "wire round trip", .pTests = rt_tests},
+    {.pName = "wire malformed", .pTests = bad_tests},
+    {.pName = "wire builder", .pTests = builder_tests},
+    CU_SUITE_INFO_NULL,
+};
+
+int main(void) {
+  if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+  if (CU_register_suites(suites) != CUE_SUCCESS) {
+    fprintf(stderr, "test_wire: %s\n", CU_get_error_msg());
+    CU_cleanup_registry();
+    return 1;
+  }
+  CU_basic_set_mode(CU_BRM_VERBOSE);
+  CU_basic_run_tests();
+  unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+  CU_cleanup_registry();
+  return failed ? 1 : 0;
+}
