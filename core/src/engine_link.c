@@ -88,6 +88,9 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
            c->remote_name[0] ? c->remote_name : "(handshaking peer)", why);
   if (c->pay_reg) c->pay_reg->inflight--;
   c->pay_reg = NULL;
+  if (c->pay_chunk) link_chunk_end(c->pay_chunk, st, msg); /* READ data cut off mid-payload */
+  c->pay_chunk = NULL;
+  c->pay_left = 0;
   /* Unsent frames: chunks end with the link's fate, responses are dropped. */
   while (c->txq_head) {
     struct txitem *it = c->txq_head;
