@@ -205,6 +205,8 @@ static const struct {
     {WIRE_READ_RESP, 12, 12, 1},
     {WIRE_NOTIFY, 12, 12 + 2 * WIRE_MAX_NOTIFY, 0},
     {WIRE_NOTIFY_ACK, 12, 12, 0},
+    {WIRE_SYNC, 8, 8, 0},
+    {WIRE_SYNC_ACK, 12, 12, 0},
 };
 #define NLIMITS (sizeof(limits) / sizeof(limits[0]))
 
@@ -243,6 +245,8 @@ static void test_names(void) {
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_HELLO), "HELLO");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_READ_RESP), "READ_RESP");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_NOTIFY_ACK), "NOTIFY_ACK");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SYNC), "SYNC");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SYNC_ACK), "SYNC_ACK");
   CU_ASSERT_STRING_EQUAL(wire_type_name(0), "?");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_TYPE_MAX_ + 1), "?");
   CU_ASSERT_STRING_EQUAL(wire_type_name(~0u), "?");
@@ -467,9 +471,10 @@ static void test_rt_acks(void) {
     enum wire_type type;
     uint32_t status, payload;
   } cases[] = {
-      {WIRE_WRITE_ACK, 0, 0},  {WIRE_WRITE_ACK, 503900, 0},           {WIRE_READ_RESP, 0, 0},
-      {WIRE_READ_RESP, 0, 1},  {WIRE_READ_RESP, 0, WIRE_MAX_PAYLOAD}, {WIRE_READ_RESP, 103900, 0},
-      {WIRE_NOTIFY_ACK, 0, 0}, {WIRE_NOTIFY_ACK, 0xffffffffu, 0},
+      {WIRE_WRITE_ACK, 0, 0},     {WIRE_WRITE_ACK, 503900, 0},           {WIRE_READ_RESP, 0, 0},
+      {WIRE_READ_RESP, 0, 1},     {WIRE_READ_RESP, 0, WIRE_MAX_PAYLOAD}, {WIRE_READ_RESP, 103900, 0},
+      {WIRE_NOTIFY_ACK, 0, 0},    {WIRE_NOTIFY_ACK, 0xffffffffu, 0},     {WIRE_SYNC_ACK, 0, 0},
+      {WIRE_SYNC_ACK, 503900, 0},
   };
 
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -482,6 +487,19 @@ static void test_rt_acks(void) {
     CU_ASSERT_EQUAL(m.u.ack.seq, seq);
     CU_ASSERT_EQUAL(m.u.ack.status, cases[i].status);
   }
+}
+
+static void test_rt_sync(void) {
+  uint8_t buf[WIRE_SMALL_FRAME];
+  struct wire_msg m;
+  size_t len = wire_put_sync(buf, 0x0102030405060708ull);
+  CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + 8);
+  CU_ASSERT_EQUAL_FATAL(parse_frame(buf, len, &m), WIRE_OK);
+  CU_ASSERT_EQUAL(m.hdr.type, WIRE_SYNC);
+  CU_ASSERT_EQUAL(m.hdr.payload_len, 0);
+  CU_ASSERT_EQUAL(m.u.ack.seq, 0x0102030405060708ull);
+  CU_ASSERT_EQUAL(buf[WIRE_HDR_LEN], 0x01); /* big-endian on the wire */
+  CU_ASSERT_EQUAL(buf[WIRE_HDR_LEN + 7], 0x08);
 }
 
 static size_t build_notify(uint8_t *buf, size_t cap, uint64_t seq, const char *name, size_t nl,
@@ -832,6 +850,7 @@ static CU_TestInfo rt_tests[] = {
     {"write_req", test_rt_write_req},
     {"read_req", test_rt_read_req},
     {"acks", test_rt_acks},
+    {"sync", test_rt_sync},
     {"notify", test_rt_notify},
     {"stream", test_rt_stream},
     CU_TEST_INFO_NULL,

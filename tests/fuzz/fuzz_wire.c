@@ -48,6 +48,8 @@ static const struct {
     [WIRE_READ_RESP] = {12, 12, WIRE_MAX_PAYLOAD},
     [WIRE_NOTIFY] = {12, 12 + 2 * WIRE_MAX_NOTIFY, 0},
     [WIRE_NOTIFY_ACK] = {12, 12, 0},
+    [WIRE_SYNC] = {8, 8, 0},
+    [WIRE_SYNC_ACK] = {12, 12, 0},
 };
 
 /* Whatever wire_parse_hdr says must agree with the raw bytes. */
@@ -111,9 +113,11 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
   case WIRE_READ_REQ:
     got = wire_put_read_req(buf, m->u.read_req.seq, m->u.read_req.raddr, m->u.read_req.len);
     break;
+  case WIRE_SYNC: got = wire_put_sync(buf, m->u.ack.seq); break;
   case WIRE_WRITE_ACK:
   case WIRE_READ_RESP:
   case WIRE_NOTIFY_ACK:
+  case WIRE_SYNC_ACK:
     got = wire_put_ack(buf, (enum wire_type)h->type, m->u.ack.seq, m->u.ack.status, h->payload_len);
     break;
   default:
@@ -233,7 +237,9 @@ static void check_msg(enum wire_err e, const struct wire_hdr *h, const uint8_t *
     if (e == WIRE_OK) CHECK(m->u.ack.status == 0 || h->payload_len == 0);
     break;
   case WIRE_WRITE_ACK:
-  case WIRE_NOTIFY_ACK: CHECK(e == WIRE_OK && h->payload_len == 0); break;
+  case WIRE_NOTIFY_ACK:
+  case WIRE_SYNC:
+  case WIRE_SYNC_ACK: CHECK(e == WIRE_OK && h->payload_len == 0); break;
   case WIRE_NOTIFY:
     CHECK(null_or_inside(m->u.notify.name, b, n));
     CHECK(null_or_inside(m->u.notify.msg, b, n));

@@ -27,7 +27,7 @@ hdr() {
 entry() { u64 "$1"; u64 "$2"; u16 ${#3}; str "$3"; } # entry ADDR LEN TAG
 
 HELLO=1 HELLO_ACK=2 MEM_ADD=3 MEM_DEL=4 WRITE_REQ=5 WRITE_ACK=6 READ_REQ=7
-READ_RESP=8 NOTIFY=9 NOTIFY_ACK=10
+READ_RESP=8 NOTIFY=9 NOTIFY_ACK=10 SYNC=11 SYNC_ACK=12
 
 # ---- valid frames ----
 hello() { hdr $HELLO 11 0; u32 1; u16 5; str dec-0; }
@@ -49,6 +49,8 @@ read_req >"$out/ok_read_req"
 { hdr $NOTIFY 22 0; u64 4; u16 4; u16 6; str done; str req-17; } >"$out/ok_notify"
 notify_ack() { hdr $NOTIFY_ACK 12 0; u64 4; u32 0; }
 notify_ack >"$out/ok_notify_ack"
+{ hdr $SYNC 8 0; u64 5; } >"$out/ok_sync"
+{ hdr $SYNC_ACK 12 0; u64 5; u32 0; } >"$out/ok_sync_ack"
 { hello; read_req; write_req; notify_ack; } >"$out/ok_stream"
 
 # ---- frames to refuse ----
