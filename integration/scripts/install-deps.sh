@@ -2,7 +2,7 @@
 # Install what hixl needs to build, test and benchmark, from Debian packages only.
 # Idempotent: does nothing when every package is already installed.
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config clang clang-format libcunit1-dev libjson-c-dev
+pkgs=(build-essential cmake pkg-config clang libclang-rt-14-dev clang-format libcunit1-dev libjson-c-dev
       iperf3 ucx-utils iproute2 procps)
 missing=()
 for p in "${pkgs[@]}"; do
