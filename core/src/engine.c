@@ -71,6 +71,7 @@ HixlStatus HixlEngineCreate(HixlEngine **engine) {
   HixlEngine *e = calloc(1, sizeof(*e));
   if (!e) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineCreate: out of memory");
   pthread_mutex_init(&e->lock, NULL);
+  pthread_mutex_init(&e->req_lock, NULL);
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&e->cond, &ca);
@@ -164,6 +165,7 @@ HixlStatus HixlEngineDestroy(HixlEngine *e) {
   }
   ptrset_free(&e->reqs);
   pthread_cond_destroy(&e->cond);
+  pthread_mutex_destroy(&e->req_lock);
   pthread_mutex_destroy(&e->lock);
   free(e);
   return HIXL_SUCCESS;
@@ -565,7 +567,10 @@ HixlStatus HixlEngineTransferAsync(HixlEngine *e, const char *remote, HixlTransf
   if (st != HIXL_SUCCESS) return st;
   r->is_async = true;
   r->user_data = user_data;
-  if (ptrset_add(&e->reqs, r) < 0) {
+  pthread_mutex_lock(&e->req_lock);
+  int added = ptrset_add(&e->reqs, r);
+  pthread_mutex_unlock(&e->req_lock);
+  if (added < 0) {
     r->cancelled = true;
     r->user_holds = false;
     link_req_maybe_free(r);
@@ -577,12 +582,12 @@ HixlStatus HixlEngineTransferAsync(HixlEngine *e, const char *remote, HixlTransf
   return HIXL_SUCCESS;
 }
 
-/* Lock e and find a request the caller still holds. */
+/* Find a request the caller still holds; returns with req_lock held on success. */
 static HixlStatus req_enter(HixlEngine *e, HixlTransferReq req, const char *fn) {
   if (!e) return hixl_fail(HIXL_PARAM_INVALID, "%s: engine is NULL", fn);
-  pthread_mutex_lock(&e->lock);
+  pthread_mutex_lock(&e->req_lock);
   if (!req || !ptrset_has(&e->reqs, req)) {
-    pthread_mutex_unlock(&e->lock);
+    pthread_mutex_unlock(&e->req_lock);
     return hixl_fail(HIXL_PARAM_INVALID, "%s: request %p is unknown or was already released", fn,
                      (void *)req);
   }
@@ -596,6 +601,22 @@ HixlStatus HixlEngineGetTransferStatus(HixlEngine *e, HixlTransferReq req, HixlT
   struct hixl_transfer_req *r = req;
   HixlTransferStatus s = HIXL_TRANSFER_WAITING;
   hixl_error_clear();
+  /* Polling a request in flight must not contend with the progress thread. */
+  if (__atomic_load_n(&r->outstanding, __ATOMIC_ACQUIRE) > 0 && hixl_now_ns() < r->deadline_ns) {
+    pthread_mutex_unlock(&e->req_lock);
+    *status = HIXL_TRANSFER_WAITING;
+    return HIXL_SUCCESS;
+  }
+  /* Final: settle it under the engine lock (lock order: lock, then req_lock). */
+  pthread_mutex_unlock(&e->req_lock);
+  pthread_mutex_lock(&e->lock);
+  pthread_mutex_lock(&e->req_lock);
+  if (!ptrset_has(&e->reqs, r)) { /* another thread settled it meanwhile */
+    pthread_mutex_unlock(&e->req_lock);
+    pthread_mutex_unlock(&e->lock);
+    return hixl_fail(HIXL_PARAM_INVALID, "HixlEngineGetTransferStatus: request %p was already released",
+                     (void *)r);
+  }
   if (r->outstanding == 0) {
     s = r->status == HIXL_SUCCESS   ? HIXL_TRANSFER_COMPLETED
         : r->status == HIXL_TIMEOUT ? HIXL_TRANSFER_TIMEOUT
@@ -612,6 +633,7 @@ HixlStatus HixlEngineGetTransferStatus(HixlEngine *e, HixlTransferReq req, HixlT
     r->user_holds = false;
     link_req_maybe_free(r);
   }
+  pthread_mutex_unlock(&e->req_lock);
   *status = s;
   pthread_mutex_unlock(&e->lock);
   return HIXL_SUCCESS;
@@ -622,7 +644,7 @@ HixlStatus HixlEngineGetTransferUserData(HixlEngine *e, HixlTransferReq req, voi
   HixlStatus st = req_enter(e, req, "HixlEngineGetTransferUserData");
   if (st != HIXL_SUCCESS) return st;
   *user_data = req->user_data;
-  pthread_mutex_unlock(&e->lock);
+  pthread_mutex_unlock(&e->req_lock);
   return HIXL_SUCCESS;
 }
 

@@ -124,8 +124,9 @@ struct HixlEngine {
   struct memtab regs;
   struct peer *peers;
   struct conn *conns;
-  struct conn *graveyard; /* killed, freed by the progress thread after a batch */
-  struct ptrset reqs;     /* async requests the caller holds */
+  struct conn *graveyard;   /* killed, freed by the progress thread after a batch */
+  struct ptrset reqs;       /* async requests the caller holds; under req_lock too */
+  pthread_mutex_t req_lock; /* taken after lock, or alone to poll a WAITING request */
   struct notify_item *notifies;
   size_t n_notifies, cap_notifies;
   uint8_t scratch[64 << 10]; /* sink for discarded payload */

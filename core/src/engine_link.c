@@ -40,7 +40,8 @@ void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why) {
     r->status = st;
     snprintf(r->err, sizeof(r->err), "%s", why);
   }
-  if (--r->outstanding == 0) {
+  /* Atomic: GetTransferStatus reads it holding only req_lock. */
+  if (__atomic_sub_fetch(&r->outstanding, 1, __ATOMIC_ACQ_REL) == 0) {
     pthread_cond_broadcast(&r->eng->cond);
     link_req_maybe_free(r);
   }
