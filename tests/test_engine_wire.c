@@ -260,15 +260,30 @@ static void test_truncated_then_gone(void) {
 
 /* ---- a fake target, for the initiator side ---- */
 
-enum fake_mode { FAKE_SILENT, FAKE_GARBAGE, FAKE_NEW_VERSION, FAKE_BAD_SEQ };
+enum fake_mode { FAKE_SILENT, FAKE_GARBAGE, FAKE_NEW_VERSION, FAKE_BAD_SEQ, FAKE_CLOSE_THEN_SERVE };
 
 struct fake {
   int lfd;
   uint16_t port;
   enum fake_mode mode;
   pthread_t th;
-  int pipe_done[2]; /* the test closes the write end to end the fake */
+  int pipe_done[2];   /* the test closes the write end to end the fake */
+  int pipe_closed[2]; /* FAKE_CLOSE_THEN_SERVE: written once the first link is closed */
 };
+
+static bool send_hello_ack(int fd, uint8_t version) {
+  uint8_t buf[64];
+  struct wire_wr w;
+  wire_begin(&w, buf, sizeof(buf), WIRE_HELLO_ACK);
+  wire_put_u32(&w, 0);
+  wire_put_u32(&w, WIRE_CAP_TCP_DATA);
+  wire_put_u16(&w, 4);
+  wire_put_bytes(&w, "fake", 4);
+  wire_put_u32(&w, 0);
+  size_t n = wire_end(&w, 0);
+  buf[4] = version;
+  return send_all(fd, buf, n);
+}
 
 static void *fake_main(void *arg) {
   struct fake *f = arg;
@@ -276,22 +291,22 @@ static void *fake_main(void *arg) {
   struct wire_hdr h;
   int fd = accept(f->lfd, NULL, NULL);
   if (fd < 0) return NULL;
-  if (f->mode != FAKE_SILENT && read_frame(fd, &h, buf, sizeof(buf))) {
-    struct wire_wr w;
+  if (f->mode == FAKE_CLOSE_THEN_SERVE) {
+    /* First link: handshake, then hang up while the link is idle. */
+    if (read_frame(fd, &h, buf, sizeof(buf))) send_hello_ack(fd, WIRE_VERSION);
+    close(fd);
+    (void)!write(f->pipe_closed[1], "c", 1);
+    fd = accept(f->lfd, NULL, NULL);
+    if (fd < 0) return NULL;
+    if (read_frame(fd, &h, buf, sizeof(buf))) send_hello_ack(fd, WIRE_VERSION);
+  }
+  if (f->mode != FAKE_SILENT && f->mode != FAKE_CLOSE_THEN_SERVE && read_frame(fd, &h, buf, sizeof(buf))) {
     size_t n;
     switch (f->mode) {
     case FAKE_GARBAGE: send_all(fd, "HTTP/1.1 400 Bad Request\r\n\r\n", 28); break;
     case FAKE_NEW_VERSION:
     case FAKE_BAD_SEQ:
-      wire_begin(&w, buf, sizeof(buf), WIRE_HELLO_ACK);
-      wire_put_u32(&w, 0);
-      wire_put_u32(&w, WIRE_CAP_TCP_DATA);
-      wire_put_u16(&w, 4);
-      wire_put_bytes(&w, "fake", 4);
-      wire_put_u32(&w, 0);
-      n = wire_end(&w, 0);
-      if (f->mode == FAKE_NEW_VERSION) buf[4] = WIRE_VERSION + 1;
-      send_all(fd, buf, n);
+      send_hello_ack(fd, f->mode == FAKE_NEW_VERSION ? WIRE_VERSION + 1 : WIRE_VERSION);
       if (f->mode == FAKE_BAD_SEQ && read_frame(fd, &h, buf, sizeof(buf))) {
         n = wire_put_ack(buf, WIRE_WRITE_ACK, 999, 0, 0); /* not the seq it sent */
         send_all(fd, buf, n);
@@ -315,7 +330,7 @@ static void fake_start(struct fake *f, enum fake_mode mode) {
   CU_ASSERT_FATAL(bind(f->lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(f->lfd, 4) == 0);
   getsockname(f->lfd, (struct sockaddr *)&sa, &sl);
   f->port = ntohs(sa.sin_port);
-  CU_ASSERT_FATAL(pipe(f->pipe_done) == 0);
+  CU_ASSERT_FATAL(pipe(f->pipe_done) == 0 && pipe(f->pipe_closed) == 0);
   pthread_create(&f->th, NULL, fake_main, f);
 }
 
@@ -323,6 +338,8 @@ static void fake_stop(struct fake *f) {
   close(f->pipe_done[1]);
   pthread_join(f->th, NULL);
   close(f->pipe_done[0]);
+  close(f->pipe_closed[0]);
+  close(f->pipe_closed[1]);
   close(f->lfd);
 }
 
@@ -377,6 +394,23 @@ static void test_response_out_of_order_fails_link(void) {
   tu_free_mem(buf, 4096);
 }
 
+/* A target that hangs up while the link is idle: the next Connect must see it is
+ * gone and link again, not answer ALREADY_CONNECTED. */
+static void test_reconnect_after_idle_hangup(void) {
+  struct fake f;
+  char addr[TU_ADDR_LEN], c1;
+  HixlEngine *c;
+  fake_start(&f, FAKE_CLOSE_THEN_SERVE);
+  tu_addr(addr, sizeof(addr), f.port);
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&c));
+  TU_ASSERT_OK_FATAL(HixlEngineInitialize(c, "127.0.0.1", NULL, 0));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(c, addr, 2000));
+  CU_ASSERT_FATAL(read(f.pipe_closed[0], &c1, 1) == 1); /* the fake closed the first link */
+  TU_ASSERT_OK(HixlEngineConnect(c, addr, 2000));
+  HixlEngineDestroy(c);
+  fake_stop(&f);
+}
+
 int main(void) {
   if (CU_initialize_registry() != CUE_SUCCESS) return 1;
   CU_pSuite t = CU_add_suite("target_vs_raw_peers", suite_init, suite_clean);
@@ -392,6 +426,7 @@ int main(void) {
   CU_add_test(i, "non-hixl target: clear error", test_connect_non_hixl_target);
   CU_add_test(i, "newer protocol version: clear error", test_connect_version_mismatch);
   CU_add_test(i, "response out of order: FAILED, then NOT_CONNECTED", test_response_out_of_order_fails_link);
+  CU_add_test(i, "target hung up while idle: Connect links again", test_reconnect_after_idle_hangup);
   CU_basic_set_mode(CU_BRM_VERBOSE);
   CU_basic_run_tests();
   unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();

@@ -135,6 +135,7 @@ HixlStatus HixlEngineFinalize(HixlEngine *e) {
   pthread_mutex_unlock(&e->lock);
   link_stop(e);
   pthread_mutex_lock(&e->lock);
+  link_free_graveyard(e);
   while (e->peers) peer_free(e, e->peers);
   for (size_t i = 0; i < e->regs.count; i++) free(e->regs.v[i]);
   memtab_free(&e->regs);
@@ -164,6 +165,7 @@ HixlStatus HixlEngineDestroy(HixlEngine *e) {
     }
   }
   ptrset_free(&e->reqs);
+  link_free_graveyard(e); /* a link a caller was still driving at Finalize */
   pthread_cond_destroy(&e->cond);
   pthread_mutex_destroy(&e->req_lock);
   pthread_mutex_destroy(&e->lock);
@@ -312,7 +314,7 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
   uint64_t deadline = hixl_deadline_ns(timeout_ms);
   if ((st = engine_enter(e, "HixlEngineConnect")) != HIXL_SUCCESS) return st;
   struct peer *old = find_peer(e, remote);
-  bool connected = old && old->conn;
+  bool connected = old && old->conn && link_alive(old->conn);
   pthread_mutex_unlock(&e->lock);
   if (connected)
     return hixl_fail(HIXL_ALREADY_CONNECTED, "HixlEngineConnect: already connected to %s", remote);
@@ -334,6 +336,7 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
   }
   if (old) peer_free(e, old); /* a link that broke earlier: replaced */
   struct conn *c = link_conn_new(e, fd, CONN_INITIATOR);
+  if (c) c->rx = RX_PARKED; /* nothing is owed yet; a hang-up still wakes the thread */
   if (!c || link_conn_watch(c) < 0) {
     pthread_mutex_unlock(&e->lock);
     if (c) {
@@ -410,10 +413,12 @@ static struct hixl_transfer_req *req_new(HixlEngine *e, uint32_t nchunks, int32_
 }
 
 /* Wait for a request the caller holds, then let go of it. Lock held. */
-static HixlStatus req_wait(HixlEngine *e, struct hixl_transfer_req *r, const char *fn, const char *remote) {
+static HixlStatus req_wait(HixlEngine *e, struct conn *c, struct hixl_transfer_req *r, const char *fn,
+                           const char *remote) {
   struct timespec ts = {.tv_sec = (time_t)(r->deadline_ns / 1000000000ull),
                         .tv_nsec = (long)(r->deadline_ns % 1000000000ull)};
   HixlStatus st = HIXL_SUCCESS;
+  link_drive(c, r); /* receive our own answers when nobody else is */
   while (r->outstanding > 0)
     if (pthread_cond_timedwait(&e->cond, &e->lock, &ts) == ETIMEDOUT) break;
   if (r->outstanding > 0) {
@@ -450,12 +455,12 @@ static HixlStatus link_sync(HixlEngine *e, struct conn *c, uint64_t deadline, co
   ch->tx.hdr_len = (uint32_t)wire_put_sync(ch->tx.hdr, ch->seq);
   link_enqueue(c, &ch->tx);
   link_flush(c);
-  return req_wait(e, r, fn, remote);
+  return req_wait(e, c, r, fn, remote);
 }
 
 static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransferOp op,
                                   const HixlTransferOpDesc *descs, size_t count, int32_t timeout_ms,
-                                  const char *fn, struct hixl_transfer_req **out) {
+                                  const char *fn, struct hixl_transfer_req **out, struct conn **out_conn) {
   struct sockaddr_in sa;
   HixlStatus st;
   if ((st = check_remote(remote, fn, &sa)) != HIXL_SUCCESS) return st;
@@ -542,6 +547,7 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
   }
   link_flush(c); /* the caller's thread starts the sending; the progress thread goes on */
   *out = r;
+  *out_conn = c;
 unlock:
   free(lregs);
   if (st != HIXL_SUCCESS) pthread_mutex_unlock(&e->lock);
@@ -551,9 +557,10 @@ unlock:
 HixlStatus HixlEngineTransferSync(HixlEngine *e, const char *remote, HixlTransferOp op,
                                   const HixlTransferOpDesc *descs, size_t count, int32_t timeout_ms) {
   struct hixl_transfer_req *r;
-  HixlStatus st = transfer_submit(e, remote, op, descs, count, timeout_ms, "HixlEngineTransferSync", &r);
+  struct conn *c;
+  HixlStatus st = transfer_submit(e, remote, op, descs, count, timeout_ms, "HixlEngineTransferSync", &r, &c);
   if (st != HIXL_SUCCESS) return st;
-  st = req_wait(e, r, "HixlEngineTransferSync", remote);
+  st = req_wait(e, c, r, "HixlEngineTransferSync", remote);
   pthread_mutex_unlock(&e->lock);
   return st;
 }
@@ -563,10 +570,12 @@ HixlStatus HixlEngineTransferAsync(HixlEngine *e, const char *remote, HixlTransf
                                    void *user_data, HixlTransferReq *req) {
   struct hixl_transfer_req *r;
   CHECK_ARG(req, "HixlEngineTransferAsync: req output is NULL");
-  HixlStatus st = transfer_submit(e, remote, op, descs, count, timeout_ms, "HixlEngineTransferAsync", &r);
+  struct conn *c;
+  HixlStatus st = transfer_submit(e, remote, op, descs, count, timeout_ms, "HixlEngineTransferAsync", &r, &c);
   if (st != HIXL_SUCCESS) return st;
   r->is_async = true;
   r->user_data = user_data;
+  link_unpark(c); /* nobody waits in a call: the progress thread receives the answers */
   pthread_mutex_lock(&e->req_lock);
   int added = ptrset_add(&e->reqs, r);
   pthread_mutex_unlock(&e->req_lock);
@@ -691,7 +700,7 @@ HixlStatus HixlEngineSendNotify(HixlEngine *e, const char *remote, const HixlNot
   ch->tx.chunk = ch;
   link_enqueue(c, &ch->tx);
   link_flush(c);
-  st = req_wait(e, r, "HixlEngineSendNotify", remote);
+  st = req_wait(e, c, r, "HixlEngineSendNotify", remote);
   pthread_mutex_unlock(&e->lock);
   return st;
 }

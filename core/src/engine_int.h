@@ -79,7 +79,10 @@ struct conn {
   int fd;
   enum conn_role role;
   bool dead;
-  bool want_out;     /* EPOLLOUT armed */
+  bool want_out; /* EPOLLOUT armed */
+  /* Who reads an initiator link: the progress thread; a sync caller (link_drive);
+   * or nobody while nothing is pending (parked: only a hang-up wakes the thread). */
+  enum { RX_PROGRESS, RX_CALLER, RX_PARKED } rx;
   struct peer *peer; /* initiator side */
   char remote_name[WIRE_MAX_NAME + 1];
   /* receive */
@@ -143,5 +146,9 @@ void link_enqueue(struct conn *c, struct txitem *it);
 void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct hixl_mem_reg *r);
 void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why);
 void link_req_maybe_free(struct hixl_transfer_req *r);
+void link_drive(struct conn *c, struct hixl_transfer_req *r);
+void link_unpark(struct conn *c);
+bool link_alive(struct conn *c);
+void link_free_graveyard(struct HixlEngine *e);
 
 #endif

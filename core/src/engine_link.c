@@ -8,6 +8,7 @@
  * with no copy when they are large; small ones are copied out of the receive
  * buffer they arrived in. */
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,7 +66,7 @@ struct conn *link_conn_new(struct HixlEngine *e, int fd, enum conn_role role) {
 }
 
 int link_conn_watch(struct conn *c) {
-  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = c};
+  struct epoll_event ev = {.events = c->rx == RX_PROGRESS ? EPOLLIN : EPOLLRDHUP, .data.ptr = c};
   if (sock_set_nonblock(c->fd, true) < 0 || epoll_ctl(c->eng->epfd, EPOLL_CTL_ADD, c->fd, &ev) < 0) return -1;
   c->next = c->eng->conns;
   c->eng->conns = c;
@@ -77,6 +78,14 @@ static void txitem_done(struct txitem *it) {
   it->heap = NULL;
   if (it->reg) it->reg->inflight--;
   if (!it->chunk) free(it);
+}
+
+/* Close a dead link and queue it to be freed after the current event batch. */
+static void conn_bury(struct conn *c) {
+  close(c->fd);
+  c->fd = -1;
+  c->next = c->eng->graveyard;
+  c->eng->graveyard = c;
 }
 
 /* End everything the connection holds, close it and queue it for freeing. */
@@ -112,20 +121,21 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
     c->peer->conn = NULL;
     c->peer = NULL;
   }
-  epoll_ctl(e->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-  close(c->fd);
-  c->fd = -1;
   for (struct conn **pp = &e->conns; *pp; pp = &(*pp)->next)
     if (*pp == c) {
       *pp = c->next;
       break;
     }
-  c->next = e->graveyard;
-  e->graveyard = c;
   if (st != HIXL_SUCCESS) log_warn("%s", msg);
+  epoll_ctl(e->epfd, EPOLL_CTL_DEL, c->fd, NULL);
+  if (c->rx == RX_CALLER) {
+    shutdown(c->fd, SHUT_RDWR); /* wakes the caller polling it; it buries the link */
+    return;
+  }
+  conn_bury(c);
 }
 
-static void link_free_graveyard(struct HixlEngine *e) {
+void link_free_graveyard(struct HixlEngine *e) {
   while (e->graveyard) {
     struct conn *c = e->graveyard;
     e->graveyard = c->next;
@@ -144,10 +154,24 @@ void link_enqueue(struct conn *c, struct txitem *it) {
   c->txq_tail = it;
 }
 
+/* Tell epoll what the progress thread should watch on c. */
+static void conn_arm(struct conn *c) {
+  uint32_t in = c->rx == RX_PROGRESS ? EPOLLIN : EPOLLRDHUP;
+  struct epoll_event ev = {.events = in | (c->want_out ? EPOLLOUT : 0), .data.ptr = c};
+  epoll_ctl(c->eng->epfd, EPOLL_CTL_MOD, c->fd, &ev);
+}
+
+/* Hand reading back to the progress thread (async work was queued, or it ended). */
+void link_unpark(struct conn *c) {
+  if (c->dead || c->rx != RX_PARKED) return;
+  c->rx = RX_PROGRESS;
+  conn_arm(c);
+}
+
 static void set_want_out(struct conn *c, bool on) {
   if (c->want_out == on || c->dead) return;
-  struct epoll_event ev = {.events = EPOLLIN | (on ? EPOLLOUT : 0), .data.ptr = c};
-  if (epoll_ctl(c->eng->epfd, EPOLL_CTL_MOD, c->fd, &ev) == 0) c->want_out = on;
+  c->want_out = on;
+  conn_arm(c);
 }
 
 /* Drop a chunk of a timed-out request that has not started on the wire. */
@@ -547,6 +571,7 @@ static void conn_on_readable(struct conn *c) {
         if (c->pay_dst) c->pay_dst += k;
         if (c->pay_left == 0) payload_done(c);
         budget = (size_t)k > budget ? 0 : budget - (size_t)k;
+        if ((size_t)k < want) break; /* drained: epoll or the driver's poll says when there is more */
         continue;
       }
     } else {
@@ -555,11 +580,13 @@ static void conn_on_readable(struct conn *c) {
         c->rx_end -= c->rx_start;
         c->rx_start = 0;
       }
-      k = recv(c->fd, c->rxbuf + c->rx_end, ENGINE_RXBUF - c->rx_end, MSG_DONTWAIT);
+      size_t room = ENGINE_RXBUF - c->rx_end;
+      k = recv(c->fd, c->rxbuf + c->rx_end, room, MSG_DONTWAIT);
       if (k > 0) {
         c->rx_end += (size_t)k;
         parse_frames(c);
         budget = (size_t)k > budget ? 0 : budget - (size_t)k;
+        if ((size_t)k < room && c->pay_left == 0) break; /* drained */
         continue;
       }
     }
@@ -576,6 +603,51 @@ static void conn_on_readable(struct conn *c) {
     break;
   }
   if (!c->dead && c->txq_head) link_flush(c);
+}
+
+/* Whether c is still up, looking at the socket now rather than waiting for the
+ * progress thread to see a hang-up (a parked link is read by nobody). Lock held. */
+bool link_alive(struct conn *c) {
+  struct pollfd p = {.fd = c->fd, .events = POLLIN | POLLRDHUP};
+  if (c->dead) return false;
+  if (c->rx == RX_CALLER || poll(&p, 1, 0) <= 0 || !(p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+    return true;
+  if (c->rx == RX_PARKED) link_unpark(c);
+  conn_on_readable(c); /* takes what is left, then the end of the stream */
+  return !c->dead;
+}
+
+/* ---- a sync caller receiving its own answers ---- */
+
+/* Receive on c from the calling thread until r ends, c dies or r's deadline passes.
+ * The answer then wakes the caller directly instead of the progress thread, which
+ * would have to wake the caller in turn. Lock held; released while polling. Only one
+ * caller drives a link; others wait on the condition variable as usual. */
+void link_drive(struct conn *c, struct hixl_transfer_req *r) {
+  struct HixlEngine *e = c->eng;
+  if (c->dead || c->rx == RX_CALLER) return;
+  bool was_progress = c->rx == RX_PROGRESS;
+  c->rx = RX_CALLER;
+  if (was_progress) conn_arm(c); /* a parked link needs no epoll change */
+  while (r->outstanding > 0 && !c->dead) {
+    uint64_t now = hixl_now_ns();
+    if (now >= r->deadline_ns) break;
+    int ms = (int)((r->deadline_ns - now + 999999) / 1000000);
+    struct pollfd p = {.fd = c->fd, .events = (short)(POLLIN | (c->txq_head ? POLLOUT : 0))};
+    pthread_mutex_unlock(&e->lock);
+    int n = poll(&p, 1, ms);
+    pthread_mutex_lock(&e->lock);
+    if (n <= 0 || c->dead) continue;
+    if (p.revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL)) conn_on_readable(c);
+    if (!c->dead && (p.revents & POLLOUT)) link_flush(c);
+  }
+  if (c->dead) {
+    conn_bury(c);
+    return;
+  }
+  /* Park when nothing is owed to anyone; otherwise the progress thread reads on. */
+  c->rx = c->pend_head || c->pay_left || c->txq_head ? RX_PROGRESS : RX_PARKED;
+  if (c->rx == RX_PROGRESS) conn_arm(c);
 }
 
 /* ---- progress thread ---- */
@@ -625,8 +697,10 @@ static void *progress_main(void *arg) {
       } else {
         struct conn *c = ptr;
         if (c->dead) continue;
-        if (evs[i].events & (EPOLLIN | EPOLLERR | EPOLLHUP)) conn_on_readable(c);
-        if (!c->dead && (evs[i].events & EPOLLOUT)) link_flush(c);
+        uint32_t ev = evs[i].events;
+        if (c->rx == RX_PARKED && (ev & (EPOLLRDHUP | EPOLLERR | EPOLLHUP))) link_unpark(c); /* hung up */
+        if (c->rx == RX_PROGRESS && (ev & (EPOLLIN | EPOLLRDHUP | EPOLLERR | EPOLLHUP))) conn_on_readable(c);
+        if (!c->dead && (ev & EPOLLOUT)) link_flush(c);
       }
     }
     link_free_graveyard(e);
