@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install hixl from BUILD into a fresh prefix, then build and run a consumer with
+# pkg-config and with find_package(hixl): headers, library, hixl.pc and the CMake
+# package config all have to be right for this to pass.
+set -euo pipefail
+build=$1 src=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cmake --install "$build" --prefix "$work/prefix" >/dev/null
+libdir=$(find "$work/prefix" -name 'libhixl.so' -printf '%h\n' | head -n1)
+test -f "$work/prefix/include/hixl/hixl.h"
+readelf -d "$libdir/libhixl.so" | grep -q 'SONAME.*libhixl.so.0'
+test -f "$libdir/libhixl.a"
+# No internal header is installed.
+test ! -e "$work/prefix/include/hixl/wire.h"
+
+export PKG_CONFIG_PATH="$libdir/pkgconfig"
+cc -std=c11 -Wall -Werror "$src/consumer.c" -o "$work/consumer_pc" $(pkg-config --cflags --libs hixl) \
+  -Wl,-rpath,"$libdir"
+"$work/consumer_pc"
+
+mkdir -p "$work/cm"
+cp "$src/consumer.c" "$work/cm/"
+cp "$src/CMakeLists.txt.in" "$work/cm/CMakeLists.txt"
+cmake -S "$work/cm" -B "$work/cm/build" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake --build "$work/cm/build" >/dev/null
+LD_LIBRARY_PATH="$libdir" "$work/cm/build/consumer"
+echo "install: headers, libhixl.so (SONAME libhixl.so.0), libhixl.a, hixl.pc and hixlConfig.cmake work"
