@@ -1,0 +1,807 @@
+/* Bad arguments to every public engine function, option and env parsing, and the
+ * status names and strings. Uses loopback engines only where an argument check
+ * needs a live link (so that only the argument under test is wrong). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <CUnit/Basic.h>
+
+#include "test_util.h"
+
+#define MEM_LEN (1u << 20)
+
+/* A server and a connected client, each with MEM_LEN registered. */
+static struct {
+  HixlEngine *srv, *cli;
+  char srv_name[TU_ADDR_LEN];
+  unsigned char *srv_mem, *cli_mem;
+  HixlMemHandle srv_h, cli_h;
+} g;
+
+static int live_init(void) {
+  uint16_t port = tu_free_port();
+
+  if (!port) return -1;
+  tu_addr(g.srv_name, sizeof(g.srv_name), port);
+  g.srv_mem = tu_alloc_mem(MEM_LEN, false);
+  g.cli_mem = tu_alloc_mem(MEM_LEN, false);
+  if (!g.srv_mem || !g.cli_mem) return -1;
+  g.srv = tu_engine_start(g.srv_name);
+  g.cli = tu_engine_start("127.0.0.1");
+  if (!g.srv || !g.cli) return -1;
+  g.srv_h = tu_register(g.srv, g.srv_mem, MEM_LEN);
+  g.cli_h = tu_register(g.cli, g.cli_mem, MEM_LEN);
+  if (!g.srv_h || !g.cli_h) return -1;
+  if (HixlEngineConnect(g.cli, g.srv_name, 5000) != HIXL_SUCCESS) {
+    fprintf(stderr, "live_init: connect %s: %s\n", g.srv_name, HixlGetLastErrorMessage());
+    return -1;
+  }
+  return 0;
+}
+
+static int live_cleanup(void) {
+  int rc = 0;
+
+  if (g.cli && HixlEngineDestroy(g.cli) != HIXL_SUCCESS) rc = -1;
+  if (g.srv && HixlEngineDestroy(g.srv) != HIXL_SUCCESS) rc = -1;
+  tu_free_mem(g.srv_mem, MEM_LEN);
+  tu_free_mem(g.cli_mem, MEM_LEN);
+  memset(&g, 0, sizeof(g));
+  return rc;
+}
+
+/* A desc that would be valid on the live pair. */
+static HixlTransferOpDesc good_desc(size_t off, size_t len) {
+  HixlTransferOpDesc d = {
+      .local_addr = (uintptr_t)g.cli_mem + off, .remote_addr = (uintptr_t)g.srv_mem + off, .len = len};
+  return d;
+}
+
+/* A made-up pointer that no engine ever handed out. */
+static int bogus_object;
+#define BOGUS_REQ ((HixlTransferReq)(void *)&bogus_object)
+#define BOGUS_MEM ((HixlMemHandle)(void *)&bogus_object)
+
+/* ---------------------------------------------------------------- status */
+
+static void test_status_names(void) {
+#define CHECK_STATUS_(name, value, text)                                                                     \
+  CU_ASSERT_EQUAL((unsigned)name, (unsigned)value);                                                          \
+  CU_ASSERT_STRING_EQUAL(HixlStatusName(name), #name);                                                       \
+  CU_ASSERT_STRING_EQUAL(HixlStatusString(name), text);
+  HIXL_STATUS_MAP(CHECK_STATUS_)
+#undef CHECK_STATUS_
+  /* HIXL's values, spelled out so a change to the map is caught. */
+  CU_ASSERT_EQUAL(HIXL_SUCCESS, 0u);
+  CU_ASSERT_EQUAL(HIXL_PARAM_INVALID, 103900u);
+  CU_ASSERT_EQUAL(HIXL_TIMEOUT, 103901u);
+  CU_ASSERT_EQUAL(HIXL_NOT_CONNECTED, 103902u);
+  CU_ASSERT_EQUAL(HIXL_ALREADY_CONNECTED, 103903u);
+  CU_ASSERT_EQUAL(HIXL_NOTIFY_FAILED, 103904u);
+  CU_ASSERT_EQUAL(HIXL_UNSUPPORTED, 103905u);
+  CU_ASSERT_EQUAL(HIXL_RESOURCE_EXHAUSTED, 203900u);
+  CU_ASSERT_EQUAL(HIXL_FAILED, 503900u);
+}
+
+static void test_status_unknown(void) {
+  const HixlStatus odd[] = {1u, 103899u, 103906u, 999999u, 0xffffffffu};
+  size_t i;
+
+  for (i = 0; i < sizeof(odd) / sizeof(odd[0]); i++) {
+    CU_ASSERT_STRING_EQUAL(HixlStatusName(odd[i]), "HIXL_UNKNOWN_STATUS");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(HixlStatusString(odd[i]));
+    CU_ASSERT(strlen(HixlStatusString(odd[i])) > 0);
+  }
+}
+
+static void test_version(void) {
+  const char *v = HixlVersionString();
+  unsigned a, b, c;
+  char tail;
+
+  CU_ASSERT_PTR_NOT_NULL_FATAL(v);
+  CU_ASSERT_EQUAL(sscanf(v, "%u.%u.%u%c", &a, &b, &c, &tail), 3);
+}
+
+static void test_last_error_set_on_failure(void) {
+  CU_ASSERT_PTR_NOT_NULL_FATAL(HixlGetLastErrorMessage());
+  TU_ASSERT_STATUS(HixlEngineCreate(NULL), HIXL_PARAM_INVALID);
+  CU_ASSERT(strlen(HixlGetLastErrorMessage()) > 0);
+}
+
+static int log_calls;
+static void count_log(HixlLogLevel level, const char *message, void *ctx) {
+  (void)level;
+  (void)message;
+  (void)ctx;
+  log_calls++;
+}
+
+static void test_log_off_is_quiet(void) {
+  HixlSetLogLevel(HIXL_LOG_OFF);
+  HixlSetLogCallback(count_log, NULL);
+  log_calls = 0;
+  TU_ASSERT_STATUS(HixlEngineCreate(NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineInitialize(NULL, "127.0.0.1", NULL, 0), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(log_calls, 0);
+  HixlSetLogCallback(NULL, NULL);
+  HixlSetLogLevel(HIXL_LOG_ERROR);
+}
+
+/* ---------------------------------------------------------------- lifecycle */
+
+static void test_create_destroy_null(void) {
+  HixlEngine *e = NULL;
+
+  TU_ASSERT_STATUS(HixlEngineCreate(NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineInitialize(NULL, "127.0.0.1", NULL, 0), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineFinalize(NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineDestroy(NULL), HIXL_PARAM_INVALID);
+  /* Create then Destroy without Initialize is fine. */
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+  CU_ASSERT_PTR_NOT_NULL(e);
+  TU_ASSERT_OK(HixlEngineDestroy(e));
+}
+
+/* Initialize with local_engine name and no options; returns the status. */
+static HixlStatus try_init_name(const char *name) {
+  HixlEngine *e = NULL;
+  HixlStatus st;
+
+  if (HixlEngineCreate(&e) != HIXL_SUCCESS) return 0xdeadu;
+  st = HixlEngineInitialize(e, name, NULL, 0);
+  HixlEngineDestroy(e);
+  return st;
+}
+
+static void test_init_bad_local_engine(void) {
+  const char *bad[] = {"",           "1.2.3",           "127.0.0.1:99999", "host:abc",
+                       "127.0.0.1:", "127.0.0.1:65536", "127.0.0.1:12ab",  "300.0.0.1",
+                       ":1234",      "127.0.0.1:1:2",   " 127.0.0.1",      "127.0.0.1 "};
+  HixlEngine *e = NULL;
+  size_t i;
+
+  for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    HixlStatus st = try_init_name(bad[i]);
+    if (st != HIXL_PARAM_INVALID)
+      tu_fail(__FILE__, __LINE__, "Initialize(\"%s\"): got %s, want HIXL_PARAM_INVALID", bad[i],
+              HixlStatusName(st));
+    else
+      CU_PASS("bad local_engine rejected");
+  }
+  /* NULL name, and a failed Initialize leaves the engine usable. */
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+  TU_ASSERT_STATUS(HixlEngineInitialize(e, NULL, NULL, 0), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineInitialize(e, "host:abc", NULL, 0), HIXL_PARAM_INVALID);
+  TU_ASSERT_OK(HixlEngineInitialize(e, "127.0.0.1", NULL, 0));
+  TU_ASSERT_OK(HixlEngineDestroy(e));
+}
+
+static void test_init_good_local_engine(void) {
+  char name[TU_ADDR_LEN];
+
+  TU_ASSERT_OK(try_init_name("127.0.0.1"));
+  TU_ASSERT_OK(try_init_name("127.0.0.1:0"));
+  TU_ASSERT_OK(try_init_name(tu_addr(name, sizeof(name), tu_free_port())));
+}
+
+static void test_double_initialize(void) {
+  HixlEngine *e = NULL;
+  char name[TU_ADDR_LEN];
+
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+  TU_ASSERT_OK(HixlEngineInitialize(e, "127.0.0.1", NULL, 0));
+  TU_ASSERT_STATUS(HixlEngineInitialize(e, "127.0.0.1", NULL, 0), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineInitialize(e, tu_addr(name, sizeof(name), tu_free_port()), NULL, 0),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_OK(HixlEngineFinalize(e));
+  TU_ASSERT_OK(HixlEngineDestroy(e));
+}
+
+/* Finalize is a call that needs an initialized engine, like every other: before
+ * Initialize and after Finalize it is PARAM_INVALID; Destroy works in every state. */
+static void test_finalize_paths(void) {
+  HixlEngine *e = NULL;
+
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+  TU_ASSERT_STATUS(HixlEngineFinalize(e), HIXL_PARAM_INVALID);
+  TU_ASSERT_OK(HixlEngineInitialize(e, "127.0.0.1", NULL, 0));
+  TU_ASSERT_OK(HixlEngineFinalize(e));
+  TU_ASSERT_STATUS(HixlEngineFinalize(e), HIXL_PARAM_INVALID);
+  TU_ASSERT_OK(HixlEngineDestroy(e));
+  /* Destroy of an initialized engine finalizes it. */
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+  TU_ASSERT_OK(HixlEngineInitialize(e, "127.0.0.1", NULL, 0));
+  TU_ASSERT_OK(HixlEngineDestroy(e));
+}
+
+/* Every call that needs an initialized engine, on one that is not. */
+static void test_calls_before_initialize(void) {
+  HixlEngine *e = NULL;
+  unsigned char buf[64];
+  HixlMemDesc md = {.addr = (uintptr_t)buf, .len = sizeof(buf)};
+  HixlMemHandle h = BOGUS_MEM;
+  HixlTransferOpDesc d = {.local_addr = (uintptr_t)buf, .remote_addr = 0x1000, .len = 8};
+  HixlTransferReq req = BOGUS_REQ;
+  HixlTransferStatus ts = (HixlTransferStatus)77;
+  HixlNotifyDesc nd = {.name = "n", .msg = "m", .remote_engine = NULL};
+  HixlNotifyDesc *list = (HixlNotifyDesc *)(void *)&bogus_object;
+  size_t count = 99;
+  void *ud = &bogus_object;
+
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+  TU_ASSERT_STATUS(HixlEngineRegisterMem(e, &md, HIXL_MEM_HOST, &h), HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_EQUAL(h, BOGUS_MEM); /* outputs are written only on success */
+  TU_ASSERT_STATUS(HixlEngineDeregisterMem(e, BOGUS_MEM), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineConnect(e, "127.0.0.1:1", 100), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineDisconnect(e, "127.0.0.1:1", 100), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(e, "127.0.0.1:1", HIXL_WRITE, &d, 1, 100), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferAsync(e, "127.0.0.1:1", HIXL_WRITE, &d, 1, 100, NULL, &req),
+                   HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_EQUAL(req, BOGUS_REQ);
+  TU_ASSERT_STATUS(HixlEngineGetTransferStatus(e, BOGUS_REQ, &ts), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(ts, (HixlTransferStatus)77);
+  TU_ASSERT_STATUS(HixlEngineGetTransferUserData(e, BOGUS_REQ, &ud), HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_EQUAL(ud, &bogus_object);
+  TU_ASSERT_STATUS(HixlEngineSendNotify(e, "127.0.0.1:1", &nd, 100), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineGetNotifies(e, &list, &count), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(count, 99);
+  /* The same after Finalize. */
+  TU_ASSERT_OK(HixlEngineInitialize(e, "127.0.0.1", NULL, 0));
+  TU_ASSERT_OK(HixlEngineFinalize(e));
+  TU_ASSERT_STATUS(HixlEngineRegisterMem(e, &md, HIXL_MEM_HOST, &h), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineConnect(e, "127.0.0.1:1", 100), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(e, "127.0.0.1:1", HIXL_WRITE, &d, 1, 100), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineGetNotifies(e, &list, &count), HIXL_PARAM_INVALID);
+  TU_ASSERT_OK(HixlEngineDestroy(e));
+}
+
+/* ---------------------------------------------------------------- options */
+
+/* Initialize a client engine with one option; returns the status and leaves the
+ * last error message of this thread as Initialize set it. */
+static HixlStatus try_option(const char *key, const char *value) {
+  HixlOption o = {.key = key, .value = value};
+  HixlEngine *e = NULL;
+  HixlStatus st;
+  static char msg[1024];
+
+  if (HixlEngineCreate(&e) != HIXL_SUCCESS) return 0xdeadu;
+  st = HixlEngineInitialize(e, "127.0.0.1", &o, 1);
+  snprintf(msg, sizeof(msg), "%s", HixlGetLastErrorMessage());
+  HixlEngineDestroy(e);
+  /* Destroy succeeded and may have cleared the message; failures are judged by the
+   * message Initialize left, so check it here. */
+  if (st != HIXL_SUCCESS && (!strstr(msg, key) || !strstr(msg, value)))
+    tu_fail(__FILE__, __LINE__, "option %s=\"%s\": message \"%s\" names not both key and value", key, value,
+            msg);
+  return st;
+}
+
+#define EXPECT_OPTION(key, value, want)                                                                      \
+  do {                                                                                                       \
+    HixlStatus st_ = try_option((key), (value));                                                             \
+    if (st_ != (want))                                                                                       \
+      tu_fail(__FILE__, __LINE__, "option %s=\"%s\": got %s, want %s", (key), (value), HixlStatusName(st_),  \
+              HixlStatusName(want));                                                                         \
+    else                                                                                                     \
+      CU_PASS("option");                                                                                     \
+  } while (0)
+
+static void test_option_unknown_key(void) {
+  HixlOption o = {.key = "NoSuchOption", .value = "1"};
+  HixlEngine *e = NULL;
+
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+  TU_ASSERT_STATUS(HixlEngineInitialize(e, "127.0.0.1", &o, 1), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("NoSuchOption");
+  /* Keys are case-sensitive, as HIXL's. */
+  o.key = "bufferpool";
+  o.value = "4:8";
+  TU_ASSERT_STATUS(HixlEngineInitialize(e, "127.0.0.1", &o, 1), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("bufferpool");
+  TU_ASSERT_OK(HixlEngineDestroy(e));
+}
+
+static void test_option_null_fields(void) {
+  HixlOption o[2] = {{.key = NULL, .value = "4:8"}, {.key = "BufferPool", .value = NULL}};
+  HixlEngine *e = NULL;
+
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+  TU_ASSERT_STATUS(HixlEngineInitialize(e, "127.0.0.1", NULL, 1), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineInitialize(e, "127.0.0.1", &o[0], 1), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineInitialize(e, "127.0.0.1", &o[1], 1), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("BufferPool");
+  TU_ASSERT_OK(HixlEngineInitialize(e, "127.0.0.1", o, 0)); /* count 0: options ignored */
+  TU_ASSERT_OK(HixlEngineDestroy(e));
+}
+
+static void test_option_buffer_pool(void) {
+  EXPECT_OPTION("BufferPool", "x", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("BufferPool", "4", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("BufferPool", "4:-1", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("BufferPool", "-1:8", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("BufferPool", "4:8:1", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("BufferPool", ":8", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("BufferPool", "4:", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("BufferPool", "", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("BufferPool", "4:8", HIXL_SUCCESS);
+  EXPECT_OPTION("BufferPool", "0:0", HIXL_SUCCESS);
+  EXPECT_OPTION("BufferPool", "8:16", HIXL_SUCCESS);
+}
+
+static void test_option_traffic_class(void) {
+  EXPECT_OPTION("RdmaTrafficClass", "256", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("RdmaTrafficClass", "3", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("RdmaTrafficClass", "-4", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("RdmaTrafficClass", "abc", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("RdmaTrafficClass", "", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("RdmaTrafficClass", "132x", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("RdmaTrafficClass", "0", HIXL_SUCCESS);
+  EXPECT_OPTION("RdmaTrafficClass", "132", HIXL_SUCCESS);
+  EXPECT_OPTION("RdmaTrafficClass", "252", HIXL_SUCCESS);
+}
+
+static void test_option_service_level(void) {
+  EXPECT_OPTION("RdmaServiceLevel", "8", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("RdmaServiceLevel", "-1", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("RdmaServiceLevel", "x", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("RdmaServiceLevel", "0", HIXL_SUCCESS);
+  EXPECT_OPTION("RdmaServiceLevel", "4", HIXL_SUCCESS);
+  EXPECT_OPTION("RdmaServiceLevel", "7", HIXL_SUCCESS);
+}
+
+static void test_option_transport(void) {
+  HixlOption o = {.key = "Transport", .value = "rdma"};
+  HixlEngine *e = NULL;
+
+  EXPECT_OPTION("Transport", "foo", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("Transport", "", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("Transport", "auto", HIXL_SUCCESS);
+  EXPECT_OPTION("Transport", "tcp", HIXL_SUCCESS);
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+  TU_ASSERT_STATUS(HixlEngineInitialize(e, "127.0.0.1", &o, 1), HIXL_UNSUPPORTED);
+  TU_ASSERT_ERRMSG_HAS("rdma");
+  o.value = "shm";
+  TU_ASSERT_STATUS(HixlEngineInitialize(e, "127.0.0.1", &o, 1), HIXL_UNSUPPORTED);
+  TU_ASSERT_ERRMSG_HAS("shm");
+  o.value = "tcp";
+  TU_ASSERT_OK(HixlEngineInitialize(e, "127.0.0.1", &o, 1));
+  TU_ASSERT_OK(HixlEngineDestroy(e));
+}
+
+static void test_option_several(void) {
+  HixlOption o[4] = {
+      {"BufferPool", "2:4"}, {"RdmaTrafficClass", "8"}, {"RdmaServiceLevel", "3"}, {"Transport", "tcp"}};
+  HixlEngine *e = NULL;
+
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+  /* One bad value among good ones fails the whole call and names its key. */
+  o[2].value = "9";
+  TU_ASSERT_STATUS(HixlEngineInitialize(e, "127.0.0.1", o, 4), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("RdmaServiceLevel");
+  o[2].value = "3";
+  TU_ASSERT_OK(HixlEngineInitialize(e, "127.0.0.1", o, 4));
+  TU_ASSERT_OK(HixlEngineDestroy(e));
+}
+
+/* Initialize a fresh client engine with these options; the last error message of
+ * this thread is the one Initialize left (copied into errbuf). */
+static HixlStatus try_init_opts(const HixlOption *o, size_t n, char *errbuf, size_t errlen) {
+  HixlEngine *e = NULL;
+  HixlStatus st;
+
+  if (HixlEngineCreate(&e) != HIXL_SUCCESS) return 0xdeadu;
+  st = HixlEngineInitialize(e, "127.0.0.1", o, n);
+  snprintf(errbuf, errlen, "%s", HixlGetLastErrorMessage());
+  if (HixlEngineDestroy(e) != HIXL_SUCCESS) return 0xdeadu;
+  return st;
+}
+
+#define EXPECT_ENV_INIT(o, n, want, needle)                                                                  \
+  do {                                                                                                       \
+    char err_[1024];                                                                                         \
+    HixlStatus st_ = try_init_opts((o), (n), err_, sizeof(err_));                                            \
+    if (st_ != (want))                                                                                       \
+      tu_fail(__FILE__, __LINE__, "env TC=%s SL=%s, %zu options: got %s, want %s (\"%s\")",                  \
+              getenv("HCCL_RDMA_TC") ? getenv("HCCL_RDMA_TC") : "-",                                         \
+              getenv("HCCL_RDMA_SL") ? getenv("HCCL_RDMA_SL") : "-", (size_t)(n), HixlStatusName(st_),       \
+              HixlStatusName(want), err_);                                                                   \
+    else if ((needle) != NULL && !strstr(err_, (needle) ? (needle) : ""))                                    \
+      tu_fail(__FILE__, __LINE__, "message \"%s\" does not name %s", err_, (needle));                        \
+    else                                                                                                     \
+      CU_PASS("env");                                                                                        \
+  } while (0)
+
+/* Env HCCL_RDMA_TC / HCCL_RDMA_SL apply only when the option is absent. */
+static void test_env_precedence(void) {
+  HixlOption tc = {"RdmaTrafficClass", "8"}, sl = {"RdmaServiceLevel", "2"};
+  const char *none = NULL;
+
+  unsetenv("HCCL_RDMA_TC");
+  unsetenv("HCCL_RDMA_SL");
+
+  setenv("HCCL_RDMA_TC", "7", 1);
+  EXPECT_ENV_INIT(NULL, 0, HIXL_PARAM_INVALID, "HCCL_RDMA_TC");
+  EXPECT_ENV_INIT(&tc, 1, HIXL_SUCCESS, none);                 /* the option wins */
+  EXPECT_ENV_INIT(&sl, 1, HIXL_PARAM_INVALID, "HCCL_RDMA_TC"); /* another option does not */
+  setenv("HCCL_RDMA_TC", "256", 1);
+  EXPECT_ENV_INIT(NULL, 0, HIXL_PARAM_INVALID, "HCCL_RDMA_TC");
+  setenv("HCCL_RDMA_TC", "x", 1);
+  EXPECT_ENV_INIT(NULL, 0, HIXL_PARAM_INVALID, "HCCL_RDMA_TC");
+  setenv("HCCL_RDMA_TC", "8", 1);
+  EXPECT_ENV_INIT(NULL, 0, HIXL_SUCCESS, none);
+  setenv("HCCL_RDMA_TC", "252", 1);
+  EXPECT_ENV_INIT(NULL, 0, HIXL_SUCCESS, none);
+  unsetenv("HCCL_RDMA_TC");
+
+  setenv("HCCL_RDMA_SL", "8", 1);
+  EXPECT_ENV_INIT(NULL, 0, HIXL_PARAM_INVALID, "HCCL_RDMA_SL");
+  EXPECT_ENV_INIT(&sl, 1, HIXL_SUCCESS, none);
+  setenv("HCCL_RDMA_SL", "3", 1);
+  EXPECT_ENV_INIT(NULL, 0, HIXL_SUCCESS, none);
+  unsetenv("HCCL_RDMA_SL");
+
+  EXPECT_ENV_INIT(NULL, 0, HIXL_SUCCESS, none);
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static void test_register_args(void) {
+  HixlMemDesc d = {.addr = (uintptr_t)g.cli_mem, .len = 64};
+  HixlMemHandle h = BOGUS_MEM;
+  unsigned char *extra = tu_alloc_mem(8192, false);
+
+  CU_ASSERT_PTR_NOT_NULL_FATAL(extra);
+  d.addr = (uintptr_t)extra;
+  TU_ASSERT_STATUS(HixlEngineRegisterMem(NULL, &d, HIXL_MEM_HOST, &h), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineRegisterMem(g.cli, NULL, HIXL_MEM_HOST, &h), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineRegisterMem(g.cli, &d, HIXL_MEM_HOST, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineRegisterMem(g.cli, &d, (HixlMemType)7, &h), HIXL_PARAM_INVALID);
+  d.len = 0;
+  TU_ASSERT_STATUS(HixlEngineRegisterMem(g.cli, &d, HIXL_MEM_HOST, &h), HIXL_PARAM_INVALID);
+  d.addr = 0;
+  d.len = 64;
+  TU_ASSERT_STATUS(HixlEngineRegisterMem(g.cli, &d, HIXL_MEM_HOST, &h), HIXL_PARAM_INVALID);
+  d.addr = UINTPTR_MAX - 10; /* wraps around the address space */
+  d.len = 64;
+  TU_ASSERT_STATUS(HixlEngineRegisterMem(g.cli, &d, HIXL_MEM_HOST, &h), HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_EQUAL(h, BOGUS_MEM);
+  /* Device memory: no accelerator backend. */
+  d.addr = (uintptr_t)extra;
+  d.len = 4096;
+  TU_ASSERT_STATUS(HixlEngineRegisterMem(g.cli, &d, HIXL_MEM_DEVICE, &h), HIXL_UNSUPPORTED);
+  CU_ASSERT(strlen(HixlGetLastErrorMessage()) > 0);
+  CU_ASSERT_PTR_EQUAL(h, BOGUS_MEM);
+  /* The failures registered nothing: the same range registers now. */
+  TU_ASSERT_OK(HixlEngineRegisterMem(g.cli, &d, HIXL_MEM_HOST, &h));
+  CU_ASSERT_PTR_NOT_EQUAL(h, BOGUS_MEM);
+  CU_ASSERT_PTR_NOT_NULL(h);
+  TU_ASSERT_OK(HixlEngineDeregisterMem(g.cli, h));
+  tu_free_mem(extra, 8192);
+}
+
+static void test_register_overlap(void) {
+  const uintptr_t base = (uintptr_t)g.cli_mem; /* [base, base + MEM_LEN) is registered */
+  const struct {
+    uintptr_t addr;
+    size_t len;
+  } overlap[] = {
+      {base, MEM_LEN},              /* the same range */
+      {base, 1},                    /* first byte */
+      {base + MEM_LEN - 1, 1},      /* last byte */
+      {base + 100, 200},            /* inside */
+      {base - 4096, 4097},          /* ends on the first byte */
+      {base + MEM_LEN - 1, 4096},   /* starts on the last byte */
+      {base - 4096, MEM_LEN + 8192} /* contains it */
+  };
+  HixlMemHandle h = BOGUS_MEM, h2 = NULL;
+  HixlMemDesc d;
+  size_t i;
+
+  for (i = 0; i < sizeof(overlap) / sizeof(overlap[0]); i++) {
+    HixlStatus st;
+    d.addr = overlap[i].addr;
+    d.len = overlap[i].len;
+    st = HixlEngineRegisterMem(g.cli, &d, HIXL_MEM_HOST, &h);
+    if (st != HIXL_PARAM_INVALID)
+      tu_fail(__FILE__, __LINE__, "overlap case %zu [+%td, len %zu): got %s, want PARAM_INVALID", i,
+              (ptrdiff_t)(overlap[i].addr - base), overlap[i].len, HixlStatusName(st));
+    else
+      CU_PASS("overlap rejected");
+    CU_ASSERT_PTR_EQUAL(h, BOGUS_MEM);
+    if (st == HIXL_SUCCESS) HixlEngineDeregisterMem(g.cli, h);
+    h = BOGUS_MEM;
+  }
+
+  /* Two overlapping new ranges: the second is refused, adjacent ones are fine. */
+  {
+    unsigned char *m = tu_alloc_mem(3 * 4096, false);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(m);
+    d.addr = (uintptr_t)m;
+    d.len = 4096;
+    TU_ASSERT_OK(HixlEngineRegisterMem(g.cli, &d, HIXL_MEM_HOST, &h));
+    d.addr = (uintptr_t)m + 4095;
+    d.len = 2;
+    TU_ASSERT_STATUS(HixlEngineRegisterMem(g.cli, &d, HIXL_MEM_HOST, &h2), HIXL_PARAM_INVALID);
+    d.addr = (uintptr_t)m + 4096; /* adjacent, not overlapping */
+    d.len = 4096;
+    TU_ASSERT_OK(HixlEngineRegisterMem(g.cli, &d, HIXL_MEM_HOST, &h2));
+    CU_ASSERT_PTR_NOT_EQUAL(h, h2);
+    TU_ASSERT_OK(HixlEngineDeregisterMem(g.cli, h2));
+    TU_ASSERT_OK(HixlEngineDeregisterMem(g.cli, h));
+    /* After deregistration the range can be registered again. */
+    d.addr = (uintptr_t)m;
+    d.len = 3 * 4096;
+    TU_ASSERT_OK(HixlEngineRegisterMem(g.cli, &d, HIXL_MEM_HOST, &h));
+    TU_ASSERT_OK(HixlEngineDeregisterMem(g.cli, h));
+    tu_free_mem(m, 3 * 4096);
+  }
+}
+
+static void test_deregister_args(void) {
+  unsigned char *m = tu_alloc_mem(4096, false);
+  HixlMemHandle h;
+
+  CU_ASSERT_PTR_NOT_NULL_FATAL(m);
+  TU_ASSERT_STATUS(HixlEngineDeregisterMem(NULL, g.cli_h), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineDeregisterMem(g.cli, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineDeregisterMem(g.cli, BOGUS_MEM), HIXL_PARAM_INVALID);
+  /* A handle of another engine is unknown to this one. */
+  TU_ASSERT_STATUS(HixlEngineDeregisterMem(g.cli, g.srv_h), HIXL_PARAM_INVALID);
+  /* Twice: the second time the handle is stale. */
+  h = tu_register(g.cli, m, 4096);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(h);
+  TU_ASSERT_OK(HixlEngineDeregisterMem(g.cli, h));
+  TU_ASSERT_STATUS(HixlEngineDeregisterMem(g.cli, h), HIXL_PARAM_INVALID);
+  tu_free_mem(m, 4096);
+}
+
+/* ---------------------------------------------------------------- links */
+
+static void test_connect_args(void) {
+  const char *bad[] = {"", "abc", "127.0.0.1:99999", "host:abc", "1.2.3", "127.0.0.1:"};
+  size_t i;
+
+  TU_ASSERT_STATUS(HixlEngineConnect(NULL, g.srv_name, 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineConnect(g.cli, NULL, 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineConnect(g.cli, g.srv_name, -1), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineConnect(g.cli, g.srv_name, INT32_MIN), HIXL_PARAM_INVALID);
+  for (i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    HixlStatus st = HixlEngineConnect(g.cli, bad[i], 200);
+    if (st != HIXL_PARAM_INVALID)
+      tu_fail(__FILE__, __LINE__, "Connect(\"%s\"): got %s, want HIXL_PARAM_INVALID", bad[i],
+              HixlStatusName(st));
+    else
+      CU_PASS("bad remote rejected");
+  }
+  /* The link survived all of that. */
+  TU_ASSERT_STATUS(HixlEngineConnect(g.cli, g.srv_name, 1000), HIXL_ALREADY_CONNECTED);
+}
+
+static void test_disconnect_args(void) {
+  char other[TU_ADDR_LEN];
+  HixlStatus st;
+
+  TU_ASSERT_STATUS(HixlEngineDisconnect(NULL, g.srv_name, 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineDisconnect(g.cli, NULL, 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineDisconnect(g.cli, "", 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineDisconnect(g.cli, g.srv_name, -5), HIXL_PARAM_INVALID);
+  /* A malformed name can never be connected: either answer is truthful. */
+  st = HixlEngineDisconnect(g.cli, "host:abc", 1000);
+  CU_ASSERT(st == HIXL_PARAM_INVALID || st == HIXL_NOT_CONNECTED);
+  TU_ASSERT_STATUS(HixlEngineDisconnect(g.cli, tu_addr(other, sizeof(other), tu_free_port()), 1000),
+                   HIXL_NOT_CONNECTED);
+  TU_ASSERT_STATUS(HixlEngineConnect(g.cli, g.srv_name, 1000), HIXL_ALREADY_CONNECTED);
+}
+
+/* ---------------------------------------------------------------- transfers */
+
+static void test_transfer_sync_args(void) {
+  HixlTransferOpDesc d = good_desc(0, 64), many[2];
+  HixlTransferOpDesc *huge;
+
+  TU_ASSERT_OK(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 1000));
+  TU_ASSERT_STATUS(HixlEngineTransferSync(NULL, g.srv_name, HIXL_WRITE, &d, 1, 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, NULL, HIXL_WRITE, &d, 1, 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, "", HIXL_WRITE, &d, 1, 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, NULL, 1, 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &d, 0, 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, (HixlTransferOp)2, &d, 1, 1000),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, (HixlTransferOp)-1, &d, 1, 1000),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_READ, &d, 1, -1), HIXL_PARAM_INVALID);
+  d.len = 0;
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_READ, &d, 1, 1000), HIXL_PARAM_INVALID);
+  /* len 0 in the middle of an otherwise good batch. */
+  many[0] = good_desc(0, 64);
+  many[1] = good_desc(128, 0);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, many, 2, 1000), HIXL_PARAM_INVALID);
+  /* Local range wrapping the address space. */
+  d = good_desc(0, 64);
+  d.local_addr = UINTPTR_MAX - 8;
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 1000), HIXL_PARAM_INVALID);
+  /* More than HIXL_MAX_BATCH descriptors. */
+  huge = calloc(HIXL_MAX_BATCH + 1, sizeof(*huge));
+  CU_ASSERT_PTR_NOT_NULL_FATAL(huge);
+  for (size_t i = 0; i < HIXL_MAX_BATCH + 1; i++) huge[i] = good_desc((i * 8) % MEM_LEN, 8);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, huge, HIXL_MAX_BATCH + 1, 5000),
+                   HIXL_PARAM_INVALID);
+  free(huge);
+}
+
+static void test_transfer_async_args(void) {
+  HixlTransferOpDesc d = good_desc(0, 64);
+  HixlTransferReq req = BOGUS_REQ;
+  HixlTransferStatus ts = (HixlTransferStatus)77;
+  void *ud = NULL;
+
+  TU_ASSERT_STATUS(HixlEngineTransferAsync(NULL, g.srv_name, HIXL_WRITE, &d, 1, 1000, NULL, &req),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferAsync(g.cli, NULL, HIXL_WRITE, &d, 1, 1000, NULL, &req),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferAsync(g.cli, "", HIXL_WRITE, &d, 1, 1000, NULL, &req),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_WRITE, NULL, 1, 1000, NULL, &req),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_WRITE, &d, 0, 1000, NULL, &req),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, -1, NULL, &req),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferAsync(g.cli, g.srv_name, (HixlTransferOp)9, &d, 1, 1000, NULL, &req),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 1000, NULL, NULL),
+                   HIXL_PARAM_INVALID);
+  d.len = 0;
+  TU_ASSERT_STATUS(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 1000, NULL, &req),
+                   HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_EQUAL(req, BOGUS_REQ);
+
+  /* Status and user data: bad arguments, then a real request. */
+  TU_ASSERT_STATUS(HixlEngineGetTransferStatus(NULL, BOGUS_REQ, &ts), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineGetTransferStatus(g.cli, NULL, &ts), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineGetTransferStatus(g.cli, BOGUS_REQ, &ts), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(ts, (HixlTransferStatus)77);
+  TU_ASSERT_STATUS(HixlEngineGetTransferUserData(NULL, BOGUS_REQ, &ud), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineGetTransferUserData(g.cli, NULL, &ud), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineGetTransferUserData(g.cli, BOGUS_REQ, &ud), HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_NULL(ud);
+
+  d = good_desc(0, 64);
+  req = NULL;
+  TU_ASSERT_OK_FATAL(
+      HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 5000, &bogus_object, &req));
+  CU_ASSERT_PTR_NOT_NULL_FATAL(req);
+  TU_ASSERT_STATUS(HixlEngineGetTransferStatus(g.cli, req, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineGetTransferUserData(g.cli, req, NULL), HIXL_PARAM_INVALID);
+  /* A request belongs to the engine that made it. */
+  TU_ASSERT_STATUS(HixlEngineGetTransferStatus(g.srv, req, &ts), HIXL_PARAM_INVALID);
+  TU_ASSERT_OK(HixlEngineGetTransferUserData(g.cli, req, &ud));
+  CU_ASSERT_PTR_EQUAL(ud, &bogus_object);
+  TU_ASSERT_OK(tu_wait_request(g.cli, req, tu_now_ms() + 5000, &ts));
+  CU_ASSERT_EQUAL(ts, HIXL_TRANSFER_COMPLETED);
+  /* Released once final. */
+  TU_ASSERT_STATUS(HixlEngineGetTransferStatus(g.cli, req, &ts), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineGetTransferUserData(g.cli, req, &ud), HIXL_PARAM_INVALID);
+}
+
+/* ---------------------------------------------------------------- notify */
+
+static void test_notify_args(void) {
+  char *longs = malloc(HIXL_MAX_NOTIFY_LEN + 2);
+  HixlNotifyDesc n = {.name = "name", .msg = "msg", .remote_engine = NULL};
+  HixlNotifyDesc *list = NULL;
+  size_t count = 0, i;
+  int64_t deadline;
+  size_t got = 0;
+
+  CU_ASSERT_PTR_NOT_NULL_FATAL(longs);
+  memset(longs, 'a', HIXL_MAX_NOTIFY_LEN + 1);
+  longs[HIXL_MAX_NOTIFY_LEN + 1] = '\0'; /* 1025 bytes */
+
+  TU_ASSERT_STATUS(HixlEngineSendNotify(NULL, g.srv_name, &n, 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineSendNotify(g.cli, NULL, &n, 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineSendNotify(g.cli, "", &n, 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineSendNotify(g.cli, g.srv_name, NULL, 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineSendNotify(g.cli, g.srv_name, &n, -1), HIXL_PARAM_INVALID);
+  n.name = NULL;
+  TU_ASSERT_STATUS(HixlEngineSendNotify(g.cli, g.srv_name, &n, 1000), HIXL_PARAM_INVALID);
+  n.name = "name";
+  n.msg = NULL;
+  TU_ASSERT_STATUS(HixlEngineSendNotify(g.cli, g.srv_name, &n, 1000), HIXL_PARAM_INVALID);
+  n.msg = "msg";
+  n.name = longs;
+  TU_ASSERT_STATUS(HixlEngineSendNotify(g.cli, g.srv_name, &n, 1000), HIXL_PARAM_INVALID);
+  n.name = "name";
+  n.msg = longs;
+  TU_ASSERT_STATUS(HixlEngineSendNotify(g.cli, g.srv_name, &n, 1000), HIXL_PARAM_INVALID);
+
+  /* Exactly HIXL_MAX_NOTIFY_LEN is allowed for each. */
+  longs[HIXL_MAX_NOTIFY_LEN] = '\0';
+  n.name = longs;
+  n.msg = longs;
+  TU_ASSERT_OK(HixlEngineSendNotify(g.cli, g.srv_name, &n, 5000));
+
+  TU_ASSERT_STATUS(HixlEngineGetNotifies(NULL, &list, &count), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineGetNotifies(g.srv, NULL, &count), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineGetNotifies(g.srv, &list, NULL), HIXL_PARAM_INVALID);
+  HixlEngineFreeNotifies(NULL);
+
+  /* The rejected ones never arrived; the 1024-byte one did, once. */
+  deadline = tu_now_ms() + 5000;
+  while (got == 0 && tu_now_ms() < deadline) {
+    TU_ASSERT_OK_FATAL(HixlEngineGetNotifies(g.srv, &list, &count));
+    for (i = 0; i < count; i++) {
+      CU_ASSERT_EQUAL(strlen(list[i].name), HIXL_MAX_NOTIFY_LEN);
+      CU_ASSERT_EQUAL(strlen(list[i].msg), HIXL_MAX_NOTIFY_LEN);
+      CU_ASSERT_STRING_EQUAL(list[i].name, longs);
+      CU_ASSERT_STRING_EQUAL(list[i].msg, longs);
+    }
+    got += count;
+    if (count == 0) CU_ASSERT_PTR_NULL(list);
+    HixlEngineFreeNotifies(list);
+    list = NULL;
+  }
+  CU_ASSERT_EQUAL(got, 1);
+  /* Drained: nothing more. */
+  TU_ASSERT_OK(HixlEngineGetNotifies(g.srv, &list, &count));
+  CU_ASSERT_EQUAL(count, 0);
+  CU_ASSERT_PTR_NULL(list);
+  HixlEngineFreeNotifies(list);
+  free(longs);
+}
+
+/* ---------------------------------------------------------------- main */
+
+int main(void) {
+  CU_pSuite s;
+
+  if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+  unsetenv("HCCL_RDMA_TC");
+  unsetenv("HCCL_RDMA_SL");
+
+  s = CU_add_suite("status", NULL, NULL);
+  CU_add_test(s, "names and strings of every code", test_status_names);
+  CU_add_test(s, "unknown codes", test_status_unknown);
+  CU_add_test(s, "version string", test_version);
+  CU_add_test(s, "last error set on failure", test_last_error_set_on_failure);
+  CU_add_test(s, "log level off is quiet", test_log_off_is_quiet);
+
+  s = CU_add_suite("lifecycle", NULL, NULL);
+  CU_add_test(s, "NULL engine to create/init/finalize/destroy", test_create_destroy_null);
+  CU_add_test(s, "bad local_engine strings", test_init_bad_local_engine);
+  CU_add_test(s, "good local_engine strings", test_init_good_local_engine);
+  CU_add_test(s, "double Initialize", test_double_initialize);
+  CU_add_test(s, "Finalize before Initialize and twice", test_finalize_paths);
+  CU_add_test(s, "calls before Initialize and after Finalize", test_calls_before_initialize);
+
+  s = CU_add_suite("options", NULL, NULL);
+  CU_add_test(s, "unknown key", test_option_unknown_key);
+  CU_add_test(s, "NULL options, keys, values", test_option_null_fields);
+  CU_add_test(s, "BufferPool", test_option_buffer_pool);
+  CU_add_test(s, "RdmaTrafficClass", test_option_traffic_class);
+  CU_add_test(s, "RdmaServiceLevel", test_option_service_level);
+  CU_add_test(s, "Transport", test_option_transport);
+  CU_add_test(s, "several options", test_option_several);
+  CU_add_test(s, "env HCCL_RDMA_TC/SL and precedence", test_env_precedence);
+
+  s = CU_add_suite("live pair", live_init, live_cleanup);
+  CU_add_test(s, "RegisterMem arguments", test_register_args);
+  CU_add_test(s, "RegisterMem overlapping ranges", test_register_overlap);
+  CU_add_test(s, "DeregisterMem arguments", test_deregister_args);
+  CU_add_test(s, "Connect arguments", test_connect_args);
+  CU_add_test(s, "Disconnect arguments", test_disconnect_args);
+  CU_add_test(s, "TransferSync arguments", test_transfer_sync_args);
+  CU_add_test(s, "TransferAsync and status arguments", test_transfer_async_args);
+  CU_add_test(s, "SendNotify and GetNotifies arguments", test_notify_args);
+
+  if (CU_get_error() != CUE_SUCCESS) {
+    fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
+    CU_cleanup_registry();
+    return 1;
+  }
+  return tu_run_registry();
+}

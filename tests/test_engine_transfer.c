@@ -1,0 +1,872 @@
+/* Two engines in one process on 127.0.0.1: WRITE and READ of random data checked
+ * byte for byte, batches, async requests, range checks on both sides, link states,
+ * connect timeouts, late registration, notifications and concurrent threads. */
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <CUnit/Basic.h>
+
+#include "test_util.h"
+
+#define KiB          ((size_t)1 << 10)
+#define MiB          ((size_t)1 << 20)
+#define REG_LEN      (64 * MiB + 64 * KiB) /* registered bytes of each big buffer */
+#define SLACK        MiB                   /* unregistered bytes mapped on each side */
+#define XFER_TIMEOUT 30000                 /* ms; generous for a loaded 2-core machine */
+
+/* A mapping of REG_LEN + 2 * SLACK of which [mem, mem + REG_LEN) is registered, so
+ * the bytes just outside a registration are ours and unregistered. */
+typedef struct {
+  unsigned char *base;
+  unsigned char *mem;
+  HixlMemHandle h;
+} region;
+
+static struct {
+  HixlEngine *srv, *cli;
+  char srv_name[TU_ADDR_LEN];
+  const char *cli_name;
+  region s, src, dst; /* server memory; client source and destination */
+} g;
+
+static int region_init(region *r, HixlEngine *e) {
+  r->base = tu_alloc_mem(REG_LEN + 2 * SLACK, false);
+  if (!r->base) return -1;
+  r->mem = r->base + SLACK;
+  r->h = tu_register(e, r->mem, REG_LEN);
+  return r->h ? 0 : -1;
+}
+
+static void region_fini(region *r, HixlEngine *e) {
+  if (r->h && e) HixlEngineDeregisterMem(e, r->h);
+  tu_free_mem(r->base, REG_LEN + 2 * SLACK);
+  memset(r, 0, sizeof(*r));
+}
+
+static int pair_init(void) {
+  uint16_t port = tu_free_port();
+
+  if (!port) return -1;
+  tu_addr(g.srv_name, sizeof(g.srv_name), port);
+  g.cli_name = "127.0.0.1";
+  g.srv = tu_engine_start(g.srv_name);
+  g.cli = tu_engine_start(g.cli_name);
+  if (!g.srv || !g.cli) return -1;
+  if (region_init(&g.s, g.srv) || region_init(&g.src, g.cli) || region_init(&g.dst, g.cli)) return -1;
+  if (HixlEngineConnect(g.cli, g.srv_name, 5000) != HIXL_SUCCESS) {
+    fprintf(stderr, "pair_init: connect %s: %s\n", g.srv_name, HixlGetLastErrorMessage());
+    return -1;
+  }
+  return 0;
+}
+
+static int pair_cleanup(void) {
+  int rc = 0;
+
+  if (g.cli && HixlEngineDisconnect(g.cli, g.srv_name, 1000) != HIXL_SUCCESS) rc = -1;
+  region_fini(&g.dst, g.cli);
+  region_fini(&g.src, g.cli);
+  region_fini(&g.s, g.srv);
+  if (g.cli && HixlEngineDestroy(g.cli) != HIXL_SUCCESS) rc = -1;
+  if (g.srv && HixlEngineDestroy(g.srv) != HIXL_SUCCESS) rc = -1;
+  memset(&g, 0, sizeof(g));
+  return rc;
+}
+
+static HixlTransferOpDesc desc(const void *local, const void *remote, size_t len) {
+  HixlTransferOpDesc d = {.local_addr = (uintptr_t)local, .remote_addr = (uintptr_t)remote, .len = len};
+  return d;
+}
+
+static HixlStatus xfer(HixlTransferOp op, const HixlTransferOpDesc *d, size_t n) {
+  return HixlEngineTransferSync(g.cli, g.srv_name, op, d, n, XFER_TIMEOUT);
+}
+
+/* ---------------------------------------------------------------- data */
+
+/* WRITE len bytes from src+loff to server+roff, check the server and its guard bytes,
+ * then READ them back into dst+doff and check that and its guards. */
+static void write_read_back(size_t len, size_t loff, size_t roff, size_t doff, uint64_t seed) {
+  unsigned char *src = g.src.mem + loff, *srv = g.s.mem + roff, *dst = g.dst.mem + doff;
+  const size_t guard = 16;
+  HixlTransferOpDesc d;
+  char what[96];
+
+  CU_ASSERT_FATAL(loff + len <= REG_LEN && roff + len + guard <= REG_LEN && doff + len + guard <= REG_LEN &&
+                  roff >= guard && doff >= guard);
+  tu_fill(src, len, seed);
+  memset(srv - guard, 0xEE, len + 2 * guard);
+  memset(dst - guard, 0x00, len + 2 * guard);
+
+  d = desc(src, srv, len);
+  TU_ASSERT_OK(xfer(HIXL_WRITE, &d, 1));
+  snprintf(what, sizeof(what), "WRITE %zu B: server memory", len);
+  TU_ASSERT_PATTERN(srv, len, seed, what);
+  if (tu_check_byte(srv - guard, guard, 0xEE) >= 0 || tu_check_byte(srv + len, guard, 0xEE) >= 0)
+    tu_fail(__FILE__, __LINE__, "WRITE %zu B: bytes next to the target range changed", len);
+
+  d = desc(dst, srv, len);
+  TU_ASSERT_OK(xfer(HIXL_READ, &d, 1));
+  snprintf(what, sizeof(what), "READ %zu B: read back", len);
+  TU_ASSERT_PATTERN(dst, len, seed, what);
+  if (tu_check_byte(dst - guard, guard, 0x00) >= 0 || tu_check_byte(dst + len, guard, 0x00) >= 0)
+    tu_fail(__FILE__, __LINE__, "READ %zu B: bytes next to the local range changed", len);
+}
+
+static void test_sizes(void) {
+  const size_t sizes[] = {1, 7, 4 * KiB, 64 * KiB + 3, MiB, 5 * MiB + 1, 64 * MiB};
+  size_t i;
+
+  for (i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+    write_read_back(sizes[i], 0, 16, 16, 100 + i);  /* aligned */
+    write_read_back(sizes[i], 13, 29, 41, 200 + i); /* every side unaligned */
+  }
+}
+
+/* n ops of random lengths in [1, 1024], local slots in order, remote slots shuffled,
+ * read back into slots shuffled another way. */
+static void scattered_batch(size_t n, uint64_t seed) {
+  const size_t slot = 1024, span = 4096 * slot;
+  size_t *rperm = malloc(4096 * sizeof(size_t)), *dperm = malloc(4096 * sizeof(size_t));
+  size_t *lens = malloc(n * sizeof(size_t));
+  HixlTransferOpDesc *d = malloc(n * sizeof(*d));
+  uint64_t rs = seed;
+  unsigned char *used = calloc(4096, 1);
+  size_t i, j, t;
+  ptrdiff_t off;
+
+  CU_ASSERT_FATAL(rperm && dperm && lens && d && used && n <= 4096);
+  for (i = 0; i < 4096; i++) rperm[i] = dperm[i] = i;
+  for (i = 4095; i > 0; i--) { /* Fisher-Yates, twice */
+    j = tu_rand(&rs) % (i + 1);
+    t = rperm[i], rperm[i] = rperm[j], rperm[j] = t;
+    j = tu_rand(&rs) % (i + 1);
+    t = dperm[i], dperm[i] = dperm[j], dperm[j] = t;
+  }
+  tu_fill(g.src.mem, span, seed);
+  memset(g.s.mem, 0xEE, span);
+  memset(g.dst.mem, 0x00, span);
+  for (i = 0; i < n; i++) {
+    lens[i] = 1 + tu_rand(&rs) % slot;
+    d[i] = desc(g.src.mem + i * slot, g.s.mem + rperm[i] * slot, lens[i]);
+    used[rperm[i]] = 1;
+  }
+  TU_ASSERT_OK(xfer(HIXL_WRITE, d, n));
+  for (i = 0; i < n; i++) {
+    off = tu_mismatch(g.s.mem + rperm[i] * slot, g.src.mem + i * slot, lens[i]);
+    if (off >= 0) {
+      tu_fail(__FILE__, __LINE__, "batch %zu WRITE op %zu (len %zu): mismatch at %td", n, i, lens[i], off);
+      break;
+    }
+    off = tu_check_byte(g.s.mem + rperm[i] * slot + lens[i], slot - lens[i], 0xEE);
+    if (off >= 0) {
+      tu_fail(__FILE__, __LINE__, "batch %zu WRITE op %zu wrote past its len", n, i);
+      break;
+    }
+  }
+  for (i = 0; i < 4096; i++)
+    if (!used[i] && tu_check_byte(g.s.mem + i * slot, slot, 0xEE) >= 0) {
+      tu_fail(__FILE__, __LINE__, "batch %zu WRITE touched unused slot %zu", n, i);
+      break;
+    }
+
+  for (i = 0; i < n; i++) d[i] = desc(g.dst.mem + dperm[i] * slot, g.s.mem + rperm[i] * slot, lens[i]);
+  TU_ASSERT_OK(xfer(HIXL_READ, d, n));
+  for (i = 0; i < n; i++) {
+    off = tu_mismatch(g.dst.mem + dperm[i] * slot, g.src.mem + i * slot, lens[i]);
+    if (off >= 0) {
+      tu_fail(__FILE__, __LINE__, "batch %zu READ op %zu (len %zu): mismatch at %td", n, i, lens[i], off);
+      break;
+    }
+    if (tu_check_byte(g.dst.mem + dperm[i] * slot + lens[i], slot - lens[i], 0) >= 0) {
+      tu_fail(__FILE__, __LINE__, "batch %zu READ op %zu wrote past its len", n, i);
+      break;
+    }
+  }
+  CU_PASS("batch checked");
+  free(used);
+  free(d);
+  free(lens);
+  free(dperm);
+  free(rperm);
+}
+
+static void test_batches(void) {
+  scattered_batch(1, 11);
+  scattered_batch(16, 12);
+  scattered_batch(1024, 13);
+  scattered_batch(4096, 14);
+}
+
+/* Big and tiny ops mixed in one batch, each split as the engine likes. */
+static void test_mixed_batch(void) {
+  const size_t lens[] = {9 * MiB + 5, 1, 4 * MiB, 3, 64 * KiB, 17 * MiB + 1, 100, 4 * MiB - 1};
+  const size_t n = sizeof(lens) / sizeof(lens[0]);
+  HixlTransferOpDesc d[sizeof(lens) / sizeof(lens[0])];
+  size_t i, loff = 0, roff = 0;
+  size_t lo[sizeof(lens) / sizeof(lens[0])], ro[sizeof(lens) / sizeof(lens[0])];
+
+  for (i = 0; i < n; i++) { /* remote laid out in reverse order with gaps */
+    lo[i] = loff;
+    loff += lens[i] + 7;
+  }
+  for (i = n; i-- > 0;) {
+    ro[i] = roff;
+    roff += lens[i] + 13;
+  }
+  CU_ASSERT_FATAL(loff <= REG_LEN && roff <= REG_LEN);
+  memset(g.s.mem, 0, roff);
+  for (i = 0; i < n; i++) {
+    tu_fill(g.src.mem + lo[i], lens[i], 300 + i);
+    d[i] = desc(g.src.mem + lo[i], g.s.mem + ro[i], lens[i]);
+  }
+  TU_ASSERT_OK(xfer(HIXL_WRITE, d, n));
+  for (i = 0; i < n; i++) TU_ASSERT_PATTERN(g.s.mem + ro[i], lens[i], 300 + i, "mixed batch WRITE");
+  memset(g.dst.mem, 0, loff);
+  for (i = 0; i < n; i++) d[i] = desc(g.dst.mem + lo[i], g.s.mem + ro[i], lens[i]);
+  TU_ASSERT_OK(xfer(HIXL_READ, d, n));
+  for (i = 0; i < n; i++) TU_ASSERT_PATTERN(g.dst.mem + lo[i], lens[i], 300 + i, "mixed batch READ");
+}
+
+/* ---------------------------------------------------------------- async */
+
+static void test_async_single(void) {
+  const size_t len = MiB + 11;
+  HixlTransferOpDesc d = desc(g.src.mem, g.s.mem + 5, len);
+  HixlTransferReq req = NULL;
+  HixlTransferStatus ts;
+  void *ud = NULL;
+  int tag = 42;
+
+  tu_fill(g.src.mem, len, 401);
+  memset(g.s.mem, 0, len + 64);
+  TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, XFER_TIMEOUT, &tag, &req));
+  CU_ASSERT_PTR_NOT_NULL_FATAL(req);
+  TU_ASSERT_OK(HixlEngineGetTransferUserData(g.cli, req, &ud));
+  CU_ASSERT_PTR_EQUAL(ud, &tag);
+  TU_ASSERT_OK(tu_wait_request(g.cli, req, tu_now_ms() + XFER_TIMEOUT + 1000, &ts));
+  CU_ASSERT_EQUAL(ts, HIXL_TRANSFER_COMPLETED);
+  TU_ASSERT_STATUS(HixlEngineGetTransferStatus(g.cli, req, &ts), HIXL_PARAM_INVALID);
+  TU_ASSERT_PATTERN(g.s.mem + 5, len, 401, "async WRITE");
+  CU_ASSERT_EQUAL(tu_check_byte(g.s.mem + 5 + len, 59, 0), -1);
+
+  memset(g.dst.mem, 0, len);
+  d = desc(g.dst.mem, g.s.mem + 5, len);
+  req = NULL;
+  TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_READ, &d, 1, 0, NULL, &req));
+  TU_ASSERT_OK(HixlEngineGetTransferUserData(g.cli, req, &ud));
+  CU_ASSERT_PTR_NULL(ud);
+  TU_ASSERT_OK(tu_wait_request(g.cli, req, tu_now_ms() + XFER_TIMEOUT, &ts));
+  CU_ASSERT_EQUAL(ts, HIXL_TRANSFER_COMPLETED);
+  TU_ASSERT_STATUS(HixlEngineGetTransferStatus(g.cli, req, &ts), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineGetTransferUserData(g.cli, req, &ud), HIXL_PARAM_INVALID);
+  TU_ASSERT_PATTERN(g.dst.mem, len, 401, "async READ");
+}
+
+/* Many requests in flight at once, batches of 16 ops each, on disjoint ranges. */
+static void test_async_many(void) {
+  enum { NREQ = 32, OPS = 16 };
+  const size_t blk = 64 * KiB + 1, stride = 80 * KiB;
+  HixlTransferOpDesc d[OPS];
+  HixlTransferReq req[NREQ];
+  HixlTransferStatus ts;
+  uintptr_t ud_seen;
+  void *ud;
+  size_t r, i, at;
+
+  tu_fill(g.src.mem, (size_t)NREQ * OPS * stride, 501);
+  memset(g.s.mem, 0, (size_t)NREQ * OPS * stride);
+  for (r = 0; r < NREQ; r++) {
+    for (i = 0; i < OPS; i++) {
+      at = (r * OPS + i) * stride;
+      d[i] = desc(g.src.mem + at, g.s.mem + at, blk);
+    }
+    req[r] = NULL;
+    TU_ASSERT_OK(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_WRITE, d, OPS, XFER_TIMEOUT,
+                                         (void *)(uintptr_t)(r + 1), &req[r]));
+  }
+  for (r = 0; r < NREQ; r++) {
+    if (!req[r]) continue;
+    TU_ASSERT_OK(HixlEngineGetTransferUserData(g.cli, req[r], &ud));
+    ud_seen = (uintptr_t)ud;
+    CU_ASSERT_EQUAL(ud_seen, r + 1);
+    TU_ASSERT_OK(tu_wait_request(g.cli, req[r], tu_now_ms() + XFER_TIMEOUT + 1000, &ts));
+    CU_ASSERT_EQUAL(ts, HIXL_TRANSFER_COMPLETED);
+  }
+  for (r = 0; r < NREQ * OPS; r++) {
+    at = r * stride;
+    if (tu_mismatch(g.s.mem + at, g.src.mem + at, blk) >= 0 ||
+        tu_check_byte(g.s.mem + at + blk, stride - blk, 0) >= 0) {
+      tu_fail(__FILE__, __LINE__, "async many: op %zu landed wrong", r);
+      break;
+    }
+  }
+}
+
+/* ---------------------------------------------------------------- ranges */
+
+/* Server memory must still hold pattern 601 (and unreg pattern 777); restore it after
+ * a failure so that the next check judges only its own call. For READ, the local
+ * buffer must be untouched when the op is small enough to be one wire request; a
+ * failed multi-chunk READ may leave its own local range partly written. */
+static void check_untouched(HixlTransferOp op, size_t len, const unsigned char *unreg, size_t unreg_len,
+                            const char *msg, int line) {
+  ptrdiff_t off = tu_check_pattern(g.s.mem, REG_LEN, 601);
+
+  if (off >= 0) {
+    tu_fail(__FILE__, (unsigned)line, "%s: server memory changed at offset %td of %zu", msg, off, REG_LEN);
+    tu_fill(g.s.mem, REG_LEN, 601);
+  } else {
+    CU_PASS("server memory untouched");
+  }
+  if (unreg && (off = tu_check_pattern(unreg, unreg_len, 777)) >= 0) {
+    tu_fail(__FILE__, (unsigned)line, "%s: unregistered server memory changed at offset %td", msg, off);
+    tu_fill((void *)unreg, unreg_len, 777);
+  }
+  if (op == HIXL_READ && len <= 64 * KiB && (off = tu_check_byte(g.dst.mem, 64 * KiB, 0xAB)) >= 0)
+    tu_fail(__FILE__, (unsigned)line, "%s: local destination written at offset %td", msg, off);
+}
+
+/* Run one op that must fail on the responder side, then check nothing moved. */
+static void expect_remote_reject(HixlTransferOp op, const void *remote, size_t len,
+                                 const unsigned char *unreg, size_t unreg_len, const char *what) {
+  HixlTransferOpDesc d;
+  HixlStatus st;
+  HixlTransferReq req = NULL;
+  HixlTransferStatus ts;
+  char msg[128];
+
+  /* Server memory holds pattern 601 (set by the caller); the local side is known. */
+  tu_fill(g.src.mem, 64 * KiB, 602);
+  memset(g.dst.mem, 0xAB, 64 * KiB);
+
+  d = desc(op == HIXL_WRITE ? g.src.mem : g.dst.mem, remote, len);
+  st = xfer(op, &d, 1);
+  snprintf(msg, sizeof(msg), "sync %s %s (%zu B)", op == HIXL_WRITE ? "WRITE" : "READ", what, len);
+  if (st != HIXL_FAILED)
+    tu_fail(__FILE__, __LINE__, "%s: got %s, want HIXL_FAILED (%s)", msg, HixlStatusName(st),
+            HixlGetLastErrorMessage());
+  else
+    CU_ASSERT(strlen(HixlGetLastErrorMessage()) > 0);
+  check_untouched(op, len, unreg, unreg_len, msg, __LINE__);
+
+  /* The same as an async request: refused at submit or ends FAILED. */
+  memset(g.dst.mem, 0xAB, 64 * KiB);
+  snprintf(msg, sizeof(msg), "async %s %s (%zu B)", op == HIXL_WRITE ? "WRITE" : "READ", what, len);
+  st = HixlEngineTransferAsync(g.cli, g.srv_name, op, &d, 1, XFER_TIMEOUT, NULL, &req);
+  if (st == HIXL_SUCCESS) {
+    TU_ASSERT_OK(tu_wait_request(g.cli, req, tu_now_ms() + XFER_TIMEOUT, &ts));
+    if (ts != HIXL_TRANSFER_FAILED)
+      tu_fail(__FILE__, __LINE__, "%s: final state %d, want FAILED", msg, (int)ts);
+  } else if (st != HIXL_FAILED) {
+    tu_fail(__FILE__, __LINE__, "%s: submit got %s, want SUCCESS or FAILED", msg, HixlStatusName(st));
+  }
+  check_untouched(op, len, unreg, unreg_len, msg, __LINE__);
+}
+
+static void test_remote_out_of_range(void) {
+  const size_t ulen = 16 * KiB;
+  unsigned char *unreg = tu_alloc_mem(ulen, false);
+  unsigned char *end = g.s.mem + REG_LEN;
+  HixlTransferOpDesc d[2];
+  int op;
+
+  CU_ASSERT_PTR_NOT_NULL_FATAL(unreg);
+  tu_fill(unreg, ulen, 777);
+  tu_fill(end, SLACK, 778);
+  tu_fill(g.s.base, SLACK, 779);
+  tu_fill(g.s.mem, REG_LEN, 601);
+  for (op = HIXL_READ; op <= HIXL_WRITE; op++) {
+    expect_remote_reject(op, end - 10, 20, NULL, 0, "straddling the end");
+    expect_remote_reject(op, end, 1, NULL, 0, "just past the end");
+    expect_remote_reject(op, end + 4096, 4096, NULL, 0, "past the end");
+    expect_remote_reject(op, g.s.mem - 1, 2, NULL, 0, "straddling the start");
+    expect_remote_reject(op, unreg, 100, unreg, ulen, "in unregistered memory");
+    expect_remote_reject(op, (void *)(uintptr_t)0x1000, 8, NULL, 0, "at 0x1000");
+    expect_remote_reject(op, g.s.mem + 1, REG_LEN, NULL, 0, "one byte too long");
+    TU_ASSERT_PATTERN(end, SLACK, 778, "bytes after the registration");
+    TU_ASSERT_PATTERN(g.s.base, SLACK, 779, "bytes before the registration");
+  }
+  /* A batch whose second op is outside: the whole call fails, outside stays intact. */
+  tu_fill(g.src.mem, 8 * KiB, 780);
+  d[0] = desc(g.src.mem, g.s.mem, 4 * KiB);
+  d[1] = desc(g.src.mem + 4 * KiB, end - 100, 4 * KiB);
+  TU_ASSERT_STATUS(xfer(HIXL_WRITE, d, 2), HIXL_FAILED);
+  TU_ASSERT_PATTERN(end, SLACK, 778, "bytes after the registration, batch");
+
+  /* The responder keeps serving: a valid transfer works, both ways. */
+  write_read_back(256 * KiB + 3, 1, 17, 33, 781);
+  tu_free_mem(unreg, ulen);
+}
+
+static void test_local_not_registered(void) {
+  unsigned char *unreg = tu_alloc_mem(64 * KiB, false);
+  unsigned char *src_end = g.src.mem + REG_LEN, *dst_end = g.dst.mem + REG_LEN;
+  HixlTransferOpDesc d;
+  HixlTransferReq req = (HixlTransferReq)(void *)unreg;
+
+  CU_ASSERT_PTR_NOT_NULL_FATAL(unreg);
+  tu_fill(g.s.mem, MiB, 801);
+  tu_fill(unreg, 64 * KiB, 802);
+  d = desc(unreg, g.s.mem, 4 * KiB);
+  TU_ASSERT_STATUS(xfer(HIXL_WRITE, &d, 1), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(xfer(HIXL_READ, &d, 1), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 1000, NULL, &req),
+                   HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_EQUAL(req, (HixlTransferReq)(void *)unreg);
+  TU_ASSERT_PATTERN(unreg, 64 * KiB, 802, "unregistered local buffer");
+  d = desc(src_end - 10, g.s.mem, 20); /* straddles the end of a local registration */
+  TU_ASSERT_STATUS(xfer(HIXL_WRITE, &d, 1), HIXL_PARAM_INVALID);
+  memset(dst_end, 0x5A, 64);
+  d = desc(dst_end - 10, g.s.mem, 20);
+  TU_ASSERT_STATUS(xfer(HIXL_READ, &d, 1), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(tu_check_byte(dst_end, 64, 0x5A), -1);
+  /* Server memory is a remote registration, not a local one of the client. */
+  d = desc(g.s.mem, g.s.mem + 4096, 16);
+  TU_ASSERT_STATUS(xfer(HIXL_WRITE, &d, 1), HIXL_PARAM_INVALID);
+  TU_ASSERT_PATTERN(g.s.mem, MiB, 801, "server memory after refused local ranges");
+  tu_free_mem(unreg, 64 * KiB);
+}
+
+/* ---------------------------------------------------------------- links */
+
+static void test_duplicate_connect(void) {
+  TU_ASSERT_STATUS(HixlEngineConnect(g.cli, g.srv_name, 1000), HIXL_ALREADY_CONNECTED);
+  TU_ASSERT_STATUS(HixlEngineConnect(g.cli, g.srv_name, 0), HIXL_ALREADY_CONNECTED);
+  write_read_back(4 * KiB, 0, 16, 16, 901); /* the link is unharmed */
+}
+
+static void test_not_connected(void) {
+  HixlEngine *other = tu_engine_start("127.0.0.1");
+  unsigned char *m = tu_alloc_mem(64 * KiB, false);
+  HixlMemHandle h;
+  HixlTransferOpDesc d;
+  HixlTransferReq req = NULL;
+  HixlNotifyDesc n = {.name = "n", .msg = "m", .remote_engine = NULL};
+  char nowhere[TU_ADDR_LEN];
+
+  CU_ASSERT_PTR_NOT_NULL_FATAL(other);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(m);
+  h = tu_register(other, m, 64 * KiB);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(h);
+  tu_fill(g.s.mem, 64 * KiB, 911);
+  d = desc(m, g.s.mem, 4 * KiB);
+  /* The server listens but this engine never connected to it. */
+  TU_ASSERT_STATUS(HixlEngineTransferSync(other, g.srv_name, HIXL_WRITE, &d, 1, 1000), HIXL_NOT_CONNECTED);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(other, g.srv_name, HIXL_READ, &d, 1, 1000), HIXL_NOT_CONNECTED);
+  TU_ASSERT_STATUS(HixlEngineTransferAsync(other, g.srv_name, HIXL_WRITE, &d, 1, 1000, NULL, &req),
+                   HIXL_NOT_CONNECTED);
+  CU_ASSERT_PTR_NULL(req);
+  TU_ASSERT_STATUS(HixlEngineSendNotify(other, g.srv_name, &n, 1000), HIXL_NOT_CONNECTED);
+  TU_ASSERT_STATUS(HixlEngineDisconnect(other, g.srv_name, 1000), HIXL_NOT_CONNECTED);
+  /* An address nobody has heard of. */
+  tu_addr(nowhere, sizeof(nowhere), tu_free_port());
+  TU_ASSERT_STATUS(HixlEngineTransferSync(other, nowhere, HIXL_WRITE, &d, 1, 1000), HIXL_NOT_CONNECTED);
+  TU_ASSERT_PATTERN(g.s.mem, 64 * KiB, 911, "server memory");
+  TU_ASSERT_OK(HixlEngineDeregisterMem(other, h));
+  TU_ASSERT_OK(HixlEngineDestroy(other));
+  tu_free_mem(m, 64 * KiB);
+}
+
+static void check_connect_timeout(int32_t timeout_ms) {
+  char nowhere[TU_ADDR_LEN];
+  int32_t expect = timeout_ms ? timeout_ms : HIXL_DEFAULT_TIMEOUT_MS;
+  int64_t t0, elapsed;
+  HixlStatus st;
+
+  tu_addr(nowhere, sizeof(nowhere), tu_free_port()); /* nothing listens there */
+  t0 = tu_now_ms();
+  st = HixlEngineConnect(g.cli, nowhere, timeout_ms);
+  elapsed = tu_now_ms() - t0;
+  TU_ASSERT_STATUS(st, HIXL_TIMEOUT);
+  if (elapsed > expect + 500 || elapsed < expect - 20)
+    tu_fail(__FILE__, __LINE__, "Connect(%s, %d ms) took %lld ms, want [%d, %d]", nowhere, (int)timeout_ms,
+            (long long)elapsed, (int)expect - 20, (int)expect + 500);
+  else
+    CU_PASS("connect timeout in bounds");
+  /* Nothing half-made was left behind. */
+  TU_ASSERT_STATUS(HixlEngineDisconnect(g.cli, nowhere, 100), HIXL_NOT_CONNECTED);
+}
+
+static void test_connect_timeout(void) {
+  check_connect_timeout(300);
+  check_connect_timeout(50);
+  check_connect_timeout(0); /* the default, 1000 ms */
+}
+
+struct connect_arg {
+  HixlEngine *e;
+  const char *remote;
+  int32_t timeout_ms;
+  HixlStatus st;
+};
+
+static void *connect_thread(void *p) {
+  struct connect_arg *a = p;
+
+  a->st = HixlEngineConnect(a->e, a->remote, a->timeout_ms);
+  return NULL;
+}
+
+/* Connect retries while nothing listens yet; the server may start at any moment
+ * during the call (or even before it): the result must be SUCCESS either way. */
+static void test_connect_before_listen(void) {
+  char name[TU_ADDR_LEN];
+  struct connect_arg a;
+  pthread_t th;
+  HixlEngine *late, *cli2;
+  unsigned char *m = tu_alloc_mem(MiB, false), *cm = tu_alloc_mem(MiB, false);
+  HixlMemHandle h, ch;
+  HixlTransferOpDesc d;
+
+  CU_ASSERT_FATAL(m && cm);
+  cli2 = tu_engine_start("127.0.0.1");
+  CU_ASSERT_PTR_NOT_NULL_FATAL(cli2);
+  ch = tu_register(cli2, cm, MiB);
+  tu_addr(name, sizeof(name), tu_free_port());
+  a.e = cli2;
+  a.remote = name;
+  a.timeout_ms = 10000;
+  a.st = 0xdead;
+  CU_ASSERT_FATAL(pthread_create(&th, NULL, connect_thread, &a) == 0);
+  late = tu_engine_start(name);
+  h = late ? tu_register(late, m, MiB) : NULL;
+  pthread_join(th, NULL);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(late);
+  CU_ASSERT_PTR_NOT_NULL(h);
+  TU_ASSERT_STATUS(a.st, HIXL_SUCCESS);
+  if (a.st == HIXL_SUCCESS && h && ch) {
+    tu_fill(cm, MiB, 951);
+    d = desc(cm, m, MiB);
+    TU_ASSERT_OK(HixlEngineTransferSync(cli2, name, HIXL_WRITE, &d, 1, XFER_TIMEOUT));
+    TU_ASSERT_PATTERN(m, MiB, 951, "late listener memory");
+  }
+  TU_ASSERT_OK(HixlEngineDestroy(cli2));
+  TU_ASSERT_OK(HixlEngineDestroy(late));
+  tu_free_mem(m, MiB);
+  tu_free_mem(cm, MiB);
+}
+
+static void test_disconnect_reconnect(void) {
+  HixlTransferOpDesc d = desc(g.src.mem, g.s.mem, 4 * KiB);
+  HixlTransferReq req = NULL;
+
+  TU_ASSERT_OK(HixlEngineDisconnect(g.cli, g.srv_name, 1000));
+  TU_ASSERT_STATUS(xfer(HIXL_WRITE, &d, 1), HIXL_NOT_CONNECTED);
+  TU_ASSERT_STATUS(xfer(HIXL_READ, &d, 1), HIXL_NOT_CONNECTED);
+  TU_ASSERT_STATUS(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_READ, &d, 1, 1000, NULL, &req),
+                   HIXL_NOT_CONNECTED);
+  TU_ASSERT_STATUS(HixlEngineDisconnect(g.cli, g.srv_name, 1000), HIXL_NOT_CONNECTED);
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(g.cli, g.srv_name, 5000));
+  write_read_back(MiB + 1, 3, 16, 16, 961);
+  /* Several rounds, to catch state that lingers on either side. */
+  for (int i = 0; i < 5; i++) {
+    TU_ASSERT_OK(HixlEngineDisconnect(g.cli, g.srv_name, 1000));
+    TU_ASSERT_OK(HixlEngineConnect(g.cli, g.srv_name, 5000));
+  }
+  write_read_back(64 * KiB, 0, 16, 16, 962);
+}
+
+/* ---------------------------------------------------------------- registration */
+
+static void test_register_after_connect(void) {
+  const size_t len = 2 * MiB;
+  unsigned char *late = tu_alloc_mem(len + 2 * 4096, false);
+  unsigned char *m;
+  HixlMemHandle h;
+  HixlTransferOpDesc d;
+
+  CU_ASSERT_PTR_NOT_NULL_FATAL(late);
+  m = late + 4096;
+  h = tu_register(g.srv, m, len);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(h);
+  /* Used at once, without reconnecting. */
+  tu_fill(g.src.mem, len, 971);
+  d = desc(g.src.mem, m, len);
+  TU_ASSERT_OK(xfer(HIXL_WRITE, &d, 1));
+  TU_ASSERT_PATTERN(m, len, 971, "memory registered after Connect");
+  memset(g.dst.mem, 0, len);
+  d = desc(g.dst.mem, m + 1, len - 1);
+  TU_ASSERT_OK(xfer(HIXL_READ, &d, 1));
+  CU_ASSERT_EQUAL(tu_mismatch(g.dst.mem, m + 1, len - 1), -1);
+
+  /* Deregistered: transfers into that range now fail and leave it alone. */
+  TU_ASSERT_OK(HixlEngineDeregisterMem(g.srv, h));
+  tu_fill(m, len, 972);
+  tu_fill(g.src.mem, len, 973);
+  d = desc(g.src.mem, m, len);
+  TU_ASSERT_STATUS(xfer(HIXL_WRITE, &d, 1), HIXL_FAILED);
+  d = desc(g.src.mem, m + len / 2, 100);
+  TU_ASSERT_STATUS(xfer(HIXL_WRITE, &d, 1), HIXL_FAILED);
+  memset(g.dst.mem, 0xCD, 4096);
+  d = desc(g.dst.mem, m, 4096);
+  TU_ASSERT_STATUS(xfer(HIXL_READ, &d, 1), HIXL_FAILED);
+  CU_ASSERT_EQUAL(tu_check_byte(g.dst.mem, 4096, 0xCD), -1);
+  TU_ASSERT_PATTERN(m, len, 972, "deregistered server memory");
+
+  /* Registered again (a new handle): usable again. */
+  h = tu_register(g.srv, m, len);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(h);
+  d = desc(g.src.mem, m, len);
+  TU_ASSERT_OK(xfer(HIXL_WRITE, &d, 1));
+  TU_ASSERT_PATTERN(m, len, 973, "re-registered server memory");
+  TU_ASSERT_OK(HixlEngineDeregisterMem(g.srv, h));
+  tu_free_mem(late, len + 2 * 4096);
+}
+
+/* A client-side deregistration makes that local range unusable. */
+static void test_local_deregister(void) {
+  unsigned char *m = tu_alloc_mem(MiB, false);
+  HixlMemHandle h;
+  HixlTransferOpDesc d;
+
+  CU_ASSERT_PTR_NOT_NULL_FATAL(m);
+  h = tu_register(g.cli, m, MiB);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(h);
+  tu_fill(m, MiB, 981);
+  d = desc(m, g.s.mem, MiB);
+  TU_ASSERT_OK(xfer(HIXL_WRITE, &d, 1));
+  TU_ASSERT_PATTERN(g.s.mem, MiB, 981, "before local deregister");
+  TU_ASSERT_OK(HixlEngineDeregisterMem(g.cli, h));
+  tu_fill(m, MiB, 982);
+  TU_ASSERT_STATUS(xfer(HIXL_WRITE, &d, 1), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(xfer(HIXL_READ, &d, 1), HIXL_PARAM_INVALID);
+  TU_ASSERT_PATTERN(g.s.mem, MiB, 981, "server after refused local range");
+  TU_ASSERT_PATTERN(m, MiB, 982, "deregistered local memory");
+  tu_free_mem(m, MiB);
+}
+
+/* ---------------------------------------------------------------- notify */
+
+/* Collect notifications on e until want have arrived or the deadline passes. */
+static size_t drain_notifies(HixlEngine *e, char (*names)[64], char (*msgs)[64], char (*from)[64],
+                             size_t want, int timeout_ms) {
+  int64_t deadline = tu_now_ms() + timeout_ms;
+  HixlNotifyDesc *list;
+  size_t count, got = 0, i;
+
+  while (got < want && tu_now_ms() < deadline) {
+    list = NULL;
+    count = 0;
+    if (HixlEngineGetNotifies(e, &list, &count) != HIXL_SUCCESS) {
+      tu_fail(__FILE__, __LINE__, "GetNotifies: %s", HixlGetLastErrorMessage());
+      break;
+    }
+    for (i = 0; i < count; i++, got++) {
+      if (got >= want) continue; /* more than expected: counted, not kept */
+      snprintf(names[got], 64, "%s", list[i].name ? list[i].name : "(null)");
+      snprintf(msgs[got], 64, "%s", list[i].msg ? list[i].msg : "(null)");
+      snprintf(from[got], 64, "%s", list[i].remote_engine ? list[i].remote_engine : "(null)");
+    }
+    HixlEngineFreeNotifies(list);
+    if (count == 0) sched_yield();
+  }
+  return got;
+}
+
+static void test_notify(void) {
+  enum { N = 100 };
+  static char names[N][64], msgs[N][64], from[N][64];
+  HixlNotifyDesc n = {.name = "kv_ready", .msg = "req-42 layer 7", .remote_engine = "ignored"};
+  HixlNotifyDesc *list = NULL;
+  size_t count = 9, got, i;
+  char want[64];
+
+  TU_ASSERT_OK(HixlEngineSendNotify(g.cli, g.srv_name, &n, 5000));
+  got = drain_notifies(g.srv, names, msgs, from, 1, 5000);
+  CU_ASSERT_EQUAL_FATAL(got, 1);
+  CU_ASSERT_STRING_EQUAL(names[0], "kv_ready");
+  CU_ASSERT_STRING_EQUAL(msgs[0], "req-42 layer 7");
+  if (strcmp(from[0], g.cli_name) != 0)
+    tu_fail(__FILE__, __LINE__, "remote_engine is \"%s\", want the sender's name \"%s\"", from[0],
+            g.cli_name);
+  /* Drained. */
+  TU_ASSERT_OK(HixlEngineGetNotifies(g.srv, &list, &count));
+  CU_ASSERT_EQUAL(count, 0);
+  CU_ASSERT_PTR_NULL(list);
+  HixlEngineFreeNotifies(list);
+
+  /* Many, in the order sent; the sender's own queue stays empty. */
+  for (i = 0; i < N; i++) {
+    char nm[32], ms[32];
+    snprintf(nm, sizeof(nm), "name-%zu", i);
+    snprintf(ms, sizeof(ms), "msg-%zu", i * 7);
+    n.name = nm;
+    n.msg = ms;
+    TU_ASSERT_OK(HixlEngineSendNotify(g.cli, g.srv_name, &n, 5000));
+  }
+  got = drain_notifies(g.srv, names, msgs, from, N, 5000);
+  CU_ASSERT_EQUAL(got, N);
+  for (i = 0; i < got && i < N; i++) {
+    snprintf(want, sizeof(want), "name-%zu", i);
+    if (strcmp(names[i], want) != 0) {
+      tu_fail(__FILE__, __LINE__, "notify %zu: name \"%s\", want \"%s\"", i, names[i], want);
+      break;
+    }
+    snprintf(want, sizeof(want), "msg-%zu", i * 7);
+    if (strcmp(msgs[i], want) != 0) {
+      tu_fail(__FILE__, __LINE__, "notify %zu: msg \"%s\", want \"%s\"", i, msgs[i], want);
+      break;
+    }
+  }
+  TU_ASSERT_OK(HixlEngineGetNotifies(g.cli, &list, &count));
+  CU_ASSERT_EQUAL(count, 0);
+  HixlEngineFreeNotifies(list);
+}
+
+/* A sender that listens itself is named by its "ip:port". */
+static void test_notify_from_server_engine(void) {
+  static char names[1][64], msgs[1][64], from[1][64];
+  char name[TU_ADDR_LEN];
+  HixlEngine *e = tu_engine_start(tu_addr(name, sizeof(name), tu_free_port()));
+  HixlNotifyDesc n = {.name = "", .msg = "", .remote_engine = NULL};
+
+  CU_ASSERT_PTR_NOT_NULL_FATAL(e);
+  TU_ASSERT_OK(HixlEngineConnect(e, g.srv_name, 5000));
+  n.name = "from-server";
+  n.msg = "";
+  TU_ASSERT_OK(HixlEngineSendNotify(e, g.srv_name, &n, 5000));
+  CU_ASSERT_EQUAL(drain_notifies(g.srv, names, msgs, from, 1, 5000), 1);
+  CU_ASSERT_STRING_EQUAL(names[0], "from-server");
+  CU_ASSERT_STRING_EQUAL(msgs[0], "");
+  CU_ASSERT_STRING_EQUAL(from[0], name);
+  TU_ASSERT_OK(HixlEngineDestroy(e));
+}
+
+/* ---------------------------------------------------------------- threads */
+
+enum { NTHREADS = 4, ROUNDS = 12 };
+#define THREAD_SPAN (8 * MiB)
+
+struct worker {
+  pthread_t th;
+  int idx;
+  HixlStatus st; /* first failing status */
+  int round;     /* where it happened, -1 if none */
+  const char *what;
+  ptrdiff_t mismatch; /* first bad offset on a data check */
+  uint64_t last_seed;
+};
+
+static void *worker_main(void *p) {
+  struct worker *w = p;
+  size_t base = (size_t)w->idx * THREAD_SPAN, blk, n, i;
+  unsigned char *src = g.src.mem + base, *srv = g.s.mem + base, *dst = g.dst.mem + base;
+  HixlTransferOpDesc *d = malloc(4096 * sizeof(*d));
+  HixlTransferReq req;
+  HixlTransferStatus ts;
+  HixlStatus st;
+  uint64_t seed;
+
+  w->round = -1;
+  w->mismatch = -1;
+  if (!d) {
+    w->what = "malloc";
+    w->round = 0;
+    return NULL;
+  }
+  for (int r = 0; r < ROUNDS; r++) {
+    seed = 1000 + (uint64_t)w->idx * 100 + (uint64_t)r;
+    blk = (size_t)4096 << (r % 6); /* 4 KiB .. 128 KiB blocks */
+    n = THREAD_SPAN / blk;
+    tu_fill(src, THREAD_SPAN, seed);
+    for (i = 0; i < n; i++) /* reversed order on the remote side */
+      d[i] = desc(src + i * blk, srv + (n - 1 - i) * blk, blk);
+    if (r % 2 == 0) {
+      st = HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, d, n, XFER_TIMEOUT);
+    } else {
+      req = NULL;
+      st = HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_WRITE, d, n, XFER_TIMEOUT, w, &req);
+      if (st == HIXL_SUCCESS) {
+        st = tu_wait_request(g.cli, req, tu_now_ms() + XFER_TIMEOUT + 1000, &ts);
+        if (st == HIXL_SUCCESS && ts != HIXL_TRANSFER_COMPLETED) st = HIXL_FAILED;
+      }
+    }
+    if (st != HIXL_SUCCESS) {
+      w->st = st, w->round = r, w->what = "WRITE";
+      break;
+    }
+    memset(dst, 0, THREAD_SPAN);
+    for (i = 0; i < n; i++) d[i] = desc(dst + i * blk, srv + (n - 1 - i) * blk, blk);
+    st = HixlEngineTransferSync(g.cli, g.srv_name, HIXL_READ, d, n, XFER_TIMEOUT);
+    if (st != HIXL_SUCCESS) {
+      w->st = st, w->round = r, w->what = "READ";
+      break;
+    }
+    w->mismatch = tu_mismatch(dst, src, THREAD_SPAN);
+    if (w->mismatch >= 0) {
+      w->round = r, w->what = "read-back data";
+      break;
+    }
+    w->last_seed = seed;
+  }
+  free(d);
+  return NULL;
+}
+
+static void test_four_threads(void) {
+  struct worker w[NTHREADS];
+  int i;
+
+  memset(w, 0, sizeof(w));
+  for (i = 0; i < NTHREADS; i++) {
+    w[i].idx = i;
+    CU_ASSERT_FATAL(pthread_create(&w[i].th, NULL, worker_main, &w[i]) == 0);
+  }
+  for (i = 0; i < NTHREADS; i++) pthread_join(w[i].th, NULL);
+  for (i = 0; i < NTHREADS; i++) {
+    if (w[i].round >= 0)
+      tu_fail(__FILE__, __LINE__, "thread %d round %d: %s failed: %s, mismatch at %td", i, w[i].round,
+              w[i].what, HixlStatusName(w[i].st), w[i].mismatch);
+    else
+      CU_PASS("thread ok");
+  }
+  /* Each server region holds its thread's last round, blocks in reverse order. */
+  for (i = 0; i < NTHREADS; i++) {
+    size_t blk = (size_t)4096 << ((ROUNDS - 1) % 6), n = THREAD_SPAN / blk, b;
+    unsigned char *srv = g.s.mem + (size_t)i * THREAD_SPAN;
+    unsigned char *src = g.src.mem + (size_t)i * THREAD_SPAN;
+    if (w[i].round >= 0) continue;
+    for (b = 0; b < n; b++)
+      if (tu_mismatch(srv + (n - 1 - b) * blk, src + b * blk, blk) >= 0) {
+        tu_fail(__FILE__, __LINE__, "thread %d: server block %zu holds wrong data", i, n - 1 - b);
+        break;
+      }
+    TU_ASSERT_PATTERN(src, THREAD_SPAN, w[i].last_seed, "thread source untouched");
+  }
+}
+
+/* ---------------------------------------------------------------- main */
+
+int main(void) {
+  CU_pSuite s;
+
+  if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+  s = CU_add_suite("transfer (one process)", pair_init, pair_cleanup);
+  CU_add_test(s, "WRITE then READ back, 1 B to 64 MiB", test_sizes);
+  CU_add_test(s, "batches of 1, 16, 1024, 4096 scattered ops", test_batches);
+  CU_add_test(s, "mixed big and tiny ops in one batch", test_mixed_batch);
+  CU_add_test(s, "async WRITE and READ, released after final", test_async_single);
+  CU_add_test(s, "32 async requests in flight", test_async_many);
+  CU_add_test(s, "remote range outside registrations: FAILED, untouched", test_remote_out_of_range);
+  CU_add_test(s, "local range not registered: PARAM_INVALID", test_local_not_registered);
+  CU_add_test(s, "duplicate Connect", test_duplicate_connect);
+  CU_add_test(s, "transfer without Connect", test_not_connected);
+  CU_add_test(s, "Connect where nothing listens: TIMEOUT in time", test_connect_timeout);
+  CU_add_test(s, "Connect before the peer listens", test_connect_before_listen);
+  CU_add_test(s, "Disconnect, then Connect again", test_disconnect_reconnect);
+  CU_add_test(s, "server memory registered after Connect; deregistered", test_register_after_connect);
+  CU_add_test(s, "client memory deregistered", test_local_deregister);
+  CU_add_test(s, "notify delivery", test_notify);
+  CU_add_test(s, "notify from a listening engine", test_notify_from_server_engine);
+  CU_add_test(s, "four threads at once", test_four_threads);
+  if (CU_get_error() != CUE_SUCCESS) {
+    fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
+    CU_cleanup_registry();
+    return 1;
+  }
+  return tu_run_registry();
+}
