@@ -545,7 +545,7 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
       link_enqueue(c, &ch->tx);
     }
   }
-  link_flush(c); /* the caller's thread starts the sending; the progress thread goes on */
+  link_flush_some(c, LINK_CALLER_SEND); /* start here; the progress thread or driver goes on */
   *out = r;
   *out_conn = c;
 unlock:

@@ -142,6 +142,10 @@ struct conn *link_conn_new(struct HixlEngine *e, int fd, enum conn_role role);
 int link_conn_watch(struct conn *c);
 void link_conn_kill(struct conn *c, HixlStatus st, const char *why);
 void link_flush(struct conn *c);
+/* Send at most budget bytes now; what is left goes on from the progress thread
+ * (EPOLLOUT) or a driving caller. Submitting threads use LINK_CALLER_SEND. */
+void link_flush_some(struct conn *c, size_t budget);
+#define LINK_CALLER_SEND (256u << 10)
 void link_enqueue(struct conn *c, struct txitem *it);
 void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct hixl_mem_reg *r);
 void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why);

@@ -185,12 +185,13 @@ static bool drop_if_cancelled(struct conn *c) {
 }
 
 /* Send as much of the queue as the socket takes, in gathered writes. */
-void link_flush(struct conn *c) {
-  while (c->txq_head && !c->dead) {
+void link_flush_some(struct conn *c, size_t budget) {
+  while (c->txq_head && !c->dead && budget > 0) {
     struct iovec iov[LINK_IOV_MAX];
     int n = 0;
+    size_t bytes = 0;
     if (drop_if_cancelled(c)) continue;
-    for (struct txitem *it = c->txq_head; it && n + 3 <= LINK_IOV_MAX; it = it->next) {
+    for (struct txitem *it = c->txq_head; it && n + 3 <= LINK_IOV_MAX && bytes < budget; it = it->next) {
       size_t off = it->sent;
       const struct {
         const void *p;
@@ -203,8 +204,10 @@ void link_flush(struct conn *c) {
         }
         iov[n].iov_base = (uint8_t *)parts[k].p + off;
         iov[n].iov_len = parts[k].len - off;
-        n++;
+        if (iov[n].iov_len > budget - bytes) iov[n].iov_len = budget - bytes;
+        bytes += iov[n++].iov_len;
         off = 0;
+        if (bytes == budget) break;
       }
       if (it->next && it->next->chunk && it->next->chunk->req->cancelled) break;
     }
@@ -219,6 +222,7 @@ void link_flush(struct conn *c) {
       return;
     }
     size_t done = (size_t)k;
+    budget -= done;
     while (c->txq_head) {
       struct txitem *it = c->txq_head;
       size_t total = it->hdr_len + it->heap_len + it->payload_len;
@@ -242,6 +246,8 @@ void link_flush(struct conn *c) {
   }
   if (!c->dead) set_want_out(c, c->txq_head != NULL);
 }
+
+void link_flush(struct conn *c) { link_flush_some(c, SIZE_MAX); }
 
 /* Queue a small frame built by one of the wire_put_* helpers. */
 static int queue_small(struct conn *c, const uint8_t *frame, size_t len, const uint8_t *payload,
