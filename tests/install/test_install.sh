@@ -4,6 +4,7 @@
 # package config all have to be right for this to pass.
 set -euo pipefail
 build=$1 src=$(cd "$(dirname "$0")" && pwd)
+extra=${2:-} # compiler flags the library was built with that a consumer needs (sanitizers)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cmake --install "$build" --prefix "$work/prefix" >/dev/null
@@ -15,14 +16,14 @@ test -f "$libdir/libhixl.a"
 test ! -e "$work/prefix/include/hixl/wire.h"
 
 export PKG_CONFIG_PATH="$libdir/pkgconfig"
-cc -std=c11 -Wall -Werror "$src/consumer.c" -o "$work/consumer_pc" $(pkg-config --cflags --libs hixl) \
+cc -std=c11 -Wall -Werror $extra "$src/consumer.c" -o "$work/consumer_pc" $(pkg-config --cflags --libs hixl) \
   -Wl,-rpath,"$libdir"
 "$work/consumer_pc"
 
 mkdir -p "$work/cm"
 cp "$src/consumer.c" "$work/cm/"
 cp "$src/CMakeLists.txt.in" "$work/cm/CMakeLists.txt"
-cmake -S "$work/cm" -B "$work/cm/build" -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
+cmake -S "$work/cm" -B "$work/cm/build" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_C_FLAGS="$extra" >/dev/null
 cmake --build "$work/cm/build" >/dev/null
 LD_LIBRARY_PATH="$libdir" "$work/cm/build/consumer"
 echo "install: headers, libhixl.so (SONAME libhixl.so.0), libhixl.a, hixl.pc and hixlConfig.cmake work"
