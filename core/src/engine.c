@@ -8,6 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine_ext.h"
 #include "engine_int.h"
 #include "log.h"
 #include "sock.h"
@@ -108,7 +109,7 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
   e->local_addr = sa;
   e->stopping = false;
   snprintf(e->local_name, sizeof(e->local_name), "%s", local_engine);
-  e->listen_fd = has_port ? sock_listen(&sa, &st) : -1;
+  e->listen_fd = has_port ? sock_listen(&sa, 0, &st) : -1;
   if (has_port && e->listen_fd < 0) goto unlock;
   if (link_start(e, &st) < 0) {
     st =
@@ -177,8 +178,15 @@ HixlStatus HixlEngineDestroy(HixlEngine *e) {
 
 HixlStatus HixlEngineRegisterMem(HixlEngine *e, const HixlMemDesc *mem, HixlMemType type,
                                  HixlMemHandle *handle) {
+  return hixl_engine_register_tagged(e, mem, type, NULL, handle);
+}
+
+HixlStatus hixl_engine_register_tagged(HixlEngine *e, const HixlMemDesc *mem, HixlMemType type,
+                                       const char *tag, HixlMemHandle *handle) {
   struct memtab_entry *clash;
   CHECK_ARG(mem && handle, "HixlEngineRegisterMem: mem or handle is NULL");
+  CHECK_ARG(!tag || strlen(tag) <= WIRE_MAX_TAG, "HixlEngineRegisterMem: mem_tag is longer than %u bytes",
+            WIRE_MAX_TAG);
   CHECK_ARG(mem->addr != 0 && mem->len > 0, "HixlEngineRegisterMem: empty range [0x%lx, +%zu)",
             (unsigned long)mem->addr, mem->len);
   CHECK_ARG(mem->addr + mem->len > mem->addr, "HixlEngineRegisterMem: range [0x%lx, +%zu) wraps around",
@@ -204,6 +212,7 @@ HixlStatus HixlEngineRegisterMem(HixlEngine *e, const HixlMemDesc *mem, HixlMemT
   r->range.addr = mem->addr;
   r->range.len = mem->len;
   r->type = type;
+  snprintf(r->tag, sizeof(r->tag), "%s", tag ? tag : "");
   if (memtab_add(&e->regs, &r->range, &clash) < 0) {
     if (clash)
       st = hixl_fail(HIXL_PARAM_INVALID,
@@ -291,16 +300,7 @@ static HixlStatus handshake(HixlEngine *e, int fd, const char *remote, uint64_t 
   const uint8_t *cur = m.u.hello_ack.entries;
   size_t left = m.u.hello_ack.entries_len;
   struct wire_mem_entry me;
-  while (wire_mem_entry_next(&cur, &left, &me)) {
-    struct memtab_entry *ent = malloc(sizeof(*ent)), *clash;
-    if (!ent) {
-      st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: out of memory");
-      goto out;
-    }
-    ent->addr = me.addr;
-    ent->len = me.len;
-    if (memtab_add(&p->rtab, ent, &clash) < 0) free(ent);
-  }
+  while (wire_mem_entry_next(&cur, &left, &me)) link_peer_add_mem(p, &me);
 out:
   free(body);
   return st;
@@ -737,3 +737,66 @@ HixlStatus HixlEngineGetNotifies(HixlEngine *e, HixlNotifyDesc **notifies, size_
 }
 
 void HixlEngineFreeNotifies(HixlNotifyDesc *notifies) { free(notifies); }
+
+/* ---- for the HixlCS* layer (engine_ext.h) ---- */
+
+HixlStatus hixl_engine_listen(HixlEngine *e, uint16_t port, int backlog) {
+  HixlStatus st = engine_enter(e, "HixlCSServerListen");
+  if (st != HIXL_SUCCESS) return st;
+  struct sockaddr_in sa = e->local_addr;
+  if (e->listen_fd >= 0) {
+    st = hixl_fail(HIXL_PARAM_INVALID, "HixlCSServerListen: %s is already listening", e->local_name);
+    goto unlock;
+  }
+  sa.sin_port = htons(port);
+  e->listen_fd = sock_listen(&sa, backlog, &st);
+  if (e->listen_fd < 0) goto unlock;
+  if (link_watch_listener(e) < 0) {
+    st = hixl_fail(HIXL_FAILED, "HixlCSServerListen: epoll: %s", strerror(errno));
+    close(e->listen_fd);
+    e->listen_fd = -1;
+    goto unlock;
+  }
+  char ip[INET_ADDRSTRLEN];
+  inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+  snprintf(e->local_name, sizeof(e->local_name), "%s:%u", ip, (unsigned)port);
+  e->local_addr = sa;
+unlock:
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}
+
+HixlStatus hixl_engine_remote_mems(HixlEngine *e, const char *remote, int32_t timeout_ms,
+                                   struct hixl_remote_mem **out, size_t *count) {
+  const char *fn = "HixlCSClientGetRemoteMem";
+  HixlStatus st;
+  if ((st = check_timeout(timeout_ms, fn)) != HIXL_SUCCESS) return st;
+  uint64_t deadline = hixl_deadline_ns(timeout_ms);
+  if ((st = engine_enter(e, fn)) != HIXL_SUCCESS) return st;
+  struct conn *c = link_for(e, remote, fn, &st);
+  /* One round trip so the table holds everything the peer registered until now. */
+  if (c && (st = link_sync(e, c, deadline, fn, remote)) == HIXL_SUCCESS) c = link_for(e, remote, fn, &st);
+  if (!c) goto unlock;
+  struct memtab *t = &c->peer->rtab;
+  size_t bytes = t->count * sizeof(**out);
+  for (size_t i = 0; i < t->count; i++) bytes += strlen(((struct remote_mem *)t->v[i])->tag) + 1;
+  struct hixl_remote_mem *v = malloc(bytes ? bytes : 1);
+  if (!v) {
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+    goto unlock;
+  }
+  char *s = (char *)(v + t->count);
+  for (size_t i = 0; i < t->count; i++) {
+    struct remote_mem *rm = (struct remote_mem *)t->v[i];
+    size_t l = strlen(rm->tag) + 1;
+    v[i].addr = rm->range.addr;
+    v[i].len = rm->range.len;
+    v[i].tag = memcpy(s, rm->tag, l);
+    s += l;
+  }
+  *out = v;
+  *count = t->count;
+unlock:
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}

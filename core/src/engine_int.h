@@ -22,7 +22,14 @@
 struct hixl_mem_reg {
   struct memtab_entry range; /* first: the memtab holds pointers to it */
   HixlMemType type;
-  uint32_t inflight; /* chunks in flight that touch the range, either role */
+  uint32_t inflight;          /* chunks in flight that touch the range, either role */
+  char tag[WIRE_MAX_TAG + 1]; /* advertised with the range; "" when untagged */
+};
+
+/* A peer's registration as it advertised it. */
+struct remote_mem {
+  struct memtab_entry range; /* first: the peer's memtab holds pointers to it */
+  char tag[WIRE_MAX_TAG + 1];
 };
 
 /* One frame to send: a small inline header, or a heap frame, then an optional
@@ -137,6 +144,7 @@ struct HixlEngine {
 
 /* engine_link.c */
 int link_start(struct HixlEngine *e, HixlStatus *st);
+int link_watch_listener(struct HixlEngine *e);
 void link_stop(struct HixlEngine *e);
 struct conn *link_conn_new(struct HixlEngine *e, int fd, enum conn_role role);
 int link_conn_watch(struct conn *c);
@@ -154,5 +162,7 @@ void link_drive(struct conn *c, struct hixl_transfer_req *r);
 void link_unpark(struct conn *c);
 bool link_alive(struct conn *c);
 void link_free_graveyard(struct HixlEngine *e);
+void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me);
+size_t link_mem_entry_len(const struct hixl_mem_reg *r);
 
 #endif

@@ -272,14 +272,28 @@ static int queue_heap(struct conn *c, uint8_t *frame, size_t len) {
   return 0;
 }
 
+size_t link_mem_entry_len(const struct hixl_mem_reg *r) { return 18 + strlen(r->tag); }
+
+/* Record one registration a peer advertised (handshake or MEM_ADD). */
+void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me) {
+  struct remote_mem *rm = malloc(sizeof(*rm));
+  struct memtab_entry *clash;
+  if (!rm) return; /* the table is a cache: a miss costs a SYNC, never correctness */
+  rm->range.addr = me->addr;
+  rm->range.len = me->len;
+  snprintf(rm->tag, sizeof(rm->tag), "%.*s", (int)me->tag_len, (const char *)me->tag);
+  if (memtab_add(&p->rtab, &rm->range, &clash) < 0) free(rm);
+}
+
 void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct hixl_mem_reg *r) {
   for (struct conn *c = e->conns; c; c = c->next) {
     if (c->role != CONN_TARGET) continue;
-    uint8_t *buf = malloc(WIRE_HDR_LEN + 18);
+    size_t cap = WIRE_HDR_LEN + link_mem_entry_len(r);
+    uint8_t *buf = malloc(cap);
     struct wire_wr w;
     if (!buf) continue;
-    wire_begin(&w, buf, WIRE_HDR_LEN + 18, type);
-    wire_put_mem_entry(&w, r->range.addr, r->range.len, NULL);
+    wire_begin(&w, buf, cap, type);
+    wire_put_mem_entry(&w, r->range.addr, r->range.len, type == WIRE_MEM_ADD ? r->tag : NULL);
     size_t len = wire_end(&w, 0);
     if (queue_heap(c, buf, len) < 0) {
       free(buf);
@@ -294,7 +308,8 @@ void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct 
 
 static void send_hello_ack(struct conn *c, uint32_t status) {
   struct HixlEngine *e = c->eng;
-  size_t cap = WIRE_HDR_LEN + 14 + strlen(e->local_name) + e->regs.count * 18;
+  size_t cap = WIRE_HDR_LEN + 14 + strlen(e->local_name);
+  for (size_t i = 0; i < e->regs.count; i++) cap += link_mem_entry_len((struct hixl_mem_reg *)e->regs.v[i]);
   uint8_t *buf = malloc(cap);
   struct wire_wr w;
   if (!buf) {
@@ -308,7 +323,7 @@ static void send_hello_ack(struct conn *c, uint32_t status) {
   wire_put_bytes(&w, e->local_name, strlen(e->local_name));
   wire_put_u32(&w, status == WIRE_HELLO_OK ? (uint32_t)e->regs.count : 0);
   for (size_t i = 0; status == WIRE_HELLO_OK && i < e->regs.count; i++)
-    wire_put_mem_entry(&w, e->regs.v[i]->addr, e->regs.v[i]->len, NULL);
+    wire_put_mem_entry(&w, e->regs.v[i]->addr, e->regs.v[i]->len, ((struct hixl_mem_reg *)e->regs.v[i])->tag);
   size_t len = wire_end(&w, 0);
   if (len == 0 || queue_heap(c, buf, len) < 0) {
     free(buf);
@@ -418,11 +433,7 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   if (m->hdr.type == WIRE_MEM_ADD || m->hdr.type == WIRE_MEM_DEL) {
     if (!p) return;
     if (m->hdr.type == WIRE_MEM_ADD) {
-      struct memtab_entry *ent = malloc(sizeof(*ent)), *clash;
-      if (!ent) return;
-      ent->addr = m->u.mem.addr;
-      ent->len = m->u.mem.len;
-      if (memtab_add(&p->rtab, ent, &clash) < 0) free(ent);
+      link_peer_add_mem(p, &m->u.mem);
     } else {
       struct memtab_entry *ent = memtab_find_exact(&p->rtab, m->u.mem.addr, m->u.mem.len);
       if (ent && memtab_remove(&p->rtab, ent)) free(ent);
@@ -715,6 +726,11 @@ static void *progress_main(void *arg) {
   return NULL;
 }
 
+int link_watch_listener(struct HixlEngine *e) {
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &e->listen_fd};
+  return epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->listen_fd, &ev);
+}
+
 int link_start(struct HixlEngine *e, HixlStatus *st) {
   (void)st;
   struct epoll_event ev = {.events = EPOLLIN};
@@ -724,10 +740,7 @@ int link_start(struct HixlEngine *e, HixlStatus *st) {
   if (e->evfd < 0) goto close_ep;
   ev.data.ptr = &e->evfd;
   if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->evfd, &ev) < 0) goto close_ev;
-  if (e->listen_fd >= 0) {
-    ev.data.ptr = &e->listen_fd;
-    if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->listen_fd, &ev) < 0) goto close_ev;
-  }
+  if (e->listen_fd >= 0 && link_watch_listener(e) < 0) goto close_ev;
   if (pthread_create(&e->thread, NULL, progress_main, e) != 0) goto close_ev;
   return 0;
 close_ev:

@@ -84,7 +84,7 @@ void sock_tune(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
 }
 
-int sock_listen(const struct sockaddr_in *sa, HixlStatus *st) {
+int sock_listen(const struct sockaddr_in *sa, int backlog, HixlStatus *st) {
   char ip[INET_ADDRSTRLEN];
   int one = 1;
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -94,7 +94,7 @@ int sock_listen(const struct sockaddr_in *sa, HixlStatus *st) {
     return -1;
   }
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(fd, (const struct sockaddr *)sa, sizeof(*sa)) < 0 || listen(fd, 512) < 0) {
+  if (bind(fd, (const struct sockaddr *)sa, sizeof(*sa)) < 0 || listen(fd, backlog > 0 ? backlog : 512) < 0) {
     *st = hixl_fail(HIXL_FAILED, "cannot listen on %s:%u: %s", ip, ntohs(sa->sin_port), strerror(errno));
     close(fd);
     return -1;

@@ -10,7 +10,7 @@
 /* Parse "ip" or "ip:port" (IPv4 dotted quad, port 0-65535). */
 HixlStatus sock_parse_endpoint(const char *text, const char *what, struct sockaddr_in *sa, bool *has_port);
 /* A non-blocking listening socket on sa; returns fd or -1 with the error recorded. */
-int sock_listen(const struct sockaddr_in *sa, HixlStatus *st);
+int sock_listen(const struct sockaddr_in *sa, int backlog, HixlStatus *st);
 /* Connect within deadline_ns (CLOCK_MONOTONIC), retrying while nothing listens.
  * Returns a blocking, TCP_NODELAY fd, or -1 with *st TIMEOUT or FAILED. */
 int sock_connect(const struct sockaddr_in *sa, uint64_t deadline_ns, HixlStatus *st);

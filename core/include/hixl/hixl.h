@@ -3,4 +3,5 @@
 #define HIXL_H
 #include "hixl/hixl_status.h"
 #include "hixl/hixl_engine.h"
+#include "hixl/hixl_cs.h"
 #endif

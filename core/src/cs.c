@@ -1,0 +1,426 @@
+/* cs: the HixlCS* client/server API, a thin layer over the engine. A server is an
+ * engine that listens; a client is a client-only engine linked to one server. Live
+ * handles are kept in a registry so a stale or bogus handle is PARAM_INVALID. */
+#include <arpa/inet.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_ext.h"
+#include "hixl/hixl_cs.h"
+#include "hixl/hixl_engine.h"
+#include "ptrset.h"
+#include "status_int.h"
+
+#define CS_DEFAULT_BATCH_TIMEOUT_MS 30000
+
+struct cs_server {
+  HixlEngine *eng;
+  uint16_t port;
+};
+
+struct cs_client {
+  HixlEngine *eng;
+  char remote[64];          /* "server_ip:port" */
+  int32_t batch_timeout_ms; /* async batches end TIMEOUT after this */
+  pthread_mutex_t lock;     /* guards batches and the GetRemoteMem outputs */
+  struct ptrset batches;    /* CompleteHandles not yet final */
+  HcommMem *rmem;           /* last GetRemoteMem output, owned here */
+  char **rtags;
+  struct hixl_remote_mem *rsnap;
+};
+
+/* Live handles of both kinds. */
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ptrset registry;
+
+static bool registry_has(const void *h) {
+  pthread_mutex_lock(&registry_lock);
+  bool ok = h && ptrset_has(&registry, h);
+  pthread_mutex_unlock(&registry_lock);
+  return ok;
+}
+
+static int registry_add(void *h) {
+  pthread_mutex_lock(&registry_lock);
+  int rc = ptrset_add(&registry, h);
+  pthread_mutex_unlock(&registry_lock);
+  return rc;
+}
+
+static bool registry_del(const void *h) {
+  pthread_mutex_lock(&registry_lock);
+  bool ok = h && ptrset_del(&registry, h);
+  if (registry.count == 0) ptrset_free(&registry);
+  pthread_mutex_unlock(&registry_lock);
+  return ok;
+}
+
+#define CHECK_ARG(cond, ...)                                                                                 \
+  do {                                                                                                       \
+    if (!(cond)) return hixl_fail(HIXL_PARAM_INVALID, __VA_ARGS__);                                          \
+  } while (0)
+
+static HixlStatus check_ipv4(const char *ip, const char *what, const char *fn) {
+  struct in_addr a;
+  CHECK_ARG(ip && inet_pton(AF_INET, ip, &a) == 1, "%s: %s \"%s\" is not an IPv4 address", fn, what,
+            ip ? ip : "(null)");
+  return HIXL_SUCCESS;
+}
+
+/* tcp is available; rdma and shm come with their transports. */
+static HixlStatus check_endpoint(const EndpointDesc *ep, const char *what, const char *fn) {
+  HixlStatus st;
+  if (!ep) return HIXL_SUCCESS;
+  if (ep->protocol == HIXL_EP_PROTOCOL_RDMA || ep->protocol == HIXL_EP_PROTOCOL_SHM)
+    return hixl_fail(HIXL_UNSUPPORTED, "%s: %s protocol %s is not available in this build yet; use tcp", fn,
+                     what, ep->protocol == HIXL_EP_PROTOCOL_RDMA ? "rdma" : "shm");
+  CHECK_ARG(ep->protocol == HIXL_EP_PROTOCOL_TCP, "%s: %s protocol %d is unknown", fn, what,
+            (int)ep->protocol);
+  if (ep->address && (st = check_ipv4(ep->address, "endpoint address", fn)) != HIXL_SUCCESS) return st;
+  return HIXL_SUCCESS;
+}
+
+static HixlStatus engine_new(const char *local, HixlEngine **out) {
+  static const HixlOption tcp[] = {{"Transport", "tcp"}};
+  HixlEngine *e;
+  HixlStatus st = HixlEngineCreate(&e);
+  if (st != HIXL_SUCCESS) return st;
+  st = HixlEngineInitialize(e, local, tcp, 1);
+  if (st != HIXL_SUCCESS) {
+    HixlEngineDestroy(e);
+    return st;
+  }
+  *out = e;
+  return HIXL_SUCCESS;
+}
+
+static HixlStatus mem_desc(const HcommMem *mem, const char *tag, const char *fn, HixlMemDesc *d,
+                           HixlMemType *t) {
+  CHECK_ARG(mem, "%s: mem is NULL", fn);
+  CHECK_ARG(!tag || strlen(tag) <= HIXL_CS_MAX_TAG_LEN, "%s: mem_tag is longer than %d bytes", fn,
+            HIXL_CS_MAX_TAG_LEN);
+  if (mem->type == HCCL_MEM_TYPE_DEVICE)
+    return hixl_fail(HIXL_UNSUPPORTED,
+                     "%s: device memory needs an accelerator backend, and this build has none", fn);
+  CHECK_ARG(mem->type == HCCL_MEM_TYPE_HOST, "%s: memory type %d is unknown", fn, (int)mem->type);
+  d->addr = (uintptr_t)mem->addr;
+  d->len = (size_t)mem->size;
+  *t = HIXL_MEM_HOST;
+  return HIXL_SUCCESS;
+}
+
+/* ---- server ---- */
+
+HixlStatus HixlCSServerCreate(const HixlServerDesc *desc, const HixlServerConfig *config,
+                              HixlServerHandle *server_handle) {
+  const char *fn = "HixlCSServerCreate";
+  HixlStatus st;
+  (void)config; /* reserved */
+  CHECK_ARG(desc && server_handle, "%s: server_desc or server_handle is NULL", fn);
+  if ((st = check_ipv4(desc->server_ip, "server_ip", fn)) != HIXL_SUCCESS) return st;
+  CHECK_ARG(desc->server_port >= 1 && desc->server_port <= 65535, "%s: server_port %u is not in [1,65535]",
+            fn, desc->server_port);
+  CHECK_ARG(desc->endpoint_list_num == 0 || desc->endpoint_list, "%s: endpoint_list is NULL but num is %u",
+            fn, desc->endpoint_list_num);
+  for (uint32_t i = 0; i < desc->endpoint_list_num; i++)
+    if ((st = check_endpoint(&desc->endpoint_list[i], "endpoint", fn)) != HIXL_SUCCESS) return st;
+  struct cs_server *s = calloc(1, sizeof(*s));
+  if (!s) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  s->port = (uint16_t)desc->server_port;
+  if ((st = engine_new(desc->server_ip, &s->eng)) != HIXL_SUCCESS) goto free_server;
+  if (registry_add(s) < 0) {
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+    goto destroy_engine;
+  }
+  *server_handle = s;
+  return HIXL_SUCCESS;
+destroy_engine:
+  HixlEngineDestroy(s->eng);
+free_server:
+  free(s);
+  return st;
+}
+
+#define SERVER(h, fn)                                                                                        \
+  struct cs_server *s = (h);                                                                                 \
+  if (!registry_has(s))                                                                                      \
+  return hixl_fail(HIXL_PARAM_INVALID, "%s: server handle %p is unknown or destroyed", fn, (void *)s)
+
+HixlStatus HixlCSServerRegMem(HixlServerHandle server_handle, const char *mem_tag, const HcommMem *mem,
+                              MemHandle *mem_handle) {
+  SERVER(server_handle, "HixlCSServerRegMem");
+  HixlMemDesc d;
+  HixlMemType t;
+  HixlMemHandle h;
+  CHECK_ARG(mem_handle, "HixlCSServerRegMem: mem_handle is NULL");
+  HixlStatus st = mem_desc(mem, mem_tag, "HixlCSServerRegMem", &d, &t);
+  if (st == HIXL_SUCCESS) st = hixl_engine_register_tagged(s->eng, &d, t, mem_tag, &h);
+  if (st == HIXL_SUCCESS) *mem_handle = h;
+  return st;
+}
+
+HixlStatus HixlCSServerListen(HixlServerHandle server_handle, uint32_t backlog) {
+  SERVER(server_handle, "HixlCSServerListen");
+  CHECK_ARG(backlog <= 65535, "HixlCSServerListen: backlog %u is larger than 65535", backlog);
+  return hixl_engine_listen(s->eng, s->port, (int)backlog);
+}
+
+HixlStatus HixlCSServerUnregMem(HixlServerHandle server_handle, MemHandle mem_handle) {
+  SERVER(server_handle, "HixlCSServerUnregMem");
+  return HixlEngineDeregisterMem(s->eng, mem_handle);
+}
+
+HixlStatus HixlCSServerDestroy(HixlServerHandle server_handle) {
+  struct cs_server *s = server_handle;
+  if (!registry_del(s))
+    return hixl_fail(HIXL_PARAM_INVALID, "HixlCSServerDestroy: server handle %p is unknown or destroyed",
+                     (void *)s);
+  HixlEngineDestroy(s->eng); /* closes client links: their batches end FAILED */
+  free(s);
+  return HIXL_SUCCESS;
+}
+
+/* ---- client ---- */
+
+HixlStatus HixlCSClientCreate(const HixlClientDesc *desc, const HixlClientConfig *config,
+                              HixlClientHandle *client_handle) {
+  const char *fn = "HixlCSClientCreate";
+  HixlStatus st;
+  (void)config; /* reserved */
+  CHECK_ARG(desc && client_handle, "%s: client_desc or client_handle is NULL", fn);
+  if ((st = check_ipv4(desc->server_ip, "server_ip", fn)) != HIXL_SUCCESS) return st;
+  CHECK_ARG(desc->server_port >= 1 && desc->server_port <= 65535, "%s: server_port %u is not in [1,65535]",
+            fn, desc->server_port);
+  if ((st = check_endpoint(desc->local_endpoint, "local_endpoint", fn)) != HIXL_SUCCESS) return st;
+  if ((st = check_endpoint(desc->remote_endpoint, "remote_endpoint", fn)) != HIXL_SUCCESS) return st;
+  struct cs_client *c = calloc(1, sizeof(*c));
+  if (!c) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  snprintf(c->remote, sizeof(c->remote), "%s:%u", desc->server_ip, desc->server_port);
+  c->batch_timeout_ms = CS_DEFAULT_BATCH_TIMEOUT_MS;
+  const char *env = getenv("HIXL_CS_BATCH_TIMEOUT_MS");
+  if (env) {
+    char *end;
+    long v = strtol(env, &end, 10);
+    if (*end || v <= 0 || v > INT32_MAX) {
+      free(c);
+      return hixl_fail(HIXL_PARAM_INVALID, "%s: HIXL_CS_BATCH_TIMEOUT_MS \"%s\" is not in [1,%d]", fn, env,
+                       INT32_MAX);
+    }
+    c->batch_timeout_ms = (int32_t)v;
+  }
+  pthread_mutex_init(&c->lock, NULL);
+  const char *local =
+      desc->local_endpoint && desc->local_endpoint->address ? desc->local_endpoint->address : "0.0.0.0";
+  if ((st = engine_new(local, &c->eng)) != HIXL_SUCCESS) goto free_client;
+  if (registry_add(c) < 0) {
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+    goto destroy_engine;
+  }
+  *client_handle = c;
+  return HIXL_SUCCESS;
+destroy_engine:
+  HixlEngineDestroy(c->eng);
+free_client:
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+  return st;
+}
+
+#define CLIENT(h, fn)                                                                                        \
+  struct cs_client *c = (h);                                                                                 \
+  if (!registry_has(c))                                                                                      \
+  return hixl_fail(HIXL_PARAM_INVALID, "%s: client handle %p is unknown or destroyed", fn, (void *)c)
+
+static int32_t timeout_arg(uint32_t timeout_ms) {
+  return timeout_ms > (uint32_t)INT32_MAX ? INT32_MAX : (int32_t)timeout_ms;
+}
+
+HixlStatus HixlCSClientConnect(HixlClientHandle client_handle, uint32_t timeout_ms) {
+  CLIENT(client_handle, "HixlCSClientConnect");
+  return HixlEngineConnect(c->eng, c->remote, timeout_arg(timeout_ms));
+}
+
+static void free_remote_outputs(struct cs_client *c) {
+  free(c->rmem);
+  free(c->rtags);
+  free(c->rsnap);
+  c->rmem = NULL;
+  c->rtags = NULL;
+  c->rsnap = NULL;
+}
+
+HixlStatus HixlCSClientGetRemoteMem(HixlClientHandle client_handle, HcommMem **remote_mem_list,
+                                    char ***mem_tag_list, uint32_t *list_num, uint32_t timeout_ms) {
+  CLIENT(client_handle, "HixlCSClientGetRemoteMem");
+  struct hixl_remote_mem *snap;
+  size_t n;
+  CHECK_ARG(remote_mem_list && mem_tag_list && list_num,
+            "HixlCSClientGetRemoteMem: remote_mem_list, mem_tag_list or list_num is NULL");
+  HixlStatus st = hixl_engine_remote_mems(c->eng, c->remote, timeout_arg(timeout_ms), &snap, &n);
+  if (st != HIXL_SUCCESS) return st;
+  HcommMem *mems = calloc(n ? n : 1, sizeof(*mems));
+  char **tags = calloc(n ? n : 1, sizeof(*tags));
+  if (!mems || !tags) {
+    free(mems);
+    free(tags);
+    free(snap);
+    return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlCSClientGetRemoteMem: out of memory");
+  }
+  for (size_t i = 0; i < n; i++) {
+    mems[i].type = HCCL_MEM_TYPE_HOST;
+    mems[i].addr = (void *)(uintptr_t)snap[i].addr;
+    mems[i].size = snap[i].len;
+    tags[i] = (char *)snap[i].tag;
+  }
+  pthread_mutex_lock(&c->lock);
+  free_remote_outputs(c); /* the previous call's output, as the seed says */
+  c->rmem = mems;
+  c->rtags = tags;
+  c->rsnap = snap;
+  pthread_mutex_unlock(&c->lock);
+  *remote_mem_list = mems;
+  *mem_tag_list = tags;
+  *list_num = (uint32_t)n;
+  return HIXL_SUCCESS;
+}
+
+HixlStatus HixlCSClientRegMem(HixlClientHandle client_handle, const char *mem_tag, const HcommMem *mem,
+                              MemHandle *mem_handle) {
+  CLIENT(client_handle, "HixlCSClientRegMem");
+  HixlMemDesc d;
+  HixlMemType t;
+  HixlMemHandle h;
+  CHECK_ARG(mem_handle, "HixlCSClientRegMem: mem_handle is NULL");
+  HixlStatus st = mem_desc(mem, mem_tag, "HixlCSClientRegMem", &d, &t);
+  if (st == HIXL_SUCCESS) st = hixl_engine_register_tagged(c->eng, &d, t, mem_tag, &h);
+  if (st == HIXL_SUCCESS) *mem_handle = h;
+  return st;
+}
+
+HixlStatus HixlCSClientUnregMem(HixlClientHandle client_handle, MemHandle mem_handle) {
+  CLIENT(client_handle, "HixlCSClientUnregMem");
+  return HixlEngineDeregisterMem(c->eng, mem_handle);
+}
+
+/* HixlOneSideOpDesc[] -> HixlTransferOpDesc[] (the caller frees *out). */
+static HixlStatus to_ops(uint32_t n, const HixlOneSideOpDesc *list, const char *fn,
+                         HixlTransferOpDesc **out) {
+  CHECK_ARG(list && n > 0, "%s: need list_num > 0 and a desc_list", fn);
+  HixlTransferOpDesc *ops = malloc(n * sizeof(*ops));
+  if (!ops) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  for (uint32_t i = 0; i < n; i++) {
+    if (list[i].len > SIZE_MAX) {
+      free(ops);
+      return hixl_fail(HIXL_PARAM_INVALID, "%s: op %u length does not fit in memory", fn, i);
+    }
+    ops[i].local_addr = (uintptr_t)list[i].local_buf;
+    ops[i].remote_addr = (uintptr_t)list[i].remote_buf;
+    ops[i].len = (size_t)list[i].len;
+  }
+  *out = ops;
+  return HIXL_SUCCESS;
+}
+
+static HixlStatus batch_async(struct cs_client *c, HixlTransferOp op, uint32_t n,
+                              const HixlOneSideOpDesc *list, CompleteHandle *complete_handle,
+                              const char *fn) {
+  HixlTransferOpDesc *ops;
+  HixlTransferReq req;
+  CHECK_ARG(complete_handle, "%s: complete_handle is NULL", fn);
+  HixlStatus st = to_ops(n, list, fn, &ops);
+  if (st != HIXL_SUCCESS) return st;
+  pthread_mutex_lock(&c->lock);
+  if (c->batches.count >= HIXL_CS_MAX_INFLIGHT_BATCHES) {
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED,
+                   "%s: %d batches are not completed yet (the limit); query them with "
+                   "HixlCSClientQueryCompleteStatus first",
+                   fn, HIXL_CS_MAX_INFLIGHT_BATCHES);
+  } else {
+    st = HixlEngineTransferAsync(c->eng, c->remote, op, ops, n, c->batch_timeout_ms, NULL, &req);
+    if (st == HIXL_SUCCESS && ptrset_add(&c->batches, req) < 0) {
+      HixlTransferStatus ts; /* cannot track it: let the engine release it as it ends */
+      (void)HixlEngineGetTransferStatus(c->eng, req, &ts);
+      st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+  free(ops);
+  if (st == HIXL_SUCCESS) *complete_handle = req;
+  return st;
+}
+
+HixlStatus HixlCSClientBatchPutAsync(HixlClientHandle client_handle, uint32_t list_num,
+                                     const HixlOneSideOpDesc *desc_list, CompleteHandle *complete_handle) {
+  CLIENT(client_handle, "HixlCSClientBatchPutAsync");
+  return batch_async(c, HIXL_WRITE, list_num, desc_list, complete_handle, "HixlCSClientBatchPutAsync");
+}
+
+HixlStatus HixlCSClientBatchGetAsync(HixlClientHandle client_handle, uint32_t list_num,
+                                     const HixlOneSideOpDesc *desc_list, CompleteHandle *complete_handle) {
+  CLIENT(client_handle, "HixlCSClientBatchGetAsync");
+  return batch_async(c, HIXL_READ, list_num, desc_list, complete_handle, "HixlCSClientBatchGetAsync");
+}
+
+HixlStatus HixlCSClientQueryCompleteStatus(HixlClientHandle client_handle, CompleteHandle complete_handle,
+                                           HixlCompleteStatus *complete_status) {
+  CLIENT(client_handle, "HixlCSClientQueryCompleteStatus");
+  HixlTransferStatus ts;
+  CHECK_ARG(complete_status, "HixlCSClientQueryCompleteStatus: complete_status is NULL");
+  pthread_mutex_lock(&c->lock);
+  if (!complete_handle || !ptrset_has(&c->batches, complete_handle)) {
+    pthread_mutex_unlock(&c->lock);
+    return hixl_fail(HIXL_PARAM_INVALID,
+                     "HixlCSClientQueryCompleteStatus: complete_handle %p is unknown or was already released "
+                     "by a final status",
+                     complete_handle);
+  }
+  HixlStatus st = HixlEngineGetTransferStatus(c->eng, complete_handle, &ts);
+  if (st == HIXL_SUCCESS && ts != HIXL_TRANSFER_WAITING) ptrset_del(&c->batches, complete_handle);
+  pthread_mutex_unlock(&c->lock);
+  if (st != HIXL_SUCCESS) return st;
+  static const HixlCompleteStatus map[] = {
+      [HIXL_TRANSFER_WAITING] = HIXL_COMPLETE_STATUS_WAITING,
+      [HIXL_TRANSFER_COMPLETED] = HIXL_COMPLETE_STATUS_COMPLETED,
+      [HIXL_TRANSFER_TIMEOUT] = HIXL_COMPLETE_STATUS_TIMEOUT,
+      [HIXL_TRANSFER_FAILED] = HIXL_COMPLETE_STATUS_FAILED,
+  };
+  *complete_status = map[ts];
+  return HIXL_SUCCESS;
+}
+
+static HixlStatus batch_sync(struct cs_client *c, HixlTransferOp op, uint32_t n,
+                             const HixlOneSideOpDesc *list, uint32_t timeout_ms, const char *fn) {
+  HixlTransferOpDesc *ops;
+  HixlStatus st = to_ops(n, list, fn, &ops);
+  if (st != HIXL_SUCCESS) return st;
+  st = HixlEngineTransferSync(c->eng, c->remote, op, ops, n, timeout_arg(timeout_ms));
+  free(ops);
+  return st;
+}
+
+HixlStatus HixlCSClientBatchPutSync(HixlClientHandle client_handle, uint32_t list_num,
+                                    const HixlOneSideOpDesc *desc_list, uint32_t timeout_ms) {
+  CLIENT(client_handle, "HixlCSClientBatchPutSync");
+  return batch_sync(c, HIXL_WRITE, list_num, desc_list, timeout_ms, "HixlCSClientBatchPutSync");
+}
+
+HixlStatus HixlCSClientBatchGetSync(HixlClientHandle client_handle, uint32_t list_num,
+                                    const HixlOneSideOpDesc *desc_list, uint32_t timeout_ms) {
+  CLIENT(client_handle, "HixlCSClientBatchGetSync");
+  return batch_sync(c, HIXL_READ, list_num, desc_list, timeout_ms, "HixlCSClientBatchGetSync");
+}
+
+HixlStatus HixlCSClientDestroy(HixlClientHandle client_handle) {
+  struct cs_client *c = client_handle;
+  if (!registry_del(c))
+    return hixl_fail(HIXL_PARAM_INVALID, "HixlCSClientDestroy: client handle %p is unknown or destroyed",
+                     (void *)c);
+  HixlEngineDestroy(c->eng); /* batches in flight end FAILED; the engine frees them */
+  ptrset_free(&c->batches);
+  free_remote_outputs(c);
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+  return HIXL_SUCCESS;
+}

@@ -1,0 +1,27 @@
+/* engine_ext: what the HixlCS* layer needs from the engine beyond the public API. */
+#ifndef HIXL_ENGINE_EXT_H
+#define HIXL_ENGINE_EXT_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hixl/hixl_engine.h"
+
+/* RegisterMem with a tag (NULL or at most 255 bytes) advertised to peers. */
+HixlStatus hixl_engine_register_tagged(HixlEngine *e, const HixlMemDesc *mem, HixlMemType type,
+                                       const char *tag, HixlMemHandle *handle);
+
+/* Start listening on port of the engine's IP, for an engine initialized without one. */
+HixlStatus hixl_engine_listen(HixlEngine *e, uint16_t port, int backlog);
+
+struct hixl_remote_mem {
+  uint64_t addr;
+  uint64_t len;
+  const char *tag; /* points into the same allocation */
+};
+
+/* The registrations remote advertised, brought up to date by one round trip. *out is
+ * one allocation (free it); *count may be 0. */
+HixlStatus hixl_engine_remote_mems(HixlEngine *e, const char *remote, int32_t timeout_ms,
+                                   struct hixl_remote_mem **out, size_t *count);
+
+#endif
