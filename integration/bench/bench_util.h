@@ -4,6 +4,7 @@
 #define HIXL_BENCH_UTIL_H
 
 #include <errno.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -145,6 +146,32 @@ static inline FILE *bench_csv_open(const char *path, const char *header) {
   struct stat st;
   if (fstat(fileno(f), &st) == 0 && st.st_size == 0) fprintf(f, "%s\n", header);
   return f;
+}
+
+/* "--pin I,T": CPU for the initiator (sender) and for the target (receiver); -1 none. */
+static inline bool bench_parse_pin(const char *s, int *ini, int *tgt) {
+  char *end = NULL;
+  if (s == NULL || *s < '0' || *s > '9') return false;
+  long a = strtol(s, &end, 10);
+  if (*end != ',' || end[1] < '0' || end[1] > '9') return false;
+  long b = strtol(end + 1, &end, 10);
+  if (*end != '\0' || a >= CPU_SETSIZE || b >= CPU_SETSIZE) return false;
+  *ini = (int)a;
+  *tgt = (int)b;
+  return true;
+}
+
+/* Pin the calling thread (and the threads it creates later) to one CPU. */
+static inline bool bench_pin_cpu(int cpu) {
+  if (cpu < 0) return true;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+    fprintf(stderr, "cannot pin to CPU %d: %s\n", cpu, strerror(errno));
+    return false;
+  }
+  return true;
 }
 
 #endif /* HIXL_BENCH_UTIL_H */

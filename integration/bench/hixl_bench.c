@@ -67,6 +67,8 @@ struct bench_opts {
   int32_t timeout_ms; /* 0: from the batch size */
   size_t mem;         /* 0: as needed, capped at BENCH_DEFAULT_MEM_CAP */
   uint64_t seed;
+  int cpu_initiator; /* --pin: -1 none */
+  int cpu_target;
 };
 
 #define BENCH_DEFAULT_MEM_CAP ((size_t)1 << 30)
@@ -126,7 +128,8 @@ static void usage(FILE *f) {
           "  --timeout-ms MS             per transfer call (default 10 s + 1 s per 100 MB)\n"
           "  --mem BYTES                 registered bytes per side (default: what the sweep\n"
           "                              needs, at most 1G; larger batches wrap around)\n"
-          "  --seed N                    pattern seed (default 1)\n",
+          "  --seed N                    pattern seed (default 1)\n"
+          "  --pin I,T                   pin the initiator process to CPU I, the target to CPU T\n",
           g_prog);
 }
 
@@ -952,6 +955,8 @@ static bool parse_args(int argc, char **argv, struct bench_opts *o) {
       o->timeout_ms = (int32_t)u;
     } else if (strcmp(a, "--mem") == 0) {
       ok = bench_parse_size(v, &o->mem) && o->mem > 0;
+    } else if (strcmp(a, "--pin") == 0) {
+      ok = bench_parse_pin(v, &o->cpu_initiator, &o->cpu_target);
     } else if (strcmp(a, "--seed") == 0) {
       ok = bench_parse_u64(v, &o->seed);
     } else {
@@ -1003,6 +1008,8 @@ int main(int argc, char **argv) {
   o.verify = true;
   o.progress = true;
   o.seed = 1;
+  o.cpu_initiator = -1;
+  o.cpu_target = -1;
   if (!parse_args(argc, argv, &o)) {
     usage(stderr);
     return 2;
@@ -1031,13 +1038,13 @@ int main(int argc, char **argv) {
     }
     if (pid == 0) {
       close(sp[0]);
-      int rc = run_target(&o, sp[1]);
+      int rc = bench_pin_cpu(o.cpu_target) ? run_target(&o, sp[1]) : 1;
       close(sp[1]);
       fflush(NULL);
       _exit(rc);
     }
     close(sp[1]);
-    int rc = run_initiator(&o, sp[0]);
+    int rc = bench_pin_cpu(o.cpu_initiator) ? run_initiator(&o, sp[0]) : 1;
     close(sp[0]);
     int crc = wait_child(pid, 60);
     if (crc != 0) {
@@ -1056,7 +1063,7 @@ int main(int argc, char **argv) {
   }
   uint16_t cport = o.ctrl_port != 0 ? o.ctrl_port : (uint16_t)(port + 1);
   int ctrl = o.role == ROLE_TARGET ? ctrl_listen_accept(ip, cport) : ctrl_connect(ip, cport);
-  if (ctrl < 0) return 1;
+  if (ctrl < 0 || !bench_pin_cpu(o.role == ROLE_TARGET ? o.cpu_target : o.cpu_initiator)) return 1;
   int rc = o.role == ROLE_TARGET ? run_target(&o, ctrl) : run_initiator(&o, ctrl);
   close(ctrl);
   return rc;

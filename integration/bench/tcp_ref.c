@@ -35,6 +35,8 @@ struct ref_opts {
   uint64_t iters;   /* rtt round trips measured */
   uint64_t warmup;  /* rtt round trips not measured */
   const char *csv;  /* append a row here */
+  int cpu_sender;   /* --pin: -1 none */
+  int cpu_receiver;
   bool quiet;
 };
 
@@ -48,6 +50,7 @@ static void usage(FILE *f) {
           "  --seconds S      stream duration (default 3); rtt stops early past it (default 10)\n"
           "  --iters N        rtt round trips measured (default 20000)\n"
           "  --warmup N       rtt round trips before measuring (default 1000)\n"
+          "  --pin S,R        pin the sender process to CPU S and the receiver to CPU R\n"
           "  --csv FILE       append one result row (header written when the file is new)\n"
           "  --quiet          no human-readable line\n",
           g_prog, REF_MAX_STREAMS);
@@ -330,8 +333,14 @@ out:
 }
 
 int main(int argc, char **argv) {
-  struct ref_opts o = {
-      .mode = REF_STREAM, .size = 0, .streams = 1, .seconds = -1, .iters = 20000, .warmup = 1000};
+  struct ref_opts o = {.mode = REF_STREAM,
+                       .size = 0,
+                       .streams = 1,
+                       .seconds = -1,
+                       .iters = 20000,
+                       .warmup = 1000,
+                       .cpu_sender = -1,
+                       .cpu_receiver = -1};
   bool mode_set = false;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -361,6 +370,8 @@ int main(int argc, char **argv) {
       i++;
     } else if (strcmp(a, "--warmup") == 0 && bench_parse_u64(v, &u) && u <= 100000000) {
       o.warmup = u;
+      i++;
+    } else if (strcmp(a, "--pin") == 0 && bench_parse_pin(v, &o.cpu_sender, &o.cpu_receiver)) {
       i++;
     } else if (strcmp(a, "--csv") == 0 && v != NULL) {
       o.csv = v;
@@ -399,13 +410,14 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (pid == 0) {
-    int rc = run_receiver(&o, lfd);
+    int rc = bench_pin_cpu(o.cpu_receiver) ? run_receiver(&o, lfd) : 1;
     close(lfd);
     fflush(NULL);
     _exit(rc);
   }
   close(lfd);
-  int rc = o.mode == REF_STREAM ? run_stream(&o, port) : run_rtt(&o, port);
+  int rc = 1;
+  if (bench_pin_cpu(o.cpu_sender)) rc = o.mode == REF_STREAM ? run_stream(&o, port) : run_rtt(&o, port);
   if (rc != 0) {
     /* A failed sender may leave the receiver waiting on a socket: stop it. */
     kill(pid, SIGTERM);
