@@ -197,8 +197,8 @@ static const struct {
 } limits[] = {
     {WIRE_HELLO, 6, 6 + WIRE_MAX_NAME, 0},
     {WIRE_HELLO_ACK, 14, WIRE_MAX_BODY, 0},
-    {WIRE_MEM_ADD, 18, 18 + WIRE_MAX_TAG, 0},
-    {WIRE_MEM_DEL, 18, 18, 0},
+    {WIRE_MEM_ADD, 22, 22 + WIRE_MAX_TAG, 0},
+    {WIRE_MEM_DEL, 22, 22, 0},
     {WIRE_WRITE_REQ, 16, 16, 1},
     {WIRE_WRITE_ACK, 12, 12, 0},
     {WIRE_READ_REQ, 20, 20, 0},
@@ -207,6 +207,8 @@ static const struct {
     {WIRE_NOTIFY_ACK, 12, 12, 0},
     {WIRE_SYNC, 8, 8, 0},
     {WIRE_SYNC_ACK, 12, 12, 0},
+    {WIRE_RDMA_CONNECT, 25, 25, 0},
+    {WIRE_RDMA_CONNECT_ACK, 29, 29, 0},
 };
 #define NLIMITS (sizeof(limits) / sizeof(limits[0]))
 
@@ -298,7 +300,7 @@ static size_t build_hello_ack(uint8_t *buf, size_t cap, uint32_t status, const c
   wire_put_u16(&w, (uint16_t)strlen(name));
   wire_put_bytes(&w, name, strlen(name));
   wire_put_u32(&w, n);
-  for (uint32_t i = 0; i < n; i++) wire_put_mem_entry(&w, e[i].addr, e[i].len, e[i].tag);
+  for (uint32_t i = 0; i < n; i++) wire_put_mem_entry(&w, e[i].addr, e[i].len, (uint32_t)i + 7, e[i].tag);
   return wire_end(&w, 0);
 }
 
@@ -336,6 +338,7 @@ static void test_rt_hello_ack(void) {
     const char *tag = ents[seen].tag ? ents[seen].tag : "";
     CU_ASSERT_EQUAL(e.addr, ents[seen].addr);
     CU_ASSERT_EQUAL(e.len, ents[seen].len);
+    CU_ASSERT_EQUAL(e.rkey, seen + 7);
     CU_ASSERT_EQUAL_FATAL(e.tag_len, strlen(tag));
     CU_ASSERT_EQUAL(memcmp(e.tag, tag, e.tag_len), 0);
     CU_ASSERT(inside(e.tag, e.tag_len, buf, len));
@@ -368,7 +371,7 @@ static void test_rt_hello_ack_empty(void) {
 
 /* The largest table: WIRE_MAX_MEM_ENTRIES entries decode, one more does not. */
 static void test_rt_hello_ack_max(void) {
-  const size_t cap = WIRE_HDR_LEN + 14 + 4 + (WIRE_MAX_MEM_ENTRIES + 1) * (18 + 8);
+  const size_t cap = WIRE_HDR_LEN + 14 + 4 + (WIRE_MAX_MEM_ENTRIES + 1) * (22 + 8);
   uint8_t *buf = malloc(cap);
   struct ent *ents = calloc(WIRE_MAX_MEM_ENTRIES + 1, sizeof(*ents));
   struct wire_msg m;
@@ -399,25 +402,26 @@ static void test_rt_hello_ack_max(void) {
 }
 
 static void test_rt_mem(void) {
-  uint8_t buf[WIRE_HDR_LEN + 18 + WIRE_MAX_TAG];
+  uint8_t buf[WIRE_HDR_LEN + 22 + WIRE_MAX_TAG];
   struct wire_wr w;
   struct wire_msg m;
 
   wire_begin(&w, buf, sizeof(buf), WIRE_MEM_ADD);
-  wire_put_mem_entry(&w, 0xdeadbeef000ull, 123456789, "kv.v");
+  wire_put_mem_entry(&w, 0xdeadbeef000ull, 123456789, 0xabcdef01u, "kv.v");
   size_t len = wire_end(&w, 0);
-  CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + 18 + 4);
+  CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + 22 + 4);
   CU_ASSERT_EQUAL_FATAL(parse_frame(buf, len, &m), WIRE_OK);
   CU_ASSERT_EQUAL(m.u.mem.addr, 0xdeadbeef000ull);
   CU_ASSERT_EQUAL(m.u.mem.len, 123456789);
   CU_ASSERT_EQUAL_FATAL(m.u.mem.tag_len, 4);
   CU_ASSERT_EQUAL(memcmp(m.u.mem.tag, "kv.v", 4), 0);
-  CU_ASSERT_PTR_EQUAL(m.u.mem.tag, buf + WIRE_HDR_LEN + 18);
+  CU_ASSERT_PTR_EQUAL(m.u.mem.tag, buf + WIRE_HDR_LEN + 22);
+  CU_ASSERT_EQUAL(m.u.mem.rkey, 0xabcdef01u);
 
   wire_begin(&w, buf, sizeof(buf), WIRE_MEM_DEL);
-  wire_put_mem_entry(&w, 0xdeadbeef000ull, 123456789, NULL);
+  wire_put_mem_entry(&w, 0xdeadbeef000ull, 123456789, 0, NULL);
   len = wire_end(&w, 0);
-  CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + 18);
+  CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + 22);
   CU_ASSERT_EQUAL_FATAL(parse_frame(buf, len, &m), WIRE_OK);
   CU_ASSERT_EQUAL(m.hdr.type, WIRE_MEM_DEL);
   CU_ASSERT_EQUAL(m.u.mem.addr, 0xdeadbeef000ull);
@@ -500,6 +504,32 @@ static void test_rt_sync(void) {
   CU_ASSERT_EQUAL(m.u.ack.seq, 0x0102030405060708ull);
   CU_ASSERT_EQUAL(buf[WIRE_HDR_LEN], 0x01); /* big-endian on the wire */
   CU_ASSERT_EQUAL(buf[WIRE_HDR_LEN + 7], 0x08);
+}
+
+static void test_rt_qp(void) {
+  uint8_t buf[WIRE_HDR_LEN + 4 + WIRE_QP_INFO_LEN], gid[16];
+  struct wire_msg m;
+  struct wire_wr w;
+  for (int i = 0; i < 16; i++) gid[i] = (uint8_t)(0xf0 + i);
+  for (int ack = 0; ack < 2; ack++) {
+    wire_begin(&w, buf, sizeof(buf), ack ? WIRE_RDMA_CONNECT_ACK : WIRE_RDMA_CONNECT);
+    if (ack) wire_put_u32(&w, 1);
+    wire_put_qp_info(&w, 0x123456, 0xabcdef, gid, 3);
+    size_t len = wire_end(&w, 0);
+    CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + (ack ? 4u : 0u) + WIRE_QP_INFO_LEN);
+    CU_ASSERT_EQUAL_FATAL(parse_frame(buf, len, &m), WIRE_OK);
+    CU_ASSERT_EQUAL(m.u.qp.status, ack ? 1u : 0u);
+    CU_ASSERT_EQUAL(m.u.qp.qpn, 0x123456);
+    CU_ASSERT_EQUAL(m.u.qp.psn, 0xabcdef);
+    CU_ASSERT_EQUAL(memcmp(m.u.qp.gid, gid, 16), 0);
+    CU_ASSERT_EQUAL(m.u.qp.mtu, 3);
+    /* a QP number over 24 bits, or an MTU code outside 1..5, is refused */
+    buf[len - 1] = 6;
+    CU_ASSERT_EQUAL(parse_frame(buf, len, &m), WIRE_EBODY);
+    buf[len - 1] = 3;
+    buf[WIRE_HDR_LEN + (ack ? 4 : 0)] = 1;
+    CU_ASSERT_EQUAL(parse_frame(buf, len, &m), WIRE_EBODY);
+  }
 }
 
 static size_t build_notify(uint8_t *buf, size_t cap, uint64_t seq, const char *name, size_t nl,
@@ -601,9 +631,10 @@ static size_t raw_hello_ack(uint8_t *b, uint16_t nl, uint32_t count) {
 static size_t raw_entry(uint8_t *b, uint64_t addr, uint64_t len, uint16_t tl) {
   put64(b, addr);
   put64(b + 8, len);
-  put16(b + 16, tl);
-  memset(b + 18, 'T', tl);
-  return 18u + tl;
+  put32(b + 16, 0x5eed);
+  put16(b + 20, tl);
+  memset(b + 22, 'T', tl);
+  return 22u + tl;
 }
 
 static void test_bad_hello_ack(void) {
@@ -629,7 +660,7 @@ static void test_bad_hello_ack(void) {
   CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n + 1, 0, &m), WIRE_EBODY);
   /* a truncated last entry */
   CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n - 1, 0, &m), WIRE_EBODY);
-  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n - 18, 0, &m), WIRE_EBODY);
+  CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n - 22, 0, &m), WIRE_EBODY);
   /* a huge count with no entries at all */
   n = raw_hello_ack(b, 0, 0xffffffffu);
   CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n, 0, &m), WIRE_EBODY);
@@ -647,9 +678,9 @@ static void test_bad_hello_ack(void) {
   /* tag_len running past the body */
   n = raw_hello_ack(b, 0, 1);
   n += raw_entry(b + n, 1, 2, 10);
-  put16(b + at + 16, 11);
+  put16(b + at + 20, 11);
   CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n, 0, &m), WIRE_EBODY);
-  put16(b + at + 16, 0xffff);
+  put16(b + at + 20, 0xffff);
   CU_ASSERT_EQUAL(decode_body(WIRE_HELLO_ACK, b, (uint32_t)n, 0, &m), WIRE_EBODY);
 
   /* name_len over WIRE_MAX_NAME, or leaving no room for count */
@@ -664,7 +695,7 @@ static void test_bad_hello_ack(void) {
 }
 
 static void test_bad_mem(void) {
-  uint8_t b[18 + WIRE_MAX_TAG + 1];
+  uint8_t b[22 + WIRE_MAX_TAG + 1];
   struct wire_msg m;
 
   size_t n = raw_entry(b, 1, 2, 5);
@@ -674,12 +705,12 @@ static void test_bad_mem(void) {
   CU_ASSERT_EQUAL(decode_body(WIRE_MEM_ADD, b, (uint32_t)n + 1, 0, &m), WIRE_EBODY);
   /* The largest MEM_ADD body with a tag_len one over the limit. */
   n = raw_entry(b, 1, 2, WIRE_MAX_TAG);
-  put16(b + 16, WIRE_MAX_TAG + 1);
+  put16(b + 20, WIRE_MAX_TAG + 1);
   CU_ASSERT_EQUAL(decode_body(WIRE_MEM_ADD, b, (uint32_t)n, 0, &m), WIRE_EBODY);
   /* MEM_DEL carries no tag. */
   n = raw_entry(b, 1, 2, 0);
   CU_ASSERT_EQUAL(decode_body(WIRE_MEM_DEL, b, (uint32_t)n, 0, &m), WIRE_OK);
-  put16(b + 16, 1);
+  put16(b + 20, 1);
   CU_ASSERT_EQUAL(decode_body(WIRE_MEM_DEL, b, (uint32_t)n, 0, &m), WIRE_EBODY);
 }
 
@@ -808,7 +839,7 @@ static void test_builder_overflow(void) {
   memset(buf, 0xcc, sizeof(buf));
   wire_begin(&w, buf, WIRE_HDR_LEN + 2, WIRE_HELLO);
   wire_put_bytes(&w, "abcdef", 6);
-  wire_put_mem_entry(&w, 1, 2, "tag");
+  wire_put_mem_entry(&w, 1, 2, 3, "tag");
   CU_ASSERT_EQUAL(wire_end(&w, 0), 0);
   for (size_t i = WIRE_HDR_LEN; i < sizeof(buf); i++) CU_ASSERT_EQUAL(buf[i], 0xcc);
 }
@@ -851,6 +882,7 @@ static CU_TestInfo rt_tests[] = {
     {"read_req", test_rt_read_req},
     {"acks", test_rt_acks},
     {"sync", test_rt_sync},
+    {"rdma qp info", test_rt_qp},
     {"notify", test_rt_notify},
     {"stream", test_rt_stream},
     CU_TEST_INFO_NULL,

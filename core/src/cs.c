@@ -31,28 +31,29 @@ struct cs_client {
   struct hixl_remote_mem *rsnap;
 };
 
-/* Live handles of both kinds. */
+/* Live handles, one set per kind: a server handle given to a client call (or the
+ * reverse) is as unknown as a freed one. */
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct ptrset registry;
+static struct ptrset servers, clients;
 
-static bool registry_has(const void *h) {
+static bool registry_has(struct ptrset *set, const void *h) {
   pthread_mutex_lock(&registry_lock);
-  bool ok = h && ptrset_has(&registry, h);
+  bool ok = h && ptrset_has(set, h);
   pthread_mutex_unlock(&registry_lock);
   return ok;
 }
 
-static int registry_add(void *h) {
+static int registry_add(struct ptrset *set, void *h) {
   pthread_mutex_lock(&registry_lock);
-  int rc = ptrset_add(&registry, h);
+  int rc = ptrset_add(set, h);
   pthread_mutex_unlock(&registry_lock);
   return rc;
 }
 
-static bool registry_del(const void *h) {
+static bool registry_del(struct ptrset *set, const void *h) {
   pthread_mutex_lock(&registry_lock);
-  bool ok = h && ptrset_del(&registry, h);
-  if (registry.count == 0) ptrset_free(&registry);
+  bool ok = h && ptrset_del(set, h);
+  if (set->count == 0) ptrset_free(set);
   pthread_mutex_unlock(&registry_lock);
   return ok;
 }
@@ -130,7 +131,7 @@ HixlStatus HixlCSServerCreate(const HixlServerDesc *desc, const HixlServerConfig
   if (!s) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
   s->port = (uint16_t)desc->server_port;
   if ((st = engine_new(desc->server_ip, &s->eng)) != HIXL_SUCCESS) goto free_server;
-  if (registry_add(s) < 0) {
+  if (registry_add(&servers, s) < 0) {
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
     goto destroy_engine;
   }
@@ -145,7 +146,7 @@ free_server:
 
 #define SERVER(h, fn)                                                                                        \
   struct cs_server *s = (h);                                                                                 \
-  if (!registry_has(s))                                                                                      \
+  if (!registry_has(&servers, s))                                                                                      \
   return hixl_fail(HIXL_PARAM_INVALID, "%s: server handle %p is unknown or destroyed", fn, (void *)s)
 
 HixlStatus HixlCSServerRegMem(HixlServerHandle server_handle, const char *mem_tag, const HcommMem *mem,
@@ -174,7 +175,7 @@ HixlStatus HixlCSServerUnregMem(HixlServerHandle server_handle, MemHandle mem_ha
 
 HixlStatus HixlCSServerDestroy(HixlServerHandle server_handle) {
   struct cs_server *s = server_handle;
-  if (!registry_del(s))
+  if (!registry_del(&servers, s))
     return hixl_fail(HIXL_PARAM_INVALID, "HixlCSServerDestroy: server handle %p is unknown or destroyed",
                      (void *)s);
   HixlEngineDestroy(s->eng); /* closes client links: their batches end FAILED */
@@ -214,7 +215,7 @@ HixlStatus HixlCSClientCreate(const HixlClientDesc *desc, const HixlClientConfig
   const char *local =
       desc->local_endpoint && desc->local_endpoint->address ? desc->local_endpoint->address : "0.0.0.0";
   if ((st = engine_new(local, &c->eng)) != HIXL_SUCCESS) goto free_client;
-  if (registry_add(c) < 0) {
+  if (registry_add(&clients, c) < 0) {
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
     goto destroy_engine;
   }
@@ -230,7 +231,7 @@ free_client:
 
 #define CLIENT(h, fn)                                                                                        \
   struct cs_client *c = (h);                                                                                 \
-  if (!registry_has(c))                                                                                      \
+  if (!registry_has(&clients, c))                                                                                      \
   return hixl_fail(HIXL_PARAM_INVALID, "%s: client handle %p is unknown or destroyed", fn, (void *)c)
 
 static int32_t timeout_arg(uint32_t timeout_ms) {
@@ -414,7 +415,7 @@ HixlStatus HixlCSClientBatchGetSync(HixlClientHandle client_handle, uint32_t lis
 
 HixlStatus HixlCSClientDestroy(HixlClientHandle client_handle) {
   struct cs_client *c = client_handle;
-  if (!registry_del(c))
+  if (!registry_del(&clients, c))
     return hixl_fail(HIXL_PARAM_INVALID, "HixlCSClientDestroy: client handle %p is unknown or destroyed",
                      (void *)c);
   HixlEngineDestroy(c->eng); /* batches in flight end FAILED; the engine frees them */

@@ -95,8 +95,9 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
   if (st != HIXL_SUCCESS) return st;
   st = hixl_options_parse(options, num_options, &opts);
   if (st != HIXL_SUCCESS) return st;
-  if (opts.transport == HIXL_TRANSPORT_RDMA || opts.transport == HIXL_TRANSPORT_SHM)
-    return hixl_fail(HIXL_UNSUPPORTED, "Transport \"%s\" is not available in this build yet; use auto or tcp",
+  if (opts.transport == HIXL_TRANSPORT_SHM)
+    return hixl_fail(HIXL_UNSUPPORTED,
+                     "Transport \"%s\" is not available in this build yet; use auto, tcp or rdma",
                      hixl_transport_name(opts.transport));
 
   pthread_mutex_lock(&e->lock);
@@ -109,8 +110,9 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
   e->local_addr = sa;
   e->stopping = false;
   snprintf(e->local_name, sizeof(e->local_name), "%s", local_engine);
+  if (opts.transport != HIXL_TRANSPORT_TCP && (st = erdma_open(e)) != HIXL_SUCCESS) goto unlock;
   e->listen_fd = has_port ? sock_listen(&sa, 0, &st) : -1;
-  if (has_port && e->listen_fd < 0) goto unlock;
+  if (has_port && e->listen_fd < 0) goto close_rdma;
   if (link_start(e, &st) < 0) {
     st =
         hixl_fail(HIXL_FAILED, "HixlEngineInitialize: cannot start the progress thread: %s", strerror(errno));
@@ -124,6 +126,8 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
 close_listen:
   if (e->listen_fd >= 0) close(e->listen_fd);
   e->listen_fd = -1;
+close_rdma:
+  erdma_close(e);
 unlock:
   pthread_mutex_unlock(&e->lock);
   return st;
@@ -138,8 +142,12 @@ HixlStatus HixlEngineFinalize(HixlEngine *e) {
   pthread_mutex_lock(&e->lock);
   link_free_graveyard(e);
   while (e->peers) peer_free(e, e->peers);
-  for (size_t i = 0; i < e->regs.count; i++) free(e->regs.v[i]);
+  for (size_t i = 0; i < e->regs.count; i++) {
+    rdma_dereg(((struct hixl_mem_reg *)e->regs.v[i])->mr);
+    free(e->regs.v[i]);
+  }
   memtab_free(&e->regs);
+  erdma_close(e);
   for (size_t i = 0; i < e->n_notifies; i++) {
     free(e->notifies[i].name);
     free(e->notifies[i].msg);
@@ -224,6 +232,11 @@ HixlStatus hixl_engine_register_tagged(HixlEngine *e, const HixlMemDesc *mem, Hi
     free(r);
     goto unlock;
   }
+  if ((st = erdma_reg(e, r)) != HIXL_SUCCESS) {
+    memtab_remove(&e->regs, &r->range);
+    free(r);
+    goto unlock;
+  }
   link_broadcast_mem(e, WIRE_MEM_ADD, r);
   *handle = r;
 unlock:
@@ -249,6 +262,7 @@ HixlStatus HixlEngineDeregisterMem(HixlEngine *e, HixlMemHandle handle) {
   } else {
     memtab_remove(&e->regs, &r->range);
     link_broadcast_mem(e, WIRE_MEM_DEL, r);
+    rdma_dereg(r->mr);
     free(r);
   }
   pthread_mutex_unlock(&e->lock);
@@ -258,14 +272,15 @@ HixlStatus HixlEngineDeregisterMem(HixlEngine *e, HixlMemHandle handle) {
 /* ---- links ---- */
 
 /* Exchange HELLO / HELLO_ACK on a fresh blocking socket; fills the peer. */
-static HixlStatus handshake(HixlEngine *e, int fd, const char *remote, uint64_t deadline, struct peer *p) {
+static HixlStatus handshake(HixlEngine *e, int fd, const char *remote, uint64_t deadline, struct peer *p,
+                            struct ibv_qp **qp) {
   uint8_t hello[WIRE_HDR_LEN + 6 + WIRE_MAX_NAME], hb[WIRE_HDR_LEN];
   struct wire_wr w;
   struct wire_hdr h;
   struct wire_msg m;
   HixlStatus st;
   wire_begin(&w, hello, sizeof(hello), WIRE_HELLO);
-  wire_put_u32(&w, WIRE_CAP_TCP_DATA);
+  wire_put_u32(&w, WIRE_CAP_TCP_DATA | (e->has_rdma ? WIRE_CAP_RDMA : 0));
   wire_put_u16(&w, (uint16_t)strlen(e->local_name));
   wire_put_bytes(&w, e->local_name, strlen(e->local_name));
   st = sock_send_all(fd, hello, wire_end(&w, 0), deadline);
@@ -301,6 +316,15 @@ static HixlStatus handshake(HixlEngine *e, int fd, const char *remote, uint64_t 
   size_t left = m.u.hello_ack.entries_len;
   struct wire_mem_entry me;
   while (wire_mem_entry_next(&cur, &left, &me)) link_peer_add_mem(p, &me);
+  /* Data path: rdma when both ends have it (auto or rdma), else tcp. */
+  if (e->has_rdma && (m.u.hello_ack.caps & WIRE_CAP_RDMA))
+    st = erdma_connect(e, fd, deadline, remote, p, qp);
+  else if (e->opts.transport == HIXL_TRANSPORT_RDMA)
+    st = hixl_fail(HIXL_FAILED, "HixlEngineConnect: Transport is rdma but %s has no usable RDMA device",
+                   remote);
+  else
+    log_info("link to %s: tcp (%s)", remote,
+             e->has_rdma ? "the peer has no RDMA device" : "no RDMA device here");
 out:
   free(body);
   return st;
@@ -324,7 +348,8 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
   snprintf(p->name, sizeof(p->name), "%s", remote);
   int fd = sock_connect(&sa, deadline, &st);
   if (fd < 0) goto free_peer;
-  st = handshake(e, fd, remote, deadline, p);
+  struct ibv_qp *qp = NULL;
+  st = handshake(e, fd, remote, deadline, p, &qp);
   if (st != HIXL_SUCCESS) goto close_fd;
 
   if ((st = engine_enter(e, "HixlEngineConnect")) != HIXL_SUCCESS) goto close_fd;
@@ -337,6 +362,7 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
   if (old) peer_free(e, old); /* a link that broke earlier: replaced */
   struct conn *c = link_conn_new(e, fd, CONN_INITIATOR);
   if (c) c->rx = RX_PARKED; /* nothing is owed yet; a hang-up still wakes the thread */
+  if (c) c->qp = qp;
   if (!c || link_conn_watch(c) < 0) {
     pthread_mutex_unlock(&e->lock);
     if (c) {
@@ -355,6 +381,7 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
   pthread_mutex_unlock(&e->lock);
   return HIXL_SUCCESS;
 close_fd:
+  rdma_qp_free(qp);
   close(fd);
 free_peer:
   for (size_t i = 0; i < p->rtab.count; i++) free(p->rtab.v[i]);
@@ -524,6 +551,9 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
   r->deadline_ns = deadline;
   struct chunk *ch = r->chunks;
   for (size_t i = 0; i < count; i++) {
+    /* remote_miss found every op in the table: its key is there too */
+    const struct remote_mem *rm =
+        (const struct remote_mem *)memtab_find(&c->peer->rtab, descs[i].remote_addr, descs[i].len);
     for (size_t off = 0; off < descs[i].len; off += ENGINE_TCP_CHUNK, ch++) {
       size_t len = descs[i].len - off < ENGINE_TCP_CHUNK ? descs[i].len - off : ENGINE_TCP_CHUNK;
       ch->req = r;
@@ -535,6 +565,16 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
       ch->seq = c->next_seq++;
       ch->kind = op == HIXL_READ ? CHUNK_READ : CHUNK_WRITE;
       ch->tx.chunk = ch;
+      if (c->qp) { /* one-sided: posted as a work request, no frame */
+        ch->rkey = rm->rkey;
+        ch->next_pending = NULL;
+        if (c->rq_tail)
+          c->rq_tail->next_pending = ch;
+        else
+          c->rq_head = ch;
+        c->rq_tail = ch;
+        continue;
+      }
       if (op == HIXL_WRITE) {
         ch->tx.hdr_len = (uint32_t)wire_put_write_req(ch->tx.hdr, ch->seq, ch->raddr, ch->len);
         ch->tx.payload = ch->laddr;
@@ -545,7 +585,10 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
       link_enqueue(c, &ch->tx);
     }
   }
-  link_flush_some(c, LINK_CALLER_SEND); /* start here; the progress thread or driver goes on */
+  if (c->qp)
+    erdma_post(c); /* what does not fit the send queue is posted as completions free it */
+  else
+    link_flush_some(c, LINK_CALLER_SEND); /* start here; the progress thread or driver goes on */
   *out = r;
   *out_conn = c;
 unlock:

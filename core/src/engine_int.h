@@ -13,6 +13,7 @@
 #include "memtab.h"
 #include "options.h"
 #include "ptrset.h"
+#include "rdma.h"
 #include "wire.h"
 
 #define ENGINE_TCP_CHUNK (1u << 20) /* ops larger than this are split */
@@ -24,11 +25,13 @@ struct hixl_mem_reg {
   HixlMemType type;
   uint32_t inflight;          /* chunks in flight that touch the range, either role */
   char tag[WIRE_MAX_TAG + 1]; /* advertised with the range; "" when untagged */
+  struct ibv_mr *mr;          /* with RDMA: registered with the engine's PD */
 };
 
 /* A peer's registration as it advertised it. */
 struct remote_mem {
   struct memtab_entry range; /* first: the peer's memtab holds pointers to it */
+  uint32_t rkey;             /* RDMA remote key, 0 without RDMA */
   char tag[WIRE_MAX_TAG + 1];
 };
 
@@ -57,6 +60,7 @@ struct chunk {
   struct hixl_mem_reg *lreg; /* NULL for notify */
   uint8_t *laddr;
   uint64_t raddr;
+  uint32_t rkey; /* RDMA: the remote registration's key */
   uint32_t len;
   uint64_t seq;
   enum chunk_kind kind;
@@ -106,6 +110,12 @@ struct conn {
   /* initiator: chunks sent, in the order their responses will come */
   struct chunk *pend_head, *pend_tail;
   uint64_t next_seq;
+  /* RDMA data path (initiator: posts; target: only holds the QP) */
+  struct ibv_qp *qp;
+  struct chunk *rq_head, *rq_tail;       /* waiting for a send-queue slot */
+  struct chunk *rpend_head, *rpend_tail; /* posted, in completion order */
+  uint32_t sq_used;                      /* WRs posted and not yet completed */
+  uint32_t unsignaled;                   /* WRs posted since the last signaled one */
 };
 
 struct peer {
@@ -134,7 +144,9 @@ struct HixlEngine {
   struct memtab regs;
   struct peer *peers;
   struct conn *conns;
-  struct conn *graveyard;   /* killed, freed by the progress thread after a batch */
+  struct conn *graveyard; /* killed, freed by the progress thread after a batch */
+  struct rdma_dev rdma;   /* opened when the engine uses RDMA */
+  bool has_rdma;
   struct ptrset reqs;       /* async requests the caller holds; under req_lock too */
   pthread_mutex_t req_lock; /* taken after lock, or alone to poll a WAITING request */
   struct notify_item *notifies;
@@ -163,6 +175,18 @@ void link_unpark(struct conn *c);
 bool link_alive(struct conn *c);
 void link_free_graveyard(struct HixlEngine *e);
 void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me);
+
+/* engine_rdma.c */
+HixlStatus erdma_open(struct HixlEngine *e);
+void erdma_close(struct HixlEngine *e);
+HixlStatus erdma_reg(struct HixlEngine *e, struct hixl_mem_reg *r);
+uint32_t erdma_rkey(const struct hixl_mem_reg *r);
+HixlStatus erdma_connect(struct HixlEngine *e, int fd, uint64_t deadline, const char *remote, struct peer *p,
+                         struct ibv_qp **qp);
+void erdma_target_connect(struct conn *c, const struct wire_msg *m);
+void erdma_post(struct conn *c);
+void erdma_on_cq(struct HixlEngine *e);
+void erdma_conn_kill(struct conn *c, HixlStatus st, const char *msg);
 size_t link_mem_entry_len(const struct hixl_mem_reg *r);
 
 #endif

@@ -99,6 +99,7 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
   if (c->pay_reg) c->pay_reg->inflight--;
   c->pay_reg = NULL;
   if (c->pay_chunk) link_chunk_end(c->pay_chunk, st, msg); /* READ data cut off mid-payload */
+  erdma_conn_kill(c, st, msg);
   c->pay_chunk = NULL;
   c->pay_left = 0;
   /* Unsent frames: chunks end with the link's fate, responses are dropped. */
@@ -272,7 +273,7 @@ static int queue_heap(struct conn *c, uint8_t *frame, size_t len) {
   return 0;
 }
 
-size_t link_mem_entry_len(const struct hixl_mem_reg *r) { return 18 + strlen(r->tag); }
+size_t link_mem_entry_len(const struct hixl_mem_reg *r) { return WIRE_MEM_ENTRY_FIXED + strlen(r->tag); }
 
 /* Record one registration a peer advertised (handshake or MEM_ADD). */
 void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me) {
@@ -281,6 +282,7 @@ void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me) {
   if (!rm) return; /* the table is a cache: a miss costs a SYNC, never correctness */
   rm->range.addr = me->addr;
   rm->range.len = me->len;
+  rm->rkey = me->rkey;
   snprintf(rm->tag, sizeof(rm->tag), "%.*s", (int)me->tag_len, (const char *)me->tag);
   if (memtab_add(&p->rtab, &rm->range, &clash) < 0) free(rm);
 }
@@ -293,7 +295,7 @@ void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct 
     struct wire_wr w;
     if (!buf) continue;
     wire_begin(&w, buf, cap, type);
-    wire_put_mem_entry(&w, r->range.addr, r->range.len, type == WIRE_MEM_ADD ? r->tag : NULL);
+    wire_put_mem_entry(&w, r->range.addr, r->range.len, erdma_rkey(r), type == WIRE_MEM_ADD ? r->tag : NULL);
     size_t len = wire_end(&w, 0);
     if (queue_heap(c, buf, len) < 0) {
       free(buf);
@@ -318,12 +320,14 @@ static void send_hello_ack(struct conn *c, uint32_t status) {
   }
   wire_begin(&w, buf, cap, WIRE_HELLO_ACK);
   wire_put_u32(&w, status);
-  wire_put_u32(&w, WIRE_CAP_TCP_DATA);
+  wire_put_u32(&w, WIRE_CAP_TCP_DATA | (e->has_rdma ? WIRE_CAP_RDMA : 0));
   wire_put_u16(&w, (uint16_t)strlen(e->local_name));
   wire_put_bytes(&w, e->local_name, strlen(e->local_name));
   wire_put_u32(&w, status == WIRE_HELLO_OK ? (uint32_t)e->regs.count : 0);
   for (size_t i = 0; status == WIRE_HELLO_OK && i < e->regs.count; i++)
-    wire_put_mem_entry(&w, e->regs.v[i]->addr, e->regs.v[i]->len, ((struct hixl_mem_reg *)e->regs.v[i])->tag);
+    wire_put_mem_entry(&w, e->regs.v[i]->addr, e->regs.v[i]->len,
+                       erdma_rkey((struct hixl_mem_reg *)e->regs.v[i]),
+                       ((struct hixl_mem_reg *)e->regs.v[i])->tag);
   size_t len = wire_end(&w, 0);
   if (len == 0 || queue_heap(c, buf, len) < 0) {
     free(buf);
@@ -374,6 +378,7 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
     if (r) r->inflight++;
     return;
   }
+  case WIRE_RDMA_CONNECT: erdma_target_connect(c, m); return;
   case WIRE_SYNC: {
     size_t len = wire_put_ack(frame, WIRE_SYNC_ACK, m->u.ack.seq, HIXL_SUCCESS, 0);
     if (queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
@@ -501,7 +506,8 @@ static bool type_allowed(enum conn_role role, unsigned type) {
   switch (role) {
   case CONN_TARGET_HELLO: return type == WIRE_HELLO;
   case CONN_TARGET:
-    return type == WIRE_WRITE_REQ || type == WIRE_READ_REQ || type == WIRE_NOTIFY || type == WIRE_SYNC;
+    return type == WIRE_WRITE_REQ || type == WIRE_READ_REQ || type == WIRE_NOTIFY || type == WIRE_SYNC ||
+           type == WIRE_RDMA_CONNECT;
   case CONN_INITIATOR:
     return type == WIRE_WRITE_ACK || type == WIRE_READ_RESP || type == WIRE_NOTIFY_ACK ||
            type == WIRE_SYNC_ACK || type == WIRE_MEM_ADD || type == WIRE_MEM_DEL;
@@ -643,6 +649,10 @@ bool link_alive(struct conn *c) {
 void link_drive(struct conn *c, struct hixl_transfer_req *r) {
   struct HixlEngine *e = c->eng;
   if (c->dead || c->rx == RX_CALLER) return;
+  if (c->qp && (r->chunks[0].kind == CHUNK_WRITE || r->chunks[0].kind == CHUNK_READ)) {
+    link_unpark(c); /* RDMA data completes on the CQ (progress thread); TCP frames still need a reader */
+    return;
+  }
   bool was_progress = c->rx == RX_PROGRESS;
   c->rx = RX_CALLER;
   if (was_progress) conn_arm(c); /* a parked link needs no epoll change */
@@ -708,6 +718,8 @@ static void *progress_main(void *arg) {
       void *ptr = evs[i].data.ptr;
       if (ptr == &e->listen_fd) {
         accept_all(e);
+      } else if (ptr == &e->rdma) {
+        erdma_on_cq(e);
       } else if (ptr == &e->evfd) {
         uint64_t v;
         (void)!read(e->evfd, &v, sizeof(v));
@@ -741,6 +753,10 @@ int link_start(struct HixlEngine *e, HixlStatus *st) {
   ev.data.ptr = &e->evfd;
   if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->evfd, &ev) < 0) goto close_ev;
   if (e->listen_fd >= 0 && link_watch_listener(e) < 0) goto close_ev;
+  if (e->has_rdma) {
+    ev.data.ptr = &e->rdma;
+    if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, rdma_chan_fd(&e->rdma), &ev) < 0) goto close_ev;
+  }
   if (pthread_create(&e->thread, NULL, progress_main, e) != 0) goto close_ev;
   return 0;
 close_ev:

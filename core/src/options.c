@@ -43,6 +43,23 @@ static bool parse_tc(const char *s, struct hixl_options *o) {
 
 static bool parse_sl(const char *s, struct hixl_options *o) { return parse_u32(s, 0, 7, &o->rdma_sl); }
 
+static bool parse_device(const char *s, struct hixl_options *o) {
+  if (!s || strlen(s) >= sizeof(o->rdma_device) || strpbrk(s, " /")) return false;
+  strcpy(o->rdma_device, s);
+  return true;
+}
+
+static bool parse_gid_index(const char *s, struct hixl_options *o) {
+  uint32_t v;
+  if (s && strcmp(s, "auto") == 0) {
+    o->rdma_gid_index = -1;
+    return true;
+  }
+  if (!parse_u32(s, 0, 255, &v)) return false;
+  o->rdma_gid_index = (int32_t)v;
+  return true;
+}
+
 static const char *const transport_names[] = {"auto", "tcp", "rdma", "shm"};
 
 static bool parse_transport(const char *s, struct hixl_options *o) {
@@ -64,8 +81,14 @@ static const struct hixl_option_info option_info[] = {
     {"RdmaServiceLevel", "4", "HCCL_RDMA_SL", "[0,7]", "RDMA service level of every QP"},
     {"Transport", "auto", NULL, "auto | tcp | rdma | shm",
      "data transport; auto picks the best both peers support"},
+    {"RdmaDevice", "", NULL,
+     "an RDMA device name such as rxe0 or mlx5_0; \"\" finds the device that owns the IP",
+     "RDMA device to use"},
+    {"RdmaGidIndex", "auto", NULL, "auto, or [0,255]",
+     "GID index; auto picks the RoCE v2 GID of the engine's IP"},
 };
-static const opt_parse_fn option_parse[] = {parse_pool, parse_tc, parse_sl, parse_transport};
+static const opt_parse_fn option_parse[] = {parse_pool,      parse_tc,     parse_sl,
+                                            parse_transport, parse_device, parse_gid_index};
 #define N_OPTIONS (sizeof(option_info) / sizeof(option_info[0]))
 
 const struct hixl_option_info *hixl_options_table(size_t *count) {
@@ -90,7 +113,7 @@ HixlStatus hixl_options_parse(const HixlOption *opts, size_t n, struct hixl_opti
     if (k == N_OPTIONS)
       return hixl_fail(HIXL_PARAM_INVALID,
                        "unknown option \"%s\" (known: BufferPool, RdmaTrafficClass, "
-                       "RdmaServiceLevel, Transport)",
+                       "RdmaServiceLevel, Transport, RdmaDevice, RdmaGidIndex)",
                        opts[i].key);
     if (given[k]) return hixl_fail(HIXL_PARAM_INVALID, "option %s given twice", opts[i].key);
     if (!option_parse[k](opts[i].value, &o)) return bad_value(&option_info[k], opts[i].value, "option");

@@ -14,6 +14,8 @@ struct hixl_options {
   uint32_t rdma_tc;      /* RdmaTrafficClass */
   uint32_t rdma_sl;      /* RdmaServiceLevel */
   enum hixl_transport transport;
+  char rdma_device[64];   /* RdmaDevice: "" finds the device that owns the engine's IP */
+  int32_t rdma_gid_index; /* RdmaGidIndex: -1 picks the RoCE v2 GID of the engine's IP */
 };
 
 /* One row per key: the same table drives parsing, validation and the docs. */

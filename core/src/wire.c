@@ -32,9 +32,10 @@ const char *wire_err_str(enum wire_err err) {
 }
 
 const char *wire_type_name(unsigned type) {
-  static const char *const names[] = {"?",          "HELLO",     "HELLO_ACK", "MEM_ADD",   "MEM_DEL",
-                                      "WRITE_REQ",  "WRITE_ACK", "READ_REQ",  "READ_RESP", "NOTIFY",
-                                      "NOTIFY_ACK", "SYNC",      "SYNC_ACK"};
+  static const char *const names[] = {"?",         "HELLO",        "HELLO_ACK",       "MEM_ADD",
+                                      "MEM_DEL",   "WRITE_REQ",    "WRITE_ACK",       "READ_REQ",
+                                      "READ_RESP", "NOTIFY",       "NOTIFY_ACK",      "SYNC",
+                                      "SYNC_ACK",  "RDMA_CONNECT", "RDMA_CONNECT_ACK"};
   return type <= WIRE_TYPE_MAX_ ? names[type] : "?";
 }
 
@@ -45,8 +46,8 @@ static const struct {
 } wire_limits[WIRE_TYPE_MAX_ + 1] = {
     [WIRE_HELLO] = {6, 6 + WIRE_MAX_NAME, false},
     [WIRE_HELLO_ACK] = {14, WIRE_MAX_BODY, false},
-    [WIRE_MEM_ADD] = {18, 18 + WIRE_MAX_TAG, false},
-    [WIRE_MEM_DEL] = {18, 18, false},
+    [WIRE_MEM_ADD] = {WIRE_MEM_ENTRY_FIXED, WIRE_MEM_ENTRY_FIXED + WIRE_MAX_TAG, false},
+    [WIRE_MEM_DEL] = {WIRE_MEM_ENTRY_FIXED, WIRE_MEM_ENTRY_FIXED, false},
     [WIRE_WRITE_REQ] = {16, 16, true},
     [WIRE_WRITE_ACK] = {12, 12, false},
     [WIRE_READ_REQ] = {20, 20, false},
@@ -55,6 +56,8 @@ static const struct {
     [WIRE_NOTIFY_ACK] = {12, 12, false},
     [WIRE_SYNC] = {8, 8, false},
     [WIRE_SYNC_ACK] = {12, 12, false},
+    [WIRE_RDMA_CONNECT] = {WIRE_QP_INFO_LEN, WIRE_QP_INFO_LEN, false},
+    [WIRE_RDMA_CONNECT_ACK] = {4 + WIRE_QP_INFO_LEN, 4 + WIRE_QP_INFO_LEN, false},
 };
 
 enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *hdr) {
@@ -77,14 +80,15 @@ enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *h
 
 /* Reads one memory entry; false when the bytes left cannot hold it. */
 static bool mem_entry_get(const uint8_t **p, size_t *left, struct wire_mem_entry *e) {
-  if (*left < 18) return false;
+  if (*left < WIRE_MEM_ENTRY_FIXED) return false;
   e->addr = be64_get(*p);
   e->len = be64_get(*p + 8);
-  e->tag_len = be16_get(*p + 16);
-  if (e->tag_len > WIRE_MAX_TAG || *left - 18 < e->tag_len) return false;
-  e->tag = *p + 18;
-  *p += 18u + e->tag_len;
-  *left -= 18u + e->tag_len;
+  e->rkey = be32_get(*p + 16);
+  e->tag_len = be16_get(*p + 20);
+  if (e->tag_len > WIRE_MAX_TAG || *left - WIRE_MEM_ENTRY_FIXED < e->tag_len) return false;
+  e->tag = *p + WIRE_MEM_ENTRY_FIXED;
+  *p += WIRE_MEM_ENTRY_FIXED + e->tag_len;
+  *left -= WIRE_MEM_ENTRY_FIXED + e->tag_len;
   return true;
 }
 
@@ -126,6 +130,21 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     size_t left = n;
     if (!mem_entry_get(&p, &left, &m->u.mem) || left != 0) return WIRE_EBODY;
     return WIRE_OK;
+  }
+  case WIRE_RDMA_CONNECT:
+  case WIRE_RDMA_CONNECT_ACK: {
+    const uint8_t *p = b;
+    if (hdr->type == WIRE_RDMA_CONNECT_ACK) {
+      m->u.qp.status = be32_get(p);
+      p += 4;
+    }
+    m->u.qp.qpn = be32_get(p);
+    m->u.qp.psn = be32_get(p + 4);
+    m->u.qp.gid = p + 8;
+    m->u.qp.mtu = p[24];
+    return m->u.qp.qpn <= 0xffffff && m->u.qp.psn <= 0xffffff && m->u.qp.mtu >= 1 && m->u.qp.mtu <= 5
+               ? WIRE_OK
+               : WIRE_EBODY;
   }
   case WIRE_WRITE_REQ:
     m->u.write_req.seq = be64_get(b);
@@ -211,12 +230,20 @@ void wire_put_bytes(struct wire_wr *w, const void *src, size_t n) {
   uint8_t *p = wr_room(w, n);
   if (p && n) memcpy(p, src, n);
 }
-void wire_put_mem_entry(struct wire_wr *w, uint64_t addr, uint64_t len, const char *tag) {
+void wire_put_mem_entry(struct wire_wr *w, uint64_t addr, uint64_t len, uint32_t rkey, const char *tag) {
   size_t tl = tag ? strnlen(tag, WIRE_MAX_TAG) : 0;
   wire_put_u64(w, addr);
   wire_put_u64(w, len);
+  wire_put_u32(w, rkey);
   wire_put_u16(w, (uint16_t)tl);
   wire_put_bytes(w, tag, tl);
+}
+
+void wire_put_qp_info(struct wire_wr *w, uint32_t qpn, uint32_t psn, const uint8_t gid[16], uint8_t mtu) {
+  wire_put_u32(w, qpn);
+  wire_put_u32(w, psn);
+  wire_put_bytes(w, gid, 16);
+  wire_put_bytes(w, &mtu, 1);
 }
 
 size_t wire_put_write_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len) {

@@ -21,21 +21,27 @@
 
 /* Capability bits exchanged in HELLO / HELLO_ACK. */
 #define WIRE_CAP_TCP_DATA 0x1u
+#define WIRE_CAP_RDMA     0x2u /* has an RDMA device and will connect a QP (RDMA_CONNECT) */
+
+#define WIRE_MEM_ENTRY_FIXED 22u /* addr u64, len u64, rkey u32, tag_len u16; then the tag */
+#define WIRE_QP_INFO_LEN     25u /* qpn u32, psn u32, gid 16 bytes, mtu u8 */
 
 enum wire_type {
-  WIRE_HELLO = 1,       /* initiator -> target: caps, name */
-  WIRE_HELLO_ACK = 2,   /* target -> initiator: status, caps, name, memory table */
-  WIRE_MEM_ADD = 3,     /* target -> initiator: a new registration */
-  WIRE_MEM_DEL = 4,     /* target -> initiator: a registration is gone */
-  WIRE_WRITE_REQ = 5,   /* seq, remote addr; payload = data */
-  WIRE_WRITE_ACK = 6,   /* seq, status */
-  WIRE_READ_REQ = 7,    /* seq, remote addr, len */
-  WIRE_READ_RESP = 8,   /* seq, status; payload = data when status is 0 */
-  WIRE_NOTIFY = 9,      /* seq, name, msg */
-  WIRE_NOTIFY_ACK = 10, /* seq, status */
-  WIRE_SYNC = 11,       /* seq: answered after every MEM_ADD/MEM_DEL queued before it */
-  WIRE_SYNC_ACK = 12,   /* seq, status */
-  WIRE_TYPE_MAX_ = 12,
+  WIRE_HELLO = 1,             /* initiator -> target: caps, name */
+  WIRE_HELLO_ACK = 2,         /* target -> initiator: status, caps, name, memory table */
+  WIRE_MEM_ADD = 3,           /* target -> initiator: a new registration */
+  WIRE_MEM_DEL = 4,           /* target -> initiator: a registration is gone */
+  WIRE_WRITE_REQ = 5,         /* seq, remote addr; payload = data */
+  WIRE_WRITE_ACK = 6,         /* seq, status */
+  WIRE_READ_REQ = 7,          /* seq, remote addr, len */
+  WIRE_READ_RESP = 8,         /* seq, status; payload = data when status is 0 */
+  WIRE_NOTIFY = 9,            /* seq, name, msg */
+  WIRE_NOTIFY_ACK = 10,       /* seq, status */
+  WIRE_SYNC = 11,             /* seq: answered after every MEM_ADD/MEM_DEL queued before it */
+  WIRE_SYNC_ACK = 12,         /* seq, status */
+  WIRE_RDMA_CONNECT = 13,     /* initiator -> target: its QP info */
+  WIRE_RDMA_CONNECT_ACK = 14, /* target -> initiator: status, its QP info */
+  WIRE_TYPE_MAX_ = 14,
 };
 
 /* HELLO_ACK status values. */
@@ -64,6 +70,7 @@ struct wire_hdr {
 struct wire_mem_entry {
   uint64_t addr;
   uint64_t len;
+  uint32_t rkey; /* RDMA remote key, 0 without RDMA */
   uint16_t tag_len;
   const uint8_t *tag; /* points into the body; not NUL-terminated */
 };
@@ -87,6 +94,13 @@ struct wire_msg {
       size_t entries_len;
     } hello_ack;
     struct wire_mem_entry mem; /* MEM_ADD, MEM_DEL (tag empty) */
+    struct {
+      uint32_t status; /* RDMA_CONNECT_ACK only */
+      uint32_t qpn;
+      uint32_t psn;
+      const uint8_t *gid; /* 16 bytes */
+      uint8_t mtu;
+    } qp;
     struct {
       uint64_t seq;
       uint64_t raddr;
@@ -140,7 +154,8 @@ void wire_put_u16(struct wire_wr *w, uint16_t v);
 void wire_put_u32(struct wire_wr *w, uint32_t v);
 void wire_put_u64(struct wire_wr *w, uint64_t v);
 void wire_put_bytes(struct wire_wr *w, const void *p, size_t n);
-void wire_put_mem_entry(struct wire_wr *w, uint64_t addr, uint64_t len, const char *tag);
+void wire_put_mem_entry(struct wire_wr *w, uint64_t addr, uint64_t len, uint32_t rkey, const char *tag);
+void wire_put_qp_info(struct wire_wr *w, uint32_t qpn, uint32_t psn, const uint8_t gid[16], uint8_t mtu);
 
 /* Header-only builder for the hot path (WRITE_REQ, READ_REQ, acks): returns length. */
 size_t wire_put_write_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len);

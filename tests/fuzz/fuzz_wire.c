@@ -40,8 +40,8 @@ static const struct {
 } limits[WIRE_TYPE_MAX_ + 1] = {
     [WIRE_HELLO] = {6, 6 + WIRE_MAX_NAME, 0},
     [WIRE_HELLO_ACK] = {14, WIRE_MAX_BODY, 0},
-    [WIRE_MEM_ADD] = {18, 18 + WIRE_MAX_TAG, 0},
-    [WIRE_MEM_DEL] = {18, 18, 0},
+    [WIRE_MEM_ADD] = {22, 22 + WIRE_MAX_TAG, 0},
+    [WIRE_MEM_DEL] = {22, 22, 0},
     [WIRE_WRITE_REQ] = {16, 16, WIRE_MAX_PAYLOAD},
     [WIRE_WRITE_ACK] = {12, 12, 0},
     [WIRE_READ_REQ] = {20, 20, 0},
@@ -50,6 +50,8 @@ static const struct {
     [WIRE_NOTIFY_ACK] = {12, 12, 0},
     [WIRE_SYNC] = {8, 8, 0},
     [WIRE_SYNC_ACK] = {12, 12, 0},
+    [WIRE_RDMA_CONNECT] = {25, 25, 0},
+    [WIRE_RDMA_CONNECT_ACK] = {29, 29, 0},
 };
 
 /* Whatever wire_parse_hdr says must agree with the raw bytes. */
@@ -141,6 +143,7 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
       while (wire_mem_entry_next(&p, &left, &e)) {
         wire_put_u64(&w, e.addr);
         wire_put_u64(&w, e.len);
+        wire_put_u32(&w, e.rkey);
         wire_put_u16(&w, e.tag_len);
         wire_put_bytes(&w, e.tag, e.tag_len);
       }
@@ -153,11 +156,12 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
         /* A tag without NUL bytes goes through the C-string builder. */
         memcpy(tag, m->u.mem.tag, m->u.mem.tag_len);
         tag[m->u.mem.tag_len] = 0;
-        wire_put_mem_entry(&w, m->u.mem.addr, m->u.mem.len, tag);
+        wire_put_mem_entry(&w, m->u.mem.addr, m->u.mem.len, m->u.mem.rkey, tag);
         break;
       }
       wire_put_u64(&w, m->u.mem.addr);
       wire_put_u64(&w, m->u.mem.len);
+      wire_put_u32(&w, m->u.mem.rkey);
       wire_put_u16(&w, m->u.mem.tag_len);
       wire_put_bytes(&w, m->u.mem.tag, m->u.mem.tag_len);
       break;
@@ -168,6 +172,11 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
       wire_put_u16(&w, m->u.notify.msg_len);
       wire_put_bytes(&w, m->u.notify.name, m->u.notify.name_len);
       wire_put_bytes(&w, m->u.notify.msg, m->u.notify.msg_len);
+      break;
+    case WIRE_RDMA_CONNECT:
+    case WIRE_RDMA_CONNECT_ACK:
+      if (h->type == WIRE_RDMA_CONNECT_ACK) wire_put_u32(&w, m->u.qp.status);
+      wire_put_qp_info(&w, m->u.qp.qpn, m->u.qp.psn, m->u.qp.gid, m->u.qp.mtu);
       break;
     default: CHECK(!"type accepted by wire_decode but unknown here");
     }
@@ -224,7 +233,7 @@ static void check_msg(enum wire_err e, const struct wire_hdr *h, const uint8_t *
     if (e != WIRE_OK) break;
     CHECK(m->u.mem.tag_len <= WIRE_MAX_TAG);
     CHECK(inside(m->u.mem.tag, m->u.mem.tag_len, b, n));
-    CHECK(n == 18u + m->u.mem.tag_len);
+    CHECK(n == 22u + m->u.mem.tag_len);
     if (h->type == WIRE_MEM_DEL) CHECK(m->u.mem.tag_len == 0);
     break;
   case WIRE_WRITE_REQ:
@@ -240,6 +249,12 @@ static void check_msg(enum wire_err e, const struct wire_hdr *h, const uint8_t *
   case WIRE_NOTIFY_ACK:
   case WIRE_SYNC:
   case WIRE_SYNC_ACK: CHECK(e == WIRE_OK && h->payload_len == 0); break;
+  case WIRE_RDMA_CONNECT:
+  case WIRE_RDMA_CONNECT_ACK:
+    CHECK(null_or_inside(m->u.qp.gid, b, n));
+    if (e == WIRE_OK)
+      CHECK(m->u.qp.qpn <= 0xffffff && m->u.qp.psn <= 0xffffff && m->u.qp.mtu >= 1 && m->u.qp.mtu <= 5);
+    break;
   case WIRE_NOTIFY:
     CHECK(null_or_inside(m->u.notify.name, b, n));
     CHECK(null_or_inside(m->u.notify.msg, b, n));

@@ -24,21 +24,21 @@ hdr() {
   u32 "${7:-$MAGIC}"; u8 "${4:-1}"; u8 "$1"; u16 "${5:-0}"
   u32 "$2"; u32 "$3"; u32 "${6:-0}"
 }
-entry() { u64 "$1"; u64 "$2"; u16 ${#3}; str "$3"; } # entry ADDR LEN TAG
+entry() { u64 "$1"; u64 "$2"; u32 0x1234; u16 ${#3}; str "$3"; } # entry ADDR LEN TAG
 
 HELLO=1 HELLO_ACK=2 MEM_ADD=3 MEM_DEL=4 WRITE_REQ=5 WRITE_ACK=6 READ_REQ=7
-READ_RESP=8 NOTIFY=9 NOTIFY_ACK=10 SYNC=11 SYNC_ACK=12
+READ_RESP=8 NOTIFY=9 NOTIFY_ACK=10 SYNC=11 SYNC_ACK=12 RDMA_CONNECT=13 RDMA_CONNECT_ACK=14
 
 # ---- valid frames ----
 hello() { hdr $HELLO 11 0; u32 1; u16 5; str dec-0; }
 hello >"$out/ok_hello"
 {
-  hdr $HELLO_ACK 58 0; u32 0; u32 1; u16 5; str pre-0; u32 2
+  hdr $HELLO_ACK 66 0; u32 0; u32 1; u16 5; str pre-0; u32 2
   entry 0x7f0000000000 4096 kv0; entry 0x7f0000100000 65536 ""
 } >"$out/ok_hello_ack"
 { hdr $HELLO_ACK 14 0; u32 1; u32 0; u16 0; u32 0; } >"$out/ok_hello_ack_version"
-{ hdr $MEM_ADD 21 0; entry 0x7f0000200000 8192 blk; } >"$out/ok_mem_add"
-{ hdr $MEM_DEL 18 0; entry 0x7f0000200000 8192 ""; } >"$out/ok_mem_del"
+{ hdr $MEM_ADD 25 0; entry 0x7f0000200000 8192 blk; } >"$out/ok_mem_add"
+{ hdr $MEM_DEL 22 0; entry 0x7f0000200000 8192 ""; } >"$out/ok_mem_del"
 write_req() { hdr $WRITE_REQ 16 8; u64 1; u64 0x7f0000001000; str payload8; }
 write_req >"$out/ok_write_req"
 { hdr $WRITE_ACK 12 0; u64 1; u32 0; } >"$out/ok_write_ack"
@@ -50,6 +50,8 @@ read_req >"$out/ok_read_req"
 notify_ack() { hdr $NOTIFY_ACK 12 0; u64 4; u32 0; }
 notify_ack >"$out/ok_notify_ack"
 { hdr $SYNC 8 0; u64 5; } >"$out/ok_sync"
+{ hdr $RDMA_CONNECT 25 0; u32 0x11; u32 0x22; fill 16 G; u8 3; } >"$out/ok_rdma_connect"
+{ hdr $RDMA_CONNECT_ACK 29 0; u32 0; u32 0x33; u32 0x44; fill 16 G; u8 3; } >"$out/ok_rdma_connect_ack"
 { hdr $SYNC_ACK 12 0; u64 5; u32 0; } >"$out/ok_sync_ack"
 { hello; read_req; write_req; notify_ack; } >"$out/ok_stream"
 
@@ -61,12 +63,12 @@ notify_ack >"$out/ok_notify_ack"
 { hdr $WRITE_ACK 12 0 1 1; u64 1; u32 0; } >"$out/bad_flags"
 { hdr $WRITE_ACK 12 0 1 0 1; u64 1; u32 0; } >"$out/bad_reserved"
 { hdr $HELLO 5 0; u32 1; u8 0; } >"$out/bad_hello_body_short"
-{ hdr $MEM_DEL 19 0; entry 1 2 x; } >"$out/bad_mem_del_body_long"
+{ hdr $MEM_DEL 23 0; entry 1 2 x; } >"$out/bad_mem_del_body_long"
 { hdr $WRITE_ACK 12 1; u64 1; u32 0; str x; } >"$out/bad_payload_on_ack"
 { hdr $WRITE_REQ 16 $(((4 << 20) + 1)); u64 1; u64 0x1000; } >"$out/bad_payload_too_big"
 { hdr $HELLO 11 0; u32 1; u16 6; str dec-0; } >"$out/bad_hello_name_len"
 {
-  hdr $HELLO_ACK 58 0; u32 0; u32 1; u16 5; str pre-0; u32 3
+  hdr $HELLO_ACK 66 0; u32 0; u32 1; u16 5; str pre-0; u32 3
   entry 0x7f0000000000 4096 kv0; entry 0x7f0000100000 65536 ""
 } >"$out/bad_hello_ack_count"
 {

@@ -1,0 +1,287 @@
+/* rdma: device discovery, memory registration, RC queue pairs and completions. */
+#include "rdma.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "log.h"
+
+bool rdma_available(void) {
+  int n = 0;
+  struct ibv_device **l = ibv_get_device_list(&n);
+  if (l) ibv_free_device_list(l);
+  return n > 0;
+}
+
+static void ipv4_mapped(const struct sockaddr_in *ip, uint8_t gid[16]) {
+  memset(gid, 0, 16);
+  gid[10] = gid[11] = 0xff;
+  memcpy(gid + 12, &ip->sin_addr, 4);
+}
+
+/* The RoCE v2 GID whose address is ip's IPv4-mapped form, or -1. */
+static int find_gid(struct ibv_context *ctx, uint8_t port, int tbl_len, const struct sockaddr_in *ip) {
+  uint8_t want[16];
+  int fallback = -1;
+  ipv4_mapped(ip, want);
+  for (int i = 0; i < tbl_len; i++) {
+    struct ibv_gid_entry ent;
+    if (ibv_query_gid_ex(ctx, port, (uint32_t)i, &ent, 0) != 0) continue;
+    if (memcmp(ent.gid.raw, want, 16) != 0) continue;
+    if (ent.gid_type == IBV_GID_TYPE_ROCE_V2) return i;
+    if (fallback < 0) fallback = i;
+  }
+  return fallback;
+}
+
+int rdma_dev_open(struct rdma_dev *d, const struct sockaddr_in *ip, const char *devname, int gid_index,
+                  char *err, size_t errlen) {
+  struct ibv_port_attr pa;
+  struct ibv_device_attr da;
+  char ipstr[INET_ADDRSTRLEN];
+  memset(d, 0, sizeof(*d));
+  inet_ntop(AF_INET, &ip->sin_addr, ipstr, sizeof(ipstr));
+  if (devname) {
+    int n = 0;
+    struct ibv_device **l = ibv_get_device_list(&n);
+    for (int i = 0; l && i < n && !d->ctx; i++)
+      if (strcmp(ibv_get_device_name(l[i]), devname) == 0) d->ctx = ibv_open_device(l[i]);
+    if (l) ibv_free_device_list(l);
+    if (!d->ctx) {
+      snprintf(err, errlen, "RDMA device \"%s\" not found or cannot be opened (%d devices here)", devname, n);
+      return -1;
+    }
+    d->port = 1;
+  } else {
+    /* The device that owns the engine's IP, as librdmacm resolves it. */
+    struct sockaddr_in sa = *ip;
+    sa.sin_port = 0;
+    if (rdma_create_id(NULL, &d->cm_id, NULL, RDMA_PS_TCP) != 0) {
+      snprintf(err, errlen, "rdma_create_id: %s (is librdmacm able to open /dev/infiniband/rdma_cm?)",
+               strerror(errno));
+      return -1;
+    }
+    if (rdma_bind_addr(d->cm_id, (struct sockaddr *)&sa) != 0 || !d->cm_id->verbs) {
+      snprintf(err, errlen,
+               "no RDMA device owns %s (rdma_bind_addr: %s); looked for a RoCE/IB device with that "
+               "address, or name one with option RdmaDevice",
+               ipstr, errno ? strerror(errno) : "no verbs context");
+      goto destroy_id;
+    }
+    d->ctx = d->cm_id->verbs;
+    d->port = d->cm_id->port_num ? d->cm_id->port_num : 1;
+  }
+  snprintf(d->name, sizeof(d->name), "%s", ibv_get_device_name(d->ctx->device));
+  if (ibv_query_device(d->ctx, &da) != 0 || ibv_query_port(d->ctx, d->port, &pa) != 0) {
+    snprintf(err, errlen, "%s: cannot query device or port %u: %s", d->name, d->port, strerror(errno));
+    goto close_ctx;
+  }
+  if (pa.state != IBV_PORT_ACTIVE) {
+    snprintf(err, errlen, "%s port %u is not ACTIVE (state %d)", d->name, d->port, (int)pa.state);
+    goto close_ctx;
+  }
+  d->gid_index = gid_index >= 0 ? gid_index : find_gid(d->ctx, d->port, pa.gid_tbl_len, ip);
+  if (d->gid_index < 0) {
+    snprintf(err, errlen, "%s port %u has no GID for %s (set RdmaGidIndex to choose one)", d->name, d->port,
+             ipstr);
+    goto close_ctx;
+  }
+  union ibv_gid gid;
+  if (ibv_query_gid(d->ctx, d->port, d->gid_index, &gid) != 0) {
+    snprintf(err, errlen, "%s: GID index %d cannot be read", d->name, d->gid_index);
+    goto close_ctx;
+  }
+  memcpy(d->gid, gid.raw, 16);
+  d->mtu = pa.active_mtu;
+  d->max_qp_wr = da.max_qp_wr < 1024 ? (uint32_t)da.max_qp_wr : 1024;
+  d->max_rd_atom = da.max_qp_rd_atom < 16 ? (uint32_t)da.max_qp_rd_atom : 16;
+  d->max_msg_sz = pa.max_msg_sz;
+  d->pd = ibv_alloc_pd(d->ctx);
+  if (!d->pd) {
+    snprintf(err, errlen, "%s: ibv_alloc_pd: %s", d->name, strerror(errno));
+    goto close_ctx;
+  }
+  d->chan = ibv_create_comp_channel(d->ctx);
+  if (!d->chan) {
+    snprintf(err, errlen, "%s: ibv_create_comp_channel: %s", d->name, strerror(errno));
+    goto free_pd;
+  }
+  d->cq = ibv_create_cq(d->ctx, RDMA_CQ_DEPTH, NULL, d->chan, 0);
+  if (!d->cq || ibv_req_notify_cq(d->cq, 0) != 0) {
+    snprintf(err, errlen, "%s: ibv_create_cq(%d): %s", d->name, RDMA_CQ_DEPTH, strerror(errno));
+    goto destroy_cq;
+  }
+  log_info("rdma: %s port %u GID index %d for %s, mtu %d, %u WRs per QP", d->name, d->port, d->gid_index,
+           ipstr, 128 << d->mtu, d->max_qp_wr);
+  return 0;
+destroy_cq:
+  if (d->cq) ibv_destroy_cq(d->cq);
+  ibv_destroy_comp_channel(d->chan);
+free_pd:
+  ibv_dealloc_pd(d->pd);
+close_ctx:
+  if (!d->cm_id) ibv_close_device(d->ctx);
+destroy_id:
+  if (d->cm_id) rdma_destroy_id(d->cm_id);
+  memset(d, 0, sizeof(*d));
+  return -1;
+}
+
+void rdma_dev_close(struct rdma_dev *d) {
+  if (!d->ctx) return;
+  ibv_destroy_cq(d->cq);
+  ibv_destroy_comp_channel(d->chan);
+  ibv_dealloc_pd(d->pd);
+  if (d->cm_id)
+    rdma_destroy_id(d->cm_id);
+  else
+    ibv_close_device(d->ctx);
+  memset(d, 0, sizeof(*d));
+}
+
+struct ibv_mr *rdma_reg(struct rdma_dev *d, void *addr, size_t len, char *err, size_t errlen) {
+  struct ibv_mr *mr =
+      ibv_reg_mr(d->pd, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+  if (mr) return mr;
+  int e = errno;
+  struct rlimit rl;
+  if ((e == ENOMEM || e == EPERM || e == EFAULT) && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 &&
+      rl.rlim_cur != RLIM_INFINITY)
+    snprintf(
+        err, errlen,
+        "ibv_reg_mr of %zu bytes on %s failed (%s): the locked-memory limit (RLIMIT_MEMLOCK) is %llu bytes; "
+        "raise it with `ulimit -l unlimited` or LimitMEMLOCK=infinity for a service",
+        len, d->name, strerror(e), (unsigned long long)rl.rlim_cur);
+  else
+    snprintf(err, errlen, "ibv_reg_mr of %zu bytes on %s failed: %s", len, d->name, strerror(e));
+  return NULL;
+}
+
+void rdma_dereg(struct ibv_mr *mr) {
+  if (mr) ibv_dereg_mr(mr);
+}
+uint32_t rdma_mr_lkey(const struct ibv_mr *mr) { return mr->lkey; }
+uint32_t rdma_mr_rkey(const struct ibv_mr *mr) { return mr->rkey; }
+
+struct ibv_qp *rdma_qp_new(struct rdma_dev *d, struct rdma_qp_info *local, char *err, size_t errlen) {
+  struct ibv_qp_init_attr ia = {
+      .send_cq = d->cq,
+      .recv_cq = d->cq,
+      .cap = {.max_send_wr = d->max_qp_wr, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1},
+      .qp_type = IBV_QPT_RC,
+      .sq_sig_all = 0};
+  struct ibv_qp *qp = ibv_create_qp(d->pd, &ia);
+  if (!qp) {
+    snprintf(err, errlen, "%s: ibv_create_qp: %s", d->name, strerror(errno));
+    return NULL;
+  }
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
+                          .pkey_index = 0,
+                          .port_num = d->port,
+                          .qp_access_flags =
+                              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ};
+  if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
+    snprintf(err, errlen, "%s: QP 0x%x to INIT: %s", d->name, qp->qp_num, strerror(errno));
+    ibv_destroy_qp(qp);
+    return NULL;
+  }
+  local->qpn = qp->qp_num;
+  local->psn = (uint32_t)random() & 0xffffff;
+  memcpy(local->gid, d->gid, 16);
+  local->mtu = (uint8_t)d->mtu;
+  return qp;
+}
+
+int rdma_qp_connect(struct rdma_dev *d, struct ibv_qp *qp, const struct rdma_qp_info *local,
+                    const struct rdma_qp_info *remote, uint8_t tc, uint8_t sl, char *err, size_t errlen) {
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
+                          .path_mtu = (enum ibv_mtu)(remote->mtu < d->mtu ? remote->mtu : d->mtu),
+                          .dest_qp_num = remote->qpn,
+                          .rq_psn = remote->psn,
+                          .max_dest_rd_atomic = (uint8_t)d->max_rd_atom,
+                          .min_rnr_timer = 12};
+  a.ah_attr.is_global = 1;
+  memcpy(a.ah_attr.grh.dgid.raw, remote->gid, 16);
+  a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
+  a.ah_attr.grh.hop_limit = 64;
+  a.ah_attr.grh.traffic_class = tc; /* RdmaTrafficClass: the IP TOS byte on RoCE v2 */
+  a.ah_attr.sl = sl;                /* RdmaServiceLevel */
+  a.ah_attr.port_num = d->port;
+  if (ibv_modify_qp(qp, &a,
+                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                        IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0) {
+    snprintf(err, errlen, "%s: QP 0x%x to RTR (peer QP 0x%x): %s", d->name, qp->qp_num, remote->qpn,
+             strerror(errno));
+    return -1;
+  }
+  struct ibv_qp_attr b = {.qp_state = IBV_QPS_RTS,
+                          .timeout = 14,
+                          .retry_cnt = 7,
+                          .rnr_retry = 7,
+                          .sq_psn = local->psn,
+                          .max_rd_atomic = (uint8_t)d->max_rd_atom};
+  if (ibv_modify_qp(qp, &b,
+                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                        IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
+    snprintf(err, errlen, "%s: QP 0x%x to RTS: %s", d->name, qp->qp_num, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+void rdma_qp_free(struct ibv_qp *qp) {
+  if (qp) ibv_destroy_qp(qp);
+}
+
+uint32_t rdma_qp_num(const struct ibv_qp *qp) { return qp->qp_num; }
+
+int rdma_qp_qos(struct ibv_qp *qp, uint8_t *tc, uint8_t *sl) {
+  struct ibv_qp_attr a;
+  struct ibv_qp_init_attr ia;
+  if (ibv_query_qp(qp, &a, IBV_QP_AV, &ia) != 0) return -1;
+  *tc = a.ah_attr.grh.traffic_class;
+  *sl = a.ah_attr.sl;
+  return 0;
+}
+
+int rdma_post(struct ibv_qp *qp, bool write, void *laddr, uint32_t len, uint32_t lkey, uint64_t raddr,
+              uint32_t rkey, uint64_t wr_id, bool signaled) {
+  struct ibv_sge sge = {.addr = (uintptr_t)laddr, .length = len, .lkey = lkey};
+  struct ibv_send_wr wr = {.wr_id = wr_id,
+                           .sg_list = &sge,
+                           .num_sge = 1,
+                           .opcode = write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ,
+                           .send_flags = signaled ? IBV_SEND_SIGNALED : 0},
+                     *bad;
+  wr.wr.rdma.remote_addr = raddr;
+  wr.wr.rdma.rkey = rkey;
+  return ibv_post_send(qp, &wr, &bad);
+}
+
+int rdma_chan_fd(const struct rdma_dev *d) { return d->chan->fd; }
+
+int rdma_cq_rearm(struct rdma_dev *d) {
+  struct ibv_cq *cq;
+  void *ctx;
+  if (ibv_get_cq_event(d->chan, &cq, &ctx) == 0) ibv_ack_cq_events(cq, 1);
+  return ibv_req_notify_cq(d->cq, 0);
+}
+
+int rdma_cq_poll(struct rdma_dev *d, struct rdma_wc *out, int max) {
+  struct ibv_wc wc[32];
+  if (max > 32) max = 32;
+  int n = ibv_poll_cq(d->cq, max, wc);
+  for (int i = 0; i < n; i++) {
+    out[i].wr_id = wc[i].wr_id;
+    out[i].qpn = wc[i].qp_num;
+    out[i].ok = wc[i].status == IBV_WC_SUCCESS;
+    out[i].status = ibv_wc_status_str(wc[i].status);
+  }
+  return n;
+}
