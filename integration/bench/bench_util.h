@@ -139,12 +139,26 @@ static inline bool bench_same(const uint8_t *a, const uint8_t *b, size_t len, si
   return true;
 }
 
-/* Open a CSV file for appending; writes header when the file is new or empty. */
+/* Open a CSV file for appending; writes header when the file is new or empty. A file
+ * that starts with another header is refused (NULL, errno EINVAL): rows appended
+ * under it would land in the wrong columns. */
 static inline FILE *bench_csv_open(const char *path, const char *header) {
-  FILE *f = fopen(path, "a");
+  char first[1024];
+  FILE *f = fopen(path, "a+");
   if (f == NULL) return NULL;
   struct stat st;
-  if (fstat(fileno(f), &st) == 0 && st.st_size == 0) fprintf(f, "%s\n", header);
+  bool empty = fstat(fileno(f), &st) == 0 && st.st_size == 0;
+  if (!empty) {
+    if (fgets(first, sizeof(first), f) == NULL) first[0] = '\0';
+    first[strcspn(first, "\r\n")] = '\0';
+    if (strcmp(first, header) != 0) {
+      fclose(f);
+      errno = EINVAL;
+      return NULL;
+    }
+  }
+  fseek(f, 0, SEEK_END); /* a read must not be followed by a write without a seek */
+  if (empty) fprintf(f, "%s\n", header);
   return f;
 }
 

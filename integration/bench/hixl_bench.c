@@ -5,6 +5,12 @@
  * requests). Both run on one machine with --role both (fork, the default) or in two
  * shells with --role target / --role initiator and --peer.
  *
+ * --api cs drives the same sweep through HIXL's client/server API instead: the
+ * target is a HixlCSServer that registers its buffer with the tag "bench", the
+ * initiator a HixlCSClient that finds that buffer with HixlCSClientGetRemoteMem and
+ * times HixlCSClientBatchPutSync / GetSync (WRITE / READ), or with --async a window
+ * of BatchPutAsync / GetAsync polled with HixlCSClientQueryCompleteStatus.
+ *
  * Every point: the first iteration is verified (the data is checked byte for byte
  * through a WRITE and a READ of a fresh pattern), then warm-up, then the measured
  * iterations, bounded by --iters / --total and by --max-seconds.
@@ -12,7 +18,9 @@
  *
  * The two processes share a small text control channel (a socketpair, or a TCP
  * connection on --ctrl-port in two-shell mode): the target sends
- * "READY <buffer address> <length>", the initiator sends "DONE" at the end. */
+ * "READY engine <buffer address> <length>" (--api engine: the engine API has no way
+ * to look a peer's buffer up) or "READY cs" (the initiator finds the buffer by its
+ * tag), the initiator sends "DONE" at the end. */
 #include <arpa/inet.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -40,13 +48,18 @@
 
 enum bench_role { ROLE_BOTH, ROLE_TARGET, ROLE_INITIATOR };
 enum bench_ops { OPS_READ = 1, OPS_WRITE = 2, OPS_BOTH = 3 };
+enum bench_api { API_ENGINE, API_CS };
+
+#define BENCH_CS_TAG "bench" /* tag of the target buffer in --api cs */
 
 struct bench_opts {
   enum bench_role role;
-  char peer[128];     /* target engine "ip:port" */
-  char local[64];     /* initiator engine "ip" */
-  uint16_t ctrl_port; /* two-shell control port; 0: engine port + 1 */
-  int ops;            /* enum bench_ops */
+  enum bench_api api;
+  const char *transport; /* --transport: NULL leaves the engine's default (auto) */
+  char peer[128];        /* target engine "ip:port" */
+  char local[64];        /* initiator engine "ip" */
+  uint16_t ctrl_port;    /* two-shell control port; 0: engine port + 1 */
+  int ops;               /* enum bench_ops */
   size_t blocks[BENCH_MAX_LIST];
   size_t n_blocks;
   size_t batches[BENCH_MAX_LIST];
@@ -74,6 +87,7 @@ struct bench_opts {
 #define BENCH_DEFAULT_MEM_CAP ((size_t)1 << 30)
 
 struct point_result {
+  const char *api;  /* "engine" / "cs" */
   const char *op;   /* "READ" / "WRITE" */
   const char *mode; /* "sync" / "async" / "latency" */
   size_t block, batch, window;
@@ -85,11 +99,13 @@ struct point_result {
 
 struct bench_ctx {
   const struct bench_opts *o;
-  HixlEngine *eng;
+  HixlEngine *eng;           /* --api engine */
+  HixlClientHandle cli;      /* --api cs */
   uint8_t *lbuf, *vbuf;      /* measured region and verify region, both registered */
   size_t span;               /* usable bytes of lbuf, vbuf and the remote buffer */
   uintptr_t rbase;           /* remote buffer */
-  HixlTransferOpDesc *descs; /* window * max batch */
+  HixlTransferOpDesc *descs; /* window * max batch, --api engine */
+  HixlOneSideOpDesc *cdescs; /* the same ops for --api cs, built beside descs */
   uint64_t *lat;             /* per-iteration latencies */
   size_t lat_cap;
   struct point_result *res;
@@ -106,7 +122,11 @@ static void usage(FILE *f) {
           "  --peer IP:PORT       target engine address (target: listen there; initiator:\n"
           "                       connect there). Default with --role both: a free port.\n"
           "  --ctrl-port PORT     two-shell control channel port (default: engine port + 1)\n"
-          "  --local IP           initiator engine address (default 127.0.0.1)\n"
+          "  --local IP           initiator engine (cs: client endpoint) address (default 127.0.0.1)\n"
+          "API and transport:\n"
+          "  --api engine|cs             HixlEngine* (default) or HIXL's client/server HixlCS*\n"
+          "  --transport NAME            auto|tcp|rdma|shm: the engines' Transport option, or the\n"
+          "                              CS endpoints' protocol (default: the library's; CS: tcp)\n"
           "Sweep:\n"
           "  --op read|write|both        (default both)\n"
           "  --block-sizes LIST          e.g. 4K,64K,4M (default 4K..16M, powers of 2)\n"
@@ -115,7 +135,8 @@ static void usage(FILE *f) {
           "  --iters N                   iterations (transfer calls) per point\n"
           "  --warmup N                  unmeasured iterations per point (default iters/10, 1..100)\n"
           "  --max-seconds S             stop a point after S seconds (default 3)\n"
-          "  --async                     TransferAsync with a window of outstanding requests\n"
+          "  --async                     TransferAsync (cs: Batch*Async) with a window of\n"
+          "                              outstanding requests\n"
           "  --window N                  outstanding async requests (default 4)\n"
           "  --no-verify                 skip the byte-for-byte check of each point\n"
           "Latency:\n"
@@ -303,8 +324,96 @@ static int32_t call_timeout(const struct bench_opts *o, size_t bytes) {
 
 /* ------------------------------------------------------------------- target */
 
-static int run_target(const struct bench_opts *o, int ctrl) {
+/* Engine options: Transport when --transport names one, none otherwise. */
+static size_t engine_options(const struct bench_opts *o, HixlOption *opt) {
+  if (o->transport == NULL) return 0;
+  opt->key = "Transport";
+  opt->value = o->transport;
+  return 1;
+}
+
+/* The CS endpoint protocol for --transport; the CS API has no "auto": tcp. */
+static HixlEndpointProtocol cs_protocol(const struct bench_opts *o) {
+  if (o->transport != NULL && strcmp(o->transport, "rdma") == 0) return HIXL_EP_PROTOCOL_RDMA;
+  if (o->transport != NULL && strcmp(o->transport, "shm") == 0) return HIXL_EP_PROTOCOL_SHM;
+  return HIXL_EP_PROTOCOL_TCP;
+}
+
+/* Serve until the initiator says DONE or goes away (bounded): 0, or 1 on a timeout. */
+static int serve_until_done(int ctrl) {
   char line[BENCH_LINE_MAX];
+  int r;
+  while ((r = ctrl_recv(ctrl, line, sizeof(line), BENCH_TARGET_MAX_WAIT_MS)) == 1)
+    if (strcmp(line, "DONE") == 0) return 0;
+  return r == 0 ? 0 : 1; /* the initiator closed the channel; its own status tells the story */
+}
+
+/* --api cs: a HixlCSServer on --peer whose one registration is the buffer, tagged "bench". */
+static int run_target_cs(const struct bench_opts *o, int ctrl) {
+  int rc = 1;
+  HixlServerHandle srv = NULL;
+  MemHandle mh = NULL;
+  HixlStatus st;
+  size_t span = needed_span(o);
+  char ip[64];
+  uint16_t port = 0;
+
+  if (!split_addr(o->peer, ip, sizeof(ip), &port)) {
+    ctrl_send(ctrl, "ERROR target: --peer %s is not IP:PORT\n", o->peer);
+    return 1;
+  }
+  uint8_t *buf = map_buffer(span);
+  if (buf == NULL) {
+    ctrl_send(ctrl, "ERROR target cannot map %zu bytes: %s\n", span, strerror(errno));
+    return 1;
+  }
+  bench_pattern_fill(buf, span, o->seed ^ 0x7a7a7a7aull);
+  EndpointDesc ep = {.protocol = cs_protocol(o), .address = NULL, .device = NULL};
+  HixlServerDesc sd = {.server_ip = ip, .server_port = port, .endpoint_list = &ep, .endpoint_list_num = 1};
+  st = HixlCSServerCreate(&sd, NULL, &srv);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("target", "HixlCSServerCreate", st);
+    ctrl_send(ctrl, "ERROR HixlCSServerCreate(%s) failed\n", o->peer);
+    goto out_unmap;
+  }
+  HcommMem mem = {.type = HCCL_MEM_TYPE_HOST, .addr = buf, .size = span};
+  st = HixlCSServerRegMem(srv, BENCH_CS_TAG, &mem, &mh);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("target", "HixlCSServerRegMem", st);
+    ctrl_send(ctrl, "ERROR HixlCSServerRegMem(%zu bytes) failed\n", span);
+    goto out_destroy;
+  }
+  st = HixlCSServerListen(srv, 0);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("target", "HixlCSServerListen", st);
+    ctrl_send(ctrl, "ERROR HixlCSServerListen(%s) failed\n", o->peer);
+    goto out_unreg;
+  }
+  if (!ctrl_send(ctrl, "READY cs\n")) goto out_unreg;
+  if (o->role == ROLE_TARGET)
+    fprintf(stderr, "%s: target: CS server on %s serving %zu bytes tagged \"%s\"\n", g_prog, o->peer, span,
+            BENCH_CS_TAG);
+  rc = serve_until_done(ctrl);
+
+out_unreg:
+  st = HixlCSServerUnregMem(srv, mh);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("target", "HixlCSServerUnregMem", st);
+    rc = 1;
+  }
+out_destroy:
+  st = HixlCSServerDestroy(srv);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("target", "HixlCSServerDestroy", st);
+    rc = 1;
+  }
+out_unmap:
+  munmap(buf, span);
+  return rc;
+}
+
+static int run_target(const struct bench_opts *o, int ctrl) {
+  if (o->api == API_CS) return run_target_cs(o, ctrl);
   int rc = 1;
   HixlEngine *eng = NULL;
   HixlMemHandle mh = NULL;
@@ -323,7 +432,8 @@ static int run_target(const struct bench_opts *o, int ctrl) {
     ctrl_send(ctrl, "ERROR HixlEngineCreate failed\n");
     goto out_unmap;
   }
-  st = HixlEngineInitialize(eng, o->peer, NULL, 0);
+  HixlOption opt = {NULL, NULL};
+  st = HixlEngineInitialize(eng, o->peer, &opt, engine_options(o, &opt));
   if (st != HIXL_SUCCESS) {
     report_hixl("target", "HixlEngineInitialize", st);
     ctrl_send(ctrl, "ERROR HixlEngineInitialize(%s) failed\n", o->peer);
@@ -336,19 +446,10 @@ static int run_target(const struct bench_opts *o, int ctrl) {
     ctrl_send(ctrl, "ERROR HixlEngineRegisterMem(%zu bytes) failed\n", span);
     goto out_finalize;
   }
-  if (!ctrl_send(ctrl, "READY %" PRIxPTR " %zu\n", (uintptr_t)buf, span)) goto out_dereg;
+  if (!ctrl_send(ctrl, "READY engine %" PRIxPTR " %zu\n", (uintptr_t)buf, span)) goto out_dereg;
   if (o->role == ROLE_TARGET)
     fprintf(stderr, "%s: target: serving %zu registered bytes on %s\n", g_prog, span, o->peer);
-
-  /* Serve until the initiator says DONE or goes away (bounded). */
-  int r;
-  while ((r = ctrl_recv(ctrl, line, sizeof(line), BENCH_TARGET_MAX_WAIT_MS)) == 1) {
-    if (strcmp(line, "DONE") == 0) {
-      rc = 0;
-      break;
-    }
-  }
-  if (r == 0) rc = 0; /* the initiator closed the channel; its own status tells the story */
+  rc = serve_until_done(ctrl);
 
 out_dereg:
   st = HixlEngineDeregisterMem(eng, mh);
@@ -372,25 +473,85 @@ out_unmap:
 /* ---------------------------------------------------------------- initiator */
 
 static const char *op_name(HixlTransferOp op) { return op == HIXL_READ ? "READ" : "WRITE"; }
+static const char *api_name(enum bench_api api) { return api == API_CS ? "cs" : "engine"; }
 
-/* Descriptors for request w of a point: slots (w * batch + k) mod nslots. */
-static void build_descs(const struct bench_ctx *c, HixlTransferOpDesc *d, uintptr_t local_base, size_t block,
+/* The call that moves data, for messages. */
+static const char *xfer_fn(const struct bench_ctx *c, HixlTransferOp op, bool async) {
+  if (c->o->api == API_CS) {
+    if (async) return op == HIXL_READ ? "HixlCSClientBatchGetAsync" : "HixlCSClientBatchPutAsync";
+    return op == HIXL_READ ? "HixlCSClientBatchGetSync" : "HixlCSClientBatchPutSync";
+  }
+  return async ? "HixlEngineTransferAsync" : "HixlEngineTransferSync";
+}
+
+/* Descriptors for request w of a point, at index first of the descriptor arrays:
+ * slots (w * batch + k) mod nslots. Both APIs' forms are built here, outside the
+ * timed loops, so neither mode pays a conversion the other does not. */
+static void build_descs(const struct bench_ctx *c, size_t first, uintptr_t local_base, size_t block,
                         size_t batch, size_t w) {
   size_t nslots = c->span / block;
   for (size_t k = 0; k < batch; k++) {
     size_t off = ((w * batch + k) % nslots) * block;
-    d[k].local_addr = local_base + off;
-    d[k].remote_addr = c->rbase + off;
-    d[k].len = block;
+    HixlTransferOpDesc *d = &c->descs[first + k];
+    HixlOneSideOpDesc *cd = &c->cdescs[first + k];
+    d->local_addr = local_base + off;
+    d->remote_addr = c->rbase + off;
+    d->len = block;
+    cd->local_buf = (void *)d->local_addr;
+    cd->remote_buf = (void *)d->remote_addr;
+    cd->len = block;
   }
 }
 
-static bool sync_xfer(struct bench_ctx *c, HixlTransferOp op, const HixlTransferOpDesc *d, size_t n,
-                      size_t bytes, const char *what) {
-  HixlStatus st = HixlEngineTransferSync(c->eng, c->o->peer, op, d, n, call_timeout(c->o, bytes));
+/* One synchronous batch of the n ops at index first: TransferSync or Batch{Put,Get}Sync. */
+static HixlStatus xfer_sync(struct bench_ctx *c, HixlTransferOp op, size_t first, size_t n, int32_t tmo) {
+  if (c->o->api == API_CS) {
+    const HixlOneSideOpDesc *cd = &c->cdescs[first];
+    return op == HIXL_READ ? HixlCSClientBatchGetSync(c->cli, (uint32_t)n, cd, (uint32_t)tmo)
+                           : HixlCSClientBatchPutSync(c->cli, (uint32_t)n, cd, (uint32_t)tmo);
+  }
+  return HixlEngineTransferSync(c->eng, c->o->peer, op, &c->descs[first], n, tmo);
+}
+
+/* Start one asynchronous batch; *handle is a HixlTransferReq or a CompleteHandle. The CS
+ * API has no per-batch timeout: its batches end TIMEOUT after HIXL_CS_BATCH_TIMEOUT_MS. */
+static HixlStatus xfer_async(struct bench_ctx *c, HixlTransferOp op, size_t first, size_t n, int32_t tmo,
+                             void *user_data, void **handle) {
+  if (c->o->api == API_CS) {
+    const HixlOneSideOpDesc *cd = &c->cdescs[first];
+    CompleteHandle h = NULL;
+    HixlStatus st = op == HIXL_READ ? HixlCSClientBatchGetAsync(c->cli, (uint32_t)n, cd, &h)
+                                    : HixlCSClientBatchPutAsync(c->cli, (uint32_t)n, cd, &h);
+    if (st == HIXL_SUCCESS) *handle = h;
+    return st;
+  }
+  HixlTransferReq req = NULL;
+  HixlStatus st = HixlEngineTransferAsync(c->eng, c->o->peer, op, &c->descs[first], n, tmo, user_data, &req);
+  if (st == HIXL_SUCCESS) *handle = req;
+  return st;
+}
+
+/* Where an asynchronous batch stands, in the engine's terms. */
+static HixlStatus xfer_status(struct bench_ctx *c, void *handle, HixlTransferStatus *ts) {
+  if (c->o->api == API_CS) {
+    HixlCompleteStatus cs = HIXL_COMPLETE_STATUS_WAITING;
+    HixlStatus st = HixlCSClientQueryCompleteStatus(c->cli, handle, &cs);
+    if (st != HIXL_SUCCESS) return st;
+    *ts = cs == HIXL_COMPLETE_STATUS_WAITING     ? HIXL_TRANSFER_WAITING
+          : cs == HIXL_COMPLETE_STATUS_COMPLETED ? HIXL_TRANSFER_COMPLETED
+          : cs == HIXL_COMPLETE_STATUS_TIMEOUT   ? HIXL_TRANSFER_TIMEOUT
+                                                 : HIXL_TRANSFER_FAILED;
+    return HIXL_SUCCESS;
+  }
+  return HixlEngineGetTransferStatus(c->eng, handle, ts);
+}
+
+static bool sync_xfer(struct bench_ctx *c, HixlTransferOp op, size_t first, size_t n, size_t bytes,
+                      const char *what) {
+  HixlStatus st = xfer_sync(c, op, first, n, call_timeout(c->o, bytes));
   if (st != HIXL_SUCCESS) {
     char w[96];
-    snprintf(w, sizeof(w), "HixlEngineTransferSync(%s, %s)", op_name(op), what);
+    snprintf(w, sizeof(w), "%s(%s, %s)", xfer_fn(c, op, false), op_name(op), what);
     report_hixl("initiator", w, st);
     return false;
   }
@@ -411,14 +572,13 @@ static int verify_point(struct bench_ctx *c, HixlTransferOp op, size_t block, si
   uint8_t *dst = op == HIXL_WRITE ? c->vbuf : c->lbuf;
   bench_pattern_fill(src, used, seed);
   memset(dst, 0, used);
-  HixlTransferOpDesc *d = c->descs;
   for (size_t w = 0; w < window; w++) {
-    build_descs(c, d, (uintptr_t)src, block, batch, w);
-    if (!sync_xfer(c, HIXL_WRITE, d, batch, block * batch, "verify")) return -1;
+    build_descs(c, 0, (uintptr_t)src, block, batch, w);
+    if (!sync_xfer(c, HIXL_WRITE, 0, batch, block * batch, "verify")) return -1;
   }
   for (size_t w = 0; w < window; w++) {
-    build_descs(c, d, (uintptr_t)dst, block, batch, w);
-    if (!sync_xfer(c, HIXL_READ, d, batch, block * batch, "verify")) return -1;
+    build_descs(c, 0, (uintptr_t)dst, block, batch, w);
+    if (!sync_xfer(c, HIXL_READ, 0, batch, block * batch, "verify")) return -1;
   }
   size_t bad = 0;
   if (!bench_same(src, dst, used, &bad)) {
@@ -467,26 +627,27 @@ static bool ensure_lat(struct bench_ctx *c, uint64_t n) {
   return true;
 }
 
-/* Sync: one TransferSync per iteration, the same batch each time (like ib_write_bw). */
+/* Sync: one TransferSync (cs: Batch{Put,Get}Sync) per iteration, the same batch each
+ * time (like ib_write_bw). */
 static bool run_sync_point(struct bench_ctx *c, HixlTransferOp op, size_t block, size_t batch, uint64_t iters,
                            uint64_t warmup, struct point_result *r) {
-  HixlTransferOpDesc *d = c->descs;
-  build_descs(c, d, (uintptr_t)c->lbuf, block, batch, 0);
+  build_descs(c, 0, (uintptr_t)c->lbuf, block, batch, 0);
   size_t bytes = block * batch;
   int32_t tmo = call_timeout(c->o, bytes);
   for (uint64_t i = 0; i < warmup; i++)
-    if (!sync_xfer(c, op, d, batch, bytes, "warm-up")) return false;
+    if (!sync_xfer(c, op, 0, batch, bytes, "warm-up")) return false;
   uint64_t n = 0;
   uint64_t t_start = bench_now_ns();
   uint64_t limit = t_start + (uint64_t)(c->o->max_seconds * 1e9);
   uint64_t t_end = t_start;
   while (n < iters) {
     uint64_t t0 = bench_now_ns();
-    HixlStatus st = HixlEngineTransferSync(c->eng, c->o->peer, op, d, batch, tmo);
+    HixlStatus st = xfer_sync(c, op, 0, batch, tmo);
     t_end = bench_now_ns();
     if (st != HIXL_SUCCESS) {
-      report_hixl("initiator",
-                  op == HIXL_READ ? "HixlEngineTransferSync(READ)" : "HixlEngineTransferSync(WRITE)", st);
+      char w[96];
+      snprintf(w, sizeof(w), "%s(%s)", xfer_fn(c, op, false), op_name(op));
+      report_hixl("initiator", w, st);
       return false;
     }
     c->lat[n++] = t_end - t0;
@@ -501,12 +662,13 @@ static bool run_sync_point(struct bench_ctx *c, HixlTransferOp op, size_t block,
 }
 
 struct async_slot {
-  HixlTransferReq req;
+  void *req; /* HixlTransferReq, or CompleteHandle with --api cs */
   uint64_t t_submit;
   bool busy;
 };
 
-/* Async: keep `window` TransferAsync requests in flight, each on its own slots. */
+/* Async: keep `window` TransferAsync requests (cs: Batch{Put,Get}Async batches) in
+ * flight, each on its own slots. */
 static bool run_async_phase(struct bench_ctx *c, HixlTransferOp op, size_t block, size_t batch,
                             uint64_t count, bool record, uint64_t limit_ns, uint64_t *done_out) {
   size_t window = c->o->window;
@@ -517,8 +679,7 @@ static bool run_async_phase(struct bench_ctx *c, HixlTransferOp op, size_t block
   size_t busy = 0;
   bool ok = true;
   memset(slots, 0, sizeof(slots));
-  for (size_t w = 0; w < window; w++)
-    build_descs(c, c->descs + w * batch, (uintptr_t)c->lbuf, block, batch, w);
+  for (size_t w = 0; w < window; w++) build_descs(c, w * batch, (uintptr_t)c->lbuf, block, batch, w);
   /* Bound the whole phase: the time limit plus one timeout for the stragglers. */
   uint64_t hard =
       (limit_ns != 0 ? limit_ns : bench_now_ns() + 3600ull * 1000000000ull) + (uint64_t)tmo * 2000000ull;
@@ -526,17 +687,16 @@ static bool run_async_phase(struct bench_ctx *c, HixlTransferOp op, size_t block
     bool stop_submitting = !ok || submitted >= count || (limit_ns != 0 && bench_now_ns() > limit_ns);
     for (size_t w = 0; w < window && !stop_submitting; w++) {
       if (slots[w].busy) continue;
-      HixlTransferReq req = NULL;
+      void *req = NULL;
       void *ud = (void *)(uintptr_t)(w + 1);
       slots[w].t_submit = bench_now_ns();
-      HixlStatus st =
-          HixlEngineTransferAsync(c->eng, c->o->peer, op, c->descs + w * batch, batch, tmo, ud, &req);
+      HixlStatus st = xfer_async(c, op, w * batch, batch, tmo, ud, &req);
       if (st != HIXL_SUCCESS) {
-        report_hixl("initiator", "HixlEngineTransferAsync", st);
+        report_hixl("initiator", xfer_fn(c, op, true), st);
         ok = false;
         break;
       }
-      if (submitted == 0) {
+      if (submitted == 0 && c->o->api == API_ENGINE) {
         void *back = NULL;
         st = HixlEngineGetTransferUserData(c->eng, req, &back);
         if (st != HIXL_SUCCESS || back != ud) {
@@ -556,9 +716,11 @@ static bool run_async_phase(struct bench_ctx *c, HixlTransferOp op, size_t block
     for (size_t w = 0; w < window; w++) {
       if (!slots[w].busy) continue;
       HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
-      HixlStatus st = HixlEngineGetTransferStatus(c->eng, slots[w].req, &ts);
+      HixlStatus st = xfer_status(c, slots[w].req, &ts);
       if (st != HIXL_SUCCESS) {
-        report_hixl("initiator", "HixlEngineGetTransferStatus", st);
+        report_hixl("initiator",
+                    c->o->api == API_CS ? "HixlCSClientQueryCompleteStatus" : "HixlEngineGetTransferStatus",
+                    st);
         slots[w].busy = false; /* unknown state: do not poll it again */
         busy--;
         ok = false;
@@ -570,7 +732,7 @@ static bool run_async_phase(struct bench_ctx *c, HixlTransferOp op, size_t block
       busy--;
       progressed = true;
       if (ts != HIXL_TRANSFER_COMPLETED) {
-        fprintf(stderr, "%s: async %s request ended %s (%s)\n", g_prog, op_name(op),
+        fprintf(stderr, "%s: async %s %s request ended %s (%s)\n", g_prog, api_name(c->o->api), op_name(op),
                 ts == HIXL_TRANSFER_TIMEOUT ? "TIMEOUT" : "FAILED", HixlGetLastErrorMessage());
         ok = false;
         continue;
@@ -649,7 +811,8 @@ static int run_sweep(struct bench_ctx *c) {
           fprintf(stderr, "%s: out of memory for %" PRIu64 " latencies\n", g_prog, iters);
           return 1;
         }
-        struct point_result r = {.op = op_name(op),
+        struct point_result r = {.api = api_name(o->api),
+                                 .op = op_name(op),
                                  .mode = o->async ? "async" : "sync",
                                  .block = block,
                                  .batch = batch,
@@ -674,12 +837,17 @@ static int run_sweep(struct bench_ctx *c) {
   return rc;
 }
 
-/* Small READ round trips, one TransferSync of one op each. */
+/* Small READ round trips, one TransferSync (cs: BatchGetSync) of one op each. */
 static int run_latency(struct bench_ctx *c) {
   const struct bench_opts *o = c->o;
   size_t size = o->lat_size;
-  struct point_result r = {
-      .op = "READ", .mode = "latency", .block = size, .batch = 1, .window = 1, .verified = "skipped"};
+  struct point_result r = {.api = api_name(o->api),
+                           .op = "READ",
+                           .mode = "latency",
+                           .block = size,
+                           .batch = 1,
+                           .window = 1,
+                           .verified = "skipped"};
   if (size > c->span) {
     fprintf(stderr, "%s: --lat-size %zu is larger than the %zu registered bytes\n", g_prog, size, c->span);
     return 1;
@@ -694,18 +862,19 @@ static int run_latency(struct bench_ctx *c) {
   if (!ensure_lat(c, o->lat_iters)) return 1;
   progress(o, "latency: %" PRIu64 " READ round trips of %zu B after %" PRIu64 " warm-up\n", o->lat_iters,
            size, warmup);
-  HixlTransferOpDesc d = {.local_addr = (uintptr_t)c->lbuf, .remote_addr = c->rbase, .len = size};
+  build_descs(c, 0, (uintptr_t)c->lbuf, size, 1, 0);
   int32_t tmo = call_timeout(o, size);
   for (uint64_t i = 0; i < warmup; i++)
-    if (!sync_xfer(c, HIXL_READ, &d, 1, size, "warm-up")) return 1;
+    if (!sync_xfer(c, HIXL_READ, 0, 1, size, "warm-up")) return 1;
   uint64_t n = 0, sum = 0;
   uint64_t limit = bench_now_ns() + (uint64_t)(o->max_seconds * 1e9);
   while (n < o->lat_iters) {
     uint64_t t0 = bench_now_ns();
-    HixlStatus st = HixlEngineTransferSync(c->eng, o->peer, HIXL_READ, &d, 1, tmo);
+    HixlStatus st = xfer_sync(c, HIXL_READ, 0, 1, tmo);
     uint64_t t1 = bench_now_ns();
     if (st != HIXL_SUCCESS) {
-      report_hixl("initiator", "HixlEngineTransferSync(READ)", st);
+      report_hixl("initiator", o->api == API_CS ? "HixlCSClientBatchGetSync" : "HixlEngineTransferSync(READ)",
+                  st);
       return 1;
     }
     c->lat[n++] = t1 - t0;
@@ -717,24 +886,36 @@ static int run_latency(struct bench_ctx *c) {
   r.seconds = (double)sum / 1e9;
   r.gbps = r.seconds > 0 ? (double)r.bytes / r.seconds / 1e9 : 0;
   r.st = bench_stats_ns(c->lat, n);
-  printf("latency: %zu B READ round trip, %" PRIu64 " iterations: avg %.2f us, p50 %.2f us, "
+  printf("latency: %zu B READ round trip (api %s), %" PRIu64 " iterations: avg %.2f us, p50 %.2f us, "
          "p99 %.2f us, min %.2f us, max %.2f us (verified: %s)\n",
-         size, n, r.st.avg_us, r.st.p50_us, r.st.p99_us, r.st.min_us, r.st.max_us, r.verified);
+         size, r.api, n, r.st.avg_us, r.st.p50_us, r.st.p99_us, r.st.min_us, r.st.max_us, r.verified);
   return add_result(c, &r) ? 0 : 1;
 }
 
+/* api is the last column so that readers of the older columns by position still work. */
+#define BENCH_CSV_HEADER                                                                                     \
+  "tool,mode,op,block_size,batch,window,iters,bytes,seconds,gbps,avg_us,p50_us,p99_us,min_us,max_us,"        \
+  "verified,api"
+
+/* The CSV file, opened for appending; NULL after saying why. */
+static FILE *csv_open(const char *path) {
+  FILE *f = bench_csv_open(path, BENCH_CSV_HEADER);
+  if (f == NULL)
+    fprintf(stderr, "%s: cannot append to %s: %s\n", g_prog, path,
+            errno == EINVAL ? "it starts with another header (an older hixl-bench?); use a new file"
+                            : strerror(errno));
+  return f;
+}
+
 static bool write_csv(const struct bench_ctx *c) {
-  FILE *f = bench_csv_open(c->o->csv, "tool,mode,op,block_size,batch,window,iters,bytes,seconds,"
-                                      "gbps,avg_us,p50_us,p99_us,min_us,max_us,verified");
-  if (f == NULL) {
-    fprintf(stderr, "%s: cannot open %s: %s\n", g_prog, c->o->csv, strerror(errno));
-    return false;
-  }
+  FILE *f = csv_open(c->o->csv);
+  if (f == NULL) return false;
   for (size_t i = 0; i < c->n_res; i++) {
     const struct point_result *r = &c->res[i];
-    fprintf(f, "hixl-bench,%s,%s,%zu,%zu,%zu,%" PRIu64 ",%" PRIu64 ",%.6f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f,%s\n",
+    fprintf(f,
+            "hixl-bench,%s,%s,%zu,%zu,%zu,%" PRIu64 ",%" PRIu64 ",%.6f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%s\n",
             r->mode, r->op, r->block, r->batch, r->window, r->iters, r->bytes, r->seconds, r->gbps,
-            r->st.avg_us, r->st.p50_us, r->st.p99_us, r->st.min_us, r->st.max_us, r->verified);
+            r->st.avg_us, r->st.p50_us, r->st.p99_us, r->st.min_us, r->st.max_us, r->verified, r->api);
   }
   return fclose(f) == 0;
 }
@@ -751,15 +932,17 @@ static bool write_json(const struct bench_ctx *c) {
   fprintf(f, "{\n  \"tool\": \"hixl-bench\",\n  \"hixl_version\": \"%s\",\n", HixlVersionString());
   fprintf(f, "  \"time\": %lld,\n  \"kernel\": \"%s\",\n  \"cpus\": %ld,\n", (long long)time(NULL),
           un.release, sysconf(_SC_NPROCESSORS_ONLN));
+  fprintf(f, "  \"api\": \"%s\",\n  \"transport\": \"%s\",\n", api_name(c->o->api),
+          c->o->transport != NULL ? c->o->transport : "default");
   fprintf(f, "  \"peer\": \"%s\",\n  \"registered_bytes\": %zu,\n  \"results\": [\n", c->o->peer, c->span);
   for (size_t i = 0; i < c->n_res; i++) {
     const struct point_result *r = &c->res[i];
     fprintf(f,
-            "    {\"mode\": \"%s\", \"op\": \"%s\", \"block_size\": %zu, \"batch\": %zu, "
+            "    {\"api\": \"%s\", \"mode\": \"%s\", \"op\": \"%s\", \"block_size\": %zu, \"batch\": %zu, "
             "\"window\": %zu, \"iters\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"seconds\": %.6f, "
             "\"gbps\": %.4f, \"avg_us\": %.3f, \"p50_us\": %.3f, \"p99_us\": %.3f, "
             "\"min_us\": %.3f, \"max_us\": %.3f, \"verified\": \"%s\"}%s\n",
-            r->mode, r->op, r->block, r->batch, r->window, r->iters, r->bytes, r->seconds, r->gbps,
+            r->api, r->mode, r->op, r->block, r->batch, r->window, r->iters, r->bytes, r->seconds, r->gbps,
             r->st.avg_us, r->st.p50_us, r->st.p99_us, r->st.min_us, r->st.max_us, r->verified,
             i + 1 < c->n_res ? "," : "");
   }
@@ -767,109 +950,240 @@ static bool write_json(const struct bench_ctx *c) {
   return fclose(f) == 0;
 }
 
-static int run_initiator(const struct bench_opts *o, int ctrl) {
-  char line[BENCH_LINE_MAX];
-  struct bench_ctx c;
+/* Print the run's header line, measure, write the results: 0 ok, 1 a failure. */
+static int measure(struct bench_ctx *c, uint64_t connect_ns) {
+  const struct bench_opts *o = c->o;
+  char mode[48];
+  int rc;
+  if (o->async)
+    snprintf(mode, sizeof(mode), "async window %zu", o->window);
+  else
+    snprintf(mode, sizeof(mode), "sync");
+  printf("# hixl-bench (hixl %s): initiator %s -> target %s, api %s, transport %s, %s, %zu registered "
+         "bytes per side, verify %s, connect %.2f ms\n",
+         HixlVersionString(), o->local, o->peer, api_name(o->api),
+         o->transport != NULL ? o->transport : (o->api == API_CS ? "tcp" : "default"), mode, c->span,
+         o->verify ? "on" : "off", (double)connect_ns / 1e6);
+  rc = o->latency ? run_latency(c) : run_sweep(c);
+  if (o->csv != NULL && c->n_res > 0 && !write_csv(c)) rc = 1;
+  if (o->json != NULL && !write_json(c)) rc = 1;
+  return rc;
+}
+
+/* --api engine: an engine on --local, both regions registered, linked to the target
+ * whose buffer address came over the control channel. */
+static int initiator_engine(struct bench_ctx *c) {
+  const struct bench_opts *o = c->o;
   HixlMemHandle lh = NULL, vh = NULL;
+  HixlOption opt = {NULL, NULL};
   HixlStatus st;
   int rc = 1;
-  size_t rlen = 0;
-  memset(&c, 0, sizeof(c));
-  c.o = o;
 
-  int r = ctrl_recv(ctrl, line, sizeof(line), BENCH_READY_TIMEOUT_MS);
-  if (r != 1 || sscanf(line, "READY %" SCNxPTR " %zu", &c.rbase, &rlen) != 2) {
-    fprintf(stderr, "%s: initiator: target not ready: %s\n", g_prog,
-            r == 1 ? line : (r == 0 ? "it closed the control channel" : "no answer in 60 s"));
-    return 1;
-  }
-  c.span = needed_span(o);
-  if (rlen < c.span) c.span = rlen;
-  size_t max_batch = o->latency ? 1 : max_of(o->batches, o->n_batches);
-  size_t window = o->async ? o->window : 1;
-
-  c.lbuf = map_buffer(c.span);
-  c.vbuf = map_buffer(c.span);
-  c.descs = calloc(max_batch * window, sizeof(*c.descs));
-  if (c.lbuf == NULL || c.vbuf == NULL || c.descs == NULL) {
-    fprintf(stderr, "%s: initiator: cannot allocate 2 x %zu bytes\n", g_prog, c.span);
-    goto out_free;
-  }
-  memset(c.lbuf, 0x11, c.span);
-  st = HixlEngineCreate(&c.eng);
+  st = HixlEngineCreate(&c->eng);
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineCreate", st);
-    goto out_free;
+    return 1;
   }
-  st = HixlEngineInitialize(c.eng, o->local, NULL, 0);
+  st = HixlEngineInitialize(c->eng, o->local, &opt, engine_options(o, &opt));
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineInitialize", st);
     goto out_destroy;
   }
-  HixlMemDesc lmd = {.addr = (uintptr_t)c.lbuf, .len = c.span};
-  HixlMemDesc vmd = {.addr = (uintptr_t)c.vbuf, .len = c.span};
-  st = HixlEngineRegisterMem(c.eng, &lmd, HIXL_MEM_HOST, &lh);
+  HixlMemDesc lmd = {.addr = (uintptr_t)c->lbuf, .len = c->span};
+  HixlMemDesc vmd = {.addr = (uintptr_t)c->vbuf, .len = c->span};
+  st = HixlEngineRegisterMem(c->eng, &lmd, HIXL_MEM_HOST, &lh);
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineRegisterMem", st);
     goto out_finalize;
   }
-  st = HixlEngineRegisterMem(c.eng, &vmd, HIXL_MEM_HOST, &vh);
+  st = HixlEngineRegisterMem(c->eng, &vmd, HIXL_MEM_HOST, &vh);
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineRegisterMem(verify region)", st);
     goto out_dereg_l;
   }
   uint64_t t0 = bench_now_ns();
-  st = HixlEngineConnect(c.eng, o->peer, 10000);
+  st = HixlEngineConnect(c->eng, o->peer, 10000);
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineConnect", st);
     goto out_dereg_v;
   }
-  char mode[48];
-  if (o->async)
-    snprintf(mode, sizeof(mode), "async window %zu", o->window);
-  else
-    snprintf(mode, sizeof(mode), "sync");
-  printf("# hixl-bench (hixl %s): initiator %s -> target %s, %s, %zu registered bytes per side, "
-         "verify %s, connect %.2f ms\n",
-         HixlVersionString(), o->local, o->peer, mode, c.span, o->verify ? "on" : "off",
-         (double)(bench_now_ns() - t0) / 1e6);
+  rc = measure(c, bench_now_ns() - t0);
 
-  rc = o->latency ? run_latency(&c) : run_sweep(&c);
-  if (o->csv != NULL && c.n_res > 0 && !write_csv(&c)) rc = 1;
-  if (o->json != NULL && !write_json(&c)) rc = 1;
-
-  st = HixlEngineDisconnect(c.eng, o->peer, 5000);
+  st = HixlEngineDisconnect(c->eng, o->peer, 5000);
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineDisconnect", st);
     rc = 1;
   }
 out_dereg_v:
-  st = HixlEngineDeregisterMem(c.eng, vh);
+  st = HixlEngineDeregisterMem(c->eng, vh);
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineDeregisterMem", st);
     rc = 1;
   }
 out_dereg_l:
-  st = HixlEngineDeregisterMem(c.eng, lh);
+  st = HixlEngineDeregisterMem(c->eng, lh);
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineDeregisterMem", st);
     rc = 1;
   }
 out_finalize:
-  st = HixlEngineFinalize(c.eng);
+  st = HixlEngineFinalize(c->eng);
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineFinalize", st);
     rc = 1;
   }
 out_destroy:
-  HixlEngineDestroy(c.eng);
+  HixlEngineDestroy(c->eng);
+  c->eng = NULL;
+  return rc;
+}
+
+/* The server's registration tagged BENCH_CS_TAG, by HixlCSClientGetRemoteMem. */
+static bool cs_find_target(struct bench_ctx *c, size_t *len) {
+  HcommMem *mems = NULL;
+  char **tags = NULL;
+  uint32_t n = 0;
+  HixlStatus st = HixlCSClientGetRemoteMem(c->cli, &mems, &tags, &n, 10000);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("initiator", "HixlCSClientGetRemoteMem", st);
+    return false;
+  }
+  for (uint32_t i = 0; i < n; i++) {
+    if (tags[i] == NULL || strcmp(tags[i], BENCH_CS_TAG) != 0) continue;
+    if (mems[i].type != HCCL_MEM_TYPE_HOST || mems[i].size > SIZE_MAX) break;
+    c->rbase = (uintptr_t)mems[i].addr;
+    *len = (size_t)mems[i].size;
+    return true;
+  }
+  fprintf(stderr, "%s: initiator: the server at %s has no host memory tagged \"%s\" (%u registrations)\n",
+          g_prog, c->o->peer, BENCH_CS_TAG, n);
+  return false;
+}
+
+/* --api cs: a CS client with both regions registered, connected to the target's CS
+ * server, which holds the buffer found by its tag. Shrinks c->span to that buffer. */
+static int initiator_cs(struct bench_ctx *c) {
+  const struct bench_opts *o = c->o;
+  MemHandle lh = NULL, vh = NULL;
+  HixlStatus st;
+  int rc = 1;
+  char ip[64];
+  uint16_t port = 0;
+  size_t rlen = 0;
+
+  if (!split_addr(o->peer, ip, sizeof(ip), &port)) {
+    fprintf(stderr, "%s: initiator: --peer %s is not IP:PORT\n", g_prog, o->peer);
+    return 1;
+  }
+  EndpointDesc lep = {.protocol = cs_protocol(o), .address = o->local, .device = NULL};
+  EndpointDesc rep = {.protocol = cs_protocol(o), .address = NULL, .device = NULL};
+  HixlClientDesc cd = {.server_ip = ip, .server_port = port, .local_endpoint = &lep, .remote_endpoint = &rep};
+  st = HixlCSClientCreate(&cd, NULL, &c->cli);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("initiator", "HixlCSClientCreate", st);
+    return 1;
+  }
+  HcommMem lmem = {.type = HCCL_MEM_TYPE_HOST, .addr = c->lbuf, .size = c->span};
+  HcommMem vmem = {.type = HCCL_MEM_TYPE_HOST, .addr = c->vbuf, .size = c->span};
+  st = HixlCSClientRegMem(c->cli, NULL, &lmem, &lh);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("initiator", "HixlCSClientRegMem", st);
+    goto out_destroy;
+  }
+  st = HixlCSClientRegMem(c->cli, NULL, &vmem, &vh);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("initiator", "HixlCSClientRegMem(verify region)", st);
+    goto out_unreg_l;
+  }
+  uint64_t t0 = bench_now_ns();
+  st = HixlCSClientConnect(c->cli, 10000);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("initiator", "HixlCSClientConnect", st);
+    goto out_unreg_v;
+  }
+  uint64_t connect_ns = bench_now_ns() - t0;
+  if (!cs_find_target(c, &rlen)) goto out_unreg_v;
+  if (rlen < c->span) c->span = rlen;
+  rc = measure(c, connect_ns);
+
+out_unreg_v:
+  st = HixlCSClientUnregMem(c->cli, vh);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("initiator", "HixlCSClientUnregMem", st);
+    rc = 1;
+  }
+out_unreg_l:
+  st = HixlCSClientUnregMem(c->cli, lh);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("initiator", "HixlCSClientUnregMem", st);
+    rc = 1;
+  }
+out_destroy:
+  st = HixlCSClientDestroy(c->cli);
+  if (st != HIXL_SUCCESS) {
+    report_hixl("initiator", "HixlCSClientDestroy", st);
+    rc = 1;
+  }
+  c->cli = NULL;
+  return rc;
+}
+
+static int run_initiator(const struct bench_opts *o, int ctrl) {
+  char line[BENCH_LINE_MAX];
+  struct bench_ctx c;
+  int rc = 1;
+  size_t rlen = 0, mapped;
+  memset(&c, 0, sizeof(c));
+  c.o = o;
+
+  if (o->csv != NULL) { /* a file we cannot append to fails now, not after the sweep */
+    FILE *f = csv_open(o->csv);
+    if (f == NULL || fclose(f) != 0) {
+      ctrl_send(ctrl, "DONE\n");
+      return 1;
+    }
+  }
+  int r = ctrl_recv(ctrl, line, sizeof(line), BENCH_READY_TIMEOUT_MS);
+  bool ready = false;
+  if (r == 1 && o->api == API_ENGINE)
+    ready = sscanf(line, "READY engine %" SCNxPTR " %zu", &c.rbase, &rlen) == 2;
+  else if (r == 1)
+    ready = strcmp(line, "READY cs") == 0;
+  if (!ready) {
+    const char *other = o->api == API_CS ? "READY engine " : "READY cs";
+    fprintf(stderr, "%s: initiator: target not ready: %s%s\n", g_prog,
+            r == 1 ? line : (r == 0 ? "it closed the control channel" : "no answer in 60 s"),
+            r == 1 && strncmp(line, other, strlen(other)) == 0 ? " (start both sides with the same --api)"
+                                                               : "");
+    return 1;
+  }
+  /* The CS target's length comes with its tag, after connecting: map what the sweep
+   * needs, and use no more than the target has. */
+  c.span = needed_span(o);
+  if (o->api == API_ENGINE && rlen < c.span) c.span = rlen;
+  mapped = c.span;
+  size_t max_batch = o->latency ? 1 : max_of(o->batches, o->n_batches);
+  size_t window = o->async ? o->window : 1;
+
+  c.lbuf = map_buffer(mapped);
+  c.vbuf = map_buffer(mapped);
+  c.descs = calloc(max_batch * window, sizeof(*c.descs));
+  c.cdescs = calloc(max_batch * window, sizeof(*c.cdescs));
+  if (c.lbuf == NULL || c.vbuf == NULL || c.descs == NULL || c.cdescs == NULL) {
+    fprintf(stderr, "%s: initiator: cannot allocate 2 x %zu bytes\n", g_prog, mapped);
+    goto out_free;
+  }
+  memset(c.lbuf, 0x11, mapped);
+  rc = o->api == API_CS ? initiator_cs(&c) : initiator_engine(&c);
+
 out_free:
   ctrl_send(ctrl, "DONE\n");
   free(c.descs);
+  free(c.cdescs);
   free(c.lat);
   free(c.res);
-  if (c.vbuf != NULL) munmap(c.vbuf, c.span);
-  if (c.lbuf != NULL) munmap(c.lbuf, c.span);
+  if (c.vbuf != NULL) munmap(c.vbuf, mapped);
+  if (c.lbuf != NULL) munmap(c.lbuf, mapped);
   return rc;
 }
 
@@ -906,6 +1220,17 @@ static bool parse_args(int argc, char **argv, struct bench_opts *o) {
         o->role = ROLE_INITIATOR;
       else
         ok = false;
+    } else if (strcmp(a, "--api") == 0) {
+      ok = true;
+      if (strcmp(v, "engine") == 0)
+        o->api = API_ENGINE;
+      else if (strcmp(v, "cs") == 0)
+        o->api = API_CS;
+      else
+        ok = false;
+    } else if (strcmp(a, "--transport") == 0) {
+      ok = strcmp(v, "auto") == 0 || strcmp(v, "tcp") == 0 || strcmp(v, "rdma") == 0 || strcmp(v, "shm") == 0;
+      o->transport = v;
     } else if (strcmp(a, "--peer") == 0) {
       ok = strlen(v) < sizeof(o->peer);
       if (ok) snprintf(o->peer, sizeof(o->peer), "%s", v);
@@ -993,6 +1318,7 @@ static int wait_child(pid_t pid, int timeout_s) {
 int main(int argc, char **argv) {
   static struct bench_opts o;
   o.role = ROLE_BOTH;
+  o.api = API_ENGINE;
   snprintf(o.local, sizeof(o.local), "127.0.0.1");
   o.ops = OPS_BOTH;
   o.n_blocks = 0;

@@ -3,9 +3,11 @@
 #
 # Measures, in one run on 127.0.0.1 only: the plain TCP reference (hixl-tcp-ref),
 # iperf3, ucx_perftest over tcp, and hixl-bench (WRITE and READ at 4 MiB, a small
-# sweep, the 64-byte READ round trip); then writes OUTPUT_MD (default
-# docs/performance.md of this source tree) with every figure and the ratios issue 2
-# targets, PASS or MISS each. Builds nothing: BUILD_DIR must hold the built tools.
+# sweep, the 64-byte READ round trip), and hixl-bench through HIXL's client/server API
+# (--api cs) against the engine API on the same transport (tcp); then writes OUTPUT_MD
+# (default docs/performance.md of this source tree) with every figure and the ratios
+# issues 2 and 5 target, PASS or MISS each. Builds nothing: BUILD_DIR must hold the
+# built tools.
 #
 # Loopback figures on a small VM swing by 20-50% from one run to the next, so the
 # figures behind the targets are taken PERF_ROUNDS times (default 3), hixl and its
@@ -14,7 +16,8 @@
 # on CPU 1), like two hosts: unpinned, the scheduler puts both on one CPU or on two
 # at random, which flips small-op latency between ~8 and ~55 us (a cross-CPU wake-up
 # on this kind of VM costs ~45 us) and large-op bandwidth between ~2.7 and ~5 GB/s.
-# Unpinned and same-CPU round trips are shown for information.
+# Unpinned and same-CPU round trips are shown for information. The CS-vs-engine pairs
+# run back to back at the end of every round, their order alternating between rounds.
 #
 # Environment: PERF_ROUNDS=N (1..9); PERF_WAIT_IDLE=SECONDS waits, bounded, for
 # other processes to leave the CPUs idle first. Raw outputs: BUILD_DIR/perf-results.
@@ -171,6 +174,26 @@ hixl_4m() { # CSV [extra args]
     --csv "$csv" --no-progress ${PIN:+--pin "$PIN"} "$@" >>"$RES/hixl_4m.log" 2>&1 ||
     log "hixl-bench 4 MiB $* failed (see $RES/hixl_4m.log)"
 }
+# The CS-vs-engine comparison: both APIs with --transport tcp, pinned.
+hixl_cmp() { # CSV API sync|async -> 4 MiB WRITE (put) and READ (get), appended to CSV
+  local csv=$1 api=$2 extra=()
+  [ "$3" = async ] && extra=(--async --window 4)
+  timeout 120 "$BENCH" --api "$api" --transport tcp --op both --block-sizes 4M --batch 1 --total 16G \
+    --max-seconds 3 --csv "$csv" --no-progress ${PIN:+--pin "$PIN"} "${extra[@]}" >>"$RES/hixl_cs.log" 2>&1 ||
+    log "hixl-bench --api $api 4 MiB $3 failed (see $RES/hixl_cs.log)"
+}
+hixl_cmp_lat() { # CSV API -> 64 B READ (get) round trips, appended to CSV
+  timeout 60 "$BENCH" --api "$2" --transport tcp --latency --lat-size 64 --lat-iters 10000 --max-seconds 20 \
+    --csv "$1" --no-progress ${PIN:+--pin "$PIN"} >>"$RES/hixl_cs.log" 2>&1 ||
+    log "hixl-bench --api $2 latency failed (see $RES/hixl_cs.log)"
+}
+# verified_of FILE...: how many hixl-bench points in the CSV files were checked.
+verified_of() {
+  awk -F, 'FNR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+    $1 == "hixl-bench" { n++; if ($col["verified"] != "yes") bad++ }
+    END { if (n == 0) print "nothing ran"; else if (bad) print bad " of " n " points NOT verified"
+      else print "all " n " points verified" }' "$@" 2>/dev/null
+}
 UCX_NOTE=""
 ucx_put() { # sets UCX_LAST to GB/s or n/a, and UCX_NOTE on failure
   local port mib
@@ -204,6 +227,11 @@ ucx_put() { # sets UCX_LAST to GB/s or n/a, and UCX_NOTE on failure
 # ---------------------------------------------- rounds: the targeted figures
 V_TCP4M=() V_UCX=() V_HW=() V_HR=() V_TRTT=() V_HRTT=() V_TRTT99=() V_HRTT99=()
 V_OTHERS=()
+# CS vs engine: C_<api>_<figure>, figures SW SR (sync) AW AR (async window 4) L L99 (64 B).
+C_cs_SW=() C_cs_SR=() C_cs_AW=() C_cs_AR=() C_cs_L=() C_cs_L99=()
+C_engine_SW=() C_engine_SR=() C_engine_AW=() C_engine_AR=() C_engine_L=() C_engine_L99=()
+c4m() { num "$(csv_get "$RES/round${r}_cs.csv" api="$1" mode="$2" op="$3" block_size=4194304 gbps)"; } # API MODE OP
+clat() { num "$(csv_get "$RES/round${r}_cs_lat.csv" api="$1" mode=latency "$2")"; }                     # API COLUMN
 for ((r = 1; r <= ROUNDS; r++)); do
   log "round $r/$ROUNDS: TCP stream 4 MiB, UCX put 4 MiB, hixl WRITE/READ 4 MiB, 64 B round trips"
   snap=$(cpu_snap)
@@ -221,6 +249,18 @@ for ((r = 1; r <= ROUNDS; r++)); do
   V_TRTT99+=("$(num "$(csv_get "$RES/round${r}_rtt.csv" mode=rtt p99_us)")")
   V_HRTT+=("$(num "$(csv_get "$RES/round${r}_lat.csv" mode=latency avg_us)")")
   V_HRTT99+=("$(num "$(csv_get "$RES/round${r}_lat.csv" mode=latency p99_us)")")
+  log "round $r/$ROUNDS: CS API vs engine over tcp: 4 MiB sync and async window 4, 64 B round trips"
+  ccsv=$RES/round${r}_cs.csv
+  if ((r % 2)); then apis=(engine cs); else apis=(cs engine); fi
+  for api in "${apis[@]}"; do hixl_cmp "$ccsv" "$api" sync; done
+  for api in "${apis[@]}"; do hixl_cmp "$ccsv" "$api" async; done
+  for api in "${apis[@]}"; do hixl_cmp_lat "$RES/round${r}_cs_lat.csv" "$api"; done
+  C_cs_SW+=("$(c4m cs sync WRITE)") C_engine_SW+=("$(c4m engine sync WRITE)")
+  C_cs_SR+=("$(c4m cs sync READ)") C_engine_SR+=("$(c4m engine sync READ)")
+  C_cs_AW+=("$(c4m cs async WRITE)") C_engine_AW+=("$(c4m engine async WRITE)")
+  C_cs_AR+=("$(c4m cs async READ)") C_engine_AR+=("$(c4m engine async READ)")
+  C_cs_L+=("$(clat cs avg_us)") C_engine_L+=("$(clat engine avg_us)")
+  C_cs_L99+=("$(clat cs p99_us)") C_engine_L99+=("$(clat engine p99_us)")
   V_OTHERS+=("$(others_pct "$snap" "$(cpu_snap)")")
   log "round $r: other processes used ${V_OTHERS[-1]}% of the CPUs"
 done
@@ -233,8 +273,20 @@ TCP_RTT=$(median "${V_TRTT[@]}")
 H_RTT=$(median "${V_HRTT[@]}")
 TCP_RTT99=$(median "${V_TRTT99[@]}")
 H_RTT99=$(median "${V_HRTT99[@]}")
-H_VERIFIED=$(cat "$RES"/round*.csv "$RES"/round*_lat.csv 2>/dev/null | awk -F, '$1 == "hixl-bench" { n++; if ($16 != "yes") bad++ }
-  END { if (n == 0) print "nothing ran"; else if (bad) print bad " of " n " points NOT verified"; else print "all " n " points verified" }')
+H_VERIFIED=$(verified_of "$RES"/round[0-9].csv "$RES"/round[0-9]_lat.csv)
+CS_VERIFIED=$(verified_of "$RES"/round[0-9]_cs.csv "$RES"/round[0-9]_cs_lat.csv)
+M_cs_SW=$(median "${C_cs_SW[@]}") M_engine_SW=$(median "${C_engine_SW[@]}")
+M_cs_SR=$(median "${C_cs_SR[@]}") M_engine_SR=$(median "${C_engine_SR[@]}")
+M_cs_AW=$(median "${C_cs_AW[@]}") M_engine_AW=$(median "${C_engine_AW[@]}")
+M_cs_AR=$(median "${C_cs_AR[@]}") M_engine_AR=$(median "${C_engine_AR[@]}")
+M_cs_L=$(median "${C_cs_L[@]}") M_engine_L=$(median "${C_engine_L[@]}")
+M_cs_L99=$(median "${C_cs_L99[@]}") M_engine_L99=$(median "${C_engine_L99[@]}")
+R_CS_SW=$(ratio "$M_cs_SW" "$M_engine_SW")
+R_CS_SR=$(ratio "$M_cs_SR" "$M_engine_SR")
+R_CS_AW=$(ratio "$M_cs_AW" "$M_engine_AW")
+R_CS_AR=$(ratio "$M_cs_AR" "$M_engine_AR")
+R_CS_L=$(ratio "$M_cs_L" "$M_engine_L")
+R_CS_L99=$(ratio "$M_cs_L99" "$M_engine_L99")
 
 # ------------------------------------------------------- once: for context
 log "TCP streams 1 MiB, 4 KiB, 2 x 4 MiB, 2 x 4 KiB"
@@ -375,6 +427,34 @@ fi
 [ -n "$IPERF_NOTE" ] && printf -- '- iperf3 note: %s.\n' "$IPERF_NOTE" >>"$OUT"
 cat >>"$OUT" <<EOF
 
+## CS API vs engine (issue 5)
+
+hixl-bench \`--api cs\` drives the same measurement through HIXL's client/server API
+(a HixlCSServer holding the target buffer under the tag "bench", a HixlCSClient that
+finds it with HixlCSClientGetRemoteMem), \`--api engine\` through HixlEngine*, both with
+\`--transport tcp\`. Each figure is the median of ${ROUNDS} rounds; in every round the two
+APIs run back to back, their order alternating between rounds, pinned as above.
+
+| target | CS API | engine | ratio | goal | result |
+|---|---:|---:|---:|---:|---|
+| WRITE 4 MiB: BatchPutSync vs TransferSync, 1 op per call | $(r2 "$M_cs_SW") GB/s | $(r2 "$M_engine_SW") GB/s | ${R_CS_SW}x | >= 0.95x | $(verdict "$R_CS_SW" ge 0.95) |
+| READ 4 MiB: BatchGetSync vs TransferSync, 1 op per call | $(r2 "$M_cs_SR") GB/s | $(r2 "$M_engine_SR") GB/s | ${R_CS_SR}x | >= 0.95x | $(verdict "$R_CS_SR" ge 0.95) |
+| WRITE 4 MiB: BatchPutAsync vs TransferAsync, 4 batches in flight | $(r2 "$M_cs_AW") GB/s | $(r2 "$M_engine_AW") GB/s | ${R_CS_AW}x | >= 0.95x | $(verdict "$R_CS_AW" ge 0.95) |
+| READ 4 MiB: BatchGetAsync vs TransferAsync, 4 batches in flight | $(r2 "$M_cs_AR") GB/s | $(r2 "$M_engine_AR") GB/s | ${R_CS_AR}x | >= 0.95x | $(verdict "$R_CS_AR" ge 0.95) |
+
+For information (no goal), the 64 B READ round trip, one op per call:
+
+| measurement | CS API | engine | ratio |
+|---|---:|---:|---:|
+| 64 B BatchGetSync vs TransferSync(READ), avg | $(r2 "$M_cs_L") us | $(r2 "$M_engine_L") us | ${R_CS_L}x |
+| 64 B BatchGetSync vs TransferSync(READ), p99 | $(r2 "$M_cs_L99") us | $(r2 "$M_engine_L99") us | ${R_CS_L99}x |
+
+- 4 MiB: one op per call for 3 s after warm-up; async keeps 4 batches in flight and
+  polls them (HixlCSClientQueryCompleteStatus / HixlEngineGetTransferStatus). Data
+  checked byte for byte on each point's first iteration, through the API measured
+  (${CS_VERIFIED}). Round trips: 10000 after 1000 warm-up.
+- Per-round values: in "Every figure" below.
+
 ## Every figure
 
 | measurement | tool | median | rounds |
@@ -387,6 +467,16 @@ cat >>"$OUT" <<EOF
 | hixl 64 B READ avg | hixl-bench | $(r2 "$H_RTT") us | $(r2all "${V_HRTT[@]}") |
 | TCP 64 B request/response p99 | hixl-tcp-ref | $(r2 "$TCP_RTT99") us | $(r2all "${V_TRTT99[@]}") |
 | hixl 64 B READ p99 | hixl-bench | $(r2 "$H_RTT99") us | $(r2all "${V_HRTT99[@]}") |
+| CS BatchPutSync 4 MiB, tcp | hixl-bench --api cs | $(r2 "$M_cs_SW") GB/s | $(r2all "${C_cs_SW[@]}") |
+| engine TransferSync WRITE 4 MiB, tcp | hixl-bench --api engine | $(r2 "$M_engine_SW") GB/s | $(r2all "${C_engine_SW[@]}") |
+| CS BatchGetSync 4 MiB, tcp | hixl-bench --api cs | $(r2 "$M_cs_SR") GB/s | $(r2all "${C_cs_SR[@]}") |
+| engine TransferSync READ 4 MiB, tcp | hixl-bench --api engine | $(r2 "$M_engine_SR") GB/s | $(r2all "${C_engine_SR[@]}") |
+| CS BatchPutAsync 4 MiB, 4 in flight, tcp | hixl-bench --api cs | $(r2 "$M_cs_AW") GB/s | $(r2all "${C_cs_AW[@]}") |
+| engine TransferAsync WRITE 4 MiB, 4 in flight, tcp | hixl-bench --api engine | $(r2 "$M_engine_AW") GB/s | $(r2all "${C_engine_AW[@]}") |
+| CS BatchGetAsync 4 MiB, 4 in flight, tcp | hixl-bench --api cs | $(r2 "$M_cs_AR") GB/s | $(r2all "${C_cs_AR[@]}") |
+| engine TransferAsync READ 4 MiB, 4 in flight, tcp | hixl-bench --api engine | $(r2 "$M_engine_AR") GB/s | $(r2all "${C_engine_AR[@]}") |
+| CS 64 B BatchGetSync avg / p99, tcp | hixl-bench --api cs | $(r2 "$M_cs_L") / $(r2 "$M_cs_L99") us | $(r2all "${C_cs_L[@]}") / $(r2all "${C_cs_L99[@]}") |
+| engine 64 B TransferSync READ avg / p99, tcp | hixl-bench --api engine | $(r2 "$M_engine_L") / $(r2 "$M_engine_L99") us | $(r2all "${C_engine_L[@]}") / $(r2all "${C_engine_L99[@]}") |
 
 Measured once, for context:
 
@@ -428,6 +518,9 @@ ${UCX_ENV[*]} ucx_perftest 127.0.0.1 -p PORT -t ucp_put_bw -s 4194304 -n 750
 hixl-bench --op both --block-sizes 4M --batch 1 --total 16G --max-seconds 3
 hixl-tcp-ref --mode rtt --size 64 --iters 10000 --warmup 1000
 hixl-bench --latency --lat-size 64 --lat-iters 10000
+hixl-bench --api {engine,cs} --transport tcp --op both --block-sizes 4M --batch 1 --total 16G --max-seconds 3
+hixl-bench --api {engine,cs} --transport tcp ... --async --window 4
+hixl-bench --api {engine,cs} --transport tcp --latency --lat-size 64 --lat-iters 10000
 # once:
 hixl-tcp-ref --mode stream --streams 1 --size {1M,4K}
 hixl-tcp-ref --mode stream --streams 2 --size {4M,4K}    (not pinned)
