@@ -9,6 +9,8 @@
 
 #include <CUnit/Basic.h>
 
+#include "engine_ext.h"
+#include "rdma.h"
 #include "test_util.h"
 
 #define KiB          ((size_t)1 << 10)
@@ -51,7 +53,7 @@ static int pair_init(void) {
 
   if (!port) return -1;
   tu_addr(g.srv_name, sizeof(g.srv_name), port);
-  g.cli_name = "127.0.0.1";
+  g.cli_name = tu_ip();
   g.srv = tu_engine_start(g.srv_name);
   g.cli = tu_engine_start(g.cli_name);
   if (!g.srv || !g.cli) return -1;
@@ -440,7 +442,7 @@ static void test_duplicate_connect(void) {
 }
 
 static void test_not_connected(void) {
-  HixlEngine *other = tu_engine_start("127.0.0.1");
+  HixlEngine *other = tu_engine_start(tu_ip());
   unsigned char *m = tu_alloc_mem(64 * KiB, false);
   HixlMemHandle h;
   HixlTransferOpDesc d;
@@ -523,7 +525,7 @@ static void test_connect_before_listen(void) {
   HixlTransferOpDesc d;
 
   CU_ASSERT_FATAL(m && cm);
-  cli2 = tu_engine_start("127.0.0.1");
+  cli2 = tu_engine_start(tu_ip());
   CU_ASSERT_PTR_NOT_NULL_FATAL(cli2);
   ch = tu_register(cli2, cm, MiB);
   tu_addr(name, sizeof(name), tu_free_port());
@@ -841,11 +843,21 @@ static void test_four_threads(void) {
 
 /* ---------------------------------------------------------------- main */
 
+/* Transport auto: rdma where the engines' address belongs to an RDMA device (the
+ * soft-RoCE guest), tcp everywhere else (this host, loopback). */
+static void test_auto_transport(void) {
+  struct hixl_link_info li;
+  bool expect_rdma = rdma_available() && strcmp(tu_ip(), "127.0.0.1") != 0;
+  TU_ASSERT_OK_FATAL(hixl_engine_link_info(g.cli, g.srv_name, &li));
+  CU_ASSERT_EQUAL(li.rdma, expect_rdma);
+}
+
 int main(void) {
   CU_pSuite s;
 
   if (CU_initialize_registry() != CUE_SUCCESS) return 1;
   s = CU_add_suite("transfer (one process)", pair_init, pair_cleanup);
+  CU_add_test(s, "Transport auto: tcp here, rdma in the soft-RoCE guest", test_auto_transport);
   CU_add_test(s, "WRITE then READ back, 1 B to 64 MiB", test_sizes);
   CU_add_test(s, "batches of 1, 16, 1024, 4096 scattered ops", test_batches);
   CU_add_test(s, "mixed big and tiny ops in one batch", test_mixed_batch);

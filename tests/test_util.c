@@ -52,10 +52,10 @@ uint16_t tu_free_port(void) {
   }
   memset(&sa, 0, sizeof(sa));
   sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  inet_pton(AF_INET, tu_ip(), &sa.sin_addr);
   sa.sin_port = 0;
   if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-    fprintf(stderr, "tu_free_port: bind 127.0.0.1:0: %m\n");
+    fprintf(stderr, "tu_free_port: bind %s:0: %m\n", tu_ip());
     goto close_fd;
   }
   if (getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
@@ -68,8 +68,13 @@ close_fd:
   return port;
 }
 
+const char *tu_ip(void) {
+  const char *ip = getenv("HIXL_TEST_IP");
+  return ip && *ip ? ip : "127.0.0.1";
+}
+
 char *tu_addr(char *buf, size_t len, uint16_t port) {
-  snprintf(buf, len, "127.0.0.1:%u", (unsigned)port);
+  snprintf(buf, len, "%s:%u", tu_ip(), (unsigned)port);
   return buf;
 }
 

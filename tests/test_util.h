@@ -25,7 +25,11 @@ int64_t tu_now_ms(void);
 /** A TCP port free on 127.0.0.1 right now (bind :0, read it, close); 0 on error. */
 uint16_t tu_free_port(void);
 
-/** Write "127.0.0.1:PORT" into buf (at least TU_ADDR_LEN bytes); returns buf. */
+/** The IPv4 address engines under test use: env HIXL_TEST_IP, default 127.0.0.1
+ *  (the soft-RoCE guest sets the rxe device's address, so auto picks rdma). */
+const char *tu_ip(void);
+
+/** Write "IP:PORT" (IP from tu_ip) into buf (at least TU_ADDR_LEN bytes); returns buf. */
 char *tu_addr(char *buf, size_t len, uint16_t port);
 
 /* ---- data patterns ---- */

@@ -146,7 +146,7 @@ free_server:
 
 #define SERVER(h, fn)                                                                                        \
   struct cs_server *s = (h);                                                                                 \
-  if (!registry_has(&servers, s))                                                                                      \
+  if (!registry_has(&servers, s))                                                                            \
   return hixl_fail(HIXL_PARAM_INVALID, "%s: server handle %p is unknown or destroyed", fn, (void *)s)
 
 HixlStatus HixlCSServerRegMem(HixlServerHandle server_handle, const char *mem_tag, const HcommMem *mem,
@@ -231,7 +231,7 @@ free_client:
 
 #define CLIENT(h, fn)                                                                                        \
   struct cs_client *c = (h);                                                                                 \
-  if (!registry_has(&clients, c))                                                                                      \
+  if (!registry_has(&clients, c))                                                                            \
   return hixl_fail(HIXL_PARAM_INVALID, "%s: client handle %p is unknown or destroyed", fn, (void *)c)
 
 static int32_t timeout_arg(uint32_t timeout_ms) {

@@ -514,6 +514,10 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
   /* An op is refused whole, before anything is sent, unless its remote range lies in
    * one registration the peer advertised. On a miss, one SYNC round trip brings the
    * table up to date (the peer may have registered it a moment ago). */
+  if (c->qp) {
+    link_take_pending(c); /* the table must be current before anything is posted */
+    if (!(c = link_for(e, remote, fn, &st))) goto unlock;
+  }
   size_t miss = remote_miss(c, descs, count);
   if (miss < count) {
     if ((st = link_sync(e, c, deadline, fn, remote)) != HIXL_SUCCESS) goto unlock;
@@ -819,7 +823,7 @@ HixlStatus hixl_engine_remote_mems(HixlEngine *e, const char *remote, int32_t ti
   struct conn *c = link_for(e, remote, fn, &st);
   /* One round trip so the table holds everything the peer registered until now. */
   if (c && (st = link_sync(e, c, deadline, fn, remote)) == HIXL_SUCCESS) c = link_for(e, remote, fn, &st);
-  if (!c) goto unlock;
+  if (!c || st != HIXL_SUCCESS) goto unlock; /* nothing is returned on failure */
   struct memtab *t = &c->peer->rtab;
   size_t bytes = t->count * sizeof(**out);
   for (size_t i = 0; i < t->count; i++) bytes += strlen(((struct remote_mem *)t->v[i])->tag) + 1;
@@ -840,6 +844,26 @@ HixlStatus hixl_engine_remote_mems(HixlEngine *e, const char *remote, int32_t ti
   *out = v;
   *count = t->count;
 unlock:
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}
+
+HixlStatus hixl_engine_link_info(HixlEngine *e, const char *remote, struct hixl_link_info *info) {
+  HixlStatus st = engine_enter(e, "hixl_engine_link_info");
+  if (st != HIXL_SUCCESS) return st;
+  struct conn *c = link_for(e, remote, "hixl_engine_link_info", &st);
+  if (c) {
+    memset(info, 0, sizeof(*info));
+    info->rdma = c->qp != NULL;
+    if (c->qp) {
+      info->qpn = rdma_qp_num(c->qp);
+      snprintf(info->device, sizeof(info->device), "%s", e->rdma.name);
+      info->tc_set = (uint8_t)e->opts.rdma_tc;
+      info->sl_set = (uint8_t)e->opts.rdma_sl;
+      if (rdma_qp_qos(c->qp, &info->tc_queried, &info->sl_queried) != 0)
+        st = hixl_fail(HIXL_FAILED, "hixl_engine_link_info: ibv_query_qp on QP 0x%x failed", info->qpn);
+    }
+  }
   pthread_mutex_unlock(&e->lock);
   return st;
 }

@@ -24,4 +24,16 @@ struct hixl_remote_mem {
 HixlStatus hixl_engine_remote_mems(HixlEngine *e, const char *remote, int32_t timeout_ms,
                                    struct hixl_remote_mem **out, size_t *count);
 
+/* How a link to remote moves data, for tests and diagnostics. */
+struct hixl_link_info {
+  int rdma;        /* 1: RDMA queue pair; 0: tcp */
+  uint32_t qpn;    /* local QP number */
+  char device[64]; /* RDMA device name */
+  uint8_t tc_set;  /* traffic class and SL given to the QP */
+  uint8_t sl_set;
+  uint8_t tc_queried; /* as ibv_query_qp reports them (rxe reports SL 0: it drops it) */
+  uint8_t sl_queried;
+};
+HixlStatus hixl_engine_link_info(HixlEngine *e, const char *remote, struct hixl_link_info *info);
+
 #endif

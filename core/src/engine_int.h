@@ -173,6 +173,7 @@ void link_req_maybe_free(struct hixl_transfer_req *r);
 void link_drive(struct conn *c, struct hixl_transfer_req *r);
 void link_unpark(struct conn *c);
 bool link_alive(struct conn *c);
+void link_take_pending(struct conn *c);
 void link_free_graveyard(struct HixlEngine *e);
 void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me);
 

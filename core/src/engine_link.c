@@ -628,6 +628,16 @@ static void conn_on_readable(struct conn *c) {
   if (!c->dead && c->txq_head) link_flush(c);
 }
 
+/* Apply control frames already waiting on c's socket (MEM_ADD / MEM_DEL above all)
+ * unless a driving caller reads it. An RDMA initiator must not post against a
+ * registration the target has already withdrawn: the NIC would answer with a remote
+ * access error, which breaks the QP. Lock held. */
+void link_take_pending(struct conn *c) {
+  struct pollfd p = {.fd = c->fd, .events = POLLIN};
+  if (c->dead || c->rx == RX_CALLER || poll(&p, 1, 0) <= 0) return;
+  conn_on_readable(c);
+}
+
 /* Whether c is still up, looking at the socket now rather than waiting for the
  * progress thread to see a hang-up (a parked link is read by nobody). Lock held. */
 bool link_alive(struct conn *c) {

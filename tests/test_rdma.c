@@ -1,0 +1,215 @@
+/* The RDMA transport on a real verbs device (soft-RoCE in the project's QEMU guest):
+ * transport choice, traffic class and service level on the QP, data byte for byte,
+ * and refusals. Skips (77) where no RDMA device exists; with HIXL_REQUIRE_RDMA=1
+ * (the guest run) a missing device is a failure. Engines use HIXL_TEST_IP, which
+ * must be an address of the RDMA device (the guest sets 10.77.0.1). */
+#include <CUnit/Basic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_ext.h"
+#include "rdma.h"
+#include "test_util.h"
+
+#define MEM (80u << 20)
+
+static struct {
+  HixlEngine *srv, *cli;
+  uint8_t *smem, *cmem;
+  char srv_name[TU_ADDR_LEN];
+} g;
+
+static HixlEngine *engine_with(const char *local, const HixlOption *o, size_t n) {
+  HixlEngine *e = NULL;
+  if (HixlEngineCreate(&e) != HIXL_SUCCESS) return NULL;
+  if (HixlEngineInitialize(e, local, o, n) != HIXL_SUCCESS) {
+    fprintf(stderr, "Initialize %s: %s\n", local, HixlGetLastErrorMessage());
+    HixlEngineDestroy(e);
+    return NULL;
+  }
+  return e;
+}
+
+static int pair_init(void) {
+  static const HixlOption qos[] = {{"RdmaTrafficClass", "104"}, {"RdmaServiceLevel", "3"}};
+  tu_addr(g.srv_name, sizeof(g.srv_name), tu_free_port());
+  g.smem = tu_alloc_mem(MEM, false);
+  g.cmem = tu_alloc_mem(MEM, false);
+  g.srv = engine_with(g.srv_name, qos, 2);
+  g.cli = engine_with(tu_ip(), qos, 2);
+  if (!g.smem || !g.cmem || !g.srv || !g.cli) return -1;
+  if (!tu_register(g.srv, g.smem, MEM) || !tu_register(g.cli, g.cmem, MEM)) return -1;
+  return HixlEngineConnect(g.cli, g.srv_name, 5000) == HIXL_SUCCESS ? 0 : -1;
+}
+
+static int pair_cleanup(void) {
+  HixlEngineDestroy(g.cli);
+  HixlEngineDestroy(g.srv);
+  tu_free_mem(g.smem, MEM);
+  tu_free_mem(g.cmem, MEM);
+  return 0;
+}
+
+static HixlTransferOpDesc op(size_t loff, size_t roff, size_t len) {
+  return (HixlTransferOpDesc){(uintptr_t)g.cmem + loff, (uintptr_t)g.smem + roff, len};
+}
+
+static void test_auto_picks_rdma_with_qos(void) {
+  struct hixl_link_info li;
+  TU_ASSERT_OK_FATAL(hixl_engine_link_info(g.cli, g.srv_name, &li));
+  CU_ASSERT_EQUAL_FATAL(li.rdma, 1);
+  CU_ASSERT(li.device[0] != '\0');
+  CU_ASSERT_EQUAL(li.tc_set, 104);
+  CU_ASSERT_EQUAL(li.tc_queried, 104); /* the GRH traffic class the QP really carries */
+  CU_ASSERT_EQUAL(li.sl_set, 3);
+  /* rxe accepts the SL and reports 0 (RoCE without a VLAN has nowhere to carry it). */
+  CU_ASSERT_EQUAL(li.sl_queried, strncmp(li.device, "rxe", 3) == 0 ? 0 : 3);
+}
+
+static void test_sizes(void) {
+  static const size_t sizes[] = {1, 7, 4096, 65536 + 3, 1u << 20, (5u << 20) + 1, 64u << 20};
+  for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+    size_t n = sizes[i];
+    HixlTransferOpDesc d = op(0, 4096, n);
+    tu_fill(g.cmem, n, 100 + i);
+    TU_ASSERT_OK(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 60000));
+    TU_ASSERT_PATTERN(g.smem + 4096, n, 100 + i, "target after WRITE");
+    memset(g.cmem + (8u << 20), 0, n);
+    d = op(8u << 20, 4096, n);
+    TU_ASSERT_OK(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_READ, &d, 1, 60000));
+    TU_ASSERT_PATTERN(g.cmem + (8u << 20), n, 100 + i, "initiator after READ");
+  }
+}
+
+/* 4096 scattered ops: more than one send queue (1024 WRs) holds. */
+static void test_big_batch(void) {
+  enum { N = 4096, B = 1000 };
+  static HixlTransferOpDesc d[N];
+  tu_fill(g.cmem, (size_t)N * 1024, 7);
+  memset(g.smem, 0, (size_t)N * 1024);
+  for (size_t i = 0; i < N; i++) d[i] = op(i * 1024, (N - 1 - i) * 1024, B);
+  TU_ASSERT_OK(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, d, N, 60000));
+  for (size_t i = 0; i < N; i++)
+    if (memcmp(g.smem + (N - 1 - i) * 1024, g.cmem + i * 1024, B) != 0) {
+      tu_fail(__FILE__, __LINE__, "op %zu landed wrong", i);
+      break;
+    }
+  memset(g.cmem + (16u << 20), 0, (size_t)N * 1024);
+  for (size_t i = 0; i < N; i++) d[i] = op((16u << 20) + i * 1024, (N - 1 - i) * 1024, B);
+  TU_ASSERT_OK(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_READ, d, N, 60000));
+  for (size_t i = 0; i < N; i++)
+    if (memcmp(g.cmem + (16u << 20) + i * 1024, g.cmem + i * 1024, B) != 0) {
+      tu_fail(__FILE__, __LINE__, "READ op %zu wrong", i);
+      break;
+    }
+}
+
+static void test_async_window(void) {
+  enum { R = 16, S = 256 << 10 };
+  HixlTransferReq req[R];
+  tu_fill(g.cmem, (size_t)R * S, 9);
+  for (int i = 0; i < R; i++) {
+    HixlTransferOpDesc d = op((size_t)i * S, (size_t)i * S, S);
+    TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 60000, NULL, &req[i]));
+  }
+  for (int i = 0; i < R; i++) {
+    HixlTransferStatus ts;
+    TU_ASSERT_OK(tu_wait_request(g.cli, req[i], tu_now_ms() + 60000, &ts));
+    CU_ASSERT_EQUAL(ts, HIXL_TRANSFER_COMPLETED);
+  }
+  TU_ASSERT_PATTERN(g.smem, (size_t)R * S, 9, "target after 16 async WRITEs");
+}
+
+static void test_out_of_range(void) {
+  memset(g.smem, 0x5a, 1u << 20);
+  tu_fill(g.cmem, 4096, 11);
+  HixlTransferOpDesc d = op(0, MEM - 100, 4096); /* runs past the target's registration */
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 5000), HIXL_FAILED);
+  d.remote_addr = (uintptr_t)g.cmem; /* memory the target never registered */
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_READ, &d, 1, 5000), HIXL_FAILED);
+  CU_ASSERT(tu_check_byte(g.smem, 1u << 20, 0x5a) == -1);
+  d = op(0, 0, 4096); /* the link still works */
+  TU_ASSERT_OK(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 5000));
+  TU_ASSERT_PATTERN(g.smem, 4096, 11, "target after a good WRITE");
+}
+
+/* A registration made after Connect is usable at once (its rkey is advertised);
+ * one deregistered is refused. */
+static void test_register_after_connect(void) {
+  uint8_t *extra = tu_alloc_mem(1u << 20, false);
+  HixlMemHandle h = tu_register(g.srv, extra, 1u << 20);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(h);
+  tu_fill(g.cmem, 1u << 20, 13);
+  HixlTransferOpDesc d = {(uintptr_t)g.cmem, (uintptr_t)extra, 1u << 20};
+  TU_ASSERT_OK(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 10000));
+  TU_ASSERT_PATTERN(extra, 1u << 20, 13, "late registration after WRITE");
+  TU_ASSERT_OK(HixlEngineDeregisterMem(g.srv, h));
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 5000), HIXL_FAILED);
+  tu_free_mem(extra, 1u << 20);
+}
+
+/* Traffic class and SL from the environment when no option is given. */
+static void test_env_qos(void) {
+  char name[TU_ADDR_LEN];
+  struct hixl_link_info li;
+  setenv("HCCL_RDMA_TC", "8", 1);
+  setenv("HCCL_RDMA_SL", "5", 1);
+  HixlEngine *s = engine_with(tu_addr(name, sizeof(name), tu_free_port()), NULL, 0);
+  HixlEngine *c = engine_with(tu_ip(), NULL, 0);
+  unsetenv("HCCL_RDMA_TC");
+  unsetenv("HCCL_RDMA_SL");
+  CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+  TU_ASSERT_OK(HixlEngineConnect(c, name, 5000));
+  TU_ASSERT_OK(hixl_engine_link_info(c, name, &li));
+  CU_ASSERT_EQUAL(li.rdma, 1);
+  CU_ASSERT_EQUAL(li.tc_queried, 8);
+  CU_ASSERT_EQUAL(li.sl_set, 5);
+  HixlEngineDestroy(c);
+  HixlEngineDestroy(s);
+}
+
+/* A target without RDMA: auto falls back to tcp; Transport rdma refuses clearly. */
+static void test_peer_without_rdma(void) {
+  static const HixlOption tcp = {"Transport", "tcp"}, rdma = {"Transport", "rdma"};
+  char name[TU_ADDR_LEN];
+  struct hixl_link_info li;
+  HixlEngine *s = engine_with(tu_addr(name, sizeof(name), tu_free_port()), &tcp, 1);
+  HixlEngine *a = engine_with(tu_ip(), NULL, 0);
+  HixlEngine *r = engine_with(tu_ip(), &rdma, 1);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(r);
+  TU_ASSERT_OK(HixlEngineConnect(a, name, 5000));
+  TU_ASSERT_OK(hixl_engine_link_info(a, name, &li));
+  CU_ASSERT_EQUAL(li.rdma, 0);
+  TU_ASSERT_STATUS(HixlEngineConnect(r, name, 5000), HIXL_FAILED);
+  TU_ASSERT_ERRMSG_HAS("no usable RDMA device");
+  HixlEngineDestroy(r);
+  HixlEngineDestroy(a);
+  HixlEngineDestroy(s);
+}
+
+int main(int argc, char **argv) {
+  int rc = tu_child_main(argc, argv);
+  if (rc >= 0) return rc;
+  bool required = getenv("HIXL_REQUIRE_RDMA") != NULL;
+  if (!rdma_available() || !getenv("HIXL_TEST_IP")) {
+    fprintf(stderr, "test_rdma: %s\n",
+            !rdma_available() ? "no RDMA device on this host" : "HIXL_TEST_IP does not name an RDMA address");
+    return required ? 1 : 77; /* skipped here; run for real in the soft-RoCE guest */
+  }
+  if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+  CU_pSuite s = CU_add_suite("rdma pair", pair_init, pair_cleanup);
+  CU_add_test(s, "auto picks rdma; TC and SL on the QP", test_auto_picks_rdma_with_qos);
+  CU_add_test(s, "WRITE then READ back, 1 B to 64 MiB", test_sizes);
+  CU_add_test(s, "4096 scattered ops (more than a send queue)", test_big_batch);
+  CU_add_test(s, "16 async requests in flight", test_async_window);
+  CU_add_test(s, "outside the registration: FAILED, untouched", test_out_of_range);
+  CU_add_test(s, "registered after Connect; deregistered", test_register_after_connect);
+  CU_pSuite o = CU_add_suite("rdma options and peers", NULL, NULL);
+  CU_add_test(o, "HCCL_RDMA_TC / HCCL_RDMA_SL on the QP", test_env_qos);
+  CU_add_test(o, "peer without RDMA: auto -> tcp, rdma -> FAILED", test_peer_without_rdma);
+  return tu_run_registry();
+}
