@@ -4,4 +4,5 @@
 #include "hixl/hixl_status.h"
 #include "hixl/hixl_engine.h"
 #include "hixl/hixl_cs.h"
+#include "hixl/hccn_rping.h"
 #endif
