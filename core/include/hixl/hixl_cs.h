@@ -110,11 +110,14 @@ HIXL_API HixlStatus HixlCSClientGetRemoteMem(HixlClientHandle client_handle, Hco
 HIXL_API HixlStatus HixlCSClientRegMem(HixlClientHandle client_handle, const char *mem_tag,
                                        const HcommMem *mem, MemHandle *mem_handle);
 HIXL_API HixlStatus HixlCSClientUnregMem(HixlClientHandle client_handle, MemHandle mem_handle);
-/** Start writing local_buf to remote_buf for each op; poll complete_handle. */
+/** Start writing local_buf to remote_buf for each op; poll complete_handle.
+ *  An op whose remote range the server has not registered is refused here, with
+ *  HIXL_FAILED and a message naming the range: nothing is sent and no handle made. */
 HIXL_API HixlStatus HixlCSClientBatchPutAsync(HixlClientHandle client_handle, uint32_t list_num,
                                               const HixlOneSideOpDesc *desc_list,
                                               CompleteHandle *complete_handle);
-/** Start reading remote_buf into local_buf for each op; poll complete_handle. */
+/** Start reading remote_buf into local_buf for each op; poll complete_handle.
+ *  Refuses unregistered remote ranges as BatchPutAsync does. */
 HIXL_API HixlStatus HixlCSClientBatchGetAsync(HixlClientHandle client_handle, uint32_t list_num,
                                               const HixlOneSideOpDesc *desc_list,
                                               CompleteHandle *complete_handle);
