@@ -338,7 +338,7 @@ static void print_json(const HccnRpingResultInfo *res, const char *device) {
 static int probe(void) {
   HccnRpingTargetInfo *ti = calloc(opt.n, sizeof(*ti));
   HccnRpingResultInfo *res = calloc(opt.n, sizeof(*res));
-  HccnRpingAddTargetConfig cfg = {.connectTimeout = opt.wait_ms};
+  HccnRpingAddTargetConfig cfg = {.connectTimeout = opt.wait_ms}, one_ms = {.connectTimeout = 1};
   HccnRpingInitAttr a = {.mode = opt.mode, .sl = opt.sl, .tc = opt.tc};
   char device[INET_ADDRSTRLEN + 16];
   HccnRpingCtx ctx = NULL;
@@ -346,6 +346,7 @@ static int probe(void) {
   int64_t t0, expect_ms, last_shown = 0;
   bool progress, shown = false, tty = isatty(STDERR_FILENO);
   int rc = EXIT_USAGE;
+  size_t added = 0;
   HccnResult r;
 
   if (!ti || !res) {
@@ -382,8 +383,8 @@ static int probe(void) {
     for (uint32_t k = 0; k < opt.payload_len; k++) ti[i].payload[k] = (char)('a' + k % 26);
   }
 
-  /* Handshake in groups of 16; a target that does not answer is reported, not fatal. */
-  /* On a terminal a transient line; in a log only when the wait may be long. */
+  /* Handshake in groups of 16; a target that does not answer is reported, not fatal.
+   * The note: on a terminal a transient line; in a log only when the wait may be long. */
   bool wait_note = !opt.quiet && opt.wait_ms >= PROGRESS_MIN_MS && (tty || opt.wait_ms > 10000);
   if (wait_note)
     fprintf(stderr, "hixl-rping: %zu target%s from %s; waiting up to %.1f s for the responders%s", opt.n,
@@ -391,24 +392,30 @@ static int probe(void) {
   for (size_t i = 0; i < opt.n; i += HCCN_RPING_MAX_ADD_TARGETS) {
     uint32_t k = (uint32_t)(opt.n - i < HCCN_RPING_MAX_ADD_TARGETS ? opt.n - i : HCCN_RPING_MAX_ADD_TARGETS);
     r = HccnRpingAddTargetWithCfg(ctx, k, &ti[i], &cfg);
-    if (r == HCCN_E_FAIL && !opt.quiet)
-      fprintf(stderr, "%shixl-rping: %s\n", wait_note && tty ? "\r\033[K" : "", HixlGetLastErrorMessage());
-    else if (r != HCCN_SUCCESS && r != HCCN_E_FAIL) {
+    if (r == HCCN_SUCCESS) {
+      added += k;
+      continue;
+    }
+    if (r != HCCN_E_FAIL) {
       rc = fail("HccnRpingAddTarget", r);
       goto deinit;
     }
+    if (!opt.quiet)
+      fprintf(stderr, "%shixl-rping: %s\n", wait_note && tty ? "\r\033[K" : "", HixlGetLastErrorMessage());
+    /* Which of the group are in: one that answered is a duplicate now and returns at
+     * once; one that did not gets one more millisecond. */
+    for (uint32_t j = 0; j < k; j++)
+      if (HccnRpingAddTargetWithCfg(ctx, 1, &ti[i + j], &one_ms) == HCCN_SUCCESS) added++;
   }
   if (wait_note && tty) fprintf(stderr, "\r\033[K");
 
   expect_ms = (int64_t)(opt.count - 1) * opt.interval_ms + opt.timeout_ms;
   progress = !opt.quiet && expect_ms >= PROGRESS_MIN_MS;
-  r = HccnRpingBatchPingStart(ctx, opt.count, opt.interval_ms, opt.timeout_ms);
-  if (r == HCCN_E_FAIL && strstr(HixlGetLastErrorMessage(), "no targets")) {
-    /* Nobody answered the handshake: every row says so. */
-    r = HCCN_SUCCESS;
+  if (added == 0) { /* nobody answered the handshake: every row says so */
     for (size_t i = 0; i < opt.n; i++) res[i].state = HCCN_RPING_RESULT_STATE_NOT_FOUND;
     goto report;
   }
+  r = HccnRpingBatchPingStart(ctx, opt.count, opt.interval_ms, opt.timeout_ms);
   if (r != HCCN_SUCCESS) {
     rc = fail("HccnRpingBatchPingStart", r);
     goto deinit;
