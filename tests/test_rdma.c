@@ -31,9 +31,16 @@ static HixlEngine *engine_with(const char *local, const HixlOption *o, size_t n)
   return e;
 }
 
+/* The target's address: HIXL_TEST_PEER_IP when set (a second rxe device, so the
+ * traffic crosses a veth where tcpdump sees the TOS byte), else tu_ip(). */
+static const char *peer_ip(void) {
+  const char *ip = getenv("HIXL_TEST_PEER_IP");
+  return ip && *ip ? ip : tu_ip();
+}
+
 static int pair_init(void) {
   static const HixlOption qos[] = {{"RdmaTrafficClass", "104"}, {"RdmaServiceLevel", "3"}};
-  tu_addr(g.srv_name, sizeof(g.srv_name), tu_free_port());
+  snprintf(g.srv_name, sizeof(g.srv_name), "%s:%u", peer_ip(), (unsigned)tu_free_port());
   g.smem = tu_alloc_mem(MEM, false);
   g.cmem = tu_alloc_mem(MEM, false);
   g.srv = engine_with(g.srv_name, qos, 2);

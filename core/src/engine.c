@@ -590,7 +590,7 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
     }
   }
   if (c->qp)
-    erdma_post(c); /* what does not fit the send queue is posted as completions free it */
+    erdma_post(c, ERDMA_CALLER_POST); /* completions post the rest, in steps */
   else
     link_flush_some(c, LINK_CALLER_SEND); /* start here; the progress thread or driver goes on */
   *out = r;

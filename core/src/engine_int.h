@@ -185,7 +185,9 @@ uint32_t erdma_rkey(const struct hixl_mem_reg *r);
 HixlStatus erdma_connect(struct HixlEngine *e, int fd, uint64_t deadline, const char *remote, struct peer *p,
                          struct ibv_qp **qp);
 void erdma_target_connect(struct conn *c, const struct wire_msg *m);
-void erdma_post(struct conn *c);
+void erdma_post(struct conn *c, size_t budget);
+#define ERDMA_CALLER_POST (4u << 20)  /* bytes a submitting thread posts itself */
+#define ERDMA_STEP        (64u << 20) /* bytes posted per completion event */
 void erdma_on_cq(struct HixlEngine *e);
 void erdma_conn_kill(struct conn *c, HixlStatus st, const char *msg);
 size_t link_mem_entry_len(const struct hixl_mem_reg *r);

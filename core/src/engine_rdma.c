@@ -174,16 +174,21 @@ static struct chunk *fifo_pop(struct chunk **head, struct chunk **tail) {
   return ch;
 }
 
-/* Post waiting chunks while the send queue has room. Lock held. */
-void erdma_post(struct conn *c) {
+/* Post waiting chunks while the send queue has room, at most budget bytes: a
+ * provider may do the transfer's work in the posting thread (rxe does), so a caller
+ * posts a little and completions post the rest in steps. The last WR posted in a
+ * step is signaled, so its completion comes back and the next step follows. */
+void erdma_post(struct conn *c, size_t budget) {
   struct HixlEngine *e = c->eng;
-  while (c->rq_head && !c->dead && c->sq_used < e->rdma.max_qp_wr) {
+  size_t posted = 0;
+  while (c->rq_head && !c->dead && c->sq_used < e->rdma.max_qp_wr && posted < budget) {
     struct chunk *ch = fifo_pop(&c->rq_head, &c->rq_tail);
     if (ch->req->cancelled) { /* timed out before it reached the wire */
       link_chunk_end(ch, HIXL_TIMEOUT, "request timed out before it was posted");
       continue;
     }
-    bool last = !c->rq_head || c->sq_used + 1 == e->rdma.max_qp_wr;
+    posted += ch->len;
+    bool last = !c->rq_head || c->sq_used + 1 == e->rdma.max_qp_wr || posted >= budget;
     bool signaled = last || c->unsignaled + 1 >= RDMA_SIGNAL_EVERY;
     int rc = rdma_post(c->qp, ch->kind == CHUNK_WRITE, ch->laddr, ch->len, rdma_mr_lkey(ch->lreg->mr),
                        ch->raddr, ch->rkey, (uint64_t)(uintptr_t)ch, signaled);
@@ -234,7 +239,7 @@ void erdma_on_cq(struct HixlEngine *e) {
         c->sq_used--;
         link_chunk_end(ch, HIXL_SUCCESS, "");
       } while (ch != target);
-      erdma_post(c);
+      erdma_post(c, ERDMA_STEP);
     }
   }
 }

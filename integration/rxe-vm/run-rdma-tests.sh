@@ -2,7 +2,9 @@
 # Run the CTest label "rdma" of BUILD_DIR (built on this host) inside a throw-away
 # QEMU guest with soft-RoCE (rdma_rxe): real verbs, real RC queue pairs. The engines
 # use the rxe device's address (HIXL_TEST_IP), so Transport auto picks rdma, and a
-# missing device fails instead of skipping (HIXL_REQUIRE_RDMA).
+# missing device fails instead of skipping (HIXL_REQUIRE_RDMA). Then tos-on-wire.sh
+# checks, on two rxe devices joined by a veth, that the IP TOS byte on the wire is
+# the configured RdmaTrafficClass.
 #   integration/rxe-vm/run-rdma-tests.sh BUILD_DIR [CTEST_ARGS...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -12,4 +14,5 @@ extra=$(printf ' %q' "$@")
 RXE_VM_RW_DIR="$build" RXE_VM_TIMEOUT="${RXE_VM_TIMEOUT:-2400}" RXE_VM_MEM="${RXE_VM_MEM:-3072}" \
   bash "$here/run-in-rxe-vm.sh" \
   "cd $(printf %q "$build") && ulimit -l unlimited && HIXL_TEST_IP=\$RXE_IP HIXL_REQUIRE_RDMA=1 \
-   ctest -L rdma --output-on-failure --no-tests=error$extra"
+   ctest -L rdma --output-on-failure --no-tests=error$extra && \
+   sh $(printf %q "$here/tos-on-wire.sh") $(printf %q "$build")"

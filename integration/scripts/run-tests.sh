@@ -3,7 +3,8 @@
 #  1. warnings-as-errors build + every CTest test (RDMA tests skip without a device);
 #  2. the same suite built with AddressSanitizer + UBSan (zero errors, zero leaks);
 #  3. a clang build of everything, and the wire parser fuzzed with libFuzzer for 60 s;
-#  4. formatting check against .clang-format.
+#  4. the RDMA suite (CTest label rdma) for real inside a QEMU guest with soft-RoCE;
+#  5. formatting check against .clang-format.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 jobs=$(nproc)
@@ -25,6 +26,9 @@ echo "== clang build (-Werror) and the wire fuzzer under libFuzzer (60 s)"
 CC=clang cmake -S "$top" -B "$top/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHIXL_WERROR=ON -DHIXL_FUZZ=ON >/dev/null
 cmake --build "$top/build-fuzz" -j"$jobs"
 (cd "$top/build-fuzz" && ctest -L fuzz --output-on-failure)
+
+echo "== RDMA suite inside the soft-RoCE guest (real verbs; a skip there is a failure)"
+bash "$top/integration/rxe-vm/run-rdma-tests.sh" "$top/build-test"
 
 echo "== clang-format"
 bad=$(cd "$top" && git ls-files '*.c' '*.h' | while read -r f; do
