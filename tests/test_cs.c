@@ -276,34 +276,6 @@ typedef struct {
   char error[200];
 } child_reply;
 
-static int child_write(int fd, const void *buf, size_t len) {
-  const unsigned char *p = buf;
-  ssize_t n;
-
-  while (len > 0) {
-    n = write(fd, p, len);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return -1;
-    p += n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
-static int child_read(int fd, void *buf, size_t len) {
-  unsigned char *p = buf;
-  ssize_t n;
-
-  while (len > 0) {
-    n = read(fd, p, len);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return -1;
-    p += n;
-    len -= (size_t)n;
-  }
-  return 0;
-}
-
 /* Wait until a byte in buf (sampled: the first 64 of each 64 KiB) leaves 0. */
 static int64_t wait_data(const volatile unsigned char *buf, size_t len, int timeout_ms) {
   int64_t deadline = tu_now_ms() + timeout_ms;
@@ -351,7 +323,7 @@ static int server_child(uint16_t port, size_t len, uint64_t seed) {
   if (mem == MAP_FAILED) {
     r.status = HIXL_RESOURCE_EXHAUSTED;
     snprintf(r.error, sizeof(r.error), "child: mapping %zu bytes: %s", len, strerror(errno));
-    child_write(CHILD_UP, &r, sizeof(r));
+    tu_write_all(CHILD_UP, &r, sizeof(r));
     return 2;
   }
   if (seed) tu_fill(mem, len, seed);
@@ -363,12 +335,12 @@ static int server_child(uint16_t port, size_t len, uint64_t seed) {
   r.addr = (uintptr_t)mem;
   r.len = len;
   if (st != HIXL_SUCCESS) snprintf(r.error, sizeof(r.error), "%s", HixlGetLastErrorMessage());
-  if (child_write(CHILD_UP, &r, sizeof(r)) != 0 || st != HIXL_SUCCESS) {
+  if (tu_write_all(CHILD_UP, &r, sizeof(r)) != 0 || st != HIXL_SUCCESS) {
     rc = 3;
     goto destroy;
   }
   /* Serve until the parent closes the command pipe or says QUIT. */
-  while (child_read(CHILD_DOWN, &cmd, sizeof(cmd)) == 0) {
+  while (tu_read_all(CHILD_DOWN, &cmd, sizeof(cmd)) == 0) {
     reply = 0;
     if (cmd.off > len || cmd.len > len - cmd.off) {
       reply = -2;
@@ -390,7 +362,7 @@ static int server_child(uint16_t port, size_t len, uint64_t seed) {
     } else {
       reply = -3;
     }
-    if (child_write(CHILD_UP, &reply, sizeof(reply)) != 0 || cmd.op == CS_CMD_QUIT) break;
+    if (tu_write_all(CHILD_UP, &reply, sizeof(reply)) != 0 || cmd.op == CS_CMD_QUIT) break;
   }
 destroy:
   if (s) HixlCSServerDestroy(s);
@@ -461,7 +433,7 @@ static int wrong_kind_child(unsigned which) {
   }
   r.status = st;
   snprintf(r.error, sizeof(r.error), "%s", HixlGetLastErrorMessage());
-  if (child_write(CHILD_UP, &r, sizeof(r)) != 0) return 3;
+  if (tu_write_all(CHILD_UP, &r, sizeof(r)) != 0) return 3;
   /* Clean up as a correct program would; what the wrong call did may make it fail. */
   if (HixlCSClientUnregMem(c, cmh) != HIXL_SUCCESS || HixlCSClientDestroy(c) != HIXL_SUCCESS ||
       HixlCSServerUnregMem(s, smh) != HIXL_SUCCESS || HixlCSServerDestroy(s) != HIXL_SUCCESS)

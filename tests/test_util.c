@@ -317,7 +317,7 @@ static int full_read(int fd, void *buf, size_t len, int64_t deadline) {
   return 0;
 }
 
-static int full_write(int fd, const void *buf, size_t len) {
+int tu_write_all(int fd, const void *buf, size_t len) {
   const unsigned char *p = buf;
   ssize_t n;
 
@@ -331,8 +331,7 @@ static int full_write(int fd, const void *buf, size_t len) {
   return 0;
 }
 
-/* Child side of a blocking read with no deadline; -1 on EOF or error. */
-static int child_read(int fd, void *buf, size_t len) {
+int tu_read_all(int fd, void *buf, size_t len) {
   unsigned char *p = buf;
   ssize_t n;
 
@@ -410,7 +409,7 @@ int tu_child_read(tu_child *child, void *buf, size_t len, int timeout_ms) {
 
 int tu_child_write(tu_child *child, const void *buf, size_t len) {
   if (child->ctl_fd < 0) return -1;
-  return full_write(child->ctl_fd, buf, len);
+  return tu_write_all(child->ctl_fd, buf, len);
 }
 
 void tu_child_kill(tu_child *child, int sig) {
@@ -537,7 +536,7 @@ static int server_run(const tu_server_cfg *cfg, unsigned char *mem, int ready_fd
   if (!mem) {
     r.status = HIXL_RESOURCE_EXHAUSTED;
     snprintf(r.error, sizeof(r.error), "child: mapping %zu bytes failed", cfg->mem_len);
-    full_write(ready_fd, &r, sizeof(r));
+    tu_write_all(ready_fd, &r, sizeof(r));
     return 2;
   }
   if (cfg->seed) tu_fill(mem, cfg->mem_len, cfg->seed);
@@ -553,13 +552,13 @@ report:
   r.addr = (uintptr_t)mem;
   r.len = cfg->mem_len;
   if (st != HIXL_SUCCESS) snprintf(r.error, sizeof(r.error), "%s", HixlGetLastErrorMessage());
-  if (full_write(ready_fd, &r, sizeof(r)) != 0 || st != HIXL_SUCCESS) {
+  if (tu_write_all(ready_fd, &r, sizeof(r)) != 0 || st != HIXL_SUCCESS) {
     if (e) HixlEngineDestroy(e);
     return 3;
   }
 
   /* Serve until the parent closes the command pipe or says QUIT. */
-  while (child_read(ctl_fd, &cmd, sizeof(cmd)) == 0) {
+  while (tu_read_all(ctl_fd, &cmd, sizeof(cmd)) == 0) {
     reply = 0;
     if (cmd.off > cfg->mem_len || cmd.len > cfg->mem_len - cmd.off) {
       reply = -2;
@@ -570,7 +569,7 @@ report:
     } else if (cmd.op != TU_CMD_QUIT) {
       reply = -3;
     }
-    if (full_write(ready_fd, &reply, sizeof(reply)) != 0 || cmd.op == TU_CMD_QUIT) break;
+    if (tu_write_all(ready_fd, &reply, sizeof(reply)) != 0 || cmd.op == TU_CMD_QUIT) break;
   }
   st = HixlEngineDeregisterMem(e, h);
   if (st == HIXL_SUCCESS) st = HixlEngineFinalize(e);

@@ -17,6 +17,11 @@
 
 /* ---- time ---- */
 
+/** Write or read exactly len bytes on a blocking fd (EINTR retried); 0, or -1 on
+ *  error or end of file. */
+int tu_write_all(int fd, const void *buf, size_t len);
+int tu_read_all(int fd, void *buf, size_t len);
+
 /** CLOCK_MONOTONIC in milliseconds. */
 int64_t tu_now_ms(void);
 
