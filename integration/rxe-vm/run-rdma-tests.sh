@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run the CTest label "rdma" of BUILD_DIR (built on this host) inside a throw-away
+# Run the CTest labels "rdma" and "vm" (tests that need the guest kernel, e.g. netem) of BUILD_DIR (built on this host) inside a throw-away
 # QEMU guest with soft-RoCE (rdma_rxe): real verbs, real RC queue pairs. The engines
 # use the rxe device's address (HIXL_TEST_IP), so Transport auto picks rdma, and a
 # missing device fails instead of skipping (HIXL_REQUIRE_RDMA). Then tos-on-wire.sh
@@ -14,5 +14,5 @@ extra=$(printf ' %q' "$@")
 RXE_VM_RW_DIR="$build" RXE_VM_TIMEOUT="${RXE_VM_TIMEOUT:-2400}" RXE_VM_MEM="${RXE_VM_MEM:-3072}" \
   bash "$here/run-in-rxe-vm.sh" \
   "cd $(printf %q "$build") && ulimit -l unlimited && HIXL_TEST_IP=\$RXE_IP HIXL_REQUIRE_RDMA=1 \
-   ctest -L rdma --output-on-failure --no-tests=error$extra && \
+   ctest -L 'rdma|vm' --output-on-failure --no-tests=error$extra && \
    sh $(printf %q "$here/tos-on-wire.sh") $(printf %q "$build")"
