@@ -70,25 +70,30 @@ static HixlStatus check_ipv4(const char *ip, const char *what, const char *fn) {
   return HIXL_SUCCESS;
 }
 
-/* tcp is available; rdma and shm come with their transports. */
+/* tcp and rdma are available; shm comes with its transport. */
 static HixlStatus check_endpoint(const EndpointDesc *ep, const char *what, const char *fn) {
   HixlStatus st;
   if (!ep) return HIXL_SUCCESS;
-  if (ep->protocol == HIXL_EP_PROTOCOL_RDMA || ep->protocol == HIXL_EP_PROTOCOL_SHM)
-    return hixl_fail(HIXL_UNSUPPORTED, "%s: %s protocol %s is not available in this build yet; use tcp", fn,
-                     what, ep->protocol == HIXL_EP_PROTOCOL_RDMA ? "rdma" : "shm");
-  CHECK_ARG(ep->protocol == HIXL_EP_PROTOCOL_TCP, "%s: %s protocol %d is unknown", fn, what,
-            (int)ep->protocol);
+  if (ep->protocol == HIXL_EP_PROTOCOL_SHM)
+    return hixl_fail(HIXL_UNSUPPORTED,
+                     "%s: %s protocol shm is not available in this build yet; use tcp or rdma", fn, what);
+  CHECK_ARG(!ep->device || (strlen(ep->device) > 0 && strlen(ep->device) < 64),
+            "%s: %s device name is empty or too long", fn, what);
+  CHECK_ARG(ep->protocol == HIXL_EP_PROTOCOL_TCP || ep->protocol == HIXL_EP_PROTOCOL_RDMA,
+            "%s: %s protocol %d is unknown", fn, what, (int)ep->protocol);
   if (ep->address && (st = check_ipv4(ep->address, "endpoint address", fn)) != HIXL_SUCCESS) return st;
   return HIXL_SUCCESS;
 }
 
-static HixlStatus engine_new(const char *local, HixlEngine **out) {
-  static const HixlOption tcp[] = {{"Transport", "tcp"}};
+/* An engine for local with the endpoint's transport: tcp, or rdma on ep->device (or
+ * the device that owns local). A server offering rdma takes "auto" so clients that
+ * ask for tcp are still served over tcp. */
+static HixlStatus engine_new(const char *local, const char *transport, const char *device, HixlEngine **out) {
+  HixlOption opts[2] = {{"Transport", transport}, {"RdmaDevice", device}};
   HixlEngine *e;
   HixlStatus st = HixlEngineCreate(&e);
   if (st != HIXL_SUCCESS) return st;
-  st = HixlEngineInitialize(e, local, tcp, 1);
+  st = HixlEngineInitialize(e, local, opts, device ? 2 : 1);
   if (st != HIXL_SUCCESS) {
     HixlEngineDestroy(e);
     return st;
@@ -130,7 +135,13 @@ HixlStatus HixlCSServerCreate(const HixlServerDesc *desc, const HixlServerConfig
   struct cs_server *s = calloc(1, sizeof(*s));
   if (!s) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
   s->port = (uint16_t)desc->server_port;
-  if ((st = engine_new(desc->server_ip, &s->eng)) != HIXL_SUCCESS) goto free_server;
+  const char *transport = "tcp", *device = NULL;
+  for (uint32_t i = 0; i < desc->endpoint_list_num; i++)
+    if (desc->endpoint_list[i].protocol == HIXL_EP_PROTOCOL_RDMA) {
+      transport = "auto";
+      device = desc->endpoint_list[i].device;
+    }
+  if ((st = engine_new(desc->server_ip, transport, device, &s->eng)) != HIXL_SUCCESS) goto free_server;
   if (registry_add(&servers, s) < 0) {
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
     goto destroy_engine;
@@ -214,7 +225,10 @@ HixlStatus HixlCSClientCreate(const HixlClientDesc *desc, const HixlClientConfig
   pthread_mutex_init(&c->lock, NULL);
   const char *local =
       desc->local_endpoint && desc->local_endpoint->address ? desc->local_endpoint->address : "0.0.0.0";
-  if ((st = engine_new(local, &c->eng)) != HIXL_SUCCESS) goto free_client;
+  bool rdma = desc->local_endpoint && desc->local_endpoint->protocol == HIXL_EP_PROTOCOL_RDMA;
+  if ((st = engine_new(local, rdma ? "rdma" : "tcp", rdma ? desc->local_endpoint->device : NULL, &c->eng)) !=
+      HIXL_SUCCESS)
+    goto free_client;
   if (registry_add(&clients, c) < 0) {
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
     goto destroy_engine;

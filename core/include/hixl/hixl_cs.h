@@ -38,13 +38,13 @@ typedef struct HcommMem {
  * local address or NIC carries the data. */
 typedef enum {
   HIXL_EP_PROTOCOL_TCP = 0,  /* available */
-  HIXL_EP_PROTOCOL_RDMA = 1, /* UNSUPPORTED until the RDMA transport lands */
+  HIXL_EP_PROTOCOL_RDMA = 1, /* RDMA verbs: one-sided WRITE/READ over an RC queue pair */
   HIXL_EP_PROTOCOL_SHM = 2,  /* UNSUPPORTED until the same-host path lands */
 } HixlEndpointProtocol;
 
 typedef struct EndpointDesc {
   HixlEndpointProtocol protocol;
-  const char *address; /* IPv4 address the data path uses; NULL: server_ip (server) or any (client) */
+  const char *address; /* IPv4 address: the client's engine address (for rdma, one its device owns) */
   const char *device;  /* NIC name for rdma (e.g. "rxe0"); NULL: found from the address */
 } EndpointDesc;
 
@@ -59,14 +59,14 @@ typedef struct HixlClientConfig {
 typedef struct HixlClientDesc {
   const char *server_ip;               /* server host IPv4 address */
   uint32_t server_port;                /* server port, 1..65535 */
-  const EndpointDesc *local_endpoint;  /* NULL: tcp from any local address */
-  const EndpointDesc *remote_endpoint; /* NULL: tcp to server_ip */
+  const EndpointDesc *local_endpoint;  /* protocol and address of this client; NULL: tcp, any address */
+  const EndpointDesc *remote_endpoint; /* checked; the server is reached at server_ip */
 } HixlClientDesc;
 
 typedef struct HixlServerDesc {
   const char *server_ip;             /* address to listen on ("0.0.0.0" for all) */
   uint32_t server_port;              /* port to listen on, 1..65535 */
-  const EndpointDesc *endpoint_list; /* transports offered; NULL with 0 entries: tcp */
+  const EndpointDesc *endpoint_list; /* transports offered (an rdma entry: rdma and tcp); none: tcp */
   uint32_t endpoint_list_num;
 } HixlServerDesc;
 
