@@ -209,6 +209,8 @@ static const struct {
     {WIRE_SYNC_ACK, 12, 12, 0},
     {WIRE_RDMA_CONNECT, 25, 25, 0},
     {WIRE_RDMA_CONNECT_ACK, 29, 29, 0},
+    {WIRE_SHM_HELLO, 26, 26 + 256, 0},
+    {WIRE_SHM_HELLO_ACK, 54, 54 + 256, 0},
 };
 #define NLIMITS (sizeof(limits) / sizeof(limits[0]))
 
@@ -249,6 +251,8 @@ static void test_names(void) {
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_NOTIFY_ACK), "NOTIFY_ACK");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SYNC), "SYNC");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SYNC_ACK), "SYNC_ACK");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SHM_HELLO), "SHM_HELLO");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SHM_HELLO_ACK), "SHM_HELLO_ACK");
   CU_ASSERT_STRING_EQUAL(wire_type_name(0), "?");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_TYPE_MAX_ + 1), "?");
   CU_ASSERT_STRING_EQUAL(wire_type_name(~0u), "?");
@@ -532,6 +536,42 @@ static void test_rt_qp(void) {
   }
 }
 
+/* SHM_HELLO and SHM_HELLO_ACK: layout 1 with every field, checked byte by byte. */
+static void test_rt_shm(void) {
+  uint8_t buf[WIRE_HDR_LEN + 54], boot[16], nonce[16];
+  struct wire_msg m;
+  struct wire_wr w;
+  for (int i = 0; i < 16; i++) boot[i] = (uint8_t)(0xb0 + i), nonce[i] = (uint8_t)(0x50 + i);
+  for (int ack = 0; ack < 2; ack++) {
+    wire_begin(&w, buf, sizeof(buf), ack ? WIRE_SHM_HELLO_ACK : WIRE_SHM_HELLO);
+    if (ack) wire_put_u32(&w, WIRE_HELLO_REFUSED);
+    wire_put_shm_id(&w, boot, 0x01020304, 0x0a0b0c0d);
+    if (ack) {
+      wire_put_u64(&w, 0x00007f1122334455ull);
+      wire_put_bytes(&w, nonce, 16);
+    }
+    size_t len = wire_end(&w, 0);
+    CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + (ack ? 54u : 26u));
+    const uint8_t *b = buf + WIRE_HDR_LEN + (ack ? 4 : 0);
+    CU_ASSERT(b[0] == 0 && b[1] == 1); /* layout 1, big-endian */
+    CU_ASSERT(b[18] == 1 && b[21] == 4 && b[22] == 0x0a && b[25] == 0x0d);
+    CU_ASSERT_EQUAL_FATAL(parse_frame(buf, len, &m), WIRE_OK);
+    CU_ASSERT_EQUAL(m.u.shm.status, ack ? (uint32_t)WIRE_HELLO_REFUSED : 0u);
+    CU_ASSERT_EQUAL(m.u.shm.layout, 1);
+    CU_ASSERT(inside(m.u.shm.boot_id, 16, buf + WIRE_HDR_LEN, len - WIRE_HDR_LEN));
+    CU_ASSERT_EQUAL(memcmp(m.u.shm.boot_id, boot, 16), 0);
+    CU_ASSERT_EQUAL(m.u.shm.pid, 0x01020304u);
+    CU_ASSERT_EQUAL(m.u.shm.uid, 0x0a0b0c0du);
+    CU_ASSERT_EQUAL(m.u.shm.ext_len, 0);
+    if (ack) {
+      CU_ASSERT_EQUAL(m.u.shm.probe_addr, 0x00007f1122334455ull);
+      CU_ASSERT_EQUAL(memcmp(m.u.shm.nonce, nonce, 16), 0);
+    } else {
+      CU_ASSERT_PTR_NULL(m.u.shm.nonce);
+    }
+  }
+}
+
 static size_t build_notify(uint8_t *buf, size_t cap, uint64_t seq, const char *name, size_t nl,
                            const char *msg, size_t ml) {
   struct wire_wr w;
@@ -795,6 +835,37 @@ static void test_bad_read_resp(void) {
   CU_ASSERT_EQUAL(decode_body(WIRE_READ_RESP, b, 12, 4096, &m), WIRE_OK);
 }
 
+/* Layout 0 is refused, layout 1 must be exact, a later layout may append fields
+ * (kept as ext, not interpreted). */
+static void test_bad_shm(void) {
+  uint8_t b[54 + 256 + 1];
+  struct wire_msg m;
+  for (int ack = 0; ack < 2; ack++) {
+    unsigned type = ack ? WIRE_SHM_HELLO_ACK : WIRE_SHM_HELLO;
+    uint32_t fixed = ack ? 54 : 26, at = ack ? 4 : 0;
+    memset(b, 0x11, sizeof(b));
+    put32(b, 0);
+    put16(b + at, 1);
+    CU_ASSERT_EQUAL(decode_body(type, b, fixed, 0, &m), WIRE_OK);
+    CU_ASSERT_EQUAL(decode_body(type, b, fixed + 1, 0, &m), WIRE_EBODY); /* layout 1 plus garbage */
+    put16(b + at, 0);
+    CU_ASSERT_EQUAL(decode_body(type, b, fixed, 0, &m), WIRE_EBODY);
+    put16(b + at, 2);
+    CU_ASSERT_EQUAL(decode_body(type, b, fixed, 0, &m), WIRE_OK);
+    CU_ASSERT_EQUAL(m.u.shm.ext_len, 0);
+    CU_ASSERT_EQUAL(decode_body(type, b, fixed + 256, 0, &m), WIRE_OK);
+    CU_ASSERT_EQUAL(m.u.shm.layout, 2);
+    CU_ASSERT_EQUAL(m.u.shm.ext_len, 256);
+    CU_ASSERT(m.u.shm.ext == b + fixed);
+    CU_ASSERT_EQUAL(m.u.shm.pid, 0x11111111u);
+  }
+  /* Too short or too long for the type: refused by the header already. */
+  CU_ASSERT_EQUAL(hdr_of(WIRE_SHM_HELLO, 25, 0), WIRE_ELEN);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_SHM_HELLO_ACK, 53, 0), WIRE_ELEN);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_SHM_HELLO_ACK, 54 + 257, 0), WIRE_ELEN);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_SHM_HELLO, 26, 1), WIRE_ELEN);
+}
+
 static void test_bad_write_req(void) {
   uint8_t b[16];
   struct wire_msg m;
@@ -883,6 +954,7 @@ static CU_TestInfo rt_tests[] = {
     {"acks", test_rt_acks},
     {"sync", test_rt_sync},
     {"rdma qp info", test_rt_qp},
+    {"shm hello and ack", test_rt_shm},
     {"notify", test_rt_notify},
     {"stream", test_rt_stream},
     CU_TEST_INFO_NULL,
@@ -896,6 +968,7 @@ static CU_TestInfo bad_tests[] = {
     {"read_req", test_bad_read_req},
     {"read_resp", test_bad_read_resp},
     {"write_req", test_bad_write_req},
+    {"shm hello and ack", test_bad_shm},
     CU_TEST_INFO_NULL,
 };
 static CU_TestInfo builder_tests[] = {

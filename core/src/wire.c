@@ -32,10 +32,10 @@ const char *wire_err_str(enum wire_err err) {
 }
 
 const char *wire_type_name(unsigned type) {
-  static const char *const names[] = {"?",         "HELLO",        "HELLO_ACK",       "MEM_ADD",
-                                      "MEM_DEL",   "WRITE_REQ",    "WRITE_ACK",       "READ_REQ",
-                                      "READ_RESP", "NOTIFY",       "NOTIFY_ACK",      "SYNC",
-                                      "SYNC_ACK",  "RDMA_CONNECT", "RDMA_CONNECT_ACK"};
+  static const char *const names[] = {
+      "?",         "HELLO",        "HELLO_ACK",        "MEM_ADD",   "MEM_DEL",      "WRITE_REQ",
+      "WRITE_ACK", "READ_REQ",     "READ_RESP",        "NOTIFY",    "NOTIFY_ACK",   "SYNC",
+      "SYNC_ACK",  "RDMA_CONNECT", "RDMA_CONNECT_ACK", "SHM_HELLO", "SHM_HELLO_ACK"};
   return type <= WIRE_TYPE_MAX_ ? names[type] : "?";
 }
 
@@ -58,6 +58,8 @@ static const struct {
     [WIRE_SYNC_ACK] = {12, 12, false},
     [WIRE_RDMA_CONNECT] = {WIRE_QP_INFO_LEN, WIRE_QP_INFO_LEN, false},
     [WIRE_RDMA_CONNECT_ACK] = {4 + WIRE_QP_INFO_LEN, 4 + WIRE_QP_INFO_LEN, false},
+    [WIRE_SHM_HELLO] = {WIRE_SHM_HELLO_LEN, WIRE_SHM_HELLO_LEN + WIRE_SHM_EXT_MAX, false},
+    [WIRE_SHM_HELLO_ACK] = {WIRE_SHM_HELLO_ACK_LEN, WIRE_SHM_HELLO_ACK_LEN + WIRE_SHM_EXT_MAX, false},
 };
 
 enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *hdr) {
@@ -145,6 +147,28 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     return m->u.qp.qpn <= 0xffffff && m->u.qp.psn <= 0xffffff && m->u.qp.mtu >= 1 && m->u.qp.mtu <= 5
                ? WIRE_OK
                : WIRE_EBODY;
+  }
+  case WIRE_SHM_HELLO:
+  case WIRE_SHM_HELLO_ACK: {
+    const uint8_t *p = b;
+    size_t fixed = hdr->type == WIRE_SHM_HELLO ? WIRE_SHM_HELLO_LEN : WIRE_SHM_HELLO_ACK_LEN;
+    if (hdr->type == WIRE_SHM_HELLO_ACK) {
+      m->u.shm.status = be32_get(p);
+      p += 4;
+    }
+    m->u.shm.layout = be16_get(p);
+    m->u.shm.boot_id = p + 2;
+    m->u.shm.pid = be32_get(p + 18);
+    m->u.shm.uid = be32_get(p + 22);
+    if (hdr->type == WIRE_SHM_HELLO_ACK) {
+      m->u.shm.probe_addr = be64_get(p + 26);
+      m->u.shm.nonce = p + 34;
+    }
+    /* Layout 1 is exactly the fixed fields; a later one may append to them. */
+    if (m->u.shm.layout == 0 || (m->u.shm.layout == WIRE_SHM_LAYOUT && n != fixed)) return WIRE_EBODY;
+    m->u.shm.ext = b + fixed;
+    m->u.shm.ext_len = (uint32_t)(n - fixed);
+    return WIRE_OK;
   }
   case WIRE_WRITE_REQ:
     m->u.write_req.seq = be64_get(b);
@@ -244,6 +268,13 @@ void wire_put_qp_info(struct wire_wr *w, uint32_t qpn, uint32_t psn, const uint8
   wire_put_u32(w, psn);
   wire_put_bytes(w, gid, 16);
   wire_put_bytes(w, &mtu, 1);
+}
+
+void wire_put_shm_id(struct wire_wr *w, const uint8_t boot_id[16], uint32_t pid, uint32_t uid) {
+  wire_put_u16(w, WIRE_SHM_LAYOUT);
+  wire_put_bytes(w, boot_id, 16);
+  wire_put_u32(w, pid);
+  wire_put_u32(w, uid);
 }
 
 size_t wire_put_write_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len) {

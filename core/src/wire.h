@@ -22,9 +22,19 @@
 /* Capability bits exchanged in HELLO / HELLO_ACK. */
 #define WIRE_CAP_TCP_DATA 0x1u
 #define WIRE_CAP_RDMA     0x2u /* has an RDMA device and will connect a QP (RDMA_CONNECT) */
+#define WIRE_CAP_SHM      0x4u /* answers SHM_HELLO: same-host copies (process_vm_*) welcome */
 
 #define WIRE_MEM_ENTRY_FIXED 22u /* addr u64, len u64, rkey u32, tag_len u16; then the tag */
 #define WIRE_QP_INFO_LEN     25u /* qpn u32, psn u32, gid 16 bytes, mtu u8 */
+
+/* SHM_HELLO / SHM_HELLO_ACK: a layout number first; layout 1 is the fields below,
+ * exactly. A later layout keeps them as a prefix and appends (at most
+ * WIRE_SHM_EXT_MAX bytes), which a layout-1 reader skips. */
+#define WIRE_SHM_LAYOUT        1u
+#define WIRE_SHM_ID_LEN        26u /* layout u16, boot_id 16 bytes, pid u32, uid u32 */
+#define WIRE_SHM_HELLO_LEN     WIRE_SHM_ID_LEN
+#define WIRE_SHM_HELLO_ACK_LEN (4u + WIRE_SHM_ID_LEN + 8u + 16u) /* status, id, probe addr, nonce */
+#define WIRE_SHM_EXT_MAX       256u
 
 enum wire_type {
   WIRE_HELLO = 1,             /* initiator -> target: caps, name */
@@ -41,7 +51,9 @@ enum wire_type {
   WIRE_SYNC_ACK = 12,         /* seq, status */
   WIRE_RDMA_CONNECT = 13,     /* initiator -> target: its QP info */
   WIRE_RDMA_CONNECT_ACK = 14, /* target -> initiator: status, its QP info */
-  WIRE_TYPE_MAX_ = 14,
+  WIRE_SHM_HELLO = 15,        /* initiator -> target: its host identity */
+  WIRE_SHM_HELLO_ACK = 16,    /* target -> initiator: status, its identity, a probe to read */
+  WIRE_TYPE_MAX_ = 16,
 };
 
 /* HELLO_ACK status values. */
@@ -102,6 +114,17 @@ struct wire_msg {
       uint8_t mtu;
     } qp;
     struct {
+      uint32_t status;        /* SHM_HELLO_ACK only: WIRE_HELLO_OK, or WIRE_HELLO_REFUSED */
+      uint16_t layout;        /* >= 1 */
+      const uint8_t *boot_id; /* 16 bytes */
+      uint32_t pid;
+      uint32_t uid;
+      uint64_t probe_addr;  /* SHM_HELLO_ACK only: where the nonce lies in the target */
+      const uint8_t *nonce; /* SHM_HELLO_ACK only: 16 bytes */
+      const uint8_t *ext;   /* fields of a later layout, not interpreted */
+      uint32_t ext_len;
+    } shm;
+    struct {
       uint64_t seq;
       uint64_t raddr;
     } write_req;
@@ -156,6 +179,8 @@ void wire_put_u64(struct wire_wr *w, uint64_t v);
 void wire_put_bytes(struct wire_wr *w, const void *p, size_t n);
 void wire_put_mem_entry(struct wire_wr *w, uint64_t addr, uint64_t len, uint32_t rkey, const char *tag);
 void wire_put_qp_info(struct wire_wr *w, uint32_t qpn, uint32_t psn, const uint8_t gid[16], uint8_t mtu);
+/* The identity that opens SHM_HELLO and follows the status in SHM_HELLO_ACK, layout 1. */
+void wire_put_shm_id(struct wire_wr *w, const uint8_t boot_id[16], uint32_t pid, uint32_t uid);
 
 /* Header-only builder for the hot path (WRITE_REQ, READ_REQ, acks): returns length. */
 size_t wire_put_write_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len);

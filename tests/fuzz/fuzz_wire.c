@@ -52,6 +52,8 @@ static const struct {
     [WIRE_SYNC_ACK] = {12, 12, 0},
     [WIRE_RDMA_CONNECT] = {25, 25, 0},
     [WIRE_RDMA_CONNECT_ACK] = {29, 29, 0},
+    [WIRE_SHM_HELLO] = {26, 26 + 256, 0},
+    [WIRE_SHM_HELLO_ACK] = {54, 54 + 256, 0},
 };
 
 /* Whatever wire_parse_hdr says must agree with the raw bytes. */
@@ -178,6 +180,29 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
       if (h->type == WIRE_RDMA_CONNECT_ACK) wire_put_u32(&w, m->u.qp.status);
       wire_put_qp_info(&w, m->u.qp.qpn, m->u.qp.psn, m->u.qp.gid, m->u.qp.mtu);
       break;
+    case WIRE_SHM_HELLO:
+    case WIRE_SHM_HELLO_ACK:
+      if (h->type == WIRE_SHM_HELLO_ACK) wire_put_u32(&w, m->u.shm.status);
+      /* wire_put_shm_id writes layout 1; a later layout is rebuilt field by field. */
+      wire_put_u16(&w, m->u.shm.layout);
+      wire_put_bytes(&w, m->u.shm.boot_id, 16);
+      wire_put_u32(&w, m->u.shm.pid);
+      wire_put_u32(&w, m->u.shm.uid);
+      if (h->type == WIRE_SHM_HELLO_ACK) {
+        wire_put_u64(&w, m->u.shm.probe_addr);
+        wire_put_bytes(&w, m->u.shm.nonce, 16);
+      }
+      wire_put_bytes(&w, m->u.shm.ext, m->u.shm.ext_len);
+      if (m->u.shm.layout == WIRE_SHM_LAYOUT) { /* the builder must agree for layout 1 */
+        uint8_t id[WIRE_HDR_LEN + WIRE_SHM_ID_LEN];
+        struct wire_wr w2;
+        wire_begin(&w2, id, sizeof(id), WIRE_SHM_HELLO);
+        wire_put_shm_id(&w2, m->u.shm.boot_id, m->u.shm.pid, m->u.shm.uid);
+        CHECK(wire_end(&w2, 0) == sizeof(id));
+        CHECK(memcmp(id + WIRE_HDR_LEN, frame + WIRE_HDR_LEN + (h->type == WIRE_SHM_HELLO_ACK ? 4 : 0),
+                     WIRE_SHM_ID_LEN) == 0);
+      }
+      break;
     default: CHECK(!"type accepted by wire_decode but unknown here");
     }
     got = wire_end(&w, h->payload_len);
@@ -255,6 +280,19 @@ static void check_msg(enum wire_err e, const struct wire_hdr *h, const uint8_t *
     if (e == WIRE_OK)
       CHECK(m->u.qp.qpn <= 0xffffff && m->u.qp.psn <= 0xffffff && m->u.qp.mtu >= 1 && m->u.qp.mtu <= 5);
     break;
+  case WIRE_SHM_HELLO:
+  case WIRE_SHM_HELLO_ACK: {
+    size_t fixed = h->type == WIRE_SHM_HELLO ? WIRE_SHM_HELLO_LEN : WIRE_SHM_HELLO_ACK_LEN;
+    CHECK(null_or_inside(m->u.shm.boot_id, b, n));
+    CHECK(null_or_inside(m->u.shm.nonce, b, n));
+    if (e != WIRE_OK) break;
+    CHECK(m->u.shm.layout >= 1);
+    CHECK(inside(m->u.shm.boot_id, 16, b, n));
+    CHECK(h->type == WIRE_SHM_HELLO ? m->u.shm.nonce == NULL : inside(m->u.shm.nonce, 16, b, n));
+    CHECK(m->u.shm.ext == b + fixed && m->u.shm.ext_len == n - fixed);
+    CHECK(m->u.shm.layout > WIRE_SHM_LAYOUT || m->u.shm.ext_len == 0);
+    break;
+  }
   case WIRE_NOTIFY:
     CHECK(null_or_inside(m->u.notify.name, b, n));
     CHECK(null_or_inside(m->u.notify.msg, b, n));

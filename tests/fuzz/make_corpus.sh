@@ -28,6 +28,8 @@ entry() { u64 "$1"; u64 "$2"; u32 0x1234; u16 ${#3}; str "$3"; } # entry ADDR LE
 
 HELLO=1 HELLO_ACK=2 MEM_ADD=3 MEM_DEL=4 WRITE_REQ=5 WRITE_ACK=6 READ_REQ=7
 READ_RESP=8 NOTIFY=9 NOTIFY_ACK=10 SYNC=11 SYNC_ACK=12 RDMA_CONNECT=13 RDMA_CONNECT_ACK=14
+SHM_HELLO=15 SHM_HELLO_ACK=16
+shm_id() { u16 "$1"; fill 16 B; u32 4242; u32 1000; } # shm_id LAYOUT: boot id, pid, uid
 
 # ---- valid frames ----
 hello() { hdr $HELLO 11 0; u32 1; u16 5; str dec-0; }
@@ -53,6 +55,9 @@ notify_ack >"$out/ok_notify_ack"
 { hdr $RDMA_CONNECT 25 0; u32 0x11; u32 0x22; fill 16 G; u8 3; } >"$out/ok_rdma_connect"
 { hdr $RDMA_CONNECT_ACK 29 0; u32 0; u32 0x33; u32 0x44; fill 16 G; u8 3; } >"$out/ok_rdma_connect_ack"
 { hdr $SYNC_ACK 12 0; u64 5; u32 0; } >"$out/ok_sync_ack"
+{ hdr $SHM_HELLO 26 0; shm_id 1; } >"$out/ok_shm_hello"
+{ hdr $SHM_HELLO_ACK 54 0; u32 0; shm_id 1; u64 0x7f0000003000; fill 16 N; } >"$out/ok_shm_hello_ack"
+{ hdr $SHM_HELLO 30 0; shm_id 2; str more; } >"$out/ok_shm_hello_layout2"
 { hello; read_req; write_req; notify_ack; } >"$out/ok_stream"
 
 # ---- frames to refuse ----
@@ -85,5 +90,9 @@ notify_ack >"$out/ok_notify_ack"
 { hdr $READ_REQ 20 0; u64 2; u64 0x1000; u32 $(((4 << 20) + 1)); } >"$out/bad_read_req_len_big"
 { hdr $READ_RESP 12 4; u64 3; u32 503900; str data; } >"$out/bad_read_resp_failed_data"
 { hdr $WRITE_REQ 16 0; u64 1; u64 0x1000; } >"$out/bad_write_req_empty"
+{ hdr $SHM_HELLO 26 0; shm_id 0; } >"$out/bad_shm_hello_layout_0"
+{ hdr $SHM_HELLO 27 0; shm_id 1; u8 0; } >"$out/bad_shm_hello_layout1_long"
+{ hdr $SHM_HELLO_ACK 53 0; u32 0; shm_id 1; u64 0x1000; fill 15 N; } >"$out/bad_shm_hello_ack_short"
+{ hdr 17 12 0; u64 1; u32 0; } >"$out/bad_type_17"
 head -c 10 "$out/ok_hello" >"$out/bad_truncated_header"
 head -c 25 "$out/ok_hello" >"$out/bad_truncated_body"
