@@ -1,7 +1,9 @@
 /* Two processes on loopback: a server engine in a forked child, the client here.
  * Data crossing the process boundary is checked on both sides; a peer killed with
  * SIGKILL mid-transfer ends the transfer FAILED or TIMEOUT without a hang, and a new
- * server on the same port is reachable again; a SIGSTOPped peer gives TIMEOUT. */
+ * server on the same port is reachable again; a SIGSTOPped peer gives TIMEOUT (data ops
+ * over rdma and shm still complete: they need no work from the peer's CPU). Engines use
+ * tu_transport(): shm here under auto, tcp in test_engine_procs_tcp, rdma in the guest. */
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -424,16 +426,17 @@ static void check_timely(HixlStatus st, int64_t t0, const char *what) {
     CU_PASS("on time");
 }
 
-/* Over RDMA a stopped process's registered memory is still served (one-sided: the
- * NIC does the work), so data ops complete; over tcp they need the peer's CPU. */
-static void check_data_op(bool rdma, HixlStatus st, int64_t t0, const char *what) {
-  if (!rdma) {
+/* Over rdma and shm a stopped process's registered memory is still served (one-sided:
+ * the NIC, or the kernel for process_vm_*, does the work), so data ops complete; over
+ * tcp they need the peer's CPU. */
+static void check_data_op(const char *transport, HixlStatus st, int64_t t0, const char *what) {
+  if (strcmp(transport, "tcp") == 0) {
     check_timely(st, t0, what);
     return;
   }
   if (st != HIXL_SUCCESS)
-    tu_fail(__FILE__, __LINE__, "%s over RDMA to a stopped peer: got %s, want HIXL_SUCCESS (%s)", what,
-            HixlStatusName(st), HixlGetLastErrorMessage());
+    tu_fail(__FILE__, __LINE__, "%s over %s to a stopped peer: got %s, want HIXL_SUCCESS (%s)", what,
+            transport, HixlStatusName(st), HixlGetLastErrorMessage());
   else
     CU_PASS("one-sided op served while the peer is stopped");
 }
@@ -455,7 +458,8 @@ static void test_stopped_peer(void) {
   write_check_read(&c, info.addr, 0, 64 * KiB, 41); /* the link works before the stop */
   struct hixl_link_info li;
   TU_ASSERT_OK(hixl_engine_link_info(g.cli, g.srv_name, &li));
-  bool rdma = li.rdma;
+  const char *transport = li.transport;
+  bool one_sided = strcmp(transport, "tcp") != 0;
 
   tu_child_kill(&c, SIGSTOP);
   CU_ASSERT_EQUAL_FATAL(tu_child_wait_stopped(&c, 5000), 0);
@@ -464,12 +468,12 @@ static void test_stopped_peer(void) {
   d = desc(g.local, info.addr, MiB);
   t0 = tu_now_ms();
   st = HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, STOP_TIMEOUT);
-  check_data_op(rdma, st, t0, "sync WRITE 1 MiB");
+  check_data_op(transport, st, t0, "sync WRITE 1 MiB");
 
   d = desc(g.local + MiB, info.addr, 4 * KiB);
   t0 = tu_now_ms();
   st = HixlEngineTransferSync(g.cli, g.srv_name, HIXL_READ, &d, 1, STOP_TIMEOUT);
-  check_data_op(rdma, st, t0, "sync READ 4 KiB");
+  check_data_op(transport, st, t0, "sync READ 4 KiB");
 
   d = desc(g.local, info.addr + MiB, 64 * KiB);
   t0 = tu_now_ms();
@@ -477,7 +481,7 @@ static void test_stopped_peer(void) {
   TU_ASSERT_OK(st);
   if (st == HIXL_SUCCESS) {
     TU_ASSERT_OK(tu_wait_request(g.cli, req, t0 + STOP_TIMEOUT + 5000, &ts));
-    check_data_op(rdma,
+    check_data_op(transport,
                   ts == HIXL_TRANSFER_TIMEOUT     ? HIXL_TIMEOUT
                   : ts == HIXL_TRANSFER_FAILED    ? HIXL_FAILED
                   : ts == HIXL_TRANSFER_COMPLETED ? HIXL_SUCCESS
@@ -501,7 +505,7 @@ static void test_stopped_peer(void) {
 
   tu_child_kill(&c, SIGCONT);
   if (late) TU_ASSERT_OK(HixlEngineDestroy(late));
-  if (rdma) { /* what the NIC wrote while the peer was stopped is there */
+  if (one_sided) { /* what the NIC or the kernel wrote while the peer was stopped is there */
     memset(g.local + 2 * MiB, 0, MiB);
     d = desc(g.local + 2 * MiB, info.addr, MiB);
     TU_ASSERT_OK(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_READ, &d, 1, 10000));

@@ -1,16 +1,17 @@
 /* Two engines in one process on 127.0.0.1: WRITE and READ of random data checked
  * byte for byte, batches, async requests, range checks on both sides, link states,
- * connect timeouts, late registration, notifications and concurrent threads. */
+ * connect timeouts, late registration, notifications and concurrent threads. Run as
+ * test_engine_transfer (Transport auto: shm here) and test_engine_transfer_tcp. */
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <CUnit/Basic.h>
 
 #include "engine_ext.h"
-#include "rdma.h"
 #include "test_util.h"
 
 #define KiB          ((size_t)1 << 10)
@@ -843,13 +844,19 @@ static void test_four_threads(void) {
 
 /* ---------------------------------------------------------------- main */
 
-/* Transport auto: rdma where the engines' address belongs to an RDMA device (the
- * soft-RoCE guest), tcp everywhere else (this host, loopback). */
-static void test_auto_transport(void) {
+/* The link's data path. Engines get tu_transport(): unset (auto), two engines of one
+ * process link over shm (the kernel always lets a process copy within itself), which
+ * comes before rdma and tcp; told tcp (test_engine_transfer_tcp) or rdma (the
+ * soft-RoCE guest), they use that. */
+static void test_link_transport(void) {
   struct hixl_link_info li;
-  bool expect_rdma = rdma_available() && strcmp(tu_ip(), "127.0.0.1") != 0;
+  const char *want = tu_transport();
+
+  if (!want || strcmp(want, "auto") == 0) want = "shm";
   TU_ASSERT_OK_FATAL(hixl_engine_link_info(g.cli, g.srv_name, &li));
-  CU_ASSERT_EQUAL(li.rdma, expect_rdma);
+  CU_ASSERT_STRING_EQUAL(li.transport, want);
+  CU_ASSERT_EQUAL(li.rdma, strcmp(want, "rdma") == 0);
+  if (strcmp(want, "shm") == 0) CU_ASSERT_EQUAL(li.peer_pid, (uint32_t)getpid());
 }
 
 int main(void) {
@@ -857,7 +864,7 @@ int main(void) {
 
   if (CU_initialize_registry() != CUE_SUCCESS) return 1;
   s = CU_add_suite("transfer (one process)", pair_init, pair_cleanup);
-  CU_add_test(s, "Transport auto: tcp here, rdma in the soft-RoCE guest", test_auto_transport);
+  CU_add_test(s, "link transport: shm under auto, else as told", test_link_transport);
   CU_add_test(s, "WRITE then READ back, 1 B to 64 MiB", test_sizes);
   CU_add_test(s, "batches of 1, 16, 1024, 4096 scattered ops", test_batches);
   CU_add_test(s, "mixed big and tiny ops in one batch", test_mixed_batch);

@@ -38,13 +38,15 @@ static const char *peer_ip(void) {
   return ip && *ip ? ip : tu_ip();
 }
 
+/* Transport rdma throughout: between engines of one host, auto would pick shm. */
 static int pair_init(void) {
-  static const HixlOption qos[] = {{"RdmaTrafficClass", "104"}, {"RdmaServiceLevel", "3"}};
+  static const HixlOption qos[] = {
+      {"RdmaTrafficClass", "104"}, {"RdmaServiceLevel", "3"}, {"Transport", "rdma"}};
   snprintf(g.srv_name, sizeof(g.srv_name), "%s:%u", peer_ip(), (unsigned)tu_free_port());
   g.smem = tu_alloc_mem(MEM, false);
   g.cmem = tu_alloc_mem(MEM, false);
-  g.srv = engine_with(g.srv_name, qos, 2);
-  g.cli = engine_with(tu_ip(), qos, 2);
+  g.srv = engine_with(g.srv_name, qos, 3);
+  g.cli = engine_with(tu_ip(), qos, 3);
   if (!g.smem || !g.cmem || !g.srv || !g.cli) return -1;
   if (!tu_register(g.srv, g.smem, MEM) || !tu_register(g.cli, g.cmem, MEM)) return -1;
   return HixlEngineConnect(g.cli, g.srv_name, 5000) == HIXL_SUCCESS ? 0 : -1;
@@ -62,10 +64,11 @@ static HixlTransferOpDesc op(size_t loff, size_t roff, size_t len) {
   return (HixlTransferOpDesc){(uintptr_t)g.cmem + loff, (uintptr_t)g.smem + roff, len};
 }
 
-static void test_auto_picks_rdma_with_qos(void) {
+static void test_rdma_link_with_qos(void) {
   struct hixl_link_info li;
   TU_ASSERT_OK_FATAL(hixl_engine_link_info(g.cli, g.srv_name, &li));
   CU_ASSERT_EQUAL_FATAL(li.rdma, 1);
+  CU_ASSERT_STRING_EQUAL(li.transport, "rdma");
   CU_ASSERT(li.device[0] != '\0');
   CU_ASSERT_EQUAL(li.tc_set, 104);
   CU_ASSERT_EQUAL(li.tc_queried, 104); /* the GRH traffic class the QP really carries */
@@ -156,14 +159,15 @@ static void test_register_after_connect(void) {
   tu_free_mem(extra, 1u << 20);
 }
 
-/* Traffic class and SL from the environment when no option is given. */
+/* Traffic class and SL from the environment when no option gives them. */
 static void test_env_qos(void) {
+  static const HixlOption rdma = {"Transport", "rdma"};
   char name[TU_ADDR_LEN];
   struct hixl_link_info li;
   setenv("HCCL_RDMA_TC", "8", 1);
   setenv("HCCL_RDMA_SL", "5", 1);
-  HixlEngine *s = engine_with(tu_addr(name, sizeof(name), tu_free_port()), NULL, 0);
-  HixlEngine *c = engine_with(tu_ip(), NULL, 0);
+  HixlEngine *s = engine_with(tu_addr(name, sizeof(name), tu_free_port()), &rdma, 1);
+  HixlEngine *c = engine_with(tu_ip(), &rdma, 1);
   unsetenv("HCCL_RDMA_TC");
   unsetenv("HCCL_RDMA_SL");
   CU_ASSERT_PTR_NOT_NULL_FATAL(s);
@@ -174,6 +178,30 @@ static void test_env_qos(void) {
   CU_ASSERT_EQUAL(li.tc_queried, 8);
   CU_ASSERT_EQUAL(li.sl_set, 5);
   HixlEngineDestroy(c);
+  HixlEngineDestroy(s);
+}
+
+/* Transport auto on both sides of one host: shm comes first, though both have RDMA;
+ * a target told rdma offers no shm, and auto then takes rdma. */
+static void test_auto_order(void) {
+  static const HixlOption rdma = {"Transport", "rdma"};
+  char name[TU_ADDR_LEN], name2[TU_ADDR_LEN];
+  struct hixl_link_info li;
+  HixlEngine *s = engine_with(tu_addr(name, sizeof(name), tu_free_port()), NULL, 0);
+  HixlEngine *r = engine_with(tu_addr(name2, sizeof(name2), tu_free_port()), &rdma, 1);
+  HixlEngine *a = engine_with(tu_ip(), NULL, 0);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(r);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+  TU_ASSERT_OK(HixlEngineConnect(a, name, 5000));
+  TU_ASSERT_OK(hixl_engine_link_info(a, name, &li));
+  CU_ASSERT_STRING_EQUAL(li.transport, "shm");
+  CU_ASSERT_EQUAL(li.rdma, 0);
+  TU_ASSERT_OK(HixlEngineConnect(a, name2, 5000));
+  TU_ASSERT_OK(hixl_engine_link_info(a, name2, &li));
+  CU_ASSERT_STRING_EQUAL(li.transport, "rdma");
+  HixlEngineDestroy(a);
+  HixlEngineDestroy(r);
   HixlEngineDestroy(s);
 }
 
@@ -191,6 +219,7 @@ static void test_peer_without_rdma(void) {
   TU_ASSERT_OK(HixlEngineConnect(a, name, 5000));
   TU_ASSERT_OK(hixl_engine_link_info(a, name, &li));
   CU_ASSERT_EQUAL(li.rdma, 0);
+  CU_ASSERT_STRING_EQUAL(li.transport, "tcp");
   TU_ASSERT_STATUS(HixlEngineConnect(r, name, 5000), HIXL_FAILED);
   TU_ASSERT_ERRMSG_HAS("no usable RDMA device");
   HixlEngineDestroy(r);
@@ -209,7 +238,7 @@ int main(int argc, char **argv) {
   }
   if (CU_initialize_registry() != CUE_SUCCESS) return 1;
   CU_pSuite s = CU_add_suite("rdma pair", pair_init, pair_cleanup);
-  CU_add_test(s, "auto picks rdma; TC and SL on the QP", test_auto_picks_rdma_with_qos);
+  CU_add_test(s, "rdma link; TC and SL on the QP", test_rdma_link_with_qos);
   CU_add_test(s, "WRITE then READ back, 1 B to 64 MiB", test_sizes);
   CU_add_test(s, "4096 scattered ops (more than a send queue)", test_big_batch);
   CU_add_test(s, "16 async requests in flight", test_async_window);
@@ -217,6 +246,7 @@ int main(int argc, char **argv) {
   CU_add_test(s, "registered after Connect; deregistered", test_register_after_connect);
   CU_pSuite o = CU_add_suite("rdma options and peers", NULL, NULL);
   CU_add_test(o, "HCCL_RDMA_TC / HCCL_RDMA_SL on the QP", test_env_qos);
+  CU_add_test(o, "auto: shm on one host first, then rdma", test_auto_order);
   CU_add_test(o, "peer without RDMA: auto -> tcp, rdma -> FAILED", test_peer_without_rdma);
   return tu_run_registry();
 }

@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -248,7 +250,19 @@ int tu_run_registry(void) {
 
 /* ---- engines ---- */
 
+const char *tu_transport(void) {
+  const char *t = getenv("HIXL_TEST_TRANSPORT");
+
+  if (t && *t) return t;
+  return getenv("HIXL_REQUIRE_RDMA") ? "rdma" : NULL;
+}
+
 HixlEngine *tu_engine_start(const char *local_engine) {
+  return tu_engine_start_with(local_engine, tu_transport());
+}
+
+HixlEngine *tu_engine_start_with(const char *local_engine, const char *transport) {
+  HixlOption opt = {.key = "Transport", .value = transport};
   HixlEngine *e = NULL;
   HixlStatus st;
 
@@ -257,10 +271,10 @@ HixlEngine *tu_engine_start(const char *local_engine) {
     fprintf(stderr, "HixlEngineCreate: %s: %s\n", HixlStatusName(st), HixlGetLastErrorMessage());
     return NULL;
   }
-  st = HixlEngineInitialize(e, local_engine, NULL, 0);
+  st = HixlEngineInitialize(e, local_engine, &opt, transport ? 1 : 0);
   if (st != HIXL_SUCCESS) {
-    fprintf(stderr, "HixlEngineInitialize(%s): %s: %s\n", local_engine, HixlStatusName(st),
-            HixlGetLastErrorMessage());
+    fprintf(stderr, "HixlEngineInitialize(%s, Transport %s): %s: %s\n", local_engine,
+            transport ? transport : "auto", HixlStatusName(st), HixlGetLastErrorMessage());
     HixlEngineDestroy(e);
     return NULL;
   }
@@ -525,6 +539,7 @@ void tu_shm_destroy(tu_shm *shm) {
 static int server_run(const tu_server_cfg *cfg, unsigned char *mem, int ready_fd, int ctl_fd) {
   tu_server_ready r;
   tu_cmd cmd;
+  HixlOption opt = {.key = "Transport", .value = NULL};
   HixlEngine *e = NULL;
   HixlMemHandle h = NULL;
   HixlMemDesc d;
@@ -540,9 +555,16 @@ static int server_run(const tu_server_cfg *cfg, unsigned char *mem, int ready_fd
     return 2;
   }
   if (cfg->seed) tu_fill(mem, cfg->mem_len, cfg->seed);
+  if (cfg->nondumpable && prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) {
+    r.status = HIXL_FAILED;
+    snprintf(r.error, sizeof(r.error), "child: prctl(PR_SET_DUMPABLE, 0): %s", strerror(errno));
+    tu_write_all(ready_fd, &r, sizeof(r));
+    return 2;
+  }
   st = HixlEngineCreate(&e);
   if (st != HIXL_SUCCESS) goto report;
-  st = HixlEngineInitialize(e, tu_addr(name, sizeof(name), cfg->port), NULL, 0);
+  opt.value = cfg->transport;
+  st = HixlEngineInitialize(e, tu_addr(name, sizeof(name), cfg->port), &opt, cfg->transport ? 1 : 0);
   if (st != HIXL_SUCCESS) goto report;
   d.addr = (uintptr_t)mem;
   d.len = cfg->mem_len;
@@ -588,11 +610,13 @@ int tu_child_main(int argc, char **argv) {
 
   n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
   self_exe[n > 0 ? n : 0] = '\0';
-  if (argc != 6 || strcmp(argv[1], CHILD_FLAG) != 0) return -1;
+  if (argc != 8 || strcmp(argv[1], CHILD_FLAG) != 0) return -1;
   memset(&cfg, 0, sizeof(cfg));
   cfg.port = (uint16_t)strtoul(argv[2], NULL, 10);
   cfg.mem_len = strtoull(argv[3], NULL, 10);
   cfg.seed = strtoull(argv[4], NULL, 10);
+  cfg.transport = strcmp(argv[6], "-") == 0 ? tu_transport() : argv[6];
+  cfg.nondumpable = strcmp(argv[7], "nondumpable") == 0;
   if (strcmp(argv[5], "shm") == 0) {
     mem = mmap(NULL, cfg.mem_len, PROT_READ | PROT_WRITE, MAP_SHARED, CHILD_SHM_FD, 0);
     close(CHILD_SHM_FD);
@@ -605,14 +629,34 @@ int tu_child_main(int argc, char **argv) {
   return rc;
 }
 
+int tu_become(uint32_t uid, uint32_t gid) {
+  if (uid == 0 && gid == 0) return 0;
+  if (setgroups(0, NULL) != 0 || setresgid(gid, gid, gid) != 0 || setresuid(uid, uid, uid) != 0) {
+    fprintf(stderr, "child: cannot become uid %u gid %u: %m\n", (unsigned)uid, (unsigned)gid);
+    return -1;
+  }
+  return 0;
+}
+
+const char *tu_self_exe(void) { return self_exe; }
+
 /* fork() body of tu_server_start: exec this program as a server child. */
 static int server_exec(void *arg, int ready_fd, int ctl_fd) {
   const tu_server_cfg *cfg = arg;
   char port[16], len[32], seed[32];
-  char *argv[] = {self_exe, CHILD_FLAG, port, len, seed, cfg->shared ? "shm" : "private", NULL};
+  char *argv[] = {self_exe,
+                  CHILD_FLAG,
+                  port,
+                  len,
+                  seed,
+                  cfg->shared ? "shm" : "private",
+                  cfg->transport ? (char *)cfg->transport : "-",
+                  cfg->nondumpable ? "nondumpable" : "dumpable",
+                  NULL};
 
   (void)ready_fd;
   (void)ctl_fd; /* tu_child_start put them at 3 and 4 already */
+  if (tu_become(cfg->uid, cfg->gid) != 0) return 126;
   snprintf(port, sizeof(port), "%u", (unsigned)cfg->port);
   snprintf(len, sizeof(len), "%zu", cfg->mem_len);
   snprintf(seed, sizeof(seed), "%llu", (unsigned long long)cfg->seed);

@@ -96,9 +96,18 @@ int tu_run_registry(void);
 
 /* ---- engines ---- */
 
-/** Create and initialize an engine as local_engine; NULL (and the reason on stderr)
- *  on failure. */
+/** The Transport option engines under test get: env HIXL_TEST_TRANSPORT when set
+ *  ("auto", "tcp", "rdma" or "shm"); else "rdma" in the soft-RoCE guest run
+ *  (HIXL_REQUIRE_RDMA), since there auto would pick shm between engines of one host
+ *  and that run exists for rdma; else NULL: no option, which means auto. */
+const char *tu_transport(void);
+
+/** Create and initialize an engine as local_engine with Transport tu_transport();
+ *  NULL (and the reason on stderr) on failure. */
 HixlEngine *tu_engine_start(const char *local_engine);
+
+/** The same with Transport given (NULL: no option, i.e. auto). */
+HixlEngine *tu_engine_start_with(const char *local_engine, const char *transport);
 
 /** Register [addr, addr + len) as host memory; NULL on failure. */
 HixlMemHandle tu_register(HixlEngine *engine, void *addr, size_t len);
@@ -163,11 +172,15 @@ int tu_shm_create(tu_shm *shm, size_t len);
 void tu_shm_destroy(tu_shm *shm);
 
 typedef struct {
-  uint16_t port;        /* listen on 127.0.0.1:port */
-  size_t mem_len;       /* bytes of memory to register */
-  const tu_shm *shared; /* register this shared memory (mem_len bytes of it), or NULL
-                         * to map private memory in the child */
-  uint64_t seed;        /* fill the memory with this pattern before registering; 0: as is */
+  uint16_t port;         /* listen on 127.0.0.1:port */
+  size_t mem_len;        /* bytes of memory to register */
+  const tu_shm *shared;  /* register this shared memory (mem_len bytes of it), or NULL
+                          * to map private memory in the child */
+  uint64_t seed;         /* fill the memory with this pattern before registering; 0: as is */
+  const char *transport; /* Transport of the child's engine; NULL: tu_transport() */
+  uint32_t uid, gid;     /* run the child as this user and group (setres[ug]id before the
+                          * exec; needs root); 0: as this process */
+  bool nondumpable;      /* prctl(PR_SET_DUMPABLE, 0) in the child before its engine starts */
 } tu_server_cfg;
 
 typedef struct {
@@ -193,6 +206,13 @@ typedef struct {
 /** Call first in main(argc, argv) of a program that uses tu_server_start: in a server
  *  child it runs the server and returns its exit code; otherwise it returns -1. */
 int tu_child_main(int argc, char **argv);
+
+/** In a forked child: drop every group and become uid/gid (real, effective, saved);
+ *  nothing to do when both are 0. 0 on success, -1 (reason on stderr) otherwise. */
+int tu_become(uint32_t uid, uint32_t gid);
+
+/** This program's path, as tu_child_main resolved it ("" before). */
+const char *tu_self_exe(void);
 
 /** Start a server child per cfg and wait for its readiness (timeout_ms). 0 when the
  *  child runs and serves (info filled), -1 otherwise (child reaped; info->status and

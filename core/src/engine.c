@@ -95,10 +95,6 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
   if (st != HIXL_SUCCESS) return st;
   st = hixl_options_parse(options, num_options, &opts);
   if (st != HIXL_SUCCESS) return st;
-  if (opts.transport == HIXL_TRANSPORT_SHM)
-    return hixl_fail(HIXL_UNSUPPORTED,
-                     "Transport \"%s\" is not available in this build yet; use auto, tcp or rdma",
-                     hixl_transport_name(opts.transport));
 
   pthread_mutex_lock(&e->lock);
   if (e->initialized) {
@@ -110,7 +106,10 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
   e->local_addr = sa;
   e->stopping = false;
   snprintf(e->local_name, sizeof(e->local_name), "%s", local_engine);
-  if (opts.transport != HIXL_TRANSPORT_TCP && (st = erdma_open(e)) != HIXL_SUCCESS) goto unlock;
+  if ((st = eshm_open(e)) != HIXL_SUCCESS) goto unlock;
+  if ((opts.transport == HIXL_TRANSPORT_AUTO || opts.transport == HIXL_TRANSPORT_RDMA) &&
+      (st = erdma_open(e)) != HIXL_SUCCESS)
+    goto unlock;
   e->listen_fd = has_port ? sock_listen(&sa, 0, &st) : -1;
   if (has_port && e->listen_fd < 0) goto close_rdma;
   if (link_start(e, &st) < 0) {
@@ -140,6 +139,9 @@ HixlStatus HixlEngineFinalize(HixlEngine *e) {
   pthread_mutex_unlock(&e->lock);
   link_stop(e);
   pthread_mutex_lock(&e->lock);
+  /* A caller may still be inside an shm copy (lock released): its chunks hold
+   * registrations that are about to be freed. Its link is dead, so it stops there. */
+  while (e->shm_copying > 0) pthread_cond_wait(&e->cond, &e->lock);
   link_free_graveyard(e);
   while (e->peers) peer_free(e, e->peers);
   for (size_t i = 0; i < e->regs.count; i++) {
@@ -273,14 +275,14 @@ HixlStatus HixlEngineDeregisterMem(HixlEngine *e, HixlMemHandle handle) {
 
 /* Exchange HELLO / HELLO_ACK on a fresh blocking socket; fills the peer. */
 static HixlStatus handshake(HixlEngine *e, int fd, const char *remote, uint64_t deadline, struct peer *p,
-                            struct ibv_qp **qp) {
+                            struct ibv_qp **qp, struct shm_peer **shm) {
   uint8_t hello[WIRE_HDR_LEN + 6 + WIRE_MAX_NAME], hb[WIRE_HDR_LEN];
   struct wire_wr w;
   struct wire_hdr h;
   struct wire_msg m;
   HixlStatus st;
   wire_begin(&w, hello, sizeof(hello), WIRE_HELLO);
-  wire_put_u32(&w, WIRE_CAP_TCP_DATA | (e->has_rdma ? WIRE_CAP_RDMA : 0));
+  wire_put_u32(&w, WIRE_CAP_TCP_DATA | (e->has_rdma ? WIRE_CAP_RDMA : 0) | eshm_caps(e));
   wire_put_u16(&w, (uint16_t)strlen(e->local_name));
   wire_put_bytes(&w, e->local_name, strlen(e->local_name));
   st = sock_send_all(fd, hello, wire_end(&w, 0), deadline);
@@ -316,7 +318,17 @@ static HixlStatus handshake(HixlEngine *e, int fd, const char *remote, uint64_t 
   size_t left = m.u.hello_ack.entries_len;
   struct wire_mem_entry me;
   while (wire_mem_entry_next(&cur, &left, &me)) link_peer_add_mem(p, &me);
-  /* Data path: rdma when both ends have it (auto or rdma), else tcp. */
+  /* Data path: shm for a peer on this host that the kernel lets us reach (auto or
+   * shm), else rdma when both ends have it (auto or rdma), else tcp. */
+  if (e->shm_on && (m.u.hello_ack.caps & WIRE_CAP_SHM)) {
+    if ((st = eshm_connect(e, fd, deadline, remote, p, shm)) != HIXL_SUCCESS || *shm) goto out;
+  } else if (e->opts.transport == HIXL_TRANSPORT_SHM) {
+    st = hixl_fail(HIXL_FAILED,
+                   "HixlEngineConnect: Transport is shm but %s does not offer same-host copies (its "
+                   "Transport is tcp or rdma, or it cannot read its boot id)",
+                   remote);
+    goto out;
+  }
   if (e->has_rdma && (m.u.hello_ack.caps & WIRE_CAP_RDMA))
     st = erdma_connect(e, fd, deadline, remote, p, qp);
   else if (e->opts.transport == HIXL_TRANSPORT_RDMA)
@@ -349,7 +361,8 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
   int fd = sock_connect(&sa, deadline, &st);
   if (fd < 0) goto free_peer;
   struct ibv_qp *qp = NULL;
-  st = handshake(e, fd, remote, deadline, p, &qp);
+  struct shm_peer *shm = NULL;
+  st = handshake(e, fd, remote, deadline, p, &qp, &shm);
   if (st != HIXL_SUCCESS) goto close_fd;
 
   if ((st = engine_enter(e, "HixlEngineConnect")) != HIXL_SUCCESS) goto close_fd;
@@ -363,6 +376,7 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
   struct conn *c = link_conn_new(e, fd, CONN_INITIATOR);
   if (c) c->rx = RX_PARKED; /* nothing is owed yet; a hang-up still wakes the thread */
   if (c) c->qp = qp;
+  if (c) c->shm = shm;
   if (!c || link_conn_watch(c) < 0) {
     pthread_mutex_unlock(&e->lock);
     if (c) {
@@ -372,6 +386,7 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: cannot set up the link to %s", remote);
     goto close_fd;
   }
+  if (shm) shm->conn = c;
   snprintf(c->remote_name, sizeof(c->remote_name), "%s", p->remote_name[0] ? p->remote_name : remote);
   c->peer = p;
   p->conn = c;
@@ -382,6 +397,7 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
   return HIXL_SUCCESS;
 close_fd:
   rdma_qp_free(qp);
+  eshm_peer_put(shm);
   close(fd);
 free_peer:
   for (size_t i = 0; i < p->rtab.count; i++) free(p->rtab.v[i]);
@@ -514,8 +530,8 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
   /* An op is refused whole, before anything is sent, unless its remote range lies in
    * one registration the peer advertised. On a miss, one SYNC round trip brings the
    * table up to date (the peer may have registered it a moment ago). */
-  if (c->qp) {
-    link_take_pending(c); /* the table must be current before anything is posted */
+  if (c->qp || c->shm) {
+    link_take_pending(c); /* the table must be current before anything is posted or copied */
     if (!(c = link_for(e, remote, fn, &st))) goto unlock;
   }
   size_t miss = remote_miss(c, descs, count);
@@ -569,6 +585,8 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
       ch->seq = c->next_seq++;
       ch->kind = op == HIXL_READ ? CHUNK_READ : CHUNK_WRITE;
       ch->tx.chunk = ch;
+      /* shm: copied by the caller or the progress thread, no frame */
+      if (c->shm) continue;
       if (c->qp) { /* one-sided: posted as a work request, no frame */
         ch->rkey = rm->rkey;
         ch->next_pending = NULL;
@@ -589,9 +607,10 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
       link_enqueue(c, &ch->tx);
     }
   }
+  /* shm: a sync caller copies in link_drive; an async request goes to eshm_async. */
   if (c->qp)
     erdma_post(c, ERDMA_CALLER_POST); /* completions post the rest, in steps */
-  else
+  else if (!c->shm)
     link_flush_some(c, LINK_CALLER_SEND); /* start here; the progress thread or driver goes on */
   *out = r;
   *out_conn = c;
@@ -622,7 +641,10 @@ HixlStatus HixlEngineTransferAsync(HixlEngine *e, const char *remote, HixlTransf
   if (st != HIXL_SUCCESS) return st;
   r->is_async = true;
   r->user_data = user_data;
-  link_unpark(c); /* nobody waits in a call: the progress thread receives the answers */
+  if (c->shm)
+    eshm_async(c, r); /* copied now or queued; c may be gone after a copy */
+  else
+    link_unpark(c); /* nobody waits in a call: the progress thread receives the answers */
   pthread_mutex_lock(&e->req_lock);
   int added = ptrset_add(&e->reqs, r);
   pthread_mutex_unlock(&e->req_lock);
@@ -855,6 +877,8 @@ HixlStatus hixl_engine_link_info(HixlEngine *e, const char *remote, struct hixl_
   if (c) {
     memset(info, 0, sizeof(*info));
     info->rdma = c->qp != NULL;
+    snprintf(info->transport, sizeof(info->transport), "%s", c->shm ? "shm" : c->qp ? "rdma" : "tcp");
+    info->peer_pid = c->shm ? c->shm->pid : 0;
     if (c->qp) {
       info->qpn = rdma_qp_num(c->qp);
       snprintf(info->device, sizeof(info->device), "%s", e->rdma.name);

@@ -26,13 +26,15 @@ HixlStatus hixl_engine_remote_mems(HixlEngine *e, const char *remote, int32_t ti
 
 /* How a link to remote moves data, for tests and diagnostics. */
 struct hixl_link_info {
-  int rdma;        /* 1: RDMA queue pair; 0: tcp */
+  int rdma;        /* 1: RDMA queue pair; 0: tcp or shm (see transport) */
   uint32_t qpn;    /* local QP number */
   char device[64]; /* RDMA device name */
   uint8_t tc_set;  /* traffic class and SL given to the QP */
   uint8_t sl_set;
   uint8_t tc_queried; /* as ibv_query_qp reports them (rxe reports SL 0: it drops it) */
   uint8_t sl_queried;
+  char transport[8]; /* "tcp", "rdma" or "shm" */
+  uint32_t peer_pid; /* shm: the target process copies go to and from */
 };
 HixlStatus hixl_engine_link_info(HixlEngine *e, const char *remote, struct hixl_link_info *info);
 

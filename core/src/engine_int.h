@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "cma.h"
 #include "hixl/hixl_engine.h"
 #include "memtab.h"
 #include "options.h"
@@ -82,6 +83,18 @@ struct hixl_transfer_req {
 
 enum conn_role { CONN_TARGET_HELLO, CONN_TARGET, CONN_INITIATOR };
 
+/* shm: the peer process an initiator link copies to and from (process_vm_*). Copies
+ * run without the engine lock and hold a reference, so a link that dies meanwhile
+ * cannot take this away from under them. Lock held for every field. */
+struct shm_peer {
+  uint32_t refs;     /* the link's, plus one per copy in progress */
+  uint32_t pid, uid; /* the target process, as it named itself and the probe proved */
+  int pidfd;         /* -1 where pidfd_open is missing */
+  struct conn *conn; /* NULL once the link died */
+  char name[WIRE_MAX_NAME + 1];
+  char why[384]; /* why the link died, once it did */
+};
+
 struct peer;
 
 struct conn {
@@ -116,6 +129,12 @@ struct conn {
   struct chunk *rpend_head, *rpend_tail; /* posted, in completion order */
   uint32_t sq_used;                      /* WRs posted and not yet completed */
   uint32_t unsignaled;                   /* WRs posted since the last signaled one */
+  /* shm data path (initiator: copies; target: only shows the probe) */
+  struct shm_peer *shm;
+  struct chunk *sq_head, *sq_tail;  /* async chunks waiting for the progress thread */
+  uint64_t shm_turn;                /* progress-thread round that last served this link */
+  uint8_t shm_nonce[CMA_NONCE_LEN]; /* target: what an initiator's probe must read */
+  bool shm_nonce_set;
 };
 
 struct peer {
@@ -147,6 +166,11 @@ struct HixlEngine {
   struct conn *graveyard; /* killed, freed by the progress thread after a batch */
   struct rdma_dev rdma;   /* opened when the engine uses RDMA */
   bool has_rdma;
+  bool shm_on;              /* Transport auto or shm, and this host's identity is known */
+  struct cma_self self;     /* boot id, pid and uid told to shm peers */
+  size_t shm_queued;        /* async shm chunks waiting, on every link */
+  uint32_t shm_copying;     /* threads inside a copy, lock released; Finalize waits for 0 */
+  uint64_t shm_round;       /* progress-thread rounds over links with shm work */
   struct ptrset reqs;       /* async requests the caller holds; under req_lock too */
   pthread_mutex_t req_lock; /* taken after lock, or alone to poll a WAITING request */
   struct notify_item *notifies;
@@ -191,5 +215,20 @@ void erdma_post(struct conn *c, size_t budget);
 void erdma_on_cq(struct HixlEngine *e);
 void erdma_conn_kill(struct conn *c, HixlStatus st, const char *msg);
 size_t link_mem_entry_len(const struct hixl_mem_reg *r);
+
+/* engine_shm.c */
+HixlStatus eshm_open(struct HixlEngine *e);
+uint32_t eshm_caps(const struct HixlEngine *e);
+HixlStatus eshm_connect(struct HixlEngine *e, int fd, uint64_t deadline, const char *remote, struct peer *p,
+                        struct shm_peer **out);
+void eshm_peer_put(struct shm_peer *s);
+void eshm_target_hello(struct conn *c, const struct wire_msg *m);
+void eshm_run_sync(struct conn *c, struct hixl_transfer_req *r);
+void eshm_async(struct conn *c, struct hixl_transfer_req *r);
+bool eshm_progress(struct HixlEngine *e);
+void eshm_conn_kill(struct conn *c, HixlStatus st, const char *msg);
+#define ESHM_STEP        (16u << 20) /* bytes per copy step: deadlines are checked between steps */
+#define ESHM_STEP_CHUNKS 1024u       /* chunks per progress-thread step */
+#define ESHM_CALLER_COPY (64u << 10) /* an async request this small is copied by its caller */
 
 #endif

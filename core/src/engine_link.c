@@ -100,6 +100,7 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
   c->pay_reg = NULL;
   if (c->pay_chunk) link_chunk_end(c->pay_chunk, st, msg); /* READ data cut off mid-payload */
   erdma_conn_kill(c, st, msg);
+  eshm_conn_kill(c, st, msg);
   c->pay_chunk = NULL;
   c->pay_left = 0;
   /* Unsent frames: chunks end with the link's fate, responses are dropped. */
@@ -320,7 +321,7 @@ static void send_hello_ack(struct conn *c, uint32_t status) {
   }
   wire_begin(&w, buf, cap, WIRE_HELLO_ACK);
   wire_put_u32(&w, status);
-  wire_put_u32(&w, WIRE_CAP_TCP_DATA | (e->has_rdma ? WIRE_CAP_RDMA : 0));
+  wire_put_u32(&w, WIRE_CAP_TCP_DATA | (e->has_rdma ? WIRE_CAP_RDMA : 0) | eshm_caps(e));
   wire_put_u16(&w, (uint16_t)strlen(e->local_name));
   wire_put_bytes(&w, e->local_name, strlen(e->local_name));
   wire_put_u32(&w, status == WIRE_HELLO_OK ? (uint32_t)e->regs.count : 0);
@@ -379,6 +380,7 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
     return;
   }
   case WIRE_RDMA_CONNECT: erdma_target_connect(c, m); return;
+  case WIRE_SHM_HELLO: eshm_target_hello(c, m); return;
   case WIRE_SYNC: {
     size_t len = wire_put_ack(frame, WIRE_SYNC_ACK, m->u.ack.seq, HIXL_SUCCESS, 0);
     if (queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
@@ -507,7 +509,7 @@ static bool type_allowed(enum conn_role role, unsigned type) {
   case CONN_TARGET_HELLO: return type == WIRE_HELLO;
   case CONN_TARGET:
     return type == WIRE_WRITE_REQ || type == WIRE_READ_REQ || type == WIRE_NOTIFY || type == WIRE_SYNC ||
-           type == WIRE_RDMA_CONNECT;
+           type == WIRE_RDMA_CONNECT || type == WIRE_SHM_HELLO;
   case CONN_INITIATOR:
     return type == WIRE_WRITE_ACK || type == WIRE_READ_RESP || type == WIRE_NOTIFY_ACK ||
            type == WIRE_SYNC_ACK || type == WIRE_MEM_ADD || type == WIRE_MEM_DEL;
@@ -658,6 +660,10 @@ bool link_alive(struct conn *c) {
  * caller drives a link; others wait on the condition variable as usual. */
 void link_drive(struct conn *c, struct hixl_transfer_req *r) {
   struct HixlEngine *e = c->eng;
+  if (c->shm && !c->dead && (r->chunks[0].kind == CHUNK_WRITE || r->chunks[0].kind == CHUNK_READ)) {
+    eshm_run_sync(c, r); /* the caller copies; c may be gone afterwards */
+    return;
+  }
   if (c->dead || c->rx == RX_CALLER) return;
   if (c->qp && (r->chunks[0].kind == CHUNK_WRITE || r->chunks[0].kind == CHUNK_READ)) {
     link_unpark(c); /* RDMA data completes on the CQ (progress thread); TCP frames still need a reader */
@@ -713,8 +719,9 @@ static void accept_all(struct HixlEngine *e) {
 static void *progress_main(void *arg) {
   struct HixlEngine *e = arg;
   struct epoll_event evs[64];
+  int wait_ms = -1; /* 0 while async shm copies are queued */
   for (;;) {
-    int n = epoll_wait(e->epfd, evs, 64, -1);
+    int n = epoll_wait(e->epfd, evs, 64, wait_ms);
     if (n < 0 && errno != EINTR) {
       log_error("epoll_wait: %s", strerror(errno));
       break;
@@ -742,6 +749,7 @@ static void *progress_main(void *arg) {
         if (!c->dead && (ev & EPOLLOUT)) link_flush(c);
       }
     }
+    wait_ms = eshm_progress(e) ? 0 : -1; /* one step per link, then events get a turn */
     link_free_graveyard(e);
     pthread_mutex_unlock(&e->lock);
   }

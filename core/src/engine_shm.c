@@ -1,0 +1,349 @@
+/* engine_shm: the same-host data path of a link. When both engines run on one host
+ * (same boot id) and the kernel lets the initiator reach the target's memory, data
+ * moves in one copy between the two processes with process_vm_writev (WRITE) and
+ * process_vm_readv (READ), many ops per call; the target's CPU does nothing, as
+ * with RDMA. The TCP link stays up for control: memory tables, SYNC, NOTIFY, and
+ * noticing that the peer went away.
+ *
+ * Connect: the initiator sends SHM_HELLO; the target answers SHM_HELLO_ACK with its
+ * boot id, pid, uid, and the address of 16 random bytes in its own memory. The
+ * initiator reads those bytes from that pid with process_vm_readv: a match proves
+ * the kernel allows the copies and that the pid is the peer (not a process of
+ * another PID namespace, nor one a remote peer named). A refusal (EPERM: other
+ * user, Yama ptrace_scope, a non-dumpable target) is logged and auto goes on to rdma
+ * or tcp; Transport shm fails Connect with the reason.
+ *
+ * Data: a sync transfer is copied by its caller's thread, an async one by the
+ * progress thread in steps of ESHM_STEP bytes (small ones by the submitter), both
+ * with the engine lock released during the copy. A copy that finds the peer gone
+ * (ESRCH, or its pidfd says it exited) breaks the link. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "engine_int.h"
+#include "log.h"
+#include "sock.h"
+#include "status_int.h"
+
+HixlStatus eshm_open(struct HixlEngine *e) {
+  bool must = e->opts.transport == HIXL_TRANSPORT_SHM;
+  e->shm_on = false;
+  if (!must && e->opts.transport != HIXL_TRANSPORT_AUTO) return HIXL_SUCCESS;
+  if (cma_self_get(&e->self) != 0) {
+    if (must)
+      return hixl_fail(HIXL_FAILED,
+                       "HixlEngineInitialize: Transport shm: cannot read this host's boot id from "
+                       "/proc/sys/kernel/random/boot_id (%s); is /proc mounted?",
+                       strerror(errno));
+    log_info("engine %s: no boot id (/proc/sys/kernel/random/boot_id: %s): no same-host copies",
+             e->local_name, strerror(errno));
+    return HIXL_SUCCESS;
+  }
+  e->shm_on = true;
+  return HIXL_SUCCESS;
+}
+
+uint32_t eshm_caps(const struct HixlEngine *e) { return e->shm_on ? WIRE_CAP_SHM : 0; }
+
+void eshm_peer_put(struct shm_peer *s) {
+  if (!s || --s->refs > 0) return;
+  if (s->pidfd >= 0) close(s->pidfd);
+  free(s);
+}
+
+/* ---- Connect ---- */
+
+/* Receive the next frame that is not MEM_ADD / MEM_DEL (registrations the target
+ * makes meanwhile come first and are applied to p) into buf: header, then body. */
+static HixlStatus recv_answer(int fd, uint64_t deadline, struct peer *p, uint8_t *buf, size_t cap,
+                              struct wire_hdr *h) {
+  HixlStatus st;
+  for (;;) {
+    struct wire_msg m;
+    if ((st = sock_recv_all(fd, buf, WIRE_HDR_LEN, deadline)) != HIXL_SUCCESS) return st;
+    if (wire_parse_hdr(buf, h) != WIRE_OK || WIRE_HDR_LEN + h->body_len > cap)
+      return hixl_fail(HIXL_FAILED, "malformed frame");
+    if ((st = sock_recv_all(fd, buf + WIRE_HDR_LEN, h->body_len, deadline)) != HIXL_SUCCESS) return st;
+    if (h->type != WIRE_MEM_ADD && h->type != WIRE_MEM_DEL) return HIXL_SUCCESS;
+    if (wire_decode(h, buf + WIRE_HDR_LEN, &m) != WIRE_OK) return hixl_fail(HIXL_FAILED, "malformed frame");
+    if (h->type == WIRE_MEM_ADD) {
+      link_peer_add_mem(p, &m.u.mem);
+    } else {
+      struct memtab_entry *ent = memtab_find_exact(&p->rtab, m.u.mem.addr, m.u.mem.len);
+      if (ent && memtab_remove(&p->rtab, ent)) free(ent);
+    }
+  }
+}
+
+/* Initiator, during Connect (blocking socket, no lock held). */
+HixlStatus eshm_connect(struct HixlEngine *e, int fd, uint64_t deadline, const char *remote, struct peer *p,
+                        struct shm_peer **out) {
+  uint8_t buf[WIRE_HDR_LEN + WIRE_SHM_HELLO_ACK_LEN + WIRE_SHM_EXT_MAX];
+  uint8_t probe[CMA_NONCE_LEN];
+  bool must = e->opts.transport == HIXL_TRANSPORT_SHM;
+  char why[384] = "";
+  struct wire_wr w;
+  struct wire_hdr h;
+  struct wire_msg m;
+  HixlStatus st;
+  int pidfd = -1;
+
+  *out = NULL;
+  wire_begin(&w, buf, sizeof(buf), WIRE_SHM_HELLO);
+  wire_put_shm_id(&w, e->self.boot_id, e->self.pid, e->self.uid);
+  if ((st = sock_send_all(fd, buf, wire_end(&w, 0), deadline)) != HIXL_SUCCESS ||
+      (st = recv_answer(fd, deadline, p, buf, sizeof(buf), &h)) != HIXL_SUCCESS)
+    return hixl_fail(st, "HixlEngineConnect: shm handshake with %s: %s", remote, HixlGetLastErrorMessage());
+  if (h.type != WIRE_SHM_HELLO_ACK || wire_decode(&h, buf + WIRE_HDR_LEN, &m) != WIRE_OK)
+    return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s answered SHM_HELLO with a malformed %s", remote,
+                     wire_type_name(h.type));
+  if (m.u.shm.status != WIRE_HELLO_OK) {
+    snprintf(why, sizeof(why), "%s does not offer same-host copies", remote);
+  } else if (memcmp(m.u.shm.boot_id, e->self.boot_id, CMA_BOOT_ID_LEN) != 0) {
+    snprintf(why, sizeof(why), "%s runs on another host (its boot id differs)", remote);
+  } else {
+    int err = 0;
+    struct cma_seg seg = {probe, m.u.shm.probe_addr, sizeof(probe)};
+    /* The pidfd first: it then names the process the probe reaches, not a later one
+     * that might reuse the pid. */
+    pidfd = cma_pidfd_open(m.u.shm.pid);
+    if (pidfd < 0 && errno != ENOSYS) err = errno;
+    if (err == 0 && cma_copy(m.u.shm.pid, false, &seg, 1, &err) == sizeof(probe) &&
+        memcmp(probe, m.u.shm.nonce, sizeof(probe)) != 0)
+      snprintf(why, sizeof(why),
+               "pid %u, which %s named, does not hold its probe bytes: another process (a separate PID "
+               "namespace?)",
+               m.u.shm.pid, remote);
+    else if (err != 0)
+      cma_explain(err, m.u.shm.pid, m.u.shm.uid, why, sizeof(why));
+  }
+  if (why[0]) {
+    if (pidfd >= 0) close(pidfd);
+    if (must) return hixl_fail(HIXL_FAILED, "HixlEngineConnect: Transport is shm, but %s", why);
+    log_info("link to %s: no same-host copies (%s); trying %s", remote, why, e->has_rdma ? "rdma" : "tcp");
+    return HIXL_SUCCESS;
+  }
+  struct shm_peer *s = calloc(1, sizeof(*s));
+  if (!s) {
+    if (pidfd >= 0) close(pidfd);
+    return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: out of memory");
+  }
+  s->refs = 1;
+  s->pid = m.u.shm.pid;
+  s->uid = m.u.shm.uid;
+  s->pidfd = pidfd;
+  snprintf(s->name, sizeof(s->name), "%s", remote);
+  log_info("link to %s: shm, one copy to and from pid %u (uid %u)", remote, s->pid, s->uid);
+  *out = s;
+  return HIXL_SUCCESS;
+}
+
+/* Target, in the progress thread: answer SHM_HELLO with this process's identity and
+ * the address of bytes only this link knows. */
+void eshm_target_hello(struct conn *c, const struct wire_msg *m) {
+  struct HixlEngine *e = c->eng;
+  uint8_t buf[WIRE_HDR_LEN + WIRE_SHM_HELLO_ACK_LEN];
+  uint32_t status = WIRE_HELLO_REFUSED;
+  struct wire_wr w;
+  if (e->shm_on && !c->shm_nonce_set)
+    c->shm_nonce_set = getrandom(c->shm_nonce, sizeof(c->shm_nonce), 0) == (ssize_t)sizeof(c->shm_nonce);
+  if (e->shm_on && c->shm_nonce_set) status = WIRE_HELLO_OK;
+  wire_begin(&w, buf, sizeof(buf), WIRE_SHM_HELLO_ACK);
+  wire_put_u32(&w, status);
+  wire_put_shm_id(&w, e->self.boot_id, e->self.pid, e->self.uid);
+  wire_put_u64(&w, status == WIRE_HELLO_OK ? (uint64_t)(uintptr_t)c->shm_nonce : 0);
+  if (status == WIRE_HELLO_OK)
+    wire_put_bytes(&w, c->shm_nonce, sizeof(c->shm_nonce));
+  else
+    for (int i = 0; i < 4; i++) wire_put_u32(&w, 0);
+  size_t n = wire_end(&w, 0);
+  uint8_t *heap = malloc(n);
+  struct txitem *it = calloc(1, sizeof(*it));
+  if (!heap || !it) {
+    free(heap);
+    free(it);
+    link_conn_kill(c, HIXL_FAILED, "out of memory");
+    return;
+  }
+  memcpy(heap, buf, n);
+  it->heap = heap;
+  it->heap_len = n;
+  link_enqueue(c, it);
+  log_info("link from %s: %s (peer pid %u uid %u)", c->remote_name,
+           status == WIRE_HELLO_OK ? "offered same-host copies" : "refused same-host copies", m->u.shm.pid,
+           m->u.shm.uid);
+}
+
+/* ---- data ---- */
+
+/* Whether err means the peer process can no longer be reached at all. */
+static bool fatal_errno(int err) { return err == ESRCH || err == EPERM || err == EACCES; }
+
+/* Copy v[0..n) (chunks of one kind) to or from s's process with the lock released,
+ * then end each chunk. A range the kernel refuses (EFAULT: unmapped on either side)
+ * fails alone; a peer that is gone breaks the link and fails the rest. Lock held on
+ * entry and on return; v's chunks must not be on any queue. */
+static void shm_copy(struct HixlEngine *e, struct shm_peer *s, struct chunk *const *v, size_t n,
+                     struct cma_seg *segs) {
+  bool write = v[0]->kind == CHUNK_WRITE;
+  const char *call = write ? "process_vm_writev" : "process_vm_readv";
+  size_t pos = 0;
+  for (size_t k = 0; k < n; k++) segs[k] = (struct cma_seg){v[k]->laddr, v[k]->raddr, v[k]->len};
+  s->refs++;
+  while (pos < n) {
+    int err = 0;
+    size_t bytes = 0;
+    if (!s->conn) { /* the link died: Disconnect, Finalize, or the peer went away */
+      while (pos < n) link_chunk_end(v[pos++], HIXL_FAILED, s->why);
+      break;
+    }
+    e->shm_copying++;
+    pthread_mutex_unlock(&e->lock);
+    if (cma_pid_exited(s->pidfd))
+      err = ESRCH;
+    else
+      bytes = cma_copy(s->pid, write, segs + pos, n - pos, &err);
+    pthread_mutex_lock(&e->lock);
+    if (--e->shm_copying == 0) pthread_cond_broadcast(&e->cond);
+    for (; pos < n && bytes >= segs[pos].len; pos++) {
+      bytes -= segs[pos].len;
+      link_chunk_end(v[pos], HIXL_SUCCESS, "");
+    }
+    if (pos == n) break;
+    char why[384];
+    if (!fatal_errno(err)) { /* this range only; the next ones may well work */
+      snprintf(why, sizeof(why),
+               "%s with pid %u failed on remote [0x%llx, +%u) / local %p: %s (memory unmapped on one side "
+               "while registered?)",
+               call, s->pid, (unsigned long long)v[pos]->raddr, v[pos]->len, (void *)v[pos]->laddr,
+               strerror(err));
+      log_warn("link to %s: %s", s->name, why);
+      link_chunk_end(v[pos++], HIXL_FAILED, why);
+      continue;
+    }
+    char msg[sizeof(why) + sizeof(s->name) + 16];
+    if (err == ESRCH)
+      snprintf(why, sizeof(why), "the peer process (pid %u) has exited (%s: no such process)", s->pid, call);
+    else
+      snprintf(why, sizeof(why), "%s on pid %u is no longer permitted: %s", call, s->pid, strerror(err));
+    if (s->conn) link_conn_kill(s->conn, HIXL_FAILED, why);
+    snprintf(msg, sizeof(msg), "link to %s: %s", s->name, why);
+    while (pos < n) link_chunk_end(v[pos++], HIXL_FAILED, msg);
+  }
+  eshm_peer_put(s);
+}
+
+/* A sync request on an shm link: its caller copies it, step by step. Lock held. */
+void eshm_run_sync(struct conn *c, struct hixl_transfer_req *r) {
+  struct HixlEngine *e = c->eng;
+  struct shm_peer *s = c->shm; /* c may die while a copy runs: only s from here on */
+  struct chunk *vbuf[16], **v = vbuf;
+  struct cma_seg sbuf[16], *segs = sbuf;
+  size_t n = r->nchunks, i = 0;
+  if (n > 16) {
+    v = malloc(n * sizeof(*v));
+    segs = malloc(n * sizeof(*segs));
+    if (!v || !segs) {
+      free(v);
+      free(segs);
+      for (size_t k = 0; k < n; k++) link_chunk_end(&r->chunks[k], HIXL_RESOURCE_EXHAUSTED, "out of memory");
+      return;
+    }
+  }
+  s->refs++;
+  while (i < n) {
+    size_t j = i, bytes = 0;
+    if (hixl_now_ns() >= r->deadline_ns) {
+      while (i < n) link_chunk_end(&r->chunks[i++], HIXL_TIMEOUT, "request timed out before it was copied");
+      break;
+    }
+    for (; j < n && (j == i || bytes + r->chunks[j].len <= ESHM_STEP); j++) {
+      v[j - i] = &r->chunks[j];
+      bytes += r->chunks[j].len;
+    }
+    shm_copy(e, s, v, j - i, segs);
+    i = j;
+  }
+  eshm_peer_put(s);
+  if (v != vbuf) {
+    free(v);
+    free(segs);
+  }
+}
+
+/* An async request on an shm link: copied here when small and nothing waits before
+ * it, else queued for the progress thread. Lock held; c is not used after a copy. */
+void eshm_async(struct conn *c, struct hixl_transfer_req *r) {
+  struct HixlEngine *e = c->eng;
+  uint64_t bytes = 0;
+  for (uint32_t k = 0; k < r->nchunks; k++) bytes += r->chunks[k].len;
+  if (!c->sq_head && bytes <= ESHM_CALLER_COPY && r->nchunks <= 16) {
+    eshm_run_sync(c, r);
+    return;
+  }
+  for (uint32_t k = 0; k < r->nchunks; k++) {
+    struct chunk *ch = &r->chunks[k];
+    ch->next_pending = NULL;
+    if (c->sq_tail)
+      c->sq_tail->next_pending = ch;
+    else
+      c->sq_head = ch;
+    c->sq_tail = ch;
+  }
+  e->shm_queued += r->nchunks;
+  uint64_t one = 1;
+  (void)!write(e->evfd, &one, sizeof(one));
+}
+
+/* Progress thread, between event batches: one step for each link with queued work.
+ * Returns whether work is left (the thread then polls instead of sleeping). Lock
+ * held; released during each copy. */
+bool eshm_progress(struct HixlEngine *e) {
+  struct chunk *v[ESHM_STEP_CHUNKS];
+  struct cma_seg segs[ESHM_STEP_CHUNKS];
+  if (e->shm_queued == 0) return false;
+  uint64_t round = ++e->shm_round;
+  for (;;) {
+    /* Links change while a copy runs: look again from the head every time. */
+    struct conn *c = e->conns;
+    while (c && (c->dead || !c->sq_head || c->shm_turn == round)) c = c->next;
+    if (!c) break;
+    c->shm_turn = round;
+    size_t n = 0, bytes = 0;
+    uint64_t now = hixl_now_ns();
+    while (c->sq_head && n < ESHM_STEP_CHUNKS && bytes < ESHM_STEP) {
+      struct chunk *ch = c->sq_head;
+      if (n > 0 && ch->kind != v[0]->kind) break;
+      if (!(c->sq_head = ch->next_pending)) c->sq_tail = NULL;
+      e->shm_queued--;
+      if (ch->req->cancelled || now >= ch->req->deadline_ns) {
+        link_chunk_end(ch, HIXL_TIMEOUT, "request timed out before it was copied");
+        continue;
+      }
+      v[n++] = ch;
+      bytes += ch->len;
+    }
+    if (n > 0) shm_copy(e, c->shm, v, n, segs);
+  }
+  return e->shm_queued > 0;
+}
+
+/* The link is dying: end what waits on it and let go of the peer process. */
+void eshm_conn_kill(struct conn *c, HixlStatus st, const char *msg) {
+  struct chunk *ch;
+  while ((ch = c->sq_head)) {
+    if (!(c->sq_head = ch->next_pending)) c->sq_tail = NULL;
+    c->eng->shm_queued--;
+    link_chunk_end(ch, st, msg);
+  }
+  if (c->shm) {
+    snprintf(c->shm->why, sizeof(c->shm->why), "%s", msg);
+    c->shm->conn = NULL;
+    eshm_peer_put(c->shm);
+    c->shm = NULL;
+  }
+}
