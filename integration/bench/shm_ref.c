@@ -1,0 +1,355 @@
+/* hixl-shm-ref: the same-host (Transport shm) figures of issue 4 and their references,
+ * measured in one run on one machine:
+ *   - single-thread memcpy between two buffers of this process, block by block;
+ *   - one process_vm_readv call per block from a second process (the reference the
+ *     issue names for small blocks);
+ *   - hixl WRITE and READ over Transport shm (HixlEngineTransferSync), one op per call
+ *     and batches, from this process to an engine in the second process.
+ * Every figure walks the same span of memory block by block and is the median of
+ * --rounds rounds, all figures interleaved in each round. The initiator runs on CPU
+ * --cpu-initiator, the target on --cpu-target. --thp backs every buffer with
+ * transparent huge pages (madvise MADV_HUGEPAGE). GB/s is 10^9 bytes per second.
+ * The data is checked byte for byte once before and once after the measurements. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sched.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hixl/hixl.h"
+
+#define KiB ((size_t)1 << 10)
+#define MiB ((size_t)1 << 20)
+
+static struct {
+  size_t span;
+  double seconds;
+  int rounds;
+  bool thp;
+  int cpu_init, cpu_target;
+} o = {64 * MiB, 0.5, 3, false, 0, 1};
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void pin(int cpu) {
+  cpu_set_t s;
+  CPU_ZERO(&s);
+  CPU_SET(cpu, &s);
+  if (cpu >= 0 && sched_setaffinity(0, sizeof(s), &s) != 0) perror("sched_setaffinity");
+}
+
+static unsigned char *buf_new(size_t len, unsigned char fill) {
+  unsigned char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    perror("mmap");
+    exit(1);
+  }
+  if (o.thp && madvise(p, len, MADV_HUGEPAGE) != 0) perror("madvise(MADV_HUGEPAGE)");
+  memset(p, fill, len);
+  return p;
+}
+
+static void die_st(HixlStatus st, const char *what) {
+  if (st == HIXL_SUCCESS) return;
+  fprintf(stderr, "hixl-shm-ref: %s: %s: %s\n", what, HixlStatusName(st), HixlGetLastErrorMessage());
+  exit(1);
+}
+
+static uint16_t free_port(void) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t sl = sizeof(sa);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+      getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
+    perror("free port");
+    exit(1);
+  }
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+/* The target: an engine with Transport shm that registers span bytes and reports
+ * their address; it serves until the pipe closes. */
+static int target_main(const char *name, int wfd, int rfd) {
+  HixlEngine *e;
+  HixlMemHandle h;
+  HixlOption opt = {"Transport", "shm"};
+  pin(o.cpu_target);
+  unsigned char *mem = buf_new(o.span, 0x5a);
+  HixlMemDesc d = {(uintptr_t)mem, o.span};
+  die_st(HixlEngineCreate(&e), "target Create");
+  die_st(HixlEngineInitialize(e, name, &opt, 1), "target Initialize");
+  die_st(HixlEngineRegisterMem(e, &d, HIXL_MEM_HOST, &h), "target RegisterMem");
+  uint64_t addr = (uintptr_t)mem;
+  char c;
+  if (write(wfd, &addr, sizeof(addr)) != sizeof(addr)) return 1;
+  while (read(rfd, &c, 1) > 0) {
+  }
+  HixlEngineDestroy(e);
+  return 0;
+}
+
+struct ctx {
+  HixlEngine *e;
+  char peer[32];
+  pid_t pid;
+  uint64_t raddr;
+  unsigned char *src, *dst;
+  HixlTransferOpDesc *d;
+  size_t *perm; /* block order for scattered batches */
+};
+
+enum kind { K_MEMCPY, K_READV1, K_WRITE, K_READ };
+struct fig {
+  const char *name;
+  enum kind kind;
+  size_t block, batch;
+  bool scattered;
+  double gbps[16];
+};
+
+/* One call's worth of blocks starting at block index first (mod the span). */
+static double run_fig(struct ctx *c, struct fig *f) {
+  size_t nblk = o.span / f->block, done = 0, first = 0;
+  double t0 = now_s(), t;
+  do {
+    for (size_t k = 0; k < 64; k++) { /* check the clock every 64 calls */
+      switch (f->kind) {
+      case K_MEMCPY:
+        memcpy(c->dst + first * f->block, c->src + first * f->block, f->block);
+        first = (first + 1) % nblk;
+        done += f->block;
+        break;
+      case K_READV1: {
+        struct iovec l = {c->dst + first * f->block, f->block};
+        struct iovec r = {(void *)(uintptr_t)(c->raddr + first * f->block), f->block};
+        if (process_vm_readv(c->pid, &l, 1, &r, 1, 0) != (ssize_t)f->block) {
+          perror("process_vm_readv");
+          exit(1);
+        }
+        first = (first + 1) % nblk;
+        done += f->block;
+        break;
+      }
+      default: {
+        bool w = f->kind == K_WRITE;
+        for (size_t i = 0; i < f->batch; i++) {
+          size_t b = (first + i) % nblk, rb = f->scattered ? c->perm[b] : b;
+          c->d[i].local_addr = (uintptr_t)(w ? c->src : c->dst) + b * f->block;
+          c->d[i].remote_addr = c->raddr + rb * f->block;
+          c->d[i].len = f->block;
+        }
+        die_st(HixlEngineTransferSync(c->e, c->peer, w ? HIXL_WRITE : HIXL_READ, c->d, f->batch, 60000),
+               f->name);
+        first = (first + f->batch) % nblk;
+        done += f->block * f->batch;
+      }
+      }
+    }
+    t = now_s() - t0;
+  } while (t < o.seconds);
+  return (double)done / t / 1e9;
+}
+
+/* Move the whole span with sync transfers of op, batch ops of block bytes each, in
+ * the scattered order or not. */
+static void move_span(struct ctx *c, HixlTransferOp op, size_t block, size_t batch, bool scattered) {
+  size_t nblk = o.span / block;
+  for (size_t first = 0; first < nblk; first += batch) {
+    for (size_t i = 0; i < batch; i++) {
+      size_t b = first + i, rb = scattered ? c->perm[b] : b;
+      c->d[i].local_addr = (uintptr_t)(op == HIXL_WRITE ? c->src : c->dst) + b * block;
+      c->d[i].remote_addr = c->raddr + rb * block;
+      c->d[i].len = block;
+    }
+    die_st(HixlEngineTransferSync(c->e, c->peer, op, c->d, batch, 60000), "data check");
+  }
+}
+
+/* The measured paths move the right bytes: scattered 4 KiB batches out and back,
+ * then 4 MiB ops out and 256 KiB ops back, each compared byte for byte. */
+static void verify(struct ctx *c, const char *when) {
+  for (int pass = 0; pass < 2; pass++) {
+    for (size_t i = 0; i < o.span; i += 8) {
+      uint64_t v = (i + (size_t)pass) * 0x9e3779b97f4a7c15ull + 1;
+      memcpy(c->src + i, &v, 8);
+    }
+    memset(c->dst, 0, o.span);
+    if (pass == 0) {
+      move_span(c, HIXL_WRITE, 4 * KiB, 512, true);
+      move_span(c, HIXL_READ, 4 * KiB, 512, true);
+    } else {
+      move_span(c, HIXL_WRITE, 4 * MiB, 1, false);
+      move_span(c, HIXL_READ, 256 * KiB, 1, false);
+    }
+    if (memcmp(c->src, c->dst, o.span) != 0) {
+      fprintf(stderr, "hixl-shm-ref: data check %s the measurements FAILED (pass %d)\n", when, pass);
+      exit(1);
+    }
+  }
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(const struct fig *f) {
+  double v[16];
+  memcpy(v, f->gbps, sizeof(v));
+  qsort(v, (size_t)o.rounds, sizeof(double), cmp_double);
+  return v[o.rounds / 2];
+}
+
+int main(int argc, char **argv) {
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--thp") == 0)
+      o.thp = true;
+    else if (strcmp(argv[i], "--span-mib") == 0 && i + 1 < argc)
+      o.span = strtoull(argv[++i], NULL, 10) * MiB;
+    else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc)
+      o.seconds = strtod(argv[++i], NULL);
+    else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc)
+      o.rounds = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--cpu-initiator") == 0 && i + 1 < argc)
+      o.cpu_init = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--cpu-target") == 0 && i + 1 < argc)
+      o.cpu_target = atoi(argv[++i]);
+    else {
+      fprintf(stderr,
+              "usage: %s [--thp] [--span-mib N (64)] [--seconds S (0.5)] [--rounds R (3, odd, <= 15)]\n"
+              "          [--cpu-initiator C (0)] [--cpu-target C (1); -1 leaves a process unpinned]\n",
+              argv[0]);
+      return 2;
+    }
+  }
+  if (o.rounds < 1 || o.rounds > 15 || o.span < 4 * MiB || o.span % (4 * MiB) != 0) {
+    fprintf(stderr, "hixl-shm-ref: need 1..15 rounds and a span that is a multiple of 4 MiB\n");
+    return 2;
+  }
+
+  struct ctx c;
+  int up[2], down[2];
+  memset(&c, 0, sizeof(c));
+  snprintf(c.peer, sizeof(c.peer), "127.0.0.1:%u", (unsigned)free_port());
+  if (pipe(up) != 0 || pipe(down) != 0) return 1;
+  c.pid = fork(); /* before any thread exists here */
+  if (c.pid < 0) return 1;
+  if (c.pid == 0) {
+    close(up[0]);
+    close(down[1]);
+    _exit(target_main(c.peer, up[1], down[0]));
+  }
+  close(up[1]);
+  close(down[0]);
+  if (read(up[0], &c.raddr, sizeof(c.raddr)) != sizeof(c.raddr)) {
+    fprintf(stderr, "hixl-shm-ref: the target did not start\n");
+    return 1;
+  }
+  pin(o.cpu_init);
+  c.src = buf_new(o.span, 1);
+  c.dst = buf_new(o.span, 2);
+  c.d = calloc(o.span / (4 * KiB), sizeof(*c.d));
+  c.perm = malloc(o.span / (4 * KiB) * sizeof(size_t));
+  if (!c.d || !c.perm) return 1;
+  /* The scattered order: a fixed shuffle of the span's blocks. */
+  size_t nperm = o.span / (4 * KiB);
+  uint64_t rs = 0x6869786c;
+  for (size_t i = 0; i < nperm; i++) c.perm[i] = i;
+  for (size_t i = nperm - 1; i > 0; i--) {
+    rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+    size_t j = (size_t)(rs >> 33) % (i + 1), t = c.perm[i];
+    c.perm[i] = c.perm[j];
+    c.perm[j] = t;
+  }
+  HixlOption opt = {"Transport", "shm"};
+  HixlMemHandle hs, hd;
+  HixlMemDesc ds = {(uintptr_t)c.src, o.span}, dd = {(uintptr_t)c.dst, o.span};
+  die_st(HixlEngineCreate(&c.e), "Create");
+  die_st(HixlEngineInitialize(c.e, "127.0.0.1", &opt, 1), "Initialize");
+  die_st(HixlEngineRegisterMem(c.e, &ds, HIXL_MEM_HOST, &hs), "RegisterMem");
+  die_st(HixlEngineRegisterMem(c.e, &dd, HIXL_MEM_HOST, &hd), "RegisterMem");
+  die_st(HixlEngineConnect(c.e, c.peer, 10000), "Connect (Transport shm)");
+  verify(&c, "before");
+
+  struct fig figs[] = {
+      {"memcpy 4 KiB", K_MEMCPY, 4 * KiB, 1, false, {0}},
+      {"memcpy 256 KiB", K_MEMCPY, 256 * KiB, 1, false, {0}},
+      {"memcpy 1 MiB", K_MEMCPY, MiB, 1, false, {0}},
+      {"memcpy 4 MiB", K_MEMCPY, 4 * MiB, 1, false, {0}},
+      {"process_vm_readv 4 KiB, one call per block", K_READV1, 4 * KiB, 1, false, {0}},
+      {"process_vm_readv 256 KiB, one call per block", K_READV1, 256 * KiB, 1, false, {0}},
+      {"process_vm_readv 4 MiB, one call per block", K_READV1, 4 * MiB, 1, false, {0}},
+      {"shm WRITE 256 KiB x1", K_WRITE, 256 * KiB, 1, false, {0}},
+      {"shm READ 256 KiB x1", K_READ, 256 * KiB, 1, false, {0}},
+      {"shm WRITE 1 MiB x1", K_WRITE, MiB, 1, false, {0}},
+      {"shm READ 1 MiB x1", K_READ, MiB, 1, false, {0}},
+      {"shm WRITE 4 MiB x1", K_WRITE, 4 * MiB, 1, false, {0}},
+      {"shm READ 4 MiB x1", K_READ, 4 * MiB, 1, false, {0}},
+      {"shm WRITE 256 KiB x16", K_WRITE, 256 * KiB, 16, false, {0}},
+      {"shm READ 256 KiB x16", K_READ, 256 * KiB, 16, false, {0}},
+      {"shm WRITE 4 KiB x1", K_WRITE, 4 * KiB, 1, false, {0}},
+      {"shm READ 4 KiB x1", K_READ, 4 * KiB, 1, false, {0}},
+      {"shm WRITE 4 KiB x1024, adjacent", K_WRITE, 4 * KiB, 1024, false, {0}},
+      {"shm READ 4 KiB x1024, adjacent", K_READ, 4 * KiB, 1024, false, {0}},
+      {"shm WRITE 4 KiB x1024, scattered", K_WRITE, 4 * KiB, 1024, true, {0}},
+      {"shm READ 4 KiB x1024, scattered", K_READ, 4 * KiB, 1024, true, {0}},
+  };
+  enum { NF = sizeof(figs) / sizeof(figs[0]) };
+  for (int r = 0; r < o.rounds; r++)
+    for (size_t i = 0; i < NF; i++) figs[i].gbps[r] = run_fig(&c, &figs[i]);
+  verify(&c, "after");
+
+  printf("hixl-shm-ref: span %zu MiB, %s pages, %d rounds of %.1f s per figure, initiator CPU %d, target CPU "
+         "%d\n\n",
+         o.span / MiB, o.thp ? "transparent huge" : "4 KiB", o.rounds, o.seconds, o.cpu_init, o.cpu_target);
+  printf("| figure | median GB/s | rounds |\n|---|---:|---|\n");
+  for (size_t i = 0; i < NF; i++) {
+    printf("| %s | %.2f |", figs[i].name, median(&figs[i]));
+    for (int r = 0; r < o.rounds; r++) printf("%s%.2f", r ? "/" : " ", figs[i].gbps[r]);
+    printf(" |\n");
+  }
+  /* The issue's targets, as ratios of the medians above. */
+  struct {
+    const char *what;
+    int num, den;
+    double goal;
+  } t[] = {
+      {"shm WRITE 256 KiB x1 / memcpy 256 KiB", 7, 1, 0.8},
+      {"shm READ 256 KiB x1 / memcpy 256 KiB", 8, 1, 0.8},
+      {"shm WRITE 1 MiB x1 / memcpy 1 MiB", 9, 2, 0.8},
+      {"shm READ 1 MiB x1 / memcpy 1 MiB", 10, 2, 0.8},
+      {"shm WRITE 4 MiB x1 / memcpy 4 MiB", 11, 3, 0.8},
+      {"shm READ 4 MiB x1 / memcpy 4 MiB", 12, 3, 0.8},
+      {"shm WRITE 256 KiB x16 / memcpy 256 KiB", 13, 1, 0.8},
+      {"shm READ 256 KiB x16 / memcpy 256 KiB", 14, 1, 0.8},
+      {"shm WRITE 4 KiB x1024 adjacent / readv one call per 4 KiB", 17, 4, 2.0},
+      {"shm READ 4 KiB x1024 adjacent / readv one call per 4 KiB", 18, 4, 2.0},
+      {"shm WRITE 4 KiB x1024 scattered / readv one call per 4 KiB", 19, 4, 2.0},
+      {"shm READ 4 KiB x1024 scattered / readv one call per 4 KiB", 20, 4, 2.0},
+  };
+  printf("\n| target | ratio | goal | result |\n|---|---:|---:|---|\n");
+  for (size_t i = 0; i < sizeof(t) / sizeof(t[0]); i++) {
+    double ratio = median(&figs[t[i].num]) / median(&figs[t[i].den]);
+    printf("| %s | %.2fx | >= %.1fx | %s |\n", t[i].what, ratio, t[i].goal,
+           ratio >= t[i].goal ? "PASS" : "FAIL");
+  }
+  HixlEngineDestroy(c.e);
+  close(down[1]);
+  int ws;
+  waitpid(c.pid, &ws, 0);
+  return 0;
+}
