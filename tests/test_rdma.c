@@ -227,6 +227,53 @@ static void test_peer_without_rdma(void) {
   HixlEngineDestroy(s);
 }
 
+/* The CS API over RDMA: endpoints with protocol rdma; data checked byte for byte. */
+static void test_cs_over_rdma(void) {
+  uint16_t port = tu_free_port();
+  EndpointDesc ep = {HIXL_EP_PROTOCOL_RDMA, tu_ip(), NULL}, sep = {HIXL_EP_PROTOCOL_RDMA, peer_ip(), NULL};
+  HixlServerDesc sd = {peer_ip(), port, &sep, 1};
+  HixlClientDesc cd = {peer_ip(), port, &ep, &sep};
+  HixlServerHandle srv;
+  HixlClientHandle cli;
+  MemHandle sh, ch;
+  HcommMem *rm;
+  char **tags;
+  uint32_t n;
+  uint8_t *smem = tu_alloc_mem(8u << 20, false), *cmem = tu_alloc_mem(8u << 20, false);
+  CU_ASSERT_FATAL(smem && cmem);
+  /* HixlCS* has no QoS field (its configs are reserved): the environment sets it, and
+   * tos-on-wire.sh sees this test's packets too. */
+  setenv("HCCL_RDMA_TC", "104", 1);
+  TU_ASSERT_OK_FATAL(HixlCSServerCreate(&sd, NULL, &srv));
+  TU_ASSERT_OK_FATAL(HixlCSServerRegMem(srv, "kv", &(HcommMem){HCCL_MEM_TYPE_HOST, smem, 8u << 20}, &sh));
+  TU_ASSERT_OK_FATAL(HixlCSServerListen(srv, 0));
+  TU_ASSERT_OK_FATAL(HixlCSClientCreate(&cd, NULL, &cli));
+  unsetenv("HCCL_RDMA_TC");
+  TU_ASSERT_OK_FATAL(HixlCSClientRegMem(cli, NULL, &(HcommMem){HCCL_MEM_TYPE_HOST, cmem, 8u << 20}, &ch));
+  TU_ASSERT_OK_FATAL(HixlCSClientConnect(cli, 5000));
+  TU_ASSERT_OK_FATAL(HixlCSClientGetRemoteMem(cli, &rm, &tags, &n, 5000));
+  CU_ASSERT_EQUAL_FATAL(n, 1);
+  CU_ASSERT_STRING_EQUAL(tags[0], "kv");
+  tu_fill(cmem, 4u << 20, 17);
+  HixlOneSideOpDesc op = {rm[0].addr, cmem, 4u << 20};
+  TU_ASSERT_OK(HixlCSClientBatchPutSync(cli, 1, &op, 30000));
+  TU_ASSERT_PATTERN(smem, 4u << 20, 17, "server memory after an rdma put");
+  op.local_buf = cmem + (4u << 20);
+  CompleteHandle h;
+  HixlCompleteStatus cs = HIXL_COMPLETE_STATUS_WAITING;
+  TU_ASSERT_OK(HixlCSClientBatchGetAsync(cli, 1, &op, &h));
+  int64_t deadline = tu_now_ms() + 30000;
+  while (cs == HIXL_COMPLETE_STATUS_WAITING && tu_now_ms() < deadline)
+    TU_ASSERT_OK(HixlCSClientQueryCompleteStatus(cli, h, &cs));
+  CU_ASSERT_EQUAL(cs, HIXL_COMPLETE_STATUS_COMPLETED);
+  TU_ASSERT_PATTERN(cmem + (4u << 20), 4u << 20, 17, "client memory after an rdma get");
+  TU_ASSERT_OK(HixlCSClientDestroy(cli));
+  TU_ASSERT_OK(HixlCSServerUnregMem(srv, sh));
+  TU_ASSERT_OK(HixlCSServerDestroy(srv));
+  tu_free_mem(smem, 8u << 20);
+  tu_free_mem(cmem, 8u << 20);
+}
+
 int main(int argc, char **argv) {
   int rc = tu_child_main(argc, argv);
   if (rc >= 0) return rc;
@@ -248,5 +295,6 @@ int main(int argc, char **argv) {
   CU_add_test(o, "HCCL_RDMA_TC / HCCL_RDMA_SL on the QP", test_env_qos);
   CU_add_test(o, "auto: shm on one host first, then rdma", test_auto_order);
   CU_add_test(o, "peer without RDMA: auto -> tcp, rdma -> FAILED", test_peer_without_rdma);
+  CU_add_test(o, "HixlCS* with rdma endpoints", test_cs_over_rdma);
   return tu_run_registry();
 }
