@@ -146,8 +146,10 @@ void cma_explain(int err, uint32_t peer_pid, uint32_t peer_uid, char *buf, size_
                peer_pid, strerror(err), peer_uid, uid);
     else if (scope[0] && strcmp(scope, "0") != 0)
       snprintf(buf, len,
-               "the kernel refuses process_vm_readv of pid %u (%s): Yama ptrace_scope is %s; write 0 to "
-               "/proc/sys/kernel/yama/ptrace_scope, or give this process CAP_SYS_PTRACE",
+               "the kernel refuses process_vm_readv of pid %u (%s): Yama ptrace_scope is %s and this "
+               "process is not its ancestor; write 0 to /proc/sys/kernel/yama/ptrace_scope, have the "
+               "target call prctl(PR_SET_PTRACER, this pid or PR_SET_PTRACER_ANY), or give this process "
+               "CAP_SYS_PTRACE",
                peer_pid, strerror(err), scope);
     else
       snprintf(buf, len,
