@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 #include <stdio.h>
@@ -145,9 +146,9 @@ void rdma_dev_close(struct rdma_dev *d) {
   memset(d, 0, sizeof(*d));
 }
 
-struct ibv_mr *rdma_reg(struct rdma_dev *d, void *addr, size_t len, char *err, size_t errlen) {
-  struct ibv_mr *mr =
-      ibv_reg_mr(d->pd, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+static struct ibv_mr *reg_access(struct rdma_dev *d, void *addr, size_t len, int access, char *err,
+                                 size_t errlen) {
+  struct ibv_mr *mr = ibv_reg_mr(d->pd, addr, len, access);
   if (mr) return mr;
   int e = errno;
   struct rlimit rl;
@@ -161,6 +162,11 @@ struct ibv_mr *rdma_reg(struct rdma_dev *d, void *addr, size_t len, char *err, s
   else
     snprintf(err, errlen, "ibv_reg_mr of %zu bytes on %s failed: %s", len, d->name, strerror(e));
   return NULL;
+}
+
+struct ibv_mr *rdma_reg(struct rdma_dev *d, void *addr, size_t len, char *err, size_t errlen) {
+  return reg_access(d, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+                    err, errlen);
 }
 
 void rdma_dereg(struct ibv_mr *mr) {
@@ -284,4 +290,235 @@ int rdma_cq_poll(struct rdma_dev *d, struct rdma_wc *out, int max) {
     out[i].status = ibv_wc_status_str(wc[i].status);
   }
   return n;
+}
+
+/* ---- UD queue pairs and address handles ---- */
+
+bool rdma_ip_has_device(const struct sockaddr_in *ip) {
+  struct rdma_cm_id *id = NULL;
+  struct sockaddr_in sa = *ip;
+  bool has = false;
+  sa.sin_port = 0;
+  if (rdma_create_id(NULL, &id, NULL, RDMA_PS_UDP) != 0) return false;
+  if (rdma_bind_addr(id, (struct sockaddr *)&sa) == 0 && id->verbs) has = true;
+  rdma_destroy_id(id);
+  return has;
+}
+
+uint32_t rdma_mtu_bytes(const struct rdma_dev *d) { return 128u << d->mtu; /* IBV_MTU_256 is 1 */ }
+
+struct ibv_mr *rdma_reg_local(struct rdma_dev *d, void *addr, size_t len, char *err, size_t errlen) {
+  return reg_access(d, addr, len, IBV_ACCESS_LOCAL_WRITE, err, errlen);
+}
+
+int rdma_ud_open(struct rdma_dev *d, struct rdma_ud *u, uint32_t qkey, uint32_t max_send, uint32_t max_recv,
+                 char *err, size_t errlen) {
+  int fl;
+  memset(u, 0, sizeof(*u));
+  if (max_send > d->max_qp_wr) max_send = d->max_qp_wr;
+  if (max_recv > d->max_qp_wr) max_recv = d->max_qp_wr;
+  if (max_send == 0 || max_recv == 0) {
+    snprintf(err, errlen, "%s: a UD QP needs at least one send and one receive", d->name);
+    return -1;
+  }
+  u->chan = ibv_create_comp_channel(d->ctx);
+  if (!u->chan) {
+    snprintf(err, errlen, "%s: ibv_create_comp_channel: %s", d->name, strerror(errno));
+    return -1;
+  }
+  fl = fcntl(u->chan->fd, F_GETFL);
+  if (fl < 0 || fcntl(u->chan->fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+    snprintf(err, errlen, "%s: completion channel fd: %s", d->name, strerror(errno));
+    goto destroy_chan;
+  }
+  u->cq = ibv_create_cq(d->ctx, (int)(max_send + max_recv), NULL, u->chan, 0);
+  if (!u->cq || ibv_req_notify_cq(u->cq, 0) != 0) {
+    snprintf(err, errlen, "%s: ibv_create_cq(%u): %s", d->name, max_send + max_recv, strerror(errno));
+    goto destroy_cq;
+  }
+  struct ibv_qp_init_attr ia = {
+      .send_cq = u->cq,
+      .recv_cq = u->cq,
+      .cap = {.max_send_wr = max_send, .max_recv_wr = max_recv, .max_send_sge = 1, .max_recv_sge = 1},
+      .qp_type = IBV_QPT_UD,
+      .sq_sig_all = 1};
+  u->qp = ibv_create_qp(d->pd, &ia);
+  if (!u->qp) {
+    snprintf(err, errlen, "%s: ibv_create_qp(UD, %u/%u WRs): %s", d->name, max_send, max_recv,
+             strerror(errno));
+    goto destroy_cq;
+  }
+  struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = d->port, .qkey = qkey};
+  if (ibv_modify_qp(u->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) != 0) {
+    snprintf(err, errlen, "%s: UD QP 0x%x to INIT: %s", d->name, u->qp->qp_num, strerror(errno));
+    goto destroy_qp;
+  }
+  memset(&a, 0, sizeof(a));
+  a.qp_state = IBV_QPS_RTR;
+  if (ibv_modify_qp(u->qp, &a, IBV_QP_STATE) != 0) {
+    snprintf(err, errlen, "%s: UD QP 0x%x to RTR: %s", d->name, u->qp->qp_num, strerror(errno));
+    goto destroy_qp;
+  }
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = 0;
+  if (ibv_modify_qp(u->qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) != 0) {
+    snprintf(err, errlen, "%s: UD QP 0x%x to RTS: %s", d->name, u->qp->qp_num, strerror(errno));
+    goto destroy_qp;
+  }
+  u->qpn = u->qp->qp_num;
+  u->qkey = qkey;
+  u->max_send = max_send;
+  u->max_recv = max_recv;
+  return 0;
+destroy_qp:
+  ibv_destroy_qp(u->qp);
+destroy_cq:
+  if (u->cq) ibv_destroy_cq(u->cq);
+destroy_chan:
+  ibv_destroy_comp_channel(u->chan);
+  memset(u, 0, sizeof(*u));
+  return -1;
+}
+
+void rdma_ud_destroy_qp(struct rdma_ud *u) {
+  if (u->qp && ibv_destroy_qp(u->qp) != 0)
+    log_error("rdma: destroying UD QP 0x%x: %s", u->qpn, strerror(errno));
+  u->qp = NULL;
+}
+
+void rdma_ud_close(struct rdma_ud *u) {
+  rdma_ud_destroy_qp(u);
+  if (u->cq) {
+    rdma_ud_rearm(u); /* ack what the channel still holds: destroying the CQ waits for that */
+    ibv_destroy_cq(u->cq);
+  }
+  if (u->chan) ibv_destroy_comp_channel(u->chan);
+  memset(u, 0, sizeof(*u));
+}
+
+int rdma_ud_post_recv(struct rdma_ud *u, void *addr, uint32_t len, uint32_t lkey, uint64_t wr_id) {
+  struct ibv_sge sge = {.addr = (uintptr_t)addr, .length = len, .lkey = lkey};
+  struct ibv_recv_wr wr = {.wr_id = wr_id, .sg_list = &sge, .num_sge = 1}, *bad;
+  return ibv_post_recv(u->qp, &wr, &bad);
+}
+
+int rdma_ud_post_send(struct rdma_ud *u, struct ibv_ah *ah, uint32_t remote_qpn, uint32_t remote_qkey,
+                      const void *addr, uint32_t len, uint32_t lkey, uint64_t wr_id) {
+  struct ibv_sge sge = {.addr = (uintptr_t)addr, .length = len, .lkey = lkey};
+  struct ibv_send_wr wr = {.wr_id = wr_id,
+                           .sg_list = &sge,
+                           .num_sge = 1,
+                           .opcode = IBV_WR_SEND,
+                           .send_flags = IBV_SEND_SIGNALED},
+                     *bad;
+  wr.wr.ud.ah = ah;
+  wr.wr.ud.remote_qpn = remote_qpn;
+  wr.wr.ud.remote_qkey = remote_qkey;
+  return ibv_post_send(u->qp, &wr, &bad);
+}
+
+int rdma_ud_chan_fd(const struct rdma_ud *u) { return u->chan->fd; }
+
+int rdma_ud_rearm(struct rdma_ud *u) {
+  struct ibv_cq *cq;
+  void *ctx;
+  unsigned n = 0;
+  while (ibv_get_cq_event(u->chan, &cq, &ctx) == 0) n++; /* the fd is non-blocking */
+  if (n) ibv_ack_cq_events(u->cq, n);
+  return ibv_req_notify_cq(u->cq, 0);
+}
+
+int rdma_ud_poll(struct rdma_ud *u, struct rdma_ud_wc *out, int max) {
+  struct ibv_wc wc[32];
+  if (max > 32) max = 32;
+  int n = ibv_poll_cq(u->cq, max, wc);
+  for (int i = 0; i < n; i++) {
+    struct rdma_ud_wc *o = &out[i];
+    o->wr_id = wc[i].wr_id;
+    o->ok = wc[i].status == IBV_WC_SUCCESS;
+    o->flushed = wc[i].status == IBV_WC_WR_FLUSH_ERR;
+    o->status = ibv_wc_status_str(wc[i].status);
+    /* opcode is defined only for successful completions; receives are told apart by wr_id too */
+    o->recv = o->ok ? (wc[i].opcode & IBV_WC_RECV) != 0 : false;
+    o->grh = (wc[i].wc_flags & IBV_WC_GRH) != 0;
+    o->byte_len = wc[i].byte_len;
+    o->src_qp = wc[i].src_qp;
+    o->slid = wc[i].slid;
+    o->pkey_index = wc[i].pkey_index;
+    o->sl = wc[i].sl;
+    o->dlid_path_bits = wc[i].dlid_path_bits;
+  }
+  return n;
+}
+
+struct ibv_ah *rdma_ah_new(struct rdma_dev *d, const uint8_t gid[16], uint8_t tc, uint8_t sl, char *err,
+                           size_t errlen) {
+  struct ibv_ah_attr a = {.is_global = 1, .sl = sl, .port_num = d->port};
+  memcpy(a.grh.dgid.raw, gid, 16);
+  a.grh.sgid_index = (uint8_t)d->gid_index;
+  a.grh.hop_limit = 64;
+  a.grh.traffic_class = tc; /* the IP TOS byte on RoCE v2 */
+  struct ibv_ah *ah = ibv_create_ah(d->pd, &a);
+  if (!ah) {
+    char g[INET6_ADDRSTRLEN];
+    inet_ntop(AF_INET6, gid, g, sizeof(g));
+    snprintf(err, errlen, "%s: ibv_create_ah toward GID %s (tc %u, sl %u): %s", d->name, g, tc, sl,
+             strerror(errno));
+  }
+  return ah;
+}
+
+struct ibv_ah *rdma_ah_from_wc(struct rdma_dev *d, const struct rdma_ud_wc *wc, const void *grh) {
+  struct ibv_wc w;
+  memset(&w, 0, sizeof(w));
+  w.wr_id = wc->wr_id;
+  w.status = IBV_WC_SUCCESS;
+  w.opcode = IBV_WC_RECV;
+  w.byte_len = wc->byte_len;
+  w.src_qp = wc->src_qp;
+  w.wc_flags = wc->grh ? IBV_WC_GRH : 0;
+  w.pkey_index = wc->pkey_index;
+  w.slid = wc->slid;
+  w.sl = wc->sl;
+  w.dlid_path_bits = wc->dlid_path_bits;
+  return ibv_create_ah_from_wc(d->pd, &w, (struct ibv_grh *)(uintptr_t)grh, d->port);
+}
+
+void rdma_ah_free(struct ibv_ah *ah) {
+  if (ah) ibv_destroy_ah(ah);
+}
+
+static uint16_t ipv4_csum(const uint8_t *h) {
+  uint32_t sum = 0;
+  for (int i = 0; i < 20; i += 2) sum += i == 10 ? 0 : (uint32_t)(h[i] << 8 | h[i + 1]);
+  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+  return (uint16_t)~sum;
+}
+
+static void ipv4_mapped_raw(const uint8_t *a4, uint8_t gid[16]) {
+  memset(gid, 0, 16);
+  gid[10] = gid[11] = 0xff;
+  memcpy(gid + 12, a4, 4);
+}
+
+int rdma_grh_read(const uint8_t *grh, struct rdma_grh_info *out) {
+  const uint8_t *ip4 = grh + 20;
+  /* As libibverbs tells them apart: RoCE v2 IPv4 when the first word is not an IPv6
+   * version, or when a valid IPv4 header (ihl 5, checksum) sits at offset 20. */
+  bool v4 = ip4[0] == 0x45 && (grh[0] >> 4 != 6 || (uint16_t)(ip4[10] << 8 | ip4[11]) == ipv4_csum(ip4));
+  if (v4) {
+    ipv4_mapped_raw(ip4 + 12, out->sgid);
+    ipv4_mapped_raw(ip4 + 16, out->dgid);
+    out->flow_label = 0;
+    out->tc = ip4[1];
+    out->hop_limit = ip4[8];
+    return 4;
+  }
+  if (grh[0] >> 4 != 6) return -1;
+  memcpy(out->sgid, grh + 8, 16);
+  memcpy(out->dgid, grh + 24, 16);
+  out->flow_label = (uint32_t)(grh[1] & 0x0f) << 16 | (uint32_t)grh[2] << 8 | grh[3];
+  out->tc = (uint8_t)((grh[0] << 4) | (grh[1] >> 4));
+  out->hop_limit = grh[7];
+  return 6;
 }

@@ -87,4 +87,77 @@ struct rdma_wc {
 };
 int rdma_cq_poll(struct rdma_dev *d, struct rdma_wc *out, int max);
 
+/* ---- unreliable datagram (UD) queue pairs, address handles: RPing's probes ---- */
+
+struct ibv_ah;
+
+#define RDMA_GRH_LEN 40 /* a UD receive buffer starts with room for the GRH (RoCE v2: IPv4 at 20) */
+
+/* A UD QP with its own completion channel (non-blocking fd) and CQ. */
+struct rdma_ud {
+  struct ibv_comp_channel *chan;
+  struct ibv_cq *cq;
+  struct ibv_qp *qp;
+  uint32_t qpn, qkey;
+  uint32_t max_send, max_recv; /* queue depths granted */
+};
+
+/* One UD completion, flattened (what ibv_create_ah_from_wc needs, and the sender). */
+struct rdma_ud_wc {
+  uint64_t wr_id;
+  int ok;
+  int flushed;        /* status IBV_WC_WR_FLUSH_ERR: the QP is in error or being torn down */
+  const char *status; /* ibv_wc_status_str */
+  bool recv;          /* a receive (else a send) */
+  bool grh;           /* the receive buffer starts with a valid GRH */
+  uint32_t byte_len;  /* receives: RDMA_GRH_LEN + the message */
+  uint32_t src_qp;
+  uint16_t slid, pkey_index;
+  uint8_t sl, dlid_path_bits;
+};
+
+/* Whether librdmacm finds an RDMA device that owns ip (bind and let go). */
+bool rdma_ip_has_device(const struct sockaddr_in *ip);
+/* Bytes one message may carry on d's port (the active MTU). */
+uint32_t rdma_mtu_bytes(const struct rdma_dev *d);
+/* Register [addr, addr+len) for local access only (send and receive buffers). */
+struct ibv_mr *rdma_reg_local(struct rdma_dev *d, void *addr, size_t len, char *err, size_t errlen);
+
+/* A UD QP on d, in RTS, with its own CQ (max_send + max_recv) and channel; depths are
+ * capped at what d allows. 0, or -1 with err. */
+int rdma_ud_open(struct rdma_dev *d, struct rdma_ud *u, uint32_t qkey, uint32_t max_send, uint32_t max_recv,
+                 char *err, size_t errlen);
+/* Destroy the QP alone (first in a teardown: no DMA and no completion after it). */
+void rdma_ud_destroy_qp(struct rdma_ud *u);
+/* Destroy what is left: the QP if still there, the CQ, the channel. */
+void rdma_ud_close(struct rdma_ud *u);
+/* Post one receive / one signaled send. 0, or an errno value. */
+int rdma_ud_post_recv(struct rdma_ud *u, void *addr, uint32_t len, uint32_t lkey, uint64_t wr_id);
+int rdma_ud_post_send(struct rdma_ud *u, struct ibv_ah *ah, uint32_t remote_qpn, uint32_t remote_qkey,
+                      const void *addr, uint32_t len, uint32_t lkey, uint64_t wr_id);
+int rdma_ud_chan_fd(const struct rdma_ud *u);
+/* Take every pending channel event, ack it, request the next; then poll the CQ. */
+int rdma_ud_rearm(struct rdma_ud *u);
+int rdma_ud_poll(struct rdma_ud *u, struct rdma_ud_wc *out, int max);
+
+/* An address handle toward gid from d's GID, GRH traffic class tc, service level sl. */
+struct ibv_ah *rdma_ah_new(struct rdma_dev *d, const uint8_t gid[16], uint8_t tc, uint8_t sl, char *err,
+                           size_t errlen);
+/* The address handle that answers a received message (ibv_create_ah_from_wc: back to
+ * its sender, with the traffic class and hop limit its GRH carried). NULL on error. */
+struct ibv_ah *rdma_ah_from_wc(struct rdma_dev *d, const struct rdma_ud_wc *wc, const void *grh);
+void rdma_ah_free(struct ibv_ah *ah);
+/* What the 40 bytes in front of a UD message say: a RoCE v2 IPv4 header at offset 20
+ * (GIDs the IPv4-mapped addresses, tc the TOS byte, hop_limit the TTL), or an IPv6 /
+ * IB GRH. */
+struct rdma_grh_info {
+  uint8_t sgid[16];    /* the sender */
+  uint8_t dgid[16];    /* this side, as the sender addressed it */
+  uint32_t flow_label; /* IPv6 only; 0 */
+  uint8_t tc;
+  uint8_t hop_limit;
+};
+/* Returns 4 or 6 (which header it was), or -1 when it is neither. */
+int rdma_grh_read(const uint8_t *grh, struct rdma_grh_info *out);
+
 #endif
