@@ -1,4 +1,5 @@
-/* RPing (HccnRping*) on loopback: the probe packet codec, every argument and state
+/* RPing (HccnRping*) on loopback: the probe packet codec (versions 1 and 2, the RoCE
+ * endpoint, the RoCE GRH reader), every argument and state
  * rule of the API with its error, results from real responders (in this process on
  * 127.0.0.x devices, and in a child process on 127.0.0.1), the IP TOS byte both ways,
  * and the prober against hostile or impaired fake responders built from the packet
@@ -22,6 +23,7 @@
 #include <CUnit/Basic.h>
 
 #include "hixl/hixl.h"
+#include "rdma.h"
 #include "rping_wire.h"
 #include "test_util.h"
 
@@ -428,7 +430,7 @@ static void test_wire_decode_rejects(void) {
       {"bad magic", 0, 0x00, 0, RP_EMAGIC},
       {"magic byte 3", 3, 0x51, 0, RP_EMAGIC},
       {"version 0", 4, 0, 0, RP_EVERSION},
-      {"version 2", 4, 2, 0, RP_EVERSION},
+      {"version 3", 4, 3, 0, RP_EVERSION},
       {"type 0", 5, 0, 0, RP_ETYPE},
       {"type 5", 5, 5, 0, RP_ETYPE},
       {"flags", 7, 1, 0, RP_EFLAGS},
@@ -466,6 +468,170 @@ static void test_wire_decode_rejects(void) {
   CU_ASSERT_EQUAL(rp_decode(buf, n + 1, &p), RP_ELEN);
 }
 
+static const struct rp_ep test_ep = {.qpn = 0x123456,
+                                     .qkey = 0x11111111,
+                                     .mtu = 1024,
+                                     .gid = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 77, 0, 1}};
+
+/* A version-2 HELLO_ACK carrying test_ep; returns its length. */
+static size_t good_ack_v2(uint8_t *buf) {
+  uint8_t ep[RP_EP_LEN];
+  struct rp_pkt p = {.version = RP_VERSION2,
+                     .type = RP_HELLO_ACK,
+                     .tos = 0x68,
+                     .target = 0xcafe,
+                     .seq = 3,
+                     .stamp = 1,
+                     .payload_len = RP_EP_LEN,
+                     .payload = ep};
+  CU_ASSERT_EQUAL(rp_ep_put(&test_ep, ep), RP_EP_LEN);
+  return rp_encode(&p, buf, RP_MAX_PKT + 8);
+}
+
+static void test_wire_v2_endpoint(void) {
+  uint8_t buf[RP_MAX_PKT + 8];
+  struct rp_pkt p;
+  struct rp_ep ep;
+  size_t n = good_ack_v2(buf);
+
+  CU_ASSERT_EQUAL_FATAL(n, RP_HDR_LEN + RP_EP_LEN);
+  /* clang-format off */
+  static const uint8_t want[RP_HDR_LEN + RP_EP_LEN] = {
+      0x48, 0x58, 0x52, 0x50, 2, RP_HELLO_ACK, 0x68, 0, /* magic, version 2, type, tos, flags */
+      0, 64, 0, 32,                                     /* length 64, payload_len 32 */
+      0, 0, 0, 0, 0, 0, 0xca, 0xfe, 0, 0, 0, 3,         /* batch, target (nonce), seq */
+      0, 0, 0, 0, 0, 0, 0, 1,                           /* stamp */
+      1, 0, 0, 0,                                       /* endpoint kind RoCE UD, reserved */
+      0x00, 0x12, 0x34, 0x56,                           /* qpn */
+      0x11, 0x11, 0x11, 0x11,                           /* qkey */
+      0, 0, 4, 0,                                       /* mtu 1024 */
+      0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 77, 0, 1, /* gid ::ffff:10.77.0.1 */
+  };
+  /* clang-format on */
+  TU_ASSERT_SAME(buf, want, sizeof(want), "version-2 HELLO_ACK bytes");
+  CU_ASSERT_EQUAL_FATAL(rp_decode(buf, n, &p), RP_OK);
+  CU_ASSERT_EQUAL(p.version, RP_VERSION2);
+  CU_ASSERT_EQUAL(p.type, RP_HELLO_ACK);
+  CU_ASSERT_EQUAL_FATAL(rp_ep_get(p.payload, p.payload_len, &ep), RP_OK);
+  CU_ASSERT(memcmp(&ep, &test_ep, sizeof(ep)) == 0);
+  /* A version-1 packet decodes as version 1 and re-encodes to the same bytes. */
+  struct rp_pkt hello = {.type = RP_HELLO, .target = 9};
+  uint8_t again[RP_MAX_PKT + 8];
+  n = rp_encode(&hello, buf, sizeof(buf));
+  CU_ASSERT_EQUAL(buf[4], 1);
+  CU_ASSERT_EQUAL_FATAL(rp_decode(buf, n, &p), RP_OK);
+  CU_ASSERT_EQUAL(p.version, RP_VERSION1);
+  CU_ASSERT_EQUAL(rp_encode(&p, again, sizeof(again)), n);
+  CU_ASSERT(memcmp(again, buf, n) == 0);
+  /* A version-2 HELLO_ACK without an endpoint (a UDP responder's) is valid too. */
+  struct rp_pkt bare = {.version = RP_VERSION2, .type = RP_HELLO_ACK};
+  n = rp_encode(&bare, buf, sizeof(buf));
+  CU_ASSERT_EQUAL(n, RP_HDR_LEN);
+  CU_ASSERT_EQUAL(rp_decode(buf, n, &p), RP_OK);
+}
+
+static void test_wire_v2_rejects(void) {
+  static const struct {
+    const char *what;
+    size_t off; /* byte of the 64-byte HELLO_ACK to set, or SIZE_MAX */
+    uint8_t val;
+    enum rp_err want;
+  } cases[] = {
+      {"endpoint in a version-1 HELLO_ACK", 4, 1, RP_ELEN},
+      {"endpoint on a HELLO", 5, RP_HELLO, RP_ELEN},
+      {"endpoint kind 0", 32, 0, RP_EENDPOINT},
+      {"endpoint kind 2", 32, 2, RP_EENDPOINT},
+      {"endpoint reserved byte", 34, 1, RP_EENDPOINT},
+      {"qpn 1 (GSI)", SIZE_MAX, 1, RP_EENDPOINT},
+      {"qpn above 24 bits", 36, 1, RP_EENDPOINT},
+      {"mtu 1000", 46, 0xe8, RP_EENDPOINT},
+      {"mtu 8192", 46, 0x20, RP_EENDPOINT},
+  };
+  uint8_t buf[RP_MAX_PKT + 8];
+  struct rp_pkt p;
+
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    size_t n = good_ack_v2(buf);
+    if (cases[i].off != SIZE_MAX) {
+      buf[cases[i].off] = cases[i].val;
+      if (cases[i].off == 46) buf[47] = 0; /* mtu low byte */
+    } else {
+      memset(buf + 36, 0, 4);
+      buf[39] = cases[i].val;
+    }
+    enum rp_err got = rp_decode(buf, n, &p);
+    if (got != cases[i].want)
+      tu_fail(__FILE__, __LINE__, "%s: got \"%s\", want \"%s\"", cases[i].what, rp_err_str(got),
+              rp_err_str(cases[i].want));
+    else
+      CU_PASS(cases[i].what);
+  }
+  /* An endpoint of another length. */
+  size_t n = good_ack_v2(buf);
+  buf[11] = RP_EP_LEN - 1;
+  buf[9] = (uint8_t)(n - 1);
+  CU_ASSERT_EQUAL(rp_decode(buf, n - 1, &p), RP_ELEN);
+  /* The encoder refuses what the decoder would. */
+  uint8_t ep[RP_EP_LEN];
+  struct rp_ep bad = test_ep;
+  bad.mtu = 1500;
+  CU_ASSERT_EQUAL(rp_ep_put(&bad, ep), 0u);
+  CU_ASSERT_EQUAL(rp_ep_put(&test_ep, ep), RP_EP_LEN);
+  struct rp_pkt v1 = {.version = RP_VERSION1, .type = RP_HELLO_ACK, .payload_len = RP_EP_LEN, .payload = ep};
+  struct rp_pkt v3 = {.version = 3, .type = RP_HELLO};
+  CU_ASSERT_EQUAL(rp_encode(&v1, buf, sizeof(buf)), 0u);
+  CU_ASSERT_EQUAL(rp_encode(&v3, buf, sizeof(buf)), 0u);
+  ep[0] = 7;
+  v1.version = RP_VERSION2;
+  CU_ASSERT_EQUAL(rp_encode(&v1, buf, sizeof(buf)), 0u);
+}
+
+/* rdma_grh_read on the 40 bytes in front of a UD message: RoCE v2 puts the IPv4
+ * header at offset 20; an IPv6 / IB GRH starts with version 6. */
+static void test_grh_read(void) {
+  /* clang-format off */
+  uint8_t v4[40] = {0};
+  static const uint8_t ip4[20] = {0x45, 0x68, 0x00, 0x3c, 0x12, 0x34, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00,
+                                  10, 77, 0, 2, 10, 77, 0, 1};
+  static const uint8_t v6[40] = {0x66, 0x8a, 0xbc, 0xde, 0x00, 0x20, 0x11, 0x40,
+                                 0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x42,
+                                 0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x43};
+  /* clang-format on */
+  static const uint8_t src4[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 77, 0, 2};
+  static const uint8_t dst4[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 77, 0, 1};
+  struct rdma_grh_info gi;
+  uint32_t acc = 0;
+  uint16_t sum;
+
+  memcpy(v4 + 20, ip4, 20);
+  for (int i = 0; i < 20; i += 2) acc += (uint32_t)(ip4[i] << 8 | ip4[i + 1]);
+  while (acc >> 16) acc = (acc & 0xffff) + (acc >> 16);
+  sum = (uint16_t)~acc;
+  v4[30] = (uint8_t)(sum >> 8);
+  v4[31] = (uint8_t)sum;
+  CU_ASSERT_EQUAL(rdma_grh_read(v4, &gi), 4);
+  CU_ASSERT_EQUAL(gi.tc, 0x68);
+  CU_ASSERT_EQUAL(gi.hop_limit, 0x40);
+  CU_ASSERT_EQUAL(gi.flow_label, 0u);
+  CU_ASSERT(memcmp(gi.sgid, src4, 16) == 0);
+  CU_ASSERT(memcmp(gi.dgid, dst4, 16) == 0);
+  /* Garbage in the first 20 bytes that looks like IPv6: the checksum decides. */
+  v4[0] = 0x60;
+  CU_ASSERT_EQUAL(rdma_grh_read(v4, &gi), 4);
+  v4[31] ^= 1;
+  CU_ASSERT_EQUAL(rdma_grh_read(v4, &gi), 6);
+  CU_ASSERT_EQUAL(rdma_grh_read(v6, &gi), 6);
+  CU_ASSERT_EQUAL(gi.tc, 0x68);
+  CU_ASSERT_EQUAL(gi.flow_label, 0xabcdeu);
+  CU_ASSERT_EQUAL(gi.hop_limit, 0x40);
+  CU_ASSERT_EQUAL(gi.sgid[0], 0xfe);
+  CU_ASSERT_EQUAL(gi.sgid[15], 0x42);
+  CU_ASSERT_EQUAL(gi.dgid[15], 0x43);
+  uint8_t junk[40];
+  memset(junk, 0x11, sizeof(junk));
+  CU_ASSERT_EQUAL(rdma_grh_read(junk, &gi), -1);
+}
+
 /* Random damage to valid packets: the decoder never reads out of bounds (ASan), and
  * whatever it accepts re-encodes to the same bytes (nothing ambiguous gets through). */
 static void test_wire_mutations(void) {
@@ -474,7 +640,7 @@ static void test_wire_mutations(void) {
   unsigned accepted = 0, mismatched = 0;
 
   for (int iter = 0; iter < 200000; iter++) {
-    size_t n = good_ping(buf, (uint16_t)(tu_rand(&rng) % 64));
+    size_t n = iter % 4 == 3 ? good_ack_v2(buf) : good_ping(buf, (uint16_t)(tu_rand(&rng) % 64));
     int flips = 1 + (int)(tu_rand(&rng) % 4);
     for (int k = 0; k < flips; k++) buf[tu_rand(&rng) % (n + 1)] ^= (uint8_t)(1u << (tu_rand(&rng) % 8));
     if (tu_rand(&rng) % 4 == 0) n = tu_rand(&rng) % (n + 2);
@@ -530,7 +696,8 @@ static void test_init_args(void) {
       CU_PASS(fields[i].what);
     CU_ASSERT_PTR_EQUAL(c, sentinel); /* output untouched on failure */
   }
-  /* ROCE is refused with a reason that says what is missing. */
+  /* ROCE on an address no RDMA device owns (none at all on most hosts that run this
+   * test) is refused with a reason that says what is missing. */
   a.mode = HCCN_RPING_MODE_ROCE;
   ASSERT_HCCN(HccnRpingInit("127.0.0.2", &a, &c), HCCN_E_FAIL);
   TU_ASSERT_ERRMSG_HAS("RDMA");
@@ -1160,7 +1327,7 @@ static void test_responder_ignores_garbage(void) {
     n = good_ping(buf, 10);
     switch (i) {
     case 0: buf[0] = 0; break;                                      /* magic */
-    case 1: buf[4] = 2; break;                                      /* version */
+    case 1: buf[4] = 3; break;                                      /* version */
     case 2: buf[5] = 9; break;                                      /* type */
     case 3: buf[7] = 1; break;                                      /* flags */
     case 4: buf[9] = 99; break;                                     /* length */
@@ -1179,6 +1346,33 @@ static void test_responder_ignores_garbage(void) {
   CU_ASSERT_EQUAL_FATAL(rp_decode(in, (size_t)k, &p), RP_OK);
   CU_ASSERT_EQUAL(p.type, RP_PONG);
   CU_ASSERT_EQUAL(p.seq, 4242u);
+  close(fd);
+  ASSERT_HCCN(HccnRpingDeinit(r), HCCN_SUCCESS);
+}
+
+/* A responder answers in the version it was asked in; one in mode UDP gives no RoCE
+ * endpoint, so a ROCE client knows it cannot probe it over RDMA. */
+static void test_responder_versions(void) {
+  uint16_t rport;
+  HccnRpingCtx r = ctx_on("127.0.0.2", &rport);
+  int fd = udp_bind("127.0.0.1", 0);
+  struct sockaddr_in to = sa_of("127.0.0.2", rport);
+  uint8_t buf[RP_MAX_PKT + 64], in[RP_MAX_PKT + 64];
+  struct rp_pkt p;
+
+  CU_ASSERT_FATAL(r && fd >= 0);
+  for (uint8_t v = RP_VERSION1; v <= RP_VERSION2; v++) {
+    struct rp_pkt hello = {.version = v, .type = RP_HELLO, .target = 77, .seq = v};
+    size_t n = rp_encode(&hello, buf, sizeof(buf));
+    CU_ASSERT(sendto(fd, buf, n, 0, (struct sockaddr *)&to, sizeof(to)) == (ssize_t)n);
+    ssize_t k = recv_wait(fd, in, sizeof(in), 5000, NULL, NULL);
+    CU_ASSERT_FATAL(k > 0);
+    CU_ASSERT_EQUAL_FATAL(rp_decode(in, (size_t)k, &p), RP_OK);
+    CU_ASSERT_EQUAL(p.version, v);
+    CU_ASSERT_EQUAL(p.type, RP_HELLO_ACK);
+    CU_ASSERT_EQUAL(p.seq, v);
+    CU_ASSERT_EQUAL(p.payload_len, 0); /* mode UDP: no endpoint */
+  }
   close(fd);
   ASSERT_HCCN(HccnRpingDeinit(r), HCCN_SUCCESS);
 }
@@ -1255,6 +1449,9 @@ int main(void) {
   CU_add_test(s, "encode/decode round trip, byte order", test_wire_roundtrip);
   CU_add_test(s, "encode refuses invalid packets", test_wire_encode_rejects);
   CU_add_test(s, "decode rejects each malformation", test_wire_decode_rejects);
+  CU_add_test(s, "version 2: HELLO_ACK with a RoCE endpoint", test_wire_v2_endpoint);
+  CU_add_test(s, "version 2: malformed endpoints", test_wire_v2_rejects);
+  CU_add_test(s, "RoCE GRH: IPv4 at offset 20, or IPv6", test_grh_read);
   CU_add_test(s, "200000 random mutations", test_wire_mutations);
   s = CU_add_suite("processes", NULL, NULL);
   CU_add_test(s, "responder in a child process; stopped child", test_child_process_responder);
@@ -1281,6 +1478,7 @@ int main(void) {
   s = CU_add_suite("on the wire", NULL, NULL);
   CU_add_test(s, "TOS byte and source port both ways", test_tos_both_ways);
   CU_add_test(s, "responder ignores malformed datagrams", test_responder_ignores_garbage);
+  CU_add_test(s, "responder answers in the version asked", test_responder_versions);
   CU_add_test(s, "forged and damaged answers are not counted", test_forged_answers_ignored);
   CU_add_test(s, "drops, delays and late answers", test_impaired_responder);
   if (CU_get_error() != CUE_SUCCESS) {

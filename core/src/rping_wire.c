@@ -22,21 +22,58 @@ static uint16_t be16_get(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1
 static uint32_t be32_get(const uint8_t *p) { return ((uint32_t)be16_get(p) << 16) | be16_get(p + 2); }
 static uint64_t be64_get(const uint8_t *p) { return ((uint64_t)be32_get(p) << 32) | be32_get(p + 4); }
 
-static int type_ok(uint8_t type, uint16_t payload_len) {
+static int ep_ok(const struct rp_ep *ep) {
+  return ep->qpn >= 2 && ep->qpn <= 0xffffff &&
+         (ep->mtu == 256 || ep->mtu == 512 || ep->mtu == 1024 || ep->mtu == 2048 || ep->mtu == 4096);
+}
+
+size_t rp_ep_put(const struct rp_ep *ep, uint8_t *out) {
+  if (!ep_ok(ep)) return 0;
+  out[0] = RP_EP_ROCE_UD;
+  out[1] = out[2] = out[3] = 0;
+  be32_put(out + 4, ep->qpn);
+  be32_put(out + 8, ep->qkey);
+  be32_put(out + 12, ep->mtu);
+  memcpy(out + 16, ep->gid, 16);
+  return RP_EP_LEN;
+}
+
+enum rp_err rp_ep_get(const uint8_t *p, size_t n, struct rp_ep *ep) {
+  struct rp_ep e;
+  if (n != RP_EP_LEN) return RP_ELEN;
+  if (p[0] != RP_EP_ROCE_UD || p[1] || p[2] || p[3]) return RP_EENDPOINT;
+  e.qpn = be32_get(p + 4);
+  e.qkey = be32_get(p + 8);
+  e.mtu = be32_get(p + 12);
+  memcpy(e.gid, p + 16, 16);
+  if (!ep_ok(&e)) return RP_EENDPOINT;
+  *ep = e;
+  return RP_OK;
+}
+
+/* The payload a packet of this version and type may carry. */
+static enum rp_err payload_ok(uint8_t version, uint8_t type, uint16_t payload_len, const uint8_t *payload) {
+  struct rp_ep ep;
   switch (type) {
-  case RP_HELLO:
-  case RP_HELLO_ACK: return payload_len == 0;
+  case RP_HELLO: return payload_len == 0 ? RP_OK : RP_ELEN;
+  case RP_HELLO_ACK:
+    if (payload_len == 0) return RP_OK;
+    if (version < RP_VERSION2 || payload_len != RP_EP_LEN || !payload) return RP_ELEN;
+    return rp_ep_get(payload, payload_len, &ep);
   case RP_PING:
-  case RP_PONG: return payload_len <= RP_MAX_PAYLOAD;
-  default: return 0;
+  case RP_PONG: return payload_len <= RP_MAX_PAYLOAD ? RP_OK : RP_ELEN;
+  default: return RP_ETYPE;
   }
 }
 
 size_t rp_encode(const struct rp_pkt *pkt, uint8_t *buf, size_t cap) {
   size_t len = RP_HDR_LEN + pkt->payload_len;
-  if (!type_ok(pkt->type, pkt->payload_len) || len > cap || (pkt->payload_len && !pkt->payload)) return 0;
+  uint8_t version = pkt->version ? pkt->version : RP_VERSION1;
+  if (version > RP_VERSION2 || len > cap || (pkt->payload_len && !pkt->payload) ||
+      payload_ok(version, pkt->type, pkt->payload_len, pkt->payload) != RP_OK)
+    return 0;
   be32_put(buf, RP_MAGIC);
-  buf[4] = RP_VERSION;
+  buf[4] = version;
   buf[5] = pkt->type;
   buf[6] = pkt->tos;
   buf[7] = 0;
@@ -52,14 +89,17 @@ size_t rp_encode(const struct rp_pkt *pkt, uint8_t *buf, size_t cap) {
 
 enum rp_err rp_decode(const uint8_t *buf, size_t n, struct rp_pkt *pkt) {
   uint16_t len, payload_len;
+  enum rp_err err;
   if (n < RP_HDR_LEN) return RP_ESHORT;
   if (be32_get(buf) != RP_MAGIC) return RP_EMAGIC;
-  if (buf[4] != RP_VERSION) return RP_EVERSION;
+  if (buf[4] != RP_VERSION1 && buf[4] != RP_VERSION2) return RP_EVERSION;
   if (buf[5] < RP_HELLO || buf[5] > RP_PONG) return RP_ETYPE;
   if (buf[7] != 0) return RP_EFLAGS;
   len = be16_get(buf + 8);
   payload_len = be16_get(buf + 10);
-  if (len != n || payload_len != n - RP_HDR_LEN || !type_ok(buf[5], payload_len)) return RP_ELEN;
+  if (len != n || payload_len != n - RP_HDR_LEN) return RP_ELEN;
+  if ((err = payload_ok(buf[4], buf[5], payload_len, buf + RP_HDR_LEN)) != RP_OK) return err;
+  pkt->version = buf[4];
   pkt->type = buf[5];
   pkt->tos = buf[6];
   pkt->payload_len = payload_len;
@@ -80,6 +120,7 @@ const char *rp_err_str(enum rp_err err) {
       [RP_ETYPE] = "unknown packet type",
       [RP_EFLAGS] = "flags not zero",
       [RP_ELEN] = "length fields do not match the datagram",
+      [RP_EENDPOINT] = "RoCE endpoint field out of range",
   };
   return (unsigned)err < sizeof(s) / sizeof(s[0]) ? s[err] : "unknown error";
 }
