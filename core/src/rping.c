@@ -170,14 +170,9 @@ static HccnResult resolve_device(const char *device, const char *attr_ip, struct
 
 static HccnResult check_attr(const HccnRpingInitAttr *attr) {
   const char *fn = "HccnRpingInit";
-  if (attr->mode == HCCN_RPING_MODE_ROCE)
-    return rp_fail(
-        HCCN_E_FAIL,
-        "%s: mode HCCN_RPING_MODE_ROCE probes over RDMA, and this build has no RDMA transport yet; "
-        "use HCCN_RPING_MODE_UDP",
-        fn);
-  CHECK_PARA(attr->mode == HCCN_RPING_MODE_UDP, "%s: attr->mode %d is unknown (HCCN_RPING_MODE_UDP is %d)",
-             fn, (int)attr->mode, (int)HCCN_RPING_MODE_UDP);
+  CHECK_PARA(attr->mode == HCCN_RPING_MODE_UDP || attr->mode == HCCN_RPING_MODE_ROCE,
+             "%s: attr->mode %d is unknown (HCCN_RPING_MODE_ROCE is %d, HCCN_RPING_MODE_UDP %d)", fn,
+             (int)attr->mode, (int)HCCN_RPING_MODE_ROCE, (int)HCCN_RPING_MODE_UDP);
   CHECK_PARA(attr->port >= 1 && attr->port <= 65535, "%s: attr->port %u is not in [1,65535]", fn, attr->port);
   CHECK_PARA(attr->npuNum >= 1 && attr->npuNum <= RP_MAX_NPU, "%s: attr->npuNum %u is not in [1,%u]", fn,
              attr->npuNum, RP_MAX_NPU);
@@ -213,6 +208,7 @@ HccnResult HccnRpingInit(const char *device, const HccnRpingInitAttr *attr, Hccn
   c->sl = attr->sl;
   c->tc = attr->tc;
   c->add_timeout_ms = add_timeout;
+  c->roce = attr->mode == HCCN_RPING_MODE_ROCE;
   c->resp_fd = c->close_efd = -1;
 
   /* Claim the device first, so a second Init on it fails for that reason. */
@@ -235,32 +231,42 @@ HccnResult HccnRpingInit(const char *device, const HccnRpingInitAttr *attr, Hccn
     r = rp_fail(HCCN_E_FAIL, "%s: pthread_mutex_init: %s", fn, strerror(rc));
     goto unclaim;
   }
+  if ((rc = pthread_mutex_init(&c->run_lock, NULL)) != 0) {
+    r = rp_fail(HCCN_E_FAIL, "%s: pthread_mutex_init: %s", fn, strerror(rc));
+    goto destroy_lock;
+  }
   c->next_batch_id = (uint32_t)(hixl_now_ns() >> 10) | 1u;
   c->close_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (c->close_efd < 0) {
     r = rp_fail(HCCN_E_FAIL, "%s: eventfd: %s", fn, strerror(errno));
-    goto destroy_lock;
+    goto destroy_run_lock;
   }
   c->resp_fd = rp_udp_socket(addr, c->port, "HccnRpingInit: responder");
   if (c->resp_fd < 0) {
     r = HCCN_E_FAIL;
     goto close_efd;
   }
+  if (c->roce && (r = rp_roce_open(c)) != HCCN_SUCCESS) goto close_resp;
   if ((rc = pthread_create(&c->resp_thread, NULL, rp_responder_main, c)) != 0) {
     r = rp_fail(HCCN_E_FAIL, "%s: cannot start the responder thread: %s", fn, strerror(rc));
-    goto close_resp;
+    goto close_roce;
   }
   pthread_mutex_lock(&reg_lock);
   c->ready = true;
   pthread_mutex_unlock(&reg_lock);
-  log_info("rping: context on %s, responder on UDP port %u", c->addr_str, (unsigned)c->port);
+  log_info("rping: context on %s (mode %s), responder on UDP port %u", c->addr_str, c->roce ? "ROCE" : "UDP",
+           (unsigned)c->port);
   *rpingCtx = (HccnRpingCtx)c->handle;
   return HCCN_SUCCESS;
 
+close_roce:
+  if (c->roce) rp_roce_close(c);
 close_resp:
   close(c->resp_fd);
 close_efd:
   close(c->close_efd);
+destroy_run_lock:
+  pthread_mutex_destroy(&c->run_lock);
 destroy_lock:
   pthread_mutex_destroy(&c->lock);
 unclaim:
@@ -291,10 +297,12 @@ HccnResult HccnRpingDeinit(HccnRpingCtx rpingCtx) {
   while (c->refs > 0) pthread_cond_wait(&reg_cond, &reg_lock);
   pthread_mutex_unlock(&reg_lock);
 
-  rp_batch_free(c->batch);
+  rp_batch_free(c->batch); /* its QP, AHs, CQ and channel */
   pthread_join(c->resp_thread, NULL);
+  if (c->roce) rp_roce_close(c); /* the responder's QP and AHs, the MR, CQ, channel, PD, device */
   close(c->resp_fd);
   close(c->close_efd);
+  pthread_mutex_destroy(&c->run_lock);
   pthread_mutex_destroy(&c->lock);
   free(c->targets);
   pthread_mutex_lock(&reg_lock);
@@ -335,10 +343,19 @@ static HccnResult check_target(const struct rp_ctx *c, const HccnRpingTargetInfo
   CHECK_PARA(t->srcPort <= 65535, "%s: target[%u].srcPort %u is not in [0,65535]", fn, i, t->srcPort);
   CHECK_PARA(t->srcPort != c->port, "%s: target[%u].srcPort %u is this context's responder port", fn, i,
              t->srcPort);
+  CHECK_PARA(!c->roce || t->srcPort == 0,
+             "%s: target[%u].srcPort %u: in mode HCCN_RPING_MODE_ROCE probes leave from the device's RoCE v2 "
+             "port and the source port is not chosen; leave it 0",
+             fn, i, t->srcPort);
   CHECK_PARA(t->sl <= 7, "%s: target[%u].sl %u is not in [0,7]", fn, i, t->sl);
   CHECK_PARA(t->tc <= 255, "%s: target[%u].tc %u is not in [0,255]", fn, i, t->tc);
   CHECK_PARA(t->payloadLen <= HCCN_RPING_PAYLOAD_LEN_MAX, "%s: target[%u].payloadLen %u is more than %u", fn,
              i, t->payloadLen, HCCN_RPING_PAYLOAD_LEN_MAX);
+  CHECK_PARA(!c->roce || t->payloadLen <= rp_roce_max_payload(c),
+             "%s: target[%u].payloadLen %u is more than the %u bytes a RoCE probe carries on %s (MTU %u less "
+             "the %u-byte header)",
+             fn, i, t->payloadLen, c->roce ? rp_roce_max_payload(c) : 0, c->dev.name,
+             c->roce ? rdma_mtu_bytes(&c->dev) : 0, RP_HDR_LEN);
   out->port = (uint16_t)t->port;
   out->src_port = (uint16_t)t->srcPort;
   out->tc = (uint8_t)t->tc;
@@ -424,7 +441,13 @@ static HccnResult add_targets(HccnRpingCtx h, uint32_t n, const HccnRpingTargetI
   for (size_t k = 0; k < npend; k++) {
     if (ok[k]) continue;
     size_t used = strlen(failed);
-    if (nfail < RP_MAX_LIST_IN_MSG)
+    if (nfail < RP_MAX_LIST_IN_MSG && err[k] == RP_HS_NOT_ROCE)
+      snprintf(failed + used, sizeof(failed) - used, "%s%s (answers, but in mode UDP: no RoCE endpoint)",
+               nfail ? ", " : "", pend[k].name);
+    else if (nfail < RP_MAX_LIST_IN_MSG && err[k] == RP_HS_SMALL_MTU)
+      snprintf(failed + used, sizeof(failed) - used, "%s%s (its RoCE MTU %u cannot carry %u payload bytes)",
+               nfail ? ", " : "", pend[k].name, pend[k].ep.mtu, (unsigned)pend[k].payload_len);
+    else if (nfail < RP_MAX_LIST_IN_MSG)
       snprintf(failed + used, sizeof(failed) - used, "%s%s%s%s%s", nfail ? ", " : "", pend[k].name,
                err[k] ? " (sending: " : "", err[k] ? strerror(err[k]) : "", err[k] ? ")" : "");
     else if (nfail == RP_MAX_LIST_IN_MSG)
@@ -432,10 +455,12 @@ static HccnResult add_targets(HccnRpingCtx h, uint32_t n, const HccnRpingTargetI
     nfail++;
   }
   if (nfail > 0)
-    r = rp_fail(HCCN_E_FAIL,
-                "%s: %zu of %zu targets did not answer within %u ms: %s. Has each run HccnRpingInit on that "
-                "address and port?%s",
-                fn, nfail, npend, timeout_ms, failed, nfail < npend ? " The others were added." : "");
+    r = rp_fail(
+        HCCN_E_FAIL,
+        "%s: %zu of %zu targets did not answer%s within %u ms: %s. Has each run HccnRpingInit%s on that "
+        "address and port?%s",
+        fn, nfail, npend, c->roce ? " as RoCE responders" : "", timeout_ms, failed,
+        c->roce ? " in mode HCCN_RPING_MODE_ROCE" : "", nfail < npend ? " The others were added." : "");
 
 free_pend:
   free(err);
@@ -519,6 +544,7 @@ HccnResult HccnRpingBatchPingStart(HccnRpingCtx rpingCtx, uint32_t pktNum, uint3
                 fn, pktNum, interval, RP_MAX_INTERVAL_MS, timeout, RP_MAX_TIMEOUT_MS);
     goto put_ctx;
   }
+  pthread_mutex_lock(&c->run_lock); /* a Stop that is still tearing down its batch finishes first */
   pthread_mutex_lock(&c->lock);
   if (c->batch) {
     r = rp_fail(HCCN_E_FAIL, "%s: a batch is active already; call HccnRpingBatchPingStop first", fn);
@@ -556,6 +582,7 @@ HccnResult HccnRpingBatchPingStart(HccnRpingCtx rpingCtx, uint32_t pktNum, uint3
   if ((r = rp_batch_run(b)) != HCCN_SUCCESS) goto free_batch;
   c->batch = b;
   pthread_mutex_unlock(&c->lock);
+  pthread_mutex_unlock(&c->run_lock);
   ctx_put(c);
   return HCCN_SUCCESS;
 
@@ -572,6 +599,7 @@ free_batch:
   }
 unlock:
   pthread_mutex_unlock(&c->lock);
+  pthread_mutex_unlock(&c->run_lock);
 put_ctx:
   ctx_put(c);
   return r;
@@ -584,6 +612,7 @@ HccnResult HccnRpingBatchPingStop(HccnRpingCtx rpingCtx) {
   HccnResult r;
 
   if ((r = ctx_get(rpingCtx, fn, &c)) != HCCN_SUCCESS) return r;
+  pthread_mutex_lock(&c->run_lock);
   pthread_mutex_lock(&c->lock);
   b = c->batch;
   c->batch = NULL;
@@ -592,6 +621,7 @@ HccnResult HccnRpingBatchPingStop(HccnRpingCtx rpingCtx) {
     rp_batch_free(b); /* without the lock: the prober takes it to finish */
   else
     r = rp_fail(HCCN_E_FAIL, "%s: no batch is active", fn);
+  pthread_mutex_unlock(&c->run_lock);
   ctx_put(c);
   return r;
 }
@@ -655,5 +685,38 @@ free_dst:
   free(dst);
 put_ctx:
   ctx_put(c);
+  return r;
+}
+
+HccnResult rp_debug_qos(HccnRpingCtx h, const char *dst_ip, struct rp_qos_seen *out) {
+  const char *fn = "rp_debug_qos";
+  struct in_addr dst;
+  struct rp_ctx *c;
+  HccnResult r;
+
+  if ((r = ctx_get(h, fn, &c)) != HCCN_SUCCESS) return r;
+  if (!dst_ip || inet_pton(AF_INET, dst_ip, &dst) != 1) {
+    ctx_put(c);
+    return rp_fail(HCCN_E_PARA, "%s: \"%s\" is not an IPv4 address", fn, dst_ip ? dst_ip : "(null)");
+  }
+  pthread_mutex_lock(&c->lock);
+  r = HCCN_E_PARA;
+  if (c->batch && !c->batch->done) r = HCCN_E_AGAIN;
+  for (size_t k = 0; r == HCCN_E_PARA && c->batch && k < c->batch->n; k++) {
+    const struct rp_tally *t = &c->batch->tally[k];
+    if (c->batch->t[k].dst.s_addr != dst.s_addr) continue;
+    *out = (struct rp_qos_seen){.roce = c->roce,
+                                .set_tc = t->set_tc,
+                                .set_sl = t->set_sl,
+                                .echo_tc = t->echo_tc,
+                                .here_tc = t->here_tc,
+                                .rx = t->rx,
+                                .echo_bad = t->echo_bad,
+                                .here_bad = t->here_bad};
+    r = HCCN_SUCCESS;
+  }
+  pthread_mutex_unlock(&c->lock);
+  ctx_put(c);
+  if (r == HCCN_E_PARA) rp_fail(r, "%s: %s is not in an active batch", fn, dst_ip);
   return r;
 }

@@ -1,5 +1,6 @@
 /* rping internals shared by rping.c (the API, the registry, the target list) and
- * rping_io.c (the responder, the AddTarget handshake and the batch prober). */
+ * rping_io.c (the responder, the AddTarget handshake and the batch prober, over UDP
+ * sockets or, in mode ROCE, RoCE UD queue pairs). */
 #ifndef HIXL_RPING_INT_H
 #define HIXL_RPING_INT_H
 
@@ -10,9 +11,22 @@
 #include <stdint.h>
 
 #include "hixl/hccn_rping.h"
+#include "rdma.h"
 #include "rping_wire.h"
 
 #define RP_NAME_LEN 24 /* "255.255.255.255:65535" */
+
+/* Mode ROCE. Every context's memory is one registered region: the responder's
+ * receive slots, then the batch area of attr->bufferSize (hcomm's contract: a
+ * 2048-byte slot per probe of a batch, and at least one more). */
+#define RP_QKEY         0x11111111u /* Q_Key of every RPing UD queue pair */
+#define RP_SLOT         HCCN_RPING_BUFFER_PER_PACKET
+#define RP_RESP_SLOTS   256u  /* the responder's receives (and answers in flight) */
+#define RP_BATCH_RECV   1024u /* most receives a batch posts */
+#define RP_BATCH_SEND   64u   /* most probes a batch has in flight */
+#define RP_AH_CACHE     16    /* the responder keeps the AHs of this many recent senders */
+#define RP_HS_NOT_ROCE  (-1)  /* rp_handshake err[]: answered without a RoCE endpoint */
+#define RP_HS_SMALL_MTU (-2)  /* rp_handshake err[]: its MTU cannot carry the target's probes */
 
 /* A target as the context keeps it (copied from HccnRpingTargetInfo). */
 struct rp_target {
@@ -24,12 +38,29 @@ struct rp_target {
   uint16_t payload_len;
   uint8_t payload[RP_MAX_PAYLOAD];
   char name[RP_NAME_LEN]; /* "ip:port", for messages */
+  struct rp_ep ep;        /* ROCE: the responder's UD endpoint, from the handshake */
 };
 
-/* Per-target figures of a batch, in nanoseconds. */
+/* An address handle the responder keeps for answers to one sender: made from the
+ * first probe's completion (ibv_create_ah_from_wc) and used again for probes whose GRH
+ * and SL are the same, so it has exactly the attributes a new one would have. */
+struct rp_ah_ent {
+  struct ibv_ah *ah;        /* NULL: free */
+  struct rdma_grh_info grh; /* the key: sender, receiver, tc, hop limit, flow label ... */
+  uint16_t slid;            /* ... and what the completion adds */
+  uint8_t sl;
+  uint32_t busy; /* answers in flight with it */
+  uint64_t used; /* for eviction: the least recently used idle entry goes */
+};
+
+/* Per-target figures of a batch, in nanoseconds; and the traffic class seen. */
 struct rp_tally {
   uint32_t tx, rx;
   uint64_t rtt_sum, rtt_min, rtt_max;
+  uint8_t set_tc, set_sl;      /* what the probes were sent with (ROCE: the AH's attributes) */
+  uint8_t echo_tc, here_tc;    /* of the last answer counted: the tc the responder saw on the
+                                * probe (the answer's tos), and the tc the answer arrived with */
+  uint32_t echo_bad, here_bad; /* answers counted whose echo_tc / here_tc was not set_tc */
 };
 
 /* One batch: a snapshot of the targets at BatchPingStart and the prober thread. */
@@ -47,6 +78,17 @@ struct rp_batch {
   int *socks;             /* one per distinct source port */
   size_t nsocks;
   bool done; /* under ctx->lock: the tallies are final */
+  /* ROCE: a UD QP of the batch's own, an AH per target, slots in the batch area */
+  struct rdma_ud ud;
+  struct ibv_ah **ah;    /* [n] */
+  uint32_t nrecv, nsend; /* receive slots (recv_len bytes), then send slots (RP_SLOT bytes) */
+  uint32_t recv_len;
+  uint32_t *send_probe; /* [nsend]: target * pkt_num + seq in flight, or UINT32_MAX */
+  uint32_t *free_send;  /* [nsend]: a stack of free send slots */
+  uint32_t nfree;
+  uint64_t sent, answered; /* prober thread only */
+  bool stopping;           /* prober thread only: Stop or Deinit seen */
+  bool qp_dead;            /* prober thread only: the QP failed; nothing more is sent */
 };
 #define RP_ANSWERED UINT64_MAX
 
@@ -67,7 +109,23 @@ struct rp_ctx {
   int resp_fd;
   pthread_t resp_thread;
 
-  pthread_mutex_t lock; /* targets, ntargets, cap, batch, next_batch_id */
+  /* mode ROCE (roce true); the responder thread alone uses resp_ud and resp_ah */
+  bool roce;
+  struct rdma_dev dev;
+  uint8_t *mem; /* RP_RESP_SLOTS x resp_len, then the batch area (buffer_size) */
+  size_t mem_len;
+  uint32_t resp_len; /* bytes of a receive slot: RDMA_GRH_LEN + MTU, in whole RP_SLOTs */
+  struct ibv_mr *mr;
+  uint32_t lkey;
+  struct rdma_ud resp_ud;
+  struct ibv_ah **resp_ah; /* [RP_RESP_SLOTS]: an answer's own AH (not kept), freed once it left */
+  int16_t *resp_ent;       /* [RP_RESP_SLOTS]: the kept AH an answer uses (ah_cache index), or -1 */
+  struct rp_ah_ent ah_cache[RP_AH_CACHE];
+  uint64_t ah_clock;
+  struct rp_ep ep; /* what HELLO_ACK tells a ROCE client */
+
+  pthread_mutex_t run_lock; /* BatchPingStart and Stop: a batch's teardown ends before the next starts */
+  pthread_mutex_t lock;     /* targets, ntargets, cap, batch, next_batch_id */
   struct rp_target *targets;
   size_t ntargets, cap;
   struct rp_batch *batch; /* active from BatchPingStart until Stop */
@@ -82,14 +140,31 @@ HccnResult rp_fail(HccnResult r, const char *fmt, ...) __attribute__((format(pri
 int rp_udp_socket(struct in_addr addr, uint16_t port, const char *what);
 /* Start / the body of the responder thread on ctx->resp_fd. */
 void *rp_responder_main(void *arg);
-/* Handshake with t[0..n): ok[i] set for each that answered before deadline_ns, err[i]
- * the last errno of sending to it (0: none). HCCN_E_FAIL when the context closes
- * meanwhile or no socket could be made. */
-HccnResult rp_handshake(struct rp_ctx *ctx, const struct rp_target *t, size_t n, uint64_t deadline_ns,
-                        bool *ok, int *err);
+/* Handshake with t[0..n): ok[i] set for each that answered before deadline_ns (ROCE:
+ * with a usable endpoint, stored in t[i].ep), err[i] the last errno of sending to it
+ * (0: none) or RP_HS_*. HCCN_E_FAIL when the context closes meanwhile or no socket
+ * could be made. */
+HccnResult rp_handshake(struct rp_ctx *ctx, struct rp_target *t, size_t n, uint64_t deadline_ns, bool *ok,
+                        int *err);
+/* Mode ROCE: open the device that owns ctx->addr, the memory, the responder's UD QP
+ * and its receives; undone by rp_roce_close (after the responder thread ended). */
+HccnResult rp_roce_open(struct rp_ctx *ctx);
+void rp_roce_close(struct rp_ctx *ctx);
+/* Bytes of payload a ROCE probe may carry from this context (its MTU less the header). */
+uint32_t rp_roce_max_payload(const struct rp_ctx *ctx);
 /* Sockets and the prober thread of b (filled by the caller); ladder inside. */
 HccnResult rp_batch_run(struct rp_batch *b);
 /* Stop b's thread if it still runs, join it and free b. */
 void rp_batch_free(struct rp_batch *b);
+
+/* For tests: the traffic class and service level a target of the active batch was
+ * probed with and saw (the tally fields above), once the batch is done. HCCN_E_AGAIN
+ * while it runs; HCCN_E_PARA when dst_ip is not in the batch. */
+struct rp_qos_seen {
+  bool roce;
+  uint8_t set_tc, set_sl, echo_tc, here_tc;
+  uint32_t rx, echo_bad, here_bad;
+};
+HccnResult rp_debug_qos(HccnRpingCtx h, const char *dst_ip, struct rp_qos_seen *out);
 
 #endif

@@ -2,7 +2,9 @@
  * hcomm (seed 002). Every host that takes part runs HccnRpingInit; that starts a
  * responder answering probes on attr->port. A client adds targets (each verified with
  * a handshake to its responder), runs a batch of probes and reads per-target counts
- * and round-trip times. docs/rping.md describes the flow, the rules and the packets.
+ * and round-trip times. Probes go over UDP (mode UDP) or as RoCE UD messages carrying
+ * each target's traffic class and service level (mode ROCE). docs/rping.md describes
+ * the flow, the rules and the packets.
  *
  * Failures return an HccnResult; HixlGetLastErrorMessage() (hixl_status.h) says why
  * the calling thread's last failing call failed, for HccnRping* calls too.
@@ -43,7 +45,8 @@ typedef enum {
 #undef HCCN_RESULT_ENUM_
 
 typedef enum {
-  HCCN_RPING_MODE_ROCE = 0, /* probes over RDMA: not in this build yet, Init fails HCCN_E_FAIL */
+  HCCN_RPING_MODE_ROCE = 0, /* probes are RoCE UD SENDs with the target's tc (GRH) and sl; needs the
+                             * RDMA device that owns the context's address (else Init: HCCN_E_FAIL) */
   HCCN_RPING_MODE_UDP = 16, /* hixl: probes over UDP with the IP TOS byte set from tc */
 } HccnRpingMode;
 
@@ -55,22 +58,23 @@ typedef enum {
 } HccnRpingResultState;
 
 typedef struct HccnRpingInitAttr {
-  HccnRpingMode mode;  /* HCCN_RPING_MODE_UDP (ROCE: not yet) */
-  uint32_t port;       /* UDP port the responder listens on, 1..65535 */
+  HccnRpingMode mode;  /* HCCN_RPING_MODE_UDP or HCCN_RPING_MODE_ROCE */
+  uint32_t port;       /* UDP port the responder listens on (ROCE: for the handshake), 1..65535 */
   uint32_t npuNum;     /* most targets this context may hold, >= 1 */
-  uint32_t bufferSize; /* multiple of 4096; must exceed pkt_num * 2048 * targets */
-  uint32_t sl;         /* service level 0..7 (RoCE only; 4 when unused) */
-  uint32_t tc;         /* traffic class 0..255 (132 when unused); kept for RoCE */
+  uint32_t bufferSize; /* multiple of 4096; must exceed pkt_num * 2048 * targets (ROCE: registered,
+                        * it holds a batch's probe and answer slots) */
+  uint32_t sl;         /* service level 0..7 (checked and kept; probes use each target's) */
+  uint32_t tc;         /* traffic class 0..255 (checked and kept; probes use each target's) */
   char *ipAddr;        /* IPv4 address of this device; NULL: the device's first one */
 } HccnRpingInitAttr;
 
 typedef struct HccnRpingTargetInfo {
-  uint32_t srcPort;                         /* UDP source port of the probes; 0: any */
+  uint32_t srcPort;                         /* UDP source port of the probes; 0: any (ROCE: 0) */
   uint32_t reserved;                        /* 0 */
-  uint32_t sl;                              /* service level 0..7 (RoCE only) */
-  uint32_t tc;                              /* IP TOS byte of the probes 0..255 (DSCP * 4) */
+  uint32_t sl;                              /* service level 0..7 (ROCE: the probes' AH) */
+  uint32_t tc;                              /* 0..255: IP TOS byte (ROCE: GRH traffic class) */
   uint32_t port;                            /* the target's responder port, 1..65535 */
-  uint32_t payloadLen;                      /* bytes of payload, <= 1500 */
+  uint32_t payloadLen;                      /* bytes of payload, <= 1500 (ROCE: <= MTU - 32) */
   char payload[HCCN_RPING_PAYLOAD_LEN_MAX]; /* carried by every probe and echoed back */
   char *srcIp;                              /* this context's address, or NULL */
   char *dstIp;                              /* the target's IPv4 address: its key */
@@ -96,7 +100,9 @@ HIXL_API const char *HccnResultName(HccnResult result);
 /** Short English text of a result. */
 HIXL_API const char *HccnResultString(HccnResult result);
 
-/** Start RPing on a local device and its responder (one context per device per process).
+/** Start RPing on a local device and its responder (one context per device per process);
+ *  mode ROCE also opens the RDMA device that owns the address, a UD queue pair and
+ *  the registered bufferSize.
  *  @param device   a NIC name ("eth0", resolved to its IPv4 address) or an IPv4 address;
  *                  NULL or "": attr->ipAddr names the device
  *  @param attr     mode, responder port, limits; attr->ipAddr must agree with device
