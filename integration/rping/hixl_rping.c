@@ -54,7 +54,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: hixl-rping [options] TARGET[:PORT]...\n"
           "       hixl-rping --serve -d DEVICE [-p PORT]\n"
-          "Probe RPing responders over UDP and print per-target loss and round-trip times.\n"
+          "Probe RPing responders over UDP or RoCE and print per-target loss and round-trip times.\n"
           "A target is an IPv4 address where a responder runs (hixl-rping --serve, or any\n"
           "program that called HccnRpingInit); one port per address.\n"
           "\n"
@@ -70,11 +70,14 @@ static void usage(FILE *f) {
           "  -W, --timeout MS       an answer counts if it comes within MS, 1..60000 (default 1000)\n"
           "  -w, --wait MS          how long a target's responder may take to answer the\n"
           "                         handshake, 1..3600000 (default 5000)\n"
-          "  -t, --tc TC            IP TOS byte of the probes, 0..255 (default 132 = DSCP 33)\n"
-          "  -s, --sl SL            service level 0..7 (RoCE only; default 4)\n"
-          "  -S, --src-port PORT    UDP source port of the probes (default: any)\n"
-          "  -l, --payload-len N    payload bytes per probe, 0..1500 (default 0)\n"
-          "  -m, --mode MODE        udp (default) or roce (needs the RDMA transport; not yet)\n"
+          "  -t, --tc TC            IP TOS byte (roce: GRH traffic class) of the probes, 0..255\n"
+          "                         (default 132 = DSCP 33)\n"
+          "  -s, --sl SL            service level 0..7 (roce only; default 4)\n"
+          "  -S, --src-port PORT    UDP source port of the probes (udp only; default: any)\n"
+          "  -l, --payload-len N    payload bytes per probe, 0..1500 (roce: up to the MTU less 32;\n"
+          "                         default 0)\n"
+          "  -m, --mode MODE        udp (default) or roce: RoCE UD probes from the RDMA device\n"
+          "                         that owns DEV's address, to targets that serve with -m roce\n"
           "      --json             JSON instead of a table\n"
           "  -q, --quiet            no progress on standard error\n"
           "      --serve            only answer probes, until SIGINT or SIGTERM\n"
@@ -298,8 +301,12 @@ static double loss_pct(const HccnRpingResultInfo *r) {
 }
 
 static void print_table(const HccnRpingResultInfo *res, const char *device) {
-  printf("# from %s: %u probe%s per target, %u ms apart, answers within %u ms, tc %u\n", device, opt.count,
-         opt.count == 1 ? "" : "s", opt.interval_ms, opt.timeout_ms, opt.tc);
+  if (opt.mode == HCCN_RPING_MODE_ROCE)
+    printf("# from %s over RoCE: %u probe%s per target, %u ms apart, answers within %u ms, tc %u, sl %u\n",
+           device, opt.count, opt.count == 1 ? "" : "s", opt.interval_ms, opt.timeout_ms, opt.tc, opt.sl);
+  else
+    printf("# from %s: %u probe%s per target, %u ms apart, answers within %u ms, tc %u\n", device, opt.count,
+           opt.count == 1 ? "" : "s", opt.interval_ms, opt.timeout_ms, opt.tc);
   printf("%-21s %7s %7s %7s %9s %9s %9s  %s\n", "target", "sent", "recv", "loss%", "min_us", "avg_us",
          "max_us", "status");
   for (size_t i = 0; i < opt.n; i++) {
@@ -315,9 +322,10 @@ static void print_table(const HccnRpingResultInfo *res, const char *device) {
 
 static void print_json(const HccnRpingResultInfo *res, const char *device) {
   static const char *const states[] = {"not_found", "invalid", "valid"};
-  printf("{\"device\": \"%s\", \"mode\": \"udp\", \"count\": %u, \"interval_ms\": %u, \"timeout_ms\": %u, "
-         "\"tc\": %u, \"payload_len\": %u, \"targets\": [",
-         device, opt.count, opt.interval_ms, opt.timeout_ms, opt.tc, opt.payload_len);
+  printf("{\"device\": \"%s\", \"mode\": \"%s\", \"count\": %u, \"interval_ms\": %u, \"timeout_ms\": %u, "
+         "\"tc\": %u, \"sl\": %u, \"payload_len\": %u, \"targets\": [",
+         device, opt.mode == HCCN_RPING_MODE_ROCE ? "roce" : "udp", opt.count, opt.interval_ms,
+         opt.timeout_ms, opt.tc, opt.sl, opt.payload_len);
   for (size_t i = 0; i < opt.n; i++) {
     const HccnRpingResultInfo *r = &res[i];
     printf(
