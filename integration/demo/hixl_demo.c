@@ -24,6 +24,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
+
 #include "hixl/hixl.h"
 
 #define DEMO_NOTIFY_NAME        "hixl-demo"
@@ -70,62 +72,11 @@ static bool parse_u64(const char *s, uint64_t *out) {
   return true;
 }
 
-/* "4096", "4K", "4M", "1G" (binary multiples). */
-static bool parse_size(const char *s, size_t *out) {
-  char *end = NULL;
-  if (s == NULL || *s == '\0' || *s == '-') return false;
-  errno = 0;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (errno != 0 || end == s) return false;
-  unsigned shift = 0;
-  if (*end == 'k' || *end == 'K')
-    shift = 10;
-  else if (*end == 'm' || *end == 'M')
-    shift = 20;
-  else if (*end == 'g' || *end == 'G')
-    shift = 30;
-  if (shift != 0) {
-    end++;
-    if (*end == 'i' || *end == 'I') end++;
-    if (*end == 'b' || *end == 'B') end++;
-  }
-  if (*end != '\0' || v > (SIZE_MAX >> shift)) return false;
-  *out = (size_t)(v << shift);
-  return true;
-}
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* The pattern word at index i depends only on (seed, i), so any side can
- * regenerate or check any range on its own. */
-static inline uint64_t pattern_word(uint64_t seed, uint64_t i) {
-  uint64_t z = seed * 0x9e3779b97f4a7c15ull + i * 0xbf58476d1ce4e5b9ull + 0x94d049bb133111ebull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-static void pattern_fill(uint8_t *buf, size_t len, uint64_t seed) {
-  size_t words = len / 8;
-  for (size_t i = 0; i < words; i++) {
-    uint64_t w = pattern_word(seed, i);
-    memcpy(buf + i * 8, &w, 8);
-  }
-  if (len % 8 != 0) {
-    uint64_t w = pattern_word(seed, words);
-    memcpy(buf + words * 8, &w, len % 8);
-  }
-}
-
 /* Returns true when buf holds the pattern; otherwise *bad is the first bad offset. */
 static bool pattern_check(const uint8_t *buf, size_t len, uint64_t seed, size_t *bad) {
   size_t words = len / 8;
   for (size_t i = 0; i < words; i++) {
-    uint64_t w = pattern_word(seed, i);
+    uint64_t w = bench_pattern_word(seed, i);
     if (memcmp(buf + i * 8, &w, 8) != 0) {
       for (size_t b = 0; b < 8; b++)
         if (buf[i * 8 + b] != ((const uint8_t *)&w)[b]) {
@@ -135,7 +86,7 @@ static bool pattern_check(const uint8_t *buf, size_t len, uint64_t seed, size_t 
     }
   }
   if (len % 8 != 0) {
-    uint64_t w = pattern_word(seed, words);
+    uint64_t w = bench_pattern_word(seed, words);
     for (size_t b = 0; b < len % 8; b++)
       if (buf[words * 8 + b] != ((const uint8_t *)&w)[b]) {
         *bad = words * 8 + b;
@@ -199,9 +150,9 @@ static bool write_all(int fd, const char *s) {
  * -1 on timeout or error. Reads byte by byte: the pipe carries a few short lines. */
 static int read_line(int fd, char *line, size_t cap, int timeout_ms) {
   size_t n = 0;
-  uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000ull;
+  uint64_t deadline = bench_now_ns() + (uint64_t)timeout_ms * 1000000ull;
   for (;;) {
-    uint64_t now = now_ns();
+    uint64_t now = bench_now_ns();
     if (now >= deadline) return -1;
     struct pollfd pfd = {.fd = fd, .events = POLLIN};
     int left = (int)((deadline - now + 999999ull) / 1000000ull);
@@ -243,8 +194,8 @@ static int target_fail(int to_parent, const char *what) {
 /* Wait for the demo's notify, or the parent's pipe closing, within a bound. */
 static int target_wait_notify(HixlEngine *eng, int from_parent, char *name, size_t name_cap, char *msg,
                               size_t msg_cap, char *from, size_t from_cap) {
-  uint64_t deadline = now_ns() + (uint64_t)DEMO_TARGET_MAX_WAIT_MS * 1000000ull;
-  while (now_ns() < deadline) {
+  uint64_t deadline = bench_now_ns() + (uint64_t)DEMO_TARGET_MAX_WAIT_MS * 1000000ull;
+  while (bench_now_ns() < deadline) {
     HixlNotifyDesc *nd = NULL;
     size_t count = 0;
     HixlStatus st = HixlEngineGetNotifies(eng, &nd, &count);
@@ -325,9 +276,9 @@ static int run_target(const struct demo_opts *o, int to_parent, int from_parent)
   size_t size = 0;
   bool parsed = sscanf(msg, "seed=%" SCNu64 " size=%zu", &seed, &size) == 2 && size == o->size;
   size_t bad = 0;
-  uint64_t t0 = now_ns();
+  uint64_t t0 = bench_now_ns();
   bool good = parsed && pattern_check(buf, o->size, seed, &bad);
-  uint64_t check_ns = now_ns() - t0;
+  uint64_t check_ns = bench_now_ns() - t0;
   snprintf(line, sizeof(line),
            "NOTIFY from=%s name=%s msg=[%s] target_check=%s bad_offset=%zd check_ms=%.1f\n", from, name, msg,
            good ? "ok" : (parsed ? "mismatch" : "unparsed"), good ? (ssize_t)-1 : (ssize_t)bad,
@@ -404,7 +355,7 @@ static int run_initiator(const struct demo_opts *o, pid_t child, int from_child,
   HixlMemHandle src_h = NULL, dst_h = NULL;
   HixlTransferOpDesc *descs = NULL;
   HixlStatus st;
-  uint64_t t_start = now_ns();
+  uint64_t t_start = bench_now_ns();
 
   uint8_t *src = map_buffer(o->size);
   uint8_t *dst = map_buffer(o->size);
@@ -413,11 +364,11 @@ static int run_initiator(const struct demo_opts *o, pid_t child, int from_child,
     fprintf(stderr, "%s: cannot allocate 2 x %zu bytes: %s\n", g_prog, o->size, strerror(errno));
     goto out_free;
   }
-  uint64_t t0 = now_ns();
-  pattern_fill(src, o->size, o->seed);
+  uint64_t t0 = bench_now_ns();
+  bench_pattern_fill(src, o->size, o->seed);
   memset(dst, 0, o->size);
   say(o, "initiator: filled %zu bytes with pattern seed %" PRIu64 " in %.1f ms\n", o->size, o->seed,
-      (double)(now_ns() - t0) / 1e6);
+      (double)(bench_now_ns() - t0) / 1e6);
 
   /* The child's READY line carries its buffer address. */
   int r = read_line(from_child, line, sizeof(line), 60000);
@@ -459,18 +410,18 @@ static int run_initiator(const struct demo_opts *o, pid_t child, int from_child,
     goto out_dereg_src;
   }
 
-  t0 = now_ns();
+  t0 = bench_now_ns();
   st = HixlEngineConnect(eng, remote, 5000);
-  connect_ns = now_ns() - t0;
+  connect_ns = bench_now_ns() - t0;
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineConnect", st);
     goto out_dereg_dst;
   }
   say(o, "initiator: connected to %s in %.2f ms\n", remote, (double)connect_ns / 1e6);
 
-  t0 = now_ns();
+  t0 = bench_now_ns();
   st = move_all(eng, remote, HIXL_WRITE, o, (uintptr_t)src, rbase, descs, &write_calls);
-  write_ns = now_ns() - t0;
+  write_ns = bench_now_ns() - t0;
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineTransferSync(WRITE)", st);
     goto out_disconnect;
@@ -479,9 +430,9 @@ static int run_initiator(const struct demo_opts *o, pid_t child, int from_child,
   say(o, "WRITE: %zu bytes in %zu calls (%zu B ops, %zu per call): %.3f s, %.2f GB/s\n", o->size, write_calls,
       o->block, o->batch, (double)write_ns / 1e9, gbps(o->size, write_ns));
 
-  t0 = now_ns();
+  t0 = bench_now_ns();
   st = move_all(eng, remote, HIXL_READ, o, (uintptr_t)dst, rbase, descs, &read_calls);
-  read_ns = now_ns() - t0;
+  read_ns = bench_now_ns() - t0;
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineTransferSync(READ)", st);
     goto out_disconnect;
@@ -490,22 +441,22 @@ static int run_initiator(const struct demo_opts *o, pid_t child, int from_child,
       o->block, o->batch, (double)read_ns / 1e9, gbps(o->size, read_ns));
 
   size_t bad = 0;
-  t0 = now_ns();
+  t0 = bench_now_ns();
   if (first_diff(src, dst, o->size, &bad)) {
     fprintf(stderr, "%s: READ back differs from what was written at offset %zu (0x%02x, expected 0x%02x)\n",
             g_prog, bad, dst[bad], src[bad]);
   } else {
     read_ok = true;
     say(o, "verify: %zu bytes read back match byte for byte (%.1f ms)\n", o->size,
-        (double)(now_ns() - t0) / 1e6);
+        (double)(bench_now_ns() - t0) / 1e6);
   }
 
   char msg[128];
   snprintf(msg, sizeof(msg), "seed=%" PRIu64 " size=%zu", o->seed, o->size);
   HixlNotifyDesc nd = {.name = DEMO_NOTIFY_NAME, .msg = msg, .remote_engine = NULL};
-  t0 = now_ns();
+  t0 = bench_now_ns();
   st = HixlEngineSendNotify(eng, remote, &nd, 5000);
-  notify_ns = now_ns() - t0;
+  notify_ns = bench_now_ns() - t0;
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineSendNotify", st);
     goto out_disconnect;
@@ -555,7 +506,7 @@ out_free:
   *to_child = -1;
   int wst = 0;
   bool child_ok = false;
-  uint64_t wait_deadline = now_ns() + 30ull * 1000000000ull;
+  uint64_t wait_deadline = bench_now_ns() + 30ull * 1000000000ull;
   for (;;) {
     pid_t w = waitpid(child, &wst, WNOHANG);
     if (w == child) {
@@ -566,7 +517,7 @@ out_free:
                 WIFEXITED(wst) ? WEXITSTATUS(wst) : WTERMSIG(wst));
       break;
     }
-    if (w < 0 || now_ns() > wait_deadline) {
+    if (w < 0 || bench_now_ns() > wait_deadline) {
       fprintf(stderr, "%s: target process did not exit within 30 s; killing it\n", g_prog);
       kill(child, SIGKILL);
       waitpid(child, &wst, 0);
@@ -584,7 +535,7 @@ out_free:
   if (src != NULL) munmap(src, o->size);
 
   bool all_ok = write_ok && read_ok && notify_ok && target_ok && child_ok;
-  double total_s = (double)(now_ns() - t_start) / 1e9;
+  double total_s = (double)(bench_now_ns() - t_start) / 1e9;
   printf("hixl-demo %s: %zu bytes, %zu B ops, WRITE %.2f GB/s (%.3f s), READ %.2f GB/s (%.3f s), "
          "total %.2f s: %s\n",
          HixlVersionString(), o->size, o->block, gbps(o->size, write_ns), (double)write_ns / 1e9,
@@ -604,9 +555,9 @@ int main(int argc, char **argv) {
       return 0;
     } else if (strcmp(a, "--quiet") == 0) {
       o.quiet = true;
-    } else if (strcmp(a, "--size") == 0 && parse_size(v, &o.size) && o.size > 0) {
+    } else if (strcmp(a, "--size") == 0 && bench_parse_size(v, &o.size) && o.size > 0) {
       i++;
-    } else if (strcmp(a, "--block") == 0 && parse_size(v, &o.block) && o.block > 0) {
+    } else if (strcmp(a, "--block") == 0 && bench_parse_size(v, &o.block) && o.block > 0) {
       i++;
     } else if (strcmp(a, "--batch") == 0 && parse_u64(v, &u) && u > 0 && u <= HIXL_MAX_BATCH) {
       o.batch = (size_t)u;
