@@ -163,14 +163,14 @@ tcp_rtt() { # CSV [PIN]
     ${2:+--pin "$2"} >>"$RES/tcp_ref.log" 2>&1 || log "hixl-tcp-ref rtt failed (see $RES/tcp_ref.log)"
 }
 hixl_lat() { # CSV [PIN]
-  timeout 60 "$BENCH" --latency --lat-size 64 --lat-iters 10000 --max-seconds 20 --csv "$1" \
+  timeout 60 "$BENCH" --transport tcp --latency --lat-size 64 --lat-iters 10000 --max-seconds 20 --csv "$1" \
     --no-progress ${2:+--pin "$2"} >>"$RES/hixl_latency.log" 2>&1 ||
     log "hixl-bench latency failed (see $RES/hixl_latency.log)"
 }
 hixl_4m() { # CSV [extra args]
   local csv=$1
   shift
-  timeout 120 "$BENCH" --op both --block-sizes 4M --batch 1 --total 16G --max-seconds 3 \
+  timeout 120 "$BENCH" --transport tcp --op both --block-sizes 4M --batch 1 --total 16G --max-seconds 3 \
     --csv "$csv" --no-progress ${PIN:+--pin "$PIN"} "$@" >>"$RES/hixl_4m.log" 2>&1 ||
     log "hixl-bench 4 MiB $* failed (see $RES/hixl_4m.log)"
 }
@@ -350,7 +350,7 @@ HA_R4M=$(num "$(csv_get "$RES/hixl_async.csv" mode=async op=READ gbps)")
 
 log "hixl-bench sweep"
 SWEEP_CSV=$RES/hixl_sweep.csv
-timeout 300 "$BENCH" --op both --block-sizes 4K,64K,1M,4M,16M --batch 1,8 --total 512M --max-seconds 2 \
+timeout 300 "$BENCH" --transport tcp --op both --block-sizes 4K,64K,1M,4M,16M --batch 1,8 --total 512M --max-seconds 2 \
   --csv "$SWEEP_CSV" ${PIN:+--pin "$PIN"} >"$RES/hixl_sweep.log" 2>"$RES/hixl_sweep.err" ||
   log "hixl-bench sweep failed (see $RES/hixl_sweep.*)"
 cat "$RES/hixl_sweep.log" >&2
@@ -499,6 +499,13 @@ Measured once, for context:
 
 $(sweep_table)
 
+## Other transports
+
+Every figure above is Transport tcp (\`--transport tcp\`; on one host auto would pick
+shm). The same-host transport is measured by \`hixl-shm-ref\` and recorded in
+\`docs/performance-shm.md\`; RDMA beside perftest in the soft-RoCE guest in
+\`docs/performance-rdma.md\` (\`integration/rxe-vm/run-rdma-bench.sh\`).
+
 ## Reproduce
 
 \`\`\`
@@ -515,9 +522,9 @@ tools take \`--pin 0,1\`, the others run under \`taskset -c 0\` (client) and
 hixl-tcp-ref --mode stream --streams 1 --size 4M --seconds 3
 ${UCX_ENV[*]} ucx_perftest -p PORT &
 ${UCX_ENV[*]} ucx_perftest 127.0.0.1 -p PORT -t ucp_put_bw -s 4194304 -n 750
-hixl-bench --op both --block-sizes 4M --batch 1 --total 16G --max-seconds 3
+hixl-bench --transport tcp --op both --block-sizes 4M --batch 1 --total 16G --max-seconds 3
 hixl-tcp-ref --mode rtt --size 64 --iters 10000 --warmup 1000
-hixl-bench --latency --lat-size 64 --lat-iters 10000
+hixl-bench --transport tcp --latency --lat-size 64 --lat-iters 10000
 hixl-bench --api {engine,cs} --transport tcp --op both --block-sizes 4M --batch 1 --total 16G --max-seconds 3
 hixl-bench --api {engine,cs} --transport tcp ... --async --window 4
 hixl-bench --api {engine,cs} --transport tcp --latency --lat-size 64 --lat-iters 10000

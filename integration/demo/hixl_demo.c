@@ -48,7 +48,8 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: %s [options]\n"
           "  One process WRITEs a seeded random pattern into another process's registered\n"
-          "  memory over TCP on 127.0.0.1, READs it back, verifies it byte for byte and\n"
+          "  memory on 127.0.0.1 (Transport auto: shm on one host), READs it back, verifies it byte for byte "
+          "and\n"
           "  sends a notify the other side must receive. Exit 0 only if all verified.\n"
           "options:\n"
           "  --size BYTES      bytes to move each way (default 256M; K, M, G suffixes)\n"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run the CTest labels "rdma" and "vm" (tests that need the guest kernel, e.g. netem) of BUILD_DIR (built on this host) inside a throw-away
 # QEMU guest with soft-RoCE (rdma_rxe): real verbs, real RC queue pairs. The engines
-# use the rxe device's address (HIXL_TEST_IP), so Transport auto picks rdma, and a
-# missing device fails instead of skipping (HIXL_REQUIRE_RDMA). Then tos-on-wire.sh
+# use the rxe device's address (HIXL_TEST_IP) and are told Transport rdma (tests read
+# HIXL_REQUIRE_RDMA: auto would pick shm between two engines on one host), and a
+# missing device fails instead of skipping. Then tos-on-wire.sh
 # checks, on two rxe devices joined by a veth, that the IP TOS byte on the wire is
 # the configured RdmaTrafficClass.
 #   integration/rxe-vm/run-rdma-tests.sh BUILD_DIR [CTEST_ARGS...]
