@@ -31,21 +31,6 @@
 
 /* ---------------------------------------------------------------- helpers */
 
-static bool hccn_is(HccnResult got, HccnResult want, const char *expr, const char *file, unsigned line) {
-  if (got == want) {
-    CU_assertImplementation(CU_TRUE, line, expr, file, "", CU_FALSE);
-    return true;
-  }
-  tu_fail(file, line, "%s: got %s, want %s; last error: \"%s\"", expr, HccnResultName(got),
-          HccnResultName(want), HixlGetLastErrorMessage());
-  return false;
-}
-#define ASSERT_HCCN(expr, want) ((void)hccn_is((expr), (want), #expr, __FILE__, __LINE__))
-#define ASSERT_HCCN_FATAL(expr, want)                                                                        \
-  do {                                                                                                       \
-    if (!hccn_is((expr), (want), #expr, __FILE__, __LINE__)) CU_FAIL_FATAL("setup failed, see above");       \
-  } while (0)
-
 static uint64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -35,21 +35,6 @@ static char self_exe[4096];
 
 /* ---------------------------------------------------------------- helpers */
 
-static bool hccn_is(HccnResult got, HccnResult want, const char *expr, const char *file, unsigned line) {
-  if (got == want) {
-    CU_assertImplementation(CU_TRUE, line, expr, file, "", CU_FALSE);
-    return true;
-  }
-  tu_fail(file, line, "%s: got %s, want %s; last error: \"%s\"", expr, HccnResultName(got),
-          HccnResultName(want), HixlGetLastErrorMessage());
-  return false;
-}
-#define ASSERT_HCCN(expr, want) ((void)hccn_is((expr), (want), #expr, __FILE__, __LINE__))
-#define ASSERT_HCCN_FATAL(expr, want)                                                                        \
-  do {                                                                                                       \
-    if (!hccn_is((expr), (want), #expr, __FILE__, __LINE__)) CU_FAIL_FATAL("setup failed, see above");       \
-  } while (0)
-
 /* A UDP port free on ip right now; 0 on error. */
 static uint16_t free_udp_port(const char *ip) {
   struct sockaddr_in sa = {.sin_family = AF_INET};

@@ -195,6 +195,16 @@ bool tu_status_is(HixlStatus got, HixlStatus want, const char *expr, const char 
   return false;
 }
 
+bool tu_hccn_is(HccnResult got, HccnResult want, const char *expr, const char *file, unsigned line) {
+  if (got == want) {
+    CU_assertImplementation(CU_TRUE, line, expr, file, "", CU_FALSE);
+    return true;
+  }
+  tu_fail(file, line, "%s: got %s, want %s; last error: \"%s\"", expr, HccnResultName(got),
+          HccnResultName(want), HixlGetLastErrorMessage());
+  return false;
+}
+
 bool tu_last_error_has(const char *needle, const char *file, unsigned line) {
   const char *msg = HixlGetLastErrorMessage();
 

@@ -77,6 +77,14 @@ bool tu_status_is(HixlStatus got, HixlStatus want, const char *expr, const char 
       CU_FAIL_FATAL("setup failed, see above");                                                              \
   } while (0)
 
+/* Compare an HccnResult (RPing); on mismatch report both names and the last error. */
+bool tu_hccn_is(HccnResult got, HccnResult want, const char *expr, const char *file, unsigned line);
+#define ASSERT_HCCN(expr, want) ((void)tu_hccn_is((expr), (want), #expr, __FILE__, __LINE__))
+#define ASSERT_HCCN_FATAL(expr, want)                                                                        \
+  do {                                                                                                       \
+    if (!tu_hccn_is((expr), (want), #expr, __FILE__, __LINE__)) CU_FAIL_FATAL("setup failed, see above");    \
+  } while (0)
+
 /* Whether the last error message of this thread contains needle; reports if not. */
 bool tu_last_error_has(const char *needle, const char *file, unsigned line);
 #define TU_ASSERT_ERRMSG_HAS(needle) ((void)tu_last_error_has((needle), __FILE__, __LINE__))

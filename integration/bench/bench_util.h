@@ -4,6 +4,7 @@
 #define HIXL_BENCH_UTIL_H
 
 #include <errno.h>
+#include <poll.h>
 #include <sched.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define BENCH_MAX_LIST 64 /* entries in a --block-sizes / --batch list */
 
@@ -186,6 +188,31 @@ static inline bool bench_pin_cpu(int cpu) {
     return false;
   }
   return true;
+}
+
+/* One '\n'-terminated line from a pipe or socket within timeout_ms: 1 a line, 0 end of
+ * file, -1 timeout or error. Byte by byte: control channels carry a few short lines. */
+static inline int bench_read_line(int fd, char *line, size_t cap, int timeout_ms) {
+  size_t n = 0;
+  uint64_t deadline = bench_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+  for (;;) {
+    uint64_t now = bench_now_ns();
+    if (now >= deadline) return -1;
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    int r = poll(&pfd, 1, (int)((deadline - now + 999999ull) / 1000000ull));
+    if (r < 0 && errno != EINTR) return -1;
+    if (r <= 0) continue;
+    char c;
+    ssize_t got = read(fd, &c, 1);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return -1;
+    if (got == 0) return n > 0 ? 1 : 0;
+    if (c == '\n') {
+      line[n] = '\0';
+      return 1;
+    }
+    if (n + 1 < cap) line[n++] = c;
+  }
 }
 
 #endif /* HIXL_BENCH_UTIL_H */

@@ -197,30 +197,6 @@ static bool ctrl_send(int fd, const char *fmt, ...) {
   return true;
 }
 
-/* One '\n'-terminated line within timeout_ms: 1 line, 0 EOF, -1 timeout or error. */
-static int ctrl_recv(int fd, char *line, size_t cap, int timeout_ms) {
-  size_t n = 0;
-  uint64_t deadline = bench_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-  for (;;) {
-    uint64_t now = bench_now_ns();
-    if (now >= deadline) return -1;
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    int r = poll(&pfd, 1, (int)((deadline - now + 999999ull) / 1000000ull));
-    if (r < 0 && errno != EINTR) return -1;
-    if (r <= 0) continue;
-    char c;
-    ssize_t got = recv(fd, &c, 1, 0);
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) return -1;
-    if (got == 0) return n > 0 ? 1 : 0;
-    if (c == '\n') {
-      line[n] = '\0';
-      return 1;
-    }
-    if (n + 1 < cap) line[n++] = c;
-  }
-}
-
 /* Split "ip:port". */
 static bool split_addr(const char *s, char *ip, size_t ip_cap, uint16_t *port) {
   const char *colon = strrchr(s, ':');
@@ -343,7 +319,7 @@ static HixlEndpointProtocol cs_protocol(const struct bench_opts *o) {
 static int serve_until_done(int ctrl) {
   char line[BENCH_LINE_MAX];
   int r;
-  while ((r = ctrl_recv(ctrl, line, sizeof(line), BENCH_TARGET_MAX_WAIT_MS)) == 1)
+  while ((r = bench_read_line(ctrl, line, sizeof(line), BENCH_TARGET_MAX_WAIT_MS)) == 1)
     if (strcmp(line, "DONE") == 0) return 0;
   return r == 0 ? 0 : 1; /* the initiator closed the channel; its own status tells the story */
 }
@@ -1143,7 +1119,7 @@ static int run_initiator(const struct bench_opts *o, int ctrl) {
       return 1;
     }
   }
-  int r = ctrl_recv(ctrl, line, sizeof(line), BENCH_READY_TIMEOUT_MS);
+  int r = bench_read_line(ctrl, line, sizeof(line), BENCH_READY_TIMEOUT_MS);
   bool ready = false;
   if (r == 1 && o->api == API_ENGINE)
     ready = sscanf(line, "READY engine %" SCNxPTR " %zu", &c.rbase, &rlen) == 2;

@@ -147,33 +147,6 @@ static bool write_all(int fd, const char *s) {
   return true;
 }
 
-/* Read one '\n'-terminated line within timeout_ms. Returns 1 on a line, 0 on EOF,
- * -1 on timeout or error. Reads byte by byte: the pipe carries a few short lines. */
-static int read_line(int fd, char *line, size_t cap, int timeout_ms) {
-  size_t n = 0;
-  uint64_t deadline = bench_now_ns() + (uint64_t)timeout_ms * 1000000ull;
-  for (;;) {
-    uint64_t now = bench_now_ns();
-    if (now >= deadline) return -1;
-    struct pollfd pfd = {.fd = fd, .events = POLLIN};
-    int left = (int)((deadline - now + 999999ull) / 1000000ull);
-    int r = poll(&pfd, 1, left);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return -1;
-    if (r == 0) continue;
-    char c;
-    ssize_t got = read(fd, &c, 1);
-    if (got < 0 && errno == EINTR) continue;
-    if (got < 0) return -1;
-    if (got == 0) return n > 0 ? 1 : 0;
-    if (c == '\n') {
-      line[n] = '\0';
-      return 1;
-    }
-    if (n + 1 < cap) line[n++] = c;
-  }
-}
-
 static double gbps(size_t bytes, uint64_t ns) { return ns == 0 ? 0.0 : (double)bytes / (double)ns; }
 
 static int32_t call_timeout(const struct demo_opts *o, size_t bytes) {
@@ -288,7 +261,7 @@ static int run_target(const struct demo_opts *o, int to_parent, int from_parent)
   rc = good ? 0 : 1;
 
   /* Stay up until the parent has disconnected and closed the pipe (bounded). */
-  while (read_line(from_parent, line, sizeof(line), DEMO_TARGET_MAX_WAIT_MS) == 1) {
+  while (bench_read_line(from_parent, line, sizeof(line), DEMO_TARGET_MAX_WAIT_MS) == 1) {
   }
 
 out_dereg:
@@ -372,7 +345,7 @@ static int run_initiator(const struct demo_opts *o, pid_t child, int from_child,
       (double)(bench_now_ns() - t0) / 1e6);
 
   /* The child's READY line carries its buffer address. */
-  int r = read_line(from_child, line, sizeof(line), 60000);
+  int r = bench_read_line(from_child, line, sizeof(line), 60000);
   uintptr_t rbase = 0;
   size_t rlen = 0;
   if (r != 1 || sscanf(line, "READY %" SCNxPTR " %zu", &rbase, &rlen) != 2) {
@@ -462,7 +435,7 @@ static int run_initiator(const struct demo_opts *o, pid_t child, int from_child,
     report_hixl("initiator", "HixlEngineSendNotify", st);
     goto out_disconnect;
   }
-  r = read_line(from_child, line, sizeof(line), 60000);
+  r = bench_read_line(from_child, line, sizeof(line), 60000);
   if (r != 1 || strncmp(line, "NOTIFY ", 7) != 0) {
     fprintf(stderr, "%s: target did not report the notify: %s\n", g_prog,
             r == 1 ? line : (r == 0 ? "it exited" : "no answer within 60 s"));
