@@ -171,6 +171,8 @@ static void test_hdr_type(void) {
   CU_ASSERT_EQUAL(hdr_of(0x80, 12, 0), WIRE_ETYPE);
   CU_ASSERT_EQUAL(hdr_of(0xff, 12, 0), WIRE_ETYPE);
   CU_ASSERT_EQUAL(hdr_of(WIRE_NOTIFY_ACK, 12, 0), WIRE_OK);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_READ, 24, 0), WIRE_OK); /* the last type */
+  CU_ASSERT_EQUAL(hdr_of(19, 24, 0), WIRE_ETYPE);
 }
 
 static void test_hdr_flags_reserved(void) {
@@ -189,20 +191,22 @@ static void test_hdr_flags_reserved(void) {
   }
 }
 
-/* The body limits every type must enforce, written out independently of wire.c. */
+/* The body and payload limits every type must enforce, written out independently of
+ * wire.c; payload is the largest payload the type may carry (0: none). */
+#define MIB(n) ((uint32_t)(n) << 20)
 static const struct {
   unsigned type;
   uint32_t min, max;
-  int payload;
+  uint32_t payload;
 } limits[] = {
     {WIRE_HELLO, 6, 6 + WIRE_MAX_NAME, 0},
     {WIRE_HELLO_ACK, 14, WIRE_MAX_BODY, 0},
     {WIRE_MEM_ADD, 22, 22 + WIRE_MAX_TAG, 0},
     {WIRE_MEM_DEL, 22, 22, 0},
-    {WIRE_WRITE_REQ, 16, 16, 1},
+    {WIRE_WRITE_REQ, 16, 16, MIB(4)},
     {WIRE_WRITE_ACK, 12, 12, 0},
     {WIRE_READ_REQ, 20, 20, 0},
-    {WIRE_READ_RESP, 12, 12, 1},
+    {WIRE_READ_RESP, 12, 12, MIB(16)}, /* also answers STAGE_READ */
     {WIRE_NOTIFY, 12, 12 + 2 * WIRE_MAX_NOTIFY, 0},
     {WIRE_NOTIFY_ACK, 12, 12, 0},
     {WIRE_SYNC, 8, 8, 0},
@@ -211,6 +215,8 @@ static const struct {
     {WIRE_RDMA_CONNECT_ACK, 29, 29, 0},
     {WIRE_SHM_HELLO, 26, 26 + 256, 0},
     {WIRE_SHM_HELLO_ACK, 54, 54 + 256, 0},
+    {WIRE_STAGE_WRITE, 12 + 12, 12 + 12 * 4096, MIB(16)},
+    {WIRE_STAGE_READ, 12 + 12, 12 + 12 * 4096, 0},
 };
 #define NLIMITS (sizeof(limits) / sizeof(limits[0]))
 
@@ -232,17 +238,39 @@ static void test_hdr_body_limits(void) {
 static void test_hdr_payload(void) {
   for (size_t i = 0; i < NLIMITS; i++) {
     unsigned t = limits[i].type;
-    uint32_t body = limits[i].min;
-    if (limits[i].payload) {
+    uint32_t body = limits[i].min, cap = limits[i].payload;
+    if (cap) {
       CU_ASSERT_EQUAL(hdr_of(t, body, 1), WIRE_OK);
-      CU_ASSERT_EQUAL(hdr_of(t, body, WIRE_MAX_PAYLOAD), WIRE_OK);
-      CU_ASSERT_EQUAL(hdr_of(t, body, WIRE_MAX_PAYLOAD + 1), WIRE_ELEN);
+      CU_ASSERT_EQUAL(hdr_of(t, body, cap), WIRE_OK);
+      CU_ASSERT_EQUAL(hdr_of(t, body, cap + 1), WIRE_ELEN);
       CU_ASSERT_EQUAL(hdr_of(t, body, 0xffffffffu), WIRE_ELEN);
     } else {
       CU_ASSERT_EQUAL(hdr_of(t, body, 1), WIRE_ELEN);
       CU_ASSERT_EQUAL(hdr_of(t, body, 0x80000000u), WIRE_ELEN);
     }
   }
+  /* WRITE_REQ stays at one 4 MiB chunk; READ_RESP may carry a whole staged unit. */
+  CU_ASSERT_EQUAL(hdr_of(WIRE_WRITE_REQ, 16, MIB(4) + 1), WIRE_ELEN);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_WRITE_REQ, 16, MIB(16)), WIRE_ELEN);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_READ_RESP, 12, MIB(4) + 1), WIRE_OK);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_READ_RESP, 12, MIB(16)), WIRE_OK);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_READ_RESP, 12, MIB(16) + 1), WIRE_ELEN);
+}
+
+/* Numbers that are part of the protocol: a change here breaks peers already deployed. */
+static void test_constants(void) {
+  CU_ASSERT_EQUAL(WIRE_STAGE_WRITE, 17);
+  CU_ASSERT_EQUAL(WIRE_STAGE_READ, 18);
+  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 18);
+  CU_ASSERT_EQUAL(WIRE_MAX_PAYLOAD, MIB(4));
+  CU_ASSERT_EQUAL(WIRE_MAX_STAGE, MIB(16));
+  CU_ASSERT_EQUAL(WIRE_MAX_STAGE_SEGS, 4096);
+  CU_ASSERT_EQUAL(WIRE_STAGE_SEG_LEN, 12);
+  CU_ASSERT_EQUAL(WIRE_CAP_TCP_DATA, 0x1);
+  CU_ASSERT_EQUAL(WIRE_CAP_RDMA, 0x2);
+  CU_ASSERT_EQUAL(WIRE_CAP_SHM, 0x4);
+  CU_ASSERT_EQUAL(WIRE_CAP_STAGE, 0x8);
+  CU_ASSERT_EQUAL(WIRE_CAP_STAGE_ANY, 0x10);
 }
 
 static void test_names(void) {
@@ -253,6 +281,13 @@ static void test_names(void) {
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SYNC_ACK), "SYNC_ACK");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SHM_HELLO), "SHM_HELLO");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SHM_HELLO_ACK), "SHM_HELLO_ACK");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_STAGE_WRITE), "STAGE_WRITE");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_STAGE_READ), "STAGE_READ");
+  /* Every type has its own name. */
+  for (unsigned t = 1; t <= WIRE_TYPE_MAX_; t++) {
+    CU_ASSERT_STRING_NOT_EQUAL(wire_type_name(t), "?");
+    for (unsigned u = 1; u < t; u++) CU_ASSERT_STRING_NOT_EQUAL(wire_type_name(t), wire_type_name(u));
+  }
   CU_ASSERT_STRING_EQUAL(wire_type_name(0), "?");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_TYPE_MAX_ + 1), "?");
   CU_ASSERT_STRING_EQUAL(wire_type_name(~0u), "?");
@@ -609,6 +644,79 @@ static void test_rt_notify(void) {
   }
 }
 
+/* Range i of the STAGE round trips: count 1 is one 16 MiB range ending at the top of
+ * the address space, count 4096 fills 16 MiB exactly, others are small and uneven. */
+static void stage_seg_of(uint32_t count, uint32_t i, uint64_t *addr, uint32_t *len) {
+  *len = count == 1 ? MIB(16) : count == 4096 ? 4096 : 1 + i * 1000;
+  *addr = i == 0 ? UINT64_MAX - *len : 0x00007f0000000000ull + (uint64_t)i * 0x100000 + i;
+}
+
+/* STAGE_WRITE / STAGE_READ: the builders give exactly the bytes written out by hand,
+ * and wire_decode gives back every range. */
+static void test_rt_stage(void) {
+  static const uint32_t counts[] = {1, 2, 7, 100, 4096};
+  static const enum wire_type types[] = {WIRE_STAGE_WRITE, WIRE_STAGE_READ};
+  const size_t cap = WIRE_HDR_LEN + 12 + 12 * 4096 + 1; /* + 1: checked untouched */
+  uint8_t *buf = malloc(cap), *want = malloc(cap);
+  struct wire_msg m;
+  CU_ASSERT_FATAL(buf && want);
+
+  for (size_t t = 0; t < 2; t++) {
+    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+      uint32_t count = counts[c];
+      uint64_t seq = 0x8877665544332211ull + c, total = 0, addr;
+      uint32_t len, body = 12 + 12 * count;
+
+      for (uint32_t i = 0; i < count; i++) {
+        stage_seg_of(count, i, &addr, &len);
+        total += len;
+      }
+      CU_ASSERT_FATAL(total <= MIB(16));
+      uint32_t payload = types[t] == WIRE_STAGE_WRITE ? (uint32_t)total : 0;
+
+      memset(buf, 0xee, cap);
+      CU_ASSERT_EQUAL_FATAL(wire_put_stage(buf, types[t], seq, count, payload), WIRE_HDR_LEN + body);
+      for (uint32_t i = 0; i < count; i++) {
+        stage_seg_of(count, i, &addr, &len);
+        wire_put_stage_seg(buf, i, addr, len);
+      }
+      raw_hdr(want, types[t], body, payload);
+      put64(want + WIRE_HDR_LEN, seq);
+      put32(want + WIRE_HDR_LEN + 8, count);
+      for (uint32_t i = 0; i < count; i++) {
+        stage_seg_of(count, i, &addr, &len);
+        put64(want + WIRE_HDR_LEN + 12 + 12 * i, addr);
+        put32(want + WIRE_HDR_LEN + 12 + 12 * i + 8, len);
+      }
+      CU_ASSERT_EQUAL(memcmp(buf, want, WIRE_HDR_LEN + body), 0);
+      CU_ASSERT_EQUAL(buf[WIRE_HDR_LEN + body], 0xee); /* nothing written past the frame */
+
+      CU_ASSERT_EQUAL_FATAL(parse_frame(buf, WIRE_HDR_LEN + body, &m), WIRE_OK);
+      CU_ASSERT_EQUAL(m.hdr.type, types[t]);
+      CU_ASSERT_EQUAL(m.hdr.payload_len, payload);
+      CU_ASSERT_EQUAL(m.u.stage.seq, seq);
+      CU_ASSERT_EQUAL_FATAL(m.u.stage.count, count);
+      CU_ASSERT_EQUAL(m.u.stage.total, total);
+      CU_ASSERT_PTR_EQUAL(m.u.stage.segs, buf + WIRE_HDR_LEN + 12);
+      uint32_t bad = 0;
+      for (uint32_t i = 0; i < count; i++) {
+        uint64_t a, wa;
+        uint32_t l, wl;
+        stage_seg_of(count, i, &wa, &wl);
+        wire_stage_seg(&m, i, &a, &l);
+        bad += a != wa || l != wl;
+      }
+      CU_ASSERT_EQUAL(bad, 0);
+    }
+  }
+
+  /* One range more than WIRE_MAX_STAGE_SEGS: the body is too long for the header. */
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_WRITE, 12 + 12 * 4097, 4097), WIRE_ELEN);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_READ, 12 + 12 * 4097, 0), WIRE_ELEN);
+  free(want);
+  free(buf);
+}
+
 /* A stream of frames back to back parses frame by frame. */
 static void test_rt_stream(void) {
   uint8_t buf[256];
@@ -876,6 +984,148 @@ static void test_bad_write_req(void) {
   CU_ASSERT_EQUAL(decode_body(WIRE_WRITE_REQ, b, 16, 1, &m), WIRE_OK);
 }
 
+/* A STAGE body written by hand: seq, count, then the ranges given (count may lie). */
+static uint32_t raw_stage(uint8_t *b, uint32_t count, const uint64_t *addr, const uint32_t *len, uint32_t n) {
+  put64(b, 0x5747);
+  put32(b + 8, count);
+  for (uint32_t i = 0; i < n; i++) {
+    put64(b + 12 + 12 * i, addr[i]);
+    put32(b + 20 + 12 * i, len[i]);
+  }
+  return 12 + 12 * n;
+}
+
+/* Decodes a STAGE body under both types; STAGE_WRITE's payload_len is the sum given. */
+static void stage_both(const uint8_t *b, uint32_t n, uint32_t sum, enum wire_err want) {
+  struct wire_msg m;
+  CU_ASSERT_EQUAL(decode_body(WIRE_STAGE_WRITE, b, n, sum, &m), want);
+  CU_ASSERT_EQUAL(decode_body(WIRE_STAGE_READ, b, n, 0, &m), want);
+}
+
+static void test_bad_stage(void) {
+  static uint8_t b[12 + 12 * 4096];
+  static uint64_t addr[4096];
+  static uint32_t len[4096];
+  struct wire_msg m;
+  uint32_t n;
+
+  for (uint32_t i = 0; i < 4096; i++) addr[i] = 0x10000ull * (i + 1), len[i] = 10 + i;
+  /* The baseline: two ranges, 10 + 11 bytes. */
+  n = raw_stage(b, 2, addr, len, 2);
+  stage_both(b, n, 21, WIRE_OK);
+  CU_ASSERT_EQUAL(decode_body(WIRE_STAGE_WRITE, b, n, 21, &m), WIRE_OK);
+  CU_ASSERT_EQUAL(m.u.stage.count, 2);
+  CU_ASSERT_EQUAL(m.u.stage.total, 21);
+
+  /* count 0, with a range present (the smallest body the header allows) */
+  n = raw_stage(b, 0, addr, len, 1);
+  stage_both(b, n, 10, WIRE_EBODY);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_WRITE, 12, 0), WIRE_ELEN); /* no range at all */
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_READ, 12, 0), WIRE_ELEN);
+
+  /* body length other than 12 + 12 * count */
+  n = raw_stage(b, 2, addr, len, 3); /* a range more than counted */
+  stage_both(b, n, 21, WIRE_EBODY);
+  stage_both(b, n, 33, WIRE_EBODY);
+  n = raw_stage(b, 3, addr, len, 2); /* a range fewer */
+  stage_both(b, n, 33, WIRE_EBODY);
+  stage_both(b, n, 21, WIRE_EBODY);
+  n = raw_stage(b, 2, addr, len, 3);
+  stage_both(b, 12 + 24 + 1, 21, WIRE_EBODY); /* trailing byte */
+  stage_both(b, 12 + 24 - 1, 21, WIRE_EBODY); /* last range cut short */
+  n = raw_stage(b, 0xffffffffu, addr, len, 1);
+  stage_both(b, n, 10, WIRE_EBODY);
+  n = raw_stage(b, 4097, addr, len, 4096); /* more than fits the largest body */
+  stage_both(b, n, MIB(16), WIRE_EBODY);
+  /* 12 + 12 * count wraps to 24 in 32 bits: a decoder computing it in 32 bits (or in a
+   * 32-bit size_t) would walk 2^30 + 1 ranges off the end of a 24-byte body. */
+  n = raw_stage(b, 0x40000001u, addr, len, 1);
+  stage_both(b, n, 10, WIRE_EBODY);
+
+  /* a zero-length range, first, in the middle, last */
+  for (uint32_t at = 0; at < 3; at++) {
+    uint32_t l = len[at];
+    len[at] = 0;
+    n = raw_stage(b, 3, addr, len, 3);
+    stage_both(b, n, 10 + 11 + 12 - l, WIRE_EBODY);
+    len[at] = l;
+  }
+  n = raw_stage(b, 3, addr, len, 3);
+  stage_both(b, n, 33, WIRE_OK);
+
+  /* a range wrapping past the top of the address space; ending at the very top is fine */
+  uint64_t top[2] = {0x1000, UINT64_MAX - 99};
+  uint32_t tl[2] = {1, 99};
+  n = raw_stage(b, 2, top, tl, 2);
+  stage_both(b, n, 100, WIRE_OK);
+  tl[1] = 100; /* addr + len == 2^64 */
+  n = raw_stage(b, 2, top, tl, 2);
+  stage_both(b, n, 101, WIRE_EBODY);
+  top[1] = UINT64_MAX, tl[1] = 1;
+  n = raw_stage(b, 2, top, tl, 2);
+  stage_both(b, n, 2, WIRE_EBODY);
+  top[1] = UINT64_MAX, tl[1] = 0xffffffffu;
+  n = raw_stage(b, 2, top, tl, 2);
+  stage_both(b, n, MIB(16), WIRE_EBODY);
+
+  /* the sum of the lengths over 16 MiB; exactly 16 MiB is fine */
+  uint32_t big[2] = {MIB(8), MIB(8)};
+  n = raw_stage(b, 2, addr, big, 2);
+  stage_both(b, n, MIB(16), WIRE_OK);
+  big[1]++;
+  n = raw_stage(b, 2, addr, big, 2);
+  CU_ASSERT_EQUAL(decode_body(WIRE_STAGE_READ, b, n, 0, &m), WIRE_EBODY);
+  CU_ASSERT_EQUAL(decode_body(WIRE_STAGE_WRITE, b, n, MIB(16), &m), WIRE_EBODY);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_WRITE, n, MIB(16) + 1), WIRE_ELEN);
+  big[0] = 0xffffffffu, big[1] = 1; /* one range alone over the cap */
+  n = raw_stage(b, 1, addr, big, 1);
+  stage_both(b, n, 0, WIRE_EBODY);
+  /* A sum of exactly 2^32 would be 0 in 32 bits, and match a STAGE_WRITE payload_len 0. */
+  for (uint32_t i = 0; i < 16; i++) len[i] = 0x10000000u;
+  n = raw_stage(b, 16, addr, len, 16);
+  stage_both(b, n, 0, WIRE_EBODY);
+  for (uint32_t i = 0; i < 4096; i++) len[i] = 4096 + (i & 1); /* 16 MiB + 2048 */
+  n = raw_stage(b, 4096, addr, len, 4096);
+  stage_both(b, n, MIB(16), WIRE_EBODY);
+  for (uint32_t i = 0; i < 4096; i++) len[i] = 4096;
+  n = raw_stage(b, 4096, addr, len, 4096);
+  stage_both(b, n, MIB(16), WIRE_OK);
+  for (uint32_t i = 0; i < 4096; i++) len[i] = 10 + i;
+
+  /* STAGE_WRITE's payload is exactly the sum of the lengths */
+  n = raw_stage(b, 2, addr, len, 2);
+  CU_ASSERT_EQUAL(decode_body(WIRE_STAGE_WRITE, b, n, 21, &m), WIRE_OK);
+  CU_ASSERT_EQUAL(decode_body(WIRE_STAGE_WRITE, b, n, 20, &m), WIRE_EBODY);
+  CU_ASSERT_EQUAL(decode_body(WIRE_STAGE_WRITE, b, n, 22, &m), WIRE_EBODY);
+  CU_ASSERT_EQUAL(decode_body(WIRE_STAGE_WRITE, b, n, 0, &m), WIRE_EBODY);
+  CU_ASSERT_EQUAL(decode_body(WIRE_STAGE_WRITE, b, n, MIB(16), &m), WIRE_EBODY);
+
+  /* STAGE_READ carries no payload: refused by the header already */
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_READ, n, 1), WIRE_ELEN);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_READ, n, 21), WIRE_ELEN);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_READ, n, MIB(16)), WIRE_ELEN);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_READ, n, 0), WIRE_OK);
+}
+
+/* A refused STAGE body leaves segs unset or inside the body. The body is an exact
+ * allocation, so a decoder that reads a range past it is caught by the sanitizer. */
+static void test_bad_stage_pointers(void) {
+  static const uint32_t counts[] = {0, 1, 2, 0x40000001u, 0xffffffffu};
+  uint8_t *b = malloc(24);
+  struct wire_msg m;
+  CU_ASSERT_FATAL(b != NULL);
+
+  for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
+    put64(b, 1);
+    put32(b + 8, counts[i]);
+    put64(b + 12, 0x1000);
+    put32(b + 20, 0); /* a zero length, so even count 1 is refused */
+    CU_ASSERT_EQUAL(decode_body(WIRE_STAGE_READ, b, 24, 0, &m), WIRE_EBODY);
+    CU_ASSERT(m.u.stage.segs == NULL || inside(m.u.stage.segs, 0, b, 24));
+  }
+  free(b);
+}
+
 /* ---- builder ---- */
 
 static void test_builder_overflow(void) {
@@ -940,6 +1190,7 @@ static CU_TestInfo hdr_tests[] = {
     {"flags and reserved", test_hdr_flags_reserved},
     {"body limits", test_hdr_body_limits},
     {"payload", test_hdr_payload},
+    {"constants", test_constants},
     {"names", test_names},
     CU_TEST_INFO_NULL,
 };
@@ -956,6 +1207,7 @@ static CU_TestInfo rt_tests[] = {
     {"rdma qp info", test_rt_qp},
     {"shm hello and ack", test_rt_shm},
     {"notify", test_rt_notify},
+    {"stage write and read", test_rt_stage},
     {"stream", test_rt_stream},
     CU_TEST_INFO_NULL,
 };
@@ -969,6 +1221,8 @@ static CU_TestInfo bad_tests[] = {
     {"read_resp", test_bad_read_resp},
     {"write_req", test_bad_write_req},
     {"shm hello and ack", test_bad_shm},
+    {"stage write and read", test_bad_stage},
+    {"stage pointers", test_bad_stage_pointers},
     CU_TEST_INFO_NULL,
 };
 static CU_TestInfo builder_tests[] = {

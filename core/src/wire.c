@@ -33,33 +33,37 @@ const char *wire_err_str(enum wire_err err) {
 
 const char *wire_type_name(unsigned type) {
   static const char *const names[] = {
-      "?",         "HELLO",        "HELLO_ACK",        "MEM_ADD",   "MEM_DEL",      "WRITE_REQ",
-      "WRITE_ACK", "READ_REQ",     "READ_RESP",        "NOTIFY",    "NOTIFY_ACK",   "SYNC",
-      "SYNC_ACK",  "RDMA_CONNECT", "RDMA_CONNECT_ACK", "SHM_HELLO", "SHM_HELLO_ACK"};
+      "?",          "HELLO",         "HELLO_ACK",   "MEM_ADD",      "MEM_DEL",
+      "WRITE_REQ",  "WRITE_ACK",     "READ_REQ",    "READ_RESP",    "NOTIFY",
+      "NOTIFY_ACK", "SYNC",          "SYNC_ACK",    "RDMA_CONNECT", "RDMA_CONNECT_ACK",
+      "SHM_HELLO",  "SHM_HELLO_ACK", "STAGE_WRITE", "STAGE_READ"};
   return type <= WIRE_TYPE_MAX_ ? names[type] : "?";
 }
 
 /* Body size limits per type: fixed types give min == max. */
 static const struct {
   uint32_t min, max;
-  bool payload;
+  uint32_t payload; /* the largest payload the type may carry */
 } wire_limits[WIRE_TYPE_MAX_ + 1] = {
-    [WIRE_HELLO] = {6, 6 + WIRE_MAX_NAME, false},
-    [WIRE_HELLO_ACK] = {14, WIRE_MAX_BODY, false},
-    [WIRE_MEM_ADD] = {WIRE_MEM_ENTRY_FIXED, WIRE_MEM_ENTRY_FIXED + WIRE_MAX_TAG, false},
-    [WIRE_MEM_DEL] = {WIRE_MEM_ENTRY_FIXED, WIRE_MEM_ENTRY_FIXED, false},
-    [WIRE_WRITE_REQ] = {16, 16, true},
-    [WIRE_WRITE_ACK] = {12, 12, false},
-    [WIRE_READ_REQ] = {20, 20, false},
-    [WIRE_READ_RESP] = {12, 12, true},
-    [WIRE_NOTIFY] = {12, 12 + 2 * WIRE_MAX_NOTIFY, false},
-    [WIRE_NOTIFY_ACK] = {12, 12, false},
-    [WIRE_SYNC] = {8, 8, false},
-    [WIRE_SYNC_ACK] = {12, 12, false},
-    [WIRE_RDMA_CONNECT] = {WIRE_QP_INFO_LEN, WIRE_QP_INFO_LEN, false},
-    [WIRE_RDMA_CONNECT_ACK] = {4 + WIRE_QP_INFO_LEN, 4 + WIRE_QP_INFO_LEN, false},
-    [WIRE_SHM_HELLO] = {WIRE_SHM_HELLO_LEN, WIRE_SHM_HELLO_LEN + WIRE_SHM_EXT_MAX, false},
-    [WIRE_SHM_HELLO_ACK] = {WIRE_SHM_HELLO_ACK_LEN, WIRE_SHM_HELLO_ACK_LEN + WIRE_SHM_EXT_MAX, false},
+    [WIRE_HELLO] = {6, 6 + WIRE_MAX_NAME, 0},
+    [WIRE_HELLO_ACK] = {14, WIRE_MAX_BODY, 0},
+    [WIRE_MEM_ADD] = {WIRE_MEM_ENTRY_FIXED, WIRE_MEM_ENTRY_FIXED + WIRE_MAX_TAG, 0},
+    [WIRE_MEM_DEL] = {WIRE_MEM_ENTRY_FIXED, WIRE_MEM_ENTRY_FIXED, 0},
+    [WIRE_WRITE_REQ] = {16, 16, WIRE_MAX_PAYLOAD},
+    [WIRE_WRITE_ACK] = {12, 12, 0},
+    [WIRE_READ_REQ] = {20, 20, 0},
+    [WIRE_READ_RESP] = {12, 12, WIRE_MAX_STAGE},
+    [WIRE_NOTIFY] = {12, 12 + 2 * WIRE_MAX_NOTIFY, 0},
+    [WIRE_NOTIFY_ACK] = {12, 12, 0},
+    [WIRE_SYNC] = {8, 8, 0},
+    [WIRE_SYNC_ACK] = {12, 12, 0},
+    [WIRE_RDMA_CONNECT] = {WIRE_QP_INFO_LEN, WIRE_QP_INFO_LEN, 0},
+    [WIRE_RDMA_CONNECT_ACK] = {4 + WIRE_QP_INFO_LEN, 4 + WIRE_QP_INFO_LEN, 0},
+    [WIRE_SHM_HELLO] = {WIRE_SHM_HELLO_LEN, WIRE_SHM_HELLO_LEN + WIRE_SHM_EXT_MAX, 0},
+    [WIRE_SHM_HELLO_ACK] = {WIRE_SHM_HELLO_ACK_LEN, WIRE_SHM_HELLO_ACK_LEN + WIRE_SHM_EXT_MAX, 0},
+    [WIRE_STAGE_WRITE] = {12 + WIRE_STAGE_SEG_LEN, 12 + (WIRE_STAGE_SEG_LEN * WIRE_MAX_STAGE_SEGS),
+                          WIRE_MAX_STAGE},
+    [WIRE_STAGE_READ] = {12 + WIRE_STAGE_SEG_LEN, 12 + (WIRE_STAGE_SEG_LEN * WIRE_MAX_STAGE_SEGS), 0},
 };
 
 enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *hdr) {
@@ -76,7 +80,7 @@ enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *h
   if (hdr->flags != 0 || hdr->reserved != 0) return WIRE_ELEN;
   if (hdr->body_len < wire_limits[hdr->type].min || hdr->body_len > wire_limits[hdr->type].max)
     return WIRE_ELEN;
-  if (hdr->payload_len > (wire_limits[hdr->type].payload ? WIRE_MAX_PAYLOAD : 0)) return WIRE_ELEN;
+  if (hdr->payload_len > wire_limits[hdr->type].payload) return WIRE_ELEN;
   return WIRE_OK;
 }
 
@@ -189,6 +193,28 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     if (hdr->type == WIRE_READ_RESP && m->u.ack.status != 0 && hdr->payload_len != 0) return WIRE_EBODY;
     return WIRE_OK;
   case WIRE_SYNC: m->u.ack.seq = be64_get(b); return WIRE_OK;
+  case WIRE_STAGE_WRITE:
+  case WIRE_STAGE_READ: {
+    m->u.stage.seq = be64_get(b);
+    m->u.stage.count = be32_get(b + 8);
+    m->u.stage.segs = b + 12;
+    if (m->u.stage.count == 0 || m->u.stage.count > WIRE_MAX_STAGE_SEGS ||
+        n != 12u + m->u.stage.count * WIRE_STAGE_SEG_LEN)
+      return WIRE_EBODY;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < m->u.stage.count; i++) {
+      const uint8_t *s = m->u.stage.segs + (size_t)i * WIRE_STAGE_SEG_LEN;
+      uint64_t addr = be64_get(s);
+      uint32_t len = be32_get(s + 8);
+      if (len == 0 || addr + len < addr) return WIRE_EBODY;
+      total += len;
+    }
+    m->u.stage.total = total;
+    if (total > WIRE_MAX_STAGE) return WIRE_EBODY;
+    /* STAGE_WRITE carries exactly the ranges' bytes; STAGE_READ carries none. */
+    if (hdr->type == WIRE_STAGE_WRITE && total != hdr->payload_len) return WIRE_EBODY;
+    return WIRE_OK;
+  }
   case WIRE_NOTIFY:
     m->u.notify.seq = be64_get(b);
     m->u.notify.name_len = be16_get(b + 8);
@@ -296,6 +322,25 @@ size_t wire_put_sync(uint8_t *buf, uint64_t seq) {
   put_hdr(buf, WIRE_SYNC, 8, 0);
   be64_put(buf + WIRE_HDR_LEN, seq);
   return WIRE_HDR_LEN + 8;
+}
+
+void wire_stage_seg(const struct wire_msg *m, uint32_t i, uint64_t *addr, uint32_t *len) {
+  const uint8_t *s = m->u.stage.segs + (size_t)i * WIRE_STAGE_SEG_LEN;
+  *addr = be64_get(s);
+  *len = be32_get(s + 8);
+}
+
+size_t wire_put_stage(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t count, uint32_t payload_len) {
+  put_hdr(buf, (uint8_t)type, 12 + count * WIRE_STAGE_SEG_LEN, payload_len);
+  be64_put(buf + WIRE_HDR_LEN, seq);
+  be32_put(buf + WIRE_HDR_LEN + 8, count);
+  return WIRE_HDR_LEN + 12 + (size_t)count * WIRE_STAGE_SEG_LEN;
+}
+
+void wire_put_stage_seg(uint8_t *buf, uint32_t i, uint64_t addr, uint32_t len) {
+  uint8_t *s = buf + WIRE_HDR_LEN + 12 + (size_t)i * WIRE_STAGE_SEG_LEN;
+  be64_put(s, addr);
+  be32_put(s + 8, len);
 }
 
 size_t wire_put_ack(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t status, uint32_t payload_len) {

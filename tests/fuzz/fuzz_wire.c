@@ -1,8 +1,8 @@
 /* fuzz_wire: the wire parser against arbitrary bytes. The input is read as a stream of
  * frames, the way a connection delivers them: each header is parsed, a body that passed
  * is decoded from a heap copy of exactly body_len bytes (so the sanitizer sees any read
- * past it), HELLO_ACK tables are walked, and whatever was accepted is rebuilt with the
- * builders and must come out byte for byte the same. Invariants abort(). */
+ * past it), HELLO_ACK tables and STAGE ranges are walked, and whatever was accepted is
+ * rebuilt with the builders and must come out byte for byte the same. Invariants abort(). */
 #include "wire.h"
 
 #include <stdio.h>
@@ -23,6 +23,7 @@ static uint32_t get32(const uint8_t *p) {
   return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
 }
 static uint16_t get16(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+static uint64_t get64(const uint8_t *p) { return ((uint64_t)get32(p) << 32) | get32(p + 4); }
 
 /* [p, p + n) within [base, base + len), compared as integers (p may be anything). */
 static int inside(const uint8_t *p, size_t n, const uint8_t *base, size_t len) {
@@ -45,7 +46,7 @@ static const struct {
     [WIRE_WRITE_REQ] = {16, 16, WIRE_MAX_PAYLOAD},
     [WIRE_WRITE_ACK] = {12, 12, 0},
     [WIRE_READ_REQ] = {20, 20, 0},
-    [WIRE_READ_RESP] = {12, 12, WIRE_MAX_PAYLOAD},
+    [WIRE_READ_RESP] = {12, 12, 16u << 20}, /* also answers STAGE_READ */
     [WIRE_NOTIFY] = {12, 12 + 2 * WIRE_MAX_NOTIFY, 0},
     [WIRE_NOTIFY_ACK] = {12, 12, 0},
     [WIRE_SYNC] = {8, 8, 0},
@@ -54,6 +55,8 @@ static const struct {
     [WIRE_RDMA_CONNECT_ACK] = {29, 29, 0},
     [WIRE_SHM_HELLO] = {26, 26 + 256, 0},
     [WIRE_SHM_HELLO_ACK] = {54, 54 + 256, 0},
+    [WIRE_STAGE_WRITE] = {12 + 12, 12 + 12 * 4096, 16u << 20},
+    [WIRE_STAGE_READ] = {12 + 12, 12 + 12 * 4096, 0},
 };
 
 /* Whatever wire_parse_hdr says must agree with the raw bytes. */
@@ -123,6 +126,16 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
   case WIRE_NOTIFY_ACK:
   case WIRE_SYNC_ACK:
     got = wire_put_ack(buf, (enum wire_type)h->type, m->u.ack.seq, m->u.ack.status, h->payload_len);
+    break;
+  case WIRE_STAGE_WRITE:
+  case WIRE_STAGE_READ:
+    got = wire_put_stage(buf, (enum wire_type)h->type, m->u.stage.seq, m->u.stage.count, h->payload_len);
+    for (uint32_t i = 0; i < m->u.stage.count; i++) {
+      uint64_t addr;
+      uint32_t seg_len;
+      wire_stage_seg(m, i, &addr, &seg_len);
+      wire_put_stage_seg(buf, i, addr, seg_len);
+    }
     break;
   default:
     wire_begin(&w, buf, len, (enum wire_type)h->type);
@@ -291,6 +304,39 @@ static void check_msg(enum wire_err e, const struct wire_hdr *h, const uint8_t *
     CHECK(h->type == WIRE_SHM_HELLO ? m->u.shm.nonce == NULL : inside(m->u.shm.nonce, 16, b, n));
     CHECK(m->u.shm.ext == b + fixed && m->u.shm.ext_len == n - fixed);
     CHECK(m->u.shm.layout > WIRE_SHM_LAYOUT || m->u.shm.ext_len == 0);
+    break;
+  }
+  case WIRE_STAGE_WRITE:
+  case WIRE_STAGE_READ: {
+    /* The rules, checked independently on the raw body: accepted exactly when they hold. */
+    uint32_t count = get32(b + 8);
+    int ok = count >= 1 && count <= 4096 && n == 12u + 12u * (size_t)count;
+    uint64_t sum = 0;
+    for (uint32_t i = 0; ok && i < count; i++) {
+      uint64_t addr = get64(b + 12 + 12 * (size_t)i);
+      uint32_t seg_len = get32(b + 20 + 12 * (size_t)i);
+      ok = seg_len >= 1 && addr <= UINT64_MAX - seg_len;
+      sum += seg_len;
+    }
+    ok = ok && sum <= (16u << 20) && h->payload_len == (h->type == WIRE_STAGE_WRITE ? sum : 0);
+    CHECK(ok == (e == WIRE_OK));
+    CHECK(null_or_inside(m->u.stage.segs, b, n));
+    if (e != WIRE_OK) break;
+    CHECK(m->u.stage.seq == get64(b) && m->u.stage.count == count);
+    CHECK(m->u.stage.count >= 1 && m->u.stage.count <= WIRE_MAX_STAGE_SEGS);
+    CHECK(m->u.stage.segs == b + 12);
+    CHECK(inside(m->u.stage.segs, (size_t)m->u.stage.count * WIRE_STAGE_SEG_LEN, b, n));
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < m->u.stage.count; i++) {
+      uint64_t addr;
+      uint32_t seg_len;
+      wire_stage_seg(m, i, &addr, &seg_len);
+      CHECK(addr == get64(b + 12 + 12 * (size_t)i) && seg_len == get32(b + 20 + 12 * (size_t)i));
+      CHECK(seg_len >= 1 && addr + seg_len > addr);
+      total += seg_len;
+    }
+    CHECK(total == m->u.stage.total && total <= WIRE_MAX_STAGE);
+    CHECK(h->payload_len == (h->type == WIRE_STAGE_WRITE ? total : 0));
     break;
   }
   case WIRE_NOTIFY:

@@ -28,7 +28,8 @@ entry() { u64 "$1"; u64 "$2"; u32 0x1234; u16 ${#3}; str "$3"; } # entry ADDR LE
 
 HELLO=1 HELLO_ACK=2 MEM_ADD=3 MEM_DEL=4 WRITE_REQ=5 WRITE_ACK=6 READ_REQ=7
 READ_RESP=8 NOTIFY=9 NOTIFY_ACK=10 SYNC=11 SYNC_ACK=12 RDMA_CONNECT=13 RDMA_CONNECT_ACK=14
-SHM_HELLO=15 SHM_HELLO_ACK=16
+SHM_HELLO=15 SHM_HELLO_ACK=16 STAGE_WRITE=17 STAGE_READ=18
+seg() { u64 "$1"; u32 "$2"; } # seg ADDR LEN: one STAGE range
 shm_id() { u16 "$1"; fill 16 B; u32 4242; u32 1000; } # shm_id LAYOUT: boot id, pid, uid
 
 # ---- valid frames ----
@@ -59,6 +60,17 @@ notify_ack >"$out/ok_notify_ack"
 { hdr $SHM_HELLO_ACK 54 0; u32 0; shm_id 1; u64 0x7f0000003000; fill 16 N; } >"$out/ok_shm_hello_ack"
 { hdr $SHM_HELLO 30 0; shm_id 2; str more; } >"$out/ok_shm_hello_layout2"
 { hello; read_req; write_req; notify_ack; } >"$out/ok_stream"
+stage_write() {
+  hdr $STAGE_WRITE 48 30; u64 6; u32 3
+  seg 0x7f0000004000 10; seg 0x7f0000005000 15; seg 0x7f0000006000 5; fill 30 D
+}
+stage_write >"$out/ok_stage_write"
+{ hdr $STAGE_WRITE 24 16777216; u64 7; u32 1; seg 0x7f0000008000 16777216; } >"$out/ok_stage_write_max"
+stage_read() { hdr $STAGE_READ 36 0; u64 8; u32 2; seg 0x7f0000004000 10; seg 0xffffffffffffff00 0xff; }
+stage_read >"$out/ok_stage_read"
+read_resp_stage() { hdr $READ_RESP 12 265; u64 8; u32 0; fill 265 R; } # the answer, packed
+{ hdr $READ_RESP 12 16777216; u64 9; u32 0; } >"$out/ok_read_resp_max"
+{ stage_write; stage_read; read_resp_stage; notify_ack; } >"$out/ok_stream_stage"
 
 # ---- frames to refuse ----
 { hdr $HELLO 11 0 1 0 0 0x4c495848; u32 1; u16 5; str dec-0; } >"$out/bad_magic_le"
@@ -93,6 +105,17 @@ notify_ack >"$out/ok_notify_ack"
 { hdr $SHM_HELLO 26 0; shm_id 0; } >"$out/bad_shm_hello_layout_0"
 { hdr $SHM_HELLO 27 0; shm_id 1; u8 0; } >"$out/bad_shm_hello_layout1_long"
 { hdr $SHM_HELLO_ACK 53 0; u32 0; shm_id 1; u64 0x1000; fill 15 N; } >"$out/bad_shm_hello_ack_short"
-{ hdr 17 12 0; u64 1; u32 0; } >"$out/bad_type_17"
+{ hdr 19 12 0; u64 1; u32 0; } >"$out/bad_type_19"
+{ hdr $STAGE_READ 24 0; u64 1; u32 0; seg 0x1000 10; } >"$out/bad_stage_count_0"
+{ hdr $STAGE_READ 24 0; u64 1; u32 0x40000001; seg 0x1000 10; } >"$out/bad_stage_count_wrap32"
+{ hdr $STAGE_READ 36 0; u64 1; u32 1; seg 0x1000 10; seg 0x2000 10; } >"$out/bad_stage_body_len"
+{ hdr $STAGE_WRITE 36 10; u64 1; u32 2; seg 0x1000 10; seg 0x2000 0; fill 10 D; } >"$out/bad_stage_seg_len_0"
+{ hdr $STAGE_READ 36 0; u64 1; u32 2; seg 0x1000 10; seg 0xffffffffffffff00 0x100; } >"$out/bad_stage_wrap"
+{ hdr $STAGE_READ 36 0; u64 1; u32 2; seg 0x1000 8388608; seg 0x2000000 8388609; } >"$out/bad_stage_sum_big"
+{ hdr $STAGE_WRITE 36 0; u64 1; u32 2; seg 0x1000 0x80000000; seg 0x100000000 0x80000000; } >"$out/bad_stage_sum_2p32"
+{ hdr $STAGE_WRITE 36 19; u64 1; u32 2; seg 0x1000 10; seg 0x2000 10; fill 19 D; } >"$out/bad_stage_write_payload"
+{ hdr $STAGE_READ 36 20; u64 1; u32 2; seg 0x1000 10; seg 0x2000 10; fill 20 D; } >"$out/bad_stage_read_payload"
+{ hdr $STAGE_WRITE 12 0; u64 1; u32 0; } >"$out/bad_stage_body_short"
+{ hdr $READ_RESP 12 $(((16 << 20) + 1)); u64 1; u32 0; } >"$out/bad_read_resp_too_big"
 head -c 10 "$out/ok_hello" >"$out/bad_truncated_header"
 head -c 25 "$out/ok_hello" >"$out/bad_truncated_body"
