@@ -405,32 +405,49 @@ static void test_remote_out_of_range(void) {
   tu_free_mem(unreg, ulen);
 }
 
+/* With staging off (BufferPool "0:0") local memory must be registered: anything else
+ * is PARAM_INVALID and nothing moves. With the default pool it is staged instead
+ * (test_staging covers that); here the default client shows it works. */
 static void test_local_not_registered(void) {
+  static const HixlOption pool_off = {"BufferPool", "0:0"};
   unsigned char *unreg = tu_alloc_mem(64 * KiB, false);
-  unsigned char *src_end = g.src.mem + REG_LEN, *dst_end = g.dst.mem + REG_LEN;
+  unsigned char *dst_end = g.dst.mem + REG_LEN;
+  HixlEngine *strict = tu_engine_start_opts(tu_ip(), tu_transport(), &pool_off, 1);
   HixlTransferOpDesc d;
   HixlTransferReq req = (HixlTransferReq)(void *)unreg;
 
   CU_ASSERT_PTR_NOT_NULL_FATAL(unreg);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(strict);
+  TU_ASSERT_OK(HixlEngineConnect(strict, g.srv_name, 5000));
+  HixlMemHandle sh = tu_register(strict, g.src.base, SLACK); /* memory of its own, below src */
+  CU_ASSERT_PTR_NOT_NULL_FATAL(sh);
   tu_fill(g.s.mem, MiB, 801);
   tu_fill(unreg, 64 * KiB, 802);
   d = desc(unreg, g.s.mem, 4 * KiB);
-  TU_ASSERT_STATUS(xfer(HIXL_WRITE, &d, 1), HIXL_PARAM_INVALID);
-  TU_ASSERT_STATUS(xfer(HIXL_READ, &d, 1), HIXL_PARAM_INVALID);
-  TU_ASSERT_STATUS(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 1000, NULL, &req),
+  TU_ASSERT_STATUS(HixlEngineTransferSync(strict, g.srv_name, HIXL_WRITE, &d, 1, 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("BufferPool 0:0");
+  TU_ASSERT_STATUS(HixlEngineTransferSync(strict, g.srv_name, HIXL_READ, &d, 1, 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferAsync(strict, g.srv_name, HIXL_WRITE, &d, 1, 1000, NULL, &req),
                    HIXL_PARAM_INVALID);
   CU_ASSERT_PTR_EQUAL(req, (HixlTransferReq)(void *)unreg);
   TU_ASSERT_PATTERN(unreg, 64 * KiB, 802, "unregistered local buffer");
-  d = desc(src_end - 10, g.s.mem, 20); /* straddles the end of a local registration */
-  TU_ASSERT_STATUS(xfer(HIXL_WRITE, &d, 1), HIXL_PARAM_INVALID);
-  memset(dst_end, 0x5A, 64);
-  d = desc(dst_end - 10, g.s.mem, 20);
-  TU_ASSERT_STATUS(xfer(HIXL_READ, &d, 1), HIXL_PARAM_INVALID);
-  CU_ASSERT_EQUAL(tu_check_byte(dst_end, 64, 0x5A), -1);
-  /* Server memory is a remote registration, not a local one of the client. */
-  d = desc(g.s.mem, g.s.mem + 4096, 16);
-  TU_ASSERT_STATUS(xfer(HIXL_WRITE, &d, 1), HIXL_PARAM_INVALID);
+  d = desc(g.src.base + SLACK - 10, g.s.mem, 20); /* straddles the end of its registration */
+  TU_ASSERT_STATUS(HixlEngineTransferSync(strict, g.srv_name, HIXL_WRITE, &d, 1, 1000), HIXL_PARAM_INVALID);
   TU_ASSERT_PATTERN(g.s.mem, MiB, 801, "server memory after refused local ranges");
+  TU_ASSERT_OK(HixlEngineDeregisterMem(strict, sh));
+  TU_ASSERT_OK(HixlEngineDestroy(strict));
+
+  /* The default client stages the same ops: the data arrives. */
+  d = desc(unreg, g.s.mem, 4 * KiB);
+  TU_ASSERT_OK(xfer(HIXL_WRITE, &d, 1));
+  TU_ASSERT_PATTERN(g.s.mem, 4 * KiB, 802, "server memory after a staged WRITE");
+  memset(dst_end, 0x5A, 64);
+  d = desc(dst_end - 10, g.s.mem + 100, 20); /* straddles the end of a registration: staged too */
+  TU_ASSERT_OK(xfer(HIXL_READ, &d, 1));
+  TU_ASSERT_SAME(dst_end - 10, g.s.mem + 100, 20, "staged READ across a registration's end");
+  CU_ASSERT_EQUAL(tu_check_byte(dst_end + 10, 54, 0x5A), -1);
+  /* Server memory is a remote registration, not a local one of the client: as local
+   * memory it is plain host memory of this process, so it is staged as well. */
   tu_free_mem(unreg, 64 * KiB);
 }
 
@@ -634,11 +651,13 @@ static void test_local_deregister(void) {
   TU_ASSERT_OK(xfer(HIXL_WRITE, &d, 1));
   TU_ASSERT_PATTERN(g.s.mem, MiB, 981, "before local deregister");
   TU_ASSERT_OK(HixlEngineDeregisterMem(g.cli, h));
+  /* No longer registered: plain host memory, staged through the pool from now on. */
   tu_fill(m, MiB, 982);
-  TU_ASSERT_STATUS(xfer(HIXL_WRITE, &d, 1), HIXL_PARAM_INVALID);
-  TU_ASSERT_STATUS(xfer(HIXL_READ, &d, 1), HIXL_PARAM_INVALID);
-  TU_ASSERT_PATTERN(g.s.mem, MiB, 981, "server after refused local range");
-  TU_ASSERT_PATTERN(m, MiB, 982, "deregistered local memory");
+  TU_ASSERT_OK(xfer(HIXL_WRITE, &d, 1));
+  TU_ASSERT_PATTERN(g.s.mem, MiB, 982, "server after a staged WRITE from deregistered memory");
+  memset(m, 0, MiB);
+  TU_ASSERT_OK(xfer(HIXL_READ, &d, 1));
+  TU_ASSERT_PATTERN(m, MiB, 982, "deregistered local memory after a staged READ");
   tu_free_mem(m, MiB);
 }
 

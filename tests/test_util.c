@@ -272,19 +272,28 @@ HixlEngine *tu_engine_start(const char *local_engine) {
 }
 
 HixlEngine *tu_engine_start_with(const char *local_engine, const char *transport) {
-  HixlOption opt = {.key = "Transport", .value = transport};
+  return tu_engine_start_opts(local_engine, transport, NULL, 0);
+}
+
+HixlEngine *tu_engine_start_opts(const char *local_engine, const char *transport, const HixlOption *extra,
+                                 size_t n_extra) {
+  HixlOption opts[16];
+  size_t n = 0;
   HixlEngine *e = NULL;
   HixlStatus st;
 
+  if (n_extra > 15) return NULL;
+  if (transport) opts[n++] = (HixlOption){.key = "Transport", .value = transport};
+  for (size_t i = 0; i < n_extra; i++) opts[n++] = extra[i];
   st = HixlEngineCreate(&e);
   if (st != HIXL_SUCCESS) {
     fprintf(stderr, "HixlEngineCreate: %s: %s\n", HixlStatusName(st), HixlGetLastErrorMessage());
     return NULL;
   }
-  st = HixlEngineInitialize(e, local_engine, &opt, transport ? 1 : 0);
+  st = HixlEngineInitialize(e, local_engine, opts, n);
   if (st != HIXL_SUCCESS) {
-    fprintf(stderr, "HixlEngineInitialize(%s, Transport %s): %s: %s\n", local_engine,
-            transport ? transport : "auto", HixlStatusName(st), HixlGetLastErrorMessage());
+    fprintf(stderr, "HixlEngineInitialize(%s, Transport %s, %zu more options): %s: %s\n", local_engine,
+            transport ? transport : "auto", n_extra, HixlStatusName(st), HixlGetLastErrorMessage());
     HixlEngineDestroy(e);
     return NULL;
   }

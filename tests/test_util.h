@@ -116,6 +116,9 @@ HixlEngine *tu_engine_start(const char *local_engine);
 
 /** The same with Transport given (NULL: no option, i.e. auto). */
 HixlEngine *tu_engine_start_with(const char *local_engine, const char *transport);
+/** The same with more options after Transport (at most 15), e.g. {"BufferPool", "0:0"}. */
+HixlEngine *tu_engine_start_opts(const char *local_engine, const char *transport, const HixlOption *extra,
+                                 size_t n_extra);
 
 /** Register [addr, addr + len) as host memory; NULL on failure. */
 HixlMemHandle tu_register(HixlEngine *engine, void *addr, size_t len);

@@ -106,10 +106,11 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
   e->local_addr = sa;
   e->stopping = false;
   snprintf(e->local_name, sizeof(e->local_name), "%s", local_engine);
-  if ((st = eshm_open(e)) != HIXL_SUCCESS) goto unlock;
+  if ((st = stage_open(e)) != HIXL_SUCCESS) goto unlock;
+  if ((st = eshm_open(e)) != HIXL_SUCCESS) goto close_stage;
   if ((opts.transport == HIXL_TRANSPORT_AUTO || opts.transport == HIXL_TRANSPORT_RDMA) &&
       (st = erdma_open(e)) != HIXL_SUCCESS)
-    goto unlock;
+    goto close_stage;
   e->listen_fd = has_port ? sock_listen(&sa, 0, &st) : -1;
   if (has_port && e->listen_fd < 0) goto close_rdma;
   if (link_start(e, &st) < 0) {
@@ -127,6 +128,8 @@ close_listen:
   e->listen_fd = -1;
 close_rdma:
   erdma_close(e);
+close_stage:
+  stage_close(e);
 unlock:
   pthread_mutex_unlock(&e->lock);
   return st;
@@ -150,6 +153,7 @@ HixlStatus HixlEngineFinalize(HixlEngine *e) {
   }
   memtab_free(&e->regs);
   erdma_close(e);
+  stage_close(e);
   for (size_t i = 0; i < e->n_notifies; i++) {
     free(e->notifies[i].name);
     free(e->notifies[i].msg);
@@ -172,6 +176,7 @@ HixlStatus HixlEngineDestroy(HixlEngine *e) {
     struct hixl_transfer_req *r = e->reqs.slots[i];
     if (r) {
       free(r->chunks);
+      free(r->segs);
       free(r);
     }
   }
@@ -282,7 +287,7 @@ static HixlStatus handshake(HixlEngine *e, int fd, const char *remote, uint64_t 
   struct wire_msg m;
   HixlStatus st;
   wire_begin(&w, hello, sizeof(hello), WIRE_HELLO);
-  wire_put_u32(&w, WIRE_CAP_TCP_DATA | (e->has_rdma ? WIRE_CAP_RDMA : 0) | eshm_caps(e));
+  wire_put_u32(&w, link_caps(e));
   wire_put_u16(&w, (uint16_t)strlen(e->local_name));
   wire_put_bytes(&w, e->local_name, strlen(e->local_name));
   st = sock_send_all(fd, hello, wire_end(&w, 0), deadline);
@@ -314,6 +319,7 @@ static HixlStatus handshake(HixlEngine *e, int fd, const char *remote, uint64_t 
   }
   snprintf(p->remote_name, sizeof(p->remote_name), "%.*s", (int)m.u.hello_ack.name_len,
            (const char *)m.u.hello_ack.name);
+  p->caps = m.u.hello_ack.caps;
   const uint8_t *cur = m.u.hello_ack.entries;
   size_t left = m.u.hello_ack.entries_len;
   struct wire_mem_entry me;
@@ -449,7 +455,7 @@ static struct hixl_transfer_req *req_new(HixlEngine *e, uint32_t nchunks, int32_
     return NULL;
   }
   r->eng = e;
-  r->nchunks = r->outstanding = nchunks;
+  r->nchunks = r->outstanding = r->ndirect = nchunks;
   r->user_holds = true;
   r->deadline_ns = hixl_deadline_ns(timeout_ms);
   return r;
@@ -464,7 +470,11 @@ static HixlStatus req_wait(HixlEngine *e, struct conn *c, struct hixl_transfer_r
   link_drive(c, r); /* receive our own answers when nobody else is */
   while (r->outstanding > 0)
     if (pthread_cond_timedwait(&e->cond, &e->lock, &ts) == ETIMEDOUT) break;
-  if (r->outstanding > 0) {
+  uint32_t starved = r->outstanding > 0 ? stage_cancel(r) : 0;
+  if (starved > 0) {
+    r->cancelled = true;
+    st = stage_exhausted(e, fn, starved, remote);
+  } else if (r->outstanding > 0) {
     r->cancelled = true;
     st = hixl_fail(HIXL_TIMEOUT, "%s: %u of %u chunks to %s unanswered at the deadline", fn, r->outstanding,
                    r->nchunks, remote);
@@ -499,6 +509,104 @@ static HixlStatus link_sync(HixlEngine *e, struct conn *c, uint64_t deadline, co
   link_enqueue(c, &ch->tx);
   link_flush(c);
   return req_wait(e, c, r, fn, remote);
+}
+
+/* How a batch moves: ops straight between registrations (direct, split into chunks of
+ * ENGINE_TCP_CHUNK) and staged ops packed into units of the pool's unit size. */
+struct stage_plan {
+  uint64_t ndirect; /* chunks */
+  uint64_t nunits;
+  uint64_t nsegs;
+};
+
+/* Decide every op, fill lregs (NULL: staged) and the plan; nothing is sent. An op is
+ * staged when its local or remote range is not registered, or when it is short
+ * enough to pack (StagingThreshold) on a tcp or rdma link to a peer that serves
+ * staged frames. Lock held. */
+static HixlStatus plan_ops(HixlEngine *e, struct conn *c, const HixlTransferOpDesc *descs, size_t count,
+                           const char *fn, const char *remote, struct hixl_mem_reg **lregs,
+                           struct stage_plan *plan) {
+  const struct stage_pool *pool = &e->pool;
+  uint32_t caps = c->peer->caps;
+  /* Packing pays on tcp. Over rdma it would move small ops onto the socket: not until
+   * staged units travel by RDMA too. shm already copies many ops per call. */
+  bool pack = pool->num > 0 && !c->shm && !c->qp && (caps & WIRE_CAP_STAGE);
+  uint64_t ubytes = 0, useg = 0;
+  memset(plan, 0, sizeof(*plan));
+  for (size_t i = 0; i < count; i++) {
+    const HixlTransferOpDesc *d = &descs[i];
+    lregs[i] = (struct hixl_mem_reg *)memtab_find(&e->regs, d->local_addr, d->len);
+    bool rreg = memtab_find(&c->peer->rtab, d->remote_addr, d->len) != NULL;
+    if (lregs[i] && rreg && !(pack && d->len < e->opts.stage_threshold)) {
+      plan->ndirect += (d->len + ENGINE_TCP_CHUNK - 1) / ENGINE_TCP_CHUNK;
+      continue;
+    }
+    if (pool->num == 0)
+      return hixl_fail(HIXL_PARAM_INVALID,
+                       "%s: op %zu %s range [0x%lx, +%zu) is not inside memory registered %s%s, and staging "
+                       "is off (BufferPool 0:0); nothing was sent",
+                       fn, i, lregs[i] ? "remote" : "local",
+                       (unsigned long)(lregs[i] ? d->remote_addr : d->local_addr), d->len,
+                       lregs[i] ? "with " : "with this engine", lregs[i] ? remote : "");
+    if (!(caps & WIRE_CAP_STAGE))
+      return hixl_fail(HIXL_FAILED,
+                       "%s: op %zu needs staging (its %s range is not registered) but %s does not serve "
+                       "staged transfers; nothing was sent",
+                       fn, i, lregs[i] ? "remote" : "local", remote);
+    if (!rreg && !(caps & WIRE_CAP_STAGE_ANY))
+      return hixl_fail(HIXL_FAILED,
+                       "%s: op %zu remote range [0x%lx, +%zu) is not inside memory registered with %s, and "
+                       "%s does not let peers reach unregistered memory (its StagingUnregistered is off); "
+                       "nothing was sent",
+                       fn, i, (unsigned long)d->remote_addr, d->len, remote, remote);
+    lregs[i] = NULL;
+    /* Pieces of at most one unit; a unit holds up to pool->unit bytes in up to
+     * WIRE_MAX_STAGE_SEGS ranges. plan_units packs them the same way. */
+    for (size_t off = 0; off < d->len;) {
+      size_t piece = d->len - off < pool->unit ? d->len - off : pool->unit;
+      if (plan->nunits == 0 || ubytes + piece > pool->unit || useg == WIRE_MAX_STAGE_SEGS) {
+        plan->nunits++;
+        ubytes = useg = 0;
+      }
+      ubytes += piece;
+      useg++;
+      plan->nsegs++;
+      off += piece;
+    }
+  }
+  if (plan->ndirect + plan->nunits > UINT32_MAX / 2)
+    return hixl_fail(HIXL_PARAM_INVALID, "%s: batch is too large", fn);
+  return HIXL_SUCCESS;
+}
+
+/* Fill r's units (after its ndirect direct chunks) as plan_ops counted them. */
+static void plan_units(HixlEngine *e, const HixlTransferOpDesc *descs, size_t count,
+                       struct hixl_mem_reg *const *lregs, struct hixl_transfer_req *r, struct conn *c,
+                       HixlTransferOp op) {
+  size_t unit = e->pool.unit;
+  struct chunk *ch = NULL;
+  struct stage_seg *seg = r->segs;
+  for (size_t i = 0; i < count; i++) {
+    if (lregs[i]) continue;
+    for (size_t off = 0; off < descs[i].len;) {
+      size_t piece = descs[i].len - off < unit ? descs[i].len - off : unit;
+      if (!ch || ch->len + piece > unit || ch->nsegs == WIRE_MAX_STAGE_SEGS) {
+        ch = ch ? ch + 1 : &r->chunks[r->ndirect];
+        ch->req = r;
+        ch->kind = op == HIXL_READ ? CHUNK_SREAD : CHUNK_SWRITE;
+        ch->segs = seg;
+        ch->sconn = c;
+        ch->tx.chunk = ch;
+      }
+      seg->laddr = descs[i].local_addr + off;
+      seg->raddr = descs[i].remote_addr + off;
+      seg->len = (uint32_t)piece;
+      seg++;
+      ch->nsegs++;
+      ch->len += (uint32_t)piece;
+      off += piece;
+    }
+  }
 }
 
 static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransferOp op,
@@ -538,40 +646,32 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
   if (miss < count) {
     if ((st = link_sync(e, c, deadline, fn, remote)) != HIXL_SUCCESS) goto unlock;
     if (!(c = link_for(e, remote, fn, &st))) goto unlock;
-    miss = remote_miss(c, descs, count);
-  }
-  if (miss < count) {
-    st = hixl_fail(HIXL_FAILED,
-                   "%s: op %zu remote range [0x%lx, +%zu) is not inside memory registered with %s; "
-                   "nothing was sent",
-                   fn, miss, (unsigned long)descs[miss].remote_addr, descs[miss].len, remote);
-    goto unlock;
   }
   lregs = malloc(count * sizeof(*lregs));
   if (!lregs) {
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
     goto unlock;
   }
-  for (size_t i = 0; i < count; i++) {
-    lregs[i] = (struct hixl_mem_reg *)memtab_find(&e->regs, descs[i].local_addr, descs[i].len);
-    if (!lregs[i]) {
-      st = hixl_fail(HIXL_PARAM_INVALID,
-                     "%s: op %zu local range [0x%lx, +%zu) is not inside memory registered "
-                     "with this engine",
-                     fn, i, (unsigned long)descs[i].local_addr, descs[i].len);
-      goto unlock;
-    }
+  struct stage_plan plan;
+  if ((st = plan_ops(e, c, descs, count, fn, remote, lregs, &plan)) != HIXL_SUCCESS) goto unlock;
+  r = req_new(e, plan.ndirect + plan.nunits, timeout_ms);
+  if (r && plan.nsegs && !(r->segs = calloc(plan.nsegs, sizeof(*r->segs)))) {
+    r->user_holds = false;
+    r->outstanding = 0;
+    link_req_maybe_free(r);
+    r = NULL;
   }
-  r = req_new(e, (uint32_t)nchunks, timeout_ms);
   if (!r) {
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory for %llu chunks", fn,
-                   (unsigned long long)nchunks);
+                   (unsigned long long)(plan.ndirect + plan.nunits));
     goto unlock;
   }
   r->deadline_ns = deadline;
+  r->ndirect = plan.ndirect;
   struct chunk *ch = r->chunks;
   for (size_t i = 0; i < count; i++) {
-    /* remote_miss found every op in the table: its key is there too */
+    if (!lregs[i]) continue; /* staged */
+    /* plan_ops found every direct op in the peer's table: its key is there too */
     const struct remote_mem *rm =
         (const struct remote_mem *)memtab_find(&c->peer->rtab, descs[i].remote_addr, descs[i].len);
     for (size_t off = 0; off < descs[i].len; off += ENGINE_TCP_CHUNK, ch++) {
@@ -606,6 +706,10 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
       }
       link_enqueue(c, &ch->tx);
     }
+  }
+  if (plan.nunits > 0) {
+    plan_units(e, descs, count, lregs, r, c, op);
+    stage_submit(r); /* units with a free buffer go on the wire now, the rest wait in order */
   }
   /* shm: a sync caller copies in link_drive; an async request goes to eshm_async. */
   if (c->qp)
@@ -701,10 +805,16 @@ HixlStatus HixlEngineGetTransferStatus(HixlEngine *e, HixlTransferReq req, HixlT
                                     : HIXL_TRANSFER_FAILED;
     if (s != HIXL_TRANSFER_COMPLETED) hixl_fail(r->status, "transfer failed: %s", r->err);
   } else if (hixl_now_ns() >= r->deadline_ns) {
-    s = HIXL_TRANSFER_TIMEOUT;
+    uint32_t starved = stage_cancel(r);
     r->cancelled = true;
-    hixl_fail(HIXL_TIMEOUT, "transfer: %u of %u chunks unanswered at the deadline", r->outstanding,
-              r->nchunks);
+    if (starved > 0) {
+      s = HIXL_TRANSFER_FAILED;
+      stage_exhausted(e, "HixlEngineGetTransferStatus", starved, "the peer");
+    } else {
+      s = HIXL_TRANSFER_TIMEOUT;
+      hixl_fail(HIXL_TIMEOUT, "transfer: %u of %u chunks unanswered at the deadline", r->outstanding,
+                r->nchunks);
+    }
   }
   if (s != HIXL_TRANSFER_WAITING) {
     ptrset_del(&e->reqs, r);

@@ -38,4 +38,13 @@ struct hixl_link_info {
 };
 HixlStatus hixl_engine_link_info(HixlEngine *e, const char *remote, struct hixl_link_info *info);
 
+/* What the staging pool did for this engine as an initiator, since Initialize. */
+struct hixl_stage_stats {
+  uint64_t units; /* staged units sent: one pool buffer and one frame each */
+  uint64_t ops;   /* ops, or pieces of ops larger than a unit, packed into them */
+  uint64_t bytes; /* bytes staged */
+  uint64_t waits; /* times a unit found every buffer busy and had to wait */
+};
+HixlStatus hixl_engine_stage_stats(HixlEngine *e, struct hixl_stage_stats *out);
+
 #endif

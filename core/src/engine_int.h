@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "cma.h"
+#include "engine_ext.h"
 #include "hixl/hixl_engine.h"
 #include "memtab.h"
 #include "options.h"
@@ -46,13 +47,19 @@ struct txitem {
   size_t heap_len;
   const uint8_t *payload;
   size_t payload_len;
+  uint8_t *own_payload;     /* target STAGE_READ answer: the payload, owned; freed once sent */
   size_t sent;              /* bytes of hdr, heap and payload sent so far */
   struct chunk *chunk;      /* initiator: awaits a response once sent */
   struct hixl_mem_reg *reg; /* target READ_RESP: inflight released once sent */
 };
 
-enum chunk_kind { CHUNK_WRITE, CHUNK_READ, CHUNK_NOTIFY, CHUNK_SYNC };
+enum chunk_kind { CHUNK_WRITE, CHUNK_READ, CHUNK_NOTIFY, CHUNK_SYNC, CHUNK_SWRITE, CHUNK_SREAD };
 
+/* One staged op, or a piece of one: local and remote ranges of the same length. */
+struct stage_seg {
+  uint64_t laddr, raddr;
+  uint32_t len;
+};
 /* One request frame an initiator sends and the response it waits for. */
 struct chunk {
   struct txitem tx;
@@ -65,16 +72,26 @@ struct chunk {
   uint32_t len;
   uint64_t seq;
   enum chunk_kind kind;
+  /* A staged unit (CHUNK_SWRITE / CHUNK_SREAD): ranges packed through one pool
+   * buffer, sent as one STAGE_WRITE / STAGE_READ on the link's socket. */
+  struct stage_seg *segs; /* into the request's array */
+  uint32_t nsegs;
+  bool waiting;       /* in the pool's queue, no buffer yet */
+  uint8_t *sbuf;      /* the pool buffer, once it has one */
+  struct conn *sconn; /* the link it goes on, while it waits */
+  struct chunk *next_wait;
 };
 
 struct hixl_transfer_req {
   struct HixlEngine *eng;
-  struct chunk *chunks;
+  struct chunk *chunks; /* direct chunks first, then staged units */
   uint32_t nchunks;
-  uint32_t outstanding; /* chunks not yet ended */
-  HixlStatus status;    /* first failure, or SUCCESS */
-  bool user_holds;      /* the caller may still ask about it */
-  bool cancelled;       /* timed out: unsent chunks are dropped, late data discarded */
+  uint32_t ndirect;       /* chunks[0, ndirect) move by the link's transport */
+  struct stage_seg *segs; /* the staged units' ranges, one allocation */
+  uint32_t outstanding;   /* chunks not yet ended */
+  HixlStatus status;      /* first failure, or SUCCESS */
+  bool user_holds;        /* the caller may still ask about it */
+  bool cancelled;         /* timed out: unsent chunks are dropped, late data discarded */
   bool is_async;
   uint64_t deadline_ns;
   void *user_data;
@@ -118,6 +135,13 @@ struct conn {
   struct hixl_mem_reg *pay_reg; /* target WRITE_REQ being received */
   uint64_t pay_seq;
   uint32_t pay_status;
+  /* target: the STAGE_WRITE being received into tbuf, then scattered */
+  bool pay_stage;
+  struct stage_seg *tsegs; /* raddr and len used */
+  uint32_t tsegs_n, tsegs_cap;
+  uint8_t *tbuf;
+  size_t tbuf_cap;
+  size_t stage_queued; /* bytes of STAGE_READ answers queued, not yet sent */
   /* send */
   struct txitem *txq_head, *txq_tail;
   /* initiator: chunks sent, in the order their responses will come */
@@ -143,7 +167,22 @@ struct peer {
   char remote_name[WIRE_MAX_NAME + 1]; /* as the peer calls itself */
   struct conn *conn;                   /* NULL once the link broke */
   struct memtab rtab;                  /* the peer's registrations, as advertised */
+  uint32_t caps;                       /* WIRE_CAP_* from its HELLO_ACK */
   char broken_why[256];
+};
+
+/* The staging pool ("BufferPool"): NUM buffers of SIZE bytes in one mapping, and
+ * the staged units waiting for one, in order. Lock held for every field. */
+struct stage_pool {
+  uint8_t *mem;
+  size_t mem_len;
+  size_t buf_size; /* bytes per buffer */
+  size_t unit;     /* bytes per staged unit: min(buf_size, WIRE_MAX_STAGE) */
+  uint32_t num;
+  uint8_t **free;
+  uint32_t nfree;
+  struct chunk *wait_head, *wait_tail;
+  struct hixl_stage_stats stats;
 };
 
 struct notify_item {
@@ -166,11 +205,12 @@ struct HixlEngine {
   struct conn *graveyard; /* killed, freed by the progress thread after a batch */
   struct rdma_dev rdma;   /* opened when the engine uses RDMA */
   bool has_rdma;
-  bool shm_on;              /* Transport auto or shm, and this host's identity is known */
-  struct cma_self self;     /* boot id, pid and uid told to shm peers */
-  size_t shm_queued;        /* async shm chunks waiting, on every link */
-  uint32_t shm_copying;     /* threads inside a copy, lock released; Finalize waits for 0 */
-  uint64_t shm_round;       /* progress-thread rounds over links with shm work */
+  bool shm_on;          /* Transport auto or shm, and this host's identity is known */
+  struct cma_self self; /* boot id, pid and uid told to shm peers */
+  size_t shm_queued;    /* async shm chunks waiting, on every link */
+  uint32_t shm_copying; /* threads inside a copy, lock released; Finalize waits for 0 */
+  uint64_t shm_round;   /* progress-thread rounds over links with shm work */
+  struct stage_pool pool;
   struct ptrset reqs;       /* async requests the caller holds; under req_lock too */
   pthread_mutex_t req_lock; /* taken after lock, or alone to poll a WAITING request */
   struct notify_item *notifies;
@@ -201,6 +241,21 @@ void link_take_pending(struct conn *c);
 void link_free_graveyard(struct HixlEngine *e);
 void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me);
 
+/* engine_stage.c */
+HixlStatus stage_open(struct HixlEngine *e);
+void stage_close(struct HixlEngine *e);
+void stage_submit(struct hixl_transfer_req *r);     /* queue r's units for buffers, start what can */
+void stage_pump(struct HixlEngine *e);              /* give free buffers to waiting units */
+void stage_release(struct chunk *ch);               /* the unit ended: its buffer is free */
+uint32_t stage_cancel(struct hixl_transfer_req *r); /* end units still waiting; returns how many */
+void stage_conn_kill(struct conn *c, HixlStatus st, const char *msg);
+void stage_read_done(struct chunk *ch); /* STAGE_READ data arrived: scatter it */
+void stage_target_frame(struct conn *c, const struct wire_msg *m);
+void stage_target_write_done(struct conn *c);
+void stage_conn_free(struct conn *c);
+HixlStatus stage_exhausted(struct HixlEngine *e, const char *fn, uint32_t units, const char *remote);
+#define STAGE_TARGET_QUEUE (64u << 20) /* STAGE_READ answer bytes a target queues per link */
+
 /* engine_rdma.c */
 HixlStatus erdma_open(struct HixlEngine *e);
 void erdma_close(struct HixlEngine *e);
@@ -215,6 +270,7 @@ void erdma_post(struct conn *c, size_t budget);
 void erdma_on_cq(struct HixlEngine *e);
 void erdma_conn_kill(struct conn *c, HixlStatus st, const char *msg);
 size_t link_mem_entry_len(const struct hixl_mem_reg *r);
+uint32_t link_caps(const struct HixlEngine *e); /* WIRE_CAP_* this engine advertises */
 
 /* engine_shm.c */
 HixlStatus eshm_open(struct HixlEngine *e);

@@ -30,6 +30,7 @@
 void link_req_maybe_free(struct hixl_transfer_req *r) {
   if (r->outstanding == 0 && !r->user_holds) {
     free(r->chunks);
+    free(r->segs);
     free(r);
   }
 }
@@ -37,6 +38,7 @@ void link_req_maybe_free(struct hixl_transfer_req *r) {
 void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why) {
   struct hixl_transfer_req *r = ch->req;
   if (ch->lreg) ch->lreg->inflight--;
+  if (ch->sbuf || ch->waiting) stage_release(ch);
   if (st != HIXL_SUCCESS && r->status == HIXL_SUCCESS) {
     r->status = st;
     snprintf(r->err, sizeof(r->err), "%s", why);
@@ -73,9 +75,14 @@ int link_conn_watch(struct conn *c) {
   return 0;
 }
 
-static void txitem_done(struct txitem *it) {
+static void txitem_done(struct conn *c, struct txitem *it) {
   free(it->heap);
   it->heap = NULL;
+  if (it->own_payload) {
+    c->stage_queued -= it->payload_len;
+    free(it->own_payload);
+    it->own_payload = NULL;
+  }
   if (it->reg) it->reg->inflight--;
   if (!it->chunk) free(it);
 }
@@ -101,6 +108,7 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
   if (c->pay_chunk) link_chunk_end(c->pay_chunk, st, msg); /* READ data cut off mid-payload */
   erdma_conn_kill(c, st, msg);
   eshm_conn_kill(c, st, msg);
+  stage_conn_kill(c, st, msg);
   c->pay_chunk = NULL;
   c->pay_left = 0;
   /* Unsent frames: chunks end with the link's fate, responses are dropped. */
@@ -108,7 +116,7 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
     struct txitem *it = c->txq_head;
     c->txq_head = it->next;
     struct chunk *ch = it->chunk;
-    txitem_done(it);
+    txitem_done(c, it);
     if (ch) link_chunk_end(ch, st, msg);
   }
   c->txq_tail = NULL;
@@ -141,6 +149,7 @@ void link_free_graveyard(struct HixlEngine *e) {
   while (e->graveyard) {
     struct conn *c = e->graveyard;
     e->graveyard = c->next;
+    stage_conn_free(c);
     free(c->rxbuf);
     free(c);
   }
@@ -235,7 +244,7 @@ void link_flush_some(struct conn *c, size_t budget) {
       c->txq_head = it->next;
       if (!c->txq_head) c->txq_tail = NULL;
       struct chunk *ch = it->chunk;
-      txitem_done(it);
+      txitem_done(c, it);
       if (ch) {
         ch->next_pending = NULL;
         if (c->pend_tail)
@@ -272,6 +281,11 @@ static int queue_heap(struct conn *c, uint8_t *frame, size_t len) {
   it->heap_len = len;
   link_enqueue(c, it);
   return 0;
+}
+
+uint32_t link_caps(const struct HixlEngine *e) {
+  return WIRE_CAP_TCP_DATA | (e->has_rdma ? WIRE_CAP_RDMA : 0) | eshm_caps(e) | WIRE_CAP_STAGE |
+         (e->opts.stage_unregistered ? WIRE_CAP_STAGE_ANY : 0);
 }
 
 size_t link_mem_entry_len(const struct hixl_mem_reg *r) { return WIRE_MEM_ENTRY_FIXED + strlen(r->tag); }
@@ -321,7 +335,7 @@ static void send_hello_ack(struct conn *c, uint32_t status) {
   }
   wire_begin(&w, buf, cap, WIRE_HELLO_ACK);
   wire_put_u32(&w, status);
-  wire_put_u32(&w, WIRE_CAP_TCP_DATA | (e->has_rdma ? WIRE_CAP_RDMA : 0) | eshm_caps(e));
+  wire_put_u32(&w, link_caps(e));
   wire_put_u16(&w, (uint16_t)strlen(e->local_name));
   wire_put_bytes(&w, e->local_name, strlen(e->local_name));
   wire_put_u32(&w, status == WIRE_HELLO_OK ? (uint32_t)e->regs.count : 0);
@@ -379,6 +393,8 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
     if (r) r->inflight++;
     return;
   }
+  case WIRE_STAGE_WRITE:
+  case WIRE_STAGE_READ: stage_target_frame(c, m); return;
   case WIRE_RDMA_CONNECT: erdma_target_connect(c, m); return;
   case WIRE_SHM_HELLO: eshm_target_hello(c, m); return;
   case WIRE_SYNC: {
@@ -427,6 +443,10 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
 /* Called when a WRITE_REQ payload has been fully received (or discarded). */
 static void target_write_done(struct conn *c) {
   uint8_t frame[WIRE_SMALL_FRAME];
+  if (c->pay_stage) {
+    stage_target_write_done(c);
+    return;
+  }
   if (c->pay_reg) c->pay_reg->inflight--;
   c->pay_reg = NULL;
   size_t len = wire_put_ack(frame, WIRE_WRITE_ACK, c->pay_seq, c->pay_status, 0);
@@ -448,10 +468,9 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
     return;
   }
   struct chunk *ch = c->pend_head;
-  static const enum wire_type expect[] = {[CHUNK_WRITE] = WIRE_WRITE_ACK,
-                                          [CHUNK_READ] = WIRE_READ_RESP,
-                                          [CHUNK_NOTIFY] = WIRE_NOTIFY_ACK,
-                                          [CHUNK_SYNC] = WIRE_SYNC_ACK};
+  static const enum wire_type expect[] = {
+      [CHUNK_WRITE] = WIRE_WRITE_ACK, [CHUNK_READ] = WIRE_READ_RESP,   [CHUNK_NOTIFY] = WIRE_NOTIFY_ACK,
+      [CHUNK_SYNC] = WIRE_SYNC_ACK,   [CHUNK_SWRITE] = WIRE_WRITE_ACK, [CHUNK_SREAD] = WIRE_READ_RESP};
   if (!ch || m->u.ack.seq != ch->seq || m->hdr.type != expect[ch->kind] ||
       (m->hdr.type == WIRE_READ_RESP && m->u.ack.status == HIXL_SUCCESS && m->hdr.payload_len != ch->len)) {
     char why[192];
@@ -465,7 +484,7 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   if (m->hdr.type == WIRE_READ_RESP && m->hdr.payload_len > 0) {
     c->pay_chunk = ch;
     c->pay_left = m->hdr.payload_len;
-    c->pay_dst = ch->req->cancelled ? NULL : ch->laddr;
+    c->pay_dst = ch->req->cancelled ? NULL : ch->kind == CHUNK_SREAD ? ch->sbuf : ch->laddr;
     return;
   }
   if (m->u.ack.status == HIXL_SUCCESS) {
@@ -476,17 +495,29 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   if (ch->kind == CHUNK_NOTIFY)
     snprintf(why, sizeof(why), "%s refused the notification (%s; %d undrained at most)", c->remote_name,
              HixlStatusName(m->u.ack.status), HIXL_MAX_NOTIFY_QUEUE);
+  else if (ch->kind == CHUNK_SWRITE || ch->kind == CHUNK_SREAD)
+    snprintf(
+        why, sizeof(why),
+        "%s refused a staged %s of %u ranges, the first remote [0x%llx, +%u) (%s: a range is not "
+        "registered there and its StagingUnregistered is off, or is not mapped, or it ran out of memory)",
+        c->remote_name, ch->kind == CHUNK_SREAD ? "READ" : "WRITE", ch->nsegs,
+        (unsigned long long)ch->segs[0].raddr, ch->segs[0].len, HixlStatusName(m->u.ack.status));
   else
     snprintf(why, sizeof(why), "%s refused %s of remote [0x%llx, +%u): not inside memory registered there",
              c->remote_name, ch->kind == CHUNK_READ ? "READ" : "WRITE", (unsigned long long)ch->raddr,
              ch->len);
-  link_chunk_end(ch, m->u.ack.status == HIXL_NOTIFY_FAILED ? HIXL_NOTIFY_FAILED : HIXL_FAILED, why);
+  link_chunk_end(ch,
+                 m->u.ack.status == HIXL_NOTIFY_FAILED || m->u.ack.status == HIXL_RESOURCE_EXHAUSTED
+                     ? (HixlStatus)m->u.ack.status
+                     : HIXL_FAILED,
+                 why);
 }
 
 static void payload_done(struct conn *c) {
   if (c->role == CONN_INITIATOR) {
     struct chunk *ch = c->pay_chunk;
     c->pay_chunk = NULL;
+    if (ch->kind == CHUNK_SREAD) stage_read_done(ch);
     link_chunk_end(ch, HIXL_SUCCESS, "");
   } else {
     target_write_done(c);
@@ -509,7 +540,8 @@ static bool type_allowed(enum conn_role role, unsigned type) {
   case CONN_TARGET_HELLO: return type == WIRE_HELLO;
   case CONN_TARGET:
     return type == WIRE_WRITE_REQ || type == WIRE_READ_REQ || type == WIRE_NOTIFY || type == WIRE_SYNC ||
-           type == WIRE_RDMA_CONNECT || type == WIRE_SHM_HELLO;
+           type == WIRE_RDMA_CONNECT || type == WIRE_SHM_HELLO || type == WIRE_STAGE_WRITE ||
+           type == WIRE_STAGE_READ;
   case CONN_INITIATOR:
     return type == WIRE_WRITE_ACK || type == WIRE_READ_RESP || type == WIRE_NOTIFY_ACK ||
            type == WIRE_SYNC_ACK || type == WIRE_MEM_ADD || type == WIRE_MEM_DEL;
@@ -660,12 +692,14 @@ bool link_alive(struct conn *c) {
  * caller drives a link; others wait on the condition variable as usual. */
 void link_drive(struct conn *c, struct hixl_transfer_req *r) {
   struct HixlEngine *e = c->eng;
-  if (c->shm && !c->dead && (r->chunks[0].kind == CHUNK_WRITE || r->chunks[0].kind == CHUNK_READ)) {
-    eshm_run_sync(c, r); /* the caller copies; c may be gone afterwards */
+  bool data = r->chunks[0].kind != CHUNK_NOTIFY && r->chunks[0].kind != CHUNK_SYNC;
+  if (c->shm && !c->dead && data) {
+    if (r->ndirect < r->nchunks) link_unpark(c); /* staged answers come on the socket */
+    if (r->ndirect > 0) eshm_run_sync(c, r);     /* the caller copies; c may be gone afterwards */
     return;
   }
   if (c->dead || c->rx == RX_CALLER) return;
-  if (c->qp && (r->chunks[0].kind == CHUNK_WRITE || r->chunks[0].kind == CHUNK_READ)) {
+  if (c->qp && data) {
     link_unpark(c); /* RDMA data completes on the CQ (progress thread); TCP frames still need a reader */
     return;
   }
@@ -683,6 +717,7 @@ void link_drive(struct conn *c, struct hixl_transfer_req *r) {
     if (n <= 0 || c->dead) continue;
     if (p.revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL)) conn_on_readable(c);
     if (!c->dead && (p.revents & POLLOUT)) link_flush(c);
+    stage_pump(e); /* buffers our answers freed go to the next units at once */
   }
   if (c->dead) {
     conn_bury(c);
@@ -750,6 +785,7 @@ static void *progress_main(void *arg) {
       }
     }
     wait_ms = eshm_progress(e) ? 0 : -1; /* one step per link, then events get a turn */
+    stage_pump(e);
     link_free_graveyard(e);
     pthread_mutex_unlock(&e->lock);
   }

@@ -243,7 +243,7 @@ void eshm_run_sync(struct conn *c, struct hixl_transfer_req *r) {
   struct shm_peer *s = c->shm; /* c may die while a copy runs: only s from here on */
   struct chunk *vbuf[16], **v = vbuf;
   struct cma_seg sbuf[16], *segs = sbuf;
-  size_t n = r->nchunks, i = 0;
+  size_t n = r->ndirect, i = 0; /* staged units go on the socket */
   if (n > 16) {
     v = malloc(n * sizeof(*v));
     segs = malloc(n * sizeof(*segs));
@@ -280,12 +280,13 @@ void eshm_run_sync(struct conn *c, struct hixl_transfer_req *r) {
 void eshm_async(struct conn *c, struct hixl_transfer_req *r) {
   struct HixlEngine *e = c->eng;
   uint64_t bytes = 0;
-  for (uint32_t k = 0; k < r->nchunks; k++) bytes += r->chunks[k].len;
-  if (!c->sq_head && bytes <= ESHM_CALLER_COPY && r->nchunks <= 16) {
+  for (uint32_t k = 0; k < r->ndirect; k++) bytes += r->chunks[k].len;
+  if (r->ndirect == 0) return; /* all staged: they go on the socket */
+  if (!c->sq_head && bytes <= ESHM_CALLER_COPY && r->ndirect <= 16) {
     eshm_run_sync(c, r);
     return;
   }
-  for (uint32_t k = 0; k < r->nchunks; k++) {
+  for (uint32_t k = 0; k < r->ndirect; k++) {
     struct chunk *ch = &r->chunks[k];
     ch->next_pending = NULL;
     if (c->sq_tail)
@@ -294,7 +295,7 @@ void eshm_async(struct conn *c, struct hixl_transfer_req *r) {
       c->sq_head = ch;
     c->sq_tail = ch;
   }
-  e->shm_queued += r->nchunks;
+  e->shm_queued += r->ndirect;
   uint64_t one = 1;
   (void)!write(e->evfd, &one, sizeof(one));
 }

@@ -60,6 +60,16 @@ static bool parse_gid_index(const char *s, struct hixl_options *o) {
   return true;
 }
 
+static bool parse_threshold(const char *s, struct hixl_options *o) {
+  return parse_u32(s, 0, 1u << 20, &o->stage_threshold);
+}
+
+static bool parse_unregistered(const char *s, struct hixl_options *o) {
+  if (!s || (strcmp(s, "on") != 0 && strcmp(s, "off") != 0)) return false;
+  o->stage_unregistered = strcmp(s, "on") == 0;
+  return true;
+}
+
 static const char *const transport_names[] = {"auto", "tcp", "rdma", "shm"};
 
 static bool parse_transport(const char *s, struct hixl_options *o) {
@@ -86,9 +96,14 @@ static const struct hixl_option_info option_info[] = {
      "RDMA device to use"},
     {"RdmaGidIndex", "auto", NULL, "auto, or [0,255]",
      "GID index; auto picks the RoCE v2 GID of the engine's IP"},
+    {"StagingThreshold", "4096", NULL, "[0,1048576] bytes; 0 never coalesces",
+     "ops shorter than this, on tcp and rdma links, are packed through the staging pool"},
+    {"StagingUnregistered", "off", NULL, "on | off",
+     "as a target: let peers' staged ops reach host memory this engine did not register"},
 };
-static const opt_parse_fn option_parse[] = {parse_pool,      parse_tc,     parse_sl,
-                                            parse_transport, parse_device, parse_gid_index};
+static const opt_parse_fn option_parse[] = {parse_pool,      parse_tc,          parse_sl,
+                                            parse_transport, parse_device,      parse_gid_index,
+                                            parse_threshold, parse_unregistered};
 #define N_OPTIONS (sizeof(option_info) / sizeof(option_info[0]))
 
 const struct hixl_option_info *hixl_options_table(size_t *count) {
@@ -113,7 +128,8 @@ HixlStatus hixl_options_parse(const HixlOption *opts, size_t n, struct hixl_opti
     if (k == N_OPTIONS)
       return hixl_fail(HIXL_PARAM_INVALID,
                        "unknown option \"%s\" (known: BufferPool, RdmaTrafficClass, "
-                       "RdmaServiceLevel, Transport, RdmaDevice, RdmaGidIndex)",
+                       "RdmaServiceLevel, Transport, RdmaDevice, RdmaGidIndex, StagingThreshold, "
+                       "StagingUnregistered)",
                        opts[i].key);
     if (given[k]) return hixl_fail(HIXL_PARAM_INVALID, "option %s given twice", opts[i].key);
     if (!option_parse[k](opts[i].value, &o)) return bad_value(&option_info[k], opts[i].value, "option");

@@ -1,6 +1,7 @@
 /* options: the engine's typed options, parsed from key/value strings by one table. */
 #ifndef HIXL_OPTIONS_H
 #define HIXL_OPTIONS_H
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -14,8 +15,10 @@ struct hixl_options {
   uint32_t rdma_tc;      /* RdmaTrafficClass */
   uint32_t rdma_sl;      /* RdmaServiceLevel */
   enum hixl_transport transport;
-  char rdma_device[64];   /* RdmaDevice: "" finds the device that owns the engine's IP */
-  int32_t rdma_gid_index; /* RdmaGidIndex: -1 picks the RoCE v2 GID of the engine's IP */
+  char rdma_device[64];     /* RdmaDevice: "" finds the device that owns the engine's IP */
+  int32_t rdma_gid_index;   /* RdmaGidIndex: -1 picks the RoCE v2 GID of the engine's IP */
+  uint32_t stage_threshold; /* StagingThreshold: ops shorter than this are coalesced; 0 never */
+  bool stage_unregistered;  /* StagingUnregistered: peers' staged ops may reach unregistered memory */
 };
 
 /* One row per key: the same table drives parsing, validation and the docs. */

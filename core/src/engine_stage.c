@@ -1,0 +1,340 @@
+/* engine_stage: the staging pool ("BufferPool") and staged transfers.
+ *
+ * An op whose local or remote memory is not registered, or a small op worth packing
+ * (StagingThreshold), becomes part of a staged *unit*: up to one pool buffer of
+ * ranges, sent as one STAGE_WRITE (the data packed after the range list) or
+ * STAGE_READ (answered by one READ_RESP carrying the data packed) on the link's
+ * socket. The target scatters or gathers the ranges itself, checking each one when
+ * it copies. Units wait in order for a free buffer; a request whose units never got
+ * one by its deadline ends RESOURCE_EXHAUSTED. Lock held everywhere. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "engine_int.h"
+#include "log.h"
+#include "sock.h"
+#include "status_int.h"
+
+HixlStatus stage_open(struct HixlEngine *e) {
+  struct stage_pool *p = &e->pool;
+  memset(p, 0, sizeof(*p));
+  if (e->opts.pool_num == 0) return HIXL_SUCCESS; /* "0:0": staging off */
+  p->num = e->opts.pool_num;
+  p->buf_size = (size_t)e->opts.pool_size_mb << 20;
+  p->unit = p->buf_size < WIRE_MAX_STAGE ? p->buf_size : WIRE_MAX_STAGE;
+  p->mem_len = (size_t)p->num * p->buf_size;
+  p->mem = mmap(NULL, p->mem_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  p->free = malloc(p->num * sizeof(*p->free));
+  if (p->mem == MAP_FAILED || !p->free) {
+    HixlStatus st = hixl_fail(HIXL_RESOURCE_EXHAUSTED,
+                              "HixlEngineInitialize: cannot allocate BufferPool %u:%u (%zu MiB): %s",
+                              e->opts.pool_num, e->opts.pool_size_mb, p->mem_len >> 20, strerror(errno));
+    if (p->mem != MAP_FAILED) munmap(p->mem, p->mem_len);
+    free(p->free);
+    memset(p, 0, sizeof(*p));
+    return st;
+  }
+  for (uint32_t i = 0; i < p->num; i++) p->free[i] = p->mem + (size_t)(p->num - 1 - i) * p->buf_size;
+  p->nfree = p->num;
+  return HIXL_SUCCESS;
+}
+
+void stage_close(struct HixlEngine *e) {
+  struct stage_pool *p = &e->pool;
+  if (p->mem) munmap(p->mem, p->mem_len);
+  free(p->free);
+  memset(p, 0, sizeof(*p));
+}
+
+static void stage_enqueue(struct chunk *ch) {
+  struct stage_pool *p = &ch->req->eng->pool;
+  ch->waiting = true;
+  ch->next_wait = NULL;
+  if (p->wait_tail)
+    p->wait_tail->next_wait = ch;
+  else
+    p->wait_head = ch;
+  p->wait_tail = ch;
+}
+
+/* Take ch out of the waiting queue (it is in it). */
+static void wait_remove(struct stage_pool *p, struct chunk *ch) {
+  struct chunk *prev = NULL;
+  for (struct chunk *w = p->wait_head; w; prev = w, w = w->next_wait) {
+    if (w != ch) continue;
+    if (prev)
+      prev->next_wait = w->next_wait;
+    else
+      p->wait_head = w->next_wait;
+    if (p->wait_tail == w) p->wait_tail = prev;
+    break;
+  }
+  ch->waiting = false;
+  ch->next_wait = NULL;
+}
+
+void stage_release(struct chunk *ch) {
+  struct stage_pool *p = &ch->req->eng->pool;
+  if (ch->waiting) wait_remove(p, ch);
+  if (!ch->sbuf) return;
+  p->free[p->nfree++] = ch->sbuf;
+  ch->sbuf = NULL;
+  if (p->wait_head) { /* the progress thread hands it on at the end of its batch */
+    uint64_t one = 1;
+    (void)!write(ch->req->eng->evfd, &one, sizeof(one));
+  }
+}
+
+HixlStatus stage_exhausted(struct HixlEngine *e, const char *fn, uint32_t units, const char *remote) {
+  return hixl_fail(HIXL_RESOURCE_EXHAUSTED,
+                   "%s: BufferPool %u:%u (%u staging buffers of %u MiB) stayed busy until the deadline: "
+                   "%u staged units of this batch to %s never got a buffer and none of their data was "
+                   "sent; give the call more time, the pool more buffers, or wait for transfers in flight",
+                   fn, e->opts.pool_num, e->opts.pool_size_mb, e->opts.pool_num, e->opts.pool_size_mb, units,
+                   remote);
+}
+
+uint32_t stage_cancel(struct hixl_transfer_req *r) {
+  uint32_t n = 0;
+  char why[160];
+  snprintf(why, sizeof(why), "staged unit never got a buffer of BufferPool %u:%u before the deadline",
+           r->eng->opts.pool_num, r->eng->opts.pool_size_mb);
+  for (uint32_t i = r->ndirect; i < r->nchunks; i++)
+    if (r->chunks[i].waiting) {
+      n++;
+      link_chunk_end(&r->chunks[i], HIXL_RESOURCE_EXHAUSTED, why);
+    }
+  return n;
+}
+
+void stage_conn_kill(struct conn *c, HixlStatus st, const char *msg) {
+  struct stage_pool *p = &c->eng->pool;
+  struct chunk *w = p->wait_head;
+  while (w) {
+    struct chunk *next = w->next_wait;
+    if (w->sconn == c) link_chunk_end(w, st, msg); /* takes it out of the queue */
+    w = next;
+  }
+}
+
+/* Give ch a buffer and put its frame on its link. */
+static void unit_start(struct stage_pool *p, struct chunk *ch) {
+  struct conn *c = ch->sconn;
+  bool write = ch->kind == CHUNK_SWRITE;
+  size_t flen = WIRE_HDR_LEN + 12 + (size_t)ch->nsegs * WIRE_STAGE_SEG_LEN;
+  uint8_t *frame = malloc(flen);
+  if (!frame) {
+    link_chunk_end(ch, HIXL_RESOURCE_EXHAUSTED, "out of memory for a staged frame");
+    return;
+  }
+  ch->sbuf = p->free[--p->nfree];
+  size_t off = 0;
+  for (uint32_t i = 0; i < ch->nsegs; i++) {
+    if (write) memcpy(ch->sbuf + off, (const void *)(uintptr_t)ch->segs[i].laddr, ch->segs[i].len);
+    off += ch->segs[i].len;
+  }
+  ch->seq = c->next_seq++; /* numbered now: frames go out, and answers come back, in this order */
+  wire_put_stage(frame, write ? WIRE_STAGE_WRITE : WIRE_STAGE_READ, ch->seq, ch->nsegs, write ? ch->len : 0);
+  for (uint32_t i = 0; i < ch->nsegs; i++) wire_put_stage_seg(frame, i, ch->segs[i].raddr, ch->segs[i].len);
+  ch->tx.heap = frame;
+  ch->tx.heap_len = flen;
+  ch->tx.payload = write ? ch->sbuf : NULL;
+  ch->tx.payload_len = write ? ch->len : 0;
+  ch->tx.chunk = ch;
+  p->stats.units++;
+  p->stats.ops += ch->nsegs;
+  p->stats.bytes += ch->len;
+  link_enqueue(c, &ch->tx);
+}
+
+void stage_pump(struct HixlEngine *e) {
+  struct stage_pool *p = &e->pool;
+  uint64_t now = 0;
+  while (p->wait_head && p->nfree > 0) {
+    struct chunk *ch = p->wait_head;
+    wait_remove(p, ch);
+    struct hixl_transfer_req *r = ch->req;
+    if (!now) now = hixl_now_ns();
+    if (r->cancelled || now >= r->deadline_ns) {
+      char why[160];
+      snprintf(why, sizeof(why), "staged unit never got a buffer of BufferPool %u:%u before the deadline",
+               e->opts.pool_num, e->opts.pool_size_mb);
+      link_chunk_end(ch, HIXL_RESOURCE_EXHAUSTED, why);
+      continue;
+    }
+    struct conn *c = ch->sconn;
+    unit_start(p, ch);
+    if (!c->dead) {
+      link_unpark(c); /* the answer needs a reader: a driving caller, or the progress thread */
+      link_flush_some(c, LINK_CALLER_SEND);
+    }
+  }
+}
+
+void stage_submit(struct hixl_transfer_req *r) {
+  struct stage_pool *p = &r->eng->pool;
+  for (uint32_t i = r->ndirect; i < r->nchunks; i++) stage_enqueue(&r->chunks[i]);
+  stage_pump(r->eng);
+  for (uint32_t i = r->ndirect; i < r->nchunks; i++) p->stats.waits += r->chunks[i].waiting;
+}
+
+void stage_read_done(struct chunk *ch) {
+  size_t off = 0;
+  if (ch->req->cancelled) return; /* the caller gave up: its memory is its own again */
+  for (uint32_t i = 0; i < ch->nsegs; i++) {
+    memcpy((void *)(uintptr_t)ch->segs[i].laddr, ch->sbuf + off, ch->segs[i].len);
+    off += ch->segs[i].len;
+  }
+}
+
+/* ---- target side ---- */
+
+/* Check every range before anything is copied: inside one registration, or, when this
+ * engine allows it, anywhere (then copied with the fault-safe self copy). Returns
+ * whether they all pass; *any_unreg says whether one needs the safe copy. */
+static bool target_check(struct conn *c, const struct stage_seg *s, uint32_t n, bool write, bool *any_unreg) {
+  struct HixlEngine *e = c->eng;
+  *any_unreg = false;
+  for (uint32_t i = 0; i < n; i++) {
+    if (memtab_find(&e->regs, s[i].raddr, s[i].len)) continue;
+    if (!e->opts.stage_unregistered) {
+      log_warn("refused staged %s of [0x%llx, +%u) from %s: not inside memory registered here, and "
+               "StagingUnregistered is off",
+               write ? "WRITE" : "READ", (unsigned long long)s[i].raddr, s[i].len, c->remote_name);
+      return false;
+    }
+    *any_unreg = true;
+  }
+  return true;
+}
+
+/* Copy between buf (packed) and the ranges: memcpy when all are registered, else the
+ * kernel's process_vm_* on this process, which reports EFAULT instead of faulting. */
+static bool target_copy(struct conn *c, const struct stage_seg *s, uint32_t n, uint8_t *buf, bool write,
+                        bool safe) {
+  size_t off = 0;
+  if (!safe) {
+    for (uint32_t i = 0; i < n; off += s[i].len, i++)
+      if (write)
+        memcpy((void *)(uintptr_t)s[i].raddr, buf + off, s[i].len);
+      else
+        memcpy(buf + off, (const void *)(uintptr_t)s[i].raddr, s[i].len);
+    return true;
+  }
+  struct cma_seg segs[256];
+  for (uint32_t i = 0; i < n;) {
+    size_t k = 0, bytes = 0;
+    for (; i < n && k < 256; i++, k++) {
+      segs[k].local = buf + off;
+      segs[k].remote = s[i].raddr;
+      segs[k].len = s[i].len;
+      off += s[i].len;
+      bytes += s[i].len;
+    }
+    int err = 0;
+    if (cma_copy((uint32_t)getpid(), write, segs, k, &err) != bytes) {
+      log_warn("staged %s from %s failed: %s (a range is not mapped in this process)",
+               write ? "WRITE" : "READ", c->remote_name, strerror(err));
+      return false;
+    }
+  }
+  return true;
+}
+
+static int tsegs_take(struct conn *c, const struct wire_msg *m) {
+  if (c->tsegs_cap < m->u.stage.count) {
+    struct stage_seg *v = realloc(c->tsegs, m->u.stage.count * sizeof(*v));
+    if (!v) return -1;
+    c->tsegs = v;
+    c->tsegs_cap = m->u.stage.count;
+  }
+  for (uint32_t i = 0; i < m->u.stage.count; i++) {
+    c->tsegs[i].laddr = 0;
+    wire_stage_seg(m, i, &c->tsegs[i].raddr, &c->tsegs[i].len);
+  }
+  c->tsegs_n = m->u.stage.count;
+  return 0;
+}
+
+void stage_target_frame(struct conn *c, const struct wire_msg *m) {
+  bool unreg;
+  if (m->hdr.type == WIRE_STAGE_WRITE) {
+    /* Receive the data whole, then check and scatter it (stage_target_write_done). */
+    c->pay_seq = m->u.stage.seq;
+    c->pay_left = m->hdr.payload_len;
+    c->pay_reg = NULL;
+    c->pay_stage = true;
+    c->pay_status = HIXL_SUCCESS;
+    if (c->tbuf_cap < m->hdr.payload_len) {
+      free(c->tbuf);
+      c->tbuf_cap = 0;
+      if ((c->tbuf = malloc(m->hdr.payload_len))) c->tbuf_cap = m->hdr.payload_len;
+    }
+    if (!c->tbuf || tsegs_take(c, m) < 0) c->pay_status = HIXL_RESOURCE_EXHAUSTED;
+    c->pay_dst = c->pay_status == HIXL_SUCCESS ? c->tbuf : NULL;
+    return;
+  }
+  /* STAGE_READ: gather into an owned buffer, answered as one READ_RESP. */
+  uint32_t st = HIXL_SUCCESS;
+  uint8_t *buf = NULL;
+  if (c->stage_queued + m->u.stage.total > STAGE_TARGET_QUEUE || tsegs_take(c, m) < 0 ||
+      !(buf = malloc(m->u.stage.total)))
+    st = HIXL_RESOURCE_EXHAUSTED;
+  else if (!target_check(c, c->tsegs, c->tsegs_n, false, &unreg) ||
+           !target_copy(c, c->tsegs, c->tsegs_n, buf, false, unreg))
+    st = HIXL_FAILED;
+  if (st != HIXL_SUCCESS) {
+    free(buf);
+    buf = NULL;
+  }
+  struct txitem *it = calloc(1, sizeof(*it));
+  if (!it) {
+    free(buf);
+    link_conn_kill(c, HIXL_FAILED, "out of memory");
+    return;
+  }
+  uint32_t len = buf ? (uint32_t)m->u.stage.total : 0;
+  it->hdr_len = (uint32_t)wire_put_ack(it->hdr, WIRE_READ_RESP, m->u.stage.seq, st, len);
+  it->payload = buf;
+  it->payload_len = len;
+  it->own_payload = buf;
+  c->stage_queued += len;
+  link_enqueue(c, it);
+}
+
+void stage_target_write_done(struct conn *c) {
+  uint8_t frame[WIRE_SMALL_FRAME];
+  bool unreg;
+  c->pay_stage = false;
+  if (c->pay_status == HIXL_SUCCESS && (!target_check(c, c->tsegs, c->tsegs_n, true, &unreg) ||
+                                        !target_copy(c, c->tsegs, c->tsegs_n, c->tbuf, true, unreg)))
+    c->pay_status = HIXL_FAILED;
+  size_t len = wire_put_ack(frame, WIRE_WRITE_ACK, c->pay_seq, c->pay_status, 0);
+  struct txitem *it = calloc(1, sizeof(*it));
+  if (!it) {
+    link_conn_kill(c, HIXL_FAILED, "out of memory");
+    return;
+  }
+  memcpy(it->hdr, frame, len);
+  it->hdr_len = (uint32_t)len;
+  link_enqueue(c, it);
+}
+
+void stage_conn_free(struct conn *c) {
+  free(c->tsegs);
+  free(c->tbuf);
+  c->tsegs = NULL;
+  c->tbuf = NULL;
+}
+
+HixlStatus hixl_engine_stage_stats(HixlEngine *e, struct hixl_stage_stats *out) {
+  if (!e || !out) return hixl_fail(HIXL_PARAM_INVALID, "hixl_engine_stage_stats: engine or out is NULL");
+  pthread_mutex_lock(&e->lock);
+  *out = e->pool.stats;
+  pthread_mutex_unlock(&e->lock);
+  return HIXL_SUCCESS;
+}
