@@ -182,6 +182,7 @@ struct stage_pool {
   uint8_t **free;
   uint32_t nfree;
   struct chunk *wait_head, *wait_tail;
+  struct hixl_transfer_req *submitting; /* inside stage_submit: the request being submitted */
   struct hixl_stage_stats stats;
 };
 

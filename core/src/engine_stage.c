@@ -167,9 +167,10 @@ void stage_pump(struct HixlEngine *e) {
       continue;
     }
     struct conn *c = ch->sconn;
+    bool own = r == p->submitting; /* its caller reads the answer (sync) or unparks (async) */
     unit_start(p, ch);
     if (!c->dead) {
-      link_unpark(c); /* the answer needs a reader: a driving caller, or the progress thread */
+      if (!own) link_unpark(c); /* the answer needs a reader: the progress thread */
       link_flush_some(c, LINK_CALLER_SEND);
     }
   }
@@ -178,7 +179,9 @@ void stage_pump(struct HixlEngine *e) {
 void stage_submit(struct hixl_transfer_req *r) {
   struct stage_pool *p = &r->eng->pool;
   for (uint32_t i = r->ndirect; i < r->nchunks; i++) stage_enqueue(&r->chunks[i]);
+  p->submitting = r;
   stage_pump(r->eng);
+  p->submitting = NULL;
   for (uint32_t i = r->ndirect; i < r->nchunks; i++) p->stats.waits += r->chunks[i].waiting;
 }
 

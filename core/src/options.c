@@ -96,7 +96,7 @@ static const struct hixl_option_info option_info[] = {
      "RDMA device to use"},
     {"RdmaGidIndex", "auto", NULL, "auto, or [0,255]",
      "GID index; auto picks the RoCE v2 GID of the engine's IP"},
-    {"StagingThreshold", "4096", NULL, "[0,1048576] bytes; 0 never coalesces",
+    {"StagingThreshold", "512", NULL, "[0,1048576] bytes; 0 never coalesces",
      "ops shorter than this, on tcp and rdma links, are packed through the staging pool"},
     {"StagingUnregistered", "off", NULL, "on | off",
      "as a target: let peers' staged ops reach host memory this engine did not register"},
