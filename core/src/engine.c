@@ -746,7 +746,7 @@ HixlStatus HixlEngineTransferAsync(HixlEngine *e, const char *remote, HixlTransf
   r->is_async = true;
   r->user_data = user_data;
   if (!c->shm || r->ndirect < r->nchunks)
-    link_unpark(c); /* nobody waits in a call: the progress thread receives the answers */
+    link_unpark(c);             /* nobody waits in a call: the progress thread receives the answers */
   if (c->shm) eshm_async(c, r); /* copied now or queued; c may be gone after a copy */
   pthread_mutex_lock(&e->req_lock);
   int added = ptrset_add(&e->reqs, r);
