@@ -171,8 +171,11 @@ static void test_hdr_type(void) {
   CU_ASSERT_EQUAL(hdr_of(0x80, 12, 0), WIRE_ETYPE);
   CU_ASSERT_EQUAL(hdr_of(0xff, 12, 0), WIRE_ETYPE);
   CU_ASSERT_EQUAL(hdr_of(WIRE_NOTIFY_ACK, 12, 0), WIRE_OK);
-  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_READ, 24, 0), WIRE_OK); /* the last type */
-  CU_ASSERT_EQUAL(hdr_of(19, 24, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_READ, 24, 0), WIRE_OK);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_PULL, 36, 0), WIRE_OK);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_PUSH, 36, 0), WIRE_OK); /* the last type */
+  CU_ASSERT_EQUAL(hdr_of(21, 36, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(21, 24, 0), WIRE_ETYPE);
 }
 
 static void test_hdr_flags_reserved(void) {
@@ -217,6 +220,8 @@ static const struct {
     {WIRE_SHM_HELLO_ACK, 54, 54 + 256, 0},
     {WIRE_STAGE_WRITE, 12 + 12, 12 + 12 * 4096, MIB(16)},
     {WIRE_STAGE_READ, 12 + 12, 12 + 12 * 4096, 0},
+    {WIRE_STAGE_PULL, 24 + 12, 24 + 12 * 4096, 0}, /* the data moves by RDMA, never here */
+    {WIRE_STAGE_PUSH, 24 + 12, 24 + 12 * 4096, 0},
 };
 #define NLIMITS (sizeof(limits) / sizeof(limits[0]))
 
@@ -261,7 +266,9 @@ static void test_hdr_payload(void) {
 static void test_constants(void) {
   CU_ASSERT_EQUAL(WIRE_STAGE_WRITE, 17);
   CU_ASSERT_EQUAL(WIRE_STAGE_READ, 18);
-  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 18);
+  CU_ASSERT_EQUAL(WIRE_STAGE_PULL, 19);
+  CU_ASSERT_EQUAL(WIRE_STAGE_PUSH, 20);
+  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 20);
   CU_ASSERT_EQUAL(WIRE_MAX_PAYLOAD, MIB(4));
   CU_ASSERT_EQUAL(WIRE_MAX_STAGE, MIB(16));
   CU_ASSERT_EQUAL(WIRE_MAX_STAGE_SEGS, 4096);
@@ -271,6 +278,7 @@ static void test_constants(void) {
   CU_ASSERT_EQUAL(WIRE_CAP_SHM, 0x4);
   CU_ASSERT_EQUAL(WIRE_CAP_STAGE, 0x8);
   CU_ASSERT_EQUAL(WIRE_CAP_STAGE_ANY, 0x10);
+  CU_ASSERT_EQUAL(WIRE_CAP_STAGE_RDMA, 0x20);
 }
 
 static void test_names(void) {
@@ -283,6 +291,9 @@ static void test_names(void) {
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SHM_HELLO_ACK), "SHM_HELLO_ACK");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_STAGE_WRITE), "STAGE_WRITE");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_STAGE_READ), "STAGE_READ");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_STAGE_PULL), "STAGE_PULL");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_STAGE_PUSH), "STAGE_PUSH");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(21), "?");
   /* Every type has its own name. */
   for (unsigned t = 1; t <= WIRE_TYPE_MAX_; t++) {
     CU_ASSERT_STRING_NOT_EQUAL(wire_type_name(t), "?");
@@ -678,7 +689,7 @@ static void test_rt_stage(void) {
       CU_ASSERT_EQUAL_FATAL(wire_put_stage(buf, types[t], seq, count, payload), WIRE_HDR_LEN + body);
       for (uint32_t i = 0; i < count; i++) {
         stage_seg_of(count, i, &addr, &len);
-        wire_put_stage_seg(buf, i, addr, len);
+        wire_put_stage_seg(buf, false, i, addr, len);
       }
       raw_hdr(want, types[t], body, payload);
       put64(want + WIRE_HDR_LEN, seq);
@@ -713,6 +724,131 @@ static void test_rt_stage(void) {
   /* One range more than WIRE_MAX_STAGE_SEGS: the body is too long for the header. */
   CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_WRITE, 12 + 12 * 4097, 4097), WIRE_ELEN);
   CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_READ, 12 + 12 * 4097, 0), WIRE_ELEN);
+  free(want);
+  free(buf);
+}
+
+/* STAGE_PULL / STAGE_PUSH: one small frame against its bytes written out in full. */
+static void test_rt_stage_rdma_bytes(void) {
+  static const uint8_t want[] = {
+      0x48, 0x58, 0x49, 0x4c,                         /* magic "HXIL" */
+      0x01,                                           /* version */
+      0x13,                                           /* STAGE_PULL */
+      0x00, 0x00,                                     /* flags */
+      0x00, 0x00, 0x00, 0x30,                         /* body_len 48 */
+      0x00, 0x00, 0x00, 0x00,                         /* payload_len: never any */
+      0x00, 0x00, 0x00, 0x00,                         /* reserved */
+      0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, /* seq */
+      0x00, 0x00, 0x7f, 0x11, 0x22, 0x33, 0x40, 0x00, /* buf */
+      0xa1, 0xb2, 0xc3, 0xd4,                         /* rkey */
+      0x00, 0x00, 0x00, 0x02,                         /* count */
+      0x00, 0x00, 0x7f, 0x00, 0x00, 0x00, 0x10, 0x00, /* range 0: addr */
+      0x00, 0x00, 0x01, 0x00,                         /*          len 256 */
+      0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xf0, 0x00, /* range 1: addr */
+      0x00, 0x00, 0x0f, 0xff,                         /*          len 4095, ending at the top */
+  };
+  static const enum wire_type types[] = {WIRE_STAGE_PULL, WIRE_STAGE_PUSH};
+  uint8_t buf[sizeof(want) + 1], exp[sizeof(want)];
+  struct wire_msg m;
+  uint64_t a;
+  uint32_t l;
+
+  for (size_t t = 0; t < 2; t++) {
+    memcpy(exp, want, sizeof(want));
+    exp[5] = (uint8_t)types[t];
+    memset(buf, 0xee, sizeof(buf));
+    CU_ASSERT_EQUAL_FATAL(
+        wire_put_stage_rdma(buf, types[t], 0x0102030405060708ull, 0x00007f1122334000ull, 0xa1b2c3d4u, 2),
+        sizeof(want));
+    wire_put_stage_seg(buf, true, 0, 0x00007f0000001000ull, 256);
+    wire_put_stage_seg(buf, true, 1, 0xfffffffffffff000ull, 4095);
+    CU_ASSERT_EQUAL(memcmp(buf, exp, sizeof(exp)), 0);
+    CU_ASSERT_EQUAL(buf[sizeof(want)], 0xee); /* nothing written past the frame */
+
+    CU_ASSERT_EQUAL_FATAL(parse_frame(buf, sizeof(want), &m), WIRE_OK);
+    CU_ASSERT_EQUAL(m.hdr.type, types[t]);
+    CU_ASSERT_EQUAL(m.hdr.payload_len, 0);
+    CU_ASSERT_EQUAL(m.u.stage.seq, 0x0102030405060708ull);
+    CU_ASSERT_EQUAL(m.u.stage.buf, 0x00007f1122334000ull);
+    CU_ASSERT_EQUAL(m.u.stage.rkey, 0xa1b2c3d4u);
+    CU_ASSERT_EQUAL_FATAL(m.u.stage.count, 2);
+    CU_ASSERT_EQUAL(m.u.stage.total, 256 + 4095);
+    CU_ASSERT_PTR_EQUAL(m.u.stage.segs, buf + WIRE_HDR_LEN + 24);
+    wire_stage_seg(&m, 0, &a, &l);
+    CU_ASSERT(a == 0x00007f0000001000ull && l == 256);
+    wire_stage_seg(&m, 1, &a, &l);
+    CU_ASSERT(a == 0xfffffffffffff000ull && l == 4095);
+  }
+}
+
+/* STAGE_PULL / STAGE_PUSH at counts from 1 to 4096: the builders give exactly the bytes
+ * written out by hand, and wire_decode gives back every field. */
+static void test_rt_stage_rdma(void) {
+  static const uint32_t counts[] = {1, 2, 7, 100, 4095, 4096};
+  static const enum wire_type types[] = {WIRE_STAGE_PULL, WIRE_STAGE_PUSH};
+  const size_t cap = WIRE_HDR_LEN + 24 + 12 * 4096 + 1; /* + 1: checked untouched */
+  uint8_t *buf = malloc(cap), *want = malloc(cap);
+  struct wire_msg m;
+  CU_ASSERT_FATAL(buf && want);
+
+  for (size_t t = 0; t < 2; t++) {
+    for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+      uint32_t count = counts[c], rkey = 0x80000000u | (uint32_t)(t << 8 | c);
+      uint64_t seq = 0x1122334455667788ull + c, total = 0, addr;
+      uint32_t len, body = 24 + 12 * count;
+
+      /* 4095 ranges of 1 + i * 1000 bytes would be far over 16 MiB: 4096 bytes each. */
+      for (uint32_t i = 0; i < count; i++) {
+        stage_seg_of(count == 4095 ? 4096 : count, i, &addr, &len);
+        total += len;
+      }
+      CU_ASSERT_FATAL(total <= MIB(16));
+      /* count 1 (16 MiB) puts the buffer right below the top of the address space. */
+      uint64_t sbuf = count == 1 ? UINT64_MAX - total : 0x00007f8000000000ull + c * 0x1000000;
+
+      memset(buf, 0xee, cap);
+      CU_ASSERT_EQUAL_FATAL(wire_put_stage_rdma(buf, types[t], seq, sbuf, rkey, count), WIRE_HDR_LEN + body);
+      for (uint32_t i = 0; i < count; i++) {
+        stage_seg_of(count == 4095 ? 4096 : count, i, &addr, &len);
+        wire_put_stage_seg(buf, true, i, addr, len);
+      }
+      raw_hdr(want, types[t], body, 0);
+      put64(want + WIRE_HDR_LEN, seq);
+      put64(want + WIRE_HDR_LEN + 8, sbuf);
+      put32(want + WIRE_HDR_LEN + 16, rkey);
+      put32(want + WIRE_HDR_LEN + 20, count);
+      for (uint32_t i = 0; i < count; i++) {
+        stage_seg_of(count == 4095 ? 4096 : count, i, &addr, &len);
+        put64(want + WIRE_HDR_LEN + 24 + 12 * i, addr);
+        put32(want + WIRE_HDR_LEN + 24 + 12 * i + 8, len);
+      }
+      CU_ASSERT_EQUAL(memcmp(buf, want, WIRE_HDR_LEN + body), 0);
+      CU_ASSERT_EQUAL(buf[WIRE_HDR_LEN + body], 0xee); /* nothing written past the frame */
+
+      CU_ASSERT_EQUAL_FATAL(parse_frame(buf, WIRE_HDR_LEN + body, &m), WIRE_OK);
+      CU_ASSERT_EQUAL(m.hdr.type, types[t]);
+      CU_ASSERT_EQUAL(m.hdr.payload_len, 0);
+      CU_ASSERT_EQUAL(m.u.stage.seq, seq);
+      CU_ASSERT_EQUAL(m.u.stage.buf, sbuf);
+      CU_ASSERT_EQUAL(m.u.stage.rkey, rkey);
+      CU_ASSERT_EQUAL_FATAL(m.u.stage.count, count);
+      CU_ASSERT_EQUAL(m.u.stage.total, total);
+      CU_ASSERT_PTR_EQUAL(m.u.stage.segs, buf + WIRE_HDR_LEN + 24);
+      uint32_t bad = 0;
+      for (uint32_t i = 0; i < count; i++) {
+        uint64_t a, wa;
+        uint32_t l, wl;
+        stage_seg_of(count == 4095 ? 4096 : count, i, &wa, &wl);
+        wire_stage_seg(&m, i, &a, &l);
+        bad += a != wa || l != wl;
+      }
+      CU_ASSERT_EQUAL(bad, 0);
+    }
+  }
+
+  /* One range more than WIRE_MAX_STAGE_SEGS: the body is too long for the header. */
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_PULL, 24 + 12 * 4097, 0), WIRE_ELEN);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_PUSH, 24 + 12 * 4097, 0), WIRE_ELEN);
   free(want);
   free(buf);
 }
@@ -1126,6 +1262,176 @@ static void test_bad_stage_pointers(void) {
   free(b);
 }
 
+/* A STAGE_PULL / STAGE_PUSH body written by hand: seq, buf, rkey, count, then the ranges
+ * given (count may lie). */
+static uint32_t raw_stage_rdma(uint8_t *b, uint64_t sbuf, uint32_t count, const uint64_t *addr,
+                               const uint32_t *len, uint32_t n) {
+  put64(b, 0x5055);
+  put64(b + 8, sbuf);
+  put32(b + 16, 0x0badcafeu);
+  put32(b + 20, count);
+  for (uint32_t i = 0; i < n; i++) {
+    put64(b + 24 + 12 * i, addr[i]);
+    put32(b + 32 + 12 * i, len[i]);
+  }
+  return 24 + 12 * n;
+}
+
+/* Decodes a STAGE_PULL / STAGE_PUSH body under both types; neither carries a payload. */
+static void rdma_both(const uint8_t *b, uint32_t n, enum wire_err want) {
+  struct wire_msg m;
+  CU_ASSERT_EQUAL(decode_body(WIRE_STAGE_PULL, b, n, 0, &m), want);
+  CU_ASSERT_EQUAL(decode_body(WIRE_STAGE_PUSH, b, n, 0, &m), want);
+}
+
+static void test_bad_stage_rdma(void) {
+  static uint8_t b[24 + 12 * 4096];
+  static uint64_t addr[4096];
+  static uint32_t len[4096];
+  const uint64_t sbuf = 0x00007f5500000000ull;
+  struct wire_msg m;
+  uint32_t n;
+
+  for (uint32_t i = 0; i < 4096; i++) addr[i] = 0x10000ull * (i + 1), len[i] = 10 + i;
+  /* The baseline: two ranges, 10 + 11 bytes. */
+  n = raw_stage_rdma(b, sbuf, 2, addr, len, 2);
+  rdma_both(b, n, WIRE_OK);
+  CU_ASSERT_EQUAL(decode_body(WIRE_STAGE_PUSH, b, n, 0, &m), WIRE_OK);
+  CU_ASSERT_EQUAL(m.u.stage.seq, 0x5055);
+  CU_ASSERT_EQUAL(m.u.stage.buf, sbuf);
+  CU_ASSERT_EQUAL(m.u.stage.rkey, 0x0badcafeu);
+  CU_ASSERT_EQUAL(m.u.stage.count, 2);
+  CU_ASSERT_EQUAL(m.u.stage.total, 21);
+  CU_ASSERT_PTR_EQUAL(m.u.stage.segs, b + 24);
+
+  /* count 0, with a range present (the smallest body the header allows) */
+  n = raw_stage_rdma(b, sbuf, 0, addr, len, 1);
+  rdma_both(b, n, WIRE_EBODY);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_PULL, 24, 0), WIRE_ELEN); /* no range at all */
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_PUSH, 24, 0), WIRE_ELEN);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_PULL, 35, 0), WIRE_ELEN);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_PUSH, 35, 0), WIRE_ELEN);
+
+  /* body length other than 24 + 12 * count */
+  n = raw_stage_rdma(b, sbuf, 2, addr, len, 3); /* a range more than counted */
+  rdma_both(b, n, WIRE_EBODY);
+  n = raw_stage_rdma(b, sbuf, 3, addr, len, 2); /* a range fewer: 12 + 12 * count, the STAGE_READ rule */
+  rdma_both(b, n, WIRE_EBODY);
+  n = raw_stage_rdma(b, sbuf, 2, addr, len, 3);
+  rdma_both(b, 24 + 24 + 1, WIRE_EBODY); /* trailing byte */
+  rdma_both(b, 24 + 24 - 1, WIRE_EBODY); /* last range cut short */
+  n = raw_stage_rdma(b, sbuf, 0xffffffffu, addr, len, 1);
+  rdma_both(b, n, WIRE_EBODY);
+  n = raw_stage_rdma(b, sbuf, 4097, addr, len, 4096); /* more than fits the largest body */
+  rdma_both(b, n, WIRE_EBODY);
+  /* 24 + 12 * count wraps to 36 in 32 bits: exactly the body of one range. */
+  n = raw_stage_rdma(b, sbuf, 0x40000001u, addr, len, 1);
+  rdma_both(b, n, WIRE_EBODY);
+  /* A STAGE_READ body (12-byte fixed part) under these types: count is read from
+   * where the first range's length sits, and the lengths no longer add up. */
+  n = raw_stage(b, 2, addr, len, 2);
+  rdma_both(b, n, WIRE_EBODY);
+
+  /* a zero-length range, first, in the middle, last */
+  for (uint32_t at = 0; at < 3; at++) {
+    uint32_t l = len[at];
+    len[at] = 0;
+    n = raw_stage_rdma(b, sbuf, 3, addr, len, 3);
+    rdma_both(b, n, WIRE_EBODY);
+    len[at] = l;
+  }
+  n = raw_stage_rdma(b, sbuf, 3, addr, len, 3);
+  rdma_both(b, n, WIRE_OK);
+
+  /* a range wrapping past the top of the address space; ending at the very top is fine */
+  uint64_t top[2] = {0x1000, UINT64_MAX - 99};
+  uint32_t tl[2] = {1, 99};
+  n = raw_stage_rdma(b, sbuf, 2, top, tl, 2);
+  rdma_both(b, n, WIRE_OK);
+  tl[1] = 100; /* addr + len == 2^64 */
+  n = raw_stage_rdma(b, sbuf, 2, top, tl, 2);
+  rdma_both(b, n, WIRE_EBODY);
+  top[1] = UINT64_MAX, tl[1] = 1;
+  n = raw_stage_rdma(b, sbuf, 2, top, tl, 2);
+  rdma_both(b, n, WIRE_EBODY);
+  top[1] = UINT64_MAX, tl[1] = 0xffffffffu;
+  n = raw_stage_rdma(b, sbuf, 2, top, tl, 2);
+  rdma_both(b, n, WIRE_EBODY);
+
+  /* the sum of the lengths over 16 MiB; exactly 16 MiB is fine */
+  uint32_t big[2] = {MIB(8), MIB(8)};
+  n = raw_stage_rdma(b, sbuf, 2, addr, big, 2);
+  rdma_both(b, n, WIRE_OK);
+  big[1]++;
+  n = raw_stage_rdma(b, sbuf, 2, addr, big, 2);
+  rdma_both(b, n, WIRE_EBODY);
+  big[0] = 0xffffffffu, big[1] = 1; /* one range alone over the cap */
+  n = raw_stage_rdma(b, sbuf, 1, addr, big, 1);
+  rdma_both(b, n, WIRE_EBODY);
+  for (uint32_t i = 0; i < 16; i++) len[i] = 0x10000000u; /* 2^32: 0 in 32 bits */
+  n = raw_stage_rdma(b, sbuf, 16, addr, len, 16);
+  rdma_both(b, n, WIRE_EBODY);
+  for (uint32_t i = 0; i < 4096; i++) len[i] = 4096 + (i & 1); /* 16 MiB + 2048 */
+  n = raw_stage_rdma(b, sbuf, 4096, addr, len, 4096);
+  rdma_both(b, n, WIRE_EBODY);
+  for (uint32_t i = 0; i < 4096; i++) len[i] = 4096;
+  n = raw_stage_rdma(b, sbuf, 4096, addr, len, 4096);
+  rdma_both(b, n, WIRE_OK);
+  for (uint32_t i = 0; i < 4096; i++) len[i] = 10 + i;
+
+  /* buf + the sum must not wrap: as for a range, ending at the very top is fine */
+  n = raw_stage_rdma(b, UINT64_MAX - 21, 2, addr, len, 2);
+  rdma_both(b, n, WIRE_OK);
+  n = raw_stage_rdma(b, UINT64_MAX - 20, 2, addr, len, 2); /* buf + 21 == 2^64 */
+  rdma_both(b, n, WIRE_EBODY);
+  n = raw_stage_rdma(b, UINT64_MAX, 2, addr, len, 2);
+  rdma_both(b, n, WIRE_EBODY);
+  n = raw_stage_rdma(b, 0, 2, addr, len, 2);
+  rdma_both(b, n, WIRE_OK);
+  big[0] = MIB(8), big[1] = MIB(8);
+  n = raw_stage_rdma(b, UINT64_MAX - MIB(16), 2, addr, big, 2);
+  rdma_both(b, n, WIRE_OK);
+  n = raw_stage_rdma(b, UINT64_MAX - MIB(16) + 1, 2, addr, big, 2);
+  rdma_both(b, n, WIRE_EBODY);
+  n = raw_stage_rdma(b, 0xffffffffff000001ull, 2, addr, big, 2); /* + 16 MiB wraps to 1 */
+  rdma_both(b, n, WIRE_EBODY);
+
+  /* No payload, ever: refused by the header already */
+  n = raw_stage_rdma(b, sbuf, 2, addr, len, 2);
+  static const enum wire_type types[] = {WIRE_STAGE_PULL, WIRE_STAGE_PUSH};
+  for (size_t t = 0; t < 2; t++) {
+    CU_ASSERT_EQUAL(hdr_of(types[t], n, 1), WIRE_ELEN);
+    CU_ASSERT_EQUAL(hdr_of(types[t], n, 21), WIRE_ELEN); /* the sum, as a STAGE_WRITE would carry */
+    CU_ASSERT_EQUAL(hdr_of(types[t], n, MIB(16)), WIRE_ELEN);
+    CU_ASSERT_EQUAL(hdr_of(types[t], n, 0xffffffffu), WIRE_ELEN);
+    CU_ASSERT_EQUAL(hdr_of(types[t], n, 0), WIRE_OK);
+  }
+}
+
+/* As for STAGE_READ: a refused STAGE_PULL / STAGE_PUSH leaves segs unset or inside an
+ * exactly allocated body. */
+static void test_bad_stage_rdma_pointers(void) {
+  static const uint32_t counts[] = {0, 1, 2, 0x40000001u, 0xffffffffu};
+  static const enum wire_type types[] = {WIRE_STAGE_PULL, WIRE_STAGE_PUSH};
+  uint8_t *b = malloc(36);
+  struct wire_msg m;
+  CU_ASSERT_FATAL(b != NULL);
+
+  for (size_t t = 0; t < 2; t++) {
+    for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
+      put64(b, 1);
+      put64(b + 8, 0x2000);
+      put32(b + 16, 7);
+      put32(b + 20, counts[i]);
+      put64(b + 24, 0x1000);
+      put32(b + 32, 0); /* a zero length, so even count 1 is refused */
+      CU_ASSERT_EQUAL(decode_body(types[t], b, 36, 0, &m), WIRE_EBODY);
+      CU_ASSERT(m.u.stage.segs == NULL || inside(m.u.stage.segs, 0, b, 36));
+    }
+  }
+  free(b);
+}
+
 /* ---- builder ---- */
 
 static void test_builder_overflow(void) {
@@ -1208,6 +1514,8 @@ static CU_TestInfo rt_tests[] = {
     {"shm hello and ack", test_rt_shm},
     {"notify", test_rt_notify},
     {"stage write and read", test_rt_stage},
+    {"stage pull and push bytes", test_rt_stage_rdma_bytes},
+    {"stage pull and push", test_rt_stage_rdma},
     {"stream", test_rt_stream},
     CU_TEST_INFO_NULL,
 };
@@ -1223,6 +1531,8 @@ static CU_TestInfo bad_tests[] = {
     {"shm hello and ack", test_bad_shm},
     {"stage write and read", test_bad_stage},
     {"stage pointers", test_bad_stage_pointers},
+    {"stage pull and push", test_bad_stage_rdma},
+    {"stage pull and push pointers", test_bad_stage_rdma_pointers},
     CU_TEST_INFO_NULL,
 };
 static CU_TestInfo builder_tests[] = {

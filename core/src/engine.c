@@ -111,6 +111,7 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
   if ((opts.transport == HIXL_TRANSPORT_AUTO || opts.transport == HIXL_TRANSPORT_RDMA) &&
       (st = erdma_open(e)) != HIXL_SUCCESS)
     goto close_stage;
+  if ((st = stage_open_rdma(e)) != HIXL_SUCCESS) goto close_rdma;
   e->listen_fd = has_port ? sock_listen(&sa, 0, &st) : -1;
   if (has_port && e->listen_fd < 0) goto close_rdma;
   if (link_start(e, &st) < 0) {
@@ -127,6 +128,7 @@ close_listen:
   if (e->listen_fd >= 0) close(e->listen_fd);
   e->listen_fd = -1;
 close_rdma:
+  stage_close(e); /* its MR before the device */
   erdma_close(e);
 close_stage:
   stage_close(e);
@@ -152,8 +154,8 @@ HixlStatus HixlEngineFinalize(HixlEngine *e) {
     free(e->regs.v[i]);
   }
   memtab_free(&e->regs);
+  stage_close(e); /* its MR before the device */
   erdma_close(e);
-  stage_close(e);
   for (size_t i = 0; i < e->n_notifies; i++) {
     free(e->notifies[i].name);
     free(e->notifies[i].msg);
@@ -528,9 +530,10 @@ static HixlStatus plan_ops(HixlEngine *e, struct conn *c, const HixlTransferOpDe
                            struct stage_plan *plan) {
   const struct stage_pool *pool = &e->pool;
   uint32_t caps = c->peer->caps;
-  /* Packing pays on tcp. Over rdma it would move small ops onto the socket: not until
-   * staged units travel by RDMA too. shm already copies many ops per call. */
-  bool pack = pool->num > 0 && !c->shm && !c->qp && (caps & WIRE_CAP_STAGE);
+  /* Packing: on tcp, and on rdma when units travel by RDMA (STAGE_PULL / PUSH); shm
+   * already copies many ops per call. */
+  bool pack = pool->num > 0 && !c->shm && (caps & WIRE_CAP_STAGE) &&
+              (!c->qp || (pool->mr && (caps & WIRE_CAP_STAGE_RDMA)));
   uint64_t ubytes = 0, useg = 0;
   memset(plan, 0, sizeof(*plan));
   for (size_t i = 0; i < count; i++) {

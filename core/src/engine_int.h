@@ -77,6 +77,7 @@ struct chunk {
   struct stage_seg *segs; /* into the request's array */
   uint32_t nsegs;
   bool waiting;       /* in the pool's queue, no buffer yet */
+  bool srdma;         /* sent as STAGE_PULL / STAGE_PUSH: the target moves the data by RDMA */
   uint8_t *sbuf;      /* the pool buffer, once it has one */
   struct conn *sconn; /* the link it goes on, while it waits */
   struct chunk *next_wait;
@@ -141,6 +142,10 @@ struct conn {
   uint32_t tsegs_n, tsegs_cap;
   uint8_t *tbuf;
   size_t tbuf_cap;
+  struct ibv_mr *tbuf_mr; /* tbuf registered, once a STAGE_PULL / STAGE_PUSH needed it */
+  bool stalled;           /* a STAGE_PULL / STAGE_PUSH is on the QP: no frame is read until it ends */
+  uint64_t stall_seq;
+  bool stall_pull;
   size_t stage_queued; /* bytes of STAGE_READ answers queued, not yet sent */
   /* send */
   struct txitem *txq_head, *txq_tail;
@@ -179,6 +184,7 @@ struct stage_pool {
   size_t buf_size; /* bytes per buffer */
   size_t unit;     /* bytes per staged unit: min(buf_size, WIRE_MAX_STAGE) */
   uint32_t num;
+  struct ibv_mr *mr; /* with RDMA: the whole pool, for STAGE_PULL / STAGE_PUSH */
   uint8_t **free;
   uint32_t nfree;
   struct chunk *wait_head, *wait_tail;
@@ -238,12 +244,16 @@ void link_req_maybe_free(struct hixl_transfer_req *r);
 void link_drive(struct conn *c, struct hixl_transfer_req *r);
 void link_unpark(struct conn *c);
 bool link_alive(struct conn *c);
+void link_rearm(struct conn *c);  /* tell epoll again what to watch (a target stalled or not) */
+void link_resume(struct conn *c); /* a stalled target link reads again: frames waiting first */
 void link_take_pending(struct conn *c);
 void link_free_graveyard(struct HixlEngine *e);
 void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me);
 
 /* engine_stage.c */
 HixlStatus stage_open(struct HixlEngine *e);
+HixlStatus stage_open_rdma(struct HixlEngine *e);                  /* after erdma_open: the pool's MR */
+void stage_target_cq(struct conn *c, bool ok, const char *status); /* its STAGE_PULL / PUSH completed */
 void stage_close(struct HixlEngine *e);
 void stage_submit(struct hixl_transfer_req *r);     /* queue r's units for buffers, start what can */
 void stage_pump(struct HixlEngine *e);              /* give free buffers to waiting units */

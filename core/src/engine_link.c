@@ -167,7 +167,7 @@ void link_enqueue(struct conn *c, struct txitem *it) {
 
 /* Tell epoll what the progress thread should watch on c. */
 static void conn_arm(struct conn *c) {
-  uint32_t in = c->rx == RX_PROGRESS ? EPOLLIN : EPOLLRDHUP;
+  uint32_t in = c->rx == RX_PROGRESS && !c->stalled ? EPOLLIN : EPOLLRDHUP;
   struct epoll_event ev = {.events = in | (c->want_out ? EPOLLOUT : 0), .data.ptr = c};
   epoll_ctl(c->eng->epfd, EPOLL_CTL_MOD, c->fd, &ev);
 }
@@ -284,8 +284,8 @@ static int queue_heap(struct conn *c, uint8_t *frame, size_t len) {
 }
 
 uint32_t link_caps(const struct HixlEngine *e) {
-  return WIRE_CAP_TCP_DATA | (e->has_rdma ? WIRE_CAP_RDMA : 0) | eshm_caps(e) | WIRE_CAP_STAGE |
-         (e->opts.stage_unregistered ? WIRE_CAP_STAGE_ANY : 0);
+  return WIRE_CAP_TCP_DATA | (e->has_rdma ? WIRE_CAP_RDMA | WIRE_CAP_STAGE_RDMA : 0) | eshm_caps(e) |
+         WIRE_CAP_STAGE | (e->opts.stage_unregistered ? WIRE_CAP_STAGE_ANY : 0);
 }
 
 size_t link_mem_entry_len(const struct hixl_mem_reg *r) { return WIRE_MEM_ENTRY_FIXED + strlen(r->tag); }
@@ -394,7 +394,9 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
     return;
   }
   case WIRE_STAGE_WRITE:
-  case WIRE_STAGE_READ: stage_target_frame(c, m); return;
+  case WIRE_STAGE_READ:
+  case WIRE_STAGE_PULL:
+  case WIRE_STAGE_PUSH: stage_target_frame(c, m); return;
   case WIRE_RDMA_CONNECT: erdma_target_connect(c, m); return;
   case WIRE_SHM_HELLO: eshm_target_hello(c, m); return;
   case WIRE_SYNC: {
@@ -471,7 +473,8 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   static const enum wire_type expect[] = {
       [CHUNK_WRITE] = WIRE_WRITE_ACK, [CHUNK_READ] = WIRE_READ_RESP,   [CHUNK_NOTIFY] = WIRE_NOTIFY_ACK,
       [CHUNK_SYNC] = WIRE_SYNC_ACK,   [CHUNK_SWRITE] = WIRE_WRITE_ACK, [CHUNK_SREAD] = WIRE_READ_RESP};
-  if (!ch || m->u.ack.seq != ch->seq || m->hdr.type != expect[ch->kind] ||
+  bool srdma = ch && ch->srdma; /* STAGE_PULL / STAGE_PUSH are answered by WRITE_ACK */
+  if (!ch || m->u.ack.seq != ch->seq || m->hdr.type != (srdma ? WIRE_WRITE_ACK : expect[ch->kind]) ||
       (m->hdr.type == WIRE_READ_RESP && m->u.ack.status == HIXL_SUCCESS && m->hdr.payload_len != ch->len)) {
     char why[192];
     snprintf(why, sizeof(why), "protocol error: unexpected %s seq %llu", wire_type_name(m->hdr.type),
@@ -488,6 +491,7 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
     return;
   }
   if (m->u.ack.status == HIXL_SUCCESS) {
+    if (ch->kind == CHUNK_SREAD) stage_read_done(ch); /* pushed into its buffer by RDMA */
     link_chunk_end(ch, HIXL_SUCCESS, "");
     return;
   }
@@ -541,7 +545,7 @@ static bool type_allowed(enum conn_role role, unsigned type) {
   case CONN_TARGET:
     return type == WIRE_WRITE_REQ || type == WIRE_READ_REQ || type == WIRE_NOTIFY || type == WIRE_SYNC ||
            type == WIRE_RDMA_CONNECT || type == WIRE_SHM_HELLO || type == WIRE_STAGE_WRITE ||
-           type == WIRE_STAGE_READ;
+           type == WIRE_STAGE_READ || type == WIRE_STAGE_PULL || type == WIRE_STAGE_PUSH;
   case CONN_INITIATOR:
     return type == WIRE_WRITE_ACK || type == WIRE_READ_RESP || type == WIRE_NOTIFY_ACK ||
            type == WIRE_SYNC_ACK || type == WIRE_MEM_ADD || type == WIRE_MEM_DEL;
@@ -551,7 +555,7 @@ static bool type_allowed(enum conn_role role, unsigned type) {
 
 /* Parse and act on every whole frame in the receive buffer. */
 static void parse_frames(struct conn *c) {
-  while (!c->dead && c->pay_left == 0) {
+  while (!c->dead && c->pay_left == 0 && !c->stalled) {
     size_t avail = c->rx_end - c->rx_start;
     uint8_t *p = c->rxbuf + c->rx_start;
     struct wire_hdr h;
@@ -611,7 +615,7 @@ static void parse_frames(struct conn *c) {
 
 static void conn_on_readable(struct conn *c) {
   size_t budget = LINK_READ_BUDGET;
-  while (!c->dead && budget > 0) {
+  while (!c->dead && !c->stalled && budget > 0) {
     ssize_t k;
     if (c->pay_left > 0 && c->rx_start == c->rx_end) {
       /* Stream the payload straight into its destination. */
@@ -660,6 +664,16 @@ static void conn_on_readable(struct conn *c) {
     break;
   }
   if (!c->dead && c->txq_head) link_flush(c);
+}
+
+void link_rearm(struct conn *c) {
+  if (!c->dead) conn_arm(c);
+}
+
+void link_resume(struct conn *c) {
+  conn_arm(c);
+  parse_frames(c);
+  if (!c->dead) link_flush(c);
 }
 
 /* Apply control frames already waiting on c's socket (MEM_ADD / MEM_DEL above all)

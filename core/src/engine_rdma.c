@@ -220,6 +220,10 @@ void erdma_on_cq(struct HixlEngine *e) {
     for (int i = 0; i < n; i++) {
       struct conn *c = conn_of_qpn(e, wc[i].qpn);
       if (!c || c->dead) continue;
+      if (c->role != CONN_INITIATOR) { /* a target's STAGE_PULL / STAGE_PUSH */
+        stage_target_cq(c, wc[i].ok, wc[i].status);
+        continue;
+      }
       if (!wc[i].ok) {
         char why[256];
         struct chunk *ch = (struct chunk *)(uintptr_t)wc[i].wr_id;

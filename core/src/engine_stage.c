@@ -43,8 +43,21 @@ HixlStatus stage_open(struct HixlEngine *e) {
   return HIXL_SUCCESS;
 }
 
+HixlStatus stage_open_rdma(struct HixlEngine *e) {
+  struct stage_pool *p = &e->pool;
+  char err[384];
+  if (!e->has_rdma || !p->mem) return HIXL_SUCCESS;
+  p->mr = rdma_reg(&e->rdma, p->mem, p->mem_len, err, sizeof(err));
+  if (!p->mr)
+    return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineInitialize: cannot register BufferPool %u:%u: %s",
+                     e->opts.pool_num, e->opts.pool_size_mb, err);
+  return HIXL_SUCCESS;
+}
+
+/* Also before the RDMA device closes: the pool's MR goes first. */
 void stage_close(struct HixlEngine *e) {
   struct stage_pool *p = &e->pool;
+  rdma_dereg(p->mr);
   if (p->mem) munmap(p->mem, p->mem_len);
   free(p->free);
   memset(p, 0, sizeof(*p));
@@ -125,7 +138,7 @@ void stage_conn_kill(struct conn *c, HixlStatus st, const char *msg) {
 static void unit_start(struct stage_pool *p, struct chunk *ch) {
   struct conn *c = ch->sconn;
   bool write = ch->kind == CHUNK_SWRITE;
-  size_t flen = WIRE_HDR_LEN + 12 + (size_t)ch->nsegs * WIRE_STAGE_SEG_LEN;
+  size_t flen = WIRE_HDR_LEN + 24 + (size_t)ch->nsegs * WIRE_STAGE_SEG_LEN; /* room for either form */
   uint8_t *frame = malloc(flen);
   if (!frame) {
     link_chunk_end(ch, HIXL_RESOURCE_EXHAUSTED, "out of memory for a staged frame");
@@ -138,12 +151,21 @@ static void unit_start(struct stage_pool *p, struct chunk *ch) {
     off += ch->segs[i].len;
   }
   ch->seq = c->next_seq++; /* numbered now: frames go out, and answers come back, in this order */
-  wire_put_stage(frame, write ? WIRE_STAGE_WRITE : WIRE_STAGE_READ, ch->seq, ch->nsegs, write ? ch->len : 0);
-  for (uint32_t i = 0; i < ch->nsegs; i++) wire_put_stage_seg(frame, i, ch->segs[i].raddr, ch->segs[i].len);
+  /* On a QP the target moves the packed data itself (one RDMA READ or WRITE of this
+   * buffer); otherwise the data follows the frame on the socket. */
+  ch->srdma = c->qp && p->mr && c->peer && (c->peer->caps & WIRE_CAP_STAGE_RDMA);
+  if (ch->srdma)
+    flen = wire_put_stage_rdma(frame, write ? WIRE_STAGE_PULL : WIRE_STAGE_PUSH, ch->seq,
+                               (uint64_t)(uintptr_t)ch->sbuf, rdma_mr_rkey(p->mr), ch->nsegs);
+  else
+    flen = wire_put_stage(frame, write ? WIRE_STAGE_WRITE : WIRE_STAGE_READ, ch->seq, ch->nsegs,
+                          write ? ch->len : 0);
+  for (uint32_t i = 0; i < ch->nsegs; i++)
+    wire_put_stage_seg(frame, ch->srdma, i, ch->segs[i].raddr, ch->segs[i].len);
   ch->tx.heap = frame;
   ch->tx.heap_len = flen;
-  ch->tx.payload = write ? ch->sbuf : NULL;
-  ch->tx.payload_len = write ? ch->len : 0;
+  ch->tx.payload = write && !ch->srdma ? ch->sbuf : NULL;
+  ch->tx.payload_len = write && !ch->srdma ? ch->len : 0;
   ch->tx.chunk = ch;
   p->stats.units++;
   p->stats.ops += ch->nsegs;
@@ -248,6 +270,35 @@ static bool target_copy(struct conn *c, const struct stage_seg *s, uint32_t n, u
   return true;
 }
 
+/* c->tbuf of at least len bytes, registered when mr (for STAGE_PULL / PUSH). */
+static int tbuf_reserve(struct conn *c, size_t len, bool mr) {
+  char err[384];
+  if (c->tbuf_cap < len) {
+    rdma_dereg(c->tbuf_mr);
+    c->tbuf_mr = NULL;
+    free(c->tbuf);
+    c->tbuf_cap = 0;
+    if (!(c->tbuf = malloc(len))) return -1;
+    c->tbuf_cap = len;
+  }
+  if (mr && !c->tbuf_mr && !(c->tbuf_mr = rdma_reg(&c->eng->rdma, c->tbuf, c->tbuf_cap, err, sizeof(err)))) {
+    log_warn("staged transfer from %s: %s", c->remote_name, err);
+    return -1;
+  }
+  return 0;
+}
+
+/* Queue the WRITE_ACK that ends a STAGE_WRITE, STAGE_PULL or STAGE_PUSH. */
+static void target_ack(struct conn *c, uint64_t seq, uint32_t status) {
+  struct txitem *it = calloc(1, sizeof(*it));
+  if (!it) {
+    link_conn_kill(c, HIXL_FAILED, "out of memory");
+    return;
+  }
+  it->hdr_len = (uint32_t)wire_put_ack(it->hdr, WIRE_WRITE_ACK, seq, status, 0);
+  link_enqueue(c, it);
+}
+
 static int tsegs_take(struct conn *c, const struct wire_msg *m) {
   if (c->tsegs_cap < m->u.stage.count) {
     struct stage_seg *v = realloc(c->tsegs, m->u.stage.count * sizeof(*v));
@@ -263,6 +314,61 @@ static int tsegs_take(struct conn *c, const struct wire_msg *m) {
   return 0;
 }
 
+/* STAGE_PULL: RDMA READ the initiator's buffer into tbuf, then check and scatter.
+ * STAGE_PUSH: check, gather into tbuf, RDMA WRITE it to the initiator's buffer.
+ * Either way one WR is on the QP and the link reads no further frame until it
+ * completes (stage_target_cq), so answers keep their order. */
+static void target_rdma(struct conn *c, const struct wire_msg *m) {
+  bool pull = m->hdr.type == WIRE_STAGE_PULL, unreg = false;
+  uint32_t st = HIXL_SUCCESS;
+  if (!c->qp) {
+    log_warn("%s sent %s on a link without a QP: refused", c->remote_name, wire_type_name(m->hdr.type));
+    st = HIXL_FAILED;
+  } else if (tsegs_take(c, m) < 0 || tbuf_reserve(c, m->u.stage.total, true) < 0) {
+    st = HIXL_RESOURCE_EXHAUSTED;
+  } else if (!target_check(c, c->tsegs, c->tsegs_n, pull, &unreg) ||
+             (!pull && !target_copy(c, c->tsegs, c->tsegs_n, c->tbuf, false, unreg))) {
+    st = HIXL_FAILED;
+  }
+  if (st != HIXL_SUCCESS) {
+    target_ack(c, m->u.stage.seq, st);
+    return;
+  }
+  int rc = rdma_post(c->qp, !pull, c->tbuf, (uint32_t)m->u.stage.total, rdma_mr_lkey(c->tbuf_mr),
+                     m->u.stage.buf, m->u.stage.rkey, (uint64_t)(uintptr_t)c, true);
+  if (rc != 0) {
+    char why[160];
+    snprintf(why, sizeof(why), "ibv_post_send of a staged %s on QP 0x%x failed: %s", pull ? "READ" : "WRITE",
+             rdma_qp_num(c->qp), strerror(rc));
+    link_conn_kill(c, HIXL_FAILED, why);
+    return;
+  }
+  c->stalled = true;
+  c->stall_seq = m->u.stage.seq;
+  c->stall_pull = pull;
+  link_rearm(c);
+}
+
+void stage_target_cq(struct conn *c, bool ok, const char *status) {
+  bool unreg;
+  if (!c->stalled) return;
+  c->stalled = false;
+  if (!ok) {
+    char why[192];
+    snprintf(why, sizeof(why), "RDMA %s of a staged unit failed: %s (QP 0x%x)",
+             c->stall_pull ? "READ" : "WRITE", status, rdma_qp_num(c->qp));
+    link_conn_kill(c, HIXL_FAILED, why); /* a QP in error is a broken link */
+    return;
+  }
+  uint32_t st = HIXL_SUCCESS;
+  /* Checked again: a range may have been deregistered while the data was in flight. */
+  if (c->stall_pull && (!target_check(c, c->tsegs, c->tsegs_n, true, &unreg) ||
+                        !target_copy(c, c->tsegs, c->tsegs_n, c->tbuf, true, unreg)))
+    st = HIXL_FAILED;
+  target_ack(c, c->stall_seq, st);
+  if (!c->dead) link_resume(c);
+}
+
 void stage_target_frame(struct conn *c, const struct wire_msg *m) {
   bool unreg;
   if (m->hdr.type == WIRE_STAGE_WRITE) {
@@ -272,13 +378,13 @@ void stage_target_frame(struct conn *c, const struct wire_msg *m) {
     c->pay_reg = NULL;
     c->pay_stage = true;
     c->pay_status = HIXL_SUCCESS;
-    if (c->tbuf_cap < m->hdr.payload_len) {
-      free(c->tbuf);
-      c->tbuf_cap = 0;
-      if ((c->tbuf = malloc(m->hdr.payload_len))) c->tbuf_cap = m->hdr.payload_len;
-    }
-    if (!c->tbuf || tsegs_take(c, m) < 0) c->pay_status = HIXL_RESOURCE_EXHAUSTED;
+    if (tbuf_reserve(c, m->hdr.payload_len, false) < 0 || tsegs_take(c, m) < 0)
+      c->pay_status = HIXL_RESOURCE_EXHAUSTED;
     c->pay_dst = c->pay_status == HIXL_SUCCESS ? c->tbuf : NULL;
+    return;
+  }
+  if (m->hdr.type == WIRE_STAGE_PULL || m->hdr.type == WIRE_STAGE_PUSH) {
+    target_rdma(c, m);
     return;
   }
   /* STAGE_READ: gather into an owned buffer, answered as one READ_RESP. */
@@ -310,24 +416,17 @@ void stage_target_frame(struct conn *c, const struct wire_msg *m) {
 }
 
 void stage_target_write_done(struct conn *c) {
-  uint8_t frame[WIRE_SMALL_FRAME];
   bool unreg;
   c->pay_stage = false;
   if (c->pay_status == HIXL_SUCCESS && (!target_check(c, c->tsegs, c->tsegs_n, true, &unreg) ||
                                         !target_copy(c, c->tsegs, c->tsegs_n, c->tbuf, true, unreg)))
     c->pay_status = HIXL_FAILED;
-  size_t len = wire_put_ack(frame, WIRE_WRITE_ACK, c->pay_seq, c->pay_status, 0);
-  struct txitem *it = calloc(1, sizeof(*it));
-  if (!it) {
-    link_conn_kill(c, HIXL_FAILED, "out of memory");
-    return;
-  }
-  memcpy(it->hdr, frame, len);
-  it->hdr_len = (uint32_t)len;
-  link_enqueue(c, it);
+  target_ack(c, c->pay_seq, c->pay_status);
 }
 
 void stage_conn_free(struct conn *c) {
+  rdma_dereg(c->tbuf_mr); /* the QP is gone by now: nothing DMAs into tbuf */
+  c->tbuf_mr = NULL;
   free(c->tsegs);
   free(c->tbuf);
   c->tsegs = NULL;

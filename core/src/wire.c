@@ -33,10 +33,10 @@ const char *wire_err_str(enum wire_err err) {
 
 const char *wire_type_name(unsigned type) {
   static const char *const names[] = {
-      "?",          "HELLO",         "HELLO_ACK",   "MEM_ADD",      "MEM_DEL",
-      "WRITE_REQ",  "WRITE_ACK",     "READ_REQ",    "READ_RESP",    "NOTIFY",
-      "NOTIFY_ACK", "SYNC",          "SYNC_ACK",    "RDMA_CONNECT", "RDMA_CONNECT_ACK",
-      "SHM_HELLO",  "SHM_HELLO_ACK", "STAGE_WRITE", "STAGE_READ"};
+      "?",          "HELLO",        "HELLO_ACK",        "MEM_ADD",   "MEM_DEL",       "WRITE_REQ",
+      "WRITE_ACK",  "READ_REQ",     "READ_RESP",        "NOTIFY",    "NOTIFY_ACK",    "SYNC",
+      "SYNC_ACK",   "RDMA_CONNECT", "RDMA_CONNECT_ACK", "SHM_HELLO", "SHM_HELLO_ACK", "STAGE_WRITE",
+      "STAGE_READ", "STAGE_PULL",   "STAGE_PUSH"};
   return type <= WIRE_TYPE_MAX_ ? names[type] : "?";
 }
 
@@ -64,6 +64,8 @@ static const struct {
     [WIRE_STAGE_WRITE] = {12 + WIRE_STAGE_SEG_LEN, 12 + (WIRE_STAGE_SEG_LEN * WIRE_MAX_STAGE_SEGS),
                           WIRE_MAX_STAGE},
     [WIRE_STAGE_READ] = {12 + WIRE_STAGE_SEG_LEN, 12 + (WIRE_STAGE_SEG_LEN * WIRE_MAX_STAGE_SEGS), 0},
+    [WIRE_STAGE_PULL] = {24 + WIRE_STAGE_SEG_LEN, 24 + (WIRE_STAGE_SEG_LEN * WIRE_MAX_STAGE_SEGS), 0},
+    [WIRE_STAGE_PUSH] = {24 + WIRE_STAGE_SEG_LEN, 24 + (WIRE_STAGE_SEG_LEN * WIRE_MAX_STAGE_SEGS), 0},
 };
 
 enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *hdr) {
@@ -194,12 +196,20 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     return WIRE_OK;
   case WIRE_SYNC: m->u.ack.seq = be64_get(b); return WIRE_OK;
   case WIRE_STAGE_WRITE:
-  case WIRE_STAGE_READ: {
+  case WIRE_STAGE_READ:
+  case WIRE_STAGE_PULL:
+  case WIRE_STAGE_PUSH: {
+    /* STAGE_PULL / STAGE_PUSH put the buffer's address and key after seq. */
+    size_t fixed = hdr->type == WIRE_STAGE_PULL || hdr->type == WIRE_STAGE_PUSH ? 24u : 12u;
     m->u.stage.seq = be64_get(b);
-    m->u.stage.count = be32_get(b + 8);
-    m->u.stage.segs = b + 12;
+    if (fixed == 24u) {
+      m->u.stage.buf = be64_get(b + 8);
+      m->u.stage.rkey = be32_get(b + 16);
+    }
+    m->u.stage.count = be32_get(b + fixed - 4);
+    m->u.stage.segs = b + fixed;
     if (m->u.stage.count == 0 || m->u.stage.count > WIRE_MAX_STAGE_SEGS ||
-        n != 12u + m->u.stage.count * WIRE_STAGE_SEG_LEN)
+        n != fixed + m->u.stage.count * WIRE_STAGE_SEG_LEN)
       return WIRE_EBODY;
     uint64_t total = 0;
     for (uint32_t i = 0; i < m->u.stage.count; i++) {
@@ -211,7 +221,8 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     }
     m->u.stage.total = total;
     if (total > WIRE_MAX_STAGE) return WIRE_EBODY;
-    /* STAGE_WRITE carries exactly the ranges' bytes; STAGE_READ carries none. */
+    if (fixed == 24u && m->u.stage.buf + total < m->u.stage.buf) return WIRE_EBODY;
+    /* STAGE_WRITE carries exactly the ranges' bytes; the others none (wire_parse_hdr). */
     if (hdr->type == WIRE_STAGE_WRITE && total != hdr->payload_len) return WIRE_EBODY;
     return WIRE_OK;
   }
@@ -337,8 +348,18 @@ size_t wire_put_stage(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t 
   return WIRE_HDR_LEN + 12 + (size_t)count * WIRE_STAGE_SEG_LEN;
 }
 
-void wire_put_stage_seg(uint8_t *buf, uint32_t i, uint64_t addr, uint32_t len) {
-  uint8_t *s = buf + WIRE_HDR_LEN + 12 + (size_t)i * WIRE_STAGE_SEG_LEN;
+size_t wire_put_stage_rdma(uint8_t *buf, enum wire_type type, uint64_t seq, uint64_t sbuf, uint32_t rkey,
+                           uint32_t count) {
+  put_hdr(buf, (uint8_t)type, 24 + count * WIRE_STAGE_SEG_LEN, 0);
+  be64_put(buf + WIRE_HDR_LEN, seq);
+  be64_put(buf + WIRE_HDR_LEN + 8, sbuf);
+  be32_put(buf + WIRE_HDR_LEN + 16, rkey);
+  be32_put(buf + WIRE_HDR_LEN + 20, count);
+  return WIRE_HDR_LEN + 24 + (size_t)count * WIRE_STAGE_SEG_LEN;
+}
+
+void wire_put_stage_seg(uint8_t *buf, bool rdma, uint32_t i, uint64_t addr, uint32_t len) {
+  uint8_t *s = buf + WIRE_HDR_LEN + (rdma ? 24 : 12) + (size_t)i * WIRE_STAGE_SEG_LEN;
   be64_put(s, addr);
   be32_put(s + 8, len);
 }

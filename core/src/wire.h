@@ -19,16 +19,17 @@
 #define WIRE_MAX_TAG         255u       /* memory tags */
 #define WIRE_MAX_NOTIFY      1024u      /* notify name and message, each */
 #define WIRE_MAX_MEM_ENTRIES 4096u
-#define WIRE_MAX_STAGE       (16u << 20) /* data of one STAGE_WRITE / STAGE_READ */
-#define WIRE_MAX_STAGE_SEGS  4096u       /* ranges in one STAGE_WRITE / STAGE_READ */
+#define WIRE_MAX_STAGE       (16u << 20) /* data of one STAGE_* frame */
+#define WIRE_MAX_STAGE_SEGS  4096u       /* ranges in one STAGE_* frame */
 #define WIRE_STAGE_SEG_LEN   12u         /* addr u64, len u32 */
 
 /* Capability bits exchanged in HELLO / HELLO_ACK. */
-#define WIRE_CAP_TCP_DATA  0x1u
-#define WIRE_CAP_RDMA      0x2u  /* has an RDMA device and will connect a QP (RDMA_CONNECT) */
-#define WIRE_CAP_SHM       0x4u  /* answers SHM_HELLO: same-host copies (process_vm_*) welcome */
-#define WIRE_CAP_STAGE     0x8u  /* serves STAGE_WRITE / STAGE_READ into registered memory */
-#define WIRE_CAP_STAGE_ANY 0x10u /* ... and into memory it did not register (StagingUnregistered on) */
+#define WIRE_CAP_TCP_DATA   0x1u
+#define WIRE_CAP_RDMA       0x2u  /* has an RDMA device and will connect a QP (RDMA_CONNECT) */
+#define WIRE_CAP_SHM        0x4u  /* answers SHM_HELLO: same-host copies (process_vm_*) welcome */
+#define WIRE_CAP_STAGE      0x8u  /* serves STAGE_WRITE / STAGE_READ into registered memory */
+#define WIRE_CAP_STAGE_ANY  0x10u /* ... and into memory it did not register (StagingUnregistered on) */
+#define WIRE_CAP_STAGE_RDMA 0x20u /* serves STAGE_PULL / STAGE_PUSH on its QP */
 
 #define WIRE_MEM_ENTRY_FIXED 22u /* addr u64, len u64, rkey u32, tag_len u16; then the tag */
 #define WIRE_QP_INFO_LEN     25u /* qpn u32, psn u32, gid 16 bytes, mtu u8 */
@@ -61,7 +62,9 @@ enum wire_type {
   WIRE_SHM_HELLO_ACK = 16,    /* target -> initiator: status, its identity, a probe to read */
   WIRE_STAGE_WRITE = 17,      /* seq, count, count x (addr, len); payload = the data, packed */
   WIRE_STAGE_READ = 18,       /* seq, count, count x (addr, len); answered by READ_RESP, packed */
-  WIRE_TYPE_MAX_ = 18,
+  WIRE_STAGE_PULL = 19,       /* seq, buf addr, rkey, count, ranges: RDMA READ the packed data, scatter */
+  WIRE_STAGE_PUSH = 20,       /* seq, buf addr, rkey, count, ranges: gather, RDMA WRITE it to buf */
+  WIRE_TYPE_MAX_ = 20,
 };
 
 /* HELLO_ACK status values. */
@@ -147,6 +150,8 @@ struct wire_msg {
     } ack; /* WRITE_ACK, READ_RESP, NOTIFY_ACK, SYNC_ACK; SYNC (status 0) */
     struct {
       uint64_t seq;
+      uint64_t buf;        /* STAGE_PULL / STAGE_PUSH: the initiator's staging buffer */
+      uint32_t rkey;       /* ... and its RDMA key */
       uint32_t count;      /* ranges, each checked: len >= 1 */
       uint64_t total;      /* sum of the lengths; = payload_len for STAGE_WRITE */
       const uint8_t *segs; /* walk with wire_stage_seg */
@@ -183,7 +188,7 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *body, struc
 /* Step through a HELLO_ACK's entries; returns false after the last. */
 bool wire_mem_entry_next(const uint8_t **cursor, size_t *left, struct wire_mem_entry *entry);
 
-/* Range i of a decoded STAGE_WRITE / STAGE_READ (i < count). */
+/* Range i of a decoded STAGE_WRITE / STAGE_READ / STAGE_PULL / STAGE_PUSH (i < count). */
 void wire_stage_seg(const struct wire_msg *m, uint32_t i, uint64_t *addr, uint32_t *len);
 
 /* Frame builders: wire_begin reserves the header, wire_end fills it in with the
@@ -206,7 +211,12 @@ size_t wire_put_sync(uint8_t *buf, uint64_t seq);
 /* STAGE_WRITE / STAGE_READ header and seq/count: the caller then appends count ranges
  * with wire_put_stage_seg into buf (WIRE_HDR_LEN + 12 + count * 12 bytes in all). */
 size_t wire_put_stage(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t count, uint32_t payload_len);
-void wire_put_stage_seg(uint8_t *buf, uint32_t i, uint64_t addr, uint32_t len);
+/* STAGE_PULL / STAGE_PUSH: the same with the buffer's address and key after seq
+ * (WIRE_HDR_LEN + 24 + count * 12 bytes in all); ranges with wire_put_stage_seg. */
+size_t wire_put_stage_rdma(uint8_t *buf, enum wire_type type, uint64_t seq, uint64_t sbuf, uint32_t rkey,
+                           uint32_t count);
+/* Range i of a frame built by wire_put_stage (rdma false) or wire_put_stage_rdma. */
+void wire_put_stage_seg(uint8_t *buf, bool rdma, uint32_t i, uint64_t addr, uint32_t len);
 size_t wire_put_ack(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t status, uint32_t payload_len);
 
 #define WIRE_SMALL_FRAME 48u /* the largest frame built by wire_put_write_req / read_req / sync / ack */

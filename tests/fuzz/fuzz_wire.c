@@ -57,6 +57,8 @@ static const struct {
     [WIRE_SHM_HELLO_ACK] = {54, 54 + 256, 0},
     [WIRE_STAGE_WRITE] = {12 + 12, 12 + 12 * 4096, 16u << 20},
     [WIRE_STAGE_READ] = {12 + 12, 12 + 12 * 4096, 0},
+    [WIRE_STAGE_PULL] = {24 + 12, 24 + 12 * 4096, 0},
+    [WIRE_STAGE_PUSH] = {24 + 12, 24 + 12 * 4096, 0},
 };
 
 /* Whatever wire_parse_hdr says must agree with the raw bytes. */
@@ -134,7 +136,19 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
       uint64_t addr;
       uint32_t seg_len;
       wire_stage_seg(m, i, &addr, &seg_len);
-      wire_put_stage_seg(buf, i, addr, seg_len);
+      wire_put_stage_seg(buf, false, i, addr, seg_len);
+    }
+    break;
+  case WIRE_STAGE_PULL:
+  case WIRE_STAGE_PUSH:
+    CHECK(h->payload_len == 0); /* wire_put_stage_rdma has no payload to give */
+    got = wire_put_stage_rdma(buf, (enum wire_type)h->type, m->u.stage.seq, m->u.stage.buf, m->u.stage.rkey,
+                              m->u.stage.count);
+    for (uint32_t i = 0; i < m->u.stage.count; i++) {
+      uint64_t addr;
+      uint32_t seg_len;
+      wire_stage_seg(m, i, &addr, &seg_len);
+      wire_put_stage_seg(buf, true, i, addr, seg_len);
     }
     break;
   default:
@@ -307,36 +321,45 @@ static void check_msg(enum wire_err e, const struct wire_hdr *h, const uint8_t *
     break;
   }
   case WIRE_STAGE_WRITE:
-  case WIRE_STAGE_READ: {
-    /* The rules, checked independently on the raw body: accepted exactly when they hold. */
-    uint32_t count = get32(b + 8);
-    int ok = count >= 1 && count <= 4096 && n == 12u + 12u * (size_t)count;
+  case WIRE_STAGE_READ:
+  case WIRE_STAGE_PULL:
+  case WIRE_STAGE_PUSH: {
+    /* The rules, checked independently on the raw body: accepted exactly when they hold.
+     * STAGE_PULL / STAGE_PUSH put buf u64 and rkey u32 between seq and count. */
+    int rdma = h->type == WIRE_STAGE_PULL || h->type == WIRE_STAGE_PUSH;
+    size_t fixed = rdma ? 24 : 12;
+    uint64_t sbuf = rdma ? get64(b + 8) : 0;
+    uint32_t count = get32(b + fixed - 4);
+    int ok = count >= 1 && count <= 4096 && n == fixed + 12u * (size_t)count;
     uint64_t sum = 0;
     for (uint32_t i = 0; ok && i < count; i++) {
-      uint64_t addr = get64(b + 12 + 12 * (size_t)i);
-      uint32_t seg_len = get32(b + 20 + 12 * (size_t)i);
+      uint64_t addr = get64(b + fixed + 12 * (size_t)i);
+      uint32_t seg_len = get32(b + fixed + 8 + 12 * (size_t)i);
       ok = seg_len >= 1 && addr <= UINT64_MAX - seg_len;
       sum += seg_len;
     }
     ok = ok && sum <= (16u << 20) && h->payload_len == (h->type == WIRE_STAGE_WRITE ? sum : 0);
+    ok = ok && (!rdma || sbuf <= UINT64_MAX - sum);
     CHECK(ok == (e == WIRE_OK));
     CHECK(null_or_inside(m->u.stage.segs, b, n));
     if (e != WIRE_OK) break;
     CHECK(m->u.stage.seq == get64(b) && m->u.stage.count == count);
+    if (rdma) CHECK(m->u.stage.buf == sbuf && m->u.stage.rkey == get32(b + 16));
     CHECK(m->u.stage.count >= 1 && m->u.stage.count <= WIRE_MAX_STAGE_SEGS);
-    CHECK(m->u.stage.segs == b + 12);
+    CHECK(m->u.stage.segs == b + fixed);
     CHECK(inside(m->u.stage.segs, (size_t)m->u.stage.count * WIRE_STAGE_SEG_LEN, b, n));
     uint64_t total = 0;
     for (uint32_t i = 0; i < m->u.stage.count; i++) {
       uint64_t addr;
       uint32_t seg_len;
       wire_stage_seg(m, i, &addr, &seg_len);
-      CHECK(addr == get64(b + 12 + 12 * (size_t)i) && seg_len == get32(b + 20 + 12 * (size_t)i));
+      CHECK(addr == get64(b + fixed + 12 * (size_t)i) && seg_len == get32(b + fixed + 8 + 12 * (size_t)i));
       CHECK(seg_len >= 1 && addr + seg_len > addr);
       total += seg_len;
     }
     CHECK(total == m->u.stage.total && total <= WIRE_MAX_STAGE);
     CHECK(h->payload_len == (h->type == WIRE_STAGE_WRITE ? total : 0));
+    if (rdma) CHECK(m->u.stage.buf + total > m->u.stage.buf); /* total >= 1 here */
     break;
   }
   case WIRE_NOTIFY:

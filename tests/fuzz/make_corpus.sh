@@ -28,8 +28,10 @@ entry() { u64 "$1"; u64 "$2"; u32 0x1234; u16 ${#3}; str "$3"; } # entry ADDR LE
 
 HELLO=1 HELLO_ACK=2 MEM_ADD=3 MEM_DEL=4 WRITE_REQ=5 WRITE_ACK=6 READ_REQ=7
 READ_RESP=8 NOTIFY=9 NOTIFY_ACK=10 SYNC=11 SYNC_ACK=12 RDMA_CONNECT=13 RDMA_CONNECT_ACK=14
-SHM_HELLO=15 SHM_HELLO_ACK=16 STAGE_WRITE=17 STAGE_READ=18
+SHM_HELLO=15 SHM_HELLO_ACK=16 STAGE_WRITE=17 STAGE_READ=18 STAGE_PULL=19 STAGE_PUSH=20
 seg() { u64 "$1"; u32 "$2"; } # seg ADDR LEN: one STAGE range
+# stage_rdma TYPE BODY_LEN PAYLOAD_LEN BUF COUNT: a STAGE_PULL / STAGE_PUSH up to its ranges
+stage_rdma() { hdr "$1" "$2" "$3"; u64 10; u64 "$4"; u32 0xc0ffee; u32 "$5"; }
 shm_id() { u16 "$1"; fill 16 B; u32 4242; u32 1000; } # shm_id LAYOUT: boot id, pid, uid
 
 # ---- valid frames ----
@@ -71,6 +73,15 @@ stage_read >"$out/ok_stage_read"
 read_resp_stage() { hdr $READ_RESP 12 265; u64 8; u32 0; fill 265 R; } # the answer, packed
 { hdr $READ_RESP 12 16777216; u64 9; u32 0; } >"$out/ok_read_resp_max"
 { stage_write; stage_read; read_resp_stage; notify_ack; } >"$out/ok_stream_stage"
+stage_pull() { stage_rdma $STAGE_PULL 60 0 0x7f0000010000 3; seg 0x7f0000004000 10; seg 0x7f0000005000 15; seg 0x7f0000006000 5; }
+stage_pull >"$out/ok_stage_pull"
+stage_push() { stage_rdma $STAGE_PUSH 48 0 0x7f0000020000 2; seg 0x7f0000004000 10; seg 0xffffffffffffff00 0xff; }
+stage_push >"$out/ok_stage_push"
+# one 16 MiB range; the buffer ends at the very top of the address space
+{ stage_rdma $STAGE_PULL 36 0 0xfffffffffeffffff 1; seg 0x7f0000008000 16777216; } >"$out/ok_stage_pull_max"
+{ stage_rdma $STAGE_PUSH 36 0 0 1; seg 0x7f0000008000 1; } >"$out/ok_stage_push_buf_0"
+write_ack_stage() { hdr $WRITE_ACK 12 0; u64 10; u32 0; } # what ends either
+{ stage_pull; write_ack_stage; stage_push; write_ack_stage; } >"$out/ok_stream_stage_rdma"
 
 # ---- frames to refuse ----
 { hdr $HELLO 11 0 1 0 0 0x4c495848; u32 1; u16 5; str dec-0; } >"$out/bad_magic_le"
@@ -105,7 +116,7 @@ read_resp_stage() { hdr $READ_RESP 12 265; u64 8; u32 0; fill 265 R; } # the ans
 { hdr $SHM_HELLO 26 0; shm_id 0; } >"$out/bad_shm_hello_layout_0"
 { hdr $SHM_HELLO 27 0; shm_id 1; u8 0; } >"$out/bad_shm_hello_layout1_long"
 { hdr $SHM_HELLO_ACK 53 0; u32 0; shm_id 1; u64 0x1000; fill 15 N; } >"$out/bad_shm_hello_ack_short"
-{ hdr 19 12 0; u64 1; u32 0; } >"$out/bad_type_19"
+{ hdr 21 36 0; u64 1; u64 0x1000; u32 1; u32 1; seg 0x2000 10; } >"$out/bad_type_21"
 { hdr $STAGE_READ 24 0; u64 1; u32 0; seg 0x1000 10; } >"$out/bad_stage_count_0"
 { hdr $STAGE_READ 24 0; u64 1; u32 0x40000001; seg 0x1000 10; } >"$out/bad_stage_count_wrap32"
 { hdr $STAGE_READ 36 0; u64 1; u32 1; seg 0x1000 10; seg 0x2000 10; } >"$out/bad_stage_body_len"
@@ -117,5 +128,20 @@ read_resp_stage() { hdr $READ_RESP 12 265; u64 8; u32 0; fill 265 R; } # the ans
 { hdr $STAGE_READ 36 20; u64 1; u32 2; seg 0x1000 10; seg 0x2000 10; fill 20 D; } >"$out/bad_stage_read_payload"
 { hdr $STAGE_WRITE 12 0; u64 1; u32 0; } >"$out/bad_stage_body_short"
 { hdr $READ_RESP 12 $(((16 << 20) + 1)); u64 1; u32 0; } >"$out/bad_read_resp_too_big"
+{ stage_rdma $STAGE_PULL 36 0 0x1000 0; seg 0x2000 10; } >"$out/bad_stage_pull_count_0"
+{ stage_rdma $STAGE_PUSH 36 0 0x1000 4097; seg 0x2000 10; } >"$out/bad_stage_push_count_big"
+{ stage_rdma $STAGE_PULL 36 0 0x1000 0x40000001; seg 0x2000 10; } >"$out/bad_stage_pull_count_wrap32"
+{ stage_rdma $STAGE_PUSH 48 0 0x1000 1; seg 0x2000 10; seg 0x3000 10; } >"$out/bad_stage_push_body_len"
+{ hdr $STAGE_PULL 36 0; u64 1; u32 2; seg 0x2000 10; seg 0x3000 10; } >"$out/bad_stage_pull_read_layout"
+{ stage_rdma $STAGE_PULL 24 0 0x1000 0; } >"$out/bad_stage_pull_body_short"
+{ stage_rdma $STAGE_PUSH 48 0 0x1000 2; seg 0x2000 10; seg 0x3000 0; } >"$out/bad_stage_push_seg_len_0"
+{ stage_rdma $STAGE_PULL 48 0 0x1000 2; seg 0x2000 10; seg 0xffffffffffffff00 0x100; } >"$out/bad_stage_pull_wrap"
+{ stage_rdma $STAGE_PUSH 48 0 0x1000 2; seg 0x1000 8388608; seg 0x2000000 8388609; } >"$out/bad_stage_push_sum_big"
+{ stage_rdma $STAGE_PULL 48 0 0x1000 2; seg 0x1000 0x80000000; seg 0x100000000 0x80000000; } >"$out/bad_stage_pull_sum_2p32"
+# buf + 21 == 2^64
+{ stage_rdma $STAGE_PULL 48 0 0xffffffffffffffeb 2; seg 0x2000 10; seg 0x3000 11; } >"$out/bad_stage_pull_buf_wrap"
+{ stage_rdma $STAGE_PUSH 36 0 0xffffffffff000000 1; seg 0x2000 16777216; } >"$out/bad_stage_push_buf_wrap"
+{ stage_rdma $STAGE_PULL 48 21 0x1000 2; seg 0x2000 10; seg 0x3000 11; fill 21 D; } >"$out/bad_stage_pull_payload"
+{ stage_rdma $STAGE_PUSH 48 1 0x1000 2; seg 0x2000 10; seg 0x3000 11; str D; } >"$out/bad_stage_push_payload"
 head -c 10 "$out/ok_hello" >"$out/bad_truncated_header"
 head -c 25 "$out/ok_hello" >"$out/bad_truncated_body"
