@@ -534,13 +534,16 @@ static HixlStatus plan_ops(HixlEngine *e, struct conn *c, const HixlTransferOpDe
    * already copies many ops per call. */
   bool pack = pool->num > 0 && !c->shm && (caps & WIRE_CAP_STAGE) &&
               (!c->qp || (pool->mr && (caps & WIRE_CAP_STAGE_RDMA)));
+  uint32_t threshold = !e->opts.stage_threshold_auto ? e->opts.stage_threshold
+                       : c->qp                       ? STAGE_AUTO_RDMA
+                                                     : STAGE_AUTO_TCP;
   uint64_t ubytes = 0, useg = 0;
   memset(plan, 0, sizeof(*plan));
   for (size_t i = 0; i < count; i++) {
     const HixlTransferOpDesc *d = &descs[i];
     lregs[i] = (struct hixl_mem_reg *)memtab_find(&e->regs, d->local_addr, d->len);
     bool rreg = memtab_find(&c->peer->rtab, d->remote_addr, d->len) != NULL;
-    if (lregs[i] && rreg && !(pack && d->len < e->opts.stage_threshold)) {
+    if (lregs[i] && rreg && !(pack && d->len < threshold)) {
       plan->ndirect += (d->len + ENGINE_TCP_CHUNK - 1) / ENGINE_TCP_CHUNK;
       continue;
     }

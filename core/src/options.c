@@ -61,7 +61,8 @@ static bool parse_gid_index(const char *s, struct hixl_options *o) {
 }
 
 static bool parse_threshold(const char *s, struct hixl_options *o) {
-  return parse_u32(s, 0, 1u << 20, &o->stage_threshold);
+  o->stage_threshold_auto = s && strcmp(s, "auto") == 0;
+  return o->stage_threshold_auto || parse_u32(s, 0, 1u << 20, &o->stage_threshold);
 }
 
 static bool parse_unregistered(const char *s, struct hixl_options *o) {
@@ -96,8 +97,9 @@ static const struct hixl_option_info option_info[] = {
      "RDMA device to use"},
     {"RdmaGidIndex", "auto", NULL, "auto, or [0,255]",
      "GID index; auto picks the RoCE v2 GID of the engine's IP"},
-    {"StagingThreshold", "512", NULL, "[0,1048576] bytes; 0 never coalesces",
-     "ops shorter than this, on tcp and rdma links, are packed through the staging pool"},
+    {"StagingThreshold", "auto", NULL, "auto, or [0,1048576] bytes; 0 never packs",
+     "ops shorter than this, on tcp and rdma links, are packed through the staging pool; auto: 1024 "
+     "on tcp links, 4096 on rdma links"},
     {"StagingUnregistered", "off", NULL, "on | off",
      "as a target: let peers' staged ops reach host memory this engine did not register"},
 };

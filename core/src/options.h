@@ -9,16 +9,22 @@
 
 enum hixl_transport { HIXL_TRANSPORT_AUTO, HIXL_TRANSPORT_TCP, HIXL_TRANSPORT_RDMA, HIXL_TRANSPORT_SHM };
 
+/* StagingThreshold "auto", from the measurements in docs/performance*.md: packing
+ * 1024-op batches wins below these sizes on this project's 2-core VM. */
+#define STAGE_AUTO_TCP  1024u
+#define STAGE_AUTO_RDMA 4096u
+
 struct hixl_options {
   uint32_t pool_num;     /* BufferPool: staging buffers */
   uint32_t pool_size_mb; /* BufferPool: MiB each */
   uint32_t rdma_tc;      /* RdmaTrafficClass */
   uint32_t rdma_sl;      /* RdmaServiceLevel */
   enum hixl_transport transport;
-  char rdma_device[64];     /* RdmaDevice: "" finds the device that owns the engine's IP */
-  int32_t rdma_gid_index;   /* RdmaGidIndex: -1 picks the RoCE v2 GID of the engine's IP */
-  uint32_t stage_threshold; /* StagingThreshold: ops shorter than this are coalesced; 0 never */
-  bool stage_unregistered;  /* StagingUnregistered: peers' staged ops may reach unregistered memory */
+  char rdma_device[64];      /* RdmaDevice: "" finds the device that owns the engine's IP */
+  int32_t rdma_gid_index;    /* RdmaGidIndex: -1 picks the RoCE v2 GID of the engine's IP */
+  uint32_t stage_threshold;  /* StagingThreshold: ops shorter than this are coalesced; 0 never */
+  bool stage_threshold_auto; /* "auto": STAGE_AUTO_TCP on tcp links, STAGE_AUTO_RDMA on rdma links */
+  bool stage_unregistered;   /* StagingUnregistered: peers' staged ops may reach unregistered memory */
 };
 
 /* One row per key: the same table drives parsing, validation and the docs. */

@@ -16,11 +16,21 @@
  * iterations, bounded by --iters / --total and by --max-seconds.
  * GB/s means 10^9 bytes per second of payload. Latency is per batch, in us.
  *
+ * Staging (--api engine only): --opt KEY=VALUE hands extra options (BufferPool,
+ * StagingThreshold, ...) to both engines' HixlEngineInitialize, so the same sweep
+ * runs with small ops coalesced or not. --unregistered local|remote|both leaves the
+ * named side's buffer unregistered (mapped, filled and verified as ever), so every op
+ * is staged through the pools; when it names remote, the bench runs the target with
+ * StagingUnregistered=on, since a target refuses that by default.
+ *
  * The two processes share a small text control channel (a socketpair, or a TCP
  * connection on --ctrl-port in two-shell mode): the target sends
- * "READY engine <buffer address> <length>" (--api engine: the engine API has no way
- * to look a peer's buffer up) or "READY cs" (the initiator finds the buffer by its
- * tag), the initiator sends "DONE" at the end. */
+ * "READY engine <buffer address> <length> registered|unregistered" (--api engine: the
+ * engine API has no way to look a peer's buffer up; the last word, absent from older
+ * targets, which always register, says whether the target registered it) or
+ * "READY cs" (the initiator finds the buffer by its tag), the initiator sends "DONE"
+ * at the end. In two-shell mode the target's own --unregistered decides its side;
+ * an initiator whose --unregistered names remote checks the target's word. */
 #include <arpa/inet.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -45,10 +55,13 @@
 #define BENCH_TARGET_MAX_WAIT_MS 3600000 /* target lives at most this long for one initiator */
 #define BENCH_MAX_ITERS          10000000ull
 #define BENCH_MAX_WINDOW         1024
+#define BENCH_MAX_OPTS           16  /* --opt KEY=VALUE entries */
+#define BENCH_OPT_MAX            128 /* bytes of one --opt KEY=VALUE */
 
 enum bench_role { ROLE_BOTH, ROLE_TARGET, ROLE_INITIATOR };
 enum bench_ops { OPS_READ = 1, OPS_WRITE = 2, OPS_BOTH = 3 };
 enum bench_api { API_ENGINE, API_CS };
+enum bench_unreg { UNREG_NONE = 0, UNREG_LOCAL = 1, UNREG_REMOTE = 2, UNREG_BOTH = 3 }; /* bits */
 
 #define BENCH_CS_TAG "bench" /* tag of the target buffer in --api cs */
 
@@ -82,6 +95,10 @@ struct bench_opts {
   uint64_t seed;
   int cpu_initiator; /* --pin: -1 none */
   int cpu_target;
+  HixlOption extra[BENCH_MAX_OPTS];             /* --opt: to both engines, in order given */
+  char extra_kv[BENCH_MAX_OPTS][BENCH_OPT_MAX]; /* storage of extra[]: "KEY\0VALUE" */
+  size_t n_extra;
+  int unreg; /* --unregistered: enum bench_unreg bits */
 };
 
 #define BENCH_DEFAULT_MEM_CAP ((size_t)1 << 30)
@@ -101,9 +118,10 @@ struct bench_ctx {
   const struct bench_opts *o;
   HixlEngine *eng;           /* --api engine */
   HixlClientHandle cli;      /* --api cs */
-  uint8_t *lbuf, *vbuf;      /* measured region and verify region, both registered */
+  uint8_t *lbuf, *vbuf;      /* measured and verify region, registered unless --unregistered local */
   size_t span;               /* usable bytes of lbuf, vbuf and the remote buffer */
   uintptr_t rbase;           /* remote buffer */
+  bool remote_unreg;         /* the target did not register it (READY line) */
   HixlTransferOpDesc *descs; /* window * max batch, --api engine */
   HixlOneSideOpDesc *cdescs; /* the same ops for --api cs, built beside descs */
   uint64_t *lat;             /* per-iteration latencies */
@@ -127,6 +145,14 @@ static void usage(FILE *f) {
           "  --api engine|cs             HixlEngine* (default) or HIXL's client/server HixlCS*\n"
           "  --transport NAME            auto|tcp|rdma|shm: the engines' Transport option, or the\n"
           "                              CS endpoints' protocol (default: the library's; CS: tcp)\n"
+          "Staging (--api engine only; in two-shell mode give them on both sides):\n"
+          "  --opt KEY=VALUE             an engine option for both engines' HixlEngineInitialize,\n"
+          "                              repeatable, e.g. --opt StagingThreshold=0 --opt BufferPool=8:8\n"
+          "                              (Transport: use --transport)\n"
+          "  --unregistered local|remote|both\n"
+          "                              leave that side's buffer unregistered, so every op is\n"
+          "                              staged; remote/both run the target with\n"
+          "                              StagingUnregistered=on (unless an --opt sets it)\n"
           "Sweep:\n"
           "  --op read|write|both        (default both)\n"
           "  --block-sizes LIST          e.g. 4K,64K,4M (default 4K..16M, powers of 2)\n"
@@ -300,12 +326,28 @@ static int32_t call_timeout(const struct bench_opts *o, size_t bytes) {
 
 /* ------------------------------------------------------------------- target */
 
-/* Engine options: Transport when --transport names one, none otherwise. */
-static size_t engine_options(const struct bench_opts *o, HixlOption *opt) {
-  if (o->transport == NULL) return 0;
-  opt->key = "Transport";
-  opt->value = o->transport;
-  return 1;
+#define BENCH_ENGINE_OPTS (BENCH_MAX_OPTS + 2) /* Transport, --opt, StagingUnregistered */
+
+/* The value an --opt gives key, or NULL. */
+static const char *extra_value(const struct bench_opts *o, const char *key) {
+  for (size_t i = 0; i < o->n_extra; i++)
+    if (strcmp(o->extra[i].key, key) == 0) return o->extra[i].value;
+  return NULL;
+}
+
+/* The target serves an unregistered buffer and sets StagingUnregistered=on itself. */
+static bool target_sets_unreg(const struct bench_opts *o) {
+  return (o->unreg & UNREG_REMOTE) != 0 && extra_value(o, "StagingUnregistered") == NULL;
+}
+
+/* Engine options into opt[BENCH_ENGINE_OPTS]: Transport when --transport names one,
+ * every --opt, and for a target serving unregistered memory StagingUnregistered=on. */
+static size_t engine_options(const struct bench_opts *o, bool target, HixlOption *opt) {
+  size_t n = 0;
+  if (o->transport != NULL) opt[n++] = (HixlOption){.key = "Transport", .value = o->transport};
+  for (size_t i = 0; i < o->n_extra; i++) opt[n++] = o->extra[i];
+  if (target && target_sets_unreg(o)) opt[n++] = (HixlOption){.key = "StagingUnregistered", .value = "on"};
+  return n;
 }
 
 /* The CS endpoint protocol for --transport; the CS API has no "auto": tcp. */
@@ -395,6 +437,7 @@ static int run_target(const struct bench_opts *o, int ctrl) {
   HixlMemHandle mh = NULL;
   HixlStatus st;
   size_t span = needed_span(o);
+  bool reg = (o->unreg & UNREG_REMOTE) == 0; /* else StagingUnregistered serves it */
 
   uint8_t *buf = map_buffer(span);
   if (buf == NULL) {
@@ -408,27 +451,31 @@ static int run_target(const struct bench_opts *o, int ctrl) {
     ctrl_send(ctrl, "ERROR HixlEngineCreate failed\n");
     goto out_unmap;
   }
-  HixlOption opt = {NULL, NULL};
-  st = HixlEngineInitialize(eng, o->peer, &opt, engine_options(o, &opt));
+  HixlOption opt[BENCH_ENGINE_OPTS];
+  st = HixlEngineInitialize(eng, o->peer, opt, engine_options(o, true, opt));
   if (st != HIXL_SUCCESS) {
     report_hixl("target", "HixlEngineInitialize", st);
     ctrl_send(ctrl, "ERROR HixlEngineInitialize(%s) failed\n", o->peer);
     goto out_destroy;
   }
   HixlMemDesc md = {.addr = (uintptr_t)buf, .len = span};
-  st = HixlEngineRegisterMem(eng, &md, HIXL_MEM_HOST, &mh);
+  st = reg ? HixlEngineRegisterMem(eng, &md, HIXL_MEM_HOST, &mh) : HIXL_SUCCESS;
   if (st != HIXL_SUCCESS) {
     report_hixl("target", "HixlEngineRegisterMem", st);
     ctrl_send(ctrl, "ERROR HixlEngineRegisterMem(%zu bytes) failed\n", span);
     goto out_finalize;
   }
-  if (!ctrl_send(ctrl, "READY engine %" PRIxPTR " %zu\n", (uintptr_t)buf, span)) goto out_dereg;
+  if (!ctrl_send(ctrl, "READY engine %" PRIxPTR " %zu %s\n", (uintptr_t)buf, span,
+                 reg ? "registered" : "unregistered"))
+    goto out_dereg;
   if (o->role == ROLE_TARGET)
-    fprintf(stderr, "%s: target: serving %zu registered bytes on %s\n", g_prog, span, o->peer);
+    fprintf(stderr, "%s: target: serving %zu %s bytes on %s%s%s\n", g_prog, span,
+            reg ? "registered" : "unregistered", o->peer, reg ? "" : ", StagingUnregistered=",
+            reg ? "" : (target_sets_unreg(o) ? "on" : extra_value(o, "StagingUnregistered")));
   rc = serve_until_done(ctrl);
 
 out_dereg:
-  st = HixlEngineDeregisterMem(eng, mh);
+  st = reg ? HixlEngineDeregisterMem(eng, mh) : HIXL_SUCCESS;
   if (st != HIXL_SUCCESS) {
     report_hixl("target", "HixlEngineDeregisterMem", st);
     rc = 1;
@@ -896,6 +943,28 @@ static bool write_csv(const struct bench_ctx *c) {
   return fclose(f) == 0;
 }
 
+static const char *unreg_name(int unreg) {
+  static const char *const names[] = {"none", "local", "remote", "both"};
+  return names[unreg & UNREG_BOTH];
+}
+
+/* Which sides are unregistered: the initiator's from its flag, the target's from READY. */
+static int unreg_used(const struct bench_ctx *c) {
+  return (c->o->unreg & UNREG_LOCAL) | (c->remote_unreg ? UNREG_REMOTE : 0);
+}
+
+/* The engine options beyond Transport, "K=V K=V" ("none"); with --role both also the
+ * one the bench adds on the target (in two-shell mode the target prints its own). */
+static void options_text(const struct bench_opts *o, char *buf, size_t cap) {
+  size_t n = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < o->n_extra && n < cap; i++)
+    n += (size_t)snprintf(buf + n, cap - n, "%s%s=%s", n > 0 ? " " : "", o->extra[i].key, o->extra[i].value);
+  if (o->role == ROLE_BOTH && target_sets_unreg(o) && n < cap)
+    n += (size_t)snprintf(buf + n, cap - n, "%starget StagingUnregistered=on", n > 0 ? " " : "");
+  if (n == 0) snprintf(buf, cap, "none");
+}
+
 static bool write_json(const struct bench_ctx *c) {
   FILE *f = fopen(c->o->json, "w");
   if (f == NULL) {
@@ -910,6 +979,12 @@ static bool write_json(const struct bench_ctx *c) {
           un.release, sysconf(_SC_NPROCESSORS_ONLN));
   fprintf(f, "  \"api\": \"%s\",\n  \"transport\": \"%s\",\n", api_name(c->o->api),
           c->o->transport != NULL ? c->o->transport : "default");
+  if (c->o->api == API_ENGINE) {
+    char opts[BENCH_MAX_OPTS * BENCH_OPT_MAX];
+    options_text(c->o, opts, sizeof(opts));
+    fprintf(f, "  \"engine_options\": \"%s\",\n  \"unregistered\": \"%s\",\n", opts,
+            unreg_name(unreg_used(c)));
+  }
   fprintf(f, "  \"peer\": \"%s\",\n  \"registered_bytes\": %zu,\n  \"results\": [\n", c->o->peer, c->span);
   for (size_t i = 0; i < c->n_res; i++) {
     const struct point_result *r = &c->res[i];
@@ -929,16 +1004,25 @@ static bool write_json(const struct bench_ctx *c) {
 /* Print the run's header line, measure, write the results: 0 ok, 1 a failure. */
 static int measure(struct bench_ctx *c, uint64_t connect_ns) {
   const struct bench_opts *o = c->o;
-  char mode[48];
+  char mode[48], mem[80], opts[BENCH_MAX_OPTS * BENCH_OPT_MAX + 24] = "";
   int rc;
   if (o->async)
     snprintf(mode, sizeof(mode), "async window %zu", o->window);
   else
     snprintf(mode, sizeof(mode), "sync");
-  printf("# hixl-bench (hixl %s): initiator %s -> target %s, api %s, transport %s, %s, %zu registered "
-         "bytes per side, verify %s, connect %.2f ms\n",
+  if (unreg_used(c) == UNREG_NONE)
+    snprintf(mem, sizeof(mem), "%zu registered bytes per side", c->span);
+  else
+    snprintf(mem, sizeof(mem), "%zu bytes per side, unregistered %s (staged)", c->span,
+             unreg_name(unreg_used(c)));
+  if (o->api == API_ENGINE) {
+    snprintf(opts, sizeof(opts), ", engine options ");
+    options_text(o, opts + strlen(opts), sizeof(opts) - strlen(opts));
+  }
+  printf("# hixl-bench (hixl %s): initiator %s -> target %s, api %s, transport %s, %s, %s%s, verify %s, "
+         "connect %.2f ms\n",
          HixlVersionString(), o->local, o->peer, api_name(o->api),
-         o->transport != NULL ? o->transport : (o->api == API_CS ? "tcp" : "default"), mode, c->span,
+         o->transport != NULL ? o->transport : (o->api == API_CS ? "tcp" : "default"), mode, mem, opts,
          o->verify ? "on" : "off", (double)connect_ns / 1e6);
   rc = o->latency ? run_latency(c) : run_sweep(c);
   if (o->csv != NULL && c->n_res > 0 && !write_csv(c)) rc = 1;
@@ -946,33 +1030,35 @@ static int measure(struct bench_ctx *c, uint64_t connect_ns) {
   return rc;
 }
 
-/* --api engine: an engine on --local, both regions registered, linked to the target
- * whose buffer address came over the control channel. */
+/* --api engine: an engine on --local, both regions registered (none with
+ * --unregistered local), linked to the target whose buffer address came over the
+ * control channel. */
 static int initiator_engine(struct bench_ctx *c) {
   const struct bench_opts *o = c->o;
   HixlMemHandle lh = NULL, vh = NULL;
-  HixlOption opt = {NULL, NULL};
+  HixlOption opt[BENCH_ENGINE_OPTS];
   HixlStatus st;
   int rc = 1;
+  bool reg = (o->unreg & UNREG_LOCAL) == 0;
 
   st = HixlEngineCreate(&c->eng);
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineCreate", st);
     return 1;
   }
-  st = HixlEngineInitialize(c->eng, o->local, &opt, engine_options(o, &opt));
+  st = HixlEngineInitialize(c->eng, o->local, opt, engine_options(o, false, opt));
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineInitialize", st);
     goto out_destroy;
   }
   HixlMemDesc lmd = {.addr = (uintptr_t)c->lbuf, .len = c->span};
   HixlMemDesc vmd = {.addr = (uintptr_t)c->vbuf, .len = c->span};
-  st = HixlEngineRegisterMem(c->eng, &lmd, HIXL_MEM_HOST, &lh);
+  st = reg ? HixlEngineRegisterMem(c->eng, &lmd, HIXL_MEM_HOST, &lh) : HIXL_SUCCESS;
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineRegisterMem", st);
     goto out_finalize;
   }
-  st = HixlEngineRegisterMem(c->eng, &vmd, HIXL_MEM_HOST, &vh);
+  st = reg ? HixlEngineRegisterMem(c->eng, &vmd, HIXL_MEM_HOST, &vh) : HIXL_SUCCESS;
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineRegisterMem(verify region)", st);
     goto out_dereg_l;
@@ -991,13 +1077,13 @@ static int initiator_engine(struct bench_ctx *c) {
     rc = 1;
   }
 out_dereg_v:
-  st = HixlEngineDeregisterMem(c->eng, vh);
+  st = reg ? HixlEngineDeregisterMem(c->eng, vh) : HIXL_SUCCESS;
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineDeregisterMem", st);
     rc = 1;
   }
 out_dereg_l:
-  st = HixlEngineDeregisterMem(c->eng, lh);
+  st = reg ? HixlEngineDeregisterMem(c->eng, lh) : HIXL_SUCCESS;
   if (st != HIXL_SUCCESS) {
     report_hixl("initiator", "HixlEngineDeregisterMem", st);
     rc = 1;
@@ -1121,16 +1207,28 @@ static int run_initiator(const struct bench_opts *o, int ctrl) {
   }
   int r = bench_read_line(ctrl, line, sizeof(line), BENCH_READY_TIMEOUT_MS);
   bool ready = false;
-  if (r == 1 && o->api == API_ENGINE)
-    ready = sscanf(line, "READY engine %" SCNxPTR " %zu", &c.rbase, &rlen) == 2;
-  else if (r == 1)
+  char reg[16] = "registered"; /* older targets send no word: they always register */
+  if (r == 1 && o->api == API_ENGINE) {
+    int got = sscanf(line, "READY engine %" SCNxPTR " %zu %15s", &c.rbase, &rlen, reg);
+    ready = got == 2 || (got == 3 && (strcmp(reg, "registered") == 0 || strcmp(reg, "unregistered") == 0));
+  } else if (r == 1) {
     ready = strcmp(line, "READY cs") == 0;
+  }
   if (!ready) {
     const char *other = o->api == API_CS ? "READY engine " : "READY cs";
     fprintf(stderr, "%s: initiator: target not ready: %s%s\n", g_prog,
             r == 1 ? line : (r == 0 ? "it closed the control channel" : "no answer in 60 s"),
             r == 1 && strncmp(line, other, strlen(other)) == 0 ? " (start both sides with the same --api)"
                                                                : "");
+    return 1;
+  }
+  c.remote_unreg = strcmp(reg, "unregistered") == 0;
+  if ((o->unreg & UNREG_REMOTE) != 0 && !c.remote_unreg) {
+    fprintf(stderr,
+            "%s: initiator: --unregistered %s, but the target registered its buffer: start the "
+            "target with --unregistered remote (or both) too\n",
+            g_prog, o->unreg == UNREG_BOTH ? "both" : "remote");
+    ctrl_send(ctrl, "DONE\n");
     return 1;
   }
   /* The CS target's length comes with its tag, after connecting: map what the sweep
@@ -1164,6 +1262,48 @@ out_free:
 }
 
 /* -------------------------------------------------------------------- main */
+
+/* "--opt KEY=VALUE": a copy split in place; false with a message when malformed. */
+static bool add_extra(struct bench_opts *o, const char *kv) {
+  const char *eq = strchr(kv, '=');
+  if (o->n_extra == BENCH_MAX_OPTS || strlen(kv) >= BENCH_OPT_MAX) {
+    fprintf(stderr, "%s: --opt: at most %d options of %d bytes each\n", g_prog, BENCH_MAX_OPTS,
+            BENCH_OPT_MAX - 1);
+    return false;
+  }
+  if (eq == NULL || eq == kv || strpbrk(kv, "\"\\ ") != NULL) {
+    fprintf(stderr, "%s: --opt %s: expected KEY=VALUE (no spaces or quotes)\n", g_prog, kv);
+    return false;
+  }
+  char *copy = o->extra_kv[o->n_extra];
+  snprintf(copy, BENCH_OPT_MAX, "%s", kv);
+  copy[eq - kv] = '\0';
+  if (strcmp(copy, "Transport") == 0) {
+    fprintf(stderr, "%s: --opt %s: the transport has its own flag, --transport NAME\n", g_prog, kv);
+    return false;
+  }
+  if (extra_value(o, copy) != NULL) {
+    fprintf(stderr, "%s: --opt %s: %s given twice\n", g_prog, kv, copy);
+    return false;
+  }
+  o->extra[o->n_extra++] = (HixlOption){.key = copy, .value = copy + (eq - kv) + 1};
+  return true;
+}
+
+/* What the engine options cannot go with; false after saying why. */
+static bool check_args(const struct bench_opts *o) {
+  if (o->api == API_CS && o->n_extra > 0) {
+    fprintf(stderr, "%s: --opt %s=%s: the CS API (--api cs) takes no engine options; use --api engine\n",
+            g_prog, o->extra[0].key, o->extra[0].value);
+    return false;
+  }
+  if (o->api == API_CS && o->unreg != UNREG_NONE) {
+    fprintf(stderr, "%s: --unregistered %s needs --api engine: the CS API transfers registered memory only\n",
+            g_prog, unreg_name(o->unreg));
+    return false;
+  }
+  return true;
+}
 
 static bool parse_args(int argc, char **argv, struct bench_opts *o) {
   for (int i = 1; i < argc; i++) {
@@ -1260,6 +1400,19 @@ static bool parse_args(int argc, char **argv, struct bench_opts *o) {
       ok = bench_parse_pin(v, &o->cpu_initiator, &o->cpu_target);
     } else if (strcmp(a, "--seed") == 0) {
       ok = bench_parse_u64(v, &o->seed);
+    } else if (strcmp(a, "--opt") == 0) {
+      if (!add_extra(o, v)) return false;
+      ok = true;
+    } else if (strcmp(a, "--unregistered") == 0) {
+      ok = true;
+      if (strcmp(v, "local") == 0)
+        o->unreg = UNREG_LOCAL;
+      else if (strcmp(v, "remote") == 0)
+        o->unreg = UNREG_REMOTE;
+      else if (strcmp(v, "both") == 0)
+        o->unreg = UNREG_BOTH;
+      else
+        ok = false;
     } else {
       ok = false;
     }
@@ -1316,6 +1469,7 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
+  if (!check_args(&o)) return 2;
   signal(SIGPIPE, SIG_IGN);
 
   if (o.role == ROLE_BOTH) {

@@ -4,10 +4,11 @@
 # Measures, in one run on 127.0.0.1 only: the plain TCP reference (hixl-tcp-ref),
 # iperf3, ucx_perftest over tcp, and hixl-bench (WRITE and READ at 4 MiB, a small
 # sweep, the 64-byte READ round trip), and hixl-bench through HIXL's client/server API
-# (--api cs) against the engine API on the same transport (tcp); then writes OUTPUT_MD
+# (--api cs) against the engine API on the same transport (tcp), and the staging pool
+# (small ops coalesced or not, unregistered memory, over tcp); then writes OUTPUT_MD
 # (default docs/performance.md of this source tree) with every figure and the ratios
-# issues 2 and 5 target, PASS or MISS each. Builds nothing: BUILD_DIR must hold the
-# built tools.
+# issues 2 and 5 and the staging pool target, PASS or MISS each. Builds nothing:
+# BUILD_DIR must hold the built tools.
 #
 # Loopback figures on a small VM swing by 20-50% from one run to the next, so the
 # figures behind the targets are taken PERF_ROUNDS times (default 3), hixl and its
@@ -17,7 +18,8 @@
 # at random, which flips small-op latency between ~8 and ~55 us (a cross-CPU wake-up
 # on this kind of VM costs ~45 us) and large-op bandwidth between ~2.7 and ~5 GB/s.
 # Unpinned and same-CPU round trips are shown for information. The CS-vs-engine pairs
-# run back to back at the end of every round, their order alternating between rounds.
+# run back to back near the end of every round, their order alternating between
+# rounds; so do the staging runs after them.
 #
 # Environment: PERF_ROUNDS=N (1..9); PERF_WAIT_IDLE=SECONDS waits, bounded, for
 # other processes to leave the CPUs idle first. Raw outputs: BUILD_DIR/perf-results.
@@ -187,6 +189,42 @@ hixl_cmp_lat() { # CSV API -> 64 B READ (get) round trips, appended to CSV
     --csv "$1" --no-progress ${PIN:+--pin "$PIN"} >>"$RES/hixl_cs.log" 2>&1 ||
     log "hixl-bench --api $2 latency failed (see $RES/hixl_cs.log)"
 }
+# Staging over tcp: the same sync sweep with engine options (--opt) or with the
+# initiator's memory unregistered. Every run is named; its CSV is round<R>_st_<name>.csv.
+ST_ALL=1048576 # StagingThreshold that coalesces every block below (the option's maximum)
+ST_SMALL=(--block-sizes "64,512,1K,2K,4K,16K" --batch 1024)
+ST_SMALL_B="64 512 1024 2048 4096 16384" # the same blocks, in bytes
+ST_BIG=(--block-sizes "64K,4M" --batch 64)
+# The default StagingThreshold, from the option table (for the report only).
+ST_DEF=$(awk -F'"' '/[{]"StagingThreshold"/ { print $4; exit }' "$SRC/core/src/options.c" 2>/dev/null)
+if [ "$ST_DEF" = auto ]; then # auto: the tcp-link value from options.h
+  ST_DEF=$(awk '/#define STAGE_AUTO_TCP/ { sub(/u$/, "", $3); print $3; exit }' "$SRC/core/src/options.h" 2>/dev/null)
+fi
+[[ "$ST_DEF" =~ ^[0-9]+$ ]] || ST_DEF=""
+hixl_stage() { # NAME -> the staging run NAME of round $r, WRITE and READ
+  local csv=$RES/round${r}_st_$1.csv args
+  case $1 in
+    default) args=("${ST_SMALL[@]}") ;;
+    direct) args=("${ST_SMALL[@]}" --opt StagingThreshold=0) ;;
+    coalesced) args=("${ST_SMALL[@]}" --opt "StagingThreshold=$ST_ALL") ;;
+    registered) args=("${ST_BIG[@]}") ;;
+    unregistered) args=("${ST_BIG[@]}" --unregistered local) ;;
+  esac
+  timeout 120 "$BENCH" --transport tcp --op both --total 4G --max-seconds 1 --csv "$csv" --no-progress \
+    ${PIN:+--pin "$PIN"} "${args[@]}" >>"$RES/hixl_staging.log" 2>&1 ||
+    log "hixl-bench staging run $1 (${args[*]}) failed (see $RES/hixl_staging.log)"
+}
+# st_rounds NAME OP BLOCK BATCH: GB/s of one staging figure in every round, n/a where missing.
+st_rounds() {
+  local k
+  for ((k = 1; k <= ROUNDS; k++)); do
+    num "$(csv_get "$RES/round${k}_st_$1.csv" mode=sync op="$2" block_size="$3" batch="$4" gbps)"
+  done
+}
+# shellcheck disable=SC2046 # st_rounds prints one number or n/a per line
+st_median() { median $(st_rounds "$@"); }
+# shellcheck disable=SC2046
+st_all() { r2all $(st_rounds "$@"); }
 # verified_of FILE...: how many hixl-bench points in the CSV files were checked.
 verified_of() {
   awk -F, 'FNR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
@@ -261,6 +299,10 @@ for ((r = 1; r <= ROUNDS; r++)); do
   C_cs_AR+=("$(c4m cs async READ)") C_engine_AR+=("$(c4m engine async READ)")
   C_cs_L+=("$(clat cs avg_us)") C_engine_L+=("$(clat engine avg_us)")
   C_cs_L99+=("$(clat cs p99_us)") C_engine_L99+=("$(clat engine p99_us)")
+  log "round $r/$ROUNDS: staging over tcp: 64 B..16 KiB x 1024 coalesced or direct, unregistered memory"
+  if ((r % 2)); then runs=(default direct coalesced registered unregistered); else
+    runs=(unregistered registered coalesced direct default); fi
+  for run in "${runs[@]}"; do hixl_stage "$run"; done
   V_OTHERS+=("$(others_pct "$snap" "$(cpu_snap)")")
   log "round $r: other processes used ${V_OTHERS[-1]}% of the CPUs"
 done
@@ -287,6 +329,11 @@ R_CS_AW=$(ratio "$M_cs_AW" "$M_engine_AW")
 R_CS_AR=$(ratio "$M_cs_AR" "$M_engine_AR")
 R_CS_L=$(ratio "$M_cs_L" "$M_engine_L")
 R_CS_L99=$(ratio "$M_cs_L99" "$M_engine_L99")
+ST_W16K=$(st_median default WRITE 16384 1024)
+ST_R16K=$(st_median default READ 16384 1024)
+R_ST_W=$(ratio "$ST_W16K" "$H_W4M")
+R_ST_R=$(ratio "$ST_R16K" "$H_R4M")
+ST_VERIFIED=$(verified_of "$RES"/round[0-9]_st_*.csv)
 
 # ------------------------------------------------------- once: for context
 log "TCP streams 1 MiB, 4 KiB, 2 x 4 MiB, 2 x 4 KiB"
@@ -385,6 +432,57 @@ sweep_table() {
     $3, $4, $5, $7, $10, $11, $12, $13, $16 }' "$SWEEP_CSV"
 }
 
+gbps() { if [[ "$1" == n/a ]]; then echo n/a; else echo "$(r2 "$1") GB/s"; fi; }
+rx() { local v; v=$(ratio "$1" "$2"); if [[ "$v" == n/a ]]; then echo n/a; else echo "${v}x"; fi; } # A B -> "A/Bx"
+ST_DEF_TEXT=${ST_DEF:-"the default"}
+# The coalescing table: every small block at batch 1024, direct, default, all coalesced.
+coalesce_table() {
+  local b op d def all how
+  echo "| block x 1024 | op | direct (0) | default (${ST_DEF_TEXT}) | default / direct | coalesced (${ST_ALL}) | coalesced / direct |"
+  echo "|---:|---|---:|---:|---:|---:|---:|"
+  for b in $ST_SMALL_B; do
+    for op in WRITE READ; do
+      d=$(st_median direct "$op" "$b" 1024)
+      def=$(st_median default "$op" "$b" 1024)
+      all=$(st_median coalesced "$op" "$b" 1024)
+      how=""
+      [ -n "$ST_DEF" ] && how=$( ((b < ST_DEF)) && echo " (coalesced)" || echo " (direct)")
+      echo "| $b B | $op | $(gbps "$d") | $(gbps "$def")$how | $(rx "$def" "$d") | $(gbps "$all") | $(rx "$all" "$d") |"
+    done
+  done
+}
+unreg_table() {
+  local b op reg un
+  echo "| block x 64 | op | registered | unregistered local (staged) | unregistered / registered |"
+  echo "|---:|---|---:|---:|---:|"
+  for b in 65536 4194304; do
+    for op in WRITE READ; do
+      reg=$(st_median registered "$op" "$b" 64)
+      un=$(st_median unregistered "$op" "$b" 64)
+      echo "| $((b / 1024)) KiB | $op | $(gbps "$reg") | $(gbps "$un") | $(rx "$un" "$reg") |"
+    done
+  done
+}
+# Per-round GB/s of every staging figure.
+stage_rounds_table() {
+  local b op
+  echo "| figure | op | direct (0) | default | coalesced (${ST_ALL}) |"
+  echo "|---|---|---|---|---|"
+  for b in $ST_SMALL_B; do
+    for op in WRITE READ; do
+      echo "| $b B x 1024 | $op | $(st_all direct "$op" "$b" 1024) | $(st_all default "$op" "$b" 1024) | $(st_all coalesced "$op" "$b" 1024) |"
+    done
+  done
+  echo
+  echo "| figure | op | registered | unregistered local |"
+  echo "|---|---|---|---|"
+  for b in 65536 4194304; do
+    for op in WRITE READ; do
+      echo "| $((b / 1024)) KiB x 64 | $op | $(st_all registered "$op" "$b" 64) | $(st_all unregistered "$op" "$b" 64) |"
+    done
+  done
+}
+
 mkdir -p "$(dirname "$OUT")"
 cat >"$OUT" <<EOF
 # hixl performance over TCP on loopback
@@ -454,6 +552,49 @@ For information (no goal), the 64 B READ round trip, one op per call:
   checked byte for byte on each point's first iteration, through the API measured
   (${CS_VERIFIED}). Round trips: 10000 after 1000 warm-up.
 - Per-round values: in "Every figure" below.
+
+## Staging pool over tcp
+
+hixl-bench \`--transport tcp\`, sync, WRITE and READ, pinned as above. Ops shorter
+than the engine option StagingThreshold (default ${ST_DEF_TEXT} bytes) whose memory is
+registered on both sides are coalesced: packed into the staging pool's buffers
+(BufferPool, default 4:8), one frame per buffer, scattered by the far side; \`0\`
+never coalesces. Ops on unregistered memory are always staged. Each figure is the
+median of ${ROUNDS} rounds; in every round the five runs go back to back, their order
+reversed every other round (per-round values at the end of this section). Data
+checked byte for byte on each point's first iteration (${ST_VERIFIED}).
+
+| target | 16 KiB x 1024 | 4 MiB x 1 | ratio | goal | result |
+|---|---:|---:|---:|---:|---|
+| WRITE: a batch of 1024 ops of 16 KiB vs one op of 4 MiB per call | $(gbps "$ST_W16K") | $(gbps "$H_W4M") | $(rx "$ST_W16K" "$H_W4M") | >= 0.7x | $(verdict "$R_ST_W" ge 0.7) |
+| READ: a batch of 1024 ops of 16 KiB vs one op of 4 MiB per call | $(gbps "$ST_R16K") | $(gbps "$H_R4M") | $(rx "$ST_R16K" "$H_R4M") | >= 0.7x | $(verdict "$R_ST_R" ge 0.7) |
+
+The 16 KiB batch runs with the default StagingThreshold; the 4 MiB figure is the
+round's "hixl WRITE / READ 4 MiB" of the targets above.
+
+### Coalescing small ops (what the default StagingThreshold is chosen from)
+
+One HixlEngineTransferSync of 1024 ops of one size per call, all memory registered:
+direct (\`--opt StagingThreshold=0\`, every op its own transfer), the default
+threshold (each block marked with what it does), and every op coalesced
+(\`--opt StagingThreshold=${ST_ALL}\`). A ratio above 1 means coalescing wins at that
+size: the default threshold belongs just above the largest block where it does. Where
+the default sends blocks direct, default and direct run the same code, so their ratio
+shows how far this run's figures swing.
+
+$(coalesce_table)
+
+### Unregistered local memory
+
+The initiator's buffers are plain memory, not registered (\`--unregistered local\`),
+so every op goes through the staging pool, against the same transfer with both
+buffers registered (direct: these blocks are above the threshold).
+
+$(unreg_table)
+
+Per-round GB/s:
+
+$(stage_rounds_table)
 
 ## Every figure
 
@@ -528,6 +669,9 @@ hixl-bench --transport tcp --latency --lat-size 64 --lat-iters 10000
 hixl-bench --api {engine,cs} --transport tcp --op both --block-sizes 4M --batch 1 --total 16G --max-seconds 3
 hixl-bench --api {engine,cs} --transport tcp ... --async --window 4
 hixl-bench --api {engine,cs} --transport tcp --latency --lat-size 64 --lat-iters 10000
+hixl-bench --transport tcp --op both --block-sizes 64,512,1K,2K,4K,16K --batch 1024 --total 4G --max-seconds 1 \\
+  [--opt StagingThreshold={0,${ST_ALL}}]
+hixl-bench --transport tcp --op both --block-sizes 64K,4M --batch 64 --total 4G --max-seconds 1 [--unregistered local]
 # once:
 hixl-tcp-ref --mode stream --streams 1 --size {1M,4K}
 hixl-tcp-ref --mode stream --streams 2 --size {4M,4K}    (not pinned)
