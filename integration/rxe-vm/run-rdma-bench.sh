@@ -36,8 +36,9 @@ st_def=${st_def:-"as built"}
   echo "all memory registered, in the same guest run: direct (--opt StagingThreshold=0: one RDMA WR per"
   echo "op), the default StagingThreshold (${st_def}: shorter ops coalesced), and every op"
   echo "coalesced (--opt StagingThreshold=1048576). Coalesced ops are packed into the staging pool's"
-  echo "buffers and travel over the link's TCP socket, so a ratio above 1 means packing beats one WR"
-  echo "per op at that size. Each point: at least 20 calls and 4 MiB, at most 5 s; GB/s of the emulator."
+  echo "buffers; the target moves each buffer with one RDMA READ or WRITE (STAGE_PULL / STAGE_PUSH)"
+  echo "and scatters or gathers it, so a ratio above 1 means packing beats one WR per op at that size."
+  echo "Each point: at least 20 calls and 4 MiB, at most 5 s; GB/s of the emulator."
   echo
   if [ -s "$stable" ]; then cat "$stable"; else echo "(not measured: the guest wrote no staging table)"; fi
 } > "$top/docs/performance-rdma.md"
