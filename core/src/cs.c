@@ -341,7 +341,7 @@ static HixlStatus to_ops(uint32_t n, const HixlOneSideOpDesc *list, const char *
 static HixlStatus batch_async(struct cs_client *c, HixlTransferOp op, uint32_t n,
                               const HixlOneSideOpDesc *list, CompleteHandle *complete_handle,
                               const char *fn) {
-  HixlTransferOpDesc *ops;
+  HixlTransferOpDesc *ops = NULL;
   HixlTransferReq req;
   CHECK_ARG(complete_handle, "%s: complete_handle is NULL", fn);
   HixlStatus st = to_ops(n, list, fn, &ops);
@@ -407,7 +407,7 @@ HixlStatus HixlCSClientQueryCompleteStatus(HixlClientHandle client_handle, Compl
 
 static HixlStatus batch_sync(struct cs_client *c, HixlTransferOp op, uint32_t n,
                              const HixlOneSideOpDesc *list, uint32_t timeout_ms, const char *fn) {
-  HixlTransferOpDesc *ops;
+  HixlTransferOpDesc *ops = NULL;
   HixlStatus st = to_ops(n, list, fn, &ops);
   if (st != HIXL_SUCCESS) return st;
   st = HixlEngineTransferSync(c->eng, c->remote, op, ops, n, timeout_arg(timeout_ms));

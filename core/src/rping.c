@@ -74,7 +74,7 @@ static uintptr_t reg_next_handle;
 
 /* Take a reference on the live, ready context behind h. */
 static HccnResult ctx_get(HccnRpingCtx h, const char *fn, struct rp_ctx **out) {
-  struct rp_ctx *c;
+  struct rp_ctx *c = NULL;
   pthread_mutex_lock(&reg_lock);
   for (c = reg_head; c; c = c->next)
     if (c->handle == (uintptr_t)h && c->ready && !c->closing) break;
@@ -279,7 +279,7 @@ free_ctx:
 }
 
 HccnResult HccnRpingDeinit(HccnRpingCtx rpingCtx) {
-  struct rp_ctx *c;
+  struct rp_ctx *c = NULL;
   uint64_t one = 1;
 
   pthread_mutex_lock(&reg_lock);
@@ -381,7 +381,7 @@ static HccnResult add_targets(HccnRpingCtx h, uint32_t n, const HccnRpingTargetI
   int *err = NULL;
   size_t npend = 0, nfail = 0;
   char failed[RP_MAX_LIST_IN_MSG * (RP_NAME_LEN + 80) + 16] = "";
-  struct rp_ctx *c;
+  struct rp_ctx *c = NULL;
   HccnResult r;
 
   if ((r = ctx_get(h, fn, &c)) != HCCN_SUCCESS) return r;
@@ -488,7 +488,7 @@ HccnResult HccnRpingAddTargetWithCfg(HccnRpingCtx rpingCtx, uint32_t targetNum, 
 HccnResult HccnRpingRemoveTarget(HccnRpingCtx rpingCtx, uint32_t targetNum, HccnRpingTargetInfo *target) {
   const char *fn = "HccnRpingRemoveTarget";
   struct in_addr *dst = NULL;
-  struct rp_ctx *c;
+  struct rp_ctx *c = NULL;
   HccnResult r;
 
   if ((r = ctx_get(rpingCtx, fn, &c)) != HCCN_SUCCESS) return r;
@@ -534,7 +534,7 @@ HccnResult HccnRpingBatchPingStart(HccnRpingCtx rpingCtx, uint32_t pktNum, uint3
                                    uint32_t timeout) {
   const char *fn = "HccnRpingBatchPingStart";
   struct rp_batch *b = NULL;
-  struct rp_ctx *c;
+  struct rp_ctx *c = NULL;
   uint64_t need;
   HccnResult r;
 
@@ -608,7 +608,7 @@ put_ctx:
 HccnResult HccnRpingBatchPingStop(HccnRpingCtx rpingCtx) {
   const char *fn = "HccnRpingBatchPingStop";
   struct rp_batch *b;
-  struct rp_ctx *c;
+  struct rp_ctx *c = NULL;
   HccnResult r;
 
   if ((r = ctx_get(rpingCtx, fn, &c)) != HCCN_SUCCESS) return r;
@@ -636,7 +636,7 @@ HccnResult HccnRpingGetResult(HccnRpingCtx rpingCtx, uint32_t targetNum, HccnRpi
   const char *fn = "HccnRpingGetResult";
   struct in_addr *dst = NULL;
   struct rp_batch *b;
-  struct rp_ctx *c;
+  struct rp_ctx *c = NULL;
   HccnResult r;
 
   if ((r = ctx_get(rpingCtx, fn, &c)) != HCCN_SUCCESS) return r;
@@ -691,7 +691,7 @@ put_ctx:
 HccnResult rp_debug_qos(HccnRpingCtx h, const char *dst_ip, struct rp_qos_seen *out) {
   const char *fn = "rp_debug_qos";
   struct in_addr dst;
-  struct rp_ctx *c;
+  struct rp_ctx *c = NULL;
   HccnResult r;
 
   if ((r = ctx_get(h, fn, &c)) != HCCN_SUCCESS) return r;
