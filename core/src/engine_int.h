@@ -47,7 +47,15 @@ struct txitem {
   size_t heap_len;
   const uint8_t *payload;
   size_t payload_len;
-  uint8_t *own_payload;     /* target STAGE_READ answer: the payload, owned; freed once sent */
+  const struct stage_seg *gather; /* instead of payload: laddr ranges sent in order */
+  uint32_t ngather;
+  /* A target's STAGE_READ answer: an owned payload, or its ranges gathered in place
+   * (own_block: the gather list, then the registrations held until sent). */
+  uint8_t *own_payload;
+  void *own_block;
+  struct hixl_mem_reg **own_regs;
+  uint32_t n_own_regs;
+  size_t queued;            /* bytes counted in the link's stage_queued */
   size_t sent;              /* bytes of hdr, heap and payload sent so far */
   struct chunk *chunk;      /* initiator: awaits a response once sent */
   struct hixl_mem_reg *reg; /* target READ_RESP: inflight released once sent */
@@ -131,14 +139,22 @@ struct conn {
   uint8_t *rxbuf;
   size_t rx_start, rx_end;
   uint8_t *pay_dst; /* payload streaming: destination, or NULL to discard */
-  size_t pay_left;
+  size_t pay_left;  /* bytes of the payload still to come */
+  size_t pay_cur;   /* ... of which the current destination takes this many */
+  /* A payload scattered over spans (staged units): the ones after the current. */
+  const struct stage_seg *pay_span;
+  uint32_t pay_nspan;
+  bool pay_span_remote;         /* the spans' raddr (target) rather than laddr (initiator) */
+  bool pay_discard;             /* drop the rest (the caller gave up, or the target refused) */
   struct chunk *pay_chunk;      /* initiator READ_RESP being received */
   struct hixl_mem_reg *pay_reg; /* target WRITE_REQ being received */
   uint64_t pay_seq;
   uint32_t pay_status;
   /* target: the STAGE_WRITE being received into tbuf, then scattered */
   bool pay_stage;
-  struct stage_seg *tsegs; /* raddr and len used */
+  struct stage_seg *tsegs;     /* raddr and len used */
+  struct hixl_mem_reg **tregs; /* registrations the spans lie in, held while they fill */
+  uint32_t tregs_held;
   uint32_t tsegs_n, tsegs_cap;
   uint8_t *tbuf;
   size_t tbuf_cap;
@@ -244,8 +260,11 @@ void link_req_maybe_free(struct hixl_transfer_req *r);
 void link_drive(struct conn *c, struct hixl_transfer_req *r);
 void link_unpark(struct conn *c);
 bool link_alive(struct conn *c);
-void link_rearm(struct conn *c);  /* tell epoll again what to watch (a target stalled or not) */
-void link_resume(struct conn *c); /* a stalled target link reads again: frames waiting first */
+void link_pay_single(struct conn *c, uint8_t *dst, size_t len); /* a payload for dst (NULL: drop it) */
+void link_pay_spans(struct conn *c, const struct stage_seg *s, uint32_t n, bool remote, size_t len,
+                    bool discard); /* ... scattered over n spans, in order */
+void link_rearm(struct conn *c);   /* tell epoll again what to watch (a target stalled or not) */
+void link_resume(struct conn *c);  /* a stalled target link reads again: frames waiting first */
 void link_take_pending(struct conn *c);
 void link_free_graveyard(struct HixlEngine *e);
 void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me);
@@ -264,6 +283,7 @@ void stage_read_done(struct chunk *ch); /* STAGE_READ data arrived: scatter it *
 void stage_target_frame(struct conn *c, const struct wire_msg *m);
 void stage_target_write_done(struct conn *c);
 void stage_conn_free(struct conn *c);
+void stage_target_release(struct conn *c); /* let go of the registrations a STAGE_WRITE fills */
 HixlStatus stage_exhausted(struct HixlEngine *e, const char *fn, uint32_t units, const char *remote);
 #define STAGE_TARGET_QUEUE (64u << 20) /* STAGE_READ answer bytes a target queues per link */
 

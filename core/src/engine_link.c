@@ -24,6 +24,7 @@
 
 #define LINK_IOV_MAX     256
 #define LINK_READ_BUDGET (32u << 20) /* bytes per event before other links get a turn */
+#define LINK_SPAN_DIRECT (16u << 10) /* spans at least this long are received in place */
 
 /* ---- requests and chunks ---- */
 
@@ -78,11 +79,14 @@ int link_conn_watch(struct conn *c) {
 static void txitem_done(struct conn *c, struct txitem *it) {
   free(it->heap);
   it->heap = NULL;
-  if (it->own_payload) {
-    c->stage_queued -= it->payload_len;
-    free(it->own_payload);
-    it->own_payload = NULL;
-  }
+  c->stage_queued -= it->queued;
+  it->queued = 0;
+  free(it->own_payload);
+  it->own_payload = NULL;
+  for (uint32_t i = 0; i < it->n_own_regs; i++) it->own_regs[i]->inflight--;
+  it->n_own_regs = 0;
+  free(it->own_block);
+  it->own_block = NULL;
   if (it->reg) it->reg->inflight--;
   if (!it->chunk) free(it);
 }
@@ -105,6 +109,7 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
            c->remote_name[0] ? c->remote_name : "(handshaking peer)", why);
   if (c->pay_reg) c->pay_reg->inflight--;
   c->pay_reg = NULL;
+  stage_target_release(c);
   if (c->pay_chunk) link_chunk_end(c->pay_chunk, st, msg); /* READ data cut off mid-payload */
   erdma_conn_kill(c, st, msg);
   eshm_conn_kill(c, st, msg);
@@ -195,6 +200,38 @@ static bool drop_if_cancelled(struct conn *c) {
   return true;
 }
 
+/* iovecs for what is left of a gathering item (header, heap, then its ranges), from
+ * iov[n] on; returns the new n and adds to *bytes. */
+static int gather_iov(const struct txitem *it, struct iovec *iov, int n, size_t budget, size_t *bytes) {
+  size_t off = it->sent;
+  const struct {
+    const void *p;
+    size_t len;
+  } head[2] = {{it->hdr, it->hdr_len}, {it->heap, it->heap_len}};
+  for (int k = 0; k < 2 && n < LINK_IOV_MAX && *bytes < budget; k++) {
+    if (off >= head[k].len) {
+      off -= head[k].len;
+      continue;
+    }
+    iov[n].iov_base = (uint8_t *)head[k].p + off;
+    iov[n].iov_len = head[k].len - off < budget - *bytes ? head[k].len - off : budget - *bytes;
+    *bytes += iov[n++].iov_len;
+    off = 0;
+  }
+  for (uint32_t g = 0; g < it->ngather && n < LINK_IOV_MAX && *bytes < budget; g++) {
+    size_t len = it->gather[g].len;
+    if (off >= len) {
+      off -= len;
+      continue;
+    }
+    iov[n].iov_base = (uint8_t *)(uintptr_t)it->gather[g].laddr + off;
+    iov[n].iov_len = len - off < budget - *bytes ? len - off : budget - *bytes;
+    *bytes += iov[n++].iov_len;
+    off = 0;
+  }
+  return n;
+}
+
 /* Send as much of the queue as the socket takes, in gathered writes. */
 void link_flush_some(struct conn *c, size_t budget) {
   while (c->txq_head && !c->dead && budget > 0) {
@@ -204,6 +241,10 @@ void link_flush_some(struct conn *c, size_t budget) {
     if (drop_if_cancelled(c)) continue;
     for (struct txitem *it = c->txq_head; it && n + 3 <= LINK_IOV_MAX && bytes < budget; it = it->next) {
       size_t off = it->sent;
+      if (it->gather) {
+        n = gather_iov(it, iov, n, budget, &bytes);
+        break; /* one gathered item per call: its ranges may fill the vector */
+      }
       const struct {
         const void *p;
         size_t len;
@@ -374,9 +415,8 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
   case WIRE_WRITE_REQ: {
     struct hixl_mem_reg *r = target_range(c, m->u.write_req.raddr, m->hdr.payload_len, "WRITE");
     c->pay_seq = m->u.write_req.seq;
-    c->pay_left = m->hdr.payload_len;
+    link_pay_single(c, r ? (uint8_t *)(uintptr_t)m->u.write_req.raddr : NULL, m->hdr.payload_len);
     c->pay_reg = r;
-    c->pay_dst = r ? (uint8_t *)(uintptr_t)m->u.write_req.raddr : NULL;
     c->pay_status = r ? HIXL_SUCCESS : HIXL_FAILED;
     if (r) r->inflight++;
     return;
@@ -442,6 +482,49 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
   }
 }
 
+void link_pay_single(struct conn *c, uint8_t *dst, size_t len) {
+  c->pay_dst = dst;
+  c->pay_left = c->pay_cur = len;
+  c->pay_span = NULL;
+  c->pay_nspan = 0;
+  c->pay_discard = dst == NULL;
+}
+
+void link_pay_spans(struct conn *c, const struct stage_seg *s, uint32_t n, bool remote, size_t len,
+                    bool discard) {
+  c->pay_left = len;
+  c->pay_cur = s[0].len;
+  c->pay_span_remote = remote;
+  c->pay_discard = discard;
+  c->pay_dst = discard ? NULL : (uint8_t *)(uintptr_t)(remote ? s[0].raddr : s[0].laddr);
+  c->pay_span = s + 1;
+  c->pay_nspan = n - 1;
+}
+
+static void payload_done(struct conn *c);
+
+/* k bytes of the current destination arrived: move on, to the next span or the end. */
+static void payload_advance(struct conn *c, size_t k) {
+  c->pay_left -= k;
+  c->pay_cur -= k;
+  if (c->pay_dst) c->pay_dst += k;
+  if (c->pay_left == 0) {
+    payload_done(c);
+    return;
+  }
+  if (c->pay_cur > 0) return;
+  if (c->pay_nspan == 0) { /* spans shorter than the payload: cannot happen (lengths checked) */
+    c->pay_cur = c->pay_left;
+    c->pay_dst = NULL;
+    c->pay_discard = true;
+    return;
+  }
+  const struct stage_seg *s = c->pay_span++;
+  c->pay_nspan--;
+  c->pay_cur = s->len;
+  c->pay_dst = c->pay_discard ? NULL : (uint8_t *)(uintptr_t)(c->pay_span_remote ? s->raddr : s->laddr);
+}
+
 /* Called when a WRITE_REQ payload has been fully received (or discarded). */
 static void target_write_done(struct conn *c) {
   uint8_t frame[WIRE_SMALL_FRAME];
@@ -486,8 +569,10 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   if (!c->pend_head) c->pend_tail = NULL;
   if (m->hdr.type == WIRE_READ_RESP && m->hdr.payload_len > 0) {
     c->pay_chunk = ch;
-    c->pay_left = m->hdr.payload_len;
-    c->pay_dst = ch->req->cancelled ? NULL : ch->kind == CHUNK_SREAD ? ch->sbuf : ch->laddr;
+    if (ch->kind == CHUNK_SREAD) /* straight into the caller's ranges, in order */
+      link_pay_spans(c, ch->segs, ch->nsegs, false, m->hdr.payload_len, ch->req->cancelled);
+    else
+      link_pay_single(c, ch->req->cancelled ? NULL : ch->laddr, m->hdr.payload_len);
     return;
   }
   if (m->u.ack.status == HIXL_SUCCESS) {
@@ -521,7 +606,6 @@ static void payload_done(struct conn *c) {
   if (c->role == CONN_INITIATOR) {
     struct chunk *ch = c->pay_chunk;
     c->pay_chunk = NULL;
-    if (ch->kind == CHUNK_SREAD) stage_read_done(ch);
     link_chunk_end(ch, HIXL_SUCCESS, "");
   } else {
     target_write_done(c);
@@ -530,12 +614,13 @@ static void payload_done(struct conn *c) {
 
 /* Take payload bytes from buf into the current destination. */
 static void payload_take(struct conn *c, const uint8_t *buf, size_t n) {
-  if (c->pay_dst) {
-    memcpy(c->pay_dst, buf, n);
-    c->pay_dst += n;
+  while (n > 0 && c->pay_left > 0) {
+    size_t k = n < c->pay_cur ? n : c->pay_cur;
+    if (c->pay_dst) memcpy(c->pay_dst, buf, k);
+    buf += k;
+    n -= k;
+    payload_advance(c, k);
   }
-  c->pay_left -= n;
-  if (c->pay_left == 0) payload_done(c);
 }
 
 /* Which frame types each role accepts; anything else is a protocol error. */
@@ -617,10 +702,15 @@ static void conn_on_readable(struct conn *c) {
   size_t budget = LINK_READ_BUDGET;
   while (!c->dead && !c->stalled && budget > 0) {
     ssize_t k;
-    if (c->pay_left > 0 && c->rx_start == c->rx_end) {
-      /* Stream the payload straight into its destination. */
-      size_t want = c->pay_left;
-      if (c->pay_chunk && c->pay_chunk->req->cancelled) c->pay_dst = NULL; /* caller gave up */
+    /* Stream the payload straight into its destination; many small spans (a staged
+     * unit of small ops) go through the receive buffer instead: one recv, not one per span. */
+    if (c->pay_left > 0 && !c->pay_discard && c->pay_chunk && c->pay_chunk->req->cancelled) {
+      c->pay_dst = NULL; /* the caller gave up: the rest is dropped */
+      c->pay_discard = true;
+    }
+    if (c->pay_left > 0 && c->rx_start == c->rx_end &&
+        (c->pay_nspan == 0 || c->pay_cur >= LINK_SPAN_DIRECT)) {
+      size_t want = c->pay_cur;
       uint8_t *dst = c->pay_dst;
       if (!dst) {
         dst = c->eng->scratch;
@@ -628,9 +718,7 @@ static void conn_on_readable(struct conn *c) {
       }
       k = recv(c->fd, dst, want, MSG_DONTWAIT);
       if (k > 0) {
-        c->pay_left -= (size_t)k;
-        if (c->pay_dst) c->pay_dst += k;
-        if (c->pay_left == 0) payload_done(c);
+        payload_advance(c, (size_t)k);
         budget = (size_t)k > budget ? 0 : budget - (size_t)k;
         if ((size_t)k < want) break; /* drained: epoll or the driver's poll says when there is more */
         continue;
@@ -645,6 +733,11 @@ static void conn_on_readable(struct conn *c) {
       k = recv(c->fd, c->rxbuf + c->rx_end, room, MSG_DONTWAIT);
       if (k > 0) {
         c->rx_end += (size_t)k;
+        if (c->pay_left > 0) { /* the rest of a payload first */
+          size_t have = c->rx_end - c->rx_start, n = have < c->pay_left ? have : c->pay_left;
+          c->rx_start += n;
+          payload_take(c, c->rxbuf + c->rx_start - n, n);
+        }
         parse_frames(c);
         budget = (size_t)k > budget ? 0 : budget - (size_t)k;
         if ((size_t)k < room && c->pay_left == 0) break; /* drained */

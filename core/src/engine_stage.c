@@ -145,11 +145,6 @@ static void unit_start(struct stage_pool *p, struct chunk *ch) {
     return;
   }
   ch->sbuf = p->free[--p->nfree];
-  size_t off = 0;
-  for (uint32_t i = 0; i < ch->nsegs; i++) {
-    if (write) memcpy(ch->sbuf + off, (const void *)(uintptr_t)ch->segs[i].laddr, ch->segs[i].len);
-    off += ch->segs[i].len;
-  }
   ch->seq = c->next_seq++; /* numbered now: frames go out, and answers come back, in this order */
   /* On a QP the target moves the packed data itself (one RDMA READ or WRITE of this
    * buffer); otherwise the data follows the frame on the socket. */
@@ -162,10 +157,20 @@ static void unit_start(struct stage_pool *p, struct chunk *ch) {
                           write ? ch->len : 0);
   for (uint32_t i = 0; i < ch->nsegs; i++)
     wire_put_stage_seg(frame, ch->srdma, i, ch->segs[i].raddr, ch->segs[i].len);
+  /* By RDMA the target takes the data from the buffer: pack it there. On the socket
+   * the ranges are sent as they are (gathered) and a READ's answer lands straight in
+   * the caller's ranges; the buffer then only bounds how much is staged at once. */
+  size_t off = 0;
+  for (uint32_t i = 0; ch->srdma && write && i < ch->nsegs; i++) {
+    memcpy(ch->sbuf + off, (const void *)(uintptr_t)ch->segs[i].laddr, ch->segs[i].len);
+    off += ch->segs[i].len;
+  }
   ch->tx.heap = frame;
   ch->tx.heap_len = flen;
-  ch->tx.payload = write && !ch->srdma ? ch->sbuf : NULL;
+  ch->tx.payload = NULL;
   ch->tx.payload_len = write && !ch->srdma ? ch->len : 0;
+  ch->tx.gather = write && !ch->srdma ? ch->segs : NULL;
+  ch->tx.ngather = write && !ch->srdma ? ch->nsegs : 0;
   ch->tx.chunk = ch;
   p->stats.units++;
   p->stats.ops += ch->nsegs;
@@ -299,11 +304,23 @@ static void target_ack(struct conn *c, uint64_t seq, uint32_t status) {
   link_enqueue(c, it);
 }
 
+/* Whether every range of the frame just taken lies in one registration; fills tregs. */
+static bool regs_all(struct conn *c) {
+  for (uint32_t i = 0; i < c->tsegs_n; i++)
+    if (!(c->tregs[i] =
+              (struct hixl_mem_reg *)memtab_find(&c->eng->regs, c->tsegs[i].raddr, c->tsegs[i].len)))
+      return false;
+  return true;
+}
+
 static int tsegs_take(struct conn *c, const struct wire_msg *m) {
   if (c->tsegs_cap < m->u.stage.count) {
     struct stage_seg *v = realloc(c->tsegs, m->u.stage.count * sizeof(*v));
     if (!v) return -1;
     c->tsegs = v;
+    struct hixl_mem_reg **r = realloc(c->tregs, m->u.stage.count * sizeof(*r));
+    if (!r) return -1;
+    c->tregs = r;
     c->tsegs_cap = m->u.stage.count;
   }
   for (uint32_t i = 0; i < m->u.stage.count; i++) {
@@ -378,46 +395,90 @@ void stage_target_frame(struct conn *c, const struct wire_msg *m) {
     c->pay_reg = NULL;
     c->pay_stage = true;
     c->pay_status = HIXL_SUCCESS;
-    if (tbuf_reserve(c, m->hdr.payload_len, false) < 0 || tsegs_take(c, m) < 0)
+    if (tsegs_take(c, m) < 0) {
       c->pay_status = HIXL_RESOURCE_EXHAUSTED;
-    c->pay_dst = c->pay_status == HIXL_SUCCESS ? c->tbuf : NULL;
+      link_pay_single(c, NULL, m->hdr.payload_len);
+      return;
+    }
+    /* Every range registered: received in place, each registration held meanwhile.
+     * Otherwise (StagingUnregistered on) into tbuf, checked and copied at the end. */
+    if (regs_all(c)) {
+      for (uint32_t k = 0; k < c->tsegs_n; k++) c->tregs[k]->inflight++;
+      c->tregs_held = c->tsegs_n;
+      link_pay_spans(c, c->tsegs, c->tsegs_n, true, m->hdr.payload_len, false);
+      return;
+    }
+    if (!target_check(c, c->tsegs, c->tsegs_n, true, &unreg))
+      c->pay_status = HIXL_FAILED; /* refused before a byte lands: the data is dropped */
+    else if (tbuf_reserve(c, m->hdr.payload_len, false) < 0)
+      c->pay_status = HIXL_RESOURCE_EXHAUSTED;
+    link_pay_single(c, c->pay_status == HIXL_SUCCESS ? c->tbuf : NULL, m->hdr.payload_len);
     return;
   }
   if (m->hdr.type == WIRE_STAGE_PULL || m->hdr.type == WIRE_STAGE_PUSH) {
     target_rdma(c, m);
     return;
   }
-  /* STAGE_READ: gather into an owned buffer, answered as one READ_RESP. */
-  uint32_t st = HIXL_SUCCESS;
+  /* STAGE_READ, answered as one READ_RESP: registered ranges are sent from where they
+   * lie (each registration held until sent); otherwise (StagingUnregistered on) they
+   * are gathered into an owned buffer with the fault-safe copy. */
+  uint32_t st = HIXL_SUCCESS, n = m->u.stage.count;
   uint8_t *buf = NULL;
-  if (c->stage_queued + m->u.stage.total > STAGE_TARGET_QUEUE || tsegs_take(c, m) < 0 ||
-      !(buf = malloc(m->u.stage.total)))
-    st = HIXL_RESOURCE_EXHAUSTED;
-  else if (!target_check(c, c->tsegs, c->tsegs_n, false, &unreg) ||
-           !target_copy(c, c->tsegs, c->tsegs_n, buf, false, unreg))
-    st = HIXL_FAILED;
-  if (st != HIXL_SUCCESS) {
-    free(buf);
-    buf = NULL;
-  }
   struct txitem *it = calloc(1, sizeof(*it));
   if (!it) {
-    free(buf);
     link_conn_kill(c, HIXL_FAILED, "out of memory");
     return;
   }
-  uint32_t len = buf ? (uint32_t)m->u.stage.total : 0;
+  if (c->stage_queued + m->u.stage.total > STAGE_TARGET_QUEUE || tsegs_take(c, m) < 0) {
+    st = HIXL_RESOURCE_EXHAUSTED;
+  } else if (regs_all(c)) {
+    struct stage_seg *g = malloc(n * (sizeof(*g) + sizeof(struct hixl_mem_reg *)));
+    if (!g) {
+      st = HIXL_RESOURCE_EXHAUSTED;
+    } else {
+      it->own_block = g;
+      it->own_regs = (struct hixl_mem_reg **)(g + n);
+      for (uint32_t i = 0; i < n; i++) {
+        g[i].laddr = c->tsegs[i].raddr; /* sent from here */
+        g[i].len = c->tsegs[i].len;
+        it->own_regs[i] = c->tregs[i];
+        c->tregs[i]->inflight++;
+      }
+      it->n_own_regs = n;
+      it->gather = g;
+      it->ngather = n;
+    }
+  } else if (!(buf = malloc(m->u.stage.total))) {
+    st = HIXL_RESOURCE_EXHAUSTED;
+  } else if (!target_check(c, c->tsegs, c->tsegs_n, false, &unreg) ||
+             !target_copy(c, c->tsegs, c->tsegs_n, buf, false, unreg)) {
+    st = HIXL_FAILED;
+    free(buf);
+    buf = NULL;
+  }
+  uint32_t len = st == HIXL_SUCCESS ? (uint32_t)m->u.stage.total : 0;
   it->hdr_len = (uint32_t)wire_put_ack(it->hdr, WIRE_READ_RESP, m->u.stage.seq, st, len);
   it->payload = buf;
   it->payload_len = len;
   it->own_payload = buf;
+  it->queued = len;
   c->stage_queued += len;
   link_enqueue(c, it);
+}
+
+void stage_target_release(struct conn *c) {
+  for (uint32_t i = 0; i < c->tregs_held; i++) c->tregs[i]->inflight--;
+  c->tregs_held = 0;
 }
 
 void stage_target_write_done(struct conn *c) {
   bool unreg;
   c->pay_stage = false;
+  if (c->tregs_held > 0) { /* received in place */
+    stage_target_release(c);
+    target_ack(c, c->pay_seq, c->pay_status);
+    return;
+  }
   if (c->pay_status == HIXL_SUCCESS && (!target_check(c, c->tsegs, c->tsegs_n, true, &unreg) ||
                                         !target_copy(c, c->tsegs, c->tsegs_n, c->tbuf, true, unreg)))
     c->pay_status = HIXL_FAILED;
@@ -428,6 +489,8 @@ void stage_conn_free(struct conn *c) {
   rdma_dereg(c->tbuf_mr); /* the QP is gone by now: nothing DMAs into tbuf */
   c->tbuf_mr = NULL;
   free(c->tsegs);
+  free(c->tregs);
+  c->tregs = NULL;
   free(c->tbuf);
   c->tsegs = NULL;
   c->tbuf = NULL;

@@ -98,7 +98,7 @@ static const struct hixl_option_info option_info[] = {
     {"RdmaGidIndex", "auto", NULL, "auto, or [0,255]",
      "GID index; auto picks the RoCE v2 GID of the engine's IP"},
     {"StagingThreshold", "auto", NULL, "auto, or [0,1048576] bytes; 0 never packs",
-     "ops shorter than this, on tcp and rdma links, are packed through the staging pool; auto: 1024 "
+     "ops shorter than this, on tcp and rdma links, are packed through the staging pool; auto: 4096 "
      "on tcp links, 4096 on rdma links"},
     {"StagingUnregistered", "off", NULL, "on | off",
      "as a target: let peers' staged ops reach host memory this engine did not register"},

@@ -11,7 +11,7 @@ enum hixl_transport { HIXL_TRANSPORT_AUTO, HIXL_TRANSPORT_TCP, HIXL_TRANSPORT_RD
 
 /* StagingThreshold "auto", from the measurements in docs/performance*.md: packing
  * 1024-op batches wins below these sizes on this project's 2-core VM. */
-#define STAGE_AUTO_TCP  1024u
+#define STAGE_AUTO_TCP  4096u
 #define STAGE_AUTO_RDMA 4096u
 
 struct hixl_options {
