@@ -5,10 +5,12 @@
 # iperf3, ucx_perftest over tcp, and hixl-bench (WRITE and READ at 4 MiB, a small
 # sweep, the 64-byte READ round trip), and hixl-bench through HIXL's client/server API
 # (--api cs) against the engine API on the same transport (tcp), and the staging pool
-# (small ops coalesced or not, unregistered memory, over tcp); then writes OUTPUT_MD
-# (default docs/performance.md of this source tree) with every figure and the ratios
-# issues 2 and 5 and the staging pool target, PASS or MISS each. Builds nothing:
-# BUILD_DIR must hold the built tools.
+# (small ops coalesced or not, unregistered memory, over tcp), and the same-host
+# transport (hixl-shm-ref: Transport shm beside memcpy and process_vm_readv, with 4 KiB
+# and with transparent huge pages); then writes OUTPUT_MD (default docs/performance.md
+# of this source tree) with every figure and the ratios of issues 2, 4 and 5 and the
+# staging pool target, PASS or MISS each. Builds nothing: BUILD_DIR must hold the
+# built tools.
 #
 # Loopback figures on a small VM swing by 20-50% from one run to the next, so the
 # figures behind the targets are taken PERF_ROUNDS times (default 3), hixl and its
@@ -19,7 +21,8 @@
 # on this kind of VM costs ~45 us) and large-op bandwidth between ~2.7 and ~5 GB/s.
 # Unpinned and same-CPU round trips are shown for information. The CS-vs-engine pairs
 # run back to back near the end of every round, their order alternating between
-# rounds; so do the staging runs after them.
+# rounds; so do the staging runs after them. hixl-shm-ref runs once per page size at
+# the end: it interleaves its figures over 3 rounds itself and reports their medians.
 #
 # Environment: PERF_ROUNDS=N (1..9); PERF_WAIT_IDLE=SECONDS waits, bounded, for
 # other processes to leave the CPUs idle first. Raw outputs: BUILD_DIR/perf-results.
@@ -402,6 +405,35 @@ timeout 300 "$BENCH" --transport tcp --op both --block-sizes 4K,64K,1M,4M,16M --
   log "hixl-bench sweep failed (see $RES/hixl_sweep.*)"
 cat "$RES/hixl_sweep.log" >&2
 
+# ----------------------------------- once: the same-host transport (shm), issue 4
+# hixl-shm-ref takes 3 rounds of every figure itself (about 35 s a run) and appends
+# their medians to one CSV, a row per figure; pages=4k or thp tells the runs apart.
+# --kernel-refs adds the kernel's call at 1 MiB and its own scattered batch, so that
+# every target has the kernel's ceiling beside it.
+SHMREF=$BUILD/integration/bench/hixl-shm-ref
+SHM_CSV=$RES/shm.csv
+SHM_NOTE="" SHM_OTHERS=n/a
+SHM_CPUS=(--cpu-initiator -1 --cpu-target -1)
+[ -n "$PIN" ] && SHM_CPUS=(--cpu-initiator 0 --cpu-target 1)
+THP_MODE=$(sed -n 's/.*\[\(.*\)\].*/\1/p' /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)
+if [ -x "$SHMREF" ]; then
+  snap=$(cpu_snap)
+  for pages in 4k thp; do
+    log "hixl-shm-ref ($pages pages): Transport shm vs memcpy and process_vm_readv, 3 rounds"
+    shm_args=("${SHM_CPUS[@]}" --kernel-refs --csv "$SHM_CSV")
+    [ "$pages" = thp ] && shm_args+=(--thp)
+    if timeout 120 "$SHMREF" "${shm_args[@]}" >"$RES/shm_ref_$pages.log" 2>&1; then
+      cat "$RES/shm_ref_$pages.log" >&2
+    else
+      log "hixl-shm-ref ${shm_args[*]} failed (see $RES/shm_ref_$pages.log)"
+      SHM_NOTE+="${SHM_NOTE:+; }the $pages run failed: $(tail -1 "$RES/shm_ref_$pages.log")"
+    fi
+  done
+  SHM_OTHERS=$(others_pct "$snap" "$(cpu_snap)")
+else
+  SHM_NOTE="$SHMREF is missing (cmake --build $BUILD)"
+fi
+
 R_W_TCP=$(ratio "$H_W4M" "$TCP_4M")
 R_R_TCP=$(ratio "$H_R4M" "$TCP_4M")
 R_W_UCX=$(ratio "$H_W4M" "$UCX_BW")
@@ -483,9 +515,143 @@ stage_rounds_table() {
   done
 }
 
+# ----- the shm section. A figure is KIND:OP:BLOCK:BATCH:LAYOUT, as in hixl-shm-ref's CSV.
+SHM_MC256=memcpy:copy:262144:1:adjacent SHM_MC1M=memcpy:copy:1048576:1:adjacent
+SHM_MC4M=memcpy:copy:4194304:1:adjacent SHM_RV4K=process_vm_readv:READ:4096:1:adjacent
+SHM_RV256=process_vm_readv:READ:262144:1:adjacent SHM_RV1M=process_vm_readv:READ:1048576:1:adjacent
+SHM_RV4M=process_vm_readv:READ:4194304:1:adjacent
+SHM_RVS=process_vm_readv:READ:4096:1024:scattered # one call for 1024 scattered 4 KiB blocks
+# The issue's targets, LABEL|GOAL|FIGURE|REFERENCE|KERNEL: FIGURE / REFERENCE >= GOAL.
+# KERNEL / REFERENCE is the kernel's ceiling: the same ratio with the hixl figure
+# replaced by bare process_vm_readv calls of the same blocks. For adjacent 4 KiB
+# batches that is one call per 256 KiB (the best a batch of 4 KiB ops could reach);
+# for scattered ones, the kernel's own scattered batch.
+SHM_TARGETS=(
+  "shm WRITE 256 KiB, 1 op per call / memcpy 256 KiB|0.8|shm:WRITE:262144:1:adjacent|$SHM_MC256|$SHM_RV256"
+  "shm READ 256 KiB, 1 op per call / memcpy 256 KiB|0.8|shm:READ:262144:1:adjacent|$SHM_MC256|$SHM_RV256"
+  "shm WRITE 1 MiB, 1 op per call / memcpy 1 MiB|0.8|shm:WRITE:1048576:1:adjacent|$SHM_MC1M|$SHM_RV1M"
+  "shm READ 1 MiB, 1 op per call / memcpy 1 MiB|0.8|shm:READ:1048576:1:adjacent|$SHM_MC1M|$SHM_RV1M"
+  "shm WRITE 4 MiB, 1 op per call / memcpy 4 MiB|0.8|shm:WRITE:4194304:1:adjacent|$SHM_MC4M|$SHM_RV4M"
+  "shm READ 4 MiB, 1 op per call / memcpy 4 MiB|0.8|shm:READ:4194304:1:adjacent|$SHM_MC4M|$SHM_RV4M"
+  "shm WRITE 16 x 256 KiB per call / memcpy 256 KiB|0.8|shm:WRITE:262144:16:adjacent|$SHM_MC256|$SHM_RV256"
+  "shm READ 16 x 256 KiB per call / memcpy 256 KiB|0.8|shm:READ:262144:16:adjacent|$SHM_MC256|$SHM_RV256"
+  "shm WRITE 1024 x 4 KiB per call, adjacent / one process_vm_readv per 4 KiB|2|shm:WRITE:4096:1024:adjacent|$SHM_RV4K|$SHM_RV256"
+  "shm READ 1024 x 4 KiB per call, adjacent / one process_vm_readv per 4 KiB|2|shm:READ:4096:1024:adjacent|$SHM_RV4K|$SHM_RV256"
+  "shm WRITE 1024 x 4 KiB per call, scattered / one process_vm_readv per 4 KiB|2|shm:WRITE:4096:1024:scattered|$SHM_RV4K|$SHM_RVS"
+  "shm READ 1024 x 4 KiB per call, scattered / one process_vm_readv per 4 KiB|2|shm:READ:4096:1024:scattered|$SHM_RV4K|$SHM_RVS"
+)
+xr() { if [[ "$1" == n/a ]]; then echo n/a; else echo "${1}x"; fi; } # RATIO -> "RATIOx"
+shm_fig() { # PAGES FIGURE -> its median GB/s, or n/a
+  local k op b n l
+  IFS=: read -r k op b n l <<<"$2"
+  num "$(csv_get "$SHM_CSV" pages="$1" kind="$k" op="$op" block_size="$b" batch="$n" layout="$l" gbps)"
+}
+shm_ratio() { ratio "$(shm_fig "$1" "$2")" "$(shm_fig "$1" "$3")"; } # PAGES FIGURE REFERENCE
+# shm_result RATIO CEILING GOAL: PASS, or whose the MISS is: the kernel's when its own
+# call misses the goal too, else hixl's.
+shm_result() {
+  local v
+  v=$(verdict "$1" ge "$3")
+  if [ "$v" = MISS ]; then
+    case $(verdict "$2" ge "$3") in
+      MISS) v="MISS, the kernel's too" ;;
+      PASS) v="MISS, hixl's" ;;
+    esac
+  fi
+  echo "$v"
+}
+shm_target_table() {
+  local t label goal f ref k p v c line
+  echo "| target (ratio of medians) | goal | 4 KiB pages | kernel's ceiling | result | huge pages | kernel's ceiling | result |"
+  echo "|---|---:|---:|---:|---|---:|---:|---|"
+  for t in "${SHM_TARGETS[@]}"; do
+    IFS='|' read -r label goal f ref k <<<"$t"
+    line="| $label | >= ${goal}x |"
+    for p in 4k thp; do
+      v=$(shm_ratio "$p" "$f" "$ref") c=$(shm_ratio "$p" "$k" "$ref")
+      line+=" $(xr "$v") | $(xr "$c") | $(shm_result "$v" "$c" "$goal") |"
+    done
+    echo "$line"
+  done
+}
+shm_minmax() { # min|max NUMBER...: n/a when none is a number
+  printf '%s\n' "${@:2}" | grep -E '^[0-9.]+$' | sort -g |
+    awk -v w="$1" '{ a[NR] = $1 } END { if (NR == 0) print "n/a"; else print (w == "min") ? a[1] : a[NR] }'
+}
+# shm_summary PAGES NAME: one bullet: how many targets pass, whose the misses are, and
+# how close hixl comes to the bare kernel call (hixl figure / kernel figure, each target).
+shm_summary() {
+  local p=$1 t label goal f ref k pass=0 kern=0 ours=0 eff=()
+  for t in "${SHM_TARGETS[@]}"; do
+    IFS='|' read -r label goal f ref k <<<"$t"
+    case $(shm_result "$(shm_ratio "$p" "$f" "$ref")" "$(shm_ratio "$p" "$k" "$ref")" "$goal") in
+      PASS) pass=$((pass + 1)) ;;
+      "MISS, the kernel's too") kern=$((kern + 1)) ;;
+      "MISS, hixl's") ours=$((ours + 1)) ;;
+    esac
+    eff+=("$(shm_ratio "$p" "$f" "$k")")
+  done
+  if ((pass + kern + ours == 0)); then
+    echo "- $2: not measured."
+    return
+  fi
+  printf -- '- %s: %s of %s targets PASS; %s MISS where the bare kernel call misses the goal too (the kernel'"'"'s limit), %s where it does not (hixl'"'"'s). Across the %s targets hixl moves %s to %s of the bare kernel call'"'"'s rate.\n' \
+    "$2" "$pass" "${#SHM_TARGETS[@]}" "$kern" "$ours" "${#SHM_TARGETS[@]}" \
+    "$(xr "$(shm_minmax min "${eff[@]}")")" "$(xr "$(shm_minmax max "${eff[@]}")")" |
+    fold -s -w 88 | sed 's/ *$//; 1!s/^/  /'
+}
+# The extra time of one 4 KiB READ op per sync call over one bare process_vm_readv, in us.
+shm_op_cost() {
+  local s k
+  s=$(shm_fig "$1" shm:READ:4096:1:adjacent) k=$(shm_fig "$1" "$SHM_RV4K")
+  if [[ "$s" == n/a || "$k" == n/a ]]; then echo n/a; return; fi
+  awk -v s="$s" -v k="$k" 'BEGIN { if (s + 0 > 0 && k + 0 > 0) printf "%.1f us\n", 4.096 / s - 4.096 / k; else print "n/a" }'
+}
+shm_figure_table() {
+  [ -s "$SHM_CSV" ] || { echo "(hixl-shm-ref did not run: ${SHM_NOTE:-see perf-results/shm_ref_*.log})"; return; }
+  echo "| figure (GB/s) | 4 KiB pages | rounds | huge pages | rounds |"
+  echo "|---|---:|---|---:|---|"
+  awk -F, '
+    function sz(b) { return b >= 1048576 ? b / 1048576 " MiB" : b / 1024 " KiB" }
+    function r2s(s, a, n, i, o) { n = split(s, a, "/"); for (i = 1; i <= n; i++) o = o (i > 1 ? "/" : "") sprintf("%.2f", a[i]); return o }
+    function cell(p, x) { return ((p, x) in med) ? med[p, x] " | " rnd[p, x] : "n/a | n/a" }
+    NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+    {
+      k = $c["kind"]; b = $c["block_size"] + 0; n = $c["batch"] + 0
+      if (k == "memcpy") x = "memcpy " sz(b)
+      else if (k == "process_vm_readv" && n > 1) x = "process_vm_readv " n " x " sz(b) " in one call, " $c["layout"]
+      else if (k == "process_vm_readv") x = "process_vm_readv " sz(b) ", one call per block"
+      else if (n == 1) x = "shm " $c["op"] " " sz(b) ", 1 op per call"
+      else x = "shm " $c["op"] " " n " x " sz(b) " per call" (b == 4096 ? ", " $c["layout"] : "")
+      g = (k == "memcpy") ? 1 : (k == "process_vm_readv") ? 2 : 3 # rows grouped by kind, in CSV order
+      if (!(x in seen)) { # kernel calls by batch, then block; the others in CSV order
+        seen[x] = 1; j = ++m[g]; key[x] = (g == 2) ? n * 1e10 + b : j
+        for (; j > 1 && key[order[g, j - 1]] > key[x]; j--) order[g, j] = order[g, j - 1]
+        order[g, j] = x
+      }
+      med[$c["pages"], x] = sprintf("%.2f", $c["gbps"]); rnd[$c["pages"], x] = r2s($c["round_gbps"])
+    }
+    END { for (g = 1; g <= 3; g++) for (i = 1; i <= m[g]; i++)
+      printf "| %s | %s | %s |\n", order[g, i], cell("4k", order[g, i]), cell("thp", order[g, i]) }' "$SHM_CSV"
+}
+SHM_SPAN=$(num "$(csv_get "$SHM_CSV" tool=hixl-shm-ref span_mib)")
+SHM_ROUNDS=$(num "$(csv_get "$SHM_CSV" tool=hixl-shm-ref rounds)")
+SHM_PIN_TEXT=${PIN:+"the initiator on CPU 0, the target process on CPU 1"}
+SHM_PIN_TEXT=${SHM_PIN_TEXT:-"not pinned (one CPU only)"}
+SHM_RAN=""
+for p in 4k thp; do
+  [ "$(shm_fig "$p" "$SHM_MC256")" != n/a ] && SHM_RAN+="${SHM_RAN:+ and }$([ $p = 4k ] && echo "4 KiB pages" || echo "huge pages")"
+done
+SHM_CHECK=${SHM_RAN:+"passed with $SHM_RAN"}
+SHM_CHECK=${SHM_CHECK:-"no run finished"}
+case ${THP_MODE:-unknown} in
+  never) THP_TEXT="transparent huge pages are off on this kernel (\`never\`), so the huge-page column is 4 KiB pages too" ;;
+  *) THP_TEXT="this kernel's transparent_hugepage setting: \`${THP_MODE:-unknown}\`" ;;
+esac
+
 mkdir -p "$(dirname "$OUT")"
 cat >"$OUT" <<EOF
-# hixl performance over TCP on loopback
+# hixl performance on one host: TCP on loopback, and shm
 
 Generated by \`integration/bench/run_perf.sh\` in one run of ${ELAPSED} s; every
 figure below comes from that run, on 127.0.0.1 only. GB/s means 10^9 bytes per
@@ -596,6 +762,59 @@ Per-round GB/s:
 
 $(stage_rounds_table)
 
+## Same-host transport (shm)
+
+Issue 4's targets for Transport shm (what auto picks for a peer on the same host),
+measured by \`hixl-shm-ref\` (\`integration/bench/shm_ref.c\`) near the end of this run,
+once with 4 KiB pages and once with \`--thp\` (every buffer madvised MADV_HUGEPAGE;
+${THP_TEXT}).
+
+- In each run every figure is the median of ${SHM_ROUNDS} rounds, all figures interleaved
+  in every round, over one ${SHM_SPAN} MiB span walked block by block; pinned:
+  ${SHM_PIN_TEXT}.
+- hixl figures are HixlEngineTransferSync over Transport shm from the initiator to an
+  engine in the target process; memcpy copies between two buffers of the initiator on
+  one thread; process_vm_readv is the initiator reading the target's memory.
+- The data moved by hixl is checked byte for byte before and after the measurements:
+  ${SHM_CHECK}.
+- Other processes used ${SHM_OTHERS}% of the CPUs during these runs.
+
+Beside each target, the kernel's ceiling from the same run: the same ratio with hixl
+replaced by bare process_vm_readv calls of the same blocks, the calls hixl's shm path
+is built on (one per block; for adjacent 4 KiB batches one per 256 KiB, the best a
+batch of 4 KiB ops could reach; for scattered ones a single call for the 1024
+scattered blocks, the kernel's own batch; process_vm_readv for WRITE targets too). A
+MISS where that ceiling misses the goal too is the kernel's limit; one where it does
+not is hixl's. A ratio within a few hundredths of its ceiling is inside the
+round-to-round spread of these figures (per-round values at the end of this section).
+
+$(shm_target_table)
+
+$(shm_summary 4k "4 KiB pages")
+$(shm_summary thp "Huge pages")
+- Why the kernel's call stays under memcpy: for every call it pins and walks the
+  target's pages one by one, even for one large block; huge pages leave fewer pages to
+  walk. hixl's shm path copies with those same calls
+  (process_vm_readv / process_vm_writev), many ops per call.
+- Batches: "adjacent" ops touch on both sides (as hixl-bench lays them out) and become
+  one iovec per side, one range for the kernel to walk; "scattered" ops (remote blocks
+  in a random order) stay one iovec each and cost the kernel one pin per op, which is
+  why their ceiling is the kernel's own scattered batch rather than one large call.
+- The ratios depend on the working set: they move with the span
+  (\`hixl-shm-ref --span-mib N\`), and a span that stays in cache raises all three
+  rates. Compare runs and machines at the same span.
+- A single 4 KiB READ per sync call costs about $(shm_op_cost 4k) more than one bare
+  process_vm_readv of 4 KiB with 4 KiB pages
+  ($(r2 "$(shm_fig 4k shm:READ:4096:1:adjacent)") against $(r2 "$(shm_fig 4k "$SHM_RV4K")") GB/s), $(shm_op_cost thp) with huge pages: the engine lock,
+  table lookups, a poll of the control socket for MEM_DEL frames and of the peer's pidfd.
+EOF
+[ -n "$SHM_NOTE" ] && printf -- '- hixl-shm-ref note: %s.\n' "$SHM_NOTE" >>"$OUT"
+cat >>"$OUT" <<EOF
+
+Every figure (GB/s, median and rounds):
+
+$(shm_figure_table)
+
 ## Every figure
 
 | measurement | tool | median | rounds |
@@ -642,10 +861,9 @@ $(sweep_table)
 
 ## Other transports
 
-Every figure above is Transport tcp (\`--transport tcp\`; on one host auto would pick
-shm). The same-host transport is measured by \`hixl-shm-ref\` and recorded in
-\`docs/performance-shm.md\`; RDMA beside perftest in the soft-RoCE guest in
-\`docs/performance-rdma.md\` (\`integration/rxe-vm/run-rdma-bench.sh\`).
+Every figure above outside the shm section is Transport tcp (\`--transport tcp\`; on
+one host auto would pick shm). RDMA is measured beside perftest in the soft-RoCE guest,
+in \`docs/performance-rdma.md\` (\`integration/rxe-vm/run-rdma-bench.sh\`).
 
 ## Reproduce
 
@@ -680,6 +898,7 @@ iperf3 -s -B 127.0.0.1 -p PORT -1 &
 iperf3 -c 127.0.0.1 -p PORT -t 3 -P {1,2}
 hixl-bench --op both --block-sizes 4M --batch 1 --async --window 4 --total 16G --max-seconds 3
 hixl-bench --op both --block-sizes 4K,64K,1M,4M,16M --batch 1,8 --total 512M --max-seconds 2
+hixl-shm-ref ${SHM_CPUS[*]} --kernel-refs [--thp]   (3 rounds inside each run)
 \`\`\`
 EOF
 log "wrote $OUT (raw results in $RES)"

@@ -9,8 +9,12 @@
  * --rounds rounds, all figures interleaved in each round. The initiator runs on CPU
  * --cpu-initiator, the target on --cpu-target. --thp backs every buffer with
  * transparent huge pages (madvise MADV_HUGEPAGE). GB/s is 10^9 bytes per second.
- * The data is checked byte for byte once before and once after the measurements. */
+ * The data is checked byte for byte once before and once after the measurements.
+ * --kernel-refs adds two references: one process_vm_readv per 1 MiB block, and the
+ * kernel's own batch, one process_vm_readv of 1024 scattered 4 KiB blocks. --csv FILE appends one row per
+ * figure (its median and every round) for run_perf.sh; the printed tables stay as they are. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <stdbool.h>
@@ -25,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "hixl/hixl.h"
 
 #define KiB ((size_t)1 << 10)
@@ -35,8 +40,12 @@ static struct {
   double seconds;
   int rounds;
   bool thp;
+  bool kernel_refs; /* --kernel-refs: also time the kernel call at 1 MiB and per scattered batch */
   int cpu_init, cpu_target;
-} o = {64 * MiB, 0.5, 3, false, 0, 1};
+  const char *csv; /* --csv: append one row per figure here */
+} o = {64 * MiB, 0.5, 3, false, false, 0, 1, NULL};
+
+#define SHM_CSV_HEADER "tool,pages,span_mib,rounds,kind,op,block_size,batch,layout,gbps,round_gbps"
 
 static double now_s(void) {
   struct timespec t;
@@ -46,9 +55,10 @@ static double now_s(void) {
 
 static void pin(int cpu) {
   cpu_set_t s;
+  if (cpu < 0) return; /* -1: left to the scheduler */
   CPU_ZERO(&s);
   CPU_SET(cpu, &s);
-  if (cpu >= 0 && sched_setaffinity(0, sizeof(s), &s) != 0) perror("sched_setaffinity");
+  if (sched_setaffinity(0, sizeof(s), &s) != 0) perror("sched_setaffinity");
 }
 
 static unsigned char *buf_new(size_t len, unsigned char fill) {
@@ -109,10 +119,13 @@ struct ctx {
   uint64_t raddr;
   unsigned char *src, *dst;
   HixlTransferOpDesc *d;
-  size_t *perm; /* block order for scattered batches */
+  struct iovec *riov; /* remote ranges of one K_READVN call */
+  size_t *perm;       /* block order for scattered batches */
 };
 
-enum kind { K_MEMCPY, K_READV1, K_WRITE, K_READ };
+/* K_READV1: one process_vm_readv per block; K_READVN: one per batch of blocks, local
+ * side one range (the span is a multiple of a batch), remote side a range per block. */
+enum kind { K_MEMCPY, K_READV1, K_WRITE, K_READ, K_READVN };
 struct fig {
   const char *name;
   enum kind kind;
@@ -142,6 +155,21 @@ static double run_fig(struct ctx *c, struct fig *f) {
         }
         first = (first + 1) % nblk;
         done += f->block;
+        break;
+      }
+      case K_READVN: {
+        struct iovec l = {c->dst + first * f->block, f->block * f->batch};
+        for (size_t i = 0; i < f->batch; i++) {
+          size_t b = first + i, rb = f->scattered ? c->perm[b] : b;
+          c->riov[i].iov_base = (void *)(uintptr_t)(c->raddr + rb * f->block);
+          c->riov[i].iov_len = f->block;
+        }
+        if (process_vm_readv(c->pid, &l, 1, c->riov, f->batch, 0) != (ssize_t)l.iov_len) {
+          perror("process_vm_readv");
+          exit(1);
+        }
+        first = (first + f->batch) % nblk;
+        done += l.iov_len;
         break;
       }
       default: {
@@ -214,10 +242,36 @@ static double median(const struct fig *f) {
   return v[o.rounds / 2];
 }
 
+/* One CSV row per figure: kind memcpy | process_vm_readv | shm, op copy | READ | WRITE,
+ * the median GB/s and every round's, joined by '/'. */
+static bool write_csv(const struct fig *figs, size_t n) {
+  static const char *const kinds[] = {"memcpy", "process_vm_readv", "shm", "shm", "process_vm_readv"};
+  static const char *const ops[] = {"copy", "READ", "WRITE", "READ", "READ"};
+  FILE *f = bench_csv_open(o.csv, SHM_CSV_HEADER);
+  if (f == NULL) {
+    fprintf(stderr, "hixl-shm-ref: cannot append to %s: %s\n", o.csv, strerror(errno));
+    return false;
+  }
+  for (size_t i = 0; i < n; i++) {
+    fprintf(f, "hixl-shm-ref,%s,%zu,%d,%s,%s,%zu,%zu,%s,%.4f,", o.thp ? "thp" : "4k", o.span / MiB, o.rounds,
+            kinds[figs[i].kind], ops[figs[i].kind], figs[i].block, figs[i].batch,
+            figs[i].scattered ? "scattered" : "adjacent", median(&figs[i]));
+    for (int r = 0; r < o.rounds; r++) fprintf(f, "%s%.4f", r ? "/" : "", figs[i].gbps[r]);
+    fputc('\n', f);
+  }
+  if (fclose(f) != 0) {
+    fprintf(stderr, "hixl-shm-ref: writing %s: %s\n", o.csv, strerror(errno));
+    return false;
+  }
+  return true;
+}
+
 int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--thp") == 0)
       o.thp = true;
+    else if (strcmp(argv[i], "--kernel-refs") == 0)
+      o.kernel_refs = true;
     else if (strcmp(argv[i], "--span-mib") == 0 && i + 1 < argc)
       o.span = strtoull(argv[++i], NULL, 10) * MiB;
     else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc)
@@ -228,10 +282,14 @@ int main(int argc, char **argv) {
       o.cpu_init = atoi(argv[++i]);
     else if (strcmp(argv[i], "--cpu-target") == 0 && i + 1 < argc)
       o.cpu_target = atoi(argv[++i]);
+    else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc)
+      o.csv = argv[++i];
     else {
       fprintf(stderr,
-              "usage: %s [--thp] [--span-mib N (64)] [--seconds S (0.5)] [--rounds R (3, odd, <= 15)]\n"
-              "          [--cpu-initiator C (0)] [--cpu-target C (1); -1 leaves a process unpinned]\n",
+              "usage: %s [--thp] [--kernel-refs] [--span-mib N (64)] [--seconds S (0.5)] [--rounds R (3, "
+              "odd, <= 15)]\n"
+              "          [--cpu-initiator C (0)] [--cpu-target C (1); -1 leaves a process unpinned]\n"
+              "          [--csv FILE: append one row per figure, header written when the file is new]\n",
               argv[0]);
       return 2;
     }
@@ -239,6 +297,15 @@ int main(int argc, char **argv) {
   if (o.rounds < 1 || o.rounds > 15 || o.span < 4 * MiB || o.span % (4 * MiB) != 0) {
     fprintf(stderr, "hixl-shm-ref: need 1..15 rounds and a span that is a multiple of 4 MiB\n");
     return 2;
+  }
+  if (o.csv != NULL) { /* a file we cannot append to fails now, not after the measurements */
+    FILE *f = bench_csv_open(o.csv, SHM_CSV_HEADER);
+    if (f == NULL) {
+      fprintf(stderr, "hixl-shm-ref: cannot append to %s: %s\n", o.csv,
+              errno == EINVAL ? "its header is not hixl-shm-ref's" : strerror(errno));
+      return 2;
+    }
+    fclose(f);
   }
 
   struct ctx c;
@@ -264,7 +331,8 @@ int main(int argc, char **argv) {
   c.dst = buf_new(o.span, 2);
   c.d = calloc(o.span / (4 * KiB), sizeof(*c.d));
   c.perm = malloc(o.span / (4 * KiB) * sizeof(size_t));
-  if (!c.d || !c.perm) return 1;
+  c.riov = calloc(1024, sizeof(*c.riov));
+  if (!c.d || !c.perm || !c.riov) return 1;
   /* The scattered order: a fixed shuffle of the span's blocks. */
   size_t nperm = o.span / (4 * KiB);
   uint64_t rs = 0x6869786c;
@@ -307,17 +375,21 @@ int main(int argc, char **argv) {
       {"shm READ 4 KiB x1024, adjacent", K_READ, 4 * KiB, 1024, false, {0}},
       {"shm WRITE 4 KiB x1024, scattered", K_WRITE, 4 * KiB, 1024, true, {0}},
       {"shm READ 4 KiB x1024, scattered", K_READ, 4 * KiB, 1024, true, {0}},
+      /* the last N_KREFS: only with --kernel-refs */
+      {"process_vm_readv 1 MiB, one call per block", K_READV1, MiB, 1, false, {0}},
+      {"process_vm_readv 4 KiB x1024 in one call, scattered", K_READVN, 4 * KiB, 1024, true, {0}},
   };
-  enum { NF = sizeof(figs) / sizeof(figs[0]) };
+  enum { NF = sizeof(figs) / sizeof(figs[0]), N_KREFS = 2 };
+  size_t nf = o.kernel_refs ? NF : NF - N_KREFS;
   for (int r = 0; r < o.rounds; r++)
-    for (size_t i = 0; i < NF; i++) figs[i].gbps[r] = run_fig(&c, &figs[i]);
+    for (size_t i = 0; i < nf; i++) figs[i].gbps[r] = run_fig(&c, &figs[i]);
   verify(&c, "after");
 
   printf("hixl-shm-ref: span %zu MiB, %s pages, %d rounds of %.1f s per figure, initiator CPU %d, target CPU "
          "%d\n\n",
          o.span / MiB, o.thp ? "transparent huge" : "4 KiB", o.rounds, o.seconds, o.cpu_init, o.cpu_target);
   printf("| figure | median GB/s | rounds |\n|---|---:|---|\n");
-  for (size_t i = 0; i < NF; i++) {
+  for (size_t i = 0; i < nf; i++) {
     printf("| %s | %.2f |", figs[i].name, median(&figs[i]));
     for (int r = 0; r < o.rounds; r++) printf("%s%.2f", r ? "/" : " ", figs[i].gbps[r]);
     printf(" |\n");
@@ -347,9 +419,10 @@ int main(int argc, char **argv) {
     printf("| %s | %.2fx | >= %.1fx | %s |\n", t[i].what, ratio, t[i].goal,
            ratio >= t[i].goal ? "PASS" : "FAIL");
   }
+  bool csv_ok = o.csv == NULL || write_csv(figs, nf);
   HixlEngineDestroy(c.e);
   close(down[1]);
   int ws;
   waitpid(c.pid, &ws, 0);
-  return 0;
+  return csv_ok ? 0 : 1;
 }
