@@ -1,11 +1,13 @@
 /* engine_stage: the staging pool ("BufferPool") and staged transfers.
  *
  * An op whose local or remote memory is not registered, or a small op worth packing
- * (StagingThreshold), becomes part of a staged *unit*: up to one pool buffer of
- * ranges, sent as one STAGE_WRITE (the data packed after the range list) or
- * STAGE_READ (answered by one READ_RESP carrying the data packed) on the link's
- * socket. The target scatters or gathers the ranges itself, checking each one when
- * it copies. Units wait in order for a free buffer; a request whose units never got
+ * (StagingThreshold), becomes part of a staged *unit*: up to one pool buffer's worth
+ * of ranges, sent as one frame the target scatters or gathers itself, checking every
+ * range first. On the socket (STAGE_WRITE with the ranges' data gathered after it,
+ * STAGE_READ answered by one READ_RESP received straight into the caller's ranges)
+ * the buffer is a token that bounds how much is staged at once; on a QP (STAGE_PULL
+ * / STAGE_PUSH) it holds the packed data that the target moves with one RDMA work
+ * request. Units wait in order for a free buffer; a request whose units never got
  * one by its deadline ends RESOURCE_EXHAUSTED. Lock held everywhere. */
 #include <errno.h>
 #include <stdio.h>
