@@ -489,10 +489,15 @@ static HixlStatus req_wait(HixlEngine *e, struct conn *c, struct hixl_transfer_r
 }
 
 /* Index of the first op whose remote range the peer has not advertised, or count. */
-static size_t remote_miss(struct conn *c, const HixlTransferOpDesc *descs, size_t count) {
+/* Look every op's remote range up in the peer's table (rms[i], NULL when it is not
+ * inside one advertised registration); returns how many missed. */
+static size_t remote_lookup(struct conn *c, const HixlTransferOpDesc *descs, size_t count,
+                            const struct remote_mem **rms) {
+  size_t miss = 0;
   for (size_t i = 0; i < count; i++)
-    if (!memtab_find(&c->peer->rtab, descs[i].remote_addr, descs[i].len)) return i;
-  return count;
+    miss += !(rms[i] =
+                  (const struct remote_mem *)memtab_find(&c->peer->rtab, descs[i].remote_addr, descs[i].len));
+  return miss;
 }
 
 /* One SYNC round trip on c: when it returns, every MEM_ADD / MEM_DEL the peer queued
@@ -521,13 +526,14 @@ struct stage_plan {
   uint64_t nsegs;
 };
 
-/* Decide every op, fill lregs (NULL: staged) and the plan; nothing is sent. An op is
+/* Decide every op, fill lregs (NULL: staged) and the plan; nothing is sent. rms[i]:
+ * the peer's registration holding op i's remote range, or NULL. An op is
  * staged when its local or remote range is not registered, or when it is short
  * enough to pack (StagingThreshold) on a tcp or rdma link to a peer that serves
  * staged frames. Lock held. */
 static HixlStatus plan_ops(HixlEngine *e, struct conn *c, const HixlTransferOpDesc *descs, size_t count,
-                           const char *fn, const char *remote, struct hixl_mem_reg **lregs,
-                           struct stage_plan *plan) {
+                           const char *fn, const char *remote, const struct remote_mem *const *rms,
+                           struct hixl_mem_reg **lregs, struct stage_plan *plan) {
   const struct stage_pool *pool = &e->pool;
   uint32_t caps = c->peer->caps;
   /* Packing: on tcp, and on rdma when units travel by RDMA (STAGE_PULL / PUSH); shm
@@ -542,7 +548,7 @@ static HixlStatus plan_ops(HixlEngine *e, struct conn *c, const HixlTransferOpDe
   for (size_t i = 0; i < count; i++) {
     const HixlTransferOpDesc *d = &descs[i];
     lregs[i] = (struct hixl_mem_reg *)memtab_find(&e->regs, d->local_addr, d->len);
-    bool rreg = memtab_find(&c->peer->rtab, d->remote_addr, d->len) != NULL;
+    bool rreg = rms[i] != NULL;
     if (lregs[i] && rreg && !(pack && d->len < threshold)) {
       plan->ndirect += (d->len + ENGINE_TCP_CHUNK - 1) / ENGINE_TCP_CHUNK;
       continue;
@@ -641,25 +647,27 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
   struct hixl_mem_reg **lregs = NULL;
   struct hixl_transfer_req *r = NULL;
   if (!c) goto unlock;
-  /* An op is refused whole, before anything is sent, unless its remote range lies in
-   * one registration the peer advertised. On a miss, one SYNC round trip brings the
-   * table up to date (the peer may have registered it a moment ago). */
+  /* An op moves directly only when its remote range lies in one registration the
+   * peer advertised; otherwise it is staged (the peer checks it) or refused whole
+   * before anything is sent (plan_ops). On a miss, one SYNC round trip first brings
+   * the table up to date (the peer may have registered it a moment ago). */
   if (c->qp || c->shm) {
     link_take_pending(c); /* the table must be current before anything is posted or copied */
     if (!(c = link_for(e, remote, fn, &st))) goto unlock;
   }
-  size_t miss = remote_miss(c, descs, count);
-  if (miss < count) {
-    if ((st = link_sync(e, c, deadline, fn, remote)) != HIXL_SUCCESS) goto unlock;
-    if (!(c = link_for(e, remote, fn, &st))) goto unlock;
-  }
-  lregs = malloc(count * sizeof(*lregs));
+  lregs = malloc(count * (sizeof(*lregs) + sizeof(struct remote_mem *)));
   if (!lregs) {
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
     goto unlock;
   }
+  const struct remote_mem **rms = (const struct remote_mem **)(lregs + count);
+  if (remote_lookup(c, descs, count, rms) > 0) {
+    if ((st = link_sync(e, c, deadline, fn, remote)) != HIXL_SUCCESS) goto unlock;
+    if (!(c = link_for(e, remote, fn, &st))) goto unlock;
+    remote_lookup(c, descs, count, rms);
+  }
   struct stage_plan plan;
-  if ((st = plan_ops(e, c, descs, count, fn, remote, lregs, &plan)) != HIXL_SUCCESS) goto unlock;
+  if ((st = plan_ops(e, c, descs, count, fn, remote, rms, lregs, &plan)) != HIXL_SUCCESS) goto unlock;
   r = req_new(e, plan.ndirect + plan.nunits, timeout_ms);
   if (r && plan.nsegs && !(r->segs = calloc(plan.nsegs, sizeof(*r->segs)))) {
     r->user_holds = false;
@@ -676,10 +684,8 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
   r->ndirect = plan.ndirect;
   struct chunk *ch = r->chunks;
   for (size_t i = 0; i < count; i++) {
-    if (!lregs[i]) continue; /* staged */
-    /* plan_ops found every direct op in the peer's table: its key is there too */
-    const struct remote_mem *rm =
-        (const struct remote_mem *)memtab_find(&c->peer->rtab, descs[i].remote_addr, descs[i].len);
+    if (!lregs[i]) continue;              /* staged */
+    const struct remote_mem *rm = rms[i]; /* a direct op's: its key is there too */
     for (size_t off = 0; off < descs[i].len; off += ENGINE_TCP_CHUNK, ch++) {
       size_t len = descs[i].len - off < ENGINE_TCP_CHUNK ? descs[i].len - off : ENGINE_TCP_CHUNK;
       ch->req = r;
