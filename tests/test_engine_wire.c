@@ -1,15 +1,20 @@
 /* Hostile and broken peers speaking raw frames at a live engine, on both sides of a
  * link: a target must reject bad frames and out-of-range requests before touching
- * memory and keep serving; an initiator must turn a broken target into a clear error. */
+ * memory and keep serving; an initiator must turn a broken target into a clear error.
+ * The staged frames (STAGE_WRITE / READ / PULL / PUSH) get the same treatment, and a
+ * target with StagingUnregistered on runs in a child so that a crash would show. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CUnit/Basic.h>
@@ -18,10 +23,13 @@
 #include "test_util.h"
 #include "wire.h"
 
-#define MEM_LEN (1u << 20)
+#define MEM_LEN  (1u << 20)
+#define SMEM_LEN (16u << 20) /* a second registration, as large as one staged frame */
+#define UMEM_LEN (64u << 10) /* never registered */
 
-static HixlEngine *target;
-static uint8_t *tmem;
+static HixlEngine *target; /* default options: StagingUnregistered off */
+static uint8_t *tmem, *smem, *umem;
+static uint8_t *ref_t, *ref_s, *ref_u; /* what tmem, smem, umem must hold */
 static char taddr[TU_ADDR_LEN];
 
 static int suite_init(void) {
@@ -29,34 +37,54 @@ static int suite_init(void) {
   HixlMemDesc d;
   uint16_t port = tu_free_port();
   tmem = tu_alloc_mem(MEM_LEN, false);
-  if (!port || !tmem || HixlEngineCreate(&target) != HIXL_SUCCESS) return -1;
+  smem = tu_alloc_mem(SMEM_LEN, false);
+  umem = tu_alloc_mem(UMEM_LEN, false);
+  ref_t = malloc(MEM_LEN);
+  ref_s = malloc(SMEM_LEN);
+  ref_u = malloc(UMEM_LEN);
+  if (!port || !tmem || !smem || !umem || !ref_t || !ref_s || !ref_u ||
+      HixlEngineCreate(&target) != HIXL_SUCCESS)
+    return -1;
   tu_addr(taddr, sizeof(taddr), port);
   if (HixlEngineInitialize(target, taddr, NULL, 0) != HIXL_SUCCESS) return -1;
   d.addr = (uintptr_t)tmem;
   d.len = MEM_LEN;
+  if (HixlEngineRegisterMem(target, &d, HIXL_MEM_HOST, &h) != HIXL_SUCCESS) return -1;
+  d.addr = (uintptr_t)smem;
+  d.len = SMEM_LEN;
   return HixlEngineRegisterMem(target, &d, HIXL_MEM_HOST, &h) == HIXL_SUCCESS ? 0 : -1;
 }
 
 static int suite_clean(void) {
   HixlEngineDestroy(target);
   tu_free_mem(tmem, MEM_LEN);
+  tu_free_mem(smem, SMEM_LEN);
+  tu_free_mem(umem, UMEM_LEN);
+  free(ref_t);
+  free(ref_s);
+  free(ref_u);
   return 0;
 }
 
-/* A blocking socket to addr:port with 5 s receive and send timeouts. */
-static int raw_connect(uint16_t port) {
+/* A blocking socket to tu_ip():port with 5 s receive and send timeouts; rcvbuf > 0
+ * fixes its receive buffer (before connect, so the kernel does not grow it). */
+static int raw_connect_buf(uint16_t port, int rcvbuf) {
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
   struct timeval tv = {.tv_sec = 5};
   int fd = socket(AF_INET, SOCK_STREAM, 0);
-  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  if (fd < 0) return -1;
+  inet_pton(AF_INET, tu_ip(), &sa.sin_addr);
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  if (rcvbuf > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
   if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
     close(fd);
     return -1;
   }
   return fd;
 }
+
+static int raw_connect(uint16_t port) { return raw_connect_buf(port, 0); }
 
 static uint16_t target_port(void) { return (uint16_t)atoi(strchr(taddr, ':') + 1); }
 
@@ -110,12 +138,12 @@ static bool read_frame(int fd, struct wire_hdr *h, uint8_t *body, size_t cap) {
   return recv_all(fd, body, h->body_len);
 }
 
-/* A raw link that completed the handshake. */
-static int raw_link(void) {
-  uint8_t buf[512];
+/* A raw link to port that completed the handshake (rcvbuf as raw_connect_buf). */
+static int raw_link_to(uint16_t port, int rcvbuf) {
+  uint8_t buf[4096];
   struct wire_hdr h;
   struct wire_msg m;
-  int fd = raw_connect(target_port());
+  int fd = raw_connect_buf(port, rcvbuf);
   if (fd < 0) return -1;
   if (!send_all(fd, buf, build_hello(buf, sizeof(buf), "raw-test")) ||
       !read_frame(fd, &h, buf, sizeof(buf)) || h.type != WIRE_HELLO_ACK ||
@@ -125,6 +153,8 @@ static int raw_link(void) {
   }
   return fd;
 }
+
+static int raw_link(void) { return raw_link_to(target_port(), 0); }
 
 /* A real client engine still gets service: WRITE then READ back, checked. */
 static void assert_target_serves(void) {
@@ -256,6 +286,639 @@ static void test_truncated_then_gone(void) {
   CU_ASSERT(send_all(fd, frame, n) && send_all(fd, frame, 10)); /* 10 of 4096 bytes, then gone */
   close(fd);
   assert_target_serves();
+}
+
+/* ---- staged frames (STAGE_WRITE / READ / PULL / PUSH) against the target ---- */
+
+struct seg {
+  uint64_t addr;
+  uint32_t len;
+};
+
+static uint32_t segs_total(const struct seg *s, uint32_t n) {
+  uint64_t t = 0;
+  for (uint32_t i = 0; i < n; i++) t += s[i].len;
+  return (uint32_t)t;
+}
+
+/* Send a STAGE_WRITE / STAGE_READ of the ranges; a STAGE_WRITE's data (their total,
+ * packed) follows it. */
+static bool send_stage(int fd, enum wire_type type, uint64_t seq, const struct seg *s, uint32_t n,
+                       const uint8_t *data) {
+  size_t cap = WIRE_HDR_LEN + 12 + (size_t)n * WIRE_STAGE_SEG_LEN;
+  uint8_t *frame = malloc(cap);
+  bool write = type == WIRE_STAGE_WRITE, ok;
+  if (!frame) return false;
+  size_t len = wire_put_stage(frame, type, seq, n, write ? segs_total(s, n) : 0);
+  for (uint32_t i = 0; i < n; i++) wire_put_stage_seg(frame, false, i, s[i].addr, s[i].len);
+  ok = send_all(fd, frame, len) && (!write || send_all(fd, data, segs_total(s, n)));
+  free(frame);
+  return ok;
+}
+
+/* Read one answer and require exactly (type, seq, status, payload_len); a mismatch
+ * reports what came instead. A payload is left on the socket. */
+static bool expect_answer(int fd, uint8_t type, uint64_t seq, uint32_t status, uint32_t payload_len,
+                          unsigned line) {
+  uint8_t body[64];
+  struct wire_hdr h;
+  struct wire_msg m;
+  memset(&m, 0, sizeof(m));
+  if (!read_frame(fd, &h, body, sizeof(body))) {
+    tu_fail(__FILE__, line, "no %s seq %llu: the link closed, timed out or sent a malformed frame",
+            wire_type_name(type), (unsigned long long)seq);
+    return false;
+  }
+  if (wire_decode(&h, body, &m) != WIRE_OK || h.type != type || m.u.ack.seq != seq ||
+      m.u.ack.status != status || h.payload_len != payload_len) {
+    tu_fail(__FILE__, line,
+            "got %s seq %llu status %s (%u) payload %u; want %s seq %llu status %s (%u) payload %u",
+            wire_type_name(h.type), (unsigned long long)m.u.ack.seq, HixlStatusName(m.u.ack.status),
+            m.u.ack.status, h.payload_len, wire_type_name(type), (unsigned long long)seq,
+            HixlStatusName(status), status, payload_len);
+    return false;
+  }
+  return true;
+}
+#define EXPECT_ANSWER(fd, type, seq, status, plen)                                                           \
+  expect_answer((fd), (type), (seq), (status), (plen), __LINE__)
+
+static bool expect_sync(int fd, uint64_t seq, unsigned line) {
+  uint8_t frame[WIRE_SMALL_FRAME];
+  if (!send_all(fd, frame, wire_put_sync(frame, seq))) {
+    tu_fail(__FILE__, line, "cannot send SYNC seq %llu", (unsigned long long)seq);
+    return false;
+  }
+  return expect_answer(fd, WIRE_SYNC_ACK, seq, HIXL_SUCCESS, 0, line);
+}
+#define EXPECT_SYNC(fd, seq) expect_sync((fd), (seq), __LINE__)
+
+/* The reference copy of a target address (inside tmem, smem or umem). */
+static uint8_t *ref_of(uint64_t addr) {
+  if (addr >= (uintptr_t)tmem && addr < (uintptr_t)tmem + MEM_LEN) return ref_t + (addr - (uintptr_t)tmem);
+  if (addr >= (uintptr_t)smem && addr < (uintptr_t)smem + SMEM_LEN) return ref_s + (addr - (uintptr_t)smem);
+  if (addr >= (uintptr_t)umem && addr < (uintptr_t)umem + UMEM_LEN) return ref_u + (addr - (uintptr_t)umem);
+  return NULL;
+}
+
+/* Fill the target's memory with fresh patterns and take them as the reference. */
+static void fill_and_snapshot(uint64_t seed) {
+  tu_fill(tmem, MEM_LEN, seed);
+  tu_fill(smem, SMEM_LEN, seed + 1);
+  tu_fill(umem, UMEM_LEN, seed + 2);
+  memcpy(ref_t, tmem, MEM_LEN);
+  memcpy(ref_s, smem, SMEM_LEN);
+  memcpy(ref_u, umem, UMEM_LEN);
+}
+
+/* A STAGE_WRITE of these ranges landed: apply it to the reference. */
+static void ref_apply(const struct seg *s, uint32_t n, const uint8_t *data) {
+  for (uint32_t i = 0; i < n; data += s[i].len, i++) memcpy(ref_of(s[i].addr), data, s[i].len);
+}
+
+/* The ranges as the target must pack them, from the reference. */
+static void ref_pack(const struct seg *s, uint32_t n, uint8_t *out) {
+  for (uint32_t i = 0; i < n; out += s[i].len, i++) memcpy(out, ref_of(s[i].addr), s[i].len);
+}
+
+/* Every byte of the target's memory is what the reference says. */
+static void assert_memory(unsigned line) {
+  tu_same(tmem, ref_t, MEM_LEN, "tmem (registered)", __FILE__, line);
+  tu_same(smem, ref_s, SMEM_LEN, "smem (registered)", __FILE__, line);
+  tu_same(umem, ref_u, UMEM_LEN, "umem (not registered)", __FILE__, line);
+}
+#define ASSERT_MEMORY() assert_memory(__LINE__)
+
+/* The link serves: a STAGE_WRITE of two ranges of tmem, a STAGE_READ of them back,
+ * then a SYNC, each answered exactly. Uses seq, seq + 1, seq + 2. */
+static void assert_link_serves(int fd, uint64_t seq, unsigned line) {
+  const struct seg s[2] = {{(uintptr_t)tmem + 300000, 777}, {(uintptr_t)tmem + 299000, 33}};
+  uint8_t data[810], back[810];
+  tu_fill(data, sizeof(data), seq);
+  if (!send_stage(fd, WIRE_STAGE_WRITE, seq, s, 2, data) ||
+      !expect_answer(fd, WIRE_WRITE_ACK, seq, HIXL_SUCCESS, 0, line)) {
+    tu_fail(__FILE__, line, "the link no longer serves STAGE_WRITE");
+    return;
+  }
+  ref_apply(s, 2, data);
+  if (!send_stage(fd, WIRE_STAGE_READ, seq + 1, s, 2, NULL) ||
+      !expect_answer(fd, WIRE_READ_RESP, seq + 1, HIXL_SUCCESS, sizeof(back), line) ||
+      !recv_all(fd, back, sizeof(back))) {
+    tu_fail(__FILE__, line, "the link no longer serves STAGE_READ");
+    return;
+  }
+  tu_same(back, data, sizeof(back), "STAGE_READ of what STAGE_WRITE wrote", __FILE__, line);
+  expect_sync(fd, seq + 2, line);
+}
+#define ASSERT_LINK_SERVES(fd, seq) assert_link_serves((fd), (seq), __LINE__)
+
+/* Registered ranges, some adjacent, some one byte, out of order, two registrations,
+ * first and last bytes of one: WRITE_ACK 0, exactly those bytes changed. */
+static void test_stage_write_registered(void) {
+  const uint64_t s0 = (uintptr_t)smem, t0 = (uintptr_t)tmem;
+  const struct seg s[] = {
+      {s0, 1},          /* first byte of a registration */
+      {s0 + 4096, 100}, /* three adjacent ranges, then two 1-byte ones */
+      {s0 + 4196, 28},
+      {s0 + 4224, 1},
+      {s0 + 4225, 1},
+      {s0 + 3000, 7},              /* below the ones before it */
+      {s0 + 65536, 300000},        /* large: received in place */
+      {s0 + SMEM_LEN - 1, 1},      /* last byte of a registration */
+      {t0 + MEM_LEN - 5000, 5000}, /* the other registration, up to its end */
+      {t0 + 17, 1},
+  };
+  const uint32_t n = sizeof(s) / sizeof(s[0]);
+  uint8_t *data = malloc(segs_total(s, n));
+  int fd = raw_link();
+  CU_ASSERT_FATAL(fd >= 0 && data != NULL);
+  fill_and_snapshot(100);
+  tu_fill(data, segs_total(s, n), 101);
+  CU_ASSERT(send_stage(fd, WIRE_STAGE_WRITE, 41, s, n, data));
+  CU_ASSERT(EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 41, HIXL_SUCCESS, 0));
+  ref_apply(s, n, data);
+  ASSERT_MEMORY();
+
+  /* The most ranges a frame may carry: 4096 single bytes, every other byte. */
+  struct seg *many = malloc(WIRE_MAX_STAGE_SEGS * sizeof(*many));
+  CU_ASSERT_FATAL(many != NULL);
+  for (uint32_t i = 0; i < WIRE_MAX_STAGE_SEGS; i++) many[i] = (struct seg){s0 + (1u << 20) + 2 * i, 1};
+  tu_fill(data, WIRE_MAX_STAGE_SEGS, 102);
+  CU_ASSERT(send_stage(fd, WIRE_STAGE_WRITE, 42, many, WIRE_MAX_STAGE_SEGS, data));
+  CU_ASSERT(EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 42, HIXL_SUCCESS, 0));
+  ref_apply(many, WIRE_MAX_STAGE_SEGS, data);
+  ASSERT_MEMORY();
+  EXPECT_SYNC(fd, 43);
+  close(fd);
+  free(many);
+  free(data);
+}
+
+/* One range outside every registration (StagingUnregistered off): WRITE_ACK FAILED
+ * and none of the ranges written, wherever the bad one sits; the link goes on. */
+static void test_stage_write_outside_refused(void) {
+  const uint64_t s0 = (uintptr_t)smem, t0 = (uintptr_t)tmem, u0 = (uintptr_t)umem;
+  const struct {
+    const char *what;
+    struct seg s[4];
+  } cases[] = {
+      {"unregistered range last", {{s0 + 100, 50}, {s0 + 150, 1}, {t0 + 8192, 20000}, {u0 + 64, 64}}},
+      {"unregistered range first", {{u0, 1}, {s0 + 100, 50}, {t0 + 8192, 20000}, {s0 + 200000, 70000}}},
+      {"unregistered range between", {{s0 + 100, 50}, {u0 + 4096, 30000}, {t0 + 8192, 20000}, {s0 + 7, 1}}},
+      {"runs past a registration's end",
+       {{s0 + 100, 50}, {t0 + 8192, 20000}, {s0 + SMEM_LEN - 10, 20}, {s0, 1}}},
+      {"starts before a registration", {{s0 + 100, 50}, {t0 - 1, 2}, {t0 + 8192, 20000}, {s0 + 1, 1}}},
+  };
+  uint8_t *data = malloc(200000);
+  int fd = raw_link();
+  CU_ASSERT_FATAL(fd >= 0 && data != NULL);
+  fill_and_snapshot(200);
+  for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+    uint64_t seq = 50 + c;
+    tu_fill(data, segs_total(cases[c].s, 4), 201 + c);
+    CU_ASSERT(send_stage(fd, WIRE_STAGE_WRITE, seq, cases[c].s, 4, data));
+    if (!EXPECT_ANSWER(fd, WIRE_WRITE_ACK, seq, HIXL_FAILED, 0))
+      tu_fail(__FILE__, __LINE__, "%s", cases[c].what);
+    ASSERT_MEMORY(); /* nothing written, also the registered ranges */
+  }
+  /* The link still serves a valid STAGE_WRITE (landed exactly) and a SYNC. */
+  const struct seg ok[2] = {{s0 + 100, 50}, {t0 + 8192, 20000}};
+  tu_fill(data, segs_total(ok, 2), 299);
+  CU_ASSERT(send_stage(fd, WIRE_STAGE_WRITE, 60, ok, 2, data));
+  CU_ASSERT(EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 60, HIXL_SUCCESS, 0));
+  ref_apply(ok, 2, data);
+  ASSERT_MEMORY();
+  CU_ASSERT(EXPECT_SYNC(fd, 61));
+  close(fd);
+  free(data);
+}
+
+/* STAGE_READ of registered ranges answers their bytes packed; one range outside
+ * answers FAILED with no payload; the link goes on. */
+static void test_stage_read(void) {
+  const uint64_t s0 = (uintptr_t)smem, t0 = (uintptr_t)tmem, u0 = (uintptr_t)umem;
+  const struct seg s[] = {
+      {s0 + SMEM_LEN - 1, 1},
+      {s0, 1},
+      {s0 + 4096, 100},
+      {s0 + 4196, 28},
+      {s0 + 4224, 1},
+      {s0 + 4225, 1},
+      {s0 + 3000, 7},
+      {s0 + 65536, 300000},
+      {t0 + MEM_LEN - 5000, 5000},
+      {t0 + 17, 1},
+  };
+  const uint32_t n = sizeof(s) / sizeof(s[0]), total = segs_total(s, n);
+  uint8_t *want = malloc(total), *got = malloc(total);
+  int fd = raw_link();
+  CU_ASSERT_FATAL(fd >= 0 && want && got);
+  fill_and_snapshot(300);
+  ref_pack(s, n, want);
+  CU_ASSERT(send_stage(fd, WIRE_STAGE_READ, 71, s, n, NULL));
+  CU_ASSERT_FATAL(EXPECT_ANSWER(fd, WIRE_READ_RESP, 71, HIXL_SUCCESS, total));
+  CU_ASSERT_FATAL(recv_all(fd, got, total));
+  TU_ASSERT_SAME(got, want, total, "STAGE_READ answer");
+
+  const struct seg bad[][3] = {
+      {{s0 + 10, 10}, {u0, 10}, {t0, 10}},
+      {{u0 + 100, 20000}, {s0 + 10, 10}, {t0, 10}},
+      {{s0 + 10, 10}, {t0, 10}, {t0 + MEM_LEN - 1, 2}},
+  };
+  for (uint32_t c = 0; c < sizeof(bad) / sizeof(bad[0]); c++) {
+    CU_ASSERT(send_stage(fd, WIRE_STAGE_READ, 72 + c, bad[c], 3, NULL));
+    CU_ASSERT(EXPECT_ANSWER(fd, WIRE_READ_RESP, 72 + c, HIXL_FAILED, 0));
+  }
+  /* Still up: the same read again, then a SYNC right behind it (no stray payload). */
+  memset(got, 0, total);
+  CU_ASSERT(send_stage(fd, WIRE_STAGE_READ, 80, s, n, NULL));
+  CU_ASSERT_FATAL(EXPECT_ANSWER(fd, WIRE_READ_RESP, 80, HIXL_SUCCESS, total));
+  CU_ASSERT_FATAL(recv_all(fd, got, total));
+  TU_ASSERT_SAME(got, want, total, "STAGE_READ answer after refusals");
+  CU_ASSERT(EXPECT_SYNC(fd, 81));
+  ASSERT_MEMORY();
+  close(fd);
+  free(want);
+  free(got);
+}
+
+/* STAGE_PULL / STAGE_PUSH on a link without a QP: WRITE_ACK FAILED, nothing written,
+ * the link goes on. */
+static void test_stage_rdma_without_qp(void) {
+  uint8_t frame[WIRE_HDR_LEN + 24 + 2 * WIRE_STAGE_SEG_LEN];
+  int fd = raw_link();
+  CU_ASSERT_FATAL(fd >= 0);
+  fill_and_snapshot(400);
+  for (int k = 0; k < 2; k++) {
+    enum wire_type type = k == 0 ? WIRE_STAGE_PULL : WIRE_STAGE_PUSH;
+    size_t len = wire_put_stage_rdma(frame, type, 90 + k, (uintptr_t)umem, 0x1234, 2);
+    wire_put_stage_seg(frame, true, 0, (uintptr_t)smem + 4096, 4096);
+    wire_put_stage_seg(frame, true, 1, (uintptr_t)tmem, 1);
+    CU_ASSERT(send_all(fd, frame, len));
+    CU_ASSERT(EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 90 + k, HIXL_FAILED, 0));
+    ASSERT_MEMORY();
+  }
+  ASSERT_LINK_SERVES(fd, 92);
+  ASSERT_MEMORY();
+  close(fd);
+}
+
+/* ---- malformed staged frames ---- */
+
+/* A frame of type with a body written as given (count and ranges, nothing checked)
+ * and payload_len in its header; the caller sends the payload. */
+static size_t raw_stage(uint8_t *buf, uint8_t type, uint64_t seq, uint32_t count, const struct seg *s,
+                        uint32_t nsegs, uint32_t payload_len) {
+  struct wire_wr w;
+  wire_begin(&w, buf, 4096, (enum wire_type)type);
+  wire_put_u64(&w, seq);
+  if (type == WIRE_STAGE_PULL || type == WIRE_STAGE_PUSH) {
+    wire_put_u64(&w, (uintptr_t)umem);
+    wire_put_u32(&w, 0x1234);
+  }
+  wire_put_u32(&w, count);
+  for (uint32_t i = 0; i < nsegs; i++) {
+    wire_put_u64(&w, s[i].addr);
+    wire_put_u32(&w, s[i].len);
+  }
+  return wire_end(&w, payload_len);
+}
+
+static void test_stage_malformed_closes_link(void) {
+  const uint64_t s0 = (uintptr_t)smem;
+  const struct {
+    const char *what;
+    uint8_t type;
+    uint32_t count, nsegs, payload_len;
+    struct seg s[3];
+  } cases[] = {
+      {"STAGE_WRITE count 0, no ranges", WIRE_STAGE_WRITE, 0, 0, 0, {{0, 0}}},
+      {"STAGE_WRITE count 0, one range in the body", WIRE_STAGE_WRITE, 0, 1, 16, {{s0, 16}}},
+      {"STAGE_READ count 0, one range in the body", WIRE_STAGE_READ, 0, 1, 0, {{s0, 16}}},
+      {"STAGE_PULL count 0, one range in the body", WIRE_STAGE_PULL, 0, 1, 0, {{s0, 16}}},
+      {"STAGE_WRITE count 2, one range in the body", WIRE_STAGE_WRITE, 2, 1, 16, {{s0, 16}}},
+      {"STAGE_WRITE count 1, two ranges in the body", WIRE_STAGE_WRITE, 1, 2, 16, {{s0, 16}, {s0 + 16, 16}}},
+      {"STAGE_READ count 3, two ranges in the body", WIRE_STAGE_READ, 3, 2, 0, {{s0, 16}, {s0 + 16, 16}}},
+      {"STAGE_WRITE with a zero-length range", WIRE_STAGE_WRITE, 2, 2, 16, {{s0, 16}, {s0 + 16, 0}}},
+      {"STAGE_READ with a zero-length range", WIRE_STAGE_READ, 2, 2, 0, {{s0, 0}, {s0 + 16, 16}}},
+      {"STAGE_PUSH with a zero-length range", WIRE_STAGE_PUSH, 1, 1, 0, {{s0, 0}}},
+      {"STAGE_WRITE payload_len above the ranges' sum",
+       WIRE_STAGE_WRITE,
+       2,
+       2,
+       33,
+       {{s0, 16}, {s0 + 16, 16}}},
+      {"STAGE_WRITE payload_len below the ranges' sum",
+       WIRE_STAGE_WRITE,
+       2,
+       2,
+       31,
+       {{s0, 16}, {s0 + 16, 16}}},
+      {"STAGE_WRITE payload_len 0", WIRE_STAGE_WRITE, 1, 1, 0, {{s0, 16}}},
+      {"STAGE_READ with a payload", WIRE_STAGE_READ, 1, 1, 16, {{s0, 16}}},
+      {"STAGE_WRITE with a wrapping range", WIRE_STAGE_WRITE, 2, 2, 48, {{s0, 16}, {UINT64_MAX - 15, 32}}},
+      {"STAGE_READ with a wrapping range", WIRE_STAGE_READ, 1, 1, 0, {{UINT64_MAX - 15, 32}}},
+      {"STAGE_READ of more than 16 MiB", WIRE_STAGE_READ, 2, 2, 0, {{s0, SMEM_LEN}, {s0, 1}}},
+  };
+  uint8_t frame[4096], junk[64];
+  memset(junk, 0xee, sizeof(junk));
+  int keeper = raw_link(); /* a second link to the same engine, used between the cases */
+  CU_ASSERT_FATAL(keeper >= 0);
+  fill_and_snapshot(500);
+  for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+    int fd = raw_link();
+    CU_ASSERT_FATAL(fd >= 0);
+    size_t n = raw_stage(frame, cases[c].type, 100 + c, cases[c].count, cases[c].s, cases[c].nsegs,
+                         cases[c].payload_len);
+    CU_ASSERT_FATAL(n > 0 && cases[c].payload_len <= sizeof(junk));
+    CU_ASSERT(send_all(fd, frame, n) && send_all(fd, junk, cases[c].payload_len));
+    if (!closed_by_peer(fd)) tu_fail(__FILE__, __LINE__, "%s: the link was not closed", cases[c].what);
+    close(fd);
+    ASSERT_MEMORY();
+    ASSERT_LINK_SERVES(keeper, 1000 + 10 * c);
+  }
+  /* Too many ranges: count 4097, with the body to match. */
+  {
+    size_t cap = WIRE_HDR_LEN + 12 + (WIRE_MAX_STAGE_SEGS + 1) * WIRE_STAGE_SEG_LEN;
+    uint8_t *big = malloc(cap);
+    int fd = raw_link();
+    CU_ASSERT_FATAL(big && fd >= 0);
+    size_t n = wire_put_stage(big, WIRE_STAGE_READ, 200, WIRE_MAX_STAGE_SEGS + 1, 0);
+    for (uint32_t i = 0; i <= WIRE_MAX_STAGE_SEGS; i++) wire_put_stage_seg(big, false, i, s0 + i, 1);
+    CU_ASSERT(send_all(fd, big, n));
+    if (!closed_by_peer(fd))
+      tu_fail(__FILE__, __LINE__, "STAGE_READ of 4097 ranges: the link was not closed");
+    close(fd);
+    free(big);
+  }
+  ASSERT_LINK_SERVES(keeper, 2000);
+  ASSERT_MEMORY();
+  close(keeper);
+  assert_target_serves();
+}
+
+/* ---- a flood of STAGE_READ nobody reads ---- */
+
+#define FLOOD_FRAMES 7u /* 112 MiB of answers asked for: 4 fit the 64 MiB bound */
+#define FLOOD_FIT    4u
+
+/* Frame i reads all of smem: whole (even i) or as its two halves swapped (odd i). */
+static uint32_t flood_segs(uint32_t i, struct seg *s) {
+  const uint64_t s0 = (uintptr_t)smem;
+  if (i % 2 == 0) {
+    s[0] = (struct seg){s0, SMEM_LEN};
+    return 1;
+  }
+  s[0] = (struct seg){s0 + SMEM_LEN / 2, SMEM_LEN / 2};
+  s[1] = (struct seg){s0, SMEM_LEN / 2};
+  return 2;
+}
+
+/* Send frames [first, first + n) in one write: they are small (a few hundred bytes),
+ * so the send cannot block however full the answer direction gets. */
+static bool flood_send(int fd, uint64_t seq0, uint32_t n) {
+  uint8_t buf[FLOOD_FRAMES * (WIRE_HDR_LEN + 12 + 2 * WIRE_STAGE_SEG_LEN)];
+  size_t len = 0;
+  for (uint32_t i = 0; i < n; i++) {
+    struct seg s[2];
+    uint32_t k = flood_segs(i, s);
+    uint8_t *f = buf + len;
+    len += wire_put_stage(f, WIRE_STAGE_READ, seq0 + i, k, 0);
+    for (uint32_t j = 0; j < k; j++) wire_put_stage_seg(f, false, j, s[j].addr, s[j].len);
+  }
+  return send_all(fd, buf, len);
+}
+
+/* Read the answer to flood frame i (seq): status 0 and all of smem in its order. */
+static void flood_expect_data(int fd, uint32_t i, uint64_t seq, uint8_t *got, unsigned line) {
+  struct seg s[2];
+  uint32_t k = flood_segs(i, s);
+  if (!expect_answer(fd, WIRE_READ_RESP, seq, HIXL_SUCCESS, SMEM_LEN, line) || !recv_all(fd, got, SMEM_LEN)) {
+    tu_fail(__FILE__, line, "flood answer %u (seq %llu) missing", i, (unsigned long long)seq);
+    return;
+  }
+  for (uint32_t j = 0, off = 0; j < k; off += s[j].len, j++)
+    tu_same(got + off, ref_of(s[j].addr), s[j].len, "flood answer", __FILE__, line);
+}
+
+static void test_stage_read_flood_bounded(void) {
+  /* A small, fixed receive buffer: with the target's send buffer, far less than one
+   * 16 MiB answer fits in flight, so no answer leaves the target's queue until we read. */
+  int fd = raw_link_to(target_port(), 256 << 10);
+  uint8_t *got = malloc(SMEM_LEN);
+  CU_ASSERT_FATAL(fd >= 0 && got);
+  fill_and_snapshot(700);
+  CU_ASSERT_FATAL(flood_send(fd, 300, FLOOD_FRAMES));
+
+  /* While that link is clogged the engine serves another one. */
+  int other = raw_link();
+  CU_ASSERT_FATAL(other >= 0);
+  ASSERT_LINK_SERVES(other, 3000);
+  close(other);
+
+  for (uint32_t i = 0; i < FLOOD_FRAMES; i++) {
+    if (i < FLOOD_FIT)
+      flood_expect_data(fd, i, 300 + i, got, __LINE__);
+    else
+      CU_ASSERT(EXPECT_ANSWER(fd, WIRE_READ_RESP, 300 + i, HIXL_RESOURCE_EXHAUSTED, 0));
+  }
+  /* All sent: the bound is free again, 64 MiB more fits whole, and the link serves. */
+  CU_ASSERT_FATAL(flood_send(fd, 400, FLOOD_FIT));
+  for (uint32_t i = 0; i < FLOOD_FIT; i++) flood_expect_data(fd, i, 400 + i, got, __LINE__);
+  CU_ASSERT(EXPECT_SYNC(fd, 500));
+  ASSERT_LINK_SERVES(fd, 501);
+  ASSERT_MEMORY();
+  close(fd);
+  free(got);
+}
+
+/* ---- a target with StagingUnregistered on, in a child ---- */
+
+#define UNREG_FLAG "--wire-unreg-target"
+#define UNREG_REG  (64u << 10)
+#define CHILD_UP   3 /* fds set up by tu_child_start */
+#define CHILD_DOWN 4
+
+enum unreg_cmd {
+  UNREG_CHECK = TU_CMD_CHECK, /* page 0: reply first mismatch vs pattern(seed), or -1 */
+  UNREG_FILL = TU_CMD_FILL,   /* page 0 */
+  UNREG_QUIT = TU_CMD_QUIT,
+  UNREG_CHECK_REG = 10, /* the same on the registered memory */
+  UNREG_FILL_REG = 11,
+  UNREG_MAKE_HOLE = 12,  /* munmap page 1; reply 0 or -errno */
+  UNREG_HOLE_STATE = 13, /* reply 0 while page 1 is unmapped (mincore ENOMEM), 1 otherwise */
+};
+
+typedef struct {
+  uint32_t status;
+  uint64_t reg, page0, hole, page;
+  char error[300];
+} unreg_ready;
+
+/* The child: an engine with StagingUnregistered on, a registered region, and two
+ * unregistered pages whose second one it unmaps when told (the engine is up by then). */
+static int unreg_child(uint16_t port) {
+  const HixlOption o[] = {{.key = "StagingUnregistered", .value = "on"}};
+  long page = sysconf(_SC_PAGESIZE);
+  uint8_t *reg = tu_alloc_mem(UNREG_REG, false), *pages = tu_alloc_mem((size_t)page * 2, false), *base;
+  char name[TU_ADDR_LEN];
+  HixlEngine *e = NULL;
+  HixlMemHandle h = NULL;
+  unsigned char in_core;
+  unreg_ready r;
+  int64_t reply;
+  tu_cmd cmd;
+  size_t len;
+
+  memset(&r, 0, sizeof(r));
+  r.status = HIXL_FAILED;
+  snprintf(r.error, sizeof(r.error), "child: cannot map its memory");
+  if (reg && pages) {
+    e = tu_engine_start_opts(tu_addr(name, sizeof(name), port), "tcp", o, 1);
+    snprintf(r.error, sizeof(r.error), "child: engine %s did not start (reason on its stderr)", name);
+  }
+  if (e && (h = tu_register(e, reg, UNREG_REG)) != NULL) r.status = HIXL_SUCCESS;
+  r.reg = (uintptr_t)reg;
+  r.page0 = (uintptr_t)pages;
+  r.hole = (uintptr_t)pages + (uintptr_t)page;
+  r.page = (uint64_t)page;
+  if (tu_write_all(CHILD_UP, &r, sizeof(r)) != 0 || r.status != HIXL_SUCCESS) {
+    if (e) HixlEngineDestroy(e);
+    return 3;
+  }
+  while (tu_read_all(CHILD_DOWN, &cmd, sizeof(cmd)) == 0) {
+    bool on_reg = cmd.op == UNREG_CHECK_REG || cmd.op == UNREG_FILL_REG;
+    base = on_reg ? reg : pages;
+    len = on_reg ? UNREG_REG : (size_t)page;
+    reply = 0;
+    if (cmd.op == UNREG_QUIT)
+      reply = 0;
+    else if (cmd.op == UNREG_MAKE_HOLE)
+      reply = munmap(pages + page, (size_t)page) == 0 ? 0 : -errno;
+    else if (cmd.op == UNREG_HOLE_STATE)
+      reply = mincore(pages + page, (size_t)page, &in_core) != 0 && errno == ENOMEM ? 0 : 1;
+    else if (cmd.off > len || cmd.len > len - cmd.off)
+      reply = -2;
+    else if (cmd.op == UNREG_CHECK || cmd.op == UNREG_CHECK_REG)
+      reply = tu_check_pattern(base + cmd.off, cmd.len, cmd.seed);
+    else if (cmd.op == UNREG_FILL || cmd.op == UNREG_FILL_REG)
+      tu_fill(base + cmd.off, cmd.len, cmd.seed);
+    else
+      reply = -3;
+    if (tu_write_all(CHILD_UP, &reply, sizeof(reply)) != 0 || cmd.op == UNREG_QUIT) break;
+  }
+  if (HixlEngineDeregisterMem(e, h) != HIXL_SUCCESS || HixlEngineDestroy(e) != HIXL_SUCCESS) {
+    fprintf(stderr, "unreg target child: shutdown: %s\n", HixlGetLastErrorMessage());
+    return 4;
+  }
+  tu_free_mem(pages, (size_t)page * 2);
+  tu_free_mem(reg, UNREG_REG);
+  return 0;
+}
+
+/* In an unreg target child: run it and return its exit code. Otherwise -1. */
+static int unreg_child_main(int argc, char **argv) {
+  if (argc != 3 || strcmp(argv[1], UNREG_FLAG) != 0) return -1;
+  return unreg_child((uint16_t)strtoul(argv[2], NULL, 10));
+}
+
+/* tu_child_start body: only exec, so it is fine in a parent with engine threads. */
+static int exec_self(void *arg, int ready_fd, int ctl_fd) {
+  (void)ready_fd;
+  (void)ctl_fd; /* already fds 3 and 4 */
+  execv(tu_self_exe(), arg);
+  return 127;
+}
+
+/* One command to the child; its reply, or -99 when it did not answer (gone). */
+static int64_t unreg_cmd(tu_child *c, uint32_t op, uint64_t off, uint64_t len, uint64_t seed) {
+  tu_cmd cmd = {.op = op, .seed = seed, .off = off, .len = len};
+  int64_t reply = -99;
+  if (tu_server_send(c, &cmd, &reply, 5000) != 0) return -99;
+  return reply;
+}
+
+static void test_stage_unmapped_page(void) {
+  uint16_t port = tu_free_port();
+  char p[16];
+  char *argv[] = {(char *)tu_self_exe(), UNREG_FLAG, p, NULL};
+  unreg_ready info;
+  tu_child child;
+  uint8_t data[256], back[256];
+
+  CU_ASSERT_FATAL(port != 0);
+  snprintf(p, sizeof(p), "%u", (unsigned)port);
+  CU_ASSERT_FATAL(tu_child_start(&child, exec_self, argv) == 0);
+  if (tu_child_read(&child, &info, sizeof(info), 10000) != 0 || info.status != HIXL_SUCCESS) {
+    tu_fail(__FILE__, __LINE__, "unreg target child did not come up: %s", info.error);
+    tu_child_wait(&child, 5000);
+    return;
+  }
+  const uint64_t pg = info.page, page0 = info.page0, hole = info.hole, reg = info.reg;
+  int fd = raw_link_to(port, 0);
+  CU_ASSERT_FATAL(fd >= 0);
+  CU_ASSERT(unreg_cmd(&child, UNREG_FILL, 0, pg, 11) == 0);
+  CU_ASSERT(unreg_cmd(&child, UNREG_FILL_REG, 0, UNREG_REG, 12) == 0);
+  /* The hole is made now, with the engine up and the link made. */
+  CU_ASSERT_FATAL(unreg_cmd(&child, UNREG_MAKE_HOLE, 0, 0, 0) == 0);
+  CU_ASSERT_FATAL(unreg_cmd(&child, UNREG_HOLE_STATE, 0, 0, 0) == 0);
+
+  tu_fill(data, sizeof(data), 13);
+  const struct seg w_hole[] = {{hole, 64}};
+  const struct seg w_hole_end[] = {{hole + pg - 1, 1}};
+  CU_ASSERT(send_stage(fd, WIRE_STAGE_WRITE, 1, w_hole, 1, data));
+  CU_ASSERT(EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 1, HIXL_FAILED, 0));
+  CU_ASSERT(send_stage(fd, WIRE_STAGE_WRITE, 2, w_hole_end, 1, data));
+  CU_ASSERT(EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 2, HIXL_FAILED, 0));
+  CU_ASSERT(send_stage(fd, WIRE_STAGE_READ, 3, w_hole, 1, NULL));
+  CU_ASSERT(EXPECT_ANSWER(fd, WIRE_READ_RESP, 3, HIXL_FAILED, 0));
+  /* Mapped page 0 and the hole, one range across both, or two ranges. */
+  const struct seg r_across[] = {{page0 + pg - 32, 64}};
+  const struct seg r_two[] = {{page0, 16}, {hole + 16, 16}};
+  CU_ASSERT(send_stage(fd, WIRE_STAGE_READ, 4, r_across, 1, NULL));
+  CU_ASSERT(EXPECT_ANSWER(fd, WIRE_READ_RESP, 4, HIXL_FAILED, 0));
+  CU_ASSERT(send_stage(fd, WIRE_STAGE_READ, 5, r_two, 2, NULL));
+  CU_ASSERT(EXPECT_ANSWER(fd, WIRE_READ_RESP, 5, HIXL_FAILED, 0));
+  /* Unmapped when it was checked, the target still alive, page 0 and reg untouched. */
+  CU_ASSERT(unreg_cmd(&child, UNREG_HOLE_STATE, 0, 0, 0) == 0);
+  CU_ASSERT(unreg_cmd(&child, UNREG_CHECK, 0, pg, 11) == -1);
+  CU_ASSERT(unreg_cmd(&child, UNREG_CHECK_REG, 0, UNREG_REG, 12) == -1);
+
+  /* STAGE_WRITEs that reach the hole after mapped bytes: FAILED too. Which bytes
+   * before the fault land is not specified (the self copy stops at the fault), so
+   * the memory is filled again afterwards rather than checked. */
+  const struct seg w_mixed[] = {{reg, 64}, {hole, 64}};
+  CU_ASSERT(send_stage(fd, WIRE_STAGE_WRITE, 20, r_across, 1, data));
+  CU_ASSERT(EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 20, HIXL_FAILED, 0));
+  CU_ASSERT(send_stage(fd, WIRE_STAGE_WRITE, 21, w_mixed, 2, data));
+  CU_ASSERT(EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 21, HIXL_FAILED, 0));
+  CU_ASSERT(unreg_cmd(&child, UNREG_HOLE_STATE, 0, 0, 0) == 0);
+  CU_ASSERT(unreg_cmd(&child, UNREG_FILL, 0, pg, 11) == 0);
+  CU_ASSERT(unreg_cmd(&child, UNREG_FILL_REG, 0, UNREG_REG, 12) == 0);
+
+  /* A following valid frame works: a STAGE_WRITE into unregistered page 0 and the
+   * registered memory, read back, then a SYNC. */
+  const struct seg ok[] = {{page0 + 100, 200}, {reg + 1000, 56}};
+  tu_fill(data, 200, 14);
+  tu_fill(data + 200, 56, 15);
+  CU_ASSERT(send_stage(fd, WIRE_STAGE_WRITE, 6, ok, 2, data));
+  CU_ASSERT(EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 6, HIXL_SUCCESS, 0));
+  CU_ASSERT(unreg_cmd(&child, UNREG_CHECK, 100, 200, 14) == -1);
+  CU_ASSERT(unreg_cmd(&child, UNREG_CHECK, 0, 100, 11) == -1);
+  CU_ASSERT(unreg_cmd(&child, UNREG_CHECK_REG, 1000, 56, 15) == -1);
+  CU_ASSERT(send_stage(fd, WIRE_STAGE_READ, 7, ok, 2, NULL));
+  CU_ASSERT_FATAL(EXPECT_ANSWER(fd, WIRE_READ_RESP, 7, HIXL_SUCCESS, 256));
+  CU_ASSERT_FATAL(recv_all(fd, back, 256));
+  TU_ASSERT_SAME(back, data, 256, "STAGE_READ of unregistered page 0 and registered memory");
+  CU_ASSERT(EXPECT_SYNC(fd, 8));
+  CU_ASSERT(unreg_cmd(&child, UNREG_HOLE_STATE, 0, 0, 0) == 0);
+  close(fd);
+
+  CU_ASSERT(unreg_cmd(&child, UNREG_QUIT, 0, 0, 0) == 0);
+  int ws = tu_child_stop(&child, 10000);
+  if (ws == -1 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+    tu_fail(__FILE__, __LINE__, "unreg target child ended badly: wait status 0x%x (signal %d)", (unsigned)ws,
+            ws != -1 && WIFSIGNALED(ws) ? WTERMSIG(ws) : 0);
 }
 
 /* ---- a fake target, for the initiator side ---- */
@@ -411,7 +1074,16 @@ static void test_reconnect_after_idle_hangup(void) {
   fake_stop(&f);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+  int rc = tu_child_main(argc, argv); /* resolves tu_self_exe(); -1 unless a tu_server child */
+  if (rc >= 0) return rc;
+  rc = unreg_child_main(argc, argv);
+  if (rc >= 0) return rc; /* the StagingUnregistered target child */
+  if (!tu_self_exe()[0]) {
+    fprintf(stderr, "cannot resolve /proc/self/exe\n");
+    return 1;
+  }
+  signal(SIGPIPE, SIG_IGN); /* a target child that died is a failed assertion, not our death */
   if (CU_initialize_registry() != CUE_SUCCESS) return 1;
   CU_pSuite t = CU_add_suite("target_vs_raw_peers", suite_init, suite_clean);
   CU_add_test(t, "garbage closes the link, engine keeps serving", test_garbage_closes_link);
@@ -421,6 +1093,16 @@ int main(void) {
   CU_add_test(t, "out-of-range WRITE/READ refused, memory untouched, link kept",
               test_out_of_range_refused_link_kept);
   CU_add_test(t, "a truncated frame then a vanished peer", test_truncated_then_gone);
+  CU_add_test(t, "STAGE_WRITE into registered ranges lands exactly", test_stage_write_registered);
+  CU_add_test(t, "STAGE_WRITE with a range outside: FAILED, nothing written, link kept",
+              test_stage_write_outside_refused);
+  CU_add_test(t, "STAGE_READ: packed bytes; a range outside: FAILED, no payload", test_stage_read);
+  CU_add_test(t, "STAGE_PULL / STAGE_PUSH without a QP: FAILED, link kept", test_stage_rdma_without_qp);
+  CU_add_test(t, "malformed staged frames close only their link", test_stage_malformed_closes_link);
+  CU_add_test(t, "a STAGE_READ flood nobody reads: bounded, RESOURCE_EXHAUSTED beyond",
+              test_stage_read_flood_bounded);
+  CU_pSuite u = CU_add_suite("target_staging_unregistered_on", NULL, NULL);
+  CU_add_test(u, "an unmapped page: FAILED, target alive, link kept", test_stage_unmapped_page);
   CU_pSuite i = CU_add_suite("initiator_vs_fake_targets", NULL, NULL);
   CU_add_test(i, "silent target: Connect times out", test_connect_silent_target_times_out);
   CU_add_test(i, "non-hixl target: clear error", test_connect_non_hixl_target);
