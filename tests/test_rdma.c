@@ -159,6 +159,63 @@ static void test_register_after_connect(void) {
   tu_free_mem(extra, 1u << 20);
 }
 
+/* Run a shell command; 0 when it exited 0. */
+static int sh(const char *cmd) {
+  int rc = system(cmd);
+  return rc == 0 ? 0 : -1;
+}
+
+/* A transfer that times out with work requests posted resets the link: after the
+ * call returns no DMA touches the caller's memory (its registration can go at once),
+ * the next transfer is NOT_CONNECTED, and Connect builds a new QP that works. Sync,
+ * then async. Needs a real packet path to break: rxe hands packets between QPs of one
+ * device straight over, so this runs across the veth of tos-on-wire.sh, which names
+ * the device (HIXL_TEST_NETEM_DEV); netem there drops every packet, so the READ's WRs
+ * stay posted while the NIC retries. */
+static void test_timeout_resets_qp(void) {
+  const char *dev = getenv("HIXL_TEST_NETEM_DEV");
+  char add[128], del[128];
+  if (!dev || !*dev) {
+    printf("  [not here: needs HIXL_TEST_NETEM_DEV; runs across the veth in tos-on-wire.sh]\n");
+    return;
+  }
+  snprintf(add, sizeof(add), "tc qdisc add dev %s root netem loss 100%%", dev);
+  snprintf(del, sizeof(del), "tc qdisc del dev %s root", dev);
+  for (int async = 0; async < 2; async++) {
+    uint8_t *m = tu_alloc_mem(64u << 20, false);
+    HixlMemHandle h = tu_register(g.cli, m, 64u << 20);
+    HixlTransferOpDesc d = {(uintptr_t)m, (uintptr_t)g.smem, 64u << 20};
+    struct hixl_link_info before, after;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(h);
+    TU_ASSERT_OK_FATAL(hixl_engine_link_info(g.cli, g.srv_name, &before));
+    CU_ASSERT_EQUAL_FATAL(sh(add), 0);
+    if (!async) {
+      TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_READ, &d, 1, 200), HIXL_TIMEOUT);
+      TU_ASSERT_ERRMSG_HAS("reset");
+    } else {
+      HixlTransferReq req;
+      HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
+      TU_ASSERT_OK(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_READ, &d, 1, 200, NULL, &req));
+      TU_ASSERT_OK(tu_wait_request(g.cli, req, tu_now_ms() + 5000, &ts));
+      CU_ASSERT_EQUAL(ts, HIXL_TRANSFER_TIMEOUT);
+    }
+    /* Nothing is in flight any more: the registration goes at once. */
+    TU_ASSERT_OK(HixlEngineDeregisterMem(g.cli, h));
+    CU_ASSERT_EQUAL(sh(del), 0);
+    HixlTransferOpDesc small = op(0, 0, 4096);
+    TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &small, 1, 5000),
+                     HIXL_NOT_CONNECTED);
+    TU_ASSERT_OK(HixlEngineConnect(g.cli, g.srv_name, 10000));
+    TU_ASSERT_OK(hixl_engine_link_info(g.cli, g.srv_name, &after));
+    CU_ASSERT_EQUAL(after.rdma, 1);
+    CU_ASSERT_NOT_EQUAL(after.qpn, before.qpn);
+    tu_fill(g.cmem, 4096, 70 + (uint64_t)async);
+    TU_ASSERT_OK(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &small, 1, 10000));
+    TU_ASSERT_PATTERN(g.smem, 4096, 70 + (uint64_t)async, "target after a WRITE on the new QP");
+    tu_free_mem(m, 64u << 20);
+  }
+}
+
 /* Traffic class and SL from the environment when no option gives them. */
 static void test_env_qos(void) {
   static const HixlOption rdma = {"Transport", "rdma"};
@@ -284,6 +341,11 @@ int main(int argc, char **argv) {
     return required ? 1 : 77; /* skipped here; run for real in the soft-RoCE guest */
   }
   if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+  if (getenv("HIXL_TEST_NETEM_DEV")) { /* across tos-on-wire.sh's veth: that test alone */
+    CU_pSuite v = CU_add_suite("rdma pair across a veth", pair_init, pair_cleanup);
+    CU_add_test(v, "timeout with WRs posted resets the QP; Connect again", test_timeout_resets_qp);
+    return tu_run_registry();
+  }
   CU_pSuite s = CU_add_suite("rdma pair", pair_init, pair_cleanup);
   CU_add_test(s, "rdma link; TC and SL on the QP", test_rdma_link_with_qos);
   CU_add_test(s, "WRITE then READ back, 1 B to 64 MiB", test_sizes);

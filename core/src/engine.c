@@ -477,9 +477,12 @@ static HixlStatus req_wait(HixlEngine *e, struct conn *c, struct hixl_transfer_r
     r->cancelled = true;
     st = stage_exhausted(e, fn, starved, remote);
   } else if (r->outstanding > 0) {
+    uint32_t left = r->outstanding;
     r->cancelled = true;
-    st = hixl_fail(HIXL_TIMEOUT, "%s: %u of %u chunks to %s unanswered at the deadline", fn, r->outstanding,
-                   r->nchunks, remote);
+    bool reset = erdma_req_timeout(e, r);
+    st = hixl_fail(
+        HIXL_TIMEOUT, "%s: %u of %u chunks to %s unanswered at the deadline%s", fn, left, r->nchunks, remote,
+        reset ? "; RDMA work requests were still posted, so the link was reset (Connect again)" : "");
   } else if (r->status != HIXL_SUCCESS) {
     st = hixl_fail(r->status, "%s: %s", fn, r->err);
   }
@@ -825,6 +828,7 @@ HixlStatus HixlEngineGetTransferStatus(HixlEngine *e, HixlTransferReq req, HixlT
       s = HIXL_TRANSFER_TIMEOUT;
       hixl_fail(HIXL_TIMEOUT, "transfer: %u of %u chunks unanswered at the deadline", r->outstanding,
                 r->nchunks);
+      erdma_req_timeout(e, r);
     }
   }
   if (s != HIXL_TRANSFER_WAITING) {

@@ -299,6 +299,8 @@ void erdma_post(struct conn *c, size_t budget);
 #define ERDMA_CALLER_POST (4u << 20)  /* bytes a submitting thread posts itself */
 #define ERDMA_STEP        (64u << 20) /* bytes posted per completion event */
 void erdma_on_cq(struct HixlEngine *e);
+bool erdma_req_timeout(struct HixlEngine *e,
+                       struct hixl_transfer_req *r); /* reset a link with r's WRs posted */
 void erdma_conn_kill(struct conn *c, HixlStatus st, const char *msg);
 size_t link_mem_entry_len(const struct hixl_mem_reg *r);
 uint32_t link_caps(const struct HixlEngine *e); /* WIRE_CAP_* this engine advertises */

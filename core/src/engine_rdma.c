@@ -248,6 +248,28 @@ void erdma_on_cq(struct HixlEngine *e) {
   }
 }
 
+/* A request timed out. Chunks still waiting for a send-queue slot are dropped as they
+ * come up; but work requests already posted cannot be taken back, and a READ among
+ * them could still write the caller's memory after the call returned. So a link
+ * holding posted WRs of r is reset: its QP is destroyed (no DMA after that), every
+ * chunk on it ends, and the next Connect builds a new QP. Lock held. */
+bool erdma_req_timeout(struct HixlEngine *e, struct hixl_transfer_req *r) {
+  for (struct conn *c = e->conns; c; c = c->next) {
+    if (c->dead || !c->qp || c->role != CONN_INITIATOR) continue;
+    for (struct chunk *ch = c->rpend_head; ch; ch = ch->next_pending)
+      if (ch->req == r) {
+        char why[192];
+        snprintf(why, sizeof(why),
+                 "RDMA work requests of a transfer were still posted at its deadline: QP 0x%x reset so "
+                 "none touches memory afterwards; call HixlEngineConnect again",
+                 rdma_qp_num(c->qp));
+        link_conn_kill(c, HIXL_TIMEOUT, why);
+        return true; /* a request's chunks are on one link */
+      }
+  }
+  return false;
+}
+
 /* The link is dying: end what it holds and destroy the QP (no DMA after this). */
 void erdma_conn_kill(struct conn *c, HixlStatus st, const char *msg) {
   struct chunk *ch;

@@ -3,7 +3,8 @@
 # routing so traffic between their addresses really crosses the veth (otherwise Linux
 # routes it via lo and rxe drops it). hixl-bench then writes from an engine on rxea
 # (10.77.1.1) to one on rxeb (10.77.1.2) with traffic class 104 (HCCL_RDMA_TC), while
-# tcpdump watches the veth: every RoCE v2 packet must carry IP TOS 0x68 (= 104).
+# tcpdump watches the veth: every RoCE v2 packet must carry IP TOS 0x68 (= 104). Then
+# test_rdma's QP-reset test runs across the veth, where netem can drop packets.
 #   tos-on-wire.sh BUILD_DIR
 set -eu
 build=$1
@@ -47,4 +48,9 @@ total=$(grep -c 'proto UDP' "$out" || true)
 good=$(grep 'proto UDP' "$out" | grep -c 'tos 0x68' || true)
 echo "tos-on-wire: $good of $total RoCE v2 packets on the veth carry TOS 0x68 (RdmaTrafficClass 104)"
 grep 'proto UDP' "$out" | grep -v 'tos 0x68' | head -3
-[ "$total" -gt 50 ] && [ "$good" -eq "$total" ]
+[ "$total" -gt 50 ] && [ "$good" -eq "$total" ] || exit 1
+# Across the same veth, netem can break the path (rxe passes packets between QPs of
+# one device straight over): test_rdma's "timeout with WRs posted resets the QP".
+HIXL_TEST_IP=10.77.1.1 HIXL_TEST_PEER_IP=10.77.1.2 HIXL_TEST_NETEM_DEV=va HIXL_REQUIRE_RDMA=1 \
+  timeout 600 "$build/tests/test_rdma" > "$out.reset" 2>&1 || { cat "$out.reset"; exit 1; }
+grep -E 'Test:|tests ' "$out.reset"
