@@ -200,35 +200,27 @@ static bool drop_if_cancelled(struct conn *c) {
   return true;
 }
 
-/* iovecs for what is left of a gathering item (header, heap, then its ranges), from
- * iov[n] on; returns the new n and adds to *bytes. */
-static int gather_iov(const struct txitem *it, struct iovec *iov, int n, size_t budget, size_t *bytes) {
+/* Append iovecs for what is left of it (header, heap, then its payload or its
+ * gathered ranges) from iov[n] on, within budget; returns the new n. */
+static int item_iov(const struct txitem *it, struct iovec *iov, int n, size_t budget, size_t *bytes) {
   size_t off = it->sent;
-  const struct {
-    const void *p;
-    size_t len;
-  } head[2] = {{it->hdr, it->hdr_len}, {it->heap, it->heap_len}};
-  for (int k = 0; k < 2 && n < LINK_IOV_MAX && *bytes < budget; k++) {
-    if (off >= head[k].len) {
-      off -= head[k].len;
-      continue;
+  const struct stage_seg one = {.laddr = (uintptr_t)it->payload, .len = (uint32_t)it->payload_len};
+  const struct stage_seg head[2] = {{.laddr = (uintptr_t)it->hdr, .len = it->hdr_len},
+                                    {.laddr = (uintptr_t)it->heap, .len = (uint32_t)it->heap_len}};
+  const struct stage_seg *parts[2] = {head, it->gather ? it->gather : &one};
+  uint32_t nparts[2] = {2, it->gather ? it->ngather : 1};
+  for (int p = 0; p < 2; p++)
+    for (uint32_t g = 0; g < nparts[p] && n < LINK_IOV_MAX && *bytes < budget; g++) {
+      size_t len = parts[p][g].len;
+      if (off >= len) {
+        off -= len;
+        continue;
+      }
+      iov[n].iov_base = (uint8_t *)(uintptr_t)parts[p][g].laddr + off;
+      iov[n].iov_len = len - off < budget - *bytes ? len - off : budget - *bytes;
+      *bytes += iov[n++].iov_len;
+      off = 0;
     }
-    iov[n].iov_base = (uint8_t *)head[k].p + off;
-    iov[n].iov_len = head[k].len - off < budget - *bytes ? head[k].len - off : budget - *bytes;
-    *bytes += iov[n++].iov_len;
-    off = 0;
-  }
-  for (uint32_t g = 0; g < it->ngather && n < LINK_IOV_MAX && *bytes < budget; g++) {
-    size_t len = it->gather[g].len;
-    if (off >= len) {
-      off -= len;
-      continue;
-    }
-    iov[n].iov_base = (uint8_t *)(uintptr_t)it->gather[g].laddr + off;
-    iov[n].iov_len = len - off < budget - *bytes ? len - off : budget - *bytes;
-    *bytes += iov[n++].iov_len;
-    off = 0;
-  }
   return n;
 }
 
@@ -240,27 +232,8 @@ void link_flush_some(struct conn *c, size_t budget) {
     size_t bytes = 0;
     if (drop_if_cancelled(c)) continue;
     for (struct txitem *it = c->txq_head; it && n + 3 <= LINK_IOV_MAX && bytes < budget; it = it->next) {
-      size_t off = it->sent;
-      if (it->gather) {
-        n = gather_iov(it, iov, n, budget, &bytes);
-        break; /* one gathered item per call: its ranges may fill the vector */
-      }
-      const struct {
-        const void *p;
-        size_t len;
-      } parts[3] = {{it->hdr, it->hdr_len}, {it->heap, it->heap_len}, {it->payload, it->payload_len}};
-      for (int k = 0; k < 3; k++) {
-        if (off >= parts[k].len) {
-          off -= parts[k].len;
-          continue;
-        }
-        iov[n].iov_base = (uint8_t *)parts[k].p + off;
-        iov[n].iov_len = parts[k].len - off;
-        if (iov[n].iov_len > budget - bytes) iov[n].iov_len = budget - bytes;
-        bytes += iov[n++].iov_len;
-        off = 0;
-        if (bytes == budget) break;
-      }
+      n = item_iov(it, iov, n, budget, &bytes);
+      if (it->gather) break; /* its ranges may fill the vector: one such item per call */
       if (it->next && it->next->chunk && it->next->chunk->req->cancelled) break;
     }
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
