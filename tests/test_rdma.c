@@ -4,9 +4,14 @@
  * (the guest run) a missing device is a failure. Engines use HIXL_TEST_IP, which
  * must be an address of the RDMA device (the guest sets 10.77.0.1). */
 #include <CUnit/Basic.h>
+#include <linux/capability.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "engine_ext.h"
 #include "rdma.h"
@@ -216,6 +221,57 @@ static void test_timeout_resets_qp(void) {
   }
 }
 
+/* Child of test_memlock: without CAP_IPC_LOCK and with a 1 MiB locked-memory limit,
+ * an rdma engine still starts (its BufferPool unregistered, with a warning), a small
+ * registration works, and a 16 MiB one is RESOURCE_EXHAUSTED with a message naming
+ * the limit and how to raise it. Writes that message to fd; exits 0 when all held. */
+static int memlock_child(int fd) {
+  struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+  struct __user_cap_data_struct cap[2];
+  struct rlimit rl = {.rlim_cur = 1u << 20, .rlim_max = 1u << 20};
+  HixlOption o = {"Transport", "rdma"};
+  HixlMemHandle h;
+  if (syscall(SYS_capget, &hdr, cap) != 0) return 10;
+  cap[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+  cap[CAP_IPC_LOCK / 32].permitted &= ~(1u << (CAP_IPC_LOCK % 32));
+  if (syscall(SYS_capset, &hdr, cap) != 0 || setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 11;
+  HixlEngine *e = engine_with(tu_ip(), &o, 1);
+  if (!e) return 12;
+  uint8_t *small = tu_alloc_mem(64u << 10, false), *big = tu_alloc_mem(16u << 20, false);
+  HixlMemDesc ds = {(uintptr_t)small, 64u << 10}, db = {(uintptr_t)big, 16u << 20};
+  if (HixlEngineRegisterMem(e, &ds, HIXL_MEM_HOST, &h) != HIXL_SUCCESS) return 13;
+  HixlStatus st = HixlEngineRegisterMem(e, &db, HIXL_MEM_HOST, &h);
+  const char *msg = HixlGetLastErrorMessage();
+  (void)!write(fd, msg, strlen(msg));
+  HixlEngineDestroy(e);
+  return st == HIXL_RESOURCE_EXHAUSTED ? 0 : 14;
+}
+
+static void test_memlock(void) {
+  int p[2];
+  char msg[1024] = "";
+  CU_ASSERT_EQUAL_FATAL(pipe(p), 0);
+  pid_t pid = fork();
+  CU_ASSERT_FATAL(pid >= 0);
+  if (pid == 0) {
+    close(p[0]);
+    _exit(memlock_child(p[1]));
+  }
+  close(p[1]);
+  (void)tu_read_all(p[0], msg, sizeof(msg) - 1); /* up to EOF: msg was zeroed, so it ends in NUL */
+  close(p[0]);
+  int ws = 0;
+  CU_ASSERT_EQUAL(waitpid(pid, &ws, 0), pid);
+  if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+    tu_fail(__FILE__, __LINE__,
+            "memlock child: %s %d (10-13: setup or small registration failed, 14: big "
+            "registration not RESOURCE_EXHAUSTED); message \"%s\"",
+            WIFEXITED(ws) ? "exit" : "signal", WIFEXITED(ws) ? WEXITSTATUS(ws) : WTERMSIG(ws), msg);
+  CU_ASSERT_PTR_NOT_NULL(strstr(msg, "RLIMIT_MEMLOCK"));
+  CU_ASSERT_PTR_NOT_NULL(strstr(msg, "ulimit -l"));
+  printf("  [%s]\n", msg);
+}
+
 /* Traffic class and SL from the environment when no option gives them. */
 static void test_env_qos(void) {
   static const HixlOption rdma = {"Transport", "rdma"};
@@ -358,5 +414,6 @@ int main(int argc, char **argv) {
   CU_add_test(o, "auto: shm on one host first, then rdma", test_auto_order);
   CU_add_test(o, "peer without RDMA: auto -> tcp, rdma -> FAILED", test_peer_without_rdma);
   CU_add_test(o, "HixlCS* with rdma endpoints", test_cs_over_rdma);
+  CU_add_test(o, "locked-memory limit: clear RESOURCE_EXHAUSTED", test_memlock);
   return tu_run_registry();
 }

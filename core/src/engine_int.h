@@ -271,7 +271,7 @@ void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me);
 
 /* engine_stage.c */
 HixlStatus stage_open(struct HixlEngine *e);
-HixlStatus stage_open_rdma(struct HixlEngine *e);                  /* after erdma_open: the pool's MR */
+void stage_open_rdma(struct HixlEngine *e);                        /* after erdma_open: the pool's MR */
 void stage_target_cq(struct conn *c, bool ok, const char *status); /* its STAGE_PULL / PUSH completed */
 void stage_close(struct HixlEngine *e);
 void stage_submit(struct hixl_transfer_req *r);     /* queue r's units for buffers, start what can */

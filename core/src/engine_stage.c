@@ -45,15 +45,17 @@ HixlStatus stage_open(struct HixlEngine *e) {
   return HIXL_SUCCESS;
 }
 
-HixlStatus stage_open_rdma(struct HixlEngine *e) {
+void stage_open_rdma(struct HixlEngine *e) {
   struct stage_pool *p = &e->pool;
   char err[384];
-  if (!e->has_rdma || !p->mem) return HIXL_SUCCESS;
+  if (!e->has_rdma || !p->mem) return;
   p->mr = rdma_reg(&e->rdma, p->mem, p->mem_len, err, sizeof(err));
+  /* Not fatal: without the MR, staged units on rdma links go over the socket and
+   * small ops there are not packed. Memory the caller registers may still fit. */
   if (!p->mr)
-    return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineInitialize: cannot register BufferPool %u:%u: %s",
-                     e->opts.pool_num, e->opts.pool_size_mb, err);
-  return HIXL_SUCCESS;
+    log_warn("engine %s: BufferPool %u:%u is not registered with %s, so staged data on rdma links goes "
+             "over the socket: %s",
+             e->local_name, e->opts.pool_num, e->opts.pool_size_mb, e->rdma.name, err);
 }
 
 /* Also before the RDMA device closes: the pool's MR goes first. */
