@@ -225,16 +225,21 @@ static void test_timeout_resets_qp(void) {
  * an rdma engine still starts (its BufferPool unregistered, with a warning), a small
  * registration works, and a 16 MiB one is RESOURCE_EXHAUSTED with a message naming
  * the limit and how to raise it. Writes that message to fd; exits 0 when all held. */
-static int memlock_child(int fd) {
+/* This process from now on: without CAP_IPC_LOCK, and a locked-memory limit of 1 MiB. */
+static int limit_memlock(void) {
   struct __user_cap_header_struct hdr = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
   struct __user_cap_data_struct cap[2];
   struct rlimit rl = {.rlim_cur = 1u << 20, .rlim_max = 1u << 20};
-  HixlOption o = {"Transport", "rdma"};
-  HixlMemHandle h;
-  if (syscall(SYS_capget, &hdr, cap) != 0) return 10;
+  if (syscall(SYS_capget, &hdr, cap) != 0) return -1;
   cap[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
   cap[CAP_IPC_LOCK / 32].permitted &= ~(1u << (CAP_IPC_LOCK % 32));
-  if (syscall(SYS_capset, &hdr, cap) != 0 || setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 11;
+  return syscall(SYS_capset, &hdr, cap) == 0 && setrlimit(RLIMIT_MEMLOCK, &rl) == 0 ? 0 : -1;
+}
+
+static int memlock_child(int fd) {
+  HixlOption o = {"Transport", "rdma"};
+  HixlMemHandle h;
+  if (limit_memlock() != 0) return 11;
   HixlEngine *e = engine_with(tu_ip(), &o, 1);
   if (!e) return 12;
   uint8_t *small = tu_alloc_mem(64u << 10, false), *big = tu_alloc_mem(16u << 20, false);
@@ -270,6 +275,45 @@ static void test_memlock(void) {
   CU_ASSERT_PTR_NOT_NULL(strstr(msg, "RLIMIT_MEMLOCK"));
   CU_ASSERT_PTR_NOT_NULL(strstr(msg, "ulimit -l"));
   printf("  [%s]\n", msg);
+}
+
+/* A target whose locked-memory limit leaves no room for its bounce buffer answers a
+ * staged unit sent by RDMA (STAGE_PULL / STAGE_PUSH) RESOURCE_EXHAUSTED; the initiator
+ * then sends that unit, and later ones to that peer, over the socket. The target is a
+ * child without CAP_IPC_LOCK under a 1 MiB limit, 768 KiB of it registered; the
+ * initiator writes and reads back 512 KiB of unregistered memory. */
+static void test_stage_rdma_fallback(void) {
+  enum { REG = 768u << 10, LEN = 512u << 10 };
+  static const HixlOption o = {"Transport", "rdma"};
+  tu_server_cfg cfg = {
+      .port = tu_free_port(), .mem_len = REG, .seed = 91, .transport = "rdma", .memlock = 1u << 20};
+  tu_server_ready info;
+  tu_child c;
+  char name[TU_ADDR_LEN];
+  if (tu_server_start(&c, &cfg, &info, 20000) != 0) {
+    tu_fail(__FILE__, __LINE__, "target child: %s", info.error);
+    return;
+  }
+  tu_addr(name, sizeof(name), cfg.port);
+  HixlEngine *e = engine_with(tu_ip(), &o, 1);
+  uint8_t *src = malloc(LEN), *back = calloc(1, LEN);
+  CU_ASSERT_FATAL(e && src && back);
+  TU_ASSERT_OK(HixlEngineConnect(e, name, 10000));
+  tu_fill(src, LEN, 81);
+  HixlTransferOpDesc w = {(uintptr_t)src, info.addr + 4096, LEN};
+  HixlTransferOpDesc r = {(uintptr_t)back, info.addr + 4096, LEN};
+  TU_ASSERT_OK(HixlEngineTransferSync(e, name, HIXL_WRITE, &w, 1, 20000));
+  tu_cmd check = {.op = TU_CMD_CHECK, .seed = 81, .off = 4096, .len = LEN};
+  int64_t mismatch = 0;
+  CU_ASSERT_EQUAL(tu_child_write(&c, &check, sizeof(check)), 0);
+  CU_ASSERT_EQUAL(tu_child_read(&c, &mismatch, sizeof(mismatch), 10000), 0);
+  CU_ASSERT_EQUAL(mismatch, -1); /* the target holds what was written, byte for byte */
+  TU_ASSERT_OK(HixlEngineTransferSync(e, name, HIXL_READ, &r, 1, 20000));
+  TU_ASSERT_PATTERN(back, LEN, 81, "read back through a target short of locked memory");
+  HixlEngineDestroy(e);
+  CU_ASSERT_EQUAL(tu_child_stop(&c, 10000), 0);
+  free(src);
+  free(back);
 }
 
 /* Traffic class and SL from the environment when no option gives them. */
@@ -415,5 +459,7 @@ int main(int argc, char **argv) {
   CU_add_test(o, "peer without RDMA: auto -> tcp, rdma -> FAILED", test_peer_without_rdma);
   CU_add_test(o, "HixlCS* with rdma endpoints", test_cs_over_rdma);
   CU_add_test(o, "locked-memory limit: clear RESOURCE_EXHAUSTED", test_memlock);
+  CU_add_test(o, "target short of locked memory: staged units fall back to the socket",
+              test_stage_rdma_fallback);
   return tu_run_registry();
 }

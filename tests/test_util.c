@@ -13,7 +13,9 @@
 #include <string.h>
 #include <grp.h>
 #include <sys/mman.h>
+#include <linux/capability.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -676,6 +678,10 @@ static int server_exec(void *arg, int ready_fd, int ctl_fd) {
   (void)ready_fd;
   (void)ctl_fd; /* tu_child_start put them at 3 and 4 already */
   if (tu_become(cfg->uid, cfg->gid) != 0) return 126;
+  if (cfg->memlock) { /* both survive the exec: RLIMIT_MEMLOCK binds again */
+    struct rlimit rl = {.rlim_cur = cfg->memlock, .rlim_max = cfg->memlock};
+    if (prctl(PR_CAPBSET_DROP, CAP_IPC_LOCK, 0, 0, 0) != 0 || setrlimit(RLIMIT_MEMLOCK, &rl) != 0) return 125;
+  }
   snprintf(port, sizeof(port), "%u", (unsigned)cfg->port);
   snprintf(len, sizeof(len), "%zu", cfg->mem_len);
   snprintf(seed, sizeof(seed), "%llu", (unsigned long long)cfg->seed);

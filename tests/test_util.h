@@ -192,6 +192,8 @@ typedef struct {
   uint32_t uid, gid;     /* run the child as this user and group (setres[ug]id before the
                           * exec; needs root); 0: as this process */
   bool nondumpable;      /* prctl(PR_SET_DUMPABLE, 0) in the child before its engine starts */
+  uint64_t memlock;      /* nonzero: the child runs without CAP_IPC_LOCK (dropped from the
+                          * bounding set before exec) and with this RLIMIT_MEMLOCK */
 } tu_server_cfg;
 
 typedef struct {

@@ -279,7 +279,9 @@ void stage_pump(struct HixlEngine *e);              /* give free buffers to wait
 void stage_release(struct chunk *ch);               /* the unit ended: its buffer is free */
 uint32_t stage_cancel(struct hixl_transfer_req *r); /* end units still waiting; returns how many */
 void stage_conn_kill(struct conn *c, HixlStatus st, const char *msg);
-void stage_read_done(struct chunk *ch); /* STAGE_READ data arrived: scatter it */
+bool stage_rdma_refused(struct conn *c,
+                        struct chunk *ch); /* RESOURCE_EXHAUSTED for a PULL/PUSH: resent on the socket */
+void stage_read_done(struct chunk *ch);    /* STAGE_READ data arrived: scatter it */
 void stage_target_frame(struct conn *c, const struct wire_msg *m);
 void stage_target_write_done(struct conn *c);
 void stage_conn_free(struct conn *c);

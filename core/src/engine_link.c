@@ -548,6 +548,7 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
       link_pay_single(c, ch->req->cancelled ? NULL : ch->laddr, m->hdr.payload_len);
     return;
   }
+  if (m->u.ack.status == HIXL_RESOURCE_EXHAUSTED && stage_rdma_refused(c, ch)) return;
   if (m->u.ack.status == HIXL_SUCCESS) {
     if (ch->kind == CHUNK_SREAD) stage_read_done(ch); /* pushed into its buffer by RDMA */
     link_chunk_end(ch, HIXL_SUCCESS, "");

@@ -138,17 +138,16 @@ void stage_conn_kill(struct conn *c, HixlStatus st, const char *msg) {
   }
 }
 
-/* Give ch a buffer and put its frame on its link. */
-static void unit_start(struct stage_pool *p, struct chunk *ch) {
-  struct conn *c = ch->sconn;
+/* Build ch's frame and queue it on c; ch holds its buffer. Returns -1 (ch ended)
+ * when memory runs out. */
+static int unit_queue(struct stage_pool *p, struct chunk *ch, struct conn *c) {
   bool write = ch->kind == CHUNK_SWRITE;
   size_t flen = WIRE_HDR_LEN + 24 + (size_t)ch->nsegs * WIRE_STAGE_SEG_LEN; /* room for either form */
   uint8_t *frame = malloc(flen);
   if (!frame) {
     link_chunk_end(ch, HIXL_RESOURCE_EXHAUSTED, "out of memory for a staged frame");
-    return;
+    return -1;
   }
-  ch->sbuf = p->free[--p->nfree];
   ch->seq = c->next_seq++; /* numbered now: frames go out, and answers come back, in this order */
   /* On a QP the target moves the packed data itself (one RDMA READ or WRITE of this
    * buffer); otherwise the data follows the frame on the socket. */
@@ -176,10 +175,29 @@ static void unit_start(struct stage_pool *p, struct chunk *ch) {
   ch->tx.gather = write && !ch->srdma ? ch->segs : NULL;
   ch->tx.ngather = write && !ch->srdma ? ch->nsegs : 0;
   ch->tx.chunk = ch;
+  link_enqueue(c, &ch->tx);
+  return 0;
+}
+
+/* Give ch a buffer and put its frame on its link. */
+static void unit_start(struct stage_pool *p, struct chunk *ch) {
+  ch->sbuf = p->free[--p->nfree];
+  if (unit_queue(p, ch, ch->sconn) < 0) return;
   p->stats.units++;
   p->stats.ops += ch->nsegs;
   p->stats.bytes += ch->len;
-  link_enqueue(c, &ch->tx);
+}
+
+bool stage_rdma_refused(struct conn *c, struct chunk *ch) {
+  if (!ch->srdma || ch->req->cancelled || !c->peer) return false;
+  /* The target could not take the unit by RDMA (out of locked memory for its bounce
+   * buffer): this unit and every later one to that peer go on the socket. */
+  log_info("link to %s: the peer cannot take staged units by RDMA (RESOURCE_EXHAUSTED); they go over the "
+           "socket from now on",
+           c->remote_name);
+  c->peer->caps &= ~WIRE_CAP_STAGE_RDMA;
+  if (unit_queue(&c->eng->pool, ch, c) == 0) link_flush_some(c, LINK_CALLER_SEND);
+  return true;
 }
 
 void stage_pump(struct HixlEngine *e) {
