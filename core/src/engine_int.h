@@ -254,6 +254,12 @@ void link_flush(struct conn *c);
 void link_flush_some(struct conn *c, size_t budget);
 #define LINK_CALLER_SEND (256u << 10)
 void link_enqueue(struct conn *c, struct txitem *it);
+/* Queue a frame of at most WIRE_SMALL_FRAME bytes (then an optional payload whose
+ * registration, if any, is released once sent); -1 when memory runs out. */
+int link_queue_small(struct conn *c, const uint8_t *frame, size_t len, const uint8_t *payload,
+                     size_t payload_len, struct hixl_mem_reg *reg);
+/* Queue a copy of a built frame; out of memory kills the link. */
+void link_queue_copy(struct conn *c, const uint8_t *frame, size_t len);
 void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct hixl_mem_reg *r);
 void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why);
 void link_req_maybe_free(struct hixl_transfer_req *r);

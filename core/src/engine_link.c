@@ -275,8 +275,8 @@ void link_flush_some(struct conn *c, size_t budget) {
 void link_flush(struct conn *c) { link_flush_some(c, SIZE_MAX); }
 
 /* Queue a small frame built by one of the wire_put_* helpers. */
-static int queue_small(struct conn *c, const uint8_t *frame, size_t len, const uint8_t *payload,
-                       size_t payload_len, struct hixl_mem_reg *reg) {
+int link_queue_small(struct conn *c, const uint8_t *frame, size_t len, const uint8_t *payload,
+                     size_t payload_len, struct hixl_mem_reg *reg) {
   struct txitem *it = calloc(1, sizeof(*it));
   if (!it) return -1;
   memcpy(it->hdr, frame, len);
@@ -286,6 +286,18 @@ static int queue_small(struct conn *c, const uint8_t *frame, size_t len, const u
   it->reg = reg;
   link_enqueue(c, it);
   return 0;
+}
+
+static int queue_heap(struct conn *c, uint8_t *frame, size_t len);
+
+void link_queue_copy(struct conn *c, const uint8_t *frame, size_t len) {
+  uint8_t *heap = malloc(len);
+  if (!heap || queue_heap(c, heap, len) < 0) {
+    free(heap);
+    link_conn_kill(c, HIXL_FAILED, "out of memory");
+    return;
+  }
+  memcpy(heap, frame, len);
 }
 
 static int queue_heap(struct conn *c, uint8_t *frame, size_t len) {
@@ -398,8 +410,8 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
     struct hixl_mem_reg *r = target_range(c, m->u.read_req.raddr, m->u.read_req.len, "READ");
     size_t len = wire_put_ack(frame, WIRE_READ_RESP, m->u.read_req.seq, r ? HIXL_SUCCESS : HIXL_FAILED,
                               r ? m->u.read_req.len : 0);
-    if (queue_small(c, frame, len, r ? (const uint8_t *)(uintptr_t)m->u.read_req.raddr : NULL,
-                    r ? m->u.read_req.len : 0, r) < 0) {
+    if (link_queue_small(c, frame, len, r ? (const uint8_t *)(uintptr_t)m->u.read_req.raddr : NULL,
+                         r ? m->u.read_req.len : 0, r) < 0) {
       link_conn_kill(c, HIXL_FAILED, "out of memory");
       return;
     }
@@ -414,7 +426,7 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
   case WIRE_SHM_HELLO: eshm_target_hello(c, m); return;
   case WIRE_SYNC: {
     size_t len = wire_put_ack(frame, WIRE_SYNC_ACK, m->u.ack.seq, HIXL_SUCCESS, 0);
-    if (queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
+    if (link_queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
     return;
   }
   case WIRE_NOTIFY: {
@@ -448,7 +460,7 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
       }
     }
     size_t len = wire_put_ack(frame, WIRE_NOTIFY_ACK, m->u.notify.seq, st, 0);
-    if (queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
+    if (link_queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
     return;
   }
   default: break;
@@ -508,7 +520,7 @@ static void target_write_done(struct conn *c) {
   if (c->pay_reg) c->pay_reg->inflight--;
   c->pay_reg = NULL;
   size_t len = wire_put_ack(frame, WIRE_WRITE_ACK, c->pay_seq, c->pay_status, 0);
-  if (queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
+  if (link_queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
 }
 
 /* ---- initiator side ---- */

@@ -144,19 +144,7 @@ void erdma_target_connect(struct conn *c, const struct wire_msg *m) {
     }
   }
   if (status != 0) log_error("link from %s: cannot connect a QP: %s", c->remote_name, err);
-  size_t n = put_qp_frame(buf, sizeof(buf), WIRE_RDMA_CONNECT_ACK, status, &local);
-  uint8_t *heap = malloc(n);
-  struct txitem *it = calloc(1, sizeof(*it));
-  if (!heap || !it) {
-    free(heap);
-    free(it);
-    link_conn_kill(c, HIXL_FAILED, "out of memory");
-    return;
-  }
-  memcpy(heap, buf, n);
-  it->heap = heap;
-  it->heap_len = n;
-  link_enqueue(c, it);
+  link_queue_copy(c, buf, put_qp_frame(buf, sizeof(buf), WIRE_RDMA_CONNECT_ACK, status, &local));
 }
 
 static void fifo_push(struct chunk **head, struct chunk **tail, struct chunk *ch) {

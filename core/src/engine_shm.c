@@ -160,19 +160,8 @@ void eshm_target_hello(struct conn *c, const struct wire_msg *m) {
     wire_put_bytes(&w, c->shm_nonce, sizeof(c->shm_nonce));
   else
     for (int i = 0; i < 4; i++) wire_put_u32(&w, 0);
-  size_t n = wire_end(&w, 0);
-  uint8_t *heap = malloc(n);
-  struct txitem *it = calloc(1, sizeof(*it));
-  if (!heap || !it) {
-    free(heap);
-    free(it);
-    link_conn_kill(c, HIXL_FAILED, "out of memory");
-    return;
-  }
-  memcpy(heap, buf, n);
-  it->heap = heap;
-  it->heap_len = n;
-  link_enqueue(c, it);
+  link_queue_copy(c, buf, wire_end(&w, 0));
+  if (c->dead) return;
   log_info("link from %s: %s (peer pid %u uid %u)", c->remote_name,
            status == WIRE_HELLO_OK ? "offered same-host copies" : "refused same-host copies", m->u.shm.pid,
            m->u.shm.uid);

@@ -115,11 +115,16 @@ HixlStatus stage_exhausted(struct HixlEngine *e, const char *fn, uint32_t units,
                    remote);
 }
 
+/* How a unit that never got a buffer ends. */
+static void starved_why(const struct HixlEngine *e, char *why, size_t len) {
+  snprintf(why, len, "staged unit never got a buffer of BufferPool %u:%u before the deadline",
+           e->opts.pool_num, e->opts.pool_size_mb);
+}
+
 uint32_t stage_cancel(struct hixl_transfer_req *r) {
   uint32_t n = 0;
   char why[160];
-  snprintf(why, sizeof(why), "staged unit never got a buffer of BufferPool %u:%u before the deadline",
-           r->eng->opts.pool_num, r->eng->opts.pool_size_mb);
+  starved_why(r->eng, why, sizeof(why));
   for (uint32_t i = r->ndirect; i < r->nchunks; i++)
     if (r->chunks[i].waiting) {
       n++;
@@ -210,8 +215,7 @@ void stage_pump(struct HixlEngine *e) {
     if (!now) now = hixl_now_ns();
     if (r->cancelled || now >= r->deadline_ns) {
       char why[160];
-      snprintf(why, sizeof(why), "staged unit never got a buffer of BufferPool %u:%u before the deadline",
-               e->opts.pool_num, e->opts.pool_size_mb);
+      starved_why(e, why, sizeof(why));
       link_chunk_end(ch, HIXL_RESOURCE_EXHAUSTED, why);
       continue;
     }
@@ -317,13 +321,9 @@ static int tbuf_reserve(struct conn *c, size_t len, bool mr) {
 
 /* Queue the WRITE_ACK that ends a STAGE_WRITE, STAGE_PULL or STAGE_PUSH. */
 static void target_ack(struct conn *c, uint64_t seq, uint32_t status) {
-  struct txitem *it = calloc(1, sizeof(*it));
-  if (!it) {
-    link_conn_kill(c, HIXL_FAILED, "out of memory");
-    return;
-  }
-  it->hdr_len = (uint32_t)wire_put_ack(it->hdr, WIRE_WRITE_ACK, seq, status, 0);
-  link_enqueue(c, it);
+  uint8_t frame[WIRE_SMALL_FRAME];
+  size_t len = wire_put_ack(frame, WIRE_WRITE_ACK, seq, status, 0);
+  if (link_queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
 }
 
 /* Whether every range of the frame just taken lies in one registration; fills tregs. */
