@@ -173,9 +173,11 @@ static void test_hdr_type(void) {
   CU_ASSERT_EQUAL(hdr_of(WIRE_NOTIFY_ACK, 12, 0), WIRE_OK);
   CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_READ, 24, 0), WIRE_OK);
   CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_PULL, 36, 0), WIRE_OK);
-  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_PUSH, 36, 0), WIRE_OK); /* the last type */
-  CU_ASSERT_EQUAL(hdr_of(21, 36, 0), WIRE_ETYPE);
-  CU_ASSERT_EQUAL(hdr_of(21, 24, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_PUSH, 36, 0), WIRE_OK);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_CALL, 10, 0), WIRE_OK);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_CALL_RESP, 12, 0), WIRE_OK); /* the last type */
+  CU_ASSERT_EQUAL(hdr_of(23, 36, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(23, 24, 0), WIRE_ETYPE);
 }
 
 static void test_hdr_flags_reserved(void) {
@@ -222,6 +224,8 @@ static const struct {
     {WIRE_STAGE_READ, 12 + 12, 12 + 12 * 4096, 0},
     {WIRE_STAGE_PULL, 24 + 12, 24 + 12 * 4096, 0}, /* the data moves by RDMA, never here */
     {WIRE_STAGE_PUSH, 24 + 12, 24 + 12 * 4096, 0},
+    {WIRE_CALL, 10, 10 + 65536, 0},
+    {WIRE_CALL_RESP, 12, 12 + 65536, 0},
 };
 #define NLIMITS (sizeof(limits) / sizeof(limits[0]))
 
@@ -268,7 +272,11 @@ static void test_constants(void) {
   CU_ASSERT_EQUAL(WIRE_STAGE_READ, 18);
   CU_ASSERT_EQUAL(WIRE_STAGE_PULL, 19);
   CU_ASSERT_EQUAL(WIRE_STAGE_PUSH, 20);
-  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 20);
+  CU_ASSERT_EQUAL(WIRE_CALL, 21);
+  CU_ASSERT_EQUAL(WIRE_CALL_RESP, 22);
+  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 22);
+  CU_ASSERT_EQUAL(WIRE_MAX_CALL, 65536);
+  CU_ASSERT_EQUAL(WIRE_CAP_CALL, 0x40);
   CU_ASSERT_EQUAL(WIRE_MAX_PAYLOAD, MIB(4));
   CU_ASSERT_EQUAL(WIRE_MAX_STAGE, MIB(16));
   CU_ASSERT_EQUAL(WIRE_MAX_STAGE_SEGS, 4096);
@@ -293,7 +301,9 @@ static void test_names(void) {
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_STAGE_READ), "STAGE_READ");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_STAGE_PULL), "STAGE_PULL");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_STAGE_PUSH), "STAGE_PUSH");
-  CU_ASSERT_STRING_EQUAL(wire_type_name(21), "?");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_CALL), "CALL");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_CALL_RESP), "CALL_RESP");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(23), "?");
   /* Every type has its own name. */
   for (unsigned t = 1; t <= WIRE_TYPE_MAX_; t++) {
     CU_ASSERT_STRING_NOT_EQUAL(wire_type_name(t), "?");
@@ -616,6 +626,45 @@ static void test_rt_shm(void) {
       CU_ASSERT_PTR_NULL(m.u.shm.nonce);
     }
   }
+}
+
+/* CALL and CALL_RESP: fixed fields, then the bytes, pointing into the body; empty
+ * requests and the largest answer decode too. */
+static void test_rt_call(void) {
+  static uint8_t buf[WIRE_CALL_RESP_AT + WIRE_MAX_CALL];
+  const size_t lens[] = {0, 1, 33, WIRE_MAX_CALL};
+  for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+    struct wire_hdr h;
+    struct wire_msg m;
+    memset(buf + WIRE_CALL_REQ_AT, 0x5a, lens[i]);
+    size_t len = wire_put_call(buf, WIRE_CALL, 0x0102030405060708ull, 0xbeef, (uint32_t)lens[i]);
+    CU_ASSERT_EQUAL_FATAL(len, WIRE_CALL_REQ_AT + lens[i]);
+    CU_ASSERT_EQUAL(buf[WIRE_HDR_LEN + 8], 0xbe);
+    CU_ASSERT_EQUAL_FATAL(wire_parse_hdr(buf, &h), WIRE_OK);
+    CU_ASSERT_EQUAL_FATAL(wire_decode(&h, buf + WIRE_HDR_LEN, &m), WIRE_OK);
+    CU_ASSERT_EQUAL(m.u.call.seq, 0x0102030405060708ull);
+    CU_ASSERT_EQUAL(m.u.call.service, 0xbeef);
+    CU_ASSERT_EQUAL(m.u.call.len, lens[i]);
+    CU_ASSERT_PTR_EQUAL(m.u.call.data, buf + WIRE_CALL_REQ_AT);
+    memset(buf + WIRE_CALL_RESP_AT, 0xa5, lens[i]);
+    len = wire_put_call(buf, WIRE_CALL_RESP, 9, 103900u, (uint32_t)lens[i]);
+    CU_ASSERT_EQUAL_FATAL(len, WIRE_CALL_RESP_AT + lens[i]);
+    CU_ASSERT_EQUAL_FATAL(wire_parse_hdr(buf, &h), WIRE_OK);
+    CU_ASSERT_EQUAL_FATAL(wire_decode(&h, buf + WIRE_HDR_LEN, &m), WIRE_OK);
+    CU_ASSERT_EQUAL(m.u.call.seq, 9);
+    CU_ASSERT_EQUAL(m.u.call.status, 103900u);
+    CU_ASSERT_EQUAL(m.u.call.len, lens[i]);
+    CU_ASSERT_PTR_EQUAL(m.u.call.data, buf + WIRE_CALL_RESP_AT);
+    CU_ASSERT(lens[i] == 0 || (m.u.call.data[0] == 0xa5 && m.u.call.data[lens[i] - 1] == 0xa5));
+  }
+  /* One byte past the cap, and a payload, are refused by the header. */
+  struct wire_hdr h;
+  wire_put_call(buf, WIRE_CALL, 1, 1, WIRE_MAX_CALL);
+  buf[11] = (uint8_t)(buf[11] + 1); /* body_len + 1 */
+  CU_ASSERT_EQUAL(wire_parse_hdr(buf, &h), WIRE_ELEN);
+  wire_put_call(buf, WIRE_CALL_RESP, 1, 0, 4);
+  buf[15] = 1; /* payload_len 1 */
+  CU_ASSERT_EQUAL(wire_parse_hdr(buf, &h), WIRE_ELEN);
 }
 
 static size_t build_notify(uint8_t *buf, size_t cap, uint64_t seq, const char *name, size_t nl,
@@ -1513,6 +1562,7 @@ static CU_TestInfo rt_tests[] = {
     {"rdma qp info", test_rt_qp},
     {"shm hello and ack", test_rt_shm},
     {"notify", test_rt_notify},
+    {"call and call_resp", test_rt_call},
     {"stage write and read", test_rt_stage},
     {"stage pull and push bytes", test_rt_stage_rdma_bytes},
     {"stage pull and push", test_rt_stage_rdma},

@@ -1016,3 +1016,84 @@ HixlStatus hixl_engine_link_info(HixlEngine *e, const char *remote, struct hixl_
   pthread_mutex_unlock(&e->lock);
   return st;
 }
+
+/* ---- services (engine_ext.h) ---- */
+
+HixlStatus hixl_engine_set_service(HixlEngine *e, uint16_t service, hixl_call_fn fn, void *ctx) {
+  CHECK_ARG(service > 0 && service < ENGINE_SERVICES, "hixl_engine_set_service: service %u is not in [1, %d)",
+            (unsigned)service, ENGINE_SERVICES);
+  HixlStatus st = engine_enter(e, "hixl_engine_set_service");
+  if (st != HIXL_SUCCESS) return st;
+  struct engine_service *s = &e->services[service];
+  if (fn && s->fn)
+    st = hixl_fail(HIXL_PARAM_INVALID, "hixl_engine_set_service: service %u of %s already has a handler",
+                   (unsigned)service, e->local_name);
+  else
+    *s = (struct engine_service){fn, fn ? ctx : NULL};
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}
+
+HixlStatus hixl_engine_call(HixlEngine *e, const char *remote, uint16_t service, const void *req, size_t len,
+                            void *resp, size_t cap, size_t *resp_len, int32_t timeout_ms) {
+  const char *fn = "hixl_engine_call";
+  struct sockaddr_in sa;
+  HixlStatus st;
+  if ((st = check_remote(remote, fn, &sa)) != HIXL_SUCCESS) return st;
+  CHECK_ARG((req || len == 0) && len <= HIXL_CALL_MAX && resp && cap > 0 && resp_len,
+            "%s: request (%zu bytes, at most %u), answer buffer or length output is invalid", fn, len,
+            HIXL_CALL_MAX);
+  if ((st = check_timeout(timeout_ms, fn)) != HIXL_SUCCESS) return st;
+  uint8_t *frame = malloc(WIRE_CALL_REQ_AT + len);
+  if (!frame) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  if ((st = engine_enter(e, fn)) != HIXL_SUCCESS) {
+    free(frame);
+    return st;
+  }
+  uint32_t got = 0;
+  struct conn *c = link_for(e, remote, fn, &st);
+  struct hixl_transfer_req *r = NULL;
+  if (c && !(c->peer->caps & WIRE_CAP_CALL))
+    st = hixl_fail(HIXL_UNSUPPORTED, "%s: %s speaks an older protocol without service calls", fn, remote);
+  else if (c && !(r = req_new(e, 1, timeout_ms)))
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  if (!r) {
+    free(frame);
+    pthread_mutex_unlock(&e->lock);
+    return st;
+  }
+  struct chunk *ch = r->chunks;
+  ch->req = r;
+  ch->kind = CHUNK_CALL;
+  ch->seq = c->next_seq++;
+  ch->laddr = resp;
+  ch->len = cap > HIXL_CALL_MAX ? HIXL_CALL_MAX : (uint32_t)cap;
+  ch->call_len = &got;
+  if (len) memcpy(frame + WIRE_CALL_REQ_AT, req, len);
+  ch->tx.heap = frame;
+  ch->tx.heap_len = wire_put_call(frame, WIRE_CALL, ch->seq, service, (uint32_t)len);
+  ch->tx.chunk = ch;
+  link_enqueue(c, &ch->tx);
+  link_flush(c);
+  st = req_wait(e, c, r, fn, remote);
+  pthread_mutex_unlock(&e->lock);
+  if (st == HIXL_SUCCESS) *resp_len = got;
+  return st;
+}
+
+HixlStatus hixl_engine_remote_has(HixlEngine *e, const char *remote, uint64_t addr, uint64_t len,
+                                  const char *tag) {
+  const char *fn = "hixl_engine_remote_has";
+  CHECK_ARG(remote && tag, "%s: remote or tag is NULL", fn);
+  HixlStatus st = engine_enter(e, fn);
+  if (st != HIXL_SUCCESS) return st;
+  struct conn *c = link_for(e, remote, fn, &st);
+  if (c) {
+    const struct remote_mem *rm = (const struct remote_mem *)memtab_find(&c->peer->rtab, addr, len);
+    if (!rm || strcmp(rm->tag, tag) != 0)
+      st = hixl_fail(HIXL_PARAM_INVALID, "%s: %s no longer advertises [0x%llx, +%llu) as \"%s\"", fn, remote,
+                     (unsigned long long)addr, (unsigned long long)len, tag);
+  }
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}

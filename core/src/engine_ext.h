@@ -1,4 +1,5 @@
-/* engine_ext: what the HixlCS* layer needs from the engine beyond the public API. */
+/* engine_ext: what the HixlCS* layer and the cache manager need from the engine
+ * beyond the public API. */
 #ifndef HIXL_ENGINE_EXT_H
 #define HIXL_ENGINE_EXT_H
 #include <stddef.h>
@@ -46,5 +47,33 @@ struct hixl_stage_stats {
   uint64_t waits; /* times a unit found every buffer busy and had to wait */
 };
 HixlStatus hixl_engine_stage_stats(HixlEngine *e, struct hixl_stage_stats *out);
+
+/* ---- services: one request, one answer, on a link's control socket ---- */
+
+/* Service numbers (CALL frames); a peer without a handler answers UNSUPPORTED. */
+#define HIXL_SERVICE_CACHE 1 /* the cache manager's lookups (cache.c) */
+
+/* Answers one CALL from peer: req/len is the request; write at most cap bytes of the
+ * answer to resp and set *resp_len. A status other than SUCCESS goes back with resp
+ * as its reason, in text. Runs on the progress thread with the engine lock held: it
+ * must not call the engine, and any lock it takes must never be held while calling it. */
+typedef HixlStatus (*hixl_call_fn)(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                                   size_t cap, size_t *resp_len);
+
+/* Install (fn) or remove (NULL) the handler of service; PARAM_INVALID when another
+ * handler holds it. */
+HixlStatus hixl_engine_set_service(HixlEngine *e, uint16_t service, hixl_call_fn fn, void *ctx);
+
+/* Ask remote's service and wait for the answer (at most cap bytes into resp, its
+ * length in *resp_len). A failing answer's status comes back with the peer's reason
+ * in HixlGetLastErrorMessage. */
+HixlStatus hixl_engine_call(HixlEngine *e, const char *remote, uint16_t service, const void *req, size_t len,
+                            void *resp, size_t cap, size_t *resp_len, int32_t timeout_ms);
+#define HIXL_CALL_MAX (64u << 10) /* bytes of a request or an answer */
+
+/* SUCCESS when remote's table, as this engine knows it now (no round trip), holds
+ * a registration covering [addr, addr + len) whose tag is tag; PARAM_INVALID if not. */
+HixlStatus hixl_engine_remote_has(HixlEngine *e, const char *remote, uint64_t addr, uint64_t len,
+                                  const char *tag);
 
 #endif

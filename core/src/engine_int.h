@@ -61,7 +61,7 @@ struct txitem {
   struct hixl_mem_reg *reg; /* target READ_RESP: inflight released once sent */
 };
 
-enum chunk_kind { CHUNK_WRITE, CHUNK_READ, CHUNK_NOTIFY, CHUNK_SYNC, CHUNK_SWRITE, CHUNK_SREAD };
+enum chunk_kind { CHUNK_WRITE, CHUNK_READ, CHUNK_NOTIFY, CHUNK_SYNC, CHUNK_SWRITE, CHUNK_SREAD, CHUNK_CALL };
 
 /* One staged op, or a piece of one: local and remote ranges of the same length. */
 struct stage_seg {
@@ -89,6 +89,7 @@ struct chunk {
   uint8_t *sbuf;      /* the pool buffer, once it has one */
   struct conn *sconn; /* the link it goes on, while it waits */
   struct chunk *next_wait;
+  uint32_t *call_len; /* CHUNK_CALL: where the answer's length goes (laddr, len: its buffer) */
 };
 
 struct hixl_transfer_req {
@@ -212,6 +213,13 @@ struct notify_item {
   char *name, *msg, *remote;
 };
 
+/* A service answering CALL frames (engine_ext.h). */
+#define ENGINE_SERVICES 4
+struct engine_service {
+  hixl_call_fn fn; /* NULL: CALLs for it are answered UNSUPPORTED */
+  void *ctx;
+};
+
 struct HixlEngine {
   pthread_mutex_t lock;
   pthread_cond_t cond; /* a request ended, on any link */
@@ -238,7 +246,8 @@ struct HixlEngine {
   pthread_mutex_t req_lock; /* taken after lock, or alone to poll a WAITING request */
   struct notify_item *notifies;
   size_t n_notifies, cap_notifies;
-  uint8_t scratch[64 << 10]; /* sink for discarded payload */
+  struct engine_service services[ENGINE_SERVICES]; /* CALL handlers, by service number */
+  uint8_t scratch[64 << 10];                       /* sink for discarded payload */
 };
 
 /* engine_link.c */

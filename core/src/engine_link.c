@@ -311,7 +311,7 @@ static int queue_heap(struct conn *c, uint8_t *frame, size_t len) {
 
 uint32_t link_caps(const struct HixlEngine *e) {
   return WIRE_CAP_TCP_DATA | (e->has_rdma ? WIRE_CAP_RDMA | WIRE_CAP_STAGE_RDMA : 0) | eshm_caps(e) |
-         WIRE_CAP_STAGE | (e->opts.stage_unregistered ? WIRE_CAP_STAGE_ANY : 0);
+         WIRE_CAP_STAGE | (e->opts.stage_unregistered ? WIRE_CAP_STAGE_ANY : 0) | WIRE_CAP_CALL;
 }
 
 size_t link_mem_entry_len(const struct hixl_mem_reg *r) { return WIRE_MEM_ENTRY_FIXED + strlen(r->tag); }
@@ -386,6 +386,31 @@ static struct hixl_mem_reg *target_range(struct conn *c, uint64_t addr, uint64_t
   return r;
 }
 
+/* A CALL: the service's handler answers at once (in order with every other answer on
+ * the link); no handler is UNSUPPORTED. A failing handler's answer is its reason. */
+static void target_call(struct conn *c, const struct wire_msg *m) {
+  struct HixlEngine *e = c->eng;
+  uint16_t sv = m->u.call.service;
+  uint8_t *frame = malloc(WIRE_CALL_RESP_AT + WIRE_MAX_CALL);
+  if (!frame) {
+    link_conn_kill(c, HIXL_FAILED, "out of memory");
+    return;
+  }
+  uint8_t *resp = frame + WIRE_CALL_RESP_AT;
+  size_t n = 0;
+  HixlStatus st;
+  if (sv < ENGINE_SERVICES && e->services[sv].fn) {
+    st = e->services[sv].fn(e->services[sv].ctx, c->remote_name, m->u.call.data, m->u.call.len, resp,
+                            WIRE_MAX_CALL, &n);
+    if (n > WIRE_MAX_CALL) n = 0;
+  } else {
+    st = HIXL_UNSUPPORTED;
+    n = (size_t)snprintf((char *)resp, WIRE_MAX_CALL, "%s offers no service %u", e->local_name, (unsigned)sv);
+  }
+  link_queue_copy(c, frame, wire_put_call(frame, WIRE_CALL_RESP, m->u.call.seq, st, (uint32_t)n));
+  free(frame);
+}
+
 static void target_handle(struct conn *c, const struct wire_msg *m) {
   struct HixlEngine *e = c->eng;
   uint8_t frame[WIRE_SMALL_FRAME];
@@ -429,6 +454,7 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
     if (link_queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
     return;
   }
+  case WIRE_CALL: target_call(c, m); return;
   case WIRE_NOTIFY: {
     uint32_t st = HIXL_SUCCESS;
     if (e->n_notifies >= HIXL_MAX_NOTIFY_QUEUE) {
@@ -525,6 +551,35 @@ static void target_write_done(struct conn *c) {
 
 /* ---- initiator side ---- */
 
+/* A CALL's answer: its bytes into the caller's buffer (unless it gave up), or a failure
+ * whose reason is the peer's text, shown printable. */
+static void call_answered(struct conn *c, struct chunk *ch, const struct wire_msg *m) {
+  uint32_t st = m->u.call.status, n = m->u.call.len;
+  char why[1024];
+  if (st == HIXL_SUCCESS && n > ch->len) {
+    snprintf(why, sizeof(why), "%s answered %u bytes; at most %u were expected", c->remote_name, n, ch->len);
+    link_chunk_end(ch, HIXL_FAILED, why);
+  } else if (st == HIXL_SUCCESS) {
+    if (!ch->req->cancelled) {
+      if (n) memcpy(ch->laddr, m->u.call.data, n);
+      *ch->call_len = n;
+    }
+    link_chunk_end(ch, HIXL_SUCCESS, "");
+  } else {
+    char text[200];
+    size_t k = n < sizeof(text) - 1 ? n : sizeof(text) - 1;
+    for (size_t i = 0; i < k; i++) {
+      uint8_t b = m->u.call.data[i];
+      text[i] = b >= 0x20 && b < 0x7f ? (char)b : '?';
+    }
+    text[k] = '\0';
+    /* Only a status hixl knows is passed on; anything else is FAILED. */
+    bool known = strcmp(HixlStatusName(st), "HIXL_UNKNOWN_STATUS") != 0;
+    snprintf(why, sizeof(why), "%s answered %s: %s", c->remote_name, known ? HixlStatusName(st) : "?", text);
+    link_chunk_end(ch, known ? (HixlStatus)st : HIXL_FAILED, why);
+  }
+}
+
 static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   struct peer *p = c->peer;
   if (m->hdr.type == WIRE_MEM_ADD || m->hdr.type == WIRE_MEM_DEL) {
@@ -540,7 +595,8 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   struct chunk *ch = c->pend_head;
   static const enum wire_type expect[] = {
       [CHUNK_WRITE] = WIRE_WRITE_ACK, [CHUNK_READ] = WIRE_READ_RESP,   [CHUNK_NOTIFY] = WIRE_NOTIFY_ACK,
-      [CHUNK_SYNC] = WIRE_SYNC_ACK,   [CHUNK_SWRITE] = WIRE_WRITE_ACK, [CHUNK_SREAD] = WIRE_READ_RESP};
+      [CHUNK_SYNC] = WIRE_SYNC_ACK,   [CHUNK_SWRITE] = WIRE_WRITE_ACK, [CHUNK_SREAD] = WIRE_READ_RESP,
+      [CHUNK_CALL] = WIRE_CALL_RESP};
   bool srdma = ch && ch->srdma; /* STAGE_PULL / STAGE_PUSH are answered by WRITE_ACK */
   if (!ch || m->u.ack.seq != ch->seq || m->hdr.type != (srdma ? WIRE_WRITE_ACK : expect[ch->kind]) ||
       (m->hdr.type == WIRE_READ_RESP && m->u.ack.status == HIXL_SUCCESS && m->hdr.payload_len != ch->len)) {
@@ -552,6 +608,10 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   }
   c->pend_head = ch->next_pending;
   if (!c->pend_head) c->pend_tail = NULL;
+  if (m->hdr.type == WIRE_CALL_RESP) {
+    call_answered(c, ch, m);
+    return;
+  }
   if (m->hdr.type == WIRE_READ_RESP && m->hdr.payload_len > 0) {
     c->pay_chunk = ch;
     if (ch->kind == CHUNK_SREAD) /* straight into the caller's ranges, in order */
@@ -616,10 +676,10 @@ static bool type_allowed(enum conn_role role, unsigned type) {
   case CONN_TARGET:
     return type == WIRE_WRITE_REQ || type == WIRE_READ_REQ || type == WIRE_NOTIFY || type == WIRE_SYNC ||
            type == WIRE_RDMA_CONNECT || type == WIRE_SHM_HELLO || type == WIRE_STAGE_WRITE ||
-           type == WIRE_STAGE_READ || type == WIRE_STAGE_PULL || type == WIRE_STAGE_PUSH;
+           type == WIRE_STAGE_READ || type == WIRE_STAGE_PULL || type == WIRE_STAGE_PUSH || type == WIRE_CALL;
   case CONN_INITIATOR:
     return type == WIRE_WRITE_ACK || type == WIRE_READ_RESP || type == WIRE_NOTIFY_ACK ||
-           type == WIRE_SYNC_ACK || type == WIRE_MEM_ADD || type == WIRE_MEM_DEL;
+           type == WIRE_SYNC_ACK || type == WIRE_MEM_ADD || type == WIRE_MEM_DEL || type == WIRE_CALL_RESP;
   }
   return false;
 }
@@ -785,7 +845,8 @@ bool link_alive(struct conn *c) {
  * caller drives a link; others wait on the condition variable as usual. */
 void link_drive(struct conn *c, struct hixl_transfer_req *r) {
   struct HixlEngine *e = c->eng;
-  bool data = r->chunks[0].kind != CHUNK_NOTIFY && r->chunks[0].kind != CHUNK_SYNC;
+  enum chunk_kind k0 = r->chunks[0].kind;
+  bool data = k0 != CHUNK_NOTIFY && k0 != CHUNK_SYNC && k0 != CHUNK_CALL;
   if (c->shm && !c->dead && data) {
     if (r->ndirect < r->nchunks) link_unpark(c); /* staged answers come on the socket */
     if (r->ndirect > 0) eshm_run_sync(c, r);     /* the caller copies; c may be gone afterwards */

@@ -36,7 +36,7 @@ const char *wire_type_name(unsigned type) {
       "?",          "HELLO",        "HELLO_ACK",        "MEM_ADD",   "MEM_DEL",       "WRITE_REQ",
       "WRITE_ACK",  "READ_REQ",     "READ_RESP",        "NOTIFY",    "NOTIFY_ACK",    "SYNC",
       "SYNC_ACK",   "RDMA_CONNECT", "RDMA_CONNECT_ACK", "SHM_HELLO", "SHM_HELLO_ACK", "STAGE_WRITE",
-      "STAGE_READ", "STAGE_PULL",   "STAGE_PUSH"};
+      "STAGE_READ", "STAGE_PULL",   "STAGE_PUSH",       "CALL",      "CALL_RESP"};
   return type <= WIRE_TYPE_MAX_ ? names[type] : "?";
 }
 
@@ -66,6 +66,8 @@ static const struct {
     [WIRE_STAGE_READ] = {12 + WIRE_STAGE_SEG_LEN, 12 + (WIRE_STAGE_SEG_LEN * WIRE_MAX_STAGE_SEGS), 0},
     [WIRE_STAGE_PULL] = {24 + WIRE_STAGE_SEG_LEN, 24 + (WIRE_STAGE_SEG_LEN * WIRE_MAX_STAGE_SEGS), 0},
     [WIRE_STAGE_PUSH] = {24 + WIRE_STAGE_SEG_LEN, 24 + (WIRE_STAGE_SEG_LEN * WIRE_MAX_STAGE_SEGS), 0},
+    [WIRE_CALL] = {10, 10 + WIRE_MAX_CALL, 0},
+    [WIRE_CALL_RESP] = {12, 12 + WIRE_MAX_CALL, 0},
 };
 
 enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *hdr) {
@@ -226,6 +228,18 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     if (hdr->type == WIRE_STAGE_WRITE && total != hdr->payload_len) return WIRE_EBODY;
     return WIRE_OK;
   }
+  case WIRE_CALL:
+    m->u.call.seq = be64_get(b);
+    m->u.call.service = be16_get(b + 8);
+    m->u.call.data = b + 10;
+    m->u.call.len = (uint32_t)(n - 10);
+    return WIRE_OK; /* wire_parse_hdr bounded the body */
+  case WIRE_CALL_RESP:
+    m->u.call.seq = be64_get(b);
+    m->u.call.status = be32_get(b + 8);
+    m->u.call.data = b + 12;
+    m->u.call.len = (uint32_t)(n - 12);
+    return WIRE_OK;
   case WIRE_NOTIFY:
     m->u.notify.seq = be64_get(b);
     m->u.notify.name_len = be16_get(b + 8);
@@ -369,4 +383,18 @@ size_t wire_put_ack(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t st
   be64_put(buf + WIRE_HDR_LEN, seq);
   be32_put(buf + WIRE_HDR_LEN + 8, status);
   return WIRE_HDR_LEN + 12;
+}
+
+size_t wire_put_call(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t service_or_status,
+                     uint32_t len) {
+  bool resp = type == WIRE_CALL_RESP;
+  uint32_t fixed = resp ? 12u : 10u;
+  put_hdr(buf, (uint8_t)type, fixed + len, 0);
+  be64_put(buf + WIRE_HDR_LEN, seq);
+  if (resp) {
+    be32_put(buf + WIRE_HDR_LEN + 8, service_or_status);
+  } else {
+    be16_put(buf + WIRE_HDR_LEN + 8, (uint16_t)service_or_status);
+  }
+  return WIRE_HDR_LEN + fixed + len;
 }

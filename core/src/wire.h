@@ -22,6 +22,7 @@
 #define WIRE_MAX_STAGE       (16u << 20) /* data of one STAGE_* frame */
 #define WIRE_MAX_STAGE_SEGS  4096u       /* ranges in one STAGE_* frame */
 #define WIRE_STAGE_SEG_LEN   12u         /* addr u64, len u32 */
+#define WIRE_MAX_CALL        (64u << 10) /* a CALL's request, or a CALL_RESP's answer */
 
 /* Capability bits exchanged in HELLO / HELLO_ACK. */
 #define WIRE_CAP_TCP_DATA   0x1u
@@ -30,6 +31,7 @@
 #define WIRE_CAP_STAGE      0x8u  /* serves STAGE_WRITE / STAGE_READ into registered memory */
 #define WIRE_CAP_STAGE_ANY  0x10u /* ... and into memory it did not register (StagingUnregistered on) */
 #define WIRE_CAP_STAGE_RDMA 0x20u /* serves STAGE_PULL / STAGE_PUSH on its QP */
+#define WIRE_CAP_CALL       0x40u /* answers CALL (services such as the cache manager's lookups) */
 
 #define WIRE_MEM_ENTRY_FIXED 22u /* addr u64, len u64, rkey u32, tag_len u16; then the tag */
 #define WIRE_QP_INFO_LEN     25u /* qpn u32, psn u32, gid 16 bytes, mtu u8 */
@@ -64,7 +66,9 @@ enum wire_type {
   WIRE_STAGE_READ = 18,       /* seq, count, count x (addr, len); answered by READ_RESP, packed */
   WIRE_STAGE_PULL = 19,       /* seq, buf addr, rkey, count, ranges: RDMA READ the packed data, scatter */
   WIRE_STAGE_PUSH = 20,       /* seq, buf addr, rkey, count, ranges: gather, RDMA WRITE it to buf */
-  WIRE_TYPE_MAX_ = 20,
+  WIRE_CALL = 21,             /* seq, service u16, request bytes: a service's question */
+  WIRE_CALL_RESP = 22,        /* seq, status, answer bytes (on failure: the reason, as text) */
+  WIRE_TYPE_MAX_ = 22,
 };
 
 /* HELLO_ACK status values. */
@@ -163,6 +167,13 @@ struct wire_msg {
       const uint8_t *name;
       const uint8_t *msg;
     } notify;
+    struct {
+      uint64_t seq;
+      uint32_t status;     /* CALL_RESP only */
+      uint16_t service;    /* CALL only */
+      const uint8_t *data; /* the request or the answer, inside the body */
+      uint32_t len;        /* <= WIRE_MAX_CALL */
+    } call;
   } u;
 };
 
@@ -218,6 +229,13 @@ size_t wire_put_stage_rdma(uint8_t *buf, enum wire_type type, uint64_t seq, uint
 /* Range i of a frame built by wire_put_stage (rdma false) or wire_put_stage_rdma. */
 void wire_put_stage_seg(uint8_t *buf, bool rdma, uint32_t i, uint64_t addr, uint32_t len);
 size_t wire_put_ack(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t status, uint32_t payload_len);
+/* CALL (seq, service, then len bytes) or CALL_RESP (seq, status, then len bytes):
+ * writes the header and the fixed fields; the len bytes go at buf + WIRE_CALL_REQ_AT
+ * (CALL) or buf + WIRE_CALL_RESP_AT (CALL_RESP). Returns the frame's whole length. */
+#define WIRE_CALL_REQ_AT  (WIRE_HDR_LEN + 10u)
+#define WIRE_CALL_RESP_AT (WIRE_HDR_LEN + 12u)
+size_t wire_put_call(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t service_or_status,
+                     uint32_t len);
 
 #define WIRE_SMALL_FRAME 48u /* the largest frame built by wire_put_write_req / read_req / sync / ack */
 

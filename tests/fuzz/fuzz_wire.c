@@ -59,6 +59,8 @@ static const struct {
     [WIRE_STAGE_READ] = {12 + 12, 12 + 12 * 4096, 0},
     [WIRE_STAGE_PULL] = {24 + 12, 24 + 12 * 4096, 0},
     [WIRE_STAGE_PUSH] = {24 + 12, 24 + 12 * 4096, 0},
+    [WIRE_CALL] = {10, 10 + 65536, 0},
+    [WIRE_CALL_RESP] = {12, 12 + 65536, 0},
 };
 
 /* Whatever wire_parse_hdr says must agree with the raw bytes. */
@@ -138,6 +140,14 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
       wire_stage_seg(m, i, &addr, &seg_len);
       wire_put_stage_seg(buf, false, i, addr, seg_len);
     }
+    break;
+  case WIRE_CALL:
+  case WIRE_CALL_RESP:
+    CHECK(h->payload_len == 0);
+    got = wire_put_call(buf, (enum wire_type)h->type, m->u.call.seq,
+                        h->type == WIRE_CALL ? m->u.call.service : m->u.call.status, m->u.call.len);
+    memcpy(buf + (h->type == WIRE_CALL ? WIRE_CALL_REQ_AT : WIRE_CALL_RESP_AT), m->u.call.data,
+           m->u.call.len);
     break;
   case WIRE_STAGE_PULL:
   case WIRE_STAGE_PUSH:
@@ -301,6 +311,11 @@ static void check_msg(enum wire_err e, const struct wire_hdr *h, const uint8_t *
   case WIRE_NOTIFY_ACK:
   case WIRE_SYNC:
   case WIRE_SYNC_ACK: CHECK(e == WIRE_OK && h->payload_len == 0); break;
+  case WIRE_CALL:
+  case WIRE_CALL_RESP: /* any bytes are a request or an answer: the service judges them */
+    CHECK(e == WIRE_OK && h->payload_len == 0 && m->u.call.len <= WIRE_MAX_CALL);
+    CHECK(inside(m->u.call.data, m->u.call.len, b, n));
+    break;
   case WIRE_RDMA_CONNECT:
   case WIRE_RDMA_CONNECT_ACK:
     CHECK(null_or_inside(m->u.qp.gid, b, n));
