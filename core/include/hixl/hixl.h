@@ -4,5 +4,6 @@
 #include "hixl/hixl_status.h"
 #include "hixl/hixl_engine.h"
 #include "hixl/hixl_cs.h"
+#include "hixl/hixl_cache.h"
 #include "hixl/hccn_rping.h"
 #endif
