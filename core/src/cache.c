@@ -731,11 +731,31 @@ static bool view_decode(const uint8_t *p, size_t n, struct cm_view *v) {
   return true;
 }
 
+/* Forget every view of cache id on cluster. */
+static void cm_forget(HixlCacheManager *m, uint64_t cluster, uint64_t id) {
+  pthread_mutex_lock(&m->lock);
+  struct cm_link *l = link_by_cluster(m, cluster);
+  struct cm_view **pp = l ? &l->views : NULL;
+  while (pp && *pp) {
+    struct cm_view *v = *pp;
+    if (v->id == id) {
+      *pp = v->next;
+      v->next = NULL;
+      views_free(v);
+      l->nviews--;
+    } else {
+      pp = &v->next;
+    }
+  }
+  pthread_mutex_unlock(&m->lock);
+}
+
 /* The peer's view of the cache key names, from memory when it still holds (every
  * tensor still advertised under the cache's tag), else by one lookup. *out is the
  * caller's copy; *remote the peer's engine. */
 static HixlStatus cm_find(HixlCacheManager *m, const HixlCacheAnyKey *key, int32_t timeout_ms, const char *fn,
-                          struct cm_view **out, char *remote) {
+                          struct cm_view **out, char *remote, bool *hit) {
+  *hit = false;
   uint64_t cluster = key_cluster(key);
   char tag[CM_TAG_LEN];
   pthread_mutex_lock(&m->lock);
@@ -764,26 +784,11 @@ static HixlStatus cm_find(HixlCacheManager *m, const HixlCacheAnyKey *key, int32
       pthread_mutex_lock(&m->lock);
       m->stats.lookup_hits++;
       pthread_mutex_unlock(&m->lock);
+      *hit = true;
       *out = seen;
       return HIXL_SUCCESS;
     }
-    /* The peer unregistered it: forget every view of that cache. */
-    pthread_mutex_lock(&m->lock);
-    if ((l = link_by_cluster(m, cluster)) != NULL) {
-      struct cm_view **pp = &l->views;
-      while (*pp) {
-        struct cm_view *v = *pp;
-        if (v->id == seen->id) {
-          *pp = v->next;
-          v->next = NULL;
-          views_free(v);
-          l->nviews--;
-        } else {
-          pp = &v->next;
-        }
-      }
-    }
-    pthread_mutex_unlock(&m->lock);
+    cm_forget(m, cluster, seen->id); /* the peer unregistered it */
     views_free(seen);
   }
   uint8_t req[64];
@@ -1007,8 +1012,10 @@ static HixlStatus cm_item(HixlCacheManager *m, const HixlCacheAnyKey *key, uint6
                    local_batch, c->id, c->desc.shape[0]);
     goto out;
   }
-  if ((st = cm_find(m, key, a->timeout_ms, fn, &v, remote)) != HIXL_SUCCESS) goto out;
   uint64_t there = key_cluster(key);
+  bool hit;
+retry:
+  if ((st = cm_find(m, key, a->timeout_ms, fn, &v, remote, &hit)) != HIXL_SUCCESS) goto out;
   if (v->blocks) {
     st = hixl_fail(HIXL_PARAM_INVALID,
                    "%s: cache %" PRIu64 " on cluster %" PRIu64 " is a blocks cache; use the blocks calls", fn,
@@ -1048,6 +1055,16 @@ static HixlStatus cm_item(HixlCacheManager *m, const HixlCacheAnyKey *key, uint6
       }
     }
   st = run_ops(m, remote, push ? HIXL_WRITE : HIXL_READ, &ops, a->timeout_ms, fn);
+  if (st != HIXL_SUCCESS && st != HIXL_TIMEOUT && hit) {
+    /* What was remembered may be stale (the peer's MEM_DEL still on its way): ask
+     * once more; that answer comes after every MEM_DEL the peer sent before it. */
+    cm_forget(m, there, v->id);
+    views_free(v);
+    v = NULL;
+    ops.n = 0;
+    ops.bytes = 0;
+    goto retry;
+  }
 out:
   free(ops.v);
   views_free(v);
@@ -1093,7 +1110,9 @@ static HixlStatus cm_blocks(HixlCacheManager *m, const HixlCacheAnyKey *key, uin
     st = hixl_fail(HIXL_PARAM_INVALID, "%s: local cache %" PRIu64 " is not a blocks cache", fn, c->id);
     goto out;
   }
-  if ((st = cm_find(m, key, a->timeout_ms, fn, &v, remote)) != HIXL_SUCCESS) goto out;
+  bool hit;
+retry:
+  if ((st = cm_find(m, key, a->timeout_ms, fn, &v, remote, &hit)) != HIXL_SUCCESS) goto out;
   if (push && !v->blocks) {
     st = hixl_fail(HIXL_PARAM_INVALID, "%s: cache %" PRIu64 " on cluster %" PRIu64 " is not a blocks cache",
                    fn, v->id, there);
@@ -1155,6 +1174,14 @@ static HixlStatus cm_blocks(HixlCacheManager *m, const HixlCacheAnyKey *key, uin
     goto out;
   }
   st = run_ops(m, remote, push ? HIXL_WRITE : HIXL_READ, &ops, a->timeout_ms, fn);
+  if (st != HIXL_SUCCESS && st != HIXL_TIMEOUT && hit) { /* as in cm_item */
+    cm_forget(m, there, v->id);
+    views_free(v);
+    v = NULL;
+    ops.n = 0;
+    ops.bytes = 0;
+    goto retry;
+  }
 out:
   free(ops.v);
   views_free(v);
@@ -1398,8 +1425,12 @@ HixlStatus HixlCacheManagerTransferCacheAsync(HixlCacheManager *m, uint64_t src_
     unpin_cache(m, c);
     return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
   }
+  pthread_condattr_t ca; /* deadlines are CLOCK_MONOTONIC, as the engine's */
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_mutex_init(&t->lock, NULL);
-  pthread_cond_init(&t->cond, NULL);
+  pthread_cond_init(&t->cond, &ca);
+  pthread_condattr_destroy(&ca);
   t->mgr = m;
   t->cache = c;
   t->sync = *sync;
