@@ -52,6 +52,7 @@ HixlStatus hixl_engine_stage_stats(HixlEngine *e, struct hixl_stage_stats *out);
 
 /* Service numbers (CALL frames); a peer without a handler answers UNSUPPORTED. */
 #define HIXL_SERVICE_CACHE 1 /* the cache manager's lookups (cache.c) */
+#define HIXL_SERVICE_KV    2 /* the KV connector plugin's pin and free (plugin/) */
 
 /* Answers one CALL from peer: req/len is the request; write at most cap bytes of the
  * answer to resp and set *resp_len. A status other than SUCCESS goes back with resp

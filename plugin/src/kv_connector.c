@@ -1,0 +1,1069 @@
+/* kv_connector: the ops of libhixl_kv_connector.so (hixl_kv_connector.h) over the
+ * cache manager, in vLLM's KV-connector shape.
+ *
+ * Pull mode. The producer's scheduler keeps a finished request's blocks
+ * (delay_free) and returns kv_transfer_params naming its worker's engine, cluster,
+ * request and blocks; its workers hold those blocks (HOLD in the metadata) until the
+ * consumer frees them or the lease runs out. The consumer's scheduler turns the
+ * params into LOAD entries; its worker's loader thread PINs the request on the
+ * producer (KV service call: is it still held? same layout? it extends the lease),
+ * pulls the blocks through the cache manager (one op per run of adjacent blocks per
+ * tensor), then FREEs it there. A failed load reports its blocks
+ * (get_block_ids_with_load_errors) and, with load_failure_policy recompute, the
+ * scheduler answers 0 matched tokens for that request.
+ *
+ * Locking: c->lock is a leaf, never held across a hixl call: the engine calls
+ * kv_serve on its progress thread with its own lock held, and kv_serve takes c->lock. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <json-c/json.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine_ext.h"
+#include "kv_int.h"
+
+#define KV_EXPORT   __attribute__((visibility("default")))
+#define KV_GONE_MAX 4096 /* ids remembered as freed, so a late PIN fails at once */
+
+static _Thread_local char kv_err[512];
+
+hixl_kv_status kv_fail(hixl_kv_status st, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(kv_err, sizeof(kv_err), fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+static const char *kv_last_error(void) { return kv_err; }
+
+#define CHECK_ARG(cond, ...)                                                                                 \
+  do {                                                                                                       \
+    if (!(cond)) return kv_fail(HIXL_KV_PARAM_INVALID, __VA_ARGS__);                                         \
+  } while (0)
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- small sets of ids ---- */
+
+static bool idset_has(const struct kv_idset *s, const char *id) {
+  for (size_t i = 0; i < s->n; i++)
+    if (strcmp(s->v[i], id) == 0) return true;
+  return false;
+}
+
+static int idset_add(struct kv_idset *s, const char *id) {
+  if (s->n == s->cap) {
+    size_t cap = s->cap ? s->cap * 2 : 16;
+    char **v = realloc(s->v, cap * sizeof(*v));
+    if (!v) return -1;
+    s->v = v;
+    s->cap = cap;
+  }
+  if (!(s->v[s->n] = strdup(id))) return -1;
+  s->n++;
+  return 0;
+}
+
+static void idset_clear(struct kv_idset *s) {
+  for (size_t i = 0; i < s->n; i++) free(s->v[i]);
+  free(s->v);
+  memset(s, 0, sizeof(*s));
+}
+
+/* Hand a set to the host as hixl_kv_ids (one allocation), emptying it. */
+static int idset_take(struct kv_idset *s, hixl_kv_ids *out) {
+  size_t bytes = s->n * sizeof(char *);
+  for (size_t i = 0; i < s->n; i++) bytes += strlen(s->v[i]) + 1;
+  char **v = malloc(bytes ? bytes : 1);
+  if (!v) return -1;
+  char *p = (char *)(v + s->n);
+  for (size_t i = 0; i < s->n; i++) {
+    size_t l = strlen(s->v[i]) + 1;
+    v[i] = memcpy(p, s->v[i], l);
+    p += l;
+    free(s->v[i]);
+  }
+  out->ids = (const char *const *)v;
+  out->count = s->n;
+  s->n = 0;
+  return 0;
+}
+
+static void kv_free_ids(hixl_kv_ids *ids) {
+  if (!ids) return;
+  free((void *)ids->ids);
+  ids->ids = NULL;
+  ids->count = 0;
+}
+
+static void kv_free_buffer(hixl_kv_buffer *b) {
+  if (!b) return;
+  free(b->data);
+  b->data = NULL;
+  b->len = 0;
+}
+
+static bool copy_id(char *dst, const char *src, size_t n) {
+  if (!src || n == 0 || n > KV_MAX_ID || memchr(src, '\0', n)) return false;
+  memcpy(dst, src, n);
+  dst[n] = '\0';
+  return true;
+}
+
+/* ---- engine address and cluster id ---- */
+
+/* "ip:port" + rank -> this worker's engine address and its cluster id. */
+static hixl_kv_status worker_address(const char *base, uint32_t rank, char *out, size_t cap,
+                                     uint64_t *cluster) {
+  char ip[48];
+  const char *colon = strrchr(base, ':');
+  CHECK_ARG(colon && (size_t)(colon - base) < sizeof(ip),
+            "address \"%s\" needs a port: a worker's engine listens on port + rank", base);
+  memcpy(ip, base, (size_t)(colon - base));
+  ip[colon - base] = '\0';
+  char *end;
+  unsigned long port = strtoul(colon + 1, &end, 10);
+  struct in_addr a;
+  CHECK_ARG(*end == '\0' && port > 0 && port + rank <= 65535 && inet_pton(AF_INET, ip, &a) == 1,
+            "address \"%s\" (rank %u) is not \"ip:port\" with port + rank in [1, 65535]", base, rank);
+  snprintf(out, cap, "%s:%lu", ip, port + rank);
+  *cluster = ((uint64_t)ntohl(a.s_addr) << 16) | (port + rank);
+  return HIXL_KV_SUCCESS;
+}
+
+/* ---- the KV service (producer side; engine progress thread) ---- */
+
+static struct kv_held *held_find(hixl_kv_connector *c, const char *id) {
+  for (struct kv_held *h = c->held; h; h = h->next)
+    if (strcmp(h->id, id) == 0) return h;
+  return NULL;
+}
+
+static void gone_add(hixl_kv_connector *c, const char *id) {
+  if (c->gone.n >= KV_GONE_MAX) {
+    free(c->gone.v[0]);
+    memmove(c->gone.v, c->gone.v + 1, (c->gone.n - 1) * sizeof(char *));
+    c->gone.n--;
+  }
+  idset_add(&c->gone, id);
+}
+
+/* Unlink h, report it finished-sending, free it. Lock held. */
+static void held_release(hixl_kv_connector *c, struct kv_held *h) {
+  struct kv_held **pp = &c->held;
+  while (*pp != h) pp = &(*pp)->next;
+  *pp = h->next;
+  c->stats.blocks_held -= h->n;
+  c->stats.requests_held--;
+  idset_add(&c->sending_done, h->id);
+  gone_add(c, h->id);
+  free(h->blocks);
+  free(h);
+}
+
+/* Free held requests whose lease ran out. Lock held. */
+static void leases_expire(hixl_kv_connector *c) {
+  uint64_t now = now_ns();
+  for (struct kv_held *h = c->held, *next; h; h = next) {
+    next = h->next;
+    if (now >= h->expires_ns) {
+      c->stats.lease_expired++;
+      held_release(c, h);
+    }
+  }
+}
+
+static HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                           size_t cap, size_t *resp_len) {
+  hixl_kv_connector *c = ctx;
+  struct kv_in in = {req, len, 0, false};
+  char id[KV_MAX_ID + 1];
+  uint8_t proto = kv_get_u8(&in), op = kv_get_u8(&in);
+  kv_get_str(&in, id, KV_MAX_ID);
+  struct kv_out out = {0};
+  HixlStatus st = HIXL_SUCCESS;
+  if (in.bad || in.off != len || proto != KV_SVC_PROTO) {
+    *resp_len = (size_t)snprintf((char *)resp, cap, "malformed KV service request from %s", peer);
+    return HIXL_PARAM_INVALID;
+  }
+  pthread_mutex_lock(&c->lock);
+  leases_expire(c);
+  struct kv_held *h = held_find(c, id);
+  if (op == KV_SVC_PIN) {
+    if (h) {
+      h->expires_ns = now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
+      kv_put_u8(&out, KV_PIN_HELD);
+      kv_put_str(&out, c->layout_text, strlen(c->layout_text));
+      kv_put_blocks(&out, h->blocks, h->n);
+    } else if (idset_has(&c->gone, id)) {
+      kv_put_u8(&out, KV_PIN_GONE);
+      const char *why = "it was freed, its lease expired, or it was aborted";
+      kv_put_str(&out, why, strlen(why));
+    } else {
+      kv_put_u8(&out, KV_PIN_NOT_YET);
+    }
+  } else if (op == KV_SVC_FREE) {
+    if (h)
+      held_release(c, h);
+    else if (!idset_has(&c->gone, id))
+      gone_add(c, id); /* freed before it was even bound (an abort): never hold it */
+  } else {
+    st = HIXL_UNSUPPORTED;
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (st != HIXL_SUCCESS) {
+    *resp_len = (size_t)snprintf((char *)resp, cap, "unknown KV service operation %u", op);
+    free(out.p);
+    return st;
+  }
+  if (out.bad || out.len > cap) {
+    free(out.p);
+    *resp_len = (size_t)snprintf((char *)resp, cap, "KV service answer for %s does not fit", id);
+    return HIXL_RESOURCE_EXHAUSTED;
+  }
+  if (out.len) memcpy(resp, out.p, out.len);
+  *resp_len = out.len;
+  free(out.p);
+  return HIXL_SUCCESS;
+}
+
+/* ---- the consumer's loader thread ---- */
+
+static int32_t ms_until(uint64_t deadline) {
+  uint64_t now = now_ns();
+  return now >= deadline ? 0 : (int32_t)((deadline - now + 999999) / 1000000);
+}
+
+static int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, uint8_t *ans,
+                   size_t cap, size_t *n, int32_t timeout_ms, HixlStatus *st) {
+  uint8_t req[8 + KV_MAX_ID];
+  struct kv_out o = {0};
+  kv_put_u8(&o, KV_SVC_PROTO);
+  kv_put_u8(&o, op);
+  kv_put_str(&o, id, strlen(id));
+  if (o.bad) {
+    free(o.p);
+    *st = HIXL_RESOURCE_EXHAUSTED;
+    return -1;
+  }
+  memcpy(req, o.p, o.len);
+  *st = hixl_engine_call(c->eng, remote, HIXL_SERVICE_KV, req, o.len, ans, cap, n,
+                         timeout_ms > 0 ? timeout_ms : 1);
+  free(o.p);
+  return *st == HIXL_SUCCESS ? 0 : -1;
+}
+
+/* One load: link, pin (asking again while the producer has not bound it yet),
+ * check the layout, pull, free. Returns the status and the reason in why. */
+static HixlStatus load_one(hixl_kv_connector *c, const struct kv_meta_entry *e, char *why, size_t cap) {
+  uint64_t deadline = now_ns() + (uint64_t)c->cfg.transfer_timeout_ms * 1000000ull;
+  HixlStatus st = HixlCacheManagerLink(c->mgr, e->cluster, e->remote, c->cfg.connect_timeout_ms);
+  if (st != HIXL_SUCCESS && st != HIXL_ALREADY_CONNECTED) {
+    snprintf(why, cap, "linking to the producer %s: %s", e->remote, HixlGetLastErrorMessage());
+    return st;
+  }
+  uint8_t *ans = malloc(HIXL_CALL_MAX);
+  if (!ans) {
+    snprintf(why, cap, "out of memory");
+    return HIXL_RESOURCE_EXHAUSTED;
+  }
+  uint64_t *rb = NULL;
+  size_t nrb = 0, n = 0;
+  char layout[257];
+  for (unsigned tries = 0;; tries++) {
+    if (kv_call(c, e->remote, KV_SVC_PIN, e->rreq, ans, HIXL_CALL_MAX, &n, ms_until(deadline), &st) < 0) {
+      snprintf(why, cap, "asking %s for request %s: %s", e->remote, e->rreq, HixlGetLastErrorMessage());
+      goto out;
+    }
+    struct kv_in in = {ans, n, 0, false};
+    uint8_t state = kv_get_u8(&in);
+    if (state == KV_PIN_HELD) {
+      kv_get_str(&in, layout, 256);
+      kv_get_blocks(&in, &rb, &nrb);
+      if (in.bad || in.off != n) {
+        snprintf(why, cap, "%s gave a malformed answer for request %s", e->remote, e->rreq);
+        st = HIXL_FAILED;
+        goto out;
+      }
+      break;
+    }
+    if (state == KV_PIN_GONE) {
+      char reason[257];
+      kv_get_str(&in, reason, 256);
+      snprintf(why, cap, "the producer %s no longer holds request %s: %s", e->remote, e->rreq, reason);
+      st = HIXL_NOT_FOUND;
+      goto out;
+    }
+    if (state != KV_PIN_NOT_YET || ms_until(deadline) == 0) {
+      snprintf(why, cap, "the producer %s did not hold request %s within %d ms", e->remote, e->rreq,
+               c->cfg.transfer_timeout_ms);
+      st = HIXL_TIMEOUT;
+      goto out;
+    }
+    struct timespec ts = {0, tries < 20 ? 200000 : 2000000}; /* the producer binds it at its next step */
+    nanosleep(&ts, NULL);
+  }
+  if (strcmp(layout, c->layout_text) != 0) {
+    snprintf(why, cap, "layout mismatch: the producer %s has %s, this consumer has %s; nothing was moved",
+             e->remote, layout, c->layout_text);
+    st = HIXL_PARAM_INVALID;
+    goto out;
+  }
+  if (nrb < e->nrblocks) {
+    snprintf(why, cap, "the producer %s holds %zu blocks of request %s, %zu were asked for", e->remote, nrb,
+             e->rreq, e->nrblocks);
+    st = HIXL_PARAM_INVALID;
+    goto out;
+  }
+  HixlCacheAnyKey key = {.kind = HIXL_CACHE_KEY_BLOCKS, .u.blocks = {e->cluster, 0}};
+  HixlCacheTransferArgs args = HIXL_CACHE_TRANSFER_ARGS_INIT;
+  args.tensor_num_per_layer = c->tensors_per_layer;
+  args.timeout_ms = ms_until(deadline) > 0 ? ms_until(deadline) : 1;
+  st = HixlCacheManagerPullBlocks(c->mgr, &key, c->cache_id, e->rblocks, e->nrblocks, e->blocks, e->nblocks,
+                                  &args);
+  if (st != HIXL_SUCCESS)
+    snprintf(why, cap, "pulling request %s from %s: %s", e->rreq, e->remote, HixlGetLastErrorMessage());
+out:
+  if (st != HIXL_NOT_FOUND) { /* the producer may hold it: free it there (best effort) */
+    HixlStatus fs;
+    size_t fn;
+    kv_call(c, e->remote, KV_SVC_FREE, e->rreq, ans, HIXL_CALL_MAX, &fn, c->cfg.notify_timeout_ms, &fs);
+  }
+  free(rb);
+  free(ans);
+  return st;
+}
+
+static void *loader_main(void *arg) {
+  hixl_kv_connector *c = arg;
+  pthread_mutex_lock(&c->lock);
+  for (;;) {
+    while (!c->queue && !c->shut) pthread_cond_wait(&c->cond, &c->lock);
+    if (!c->queue && c->shut) break;
+    struct kv_load *l = c->queue;
+    c->queue = l->next;
+    if (!c->queue) c->queue_tail = NULL;
+    pthread_mutex_unlock(&c->lock);
+    char why[1024] = "";
+    HixlStatus st;
+    if (l->e.type == KV_META_FREE) { /* an abort: the producer frees what it holds */
+      uint8_t ans[64];
+      size_t n;
+      HixlStatus ls = HixlCacheManagerLink(c->mgr, l->e.cluster, l->e.remote, c->cfg.connect_timeout_ms);
+      if (ls != HIXL_SUCCESS && ls != HIXL_ALREADY_CONNECTED)
+        st = ls;
+      else
+        kv_call(c, l->e.remote, KV_SVC_FREE, l->e.rreq, ans, sizeof(ans), &n, c->cfg.notify_timeout_ms, &st);
+      pthread_mutex_lock(&c->lock);
+      c->loading--;
+      free(l->e.blocks);
+      free(l->e.rblocks);
+      free(l);
+      pthread_cond_broadcast(&c->cond);
+      continue;
+    }
+    st = c->shut ? HIXL_FAILED : load_one(c, &l->e, why, sizeof(why));
+    HixlCacheStats cs;
+    HixlCacheManagerGetStats(c->mgr, &cs);
+    pthread_mutex_lock(&c->lock);
+    c->loading--;
+    c->stats.engine_ops = cs.engine_ops;
+    c->stats.lookups = cs.lookups;
+    if (st == HIXL_SUCCESS) {
+      c->stats.loads_done++;
+      c->stats.bytes_loaded = cs.bytes;
+    } else {
+      c->stats.loads_failed++;
+      fprintf(stderr, "hixl-kv: request %s failed to load (%s): %s\n", l->e.req, HixlStatusName(st), why);
+      for (size_t k = 0; k < l->e.nblocks; k++) {
+        if (c->nerr == c->caperr) {
+          size_t cap = c->caperr ? c->caperr * 2 : 64;
+          uint64_t *v = realloc(c->err_blocks, cap * sizeof(*v));
+          if (!v) break;
+          c->err_blocks = v;
+          c->caperr = cap;
+        }
+        c->err_blocks[c->nerr++] = l->e.blocks[k];
+      }
+    }
+    idset_add(&c->recving_done, l->e.req);
+    free(l->e.blocks);
+    free(l->e.rblocks);
+    free(l);
+    pthread_cond_broadcast(&c->cond);
+  }
+  pthread_mutex_unlock(&c->lock);
+  return NULL;
+}
+
+/* ---- life ---- */
+
+static hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint32_t rank, uint32_t world,
+                                hixl_kv_connector **out, char *err, size_t err_cap) {
+  hixl_kv_status st;
+  char why[512] = "";
+  hixl_kv_connector *c = NULL;
+  if (!json || !out || (role != HIXL_KV_ROLE_SCHEDULER && role != HIXL_KV_ROLE_WORKER) || world == 0 ||
+      rank >= world) {
+    st = kv_fail(HIXL_KV_PARAM_INVALID,
+                 "create: config_json or out is NULL, role %d is unknown, or rank %u is not "
+                 "below world size %u",
+                 role, rank, world);
+    goto fail;
+  }
+  if (!(c = calloc(1, sizeof(*c)))) {
+    st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "create: out of memory");
+    goto fail;
+  }
+  c->role = role;
+  c->rank = rank;
+  c->world = world;
+  if ((st = kv_config_load(json, len, &c->cfg, why, sizeof(why))) != HIXL_KV_SUCCESS) {
+    kv_fail(st, "create: %s", why);
+    goto fail_cfg;
+  }
+  if (c->cfg.push) {
+    st = kv_fail(HIXL_KV_UNSUPPORTED, "create: mode push is not built yet (docs/plugin.md); use mode pull");
+    goto fail_cfg;
+  }
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_mutex_init(&c->lock, NULL);
+  pthread_cond_init(&c->cond, &ca);
+  pthread_condattr_destroy(&ca);
+  if (role == HIXL_KV_ROLE_WORKER) {
+    if ((st = worker_address(c->cfg.address, rank, c->engine_addr, sizeof(c->engine_addr), &c->cluster)) !=
+        HIXL_KV_SUCCESS)
+      goto fail_sync;
+    if ((st = HixlEngineCreate(&c->eng)) != HIXL_SUCCESS) {
+      kv_fail(st, "create: %s", HixlGetLastErrorMessage());
+      goto fail_sync;
+    }
+    if ((st = HixlEngineInitialize(c->eng, c->engine_addr, c->cfg.opts, c->cfg.nopts)) != HIXL_SUCCESS) {
+      kv_fail(st, "create: engine %s: %s", c->engine_addr, HixlGetLastErrorMessage());
+      goto fail_engine;
+    }
+    if ((st = HixlCacheManagerCreate(c->eng, c->cluster, &c->mgr)) != HIXL_SUCCESS) {
+      kv_fail(st, "create: %s", HixlGetLastErrorMessage());
+      goto fail_engine;
+    }
+    if ((st = hixl_engine_set_service(c->eng, HIXL_SERVICE_KV, kv_serve, c)) != HIXL_SUCCESS) {
+      kv_fail(st, "create: %s", HixlGetLastErrorMessage());
+      goto fail_mgr;
+    }
+    int rc = pthread_create(&c->loader, NULL, loader_main, c);
+    if (rc != 0) {
+      st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "create: pthread_create: %s", strerror(rc));
+      goto fail_service;
+    }
+    c->loader_on = true;
+  }
+  *out = c;
+  return HIXL_KV_SUCCESS;
+
+fail_service:
+  hixl_engine_set_service(c->eng, HIXL_SERVICE_KV, NULL, NULL);
+fail_mgr:
+  HixlCacheManagerDestroy(c->mgr);
+fail_engine:
+  HixlEngineDestroy(c->eng);
+fail_sync:
+  pthread_cond_destroy(&c->cond);
+  pthread_mutex_destroy(&c->lock);
+fail_cfg:
+  kv_config_free(&c->cfg);
+  free(c);
+fail:
+  if (err && err_cap) snprintf(err, err_cap, "%s", kv_err);
+  return st;
+}
+
+static hixl_kv_status kv_shutdown(hixl_kv_connector *c) {
+  CHECK_ARG(c, "shutdown: connector is NULL");
+  pthread_mutex_lock(&c->lock);
+  c->shut = true;
+  pthread_cond_broadcast(&c->cond);
+  pthread_mutex_unlock(&c->lock);
+  if (c->loader_on) {
+    pthread_join(c->loader, NULL);
+    c->loader_on = false;
+  }
+  return HIXL_KV_SUCCESS;
+}
+
+static void loads_free(struct kv_load *l) {
+  while (l) {
+    struct kv_load *n = l->next;
+    free(l->e.blocks);
+    free(l->e.rblocks);
+    free(l);
+    l = n;
+  }
+}
+
+static hixl_kv_status kv_destroy(hixl_kv_connector *c) {
+  CHECK_ARG(c, "destroy: connector is NULL");
+  kv_shutdown(c);
+  if (c->eng) {
+    hixl_engine_set_service(c->eng, HIXL_SERVICE_KV, NULL, NULL);
+    HixlCacheManagerDestroy(c->mgr);
+    HixlEngineDestroy(c->eng);
+  }
+  while (c->held) {
+    struct kv_held *h = c->held;
+    c->held = h->next;
+    free(h->blocks);
+    free(h);
+  }
+  loads_free(c->loads);
+  loads_free(c->queue);
+  idset_clear(&c->failed);
+  idset_clear(&c->gone);
+  idset_clear(&c->sending_done);
+  idset_clear(&c->recving_done);
+  free(c->err_blocks);
+  free(c->meta.p);
+  kv_config_free(&c->cfg);
+  pthread_cond_destroy(&c->cond);
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+  return HIXL_KV_SUCCESS;
+}
+
+/* ---- scheduler side ---- */
+
+/* The fields of a consumer's kv_transfer_params; false with why when absent or bad. */
+struct kv_params {
+  char remote[KV_MAX_ENGINE + 1]; /* rank 0's engine */
+  uint64_t port0;
+  char rreq[KV_MAX_ID + 1];
+  uint64_t *blocks;
+  size_t n;
+};
+
+static bool params_parse(const hixl_kv_request *r, struct kv_params *p, char *why, size_t cap) {
+  memset(p, 0, sizeof(*p));
+  if (!r->kv_transfer_params || r->kv_transfer_params_len == 0) {
+    snprintf(why, cap, "no kv_transfer_params");
+    return false;
+  }
+  struct json_tokener *tok = json_tokener_new();
+  if (!tok) return false;
+  json_object *o = json_tokener_parse_ex(tok, r->kv_transfer_params, (int)r->kv_transfer_params_len);
+  bool ok =
+      o && json_tokener_get_error(tok) == json_tokener_success && json_object_is_type(o, json_type_object);
+  json_tokener_free(tok);
+  json_object *v;
+  if (ok && (!json_object_object_get_ex(o, "do_remote_prefill", &v) || !json_object_get_boolean(v)))
+    ok = false, snprintf(why, cap, "do_remote_prefill is not true");
+  else if (ok &&
+           (!json_object_object_get_ex(o, "remote_engine", &v) || !json_object_is_type(v, json_type_string) ||
+            json_object_get_string_len(v) > (int)KV_MAX_ENGINE))
+    ok = false,
+    snprintf(why, cap, "remote_engine is missing or not a string of at most %u bytes", KV_MAX_ENGINE);
+  else if (ok)
+    snprintf(p->remote, sizeof(p->remote), "%s", json_object_get_string(v));
+  if (ok &&
+      (!json_object_object_get_ex(o, "remote_request_id", &v) || !json_object_is_type(v, json_type_string) ||
+       !copy_id(p->rreq, json_object_get_string(v), (size_t)json_object_get_string_len(v))))
+    ok = false,
+    snprintf(why, cap, "remote_request_id is missing or not a string of 1 to %u bytes", KV_MAX_ID);
+  json_object *b = NULL;
+  if (ok &&
+      (!json_object_object_get_ex(o, "remote_block_ids", &b) || !json_object_is_type(b, json_type_array) ||
+       json_object_array_length(b) == 0 || json_object_array_length(b) > KV_MAX_BLOCKS))
+    ok = false, snprintf(why, cap, "remote_block_ids is missing, empty or longer than %u", KV_MAX_BLOCKS);
+  if (ok && !(p->blocks = malloc(json_object_array_length(b) * sizeof(uint64_t))))
+    ok = false, snprintf(why, cap, "out of memory");
+  for (size_t i = 0; ok && i < json_object_array_length(b); i++) {
+    json_object *e = json_object_array_get_idx(b, i);
+    int64_t x = json_object_get_int64(e);
+    if (!json_object_is_type(e, json_type_int) || x < 0)
+      ok = false, snprintf(why, cap, "remote_block_ids[%zu] is not a block id", i);
+    else
+      p->blocks[p->n++] = (uint64_t)x;
+  }
+  if (!ok && why[0] == '\0') snprintf(why, cap, "kv_transfer_params is not a JSON object");
+  if (!ok) {
+    free(p->blocks);
+    p->blocks = NULL;
+  }
+  json_object_put(o);
+  return ok;
+}
+
+static hixl_kv_status check_req(const hixl_kv_request *r, const char *fn, char *id) {
+  CHECK_ARG(r, "%s: request is NULL", fn);
+  CHECK_ARG(copy_id(id, r->req_id, r->req_id_len), "%s: req_id must be 1 to %u bytes of text", fn, KV_MAX_ID);
+  CHECK_ARG(r->kv_transfer_params_len == 0 || r->kv_transfer_params, "%s: kv_transfer_params is NULL", fn);
+  return HIXL_KV_SUCCESS;
+}
+
+static hixl_kv_status kv_matched(hixl_kv_connector *c, const hixl_kv_request *r, uint64_t computed,
+                                 int64_t *tokens, int32_t *load_async) {
+  char id[KV_MAX_ID + 1], why[256] = "";
+  hixl_kv_status st;
+  CHECK_ARG(c && tokens && load_async, "get_num_new_matched_tokens: connector or an output is NULL");
+  CHECK_ARG(c->role == HIXL_KV_ROLE_SCHEDULER,
+            "get_num_new_matched_tokens: a scheduler op, on a worker connector");
+  if ((st = check_req(r, "get_num_new_matched_tokens", id)) != HIXL_KV_SUCCESS) return st;
+  int64_t n = 0;
+  struct kv_params p;
+  if (c->cfg.consumer && r->kv_transfer_params_len && params_parse(r, &p, why, sizeof(why))) {
+    free(p.blocks);
+    pthread_mutex_lock(&c->lock);
+    bool failed = idset_has(&c->failed, id);
+    pthread_mutex_unlock(&c->lock);
+    if (failed && !c->cfg.recompute)
+      return kv_fail(HIXL_KV_FAILED,
+                     "get_num_new_matched_tokens: request %s failed to load its KV "
+                     "(load_failure_policy fail)",
+                     id);
+    if (!failed && r->num_prompt_tokens > computed) n = (int64_t)(r->num_prompt_tokens - computed);
+  }
+  *tokens = n;
+  *load_async = n > 0;
+  return HIXL_KV_SUCCESS;
+}
+
+/* Queue one metadata entry for the next build. Lock held. */
+static void meta_add(hixl_kv_connector *c, const struct kv_meta_entry *e) {
+  kv_meta_put(&c->meta, e);
+  c->meta_count++;
+}
+
+static hixl_kv_status kv_after_alloc(hixl_kv_connector *c, const hixl_kv_request *r, const uint64_t *blocks,
+                                     size_t nblocks, uint64_t external) {
+  char id[KV_MAX_ID + 1], why[256] = "";
+  hixl_kv_status st;
+  CHECK_ARG(c && c->role == HIXL_KV_ROLE_SCHEDULER,
+            "update_state_after_alloc: connector is NULL or a worker's");
+  if ((st = check_req(r, "update_state_after_alloc", id)) != HIXL_KV_SUCCESS) return st;
+  CHECK_ARG(nblocks == 0 || blocks, "update_state_after_alloc: block_ids is NULL");
+  struct kv_params p;
+  if (!c->cfg.consumer || r->kv_transfer_params_len == 0 || !params_parse(r, &p, why, sizeof(why)))
+    return HIXL_KV_SUCCESS;
+  struct kv_meta_entry e = {.type = external > 0 && nblocks > 0 ? KV_META_LOAD : KV_META_FREE};
+  snprintf(e.req, sizeof(e.req), "%s", id);
+  snprintf(e.remote, sizeof(e.remote), "%s", p.remote);
+  snprintf(e.rreq, sizeof(e.rreq), "%s", p.rreq);
+  st = HIXL_KV_SUCCESS;
+  if (e.type == KV_META_LOAD) {
+    /* Locally cached leading blocks are not loaded: the last nblocks remote ones are. */
+    if (nblocks > p.n) {
+      st = kv_fail(HIXL_KV_PARAM_INVALID,
+                   "update_state_after_alloc: %zu blocks allocated for request %s, the "
+                   "producer holds %zu",
+                   nblocks, id, p.n);
+      e.type = KV_META_FREE;
+    } else {
+      e.blocks = (uint64_t *)blocks;
+      e.nblocks = nblocks;
+      e.rblocks = p.blocks + (p.n - nblocks);
+      e.nrblocks = nblocks;
+    }
+  }
+  char engine[64];
+  uint64_t cluster = 0;
+  /* This rank's producer: the same rank on the other side (homogeneous parallelism). */
+  if (worker_address(p.remote, 0, engine, sizeof(engine), &cluster) != HIXL_KV_SUCCESS) {
+    st = kv_fail(HIXL_KV_PARAM_INVALID,
+                 "update_state_after_alloc: request %s: remote_engine \"%s\" is not ip:port", id, p.remote);
+  } else {
+    e.cluster = cluster;
+    pthread_mutex_lock(&c->lock);
+    meta_add(c, &e);
+    pthread_mutex_unlock(&c->lock);
+  }
+  free(p.blocks);
+  return st;
+}
+
+static hixl_kv_status kv_build_meta(hixl_kv_connector *c, hixl_kv_buffer *meta) {
+  CHECK_ARG(c && meta && c->role == HIXL_KV_ROLE_SCHEDULER,
+            "build_connector_meta: connector or meta is NULL, or "
+            "the connector is a worker's");
+  struct kv_out o = {0};
+  pthread_mutex_lock(&c->lock);
+  kv_meta_begin(&o, c->meta_count);
+  kv_put_raw(&o, c->meta.p, c->meta.len); /* the entries, encoded as they were queued */
+  bool bad = o.bad || c->meta.bad;
+  if (!bad) { /* the step's entries are in the metadata now */
+    c->meta.len = 0;
+    c->meta_count = 0;
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (bad) {
+    free(o.p);
+    return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "build_connector_meta: out of memory");
+  }
+  meta->data = o.p;
+  meta->len = o.len;
+  return HIXL_KV_SUCCESS;
+}
+
+static hixl_kv_status kv_finished(hixl_kv_connector *c, const hixl_kv_request *r, const uint64_t *blocks,
+                                  size_t nblocks, int32_t *delay_free, hixl_kv_buffer *params) {
+  char id[KV_MAX_ID + 1], why[256] = "";
+  hixl_kv_status st;
+  CHECK_ARG(c && delay_free && params && c->role == HIXL_KV_ROLE_SCHEDULER,
+            "request_finished: connector or an output is NULL, or the connector is a worker's");
+  if ((st = check_req(r, "request_finished", id)) != HIXL_KV_SUCCESS) return st;
+  CHECK_ARG(nblocks == 0 || blocks, "request_finished: block_ids is NULL");
+  struct kv_params p;
+  /* A consumer's request that never loaded: the producer frees what it holds. */
+  if (c->cfg.consumer && (r->flags & HIXL_KV_REQ_ABORTED) && r->kv_transfer_params_len &&
+      params_parse(r, &p, why, sizeof(why))) {
+    struct kv_meta_entry e = {.type = KV_META_FREE};
+    snprintf(e.req, sizeof(e.req), "%s", id);
+    snprintf(e.remote, sizeof(e.remote), "%s", p.remote);
+    snprintf(e.rreq, sizeof(e.rreq), "%s", p.rreq);
+    char engine[64];
+    if (worker_address(p.remote, 0, engine, sizeof(engine), &e.cluster) == HIXL_KV_SUCCESS) {
+      pthread_mutex_lock(&c->lock);
+      meta_add(c, &e);
+      pthread_mutex_unlock(&c->lock);
+    }
+    free(p.blocks);
+  }
+  if (!c->cfg.producer || (r->flags & HIXL_KV_REQ_ABORTED) || nblocks == 0) {
+    *delay_free = 0;
+    params->data = NULL;
+    params->len = 0;
+    return HIXL_KV_SUCCESS;
+  }
+  /* Keep the blocks for a consumer; tell it where they are. */
+  json_object *o = json_object_new_object(), *arr = json_object_new_array();
+  for (size_t i = 0; i < nblocks && arr; i++)
+    json_object_array_add(arr, json_object_new_int64((int64_t)blocks[i]));
+  if (o && arr) {
+    json_object_object_add(o, "do_remote_prefill", json_object_new_boolean(1));
+    json_object_object_add(o, "do_remote_decode", json_object_new_boolean(0));
+    json_object_object_add(o, "remote_engine", json_object_new_string(c->cfg.address));
+    json_object_object_add(o, "remote_request_id", json_object_new_string(id));
+    json_object_object_add(o, "remote_block_ids", arr);
+    json_object_object_add(o, "remote_num_tokens", json_object_new_int64((int64_t)r->num_prompt_tokens));
+    json_object_object_add(o, "lease_ms", json_object_new_int64(c->cfg.lease_ms));
+    json_object_object_add(o, "hixl_abi", json_object_new_int(HIXL_KV_ABI_MAJOR));
+    arr = NULL;
+  }
+  const char *text = o ? json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN) : NULL;
+  uint8_t *copy = text ? (uint8_t *)strdup(text) : NULL;
+  struct kv_meta_entry e = {.type = KV_META_HOLD, .blocks = (uint64_t *)blocks, .nblocks = nblocks};
+  snprintf(e.req, sizeof(e.req), "%s", id);
+  if (copy) {
+    pthread_mutex_lock(&c->lock);
+    meta_add(c, &e);
+    pthread_mutex_unlock(&c->lock);
+  }
+  json_object_put(arr);
+  json_object_put(o);
+  if (!copy) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "request_finished: out of memory");
+  *delay_free = 1;
+  params->data = copy;
+  params->len = strlen((char *)copy);
+  return HIXL_KV_SUCCESS;
+}
+
+static hixl_kv_status kv_update_output(hixl_kv_connector *c, const hixl_kv_ids *sending,
+                                       const hixl_kv_ids *recving, const hixl_kv_ids *failed) {
+  (void)sending;
+  (void)recving;
+  CHECK_ARG(c && c->role == HIXL_KV_ROLE_SCHEDULER,
+            "update_connector_output: connector is NULL or a worker's");
+  pthread_mutex_lock(&c->lock);
+  for (size_t i = 0; failed && i < failed->count; i++)
+    if (failed->ids[i] && !idset_has(&c->failed, failed->ids[i])) idset_add(&c->failed, failed->ids[i]);
+  pthread_mutex_unlock(&c->lock);
+  return HIXL_KV_SUCCESS;
+}
+
+static hixl_kv_status kv_set_handshake(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
+  CHECK_ARG(c && (meta || len == 0), "set_handshake_metadata: connector or metadata is NULL");
+  return HIXL_KV_SUCCESS; /* kv_transfer_params and the PIN answer carry what a peer needs */
+}
+
+/* ---- worker side ---- */
+
+static hixl_kv_status kv_register(hixl_kv_connector *c, const hixl_kv_layer *ly, size_t n) {
+  const char *fn = "register_kv_caches";
+  CHECK_ARG(c && ly && n > 0 && c->role == HIXL_KV_ROLE_WORKER,
+            "%s: connector or layers is NULL, none given, or a "
+            "scheduler's connector",
+            fn);
+  CHECK_ARG(c->cache_id == 0, "%s: caches are already registered", fn);
+  CHECK_ARG(n <= HIXL_CACHE_MAX_ADDRS / 2, "%s: %zu layers; at most %d", fn, n, HIXL_CACHE_MAX_ADDRS / 2);
+  const hixl_kv_layer *l0 = &ly[0];
+  for (size_t i = 0; i < n; i++) {
+    const hixl_kv_layer *l = &ly[i];
+    CHECK_ARG(
+        l->base && l->num_blocks && l->block_bytes && l->elem_size && l->block_tokens &&
+            l->block_bytes % l->elem_size == 0,
+        "%s: layer %zu: base, num_blocks, block_bytes, elem_size and block_tokens must be set (block_bytes a "
+        "multiple of elem_size)",
+        fn, i);
+    CHECK_ARG(l->layout == HIXL_KV_LAYOUT_KV_FIRST || l->layout == HIXL_KV_LAYOUT_BLOCKS_FIRST,
+              "%s: layer %zu: layout %u is unknown", fn, i, l->layout);
+    CHECK_ARG(l->layout != HIXL_KV_LAYOUT_KV_FIRST || l->v_offset >= l->num_blocks * l->block_bytes,
+              "%s: layer %zu: V at offset %" PRIu64 " overlaps K's %" PRIu64 " bytes", fn, i, l->v_offset,
+              l->num_blocks * l->block_bytes);
+    CHECK_ARG(l->num_blocks == l0->num_blocks && l->block_bytes == l0->block_bytes &&
+                  l->layout == l0->layout && l->elem_size == l0->elem_size &&
+                  l->block_tokens == l0->block_tokens,
+              "%s: layer %zu differs from layer 0 (every layer must have the same shape)", fn, i);
+  }
+  bool split = l0->layout == HIXL_KV_LAYOUT_KV_FIRST;
+  uint32_t tpl = split ? 2 : 1;
+  size_t nt = n * tpl;
+  uintptr_t *addrs = malloc(nt * sizeof(*addrs));
+  if (!addrs) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  for (size_t i = 0; i < n; i++) {
+    addrs[i * tpl] = ly[i].base;
+    if (split) addrs[i * tpl + 1] = ly[i].base + ly[i].v_offset;
+  }
+  uint64_t item = split ? l0->block_bytes : 2 * l0->block_bytes;
+  HixlCacheDesc d = {(uint32_t)nt, l0->elem_size, 2, {l0->num_blocks, item / l0->elem_size}, HIXL_CACHE_HOST};
+  HixlBlocksCacheKey key = {c->cluster, 0};
+  uint64_t id = 0;
+  HixlStatus st =
+      HixlCacheManagerRegisterBlocksCache(c->mgr, &d, addrs, nt, &key, HIXL_CACHE_ACCESS_REMOTE, &id);
+  free(addrs);
+  if (st != HIXL_SUCCESS) return kv_fail(st, "%s: %s", fn, HixlGetLastErrorMessage());
+  pthread_mutex_lock(&c->lock);
+  c->cache_id = id;
+  c->layers = (uint32_t)n;
+  c->tensors_per_layer = tpl;
+  snprintf(c->layout_text, sizeof(c->layout_text),
+           "abi=%u layers=%zu block_tokens=%u block_bytes=%" PRIu64 " elem_size=%u layout=%s",
+           HIXL_KV_ABI_MAJOR, n, l0->block_tokens, l0->block_bytes, l0->elem_size,
+           split ? "kv_first" : "blocks_first");
+  pthread_mutex_unlock(&c->lock);
+  return HIXL_KV_SUCCESS;
+}
+
+static hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
+  const char *fn = "bind_connector_meta";
+  CHECK_ARG(c && meta && c->role == HIXL_KV_ROLE_WORKER,
+            "%s: connector or metadata is NULL, or a scheduler's", fn);
+  struct kv_meta_entry *v = NULL;
+  size_t n = 0;
+  CHECK_ARG(kv_meta_parse(meta, len, &v, &n),
+            "%s: %zu bytes of metadata do not parse (not from this plugin's "
+            "build_connector_meta?)",
+            fn, len);
+  hixl_kv_status st = HIXL_KV_SUCCESS;
+  pthread_mutex_lock(&c->lock);
+  for (size_t i = 0; i < n; i++) {
+    struct kv_meta_entry *e = &v[i];
+    if (e->type == KV_META_HOLD) {
+      if (!c->cfg.producer || held_find(c, e->req)) continue;
+      if (idset_has(&c->gone, e->req)) { /* the consumer freed it already (an abort) */
+        idset_add(&c->sending_done, e->req);
+        continue;
+      }
+      struct kv_held *h = calloc(1, sizeof(*h));
+      if (!h) {
+        st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+        continue;
+      }
+      snprintf(h->id, sizeof(h->id), "%s", e->req);
+      h->blocks = e->blocks;
+      h->n = e->nblocks;
+      e->blocks = NULL;
+      h->expires_ns = now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
+      h->next = c->held;
+      c->held = h;
+      c->stats.blocks_held += h->n;
+      c->stats.requests_held++;
+    } else if (c->cfg.consumer) { /* LOAD or FREE: the loader's */
+      struct kv_load *l = calloc(1, sizeof(*l));
+      if (!l) {
+        st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+        continue;
+      }
+      l->e = *e;
+      /* This rank pulls from the same rank of the producer. */
+      if (worker_address(e->remote, c->rank, l->e.remote, sizeof(l->e.remote), &l->e.cluster) !=
+          HIXL_KV_SUCCESS) {
+        free(l);
+        continue;
+      }
+      e->blocks = e->rblocks = NULL;
+      if (c->loads_tail)
+        c->loads_tail->next = l;
+      else
+        c->loads = l;
+      c->loads_tail = l;
+    }
+  }
+  pthread_mutex_unlock(&c->lock);
+  kv_meta_free(v, n);
+  return st;
+}
+
+static hixl_kv_status kv_clear(hixl_kv_connector *c) {
+  CHECK_ARG(c && c->role == HIXL_KV_ROLE_WORKER, "clear_connector_meta: connector is NULL or a scheduler's");
+  return HIXL_KV_SUCCESS;
+}
+
+static hixl_kv_status kv_start_load(hixl_kv_connector *c) {
+  CHECK_ARG(c && c->role == HIXL_KV_ROLE_WORKER, "start_load_kv: connector is NULL or a scheduler's");
+  pthread_mutex_lock(&c->lock);
+  if (c->loads && c->cache_id == 0) {
+    pthread_mutex_unlock(&c->lock);
+    return kv_fail(HIXL_KV_PARAM_INVALID, "start_load_kv: register_kv_caches first");
+  }
+  for (struct kv_load *l = c->loads; l; l = l->next) c->loading++;
+  if (c->loads) {
+    if (c->queue_tail)
+      c->queue_tail->next = c->loads;
+    else
+      c->queue = c->loads;
+    c->queue_tail = c->loads_tail;
+    c->loads = c->loads_tail = NULL;
+    pthread_cond_broadcast(&c->cond);
+  }
+  pthread_mutex_unlock(&c->lock);
+  return HIXL_KV_SUCCESS;
+}
+
+static hixl_kv_status kv_wait_layer(hixl_kv_connector *c, uint32_t layer) {
+  CHECK_ARG(c && c->role == HIXL_KV_ROLE_WORKER, "wait_for_layer_load: connector is NULL or a scheduler's");
+  CHECK_ARG(c->cache_id == 0 || layer < c->layers, "wait_for_layer_load: layer %u of %u", layer, c->layers);
+  return HIXL_KV_SUCCESS; /* pull loads are asynchronous: they end in get_finished */
+}
+
+static hixl_kv_status kv_save_layer(hixl_kv_connector *c, uint32_t layer) {
+  CHECK_ARG(c && c->role == HIXL_KV_ROLE_WORKER, "save_kv_layer: connector is NULL or a scheduler's");
+  CHECK_ARG(c->cache_id == 0 || layer < c->layers, "save_kv_layer: layer %u of %u", layer, c->layers);
+  return HIXL_KV_SUCCESS; /* pull mode: the consumer reads the blocks; nothing to send */
+}
+
+static hixl_kv_status kv_wait_save(hixl_kv_connector *c) {
+  CHECK_ARG(c && c->role == HIXL_KV_ROLE_WORKER, "wait_for_save: connector is NULL or a scheduler's");
+  return HIXL_KV_SUCCESS;
+}
+
+static hixl_kv_status kv_get_finished(hixl_kv_connector *c, const hixl_kv_ids *finished, hixl_kv_ids *sending,
+                                      hixl_kv_ids *recving) {
+  (void)finished;
+  CHECK_ARG(c && sending && recving && c->role == HIXL_KV_ROLE_WORKER,
+            "get_finished: connector or an output is NULL, or a scheduler's");
+  pthread_mutex_lock(&c->lock);
+  leases_expire(c);
+  hixl_kv_ids s = {0}, r = {0};
+  int rc = idset_take(&c->sending_done, &s);
+  if (rc == 0 && (rc = idset_take(&c->recving_done, &r)) < 0) {
+    /* give the sending ids back: nothing is lost */
+    for (size_t i = 0; i < s.count; i++) idset_add(&c->sending_done, s.ids[i]);
+    kv_free_ids(&s);
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (rc < 0) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "get_finished: out of memory");
+  *sending = s;
+  *recving = r;
+  return HIXL_KV_SUCCESS;
+}
+
+static hixl_kv_status kv_load_errors(hixl_kv_connector *c, hixl_kv_blocks *out) {
+  CHECK_ARG(c && out && c->role == HIXL_KV_ROLE_WORKER,
+            "get_block_ids_with_load_errors: connector or output is NULL, or a scheduler's");
+  pthread_mutex_lock(&c->lock);
+  uint64_t *v = c->err_blocks;
+  size_t n = c->nerr;
+  c->err_blocks = NULL;
+  c->nerr = c->caperr = 0;
+  pthread_mutex_unlock(&c->lock);
+  out->ids = v;
+  out->count = n;
+  out->raw.data = (uint8_t *)v;
+  out->raw.len = n * sizeof(*v);
+  return HIXL_KV_SUCCESS;
+}
+
+static hixl_kv_status kv_get_handshake(hixl_kv_connector *c, hixl_kv_buffer *meta) {
+  CHECK_ARG(c && meta && c->role == HIXL_KV_ROLE_WORKER,
+            "get_handshake_metadata: connector or meta is NULL, or a "
+            "scheduler's");
+  char text[384];
+  pthread_mutex_lock(&c->lock);
+  int n =
+      snprintf(text, sizeof(text), "{\"engine\":\"%s\",\"layout\":\"%s\"}", c->engine_addr, c->layout_text);
+  pthread_mutex_unlock(&c->lock);
+  uint8_t *p = malloc((size_t)n + 1);
+  if (!p) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "get_handshake_metadata: out of memory");
+  memcpy(p, text, (size_t)n + 1);
+  meta->data = p;
+  meta->len = (size_t)n;
+  return HIXL_KV_SUCCESS;
+}
+
+static hixl_kv_status kv_stats(hixl_kv_connector *c, hixl_kv_stats *out) {
+  CHECK_ARG(c && out, "get_stats: connector or stats is NULL");
+  pthread_mutex_lock(&c->lock);
+  if (c->role == HIXL_KV_ROLE_WORKER) leases_expire(c);
+  *out = c->stats;
+  pthread_mutex_unlock(&c->lock);
+  return HIXL_KV_SUCCESS;
+}
+
+/* ---- the table and the one exported symbol ---- */
+
+static const hixl_kv_ops kv_ops_v1 = {
+    .abi_version = HIXL_KV_ABI_VERSION,
+    .size = sizeof(hixl_kv_ops),
+    .create = kv_create,
+    .destroy = kv_destroy,
+    .shutdown = kv_shutdown,
+    .last_error = kv_last_error,
+    .free_buffer = kv_free_buffer,
+    .free_ids = kv_free_ids,
+    .get_num_new_matched_tokens = kv_matched,
+    .update_state_after_alloc = kv_after_alloc,
+    .build_connector_meta = kv_build_meta,
+    .request_finished = kv_finished,
+    .update_connector_output = kv_update_output,
+    .set_handshake_metadata = kv_set_handshake,
+    .register_kv_caches = kv_register,
+    .bind_connector_meta = kv_bind,
+    .clear_connector_meta = kv_clear,
+    .start_load_kv = kv_start_load,
+    .wait_for_layer_load = kv_wait_layer,
+    .save_kv_layer = kv_save_layer,
+    .wait_for_save = kv_wait_save,
+    .get_finished = kv_get_finished,
+    .get_block_ids_with_load_errors = kv_load_errors,
+    .get_handshake_metadata = kv_get_handshake,
+    .get_stats = kv_stats,
+};
+
+KV_EXPORT hixl_kv_status hixl_kv_connector_entry(uint32_t abi_major, const hixl_kv_ops **ops, char *err,
+                                                 size_t err_cap);
+
+hixl_kv_status hixl_kv_connector_entry(uint32_t abi_major, const hixl_kv_ops **ops, char *err,
+                                       size_t err_cap) {
+  if (!ops) {
+    if (err && err_cap) snprintf(err, err_cap, "hixl_kv_connector_entry: ops output is NULL");
+    return HIXL_KV_PARAM_INVALID;
+  }
+  if (abi_major != HIXL_KV_ABI_MAJOR) {
+    if (err && err_cap)
+      snprintf(err, err_cap,
+               "hixl_kv_connector_entry: this plugin serves ABI major version %u (minor %u), not %u",
+               HIXL_KV_ABI_MAJOR, HIXL_KV_ABI_MINOR, abi_major);
+    return HIXL_KV_UNSUPPORTED;
+  }
+  *ops = &kv_ops_v1;
+  return HIXL_KV_SUCCESS;
+}

@@ -1,0 +1,84 @@
+/* kv_wire: the plugin's own messages, big-endian, versioned, parsed whole before use:
+ *  - connector metadata, built by the scheduler each step and bound by the workers;
+ *  - the KV service's requests and answers between workers (engine CALL frames). */
+#ifndef HIXL_KV_WIRE_H
+#define HIXL_KV_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define KV_META_MAGIC   0x48584b4du /* "HXKM" */
+#define KV_META_VERSION 1u
+#define KV_MAX_ID       256u       /* request ids */
+#define KV_MAX_ENGINE   63u        /* "ip:port" */
+#define KV_MAX_BLOCKS   (1u << 20) /* block ids in one entry */
+#define KV_MAX_ENTRIES  65536u
+
+/* Growable output buffer; a failed allocation is sticky (bad). */
+struct kv_out {
+  uint8_t *p;
+  size_t len, cap;
+  bool bad;
+};
+void kv_put_u8(struct kv_out *o, uint8_t v);
+void kv_put_u32(struct kv_out *o, uint32_t v);
+void kv_put_u64(struct kv_out *o, uint64_t v);
+void kv_put_str(struct kv_out *o, const char *s, size_t n);        /* u16 length, bytes */
+void kv_put_blocks(struct kv_out *o, const uint64_t *v, size_t n); /* u32 count, u64 each */
+void kv_put_raw(struct kv_out *o, const uint8_t *p, size_t n);
+
+/* Reader over a received buffer; any overrun sets bad and reads zeros. */
+struct kv_in {
+  const uint8_t *p;
+  size_t len, off;
+  bool bad;
+};
+uint8_t kv_get_u8(struct kv_in *i);
+uint32_t kv_get_u32(struct kv_in *i);
+uint64_t kv_get_u64(struct kv_in *i);
+/* A string of at most max bytes, copied NUL-terminated into out (max + 1 bytes). */
+bool kv_get_str(struct kv_in *i, char *out, size_t max);
+/* count u32 then count u64s, at most KV_MAX_BLOCKS; *v is malloc'ed (NULL when 0). */
+bool kv_get_blocks(struct kv_in *i, uint64_t **v, size_t *n);
+
+/* Metadata entries. */
+enum kv_meta_type {
+  KV_META_LOAD = 1, /* consumer: pull remote blocks into local ones */
+  KV_META_HOLD = 2, /* producer: keep blocks for a consumer until freed or the lease ends */
+  KV_META_FREE = 3, /* consumer: tell the producer to free a request it holds (abort) */
+};
+
+struct kv_meta_entry {
+  uint8_t type;
+  char req[KV_MAX_ID + 1];        /* this side's request id */
+  char remote[KV_MAX_ENGINE + 1]; /* LOAD, FREE: the producer's engine, "ip:port" */
+  uint64_t cluster;               /* LOAD, FREE: the producer's cluster id */
+  char rreq[KV_MAX_ID + 1];       /* LOAD, FREE: the producer's request id */
+  uint64_t *blocks;               /* LOAD: local blocks; HOLD: held blocks */
+  size_t nblocks;
+  uint64_t *rblocks; /* LOAD: the producer's blocks, as many as blocks */
+  size_t nrblocks;
+};
+
+/* Append one entry (header first: kv_meta_begin). */
+void kv_meta_begin(struct kv_out *o, uint32_t count);
+void kv_meta_put(struct kv_out *o, const struct kv_meta_entry *e);
+/* Parse metadata whole; on success *entries (count of them) is one array whose
+ * block lists are freed by kv_meta_free. */
+bool kv_meta_parse(const uint8_t *p, size_t len, struct kv_meta_entry **entries, size_t *count);
+void kv_meta_free(struct kv_meta_entry *entries, size_t count);
+
+/* The KV service (engine CALL, service HIXL_SERVICE_KV). */
+#define KV_SVC_PROTO 1u
+enum kv_svc_op {
+  KV_SVC_PIN = 1,  /* req id -> state, layout text, blocks (extends the lease) */
+  KV_SVC_FREE = 2, /* req id -> the producer frees it */
+};
+enum kv_pin_state {
+  KV_PIN_HELD = 0,    /* then: layout text, blocks */
+  KV_PIN_NOT_YET = 1, /* the producer has not bound the request yet: ask again */
+  KV_PIN_GONE = 2,    /* freed, expired or aborted; then: the reason text */
+};
+
+#endif

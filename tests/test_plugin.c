@@ -1,0 +1,726 @@
+/* test_plugin: libhixl_kv_connector.so as a host sees it: dlopen, the one entry
+ * point, version and size negotiation, every op's argument checks, and pull-mode
+ * hand-offs between a prefill (producer) and a decode (consumer) with every byte
+ * checked: in two processes, with a lease that runs out, an abort, a producer that
+ * dies, and a layout that differs. This program includes only the plugin's ABI
+ * header: it links nothing of hixl. */
+
+#include <CUnit/Basic.h>
+#include <CUnit/CUnit.h>
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hixl/hixl_kv_connector.h"
+
+#ifndef HIXL_KV_PLUGIN_PATH
+#define HIXL_KV_PLUGIN_PATH "libhixl_kv_connector.so"
+#endif
+
+static void *so;
+static const hixl_kv_ops *ops;
+
+/* ---- small helpers (no hixl) ---- */
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static uint16_t free_port(void) {
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  socklen_t sl = sizeof(sa);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  uint16_t port = 0;
+  if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+      getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
+    port = ntohs(sa.sin_port);
+  if (fd >= 0) close(fd);
+  return port;
+}
+
+static const char *transport(void) {
+  const char *t = getenv("HIXL_TEST_TRANSPORT");
+  return t && *t ? t : "tcp";
+}
+
+/* A bare hixl configuration document. */
+static char *config(char *buf, size_t cap, uint16_t port, const char *role, unsigned lease_ms,
+                    const char *policy, int timeout_ms) {
+  snprintf(buf, cap,
+           "{\"address\": \"127.0.0.1:%u\", \"role\": \"%s\", \"mode\": \"pull\", \"lease_ms\": %u,\n"
+           " \"load_failure_policy\": \"%s\", \"transfer_timeout_ms\": %d, \"connect_timeout_ms\": %d,\n"
+           " \"Transport\": \"%s\"}\n",
+           (unsigned)port, role, lease_ms, policy, timeout_ms, timeout_ms, transport());
+  return buf;
+}
+
+#define ST_IS(expr, want)                                                                                    \
+  do {                                                                                                       \
+    hixl_kv_status st_ = (expr);                                                                             \
+    if (st_ != (hixl_kv_status)(want))                                                                       \
+      fprintf(stderr, "%s:%d: %s -> %u, want %u (%s)\n", __FILE__, __LINE__, #expr, st_, (unsigned)(want),   \
+              ops->last_error());                                                                            \
+    CU_ASSERT_EQUAL(st_, (hixl_kv_status)(want));                                                            \
+  } while (0)
+
+static bool has_error(const char *needle) {
+  const char *e = ops->last_error();
+  if (strstr(e, needle)) return true;
+  fprintf(stderr, "last_error \"%s\" does not mention \"%s\"\n", e, needle);
+  return false;
+}
+
+/* ---- a model in miniature: layers of K and V blocks ---- */
+
+enum { LAYERS = 3, BLOCKS = 32, BLOCK_TOKENS = 4, ELEM = 2, BLOCK_BYTES = BLOCK_TOKENS * 8 * ELEM };
+
+struct kv {
+  uint8_t *mem; /* LAYERS x (K blocks, V blocks) */
+  size_t len;
+  hixl_kv_layer layers[LAYERS];
+};
+
+static void kv_init(struct kv *k, uint64_t block_bytes) {
+  k->len = LAYERS * 2 * BLOCKS * block_bytes;
+  k->mem = malloc(k->len);
+  memset(k->mem, 0xEE, k->len);
+  for (int l = 0; l < LAYERS; l++)
+    k->layers[l] = (hixl_kv_layer){"layer",
+                                   5,
+                                   (uintptr_t)(k->mem + l * 2 * BLOCKS * block_bytes),
+                                   BLOCKS,
+                                   block_bytes,
+                                   BLOCKS * block_bytes,
+                                   HIXL_KV_LAYOUT_KV_FIRST,
+                                   ELEM,
+                                   BLOCK_TOKENS};
+}
+
+/* The byte the prefill computed at (request seed, layer, K/V, position in the request). */
+static uint8_t kv_byte(uint64_t seed, int layer, int v, size_t pos) {
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull ^ ((uint64_t)layer << 40) ^ ((uint64_t)v << 39) ^ pos;
+  x ^= x >> 31;
+  x *= 0xbf58476d1ce4e5b9ull;
+  return (uint8_t)(x >> 29);
+}
+
+static uint8_t *kv_block(struct kv *k, int layer, int v, uint64_t block) {
+  return k->mem + layer * 2 * BLOCKS * BLOCK_BYTES + (size_t)v * BLOCKS * BLOCK_BYTES + block * BLOCK_BYTES;
+}
+
+static void kv_compute(struct kv *k, uint64_t seed, const uint64_t *blocks, size_t n) {
+  for (int l = 0; l < LAYERS; l++)
+    for (int v = 0; v < 2; v++)
+      for (size_t b = 0; b < n; b++)
+        for (size_t i = 0; i < BLOCK_BYTES; i++)
+          kv_block(k, l, v, blocks[b])[i] = kv_byte(seed, l, v, b * BLOCK_BYTES + i);
+}
+
+/* Bytes of the request that differ from what prefill computed; -1 if none. */
+static long kv_verify(struct kv *k, uint64_t seed, const uint64_t *blocks, size_t n) {
+  for (int l = 0; l < LAYERS; l++)
+    for (int v = 0; v < 2; v++)
+      for (size_t b = 0; b < n; b++)
+        for (size_t i = 0; i < BLOCK_BYTES; i++)
+          if (kv_block(k, l, v, blocks[b])[i] != kv_byte(seed, l, v, b * BLOCK_BYTES + i))
+            return (long)(((l * 2 + v) * n + b) * BLOCK_BYTES + i);
+  return -1;
+}
+
+/* Every block of every layer not in blocks[] still holds only c. */
+static bool others_untouched(struct kv *k, const uint64_t *blocks, size_t n, uint8_t c) {
+  for (int l = 0; l < LAYERS; l++)
+    for (int v = 0; v < 2; v++)
+      for (uint64_t b = 0; b < BLOCKS; b++) {
+        bool mine = false;
+        for (size_t j = 0; j < n; j++) mine |= blocks[j] == b;
+        for (size_t i = 0; !mine && i < BLOCK_BYTES; i++)
+          if (kv_block(k, l, v, b)[i] != c) return false;
+      }
+  return true;
+}
+
+static size_t count_byte(struct kv *k, uint8_t c) {
+  size_t n = 0;
+  for (size_t i = 0; i < k->len; i++) n += k->mem[i] == c;
+  return n;
+}
+
+/* ---- an instance: a scheduler and a worker connector ---- */
+
+struct inst {
+  hixl_kv_connector *sched, *worker;
+  struct kv kv;
+};
+
+static hixl_kv_status inst_up(struct inst *x, const char *cfg, uint64_t block_bytes) {
+  char err[256];
+  memset(x, 0, sizeof(*x));
+  hixl_kv_status st =
+      ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &x->sched, err, sizeof(err));
+  if (st == HIXL_KV_SUCCESS)
+    st = ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &x->worker, err, sizeof(err));
+  if (st != HIXL_KV_SUCCESS) {
+    fprintf(stderr, "create: %s\n", err);
+    return st;
+  }
+  kv_init(&x->kv, block_bytes);
+  return ops->register_kv_caches(x->worker, x->kv.layers, LAYERS);
+}
+
+static void inst_down(struct inst *x) {
+  if (x->worker) CU_ASSERT_EQUAL(ops->destroy(x->worker), HIXL_KV_SUCCESS);
+  if (x->sched) CU_ASSERT_EQUAL(ops->destroy(x->sched), HIXL_KV_SUCCESS);
+  free(x->kv.mem);
+}
+
+/* One step of metadata from the scheduler to the worker. */
+static void step(struct inst *x) {
+  hixl_kv_buffer m = {0};
+  ST_IS(ops->build_connector_meta(x->sched, &m), HIXL_KV_SUCCESS);
+  ST_IS(ops->bind_connector_meta(x->worker, m.data, m.len), HIXL_KV_SUCCESS);
+  ops->free_buffer(&m);
+  ST_IS(ops->start_load_kv(x->worker), HIXL_KV_SUCCESS);
+}
+
+static bool ids_have(const hixl_kv_ids *ids, const char *id) {
+  for (size_t i = 0; i < ids->count; i++)
+    if (strcmp(ids->ids[i], id) == 0) return true;
+  return false;
+}
+
+/* Step until id shows in the worker's sending (which 0) or receiving (1) list, or
+ * timeout_ms passes. */
+static bool wait_finished(struct inst *x, const char *id, int which, int timeout_ms) {
+  int64_t end = now_ms() + timeout_ms;
+  do {
+    hixl_kv_ids s = {0}, r = {0};
+    step(x);
+    if (ops->get_finished(x->worker, NULL, &s, &r) != HIXL_KV_SUCCESS) return false;
+    bool got = ids_have(which ? &r : &s, id);
+    ops->free_ids(&s);
+    ops->free_ids(&r);
+    if (got) return true;
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  } while (now_ms() < end);
+  return false;
+}
+
+static hixl_kv_request request(const char *id, uint64_t tokens, const char *params) {
+  return (hixl_kv_request){id, strlen(id), tokens, params, params ? strlen(params) : 0, 0};
+}
+
+/* Prefill side of a hand-off: compute, finish, return the kv_transfer_params. */
+static char *prefill_finish(struct inst *p, const char *id, uint64_t seed, const uint64_t *blocks, size_t n) {
+  kv_compute(&p->kv, seed, blocks, n);
+  for (uint32_t l = 0; l < LAYERS; l++) ST_IS(ops->save_kv_layer(p->worker, l), HIXL_KV_SUCCESS);
+  ST_IS(ops->wait_for_save(p->worker), HIXL_KV_SUCCESS);
+  hixl_kv_request r = request(id, n * BLOCK_TOKENS, NULL);
+  int32_t delay = 0;
+  hixl_kv_buffer params = {0};
+  ST_IS(ops->request_finished(p->sched, &r, blocks, n, &delay, &params), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(delay, 1);
+  char *text = strndup((char *)params.data, params.len);
+  ops->free_buffer(&params);
+  step(p); /* the worker now holds the blocks */
+  return text;
+}
+
+/* Decode side: match, allocate, load. */
+static void decode_load(struct inst *d, const char *id, const char *params, const uint64_t *blocks,
+                        size_t n) {
+  hixl_kv_request r = request(id, n * BLOCK_TOKENS, params);
+  int64_t tokens = 0;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(d->sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(tokens, (int64_t)(n * BLOCK_TOKENS));
+  CU_ASSERT_EQUAL(async, 1);
+  ST_IS(ops->update_state_after_alloc(d->sched, &r, blocks, n, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  step(d);
+}
+
+static size_t load_errors(struct inst *d, uint64_t *out, size_t cap) {
+  hixl_kv_blocks b = {0};
+  ST_IS(ops->get_block_ids_with_load_errors(d->worker, &b), HIXL_KV_SUCCESS);
+  size_t n = b.count;
+  for (size_t i = 0; i < n && i < cap; i++) out[i] = b.ids[i];
+  ops->free_buffer(&b.raw);
+  return n;
+}
+
+/* ---- the ABI ---- */
+
+static void test_entry(void) {
+  hixl_kv_entry_fn entry = (hixl_kv_entry_fn)dlsym(so, HIXL_KV_ENTRY_SYMBOL);
+  const hixl_kv_ops *o = NULL;
+  char err[256] = "";
+  CU_ASSERT_PTR_NOT_NULL_FATAL(entry);
+  CU_ASSERT_EQUAL(entry(HIXL_KV_ABI_MAJOR + 1, &o, err, sizeof(err)), HIXL_KV_UNSUPPORTED);
+  CU_ASSERT_PTR_NULL(o);
+  CU_ASSERT_PTR_NOT_NULL(strstr(err, "ABI major version 1"));
+  CU_ASSERT_EQUAL(entry(0, &o, err, sizeof(err)), HIXL_KV_UNSUPPORTED);
+  CU_ASSERT_EQUAL(entry(HIXL_KV_ABI_MAJOR, NULL, err, sizeof(err)), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_EQUAL(entry(HIXL_KV_ABI_MAJOR, &o, NULL, 0), HIXL_KV_SUCCESS);
+  CU_ASSERT_PTR_EQUAL(o, ops);
+  CU_ASSERT_EQUAL(o->abi_version >> 16, HIXL_KV_ABI_MAJOR);
+  CU_ASSERT(o->size >= sizeof(hixl_kv_ops)); /* this host's table is covered */
+  /* Nothing of hixl leaks out of the plugin. */
+  CU_ASSERT_PTR_NULL(dlsym(so, "HixlEngineCreate"));
+  CU_ASSERT_PTR_NULL(dlsym(so, "HixlCacheManagerCreate"));
+  CU_ASSERT_PTR_NULL(dlsym(so, "HixlConfigParse"));
+  CU_ASSERT_PTR_NULL(dlsym(so, "kv_fail"));
+}
+
+/* Every slot this host knows is set: none is NULL. */
+static void test_no_null_slot(void) {
+  const size_t first = offsetof(hixl_kv_ops, create);
+  for (size_t off = first; off + sizeof(void (*)(void)) <= sizeof(hixl_kv_ops);
+       off += sizeof(void (*)(void))) {
+    void (*fn)(void);
+    memcpy(&fn, (const char *)ops + off, sizeof(fn));
+    CU_ASSERT_PTR_NOT_NULL(fn);
+  }
+}
+
+/* A host built against a smaller table (an older plugin): HIXL_KV_HAS_OP says which
+ * ops it may call, and a table that grew is read by an older host as its prefix. */
+static void test_table_sizes(void) {
+  hixl_kv_ops small = *ops;
+  small.size = (uint32_t)offsetof(hixl_kv_ops, get_stats);
+  CU_ASSERT_TRUE(HIXL_KV_HAS_OP(&small, create));
+  CU_ASSERT_TRUE(HIXL_KV_HAS_OP(&small, get_handshake_metadata));
+  CU_ASSERT_FALSE(HIXL_KV_HAS_OP(&small, get_stats));
+  CU_ASSERT_TRUE(HIXL_KV_HAS_OP(ops, get_stats));
+  /* The v1.0 layout is fixed: these offsets are part of the ABI. */
+  CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, abi_version), 0);
+  CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, size), 4);
+  CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, create), 8);
+  CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, get_stats), 8 + 22 * sizeof(void *));
+}
+
+/* ---- arguments ---- */
+
+static void test_create_args(void) {
+  char cfg[512], err[256] = "";
+  hixl_kv_connector *c = NULL;
+  config(cfg, sizeof(cfg), free_port(), "producer", 30000, "fail", 2000);
+  ST_IS(ops->create(NULL, 0, HIXL_KV_ROLE_SCHEDULER, 0, 1, &c, err, sizeof(err)), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->create(cfg, strlen(cfg), 7, 0, 1, &c, err, sizeof(err)), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 1, 1, &c, err, sizeof(err)),
+        HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, NULL, err, sizeof(err)),
+        HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_PTR_NULL(c);
+  const char *bad = "{\"address\": \"127.0.0.1:1\", \"role\": \"producer\",";
+  ST_IS(ops->create(bad, strlen(bad), HIXL_KV_ROLE_SCHEDULER, 0, 1, &c, err, sizeof(err)),
+        HIXL_KV_PARAM_INVALID);
+  CU_ASSERT(strlen(err) > 0);
+  fprintf(stderr, "truncated config: %s\n", err);
+  const char *unknown = "{\"adress\": \"127.0.0.1:1\"}";
+  ST_IS(ops->create(unknown, strlen(unknown), HIXL_KV_ROLE_SCHEDULER, 0, 1, &c, err, sizeof(err)),
+        HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(err, "adress"));
+  char push[512];
+  snprintf(push, sizeof(push), "{\"address\": \"127.0.0.1:%u\", \"mode\": \"push\"}", (unsigned)free_port());
+  ST_IS(ops->create(push, strlen(push), HIXL_KV_ROLE_SCHEDULER, 0, 1, &c, err, sizeof(err)),
+        HIXL_KV_UNSUPPORTED);
+  CU_ASSERT_PTR_NOT_NULL(strstr(err, "push"));
+  /* A worker needs a port to listen on. */
+  const char *noport = "{\"address\": \"127.0.0.1\"}";
+  ST_IS(ops->create(noport, strlen(noport), HIXL_KV_ROLE_WORKER, 0, 1, &c, err, sizeof(err)),
+        HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_PTR_NULL(c);
+}
+
+static void test_op_args(void) {
+  char cfg[512];
+  struct inst x;
+  hixl_kv_request r = request("r1", 8, NULL);
+  int64_t tokens;
+  int32_t flag;
+  hixl_kv_buffer b = {0};
+  hixl_kv_ids s, rv;
+  hixl_kv_blocks eb;
+  hixl_kv_stats stats;
+  uint64_t blocks[1] = {0};
+  config(cfg, sizeof(cfg), free_port(), "both", 30000, "fail", 2000);
+  ST_IS(inst_up(&x, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+  /* NULL connector: every op says so. */
+  ST_IS(ops->destroy(NULL), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->shutdown(NULL), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->get_num_new_matched_tokens(NULL, &r, 0, &tokens, &flag), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->update_state_after_alloc(NULL, &r, blocks, 1, 4), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->build_connector_meta(NULL, &b), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->request_finished(NULL, &r, blocks, 1, &flag, &b), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->update_connector_output(NULL, NULL, NULL, NULL), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->set_handshake_metadata(NULL, NULL, 0), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->register_kv_caches(NULL, x.kv.layers, LAYERS), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->bind_connector_meta(NULL, (const uint8_t *)"x", 1), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->clear_connector_meta(NULL), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->start_load_kv(NULL), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->wait_for_layer_load(NULL, 0), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->save_kv_layer(NULL, 0), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->wait_for_save(NULL), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->get_finished(NULL, NULL, &s, &rv), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->get_block_ids_with_load_errors(NULL, &eb), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->get_handshake_metadata(NULL, &b), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->get_stats(NULL, &stats), HIXL_KV_PARAM_INVALID);
+  /* NULL outputs and wrong roles. */
+  ST_IS(ops->get_num_new_matched_tokens(x.sched, &r, 0, NULL, &flag), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->get_num_new_matched_tokens(x.worker, &r, 0, &tokens, &flag), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT(has_error("scheduler"));
+  ST_IS(ops->build_connector_meta(x.worker, &b), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->request_finished(x.sched, &r, blocks, 1, NULL, &b), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->start_load_kv(x.sched), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->get_finished(x.worker, NULL, NULL, &rv), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->register_kv_caches(x.sched, x.kv.layers, LAYERS), HIXL_KV_PARAM_INVALID);
+  /* Bad requests. */
+  hixl_kv_request noid = request("", 8, NULL);
+  ST_IS(ops->get_num_new_matched_tokens(x.sched, &noid, 0, &tokens, &flag), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->get_num_new_matched_tokens(x.sched, NULL, 0, &tokens, &flag), HIXL_KV_PARAM_INVALID);
+  /* Params that are not ours: no tokens to load. */
+  hixl_kv_request junk = request("r2", 8, "{\"do_remote_prefill\": \"yes\"}");
+  ST_IS(ops->get_num_new_matched_tokens(x.sched, &junk, 0, &tokens, &flag), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(tokens, 0);
+  CU_ASSERT_EQUAL(flag, 0);
+  /* Metadata that is not ours is refused whole. */
+  const uint8_t garbage[] = {0x48, 0x58, 0x4b, 0x4d, 1, 0, 0, 0, 9, 1};
+  ST_IS(ops->bind_connector_meta(x.worker, garbage, sizeof(garbage)), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->bind_connector_meta(x.worker, garbage, 3), HIXL_KV_PARAM_INVALID);
+  /* Layers: twice, or of different shapes. */
+  ST_IS(ops->register_kv_caches(x.worker, x.kv.layers, LAYERS), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->wait_for_layer_load(x.worker, LAYERS), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->save_kv_layer(x.worker, LAYERS), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->get_stats(x.worker, &stats), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(stats.blocks_held, 0);
+  inst_down(&x);
+
+  config(cfg, sizeof(cfg), free_port(), "both", 30000, "fail", 2000);
+  char err[256];
+  hixl_kv_connector *w = NULL;
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &w, err, sizeof(err)), HIXL_KV_SUCCESS);
+  struct kv k;
+  kv_init(&k, BLOCK_BYTES);
+  k.layers[1].block_bytes *= 2;
+  ST_IS(ops->register_kv_caches(w, k.layers, LAYERS), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT(has_error("layer 1"));
+  k.layers[1].block_bytes /= 2;
+  k.layers[2].layout = 9;
+  ST_IS(ops->register_kv_caches(w, k.layers, LAYERS), HIXL_KV_PARAM_INVALID);
+  k.layers[2].layout = HIXL_KV_LAYOUT_KV_FIRST;
+  k.layers[0].v_offset = BLOCK_BYTES;
+  ST_IS(ops->register_kv_caches(w, k.layers, LAYERS), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT(has_error("overlaps"));
+  ST_IS(ops->register_kv_caches(w, k.layers, 0), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->destroy(w), HIXL_KV_SUCCESS);
+  free(k.mem);
+}
+
+/* ---- hand-offs ---- */
+
+/* Prefill in a child process: serves one request, reports through a pipe. */
+struct child {
+  pid_t pid;
+  int to_child, from_child;
+};
+
+static int child_start(struct child *ch, void (*fn)(int in, int out, void *arg), void *arg) {
+  int a[2], b[2];
+  if (pipe(a) != 0 || pipe(b) != 0) return -1;
+  ch->pid = fork();
+  if (ch->pid < 0) return -1;
+  if (ch->pid == 0) {
+    close(a[1]);
+    close(b[0]);
+    fn(a[0], b[1], arg);
+    _exit(0);
+  }
+  close(a[0]);
+  close(b[1]);
+  ch->to_child = a[1];
+  ch->from_child = b[0];
+  return 0;
+}
+
+/* A line from fd within timeout_ms, into buf; false on timeout or end. */
+static bool read_line(int fd, char *buf, size_t cap, int timeout_ms) {
+  size_t n = 0;
+  int64_t end = now_ms() + timeout_ms;
+  while (n + 1 < cap) {
+    struct pollfd p = {fd, POLLIN, 0};
+    int left = (int)(end - now_ms());
+    if (left <= 0 || poll(&p, 1, left) <= 0) return false;
+    if (read(fd, buf + n, 1) != 1) return false;
+    if (buf[n] == '\n') break;
+    n++;
+  }
+  buf[n] = '\0';
+  return true;
+}
+
+static void write_line(int fd, const char *fmt, ...) {
+  char buf[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  if (write(fd, buf, (size_t)n) != n) _exit(3);
+}
+
+struct prefill_args {
+  uint16_t port;
+  unsigned lease_ms;
+  uint64_t seed;
+  size_t nblocks;
+};
+
+static const uint64_t prefill_blocks[] = {3, 4, 5, 6, 10, 11, 20, 31};
+static const uint64_t decode_blocks[] = {0, 1, 2, 7, 8, 9, 12, 13};
+
+/* The prefill child: "params <json>", then "freed <held blocks>" when the decode
+ * freed the request (or its lease ran out), then waits for "exit". */
+static void prefill_main(int in, int out, void *arg) {
+  struct prefill_args *a = arg;
+  char cfg[512], line[64];
+  struct inst p;
+  config(cfg, sizeof(cfg), a->port, "producer", a->lease_ms, "fail", 3000);
+  if (inst_up(&p, cfg, BLOCK_BYTES) != HIXL_KV_SUCCESS) {
+    write_line(out, "error %s\n", ops->last_error());
+    _exit(1);
+  }
+  char *params = prefill_finish(&p, "req-7", a->seed, prefill_blocks, a->nblocks);
+  write_line(out, "params %s\n", params);
+  free(params);
+  bool freed = wait_finished(&p, "req-7", 0, 20000);
+  hixl_kv_stats st;
+  ops->get_stats(p.worker, &st);
+  write_line(out, "freed %d held %llu expired %llu\n", freed, (unsigned long long)st.blocks_held,
+             (unsigned long long)st.lease_expired);
+  read_line(in, line, sizeof(line), 30000);
+  ops->destroy(p.worker);
+  ops->destroy(p.sched);
+  _exit(0);
+}
+
+static void child_end(struct child *ch) {
+  write_line(ch->to_child, "exit\n");
+  int status = 0;
+  CU_ASSERT_EQUAL(waitpid(ch->pid, &status, 0), ch->pid);
+  CU_ASSERT(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  close(ch->to_child);
+  close(ch->from_child);
+}
+
+static void test_pull_two_processes(void) {
+  struct prefill_args a = {free_port(), 30000, 42, 8};
+  struct child ch;
+  char line[4096], cfg[512];
+  CU_ASSERT_EQUAL_FATAL(child_start(&ch, prefill_main, &a), 0);
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  CU_ASSERT_EQUAL_FATAL(strncmp(line, "params ", 7), 0);
+  const char *params = line + 7;
+  CU_ASSERT_PTR_NOT_NULL(strstr(params, "\"remote_block_ids\":[3,4,5,6,10,11,20,31]"));
+  struct inst d;
+  config(cfg, sizeof(cfg), free_port(), "consumer", 30000, "fail", 3000);
+  ST_IS(inst_up(&d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+  decode_load(&d, "dec-7", params, decode_blocks, 8);
+  CU_ASSERT_TRUE(wait_finished(&d, "dec-7", 1, 20000));
+  uint64_t errs[16];
+  CU_ASSERT_EQUAL(load_errors(&d, errs, 16), 0);
+  CU_ASSERT_EQUAL(kv_verify(&d.kv, 42, decode_blocks, 8), -1);
+  /* Nothing outside the request's blocks was written. */
+  CU_ASSERT_TRUE(others_untouched(&d.kv, decode_blocks, 8, 0xEE));
+  hixl_kv_stats st;
+  ST_IS(ops->get_stats(d.worker, &st), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(st.loads_done, 1);
+  CU_ASSERT_EQUAL(st.loads_failed, 0);
+  /* Adjacent blocks coalesce: runs {3,4,5,6}->{0,1,2,7}: 3+1, {10,11}->{8,9}, {20}->{12},
+   * {31}->{13}: 5 runs per tensor, 6 tensors. */
+  CU_ASSERT_EQUAL(st.engine_ops, 5 * LAYERS * 2);
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  CU_ASSERT_STRING_EQUAL(line, "freed 1 held 0 expired 0");
+  child_end(&ch);
+  inst_down(&d);
+}
+
+/* The lease runs out before any consumer comes: the producer frees the blocks and
+ * reports them finished; a late consumer's load fails and reports its blocks. */
+static void test_lease_expiry(void) {
+  struct prefill_args a = {free_port(), 200, 5, 4};
+  struct child ch;
+  char line[4096], cfg[512];
+  CU_ASSERT_EQUAL_FATAL(child_start(&ch, prefill_main, &a), 0);
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  char *params = strdup(line + 7);
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  CU_ASSERT_STRING_EQUAL(line, "freed 1 held 0 expired 1");
+  struct inst d;
+  config(cfg, sizeof(cfg), free_port(), "consumer", 30000, "recompute", 3000);
+  ST_IS(inst_up(&d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+  decode_load(&d, "dec-5", params, decode_blocks, 4);
+  CU_ASSERT_TRUE(wait_finished(&d, "dec-5", 1, 20000));
+  uint64_t errs[16];
+  CU_ASSERT_EQUAL(load_errors(&d, errs, 16), 4);
+  CU_ASSERT(errs[0] == 0 && errs[3] == 7);
+  CU_ASSERT_EQUAL(count_byte(&d.kv, 0xEE), d.kv.len); /* nothing moved */
+  /* recompute: the scheduler, told of the failure, matches no tokens. */
+  const char *failed_id = "dec-5";
+  hixl_kv_ids failed = {&failed_id, 1};
+  ST_IS(ops->update_connector_output(d.sched, NULL, NULL, &failed), HIXL_KV_SUCCESS);
+  hixl_kv_request r = request("dec-5", 16, params);
+  int64_t tokens = -5;
+  int32_t async = 1;
+  ST_IS(ops->get_num_new_matched_tokens(d.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(tokens, 0);
+  CU_ASSERT_EQUAL(async, 0);
+  child_end(&ch);
+  inst_down(&d);
+  free(params);
+}
+
+/* The consumer aborts before loading: the producer frees at once. */
+static void test_abort(void) {
+  struct prefill_args a = {free_port(), 30000, 9, 2};
+  struct child ch;
+  char line[4096], cfg[512];
+  CU_ASSERT_EQUAL_FATAL(child_start(&ch, prefill_main, &a), 0);
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  char *params = strdup(line + 7);
+  struct inst d;
+  config(cfg, sizeof(cfg), free_port(), "consumer", 30000, "fail", 3000);
+  ST_IS(inst_up(&d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+  hixl_kv_request r = request("dec-9", 8, params);
+  r.flags = HIXL_KV_REQ_ABORTED;
+  int32_t delay = 1;
+  hixl_kv_buffer out = {0};
+  ST_IS(ops->request_finished(d.sched, &r, NULL, 0, &delay, &out), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(delay, 0);
+  step(&d);
+  int64_t t0 = now_ms();
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  CU_ASSERT_STRING_EQUAL(line, "freed 1 held 0 expired 0");
+  CU_ASSERT(now_ms() - t0 < 10000); /* freed by the abort, not by the 30 s lease */
+  child_end(&ch);
+  inst_down(&d);
+  free(params);
+}
+
+/* The producer dies after request_finished: the load fails within its timeout and
+ * reports its blocks; nothing is written. */
+static void test_producer_death(void) {
+  struct prefill_args a = {free_port(), 30000, 11, 4};
+  struct child ch;
+  char line[4096], cfg[512];
+  CU_ASSERT_EQUAL_FATAL(child_start(&ch, prefill_main, &a), 0);
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  char *params = strdup(line + 7);
+  kill(ch.pid, SIGKILL);
+  waitpid(ch.pid, NULL, 0);
+  struct inst d;
+  config(cfg, sizeof(cfg), free_port(), "consumer", 30000, "fail", 1500);
+  ST_IS(inst_up(&d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+  int64_t t0 = now_ms();
+  decode_load(&d, "dec-11", params, decode_blocks, 4);
+  CU_ASSERT_TRUE(wait_finished(&d, "dec-11", 1, 20000));
+  CU_ASSERT(now_ms() - t0 < 6000);
+  uint64_t errs[16];
+  CU_ASSERT_EQUAL(load_errors(&d, errs, 16), 4);
+  CU_ASSERT_EQUAL(count_byte(&d.kv, 0xEE), d.kv.len);
+  close(ch.to_child);
+  close(ch.from_child);
+  inst_down(&d);
+  free(params);
+}
+
+/* A consumer whose blocks are another size: the load fails naming both layouts and
+ * moves nothing; the producer is told to free. */
+static void test_layout_mismatch(void) {
+  struct prefill_args a = {free_port(), 30000, 13, 4};
+  struct child ch;
+  char line[4096], cfg[512];
+  CU_ASSERT_EQUAL_FATAL(child_start(&ch, prefill_main, &a), 0);
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  char *params = strdup(line + 7);
+  struct inst d;
+  config(cfg, sizeof(cfg), free_port(), "consumer", 30000, "fail", 3000);
+  ST_IS(inst_up(&d, cfg, BLOCK_BYTES / 2), HIXL_KV_SUCCESS);
+  decode_load(&d, "dec-13", params, decode_blocks, 4);
+  CU_ASSERT_TRUE(wait_finished(&d, "dec-13", 1, 20000));
+  uint64_t errs[16];
+  CU_ASSERT_EQUAL(load_errors(&d, errs, 16), 4);
+  CU_ASSERT_EQUAL(count_byte(&d.kv, 0xEE), d.kv.len);
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  CU_ASSERT_STRING_EQUAL(line, "freed 1 held 0 expired 0");
+  child_end(&ch);
+  inst_down(&d);
+  free(params);
+}
+
+static CU_TestInfo abi_tests[] = {
+    {"entry and versions", test_entry},
+    {"no NULL slot", test_no_null_slot},
+    {"table sizes", test_table_sizes},
+    CU_TEST_INFO_NULL,
+};
+static CU_TestInfo arg_tests[] = {
+    {"create", test_create_args},
+    {"every op", test_op_args},
+    CU_TEST_INFO_NULL,
+};
+static CU_TestInfo pd_tests[] = {
+    {"pull, two processes, every byte", test_pull_two_processes},
+    {"lease expiry, then recompute", test_lease_expiry},
+    {"abort frees the producer's blocks", test_abort},
+    {"producer death", test_producer_death},
+    {"layout mismatch", test_layout_mismatch},
+    CU_TEST_INFO_NULL,
+};
+static CU_SuiteInfo suites[] = {
+    {.pName = "plugin abi", .pTests = abi_tests},
+    {.pName = "plugin arguments", .pTests = arg_tests},
+    {.pName = "plugin prefill to decode", .pTests = pd_tests},
+    CU_SUITE_INFO_NULL,
+};
+
+int main(void) {
+  const char *path = getenv("HIXL_KV_PLUGIN") ? getenv("HIXL_KV_PLUGIN") : HIXL_KV_PLUGIN_PATH;
+  signal(SIGPIPE, SIG_IGN);
+  so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!so) {
+    fprintf(stderr, "test_plugin: dlopen %s: %s\n", path, dlerror());
+    return 1;
+  }
+  hixl_kv_entry_fn entry = (hixl_kv_entry_fn)dlsym(so, HIXL_KV_ENTRY_SYMBOL);
+  char err[256];
+  if (!entry || entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS) {
+    fprintf(stderr, "test_plugin: %s: no usable %s\n", path, HIXL_KV_ENTRY_SYMBOL);
+    return 1;
+  }
+  if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+  if (CU_register_suites(suites) != CUE_SUCCESS) {
+    fprintf(stderr, "test_plugin: %s\n", CU_get_error_msg());
+    CU_cleanup_registry();
+    return 1;
+  }
+  CU_basic_set_mode(CU_BRM_VERBOSE);
+  CU_basic_run_tests();
+  unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
+  CU_cleanup_registry();
+  dlclose(so);
+  return failed ? 1 : 0;
+}
