@@ -122,6 +122,26 @@ static uint8_t *kv_block(struct kv *k, int layer, int v, uint64_t block) {
   return k->mem + layer * 2 * BLOCKS * BLOCK_BYTES + (size_t)v * BLOCKS * BLOCK_BYTES + block * BLOCK_BYTES;
 }
 
+static void kv_compute_layer(struct kv *k, int l, uint64_t seed, const uint64_t *blocks, size_t n) {
+  for (int v = 0; v < 2; v++)
+    for (size_t b = 0; b < n; b++)
+      for (size_t i = 0; i < BLOCK_BYTES; i++)
+        kv_block(k, l, v, blocks[b])[i] = kv_byte(seed, l, v, b * BLOCK_BYTES + i);
+}
+
+/* Layer l of the request as prefill computed it (1), untouched (0), or neither (-1). */
+static int kv_layer_state(struct kv *k, int l, uint64_t seed, const uint64_t *blocks, size_t n) {
+  bool all_right = true, all_sentinel = true;
+  for (int v = 0; v < 2; v++)
+    for (size_t b = 0; b < n; b++)
+      for (size_t i = 0; i < BLOCK_BYTES; i++) {
+        uint8_t x = kv_block(k, l, v, blocks[b])[i];
+        all_right &= x == kv_byte(seed, l, v, b * BLOCK_BYTES + i);
+        all_sentinel &= x == 0xEE;
+      }
+  return all_right ? 1 : all_sentinel ? 0 : -1;
+}
+
 static void kv_compute(struct kv *k, uint64_t seed, const uint64_t *blocks, size_t n) {
   for (int l = 0; l < LAYERS; l++)
     for (int v = 0; v < 2; v++)
@@ -335,11 +355,11 @@ static void test_create_args(void) {
   ST_IS(ops->create(unknown, strlen(unknown), HIXL_KV_ROLE_SCHEDULER, 0, 1, &c, err, sizeof(err)),
         HIXL_KV_PARAM_INVALID);
   CU_ASSERT_PTR_NOT_NULL(strstr(err, "adress"));
-  char push[512];
-  snprintf(push, sizeof(push), "{\"address\": \"127.0.0.1:%u\", \"mode\": \"push\"}", (unsigned)free_port());
-  ST_IS(ops->create(push, strlen(push), HIXL_KV_ROLE_SCHEDULER, 0, 1, &c, err, sizeof(err)),
-        HIXL_KV_UNSUPPORTED);
-  CU_ASSERT_PTR_NOT_NULL(strstr(err, "push"));
+  /* A value out of its range names the key. */
+  const char *lease = "{\"address\": \"127.0.0.1:1\", \"lease_ms\": -5}";
+  ST_IS(ops->create(lease, strlen(lease), HIXL_KV_ROLE_SCHEDULER, 0, 1, &c, err, sizeof(err)),
+        HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(err, "lease_ms"));
   /* A worker needs a port to listen on. */
   const char *noport = "{\"address\": \"127.0.0.1\"}";
   ST_IS(ops->create(noport, strlen(noport), HIXL_KV_ROLE_WORKER, 0, 1, &c, err, sizeof(err)),
@@ -671,6 +691,123 @@ static void test_layout_mismatch(void) {
   free(params);
 }
 
+static char *config_push(char *buf, size_t cap, uint16_t port, const char *role, unsigned lease_ms) {
+  snprintf(buf, cap,
+           "{\"address\": \"127.0.0.1:%u\", \"role\": \"%s\", \"mode\": \"push\", \"lease_ms\": %u,\n"
+           " \"transfer_timeout_ms\": 3000, \"connect_timeout_ms\": 3000, \"Transport\": \"%s\"}\n",
+           (unsigned)port, role, lease_ms, transport());
+  return buf;
+}
+
+/* The push producer child: reads "params <json>", binds the PUSH, then computes
+ * layer by layer; after each save_kv_layer it says "saved L" and waits for "next"
+ * (the decode checked that layer L arrived and L + 1 did not). */
+static void push_prefill_main(int in, int out, void *arg) {
+  uint16_t port = *(uint16_t *)arg;
+  char cfg[512], line[4096];
+  struct inst p;
+  config_push(cfg, sizeof(cfg), port, "producer", 10000);
+  if (inst_up(&p, cfg, BLOCK_BYTES) != HIXL_KV_SUCCESS || !read_line(in, line, sizeof(line), 20000)) _exit(1);
+  hixl_kv_request r = request("pre-1", 8 * BLOCK_TOKENS, line + 7);
+  int64_t tokens = -1;
+  int32_t async = 1;
+  if (ops->get_num_new_matched_tokens(p.sched, &r, 0, &tokens, &async) != HIXL_KV_SUCCESS || tokens != 0)
+    _exit(2);
+  if (ops->update_state_after_alloc(p.sched, &r, prefill_blocks, 8, 0) != HIXL_KV_SUCCESS) _exit(3);
+  step(&p);
+  for (int l = 0; l < LAYERS; l++) {
+    kv_compute_layer(&p.kv, l, 77, prefill_blocks, 8);
+    ops->save_kv_layer(p.worker, (uint32_t)l);
+    write_line(out, "saved %d\n", l);
+    if (!read_line(in, line, sizeof(line), 20000) || strcmp(line, "next") != 0) _exit(4);
+  }
+  ops->wait_for_save(p.worker);
+  int32_t delay = 0;
+  hixl_kv_buffer none = {0};
+  if (ops->request_finished(p.sched, &r, prefill_blocks, 8, &delay, &none) != HIXL_KV_SUCCESS || delay != 1)
+    _exit(5);
+  bool freed = wait_finished(&p, "pre-1", 0, 20000);
+  hixl_kv_stats st;
+  ops->get_stats(p.worker, &st);
+  write_line(out, "freed %d held %llu pushed %llu layers %llu\n", freed, (unsigned long long)st.blocks_held,
+             (unsigned long long)st.pushes_done, (unsigned long long)st.layers_pushed);
+  read_line(in, line, sizeof(line), 30000);
+  ops->destroy(p.worker);
+  ops->destroy(p.sched);
+  _exit(0);
+}
+
+/* Push mode in two processes: decode allocates first and hands its blocks to
+ * prefill, which writes each layer as save_kv_layer releases it: layer L is in
+ * decode's blocks before prefill computes L + 1. */
+static void test_push_two_processes(void) {
+  uint16_t pport = free_port();
+  struct child ch;
+  char line[4096], cfg[512];
+  CU_ASSERT_EQUAL_FATAL(child_start(&ch, push_prefill_main, &pport), 0);
+  struct inst d;
+  config_push(cfg, sizeof(cfg), free_port(), "consumer", 10000);
+  ST_IS(inst_up(&d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+  const char *mark = "{\"do_remote_prefill\": true}";
+  hixl_kv_request r = request("dec-p", 8 * BLOCK_TOKENS, mark);
+  int64_t tokens = 0;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(d.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(tokens, 8 * BLOCK_TOKENS);
+  ST_IS(ops->update_state_after_alloc(d.sched, &r, decode_blocks, 8, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  hixl_kv_buffer params = {0};
+  ST_IS(ops->get_push_params(d.sched, "dec-p", 5, &params), HIXL_KV_SUCCESS);
+  CU_ASSERT_PTR_NOT_NULL(strstr((char *)params.data, "\"remote_block_ids\":[0,1,2,7,8,9,12,13]"));
+  ST_IS(ops->get_push_params(d.sched, "dec-p", 5, &params), HIXL_KV_NOT_FOUND); /* handed out once */
+  step(&d);
+  write_line(ch.to_child, "params %.*s\n", (int)params.len, (char *)params.data);
+  ops->free_buffer(&params);
+  for (int l = 0; l < LAYERS; l++) {
+    char want[32];
+    snprintf(want, sizeof(want), "saved %d", l);
+    CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+    CU_ASSERT_STRING_EQUAL(line, want);
+    ST_IS(ops->wait_for_layer_load(d.worker, (uint32_t)l), HIXL_KV_SUCCESS);
+    CU_ASSERT_EQUAL(kv_layer_state(&d.kv, l, 77, decode_blocks, 8), 1);
+    if (l + 1 < LAYERS) CU_ASSERT_EQUAL(kv_layer_state(&d.kv, l + 1, 77, decode_blocks, 8), 0);
+    write_line(ch.to_child, "next\n");
+  }
+  CU_ASSERT_TRUE(wait_finished(&d, "dec-p", 1, 20000));
+  uint64_t errs[16];
+  CU_ASSERT_EQUAL(load_errors(&d, errs, 16), 0);
+  CU_ASSERT_EQUAL(kv_verify(&d.kv, 77, decode_blocks, 8), -1);
+  CU_ASSERT_TRUE(others_untouched(&d.kv, decode_blocks, 8, 0xEE));
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  char want[96];
+  snprintf(want, sizeof(want), "freed 1 held 0 pushed 1 layers %d", LAYERS);
+  CU_ASSERT_STRING_EQUAL(line, want);
+  child_end(&ch);
+  inst_down(&d);
+}
+
+/* A push consumer whose producer never comes: the load fails at the lease, and
+ * wait_for_layer_load does not hang past it. */
+static void test_push_nobody_comes(void) {
+  char cfg[512];
+  struct inst d;
+  config_push(cfg, sizeof(cfg), free_port(), "consumer", 300);
+  ST_IS(inst_up(&d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+  const char *mark = "{\"do_remote_prefill\": true}";
+  hixl_kv_request r = request("dec-q", 4 * BLOCK_TOKENS, mark);
+  int64_t tokens = 0;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(d.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  ST_IS(ops->update_state_after_alloc(d.sched, &r, decode_blocks, 4, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  step(&d);
+  int64_t t0 = now_ms();
+  ST_IS(ops->wait_for_layer_load(d.worker, 0), HIXL_KV_SUCCESS);
+  CU_ASSERT(now_ms() - t0 < 5000);
+  CU_ASSERT_TRUE(wait_finished(&d, "dec-q", 1, 5000));
+  uint64_t errs[16];
+  CU_ASSERT_EQUAL(load_errors(&d, errs, 16), 4);
+  inst_down(&d);
+}
+
 static CU_TestInfo abi_tests[] = {
     {"entry and versions", test_entry},
     {"no NULL slot", test_no_null_slot},
@@ -688,6 +825,8 @@ static CU_TestInfo pd_tests[] = {
     {"abort frees the producer's blocks", test_abort},
     {"producer death", test_producer_death},
     {"layout mismatch", test_layout_mismatch},
+    {"push, two processes, layer by layer", test_push_two_processes},
+    {"push: no producer comes", test_push_nobody_comes},
     CU_TEST_INFO_NULL,
 };
 static CU_SuiteInfo suites[] = {

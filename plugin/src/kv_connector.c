@@ -183,13 +183,71 @@ static void leases_expire(hixl_kv_connector *c) {
   }
 }
 
+/* ---- push mode: what a consumer worker expects ---- */
+
+static struct kv_expect *expect_find(hixl_kv_connector *c, const char *id) {
+  for (struct kv_expect *x = c->expects; x; x = x->next)
+    if (strcmp(x->id, id) == 0) return x;
+  return NULL;
+}
+
+static void err_blocks_add(hixl_kv_connector *c, const uint64_t *b, size_t n) {
+  for (size_t k = 0; k < n; k++) {
+    if (c->nerr == c->caperr) {
+      size_t cap = c->caperr ? c->caperr * 2 : 64;
+      uint64_t *v = realloc(c->err_blocks, cap * sizeof(*v));
+      if (!v) return;
+      c->err_blocks = v;
+      c->caperr = cap;
+    }
+    c->err_blocks[c->nerr++] = b[k];
+  }
+}
+
+/* x ends: landed whole (why NULL) or failed. Lock held. */
+static void expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why) {
+  struct kv_expect **pp = &c->expects;
+  while (*pp != x) pp = &(*pp)->next;
+  *pp = x->next;
+  if (why) {
+    c->stats.loads_failed++;
+    err_blocks_add(c, x->blocks, x->n);
+    fprintf(stderr, "hixl-kv: request %s failed to load: %s\n", x->id, why);
+  } else {
+    c->stats.loads_done++;
+  }
+  idset_add(&c->recving_done, x->id);
+  gone_add(c, x->id);
+  free(x->blocks);
+  free(x->landed);
+  free(x);
+  pthread_cond_broadcast(&c->cond);
+}
+
+/* Expected pushes that no producer finished within the lease fail. Lock held. */
+static void expects_expire(hixl_kv_connector *c) {
+  uint64_t now = now_ns();
+  for (struct kv_expect *x = c->expects, *next; x; x = next) {
+    next = x->next;
+    if (now >= x->deadline_ns) {
+      char why[96];
+      snprintf(why, sizeof(why), "no producer wrote all %u layers within lease_ms %u", c->layers,
+               c->cfg.lease_ms);
+      expect_end(c, x, why);
+    }
+  }
+}
+
 static HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
                            size_t cap, size_t *resp_len) {
   hixl_kv_connector *c = ctx;
   struct kv_in in = {req, len, 0, false};
   char id[KV_MAX_ID + 1];
+  char reason[KV_MAX_ID + 1] = "";
   uint8_t proto = kv_get_u8(&in), op = kv_get_u8(&in);
   kv_get_str(&in, id, KV_MAX_ID);
+  uint32_t layer = op == KV_SVC_LAYER ? kv_get_u32(&in) : 0;
+  if (op == KV_SVC_ABORT) kv_get_str(&in, reason, KV_MAX_ID);
   struct kv_out out = {0};
   HixlStatus st = HIXL_SUCCESS;
   if (in.bad || in.off != len || proto != KV_SVC_PROTO) {
@@ -198,8 +256,36 @@ static HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size
   }
   pthread_mutex_lock(&c->lock);
   leases_expire(c);
+  expects_expire(c);
   struct kv_held *h = held_find(c, id);
-  if (op == KV_SVC_PIN) {
+  struct kv_expect *x = expect_find(c, id);
+  if (op == KV_SVC_ACCEPT) {
+    if (x) {
+      kv_put_u8(&out, KV_PIN_HELD);
+      kv_put_str(&out, c->layout_text, strlen(c->layout_text));
+      kv_put_blocks(&out, x->blocks, x->n);
+    } else if (idset_has(&c->gone, id)) {
+      kv_put_u8(&out, KV_PIN_GONE);
+      const char *why = "it already ended (loaded, failed or expired)";
+      kv_put_str(&out, why, strlen(why));
+    } else {
+      kv_put_u8(&out, KV_PIN_NOT_YET);
+    }
+  } else if (op == KV_SVC_LAYER) {
+    if (x && layer < c->layers && !x->landed[layer]) {
+      x->landed[layer] = 1;
+      if (++x->nlanded == c->layers) expect_end(c, x, NULL);
+      pthread_cond_broadcast(&c->cond);
+    } else if (!x) {
+      st = HIXL_NOT_FOUND;
+    }
+  } else if (op == KV_SVC_ABORT) {
+    if (x) {
+      char why[KV_MAX_ID + 64];
+      snprintf(why, sizeof(why), "the producer %s gave up: %s", peer, reason);
+      expect_end(c, x, why);
+    }
+  } else if (op == KV_SVC_PIN) {
     if (h) {
       h->expires_ns = now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
       kv_put_u8(&out, KV_PIN_HELD);
@@ -222,7 +308,8 @@ static HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size
   }
   pthread_mutex_unlock(&c->lock);
   if (st != HIXL_SUCCESS) {
-    *resp_len = (size_t)snprintf((char *)resp, cap, "unknown KV service operation %u", op);
+    *resp_len = (size_t)snprintf((char *)resp, cap, "%s: KV service operation %u for request %s",
+                                 st == HIXL_NOT_FOUND ? "not expected here" : "unknown", op, id);
     free(out.p);
     return st;
   }
@@ -244,23 +331,29 @@ static int32_t ms_until(uint64_t deadline) {
   return now >= deadline ? 0 : (int32_t)((deadline - now + 999999) / 1000000);
 }
 
-static int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, uint8_t *ans,
-                   size_t cap, size_t *n, int32_t timeout_ms, HixlStatus *st) {
-  uint8_t req[8 + KV_MAX_ID];
+static int kv_call_ex(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, uint32_t layer,
+                      const char *reason, uint8_t *ans, size_t cap, size_t *n, int32_t timeout_ms,
+                      HixlStatus *st) {
   struct kv_out o = {0};
   kv_put_u8(&o, KV_SVC_PROTO);
   kv_put_u8(&o, op);
   kv_put_str(&o, id, strlen(id));
+  if (op == KV_SVC_LAYER) kv_put_u32(&o, layer);
+  if (op == KV_SVC_ABORT) kv_put_str(&o, reason, strnlen(reason, KV_MAX_ID));
   if (o.bad) {
     free(o.p);
     *st = HIXL_RESOURCE_EXHAUSTED;
     return -1;
   }
-  memcpy(req, o.p, o.len);
-  *st = hixl_engine_call(c->eng, remote, HIXL_SERVICE_KV, req, o.len, ans, cap, n,
+  *st = hixl_engine_call(c->eng, remote, HIXL_SERVICE_KV, o.p, o.len, ans, cap, n,
                          timeout_ms > 0 ? timeout_ms : 1);
   free(o.p);
   return *st == HIXL_SUCCESS ? 0 : -1;
+}
+
+static int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, uint8_t *ans,
+                   size_t cap, size_t *n, int32_t timeout_ms, HixlStatus *st) {
+  return kv_call_ex(c, remote, op, id, 0, "", ans, cap, n, timeout_ms, st);
 }
 
 /* One load: link, pin (asking again while the producer has not bound it yet),
@@ -406,7 +499,185 @@ static void *loader_main(void *arg) {
   return NULL;
 }
 
+/* ---- push mode: the producer's pusher thread ---- */
+
+/* Accept on the consumer: it expects the request, with the same layout, into at
+ * least as many blocks. */
+static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why, size_t cap) {
+  struct kv_meta_entry *e = &p->e;
+  uint64_t deadline = now_ns() + (uint64_t)c->cfg.transfer_timeout_ms * 1000000ull;
+  HixlStatus st = HixlCacheManagerLink(c->mgr, e->cluster, e->remote, c->cfg.connect_timeout_ms);
+  if (st != HIXL_SUCCESS && st != HIXL_ALREADY_CONNECTED) {
+    snprintf(why, cap, "linking to the consumer %s: %s", e->remote, HixlGetLastErrorMessage());
+    return st;
+  }
+  uint8_t *ans = malloc(HIXL_CALL_MAX);
+  if (!ans) return HIXL_RESOURCE_EXHAUSTED;
+  char layout[257] = "";
+  uint64_t *rb = NULL;
+  size_t nrb = 0, n = 0;
+  for (unsigned tries = 0;; tries++) {
+    if (kv_call(c, e->remote, KV_SVC_ACCEPT, e->rreq, ans, HIXL_CALL_MAX, &n, ms_until(deadline), &st) < 0) {
+      snprintf(why, cap, "asking the consumer %s for request %s: %s", e->remote, e->rreq,
+               HixlGetLastErrorMessage());
+      break;
+    }
+    struct kv_in in = {ans, n, 0, false};
+    uint8_t state = kv_get_u8(&in);
+    if (state == KV_PIN_HELD) {
+      kv_get_str(&in, layout, 256);
+      kv_get_blocks(&in, &rb, &nrb);
+      if (in.bad || in.off != n) {
+        snprintf(why, cap, "the consumer %s gave a malformed answer for request %s", e->remote, e->rreq);
+        st = HIXL_FAILED;
+      } else if (strcmp(layout, c->layout_text) != 0) {
+        snprintf(why, cap, "layout mismatch: the consumer %s has %s, this producer has %s; nothing was moved",
+                 e->remote, layout, c->layout_text);
+        st = HIXL_PARAM_INVALID;
+      } else if (nrb < e->nblocks) {
+        snprintf(why, cap, "the consumer %s expects %zu blocks of request %s, this producer has %zu",
+                 e->remote, nrb, e->rreq, e->nblocks);
+        st = HIXL_PARAM_INVALID;
+      }
+      break;
+    }
+    if (state == KV_PIN_GONE || state != KV_PIN_NOT_YET || ms_until(deadline) == 0) {
+      snprintf(why, cap, "the consumer %s does not expect request %s (%s)", e->remote, e->rreq,
+               state == KV_PIN_GONE ? "it already ended" : "not within the transfer timeout");
+      st = state == KV_PIN_GONE ? HIXL_NOT_FOUND : HIXL_TIMEOUT;
+      break;
+    }
+    struct timespec ts = {0, tries < 20 ? 200000 : 2000000};
+    nanosleep(&ts, NULL);
+  }
+  free(rb);
+  free(ans);
+  return st;
+}
+
+/* Wait until layer l of step has been saved (save_kv_layer), or the deadline. */
+static bool push_wait_saved(hixl_kv_connector *c, uint32_t l, uint64_t step, uint64_t deadline) {
+  struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
+                        .tv_nsec = (long)(deadline % 1000000000ull)};
+  pthread_mutex_lock(&c->lock);
+  while (!c->shut && c->saved_step[l] < step)
+    if (pthread_cond_timedwait(&c->cond, &c->lock, &ts) == ETIMEDOUT) break;
+  bool ok = c->saved_step[l] >= step;
+  pthread_mutex_unlock(&c->lock);
+  return ok;
+}
+
+/* One step's pushes, layer by layer: each layer leaves as soon as it is saved, while
+ * the producer computes the next. */
+static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
+  HixlStatus *st = calloc(n, sizeof(*st));
+  char(*why)[512] = calloc(n, sizeof(*why));
+  uint8_t ans[256];
+  size_t an;
+  if (!st || !why) {
+    free(st);
+    free(why);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) st[i] = push_accept(c, v[i], why[i], sizeof(why[i]));
+  for (uint32_t l = 0; l < c->layers; l++) {
+    bool any = false;
+    for (size_t i = 0; i < n; i++) any |= st[i] == HIXL_SUCCESS;
+    if (!any) break;
+    uint64_t deadline = v[0]->bound_ns + (uint64_t)c->cfg.lease_ms * 1000000ull;
+    if (!push_wait_saved(c, l, v[0]->step, deadline)) {
+      for (size_t i = 0; i < n; i++)
+        if (st[i] == HIXL_SUCCESS) {
+          st[i] = HIXL_TIMEOUT;
+          snprintf(why[i], sizeof(why[i]), "layer %u was not saved within lease_ms %u", l, c->cfg.lease_ms);
+        }
+      break;
+    }
+    for (size_t i = 0; i < n; i++) {
+      if (st[i] != HIXL_SUCCESS) continue;
+      struct kv_meta_entry *e = &v[i]->e;
+      HixlBlocksCacheKey key = {e->cluster, 0};
+      HixlCacheTransferArgs a = HIXL_CACHE_TRANSFER_ARGS_INIT;
+      a.src_layer_start = a.dst_layer_start = l;
+      a.src_layer_count = a.dst_layer_count = 1;
+      a.tensor_num_per_layer = c->tensors_per_layer;
+      a.timeout_ms = c->cfg.transfer_timeout_ms;
+      st[i] = HixlCacheManagerPushBlocks(c->mgr, &key, c->cache_id, e->blocks, e->nblocks, e->rblocks,
+                                         e->nblocks, &a);
+      if (st[i] != HIXL_SUCCESS) {
+        snprintf(why[i], sizeof(why[i]), "layer %u of request %s to %s: %s", l, e->req, e->remote,
+                 HixlGetLastErrorMessage());
+        continue;
+      }
+      if (kv_call_ex(c, e->remote, KV_SVC_LAYER, e->rreq, l, "", ans, sizeof(ans), &an,
+                     c->cfg.notify_timeout_ms, &st[i]) < 0)
+        snprintf(why[i], sizeof(why[i]), "telling %s that layer %u landed: %s", e->remote, l,
+                 HixlGetLastErrorMessage());
+      pthread_mutex_lock(&c->lock);
+      c->stats.layers_pushed++;
+      pthread_mutex_unlock(&c->lock);
+    }
+  }
+  HixlCacheStats cs;
+  HixlCacheManagerGetStats(c->mgr, &cs);
+  for (size_t i = 0; i < n; i++) {
+    struct kv_meta_entry *e = &v[i]->e;
+    if (st[i] != HIXL_SUCCESS) { /* the consumer reports the failure; best effort */
+      HixlStatus as;
+      fprintf(stderr, "hixl-kv: request %s was not pushed (%s): %s\n", e->req, HixlStatusName(st[i]), why[i]);
+      kv_call_ex(c, e->remote, KV_SVC_ABORT, e->rreq, 0, why[i], ans, sizeof(ans), &an,
+                 c->cfg.notify_timeout_ms, &as);
+    }
+    pthread_mutex_lock(&c->lock);
+    if (st[i] == HIXL_SUCCESS)
+      c->stats.pushes_done++;
+    else
+      c->stats.pushes_failed++;
+    c->stats.engine_ops = cs.engine_ops;
+    c->stats.lookups = cs.lookups;
+    c->stats.blocks_held -= e->nblocks;
+    c->stats.requests_held--;
+    idset_add(&c->sending_done, e->req); /* the host may free the producer's blocks */
+    pthread_mutex_unlock(&c->lock);
+  }
+  free(st);
+  free(why);
+}
+
+static void *pusher_main(void *arg) {
+  hixl_kv_connector *c = arg;
+  pthread_mutex_lock(&c->lock);
+  for (;;) {
+    while (!c->pushes && !c->shut) pthread_cond_wait(&c->cond, &c->lock);
+    if (!c->pushes) break;
+    /* The head's step: every push bound in it goes layer by layer together. */
+    uint64_t step = c->pushes->step;
+    size_t n = 0;
+    for (struct kv_push *p = c->pushes; p && p->step == step; p = p->next) n++;
+    struct kv_push **v = malloc(n * sizeof(*v));
+    if (!v) break;
+    for (size_t i = 0; i < n; i++) {
+      v[i] = c->pushes;
+      c->pushes = c->pushes->next;
+    }
+    if (!c->pushes) c->pushes_tail = NULL;
+    pthread_mutex_unlock(&c->lock);
+    push_batch(c, v, n);
+    for (size_t i = 0; i < n; i++) {
+      free(v[i]->e.blocks);
+      free(v[i]->e.rblocks);
+      free(v[i]);
+    }
+    free(v);
+    pthread_mutex_lock(&c->lock);
+  }
+  pthread_mutex_unlock(&c->lock);
+  return NULL;
+}
+
 /* ---- life ---- */
+
+static hixl_kv_status kv_shutdown(hixl_kv_connector *c);
 
 static hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint32_t rank, uint32_t world,
                                 hixl_kv_connector **out, char *err, size_t err_cap) {
@@ -430,10 +701,6 @@ static hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint
   c->world = world;
   if ((st = kv_config_load(json, len, &c->cfg, why, sizeof(why))) != HIXL_KV_SUCCESS) {
     kv_fail(st, "create: %s", why);
-    goto fail_cfg;
-  }
-  if (c->cfg.push) {
-    st = kv_fail(HIXL_KV_UNSUPPORTED, "create: mode push is not built yet (docs/plugin.md); use mode pull");
     goto fail_cfg;
   }
   pthread_condattr_t ca;
@@ -468,6 +735,14 @@ static hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint
       goto fail_service;
     }
     c->loader_on = true;
+    if (c->cfg.push && c->cfg.producer) {
+      if ((rc = pthread_create(&c->pusher, NULL, pusher_main, c)) != 0) {
+        st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "create: pthread_create: %s", strerror(rc));
+        kv_shutdown(c);
+        goto fail_service;
+      }
+      c->pusher_on = true;
+    }
   }
   *out = c;
   return HIXL_KV_SUCCESS;
@@ -499,6 +774,10 @@ static hixl_kv_status kv_shutdown(hixl_kv_connector *c) {
     pthread_join(c->loader, NULL);
     c->loader_on = false;
   }
+  if (c->pusher_on) {
+    pthread_join(c->pusher, NULL);
+    c->pusher_on = false;
+  }
   return HIXL_KV_SUCCESS;
 }
 
@@ -528,6 +807,28 @@ static hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   }
   loads_free(c->loads);
   loads_free(c->queue);
+  while (c->pushes) {
+    struct kv_push *p = c->pushes;
+    c->pushes = p->next;
+    free(p->e.blocks);
+    free(p->e.rblocks);
+    free(p);
+  }
+  while (c->expects) {
+    struct kv_expect *x = c->expects;
+    c->expects = x->next;
+    free(x->blocks);
+    free(x->landed);
+    free(x);
+  }
+  while (c->allocs) {
+    struct kv_alloc *a = c->allocs;
+    c->allocs = a->next;
+    free(a->blocks);
+    free(a);
+  }
+  idset_clear(&c->pushing);
+  free(c->saved_step);
   idset_clear(&c->failed);
   idset_clear(&c->gone);
   idset_clear(&c->sending_done);
@@ -552,7 +853,10 @@ struct kv_params {
   size_t n;
 };
 
-static bool params_parse(const hixl_kv_request *r, struct kv_params *p, char *why, size_t cap) {
+/* flag: "do_remote_prefill" (a consumer's params, from a producer) or
+ * "do_remote_decode" (a producer's, from a consumer in push mode). */
+static bool params_parse(const hixl_kv_request *r, const char *flag, struct kv_params *p, char *why,
+                         size_t cap) {
   memset(p, 0, sizeof(*p));
   if (!r->kv_transfer_params || r->kv_transfer_params_len == 0) {
     snprintf(why, cap, "no kv_transfer_params");
@@ -565,8 +869,9 @@ static bool params_parse(const hixl_kv_request *r, struct kv_params *p, char *wh
       o && json_tokener_get_error(tok) == json_tokener_success && json_object_is_type(o, json_type_object);
   json_tokener_free(tok);
   json_object *v;
-  if (ok && (!json_object_object_get_ex(o, "do_remote_prefill", &v) || !json_object_get_boolean(v)))
-    ok = false, snprintf(why, cap, "do_remote_prefill is not true");
+  if (ok && (!json_object_object_get_ex(o, flag, &v) || !json_object_is_type(v, json_type_boolean) ||
+             !json_object_get_boolean(v)))
+    ok = false, snprintf(why, cap, "%s is not true", flag);
   else if (ok &&
            (!json_object_object_get_ex(o, "remote_engine", &v) || !json_object_is_type(v, json_type_string) ||
             json_object_get_string_len(v) > (int)KV_MAX_ENGINE))
@@ -603,6 +908,20 @@ static bool params_parse(const hixl_kv_request *r, struct kv_params *p, char *wh
   return ok;
 }
 
+/* Whether the request's params set flag to true (push mode: the router's mark). */
+static bool params_flag(const hixl_kv_request *r, const char *flag) {
+  if (!r->kv_transfer_params || r->kv_transfer_params_len == 0) return false;
+  struct json_tokener *tok = json_tokener_new();
+  if (!tok) return false;
+  json_object *o = json_tokener_parse_ex(tok, r->kv_transfer_params, (int)r->kv_transfer_params_len), *v;
+  bool yes = o && json_tokener_get_error(tok) == json_tokener_success &&
+             json_object_is_type(o, json_type_object) && json_object_object_get_ex(o, flag, &v) &&
+             json_object_is_type(v, json_type_boolean) && json_object_get_boolean(v);
+  json_tokener_free(tok);
+  json_object_put(o);
+  return yes;
+}
+
 static hixl_kv_status check_req(const hixl_kv_request *r, const char *fn, char *id) {
   CHECK_ARG(r, "%s: request is NULL", fn);
   CHECK_ARG(copy_id(id, r->req_id, r->req_id_len), "%s: req_id must be 1 to %u bytes of text", fn, KV_MAX_ID);
@@ -619,8 +938,12 @@ static hixl_kv_status kv_matched(hixl_kv_connector *c, const hixl_kv_request *r,
             "get_num_new_matched_tokens: a scheduler op, on a worker connector");
   if ((st = check_req(r, "get_num_new_matched_tokens", id)) != HIXL_KV_SUCCESS) return st;
   int64_t n = 0;
-  struct kv_params p;
-  if (c->cfg.consumer && r->kv_transfer_params_len && params_parse(r, &p, why, sizeof(why))) {
+  struct kv_params p = {0};
+  bool remote =
+      c->cfg.consumer &&
+      (c->cfg.push ? params_flag(r, "do_remote_prefill")
+                   : r->kv_transfer_params_len && params_parse(r, "do_remote_prefill", &p, why, sizeof(why)));
+  if (remote) {
     free(p.blocks);
     pthread_mutex_lock(&c->lock);
     bool failed = idset_has(&c->failed, id);
@@ -643,6 +966,61 @@ static void meta_add(hixl_kv_connector *c, const struct kv_meta_entry *e) {
   c->meta_count++;
 }
 
+/* Push mode: a consumer expects the producer's writes into the blocks just allocated
+ * (get_push_params tells the producer where); a producer queues a PUSH of its blocks
+ * into the consumer's named in the params. */
+static hixl_kv_status push_after_alloc(hixl_kv_connector *c, const hixl_kv_request *r, const char *id,
+                                       const uint64_t *blocks, size_t nblocks, uint64_t external) {
+  char why[256] = "";
+  if (c->cfg.consumer && params_flag(r, "do_remote_prefill")) {
+    if (external == 0 || nblocks == 0) return HIXL_KV_SUCCESS;
+    struct kv_alloc *a = calloc(1, sizeof(*a));
+    uint64_t *b = malloc(nblocks * sizeof(*b));
+    if (!a || !b) {
+      free(a);
+      free(b);
+      return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "update_state_after_alloc: out of memory");
+    }
+    memcpy(b, blocks, nblocks * sizeof(*b));
+    snprintf(a->id, sizeof(a->id), "%s", id);
+    a->blocks = b;
+    a->n = nblocks;
+    struct kv_meta_entry e = {.type = KV_META_EXPECT, .blocks = (uint64_t *)blocks, .nblocks = nblocks};
+    snprintf(e.req, sizeof(e.req), "%s", id);
+    pthread_mutex_lock(&c->lock);
+    a->next = c->allocs;
+    c->allocs = a;
+    meta_add(c, &e);
+    pthread_mutex_unlock(&c->lock);
+    return HIXL_KV_SUCCESS;
+  }
+  struct kv_params p;
+  if (!c->cfg.producer || !params_parse(r, "do_remote_decode", &p, why, sizeof(why))) return HIXL_KV_SUCCESS;
+  hixl_kv_status st = HIXL_KV_SUCCESS;
+  struct kv_meta_entry e = {.type = KV_META_PUSH, .blocks = (uint64_t *)blocks, .nblocks = nblocks};
+  snprintf(e.req, sizeof(e.req), "%s", id);
+  snprintf(e.remote, sizeof(e.remote), "%s", p.remote);
+  snprintf(e.rreq, sizeof(e.rreq), "%s", p.rreq);
+  char engine[64];
+  if (nblocks == 0 || nblocks > p.n)
+    st = kv_fail(HIXL_KV_PARAM_INVALID,
+                 "update_state_after_alloc: %zu blocks for request %s, the consumer has %zu", nblocks, id,
+                 p.n);
+  else if (worker_address(p.remote, 0, engine, sizeof(engine), &e.cluster) != HIXL_KV_SUCCESS)
+    st = kv_fail(HIXL_KV_PARAM_INVALID,
+                 "update_state_after_alloc: request %s: remote_engine \"%s\" is not ip:port", id, p.remote);
+  if (st == HIXL_KV_SUCCESS) {
+    e.rblocks = p.blocks;
+    e.nrblocks = nblocks;
+    pthread_mutex_lock(&c->lock);
+    meta_add(c, &e);
+    if (!idset_has(&c->pushing, id)) idset_add(&c->pushing, id);
+    pthread_mutex_unlock(&c->lock);
+  }
+  free(p.blocks);
+  return st;
+}
+
 static hixl_kv_status kv_after_alloc(hixl_kv_connector *c, const hixl_kv_request *r, const uint64_t *blocks,
                                      size_t nblocks, uint64_t external) {
   char id[KV_MAX_ID + 1], why[256] = "";
@@ -651,8 +1029,10 @@ static hixl_kv_status kv_after_alloc(hixl_kv_connector *c, const hixl_kv_request
             "update_state_after_alloc: connector is NULL or a worker's");
   if ((st = check_req(r, "update_state_after_alloc", id)) != HIXL_KV_SUCCESS) return st;
   CHECK_ARG(nblocks == 0 || blocks, "update_state_after_alloc: block_ids is NULL");
+  if (c->cfg.push) return push_after_alloc(c, r, id, blocks, nblocks, external);
   struct kv_params p;
-  if (!c->cfg.consumer || r->kv_transfer_params_len == 0 || !params_parse(r, &p, why, sizeof(why)))
+  if (!c->cfg.consumer || r->kv_transfer_params_len == 0 ||
+      !params_parse(r, "do_remote_prefill", &p, why, sizeof(why)))
     return HIXL_KV_SUCCESS;
   struct kv_meta_entry e = {.type = external > 0 && nblocks > 0 ? KV_META_LOAD : KV_META_FREE};
   snprintf(e.req, sizeof(e.req), "%s", id);
@@ -724,7 +1104,7 @@ static hixl_kv_status kv_finished(hixl_kv_connector *c, const hixl_kv_request *r
   struct kv_params p;
   /* A consumer's request that never loaded: the producer frees what it holds. */
   if (c->cfg.consumer && (r->flags & HIXL_KV_REQ_ABORTED) && r->kv_transfer_params_len &&
-      params_parse(r, &p, why, sizeof(why))) {
+      params_parse(r, "do_remote_prefill", &p, why, sizeof(why))) {
     struct kv_meta_entry e = {.type = KV_META_FREE};
     snprintf(e.req, sizeof(e.req), "%s", id);
     snprintf(e.remote, sizeof(e.remote), "%s", p.remote);
@@ -736,6 +1116,23 @@ static hixl_kv_status kv_finished(hixl_kv_connector *c, const hixl_kv_request *r
       pthread_mutex_unlock(&c->lock);
     }
     free(p.blocks);
+  }
+  if (c->cfg.push) { /* a pushed request's blocks stay until the pusher has sent them */
+    pthread_mutex_lock(&c->lock);
+    bool pushing = idset_has(&c->pushing, id);
+    if (pushing) {
+      for (size_t i = 0; i < c->pushing.n; i++)
+        if (strcmp(c->pushing.v[i], id) == 0) {
+          free(c->pushing.v[i]);
+          c->pushing.v[i] = c->pushing.v[--c->pushing.n];
+          break;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    *delay_free = pushing;
+    params->data = NULL;
+    params->len = 0;
+    return HIXL_KV_SUCCESS;
   }
   if (!c->cfg.producer || (r->flags & HIXL_KV_REQ_ABORTED) || nblocks == 0) {
     *delay_free = 0;
@@ -773,6 +1170,44 @@ static hixl_kv_status kv_finished(hixl_kv_connector *c, const hixl_kv_request *r
   *delay_free = 1;
   params->data = copy;
   params->len = strlen((char *)copy);
+  return HIXL_KV_SUCCESS;
+}
+
+static hixl_kv_status kv_push_params(hixl_kv_connector *c, const char *req_id, size_t len,
+                                     hixl_kv_buffer *out) {
+  char id[KV_MAX_ID + 1];
+  CHECK_ARG(c && out && c->role == HIXL_KV_ROLE_SCHEDULER,
+            "get_push_params: connector or output is NULL, or a worker's");
+  CHECK_ARG(copy_id(id, req_id, len), "get_push_params: req_id must be 1 to %u bytes of text", KV_MAX_ID);
+  CHECK_ARG(c->cfg.push && c->cfg.consumer, "get_push_params: for a consumer in mode push");
+  pthread_mutex_lock(&c->lock);
+  struct kv_alloc **pp = &c->allocs;
+  while (*pp && strcmp((*pp)->id, id) != 0) pp = &(*pp)->next;
+  struct kv_alloc *a = *pp;
+  if (a) *pp = a->next;
+  pthread_mutex_unlock(&c->lock);
+  if (!a) return kv_fail(HIXL_KV_NOT_FOUND, "get_push_params: no blocks were allocated for request %s", id);
+  json_object *o = json_object_new_object(), *arr = json_object_new_array();
+  for (size_t i = 0; i < a->n && arr; i++)
+    json_object_array_add(arr, json_object_new_int64((int64_t)a->blocks[i]));
+  char *copy = NULL;
+  if (o && arr) {
+    json_object_object_add(o, "do_remote_prefill", json_object_new_boolean(0));
+    json_object_object_add(o, "do_remote_decode", json_object_new_boolean(1));
+    json_object_object_add(o, "remote_engine", json_object_new_string(c->cfg.address));
+    json_object_object_add(o, "remote_request_id", json_object_new_string(id));
+    json_object_object_add(o, "remote_block_ids", arr);
+    json_object_object_add(o, "hixl_abi", json_object_new_int(HIXL_KV_ABI_MAJOR));
+    arr = NULL;
+    copy = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+  }
+  json_object_put(arr);
+  json_object_put(o);
+  free(a->blocks);
+  free(a);
+  if (!copy) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "get_push_params: out of memory");
+  out->data = (uint8_t *)copy;
+  out->len = strlen(copy);
   return HIXL_KV_SUCCESS;
 }
 
@@ -840,7 +1275,13 @@ static hixl_kv_status kv_register(hixl_kv_connector *c, const hixl_kv_layer *ly,
       HixlCacheManagerRegisterBlocksCache(c->mgr, &d, addrs, nt, &key, HIXL_CACHE_ACCESS_REMOTE, &id);
   free(addrs);
   if (st != HIXL_SUCCESS) return kv_fail(st, "%s: %s", fn, HixlGetLastErrorMessage());
+  uint64_t *saved = calloc(n, sizeof(*saved));
+  if (!saved) {
+    HixlCacheManagerUnregisterCache(c->mgr, id);
+    return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  }
   pthread_mutex_lock(&c->lock);
+  c->saved_step = saved;
   c->cache_id = id;
   c->layers = (uint32_t)n;
   c->tensors_per_layer = tpl;
@@ -864,8 +1305,55 @@ static hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t 
             fn, len);
   hixl_kv_status st = HIXL_KV_SUCCESS;
   pthread_mutex_lock(&c->lock);
+  c->step++; /* one bind per step: this step's save_kv_layer calls release its pushes */
+  uint64_t now = now_ns();
   for (size_t i = 0; i < n; i++) {
     struct kv_meta_entry *e = &v[i];
+    if (e->type == KV_META_PUSH || e->type == KV_META_EXPECT) {
+      if (c->cache_id == 0) {
+        st = kv_fail(HIXL_KV_PARAM_INVALID, "%s: request %s: register_kv_caches first", fn, e->req);
+        continue;
+      }
+      if (e->type == KV_META_PUSH && c->cfg.producer) {
+        struct kv_push *p = calloc(1, sizeof(*p));
+        if (!p || worker_address(e->remote, c->rank, e->remote, sizeof(e->remote), &e->cluster) !=
+                      HIXL_KV_SUCCESS) {
+          free(p);
+          st = kv_fail(HIXL_KV_PARAM_INVALID, "%s: request %s: cannot push to \"%s\"", fn, e->req, e->remote);
+          continue;
+        }
+        p->e = *e;
+        e->blocks = e->rblocks = NULL;
+        p->step = c->step;
+        p->bound_ns = now;
+        c->stats.blocks_held += p->e.nblocks;
+        c->stats.requests_held++;
+        if (c->pushes_tail)
+          c->pushes_tail->next = p;
+        else
+          c->pushes = p;
+        c->pushes_tail = p;
+        pthread_cond_broadcast(&c->cond);
+      } else if (e->type == KV_META_EXPECT && c->cfg.consumer && !expect_find(c, e->req)) {
+        struct kv_expect *x = calloc(1, sizeof(*x));
+        uint8_t *landed = calloc(c->layers, 1);
+        if (!x || !landed) {
+          free(x);
+          free(landed);
+          st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+          continue;
+        }
+        snprintf(x->id, sizeof(x->id), "%s", e->req);
+        x->blocks = e->blocks;
+        x->n = e->nblocks;
+        e->blocks = NULL;
+        x->landed = landed;
+        x->deadline_ns = now + (uint64_t)c->cfg.lease_ms * 1000000ull;
+        x->next = c->expects;
+        c->expects = x;
+      }
+      continue;
+    }
     if (e->type == KV_META_HOLD) {
       if (!c->cfg.producer || held_find(c, e->req)) continue;
       if (idset_has(&c->gone, e->req)) { /* the consumer freed it already (an abort) */
@@ -941,12 +1429,33 @@ static hixl_kv_status kv_start_load(hixl_kv_connector *c) {
 static hixl_kv_status kv_wait_layer(hixl_kv_connector *c, uint32_t layer) {
   CHECK_ARG(c && c->role == HIXL_KV_ROLE_WORKER, "wait_for_layer_load: connector is NULL or a scheduler's");
   CHECK_ARG(c->cache_id == 0 || layer < c->layers, "wait_for_layer_load: layer %u of %u", layer, c->layers);
-  return HIXL_KV_SUCCESS; /* pull loads are asynchronous: they end in get_finished */
+  if (!c->cfg.push) return HIXL_KV_SUCCESS; /* pull loads are asynchronous: they end in get_finished */
+  /* Push: until layer has landed for every request expected, or one's lease ends. */
+  pthread_mutex_lock(&c->lock);
+  hixl_kv_status st = HIXL_KV_SUCCESS;
+  for (;;) {
+    expects_expire(c);
+    uint64_t first = UINT64_MAX;
+    for (struct kv_expect *x = c->expects; x; x = x->next)
+      if (!x->landed[layer] && x->deadline_ns < first) first = x->deadline_ns;
+    if (first == UINT64_MAX || c->shut) break;
+    struct timespec ts = {.tv_sec = (time_t)(first / 1000000000ull),
+                          .tv_nsec = (long)(first % 1000000000ull)};
+    pthread_cond_timedwait(&c->cond, &c->lock, &ts);
+  }
+  pthread_mutex_unlock(&c->lock);
+  return st;
 }
 
 static hixl_kv_status kv_save_layer(hixl_kv_connector *c, uint32_t layer) {
   CHECK_ARG(c && c->role == HIXL_KV_ROLE_WORKER, "save_kv_layer: connector is NULL or a scheduler's");
   CHECK_ARG(c->cache_id == 0 || layer < c->layers, "save_kv_layer: layer %u of %u", layer, c->layers);
+  if (c->cfg.push && c->saved_step) { /* this step's pushes may send layer now */
+    pthread_mutex_lock(&c->lock);
+    c->saved_step[layer] = c->step;
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+  }
   return HIXL_KV_SUCCESS; /* pull mode: the consumer reads the blocks; nothing to send */
 }
 
@@ -962,6 +1471,7 @@ static hixl_kv_status kv_get_finished(hixl_kv_connector *c, const hixl_kv_ids *f
             "get_finished: connector or an output is NULL, or a scheduler's");
   pthread_mutex_lock(&c->lock);
   leases_expire(c);
+  expects_expire(c);
   hixl_kv_ids s = {0}, r = {0};
   int rc = idset_take(&c->sending_done, &s);
   if (rc == 0 && (rc = idset_take(&c->recving_done, &r)) < 0) {
@@ -1046,6 +1556,7 @@ static const hixl_kv_ops kv_ops_v1 = {
     .get_block_ids_with_load_errors = kv_load_errors,
     .get_handshake_metadata = kv_get_handshake,
     .get_stats = kv_stats,
+    .get_push_params = kv_push_params,
 };
 
 KV_EXPORT hixl_kv_status hixl_kv_connector_entry(uint32_t abi_major, const hixl_kv_ops **ops, char *err,

@@ -43,6 +43,33 @@ struct kv_load {
   struct kv_load *next;
 };
 
+/* Push mode, consumer worker: a request a producer will write into blocks. */
+struct kv_expect {
+  char id[KV_MAX_ID + 1];
+  uint64_t *blocks;
+  size_t n;
+  uint8_t *landed; /* per layer */
+  uint32_t nlanded;
+  uint64_t deadline_ns; /* no producer finished by then: the load fails */
+  struct kv_expect *next;
+};
+
+/* Push mode, producer worker: a request to write into a consumer's blocks. */
+struct kv_push {
+  struct kv_meta_entry e; /* owns its block lists */
+  uint64_t step;          /* the step whose save_kv_layer calls release its layers */
+  uint64_t bound_ns;
+  struct kv_push *next;
+};
+
+/* Push mode, consumer scheduler: blocks allocated for a request, for get_push_params. */
+struct kv_alloc {
+  char id[KV_MAX_ID + 1];
+  uint64_t *blocks;
+  size_t n;
+  struct kv_alloc *next;
+};
+
 /* A list of request ids, growing. */
 struct kv_idset {
   char **v;
@@ -60,7 +87,9 @@ struct hixl_kv_connector {
   /* scheduler */
   struct kv_out meta; /* entries for the next build_connector_meta */
   uint32_t meta_count;
-  struct kv_idset failed; /* consumer: requests whose load failed (recompute: 0 tokens) */
+  struct kv_idset failed;  /* consumer: requests whose load failed (recompute: 0 tokens) */
+  struct kv_alloc *allocs; /* push consumer: for get_push_params */
+  struct kv_idset pushing; /* push producer: requests whose blocks stay until pushed */
 
   /* worker */
   HixlEngine *eng;
@@ -81,6 +110,13 @@ struct hixl_kv_connector {
   size_t nerr, caperr;
   bool loader_on;
   pthread_t loader;
+  /* push mode */
+  uint64_t step;        /* binds so far: each step binds once */
+  uint64_t *saved_step; /* per layer: the step of its last save_kv_layer */
+  struct kv_push *pushes, *pushes_tail;
+  struct kv_expect *expects;
+  bool pusher_on;
+  pthread_t pusher;
   hixl_kv_stats stats;
 };
 

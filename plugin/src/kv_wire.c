@@ -117,13 +117,15 @@ void kv_meta_put(struct kv_out *o, const struct kv_meta_entry *e) {
   kv_put_str(o, e->req, strlen(e->req));
   switch (e->type) {
   case KV_META_LOAD:
+  case KV_META_PUSH:
     kv_put_str(o, e->remote, strlen(e->remote));
     kv_put_u64(o, e->cluster);
     kv_put_str(o, e->rreq, strlen(e->rreq));
     kv_put_blocks(o, e->blocks, e->nblocks);
     kv_put_blocks(o, e->rblocks, e->nrblocks);
     break;
-  case KV_META_HOLD: kv_put_blocks(o, e->blocks, e->nblocks); break;
+  case KV_META_HOLD:
+  case KV_META_EXPECT: kv_put_blocks(o, e->blocks, e->nblocks); break;
   case KV_META_FREE:
     kv_put_str(o, e->remote, strlen(e->remote));
     kv_put_u64(o, e->cluster);
@@ -154,6 +156,7 @@ bool kv_meta_parse(const uint8_t *p, size_t len, struct kv_meta_entry **entries,
     kv_get_str(&in, e->req, KV_MAX_ID);
     switch (e->type) {
     case KV_META_LOAD:
+    case KV_META_PUSH:
       kv_get_str(&in, e->remote, KV_MAX_ENGINE);
       e->cluster = kv_get_u64(&in);
       kv_get_str(&in, e->rreq, KV_MAX_ID);
@@ -162,6 +165,7 @@ bool kv_meta_parse(const uint8_t *p, size_t len, struct kv_meta_entry **entries,
       if (e->nblocks != e->nrblocks || e->nblocks == 0) in.bad = true;
       break;
     case KV_META_HOLD:
+    case KV_META_EXPECT:
       kv_get_blocks(&in, &e->blocks, &e->nblocks);
       if (e->nblocks == 0) in.bad = true;
       break;

@@ -44,9 +44,11 @@ bool kv_get_blocks(struct kv_in *i, uint64_t **v, size_t *n);
 
 /* Metadata entries. */
 enum kv_meta_type {
-  KV_META_LOAD = 1, /* consumer: pull remote blocks into local ones */
-  KV_META_HOLD = 2, /* producer: keep blocks for a consumer until freed or the lease ends */
-  KV_META_FREE = 3, /* consumer: tell the producer to free a request it holds (abort) */
+  KV_META_LOAD = 1,   /* consumer: pull remote blocks into local ones */
+  KV_META_HOLD = 2,   /* producer: keep blocks for a consumer until freed or the lease ends */
+  KV_META_FREE = 3,   /* consumer: tell the producer to free a request it holds (abort) */
+  KV_META_PUSH = 4,   /* producer, push mode: write blocks into the consumer's, layer by layer */
+  KV_META_EXPECT = 5, /* consumer, push mode: a producer will write these blocks */
 };
 
 struct kv_meta_entry {
@@ -57,7 +59,7 @@ struct kv_meta_entry {
   char rreq[KV_MAX_ID + 1];       /* LOAD, FREE: the producer's request id */
   uint64_t *blocks;               /* LOAD: local blocks; HOLD: held blocks */
   size_t nblocks;
-  uint64_t *rblocks; /* LOAD: the producer's blocks, as many as blocks */
+  uint64_t *rblocks; /* LOAD: the producer's blocks; PUSH: the consumer's; as many as blocks */
   size_t nrblocks;
 };
 
@@ -72,8 +74,11 @@ void kv_meta_free(struct kv_meta_entry *entries, size_t count);
 /* The KV service (engine CALL, service HIXL_SERVICE_KV). */
 #define KV_SVC_PROTO 1u
 enum kv_svc_op {
-  KV_SVC_PIN = 1,  /* req id -> state, layout text, blocks (extends the lease) */
-  KV_SVC_FREE = 2, /* req id -> the producer frees it */
+  KV_SVC_PIN = 1,    /* req id -> state, layout text, blocks (extends the lease) */
+  KV_SVC_FREE = 2,   /* req id -> the producer frees it */
+  KV_SVC_ACCEPT = 3, /* push: req id -> state, layout text, the consumer's blocks */
+  KV_SVC_LAYER = 4,  /* push: req id, layer u32 -> that layer has landed */
+  KV_SVC_ABORT = 5,  /* push: req id, reason -> the push failed; the consumer reports it */
 };
 enum kv_pin_state {
   KV_PIN_HELD = 0,    /* then: layout text, blocks */

@@ -106,8 +106,11 @@ typedef struct {
   uint64_t loads_failed;  /* ... and failed */
   uint64_t lease_expired; /* worker, producer: requests freed because their lease ran out */
   uint64_t bytes_loaded;
-  uint64_t engine_ops; /* engine op descriptors issued (adjacent blocks coalesce) */
-  uint64_t lookups;    /* remote cache lookups (round trips) */
+  uint64_t engine_ops;    /* engine op descriptors issued (adjacent blocks coalesce) */
+  uint64_t lookups;       /* remote cache lookups (round trips) */
+  uint64_t pushes_done;   /* worker, producer in push mode: requests written to a consumer */
+  uint64_t pushes_failed; /* ... and not */
+  uint64_t layers_pushed; /* ... layers sent, each as soon as save_kv_layer released it */
 } hixl_kv_stats;
 
 typedef struct hixl_kv_ops hixl_kv_ops;
@@ -159,6 +162,11 @@ struct hixl_kv_ops {
   hixl_kv_status (*get_block_ids_with_load_errors)(hixl_kv_connector *c, hixl_kv_blocks *blocks);
   hixl_kv_status (*get_handshake_metadata)(hixl_kv_connector *c, hixl_kv_buffer *meta);
   hixl_kv_status (*get_stats)(hixl_kv_connector *c, hixl_kv_stats *stats);
+  /* Push mode, consumer scheduler: after update_state_after_alloc, the
+   * kv_transfer_params the producer needs to write this request's KV into the blocks
+   * just allocated; the host's router sends them with the request to the producer. */
+  hixl_kv_status (*get_push_params)(hixl_kv_connector *c, const char *req_id, size_t req_id_len,
+                                    hixl_kv_buffer *kv_transfer_params);
   /* ---- end of version 1.0: later versions append here ---- */
 };
 
