@@ -769,6 +769,52 @@ out:
   srvchild_quit(&sc);
 }
 
+/* shm endpoints: a server offering shm and a client asking for it move data between
+ * the two by process_vm_*; a server offering tcp only refuses such a client clearly. */
+static void test_shm_endpoints(void) {
+  const EndpointDesc shm = {.protocol = HIXL_EP_PROTOCOL_SHM, .address = NULL, .device = NULL};
+  const EndpointDesc local = {.protocol = HIXL_EP_PROTOCOL_SHM, .address = "127.0.0.1", .device = NULL};
+  const size_t len = 3 * MiB + 5;
+  for (int offer = 1; offer >= 0; offer--) {
+    uint16_t port = tu_free_port();
+    HixlServerDesc sd = {.server_ip = "127.0.0.1",
+                         .server_port = port,
+                         .endpoint_list = offer ? &shm : NULL,
+                         .endpoint_list_num = offer ? 1u : 0u};
+    HixlClientDesc cd = {
+        .server_ip = "127.0.0.1", .server_port = port, .local_endpoint = &local, .remote_endpoint = &shm};
+    HixlServerHandle s = NULL;
+    HixlClientHandle c = NULL;
+    region sm, a, b;
+    MemHandle smh = NULL;
+    HcommMem m, rm;
+    memset(&sm, 0, sizeof(sm));
+    memset(&a, 0, sizeof(a));
+    memset(&b, 0, sizeof(b));
+    CU_ASSERT_FATAL(port != 0 && region_map(&sm, len));
+    m = host_mem(sm.mem, len);
+    TU_ASSERT_OK(HixlCSServerCreate(&sd, NULL, &s));
+    TU_ASSERT_OK(HixlCSServerRegMem(s, "server_mem", &m, &smh));
+    TU_ASSERT_OK(HixlCSServerListen(s, 0));
+    TU_ASSERT_OK(HixlCSClientCreate(&cd, NULL, &c));
+    if (c && client_region(c, &a, len, "a") && client_region(c, &b, len, "b")) {
+      if (offer) {
+        TU_ASSERT_OK(HixlCSClientConnect(c, CONNECT_MS));
+        if (remote_find(c, "server_mem", &rm)) put_get_check(c, a.mem, b.mem, rm.addr, sm.mem, len, 301);
+      } else {
+        TU_ASSERT_STATUS(HixlCSClientConnect(c, CONNECT_MS), HIXL_FAILED);
+        TU_ASSERT_ERRMSG_HAS("shm");
+      }
+    }
+    client_region_free(c, &a);
+    client_region_free(c, &b);
+    if (c) TU_ASSERT_OK(HixlCSClientDestroy(c));
+    if (smh) TU_ASSERT_OK(HixlCSServerUnregMem(s, smh));
+    if (s) TU_ASSERT_OK(HixlCSServerDestroy(s));
+    region_unmap(&sm);
+  }
+}
+
 /* Four threads share one client (every call is safe from any thread): each puts and
  * gets its own slice, async and sync, and checks it. */
 #define THR_N     4
@@ -953,16 +999,23 @@ static void test_server_create_args(void) {
   TU_ASSERT_OK(HixlCSServerCreate(&bad, NULL, &h));
   if (h != SENTINEL) TU_ASSERT_OK(HixlCSServerDestroy(h));
   h = SENTINEL;
-  bad.endpoint_list = &shm;
-  TU_ASSERT_STATUS(HixlCSServerCreate(&bad, NULL, &h), HIXL_UNSUPPORTED);
+  bad.endpoint_list = &shm; /* offered beside tcp (auto) */
+  TU_ASSERT_OK(HixlCSServerCreate(&bad, NULL, &h));
+  if (h != SENTINEL) TU_ASSERT_OK(HixlCSServerDestroy(h));
+  h = SENTINEL;
   bad.endpoint_list = &unknown;
   TU_ASSERT_STATUS(HixlCSServerCreate(&bad, NULL, &h), HIXL_PARAM_INVALID);
   bad.endpoint_list = &tcp_bad;
   TU_ASSERT_STATUS(HixlCSServerCreate(&bad, NULL, &h), HIXL_PARAM_INVALID);
-  bad.endpoint_list = two; /* one unsupported entry is enough to refuse */
+  const EndpointDesc tcp_unknown[2] = {tcp, unknown};
+  bad.endpoint_list = tcp_unknown; /* one bad entry is enough to refuse */
   bad.endpoint_list_num = 2;
-  TU_ASSERT_STATUS(HixlCSServerCreate(&bad, NULL, &h), HIXL_UNSUPPORTED);
+  TU_ASSERT_STATUS(HixlCSServerCreate(&bad, NULL, &h), HIXL_PARAM_INVALID);
   CU_ASSERT_PTR_EQUAL(h, SENTINEL); /* outputs are written only on success */
+  bad.endpoint_list = two;
+  TU_ASSERT_OK(HixlCSServerCreate(&bad, NULL, &h));
+  if (h != SENTINEL) TU_ASSERT_OK(HixlCSServerDestroy(h));
+  h = SENTINEL;
 
   /* Valid: defaults, a zeroed config, an explicit tcp endpoint, port 65535, 0.0.0.0. */
   TU_ASSERT_OK(HixlCSServerCreate(&d, NULL, &h));
@@ -1017,8 +1070,9 @@ static void test_client_create_args(void) {
     TU_ASSERT_ERRMSG_HAS("RDMA");
   }
   bad.local_endpoint = &shm;
-  TU_ASSERT_STATUS(HixlCSClientCreate(&bad, NULL, &h), HIXL_UNSUPPORTED);
-  TU_ASSERT_ERRMSG_HAS("shm");
+  TU_ASSERT_OK(HixlCSClientCreate(&bad, NULL, &h));
+  if (h != SENTINEL) TU_ASSERT_OK(HixlCSClientDestroy(h));
+  h = SENTINEL;
   bad.local_endpoint = &unknown;
   TU_ASSERT_STATUS(HixlCSClientCreate(&bad, NULL, &h), HIXL_PARAM_INVALID);
   bad.local_endpoint = &tcp_bad;
@@ -1029,7 +1083,9 @@ static void test_client_create_args(void) {
   if (h != SENTINEL) TU_ASSERT_OK(HixlCSClientDestroy(h));
   h = SENTINEL;
   bad.remote_endpoint = &shm;
-  TU_ASSERT_STATUS(HixlCSClientCreate(&bad, NULL, &h), HIXL_UNSUPPORTED);
+  TU_ASSERT_OK(HixlCSClientCreate(&bad, NULL, &h));
+  if (h != SENTINEL) TU_ASSERT_OK(HixlCSClientDestroy(h));
+  h = SENTINEL;
   bad.remote_endpoint = &unknown;
   TU_ASSERT_STATUS(HixlCSClientCreate(&bad, NULL, &h), HIXL_PARAM_INVALID);
   /* HIXL_CS_BATCH_TIMEOUT_MS must be a number of ms in [1, INT32_MAX]. */
@@ -2164,6 +2220,7 @@ int main(int argc, char **argv) {
   CU_add_test(s, "server and client in one process, async and sync", test_usage_flow);
   CU_add_test(s, "server in another process", test_usage_flow_two_processes);
   CU_add_test(s, "four threads on one client", test_threads);
+  CU_add_test(s, "shm endpoints: same-host copies, or a clear refusal", test_shm_endpoints);
 
   s = CU_add_suite("arguments and rules", pair_init, pair_cleanup);
   CU_add_test(s, "ServerCreate arguments", test_server_create_args);

@@ -70,16 +70,14 @@ static HixlStatus check_ipv4(const char *ip, const char *what, const char *fn) {
   return HIXL_SUCCESS;
 }
 
-/* tcp and rdma are available; shm comes with its transport. */
+/* tcp, rdma and shm (the same-host transport) are available. */
 static HixlStatus check_endpoint(const EndpointDesc *ep, const char *what, const char *fn) {
   HixlStatus st;
   if (!ep) return HIXL_SUCCESS;
-  if (ep->protocol == HIXL_EP_PROTOCOL_SHM)
-    return hixl_fail(HIXL_UNSUPPORTED,
-                     "%s: %s protocol shm is not available in this build yet; use tcp or rdma", fn, what);
   CHECK_ARG(!ep->device || (strlen(ep->device) > 0 && strlen(ep->device) < 64),
             "%s: %s device name is empty or too long", fn, what);
-  CHECK_ARG(ep->protocol == HIXL_EP_PROTOCOL_TCP || ep->protocol == HIXL_EP_PROTOCOL_RDMA,
+  CHECK_ARG(ep->protocol == HIXL_EP_PROTOCOL_TCP || ep->protocol == HIXL_EP_PROTOCOL_RDMA ||
+                ep->protocol == HIXL_EP_PROTOCOL_SHM,
             "%s: %s protocol %d is unknown", fn, what, (int)ep->protocol);
   if (ep->address && (st = check_ipv4(ep->address, "endpoint address", fn)) != HIXL_SUCCESS) return st;
   return HIXL_SUCCESS;
@@ -135,12 +133,12 @@ HixlStatus HixlCSServerCreate(const HixlServerDesc *desc, const HixlServerConfig
   struct cs_server *s = calloc(1, sizeof(*s));
   if (!s) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
   s->port = (uint16_t)desc->server_port;
+  /* Offering rdma or shm: auto, which serves those and tcp alike. */
   const char *transport = "tcp", *device = NULL;
-  for (uint32_t i = 0; i < desc->endpoint_list_num; i++)
-    if (desc->endpoint_list[i].protocol == HIXL_EP_PROTOCOL_RDMA) {
-      transport = "auto";
-      device = desc->endpoint_list[i].device;
-    }
+  for (uint32_t i = 0; i < desc->endpoint_list_num; i++) {
+    if (desc->endpoint_list[i].protocol == HIXL_EP_PROTOCOL_RDMA) device = desc->endpoint_list[i].device;
+    if (desc->endpoint_list[i].protocol != HIXL_EP_PROTOCOL_TCP) transport = "auto";
+  }
   if ((st = engine_new(desc->server_ip, transport, device, &s->eng)) != HIXL_SUCCESS) goto free_server;
   if (registry_add(&servers, s) < 0) {
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
@@ -225,8 +223,10 @@ HixlStatus HixlCSClientCreate(const HixlClientDesc *desc, const HixlClientConfig
   pthread_mutex_init(&c->lock, NULL);
   const char *local =
       desc->local_endpoint && desc->local_endpoint->address ? desc->local_endpoint->address : "0.0.0.0";
-  bool rdma = desc->local_endpoint && desc->local_endpoint->protocol == HIXL_EP_PROTOCOL_RDMA;
-  if ((st = engine_new(local, rdma ? "rdma" : "tcp", rdma ? desc->local_endpoint->device : NULL, &c->eng)) !=
+  HixlEndpointProtocol proto = desc->local_endpoint ? desc->local_endpoint->protocol : HIXL_EP_PROTOCOL_TCP;
+  bool rdma = proto == HIXL_EP_PROTOCOL_RDMA;
+  const char *transport = rdma ? "rdma" : proto == HIXL_EP_PROTOCOL_SHM ? "shm" : "tcp";
+  if ((st = engine_new(local, transport, rdma ? desc->local_endpoint->device : NULL, &c->eng)) !=
       HIXL_SUCCESS)
     goto free_client;
   if (registry_add(&clients, c) < 0) {

@@ -39,7 +39,7 @@ typedef struct HcommMem {
 typedef enum {
   HIXL_EP_PROTOCOL_TCP = 0,  /* available */
   HIXL_EP_PROTOCOL_RDMA = 1, /* RDMA verbs: one-sided WRITE/READ over an RC queue pair */
-  HIXL_EP_PROTOCOL_SHM = 2,  /* UNSUPPORTED until the same-host path lands */
+  HIXL_EP_PROTOCOL_SHM = 2, /* same host: process_vm_readv / writev (a client's Connect fails if it cannot) */
 } HixlEndpointProtocol;
 
 typedef struct EndpointDesc {
