@@ -39,11 +39,25 @@ static int64_t now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* As the other suites: HIXL_TEST_TRANSPORT, or rdma in the soft-RoCE guest
+ * (HIXL_REQUIRE_RDMA), else auto (shm between two processes of one host). */
+static const char *transport(void) {
+  const char *t = getenv("HIXL_TEST_TRANSPORT");
+  if (t && *t) return t;
+  return getenv("HIXL_REQUIRE_RDMA") ? "rdma" : "auto";
+}
+
+/* The engines' IP: HIXL_TEST_IP (the rxe device's address in the guest). */
+static const char *test_ip(void) {
+  const char *ip = getenv("HIXL_TEST_IP");
+  return ip && *ip ? ip : "127.0.0.1";
+}
+
 static uint16_t free_port(void) {
   struct sockaddr_in sa = {.sin_family = AF_INET};
   socklen_t sl = sizeof(sa);
   int fd = socket(AF_INET, SOCK_STREAM, 0);
-  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  inet_pton(AF_INET, test_ip(), &sa.sin_addr);
   uint16_t port = 0;
   if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
       getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
@@ -52,19 +66,14 @@ static uint16_t free_port(void) {
   return port;
 }
 
-static const char *transport(void) {
-  const char *t = getenv("HIXL_TEST_TRANSPORT");
-  return t && *t ? t : "tcp";
-}
-
 /* A bare hixl configuration document. */
 static char *config(char *buf, size_t cap, uint16_t port, const char *role, unsigned lease_ms,
                     const char *policy, int timeout_ms) {
   snprintf(buf, cap,
-           "{\"address\": \"127.0.0.1:%u\", \"role\": \"%s\", \"mode\": \"pull\", \"lease_ms\": %u,\n"
+           "{\"address\": \"%s:%u\", \"role\": \"%s\", \"mode\": \"pull\", \"lease_ms\": %u,\n"
            " \"load_failure_policy\": \"%s\", \"transfer_timeout_ms\": %d, \"connect_timeout_ms\": %d,\n"
            " \"Transport\": \"%s\"}\n",
-           (unsigned)port, role, lease_ms, policy, timeout_ms, timeout_ms, transport());
+           test_ip(), (unsigned)port, role, lease_ms, policy, timeout_ms, timeout_ms, transport());
   return buf;
 }
 
@@ -693,9 +702,9 @@ static void test_layout_mismatch(void) {
 
 static char *config_push(char *buf, size_t cap, uint16_t port, const char *role, unsigned lease_ms) {
   snprintf(buf, cap,
-           "{\"address\": \"127.0.0.1:%u\", \"role\": \"%s\", \"mode\": \"push\", \"lease_ms\": %u,\n"
+           "{\"address\": \"%s:%u\", \"role\": \"%s\", \"mode\": \"push\", \"lease_ms\": %u,\n"
            " \"transfer_timeout_ms\": 3000, \"connect_timeout_ms\": 3000, \"Transport\": \"%s\"}\n",
-           (unsigned)port, role, lease_ms, transport());
+           test_ip(), (unsigned)port, role, lease_ms, transport());
   return buf;
 }
 
