@@ -427,11 +427,6 @@ static HixlStatus load_one(hixl_kv_connector *c, const struct kv_meta_entry *e, 
   if (st != HIXL_SUCCESS)
     snprintf(why, cap, "pulling request %s from %s: %s", e->rreq, e->remote, HixlGetLastErrorMessage());
 out:
-  if (st != HIXL_NOT_FOUND) { /* the producer may hold it: free it there (best effort) */
-    HixlStatus fs;
-    size_t fn;
-    kv_call(c, e->remote, KV_SVC_FREE, e->rreq, ans, HIXL_CALL_MAX, &fn, c->cfg.notify_timeout_ms, &fs);
-  }
   free(rb);
   free(ans);
   return st;
@@ -478,22 +473,21 @@ static void *loader_main(void *arg) {
     } else {
       c->stats.loads_failed++;
       fprintf(stderr, "hixl-kv: request %s failed to load (%s): %s\n", l->e.req, HixlStatusName(st), why);
-      for (size_t k = 0; k < l->e.nblocks; k++) {
-        if (c->nerr == c->caperr) {
-          size_t cap = c->caperr ? c->caperr * 2 : 64;
-          uint64_t *v = realloc(c->err_blocks, cap * sizeof(*v));
-          if (!v) break;
-          c->err_blocks = v;
-          c->caperr = cap;
-        }
-        c->err_blocks[c->nerr++] = l->e.blocks[k];
-      }
+      err_blocks_add(c, l->e.blocks, l->e.nblocks);
     }
-    idset_add(&c->recving_done, l->e.req);
+    idset_add(&c->recving_done, l->e.req); /* the host may use the blocks now */
+    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_unlock(&c->lock);
+    if (st != HIXL_NOT_FOUND) { /* the producer may still hold it: free it there (best effort) */
+      uint8_t ans[64];
+      size_t n;
+      HixlStatus fs;
+      kv_call(c, l->e.remote, KV_SVC_FREE, l->e.rreq, ans, sizeof(ans), &n, c->cfg.notify_timeout_ms, &fs);
+    }
     free(l->e.blocks);
     free(l->e.rblocks);
     free(l);
-    pthread_cond_broadcast(&c->cond);
+    pthread_mutex_lock(&c->lock);
   }
   pthread_mutex_unlock(&c->lock);
   return NULL;

@@ -1,0 +1,557 @@
+/* hixl-pd-bench: the prefill-to-decode KV hand-off through the plugin, against the raw
+ * engine moving the same bytes as the same op lists, in one run.
+ *
+ * A prefill process (child) and a decode process (parent) each load
+ * libhixl_kv_connector.so twice (a pull connector and a push connector) and run a
+ * raw HixlEngine beside them on the same KV memory. Per prompt length and round:
+ *  - pull: prefill finishes a request; decode loads it through the plugin (time from
+ *    start_load_kv to get_finished), then the raw engine READs the same block runs
+ *    (one op per run of blocks adjacent on both sides, per tensor) with one
+ *    HixlEngineTransferSync; the ratio is plugin GB/s over raw GB/s;
+ *  - push: decode allocates, prefill "computes" each layer for about one layer's raw
+ *    transfer time and saves it; the latency from the last save to decode holding the
+ *    whole request is compared with one layer's raw transfer time (pipelining hides
+ *    every layer but the last).
+ * Progress on stderr; a table on stdout; --json FILE. */
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#include "bench_util.h"
+#include "hixl/hixl.h"
+#include "hixl/hixl_kv_connector.h"
+
+#define MAX_PROMPTS 16
+#define MAX_ROUNDS  16
+
+struct opts {
+  const char *plugin, *transport, *ip, *json;
+  uint32_t layers, block_tokens, rounds;
+  uint64_t block_bytes, pool_blocks;
+  uint64_t prompts[MAX_PROMPTS];
+  size_t nprompts;
+};
+
+static struct opts o = {.plugin = HIXL_KV_PLUGIN_DEFAULT,
+                        .transport = "auto",
+                        .ip = "127.0.0.1",
+                        .layers = 32,
+                        .block_tokens = 16,
+                        .rounds = 3,
+                        .block_bytes = 32768,
+                        .pool_blocks = 0,
+                        .prompts = {256, 1024, 4096},
+                        .nprompts = 3};
+
+static const hixl_kv_ops *ops;
+
+static void die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "hixl-pd-bench: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  exit(1);
+}
+
+static void load_plugin(void) {
+  void *so = dlopen(o.plugin, RTLD_NOW | RTLD_LOCAL);
+  if (!so) die("dlopen %s: %s", o.plugin, dlerror());
+  hixl_kv_entry_fn entry = (hixl_kv_entry_fn)dlsym(so, HIXL_KV_ENTRY_SYMBOL);
+  char err[256] = "";
+  if (!entry || entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS)
+    die("%s: no usable %s (%s)", o.plugin, HIXL_KV_ENTRY_SYMBOL, err);
+}
+
+/* ---- the KV pool: layers x (K, V) x pool_blocks blocks, one mapping ---- */
+
+struct pool {
+  uint8_t *mem;
+  size_t len;
+  hixl_kv_layer *layers;
+  uint64_t *free_ids; /* a shuffled free list: allocations come out scattered */
+  size_t nfree;
+};
+
+static void pool_init(struct pool *p, uint64_t seed) {
+  p->len = (size_t)o.layers * 2 * o.pool_blocks * o.block_bytes;
+  p->mem = mmap(NULL, p->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p->mem == MAP_FAILED) die("mmap %zu bytes: %s", p->len, strerror(errno));
+  memset(p->mem, 0x5a, p->len);
+  p->layers = calloc(o.layers, sizeof(*p->layers));
+  p->free_ids = malloc(o.pool_blocks * sizeof(uint64_t));
+  for (uint32_t l = 0; l < o.layers; l++)
+    p->layers[l] = (hixl_kv_layer){"layer",
+                                   5,
+                                   (uintptr_t)(p->mem + (size_t)l * 2 * o.pool_blocks * o.block_bytes),
+                                   o.pool_blocks,
+                                   o.block_bytes,
+                                   o.pool_blocks * o.block_bytes,
+                                   HIXL_KV_LAYOUT_KV_FIRST,
+                                   2,
+                                   o.block_tokens};
+  for (uint64_t i = 0; i < o.pool_blocks; i++) p->free_ids[i] = i;
+  /* Runs of 1 to 8 adjacent blocks in random order, as a busy allocator hands out. */
+  uint64_t s = seed;
+  for (uint64_t i = 0; i + 8 < o.pool_blocks; i += 8) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    uint64_t j = (s >> 33) % ((o.pool_blocks - i) / 8) * 8 + i;
+    for (int k = 0; k < 8; k++) {
+      uint64_t t = p->free_ids[i + k];
+      p->free_ids[i + k] = p->free_ids[j + k];
+      p->free_ids[j + k] = t;
+    }
+  }
+  p->nfree = o.pool_blocks;
+}
+
+static uint64_t tensor_off(uint32_t l, int v) {
+  return ((uint64_t)l * 2 + (uint64_t)v) * o.pool_blocks * o.block_bytes;
+}
+
+/* ---- a connector pair (scheduler, worker) ---- */
+
+struct conn {
+  hixl_kv_connector *sched, *worker;
+};
+
+static void conn_up(struct conn *c, uint16_t port, const char *role, const char *mode, struct pool *p) {
+  char cfg[512], err[256] = "";
+  snprintf(cfg, sizeof(cfg),
+           "{\"address\": \"%s:%u\", \"role\": \"%s\", \"mode\": \"%s\", \"lease_ms\": 60000,"
+           " \"transfer_timeout_ms\": 60000, \"connect_timeout_ms\": 10000, \"Transport\": \"%s\"}",
+           o.ip, (unsigned)port, role, mode, o.transport);
+  if (ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &c->sched, err, sizeof(err)) !=
+          HIXL_KV_SUCCESS ||
+      ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &c->worker, err, sizeof(err)) !=
+          HIXL_KV_SUCCESS)
+    die("create %s %s: %s", role, mode, err);
+  if (ops->register_kv_caches(c->worker, p->layers, o.layers) != HIXL_KV_SUCCESS)
+    die("register_kv_caches: %s", ops->last_error());
+}
+
+static void step(struct conn *c) {
+  hixl_kv_buffer m = {0};
+  if (ops->build_connector_meta(c->sched, &m) != HIXL_KV_SUCCESS ||
+      ops->bind_connector_meta(c->worker, m.data, m.len) != HIXL_KV_SUCCESS ||
+      ops->start_load_kv(c->worker) != HIXL_KV_SUCCESS)
+    die("step: %s", ops->last_error());
+  ops->free_buffer(&m);
+}
+
+/* Step until id is finished sending (which 0) or receiving (1). */
+static void wait_finished(struct conn *c, const char *id, int which) {
+  uint64_t end = bench_now_ns() + 120ull * 1000000000ull;
+  for (;;) {
+    hixl_kv_ids s = {0}, r = {0};
+    step(c);
+    if (ops->get_finished(c->worker, NULL, &s, &r) != HIXL_KV_SUCCESS)
+      die("get_finished: %s", ops->last_error());
+    bool got = false;
+    const hixl_kv_ids *ids = which ? &r : &s;
+    for (size_t i = 0; i < ids->count; i++) got |= strcmp(ids->ids[i], id) == 0;
+    ops->free_ids(&s);
+    ops->free_ids(&r);
+    if (got) return;
+    hixl_kv_blocks eb = {0};
+    ops->get_block_ids_with_load_errors(c->worker, &eb);
+    size_t nerr = eb.count;
+    ops->free_buffer(&eb.raw);
+    if (nerr) die("request %s: %zu blocks failed to load (see the plugin's message above)", id, nerr);
+    if (bench_now_ns() > end) die("request %s did not finish within 120 s", id);
+    struct timespec ts = {0, 20000}; /* a runtime steps every few ms; this polls faster */
+    nanosleep(&ts, NULL);
+  }
+}
+
+static hixl_kv_request request(const char *id, uint64_t tokens, const char *params) {
+  return (hixl_kv_request){id, strlen(id), tokens, params, params ? strlen(params) : 0, 0};
+}
+
+/* ---- the prefill process ---- */
+
+static void line_out(int fd, const char *fmt, ...) {
+  char buf[1 << 16];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  if (n < 0 || (size_t)n >= sizeof(buf) || write(fd, buf, (size_t)n) != n)
+    die("write to the other process failed");
+}
+
+static char *line_in(int fd, char *buf, size_t cap) {
+  size_t n = 0;
+  while (n + 1 < cap) {
+    ssize_t k = read(fd, buf + n, 1);
+    if (k != 1) die("the other process went away");
+    if (buf[n] == '\n') break;
+    n++;
+  }
+  buf[n] = '\0';
+  return buf;
+}
+
+/* A layer's forward pass: it runs on the accelerator, so the host CPU sleeps. */
+static void compute_ns(uint64_t ns) {
+  struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+  nanosleep(&ts, NULL);
+}
+
+static HixlEngine *raw_engine(uint16_t port, struct pool *p) {
+  char addr[64];
+  HixlEngine *e;
+  HixlMemHandle h;
+  HixlOption opt = {"Transport", o.transport};
+  snprintf(addr, sizeof(addr), "%s:%u", o.ip, (unsigned)port);
+  HixlMemDesc m = {(uintptr_t)p->mem, p->len};
+  if (HixlEngineCreate(&e) != HIXL_SUCCESS || HixlEngineInitialize(e, addr, &opt, 1) != HIXL_SUCCESS ||
+      HixlEngineRegisterMem(e, &m, HIXL_MEM_HOST, &h) != HIXL_SUCCESS)
+    die("raw engine %s: %s", addr, HixlGetLastErrorMessage());
+  return e;
+}
+
+static void prefill_main(int in, int out, uint16_t port) {
+  struct pool p;
+  struct conn pull, push;
+  pool_init(&p, 1);
+  load_plugin();
+  conn_up(&pull, port, "producer", "pull", &p);
+  conn_up(&push, (uint16_t)(port + 1), "producer", "push", &p);
+  HixlEngine *raw = raw_engine((uint16_t)(port + 2), &p);
+  line_out(out, "ready %" PRIuPTR "\n", (uintptr_t)p.mem);
+  static char line[1 << 16];
+  static uint64_t blocks[1 << 16];
+  for (;;) {
+    char id[64];
+    uint64_t nb = 0, compute = 0;
+    int off = 0;
+    line_in(in, line, sizeof(line));
+    if (strcmp(line, "quit") == 0) break;
+    if (sscanf(line, "pull %63s %" SCNu64, id, &nb) == 2) {
+      for (uint64_t i = 0; i < nb; i++) blocks[i] = p.free_ids[i];
+      hixl_kv_request r = request(id, nb * o.block_tokens, NULL);
+      int32_t delay = 0;
+      hixl_kv_buffer params = {0};
+      if (ops->request_finished(pull.sched, &r, blocks, nb, &delay, &params) != HIXL_KV_SUCCESS || !delay)
+        die("request_finished: %s", ops->last_error());
+      step(&pull);
+      line_out(out, "params %" PRIu64 " %.*s\n", bench_now_ns(), (int)params.len, (char *)params.data);
+      ops->free_buffer(&params);
+      wait_finished(&pull, id, 0);
+      line_out(out, "freed\n");
+    } else if (sscanf(line, "push %63s %" SCNu64 " %" SCNu64 " %n", id, &nb, &compute, &off) == 3 &&
+               off > 0) {
+      for (uint64_t i = 0; i < nb; i++) blocks[i] = p.free_ids[i];
+      hixl_kv_request r = request(id, nb * o.block_tokens, line + off);
+      if (ops->update_state_after_alloc(push.sched, &r, blocks, nb, 0) != HIXL_KV_SUCCESS)
+        die("update_state_after_alloc: %s", ops->last_error());
+      step(&push);
+      uint64_t t_last = 0;
+      for (uint32_t l = 0; l < o.layers; l++) {
+        compute_ns(compute); /* the layer's "forward pass" */
+        ops->save_kv_layer(push.worker, l);
+        t_last = bench_now_ns();
+      }
+      ops->wait_for_save(push.worker);
+      int32_t delay = 0;
+      hixl_kv_buffer none = {0};
+      ops->request_finished(push.sched, &r, blocks, nb, &delay, &none);
+      wait_finished(&push, id, 0);
+      line_out(out, "pushed %" PRIu64 "\n", t_last);
+    } else {
+      die("prefill: unknown command \"%s\"", line);
+    }
+  }
+  ops->destroy(pull.worker);
+  ops->destroy(pull.sched);
+  ops->destroy(push.worker);
+  ops->destroy(push.sched);
+  HixlEngineDestroy(raw);
+  _exit(0);
+}
+
+/* ---- the decode process ---- */
+
+/* The same op list the cache manager issues: per tensor (layers 0..count-1 from
+ * layer l0), one op per run of blocks adjacent on both sides. */
+static size_t build_ops(HixlTransferOpDesc *v, uintptr_t lbase, uintptr_t rbase, const uint64_t *lb,
+                        const uint64_t *rb, size_t n, uint32_t l0, uint32_t count) {
+  size_t k = 0;
+  for (uint32_t l = l0; l < l0 + count; l++)
+    for (int t = 0; t < 2; t++)
+      for (size_t j = 0; j < n;) {
+        size_t e = j + 1;
+        while (e < n && rb[e] == rb[j] + (e - j) && lb[e] == lb[j] + (e - j)) e++;
+        v[k++] =
+            (HixlTransferOpDesc){lbase + tensor_off(l, t) + lb[j] * o.block_bytes,
+                                 rbase + tensor_off(l, t) + rb[j] * o.block_bytes, (e - j) * o.block_bytes};
+        j = e;
+      }
+  return k;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static uint64_t median(uint64_t *v, size_t n) {
+  qsort(v, n, sizeof(*v), cmp_u64);
+  return v[n / 2];
+}
+
+/* remote_block_ids out of prefill's params. */
+static size_t parse_blocks(const char *params, uint64_t *out, size_t cap) {
+  const char *p = strstr(params, "\"remote_block_ids\":[");
+  size_t n = 0;
+  if (!p) die("params without remote_block_ids: %s", params);
+  p += strlen("\"remote_block_ids\":[");
+  while (*p && *p != ']' && n < cap) {
+    char *end;
+    out[n++] = strtoull(p, &end, 10);
+    p = *end == ',' ? end + 1 : end;
+  }
+  return n;
+}
+
+/* A port p with p, p + 1 and p + 2 free on o.ip (the pull and push connectors' engines
+ * and the raw engine), other than avoid's three; 0 if none was found. */
+static uint16_t free_ports3(uint16_t avoid) {
+  for (int tries = 0; tries < 200; tries++) {
+    int fds[3] = {-1, -1, -1};
+    uint16_t base = 0;
+    bool ok = true;
+    for (int k = 0; k < 3 && ok; k++) {
+      struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(k ? (uint16_t)(base + k) : 0)};
+      socklen_t sl = sizeof(sa);
+      inet_pton(AF_INET, o.ip, &sa.sin_addr);
+      fds[k] = socket(AF_INET, SOCK_STREAM, 0);
+      ok = fds[k] >= 0 && bind(fds[k], (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+           getsockname(fds[k], (struct sockaddr *)&sa, &sl) == 0;
+      if (ok && k == 0) base = ntohs(sa.sin_port);
+    }
+    for (int k = 0; k < 3; k++)
+      if (fds[k] >= 0) close(fds[k]);
+    if (ok && base < 65000 && (avoid == 0 || base > avoid + 2 || base + 2 < avoid)) return base;
+  }
+  return 0;
+}
+
+struct row {
+  uint64_t tokens, blocks, bytes, ops;
+  double plugin_gbs, raw_gbs, handoff_ms, push_after_last_ms, layer_ms;
+};
+
+static void usage(void) {
+  printf("usage: hixl-pd-bench [--plugin PATH] [--transport auto|tcp|shm|rdma] [--ip IP]\n"
+         "                     [--layers N] [--block-kib N] [--block-tokens N] [--prompts T1,T2,...]\n"
+         "                     [--rounds N] [--json FILE]\n"
+         "Prefill-to-decode hand-offs through the KV-connector plugin (pull, and push layer by\n"
+         "layer) against the raw engine moving the same bytes as the same op lists.\n");
+}
+
+int main(int argc, char **argv) {
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    uint64_t x;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      usage();
+      return 0;
+    }
+    if (!v) die("%s needs a value (--help)", a);
+    i++;
+    if (strcmp(a, "--plugin") == 0)
+      o.plugin = v;
+    else if (strcmp(a, "--transport") == 0)
+      o.transport = v;
+    else if (strcmp(a, "--ip") == 0)
+      o.ip = v;
+    else if (strcmp(a, "--json") == 0)
+      o.json = v;
+    else if (strcmp(a, "--layers") == 0 && bench_parse_u64(v, &x) && x >= 1 && x <= 256)
+      o.layers = (uint32_t)x;
+    else if (strcmp(a, "--block-kib") == 0 && bench_parse_u64(v, &x) && x >= 1 && x <= 1024)
+      o.block_bytes = x << 10;
+    else if (strcmp(a, "--block-tokens") == 0 && bench_parse_u64(v, &x) && x >= 1 && x <= 1024)
+      o.block_tokens = (uint32_t)x;
+    else if (strcmp(a, "--rounds") == 0 && bench_parse_u64(v, &x) && x >= 1 && x <= MAX_ROUNDS)
+      o.rounds = (uint32_t)x;
+    else if (strcmp(a, "--prompts") == 0) {
+      char buf[256];
+      snprintf(buf, sizeof(buf), "%s", v);
+      o.nprompts = 0;
+      for (char *t = strtok(buf, ","); t && o.nprompts < MAX_PROMPTS; t = strtok(NULL, ","))
+        if (!bench_parse_u64(t, &o.prompts[o.nprompts++]) || o.prompts[o.nprompts - 1] == 0)
+          die("--prompts: \"%s\" is not a token count", t);
+    } else
+      die("unknown or bad option %s %s (--help)", a, v);
+  }
+  uint64_t maxb = 0;
+  for (size_t i = 0; i < o.nprompts; i++) {
+    uint64_t b = (o.prompts[i] + o.block_tokens - 1) / o.block_tokens;
+    if (b > maxb) maxb = b;
+  }
+  o.pool_blocks = (maxb + 15) / 8 * 8 + 8;
+  uint16_t pport = free_ports3(0), dport = free_ports3(pport);
+  if (!pport || !dport || pport == dport) die("no free ports on %s", o.ip);
+  int to_child[2], from_child[2];
+  if (pipe(to_child) || pipe(from_child)) die("pipe: %s", strerror(errno));
+  pid_t pid = fork();
+  if (pid < 0) die("fork: %s", strerror(errno));
+  if (pid == 0) {
+    close(to_child[1]);
+    close(from_child[0]);
+    prefill_main(to_child[0], from_child[1], pport);
+  }
+  close(to_child[0]);
+  close(from_child[1]);
+  int in = from_child[0], out = to_child[1];
+  static char line[1 << 16];
+  uintptr_t rbase = 0;
+  if (sscanf(line_in(in, line, sizeof(line)), "ready %" SCNuPTR, &rbase) != 1) die("prefill: %s", line);
+
+  struct pool p;
+  struct conn pull, push;
+  pool_init(&p, 2);
+  load_plugin();
+  conn_up(&pull, dport, "consumer", "pull", &p);
+  conn_up(&push, (uint16_t)(dport + 1), "consumer", "push", &p);
+  HixlEngine *raw = raw_engine((uint16_t)(dport + 2), &p);
+  char praw[64];
+  snprintf(praw, sizeof(praw), "%s:%u", o.ip, (unsigned)(pport + 2));
+  if (HixlEngineConnect(raw, praw, 10000) != HIXL_SUCCESS) die("raw connect: %s", HixlGetLastErrorMessage());
+  size_t maxops = (size_t)o.layers * 2 * o.pool_blocks;
+  HixlTransferOpDesc *opv = malloc(maxops * sizeof(*opv));
+  uint64_t *rb = malloc(o.pool_blocks * sizeof(uint64_t));
+  struct row rows[MAX_PROMPTS];
+  fprintf(stderr, "hixl-pd-bench: %u layers x (K, V), %" PRIu64 " KiB blocks of %u tokens, transport %s\n",
+          o.layers, o.block_bytes >> 10, o.block_tokens, o.transport);
+  unsigned req = 0;
+  for (size_t pi = 0; pi < o.nprompts; pi++) {
+    struct row *w = &rows[pi];
+    uint64_t nb = (o.prompts[pi] + o.block_tokens - 1) / o.block_tokens;
+    uint64_t t_plugin[MAX_ROUNDS], t_raw[MAX_ROUNDS], t_hand[MAX_ROUNDS], t_push[MAX_ROUNDS],
+        t_layer[MAX_ROUNDS];
+    memset(w, 0, sizeof(*w));
+    w->tokens = o.prompts[pi];
+    w->blocks = nb;
+    w->bytes = nb * o.block_bytes * 2 * o.layers;
+    for (uint32_t r = 0; r < o.rounds; r++) {
+      char id[64], did[64];
+      fprintf(stderr, "\r  prompt %" PRIu64 " tokens: round %u/%u ", o.prompts[pi], r + 1, o.rounds);
+      /* Pull through the plugin. */
+      snprintf(id, sizeof(id), "p%u", req);
+      snprintf(did, sizeof(did), "d%u", req++);
+      line_out(out, "pull %s %" PRIu64 "\n", id, nb);
+      uint64_t t_fin = 0;
+      int off = 0;
+      if (sscanf(line_in(in, line, sizeof(line)), "params %" SCNu64 " %n", &t_fin, &off) != 1 || !off)
+        die("prefill: %s", line);
+      char *params = strdup(line + off);
+      size_t nrb = parse_blocks(params, rb, o.pool_blocks);
+      hixl_kv_request q = request(did, nb * o.block_tokens, params);
+      int64_t tokens = 0;
+      int32_t async = 0;
+      if (ops->get_num_new_matched_tokens(pull.sched, &q, 0, &tokens, &async) != HIXL_KV_SUCCESS ||
+          tokens <= 0 ||
+          ops->update_state_after_alloc(pull.sched, &q, p.free_ids, nb, (uint64_t)tokens) != HIXL_KV_SUCCESS)
+        die("decode scheduler: %s", ops->last_error());
+      uint64_t t0 = bench_now_ns();
+      wait_finished(&pull, did, 1);
+      uint64_t t1 = bench_now_ns();
+      t_plugin[r] = t1 - t0;
+      t_hand[r] = t1 - t_fin;
+      line_in(in, line, sizeof(line)); /* freed */
+      free(params);
+      /* The raw engine: the same bytes as the same op list. */
+      size_t nops = build_ops(opv, (uintptr_t)p.mem, rbase, p.free_ids, rb, nrb, 0, o.layers);
+      w->ops = nops;
+      t0 = bench_now_ns();
+      if (HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000) != HIXL_SUCCESS)
+        die("raw READ: %s", HixlGetLastErrorMessage());
+      t_raw[r] = bench_now_ns() - t0;
+      /* One layer's raw transfer: the unit pipelining cannot hide. */
+      nops = build_ops(opv, (uintptr_t)p.mem, rbase, p.free_ids, rb, nrb, 0, 1);
+      t0 = bench_now_ns();
+      if (HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000) != HIXL_SUCCESS)
+        die("raw READ of one layer: %s", HixlGetLastErrorMessage());
+      t_layer[r] = bench_now_ns() - t0;
+      /* Push, layer by layer, each layer's compute about one layer's transfer. */
+      snprintf(id, sizeof(id), "p%u", req);
+      snprintf(did, sizeof(did), "d%u", req++);
+      const char *mark = "{\"do_remote_prefill\": true}";
+      q = request(did, nb * o.block_tokens, mark);
+      hixl_kv_buffer pp = {0};
+      if (ops->get_num_new_matched_tokens(push.sched, &q, 0, &tokens, &async) != HIXL_KV_SUCCESS ||
+          tokens <= 0 ||
+          ops->update_state_after_alloc(push.sched, &q, p.free_ids, nb, (uint64_t)tokens) !=
+              HIXL_KV_SUCCESS ||
+          ops->get_push_params(push.sched, did, strlen(did), &pp) != HIXL_KV_SUCCESS)
+        die("decode scheduler (push): %s", ops->last_error());
+      step(&push);
+      line_out(out, "push %s %" PRIu64 " %" PRIu64 " %.*s\n", id, nb, t_layer[r], (int)pp.len,
+               (char *)pp.data);
+      ops->free_buffer(&pp);
+      wait_finished(&push, did, 1);
+      uint64_t t_done = bench_now_ns(), t_last = 0;
+      if (sscanf(line_in(in, line, sizeof(line)), "pushed %" SCNu64, &t_last) != 1) die("prefill: %s", line);
+      t_push[r] = t_done > t_last ? t_done - t_last : 0;
+    }
+    w->plugin_gbs = (double)w->bytes / (double)median(t_plugin, o.rounds);
+    w->raw_gbs = (double)w->bytes / (double)median(t_raw, o.rounds);
+    w->handoff_ms = (double)median(t_hand, o.rounds) / 1e6;
+    w->push_after_last_ms = (double)median(t_push, o.rounds) / 1e6;
+    w->layer_ms = (double)median(t_layer, o.rounds) / 1e6;
+  }
+  fprintf(stderr, "\r%60s\r", "");
+  line_out(out, "quit\n");
+  waitpid(pid, NULL, 0);
+
+  printf("| prompt tokens | blocks | MiB | engine ops | plugin pull GB/s | raw engine GB/s | ratio (goal >= "
+         "0.9) "
+         "| hand-off ms (pull) | push: after last layer ms | one layer ms | ratio (goal <= 1.5) |\n");
+  printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (size_t i = 0; i < o.nprompts; i++) {
+    struct row *w = &rows[i];
+    printf("| %" PRIu64 " | %" PRIu64 " | %.1f | %" PRIu64
+           " | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+           w->tokens, w->blocks, (double)w->bytes / 1048576.0, w->ops, w->plugin_gbs, w->raw_gbs,
+           w->plugin_gbs / w->raw_gbs, w->handoff_ms, w->push_after_last_ms, w->layer_ms,
+           w->push_after_last_ms / w->layer_ms);
+  }
+  if (o.json) {
+    FILE *f = fopen(o.json, "w");
+    if (!f) die("%s: %s", o.json, strerror(errno));
+    fprintf(f,
+            "{\"transport\": \"%s\", \"layers\": %u, \"block_bytes\": %" PRIu64
+            ", \"rounds\": %u, \"rows\": [",
+            o.transport, o.layers, o.block_bytes, o.rounds);
+    for (size_t i = 0; i < o.nprompts; i++) {
+      struct row *w = &rows[i];
+      fprintf(f,
+              "%s\n {\"tokens\": %" PRIu64 ", \"blocks\": %" PRIu64 ", \"bytes\": %" PRIu64
+              ", \"engine_ops\": %" PRIu64
+              ", \"plugin_gbs\": %.4f, \"raw_gbs\": %.4f, \"ratio\": %.4f, \"handoff_ms\": %.4f,"
+              " \"push_after_last_ms\": %.4f, \"layer_ms\": %.4f, \"push_ratio\": %.4f}",
+              i ? "," : "", w->tokens, w->blocks, w->bytes, w->ops, w->plugin_gbs, w->raw_gbs,
+              w->plugin_gbs / w->raw_gbs, w->handoff_ms, w->push_after_last_ms, w->layer_ms,
+              w->push_after_last_ms / w->layer_ms);
+    }
+    fprintf(f, "\n]}\n");
+    fclose(f);
+  }
+  ops->destroy(pull.worker);
+  ops->destroy(pull.sched);
+  ops->destroy(push.worker);
+  ops->destroy(push.sched);
+  HixlEngineDestroy(raw);
+  return 0;
+}
