@@ -32,6 +32,8 @@
 
 struct opts {
   const char *plugin, *transport, *ip, *json;
+  bool pin;         /* decode on CPU 0, prefill on CPU 1, like two hosts */
+  uint64_t step_us; /* the host's step: it polls get_finished once a step */
   uint32_t layers, block_tokens, rounds;
   uint64_t block_bytes, pool_blocks;
   uint64_t prompts[MAX_PROMPTS];
@@ -44,6 +46,7 @@ static struct opts o = {.plugin = HIXL_KV_PLUGIN_DEFAULT,
                         .layers = 32,
                         .block_tokens = 16,
                         .rounds = 3,
+                        .step_us = 200,
                         .block_bytes = 32768,
                         .pool_blocks = 0,
                         .prompts = {256, 1024, 4096},
@@ -80,6 +83,20 @@ struct pool {
   size_t nfree;
 };
 
+/* Runs of 8 adjacent blocks in random order, as a busy allocator hands them out. */
+static void shuffle_runs(uint64_t *ids, uint64_t seed) {
+  uint64_t s = seed;
+  for (uint64_t i = 0; i + 8 < o.pool_blocks; i += 8) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    uint64_t j = (s >> 33) % ((o.pool_blocks - i) / 8) * 8 + i;
+    for (int k = 0; k < 8; k++) {
+      uint64_t t = ids[i + k];
+      ids[i + k] = ids[j + k];
+      ids[j + k] = t;
+    }
+  }
+}
+
 static void pool_init(struct pool *p, uint64_t seed) {
   p->len = (size_t)o.layers * 2 * o.pool_blocks * o.block_bytes;
   p->mem = mmap(NULL, p->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
@@ -98,17 +115,16 @@ static void pool_init(struct pool *p, uint64_t seed) {
                                    2,
                                    o.block_tokens};
   for (uint64_t i = 0; i < o.pool_blocks; i++) p->free_ids[i] = i;
-  /* Runs of 1 to 8 adjacent blocks in random order, as a busy allocator hands out. */
-  uint64_t s = seed;
-  for (uint64_t i = 0; i + 8 < o.pool_blocks; i += 8) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    uint64_t j = (s >> 33) % ((o.pool_blocks - i) / 8) * 8 + i;
-    for (int k = 0; k < 8; k++) {
-      uint64_t t = p->free_ids[i + k];
-      p->free_ids[i + k] = p->free_ids[j + k];
-      p->free_ids[j + k] = t;
-    }
-  }
+  shuffle_runs(p->free_ids, seed);
+  p->nfree = o.pool_blocks;
+}
+
+/* Only the free list a pool of seed would have (no memory). */
+static struct pool prefill_view;
+static void pool_order(struct pool *p, uint64_t seed) {
+  p->free_ids = malloc(o.pool_blocks * sizeof(uint64_t));
+  for (uint64_t i = 0; i < o.pool_blocks; i++) p->free_ids[i] = i;
+  shuffle_runs(p->free_ids, seed);
   p->nfree = o.pool_blocks;
 }
 
@@ -166,7 +182,7 @@ static void wait_finished(struct conn *c, const char *id, int which) {
     ops->free_buffer(&eb.raw);
     if (nerr) die("request %s: %zu blocks failed to load (see the plugin's message above)", id, nerr);
     if (bench_now_ns() > end) die("request %s did not finish within 120 s", id);
-    struct timespec ts = {0, 20000}; /* a runtime steps every few ms; this polls faster */
+    struct timespec ts = {0, (long)o.step_us * 1000}; /* one step of the host */
     nanosleep(&ts, NULL);
   }
 }
@@ -218,8 +234,17 @@ static HixlEngine *raw_engine(uint16_t port, struct pool *p) {
   return e;
 }
 
+static void pin_cpu(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  if (o.pin && sched_setaffinity(0, sizeof(set), &set) != 0)
+    die("sched_setaffinity CPU %d: %s", cpu, strerror(errno));
+}
+
 static void prefill_main(int in, int out, uint16_t port) {
   struct pool p;
+  pin_cpu(1);
   struct conn pull, push;
   pool_init(&p, 1);
   load_plugin();
@@ -353,9 +378,11 @@ struct row {
 static void usage(void) {
   printf("usage: hixl-pd-bench [--plugin PATH] [--transport auto|tcp|shm|rdma] [--ip IP]\n"
          "                     [--layers N] [--block-kib N] [--block-tokens N] [--prompts T1,T2,...]\n"
-         "                     [--rounds N] [--json FILE]\n"
+         "                     [--rounds N] [--step-us N] [--json FILE] [--pin]\n"
          "Prefill-to-decode hand-offs through the KV-connector plugin (pull, and push layer by\n"
-         "layer) against the raw engine moving the same bytes as the same op lists.\n");
+         "layer) against the raw engine moving the same bytes as the same op lists.\n"
+         "--pin puts decode on CPU 0 and prefill on CPU 1, like two hosts; --step-us is how often\n"
+         "the host polls get_finished (default 200; a runtime polls once per model step).\n");
 }
 
 int main(int argc, char **argv) {
@@ -365,6 +392,10 @@ int main(int argc, char **argv) {
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       usage();
       return 0;
+    }
+    if (strcmp(a, "--pin") == 0) {
+      o.pin = true;
+      continue;
     }
     if (!v) die("%s needs a value (--help)", a);
     i++;
@@ -382,6 +413,8 @@ int main(int argc, char **argv) {
       o.block_bytes = x << 10;
     else if (strcmp(a, "--block-tokens") == 0 && bench_parse_u64(v, &x) && x >= 1 && x <= 1024)
       o.block_tokens = (uint32_t)x;
+    else if (strcmp(a, "--step-us") == 0 && bench_parse_u64(v, &x) && x <= 100000)
+      o.step_us = x;
     else if (strcmp(a, "--rounds") == 0 && bench_parse_u64(v, &x) && x >= 1 && x <= MAX_ROUNDS)
       o.rounds = (uint32_t)x;
     else if (strcmp(a, "--prompts") == 0) {
@@ -413,6 +446,7 @@ int main(int argc, char **argv) {
   }
   close(to_child[0]);
   close(from_child[1]);
+  pin_cpu(0);
   int in = from_child[0], out = to_child[1];
   static char line[1 << 16];
   uintptr_t rbase = 0;
@@ -421,6 +455,7 @@ int main(int argc, char **argv) {
   struct pool p;
   struct conn pull, push;
   pool_init(&p, 2);
+  pool_order(&prefill_view, 1); /* which blocks prefill allocates */
   load_plugin();
   conn_up(&pull, dport, "consumer", "pull", &p);
   conn_up(&push, (uint16_t)(dport + 1), "consumer", "push", &p);
@@ -447,37 +482,51 @@ int main(int argc, char **argv) {
     for (uint32_t r = 0; r < o.rounds; r++) {
       char id[64], did[64];
       fprintf(stderr, "\r  prompt %" PRIu64 " tokens: round %u/%u ", o.prompts[pi], r + 1, o.rounds);
-      /* Pull through the plugin. */
-      snprintf(id, sizeof(id), "p%u", req);
-      snprintf(did, sizeof(did), "d%u", req++);
-      line_out(out, "pull %s %" PRIu64 "\n", id, nb);
-      uint64_t t_fin = 0;
-      int off = 0;
-      if (sscanf(line_in(in, line, sizeof(line)), "params %" SCNu64 " %n", &t_fin, &off) != 1 || !off)
-        die("prefill: %s", line);
-      char *params = strdup(line + off);
-      size_t nrb = parse_blocks(params, rb, o.pool_blocks);
-      hixl_kv_request q = request(did, nb * o.block_tokens, params);
-      int64_t tokens = 0;
-      int32_t async = 0;
-      if (ops->get_num_new_matched_tokens(pull.sched, &q, 0, &tokens, &async) != HIXL_KV_SUCCESS ||
-          tokens <= 0 ||
-          ops->update_state_after_alloc(pull.sched, &q, p.free_ids, nb, (uint64_t)tokens) != HIXL_KV_SUCCESS)
-        die("decode scheduler: %s", ops->last_error());
-      uint64_t t0 = bench_now_ns();
-      wait_finished(&pull, did, 1);
-      uint64_t t1 = bench_now_ns();
-      t_plugin[r] = t1 - t0;
-      t_hand[r] = t1 - t_fin;
-      line_in(in, line, sizeof(line)); /* freed */
-      free(params);
-      /* The raw engine: the same bytes as the same op list. */
+      /* The raw engine READs the same op list as the plugin's pull: before the pull in
+       * odd rounds, after it in even ones, so neither gains from the other's warm-up.
+       * Prefill's blocks are the head of its free list (seed 1), as it allocates them. */
+      struct pool *pp0 = &prefill_view;
+      size_t nrb = nb;
+      memcpy(rb, pp0->free_ids, nb * sizeof(*rb));
       size_t nops = build_ops(opv, (uintptr_t)p.mem, rbase, p.free_ids, rb, nrb, 0, o.layers);
       w->ops = nops;
-      t0 = bench_now_ns();
-      if (HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000) != HIXL_SUCCESS)
-        die("raw READ: %s", HixlGetLastErrorMessage());
-      t_raw[r] = bench_now_ns() - t0;
+      uint64_t t0;
+      for (int pass = 0; pass < 2; pass++) {
+        if ((pass == 0) == (r % 2 == 1)) {
+          t0 = bench_now_ns();
+          if (HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000) != HIXL_SUCCESS)
+            die("raw READ: %s", HixlGetLastErrorMessage());
+          t_raw[r] = bench_now_ns() - t0;
+          continue;
+        }
+        /* Pull through the plugin. */
+        snprintf(id, sizeof(id), "p%u", req);
+        snprintf(did, sizeof(did), "d%u", req++);
+        line_out(out, "pull %s %" PRIu64 "\n", id, nb);
+        uint64_t t_fin = 0;
+        int off = 0;
+        if (sscanf(line_in(in, line, sizeof(line)), "params %" SCNu64 " %n", &t_fin, &off) != 1 || !off)
+          die("prefill: %s", line);
+        char *params = strdup(line + off);
+        uint64_t got[1];
+        if (parse_blocks(params, got, 1) != 1 || got[0] != rb[0])
+          die("prefill allocated other blocks: %s", params);
+        hixl_kv_request q = request(did, nb * o.block_tokens, params);
+        int64_t tokens = 0;
+        int32_t async = 0;
+        if (ops->get_num_new_matched_tokens(pull.sched, &q, 0, &tokens, &async) != HIXL_KV_SUCCESS ||
+            tokens <= 0 ||
+            ops->update_state_after_alloc(pull.sched, &q, p.free_ids, nb, (uint64_t)tokens) !=
+                HIXL_KV_SUCCESS)
+          die("decode scheduler: %s", ops->last_error());
+        t0 = bench_now_ns();
+        wait_finished(&pull, did, 1);
+        uint64_t t1 = bench_now_ns();
+        t_plugin[r] = t1 - t0;
+        t_hand[r] = t1 - t_fin;
+        line_in(in, line, sizeof(line)); /* freed */
+        free(params);
+      }
       /* One layer's raw transfer: the unit pipelining cannot hide. */
       nops = build_ops(opv, (uintptr_t)p.mem, rbase, p.free_ids, rb, nrb, 0, 1);
       t0 = bench_now_ns();
@@ -488,7 +537,9 @@ int main(int argc, char **argv) {
       snprintf(id, sizeof(id), "p%u", req);
       snprintf(did, sizeof(did), "d%u", req++);
       const char *mark = "{\"do_remote_prefill\": true}";
-      q = request(did, nb * o.block_tokens, mark);
+      hixl_kv_request q = request(did, nb * o.block_tokens, mark);
+      int64_t tokens = 0;
+      int32_t async = 0;
       hixl_kv_buffer pp = {0};
       if (ops->get_num_new_matched_tokens(push.sched, &q, 0, &tokens, &async) != HIXL_KV_SUCCESS ||
           tokens <= 0 ||
