@@ -80,12 +80,13 @@ static void test_status_names(void) {
   CU_ASSERT_EQUAL(HIXL_ALREADY_CONNECTED, 103903u);
   CU_ASSERT_EQUAL(HIXL_NOTIFY_FAILED, 103904u);
   CU_ASSERT_EQUAL(HIXL_UNSUPPORTED, 103905u);
+  CU_ASSERT_EQUAL(HIXL_NOT_FOUND, 103906u); /* hixl's own: a key that names no cache */
   CU_ASSERT_EQUAL(HIXL_RESOURCE_EXHAUSTED, 203900u);
   CU_ASSERT_EQUAL(HIXL_FAILED, 503900u);
 }
 
 static void test_status_unknown(void) {
-  const HixlStatus odd[] = {1u, 103899u, 103906u, 999999u, 0xffffffffu};
+  const HixlStatus odd[] = {1u, 103899u, 103907u, 999999u, 0xffffffffu};
   size_t i;
 
   for (i = 0; i < sizeof(odd) / sizeof(odd[0]); i++) {
