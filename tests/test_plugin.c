@@ -808,6 +808,43 @@ static void test_push_two_processes(void) {
   inst_down(&d);
 }
 
+/* The producer has more blocks than the consumer gave: its pusher refuses and tells
+ * the consumer at once (not at the end of the consumer's lease); nothing moves. */
+static void test_push_short_of_blocks(void) {
+  struct prefill_args a = {free_port(), 10000, 78, 8};
+  struct child ch;
+  char line[4096], cfg[512];
+  CU_ASSERT_EQUAL_FATAL(child_start(&ch, "push", &a), 0);
+  struct inst d;
+  config_push(cfg, sizeof(cfg), free_port(), "consumer", 10000);
+  ST_IS(inst_up(&d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+  const char *mark = "{\"do_remote_prefill\": true}";
+  hixl_kv_request r = request("dec-s", 4 * BLOCK_TOKENS, mark);
+  int64_t tokens = 0;
+  int32_t async = 0;
+  hixl_kv_buffer params = {0};
+  ST_IS(ops->get_num_new_matched_tokens(d.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  ST_IS(ops->update_state_after_alloc(d.sched, &r, decode_blocks, 4, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  ST_IS(ops->get_push_params(d.sched, "dec-s", 5, &params), HIXL_KV_SUCCESS);
+  step(&d);
+  int64_t t0 = now_ms();
+  write_line(ch.to_child, "params %.*s\n", (int)params.len, (char *)params.data);
+  ops->free_buffer(&params);
+  for (int l = 0; l < LAYERS; l++) {
+    CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+    write_line(ch.to_child, "next\n");
+  }
+  CU_ASSERT_TRUE(wait_finished(&d, "dec-s", 1, 20000));
+  CU_ASSERT(now_ms() - t0 < 5000);
+  uint64_t errs[16];
+  CU_ASSERT_EQUAL(load_errors(&d, errs, 16), 4);
+  CU_ASSERT_EQUAL(count_byte(&d.kv, 0xEE), d.kv.len);
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  CU_ASSERT_STRING_EQUAL(line, "freed 1 held 0 pushed 0 layers 0");
+  child_end(&ch);
+  inst_down(&d);
+}
+
 /* A push consumer whose producer never comes: the load fails at the lease, and
  * wait_for_layer_load does not hang past it. */
 static void test_push_nobody_comes(void) {
@@ -849,6 +886,7 @@ static CU_TestInfo pd_tests[] = {
     {"producer death", test_producer_death},
     {"layout mismatch", test_layout_mismatch},
     {"push, two processes, layer by layer", test_push_two_processes},
+    {"push: the consumer gave too few blocks", test_push_short_of_blocks},
     {"push: no producer comes", test_push_nobody_comes},
     CU_TEST_INFO_NULL,
 };

@@ -996,16 +996,17 @@ static hixl_kv_status push_after_alloc(hixl_kv_connector *c, const hixl_kv_reque
   snprintf(e.remote, sizeof(e.remote), "%s", p.remote);
   snprintf(e.rreq, sizeof(e.rreq), "%s", p.rreq);
   char engine[64];
-  if (nblocks == 0 || nblocks > p.n)
-    st = kv_fail(HIXL_KV_PARAM_INVALID,
-                 "update_state_after_alloc: %zu blocks for request %s, the consumer has %zu", nblocks, id,
-                 p.n);
+  /* A block count that differs is refused by the pusher when it accepts on the consumer,
+   * which tells the consumer at once (after the layout check, so a layout mismatch is
+   * named as such). */
+  if (nblocks == 0)
+    st = kv_fail(HIXL_KV_PARAM_INVALID, "update_state_after_alloc: no blocks for request %s", id);
   else if (worker_address(p.remote, 0, engine, sizeof(engine), &e.cluster) != HIXL_KV_SUCCESS)
     st = kv_fail(HIXL_KV_PARAM_INVALID,
                  "update_state_after_alloc: request %s: remote_engine \"%s\" is not ip:port", id, p.remote);
   if (st == HIXL_KV_SUCCESS) {
     e.rblocks = p.blocks;
-    e.nrblocks = nblocks;
+    e.nrblocks = p.n;
     pthread_mutex_lock(&c->lock);
     meta_add(c, &e);
     if (!idset_has(&c->pushing, id)) idset_add(&c->pushing, id);
@@ -1342,6 +1343,7 @@ static hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t 
         x->n = e->nblocks;
         e->blocks = NULL;
         x->landed = landed;
+        x->step = c->step;
         x->deadline_ns = now + (uint64_t)c->cfg.lease_ms * 1000000ull;
         x->next = c->expects;
         c->expects = x;
@@ -1424,14 +1426,15 @@ static hixl_kv_status kv_wait_layer(hixl_kv_connector *c, uint32_t layer) {
   CHECK_ARG(c && c->role == HIXL_KV_ROLE_WORKER, "wait_for_layer_load: connector is NULL or a scheduler's");
   CHECK_ARG(c->cache_id == 0 || layer < c->layers, "wait_for_layer_load: layer %u of %u", layer, c->layers);
   if (!c->cfg.push) return HIXL_KV_SUCCESS; /* pull loads are asynchronous: they end in get_finished */
-  /* Push: until layer has landed for every request expected, or one's lease ends. */
+  /* Push: until layer has landed for every request this step bound (the forward pass
+   * about to use it), or one's lease ends. Earlier ones end in get_finished. */
   pthread_mutex_lock(&c->lock);
   hixl_kv_status st = HIXL_KV_SUCCESS;
   for (;;) {
     expects_expire(c);
     uint64_t first = UINT64_MAX;
     for (struct kv_expect *x = c->expects; x; x = x->next)
-      if (!x->landed[layer] && x->deadline_ns < first) first = x->deadline_ns;
+      if (x->step == c->step && !x->landed[layer] && x->deadline_ns < first) first = x->deadline_ns;
     if (first == UINT64_MAX || c->shut) break;
     struct timespec ts = {.tv_sec = (time_t)(first / 1000000000ull),
                           .tv_nsec = (long)(first % 1000000000ull)};

@@ -51,6 +51,7 @@ struct kv_expect {
   uint8_t *landed; /* per layer */
   uint32_t nlanded;
   uint64_t deadline_ns; /* no producer finished by then: the load fails */
+  uint64_t step;        /* the step that bound it: its wait_for_layer_load waits for it */
   struct kv_expect *next;
 };
 

@@ -162,7 +162,10 @@ bool kv_meta_parse(const uint8_t *p, size_t len, struct kv_meta_entry **entries,
       kv_get_str(&in, e->rreq, KV_MAX_ID);
       kv_get_blocks(&in, &e->blocks, &e->nblocks);
       kv_get_blocks(&in, &e->rblocks, &e->nrblocks);
-      if (e->nblocks != e->nrblocks || e->nblocks == 0) in.bad = true;
+      /* A LOAD pairs blocks one to one; a PUSH names every block the consumer gave
+       * (the pusher refuses a shortfall and tells the consumer). */
+      if (e->nblocks == 0 || (e->type == KV_META_LOAD ? e->nrblocks != e->nblocks : e->nrblocks == 0))
+        in.bad = true;
       break;
     case KV_META_HOLD:
     case KV_META_EXPECT:

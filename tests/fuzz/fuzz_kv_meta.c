@@ -31,8 +31,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       const struct kv_meta_entry *e = &v[i];
       CHECK(e->req[0] != '\0' && strlen(e->req) <= KV_MAX_ID);
       CHECK(e->type >= KV_META_LOAD && e->type <= KV_META_EXPECT);
-      if (e->type == KV_META_LOAD || e->type == KV_META_PUSH)
-        CHECK(e->nblocks == e->nrblocks && e->nblocks > 0);
+      if (e->type == KV_META_LOAD) CHECK(e->nblocks == e->nrblocks && e->nblocks > 0);
+      if (e->type == KV_META_PUSH) CHECK(e->nblocks > 0 && e->nrblocks > 0);
       CHECK(e->nblocks <= KV_MAX_BLOCKS && e->nrblocks <= KV_MAX_BLOCKS);
       kv_meta_put(&o, e);
     }
