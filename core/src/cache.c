@@ -892,7 +892,7 @@ static HixlStatus plan_layers(const char *fn, const HixlCacheTransferArgs *a, ui
               "%s: source layers [%u, +%u) and destination layers [%u, +%u) differ; a push needs them equal",
               fn, a->src_layer_start, a->src_layer_count, a->dst_layer_start, a->dst_layer_count);
   HixlStatus st;
-  uint32_t sc, dc;
+  uint32_t sc = 0, dc = 0;
   if ((st = layer_range(fn, "source", a->src_layer_start, a->src_layer_count, src_tensors / tpl,
                         &out->src_start, &sc)) != HIXL_SUCCESS ||
       (st = layer_range(fn, "destination", a->dst_layer_start, a->dst_layer_count, dst_tensors / tpl,

@@ -160,7 +160,8 @@ static int32_t call_timeout(const struct demo_opts *o, size_t bytes) {
 
 static int target_fail(int to_parent, const char *what) {
   char line[DEMO_LINE_MAX];
-  snprintf(line, sizeof(line), "ERROR %s\n", what);
+  /* Cut the reason so "ERROR " and the newline always fit. */
+  snprintf(line, sizeof(line), "ERROR %.*s\n", (int)(sizeof(line) - 8), what);
   write_all(to_parent, line);
   return 1;
 }
