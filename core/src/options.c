@@ -84,7 +84,7 @@ static bool parse_transport(const char *s, struct hixl_options *o) {
 
 const char *hixl_transport_name(enum hixl_transport t) { return (unsigned)t < 4 ? transport_names[t] : "?"; }
 
-static const struct hixl_option_info option_info[] = {
+static const hixl_option_info option_info[] = {
     {"BufferPool", "4:8", NULL, "\"NUM:SIZE_MB\", NUM in [0,1024], SIZE_MB in [0,4096], \"0:0\" off",
      "staging buffers: NUM buffers of SIZE_MB MiB each"},
     {"RdmaTrafficClass", "132", "HCCL_RDMA_TC", "[0,255], a multiple of 4",
@@ -108,12 +108,12 @@ static const opt_parse_fn option_parse[] = {parse_pool,      parse_tc,          
                                             parse_threshold, parse_unregistered};
 #define N_OPTIONS (sizeof(option_info) / sizeof(option_info[0]))
 
-const struct hixl_option_info *hixl_options_table(size_t *count) {
+const hixl_option_info *hixl_options_table(size_t *count) {
   *count = N_OPTIONS;
   return option_info;
 }
 
-static HixlStatus bad_value(const struct hixl_option_info *info, const char *value, const char *from) {
+static HixlStatus bad_value(const hixl_option_info *info, const char *value, const char *from) {
   return hixl_fail(HIXL_PARAM_INVALID, "%s \"%s\" (from %s) is invalid: expected %s", info->name,
                    value ? value : "(null)", from, info->range);
 }
@@ -144,5 +144,22 @@ HixlStatus hixl_options_parse(const HixlOption *opts, size_t n, struct hixl_opti
       return bad_value(&option_info[k], env, option_info[k].env);
   }
   *out = o;
+  return HIXL_SUCCESS;
+}
+
+const HixlEngineOptionInfo *HixlEngineOptionTable(size_t *count) {
+  size_t n = N_OPTIONS;
+  if (count) *count = n;
+  return option_info;
+}
+
+HixlStatus HixlEngineCheckOption(const char *key, const char *value) {
+  struct hixl_options o;
+  size_t k = 0;
+  if (!key || !value) return hixl_fail(HIXL_PARAM_INVALID, "key or value is NULL");
+  while (k < N_OPTIONS && strcmp(key, option_info[k].name) != 0) k++;
+  if (k == N_OPTIONS) return hixl_fail(HIXL_PARAM_INVALID, "unknown option \"%s\"", key);
+  for (size_t i = 0; i < N_OPTIONS; i++) option_parse[i](option_info[i].def, &o);
+  if (!option_parse[k](value, &o)) return bad_value(&option_info[k], value, "option");
   return HIXL_SUCCESS;
 }

@@ -28,18 +28,12 @@ struct hixl_options {
 };
 
 /* One row per key: the same table drives parsing, validation and the docs. */
-struct hixl_option_info {
-  const char *name;
-  const char *def;   /* default as text */
-  const char *env;   /* env var consulted when the option is absent, or NULL */
-  const char *range; /* human-readable range, used in messages and docs */
-  const char *doc;
-};
+typedef HixlEngineOptionInfo hixl_option_info;
 
 /* Parse options over defaults and env; PARAM_INVALID names key, value and range. */
 HixlStatus hixl_options_parse(const HixlOption *opts, size_t n, struct hixl_options *out);
 /* The table, for printing a reference; *count rows. */
-const struct hixl_option_info *hixl_options_table(size_t *count);
+const hixl_option_info *hixl_options_table(size_t *count);
 const char *hixl_transport_name(enum hixl_transport t);
 
 #endif

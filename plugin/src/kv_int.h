@@ -21,9 +21,9 @@ struct kv_cfg {
   uint32_t max_inflight;
   bool pipelining;
   int32_t connect_timeout_ms, transfer_timeout_ms, notify_timeout_ms;
-  HixlOption *opts; /* engine options */
+  HixlOption *opts; /* engine options, every one with its effective value */
   size_t nopts;
-  void *opts_owner; /* released by kv_config_free */
+  void *opts_owner; /* the HixlConfig they belong to: kv_config_free */
 };
 hixl_kv_status kv_config_load(const char *json, size_t len, struct kv_cfg *cfg, char *err, size_t cap);
 void kv_config_free(struct kv_cfg *cfg);

@@ -63,6 +63,24 @@ HIXL_API HixlStatus HixlEngineCreate(HixlEngine **engine);
 HIXL_API HixlStatus HixlEngineInitialize(HixlEngine *engine, const char *local_engine,
                                          const HixlOption *options, size_t num_options);
 
+/** hixl's own: one row per option HixlEngineInitialize takes (name, default as
+ *  text, the environment variable read when the option is absent or NULL, the
+ *  allowed values in words, a one-line doc), for tools that describe or check them. */
+typedef struct {
+  const char *name;
+  const char *def;
+  const char *env;
+  const char *range;
+  const char *doc;
+} HixlEngineOptionInfo;
+
+/** The option table; *count rows. The table is static: never freed. */
+HIXL_API const HixlEngineOptionInfo *HixlEngineOptionTable(size_t *count);
+
+/** HIXL_SUCCESS when value is valid for option key as HixlEngineInitialize would
+ *  take it; PARAM_INVALID otherwise, with the reason in HixlGetLastErrorMessage. */
+HIXL_API HixlStatus HixlEngineCheckOption(const char *key, const char *value);
+
 /** Stop the engine: close every link, fail transfers in flight, drop registrations. */
 HIXL_API HixlStatus HixlEngineFinalize(HixlEngine *engine);
 

@@ -1,0 +1,850 @@
+/* config: a JSON document -> hixl's typed configuration, by one table of keys.
+ *
+ * The table (key_rows, then one row per engine option from HixlEngineOptionTable)
+ * drives parsing, validation, defaults, environment variables, HixlConfigPrint and
+ * the reference. json-c parses (strict, UTF-8 checked, depth bounded); jscan finds
+ * where each member sits and which keys repeat. Errors are collected, not stopped
+ * at, so `hixl-config check` can list them all; a document with any error yields no
+ * configuration. */
+#include "hixl/hixl_config.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <json-c/json.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "jscan.h"
+
+/* ---- the table ---- */
+
+typedef bool (*check_fn)(const char *text, char *why, size_t cap);
+
+struct row {
+  HixlConfigKeyInfo info;
+  int64_t min, max; /* INT */
+  check_fn check;   /* STRING: extra validation, or NULL */
+  bool json_int;    /* ENGINE: a JSON integer is taken as its decimal text */
+  bool json_bool;   /* ENGINE: true / false are taken as "on" / "off" */
+};
+
+static bool check_address(const char *s, char *why, size_t cap) {
+  char ip[INET_ADDRSTRLEN + 1];
+  const char *colon = strchr(s, ':');
+  size_t n = colon ? (size_t)(colon - s) : strlen(s);
+  struct in_addr a;
+  if (n == 0 || n >= sizeof(ip)) {
+    snprintf(why, cap, "\"%s\" is not \"ip\" or \"ip:port\"", s);
+    return false;
+  }
+  memcpy(ip, s, n);
+  ip[n] = '\0';
+  if (inet_pton(AF_INET, ip, &a) != 1) {
+    snprintf(why, cap, "\"%s\" is not an IPv4 address", ip);
+    return false;
+  }
+  if (colon) {
+    char *end;
+    errno = 0;
+    unsigned long port = strtoul(colon + 1, &end, 10);
+    if (!colon[1] || *end || errno || port > 65535 || colon[1] == '-' || colon[1] == '+' || colon[1] == ' ') {
+      snprintf(why, cap, "port \"%s\" is not in [0,65535]", colon + 1);
+      return false;
+    }
+  }
+  return true;
+}
+
+#define MS_MAX 86400000 /* one day */
+
+static const struct row key_rows[] = {
+    {{"address", HIXL_CONFIG_STRING, "", NULL, "\"ip\" or \"ip:port\" (IPv4, port in [0,65535]); \"\" unset",
+      "the engine's address; the connector's rank r listens on port + r"},
+     0,
+     0,
+     check_address,
+     false,
+     false},
+    {{"role", HIXL_CONFIG_ENUM, "both", NULL, "producer | consumer | both",
+      "the connector's part: a prefill instance produces KV cache, a decode instance consumes it"},
+     0,
+     0,
+     NULL,
+     false,
+     false},
+    {{"mode", HIXL_CONFIG_ENUM, "pull", NULL, "pull | push",
+      "pull: the consumer reads the producer's blocks; push: the producer writes them layer by layer"},
+     0,
+     0,
+     NULL,
+     false,
+     false},
+    {{"lease_ms", HIXL_CONFIG_INT, "30000", NULL, "[1,86400000]",
+      "a producer frees blocks no consumer took within this time"},
+     1,
+     MS_MAX,
+     NULL,
+     false,
+     false},
+    {{"load_failure_policy", HIXL_CONFIG_ENUM, "fail", NULL, "fail | recompute",
+      "a load that fails fails its request, or reports 0 tokens so the runtime recomputes them"},
+     0,
+     0,
+     NULL,
+     false,
+     false},
+    {{"max_inflight_requests", HIXL_CONFIG_INT, "1024", NULL, "[1,1048576]",
+      "a producer holds at most this many requests for consumers; beyond that a finished "
+      "request's blocks are freed at once and its consumer recomputes"},
+     1,
+     1048576,
+     NULL,
+     false,
+     false},
+    {{"layer_pipelining", HIXL_CONFIG_BOOL, "true", NULL, "true | false",
+      "push mode: send each layer as it is saved (true) or all layers after the last (false)"},
+     0,
+     0,
+     NULL,
+     false,
+     false},
+    {{"connect_timeout_ms", HIXL_CONFIG_INT, "1000", NULL, "[1,86400000]", "linking to a peer engine"},
+     1,
+     MS_MAX,
+     NULL,
+     false,
+     false},
+    {{"transfer_timeout_ms", HIXL_CONFIG_INT, "1000", NULL, "[1,86400000]",
+      "one request's transfer, from its first ask to its last byte"},
+     1,
+     MS_MAX,
+     NULL,
+     false,
+     false},
+    {{"notify_timeout_ms", HIXL_CONFIG_INT, "1000", NULL, "[1,86400000]",
+      "one control message to a peer (pin, free, push notices)"},
+     1,
+     MS_MAX,
+     NULL,
+     false,
+     false},
+};
+#define N_KEY_ROWS (sizeof(key_rows) / sizeof(key_rows[0]))
+#define MAX_ROWS   64
+
+/* The engine's options, as rows; which of them take JSON numbers or booleans. */
+static const char *const engine_int_keys[] = {"RdmaTrafficClass", "RdmaServiceLevel", "RdmaGidIndex",
+                                              "StagingThreshold"};
+static const char *const engine_bool_keys[] = {"StagingUnregistered"};
+
+static struct row rows[MAX_ROWS];
+static size_t n_rows;
+static pthread_once_t rows_once = PTHREAD_ONCE_INIT;
+
+static bool in_list(const char *s, const char *const *list, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(s, list[i]) == 0) return true;
+  return false;
+}
+
+static void rows_init(void) {
+  size_t ne = 0;
+  const HixlEngineOptionInfo *eo = HixlEngineOptionTable(&ne);
+  memcpy(rows, key_rows, sizeof(key_rows));
+  n_rows = N_KEY_ROWS;
+  for (size_t i = 0; i < ne && n_rows < MAX_ROWS; i++, n_rows++) {
+    rows[n_rows] =
+        (struct row){{eo[i].name, HIXL_CONFIG_ENGINE, eo[i].def, eo[i].env, eo[i].range, eo[i].doc},
+                     0,
+                     0,
+                     NULL,
+                     in_list(eo[i].name, engine_int_keys, 4),
+                     in_list(eo[i].name, engine_bool_keys, 1)};
+  }
+}
+
+static const struct row *row_find(const char *name, size_t *index) {
+  pthread_once(&rows_once, rows_init);
+  for (size_t i = 0; i < n_rows; i++)
+    if (strcmp(rows[i].info.name, name) == 0) {
+      if (index) *index = i;
+      return &rows[i];
+    }
+  return NULL;
+}
+
+const HixlConfigKeyInfo *HixlConfigKeyAt(size_t i) {
+  pthread_once(&rows_once, rows_init);
+  return i < n_rows ? &rows[i].info : NULL;
+}
+
+/* vLLM's KVTransferConfig fields, at the top of a --kv-transfer-config document. */
+static const char *const vllm_keys[] = {"kv_connector",
+                                        "engine_id",
+                                        "kv_buffer_device",
+                                        "kv_buffer_size",
+                                        "kv_role",
+                                        "kv_rank",
+                                        "kv_parallel_size",
+                                        "kv_ip",
+                                        "kv_port",
+                                        "kv_connector_extra_config",
+                                        "kv_connector_module_path",
+                                        "enable_permute_local_kv",
+                                        "kv_load_failure_policy"};
+#define N_VLLM_KEYS (sizeof(vllm_keys) / sizeof(vllm_keys[0]))
+#define EXTRA       "kv_connector_extra_config"
+
+/* ---- the configuration ---- */
+
+struct val {
+  char *text;
+  int64_t num; /* INT, BOOL */
+  HixlConfigSource src;
+  unsigned line, col; /* FROM_DOCUMENT */
+};
+
+struct HixlConfig {
+  struct val v[MAX_ROWS];
+  size_t n;
+  HixlOption opts[MAX_ROWS];
+  size_t nopts;
+  bool vllm;
+};
+
+void HixlConfigFree(HixlConfig *c) {
+  if (!c) return;
+  for (size_t i = 0; i < c->n; i++) free(c->v[i].text);
+  free(c);
+}
+
+/* ---- errors ---- */
+
+struct errs {
+  HixlConfigError *e;
+  size_t max, n;
+  const char *text;
+  size_t len;
+};
+
+static void __attribute__((format(printf, 4, 5)))
+add_err(struct errs *er, size_t off, const char *path, const char *fmt, ...) {
+  if (er->n < er->max) {
+    HixlConfigError *e = &er->e[er->n];
+    unsigned l = 0, c = 0;
+    if (off != (size_t)-1) jscan_line_col(er->text, er->len, off, &l, &c);
+    e->line = l;
+    e->column = c;
+    snprintf(e->path, sizeof(e->path), "%s", path ? path : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof(e->message), fmt, ap);
+    va_end(ap);
+  }
+  er->n++;
+}
+
+#define NOWHERE ((size_t)-1)
+
+static size_t edit_distance(const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b), prev[64], cur[64];
+  if (la >= 63 || lb >= 63) return 99;
+  for (size_t j = 0; j <= lb; j++) prev[j] = j;
+  for (size_t i = 1; i <= la; i++) {
+    cur[0] = i;
+    for (size_t j = 1; j <= lb; j++) {
+      size_t sub = prev[j - 1] + (a[i - 1] != b[j - 1]), del = prev[j] + 1, ins = cur[j - 1] + 1;
+      cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+    }
+    memcpy(prev, cur, (lb + 1) * sizeof(size_t));
+  }
+  return prev[lb];
+}
+
+/* The nearest known key (case-insensitive match first), or NULL when none is close. */
+static const char *nearest(const char *key, bool vllm_top) {
+  const char *best = NULL;
+  size_t bd = 99, n = vllm_top ? N_VLLM_KEYS : n_rows;
+  for (size_t i = 0; i < n; i++) {
+    const char *cand = vllm_top ? vllm_keys[i] : rows[i].info.name;
+    size_t d = strcasecmp(cand, key) == 0 ? 0 : edit_distance(key, cand);
+    if (d < bd) {
+      bd = d;
+      best = cand;
+    }
+  }
+  size_t len = strlen(key);
+  return bd <= (len < 6 ? 1 : len < 12 ? 2 : 3) ? best : NULL;
+}
+
+static const char *json_type_word(json_object *o) {
+  switch (json_object_get_type(o)) {
+  case json_type_null: return "null";
+  case json_type_boolean: return "a boolean";
+  case json_type_double: return "a fractional number";
+  case json_type_int: return "an integer";
+  case json_type_object: return "an object";
+  case json_type_array: return "an array";
+  case json_type_string: return "a string";
+  }
+  return "?";
+}
+
+/* ---- values ---- */
+
+static bool enum_has(const char *range, const char *s) {
+  size_t n = strlen(s);
+  for (const char *p = range; *p;) {
+    while (*p == ' ' || *p == '|') p++;
+    const char *e = p;
+    while (*e && *e != ' ' && *e != '|') e++;
+    if ((size_t)(e - p) == n && n > 0 && strncmp(p, s, n) == 0) return true;
+    p = e;
+  }
+  return false;
+}
+
+/* Validate text for row r (text came from src: a document value or an env var).
+ * On success set v. */
+static bool take_text(const struct row *r, const char *text, struct val *v, char *why, size_t cap) {
+  const HixlConfigKeyInfo *k = &r->info;
+  switch (k->type) {
+  case HIXL_CONFIG_STRING:
+    if (r->check && *text && !r->check(text, why, cap)) return false;
+    break;
+  case HIXL_CONFIG_ENUM:
+    if (!enum_has(k->range, text)) {
+      snprintf(why, cap, "\"%s\" is not one of: %s", text, k->range);
+      return false;
+    }
+    break;
+  case HIXL_CONFIG_INT: {
+    char *end;
+    errno = 0;
+    long long n = strtoll(text, &end, 10);
+    if (!*text || *end || errno || *text == ' ' || *text == '+') {
+      snprintf(why, cap, "\"%s\" is not an integer: expected %s", text, k->range);
+      return false;
+    }
+    if (n < r->min || n > r->max) {
+      snprintf(why, cap, "%lld is out of range: expected %s", n, k->range);
+      return false;
+    }
+    v->num = n;
+    break;
+  }
+  case HIXL_CONFIG_BOOL:
+    if (strcmp(text, "true") != 0 && strcmp(text, "false") != 0) {
+      snprintf(why, cap, "\"%s\" is not true or false", text);
+      return false;
+    }
+    v->num = strcmp(text, "true") == 0;
+    break;
+  case HIXL_CONFIG_ENGINE:
+    if (HixlEngineCheckOption(k->name, text) != HIXL_SUCCESS) {
+      char *end;
+      long n = strtol(text, &end, 10);
+      if (strcmp(k->name, "RdmaTrafficClass") == 0 && *text && !*end && n >= 0 && n <= 255 && n % 4)
+        snprintf(why, cap,
+                 "%ld is not a multiple of 4 (the low 2 bits of the traffic class are ECN): expected %s", n,
+                 k->range);
+      else
+        snprintf(why, cap, "\"%s\" is not valid: expected %s", text, k->range);
+      return false;
+    }
+    break;
+  }
+  v->text = strdup(text);
+  if (!v->text) {
+    snprintf(why, cap, "out of memory");
+    return false;
+  }
+  return true;
+}
+
+/* A document value as text for row r, or NULL (why says which JSON type it wanted). */
+static const char *value_text(const struct row *r, json_object *o, char *buf, size_t cap, char *why,
+                              size_t wcap) {
+  json_type t = json_object_get_type(o);
+  const HixlConfigKeyInfo *k = &r->info;
+  switch (k->type) {
+  case HIXL_CONFIG_STRING:
+  case HIXL_CONFIG_ENUM:
+    if (t == json_type_string) return json_object_get_string(o);
+    snprintf(why, wcap, "expected a string (%s), got %s", k->range, json_type_word(o));
+    return NULL;
+  case HIXL_CONFIG_INT:
+    if (t == json_type_int) {
+      errno = 0;
+      int64_t n = json_object_get_int64(o);
+      if (errno == ERANGE || n == INT64_MAX || n == INT64_MIN) {
+        snprintf(why, wcap, "the number is too large: expected %s", k->range);
+        return NULL;
+      }
+      snprintf(buf, cap, "%" PRId64, n);
+      return buf;
+    }
+    snprintf(why, wcap, "expected an integer in %s, got %s", k->range, json_type_word(o));
+    return NULL;
+  case HIXL_CONFIG_BOOL:
+    if (t == json_type_boolean) return json_object_get_boolean(o) ? "true" : "false";
+    snprintf(why, wcap, "expected true or false, got %s", json_type_word(o));
+    return NULL;
+  case HIXL_CONFIG_ENGINE:
+    if (t == json_type_string) return json_object_get_string(o);
+    if (r->json_int && t == json_type_int) {
+      int64_t n = json_object_get_int64(o);
+      snprintf(buf, cap, "%" PRId64, n);
+      return buf;
+    }
+    if (r->json_bool && t == json_type_boolean) return json_object_get_boolean(o) ? "on" : "off";
+    snprintf(why, wcap, "expected %s (%s), got %s",
+             r->json_int    ? "a string or an integer"
+             : r->json_bool ? "a string or a boolean"
+                            : "a string",
+             k->range, json_type_word(o));
+    return NULL;
+  }
+  return NULL;
+}
+
+/* ---- parsing ---- */
+
+struct doc {
+  const char *text;
+  size_t len;
+  struct jscan js;
+  struct errs *er;
+};
+
+static size_t member_off(const struct doc *d, const char *path, bool value) {
+  const struct jscan_member *m = jscan_find(&d->js, path);
+  return m ? (value ? m->val_off : m->key_off) : NOWHERE;
+}
+
+/* Every repeated key is an error: json-c would keep the last one silently. */
+static void check_duplicates(struct doc *d) {
+  for (size_t k = 0; k < d->js.n; k++) {
+    const struct jscan_member *m = &d->js.m[k];
+    if (m->first == (size_t)-1) continue;
+    unsigned l, c;
+    jscan_line_col(d->text, d->len, d->js.m[m->first].key_off, &l, &c);
+    add_err(d->er, m->key_off, m->path, "duplicate key (first at %u:%u); each key may appear once", l, c);
+  }
+}
+
+/* Take the hixl keys of obj (the document, or its kv_connector_extra_config). */
+static void take_members(struct doc *d, json_object *obj, const char *prefix, HixlConfig *c, bool *given) {
+  json_object_object_foreach(obj, key, val) {
+    char path[160];
+    snprintf(path, sizeof(path), "%s%s", prefix, key);
+    size_t idx;
+    const struct row *r = row_find(key, &idx);
+    if (!r) {
+      const char *near = nearest(key, false);
+      if (near)
+        add_err(d->er, member_off(d, path, false), path, "unknown key \"%s\"; did you mean \"%s\"?", key,
+                near);
+      else
+        add_err(d->er, member_off(d, path, false), path,
+                "unknown key \"%s\" (`hixl-config reference` lists the keys)", key);
+      continue;
+    }
+    char buf[32], why[320];
+    const char *text = value_text(r, val, buf, sizeof(buf), why, sizeof(why));
+    struct val v = {0};
+    if (!text || !take_text(r, text, &v, why, sizeof(why))) {
+      add_err(d->er, member_off(d, path, true), path, "%s", why);
+      continue;
+    }
+    v.src = HIXL_CONFIG_FROM_DOCUMENT;
+    jscan_line_col(d->text, d->len, member_off(d, path, true), &v.line, &v.col);
+    free(c->v[idx].text);
+    c->v[idx] = v;
+    given[idx] = true;
+  }
+}
+
+/* A vLLM key that maps onto a hixl key (kv_role -> role): the same rules, and the
+ * two may not disagree. */
+static void take_vllm_alias(struct doc *d, json_object *root, const char *vkey, const char *hkey,
+                            const char *const map[][2], size_t nmap, HixlConfig *c, bool *given) {
+  json_object *o;
+  if (!json_object_object_get_ex(root, vkey, &o)) return;
+  size_t off = member_off(d, vkey, true), idx = 0;
+  const struct row *r = row_find(hkey, &idx);
+  if (!json_object_is_type(o, json_type_string)) {
+    add_err(d->er, off, vkey, "expected a string, got %s", json_type_word(o));
+    return;
+  }
+  const char *s = json_object_get_string(o), *mapped = NULL;
+  char allowed[128] = "";
+  for (size_t i = 0; i < nmap; i++) {
+    if (strcmp(s, map[i][0]) == 0) mapped = map[i][1];
+    snprintf(allowed + strlen(allowed), sizeof(allowed) - strlen(allowed), "%s%s", i ? " | " : "", map[i][0]);
+  }
+  if (!mapped) {
+    add_err(d->er, off, vkey, "\"%s\" is not one of: %s", s, allowed);
+    return;
+  }
+  if (given[idx]) {
+    if (strcmp(c->v[idx].text, mapped) != 0)
+      add_err(d->er, off, vkey, "%s \"%s\" means %s \"%s\", but %s.%s says \"%s\"", vkey, s, hkey, mapped,
+              EXTRA, hkey, c->v[idx].text);
+    return;
+  }
+  struct val v = {0};
+  char why[320];
+  if (!take_text(r, mapped, &v, why, sizeof(why))) {
+    add_err(d->er, off, vkey, "%s", why);
+    return;
+  }
+  v.src = HIXL_CONFIG_FROM_DOCUMENT;
+  jscan_line_col(d->text, d->len, off, &v.line, &v.col);
+  free(c->v[idx].text);
+  c->v[idx] = v;
+  given[idx] = true;
+}
+
+static void take_vllm(struct doc *d, json_object *root, HixlConfig *c, bool *given) {
+  json_object_object_foreach(root, key, val) {
+    (void)val;
+    if (in_list(key, vllm_keys, N_VLLM_KEYS)) continue;
+    const char *near = nearest(key, true);
+    if (row_find(key, NULL))
+      add_err(d->er, member_off(d, key, false), key,
+              "\"%s\" is a hixl key: in a vLLM --kv-transfer-config document it goes inside %s", key, EXTRA);
+    else if (near)
+      add_err(d->er, member_off(d, key, false), key,
+              "unknown key \"%s\" of vLLM's --kv-transfer-config; did you mean \"%s\"?", key, near);
+    else
+      add_err(d->er, member_off(d, key, false), key, "unknown key \"%s\" of vLLM's --kv-transfer-config",
+              key);
+  }
+  json_object *o;
+  if (json_object_object_get_ex(root, "kv_connector", &o) && !json_object_is_type(o, json_type_string))
+    add_err(d->er, member_off(d, "kv_connector", true), "kv_connector", "expected a string, got %s",
+            json_type_word(o));
+  if (json_object_object_get_ex(root, EXTRA, &o)) {
+    if (json_object_is_type(o, json_type_object))
+      take_members(d, o, EXTRA ".", c, given);
+    else if (!json_object_is_type(o, json_type_null))
+      add_err(d->er, member_off(d, EXTRA, true), EXTRA, "expected an object of hixl keys, got %s",
+              json_type_word(o));
+  }
+  static const char *const roles[][2] = {
+      {"kv_producer", "producer"}, {"kv_consumer", "consumer"}, {"kv_both", "both"}};
+  static const char *const policies[][2] = {{"fail", "fail"}, {"recompute", "recompute"}};
+  take_vllm_alias(d, root, "kv_role", "role", roles, 3, c, given);
+  take_vllm_alias(d, root, "kv_load_failure_policy", "load_failure_policy", policies, 2, c, given);
+}
+
+static bool is_vllm(json_object *root) {
+  for (size_t i = 0; i < N_VLLM_KEYS; i++)
+    if (json_object_object_get_ex(root, vllm_keys[i], NULL)) return true;
+  return false;
+}
+
+static bool parse_json(struct doc *d, json_object **root) {
+  const char *t = d->text;
+  size_t len = d->len, i = 0;
+  while (i < len && strchr(" \t\r\n", t[i]) && t[i]) i++;
+  if (i == len) {
+    add_err(d->er, NOWHERE, "", "the document is empty: expected a JSON object");
+    return false;
+  }
+  const char *nul = memchr(t, '\0', len);
+  if (nul) {
+    add_err(d->er, (size_t)(nul - t), "", "a NUL byte: a JSON document is text");
+    return false;
+  }
+  struct json_tokener *tok = json_tokener_new_ex(HIXL_CONFIG_MAX_DEPTH);
+  if (!tok) {
+    add_err(d->er, NOWHERE, "", "out of memory");
+    return false;
+  }
+  json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_ALLOW_TRAILING_CHARS |
+                                  JSON_TOKENER_VALIDATE_UTF8);
+  json_object *o = json_tokener_parse_ex(tok, t, (int)len);
+  enum json_tokener_error je = json_tokener_get_error(tok);
+  size_t end = json_tokener_get_parse_end(tok);
+  json_tokener_free(tok);
+  if (!o || je != json_tokener_success) {
+    json_object_put(o);
+    if (je == json_tokener_continue)
+      add_err(d->er, len, "", "the document ends early: an object, array or string is not closed");
+    else if (je == json_tokener_error_depth)
+      add_err(d->er, end, "", "nesting deeper than %d levels", HIXL_CONFIG_MAX_DEPTH);
+    else if (je == json_tokener_error_parse_utf8_string)
+      add_err(d->er, end, "", "invalid UTF-8");
+    else
+      add_err(d->er, end, "", "not JSON: %s", json_tokener_error_desc(je));
+    return false;
+  }
+  while (end < len && strchr(" \t\r\n", t[end]) && t[end]) end++;
+  if (end < len) {
+    json_object_put(o);
+    add_err(d->er, end, "", "trailing text after the document: one JSON object, nothing after it");
+    return false;
+  }
+  if (!json_object_is_type(o, json_type_object)) {
+    add_err(d->er, i, "", "the document is %s: expected a JSON object", json_type_word(o));
+    json_object_put(o);
+    return false;
+  }
+  *root = o;
+  return true;
+}
+
+static int err_cmp(const void *a, const void *b) {
+  const HixlConfigError *x = a, *y = b;
+  if (x->line != y->line) return x->line < y->line ? -1 : 1;
+  return x->column < y->column ? -1 : x->column > y->column;
+}
+
+HixlStatus HixlConfigParse(const char *text, size_t len, HixlConfig **config, HixlConfigError *errors,
+                           size_t max_errors, size_t *num_errors) {
+  struct errs er = {errors, errors ? max_errors : 0, 0, text, len};
+  if (num_errors) *num_errors = 0;
+  if (!config) return HIXL_PARAM_INVALID;
+  *config = NULL;
+  if (!text && len > 0) return HIXL_PARAM_INVALID;
+  pthread_once(&rows_once, rows_init);
+  struct doc d = {text ? text : "", len, {NULL, 0}, &er};
+  json_object *root = NULL;
+  HixlConfig *c = NULL;
+  bool given[MAX_ROWS] = {false};
+  if (len > HIXL_CONFIG_MAX_BYTES) {
+    add_err(&er, NOWHERE, "", "the document is %zu bytes: at most %u are read", len, HIXL_CONFIG_MAX_BYTES);
+    goto out;
+  }
+  if (!parse_json(&d, &root)) goto out;
+  if (jscan_run(d.text, d.len, HIXL_CONFIG_MAX_DEPTH + 1, &d.js) != 0 || !(c = calloc(1, sizeof(*c)))) {
+    add_err(&er, NOWHERE, "", "out of memory");
+    goto out;
+  }
+  c->n = n_rows;
+  check_duplicates(&d);
+  c->vllm = is_vllm(root);
+  if (c->vllm)
+    take_vllm(&d, root, c, given);
+  else
+    take_members(&d, root, "", c, given);
+  /* Then the environment, then the default. */
+  for (size_t i = 0; i < n_rows; i++) {
+    if (given[i]) continue;
+    const char *env = rows[i].info.env ? getenv(rows[i].info.env) : NULL;
+    char why[320];
+    struct val v = {0};
+    if (env) {
+      if (!take_text(&rows[i], env, &v, why, sizeof(why)))
+        add_err(&er, NOWHERE, rows[i].info.name, "environment %s=\"%s\": %s", rows[i].info.env, env, why);
+      v.src = HIXL_CONFIG_FROM_ENV;
+    } else if (!take_text(&rows[i], rows[i].info.def, &v, why, sizeof(why))) {
+      add_err(&er, NOWHERE, rows[i].info.name, "the default is invalid: %s",
+              why); /* a bug: the test finds it */
+    }
+    c->v[i] = v;
+  }
+  for (size_t i = 0; i < n_rows; i++)
+    if (rows[i].info.type == HIXL_CONFIG_ENGINE && c->v[i].text)
+      c->opts[c->nopts++] = (HixlOption){rows[i].info.name, c->v[i].text};
+out:
+  if (errors) /* in document order: errors with no place (environment) first */
+    qsort(errors, er.n < er.max ? er.n : er.max, sizeof(*errors), err_cmp);
+  jscan_free(&d.js);
+  json_object_put(root);
+  if (num_errors) *num_errors = er.n;
+  if (er.n > 0) {
+    HixlConfigFree(c);
+    return HIXL_PARAM_INVALID;
+  }
+  *config = c;
+  return HIXL_SUCCESS;
+}
+
+HixlStatus HixlConfigParseFile(const char *path, HixlConfig **config, HixlConfigError *errors,
+                               size_t max_errors, size_t *num_errors) {
+  struct errs er = {errors, errors ? max_errors : 0, 0, "", 0};
+  if (num_errors) *num_errors = 0;
+  if (!config) return HIXL_PARAM_INVALID;
+  *config = NULL;
+  if (!path) return HIXL_PARAM_INVALID;
+  FILE *f = fopen(path, "rb");
+  struct stat sb;
+  if (!f) {
+    add_err(&er, NOWHERE, "", "cannot open %s: %s", path, strerror(errno));
+  } else if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    add_err(&er, NOWHERE, "", "%s is not a regular file", path);
+  } else if (sb.st_size > (off_t)HIXL_CONFIG_MAX_BYTES) {
+    add_err(&er, NOWHERE, "", "%s is %lld bytes: at most %u are read", path, (long long)sb.st_size,
+            HIXL_CONFIG_MAX_BYTES);
+  } else {
+    char *buf = malloc(HIXL_CONFIG_MAX_BYTES + 1);
+    size_t n = buf ? fread(buf, 1, HIXL_CONFIG_MAX_BYTES + 1, f) : 0;
+    if (!buf) {
+      add_err(&er, NOWHERE, "", "out of memory");
+    } else if (ferror(f)) {
+      add_err(&er, NOWHERE, "", "cannot read %s: %s", path, strerror(errno));
+    } else if (n > HIXL_CONFIG_MAX_BYTES) { /* it grew since fstat */
+      add_err(&er, NOWHERE, "", "%s is over %u bytes", path, HIXL_CONFIG_MAX_BYTES);
+    } else {
+      fclose(f);
+      HixlStatus st = HixlConfigParse(buf, n, config, errors, max_errors, num_errors);
+      free(buf);
+      return st;
+    }
+    free(buf);
+  }
+  if (f) fclose(f);
+  if (num_errors) *num_errors = er.n;
+  return er.n ? HIXL_FAILED : HIXL_SUCCESS;
+}
+
+/* ---- reading it ---- */
+
+static const struct val *val_of(const HixlConfig *c, const char *key, const struct row **r, HixlStatus *st) {
+  size_t idx;
+  *st = HIXL_PARAM_INVALID;
+  if (!c || !key) return NULL;
+  if (!(*r = row_find(key, &idx))) {
+    *st = HIXL_NOT_FOUND;
+    return NULL;
+  }
+  *st = HIXL_SUCCESS;
+  return &c->v[idx];
+}
+
+HixlStatus HixlConfigGetString(const HixlConfig *c, const char *key, const char **value) {
+  const struct row *r;
+  HixlStatus st;
+  const struct val *v = val_of(c, key, &r, &st);
+  if (!v || !value) return v ? HIXL_PARAM_INVALID : st;
+  *value = v->text;
+  return HIXL_SUCCESS;
+}
+
+HixlStatus HixlConfigGetInt(const HixlConfig *c, const char *key, int64_t *value) {
+  const struct row *r;
+  HixlStatus st;
+  const struct val *v = val_of(c, key, &r, &st);
+  if (!v || !value || r->info.type != HIXL_CONFIG_INT) return v ? HIXL_PARAM_INVALID : st;
+  *value = v->num;
+  return HIXL_SUCCESS;
+}
+
+HixlStatus HixlConfigGetBool(const HixlConfig *c, const char *key, int *value) {
+  const struct row *r;
+  HixlStatus st;
+  const struct val *v = val_of(c, key, &r, &st);
+  if (!v || !value || r->info.type != HIXL_CONFIG_BOOL) return v ? HIXL_PARAM_INVALID : st;
+  *value = (int)v->num;
+  return HIXL_SUCCESS;
+}
+
+HixlStatus HixlConfigGetSource(const HixlConfig *c, const char *key, HixlConfigSource *source,
+                               const char **env) {
+  const struct row *r;
+  HixlStatus st;
+  const struct val *v = val_of(c, key, &r, &st);
+  if (!v || !source) return v ? HIXL_PARAM_INVALID : st;
+  *source = v->src;
+  if (env) *env = v->src == HIXL_CONFIG_FROM_ENV ? r->info.env : NULL;
+  return HIXL_SUCCESS;
+}
+
+HixlStatus HixlConfigEngineOptions(const HixlConfig *c, const HixlOption **options, size_t *num_options) {
+  if (!c || !options || !num_options) return HIXL_PARAM_INVALID;
+  *options = c->opts;
+  *num_options = c->nopts;
+  return HIXL_SUCCESS;
+}
+
+/* ---- printing ---- */
+
+static void json_str(FILE *out, const char *s) {
+  json_object *o = json_object_new_string(s);
+  fputs(o ? json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE)
+          : "\"\"",
+        out);
+  json_object_put(o);
+}
+
+void HixlConfigPrint(const HixlConfig *c, FILE *out, int as_json) {
+  if (!c || !out) return;
+  if (as_json)
+    fprintf(out, "{\n  \"shape\": \"%s\",\n  \"keys\": {", c->vllm ? "vllm" : "hixl");
+  else
+    fprintf(out, "# shape: %s\n",
+            c->vllm ? "vLLM --kv-transfer-config (hixl keys in " EXTRA ")" : "hixl document");
+  for (size_t i = 0; i < c->n; i++) {
+    const struct row *r = &rows[i];
+    const struct val *v = &c->v[i];
+    char from[96];
+    if (v->src == HIXL_CONFIG_FROM_DOCUMENT)
+      snprintf(from, sizeof(from), "document %u:%u", v->line, v->col);
+    else if (v->src == HIXL_CONFIG_FROM_ENV)
+      snprintf(from, sizeof(from), "env %s", r->info.env);
+    else
+      snprintf(from, sizeof(from), "default");
+    if (as_json) {
+      fprintf(out, "%s\n    ", i ? "," : "");
+      json_str(out, r->info.name);
+      fputs(": {\"value\": ", out);
+      if (r->info.type == HIXL_CONFIG_INT)
+        fprintf(out, "%" PRId64, v->num);
+      else if (r->info.type == HIXL_CONFIG_BOOL)
+        fputs(v->num ? "true" : "false", out);
+      else
+        json_str(out, v->text);
+      fputs(", \"source\": ", out);
+      json_str(out, from);
+      fputs("}", out);
+    } else {
+      fprintf(out, "%-22s %-24s (%s)\n", r->info.name, *v->text ? v->text : "\"\"", from);
+    }
+  }
+  if (as_json) fputs("\n  }\n}\n", out);
+}
+
+static void md_cell(FILE *out, const char *s) {
+  for (; s && *s; s++) {
+    if (*s == '|') fputc('\\', out);
+    fputc(*s, out);
+  }
+}
+
+void HixlConfigPrintReference(FILE *out) {
+  static const char *const type_words[] = {"string", "integer", "boolean", "enum", "engine option"};
+  pthread_once(&rows_once, rows_init);
+  if (!out) return;
+  fputs("| Key | Type | Default | Environment | Allowed | What it sets |\n", out);
+  fputs("|---|---|---|---|---|---|\n", out);
+  for (size_t i = 0; i < n_rows; i++) {
+    const HixlConfigKeyInfo *k = &rows[i].info;
+    fprintf(out, "| `%s` | %s | ", k->name, type_words[k->type]);
+    if (*k->def) {
+      fputc('`', out);
+      md_cell(out, k->def);
+      fputc('`', out);
+    } else {
+      fputs("`\"\"`", out);
+    }
+    fputs(" | ", out);
+    if (k->env) fprintf(out, "`%s`", k->env);
+    fputs(" | ", out);
+    md_cell(out, k->range);
+    if (k->type == HIXL_CONFIG_ENGINE) {
+      if (rows[i].json_int) fputs(" (a string or a JSON integer)", out);
+      if (rows[i].json_bool) fputs(" (or true / false)", out);
+    }
+    fputs(" | ", out);
+    md_cell(out, k->doc);
+    fputs(" |\n", out);
+  }
+}

@@ -1,0 +1,32 @@
+/* jscan: where each object member of a JSON text sits, and which keys repeat.
+ *
+ * json-c parses the values but keeps no positions and keeps the last of two equal
+ * keys silently; jscan walks the same text (which json-c has already accepted) and
+ * records, for every member of every object, its dotted path and the byte offsets
+ * of its key and its value. */
+#ifndef HIXL_JSCAN_H
+#define HIXL_JSCAN_H
+#include <stddef.h>
+
+struct jscan_member {
+  char *path;     /* "a.b", "a[2].c" */
+  size_t key_off; /* the key's opening quote */
+  size_t val_off; /* the value's first byte */
+  size_t first;   /* a repeated key: index of the member it repeats, else (size_t)-1 */
+  size_t obj;     /* which object it belongs to (objects are numbered as met) */
+};
+
+struct jscan {
+  struct jscan_member *m;
+  size_t n;
+};
+
+/* Scan text (valid JSON); 0, or -1 when out of memory. */
+int jscan_run(const char *text, size_t len, int max_depth, struct jscan *out);
+/* The last member with this path, or NULL. */
+const struct jscan_member *jscan_find(const struct jscan *js, const char *path);
+void jscan_free(struct jscan *js);
+/* 1-based line and column (in bytes) of a byte offset. */
+void jscan_line_col(const char *text, size_t len, size_t off, unsigned *line, unsigned *col);
+
+#endif

@@ -1,0 +1,91 @@
+/* hixl-config: check a configuration, show what it means, print the key table.
+ *
+ *   hixl-config check FILE...        every error of every file (exit 1 if any)
+ *   hixl-config show [--json] FILE   the effective configuration and where each value came from
+ *   hixl-config reference            the key table as Markdown (docs/config.md) */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hixl/hixl_config.h"
+
+#define MAX_ERRORS 256
+
+static int usage(FILE *f, int rc) {
+  fputs("usage: hixl-config check FILE...\n"
+        "       hixl-config show [--json] FILE\n"
+        "       hixl-config reference\n"
+        "A FILE of - reads standard input.\n",
+        f);
+  return rc;
+}
+
+static HixlStatus parse(const char *path, HixlConfig **c, HixlConfigError *e, size_t *n) {
+  if (strcmp(path, "-") != 0) return HixlConfigParseFile(path, c, e, MAX_ERRORS, n);
+  size_t cap = HIXL_CONFIG_MAX_BYTES + 1, len = 0, got;
+  char *buf = malloc(cap);
+  if (!buf) {
+    fprintf(stderr, "hixl-config: out of memory\n");
+    exit(1);
+  }
+  while (len < cap && (got = fread(buf + len, 1, cap - len, stdin)) > 0) len += got;
+  HixlStatus st = HixlConfigParse(buf, len, c, e, MAX_ERRORS, n);
+  free(buf);
+  return st;
+}
+
+static void print_errors(const char *path, const HixlConfigError *e, size_t n) {
+  for (size_t i = 0; i < n && i < MAX_ERRORS; i++) {
+    if (e[i].line)
+      fprintf(stderr, "%s:%u:%u: ", path, e[i].line, e[i].column);
+    else
+      fprintf(stderr, "%s: ", path);
+    if (e[i].path[0]) fprintf(stderr, "%s: ", e[i].path);
+    fprintf(stderr, "%s\n", e[i].message);
+  }
+  if (n > MAX_ERRORS) fprintf(stderr, "%s: %zu more errors\n", path, n - MAX_ERRORS);
+}
+
+int main(int argc, char **argv) {
+  static HixlConfigError errs[MAX_ERRORS];
+  if (argc < 2) return usage(stderr, 2);
+  const char *cmd = argv[1];
+  if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0) return usage(stdout, 0);
+  if (strcmp(cmd, "reference") == 0) {
+    if (argc != 2) return usage(stderr, 2);
+    HixlConfigPrintReference(stdout);
+    return 0;
+  }
+  if (strcmp(cmd, "check") == 0) {
+    int bad = 0;
+    if (argc < 3) return usage(stderr, 2);
+    for (int i = 2; i < argc; i++) {
+      HixlConfig *c = NULL;
+      size_t n = 0;
+      if (parse(argv[i], &c, errs, &n) != HIXL_SUCCESS) {
+        print_errors(argv[i], errs, n);
+        bad = 1;
+      } else {
+        printf("%s: ok\n", argv[i]);
+      }
+      HixlConfigFree(c);
+    }
+    return bad;
+  }
+  if (strcmp(cmd, "show") == 0) {
+    int as_json = argc == 4 && strcmp(argv[2], "--json") == 0;
+    if (argc != 3 + as_json) return usage(stderr, 2);
+    const char *path = argv[2 + as_json];
+    HixlConfig *c = NULL;
+    size_t n = 0;
+    if (parse(path, &c, errs, &n) != HIXL_SUCCESS) {
+      print_errors(path, errs, n);
+      return 1;
+    }
+    HixlConfigPrint(c, stdout, as_json);
+    HixlConfigFree(c);
+    return 0;
+  }
+  fprintf(stderr, "hixl-config: unknown command \"%s\"\n", cmd);
+  return usage(stderr, 2);
+}
