@@ -714,11 +714,14 @@ static void test_layout_mismatch(void) {
   free(params);
 }
 
+static bool push_pipelining = true; /* the push prefill child's layer_pipelining */
+
 static char *config_push(char *buf, size_t cap, uint16_t port, const char *role, unsigned lease_ms) {
   snprintf(buf, cap,
            "{\"address\": \"%s:%u\", \"role\": \"%s\", \"mode\": \"push\", \"lease_ms\": %u,\n"
-           " \"transfer_timeout_ms\": 3000, \"connect_timeout_ms\": 3000, \"Transport\": \"%s\"}\n",
-           test_ip(), (unsigned)port, role, lease_ms, transport());
+           " \"transfer_timeout_ms\": 3000, \"connect_timeout_ms\": 3000, \"Transport\": \"%s\",\n"
+           " \"layer_pipelining\": %s}\n",
+           test_ip(), (unsigned)port, role, lease_ms, transport(), push_pipelining ? "true" : "false");
   return buf;
 }
 
@@ -739,7 +742,7 @@ static void push_prefill_main(int in, int out, void *arg) {
   if (ops->update_state_after_alloc(p.sched, &r, prefill_blocks, 8, 0) != HIXL_KV_SUCCESS) _exit(3);
   step(&p);
   for (int l = 0; l < LAYERS; l++) {
-    kv_compute_layer(&p.kv, l, 77, prefill_blocks, 8);
+    kv_compute_layer(&p.kv, l, ((struct prefill_args *)arg)->seed, prefill_blocks, 8);
     ops->save_kv_layer(p.worker, (uint32_t)l);
     write_line(out, "saved %d\n", l);
     if (!read_line(in, line, sizeof(line), 20000) || strcmp(line, "next") != 0) _exit(4);
@@ -806,6 +809,89 @@ static void test_push_two_processes(void) {
   CU_ASSERT_STRING_EQUAL(line, want);
   child_end(&ch);
   inst_down(&d);
+}
+
+/* layer_pipelining false: the producer sends nothing until its last layer is saved,
+ * then every layer at once; every byte arrives. */
+static void test_push_whole(void) {
+  struct prefill_args a = {free_port(), 10000, 79, 8};
+  struct child ch;
+  char line[4096], cfg[512];
+  CU_ASSERT_EQUAL_FATAL(child_start(&ch, "push-whole", &a), 0);
+  struct inst d;
+  config_push(cfg, sizeof(cfg), free_port(), "consumer", 10000);
+  ST_IS(inst_up(&d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+  const char *mark = "{\"do_remote_prefill\": true}";
+  hixl_kv_request r = request("dec-w", 8 * BLOCK_TOKENS, mark);
+  int64_t tokens = 0;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(d.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  ST_IS(ops->update_state_after_alloc(d.sched, &r, decode_blocks, 8, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  hixl_kv_buffer params = {0};
+  ST_IS(ops->get_push_params(d.sched, "dec-w", 5, &params), HIXL_KV_SUCCESS);
+  step(&d);
+  write_line(ch.to_child, "params %.*s\n", (int)params.len, (char *)params.data);
+  ops->free_buffer(&params);
+  for (int l = 0; l < LAYERS; l++) {
+    char want[32];
+    snprintf(want, sizeof(want), "saved %d", l);
+    CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+    CU_ASSERT_STRING_EQUAL(line, want);
+    /* the producer waits for "next" before it saves more: before the last layer
+     * nothing can have been sent */
+    if (l + 1 < LAYERS) CU_ASSERT_EQUAL(kv_layer_state(&d.kv, l, 79, decode_blocks, 8), 0);
+    write_line(ch.to_child, "next\n");
+  }
+  ST_IS(ops->wait_for_layer_load(d.worker, LAYERS - 1), HIXL_KV_SUCCESS);
+  CU_ASSERT_TRUE(wait_finished(&d, "dec-w", 1, 20000));
+  uint64_t errs[16];
+  CU_ASSERT_EQUAL(load_errors(&d, errs, 16), 0);
+  CU_ASSERT_EQUAL(kv_verify(&d.kv, 79, decode_blocks, 8), -1);
+  CU_ASSERT_TRUE(others_untouched(&d.kv, decode_blocks, 8, 0xEE));
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  char want[96];
+  snprintf(want, sizeof(want), "freed 1 held 0 pushed 1 layers %d", LAYERS);
+  CU_ASSERT_STRING_EQUAL(line, want);
+  child_end(&ch);
+  inst_down(&d);
+}
+
+/* max_inflight_requests: a producer's scheduler holds at most that many requests for
+ * consumers; one more is not held (its blocks free at once, no kv_transfer_params),
+ * and a request that finished sending makes room again. */
+static void test_max_inflight(void) {
+  char cfg[640];
+  hixl_kv_connector *s = NULL;
+  char err[256] = "";
+  snprintf(cfg, sizeof(cfg),
+           "{\"address\": \"%s:%u\", \"role\": \"producer\", \"max_inflight_requests\": 2, "
+           "\"Transport\": \"%s\"}",
+           test_ip(), (unsigned)free_port(), transport());
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &s, err, sizeof(err)), HIXL_KV_SUCCESS);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+  uint64_t blocks[2] = {3, 4};
+  const char *ids[3] = {"m-1", "m-2", "m-3"};
+  for (int i = 0; i < 3; i++) {
+    hixl_kv_request r = request(ids[i], 2 * BLOCK_TOKENS, "{\"do_remote_decode\": true}");
+    int32_t delay = -1;
+    hixl_kv_buffer out = {0};
+    ST_IS(ops->request_finished(s, &r, blocks, 2, &delay, &out), HIXL_KV_SUCCESS);
+    CU_ASSERT_EQUAL(delay, i < 2 ? 1 : 0);
+    CU_ASSERT_EQUAL(out.len > 0, i < 2);
+    if (i < 2) CU_ASSERT_PTR_NOT_NULL(strstr((char *)out.data, ids[i]));
+    ops->free_buffer(&out);
+  }
+  const char *done[1] = {"m-1"};
+  hixl_kv_ids sent = {done, 1};
+  ST_IS(ops->update_connector_output(s, &sent, NULL, NULL), HIXL_KV_SUCCESS);
+  hixl_kv_request r = request("m-4", 2 * BLOCK_TOKENS, "{\"do_remote_decode\": true}");
+  int32_t delay = -1;
+  hixl_kv_buffer out = {0};
+  ST_IS(ops->request_finished(s, &r, blocks, 2, &delay, &out), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(delay, 1);
+  CU_ASSERT(out.len > 0);
+  ops->free_buffer(&out);
+  ST_IS(ops->destroy(s), HIXL_KV_SUCCESS);
 }
 
 /* The producer has more blocks than the consumer gave: its pusher refuses and tells
@@ -877,6 +963,7 @@ static CU_TestInfo abi_tests[] = {
 static CU_TestInfo arg_tests[] = {
     {"create", test_create_args},
     {"every op", test_op_args},
+    {"max_inflight_requests bounds what a producer holds", test_max_inflight},
     CU_TEST_INFO_NULL,
 };
 static CU_TestInfo pd_tests[] = {
@@ -886,6 +973,7 @@ static CU_TestInfo pd_tests[] = {
     {"producer death", test_producer_death},
     {"layout mismatch", test_layout_mismatch},
     {"push, two processes, layer by layer", test_push_two_processes},
+    {"push without layer pipelining: all layers after the last", test_push_whole},
     {"push: the consumer gave too few blocks", test_push_short_of_blocks},
     {"push: no producer comes", test_push_nobody_comes},
     CU_TEST_INFO_NULL,
@@ -915,7 +1003,8 @@ int main(int argc, char **argv) {
     struct prefill_args a = {(uint16_t)atoi(argv[3]), (unsigned)atoi(argv[4]), strtoull(argv[5], NULL, 10),
                              (size_t)atoi(argv[6])};
     in_child = true;
-    if (strcmp(argv[2], "push") == 0) push_prefill_main(3, 4, &a);
+    push_pipelining = strcmp(argv[2], "push-whole") != 0;
+    if (strncmp(argv[2], "push", 4) == 0) push_prefill_main(3, 4, &a);
     prefill_main(3, 4, &a);
     return 0;
   }

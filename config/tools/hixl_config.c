@@ -12,10 +12,13 @@
 #define MAX_ERRORS 256
 
 static int usage(FILE *f, int rc) {
-  fputs("usage: hixl-config check FILE...\n"
-        "       hixl-config show [--json] FILE\n"
-        "       hixl-config reference\n"
-        "A FILE of - reads standard input.\n",
+  fputs("usage: hixl-config check FILE...        every error of each file, as FILE:LINE:COL: key: message;\n"
+        "                                         exit 0 when all are valid, 1 otherwise\n"
+        "       hixl-config show [--json] FILE   the effective configuration, each value with its source\n"
+        "                                         (document LINE:COL, env NAME, or default)\n"
+        "       hixl-config reference            the key table as Markdown (docs/config.md)\n"
+        "A FILE of - reads standard input. docs/config.md explains the keys and the two shapes\n"
+        "(a bare hixl document, or vLLM's --kv-transfer-config).\n",
         f);
   return rc;
 }
@@ -51,6 +54,8 @@ int main(int argc, char **argv) {
   if (argc < 2) return usage(stderr, 2);
   const char *cmd = argv[1];
   if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0) return usage(stdout, 0);
+  for (int i = 2; i < argc; i++) /* --help on every form */
+    if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) return usage(stdout, 0);
   if (strcmp(cmd, "reference") == 0) {
     if (argc != 2) return usage(stderr, 2);
     HixlConfigPrintReference(stdout);

@@ -173,6 +173,9 @@ static void wait_finished(struct conn *c, const char *id, int which) {
     bool got = false;
     const hixl_kv_ids *ids = which ? &r : &s;
     for (size_t i = 0; i < ids->count; i++) got |= strcmp(ids->ids[i], id) == 0;
+    /* as a runtime does: the scheduler learns what finished (it bounds what is held) */
+    if ((s.count || r.count) && ops->update_connector_output(c->sched, &s, &r, NULL) != HIXL_KV_SUCCESS)
+      die("update_connector_output: %s", ops->last_error());
     ops->free_ids(&s);
     ops->free_ids(&r);
     if (got) return;

@@ -74,6 +74,15 @@ static int idset_add(struct kv_idset *s, const char *id) {
   return 0;
 }
 
+static void idset_del(struct kv_idset *s, const char *id) {
+  for (size_t i = 0; i < s->n; i++)
+    if (strcmp(s->v[i], id) == 0) {
+      free(s->v[i]);
+      s->v[i] = s->v[--s->n];
+      return;
+    }
+}
+
 static void idset_clear(struct kv_idset *s) {
   for (size_t i = 0; i < s->n; i++) free(s->v[i]);
   free(s->v);
@@ -562,7 +571,8 @@ static bool push_wait_saved(hixl_kv_connector *c, uint32_t l, uint64_t step, uin
 }
 
 /* One step's pushes, layer by layer: each layer leaves as soon as it is saved, while
- * the producer computes the next. */
+ * the producer computes the next (layer_pipelining false: all layers in one transfer
+ * once the last is saved). */
 static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
   HixlStatus *st = calloc(n, sizeof(*st));
   char(*why)[512] = calloc(n, sizeof(*why));
@@ -574,16 +584,19 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
     return;
   }
   for (size_t i = 0; i < n; i++) st[i] = push_accept(c, v[i], why[i], sizeof(why[i]));
-  for (uint32_t l = 0; l < c->layers; l++) {
+  uint32_t span = c->cfg.pipelining ? 1 : c->layers;
+  for (uint32_t l = 0; l < c->layers; l += span) {
+    uint32_t last = l + span - 1;
     bool any = false;
     for (size_t i = 0; i < n; i++) any |= st[i] == HIXL_SUCCESS;
     if (!any) break;
     uint64_t deadline = v[0]->bound_ns + (uint64_t)c->cfg.lease_ms * 1000000ull;
-    if (!push_wait_saved(c, l, v[0]->step, deadline)) {
+    if (!push_wait_saved(c, last, v[0]->step, deadline)) {
       for (size_t i = 0; i < n; i++)
         if (st[i] == HIXL_SUCCESS) {
           st[i] = HIXL_TIMEOUT;
-          snprintf(why[i], sizeof(why[i]), "layer %u was not saved within lease_ms %u", l, c->cfg.lease_ms);
+          snprintf(why[i], sizeof(why[i]), "layer %u was not saved within lease_ms %u", last,
+                   c->cfg.lease_ms);
         }
       break;
     }
@@ -593,23 +606,25 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
       HixlBlocksCacheKey key = {e->cluster, 0};
       HixlCacheTransferArgs a = HIXL_CACHE_TRANSFER_ARGS_INIT;
       a.src_layer_start = a.dst_layer_start = l;
-      a.src_layer_count = a.dst_layer_count = 1;
+      a.src_layer_count = a.dst_layer_count = span;
       a.tensor_num_per_layer = c->tensors_per_layer;
       a.timeout_ms = c->cfg.transfer_timeout_ms;
       st[i] = HixlCacheManagerPushBlocks(c->mgr, &key, c->cache_id, e->blocks, e->nblocks, e->rblocks,
                                          e->nblocks, &a);
       if (st[i] != HIXL_SUCCESS) {
-        snprintf(why[i], sizeof(why[i]), "layer %u of request %s to %s: %s", l, e->req, e->remote,
+        snprintf(why[i], sizeof(why[i]), "layers %u-%u of request %s to %s: %s", l, last, e->req, e->remote,
                  HixlGetLastErrorMessage());
         continue;
       }
-      if (kv_call_ex(c, e->remote, KV_SVC_LAYER, e->rreq, l, "", ans, sizeof(ans), &an,
-                     c->cfg.notify_timeout_ms, &st[i]) < 0)
-        snprintf(why[i], sizeof(why[i]), "telling %s that layer %u landed: %s", e->remote, l,
-                 HixlGetLastErrorMessage());
-      pthread_mutex_lock(&c->lock);
-      c->stats.layers_pushed++;
-      pthread_mutex_unlock(&c->lock);
+      for (uint32_t k = l; k <= last && st[i] == HIXL_SUCCESS; k++) {
+        if (kv_call_ex(c, e->remote, KV_SVC_LAYER, e->rreq, k, "", ans, sizeof(ans), &an,
+                       c->cfg.notify_timeout_ms, &st[i]) < 0)
+          snprintf(why[i], sizeof(why[i]), "telling %s that layer %u landed: %s", e->remote, k,
+                   HixlGetLastErrorMessage());
+        pthread_mutex_lock(&c->lock);
+        c->stats.layers_pushed++;
+        pthread_mutex_unlock(&c->lock);
+      }
     }
   }
   HixlCacheStats cs;
@@ -822,6 +837,7 @@ static hixl_kv_status kv_destroy(hixl_kv_connector *c) {
     free(a);
   }
   idset_clear(&c->pushing);
+  idset_clear(&c->holding);
   free(c->saved_step);
   idset_clear(&c->failed);
   idset_clear(&c->gone);
@@ -1129,7 +1145,20 @@ static hixl_kv_status kv_finished(hixl_kv_connector *c, const hixl_kv_request *r
     params->len = 0;
     return HIXL_KV_SUCCESS;
   }
-  if (!c->cfg.producer || (r->flags & HIXL_KV_REQ_ABORTED) || nblocks == 0) {
+  bool full = false;
+  if (c->cfg.producer && !(r->flags & HIXL_KV_REQ_ABORTED) && nblocks > 0) {
+    pthread_mutex_lock(&c->lock);
+    full = c->holding.n >= c->cfg.max_inflight;
+    if (full && c->not_held++ == 0)
+      fprintf(stderr,
+              "hixl-kv: %zu requests are held for consumers (max_inflight_requests); request %s and "
+              "later ones beyond the bound are not held: their consumers recompute them\n",
+              c->holding.n, id);
+    else if (!full && idset_add(&c->holding, id) != 0)
+      full = true;
+    pthread_mutex_unlock(&c->lock);
+  }
+  if (!c->cfg.producer || (r->flags & HIXL_KV_REQ_ABORTED) || nblocks == 0 || full) {
     *delay_free = 0;
     params->data = NULL;
     params->len = 0;
@@ -1208,11 +1237,12 @@ static hixl_kv_status kv_push_params(hixl_kv_connector *c, const char *req_id, s
 
 static hixl_kv_status kv_update_output(hixl_kv_connector *c, const hixl_kv_ids *sending,
                                        const hixl_kv_ids *recving, const hixl_kv_ids *failed) {
-  (void)sending;
   (void)recving;
   CHECK_ARG(c && c->role == HIXL_KV_ROLE_SCHEDULER,
             "update_connector_output: connector is NULL or a worker's");
   pthread_mutex_lock(&c->lock);
+  for (size_t i = 0; sending && i < sending->count; i++) /* their blocks are free: room to hold more */
+    if (sending->ids[i]) idset_del(&c->holding, sending->ids[i]);
   for (size_t i = 0; failed && i < failed->count; i++)
     if (failed->ids[i] && !idset_has(&c->failed, failed->ids[i])) idset_add(&c->failed, failed->ids[i]);
   pthread_mutex_unlock(&c->lock);

@@ -91,6 +91,8 @@ struct hixl_kv_connector {
   struct kv_idset failed;  /* consumer: requests whose load failed (recompute: 0 tokens) */
   struct kv_alloc *allocs; /* push consumer: for get_push_params */
   struct kv_idset pushing; /* push producer: requests whose blocks stay until pushed */
+  struct kv_idset holding; /* pull producer: requests held for a consumer, until finished_sending */
+  uint64_t not_held;       /* pull producer: finished requests refused at max_inflight_requests */
 
   /* worker */
   HixlEngine *eng;
