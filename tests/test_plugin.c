@@ -200,19 +200,24 @@ struct inst {
   struct kv kv;
 };
 
-static hixl_kv_status inst_up(struct inst *x, const char *cfg, uint64_t block_bytes) {
+/* An instance whose worker is rank 0 of world workers (tensor parallelism). */
+static hixl_kv_status inst_up_tp(struct inst *x, const char *cfg, uint64_t block_bytes, uint32_t world) {
   char err[256];
   memset(x, 0, sizeof(*x));
   hixl_kv_status st =
       ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &x->sched, err, sizeof(err));
   if (st == HIXL_KV_SUCCESS)
-    st = ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &x->worker, err, sizeof(err));
+    st = ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, world, &x->worker, err, sizeof(err));
   if (st != HIXL_KV_SUCCESS) {
     fprintf(stderr, "create: %s\n", err);
     return st;
   }
   kv_init(&x->kv, block_bytes);
   return ops->register_kv_caches(x->worker, x->kv.layers, LAYERS);
+}
+
+static hixl_kv_status inst_up(struct inst *x, const char *cfg, uint64_t block_bytes) {
+  return inst_up_tp(x, cfg, block_bytes, 1);
 }
 
 static void inst_down(struct inst *x) {
@@ -716,6 +721,30 @@ static void test_layout_mismatch(void) {
 
 static bool push_pipelining = true; /* the push prefill child's layer_pipelining */
 
+/* A consumer of another tensor-parallel size (2 against the producer's 1): the load
+ * fails as heterogeneous TP (not built), moves nothing, and the producer frees. */
+static void test_tp_mismatch(void) {
+  struct prefill_args a = {free_port(), 30000, 14, 4};
+  struct child ch;
+  char line[4096], cfg[512];
+  CU_ASSERT_EQUAL_FATAL(child_start(&ch, "pull", &a), 0);
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  char *params = strdup(line + 7);
+  struct inst d;
+  config(cfg, sizeof(cfg), free_port(), "consumer", 30000, "fail", 3000);
+  ST_IS(inst_up_tp(&d, cfg, BLOCK_BYTES, 2), HIXL_KV_SUCCESS);
+  decode_load(&d, "dec-14", params, decode_blocks, 4);
+  CU_ASSERT_TRUE(wait_finished(&d, "dec-14", 1, 20000));
+  uint64_t errs[16];
+  CU_ASSERT_EQUAL(load_errors(&d, errs, 16), 4);
+  CU_ASSERT_EQUAL(count_byte(&d.kv, 0xEE), d.kv.len);
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  CU_ASSERT_STRING_EQUAL(line, "freed 1 held 0 expired 0");
+  child_end(&ch);
+  inst_down(&d);
+  free(params);
+}
+
 static char *config_push(char *buf, size_t cap, uint16_t port, const char *role, unsigned lease_ms) {
   snprintf(buf, cap,
            "{\"address\": \"%s:%u\", \"role\": \"%s\", \"mode\": \"push\", \"lease_ms\": %u,\n"
@@ -972,6 +1001,7 @@ static CU_TestInfo pd_tests[] = {
     {"abort frees the producer's blocks", test_abort},
     {"producer death", test_producer_death},
     {"layout mismatch", test_layout_mismatch},
+    {"tensor-parallel size mismatch", test_tp_mismatch},
     {"push, two processes, layer by layer", test_push_two_processes},
     {"push without layer pipelining: all layers after the last", test_push_whole},
     {"push: the consumer gave too few blocks", test_push_short_of_blocks},

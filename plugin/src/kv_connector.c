@@ -272,7 +272,8 @@ static HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size
     if (x) {
       kv_put_u8(&out, KV_PIN_HELD);
       kv_put_str(&out, c->layout_text, strlen(c->layout_text));
-      kv_put_blocks(&out, x->blocks, x->n);
+      kv_put_u32(&out, (uint32_t)x->n);
+      kv_put_u64(&out, kv_blocks_digest(x->blocks, x->n));
     } else if (idset_has(&c->gone, id)) {
       kv_put_u8(&out, KV_PIN_GONE);
       const char *why = "it already ended (loaded, failed or expired)";
@@ -299,7 +300,8 @@ static HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size
       h->expires_ns = now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
       kv_put_u8(&out, KV_PIN_HELD);
       kv_put_str(&out, c->layout_text, strlen(c->layout_text));
-      kv_put_blocks(&out, h->blocks, h->n);
+      kv_put_u32(&out, (uint32_t)h->n);
+      kv_put_u64(&out, kv_blocks_digest(h->blocks, h->n));
     } else if (idset_has(&c->gone, id)) {
       kv_put_u8(&out, KV_PIN_GONE);
       const char *why = "it was freed, its lease expired, or it was aborted";
@@ -365,6 +367,24 @@ static int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const c
   return kv_call_ex(c, remote, op, id, 0, "", ans, cap, n, timeout_ms, st);
 }
 
+/* Two compatibility digests differ: UNSUPPORTED when only the tensor-parallel sizes
+ * do (heterogeneous TP is not built), else PARAM_INVALID; why names both. */
+static HixlStatus layout_mismatch(const char *peer_kind, const char *peer, const char *theirs,
+                                  const char *mine, const char *me, char *why, size_t cap) {
+  const char *a = strstr(theirs, " tp="), *b = strstr(mine, " tp=");
+  if (a && b && (size_t)(a - theirs) == (size_t)(b - mine) &&
+      strncmp(theirs, mine, (size_t)(a - theirs)) == 0) {
+    snprintf(why, cap,
+             "heterogeneous tensor parallelism is not supported: the %s %s runs%s, this %s runs%s; nothing "
+             "was moved",
+             peer_kind, peer, a, me, b);
+    return HIXL_UNSUPPORTED;
+  }
+  snprintf(why, cap, "layout mismatch: the %s %s has %s, this %s has %s; nothing was moved", peer_kind, peer,
+           theirs, me, mine);
+  return HIXL_PARAM_INVALID;
+}
+
 /* One load: link, pin (asking again while the producer has not bound it yet),
  * check the layout, pull, free. Returns the status and the reason in why. */
 static HixlStatus load_one(hixl_kv_connector *c, const struct kv_meta_entry *e, char *why, size_t cap) {
@@ -379,7 +399,7 @@ static HixlStatus load_one(hixl_kv_connector *c, const struct kv_meta_entry *e, 
     snprintf(why, cap, "out of memory");
     return HIXL_RESOURCE_EXHAUSTED;
   }
-  uint64_t *rb = NULL;
+  uint64_t digest = 0;
   size_t nrb = 0, n = 0;
   char layout[257];
   for (unsigned tries = 0;; tries++) {
@@ -391,7 +411,8 @@ static HixlStatus load_one(hixl_kv_connector *c, const struct kv_meta_entry *e, 
     uint8_t state = kv_get_u8(&in);
     if (state == KV_PIN_HELD) {
       kv_get_str(&in, layout, 256);
-      kv_get_blocks(&in, &rb, &nrb);
+      nrb = kv_get_u32(&in);
+      digest = kv_get_u64(&in);
       if (in.bad || in.off != n) {
         snprintf(why, cap, "%s gave a malformed answer for request %s", e->remote, e->rreq);
         st = HIXL_FAILED;
@@ -416,14 +437,12 @@ static HixlStatus load_one(hixl_kv_connector *c, const struct kv_meta_entry *e, 
     nanosleep(&ts, NULL);
   }
   if (strcmp(layout, c->layout_text) != 0) {
-    snprintf(why, cap, "layout mismatch: the producer %s has %s, this consumer has %s; nothing was moved",
-             e->remote, layout, c->layout_text);
-    st = HIXL_PARAM_INVALID;
+    st = layout_mismatch("producer", e->remote, layout, c->layout_text, "consumer", why, cap);
     goto out;
   }
-  if (nrb < e->nrblocks) {
-    snprintf(why, cap, "the producer %s holds %zu blocks of request %s, %zu were asked for", e->remote, nrb,
-             e->rreq, e->nrblocks);
+  if (nrb < e->nrblocks || (nrb == e->nrblocks && digest != kv_blocks_digest(e->rblocks, e->nrblocks))) {
+    snprintf(why, cap, "the producer %s holds %zu blocks of request %s, %zu %s asked for", e->remote, nrb,
+             e->rreq, e->nrblocks, nrb < e->nrblocks ? "were" : "other ones were");
     st = HIXL_PARAM_INVALID;
     goto out;
   }
@@ -436,7 +455,6 @@ static HixlStatus load_one(hixl_kv_connector *c, const struct kv_meta_entry *e, 
   if (st != HIXL_SUCCESS)
     snprintf(why, cap, "pulling request %s from %s: %s", e->rreq, e->remote, HixlGetLastErrorMessage());
 out:
-  free(rb);
   free(ans);
   return st;
 }
@@ -517,7 +535,7 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
   uint8_t *ans = malloc(HIXL_CALL_MAX);
   if (!ans) return HIXL_RESOURCE_EXHAUSTED;
   char layout[257] = "";
-  uint64_t *rb = NULL;
+  uint64_t digest = 0;
   size_t nrb = 0, n = 0;
   for (unsigned tries = 0;; tries++) {
     if (kv_call(c, e->remote, KV_SVC_ACCEPT, e->rreq, ans, HIXL_CALL_MAX, &n, ms_until(deadline), &st) < 0) {
@@ -529,17 +547,20 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
     uint8_t state = kv_get_u8(&in);
     if (state == KV_PIN_HELD) {
       kv_get_str(&in, layout, 256);
-      kv_get_blocks(&in, &rb, &nrb);
+      nrb = kv_get_u32(&in);
+      digest = kv_get_u64(&in);
       if (in.bad || in.off != n) {
         snprintf(why, cap, "the consumer %s gave a malformed answer for request %s", e->remote, e->rreq);
         st = HIXL_FAILED;
       } else if (strcmp(layout, c->layout_text) != 0) {
-        snprintf(why, cap, "layout mismatch: the consumer %s has %s, this producer has %s; nothing was moved",
-                 e->remote, layout, c->layout_text);
-        st = HIXL_PARAM_INVALID;
+        st = layout_mismatch("consumer", e->remote, layout, c->layout_text, "producer", why, cap);
       } else if (nrb < e->nblocks) {
         snprintf(why, cap, "the consumer %s expects %zu blocks of request %s, this producer has %zu",
                  e->remote, nrb, e->rreq, e->nblocks);
+        st = HIXL_PARAM_INVALID;
+      } else if (nrb == e->nrblocks && digest != kv_blocks_digest(e->rblocks, e->nrblocks)) {
+        snprintf(why, cap, "the consumer %s expects request %s in other blocks than its push params named",
+                 e->remote, e->rreq);
         st = HIXL_PARAM_INVALID;
       }
       break;
@@ -553,7 +574,6 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
     struct timespec ts = {0, tries < 20 ? 200000 : 2000000};
     nanosleep(&ts, NULL);
   }
-  free(rb);
   free(ans);
   return st;
 }
@@ -1311,9 +1331,9 @@ static hixl_kv_status kv_register(hixl_kv_connector *c, const hixl_kv_layer *ly,
   c->layers = (uint32_t)n;
   c->tensors_per_layer = tpl;
   snprintf(c->layout_text, sizeof(c->layout_text),
-           "abi=%u layers=%zu block_tokens=%u block_bytes=%" PRIu64 " elem_size=%u layout=%s",
+           "abi=%u layers=%zu block_tokens=%u block_bytes=%" PRIu64 " elem_size=%u layout=%s tp=%u",
            HIXL_KV_ABI_MAJOR, n, l0->block_tokens, l0->block_bytes, l0->elem_size,
-           split ? "kv_first" : "blocks_first");
+           split ? "kv_first" : "blocks_first", c->world);
   pthread_mutex_unlock(&c->lock);
   return HIXL_KV_SUCCESS;
 }

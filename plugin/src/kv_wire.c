@@ -189,3 +189,13 @@ bool kv_meta_parse(const uint8_t *p, size_t len, struct kv_meta_entry **entries,
   *count = n;
   return true;
 }
+
+uint64_t kv_blocks_digest(const uint64_t *v, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; i++)
+    for (int b = 0; b < 8; b++) {
+      h ^= (v[i] >> (8 * b)) & 0xff;
+      h *= 0x100000001b3ull;
+    }
+  return h;
+}

@@ -41,6 +41,9 @@ uint64_t kv_get_u64(struct kv_in *i);
 bool kv_get_str(struct kv_in *i, char *out, size_t max);
 /* count u32 then count u64s, at most KV_MAX_BLOCKS; *v is malloc'ed (NULL when 0). */
 bool kv_get_blocks(struct kv_in *i, uint64_t **v, size_t *n);
+/* FNV-1a over the ids in order: a PIN or ACCEPT answer names a list of any length in
+ * 12 bytes (a request of tens of thousands of blocks fits a service answer). */
+uint64_t kv_blocks_digest(const uint64_t *v, size_t n);
 
 /* Metadata entries. */
 enum kv_meta_type {
@@ -72,16 +75,16 @@ bool kv_meta_parse(const uint8_t *p, size_t len, struct kv_meta_entry **entries,
 void kv_meta_free(struct kv_meta_entry *entries, size_t count);
 
 /* The KV service (engine CALL, service HIXL_SERVICE_KV). */
-#define KV_SVC_PROTO 1u
+#define KV_SVC_PROTO 2u /* 2: PIN and ACCEPT answer a count and a digest, not the list */
 enum kv_svc_op {
-  KV_SVC_PIN = 1,    /* req id -> state, layout text, blocks (extends the lease) */
+  KV_SVC_PIN = 1,    /* req id -> state, layout text, block count and digest (extends the lease) */
   KV_SVC_FREE = 2,   /* req id -> the producer frees it */
-  KV_SVC_ACCEPT = 3, /* push: req id -> state, layout text, the consumer's blocks */
+  KV_SVC_ACCEPT = 3, /* push: req id -> state, layout text, the consumer's block count and digest */
   KV_SVC_LAYER = 4,  /* push: req id, layer u32 -> that layer has landed */
   KV_SVC_ABORT = 5,  /* push: req id, reason -> the push failed; the consumer reports it */
 };
 enum kv_pin_state {
-  KV_PIN_HELD = 0,    /* then: layout text, blocks */
+  KV_PIN_HELD = 0,    /* then: layout text, u32 block count, u64 kv_blocks_digest */
   KV_PIN_NOT_YET = 1, /* the producer has not bound the request yet: ask again */
   KV_PIN_GONE = 2,    /* freed, expired or aborted; then: the reason text */
 };
