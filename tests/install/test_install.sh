@@ -19,6 +19,12 @@ export PKG_CONFIG_PATH="$libdir/pkgconfig"
 cc -std=c11 -Wall -Werror $extra "$src/consumer.c" -o "$work/consumer_pc" $(pkg-config --cflags --libs hixl) \
   -Wl,-rpath,"$libdir"
 "$work/consumer_pc"
+# libhixl-config, its header, hixl-config.pc and the hixl-config tool.
+test -f "$work/prefix/include/hixl/hixl_config.h"
+cc -std=c11 -Wall -Werror $extra "$src/consumer_config.c" -o "$work/consumer_config" \
+  $(pkg-config --cflags --libs hixl-config) -Wl,-rpath,"$libdir"
+"$work/consumer_config"
+LD_LIBRARY_PATH="$libdir" "$work/prefix/bin/hixl-config" reference | grep -q '^| `lease_ms` | integer | `30000`'
 
 mkdir -p "$work/cm"
 cp "$src/consumer.c" "$work/cm/"
@@ -26,4 +32,4 @@ cp "$src/CMakeLists.txt.in" "$work/cm/CMakeLists.txt"
 cmake -S "$work/cm" -B "$work/cm/build" -DCMAKE_PREFIX_PATH="$work/prefix" -DCMAKE_C_FLAGS="$extra" >/dev/null
 cmake --build "$work/cm/build" >/dev/null
 LD_LIBRARY_PATH="$libdir" "$work/cm/build/consumer"
-echo "install: headers, libhixl.so (SONAME libhixl.so.0), libhixl.a, hixl.pc and hixlConfig.cmake work"
+echo "install: headers, libhixl.so (SONAME libhixl.so.0), libhixl.a, hixl.pc, hixlConfig.cmake, libhixl-config, hixl-config.pc and hixl-config work"
