@@ -697,8 +697,8 @@ static void test_producer_death(void) {
 
 /* A consumer whose blocks are another size: the load fails naming both layouts and
  * moves nothing; the producer is told to free. */
-static void test_layout_mismatch(void) {
-  struct prefill_args a = {free_port(), 30000, 13, 4};
+static void mismatch_case(uint64_t seed, const char *id, uint64_t block_bytes, uint32_t world) {
+  struct prefill_args a = {free_port(), 30000, seed, 4};
   struct child ch;
   char line[4096], cfg[512];
   CU_ASSERT_EQUAL_FATAL(child_start(&ch, "pull", &a), 0);
@@ -706,9 +706,9 @@ static void test_layout_mismatch(void) {
   char *params = strdup(line + 7);
   struct inst d;
   config(cfg, sizeof(cfg), free_port(), "consumer", 30000, "fail", 3000);
-  ST_IS(inst_up(&d, cfg, BLOCK_BYTES / 2), HIXL_KV_SUCCESS);
-  decode_load(&d, "dec-13", params, decode_blocks, 4);
-  CU_ASSERT_TRUE(wait_finished(&d, "dec-13", 1, 20000));
+  ST_IS(inst_up_tp(&d, cfg, block_bytes, world), HIXL_KV_SUCCESS);
+  decode_load(&d, id, params, decode_blocks, 4);
+  CU_ASSERT_TRUE(wait_finished(&d, id, 1, 20000));
   uint64_t errs[16];
   CU_ASSERT_EQUAL(load_errors(&d, errs, 16), 4);
   CU_ASSERT_EQUAL(count_byte(&d.kv, 0xEE), d.kv.len);
@@ -719,31 +719,13 @@ static void test_layout_mismatch(void) {
   free(params);
 }
 
-static bool push_pipelining = true; /* the push prefill child's layer_pipelining */
+static void test_layout_mismatch(void) { mismatch_case(13, "dec-13", BLOCK_BYTES / 2, 1); }
 
 /* A consumer of another tensor-parallel size (2 against the producer's 1): the load
  * fails as heterogeneous TP (not built), moves nothing, and the producer frees. */
-static void test_tp_mismatch(void) {
-  struct prefill_args a = {free_port(), 30000, 14, 4};
-  struct child ch;
-  char line[4096], cfg[512];
-  CU_ASSERT_EQUAL_FATAL(child_start(&ch, "pull", &a), 0);
-  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
-  char *params = strdup(line + 7);
-  struct inst d;
-  config(cfg, sizeof(cfg), free_port(), "consumer", 30000, "fail", 3000);
-  ST_IS(inst_up_tp(&d, cfg, BLOCK_BYTES, 2), HIXL_KV_SUCCESS);
-  decode_load(&d, "dec-14", params, decode_blocks, 4);
-  CU_ASSERT_TRUE(wait_finished(&d, "dec-14", 1, 20000));
-  uint64_t errs[16];
-  CU_ASSERT_EQUAL(load_errors(&d, errs, 16), 4);
-  CU_ASSERT_EQUAL(count_byte(&d.kv, 0xEE), d.kv.len);
-  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
-  CU_ASSERT_STRING_EQUAL(line, "freed 1 held 0 expired 0");
-  child_end(&ch);
-  inst_down(&d);
-  free(params);
-}
+static void test_tp_mismatch(void) { mismatch_case(14, "dec-14", BLOCK_BYTES, 2); }
+
+static bool push_pipelining = true; /* the push prefill child's layer_pipelining */
 
 static char *config_push(char *buf, size_t cap, uint16_t port, const char *role, unsigned lease_ms) {
   snprintf(buf, cap,
@@ -794,26 +776,28 @@ static void push_prefill_main(int in, int out, void *arg) {
 
 /* Push mode in two processes: decode allocates first and hands its blocks to
  * prefill, which writes each layer as save_kv_layer releases it: layer L is in
- * decode's blocks before prefill computes L + 1. */
-static void test_push_two_processes(void) {
-  struct prefill_args a = {free_port(), 10000, 77, 8};
+ * decode's blocks before prefill computes L + 1. Without layer pipelining (kind
+ * "push-whole") nothing is sent before the last layer is saved, then every layer. */
+static void push_handoff(const char *kind, uint64_t seed, const char *id) {
+  bool pipelined = strcmp(kind, "push") == 0;
+  struct prefill_args a = {free_port(), 10000, seed, 8};
   struct child ch;
   char line[4096], cfg[512];
-  CU_ASSERT_EQUAL_FATAL(child_start(&ch, "push", &a), 0);
+  CU_ASSERT_EQUAL_FATAL(child_start(&ch, kind, &a), 0);
   struct inst d;
   config_push(cfg, sizeof(cfg), free_port(), "consumer", 10000);
   ST_IS(inst_up(&d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
   const char *mark = "{\"do_remote_prefill\": true}";
-  hixl_kv_request r = request("dec-p", 8 * BLOCK_TOKENS, mark);
+  hixl_kv_request r = request(id, 8 * BLOCK_TOKENS, mark);
   int64_t tokens = 0;
   int32_t async = 0;
   ST_IS(ops->get_num_new_matched_tokens(d.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
   CU_ASSERT_EQUAL(tokens, 8 * BLOCK_TOKENS);
   ST_IS(ops->update_state_after_alloc(d.sched, &r, decode_blocks, 8, (uint64_t)tokens), HIXL_KV_SUCCESS);
   hixl_kv_buffer params = {0};
-  ST_IS(ops->get_push_params(d.sched, "dec-p", 5, &params), HIXL_KV_SUCCESS);
+  ST_IS(ops->get_push_params(d.sched, id, strlen(id), &params), HIXL_KV_SUCCESS);
   CU_ASSERT_PTR_NOT_NULL(strstr((char *)params.data, "\"remote_block_ids\":[0,1,2,7,8,9,12,13]"));
-  ST_IS(ops->get_push_params(d.sched, "dec-p", 5, &params), HIXL_KV_NOT_FOUND); /* handed out once */
+  ST_IS(ops->get_push_params(d.sched, id, strlen(id), &params), HIXL_KV_NOT_FOUND); /* handed out once */
   step(&d);
   write_line(ch.to_child, "params %.*s\n", (int)params.len, (char *)params.data);
   ops->free_buffer(&params);
@@ -822,15 +806,20 @@ static void test_push_two_processes(void) {
     snprintf(want, sizeof(want), "saved %d", l);
     CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
     CU_ASSERT_STRING_EQUAL(line, want);
-    ST_IS(ops->wait_for_layer_load(d.worker, (uint32_t)l), HIXL_KV_SUCCESS);
-    CU_ASSERT_EQUAL(kv_layer_state(&d.kv, l, 77, decode_blocks, 8), 1);
-    if (l + 1 < LAYERS) CU_ASSERT_EQUAL(kv_layer_state(&d.kv, l + 1, 77, decode_blocks, 8), 0);
+    if (pipelined) {
+      ST_IS(ops->wait_for_layer_load(d.worker, (uint32_t)l), HIXL_KV_SUCCESS);
+      CU_ASSERT_EQUAL(kv_layer_state(&d.kv, l, seed, decode_blocks, 8), 1);
+      if (l + 1 < LAYERS) CU_ASSERT_EQUAL(kv_layer_state(&d.kv, l + 1, seed, decode_blocks, 8), 0);
+    } else if (l + 1 < LAYERS) { /* the producer saves no more until "next": nothing sent yet */
+      CU_ASSERT_EQUAL(kv_layer_state(&d.kv, l, seed, decode_blocks, 8), 0);
+    }
     write_line(ch.to_child, "next\n");
   }
-  CU_ASSERT_TRUE(wait_finished(&d, "dec-p", 1, 20000));
+  if (!pipelined) ST_IS(ops->wait_for_layer_load(d.worker, LAYERS - 1), HIXL_KV_SUCCESS);
+  CU_ASSERT_TRUE(wait_finished(&d, id, 1, 20000));
   uint64_t errs[16];
   CU_ASSERT_EQUAL(load_errors(&d, errs, 16), 0);
-  CU_ASSERT_EQUAL(kv_verify(&d.kv, 77, decode_blocks, 8), -1);
+  CU_ASSERT_EQUAL(kv_verify(&d.kv, seed, decode_blocks, 8), -1);
   CU_ASSERT_TRUE(others_untouched(&d.kv, decode_blocks, 8, 0xEE));
   CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
   char want[96];
@@ -840,50 +829,9 @@ static void test_push_two_processes(void) {
   inst_down(&d);
 }
 
-/* layer_pipelining false: the producer sends nothing until its last layer is saved,
- * then every layer at once; every byte arrives. */
-static void test_push_whole(void) {
-  struct prefill_args a = {free_port(), 10000, 79, 8};
-  struct child ch;
-  char line[4096], cfg[512];
-  CU_ASSERT_EQUAL_FATAL(child_start(&ch, "push-whole", &a), 0);
-  struct inst d;
-  config_push(cfg, sizeof(cfg), free_port(), "consumer", 10000);
-  ST_IS(inst_up(&d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
-  const char *mark = "{\"do_remote_prefill\": true}";
-  hixl_kv_request r = request("dec-w", 8 * BLOCK_TOKENS, mark);
-  int64_t tokens = 0;
-  int32_t async = 0;
-  ST_IS(ops->get_num_new_matched_tokens(d.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
-  ST_IS(ops->update_state_after_alloc(d.sched, &r, decode_blocks, 8, (uint64_t)tokens), HIXL_KV_SUCCESS);
-  hixl_kv_buffer params = {0};
-  ST_IS(ops->get_push_params(d.sched, "dec-w", 5, &params), HIXL_KV_SUCCESS);
-  step(&d);
-  write_line(ch.to_child, "params %.*s\n", (int)params.len, (char *)params.data);
-  ops->free_buffer(&params);
-  for (int l = 0; l < LAYERS; l++) {
-    char want[32];
-    snprintf(want, sizeof(want), "saved %d", l);
-    CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
-    CU_ASSERT_STRING_EQUAL(line, want);
-    /* the producer waits for "next" before it saves more: before the last layer
-     * nothing can have been sent */
-    if (l + 1 < LAYERS) CU_ASSERT_EQUAL(kv_layer_state(&d.kv, l, 79, decode_blocks, 8), 0);
-    write_line(ch.to_child, "next\n");
-  }
-  ST_IS(ops->wait_for_layer_load(d.worker, LAYERS - 1), HIXL_KV_SUCCESS);
-  CU_ASSERT_TRUE(wait_finished(&d, "dec-w", 1, 20000));
-  uint64_t errs[16];
-  CU_ASSERT_EQUAL(load_errors(&d, errs, 16), 0);
-  CU_ASSERT_EQUAL(kv_verify(&d.kv, 79, decode_blocks, 8), -1);
-  CU_ASSERT_TRUE(others_untouched(&d.kv, decode_blocks, 8, 0xEE));
-  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
-  char want[96];
-  snprintf(want, sizeof(want), "freed 1 held 0 pushed 1 layers %d", LAYERS);
-  CU_ASSERT_STRING_EQUAL(line, want);
-  child_end(&ch);
-  inst_down(&d);
-}
+static void test_push_two_processes(void) { push_handoff("push", 77, "dec-p"); }
+
+static void test_push_whole(void) { push_handoff("push-whole", 79, "dec-w"); }
 
 /* max_inflight_requests: a producer's scheduler holds at most that many requests for
  * consumers; one more is not held (its blocks free at once, no kv_transfer_params),
