@@ -277,20 +277,6 @@ typedef struct {
   char error[200];
 } child_reply;
 
-/* Wait until a byte in buf (sampled: the first 64 of each 64 KiB) leaves 0. */
-static int64_t wait_data(const volatile unsigned char *buf, size_t len, int timeout_ms) {
-  int64_t deadline = tu_now_ms() + timeout_ms;
-  size_t off, k;
-
-  while (tu_now_ms() < deadline) {
-    for (off = 0; off < len; off += 64 * KiB)
-      for (k = 0; k < 64 && off + k < len; k++)
-        if (buf[off + k] != 0) return 0;
-    sched_yield(); /* let the engine threads run */
-  }
-  return -1;
-}
-
 /* UnregMem once the transfers of clients that went away have settled: FAILED (chunks
  * in flight) is retried for up to 5 s, and a wait is reported. */
 static HixlStatus unreg_settled(HixlServerHandle s, MemHandle mh) {
@@ -350,7 +336,7 @@ static int server_child(uint16_t port, size_t len, uint64_t seed) {
     } else if (cmd.op == CS_CMD_FILL) {
       tu_fill(mem + cmd.off, cmd.len, cmd.seed);
     } else if (cmd.op == CS_CMD_WAIT_DATA) {
-      reply = wait_data(mem + cmd.off, cmd.len, (int)cmd.seed);
+      reply = tu_wait_nonzero(mem + cmd.off, cmd.len, 64 * KiB, 64, tu_now_ms() + (int64_t)cmd.seed) ? 0 : -1;
     } else if (cmd.op == CS_CMD_DESTROY) {
       reply = s ? (int64_t)HixlCSServerDestroy(s) : -4;
       s = NULL;

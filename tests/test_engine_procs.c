@@ -210,21 +210,6 @@ static void test_two_process_data(void) {
 
 /* ---------------------------------------------------------------- kill -9 */
 
-/* Watches a buffer until any sampled byte leaves zero: the transfer is moving data.
- * Yields between scans so that the engine's threads run even under valgrind, which
- * runs one thread at a time. */
-static bool wait_data_moving(const volatile unsigned char *buf, int64_t deadline) {
-  size_t op, k;
-
-  while (tu_now_ms() < deadline) {
-    for (op = 0; op < KILL_LEN / KILL_OP; op++)
-      for (k = 0; k < 64; k++)
-        if (buf[op * KILL_OP + k] != 0) return true;
-    sched_yield();
-  }
-  return false;
-}
-
 struct sync_arg {
   HixlTransferOp op;
   HixlTransferOpDesc *d;
@@ -313,7 +298,7 @@ static void kill_mid_transfer(HixlTransferOp op, bool async, const tu_shm *shm) 
     CU_ASSERT_FATAL(pthread_create(&th, NULL, sync_thread, &sa) == 0);
   }
   t_sub = tu_now_ms() - t0; /* how long submitting took (async: should be short) */
-  moving = wait_data_moving(op == HIXL_WRITE ? shared : g.local, tu_now_ms() + 10000);
+  moving = tu_wait_nonzero(op == HIXL_WRITE ? shared : g.local, KILL_LEN, KILL_OP, 64, tu_now_ms() + 10000);
   tu_child_kill(&c, SIGKILL);
   t_kill = tu_now_ms();
   if (!moving) tu_fail(__FILE__, __LINE__, "%s: no data moved within 10 s; killed the child anyway", name);

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -142,16 +143,23 @@ static void kv_compute_layer(struct kv *k, int l, uint64_t seed, const uint64_t 
         kv_block(k, l, v, blocks[b])[i] = kv_byte(seed, l, v, b * BLOCK_BYTES + i);
 }
 
-/* Layer l of the request as prefill computed it (1), untouched (0), or neither (-1). */
+/* Layer l of the request as prefill computed it (1), untouched (0), or neither (-1).
+ * A layer may be landing while this looks (that is what it checks), so it reads the
+ * blocks as an outside observer does, through the kernel (process_vm_readv on this
+ * process), not with loads that would race the plugin's writes. */
 static int kv_layer_state(struct kv *k, int l, uint64_t seed, const uint64_t *blocks, size_t n) {
   bool all_right = true, all_sentinel = true;
+  uint8_t got[BLOCK_BYTES];
   for (int v = 0; v < 2; v++)
-    for (size_t b = 0; b < n; b++)
+    for (size_t b = 0; b < n; b++) {
+      struct iovec local = {got, BLOCK_BYTES}, remote = {kv_block(k, l, v, blocks[b]), BLOCK_BYTES};
+      if (process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != BLOCK_BYTES) return -1;
       for (size_t i = 0; i < BLOCK_BYTES; i++) {
-        uint8_t x = kv_block(k, l, v, blocks[b])[i];
+        uint8_t x = got[i];
         all_right &= x == kv_byte(seed, l, v, b * BLOCK_BYTES + i);
         all_sentinel &= x == 0xEE;
       }
+    }
   return all_right ? 1 : all_sentinel ? 0 : -1;
 }
 

@@ -712,15 +712,6 @@ static void *sync_thread(void *arg) {
   return NULL;
 }
 
-static bool wait_moving(const volatile unsigned char *buf, int64_t deadline) {
-  while (tu_now_ms() < deadline) {
-    for (size_t i = 0; i < 64 * MiB; i += KILL_OP)
-      if (buf[i] != 0) return true;
-    sched_yield();
-  }
-  return false;
-}
-
 /* The child is killed with SIGKILL once data is seen moving: the transfer ends FAILED
  * promptly (not at its timeout), later ones are NOT_CONNECTED, and a new child on the
  * same port is reachable with Connect. */
@@ -762,7 +753,7 @@ static void kill_mid_transfer(HixlTransferOp op, bool async) {
     TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(p->cli, p->name, op, d, KILL_OPS, XFER_TIMEOUT, NULL, &req));
   else
     CU_ASSERT_FATAL(pthread_create(&th, NULL, sync_thread, &sa) == 0);
-  if (!wait_moving(op == HIXL_WRITE ? p->rview : p->dst, tu_now_ms() + 10000))
+  if (!tu_wait_nonzero(op == HIXL_WRITE ? p->rview : p->dst, 64 * MiB, KILL_OP, 1, tu_now_ms() + 10000))
     tu_fail(__FILE__, __LINE__, "%s: no data moved within 10 s", name);
   tu_child_kill(&g.child, SIGKILL);
   t_kill = tu_now_ms();

@@ -17,12 +17,16 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sched.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <CUnit/Basic.h>
+
+#include "sock.h"
 
 /* ---- time ---- */
 
@@ -331,6 +335,22 @@ HixlStatus tu_wait_request(HixlEngine *engine, HixlTransferReq req, int64_t dead
   return st;
 }
 
+bool tu_wait_nonzero(const void *buf, size_t len, size_t stride, size_t sample, int64_t deadline_ms) {
+  unsigned char got[256];
+  if (sample > sizeof(got)) sample = sizeof(got);
+  while (tu_now_ms() < deadline_ms) {
+    for (size_t off = 0; off < len; off += stride) {
+      size_t n = len - off < sample ? len - off : sample;
+      struct iovec local = {got, n}, remote = {(unsigned char *)buf + off, n};
+      if (process_vm_readv(getpid(), &local, 1, &remote, 1, 0) != (ssize_t)n) return false;
+      for (size_t k = 0; k < n; k++)
+        if (got[k] != 0) return true;
+    }
+    sched_yield();
+  }
+  return false;
+}
+
 /* ---- child processes ---- */
 
 static int full_read(int fd, void *buf, size_t len, int64_t deadline) {
@@ -345,7 +365,8 @@ static int full_read(int fd, void *buf, size_t len, int64_t deadline) {
     if (r <= 0) return -1; /* error or deadline */
     n = read(fd, p, len);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return -1; /* error or EOF */
+    if (n <= 0) return -1;  /* error or EOF */
+    sock_hb_received_any(); /* for ThreadSanitizer: what the other process saw, we sent */
     p += n;
     len -= (size_t)n;
   }
@@ -356,6 +377,7 @@ int tu_write_all(int fd, const void *buf, size_t len) {
   const unsigned char *p = buf;
   ssize_t n;
 
+  sock_hb_sent_any(); /* for ThreadSanitizer: what the other process does next, follows */
   while (len > 0) {
     n = write(fd, p, len);
     if (n < 0 && errno == EINTR) continue;
@@ -374,6 +396,7 @@ int tu_read_all(int fd, void *buf, size_t len) {
     n = read(fd, p, len);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return -1;
+    sock_hb_received_any();
     p += n;
     len -= (size_t)n;
   }

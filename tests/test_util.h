@@ -50,6 +50,12 @@ ptrdiff_t tu_mismatch(const void *a, const void *b, size_t len);
 
 /** Offset of the first byte of buf that is not c, or -1. */
 ptrdiff_t tu_check_byte(const void *buf, size_t len, unsigned char c);
+/* Until deadline_ms (tu_now_ms): is any byte of the first sample of each stride bytes
+ * of buf[0, len) non-zero? Watches a transfer land: the bytes are read as an outside
+ * observer does, through the kernel (process_vm_readv on this process), since they
+ * arrive with nothing ordering them against this thread (as DMA would). Yields
+ * between scans so the engine's threads run. */
+bool tu_wait_nonzero(const void *buf, size_t len, size_t stride, size_t sample, int64_t deadline_ms);
 
 /** Small deterministic generator for test layouts (splitmix64). */
 uint64_t tu_rand(uint64_t *state);

@@ -237,7 +237,9 @@ void link_flush_some(struct conn *c, size_t budget) {
       if (it->next && it->next->chunk && it->next->chunk->req->cancelled) break;
     }
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+    sock_hb_sent(c->fd); /* before: the bytes built for it; after: sendmsg's own reads */
     ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+    sock_hb_sent(c->fd);
     if (k < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       if (errno == EINTR) continue;
@@ -764,6 +766,7 @@ static void conn_on_readable(struct conn *c) {
       }
       k = recv(c->fd, dst, want, MSG_DONTWAIT);
       if (k > 0) {
+        sock_hb_received(c->fd);
         payload_advance(c, (size_t)k);
         budget = (size_t)k > budget ? 0 : budget - (size_t)k;
         if ((size_t)k < want) break; /* drained: epoll or the driver's poll says when there is more */
@@ -778,6 +781,7 @@ static void conn_on_readable(struct conn *c) {
       size_t room = ENGINE_RXBUF - c->rx_end;
       k = recv(c->fd, c->rxbuf + c->rx_end, room, MSG_DONTWAIT);
       if (k > 0) {
+        sock_hb_received(c->fd);
         c->rx_end += (size_t)k;
         if (c->pay_left > 0) { /* the rest of a payload first */
           size_t have = c->rx_end - c->rx_start, n = have < c->pay_left ? have : c->pay_left;

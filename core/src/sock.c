@@ -150,6 +150,59 @@ int sock_connect(const struct sockaddr_in *sa, uint64_t deadline_ns, HixlStatus 
   return -1;
 }
 
+#if defined(__SANITIZE_THREAD__)
+#define SOCK_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SOCK_TSAN 1
+#endif
+#endif
+
+#ifdef SOCK_TSAN
+#include <sanitizer/tsan_interface.h>
+
+/* One sync object per TCP connection, named by its two endpoints in an order both
+ * ends agree on, so the sender's release and the receiver's acquire meet; a hash
+ * collision only adds order. */
+static char sock_hb_table[4096];
+
+static void *sock_hb_obj(int fd) {
+  struct sockaddr_in a, b;
+  socklen_t la = sizeof(a), lb = sizeof(b);
+  if (getsockname(fd, (struct sockaddr *)&a, &la) != 0 || getpeername(fd, (struct sockaddr *)&b, &lb) != 0 ||
+      a.sin_family != AF_INET || b.sin_family != AF_INET)
+    return NULL;
+  uint64_t x = ((uint64_t)a.sin_addr.s_addr << 16) | a.sin_port,
+           y = ((uint64_t)b.sin_addr.s_addr << 16) | b.sin_port;
+  uint64_t lo = x < y ? x : y, hi = x < y ? y : x,
+           h = (lo * 0x9E3779B97F4A7C15ull) ^ (hi + 0x632BE59BD9B4E019ull);
+  return &sock_hb_table[(h ^ (h >> 29)) % sizeof(sock_hb_table)];
+}
+
+void sock_hb_sent(int fd) {
+  void *o = sock_hb_obj(fd);
+  if (o) __tsan_release(o);
+}
+
+void sock_hb_received(int fd) {
+  void *o = sock_hb_obj(fd);
+  if (o) __tsan_acquire(o);
+}
+
+void sock_hb_received_any(void) {
+  for (size_t i = 0; i < sizeof(sock_hb_table); i++) __tsan_acquire(&sock_hb_table[i]);
+}
+
+void sock_hb_sent_any(void) {
+  for (size_t i = 0; i < sizeof(sock_hb_table); i++) __tsan_release(&sock_hb_table[i]);
+}
+#else
+void sock_hb_sent(int fd) { (void)fd; }
+void sock_hb_received(int fd) { (void)fd; }
+void sock_hb_received_any(void) {}
+void sock_hb_sent_any(void) {}
+#endif
+
 static HixlStatus sock_io_all(int fd, void *buf, size_t n, uint64_t deadline_ns, bool out) {
   uint8_t *p = buf;
   while (n > 0) {
@@ -160,7 +213,10 @@ static HixlStatus sock_io_all(int fd, void *buf, size_t n, uint64_t deadline_ns,
     if (rc < 0 && errno == EINTR) continue;
     if (rc < 0) return hixl_fail(HIXL_FAILED, "poll: %s", strerror(errno));
     if (rc == 0) continue;
+    if (out) sock_hb_sent(fd); /* before the bytes can reach the peer */
     ssize_t k = out ? send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, p, n, MSG_DONTWAIT);
+    if (out) sock_hb_sent(fd);
+    if (!out && k > 0) sock_hb_received(fd);
     if (k < 0 && (errno == EAGAIN || errno == EINTR)) continue;
     if (k < 0) return hixl_fail(HIXL_FAILED, "%s: %s", out ? "send" : "recv", strerror(errno));
     if (k == 0) return hixl_fail(HIXL_FAILED, "peer closed the connection");

@@ -20,6 +20,18 @@ HixlStatus sock_recv_all(int fd, void *buf, size_t n, uint64_t deadline_ns);
 void sock_tune(int fd); /* TCP_NODELAY, buffer sizes, keepalive */
 int sock_set_nonblock(int fd, bool on);
 
+/* ThreadSanitizer cannot see that bytes received on a TCP connection were sent
+ * before: tell it (a send releases the connection, a receive acquires it). Nothing
+ * in a build without TSan. */
+void sock_hb_sent(int fd);
+void sock_hb_received(int fd);
+/* A message from another process by another way (a test's pipe) may follow from
+ * anything this process sent on any connection. */
+void sock_hb_received_any(void);
+/* ... and a message this process sends by another way may lead to anything a peer
+ * then sends it on any connection. */
+void sock_hb_sent_any(void);
+
 uint64_t hixl_now_ns(void); /* CLOCK_MONOTONIC */
 uint64_t hixl_deadline_ns(int32_t timeout_ms);
 
