@@ -841,6 +841,52 @@ static void test_push_two_processes(void) { push_handoff("push", 77, "dec-p"); }
 
 static void test_push_whole(void) { push_handoff("push-whole", 79, "dec-w"); }
 
+/* The consumer's expected push expires after layer 0 landed (its lease is short, the
+ * producer's long): it reports the failure, and only after cutting the producer's
+ * links, so the layers the producer saves later never land in blocks the host may
+ * already have given to another request. */
+static void test_push_expired(void) {
+  struct prefill_args a = {free_port(), 10000, 81, 8};
+  struct child ch;
+  char line[4096], cfg[512];
+  CU_ASSERT_EQUAL_FATAL(child_start(&ch, "push", &a), 0);
+  struct inst d;
+  config_push(cfg, sizeof(cfg), free_port(), "consumer", 1500);
+  ST_IS(inst_up(&d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+  hixl_kv_request r = request("dec-x", 8 * BLOCK_TOKENS, "{\"do_remote_prefill\": true}");
+  int64_t tokens = 0;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(d.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  ST_IS(ops->update_state_after_alloc(d.sched, &r, decode_blocks, 8, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  hixl_kv_buffer params = {0};
+  ST_IS(ops->get_push_params(d.sched, "dec-x", 5, &params), HIXL_KV_SUCCESS);
+  step(&d);
+  write_line(ch.to_child, "params %.*s\n", (int)params.len, (char *)params.data);
+  ops->free_buffer(&params);
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  CU_ASSERT_STRING_EQUAL(line, "saved 0");
+  ST_IS(ops->wait_for_layer_load(d.worker, 0), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(kv_layer_state(&d.kv, 0, 81, decode_blocks, 8), 1);
+  /* the lease runs out while the producer waits for "next" */
+  CU_ASSERT_TRUE(wait_finished(&d, "dec-x", 1, 20000));
+  uint64_t errs[16];
+  CU_ASSERT_EQUAL(load_errors(&d, errs, 16), 8);
+  for (int l = 1; l < LAYERS; l++) { /* the producer saves the rest: its pusher tries to send them */
+    write_line(ch.to_child, "next\n");
+    char want[32];
+    snprintf(want, sizeof(want), "saved %d", l);
+    CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+    CU_ASSERT_STRING_EQUAL(line, want);
+  }
+  write_line(ch.to_child, "next\n");
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000)); /* its pusher has ended */
+  CU_ASSERT_STRING_EQUAL(line, "freed 1 held 0 pushed 0 layers 1");
+  for (int l = 1; l < LAYERS; l++) CU_ASSERT_EQUAL(kv_layer_state(&d.kv, l, 81, decode_blocks, 8), 0);
+  CU_ASSERT_TRUE(others_untouched(&d.kv, decode_blocks, 8, 0xEE));
+  child_end(&ch);
+  inst_down(&d);
+}
+
 /* max_inflight_requests: a producer's scheduler holds at most that many requests for
  * consumers; one more is not held (its blocks free at once, no kv_transfer_params),
  * and a request that finished sending makes room again. */
@@ -960,6 +1006,7 @@ static CU_TestInfo pd_tests[] = {
     {"tensor-parallel size mismatch", test_tp_mismatch},
     {"push, two processes, layer by layer", test_push_two_processes},
     {"push without layer pipelining: all layers after the last", test_push_whole},
+    {"push: the consumer's lease expires mid-push, later layers never land", test_push_expired},
     {"push: the consumer gave too few blocks", test_push_short_of_blocks},
     {"push: no producer comes", test_push_nobody_comes},
     CU_TEST_INFO_NULL,

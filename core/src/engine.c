@@ -1017,6 +1017,24 @@ HixlStatus hixl_engine_link_info(HixlEngine *e, const char *remote, struct hixl_
   return st;
 }
 
+HixlStatus hixl_engine_drop_peer(HixlEngine *e, const char *remote_name, const char *why, size_t *dropped) {
+  CHECK_ARG(remote_name && *remote_name, "hixl_engine_drop_peer: remote_name is NULL or empty");
+  HixlStatus st = engine_enter(e, "hixl_engine_drop_peer");
+  if (st != HIXL_SUCCESS) return st;
+  size_t n = 0;
+  for (struct conn *c = e->conns, *next; c; c = next) {
+    next = c->next; /* a killed link leaves the list for the graveyard */
+    bool his = strcmp(c->remote_name, remote_name) == 0 ||
+               (c->peer && strcmp(c->peer->remote_name, remote_name) == 0);
+    if (c->dead || !his) continue;
+    link_conn_kill(c, HIXL_FAILED, why ? why : "dropped by this engine's user");
+    n++;
+  }
+  pthread_mutex_unlock(&e->lock);
+  if (dropped) *dropped = n;
+  return HIXL_SUCCESS;
+}
+
 /* ---- services (engine_ext.h) ---- */
 
 HixlStatus hixl_engine_set_service(HixlEngine *e, uint16_t service, hixl_call_fn fn, void *ctx) {

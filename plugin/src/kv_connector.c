@@ -242,6 +242,9 @@ static void expects_expire(hixl_kv_connector *c) {
       char why[96];
       snprintf(why, sizeof(why), "no producer wrote all %u layers within lease_ms %u", c->layers,
                c->cfg.lease_ms);
+      /* A producer that accepted may still be writing: its links are cut before the
+       * host hears of the failure and reuses the blocks (see drop_producers). */
+      if (x->producer[0] && !idset_has(&c->drop, x->producer)) idset_add(&c->drop, x->producer);
       expect_end(c, x, why);
     }
   }
@@ -270,6 +273,7 @@ static HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size
   struct kv_expect *x = expect_find(c, id);
   if (op == KV_SVC_ACCEPT) {
     if (x) {
+      snprintf(x->producer, sizeof(x->producer), "%s", peer);
       kv_put_u8(&out, KV_PIN_HELD);
       kv_put_str(&out, c->layout_text, strlen(c->layout_text));
       kv_put_u32(&out, (uint32_t)x->n);
@@ -858,6 +862,7 @@ static hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   }
   idset_clear(&c->pushing);
   idset_clear(&c->holding);
+  idset_clear(&c->drop);
   free(c->saved_step);
   idset_clear(&c->failed);
   idset_clear(&c->gone);
@@ -1511,6 +1516,21 @@ static hixl_kv_status kv_wait_save(hixl_kv_connector *c) {
   return HIXL_KV_SUCCESS;
 }
 
+/* Cut the links of producers whose expected pushes expired (taken from c->drop under
+ * the lock): over tcp and rdma nothing more of theirs lands once this returns, so the
+ * host may reuse the blocks get_finished and get_block_ids_with_load_errors report.
+ * Called without the lock, before either reports. */
+static void drop_producers(hixl_kv_connector *c, struct kv_idset *d) {
+  for (size_t i = 0; i < d->n; i++) {
+    size_t n = 0;
+    hixl_engine_drop_peer(c->eng, d->v[i], "a push it accepted expired on this consumer", &n);
+    if (n)
+      fprintf(stderr, "hixl-kv: cut %zu link(s) with the producer %s: a push it accepted expired\n", n,
+              d->v[i]);
+  }
+  idset_clear(d);
+}
+
 static hixl_kv_status kv_get_finished(hixl_kv_connector *c, const hixl_kv_ids *finished, hixl_kv_ids *sending,
                                       hixl_kv_ids *recving) {
   (void)finished;
@@ -1519,6 +1539,8 @@ static hixl_kv_status kv_get_finished(hixl_kv_connector *c, const hixl_kv_ids *f
   pthread_mutex_lock(&c->lock);
   leases_expire(c);
   expects_expire(c);
+  struct kv_idset drop = c->drop;
+  memset(&c->drop, 0, sizeof(c->drop));
   hixl_kv_ids s = {0}, r = {0};
   int rc = idset_take(&c->sending_done, &s);
   if (rc == 0 && (rc = idset_take(&c->recving_done, &r)) < 0) {
@@ -1527,6 +1549,7 @@ static hixl_kv_status kv_get_finished(hixl_kv_connector *c, const hixl_kv_ids *f
     kv_free_ids(&s);
   }
   pthread_mutex_unlock(&c->lock);
+  drop_producers(c, &drop);
   if (rc < 0) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "get_finished: out of memory");
   *sending = s;
   *recving = r;
@@ -1541,7 +1564,10 @@ static hixl_kv_status kv_load_errors(hixl_kv_connector *c, hixl_kv_blocks *out) 
   size_t n = c->nerr;
   c->err_blocks = NULL;
   c->nerr = c->caperr = 0;
+  struct kv_idset drop = c->drop;
+  memset(&c->drop, 0, sizeof(c->drop));
   pthread_mutex_unlock(&c->lock);
+  drop_producers(c, &drop);
   out->ids = v;
   out->count = n;
   out->raw.data = (uint8_t *)v;

@@ -52,6 +52,7 @@ struct kv_expect {
   uint32_t nlanded;
   uint64_t deadline_ns; /* no producer finished by then: the load fails */
   uint64_t step;        /* the step that bound it: its wait_for_layer_load waits for it */
+  char producer[80];    /* the engine that accepted it (it may write into blocks) */
   struct kv_expect *next;
 };
 
@@ -109,6 +110,7 @@ struct hixl_kv_connector {
   struct kv_load *queue, *queue_tail; /* started, for the loader */
   uint32_t loading;
   struct kv_idset recving_done;
+  struct kv_idset drop; /* push consumer: producers whose expected push expired, cut before it is reported */
   uint64_t *err_blocks;
   size_t nerr, caperr;
   bool loader_on;
