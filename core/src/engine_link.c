@@ -237,9 +237,7 @@ void link_flush_some(struct conn *c, size_t budget) {
       if (it->next && it->next->chunk && it->next->chunk->req->cancelled) break;
     }
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-    sock_hb_sent(c->fd); /* before: the bytes built for it; after: sendmsg's own reads */
-    ssize_t k = sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-    sock_hb_sent(c->fd);
+    ssize_t k = sock_sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (k < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       if (errno == EINTR) continue;

@@ -160,6 +160,15 @@ int sock_connect(const struct sockaddr_in *sa, uint64_t deadline_ns, HixlStatus 
 
 #ifdef SOCK_TSAN
 #include <sanitizer/tsan_interface.h>
+#include <sys/syscall.h>
+void __tsan_read_range(void *addr, unsigned long size); /* libtsan's, not in its header */
+
+ssize_t sock_sendmsg(int fd, const struct msghdr *mh, int flags) {
+  for (size_t i = 0; i < mh->msg_iovlen; i++)
+    __tsan_read_range(mh->msg_iov[i].iov_base, mh->msg_iov[i].iov_len);
+  sock_hb_sent(fd);
+  return syscall(SYS_sendmsg, fd, mh, flags); /* not TSan's sendmsg: it records the reads after */
+}
 
 /* One sync object per TCP connection, named by its two endpoints in an order both
  * ends agree on, so the sender's release and the receiver's acquire meet; a hash
@@ -197,6 +206,7 @@ void sock_hb_sent_any(void) {
   for (size_t i = 0; i < sizeof(sock_hb_table); i++) __tsan_release(&sock_hb_table[i]);
 }
 #else
+ssize_t sock_sendmsg(int fd, const struct msghdr *mh, int flags) { return sendmsg(fd, mh, flags); }
 void sock_hb_sent(int fd) { (void)fd; }
 void sock_hb_received(int fd) { (void)fd; }
 void sock_hb_received_any(void) {}
@@ -213,9 +223,9 @@ static HixlStatus sock_io_all(int fd, void *buf, size_t n, uint64_t deadline_ns,
     if (rc < 0 && errno == EINTR) continue;
     if (rc < 0) return hixl_fail(HIXL_FAILED, "poll: %s", strerror(errno));
     if (rc == 0) continue;
-    if (out) sock_hb_sent(fd); /* before the bytes can reach the peer */
-    ssize_t k = out ? send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, p, n, MSG_DONTWAIT);
-    if (out) sock_hb_sent(fd);
+    struct iovec iov = {p, n};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    ssize_t k = out ? sock_sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT) : recv(fd, p, n, MSG_DONTWAIT);
     if (!out && k > 0) sock_hb_received(fd);
     if (k < 0 && (errno == EAGAIN || errno == EINTR)) continue;
     if (k < 0) return hixl_fail(HIXL_FAILED, "%s: %s", out ? "send" : "recv", strerror(errno));

@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "hixl/hixl_status.h"
 
@@ -20,6 +21,11 @@ HixlStatus sock_recv_all(int fd, void *buf, size_t n, uint64_t deadline_ns);
 void sock_tune(int fd); /* TCP_NODELAY, buffer sizes, keepalive */
 int sock_set_nonblock(int fd, bool on);
 
+/* sendmsg; under ThreadSanitizer the payload's reads are recorded and the
+ * connection released *before* the bytes can reach the peer (TSan's own sendmsg
+ * records them after the call, when the peer may have acted on them already). */
+struct msghdr;
+ssize_t sock_sendmsg(int fd, const struct msghdr *mh, int flags);
 /* ThreadSanitizer cannot see that bytes received on a TCP connection were sent
  * before: tell it (a send releases the connection, a receive acquires it). Nothing
  * in a build without TSan. */
