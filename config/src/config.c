@@ -550,6 +550,38 @@ static bool is_vllm(json_object *root) {
   return false;
 }
 
+/* Offset of the first byte that is not well-formed UTF-8 (RFC 3629), or NOWHERE.
+ * json-c's own check lets overlong forms through. */
+static size_t utf8_invalid(const char *text, size_t len) {
+  const unsigned char *s = (const unsigned char *)text;
+  for (size_t i = 0; i < len;) {
+    unsigned c = s[i];
+    size_t n;
+    unsigned lo = 0x80, hi = 0xBF; /* the allowed range of the second byte */
+    if (c < 0x80) {
+      i++;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      n = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      n = 3;
+      if (c == 0xE0) lo = 0xA0; /* overlong */
+      if (c == 0xED) hi = 0x9F; /* surrogates */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      n = 4;
+      if (c == 0xF0) lo = 0x90; /* overlong */
+      if (c == 0xF4) hi = 0x8F; /* past U+10FFFF */
+    } else {
+      return i; /* 0x80-0xC1 lead bytes, 0xF5-0xFF */
+    }
+    if (i + n > len || s[i + 1] < lo || s[i + 1] > hi) return i;
+    for (size_t k = 2; k < n; k++)
+      if (s[i + k] < 0x80 || s[i + k] > 0xBF) return i;
+    i += n;
+  }
+  return NOWHERE;
+}
+
 static bool parse_json(struct doc *d, json_object **root) {
   const char *t = d->text;
   size_t len = d->len, i = 0;
@@ -563,6 +595,12 @@ static bool parse_json(struct doc *d, json_object **root) {
     add_err(d->er, (size_t)(nul - t), "", "a NUL byte: a JSON document is text");
     return false;
   }
+  size_t bad = utf8_invalid(t, len);
+  if (bad != NOWHERE) {
+    add_err(d->er, bad, "",
+            "invalid UTF-8 (RFC 3629: no overlong forms, surrogates or code points past U+10FFFF)");
+    return false;
+  }
   struct json_tokener *tok = json_tokener_new_ex(HIXL_CONFIG_MAX_DEPTH);
   if (!tok) {
     add_err(d->er, NOWHERE, "", "out of memory");
@@ -573,6 +611,11 @@ static bool parse_json(struct doc *d, json_object **root) {
   json_object *o = json_tokener_parse_ex(tok, t, (int)len);
   enum json_tokener_error je = json_tokener_get_error(tok);
   size_t end = json_tokener_get_parse_end(tok);
+  if (!o && je == json_tokener_continue) { /* a number at the very end may still grow: end it */
+    o = json_tokener_parse_ex(tok, " ", 1);
+    je = json_tokener_get_error(tok);
+    end = len;
+  }
   json_tokener_free(tok);
   if (!o || je != json_tokener_success) {
     json_object_put(o);

@@ -1,0 +1,508 @@
+/* test_config: libhixl-config. Every key's default, valid and invalid values, both
+ * document shapes, document > environment > default with the source of each value,
+ * every error the parser reports with its line:column and path, files, and the round
+ * trip to the engine: the options a configuration yields are what
+ * HixlEngineInitialize takes. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "hixl/hixl_config.h"
+#include "test_util.h"
+
+#define MAXE 32
+
+static HixlConfigError errs[MAXE];
+static size_t nerr;
+
+/* Parse text (NUL-terminated here); *config NULL on failure. */
+static HixlStatus parse(const char *text, HixlConfig **c) {
+  memset(errs, 0, sizeof(errs));
+  nerr = 99;
+  return HixlConfigParse(text, strlen(text), c, errs, MAXE, &nerr);
+}
+
+/* Exactly one error, at line:col (0:0 = no place), on path, saying what. */
+#define ONE_ERROR(text, l, col, p, what)                                                                     \
+  do {                                                                                                       \
+    HixlConfig *c_ = (HixlConfig *)1;                                                                        \
+    CU_ASSERT_EQUAL(parse(text, &c_), HIXL_PARAM_INVALID);                                                   \
+    CU_ASSERT_PTR_NULL(c_);                                                                                  \
+    CU_ASSERT_EQUAL(nerr, 1);                                                                                \
+    if (nerr != 1) {                                                                                         \
+      for (size_t i_ = 0; i_ < nerr && i_ < MAXE; i_++)                                                      \
+        fprintf(stderr, "  %u:%u %s: %s\n", errs[i_].line, errs[i_].column, errs[i_].path,                   \
+                errs[i_].message);                                                                           \
+    }                                                                                                        \
+    CU_ASSERT_EQUAL(errs[0].line, (l));                                                                      \
+    CU_ASSERT_EQUAL(errs[0].column, (col));                                                                  \
+    CU_ASSERT_STRING_EQUAL(errs[0].path, (p));                                                               \
+    if (!strstr(errs[0].message, (what))) {                                                                  \
+      fprintf(stderr, "  message \"%s\" does not say \"%s\"\n", errs[0].message, (what));                    \
+      CU_FAIL("message");                                                                                    \
+    }                                                                                                        \
+  } while (0)
+
+static const char *str_of(const HixlConfig *c, const char *key) {
+  const char *v = NULL;
+  CU_ASSERT_EQUAL(HixlConfigGetString(c, key, &v), HIXL_SUCCESS);
+  return v ? v : "(null)";
+}
+
+static HixlConfigSource src_of(const HixlConfig *c, const char *key, const char **env) {
+  HixlConfigSource s = (HixlConfigSource)99;
+  CU_ASSERT_EQUAL(HixlConfigGetSource(c, key, &s, env), HIXL_SUCCESS);
+  return s;
+}
+
+/* ---- defaults and the table ---- */
+
+static void test_defaults(void) {
+  HixlConfig *c = NULL;
+  CU_ASSERT_EQUAL_FATAL(parse("{}", &c), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(nerr, 0);
+  size_t n = 0;
+  for (const HixlConfigKeyInfo *k; (k = HixlConfigKeyAt(n)) != NULL; n++) {
+    CU_ASSERT_PTR_NOT_NULL(k->doc);
+    CU_ASSERT(k->doc && *k->doc);
+    CU_ASSERT_PTR_NOT_NULL(k->range);
+    if (k->env && getenv(k->env)) continue; /* the environment of this run decides it */
+    CU_ASSERT_STRING_EQUAL(str_of(c, k->name), k->def);
+    CU_ASSERT_EQUAL(src_of(c, k->name, NULL), HIXL_CONFIG_FROM_DEFAULT);
+  }
+  CU_ASSERT(n >= 18); /* 10 connector keys and the engine's 8 options */
+  int64_t v = 0;
+  int b = 0;
+  CU_ASSERT_EQUAL(HixlConfigGetInt(c, "lease_ms", &v), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(v, 30000);
+  CU_ASSERT_EQUAL(HixlConfigGetBool(c, "layer_pipelining", &b), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(b, 1);
+  CU_ASSERT_STRING_EQUAL(str_of(c, "role"), "both");
+  CU_ASSERT_STRING_EQUAL(str_of(c, "BufferPool"), "4:8");
+  HixlConfigFree(c);
+}
+
+/* Every engine option is a key, with the engine's default, env and range. */
+static void test_engine_rows(void) {
+  size_t ne = 0;
+  const HixlEngineOptionInfo *eo = HixlEngineOptionTable(&ne);
+  CU_ASSERT_FATAL(ne >= 8);
+  for (size_t i = 0; i < ne; i++) {
+    const HixlConfigKeyInfo *k = NULL;
+    for (size_t j = 0; (k = HixlConfigKeyAt(j)) != NULL; j++)
+      if (strcmp(k->name, eo[i].name) == 0) break;
+    CU_ASSERT_PTR_NOT_NULL_FATAL(k);
+    CU_ASSERT_EQUAL(k->type, HIXL_CONFIG_ENGINE);
+    CU_ASSERT_STRING_EQUAL(k->def, eo[i].def);
+    CU_ASSERT_STRING_EQUAL(k->range, eo[i].range);
+    CU_ASSERT((k->env == NULL) == (eo[i].env == NULL));
+  }
+}
+
+/* ---- values ---- */
+
+static void test_values(void) {
+  HixlConfig *c = NULL;
+  const char *doc =
+      "{\"address\": \"10.1.2.3:16000\", \"role\": \"producer\", \"mode\": \"push\",\n"
+      " \"lease_ms\": 1, \"load_failure_policy\": \"recompute\", \"max_inflight_requests\": 1048576,\n"
+      " \"layer_pipelining\": false, \"connect_timeout_ms\": 86400000, \"transfer_timeout_ms\": 5,\n"
+      " \"notify_timeout_ms\": 7, \"BufferPool\": \"0:0\", \"RdmaTrafficClass\": 104,\n"
+      " \"RdmaServiceLevel\": \"7\", \"Transport\": \"rdma\", \"RdmaDevice\": \"mlx5_0\",\n"
+      " \"RdmaGidIndex\": 3, \"StagingThreshold\": \"auto\", \"StagingUnregistered\": true}";
+  CU_ASSERT_EQUAL_FATAL(parse(doc, &c), HIXL_SUCCESS);
+  int64_t v = 0;
+  int b = 1;
+  CU_ASSERT_STRING_EQUAL(str_of(c, "address"), "10.1.2.3:16000");
+  CU_ASSERT_STRING_EQUAL(str_of(c, "role"), "producer");
+  CU_ASSERT_STRING_EQUAL(str_of(c, "mode"), "push");
+  CU_ASSERT_EQUAL(HixlConfigGetInt(c, "lease_ms", &v), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(v, 1);
+  CU_ASSERT_EQUAL(HixlConfigGetInt(c, "max_inflight_requests", &v), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(v, 1048576);
+  CU_ASSERT_EQUAL(HixlConfigGetInt(c, "connect_timeout_ms", &v), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(v, 86400000);
+  CU_ASSERT_EQUAL(HixlConfigGetBool(c, "layer_pipelining", &b), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(b, 0);
+  CU_ASSERT_STRING_EQUAL(str_of(c, "RdmaTrafficClass"), "104"); /* a JSON number, as the engine's text */
+  CU_ASSERT_STRING_EQUAL(str_of(c, "RdmaServiceLevel"), "7");
+  CU_ASSERT_STRING_EQUAL(str_of(c, "RdmaGidIndex"), "3");
+  CU_ASSERT_STRING_EQUAL(str_of(c, "StagingUnregistered"), "on"); /* true */
+  CU_ASSERT_EQUAL(src_of(c, "RdmaTrafficClass", NULL), HIXL_CONFIG_FROM_DOCUMENT);
+  /* Types are kept apart. */
+  CU_ASSERT_EQUAL(HixlConfigGetInt(c, "role", &v), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(HixlConfigGetBool(c, "lease_ms", &b), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(HixlConfigGetString(c, "no_such_key", NULL), HIXL_NOT_FOUND);
+  const char *s = NULL;
+  CU_ASSERT_EQUAL(HixlConfigGetString(c, "no_such_key", &s), HIXL_NOT_FOUND);
+  CU_ASSERT_EQUAL(HixlConfigGetString(c, NULL, &s), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(HixlConfigGetString(NULL, "role", &s), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(HixlConfigGetSource(c, "role", NULL, NULL), HIXL_PARAM_INVALID);
+  HixlConfigFree(c);
+  HixlConfigFree(NULL);
+}
+
+/* One invalid value per key: each error names the key and where it is. */
+static void test_bad_values(void) {
+  ONE_ERROR("{\"lease_ms\": -5}", 1, 14, "lease_ms", "-5 is out of range: expected [1,86400000]");
+  ONE_ERROR("{\"lease_ms\": 0}", 1, 14, "lease_ms", "out of range");
+  ONE_ERROR("{\"lease_ms\": 86400001}", 1, 14, "lease_ms", "out of range");
+  ONE_ERROR("{\"lease_ms\": 1.5}", 1, 14, "lease_ms",
+            "expected an integer in [1,86400000], got a fractional");
+  ONE_ERROR("{\"lease_ms\": \"30000\"}", 1, 14, "lease_ms", "got a string");
+  ONE_ERROR("{\"lease_ms\": 99999999999999999999}", 1, 14, "lease_ms", "too large");
+  ONE_ERROR("{\"max_inflight_requests\": 0}", 1, 27, "max_inflight_requests", "out of range");
+  ONE_ERROR("{\"connect_timeout_ms\": null}", 1, 24, "connect_timeout_ms", "got null");
+  ONE_ERROR("{\"role\": \"prefill\"}", 1, 10, "role",
+            "\"prefill\" is not one of: producer | consumer | both");
+  ONE_ERROR("{\"role\": 1}", 1, 10, "role", "expected a string");
+  ONE_ERROR("{\"mode\": \"pul\"}", 1, 10, "mode", "pull | push");
+  ONE_ERROR("{\"load_failure_policy\": \"retry\"}", 1, 25, "load_failure_policy", "fail | recompute");
+  ONE_ERROR("{\"layer_pipelining\": \"yes\"}", 1, 22, "layer_pipelining", "expected true or false");
+  ONE_ERROR("{\"address\": \"localhost:1\"}", 1, 13, "address", "not an IPv4 address");
+  ONE_ERROR("{\"address\": \"1.2.3:4\"}", 1, 13, "address", "not an IPv4 address");
+  ONE_ERROR("{\"address\": \"127.0.0.1:65536\"}", 1, 13, "address", "not in [0,65535]");
+  ONE_ERROR("{\"address\": \":5\"}", 1, 13, "address", "is not \"ip\" or \"ip:port\"");
+  ONE_ERROR("{\"RdmaTrafficClass\": 130}", 1, 22, "RdmaTrafficClass", "130 is not a multiple of 4");
+  ONE_ERROR("{\"RdmaTrafficClass\": \"130\"}", 1, 22, "RdmaTrafficClass", "not a multiple of 4");
+  ONE_ERROR("{\"RdmaTrafficClass\": 256}", 1, 22, "RdmaTrafficClass", "expected [0,255], a multiple of 4");
+  ONE_ERROR("{\"RdmaTrafficClass\": -4}", 1, 22, "RdmaTrafficClass", "is not valid");
+  ONE_ERROR("{\"RdmaTrafficClass\": true}", 1, 22, "RdmaTrafficClass", "expected a string or an integer");
+  ONE_ERROR("{\"RdmaServiceLevel\": 8}", 1, 22, "RdmaServiceLevel", "expected [0,7]");
+  ONE_ERROR("{\"BufferPool\": \"4x8\"}", 1, 16, "BufferPool", "\"NUM:SIZE_MB\"");
+  ONE_ERROR("{\"BufferPool\": \"0:8\"}", 1, 16, "BufferPool", "is not valid");
+  ONE_ERROR("{\"BufferPool\": 4}", 1, 16, "BufferPool", "expected a string");
+  ONE_ERROR("{\"Transport\": \"udp\"}", 1, 15, "Transport", "auto | tcp | rdma | shm");
+  ONE_ERROR("{\"RdmaGidIndex\": 256}", 1, 18, "RdmaGidIndex", "auto, or [0,255]");
+  ONE_ERROR("{\"StagingThreshold\": 1048577}", 1, 22, "StagingThreshold", "[0,1048576]");
+  ONE_ERROR("{\"StagingUnregistered\": \"maybe\"}", 1, 25, "StagingUnregistered", "on | off");
+  ONE_ERROR("{\"RdmaDevice\": \"a/b\"}", 1, 16, "RdmaDevice", "is not valid");
+  /* Valid edges. */
+  const char *ok[] = {"{\"address\": \"127.0.0.1\"}",       "{\"address\": \"127.0.0.1:0\"}",
+                      "{\"address\": \"127.0.0.1:65535\"}", "{\"address\": \"\"}",
+                      "{\"RdmaTrafficClass\": 0}",          "{\"RdmaTrafficClass\": 252}",
+                      "{\"RdmaServiceLevel\": 0}",          "{\"StagingThreshold\": 0}",
+                      "{\"BufferPool\": \"1024:4096\"}",    "{\"StagingUnregistered\": \"off\"}"};
+  for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+    HixlConfig *c = NULL;
+    CU_ASSERT_EQUAL(parse(ok[i], &c), HIXL_SUCCESS);
+    if (nerr) fprintf(stderr, "  %s: %s\n", ok[i], errs[0].message);
+    HixlConfigFree(c);
+  }
+}
+
+/* ---- the document itself ---- */
+
+static void test_bad_documents(void) {
+  ONE_ERROR("", 0, 0, "", "the document is empty");
+  ONE_ERROR(" \n\t ", 0, 0, "", "the document is empty");
+  ONE_ERROR("[]", 1, 1, "", "the document is an array: expected a JSON object");
+  ONE_ERROR("  5", 1, 3, "", "is an integer: expected a JSON object");
+  ONE_ERROR("\"x\"", 1, 1, "", "is a string");
+  ONE_ERROR("{\"role\": \"both\"} {}", 1, 18, "", "trailing text after the document");
+  ONE_ERROR("{\"role\": \"both\"}\n\nx", 3, 1, "", "trailing text");
+  ONE_ERROR("{\"role\":\n \"both\",\n \"lease_ms\": 5", 3, 15, "", "the document ends early");
+  ONE_ERROR("{\"role\": \"both\",, }", 1, 17, "", "not JSON");
+  ONE_ERROR("{'role': 'both'}", 1, 10, "", "not JSON"); /* json-c tells where it gave up */
+  ONE_ERROR("{\"role\": \"both\" /* c */}", 1, 17, "", "not JSON");
+  ONE_ERROR("{\"a\":[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]}", 1, 21, "", "nesting deeper than 16");
+  ONE_ERROR("{\"role\": \"\xff\"}", 1, 11, "", "invalid UTF-8");
+  ONE_ERROR("{\"role\": \"\xc0\xaf\"}", 1, 11, "", "invalid UTF-8");            /* overlong '/' */
+  ONE_ERROR("{\"role\": \"\xed\xa0\x80\"}", 1, 11, "", "invalid UTF-8");        /* a surrogate, encoded */
+  ONE_ERROR("{\"address\": \"\xf4\x90\x80\x80\"}", 1, 14, "", "invalid UTF-8"); /* past U+10FFFF */
+  ONE_ERROR("{\"address\": \"\xe2\x82\"}", 1, 14, "", "invalid UTF-8");         /* cut short */
+  /* A NUL byte: the length says where the document ends, not the NUL. */
+  const char nul[] = "{\"role\": \"both\"\0}";
+  HixlConfig *c = (HixlConfig *)1;
+  CU_ASSERT_EQUAL(HixlConfigParse(nul, sizeof(nul) - 1, &c, errs, MAXE, &nerr), HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_NULL(c);
+  CU_ASSERT_EQUAL(nerr, 1);
+  CU_ASSERT_EQUAL(errs[0].column, 16);
+  CU_ASSERT_PTR_NOT_NULL(strstr(errs[0].message, "NUL byte"));
+  /* Over 1 MiB: refused before it is parsed. */
+  size_t big = HIXL_CONFIG_MAX_BYTES + 1;
+  char *b = malloc(big);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+  memset(b, ' ', big);
+  b[0] = '{';
+  b[big - 1] = '}';
+  c = (HixlConfig *)1;
+  CU_ASSERT_EQUAL(HixlConfigParse(b, big, &c, errs, MAXE, &nerr), HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_NULL(c);
+  CU_ASSERT_PTR_NOT_NULL(strstr(errs[0].message, "at most 1048576"));
+  CU_ASSERT_EQUAL(HixlConfigParse(b, big - 1, &c, errs, MAXE, &nerr), HIXL_PARAM_INVALID); /* '{' + spaces */
+  b[big - 2] = '}';
+  CU_ASSERT_EQUAL(HixlConfigParse(b, big - 1, &c, errs, MAXE, &nerr), HIXL_SUCCESS); /* exactly 1 MiB */
+  HixlConfigFree(c);
+  free(b);
+}
+
+/* A repeated key is an error at the second, naming the first; json-c alone would
+ * keep the last silently. An escaped spelling is the same key. */
+static void test_duplicates(void) {
+  ONE_ERROR("{\n  \"lease_ms\": 5,\n  \"role\": \"both\",\n  \"lease_ms\": 6\n}", 4, 3, "lease_ms",
+            "duplicate key (first at 2:3)");
+  ONE_ERROR("{\"role\": \"both\", \"r\\u006fle\": \"both\"}", 1, 18, "role", "first at 1:2");
+  ONE_ERROR(
+      "{\"kv_connector\": \"H\", \"kv_connector_extra_config\": {\"mode\": \"pull\", \"mode\": \"push\"}}", 1,
+      69, "kv_connector_extra_config.mode", "duplicate key (first at 1:53)");
+  /* The same name in two different objects is not a repetition. */
+  HixlConfig *c = NULL;
+  CU_ASSERT_EQUAL(parse("{\"kv_role\": \"kv_both\", \"kv_connector_extra_config\": {\"kv_role\": 1}}", &c),
+                  HIXL_PARAM_INVALID); /* kv_role is not a hixl key: one error, not two */
+  CU_ASSERT_EQUAL(nerr, 1);
+  CU_ASSERT_STRING_EQUAL(errs[0].path, "kv_connector_extra_config.kv_role");
+}
+
+static void test_unknown_keys(void) {
+  ONE_ERROR("{\"adress\": \"127.0.0.1:1\"}", 1, 2, "adress",
+            "unknown key \"adress\"; did you mean \"address\"?");
+  ONE_ERROR("{\"bufferpool\": \"4:8\"}", 1, 2, "bufferpool", "did you mean \"BufferPool\"?");
+  ONE_ERROR("{\"lease\": 5}", 1, 2, "lease", "unknown key \"lease\"");
+  ONE_ERROR("{\"zzzzzzzz\": 5}", 1, 2, "zzzzzzzz", "hixl-config reference");
+}
+
+/* Every independent error of a document in one parse, in document order; the total
+ * even when fewer fit. */
+static void test_all_errors(void) {
+  const char *doc = "{\n"
+                    "  \"role\": \"producr\",\n"
+                    "  \"lease_ms\": -5,\n"
+                    "  \"RdmaTrafficClass\": 130,\n"
+                    "  \"adress\": \"x\",\n"
+                    "  \"layer_pipelining\": \"yes\"\n"
+                    "}\n";
+  HixlConfig *c = (HixlConfig *)1;
+  CU_ASSERT_EQUAL(parse(doc, &c), HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_NULL(c);
+  CU_ASSERT_EQUAL_FATAL(nerr, 5);
+  const char *paths[5] = {"role", "lease_ms", "RdmaTrafficClass", "adress", "layer_pipelining"};
+  for (unsigned i = 0; i < 5; i++) {
+    CU_ASSERT_EQUAL(errs[i].line, i + 2);
+    CU_ASSERT_STRING_EQUAL(errs[i].path, paths[i]);
+  }
+  HixlConfigError two[2];
+  size_t n = 0;
+  CU_ASSERT_EQUAL(HixlConfigParse(doc, strlen(doc), &c, two, 2, &n), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(n, 5);
+  CU_ASSERT_EQUAL(HixlConfigParse(doc, strlen(doc), &c, NULL, 0, &n), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(n, 5);
+  CU_ASSERT_EQUAL(HixlConfigParse(doc, strlen(doc), &c, NULL, 0, NULL), HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_NULL(c);
+}
+
+static void test_args(void) {
+  HixlConfig *c = (HixlConfig *)1;
+  CU_ASSERT_EQUAL(HixlConfigParse("{}", 2, NULL, errs, MAXE, &nerr), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(HixlConfigParse(NULL, 5, &c, errs, MAXE, &nerr), HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_NULL(c);
+  CU_ASSERT_EQUAL(HixlConfigParseFile(NULL, &c, errs, MAXE, &nerr), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(HixlConfigParseFile("/x", NULL, errs, MAXE, &nerr), HIXL_PARAM_INVALID);
+  const HixlOption *o;
+  size_t n;
+  CU_ASSERT_EQUAL(HixlConfigEngineOptions(NULL, &o, &n), HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_NULL(HixlConfigKeyAt(1000));
+}
+
+/* ---- vLLM's shape ---- */
+
+static void test_vllm_shape(void) {
+  HixlConfig *c = NULL;
+  const char *doc =
+      "{\"kv_connector\": \"HixlConnector\", \"kv_role\": \"kv_producer\", \"kv_rank\": 0,\n"
+      " \"kv_parallel_size\": 2, \"kv_load_failure_policy\": \"recompute\", \"engine_id\": \"e1\",\n"
+      " \"kv_connector_extra_config\": {\"address\": \"10.0.0.1:16000\", \"lease_ms\": 60000,\n"
+      "   \"RdmaTrafficClass\": \"104\"}}";
+  CU_ASSERT_EQUAL_FATAL(parse(doc, &c), HIXL_SUCCESS);
+  int64_t v = 0;
+  CU_ASSERT_STRING_EQUAL(str_of(c, "role"), "producer");
+  CU_ASSERT_STRING_EQUAL(str_of(c, "load_failure_policy"), "recompute");
+  CU_ASSERT_STRING_EQUAL(str_of(c, "address"), "10.0.0.1:16000");
+  CU_ASSERT_EQUAL(HixlConfigGetInt(c, "lease_ms", &v), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(v, 60000);
+  CU_ASSERT_EQUAL(src_of(c, "role", NULL), HIXL_CONFIG_FROM_DOCUMENT);
+  HixlConfigFree(c);
+  /* Errors inside carry the full path and their own place. */
+  ONE_ERROR("{\"kv_connector\": \"H\",\n \"kv_connector_extra_config\": {\n  \"lease_ms\": -1}}", 3, 15,
+            "kv_connector_extra_config.lease_ms", "out of range");
+  ONE_ERROR("{\"kv_role\": \"kv_consumer\", \"kv_connector_extra_config\": {\"role\": \"producer\"}}", 1, 13,
+            "kv_role",
+            "kv_role \"kv_consumer\" means role \"consumer\", but kv_connector_extra_config.role says");
+  ONE_ERROR("{\"kv_role\": \"consumer\"}", 1, 13, "kv_role", "kv_producer | kv_consumer | kv_both");
+  ONE_ERROR("{\"kv_connector\": \"H\", \"lease_ms\": 5}", 1, 23, "lease_ms",
+            "goes inside kv_connector_extra_config");
+  ONE_ERROR("{\"kv_connector\": \"H\", \"kv_rol\": \"kv_both\"}", 1, 23, "kv_rol",
+            "did you mean \"kv_role\"?");
+  ONE_ERROR("{\"kv_connector\": \"H\", \"kv_connector_extra_config\": [1]}", 1, 52,
+            "kv_connector_extra_config", "expected an object");
+  ONE_ERROR("{\"kv_connector\": 5}", 1, 18, "kv_connector", "expected a string");
+  /* Agreeing twice is fine. */
+  c = NULL;
+  CU_ASSERT_EQUAL(
+      parse("{\"kv_role\": \"kv_both\", \"kv_connector_extra_config\": {\"role\": \"both\"}}", &c),
+      HIXL_SUCCESS);
+  HixlConfigFree(c);
+}
+
+/* ---- environment ---- */
+
+static void test_env(void) {
+  HixlConfig *c = NULL;
+  const char *env = NULL;
+  setenv("HCCL_RDMA_TC", "104", 1);
+  setenv("HCCL_RDMA_SL", "2", 1);
+  CU_ASSERT_EQUAL_FATAL(parse("{\"RdmaServiceLevel\": 5}", &c), HIXL_SUCCESS);
+  CU_ASSERT_STRING_EQUAL(str_of(c, "RdmaTrafficClass"), "104"); /* env over default */
+  CU_ASSERT_EQUAL(src_of(c, "RdmaTrafficClass", &env), HIXL_CONFIG_FROM_ENV);
+  CU_ASSERT_STRING_EQUAL(env ? env : "", "HCCL_RDMA_TC");
+  CU_ASSERT_STRING_EQUAL(str_of(c, "RdmaServiceLevel"), "5"); /* document over env */
+  CU_ASSERT_EQUAL(src_of(c, "RdmaServiceLevel", &env), HIXL_CONFIG_FROM_DOCUMENT);
+  CU_ASSERT_PTR_NULL(env);
+  HixlConfigFree(c);
+  setenv("HCCL_RDMA_TC", "abc", 1);
+  ONE_ERROR("{}", 0, 0, "RdmaTrafficClass", "environment HCCL_RDMA_TC=\"abc\"");
+  setenv("HCCL_RDMA_TC", "130", 1);
+  ONE_ERROR("{\"role\": \"both\"}", 0, 0, "RdmaTrafficClass", "not a multiple of 4");
+  c = NULL; /* a bad env value does not matter when the document sets the key */
+  CU_ASSERT_EQUAL(parse("{\"RdmaTrafficClass\": 8}", &c), HIXL_SUCCESS);
+  HixlConfigFree(c);
+  unsetenv("HCCL_RDMA_TC");
+  unsetenv("HCCL_RDMA_SL");
+  c = NULL;
+  CU_ASSERT_EQUAL_FATAL(parse("{}", &c), HIXL_SUCCESS);
+  CU_ASSERT_STRING_EQUAL(str_of(c, "RdmaTrafficClass"), "132");
+  CU_ASSERT_EQUAL(src_of(c, "RdmaTrafficClass", NULL), HIXL_CONFIG_FROM_DEFAULT);
+  HixlConfigFree(c);
+}
+
+/* ---- the round trip to the engine ---- */
+
+static void test_engine_options(void) {
+  HixlConfig *c = NULL;
+  CU_ASSERT_EQUAL_FATAL(
+      parse("{\"address\": \"127.0.0.1\", \"Transport\": \"tcp\", \"RdmaTrafficClass\": 104,"
+            " \"BufferPool\": \"2:1\", \"StagingUnregistered\": true}",
+            &c),
+      HIXL_SUCCESS);
+  const HixlOption *o = NULL;
+  size_t n = 0, ne = 0;
+  HixlEngineOptionTable(&ne);
+  CU_ASSERT_EQUAL(HixlConfigEngineOptions(c, &o, &n), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(n, ne); /* every engine option, each explicit */
+  bool tc = false, pool = false;
+  for (size_t i = 0; i < n; i++) {
+    CU_ASSERT_EQUAL(HixlEngineCheckOption(o[i].key, o[i].value), HIXL_SUCCESS);
+    tc |= strcmp(o[i].key, "RdmaTrafficClass") == 0 && strcmp(o[i].value, "104") == 0;
+    pool |= strcmp(o[i].key, "BufferPool") == 0 && strcmp(o[i].value, "2:1") == 0;
+  }
+  CU_ASSERT_TRUE(tc);
+  CU_ASSERT_TRUE(pool);
+  /* An engine takes them, and behaves as one given the same options: it moves bytes
+   * to a second engine configured from a document too. */
+  HixlEngine *a = NULL, *b = NULL;
+  char addr[TU_ADDR_LEN], doc[256];
+  tu_addr(addr, sizeof(addr), tu_free_port());
+  snprintf(doc, sizeof(doc), "{\"address\": \"%s\", \"Transport\": \"tcp\"}", addr);
+  HixlConfig *cb = NULL;
+  CU_ASSERT_EQUAL_FATAL(parse(doc, &cb), HIXL_SUCCESS);
+  const HixlOption *ob;
+  size_t nb;
+  HixlConfigEngineOptions(cb, &ob, &nb);
+  CU_ASSERT_EQUAL_FATAL(HixlEngineCreate(&a), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL_FATAL(HixlEngineCreate(&b), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL_FATAL(HixlEngineInitialize(a, str_of(c, "address"), o, n), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL_FATAL(HixlEngineInitialize(b, str_of(cb, "address"), ob, nb), HIXL_SUCCESS);
+  static unsigned char src[4096], dst[4096];
+  tu_fill(src, sizeof(src), 7);
+  memset(dst, 0, sizeof(dst));
+  HixlMemHandle ha, hb;
+  HixlMemDesc ma = {(uintptr_t)src, sizeof(src)}, mb = {(uintptr_t)dst, sizeof(dst)};
+  CU_ASSERT_EQUAL(HixlEngineRegisterMem(a, &ma, HIXL_MEM_HOST, &ha), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(HixlEngineRegisterMem(b, &mb, HIXL_MEM_HOST, &hb), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL_FATAL(HixlEngineConnect(a, addr, 5000), HIXL_SUCCESS);
+  HixlTransferOpDesc op = {(uintptr_t)src, (uintptr_t)dst, sizeof(src)};
+  CU_ASSERT_EQUAL(HixlEngineTransferSync(a, addr, HIXL_WRITE, &op, 1, 5000), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(tu_check_pattern(dst, sizeof(dst), 7), -1);
+  HixlEngineDestroy(a);
+  HixlEngineDestroy(b);
+  HixlConfigFree(c);
+  HixlConfigFree(cb);
+}
+
+/* ---- files ---- */
+
+static void test_files(void) {
+  char dir[] = "/tmp/hixl-config-XXXXXX", path[128];
+  HixlConfig *c = (HixlConfig *)1;
+  CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+  snprintf(path, sizeof(path), "%s/missing.json", dir);
+  CU_ASSERT_EQUAL(HixlConfigParseFile(path, &c, errs, MAXE, &nerr), HIXL_FAILED);
+  CU_ASSERT_PTR_NULL(c);
+  CU_ASSERT_EQUAL(nerr, 1);
+  CU_ASSERT_EQUAL(errs[0].line, 0);
+  CU_ASSERT_PTR_NOT_NULL(strstr(errs[0].message, "No such file"));
+  CU_ASSERT_EQUAL(HixlConfigParseFile(dir, &c, errs, MAXE, &nerr), HIXL_FAILED);
+  CU_ASSERT_PTR_NOT_NULL(strstr(errs[0].message, "not a regular file"));
+  /* empty */
+  snprintf(path, sizeof(path), "%s/empty.json", dir);
+  int fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0600);
+  CU_ASSERT_FATAL(fd >= 0);
+  close(fd);
+  CU_ASSERT_EQUAL(HixlConfigParseFile(path, &c, errs, MAXE, &nerr), HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(errs[0].message, "empty"));
+  /* unreadable (as root, permissions do not stop reading: checked only as another user) */
+  if (geteuid() != 0) {
+    chmod(path, 0);
+    CU_ASSERT_EQUAL(HixlConfigParseFile(path, &c, errs, MAXE, &nerr), HIXL_FAILED);
+    CU_ASSERT_PTR_NOT_NULL(strstr(errs[0].message, "Permission denied"));
+  }
+  unlink(path);
+  /* over 1 MiB */
+  snprintf(path, sizeof(path), "%s/big.json", dir);
+  FILE *f = fopen(path, "w");
+  CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+  fputc('{', f);
+  for (size_t i = 0; i < HIXL_CONFIG_MAX_BYTES; i++) fputc(' ', f);
+  fputc('}', f);
+  fclose(f);
+  CU_ASSERT_EQUAL(HixlConfigParseFile(path, &c, errs, MAXE, &nerr), HIXL_FAILED);
+  CU_ASSERT_PTR_NOT_NULL(strstr(errs[0].message, "at most 1048576"));
+  unlink(path);
+  /* a good one, with its errors' places in lines */
+  snprintf(path, sizeof(path), "%s/ok.json", dir);
+  f = fopen(path, "w");
+  CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+  fputs("{\n  \"role\": \"consumer\",\n  \"lease_ms\": 100\n}\n", f);
+  fclose(f);
+  CU_ASSERT_EQUAL(HixlConfigParseFile(path, &c, errs, MAXE, &nerr), HIXL_SUCCESS);
+  CU_ASSERT_STRING_EQUAL(str_of(c, "role"), "consumer");
+  HixlConfigFree(c);
+  unlink(path);
+  rmdir(dir);
+}
+
+int main(void) {
+  unsetenv("HCCL_RDMA_TC");
+  unsetenv("HCCL_RDMA_SL");
+  CU_TestInfo table[] = {{"every key has a valid default", test_defaults},
+                         {"every engine option is a key", test_engine_rows},
+                         {"valid values read back typed", test_values},
+                         {"each invalid value: path, line:column, what is allowed", test_bad_values},
+                         {"bad documents", test_bad_documents},
+                         {"duplicate keys", test_duplicates},
+                         {"unknown keys and suggestions", test_unknown_keys},
+                         {"every error of a document at once", test_all_errors},
+                         {"arguments", test_args},
+                         {"vLLM's --kv-transfer-config shape", test_vllm_shape},
+                         {"document, then environment, then default", test_env},
+                         {"engine options an engine takes", test_engine_options},
+                         {"files", test_files},
+                         CU_TEST_INFO_NULL};
+  CU_SuiteInfo suites[] = {{"config", NULL, NULL, NULL, NULL, table}, CU_SUITE_INFO_NULL};
+  if (CU_initialize_registry() != CUE_SUCCESS || CU_register_suites(suites) != CUE_SUCCESS) return 1;
+  return tu_run_registry();
+}

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# hixl-config as an operator runs it: every example checks, a bad document's errors
+# come as FILE:LINE:COL: key: message with exit 1, show --json is JSON with the
+# source of each value, --help works on every form, and `reference` is exactly the
+# key table in docs/config.md.
+set -euo pipefail
+tool=$1 src=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "test_config_cli: $*" >&2; exit 1; }
+
+"$tool" check "$src"/config/examples/*.json >"$work/out"
+[ "$(grep -c ': ok$' "$work/out")" -eq "$(ls "$src"/config/examples/*.json | wc -l)" ] || fail "an example does not check"
+
+printf '{\n  "role": "producr",\n  "lease_ms": 5,\n  "lease_ms": 6\n}\n' >"$work/bad.json"
+if "$tool" check "$work/bad.json" 2>"$work/err"; then fail "check passed a bad document"; fi
+grep -qxF "$work/bad.json:2:11: role: \"producr\" is not one of: producer | consumer | both" "$work/err" ||
+  { cat "$work/err"; fail "check's first error is not FILE:LINE:COL: key: message"; }
+grep -qxF "$work/bad.json:4:3: lease_ms: duplicate key (first at 3:3); each key may appear once" "$work/err" ||
+  { cat "$work/err"; fail "check did not list the second error"; }
+set +e
+"$tool" check "$work/nothing.json" 2>"$work/err"; rc=$?
+set -e
+[ $rc -eq 1 ] && grep -q "No such file or directory" "$work/err" || fail "a missing file: rc $rc"
+
+echo '{"role": "consumer", "RdmaServiceLevel": 3}' >"$work/ok.json"
+HCCL_RDMA_TC=104 "$tool" show --json "$work/ok.json" >"$work/show.json"
+python3 - "$work/show.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+k = d["keys"]
+assert d["shape"] == "hixl", d
+assert k["RdmaTrafficClass"] == {"value": "104", "source": "env HCCL_RDMA_TC"}, k["RdmaTrafficClass"]
+assert k["role"] == {"value": "consumer", "source": "document 1:10"}, k["role"]
+assert k["lease_ms"] == {"value": 30000, "source": "default"}, k["lease_ms"]
+assert k["layer_pipelining"]["value"] is True
+PY
+HCCL_RDMA_TC=104 "$tool" show "$work/ok.json" | grep -q '^RdmaTrafficClass  *104  *(env HCCL_RDMA_TC)$' || fail "show"
+"$tool" show - <"$work/ok.json" | grep -q '^role  *consumer  *(document 1:10)$' || fail "show from stdin"
+
+for form in "" check show reference; do
+  # shellcheck disable=SC2086
+  "$tool" $form --help | grep -q "^usage: hixl-config check" || fail "--help after '$form'"
+done
+set +e
+"$tool" frobnicate >/dev/null 2>&1; rc=$?
+set -e
+[ $rc -eq 2 ] || fail "an unknown command: rc $rc, want 2"
+
+"$tool" reference >"$work/ref.md"
+sed -n '/^<!-- BEGIN hixl-config reference -->$/,/^<!-- END hixl-config reference -->$/p' "$src/docs/config.md" |
+  sed '1d;$d' >"$work/doc.md"
+diff -u "$work/doc.md" "$work/ref.md" >&2 || fail "docs/config.md's key table differs from hixl-config reference: regenerate it"
+echo "test_config_cli: examples, errors, show, --help and the reference in docs/config.md agree"
