@@ -1,0 +1,790 @@
+/* test_cache: the cache manager (HixlCacheManager*, seed 003) between two processes.
+ *
+ * A child process (forked before this one opens any engine, so nothing of verbs is
+ * inherited) holds cluster 2: a contiguous cache (2 layers x K,V, 4 batch items) and a
+ * blocks cache (3 layers x K,V, 1024 blocks of 64 bytes), filled with a pattern. This
+ * process is cluster 1 with caches of the same shapes, filled with a sentinel, and
+ * pulls and pushes between them. Every transfer is checked byte for byte, including
+ * that the bytes outside the asked layers, blocks and items are untouched; the number
+ * of engine ops is read from the stats. Over Transport auto (shm on one host), again
+ * over tcp (test_cache_tcp), and over rdma in the soft-RoCE guest. */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine_ext.h"
+#include "test_util.h"
+
+enum {
+  C_LAYERS = 2,
+  C_TENSORS = 4,
+  C_BATCH = 4,
+  C_ITEM = 128, /* 64 elements of 2 bytes */
+  B_LAYERS = 3,
+  B_TENSORS = 6,
+  B_BLOCKS = 1024,
+  B_BLOCK = 64, /* 32 elements of 2 bytes */
+  ELEM = 2,
+  SENTINEL = 0xEE,
+  CLUSTER_ME = 1,
+  CLUSTER_PEER = 2,
+  PEER_REQ = 7, /* the CacheKey req of the peer's contiguous cache, item 0 */
+  PEER_MODEL = 5,
+  TIMEOUT = 5000,
+};
+
+/* Byte j of tensor t of a pattern. */
+static uint8_t pat(uint64_t seed, uint32_t t, size_t j) {
+  uint64_t x = (seed << 48) ^ ((uint64_t)t << 32) ^ j;
+  x *= 0x9E3779B97F4A7C15ull;
+  x ^= x >> 29;
+  return (uint8_t)(x >> 24);
+}
+
+struct caches {
+  uint8_t *c[C_TENSORS]; /* C_BATCH * C_ITEM each */
+  uint8_t *b[B_TENSORS]; /* B_BLOCKS * B_BLOCK each */
+};
+
+static void caches_alloc(struct caches *k) {
+  for (int t = 0; t < C_TENSORS; t++) k->c[t] = malloc(C_BATCH * C_ITEM);
+  for (int t = 0; t < B_TENSORS; t++) k->b[t] = malloc(B_BLOCKS * B_BLOCK);
+}
+
+static void caches_fill(struct caches *k, uint64_t seed) {
+  for (uint32_t t = 0; t < C_TENSORS; t++)
+    for (size_t j = 0; j < C_BATCH * C_ITEM; j++) k->c[t][j] = seed ? pat(seed, t, j) : SENTINEL;
+  for (uint32_t t = 0; t < B_TENSORS; t++)
+    for (size_t j = 0; j < B_BLOCKS * B_BLOCK; j++) k->b[t][j] = seed ? pat(seed, 100 + t, j) : SENTINEL;
+}
+
+static HixlCacheDesc desc_c(void) {
+  HixlCacheDesc d = {C_TENSORS, ELEM, 2, {C_BATCH, C_ITEM / ELEM}, HIXL_CACHE_HOST};
+  return d;
+}
+
+static HixlCacheDesc desc_b(void) {
+  HixlCacheDesc d = {B_TENSORS, ELEM, 2, {B_BLOCKS, B_BLOCK / ELEM}, HIXL_CACHE_HOST};
+  return d;
+}
+
+static HixlStatus register_both(HixlCacheManager *m, struct caches *k, uint64_t req, uint64_t model,
+                                uint64_t *idc, uint64_t *idb) {
+  HixlCacheDesc dc = desc_c(), db = desc_b();
+  HixlCacheKey key = HIXL_CACHE_KEY_INIT(CLUSTER_PEER, req);
+  HixlBlocksCacheKey bkey = {CLUSTER_PEER, model};
+  uintptr_t ac[C_TENSORS], ab[B_TENSORS];
+  for (int t = 0; t < C_TENSORS; t++) ac[t] = (uintptr_t)k->c[t];
+  for (int t = 0; t < B_TENSORS; t++) ab[t] = (uintptr_t)k->b[t];
+  HixlStatus st =
+      HixlCacheManagerRegisterCache(m, &dc, ac, C_TENSORS, &key, req ? 1 : 0, HIXL_CACHE_ACCESS_REMOTE, idc);
+  if (st == HIXL_SUCCESS)
+    st = HixlCacheManagerRegisterBlocksCache(m, &db, ab, B_TENSORS, model ? &bkey : NULL,
+                                             HIXL_CACHE_ACCESS_REMOTE, idb);
+  return st;
+}
+
+/* ---- the peer process ---- */
+
+enum { P_INIT, P_GET, P_FILL, P_UNREG_B, P_REG_B, P_QUIT };
+
+struct pcmd {
+  int32_t op;
+  uint32_t port, which, tensor; /* P_GET: which 0 contiguous, 1 blocks */
+  uint64_t seed;
+};
+
+struct prep {
+  int32_t st;
+  uint64_t idc, idb;
+  uint64_t addrs_b[B_TENSORS];
+  uint32_t len; /* P_GET: that many bytes follow */
+};
+
+static int to_peer = -1, from_peer = -1;
+static pid_t peer_pid = -1;
+static char peer_addr[TU_ADDR_LEN];
+
+static void peer_main(int in, int out) {
+  struct caches k;
+  HixlEngine *e = NULL;
+  HixlCacheManager *m = NULL;
+  struct pcmd c;
+  caches_alloc(&k);
+  while (tu_read_all(in, &c, sizeof(c)) == 0) {
+    struct prep r = {0};
+    const uint8_t *data = NULL;
+    if (c.op == P_INIT) {
+      char addr[TU_ADDR_LEN];
+      caches_fill(&k, c.seed);
+      e = tu_engine_start(tu_addr(addr, sizeof(addr), (uint16_t)c.port));
+      r.st = e ? HixlCacheManagerCreate(e, CLUSTER_PEER, &m) : HIXL_FAILED;
+      if (r.st == HIXL_SUCCESS) r.st = register_both(m, &k, PEER_REQ, PEER_MODEL, &r.idc, &r.idb);
+    } else if (c.op == P_GET) {
+      data = c.which ? k.b[c.tensor] : k.c[c.tensor];
+      r.len = c.which ? B_BLOCKS * B_BLOCK : C_BATCH * C_ITEM;
+    } else if (c.op == P_FILL) {
+      caches_fill(&k, c.seed);
+    } else if (c.op == P_UNREG_B) {
+      r.st = HixlCacheManagerUnregisterCache(m, c.seed);
+    } else if (c.op == P_REG_B) {
+      HixlCacheDesc db = desc_b();
+      HixlBlocksCacheKey bkey = {CLUSTER_PEER, PEER_MODEL};
+      uintptr_t ab[B_TENSORS];
+      for (int t = 0; t < B_TENSORS; t++) ab[t] = (uintptr_t)k.b[t];
+      r.st =
+          HixlCacheManagerRegisterBlocksCache(m, &db, ab, B_TENSORS, &bkey, HIXL_CACHE_ACCESS_REMOTE, &r.idb);
+    }
+    for (int t = 0; t < B_TENSORS; t++) r.addrs_b[t] = (uintptr_t)k.b[t];
+    if (tu_write_all(out, &r, sizeof(r)) != 0 || (data && tu_write_all(out, data, r.len) != 0)) break;
+    if (c.op == P_QUIT) break;
+  }
+  if (m) HixlCacheManagerDestroy(m);
+  if (e) HixlEngineDestroy(e);
+  _exit(0);
+}
+
+static struct prep peer(int op, uint32_t which, uint32_t tensor, uint64_t seed, uint8_t *data) {
+  struct pcmd c = {op, 0, which, tensor, seed};
+  struct prep r = {.st = -1};
+  if (tu_write_all(to_peer, &c, sizeof(c)) != 0 || tu_read_all(from_peer, &r, sizeof(r)) != 0) {
+    r.st = -1;
+    return r;
+  }
+  if (r.len && (!data || tu_read_all(from_peer, data, r.len) != 0)) r.st = -1;
+  return r;
+}
+
+/* ---- this process: cluster 1 ---- */
+
+static HixlEngine *eng;
+static HixlCacheManager *mgr;
+static struct caches mine;
+static uint64_t my_c, my_b;     /* local cache ids */
+static uint64_t peer_c, peer_b; /* the peer's */
+static uint64_t peer_addrs[B_TENSORS];
+static const uint64_t PEER_SEED = 41;
+
+static HixlCacheAnyKey blocks_key(void) {
+  HixlCacheAnyKey k = {.kind = HIXL_CACHE_KEY_BLOCKS};
+  k.u.blocks = (HixlBlocksCacheKey){CLUSTER_PEER, PEER_MODEL};
+  return k;
+}
+
+static uint64_t ops_now(void) {
+  HixlCacheStats s;
+  CU_ASSERT_EQUAL(HixlCacheManagerGetStats(mgr, &s), HIXL_SUCCESS);
+  return s.engine_ops;
+}
+
+/* Local block db of tensor t holds the peer's block sb of tensor t (pattern). */
+static bool my_block_is(uint32_t t, uint64_t db, uint64_t sb, uint64_t seed) {
+  for (size_t j = 0; j < B_BLOCK; j++)
+    if (mine.b[t][db * B_BLOCK + j] != pat(seed, 100 + t, sb * B_BLOCK + j)) return false;
+  return true;
+}
+
+/* Every local block byte except the (t, block) pairs marked in moved is the sentinel. */
+static bool my_blocks_untouched(const bool moved[B_TENSORS][B_BLOCKS]) {
+  for (uint32_t t = 0; t < B_TENSORS; t++)
+    for (size_t b = 0; b < B_BLOCKS; b++) {
+      if (moved && moved[t][b]) continue;
+      if (tu_check_byte(mine.b[t] + b * B_BLOCK, B_BLOCK, SENTINEL) >= 0) return false;
+    }
+  return true;
+}
+
+static int suite_init(void) {
+  caches_alloc(&mine);
+  caches_fill(&mine, 0);
+  char addr[TU_ADDR_LEN];
+  uint16_t port = tu_free_port();
+  tu_addr(peer_addr, sizeof(peer_addr), port);
+  struct pcmd c = {P_INIT, port, 0, 0, PEER_SEED};
+  struct prep r;
+  if (tu_write_all(to_peer, &c, sizeof(c)) != 0 || tu_read_all(from_peer, &r, sizeof(r)) != 0 || r.st != 0) {
+    fprintf(stderr, "test_cache: the peer did not start\n");
+    return 1;
+  }
+  peer_c = r.idc;
+  peer_b = r.idb;
+  memcpy(peer_addrs, r.addrs_b, sizeof(peer_addrs));
+  eng = tu_engine_start(tu_addr(addr, sizeof(addr), 0));
+  if (!eng || HixlCacheManagerCreate(eng, CLUSTER_ME, &mgr) != HIXL_SUCCESS) return 1;
+  if (register_both(mgr, &mine, 0, 0, &my_c, &my_b) != HIXL_SUCCESS) return 1;
+  return HixlCacheManagerLink(mgr, CLUSTER_PEER, peer_addr, TIMEOUT) == HIXL_SUCCESS ? 0 : 1;
+}
+
+static int suite_clean(void) {
+  if (mgr) HixlCacheManagerDestroy(mgr);
+  if (eng) HixlEngineDestroy(eng);
+  return 0;
+}
+
+static void reset_mine(void) { caches_fill(&mine, 0); }
+
+/* ---- arguments ---- */
+
+static void test_args(void) {
+  HixlCacheManager *m2 = NULL;
+  uint64_t id = 0;
+  HixlCacheDesc d = desc_b();
+  uintptr_t a[B_TENSORS];
+  for (int t = 0; t < B_TENSORS; t++) a[t] = (uintptr_t)mine.b[t];
+  HixlCacheAnyKey k = blocks_key();
+  uint64_t sb[1] = {0}, db[1] = {0};
+  HixlCacheStats s;
+  TU_ASSERT_STATUS(HixlCacheManagerCreate(NULL, 3, &m2), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerCreate(eng, 3, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerCreate(eng, 3, &m2), HIXL_PARAM_INVALID); /* one per engine */
+  CU_ASSERT_PTR_NULL(m2);
+  TU_ASSERT_STATUS(HixlCacheManagerDestroy(NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerLink(NULL, 2, peer_addr, TIMEOUT), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerLink(mgr, 9, NULL, TIMEOUT), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerLink(mgr, CLUSTER_PEER, peer_addr, TIMEOUT), HIXL_ALREADY_CONNECTED);
+  TU_ASSERT_STATUS(HixlCacheManagerLink(mgr, 9, peer_addr, TIMEOUT),
+                   HIXL_PARAM_INVALID); /* it is cluster 2 */
+  TU_ASSERT_STATUS(HixlCacheManagerUnlink(mgr, 9, TIMEOUT), HIXL_NOT_CONNECTED);
+  TU_ASSERT_STATUS(HixlCacheManagerRegisterBlocksCache(NULL, &d, a, B_TENSORS, NULL, 0, &id),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerRegisterBlocksCache(mgr, NULL, a, B_TENSORS, NULL, 0, &id),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerRegisterBlocksCache(mgr, &d, NULL, B_TENSORS, NULL, 0, &id),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerRegisterBlocksCache(mgr, &d, a, B_TENSORS - 1, NULL, 0, &id),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerRegisterBlocksCache(mgr, &d, a, B_TENSORS, NULL, 0, NULL),
+                   HIXL_PARAM_INVALID);
+  HixlCacheDesc bad = d;
+  bad.num_dims = 0;
+  TU_ASSERT_STATUS(HixlCacheManagerRegisterBlocksCache(mgr, &bad, a, B_TENSORS, NULL, 0, &id),
+                   HIXL_PARAM_INVALID);
+  bad = d;
+  bad.elem_size = 0;
+  TU_ASSERT_STATUS(HixlCacheManagerRegisterBlocksCache(mgr, &bad, a, B_TENSORS, NULL, 0, &id),
+                   HIXL_PARAM_INVALID);
+  bad = d;
+  bad.placement = HIXL_CACHE_DEVICE;
+  TU_ASSERT_STATUS(HixlCacheManagerRegisterBlocksCache(mgr, &bad, a, B_TENSORS, NULL, 0, &id),
+                   HIXL_UNSUPPORTED);
+  TU_ASSERT_STATUS(HixlCacheManagerUnregisterCache(mgr, 999999), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(NULL, &k, my_b, sb, 1, db, 1, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, NULL, my_b, sb, 1, db, 1, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, 999999, sb, 1, db, 1, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, my_b, NULL, 1, db, 1, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerPullCache(mgr, NULL, my_c, 0, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerPushBlocks(mgr, NULL, my_b, sb, 1, db, 1, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerPushCache(mgr, NULL, my_c, 0, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerGetStats(NULL, &s), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerGetStats(mgr, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerRemapRegisteredMemory(mgr, NULL, 0), HIXL_UNSUPPORTED);
+  TU_ASSERT_STATUS(HixlCacheTaskSynchronize(NULL, 10), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheTaskDestroy(NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerTransferCacheAsync(mgr, my_b, NULL, NULL, 0, NULL, NULL),
+                   HIXL_PARAM_INVALID);
+  CU_ASSERT_TRUE(my_blocks_untouched(NULL));
+  CU_ASSERT(HIXL_CACHE_MAX_ADDRS >= 240);
+}
+
+/* ---- blocks ---- */
+
+static void test_pull_blocks(void) {
+  static bool moved[B_TENSORS][B_BLOCKS];
+  const uint64_t sb[] = {3, 4, 5, 10, 1023}, db[] = {0, 1, 2, 20, 7};
+  HixlCacheAnyKey k = blocks_key();
+  reset_mine();
+  memset(moved, 0, sizeof(moved));
+  uint64_t ops0 = ops_now();
+  TU_ASSERT_OK(HixlCacheManagerPullBlocks(mgr, &k, my_b, sb, 5, db, 5, NULL));
+  /* 3,4,5 -> 0,1,2 is one run; 10 -> 20 and 1023 -> 7 one each: 3 ops per tensor */
+  CU_ASSERT_EQUAL(ops_now() - ops0, 3 * B_TENSORS);
+  for (uint32_t t = 0; t < B_TENSORS; t++)
+    for (int i = 0; i < 5; i++) {
+      CU_ASSERT_TRUE(my_block_is(t, db[i], sb[i], PEER_SEED));
+      moved[t][db[i]] = true;
+    }
+  CU_ASSERT_TRUE(my_blocks_untouched((const bool(*)[B_BLOCKS])moved));
+}
+
+/* 1024 contiguous blocks of a tensor: one op, not 1024. */
+static void test_coalescing(void) {
+  static uint64_t all[B_BLOCKS];
+  for (size_t i = 0; i < B_BLOCKS; i++) all[i] = i;
+  HixlCacheAnyKey k = blocks_key();
+  reset_mine();
+  uint64_t ops0 = ops_now();
+  TU_ASSERT_OK(HixlCacheManagerPullBlocks(mgr, &k, my_b, all, B_BLOCKS, all, B_BLOCKS, NULL));
+  CU_ASSERT_EQUAL(ops_now() - ops0, B_TENSORS);
+  for (uint32_t t = 0; t < B_TENSORS; t++)
+    for (size_t b = 0; b < B_BLOCKS; b += 97) CU_ASSERT_TRUE(my_block_is(t, b, b, PEER_SEED));
+  CU_ASSERT_TRUE(my_block_is(5, B_BLOCKS - 1, B_BLOCKS - 1, PEER_SEED));
+  /* every other block: no two adjacent, one op each */
+  static uint64_t odd[B_BLOCKS / 2];
+  for (size_t i = 0; i < B_BLOCKS / 2; i++) odd[i] = 2 * i + 1;
+  ops0 = ops_now();
+  TU_ASSERT_OK(HixlCacheManagerPullBlocks(mgr, &k, my_b, odd, B_BLOCKS / 2, odd, B_BLOCKS / 2, NULL));
+  CU_ASSERT_EQUAL(ops_now() - ops0, (uint64_t)B_TENSORS * B_BLOCKS / 2);
+}
+
+/* A layer range moves those layers' tensors only; one tensor per layer too. */
+static void test_layer_ranges(void) {
+  static bool moved[B_TENSORS][B_BLOCKS];
+  const uint64_t sb[] = {8, 9}, db[] = {100, 101};
+  HixlCacheAnyKey k = blocks_key();
+  HixlCacheTransferArgs a = HIXL_CACHE_TRANSFER_ARGS_INIT;
+  reset_mine();
+  memset(moved, 0, sizeof(moved));
+  a.src_layer_start = a.dst_layer_start = 1;
+  a.src_layer_count = a.dst_layer_count = 1;
+  TU_ASSERT_OK(HixlCacheManagerPullBlocks(mgr, &k, my_b, sb, 2, db, 2, &a));
+  for (uint32_t t = 2; t < 4; t++) /* layer 1: tensors 2 (K) and 3 (V) */
+    for (int i = 0; i < 2; i++) {
+      CU_ASSERT_TRUE(my_block_is(t, db[i], sb[i], PEER_SEED));
+      moved[t][db[i]] = true;
+    }
+  CU_ASSERT_TRUE(my_blocks_untouched((const bool(*)[B_BLOCKS])moved));
+  /* tensor_num_per_layer 1: six one-tensor layers; layer 4 is tensor 4 */
+  a.tensor_num_per_layer = 1;
+  a.src_layer_start = a.dst_layer_start = 4;
+  TU_ASSERT_OK(HixlCacheManagerPullBlocks(mgr, &k, my_b, sb, 2, db, 2, &a));
+  for (int i = 0; i < 2; i++) {
+    CU_ASSERT_TRUE(my_block_is(4, db[i], sb[i], PEER_SEED));
+    moved[4][db[i]] = true;
+  }
+  CU_ASSERT_TRUE(my_blocks_untouched((const bool(*)[B_BLOCKS])moved));
+  /* a range past the last layer: refused, nothing moved */
+  a.tensor_num_per_layer = 2;
+  a.src_layer_start = a.dst_layer_start = 2;
+  a.src_layer_count = a.dst_layer_count = 2;
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, my_b, sb, 2, db, 2, &a), HIXL_PARAM_INVALID);
+  a.tensor_num_per_layer = 4; /* does not divide 6 */
+  a.src_layer_start = a.dst_layer_start = 0;
+  a.src_layer_count = a.dst_layer_count = 1;
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, my_b, sb, 2, db, 2, &a), HIXL_PARAM_INVALID);
+  CU_ASSERT_TRUE(my_blocks_untouched((const bool(*)[B_BLOCKS])moved));
+}
+
+static void test_push_blocks(void) {
+  const uint64_t sb[] = {0, 1, 2, 3, 600}, db[] = {500, 501, 502, 503, 2};
+  HixlBlocksCacheKey k = {CLUSTER_PEER, PEER_MODEL};
+  static uint8_t got[B_BLOCKS * B_BLOCK];
+  caches_fill(&mine, 77);
+  TU_ASSERT_OK(HixlCacheManagerPushBlocks(mgr, &k, my_b, sb, 5, db, 5, NULL));
+  for (uint32_t t = 0; t < B_TENSORS; t++) {
+    CU_ASSERT_EQUAL_FATAL(peer(P_GET, 1, t, 0, got).st, 0);
+    for (size_t b = 0; b < B_BLOCKS; b++) {
+      int i = -1;
+      for (int x = 0; x < 5; x++)
+        if (db[x] == b) i = x;
+      for (size_t j = 0; j < B_BLOCK; j++) {
+        uint8_t want =
+            i >= 0 ? pat(77, 100 + t, sb[i] * B_BLOCK + j) : pat(PEER_SEED, 100 + t, b * B_BLOCK + j);
+        if (got[b * B_BLOCK + j] != want) {
+          tu_fail(__FILE__, __LINE__, "peer tensor %u block %zu byte %zu: got 0x%02x, want 0x%02x", t, b, j,
+                  got[b * B_BLOCK + j], want);
+          t = B_TENSORS;
+          b = B_BLOCKS;
+          break;
+        }
+      }
+    }
+  }
+  CU_ASSERT_EQUAL(peer(P_FILL, 0, 0, PEER_SEED, NULL).st, 0);
+}
+
+/* ---- contiguous ---- */
+
+static void test_contiguous(void) {
+  HixlCacheAnyKey k = {.kind = HIXL_CACHE_KEY_REQ};
+  k.u.req = (HixlCacheKey)HIXL_CACHE_KEY_INIT(CLUSTER_PEER, PEER_REQ);
+  reset_mine();
+  /* by CacheKey: the peer's item 0 into local item 2 */
+  TU_ASSERT_OK(HixlCacheManagerPullCache(mgr, &k, my_c, 2, NULL));
+  for (uint32_t t = 0; t < C_TENSORS; t++) {
+    for (size_t j = 0; j < C_ITEM; j++)
+      if (mine.c[t][2 * C_ITEM + j] != pat(PEER_SEED, t, j)) {
+        tu_fail(__FILE__, __LINE__, "item 2 of tensor %u byte %zu", t, j);
+        break;
+      }
+    CU_ASSERT_EQUAL(tu_check_byte(mine.c[t], 2 * C_ITEM, SENTINEL), -1);
+    CU_ASSERT_EQUAL(tu_check_byte(mine.c[t] + 3 * C_ITEM, C_ITEM, SENTINEL), -1);
+  }
+  /* by cache id and batch index, half an item (size), layer 1 only, into item 0 */
+  HixlCacheAnyKey ki = {.kind = HIXL_CACHE_KEY_ID};
+  ki.u.id = (HixlCacheKeyByIdAndIndex){CLUSTER_PEER, peer_c, 3};
+  HixlCacheTransferArgs a = HIXL_CACHE_TRANSFER_ARGS_INIT;
+  a.size = C_ITEM / 2;
+  a.src_layer_start = a.dst_layer_start = 1;
+  a.src_layer_count = a.dst_layer_count = 1;
+  TU_ASSERT_OK(HixlCacheManagerPullCache(mgr, &ki, my_c, 0, &a));
+  for (uint32_t t = 0; t < C_TENSORS; t++) {
+    bool layer1 = t >= 2;
+    for (size_t j = 0; j < C_ITEM; j++) {
+      uint8_t want = layer1 && j < C_ITEM / 2 ? pat(PEER_SEED, t, 3 * C_ITEM + j) : SENTINEL;
+      if (mine.c[t][j] != want) {
+        tu_fail(__FILE__, __LINE__, "item 0 of tensor %u byte %zu: got 0x%02x want 0x%02x", t, j,
+                mine.c[t][j], want);
+        break;
+      }
+    }
+  }
+  /* blocks from a contiguous source: its item fills the destination blocks in order
+   * (2 blocks of 64 bytes = the 128-byte item), for the source's 2 layers */
+  const uint64_t db[] = {41, 40};
+  reset_mine();
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, my_b, NULL, 0, db, 2, NULL),
+                   HIXL_PARAM_INVALID); /* 4 vs 6 */
+  HixlCacheTransferArgs two = HIXL_CACHE_TRANSFER_ARGS_INIT;
+  two.src_layer_count = two.dst_layer_count = C_LAYERS;
+  TU_ASSERT_OK(HixlCacheManagerPullBlocks(mgr, &k, my_b, NULL, 0, db, 2, &two));
+  static bool moved[B_TENSORS][B_BLOCKS];
+  memset(moved, 0, sizeof(moved));
+  for (uint32_t t = 0; t < C_TENSORS; t++) {
+    for (int i = 0; i < 2; i++) {
+      for (size_t j = 0; j < B_BLOCK; j++)
+        if (mine.b[t][db[i] * B_BLOCK + j] != pat(PEER_SEED, t, (size_t)i * B_BLOCK + j)) {
+          tu_fail(__FILE__, __LINE__, "tensor %u block %llu byte %zu", t, (unsigned long long)db[i], j);
+          break;
+        }
+      moved[t][db[i]] = true;
+    }
+  }
+  CU_ASSERT_TRUE(my_blocks_untouched((const bool(*)[B_BLOCKS])moved));
+  /* push: local item 1 into the peer's item 2 */
+  caches_fill(&mine, 88);
+  HixlCacheKeyByIdAndIndex dk = {CLUSTER_PEER, peer_c, 2};
+  TU_ASSERT_OK(HixlCacheManagerPushCache(mgr, &dk, my_c, 1, NULL));
+  static uint8_t got[C_BATCH * C_ITEM];
+  for (uint32_t t = 0; t < C_TENSORS; t++) {
+    CU_ASSERT_EQUAL_FATAL(peer(P_GET, 0, t, 0, got).st, 0);
+    for (size_t j = 0; j < C_BATCH * C_ITEM; j++) {
+      size_t item = j / C_ITEM;
+      uint8_t want = item == 2 ? pat(88, t, C_ITEM + j % C_ITEM) : pat(PEER_SEED, t, j);
+      if (got[j] != want) {
+        tu_fail(__FILE__, __LINE__, "peer tensor %u byte %zu: got 0x%02x want 0x%02x", t, j, got[j], want);
+        break;
+      }
+    }
+  }
+  CU_ASSERT_EQUAL(peer(P_FILL, 0, 0, PEER_SEED, NULL).st, 0);
+}
+
+/* ---- layouts checked before a byte moves ---- */
+
+static void test_mismatches(void) {
+  HixlCacheAnyKey k = blocks_key();
+  const uint64_t sb[] = {1, 2}, db[] = {1, 2};
+  reset_mine();
+  /* element size 4 here, 2 there (same bytes per block) */
+  HixlCacheDesc d = {B_TENSORS, 4, 2, {B_BLOCKS, B_BLOCK / 4}, HIXL_CACHE_HOST};
+  static uint8_t *other[B_TENSORS];
+  uintptr_t a[B_TENSORS];
+  for (int t = 0; t < B_TENSORS; t++) {
+    other[t] = malloc(B_BLOCKS * B_BLOCK * 2);
+    memset(other[t], SENTINEL, B_BLOCKS * B_BLOCK * 2);
+    a[t] = (uintptr_t)other[t];
+  }
+  uint64_t id = 0;
+  TU_ASSERT_OK(
+      HixlCacheManagerRegisterBlocksCache(mgr, &d, a, B_TENSORS, NULL, HIXL_CACHE_ACCESS_REMOTE, &id));
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, id, sb, 2, db, 2, NULL), HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(HixlGetLastErrorMessage(), "element size 2"));
+  CU_ASSERT_PTR_NOT_NULL(strstr(HixlGetLastErrorMessage(), "against 4"));
+  TU_ASSERT_OK(HixlCacheManagerUnregisterCache(mgr, id));
+  /* block size 128 here, 64 there */
+  d = (HixlCacheDesc){B_TENSORS, ELEM, 2, {B_BLOCKS, 2 * B_BLOCK / ELEM}, HIXL_CACHE_HOST};
+  TU_ASSERT_OK(
+      HixlCacheManagerRegisterBlocksCache(mgr, &d, a, B_TENSORS, NULL, HIXL_CACHE_ACCESS_REMOTE, &id));
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, id, sb, 2, db, 2, NULL), HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(HixlGetLastErrorMessage(), "block size"));
+  TU_ASSERT_OK(HixlCacheManagerUnregisterCache(mgr, id));
+  /* tensor count 4 here, 6 there */
+  d = (HixlCacheDesc){4, ELEM, 2, {B_BLOCKS, B_BLOCK / ELEM}, HIXL_CACHE_HOST};
+  TU_ASSERT_OK(HixlCacheManagerRegisterBlocksCache(mgr, &d, a, 4, NULL, HIXL_CACHE_ACCESS_REMOTE, &id));
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, id, sb, 2, db, 2, NULL), HIXL_PARAM_INVALID);
+  fprintf(stderr, "  [tensor count: %s]\n", HixlGetLastErrorMessage());
+  TU_ASSERT_OK(HixlCacheManagerUnregisterCache(mgr, id));
+  for (int t = 0; t < B_TENSORS; t++) {
+    CU_ASSERT_EQUAL(tu_check_byte(other[t], B_BLOCKS * B_BLOCK * 2, SENTINEL), -1);
+    free(other[t]);
+  }
+  /* block indexes out of range on either side, lists of different lengths */
+  const uint64_t far[] = {1, B_BLOCKS};
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, my_b, far, 2, db, 2, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, my_b, sb, 2, far, 2, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, my_b, sb, 2, db, 1, NULL), HIXL_PARAM_INVALID);
+  /* a contiguous local cache with the blocks calls, and the other way round */
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, my_c, sb, 2, db, 2, NULL), HIXL_PARAM_INVALID);
+  HixlCacheAnyKey ki = {.kind = HIXL_CACHE_KEY_ID};
+  ki.u.id = (HixlCacheKeyByIdAndIndex){CLUSTER_PEER, peer_b, 0};
+  TU_ASSERT_STATUS(HixlCacheManagerPullCache(mgr, &ki, my_c, 0, NULL), HIXL_PARAM_INVALID);
+  CU_ASSERT_TRUE(my_blocks_untouched(NULL));
+  for (int t = 0; t < C_TENSORS; t++)
+    CU_ASSERT_EQUAL(tu_check_byte(mine.c[t], C_BATCH * C_ITEM, SENTINEL), -1);
+}
+
+/* A key that names nothing there is NOT_FOUND; so is a cache the peer unregistered
+ * after this side remembered it; registered again, it is found again. */
+static void test_not_found(void) {
+  const uint64_t sb[] = {1}, db[] = {1};
+  HixlCacheAnyKey k = blocks_key();
+  HixlCacheAnyKey nokey = {.kind = HIXL_CACHE_KEY_REQ};
+  nokey.u.req = (HixlCacheKey)HIXL_CACHE_KEY_INIT(CLUSTER_PEER, 99);
+  reset_mine();
+  TU_ASSERT_STATUS(HixlCacheManagerPullCache(mgr, &nokey, my_c, 0, NULL), HIXL_NOT_FOUND);
+  HixlCacheAnyKey noid = {.kind = HIXL_CACHE_KEY_ID};
+  noid.u.id = (HixlCacheKeyByIdAndIndex){CLUSTER_PEER, 424242, 0};
+  TU_ASSERT_STATUS(HixlCacheManagerPullCache(mgr, &noid, my_c, 0, NULL), HIXL_NOT_FOUND);
+  TU_ASSERT_OK(HixlCacheManagerPullBlocks(mgr, &k, my_b, sb, 1, db, 1, NULL)); /* remembered now */
+  CU_ASSERT_EQUAL_FATAL(peer(P_UNREG_B, 0, 0, peer_b, NULL).st, 0);
+  reset_mine();
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, my_b, sb, 1, db, 1, NULL), HIXL_NOT_FOUND);
+  CU_ASSERT_TRUE(my_blocks_untouched(NULL));
+  struct prep r = peer(P_REG_B, 0, 0, 0, NULL);
+  CU_ASSERT_EQUAL_FATAL(r.st, 0);
+  CU_ASSERT_NOT_EQUAL(r.idb, peer_b); /* ids are never reused */
+  peer_b = r.idb;
+  TU_ASSERT_OK(HixlCacheManagerPullBlocks(mgr, &k, my_b, sb, 1, db, 1, NULL));
+  CU_ASSERT_TRUE(my_block_is(0, 1, 1, PEER_SEED));
+}
+
+/* ---- layer-pipelined async transfer ---- */
+
+struct gate {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  uint32_t released; /* layers [0, released) may go */
+  uint32_t asked;    /* the highest layer asked about, + 1 */
+};
+
+static int gate_sync(void *ctx, uint32_t layer, int32_t timeout_ms) {
+  struct gate *g = ctx;
+  int64_t end = tu_now_ms() + timeout_ms;
+  pthread_mutex_lock(&g->lock);
+  if (layer + 1 > g->asked) g->asked = layer + 1;
+  pthread_cond_broadcast(&g->cond);
+  while (layer >= g->released && tu_now_ms() < end) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 2000000;
+    if (ts.tv_nsec >= 1000000000) {
+      ts.tv_sec++;
+      ts.tv_nsec -= 1000000000;
+    }
+    pthread_cond_timedwait(&g->cond, &g->lock, &ts);
+  }
+  int ok = layer < g->released;
+  pthread_mutex_unlock(&g->lock);
+  return ok;
+}
+
+static void gate_release(struct gate *g, uint32_t n) {
+  pthread_mutex_lock(&g->lock);
+  g->released = n;
+  pthread_cond_broadcast(&g->cond);
+  pthread_mutex_unlock(&g->lock);
+}
+
+/* Has layer l of the peer's blocks sb[] received pattern seed (1), is it untouched
+ * (0), or neither (-1)? */
+static int peer_layer_state(uint32_t l, const uint64_t *sb, size_t n, uint64_t seed) {
+  static uint8_t got[B_BLOCKS * B_BLOCK];
+  bool all_new = true, all_old = true;
+  for (uint32_t t = 2 * l; t < 2 * l + 2; t++) {
+    if (peer(P_GET, 1, t, 0, got).st != 0) return -2;
+    for (size_t i = 0; i < n; i++)
+      for (size_t j = 0; j < B_BLOCK; j++) {
+        uint8_t x = got[sb[i] * B_BLOCK + j];
+        all_new &= x == pat(seed, 100 + t, sb[i] * B_BLOCK + j);
+        all_old &= x == pat(PEER_SEED, 100 + t, sb[i] * B_BLOCK + j);
+      }
+  }
+  return all_new ? 1 : all_old ? 0 : -1;
+}
+
+static void test_async_pipelined(void) {
+  static const uint64_t blocks[] = {10, 11, 12, 300};
+  struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+  HixlLayerSynchronizer sync = {gate_sync, &g, 20000};
+  uintptr_t dst[B_TENSORS];
+  for (int t = 0; t < B_TENSORS; t++) dst[t] = (uintptr_t)peer_addrs[t];
+  HixlCacheTransferConfig cfg = {CLUSTER_PEER, dst, B_TENSORS, 0, 0, 0};
+  HixlCacheAsyncArgs a = {blocks, 4, blocks, 4, 0, 0, 30000};
+  HixlCacheTask *task = NULL;
+  caches_fill(&mine, 99);
+  TU_ASSERT_OK_FATAL(HixlCacheManagerTransferCacheAsync(mgr, my_b, &sync, &cfg, 1, &a, &task));
+  for (uint32_t l = 0; l < B_LAYERS; l++) {
+    /* the task waits for layer l's release: nothing of it has reached the peer */
+    pthread_mutex_lock(&g.lock);
+    while (g.asked < l + 1) pthread_cond_wait(&g.cond, &g.lock);
+    pthread_mutex_unlock(&g.lock);
+    for (uint32_t m = l; m < B_LAYERS; m++) CU_ASSERT_EQUAL(peer_layer_state(m, blocks, 4, 99), 0);
+    gate_release(&g, l + 1);
+    /* it lands (over tcp piece by piece) while later layers wait */
+    int64_t end = tu_now_ms() + 10000;
+    int s;
+    while ((s = peer_layer_state(l, blocks, 4, 99)) != 1 && s >= -1 && tu_now_ms() < end) sched_yield();
+    CU_ASSERT_EQUAL(s, 1);
+  }
+  TU_ASSERT_OK(HixlCacheTaskSynchronize(task, 10000));
+  int64_t t0 = tu_now_ms();
+  TU_ASSERT_OK(HixlCacheTaskSynchronize(task, 10000)); /* ended: at once */
+  CU_ASSERT(tu_now_ms() - t0 < 1000);
+  HixlStatus res[1] = {12345};
+  TU_ASSERT_OK(HixlCacheTaskGetResults(task, res, 1));
+  CU_ASSERT_EQUAL(res[0], HIXL_SUCCESS);
+  TU_ASSERT_OK(HixlCacheTaskDestroy(task));
+  /* blocks not in the list are the peer's own */
+  const uint64_t others[] = {9, 13, 299, 301};
+  for (uint32_t l = 0; l < B_LAYERS; l++) CU_ASSERT_EQUAL(peer_layer_state(l, others, 4, 99), 0);
+  CU_ASSERT_EQUAL(peer(P_FILL, 0, 0, PEER_SEED, NULL).st, 0);
+}
+
+/* A synchronizer that never releases layer 1: the task fails naming it, in time;
+ * layer 0 went, layer 1 never did. */
+static void test_async_not_ready(void) {
+  static const uint64_t blocks[] = {50, 51};
+  struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 1, 0};
+  HixlLayerSynchronizer sync = {gate_sync, &g, 300};
+  uintptr_t dst[B_TENSORS];
+  for (int t = 0; t < B_TENSORS; t++) dst[t] = (uintptr_t)peer_addrs[t];
+  HixlCacheTransferConfig cfg = {CLUSTER_PEER, dst, B_TENSORS, 0, 0, 0};
+  HixlCacheAsyncArgs a = {blocks, 2, blocks, 2, 0, 0, 10000};
+  HixlCacheTask *task = NULL;
+  caches_fill(&mine, 55);
+  int64_t t0 = tu_now_ms();
+  TU_ASSERT_OK_FATAL(HixlCacheManagerTransferCacheAsync(mgr, my_b, &sync, &cfg, 1, &a, &task));
+  HixlStatus st = HixlCacheTaskSynchronize(task, 8000);
+  CU_ASSERT(st == HIXL_FAILED || st == HIXL_TIMEOUT);
+  CU_ASSERT_PTR_NOT_NULL(strstr(HixlGetLastErrorMessage(), "layer 1"));
+  CU_ASSERT(tu_now_ms() - t0 < 5000);
+  HixlStatus res[1] = {0};
+  TU_ASSERT_OK(HixlCacheTaskGetResults(task, res, 1));
+  CU_ASSERT(res[0] == HIXL_FAILED || res[0] == HIXL_TIMEOUT);
+  TU_ASSERT_OK(HixlCacheTaskDestroy(task));
+  CU_ASSERT_EQUAL(peer_layer_state(0, blocks, 2, 55), 1);
+  CU_ASSERT_EQUAL(peer_layer_state(1, blocks, 2, 55), 0);
+  CU_ASSERT_EQUAL(peer_layer_state(2, blocks, 2, 55), 0);
+  CU_ASSERT_EQUAL(peer(P_FILL, 0, 0, PEER_SEED, NULL).st, 0);
+}
+
+/* A stopped peer (SIGSTOP). A lookup needs it to answer: TIMEOUT within the
+ * transfer's timeout. Over tcp and rdma a transfer to it ends TIMEOUT on time too, and
+ * an async task's Synchronize says TIMEOUT at the caller's bound, then the task ends at
+ * its own deadline. Over shm the bytes move through the kernel without the peer
+ * running: the remembered cache is pulled, every byte. */
+static void test_stopped_peer(void) {
+  static const uint64_t blocks[] = {70, 71};
+  struct hixl_link_info li;
+  TU_ASSERT_OK_FATAL(hixl_engine_link_info(eng, peer_addr, &li));
+  bool shm = strcmp(li.transport, "shm") == 0;
+  HixlCacheAnyKey k = blocks_key(), unknown = {.kind = HIXL_CACHE_KEY_REQ};
+  unknown.u.req = (HixlCacheKey)HIXL_CACHE_KEY_INIT(CLUSTER_PEER, 1234);
+  HixlCacheTransferArgs ta = HIXL_CACHE_TRANSFER_ARGS_INIT;
+  ta.timeout_ms = 1000;
+  reset_mine();
+  TU_ASSERT_OK(HixlCacheManagerPullBlocks(mgr, &k, my_b, blocks, 2, blocks, 2, &ta)); /* remembered */
+  reset_mine();
+  CU_ASSERT_EQUAL_FATAL(kill(peer_pid, SIGSTOP), 0);
+  int64_t t0 = tu_now_ms();
+  HixlStatus st = HixlCacheManagerPullCache(mgr, &unknown, my_c, 0, &ta);
+  CU_ASSERT(st == HIXL_TIMEOUT || st == HIXL_FAILED);
+  CU_ASSERT(tu_now_ms() - t0 < 4000);
+  t0 = tu_now_ms();
+  st = HixlCacheManagerPullBlocks(mgr, &k, my_b, blocks, 2, blocks, 2, &ta);
+  CU_ASSERT(tu_now_ms() - t0 < 4000);
+  if (shm) {
+    TU_ASSERT_OK(st);
+    CU_ASSERT_TRUE(my_block_is(0, 70, 70, PEER_SEED) && my_block_is(5, 71, 71, PEER_SEED));
+  } else {
+    CU_ASSERT(st == HIXL_TIMEOUT || st == HIXL_FAILED);
+    struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, B_LAYERS, 0};
+    HixlLayerSynchronizer sync = {gate_sync, &g, 1000};
+    uintptr_t dst[B_TENSORS];
+    for (int t = 0; t < B_TENSORS; t++) dst[t] = (uintptr_t)peer_addrs[t];
+    HixlCacheTransferConfig cfg = {CLUSTER_PEER, dst, B_TENSORS, 0, 0, 0};
+    HixlCacheAsyncArgs a = {blocks, 2, blocks, 2, 0, 0, 1500};
+    HixlCacheTask *task = NULL;
+    if (HixlCacheManagerLink(mgr, CLUSTER_PEER, peer_addr, 100) == HIXL_SUCCESS) /* a timed-out link resets */
+      fprintf(stderr, "  [relinked to a stopped peer]\n");
+    st = HixlCacheManagerTransferCacheAsync(mgr, my_b, &sync, &cfg, 1, &a, &task);
+    if (st == HIXL_SUCCESS) {
+      t0 = tu_now_ms();
+      TU_ASSERT_STATUS(HixlCacheTaskSynchronize(task, 100), HIXL_TIMEOUT); /* the caller's bound */
+      st = HixlCacheTaskSynchronize(task, 10000);                          /* the task's own deadline */
+      CU_ASSERT(st == HIXL_TIMEOUT || st == HIXL_FAILED || st == HIXL_NOT_CONNECTED);
+      CU_ASSERT(tu_now_ms() - t0 < 5000);
+      TU_ASSERT_OK(HixlCacheTaskDestroy(task));
+    } else {
+      CU_ASSERT(st == HIXL_NOT_CONNECTED); /* the link reset by the timeout above */
+    }
+  }
+  CU_ASSERT_EQUAL(kill(peer_pid, SIGCONT), 0);
+}
+
+/* The peer dies: transfers end FAILED / NOT_CONNECTED / TIMEOUT within their timeout,
+ * never hang; Unlink still works. Runs last. */
+static void test_dead_peer(void) {
+  static const uint64_t blocks[] = {1, 2};
+  HixlCacheAnyKey k = blocks_key();
+  HixlCacheTransferArgs ta = HIXL_CACHE_TRANSFER_ARGS_INIT;
+  ta.timeout_ms = 2000;
+  kill(peer_pid, SIGKILL);
+  waitpid(peer_pid, NULL, 0);
+  peer_pid = -1;
+  int64_t t0 = tu_now_ms();
+  HixlStatus st = HixlCacheManagerPullBlocks(mgr, &k, my_b, blocks, 2, blocks, 2, &ta);
+  CU_ASSERT(st == HIXL_FAILED || st == HIXL_NOT_CONNECTED || st == HIXL_TIMEOUT);
+  CU_ASSERT(tu_now_ms() - t0 < 5000);
+  TU_ASSERT_OK(HixlCacheManagerUnlink(mgr, CLUSTER_PEER, 1000));
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, my_b, blocks, 2, blocks, 2, &ta), HIXL_NOT_CONNECTED);
+}
+
+int main(void) {
+  int down[2], up[2];
+  signal(SIGPIPE, SIG_IGN);
+  if (pipe(down) != 0 || pipe(up) != 0) return 1;
+  peer_pid = fork(); /* before this process opens any engine or device */
+  if (peer_pid < 0) return 1;
+  if (peer_pid == 0) {
+    close(down[1]);
+    close(up[0]);
+    peer_main(down[0], up[1]);
+  }
+  close(down[0]);
+  close(up[1]);
+  to_peer = down[1];
+  from_peer = up[0];
+  CU_TestInfo tests[] = {{"arguments of every call", test_args},
+                         {"pull blocks by BlocksCacheKey, others untouched", test_pull_blocks},
+                         {"adjacent blocks coalesce: 1024 blocks, one op per tensor", test_coalescing},
+                         {"layer ranges, one or two tensors per layer", test_layer_ranges},
+                         {"push blocks", test_push_blocks},
+                         {"contiguous: CacheKey, id and index, size, push", test_contiguous},
+                         {"layout mismatches move nothing", test_mismatches},
+                         {"NOT_FOUND: no such key, unregistered, found again", test_not_found},
+                         {"async: no byte of layer l before its release", test_async_pipelined},
+                         {"async: a layer never ready fails the task", test_async_not_ready},
+                         {"a stopped peer: TIMEOUT on time", test_stopped_peer},
+                         {"a dead peer: FAILED, never a hang", test_dead_peer},
+                         CU_TEST_INFO_NULL};
+  CU_SuiteInfo suites[] = {{"cache manager, two processes", suite_init, suite_clean, NULL, NULL, tests},
+                           CU_SUITE_INFO_NULL};
+  int rc = 1;
+  if (CU_initialize_registry() == CUE_SUCCESS && CU_register_suites(suites) == CUE_SUCCESS)
+    rc = tu_run_registry();
+  if (peer_pid > 0) {
+    struct pcmd q = {P_QUIT, 0, 0, 0, 0};
+    tu_write_all(to_peer, &q, sizeof(q));
+    close(to_peer);
+    waitpid(peer_pid, NULL, 0);
+  }
+  return rc;
+}
