@@ -13,6 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -213,6 +216,32 @@ static inline int bench_read_line(int fd, char *line, size_t cap, int timeout_ms
     }
     if (n + 1 < cap) line[n++] = c;
   }
+}
+
+/* Read exactly len bytes from fd (EINTR retried); 0, or -1 on error or end of file. */
+static inline int bench_read_full(int fd, void *buf, size_t len) {
+  uint8_t *p = buf;
+  while (len > 0) {
+    ssize_t n = read(fd, p, len);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return -1;
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+/* A TCP port free on 127.0.0.1 now (bind :0, read it, close); 0 on error. */
+static inline uint16_t bench_free_port(void) {
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t l = sizeof(a);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  uint16_t port = 0;
+  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+      getsockname(fd, (struct sockaddr *)&a, &l) == 0)
+    port = ntohs(a.sin_port);
+  if (fd >= 0) close(fd);
+  return port;
 }
 
 #endif /* HIXL_BENCH_UTIL_H */

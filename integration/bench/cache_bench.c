@@ -1,0 +1,401 @@
+/* hixl-cache-bench: the cache manager against the raw engine moving the same bytes.
+ *
+ * A target process (forked before any engine exists) registers a paged KV cache
+ * shaped like a model (default 32 layers x K,V, 128 blocks of 32 KiB per tensor:
+ * 16-token blocks of 8 heads x 128 x 2 bytes) under cluster 2. This process, cluster
+ * 1, has the same cache and, per scenario and iteration, moves one request's blocks:
+ *
+ *   pull-contiguous   HixlCacheManagerPullBlocks of blocks 0..R-1 into 0..R-1
+ *   pull-scattered    ... of R random blocks into R other random blocks (seeded)
+ *   push-async        HixlCacheManagerTransferCacheAsync of R scattered blocks, layer by
+ *                     layer (a synchronizer that is always ready)
+ *
+ * against HixlEngineTransferSync (READ, or WRITE for the push) of the same op list:
+ * one op per run of blocks adjacent on both sides, per tensor, as the cache manager
+ * builds it. Raw and cache alternate which goes first. The bytes of both are checked
+ * once per scenario (pulls here; the push by a digest the target computes). Prints a
+ * table of medians and the ratio cache / raw, and --json FILE.
+ *
+ *   hixl-cache-bench [--transport auto|tcp|shm|rdma] [--ip IP] [--layers N] [--blocks N]
+ *                    [--block-bytes SIZE] [--req-blocks N] [--iters N] [--json FILE]
+ *                    [--no-progress] */
+#include <getopt.h>
+#include <stdarg.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <netinet/in.h>
+
+#include "bench_util.h"
+#include "hixl/hixl.h"
+
+#define MAX_TENSORS 512
+
+static struct {
+  const char *transport, *ip, *json;
+  uint32_t layers, blocks, req, iters;
+  size_t bs;
+  bool progress;
+} o = {NULL, "127.0.0.1", NULL, 32, 128, 64, 15, 32768, true};
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "hixl-cache-bench: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  exit(1);
+}
+
+static uint32_t ntensors(void) { return 2 * o.layers; }
+
+static uint8_t pat(uint64_t seed, uint32_t t, uint64_t j) {
+  uint64_t x = (seed << 52) ^ ((uint64_t)t << 40) ^ j;
+  x *= 0x9E3779B97F4A7C15ull;
+  return (uint8_t)(x >> 56);
+}
+
+static uint8_t **cache_alloc(uint64_t seed) {
+  uint8_t **t = calloc(ntensors(), sizeof(*t));
+  for (uint32_t i = 0; t && i < ntensors(); i++) {
+    t[i] = aligned_alloc(4096, (size_t)o.blocks * o.bs);
+    if (!t[i]) die("out of memory");
+    for (size_t j = 0; j < (size_t)o.blocks * o.bs; j += 64) memset(t[i] + j, pat(seed, i, j / 64), 64);
+  }
+  if (!t) die("out of memory");
+  return t;
+}
+
+static HixlEngine *engine_up(const char *addr) {
+  HixlEngine *e;
+  HixlOption opt = {"Transport", o.transport};
+  if (HixlEngineCreate(&e) != HIXL_SUCCESS ||
+      HixlEngineInitialize(e, addr, &opt, o.transport ? 1 : 0) != HIXL_SUCCESS)
+    die("engine %s: %s", addr, HixlGetLastErrorMessage());
+  return e;
+}
+
+static uint64_t register_cache(HixlCacheManager *m, uint8_t **t, uint64_t cluster) {
+  HixlCacheDesc d = {ntensors(), 2, 2, {o.blocks, o.bs / 2}, HIXL_CACHE_HOST};
+  HixlBlocksCacheKey k = {cluster, 0};
+  uintptr_t a[MAX_TENSORS];
+  uint64_t id;
+  for (uint32_t i = 0; i < ntensors(); i++) a[i] = (uintptr_t)t[i];
+  if (HixlCacheManagerRegisterBlocksCache(m, &d, a, ntensors(), &k, HIXL_CACHE_ACCESS_REMOTE, &id) !=
+      HIXL_SUCCESS)
+    die("register: %s", HixlGetLastErrorMessage());
+  return id;
+}
+
+/* FNV-1a of blocks[] of every tensor, in order. */
+static uint64_t digest(uint8_t **t, const uint64_t *blocks, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint32_t i = 0; i < ntensors(); i++)
+    for (size_t b = 0; b < n; b++)
+      for (size_t j = 0; j < o.bs; j++) h = (h ^ t[i][blocks[b] * o.bs + j]) * 0x100000001b3ull;
+  return h;
+}
+
+/* ---- the target ---- */
+
+static void target_main(int in, int out, uint16_t port) {
+  char addr[64];
+  snprintf(addr, sizeof(addr), "%s:%u", o.ip, port);
+  uint8_t **t = cache_alloc(7);
+  HixlEngine *e = engine_up(addr);
+  HixlCacheManager *m;
+  if (HixlCacheManagerCreate(e, 2, &m) != HIXL_SUCCESS) die("manager: %s", HixlGetLastErrorMessage());
+  register_cache(m, t, 2);
+  uint64_t addrs[MAX_TENSORS];
+  for (uint32_t i = 0; i < ntensors(); i++) addrs[i] = (uintptr_t)t[i];
+  if (write(out, addrs, sizeof(uint64_t) * ntensors()) < 0) _exit(1);
+  uint32_t n;
+  static uint64_t list[1 << 16];
+  /* "digest these blocks": a count, the blocks; 0 ends */
+  while (read(in, &n, sizeof(n)) == sizeof(n) && n > 0 && n <= (1 << 16)) {
+    if (bench_read_full(in, list, n * sizeof(uint64_t)) != 0) break;
+    uint64_t h = digest(t, list, n);
+    if (write(out, &h, sizeof(h)) < 0) break;
+  }
+  HixlCacheManagerDestroy(m);
+  HixlEngineDestroy(e);
+  _exit(0);
+}
+
+/* ---- this side ---- */
+
+struct scen {
+  const char *name;
+  bool push;
+  uint64_t *src, *dst; /* req blocks each */
+  double raw_gbps, cache_gbps, raw_ms, cache_ms;
+  uint64_t raw_ops, cache_ops;
+  bool verified;
+};
+
+static HixlEngine *eng;
+static HixlCacheManager *mgr;
+static uint8_t **mine;
+static uint64_t my_id, peer_addrs[MAX_TENSORS];
+static char peer[64];
+static int to_t, from_t;
+
+/* The op list the cache manager builds: per tensor, one op per run of blocks adjacent
+ * on both sides. */
+static size_t build_ops(const struct scen *s, HixlTransferOpDesc *ops) {
+  size_t n = 0;
+  for (uint32_t t = 0; t < ntensors(); t++)
+    for (size_t i = 0; i < o.req;) {
+      size_t run = 1;
+      while (i + run < o.req && s->src[i + run] == s->src[i] + run && s->dst[i + run] == s->dst[i] + run)
+        run++;
+      uint64_t local = (uintptr_t)mine[t] + (s->push ? s->src[i] : s->dst[i]) * o.bs;
+      uint64_t remote = peer_addrs[t] + (s->push ? s->dst[i] : s->src[i]) * o.bs;
+      ops[n++] = (HixlTransferOpDesc){(uintptr_t)local, (uintptr_t)remote, run * o.bs};
+      i += run;
+    }
+  return n;
+}
+
+static int always_ready(void *ctx, uint32_t layer, int32_t timeout_ms) {
+  (void)ctx, (void)layer, (void)timeout_ms;
+  return 1;
+}
+
+static uint64_t cache_ops(void) {
+  HixlCacheStats st;
+  HixlCacheManagerGetStats(mgr, &st);
+  return st.engine_ops;
+}
+
+static double run_cache(struct scen *s) {
+  HixlBlocksCacheKey pk = {2, 0};
+  HixlCacheAnyKey k = {.kind = HIXL_CACHE_KEY_BLOCKS};
+  k.u.blocks = pk;
+  HixlCacheTransferArgs a = HIXL_CACHE_TRANSFER_ARGS_INIT;
+  a.timeout_ms = 60000;
+  uint64_t ops0 = cache_ops(), t0 = bench_now_ns();
+  HixlStatus st;
+  if (!s->push) {
+    st = HixlCacheManagerPullBlocks(mgr, &k, my_id, s->src, o.req, s->dst, o.req, &a);
+  } else {
+    uintptr_t dst[MAX_TENSORS];
+    for (uint32_t t = 0; t < ntensors(); t++) dst[t] = (uintptr_t)peer_addrs[t];
+    HixlLayerSynchronizer sync = {always_ready, NULL, 60000};
+    HixlCacheTransferConfig cfg = {2, dst, ntensors(), 0, 0, 0};
+    HixlCacheAsyncArgs aa = {s->src, o.req, s->dst, o.req, 0, 0, 60000};
+    HixlCacheTask *task;
+    st = HixlCacheManagerTransferCacheAsync(mgr, my_id, &sync, &cfg, 1, &aa, &task);
+    if (st == HIXL_SUCCESS) {
+      st = HixlCacheTaskSynchronize(task, 60000);
+      HixlCacheTaskDestroy(task);
+    }
+  }
+  double sec = (double)(bench_now_ns() - t0) / 1e9;
+  if (st != HIXL_SUCCESS)
+    die("%s through the cache manager: %s: %s", s->name, HixlStatusName(st), HixlGetLastErrorMessage());
+  s->cache_ops = cache_ops() - ops0;
+  return sec;
+}
+
+static double run_raw(struct scen *s, HixlTransferOpDesc *ops, size_t n) {
+  uint64_t t0 = bench_now_ns();
+  HixlStatus st = HixlEngineTransferSync(eng, peer, s->push ? HIXL_WRITE : HIXL_READ, ops, n, 60000);
+  double sec = (double)(bench_now_ns() - t0) / 1e9;
+  if (st != HIXL_SUCCESS)
+    die("%s, raw engine: %s: %s", s->name, HixlStatusName(st), HixlGetLastErrorMessage());
+  s->raw_ops = n;
+  return sec;
+}
+
+static void clear_dst(const struct scen *s) {
+  for (uint32_t t = 0; t < ntensors(); t++)
+    for (size_t i = 0; i < o.req; i++) memset(mine[t] + s->dst[i] * o.bs, 0, o.bs);
+}
+
+static bool check_pull(const struct scen *s) {
+  for (uint32_t t = 0; t < ntensors(); t++)
+    for (size_t i = 0; i < o.req; i++)
+      for (size_t j = 0; j < o.bs; j += 64)
+        if (mine[t][s->dst[i] * o.bs + j] != pat(7, t, (s->src[i] * o.bs + j) / 64)) return false;
+  return true;
+}
+
+static bool check_push(const struct scen *s) {
+  uint32_t n = o.req;
+  uint64_t h = 0;
+  if (write(to_t, &n, sizeof(n)) < 0 || write(to_t, s->dst, n * sizeof(uint64_t)) < 0 ||
+      bench_read_full(from_t, &h, sizeof(h)) != 0)
+    return false;
+  return h == digest(mine, s->src, n);
+}
+
+static int cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void pick(uint64_t *v, size_t n, uint64_t *rng) {
+  for (size_t i = 0; i < n;) { /* distinct random blocks */
+    *rng ^= *rng << 13, *rng ^= *rng >> 7, *rng ^= *rng << 17;
+    uint64_t b = *rng % o.blocks;
+    bool dup = false;
+    for (size_t j = 0; j < i; j++) dup |= v[j] == b;
+    if (!dup) v[i++] = b;
+  }
+}
+
+int main(int argc, char **argv) {
+  static const struct option lo[] = {
+      {"transport", 1, 0, 't'},   {"ip", 1, 0, 'i'},         {"layers", 1, 0, 'l'}, {"blocks", 1, 0, 'b'},
+      {"block-bytes", 1, 0, 's'}, {"req-blocks", 1, 0, 'r'}, {"iters", 1, 0, 'n'},  {"json", 1, 0, 'j'},
+      {"no-progress", 0, 0, 'q'}, {"help", 0, 0, 'h'},       {0, 0, 0, 0}};
+  int c;
+  uint64_t v;
+  while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    if (c == 't')
+      o.transport = strcmp(optarg, "auto") == 0 ? NULL : optarg;
+    else if (c == 'i')
+      o.ip = optarg;
+    else if (c == 'j')
+      o.json = optarg;
+    else if (c == 'q')
+      o.progress = false;
+    else if (c == 's') {
+      if (!bench_parse_size(optarg, &o.bs) || o.bs == 0 || o.bs % 2) die("--block-bytes %s", optarg);
+    } else if (c == 'l' || c == 'b' || c == 'r' || c == 'n') {
+      if (!bench_parse_u64(optarg, &v) || v == 0 || v > (1 << 16)) die("bad number \"%s\"", optarg);
+      *(c == 'l' ? &o.layers : c == 'b' ? &o.blocks : c == 'r' ? &o.req : &o.iters) = (uint32_t)v;
+    } else {
+      printf("usage: hixl-cache-bench [--transport auto|tcp|shm|rdma] [--ip IP] [--layers N] [--blocks N]\n"
+             "         [--block-bytes SIZE] [--req-blocks N] [--iters N] [--json FILE] [--no-progress]\n");
+      return c == 'h' ? 0 : 2;
+    }
+  }
+  if (ntensors() > MAX_TENSORS || o.req > o.blocks)
+    die("at most %d layers, and --req-blocks <= --blocks", MAX_TENSORS / 2);
+  signal(SIGPIPE, SIG_IGN);
+  int down[2], up[2];
+  uint16_t port = bench_free_port();
+  if (pipe(down) || pipe(up)) die("pipe");
+  pid_t pid = fork(); /* before any engine or device is opened here */
+  if (pid == 0) {
+    close(down[1]);
+    close(up[0]);
+    target_main(down[0], up[1], port);
+  }
+  close(down[0]);
+  close(up[1]);
+  to_t = down[1];
+  from_t = up[0];
+  if (bench_read_full(from_t, peer_addrs, sizeof(uint64_t) * ntensors()) != 0)
+    die("the target did not start");
+  snprintf(peer, sizeof(peer), "%s:%u", o.ip, port);
+  char me[64];
+  snprintf(me, sizeof(me), "%s", o.ip);
+  eng = engine_up(me);
+  if (HixlCacheManagerCreate(eng, 1, &mgr) != HIXL_SUCCESS) die("manager: %s", HixlGetLastErrorMessage());
+  mine = cache_alloc(0);
+  my_id = register_cache(mgr, mine, 1);
+  if (HixlCacheManagerLink(mgr, 2, peer, 10000) != HIXL_SUCCESS) die("link: %s", HixlGetLastErrorMessage());
+
+  uint64_t rng = 0x6869786c;
+  struct scen sc[3] = {{"pull-contiguous", false, NULL, NULL, 0, 0, 0, 0, 0, 0, false},
+                       {"pull-scattered", false, NULL, NULL, 0, 0, 0, 0, 0, 0, false},
+                       {"push-async", true, NULL, NULL, 0, 0, 0, 0, 0, 0, false}};
+  for (int i = 0; i < 3; i++) {
+    sc[i].src = calloc(o.req, sizeof(uint64_t));
+    sc[i].dst = calloc(o.req, sizeof(uint64_t));
+    if (i == 0)
+      for (size_t j = 0; j < o.req; j++) sc[i].src[j] = sc[i].dst[j] = j;
+    else {
+      pick(sc[i].src, o.req, &rng);
+      pick(sc[i].dst, o.req, &rng);
+    }
+  }
+  HixlTransferOpDesc *ops = calloc((size_t)ntensors() * o.req, sizeof(*ops));
+  double *tr = calloc(o.iters, sizeof(double)), *tc = calloc(o.iters, sizeof(double));
+  double bytes = (double)ntensors() * o.req * o.bs;
+  printf(
+      "# hixl-cache-bench (hixl %s): %s -> %s, transport %s, %u layers x K,V, %u blocks of %zu B per tensor,"
+      " %u blocks a request (%.1f MiB), %u iterations, medians\n",
+      HixlVersionString(), me, peer, o.transport ? o.transport : "auto", o.layers, o.blocks, o.bs, o.req,
+      bytes / 1048576.0, o.iters);
+  for (int i = 0; i < 3; i++) {
+    struct scen *s = &sc[i];
+    size_t n = build_ops(s, ops);
+    /* once each, checked */
+    if (!s->push) clear_dst(s);
+    run_cache(s);
+    bool ok_c = s->push ? check_push(s) : check_pull(s);
+    if (!s->push) clear_dst(s);
+    if (s->push) { /* the raw WRITE of other bytes must be what lands */
+      for (uint32_t t = 0; t < ntensors(); t++)
+        for (size_t j = 0; j < o.req; j++) mine[t][s->src[j] * o.bs] ^= 0x5a;
+    }
+    run_raw(s, ops, n);
+    bool ok_r = s->push ? check_push(s) : check_pull(s);
+    s->verified = ok_c && ok_r;
+    if (!s->verified)
+      die("%s: the bytes that arrived are wrong (cache %s, raw %s)", s->name, ok_c ? "ok" : "WRONG",
+          ok_r ? "ok" : "WRONG");
+    for (uint32_t it = 0; it < o.iters; it++) {
+      if (it % 2) {
+        tr[it] = run_raw(s, ops, n);
+        tc[it] = run_cache(s);
+      } else {
+        tc[it] = run_cache(s);
+        tr[it] = run_raw(s, ops, n);
+      }
+      if (o.progress) fprintf(stderr, "\r%s: %u/%u", s->name, it + 1, o.iters);
+    }
+    if (o.progress) fprintf(stderr, "\r%*s\r", 40, "");
+    qsort(tr, o.iters, sizeof(double), cmp_d);
+    qsort(tc, o.iters, sizeof(double), cmp_d);
+    s->raw_ms = tr[o.iters / 2] * 1e3;
+    s->cache_ms = tc[o.iters / 2] * 1e3;
+    s->raw_gbps = bytes / tr[o.iters / 2] / 1e9;
+    s->cache_gbps = bytes / tc[o.iters / 2] / 1e9;
+  }
+  printf("%-16s %10s %10s %10s %10s %8s %8s %7s %s\n", "scenario", "raw GB/s", "cache GB/s", "raw ms",
+         "cache ms", "raw ops", "cache ops", "ratio", "verified");
+  for (int i = 0; i < 3; i++)
+    printf("%-16s %10.2f %10.2f %10.3f %10.3f %8" PRIu64 " %8" PRIu64 " %6.2fx %s\n", sc[i].name,
+           sc[i].raw_gbps, sc[i].cache_gbps, sc[i].raw_ms, sc[i].cache_ms, sc[i].raw_ops, sc[i].cache_ops,
+           sc[i].cache_gbps / sc[i].raw_gbps, sc[i].verified ? "yes" : "NO");
+  if (o.json) {
+    FILE *f = fopen(o.json, "w");
+    if (!f) die("--json %s: %s", o.json, strerror(errno));
+    fprintf(f,
+            "{\n  \"tool\": \"hixl-cache-bench\",\n  \"transport\": \"%s\",\n  \"layers\": %u,\n  "
+            "\"blocks\": %u,\n"
+            "  \"block_bytes\": %zu,\n  \"req_blocks\": %u,\n  \"iters\": %u,\n  \"results\": [\n",
+            o.transport ? o.transport : "auto", o.layers, o.blocks, o.bs, o.req, o.iters);
+    for (int i = 0; i < 3; i++)
+      fprintf(f,
+              "    {\"scenario\": \"%s\", \"raw_gbps\": %.4f, \"cache_gbps\": %.4f, \"raw_ms\": %.4f, "
+              "\"cache_ms\": "
+              "%.4f, \"raw_ops\": %" PRIu64 ", \"cache_ops\": %" PRIu64
+              ", \"ratio\": %.4f, \"verified\": %s}%s\n",
+              sc[i].name, sc[i].raw_gbps, sc[i].cache_gbps, sc[i].raw_ms, sc[i].cache_ms, sc[i].raw_ops,
+              sc[i].cache_ops, sc[i].cache_gbps / sc[i].raw_gbps, sc[i].verified ? "true" : "false",
+              i < 2 ? "," : "");
+    fprintf(f, "  ]\n}\n");
+    fclose(f);
+  }
+  uint32_t zero = 0;
+  if (write(to_t, &zero, sizeof(zero)) < 0) kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  HixlCacheManagerDestroy(mgr);
+  HixlEngineDestroy(eng);
+  return 0;
+}
