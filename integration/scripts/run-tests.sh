@@ -2,7 +2,8 @@
 # README command 2 (and .ci/run): build and run every test.
 #  1. warnings-as-errors build + every CTest test (RDMA tests skip without a device);
 #  2. the same suite built with AddressSanitizer + UBSan (zero errors, zero leaks);
-#  3. a clang build of everything, and the wire parser fuzzed with libFuzzer for 60 s;
+#  3. a clang build of everything, and the wire, plugin-metadata and configuration
+#     parsers fuzzed with libFuzzer;
 #  4. the RDMA suite (CTest label rdma) for real inside a QEMU guest with soft-RoCE;
 #  5. formatting check against .clang-format.
 set -euo pipefail
@@ -22,7 +23,7 @@ cmake --build "$top/build-asan" -j"$jobs"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --output-on-failure --timeout 900)
 
-echo "== clang build (-Werror) and the wire fuzzer under libFuzzer (60 s)"
+echo "== clang build (-Werror) and the parsers under libFuzzer (wire 60 s, plugin metadata and configuration 30 s each)"
 CC=clang cmake -S "$top" -B "$top/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHIXL_WERROR=ON -DHIXL_FUZZ=ON >/dev/null
 cmake --build "$top/build-fuzz" -j"$jobs"
 (cd "$top/build-fuzz" && ctest -L fuzz --output-on-failure)

@@ -25,7 +25,7 @@ extern "C" {
   X(HIXL_ALREADY_CONNECTED, 103903U, "already connected")                                                    \
   X(HIXL_NOTIFY_FAILED, 103904U, "notification failed")                                                      \
   X(HIXL_UNSUPPORTED, 103905U, "unsupported")                                                                \
-  X(HIXL_NOT_FOUND, 103906U, "not found") /* hixl's own: a key names no cache on the peer */               \
+  X(HIXL_NOT_FOUND, 103906U, "not found") /* hixl's own: a key names no cache on the peer */                 \
   X(HIXL_RESOURCE_EXHAUSTED, 203900U, "resource exhausted")                                                  \
   X(HIXL_FAILED, 503900U, "failed")
 
