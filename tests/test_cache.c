@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine_ext.h"
+#include "engine/engine_ext.h"
 #include "test_util.h"
 
 enum {

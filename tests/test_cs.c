@@ -20,7 +20,7 @@
 #include <CUnit/Basic.h>
 
 #include "hixl/hixl_cs.h"
-#include "rdma.h"
+#include "transport/rdma/rdma.h"
 #include "test_util.h"
 
 #define KiB         ((size_t)1 << 10)

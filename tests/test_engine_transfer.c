@@ -11,7 +11,7 @@
 
 #include <CUnit/Basic.h>
 
-#include "engine_ext.h"
+#include "engine/engine_ext.h"
 #include "test_util.h"
 
 #define KiB          ((size_t)1 << 10)

@@ -21,9 +21,9 @@
 #include <CUnit/Basic.h>
 #include <errno.h>
 
-#include "sock.h"
+#include "util/sock.h"
 #include "test_util.h"
-#include "wire.h"
+#include "wire/wire.h"
 
 #define MEM_LEN  (1u << 20)
 #define SMEM_LEN (16u << 20) /* a second registration, as large as one staged frame */

@@ -13,8 +13,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "engine_ext.h"
-#include "rdma.h"
+#include "engine/engine_ext.h"
+#include "transport/rdma/rdma.h"
 #include "test_util.h"
 
 #define MEM (80u << 20)

@@ -23,8 +23,8 @@
 #include <CUnit/Basic.h>
 
 #include "hixl/hixl.h"
-#include "rdma.h"
-#include "rping_wire.h"
+#include "transport/rdma/rdma.h"
+#include "rping/rping_wire.h"
 #include "test_util.h"
 
 #define BUF_BIG (4096u * 1024u) /* bufferSize that fits every batch below */

@@ -22,8 +22,8 @@
 #include <CUnit/Basic.h>
 
 #include "hixl/hixl.h"
-#include "rdma.h"
-#include "rping_int.h"
+#include "transport/rdma/rdma.h"
+#include "rping/rping_int.h"
 #include "test_util.h"
 
 #define CHILD_FLAG "--rping-roce-responder"

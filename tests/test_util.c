@@ -26,7 +26,7 @@
 
 #include <CUnit/Basic.h>
 
-#include "sock.h"
+#include "util/sock.h"
 
 /* ---- time ---- */
 

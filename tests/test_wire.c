@@ -1,7 +1,7 @@
 /* test_wire: the wire codec. Builders round-trip through wire_parse_hdr and wire_decode,
  * header bytes are checked exactly, and every malformed frame the parser must refuse is
  * built by hand here, byte by byte, independent of the builders. */
-#include "wire.h"
+#include "wire/wire.h"
 
 #include <CUnit/Basic.h>
 #include <stdio.h>

@@ -24,7 +24,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine_ext.h"
+#include "engine/engine_ext.h"
 #include "kv_int.h"
 
 #define KV_EXPORT   __attribute__((visibility("default")))

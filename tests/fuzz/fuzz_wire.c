@@ -3,7 +3,7 @@
  * is decoded from a heap copy of exactly body_len bytes (so the sanitizer sees any read
  * past it), HELLO_ACK tables and STAGE ranges are walked, and whatever was accepted is
  * rebuilt with the builders and must come out byte for byte the same. Invariants abort(). */
-#include "wire.h"
+#include "wire/wire.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -11,8 +11,8 @@
 #include <stdint.h>
 
 #include "hixl/hccn_rping.h"
-#include "rdma.h"
-#include "rping_wire.h"
+#include "transport/rdma/rdma.h"
+#include "rping/rping_wire.h"
 
 #define RP_NAME_LEN 24 /* "255.255.255.255:65535" */
 

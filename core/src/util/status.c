@@ -4,7 +4,7 @@
 #include <string.h>
 
 #include "hixl/hixl_status.h"
-#include "status_int.h"
+#include "util/status_int.h"
 
 const char *HixlStatusName(HixlStatus status) {
   switch (status) {

@@ -1,5 +1,5 @@
 /* engine: the public HixlEngine* API. Validates every argument, then works on the
- * engine state under its lock; the wire and socket work lives in engine_link.c. */
+ * engine state under its lock; the wire and socket work lives in link.c. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
@@ -8,11 +8,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine_ext.h"
-#include "engine_int.h"
-#include "log.h"
-#include "sock.h"
-#include "status_int.h"
+#include "engine/engine_ext.h"
+#include "engine/engine_int.h"
+#include "util/log.h"
+#include "util/sock.h"
+#include "util/status_int.h"
 
 #define CHECK_ARG(cond, ...)                                                                                 \
   do {                                                                                                       \

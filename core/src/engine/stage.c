@@ -1,4 +1,4 @@
-/* engine_stage: the staging pool ("BufferPool") and staged transfers.
+/* stage: the staging pool ("BufferPool") and staged transfers.
  *
  * An op whose local or remote memory is not registered, or a small op worth packing
  * (StagingThreshold), becomes part of a staged *unit*: up to one pool buffer's worth
@@ -16,10 +16,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "engine_int.h"
-#include "log.h"
-#include "sock.h"
-#include "status_int.h"
+#include "engine/engine_int.h"
+#include "util/log.h"
+#include "util/sock.h"
+#include "util/status_int.h"
 
 HixlStatus stage_open(struct HixlEngine *e) {
   struct stage_pool *p = &e->pool;

@@ -13,10 +13,10 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "rping_int.h"
-#include "sock.h"
-#include "status_int.h"
+#include "util/log.h"
+#include "rping/rping_int.h"
+#include "util/sock.h"
+#include "util/status_int.h"
 
 #define RP_ADD_TIMEOUT_ENV "HIXL_RPING_ADD_TIMEOUT_MS"
 #define RP_MAX_NPU         65536

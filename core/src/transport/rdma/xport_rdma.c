@@ -1,4 +1,4 @@
-/* engine_rdma: the RDMA data path of a link. The TCP control plane exchanges QP info
+/* xport_rdma: the RDMA data path of a link. The TCP control plane exchanges QP info
  * (RDMA_CONNECT / RDMA_CONNECT_ACK) and memory keys (in memory entries); data then
  * moves as one-sided RDMA WRITE and READ posted by the initiator, with no work on the
  * target's CPU. Every chunk is one work request; every RDMA_SIGNAL_EVERY-th one, the
@@ -10,10 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine_int.h"
-#include "log.h"
-#include "sock.h"
-#include "status_int.h"
+#include "engine/engine_int.h"
+#include "util/log.h"
+#include "util/sock.h"
+#include "util/status_int.h"
 
 HixlStatus erdma_open(struct HixlEngine *e) {
   char err[384];

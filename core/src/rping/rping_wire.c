@@ -1,5 +1,5 @@
 /* rping_wire: encode and check RPing probe packets (see rping_wire.h). */
-#include "rping_wire.h"
+#include "rping/rping_wire.h"
 
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /* log: one line per event to stderr or to the host's callback. */
-#include "log.h"
+#include "util/log.h"
 
 #include <pthread.h>
 #include <stdarg.h>

@@ -1,4 +1,4 @@
-/* engine internals: shared by engine.c (public API) and engine_link.c (progress
+/* engine internals: shared by api.c (public API) and link.c (progress
  * thread, connections, wire handling). One mutex per engine guards everything
  * here; the progress thread takes it for each batch of events. */
 #ifndef HIXL_ENGINE_INT_H
@@ -9,14 +9,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "cma.h"
-#include "engine_ext.h"
+#include "transport/shm/cma.h"
+#include "engine/engine_ext.h"
 #include "hixl/hixl_engine.h"
-#include "memtab.h"
-#include "options.h"
-#include "ptrset.h"
-#include "rdma.h"
-#include "wire.h"
+#include "util/memtab.h"
+#include "engine/options.h"
+#include "util/ptrset.h"
+#include "transport/rdma/rdma.h"
+#include "wire/wire.h"
 
 #define ENGINE_TCP_CHUNK (1u << 20) /* ops larger than this are split */
 #define ENGINE_RXBUF     (256u << 10)
@@ -250,7 +250,7 @@ struct HixlEngine {
   uint8_t scratch[64 << 10];                       /* sink for discarded payload */
 };
 
-/* engine_link.c */
+/* link.c */
 int link_start(struct HixlEngine *e, HixlStatus *st);
 int link_watch_listener(struct HixlEngine *e);
 void link_stop(struct HixlEngine *e);
@@ -284,7 +284,7 @@ void link_take_pending(struct conn *c);
 void link_free_graveyard(struct HixlEngine *e);
 void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me);
 
-/* engine_stage.c */
+/* stage.c */
 HixlStatus stage_open(struct HixlEngine *e);
 void stage_open_rdma(struct HixlEngine *e);                        /* after erdma_open: the pool's MR */
 void stage_target_cq(struct conn *c, bool ok, const char *status); /* its STAGE_PULL / PUSH completed */
@@ -304,7 +304,7 @@ void stage_target_release(struct conn *c); /* let go of the registrations a STAG
 HixlStatus stage_exhausted(struct HixlEngine *e, const char *fn, uint32_t units, const char *remote);
 #define STAGE_TARGET_QUEUE (64u << 20) /* STAGE_READ answer bytes a target queues per link */
 
-/* engine_rdma.c */
+/* transport/rdma/xport_rdma.c */
 HixlStatus erdma_open(struct HixlEngine *e);
 void erdma_close(struct HixlEngine *e);
 HixlStatus erdma_reg(struct HixlEngine *e, struct hixl_mem_reg *r);
@@ -322,7 +322,7 @@ void erdma_conn_kill(struct conn *c, HixlStatus st, const char *msg);
 size_t link_mem_entry_len(const struct hixl_mem_reg *r);
 uint32_t link_caps(const struct HixlEngine *e); /* WIRE_CAP_* this engine advertises */
 
-/* engine_shm.c */
+/* transport/shm/xport_shm.c */
 HixlStatus eshm_open(struct HixlEngine *e);
 uint32_t eshm_caps(const struct HixlEngine *e);
 HixlStatus eshm_connect(struct HixlEngine *e, int fd, uint64_t deadline, const char *remote, struct peer *p,

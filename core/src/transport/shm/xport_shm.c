@@ -1,4 +1,4 @@
-/* engine_shm: the same-host data path of a link. When both engines run on one host
+/* xport_shm: the same-host data path of a link. When both engines run on one host
  * (same boot id) and the kernel lets the initiator reach the target's memory, data
  * moves in one copy between the two processes with process_vm_writev (WRITE) and
  * process_vm_readv (READ), many ops per call; the target's CPU does nothing, as
@@ -24,10 +24,10 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-#include "engine_int.h"
-#include "log.h"
-#include "sock.h"
-#include "status_int.h"
+#include "engine/engine_int.h"
+#include "util/log.h"
+#include "util/sock.h"
+#include "util/status_int.h"
 
 HixlStatus eshm_open(struct HixlEngine *e) {
   bool must = e->opts.transport == HIXL_TRANSPORT_SHM;

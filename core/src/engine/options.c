@@ -1,12 +1,12 @@
 /* options: table-driven parsing and validation of engine options. */
-#include "options.h"
+#include "engine/options.h"
 
 #include <errno.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "status_int.h"
+#include "util/status_int.h"
 
 typedef bool (*opt_parse_fn)(const char *value, struct hixl_options *o);
 

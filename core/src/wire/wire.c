@@ -1,5 +1,5 @@
 /* wire: encode and decode; see wire.h and docs/design.md for the layout. */
-#include "wire.h"
+#include "wire/wire.h"
 
 #include <string.h>
 

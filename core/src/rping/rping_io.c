@@ -22,9 +22,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "log.h"
-#include "rping_int.h"
-#include "sock.h"
+#include "util/log.h"
+#include "rping/rping_int.h"
+#include "util/sock.h"
 
 #define RP_SOCK_BUF       (1 << 20)    /* a batch's answers arrive in bursts */
 #define RP_HELLO_FIRST_NS 10000000ull  /* handshake resend: 10 ms, doubling ... */

@@ -1,5 +1,5 @@
 /* rdma: device discovery, memory registration, RC queue pairs and completions. */
-#include "rdma.h"
+#include "transport/rdma/rdma.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -11,7 +11,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
-#include "log.h"
+#include "util/log.h"
 
 bool rdma_available(void) {
   int n = 0;

@@ -1,5 +1,5 @@
 /* sock: blocking helpers with deadlines (handshakes) and socket setup. */
-#include "sock.h"
+#include "util/sock.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include "hixl/hixl_engine.h"
-#include "log.h"
-#include "status_int.h"
+#include "util/log.h"
+#include "util/status_int.h"
 
 uint64_t hixl_now_ns(void) {
   struct timespec ts;

@@ -1,4 +1,4 @@
-/* engine_link: the progress thread and the TCP connections it drives.
+/* link: the progress thread and the TCP connections it drives.
  *
  * Each connection has one role. A target connection (accepted) serves WRITE_REQ,
  * READ_REQ and NOTIFY from its initiator, checking every range against the
@@ -18,9 +18,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "engine_int.h"
-#include "log.h"
-#include "sock.h"
+#include "engine/engine_int.h"
+#include "util/log.h"
+#include "util/sock.h"
 
 #define LINK_IOV_MAX     256
 #define LINK_READ_BUDGET (32u << 20) /* bytes per event before other links get a turn */

@@ -7,11 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine_ext.h"
+#include "engine/engine_ext.h"
 #include "hixl/hixl_cs.h"
 #include "hixl/hixl_engine.h"
-#include "ptrset.h"
-#include "status_int.h"
+#include "util/ptrset.h"
+#include "util/status_int.h"
 
 #define CS_DEFAULT_BATCH_TIMEOUT_MS 30000
 

@@ -20,11 +20,11 @@
 #include <sys/random.h>
 #include <time.h>
 
-#include "engine_ext.h"
+#include "engine/engine_ext.h"
 #include "hixl/hixl_cache.h"
-#include "log.h"
-#include "sock.h"
-#include "status_int.h"
+#include "util/log.h"
+#include "util/sock.h"
+#include "util/status_int.h"
 
 #define CM_PROTO        1u   /* the CACHE service's request layout */
 #define CM_OP_HELLO     1u   /* -> cluster u64, nonce u64 */

@@ -1,5 +1,5 @@
 /* ptrset: linear probing with backward-shift deletion (no tombstones). */
-#include "ptrset.h"
+#include "util/ptrset.h"
 
 #include <stdint.h>
 #include <stdlib.h>

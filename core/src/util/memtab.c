@@ -1,5 +1,5 @@
 /* memtab: sorted array; registrations change rarely, lookups happen per op. */
-#include "memtab.h"
+#include "util/memtab.h"
 
 #include <stdlib.h>
 #include <string.h>
