@@ -199,9 +199,9 @@ ST_SMALL=(--block-sizes "64,512,1K,2K,4K,16K" --batch 1024)
 ST_SMALL_B="64 512 1024 2048 4096 16384" # the same blocks, in bytes
 ST_BIG=(--block-sizes "64K,4M" --batch 64)
 # The default StagingThreshold, from the option table (for the report only).
-ST_DEF=$(awk -F'"' '/[{]"StagingThreshold"/ { print $4; exit }' "$SRC/core/src/options.c" 2>/dev/null)
+ST_DEF=$(awk -F'"' '/[{]"StagingThreshold"/ { print $4; exit }' "$SRC/core/src/engine/options.c" 2>/dev/null)
 if [ "$ST_DEF" = auto ]; then # auto: the tcp-link value from options.h
-  ST_DEF=$(awk '/#define STAGE_AUTO_TCP/ { sub(/u$/, "", $3); print $3; exit }' "$SRC/core/src/options.h" 2>/dev/null)
+  ST_DEF=$(awk '/#define STAGE_AUTO_TCP/ { sub(/u$/, "", $3); print $3; exit }' "$SRC/core/src/engine/options.h" 2>/dev/null)
 fi
 [[ "$ST_DEF" =~ ^[0-9]+$ ]] || ST_DEF=""
 hixl_stage() { # NAME -> the staging run NAME of round $r, WRITE and READ

@@ -13,9 +13,9 @@ rm -f "$table" "$stable"
 RXE_VM_RW_DIR="$build" RXE_VM_TIMEOUT="${RXE_VM_TIMEOUT:-1800}" \
   bash "$here/run-in-rxe-vm.sh" "sh $(printf %q "$here/bench-rdma-guest.sh") $(printf %q "$build") $(printf %q "$table") $(printf %q "$stable")"
 # The default StagingThreshold, from the option table.
-st_def=$(awk -F'"' '/[{]"StagingThreshold"/ { print $4; exit }' "$top/core/src/options.c" 2>/dev/null || true)
+st_def=$(awk -F'"' '/[{]"StagingThreshold"/ { print $4; exit }' "$top/core/src/engine/options.c" 2>/dev/null || true)
 if [ "$st_def" = auto ]; then # auto: the rdma-link value from options.h
-  st_def="auto = $(awk '/#define STAGE_AUTO_RDMA/ { sub(/u$/, "", $3); print $3; exit }' "$top/core/src/options.h" 2>/dev/null || true) on rdma links"
+  st_def="auto = $(awk '/#define STAGE_AUTO_RDMA/ { sub(/u$/, "", $3); print $3; exit }' "$top/core/src/engine/options.h" 2>/dev/null || true) on rdma links"
 fi
 st_def=${st_def:-"as built"}
 {

@@ -1,5 +1,7 @@
-/* engine: the public HixlEngine* API. Validates every argument, then works on the
- * engine state under its lock; the wire and socket work lives in link.c. */
+/* api: the public HixlEngine* API. Validates every argument, then works on the
+ * engine state under its lock. The wire and socket work lives in link.c; the data
+ * paths in the modules behind the transport interface (xport.h), which this file
+ * wires to the engine (engine_mods) and reaches only through their tables. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
@@ -10,6 +12,10 @@
 
 #include "engine/engine_ext.h"
 #include "engine/engine_int.h"
+#include "engine/stage.h"
+#include "transport/rdma/xport_rdma.h"
+#include "transport/shm/xport_shm.h"
+#include "transport/tcp/xport_tcp.h"
 #include "util/log.h"
 #include "util/sock.h"
 #include "util/status_int.h"
@@ -29,6 +35,26 @@ static HixlStatus engine_enter(HixlEngine *e, const char *fn) {
                      fn);
   }
   return HIXL_SUCCESS;
+}
+
+/* The modules, by id: the transports in the order Connect tries them, then staging. */
+static const struct xport_ops *const engine_mods[XPORT_MODS] = {[XPORT_SHM] = &xport_shm,
+                                                                [XPORT_RDMA] = &xport_rdma,
+                                                                [XPORT_TCP] = &xport_tcp,
+                                                                [XPORT_STAGE] = &xport_stage};
+
+/* Close modules [0, n) in reverse order (staging's MR before the RDMA device). */
+static void mods_close(HixlEngine *e, int n) {
+  while (n-- > 0)
+    if (e->mods[n]->close) e->mods[n]->close(e);
+}
+
+/* Whether a request timing out had to reset a link (RDMA work requests posted). */
+static bool mods_req_timeout(HixlEngine *e, struct hixl_transfer_req *r) {
+  bool reset = false;
+  for (int i = 0; i < XPORT_MODS; i++)
+    if (e->mods[i]->req_timeout) reset |= e->mods[i]->req_timeout(e, r);
+  return reset;
 }
 
 static HixlStatus check_timeout(int32_t timeout_ms, const char *fn) {
@@ -106,14 +132,13 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
   e->local_addr = sa;
   e->stopping = false;
   snprintf(e->local_name, sizeof(e->local_name), "%s", local_engine);
-  if ((st = stage_open(e)) != HIXL_SUCCESS) goto unlock;
-  if ((st = eshm_open(e)) != HIXL_SUCCESS) goto close_stage;
-  if ((opts.transport == HIXL_TRANSPORT_AUTO || opts.transport == HIXL_TRANSPORT_RDMA) &&
-      (st = erdma_open(e)) != HIXL_SUCCESS)
-    goto close_stage;
-  stage_open_rdma(e); /* the pool's MR, when the locked-memory limit allows it */
+  int opened = 0;
+  for (; opened < XPORT_MODS; opened++) {
+    e->mods[opened] = engine_mods[opened];
+    if (e->mods[opened]->open && (st = e->mods[opened]->open(e)) != HIXL_SUCCESS) goto close_mods;
+  }
   e->listen_fd = has_port ? sock_listen(&sa, 0, &st) : -1;
-  if (has_port && e->listen_fd < 0) goto close_rdma;
+  if (has_port && e->listen_fd < 0) goto close_mods;
   if (link_start(e, &st) < 0) {
     st =
         hixl_fail(HIXL_FAILED, "HixlEngineInitialize: cannot start the progress thread: %s", strerror(errno));
@@ -127,12 +152,8 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
 close_listen:
   if (e->listen_fd >= 0) close(e->listen_fd);
   e->listen_fd = -1;
-close_rdma:
-  stage_close(e); /* its MR before the device */
-  erdma_close(e);
-close_stage:
-  stage_close(e);
-unlock:
+close_mods:
+  mods_close(e, opened);
   pthread_mutex_unlock(&e->lock);
   return st;
 }
@@ -144,18 +165,18 @@ HixlStatus HixlEngineFinalize(HixlEngine *e) {
   pthread_mutex_unlock(&e->lock);
   link_stop(e);
   pthread_mutex_lock(&e->lock);
-  /* A caller may still be inside an shm copy (lock released): its chunks hold
-   * registrations that are about to be freed. Its link is dead, so it stops there. */
-  while (e->shm_copying > 0) pthread_cond_wait(&e->cond, &e->lock);
+  /* Work still running without the lock (an shm copy) ends before what it holds goes. */
+  for (int i = 0; i < XPORT_MODS; i++)
+    if (e->mods[i]->quiesce) e->mods[i]->quiesce(e);
   link_free_graveyard(e);
   while (e->peers) peer_free(e, e->peers);
   for (size_t i = 0; i < e->regs.count; i++) {
-    rdma_dereg(((struct hixl_mem_reg *)e->regs.v[i])->mr);
+    for (int k = 0; k < XPORT_MODS; k++)
+      if (e->mods[k]->mem_dereg) e->mods[k]->mem_dereg(e, (struct hixl_mem_reg *)e->regs.v[i]);
     free(e->regs.v[i]);
   }
   memtab_free(&e->regs);
-  stage_close(e); /* its MR before the device */
-  erdma_close(e);
+  mods_close(e, XPORT_MODS);
   for (size_t i = 0; i < e->n_notifies; i++) {
     free(e->notifies[i].name);
     free(e->notifies[i].msg);
@@ -241,7 +262,10 @@ HixlStatus hixl_engine_register_tagged(HixlEngine *e, const HixlMemDesc *mem, Hi
     free(r);
     goto unlock;
   }
-  if ((st = erdma_reg(e, r)) != HIXL_SUCCESS) {
+  for (int k = 0; k < XPORT_MODS; k++) {
+    if (!e->mods[k]->mem_reg || (st = e->mods[k]->mem_reg(e, r)) == HIXL_SUCCESS) continue;
+    while (k-- > 0)
+      if (e->mods[k]->mem_dereg) e->mods[k]->mem_dereg(e, r);
     memtab_remove(&e->regs, &r->range);
     free(r);
     goto unlock;
@@ -271,7 +295,8 @@ HixlStatus HixlEngineDeregisterMem(HixlEngine *e, HixlMemHandle handle) {
   } else {
     memtab_remove(&e->regs, &r->range);
     link_broadcast_mem(e, WIRE_MEM_DEL, r);
-    rdma_dereg(r->mr);
+    for (int k = 0; k < XPORT_MODS; k++)
+      if (e->mods[k]->mem_dereg) e->mods[k]->mem_dereg(e, r);
     free(r);
   }
   pthread_mutex_unlock(&e->lock);
@@ -282,7 +307,7 @@ HixlStatus HixlEngineDeregisterMem(HixlEngine *e, HixlMemHandle handle) {
 
 /* Exchange HELLO / HELLO_ACK on a fresh blocking socket; fills the peer. */
 static HixlStatus handshake(HixlEngine *e, int fd, const char *remote, uint64_t deadline, struct peer *p,
-                            struct ibv_qp **qp, struct shm_peer **shm) {
+                            const struct xport_ops **xp, void **link) {
   uint8_t hello[WIRE_HDR_LEN + 6 + WIRE_MAX_NAME], hb[WIRE_HDR_LEN];
   struct wire_wr w;
   struct wire_hdr h;
@@ -326,25 +351,16 @@ static HixlStatus handshake(HixlEngine *e, int fd, const char *remote, uint64_t 
   size_t left = m.u.hello_ack.entries_len;
   struct wire_mem_entry me;
   while (wire_mem_entry_next(&cur, &left, &me)) link_peer_add_mem(p, &me);
-  /* Data path: shm for a peer on this host that the kernel lets us reach (auto or
-   * shm), else rdma when both ends have it (auto or rdma), else tcp. */
-  if (e->shm_on && (m.u.hello_ack.caps & WIRE_CAP_SHM)) {
-    if ((st = eshm_connect(e, fd, deadline, remote, p, shm)) != HIXL_SUCCESS || *shm) goto out;
-  } else if (e->opts.transport == HIXL_TRANSPORT_SHM) {
-    st = hixl_fail(HIXL_FAILED,
-                   "HixlEngineConnect: Transport is shm but %s does not offer same-host copies (its "
-                   "Transport is tcp or rdma, or it cannot read its boot id)",
-                   remote);
-    goto out;
+  /* Data path: the first transport that takes the link (xport_id order: shm for a
+   * peer on this host that the kernel lets us reach, else rdma when both ends have
+   * it, else tcp). Each passes on, or fails when Transport names it and it cannot. */
+  bool taken = false;
+  for (int i = 0; i < XPORT_MODS && !taken && st == HIXL_SUCCESS; i++) {
+    const struct xport_ops *x = e->mods[i];
+    if (!x->connect) continue;
+    st = x->connect(e, fd, deadline, remote, p, &taken, link);
+    if (taken) *xp = x;
   }
-  if (e->has_rdma && (m.u.hello_ack.caps & WIRE_CAP_RDMA))
-    st = erdma_connect(e, fd, deadline, remote, p, qp);
-  else if (e->opts.transport == HIXL_TRANSPORT_RDMA)
-    st = hixl_fail(HIXL_FAILED, "HixlEngineConnect: Transport is rdma but %s has no usable RDMA device",
-                   remote);
-  else
-    log_info("link to %s: tcp (%s)", remote,
-             e->has_rdma ? "the peer has no RDMA device" : "no RDMA device here");
 out:
   free(body);
   return st;
@@ -368,9 +384,9 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
   snprintf(p->name, sizeof(p->name), "%s", remote);
   int fd = sock_connect(&sa, deadline, &st);
   if (fd < 0) goto free_peer;
-  struct ibv_qp *qp = NULL;
-  struct shm_peer *shm = NULL;
-  st = handshake(e, fd, remote, deadline, p, &qp, &shm);
+  const struct xport_ops *xp = NULL;
+  void *link = NULL;
+  st = handshake(e, fd, remote, deadline, p, &xp, &link);
   if (st != HIXL_SUCCESS) goto close_fd;
 
   if ((st = engine_enter(e, "HixlEngineConnect")) != HIXL_SUCCESS) goto close_fd;
@@ -383,8 +399,6 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
   if (old) peer_free(e, old); /* a link that broke earlier: replaced */
   struct conn *c = link_conn_new(e, fd, CONN_INITIATOR);
   if (c) c->rx = RX_PARKED; /* nothing is owed yet; a hang-up still wakes the thread */
-  if (c) c->qp = qp;
-  if (c) c->shm = shm;
   if (!c || link_conn_watch(c) < 0) {
     pthread_mutex_unlock(&e->lock);
     if (c) {
@@ -394,7 +408,8 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: cannot set up the link to %s", remote);
     goto close_fd;
   }
-  if (shm) shm->conn = c;
+  if (xp->attach) xp->attach(c, link); /* c->xp: xp */
+  xp = NULL;
   snprintf(c->remote_name, sizeof(c->remote_name), "%s", p->remote_name[0] ? p->remote_name : remote);
   c->peer = p;
   p->conn = c;
@@ -404,8 +419,7 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
   pthread_mutex_unlock(&e->lock);
   return HIXL_SUCCESS;
 close_fd:
-  rdma_qp_free(qp);
-  eshm_peer_put(shm);
+  if (xp && xp->discard) xp->discard(link);
   close(fd);
 free_peer:
   for (size_t i = 0; i < p->rtab.count; i++) free(p->rtab.v[i]);
@@ -479,7 +493,7 @@ static HixlStatus req_wait(HixlEngine *e, struct conn *c, struct hixl_transfer_r
   } else if (r->outstanding > 0) {
     uint32_t left = r->outstanding;
     r->cancelled = true;
-    bool reset = erdma_req_timeout(e, r);
+    bool reset = mods_req_timeout(e, r);
     st = hixl_fail(
         HIXL_TIMEOUT, "%s: %u of %u chunks to %s unanswered at the deadline%s", fn, left, r->nchunks, remote,
         reset ? "; RDMA work requests were still posted, so the link was reset (Connect again)" : "");
@@ -539,13 +553,8 @@ static HixlStatus plan_ops(HixlEngine *e, struct conn *c, const HixlTransferOpDe
                            struct hixl_mem_reg **lregs, struct stage_plan *plan) {
   const struct stage_pool *pool = &e->pool;
   uint32_t caps = c->peer->caps;
-  /* Packing: on tcp, and on rdma when units travel by RDMA (STAGE_PULL / PUSH); shm
-   * already copies many ops per call. */
-  bool pack = pool->num > 0 && !c->shm && (caps & WIRE_CAP_STAGE) &&
-              (!c->qp || (pool->mr && (caps & WIRE_CAP_STAGE_RDMA)));
-  uint32_t threshold = !e->opts.stage_threshold_auto ? e->opts.stage_threshold
-                       : c->qp                       ? STAGE_AUTO_RDMA
-                                                     : STAGE_AUTO_TCP;
+  bool pack = stage_packs(c);
+  uint32_t threshold = stage_threshold(c);
   uint64_t ubytes = 0, useg = 0;
   memset(plan, 0, sizeof(*plan));
   for (size_t i = 0; i < count; i++) {
@@ -654,7 +663,7 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
    * peer advertised; otherwise it is staged (the peer checks it) or refused whole
    * before anything is sent (plan_ops). On a miss, one SYNC round trip first brings
    * the table up to date (the peer may have registered it a moment ago). */
-  if (c->qp || c->shm) {
+  if (c->xp->flags & XPORT_ONE_SIDED) {
     link_take_pending(c); /* the table must be current before anything is posted or copied */
     if (!(c = link_for(e, remote, fn, &st))) goto unlock;
   }
@@ -699,38 +708,17 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
       ch->len = (uint32_t)len;
       ch->seq = c->next_seq++;
       ch->kind = op == HIXL_READ ? CHUNK_READ : CHUNK_WRITE;
+      ch->rkey = rm->rkey;
       ch->tx.chunk = ch;
-      /* shm: copied by the caller or the progress thread, no frame */
-      if (c->shm) continue;
-      if (c->qp) { /* one-sided: posted as a work request, no frame */
-        ch->rkey = rm->rkey;
-        ch->next_pending = NULL;
-        if (c->rq_tail)
-          c->rq_tail->next_pending = ch;
-        else
-          c->rq_head = ch;
-        c->rq_tail = ch;
-        continue;
-      }
-      if (op == HIXL_WRITE) {
-        ch->tx.hdr_len = (uint32_t)wire_put_write_req(ch->tx.hdr, ch->seq, ch->raddr, ch->len);
-        ch->tx.payload = ch->laddr;
-        ch->tx.payload_len = len;
-      } else {
-        ch->tx.hdr_len = (uint32_t)wire_put_read_req(ch->tx.hdr, ch->seq, ch->raddr, ch->len);
-      }
-      link_enqueue(c, &ch->tx);
+      c->xp->post(c, ch); /* a frame (tcp), a work request (rdma), or nothing yet (shm) */
     }
   }
   if (plan.nunits > 0) {
     plan_units(e, descs, count, lregs, r, c, op);
     stage_submit(r); /* units with a free buffer go on the wire now, the rest wait in order */
   }
-  /* shm: a sync caller copies in link_drive; an async request goes to eshm_async. */
-  if (c->qp)
-    erdma_post(c, ERDMA_CALLER_POST); /* completions post the rest, in steps */
-  else if (!c->shm)
-    link_flush_some(c, LINK_CALLER_SEND); /* start here; the progress thread or driver goes on */
+  /* shm: a sync caller copies in link_drive; an async request goes to its async hook. */
+  if (c->xp->start) c->xp->start(c, r);
   *out = r;
   *out_conn = c;
 unlock:
@@ -760,9 +748,7 @@ HixlStatus HixlEngineTransferAsync(HixlEngine *e, const char *remote, HixlTransf
   if (st != HIXL_SUCCESS) return st;
   r->is_async = true;
   r->user_data = user_data;
-  if (!c->shm || r->ndirect < r->nchunks)
-    link_unpark(c);             /* nobody waits in a call: the progress thread receives the answers */
-  if (c->shm) eshm_async(c, r); /* copied now or queued; c may be gone after a copy */
+  c->xp->async(c, r); /* nobody waits in a call; shm: copied now or queued, c may be gone after */
   pthread_mutex_lock(&e->req_lock);
   int added = ptrset_add(&e->reqs, r);
   pthread_mutex_unlock(&e->req_lock);
@@ -828,7 +814,7 @@ HixlStatus HixlEngineGetTransferStatus(HixlEngine *e, HixlTransferReq req, HixlT
       s = HIXL_TRANSFER_TIMEOUT;
       hixl_fail(HIXL_TIMEOUT, "transfer: %u of %u chunks unanswered at the deadline", r->outstanding,
                 r->nchunks);
-      erdma_req_timeout(e, r);
+      mods_req_timeout(e, r);
     }
   }
   if (s != HIXL_TRANSFER_WAITING) {
@@ -1001,17 +987,8 @@ HixlStatus hixl_engine_link_info(HixlEngine *e, const char *remote, struct hixl_
   struct conn *c = link_for(e, remote, "hixl_engine_link_info", &st);
   if (c) {
     memset(info, 0, sizeof(*info));
-    info->rdma = c->qp != NULL;
-    snprintf(info->transport, sizeof(info->transport), "%s", c->shm ? "shm" : c->qp ? "rdma" : "tcp");
-    info->peer_pid = c->shm ? c->shm->pid : 0;
-    if (c->qp) {
-      info->qpn = rdma_qp_num(c->qp);
-      snprintf(info->device, sizeof(info->device), "%s", e->rdma.name);
-      info->tc_set = (uint8_t)e->opts.rdma_tc;
-      info->sl_set = (uint8_t)e->opts.rdma_sl;
-      if (rdma_qp_qos(c->qp, &info->tc_queried, &info->sl_queried) != 0)
-        st = hixl_fail(HIXL_FAILED, "hixl_engine_link_info: ibv_query_qp on QP 0x%x failed", info->qpn);
-    }
+    snprintf(info->transport, sizeof(info->transport), "%s", c->xp->name);
+    if (c->xp->info) st = c->xp->info(c, info);
   }
   pthread_mutex_unlock(&e->lock);
   return st;

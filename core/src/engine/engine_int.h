@@ -1,5 +1,6 @@
-/* engine internals: shared by api.c (public API) and link.c (progress
- * thread, connections, wire handling). One mutex per engine guards everything
+/* engine internals: the structures of the engine, its links and requests, and the
+ * link layer's functions (link.c), which the modules behind the transport interface
+ * (xport.h) and the public API (api.c) use. One mutex per engine guards everything
  * here; the progress thread takes it for each batch of events. */
 #ifndef HIXL_ENGINE_INT_H
 #define HIXL_ENGINE_INT_H
@@ -9,13 +10,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "transport/shm/cma.h"
 #include "engine/engine_ext.h"
+#include "engine/options.h"
+#include "engine/xport.h"
 #include "hixl/hixl_engine.h"
 #include "util/memtab.h"
-#include "engine/options.h"
 #include "util/ptrset.h"
-#include "transport/rdma/rdma.h"
 #include "wire/wire.h"
 
 #define ENGINE_TCP_CHUNK (1u << 20) /* ops larger than this are split */
@@ -27,7 +27,7 @@ struct hixl_mem_reg {
   HixlMemType type;
   uint32_t inflight;          /* chunks in flight that touch the range, either role */
   char tag[WIRE_MAX_TAG + 1]; /* advertised with the range; "" when untagged */
-  struct ibv_mr *mr;          /* with RDMA: registered with the engine's PD */
+  void *xmem;                 /* what the transport registering memory keeps (rdma: the MR) */
 };
 
 /* A peer's registration as it advertised it. */
@@ -89,7 +89,9 @@ struct chunk {
   uint8_t *sbuf;      /* the pool buffer, once it has one */
   struct conn *sconn; /* the link it goes on, while it waits */
   struct chunk *next_wait;
-  uint32_t *call_len; /* CHUNK_CALL: where the answer's length goes (laddr, len: its buffer) */
+  uint32_t *call_len;            /* CHUNK_CALL: where the answer's length goes (laddr, len: its buffer) */
+  const struct xport_ops *owner; /* the module told of its answer and its end (staged units) */
+  uint8_t answer;                /* the answer's wire type, when not the kind's usual one */
 };
 
 struct hixl_transfer_req {
@@ -110,18 +112,6 @@ struct hixl_transfer_req {
 
 enum conn_role { CONN_TARGET_HELLO, CONN_TARGET, CONN_INITIATOR };
 
-/* shm: the peer process an initiator link copies to and from (process_vm_*). Copies
- * run without the engine lock and hold a reference, so a link that dies meanwhile
- * cannot take this away from under them. Lock held for every field. */
-struct shm_peer {
-  uint32_t refs;     /* the link's, plus one per copy in progress */
-  uint32_t pid, uid; /* the target process, as it named itself and the probe proved */
-  int pidfd;         /* -1 where pidfd_open is missing */
-  struct conn *conn; /* NULL once the link died */
-  char name[WIRE_MAX_NAME + 1];
-  char why[384]; /* why the link died, once it did */
-};
-
 struct peer;
 
 struct conn {
@@ -134,7 +124,9 @@ struct conn {
   /* Who reads an initiator link: the progress thread; a sync caller (link_drive);
    * or nobody while nothing is pending (parked: only a hang-up wakes the thread). */
   enum { RX_PROGRESS, RX_CALLER, RX_PARKED } rx;
-  struct peer *peer; /* initiator side */
+  struct peer *peer;          /* initiator side */
+  const struct xport_ops *xp; /* the transport moving its data (tcp until a handshake says more) */
+  void *xs[XPORT_MODS];       /* each module's state for this link, or NULL */
   char remote_name[WIRE_MAX_NAME + 1];
   /* receive */
   uint8_t *rxbuf;
@@ -145,42 +137,20 @@ struct conn {
   /* A payload scattered over spans (staged units): the ones after the current. */
   const struct stage_seg *pay_span;
   uint32_t pay_nspan;
-  bool pay_span_remote;         /* the spans' raddr (target) rather than laddr (initiator) */
-  bool pay_discard;             /* drop the rest (the caller gave up, or the target refused) */
-  struct chunk *pay_chunk;      /* initiator READ_RESP being received */
-  struct hixl_mem_reg *pay_reg; /* target WRITE_REQ being received */
+  bool pay_span_remote;               /* the spans' raddr (target) rather than laddr (initiator) */
+  bool pay_discard;                   /* drop the rest (the caller gave up, or the target refused) */
+  struct chunk *pay_chunk;            /* initiator READ_RESP being received */
+  struct hixl_mem_reg *pay_reg;       /* target WRITE_REQ being received */
+  const struct xport_ops *pay_module; /* target: the module whose frame asked for the payload */
   uint64_t pay_seq;
   uint32_t pay_status;
-  /* target: the STAGE_WRITE being received into tbuf, then scattered */
-  bool pay_stage;
-  struct stage_seg *tsegs;     /* raddr and len used */
-  struct hixl_mem_reg **tregs; /* registrations the spans lie in, held while they fill */
-  uint32_t tregs_held;
-  uint32_t tsegs_n, tsegs_cap;
-  uint8_t *tbuf;
-  size_t tbuf_cap;
-  struct ibv_mr *tbuf_mr; /* tbuf registered, once a STAGE_PULL / STAGE_PUSH needed it */
-  bool stalled;           /* a STAGE_PULL / STAGE_PUSH is on the QP: no frame is read until it ends */
-  uint64_t stall_seq;
-  bool stall_pull;
-  size_t stage_queued; /* bytes of STAGE_READ answers queued, not yet sent */
+  bool stalled;        /* a module paused reading frames (a target's RDMA staged unit is on the QP) */
+  size_t stage_queued; /* bytes of owned answers (STAGE_READ) queued, not yet sent */
   /* send */
   struct txitem *txq_head, *txq_tail;
   /* initiator: chunks sent, in the order their responses will come */
   struct chunk *pend_head, *pend_tail;
   uint64_t next_seq;
-  /* RDMA data path (initiator: posts; target: only holds the QP) */
-  struct ibv_qp *qp;
-  struct chunk *rq_head, *rq_tail;       /* waiting for a send-queue slot */
-  struct chunk *rpend_head, *rpend_tail; /* posted, in completion order */
-  uint32_t sq_used;                      /* WRs posted and not yet completed */
-  uint32_t unsignaled;                   /* WRs posted since the last signaled one */
-  /* shm data path (initiator: copies; target: only shows the probe) */
-  struct shm_peer *shm;
-  struct chunk *sq_head, *sq_tail;  /* async chunks waiting for the progress thread */
-  uint64_t shm_turn;                /* progress-thread round that last served this link */
-  uint8_t shm_nonce[CMA_NONCE_LEN]; /* target: what an initiator's probe must read */
-  bool shm_nonce_set;
 };
 
 struct peer {
@@ -201,7 +171,7 @@ struct stage_pool {
   size_t buf_size; /* bytes per buffer */
   size_t unit;     /* bytes per staged unit: min(buf_size, WIRE_MAX_STAGE) */
   uint32_t num;
-  struct ibv_mr *mr; /* with RDMA: the whole pool, for STAGE_PULL / STAGE_PUSH */
+  void *mr; /* the rdma transport's MR of the whole pool, for STAGE_PULL / STAGE_PUSH */
   uint8_t **free;
   uint32_t nfree;
   struct chunk *wait_head, *wait_tail;
@@ -233,14 +203,10 @@ struct HixlEngine {
   struct memtab regs;
   struct peer *peers;
   struct conn *conns;
-  struct conn *graveyard; /* killed, freed by the progress thread after a batch */
-  struct rdma_dev rdma;   /* opened when the engine uses RDMA */
-  bool has_rdma;
-  bool shm_on;          /* Transport auto or shm, and this host's identity is known */
-  struct cma_self self; /* boot id, pid and uid told to shm peers */
-  size_t shm_queued;    /* async shm chunks waiting, on every link */
-  uint32_t shm_copying; /* threads inside a copy, lock released; Finalize waits for 0 */
-  uint64_t shm_round;   /* progress-thread rounds over links with shm work */
+  struct conn *graveyard;                   /* killed, freed by the progress thread after a batch */
+  const struct xport_ops *mods[XPORT_MODS]; /* the transports and the staging pool (xport.h) */
+  void *xe[XPORT_MODS];                     /* each module's engine state, or NULL */
+  const struct xport_ops *frame_owner[WIRE_TYPE_MAX_ + 1]; /* target frames a module owns */
   struct stage_pool pool;
   struct ptrset reqs;       /* async requests the caller holds; under req_lock too */
   pthread_mutex_t req_lock; /* taken after lock, or alone to poll a WAITING request */
@@ -250,7 +216,7 @@ struct HixlEngine {
   uint8_t scratch[64 << 10];                       /* sink for discarded payload */
 };
 
-/* link.c */
+/* link.c: the control plane every module uses */
 int link_start(struct HixlEngine *e, HixlStatus *st);
 int link_watch_listener(struct HixlEngine *e);
 void link_stop(struct HixlEngine *e);
@@ -283,58 +249,13 @@ void link_resume(struct conn *c);  /* a stalled target link reads again: frames 
 void link_take_pending(struct conn *c);
 void link_free_graveyard(struct HixlEngine *e);
 void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me);
-
-/* stage.c */
-HixlStatus stage_open(struct HixlEngine *e);
-void stage_open_rdma(struct HixlEngine *e);                        /* after erdma_open: the pool's MR */
-void stage_target_cq(struct conn *c, bool ok, const char *status); /* its STAGE_PULL / PUSH completed */
-void stage_close(struct HixlEngine *e);
-void stage_submit(struct hixl_transfer_req *r);     /* queue r's units for buffers, start what can */
-void stage_pump(struct HixlEngine *e);              /* give free buffers to waiting units */
-void stage_release(struct chunk *ch);               /* the unit ended: its buffer is free */
-uint32_t stage_cancel(struct hixl_transfer_req *r); /* end units still waiting; returns how many */
-void stage_conn_kill(struct conn *c, HixlStatus st, const char *msg);
-bool stage_rdma_refused(struct conn *c,
-                        struct chunk *ch); /* RESOURCE_EXHAUSTED for a PULL/PUSH: resent on the socket */
-void stage_read_done(struct chunk *ch);    /* STAGE_READ data arrived: scatter it */
-void stage_target_frame(struct conn *c, const struct wire_msg *m);
-void stage_target_write_done(struct conn *c);
-void stage_conn_free(struct conn *c);
-void stage_target_release(struct conn *c); /* let go of the registrations a STAGE_WRITE fills */
-HixlStatus stage_exhausted(struct HixlEngine *e, const char *fn, uint32_t units, const char *remote);
-#define STAGE_TARGET_QUEUE (64u << 20) /* STAGE_READ answer bytes a target queues per link */
-
-/* transport/rdma/xport_rdma.c */
-HixlStatus erdma_open(struct HixlEngine *e);
-void erdma_close(struct HixlEngine *e);
-HixlStatus erdma_reg(struct HixlEngine *e, struct hixl_mem_reg *r);
-uint32_t erdma_rkey(const struct hixl_mem_reg *r);
-HixlStatus erdma_connect(struct HixlEngine *e, int fd, uint64_t deadline, const char *remote, struct peer *p,
-                         struct ibv_qp **qp);
-void erdma_target_connect(struct conn *c, const struct wire_msg *m);
-void erdma_post(struct conn *c, size_t budget);
-#define ERDMA_CALLER_POST (4u << 20)  /* bytes a submitting thread posts itself */
-#define ERDMA_STEP        (64u << 20) /* bytes posted per completion event */
-void erdma_on_cq(struct HixlEngine *e);
-bool erdma_req_timeout(struct HixlEngine *e,
-                       struct hixl_transfer_req *r); /* reset a link with r's WRs posted */
-void erdma_conn_kill(struct conn *c, HixlStatus st, const char *msg);
+/* During Connect (blocking socket, no lock): receive the next frame into buf (header,
+ * then body), applying the MEM_ADD / MEM_DEL the target sends meanwhile to p. */
+HixlStatus link_handshake_recv(int fd, uint64_t deadline, struct peer *p, uint8_t *buf, size_t cap,
+                               struct wire_hdr *h);
 size_t link_mem_entry_len(const struct hixl_mem_reg *r);
+uint32_t link_mem_key(const struct HixlEngine *e, const struct hixl_mem_reg *r); /* the transports' key */
 uint32_t link_caps(const struct HixlEngine *e); /* WIRE_CAP_* this engine advertises */
-
-/* transport/shm/xport_shm.c */
-HixlStatus eshm_open(struct HixlEngine *e);
-uint32_t eshm_caps(const struct HixlEngine *e);
-HixlStatus eshm_connect(struct HixlEngine *e, int fd, uint64_t deadline, const char *remote, struct peer *p,
-                        struct shm_peer **out);
-void eshm_peer_put(struct shm_peer *s);
-void eshm_target_hello(struct conn *c, const struct wire_msg *m);
-void eshm_run_sync(struct conn *c, struct hixl_transfer_req *r);
-void eshm_async(struct conn *c, struct hixl_transfer_req *r);
-bool eshm_progress(struct HixlEngine *e);
-void eshm_conn_kill(struct conn *c, HixlStatus st, const char *msg);
-#define ESHM_STEP        (16u << 20) /* bytes per copy step: deadlines are checked between steps */
-#define ESHM_STEP_CHUNKS 1024u       /* chunks per progress-thread step */
-#define ESHM_CALLER_COPY (64u << 10) /* an async request this small is copied by its caller */
+void link_wake(struct HixlEngine *e);           /* the progress thread looks at its work now */
 
 #endif

@@ -1,12 +1,14 @@
-/* link: the progress thread and the TCP connections it drives.
+/* link: the control plane. The progress thread and the TCP connections it drives:
+ * framing, the HELLO handshake, memory tables, SYNC, NOTIFY and CALL, and the
+ * streaming of payloads. Every other frame belongs to a module behind the transport
+ * interface (xport.h), which the link reaches only through its table.
  *
- * Each connection has one role. A target connection (accepted) serves WRITE_REQ,
- * READ_REQ and NOTIFY from its initiator, checking every range against the
- * engine's registrations first. An initiator connection (from Connect) sends
- * request frames and matches responses, which come back in request order, to a
- * FIFO of pending chunks. Payloads move between the socket and registered memory
- * with no copy when they are large; small ones are copied out of the receive
- * buffer they arrived in. */
+ * Each connection has one role. A target connection (accepted) hands its frames to
+ * the module that owns their type (e->frame_owner). An initiator connection (from
+ * Connect) sends request frames and matches responses, which come back in request
+ * order, to a FIFO of pending chunks. Payloads move between the socket and
+ * registered memory with no copy when they are large; small ones are copied out of
+ * the receive buffer they arrived in. */
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -21,6 +23,7 @@
 #include "engine/engine_int.h"
 #include "util/log.h"
 #include "util/sock.h"
+#include "util/status_int.h"
 
 #define LINK_IOV_MAX     256
 #define LINK_READ_BUDGET (32u << 20) /* bytes per event before other links get a turn */
@@ -39,7 +42,7 @@ void link_req_maybe_free(struct hixl_transfer_req *r) {
 void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why) {
   struct hixl_transfer_req *r = ch->req;
   if (ch->lreg) ch->lreg->inflight--;
-  if (ch->sbuf || ch->waiting) stage_release(ch);
+  if (ch->owner && ch->owner->chunk_end) ch->owner->chunk_end(ch);
   if (st != HIXL_SUCCESS && r->status == HIXL_SUCCESS) {
     r->status = st;
     snprintf(r->err, sizeof(r->err), "%s", why);
@@ -65,6 +68,7 @@ struct conn *link_conn_new(struct HixlEngine *e, int fd, enum conn_role role) {
   c->fd = fd;
   c->role = role;
   c->next_seq = 1;
+  c->xp = e->mods[XPORT_TCP];
   return c;
 }
 
@@ -109,12 +113,10 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
            c->remote_name[0] ? c->remote_name : "(handshaking peer)", why);
   if (c->pay_reg) c->pay_reg->inflight--;
   c->pay_reg = NULL;
-  stage_target_release(c);
   if (c->pay_chunk) link_chunk_end(c->pay_chunk, st, msg); /* READ data cut off mid-payload */
-  erdma_conn_kill(c, st, msg);
-  eshm_conn_kill(c, st, msg);
-  stage_conn_kill(c, st, msg);
   c->pay_chunk = NULL;
+  for (int i = 0; i < XPORT_MODS; i++)
+    if (e->mods[i] && e->mods[i]->kill) e->mods[i]->kill(c, st, msg);
   c->pay_left = 0;
   /* Unsent frames: chunks end with the link's fate, responses are dropped. */
   while (c->txq_head) {
@@ -154,7 +156,8 @@ void link_free_graveyard(struct HixlEngine *e) {
   while (e->graveyard) {
     struct conn *c = e->graveyard;
     e->graveyard = c->next;
-    stage_conn_free(c);
+    for (int i = 0; i < XPORT_MODS; i++)
+      if (e->mods[i] && e->mods[i]->free) e->mods[i]->free(c);
     free(c->rxbuf);
     free(c);
   }
@@ -310,8 +313,42 @@ static int queue_heap(struct conn *c, uint8_t *frame, size_t len) {
 }
 
 uint32_t link_caps(const struct HixlEngine *e) {
-  return WIRE_CAP_TCP_DATA | (e->has_rdma ? WIRE_CAP_RDMA | WIRE_CAP_STAGE_RDMA : 0) | eshm_caps(e) |
-         WIRE_CAP_STAGE | (e->opts.stage_unregistered ? WIRE_CAP_STAGE_ANY : 0) | WIRE_CAP_CALL;
+  uint32_t caps = WIRE_CAP_CALL;
+  for (int i = 0; i < XPORT_MODS; i++)
+    if (e->mods[i] && e->mods[i]->caps) caps |= e->mods[i]->caps(e);
+  return caps;
+}
+
+uint32_t link_mem_key(const struct HixlEngine *e, const struct hixl_mem_reg *r) {
+  uint32_t key = 0;
+  for (int i = 0; i < XPORT_MODS && !key; i++)
+    if (e->mods[i] && e->mods[i]->mem_key) key = e->mods[i]->mem_key(r);
+  return key;
+}
+
+void link_wake(struct HixlEngine *e) {
+  uint64_t one = 1;
+  (void)!write(e->evfd, &one, sizeof(one));
+}
+
+HixlStatus link_handshake_recv(int fd, uint64_t deadline, struct peer *p, uint8_t *buf, size_t cap,
+                               struct wire_hdr *h) {
+  HixlStatus st;
+  for (;;) {
+    struct wire_msg m;
+    if ((st = sock_recv_all(fd, buf, WIRE_HDR_LEN, deadline)) != HIXL_SUCCESS) return st;
+    if (wire_parse_hdr(buf, h) != WIRE_OK || WIRE_HDR_LEN + h->body_len > cap)
+      return hixl_fail(HIXL_FAILED, "malformed frame");
+    if ((st = sock_recv_all(fd, buf + WIRE_HDR_LEN, h->body_len, deadline)) != HIXL_SUCCESS) return st;
+    if (h->type != WIRE_MEM_ADD && h->type != WIRE_MEM_DEL) return HIXL_SUCCESS;
+    if (wire_decode(h, buf + WIRE_HDR_LEN, &m) != WIRE_OK) return hixl_fail(HIXL_FAILED, "malformed frame");
+    if (h->type == WIRE_MEM_ADD) {
+      link_peer_add_mem(p, &m.u.mem);
+    } else {
+      struct memtab_entry *ent = memtab_find_exact(&p->rtab, m.u.mem.addr, m.u.mem.len);
+      if (ent && memtab_remove(&p->rtab, ent)) free(ent);
+    }
+  }
 }
 
 size_t link_mem_entry_len(const struct hixl_mem_reg *r) { return WIRE_MEM_ENTRY_FIXED + strlen(r->tag); }
@@ -336,7 +373,8 @@ void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct 
     struct wire_wr w;
     if (!buf) continue;
     wire_begin(&w, buf, cap, type);
-    wire_put_mem_entry(&w, r->range.addr, r->range.len, erdma_rkey(r), type == WIRE_MEM_ADD ? r->tag : NULL);
+    wire_put_mem_entry(&w, r->range.addr, r->range.len, link_mem_key(e, r),
+                       type == WIRE_MEM_ADD ? r->tag : NULL);
     size_t len = wire_end(&w, 0);
     if (queue_heap(c, buf, len) < 0) {
       free(buf);
@@ -367,7 +405,7 @@ static void send_hello_ack(struct conn *c, uint32_t status) {
   wire_put_u32(&w, status == WIRE_HELLO_OK ? (uint32_t)e->regs.count : 0);
   for (size_t i = 0; status == WIRE_HELLO_OK && i < e->regs.count; i++)
     wire_put_mem_entry(&w, e->regs.v[i]->addr, e->regs.v[i]->len,
-                       erdma_rkey((struct hixl_mem_reg *)e->regs.v[i]),
+                       link_mem_key(e, (struct hixl_mem_reg *)e->regs.v[i]),
                        ((struct hixl_mem_reg *)e->regs.v[i])->tag);
   size_t len = wire_end(&w, 0);
   if (len == 0 || queue_heap(c, buf, len) < 0) {
@@ -376,14 +414,6 @@ static void send_hello_ack(struct conn *c, uint32_t status) {
     return;
   }
   link_flush(c);
-}
-
-static struct hixl_mem_reg *target_range(struct conn *c, uint64_t addr, uint64_t len, const char *what) {
-  struct hixl_mem_reg *r = (struct hixl_mem_reg *)memtab_find(&c->eng->regs, addr, len);
-  if (!r)
-    log_warn("refused %s of [0x%llx, +%llu) from %s: not inside memory registered here", what,
-             (unsigned long long)addr, (unsigned long long)len, c->remote_name);
-  return r;
 }
 
 /* A CALL: the service's handler answers at once (in order with every other answer on
@@ -422,33 +452,6 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
     send_hello_ack(c, WIRE_HELLO_OK);
     log_info("accepted link from %s", c->remote_name);
     return;
-  case WIRE_WRITE_REQ: {
-    struct hixl_mem_reg *r = target_range(c, m->u.write_req.raddr, m->hdr.payload_len, "WRITE");
-    c->pay_seq = m->u.write_req.seq;
-    link_pay_single(c, r ? (uint8_t *)(uintptr_t)m->u.write_req.raddr : NULL, m->hdr.payload_len);
-    c->pay_reg = r;
-    c->pay_status = r ? HIXL_SUCCESS : HIXL_FAILED;
-    if (r) r->inflight++;
-    return;
-  }
-  case WIRE_READ_REQ: {
-    struct hixl_mem_reg *r = target_range(c, m->u.read_req.raddr, m->u.read_req.len, "READ");
-    size_t len = wire_put_ack(frame, WIRE_READ_RESP, m->u.read_req.seq, r ? HIXL_SUCCESS : HIXL_FAILED,
-                              r ? m->u.read_req.len : 0);
-    if (link_queue_small(c, frame, len, r ? (const uint8_t *)(uintptr_t)m->u.read_req.raddr : NULL,
-                         r ? m->u.read_req.len : 0, r) < 0) {
-      link_conn_kill(c, HIXL_FAILED, "out of memory");
-      return;
-    }
-    if (r) r->inflight++;
-    return;
-  }
-  case WIRE_STAGE_WRITE:
-  case WIRE_STAGE_READ:
-  case WIRE_STAGE_PULL:
-  case WIRE_STAGE_PUSH: stage_target_frame(c, m); return;
-  case WIRE_RDMA_CONNECT: erdma_target_connect(c, m); return;
-  case WIRE_SHM_HELLO: eshm_target_hello(c, m); return;
   case WIRE_SYNC: {
     size_t len = wire_put_ack(frame, WIRE_SYNC_ACK, m->u.ack.seq, HIXL_SUCCESS, 0);
     if (link_queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
@@ -489,7 +492,11 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
     if (link_queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
     return;
   }
-  default: break;
+  default: {
+    const struct xport_ops *x = e->frame_owner[m->hdr.type]; /* type_allowed: there is one */
+    if (x) x->target_frame(c, m);
+    return;
+  }
   }
 }
 
@@ -534,19 +541,6 @@ static void payload_advance(struct conn *c, size_t k) {
   c->pay_nspan--;
   c->pay_cur = s->len;
   c->pay_dst = c->pay_discard ? NULL : (uint8_t *)(uintptr_t)(c->pay_span_remote ? s->raddr : s->laddr);
-}
-
-/* Called when a WRITE_REQ payload has been fully received (or discarded). */
-static void target_write_done(struct conn *c) {
-  uint8_t frame[WIRE_SMALL_FRAME];
-  if (c->pay_stage) {
-    stage_target_write_done(c);
-    return;
-  }
-  if (c->pay_reg) c->pay_reg->inflight--;
-  c->pay_reg = NULL;
-  size_t len = wire_put_ack(frame, WIRE_WRITE_ACK, c->pay_seq, c->pay_status, 0);
-  if (link_queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
 }
 
 /* ---- initiator side ---- */
@@ -597,8 +591,7 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
       [CHUNK_WRITE] = WIRE_WRITE_ACK, [CHUNK_READ] = WIRE_READ_RESP,   [CHUNK_NOTIFY] = WIRE_NOTIFY_ACK,
       [CHUNK_SYNC] = WIRE_SYNC_ACK,   [CHUNK_SWRITE] = WIRE_WRITE_ACK, [CHUNK_SREAD] = WIRE_READ_RESP,
       [CHUNK_CALL] = WIRE_CALL_RESP};
-  bool srdma = ch && ch->srdma; /* STAGE_PULL / STAGE_PUSH are answered by WRITE_ACK */
-  if (!ch || m->u.ack.seq != ch->seq || m->hdr.type != (srdma ? WIRE_WRITE_ACK : expect[ch->kind]) ||
+  if (!ch || m->u.ack.seq != ch->seq || m->hdr.type != (ch->answer ? ch->answer : expect[ch->kind]) ||
       (m->hdr.type == WIRE_READ_RESP && m->u.ack.status == HIXL_SUCCESS && m->hdr.payload_len != ch->len)) {
     char why[192];
     snprintf(why, sizeof(why), "protocol error: unexpected %s seq %llu", wire_type_name(m->hdr.type),
@@ -614,15 +607,14 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   }
   if (m->hdr.type == WIRE_READ_RESP && m->hdr.payload_len > 0) {
     c->pay_chunk = ch;
-    if (ch->kind == CHUNK_SREAD) /* straight into the caller's ranges, in order */
+    if (ch->nsegs > 0) /* a staged READ: straight into the caller's ranges, in order */
       link_pay_spans(c, ch->segs, ch->nsegs, false, m->hdr.payload_len, ch->req->cancelled);
     else
       link_pay_single(c, ch->req->cancelled ? NULL : ch->laddr, m->hdr.payload_len);
     return;
   }
-  if (m->u.ack.status == HIXL_RESOURCE_EXHAUSTED && stage_rdma_refused(c, ch)) return;
+  if (ch->owner && ch->owner->answer && ch->owner->answer(c, ch, m)) return;
   if (m->u.ack.status == HIXL_SUCCESS) {
-    if (ch->kind == CHUNK_SREAD) stage_read_done(ch); /* pushed into its buffer by RDMA */
     link_chunk_end(ch, HIXL_SUCCESS, "");
     return;
   }
@@ -630,13 +622,6 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   if (ch->kind == CHUNK_NOTIFY)
     snprintf(why, sizeof(why), "%s refused the notification (%s; %d undrained at most)", c->remote_name,
              HixlStatusName(m->u.ack.status), HIXL_MAX_NOTIFY_QUEUE);
-  else if (ch->kind == CHUNK_SWRITE || ch->kind == CHUNK_SREAD)
-    snprintf(
-        why, sizeof(why),
-        "%s refused a staged %s of %u ranges, the first remote [0x%llx, +%u) (%s: a range is not "
-        "registered there and its StagingUnregistered is off, or is not mapped, or it ran out of memory)",
-        c->remote_name, ch->kind == CHUNK_SREAD ? "READ" : "WRITE", ch->nsegs,
-        (unsigned long long)ch->segs[0].raddr, ch->segs[0].len, HixlStatusName(m->u.ack.status));
   else
     snprintf(why, sizeof(why), "%s refused %s of remote [0x%llx, +%u): not inside memory registered there",
              c->remote_name, ch->kind == CHUNK_READ ? "READ" : "WRITE", (unsigned long long)ch->raddr,
@@ -654,7 +639,9 @@ static void payload_done(struct conn *c) {
     c->pay_chunk = NULL;
     link_chunk_end(ch, HIXL_SUCCESS, "");
   } else {
-    target_write_done(c);
+    const struct xport_ops *x = c->pay_module;
+    c->pay_module = NULL;
+    if (x) x->payload_done(c);
   }
 }
 
@@ -670,13 +657,12 @@ static void payload_take(struct conn *c, const uint8_t *buf, size_t n) {
 }
 
 /* Which frame types each role accepts; anything else is a protocol error. */
-static bool type_allowed(enum conn_role role, unsigned type) {
+static bool type_allowed(const struct HixlEngine *e, enum conn_role role, unsigned type) {
   switch (role) {
   case CONN_TARGET_HELLO: return type == WIRE_HELLO;
   case CONN_TARGET:
-    return type == WIRE_WRITE_REQ || type == WIRE_READ_REQ || type == WIRE_NOTIFY || type == WIRE_SYNC ||
-           type == WIRE_RDMA_CONNECT || type == WIRE_SHM_HELLO || type == WIRE_STAGE_WRITE ||
-           type == WIRE_STAGE_READ || type == WIRE_STAGE_PULL || type == WIRE_STAGE_PUSH || type == WIRE_CALL;
+    return type == WIRE_NOTIFY || type == WIRE_SYNC || type == WIRE_CALL ||
+           (type <= WIRE_TYPE_MAX_ && e->frame_owner[type] != NULL);
   case CONN_INITIATOR:
     return type == WIRE_WRITE_ACK || type == WIRE_READ_RESP || type == WIRE_NOTIFY_ACK ||
            type == WIRE_SYNC_ACK || type == WIRE_MEM_ADD || type == WIRE_MEM_DEL || type == WIRE_CALL_RESP;
@@ -700,7 +686,7 @@ static void parse_frames(struct conn *c) {
       link_conn_kill(c, HIXL_FAILED, "protocol version mismatch");
       return;
     }
-    if (err == WIRE_OK && !type_allowed(c->role, h.type)) {
+    if (err == WIRE_OK && !type_allowed(c->eng, c->role, h.type)) {
       char why[160];
       snprintf(why, sizeof(why), "protocol error: %s is not allowed on %s link: closing this link",
                wire_type_name(h.type),
@@ -849,16 +835,11 @@ void link_drive(struct conn *c, struct hixl_transfer_req *r) {
   struct HixlEngine *e = c->eng;
   enum chunk_kind k0 = r->chunks[0].kind;
   bool data = k0 != CHUNK_NOTIFY && k0 != CHUNK_SYNC && k0 != CHUNK_CALL;
-  if (c->shm && !c->dead && data) {
-    if (r->ndirect < r->nchunks) link_unpark(c); /* staged answers come on the socket */
-    if (r->ndirect > 0) eshm_run_sync(c, r);     /* the caller copies; c may be gone afterwards */
+  if (data && c->xp->drive && !c->dead) { /* the transport moves it, or watches it move */
+    c->xp->drive(c, r);                   /* c may be gone afterwards */
     return;
   }
   if (c->dead || c->rx == RX_CALLER) return;
-  if (c->qp && data) {
-    link_unpark(c); /* RDMA data completes on the CQ (progress thread); TCP frames still need a reader */
-    return;
-  }
   bool was_progress = c->rx == RX_PROGRESS;
   c->rx = RX_CALLER;
   if (was_progress) conn_arm(c); /* a parked link needs no epoll change */
@@ -873,7 +854,8 @@ void link_drive(struct conn *c, struct hixl_transfer_req *r) {
     if (n <= 0 || c->dead) continue;
     if (p.revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL)) conn_on_readable(c);
     if (!c->dead && (p.revents & POLLOUT)) link_flush(c);
-    stage_pump(e); /* buffers our answers freed go to the next units at once */
+    const struct xport_ops *sx = e->mods[XPORT_STAGE];
+    if (sx && sx->progress) sx->progress(e); /* buffers our answers freed go to the next units at once */
   }
   if (c->dead) {
     conn_bury(c);
@@ -926,8 +908,9 @@ static void *progress_main(void *arg) {
       void *ptr = evs[i].data.ptr;
       if (ptr == &e->listen_fd) {
         accept_all(e);
-      } else if (ptr == &e->rdma) {
-        erdma_on_cq(e);
+      } else if (ptr >= (void *)e->mods && ptr < (void *)(e->mods + XPORT_MODS)) {
+        const struct xport_ops *x = *(const struct xport_ops *const *)ptr;
+        x->on_event(e);
       } else if (ptr == &e->evfd) {
         uint64_t v;
         (void)!read(e->evfd, &v, sizeof(v));
@@ -940,8 +923,10 @@ static void *progress_main(void *arg) {
         if (!c->dead && (ev & EPOLLOUT)) link_flush(c);
       }
     }
-    wait_ms = eshm_progress(e) ? 0 : -1; /* one step per link, then events get a turn */
-    stage_pump(e);
+    bool more = false; /* one step per link, then events get a turn */
+    for (int m = 0; m < XPORT_MODS; m++)
+      if (e->mods[m] && e->mods[m]->progress) more |= e->mods[m]->progress(e);
+    wait_ms = more ? 0 : -1;
     link_free_graveyard(e);
     pthread_mutex_unlock(&e->lock);
   }
@@ -956,6 +941,9 @@ int link_watch_listener(struct HixlEngine *e) {
 int link_start(struct HixlEngine *e, HixlStatus *st) {
   (void)st;
   struct epoll_event ev = {.events = EPOLLIN};
+  memset(e->frame_owner, 0, sizeof(e->frame_owner));
+  for (int i = 0; i < XPORT_MODS; i++)
+    for (const uint8_t *t = e->mods[i]->frames; t && *t; t++) e->frame_owner[*t] = e->mods[i];
   e->epfd = epoll_create1(EPOLL_CLOEXEC);
   if (e->epfd < 0) goto err;
   e->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -963,9 +951,12 @@ int link_start(struct HixlEngine *e, HixlStatus *st) {
   ev.data.ptr = &e->evfd;
   if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->evfd, &ev) < 0) goto close_ev;
   if (e->listen_fd >= 0 && link_watch_listener(e) < 0) goto close_ev;
-  if (e->has_rdma) {
-    ev.data.ptr = &e->rdma;
-    if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, rdma_chan_fd(&e->rdma), &ev) < 0) goto close_ev;
+  for (int i = 0; i < XPORT_MODS; i++) {
+    const struct xport_ops *x = e->mods[i];
+    int fd = x && x->event_fd ? x->event_fd(e) : -1;
+    if (fd < 0) continue;
+    ev.data.ptr = (void *)&e->mods[i];
+    if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) goto close_ev;
   }
   if (pthread_create(&e->thread, NULL, progress_main, e) != 0) goto close_ev;
   return 0;

@@ -17,11 +17,36 @@
 #include <unistd.h>
 
 #include "engine/engine_int.h"
+#include "engine/stage.h"
+#include "transport/rdma/xport_rdma.h"
+#include "transport/shm/cma.h"
 #include "util/log.h"
 #include "util/sock.h"
 #include "util/status_int.h"
 
-HixlStatus stage_open(struct HixlEngine *e) {
+#define STAGE_TARGET_QUEUE (64u << 20) /* STAGE_READ answer bytes a target queues per link */
+
+/* A target link's staged state (c->xs[XPORT_STAGE]), made at its first staged frame. */
+struct stage_link {
+  struct stage_seg *tsegs;     /* the frame's ranges: raddr and len used */
+  struct hixl_mem_reg **tregs; /* registrations the spans lie in, held while they fill */
+  uint32_t tregs_held;
+  uint32_t tsegs_n, tsegs_cap;
+  uint8_t *tbuf; /* bounce buffer: unregistered ranges, and units moved by RDMA */
+  size_t tbuf_cap;
+  struct ibv_mr *tbuf_mr; /* tbuf registered, once a STAGE_PULL / STAGE_PUSH needed it */
+  uint64_t stall_seq;     /* the STAGE_PULL / STAGE_PUSH whose WR is on the QP */
+  bool stall_pull;
+};
+
+static struct stage_link *sl_of(struct conn *c) {
+  if (!c->xs[XPORT_STAGE]) c->xs[XPORT_STAGE] = calloc(1, sizeof(struct stage_link));
+  return c->xs[XPORT_STAGE];
+}
+
+static void stage_open_rdma(struct HixlEngine *e);
+
+static HixlStatus stage_open(struct HixlEngine *e) {
   struct stage_pool *p = &e->pool;
   memset(p, 0, sizeof(*p));
   if (e->opts.pool_num == 0) return HIXL_SUCCESS; /* "0:0": staging off */
@@ -42,24 +67,26 @@ HixlStatus stage_open(struct HixlEngine *e) {
   }
   for (uint32_t i = 0; i < p->num; i++) p->free[i] = p->mem + (size_t)(p->num - 1 - i) * p->buf_size;
   p->nfree = p->num;
+  stage_open_rdma(e); /* the pool's MR, when the locked-memory limit allows it */
   return HIXL_SUCCESS;
 }
 
-void stage_open_rdma(struct HixlEngine *e) {
+static void stage_open_rdma(struct HixlEngine *e) {
   struct stage_pool *p = &e->pool;
+  struct rdma_dev *d = erdma_dev(e);
   char err[384];
-  if (!e->has_rdma || !p->mem) return;
-  p->mr = rdma_reg(&e->rdma, p->mem, p->mem_len, err, sizeof(err));
+  if (!d || !p->mem) return;
+  p->mr = rdma_reg(d, p->mem, p->mem_len, err, sizeof(err));
   /* Not fatal: without the MR, staged units on rdma links go over the socket and
    * small ops there are not packed. Memory the caller registers may still fit. */
   if (!p->mr)
     log_warn("engine %s: BufferPool %u:%u is not registered with %s, so staged data on rdma links goes "
              "over the socket: %s",
-             e->local_name, e->opts.pool_num, e->opts.pool_size_mb, e->rdma.name, err);
+             e->local_name, e->opts.pool_num, e->opts.pool_size_mb, d->name, err);
 }
 
-/* Also before the RDMA device closes: the pool's MR goes first. */
-void stage_close(struct HixlEngine *e) {
+/* Before the RDMA device closes (modules close in reverse order): the pool's MR first. */
+static void stage_close(struct HixlEngine *e) {
   struct stage_pool *p = &e->pool;
   rdma_dereg(p->mr);
   if (p->mem) munmap(p->mem, p->mem_len);
@@ -69,6 +96,7 @@ void stage_close(struct HixlEngine *e) {
 
 static void stage_enqueue(struct chunk *ch) {
   struct stage_pool *p = &ch->req->eng->pool;
+  ch->owner = &xport_stage;
   ch->waiting = true;
   ch->next_wait = NULL;
   if (p->wait_tail)
@@ -94,16 +122,14 @@ static void wait_remove(struct stage_pool *p, struct chunk *ch) {
   ch->next_wait = NULL;
 }
 
-void stage_release(struct chunk *ch) {
+/* The unit ended: its buffer is free. */
+static void stage_release(struct chunk *ch) {
   struct stage_pool *p = &ch->req->eng->pool;
   if (ch->waiting) wait_remove(p, ch);
   if (!ch->sbuf) return;
   p->free[p->nfree++] = ch->sbuf;
   ch->sbuf = NULL;
-  if (p->wait_head) { /* the progress thread hands it on at the end of its batch */
-    uint64_t one = 1;
-    (void)!write(ch->req->eng->evfd, &one, sizeof(one));
-  }
+  if (p->wait_head) link_wake(ch->req->eng); /* the progress thread hands it on after its batch */
 }
 
 HixlStatus stage_exhausted(struct HixlEngine *e, const char *fn, uint32_t units, const char *remote) {
@@ -133,8 +159,12 @@ uint32_t stage_cancel(struct hixl_transfer_req *r) {
   return n;
 }
 
-void stage_conn_kill(struct conn *c, HixlStatus st, const char *msg) {
+static void stage_target_release(struct conn *c);
+
+/* The link is dying: its waiting units end, a target lets go of what it held. */
+static void stage_kill(struct conn *c, HixlStatus st, const char *msg) {
   struct stage_pool *p = &c->eng->pool;
+  stage_target_release(c);
   struct chunk *w = p->wait_head;
   while (w) {
     struct chunk *next = w->next_wait;
@@ -156,7 +186,9 @@ static int unit_queue(struct stage_pool *p, struct chunk *ch, struct conn *c) {
   ch->seq = c->next_seq++; /* numbered now: frames go out, and answers come back, in this order */
   /* On a QP the target moves the packed data itself (one RDMA READ or WRITE of this
    * buffer); otherwise the data follows the frame on the socket. */
-  ch->srdma = c->qp && p->mr && c->peer && (c->peer->caps & WIRE_CAP_STAGE_RDMA);
+  ch->srdma = (c->xp->flags & XPORT_STAGE_RDMA) && erdma_has_qp(c) && p->mr && c->peer &&
+              (c->peer->caps & WIRE_CAP_STAGE_RDMA);
+  ch->answer = ch->srdma ? WIRE_WRITE_ACK : 0; /* STAGE_PULL / STAGE_PUSH are answered by WRITE_ACK */
   if (ch->srdma)
     flen = wire_put_stage_rdma(frame, write ? WIRE_STAGE_PULL : WIRE_STAGE_PUSH, ch->seq,
                                (uint64_t)(uintptr_t)ch->sbuf, rdma_mr_rkey(p->mr), ch->nsegs);
@@ -193,7 +225,7 @@ static void unit_start(struct stage_pool *p, struct chunk *ch) {
   p->stats.bytes += ch->len;
 }
 
-bool stage_rdma_refused(struct conn *c, struct chunk *ch) {
+static bool stage_rdma_refused(struct conn *c, struct chunk *ch) {
   if (!ch->srdma || ch->req->cancelled || !c->peer) return false;
   /* The target could not take the unit by RDMA (out of locked memory for its bounce
    * buffer): this unit and every later one to that peer go on the socket. */
@@ -205,7 +237,8 @@ bool stage_rdma_refused(struct conn *c, struct chunk *ch) {
   return true;
 }
 
-void stage_pump(struct HixlEngine *e) {
+/* Give free buffers to waiting units. */
+static void stage_pump(struct HixlEngine *e) {
   struct stage_pool *p = &e->pool;
   uint64_t now = 0;
   while (p->wait_head && p->nfree > 0) {
@@ -238,13 +271,56 @@ void stage_submit(struct hixl_transfer_req *r) {
   for (uint32_t i = r->ndirect; i < r->nchunks; i++) p->stats.waits += r->chunks[i].waiting;
 }
 
-void stage_read_done(struct chunk *ch) {
+static bool stage_progress(struct HixlEngine *e) {
+  stage_pump(e);
+  return false;
+}
+
+bool stage_packs(const struct conn *c) {
+  const struct stage_pool *pool = &c->eng->pool;
+  uint32_t caps = c->peer->caps;
+  /* On the socket; on rdma when units travel by RDMA (STAGE_PULL / PUSH). shm
+   * already copies many ops per call. */
+  return pool->num > 0 && (caps & WIRE_CAP_STAGE) &&
+         ((c->xp->flags & XPORT_STAGE_PACK) ||
+          ((c->xp->flags & XPORT_STAGE_RDMA) && pool->mr && (caps & WIRE_CAP_STAGE_RDMA)));
+}
+
+uint32_t stage_threshold(const struct conn *c) {
+  const struct HixlEngine *e = c->eng;
+  return e->opts.stage_threshold_auto ? c->xp->stage_threshold : e->opts.stage_threshold;
+}
+
+/* STAGE_READ data arrived by RDMA in the unit's buffer: scatter it. */
+static void stage_read_done(struct chunk *ch) {
   size_t off = 0;
   if (ch->req->cancelled) return; /* the caller gave up: its memory is its own again */
   for (uint32_t i = 0; i < ch->nsegs; i++) {
     memcpy((void *)(uintptr_t)ch->segs[i].laddr, ch->sbuf + off, ch->segs[i].len);
     off += ch->segs[i].len;
   }
+}
+
+/* An answer to one of our units, matched by the link. */
+static bool stage_answer(struct conn *c, struct chunk *ch, const struct wire_msg *m) {
+  uint32_t st = m->u.ack.status;
+  if (st == HIXL_RESOURCE_EXHAUSTED && stage_rdma_refused(c, ch)) return true;
+  if (st == HIXL_SUCCESS) {
+    if (ch->kind == CHUNK_SREAD) stage_read_done(ch); /* pushed into its buffer by RDMA */
+    return false;
+  }
+  char why[512];
+  snprintf(why, sizeof(why),
+           "%s refused a staged %s of %u ranges, the first remote [0x%llx, +%u) (%s: a range is not "
+           "registered there and its StagingUnregistered is off, or is not mapped, or it ran out of memory)",
+           c->remote_name, ch->kind == CHUNK_SREAD ? "READ" : "WRITE", ch->nsegs,
+           (unsigned long long)ch->segs[0].raddr, ch->segs[0].len, HixlStatusName(st));
+  link_chunk_end(ch, st == HIXL_RESOURCE_EXHAUSTED ? HIXL_RESOURCE_EXHAUSTED : HIXL_FAILED, why);
+  return true;
+}
+
+static void stage_chunk_end(struct chunk *ch) {
+  if (ch->sbuf || ch->waiting) stage_release(ch);
 }
 
 /* ---- target side ---- */
@@ -301,18 +377,19 @@ static bool target_copy(struct conn *c, const struct stage_seg *s, uint32_t n, u
   return true;
 }
 
-/* c->tbuf of at least len bytes, registered when mr (for STAGE_PULL / PUSH). */
-static int tbuf_reserve(struct conn *c, size_t len, bool mr) {
+/* t->tbuf of at least len bytes, registered when mr (for STAGE_PULL / PUSH). */
+static int tbuf_reserve(struct conn *c, struct stage_link *t, size_t len, bool mr) {
   char err[384];
-  if (c->tbuf_cap < len) {
-    rdma_dereg(c->tbuf_mr);
-    c->tbuf_mr = NULL;
-    free(c->tbuf);
-    c->tbuf_cap = 0;
-    if (!(c->tbuf = malloc(len))) return -1;
-    c->tbuf_cap = len;
+  if (t->tbuf_cap < len) {
+    rdma_dereg(t->tbuf_mr);
+    t->tbuf_mr = NULL;
+    free(t->tbuf);
+    t->tbuf_cap = 0;
+    if (!(t->tbuf = malloc(len))) return -1;
+    t->tbuf_cap = len;
   }
-  if (mr && !c->tbuf_mr && !(c->tbuf_mr = rdma_reg(&c->eng->rdma, c->tbuf, c->tbuf_cap, err, sizeof(err)))) {
+  if (mr && !t->tbuf_mr &&
+      !(t->tbuf_mr = rdma_reg(erdma_dev(c->eng), t->tbuf, t->tbuf_cap, err, sizeof(err)))) {
     log_warn("staged transfer from %s: %s", c->remote_name, err);
     return -1;
   }
@@ -327,118 +404,127 @@ static void target_ack(struct conn *c, uint64_t seq, uint32_t status) {
 }
 
 /* Whether every range of the frame just taken lies in one registration; fills tregs. */
-static bool regs_all(struct conn *c) {
-  for (uint32_t i = 0; i < c->tsegs_n; i++)
-    if (!(c->tregs[i] =
-              (struct hixl_mem_reg *)memtab_find(&c->eng->regs, c->tsegs[i].raddr, c->tsegs[i].len)))
+static bool regs_all(struct conn *c, struct stage_link *t) {
+  for (uint32_t i = 0; i < t->tsegs_n; i++)
+    if (!(t->tregs[i] =
+              (struct hixl_mem_reg *)memtab_find(&c->eng->regs, t->tsegs[i].raddr, t->tsegs[i].len)))
       return false;
   return true;
 }
 
-static int tsegs_take(struct conn *c, const struct wire_msg *m) {
-  if (c->tsegs_cap < m->u.stage.count) {
-    struct stage_seg *v = realloc(c->tsegs, m->u.stage.count * sizeof(*v));
+static int tsegs_take(struct stage_link *t, const struct wire_msg *m) {
+  if (t->tsegs_cap < m->u.stage.count) {
+    struct stage_seg *v = realloc(t->tsegs, m->u.stage.count * sizeof(*v));
     if (!v) return -1;
-    c->tsegs = v;
-    struct hixl_mem_reg **r = realloc(c->tregs, m->u.stage.count * sizeof(*r));
+    t->tsegs = v;
+    struct hixl_mem_reg **r = realloc(t->tregs, m->u.stage.count * sizeof(*r));
     if (!r) return -1;
-    c->tregs = r;
-    c->tsegs_cap = m->u.stage.count;
+    t->tregs = r;
+    t->tsegs_cap = m->u.stage.count;
   }
   for (uint32_t i = 0; i < m->u.stage.count; i++) {
-    c->tsegs[i].laddr = 0;
-    wire_stage_seg(m, i, &c->tsegs[i].raddr, &c->tsegs[i].len);
+    t->tsegs[i].laddr = 0;
+    wire_stage_seg(m, i, &t->tsegs[i].raddr, &t->tsegs[i].len);
   }
-  c->tsegs_n = m->u.stage.count;
+  t->tsegs_n = m->u.stage.count;
   return 0;
 }
+
+static void target_rdma_done(struct conn *c, bool ok, const char *status);
 
 /* STAGE_PULL: RDMA READ the initiator's buffer into tbuf, then check and scatter.
  * STAGE_PUSH: check, gather into tbuf, RDMA WRITE it to the initiator's buffer.
  * Either way one WR is on the QP and the link reads no further frame until it
- * completes (stage_target_cq), so answers keep their order. */
-static void target_rdma(struct conn *c, const struct wire_msg *m) {
+ * completes (target_rdma_done), so answers keep their order. */
+static void target_rdma(struct conn *c, struct stage_link *t, const struct wire_msg *m) {
   bool pull = m->hdr.type == WIRE_STAGE_PULL, unreg = false;
   uint32_t st = HIXL_SUCCESS;
-  if (!c->qp) {
+  if (!erdma_has_qp(c)) {
     log_warn("%s sent %s on a link without a QP: refused", c->remote_name, wire_type_name(m->hdr.type));
     st = HIXL_FAILED;
-  } else if (tsegs_take(c, m) < 0 || tbuf_reserve(c, m->u.stage.total, true) < 0) {
+  } else if (tsegs_take(t, m) < 0 || tbuf_reserve(c, t, m->u.stage.total, true) < 0) {
     st = HIXL_RESOURCE_EXHAUSTED;
-  } else if (!target_check(c, c->tsegs, c->tsegs_n, pull, &unreg) ||
-             (!pull && !target_copy(c, c->tsegs, c->tsegs_n, c->tbuf, false, unreg))) {
+  } else if (!target_check(c, t->tsegs, t->tsegs_n, pull, &unreg) ||
+             (!pull && !target_copy(c, t->tsegs, t->tsegs_n, t->tbuf, false, unreg))) {
     st = HIXL_FAILED;
   }
   if (st != HIXL_SUCCESS) {
     target_ack(c, m->u.stage.seq, st);
     return;
   }
-  int rc = rdma_post(c->qp, !pull, c->tbuf, (uint32_t)m->u.stage.total, rdma_mr_lkey(c->tbuf_mr),
-                     m->u.stage.buf, m->u.stage.rkey, (uint64_t)(uintptr_t)c, true);
+  int rc = erdma_post_own(c, !pull, t->tbuf, (uint32_t)m->u.stage.total, t->tbuf_mr, m->u.stage.buf,
+                          m->u.stage.rkey, target_rdma_done);
   if (rc != 0) {
     char why[160];
     snprintf(why, sizeof(why), "ibv_post_send of a staged %s on QP 0x%x failed: %s", pull ? "READ" : "WRITE",
-             rdma_qp_num(c->qp), strerror(rc));
+             erdma_qpn(c), strerror(rc));
     link_conn_kill(c, HIXL_FAILED, why);
     return;
   }
   c->stalled = true;
-  c->stall_seq = m->u.stage.seq;
-  c->stall_pull = pull;
+  t->stall_seq = m->u.stage.seq;
+  t->stall_pull = pull;
   link_rearm(c);
 }
 
-void stage_target_cq(struct conn *c, bool ok, const char *status) {
+/* The target's STAGE_PULL / STAGE_PUSH work request completed. */
+static void target_rdma_done(struct conn *c, bool ok, const char *status) {
+  struct stage_link *t = c->xs[XPORT_STAGE];
   bool unreg;
-  if (!c->stalled) return;
+  if (!c->stalled || !t) return;
   c->stalled = false;
   if (!ok) {
     char why[192];
     snprintf(why, sizeof(why), "RDMA %s of a staged unit failed: %s (QP 0x%x)",
-             c->stall_pull ? "READ" : "WRITE", status, rdma_qp_num(c->qp));
+             t->stall_pull ? "READ" : "WRITE", status, erdma_qpn(c));
     link_conn_kill(c, HIXL_FAILED, why); /* a QP in error is a broken link */
     return;
   }
   uint32_t st = HIXL_SUCCESS;
   /* Checked again: a range may have been deregistered while the data was in flight. */
-  if (c->stall_pull && (!target_check(c, c->tsegs, c->tsegs_n, true, &unreg) ||
-                        !target_copy(c, c->tsegs, c->tsegs_n, c->tbuf, true, unreg)))
+  if (t->stall_pull && (!target_check(c, t->tsegs, t->tsegs_n, true, &unreg) ||
+                        !target_copy(c, t->tsegs, t->tsegs_n, t->tbuf, true, unreg)))
     st = HIXL_FAILED;
-  target_ack(c, c->stall_seq, st);
+  target_ack(c, t->stall_seq, st);
   if (!c->dead) link_resume(c);
 }
 
-void stage_target_frame(struct conn *c, const struct wire_msg *m) {
+static void stage_target_frame(struct conn *c, const struct wire_msg *m) {
+  struct stage_link *t = sl_of(c);
   bool unreg;
+  if (!t) {
+    link_conn_kill(c, HIXL_FAILED, "out of memory");
+    return;
+  }
   if (m->hdr.type == WIRE_STAGE_WRITE) {
-    /* Receive the data whole, then check and scatter it (stage_target_write_done). */
+    /* Receive the data whole, then check and scatter it (stage_payload_done). */
     c->pay_seq = m->u.stage.seq;
     c->pay_left = m->hdr.payload_len;
     c->pay_reg = NULL;
-    c->pay_stage = true;
+    c->pay_module = &xport_stage;
     c->pay_status = HIXL_SUCCESS;
-    if (tsegs_take(c, m) < 0) {
+    if (tsegs_take(t, m) < 0) {
       c->pay_status = HIXL_RESOURCE_EXHAUSTED;
       link_pay_single(c, NULL, m->hdr.payload_len);
       return;
     }
     /* Every range registered: received in place, each registration held meanwhile.
      * Otherwise (StagingUnregistered on) into tbuf, checked and copied at the end. */
-    if (regs_all(c)) {
-      for (uint32_t k = 0; k < c->tsegs_n; k++) c->tregs[k]->inflight++;
-      c->tregs_held = c->tsegs_n;
-      link_pay_spans(c, c->tsegs, c->tsegs_n, true, m->hdr.payload_len, false);
+    if (regs_all(c, t)) {
+      for (uint32_t k = 0; k < t->tsegs_n; k++) t->tregs[k]->inflight++;
+      t->tregs_held = t->tsegs_n;
+      link_pay_spans(c, t->tsegs, t->tsegs_n, true, m->hdr.payload_len, false);
       return;
     }
-    if (!target_check(c, c->tsegs, c->tsegs_n, true, &unreg))
+    if (!target_check(c, t->tsegs, t->tsegs_n, true, &unreg))
       c->pay_status = HIXL_FAILED; /* refused before a byte lands: the data is dropped */
-    else if (tbuf_reserve(c, m->hdr.payload_len, false) < 0)
+    else if (tbuf_reserve(c, t, m->hdr.payload_len, false) < 0)
       c->pay_status = HIXL_RESOURCE_EXHAUSTED;
-    link_pay_single(c, c->pay_status == HIXL_SUCCESS ? c->tbuf : NULL, m->hdr.payload_len);
+    link_pay_single(c, c->pay_status == HIXL_SUCCESS ? t->tbuf : NULL, m->hdr.payload_len);
     return;
   }
   if (m->hdr.type == WIRE_STAGE_PULL || m->hdr.type == WIRE_STAGE_PUSH) {
-    target_rdma(c, m);
+    target_rdma(c, t, m);
     return;
   }
   /* STAGE_READ, answered as one READ_RESP: registered ranges are sent from where they
@@ -451,9 +537,9 @@ void stage_target_frame(struct conn *c, const struct wire_msg *m) {
     link_conn_kill(c, HIXL_FAILED, "out of memory");
     return;
   }
-  if (c->stage_queued + m->u.stage.total > STAGE_TARGET_QUEUE || tsegs_take(c, m) < 0) {
+  if (c->stage_queued + m->u.stage.total > STAGE_TARGET_QUEUE || tsegs_take(t, m) < 0) {
     st = HIXL_RESOURCE_EXHAUSTED;
-  } else if (regs_all(c)) {
+  } else if (regs_all(c, t)) {
     struct stage_seg *g = malloc(n * (sizeof(*g) + sizeof(struct hixl_mem_reg *)));
     if (!g) {
       st = HIXL_RESOURCE_EXHAUSTED;
@@ -461,10 +547,10 @@ void stage_target_frame(struct conn *c, const struct wire_msg *m) {
       it->own_block = g;
       it->own_regs = (struct hixl_mem_reg **)(g + n);
       for (uint32_t i = 0; i < n; i++) {
-        g[i].laddr = c->tsegs[i].raddr; /* sent from here */
-        g[i].len = c->tsegs[i].len;
-        it->own_regs[i] = c->tregs[i];
-        c->tregs[i]->inflight++;
+        g[i].laddr = t->tsegs[i].raddr; /* sent from here */
+        g[i].len = t->tsegs[i].len;
+        it->own_regs[i] = t->tregs[i];
+        t->tregs[i]->inflight++;
       }
       it->n_own_regs = n;
       it->gather = g;
@@ -472,8 +558,8 @@ void stage_target_frame(struct conn *c, const struct wire_msg *m) {
     }
   } else if (!(buf = malloc(m->u.stage.total))) {
     st = HIXL_RESOURCE_EXHAUSTED;
-  } else if (!target_check(c, c->tsegs, c->tsegs_n, false, &unreg) ||
-             !target_copy(c, c->tsegs, c->tsegs_n, buf, false, unreg)) {
+  } else if (!target_check(c, t->tsegs, t->tsegs_n, false, &unreg) ||
+             !target_copy(c, t->tsegs, t->tsegs_n, buf, false, unreg)) {
     st = HIXL_FAILED;
     free(buf);
     buf = NULL;
@@ -488,35 +574,63 @@ void stage_target_frame(struct conn *c, const struct wire_msg *m) {
   link_enqueue(c, it);
 }
 
-void stage_target_release(struct conn *c) {
-  for (uint32_t i = 0; i < c->tregs_held; i++) c->tregs[i]->inflight--;
-  c->tregs_held = 0;
+/* Let go of the registrations a STAGE_WRITE fills. */
+static void stage_target_release(struct conn *c) {
+  struct stage_link *t = c->xs[XPORT_STAGE];
+  if (!t) return;
+  for (uint32_t i = 0; i < t->tregs_held; i++) t->tregs[i]->inflight--;
+  t->tregs_held = 0;
 }
 
-void stage_target_write_done(struct conn *c) {
+/* A STAGE_WRITE's data arrived (or was dropped). */
+static void stage_payload_done(struct conn *c) {
+  struct stage_link *t = c->xs[XPORT_STAGE];
   bool unreg;
-  c->pay_stage = false;
-  if (c->tregs_held > 0) { /* received in place */
+  if (t->tregs_held > 0) { /* received in place */
     stage_target_release(c);
     target_ack(c, c->pay_seq, c->pay_status);
     return;
   }
-  if (c->pay_status == HIXL_SUCCESS && (!target_check(c, c->tsegs, c->tsegs_n, true, &unreg) ||
-                                        !target_copy(c, c->tsegs, c->tsegs_n, c->tbuf, true, unreg)))
+  if (c->pay_status == HIXL_SUCCESS && (!target_check(c, t->tsegs, t->tsegs_n, true, &unreg) ||
+                                        !target_copy(c, t->tsegs, t->tsegs_n, t->tbuf, true, unreg)))
     c->pay_status = HIXL_FAILED;
   target_ack(c, c->pay_seq, c->pay_status);
 }
 
-void stage_conn_free(struct conn *c) {
-  rdma_dereg(c->tbuf_mr); /* the QP is gone by now: nothing DMAs into tbuf */
-  c->tbuf_mr = NULL;
-  free(c->tsegs);
-  free(c->tregs);
-  c->tregs = NULL;
-  free(c->tbuf);
-  c->tsegs = NULL;
-  c->tbuf = NULL;
+static void stage_free(struct conn *c) {
+  struct stage_link *t = c->xs[XPORT_STAGE];
+  if (!t) return;
+  rdma_dereg(t->tbuf_mr); /* the QP is gone by now: nothing DMAs into tbuf */
+  free(t->tsegs);
+  free(t->tregs);
+  free(t->tbuf);
+  free(t);
+  c->xs[XPORT_STAGE] = NULL;
 }
+
+static uint32_t stage_caps(const struct HixlEngine *e) {
+  return WIRE_CAP_STAGE | (e->opts.stage_unregistered ? WIRE_CAP_STAGE_ANY : 0);
+}
+
+static const uint8_t stage_frames[] = {WIRE_STAGE_WRITE, WIRE_STAGE_READ, WIRE_STAGE_PULL, WIRE_STAGE_PUSH,
+                                       0};
+
+/* No transport: it packs ops into units that ride on the link's transport. */
+const struct xport_ops xport_stage = {
+    .name = "stage",
+    .id = XPORT_STAGE,
+    .open = stage_open,
+    .close = stage_close,
+    .caps = stage_caps,
+    .progress = stage_progress,
+    .target_frame = stage_target_frame,
+    .frames = stage_frames,
+    .payload_done = stage_payload_done,
+    .kill = stage_kill,
+    .free = stage_free,
+    .answer = stage_answer,
+    .chunk_end = stage_chunk_end,
+};
 
 HixlStatus hixl_engine_stage_stats(HixlEngine *e, struct hixl_stage_stats *out) {
   if (!e || !out) return hixl_fail(HIXL_PARAM_INVALID, "hixl_engine_stage_stats: engine or out is NULL");

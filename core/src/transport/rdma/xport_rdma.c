@@ -11,14 +11,41 @@
 #include <string.h>
 
 #include "engine/engine_int.h"
+#include "transport/rdma/xport_rdma.h"
 #include "util/log.h"
 #include "util/sock.h"
 #include "util/status_int.h"
 
-HixlStatus erdma_open(struct HixlEngine *e) {
+#define ERDMA_CALLER_POST (4u << 20)  /* bytes a submitting thread posts itself */
+#define ERDMA_STEP        (64u << 20) /* bytes posted per completion event */
+
+struct erdma_engine { /* e->xe[XPORT_RDMA], while the engine has a device */
+  struct rdma_dev dev;
+};
+
+struct erdma_link {                      /* c->xs[XPORT_RDMA] (initiator: posts; target: holds the QP) */
+  struct ibv_qp *qp;                     /* NULL once the link died */
+  struct chunk *rq_head, *rq_tail;       /* waiting for a send-queue slot */
+  struct chunk *rpend_head, *rpend_tail; /* posted, in completion order */
+  uint32_t sq_used;                      /* WRs posted and not yet completed */
+  uint32_t unsignaled;                   /* WRs posted since the last signaled one */
+  void (*own_done)(struct conn *c, bool ok, const char *status); /* a target's own WR */
+};
+
+static struct erdma_engine *eng_of(const struct HixlEngine *e) { return e->xe[XPORT_RDMA]; }
+static struct erdma_link *link_of(const struct conn *c) { return c->xs[XPORT_RDMA]; }
+
+struct rdma_dev *erdma_dev(const struct HixlEngine *e) {
+  return eng_of(e) ? &eng_of(e)->dev : NULL;
+}
+bool erdma_has_qp(const struct conn *c) { return link_of(c) && link_of(c)->qp; }
+uint32_t erdma_qpn(const struct conn *c) { return erdma_has_qp(c) ? rdma_qp_num(link_of(c)->qp) : 0; }
+
+static HixlStatus erdma_open(struct HixlEngine *e) {
   char err[384];
   const char *dev = e->opts.rdma_device[0] ? e->opts.rdma_device : NULL;
   bool must = e->opts.transport == HIXL_TRANSPORT_RDMA;
+  if (!must && e->opts.transport != HIXL_TRANSPORT_AUTO) return HIXL_SUCCESS; /* tcp or shm: no device */
   if (!rdma_available()) {
     if (must)
       return hixl_fail(HIXL_FAILED,
@@ -28,33 +55,52 @@ HixlStatus erdma_open(struct HixlEngine *e) {
     log_info("engine %s: no RDMA device on this host: data goes over tcp", e->local_name);
     return HIXL_SUCCESS;
   }
-  if (rdma_dev_open(&e->rdma, &e->local_addr, dev, e->opts.rdma_gid_index, err, sizeof(err)) != 0) {
+  struct erdma_engine *x = calloc(1, sizeof(*x));
+  if (!x) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineInitialize: out of memory");
+  if (rdma_dev_open(&x->dev, &e->local_addr, dev, e->opts.rdma_gid_index, err, sizeof(err)) != 0) {
+    free(x);
     if (must) return hixl_fail(HIXL_FAILED, "HixlEngineInitialize: Transport rdma: %s", err);
     log_info("engine %s: RDMA not usable (%s): data goes over tcp", e->local_name, err);
     return HIXL_SUCCESS;
   }
-  int fl = fcntl(rdma_chan_fd(&e->rdma), F_GETFL);
-  fcntl(rdma_chan_fd(&e->rdma), F_SETFL, fl | O_NONBLOCK);
-  e->has_rdma = true;
+  int fl = fcntl(rdma_chan_fd(&x->dev), F_GETFL);
+  fcntl(rdma_chan_fd(&x->dev), F_SETFL, fl | O_NONBLOCK);
+  e->xe[XPORT_RDMA] = x;
   log_info("engine %s: RDMA on %s (GID index %d), traffic class %u, service level %u", e->local_name,
-           e->rdma.name, e->rdma.gid_index, e->opts.rdma_tc, e->opts.rdma_sl);
+           x->dev.name, x->dev.gid_index, e->opts.rdma_tc, e->opts.rdma_sl);
   return HIXL_SUCCESS;
 }
 
-void erdma_close(struct HixlEngine *e) {
-  if (!e->has_rdma) return;
-  rdma_dev_close(&e->rdma);
-  e->has_rdma = false;
+static void erdma_close(struct HixlEngine *e) {
+  struct erdma_engine *x = eng_of(e);
+  if (!x) return;
+  rdma_dev_close(&x->dev);
+  free(x);
+  e->xe[XPORT_RDMA] = NULL;
 }
 
-HixlStatus erdma_reg(struct HixlEngine *e, struct hixl_mem_reg *r) {
+static uint32_t erdma_caps(const struct HixlEngine *e) {
+  return eng_of(e) ? WIRE_CAP_RDMA | WIRE_CAP_STAGE_RDMA : 0;
+}
+
+static int erdma_event_fd(const struct HixlEngine *e) {
+  return eng_of(e) ? rdma_chan_fd(&eng_of(e)->dev) : -1;
+}
+
+static HixlStatus erdma_reg(struct HixlEngine *e, struct hixl_mem_reg *r) {
   char err[384];
-  if (!e->has_rdma) return HIXL_SUCCESS;
-  r->mr = rdma_reg(&e->rdma, (void *)(uintptr_t)r->range.addr, r->range.len, err, sizeof(err));
-  return r->mr ? HIXL_SUCCESS : hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineRegisterMem: %s", err);
+  if (!eng_of(e)) return HIXL_SUCCESS;
+  r->xmem = rdma_reg(&eng_of(e)->dev, (void *)(uintptr_t)r->range.addr, r->range.len, err, sizeof(err));
+  return r->xmem ? HIXL_SUCCESS : hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineRegisterMem: %s", err);
 }
 
-uint32_t erdma_rkey(const struct hixl_mem_reg *r) { return r->mr ? rdma_mr_rkey(r->mr) : 0; }
+static void erdma_dereg(struct HixlEngine *e, struct hixl_mem_reg *r) {
+  (void)e;
+  rdma_dereg(r->xmem);
+  r->xmem = NULL;
+}
+
+static uint32_t erdma_rkey(const struct hixl_mem_reg *r) { return r->xmem ? rdma_mr_rkey(r->xmem) : 0; }
 
 static size_t put_qp_frame(uint8_t *buf, size_t cap, enum wire_type type, uint32_t status,
                            const struct rdma_qp_info *qi) {
@@ -72,77 +118,102 @@ static void qp_info_of(const struct wire_msg *m, struct rdma_qp_info *qi) {
   qi->mtu = m->u.qp.mtu;
 }
 
-/* Initiator, during Connect (blocking socket, no lock held). */
-HixlStatus erdma_connect(struct HixlEngine *e, int fd, uint64_t deadline, const char *remote, struct peer *p,
-                         struct ibv_qp **out) {
+/* Initiator, during Connect (blocking socket, no lock held): exchange QP info on the
+ * socket and connect the QP. Takes the link when both ends have RDMA (Transport auto
+ * or rdma); Transport rdma fails when either has none. */
+static HixlStatus erdma_connect(struct HixlEngine *e, int fd, uint64_t deadline, const char *remote,
+                                struct peer *p, bool *taken, void **out) {
   struct rdma_qp_info local, peer;
   uint8_t buf[WIRE_HDR_LEN + 4 + WIRE_QP_INFO_LEN];
   struct wire_hdr h;
   struct wire_msg m;
   char err[384];
   HixlStatus st;
-  struct ibv_qp *qp = rdma_qp_new(&e->rdma, &local, err, sizeof(err));
-  if (!qp) return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s: %s", remote, err);
+  bool must = e->opts.transport == HIXL_TRANSPORT_RDMA;
+  *taken = false;
+  if (!must && e->opts.transport != HIXL_TRANSPORT_AUTO) return HIXL_SUCCESS;
+  if (!eng_of(e) || !(p->caps & WIRE_CAP_RDMA)) {
+    if (must)
+      return hixl_fail(HIXL_FAILED, "HixlEngineConnect: Transport is rdma but %s has no usable RDMA device",
+                       eng_of(e) ? remote : "this engine");
+    log_info("link to %s: no rdma (%s)", remote,
+             eng_of(e) ? "the peer has no RDMA device" : "no RDMA device here");
+    return HIXL_SUCCESS;
+  }
+  struct erdma_link *l = calloc(1, sizeof(*l));
+  if (!l) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: out of memory");
+  struct rdma_dev *d = &eng_of(e)->dev;
+  struct ibv_qp *qp = rdma_qp_new(d, &local, err, sizeof(err));
+  if (!qp) {
+    free(l);
+    return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s: %s", remote, err);
+  }
   size_t n = put_qp_frame(buf, sizeof(buf), WIRE_RDMA_CONNECT, 0, &local);
   if ((st = sock_send_all(fd, buf, n, deadline)) != HIXL_SUCCESS) goto fail_io;
   /* Registrations the target makes meanwhile may come first (MEM_ADD / MEM_DEL). */
-  for (;;) {
-    uint8_t body[WIRE_MEM_ENTRY_FIXED + WIRE_MAX_TAG];
-    if ((st = sock_recv_all(fd, buf, WIRE_HDR_LEN, deadline)) != HIXL_SUCCESS) goto fail_io;
-    if (wire_parse_hdr(buf, &h) != WIRE_OK || (h.type != WIRE_MEM_ADD && h.type != WIRE_MEM_DEL)) break;
-    if ((st = sock_recv_all(fd, body, h.body_len, deadline)) != HIXL_SUCCESS) goto fail_io;
-    if (wire_decode(&h, body, &m) != WIRE_OK) break;
-    if (h.type == WIRE_MEM_ADD) {
-      link_peer_add_mem(p, &m.u.mem);
-    } else {
-      struct memtab_entry *ent = memtab_find_exact(&p->rtab, m.u.mem.addr, m.u.mem.len);
-      if (ent && memtab_remove(&p->rtab, ent)) free(ent);
-    }
-  }
-  if (wire_parse_hdr(buf, &h) != WIRE_OK || h.type != WIRE_RDMA_CONNECT_ACK) {
+  if ((st = link_handshake_recv(fd, deadline, p, buf, sizeof(buf), &h)) != HIXL_SUCCESS) goto fail_io;
+  if (h.type != WIRE_RDMA_CONNECT_ACK) {
     st = hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s answered the QP exchange with %s", remote,
                    wire_type_name(h.type));
     goto free_qp;
   }
-  if ((st = sock_recv_all(fd, buf + WIRE_HDR_LEN, h.body_len, deadline)) != HIXL_SUCCESS) goto fail_io;
   if (wire_decode(&h, buf + WIRE_HDR_LEN, &m) != WIRE_OK || m.u.qp.status != 0) {
     st = hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s could not connect its QP (see its log)", remote);
     goto free_qp;
   }
   qp_info_of(&m, &peer);
-  if (rdma_qp_connect(&e->rdma, qp, &local, &peer, (uint8_t)e->opts.rdma_tc, (uint8_t)e->opts.rdma_sl, err,
+  if (rdma_qp_connect(d, qp, &local, &peer, (uint8_t)e->opts.rdma_tc, (uint8_t)e->opts.rdma_sl, err,
                       sizeof(err)) != 0) {
     st = hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s: %s", remote, err);
     goto free_qp;
   }
-  log_info("link to %s: rdma, QP 0x%x <-> 0x%x on %s", remote, local.qpn, peer.qpn, e->rdma.name);
-  *out = qp;
+  log_info("link to %s: rdma, QP 0x%x <-> 0x%x on %s", remote, local.qpn, peer.qpn, d->name);
+  l->qp = qp;
+  *out = l;
+  *taken = true;
   return HIXL_SUCCESS;
 fail_io:
   st = hixl_fail(st, "HixlEngineConnect: QP exchange with %s: %s", remote, HixlGetLastErrorMessage());
 free_qp:
   rdma_qp_free(qp);
+  free(l);
   return st;
 }
 
+static void erdma_attach(struct conn *c, void *link) {
+  c->xs[XPORT_RDMA] = link;
+  c->xp = &xport_rdma;
+}
+
+static void erdma_discard(void *link) {
+  struct erdma_link *l = link;
+  if (!l) return;
+  rdma_qp_free(l->qp);
+  free(l);
+}
+
 /* Target, in the progress thread: connect a QP to the initiator's and answer. */
-void erdma_target_connect(struct conn *c, const struct wire_msg *m) {
+static void erdma_target_connect(struct conn *c, const struct wire_msg *m) {
   struct HixlEngine *e = c->eng;
   struct rdma_qp_info local = {0}, peer;
   char err[384] = "this engine has no RDMA device";
   uint8_t buf[WIRE_HDR_LEN + 4 + WIRE_QP_INFO_LEN];
   uint32_t status = 1;
+  struct erdma_link *l = NULL;
   qp_info_of(m, &peer);
-  if (e->has_rdma && !c->qp && (c->qp = rdma_qp_new(&e->rdma, &local, err, sizeof(err)))) {
-    if (rdma_qp_connect(&e->rdma, c->qp, &local, &peer, (uint8_t)e->opts.rdma_tc, (uint8_t)e->opts.rdma_sl,
-                        err, sizeof(err)) == 0) {
+  if (eng_of(e) && !link_of(c) && !(l = calloc(1, sizeof(*l)))) snprintf(err, sizeof(err), "out of memory");
+  if (l && (l->qp = rdma_qp_new(&eng_of(e)->dev, &local, err, sizeof(err)))) {
+    if (rdma_qp_connect(&eng_of(e)->dev, l->qp, &local, &peer, (uint8_t)e->opts.rdma_tc,
+                        (uint8_t)e->opts.rdma_sl, err, sizeof(err)) == 0) {
       status = 0;
+      c->xs[XPORT_RDMA] = l;
+      c->xp = &xport_rdma;
       log_info("link from %s: rdma, QP 0x%x <-> 0x%x", c->remote_name, local.qpn, peer.qpn);
     } else {
-      rdma_qp_free(c->qp);
-      c->qp = NULL;
+      rdma_qp_free(l->qp);
     }
   }
+  if (status != 0) free(l);
   if (status != 0) log_error("link from %s: cannot connect a QP: %s", c->remote_name, err);
   link_queue_copy(c, buf, put_qp_frame(buf, sizeof(buf), WIRE_RDMA_CONNECT_ACK, status, &local));
 }
@@ -166,57 +237,70 @@ static struct chunk *fifo_pop(struct chunk **head, struct chunk **tail) {
  * provider may do the transfer's work in the posting thread (rxe does), so a caller
  * posts a little and completions post the rest in steps. The last WR posted in a
  * step is signaled, so its completion comes back and the next step follows. */
-void erdma_post(struct conn *c, size_t budget) {
-  struct HixlEngine *e = c->eng;
+static void erdma_post(struct conn *c, size_t budget) {
+  struct erdma_link *l = link_of(c);
+  uint32_t max_wr = eng_of(c->eng)->dev.max_qp_wr;
   size_t posted = 0;
-  while (c->rq_head && !c->dead && c->sq_used < e->rdma.max_qp_wr && posted < budget) {
-    struct chunk *ch = fifo_pop(&c->rq_head, &c->rq_tail);
+  while (l->rq_head && !c->dead && l->sq_used < max_wr && posted < budget) {
+    struct chunk *ch = fifo_pop(&l->rq_head, &l->rq_tail);
     if (ch->req->cancelled) { /* timed out before it reached the wire */
       link_chunk_end(ch, HIXL_TIMEOUT, "request timed out before it was posted");
       continue;
     }
     posted += ch->len;
-    bool last = !c->rq_head || c->sq_used + 1 == e->rdma.max_qp_wr || posted >= budget;
-    bool signaled = last || c->unsignaled + 1 >= RDMA_SIGNAL_EVERY;
-    int rc = rdma_post(c->qp, ch->kind == CHUNK_WRITE, ch->laddr, ch->len, rdma_mr_lkey(ch->lreg->mr),
+    bool last = !l->rq_head || l->sq_used + 1 == max_wr || posted >= budget;
+    bool signaled = last || l->unsignaled + 1 >= RDMA_SIGNAL_EVERY;
+    int rc = rdma_post(l->qp, ch->kind == CHUNK_WRITE, ch->laddr, ch->len, rdma_mr_lkey(ch->lreg->xmem),
                        ch->raddr, ch->rkey, (uint64_t)(uintptr_t)ch, signaled);
     if (rc != 0) {
       char why[192];
-      fifo_push(&c->rpend_head, &c->rpend_tail, ch); /* ended by the kill below */
-      snprintf(why, sizeof(why), "ibv_post_send on QP 0x%x failed: %s", rdma_qp_num(c->qp), strerror(rc));
+      fifo_push(&l->rpend_head, &l->rpend_tail, ch); /* ended by the kill below */
+      snprintf(why, sizeof(why), "ibv_post_send on QP 0x%x failed: %s", rdma_qp_num(l->qp), strerror(rc));
       link_conn_kill(c, HIXL_FAILED, why);
       return;
     }
-    fifo_push(&c->rpend_head, &c->rpend_tail, ch);
-    c->sq_used++;
-    c->unsignaled = signaled ? 0 : c->unsignaled + 1;
+    fifo_push(&l->rpend_head, &l->rpend_tail, ch);
+    l->sq_used++;
+    l->unsignaled = signaled ? 0 : l->unsignaled + 1;
   }
+}
+
+int erdma_post_own(struct conn *c, bool write, void *buf, uint32_t len, struct ibv_mr *mr, uint64_t raddr,
+                   uint32_t rkey, void (*done)(struct conn *c, bool ok, const char *status)) {
+  struct erdma_link *l = link_of(c);
+  int rc = rdma_post(l->qp, write, buf, len, rdma_mr_lkey(mr), raddr, rkey, (uint64_t)(uintptr_t)c, true);
+  if (rc == 0) l->own_done = done;
+  return rc;
 }
 
 static struct conn *conn_of_qpn(struct HixlEngine *e, uint32_t qpn) {
   for (struct conn *c = e->conns; c; c = c->next)
-    if (c->qp && rdma_qp_num(c->qp) == qpn) return c;
+    if (erdma_has_qp(c) && rdma_qp_num(link_of(c)->qp) == qpn) return c;
   return NULL; /* a link already killed: its chunks were ended then */
 }
 
 /* Progress thread: the completion channel fired. */
-void erdma_on_cq(struct HixlEngine *e) {
+static void erdma_on_cq(struct HixlEngine *e) {
+  struct rdma_dev *d = &eng_of(e)->dev;
   struct rdma_wc wc[32];
   int n;
-  rdma_cq_rearm(&e->rdma);
-  while ((n = rdma_cq_poll(&e->rdma, wc, 32)) > 0) {
+  rdma_cq_rearm(d);
+  while ((n = rdma_cq_poll(d, wc, 32)) > 0) {
     for (int i = 0; i < n; i++) {
       struct conn *c = conn_of_qpn(e, wc[i].qpn);
       if (!c || c->dead) continue;
-      if (c->role != CONN_INITIATOR) { /* a target's STAGE_PULL / STAGE_PUSH */
-        stage_target_cq(c, wc[i].ok, wc[i].status);
+      struct erdma_link *l = link_of(c);
+      if (c->role != CONN_INITIATOR) { /* a target's own WR (a staged unit) */
+        void (*done)(struct conn *, bool, const char *) = l->own_done;
+        l->own_done = NULL;
+        if (done) done(c, wc[i].ok, wc[i].status);
         continue;
       }
       if (!wc[i].ok) {
         char why[256];
         struct chunk *ch = (struct chunk *)(uintptr_t)wc[i].wr_id;
         bool known = false;
-        for (struct chunk *p = c->rpend_head; p && !known; p = p->next_pending) known = p == ch;
+        for (struct chunk *p = l->rpend_head; p && !known; p = p->next_pending) known = p == ch;
         snprintf(why, sizeof(why), "RDMA %s failed: %s (QP 0x%x)",
                  known ? (ch->kind == CHUNK_WRITE ? "WRITE" : "READ") : "work request", wc[i].status,
                  wc[i].qpn);
@@ -226,9 +310,9 @@ void erdma_on_cq(struct HixlEngine *e) {
       /* RC completes in order: this ends every chunk posted up to it. */
       struct chunk *target = (struct chunk *)(uintptr_t)wc[i].wr_id, *ch;
       do {
-        ch = fifo_pop(&c->rpend_head, &c->rpend_tail);
+        ch = fifo_pop(&l->rpend_head, &l->rpend_tail);
         if (!ch) break;
-        c->sq_used--;
+        l->sq_used--;
         link_chunk_end(ch, HIXL_SUCCESS, "");
       } while (ch != target);
       erdma_post(c, ERDMA_STEP);
@@ -241,16 +325,16 @@ void erdma_on_cq(struct HixlEngine *e) {
  * them could still write the caller's memory after the call returned. So a link
  * holding posted WRs of r is reset: its QP is destroyed (no DMA after that), every
  * chunk on it ends, and the next Connect builds a new QP. Lock held. */
-bool erdma_req_timeout(struct HixlEngine *e, struct hixl_transfer_req *r) {
+static bool erdma_req_timeout(struct HixlEngine *e, struct hixl_transfer_req *r) {
   for (struct conn *c = e->conns; c; c = c->next) {
-    if (c->dead || !c->qp || c->role != CONN_INITIATOR) continue;
-    for (struct chunk *ch = c->rpend_head; ch; ch = ch->next_pending)
+    if (c->dead || !erdma_has_qp(c) || c->role != CONN_INITIATOR) continue;
+    for (struct chunk *ch = link_of(c)->rpend_head; ch; ch = ch->next_pending)
       if (ch->req == r) {
         char why[192];
         snprintf(why, sizeof(why),
                  "RDMA work requests of a transfer were still posted at its deadline: QP 0x%x reset so "
                  "none touches memory afterwards; call HixlEngineConnect again",
-                 rdma_qp_num(c->qp));
+                 erdma_qpn(c));
         link_conn_kill(c, HIXL_TIMEOUT, why);
         return true; /* a request's chunks are on one link */
       }
@@ -259,11 +343,85 @@ bool erdma_req_timeout(struct HixlEngine *e, struct hixl_transfer_req *r) {
 }
 
 /* The link is dying: end what it holds and destroy the QP (no DMA after this). */
-void erdma_conn_kill(struct conn *c, HixlStatus st, const char *msg) {
+static void erdma_kill(struct conn *c, HixlStatus st, const char *msg) {
+  struct erdma_link *l = link_of(c);
   struct chunk *ch;
-  if (c->qp) rdma_qp_free(c->qp);
-  c->qp = NULL;
-  while ((ch = fifo_pop(&c->rq_head, &c->rq_tail))) link_chunk_end(ch, st, msg);
-  while ((ch = fifo_pop(&c->rpend_head, &c->rpend_tail))) link_chunk_end(ch, st, msg);
-  c->sq_used = 0;
+  if (!l) return;
+  if (l->qp) rdma_qp_free(l->qp);
+  l->qp = NULL;
+  l->own_done = NULL;
+  while ((ch = fifo_pop(&l->rq_head, &l->rq_tail))) link_chunk_end(ch, st, msg);
+  while ((ch = fifo_pop(&l->rpend_head, &l->rpend_tail))) link_chunk_end(ch, st, msg);
+  l->sq_used = 0;
 }
+
+static void erdma_free(struct conn *c) {
+  free(c->xs[XPORT_RDMA]);
+  c->xs[XPORT_RDMA] = NULL;
+}
+
+static HixlStatus erdma_info(const struct conn *c, struct hixl_link_info *info) {
+  struct HixlEngine *e = c->eng;
+  if (!erdma_has_qp(c)) return HIXL_SUCCESS;
+  info->rdma = true;
+  info->qpn = erdma_qpn(c);
+  snprintf(info->device, sizeof(info->device), "%s", eng_of(e)->dev.name);
+  info->tc_set = (uint8_t)e->opts.rdma_tc;
+  info->sl_set = (uint8_t)e->opts.rdma_sl;
+  if (rdma_qp_qos(link_of(c)->qp, &info->tc_queried, &info->sl_queried) != 0)
+    return hixl_fail(HIXL_FAILED, "hixl_engine_link_info: ibv_query_qp on QP 0x%x failed", info->qpn);
+  return HIXL_SUCCESS;
+}
+
+/* One-sided: a chunk is a work request, no frame. */
+static void erdma_queue(struct conn *c, struct chunk *ch) {
+  fifo_push(&link_of(c)->rq_head, &link_of(c)->rq_tail, ch);
+}
+
+/* A provider may do the transfer's work in the posting thread (rxe does): the
+ * submitter posts a little; completions post the rest, in steps. */
+static void erdma_start(struct conn *c, struct hixl_transfer_req *r) {
+  (void)r;
+  erdma_post(c, ERDMA_CALLER_POST);
+}
+
+/* Data completes on the CQ (progress thread); frames (staged units) still need a reader. */
+static void erdma_async(struct conn *c, struct hixl_transfer_req *r) {
+  (void)r;
+  link_unpark(c);
+}
+
+static void erdma_drive(struct conn *c, struct hixl_transfer_req *r) {
+  (void)r;
+  if (c->rx != RX_CALLER) link_unpark(c);
+}
+
+static const uint8_t erdma_frames[] = {WIRE_RDMA_CONNECT, 0};
+
+const struct xport_ops xport_rdma = {
+    .name = "rdma",
+    .id = XPORT_RDMA,
+    .flags = XPORT_ONE_SIDED | XPORT_STAGE_RDMA,
+    .stage_threshold = STAGE_AUTO_RDMA,
+    .open = erdma_open,
+    .close = erdma_close,
+    .caps = erdma_caps,
+    .event_fd = erdma_event_fd,
+    .on_event = erdma_on_cq,
+    .mem_reg = erdma_reg,
+    .mem_dereg = erdma_dereg,
+    .mem_key = erdma_rkey,
+    .connect = erdma_connect,
+    .attach = erdma_attach,
+    .discard = erdma_discard,
+    .target_frame = erdma_target_connect,
+    .frames = erdma_frames,
+    .kill = erdma_kill,
+    .free = erdma_free,
+    .info = erdma_info,
+    .post = erdma_queue,
+    .start = erdma_start,
+    .async = erdma_async,
+    .drive = erdma_drive,
+    .req_timeout = erdma_req_timeout,
+};

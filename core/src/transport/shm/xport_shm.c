@@ -25,15 +25,57 @@
 #include <unistd.h>
 
 #include "engine/engine_int.h"
+#include "transport/shm/cma.h"
+#include "transport/shm/xport_shm.h"
 #include "util/log.h"
 #include "util/sock.h"
 #include "util/status_int.h"
 
-HixlStatus eshm_open(struct HixlEngine *e) {
+#define ESHM_STEP        (16u << 20) /* bytes per copy step: deadlines are checked between steps */
+#define ESHM_STEP_CHUNKS 1024u       /* chunks per progress-thread step */
+#define ESHM_CALLER_COPY (64u << 10) /* an async request this small is copied by its caller */
+
+struct eshm_engine {    /* e->xe[XPORT_SHM], while same-host copies are on */
+  struct cma_self self; /* boot id, pid and uid told to shm peers */
+  size_t queued;        /* async chunks waiting, on every link */
+  uint32_t copying;     /* threads inside a copy, lock released; Finalize waits for 0 */
+  uint64_t round;       /* progress-thread rounds over links with work */
+};
+
+/* The peer process an initiator link copies to and from. Copies run without the
+ * engine lock and hold a reference, so a link that dies meanwhile cannot take this
+ * away from under them. Lock held for every field. */
+struct shm_peer {
+  uint32_t refs;     /* the link's, plus one per copy in progress */
+  uint32_t pid, uid; /* the target process, as it named itself and the probe proved */
+  int pidfd;         /* -1 where pidfd_open is missing */
+  struct conn *conn; /* NULL once the link died */
+  char name[WIRE_MAX_NAME + 1];
+  char why[384]; /* why the link died, once it did */
+};
+
+struct eshm_link {                 /* c->xs[XPORT_SHM] */
+  struct shm_peer *peer;           /* initiator: the process copies go to */
+  struct chunk *sq_head, *sq_tail; /* initiator: async chunks waiting for the progress thread */
+  uint64_t turn;                   /* progress-thread round that last served this link */
+  uint8_t nonce[CMA_NONCE_LEN];    /* target: what an initiator's probe must read */
+  bool nonce_set;
+};
+
+static struct eshm_engine *eng_of(const struct HixlEngine *e) { return e->xe[XPORT_SHM]; }
+static struct eshm_link *link_of(const struct conn *c) { return c->xs[XPORT_SHM]; }
+
+static void eshm_peer_put(struct shm_peer *s) {
+  if (!s || --s->refs > 0) return;
+  if (s->pidfd >= 0) close(s->pidfd);
+  free(s);
+}
+
+static HixlStatus eshm_open(struct HixlEngine *e) {
   bool must = e->opts.transport == HIXL_TRANSPORT_SHM;
-  e->shm_on = false;
+  struct cma_self self;
   if (!must && e->opts.transport != HIXL_TRANSPORT_AUTO) return HIXL_SUCCESS;
-  if (cma_self_get(&e->self) != 0) {
+  if (cma_self_get(&self) != 0) {
     if (must)
       return hixl_fail(HIXL_FAILED,
                        "HixlEngineInitialize: Transport shm: cannot read this host's boot id from "
@@ -43,45 +85,33 @@ HixlStatus eshm_open(struct HixlEngine *e) {
              e->local_name, strerror(errno));
     return HIXL_SUCCESS;
   }
-  e->shm_on = true;
+  struct eshm_engine *x = calloc(1, sizeof(*x));
+  if (!x) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineInitialize: out of memory");
+  x->self = self;
+  e->xe[XPORT_SHM] = x;
   return HIXL_SUCCESS;
 }
 
-uint32_t eshm_caps(const struct HixlEngine *e) { return e->shm_on ? WIRE_CAP_SHM : 0; }
-
-void eshm_peer_put(struct shm_peer *s) {
-  if (!s || --s->refs > 0) return;
-  if (s->pidfd >= 0) close(s->pidfd);
-  free(s);
+/* Finalize, links ended: a caller may still be inside a copy (lock released), and its
+ * chunks hold registrations about to be freed. Its link is dead, so it stops there. */
+static void eshm_quiesce(struct HixlEngine *e) {
+  while (eng_of(e) && eng_of(e)->copying > 0) pthread_cond_wait(&e->cond, &e->lock);
 }
+
+static void eshm_close(struct HixlEngine *e) {
+  free(e->xe[XPORT_SHM]);
+  e->xe[XPORT_SHM] = NULL;
+}
+
+static uint32_t eshm_caps(const struct HixlEngine *e) { return eng_of(e) ? WIRE_CAP_SHM : 0; }
 
 /* ---- Connect ---- */
 
-/* Receive the next frame that is not MEM_ADD / MEM_DEL (registrations the target
- * makes meanwhile come first and are applied to p) into buf: header, then body. */
-static HixlStatus recv_answer(int fd, uint64_t deadline, struct peer *p, uint8_t *buf, size_t cap,
-                              struct wire_hdr *h) {
-  HixlStatus st;
-  for (;;) {
-    struct wire_msg m;
-    if ((st = sock_recv_all(fd, buf, WIRE_HDR_LEN, deadline)) != HIXL_SUCCESS) return st;
-    if (wire_parse_hdr(buf, h) != WIRE_OK || WIRE_HDR_LEN + h->body_len > cap)
-      return hixl_fail(HIXL_FAILED, "malformed frame");
-    if ((st = sock_recv_all(fd, buf + WIRE_HDR_LEN, h->body_len, deadline)) != HIXL_SUCCESS) return st;
-    if (h->type != WIRE_MEM_ADD && h->type != WIRE_MEM_DEL) return HIXL_SUCCESS;
-    if (wire_decode(h, buf + WIRE_HDR_LEN, &m) != WIRE_OK) return hixl_fail(HIXL_FAILED, "malformed frame");
-    if (h->type == WIRE_MEM_ADD) {
-      link_peer_add_mem(p, &m.u.mem);
-    } else {
-      struct memtab_entry *ent = memtab_find_exact(&p->rtab, m.u.mem.addr, m.u.mem.len);
-      if (ent && memtab_remove(&p->rtab, ent)) free(ent);
-    }
-  }
-}
-
-/* Initiator, during Connect (blocking socket, no lock held). */
-HixlStatus eshm_connect(struct HixlEngine *e, int fd, uint64_t deadline, const char *remote, struct peer *p,
-                        struct shm_peer **out) {
+/* Initiator, during Connect (blocking socket, no lock held). Takes the link when the
+ * peer is on this host and the probe proves the copies work (Transport auto or shm);
+ * Transport shm fails otherwise, with the reason. */
+static HixlStatus eshm_connect(struct HixlEngine *e, int fd, uint64_t deadline, const char *remote,
+                               struct peer *p, bool *taken, void **out) {
   uint8_t buf[WIRE_HDR_LEN + WIRE_SHM_HELLO_ACK_LEN + WIRE_SHM_EXT_MAX];
   uint8_t probe[CMA_NONCE_LEN];
   bool must = e->opts.transport == HIXL_TRANSPORT_SHM;
@@ -93,17 +123,28 @@ HixlStatus eshm_connect(struct HixlEngine *e, int fd, uint64_t deadline, const c
   int pidfd = -1;
 
   *out = NULL;
+  *taken = false;
+  if (!must && e->opts.transport != HIXL_TRANSPORT_AUTO) return HIXL_SUCCESS;
+  if (!eng_of(e) || !(p->caps & WIRE_CAP_SHM)) {
+    if (must)
+      return hixl_fail(HIXL_FAILED,
+                       "HixlEngineConnect: Transport is shm but %s does not offer same-host copies (its "
+                       "Transport is tcp or rdma, or it cannot read its boot id)",
+                       remote);
+    return HIXL_SUCCESS;
+  }
+  const struct cma_self *self = &eng_of(e)->self;
   wire_begin(&w, buf, sizeof(buf), WIRE_SHM_HELLO);
-  wire_put_shm_id(&w, e->self.boot_id, e->self.pid, e->self.uid);
+  wire_put_shm_id(&w, self->boot_id, self->pid, self->uid);
   if ((st = sock_send_all(fd, buf, wire_end(&w, 0), deadline)) != HIXL_SUCCESS ||
-      (st = recv_answer(fd, deadline, p, buf, sizeof(buf), &h)) != HIXL_SUCCESS)
+      (st = link_handshake_recv(fd, deadline, p, buf, sizeof(buf), &h)) != HIXL_SUCCESS)
     return hixl_fail(st, "HixlEngineConnect: shm handshake with %s: %s", remote, HixlGetLastErrorMessage());
   if (h.type != WIRE_SHM_HELLO_ACK || wire_decode(&h, buf + WIRE_HDR_LEN, &m) != WIRE_OK)
     return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s answered SHM_HELLO with a malformed %s", remote,
                      wire_type_name(h.type));
   if (m.u.shm.status != WIRE_HELLO_OK) {
     snprintf(why, sizeof(why), "%s does not offer same-host copies", remote);
-  } else if (memcmp(m.u.shm.boot_id, e->self.boot_id, CMA_BOOT_ID_LEN) != 0) {
+  } else if (memcmp(m.u.shm.boot_id, self->boot_id, CMA_BOOT_ID_LEN) != 0) {
     snprintf(why, sizeof(why), "%s runs on another host (its boot id differs)", remote);
   } else {
     int err = 0;
@@ -124,11 +165,14 @@ HixlStatus eshm_connect(struct HixlEngine *e, int fd, uint64_t deadline, const c
   if (why[0]) {
     if (pidfd >= 0) close(pidfd);
     if (must) return hixl_fail(HIXL_FAILED, "HixlEngineConnect: Transport is shm, but %s", why);
-    log_info("link to %s: no same-host copies (%s); trying %s", remote, why, e->has_rdma ? "rdma" : "tcp");
+    log_info("link to %s: no same-host copies (%s)", remote, why);
     return HIXL_SUCCESS;
   }
   struct shm_peer *s = calloc(1, sizeof(*s));
-  if (!s) {
+  struct eshm_link *l = calloc(1, sizeof(*l));
+  if (!s || !l) {
+    free(s);
+    free(l);
     if (pidfd >= 0) close(pidfd);
     return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: out of memory");
   }
@@ -138,26 +182,47 @@ HixlStatus eshm_connect(struct HixlEngine *e, int fd, uint64_t deadline, const c
   s->pidfd = pidfd;
   snprintf(s->name, sizeof(s->name), "%s", remote);
   log_info("link to %s: shm, one copy to and from pid %u (uid %u)", remote, s->pid, s->uid);
-  *out = s;
+  l->peer = s;
+  *out = l;
+  *taken = true;
   return HIXL_SUCCESS;
+}
+
+static void eshm_attach(struct conn *c, void *link) {
+  struct eshm_link *l = link;
+  c->xs[XPORT_SHM] = l;
+  c->xp = &xport_shm;
+  l->peer->conn = c;
+}
+
+static void eshm_discard(void *link) {
+  struct eshm_link *l = link;
+  if (!l) return;
+  eshm_peer_put(l->peer);
+  free(l);
 }
 
 /* Target, in the progress thread: answer SHM_HELLO with this process's identity and
  * the address of bytes only this link knows. */
-void eshm_target_hello(struct conn *c, const struct wire_msg *m) {
+static void eshm_target_hello(struct conn *c, const struct wire_msg *m) {
   struct HixlEngine *e = c->eng;
+  struct eshm_engine *x = eng_of(e);
   uint8_t buf[WIRE_HDR_LEN + WIRE_SHM_HELLO_ACK_LEN];
   uint32_t status = WIRE_HELLO_REFUSED;
+  struct cma_self none = {0};
   struct wire_wr w;
-  if (e->shm_on && !c->shm_nonce_set)
-    c->shm_nonce_set = getrandom(c->shm_nonce, sizeof(c->shm_nonce), 0) == (ssize_t)sizeof(c->shm_nonce);
-  if (e->shm_on && c->shm_nonce_set) status = WIRE_HELLO_OK;
+  struct eshm_link *l = link_of(c);
+  if (x && !l && (l = calloc(1, sizeof(*l)))) c->xs[XPORT_SHM] = l;
+  if (l && !l->nonce_set)
+    l->nonce_set = getrandom(l->nonce, sizeof(l->nonce), 0) == (ssize_t)sizeof(l->nonce);
+  if (x && l && l->nonce_set) status = WIRE_HELLO_OK;
+  const struct cma_self *self = x ? &x->self : &none;
   wire_begin(&w, buf, sizeof(buf), WIRE_SHM_HELLO_ACK);
   wire_put_u32(&w, status);
-  wire_put_shm_id(&w, e->self.boot_id, e->self.pid, e->self.uid);
-  wire_put_u64(&w, status == WIRE_HELLO_OK ? (uint64_t)(uintptr_t)c->shm_nonce : 0);
+  wire_put_shm_id(&w, self->boot_id, self->pid, self->uid);
+  wire_put_u64(&w, status == WIRE_HELLO_OK ? (uint64_t)(uintptr_t)l->nonce : 0);
   if (status == WIRE_HELLO_OK)
-    wire_put_bytes(&w, c->shm_nonce, sizeof(c->shm_nonce));
+    wire_put_bytes(&w, l->nonce, sizeof(l->nonce));
   else
     for (int i = 0; i < 4; i++) wire_put_u32(&w, 0);
   link_queue_copy(c, buf, wire_end(&w, 0));
@@ -178,6 +243,7 @@ static bool fatal_errno(int err) { return err == ESRCH || err == EPERM || err ==
  * entry and on return; v's chunks must not be on any queue. */
 static void shm_copy(struct HixlEngine *e, struct shm_peer *s, struct chunk *const *v, size_t n,
                      struct cma_seg *segs) {
+  struct eshm_engine *x = eng_of(e);
   bool write = v[0]->kind == CHUNK_WRITE;
   const char *call = write ? "process_vm_writev" : "process_vm_readv";
   size_t pos = 0;
@@ -190,14 +256,14 @@ static void shm_copy(struct HixlEngine *e, struct shm_peer *s, struct chunk *con
       while (pos < n) link_chunk_end(v[pos++], HIXL_FAILED, s->why);
       break;
     }
-    e->shm_copying++;
+    x->copying++;
     pthread_mutex_unlock(&e->lock);
     if (cma_pid_exited(s->pidfd))
       err = ESRCH;
     else
       bytes = cma_copy(s->pid, write, segs + pos, n - pos, &err);
     pthread_mutex_lock(&e->lock);
-    if (--e->shm_copying == 0) pthread_cond_broadcast(&e->cond);
+    if (--x->copying == 0) pthread_cond_broadcast(&e->cond);
     for (; pos < n && bytes >= segs[pos].len; pos++) {
       bytes -= segs[pos].len;
       link_chunk_end(v[pos], HIXL_SUCCESS, "");
@@ -227,9 +293,9 @@ static void shm_copy(struct HixlEngine *e, struct shm_peer *s, struct chunk *con
 }
 
 /* A sync request on an shm link: its caller copies it, step by step. Lock held. */
-void eshm_run_sync(struct conn *c, struct hixl_transfer_req *r) {
+static void eshm_run_sync(struct conn *c, struct hixl_transfer_req *r) {
   struct HixlEngine *e = c->eng;
-  struct shm_peer *s = c->shm; /* c may die while a copy runs: only s from here on */
+  struct shm_peer *s = link_of(c)->peer; /* c may die while a copy runs: only s from here on */
   struct chunk *vbuf[16], **v = vbuf;
   struct cma_seg sbuf[16], *segs = sbuf;
   size_t n = r->ndirect, i = 0; /* staged units go on the socket */
@@ -266,50 +332,58 @@ void eshm_run_sync(struct conn *c, struct hixl_transfer_req *r) {
 
 /* An async request on an shm link: copied here when small and nothing waits before
  * it, else queued for the progress thread. Lock held; c is not used after a copy. */
-void eshm_async(struct conn *c, struct hixl_transfer_req *r) {
-  struct HixlEngine *e = c->eng;
+static void eshm_async(struct conn *c, struct hixl_transfer_req *r) {
+  struct eshm_link *l = link_of(c);
   uint64_t bytes = 0;
+  if (r->ndirect < r->nchunks) link_unpark(c); /* staged units: their answers need a reader */
   for (uint32_t k = 0; k < r->ndirect; k++) bytes += r->chunks[k].len;
   if (r->ndirect == 0) return; /* all staged: they go on the socket */
-  if (!c->sq_head && bytes <= ESHM_CALLER_COPY && r->ndirect <= 16) {
+  if (!l->sq_head && bytes <= ESHM_CALLER_COPY && r->ndirect <= 16) {
     eshm_run_sync(c, r);
     return;
   }
   for (uint32_t k = 0; k < r->ndirect; k++) {
     struct chunk *ch = &r->chunks[k];
     ch->next_pending = NULL;
-    if (c->sq_tail)
-      c->sq_tail->next_pending = ch;
+    if (l->sq_tail)
+      l->sq_tail->next_pending = ch;
     else
-      c->sq_head = ch;
-    c->sq_tail = ch;
+      l->sq_head = ch;
+    l->sq_tail = ch;
   }
-  e->shm_queued += r->ndirect;
-  uint64_t one = 1;
-  (void)!write(e->evfd, &one, sizeof(one));
+  eng_of(c->eng)->queued += r->ndirect;
+  link_wake(c->eng);
+}
+
+/* A sync caller copies its request itself; staged units' answers come on the socket. */
+static void eshm_drive(struct conn *c, struct hixl_transfer_req *r) {
+  if (r->ndirect < r->nchunks) link_unpark(c);
+  if (r->ndirect > 0) eshm_run_sync(c, r); /* c may be gone afterwards */
 }
 
 /* Progress thread, between event batches: one step for each link with queued work.
  * Returns whether work is left (the thread then polls instead of sleeping). Lock
  * held; released during each copy. */
-bool eshm_progress(struct HixlEngine *e) {
+static bool eshm_progress(struct HixlEngine *e) {
   struct chunk *v[ESHM_STEP_CHUNKS];
   struct cma_seg segs[ESHM_STEP_CHUNKS];
-  if (e->shm_queued == 0) return false;
-  uint64_t round = ++e->shm_round;
+  struct eshm_engine *x = eng_of(e);
+  if (!x || x->queued == 0) return false;
+  uint64_t round = ++x->round;
   for (;;) {
     /* Links change while a copy runs: look again from the head every time. */
     struct conn *c = e->conns;
-    while (c && (c->dead || !c->sq_head || c->shm_turn == round)) c = c->next;
+    while (c && (c->dead || !link_of(c) || !link_of(c)->sq_head || link_of(c)->turn == round)) c = c->next;
     if (!c) break;
-    c->shm_turn = round;
+    struct eshm_link *l = link_of(c);
+    l->turn = round;
     size_t n = 0, bytes = 0;
     uint64_t now = hixl_now_ns();
-    while (c->sq_head && n < ESHM_STEP_CHUNKS && bytes < ESHM_STEP) {
-      struct chunk *ch = c->sq_head;
+    while (l->sq_head && n < ESHM_STEP_CHUNKS && bytes < ESHM_STEP) {
+      struct chunk *ch = l->sq_head;
       if (n > 0 && ch->kind != v[0]->kind) break;
-      if (!(c->sq_head = ch->next_pending)) c->sq_tail = NULL;
-      e->shm_queued--;
+      if (!(l->sq_head = ch->next_pending)) l->sq_tail = NULL;
+      x->queued--;
       if (ch->req->cancelled || now >= ch->req->deadline_ns) {
         link_chunk_end(ch, HIXL_TIMEOUT, "request timed out before it was copied");
         continue;
@@ -317,23 +391,64 @@ bool eshm_progress(struct HixlEngine *e) {
       v[n++] = ch;
       bytes += ch->len;
     }
-    if (n > 0) shm_copy(e, c->shm, v, n, segs);
+    if (n > 0) shm_copy(e, l->peer, v, n, segs);
   }
-  return e->shm_queued > 0;
+  return x->queued > 0;
 }
 
 /* The link is dying: end what waits on it and let go of the peer process. */
-void eshm_conn_kill(struct conn *c, HixlStatus st, const char *msg) {
+static void eshm_kill(struct conn *c, HixlStatus st, const char *msg) {
+  struct eshm_link *l = link_of(c);
   struct chunk *ch;
-  while ((ch = c->sq_head)) {
-    if (!(c->sq_head = ch->next_pending)) c->sq_tail = NULL;
-    c->eng->shm_queued--;
+  if (!l) return;
+  while ((ch = l->sq_head)) {
+    if (!(l->sq_head = ch->next_pending)) l->sq_tail = NULL;
+    eng_of(c->eng)->queued--;
     link_chunk_end(ch, st, msg);
   }
-  if (c->shm) {
-    snprintf(c->shm->why, sizeof(c->shm->why), "%s", msg);
-    c->shm->conn = NULL;
-    eshm_peer_put(c->shm);
-    c->shm = NULL;
+  if (l->peer) {
+    snprintf(l->peer->why, sizeof(l->peer->why), "%s", msg);
+    l->peer->conn = NULL;
+    eshm_peer_put(l->peer);
+    l->peer = NULL;
   }
 }
+
+static void eshm_free(struct conn *c) {
+  free(c->xs[XPORT_SHM]);
+  c->xs[XPORT_SHM] = NULL;
+}
+
+static HixlStatus eshm_info(const struct conn *c, struct hixl_link_info *info) {
+  if (link_of(c) && link_of(c)->peer) info->peer_pid = link_of(c)->peer->pid;
+  return HIXL_SUCCESS;
+}
+
+static void eshm_queue(struct conn *c, struct chunk *ch) {
+  (void)c, (void)ch; /* copied from the request's chunks by drive or async: no frame, no queue yet */
+}
+
+static const uint8_t eshm_frames[] = {WIRE_SHM_HELLO, 0};
+
+const struct xport_ops xport_shm = {
+    .name = "shm",
+    .id = XPORT_SHM,
+    .flags = XPORT_ONE_SIDED,
+    .stage_threshold = STAGE_AUTO_TCP,
+    .open = eshm_open,
+    .quiesce = eshm_quiesce,
+    .close = eshm_close,
+    .caps = eshm_caps,
+    .progress = eshm_progress,
+    .connect = eshm_connect,
+    .attach = eshm_attach,
+    .discard = eshm_discard,
+    .target_frame = eshm_target_hello,
+    .frames = eshm_frames,
+    .kill = eshm_kill,
+    .free = eshm_free,
+    .info = eshm_info,
+    .post = eshm_queue,
+    .async = eshm_async,
+    .drive = eshm_drive,
+};

@@ -1,0 +1,108 @@
+/* xport_tcp: the data path every link has. A direct chunk is one frame on the link's
+ * socket: WRITE_REQ with the data after it, answered by WRITE_ACK; READ_REQ,
+ * answered by READ_RESP with the data. The target checks every range against its
+ * registrations before a byte lands or leaves, and holds the registration while the
+ * payload streams straight between the socket and it. The link layer frames, sends,
+ * streams and matches answers; this module builds the requests and serves them. */
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/engine_int.h"
+#include "transport/tcp/xport_tcp.h"
+#include "util/log.h"
+
+static uint32_t tcp_caps(const struct HixlEngine *e) {
+  (void)e;
+  return WIRE_CAP_TCP_DATA;
+}
+
+/* Every link can carry its data on its socket: tcp takes what shm and rdma passed on. */
+static HixlStatus tcp_connect(struct HixlEngine *e, int fd, uint64_t deadline, const char *remote,
+                              struct peer *p, bool *taken, void **link) {
+  (void)e, (void)fd, (void)deadline, (void)p;
+  log_info("link to %s: tcp", remote);
+  *taken = true;
+  *link = NULL;
+  return HIXL_SUCCESS;
+}
+
+static struct hixl_mem_reg *target_range(struct conn *c, uint64_t addr, uint64_t len, const char *what) {
+  struct hixl_mem_reg *r = (struct hixl_mem_reg *)memtab_find(&c->eng->regs, addr, len);
+  if (!r)
+    log_warn("refused %s of [0x%llx, +%llu) from %s: not inside memory registered here", what,
+             (unsigned long long)addr, (unsigned long long)len, c->remote_name);
+  return r;
+}
+
+static void tcp_target_frame(struct conn *c, const struct wire_msg *m) {
+  if (m->hdr.type == WIRE_WRITE_REQ) {
+    struct hixl_mem_reg *r = target_range(c, m->u.write_req.raddr, m->hdr.payload_len, "WRITE");
+    c->pay_seq = m->u.write_req.seq;
+    link_pay_single(c, r ? (uint8_t *)(uintptr_t)m->u.write_req.raddr : NULL, m->hdr.payload_len);
+    c->pay_reg = r;
+    c->pay_module = &xport_tcp;
+    c->pay_status = r ? HIXL_SUCCESS : HIXL_FAILED;
+    if (r) r->inflight++;
+    return;
+  }
+  /* READ_REQ: answered from where the range lies, the registration held until sent */
+  uint8_t frame[WIRE_SMALL_FRAME];
+  struct hixl_mem_reg *r = target_range(c, m->u.read_req.raddr, m->u.read_req.len, "READ");
+  size_t len = wire_put_ack(frame, WIRE_READ_RESP, m->u.read_req.seq, r ? HIXL_SUCCESS : HIXL_FAILED,
+                            r ? m->u.read_req.len : 0);
+  if (link_queue_small(c, frame, len, r ? (const uint8_t *)(uintptr_t)m->u.read_req.raddr : NULL,
+                       r ? m->u.read_req.len : 0, r) < 0) {
+    link_conn_kill(c, HIXL_FAILED, "out of memory");
+    return;
+  }
+  if (r) r->inflight++;
+}
+
+/* A WRITE_REQ's payload has been received (or dropped, when refused). */
+static void tcp_payload_done(struct conn *c) {
+  uint8_t frame[WIRE_SMALL_FRAME];
+  if (c->pay_reg) c->pay_reg->inflight--;
+  c->pay_reg = NULL;
+  size_t len = wire_put_ack(frame, WIRE_WRITE_ACK, c->pay_seq, c->pay_status, 0);
+  if (link_queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
+}
+
+static void tcp_post(struct conn *c, struct chunk *ch) {
+  if (ch->kind == CHUNK_WRITE) {
+    ch->tx.hdr_len = (uint32_t)wire_put_write_req(ch->tx.hdr, ch->seq, ch->raddr, ch->len);
+    ch->tx.payload = ch->laddr;
+    ch->tx.payload_len = ch->len;
+  } else {
+    ch->tx.hdr_len = (uint32_t)wire_put_read_req(ch->tx.hdr, ch->seq, ch->raddr, ch->len);
+  }
+  link_enqueue(c, &ch->tx);
+}
+
+/* Start sending from the submitting thread; the progress thread or a driver goes on. */
+static void tcp_start(struct conn *c, struct hixl_transfer_req *r) {
+  (void)r;
+  link_flush_some(c, LINK_CALLER_SEND);
+}
+
+/* Nobody waits in a call: the progress thread receives the answers. */
+static void tcp_async(struct conn *c, struct hixl_transfer_req *r) {
+  (void)r;
+  link_unpark(c);
+}
+
+static const uint8_t tcp_frames[] = {WIRE_WRITE_REQ, WIRE_READ_REQ, 0};
+
+const struct xport_ops xport_tcp = {
+    .name = "tcp",
+    .id = XPORT_TCP,
+    .flags = XPORT_STAGE_PACK,
+    .stage_threshold = STAGE_AUTO_TCP,
+    .caps = tcp_caps,
+    .connect = tcp_connect,
+    .target_frame = tcp_target_frame,
+    .frames = tcp_frames,
+    .payload_done = tcp_payload_done,
+    .post = tcp_post,
+    .start = tcp_start,
+    .async = tcp_async,
+};
