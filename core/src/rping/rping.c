@@ -46,20 +46,6 @@ const char *HccnResultString(HccnResult result) {
   }
 }
 
-/* The detail goes to the thread's hixl error message, with the nearest HixlStatus. */
-HccnResult rp_fail(HccnResult r, const char *fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
-  hixl_fail(r == HCCN_E_PARA  ? HIXL_PARAM_INVALID
-            : r == HCCN_E_MEM ? HIXL_RESOURCE_EXHAUSTED
-                              : HIXL_FAILED,
-            "%s", msg);
-  return r;
-}
-
 #define CHECK_PARA(cond, ...)                                                                                \
   do {                                                                                                       \
     if (!(cond)) return rp_fail(HCCN_E_PARA, __VA_ARGS__);                                                   \

@@ -11,6 +11,7 @@
  * back with the traffic class the probe arrived with, and says which in its tos. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <netinet/ip.h>
 #include <poll.h>
 #include <stdio.h>
@@ -25,6 +26,7 @@
 #include "util/log.h"
 #include "rping/rping_int.h"
 #include "util/sock.h"
+#include "util/status_int.h"
 
 #define RP_SOCK_BUF       (1 << 20)    /* a batch's answers arrive in bursts */
 #define RP_HELLO_FIRST_NS 10000000ull  /* handshake resend: 10 ms, doubling ... */
@@ -51,6 +53,20 @@ int rp_udp_socket(struct in_addr addr, uint16_t port, const char *what) {
     return -1;
   }
   return fd;
+}
+
+/* The detail goes to the thread's hixl error message, with the nearest HixlStatus. */
+HccnResult rp_fail(HccnResult r, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  hixl_fail(r == HCCN_E_PARA  ? HIXL_PARAM_INVALID
+            : r == HCCN_E_MEM ? HIXL_RESOURCE_EXHAUSTED
+                              : HIXL_FAILED,
+            "%s", msg);
+  return r;
 }
 
 /* sendmsg one datagram with its IP TOS byte. */

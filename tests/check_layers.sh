@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# check_layers: core/src's files call only downward (docs/design.md, "Layers").
+# Reads the symbols each object file of hixl_objs defines and uses (nm), draws an
+# edge A -> B when A uses a symbol B defines, and fails on:
+#   - any cycle between files (tsort finds it);
+#   - a file calling a layer above its own (the ranks below), or one transport
+#     calling another: a transport is reached through its table only.
+# Usage: check_layers.sh OBJDIR   (build/core/CMakeFiles/hixl_objs.dir/src)
+set -euo pipefail
+objdir=${1:?usage: check_layers.sh OBJDIR}
+cd "$objdir"
+mapfile -t objs < <(find . -name '*.o' | sed 's|^\./||' | sort)
+[ "${#objs[@]}" -gt 10 ] || { echo "check_layers: only ${#objs[@]} objects under $objdir"; exit 1; }
+
+# Rank of a file: it may use files of a lower rank, and of its own rank only
+# inside its own folder.
+rank() {
+  case "$1" in
+    util/*) echo 0 ;;
+    wire/*) echo 1 ;;
+    engine/options.c.o) echo 2 ;;
+    engine/link.c.o) echo 3 ;;
+    transport/*) echo 4 ;;
+    engine/stage.c.o) echo 5 ;;
+    engine/api.c.o) echo 6 ;;
+    cs/* | cache/*) echo 7 ;;
+    rping/*) echo 7 ;;
+    *) echo "?" ;;
+  esac
+}
+
+defs=$(mktemp) uses=$(mktemp) edges=$(mktemp)
+trap 'rm -f "$defs" "$uses" "$edges"' EXIT
+for o in "${objs[@]}"; do
+  nm -g --defined-only "$o" | awk -v f="$o" 'NF == 3 { print $3, f }' >>"$defs"
+  nm -u "$o" | awk -v f="$o" '{ print $NF, f }' >>"$uses"
+done
+sort -o "$defs" "$defs"
+sort -o "$uses" "$uses"
+join "$uses" "$defs" | awk '$2 != $3 { print $2, $3, $1 }' | sort -u >"$edges"
+
+bad=0
+while read -r from to sym; do
+  rf=$(rank "$from") rt=$(rank "$to")
+  if [ "$rf" = "?" ] || [ "$rt" = "?" ]; then
+    echo "check_layers: $from or $to has no layer in check_layers.sh: add it"
+    bad=1
+  elif [ "$rt" -gt "$rf" ]; then
+    echo "check_layers: $from (layer $rf) calls $sym of $to (layer $rt): upward"
+    bad=1
+  elif [ "$rt" -eq "$rf" ] && [ "$(dirname "$from")" != "$(dirname "$to")" ]; then
+    echo "check_layers: $from calls $sym of $to: a neighbour of the same layer (use its table)"
+    bad=1
+  fi
+done <"$edges"
+
+if ! awk '{ print $1, $2 }' "$edges" | sort -u | tsort >/dev/null 2>"$edges.err"; then
+  echo "check_layers: the files call each other in a cycle:"
+  cat "$edges.err"
+  bad=1
+fi
+rm -f "$edges.err"
+[ "$bad" -eq 0 ] || exit 1
+echo "check_layers: ${#objs[@]} files, $(awk '{ print $1, $2 }' "$edges" | sort -u | wc -l) file-to-file" \
+  "dependencies, all downward, no cycle"
