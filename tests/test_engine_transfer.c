@@ -758,6 +758,64 @@ static void test_notify_from_server_engine(void) {
   TU_ASSERT_OK(HixlEngineDestroy(e));
 }
 
+/* ------------------------------------------------------- services and order */
+
+/* What the handler below lets go of: it overwrites the memory, as a host reusing
+ * blocks after a FREE would. */
+struct reuse_on_call {
+  unsigned char *mem;
+  size_t len;
+  int calls;
+};
+
+static HixlStatus reuse_handler(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                                size_t cap, size_t *resp_len) {
+  struct reuse_on_call *r = ctx;
+  (void)peer, (void)req, (void)len, (void)resp, (void)cap;
+  memset(r->mem, 0xEE, r->len);
+  r->calls++;
+  *resp_len = 0;
+  return HIXL_SUCCESS;
+}
+
+/* Over tcp a target sends READ answers straight from its memory. A CALL that follows
+ * a READ on the same link is served only once that answer has been sent, so a
+ * handler that lets the memory go (overwrites it here) cannot change what the READ
+ * delivers: all 64 MiB arrive as they were before the CALL. */
+static void test_call_after_answers(void) {
+  enum { SERVICE = 3 };
+  const size_t len = 64 * MiB;
+  char name[TU_ADDR_LEN];
+  struct reuse_on_call r = {.mem = g.s.mem, .len = len};
+  unsigned char *dst = tu_alloc_mem(len, false);
+  HixlEngine *e = tu_engine_start_with(tu_addr(name, sizeof(name), tu_free_port()), "tcp");
+  HixlTransferReq req = NULL;
+  HixlTransferStatus fin = HIXL_TRANSFER_WAITING;
+  uint8_t resp[16];
+  size_t n = 1;
+
+  CU_ASSERT_PTR_NOT_NULL_FATAL(dst);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(e);
+  HixlMemHandle h = tu_register(e, dst, len);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(h);
+  tu_fill(g.s.mem, len, 0xF3);
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, SERVICE, reuse_handler, &r));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(e, g.srv_name, 5000));
+  HixlTransferOpDesc op = {.local_addr = (uintptr_t)dst, .remote_addr = (uintptr_t)g.s.mem, .len = len};
+  TU_ASSERT_OK(HixlEngineTransferAsync(e, g.srv_name, HIXL_READ, &op, 1, XFER_TIMEOUT, NULL, &req));
+  TU_ASSERT_OK(hixl_engine_call(e, g.srv_name, SERVICE, NULL, 0, resp, sizeof(resp), &n, XFER_TIMEOUT));
+  CU_ASSERT_EQUAL(n, 0);
+  CU_ASSERT_EQUAL(r.calls, 1);
+  TU_ASSERT_OK(tu_wait_request(e, req, tu_now_ms() + XFER_TIMEOUT, &fin));
+  CU_ASSERT_EQUAL(fin, HIXL_TRANSFER_COMPLETED);
+  TU_ASSERT_PATTERN(dst, len, 0xF3, "the READ sent before the CALL");
+  CU_ASSERT_EQUAL(tu_check_byte(g.s.mem, len, 0xEE), -1); /* the handler did run */
+  TU_ASSERT_OK(hixl_engine_set_service(g.srv, SERVICE, NULL, NULL));
+  TU_ASSERT_OK(HixlEngineDeregisterMem(e, h));
+  TU_ASSERT_OK(HixlEngineDestroy(e));
+  tu_free_mem(dst, len);
+}
+
 /* ---------------------------------------------------------------- threads */
 
 enum { NTHREADS = 4, ROUNDS = 12 };
@@ -900,6 +958,7 @@ int main(void) {
   CU_add_test(s, "client memory deregistered", test_local_deregister);
   CU_add_test(s, "notify delivery", test_notify);
   CU_add_test(s, "notify from a listening engine", test_notify_from_server_engine);
+  CU_add_test(s, "a CALL is served after the READ answers before it (tcp)", test_call_after_answers);
   CU_add_test(s, "four threads at once", test_four_threads);
   if (CU_get_error() != CUE_SUCCESS) {
     fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());

@@ -180,13 +180,17 @@ static void held_release(hixl_kv_connector *c, struct kv_held *h) {
   free(h);
 }
 
-/* Free held requests whose lease ran out. Lock held. */
+/* Free held requests whose lease ran out. A consumer that pinned one may still be
+ * reading its blocks: its links are cut before the host hears that the blocks are
+ * free (drop_peers, in get_finished), so no answer of this engine reads them after
+ * the host reuses them. Lock held. */
 static void leases_expire(hixl_kv_connector *c) {
   uint64_t now = now_ns();
   for (struct kv_held *h = c->held, *next; h; h = next) {
     next = h->next;
     if (now >= h->expires_ns) {
       c->stats.lease_expired++;
+      if (h->consumer[0] && !idset_has(&c->drop, h->consumer)) idset_add(&c->drop, h->consumer);
       held_release(c, h);
     }
   }
@@ -243,7 +247,7 @@ static void expects_expire(hixl_kv_connector *c) {
       snprintf(why, sizeof(why), "no producer wrote all %u layers within lease_ms %u", c->layers,
                c->cfg.lease_ms);
       /* A producer that accepted may still be writing: its links are cut before the
-       * host hears of the failure and reuses the blocks (see drop_producers). */
+       * host hears of the failure and reuses the blocks (see drop_peers). */
       if (x->producer[0] && !idset_has(&c->drop, x->producer)) idset_add(&c->drop, x->producer);
       expect_end(c, x, why);
     }
@@ -302,6 +306,7 @@ static HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size
   } else if (op == KV_SVC_PIN) {
     if (h) {
       h->expires_ns = now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
+      snprintf(h->consumer, sizeof(h->consumer), "%s", peer);
       kv_put_u8(&out, KV_PIN_HELD);
       kv_put_str(&out, c->layout_text, strlen(c->layout_text));
       kv_put_u32(&out, (uint32_t)h->n);
@@ -1516,17 +1521,17 @@ static hixl_kv_status kv_wait_save(hixl_kv_connector *c) {
   return HIXL_KV_SUCCESS;
 }
 
-/* Cut the links of producers whose expected pushes expired (taken from c->drop under
- * the lock): over tcp and rdma nothing more of theirs lands once this returns, so the
- * host may reuse the blocks get_finished and get_block_ids_with_load_errors report.
- * Called without the lock, before either reports. */
-static void drop_producers(hixl_kv_connector *c, struct kv_idset *d) {
+/* Cut the links of the peers in c->drop (taken under the lock): producers whose
+ * expected pushes expired here, consumers that pinned a request whose lease expired
+ * here. Over tcp and rdma nothing more of theirs lands, and no answer of ours reads
+ * those blocks, once this returns; so the host may reuse the blocks get_finished and
+ * get_block_ids_with_load_errors report. Called without the lock, before either reports. */
+static void drop_peers(hixl_kv_connector *c, struct kv_idset *d) {
+  const char *why = "a request between us expired here (a lease it pinned, or a push it accepted)";
   for (size_t i = 0; i < d->n; i++) {
     size_t n = 0;
-    hixl_engine_drop_peer(c->eng, d->v[i], "a push it accepted expired on this consumer", &n);
-    if (n)
-      fprintf(stderr, "hixl-kv: cut %zu link(s) with the producer %s: a push it accepted expired\n", n,
-              d->v[i]);
+    hixl_engine_drop_peer(c->eng, d->v[i], why, &n);
+    if (n) fprintf(stderr, "hixl-kv: cut %zu link(s) with %s: %s\n", n, d->v[i], why);
   }
   idset_clear(d);
 }
@@ -1549,7 +1554,7 @@ static hixl_kv_status kv_get_finished(hixl_kv_connector *c, const hixl_kv_ids *f
     kv_free_ids(&s);
   }
   pthread_mutex_unlock(&c->lock);
-  drop_producers(c, &drop);
+  drop_peers(c, &drop);
   if (rc < 0) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "get_finished: out of memory");
   *sending = s;
   *recving = r;
@@ -1567,7 +1572,7 @@ static hixl_kv_status kv_load_errors(hixl_kv_connector *c, hixl_kv_blocks *out) 
   struct kv_idset drop = c->drop;
   memset(&c->drop, 0, sizeof(c->drop));
   pthread_mutex_unlock(&c->lock);
-  drop_producers(c, &drop);
+  drop_peers(c, &drop);
   out->ids = v;
   out->count = n;
   out->raw.data = (uint8_t *)v;

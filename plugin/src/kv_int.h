@@ -34,6 +34,7 @@ struct kv_held {
   uint64_t *blocks;
   size_t n;
   uint64_t expires_ns;
+  char consumer[80]; /* the engine that pinned it last (it may be reading the blocks), or "" */
   struct kv_held *next;
 };
 
@@ -110,7 +111,8 @@ struct hixl_kv_connector {
   struct kv_load *queue, *queue_tail; /* started, for the loader */
   uint32_t loading;
   struct kv_idset recving_done;
-  struct kv_idset drop; /* push consumer: producers whose expected push expired, cut before it is reported */
+  struct kv_idset drop; /* peers to cut before reporting: producers whose expected push expired, consumers
+                           that pinned a request whose lease expired */
   uint64_t *err_blocks;
   size_t nerr, caperr;
   bool loader_on;

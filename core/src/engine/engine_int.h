@@ -145,6 +145,8 @@ struct conn {
   uint64_t pay_seq;
   uint32_t pay_status;
   bool stalled;        /* a module paused reading frames (a target's RDMA staged unit is on the QP) */
+  bool call_fenced;    /* ... or a CALL waits until every answer queued before it has been sent */
+  bool in_fence;       /* releasing that wait (no recursion) */
   size_t stage_queued; /* bytes of owned answers (STAGE_READ) queued, not yet sent */
   /* send */
   struct txitem *txq_head, *txq_tail;

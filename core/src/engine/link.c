@@ -227,6 +227,9 @@ static int item_iov(const struct txitem *it, struct iovec *iov, int n, size_t bu
   return n;
 }
 
+static void parse_frames(struct conn *c);
+static void fence_release(struct conn *c);
+
 /* Send as much of the queue as the socket takes, in gathered writes. */
 void link_flush_some(struct conn *c, size_t budget) {
   while (c->txq_head && !c->dead && budget > 0) {
@@ -273,9 +276,24 @@ void link_flush_some(struct conn *c, size_t budget) {
     }
   }
   if (!c->dead) set_want_out(c, c->txq_head != NULL);
+  if (!c->dead && c->call_fenced && !c->txq_head) fence_release(c);
 }
 
 void link_flush(struct conn *c) { link_flush_some(c, SIZE_MAX); }
+
+/* Everything queued before the waiting CALL has been sent: serve it and read on, in a
+ * loop rather than by recursion (each CALL answered may fence the next). */
+static void fence_release(struct conn *c) {
+  if (c->in_fence) return;
+  c->in_fence = true;
+  while (!c->dead && c->call_fenced && !c->txq_head) {
+    c->call_fenced = c->stalled = false;
+    conn_arm(c);
+    parse_frames(c);
+    if (!c->dead && c->txq_head) link_flush_some(c, SIZE_MAX);
+  }
+  c->in_fence = false;
+}
 
 /* Queue a small frame built by one of the wire_put_* helpers. */
 int link_queue_small(struct conn *c, const uint8_t *frame, size_t len, const uint8_t *payload,
@@ -706,6 +724,14 @@ static void parse_frames(struct conn *c) {
       return;
     }
     if (avail < WIRE_HDR_LEN + h.body_len) return; /* body not here yet; fits ENGINE_RXBUF */
+    /* A CALL is served once every answer queued before it on this link has been sent:
+     * a handler that lets memory go (the plugin's FREE) knows no earlier answer still
+     * reads it. The link reads nothing more until then (fence_release). */
+    if (h.type == WIRE_CALL && c->role == CONN_TARGET && c->txq_head) {
+      c->call_fenced = c->stalled = true;
+      conn_arm(c);
+      return;
+    }
     err = wire_decode(&h, p + WIRE_HDR_LEN, &m);
     if (err != WIRE_OK) {
       char why[160];
