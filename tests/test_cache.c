@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -594,17 +595,24 @@ static void gate_release(struct gate *g, uint32_t n) {
 
 /* Has layer l of the peer's blocks sb[] received pattern seed (1), is it untouched
  * (0), or neither (-1)? */
+/* Layer l of the peer's blocks sb[0..n) as an outside observer sees them while a
+ * transfer may be landing: read through the kernel (process_vm_readv of the peer),
+ * not by the peer's own thread, which would race with its engine's. 1: all of seed,
+ * 0: all the peer's own, -1: a mix, -2: unreadable. */
 static int peer_layer_state(uint32_t l, const uint64_t *sb, size_t n, uint64_t seed) {
-  static uint8_t got[B_BLOCKS * B_BLOCK];
+  static uint8_t got[B_BLOCK];
   bool all_new = true, all_old = true;
   for (uint32_t t = 2 * l; t < 2 * l + 2; t++) {
-    if (peer(P_GET, 1, t, 0, got).st != 0) return -2;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
+      struct iovec local = {got, B_BLOCK};
+      struct iovec remote = {(void *)(uintptr_t)(peer_addrs[t] + sb[i] * B_BLOCK), B_BLOCK};
+      if (process_vm_readv(peer_pid, &local, 1, &remote, 1, 0) != (ssize_t)B_BLOCK) return -2;
       for (size_t j = 0; j < B_BLOCK; j++) {
-        uint8_t x = got[sb[i] * B_BLOCK + j];
+        uint8_t x = got[j];
         all_new &= x == pat(seed, 100 + t, sb[i] * B_BLOCK + j);
         all_old &= x == pat(PEER_SEED, 100 + t, sb[i] * B_BLOCK + j);
       }
+    }
   }
   return all_new ? 1 : all_old ? 0 : -1;
 }

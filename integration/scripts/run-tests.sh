@@ -2,6 +2,8 @@
 # README command 2 (and .ci/run): build and run every test.
 #  1. warnings-as-errors build + every CTest test (RDMA tests skip without a device);
 #  2. the same suite built with AddressSanitizer + UBSan (zero errors, zero leaks);
+#  2b. the same suite built with ThreadSanitizer: zero reports, from any process the
+#     tests start (TSan writes each process's reports to build-tsan/tsan/);
 #  3. a clang build of everything, and the wire, plugin-metadata and configuration
 #     parsers fuzzed with libFuzzer;
 #  4. the RDMA suite (CTest label rdma) for real inside a QEMU guest with soft-RoCE;
@@ -22,6 +24,19 @@ cmake --build "$top/build-asan" -j"$jobs"
 (cd "$top/build-asan" &&
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --output-on-failure --timeout 900)
+
+echo "== ThreadSanitizer build and test (zero reports in any process)"
+cmake -S "$top" -B "$top/build-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHIXL_WERROR=ON -DHIXL_TSAN=ON >/dev/null
+cmake --build "$top/build-tsan" -j"$jobs"
+rm -rf "$top/build-tsan/tsan" && mkdir -p "$top/build-tsan/tsan"
+(cd "$top/build-tsan" && TSAN_OPTIONS="log_path=$top/build-tsan/tsan/log second_deadlock_stack=1" \
+  ctest --output-on-failure --timeout 900 -LE fuzz)
+reports=$(grep -l "WARNING: ThreadSanitizer" "$top/build-tsan/tsan/"* 2>/dev/null || true)
+if [ -n "$reports" ]; then
+  echo "ThreadSanitizer reported, in $(echo "$reports" | wc -l) process(es):"
+  for f in $reports; do cat "$f"; done
+  exit 1
+fi
 
 echo "== clang build (-Werror) and the parsers under libFuzzer (wire 60 s, plugin metadata and configuration 30 s each)"
 CC=clang cmake -S "$top" -B "$top/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHIXL_WERROR=ON -DHIXL_FUZZ=ON >/dev/null
