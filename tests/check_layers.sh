@@ -5,12 +5,18 @@
 #   - any cycle between files (tsort finds it);
 #   - a file calling a layer above its own (the ranks below), or one transport
 #     calling another: a transport is reached through its table only.
-# Usage: check_layers.sh OBJDIR   (build/core/CMakeFiles/hixl_objs.dir/src)
+# Usage: check_layers.sh OBJECT...  (hixl_objs' objects, as CMake lists them: a build
+# tree may hold stale objects of files that are gone). Each is named by its path below
+# core/src/ (the part after ".../src/").
 set -euo pipefail
-objdir=${1:?usage: check_layers.sh OBJDIR}
-cd "$objdir"
-mapfile -t objs < <(find . -name '*.o' | sed 's|^\./||' | sort)
-[ "${#objs[@]}" -gt 10 ] || { echo "check_layers: only ${#objs[@]} objects under $objdir"; exit 1; }
+[ $# -gt 10 ] || { echo "check_layers: only $# object files given"; exit 1; }
+declare -A path
+objs=()
+for o in "$@"; do
+  name=${o##*/src/}
+  path[$name]=$o
+  objs+=("$name")
+done
 
 # Rank of a file: it may use files of a lower rank, and of its own rank only
 # inside its own folder.
@@ -32,8 +38,8 @@ rank() {
 defs=$(mktemp) uses=$(mktemp) edges=$(mktemp)
 trap 'rm -f "$defs" "$uses" "$edges"' EXIT
 for o in "${objs[@]}"; do
-  nm -g --defined-only "$o" | awk -v f="$o" 'NF == 3 { print $3, f }' >>"$defs"
-  nm -u "$o" | awk -v f="$o" '{ print $NF, f }' >>"$uses"
+  nm -g --defined-only "${path[$o]}" | awk -v f="$o" 'NF == 3 { print $3, f }' >>"$defs"
+  nm -u "${path[$o]}" | awk -v f="$o" '{ print $NF, f }' >>"$uses"
 done
 sort -o "$defs" "$defs"
 sort -o "$uses" "$uses"
