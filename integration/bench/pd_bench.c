@@ -9,9 +9,10 @@
  *    (one op per run of blocks adjacent on both sides, per tensor) with one
  *    HixlEngineTransferSync; the ratio is plugin GB/s over raw GB/s;
  *  - push: decode allocates, prefill "computes" each layer for about one layer's raw
- *    transfer time and saves it; the latency from the last save to decode holding the
- *    whole request is compared with one layer's raw transfer time (pipelining hides
- *    every layer but the last).
+ *    transfer time and saves it; decode's forward pass waits for each layer in turn
+ *    (wait_for_layer_load, which blocks until the layer has landed); the latency from
+ *    the last save to that wait returning for the last layer is compared with one
+ *    layer's raw transfer time (pipelining hides every layer but the last).
  * Progress on stderr; a table on stdout; --json FILE. */
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -554,10 +555,15 @@ int main(int argc, char **argv) {
       line_out(out, "push %s %" PRIu64 " %" PRIu64 " %.*s\n", id, nb, t_layer[r], (int)pp.len,
                (char *)pp.data);
       ops->free_buffer(&pp);
-      wait_finished(&push, did, 1);
+      /* The forward pass of this step: each layer waited for before it is used. */
+      for (uint32_t l = 0; l < o.layers; l++)
+        if (ops->wait_for_layer_load(push.worker, l) != HIXL_KV_SUCCESS)
+          die("wait_for_layer_load %u: %s", l, ops->last_error());
       uint64_t t_done = bench_now_ns(), t_last = 0;
+      wait_finished(&push, did, 1); /* then the host learns it finished (and checks it did) */
       if (sscanf(line_in(in, line, sizeof(line)), "pushed %" SCNu64, &t_last) != 1) die("prefill: %s", line);
-      t_push[r] = t_done > t_last ? t_done - t_last : 0;
+      if (t_done < t_last) die("push %s: wait_for_layer_load returned before the last layer was saved", did);
+      t_push[r] = t_done - t_last;
     }
     w->plugin_gbs = (double)w->bytes / (double)median(t_plugin, o.rounds);
     w->raw_gbs = (double)w->bytes / (double)median(t_raw, o.rounds);

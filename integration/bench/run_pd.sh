@@ -101,7 +101,8 @@ EOF
   echo "- **push**: decode allocates and hands its blocks out (\`get_push_params\`); prefill"
   echo "  computes each layer for about one layer's raw transfer time (sleeping: the forward"
   echo "  pass runs on the accelerator), calling \`save_kv_layer\` after each; *after last layer"
-  echo "  ms* runs from the last \`save_kv_layer\` to decode holding the whole request, against"
+  echo "  ms* runs from the last \`save_kv_layer\` to decode's forward pass holding the last layer"
+  echo "  (\`wait_for_layer_load\` for each layer in turn, which blocks until it landed), against"
   echo "  *one layer ms*, one layer's raw transfer. Without pipelining it would be the whole"
   echo "  request's transfer."
   echo
