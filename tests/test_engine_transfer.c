@@ -2,6 +2,7 @@
  * byte for byte, batches, async requests, range checks on both sides, link states,
  * connect timeouts, late registration, notifications and concurrent threads. Run as
  * test_engine_transfer (Transport auto: shm here) and test_engine_transfer_tcp. */
+#include <dirent.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -758,6 +759,99 @@ static void test_notify_from_server_engine(void) {
   TU_ASSERT_OK(HixlEngineDestroy(e));
 }
 
+/* ------------------------------------------------------------ allocated memory */
+
+/* Descriptors of this process open on hixl's memfds. */
+static int memfd_count(void) {
+  int n = 0;
+  struct dirent *de;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  while ((de = readdir(d))) {
+    char path[300], target[256];
+    snprintf(path, sizeof(path), "/proc/self/fd/%s", de->d_name);
+    ssize_t k = readlink(path, target, sizeof(target) - 1);
+    if (k <= 0) continue;
+    target[k] = '\0';
+    n += strncmp(target, "/memfd:hixl", 11) == 0;
+  }
+  closedir(d);
+  return n;
+}
+
+/* Whether /proc/self/maps names p's mapping as hixl's memfd. */
+static bool mapped_as_memfd(const void *p) {
+  char line[512];
+  bool found = false;
+  FILE *f = fopen("/proc/self/maps", "r");
+  if (!f) return false;
+  while (!found && fgets(line, sizeof(line), f)) {
+    unsigned long lo, hi;
+    if (sscanf(line, "%lx-%lx", &lo, &hi) == 2 && (uintptr_t)p >= lo && (uintptr_t)p < hi)
+      found = strstr(line, "/memfd:hixl") != NULL;
+  }
+  fclose(f);
+  return found;
+}
+
+/* Memory from HixlEngineAllocMem: a memfd's shared mapping, zeroed and registered, so a
+ * peer WRITEs and READs it (every byte checked); DeregisterMem refuses it; FreeMem
+ * releases it once and refuses anything else; a peer cannot reach it afterwards;
+ * Finalize releases what is left (no descriptor stays open). */
+static void test_alloc_mem(void) {
+  const size_t len = 3 * MiB + 1;
+  void *p = NULL;
+  HixlMemHandle h = NULL;
+  int fds0 = memfd_count();
+
+  TU_ASSERT_STATUS(HixlEngineAllocMem(g.srv, 0, &p, &h), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineAllocMem(g.srv, 4096, NULL, &h), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineAllocMem(g.srv, 4096, &p, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineAllocMem(NULL, 4096, &p, &h), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineFreeMem(g.srv, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_OK_FATAL(HixlEngineAllocMem(g.srv, len, &p, &h));
+  CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+  CU_ASSERT_EQUAL(tu_check_byte(p, len, 0), -1);
+  CU_ASSERT_TRUE(mapped_as_memfd(p));
+  CU_ASSERT_EQUAL(memfd_count(), fds0 + 1);
+
+  tu_fill(g.src.mem, len, 0x51);
+  HixlTransferOpDesc w = {.local_addr = (uintptr_t)g.src.mem, .remote_addr = (uintptr_t)p, .len = len};
+  TU_ASSERT_OK(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &w, 1, XFER_TIMEOUT));
+  TU_ASSERT_PATTERN(p, len, 0x51, "allocated memory after a peer's WRITE");
+  memset(g.dst.mem, 0, len);
+  tu_fill(p, len, 0x52);
+  HixlTransferOpDesc r = {.local_addr = (uintptr_t)g.dst.mem, .remote_addr = (uintptr_t)p, .len = len};
+  TU_ASSERT_OK(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_READ, &r, 1, XFER_TIMEOUT));
+  TU_ASSERT_PATTERN(g.dst.mem, len, 0x52, "a peer's READ of allocated memory");
+
+  TU_ASSERT_STATUS(HixlEngineDeregisterMem(g.srv, h), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("HixlEngineFreeMem");
+  TU_ASSERT_STATUS(HixlEngineFreeMem(g.srv, g.s.h), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("HixlEngineDeregisterMem");
+  TU_ASSERT_OK(HixlEngineFreeMem(g.srv, h));
+  CU_ASSERT_FALSE(mapped_as_memfd(p));
+  CU_ASSERT_EQUAL(memfd_count(), fds0);
+  TU_ASSERT_STATUS(HixlEngineFreeMem(g.srv, h), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_READ, &r, 1, XFER_TIMEOUT), HIXL_FAILED);
+
+  char name[TU_ADDR_LEN];
+  HixlEngine *e = tu_engine_start(tu_addr(name, sizeof(name), tu_free_port()));
+  CU_ASSERT_PTR_NOT_NULL_FATAL(e);
+  int fds1 = memfd_count();
+  void *p2 = NULL;
+  TU_ASSERT_OK(HixlEngineAllocMem(e, 5000, &p, &h));
+  TU_ASSERT_OK(HixlEngineAllocMem(e, 64 * MiB, &p2, &h));
+  CU_ASSERT_EQUAL(memfd_count(), fds1 + 2);
+  CU_ASSERT_TRUE(mapped_as_memfd(p) && mapped_as_memfd(p2));
+  TU_ASSERT_OK(HixlEngineFinalize(e));
+  CU_ASSERT_FALSE(mapped_as_memfd(p));
+  CU_ASSERT_FALSE(mapped_as_memfd(p2));
+  CU_ASSERT_EQUAL(memfd_count(), fds1);
+  TU_ASSERT_STATUS(HixlEngineAllocMem(e, 4096, &p, &h), HIXL_PARAM_INVALID); /* not initialized */
+  TU_ASSERT_OK(HixlEngineDestroy(e));
+}
+
 /* ------------------------------------------------------- services and order */
 
 /* What the handler below lets go of: it overwrites the memory, as a host reusing
@@ -958,6 +1052,7 @@ int main(void) {
   CU_add_test(s, "client memory deregistered", test_local_deregister);
   CU_add_test(s, "notify delivery", test_notify);
   CU_add_test(s, "notify from a listening engine", test_notify_from_server_engine);
+  CU_add_test(s, "allocated memory: memfd, registered, freed once", test_alloc_mem);
   CU_add_test(s, "a CALL is served after the READ answers before it (tcp)", test_call_after_answers);
   CU_add_test(s, "four threads at once", test_four_threads);
   if (CU_get_error() != CUE_SUCCESS) {

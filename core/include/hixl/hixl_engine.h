@@ -96,6 +96,19 @@ HIXL_API HixlStatus HixlEngineRegisterMem(HixlEngine *engine, const HixlMemDesc 
 /** Deregister; FAILED while transfers that use the range are still in flight. */
 HIXL_API HixlStatus HixlEngineDeregisterMem(HixlEngine *engine, HixlMemHandle handle);
 
+/** Allocate at least len bytes of host memory and register it as RegisterMem does
+ *  (every transport reaches it). The memory is a shared mapping of a memfd: huge pages
+ *  when the system has enough free, otherwise normal pages advised to transparent huge
+ *  pages; it is zeroed. *addr gets its address, *handle its registration. Release it
+ *  with HixlEngineFreeMem (DeregisterMem refuses it); Finalize frees what is left.
+ *  Same-host peers still copy it with process_vm_readv / writev; mapping it into
+ *  peers (memcpy instead) is not built yet (docs/design.md). */
+HIXL_API HixlStatus HixlEngineAllocMem(HixlEngine *engine, size_t len, void **addr, HixlMemHandle *handle);
+
+/** Deregister and unmap memory from HixlEngineAllocMem; FAILED while transfers that
+ *  use it are in flight (nothing is released then). */
+HIXL_API HixlStatus HixlEngineFreeMem(HixlEngine *engine, HixlMemHandle handle);
+
 /** Link to remote_engine ("ip:port"), exchanging memory tables; retried until
  *  timeout_ms (0: default) when nothing listens yet, then TIMEOUT. */
 HIXL_API HixlStatus HixlEngineConnect(HixlEngine *engine, const char *remote_engine, int32_t timeout_ms);

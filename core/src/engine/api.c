@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -48,6 +49,8 @@ static void mods_close(HixlEngine *e, int n) {
   while (n-- > 0)
     if (e->mods[n]->close) e->mods[n]->close(e);
 }
+
+static void alloc_release(struct hixl_mem_reg *r);
 
 /* Whether a request timing out had to reset a link (RDMA work requests posted). */
 static bool mods_req_timeout(HixlEngine *e, struct hixl_transfer_req *r) {
@@ -171,9 +174,11 @@ HixlStatus HixlEngineFinalize(HixlEngine *e) {
   link_free_graveyard(e);
   while (e->peers) peer_free(e, e->peers);
   for (size_t i = 0; i < e->regs.count; i++) {
+    struct hixl_mem_reg *r = (struct hixl_mem_reg *)e->regs.v[i];
     for (int k = 0; k < XPORT_MODS; k++)
-      if (e->mods[k]->mem_dereg) e->mods[k]->mem_dereg(e, (struct hixl_mem_reg *)e->regs.v[i]);
-    free(e->regs.v[i]);
+      if (e->mods[k]->mem_dereg) e->mods[k]->mem_dereg(e, r);
+    alloc_release(r);
+    free(r);
   }
   memtab_free(&e->regs);
   mods_close(e, XPORT_MODS);
@@ -214,6 +219,107 @@ HixlStatus HixlEngineDestroy(HixlEngine *e) {
 
 /* ---- memory ---- */
 
+/* Unmap and close what HixlEngineAllocMem made (nothing for the caller's memory). */
+static void alloc_release(struct hixl_mem_reg *r) {
+  if (r->memfd < 0) return;
+  munmap((void *)(uintptr_t)r->range.addr, r->map_len);
+  close(r->memfd);
+  r->memfd = -1;
+}
+
+#define ALLOC_HUGE (2u << 20)
+
+/* A shared mapping of a new memfd of at least len bytes: huge pages when the kernel
+ * can back all of it now (MAP_POPULATE faults them in, so a shortage fails here, not
+ * later with SIGBUS), else normal pages advised to transparent huge pages. */
+static HixlStatus alloc_map(size_t len, int *fd_out, void **addr_out, size_t *map_len, bool *huge) {
+  long page = sysconf(_SC_PAGESIZE);
+  size_t hlen = (len + ALLOC_HUGE - 1) / ALLOC_HUGE * ALLOC_HUGE;
+  int fd = memfd_create("hixl", MFD_CLOEXEC | MFD_HUGETLB);
+  if (fd >= 0) {
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, (off_t)hlen) == 0)
+      p = mmap(NULL, hlen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p != MAP_FAILED) {
+      *fd_out = fd, *addr_out = p, *map_len = hlen, *huge = true;
+      return HIXL_SUCCESS;
+    }
+    close(fd);
+  }
+  size_t plen = (len + (size_t)page - 1) / (size_t)page * (size_t)page;
+  if ((fd = memfd_create("hixl", MFD_CLOEXEC)) < 0)
+    return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineAllocMem: memfd_create: %s", strerror(errno));
+  void *p = MAP_FAILED;
+  int err = ftruncate(fd, (off_t)plen) == 0 ? 0 : errno;
+  if (!err && (p = mmap(NULL, plen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) err = errno;
+  if (err) {
+    close(fd);
+    return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineAllocMem: %zu bytes of memfd memory: %s", plen,
+                     strerror(err));
+  }
+  (void)madvise(p, plen, MADV_HUGEPAGE); /* a hint: shmem THP may be off */
+  *fd_out = fd, *addr_out = p, *map_len = plen, *huge = false;
+  return HIXL_SUCCESS;
+}
+
+HixlStatus HixlEngineAllocMem(HixlEngine *e, size_t len, void **addr, HixlMemHandle *handle) {
+  CHECK_ARG(addr && handle, "HixlEngineAllocMem: addr or handle output is NULL");
+  CHECK_ARG(len > 0 && len <= ((size_t)1 << 46), "HixlEngineAllocMem: len %zu is 0 or above 64 TiB", len);
+  HixlStatus st = engine_enter(e, "HixlEngineAllocMem"); /* fail before allocating */
+  if (st != HIXL_SUCCESS) return st;
+  pthread_mutex_unlock(&e->lock);
+  int fd;
+  void *p;
+  size_t map_len;
+  bool huge;
+  if ((st = alloc_map(len, &fd, &p, &map_len, &huge)) != HIXL_SUCCESS) return st;
+  HixlMemDesc m = {(uintptr_t)p, map_len};
+  HixlMemHandle h;
+  if ((st = HixlEngineRegisterMem(e, &m, HIXL_MEM_HOST, &h)) != HIXL_SUCCESS) {
+    munmap(p, map_len);
+    close(fd);
+    return hixl_fail(st, "HixlEngineAllocMem: %s", HixlGetLastErrorMessage());
+  }
+  pthread_mutex_lock(&e->lock); /* h stays: only FreeMem or Finalize drop it */
+  h->memfd = fd;
+  h->map_len = map_len;
+  pthread_mutex_unlock(&e->lock);
+  log_info("engine %s: allocated %zu bytes at %p (memfd, %s pages)", e->local_name, map_len, p,
+           huge ? "huge" : "normal");
+  *addr = p;
+  *handle = h;
+  return HIXL_SUCCESS;
+}
+
+HixlStatus HixlEngineFreeMem(HixlEngine *e, HixlMemHandle handle) {
+  CHECK_ARG(handle, "HixlEngineFreeMem: handle is NULL");
+  HixlStatus st = engine_enter(e, "HixlEngineFreeMem");
+  if (st != HIXL_SUCCESS) return st;
+  struct hixl_mem_reg *r = NULL;
+  for (size_t i = 0; i < e->regs.count && !r; i++)
+    if (e->regs.v[i] == &handle->range) r = handle;
+  if (!r || r->memfd < 0) {
+    st = hixl_fail(
+        HIXL_PARAM_INVALID,
+        "HixlEngineFreeMem: handle %p is not memory HixlEngineAllocMem allocated with this engine%s",
+        (void *)handle, r ? " (it was registered: use HixlEngineDeregisterMem)" : "");
+  } else if (r->inflight > 0) {
+    st = hixl_fail(HIXL_FAILED,
+                   "HixlEngineFreeMem: %u transfer chunks on [0x%llx, +%llu) are still in flight; nothing "
+                   "was released",
+                   r->inflight, (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
+  } else {
+    memtab_remove(&e->regs, &r->range);
+    link_broadcast_mem(e, WIRE_MEM_DEL, r);
+    for (int k = 0; k < XPORT_MODS; k++)
+      if (e->mods[k]->mem_dereg) e->mods[k]->mem_dereg(e, r);
+    alloc_release(r);
+    free(r);
+  }
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}
+
 HixlStatus HixlEngineRegisterMem(HixlEngine *e, const HixlMemDesc *mem, HixlMemType type,
                                  HixlMemHandle *handle) {
   return hixl_engine_register_tagged(e, mem, type, NULL, handle);
@@ -247,6 +353,7 @@ HixlStatus hixl_engine_register_tagged(HixlEngine *e, const HixlMemDesc *mem, Hi
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineRegisterMem: out of memory");
     goto unlock;
   }
+  r->memfd = -1;
   r->range.addr = mem->addr;
   r->range.len = mem->len;
   r->type = type;
@@ -287,6 +394,12 @@ HixlStatus HixlEngineDeregisterMem(HixlEngine *e, HixlMemHandle handle) {
   if (!r) {
     st = hixl_fail(HIXL_PARAM_INVALID,
                    "HixlEngineDeregisterMem: handle %p is not registered with this engine", (void *)handle);
+  } else if (r->memfd >= 0) {
+    st = hixl_fail(
+        HIXL_PARAM_INVALID,
+        "HixlEngineDeregisterMem: handle %p is memory HixlEngineAllocMem allocated; release it with "
+        "HixlEngineFreeMem",
+        (void *)handle);
   } else if (r->inflight > 0) {
     st = hixl_fail(HIXL_FAILED,
                    "HixlEngineDeregisterMem: %u transfer chunks on [0x%llx, +%llu) are still in flight; "

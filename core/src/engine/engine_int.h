@@ -28,6 +28,8 @@ struct hixl_mem_reg {
   uint32_t inflight;          /* chunks in flight that touch the range, either role */
   char tag[WIRE_MAX_TAG + 1]; /* advertised with the range; "" when untagged */
   void *xmem;                 /* what the transport registering memory keeps (rdma: the MR) */
+  int memfd;                  /* HixlEngineAllocMem's memory: its memfd (-1: the caller's memory) */
+  size_t map_len;             /* ... and the length of its mapping */
 };
 
 /* A peer's registration as it advertised it. */
