@@ -285,7 +285,7 @@ static void prefill_main(int in, int out, uint16_t port) {
       step(&push);
       uint64_t t_last = 0;
       for (uint32_t l = 0; l < o.layers; l++) {
-        compute_ns(compute); /* the layer's "forward pass" */
+        compute_ns(compute);     /* the layer's "forward pass" */
         t_last = bench_now_ns(); /* before the call: the pusher it wakes may run first on this CPU */
         ops->save_kv_layer(push.worker, l);
       }
