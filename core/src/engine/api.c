@@ -268,10 +268,10 @@ HixlStatus HixlEngineAllocMem(HixlEngine *e, size_t len, void **addr, HixlMemHan
   HixlStatus st = engine_enter(e, "HixlEngineAllocMem"); /* fail before allocating */
   if (st != HIXL_SUCCESS) return st;
   pthread_mutex_unlock(&e->lock);
-  int fd;
-  void *p;
-  size_t map_len;
-  bool huge;
+  int fd = -1;
+  void *p = NULL;
+  size_t map_len = 0;
+  bool huge = false;
   if ((st = alloc_map(len, &fd, &p, &map_len, &huge)) != HIXL_SUCCESS) return st;
   HixlMemDesc m = {(uintptr_t)p, map_len};
   HixlMemHandle h;
