@@ -50,7 +50,7 @@ static void mods_close(HixlEngine *e, int n) {
     if (e->mods[n]->close) e->mods[n]->close(e);
 }
 
-static void alloc_release(struct hixl_mem_reg *r);
+static void reg_release(HixlEngine *e, struct hixl_mem_reg *r);
 
 /* Whether a request timing out had to reset a link (RDMA work requests posted). */
 static bool mods_req_timeout(HixlEngine *e, struct hixl_transfer_req *r) {
@@ -174,11 +174,7 @@ HixlStatus HixlEngineFinalize(HixlEngine *e) {
   link_free_graveyard(e);
   while (e->peers) peer_free(e, e->peers);
   for (size_t i = 0; i < e->regs.count; i++) {
-    struct hixl_mem_reg *r = (struct hixl_mem_reg *)e->regs.v[i];
-    for (int k = 0; k < XPORT_MODS; k++)
-      if (e->mods[k]->mem_dereg) e->mods[k]->mem_dereg(e, r);
-    alloc_release(r);
-    free(r);
+    reg_release(e, (struct hixl_mem_reg *)e->regs.v[i]);
   }
   memtab_free(&e->regs);
   mods_close(e, XPORT_MODS);
@@ -225,6 +221,28 @@ static void alloc_release(struct hixl_mem_reg *r) {
   munmap((void *)(uintptr_t)r->range.addr, r->map_len);
   close(r->memfd);
   r->memfd = -1;
+}
+
+/* The registration behind handle, or NULL when this engine holds none such. */
+static struct hixl_mem_reg *reg_of(HixlEngine *e, HixlMemHandle handle) {
+  for (size_t i = 0; i < e->regs.count; i++)
+    if (e->regs.v[i] == &handle->range) return handle;
+  return NULL;
+}
+
+/* Let go of r: every transport's hold on it, the memory if the engine allocated it. */
+static void reg_release(HixlEngine *e, struct hixl_mem_reg *r) {
+  for (int k = 0; k < XPORT_MODS; k++)
+    if (e->mods[k]->mem_dereg) e->mods[k]->mem_dereg(e, r);
+  alloc_release(r);
+  free(r);
+}
+
+/* Withdraw r from the table and from peers, then release it. Lock held. */
+static void reg_drop(HixlEngine *e, struct hixl_mem_reg *r) {
+  memtab_remove(&e->regs, &r->range);
+  link_broadcast_mem(e, WIRE_MEM_DEL, r);
+  reg_release(e, r);
 }
 
 #define ALLOC_HUGE (2u << 20)
@@ -295,9 +313,7 @@ HixlStatus HixlEngineFreeMem(HixlEngine *e, HixlMemHandle handle) {
   CHECK_ARG(handle, "HixlEngineFreeMem: handle is NULL");
   HixlStatus st = engine_enter(e, "HixlEngineFreeMem");
   if (st != HIXL_SUCCESS) return st;
-  struct hixl_mem_reg *r = NULL;
-  for (size_t i = 0; i < e->regs.count && !r; i++)
-    if (e->regs.v[i] == &handle->range) r = handle;
+  struct hixl_mem_reg *r = reg_of(e, handle);
   if (!r || r->memfd < 0) {
     st = hixl_fail(
         HIXL_PARAM_INVALID,
@@ -309,12 +325,7 @@ HixlStatus HixlEngineFreeMem(HixlEngine *e, HixlMemHandle handle) {
                    "was released",
                    r->inflight, (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
   } else {
-    memtab_remove(&e->regs, &r->range);
-    link_broadcast_mem(e, WIRE_MEM_DEL, r);
-    for (int k = 0; k < XPORT_MODS; k++)
-      if (e->mods[k]->mem_dereg) e->mods[k]->mem_dereg(e, r);
-    alloc_release(r);
-    free(r);
+    reg_drop(e, r);
   }
   pthread_mutex_unlock(&e->lock);
   return st;
@@ -388,9 +399,7 @@ HixlStatus HixlEngineDeregisterMem(HixlEngine *e, HixlMemHandle handle) {
   CHECK_ARG(handle, "HixlEngineDeregisterMem: handle is NULL");
   HixlStatus st = engine_enter(e, "HixlEngineDeregisterMem");
   if (st != HIXL_SUCCESS) return st;
-  struct hixl_mem_reg *r = NULL;
-  for (size_t i = 0; i < e->regs.count && !r; i++)
-    if (e->regs.v[i] == &handle->range) r = handle;
+  struct hixl_mem_reg *r = reg_of(e, handle);
   if (!r) {
     st = hixl_fail(HIXL_PARAM_INVALID,
                    "HixlEngineDeregisterMem: handle %p is not registered with this engine", (void *)handle);
@@ -406,11 +415,7 @@ HixlStatus HixlEngineDeregisterMem(HixlEngine *e, HixlMemHandle handle) {
                    "wait for them or Disconnect the peer first",
                    r->inflight, (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
   } else {
-    memtab_remove(&e->regs, &r->range);
-    link_broadcast_mem(e, WIRE_MEM_DEL, r);
-    for (int k = 0; k < XPORT_MODS; k++)
-      if (e->mods[k]->mem_dereg) e->mods[k]->mem_dereg(e, r);
-    free(r);
+    reg_drop(e, r);
   }
   pthread_mutex_unlock(&e->lock);
   return st;
