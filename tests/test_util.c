@@ -593,13 +593,13 @@ static int server_run(const tu_server_cfg *cfg, unsigned char *mem, int ready_fd
   HixlStatus st;
 
   memset(&r, 0, sizeof(r));
-  if (!mem) {
+  if (!mem && !cfg->alloc) {
     r.status = HIXL_RESOURCE_EXHAUSTED;
     snprintf(r.error, sizeof(r.error), "child: mapping %zu bytes failed", cfg->mem_len);
     tu_write_all(ready_fd, &r, sizeof(r));
     return 2;
   }
-  if (cfg->seed) tu_fill(mem, cfg->mem_len, cfg->seed);
+  if (cfg->seed && mem) tu_fill(mem, cfg->mem_len, cfg->seed);
   if (cfg->nondumpable && prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) {
     r.status = HIXL_FAILED;
     snprintf(r.error, sizeof(r.error), "child: prctl(PR_SET_DUMPABLE, 0): %s", strerror(errno));
@@ -611,6 +611,13 @@ static int server_run(const tu_server_cfg *cfg, unsigned char *mem, int ready_fd
   opt.value = cfg->transport;
   st = HixlEngineInitialize(e, tu_addr(name, sizeof(name), cfg->port), &opt, cfg->transport ? 1 : 0);
   if (st != HIXL_SUCCESS) goto report;
+  if (cfg->alloc) {
+    void *p = NULL;
+    st = HixlEngineAllocMem(e, cfg->mem_len, &p, &h);
+    mem = p;
+    if (st == HIXL_SUCCESS && cfg->seed) tu_fill(mem, cfg->mem_len, cfg->seed);
+    goto report;
+  }
   d.addr = (uintptr_t)mem;
   d.len = cfg->mem_len;
   st = HixlEngineRegisterMem(e, &d, HIXL_MEM_HOST, &h);
@@ -627,7 +634,12 @@ report:
   /* Serve until the parent closes the command pipe or says QUIT. */
   while (tu_read_all(ctl_fd, &cmd, sizeof(cmd)) == 0) {
     reply = 0;
-    if (cmd.off > cfg->mem_len || cmd.len > cfg->mem_len - cmd.off) {
+    if (cmd.op == TU_CMD_FREE) {
+      reply = cfg->alloc && h ? (int64_t)HixlEngineFreeMem(e, h) : -3;
+      if (reply == HIXL_SUCCESS) h = NULL;
+    } else if (!h) {
+      reply = -4; /* freed */
+    } else if (cmd.off > cfg->mem_len || cmd.len > cfg->mem_len - cmd.off) {
       reply = -2;
     } else if (cmd.op == TU_CMD_CHECK) {
       reply = tu_check_pattern(mem + cmd.off, cmd.len, cmd.seed);
@@ -638,7 +650,7 @@ report:
     }
     if (tu_write_all(ready_fd, &reply, sizeof(reply)) != 0 || cmd.op == TU_CMD_QUIT) break;
   }
-  st = HixlEngineDeregisterMem(e, h);
+  st = !h ? HIXL_SUCCESS : cfg->alloc ? HixlEngineFreeMem(e, h) : HixlEngineDeregisterMem(e, h);
   if (st == HIXL_SUCCESS) st = HixlEngineFinalize(e);
   if (HixlEngineDestroy(e) != HIXL_SUCCESS || st != HIXL_SUCCESS) {
     fprintf(stderr, "server child: shutdown: %s: %s\n", HixlStatusName(st), HixlGetLastErrorMessage());
@@ -662,7 +674,10 @@ int tu_child_main(int argc, char **argv) {
   cfg.seed = strtoull(argv[4], NULL, 10);
   cfg.transport = strcmp(argv[6], "-") == 0 ? tu_transport() : argv[6];
   cfg.nondumpable = strcmp(argv[7], "nondumpable") == 0;
-  if (strcmp(argv[5], "shm") == 0) {
+  cfg.alloc = strcmp(argv[5], "alloc") == 0;
+  if (cfg.alloc) {
+    mem = NULL;
+  } else if (strcmp(argv[5], "shm") == 0) {
     mem = mmap(NULL, cfg.mem_len, PROT_READ | PROT_WRITE, MAP_SHARED, CHILD_SHM_FD, 0);
     close(CHILD_SHM_FD);
   } else {
@@ -670,7 +685,7 @@ int tu_child_main(int argc, char **argv) {
   }
   if (mem == MAP_FAILED) mem = NULL;
   rc = server_run(&cfg, mem, CHILD_READY_FD, CHILD_CTL_FD);
-  if (mem) munmap(mem, cfg.mem_len);
+  if (mem && !cfg.alloc) munmap(mem, cfg.mem_len);
   return rc;
 }
 
@@ -694,7 +709,9 @@ static int server_exec(void *arg, int ready_fd, int ctl_fd) {
                   port,
                   len,
                   seed,
-                  cfg->shared ? "shm" : "private",
+                  cfg->alloc    ? "alloc"
+                  : cfg->shared ? "shm"
+                                : "private",
                   cfg->transport ? (char *)cfg->transport : "-",
                   cfg->nondumpable ? "nondumpable" : "dumpable",
                   NULL};
@@ -725,7 +742,8 @@ int tu_server_start(tu_child *child, const tu_server_cfg *cfg, tu_server_ready *
     snprintf(info->error, sizeof(info->error), "shared memory smaller than mem_len");
     return -1;
   }
-  if (child_start(child, server_exec, (void *)cfg, cfg->shared ? cfg->shared->fd : -1) != 0) return -1;
+  if (child_start(child, server_exec, (void *)cfg, cfg->shared && !cfg->alloc ? cfg->shared->fd : -1) != 0)
+    return -1;
   if (tu_child_read(child, info, sizeof(*info), timeout_ms) != 0) {
     snprintf(info->error, sizeof(info->error), "server child sent no readiness within %d ms", timeout_ms);
     tu_child_wait(child, 0);

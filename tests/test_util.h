@@ -200,6 +200,7 @@ typedef struct {
   bool nondumpable;      /* prctl(PR_SET_DUMPABLE, 0) in the child before its engine starts */
   uint64_t memlock;      /* nonzero: the child runs without CAP_IPC_LOCK (dropped from the
                           * bounding set before exec) and with this RLIMIT_MEMLOCK */
+  bool alloc;            /* the memory comes from HixlEngineAllocMem (shared is ignored) */
 } tu_server_cfg;
 
 typedef struct {
@@ -213,6 +214,7 @@ enum tu_server_cmd_op {
   TU_CMD_CHECK = 1, /* reply: first mismatch vs pattern(seed) of [off, off+len), or -1 */
   TU_CMD_FILL = 2,  /* fill [off, off+len) with pattern(seed); reply 0 */
   TU_CMD_QUIT = 3,  /* finalize the engine and exit 0; reply 0 first */
+  TU_CMD_FREE = 4,  /* alloc: HixlEngineFreeMem the memory; reply its HixlStatus */
 };
 
 typedef struct {

@@ -175,9 +175,10 @@ static void test_hdr_type(void) {
   CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_PULL, 36, 0), WIRE_OK);
   CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_PUSH, 36, 0), WIRE_OK);
   CU_ASSERT_EQUAL(hdr_of(WIRE_CALL, 10, 0), WIRE_OK);
-  CU_ASSERT_EQUAL(hdr_of(WIRE_CALL_RESP, 12, 0), WIRE_OK); /* the last type */
-  CU_ASSERT_EQUAL(hdr_of(23, 36, 0), WIRE_ETYPE);
-  CU_ASSERT_EQUAL(hdr_of(23, 24, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_CALL_RESP, 12, 0), WIRE_OK);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_SHM_UNMAP_ACK, 16, 0), WIRE_OK); /* the last type */
+  CU_ASSERT_EQUAL(hdr_of(28, 36, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(28, 24, 0), WIRE_ETYPE);
 }
 
 static void test_hdr_flags_reserved(void) {
@@ -226,6 +227,11 @@ static const struct {
     {WIRE_STAGE_PUSH, 24 + 12, 24 + 12 * 4096, 0},
     {WIRE_CALL, 10, 10 + 65536, 0},
     {WIRE_CALL_RESP, 12, 12 + 65536, 0},
+    {WIRE_SHM_MAP_HELLO, 4, 4, 0},
+    {WIRE_SHM_MAP, 24, 24, 0}, /* the memfd goes over the unix socket, never here */
+    {WIRE_SHM_MAP_ACK, 4, 4 + 256, 0},
+    {WIRE_SHM_UNMAP, 16, 16, 0},
+    {WIRE_SHM_UNMAP_ACK, 16, 16, 0},
 };
 #define NLIMITS (sizeof(limits) / sizeof(limits[0]))
 
@@ -274,7 +280,10 @@ static void test_constants(void) {
   CU_ASSERT_EQUAL(WIRE_STAGE_PUSH, 20);
   CU_ASSERT_EQUAL(WIRE_CALL, 21);
   CU_ASSERT_EQUAL(WIRE_CALL_RESP, 22);
-  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 22);
+  CU_ASSERT_EQUAL(WIRE_SHM_MAP_HELLO, 23);
+  CU_ASSERT_EQUAL(WIRE_SHM_UNMAP_ACK, 27);
+  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 27);
+  CU_ASSERT_EQUAL(WIRE_SHM_LAYOUT, 2);
   CU_ASSERT_EQUAL(WIRE_MAX_CALL, 65536);
   CU_ASSERT_EQUAL(WIRE_CAP_CALL, 0x40);
   CU_ASSERT_EQUAL(WIRE_MAX_PAYLOAD, MIB(4));
@@ -303,7 +312,9 @@ static void test_names(void) {
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_STAGE_PUSH), "STAGE_PUSH");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_CALL), "CALL");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_CALL_RESP), "CALL_RESP");
-  CU_ASSERT_STRING_EQUAL(wire_type_name(23), "?");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SHM_MAP_HELLO), "SHM_MAP_HELLO");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SHM_UNMAP_ACK), "SHM_UNMAP_ACK");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(28), "?");
   /* Every type has its own name. */
   for (unsigned t = 1; t <= WIRE_TYPE_MAX_; t++) {
     CU_ASSERT_STRING_NOT_EQUAL(wire_type_name(t), "?");
@@ -592,7 +603,8 @@ static void test_rt_qp(void) {
   }
 }
 
-/* SHM_HELLO and SHM_HELLO_ACK: layout 1 with every field, checked byte by byte. */
+/* SHM_HELLO and SHM_HELLO_ACK: layout 1 (what an older peer sends) with every
+ * field, checked byte by byte. */
 static void test_rt_shm(void) {
   uint8_t buf[WIRE_HDR_LEN + 54], boot[16], nonce[16];
   struct wire_msg m;
@@ -601,7 +613,7 @@ static void test_rt_shm(void) {
   for (int ack = 0; ack < 2; ack++) {
     wire_begin(&w, buf, sizeof(buf), ack ? WIRE_SHM_HELLO_ACK : WIRE_SHM_HELLO);
     if (ack) wire_put_u32(&w, WIRE_HELLO_REFUSED);
-    wire_put_shm_id(&w, boot, 0x01020304, 0x0a0b0c0d);
+    wire_put_shm_id(&w, 1, boot, 0x01020304, 0x0a0b0c0d);
     if (ack) {
       wire_put_u64(&w, 0x00007f1122334455ull);
       wire_put_bytes(&w, nonce, 16);
@@ -625,6 +637,97 @@ static void test_rt_shm(void) {
     } else {
       CU_ASSERT_PTR_NULL(m.u.shm.nonce);
     }
+  }
+}
+
+/* Layout 2: SHM_HELLO's flags and SHM_HELLO_ACK's socket name, exactly; a name with
+ * a space or longer than WIRE_SHM_SOCK_MAX, or missing bytes, is refused. */
+static void test_rt_shm_layout2(void) {
+  uint8_t buf[WIRE_HDR_LEN + 54 + 2 + 128], boot[16] = {0}, nonce[16] = {0};
+  struct wire_msg m;
+  struct wire_wr w;
+  wire_begin(&w, buf, sizeof(buf), WIRE_SHM_HELLO);
+  wire_put_shm_id(&w, WIRE_SHM_LAYOUT, boot, 7, 8);
+  wire_put_u32(&w, WIRE_SHM_F_MAP);
+  size_t len = wire_end(&w, 0);
+  CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + 30u);
+  CU_ASSERT_EQUAL_FATAL(parse_frame(buf, len, &m), WIRE_OK);
+  CU_ASSERT_EQUAL(m.u.shm.layout, 2);
+  CU_ASSERT_EQUAL(m.u.shm.flags, WIRE_SHM_F_MAP);
+  /* layout 2 without its flags, or with a byte more: refused */
+  CU_ASSERT_EQUAL(decode_body(WIRE_SHM_HELLO, buf + WIRE_HDR_LEN, 29, 0, &m), WIRE_EBODY);
+  for (size_t name_len = 0; name_len <= WIRE_SHM_SOCK_MAX + 1; name_len += WIRE_SHM_SOCK_MAX / 2 + 1) {
+    char name[WIRE_SHM_SOCK_MAX + 2];
+    memset(name, 'n', sizeof(name));
+    wire_begin(&w, buf, sizeof(buf), WIRE_SHM_HELLO_ACK);
+    wire_put_u32(&w, WIRE_HELLO_OK);
+    wire_put_shm_id(&w, WIRE_SHM_LAYOUT, boot, 7, 8);
+    wire_put_u64(&w, 0x1000);
+    wire_put_bytes(&w, nonce, 16);
+    wire_put_u16(&w, (uint16_t)name_len);
+    wire_put_bytes(&w, name, name_len);
+    len = wire_end(&w, 0);
+    CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + 56u + name_len);
+    if (name_len > WIRE_SHM_SOCK_MAX) {
+      CU_ASSERT_EQUAL(parse_frame(buf, len, &m), WIRE_EBODY);
+      continue;
+    }
+    CU_ASSERT_EQUAL_FATAL(parse_frame(buf, len, &m), WIRE_OK);
+    CU_ASSERT_EQUAL(m.u.shm.sock_len, name_len);
+    CU_ASSERT(m.u.shm.sock == buf + WIRE_HDR_LEN + 56);
+    if (name_len > 0) {
+      buf[len - 1] = ' '; /* names are printable, without spaces */
+      CU_ASSERT_EQUAL(parse_frame(buf, len, &m), WIRE_EBODY);
+    }
+  }
+}
+
+/* SHM_MAP, SHM_UNMAP(_ACK), SHM_MAP_HELLO, SHM_MAP_ACK: fields by value; an empty or
+ * wrapping region, a mapping shorter than its region, unknown flags or status: refused. */
+static void test_rt_shm_map(void) {
+  uint8_t buf[WIRE_HDR_LEN + 4 + WIRE_SHM_REASON_MAX];
+  struct wire_msg m;
+  struct wire_wr w;
+  static const struct {
+    uint64_t addr, len, map_len;
+    enum wire_err want;
+  } cases[] = {{0x7f0000000000ull, 4096, 8192, WIRE_OK},
+               {0x1000, 4096, 4096, WIRE_OK},
+               {0x1000, 0, 4096, WIRE_EBODY},
+               {UINT64_MAX - 10, 4096, 4096, WIRE_EBODY},
+               {0x1000, 8192, 4096, WIRE_EBODY}};
+  for (int t = 0; t < 3; t++) {
+    enum wire_type type = t == 0 ? WIRE_SHM_MAP : t == 1 ? WIRE_SHM_UNMAP : WIRE_SHM_UNMAP_ACK;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+      if (type != WIRE_SHM_MAP && cases[i].map_len != cases[i].len && cases[i].map_len != 4096) continue;
+      wire_begin(&w, buf, sizeof(buf), type);
+      wire_put_u64(&w, cases[i].addr);
+      wire_put_u64(&w, cases[i].len);
+      if (type == WIRE_SHM_MAP) wire_put_u64(&w, cases[i].map_len);
+      size_t len = wire_end(&w, 0);
+      enum wire_err want = cases[i].want;
+      if (type != WIRE_SHM_MAP && cases[i].len > 0 && cases[i].addr < UINT64_MAX - cases[i].len)
+        want = WIRE_OK;
+      CU_ASSERT_EQUAL(parse_frame(buf, len, &m), want);
+      if (want != WIRE_OK) continue;
+      CU_ASSERT_EQUAL(m.u.map.addr, cases[i].addr);
+      CU_ASSERT_EQUAL(m.u.map.len, cases[i].len);
+      CU_ASSERT_EQUAL(m.u.map.map_len, type == WIRE_SHM_MAP ? cases[i].map_len : cases[i].len);
+    }
+  }
+  for (uint32_t flags = 0; flags < 2; flags++) {
+    wire_begin(&w, buf, sizeof(buf), WIRE_SHM_MAP_HELLO);
+    wire_put_u32(&w, flags);
+    CU_ASSERT_EQUAL(parse_frame(buf, wire_end(&w, 0), &m), flags == 0 ? WIRE_OK : WIRE_EBODY);
+  }
+  for (uint32_t status = 0; status < 4; status++) {
+    wire_begin(&w, buf, sizeof(buf), WIRE_SHM_MAP_ACK);
+    wire_put_u32(&w, status);
+    wire_put_bytes(&w, "uid 65534", 9);
+    size_t len = wire_end(&w, 0);
+    bool ok = status == WIRE_HELLO_OK || status == WIRE_HELLO_REFUSED;
+    CU_ASSERT_EQUAL(parse_frame(buf, len, &m), ok ? WIRE_OK : WIRE_EBODY);
+    if (ok) CU_ASSERT(m.u.map.text_len == 9 && memcmp(m.u.map.text, "uid 65534", 9) == 0);
   }
 }
 
@@ -1128,8 +1231,8 @@ static void test_bad_read_resp(void) {
   CU_ASSERT_EQUAL(decode_body(WIRE_READ_RESP, b, 12, 4096, &m), WIRE_OK);
 }
 
-/* Layout 0 is refused, layout 1 must be exact, a later layout may append fields
- * (kept as ext, not interpreted). */
+/* Layout 0 is refused, layouts 1 and 2 must be exact, a later layout starts with
+ * layout 2's fields and may append more (kept as ext, not interpreted). */
 static void test_bad_shm(void) {
   uint8_t b[54 + 256 + 1];
   struct wire_msg m;
@@ -1144,13 +1247,24 @@ static void test_bad_shm(void) {
     put16(b + at, 0);
     CU_ASSERT_EQUAL(decode_body(type, b, fixed, 0, &m), WIRE_EBODY);
     put16(b + at, 2);
-    CU_ASSERT_EQUAL(decode_body(type, b, fixed, 0, &m), WIRE_OK);
-    CU_ASSERT_EQUAL(m.u.shm.ext_len, 0);
+    CU_ASSERT_EQUAL(decode_body(type, b, fixed, 0, &m), WIRE_EBODY); /* layout 2 without its fields */
+    put16(b + fixed, 4);                                             /* ack: a 4-byte socket name */
+    memcpy(b + fixed + 2, "sock", 4);
+    uint32_t l2 = fixed + 4 + (ack ? 2 : 0);
+    CU_ASSERT_EQUAL(decode_body(type, b, l2, 0, &m), WIRE_OK);
+    CU_ASSERT_EQUAL(decode_body(type, b, l2 + 1, 0, &m), WIRE_EBODY); /* layout 2 plus garbage */
+    put16(b + at, 3);
+    memset(b + l2, 0x11, 256 - (l2 - fixed));
     CU_ASSERT_EQUAL(decode_body(type, b, fixed + 256, 0, &m), WIRE_OK);
-    CU_ASSERT_EQUAL(m.u.shm.layout, 2);
+    CU_ASSERT_EQUAL(m.u.shm.layout, 3);
     CU_ASSERT_EQUAL(m.u.shm.ext_len, 256);
     CU_ASSERT(m.u.shm.ext == b + fixed);
     CU_ASSERT_EQUAL(m.u.shm.pid, 0x11111111u);
+    if (ack) {
+      CU_ASSERT(m.u.shm.sock_len == 4 && memcmp(m.u.shm.sock, "sock", 4) == 0);
+    } else {
+      CU_ASSERT_EQUAL(m.u.shm.flags, 0x00040000u | 0x736fu); /* the bytes put there, as flags */
+    }
   }
   /* Too short or too long for the type: refused by the header already. */
   CU_ASSERT_EQUAL(hdr_of(WIRE_SHM_HELLO, 25, 0), WIRE_ELEN);
@@ -1561,6 +1675,8 @@ static CU_TestInfo rt_tests[] = {
     {"sync", test_rt_sync},
     {"rdma qp info", test_rt_qp},
     {"shm hello and ack", test_rt_shm},
+    {"shm hello and ack, layout 2", test_rt_shm_layout2},
+    {"shm map, unmap and their acks", test_rt_shm_map},
     {"notify", test_rt_notify},
     {"call and call_resp", test_rt_call},
     {"stage write and read", test_rt_stage},

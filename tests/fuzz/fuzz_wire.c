@@ -61,6 +61,11 @@ static const struct {
     [WIRE_STAGE_PUSH] = {24 + 12, 24 + 12 * 4096, 0},
     [WIRE_CALL] = {10, 10 + 65536, 0},
     [WIRE_CALL_RESP] = {12, 12 + 65536, 0},
+    [WIRE_SHM_MAP_HELLO] = {4, 4, 0},
+    [WIRE_SHM_MAP] = {24, 24, 0},
+    [WIRE_SHM_MAP_ACK] = {4, 4 + 256, 0},
+    [WIRE_SHM_UNMAP] = {16, 16, 0},
+    [WIRE_SHM_UNMAP_ACK] = {16, 16, 0},
 };
 
 /* Whatever wire_parse_hdr says must agree with the raw bytes. */
@@ -220,7 +225,7 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
     case WIRE_SHM_HELLO:
     case WIRE_SHM_HELLO_ACK:
       if (h->type == WIRE_SHM_HELLO_ACK) wire_put_u32(&w, m->u.shm.status);
-      /* wire_put_shm_id writes layout 1; a later layout is rebuilt field by field. */
+      /* Rebuilt field by field; the builder of the identity must agree (below). */
       wire_put_u16(&w, m->u.shm.layout);
       wire_put_bytes(&w, m->u.shm.boot_id, 16);
       wire_put_u32(&w, m->u.shm.pid);
@@ -230,15 +235,27 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
         wire_put_bytes(&w, m->u.shm.nonce, 16);
       }
       wire_put_bytes(&w, m->u.shm.ext, m->u.shm.ext_len);
-      if (m->u.shm.layout == WIRE_SHM_LAYOUT) { /* the builder must agree for layout 1 */
+      {
         uint8_t id[WIRE_HDR_LEN + WIRE_SHM_ID_LEN];
         struct wire_wr w2;
         wire_begin(&w2, id, sizeof(id), WIRE_SHM_HELLO);
-        wire_put_shm_id(&w2, m->u.shm.boot_id, m->u.shm.pid, m->u.shm.uid);
+        wire_put_shm_id(&w2, m->u.shm.layout, m->u.shm.boot_id, m->u.shm.pid, m->u.shm.uid);
         CHECK(wire_end(&w2, 0) == sizeof(id));
         CHECK(memcmp(id + WIRE_HDR_LEN, frame + WIRE_HDR_LEN + (h->type == WIRE_SHM_HELLO_ACK ? 4 : 0),
                      WIRE_SHM_ID_LEN) == 0);
       }
+      break;
+    case WIRE_SHM_MAP_HELLO: wire_put_u32(&w, m->u.map.flags); break;
+    case WIRE_SHM_MAP:
+    case WIRE_SHM_UNMAP:
+    case WIRE_SHM_UNMAP_ACK:
+      wire_put_u64(&w, m->u.map.addr);
+      wire_put_u64(&w, m->u.map.len);
+      if (h->type == WIRE_SHM_MAP) wire_put_u64(&w, m->u.map.map_len);
+      break;
+    case WIRE_SHM_MAP_ACK:
+      wire_put_u32(&w, m->u.map.status);
+      wire_put_bytes(&w, m->u.map.text, m->u.map.text_len);
       break;
     default: CHECK(!"type accepted by wire_decode but unknown here");
     }
@@ -332,9 +349,34 @@ static void check_msg(enum wire_err e, const struct wire_hdr *h, const uint8_t *
     CHECK(inside(m->u.shm.boot_id, 16, b, n));
     CHECK(h->type == WIRE_SHM_HELLO ? m->u.shm.nonce == NULL : inside(m->u.shm.nonce, 16, b, n));
     CHECK(m->u.shm.ext == b + fixed && m->u.shm.ext_len == n - fixed);
-    CHECK(m->u.shm.layout > WIRE_SHM_LAYOUT || m->u.shm.ext_len == 0);
+    CHECK(m->u.shm.layout > 1 || m->u.shm.ext_len == 0);
+    if (m->u.shm.layout >= 2 && h->type == WIRE_SHM_HELLO) {
+      CHECK(m->u.shm.ext_len >= 4 && m->u.shm.flags == get32(m->u.shm.ext));
+      CHECK(m->u.shm.layout > 2 || m->u.shm.ext_len == 4);
+    } else if (m->u.shm.layout >= 2) {
+      CHECK(m->u.shm.sock_len <= WIRE_SHM_SOCK_MAX && m->u.shm.sock == m->u.shm.ext + 2);
+      CHECK(inside(m->u.shm.sock, m->u.shm.sock_len, b, n));
+      CHECK(m->u.shm.layout > 2 || m->u.shm.ext_len == 2u + m->u.shm.sock_len);
+      for (uint16_t i = 0; i < m->u.shm.sock_len; i++)
+        CHECK(m->u.shm.sock[i] > 0x20 && m->u.shm.sock[i] < 0x7f);
+    } else {
+      CHECK(m->u.shm.flags == 0 && m->u.shm.sock_len == 0);
+    }
     break;
   }
+  case WIRE_SHM_MAP_HELLO: CHECK((e == WIRE_OK) == (get32(b) == 0)); break;
+  case WIRE_SHM_MAP:
+  case WIRE_SHM_UNMAP:
+  case WIRE_SHM_UNMAP_ACK: {
+    uint64_t addr = get64(b), len = get64(b + 8), map_len = h->type == WIRE_SHM_MAP ? get64(b + 16) : len;
+    CHECK((e == WIRE_OK) == (len > 0 && addr <= UINT64_MAX - len && map_len >= len));
+    if (e == WIRE_OK) CHECK(m->u.map.addr == addr && m->u.map.len == len && m->u.map.map_len == map_len);
+    break;
+  }
+  case WIRE_SHM_MAP_ACK:
+    CHECK((e == WIRE_OK) == (get32(b) <= 2 && get32(b) != 1));
+    if (e == WIRE_OK) CHECK(m->u.map.text == b + 4 && m->u.map.text_len == n - 4);
+    break;
   case WIRE_STAGE_WRITE:
   case WIRE_STAGE_READ:
   case WIRE_STAGE_PULL:

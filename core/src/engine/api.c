@@ -4,6 +4,7 @@
  * wires to the engine (engine_mods) and reaches only through their tables. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -253,7 +254,7 @@ static void reg_drop(HixlEngine *e, struct hixl_mem_reg *r) {
 static HixlStatus alloc_map(size_t len, int *fd_out, void **addr_out, size_t *map_len, bool *huge) {
   long page = sysconf(_SC_PAGESIZE);
   size_t hlen = (len + ALLOC_HUGE - 1) / ALLOC_HUGE * ALLOC_HUGE;
-  int fd = memfd_create("hixl", MFD_CLOEXEC | MFD_HUGETLB);
+  int fd = memfd_create("hixl", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
   if (fd >= 0) {
     void *p = MAP_FAILED;
     if (ftruncate(fd, (off_t)hlen) == 0)
@@ -265,7 +266,7 @@ static HixlStatus alloc_map(size_t len, int *fd_out, void **addr_out, size_t *ma
     close(fd);
   }
   size_t plen = (len + (size_t)page - 1) / (size_t)page * (size_t)page;
-  if ((fd = memfd_create("hixl", MFD_CLOEXEC)) < 0)
+  if ((fd = memfd_create("hixl", MFD_CLOEXEC | MFD_ALLOW_SEALING)) < 0)
     return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineAllocMem: memfd_create: %s", strerror(errno));
   void *p = MAP_FAILED;
   int err = ftruncate(fd, (off_t)plen) == 0 ? 0 : errno;
@@ -298,9 +299,16 @@ HixlStatus HixlEngineAllocMem(HixlEngine *e, size_t len, void **addr, HixlMemHan
     close(fd);
     return hixl_fail(st, "HixlEngineAllocMem: %s", HixlGetLastErrorMessage());
   }
+  /* Sealed at its size: a peer that maps it can trust every page stays (no SIGBUS). */
+  bool sealed = fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0;
+  if (!sealed)
+    log_warn("HixlEngineAllocMem: cannot seal the memfd (%s): peers copy it, not map it", strerror(errno));
   pthread_mutex_lock(&e->lock); /* h stays: only FreeMem or Finalize drop it */
   h->memfd = fd;
   h->map_len = map_len;
+  h->sealed = sealed;
+  for (int k = 0; k < XPORT_MODS; k++)
+    if (e->mods[k]->mem_share) e->mods[k]->mem_share(e, h);
   pthread_mutex_unlock(&e->lock);
   log_info("engine %s: allocated %zu bytes at %p (memfd, %s pages)", e->local_name, map_len, p,
            huge ? "huge" : "normal");
@@ -319,14 +327,22 @@ HixlStatus HixlEngineFreeMem(HixlEngine *e, HixlMemHandle handle) {
         HIXL_PARAM_INVALID,
         "HixlEngineFreeMem: handle %p is not memory HixlEngineAllocMem allocated with this engine%s",
         (void *)handle, r ? " (it was registered: use HixlEngineDeregisterMem)" : "");
-  } else if (r->inflight > 0) {
+  } else if (r->unsharing) {
+    st = hixl_fail(HIXL_FAILED, "HixlEngineFreeMem: another call is freeing [0x%llx, +%llu)",
+                   (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
+  } else if (r->inflight == 0) {
+    /* Peers that mapped it let go first (a round trip; silent ones are cut off). */
+    uint64_t deadline = hixl_now_ns() + (uint64_t)HIXL_DEFAULT_TIMEOUT_MS * 1000000u;
+    for (int k = 0; k < XPORT_MODS; k++)
+      if (e->mods[k]->mem_unshare) e->mods[k]->mem_unshare(e, r, deadline);
+  }
+  if (st == HIXL_SUCCESS && r->inflight > 0)
     st = hixl_fail(HIXL_FAILED,
                    "HixlEngineFreeMem: %u transfer chunks on [0x%llx, +%llu) are still in flight; nothing "
                    "was released",
                    r->inflight, (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
-  } else {
+  else if (st == HIXL_SUCCESS)
     reg_drop(e, r);
-  }
   pthread_mutex_unlock(&e->lock);
   return st;
 }

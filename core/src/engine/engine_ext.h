@@ -34,8 +34,11 @@ struct hixl_link_info {
   uint8_t sl_set;
   uint8_t tc_queried; /* as ibv_query_qp reports them (rxe reports SL 0: it drops it) */
   uint8_t sl_queried;
-  char transport[8]; /* "tcp", "rdma" or "shm" */
-  uint32_t peer_pid; /* shm: the target process copies go to and from */
+  char transport[8];     /* "tcp", "rdma" or "shm" */
+  uint32_t peer_pid;     /* shm: the target process copies go to and from */
+  uint32_t mapped;       /* shm: the target's regions mapped here (its HixlEngineAllocMem memory) */
+  uint64_t mapped_bytes; /* ... their bytes */
+  uint64_t map_ops;      /* ... ops (pieces of large ones) moved by memcpy on them since Connect */
 };
 HixlStatus hixl_engine_link_info(HixlEngine *e, const char *remote, struct hixl_link_info *info);
 

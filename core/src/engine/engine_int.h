@@ -30,6 +30,9 @@ struct hixl_mem_reg {
   void *xmem;                 /* what the transport registering memory keeps (rdma: the MR) */
   int memfd;                  /* HixlEngineAllocMem's memory: its memfd (-1: the caller's memory) */
   size_t map_len;             /* ... and the length of its mapping */
+  bool sealed;                /* ... sealed against shrinking and growing: peers may map it */
+  bool unsharing;             /* ... FreeMem waits for peers to unmap it */
+  uint32_t unshare_wait;      /* ... peers that still have to answer */
 };
 
 /* A peer's registration as it advertised it. */
@@ -149,6 +152,7 @@ struct conn {
   bool stalled;        /* a module paused reading frames (a target's RDMA staged unit is on the QP) */
   bool call_fenced;    /* ... or a CALL waits until every answer queued before it has been sent */
   bool in_fence;       /* releasing that wait (no recursion) */
+  bool always_read;    /* initiator: the target sends frames on its own (shm SHM_UNMAP): never parked */
   size_t stage_queued; /* bytes of owned answers (STAGE_READ) queued, not yet sent */
   /* send */
   struct txitem *txq_head, *txq_tail;
@@ -211,6 +215,7 @@ struct HixlEngine {
   const struct xport_ops *mods[XPORT_MODS]; /* the transports and the staging pool (xport.h) */
   void *xe[XPORT_MODS];                     /* each module's engine state, or NULL */
   const struct xport_ops *frame_owner[WIRE_TYPE_MAX_ + 1]; /* target frames a module owns */
+  const struct xport_ops *init_owner[WIRE_TYPE_MAX_ + 1];  /* initiator frames a module owns */
   struct stage_pool pool;
   struct ptrset reqs;       /* async requests the caller holds; under req_lock too */
   pthread_mutex_t req_lock; /* taken after lock, or alone to poll a WAITING request */

@@ -594,6 +594,11 @@ static void call_answered(struct conn *c, struct chunk *ch, const struct wire_ms
 
 static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   struct peer *p = c->peer;
+  const struct xport_ops *owner = c->eng->init_owner[m->hdr.type];
+  if (owner) {
+    owner->initiator_frame(c, m);
+    return;
+  }
   if (m->hdr.type == WIRE_MEM_ADD || m->hdr.type == WIRE_MEM_DEL) {
     if (!p) return;
     if (m->hdr.type == WIRE_MEM_ADD) {
@@ -683,7 +688,8 @@ static bool type_allowed(const struct HixlEngine *e, enum conn_role role, unsign
            (type <= WIRE_TYPE_MAX_ && e->frame_owner[type] != NULL);
   case CONN_INITIATOR:
     return type == WIRE_WRITE_ACK || type == WIRE_READ_RESP || type == WIRE_NOTIFY_ACK ||
-           type == WIRE_SYNC_ACK || type == WIRE_MEM_ADD || type == WIRE_MEM_DEL || type == WIRE_CALL_RESP;
+           type == WIRE_SYNC_ACK || type == WIRE_MEM_ADD || type == WIRE_MEM_DEL || type == WIRE_CALL_RESP ||
+           (type <= WIRE_TYPE_MAX_ && e->init_owner[type] != NULL);
   }
   return false;
 }
@@ -888,7 +894,7 @@ void link_drive(struct conn *c, struct hixl_transfer_req *r) {
     return;
   }
   /* Park when nothing is owed to anyone; otherwise the progress thread reads on. */
-  c->rx = c->pend_head || c->pay_left || c->txq_head ? RX_PROGRESS : RX_PARKED;
+  c->rx = c->pend_head || c->pay_left || c->txq_head || c->always_read ? RX_PROGRESS : RX_PARKED;
   if (c->rx == RX_PROGRESS) conn_arm(c);
 }
 
@@ -970,6 +976,9 @@ int link_start(struct HixlEngine *e, HixlStatus *st) {
   memset(e->frame_owner, 0, sizeof(e->frame_owner));
   for (int i = 0; i < XPORT_MODS; i++)
     for (const uint8_t *t = e->mods[i]->frames; t && *t; t++) e->frame_owner[*t] = e->mods[i];
+  memset(e->init_owner, 0, sizeof(e->init_owner));
+  for (int i = 0; i < XPORT_MODS; i++)
+    for (const uint8_t *t = e->mods[i]->init_frames; t && *t; t++) e->init_owner[*t] = e->mods[i];
   e->epfd = epoll_create1(EPOLL_CLOEXEC);
   if (e->epfd < 0) goto err;
   e->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);

@@ -64,6 +64,11 @@ struct xport_ops {
   HixlStatus (*mem_reg)(struct HixlEngine *e, struct hixl_mem_reg *r); /* RegisterMem */
   void (*mem_dereg)(struct HixlEngine *e, struct hixl_mem_reg *r);
   uint32_t (*mem_key)(const struct hixl_mem_reg *r); /* advertised with the range; 0: none */
+  /* HixlEngineAllocMem's memory (r->memfd) was registered: offer it to peers to map. */
+  void (*mem_share)(struct HixlEngine *e, struct hixl_mem_reg *r);
+  /* ... is about to be freed: every peer that mapped it lets go first (or is cut off
+   * at deadline, CLOCK_MONOTONIC ns); may release the lock while it waits. */
+  void (*mem_unshare)(struct HixlEngine *e, struct hixl_mem_reg *r, uint64_t deadline);
 
   /* ---- links ---- */
   /* Initiator, in Connect after HELLO_ACK, on the blocking socket, lock NOT held.
@@ -75,7 +80,10 @@ struct xport_ops {
   void (*discard)(void *link);                /* Connect failed after connect took the link */
   /* A target link received a frame of a type this module owns (frames[]). */
   void (*target_frame)(struct conn *c, const struct wire_msg *m);
-  const uint8_t *frames;                /* wire types it owns on target links, 0-terminated */
+  const uint8_t *frames; /* wire types it owns on target links, 0-terminated */
+  /* An initiator link received a frame the target sent on its own (init_frames[]). */
+  void (*initiator_frame)(struct conn *c, const struct wire_msg *m);
+  const uint8_t *init_frames;           /* wire types it owns on initiator links, 0-terminated */
   void (*payload_done)(struct conn *c); /* a payload its target frame asked for arrived (or was dropped) */
   void (*kill)(struct conn *c, HixlStatus st, const char *why); /* the link dies: end what it holds */
   void (*free)(struct conn *c); /* the dead link is freed: release c->xs[id] */

@@ -33,10 +33,11 @@ const char *wire_err_str(enum wire_err err) {
 
 const char *wire_type_name(unsigned type) {
   static const char *const names[] = {
-      "?",          "HELLO",        "HELLO_ACK",        "MEM_ADD",   "MEM_DEL",       "WRITE_REQ",
-      "WRITE_ACK",  "READ_REQ",     "READ_RESP",        "NOTIFY",    "NOTIFY_ACK",    "SYNC",
-      "SYNC_ACK",   "RDMA_CONNECT", "RDMA_CONNECT_ACK", "SHM_HELLO", "SHM_HELLO_ACK", "STAGE_WRITE",
-      "STAGE_READ", "STAGE_PULL",   "STAGE_PUSH",       "CALL",      "CALL_RESP"};
+      "?",          "HELLO",        "HELLO_ACK",        "MEM_ADD",      "MEM_DEL",       "WRITE_REQ",
+      "WRITE_ACK",  "READ_REQ",     "READ_RESP",        "NOTIFY",       "NOTIFY_ACK",    "SYNC",
+      "SYNC_ACK",   "RDMA_CONNECT", "RDMA_CONNECT_ACK", "SHM_HELLO",    "SHM_HELLO_ACK", "STAGE_WRITE",
+      "STAGE_READ", "STAGE_PULL",   "STAGE_PUSH",       "CALL",         "CALL_RESP",     "SHM_MAP_HELLO",
+      "SHM_MAP",    "SHM_MAP_ACK",  "SHM_UNMAP",        "SHM_UNMAP_ACK"};
   return type <= WIRE_TYPE_MAX_ ? names[type] : "?";
 }
 
@@ -68,6 +69,11 @@ static const struct {
     [WIRE_STAGE_PUSH] = {24 + WIRE_STAGE_SEG_LEN, 24 + (WIRE_STAGE_SEG_LEN * WIRE_MAX_STAGE_SEGS), 0},
     [WIRE_CALL] = {10, 10 + WIRE_MAX_CALL, 0},
     [WIRE_CALL_RESP] = {12, 12 + WIRE_MAX_CALL, 0},
+    [WIRE_SHM_MAP_HELLO] = {4, 4, 0},
+    [WIRE_SHM_MAP] = {WIRE_SHM_MAP_LEN, WIRE_SHM_MAP_LEN, 0},
+    [WIRE_SHM_MAP_ACK] = {4, 4 + WIRE_SHM_REASON_MAX, 0},
+    [WIRE_SHM_UNMAP] = {WIRE_SHM_UNMAP_LEN, WIRE_SHM_UNMAP_LEN, 0},
+    [WIRE_SHM_UNMAP_ACK] = {WIRE_SHM_UNMAP_LEN, WIRE_SHM_UNMAP_LEN, 0},
 };
 
 enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *hdr) {
@@ -172,10 +178,30 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
       m->u.shm.probe_addr = be64_get(p + 26);
       m->u.shm.nonce = p + 34;
     }
-    /* Layout 1 is exactly the fixed fields; a later one may append to them. */
-    if (m->u.shm.layout == 0 || (m->u.shm.layout == WIRE_SHM_LAYOUT && n != fixed)) return WIRE_EBODY;
+    /* Layout 1 is exactly the fixed fields; layout 2 appends its own exactly; a later
+     * one starts with layout 2's and may append more. */
+    if (m->u.shm.layout == 0 || (m->u.shm.layout == 1 && n != fixed)) return WIRE_EBODY;
     m->u.shm.ext = b + fixed;
     m->u.shm.ext_len = (uint32_t)(n - fixed);
+    m->u.shm.flags = 0;
+    m->u.shm.sock = NULL;
+    m->u.shm.sock_len = 0;
+    if (m->u.shm.layout >= 2) {
+      size_t need = hdr->type == WIRE_SHM_HELLO ? 4 : 2;
+      if (m->u.shm.ext_len < need) return WIRE_EBODY;
+      if (hdr->type == WIRE_SHM_HELLO) {
+        m->u.shm.flags = be32_get(m->u.shm.ext);
+      } else {
+        m->u.shm.sock_len = be16_get(m->u.shm.ext);
+        m->u.shm.sock = m->u.shm.ext + 2;
+        if (m->u.shm.sock_len > WIRE_SHM_SOCK_MAX) return WIRE_EBODY;
+        need += m->u.shm.sock_len;
+        for (uint16_t i = 0; i < m->u.shm.sock_len; i++)
+          if (m->u.shm.sock[i] < 0x21 || m->u.shm.sock[i] > 0x7e)
+            return WIRE_EBODY; /* printable names only */
+      }
+      if (m->u.shm.ext_len < need || (m->u.shm.layout == 2 && m->u.shm.ext_len != need)) return WIRE_EBODY;
+    }
     return WIRE_OK;
   }
   case WIRE_WRITE_REQ:
@@ -197,6 +223,22 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     if (hdr->type == WIRE_READ_RESP && m->u.ack.status != 0 && hdr->payload_len != 0) return WIRE_EBODY;
     return WIRE_OK;
   case WIRE_SYNC: m->u.ack.seq = be64_get(b); return WIRE_OK;
+  case WIRE_SHM_MAP_HELLO: m->u.map.flags = be32_get(b); return m->u.map.flags == 0 ? WIRE_OK : WIRE_EBODY;
+  case WIRE_SHM_MAP:
+  case WIRE_SHM_UNMAP:
+  case WIRE_SHM_UNMAP_ACK:
+    m->u.map.addr = be64_get(b);
+    m->u.map.len = be64_get(b + 8);
+    m->u.map.map_len = hdr->type == WIRE_SHM_MAP ? be64_get(b + 16) : m->u.map.len;
+    /* A region is never empty, never wraps, and its mapping holds all of it. */
+    if (m->u.map.len == 0 || m->u.map.addr + m->u.map.len < m->u.map.addr || m->u.map.map_len < m->u.map.len)
+      return WIRE_EBODY;
+    return WIRE_OK;
+  case WIRE_SHM_MAP_ACK:
+    m->u.map.status = be32_get(b);
+    m->u.map.text = b + 4;
+    m->u.map.text_len = (uint32_t)(n - 4);
+    return m->u.map.status == WIRE_HELLO_OK || m->u.map.status == WIRE_HELLO_REFUSED ? WIRE_OK : WIRE_EBODY;
   case WIRE_STAGE_WRITE:
   case WIRE_STAGE_READ:
   case WIRE_STAGE_PULL:
@@ -321,8 +363,9 @@ void wire_put_qp_info(struct wire_wr *w, uint32_t qpn, uint32_t psn, const uint8
   wire_put_bytes(w, &mtu, 1);
 }
 
-void wire_put_shm_id(struct wire_wr *w, const uint8_t boot_id[16], uint32_t pid, uint32_t uid) {
-  wire_put_u16(w, WIRE_SHM_LAYOUT);
+void wire_put_shm_id(struct wire_wr *w, uint16_t layout, const uint8_t boot_id[16], uint32_t pid,
+                     uint32_t uid) {
+  wire_put_u16(w, layout);
   wire_put_bytes(w, boot_id, 16);
   wire_put_u32(w, pid);
   wire_put_u32(w, uid);

@@ -39,8 +39,16 @@
 /* SHM_HELLO / SHM_HELLO_ACK: a layout number first; layout 1 is the fields below,
  * exactly. A later layout keeps them as a prefix and appends (at most
  * WIRE_SHM_EXT_MAX bytes), which a layout-1 reader skips. */
-#define WIRE_SHM_LAYOUT        1u
-#define WIRE_SHM_ID_LEN        26u /* layout u16, boot_id 16 bytes, pid u32, uid u32 */
+#define WIRE_SHM_LAYOUT 2u
+#define WIRE_SHM_ID_LEN 26u /* layout u16, boot_id 16 bytes, pid u32, uid u32 */
+/* Layout 2 appends: to SHM_HELLO a u32 of WIRE_SHM_F_* flags; to SHM_HELLO_ACK a u16
+ * length and the name of a unix socket (abstract namespace, without its leading NUL;
+ * length 0: none) that hands the initiator memfd regions to map (SHM_MAP). */
+#define WIRE_SHM_F_MAP         0x1u /* SHM_HELLO: the initiator maps memfd regions a target offers */
+#define WIRE_SHM_SOCK_MAX      100u /* bytes of that socket name: sun_path is 108, one is the NUL */
+#define WIRE_SHM_MAP_LEN       24u  /* SHM_MAP: addr u64, len u64, map_len u64 */
+#define WIRE_SHM_UNMAP_LEN     16u  /* SHM_UNMAP, SHM_UNMAP_ACK: addr u64, len u64 */
+#define WIRE_SHM_REASON_MAX    256u /* SHM_MAP_ACK's reason text */
 #define WIRE_SHM_HELLO_LEN     WIRE_SHM_ID_LEN
 #define WIRE_SHM_HELLO_ACK_LEN (4u + WIRE_SHM_ID_LEN + 8u + 16u) /* status, id, probe addr, nonce */
 #define WIRE_SHM_EXT_MAX       256u
@@ -68,7 +76,12 @@ enum wire_type {
   WIRE_STAGE_PUSH = 20,       /* seq, buf addr, rkey, count, ranges: gather, RDMA WRITE it to buf */
   WIRE_CALL = 21,             /* seq, service u16, request bytes: a service's question */
   WIRE_CALL_RESP = 22,        /* seq, status, answer bytes (on failure: the reason, as text) */
-  WIRE_TYPE_MAX_ = 22,
+  WIRE_SHM_MAP_HELLO = 23,    /* initiator -> target: flags u32 (0): I connected to your unix socket */
+  WIRE_SHM_MAP = 24,          /* target -> initiator: addr, len, map_len: its memfd waits on that socket */
+  WIRE_SHM_MAP_ACK = 25,      /* target -> initiator: status u32, reason text: the regions it had are sent */
+  WIRE_SHM_UNMAP = 26,        /* target -> initiator: addr, len: unmap it, the target frees it */
+  WIRE_SHM_UNMAP_ACK = 27,    /* initiator -> target: addr, len: unmapped, no copy touches it any more */
+  WIRE_TYPE_MAX_ = 27,
 };
 
 /* HELLO_ACK status values. */
@@ -138,7 +151,18 @@ struct wire_msg {
       const uint8_t *nonce; /* SHM_HELLO_ACK only: 16 bytes */
       const uint8_t *ext;   /* fields of a later layout, not interpreted */
       uint32_t ext_len;
+      uint32_t flags;      /* SHM_HELLO, layout >= 2: WIRE_SHM_F_*; else 0 */
+      const uint8_t *sock; /* SHM_HELLO_ACK, layout >= 2: the socket name (sock_len bytes) */
+      uint16_t sock_len;   /* 0: none */
     } shm;
+    struct {
+      uint64_t addr, len;  /* SHM_MAP, SHM_UNMAP, SHM_UNMAP_ACK: the target's region */
+      uint64_t map_len;    /* SHM_MAP: bytes to map from the memfd; >= len */
+      uint32_t status;     /* SHM_MAP_ACK: WIRE_HELLO_OK or WIRE_HELLO_REFUSED */
+      uint32_t flags;      /* SHM_MAP_HELLO */
+      const uint8_t *text; /* SHM_MAP_ACK: why it refused (text_len bytes) */
+      uint32_t text_len;
+    } map;
     struct {
       uint64_t seq;
       uint64_t raddr;
@@ -213,7 +237,10 @@ void wire_put_bytes(struct wire_wr *w, const void *p, size_t n);
 void wire_put_mem_entry(struct wire_wr *w, uint64_t addr, uint64_t len, uint32_t rkey, const char *tag);
 void wire_put_qp_info(struct wire_wr *w, uint32_t qpn, uint32_t psn, const uint8_t gid[16], uint8_t mtu);
 /* The identity that opens SHM_HELLO and follows the status in SHM_HELLO_ACK, layout 1. */
-void wire_put_shm_id(struct wire_wr *w, const uint8_t boot_id[16], uint32_t pid, uint32_t uid);
+/* The identity SHM_HELLO and SHM_HELLO_ACK start with; layout: WIRE_SHM_LAYOUT, or 1
+ * for a frame without the layout-2 fields. */
+void wire_put_shm_id(struct wire_wr *w, uint16_t layout, const uint8_t boot_id[16], uint32_t pid,
+                     uint32_t uid);
 
 /* Header-only builder for the hot path (WRITE_REQ, READ_REQ, acks): returns length. */
 size_t wire_put_write_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len);

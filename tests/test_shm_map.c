@@ -1,0 +1,520 @@
+/* test_shm_map: memory a same-host peer maps (HixlEngineAllocMem + SCM_RIGHTS).
+ *  - two engines in one process: the target's AllocMem regions are mapped into the
+ *    initiator at Connect and when allocated later (after one round trip); WRITE and
+ *    READ of 1 B to 64 MiB at offsets, 1024-op batches and async requests move by
+ *    memcpy (map_ops counts them) and arrive byte for byte; memory the target only
+ *    registered keeps process_vm_*;
+ *  - FreeMem: both mappings are gone when it returns (/proc/self/maps); ops into the
+ *    freed range fail; FreeMem while an async copy into the region runs returns after
+ *    the copy let go (the copy ends SUCCESS or FAILED, never touches unmapped pages:
+ *    this suite also runs under ASan); Disconnect unmaps, Connect maps again;
+ *  - a target in a child process: mapped, byte-checked by the child; a process forked
+ *    here afterwards holds none of its pages (MADV_DONTFORK); the child's FreeMem
+ *    takes the mapping out of this process; a killed child: ops FAILED, unmapped;
+ *  - refusals: a target running as another user does not hand its memory to this
+ *    process (SO_PEERCRED; data still moves by process_vm_*); an initiator that does
+ *    not answer SHM_UNMAP (stopped) is cut off when FreeMem's timeout passes. */
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CUnit/Basic.h>
+
+#include "engine/engine_ext.h"
+#include "test_util.h"
+
+#define KiB          ((size_t)1 << 10)
+#define MiB          ((size_t)1 << 20)
+#define BIG          (64 * MiB)
+#define XFER_TIMEOUT 30000
+#define READY_MS     10000
+#define INIT_FLAG    "--shm-map-initiator-child"
+#define USER_A       65501
+
+static struct {
+  HixlEngine *t, *i;       /* target and initiator, this process */
+  char tname[TU_ADDR_LEN]; /* the target's address */
+  unsigned char *r1;       /* the target's AllocMem region, BIG bytes */
+  HixlMemHandle h1;
+  unsigned char *loc; /* 2 x BIG, registered with the initiator */
+  HixlMemHandle loc_h;
+} g;
+
+/* Log lines that hold a needle, for the refusal tests. */
+static struct {
+  pthread_mutex_t lock;
+  const char *needle;
+  char line[512];
+} g_log = {PTHREAD_MUTEX_INITIALIZER, NULL, ""};
+
+static void log_cb(HixlLogLevel level, const char *msg, void *ctx) {
+  (void)level, (void)ctx;
+  fprintf(stderr, "[hixl] %s\n", msg);
+  pthread_mutex_lock(&g_log.lock);
+  if (g_log.needle && !g_log.line[0] && strstr(msg, g_log.needle))
+    snprintf(g_log.line, sizeof(g_log.line), "%s", msg);
+  pthread_mutex_unlock(&g_log.lock);
+}
+
+static void log_watch(const char *needle) {
+  pthread_mutex_lock(&g_log.lock);
+  g_log.needle = needle;
+  g_log.line[0] = '\0';
+  pthread_mutex_unlock(&g_log.lock);
+}
+
+static bool log_seen(char *out, size_t cap) {
+  pthread_mutex_lock(&g_log.lock);
+  bool seen = g_log.line[0] != '\0';
+  snprintf(out, cap, "%s", g_log.line);
+  g_log.needle = NULL;
+  pthread_mutex_unlock(&g_log.lock);
+  return seen;
+}
+
+/* Mappings of hixl memfds in /proc/<pid>/maps (pid 0: this process). Only open,
+ * read and close: a forked child of a threaded process calls it too. */
+static int memfd_maps(pid_t pid) {
+  static char buf[1 << 20];
+  char path[64] = "/proc/self/maps";
+  if (pid > 0) {
+    /* no snprintf: it may allocate */
+    char digits[16];
+    int n = 0;
+    for (pid_t p = pid; p > 0; p /= 10) digits[n++] = (char)('0' + p % 10);
+    memcpy(path, "/proc/", 6);
+    int k = 6;
+    while (n > 0) path[k++] = digits[--n];
+    memcpy(path + k, "/maps", 6);
+  }
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  size_t len = 0;
+  ssize_t r;
+  while (len < sizeof(buf) - 1 && (r = read(fd, buf + len, sizeof(buf) - 1 - len)) > 0) len += (size_t)r;
+  close(fd);
+  buf[len] = '\0';
+  int count = 0;
+  for (const char *p = buf; (p = strstr(p, "/memfd:hixl")); p++) count++;
+  return count;
+}
+
+static struct hixl_link_info link_of(HixlEngine *e, const char *remote) {
+  struct hixl_link_info li;
+  memset(&li, 0, sizeof(li));
+  TU_ASSERT_OK(hixl_engine_link_info(e, remote, &li));
+  return li;
+}
+
+static HixlStatus xfer(HixlTransferOp op, void *local, uint64_t remote, size_t len) {
+  HixlTransferOpDesc d = {.local_addr = (uintptr_t)local, .remote_addr = remote, .len = len};
+  return HixlEngineTransferSync(g.i, g.tname, op, &d, 1, XFER_TIMEOUT);
+}
+
+/* The table brought up to date by one round trip: SHM_MAP frames the target queued
+ * before it have been taken. */
+static void round_trip(HixlEngine *e, const char *remote) {
+  struct hixl_remote_mem *m = NULL;
+  size_t n = 0;
+  TU_ASSERT_OK(hixl_engine_remote_mems(e, remote, 5000, &m, &n));
+  free(m);
+}
+
+/* ---------------------------------------------------------------- one process */
+
+static int one_init(void) {
+  void *p = NULL;
+  g.t = tu_engine_start_with(tu_addr(g.tname, sizeof(g.tname), tu_free_port()), "shm");
+  g.i = tu_engine_start_with(tu_ip(), "shm");
+  if (!g.t || !g.i || HixlEngineAllocMem(g.t, BIG, &p, &g.h1) != HIXL_SUCCESS) return -1;
+  g.r1 = p;
+  if (!(g.loc = tu_alloc_mem(2 * BIG, false)) || !(g.loc_h = tu_register(g.i, g.loc, 2 * BIG))) return -1;
+  return HixlEngineConnect(g.i, g.tname, 5000) == HIXL_SUCCESS ? 0 : -1;
+}
+
+static int one_cleanup(void) {
+  int rc = 0;
+  if (g.i && HixlEngineDestroy(g.i) != HIXL_SUCCESS) rc = -1;
+  if (g.t && HixlEngineDestroy(g.t) != HIXL_SUCCESS) rc = -1; /* frees r1 */
+  if (g.loc) tu_free_mem(g.loc, 2 * BIG);
+  memset(&g, 0, sizeof(g));
+  return rc;
+}
+
+static void test_one_mapped(void) {
+  struct hixl_link_info li = link_of(g.i, g.tname);
+  CU_ASSERT_STRING_EQUAL(li.transport, "shm");
+  CU_ASSERT_EQUAL(li.mapped, 1);
+  CU_ASSERT(li.mapped_bytes >= BIG);
+  CU_ASSERT_EQUAL(li.map_ops, 0);
+  CU_ASSERT_EQUAL(memfd_maps(0), 2); /* the target's own mapping and the initiator's */
+}
+
+/* WRITE then READ back, sizes 1 B to 64 MiB at offsets, all by memcpy. */
+static void test_one_sizes(void) {
+  static const size_t lens[] = {1, 7, 4095, 4096, 65536 + 3, MiB, 16 * MiB + 5, BIG - 64, BIG};
+  uint64_t ops0 = link_of(g.i, g.tname).map_ops, done = 0;
+  for (size_t k = 0; k < sizeof(lens) / sizeof(lens[0]); k++) {
+    size_t len = lens[k], roff = len == BIG ? 0 : (k * 4099) % (BIG - len), seed = 100 + k;
+    unsigned char *src = g.loc + (len == BIG ? 0 : 5), *dst = g.loc + BIG;
+    tu_fill(src, len, seed);
+    if (roff > 0) g.r1[roff - 1] = 0x5a;
+    TU_ASSERT_OK(xfer(HIXL_WRITE, src, (uintptr_t)(g.r1 + roff), len));
+    TU_ASSERT_PATTERN(g.r1 + roff, len, seed, "target memory after a mapped WRITE");
+    if (roff > 0) CU_ASSERT_EQUAL(g.r1[roff - 1], 0x5a); /* nothing before the range */
+    memset(dst, 0, len);
+    TU_ASSERT_OK(xfer(HIXL_READ, dst, (uintptr_t)(g.r1 + roff), len));
+    TU_ASSERT_PATTERN(dst, len, seed, "initiator memory after a mapped READ");
+    done += 2;
+  }
+  CU_ASSERT(link_of(g.i, g.tname).map_ops >= ops0 + done); /* large ops go in pieces */
+}
+
+/* 1024 scattered 4 KiB ops per call, WRITE then READ, remote order shuffled. */
+static void test_one_batch(void) {
+  enum { N = 1024 };
+  static HixlTransferOpDesc d[N];
+  uint64_t st = 77, ops0 = link_of(g.i, g.tname).map_ops;
+  uint32_t slot[N];
+  for (uint32_t k = 0; k < N; k++) slot[k] = k;
+  for (uint32_t k = N - 1; k > 0; k--) {
+    uint32_t j = (uint32_t)(tu_rand(&st) % (k + 1)), t = slot[k];
+    slot[k] = slot[j], slot[j] = t;
+  }
+  tu_fill(g.loc, N * 4 * KiB, 31);
+  memset(g.r1, 0, 2 * N * 4 * KiB);
+  for (uint32_t k = 0; k < N; k++)
+    d[k] = (HixlTransferOpDesc){(uintptr_t)(g.loc + k * 4 * KiB), (uintptr_t)(g.r1 + slot[k] * 8 * KiB),
+                                4 * KiB};
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.tname, HIXL_WRITE, d, N, XFER_TIMEOUT));
+  for (uint32_t k = 0; k < N; k++) {
+    TU_ASSERT_SAME(g.r1 + slot[k] * 8 * KiB, g.loc + k * 4 * KiB, 4 * KiB, "a scattered op");
+    CU_ASSERT_EQUAL(tu_check_byte(g.r1 + slot[k] * 8 * KiB + 4 * KiB, 4 * KiB, 0), -1); /* the gaps */
+  }
+  memset(g.loc + BIG, 0, N * 4 * KiB);
+  for (uint32_t k = 0; k < N; k++) d[k].local_addr = (uintptr_t)(g.loc + BIG + k * 4 * KiB);
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.tname, HIXL_READ, d, N, XFER_TIMEOUT));
+  TU_ASSERT_SAME(g.loc + BIG, g.loc, N * 4 * KiB, "the batch read back");
+  CU_ASSERT_EQUAL(link_of(g.i, g.tname).map_ops, ops0 + 2 * N);
+}
+
+/* Async requests, small (copied by the caller) and large (by the progress thread). */
+static void test_one_async(void) {
+  static const size_t lens[] = {4 * KiB, 32 * MiB};
+  for (size_t k = 0; k < 2; k++) {
+    HixlTransferOpDesc d = {(uintptr_t)g.loc, (uintptr_t)(g.r1 + MiB), lens[k]};
+    HixlTransferReq req = NULL;
+    HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
+    tu_fill(g.loc, lens[k], 300 + k);
+    TU_ASSERT_OK(HixlEngineTransferAsync(g.i, g.tname, HIXL_WRITE, &d, 1, XFER_TIMEOUT, NULL, &req));
+    TU_ASSERT_OK(tu_wait_request(g.i, req, tu_now_ms() + XFER_TIMEOUT, &ts));
+    CU_ASSERT_EQUAL(ts, HIXL_TRANSFER_COMPLETED);
+    TU_ASSERT_PATTERN(g.r1 + MiB, lens[k], 300 + k, "target memory after an async mapped WRITE");
+  }
+}
+
+/* Memory the target only registered keeps process_vm_*. */
+static void test_one_registered_not_mapped(void) {
+  unsigned char *m = tu_alloc_mem(MiB, false);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(m);
+  HixlMemHandle h = tu_register(g.t, m, MiB);
+  round_trip(g.i, g.tname);
+  uint64_t ops0 = link_of(g.i, g.tname).map_ops;
+  tu_fill(g.loc, MiB, 41);
+  TU_ASSERT_OK(xfer(HIXL_WRITE, g.loc, (uintptr_t)m, MiB));
+  TU_ASSERT_PATTERN(m, MiB, 41, "registered target memory after a process_vm_writev WRITE");
+  CU_ASSERT_EQUAL(link_of(g.i, g.tname).map_ops, ops0);
+  CU_ASSERT_EQUAL(link_of(g.i, g.tname).mapped, 1);
+  TU_ASSERT_OK(HixlEngineDeregisterMem(g.t, h));
+  tu_free_mem(m, MiB);
+}
+
+/* Allocated after Connect: mapped once the SHM_MAP queued before a round trip is in;
+ * FreeMem takes both mappings away before it returns; ops into it fail after. */
+static void test_one_alloc_free_after_connect(void) {
+  void *p = NULL;
+  HixlMemHandle h;
+  int maps0 = memfd_maps(0);
+  TU_ASSERT_OK_FATAL(HixlEngineAllocMem(g.t, 8 * MiB, &p, &h));
+  round_trip(g.i, g.tname);
+  struct hixl_link_info li = link_of(g.i, g.tname);
+  CU_ASSERT_EQUAL(li.mapped, 2);
+  CU_ASSERT_EQUAL(memfd_maps(0), maps0 + 2);
+  tu_fill(g.loc, 8 * MiB, 51);
+  TU_ASSERT_OK(xfer(HIXL_WRITE, g.loc, (uintptr_t)p, 8 * MiB));
+  TU_ASSERT_PATTERN(p, 8 * MiB, 51, "memory allocated after Connect, written by memcpy");
+  CU_ASSERT(link_of(g.i, g.tname).map_ops > li.map_ops);
+
+  TU_ASSERT_OK(HixlEngineFreeMem(g.t, h));
+  CU_ASSERT_EQUAL(memfd_maps(0), maps0); /* the initiator's mapping went first */
+  CU_ASSERT_EQUAL(link_of(g.i, g.tname).mapped, 1);
+  CU_ASSERT_NOT_EQUAL(xfer(HIXL_WRITE, g.loc, (uintptr_t)p, 4096), HIXL_SUCCESS);
+  /* the link itself is fine */
+  TU_ASSERT_OK(xfer(HIXL_WRITE, g.loc, (uintptr_t)g.r1, 4096));
+}
+
+/* FreeMem while an async copy into the region runs: FreeMem waits for the copy to let
+ * go; the request ends SUCCESS or FAILED (ops after the SHM_UNMAP), never later. */
+static void test_one_free_while_copying(void) {
+  void *p = NULL;
+  HixlMemHandle h;
+  HixlTransferOpDesc d[4];
+  HixlTransferReq req = NULL;
+  HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
+  int maps0 = memfd_maps(0);
+  TU_ASSERT_OK_FATAL(HixlEngineAllocMem(g.t, BIG, &p, &h));
+  round_trip(g.i, g.tname);
+  CU_ASSERT_EQUAL_FATAL(link_of(g.i, g.tname).mapped, 2);
+  for (int k = 0; k < 4; k++)
+    d[k] = (HixlTransferOpDesc){(uintptr_t)(g.loc + k * 16 * MiB), (uintptr_t)p + k * 16 * MiB, 16 * MiB};
+  TU_ASSERT_OK(HixlEngineTransferAsync(g.i, g.tname, HIXL_WRITE, d, 4, XFER_TIMEOUT, NULL, &req));
+  TU_ASSERT_OK(HixlEngineFreeMem(g.t, h));
+  CU_ASSERT_EQUAL(memfd_maps(0), maps0); /* both mappings gone when FreeMem returns */
+  TU_ASSERT_OK(tu_wait_request(g.i, req, tu_now_ms() + XFER_TIMEOUT, &ts));
+  CU_ASSERT(ts == HIXL_TRANSFER_COMPLETED || ts == HIXL_TRANSFER_FAILED);
+  printf("  [the request racing FreeMem ended %s]\n", ts == HIXL_TRANSFER_COMPLETED ? "COMPLETED" : "FAILED");
+  CU_ASSERT_EQUAL(link_of(g.i, g.tname).mapped, 1);
+}
+
+/* Disconnect unmaps; Connect maps again. */
+static void test_one_disconnect(void) {
+  int maps0 = memfd_maps(0);
+  TU_ASSERT_OK(HixlEngineDisconnect(g.i, g.tname, 1000));
+  CU_ASSERT_EQUAL(memfd_maps(0), maps0 - 1);
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(g.i, g.tname, 5000));
+  CU_ASSERT_EQUAL(link_of(g.i, g.tname).mapped, 1);
+  CU_ASSERT_EQUAL(memfd_maps(0), maps0);
+  tu_fill(g.loc, MiB, 61);
+  TU_ASSERT_OK(xfer(HIXL_WRITE, g.loc, (uintptr_t)g.r1, MiB));
+  TU_ASSERT_PATTERN(g.r1, MiB, 61, "target memory after Connect again");
+}
+
+/* ---------------------------------------------------------------- a child target */
+
+static bool child_alloc(tu_child *c, uint16_t port, uint32_t uid, tu_server_ready *info) {
+  tu_server_cfg cfg = {
+      .port = port, .mem_len = 16 * MiB, .transport = "shm", .alloc = true, .uid = uid, .gid = uid};
+  if (tu_server_start(c, &cfg, info, READY_MS) != 0) {
+    tu_fail(__FILE__, __LINE__, "target child (uid %u) did not start: %s (%s)", uid,
+            HixlStatusName(info->status), info->error);
+    return false;
+  }
+  return true;
+}
+
+static int64_t child_cmd(tu_child *c, uint32_t op, uint64_t seed, uint64_t off, uint64_t len) {
+  tu_cmd cmd = {.op = op, .seed = seed, .off = off, .len = len};
+  int64_t reply = -100;
+  if (tu_server_send(c, &cmd, &reply, 30000) != 0)
+    tu_fail(__FILE__, __LINE__, "child command %u: no reply", op);
+  return reply;
+}
+
+/* Mapped into this process, byte-checked by the child; a process forked here holds
+ * none of it; the child's FreeMem takes it out of this process before it returns. */
+static void test_child_map_fork_free(void) {
+  tu_child c;
+  tu_server_ready info;
+  char name[TU_ADDR_LEN];
+  uint16_t port = tu_free_port();
+  HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
+  unsigned char *m = tu_alloc_mem(32 * MiB, false);
+  CU_ASSERT_FATAL(e && m && tu_register(e, m, 32 * MiB));
+  tu_addr(name, sizeof(name), port);
+  if (!child_alloc(&c, port, 0, &info)) goto out;
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(e, name, 5000));
+  struct hixl_link_info li = link_of(e, name);
+  CU_ASSERT_EQUAL(li.mapped, 1);
+  CU_ASSERT_EQUAL(memfd_maps(0), 1);
+  tu_fill(m, 16 * MiB, 71);
+  HixlTransferOpDesc d = {(uintptr_t)m, info.addr, 16 * MiB};
+  TU_ASSERT_OK(HixlEngineTransferSync(e, name, HIXL_WRITE, &d, 1, XFER_TIMEOUT));
+  CU_ASSERT_EQUAL(child_cmd(&c, TU_CMD_CHECK, 71, 0, 16 * MiB), -1);
+  CU_ASSERT_EQUAL(child_cmd(&c, TU_CMD_FILL, 72, 0, 16 * MiB), 0);
+  d.local_addr = (uintptr_t)(m + 16 * MiB);
+  TU_ASSERT_OK(HixlEngineTransferSync(e, name, HIXL_READ, &d, 1, XFER_TIMEOUT));
+  TU_ASSERT_PATTERN(m + 16 * MiB, 16 * MiB, 72, "the child's memory read by memcpy");
+  CU_ASSERT(link_of(e, name).map_ops >= 2);
+
+  /* fork: the child of this process must not inherit the peer's pages */
+  pid_t pid = fork();
+  if (pid == 0) _exit(memfd_maps(0) == 0 ? 0 : 1);
+  int ws = 0;
+  CU_ASSERT_FATAL(pid > 0 && waitpid(pid, &ws, 0) == pid);
+  if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+    tu_fail(__FILE__, __LINE__, "a process forked after mapping holds the peer's memory (wait status 0x%x)",
+            (unsigned)ws);
+  tu_fill(m, MiB, 73); /* and this process goes on as before */
+  d = (HixlTransferOpDesc){(uintptr_t)m, info.addr, MiB};
+  TU_ASSERT_OK(HixlEngineTransferSync(e, name, HIXL_WRITE, &d, 1, XFER_TIMEOUT));
+  CU_ASSERT_EQUAL(child_cmd(&c, TU_CMD_CHECK, 73, 0, MiB), -1);
+
+  CU_ASSERT_EQUAL(child_cmd(&c, TU_CMD_FREE, 0, 0, 0), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(memfd_maps(0), 0); /* unmapped here before the child's FreeMem returned */
+  CU_ASSERT_EQUAL(link_of(e, name).mapped, 0);
+  tu_child_stop(&c, 10000);
+out:
+  HixlEngineDestroy(e);
+  tu_free_mem(m, 32 * MiB);
+}
+
+/* A killed target: ops into its memory FAIL (its pages outlive it, nobody reads them),
+ * the link goes, the mapping with it. */
+static void test_child_killed(void) {
+  tu_child c;
+  tu_server_ready info;
+  char name[TU_ADDR_LEN];
+  uint16_t port = tu_free_port();
+  HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
+  unsigned char *m = tu_alloc_mem(16 * MiB, false);
+  CU_ASSERT_FATAL(e && m && tu_register(e, m, 16 * MiB));
+  tu_addr(name, sizeof(name), port);
+  if (!child_alloc(&c, port, 0, &info)) goto out;
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(e, name, 5000));
+  CU_ASSERT_EQUAL(link_of(e, name).mapped, 1);
+  tu_child_kill(&c, SIGKILL);
+  tu_child_wait(&c, 10000);
+  HixlTransferOpDesc d = {(uintptr_t)m, info.addr, 16 * MiB};
+  HixlStatus st = HixlEngineTransferSync(e, name, HIXL_WRITE, &d, 1, XFER_TIMEOUT);
+  CU_ASSERT(st == HIXL_FAILED || st == HIXL_NOT_CONNECTED);
+  printf("  [WRITE to a killed target: %s: %s]\n", HixlStatusName(st), HixlGetLastErrorMessage());
+  CU_ASSERT_EQUAL(memfd_maps(0), 0);
+out:
+  HixlEngineDestroy(e);
+  tu_free_mem(m, 16 * MiB);
+}
+
+/* A target of another user hands nothing over (root copies its memory anyway). */
+static void test_child_other_user(void) {
+  tu_child c;
+  tu_server_ready info;
+  char name[TU_ADDR_LEN], line[512];
+  uint16_t port = tu_free_port();
+  if (geteuid() != 0) {
+    printf("  [skipped: a target of another user needs root]\n");
+    CU_PASS("skipped");
+    return;
+  }
+  HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
+  unsigned char *m = tu_alloc_mem(16 * MiB, false);
+  CU_ASSERT_FATAL(e && m && tu_register(e, m, 16 * MiB));
+  tu_addr(name, sizeof(name), port);
+  if (!child_alloc(&c, port, USER_A, &info)) goto out;
+  log_watch("refused to map");
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(e, name, 5000));
+  struct hixl_link_info li = link_of(e, name);
+  CU_ASSERT_STRING_EQUAL(li.transport, "shm");
+  CU_ASSERT_EQUAL(li.mapped, 0);
+  CU_ASSERT_EQUAL(memfd_maps(0), 0);
+  if (!log_seen(line, sizeof(line)) || !strstr(line, "uid 0") || !strstr(line, "65501"))
+    tu_fail(__FILE__, __LINE__, "the refusal was not logged with both uids: \"%s\"", line);
+  printf("  [%s]\n", line);
+  tu_fill(m, 16 * MiB, 81);
+  HixlTransferOpDesc d = {(uintptr_t)m, info.addr, 16 * MiB};
+  TU_ASSERT_OK(HixlEngineTransferSync(e, name, HIXL_WRITE, &d, 1, XFER_TIMEOUT));
+  CU_ASSERT_EQUAL(child_cmd(&c, TU_CMD_CHECK, 81, 0, 16 * MiB), -1);
+  CU_ASSERT_EQUAL(link_of(e, name).map_ops, 0);
+  tu_child_stop(&c, 10000);
+out:
+  HixlEngineDestroy(e);
+  tu_free_mem(m, 16 * MiB);
+}
+
+/* What the initiator child reports on fd 3. */
+struct init_result {
+  uint32_t connect_st;
+  uint32_t mapped;
+};
+
+/* argv: flag target. Connect with Transport shm, report, then hold the link until
+ * the command pipe (fd 4) closes. */
+static int initiator_main(int argc, char **argv) {
+  struct init_result r = {0, 0};
+  char b;
+  if (argc != 3) return 2;
+  HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
+  if (!e) return 3;
+  r.connect_st = HixlEngineConnect(e, argv[2], 5000);
+  struct hixl_link_info li;
+  if (r.connect_st == HIXL_SUCCESS && hixl_engine_link_info(e, argv[2], &li) == HIXL_SUCCESS)
+    r.mapped = li.mapped;
+  if (tu_write_all(3, &r, sizeof(r)) != 0) return 4;
+  while (read(4, &b, 1) > 0) {
+  }
+  HixlEngineDestroy(e);
+  return 0;
+}
+
+static int initiator_exec(void *arg, int ready_fd, int ctl_fd) {
+  char **argv = arg;
+  (void)ready_fd, (void)ctl_fd;
+  execv(argv[0], argv);
+  return 127;
+}
+
+/* An initiator that does not answer SHM_UNMAP (stopped) is cut off at FreeMem's
+ * timeout; FreeMem then frees the memory and says SUCCESS. */
+static void test_silent_initiator(void) {
+  tu_child c;
+  struct init_result r;
+  char name[TU_ADDR_LEN], line[512];
+  void *p = NULL;
+  HixlMemHandle h;
+  HixlEngine *t = tu_engine_start_with(tu_addr(name, sizeof(name), tu_free_port()), "shm");
+  CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+  TU_ASSERT_OK_FATAL(HixlEngineAllocMem(t, 4 * MiB, &p, &h));
+  char *argv[] = {(char *)tu_self_exe(), INIT_FLAG, name, NULL};
+  CU_ASSERT_FATAL(tu_child_start(&c, initiator_exec, argv) == 0);
+  CU_ASSERT_FATAL(tu_child_read(&c, &r, sizeof(r), 30000) == 0);
+  TU_ASSERT_STATUS(r.connect_st, HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(r.mapped, 1);
+  CU_ASSERT_EQUAL(memfd_maps(c.pid), 1);
+  tu_child_kill(&c, SIGSTOP);
+  CU_ASSERT_FATAL(tu_child_wait_stopped(&c, 10000) == 0);
+  log_watch("did not unmap");
+  int64_t t0 = tu_now_ms();
+  TU_ASSERT_OK(HixlEngineFreeMem(t, h));
+  int64_t ms = tu_now_ms() - t0;
+  if (!log_seen(line, sizeof(line))) tu_fail(__FILE__, __LINE__, "FreeMem did not log the cut-off link");
+  printf("  [FreeMem returned after %lld ms: %s]\n", (long long)ms, line);
+  tu_child_kill(&c, SIGCONT);
+  int ws = tu_child_stop(&c, 10000);
+  CU_ASSERT(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  HixlEngineDestroy(t);
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], INIT_FLAG) == 0) return initiator_main(argc, argv);
+  int rc = tu_child_main(argc, argv);
+  if (rc >= 0) return rc;           /* a server child */
+  HixlSetLogCallback(log_cb, NULL); /* warnings are what the refusal tests look for */
+  HixlSetLogLevel(HIXL_LOG_WARN);
+  if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+  CU_pSuite s = CU_add_suite("mapped memory, one process", one_init, one_cleanup);
+  CU_add_test(s, "AllocMem region mapped at Connect", test_one_mapped);
+  CU_add_test(s, "WRITE then READ back by memcpy, 1 B to 64 MiB", test_one_sizes);
+  CU_add_test(s, "1024 scattered 4 KiB ops, shuffled", test_one_batch);
+  CU_add_test(s, "async: small and large", test_one_async);
+  CU_add_test(s, "registered memory keeps process_vm_*", test_one_registered_not_mapped);
+  CU_add_test(s, "allocated after Connect: mapped; FreeMem unmaps both sides first",
+              test_one_alloc_free_after_connect);
+  CU_add_test(s, "FreeMem while a copy runs: waits for it, then frees", test_one_free_while_copying);
+  CU_add_test(s, "Disconnect unmaps, Connect maps again", test_one_disconnect);
+  s = CU_add_suite("mapped memory, a child target", NULL, NULL);
+  CU_add_test(s, "mapped, byte-checked; fork inherits none; FreeMem unmaps here", test_child_map_fork_free);
+  CU_add_test(s, "target killed: FAILED, unmapped", test_child_killed);
+  CU_add_test(s, "target of another user: not mapped, copied", test_child_other_user);
+  s = CU_add_suite("mapped memory, a silent initiator", NULL, NULL);
+  CU_add_test(s, "stopped initiator cut off at FreeMem's timeout", test_silent_initiator);
+  if (CU_get_error() != CUE_SUCCESS) {
+    fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
+    CU_cleanup_registry();
+    return 1;
+  }
+  return tu_run_registry();
+}
