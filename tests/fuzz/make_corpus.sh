@@ -29,7 +29,7 @@ entry() { u64 "$1"; u64 "$2"; u32 0x1234; u16 ${#3}; str "$3"; } # entry ADDR LE
 HELLO=1 HELLO_ACK=2 MEM_ADD=3 MEM_DEL=4 WRITE_REQ=5 WRITE_ACK=6 READ_REQ=7
 READ_RESP=8 NOTIFY=9 NOTIFY_ACK=10 SYNC=11 SYNC_ACK=12 RDMA_CONNECT=13 RDMA_CONNECT_ACK=14
 SHM_HELLO=15 SHM_HELLO_ACK=16 STAGE_WRITE=17 STAGE_READ=18 STAGE_PULL=19 STAGE_PUSH=20
-CALL=21 CALL_RESP=22
+CALL=21 CALL_RESP=22 SHM_MAP_HELLO=23 SHM_MAP=24 SHM_MAP_ACK=25 SHM_UNMAP=26 SHM_UNMAP_ACK=27
 seg() { u64 "$1"; u32 "$2"; } # seg ADDR LEN: one STAGE range
 # stage_rdma TYPE BODY_LEN PAYLOAD_LEN BUF COUNT: a STAGE_PULL / STAGE_PUSH up to its ranges
 stage_rdma() { hdr "$1" "$2" "$3"; u64 10; u64 "$4"; u32 0xc0ffee; u32 "$5"; }
@@ -68,7 +68,15 @@ notify_ack >"$out/ok_notify_ack"
 { hdr $SYNC_ACK 12 0; u64 5; u32 0; } >"$out/ok_sync_ack"
 { hdr $SHM_HELLO 26 0; shm_id 1; } >"$out/ok_shm_hello"
 { hdr $SHM_HELLO_ACK 54 0; u32 0; shm_id 1; u64 0x7f0000003000; fill 16 N; } >"$out/ok_shm_hello_ack"
-{ hdr $SHM_HELLO 30 0; shm_id 2; str more; } >"$out/ok_shm_hello_layout2"
+{ hdr $SHM_HELLO 30 0; shm_id 2; u32 1; } >"$out/ok_shm_hello_layout2"
+{ hdr $SHM_HELLO 34 0; shm_id 3; u32 1; str more; } >"$out/ok_shm_hello_layout3"
+{ hdr $SHM_HELLO_ACK 65 0; u32 0; shm_id 2; u64 0x7f0000003000; fill 16 N; u16 9; str hixl-1-ab; } >"$out/ok_shm_hello_ack_layout2"
+{ hdr $SHM_MAP_HELLO 4 0; u32 0; } >"$out/ok_shm_map_hello"
+{ hdr $SHM_MAP 24 0; u64 0x7f0000000000; u64 4096; u64 8192; } >"$out/ok_shm_map"
+{ hdr $SHM_MAP_ACK 4 0; u32 0; } >"$out/ok_shm_map_ack"
+{ hdr $SHM_MAP_ACK 13 0; u32 2; str "uid 65534"; } >"$out/ok_shm_map_ack_refused"
+{ hdr $SHM_UNMAP 16 0; u64 0x7f0000000000; u64 4096; } >"$out/ok_shm_unmap"
+{ hdr $SHM_UNMAP_ACK 16 0; u64 0x7f0000000000; u64 4096; } >"$out/ok_shm_unmap_ack"
 { hello; read_req; write_req; notify_ack; } >"$out/ok_stream"
 stage_write() {
   hdr $STAGE_WRITE 48 30; u64 6; u32 3
@@ -123,6 +131,12 @@ write_ack_stage() { hdr $WRITE_ACK 12 0; u64 10; u32 0; } # what ends either
 { hdr $WRITE_REQ 16 0; u64 1; u64 0x1000; } >"$out/bad_write_req_empty"
 { hdr $SHM_HELLO 26 0; shm_id 0; } >"$out/bad_shm_hello_layout_0"
 { hdr $SHM_HELLO 27 0; shm_id 1; u8 0; } >"$out/bad_shm_hello_layout1_long"
+{ hdr $SHM_HELLO 28 0; shm_id 2; u16 1; } >"$out/bad_shm_hello_layout2_short"
+{ hdr $SHM_HELLO_ACK 61 0; u32 0; shm_id 2; u64 0x1000; fill 16 N; u16 5; str "a b"; } >"$out/bad_shm_hello_ack_sock"
+{ hdr $SHM_MAP_HELLO 4 0; u32 1; } >"$out/bad_shm_map_hello_flags"
+{ hdr $SHM_MAP 24 0; u64 0x1000; u64 8192; u64 4096; } >"$out/bad_shm_map_short_mapping"
+{ hdr $SHM_MAP_ACK 4 0; u32 1; } >"$out/bad_shm_map_ack_status"
+{ hdr $SHM_UNMAP 16 0; u64 0xfffffffffffff000; u64 8192; } >"$out/bad_shm_unmap_wrap"
 { hdr $SHM_HELLO_ACK 53 0; u32 0; shm_id 1; u64 0x1000; fill 15 N; } >"$out/bad_shm_hello_ack_short"
 { hdr 21 36 0; u64 1; u64 0x1000; u32 1; u32 1; seg 0x2000 10; } >"$out/bad_type_21"
 { hdr $STAGE_READ 24 0; u64 1; u32 0; seg 0x1000 10; } >"$out/bad_stage_count_0"
