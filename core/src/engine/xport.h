@@ -90,6 +90,10 @@ struct xport_ops {
   HixlStatus (*info)(const struct conn *c, struct hixl_link_info *info); /* its fields of link_info */
 
   /* ---- data ---- */
+  /* A one-sided transfer is about to start on c: true when the peer has withdrawn no
+   * registration since the last call that said false (the link then skips reading
+   * the frames waiting on its socket first). NULL: never known. */
+  bool (*table_current)(struct conn *c);
   void (*post)(struct conn *c, struct chunk *ch); /* queue a direct chunk (required for a transport) */
   void (*start)(struct conn *c, struct hixl_transfer_req *r); /* its chunks are queued: begin */
   void (*async)(struct conn *c, struct hixl_transfer_req *r); /* ... and nobody waits in a call */

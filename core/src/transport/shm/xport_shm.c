@@ -58,6 +58,8 @@ struct eshm_engine {    /* e->xe[XPORT_SHM], while same-host copies are on */
   uint32_t copying;     /* threads inside a copy, lock released; Finalize waits for 0 */
   uint32_t unsharing;   /* threads waiting for peers to unmap a region (FreeMem) */
   uint64_t round;       /* progress-thread rounds over links with work */
+  int gen_fd;           /* a sealed page that mapping peers read: ... */
+  uint64_t *gen;        /* ... its first 8 bytes count withdrawn registrations; NULL: no mapping */
 };
 
 /* Initiator: a target's region mapped into this process. */
@@ -101,12 +103,51 @@ struct eshm_link {                 /* c->xs[XPORT_SHM] */
   uint32_t hello_pid;       /* target: the pid the initiator's SHM_HELLO named */
   struct shm_grant *grants; /* target: regions this link's initiator was given */
   uint32_t ngrants, cap_grants;
+  const uint64_t *gen; /* initiator: the target's withdrawal count (its page, mapped) */
+  uint64_t gen_seen;   /* ... as the last transfer read it */
 };
+
+#define ESHM_GEN_LEN 4096u
+#define ESHM_GEN_MSG "hixl-gen" /* the page's message on the unix socket (8 bytes) */
 
 static struct eshm_link *link_new(void) {
   struct eshm_link *l = calloc(1, sizeof(*l));
-  if (l) l->lfd = l->ufd = -1;
+  if (l) {
+    l->lfd = l->ufd = -1;
+    l->gen_seen = UINT64_MAX; /* the first transfer reads the socket */
+  }
   return l;
+}
+
+static void link_release(struct eshm_link *l) {
+  if (l->gen) munmap((void *)l->gen, ESHM_GEN_LEN);
+  free(l->grants);
+  free(l);
+}
+
+/* Initiator: take the target's withdrawal page, the first message on the socket. */
+static bool gen_take(struct eshm_link *l, int timeout_ms, char *why, size_t cap) {
+  char msg[8];
+  int fd = -1;
+  struct stat st;
+  if (uds_recv_fd(l->ufd, msg, sizeof(msg), &fd, timeout_ms) < 0 || memcmp(msg, ESHM_GEN_MSG, 8) != 0) {
+    if (fd >= 0) close(fd);
+    snprintf(why, cap, "protocol error: the target's first message on the unix socket is not its page (%s)",
+             fd >= 0 ? "wrong tag" : strerror(errno));
+    return false;
+  }
+  int seals = fcntl(fd, F_GET_SEALS);
+  void *p = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && st.st_size >= ESHM_GEN_LEN && seals >= 0 && (seals & F_SEAL_SHRINK))
+    p = mmap(NULL, ESHM_GEN_LEN, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    snprintf(why, cap, "protocol error: the target's page is not a sealed memfd of %u bytes", ESHM_GEN_LEN);
+    return false;
+  }
+  (void)madvise(p, ESHM_GEN_LEN, MADV_DONTFORK);
+  l->gen = p;
+  return true;
 }
 
 /* ---- initiator: mappings ---- */
@@ -262,6 +303,19 @@ static HixlStatus eshm_open(struct HixlEngine *e) {
   struct eshm_engine *x = calloc(1, sizeof(*x));
   if (!x) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineInitialize: out of memory");
   x->self = self;
+  /* The withdrawal page: without it no memory is offered to map (logged). */
+  x->gen_fd = memfd_create("hixl-gen", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (x->gen_fd >= 0 && ftruncate(x->gen_fd, ESHM_GEN_LEN) == 0 &&
+      fcntl(x->gen_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0) {
+    void *p = mmap(NULL, ESHM_GEN_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, x->gen_fd, 0);
+    x->gen = p != MAP_FAILED ? p : NULL;
+  }
+  if (!x->gen) {
+    log_info("engine %s: no memory offered to same-host peers to map (its page: %s)", e->local_name,
+             strerror(errno));
+    if (x->gen_fd >= 0) close(x->gen_fd);
+    x->gen_fd = -1;
+  }
   e->xe[XPORT_SHM] = x;
   return HIXL_SUCCESS;
 }
@@ -274,7 +328,10 @@ static void eshm_quiesce(struct HixlEngine *e) {
 }
 
 static void eshm_close(struct HixlEngine *e) {
-  free(e->xe[XPORT_SHM]);
+  struct eshm_engine *x = eng_of(e);
+  if (x && x->gen) munmap(x->gen, ESHM_GEN_LEN);
+  if (x && x->gen_fd >= 0) close(x->gen_fd);
+  free(x);
   e->xe[XPORT_SHM] = NULL;
 }
 
@@ -308,9 +365,12 @@ static HixlStatus map_connect(int fd, uint64_t deadline, struct peer *p, struct 
     if ((h.type != WIRE_SHM_MAP && h.type != WIRE_SHM_MAP_ACK) ||
         wire_decode(&h, buf + WIRE_HDR_LEN, &m) != WIRE_OK)
       return hixl_fail(HIXL_FAILED, "answered SHM_MAP_HELLO with a malformed %s", wire_type_name(h.type));
-    if (h.type == WIRE_SHM_MAP_ACK) break;
     uint64_t now = hixl_now_ns();
     int ms = now < deadline ? (int)((deadline - now + 999999) / 1000000) : 0;
+    /* The target's page comes first on the socket, when it hands anything over. */
+    bool ok = h.type == WIRE_SHM_MAP || m.u.map.status == WIRE_HELLO_OK;
+    if (ok && !l->gen && !gen_take(l, ms, why, sizeof(why))) return hixl_fail(HIXL_FAILED, "%s", why);
+    if (h.type == WIRE_SHM_MAP_ACK) break;
     if (map_take(s, l->ufd, &m, ms, why, sizeof(why)) != HIXL_SUCCESS)
       return hixl_fail(HIXL_FAILED, "%s", why);
   }
@@ -431,7 +491,7 @@ static void eshm_discard(void *link) {
   if (!l) return;
   if (l->ufd >= 0) close(l->ufd);
   eshm_peer_put(l->peer);
-  free(l);
+  link_release(l);
 }
 
 /* Target, in the progress thread: answer SHM_HELLO with this process's identity and
@@ -450,7 +510,7 @@ static void eshm_target_hello(struct conn *c, const struct wire_msg *m) {
   if (l && !l->nonce_set)
     l->nonce_set = getrandom(l->nonce, sizeof(l->nonce), 0) == (ssize_t)sizeof(l->nonce);
   if (x && l && l->nonce_set) status = WIRE_HELLO_OK;
-  if (status == WIRE_HELLO_OK && (m->u.shm.flags & WIRE_SHM_F_MAP) && l->lfd < 0 && l->ufd < 0) {
+  if (status == WIRE_HELLO_OK && (m->u.shm.flags & WIRE_SHM_F_MAP) && x->gen && l->lfd < 0 && l->ufd < 0) {
     l->hello_pid = m->u.shm.pid;
     if ((l->lfd = uds_listen(sock, sizeof(sock))) < 0) {
       log_warn("link from %s: no mapped memory: cannot make a unix socket: %s", c->remote_name,
@@ -548,6 +608,11 @@ static void target_map_hello(struct conn *c) {
     close(l->lfd);
     l->lfd = -1;
   }
+  if (l && l->ufd >= 0 && uds_send_fd(l->ufd, ESHM_GEN_MSG, 8, eng_of(e)->gen_fd) < 0) {
+    snprintf(why, sizeof(why), "cannot hand over its page on the unix socket: %s", strerror(errno));
+    close(l->ufd);
+    l->ufd = -1;
+  }
   if (l && l->ufd >= 0) {
     why[0] = '\0';
     for (size_t i = 0; i < e->regs.count && !c->dead; i++) {
@@ -633,23 +698,22 @@ static struct shm_map *map_of(struct shm_peer *s, uint64_t addr, uint64_t len) {
 }
 
 /* memcpy v[0..n), all inside mp, with the lock released; the chunks end SUCCESS, or
- * FAILED when the peer process is found gone (its pages outlive it: nothing faults,
- * but nobody is there to read them). Lock held on entry and on return. */
+ * FAILED when the peer process is found gone afterwards (its pages outlive it:
+ * nothing faults, but nobody is there to read them). Lock held on entry and return. */
 static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *mp, struct chunk *const *v,
                      const struct cma_seg *segs, size_t n, bool write) {
   struct eshm_engine *x = eng_of(e);
   mp->refs++;
   x->copying++;
   pthread_mutex_unlock(&e->lock);
-  bool gone = cma_pid_exited(s->pidfd);
-  for (size_t k = 0; k < n && !gone; k++) {
+  for (size_t k = 0; k < n; k++) {
     uint8_t *remote = mp->base + (segs[k].remote - mp->range.addr);
     if (write)
       memcpy(remote, segs[k].local, segs[k].len);
     else
       memcpy(segs[k].local, remote, segs[k].len);
   }
-  gone = gone || cma_pid_exited(s->pidfd);
+  bool gone = cma_pid_exited(s->pidfd); /* after: a peer that died meanwhile read nothing */
   pthread_mutex_lock(&e->lock);
   if (--x->copying == 0) pthread_cond_broadcast(&e->cond);
   map_put(s, mp);
@@ -866,10 +930,24 @@ static void eshm_kill(struct conn *c, HixlStatus st, const char *msg) {
 }
 
 static void eshm_free(struct conn *c) {
-  struct eshm_link *l = link_of(c);
-  if (l) free(l->grants);
-  free(l);
+  if (link_of(c)) link_release(link_of(c));
   c->xs[XPORT_SHM] = NULL;
+}
+
+/* A registration was withdrawn (its MEM_DEL sent): mapping peers see the count move. */
+static void eshm_mem_dereg(struct HixlEngine *e, struct hixl_mem_reg *r) {
+  (void)r;
+  if (eng_of(e) && eng_of(e)->gen) __atomic_add_fetch(eng_of(e)->gen, 1, __ATOMIC_RELEASE);
+}
+
+/* Initiator: nothing withdrawn since the last transfer asked. */
+static bool eshm_table_current(struct conn *c) {
+  struct eshm_link *l = link_of(c);
+  if (!l || !l->gen) return false;
+  uint64_t v = __atomic_load_n(l->gen, __ATOMIC_ACQUIRE);
+  if (v == l->gen_seen) return true;
+  l->gen_seen = v; /* the caller now applies what the socket holds, all of it sent before v */
+  return false;
 }
 
 static HixlStatus eshm_info(const struct conn *c, struct hixl_link_info *info) {
@@ -968,6 +1046,7 @@ const struct xport_ops xport_shm = {
     .close = eshm_close,
     .caps = eshm_caps,
     .progress = eshm_progress,
+    .mem_dereg = eshm_mem_dereg,
     .mem_share = eshm_mem_share,
     .mem_unshare = eshm_mem_unshare,
     .connect = eshm_connect,
@@ -983,4 +1062,5 @@ const struct xport_ops xport_shm = {
     .post = eshm_queue,
     .async = eshm_async,
     .drive = eshm_drive,
+    .table_current = eshm_table_current,
 };
