@@ -94,7 +94,7 @@ static HixlStatus register_both(HixlCacheManager *m, struct caches *k, uint64_t 
 
 /* ---- the peer process ---- */
 
-enum { P_INIT, P_GET, P_FILL, P_UNREG_B, P_REG_B, P_QUIT };
+enum { P_INIT, P_GET, P_FILL, P_UNREG_B, P_REG_B, P_ALLOC_B, P_QUIT };
 
 struct pcmd {
   int32_t op;
@@ -143,7 +143,18 @@ static void peer_main(int in, int out) {
       r.st =
           HixlCacheManagerRegisterBlocksCache(m, &db, ab, B_TENSORS, &bkey, HIXL_CACHE_ACCESS_REMOTE, &r.idb);
     }
-    for (int t = 0; t < B_TENSORS; t++) r.addrs_b[t] = (uintptr_t)k.b[t];
+    if (c.op == P_ALLOC_B) { /* a blocks cache in allocated memory, model PEER_MODEL + 1, filled */
+      HixlCacheDesc db = desc_b();
+      HixlBlocksCacheKey bkey = {CLUSTER_PEER, PEER_MODEL + 1};
+      uintptr_t ab[B_TENSORS];
+      r.st = HixlCacheManagerAllocateBlocksCache(m, &db, &bkey, ab, B_TENSORS, &r.idb);
+      for (uint32_t t = 0; t < B_TENSORS && r.st == HIXL_SUCCESS; t++) {
+        for (size_t j = 0; j < B_BLOCKS * B_BLOCK; j++) ((uint8_t *)ab[t])[j] = pat(c.seed, 100 + t, j);
+        r.addrs_b[t] = ab[t];
+      }
+    } else {
+      for (int t = 0; t < B_TENSORS; t++) r.addrs_b[t] = (uintptr_t)k.b[t];
+    }
     if (tu_write_all(out, &r, sizeof(r)) != 0 || (data && tu_write_all(out, data, r.len) != 0)) break;
     if (c.op == P_QUIT) break;
   }
@@ -757,6 +768,48 @@ static void test_dead_peer(void) {
   TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, my_b, blocks, 2, blocks, 2, &ta), HIXL_NOT_CONNECTED);
 }
 
+/* Caches in allocated memory on both sides (AllocateBlocksCache): pulled byte for
+ * byte; on one host the peer's tensors are mapped here and copied with memcpy;
+ * unregistering frees them. */
+static void test_allocated(void) {
+  HixlCacheDesc db = desc_b();
+  uintptr_t ab[B_TENSORS];
+  uint64_t id = 0, sb[B_BLOCKS], dbk[B_BLOCKS];
+  const uint64_t seed = 77;
+  TU_ASSERT_STATUS(HixlCacheManagerAllocateBlocksCache(mgr, &db, NULL, NULL, B_TENSORS, &id),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheManagerAllocateBlocksCache(mgr, &db, NULL, ab, B_TENSORS - 1, &id),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_OK_FATAL(HixlCacheManagerAllocateBlocksCache(mgr, &db, NULL, ab, B_TENSORS, &id));
+  for (uint32_t t = 0; t < B_TENSORS; t++) {
+    CU_ASSERT_EQUAL(ab[t] % 4096, 0);
+    CU_ASSERT_EQUAL(tu_check_byte((void *)ab[t], B_BLOCKS * B_BLOCK, 0), -1); /* zeroed */
+  }
+  struct prep r = peer(P_ALLOC_B, 0, 0, seed, NULL);
+  CU_ASSERT_EQUAL_FATAL(r.st, HIXL_SUCCESS);
+  HixlCacheAnyKey k = {.kind = HIXL_CACHE_KEY_BLOCKS, .u.blocks = {CLUSTER_PEER, PEER_MODEL + 1}};
+  for (size_t i = 0; i < B_BLOCKS; i++) sb[i] = i, dbk[i] = B_BLOCKS - 1 - i; /* reversed */
+  TU_ASSERT_OK(HixlCacheManagerPullBlocks(mgr, &k, id, sb, B_BLOCKS, dbk, B_BLOCKS, NULL));
+  size_t bad = 0;
+  for (uint32_t t = 0; t < B_TENSORS; t++)
+    for (size_t i = 0; i < B_BLOCKS; i++)
+      for (size_t j = 0; j < B_BLOCK; j++)
+        bad += ((uint8_t *)ab[t])[dbk[i] * B_BLOCK + j] != pat(seed, 100 + t, sb[i] * B_BLOCK + j);
+  CU_ASSERT_EQUAL(bad, 0);
+  struct hixl_link_info li;
+  TU_ASSERT_OK(hixl_engine_link_info(eng, peer_addr, &li));
+  if (strcmp(li.transport, "shm") == 0) {
+    CU_ASSERT(li.mapped >= 1);
+    CU_ASSERT(li.map_ops > 0);
+  }
+  printf("  [%s link, %u of the peer's regions mapped, %llu ops by memcpy]\n", li.transport, li.mapped,
+         (unsigned long long)li.map_ops);
+  TU_ASSERT_STATUS(peer(P_UNREG_B, 0, 0, r.idb, NULL).st, HIXL_SUCCESS);
+  TU_ASSERT_OK(HixlCacheManagerUnregisterCache(mgr, id));
+  TU_ASSERT_OK(hixl_engine_link_info(eng, peer_addr, &li));
+  CU_ASSERT_EQUAL(li.mapped, 0);
+}
+
 int main(void) {
   int down[2], up[2];
   signal(SIGPIPE, SIG_IGN);
@@ -782,6 +835,7 @@ int main(void) {
                          {"NOT_FOUND: no such key, unregistered, found again", test_not_found},
                          {"async: no byte of layer l before its release", test_async_pipelined},
                          {"async: a layer never ready fails the task", test_async_not_ready},
+                         {"allocated caches: pulled, mapped on one host, freed", test_allocated},
                          {"a stopped peer: TIMEOUT on time", test_stopped_peer},
                          {"a dead peer: FAILED, never a hang", test_dead_peer},
                          CU_TEST_INFO_NULL};

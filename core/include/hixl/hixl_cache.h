@@ -124,6 +124,20 @@ HIXL_API HixlStatus HixlCacheManagerRegisterBlocksCache(HixlCacheManager *mgr, c
                                                         HixlCacheAccess remote_accessible,
                                                         uint64_t *cache_id);
 
+/** Allocate a contiguous cache's tensors and register them as RegisterCache does,
+ *  remotely accessible: addrs[i] (num_addrs == desc->num_tensors) receives tensor
+ *  i's address, each at a page boundary, all zeroed. The memory comes from
+ *  HixlEngineAllocMem, so a peer engine on the same host maps it and copies with
+ *  memcpy (Transport shm); UnregisterCache (or Destroy) frees it. */
+HIXL_API HixlStatus HixlCacheManagerAllocateCache(HixlCacheManager *mgr, const HixlCacheDesc *desc,
+                                                  const HixlCacheKey *keys, size_t num_keys, uintptr_t *addrs,
+                                                  size_t num_addrs, uint64_t *cache_id);
+
+/** Allocate a blocks (paged) cache, as AllocateCache; key is optional (NULL). */
+HIXL_API HixlStatus HixlCacheManagerAllocateBlocksCache(HixlCacheManager *mgr, const HixlCacheDesc *desc,
+                                                        const HixlBlocksCacheKey *key, uintptr_t *addrs,
+                                                        size_t num_addrs, uint64_t *cache_id);
+
 /** Unregister a cache of this manager; peers can no longer find it. FAILED (and
  *  still registered) while a transfer uses it. */
 HIXL_API HixlStatus HixlCacheManagerUnregisterCache(HixlCacheManager *mgr, uint64_t cache_id);

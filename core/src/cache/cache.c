@@ -47,7 +47,8 @@ struct cm_cache {
   size_t nkeys;
   bool has_bkey;
   HixlBlocksCacheKey bkey;
-  uint32_t busy; /* transfers and tasks using it */
+  uint32_t busy;  /* transfers and tasks using it */
+  bool allocated; /* AllocateCache: handles[0] is the engine's allocation holding every tensor */
   struct cm_cache *next;
 };
 
@@ -352,7 +353,8 @@ static HixlStatus cache_deregister(HixlCacheManager *m, struct cm_cache *c, cons
   HixlStatus st = HIXL_SUCCESS;
   for (uint32_t t = 0; c->handles && t < c->desc.num_tensors; t++) {
     if (!c->handles[t]) continue;
-    HixlStatus s = HixlEngineDeregisterMem(m->eng, c->handles[t]);
+    HixlStatus s = c->allocated ? HixlEngineFreeMem(m->eng, c->handles[t])
+                                : HixlEngineDeregisterMem(m->eng, c->handles[t]);
     if (s == HIXL_SUCCESS)
       c->handles[t] = NULL;
     else if (st == HIXL_SUCCESS)
@@ -505,10 +507,12 @@ static int cmp_uptr(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-static HixlStatus cm_register(HixlCacheManager *m, bool blocks, const HixlCacheDesc *desc,
-                              const uintptr_t *addrs, size_t num_addrs, const HixlCacheKey *keys,
-                              size_t num_keys, const HixlBlocksCacheKey *bkey, HixlCacheAccess access,
-                              uint64_t *cache_id, const char *fn) {
+/* Register a cache at addrs, or (alloc) allocate its tensors and write their
+ * addresses to addrs. */
+static HixlStatus cm_register(HixlCacheManager *m, bool blocks, bool alloc, const HixlCacheDesc *desc,
+                              uintptr_t *addrs, size_t num_addrs, const HixlCacheKey *keys, size_t num_keys,
+                              const HixlBlocksCacheKey *bkey, HixlCacheAccess access, uint64_t *cache_id,
+                              const char *fn) {
   uint64_t tb = 0;
   HixlStatus st;
   CHECK_ARG(m && addrs && cache_id, "%s: mgr, addrs or cache_id output is NULL", fn);
@@ -519,9 +523,16 @@ static HixlStatus cm_register(HixlCacheManager *m, bool blocks, const HixlCacheD
   CHECK_ARG(num_keys <= desc->shape[0], "%s: %zu keys for a batch of %" PRIu64, fn, num_keys, desc->shape[0]);
   CHECK_ARG(access >= HIXL_CACHE_ACCESS_DEFAULT && access <= HIXL_CACHE_ACCESS_REMOTE,
             "%s: remote_accessible %d is unknown", fn, (int)access);
-  for (size_t i = 0; i < num_addrs; i++)
+  for (size_t i = 0; i < num_addrs && !alloc; i++)
     CHECK_ARG(addrs[i] != 0 && addrs[i] + tb > addrs[i], "%s: tensor %zu's address 0x%" PRIxPTR " is invalid",
               fn, i, addrs[i]);
+  /* Allocated: the tensors one after another, each at a page boundary. */
+  uint64_t stride = (tb + 4095) / 4096 * 4096;
+  CHECK_ARG(!alloc || stride <= ((uint64_t)1 << 46) / num_addrs,
+            "%s: %zu tensors of %" PRIu64 " bytes are too many to allocate", fn, num_addrs, tb);
+  if (alloc)
+    for (size_t i = 0; i < num_addrs; i++)
+      addrs[i] = (uintptr_t)(4096 + i * stride); /* checked below; set after */
   for (size_t i = 0; i < num_keys; i++)
     for (size_t j = 0; j < i; j++)
       CHECK_ARG(keys[i].req_id != keys[j].req_id || keys[i].model_id != keys[j].model_id ||
@@ -548,7 +559,9 @@ static HixlStatus cm_register(HixlCacheManager *m, bool blocks, const HixlCacheD
   if (num_keys) memcpy(c->keys, keys, num_keys * sizeof(*keys));
   c->nkeys = num_keys;
   c->blocks = blocks;
-  c->remote = access == HIXL_CACHE_ACCESS_REMOTE; /* host default: not remotely accessible, as the seed */
+  c->remote =
+      alloc || access == HIXL_CACHE_ACCESS_REMOTE; /* host default: not remotely accessible, as the seed */
+  c->allocated = alloc;
   c->desc = *desc;
   c->tensor_bytes = tb;
   c->item_bytes = tb / desc->shape[0];
@@ -584,7 +597,18 @@ static HixlStatus cm_register(HixlCacheManager *m, bool blocks, const HixlCacheD
   }
   pthread_mutex_unlock(&m->lock);
   if (st != HIXL_SUCCESS) goto fail_alloc;
-  if (c->remote) {
+  if (alloc) { /* one allocation for every tensor, advertised under the cache's tag */
+    char tag[CM_TAG_LEN];
+    void *base = NULL;
+    tag_of(tag, m->nonce, c->id);
+    st = hixl_engine_alloc_tagged(m->eng, (size_t)(stride * num_addrs), tag, &base, &c->handles[0]);
+    if (st != HIXL_SUCCESS) {
+      st = hixl_fail(st, "%s: %zu tensors of %" PRIu64 " bytes: %s", fn, num_addrs, tb,
+                     HixlGetLastErrorMessage());
+      goto fail_registered;
+    }
+    for (size_t i = 0; i < num_addrs; i++) c->addrs[i] = addrs[i] = (uintptr_t)base + i * stride;
+  } else if (c->remote) {
     char tag[CM_TAG_LEN];
     tag_of(tag, m->nonce, c->id);
     for (uint32_t t = 0; t < desc->num_tensors; t++) {
@@ -607,7 +631,8 @@ static HixlStatus cm_register(HixlCacheManager *m, bool blocks, const HixlCacheD
 
 fail_registered:
   for (uint32_t t = 0; t < desc->num_tensors; t++)
-    if (c->handles[t]) HixlEngineDeregisterMem(m->eng, c->handles[t]);
+    if (c->handles[t])
+      HixlEngineDeregisterMem(m->eng, c->handles[t]); /* never an allocation: it is the last step */
   pthread_mutex_lock(&m->lock);
   m->naddrs -= num_addrs;
   pthread_mutex_unlock(&m->lock);
@@ -621,8 +646,26 @@ HixlStatus HixlCacheManagerRegisterCache(HixlCacheManager *m, const HixlCacheDes
                                          const uintptr_t *addrs, size_t num_addrs, const HixlCacheKey *keys,
                                          size_t num_keys, HixlCacheAccess remote_accessible,
                                          uint64_t *cache_id) {
-  return cm_register(m, false, desc, addrs, num_addrs, keys, num_keys, NULL, remote_accessible, cache_id,
-                     "HixlCacheManagerRegisterCache");
+  return cm_register(m, false, false, desc, (uintptr_t *)addrs, num_addrs, keys, num_keys, NULL,
+                     remote_accessible, cache_id, "HixlCacheManagerRegisterCache");
+}
+
+HixlStatus HixlCacheManagerAllocateCache(HixlCacheManager *m, const HixlCacheDesc *desc,
+                                         const HixlCacheKey *keys, size_t num_keys, uintptr_t *addrs,
+                                         size_t num_addrs, uint64_t *cache_id) {
+  return cm_register(m, false, true, desc, addrs, num_addrs, keys, num_keys, NULL, HIXL_CACHE_ACCESS_REMOTE,
+                     cache_id, "HixlCacheManagerAllocateCache");
+}
+
+HixlStatus HixlCacheManagerAllocateBlocksCache(HixlCacheManager *m, const HixlCacheDesc *desc,
+                                               const HixlBlocksCacheKey *key, uintptr_t *addrs,
+                                               size_t num_addrs, uint64_t *cache_id) {
+  const char *fn = "HixlCacheManagerAllocateBlocksCache";
+  CHECK_ARG(!key || !m || key->cluster_id == m->cluster_id,
+            "%s: the BlocksCacheKey names cluster %" PRIu64 ", this manager is cluster %" PRIu64, fn,
+            key ? key->cluster_id : 0, m ? m->cluster_id : 0);
+  return cm_register(m, true, true, desc, addrs, num_addrs, NULL, 0, key, HIXL_CACHE_ACCESS_REMOTE, cache_id,
+                     fn);
 }
 
 HixlStatus HixlCacheManagerRegisterBlocksCache(HixlCacheManager *m, const HixlCacheDesc *desc,
@@ -633,7 +676,8 @@ HixlStatus HixlCacheManagerRegisterBlocksCache(HixlCacheManager *m, const HixlCa
   CHECK_ARG(!key || !m || key->cluster_id == m->cluster_id,
             "%s: the BlocksCacheKey names cluster %" PRIu64 ", this manager is cluster %" PRIu64, fn,
             key ? key->cluster_id : 0, m ? m->cluster_id : 0);
-  return cm_register(m, true, desc, addrs, num_addrs, NULL, 0, key, remote_accessible, cache_id, fn);
+  return cm_register(m, true, false, desc, (uintptr_t *)addrs, num_addrs, NULL, 0, key, remote_accessible,
+                     cache_id, fn);
 }
 
 HixlStatus HixlCacheManagerUnregisterCache(HixlCacheManager *m, uint64_t cache_id) {

@@ -282,6 +282,11 @@ static HixlStatus alloc_map(size_t len, int *fd_out, void **addr_out, size_t *ma
 }
 
 HixlStatus HixlEngineAllocMem(HixlEngine *e, size_t len, void **addr, HixlMemHandle *handle) {
+  return hixl_engine_alloc_tagged(e, len, NULL, addr, handle);
+}
+
+HixlStatus hixl_engine_alloc_tagged(HixlEngine *e, size_t len, const char *tag, void **addr,
+                                    HixlMemHandle *handle) {
   CHECK_ARG(addr && handle, "HixlEngineAllocMem: addr or handle output is NULL");
   CHECK_ARG(len > 0 && len <= ((size_t)1 << 46), "HixlEngineAllocMem: len %zu is 0 or above 64 TiB", len);
   HixlStatus st = engine_enter(e, "HixlEngineAllocMem"); /* fail before allocating */
@@ -294,7 +299,7 @@ HixlStatus HixlEngineAllocMem(HixlEngine *e, size_t len, void **addr, HixlMemHan
   if ((st = alloc_map(len, &fd, &p, &map_len, &huge)) != HIXL_SUCCESS) return st;
   HixlMemDesc m = {(uintptr_t)p, map_len};
   HixlMemHandle h;
-  if ((st = HixlEngineRegisterMem(e, &m, HIXL_MEM_HOST, &h)) != HIXL_SUCCESS) {
+  if ((st = hixl_engine_register_tagged(e, &m, HIXL_MEM_HOST, tag, &h)) != HIXL_SUCCESS) {
     munmap(p, map_len);
     close(fd);
     return hixl_fail(st, "HixlEngineAllocMem: %s", HixlGetLastErrorMessage());

@@ -11,6 +11,10 @@
 HixlStatus hixl_engine_register_tagged(HixlEngine *e, const HixlMemDesc *mem, HixlMemType type,
                                        const char *tag, HixlMemHandle *handle);
 
+/* HixlEngineAllocMem with a tag (NULL or at most 255 bytes) advertised to peers. */
+HixlStatus hixl_engine_alloc_tagged(HixlEngine *e, size_t len, const char *tag, void **addr,
+                                    HixlMemHandle *handle);
+
 /* Start listening on port of the engine's IP, for an engine initialized without one. */
 HixlStatus hixl_engine_listen(HixlEngine *e, uint16_t port, int backlog);
 
