@@ -31,7 +31,7 @@ uint64_t mh_blocks_for(const struct mh_model *m, uint64_t tokens);
  * free list and each block's owner, as a runtime's block manager keeps them. */
 struct mh_cache {
   struct mh_model m;
-  uint8_t *mem;
+  uint8_t *mem; /* NULL when the plugin allocated the caches */
   size_t len;
   hixl_kv_layer *layers; /* m.layers entries, for register_kv_caches */
   char (*names)[16];
@@ -40,7 +40,9 @@ struct mh_cache {
   uint32_t *owner; /* per block: request index + 1, 0 when free */
 };
 
-int mh_cache_init(struct mh_cache *c, const struct mh_model *m);
+/* The block allocator and the layers' shapes; with own_memory also the memory (else
+ * the layers' base and v_offset are set by the plugin's alloc_kv_caches). */
+int mh_cache_init(struct mh_cache *c, const struct mh_model *m, bool own_memory);
 void mh_cache_fini(struct mh_cache *c);
 /* n blocks for owner into out, or false (nothing taken) when fewer are free. */
 bool mh_alloc(struct mh_cache *c, uint64_t n, uint32_t owner, uint64_t *out);
@@ -151,6 +153,7 @@ struct mh_inst_args {
   enum mh_fault fault;
   uint32_t fault_at; /* the request (count, from 1) at which this instance dies */
   uint32_t drain_ms; /* after MH_EXIT, how long to wait for held requests */
+  bool host_memory;  /* the host allocates the KV caches (register_kv_caches); else alloc_kv_caches */
   bool verbose;
 };
 

@@ -528,7 +528,8 @@ int mh_instance_main(const struct mh_inst_args *a) {
     send_fail(&x, MH_NO_REQUEST, "%s: create(scheduler) failed (%s): %s", x.who, mh_status_name(st), err);
     goto fail_sched;
   }
-  if (mh_cache_init(&x.cache, &a->model) < 0) {
+  bool host_memory = a->host_memory || !HIXL_KV_HAS_OP(x.ops, alloc_kv_caches);
+  if (mh_cache_init(&x.cache, &a->model, host_memory) < 0) {
     send_fail(&x, MH_NO_REQUEST, "%s: cannot allocate its KV cache", x.who);
     goto fail_cache;
   }
@@ -538,10 +539,12 @@ int mh_instance_main(const struct mh_inst_args *a) {
               err);
     goto fail_worker;
   }
-  st = x.ops->register_kv_caches(x.worker, x.cache.layers, a->model.layers);
+  st = host_memory ? x.ops->register_kv_caches(x.worker, x.cache.layers, a->model.layers)
+                   : x.ops->alloc_kv_caches(x.worker, x.cache.layers, a->model.layers);
   if (st != HIXL_KV_SUCCESS) {
-    send_fail(&x, MH_NO_REQUEST, "%s: register_kv_caches(%u layers) failed (%s): %s", x.who, a->model.layers,
-              mh_status_name(st), x.ops->last_error());
+    send_fail(&x, MH_NO_REQUEST, "%s: %s(%u layers) failed (%s): %s", x.who,
+              host_memory ? "register_kv_caches" : "alloc_kv_caches", a->model.layers, mh_status_name(st),
+              x.ops->last_error());
     goto fail_register;
   }
   struct mh_out o = {0};

@@ -38,6 +38,7 @@
 
 struct opts {
   const char *plugin, *config, *json, *transport, *policy, *model_name, *mode;
+  const char *kv_memory; /* "hixl" (alloc_kv_caches) or "host" (the host's, register_kv_caches) */
   const char *prefill_addr, *decode_addr;
   struct mh_model model;
   uint64_t kv_mib;
@@ -67,6 +68,8 @@ static void usage(FILE *f) {
       "                           16-token blocks; tiny: 2 layers, 2 x 16 x 2 B, 4-token blocks, 64 blocks)\n"
       "  --layers N --kv-heads N --head-dim N --elem-size N --block-tokens N --num-blocks N\n"
       "  --kv-mib N               KV cache per instance, sets --num-blocks (llama8b default 512)\n"
+      "  --kv-memory hixl|host    who allocates the KV caches: the plugin (alloc_kv_caches, memory a\n"
+      "                           same-host peer maps; default) or the host (register_kv_caches)\n"
       "  --requests N             (default 16)       --concurrency N (default 4)\n"
       "  --min-prompt N --max-prompt N   prompt tokens, uniform (default 16 .. 4096, tiny 16 .. 64)\n"
       "  --seed N                 prompts and KV content (default 1)\n"
@@ -128,6 +131,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
     O_VERBOSE,
     O_MODE,
     O_SET,
+    O_KVMEM,
     O_HELP
   };
   static const struct option lo[] = {{"plugin", 1, 0, O_PLUGIN},
@@ -159,6 +163,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
                                      {"verbose", 0, 0, O_VERBOSE},
                                      {"mode", 1, 0, O_MODE},
                                      {"set", 1, 0, O_SET},
+                                     {"kv-memory", 1, 0, O_KVMEM},
                                      {"help", 0, 0, O_HELP},
                                      {0, 0, 0, 0}};
   uint64_t set[O_HELP + 1] = {0}, v = 0;
@@ -171,6 +176,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
                      .timeout_s = 120,
                      .progress = true,
                      .model_name = "llama8b",
+                     .kv_memory = "hixl",
                      .kv_mib = 512};
   while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
     if (c == '?') return 2;
@@ -185,6 +191,13 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
     case O_DADDR: o->decode_addr = optarg; break;
     case O_JSON: o->json = optarg; break;
     case O_MODE: o->mode = optarg; break;
+    case O_KVMEM:
+      if (strcmp(optarg, "hixl") != 0 && strcmp(optarg, "host") != 0) {
+        fprintf(stderr, "hixl-mock-host: --kv-memory %s: want hixl or host\n", optarg);
+        return 2;
+      }
+      o->kv_memory = optarg;
+      break;
     case O_SET:
       if (!strchr(optarg, '=') || optarg[0] == '=' || o->nset == sizeof(o->set) / sizeof(o->set[0])) {
         fprintf(stderr, "hixl-mock-host: --set %s: want KEY=VALUE (at most 16)\n", optarg);
@@ -683,6 +696,7 @@ static int start_instance(struct router *rt, int k, const hixl_kv_ops *ops, cons
                              .fault = o->fault,
                              .fault_at = o->fault_at,
                              .drain_ms = drain_ms,
+                             .host_memory = strcmp(o->kv_memory, "host") == 0,
                              .verbose = o->verbose};
     exit(mh_instance_main(&a)); /* exit, not _exit: a sanitizer build checks the instance for leaks */
   }
@@ -892,8 +906,10 @@ int main(int argc, char **argv) {
     pass = base && rt.nfail + rt.nrecomputed == o.requests && !rt.ncorrupt && p_clean && d_clean;
 
   const struct mh_model *m = &o.model;
-  printf("hixl-mock-host: %s model (%u layers, K and V, %u KV heads x %u x %u B, %u-token blocks), %s mode\n",
-         m->name, m->layers, m->kv_heads, m->head_dim, m->elem_size, m->block_tokens, push ? "push" : "pull");
+  printf("hixl-mock-host: %s model (%u layers, K and V, %u KV heads x %u x %u B, %u-token blocks), %s mode, "
+         "KV in %s memory\n",
+         m->name, m->layers, m->kv_heads, m->head_dim, m->elem_size, m->block_tokens, push ? "push" : "pull",
+         strcmp(o.kv_memory, "host") == 0 ? "the host's" : "hixl's");
   printf("  prefill %" PRIu64 " blocks, decode %" PRIu64 " blocks%s%s, %u requests of %" PRIu64 "..%" PRIu64
          " tokens, concurrency %u\n",
          m->num_blocks, md.num_blocks, o.fault ? ", fault " : "", o.fault ? fault : "", o.requests,

@@ -51,12 +51,12 @@ uint64_t mh_blocks_for(const struct mh_model *m, uint64_t tokens) {
   return (tokens + m->block_tokens - 1) / m->block_tokens;
 }
 
-int mh_cache_init(struct mh_cache *c, const struct mh_model *m) {
+int mh_cache_init(struct mh_cache *c, const struct mh_model *m, bool own_memory) {
   memset(c, 0, sizeof(*c));
   c->m = *m;
   uint64_t bb = mh_block_bytes(m), per_layer = 2 * m->num_blocks * bb;
   c->len = (size_t)(per_layer * m->layers);
-  if (!(c->mem = calloc(1, c->len))) {
+  if (own_memory && !(c->mem = calloc(1, c->len))) {
     fprintf(stderr,
             "mock-host: cannot allocate a KV cache of %zu bytes (%" PRIu64 " blocks); lower --kv-mib\n",
             c->len, m->num_blocks);
@@ -70,7 +70,7 @@ int mh_cache_init(struct mh_cache *c, const struct mh_model *m) {
     int n = snprintf(c->names[l], sizeof(c->names[l]), "layers.%u.attn", l);
     c->layers[l] = (hixl_kv_layer){.name = c->names[l],
                                    .name_len = (size_t)n,
-                                   .base = (uintptr_t)(c->mem + l * per_layer),
+                                   .base = own_memory ? (uintptr_t)(c->mem + l * per_layer) : 0,
                                    .num_blocks = m->num_blocks,
                                    .block_bytes = bb,
                                    .v_offset = m->num_blocks * bb,

@@ -1286,8 +1286,10 @@ static hixl_kv_status kv_set_handshake(hixl_kv_connector *c, const uint8_t *meta
 
 /* ---- worker side ---- */
 
-static hixl_kv_status kv_register(hixl_kv_connector *c, const hixl_kv_layer *ly, size_t n) {
-  const char *fn = "register_kv_caches";
+/* register_kv_caches (the host's memory at ly[i].base), or alloc_kv_caches (alloc:
+ * the cache manager allocates it; base and v_offset are written back on success). */
+static hixl_kv_status kv_setup(hixl_kv_connector *c, hixl_kv_layer *ly, size_t n, bool alloc) {
+  const char *fn = alloc ? "alloc_kv_caches" : "register_kv_caches";
   CHECK_ARG(c && ly && n > 0 && c->role == HIXL_KV_ROLE_WORKER,
             "%s: connector or layers is NULL, none given, or a "
             "scheduler's connector",
@@ -1298,14 +1300,14 @@ static hixl_kv_status kv_register(hixl_kv_connector *c, const hixl_kv_layer *ly,
   for (size_t i = 0; i < n; i++) {
     const hixl_kv_layer *l = &ly[i];
     CHECK_ARG(
-        l->base && l->num_blocks && l->block_bytes && l->elem_size && l->block_tokens &&
+        (l->base || alloc) && l->num_blocks && l->block_bytes && l->elem_size && l->block_tokens &&
             l->block_bytes % l->elem_size == 0,
         "%s: layer %zu: base, num_blocks, block_bytes, elem_size and block_tokens must be set (block_bytes a "
         "multiple of elem_size)",
         fn, i);
     CHECK_ARG(l->layout == HIXL_KV_LAYOUT_KV_FIRST || l->layout == HIXL_KV_LAYOUT_BLOCKS_FIRST,
               "%s: layer %zu: layout %u is unknown", fn, i, l->layout);
-    CHECK_ARG(l->layout != HIXL_KV_LAYOUT_KV_FIRST || l->v_offset >= l->num_blocks * l->block_bytes,
+    CHECK_ARG(alloc || l->layout != HIXL_KV_LAYOUT_KV_FIRST || l->v_offset >= l->num_blocks * l->block_bytes,
               "%s: layer %zu: V at offset %" PRIu64 " overlaps K's %" PRIu64 " bytes", fn, i, l->v_offset,
               l->num_blocks * l->block_bytes);
     CHECK_ARG(l->num_blocks == l0->num_blocks && l->block_bytes == l0->block_bytes &&
@@ -1327,9 +1329,17 @@ static hixl_kv_status kv_register(hixl_kv_connector *c, const hixl_kv_layer *ly,
   HixlBlocksCacheKey key = {c->cluster, 0};
   uint64_t id = 0;
   HixlStatus st =
-      HixlCacheManagerRegisterBlocksCache(c->mgr, &d, addrs, nt, &key, HIXL_CACHE_ACCESS_REMOTE, &id);
+      alloc ? HixlCacheManagerAllocateBlocksCache(c->mgr, &d, &key, addrs, nt, &id)
+            : HixlCacheManagerRegisterBlocksCache(c->mgr, &d, addrs, nt, &key, HIXL_CACHE_ACCESS_REMOTE, &id);
+  if (st != HIXL_SUCCESS) {
+    free(addrs);
+    return kv_fail(st, "%s: %s", fn, HixlGetLastErrorMessage());
+  }
+  for (size_t i = 0; i < n && alloc; i++) { /* K (and V) of layer i are tensors i * tpl (+ 1) */
+    ly[i].base = addrs[i * tpl];
+    ly[i].v_offset = split ? addrs[i * tpl + 1] - addrs[i * tpl] : 0;
+  }
   free(addrs);
-  if (st != HIXL_SUCCESS) return kv_fail(st, "%s: %s", fn, HixlGetLastErrorMessage());
   uint64_t *saved = calloc(n, sizeof(*saved));
   if (!saved) {
     HixlCacheManagerUnregisterCache(c->mgr, id);
@@ -1346,6 +1356,14 @@ static hixl_kv_status kv_register(hixl_kv_connector *c, const hixl_kv_layer *ly,
            split ? "kv_first" : "blocks_first", c->world);
   pthread_mutex_unlock(&c->lock);
   return HIXL_KV_SUCCESS;
+}
+
+static hixl_kv_status kv_register(hixl_kv_connector *c, const hixl_kv_layer *ly, size_t n) {
+  return kv_setup(c, (hixl_kv_layer *)ly, n, false); /* nothing is written back */
+}
+
+static hixl_kv_status kv_alloc_caches(hixl_kv_connector *c, hixl_kv_layer *ly, size_t n) {
+  return kv_setup(c, ly, n, true);
 }
 
 static hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
@@ -1624,6 +1642,7 @@ static const hixl_kv_ops kv_ops_v1 = {
     .update_connector_output = kv_update_output,
     .set_handshake_metadata = kv_set_handshake,
     .register_kv_caches = kv_register,
+    .alloc_kv_caches = kv_alloc_caches,
     .bind_connector_meta = kv_bind,
     .clear_connector_meta = kv_clear,
     .start_load_kv = kv_start_load,

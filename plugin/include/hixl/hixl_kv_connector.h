@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 #define HIXL_KV_ABI_MAJOR    1u
-#define HIXL_KV_ABI_MINOR    0u
+#define HIXL_KV_ABI_MINOR    1u
 #define HIXL_KV_ABI_VERSION  ((HIXL_KV_ABI_MAJOR << 16) | HIXL_KV_ABI_MINOR)
 #define HIXL_KV_ENTRY_SYMBOL "hixl_kv_connector_entry"
 
@@ -167,7 +167,19 @@ struct hixl_kv_ops {
    * just allocated; the host's router sends them with the request to the producer. */
   hixl_kv_status (*get_push_params)(hixl_kv_connector *c, const char *req_id, size_t req_id_len,
                                     hixl_kv_buffer *kv_transfer_params);
-  /* ---- end of version 1.0: later versions append here ---- */
+  /* ---- end of version 1.0 ---- */
+
+  /* ---- version 1.1 ---- */
+
+  /* Worker side, instead of register_kv_caches: allocate every layer's KV cache in
+   * memory of the connector's engine and register it. layers[i] gives the shape
+   * (name, num_blocks, block_bytes, layout, elem_size, block_tokens; base and
+   * v_offset are ignored); on success the plugin writes base, and v_offset for
+   * HIXL_KV_LAYOUT_KV_FIRST, into each. The memory is zeroed and page-aligned; a peer
+   * engine on the same host maps it and copies with memcpy instead of
+   * process_vm_readv. destroy frees it. */
+  hixl_kv_status (*alloc_kv_caches)(hixl_kv_connector *c, hixl_kv_layer *layers, size_t num_layers);
+  /* ---- end of version 1.1: later versions append here ---- */
 };
 
 /* True when the table the plugin gave is large enough to hold op. */
