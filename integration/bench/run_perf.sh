@@ -540,6 +540,21 @@ SHM_TARGETS=(
   "shm WRITE 1024 x 4 KiB per call, scattered / one process_vm_readv per 4 KiB|2|shm:WRITE:4096:1024:scattered|$SHM_RV4K|$SHM_RVS"
   "shm READ 1024 x 4 KiB per call, scattered / one process_vm_readv per 4 KiB|2|shm:READ:4096:1024:scattered|$SHM_RV4K|$SHM_RVS"
 )
+# Issue 15: memory the target allocated (HixlEngineAllocMem), mapped into the
+# initiator and copied with memcpy. LABEL|GOAL|FIGURE|REFERENCE.
+SHM_MC4K=memcpy:copy:4096:1:adjacent SHM_MC16M=memcpy:copy:16777216:1:adjacent
+SHM_MAP_TARGETS=(
+  "mapped WRITE 256 KiB, 1 op per call / memcpy 256 KiB|0.9|shm-mapped:WRITE:262144:1:adjacent|$SHM_MC256"
+  "mapped READ 256 KiB, 1 op per call / memcpy 256 KiB|0.9|shm-mapped:READ:262144:1:adjacent|$SHM_MC256"
+  "mapped WRITE 1 MiB, 1 op per call / memcpy 1 MiB|0.9|shm-mapped:WRITE:1048576:1:adjacent|$SHM_MC1M"
+  "mapped READ 1 MiB, 1 op per call / memcpy 1 MiB|0.9|shm-mapped:READ:1048576:1:adjacent|$SHM_MC1M"
+  "mapped WRITE 4 MiB, 1 op per call / memcpy 4 MiB|0.9|shm-mapped:WRITE:4194304:1:adjacent|$SHM_MC4M"
+  "mapped READ 4 MiB, 1 op per call / memcpy 4 MiB|0.9|shm-mapped:READ:4194304:1:adjacent|$SHM_MC4M"
+  "mapped WRITE 16 MiB, 1 op per call / memcpy 16 MiB|0.9|shm-mapped:WRITE:16777216:1:adjacent|$SHM_MC16M"
+  "mapped READ 16 MiB, 1 op per call / memcpy 16 MiB|0.9|shm-mapped:READ:16777216:1:adjacent|$SHM_MC16M"
+  "mapped WRITE 1024 x 4 KiB per call, scattered / one process_vm_readv per 4 KiB|3|shm-mapped:WRITE:4096:1024:scattered|$SHM_RV4K"
+  "mapped READ 1024 x 4 KiB per call, scattered / one process_vm_readv per 4 KiB|3|shm-mapped:READ:4096:1024:scattered|$SHM_RV4K"
+)
 xr() { if [[ "$1" == n/a ]]; then echo n/a; else echo "${1}x"; fi; } # RATIO -> "RATIOx"
 shm_fig() { # PAGES FIGURE -> its median GB/s, or n/a
   local k op b n l
@@ -570,6 +585,20 @@ shm_target_table() {
     for p in 4k thp; do
       v=$(shm_ratio "$p" "$f" "$ref") c=$(shm_ratio "$p" "$k" "$ref")
       line+=" $(xr "$v") | $(xr "$c") | $(shm_result "$v" "$c" "$goal") |"
+    done
+    echo "$line"
+  done
+}
+shm_map_table() {
+  local t label goal f ref p v line
+  echo "| target (ratio of medians) | goal | 4 KiB pages | result | huge pages | result |"
+  echo "|---|---:|---:|---|---:|---|"
+  for t in "${SHM_MAP_TARGETS[@]}"; do
+    IFS='|' read -r label goal f ref <<<"$t"
+    line="| $label | >= ${goal}x |"
+    for p in 4k thp; do
+      v=$(shm_ratio "$p" "$f" "$ref")
+      line+=" $(xr "$v") | $(verdict "$v" ge "$goal") |"
     done
     echo "$line"
   done
@@ -621,9 +650,9 @@ shm_figure_table() {
       if (k == "memcpy") x = "memcpy " sz(b)
       else if (k == "process_vm_readv" && n > 1) x = "process_vm_readv " n " x " sz(b) " in one call, " $c["layout"]
       else if (k == "process_vm_readv") x = "process_vm_readv " sz(b) ", one call per block"
-      else if (n == 1) x = "shm " $c["op"] " " sz(b) ", 1 op per call"
-      else x = "shm " $c["op"] " " n " x " sz(b) " per call" (b == 4096 ? ", " $c["layout"] : "")
-      g = (k == "memcpy") ? 1 : (k == "process_vm_readv") ? 2 : 3 # rows grouped by kind, in CSV order
+      else if (n == 1) x = (k == "shm-mapped" ? "shm mapped " : "shm ") $c["op"] " " sz(b) ", 1 op per call"
+      else x = (k == "shm-mapped" ? "shm mapped " : "shm ") $c["op"] " " n " x " sz(b) " per call" (b == 4096 ? ", " $c["layout"] : "")
+      g = (k == "memcpy") ? 1 : (k == "process_vm_readv") ? 2 : (k == "shm") ? 3 : 4 # rows grouped by kind, in CSV order
       if (!(x in seen)) { # kernel calls by batch, then block; the others in CSV order
         seen[x] = 1; j = ++m[g]; key[x] = (g == 2) ? n * 1e10 + b : j
         for (; j > 1 && key[order[g, j - 1]] > key[x]; j--) order[g, j] = order[g, j - 1]
@@ -631,7 +660,7 @@ shm_figure_table() {
       }
       med[$c["pages"], x] = sprintf("%.2f", $c["gbps"]); rnd[$c["pages"], x] = r2s($c["round_gbps"])
     }
-    END { for (g = 1; g <= 3; g++) for (i = 1; i <= m[g]; i++)
+    END { for (g = 1; g <= 4; g++) for (i = 1; i <= m[g]; i++)
       printf "| %s | %s | %s |\n", order[g, i], cell("4k", order[g, i]), cell("thp", order[g, i]) }' "$SHM_CSV"
 }
 SHM_SPAN=$(num "$(csv_get "$SHM_CSV" tool=hixl-shm-ref span_mib)")
@@ -806,7 +835,15 @@ $(shm_summary thp "Huge pages")
 - A single 4 KiB READ per sync call costs about $(shm_op_cost 4k) more than one bare
   process_vm_readv of 4 KiB with 4 KiB pages
   ($(r2 "$(shm_fig 4k shm:READ:4096:1:adjacent)") against $(r2 "$(shm_fig 4k "$SHM_RV4K")") GB/s), $(shm_op_cost thp) with huge pages: the engine lock,
-  table lookups, a poll of the control socket for MEM_DEL frames and of the peer's pidfd.
+  table lookups, the peer's withdrawal count and its pidfd.
+
+Mapped memory (issue 15): the target's second buffer comes from HixlEngineAllocMem, so
+the initiator is handed its memfd, maps it and moves ops inside it with memcpy; the
+same engines, link and span as above, in the same rounds. Goals: >= 0.9x
+single-thread memcpy of the same block size for 256 KiB to 16 MiB ops, and 1024
+scattered 4 KiB ops per call >= 3x one process_vm_readv per block.
+
+$(shm_map_table)
 EOF
 [ -n "$SHM_NOTE" ] && printf -- '- hixl-shm-ref note: %s.\n' "$SHM_NOTE" >>"$OUT"
 cat >>"$OUT" <<EOF

@@ -97,16 +97,19 @@ HIXL_API HixlStatus HixlEngineRegisterMem(HixlEngine *engine, const HixlMemDesc 
 HIXL_API HixlStatus HixlEngineDeregisterMem(HixlEngine *engine, HixlMemHandle handle);
 
 /** Allocate at least len bytes of host memory and register it as RegisterMem does
- *  (every transport reaches it). The memory is a shared mapping of a memfd: huge pages
- *  when the system has enough free, otherwise normal pages advised to transparent huge
- *  pages; it is zeroed. *addr gets its address, *handle its registration. Release it
- *  with HixlEngineFreeMem (DeregisterMem refuses it); Finalize frees what is left.
- *  Same-host peers still copy it with process_vm_readv / writev; mapping it into
- *  peers (memcpy instead) is not built yet (docs/design.md). */
+ *  (every transport reaches it). The memory is a shared mapping of a sealed memfd:
+ *  huge pages when the system has enough free, otherwise normal pages advised to
+ *  transparent huge pages; it is zeroed. *addr gets its address, *handle its
+ *  registration. An engine on the same host linked to this one (Transport shm) is
+ *  handed the memfd, if it runs as the same user, maps it and moves its ops with
+ *  memcpy instead of process_vm_readv / writev. Release it with HixlEngineFreeMem
+ *  (DeregisterMem refuses it); Finalize frees what is left. */
 HIXL_API HixlStatus HixlEngineAllocMem(HixlEngine *engine, size_t len, void **addr, HixlMemHandle *handle);
 
 /** Deregister and unmap memory from HixlEngineAllocMem; FAILED while transfers that
- *  use it are in flight (nothing is released then). */
+ *  use it are in flight (nothing is released then). Every peer that mapped it unmaps
+ *  it before this returns (a round trip, once its copies running end); a peer that
+ *  does not answer within HIXL_DEFAULT_TIMEOUT_MS is disconnected (logged). */
 HIXL_API HixlStatus HixlEngineFreeMem(HixlEngine *engine, HixlMemHandle handle);
 
 /** Link to remote_engine ("ip:port"), exchanging memory tables; retried until
