@@ -676,6 +676,13 @@ static void test_rt_shm_layout2(void) {
     CU_ASSERT_EQUAL(m.u.shm.sock_len, name_len);
     CU_ASSERT(m.u.shm.sock == buf + WIRE_HDR_LEN + 56);
     if (name_len > 0) {
+      /* a name longer than the bytes that follow: refused without reading past the body
+       * (the fuzzer found such a read; the exact-size copy lets ASan see one) */
+      uint8_t *cut = malloc(56 + name_len - 1);
+      CU_ASSERT_PTR_NOT_NULL_FATAL(cut);
+      memcpy(cut, buf + WIRE_HDR_LEN, 56 + name_len - 1);
+      CU_ASSERT_EQUAL(decode_body(WIRE_SHM_HELLO_ACK, cut, (uint32_t)(56 + name_len - 1), 0, &m), WIRE_EBODY);
+      free(cut);
       buf[len - 1] = ' '; /* names are printable, without spaces */
       CU_ASSERT_EQUAL(parse_frame(buf, len, &m), WIRE_EBODY);
     }

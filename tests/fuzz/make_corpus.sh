@@ -133,6 +133,7 @@ write_ack_stage() { hdr $WRITE_ACK 12 0; u64 10; u32 0; } # what ends either
 { hdr $SHM_HELLO 27 0; shm_id 1; u8 0; } >"$out/bad_shm_hello_layout1_long"
 { hdr $SHM_HELLO 28 0; shm_id 2; u16 1; } >"$out/bad_shm_hello_layout2_short"
 { hdr $SHM_HELLO_ACK 61 0; u32 0; shm_id 2; u64 0x1000; fill 16 N; u16 5; str "a b"; } >"$out/bad_shm_hello_ack_sock"
+{ hdr $SHM_HELLO_ACK 58 0; u32 0; shm_id 2; u64 0x1000; fill 16 N; u16 9; str ab; } >"$out/bad_shm_hello_ack_sock_past_body"
 { hdr $SHM_MAP_HELLO 4 0; u32 1; } >"$out/bad_shm_map_hello_flags"
 { hdr $SHM_MAP 24 0; u64 0x1000; u64 8192; u64 4096; } >"$out/bad_shm_map_short_mapping"
 { hdr $SHM_MAP_ACK 4 0; u32 1; } >"$out/bad_shm_map_ack_status"

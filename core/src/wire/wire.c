@@ -194,9 +194,9 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
       } else {
         m->u.shm.sock_len = be16_get(m->u.shm.ext);
         m->u.shm.sock = m->u.shm.ext + 2;
-        if (m->u.shm.sock_len > WIRE_SHM_SOCK_MAX) return WIRE_EBODY;
         need += m->u.shm.sock_len;
-        for (uint16_t i = 0; i < m->u.shm.sock_len; i++)
+        if (m->u.shm.sock_len > WIRE_SHM_SOCK_MAX || m->u.shm.ext_len < need) return WIRE_EBODY;
+        for (uint16_t i = 0; i < m->u.shm.sock_len; i++) /* inside the body: checked just above */
           if (m->u.shm.sock[i] < 0x21 || m->u.shm.sock[i] > 0x7e)
             return WIRE_EBODY; /* printable names only */
       }
