@@ -360,6 +360,51 @@ static void test_table_sizes(void) {
   CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, size), 4);
   CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, create), 8);
   CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, get_stats), 8 + 22 * sizeof(void *));
+  /* 1.1 appends alloc_kv_caches after 1.0's last op */
+  CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, alloc_kv_caches), 8 + 24 * sizeof(void *));
+  CU_ASSERT_EQUAL(ops->abi_version, (1u << 16) | 1u);
+  small.size = (uint32_t)offsetof(hixl_kv_ops, alloc_kv_caches); /* a 1.0 plugin */
+  CU_ASSERT_TRUE(HIXL_KV_HAS_OP(&small, get_push_params));
+  CU_ASSERT_FALSE(HIXL_KV_HAS_OP(&small, alloc_kv_caches));
+}
+
+/* alloc_kv_caches: the plugin allocates the layers (base and v_offset written back,
+ * page-aligned, zeroed, K and V apart); a scheduler, a second call or a bad shape is
+ * PARAM_INVALID and writes nothing. */
+static void test_alloc_kv_caches(void) {
+  char cfg[512], err[256];
+  hixl_kv_connector *w = NULL;
+  struct kv k;
+  config(cfg, sizeof(cfg), free_port(), "both", 30000, "fail", 2000);
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &w, err, sizeof(err)), HIXL_KV_SUCCESS);
+  kv_init(&k, BLOCK_BYTES);
+  free(k.mem);
+  for (int l = 0; l < LAYERS; l++) k.layers[l].base = k.layers[l].v_offset = 0;
+  k.layers[1].block_bytes *= 2;
+  ST_IS(ops->alloc_kv_caches(w, k.layers, LAYERS), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_EQUAL(k.layers[0].base, 0);
+  k.layers[1].block_bytes /= 2;
+  ST_IS(ops->alloc_kv_caches(w, k.layers, LAYERS), HIXL_KV_SUCCESS);
+  for (int l = 0; l < LAYERS; l++) {
+    const hixl_kv_layer *y = &k.layers[l];
+    CU_ASSERT(y->base != 0 && y->base % 4096 == 0);
+    CU_ASSERT(y->v_offset >= (uint64_t)BLOCKS * BLOCK_BYTES);
+    for (int v = 0; v < 2; v++) {
+      const uint8_t *p = (const uint8_t *)(y->base + (v ? y->v_offset : 0));
+      size_t nz = 0;
+      for (size_t i = 0; i < (size_t)BLOCKS * BLOCK_BYTES; i++) nz += p[i] != 0;
+      CU_ASSERT_EQUAL(nz, 0);
+    }
+    memset((void *)y->base, 0x5a, (size_t)BLOCKS * BLOCK_BYTES); /* the host writes it */
+    if (l > 0) CU_ASSERT(y->base >= k.layers[l - 1].base + k.layers[l - 1].v_offset + BLOCKS * BLOCK_BYTES);
+  }
+  ST_IS(ops->alloc_kv_caches(w, k.layers, LAYERS), HIXL_KV_PARAM_INVALID); /* already */
+  ST_IS(ops->register_kv_caches(w, k.layers, LAYERS), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->destroy(w), HIXL_KV_SUCCESS); /* frees it */
+  hixl_kv_connector *sch = NULL;
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &sch, err, sizeof(err)), HIXL_KV_SUCCESS);
+  ST_IS(ops->alloc_kv_caches(sch, k.layers, LAYERS), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->destroy(sch), HIXL_KV_SUCCESS);
 }
 
 /* ---- arguments ---- */
@@ -994,6 +1039,7 @@ static CU_TestInfo abi_tests[] = {
 static CU_TestInfo arg_tests[] = {
     {"create", test_create_args},
     {"every op", test_op_args},
+    {"alloc_kv_caches: the plugin's memory for the layers", test_alloc_kv_caches},
     {"max_inflight_requests bounds what a producer holds", test_max_inflight},
     CU_TEST_INFO_NULL,
 };
