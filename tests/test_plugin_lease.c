@@ -1,0 +1,180 @@
+/* test_plugin_lease: a producer whose held request outlives its lease after a consumer
+ * pinned it cuts that consumer off before it reports the request finished (and its
+ * blocks reusable), so nothing the consumer reads afterwards can see them.
+ *
+ * The producer is the KV-connector plugin, loaded by dlopen as a host loads it. The
+ * consumer is a bare engine of this program that speaks the KV service itself: it
+ * PINs the request (as a consumer's loader does before it pulls), then stays silent
+ * (no FREE), which a consumer through the plugin's ops cannot be made to do on cue.
+ * Transport tcp: a same-host copy already running cannot be cut (docs/plugin.md). */
+#include <CUnit/Basic.h>
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/engine_ext.h"
+#include "hixl/hixl_kv_connector.h"
+#include "test_util.h"
+
+#ifndef HIXL_KV_PLUGIN_PATH
+#define HIXL_KV_PLUGIN_PATH "libhixl_kv_connector.so"
+#endif
+
+enum { LAYERS = 2, BLOCKS = 16, BLOCK_TOKENS = 4, ELEM = 2, BLOCK_BYTES = 256, LEASE_MS = 300 };
+
+static void *so;
+static const hixl_kv_ops *ops;
+
+#define ST_IS(expr, want)                                                                                    \
+  do {                                                                                                       \
+    hixl_kv_status st_ = (expr);                                                                             \
+    if (st_ != (hixl_kv_status)(want))                                                                       \
+      tu_fail(__FILE__, __LINE__, "%s: got %u, want %u (%s)", #expr, st_, (unsigned)(want),                  \
+              ops->last_error());                                                                            \
+  } while (0)
+
+static void step(hixl_kv_connector *sched, hixl_kv_connector *worker) {
+  hixl_kv_buffer m = {0};
+  ST_IS(ops->build_connector_meta(sched, &m), HIXL_KV_SUCCESS);
+  ST_IS(ops->bind_connector_meta(worker, m.data, m.len), HIXL_KV_SUCCESS);
+  ops->free_buffer(&m);
+  ST_IS(ops->start_load_kv(worker), HIXL_KV_SUCCESS);
+}
+
+/* A KV service request as the plugin's loader sends it: protocol 2, op, request id. */
+static size_t kv_req(uint8_t *buf, uint8_t op, const char *id) {
+  size_t n = strlen(id);
+  buf[0] = 2;
+  buf[1] = op;
+  buf[2] = (uint8_t)(n >> 8);
+  buf[3] = (uint8_t)n;
+  memcpy(buf + 4, id, n);
+  return 4 + n;
+}
+
+static void test_lease_expiry_cuts_pinned_consumer(void) {
+  char addr[TU_ADDR_LEN], cfg[512], err[256] = "";
+  uint16_t port = tu_free_port();
+  tu_addr(addr, sizeof(addr), port);
+  snprintf(cfg, sizeof(cfg),
+           "{\"address\": \"%s\", \"role\": \"producer\", \"mode\": \"pull\", \"lease_ms\": %d,"
+           " \"transfer_timeout_ms\": 2000, \"connect_timeout_ms\": 2000, \"Transport\": \"tcp\"}",
+           addr, LEASE_MS);
+  hixl_kv_connector *sched = NULL, *worker = NULL;
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &sched, err, sizeof(err)),
+        HIXL_KV_SUCCESS);
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &worker, err, sizeof(err)), HIXL_KV_SUCCESS);
+  CU_ASSERT_FATAL(sched && worker);
+
+  /* The producer's KV: K then V blocks per layer, computed as 0x5a. */
+  size_t len = (size_t)LAYERS * 2 * BLOCKS * BLOCK_BYTES;
+  uint8_t *kv = malloc(len);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(kv);
+  memset(kv, 0x5a, len);
+  hixl_kv_layer layers[LAYERS];
+  for (int l = 0; l < LAYERS; l++)
+    layers[l] = (hixl_kv_layer){"layer",
+                                5,
+                                (uintptr_t)(kv + (size_t)l * 2 * BLOCKS * BLOCK_BYTES),
+                                BLOCKS,
+                                BLOCK_BYTES,
+                                BLOCKS * BLOCK_BYTES,
+                                HIXL_KV_LAYOUT_KV_FIRST,
+                                ELEM,
+                                BLOCK_TOKENS};
+  ST_IS(ops->register_kv_caches(worker, layers, LAYERS), HIXL_KV_SUCCESS);
+
+  /* A finished request the producer holds: blocks 2 and 3. */
+  const uint64_t blocks[2] = {2, 3};
+  const char *id = "lease-1";
+  hixl_kv_request r = {id, strlen(id), 2 * BLOCK_TOKENS, NULL, 0, 0};
+  int32_t delay = 0;
+  hixl_kv_buffer params = {0};
+  for (int l = 0; l < LAYERS; l++) ST_IS(ops->save_kv_layer(worker, (uint32_t)l), HIXL_KV_SUCCESS);
+  ST_IS(ops->wait_for_save(worker), HIXL_KV_SUCCESS);
+  ST_IS(ops->request_finished(sched, &r, blocks, 2, &delay, &params), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(delay, 1);
+  ops->free_buffer(&params);
+  step(sched, worker); /* the worker holds the blocks now */
+
+  /* The consumer: a bare engine that PINs the request and then says nothing more. */
+  HixlEngine *cons = tu_engine_start_with(tu_ip(), "tcp");
+  CU_ASSERT_PTR_NOT_NULL_FATAL(cons);
+  uint8_t *dst = tu_alloc_mem(BLOCK_BYTES, false);
+  CU_ASSERT_FATAL(dst && tu_register(cons, dst, BLOCK_BYTES));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(cons, addr, 5000));
+  uint8_t req[64], ans[512];
+  size_t n = 0, qlen = kv_req(req, 1 /* PIN */, id);
+  TU_ASSERT_OK_FATAL(hixl_engine_call(cons, addr, HIXL_SERVICE_KV, req, qlen, ans, sizeof(ans), &n, 5000));
+  CU_ASSERT_FATAL(n >= 1 && ans[0] == 0); /* HELD: the lease now runs from here */
+  /* Pinned and linked: its READ of the held block works. */
+  uint64_t block2 = layers[0].base + 2 * BLOCK_BYTES;
+  HixlTransferOpDesc d = {(uintptr_t)dst, block2, BLOCK_BYTES};
+  TU_ASSERT_OK(HixlEngineTransferSync(cons, addr, HIXL_READ, &d, 1, 5000));
+  CU_ASSERT_EQUAL(tu_check_byte(dst, BLOCK_BYTES, 0x5a), -1);
+
+  /* The lease runs out; the producer reports the request finished sending. */
+  bool done = false;
+  int64_t end = tu_now_ms() + 10 * LEASE_MS + 5000;
+  while (!done && tu_now_ms() < end) {
+    hixl_kv_ids s = {0}, rv = {0};
+    step(sched, worker);
+    ST_IS(ops->get_finished(worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
+    for (size_t i = 0; i < s.count; i++) done |= strcmp(s.ids[i], id) == 0;
+    ops->free_ids(&s);
+    ops->free_ids(&rv);
+    struct timespec ts = {0, 2000000};
+    nanosleep(&ts, NULL);
+  }
+  CU_ASSERT_TRUE_FATAL(done);
+  hixl_kv_stats st;
+  ST_IS(ops->get_stats(worker, &st), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(st.lease_expired, 1);
+  CU_ASSERT_EQUAL(st.blocks_held, 0);
+
+  /* The host may reuse blocks 2 and 3 now; the consumer that pinned them is cut off,
+   * so its late READ fails and brings nothing of them. */
+  memset(kv, 0x77, len); /* the next request's KV */
+  memset(dst, 0xab, BLOCK_BYTES);
+  HixlStatus late = HixlEngineTransferSync(cons, addr, HIXL_READ, &d, 1, 5000);
+  CU_ASSERT_NOT_EQUAL(late, HIXL_SUCCESS);
+  printf("  [the pinned consumer's READ after the lease: %s: %s]\n", HixlStatusName(late),
+         HixlGetLastErrorMessage());
+  CU_ASSERT_EQUAL(tu_check_byte(dst, BLOCK_BYTES, 0xab), -1);
+  /* A PIN now: it cannot get through, or the request is GONE. */
+  n = 0;
+  HixlStatus pin = hixl_engine_call(cons, addr, HIXL_SERVICE_KV, req, qlen, ans, sizeof(ans), &n, 2000);
+  CU_ASSERT(pin != HIXL_SUCCESS || (n >= 1 && ans[0] == 2));
+
+  HixlEngineDestroy(cons);
+  tu_free_mem(dst, BLOCK_BYTES);
+  ST_IS(ops->destroy(worker), HIXL_KV_SUCCESS);
+  ST_IS(ops->destroy(sched), HIXL_KV_SUCCESS);
+  free(kv);
+}
+
+int main(int argc, char **argv) {
+  int rc = tu_child_main(argc, argv);
+  if (rc >= 0) return rc;
+  so = dlopen(HIXL_KV_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
+  if (!so) {
+    fprintf(stderr, "dlopen %s: %s\n", HIXL_KV_PLUGIN_PATH, dlerror());
+    return 1;
+  }
+  hixl_kv_entry_fn entry = (hixl_kv_entry_fn)dlsym(so, HIXL_KV_ENTRY_SYMBOL);
+  char err[256] = "";
+  if (!entry || entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS) {
+    fprintf(stderr, "entry: %s\n", err);
+    return 1;
+  }
+  if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+  CU_pSuite s = CU_add_suite("plugin lease, a consumer speaking the KV service", NULL, NULL);
+  CU_add_test(s, "a pinned consumer is cut off when the lease runs out",
+              test_lease_expiry_cuts_pinned_consumer);
+  if (CU_get_error() != CUE_SUCCESS) return 1;
+  int result = tu_run_registry();
+  dlclose(so);
+  return result;
+}
