@@ -539,8 +539,19 @@ int mh_instance_main(const struct mh_inst_args *a) {
               err);
     goto fail_worker;
   }
-  st = host_memory ? x.ops->register_kv_caches(x.worker, x.cache.layers, a->model.layers)
-                   : x.ops->alloc_kv_caches(x.worker, x.cache.layers, a->model.layers);
+  if (!host_memory &&
+      (st = x.ops->alloc_kv_caches(x.worker, x.cache.layers, a->model.layers)) != HIXL_KV_SUCCESS) {
+    /* As a runtime would: say why, then allocate the caches itself. */
+    fprintf(stderr, "mock-host: %s: alloc_kv_caches failed (%s): %s; allocating the KV caches here instead\n",
+            x.who, mh_status_name(st), x.ops->last_error());
+    mh_cache_fini(&x.cache);
+    host_memory = true;
+    if (mh_cache_init(&x.cache, &a->model, true) < 0) {
+      send_fail(&x, MH_NO_REQUEST, "%s: cannot allocate its KV cache", x.who);
+      goto fail_register;
+    }
+  }
+  if (host_memory) st = x.ops->register_kv_caches(x.worker, x.cache.layers, a->model.layers);
   if (st != HIXL_KV_SUCCESS) {
     send_fail(&x, MH_NO_REQUEST, "%s: %s(%u layers) failed (%s): %s", x.who,
               host_memory ? "register_kv_caches" : "alloc_kv_caches", a->model.layers, mh_status_name(st),
