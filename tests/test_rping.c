@@ -118,6 +118,7 @@ static HccnRpingInitAttr attr_of(uint16_t port) {
 /* A context on device ip with its responder on a free port; *port gets the port. */
 static HccnRpingCtx ctx_on(const char *ip, uint16_t *port) {
   HccnRpingCtx c = NULL;
+  if (port) *port = 0; /* set on every path (gcc -O3 cannot see the callers stop on NULL) */
   uint16_t p = free_udp_port(ip);
   HccnRpingInitAttr a = attr_of(p);
   HccnResult r = HccnRpingInit(ip, &a, &c);
