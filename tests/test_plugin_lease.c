@@ -6,13 +6,16 @@
  * consumer is a bare engine of this program that speaks the KV service itself: it
  * PINs the request (as a consumer's loader does before it pulls), then stays silent
  * (no FREE), which a consumer through the plugin's ops cannot be made to do on cue.
- * Transport tcp: a same-host copy already running cannot be cut (docs/plugin.md). */
+ * Over tcp; and over shm with the producer's KV in memory the plugin allocated,
+ * which the consumer maps: the producer has it unmapped before it reports. */
 #include <CUnit/Basic.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine/engine_ext.h"
 #include "hixl/hixl_kv_connector.h"
@@ -22,7 +25,7 @@
 #define HIXL_KV_PLUGIN_PATH "libhixl_kv_connector.so"
 #endif
 
-enum { LAYERS = 2, BLOCKS = 16, BLOCK_TOKENS = 4, ELEM = 2, BLOCK_BYTES = 256, LEASE_MS = 300 };
+enum { LAYERS = 2, BLOCKS = 16, BLOCK_TOKENS = 4, ELEM = 2, BLOCK_BYTES = 1 << 20, LEASE_MS = 300 };
 
 static void *so;
 static const hixl_kv_ops *ops;
@@ -54,37 +57,61 @@ static size_t kv_req(uint8_t *buf, uint8_t op, const char *id) {
   return 4 + n;
 }
 
-static void test_lease_expiry_cuts_pinned_consumer(void) {
+static void fill_kv(const hixl_kv_layer *layers, uint8_t c) {
+  for (int l = 0; l < LAYERS; l++)
+    for (int v = 0; v < 2; v++)
+      memset((void *)(layers[l].base + (v ? layers[l].v_offset : 0)), c, (size_t)BLOCKS * BLOCK_BYTES);
+}
+
+/* Mappings of hixl's allocated memory in this process (/proc/self/maps). */
+static int memfd_maps(void) {
+  static char buf[1 << 20];
+  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+  size_t len = 0;
+  ssize_t r;
+  if (fd < 0) return -1;
+  while (len < sizeof(buf) - 1 && (r = read(fd, buf + len, sizeof(buf) - 1 - len)) > 0) len += (size_t)r;
+  close(fd);
+  buf[len] = '\0';
+  int n = 0;
+  for (const char *p = buf; (p = strstr(p, "/memfd:hixl (deleted)")); p++) n++;
+  return n;
+}
+
+static void lease_case(const char *transport, bool alloc) {
   char addr[TU_ADDR_LEN], cfg[512], err[256] = "";
   uint16_t port = tu_free_port();
   tu_addr(addr, sizeof(addr), port);
   snprintf(cfg, sizeof(cfg),
            "{\"address\": \"%s\", \"role\": \"producer\", \"mode\": \"pull\", \"lease_ms\": %d,"
-           " \"transfer_timeout_ms\": 2000, \"connect_timeout_ms\": 2000, \"Transport\": \"tcp\"}",
-           addr, LEASE_MS);
+           " \"transfer_timeout_ms\": 2000, \"connect_timeout_ms\": 2000, \"Transport\": \"%s\"}",
+           addr, LEASE_MS, transport);
   hixl_kv_connector *sched = NULL, *worker = NULL;
   ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &sched, err, sizeof(err)),
         HIXL_KV_SUCCESS);
   ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &worker, err, sizeof(err)), HIXL_KV_SUCCESS);
   CU_ASSERT_FATAL(sched && worker);
 
-  /* The producer's KV: K then V blocks per layer, computed as 0x5a. */
+  /* The producer's KV: K then V blocks per layer (the host's, or the plugin's), 0x5a. */
   size_t len = (size_t)LAYERS * 2 * BLOCKS * BLOCK_BYTES;
-  uint8_t *kv = malloc(len);
-  CU_ASSERT_PTR_NOT_NULL_FATAL(kv);
-  memset(kv, 0x5a, len);
+  uint8_t *kv = alloc ? NULL : malloc(len);
+  CU_ASSERT_FATAL(alloc || kv);
   hixl_kv_layer layers[LAYERS];
   for (int l = 0; l < LAYERS; l++)
     layers[l] = (hixl_kv_layer){"layer",
                                 5,
-                                (uintptr_t)(kv + (size_t)l * 2 * BLOCKS * BLOCK_BYTES),
+                                alloc ? 0 : (uintptr_t)(kv + (size_t)l * 2 * BLOCKS * BLOCK_BYTES),
                                 BLOCKS,
                                 BLOCK_BYTES,
                                 BLOCKS * BLOCK_BYTES,
                                 HIXL_KV_LAYOUT_KV_FIRST,
                                 ELEM,
                                 BLOCK_TOKENS};
-  ST_IS(ops->register_kv_caches(worker, layers, LAYERS), HIXL_KV_SUCCESS);
+  if (alloc)
+    ST_IS(ops->alloc_kv_caches(worker, layers, LAYERS), HIXL_KV_SUCCESS);
+  else
+    ST_IS(ops->register_kv_caches(worker, layers, LAYERS), HIXL_KV_SUCCESS);
+  fill_kv(layers, 0x5a);
 
   /* A finished request the producer holds: blocks 2 and 3. */
   const uint64_t blocks[2] = {2, 3};
@@ -100,11 +127,26 @@ static void test_lease_expiry_cuts_pinned_consumer(void) {
   step(sched, worker); /* the worker holds the blocks now */
 
   /* The consumer: a bare engine that PINs the request and then says nothing more. */
-  HixlEngine *cons = tu_engine_start_with(tu_ip(), "tcp");
+  int maps0 = memfd_maps();
+  HixlEngine *cons = tu_engine_start_with(tu_ip(), transport);
   CU_ASSERT_PTR_NOT_NULL_FATAL(cons);
   uint8_t *dst = tu_alloc_mem(BLOCK_BYTES, false);
   CU_ASSERT_FATAL(dst && tu_register(cons, dst, BLOCK_BYTES));
   TU_ASSERT_OK_FATAL(HixlEngineConnect(cons, addr, 5000));
+  if (alloc) CU_ASSERT_EQUAL(memfd_maps(), maps0 + 1); /* the consumer maps the producer's KV */
+  /* Over shm the consumer keeps copying the whole KV (async, by its progress thread)
+   * while the lease runs out: the producer must wait for the copy running to let go. */
+  size_t bulk_len = (size_t)LAYERS * 2 * BLOCKS * BLOCK_BYTES;
+  uint8_t *bulk = alloc ? tu_alloc_mem(bulk_len, false) : NULL;
+  HixlTransferOpDesc bulk_ops[LAYERS * 2];
+  HixlTransferReq busy = NULL;
+  if (alloc) {
+    CU_ASSERT_FATAL(bulk && tu_register(cons, bulk, bulk_len));
+    for (int t = 0; t < LAYERS * 2; t++)
+      bulk_ops[t] = (HixlTransferOpDesc){(uintptr_t)(bulk + (size_t)t * BLOCKS * BLOCK_BYTES),
+                                         layers[t / 2].base + (t % 2 ? layers[t / 2].v_offset : 0),
+                                         (size_t)BLOCKS * BLOCK_BYTES};
+  }
   uint8_t req[64], ans[512];
   size_t n = 0, qlen = kv_req(req, 1 /* PIN */, id);
   TU_ASSERT_OK_FATAL(hixl_engine_call(cons, addr, HIXL_SERVICE_KV, req, qlen, ans, sizeof(ans), &n, 5000));
@@ -120,13 +162,24 @@ static void test_lease_expiry_cuts_pinned_consumer(void) {
   int64_t end = tu_now_ms() + 10 * LEASE_MS + 5000;
   while (!done && tu_now_ms() < end) {
     hixl_kv_ids s = {0}, rv = {0};
+    HixlTransferStatus bs = HIXL_TRANSFER_WAITING;
+    if (busy && (HixlEngineGetTransferStatus(cons, busy, &bs) != HIXL_SUCCESS || bs != HIXL_TRANSFER_WAITING))
+      busy = NULL;
+    if (alloc && !busy &&
+        HixlEngineTransferAsync(cons, addr, HIXL_READ, bulk_ops, LAYERS * 2, 30000, NULL, &busy) !=
+            HIXL_SUCCESS)
+      busy = NULL;
     step(sched, worker);
     ST_IS(ops->get_finished(worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
     for (size_t i = 0; i < s.count; i++) done |= strcmp(s.ids[i], id) == 0;
     ops->free_ids(&s);
     ops->free_ids(&rv);
     struct timespec ts = {0, 2000000};
-    nanosleep(&ts, NULL);
+    if (!alloc) nanosleep(&ts, NULL); /* over shm the consumer's copies pace the loop */
+    if (busy && !done) {              /* one copy per round: running while get_finished (and its drop) run */
+      tu_wait_request(cons, busy, tu_now_ms() + 30000, &bs);
+      busy = NULL;
+    }
   }
   CU_ASSERT_TRUE_FATAL(done);
   hixl_kv_stats st;
@@ -134,9 +187,14 @@ static void test_lease_expiry_cuts_pinned_consumer(void) {
   CU_ASSERT_EQUAL(st.lease_expired, 1);
   CU_ASSERT_EQUAL(st.blocks_held, 0);
 
-  /* The host may reuse blocks 2 and 3 now; the consumer that pinned them is cut off,
-   * so its late READ fails and brings nothing of them. */
-  memset(kv, 0x77, len); /* the next request's KV */
+  /* The host may reuse blocks 2 and 3 now; the consumer that pinned them is cut off
+   * (and no longer maps them), so its late READ fails and brings nothing of them. */
+  if (alloc) CU_ASSERT_EQUAL(memfd_maps(), maps0);
+  if (busy) { /* it ended when the mapping went, or fails now */
+    HixlTransferStatus bs = HIXL_TRANSFER_WAITING;
+    TU_ASSERT_OK(tu_wait_request(cons, busy, tu_now_ms() + 30000, &bs));
+  }
+  fill_kv(layers, 0x77); /* the next request's KV */
   memset(dst, 0xab, BLOCK_BYTES);
   HixlStatus late = HixlEngineTransferSync(cons, addr, HIXL_READ, &d, 1, 5000);
   CU_ASSERT_NOT_EQUAL(late, HIXL_SUCCESS);
@@ -150,10 +208,14 @@ static void test_lease_expiry_cuts_pinned_consumer(void) {
 
   HixlEngineDestroy(cons);
   tu_free_mem(dst, BLOCK_BYTES);
+  if (bulk) tu_free_mem(bulk, bulk_len);
   ST_IS(ops->destroy(worker), HIXL_KV_SUCCESS);
   ST_IS(ops->destroy(sched), HIXL_KV_SUCCESS);
   free(kv);
 }
+
+static void test_lease_tcp(void) { lease_case("tcp", false); }
+static void test_lease_shm_mapped(void) { lease_case("shm", true); }
 
 int main(int argc, char **argv) {
   int rc = tu_child_main(argc, argv);
@@ -171,8 +233,9 @@ int main(int argc, char **argv) {
   }
   if (CU_initialize_registry() != CUE_SUCCESS) return 1;
   CU_pSuite s = CU_add_suite("plugin lease, a consumer speaking the KV service", NULL, NULL);
-  CU_add_test(s, "a pinned consumer is cut off when the lease runs out",
-              test_lease_expiry_cuts_pinned_consumer);
+  CU_add_test(s, "tcp: a pinned consumer is cut off when the lease runs out", test_lease_tcp);
+  CU_add_test(s, "shm, the producer's KV mapped: the consumer unmaps before the report",
+              test_lease_shm_mapped);
   if (CU_get_error() != CUE_SUCCESS) return 1;
   int result = tu_run_registry();
   dlclose(so);

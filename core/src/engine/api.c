@@ -1141,6 +1141,9 @@ HixlStatus hixl_engine_drop_peer(HixlEngine *e, const char *remote_name, const c
   CHECK_ARG(remote_name && *remote_name, "hixl_engine_drop_peer: remote_name is NULL or empty");
   HixlStatus st = engine_enter(e, "hixl_engine_drop_peer");
   if (st != HIXL_SUCCESS) return st;
+  uint64_t deadline = hixl_now_ns() + (uint64_t)HIXL_DEFAULT_TIMEOUT_MS * 1000000u;
+  for (int k = 0; k < XPORT_MODS; k++) /* the peer lets go of mapped memory first */
+    if (e->mods[k]->peer_drop) e->mods[k]->peer_drop(e, remote_name, deadline);
   size_t n = 0;
   for (struct conn *c = e->conns, *next; c; c = next) {
     next = c->next; /* a killed link leaves the list for the graveyard */

@@ -87,8 +87,10 @@ HixlStatus hixl_engine_remote_has(HixlEngine *e, const char *remote, uint64_t ad
 /* Close every link, either way, with the engine that calls itself remote_name (as a
  * service handler's peer names it): what it queued or sent and this engine has not
  * taken yet is dropped, so nothing more of it lands in this engine's memory over tcp
- * or rdma (a same-host copy already running finishes). *dropped (optional) counts
- * the links. For a consumer giving up on a producer before its blocks are reused. */
+ * or rdma. A same-host peer that mapped this engine's memory unmaps it first, once
+ * its copies running end (up to HIXL_DEFAULT_TIMEOUT_MS; lock released meanwhile); a
+ * process_vm_* copy already running finishes. *dropped (optional) counts the links.
+ * For a side giving up on a peer before the blocks it shares are reused. */
 HixlStatus hixl_engine_drop_peer(HixlEngine *e, const char *remote_name, const char *why, size_t *dropped);
 
 #endif

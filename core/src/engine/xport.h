@@ -70,6 +70,11 @@ struct xport_ops {
    * at deadline, CLOCK_MONOTONIC ns); may release the lock while it waits. */
   void (*mem_unshare)(struct HixlEngine *e, struct hixl_mem_reg *r, uint64_t deadline);
 
+  /* hixl_engine_drop_peer, before the links with the engine called remote_name are
+   * cut: make that peer let go of this engine's memory first (shm: unmap), waiting
+   * with the lock released until deadline (CLOCK_MONOTONIC ns). */
+  void (*peer_drop)(struct HixlEngine *e, const char *remote_name, uint64_t deadline);
+
   /* ---- links ---- */
   /* Initiator, in Connect after HELLO_ACK, on the blocking socket, lock NOT held.
    * Either take the link (*taken, *link its state or NULL), or pass it on to the next

@@ -634,7 +634,10 @@ static void target_map_hello(struct conn *c) {
 static void grant_drop(struct HixlEngine *e, struct eshm_link *l, uint32_t i) {
   struct shm_grant g = l->grants[i];
   l->grants[i] = l->grants[--l->ngrants];
-  if (g.unmapping && --g.reg->unshare_wait == 0) pthread_cond_broadcast(&e->cond);
+  if (g.unmapping) { /* FreeMem waits for the region's count, drop_peer for the link's grants */
+    g.reg->unshare_wait--;
+    pthread_cond_broadcast(&e->cond);
+  }
 }
 
 /* Target, SHM_UNMAP_ACK: the initiator let go of a region. */
@@ -1033,6 +1036,52 @@ static void eshm_mem_unshare(struct HixlEngine *e, struct hixl_mem_reg *r, uint6
   r->unsharing = false;
 }
 
+static bool conn_is(const struct conn *c, const char *name) {
+  return strcmp(c->remote_name, name) == 0 || (c->peer && strcmp(c->peer->remote_name, name) == 0);
+}
+
+/* Regions the links with name still have mapped. */
+static uint32_t granted_to(struct HixlEngine *e, const char *name) {
+  uint32_t n = 0;
+  for (struct conn *c = e->conns; c; c = c->next)
+    if (!c->dead && c->role == CONN_TARGET && link_of(c) && conn_is(c, name)) n += link_of(c)->ngrants;
+  return n;
+}
+
+/* drop_peer: every region the peer's links have mapped is asked back (SHM_UNMAP) and
+ * the call waits, lock released, until the peer answered for each (its copies running
+ * have ended) or deadline. Then nothing it does reaches this engine's memory once its
+ * links are cut: a copy through a mapping cannot be stopped any other way. */
+static void eshm_peer_drop(struct HixlEngine *e, const char *name, uint64_t deadline) {
+  struct eshm_engine *x = eng_of(e);
+  uint8_t buf[WIRE_HDR_LEN + WIRE_SHM_UNMAP_LEN];
+  struct wire_wr w;
+  if (!x) return;
+  for (struct conn *c = e->conns; c; c = c->next) {
+    struct eshm_link *l = link_of(c);
+    if (c->dead || c->role != CONN_TARGET || !l || !conn_is(c, name)) continue;
+    for (uint32_t i = 0; i < l->ngrants && !c->dead; i++) {
+      if (l->grants[i].unmapping) continue; /* a FreeMem asked already */
+      l->grants[i].unmapping = true;
+      l->grants[i].reg->unshare_wait++;
+      wire_begin(&w, buf, sizeof(buf), WIRE_SHM_UNMAP);
+      wire_put_u64(&w, l->grants[i].reg->range.addr);
+      wire_put_u64(&w, l->grants[i].reg->range.len);
+      link_queue_copy(c, buf, wire_end(&w, 0));
+    }
+    if (!c->dead) link_flush(c);
+  }
+  if (granted_to(e, name) == 0) return;
+  struct timespec ts = {(time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u)};
+  x->unsharing++;
+  while (granted_to(e, name) > 0 && hixl_now_ns() < deadline)
+    if (pthread_cond_timedwait(&e->cond, &e->lock, &ts) == ETIMEDOUT) break;
+  if (granted_to(e, name) > 0)
+    log_warn("engine %s: %s did not unmap this engine's memory in time: its links are cut anyway",
+             e->local_name, name);
+  if (--x->unsharing == 0) pthread_cond_broadcast(&e->cond);
+}
+
 static const uint8_t eshm_frames[] = {WIRE_SHM_HELLO, WIRE_SHM_MAP_HELLO, WIRE_SHM_UNMAP_ACK, 0};
 static const uint8_t eshm_init_frames[] = {WIRE_SHM_MAP, WIRE_SHM_UNMAP, 0};
 
@@ -1049,6 +1098,7 @@ const struct xport_ops xport_shm = {
     .mem_dereg = eshm_mem_dereg,
     .mem_share = eshm_mem_share,
     .mem_unshare = eshm_mem_unshare,
+    .peer_drop = eshm_peer_drop,
     .connect = eshm_connect,
     .attach = eshm_attach,
     .discard = eshm_discard,
