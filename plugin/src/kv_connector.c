@@ -599,25 +599,110 @@ static bool push_wait_saved(hixl_kv_connector *c, uint32_t l, uint64_t step, uin
   return ok;
 }
 
+/* The LAYER notices of one step's pushes, sent in order by their own thread: the
+ * pusher goes on with the next layer's data while a notice's round trip runs, so a
+ * pusher that is behind the producer's compute does not fall further behind by one
+ * round trip per layer. A layer's notice is queued only after its data landed. */
+struct push_notes {
+  hixl_kv_connector *c;
+  struct kv_push **v;
+  pthread_mutex_t lock; /* a leaf, as c->lock */
+  pthread_cond_t cond;
+  struct {
+    uint32_t i, layer;
+  } * q;
+  size_t head, tail, cap;
+  bool done;        /* the pusher queued its last notice */
+  HixlStatus *st;   /* per push: the first failed notice */
+  char (*why)[512]; /* ... and why */
+};
+
+static void *notes_main(void *arg) {
+  struct push_notes *pn = arg;
+  uint8_t ans[256];
+  size_t an;
+  pthread_mutex_lock(&pn->lock);
+  for (;;) {
+    while (pn->head == pn->tail && !pn->done) pthread_cond_wait(&pn->cond, &pn->lock);
+    if (pn->head == pn->tail) break;
+    uint32_t i = pn->q[pn->head].i, k = pn->q[pn->head].layer;
+    pn->head++;
+    bool failed = pn->st[i] != HIXL_SUCCESS;
+    pthread_mutex_unlock(&pn->lock);
+    HixlStatus st = HIXL_SUCCESS;
+    char why[512] = "";
+    struct kv_meta_entry *e = &pn->v[i]->e;
+    if (!failed && kv_call_ex(pn->c, e->remote, KV_SVC_LAYER, e->rreq, k, "", ans, sizeof(ans), &an,
+                              pn->c->cfg.notify_timeout_ms, &st) < 0)
+      snprintf(why, sizeof(why), "telling %s that layer %u landed: %s", e->remote, k,
+               HixlGetLastErrorMessage());
+    if (!failed) {
+      pthread_mutex_lock(&pn->c->lock);
+      pn->c->stats.layers_pushed++;
+      pthread_mutex_unlock(&pn->c->lock);
+    }
+    pthread_mutex_lock(&pn->lock);
+    if (st != HIXL_SUCCESS && pn->st[i] == HIXL_SUCCESS) {
+      pn->st[i] = st;
+      snprintf(pn->why[i], sizeof(pn->why[i]), "%s", why);
+    }
+    pthread_cond_broadcast(&pn->cond);
+  }
+  pthread_mutex_unlock(&pn->lock);
+  return NULL;
+}
+
+/* Queue layer k of push i; false when memory runs out (the caller sends it itself). */
+static bool notes_put(struct push_notes *pn, uint32_t i, uint32_t k) {
+  pthread_mutex_lock(&pn->lock);
+  bool ok = pn->tail < pn->cap;
+  if (ok) {
+    pn->q[pn->tail].i = i;
+    pn->q[pn->tail].layer = k;
+    pn->tail++;
+    pthread_cond_broadcast(&pn->cond);
+  }
+  pthread_mutex_unlock(&pn->lock);
+  return ok;
+}
+
+/* Whether push i's notices all went through so far. */
+static bool notes_ok(struct push_notes *pn, uint32_t i) {
+  pthread_mutex_lock(&pn->lock);
+  bool ok = pn->st[i] == HIXL_SUCCESS;
+  pthread_mutex_unlock(&pn->lock);
+  return ok;
+}
+
 /* One step's pushes, layer by layer: each layer leaves as soon as it is saved, while
  * the producer computes the next (layer_pipelining false: all layers in one transfer
- * once the last is saved). */
+ * once the last is saved); the notices that layers landed go from their own thread. */
 static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
   HixlStatus *st = calloc(n, sizeof(*st));
   char(*why)[512] = calloc(n, sizeof(*why));
-  uint8_t ans[256];
-  size_t an;
-  if (!st || !why) {
+  struct push_notes pn = {.c = c, .v = v, .cap = n * c->layers};
+  pn.q = calloc(pn.cap ? pn.cap : 1, sizeof(*pn.q));
+  pn.st = calloc(n, sizeof(*pn.st));
+  pn.why = calloc(n, sizeof(*pn.why));
+  pthread_t notes;
+  bool threaded = false;
+  if (!st || !why || !pn.q || !pn.st || !pn.why) {
     free(st);
     free(why);
+    free(pn.q);
+    free(pn.st);
+    free(pn.why);
     return;
   }
+  pthread_mutex_init(&pn.lock, NULL);
+  pthread_cond_init(&pn.cond, NULL);
+  threaded = pthread_create(&notes, NULL, notes_main, &pn) == 0;
   for (size_t i = 0; i < n; i++) st[i] = push_accept(c, v[i], why[i], sizeof(why[i]));
   uint32_t span = c->cfg.pipelining ? 1 : c->layers;
   for (uint32_t l = 0; l < c->layers; l += span) {
     uint32_t last = l + span - 1;
     bool any = false;
-    for (size_t i = 0; i < n; i++) any |= st[i] == HIXL_SUCCESS;
+    for (size_t i = 0; i < n; i++) any |= st[i] == HIXL_SUCCESS && notes_ok(&pn, (uint32_t)i);
     if (!any) break;
     uint64_t deadline = v[0]->bound_ns + (uint64_t)c->cfg.lease_ms * 1000000ull;
     if (!push_wait_saved(c, last, v[0]->step, deadline)) {
@@ -630,7 +715,7 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
       break;
     }
     for (size_t i = 0; i < n; i++) {
-      if (st[i] != HIXL_SUCCESS) continue;
+      if (st[i] != HIXL_SUCCESS || !notes_ok(&pn, (uint32_t)i)) continue;
       struct kv_meta_entry *e = &v[i]->e;
       HixlBlocksCacheKey key = {e->cluster, 0};
       HixlCacheTransferArgs a = HIXL_CACHE_TRANSFER_ARGS_INIT;
@@ -645,17 +730,40 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
                  HixlGetLastErrorMessage());
         continue;
       }
-      for (uint32_t k = l; k <= last && st[i] == HIXL_SUCCESS; k++) {
+      for (uint32_t k = l; k <= last; k++) {
+        if (threaded && notes_put(&pn, (uint32_t)i, k)) continue;
+        uint8_t ans[256]; /* no thread: the notice goes from here */
+        size_t an;
         if (kv_call_ex(c, e->remote, KV_SVC_LAYER, e->rreq, k, "", ans, sizeof(ans), &an,
-                       c->cfg.notify_timeout_ms, &st[i]) < 0)
+                       c->cfg.notify_timeout_ms, &st[i]) < 0) {
           snprintf(why[i], sizeof(why[i]), "telling %s that layer %u landed: %s", e->remote, k,
                    HixlGetLastErrorMessage());
+          break;
+        }
         pthread_mutex_lock(&c->lock);
         c->stats.layers_pushed++;
         pthread_mutex_unlock(&c->lock);
       }
     }
   }
+  /* Every notice sent (or failed) before the pushes are reported done. */
+  pthread_mutex_lock(&pn.lock);
+  pn.done = true;
+  pthread_cond_broadcast(&pn.cond);
+  pthread_mutex_unlock(&pn.lock);
+  if (threaded) pthread_join(notes, NULL);
+  for (size_t i = 0; i < n; i++)
+    if (st[i] == HIXL_SUCCESS && pn.st[i] != HIXL_SUCCESS) {
+      st[i] = pn.st[i];
+      snprintf(why[i], sizeof(why[i]), "%s", pn.why[i]);
+    }
+  pthread_cond_destroy(&pn.cond);
+  pthread_mutex_destroy(&pn.lock);
+  free(pn.q);
+  free(pn.st);
+  free(pn.why);
+  uint8_t ans[256];
+  size_t an;
   HixlCacheStats cs;
   HixlCacheManagerGetStats(c->mgr, &cs);
   for (size_t i = 0; i < n; i++) {
