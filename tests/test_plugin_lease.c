@@ -63,21 +63,6 @@ static void fill_kv(const hixl_kv_layer *layers, uint8_t c) {
       memset((void *)(layers[l].base + (v ? layers[l].v_offset : 0)), c, (size_t)BLOCKS * BLOCK_BYTES);
 }
 
-/* Mappings of hixl's allocated memory in this process (/proc/self/maps). */
-static int memfd_maps(void) {
-  static char buf[1 << 20];
-  int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-  size_t len = 0;
-  ssize_t r;
-  if (fd < 0) return -1;
-  while (len < sizeof(buf) - 1 && (r = read(fd, buf + len, sizeof(buf) - 1 - len)) > 0) len += (size_t)r;
-  close(fd);
-  buf[len] = '\0';
-  int n = 0;
-  for (const char *p = buf; (p = strstr(p, "/memfd:hixl (deleted)")); p++) n++;
-  return n;
-}
-
 static void lease_case(const char *transport, bool alloc) {
   char addr[TU_ADDR_LEN], cfg[512], err[256] = "";
   uint16_t port = tu_free_port();
@@ -127,13 +112,13 @@ static void lease_case(const char *transport, bool alloc) {
   step(sched, worker); /* the worker holds the blocks now */
 
   /* The consumer: a bare engine that PINs the request and then says nothing more. */
-  int maps0 = memfd_maps();
+  int maps0 = tu_memfd_maps(0);
   HixlEngine *cons = tu_engine_start_with(tu_ip(), transport);
   CU_ASSERT_PTR_NOT_NULL_FATAL(cons);
   uint8_t *dst = tu_alloc_mem(BLOCK_BYTES, false);
   CU_ASSERT_FATAL(dst && tu_register(cons, dst, BLOCK_BYTES));
   TU_ASSERT_OK_FATAL(HixlEngineConnect(cons, addr, 5000));
-  if (alloc) CU_ASSERT_EQUAL(memfd_maps(), maps0 + 1); /* the consumer maps the producer's KV */
+  if (alloc) CU_ASSERT_EQUAL(tu_memfd_maps(0), maps0 + 1); /* the consumer maps the producer's KV */
   /* Over shm the consumer keeps copying the whole KV (async, by its progress thread)
    * while the lease runs out: the producer must wait for the copy running to let go. */
   size_t bulk_len = (size_t)LAYERS * 2 * BLOCKS * BLOCK_BYTES;
@@ -189,7 +174,7 @@ static void lease_case(const char *transport, bool alloc) {
 
   /* The host may reuse blocks 2 and 3 now; the consumer that pinned them is cut off
    * (and no longer maps them), so its late READ fails and brings nothing of them. */
-  if (alloc) CU_ASSERT_EQUAL(memfd_maps(), maps0);
+  if (alloc) CU_ASSERT_EQUAL(tu_memfd_maps(0), maps0);
   if (busy) { /* it ended when the mapping went, or fails now */
     HixlTransferStatus bs = HIXL_TRANSFER_WAITING;
     TU_ASSERT_OK(tu_wait_request(cons, busy, tu_now_ms() + 30000, &bs));

@@ -77,33 +77,6 @@ static bool log_seen(char *out, size_t cap) {
   return seen;
 }
 
-/* Mappings of hixl memfds in /proc/<pid>/maps (pid 0: this process). Only open,
- * read and close: a forked child of a threaded process calls it too. */
-static int memfd_maps(pid_t pid) {
-  static char buf[1 << 20];
-  char path[64] = "/proc/self/maps";
-  if (pid > 0) {
-    /* no snprintf: it may allocate */
-    char digits[16];
-    int n = 0;
-    for (pid_t p = pid; p > 0; p /= 10) digits[n++] = (char)('0' + p % 10);
-    memcpy(path, "/proc/", 6);
-    int k = 6;
-    while (n > 0) path[k++] = digits[--n];
-    memcpy(path + k, "/maps", 6);
-  }
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  size_t len = 0;
-  ssize_t r;
-  while (len < sizeof(buf) - 1 && (r = read(fd, buf + len, sizeof(buf) - 1 - len)) > 0) len += (size_t)r;
-  close(fd);
-  buf[len] = '\0';
-  int count = 0;
-  for (const char *p = buf; (p = strstr(p, "/memfd:hixl (deleted)")); p++) count++; /* not hixl-gen */
-  return count;
-}
-
 static struct hixl_link_info link_of(HixlEngine *e, const char *remote) {
   struct hixl_link_info li;
   memset(&li, 0, sizeof(li));
@@ -152,7 +125,7 @@ static void test_one_mapped(void) {
   CU_ASSERT_EQUAL(li.mapped, 1);
   CU_ASSERT(li.mapped_bytes >= BIG);
   CU_ASSERT_EQUAL(li.map_ops, 0);
-  CU_ASSERT_EQUAL(memfd_maps(0), 2); /* the target's own mapping and the initiator's */
+  CU_ASSERT_EQUAL(tu_memfd_maps(0), 2); /* the target's own mapping and the initiator's */
 }
 
 /* WRITE then READ back, sizes 1 B to 64 MiB at offsets, all by memcpy. */
@@ -239,19 +212,19 @@ static void test_one_registered_not_mapped(void) {
 static void test_one_alloc_free_after_connect(void) {
   void *p = NULL;
   HixlMemHandle h;
-  int maps0 = memfd_maps(0);
+  int maps0 = tu_memfd_maps(0);
   TU_ASSERT_OK_FATAL(HixlEngineAllocMem(g.t, 8 * MiB, &p, &h));
   round_trip(g.i, g.tname);
   struct hixl_link_info li = link_of(g.i, g.tname);
   CU_ASSERT_EQUAL(li.mapped, 2);
-  CU_ASSERT_EQUAL(memfd_maps(0), maps0 + 2);
+  CU_ASSERT_EQUAL(tu_memfd_maps(0), maps0 + 2);
   tu_fill(g.loc, 8 * MiB, 51);
   TU_ASSERT_OK(xfer(HIXL_WRITE, g.loc, (uintptr_t)p, 8 * MiB));
   TU_ASSERT_PATTERN(p, 8 * MiB, 51, "memory allocated after Connect, written by memcpy");
   CU_ASSERT(link_of(g.i, g.tname).map_ops > li.map_ops);
 
   TU_ASSERT_OK(HixlEngineFreeMem(g.t, h));
-  CU_ASSERT_EQUAL(memfd_maps(0), maps0); /* the initiator's mapping went first */
+  CU_ASSERT_EQUAL(tu_memfd_maps(0), maps0); /* the initiator's mapping went first */
   CU_ASSERT_EQUAL(link_of(g.i, g.tname).mapped, 1);
   CU_ASSERT_NOT_EQUAL(xfer(HIXL_WRITE, g.loc, (uintptr_t)p, 4096), HIXL_SUCCESS);
   /* the link itself is fine */
@@ -266,7 +239,7 @@ static void test_one_free_while_copying(void) {
   HixlTransferOpDesc d[4];
   HixlTransferReq req = NULL;
   HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
-  int maps0 = memfd_maps(0);
+  int maps0 = tu_memfd_maps(0);
   TU_ASSERT_OK_FATAL(HixlEngineAllocMem(g.t, BIG, &p, &h));
   round_trip(g.i, g.tname);
   CU_ASSERT_EQUAL_FATAL(link_of(g.i, g.tname).mapped, 2);
@@ -274,7 +247,7 @@ static void test_one_free_while_copying(void) {
     d[k] = (HixlTransferOpDesc){(uintptr_t)(g.loc + k * 16 * MiB), (uintptr_t)p + k * 16 * MiB, 16 * MiB};
   TU_ASSERT_OK(HixlEngineTransferAsync(g.i, g.tname, HIXL_WRITE, d, 4, XFER_TIMEOUT, NULL, &req));
   TU_ASSERT_OK(HixlEngineFreeMem(g.t, h));
-  CU_ASSERT_EQUAL(memfd_maps(0), maps0); /* both mappings gone when FreeMem returns */
+  CU_ASSERT_EQUAL(tu_memfd_maps(0), maps0); /* both mappings gone when FreeMem returns */
   TU_ASSERT_OK(tu_wait_request(g.i, req, tu_now_ms() + XFER_TIMEOUT, &ts));
   CU_ASSERT(ts == HIXL_TRANSFER_COMPLETED || ts == HIXL_TRANSFER_FAILED);
   printf("  [the request racing FreeMem ended %s]\n", ts == HIXL_TRANSFER_COMPLETED ? "COMPLETED" : "FAILED");
@@ -283,12 +256,12 @@ static void test_one_free_while_copying(void) {
 
 /* Disconnect unmaps; Connect maps again. */
 static void test_one_disconnect(void) {
-  int maps0 = memfd_maps(0);
+  int maps0 = tu_memfd_maps(0);
   TU_ASSERT_OK(HixlEngineDisconnect(g.i, g.tname, 1000));
-  CU_ASSERT_EQUAL(memfd_maps(0), maps0 - 1);
+  CU_ASSERT_EQUAL(tu_memfd_maps(0), maps0 - 1);
   TU_ASSERT_OK_FATAL(HixlEngineConnect(g.i, g.tname, 5000));
   CU_ASSERT_EQUAL(link_of(g.i, g.tname).mapped, 1);
-  CU_ASSERT_EQUAL(memfd_maps(0), maps0);
+  CU_ASSERT_EQUAL(tu_memfd_maps(0), maps0);
   tu_fill(g.loc, MiB, 61);
   TU_ASSERT_OK(xfer(HIXL_WRITE, g.loc, (uintptr_t)g.r1, MiB));
   TU_ASSERT_PATTERN(g.r1, MiB, 61, "target memory after Connect again");
@@ -315,114 +288,112 @@ static int64_t child_cmd(tu_child *c, uint32_t op, uint64_t seed, uint64_t off, 
   return reply;
 }
 
-/* Mapped into this process, byte-checked by the child; a process forked here holds
- * none of it; the child's FreeMem takes it out of this process before it returns. */
-static void test_child_map_fork_free(void) {
+/* This process's engine (Transport shm, 32 MiB registered at m) linked to a target
+ * child running as uid whose 16 MiB come from HixlEngineAllocMem. */
+struct side {
+  HixlEngine *e;
+  unsigned char *m;
   tu_child c;
   tu_server_ready info;
   char name[TU_ADDR_LEN];
+};
+
+static bool side_up(struct side *x, uint32_t uid) {
   uint16_t port = tu_free_port();
-  HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
-  unsigned char *m = tu_alloc_mem(32 * MiB, false);
-  CU_ASSERT_FATAL(e && m && tu_register(e, m, 32 * MiB));
-  tu_addr(name, sizeof(name), port);
-  if (!child_alloc(&c, port, 0, &info)) goto out;
-  TU_ASSERT_OK_FATAL(HixlEngineConnect(e, name, 5000));
-  struct hixl_link_info li = link_of(e, name);
-  CU_ASSERT_EQUAL(li.mapped, 1);
-  CU_ASSERT_EQUAL(memfd_maps(0), 1);
-  tu_fill(m, 16 * MiB, 71);
-  HixlTransferOpDesc d = {(uintptr_t)m, info.addr, 16 * MiB};
-  TU_ASSERT_OK(HixlEngineTransferSync(e, name, HIXL_WRITE, &d, 1, XFER_TIMEOUT));
-  CU_ASSERT_EQUAL(child_cmd(&c, TU_CMD_CHECK, 71, 0, 16 * MiB), -1);
-  CU_ASSERT_EQUAL(child_cmd(&c, TU_CMD_FILL, 72, 0, 16 * MiB), 0);
-  d.local_addr = (uintptr_t)(m + 16 * MiB);
-  TU_ASSERT_OK(HixlEngineTransferSync(e, name, HIXL_READ, &d, 1, XFER_TIMEOUT));
-  TU_ASSERT_PATTERN(m + 16 * MiB, 16 * MiB, 72, "the child's memory read by memcpy");
-  CU_ASSERT(link_of(e, name).map_ops >= 2);
+  memset(x, 0, sizeof(*x));
+  x->e = tu_engine_start_with(tu_ip(), "shm");
+  x->m = tu_alloc_mem(32 * MiB, false);
+  CU_ASSERT_FATAL(x->e && x->m && tu_register(x->e, x->m, 32 * MiB));
+  tu_addr(x->name, sizeof(x->name), port);
+  if (!child_alloc(&x->c, port, uid, &x->info)) return false;
+  return HixlEngineConnect(x->e, x->name, 5000) == HIXL_SUCCESS;
+}
+
+static void side_down(struct side *x) {
+  if (x->c.pid > 0) tu_child_stop(&x->c, 10000);
+  HixlEngineDestroy(x->e);
+  tu_free_mem(x->m, 32 * MiB);
+}
+
+static HixlStatus side_xfer(struct side *x, HixlTransferOp op, size_t loff, size_t len) {
+  HixlTransferOpDesc d = {(uintptr_t)(x->m + loff), x->info.addr, len};
+  return HixlEngineTransferSync(x->e, x->name, op, &d, 1, XFER_TIMEOUT);
+}
+
+/* Mapped into this process, byte-checked by the child; a process forked here holds
+ * none of it; the child's FreeMem takes it out of this process before it returns. */
+static void test_child_map_fork_free(void) {
+  struct side x;
+  if (!side_up(&x, 0)) goto out;
+  CU_ASSERT_EQUAL(link_of(x.e, x.name).mapped, 1);
+  CU_ASSERT_EQUAL(tu_memfd_maps(0), 1);
+  tu_fill(x.m, 16 * MiB, 71);
+  TU_ASSERT_OK(side_xfer(&x, HIXL_WRITE, 0, 16 * MiB));
+  CU_ASSERT_EQUAL(child_cmd(&x.c, TU_CMD_CHECK, 71, 0, 16 * MiB), -1);
+  CU_ASSERT_EQUAL(child_cmd(&x.c, TU_CMD_FILL, 72, 0, 16 * MiB), 0);
+  TU_ASSERT_OK(side_xfer(&x, HIXL_READ, 16 * MiB, 16 * MiB));
+  TU_ASSERT_PATTERN(x.m + 16 * MiB, 16 * MiB, 72, "the child's memory read by memcpy");
+  CU_ASSERT(link_of(x.e, x.name).map_ops >= 2);
 
   /* fork: the child of this process must not inherit the peer's pages */
   pid_t pid = fork();
-  if (pid == 0) _exit(memfd_maps(0) == 0 ? 0 : 1);
+  if (pid == 0) _exit(tu_memfd_maps(0) == 0 ? 0 : 1);
   int ws = 0;
   CU_ASSERT_FATAL(pid > 0 && waitpid(pid, &ws, 0) == pid);
   if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
     tu_fail(__FILE__, __LINE__, "a process forked after mapping holds the peer's memory (wait status 0x%x)",
             (unsigned)ws);
-  tu_fill(m, MiB, 73); /* and this process goes on as before */
-  d = (HixlTransferOpDesc){(uintptr_t)m, info.addr, MiB};
-  TU_ASSERT_OK(HixlEngineTransferSync(e, name, HIXL_WRITE, &d, 1, XFER_TIMEOUT));
-  CU_ASSERT_EQUAL(child_cmd(&c, TU_CMD_CHECK, 73, 0, MiB), -1);
+  tu_fill(x.m, MiB, 73); /* and this process goes on as before */
+  TU_ASSERT_OK(side_xfer(&x, HIXL_WRITE, 0, MiB));
+  CU_ASSERT_EQUAL(child_cmd(&x.c, TU_CMD_CHECK, 73, 0, MiB), -1);
 
-  CU_ASSERT_EQUAL(child_cmd(&c, TU_CMD_FREE, 0, 0, 0), HIXL_SUCCESS);
-  CU_ASSERT_EQUAL(memfd_maps(0), 0); /* unmapped here before the child's FreeMem returned */
-  CU_ASSERT_EQUAL(link_of(e, name).mapped, 0);
-  tu_child_stop(&c, 10000);
+  CU_ASSERT_EQUAL(child_cmd(&x.c, TU_CMD_FREE, 0, 0, 0), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(tu_memfd_maps(0), 0); /* unmapped here before the child's FreeMem returned */
+  CU_ASSERT_EQUAL(link_of(x.e, x.name).mapped, 0);
 out:
-  HixlEngineDestroy(e);
-  tu_free_mem(m, 32 * MiB);
+  side_down(&x);
 }
 
 /* A killed target: ops into its memory FAIL (its pages outlive it, nobody reads them),
  * the link goes, the mapping with it. */
 static void test_child_killed(void) {
-  tu_child c;
-  tu_server_ready info;
-  char name[TU_ADDR_LEN];
-  uint16_t port = tu_free_port();
-  HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
-  unsigned char *m = tu_alloc_mem(16 * MiB, false);
-  CU_ASSERT_FATAL(e && m && tu_register(e, m, 16 * MiB));
-  tu_addr(name, sizeof(name), port);
-  if (!child_alloc(&c, port, 0, &info)) goto out;
-  TU_ASSERT_OK_FATAL(HixlEngineConnect(e, name, 5000));
-  CU_ASSERT_EQUAL(link_of(e, name).mapped, 1);
-  tu_child_kill(&c, SIGKILL);
-  tu_child_wait(&c, 10000);
-  HixlTransferOpDesc d = {(uintptr_t)m, info.addr, 16 * MiB};
-  HixlStatus st = HixlEngineTransferSync(e, name, HIXL_WRITE, &d, 1, XFER_TIMEOUT);
+  struct side x;
+  if (!side_up(&x, 0)) goto out;
+  CU_ASSERT_EQUAL(link_of(x.e, x.name).mapped, 1);
+  tu_child_kill(&x.c, SIGKILL);
+  tu_child_wait(&x.c, 10000);
+  HixlStatus st = side_xfer(&x, HIXL_WRITE, 0, 16 * MiB);
   CU_ASSERT(st == HIXL_FAILED || st == HIXL_NOT_CONNECTED);
   printf("  [WRITE to a killed target: %s: %s]\n", HixlStatusName(st), HixlGetLastErrorMessage());
-  CU_ASSERT_EQUAL(memfd_maps(0), 0);
+  CU_ASSERT_EQUAL(tu_memfd_maps(0), 0);
 out:
-  HixlEngineDestroy(e);
-  tu_free_mem(m, 16 * MiB);
+  side_down(&x);
 }
 
 /* A target of another user hands nothing over (root copies its memory anyway). */
 static void test_child_other_user(void) {
-  tu_child c;
-  tu_server_ready info;
-  char name[TU_ADDR_LEN], line[512];
-  uint16_t port = tu_free_port();
+  struct side x;
+  char line[512];
   if (geteuid() != 0) {
     printf("  [skipped: a target of another user needs root]\n");
     CU_PASS("skipped");
     return;
   }
-  HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
-  unsigned char *m = tu_alloc_mem(16 * MiB, false);
-  CU_ASSERT_FATAL(e && m && tu_register(e, m, 16 * MiB));
-  tu_addr(name, sizeof(name), port);
-  if (!child_alloc(&c, port, USER_A, &info)) goto out;
   log_watch("refused to map");
-  TU_ASSERT_OK_FATAL(HixlEngineConnect(e, name, 5000));
-  struct hixl_link_info li = link_of(e, name);
+  if (!side_up(&x, USER_A)) goto out;
+  struct hixl_link_info li = link_of(x.e, x.name);
   CU_ASSERT_STRING_EQUAL(li.transport, "shm");
   CU_ASSERT_EQUAL(li.mapped, 0);
-  CU_ASSERT_EQUAL(memfd_maps(0), 0);
+  CU_ASSERT_EQUAL(tu_memfd_maps(0), 0);
   if (!log_seen(line, sizeof(line)) || !strstr(line, "uid 0") || !strstr(line, "65501"))
     tu_fail(__FILE__, __LINE__, "the refusal was not logged with both uids: \"%s\"", line);
   printf("  [%s]\n", line);
-  tu_fill(m, 16 * MiB, 81);
-  HixlTransferOpDesc d = {(uintptr_t)m, info.addr, 16 * MiB};
-  TU_ASSERT_OK(HixlEngineTransferSync(e, name, HIXL_WRITE, &d, 1, XFER_TIMEOUT));
-  CU_ASSERT_EQUAL(child_cmd(&c, TU_CMD_CHECK, 81, 0, 16 * MiB), -1);
-  CU_ASSERT_EQUAL(link_of(e, name).map_ops, 0);
-  tu_child_stop(&c, 10000);
+  tu_fill(x.m, 16 * MiB, 81);
+  TU_ASSERT_OK(side_xfer(&x, HIXL_WRITE, 0, 16 * MiB));
+  CU_ASSERT_EQUAL(child_cmd(&x.c, TU_CMD_CHECK, 81, 0, 16 * MiB), -1);
+  CU_ASSERT_EQUAL(link_of(x.e, x.name).map_ops, 0);
 out:
-  HixlEngineDestroy(e);
-  tu_free_mem(m, 16 * MiB);
+  side_down(&x);
 }
 
 /* What the initiator child reports on fd 3. */
@@ -473,7 +444,7 @@ static void test_silent_initiator(void) {
   CU_ASSERT_FATAL(tu_child_read(&c, &r, sizeof(r), 30000) == 0);
   TU_ASSERT_STATUS(r.connect_st, HIXL_SUCCESS);
   CU_ASSERT_EQUAL(r.mapped, 1);
-  CU_ASSERT_EQUAL(memfd_maps(c.pid), 1);
+  CU_ASSERT_EQUAL(tu_memfd_maps(c.pid), 1);
   tu_child_kill(&c, SIGSTOP);
   CU_ASSERT_FATAL(tu_child_wait_stopped(&c, 10000) == 0);
   log_watch("did not unmap");

@@ -232,6 +232,11 @@ int tu_child_main(int argc, char **argv);
  *  nothing to do when both are 0. 0 on success, -1 (reason on stderr) otherwise. */
 int tu_become(uint32_t uid, uint32_t gid);
 
+/** Mappings of memory from HixlEngineAllocMem ("/memfd:hixl", not the shm transport's
+ *  own page) in /proc/<pid>/maps (pid 0: this process), or -1. Only open, read and
+ *  close: a child forked from a threaded process may call it. */
+int tu_memfd_maps(pid_t pid);
+
 /** This program's path, as tu_child_main resolved it ("" before). */
 const char *tu_self_exe(void);
 
