@@ -617,13 +617,15 @@ struct push_notes {
   char (*why)[512]; /* ... and why */
 };
 
-static void *notes_main(void *arg) {
-  struct push_notes *pn = arg;
+/* Send the queued notices in order; wait for more until the pusher is done (the
+ * notices thread), or return once the queue is empty (wait false: a pusher without
+ * that thread sends its notices itself). */
+static void notes_drain(struct push_notes *pn, bool wait) {
   uint8_t ans[256];
   size_t an;
   pthread_mutex_lock(&pn->lock);
   for (;;) {
-    while (pn->head == pn->tail && !pn->done) pthread_cond_wait(&pn->cond, &pn->lock);
+    while (wait && pn->head == pn->tail && !pn->done) pthread_cond_wait(&pn->cond, &pn->lock);
     if (pn->head == pn->tail) break;
     uint32_t i = pn->q[pn->head].i, k = pn->q[pn->head].layer;
     pn->head++;
@@ -646,24 +648,23 @@ static void *notes_main(void *arg) {
       pn->st[i] = st;
       snprintf(pn->why[i], sizeof(pn->why[i]), "%s", why);
     }
-    pthread_cond_broadcast(&pn->cond);
   }
   pthread_mutex_unlock(&pn->lock);
+}
+
+static void *notes_main(void *arg) {
+  notes_drain(arg, true);
   return NULL;
 }
 
-/* Queue layer k of push i; false when memory runs out (the caller sends it itself). */
-static bool notes_put(struct push_notes *pn, uint32_t i, uint32_t k) {
+/* Queue layer k of push i (the queue holds every layer of every push of the step). */
+static void notes_put(struct push_notes *pn, uint32_t i, uint32_t k) {
   pthread_mutex_lock(&pn->lock);
-  bool ok = pn->tail < pn->cap;
-  if (ok) {
-    pn->q[pn->tail].i = i;
-    pn->q[pn->tail].layer = k;
-    pn->tail++;
-    pthread_cond_broadcast(&pn->cond);
-  }
+  pn->q[pn->tail].i = i;
+  pn->q[pn->tail].layer = k;
+  pn->tail++;
+  pthread_cond_broadcast(&pn->cond);
   pthread_mutex_unlock(&pn->lock);
-  return ok;
 }
 
 /* Whether push i's notices all went through so far. */
@@ -730,20 +731,8 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
                  HixlGetLastErrorMessage());
         continue;
       }
-      for (uint32_t k = l; k <= last; k++) {
-        if (threaded && notes_put(&pn, (uint32_t)i, k)) continue;
-        uint8_t ans[256]; /* no thread: the notice goes from here */
-        size_t an;
-        if (kv_call_ex(c, e->remote, KV_SVC_LAYER, e->rreq, k, "", ans, sizeof(ans), &an,
-                       c->cfg.notify_timeout_ms, &st[i]) < 0) {
-          snprintf(why[i], sizeof(why[i]), "telling %s that layer %u landed: %s", e->remote, k,
-                   HixlGetLastErrorMessage());
-          break;
-        }
-        pthread_mutex_lock(&c->lock);
-        c->stats.layers_pushed++;
-        pthread_mutex_unlock(&c->lock);
-      }
+      for (uint32_t k = l; k <= last; k++) notes_put(&pn, (uint32_t)i, k);
+      if (!threaded) notes_drain(&pn, false); /* no thread: the notices go from here */
     }
   }
   /* Every notice sent (or failed) before the pushes are reported done. */

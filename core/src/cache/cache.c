@@ -530,32 +530,31 @@ static HixlStatus cm_register(HixlCacheManager *m, bool blocks, bool alloc, cons
   uint64_t stride = (tb + 4095) / 4096 * 4096;
   CHECK_ARG(!alloc || stride <= ((uint64_t)1 << 46) / num_addrs,
             "%s: %zu tensors of %" PRIu64 " bytes are too many to allocate", fn, num_addrs, tb);
-  if (alloc)
-    for (size_t i = 0; i < num_addrs; i++)
-      addrs[i] = (uintptr_t)(4096 + i * stride); /* checked below; set after */
   for (size_t i = 0; i < num_keys; i++)
     for (size_t j = 0; j < i; j++)
       CHECK_ARG(keys[i].req_id != keys[j].req_id || keys[i].model_id != keys[j].model_id ||
                     keys[i].prefix_id != keys[j].prefix_id,
                 "%s: keys %zu and %zu are the same", fn, j, i);
   struct cm_cache *c = calloc(1, sizeof(*c));
-  uintptr_t *sorted = malloc(num_addrs * sizeof(*sorted));
-  if (!c || !sorted || !(c->addrs = malloc(num_addrs * sizeof(*c->addrs))) ||
+  uintptr_t *sorted = alloc ? NULL : malloc(num_addrs * sizeof(*sorted)); /* to check for overlaps */
+  if (!c || (!alloc && !sorted) || !(c->addrs = malloc(num_addrs * sizeof(*c->addrs))) ||
       !(c->handles = calloc(num_addrs, sizeof(*c->handles))) ||
       (num_keys && !(c->keys = malloc(num_keys * sizeof(*c->keys))))) {
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
     goto fail_alloc;
   }
-  memcpy(sorted, addrs, num_addrs * sizeof(*sorted));
-  qsort(sorted, num_addrs, sizeof(*sorted), cmp_uptr);
-  for (size_t i = 1; i < num_addrs; i++)
+  if (!alloc) { /* allocated tensors are laid out apart below */
+    memcpy(sorted, addrs, num_addrs * sizeof(*sorted));
+    qsort(sorted, num_addrs, sizeof(*sorted), cmp_uptr);
+  }
+  for (size_t i = 1; i < num_addrs && !alloc; i++)
     if (sorted[i] < sorted[i - 1] + tb) {
       st = hixl_fail(HIXL_PARAM_INVALID,
                      "%s: tensors at 0x%" PRIxPTR " and 0x%" PRIxPTR " overlap (%" PRIu64 " bytes each)", fn,
                      sorted[i - 1], sorted[i], tb);
       goto fail_alloc;
     }
-  memcpy(c->addrs, addrs, num_addrs * sizeof(*addrs));
+  if (!alloc) memcpy(c->addrs, addrs, num_addrs * sizeof(*addrs));
   if (num_keys) memcpy(c->keys, keys, num_keys * sizeof(*keys));
   c->nkeys = num_keys;
   c->blocks = blocks;
@@ -607,7 +606,8 @@ static HixlStatus cm_register(HixlCacheManager *m, bool blocks, bool alloc, cons
                      HixlGetLastErrorMessage());
       goto fail_registered;
     }
-    for (size_t i = 0; i < num_addrs; i++) c->addrs[i] = addrs[i] = (uintptr_t)base + i * stride;
+    for (size_t i = 0; i < num_addrs; i++) c->addrs[i] = (uintptr_t)base + i * stride;
+    memcpy(addrs, c->addrs, num_addrs * sizeof(*addrs)); /* nothing fails from here on */
   } else if (c->remote) {
     char tag[CM_TAG_LEN];
     tag_of(tag, m->nonce, c->id);

@@ -246,6 +246,13 @@ static void reg_drop(HixlEngine *e, struct hixl_mem_reg *r) {
   reg_release(e, r);
 }
 
+/* FAILED, saying then, while transfers that touch r are in flight. */
+static HixlStatus reg_idle(const struct hixl_mem_reg *r, const char *fn, const char *then) {
+  if (r->inflight == 0) return HIXL_SUCCESS;
+  return hixl_fail(HIXL_FAILED, "%s: %u transfer chunks on [0x%llx, +%llu) are still in flight; %s", fn,
+                   r->inflight, (unsigned long long)r->range.addr, (unsigned long long)r->range.len, then);
+}
+
 #define ALLOC_HUGE (2u << 20)
 
 /* A shared mapping of a new memfd of at least len bytes: huge pages when the kernel
@@ -335,19 +342,14 @@ HixlStatus HixlEngineFreeMem(HixlEngine *e, HixlMemHandle handle) {
   } else if (r->unsharing) {
     st = hixl_fail(HIXL_FAILED, "HixlEngineFreeMem: another call is freeing [0x%llx, +%llu)",
                    (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
-  } else if (r->inflight == 0) {
+  } else if ((st = reg_idle(r, "HixlEngineFreeMem", "nothing was released")) == HIXL_SUCCESS) {
     /* Peers that mapped it let go first (a round trip; silent ones are cut off). */
     uint64_t deadline = hixl_now_ns() + (uint64_t)HIXL_DEFAULT_TIMEOUT_MS * 1000000u;
     for (int k = 0; k < XPORT_MODS; k++)
       if (e->mods[k]->mem_unshare) e->mods[k]->mem_unshare(e, r, deadline);
+    /* A transfer may have started on it while the peers answered (lock released). */
+    if ((st = reg_idle(r, "HixlEngineFreeMem", "nothing was released")) == HIXL_SUCCESS) reg_drop(e, r);
   }
-  if (st == HIXL_SUCCESS && r->inflight > 0)
-    st = hixl_fail(HIXL_FAILED,
-                   "HixlEngineFreeMem: %u transfer chunks on [0x%llx, +%llu) are still in flight; nothing "
-                   "was released",
-                   r->inflight, (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
-  else if (st == HIXL_SUCCESS)
-    reg_drop(e, r);
   pthread_mutex_unlock(&e->lock);
   return st;
 }
@@ -430,12 +432,8 @@ HixlStatus HixlEngineDeregisterMem(HixlEngine *e, HixlMemHandle handle) {
         "HixlEngineDeregisterMem: handle %p is memory HixlEngineAllocMem allocated; release it with "
         "HixlEngineFreeMem",
         (void *)handle);
-  } else if (r->inflight > 0) {
-    st = hixl_fail(HIXL_FAILED,
-                   "HixlEngineDeregisterMem: %u transfer chunks on [0x%llx, +%llu) are still in flight; "
-                   "wait for them or Disconnect the peer first",
-                   r->inflight, (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
-  } else {
+  } else if ((st = reg_idle(r, "HixlEngineDeregisterMem", "wait for them or Disconnect the peer first")) ==
+             HIXL_SUCCESS) {
     reg_drop(e, r);
   }
   pthread_mutex_unlock(&e->lock);

@@ -983,39 +983,54 @@ static void eshm_mem_share(struct HixlEngine *e, struct hixl_mem_reg *r) {
   }
 }
 
+/* Target: ask c's initiator for grant i back (SHM_UNMAP); the grant stays until it
+ * answers or the link dies (grant_drop). Lock held. */
+static void grant_recall(struct conn *c, uint32_t i) {
+  struct shm_grant *g = &link_of(c)->grants[i];
+  uint8_t buf[WIRE_HDR_LEN + WIRE_SHM_UNMAP_LEN];
+  struct wire_wr w;
+  g->unmapping = true;
+  g->reg->unshare_wait++;
+  wire_begin(&w, buf, sizeof(buf), WIRE_SHM_UNMAP);
+  wire_put_u64(&w, g->reg->range.addr);
+  wire_put_u64(&w, g->reg->range.len);
+  link_queue_copy(c, buf, wire_end(&w, 0));
+}
+
+/* Wait, lock released, while pending(e, arg) holds and deadline has not passed;
+ * Finalize waits for such waiters (quiesce). */
+static void recall_wait(struct HixlEngine *e, bool (*pending)(struct HixlEngine *, const void *),
+                        const void *arg, uint64_t deadline) {
+  struct eshm_engine *x = eng_of(e);
+  struct timespec ts = {(time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u)};
+  x->unsharing++;
+  while (pending(e, arg) && hixl_now_ns() < deadline)
+    if (pthread_cond_timedwait(&e->cond, &e->lock, &ts) == ETIMEDOUT) break;
+  if (--x->unsharing == 0) pthread_cond_broadcast(&e->cond);
+}
+
+static bool reg_pending(struct HixlEngine *e, const void *r) {
+  (void)e;
+  return ((const struct hixl_mem_reg *)r)->unshare_wait > 0;
+}
+
 /* HixlEngineFreeMem, before r goes: ask every link that has r mapped to unmap it and
  * wait, lock released, for the answers until deadline; cut the links that did not
  * answer. Afterwards no peer can reach r's pages. Lock held on entry and return. */
 static void eshm_mem_unshare(struct HixlEngine *e, struct hixl_mem_reg *r, uint64_t deadline) {
-  struct eshm_engine *x = eng_of(e);
-  uint8_t buf[WIRE_HDR_LEN + WIRE_SHM_UNMAP_LEN];
-  struct wire_wr w;
-  if (!x || r->memfd < 0) return;
+  if (!eng_of(e) || r->memfd < 0) return;
   r->unsharing = true; /* no new grant from here on */
-  wire_begin(&w, buf, sizeof(buf), WIRE_SHM_UNMAP);
-  wire_put_u64(&w, r->range.addr);
-  wire_put_u64(&w, r->range.len);
-  size_t len = wire_end(&w, 0);
   for (struct conn *c = e->conns; c; c = c->next) {
     struct eshm_link *l = link_of(c);
     if (c->dead || c->role != CONN_TARGET || !l) continue;
     for (uint32_t i = 0; i < l->ngrants; i++) {
       if (l->grants[i].reg != r || l->grants[i].unmapping) continue;
-      l->grants[i].unmapping = true;
-      r->unshare_wait++;
-      link_queue_copy(c, buf, len);
+      grant_recall(c, i);
       if (!c->dead) link_flush(c); /* a link that died on the way dropped the grant */
       break;
     }
   }
-  if (r->unshare_wait == 0) {
-    r->unsharing = false;
-    return;
-  }
-  struct timespec ts = {(time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u)};
-  x->unsharing++;
-  while (r->unshare_wait > 0 && hixl_now_ns() < deadline)
-    if (pthread_cond_timedwait(&e->cond, &e->lock, &ts) == ETIMEDOUT) break;
+  if (r->unshare_wait > 0) recall_wait(e, reg_pending, r, deadline);
   for (struct conn *c = e->conns; c && r->unshare_wait > 0; c = c->next) {
     struct eshm_link *l = link_of(c);
     if (c->dead || c->role != CONN_TARGET || !l) continue;
@@ -1032,7 +1047,6 @@ static void eshm_mem_unshare(struct HixlEngine *e, struct hixl_mem_reg *r, uint6
       break;
     }
   }
-  if (--x->unsharing == 0) pthread_cond_broadcast(&e->cond);
   r->unsharing = false;
 }
 
@@ -1040,12 +1054,12 @@ static bool conn_is(const struct conn *c, const char *name) {
   return strcmp(c->remote_name, name) == 0 || (c->peer && strcmp(c->peer->remote_name, name) == 0);
 }
 
-/* Regions the links with name still have mapped. */
-static uint32_t granted_to(struct HixlEngine *e, const char *name) {
-  uint32_t n = 0;
+/* Whether the links with name still have regions mapped. */
+static bool peer_pending(struct HixlEngine *e, const void *name) {
   for (struct conn *c = e->conns; c; c = c->next)
-    if (!c->dead && c->role == CONN_TARGET && link_of(c) && conn_is(c, name)) n += link_of(c)->ngrants;
-  return n;
+    if (!c->dead && c->role == CONN_TARGET && link_of(c) && link_of(c)->ngrants > 0 && conn_is(c, name))
+      return true;
+  return false;
 }
 
 /* drop_peer: every region the peer's links have mapped is asked back (SHM_UNMAP) and
@@ -1053,33 +1067,19 @@ static uint32_t granted_to(struct HixlEngine *e, const char *name) {
  * have ended) or deadline. Then nothing it does reaches this engine's memory once its
  * links are cut: a copy through a mapping cannot be stopped any other way. */
 static void eshm_peer_drop(struct HixlEngine *e, const char *name, uint64_t deadline) {
-  struct eshm_engine *x = eng_of(e);
-  uint8_t buf[WIRE_HDR_LEN + WIRE_SHM_UNMAP_LEN];
-  struct wire_wr w;
-  if (!x) return;
+  if (!eng_of(e)) return;
   for (struct conn *c = e->conns; c; c = c->next) {
     struct eshm_link *l = link_of(c);
     if (c->dead || c->role != CONN_TARGET || !l || !conn_is(c, name)) continue;
-    for (uint32_t i = 0; i < l->ngrants && !c->dead; i++) {
-      if (l->grants[i].unmapping) continue; /* a FreeMem asked already */
-      l->grants[i].unmapping = true;
-      l->grants[i].reg->unshare_wait++;
-      wire_begin(&w, buf, sizeof(buf), WIRE_SHM_UNMAP);
-      wire_put_u64(&w, l->grants[i].reg->range.addr);
-      wire_put_u64(&w, l->grants[i].reg->range.len);
-      link_queue_copy(c, buf, wire_end(&w, 0));
-    }
+    for (uint32_t i = 0; i < l->ngrants && !c->dead; i++)
+      if (!l->grants[i].unmapping) grant_recall(c, i); /* else a FreeMem asked already */
     if (!c->dead) link_flush(c);
   }
-  if (granted_to(e, name) == 0) return;
-  struct timespec ts = {(time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u)};
-  x->unsharing++;
-  while (granted_to(e, name) > 0 && hixl_now_ns() < deadline)
-    if (pthread_cond_timedwait(&e->cond, &e->lock, &ts) == ETIMEDOUT) break;
-  if (granted_to(e, name) > 0)
+  if (!peer_pending(e, name)) return;
+  recall_wait(e, peer_pending, name, deadline);
+  if (peer_pending(e, name))
     log_warn("engine %s: %s did not unmap this engine's memory in time: its links are cut anyway",
              e->local_name, name);
-  if (--x->unsharing == 0) pthread_cond_broadcast(&e->cond);
 }
 
 static const uint8_t eshm_frames[] = {WIRE_SHM_HELLO, WIRE_SHM_MAP_HELLO, WIRE_SHM_UNMAP_ACK, 0};
