@@ -354,6 +354,54 @@ out:
   side_down(&x);
 }
 
+/* The target cuts a link (hixl_engine_drop_peer, as the plugin does when a lease or a
+ * push expires, before it tells its host the blocks are free): that initiator's next
+ * WRITE fails and lands nothing. The target's memory here is its own
+ * (process_vm_writev, not a mapping) and its links are mapping links, whose transfers
+ * skip reading the socket while the target's shared counter stands still: a cut must
+ * move it (seen through a second initiator engine, whose link stays), else an
+ * initiator whose progress thread has not yet seen the hang-up writes once more (the
+ * plugin's push-expiry test did, about 1 run in 12). */
+static void test_child_drops_peer(void) {
+  enum { ROUNDS = 12, LEN = 256 * 1024 };
+  uint16_t port = tu_free_port(), myport = tu_free_port();
+  char name[TU_ADDR_LEN], me[TU_ADDR_LEN];
+  tu_child c = {0};
+  tu_server_ready info;
+  tu_addr(name, sizeof(name), port);
+  tu_addr(me, sizeof(me), myport);
+  HixlEngine *e = tu_engine_start_with(me, "shm"), *e2 = tu_engine_start_with(tu_ip(), "shm");
+  unsigned char *m = tu_alloc_mem(LEN, false);
+  CU_ASSERT_FATAL(e && e2 && m && tu_register(e, m, LEN));
+  tu_server_cfg cfg = {.port = port, .mem_len = LEN, .seed = 0, .transport = "shm"};
+  if (tu_server_start(&c, &cfg, &info, READY_MS) != 0) {
+    tu_fail(__FILE__, __LINE__, "target child: %s", info.error);
+    goto out;
+  }
+  int landed = 0;
+  TU_ASSERT_OK(HixlEngineConnect(e2, name, 5000));
+  for (int r = 0; r < ROUNDS; r++) {
+    HixlTransferOpDesc d = {(uintptr_t)m, info.addr, LEN};
+    TU_ASSERT_OK(HixlEngineConnect(e, name, 5000));
+    tu_fill(m, LEN, 90 + (uint64_t)r);
+    TU_ASSERT_OK(HixlEngineTransferSync(e, name, HIXL_WRITE, &d, 1, XFER_TIMEOUT));
+    uint64_t g0 = link_of(e2, name).peer_gen;
+    CU_ASSERT_EQUAL(child_cmd(&c, TU_CMD_DROP, myport, 0, 0), 1);
+    CU_ASSERT(link_of(e2, name).peer_gen > g0); /* every initiator reads its socket next */
+    tu_fill(m, LEN, 190 + (uint64_t)r);         /* what must not arrive */
+    HixlStatus st = HixlEngineTransferSync(e, name, HIXL_WRITE, &d, 1, XFER_TIMEOUT);
+    if (st == HIXL_SUCCESS) landed++;
+    CU_ASSERT(st == HIXL_NOT_CONNECTED || st == HIXL_FAILED);
+    CU_ASSERT_EQUAL(child_cmd(&c, TU_CMD_CHECK, 90 + (uint64_t)r, 0, LEN), -1);
+  }
+  if (landed) tu_fail(__FILE__, __LINE__, "%d of %d WRITEs after the cut landed", landed, ROUNDS);
+out:
+  if (c.pid > 0) tu_child_stop(&c, 10000);
+  HixlEngineDestroy(e2);
+  HixlEngineDestroy(e);
+  tu_free_mem(m, LEN);
+}
+
 /* A killed target: ops into its memory FAIL (its pages outlive it, nobody reads them),
  * the link goes, the mapping with it. */
 static void test_child_killed(void) {
@@ -479,6 +527,7 @@ int main(int argc, char **argv) {
   s = CU_add_suite("mapped memory, a child target", NULL, NULL);
   CU_add_test(s, "mapped, byte-checked; fork inherits none; FreeMem unmaps here", test_child_map_fork_free);
   CU_add_test(s, "target killed: FAILED, unmapped", test_child_killed);
+  CU_add_test(s, "target cuts the link: the next WRITE lands nothing", test_child_drops_peer);
   CU_add_test(s, "target of another user: not mapped, copied", test_child_other_user);
   s = CU_add_suite("mapped memory, a silent initiator", NULL, NULL);
   CU_add_test(s, "stopped initiator cut off at FreeMem's timeout", test_silent_initiator);

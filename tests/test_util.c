@@ -1,6 +1,8 @@
 /* Helpers shared by the hixl test programs; see test_util.h. */
 #include "test_util.h"
 
+#include "engine/engine_ext.h"
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -637,6 +639,11 @@ report:
     if (cmd.op == TU_CMD_FREE) {
       reply = cfg->alloc && h ? (int64_t)HixlEngineFreeMem(e, h) : -3;
       if (reply == HIXL_SUCCESS) h = NULL;
+    } else if (cmd.op == TU_CMD_DROP) {
+      char peer[TU_ADDR_LEN];
+      size_t n = 0;
+      tu_addr(peer, sizeof(peer), (uint16_t)cmd.seed);
+      reply = hixl_engine_drop_peer(e, peer, "the test dropped it", &n) == HIXL_SUCCESS ? (int64_t)n : -5;
     } else if (!h) {
       reply = -4; /* freed */
     } else if (cmd.off > cfg->mem_len || cmd.len > cfg->mem_len - cmd.off) {

@@ -215,6 +215,7 @@ enum tu_server_cmd_op {
   TU_CMD_FILL = 2,  /* fill [off, off+len) with pattern(seed); reply 0 */
   TU_CMD_QUIT = 3,  /* finalize the engine and exit 0; reply 0 first */
   TU_CMD_FREE = 4,  /* alloc: HixlEngineFreeMem the memory; reply its HixlStatus */
+  TU_CMD_DROP = 5,  /* hixl_engine_drop_peer the engine at tu_ip():seed; reply the links cut */
 };
 
 typedef struct {

@@ -145,11 +145,12 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
     }
   if (st != HIXL_SUCCESS) log_warn("%s", msg);
   epoll_ctl(e->epfd, EPOLL_CTL_DEL, c->fd, NULL);
-  if (c->rx == RX_CALLER) {
+  if (c->rx == RX_CALLER)
     shutdown(c->fd, SHUT_RDWR); /* wakes the caller polling it; it buries the link */
-    return;
-  }
-  conn_bury(c);
+  else
+    conn_bury(c); /* c stays readable until the graveyard is freed */
+  for (int i = 0; i < XPORT_MODS; i++)
+    if (e->mods[i] && e->mods[i]->closed) e->mods[i]->closed(c);
 }
 
 void link_free_graveyard(struct HixlEngine *e) {

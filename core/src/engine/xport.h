@@ -91,7 +91,8 @@ struct xport_ops {
   const uint8_t *init_frames;           /* wire types it owns on initiator links, 0-terminated */
   void (*payload_done)(struct conn *c); /* a payload its target frame asked for arrived (or was dropped) */
   void (*kill)(struct conn *c, HixlStatus st, const char *why); /* the link dies: end what it holds */
-  void (*free)(struct conn *c); /* the dead link is freed: release c->xs[id] */
+  void (*closed)(struct conn *c); /* the dead link's socket was just shut: the peer can see its end */
+  void (*free)(struct conn *c);   /* the dead link is freed: release c->xs[id] */
   HixlStatus (*info)(const struct conn *c, struct hixl_link_info *info); /* its fields of link_info */
 
   /* ---- data ---- */

@@ -943,6 +943,17 @@ static void eshm_mem_dereg(struct HixlEngine *e, struct hixl_mem_reg *r) {
   if (eng_of(e) && eng_of(e)->gen) __atomic_add_fetch(eng_of(e)->gen, 1, __ATOMIC_RELEASE);
 }
 
+/* A target's link was cut (Disconnect, drop_peer, Finalize, a bad frame): its
+ * initiator must not take the count as a reason to skip the socket, where the end of
+ * the stream now waits, and copy once more with process_vm_* into memory this side
+ * may already reuse. Moved after the shutdown, so a transfer that sees the new count
+ * also sees the end. (A copy already past its check cannot be stopped.) */
+static void eshm_closed(struct conn *c) {
+  struct HixlEngine *e = c->eng;
+  if (c->role == CONN_TARGET && link_of(c) && eng_of(e) && eng_of(e)->gen)
+    __atomic_add_fetch(eng_of(e)->gen, 1, __ATOMIC_RELEASE);
+}
+
 /* Initiator: nothing withdrawn since the last transfer asked. */
 static bool eshm_table_current(struct conn *c) {
   struct eshm_link *l = link_of(c);
@@ -964,6 +975,7 @@ static HixlStatus eshm_info(const struct conn *c, struct hixl_link_info *info) {
     info->mapped_bytes += mp->range.len;
   }
   info->map_ops = l->peer->map_ops;
+  if (l->gen) info->peer_gen = __atomic_load_n(l->gen, __ATOMIC_ACQUIRE);
   return HIXL_SUCCESS;
 }
 
@@ -1099,6 +1111,7 @@ const struct xport_ops xport_shm = {
     .mem_share = eshm_mem_share,
     .mem_unshare = eshm_mem_unshare,
     .peer_drop = eshm_peer_drop,
+    .closed = eshm_closed,
     .connect = eshm_connect,
     .attach = eshm_attach,
     .discard = eshm_discard,
