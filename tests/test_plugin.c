@@ -362,10 +362,15 @@ static void test_table_sizes(void) {
   CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, get_stats), 8 + 22 * sizeof(void *));
   /* 1.1 appends alloc_kv_caches after 1.0's last op */
   CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, alloc_kv_caches), 8 + 24 * sizeof(void *));
-  CU_ASSERT_EQUAL(ops->abi_version, (1u << 16) | 1u);
+  /* 1.2 appends get_event_fd */
+  CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, get_event_fd), 8 + 25 * sizeof(void *));
+  CU_ASSERT_EQUAL(ops->abi_version, (1u << 16) | 2u);
   small.size = (uint32_t)offsetof(hixl_kv_ops, alloc_kv_caches); /* a 1.0 plugin */
   CU_ASSERT_TRUE(HIXL_KV_HAS_OP(&small, get_push_params));
   CU_ASSERT_FALSE(HIXL_KV_HAS_OP(&small, alloc_kv_caches));
+  small.size = (uint32_t)offsetof(hixl_kv_ops, get_event_fd); /* a 1.1 plugin */
+  CU_ASSERT_TRUE(HIXL_KV_HAS_OP(&small, alloc_kv_caches));
+  CU_ASSERT_FALSE(HIXL_KV_HAS_OP(&small, get_event_fd));
 }
 
 /* alloc_kv_caches: the plugin allocates the layers (base and v_offset written back,
@@ -653,6 +658,49 @@ static void test_pull_two_processes(void) {
   /* Adjacent blocks coalesce: runs {3,4,5,6}->{0,1,2,7}: 3+1, {10,11}->{8,9}, {20}->{12},
    * {31}->{13}: 5 runs per tensor, 6 tensors. */
   CU_ASSERT_EQUAL(st.engine_ops, 5 * LAYERS * 2);
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  CU_ASSERT_STRING_EQUAL(line, "freed 1 held 0 expired 0");
+  child_end(&ch);
+  inst_down(&d);
+}
+
+/* get_event_fd: a decode that does not step waits on the fd and wakes when the KV has
+ * landed; get_finished takes it and the fd is quiet again. Its argument checks. */
+static void test_event_fd(void) {
+  struct prefill_args a = {free_port(), 30000, 43, 8};
+  struct child ch;
+  char line[4096], cfg[512];
+  int32_t fd = -1, fd2 = -1;
+  CU_ASSERT_EQUAL_FATAL(child_start(&ch, "pull", &a), 0);
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  CU_ASSERT_EQUAL_FATAL(strncmp(line, "params ", 7), 0);
+  struct inst d;
+  config(cfg, sizeof(cfg), free_port(), "consumer", 30000, "fail", 3000);
+  ST_IS(inst_up(&d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+  ST_IS(ops->get_event_fd(NULL, &fd), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->get_event_fd(d.worker, NULL), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->get_event_fd(d.sched, &fd), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT(has_error("scheduler"));
+  ST_IS(ops->get_event_fd(d.worker, &fd), HIXL_KV_SUCCESS);
+  ST_IS(ops->get_event_fd(d.worker, &fd2), HIXL_KV_SUCCESS);
+  CU_ASSERT(fd >= 0 && fd == fd2);
+  struct pollfd pf = {fd, POLLIN, 0};
+  CU_ASSERT_EQUAL(poll(&pf, 1, 0), 0); /* nothing finished yet */
+  decode_load(&d, "dec-8", line + 7, decode_blocks, 8);
+  /* No more steps: the loader's completion alone makes the fd readable. */
+  CU_ASSERT_EQUAL(poll(&pf, 1, 20000), 1);
+  CU_ASSERT(pf.revents & POLLIN);
+  CU_ASSERT_EQUAL(poll(&pf, 1, 0), 1); /* level: still readable until get_finished */
+  hixl_kv_ids s = {0}, r = {0};
+  ST_IS(ops->get_finished(d.worker, NULL, &s, &r), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(s.count, 0);
+  CU_ASSERT_EQUAL(r.count, 1);
+  CU_ASSERT(r.count == 1 && strcmp(r.ids[0], "dec-8") == 0);
+  ops->free_ids(&s);
+  ops->free_ids(&r);
+  CU_ASSERT_EQUAL(poll(&pf, 1, 0), 0); /* all taken: quiet */
+  CU_ASSERT_EQUAL(kv_verify(&d.kv, 43, decode_blocks, 8), -1);
+  CU_ASSERT_TRUE(others_untouched(&d.kv, decode_blocks, 8, 0xEE));
   CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
   CU_ASSERT_STRING_EQUAL(line, "freed 1 held 0 expired 0");
   child_end(&ch);
@@ -1045,6 +1093,7 @@ static CU_TestInfo arg_tests[] = {
 };
 static CU_TestInfo pd_tests[] = {
     {"pull, two processes, every byte", test_pull_two_processes},
+    {"get_event_fd: a decode that does not step wakes when the KV landed", test_event_fd},
     {"lease expiry, then recompute", test_lease_expiry},
     {"abort frees the producer's blocks", test_abort},
     {"producer death", test_producer_death},

@@ -22,7 +22,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine/engine_ext.h"
 #include "kv_int.h"
@@ -150,6 +152,22 @@ static hixl_kv_status worker_address(const char *base, uint32_t rank, char *out,
   return HIXL_KV_SUCCESS;
 }
 
+/* Make the event fd readable, if the host asked for it. Lock held. */
+static void efd_signal(hixl_kv_connector *c) {
+  if (c->efd >= 0) {
+    uint64_t one = 1;
+    ssize_t w = write(c->efd, &one, sizeof(one)); /* fails only when the count is full: readable anyway */
+    (void)w;
+  }
+}
+
+/* id is finished sending (set sending_done) or receiving (recving_done): the host
+ * learns it at its next get_finished; one waiting on the event fd wakes now. Lock held. */
+static void finished_add(hixl_kv_connector *c, struct kv_idset *set, const char *id) {
+  idset_add(set, id);
+  efd_signal(c);
+}
+
 /* ---- the KV service (producer side; engine progress thread) ---- */
 
 static struct kv_held *held_find(hixl_kv_connector *c, const char *id) {
@@ -174,7 +192,7 @@ static void held_release(hixl_kv_connector *c, struct kv_held *h) {
   *pp = h->next;
   c->stats.blocks_held -= h->n;
   c->stats.requests_held--;
-  idset_add(&c->sending_done, h->id);
+  finished_add(c, &c->sending_done, h->id);
   gone_add(c, h->id);
   free(h->blocks);
   free(h);
@@ -229,7 +247,7 @@ static void expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *wh
   } else {
     c->stats.loads_done++;
   }
-  idset_add(&c->recving_done, x->id);
+  finished_add(c, &c->recving_done, x->id);
   gone_add(c, x->id);
   free(x->blocks);
   free(x->landed);
@@ -511,7 +529,7 @@ static void *loader_main(void *arg) {
       fprintf(stderr, "hixl-kv: request %s failed to load (%s): %s\n", l->e.req, HixlStatusName(st), why);
       err_blocks_add(c, l->e.blocks, l->e.nblocks);
     }
-    idset_add(&c->recving_done, l->e.req); /* the host may use the blocks now */
+    finished_add(c, &c->recving_done, l->e.req); /* the host may use the blocks now */
     pthread_cond_broadcast(&c->cond);
     pthread_mutex_unlock(&c->lock);
     if (st != HIXL_NOT_FOUND) { /* the producer may still hold it: free it there (best effort) */
@@ -593,7 +611,7 @@ static bool push_wait_saved(hixl_kv_connector *c, uint32_t l, uint64_t step, uin
                         .tv_nsec = (long)(deadline % 1000000000ull)};
   pthread_mutex_lock(&c->lock);
   while (!c->shut && c->saved_step[l] < step)
-    if (pthread_cond_timedwait(&c->cond, &c->lock, &ts) == ETIMEDOUT) break;
+    if (pthread_cond_timedwait(&c->saved, &c->lock, &ts) == ETIMEDOUT) break;
   bool ok = c->saved_step[l] >= step;
   pthread_mutex_unlock(&c->lock);
   return ok;
@@ -612,42 +630,52 @@ struct push_notes {
     uint32_t i, layer;
   } * q;
   size_t head, tail, cap;
+  bool sending;     /* a notice is on its way (the thread's, or the pusher's last) */
   bool done;        /* the pusher queued its last notice */
   HixlStatus *st;   /* per push: the first failed notice */
   char (*why)[512]; /* ... and why */
 };
 
+/* Send push i's notice that layer k landed, unless an earlier one failed; pn->lock
+ * held on entry and on return, released while the call runs (pn->sending set). */
+static void note_send(struct push_notes *pn, uint32_t i, uint32_t k) {
+  uint8_t ans[256];
+  size_t an;
+  bool failed = pn->st[i] != HIXL_SUCCESS;
+  pn->sending = true;
+  pthread_mutex_unlock(&pn->lock);
+  HixlStatus st = HIXL_SUCCESS;
+  char why[512] = "";
+  struct kv_meta_entry *e = &pn->v[i]->e;
+  if (!failed && kv_call_ex(pn->c, e->remote, KV_SVC_LAYER, e->rreq, k, "", ans, sizeof(ans), &an,
+                            pn->c->cfg.notify_timeout_ms, &st) < 0)
+    snprintf(why, sizeof(why), "telling %s that layer %u landed: %s", e->remote, k,
+             HixlGetLastErrorMessage());
+  if (!failed) {
+    pthread_mutex_lock(&pn->c->lock);
+    pn->c->stats.layers_pushed++;
+    pthread_mutex_unlock(&pn->c->lock);
+  }
+  pthread_mutex_lock(&pn->lock);
+  pn->sending = false;
+  pthread_cond_broadcast(&pn->cond);
+  if (st != HIXL_SUCCESS && pn->st[i] == HIXL_SUCCESS) {
+    pn->st[i] = st;
+    snprintf(pn->why[i], sizeof(pn->why[i]), "%s", why);
+  }
+}
+
 /* Send the queued notices in order; wait for more until the pusher is done (the
  * notices thread), or return once the queue is empty (wait false: a pusher without
  * that thread sends its notices itself). */
 static void notes_drain(struct push_notes *pn, bool wait) {
-  uint8_t ans[256];
-  size_t an;
   pthread_mutex_lock(&pn->lock);
   for (;;) {
     while (wait && pn->head == pn->tail && !pn->done) pthread_cond_wait(&pn->cond, &pn->lock);
     if (pn->head == pn->tail) break;
     uint32_t i = pn->q[pn->head].i, k = pn->q[pn->head].layer;
     pn->head++;
-    bool failed = pn->st[i] != HIXL_SUCCESS;
-    pthread_mutex_unlock(&pn->lock);
-    HixlStatus st = HIXL_SUCCESS;
-    char why[512] = "";
-    struct kv_meta_entry *e = &pn->v[i]->e;
-    if (!failed && kv_call_ex(pn->c, e->remote, KV_SVC_LAYER, e->rreq, k, "", ans, sizeof(ans), &an,
-                              pn->c->cfg.notify_timeout_ms, &st) < 0)
-      snprintf(why, sizeof(why), "telling %s that layer %u landed: %s", e->remote, k,
-               HixlGetLastErrorMessage());
-    if (!failed) {
-      pthread_mutex_lock(&pn->c->lock);
-      pn->c->stats.layers_pushed++;
-      pthread_mutex_unlock(&pn->c->lock);
-    }
-    pthread_mutex_lock(&pn->lock);
-    if (st != HIXL_SUCCESS && pn->st[i] == HIXL_SUCCESS) {
-      pn->st[i] = st;
-      snprintf(pn->why[i], sizeof(pn->why[i]), "%s", why);
-    }
+    note_send(pn, i, k);
   }
   pthread_mutex_unlock(&pn->lock);
 }
@@ -655,6 +683,16 @@ static void notes_drain(struct push_notes *pn, bool wait) {
 static void *notes_main(void *arg) {
   notes_drain(arg, true);
   return NULL;
+}
+
+/* The step's last notice, from the pusher itself once the notices before it are out:
+ * nothing is left to push, and the hand-off to the notices thread (a wake-up, tens of
+ * microseconds) would sit on the path to decode's last wait_for_layer_load. */
+static void notes_last(struct push_notes *pn, uint32_t i, uint32_t k) {
+  pthread_mutex_lock(&pn->lock);
+  while (pn->head != pn->tail || pn->sending) pthread_cond_wait(&pn->cond, &pn->lock);
+  note_send(pn, i, k);
+  pthread_mutex_unlock(&pn->lock);
 }
 
 /* Queue layer k of push i (the queue holds every layer of every push of the step). */
@@ -731,7 +769,11 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
                  HixlGetLastErrorMessage());
         continue;
       }
-      for (uint32_t k = l; k <= last; k++) notes_put(&pn, (uint32_t)i, k);
+      for (uint32_t k = l; k <= last; k++)
+        if (threaded && k == c->layers - 1 && i == n - 1)
+          notes_last(&pn, (uint32_t)i, k);
+        else
+          notes_put(&pn, (uint32_t)i, k);
       if (!threaded) notes_drain(&pn, false); /* no thread: the notices go from here */
     }
   }
@@ -772,7 +814,7 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
     c->stats.lookups = cs.lookups;
     c->stats.blocks_held -= e->nblocks;
     c->stats.requests_held--;
-    idset_add(&c->sending_done, e->req); /* the host may free the producer's blocks */
+    finished_add(c, &c->sending_done, e->req); /* the host may free the producer's blocks */
     pthread_mutex_unlock(&c->lock);
   }
   free(st);
@@ -834,6 +876,7 @@ static hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint
   c->role = role;
   c->rank = rank;
   c->world = world;
+  c->efd = -1;
   if ((st = kv_config_load(json, len, &c->cfg, why, sizeof(why))) != HIXL_KV_SUCCESS) {
     kv_fail(st, "create: %s", why);
     goto fail_cfg;
@@ -843,6 +886,7 @@ static hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_mutex_init(&c->lock, NULL);
   pthread_cond_init(&c->cond, &ca);
+  pthread_cond_init(&c->saved, &ca);
   pthread_condattr_destroy(&ca);
   if (role == HIXL_KV_ROLE_WORKER) {
     if ((st = worker_address(c->cfg.address, rank, c->engine_addr, sizeof(c->engine_addr), &c->cluster)) !=
@@ -890,6 +934,7 @@ fail_engine:
   HixlEngineDestroy(c->eng);
 fail_sync:
   pthread_cond_destroy(&c->cond);
+  pthread_cond_destroy(&c->saved);
   pthread_mutex_destroy(&c->lock);
 fail_cfg:
   kv_config_free(&c->cfg);
@@ -904,6 +949,7 @@ static hixl_kv_status kv_shutdown(hixl_kv_connector *c) {
   pthread_mutex_lock(&c->lock);
   c->shut = true;
   pthread_cond_broadcast(&c->cond);
+  pthread_cond_broadcast(&c->saved);
   pthread_mutex_unlock(&c->lock);
   if (c->loader_on) {
     pthread_join(c->loader, NULL);
@@ -972,8 +1018,10 @@ static hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   idset_clear(&c->recving_done);
   free(c->err_blocks);
   free(c->meta.p);
+  if (c->efd >= 0) close(c->efd);
   kv_config_free(&c->cfg);
   pthread_cond_destroy(&c->cond);
+  pthread_cond_destroy(&c->saved);
   pthread_mutex_destroy(&c->lock);
   free(c);
   return HIXL_KV_SUCCESS;
@@ -1528,7 +1576,7 @@ static hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t 
     if (e->type == KV_META_HOLD) {
       if (!c->cfg.producer || held_find(c, e->req)) continue;
       if (idset_has(&c->gone, e->req)) { /* the consumer freed it already (an abort) */
-        idset_add(&c->sending_done, e->req);
+        finished_add(c, &c->sending_done, e->req);
         continue;
       }
       struct kv_held *h = calloc(1, sizeof(*h));
@@ -1625,7 +1673,7 @@ static hixl_kv_status kv_save_layer(hixl_kv_connector *c, uint32_t layer) {
   if (c->cfg.push && c->saved_step) { /* this step's pushes may send layer now */
     pthread_mutex_lock(&c->lock);
     c->saved_step[layer] = c->step;
-    pthread_cond_broadcast(&c->cond);
+    pthread_cond_broadcast(&c->saved); /* the pusher only */
     pthread_mutex_unlock(&c->lock);
   }
   return HIXL_KV_SUCCESS; /* pull mode: the consumer reads the blocks; nothing to send */
@@ -1667,6 +1715,11 @@ static hixl_kv_status kv_get_finished(hixl_kv_connector *c, const hixl_kv_ids *f
     /* give the sending ids back: nothing is lost */
     for (size_t i = 0; i < s.count; i++) idset_add(&c->sending_done, s.ids[i]);
     kv_free_ids(&s);
+  }
+  if (rc == 0 && c->efd >= 0) { /* all taken: the fd is quiet until the next one finishes */
+    uint64_t v;
+    ssize_t n = read(c->efd, &v, sizeof(v)); /* EAGAIN when nothing was signalled */
+    (void)n;
   }
   pthread_mutex_unlock(&c->lock);
   drop_peers(c, &drop);
@@ -1721,6 +1774,24 @@ static hixl_kv_status kv_stats(hixl_kv_connector *c, hixl_kv_stats *out) {
   return HIXL_KV_SUCCESS;
 }
 
+static hixl_kv_status kv_event_fd(hixl_kv_connector *c, int32_t *fd) {
+  CHECK_ARG(c && fd && c->role == HIXL_KV_ROLE_WORKER,
+            "get_event_fd: connector or fd is NULL, or a scheduler's");
+  pthread_mutex_lock(&c->lock);
+  if (c->efd < 0) {
+    c->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (c->efd < 0) {
+      int e = errno;
+      pthread_mutex_unlock(&c->lock);
+      return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "get_event_fd: eventfd: %s", strerror(e));
+    }
+    if (c->sending_done.n || c->recving_done.n) efd_signal(c); /* finished before the fd existed */
+  }
+  *fd = c->efd;
+  pthread_mutex_unlock(&c->lock);
+  return HIXL_KV_SUCCESS;
+}
+
 /* ---- the table and the one exported symbol ---- */
 
 static const hixl_kv_ops kv_ops_v1 = {
@@ -1751,6 +1822,7 @@ static const hixl_kv_ops kv_ops_v1 = {
     .get_handshake_metadata = kv_get_handshake,
     .get_stats = kv_stats,
     .get_push_params = kv_push_params,
+    .get_event_fd = kv_event_fd,
 };
 
 KV_EXPORT hixl_kv_status hixl_kv_connector_entry(uint32_t abi_major, const hixl_kv_ops **ops, char *err,

@@ -85,6 +85,7 @@ struct hixl_kv_connector {
   struct kv_cfg cfg;
   pthread_mutex_t lock; /* a leaf: never held across a hixl call */
   pthread_cond_t cond;  /* loads queued, or the loader stopped (CLOCK_MONOTONIC) */
+  pthread_cond_t saved; /* push producer: a layer was saved (the pusher waits; CLOCK_MONOTONIC) */
   bool shut;
 
   /* scheduler */
@@ -115,6 +116,7 @@ struct hixl_kv_connector {
                            that pinned a request whose lease expired */
   uint64_t *err_blocks;
   size_t nerr, caperr;
+  int efd; /* get_event_fd's eventfd, made at its first call; -1 until then */
   bool loader_on;
   pthread_t loader;
   /* push mode */

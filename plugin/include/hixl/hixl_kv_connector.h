@@ -24,7 +24,7 @@ extern "C" {
 #endif
 
 #define HIXL_KV_ABI_MAJOR    1u
-#define HIXL_KV_ABI_MINOR    1u
+#define HIXL_KV_ABI_MINOR    2u
 #define HIXL_KV_ABI_VERSION  ((HIXL_KV_ABI_MAJOR << 16) | HIXL_KV_ABI_MINOR)
 #define HIXL_KV_ENTRY_SYMBOL "hixl_kv_connector_entry"
 
@@ -179,7 +179,20 @@ struct hixl_kv_ops {
    * engine on the same host maps it and copies with memcpy instead of
    * process_vm_readv. destroy frees it. */
   hixl_kv_status (*alloc_kv_caches)(hixl_kv_connector *c, hixl_kv_layer *layers, size_t num_layers);
-  /* ---- end of version 1.1: later versions append here ---- */
+  /* ---- end of version 1.1 ---- */
+
+  /* ---- version 1.2 ---- */
+
+  /* Worker side: a file descriptor that polls readable (POLLIN, level) once
+   * get_finished has something to report (a request finished sending or receiving; a
+   * failed load is among them, its blocks in get_block_ids_with_load_errors), and
+   * quiet again once get_finished took everything. A host with nothing else to do
+   * waits on it (poll, epoll, its event loop) instead of stepping, and wakes when the
+   * KV has landed. Wait with a timeout all the same: lease and deadline expiry is
+   * noticed when get_finished runs. The fd belongs to the connector: only poll it
+   * (never read or close it); destroy closes it. Every call returns the same fd. */
+  hixl_kv_status (*get_event_fd)(hixl_kv_connector *c, int32_t *fd);
+  /* ---- end of version 1.2: later versions append here ---- */
 };
 
 /* True when the table the plugin gave is large enough to hold op. */
