@@ -5,19 +5,26 @@
  * libhixl_kv_connector.so twice (a pull connector and a push connector) and run a
  * raw HixlEngine beside them on the same KV memory. Per prompt length and round:
  *  - pull: prefill finishes a request; decode loads it through the plugin (time from
- *    start_load_kv to get_finished), then the raw engine READs the same block runs
- *    (one op per run of blocks adjacent on both sides, per tensor) with one
- *    HixlEngineTransferSync; the ratio is plugin GB/s over raw GB/s;
- *  - push: decode allocates, prefill "computes" each layer for about one layer's raw
- *    transfer time and saves it; decode's forward pass waits for each layer in turn
- *    (wait_for_layer_load, which blocks until the layer has landed); the latency from
- *    the last save to that wait returning for the last layer is compared with one
- *    layer's raw transfer time (pipelining hides every layer but the last).
+ *    start_load_kv to get_finished), twice: once as a busy host polls get_finished
+ *    once per step, once as an idle host does, waiting on the connector's event fd
+ *    (get_event_fd) between steps; the raw engine READs the same block runs (one op per
+ *    run of blocks adjacent on both sides, per tensor) with one HixlEngineTransferSync;
+ *    the ratios are plugin GB/s over raw GB/s;
+ *  - push: decode allocates, prefill "computes" each layer for as long as one layer's
+ *    raw WRITE into decode's blocks takes and saves it; decode's forward pass waits for
+ *    each layer in turn (wait_for_layer_load, which blocks until the layer has landed);
+ *    the latency from the last save to that wait returning for the last layer is
+ *    compared with one layer's raw WRITE (the median of five, measured by prefill right
+ *    before; pipelining hides every layer but the last), and with the floor this
+ *    machine allows: one layer plus one notice round trip between the raw engines.
+ * Short prompts are dominated by fixed costs that swing more from round to round, so
+ * they get more rounds: rounds x (longest prompt / prompt), at most 4 x rounds.
  * Progress on stderr; a table on stdout; --json FILE. */
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <inttypes.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/mman.h>
@@ -30,6 +37,7 @@
 
 #define MAX_PROMPTS 16
 #define MAX_ROUNDS  16
+#define MAX_RUNS    (4 * MAX_ROUNDS) /* rounds of the shortest prompts */
 
 struct opts {
   const char *plugin, *transport, *ip, *json;
@@ -163,8 +171,10 @@ static void step(struct conn *c) {
   ops->free_buffer(&m);
 }
 
-/* Step until id is finished sending (which 0) or receiving (1). */
-static void wait_finished(struct conn *c, const char *id, int which) {
+/* Step until id is finished sending (which 0) or receiving (1). Between steps the host
+ * sleeps one step, or, efd >= 0 (an idle host), waits on the connector's event fd for
+ * at most one step. */
+static void wait_finished_fd(struct conn *c, const char *id, int which, int efd) {
   uint64_t end = bench_now_ns() + 120ull * 1000000000ull;
   for (;;) {
     hixl_kv_ids s = {0}, r = {0};
@@ -187,9 +197,16 @@ static void wait_finished(struct conn *c, const char *id, int which) {
     if (nerr) die("request %s: %zu blocks failed to load (see the plugin's message above)", id, nerr);
     if (bench_now_ns() > end) die("request %s did not finish within 120 s", id);
     struct timespec ts = {0, (long)o.step_us * 1000}; /* one step of the host */
-    nanosleep(&ts, NULL);
+    if (efd < 0) {
+      nanosleep(&ts, NULL);
+    } else {
+      struct pollfd pf = {efd, POLLIN, 0};
+      if (ppoll(&pf, 1, &ts, NULL) < 0 && errno != EINTR) die("ppoll: %s", strerror(errno));
+    }
   }
 }
+
+static void wait_finished(struct conn *c, const char *id, int which) { wait_finished_fd(c, id, which, -1); }
 
 static hixl_kv_request request(const char *id, uint64_t tokens, const char *params) {
   return (hixl_kv_request){id, strlen(id), tokens, params, params ? strlen(params) : 0, 0};
@@ -246,8 +263,47 @@ static void pin_cpu(int cpu) {
     die("sched_setaffinity CPU %d: %s", cpu, strerror(errno));
 }
 
-static void prefill_main(int in, int out, uint16_t port) {
-  struct pool p;
+static size_t build_ops(HixlTransferOpDesc *v, uintptr_t lbase, uintptr_t rbase, const uint64_t *lb,
+                        const uint64_t *rb, size_t n, uint32_t l0, uint32_t count);
+static uint64_t median(uint64_t *v, size_t n);
+
+/* One layer's raw WRITE from prefill into decode's blocks (the transfer a push makes
+ * per layer): the median of five, layers spread (a single short transfer is one noisy
+ * sample). */
+static uint64_t layer_write_ns(HixlEngine *raw, const char *draw, const struct pool *p, uintptr_t dbase,
+                               const uint64_t *dblocks, uint64_t nb) {
+  static HixlTransferOpDesc v[1 << 16];
+  uint64_t t[5];
+  for (uint32_t j = 0; j < 5; j++) {
+    size_t n = build_ops(v, (uintptr_t)p->mem, dbase, p->free_ids, dblocks, nb, j * (o.layers - 1) / 4, 1);
+    uint64_t t0 = bench_now_ns();
+    if (HixlEngineTransferSync(raw, draw, HIXL_WRITE, v, n, 60000) != HIXL_SUCCESS)
+      die("raw WRITE of one layer: %s", HixlGetLastErrorMessage());
+    t[j] = bench_now_ns() - t0;
+  }
+  return median(t, 5);
+}
+
+/* A notice's round trip between the raw engines (HixlEngineSendNotify waits for the
+ * receipt), the median of nine: about what a push adds to its last layer's transfer at
+ * the least (the pusher's wake-up, the layer-landed notice's one-way trip, the wake-up
+ * of decode's forward pass). */
+static uint64_t notice_rtt_ns(HixlEngine *raw, const char *draw) {
+  uint64_t t[9];
+  HixlNotifyDesc n = {"pd-bench", "layer", NULL};
+  for (uint32_t j = 0; j < 9; j++) {
+    uint64_t t0 = bench_now_ns();
+    if (HixlEngineSendNotify(raw, draw, &n, 10000) != HIXL_SUCCESS)
+      die("raw notify: %s", HixlGetLastErrorMessage());
+    t[j] = bench_now_ns() - t0;
+  }
+  return median(t, 9);
+}
+
+static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
+  struct pool p, decode_view;
+  char draw[64];
+  bool linked = false;
   pin_cpu(1);
   struct conn pull, push;
   pool_init(&p, 1);
@@ -255,12 +311,15 @@ static void prefill_main(int in, int out, uint16_t port) {
   conn_up(&pull, port, "producer", "pull", &p);
   conn_up(&push, (uint16_t)(port + 1), "producer", "push", &p);
   HixlEngine *raw = raw_engine((uint16_t)(port + 2), &p);
+  pool_order(&decode_view, 2); /* which blocks decode allocates */
+  snprintf(draw, sizeof(draw), "%s:%u", o.ip, (unsigned)(dport + 2));
   line_out(out, "ready %" PRIuPTR "\n", (uintptr_t)p.mem);
   static char line[1 << 16];
   static uint64_t blocks[1 << 16];
   for (;;) {
     char id[64];
     uint64_t nb = 0, compute = 0;
+    uintptr_t dbase = 0;
     int off = 0;
     line_in(in, line, sizeof(line));
     if (strcmp(line, "quit") == 0) break;
@@ -276,8 +335,12 @@ static void prefill_main(int in, int out, uint16_t port) {
       ops->free_buffer(&params);
       wait_finished(&pull, id, 0);
       line_out(out, "freed\n");
-    } else if (sscanf(line, "push %63s %" SCNu64 " %" SCNu64 " %n", id, &nb, &compute, &off) == 3 &&
-               off > 0) {
+    } else if (sscanf(line, "push %63s %" SCNu64 " %" SCNuPTR " %n", id, &nb, &dbase, &off) == 3 && off > 0) {
+      if (!linked && HixlEngineConnect(raw, draw, 10000) != HIXL_SUCCESS)
+        die("raw connect to %s: %s", draw, HixlGetLastErrorMessage());
+      linked = true;
+      compute = layer_write_ns(raw, draw, &p, dbase, decode_view.free_ids, nb);
+      uint64_t rtt = notice_rtt_ns(raw, draw);
       for (uint64_t i = 0; i < nb; i++) blocks[i] = p.free_ids[i];
       hixl_kv_request r = request(id, nb * o.block_tokens, line + off);
       if (ops->update_state_after_alloc(push.sched, &r, blocks, nb, 0) != HIXL_KV_SUCCESS)
@@ -294,7 +357,7 @@ static void prefill_main(int in, int out, uint16_t port) {
       hixl_kv_buffer none = {0};
       ops->request_finished(push.sched, &r, blocks, nb, &delay, &none);
       wait_finished(&push, id, 0);
-      line_out(out, "pushed %" PRIu64 "\n", t_last);
+      line_out(out, "pushed %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", t_last, compute, rtt);
     } else {
       die("prefill: unknown command \"%s\"", line);
     }
@@ -376,7 +439,8 @@ static uint16_t free_ports3(uint16_t avoid) {
 
 struct row {
   uint64_t tokens, blocks, bytes, ops;
-  double plugin_gbs, raw_gbs, handoff_ms, push_after_last_ms, layer_ms;
+  uint32_t rounds;
+  double plugin_gbs, plugin_fd_gbs, raw_gbs, handoff_ms, push_after_last_ms, layer_ms, notice_ms;
 };
 
 static void usage(void) {
@@ -431,10 +495,11 @@ int main(int argc, char **argv) {
     } else
       die("unknown or bad option %s %s (--help)", a, v);
   }
-  uint64_t maxb = 0;
+  uint64_t maxb = 0, maxprompt = 0;
   for (size_t i = 0; i < o.nprompts; i++) {
     uint64_t b = (o.prompts[i] + o.block_tokens - 1) / o.block_tokens;
     if (b > maxb) maxb = b;
+    if (o.prompts[i] > maxprompt) maxprompt = o.prompts[i];
   }
   o.pool_blocks = (maxb + 15) / 8 * 8 + 8;
   uint16_t pport = free_ports3(0), dport = free_ports3(pport);
@@ -446,7 +511,7 @@ int main(int argc, char **argv) {
   if (pid == 0) {
     close(to_child[1]);
     close(from_child[0]);
-    prefill_main(to_child[0], from_child[1], pport);
+    prefill_main(to_child[0], from_child[1], pport, dport);
   }
   close(to_child[0]);
   close(from_child[1]);
@@ -464,6 +529,10 @@ int main(int argc, char **argv) {
   conn_up(&pull, dport, "consumer", "pull", &p);
   conn_up(&push, (uint16_t)(dport + 1), "consumer", "push", &p);
   HixlEngine *raw = raw_engine((uint16_t)(dport + 2), &p);
+  int32_t pull_fd = -1;
+  if (!HIXL_KV_HAS_OP(ops, get_event_fd) || ops->get_event_fd(pull.worker, &pull_fd) != HIXL_KV_SUCCESS)
+    die("get_event_fd: %s",
+        HIXL_KV_HAS_OP(ops, get_event_fd) ? ops->last_error() : "the plugin is older than ABI 1.2");
   char praw[64];
   snprintf(praw, sizeof(praw), "%s:%u", o.ip, (unsigned)(pport + 2));
   if (HixlEngineConnect(raw, praw, 10000) != HIXL_SUCCESS) die("raw connect: %s", HixlGetLastErrorMessage());
@@ -477,17 +546,22 @@ int main(int argc, char **argv) {
   for (size_t pi = 0; pi < o.nprompts; pi++) {
     struct row *w = &rows[pi];
     uint64_t nb = (o.prompts[pi] + o.block_tokens - 1) / o.block_tokens;
-    uint64_t t_plugin[MAX_ROUNDS], t_raw[MAX_ROUNDS], t_hand[MAX_ROUNDS], t_push[MAX_ROUNDS],
-        t_layer[MAX_ROUNDS];
+    uint64_t t_plugin[MAX_RUNS], t_plugin_fd[MAX_RUNS], t_raw[MAX_RUNS], t_hand[MAX_RUNS], t_push[MAX_RUNS],
+        t_layer[MAX_RUNS], t_rtt[MAX_RUNS];
     memset(w, 0, sizeof(*w));
     w->tokens = o.prompts[pi];
     w->blocks = nb;
     w->bytes = nb * o.block_bytes * 2 * o.layers;
-    for (uint32_t r = 0; r < o.rounds; r++) {
+    uint64_t scaled = (uint64_t)o.rounds * maxprompt / o.prompts[pi];
+    w->rounds = (uint32_t)(scaled < o.rounds          ? o.rounds
+                           : scaled > 4ull * o.rounds ? 4ull * o.rounds
+                                                      : scaled);
+    for (uint32_t r = 0; r < w->rounds; r++) {
       char id[64], did[64];
-      fprintf(stderr, "\r  prompt %" PRIu64 " tokens: round %u/%u ", o.prompts[pi], r + 1, o.rounds);
-      /* The raw engine READs the same op list as the plugin's pull: before the pull in
-       * odd rounds, after it in even ones, so neither gains from the other's warm-up.
+      fprintf(stderr, "\r  prompt %" PRIu64 " tokens: round %u/%u ", o.prompts[pi], r + 1, w->rounds);
+      /* The raw engine READs the same op list as the plugin's pulls: first in odd
+       * rounds, last in even ones, so none gains from another's warm-up; the stepping
+       * pull and the fd-woken one swap places likewise.
        * Prefill's blocks are the head of its free list (seed 1), as it allocates them. */
       struct pool *pp0 = &prefill_view;
       size_t nrb = nb;
@@ -495,8 +569,9 @@ int main(int argc, char **argv) {
       size_t nops = build_ops(opv, (uintptr_t)p.mem, rbase, p.free_ids, rb, nrb, 0, o.layers);
       w->ops = nops;
       uint64_t t0;
-      for (int pass = 0; pass < 2; pass++) {
-        if ((pass == 0) == (r % 2 == 1)) {
+      for (int k = 0; k < 3; k++) {
+        int pass = r % 2 ? k : 2 - k; /* 0: raw, 1: pull stepping, 2: pull woken by the fd */
+        if (pass == 0) {
           t0 = bench_now_ns();
           if (HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000) != HIXL_SUCCESS)
             die("raw READ: %s", HixlGetLastErrorMessage());
@@ -524,20 +599,19 @@ int main(int argc, char **argv) {
                 HIXL_KV_SUCCESS)
           die("decode scheduler: %s", ops->last_error());
         t0 = bench_now_ns();
-        wait_finished(&pull, did, 1);
+        wait_finished_fd(&pull, did, 1, pass == 2 ? pull_fd : -1);
         uint64_t t1 = bench_now_ns();
-        t_plugin[r] = t1 - t0;
-        t_hand[r] = t1 - t_fin;
+        if (pass == 2) {
+          t_plugin_fd[r] = t1 - t0;
+        } else {
+          t_plugin[r] = t1 - t0;
+          t_hand[r] = t1 - t_fin;
+        }
         line_in(in, line, sizeof(line)); /* freed */
         free(params);
       }
-      /* One layer's raw transfer: the unit pipelining cannot hide. */
-      nops = build_ops(opv, (uintptr_t)p.mem, rbase, p.free_ids, rb, nrb, 0, 1);
-      t0 = bench_now_ns();
-      if (HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000) != HIXL_SUCCESS)
-        die("raw READ of one layer: %s", HixlGetLastErrorMessage());
-      t_layer[r] = bench_now_ns() - t0;
-      /* Push, layer by layer, each layer's compute about one layer's transfer. */
+      /* Push, layer by layer, each layer's compute as long as one layer's raw WRITE
+       * (prefill measures it right before, layer_write_ns): the unit pipelining cannot hide. */
       snprintf(id, sizeof(id), "p%u", req);
       snprintf(did, sizeof(did), "d%u", req++);
       const char *mark = "{\"do_remote_prefill\": true}";
@@ -552,7 +626,7 @@ int main(int argc, char **argv) {
           ops->get_push_params(push.sched, did, strlen(did), &pp) != HIXL_KV_SUCCESS)
         die("decode scheduler (push): %s", ops->last_error());
       step(&push);
-      line_out(out, "push %s %" PRIu64 " %" PRIu64 " %.*s\n", id, nb, t_layer[r], (int)pp.len,
+      line_out(out, "push %s %" PRIu64 " %" PRIuPTR " %.*s\n", id, nb, (uintptr_t)p.mem, (int)pp.len,
                (char *)pp.data);
       ops->free_buffer(&pp);
       /* The forward pass of this step: each layer waited for before it is used. */
@@ -561,49 +635,63 @@ int main(int argc, char **argv) {
           die("wait_for_layer_load %u: %s", l, ops->last_error());
       uint64_t t_done = bench_now_ns(), t_last = 0;
       wait_finished(&push, did, 1); /* then the host learns it finished (and checks it did) */
-      if (sscanf(line_in(in, line, sizeof(line)), "pushed %" SCNu64, &t_last) != 1) die("prefill: %s", line);
+      if (sscanf(line_in(in, line, sizeof(line)), "pushed %" SCNu64 " %" SCNu64 " %" SCNu64, &t_last,
+                 &t_layer[r], &t_rtt[r]) != 3)
+        die("prefill: %s", line);
+      HixlNotifyDesc *nv = NULL;
+      size_t nn = 0;
+      if (HixlEngineGetNotifies(raw, &nv, &nn) != HIXL_SUCCESS || nn != 9)
+        die("raw engine: %zu of prefill's 9 notices arrived: %s", nn, HixlGetLastErrorMessage());
+      HixlEngineFreeNotifies(nv);
       if (t_done < t_last) die("push %s: wait_for_layer_load returned before the last layer was saved", did);
       t_push[r] = t_done - t_last;
     }
-    w->plugin_gbs = (double)w->bytes / (double)median(t_plugin, o.rounds);
-    w->raw_gbs = (double)w->bytes / (double)median(t_raw, o.rounds);
-    w->handoff_ms = (double)median(t_hand, o.rounds) / 1e6;
-    w->push_after_last_ms = (double)median(t_push, o.rounds) / 1e6;
-    w->layer_ms = (double)median(t_layer, o.rounds) / 1e6;
+    w->plugin_gbs = (double)w->bytes / (double)median(t_plugin, w->rounds);
+    w->plugin_fd_gbs = (double)w->bytes / (double)median(t_plugin_fd, w->rounds);
+    w->raw_gbs = (double)w->bytes / (double)median(t_raw, w->rounds);
+    w->handoff_ms = (double)median(t_hand, w->rounds) / 1e6;
+    w->push_after_last_ms = (double)median(t_push, w->rounds) / 1e6;
+    w->layer_ms = (double)median(t_layer, w->rounds) / 1e6;
+    w->notice_ms = (double)median(t_rtt, w->rounds) / 1e6;
   }
   fprintf(stderr, "\r%60s\r", "");
   line_out(out, "quit\n");
   waitpid(pid, NULL, 0);
 
-  printf("| prompt tokens | blocks | MiB | engine ops | plugin pull GB/s | raw engine GB/s | ratio (goal >= "
-         "0.9) "
-         "| hand-off ms (pull) | push: after last layer ms | one layer ms | ratio (goal <= 1.5) |\n");
-  printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  printf("| prompt tokens | blocks | MiB | engine ops | rounds | raw engine GB/s"
+         " | plugin pull GB/s, host woken by the fd | ratio (goal >= 0.9)"
+         " | plugin pull GB/s, host stepping | ratio | hand-off ms (pull, stepping)"
+         " | push: after last layer ms | one layer ms | ratio (goal <= 1.5)"
+         " | notice round trip ms | floor: (layer + notice) / layer |\n");
+  printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < o.nprompts; i++) {
     struct row *w = &rows[i];
     printf("| %" PRIu64 " | %" PRIu64 " | %.1f | %" PRIu64
-           " | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
-           w->tokens, w->blocks, (double)w->bytes / 1048576.0, w->ops, w->plugin_gbs, w->raw_gbs,
-           w->plugin_gbs / w->raw_gbs, w->handoff_ms, w->push_after_last_ms, w->layer_ms,
-           w->push_after_last_ms / w->layer_ms);
+           " | %u | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f | %.2f |\n",
+           w->tokens, w->blocks, (double)w->bytes / 1048576.0, w->ops, w->rounds, w->raw_gbs,
+           w->plugin_fd_gbs, w->plugin_fd_gbs / w->raw_gbs, w->plugin_gbs, w->plugin_gbs / w->raw_gbs,
+           w->handoff_ms, w->push_after_last_ms, w->layer_ms, w->push_after_last_ms / w->layer_ms,
+           w->notice_ms, (w->layer_ms + w->notice_ms) / w->layer_ms);
   }
   if (o.json) {
     FILE *f = fopen(o.json, "w");
     if (!f) die("%s: %s", o.json, strerror(errno));
     fprintf(f,
             "{\"transport\": \"%s\", \"layers\": %u, \"block_bytes\": %" PRIu64
-            ", \"rounds\": %u, \"rows\": [",
-            o.transport, o.layers, o.block_bytes, o.rounds);
+            ", \"rounds\": %u, \"step_us\": %" PRIu64 ", \"rows\": [",
+            o.transport, o.layers, o.block_bytes, o.rounds, o.step_us);
     for (size_t i = 0; i < o.nprompts; i++) {
       struct row *w = &rows[i];
       fprintf(f,
               "%s\n {\"tokens\": %" PRIu64 ", \"blocks\": %" PRIu64 ", \"bytes\": %" PRIu64
-              ", \"engine_ops\": %" PRIu64
-              ", \"plugin_gbs\": %.4f, \"raw_gbs\": %.4f, \"ratio\": %.4f, \"handoff_ms\": %.4f,"
-              " \"push_after_last_ms\": %.4f, \"layer_ms\": %.4f, \"push_ratio\": %.4f}",
-              i ? "," : "", w->tokens, w->blocks, w->bytes, w->ops, w->plugin_gbs, w->raw_gbs,
-              w->plugin_gbs / w->raw_gbs, w->handoff_ms, w->push_after_last_ms, w->layer_ms,
-              w->push_after_last_ms / w->layer_ms);
+              ", \"engine_ops\": %" PRIu64 ", \"rounds\": %u, \"raw_gbs\": %.4f"
+              ", \"plugin_fd_gbs\": %.4f, \"ratio\": %.4f, \"plugin_gbs\": %.4f, \"ratio_stepping\": %.4f"
+              ", \"handoff_ms\": %.4f, \"push_after_last_ms\": %.4f, \"layer_ms\": %.4f, \"push_ratio\": %.4f"
+              ", \"notice_rtt_ms\": %.4f, \"push_floor\": %.4f}",
+              i ? "," : "", w->tokens, w->blocks, w->bytes, w->ops, w->rounds, w->raw_gbs, w->plugin_fd_gbs,
+              w->plugin_fd_gbs / w->raw_gbs, w->plugin_gbs, w->plugin_gbs / w->raw_gbs, w->handoff_ms,
+              w->push_after_last_ms, w->layer_ms, w->push_after_last_ms / w->layer_ms, w->notice_ms,
+              (w->layer_ms + w->notice_ms) / w->layer_ms);
     }
     fprintf(f, "\n]}\n");
     fclose(f);

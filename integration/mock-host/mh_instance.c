@@ -562,9 +562,15 @@ int mh_instance_main(const struct mh_inst_args *a) {
   mh_put_u32(&o, (uint32_t)a->model.num_blocks);
   mh_send(a->fd, MH_READY, &o);
 
+  /* Decode also wakes when a load ended (ABI 1.2's event fd), not only at its next step:
+   * its step polls get_finished, which quiets the fd. */
+  int32_t efd = -1;
+  if (!a->prefill && HIXL_KV_HAS_OP(x.ops, get_event_fd) &&
+      x.ops->get_event_fd(x.worker, &efd) != HIXL_KV_SUCCESS)
+    efd = -1;
   for (;;) {
-    struct pollfd pfd = {a->fd, POLLIN, 0};
-    poll(&pfd, 1, x.n || x.exiting ? 1 : 20);
+    struct pollfd pfd[2] = {{a->fd, POLLIN, 0}, {efd, POLLIN, 0}};
+    poll(pfd, efd >= 0 ? 2 : 1, x.n || x.exiting ? 1 : 20);
     if (mh_conn_fill(&x.conn) < 0 && !x.conn.eof) break;
     uint8_t type;
     struct mh_in in;
