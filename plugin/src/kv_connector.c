@@ -738,8 +738,8 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
   threaded = pthread_create(&notes, NULL, notes_main, &pn) == 0;
   for (size_t i = 0; i < n; i++) st[i] = push_accept(c, v[i], why[i], sizeof(why[i]));
   uint32_t span = c->cfg.pipelining ? 1 : c->layers;
-  for (uint32_t l = 0; l < c->layers; l += span) {
-    uint32_t last = l + span - 1;
+  for (uint32_t l = 0, last; l < c->layers; l = last + 1) {
+    last = l + span - 1;
     bool any = false;
     for (size_t i = 0; i < n; i++) any |= st[i] == HIXL_SUCCESS && notes_ok(&pn, (uint32_t)i);
     if (!any) break;
@@ -753,13 +753,19 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
         }
       break;
     }
+    /* A pusher behind the compute takes every layer saved meanwhile in one transfer:
+     * the per-transfer costs (its completion, the op list) are paid once, so it
+     * catches up instead of staying behind by them. */
+    pthread_mutex_lock(&c->lock);
+    while (last + 1 < c->layers && c->saved_step[last + 1] >= v[0]->step) last++;
+    pthread_mutex_unlock(&c->lock);
     for (size_t i = 0; i < n; i++) {
       if (st[i] != HIXL_SUCCESS || !notes_ok(&pn, (uint32_t)i)) continue;
       struct kv_meta_entry *e = &v[i]->e;
       HixlBlocksCacheKey key = {e->cluster, 0};
       HixlCacheTransferArgs a = HIXL_CACHE_TRANSFER_ARGS_INIT;
       a.src_layer_start = a.dst_layer_start = l;
-      a.src_layer_count = a.dst_layer_count = span;
+      a.src_layer_count = a.dst_layer_count = last - l + 1;
       a.tensor_num_per_layer = c->tensors_per_layer;
       a.timeout_ms = c->cfg.transfer_timeout_ms;
       st[i] = HixlCacheManagerPushBlocks(c->mgr, &key, c->cache_id, e->blocks, e->nblocks, e->rblocks,
