@@ -910,6 +910,65 @@ static void test_call_after_answers(void) {
   tu_free_mem(dst, len);
 }
 
+/* The handler below answers "<n>:<request>" and records the order it served them. */
+struct order_on_call {
+  int calls;
+  char seen[16][16];
+};
+
+static HixlStatus order_handler(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                                size_t cap, size_t *resp_len) {
+  struct order_on_call *o = ctx;
+  (void)peer;
+  if (len >= sizeof(o->seen[0]) || o->calls >= 16) return HIXL_PARAM_INVALID;
+  memcpy(o->seen[o->calls], req, len);
+  o->seen[o->calls][len] = '\0';
+  int n = snprintf((char *)resp, cap, "%d:%.*s", o->calls++, (int)len, (const char *)req);
+  *resp_len = (size_t)n;
+  return HIXL_SUCCESS;
+}
+
+/* hixl_engine_call_start: eight calls leave before the first answer is waited for;
+ * the peer serves them in the order they were started, each answer lands in its own
+ * buffer and length; a service the peer lacks comes back UNSUPPORTED at the wait; a
+ * call to an engine not linked fails at the start. */
+static void test_call_start(void) {
+  enum { SERVICE = 3, N = 8 };
+  struct order_on_call o = {0};
+  hixl_call_t calls[N];
+  uint8_t ans[N][32];
+  uint32_t alen[N];
+  char req[N][8];
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, SERVICE, order_handler, &o));
+  for (int i = 0; i < N; i++) {
+    snprintf(req[i], sizeof(req[i]), "r%d", i);
+    alen[i] = 999;
+    TU_ASSERT_OK(hixl_engine_call_start(g.cli, g.srv_name, SERVICE, req[i], strlen(req[i]), ans[i],
+                                        sizeof(ans[i]), &alen[i], XFER_TIMEOUT, &calls[i]));
+  }
+  for (int i = N - 1; i >= 0; i--) TU_ASSERT_OK(hixl_engine_call_wait(g.cli, g.srv_name, calls[i]));
+  CU_ASSERT_EQUAL(o.calls, N);
+  for (int i = 0; i < N; i++) {
+    char want[32];
+    int n = snprintf(want, sizeof(want), "%d:r%d", i, i);
+    CU_ASSERT_STRING_EQUAL(o.seen[i], req[i]);
+    CU_ASSERT_EQUAL(alen[i], (uint32_t)n);
+    CU_ASSERT(alen[i] == (uint32_t)n && memcmp(ans[i], want, (size_t)n) == 0);
+  }
+  hixl_call_t c;
+  TU_ASSERT_OK(hixl_engine_call_start(g.cli, g.srv_name, HIXL_SERVICE_KV, "x", 1, ans[0], sizeof(ans[0]),
+                                      &alen[0], XFER_TIMEOUT, &c));
+  TU_ASSERT_STATUS(hixl_engine_call_wait(g.cli, g.srv_name, c), HIXL_UNSUPPORTED);
+  char other[TU_ADDR_LEN];
+  TU_ASSERT_STATUS(hixl_engine_call_start(g.cli, tu_addr(other, sizeof(other), tu_free_port()), SERVICE, "x",
+                                          1, ans[0], sizeof(ans[0]), &alen[0], XFER_TIMEOUT, &c),
+                   HIXL_NOT_CONNECTED);
+  TU_ASSERT_STATUS(hixl_engine_call_start(g.cli, g.srv_name, SERVICE, "x", 1, ans[0], sizeof(ans[0]),
+                                          &alen[0], XFER_TIMEOUT, NULL),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_OK(hixl_engine_set_service(g.srv, SERVICE, NULL, NULL));
+}
+
 /* ---------------------------------------------------------------- threads */
 
 enum { NTHREADS = 4, ROUNDS = 12 };
@@ -1054,6 +1113,7 @@ int main(void) {
   CU_add_test(s, "notify from a listening engine", test_notify_from_server_engine);
   CU_add_test(s, "allocated memory: memfd, registered, freed once", test_alloc_mem);
   CU_add_test(s, "a CALL is served after the READ answers before it (tcp)", test_call_after_answers);
+  CU_add_test(s, "calls started before any answer is waited for, served in order", test_call_start);
   CU_add_test(s, "four threads at once", test_four_threads);
   if (CU_get_error() != CUE_SUCCESS) {
     fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());

@@ -620,7 +620,7 @@ static HixlStatus req_wait(HixlEngine *e, struct conn *c, struct hixl_transfer_r
   struct timespec ts = {.tv_sec = (time_t)(r->deadline_ns / 1000000000ull),
                         .tv_nsec = (long)(r->deadline_ns % 1000000000ull)};
   HixlStatus st = HIXL_SUCCESS;
-  link_drive(c, r); /* receive our own answers when nobody else is */
+  if (c) link_drive(c, r); /* receive our own answers when nobody else is */
   while (r->outstanding > 0)
     if (pthread_cond_timedwait(&e->cond, &e->lock, &ts) == ETIMEDOUT) break;
   uint32_t starved = r->outstanding > 0 ? stage_cancel(r) : 0;
@@ -1173,11 +1173,14 @@ HixlStatus hixl_engine_set_service(HixlEngine *e, uint16_t service, hixl_call_fn
   return st;
 }
 
-HixlStatus hixl_engine_call(HixlEngine *e, const char *remote, uint16_t service, const void *req, size_t len,
-                            void *resp, size_t cap, size_t *resp_len, int32_t timeout_ms) {
-  const char *fn = "hixl_engine_call";
+/* Start a CALL on remote's link: the frame leaves now; *out is the request, held for
+ * the caller. Lock held on return when *out is set, released otherwise. */
+static HixlStatus call_send(HixlEngine *e, const char *remote, uint16_t service, const void *req, size_t len,
+                            void *resp, size_t cap, uint32_t *resp_len, int32_t timeout_ms, const char *fn,
+                            struct conn **cout, struct hixl_transfer_req **out) {
   struct sockaddr_in sa;
   HixlStatus st;
+  *out = NULL;
   if ((st = check_remote(remote, fn, &sa)) != HIXL_SUCCESS) return st;
   CHECK_ARG((req || len == 0) && len <= HIXL_CALL_MAX && resp && cap > 0 && resp_len,
             "%s: request (%zu bytes, at most %u), answer buffer or length output is invalid", fn, len,
@@ -1189,7 +1192,6 @@ HixlStatus hixl_engine_call(HixlEngine *e, const char *remote, uint16_t service,
     free(frame);
     return st;
   }
-  uint32_t got = 0;
   struct conn *c = link_for(e, remote, fn, &st);
   struct hixl_transfer_req *r = NULL;
   if (c && !(c->peer->caps & WIRE_CAP_CALL))
@@ -1207,16 +1209,56 @@ HixlStatus hixl_engine_call(HixlEngine *e, const char *remote, uint16_t service,
   ch->seq = c->next_seq++;
   ch->laddr = resp;
   ch->len = cap > HIXL_CALL_MAX ? HIXL_CALL_MAX : (uint32_t)cap;
-  ch->call_len = &got;
+  ch->call_len = resp_len;
   if (len) memcpy(frame + WIRE_CALL_REQ_AT, req, len);
   ch->tx.heap = frame;
   ch->tx.heap_len = wire_put_call(frame, WIRE_CALL, ch->seq, service, (uint32_t)len);
   ch->tx.chunk = ch;
   link_enqueue(c, &ch->tx);
   link_flush(c);
+  *cout = c;
+  *out = r;
+  return HIXL_SUCCESS;
+}
+
+HixlStatus hixl_engine_call(HixlEngine *e, const char *remote, uint16_t service, const void *req, size_t len,
+                            void *resp, size_t cap, size_t *resp_len, int32_t timeout_ms) {
+  const char *fn = "hixl_engine_call";
+  uint32_t got = 0;
+  struct conn *c;
+  struct hixl_transfer_req *r;
+  HixlStatus st =
+      call_send(e, remote, service, req, len, resp, cap, resp_len ? &got : NULL, timeout_ms, fn, &c, &r);
+  if (!r) return st;
   st = req_wait(e, c, r, fn, remote);
   pthread_mutex_unlock(&e->lock);
   if (st == HIXL_SUCCESS) *resp_len = got;
+  return st;
+}
+
+HixlStatus hixl_engine_call_start(HixlEngine *e, const char *remote, uint16_t service, const void *req,
+                                  size_t len, void *resp, size_t cap, uint32_t *resp_len, int32_t timeout_ms,
+                                  hixl_call_t *call) {
+  const char *fn = "hixl_engine_call_start";
+  CHECK_ARG(call, "%s: call output is NULL", fn);
+  struct conn *c;
+  struct hixl_transfer_req *r;
+  HixlStatus st = call_send(e, remote, service, req, len, resp, cap, resp_len, timeout_ms, fn, &c, &r);
+  if (!r) return st;
+  link_unpark(c); /* nobody drives the link for it: the progress thread reads the answer */
+  pthread_mutex_unlock(&e->lock);
+  *call = r;
+  return HIXL_SUCCESS;
+}
+
+HixlStatus hixl_engine_call_wait(HixlEngine *e, const char *remote, hixl_call_t call) {
+  const char *fn = "hixl_engine_call_wait";
+  CHECK_ARG(call && remote, "%s: call or remote is NULL", fn);
+  pthread_mutex_lock(&e->lock); /* not engine_enter: a call started is waited for even while finalizing */
+  struct peer *p = find_peer(e, remote);
+  struct conn *c = p ? p->conn : NULL; /* NULL: the link died, and ended the call */
+  HixlStatus st = req_wait(e, c, call, fn, remote);
+  pthread_mutex_unlock(&e->lock);
   return st;
 }
 

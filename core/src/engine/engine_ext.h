@@ -81,6 +81,21 @@ HixlStatus hixl_engine_call(HixlEngine *e, const char *remote, uint16_t service,
                             void *resp, size_t cap, size_t *resp_len, int32_t timeout_ms);
 #define HIXL_CALL_MAX (64u << 10) /* bytes of a request or an answer */
 
+/* A call started and not yet waited for. */
+typedef struct hixl_transfer_req *hixl_call_t;
+
+/* Start the same call without waiting: it leaves now, and its answer (at most cap
+ * bytes) lands in resp, its length in *resp_len; both must stay valid until
+ * hixl_engine_call_wait returns for it. Calls and transfers started on one link reach
+ * the peer in the order they were started. */
+HixlStatus hixl_engine_call_start(HixlEngine *e, const char *remote, uint16_t service, const void *req,
+                                  size_t len, void *resp, size_t cap, uint32_t *resp_len, int32_t timeout_ms,
+                                  hixl_call_t *call);
+
+/* Wait until a started call ends (at most until its deadline) and release it: its
+ * status, as hixl_engine_call's. Every started call is waited for, before Finalize. */
+HixlStatus hixl_engine_call_wait(HixlEngine *e, const char *remote, hixl_call_t call);
+
 /* SUCCESS when remote's table, as this engine knows it now (no round trip), holds
  * a registration covering [addr, addr + len) whose tag is tag; PARAM_INVALID if not. */
 HixlStatus hixl_engine_remote_has(HixlEngine *e, const char *remote, uint64_t addr, uint64_t len,
