@@ -300,6 +300,35 @@ static uint64_t notice_rtt_ns(HixlEngine *raw, const char *draw) {
   return median(t, 9);
 }
 
+/* The same round trip while one layer's raw WRITE moves on the same link (the median
+ * of three): what the layer-landed notices meet in a push, whose next layer is always
+ * on its way. Where the CPUs move the bytes (soft-RoCE) the notice waits for them. */
+static uint64_t notice_busy_ns(HixlEngine *raw, const char *draw, const struct pool *p, uintptr_t dbase,
+                               const uint64_t *dblocks, uint64_t nb) {
+  static HixlTransferOpDesc v[1 << 16];
+  uint64_t t[3];
+  HixlNotifyDesc note = {"pd-bench", "layer", NULL};
+  for (uint32_t j = 0; j < 3; j++) {
+    size_t n = build_ops(v, (uintptr_t)p->mem, dbase, p->free_ids, dblocks, nb, j * (o.layers - 1) / 2, 1);
+    HixlTransferReq rq;
+    HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
+    if (HixlEngineTransferAsync(raw, draw, HIXL_WRITE, v, n, 60000, NULL, &rq) != HIXL_SUCCESS)
+      die("raw async WRITE of one layer: %s", HixlGetLastErrorMessage());
+    uint64_t t0 = bench_now_ns();
+    if (HixlEngineSendNotify(raw, draw, &note, 60000) != HIXL_SUCCESS)
+      die("raw notify: %s", HixlGetLastErrorMessage());
+    t[j] = bench_now_ns() - t0;
+    while (ts == HIXL_TRANSFER_WAITING) {
+      if (HixlEngineGetTransferStatus(raw, rq, &ts) != HIXL_SUCCESS)
+        die("raw status: %s", HixlGetLastErrorMessage());
+      struct timespec d = {0, 20000};
+      if (ts == HIXL_TRANSFER_WAITING) nanosleep(&d, NULL);
+    }
+    if (ts != HIXL_TRANSFER_COMPLETED) die("raw async WRITE of one layer ended %d", (int)ts);
+  }
+  return median(t, 3);
+}
+
 static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
   struct pool p, decode_view;
   char draw[64];
@@ -341,6 +370,7 @@ static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
       linked = true;
       compute = layer_write_ns(raw, draw, &p, dbase, decode_view.free_ids, nb);
       uint64_t rtt = notice_rtt_ns(raw, draw);
+      uint64_t busy = notice_busy_ns(raw, draw, &p, dbase, decode_view.free_ids, nb);
       for (uint64_t i = 0; i < nb; i++) blocks[i] = p.free_ids[i];
       hixl_kv_request r = request(id, nb * o.block_tokens, line + off);
       if (ops->update_state_after_alloc(push.sched, &r, blocks, nb, 0) != HIXL_KV_SUCCESS)
@@ -357,7 +387,7 @@ static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
       hixl_kv_buffer none = {0};
       ops->request_finished(push.sched, &r, blocks, nb, &delay, &none);
       wait_finished(&push, id, 0);
-      line_out(out, "pushed %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", t_last, compute, rtt);
+      line_out(out, "pushed %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", t_last, compute, rtt, busy);
     } else {
       die("prefill: unknown command \"%s\"", line);
     }
@@ -440,7 +470,8 @@ static uint16_t free_ports3(uint16_t avoid) {
 struct row {
   uint64_t tokens, blocks, bytes, ops;
   uint32_t rounds;
-  double plugin_gbs, plugin_fd_gbs, raw_gbs, handoff_ms, push_after_last_ms, layer_ms, notice_ms;
+  double plugin_gbs, plugin_fd_gbs, raw_gbs, handoff_ms, push_after_last_ms, layer_ms, notice_ms,
+      notice_busy_ms;
 };
 
 static void usage(void) {
@@ -547,7 +578,7 @@ int main(int argc, char **argv) {
     struct row *w = &rows[pi];
     uint64_t nb = (o.prompts[pi] + o.block_tokens - 1) / o.block_tokens;
     uint64_t t_plugin[MAX_RUNS], t_plugin_fd[MAX_RUNS], t_raw[MAX_RUNS], t_hand[MAX_RUNS], t_push[MAX_RUNS],
-        t_layer[MAX_RUNS], t_rtt[MAX_RUNS];
+        t_layer[MAX_RUNS], t_rtt[MAX_RUNS], t_busy[MAX_RUNS];
     memset(w, 0, sizeof(*w));
     w->tokens = o.prompts[pi];
     w->blocks = nb;
@@ -635,13 +666,13 @@ int main(int argc, char **argv) {
           die("wait_for_layer_load %u: %s", l, ops->last_error());
       uint64_t t_done = bench_now_ns(), t_last = 0;
       wait_finished(&push, did, 1); /* then the host learns it finished (and checks it did) */
-      if (sscanf(line_in(in, line, sizeof(line)), "pushed %" SCNu64 " %" SCNu64 " %" SCNu64, &t_last,
-                 &t_layer[r], &t_rtt[r]) != 3)
+      if (sscanf(line_in(in, line, sizeof(line)), "pushed %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64,
+                 &t_last, &t_layer[r], &t_rtt[r], &t_busy[r]) != 4)
         die("prefill: %s", line);
       HixlNotifyDesc *nv = NULL;
       size_t nn = 0;
-      if (HixlEngineGetNotifies(raw, &nv, &nn) != HIXL_SUCCESS || nn != 9)
-        die("raw engine: %zu of prefill's 9 notices arrived: %s", nn, HixlGetLastErrorMessage());
+      if (HixlEngineGetNotifies(raw, &nv, &nn) != HIXL_SUCCESS || nn != 12)
+        die("raw engine: %zu of prefill's 12 notices arrived: %s", nn, HixlGetLastErrorMessage());
       HixlEngineFreeNotifies(nv);
       if (t_done < t_last) die("push %s: wait_for_layer_load returned before the last layer was saved", did);
       t_push[r] = t_done - t_last;
@@ -653,6 +684,7 @@ int main(int argc, char **argv) {
     w->push_after_last_ms = (double)median(t_push, w->rounds) / 1e6;
     w->layer_ms = (double)median(t_layer, w->rounds) / 1e6;
     w->notice_ms = (double)median(t_rtt, w->rounds) / 1e6;
+    w->notice_busy_ms = (double)median(t_busy, w->rounds) / 1e6;
   }
   fprintf(stderr, "\r%60s\r", "");
   line_out(out, "quit\n");
@@ -662,16 +694,16 @@ int main(int argc, char **argv) {
          " | plugin pull GB/s, host woken by the fd | ratio (goal >= 0.9)"
          " | plugin pull GB/s, host stepping | ratio | hand-off ms (pull, stepping)"
          " | push: after last layer ms | one layer ms | ratio (goal <= 1.5)"
-         " | notice round trip ms | floor: (layer + notice) / layer |\n");
-  printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+         " | notice round trip ms | floor: (layer + notice) / layer | notice while a layer moves ms |\n");
+  printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < o.nprompts; i++) {
     struct row *w = &rows[i];
     printf("| %" PRIu64 " | %" PRIu64 " | %.1f | %" PRIu64
-           " | %u | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f | %.2f |\n",
+           " | %u | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f | %.2f | %.3f |\n",
            w->tokens, w->blocks, (double)w->bytes / 1048576.0, w->ops, w->rounds, w->raw_gbs,
            w->plugin_fd_gbs, w->plugin_fd_gbs / w->raw_gbs, w->plugin_gbs, w->plugin_gbs / w->raw_gbs,
            w->handoff_ms, w->push_after_last_ms, w->layer_ms, w->push_after_last_ms / w->layer_ms,
-           w->notice_ms, (w->layer_ms + w->notice_ms) / w->layer_ms);
+           w->notice_ms, (w->layer_ms + w->notice_ms) / w->layer_ms, w->notice_busy_ms);
   }
   if (o.json) {
     FILE *f = fopen(o.json, "w");
@@ -687,11 +719,11 @@ int main(int argc, char **argv) {
               ", \"engine_ops\": %" PRIu64 ", \"rounds\": %u, \"raw_gbs\": %.4f"
               ", \"plugin_fd_gbs\": %.4f, \"ratio\": %.4f, \"plugin_gbs\": %.4f, \"ratio_stepping\": %.4f"
               ", \"handoff_ms\": %.4f, \"push_after_last_ms\": %.4f, \"layer_ms\": %.4f, \"push_ratio\": %.4f"
-              ", \"notice_rtt_ms\": %.4f, \"push_floor\": %.4f}",
+              ", \"notice_rtt_ms\": %.4f, \"push_floor\": %.4f, \"notice_busy_ms\": %.4f}",
               i ? "," : "", w->tokens, w->blocks, w->bytes, w->ops, w->rounds, w->raw_gbs, w->plugin_fd_gbs,
               w->plugin_fd_gbs / w->raw_gbs, w->plugin_gbs, w->plugin_gbs / w->raw_gbs, w->handoff_ms,
               w->push_after_last_ms, w->layer_ms, w->push_after_last_ms / w->layer_ms, w->notice_ms,
-              (w->layer_ms + w->notice_ms) / w->layer_ms);
+              (w->layer_ms + w->notice_ms) / w->layer_ms, w->notice_busy_ms);
     }
     fprintf(f, "\n]}\n");
     fclose(f);

@@ -369,16 +369,21 @@ static int32_t ms_until(uint64_t deadline) {
   return now >= deadline ? 0 : (int32_t)((deadline - now + 999999) / 1000000);
 }
 
+/* A KV service request: op on request id (LAYER: which layer; ABORT: why). */
+static bool kv_msg(struct kv_out *o, uint8_t op, const char *id, uint32_t layer, const char *reason) {
+  kv_put_u8(o, KV_SVC_PROTO);
+  kv_put_u8(o, op);
+  kv_put_str(o, id, strlen(id));
+  if (op == KV_SVC_LAYER) kv_put_u32(o, layer);
+  if (op == KV_SVC_ABORT) kv_put_str(o, reason, strnlen(reason, KV_MAX_ID));
+  return !o->bad;
+}
+
 static int kv_call_ex(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, uint32_t layer,
                       const char *reason, uint8_t *ans, size_t cap, size_t *n, int32_t timeout_ms,
                       HixlStatus *st) {
   struct kv_out o = {0};
-  kv_put_u8(&o, KV_SVC_PROTO);
-  kv_put_u8(&o, op);
-  kv_put_str(&o, id, strlen(id));
-  if (op == KV_SVC_LAYER) kv_put_u32(&o, layer);
-  if (op == KV_SVC_ABORT) kv_put_str(&o, reason, strnlen(reason, KV_MAX_ID));
-  if (o.bad) {
+  if (!kv_msg(&o, op, id, layer, reason)) {
     free(o.p);
     *st = HIXL_RESOURCE_EXHAUSTED;
     return -1;
@@ -617,131 +622,52 @@ static bool push_wait_saved(hixl_kv_connector *c, uint32_t l, uint64_t step, uin
   return ok;
 }
 
-/* The LAYER notices of one step's pushes, sent in order by their own thread: the
- * pusher goes on with the next layer's data while a notice's round trip runs, so a
- * pusher that is behind the producer's compute does not fall further behind by one
- * round trip per layer. A layer's notice is queued only after its data landed. */
-struct push_notes {
-  hixl_kv_connector *c;
-  struct kv_push **v;
-  pthread_mutex_t lock; /* a leaf, as c->lock */
-  pthread_cond_t cond;
-  struct {
-    uint32_t i, layer;
-  } * q;
-  size_t head, tail, cap;
-  bool sending;     /* a notice is on its way (the thread's, or the pusher's last) */
-  bool done;        /* the pusher queued its last notice */
-  HixlStatus *st;   /* per push: the first failed notice */
-  char (*why)[512]; /* ... and why */
+/* A layer-landed notice (KV service LAYER call) of one step's pushes: started by the
+ * pusher right after its layer's data landed, so it leaves before the next layer's
+ * data and the pusher never waits a round trip per layer; every one is waited for
+ * once the step's layers are out. */
+struct push_note {
+  hixl_call_t call;
+  uint32_t i, layer;
+  uint32_t alen;
+  uint8_t ans[256];
 };
 
-/* Send push i's notice that layer k landed, unless an earlier one failed; pn->lock
- * held on entry and on return, released while the call runs (pn->sending set). */
-static void note_send(struct push_notes *pn, uint32_t i, uint32_t k) {
-  uint8_t ans[256];
-  size_t an;
-  bool failed = pn->st[i] != HIXL_SUCCESS;
-  pn->sending = true;
-  pthread_mutex_unlock(&pn->lock);
-  HixlStatus st = HIXL_SUCCESS;
-  char why[512] = "";
-  struct kv_meta_entry *e = &pn->v[i]->e;
-  if (!failed && kv_call_ex(pn->c, e->remote, KV_SVC_LAYER, e->rreq, k, "", ans, sizeof(ans), &an,
-                            pn->c->cfg.notify_timeout_ms, &st) < 0)
-    snprintf(why, sizeof(why), "telling %s that layer %u landed: %s", e->remote, k,
-             HixlGetLastErrorMessage());
-  if (!failed) {
-    pthread_mutex_lock(&pn->c->lock);
-    pn->c->stats.layers_pushed++;
-    pthread_mutex_unlock(&pn->c->lock);
-  }
-  pthread_mutex_lock(&pn->lock);
-  pn->sending = false;
-  pthread_cond_broadcast(&pn->cond);
-  if (st != HIXL_SUCCESS && pn->st[i] == HIXL_SUCCESS) {
-    pn->st[i] = st;
-    snprintf(pn->why[i], sizeof(pn->why[i]), "%s", why);
-  }
-}
-
-/* Send the queued notices in order; wait for more until the pusher is done (the
- * notices thread), or return once the queue is empty (wait false: a pusher without
- * that thread sends its notices itself). */
-static void notes_drain(struct push_notes *pn, bool wait) {
-  pthread_mutex_lock(&pn->lock);
-  for (;;) {
-    while (wait && pn->head == pn->tail && !pn->done) pthread_cond_wait(&pn->cond, &pn->lock);
-    if (pn->head == pn->tail) break;
-    uint32_t i = pn->q[pn->head].i, k = pn->q[pn->head].layer;
-    pn->head++;
-    note_send(pn, i, k);
-  }
-  pthread_mutex_unlock(&pn->lock);
-}
-
-static void *notes_main(void *arg) {
-  notes_drain(arg, true);
-  return NULL;
-}
-
-/* The step's last notice, from the pusher itself once the notices before it are out:
- * nothing is left to push, and the hand-off to the notices thread (a wake-up, tens of
- * microseconds) would sit on the path to decode's last wait_for_layer_load. */
-static void notes_last(struct push_notes *pn, uint32_t i, uint32_t k) {
-  pthread_mutex_lock(&pn->lock);
-  while (pn->head != pn->tail || pn->sending) pthread_cond_wait(&pn->cond, &pn->lock);
-  note_send(pn, i, k);
-  pthread_mutex_unlock(&pn->lock);
-}
-
-/* Queue layer k of push i (the queue holds every layer of every push of the step). */
-static void notes_put(struct push_notes *pn, uint32_t i, uint32_t k) {
-  pthread_mutex_lock(&pn->lock);
-  pn->q[pn->tail].i = i;
-  pn->q[pn->tail].layer = k;
-  pn->tail++;
-  pthread_cond_broadcast(&pn->cond);
-  pthread_mutex_unlock(&pn->lock);
-}
-
-/* Whether push i's notices all went through so far. */
-static bool notes_ok(struct push_notes *pn, uint32_t i) {
-  pthread_mutex_lock(&pn->lock);
-  bool ok = pn->st[i] == HIXL_SUCCESS;
-  pthread_mutex_unlock(&pn->lock);
-  return ok;
+/* Start the notice that layer k of push v landed; why on failure. */
+static HixlStatus note_start(hixl_kv_connector *c, struct kv_push *v, uint32_t k, struct push_note *pn,
+                             char *why, size_t cap) {
+  struct kv_out o = {0};
+  HixlStatus st = HIXL_RESOURCE_EXHAUSTED;
+  if (kv_msg(&o, KV_SVC_LAYER, v->e.rreq, k, ""))
+    st = hixl_engine_call_start(c->eng, v->e.remote, HIXL_SERVICE_KV, o.p, o.len, pn->ans, sizeof(pn->ans),
+                                &pn->alen, c->cfg.notify_timeout_ms, &pn->call);
+  free(o.p);
+  if (st != HIXL_SUCCESS)
+    snprintf(why, cap, "telling %s that layer %u landed: %s", v->e.remote, k,
+             st == HIXL_RESOURCE_EXHAUSTED ? "out of memory" : HixlGetLastErrorMessage());
+  return st;
 }
 
 /* One step's pushes, layer by layer: each layer leaves as soon as it is saved, while
  * the producer computes the next (layer_pipelining false: all layers in one transfer
- * once the last is saved); the notices that layers landed go from their own thread. */
+ * once the last is saved); each layer's landed notice leaves right behind its data. */
 static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
   HixlStatus *st = calloc(n, sizeof(*st));
   char(*why)[512] = calloc(n, sizeof(*why));
-  struct push_notes pn = {.c = c, .v = v, .cap = n * c->layers};
-  pn.q = calloc(pn.cap ? pn.cap : 1, sizeof(*pn.q));
-  pn.st = calloc(n, sizeof(*pn.st));
-  pn.why = calloc(n, sizeof(*pn.why));
-  pthread_t notes;
-  bool threaded = false;
-  if (!st || !why || !pn.q || !pn.st || !pn.why) {
+  struct push_note *notes = calloc(n * c->layers + 1, sizeof(*notes));
+  size_t nnotes = 0;
+  if (!st || !why || !notes) {
     free(st);
     free(why);
-    free(pn.q);
-    free(pn.st);
-    free(pn.why);
+    free(notes);
     return;
   }
-  pthread_mutex_init(&pn.lock, NULL);
-  pthread_cond_init(&pn.cond, NULL);
-  threaded = pthread_create(&notes, NULL, notes_main, &pn) == 0;
   for (size_t i = 0; i < n; i++) st[i] = push_accept(c, v[i], why[i], sizeof(why[i]));
   uint32_t span = c->cfg.pipelining ? 1 : c->layers;
   for (uint32_t l = 0, last; l < c->layers; l = last + 1) {
     last = l + span - 1;
     bool any = false;
-    for (size_t i = 0; i < n; i++) any |= st[i] == HIXL_SUCCESS && notes_ok(&pn, (uint32_t)i);
+    for (size_t i = 0; i < n; i++) any |= st[i] == HIXL_SUCCESS;
     if (!any) break;
     uint64_t deadline = v[0]->bound_ns + (uint64_t)c->cfg.lease_ms * 1000000ull;
     if (!push_wait_saved(c, last, v[0]->step, deadline)) {
@@ -760,7 +686,7 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
     while (last + 1 < c->layers && c->saved_step[last + 1] >= v[0]->step) last++;
     pthread_mutex_unlock(&c->lock);
     for (size_t i = 0; i < n; i++) {
-      if (st[i] != HIXL_SUCCESS || !notes_ok(&pn, (uint32_t)i)) continue;
+      if (st[i] != HIXL_SUCCESS) continue;
       struct kv_meta_entry *e = &v[i]->e;
       HixlBlocksCacheKey key = {e->cluster, 0};
       HixlCacheTransferArgs a = HIXL_CACHE_TRANSFER_ARGS_INIT;
@@ -775,30 +701,31 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
                  HixlGetLastErrorMessage());
         continue;
       }
-      for (uint32_t k = l; k <= last; k++)
-        if (threaded && k == c->layers - 1 && i == n - 1)
-          notes_last(&pn, (uint32_t)i, k);
-        else
-          notes_put(&pn, (uint32_t)i, k);
-      if (!threaded) notes_drain(&pn, false); /* no thread: the notices go from here */
+      for (uint32_t k = l; k <= last && st[i] == HIXL_SUCCESS; k++) {
+        struct push_note *pn = &notes[nnotes];
+        if ((st[i] = note_start(c, v[i], k, pn, why[i], sizeof(why[i]))) != HIXL_SUCCESS) break;
+        pn->i = (uint32_t)i;
+        pn->layer = k;
+        nnotes++;
+      }
     }
   }
-  /* Every notice sent (or failed) before the pushes are reported done. */
-  pthread_mutex_lock(&pn.lock);
-  pn.done = true;
-  pthread_cond_broadcast(&pn.cond);
-  pthread_mutex_unlock(&pn.lock);
-  if (threaded) pthread_join(notes, NULL);
-  for (size_t i = 0; i < n; i++)
-    if (st[i] == HIXL_SUCCESS && pn.st[i] != HIXL_SUCCESS) {
-      st[i] = pn.st[i];
-      snprintf(why[i], sizeof(why[i]), "%s", pn.why[i]);
+  /* Every notice answered (or failed) before the pushes are reported done. */
+  for (size_t j = 0; j < nnotes; j++) {
+    struct push_note *pn = &notes[j];
+    struct kv_meta_entry *e = &v[pn->i]->e;
+    HixlStatus ns = hixl_engine_call_wait(c->eng, e->remote, pn->call);
+    if (ns == HIXL_SUCCESS) {
+      pthread_mutex_lock(&c->lock);
+      c->stats.layers_pushed++;
+      pthread_mutex_unlock(&c->lock);
+    } else if (st[pn->i] == HIXL_SUCCESS) {
+      st[pn->i] = ns;
+      snprintf(why[pn->i], sizeof(why[pn->i]), "telling %s that layer %u landed: %s", e->remote, pn->layer,
+               HixlGetLastErrorMessage());
     }
-  pthread_cond_destroy(&pn.cond);
-  pthread_mutex_destroy(&pn.lock);
-  free(pn.q);
-  free(pn.st);
-  free(pn.why);
+  }
+  free(notes);
   uint8_t ans[256];
   size_t an;
   HixlCacheStats cs;
