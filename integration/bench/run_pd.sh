@@ -11,7 +11,8 @@
 # transfer), and a plot of hand-off latency against prompt length (gnuplot, PNG,
 # docs/performance-pd.png; gnuplot-nox is installed from Debian when missing).
 # Environment: PD_ROUNDS (default 5), PD_PROMPTS (default 256,512,1024,2048,4096),
-# PD_STEP_US (default 500: the host polls get_finished once per step, as a runtime does).
+# PD_STEP_US (default 500: the host polls get_finished once per step, as a runtime does),
+# PD_REPORT_ONLY=1 (write the page again from the last run's results, measuring nothing).
 # RDMA: the same benchmark inside the soft-RoCE guest (integration/rxe-vm/, on rxe0 at
 # 10.77.0.1), PD_RDMA_PROMPTS (default 256,1024,4096) and PD_RDMA_ROUNDS (default 3);
 # PD_RDMA=0 leaves it out.
@@ -37,16 +38,20 @@ if ! command -v gnuplot >/dev/null; then
     die "gnuplot-nox could not be installed"
 fi
 
+REPORT_ONLY=${PD_REPORT_ONLY:-0}
 for t in tcp auto; do
+  [ "$REPORT_ONLY" = 0 ] || { [ -s "$RES/pd-$t.json" ] || die "PD_REPORT_ONLY: no $RES/pd-$t.json"; continue; }
   echo "run_pd: transport $t, prompts $PROMPTS, $ROUNDS rounds" >&2
   timeout 1800 "$BENCH" --transport "$t" --prompts "$PROMPTS" --rounds "$ROUNDS" --step-us "$STEP_US" --pin \
     --json "$RES/pd-$t.json" >"$RES/pd-$t.md" || die "hixl-pd-bench --transport $t failed"
 done
 
 RDMA=${PD_RDMA:-1}
-if [ "$RDMA" != 0 ]; then
-  RP=${PD_RDMA_PROMPTS:-256,1024,4096}
-  RR=${PD_RDMA_ROUNDS:-3}
+RP=${PD_RDMA_PROMPTS:-256,1024,4096}
+RR=${PD_RDMA_ROUNDS:-3}
+if [ "$RDMA" != 0 ] && [ "$REPORT_ONLY" != 0 ]; then
+  [ -s "$RES/pd-rdma.json" ] || die "PD_REPORT_ONLY: no $RES/pd-rdma.json"
+elif [ "$RDMA" != 0 ]; then
   echo "run_pd: transport rdma in the soft-RoCE guest, prompts $RP, $RR rounds" >&2
   rm -f "$RES/pd-rdma.json" "$RES/pd-rdma.md"
   RXE_VM_RW_DIR="$BUILD" RXE_VM_TIMEOUT=1800 bash "$SRC/integration/rxe-vm/run-in-rxe-vm.sh" \
@@ -177,13 +182,15 @@ EOF
   echo "  last one itself). With one-layer transfers of ~0.1 ms (256 tokens over shm) the"
   echo "  notice's ~0.05 ms round trip alone takes the floor near 1.5x."
   echo "- RDMA on a real NIC is not measured here (the host has none); the soft-RoCE"
-  echo "  guest measures the emulator, whose two vCPUs move the bytes. Traces of the push"
-  echo "  at 1024 tokens there (timestamps of each save and layer transfer, taken on"
-  echo "  2026-11-25, not kept in the code) showed layers pushed 0-8% slower than the raw"
-  echo "  WRITE measured just before them, varying from round to round (the emulator's speed"
-  echo "  drifts). With each layer's compute equal to that WRITE, the pusher falls behind by"
-  echo "  the difference at every layer, up to 40 ms by the last of 32 in a round: the push"
-  echo "  ratio's excess there. A pusher a whole layer behind sends the layers saved meanwhile"
-  echo "  in one transfer, which saves per-transfer costs but not bandwidth."
+  echo "  guest measures the emulator, whose two vCPUs move the bytes, and its speed drifts:"
+  echo "  traces of the push there (timestamps of each save and layer transfer, and the raw"
+  echo "  WRITE of a layer measured again right after the push; taken on 2026-11-25, not kept"
+  echo "  in the code) showed the raw WRITE of one layer differing by up to 10% between just"
+  echo "  before and just after a push (55.5 -> 61.4 ms at 1024 tokens), and the push's own"
+  echo "  layers within that spread. With each layer's compute set to the WRITE measured"
+  echo "  before, a round whose emulator then runs slower falls behind at every layer, up to"
+  echo "  a whole layer by the last of 32: the push ratio's excess in the guest. (A pusher a"
+  echo "  whole layer behind sends the layers saved meanwhile in one transfer, which saves"
+  echo "  per-transfer costs, not bandwidth.)"
 } >"$OUT"
 echo "run_pd: wrote $OUT and $PNG" >&2
