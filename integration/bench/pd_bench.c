@@ -16,7 +16,9 @@
  *    the latency from the last save to that wait returning for the last layer is
  *    compared with one layer's raw WRITE (the median of five, measured by prefill right
  *    before; pipelining hides every layer but the last), and with the floor this
- *    machine allows: one layer plus one notice round trip between the raw engines.
+ *    machine allows: one layer plus one notice round trip between the raw engines; and
+ *    how far the pusher was behind when the last layer was saved (the layer before it
+ *    still on its way): the part of the latency that is not the last layer's own.
  * Short prompts are dominated by fixed costs that swing more from round to round, so
  * they get more rounds: rounds x (longest prompt / prompt), at most 4 x rounds.
  * Progress on stderr; a table on stdout; --json FILE. */
@@ -471,7 +473,7 @@ struct row {
   uint64_t tokens, blocks, bytes, ops;
   uint32_t rounds;
   double plugin_gbs, plugin_fd_gbs, raw_gbs, handoff_ms, push_after_last_ms, layer_ms, notice_ms,
-      notice_busy_ms;
+      notice_busy_ms, behind_ms;
 };
 
 static void usage(void) {
@@ -578,7 +580,7 @@ int main(int argc, char **argv) {
     struct row *w = &rows[pi];
     uint64_t nb = (o.prompts[pi] + o.block_tokens - 1) / o.block_tokens;
     uint64_t t_plugin[MAX_RUNS], t_plugin_fd[MAX_RUNS], t_raw[MAX_RUNS], t_hand[MAX_RUNS], t_push[MAX_RUNS],
-        t_layer[MAX_RUNS], t_rtt[MAX_RUNS], t_busy[MAX_RUNS];
+        t_layer[MAX_RUNS], t_rtt[MAX_RUNS], t_busy[MAX_RUNS], t_behind[MAX_RUNS];
     memset(w, 0, sizeof(*w));
     w->tokens = o.prompts[pi];
     w->blocks = nb;
@@ -661,14 +663,21 @@ int main(int argc, char **argv) {
                (char *)pp.data);
       ops->free_buffer(&pp);
       /* The forward pass of this step: each layer waited for before it is used. */
-      for (uint32_t l = 0; l < o.layers; l++)
+      uint64_t t_prev = 0; /* when decode held the layer before the last */
+      for (uint32_t l = 0; l < o.layers; l++) {
         if (ops->wait_for_layer_load(push.worker, l) != HIXL_KV_SUCCESS)
           die("wait_for_layer_load %u: %s", l, ops->last_error());
+        if (l + 2 == o.layers) t_prev = bench_now_ns();
+      }
       uint64_t t_done = bench_now_ns(), t_last = 0;
       wait_finished(&push, did, 1); /* then the host learns it finished (and checks it did) */
       if (sscanf(line_in(in, line, sizeof(line)), "pushed %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64,
                  &t_last, &t_layer[r], &t_rtt[r], &t_busy[r]) != 4)
         die("prefill: %s", line);
+      /* How far the pusher was behind when the last layer was saved: the layer before it
+       * still on its way (its notice included). Behind by a whole layer or more, the
+       * pusher's pace fell below the compute's; near zero, only the last layer is left. */
+      t_behind[r] = t_prev > t_last ? t_prev - t_last : 0;
       HixlNotifyDesc *nv = NULL;
       size_t nn = 0;
       if (HixlEngineGetNotifies(raw, &nv, &nn) != HIXL_SUCCESS || nn != 12)
@@ -685,6 +694,7 @@ int main(int argc, char **argv) {
     w->layer_ms = (double)median(t_layer, w->rounds) / 1e6;
     w->notice_ms = (double)median(t_rtt, w->rounds) / 1e6;
     w->notice_busy_ms = (double)median(t_busy, w->rounds) / 1e6;
+    w->behind_ms = (double)median(t_behind, w->rounds) / 1e6;
   }
   fprintf(stderr, "\r%60s\r", "");
   line_out(out, "quit\n");
@@ -694,16 +704,18 @@ int main(int argc, char **argv) {
          " | plugin pull GB/s, host woken by the fd | ratio (goal >= 0.9)"
          " | plugin pull GB/s, host stepping | ratio | hand-off ms (pull, stepping)"
          " | push: after last layer ms | one layer ms | ratio (goal <= 1.5)"
-         " | notice round trip ms | floor: (layer + notice) / layer | notice while a layer moves ms |\n");
-  printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+         " | notice round trip ms | floor: (layer + notice) / layer | notice while a layer moves ms"
+         " | pusher behind at the last save ms |\n");
+  printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < o.nprompts; i++) {
     struct row *w = &rows[i];
     printf("| %" PRIu64 " | %" PRIu64 " | %.1f | %" PRIu64
-           " | %u | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f | %.2f | %.3f |\n",
+           " | %u | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f | %.2f | %.3f | %.2f "
+           "|\n",
            w->tokens, w->blocks, (double)w->bytes / 1048576.0, w->ops, w->rounds, w->raw_gbs,
            w->plugin_fd_gbs, w->plugin_fd_gbs / w->raw_gbs, w->plugin_gbs, w->plugin_gbs / w->raw_gbs,
            w->handoff_ms, w->push_after_last_ms, w->layer_ms, w->push_after_last_ms / w->layer_ms,
-           w->notice_ms, (w->layer_ms + w->notice_ms) / w->layer_ms, w->notice_busy_ms);
+           w->notice_ms, (w->layer_ms + w->notice_ms) / w->layer_ms, w->notice_busy_ms, w->behind_ms);
   }
   if (o.json) {
     FILE *f = fopen(o.json, "w");
@@ -714,16 +726,17 @@ int main(int argc, char **argv) {
             o.transport, o.layers, o.block_bytes, o.rounds, o.step_us);
     for (size_t i = 0; i < o.nprompts; i++) {
       struct row *w = &rows[i];
-      fprintf(f,
-              "%s\n {\"tokens\": %" PRIu64 ", \"blocks\": %" PRIu64 ", \"bytes\": %" PRIu64
-              ", \"engine_ops\": %" PRIu64 ", \"rounds\": %u, \"raw_gbs\": %.4f"
-              ", \"plugin_fd_gbs\": %.4f, \"ratio\": %.4f, \"plugin_gbs\": %.4f, \"ratio_stepping\": %.4f"
-              ", \"handoff_ms\": %.4f, \"push_after_last_ms\": %.4f, \"layer_ms\": %.4f, \"push_ratio\": %.4f"
-              ", \"notice_rtt_ms\": %.4f, \"push_floor\": %.4f, \"notice_busy_ms\": %.4f}",
-              i ? "," : "", w->tokens, w->blocks, w->bytes, w->ops, w->rounds, w->raw_gbs, w->plugin_fd_gbs,
-              w->plugin_fd_gbs / w->raw_gbs, w->plugin_gbs, w->plugin_gbs / w->raw_gbs, w->handoff_ms,
-              w->push_after_last_ms, w->layer_ms, w->push_after_last_ms / w->layer_ms, w->notice_ms,
-              (w->layer_ms + w->notice_ms) / w->layer_ms, w->notice_busy_ms);
+      fprintf(
+          f,
+          "%s\n {\"tokens\": %" PRIu64 ", \"blocks\": %" PRIu64 ", \"bytes\": %" PRIu64
+          ", \"engine_ops\": %" PRIu64 ", \"rounds\": %u, \"raw_gbs\": %.4f"
+          ", \"plugin_fd_gbs\": %.4f, \"ratio\": %.4f, \"plugin_gbs\": %.4f, \"ratio_stepping\": %.4f"
+          ", \"handoff_ms\": %.4f, \"push_after_last_ms\": %.4f, \"layer_ms\": %.4f, \"push_ratio\": %.4f"
+          ", \"notice_rtt_ms\": %.4f, \"push_floor\": %.4f, \"notice_busy_ms\": %.4f, \"behind_ms\": %.4f}",
+          i ? "," : "", w->tokens, w->blocks, w->bytes, w->ops, w->rounds, w->raw_gbs, w->plugin_fd_gbs,
+          w->plugin_fd_gbs / w->raw_gbs, w->plugin_gbs, w->plugin_gbs / w->raw_gbs, w->handoff_ms,
+          w->push_after_last_ms, w->layer_ms, w->push_after_last_ms / w->layer_ms, w->notice_ms,
+          (w->layer_ms + w->notice_ms) / w->layer_ms, w->notice_busy_ms, w->behind_ms);
     }
     fprintf(f, "\n]}\n");
     fclose(f);
