@@ -623,48 +623,6 @@ static void prefill_main(int in, int out, void *arg) {
   _exit(0);
 }
 
-static const uint64_t prefill_blocks2[] = {21, 22, 23, 24, 25, 26, 27, 28};
-static const uint64_t decode_blocks2[] = {3, 4, 5, 6, 10, 11, 14, 15};
-static const uint64_t decode_blocks3[] = {16, 17, 18, 19, 20, 24, 25, 26};
-
-/* The "pull2" prefill child: two requests (req-7, seed; req-8, seed + 1), "params"
- * for each, then "freed <7> <8> held <blocks>" once the decode freed both. */
-static void prefill2_main(int in, int out, void *arg) {
-  struct prefill_args *a = arg;
-  char cfg[512], line[64];
-  struct inst p;
-  config(cfg, sizeof(cfg), a->port, "producer", a->lease_ms, "fail", 3000);
-  if (inst_up(&p, cfg, BLOCK_BYTES) != HIXL_KV_SUCCESS) {
-    write_line(out, "error %s\n", ops->last_error());
-    _exit(1);
-  }
-  char *p7 = prefill_finish(&p, "req-7", a->seed, prefill_blocks, a->nblocks);
-  char *p8 = prefill_finish(&p, "req-8", a->seed + 1, prefill_blocks2, a->nblocks);
-  write_line(out, "params %s\n", p7);
-  write_line(out, "params %s\n", p8);
-  free(p7);
-  free(p8);
-  bool f7 = false, f8 = false; /* one get_finished may report both */
-  for (int64_t end = now_ms() + 20000; (!f7 || !f8) && now_ms() < end;) {
-    hixl_kv_ids sd = {0}, rv = {0};
-    step(&p);
-    if (ops->get_finished(p.worker, NULL, &sd, &rv) != HIXL_KV_SUCCESS) break;
-    f7 |= ids_have(&sd, "req-7");
-    f8 |= ids_have(&sd, "req-8");
-    ops->free_ids(&sd);
-    ops->free_ids(&rv);
-    struct timespec ts = {0, 1000000}; /* the host's step */
-    nanosleep(&ts, NULL);
-  }
-  hixl_kv_stats st;
-  ops->get_stats(p.worker, &st);
-  write_line(out, "freed %d %d held %llu\n", f7, f8, (unsigned long long)st.blocks_held);
-  read_line(in, line, sizeof(line), 30000);
-  ops->destroy(p.worker);
-  ops->destroy(p.sched);
-  _exit(0);
-}
-
 static void child_end(struct child *ch) {
   write_line(ch->to_child, "exit\n");
   int status = 0;
@@ -702,42 +660,6 @@ static void test_pull_two_processes(void) {
   CU_ASSERT_EQUAL(st.engine_ops, 5 * LAYERS * 2);
   CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
   CU_ASSERT_STRING_EQUAL(line, "freed 1 held 0 expired 0");
-  child_end(&ch);
-  inst_down(&d);
-}
-
-/* A second request from a producer whose layout the first pin confirmed: its pin and
- * its pull leave together, and every byte arrives. A third load names a request the
- * producer already freed: the pin says so, what was pulled with it is not used, the
- * load fails and reports its blocks. */
-static void test_pull_pin_overlap(void) {
-  struct prefill_args a = {free_port(), 30000, 44, 8};
-  struct child ch;
-  char p7[4096], p8[4096], line[256], cfg[512];
-  CU_ASSERT_EQUAL_FATAL(child_start(&ch, "pull2", &a), 0);
-  CU_ASSERT_FATAL(read_line(ch.from_child, p7, sizeof(p7), 20000) && strncmp(p7, "params ", 7) == 0);
-  CU_ASSERT_FATAL(read_line(ch.from_child, p8, sizeof(p8), 20000) && strncmp(p8, "params ", 7) == 0);
-  struct inst d;
-  uint64_t errs[16];
-  hixl_kv_stats st;
-  config(cfg, sizeof(cfg), free_port(), "consumer", 30000, "fail", 3000);
-  ST_IS(inst_up(&d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
-  decode_load(&d, "dec-a", p7 + 7, decode_blocks, 8); /* first contact: pin, then pull */
-  CU_ASSERT_TRUE(wait_finished(&d, "dec-a", 1, 20000));
-  decode_load(&d, "dec-b", p8 + 7, decode_blocks2, 8); /* pin and pull together */
-  CU_ASSERT_TRUE(wait_finished(&d, "dec-b", 1, 20000));
-  CU_ASSERT_EQUAL(load_errors(&d, errs, 16), 0);
-  CU_ASSERT_EQUAL(kv_verify(&d.kv, 44, decode_blocks, 8), -1);
-  CU_ASSERT_EQUAL(kv_verify(&d.kv, 45, decode_blocks2, 8), -1);
-  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
-  CU_ASSERT_STRING_EQUAL(line, "freed 1 1 held 0");
-  decode_load(&d, "dec-c", p7 + 7, decode_blocks3, 8); /* req-7 again: freed already */
-  CU_ASSERT_TRUE(wait_finished(&d, "dec-c", 1, 20000));
-  CU_ASSERT_EQUAL(load_errors(&d, errs, 16), 8);
-  CU_ASSERT(errs[0] == decode_blocks3[0] && errs[7] == decode_blocks3[7]);
-  ST_IS(ops->get_stats(d.worker, &st), HIXL_KV_SUCCESS);
-  CU_ASSERT_EQUAL(st.loads_done, 2);
-  CU_ASSERT_EQUAL(st.loads_failed, 1);
   child_end(&ch);
   inst_down(&d);
 }
@@ -1172,7 +1094,6 @@ static CU_TestInfo arg_tests[] = {
 static CU_TestInfo pd_tests[] = {
     {"pull, two processes, every byte", test_pull_two_processes},
     {"get_event_fd: a decode that does not step wakes when the KV landed", test_event_fd},
-    {"a known producer: pin and pull together; a freed request's early bytes unused", test_pull_pin_overlap},
     {"lease expiry, then recompute", test_lease_expiry},
     {"abort frees the producer's blocks", test_abort},
     {"producer death", test_producer_death},
@@ -1212,7 +1133,6 @@ int main(int argc, char **argv) {
     in_child = true;
     push_pipelining = strcmp(argv[2], "push-whole") != 0;
     if (strncmp(argv[2], "push", 4) == 0) push_prefill_main(3, 4, &a);
-    if (strcmp(argv[2], "pull2") == 0) prefill2_main(3, 4, &a);
     prefill_main(3, 4, &a);
     return 0;
   }

@@ -402,40 +402,23 @@ static int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const c
 /* Two compatibility digests differ: UNSUPPORTED when only the tensor-parallel sizes
  * do (heterogeneous TP is not built), else PARAM_INVALID; why names both. */
 static HixlStatus layout_mismatch(const char *peer_kind, const char *peer, const char *theirs,
-                                  const char *mine, const char *me, bool moved, char *why, size_t cap) {
+                                  const char *mine, const char *me, char *why, size_t cap) {
   const char *a = strstr(theirs, " tp="), *b = strstr(mine, " tp=");
-  const char *tail = moved ? "what was pulled before its answer is not used" : "nothing was moved";
   if (a && b && (size_t)(a - theirs) == (size_t)(b - mine) &&
       strncmp(theirs, mine, (size_t)(a - theirs)) == 0) {
     snprintf(why, cap,
-             "heterogeneous tensor parallelism is not supported: the %s %s runs%s, this %s runs%s; %s",
-             peer_kind, peer, a, me, b, tail);
+             "heterogeneous tensor parallelism is not supported: the %s %s runs%s, this %s runs%s; nothing "
+             "was moved",
+             peer_kind, peer, a, me, b);
     return HIXL_UNSUPPORTED;
   }
-  snprintf(why, cap, "layout mismatch: the %s %s has %s, this %s has %s; %s", peer_kind, peer, theirs, me,
-           mine, tail);
+  snprintf(why, cap, "layout mismatch: the %s %s has %s, this %s has %s; nothing was moved", peer_kind, peer,
+           theirs, me, mine);
   return HIXL_PARAM_INVALID;
 }
 
-/* Pull e's blocks from the producer into the consumer's (one op per run of adjacent
- * blocks per tensor). */
-static HixlStatus pull_blocks(hixl_kv_connector *c, const struct kv_meta_entry *e, uint64_t deadline) {
-  HixlCacheAnyKey key = {.kind = HIXL_CACHE_KEY_BLOCKS, .u.blocks = {e->cluster, 0}};
-  HixlCacheTransferArgs args = HIXL_CACHE_TRANSFER_ARGS_INIT;
-  args.tensor_num_per_layer = c->tensors_per_layer;
-  args.timeout_ms = ms_until(deadline) > 0 ? ms_until(deadline) : 1;
-  return HixlCacheManagerPullBlocks(c->mgr, &key, c->cache_id, e->rblocks, e->nrblocks, e->blocks, e->nblocks,
-                                    &args);
-}
-
 /* One load: link, pin (asking again while the producer has not bound it yet),
- * check the layout, pull, free. Once a producer's layout was found equal to ours, the
- * first pin leaves with the pull right behind it, saving its round trip: over tcp and
- * rdma the producer answers it before the READs (one link, in order); over shm the
- * copy may run first. The pulled bytes count only if that pin says the request is
- * held, with this layout and these blocks; otherwise they are thrown away (the blocks
- * are reported failed, or pulled again once the producer holds the request). Returns
- * the status and the reason in why. */
+ * check the layout, pull, free. Returns the status and the reason in why. */
 static HixlStatus load_one(hixl_kv_connector *c, const struct kv_meta_entry *e, char *why, size_t cap) {
   uint64_t deadline = now_ns() + (uint64_t)c->cfg.transfer_timeout_ms * 1000000ull;
   HixlStatus st = HixlCacheManagerLink(c->mgr, e->cluster, e->remote, c->cfg.connect_timeout_ms);
@@ -444,34 +427,15 @@ static HixlStatus load_one(hixl_kv_connector *c, const struct kv_meta_entry *e, 
     return st;
   }
   uint8_t *ans = malloc(HIXL_CALL_MAX);
-  struct kv_out pin = {0};
-  if (!ans || !kv_msg(&pin, KV_SVC_PIN, e->rreq, 0, "")) {
-    free(ans);
-    free(pin.p);
+  if (!ans) {
     snprintf(why, cap, "out of memory");
     return HIXL_RESOURCE_EXHAUSTED;
   }
   uint64_t digest = 0;
   size_t nrb = 0, n = 0;
   char layout[257];
-  HixlStatus early = HIXL_FAILED;                     /* the pull that went with the first pin */
-  bool overlap = idset_has(&c->layout_ok, e->remote); /* only the loader thread touches the set */
   for (unsigned tries = 0;; tries++) {
-    if (tries == 0 && overlap) {
-      hixl_call_t call;
-      uint32_t alen = 0;
-      st = hixl_engine_call_start(c->eng, e->remote, HIXL_SERVICE_KV, pin.p, pin.len, ans, HIXL_CALL_MAX,
-                                  &alen, ms_until(deadline) > 0 ? ms_until(deadline) : 1, &call);
-      if (st == HIXL_SUCCESS) {
-        early = pull_blocks(c, e, deadline);
-        st = hixl_engine_call_wait(c->eng, e->remote, call);
-        n = alen;
-      }
-    } else {
-      st = hixl_engine_call(c->eng, e->remote, HIXL_SERVICE_KV, pin.p, pin.len, ans, HIXL_CALL_MAX, &n,
-                            ms_until(deadline) > 0 ? ms_until(deadline) : 1);
-    }
-    if (st != HIXL_SUCCESS) {
+    if (kv_call(c, e->remote, KV_SVC_PIN, e->rreq, ans, HIXL_CALL_MAX, &n, ms_until(deadline), &st) < 0) {
       snprintf(why, cap, "asking %s for request %s: %s", e->remote, e->rreq, HixlGetLastErrorMessage());
       goto out;
     }
@@ -488,7 +452,6 @@ static HixlStatus load_one(hixl_kv_connector *c, const struct kv_meta_entry *e, 
       }
       break;
     }
-    early = HIXL_FAILED; /* not held when it ran: its bytes do not count */
     if (state == KV_PIN_GONE) {
       char reason[257];
       kv_get_str(&in, reason, 256);
@@ -506,23 +469,25 @@ static HixlStatus load_one(hixl_kv_connector *c, const struct kv_meta_entry *e, 
     nanosleep(&ts, NULL);
   }
   if (strcmp(layout, c->layout_text) != 0) {
-    st = layout_mismatch("producer", e->remote, layout, c->layout_text, "consumer", overlap, why, cap);
-    idset_del(&c->layout_ok, e->remote);
+    st = layout_mismatch("producer", e->remote, layout, c->layout_text, "consumer", why, cap);
     goto out;
   }
-  if (!overlap) idset_add(&c->layout_ok, e->remote);
   if (nrb < e->nrblocks || (nrb == e->nrblocks && digest != kv_blocks_digest(e->rblocks, e->nrblocks))) {
     snprintf(why, cap, "the producer %s holds %zu blocks of request %s, %zu %s asked for", e->remote, nrb,
              e->rreq, e->nrblocks, nrb < e->nrblocks ? "were" : "other ones were");
     st = HIXL_PARAM_INVALID;
     goto out;
   }
-  st = early == HIXL_SUCCESS ? HIXL_SUCCESS : pull_blocks(c, e, deadline); /* held all along: keep it */
+  HixlCacheAnyKey key = {.kind = HIXL_CACHE_KEY_BLOCKS, .u.blocks = {e->cluster, 0}};
+  HixlCacheTransferArgs args = HIXL_CACHE_TRANSFER_ARGS_INIT;
+  args.tensor_num_per_layer = c->tensors_per_layer;
+  args.timeout_ms = ms_until(deadline) > 0 ? ms_until(deadline) : 1;
+  st = HixlCacheManagerPullBlocks(c->mgr, &key, c->cache_id, e->rblocks, e->nrblocks, e->blocks, e->nblocks,
+                                  &args);
   if (st != HIXL_SUCCESS)
     snprintf(why, cap, "pulling request %s from %s: %s", e->rreq, e->remote, HixlGetLastErrorMessage());
 out:
   free(ans);
-  free(pin.p);
   return st;
 }
 
@@ -620,7 +585,7 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
         snprintf(why, cap, "the consumer %s gave a malformed answer for request %s", e->remote, e->rreq);
         st = HIXL_FAILED;
       } else if (strcmp(layout, c->layout_text) != 0) {
-        st = layout_mismatch("consumer", e->remote, layout, c->layout_text, "producer", false, why, cap);
+        st = layout_mismatch("consumer", e->remote, layout, c->layout_text, "producer", why, cap);
       } else if (nrb < e->nblocks) {
         snprintf(why, cap, "the consumer %s expects %zu blocks of request %s, this producer has %zu",
                  e->remote, nrb, e->rreq, e->nblocks);
@@ -982,7 +947,6 @@ static hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   free(c->saved_step);
   idset_clear(&c->failed);
   idset_clear(&c->gone);
-  idset_clear(&c->layout_ok);
   idset_clear(&c->sending_done);
   idset_clear(&c->recving_done);
   free(c->err_blocks);

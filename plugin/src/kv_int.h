@@ -104,10 +104,9 @@ struct hixl_kv_connector {
   uint64_t cluster;
   uint64_t cache_id; /* 0 until register_kv_caches */
   uint32_t layers, tensors_per_layer;
-  char layout_text[256];     /* the compatibility digest, as text */
-  struct kv_held *held;      /* producer */
-  struct kv_idset gone;      /* producer: ids freed or expired lately (PIN answers GONE) */
-  struct kv_idset layout_ok; /* consumer: producers whose layout a pin found equal to ours (the loader's) */
+  char layout_text[256]; /* the compatibility digest, as text */
+  struct kv_held *held;  /* producer */
+  struct kv_idset gone;  /* producer: ids freed or expired lately (PIN answers GONE) */
   struct kv_idset sending_done;
   struct kv_load *loads, *loads_tail; /* consumer: bound, not yet started */
   struct kv_load *queue, *queue_tail; /* started, for the loader */
