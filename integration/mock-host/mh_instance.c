@@ -564,10 +564,8 @@ int mh_instance_main(const struct mh_inst_args *a) {
 
   /* Decode also wakes when a load ended (ABI 1.2's event fd), not only at its next step:
    * its step polls get_finished, which quiets the fd. */
-  int32_t efd = -1;
-  if (!a->prefill && HIXL_KV_HAS_OP(x.ops, get_event_fd) &&
-      x.ops->get_event_fd(x.worker, &efd) != HIXL_KV_SUCCESS)
-    efd = -1;
+  int32_t efd = -1; /* written only on success */
+  if (!a->prefill && HIXL_KV_HAS_OP(x.ops, get_event_fd)) x.ops->get_event_fd(x.worker, &efd);
   for (;;) {
     struct pollfd pfd[2] = {{a->fd, POLLIN, 0}, {efd, POLLIN, 0}};
     poll(pfd, efd >= 0 ? 2 : 1, x.n || x.exiting ? 1 : 20);

@@ -937,10 +937,16 @@ static void eshm_free(struct conn *c) {
   c->xs[XPORT_SHM] = NULL;
 }
 
+/* Move the count mapping peers read before a transfer: their next one reads the
+ * socket first. */
+static void gen_bump(struct HixlEngine *e) {
+  if (eng_of(e) && eng_of(e)->gen) __atomic_add_fetch(eng_of(e)->gen, 1, __ATOMIC_RELEASE);
+}
+
 /* A registration was withdrawn (its MEM_DEL sent): mapping peers see the count move. */
 static void eshm_mem_dereg(struct HixlEngine *e, struct hixl_mem_reg *r) {
   (void)r;
-  if (eng_of(e) && eng_of(e)->gen) __atomic_add_fetch(eng_of(e)->gen, 1, __ATOMIC_RELEASE);
+  gen_bump(e);
 }
 
 /* A target's link was cut (Disconnect, drop_peer, Finalize, a bad frame): its
@@ -949,9 +955,7 @@ static void eshm_mem_dereg(struct HixlEngine *e, struct hixl_mem_reg *r) {
  * may already reuse. Moved after the shutdown, so a transfer that sees the new count
  * also sees the end. (A copy already past its check cannot be stopped.) */
 static void eshm_closed(struct conn *c) {
-  struct HixlEngine *e = c->eng;
-  if (c->role == CONN_TARGET && link_of(c) && eng_of(e) && eng_of(e)->gen)
-    __atomic_add_fetch(eng_of(e)->gen, 1, __ATOMIC_RELEASE);
+  if (c->role == CONN_TARGET && link_of(c)) gen_bump(c->eng);
 }
 
 /* Initiator: nothing withdrawn since the last transfer asked. */
