@@ -969,6 +969,158 @@ static void test_call_start(void) {
   TU_ASSERT_OK(hixl_engine_set_service(g.srv, SERVICE, NULL, NULL));
 }
 
+/* The handler below is told which bytes a transfer just wrote to the server ("the
+ * layer landed"): it answers "ok" only when every one of them is there already. */
+struct landed_req {
+  uint64_t off, len, seed;
+};
+
+struct landed_on_call {
+  unsigned char *mem;
+  int calls, bad;
+};
+
+static HixlStatus landed_handler(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                                 size_t cap, size_t *resp_len) {
+  struct landed_on_call *l = ctx;
+  struct landed_req q;
+  (void)peer;
+  if (len != sizeof(q)) return HIXL_PARAM_INVALID;
+  memcpy(&q, req, sizeof(q));
+  l->calls++;
+  ptrdiff_t at = tu_check_pattern(l->mem + q.off, q.len, q.seed);
+  if (at >= 0) {
+    l->bad++;
+    *resp_len =
+        (size_t)snprintf((char *)resp, cap, "byte %td of %llu not there yet", at, (unsigned long long)q.len);
+    return HIXL_FAILED;
+  }
+  *resp_len = (size_t)snprintf((char *)resp, cap, "ok %d", l->calls);
+  return HIXL_SUCCESS;
+}
+
+/* hixl_engine_transfer_then_call: eight 8 MiB WRITEs, each with a call behind it,
+ * started back to back and waited for at the end: every call finds its WRITE's bytes
+ * all there (the RDMA data does not ride the socket the call goes on), in order; a
+ * transfer that fails at the peer (an op outside its registrations) fails the call,
+ * which is never served; a service the peer lacks is UNSUPPORTED after the data. */
+static void test_transfer_then_call(void) {
+  enum { SERVICE = 3, N = 8 };
+  const size_t len = 8 * MiB; /* more than an RDMA caller posts itself (the rest leaves later) */
+  struct landed_on_call l = {.mem = g.s.mem};
+  struct landed_req q[N];
+  hixl_call_t calls[N];
+  uint8_t ans[N][64];
+  uint32_t alen[N];
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, SERVICE, landed_handler, &l));
+  memset(g.s.mem, 0xEE, N * len);
+  for (int i = 0; i < N; i++) {
+    q[i] = (struct landed_req){(size_t)i * len, len, 9100 + (uint64_t)i};
+    tu_fill(g.src.mem + q[i].off, len, q[i].seed);
+    HixlTransferOpDesc d = desc(g.src.mem + q[i].off, g.s.mem + q[i].off, len);
+    alen[i] = 999;
+    TU_ASSERT_OK(hixl_engine_transfer_then_call(g.cli, g.srv_name, HIXL_WRITE, &d, 1, SERVICE, &q[i],
+                                                sizeof(q[i]), ans[i], sizeof(ans[i]), &alen[i], XFER_TIMEOUT,
+                                                &calls[i]));
+  }
+  for (int i = 0; i < N; i++) TU_ASSERT_OK(hixl_engine_call_wait(g.cli, g.srv_name, calls[i]));
+  CU_ASSERT_EQUAL(l.calls, N);
+  CU_ASSERT_EQUAL(l.bad, 0);
+  for (int i = 0; i < N; i++) {
+    char want[16];
+    int n = snprintf(want, sizeof(want), "ok %d", i + 1);
+    CU_ASSERT(alen[i] == (uint32_t)n && memcmp(ans[i], want, (size_t)n) == 0);
+    TU_ASSERT_PATTERN(g.s.mem + q[i].off, len, q[i].seed, "a WRITE with a call behind it");
+  }
+
+  /* The second op lies past the registration's end: refused whole at the start,
+   * nothing sent, the call neither. */
+  unsigned char *end = g.s.mem + REG_LEN;
+  tu_fill(end, SLACK, 9200);
+  HixlTransferOpDesc d[2] = {desc(g.src.mem, g.s.mem, 4 * KiB),
+                             desc(g.src.mem + 4 * KiB, end - 100, 4 * KiB)};
+  hixl_call_t c = NULL;
+  TU_ASSERT_STATUS(hixl_engine_transfer_then_call(g.cli, g.srv_name, HIXL_WRITE, d, 2, SERVICE, &q[0],
+                                                  sizeof(q[0]), ans[0], sizeof(ans[0]), &alen[0],
+                                                  XFER_TIMEOUT, &c),
+                   HIXL_FAILED);
+  CU_ASSERT_PTR_NULL(c);
+  CU_ASSERT_EQUAL(l.calls, N);
+  TU_ASSERT_PATTERN(end, SLACK, 9200, "bytes after the registration");
+
+  /* Data, then a service nobody serves. */
+  tu_fill(g.src.mem, len, 9300);
+  HixlTransferOpDesc one = desc(g.src.mem, g.s.mem, len);
+  TU_ASSERT_OK(hixl_engine_transfer_then_call(g.cli, g.srv_name, HIXL_WRITE, &one, 1, HIXL_SERVICE_KV, "x", 1,
+                                              ans[0], sizeof(ans[0]), &alen[0], XFER_TIMEOUT, &c));
+  TU_ASSERT_STATUS(hixl_engine_call_wait(g.cli, g.srv_name, c), HIXL_UNSUPPORTED);
+  TU_ASSERT_PATTERN(g.s.mem, len, 9300, "a WRITE with an unserved call behind it");
+  TU_ASSERT_STATUS(hixl_engine_transfer_then_call(g.cli, g.srv_name, HIXL_WRITE, &one, 1, SERVICE, "x", 1,
+                                                  ans[0], sizeof(ans[0]), &alen[0], XFER_TIMEOUT, NULL),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_OK(hixl_engine_set_service(g.srv, SERVICE, NULL, NULL));
+}
+
+/* A handler that holds the server's progress thread until the test lets it go. */
+struct hold_on_call {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool entered, release;
+};
+
+static HixlStatus hold_handler(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                               size_t cap, size_t *resp_len) {
+  struct hold_on_call *h = ctx;
+  (void)peer, (void)req, (void)len, (void)resp, (void)cap;
+  pthread_mutex_lock(&h->mu);
+  h->entered = true;
+  pthread_cond_broadcast(&h->cv);
+  while (!h->release) pthread_cond_wait(&h->cv, &h->mu);
+  pthread_mutex_unlock(&h->mu);
+  *resp_len = 0;
+  return HIXL_SUCCESS;
+}
+
+/* tcp: a peer that reads nothing (its progress thread held) takes none of a WRITE;
+ * the transfer times out at the wait, and the call behind it never leaves: once the
+ * peer goes on, a call sent after it is served and the first never is. */
+static void test_then_call_timeout(void) {
+  enum { HOLD = 2, LANDED = 3 }; /* 2: the KV service slot, unused here */
+  const size_t len = 16 * MiB;
+  const char *t = tu_transport();
+  if (!t || strcmp(t, "tcp") != 0) return; /* shm and rdma move the data without the peer's thread */
+  struct hold_on_call h = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false};
+  struct landed_on_call l = {.mem = g.s.mem};
+  struct landed_req q = {0, len, 9400};
+  uint8_t ans[64];
+  uint32_t alen = 0, hlen = 0;
+  size_t n = 0;
+  hixl_call_t held, c;
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, HOLD, hold_handler, &h));
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, LANDED, landed_handler, &l));
+  TU_ASSERT_OK_FATAL(
+      hixl_engine_call_start(g.cli, g.srv_name, HOLD, NULL, 0, ans, sizeof(ans), &hlen, XFER_TIMEOUT, &held));
+  pthread_mutex_lock(&h.mu);
+  while (!h.entered) pthread_cond_wait(&h.cv, &h.mu);
+  pthread_mutex_unlock(&h.mu);
+  tu_fill(g.src.mem, len, q.seed);
+  HixlTransferOpDesc d = desc(g.src.mem, g.s.mem, len);
+  TU_ASSERT_OK(hixl_engine_transfer_then_call(g.cli, g.srv_name, HIXL_WRITE, &d, 1, LANDED, &q, sizeof(q),
+                                              ans, sizeof(ans), &alen, 300, &c));
+  TU_ASSERT_STATUS(hixl_engine_call_wait(g.cli, g.srv_name, c), HIXL_TIMEOUT);
+  pthread_mutex_lock(&h.mu);
+  h.release = true;
+  pthread_cond_broadcast(&h.cv);
+  pthread_mutex_unlock(&h.mu);
+  TU_ASSERT_OK(hixl_engine_call_wait(g.cli, g.srv_name, held));
+  /* Served after everything the link carried before it. */
+  TU_ASSERT_STATUS(hixl_engine_call(g.cli, g.srv_name, LANDED, "x", 1, ans, sizeof(ans), &n, XFER_TIMEOUT),
+                   HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(l.calls, 0);
+  TU_ASSERT_OK(hixl_engine_set_service(g.srv, HOLD, NULL, NULL));
+  TU_ASSERT_OK(hixl_engine_set_service(g.srv, LANDED, NULL, NULL));
+}
+
 /* ---------------------------------------------------------------- threads */
 
 enum { NTHREADS = 4, ROUNDS = 12 };
@@ -1114,6 +1266,8 @@ int main(void) {
   CU_add_test(s, "allocated memory: memfd, registered, freed once", test_alloc_mem);
   CU_add_test(s, "a CALL is served after the READ answers before it (tcp)", test_call_after_answers);
   CU_add_test(s, "calls started before any answer is waited for, served in order", test_call_start);
+  CU_add_test(s, "transfers with a call behind each: the call finds the data there", test_transfer_then_call);
+  CU_add_test(s, "tcp: a transfer that times out never sends its call", test_then_call_timeout);
   CU_add_test(s, "four threads at once", test_four_threads);
   if (CU_get_error() != CUE_SUCCESS) {
     fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());

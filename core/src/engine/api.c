@@ -620,20 +620,25 @@ static HixlStatus req_wait(HixlEngine *e, struct conn *c, struct hixl_transfer_r
   struct timespec ts = {.tv_sec = (time_t)(r->deadline_ns / 1000000000ull),
                         .tv_nsec = (long)(r->deadline_ns % 1000000000ull)};
   HixlStatus st = HIXL_SUCCESS;
-  if (c) link_drive(c, r); /* receive our own answers when nobody else is */
+  /* Receive our own answers when nobody else is; an async request's data was handed to
+   * its transport already (shm would copy it twice). */
+  if (c && !r->is_async) link_drive(c, r);
   while (r->outstanding > 0)
     if (pthread_cond_timedwait(&e->cond, &e->lock, &ts) == ETIMEDOUT) break;
   uint32_t starved = r->outstanding > 0 ? stage_cancel(r) : 0;
   if (starved > 0) {
     r->cancelled = true;
     st = stage_exhausted(e, fn, starved, remote);
+    link_then_cancel(r, st, "the transfer before it found no staging buffer");
   } else if (r->outstanding > 0) {
     uint32_t left = r->outstanding;
     r->cancelled = true;
     bool reset = mods_req_timeout(e, r);
-    st = hixl_fail(
-        HIXL_TIMEOUT, "%s: %u of %u chunks to %s unanswered at the deadline%s", fn, left, r->nchunks, remote,
-        reset ? "; RDMA work requests were still posted, so the link was reset (Connect again)" : "");
+    st = hixl_fail(HIXL_TIMEOUT, "%s: %u of %u chunks to %s unanswered at the deadline%s", fn, left,
+                   r->nchunks + (r->then ? 1u : 0u), remote,
+                   reset ? "; RDMA work requests were still posted, so the link was reset (Connect again)"
+                         : "");
+    link_then_cancel(r, HIXL_TIMEOUT, "the transfer before it timed out");
   } else if (r->status != HIXL_SUCCESS) {
     st = hixl_fail(r->status, "%s: %s", fn, r->err);
   }
@@ -1249,6 +1254,50 @@ HixlStatus hixl_engine_call_start(HixlEngine *e, const char *remote, uint16_t se
   pthread_mutex_unlock(&e->lock);
   *call = r;
   return HIXL_SUCCESS;
+}
+
+HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, HixlTransferOp op,
+                                          const HixlTransferOpDesc *descs, size_t count, uint16_t service,
+                                          const void *req, size_t len, void *resp, size_t cap,
+                                          uint32_t *resp_len, int32_t timeout_ms, hixl_call_t *call) {
+  const char *fn = "hixl_engine_transfer_then_call";
+  CHECK_ARG(call && (req || len == 0) && len <= HIXL_CALL_MAX && resp && cap > 0 && resp_len,
+            "%s: call output, request (%zu bytes, at most %u), answer buffer or length output is invalid", fn,
+            len, HIXL_CALL_MAX);
+  /* Everything the CALL needs is taken before the transfer starts: once it has, the
+   * CALL can no longer fail alone. */
+  struct chunk *th = calloc(1, sizeof(*th));
+  uint8_t *frame = th ? malloc(WIRE_CALL_REQ_AT + len) : NULL;
+  if (!frame) {
+    free(th);
+    return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  }
+  if (len) memcpy(frame + WIRE_CALL_REQ_AT, req, len);
+  th->laddr = resp;
+  th->len = cap > HIXL_CALL_MAX ? HIXL_CALL_MAX : (uint32_t)cap;
+  th->call_len = resp_len;
+  th->tx.heap = frame;
+  struct hixl_transfer_req *r;
+  struct conn *c;
+  HixlStatus st = transfer_submit(e, remote, op, descs, count, timeout_ms, fn, &r, &c);
+  if (st == HIXL_SUCCESS && !(c->peer->caps & WIRE_CAP_CALL)) {
+    /* Not before transfer_submit: it may bring the link up. The transfer goes on; its
+     * end is waited for here, as nobody else would. */
+    st = req_wait(e, c, r, fn, remote);
+    pthread_mutex_unlock(&e->lock);
+    st = hixl_fail(HIXL_UNSUPPORTED, "%s: %s speaks an older protocol without service calls", fn, remote);
+  } else if (st == HIXL_SUCCESS) {
+    r->is_async = true; /* its transport moves it; the wait only waits */
+    link_then_attach(r, c, th, service, (uint32_t)len);
+    th = NULL;
+    frame = NULL;
+    c->xp->async(c, r); /* nobody waits in a call yet; shm: copied now or queued, c may be gone after */
+    pthread_mutex_unlock(&e->lock);
+    *call = r;
+  }
+  free(frame);
+  free(th);
+  return st;
 }
 
 HixlStatus hixl_engine_call_wait(HixlEngine *e, const char *remote, hixl_call_t call) {

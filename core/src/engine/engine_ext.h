@@ -92,6 +92,17 @@ HixlStatus hixl_engine_call_start(HixlEngine *e, const char *remote, uint16_t se
                                   size_t len, void *resp, size_t cap, uint32_t *resp_len, int32_t timeout_ms,
                                   hixl_call_t *call);
 
+/* A one-sided transfer (as HixlEngineTransferAsync) and a call that leaves right
+ * behind it, once every op of the transfer has landed; if one failed or timed out,
+ * the call is not sent and ends with that failure. One handle for both, waited for
+ * with hixl_engine_call_wait: SUCCESS means the data landed and the call was answered.
+ * The caller need not wait between transfers: each starts at once, so a next one
+ * queues behind this one's data while its call waits for it. */
+HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, HixlTransferOp op,
+                                          const HixlTransferOpDesc *descs, size_t count, uint16_t service,
+                                          const void *req, size_t len, void *resp, size_t cap,
+                                          uint32_t *resp_len, int32_t timeout_ms, hixl_call_t *call);
+
 /* Wait until a started call ends (at most until its deadline) and release it: its
  * status, as hixl_engine_call's. Every started call is waited for, before Finalize. */
 HixlStatus hixl_engine_call_wait(HixlEngine *e, const char *remote, hixl_call_t call);

@@ -113,6 +113,14 @@ struct hixl_transfer_req {
   uint64_t deadline_ns;
   void *user_data;
   char err[256];
+  /* hixl_engine_transfer_then_call: a CALL that leaves on then_conn once every chunk
+   * above ended, all with SUCCESS (else it ends with their failure). Counted in
+   * outstanding; its frame is built when it leaves (the link's next seq). */
+  struct chunk *then;
+  struct conn *then_conn;
+  enum { THEN_NONE, THEN_HELD, THEN_SENT, THEN_ENDED } then_state;
+  uint16_t then_service;
+  uint32_t then_len; /* request bytes, at WIRE_CALL_REQ_AT of then->tx.heap */
 };
 
 enum conn_role { CONN_TARGET_HELLO, CONN_TARGET, CONN_INITIATOR };
@@ -247,6 +255,12 @@ void link_queue_copy(struct conn *c, const uint8_t *frame, size_t len);
 void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct hixl_mem_reg *r);
 void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why);
 void link_req_maybe_free(struct hixl_transfer_req *r);
+/* Attach th, a CALL chunk whose frame holds its request, to r (lock held): it leaves
+ * on c when r's other chunks have all ended with SUCCESS; it may leave at once. */
+void link_then_attach(struct hixl_transfer_req *r, struct conn *c, struct chunk *th, uint16_t service,
+                      uint32_t len);
+/* r gave up (its deadline): a CALL still held ends with st, why. */
+void link_then_cancel(struct hixl_transfer_req *r, HixlStatus st, const char *why);
 void link_drive(struct conn *c, struct hixl_transfer_req *r);
 void link_unpark(struct conn *c);
 bool link_alive(struct conn *c);

@@ -33,10 +33,68 @@
 
 void link_req_maybe_free(struct hixl_transfer_req *r) {
   if (r->outstanding == 0 && !r->user_holds) {
+    free(r->then);
     free(r->chunks);
     free(r->segs);
     free(r);
   }
+}
+
+static void set_want_out(struct conn *c, bool on);
+
+/* The transfer r's CALL waited for has ended: send the CALL when every chunk landed,
+ * on the link they went on; else end it with their failure. Lock held. */
+static void then_release(struct hixl_transfer_req *r) {
+  struct chunk *th = r->then;
+  struct conn *c = r->then_conn;
+  char why[384];
+  HixlStatus st = r->status;
+  if (st != HIXL_SUCCESS) {
+    snprintf(why, sizeof(why), "the transfer before it failed: %s", r->err);
+  } else if (r->cancelled) {
+    st = HIXL_TIMEOUT;
+    snprintf(why, sizeof(why), "the transfer before it timed out");
+  } else if (c->dead) {
+    st = HIXL_FAILED;
+    snprintf(why, sizeof(why), "the link to %s was lost before it was sent", c->remote_name);
+  }
+  if (st != HIXL_SUCCESS) {
+    r->then_state = THEN_ENDED;
+    free(th->tx.heap);
+    th->tx.heap = NULL;
+    link_chunk_end(th, st, why);
+    return;
+  }
+  r->then_state = THEN_SENT;
+  th->seq = c->next_seq++;
+  th->tx.heap_len = wire_put_call(th->tx.heap, WIRE_CALL, th->seq, r->then_service, r->then_len);
+  link_enqueue(c, &th->tx);
+  /* The progress thread sends it (EPOLLOUT) and reads the answer: this may run inside
+   * a transport's completion loop, which a send failing (the link killed) must not
+   * disturb. */
+  link_unpark(c);
+  set_want_out(c, true);
+}
+
+void link_then_attach(struct hixl_transfer_req *r, struct conn *c, struct chunk *th, uint16_t service,
+                      uint32_t len) {
+  th->req = r;
+  th->kind = CHUNK_CALL;
+  th->tx.chunk = th;
+  r->then = th;
+  r->then_conn = c;
+  r->then_service = service;
+  r->then_len = len;
+  r->then_state = THEN_HELD;
+  if (__atomic_add_fetch(&r->outstanding, 1, __ATOMIC_ACQ_REL) == 1) then_release(r);
+}
+
+void link_then_cancel(struct hixl_transfer_req *r, HixlStatus st, const char *why) {
+  if (r->then_state != THEN_HELD) return;
+  r->then_state = THEN_ENDED;
+  free(r->then->tx.heap);
+  r->then->tx.heap = NULL;
+  link_chunk_end(r->then, st, why);
 }
 
 void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why) {
@@ -48,9 +106,12 @@ void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why) {
     snprintf(r->err, sizeof(r->err), "%s", why);
   }
   /* Atomic: GetTransferStatus reads it holding only req_lock. */
-  if (__atomic_sub_fetch(&r->outstanding, 1, __ATOMIC_ACQ_REL) == 0) {
+  uint32_t left = __atomic_sub_fetch(&r->outstanding, 1, __ATOMIC_ACQ_REL);
+  if (left == 0) {
     pthread_cond_broadcast(&r->eng->cond);
     link_req_maybe_free(r);
+  } else if (left == 1 && r->then_state == THEN_HELD) {
+    then_release(r); /* only the CALL is left: the transfer has ended */
   }
 }
 
@@ -198,9 +259,11 @@ static void set_want_out(struct conn *c, bool on) {
 static bool drop_if_cancelled(struct conn *c) {
   struct txitem *it = c->txq_head;
   if (!it->chunk || it->sent || !it->chunk->req->cancelled) return false;
+  struct chunk *ch = it->chunk;
   c->txq_head = it->next;
   if (!c->txq_head) c->txq_tail = NULL;
-  link_chunk_end(it->chunk, HIXL_TIMEOUT, "request timed out before it was sent");
+  txitem_done(c, it); /* a CALL's frame, what a payload held */
+  link_chunk_end(ch, HIXL_TIMEOUT, "request timed out before it was sent");
   return true;
 }
 
