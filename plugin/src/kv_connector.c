@@ -26,6 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cache/cache_ext.h"
 #include "engine/engine_ext.h"
 #include "kv_int.h"
 
@@ -622,10 +623,12 @@ static bool push_wait_saved(hixl_kv_connector *c, uint32_t l, uint64_t step, uin
   return ok;
 }
 
-/* A layer-landed notice (KV service LAYER call) of one step's pushes: started by the
- * pusher right after its layer's data landed, so it leaves before the next layer's
- * data and the pusher never waits a round trip per layer; every one is waited for
- * once the step's layers are out. */
+/* One layer of one push on its way: its WRITE, and the layer-landed notice (KV
+ * service LAYER call) the engine sends once the WRITE has landed
+ * (hixl_cache_push_blocks_then_call). The pusher starts each layer as soon as it is
+ * saved, never waiting for the one before: the next layer's data queues right behind
+ * the last one's, as the raw engine's async WRITEs do; all are waited for once the
+ * step's layers are out. */
 struct push_note {
   hixl_call_t call;
   uint32_t i, layer;
@@ -633,24 +636,33 @@ struct push_note {
   uint8_t ans[256];
 };
 
-/* Start the notice that layer k of push v landed; why on failure. */
-static HixlStatus note_start(hixl_kv_connector *c, struct kv_push *v, uint32_t k, struct push_note *pn,
-                             char *why, size_t cap) {
+/* Start layer k of push v with its notice; why on failure. */
+static HixlStatus layer_start(hixl_kv_connector *c, struct kv_push *v, uint32_t k, struct push_note *pn,
+                              char *why, size_t cap) {
+  struct kv_meta_entry *e = &v->e;
   struct kv_out o = {0};
   HixlStatus st = HIXL_RESOURCE_EXHAUSTED;
-  if (kv_msg(&o, KV_SVC_LAYER, v->e.rreq, k, ""))
-    st = hixl_engine_call_start(c->eng, v->e.remote, HIXL_SERVICE_KV, o.p, o.len, pn->ans, sizeof(pn->ans),
-                                &pn->alen, c->cfg.notify_timeout_ms, &pn->call);
+  HixlBlocksCacheKey key = {e->cluster, 0};
+  HixlCacheTransferArgs a = HIXL_CACHE_TRANSFER_ARGS_INIT;
+  a.src_layer_start = a.dst_layer_start = k;
+  a.src_layer_count = a.dst_layer_count = 1;
+  a.tensor_num_per_layer = c->tensors_per_layer;
+  a.timeout_ms = c->cfg.transfer_timeout_ms;
+  bool built = kv_msg(&o, KV_SVC_LAYER, e->rreq, k, "");
+  if (built)
+    st = hixl_cache_push_blocks_then_call(c->mgr, &key, c->cache_id, e->blocks, e->nblocks, e->rblocks,
+                                          e->nblocks, &a, HIXL_SERVICE_KV, o.p, o.len, pn->ans,
+                                          sizeof(pn->ans), &pn->alen, &pn->call);
   free(o.p);
   if (st != HIXL_SUCCESS)
-    snprintf(why, cap, "telling %s that layer %u landed: %s", v->e.remote, k,
-             st == HIXL_RESOURCE_EXHAUSTED ? "out of memory" : HixlGetLastErrorMessage());
+    snprintf(why, cap, "layer %u of request %s to %s: %s", k, e->req, e->remote,
+             !built ? "out of memory" : HixlGetLastErrorMessage());
   return st;
 }
 
 /* One step's pushes, layer by layer: each layer leaves as soon as it is saved, while
- * the producer computes the next (layer_pipelining false: all layers in one transfer
- * once the last is saved); each layer's landed notice leaves right behind its data. */
+ * the producer computes the next (layer_pipelining false: every layer once the last
+ * is saved); each layer's landed notice follows its data. */
 static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
   HixlStatus *st = calloc(n, sizeof(*st));
   char(*why)[512] = calloc(n, sizeof(*why));
@@ -663,51 +675,28 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
     return;
   }
   for (size_t i = 0; i < n; i++) st[i] = push_accept(c, v[i], why[i], sizeof(why[i]));
-  uint32_t span = c->cfg.pipelining ? 1 : c->layers;
-  for (uint32_t l = 0, last; l < c->layers; l = last + 1) {
-    last = l + span - 1;
+  for (uint32_t l = 0; l < c->layers; l++) {
     bool any = false;
     for (size_t i = 0; i < n; i++) any |= st[i] == HIXL_SUCCESS;
     if (!any) break;
+    uint32_t need = c->cfg.pipelining ? l : c->layers - 1;
     uint64_t deadline = v[0]->bound_ns + (uint64_t)c->cfg.lease_ms * 1000000ull;
-    if (!push_wait_saved(c, last, v[0]->step, deadline)) {
+    if (!push_wait_saved(c, need, v[0]->step, deadline)) {
       for (size_t i = 0; i < n; i++)
         if (st[i] == HIXL_SUCCESS) {
           st[i] = HIXL_TIMEOUT;
-          snprintf(why[i], sizeof(why[i]), "layer %u was not saved within lease_ms %u", last,
+          snprintf(why[i], sizeof(why[i]), "layer %u was not saved within lease_ms %u", need,
                    c->cfg.lease_ms);
         }
       break;
     }
-    /* A pusher behind the compute takes every layer saved meanwhile in one transfer:
-     * the per-transfer costs (its completion, the op list) are paid once, so it
-     * catches up instead of staying behind by them. */
-    pthread_mutex_lock(&c->lock);
-    while (last + 1 < c->layers && c->saved_step[last + 1] >= v[0]->step) last++;
-    pthread_mutex_unlock(&c->lock);
     for (size_t i = 0; i < n; i++) {
       if (st[i] != HIXL_SUCCESS) continue;
-      struct kv_meta_entry *e = &v[i]->e;
-      HixlBlocksCacheKey key = {e->cluster, 0};
-      HixlCacheTransferArgs a = HIXL_CACHE_TRANSFER_ARGS_INIT;
-      a.src_layer_start = a.dst_layer_start = l;
-      a.src_layer_count = a.dst_layer_count = last - l + 1;
-      a.tensor_num_per_layer = c->tensors_per_layer;
-      a.timeout_ms = c->cfg.transfer_timeout_ms;
-      st[i] = HixlCacheManagerPushBlocks(c->mgr, &key, c->cache_id, e->blocks, e->nblocks, e->rblocks,
-                                         e->nblocks, &a);
-      if (st[i] != HIXL_SUCCESS) {
-        snprintf(why[i], sizeof(why[i]), "layers %u-%u of request %s to %s: %s", l, last, e->req, e->remote,
-                 HixlGetLastErrorMessage());
-        continue;
-      }
-      for (uint32_t k = l; k <= last && st[i] == HIXL_SUCCESS; k++) {
-        struct push_note *pn = &notes[nnotes];
-        if ((st[i] = note_start(c, v[i], k, pn, why[i], sizeof(why[i]))) != HIXL_SUCCESS) break;
-        pn->i = (uint32_t)i;
-        pn->layer = k;
-        nnotes++;
-      }
+      struct push_note *pn = &notes[nnotes];
+      if ((st[i] = layer_start(c, v[i], l, pn, why[i], sizeof(why[i]))) != HIXL_SUCCESS) continue;
+      pn->i = (uint32_t)i;
+      pn->layer = l;
+      nnotes++;
     }
   }
   /* Every notice answered (or failed) before the pushes are reported done. */
@@ -715,14 +704,15 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
     struct push_note *pn = &notes[j];
     struct kv_meta_entry *e = &v[pn->i]->e;
     HixlStatus ns = hixl_engine_call_wait(c->eng, e->remote, pn->call);
+    hixl_cache_unpin(c->mgr, c->cache_id);
     if (ns == HIXL_SUCCESS) {
       pthread_mutex_lock(&c->lock);
       c->stats.layers_pushed++;
       pthread_mutex_unlock(&c->lock);
     } else if (st[pn->i] == HIXL_SUCCESS) {
       st[pn->i] = ns;
-      snprintf(why[pn->i], sizeof(why[pn->i]), "telling %s that layer %u landed: %s", e->remote, pn->layer,
-               HixlGetLastErrorMessage());
+      snprintf(why[pn->i], sizeof(why[pn->i]), "layer %u of request %s to %s, or its landed notice: %s",
+               pn->layer, e->req, e->remote, HixlGetLastErrorMessage());
     }
   }
   free(notes);

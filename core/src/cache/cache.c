@@ -20,6 +20,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "cache/cache_ext.h"
 #include "engine/engine_ext.h"
 #include "hixl/hixl_cache.h"
 #include "util/log.h"
@@ -970,9 +971,21 @@ static int plan_blocks(struct cm_ops *o, const struct cm_layers *ly, const uintp
   return 0;
 }
 
-/* Run ops against remote, in engine-sized batches within one deadline. */
+/* hixl_cache_push_blocks_then_call: the last batch leaves with a call behind it. */
+struct cm_then {
+  uint16_t service;
+  const void *req;
+  size_t len;
+  void *resp;
+  size_t cap;
+  uint32_t *resp_len;
+  hixl_call_t *call;
+};
+
+/* Run ops against remote, in engine-sized batches within one deadline; with then, the
+ * last batch is started with its call and not waited for. */
 static HixlStatus run_ops(HixlCacheManager *m, const char *remote, HixlTransferOp op, const struct cm_ops *o,
-                          int32_t timeout_ms, const char *fn) {
+                          int32_t timeout_ms, const struct cm_then *then, const char *fn) {
   uint64_t deadline = hixl_deadline_ns(timeout_ms);
   HixlStatus st = HIXL_SUCCESS;
   size_t calls = 0;
@@ -981,7 +994,11 @@ static HixlStatus run_ops(HixlCacheManager *m, const char *remote, HixlTransferO
     uint64_t now = hixl_now_ns();
     if (now >= deadline) return hixl_fail(HIXL_TIMEOUT, "%s: timed out after %zu of %zu ops", fn, i, o->n);
     int32_t left = (int32_t)((deadline - now + 999999) / 1000000);
-    st = HixlEngineTransferSync(m->eng, remote, op, o->v + i, k, left);
+    if (then && i + k == o->n)
+      st = hixl_engine_transfer_then_call(m->eng, remote, op, o->v + i, k, then->service, then->req,
+                                          then->len, then->resp, then->cap, then->resp_len, left, then->call);
+    else
+      st = HixlEngineTransferSync(m->eng, remote, op, o->v + i, k, left);
     calls++;
   }
   pthread_mutex_lock(&m->lock);
@@ -1098,7 +1115,7 @@ retry:
         goto out;
       }
     }
-  st = run_ops(m, remote, push ? HIXL_WRITE : HIXL_READ, &ops, a->timeout_ms, fn);
+  st = run_ops(m, remote, push ? HIXL_WRITE : HIXL_READ, &ops, a->timeout_ms, NULL, fn);
   if (st != HIXL_SUCCESS && st != HIXL_TIMEOUT && hit) {
     /* What was remembered may be stale (the peer's MEM_DEL still on its way): ask
      * once more; that answer comes after every MEM_DEL the peer sent before it. */
@@ -1130,9 +1147,12 @@ HixlStatus HixlCacheManagerPushCache(HixlCacheManager *m, const HixlCacheKeyById
 }
 
 /* pull_blocks and push_blocks. */
+/* With then (a push), the transfer's last batch is started with its call and the local
+ * cache stays pinned on success: hixl_cache_unpin lets it go. */
 static HixlStatus cm_blocks(HixlCacheManager *m, const HixlCacheAnyKey *key, uint64_t local_id,
                             const uint64_t *sb, size_t nsb, const uint64_t *db, size_t ndb,
-                            const HixlCacheTransferArgs *a, bool push, const char *fn) {
+                            const HixlCacheTransferArgs *a, bool push, const struct cm_then *then,
+                            const char *fn) {
   HixlStatus st;
   if (!a) a = &default_args;
   CHECK_ARG(m, "%s: mgr is NULL", fn);
@@ -1217,7 +1237,7 @@ retry:
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
     goto out;
   }
-  st = run_ops(m, remote, push ? HIXL_WRITE : HIXL_READ, &ops, a->timeout_ms, fn);
+  st = run_ops(m, remote, push ? HIXL_WRITE : HIXL_READ, &ops, a->timeout_ms, then, fn);
   if (st != HIXL_SUCCESS && st != HIXL_TIMEOUT && hit) { /* as in cm_item */
     cm_forget(m, there, v->id);
     views_free(v);
@@ -1229,7 +1249,7 @@ retry:
 out:
   free(ops.v);
   views_free(v);
-  unpin_cache(m, c);
+  if (!then || st != HIXL_SUCCESS) unpin_cache(m, c);
   return st;
 }
 
@@ -1238,7 +1258,7 @@ HixlStatus HixlCacheManagerPullBlocks(HixlCacheManager *m, const HixlCacheAnyKey
                                       size_t num_src_blocks, const uint64_t *dst_blocks,
                                       size_t num_dst_blocks, const HixlCacheTransferArgs *args) {
   return cm_blocks(m, src_key, dst_cache_id, src_blocks, num_src_blocks, dst_blocks, num_dst_blocks, args,
-                   false, "HixlCacheManagerPullBlocks");
+                   false, NULL, "HixlCacheManagerPullBlocks");
 }
 
 HixlStatus HixlCacheManagerPushBlocks(HixlCacheManager *m, const HixlBlocksCacheKey *dst_key,
@@ -1248,7 +1268,27 @@ HixlStatus HixlCacheManagerPushBlocks(HixlCacheManager *m, const HixlBlocksCache
   CHECK_ARG(dst_key, "HixlCacheManagerPushBlocks: dst_key is NULL");
   HixlCacheAnyKey k = {.kind = HIXL_CACHE_KEY_BLOCKS, .u.blocks = *dst_key};
   return cm_blocks(m, &k, src_cache_id, src_blocks, num_src_blocks, dst_blocks, num_dst_blocks, args, true,
-                   "HixlCacheManagerPushBlocks");
+                   NULL, "HixlCacheManagerPushBlocks");
+}
+
+HixlStatus hixl_cache_push_blocks_then_call(HixlCacheManager *m, const HixlBlocksCacheKey *dst_key,
+                                            uint64_t src_cache_id, const uint64_t *src_blocks, size_t nsrc,
+                                            const uint64_t *dst_blocks, size_t ndst,
+                                            const HixlCacheTransferArgs *args, uint16_t service,
+                                            const void *req, size_t len, void *resp, size_t cap,
+                                            uint32_t *resp_len, hixl_call_t *call) {
+  const char *fn = "hixl_cache_push_blocks_then_call";
+  CHECK_ARG(dst_key && call, "%s: dst_key or call is NULL", fn);
+  HixlCacheAnyKey k = {.kind = HIXL_CACHE_KEY_BLOCKS, .u.blocks = *dst_key};
+  struct cm_then t = {service, req, len, resp, cap, resp_len, call};
+  return cm_blocks(m, &k, src_cache_id, src_blocks, nsrc, dst_blocks, ndst, args, true, &t, fn);
+}
+
+void hixl_cache_unpin(HixlCacheManager *m, uint64_t cache_id) {
+  pthread_mutex_lock(&m->lock);
+  struct cm_cache *c = cache_by_id(m, cache_id);
+  if (c && c->busy > 0) c->busy--;
+  pthread_mutex_unlock(&m->lock);
 }
 
 /* ---- transfer_cache_async: a thread per task sends layer after layer ---- */
