@@ -1291,7 +1291,15 @@ HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, Hix
     link_then_attach(r, c, th, service, (uint32_t)len);
     th = NULL;
     frame = NULL;
-    c->xp->async(c, r); /* nobody waits in a call yet; shm: copied now or queued, c may be gone after */
+    if ((c->xp->flags & XPORT_CPU_COPY) && c->xp->drive) {
+      /* A copy: this thread makes it now (handing it to the progress thread would cost
+       * a wake-up and gain nothing), then sends the call its end released. */
+      c->xp->drive(c, r); /* c may be gone afterwards */
+      struct peer *p = find_peer(e, remote);
+      if (p && p->conn && !p->conn->dead && p->conn->txq_head) link_flush(p->conn);
+    } else {
+      c->xp->async(c, r); /* nobody waits in a call yet: the progress thread ends it */
+    }
     pthread_mutex_unlock(&e->lock);
     *call = r;
   }
