@@ -7,6 +7,9 @@
  * checked against the engine's copy of the peer's table before each use, so a
  * cache the peer unregistered (its tensors' MEM_DEL) is forgotten.
  *
+ * cache_ext.h adds a push started rather than waited for, with a call behind its data
+ * (the plugin's pusher).
+ *
  * Locking: mgr->lock is a leaf. It is never held across an engine call, because the
  * engine calls cm_serve (the service) from its progress thread with its own lock
  * held. Local caches in use by a transfer are pinned (busy) so Unregister refuses. */
