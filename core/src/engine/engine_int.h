@@ -114,7 +114,8 @@ struct hixl_transfer_req {
   void *user_data;
   char err[256];
   /* hixl_engine_transfer_then_call: a CALL that leaves on then_conn once every chunk
-   * above ended, all with SUCCESS (else it ends with their failure). Counted in
+   * above ended, all with SUCCESS (else it ends with their failure), if then_conn is
+   * still in the engine's list of links (only compared: it may be gone). Counted in
    * outstanding; its frame is built when it leaves (the link's next seq). */
   struct chunk *then;
   struct conn *then_conn;

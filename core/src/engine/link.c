@@ -46,17 +46,20 @@ static void set_want_out(struct conn *c, bool on);
  * on the link they went on; else end it with their failure. Lock held. */
 static void then_release(struct hixl_transfer_req *r) {
   struct chunk *th = r->then;
-  struct conn *c = r->then_conn;
+  struct conn *c = NULL;
   char why[384];
+  /* Only a link still in the engine's list: a caller's copy (shm) runs unlocked, and a
+   * link killed meanwhile may have been freed since. */
+  for (struct conn *k = r->eng->conns; k && !c; k = k->next) c = k == r->then_conn ? k : NULL;
   HixlStatus st = r->status;
   if (st != HIXL_SUCCESS) {
     snprintf(why, sizeof(why), "the transfer before it failed: %s", r->err);
   } else if (r->cancelled) {
     st = HIXL_TIMEOUT;
     snprintf(why, sizeof(why), "the transfer before it timed out");
-  } else if (c->dead) {
+  } else if (!c || c->dead) {
     st = HIXL_FAILED;
-    snprintf(why, sizeof(why), "the link to %s was lost before it was sent", c->remote_name);
+    snprintf(why, sizeof(why), "its link was lost before it was sent");
   }
   if (st != HIXL_SUCCESS) {
     r->then_state = THEN_ENDED;
