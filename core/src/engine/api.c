@@ -1283,7 +1283,7 @@ HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, Hix
   if (st == HIXL_SUCCESS && !(c->peer->caps & WIRE_CAP_CALL)) {
     /* Not before transfer_submit: it may bring the link up. The transfer goes on; its
      * end is waited for here, as nobody else would. */
-    st = req_wait(e, c, r, fn, remote);
+    (void)req_wait(e, c, r, fn, remote);
     pthread_mutex_unlock(&e->lock);
     st = hixl_fail(HIXL_UNSUPPORTED, "%s: %s speaks an older protocol without service calls", fn, remote);
   } else if (st == HIXL_SUCCESS) {

@@ -315,6 +315,10 @@ static void erdma_on_cq(struct HixlEngine *e) {
         l->sq_used--;
         link_chunk_end(ch, HIXL_SUCCESS, "");
       } while (ch != target);
+      /* Frames those ends released (a call held behind its transfer) leave before the
+       * next posts: where the provider moves the bytes inside ibv_post_send (rxe), a
+       * step of posts takes that long, and the call would wait behind it. */
+      if (c->txq_head) link_flush(c); /* a send failing kills c: erdma_post then posts nothing */
       erdma_post(c, ERDMA_STEP);
     }
   }
