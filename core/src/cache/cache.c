@@ -1149,9 +1149,9 @@ HixlStatus HixlCacheManagerPushCache(HixlCacheManager *m, const HixlCacheKeyById
   return cm_item(m, &k, src_cache_id, src_batch_index, args, true, "HixlCacheManagerPushCache");
 }
 
-/* pull_blocks and push_blocks. */
-/* With then (a push), the transfer's last batch is started with its call and the local
- * cache stays pinned on success: hixl_cache_unpin lets it go. */
+/* pull_blocks and push_blocks. With then (a push), the transfer's last batch is started
+ * with its call and the local cache stays pinned on success: hixl_cache_unpin lets it
+ * go. */
 static HixlStatus cm_blocks(HixlCacheManager *m, const HixlCacheAnyKey *key, uint64_t local_id,
                             const uint64_t *sb, size_t nsb, const uint64_t *db, size_t ndb,
                             const HixlCacheTransferArgs *a, bool push, const struct cm_then *then,

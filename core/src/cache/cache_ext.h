@@ -14,7 +14,8 @@
  * any batch before the last are done then); *call is waited for with
  * hixl_engine_call_wait on the engine the destination's cluster is linked to. On
  * SUCCESS the local cache stays pinned (UnregisterCache refuses) until
- * hixl_cache_unpin, which the caller calls once the call has been waited for. */
+ * hixl_cache_unpin, which the caller calls once the call has been waited for. Its
+ * bytes count in HixlCacheManagerGetStats when it starts. */
 HixlStatus hixl_cache_push_blocks_then_call(HixlCacheManager *mgr, const HixlBlocksCacheKey *dst_key,
                                             uint64_t src_cache_id, const uint64_t *src_blocks, size_t nsrc,
                                             const uint64_t *dst_blocks, size_t ndst,

@@ -42,8 +42,9 @@ void link_req_maybe_free(struct hixl_transfer_req *r) {
 
 static void set_want_out(struct conn *c, bool on);
 
-/* The transfer r's CALL waited for has ended: send the CALL when every chunk landed,
- * on the link they went on; else end it with their failure. Lock held. */
+/* r's transfer, which its CALL waited for, has ended: send the CALL on the link the
+ * transfer went on when every chunk landed; else end it with their failure. Lock
+ * held. */
 static void then_release(struct hixl_transfer_req *r) {
   struct chunk *th = r->then;
   struct conn *c = NULL;
