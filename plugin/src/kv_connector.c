@@ -253,7 +253,7 @@ static void expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *wh
   free(x->blocks);
   free(x->landed);
   free(x);
-  pthread_cond_broadcast(&c->cond);
+  pthread_cond_broadcast(&c->landed);
 }
 
 /* Expected pushes that no producer finished within the lease fail. Lock held. */
@@ -312,7 +312,7 @@ static HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size
     if (x && layer < c->layers && !x->landed[layer]) {
       x->landed[layer] = 1;
       if (++x->nlanded == c->layers) expect_end(c, x, NULL);
-      pthread_cond_broadcast(&c->cond);
+      pthread_cond_broadcast(&c->landed); /* the forward pass only */
     } else if (!x) {
       st = HIXL_NOT_FOUND;
     }
@@ -810,6 +810,7 @@ static hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint
   pthread_mutex_init(&c->lock, NULL);
   pthread_cond_init(&c->cond, &ca);
   pthread_cond_init(&c->saved, &ca);
+  pthread_cond_init(&c->landed, &ca);
   pthread_condattr_destroy(&ca);
   if (role == HIXL_KV_ROLE_WORKER) {
     if ((st = worker_address(c->cfg.address, rank, c->engine_addr, sizeof(c->engine_addr), &c->cluster)) !=
@@ -858,6 +859,7 @@ fail_engine:
 fail_sync:
   pthread_cond_destroy(&c->cond);
   pthread_cond_destroy(&c->saved);
+  pthread_cond_destroy(&c->landed);
   pthread_mutex_destroy(&c->lock);
 fail_cfg:
   kv_config_free(&c->cfg);
@@ -873,6 +875,7 @@ static hixl_kv_status kv_shutdown(hixl_kv_connector *c) {
   c->shut = true;
   pthread_cond_broadcast(&c->cond);
   pthread_cond_broadcast(&c->saved);
+  pthread_cond_broadcast(&c->landed);
   pthread_mutex_unlock(&c->lock);
   if (c->loader_on) {
     pthread_join(c->loader, NULL);
@@ -945,6 +948,7 @@ static hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   kv_config_free(&c->cfg);
   pthread_cond_destroy(&c->cond);
   pthread_cond_destroy(&c->saved);
+  pthread_cond_destroy(&c->landed);
   pthread_mutex_destroy(&c->lock);
   free(c);
   return HIXL_KV_SUCCESS;
@@ -1584,7 +1588,7 @@ static hixl_kv_status kv_wait_layer(hixl_kv_connector *c, uint32_t layer) {
     if (first == UINT64_MAX || c->shut) break;
     struct timespec ts = {.tv_sec = (time_t)(first / 1000000000ull),
                           .tv_nsec = (long)(first % 1000000000ull)};
-    pthread_cond_timedwait(&c->cond, &c->lock, &ts);
+    pthread_cond_timedwait(&c->landed, &c->lock, &ts);
   }
   pthread_mutex_unlock(&c->lock);
   return st;

@@ -83,9 +83,11 @@ struct hixl_kv_connector {
   int32_t role;
   uint32_t rank, world;
   struct kv_cfg cfg;
-  pthread_mutex_t lock; /* a leaf: never held across a hixl call */
-  pthread_cond_t cond;  /* loads queued, or the loader stopped (CLOCK_MONOTONIC) */
-  pthread_cond_t saved; /* push producer: a layer was saved (the pusher waits; CLOCK_MONOTONIC) */
+  pthread_mutex_t lock;  /* a leaf: never held across a hixl call */
+  pthread_cond_t cond;   /* loads or pushes queued, or shut (loader, pusher; CLOCK_MONOTONIC) */
+  pthread_cond_t saved;  /* push producer: a layer was saved (the pusher waits; CLOCK_MONOTONIC) */
+  pthread_cond_t landed; /* push consumer: a layer landed or an expected push ended (the forward
+                          * pass waits in wait_for_layer_load; CLOCK_MONOTONIC) */
   bool shut;
 
   /* scheduler */
