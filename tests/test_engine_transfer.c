@@ -1121,6 +1121,50 @@ static void test_then_call_timeout(void) {
   TU_ASSERT_OK(hixl_engine_set_service(g.srv, LANDED, NULL, NULL));
 }
 
+/* tcp: the link is cut (this side drops the peer) while the peer reads nothing: the
+ * WRITE fails, so the call behind it fails with it and is never served, after the peer
+ * goes on either; the link comes back with Connect. */
+static void test_then_call_link_cut(void) {
+  enum { HOLD = 2, LANDED = 3 };
+  const size_t len = 16 * MiB;
+  const char *t = tu_transport();
+  if (!t || strcmp(t, "tcp") != 0) return; /* shm and rdma move the data without the peer's thread */
+  struct hold_on_call h = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false};
+  struct landed_on_call l = {.mem = g.s.mem};
+  struct landed_req q = {0, len, 9500};
+  uint8_t ans[64];
+  uint32_t alen = 0, hlen = 0;
+  size_t n = 0, dropped = 0;
+  hixl_call_t held, c;
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, HOLD, hold_handler, &h));
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, LANDED, landed_handler, &l));
+  TU_ASSERT_OK_FATAL(
+      hixl_engine_call_start(g.cli, g.srv_name, HOLD, NULL, 0, ans, sizeof(ans), &hlen, XFER_TIMEOUT, &held));
+  pthread_mutex_lock(&h.mu);
+  while (!h.entered) pthread_cond_wait(&h.cv, &h.mu);
+  pthread_mutex_unlock(&h.mu);
+  tu_fill(g.src.mem, len, q.seed);
+  HixlTransferOpDesc d = desc(g.src.mem, g.s.mem, len);
+  TU_ASSERT_OK(hixl_engine_transfer_then_call(g.cli, g.srv_name, HIXL_WRITE, &d, 1, LANDED, &q, sizeof(q),
+                                              ans, sizeof(ans), &alen, XFER_TIMEOUT, &c));
+  TU_ASSERT_OK(hixl_engine_drop_peer(g.cli, g.srv_name, "the test cuts the link", &dropped));
+  CU_ASSERT_EQUAL(dropped, 1);
+  TU_ASSERT_STATUS(hixl_engine_call_wait(g.cli, g.srv_name, c), HIXL_FAILED); /* not TIMEOUT: it ended */
+  CU_ASSERT_PTR_NOT_NULL(strstr(HixlGetLastErrorMessage(), "the test cuts the link"));
+  TU_ASSERT_STATUS(hixl_engine_call_wait(g.cli, g.srv_name, held), HIXL_FAILED);
+  pthread_mutex_lock(&h.mu);
+  h.release = true;
+  pthread_cond_broadcast(&h.cv);
+  pthread_mutex_unlock(&h.mu);
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(g.cli, g.srv_name, 5000));
+  /* Served after everything the server took from the old link. */
+  TU_ASSERT_STATUS(hixl_engine_call(g.cli, g.srv_name, LANDED, "x", 1, ans, sizeof(ans), &n, XFER_TIMEOUT),
+                   HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(l.calls, 0);
+  TU_ASSERT_OK(hixl_engine_set_service(g.srv, HOLD, NULL, NULL));
+  TU_ASSERT_OK(hixl_engine_set_service(g.srv, LANDED, NULL, NULL));
+}
+
 /* ---------------------------------------------------------------- threads */
 
 enum { NTHREADS = 4, ROUNDS = 12 };
@@ -1268,6 +1312,7 @@ int main(void) {
   CU_add_test(s, "calls started before any answer is waited for, served in order", test_call_start);
   CU_add_test(s, "transfers with a call behind each: the call finds the data there", test_transfer_then_call);
   CU_add_test(s, "tcp: a transfer that times out never sends its call", test_then_call_timeout);
+  CU_add_test(s, "tcp: a link cut under a transfer fails its call, never sent", test_then_call_link_cut);
   CU_add_test(s, "four threads at once", test_four_threads);
   if (CU_get_error() != CUE_SUCCESS) {
     fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
