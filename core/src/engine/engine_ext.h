@@ -86,8 +86,10 @@ typedef struct hixl_transfer_req *hixl_call_t;
 
 /* Start the same call without waiting: it leaves now, and its answer (at most cap
  * bytes) lands in resp, its length in *resp_len; both must stay valid until
- * hixl_engine_call_wait returns for it. Calls and transfers started on one link reach
- * the peer in the order they were started. */
+ * hixl_engine_call_wait returns for it. Calls reach the peer in the order they were
+ * started, behind every frame queued before them on the link (tcp data among them);
+ * RDMA or shm data started before a call may land after it is served (for a call that
+ * must follow its data: hixl_engine_transfer_then_call). */
 HixlStatus hixl_engine_call_start(HixlEngine *e, const char *remote, uint16_t service, const void *req,
                                   size_t len, void *resp, size_t cap, uint32_t *resp_len, int32_t timeout_ms,
                                   hixl_call_t *call);
