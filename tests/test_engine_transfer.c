@@ -1081,68 +1081,83 @@ static HixlStatus hold_handler(void *ctx, const char *peer, const uint8_t *req, 
   return HIXL_SUCCESS;
 }
 
+/* A server whose progress thread a HOLD call keeps in its handler until released,
+ * with the LANDED service beside it; over tcp it then reads nothing from the link. */
+enum { HOLD = 2, LANDED = 3 }; /* 2: the KV service slot, unused here */
+struct held_peer {
+  struct hold_on_call h;
+  struct landed_on_call l;
+  hixl_call_t held;
+  uint8_t ans[8];
+  uint32_t alen;
+};
+
+static void held_peer_start(struct held_peer *p) {
+  p->h = (struct hold_on_call){PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false};
+  p->l = (struct landed_on_call){.mem = g.s.mem};
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, HOLD, hold_handler, &p->h));
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, LANDED, landed_handler, &p->l));
+  TU_ASSERT_OK_FATAL(hixl_engine_call_start(g.cli, g.srv_name, HOLD, NULL, 0, p->ans, sizeof(p->ans),
+                                            &p->alen, XFER_TIMEOUT, &p->held));
+  pthread_mutex_lock(&p->h.mu);
+  while (!p->h.entered) pthread_cond_wait(&p->h.cv, &p->h.mu);
+  pthread_mutex_unlock(&p->h.mu);
+}
+
+static void held_peer_release(struct held_peer *p) {
+  pthread_mutex_lock(&p->h.mu);
+  p->h.release = true;
+  pthread_cond_broadcast(&p->h.cv);
+  pthread_mutex_unlock(&p->h.mu);
+}
+
+static void held_peer_end(void) {
+  TU_ASSERT_OK(hixl_engine_set_service(g.srv, HOLD, NULL, NULL));
+  TU_ASSERT_OK(hixl_engine_set_service(g.srv, LANDED, NULL, NULL));
+}
+
 /* tcp: a peer that reads nothing (its progress thread held) takes none of a WRITE;
  * the transfer times out at the wait, and the call behind it never leaves: once the
  * peer goes on, a call sent after it is served and the first never is. */
 static void test_then_call_timeout(void) {
-  enum { HOLD = 2, LANDED = 3 }; /* 2: the KV service slot, unused here */
   const size_t len = 16 * MiB;
   const char *t = tu_transport();
   if (!t || strcmp(t, "tcp") != 0) return; /* shm and rdma move the data without the peer's thread */
-  struct hold_on_call h = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false};
-  struct landed_on_call l = {.mem = g.s.mem};
+  struct held_peer p;
   struct landed_req q = {0, len, 9400};
   uint8_t ans[64];
-  uint32_t alen = 0, hlen = 0;
+  uint32_t alen = 0;
   size_t n = 0;
-  hixl_call_t held, c;
-  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, HOLD, hold_handler, &h));
-  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, LANDED, landed_handler, &l));
-  TU_ASSERT_OK_FATAL(
-      hixl_engine_call_start(g.cli, g.srv_name, HOLD, NULL, 0, ans, sizeof(ans), &hlen, XFER_TIMEOUT, &held));
-  pthread_mutex_lock(&h.mu);
-  while (!h.entered) pthread_cond_wait(&h.cv, &h.mu);
-  pthread_mutex_unlock(&h.mu);
+  hixl_call_t c;
+  held_peer_start(&p);
   tu_fill(g.src.mem, len, q.seed);
   HixlTransferOpDesc d = desc(g.src.mem, g.s.mem, len);
   TU_ASSERT_OK(hixl_engine_transfer_then_call(g.cli, g.srv_name, HIXL_WRITE, &d, 1, LANDED, &q, sizeof(q),
                                               ans, sizeof(ans), &alen, 300, &c));
   TU_ASSERT_STATUS(hixl_engine_call_wait(g.cli, g.srv_name, c), HIXL_TIMEOUT);
-  pthread_mutex_lock(&h.mu);
-  h.release = true;
-  pthread_cond_broadcast(&h.cv);
-  pthread_mutex_unlock(&h.mu);
-  TU_ASSERT_OK(hixl_engine_call_wait(g.cli, g.srv_name, held));
+  held_peer_release(&p);
+  TU_ASSERT_OK(hixl_engine_call_wait(g.cli, g.srv_name, p.held));
   /* Served after everything the link carried before it. */
   TU_ASSERT_STATUS(hixl_engine_call(g.cli, g.srv_name, LANDED, "x", 1, ans, sizeof(ans), &n, XFER_TIMEOUT),
                    HIXL_PARAM_INVALID);
-  CU_ASSERT_EQUAL(l.calls, 0);
-  TU_ASSERT_OK(hixl_engine_set_service(g.srv, HOLD, NULL, NULL));
-  TU_ASSERT_OK(hixl_engine_set_service(g.srv, LANDED, NULL, NULL));
+  CU_ASSERT_EQUAL(p.l.calls, 0);
+  held_peer_end();
 }
 
 /* tcp: the link is cut (this side drops the peer) while the peer reads nothing: the
  * WRITE fails, so the call behind it fails with it and is never served, after the peer
  * goes on either; the link comes back with Connect. */
 static void test_then_call_link_cut(void) {
-  enum { HOLD = 2, LANDED = 3 };
   const size_t len = 16 * MiB;
   const char *t = tu_transport();
   if (!t || strcmp(t, "tcp") != 0) return; /* shm and rdma move the data without the peer's thread */
-  struct hold_on_call h = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false};
-  struct landed_on_call l = {.mem = g.s.mem};
+  struct held_peer p;
   struct landed_req q = {0, len, 9500};
   uint8_t ans[64];
-  uint32_t alen = 0, hlen = 0;
+  uint32_t alen = 0;
   size_t n = 0, dropped = 0;
-  hixl_call_t held, c;
-  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, HOLD, hold_handler, &h));
-  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, LANDED, landed_handler, &l));
-  TU_ASSERT_OK_FATAL(
-      hixl_engine_call_start(g.cli, g.srv_name, HOLD, NULL, 0, ans, sizeof(ans), &hlen, XFER_TIMEOUT, &held));
-  pthread_mutex_lock(&h.mu);
-  while (!h.entered) pthread_cond_wait(&h.cv, &h.mu);
-  pthread_mutex_unlock(&h.mu);
+  hixl_call_t c;
+  held_peer_start(&p);
   tu_fill(g.src.mem, len, q.seed);
   HixlTransferOpDesc d = desc(g.src.mem, g.s.mem, len);
   TU_ASSERT_OK(hixl_engine_transfer_then_call(g.cli, g.srv_name, HIXL_WRITE, &d, 1, LANDED, &q, sizeof(q),
@@ -1151,18 +1166,14 @@ static void test_then_call_link_cut(void) {
   CU_ASSERT_EQUAL(dropped, 1);
   TU_ASSERT_STATUS(hixl_engine_call_wait(g.cli, g.srv_name, c), HIXL_FAILED); /* not TIMEOUT: it ended */
   CU_ASSERT_PTR_NOT_NULL(strstr(HixlGetLastErrorMessage(), "the test cuts the link"));
-  TU_ASSERT_STATUS(hixl_engine_call_wait(g.cli, g.srv_name, held), HIXL_FAILED);
-  pthread_mutex_lock(&h.mu);
-  h.release = true;
-  pthread_cond_broadcast(&h.cv);
-  pthread_mutex_unlock(&h.mu);
+  TU_ASSERT_STATUS(hixl_engine_call_wait(g.cli, g.srv_name, p.held), HIXL_FAILED);
+  held_peer_release(&p);
   TU_ASSERT_OK_FATAL(HixlEngineConnect(g.cli, g.srv_name, 5000));
   /* Served after everything the server took from the old link. */
   TU_ASSERT_STATUS(hixl_engine_call(g.cli, g.srv_name, LANDED, "x", 1, ans, sizeof(ans), &n, XFER_TIMEOUT),
                    HIXL_PARAM_INVALID);
-  CU_ASSERT_EQUAL(l.calls, 0);
-  TU_ASSERT_OK(hixl_engine_set_service(g.srv, HOLD, NULL, NULL));
-  TU_ASSERT_OK(hixl_engine_set_service(g.srv, LANDED, NULL, NULL));
+  CU_ASSERT_EQUAL(p.l.calls, 0);
+  held_peer_end();
 }
 
 /* ---------------------------------------------------------------- threads */
