@@ -1176,6 +1176,74 @@ static void test_then_call_link_cut(void) {
   held_peer_end();
 }
 
+/* The peer closes the link just before transfers start, one right after the other: a
+ * staged async WRITE (its bytes make the peer's side answer with a reset), a then-call
+ * and an async WRITE, each with a direct op and a staged one, then a sync WRITE; only
+ * then are they waited for. Whichever thread here meets the close first (the progress
+ * thread reading its end, or a start's own send finding the socket reset), each ends
+ * NOT_CONNECTED at its start or FAILED at its end, never a crash; the call is never
+ * served, and Connect brings the link back. Many rounds: which thread wins is the
+ * scheduler's choice. */
+static void test_peer_closed_at_start(void) {
+  enum { ROUNDS_CLOSED = 30, ASYNCS = 2 };
+  const size_t len = 256 * KiB, slen = 16 * KiB;
+  unsigned char *unreg = tu_alloc_mem(slen, false);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(unreg);
+  struct landed_on_call l = {.mem = g.s.mem};
+  struct landed_req q = {0, len, 9600};
+  uint8_t ans[64];
+  uint32_t alen = 0;
+  size_t n = 0;
+  int started = 0, refused = 0;
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, LANDED, landed_handler, &l));
+  tu_fill(g.src.mem, len, q.seed);
+  tu_fill(unreg, slen, 9601);
+  HixlTransferOpDesc d[2] = {desc(g.src.mem, g.s.mem, len), desc(unreg, g.s.mem + len, slen)};
+  for (int i = 0; i < ROUNDS_CLOSED; i++) {
+    size_t dropped = 0;
+    TU_ASSERT_OK(hixl_engine_drop_peer(g.srv, g.cli_name, "the peer closes", &dropped));
+    CU_ASSERT_EQUAL_FATAL(dropped, 1);
+    HixlTransferReq req[ASYNCS] = {NULL, NULL};
+    hixl_call_t c = NULL;
+    HixlStatus st[4];
+    st[0] = HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_WRITE, &d[1], 1, XFER_TIMEOUT, NULL, &req[0]);
+    st[1] = hixl_engine_transfer_then_call(g.cli, g.srv_name, HIXL_WRITE, d, 2, LANDED, &q, sizeof(q), ans,
+                                           sizeof(ans), &alen, XFER_TIMEOUT, &c);
+    st[2] = HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_WRITE, d, 2, XFER_TIMEOUT, NULL, &req[1]);
+    st[3] = HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, d, 2, XFER_TIMEOUT);
+    for (int k = 0; k < 3; k++) {
+      if (st[k] != HIXL_SUCCESS) {
+        refused++;
+        TU_ASSERT_STATUS(st[k], HIXL_NOT_CONNECTED);
+        continue;
+      }
+      started++;
+      if (k == 1) {
+        st[k] = hixl_engine_call_wait(g.cli, g.srv_name, c);
+      } else {
+        HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
+        TU_ASSERT_OK(tu_wait_request(g.cli, req[k / 2], tu_now_ms() + XFER_TIMEOUT + 1000, &ts));
+        st[k] = ts == HIXL_TRANSFER_FAILED      ? HIXL_FAILED
+                : ts == HIXL_TRANSFER_COMPLETED ? HIXL_SUCCESS
+                                                : HIXL_TIMEOUT;
+      }
+    }
+    for (int k = 0; k < 4; k++)
+      if (st[k] != HIXL_FAILED && st[k] != HIXL_NOT_CONNECTED)
+        tu_fail(__FILE__, __LINE__, "round %d, transfer %d on a closed link: %s", i, k,
+                HixlStatusName(st[k]));
+    TU_ASSERT_OK_FATAL(HixlEngineConnect(g.cli, g.srv_name, 5000));
+  }
+  fprintf(stderr, "  [async and then-call: %d started then failed, %d refused at the start]", started,
+          refused);
+  /* The server is there: a call on the new link is served (and refused by the handler). */
+  TU_ASSERT_STATUS(hixl_engine_call(g.cli, g.srv_name, LANDED, "x", 1, ans, sizeof(ans), &n, XFER_TIMEOUT),
+                   HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(l.calls, 0);
+  TU_ASSERT_OK(hixl_engine_set_service(g.srv, LANDED, NULL, NULL));
+  tu_free_mem(unreg, slen);
+}
+
 /* ---------------------------------------------------------------- threads */
 
 enum { NTHREADS = 4, ROUNDS = 12 };
@@ -1324,6 +1392,8 @@ int main(void) {
   CU_add_test(s, "transfers with a call behind each: the call finds the data there", test_transfer_then_call);
   CU_add_test(s, "tcp: a transfer that times out never sends its call", test_then_call_timeout);
   CU_add_test(s, "tcp: a link cut under a transfer fails its call, never sent", test_then_call_link_cut);
+  CU_add_test(s, "the peer closes the link just before transfers start: they fail, never a crash",
+              test_peer_closed_at_start);
   CU_add_test(s, "four threads at once", test_four_threads);
   if (CU_get_error() != CUE_SUCCESS) {
     fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());

@@ -863,8 +863,17 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
     plan_units(e, descs, count, lregs, r, c, op);
     stage_submit(r); /* units with a free buffer go on the wire now, the rest wait in order */
   }
-  /* shm: a sync caller copies in link_drive; an async request goes to its async hook. */
-  if (c->xp->start) c->xp->start(c, r);
+  if (c->dead) {
+    /* A send above found the link reset (the peer closed it): what was queued on it
+     * has ended with it. A copying transport's direct chunks wait in r alone until
+     * driven: they end here. */
+    if (c->xp->flags & XPORT_CPU_COPY)
+      for (uint32_t k = 0; k < plan.ndirect; k++)
+        link_chunk_end(&r->chunks[k], HIXL_FAILED, "the link was lost as the transfer started");
+  } else if (c->xp->start) {
+    /* shm: a sync caller copies in link_drive; an async request goes to its async hook. */
+    c->xp->start(c, r);
+  }
   *out = r;
   *out_conn = c;
 unlock:
@@ -1280,7 +1289,9 @@ HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, Hix
   struct hixl_transfer_req *r;
   struct conn *c;
   HixlStatus st = transfer_submit(e, remote, op, descs, count, timeout_ms, fn, &r, &c);
-  if (st == HIXL_SUCCESS && !(c->peer->caps & WIRE_CAP_CALL)) {
+  /* The start's own send may have found the link reset (the peer closed it): c is dead,
+   * every chunk has ended with it, and so will the call attached below. */
+  if (st == HIXL_SUCCESS && !c->dead && !(c->peer->caps & WIRE_CAP_CALL)) {
     /* Not before transfer_submit: it may bring the link up. The transfer goes on; its
      * end is waited for here, as nobody else would. */
     (void)req_wait(e, c, r, fn, remote);
@@ -1291,7 +1302,9 @@ HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, Hix
     link_then_attach(r, c, th, service, (uint32_t)len);
     th = NULL;
     frame = NULL;
-    if ((c->xp->flags & XPORT_CPU_COPY) && c->xp->drive) {
+    if (c->dead) {
+      /* nothing left to move: the call ended failed when attached */
+    } else if ((c->xp->flags & XPORT_CPU_COPY) && c->xp->drive) {
       /* A copy: this thread makes it now (handing it to the progress thread would cost
        * a wake-up and gain nothing), then sends the call its end released. */
       c->xp->drive(c, r); /* c may be gone afterwards */

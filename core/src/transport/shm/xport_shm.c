@@ -846,6 +846,7 @@ static void eshm_run_sync(struct conn *c, struct hixl_transfer_req *r) {
 static void eshm_async(struct conn *c, struct hixl_transfer_req *r) {
   struct eshm_link *l = link_of(c);
   uint64_t bytes = 0;
+  if (c->dead) return;                         /* died as r started: transfer_submit ended its chunks */
   if (r->ndirect < r->nchunks) link_unpark(c); /* staged units: their answers need a reader */
   for (uint32_t k = 0; k < r->ndirect; k++) bytes += r->chunks[k].len;
   if (r->ndirect == 0) return; /* all staged: they go on the socket */
@@ -868,6 +869,7 @@ static void eshm_async(struct conn *c, struct hixl_transfer_req *r) {
 
 /* A sync caller copies its request itself; staged units' answers come on the socket. */
 static void eshm_drive(struct conn *c, struct hixl_transfer_req *r) {
+  if (c->dead) return; /* died as r started: transfer_submit ended its chunks */
   if (r->ndirect < r->nchunks) link_unpark(c);
   if (r->ndirect > 0) eshm_run_sync(c, r); /* c may be gone afterwards */
 }
