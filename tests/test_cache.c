@@ -696,6 +696,39 @@ static void test_async_not_ready(void) {
   CU_ASSERT_EQUAL(peer(P_FILL, 0, 0, PEER_SEED, NULL).st, 0);
 }
 
+/* A lost link comes back with Link (SUCCESS, once; then ALREADY_CONNECTED), and the
+ * cache remembered before is pulled over the new link, every byte. Here this side drops
+ * it; a producer cuts it the same way when a lease it granted expires. */
+static void test_relink(void) {
+  static const uint64_t blocks[] = {40, 41, 900};
+  static bool moved[B_TENSORS][B_BLOCKS];
+  HixlCacheAnyKey k = blocks_key();
+  reset_mine();
+  TU_ASSERT_OK(HixlCacheManagerPullBlocks(mgr, &k, my_b, blocks, 3, blocks, 3, NULL)); /* remembered */
+  size_t dropped = 0;
+  TU_ASSERT_OK(hixl_engine_drop_peer(eng, peer_addr, "test_relink: cut", &dropped));
+  CU_ASSERT_EQUAL(dropped, 1);
+  reset_mine();
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, my_b, blocks, 3, blocks, 3, NULL), HIXL_NOT_CONNECTED);
+  CU_ASSERT_TRUE(my_blocks_untouched(NULL));
+  uint64_t lookups0 = 0;
+  HixlCacheStats cs;
+  TU_ASSERT_OK(HixlCacheManagerGetStats(mgr, &cs));
+  lookups0 = cs.lookups;
+  TU_ASSERT_OK(HixlCacheManagerLink(mgr, CLUSTER_PEER, peer_addr, TIMEOUT));
+  TU_ASSERT_STATUS(HixlCacheManagerLink(mgr, CLUSTER_PEER, peer_addr, TIMEOUT), HIXL_ALREADY_CONNECTED);
+  TU_ASSERT_OK(HixlCacheManagerPullBlocks(mgr, &k, my_b, blocks, 3, blocks, 3, NULL));
+  TU_ASSERT_OK(HixlCacheManagerGetStats(mgr, &cs));
+  CU_ASSERT_EQUAL(cs.lookups, lookups0); /* the same manager: what it told us still holds */
+  memset(moved, 0, sizeof(moved));
+  for (uint32_t t = 0; t < B_TENSORS; t++)
+    for (int i = 0; i < 3; i++) {
+      CU_ASSERT_TRUE(my_block_is(t, blocks[i], blocks[i], PEER_SEED));
+      moved[t][blocks[i]] = true;
+    }
+  CU_ASSERT_TRUE(my_blocks_untouched((const bool(*)[B_BLOCKS])moved));
+}
+
 /* A stopped peer (SIGSTOP). A lookup needs it to answer: TIMEOUT within the
  * transfer's timeout. Over tcp and rdma a transfer to it ends TIMEOUT on time too, and
  * an async task's Synchronize says TIMEOUT at the caller's bound, then the task ends at
@@ -836,6 +869,7 @@ int main(void) {
                          {"async: no byte of layer l before its release", test_async_pipelined},
                          {"async: a layer never ready fails the task", test_async_not_ready},
                          {"allocated caches: pulled, mapped on one host, freed", test_allocated},
+                         {"a lost link comes back with Link", test_relink},
                          {"a stopped peer: TIMEOUT on time", test_stopped_peer},
                          {"a dead peer: FAILED, never a hang", test_dead_peer},
                          CU_TEST_INFO_NULL};

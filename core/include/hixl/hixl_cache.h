@@ -100,7 +100,10 @@ HIXL_API HixlStatus HixlCacheManagerDestroy(HixlCacheManager *mgr);
 
 /** Link remote_cluster_id to the manager at remote_engine ("ip:port"): connects
  *  the engine when it is not yet, and checks that the peer's manager is that
- *  cluster (PARAM_INVALID naming both ids if not). */
+ *  cluster (PARAM_INVALID naming both ids if not). Linked already: ALREADY_CONNECTED,
+ *  unless the engine link to it was lost (the peer closed or cut it): then it connects
+ *  again to the address linked first and checks the cluster again (SUCCESS; caches
+ *  looked up there stay known unless the peer's manager restarted). */
 HIXL_API HixlStatus HixlCacheManagerLink(HixlCacheManager *mgr, uint64_t remote_cluster_id,
                                          const char *remote_engine, int32_t timeout_ms);
 

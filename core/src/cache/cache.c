@@ -403,6 +403,63 @@ static struct cm_link *link_by_cluster(HixlCacheManager *m, uint64_t cluster) {
   return NULL;
 }
 
+/* Ask the manager at remote who it is: its cluster must be cluster; its nonce out. */
+static HixlStatus cm_hello(HixlCacheManager *m, const char *remote, uint64_t cluster, uint64_t deadline,
+                           uint64_t *nonce, const char *fn) {
+  uint8_t req[2] = {CM_PROTO, CM_OP_HELLO}, ans[16];
+  size_t n = 0;
+  uint64_t now = hixl_now_ns();
+  int32_t left = deadline > now ? (int32_t)((deadline - now + 999999) / 1000000) : 1;
+  HixlStatus st =
+      hixl_engine_call(m->eng, remote, HIXL_SERVICE_CACHE, req, sizeof(req), ans, sizeof(ans), &n, left);
+  if (st == HIXL_UNSUPPORTED)
+    return hixl_fail(HIXL_UNSUPPORTED, "%s: %s has no cache manager (%s)", fn, remote,
+                     HixlGetLastErrorMessage());
+  if (st != HIXL_SUCCESS) return st;
+  struct cm_buf b = {ans, 0, n, false};
+  uint64_t got = get_be(&b, 8);
+  *nonce = get_be(&b, 8);
+  if (b.bad || n != 16)
+    return hixl_fail(HIXL_FAILED, "%s: %s gave a malformed answer (%zu bytes)", fn, remote, n);
+  if (got != cluster)
+    return hixl_fail(HIXL_PARAM_INVALID, "%s: %s is cluster %" PRIu64 ", not cluster %" PRIu64, fn, remote,
+                     got, cluster);
+  return HIXL_SUCCESS;
+}
+
+/* cluster is linked: when its engine link broke (the peer closed it, or cut it when a
+ * lease it granted expired), connect again and check it is still that cluster. Views
+ * of a manager that restarted (another nonce) are dropped. */
+static HixlStatus cm_relink(HixlCacheManager *m, uint64_t cluster, const char *remote, int32_t timeout_ms,
+                            const char *fn) {
+  uint64_t deadline = hixl_deadline_ns(timeout_ms), nonce = 0;
+  HixlStatus st = HixlEngineConnect(m->eng, remote, timeout_ms);
+  if (st == HIXL_ALREADY_CONNECTED)
+    return hixl_fail(HIXL_ALREADY_CONNECTED, "%s: cluster %" PRIu64 " is already linked", fn, cluster);
+  if (st != HIXL_SUCCESS) return st;
+  st = cm_hello(m, remote, cluster, deadline, &nonce, fn);
+  struct cm_view *stale = NULL;
+  if (st == HIXL_SUCCESS) {
+    pthread_mutex_lock(&m->lock);
+    struct cm_link *l = link_by_cluster(m, cluster);
+    if (l && strcmp(l->remote, remote) == 0) {
+      l->connected = true;
+      if (l->nonce != nonce) {
+        stale = l->views;
+        l->views = NULL;
+        l->nviews = 0;
+        l->nonce = nonce;
+      }
+    } else {
+      st = hixl_fail(HIXL_NOT_CONNECTED, "%s: cluster %" PRIu64 " was unlinked meanwhile", fn, cluster);
+    }
+    pthread_mutex_unlock(&m->lock);
+  }
+  if (st != HIXL_SUCCESS) HixlEngineDisconnect(m->eng, remote, 0);
+  views_free(stale);
+  return st;
+}
+
 HixlStatus HixlCacheManagerLink(HixlCacheManager *m, uint64_t remote_cluster_id, const char *remote_engine,
                                 int32_t timeout_ms) {
   const char *fn = "HixlCacheManagerLink";
@@ -410,36 +467,17 @@ HixlStatus HixlCacheManagerLink(HixlCacheManager *m, uint64_t remote_cluster_id,
   CHECK_ARG(strlen(remote_engine) < sizeof(((struct cm_link *)0)->remote), "%s: remote_engine is too long",
             fn);
   CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms %d is negative", fn, timeout_ms);
+  char remote[sizeof(((struct cm_link *)0)->remote)] = "";
   pthread_mutex_lock(&m->lock);
-  bool linked = link_by_cluster(m, remote_cluster_id) != NULL;
+  struct cm_link *had = link_by_cluster(m, remote_cluster_id);
+  if (had) snprintf(remote, sizeof(remote), "%s", had->remote);
   pthread_mutex_unlock(&m->lock);
-  if (linked)
-    return hixl_fail(HIXL_ALREADY_CONNECTED, "%s: cluster %" PRIu64 " is already linked", fn,
-                     remote_cluster_id);
-  uint64_t deadline = hixl_deadline_ns(timeout_ms);
+  if (had) return cm_relink(m, remote_cluster_id, remote, timeout_ms, fn);
+  uint64_t deadline = hixl_deadline_ns(timeout_ms), nonce = 0;
   HixlStatus st = HixlEngineConnect(m->eng, remote_engine, timeout_ms);
   bool ours = st == HIXL_SUCCESS;
   if (st != HIXL_SUCCESS && st != HIXL_ALREADY_CONNECTED) return st;
-  uint8_t req[2] = {CM_PROTO, CM_OP_HELLO}, ans[16];
-  size_t n = 0;
-  uint64_t now = hixl_now_ns();
-  int32_t left = deadline > now ? (int32_t)((deadline - now + 999999) / 1000000) : 1;
-  st = hixl_engine_call(m->eng, remote_engine, HIXL_SERVICE_CACHE, req, sizeof(req), ans, sizeof(ans), &n,
-                        left);
-  struct cm_buf b = {ans, 0, n, false};
-  uint64_t cluster = 0, nonce = 0;
-  if (st == HIXL_SUCCESS) {
-    cluster = get_be(&b, 8);
-    nonce = get_be(&b, 8);
-    if (b.bad || n != 16)
-      st = hixl_fail(HIXL_FAILED, "%s: %s gave a malformed answer (%zu bytes)", fn, remote_engine, n);
-    else if (cluster != remote_cluster_id)
-      st = hixl_fail(HIXL_PARAM_INVALID, "%s: %s is cluster %" PRIu64 ", not cluster %" PRIu64, fn,
-                     remote_engine, cluster, remote_cluster_id);
-  } else if (st == HIXL_UNSUPPORTED) {
-    st = hixl_fail(HIXL_UNSUPPORTED, "%s: %s has no cache manager (%s)", fn, remote_engine,
-                   HixlGetLastErrorMessage());
-  }
+  st = cm_hello(m, remote_engine, remote_cluster_id, deadline, &nonce, fn);
   struct cm_link *l = st == HIXL_SUCCESS ? calloc(1, sizeof(*l)) : NULL;
   if (st == HIXL_SUCCESS && !l) st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
   if (st != HIXL_SUCCESS) {
@@ -824,11 +862,15 @@ static HixlStatus cm_find(HixlCacheManager *m, const HixlCacheAnyKey *key, int32
     return hixl_fail(HIXL_NOT_CONNECTED,
                      "%s: cluster %" PRIu64 " is not linked; call HixlCacheManagerLink first", fn, cluster);
   if (seen) {
-    bool ok = true;
+    HixlStatus hs = HIXL_SUCCESS;
     tag_of(tag, nonce, seen->id);
-    for (uint32_t t = 0; t < seen->n && ok; t++)
-      ok = hixl_engine_remote_has(m->eng, remote, seen->addrs[t], seen->tensor_bytes, tag) == HIXL_SUCCESS;
-    if (ok) {
+    for (uint32_t t = 0; t < seen->n && hs == HIXL_SUCCESS; t++)
+      hs = hixl_engine_remote_has(m->eng, remote, seen->addrs[t], seen->tensor_bytes, tag);
+    if (hs != HIXL_SUCCESS && hs != HIXL_PARAM_INVALID) { /* the link, not the cache: keep the view */
+      views_free(seen);
+      return hixl_fail(hs, "%s: %s", fn, HixlGetLastErrorMessage());
+    }
+    if (hs == HIXL_SUCCESS) {
       pthread_mutex_lock(&m->lock);
       m->stats.lookup_hits++;
       pthread_mutex_unlock(&m->lock);
