@@ -437,6 +437,7 @@ enum { R_NEW, R_PREFILL, R_DECODE, R_ALLOC, R_PUSH, R_DONE };
 struct rreq {
   uint64_t seed, prompt;
   uint8_t state, outcome;
+  bool after_cut; /* link-cut: started once prefill had resumed */
   uint64_t t_saved, t_held, bytes;
   char why[768];
   char prefill_why[384]; /* push: prefill gave up; decode still ends the request */
@@ -447,6 +448,7 @@ struct side {
   pid_t pid;
   struct mh_conn conn;
   bool ready, dead, stats_in, exit_sent;
+  bool reaped; /* its exit status is in wstatus already */
   int wstatus;
   struct mh_side s;
 };
@@ -457,7 +459,9 @@ struct router {
   uint32_t next, inflight, ndone, nfail, nverified, nrecomputed, ncorrupt;
   struct side side[2]; /* 0 prefill, 1 decode */
   bool fatal, push;
-  bool cut;            /* link-cut: prefill is stopped */
+  bool cut;    /* link-cut: prefill is stopped */
+  bool healed; /* link-cut: ... and resumed since */
+  uint32_t nafter_cut, nverified_after_cut;
   uint32_t handed_off; /* kv_transfer_params forwarded so far */
   uint64_t t_start, t_end, bytes;
 };
@@ -485,6 +489,7 @@ static void req_end(struct router *rt, uint32_t i, uint8_t outcome, uint64_t t_h
   rt->ndone++;
   rt->t_end = mh_now_ns();
   if (outcome == MH_VERIFIED) rt->nverified++, rt->bytes += bytes;
+  if (outcome == MH_VERIFIED && r->after_cut) rt->nverified_after_cut++;
   if (outcome == MH_RECOMPUTED) rt->nrecomputed++;
   if (outcome == MH_FAILED) rt->nfail++;
   if (outcome == MH_CORRUPT) rt->ncorrupt++;
@@ -511,7 +516,8 @@ static void side_gone(struct router *rt, int k) {
   if (s->dead) return;
   s->dead = true;
   close(s->conn.fd);
-  if (waitpid(s->pid, &s->wstatus, 0) != s->pid) s->wstatus = 0;
+  if (!s->reaped && waitpid(s->pid, &s->wstatus, 0) != s->pid) s->wstatus = 0;
+  s->reaped = true;
   if (s->stats_in) return; /* it reported and exited, as asked */
   char why[256];
   if (WIFSIGNALED(s->wstatus))
@@ -531,15 +537,27 @@ static void side_gone(struct router *rt, int k) {
   fail_where(rt, R_NEW, msg);
 }
 
-/* link-cut: after the Nth hand-off prefill stops answering (SIGSTOP: no FIN, no RST, as
- * a partition looks to its peer) until every transfer in flight has ended. */
+/* link-cut: at the Nth hand-off prefill stops answering (SIGSTOP: no FIN, no RST, as a
+ * partition looks to its peer) until every transfer in flight has ended. In pull mode it
+ * is stopped before decode is told to load (a stop sent after could land only once decode
+ * had pinned and read: the router may be preempted between the two); in push mode after
+ * prefill is told to push. The router waits until the stop has taken effect. */
 static void cut_maybe(struct router *rt) {
-  if (rt->o->fault != MH_FAULT_LINK_CUT || ++rt->handed_off != rt->o->fault_at) return;
+  struct side *s = &rt->side[0];
+  if (rt->o->fault != MH_FAULT_LINK_CUT || ++rt->handed_off != rt->o->fault_at || s->dead) return;
   fprintf(stderr,
-          "%shixl-mock-host: fault link-cut: prefill (pid %d) stopped after hand-off %u; resumed when every "
+          "%shixl-mock-host: fault link-cut: prefill (pid %d) stopped at hand-off %u; resumed when every "
           "transfer in flight has ended\n",
-          rt->o->progress && isatty(2) ? "\r\033[K" : "", (int)rt->side[0].pid, rt->handed_off);
-  kill(rt->side[0].pid, SIGSTOP);
+          rt->o->progress && isatty(2) ? "\r\033[K" : "", (int)s->pid, rt->handed_off);
+  kill(s->pid, SIGSTOP);
+  int st;
+  pid_t got;
+  while ((got = waitpid(s->pid, &st, WUNTRACED)) < 0 && errno == EINTR) {
+  }
+  if (got == s->pid && !WIFSTOPPED(st)) { /* it died meanwhile: its socket's end says so */
+    s->wstatus = st;
+    s->reaped = true;
+  }
   rt->cut = true;
 }
 
@@ -550,6 +568,7 @@ static void cut_heal(struct router *rt) {
           rt->o->progress && isatty(2) ? "\r\033[K" : "");
   kill(rt->side[0].pid, SIGCONT);
   rt->cut = false;
+  rt->healed = true;
 }
 
 static void handle(struct router *rt, int k, uint8_t type, struct mh_in *in) {
@@ -609,8 +628,8 @@ static void handle(struct router *rt, int k, uint8_t type, struct mh_in *in) {
     mh_put_u64(&o, r->prompt);
     mh_put_str(&o, str, n); /* the kv_transfer_params, as the proxy forwards them */
     r->state = R_DECODE;
-    mh_send(rt->side[1].conn.fd, MH_LOAD, &o);
     cut_maybe(rt);
+    mh_send(rt->side[1].conn.fd, MH_LOAD, &o);
     return;
   }
   if (type == MH_PUSHPARAMS && k == 1) {
@@ -784,6 +803,8 @@ int main(int argc, char **argv) {
       mh_put_u64(&f, r->prompt);
       rt.inflight++;
       rt.next++;
+      r->after_cut = rt.healed;
+      rt.nafter_cut += rt.healed;
       if (push) { /* decode allocates first; the mark says its KV comes from a prefill */
         static const char mark[] = "{\"do_remote_prefill\": true}";
         mh_put_str(&f, mark, sizeof(mark) - 1);
@@ -839,8 +860,8 @@ int main(int argc, char **argv) {
     struct side *s = &rt.side[k];
     if (s->dead) continue;
     /* It reported: give it 5 s to destroy its connectors, then make sure. */
-    bool reaped = false;
-    for (int t = 0; t < 100 && !(reaped = waitpid(s->pid, &s->wstatus, WNOHANG) == s->pid); t++)
+    bool reaped = s->reaped;
+    for (int t = 0; t < 100 && !reaped && !(reaped = waitpid(s->pid, &s->wstatus, WNOHANG) == s->pid); t++)
       usleep(50000);
     if (!reaped) {
       if (s->stats_in)
@@ -900,8 +921,8 @@ int main(int argc, char **argv) {
     pass = base && P->dead && !P->stats_in && rt.nfail + rt.nrecomputed > 0 && !rt.ncorrupt && d_clean &&
            rt.ndone == o.requests;
   else if (o.fault == MH_FAULT_LINK_CUT)
-    pass =
-        base && rt.nfail + rt.nrecomputed > 0 && !rt.ncorrupt && p_clean && d_clean && rt.ndone == o.requests;
+    pass = base && rt.nfail + rt.nrecomputed > 0 && !rt.ncorrupt && p_clean && d_clean &&
+           rt.ndone == o.requests && rt.nverified_after_cut > 0; /* the link comes back */
   else
     pass = base && rt.nfail + rt.nrecomputed == o.requests && !rt.ncorrupt && p_clean && d_clean;
 
@@ -942,6 +963,9 @@ int main(int argc, char **argv) {
   if (rt.nfail || rt.nrecomputed || rt.ncorrupt)
     printf("  %-28s failed %u, recomputed %u, corrupt %u\n", "not verified", rt.nfail, rt.nrecomputed,
            rt.ncorrupt);
+  if (o.fault == MH_FAULT_LINK_CUT)
+    printf("  %-28s %u of %u verified\n", "started once prefill resumed", rt.nverified_after_cut,
+           rt.nafter_cut);
   if (o.fault)
     printf("  fault %s: %s\n", fault,
            pass ? "reported, no byte wrong, the surviving side holds zero blocks"
