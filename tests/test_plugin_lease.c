@@ -202,6 +202,112 @@ static void lease_case(const char *transport, bool alloc) {
 static void test_lease_tcp(void) { lease_case("tcp", false); }
 static void test_lease_shm_mapped(void) { lease_case("shm", true); }
 
+/* A LAYER / LAYERS notice as a producer's pusher sends it: id, first layer, and
+ * (LAYERS) how many. */
+static size_t kv_layers_req(uint8_t *buf, uint8_t op, const char *id, uint32_t first, uint32_t count) {
+  size_t n = kv_req(buf, op, id);
+  for (int k = 0; k < (op == 6 ? 2 : 1); k++) {
+    uint32_t v = k ? count : first;
+    for (int b = 0; b < 4; b++) buf[n++] = (uint8_t)(v >> (24 - 8 * b));
+  }
+  return n;
+}
+
+/* Push mode, the consumer: landed notices from a bare engine standing for the
+ * producer. A range (LAYERS) marks each layer in it, an already landed one too; a range
+ * of one, or one past the last layer, is refused (PARAM_INVALID) and marks nothing; an
+ * unexpected request is NOT_FOUND. The request is received once every layer landed. */
+static void test_push_notices(void) {
+  char addr[TU_ADDR_LEN], cfg[512], err[256] = "";
+  uint16_t port = tu_free_port();
+  tu_addr(addr, sizeof(addr), port);
+  snprintf(cfg, sizeof(cfg),
+           "{\"address\": \"%s\", \"role\": \"consumer\", \"mode\": \"push\", \"lease_ms\": 20000,"
+           " \"transfer_timeout_ms\": 2000, \"connect_timeout_ms\": 2000, \"Transport\": \"tcp\"}",
+           addr);
+  hixl_kv_connector *sched = NULL, *worker = NULL;
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &sched, err, sizeof(err)),
+        HIXL_KV_SUCCESS);
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &worker, err, sizeof(err)), HIXL_KV_SUCCESS);
+  CU_ASSERT_FATAL(sched && worker);
+  uint8_t *kv = malloc((size_t)LAYERS * 2 * BLOCKS * BLOCK_BYTES);
+  CU_ASSERT_FATAL(kv != NULL);
+  hixl_kv_layer layers[LAYERS];
+  for (int l = 0; l < LAYERS; l++)
+    layers[l] = (hixl_kv_layer){"layer",
+                                5,
+                                (uintptr_t)(kv + (size_t)l * 2 * BLOCKS * BLOCK_BYTES),
+                                BLOCKS,
+                                BLOCK_BYTES,
+                                BLOCKS * BLOCK_BYTES,
+                                HIXL_KV_LAYOUT_KV_FIRST,
+                                ELEM,
+                                BLOCK_TOKENS};
+  ST_IS(ops->register_kv_caches(worker, layers, LAYERS), HIXL_KV_SUCCESS);
+
+  /* The consumer expects "push-1" into blocks 4 and 5. */
+  const char *id = "push-1", *mark = "{\"do_remote_prefill\": true}";
+  const uint64_t blocks[2] = {4, 5};
+  hixl_kv_request r = {id, strlen(id), 2 * BLOCK_TOKENS, mark, strlen(mark), 0};
+  int64_t tokens = 0;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL_FATAL(tokens, 2 * BLOCK_TOKENS);
+  ST_IS(ops->update_state_after_alloc(sched, &r, blocks, 2, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  step(sched, worker);
+
+  HixlEngine *prod = tu_engine_start_with(tu_ip(), "tcp");
+  CU_ASSERT_PTR_NOT_NULL_FATAL(prod);
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(prod, addr, 5000));
+  uint8_t req[64], ans[512];
+  size_t n = 0, qlen = kv_req(req, 3 /* ACCEPT */, id);
+  TU_ASSERT_OK_FATAL(hixl_engine_call(prod, addr, HIXL_SERVICE_KV, req, qlen, ans, sizeof(ans), &n, 5000));
+  CU_ASSERT_FATAL(n >= 1 && ans[0] == 0); /* HELD: it expects the request */
+  struct {
+    uint8_t op;
+    const char *id;
+    uint32_t first, count;
+    HixlStatus want;
+  } bad[] = {{6, id, 0, 1, HIXL_PARAM_INVALID},          /* a range of one is a LAYER */
+             {6, id, 1, LAYERS, HIXL_PARAM_INVALID},     /* one past the last layer */
+             {6, id, 0, UINT32_MAX, HIXL_PARAM_INVALID}, /* first + count overflows */
+             {4, id, LAYERS, 0, HIXL_PARAM_INVALID},     /* no such layer */
+             {6, "nobody", 0, LAYERS, HIXL_NOT_FOUND},   {4, "nobody", 0, 0, HIXL_NOT_FOUND}};
+  for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+    qlen = kv_layers_req(req, bad[k].op, bad[k].id, bad[k].first, bad[k].count);
+    TU_ASSERT_STATUS(hixl_engine_call(prod, addr, HIXL_SERVICE_KV, req, qlen, ans, sizeof(ans), &n, 5000),
+                     bad[k].want);
+  }
+  hixl_kv_ids s = {0}, rv = {0};
+  ST_IS(ops->get_finished(worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(rv.count, 0); /* nothing marked by the refused ones */
+  ops->free_ids(&s);
+  ops->free_ids(&rv);
+  qlen = kv_layers_req(req, 4 /* LAYER */, id, 0, 0);
+  TU_ASSERT_OK(hixl_engine_call(prod, addr, HIXL_SERVICE_KV, req, qlen, ans, sizeof(ans), &n, 5000));
+  ST_IS(ops->wait_for_layer_load(worker, 0), HIXL_KV_SUCCESS);
+  ST_IS(ops->get_finished(worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(rv.count, 0); /* layer 1 has not landed */
+  ops->free_ids(&s);
+  ops->free_ids(&rv);
+  qlen = kv_layers_req(req, 6 /* LAYERS */, id, 0, LAYERS); /* layer 0 again, and layer 1 */
+  TU_ASSERT_OK(hixl_engine_call(prod, addr, HIXL_SERVICE_KV, req, qlen, ans, sizeof(ans), &n, 5000));
+  ST_IS(ops->wait_for_layer_load(worker, LAYERS - 1), HIXL_KV_SUCCESS);
+  ST_IS(ops->get_finished(worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(rv.count, 1);
+  if (rv.count == 1) CU_ASSERT_STRING_EQUAL(rv.ids[0], id);
+  ops->free_ids(&s);
+  ops->free_ids(&rv);
+  hixl_kv_stats st;
+  ST_IS(ops->get_stats(worker, &st), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(st.loads_done, 1);
+  CU_ASSERT_EQUAL(st.loads_failed, 0);
+  HixlEngineDestroy(prod);
+  ST_IS(ops->destroy(worker), HIXL_KV_SUCCESS);
+  ST_IS(ops->destroy(sched), HIXL_KV_SUCCESS);
+  free(kv);
+}
+
 int main(int argc, char **argv) {
   int rc = tu_child_main(argc, argv);
   if (rc >= 0) return rc;
@@ -217,10 +323,11 @@ int main(int argc, char **argv) {
     return 1;
   }
   if (CU_initialize_registry() != CUE_SUCCESS) return 1;
-  CU_pSuite s = CU_add_suite("plugin lease, a consumer speaking the KV service", NULL, NULL);
+  CU_pSuite s = CU_add_suite("plugin lease, a peer speaking the KV service", NULL, NULL);
   CU_add_test(s, "tcp: a pinned consumer is cut off when the lease runs out", test_lease_tcp);
   CU_add_test(s, "shm, the producer's KV mapped: the consumer unmaps before the report",
               test_lease_shm_mapped);
+  CU_add_test(s, "push, the consumer: LAYER and LAYERS notices, ranges checked", test_push_notices);
   if (CU_get_error() != CUE_SUCCESS) return 1;
   int result = tu_run_registry();
   dlclose(so);

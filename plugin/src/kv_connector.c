@@ -281,11 +281,12 @@ static HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size
   char reason[KV_MAX_ID + 1] = "";
   uint8_t proto = kv_get_u8(&in), op = kv_get_u8(&in);
   kv_get_str(&in, id, KV_MAX_ID);
-  uint32_t layer = op == KV_SVC_LAYER ? kv_get_u32(&in) : 0;
+  uint32_t layer = op == KV_SVC_LAYER || op == KV_SVC_LAYERS ? kv_get_u32(&in) : 0;
+  uint32_t count = op == KV_SVC_LAYERS ? kv_get_u32(&in) : 1;
   if (op == KV_SVC_ABORT) kv_get_str(&in, reason, KV_MAX_ID);
   struct kv_out out = {0};
   HixlStatus st = HIXL_SUCCESS;
-  if (in.bad || in.off != len || proto != KV_SVC_PROTO) {
+  if (in.bad || in.off != len || proto != KV_SVC_PROTO || (op == KV_SVC_LAYERS && count < 2)) {
     *resp_len = (size_t)snprintf((char *)resp, cap, "malformed KV service request from %s", peer);
     return HIXL_PARAM_INVALID;
   }
@@ -308,13 +309,18 @@ static HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size
     } else {
       kv_put_u8(&out, KV_PIN_NOT_YET);
     }
-  } else if (op == KV_SVC_LAYER) {
-    if (x && layer < c->layers && !x->landed[layer]) {
-      x->landed[layer] = 1;
-      if (++x->nlanded == c->layers) expect_end(c, x, NULL);
-      pthread_cond_broadcast(&c->landed); /* the forward pass only */
-    } else if (!x) {
-      st = HIXL_NOT_FOUND;
+  } else if (op == KV_SVC_LAYER || op == KV_SVC_LAYERS) {
+    if (x && layer < c->layers && count <= c->layers - layer) {
+      bool woke = false;
+      for (uint32_t l = layer; l < layer + count && x; l++)
+        if (!x->landed[l]) {
+          x->landed[l] = 1;
+          woke = true;
+          if (++x->nlanded == c->layers) expect_end(c, x, NULL), x = NULL;
+        }
+      if (woke) pthread_cond_broadcast(&c->landed); /* the forward pass only */
+    } else {
+      st = x ? HIXL_PARAM_INVALID : HIXL_NOT_FOUND;
     }
   } else if (op == KV_SVC_ABORT) {
     if (x) {
@@ -348,7 +354,10 @@ static HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size
   pthread_mutex_unlock(&c->lock);
   if (st != HIXL_SUCCESS) {
     *resp_len = (size_t)snprintf((char *)resp, cap, "%s: KV service operation %u for request %s",
-                                 st == HIXL_NOT_FOUND ? "not expected here" : "unknown", op, id);
+                                 st == HIXL_NOT_FOUND       ? "not expected here"
+                                 : st == HIXL_PARAM_INVALID ? "layers out of range"
+                                                            : "unknown",
+                                 op, id);
     free(out.p);
     return st;
   }
@@ -375,7 +384,7 @@ static bool kv_msg(struct kv_out *o, uint8_t op, const char *id, uint32_t layer,
   kv_put_u8(o, KV_SVC_PROTO);
   kv_put_u8(o, op);
   kv_put_str(o, id, strlen(id));
-  if (op == KV_SVC_LAYER) kv_put_u32(o, layer);
+  if (op == KV_SVC_LAYER || op == KV_SVC_LAYERS) kv_put_u32(o, layer); /* LAYERS: the caller adds count */
   if (op == KV_SVC_ABORT) kv_put_str(o, reason, strnlen(reason, KV_MAX_ID));
   return !o->bad;
 }
@@ -631,38 +640,50 @@ static bool push_wait_saved(hixl_kv_connector *c, uint32_t l, uint64_t step, uin
  * step's layers are out. */
 struct push_note {
   hixl_call_t call;
-  uint32_t i, layer;
+  uint32_t i, layer, count;
   uint32_t alen;
   uint8_t ans[256];
 };
 
-/* Start layer k of push v with its notice; why on failure. */
-static HixlStatus layer_start(hixl_kv_connector *c, struct kv_push *v, uint32_t k, struct push_note *pn,
-                              char *why, size_t cap) {
+/* Start layers [k, k + count) of push v with their notice (LAYER for one, LAYERS
+ * for more); why on failure. */
+static HixlStatus layer_start(hixl_kv_connector *c, struct kv_push *v, uint32_t k, uint32_t count,
+                              struct push_note *pn, char *why, size_t cap) {
   struct kv_meta_entry *e = &v->e;
   struct kv_out o = {0};
   HixlStatus st = HIXL_RESOURCE_EXHAUSTED;
   HixlBlocksCacheKey key = {e->cluster, 0};
   HixlCacheTransferArgs a = HIXL_CACHE_TRANSFER_ARGS_INIT;
   a.src_layer_start = a.dst_layer_start = k;
-  a.src_layer_count = a.dst_layer_count = 1;
+  a.src_layer_count = a.dst_layer_count = count;
   a.tensor_num_per_layer = c->tensors_per_layer;
   a.timeout_ms = c->cfg.transfer_timeout_ms;
-  bool built = kv_msg(&o, KV_SVC_LAYER, e->rreq, k, "");
+  bool built = kv_msg(&o, count > 1 ? KV_SVC_LAYERS : KV_SVC_LAYER, e->rreq, k, "");
+  if (count > 1) kv_put_u32(&o, count);
+  built = built && !o.bad;
   if (built)
     st = hixl_cache_push_blocks_then_call(c->mgr, &key, c->cache_id, e->blocks, e->nblocks, e->rblocks,
                                           e->nblocks, &a, HIXL_SERVICE_KV, o.p, o.len, pn->ans,
                                           sizeof(pn->ans), &pn->alen, &pn->call);
   free(o.p);
   if (st != HIXL_SUCCESS)
-    snprintf(why, cap, "layer %u of request %s to %s: %s", k, e->req, e->remote,
+    snprintf(why, cap, "layers %u..%u of request %s to %s: %s", k, k + count - 1, e->req, e->remote,
              !built ? "out of memory" : HixlGetLastErrorMessage());
   return st;
 }
 
+/* The last layer from k on whose save for step has come, each one between too. */
+static uint32_t saved_through(hixl_kv_connector *c, uint32_t k, uint64_t step) {
+  pthread_mutex_lock(&c->lock);
+  while (k + 1 < c->layers && c->saved_step[k + 1] >= step) k++;
+  pthread_mutex_unlock(&c->lock);
+  return k;
+}
+
 /* One step's pushes, layer by layer: each layer leaves as soon as it is saved, while
- * the producer computes the next (layer_pipelining false: every layer once the last
- * is saved); each layer's landed notice follows its data. */
+ * the producer computes the next; layers saved while the pusher was busy starting
+ * earlier ones leave together, as one range with one notice (layer_pipelining false:
+ * every layer at once, once the last is saved). Each notice follows its data. */
 static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
   HixlStatus *st = calloc(n, sizeof(*st));
   char(*why)[512] = calloc(n, sizeof(*why));
@@ -675,8 +696,9 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
     return;
   }
   for (size_t i = 0; i < n; i++) st[i] = push_accept(c, v[i], why[i], sizeof(why[i]));
-  for (uint32_t l = 0; l < c->layers; l++) {
+  for (uint32_t l = 0, count; l < c->layers; l += count) {
     bool any = false;
+    count = 1;
     for (size_t i = 0; i < n; i++) any |= st[i] == HIXL_SUCCESS;
     if (!any) break;
     uint32_t need = c->cfg.pipelining ? l : c->layers - 1;
@@ -690,12 +712,14 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
         }
       break;
     }
+    count = saved_through(c, need, v[0]->step) - l + 1;
     for (size_t i = 0; i < n; i++) {
       if (st[i] != HIXL_SUCCESS) continue;
       struct push_note *pn = &notes[nnotes];
-      if ((st[i] = layer_start(c, v[i], l, pn, why[i], sizeof(why[i]))) != HIXL_SUCCESS) continue;
+      if ((st[i] = layer_start(c, v[i], l, count, pn, why[i], sizeof(why[i]))) != HIXL_SUCCESS) continue;
       pn->i = (uint32_t)i;
       pn->layer = l;
+      pn->count = count;
       nnotes++;
     }
   }
@@ -707,12 +731,13 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
     hixl_cache_unpin(c->mgr, c->cache_id);
     if (ns == HIXL_SUCCESS) {
       pthread_mutex_lock(&c->lock);
-      c->stats.layers_pushed++;
+      c->stats.layers_pushed += pn->count;
       pthread_mutex_unlock(&c->lock);
     } else if (st[pn->i] == HIXL_SUCCESS) {
       st[pn->i] = ns;
-      snprintf(why[pn->i], sizeof(why[pn->i]), "layer %u of request %s to %s, or its landed notice: %s",
-               pn->layer, e->req, e->remote, HixlGetLastErrorMessage());
+      snprintf(why[pn->i], sizeof(why[pn->i]),
+               "layers %u..%u of request %s to %s, or their landed notice: %s", pn->layer,
+               pn->layer + pn->count - 1, e->req, e->remote, HixlGetLastErrorMessage());
     }
   }
   free(notes);

@@ -82,6 +82,7 @@ enum kv_svc_op {
   KV_SVC_ACCEPT = 3, /* push: req id -> state, layout text, the consumer's block count and digest */
   KV_SVC_LAYER = 4,  /* push: req id, layer u32 -> that layer has landed */
   KV_SVC_ABORT = 5,  /* push: req id, reason -> the push failed; the consumer reports it */
+  KV_SVC_LAYERS = 6, /* push: req id, first u32, count u32 (>= 2) -> those layers have landed */
 };
 enum kv_pin_state {
   KV_PIN_HELD = 0,    /* then: layout text, u32 block count, u64 kv_blocks_digest */

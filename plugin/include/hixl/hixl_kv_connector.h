@@ -110,7 +110,7 @@ typedef struct {
   uint64_t lookups;       /* remote cache lookups (round trips) */
   uint64_t pushes_done;   /* worker, producer in push mode: requests written to a consumer */
   uint64_t pushes_failed; /* ... and not */
-  uint64_t layers_pushed; /* ... layers sent, each as soon as save_kv_layer released it */
+  uint64_t layers_pushed; /* ... layers sent as soon as save_kv_layer released them */
 } hixl_kv_stats;
 
 typedef struct hixl_kv_ops hixl_kv_ops;
