@@ -18,7 +18,9 @@
  *    before; pipelining hides every layer but the last), and with the floor this
  *    machine allows: one layer plus one notice round trip between the raw engines; and
  *    how far the pusher was behind when the last layer was saved (the layer before it
- *    still on its way): the part of the latency that is not the last layer's own.
+ *    still on its way): the part of the latency that is not the last layer's own; and
+ *    beside it the raw engine's own pipelined push of the same layers, without notices
+ *    and with a landed call behind each layer (the engine's then-call), as references.
  * Short prompts are dominated by fixed costs that swing more from round to round, so
  * they get more rounds: rounds x (longest prompt / prompt), at most 4 x rounds.
  * Progress on stderr; a table on stdout; --json FILE. */
@@ -35,6 +37,7 @@
 #include <sys/wait.h>
 
 #include "bench_util.h"
+#include "engine/engine_ext.h" /* the raw reference with landed calls: hixl_engine_transfer_then_call */
 #include "hixl/hixl.h"
 #include "hixl/hixl_kv_connector.h"
 
@@ -245,6 +248,25 @@ static void compute_ns(uint64_t ns) {
   nanosleep(&ts, NULL);
 }
 
+/* Decode's raw engine: a layer-landed call of the reference push (raw_push_ns with calls). */
+static struct {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  uint64_t landed;
+} raw_landed = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+
+static HixlStatus raw_landed_call(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                                  size_t cap, size_t *resp_len) {
+  (void)ctx, (void)peer, (void)req, (void)resp, (void)cap;
+  *resp_len = 0;
+  if (len != sizeof(uint32_t)) return HIXL_PARAM_INVALID;
+  pthread_mutex_lock(&raw_landed.mu);
+  raw_landed.landed++;
+  pthread_cond_broadcast(&raw_landed.cv);
+  pthread_mutex_unlock(&raw_landed.mu);
+  return HIXL_SUCCESS;
+}
+
 static HixlEngine *raw_engine(uint16_t port, struct pool *p) {
   char addr[64];
   HixlEngine *e;
@@ -337,7 +359,13 @@ static uint64_t notice_busy_ns(HixlEngine *raw, const char *draw, const struct p
  * layer's WRITE (async) as soon as it is "saved" and waits for all of them at the end.
  * Returns the time from the last layer's compute ending to all of them having landed.
  * Where the CPUs move the bytes in the thread that posts them (soft-RoCE) the
- * starting thread is busy for about a layer per layer, as the pusher is. */
+ * starting thread is busy for about a layer per layer, as the pusher is.
+ * With calls, each layer's WRITE carries a call behind it, as the plugin's landed
+ * notice (hixl_engine_transfer_then_call; decode's raw engine serves it as the plugin's
+ * consumer does: under a lock, marks the layer and broadcasts): the engine's cost of a
+ * notice per layer, without the plugin and the cache manager; it ends when the last
+ * call's answer is back (the plugin's ends a half round trip earlier, when decode holds
+ * the layer). */
 struct raw_push {
   HixlEngine *raw;
   const char *draw;
@@ -348,6 +376,7 @@ struct raw_push {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   uint32_t saved;
+  bool calls;
   uint64_t done_ns;
 };
 
@@ -355,15 +384,25 @@ static void *raw_pusher(void *arg) {
   struct raw_push *k = arg;
   static HixlTransferOpDesc v[1 << 16];
   static HixlTransferReq rq[256];
+  static hixl_call_t call[256];
+  static uint8_t ans[256][16];
+  static uint32_t alen[256];
   for (uint32_t l = 0; l < o.layers; l++) {
     pthread_mutex_lock(&k->mu);
     while (k->saved <= l) pthread_cond_wait(&k->cv, &k->mu);
     pthread_mutex_unlock(&k->mu);
     size_t n = build_ops(v, (uintptr_t)k->p->mem, k->dbase, k->p->free_ids, k->dblocks, k->nb, l, 1);
-    if (HixlEngineTransferAsync(k->raw, k->draw, HIXL_WRITE, v, n, 60000, NULL, &rq[l]) != HIXL_SUCCESS)
-      die("raw async WRITE of layer %u: %s", l, HixlGetLastErrorMessage());
+    HixlStatus st =
+        k->calls
+            ? hixl_engine_transfer_then_call(k->raw, k->draw, HIXL_WRITE, v, n, HIXL_SERVICE_KV, &l,
+                                             sizeof(l), ans[l], sizeof(ans[l]), &alen[l], 60000, &call[l])
+            : HixlEngineTransferAsync(k->raw, k->draw, HIXL_WRITE, v, n, 60000, NULL, &rq[l]);
+    if (st != HIXL_SUCCESS) die("raw async WRITE of layer %u: %s", l, HixlGetLastErrorMessage());
   }
-  for (uint32_t l = 0; l < o.layers; l++) {
+  for (uint32_t l = 0; l < o.layers && k->calls; l++)
+    if (hixl_engine_call_wait(k->raw, k->draw, call[l]) != HIXL_SUCCESS)
+      die("raw WRITE of layer %u, or its landed call: %s", l, HixlGetLastErrorMessage());
+  for (uint32_t l = 0; l < o.layers && !k->calls; l++) {
     HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
     for (;;) {
       if (HixlEngineGetTransferStatus(k->raw, rq[l], &ts) != HIXL_SUCCESS)
@@ -379,9 +418,9 @@ static void *raw_pusher(void *arg) {
 }
 
 static uint64_t raw_push_ns(HixlEngine *raw, const char *draw, const struct pool *p, uintptr_t dbase,
-                            const uint64_t *dblocks, uint64_t nb, uint64_t compute) {
-  struct raw_push k = {raw, draw, p, dbase, dblocks, nb, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-                       0,   0};
+                            const uint64_t *dblocks, uint64_t nb, uint64_t compute, bool calls) {
+  struct raw_push k = {raw, draw,  p, dbase, dblocks, nb, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
+                       0,   calls, 0};
   pthread_t t;
   if (pthread_create(&t, NULL, raw_pusher, &k) != 0) die("raw pusher thread");
   uint64_t t_last = 0;
@@ -444,7 +483,11 @@ static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
        * bytes) goes before the plugin's in every other round, after it in the rest, so
        * neither gains from the other's warm-up or drift. */
       bool raw_first = npush++ % 2 == 1;
-      uint64_t rawp = raw_first ? raw_push_ns(raw, draw, &p, dbase, decode_view.free_ids, nb, compute) : 0;
+      uint64_t rawp = 0, rawc = 0;
+      if (raw_first) {
+        rawp = raw_push_ns(raw, draw, &p, dbase, decode_view.free_ids, nb, compute, false);
+        rawc = raw_push_ns(raw, draw, &p, dbase, decode_view.free_ids, nb, compute, true);
+      }
       for (uint64_t i = 0; i < nb; i++) blocks[i] = p.free_ids[i];
       hixl_kv_request r = request(id, nb * o.block_tokens, line + off);
       if (ops->update_state_after_alloc(push.sched, &r, blocks, nb, 0) != HIXL_KV_SUCCESS)
@@ -461,9 +504,12 @@ static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
       hixl_kv_buffer none = {0};
       ops->request_finished(push.sched, &r, blocks, nb, &delay, &none);
       wait_finished(&push, id, 0);
-      if (!raw_first) rawp = raw_push_ns(raw, draw, &p, dbase, decode_view.free_ids, nb, compute);
-      line_out(out, "pushed %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", t_last, compute,
-               rtt, busy, rawp);
+      if (!raw_first) {
+        rawc = raw_push_ns(raw, draw, &p, dbase, decode_view.free_ids, nb, compute, true);
+        rawp = raw_push_ns(raw, draw, &p, dbase, decode_view.free_ids, nb, compute, false);
+      }
+      line_out(out, "pushed %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
+               t_last, compute, rtt, busy, rawp, rawc);
     } else {
       die("prefill: unknown command \"%s\"", line);
     }
@@ -547,7 +593,7 @@ struct row {
   uint64_t tokens, blocks, bytes, ops;
   uint32_t rounds;
   double plugin_gbs, plugin_fd_gbs, raw_gbs, handoff_ms, push_after_last_ms, layer_ms, notice_ms,
-      notice_busy_ms, behind_ms, raw_push_ms;
+      notice_busy_ms, behind_ms, raw_push_ms, raw_call_push_ms;
 };
 
 static void usage(void) {
@@ -636,6 +682,8 @@ int main(int argc, char **argv) {
   conn_up(&pull, dport, "consumer", "pull", &p);
   conn_up(&push, (uint16_t)(dport + 1), "consumer", "push", &p);
   HixlEngine *raw = raw_engine((uint16_t)(dport + 2), &p);
+  if (hixl_engine_set_service(raw, HIXL_SERVICE_KV, raw_landed_call, NULL) != HIXL_SUCCESS)
+    die("raw engine service: %s", HixlGetLastErrorMessage());
   int32_t pull_fd = -1;
   if (!HIXL_KV_HAS_OP(ops, get_event_fd) || ops->get_event_fd(pull.worker, &pull_fd) != HIXL_KV_SUCCESS)
     die("get_event_fd: %s",
@@ -654,7 +702,8 @@ int main(int argc, char **argv) {
     struct row *w = &rows[pi];
     uint64_t nb = (o.prompts[pi] + o.block_tokens - 1) / o.block_tokens;
     uint64_t t_plugin[MAX_RUNS], t_plugin_fd[MAX_RUNS], t_raw[MAX_RUNS], t_hand[MAX_RUNS], t_push[MAX_RUNS],
-        t_layer[MAX_RUNS], t_rtt[MAX_RUNS], t_busy[MAX_RUNS], t_behind[MAX_RUNS], t_rawpush[MAX_RUNS];
+        t_layer[MAX_RUNS], t_rtt[MAX_RUNS], t_busy[MAX_RUNS], t_behind[MAX_RUNS], t_rawpush[MAX_RUNS],
+        t_rawcall[MAX_RUNS];
     memset(w, 0, sizeof(*w));
     w->tokens = o.prompts[pi];
     w->blocks = nb;
@@ -746,8 +795,8 @@ int main(int argc, char **argv) {
       uint64_t t_done = bench_now_ns(), t_last = 0;
       wait_finished(&push, did, 1); /* then the host learns it finished (and checks it did) */
       if (sscanf(line_in(in, line, sizeof(line)),
-                 "pushed %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &t_last, &t_layer[r],
-                 &t_rtt[r], &t_busy[r], &t_rawpush[r]) != 5)
+                 "pushed %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &t_last,
+                 &t_layer[r], &t_rtt[r], &t_busy[r], &t_rawpush[r], &t_rawcall[r]) != 6)
         die("prefill: %s", line);
       /* How far the pusher was behind when the last layer was saved: the layer before it
        * still on its way (its notice included). Behind by a whole layer or more, the
@@ -771,6 +820,7 @@ int main(int argc, char **argv) {
     w->notice_busy_ms = (double)median(t_busy, w->rounds) / 1e6;
     w->behind_ms = (double)median(t_behind, w->rounds) / 1e6;
     w->raw_push_ms = (double)median(t_rawpush, w->rounds) / 1e6;
+    w->raw_call_push_ms = (double)median(t_rawcall, w->rounds) / 1e6;
   }
   fprintf(stderr, "\r%60s\r", "");
   line_out(out, "quit\n");
@@ -781,18 +831,20 @@ int main(int argc, char **argv) {
          " | plugin pull GB/s, host stepping | ratio | hand-off ms (pull, stepping)"
          " | push: after last layer ms | one layer ms | ratio (goal <= 1.5)"
          " | notice round trip ms | floor: (layer + notice) / layer | notice while a layer moves ms"
-         " | pusher behind at the last save ms | raw engine push: after last layer ms | ratio |\n");
-  printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+         " | pusher behind at the last save ms | raw engine push: after last layer ms | ratio"
+         " | raw engine push, a call per layer: after last layer ms | ratio |\n");
+  printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < o.nprompts; i++) {
     struct row *w = &rows[i];
     printf("| %" PRIu64 " | %" PRIu64 " | %.1f | %" PRIu64
            " | %u | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f | %.2f | %.3f | %.2f "
-           "| %.2f | %.2f |\n",
+           "| %.2f | %.2f | %.2f | %.2f |\n",
            w->tokens, w->blocks, (double)w->bytes / 1048576.0, w->ops, w->rounds, w->raw_gbs,
            w->plugin_fd_gbs, w->plugin_fd_gbs / w->raw_gbs, w->plugin_gbs, w->plugin_gbs / w->raw_gbs,
            w->handoff_ms, w->push_after_last_ms, w->layer_ms, w->push_after_last_ms / w->layer_ms,
            w->notice_ms, (w->layer_ms + w->notice_ms) / w->layer_ms, w->notice_busy_ms, w->behind_ms,
-           w->raw_push_ms, w->raw_push_ms / w->layer_ms);
+           w->raw_push_ms, w->raw_push_ms / w->layer_ms, w->raw_call_push_ms,
+           w->raw_call_push_ms / w->layer_ms);
   }
   if (o.json) {
     FILE *f = fopen(o.json, "w");
@@ -809,12 +861,13 @@ int main(int argc, char **argv) {
               ", \"plugin_fd_gbs\": %.4f, \"ratio\": %.4f, \"plugin_gbs\": %.4f, \"ratio_stepping\": %.4f"
               ", \"handoff_ms\": %.4f, \"push_after_last_ms\": %.4f, \"layer_ms\": %.4f, \"push_ratio\": %.4f"
               ", \"notice_rtt_ms\": %.4f, \"push_floor\": %.4f, \"notice_busy_ms\": %.4f, \"behind_ms\": %.4f"
-              ", \"raw_push_ms\": %.4f, \"raw_push_ratio\": %.4f}",
+              ", \"raw_push_ms\": %.4f, \"raw_push_ratio\": %.4f, \"raw_call_push_ms\": %.4f"
+              ", \"raw_call_push_ratio\": %.4f}",
               i ? "," : "", w->tokens, w->blocks, w->bytes, w->ops, w->rounds, w->raw_gbs, w->plugin_fd_gbs,
               w->plugin_fd_gbs / w->raw_gbs, w->plugin_gbs, w->plugin_gbs / w->raw_gbs, w->handoff_ms,
               w->push_after_last_ms, w->layer_ms, w->push_after_last_ms / w->layer_ms, w->notice_ms,
               (w->layer_ms + w->notice_ms) / w->layer_ms, w->notice_busy_ms, w->behind_ms, w->raw_push_ms,
-              w->raw_push_ms / w->layer_ms);
+              w->raw_push_ms / w->layer_ms, w->raw_call_push_ms, w->raw_call_push_ms / w->layer_ms);
     }
     fprintf(f, "\n]}\n");
     fclose(f);

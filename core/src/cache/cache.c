@@ -862,10 +862,8 @@ static HixlStatus cm_find(HixlCacheManager *m, const HixlCacheAnyKey *key, int32
     return hixl_fail(HIXL_NOT_CONNECTED,
                      "%s: cluster %" PRIu64 " is not linked; call HixlCacheManagerLink first", fn, cluster);
   if (seen) {
-    HixlStatus hs = HIXL_SUCCESS;
     tag_of(tag, nonce, seen->id);
-    for (uint32_t t = 0; t < seen->n && hs == HIXL_SUCCESS; t++)
-      hs = hixl_engine_remote_has(m->eng, remote, seen->addrs[t], seen->tensor_bytes, tag);
+    HixlStatus hs = hixl_engine_remote_has(m->eng, remote, seen->addrs, seen->n, seen->tensor_bytes, tag);
     if (hs != HIXL_SUCCESS && hs != HIXL_PARAM_INVALID) { /* the link, not the cache: keep the view */
       views_free(seen);
       return hixl_fail(hs, "%s: %s", fn, HixlGetLastErrorMessage());

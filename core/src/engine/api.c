@@ -1332,18 +1332,18 @@ HixlStatus hixl_engine_call_wait(HixlEngine *e, const char *remote, hixl_call_t 
   return st;
 }
 
-HixlStatus hixl_engine_remote_has(HixlEngine *e, const char *remote, uint64_t addr, uint64_t len,
-                                  const char *tag) {
+HixlStatus hixl_engine_remote_has(HixlEngine *e, const char *remote, const uint64_t *addrs, size_t n,
+                                  uint64_t len, const char *tag) {
   const char *fn = "hixl_engine_remote_has";
-  CHECK_ARG(remote && tag, "%s: remote or tag is NULL", fn);
+  CHECK_ARG(remote && tag && (addrs || n == 0), "%s: remote, addrs or tag is NULL", fn);
   HixlStatus st = engine_enter(e, fn);
   if (st != HIXL_SUCCESS) return st;
   struct conn *c = link_for(e, remote, fn, &st);
-  if (c) {
-    const struct remote_mem *rm = (const struct remote_mem *)memtab_find(&c->peer->rtab, addr, len);
+  for (size_t k = 0; c && k < n && st == HIXL_SUCCESS; k++) {
+    const struct remote_mem *rm = (const struct remote_mem *)memtab_find(&c->peer->rtab, addrs[k], len);
     if (!rm || strcmp(rm->tag, tag) != 0)
       st = hixl_fail(HIXL_PARAM_INVALID, "%s: %s no longer advertises [0x%llx, +%llu) as \"%s\"", fn, remote,
-                     (unsigned long long)addr, (unsigned long long)len, tag);
+                     (unsigned long long)addrs[k], (unsigned long long)len, tag);
   }
   pthread_mutex_unlock(&e->lock);
   return st;

@@ -110,9 +110,10 @@ HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, Hix
 HixlStatus hixl_engine_call_wait(HixlEngine *e, const char *remote, hixl_call_t call);
 
 /* SUCCESS when remote's table, as this engine knows it now (no round trip), holds
- * a registration covering [addr, addr + len) whose tag is tag; PARAM_INVALID if not. */
-HixlStatus hixl_engine_remote_has(HixlEngine *e, const char *remote, uint64_t addr, uint64_t len,
-                                  const char *tag);
+ * for each of the n addresses a registration covering [addrs[k], addrs[k] + len)
+ * whose tag is tag; PARAM_INVALID naming the first that is not. One lock for all. */
+HixlStatus hixl_engine_remote_has(HixlEngine *e, const char *remote, const uint64_t *addrs, size_t n,
+                                  uint64_t len, const char *tag);
 
 /* Close every link, either way, with the engine that calls itself remote_name (as a
  * service handler's peer names it): what it queued or sent and this engine has not
