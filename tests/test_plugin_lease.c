@@ -63,18 +63,40 @@ static void fill_kv(const hixl_kv_layer *layers, uint8_t c) {
       memset((void *)(layers[l].base + (v ? layers[l].v_offset : 0)), c, (size_t)BLOCKS * BLOCK_BYTES);
 }
 
-static void lease_case(const char *transport, bool alloc) {
-  char addr[TU_ADDR_LEN], cfg[512], err[256] = "";
-  uint16_t port = tu_free_port();
-  tu_addr(addr, sizeof(addr), port);
+/* A scheduler and a worker connector of role and mode on a free port of this host
+ * (its address in addr); NULLs on failure, reported. */
+static void connectors_up(const char *role, const char *mode, int lease_ms, const char *transport, char *addr,
+                          hixl_kv_connector **sched, hixl_kv_connector **worker) {
+  char cfg[512], err[256] = "";
+  tu_addr(addr, TU_ADDR_LEN, tu_free_port());
   snprintf(cfg, sizeof(cfg),
-           "{\"address\": \"%s\", \"role\": \"producer\", \"mode\": \"pull\", \"lease_ms\": %d,"
+           "{\"address\": \"%s\", \"role\": \"%s\", \"mode\": \"%s\", \"lease_ms\": %d,"
            " \"transfer_timeout_ms\": 2000, \"connect_timeout_ms\": 2000, \"Transport\": \"%s\"}",
-           addr, LEASE_MS, transport);
-  hixl_kv_connector *sched = NULL, *worker = NULL;
-  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &sched, err, sizeof(err)),
+           addr, role, mode, lease_ms, transport);
+  *sched = *worker = NULL;
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, sched, err, sizeof(err)),
         HIXL_KV_SUCCESS);
-  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &worker, err, sizeof(err)), HIXL_KV_SUCCESS);
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, worker, err, sizeof(err)), HIXL_KV_SUCCESS);
+}
+
+/* The layers of a KV laid out K then V blocks per layer from kv (0: the plugin's). */
+static void layers_at(hixl_kv_layer *layers, uint8_t *kv) {
+  for (int l = 0; l < LAYERS; l++)
+    layers[l] = (hixl_kv_layer){"layer",
+                                5,
+                                kv ? (uintptr_t)(kv + (size_t)l * 2 * BLOCKS * BLOCK_BYTES) : 0,
+                                BLOCKS,
+                                BLOCK_BYTES,
+                                BLOCKS * BLOCK_BYTES,
+                                HIXL_KV_LAYOUT_KV_FIRST,
+                                ELEM,
+                                BLOCK_TOKENS};
+}
+
+static void lease_case(const char *transport, bool alloc) {
+  char addr[TU_ADDR_LEN];
+  hixl_kv_connector *sched, *worker;
+  connectors_up("producer", "pull", LEASE_MS, transport, addr, &sched, &worker);
   CU_ASSERT_FATAL(sched && worker);
 
   /* The producer's KV: K then V blocks per layer (the host's, or the plugin's), 0x5a. */
@@ -82,16 +104,7 @@ static void lease_case(const char *transport, bool alloc) {
   uint8_t *kv = alloc ? NULL : malloc(len);
   CU_ASSERT_FATAL(alloc || kv);
   hixl_kv_layer layers[LAYERS];
-  for (int l = 0; l < LAYERS; l++)
-    layers[l] = (hixl_kv_layer){"layer",
-                                5,
-                                alloc ? 0 : (uintptr_t)(kv + (size_t)l * 2 * BLOCKS * BLOCK_BYTES),
-                                BLOCKS,
-                                BLOCK_BYTES,
-                                BLOCKS * BLOCK_BYTES,
-                                HIXL_KV_LAYOUT_KV_FIRST,
-                                ELEM,
-                                BLOCK_TOKENS};
+  layers_at(layers, kv); /* alloc: kv is NULL, the plugin allocates */
   if (alloc)
     ST_IS(ops->alloc_kv_caches(worker, layers, LAYERS), HIXL_KV_SUCCESS);
   else
@@ -218,31 +231,14 @@ static size_t kv_layers_req(uint8_t *buf, uint8_t op, const char *id, uint32_t f
  * of one, or one past the last layer, is refused (PARAM_INVALID) and marks nothing; an
  * unexpected request is NOT_FOUND. The request is received once every layer landed. */
 static void test_push_notices(void) {
-  char addr[TU_ADDR_LEN], cfg[512], err[256] = "";
-  uint16_t port = tu_free_port();
-  tu_addr(addr, sizeof(addr), port);
-  snprintf(cfg, sizeof(cfg),
-           "{\"address\": \"%s\", \"role\": \"consumer\", \"mode\": \"push\", \"lease_ms\": 20000,"
-           " \"transfer_timeout_ms\": 2000, \"connect_timeout_ms\": 2000, \"Transport\": \"tcp\"}",
-           addr);
-  hixl_kv_connector *sched = NULL, *worker = NULL;
-  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &sched, err, sizeof(err)),
-        HIXL_KV_SUCCESS);
-  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &worker, err, sizeof(err)), HIXL_KV_SUCCESS);
+  char addr[TU_ADDR_LEN];
+  hixl_kv_connector *sched, *worker;
+  connectors_up("consumer", "push", 20000, "tcp", addr, &sched, &worker);
   CU_ASSERT_FATAL(sched && worker);
   uint8_t *kv = malloc((size_t)LAYERS * 2 * BLOCKS * BLOCK_BYTES);
   CU_ASSERT_FATAL(kv != NULL);
   hixl_kv_layer layers[LAYERS];
-  for (int l = 0; l < LAYERS; l++)
-    layers[l] = (hixl_kv_layer){"layer",
-                                5,
-                                (uintptr_t)(kv + (size_t)l * 2 * BLOCKS * BLOCK_BYTES),
-                                BLOCKS,
-                                BLOCK_BYTES,
-                                BLOCKS * BLOCK_BYTES,
-                                HIXL_KV_LAYOUT_KV_FIRST,
-                                ELEM,
-                                BLOCK_TOKENS};
+  layers_at(layers, kv);
   ST_IS(ops->register_kv_caches(worker, layers, LAYERS), HIXL_KV_SUCCESS);
 
   /* The consumer expects "push-1" into blocks 4 and 5. */

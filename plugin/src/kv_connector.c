@@ -632,12 +632,12 @@ static bool push_wait_saved(hixl_kv_connector *c, uint32_t l, uint64_t step, uin
   return ok;
 }
 
-/* One layer of one push on its way: its WRITE, and the layer-landed notice (KV
- * service LAYER call) the engine sends once the WRITE has landed
- * (hixl_cache_push_blocks_then_call). The pusher starts each layer as soon as it is
- * saved, never waiting for the one before: the next layer's data queues right behind
- * the last one's, as the raw engine's async WRITEs do; all are waited for once the
- * step's layers are out. */
+/* One range of layers of one push on its way (one layer while the pusher keeps up):
+ * its WRITE, and the landed notice (KV service LAYER or LAYERS call) the engine sends
+ * once the WRITE has landed (hixl_cache_push_blocks_then_call). The pusher starts
+ * each range as soon as it is saved, never waiting for the one before: the next
+ * range's data queues right behind, as the raw engine's async WRITEs do; all are
+ * waited for once the step's layers are out. */
 struct push_note {
   hixl_call_t call;
   uint32_t i, layer, count;
