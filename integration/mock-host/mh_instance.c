@@ -29,6 +29,7 @@ struct ireq {
   bool loading;         /* decode: update_state_after_alloc done, waiting for get_finished */
   uint64_t load_errors; /* decode: its blocks in get_block_ids_with_load_errors */
   bool verifying;       /* decode: received; its KV is being checked, a few layers a step */
+  bool aborted;         /* decode: request_finished(ABORTED) while it loads; blocks kept until received */
   uint32_t vlayer;      /* the next layer to check */
   uint64_t vbad;        /* bytes wrong so far */
   uint64_t t_held;      /* when get_finished reported it received */
@@ -279,7 +280,7 @@ static void done(struct inst *x, size_t i, uint8_t outcome, uint64_t t_held, con
   vsnprintf(why, sizeof(why), fmt, ap);
   va_end(ap);
   /* The request ends as a runtime ends it: request_finished, then its blocks go back. */
-  if (r->blocks) {
+  if (r->blocks && !r->aborted) {
     hixl_kv_request q = hreq(r);
     int32_t delay = 0;
     hixl_kv_buffer p = {0};
@@ -367,6 +368,24 @@ static void decode_admit(struct inst *x) {
     }
     r->loading = true;
     x->count++;
+    if (x->a->fault == MH_FAULT_DECODE_ABORTS && x->count == x->a->fault_at) {
+      /* A client that went away: the runtime finishes the request aborted while its KV
+       * loads, and keeps its blocks until get_finished reports it received (vLLM's
+       * WAITING_FOR_REMOTE_KVS), as the plugin's header asks. */
+      hixl_kv_request qa = hreq(r);
+      qa.flags = HIXL_KV_REQ_ABORTED;
+      int32_t delay = 0;
+      hixl_kv_buffer p = {0};
+      st = x->ops->request_finished(x->sched, &qa, r->blocks, r->nblocks, &delay, &p);
+      if (st != HIXL_KV_SUCCESS)
+        say(x, "fault decode-aborts: request_finished(%s, aborted) failed (%s): %s", r->id,
+            mh_status_name(st), x->ops->last_error());
+      else
+        x->ops->free_buffer(&p);
+      say(x, "fault decode-aborts: %s aborted while its KV loads; its blocks are kept until it is received",
+          r->id);
+      r->aborted = true;
+    }
     i++;
   }
 }
@@ -453,6 +472,11 @@ static void decode_step(struct inst *x) {
     }
     struct ireq *r = x->v[i];
     char why[512];
+    if (r->aborted) { /* received (or failed): only now do its blocks go back */
+      done(x, i, MH_FAILED, t_held, "aborted by its client while its KV loaded (%" PRIu64 " load errors)",
+           r->load_errors);
+      continue;
+    }
     if (r->load_errors) {
       snprintf(why, sizeof(why),
                "KV load failed (%" PRIu64 " of its %" PRIu64

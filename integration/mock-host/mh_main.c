@@ -53,8 +53,8 @@ struct opts {
   bool progress, verbose;
 };
 
-static const char *const fault_names[] = {"none",           "decode-dies",    "prefill-dies",
-                                          "mismatch-block", "mismatch-dtype", "link-cut"};
+static const char *const fault_names[] = {"none",           "decode-dies", "prefill-dies", "mismatch-block",
+                                          "mismatch-dtype", "link-cut",    "decode-aborts"};
 
 static void usage(FILE *f) {
   fprintf(
@@ -81,9 +81,10 @@ static void usage(FILE *f) {
       "  --on-load-failure fail|recompute   sets the config's load_failure_policy\n"
       "  --prefill-addr IP:PORT --decode-addr IP:PORT   (default 127.0.0.1 and free ports)\n"
       "  --set KEY=VALUE          any other config key (VALUE is JSON, else a string); repeatable\n"
-      "  --fault decode-dies|prefill-dies|mismatch-block|mismatch-dtype|link-cut   --fault-at N\n"
-      "                           (link-cut: prefill is stopped, SIGSTOP, after the Nth hand-off until\n"
-      "                           every load in flight has ended, then resumed)\n"
+      "  --fault decode-dies|prefill-dies|mismatch-block|mismatch-dtype|link-cut|decode-aborts\n"
+      "           --fault-at N    (link-cut: prefill is stopped, SIGSTOP, after the Nth hand-off until\n"
+      "                           every load in flight has ended, then resumed; decode-aborts: decode\n"
+      "                           aborts its Nth load as it starts, as a client that went away)\n"
       "  --timeout S              give up after S seconds (default 120)\n"
       "  --json FILE              the summary as JSON\n"
       "  --no-progress --verbose --help\n"
@@ -214,7 +215,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
       if (k == sizeof(fault_names) / sizeof(fault_names[0])) {
         fprintf(stderr,
                 "hixl-mock-host: --fault %s is unknown (decode-dies, prefill-dies, mismatch-block, "
-                "mismatch-dtype, link-cut)\n",
+                "mismatch-dtype, link-cut, decode-aborts)\n",
                 optarg);
         return 2;
       }
@@ -920,6 +921,9 @@ int main(int argc, char **argv) {
   else if (o.fault == MH_FAULT_PREFILL_DIES)
     pass = base && P->dead && !P->stats_in && rt.nfail + rt.nrecomputed > 0 && !rt.ncorrupt && d_clean &&
            rt.ndone == o.requests;
+  else if (o.fault == MH_FAULT_DECODE_ABORTS) /* that one request, and only it */
+    pass = base && rt.nfail == 1 && !rt.nrecomputed && !rt.ncorrupt && p_clean && d_clean &&
+           rt.nverified == o.requests - 1;
   else if (o.fault == MH_FAULT_LINK_CUT)
     pass = base && rt.nfail + rt.nrecomputed > 0 && !rt.ncorrupt && p_clean && d_clean &&
            rt.ndone == o.requests && rt.nverified_after_cut > 0; /* the link comes back */
