@@ -46,7 +46,8 @@ struct cm_cache {
   uint64_t tensor_bytes;
   uint64_t item_bytes; /* a batch item or a block: tensor_bytes / shape[0] */
   uintptr_t *addrs;
-  HixlMemHandle *handles; /* remote: one per tensor; NULL entries once deregistered */
+  HixlMemHandle *handles; /* remote: one per span of tensors adjacent in memory, at the span's
+                           * first tensor; NULL elsewhere and once deregistered */
   HixlCacheKey *keys;     /* keys[b] names batch item b (contiguous) */
   size_t nkeys;
   bool has_bkey;
@@ -651,14 +652,19 @@ static HixlStatus cm_register(HixlCacheManager *m, bool blocks, bool alloc, cons
     for (size_t i = 0; i < num_addrs; i++) c->addrs[i] = (uintptr_t)base + i * stride;
     memcpy(addrs, c->addrs, num_addrs * sizeof(*addrs)); /* nothing fails from here on */
   } else if (c->remote) {
+    /* Tensors adjacent in memory (a runtime's layers in one pool) go as one registration
+     * (one MR over rdma), its handle kept at the span's first tensor. */
     char tag[CM_TAG_LEN];
     tag_of(tag, m->nonce, c->id);
-    for (uint32_t t = 0; t < desc->num_tensors; t++) {
-      HixlMemDesc md = {c->addrs[t], (size_t)tb};
+    for (size_t i = 0, j; i < num_addrs; i = j) {
+      for (j = i + 1; j < num_addrs && sorted[j] == sorted[j - 1] + tb;) j++;
+      uint32_t t = 0;
+      while (c->addrs[t] != sorted[i]) t++;
+      HixlMemDesc md = {sorted[i], (size_t)(tb * (j - i))};
       st = hixl_engine_register_tagged(m->eng, &md, HIXL_MEM_HOST, tag, &c->handles[t]);
       if (st != HIXL_SUCCESS) {
-        st = hixl_fail(st, "%s: tensor %u [0x%" PRIxPTR ", +%" PRIu64 "): %s", fn, t, c->addrs[t], tb,
-                       HixlGetLastErrorMessage());
+        st = hixl_fail(st, "%s: tensors %u and the %zu after it in memory [0x%" PRIxPTR ", +%" PRIu64 "): %s",
+                       fn, t, j - i - 1, sorted[i], tb * (j - i), HixlGetLastErrorMessage());
         goto fail_registered;
       }
     }
