@@ -592,7 +592,7 @@ static uint16_t free_ports3(uint16_t avoid) {
 struct row {
   uint64_t tokens, blocks, bytes, ops;
   uint32_t rounds;
-  double plugin_gbs, plugin_fd_gbs, raw_gbs, handoff_ms, push_after_last_ms, layer_ms, notice_ms,
+  double plugin_gbs, plugin_fd_gbs, raw_gbs, raw2_gbs, handoff_ms, push_after_last_ms, layer_ms, notice_ms,
       notice_busy_ms, behind_ms, raw_push_ms, raw_call_push_ms;
 };
 
@@ -703,7 +703,7 @@ int main(int argc, char **argv) {
     uint64_t nb = (o.prompts[pi] + o.block_tokens - 1) / o.block_tokens;
     uint64_t t_plugin[MAX_RUNS], t_plugin_fd[MAX_RUNS], t_raw[MAX_RUNS], t_hand[MAX_RUNS], t_push[MAX_RUNS],
         t_layer[MAX_RUNS], t_rtt[MAX_RUNS], t_busy[MAX_RUNS], t_behind[MAX_RUNS], t_rawpush[MAX_RUNS],
-        t_rawcall[MAX_RUNS];
+        t_rawcall[MAX_RUNS], t_raw2[MAX_RUNS];
     memset(w, 0, sizeof(*w));
     w->tokens = o.prompts[pi];
     w->blocks = nb;
@@ -717,7 +717,9 @@ int main(int argc, char **argv) {
       fprintf(stderr, "\r  prompt %" PRIu64 " tokens: round %u/%u ", o.prompts[pi], r + 1, w->rounds);
       /* The raw engine READs the same op list as the plugin's pulls: first in odd
        * rounds, last in even ones, so none gains from another's warm-up; the stepping
-       * pull and the fd-woken one swap places likewise.
+       * pull and the fd-woken one swap places likewise. The raw READ runs a second time
+       * at the other end of the round: raw against raw (A/A) is how far two runs of the
+       * same transfer differ here, the noise any ratio of this round carries.
        * Prefill's blocks are the head of its free list (seed 1), as it allocates them. */
       struct pool *pp0 = &prefill_view;
       size_t nrb = nb;
@@ -725,13 +727,13 @@ int main(int argc, char **argv) {
       size_t nops = build_ops(opv, (uintptr_t)p.mem, rbase, p.free_ids, rb, nrb, 0, o.layers);
       w->ops = nops;
       uint64_t t0;
-      for (int k = 0; k < 3; k++) {
-        int pass = r % 2 ? k : 2 - k; /* 0: raw, 1: pull stepping, 2: pull woken by the fd */
-        if (pass == 0) {
+      for (int k = 0; k < 4; k++) {
+        int pass = r % 2 ? k : 3 - k; /* 0: raw, 1: pull stepping, 2: pull woken by the fd, 3: raw again */
+        if (pass == 0 || pass == 3) {
           t0 = bench_now_ns();
           if (HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000) != HIXL_SUCCESS)
             die("raw READ: %s", HixlGetLastErrorMessage());
-          t_raw[r] = bench_now_ns() - t0;
+          (pass == 0 ? t_raw : t_raw2)[r] = bench_now_ns() - t0;
           continue;
         }
         /* Pull through the plugin. */
@@ -813,6 +815,7 @@ int main(int argc, char **argv) {
     w->plugin_gbs = (double)w->bytes / (double)median(t_plugin, w->rounds);
     w->plugin_fd_gbs = (double)w->bytes / (double)median(t_plugin_fd, w->rounds);
     w->raw_gbs = (double)w->bytes / (double)median(t_raw, w->rounds);
+    w->raw2_gbs = (double)w->bytes / (double)median(t_raw2, w->rounds);
     w->handoff_ms = (double)median(t_hand, w->rounds) / 1e6;
     w->push_after_last_ms = (double)median(t_push, w->rounds) / 1e6;
     w->layer_ms = (double)median(t_layer, w->rounds) / 1e6;
@@ -828,22 +831,24 @@ int main(int argc, char **argv) {
 
   printf("| prompt tokens | blocks | MiB | engine ops | rounds | raw engine GB/s"
          " | plugin pull GB/s, host woken by the fd | ratio (goal >= 0.9)"
+         " | raw engine again / raw engine (A/A: the noise)"
          " | plugin pull GB/s, host stepping | ratio | hand-off ms (pull, stepping)"
          " | push: after last layer ms | one layer ms | ratio (goal <= 1.5)"
          " | notice round trip ms | floor: (layer + notice) / layer | notice while a layer moves ms"
          " | pusher behind at the last save ms | raw engine push: after last layer ms | ratio"
          " | raw engine push, a call per layer: after last layer ms | ratio |\n");
-  printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < o.nprompts; i++) {
     struct row *w = &rows[i];
     printf("| %" PRIu64 " | %" PRIu64 " | %.1f | %" PRIu64
-           " | %u | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f | %.2f | %.3f | %.2f "
+           " | %u | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f | %.2f | %.3f "
+           "| %.2f "
            "| %.2f | %.2f | %.2f | %.2f |\n",
            w->tokens, w->blocks, (double)w->bytes / 1048576.0, w->ops, w->rounds, w->raw_gbs,
-           w->plugin_fd_gbs, w->plugin_fd_gbs / w->raw_gbs, w->plugin_gbs, w->plugin_gbs / w->raw_gbs,
-           w->handoff_ms, w->push_after_last_ms, w->layer_ms, w->push_after_last_ms / w->layer_ms,
-           w->notice_ms, (w->layer_ms + w->notice_ms) / w->layer_ms, w->notice_busy_ms, w->behind_ms,
-           w->raw_push_ms, w->raw_push_ms / w->layer_ms, w->raw_call_push_ms,
+           w->plugin_fd_gbs, w->plugin_fd_gbs / w->raw_gbs, w->raw2_gbs / w->raw_gbs, w->plugin_gbs,
+           w->plugin_gbs / w->raw_gbs, w->handoff_ms, w->push_after_last_ms, w->layer_ms,
+           w->push_after_last_ms / w->layer_ms, w->notice_ms, (w->layer_ms + w->notice_ms) / w->layer_ms,
+           w->notice_busy_ms, w->behind_ms, w->raw_push_ms, w->raw_push_ms / w->layer_ms, w->raw_call_push_ms,
            w->raw_call_push_ms / w->layer_ms);
   }
   if (o.json) {
@@ -862,12 +867,13 @@ int main(int argc, char **argv) {
               ", \"handoff_ms\": %.4f, \"push_after_last_ms\": %.4f, \"layer_ms\": %.4f, \"push_ratio\": %.4f"
               ", \"notice_rtt_ms\": %.4f, \"push_floor\": %.4f, \"notice_busy_ms\": %.4f, \"behind_ms\": %.4f"
               ", \"raw_push_ms\": %.4f, \"raw_push_ratio\": %.4f, \"raw_call_push_ms\": %.4f"
-              ", \"raw_call_push_ratio\": %.4f}",
+              ", \"raw_call_push_ratio\": %.4f, \"raw2_gbs\": %.4f, \"aa_ratio\": %.4f}",
               i ? "," : "", w->tokens, w->blocks, w->bytes, w->ops, w->rounds, w->raw_gbs, w->plugin_fd_gbs,
               w->plugin_fd_gbs / w->raw_gbs, w->plugin_gbs, w->plugin_gbs / w->raw_gbs, w->handoff_ms,
               w->push_after_last_ms, w->layer_ms, w->push_after_last_ms / w->layer_ms, w->notice_ms,
               (w->layer_ms + w->notice_ms) / w->layer_ms, w->notice_busy_ms, w->behind_ms, w->raw_push_ms,
-              w->raw_push_ms / w->layer_ms, w->raw_call_push_ms, w->raw_call_push_ms / w->layer_ms);
+              w->raw_push_ms / w->layer_ms, w->raw_call_push_ms, w->raw_call_push_ms / w->layer_ms,
+              w->raw2_gbs, w->raw2_gbs / w->raw_gbs);
     }
     fprintf(f, "\n]}\n");
     fclose(f);
