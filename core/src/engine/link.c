@@ -28,6 +28,7 @@
 #define LINK_IOV_MAX     256
 #define LINK_READ_BUDGET (32u << 20) /* bytes per event before other links get a turn */
 #define LINK_SPAN_DIRECT (16u << 10) /* spans at least this long are received in place */
+#define LINK_FRAME_READ  (16u << 10) /* bytes read at once while no payload is under way */
 
 /* ---- requests and chunks ---- */
 
@@ -863,6 +864,11 @@ static void conn_on_readable(struct conn *c) {
         c->rx_start = 0;
       }
       size_t room = ENGINE_RXBUF - c->rx_end;
+      /* No payload under way: the next bytes begin a frame. Read a little, so that a
+       * large payload behind its header is received in place rather than copied out
+       * of here (a full buffer read would take most of a 256 KiB op's bytes, and a
+       * receiver behind its sender would copy nearly every byte twice). */
+      if (c->pay_left == 0 && room > LINK_FRAME_READ) room = LINK_FRAME_READ;
       k = recv(c->fd, c->rxbuf + c->rx_end, room, MSG_DONTWAIT);
       if (k > 0) {
         sock_hb_received(c->fd);
