@@ -21,6 +21,7 @@
 #include <CUnit/Basic.h>
 #include <errno.h>
 
+#include "engine/engine_ext.h"
 #include "util/sock.h"
 #include "test_util.h"
 #include "wire/wire.h"
@@ -418,6 +419,143 @@ static void assert_link_serves(int fd, uint64_t seq, unsigned line) {
   expect_sync(fd, seq + 2, line);
 }
 #define ASSERT_LINK_SERVES(fd, seq) assert_link_serves((fd), (seq), __LINE__)
+
+/* ---- CALL_AFTER: a call that rides the stream right behind its WRITEs ---- */
+
+/* The service behind CALL_AFTER: it answers whether [off, off + len) of tmem holds
+ * the seed's pattern at the moment it is served. */
+struct after_seen {
+  int calls;
+};
+struct after_req {
+  uint32_t off, len;
+  uint64_t seed;
+};
+
+static HixlStatus after_handler(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                                size_t cap, size_t *resp_len) {
+  struct after_seen *s = ctx;
+  struct after_req q;
+  (void)peer;
+  s->calls++;
+  if (len != sizeof(q)) return HIXL_PARAM_INVALID;
+  memcpy(&q, req, sizeof(q));
+  ptrdiff_t at = tu_check_pattern(tmem + q.off, q.len, q.seed);
+  *resp_len = (size_t)snprintf((char *)resp, cap, at < 0 ? "all there" : "byte %td missing", at);
+  return at < 0 ? HIXL_SUCCESS : HIXL_FAILED;
+}
+
+/* Queue a WRITE_REQ of the seed's pattern to tmem + off (or to addr when off is
+ * ~0u) into out; returns the bytes added. */
+static size_t put_write(uint8_t *out, uint64_t seq, uint32_t off, uint64_t addr, uint32_t len, uint64_t seed) {
+  size_t n = wire_put_write_req(out, seq, off == ~0u ? addr : (uintptr_t)tmem + off, len);
+  tu_fill(out + n, len, seed);
+  return n + len;
+}
+
+static size_t put_call_after(uint8_t *out, uint64_t seq, uint64_t after, uint16_t service,
+                             const struct after_req *q) {
+  memcpy(out + WIRE_CALL_AFTER_AT, q, sizeof(*q));
+  return wire_put_call_after(out, seq, after, service, sizeof(*q));
+}
+
+/* Read a CALL_RESP and require (seq, status) and, when text is given, that its
+ * answer holds text. */
+static bool expect_call_resp(int fd, uint64_t seq, uint32_t status, const char *text, unsigned line) {
+  static uint8_t body[12 + WIRE_MAX_CALL];
+  struct wire_hdr h;
+  struct wire_msg m;
+  char got[256];
+  if (!read_frame(fd, &h, body, sizeof(body)) || h.type != WIRE_CALL_RESP ||
+      wire_decode(&h, body, &m) != WIRE_OK) {
+    tu_fail(__FILE__, line, "no CALL_RESP seq %llu", (unsigned long long)seq);
+    return false;
+  }
+  snprintf(got, sizeof(got), "%.*s", (int)(m.u.call.len < 200 ? m.u.call.len : 200), m.u.call.data);
+  if (m.u.call.seq != seq || m.u.call.status != status || (text && !strstr(got, text))) {
+    tu_fail(__FILE__, line, "CALL_RESP seq %llu status %s \"%s\"; want seq %llu status %s \"%s\"",
+            (unsigned long long)m.u.call.seq, HixlStatusName(m.u.call.status), got, (unsigned long long)seq,
+            HixlStatusName(status), text ? text : "");
+    return false;
+  }
+  return true;
+}
+#define EXPECT_CALL_RESP(fd, seq, st, text) expect_call_resp((fd), (seq), (st), (text), __LINE__)
+
+/* WRITEs and a CALL_AFTER behind them, sent in one go: the call is served once they
+ * have all landed (its handler finds every byte), and is refused unserved when one of
+ * the WRITEs from its first on was refused; one refused before its first does not
+ * count. After equal to its own seq closes the link; a service nobody serves is
+ * UNSUPPORTED after the data. */
+static void test_call_after(void) {
+  enum { SVC = 3, LEN = 64 * 1024 }; /* services are 1 to 3; 1 is left unserved */
+  static uint8_t out[4 * (WIRE_SMALL_FRAME + LEN) + 256];
+  struct after_seen seen = {0};
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(target, SVC, after_handler, &seen));
+  int fd = raw_link();
+  CU_ASSERT_FATAL(fd >= 0);
+  memset(tmem, 0x11, MEM_LEN);
+
+  /* Two WRITEs (the second's data the call checks), the call. */
+  struct after_req q = {200000, LEN, 41};
+  size_t n = put_write(out, 1, 0, 0, LEN, 40);
+  n += put_write(out + n, 2, q.off, 0, LEN, q.seed);
+  n += put_call_after(out + n, 3, 1, SVC, &q);
+  CU_ASSERT_FATAL(send_all(fd, out, n));
+  EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 1, HIXL_SUCCESS, 0);
+  EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 2, HIXL_SUCCESS, 0);
+  EXPECT_CALL_RESP(fd, 3, HIXL_SUCCESS, "all there");
+  CU_ASSERT_EQUAL(seen.calls, 1);
+  CU_ASSERT(tu_check_pattern(tmem, LEN, 40) == -1);
+
+  /* The middle one of three runs past tmem's end: refused, and so is the call. */
+  q = (struct after_req){400000, LEN, 43};
+  n = put_write(out, 4, 300000, 0, LEN, 42);
+  n += put_write(out + n, 5, MEM_LEN - 100, 0, 200, 44);
+  n += put_write(out + n, 6, q.off, 0, LEN, q.seed);
+  n += put_call_after(out + n, 7, 4, SVC, &q);
+  CU_ASSERT_FATAL(send_all(fd, out, n));
+  EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 4, HIXL_SUCCESS, 0);
+  EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 5, HIXL_FAILED, 0);
+  EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 6, HIXL_SUCCESS, 0);
+  EXPECT_CALL_RESP(fd, 7, HIXL_FAILED, "(seq 5) was refused");
+  CU_ASSERT_EQUAL(seen.calls, 1);
+  CU_ASSERT(tu_check_byte(tmem + MEM_LEN - 100, 100, 0x11) == -1);
+
+  /* Memory nobody registered, as the only WRITE: refused, the call too. */
+  n = put_write(out, 8, ~0u, (uintptr_t)umem, 1000, 45);
+  n += put_call_after(out + n, 9, 8, SVC, &q);
+  CU_ASSERT_FATAL(send_all(fd, out, n));
+  EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 8, HIXL_FAILED, 0);
+  EXPECT_CALL_RESP(fd, 9, HIXL_FAILED, "(seq 8) was refused");
+
+  /* A call whose WRITEs start after the refused one is served. */
+  q = (struct after_req){500000, 1000, 46};
+  n = put_write(out, 10, q.off, 0, q.len, q.seed);
+  n += put_call_after(out + n, 11, 10, SVC, &q);
+  CU_ASSERT_FATAL(send_all(fd, out, n));
+  EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 10, HIXL_SUCCESS, 0);
+  EXPECT_CALL_RESP(fd, 11, HIXL_SUCCESS, "all there");
+  CU_ASSERT_EQUAL(seen.calls, 2);
+
+  /* A service nobody serves. */
+  n = put_write(out, 12, q.off, 0, q.len, q.seed + 1);
+  n += put_call_after(out + n, 13, 12, 1, &q);
+  CU_ASSERT_FATAL(send_all(fd, out, n));
+  EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 12, HIXL_SUCCESS, 0);
+  EXPECT_CALL_RESP(fd, 13, HIXL_UNSUPPORTED, "offers no service");
+  CU_ASSERT(tu_check_pattern(tmem + q.off, q.len, q.seed + 1) == -1);
+
+  /* after not before its own seq: malformed, the link is closed, the handler not run. */
+  n = put_call_after(out, 14, 13, SVC, &q);
+  out[WIRE_HDR_LEN + 15] = 14; /* after's low byte (big-endian): after = seq */
+  CU_ASSERT(send_all(fd, out, n));
+  CU_ASSERT(closed_by_peer(fd));
+  close(fd);
+  CU_ASSERT_EQUAL(seen.calls, 2);
+  TU_ASSERT_OK(hixl_engine_set_service(target, SVC, NULL, NULL));
+  assert_target_serves();
+}
 
 /* Registered ranges, some adjacent, some one byte, out of order, two registrations,
  * first and last bytes of one: WRITE_ACK 0, exactly those bytes changed. */
@@ -1100,6 +1238,8 @@ int main(int argc, char **argv) {
   CU_add_test(t, "out-of-range WRITE/READ refused, memory untouched, link kept",
               test_out_of_range_refused_link_kept);
   CU_add_test(t, "a truncated frame then a vanished peer", test_truncated_then_gone);
+  CU_add_test(t, "CALL_AFTER: served behind its landed WRITEs, refused behind a refused one",
+              test_call_after);
   CU_add_test(t, "STAGE_WRITE into registered ranges lands exactly", test_stage_write_registered);
   CU_add_test(t, "STAGE_WRITE with a range outside: FAILED, nothing written, link kept",
               test_stage_write_outside_refused);

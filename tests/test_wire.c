@@ -176,9 +176,10 @@ static void test_hdr_type(void) {
   CU_ASSERT_EQUAL(hdr_of(WIRE_STAGE_PUSH, 36, 0), WIRE_OK);
   CU_ASSERT_EQUAL(hdr_of(WIRE_CALL, 10, 0), WIRE_OK);
   CU_ASSERT_EQUAL(hdr_of(WIRE_CALL_RESP, 12, 0), WIRE_OK);
-  CU_ASSERT_EQUAL(hdr_of(WIRE_SHM_UNMAP_ACK, 16, 0), WIRE_OK); /* the last type */
-  CU_ASSERT_EQUAL(hdr_of(28, 36, 0), WIRE_ETYPE);
-  CU_ASSERT_EQUAL(hdr_of(28, 24, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_SHM_UNMAP_ACK, 16, 0), WIRE_OK);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_CALL_AFTER, 18, 0), WIRE_OK); /* the last type */
+  CU_ASSERT_EQUAL(hdr_of(29, 36, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(29, 24, 0), WIRE_ETYPE);
 }
 
 static void test_hdr_flags_reserved(void) {
@@ -232,6 +233,7 @@ static const struct {
     {WIRE_SHM_MAP_ACK, 4, 4 + 256, 0},
     {WIRE_SHM_UNMAP, 16, 16, 0},
     {WIRE_SHM_UNMAP_ACK, 16, 16, 0},
+    {WIRE_CALL_AFTER, 18, 18 + 65536, 0},
 };
 #define NLIMITS (sizeof(limits) / sizeof(limits[0]))
 
@@ -282,10 +284,12 @@ static void test_constants(void) {
   CU_ASSERT_EQUAL(WIRE_CALL_RESP, 22);
   CU_ASSERT_EQUAL(WIRE_SHM_MAP_HELLO, 23);
   CU_ASSERT_EQUAL(WIRE_SHM_UNMAP_ACK, 27);
-  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 27);
+  CU_ASSERT_EQUAL(WIRE_CALL_AFTER, 28);
+  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 28);
   CU_ASSERT_EQUAL(WIRE_SHM_LAYOUT, 2);
   CU_ASSERT_EQUAL(WIRE_MAX_CALL, 65536);
   CU_ASSERT_EQUAL(WIRE_CAP_CALL, 0x40);
+  CU_ASSERT_EQUAL(WIRE_CAP_CALL_AFTER, 0x80);
   CU_ASSERT_EQUAL(WIRE_MAX_PAYLOAD, MIB(4));
   CU_ASSERT_EQUAL(WIRE_MAX_STAGE, MIB(16));
   CU_ASSERT_EQUAL(WIRE_MAX_STAGE_SEGS, 4096);
@@ -314,7 +318,8 @@ static void test_names(void) {
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_CALL_RESP), "CALL_RESP");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SHM_MAP_HELLO), "SHM_MAP_HELLO");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SHM_UNMAP_ACK), "SHM_UNMAP_ACK");
-  CU_ASSERT_STRING_EQUAL(wire_type_name(28), "?");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_CALL_AFTER), "CALL_AFTER");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(29), "?");
   /* Every type has its own name. */
   for (unsigned t = 1; t <= WIRE_TYPE_MAX_; t++) {
     CU_ASSERT_STRING_NOT_EQUAL(wire_type_name(t), "?");
@@ -775,6 +780,40 @@ static void test_rt_call(void) {
   wire_put_call(buf, WIRE_CALL_RESP, 1, 0, 4);
   buf[15] = 1; /* payload_len 1 */
   CU_ASSERT_EQUAL(wire_parse_hdr(buf, &h), WIRE_ELEN);
+}
+
+/* CALL_AFTER: seq, after, service, then the bytes; after must come before seq (a CALL
+ * can follow only WRITEs sent before it). */
+static void test_rt_call_after(void) {
+  static uint8_t buf[WIRE_CALL_AFTER_AT + WIRE_MAX_CALL];
+  const size_t lens[] = {0, 1, 33, WIRE_MAX_CALL};
+  for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+    struct wire_hdr h;
+    struct wire_msg m;
+    memset(buf + WIRE_CALL_AFTER_AT, 0x3c, lens[i]);
+    size_t len = wire_put_call_after(buf, 0x0102030405060708ull, 0x0102030405060700ull, 0xcafe,
+                                     (uint32_t)lens[i]);
+    CU_ASSERT_EQUAL_FATAL(len, WIRE_CALL_AFTER_AT + lens[i]);
+    CU_ASSERT_EQUAL(buf[WIRE_HDR_LEN + 8], 0x01);  /* after, big-endian */
+    CU_ASSERT_EQUAL(buf[WIRE_HDR_LEN + 16], 0xca); /* service, big-endian */
+    CU_ASSERT_EQUAL_FATAL(wire_parse_hdr(buf, &h), WIRE_OK);
+    CU_ASSERT_EQUAL_FATAL(wire_decode(&h, buf + WIRE_HDR_LEN, &m), WIRE_OK);
+    CU_ASSERT_EQUAL(m.u.call.seq, 0x0102030405060708ull);
+    CU_ASSERT_EQUAL(m.u.call.after, 0x0102030405060700ull);
+    CU_ASSERT_EQUAL(m.u.call.service, 0xcafe);
+    CU_ASSERT_EQUAL(m.u.call.len, lens[i]);
+    CU_ASSERT_PTR_EQUAL(m.u.call.data, buf + WIRE_CALL_AFTER_AT);
+    CU_ASSERT(lens[i] == 0 || (m.u.call.data[0] == 0x3c && m.u.call.data[lens[i] - 1] == 0x3c));
+  }
+  /* after equal to or past its own seq: refused. */
+  const uint64_t bad[][2] = {{5, 5}, {5, 6}, {1, ~0ull}};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    struct wire_hdr h;
+    struct wire_msg m;
+    wire_put_call_after(buf, bad[i][0], bad[i][1], 1, 4);
+    CU_ASSERT_EQUAL_FATAL(wire_parse_hdr(buf, &h), WIRE_OK);
+    CU_ASSERT_EQUAL(wire_decode(&h, buf + WIRE_HDR_LEN, &m), WIRE_EBODY);
+  }
 }
 
 static size_t build_notify(uint8_t *buf, size_t cap, uint64_t seq, const char *name, size_t nl,
@@ -1686,6 +1725,7 @@ static CU_TestInfo rt_tests[] = {
     {"shm map, unmap and their acks", test_rt_shm_map},
     {"notify", test_rt_notify},
     {"call and call_resp", test_rt_call},
+    {"call_after", test_rt_call_after},
     {"stage write and read", test_rt_stage},
     {"stage pull and push bytes", test_rt_stage_rdma_bytes},
     {"stage pull and push", test_rt_stage_rdma},

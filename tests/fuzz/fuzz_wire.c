@@ -66,6 +66,7 @@ static const struct {
     [WIRE_SHM_MAP_ACK] = {4, 4 + 256, 0},
     [WIRE_SHM_UNMAP] = {16, 16, 0},
     [WIRE_SHM_UNMAP_ACK] = {16, 16, 0},
+    [WIRE_CALL_AFTER] = {18, 18 + 65536, 0},
 };
 
 /* Whatever wire_parse_hdr says must agree with the raw bytes. */
@@ -153,6 +154,11 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
                         h->type == WIRE_CALL ? m->u.call.service : m->u.call.status, m->u.call.len);
     memcpy(buf + (h->type == WIRE_CALL ? WIRE_CALL_REQ_AT : WIRE_CALL_RESP_AT), m->u.call.data,
            m->u.call.len);
+    break;
+  case WIRE_CALL_AFTER:
+    CHECK(h->payload_len == 0);
+    got = wire_put_call_after(buf, m->u.call.seq, m->u.call.after, m->u.call.service, m->u.call.len);
+    memcpy(buf + WIRE_CALL_AFTER_AT, m->u.call.data, m->u.call.len);
     break;
   case WIRE_STAGE_PULL:
   case WIRE_STAGE_PUSH:
@@ -332,6 +338,11 @@ static void check_msg(enum wire_err e, const struct wire_hdr *h, const uint8_t *
   case WIRE_CALL_RESP: /* any bytes are a request or an answer: the service judges them */
     CHECK(e == WIRE_OK && h->payload_len == 0 && m->u.call.len <= WIRE_MAX_CALL);
     CHECK(inside(m->u.call.data, m->u.call.len, b, n));
+    break;
+  case WIRE_CALL_AFTER: /* a request as CALL's, behind WRITEs that came before it */
+    if (e != WIRE_OK) break;
+    CHECK(h->payload_len == 0 && m->u.call.len <= WIRE_MAX_CALL && m->u.call.after < m->u.call.seq);
+    CHECK(m->u.call.len == n - 18 && inside(m->u.call.data, m->u.call.len, b, n));
     break;
   case WIRE_RDMA_CONNECT:
   case WIRE_RDMA_CONNECT_ACK:

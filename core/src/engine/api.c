@@ -1276,7 +1276,7 @@ HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, Hix
   /* Everything the CALL needs is taken before the transfer starts: once it has, the
    * CALL can no longer fail alone. */
   struct chunk *th = calloc(1, sizeof(*th));
-  uint8_t *frame = th ? malloc(WIRE_CALL_REQ_AT + len) : NULL;
+  uint8_t *frame = th ? malloc(WIRE_CALL_AFTER_AT + len) : NULL; /* room for either frame */
   if (!frame) {
     free(th);
     return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
@@ -1297,6 +1297,19 @@ HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, Hix
     (void)req_wait(e, c, r, fn, remote);
     pthread_mutex_unlock(&e->lock);
     st = hixl_fail(HIXL_UNSUPPORTED, "%s: %s speaks an older protocol without service calls", fn, remote);
+  } else if (st == HIXL_SUCCESS && op == HIXL_WRITE && (c->xp->flags & XPORT_IN_STREAM) &&
+             r->ndirect == r->nchunks && (c->peer->caps & WIRE_CAP_CALL_AFTER)) {
+    /* Every WRITE is a frame queued on the link's stream already: the call follows them
+     * at once, and the target serves it once they have all landed, unless one was
+     * refused. Waiting for their answers first would add a round trip. */
+    r->is_async = true;
+    memmove(frame + WIRE_CALL_AFTER_AT, frame + WIRE_CALL_REQ_AT, len);
+    link_then_behind(r, c, th, service, (uint32_t)len);
+    th = NULL;
+    frame = NULL;
+    c->xp->async(c, r); /* the progress thread reads the answers */
+    pthread_mutex_unlock(&e->lock);
+    *call = r;
   } else if (st == HIXL_SUCCESS) {
     r->is_async = true; /* its transport moves it; the wait only waits */
     link_then_attach(r, c, th, service, (uint32_t)len);

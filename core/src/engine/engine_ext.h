@@ -94,10 +94,14 @@ HixlStatus hixl_engine_call_start(HixlEngine *e, const char *remote, uint16_t se
                                   size_t len, void *resp, size_t cap, uint32_t *resp_len, int32_t timeout_ms,
                                   hixl_call_t *call);
 
-/* A one-sided transfer (as HixlEngineTransferAsync) and a call that leaves right
- * behind it, once every op of the transfer has landed; if one failed or timed out,
- * the call is not sent and ends with that failure. One handle for both, waited for
- * with hixl_engine_call_wait: SUCCESS means the data landed and the call was answered.
+/* A one-sided transfer (as HixlEngineTransferAsync) and a call that the peer serves
+ * only once every op of the transfer has landed; if one failed or timed out first,
+ * the call is not served and ends with that failure. Over tcp, a WRITE whose frames
+ * all queue at once takes the call right behind them on the stream (CALL_AFTER: the
+ * peer refuses it if it refused one of them) instead of sending it when their answers
+ * are back, a round trip later; such a call, once it left, is served even if the
+ * caller's wait then gives up. One handle for both, waited for with
+ * hixl_engine_call_wait: SUCCESS means the data landed and the call was answered.
  * The caller need not wait between transfers: each starts at once, so a next one
  * queues behind this one's data while its call waits for it. */
 HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, HixlTransferOp op,

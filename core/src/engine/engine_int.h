@@ -158,6 +158,8 @@ struct conn {
   const struct xport_ops *pay_module; /* target: the module whose frame asked for the payload */
   uint64_t pay_seq;
   uint32_t pay_status;
+  /* target: the last seq of a WRITE refused here (CALL_AFTER checks it) */
+  uint64_t write_refused;
   bool stalled;        /* a module paused reading frames (a target's RDMA staged unit is on the QP) */
   bool call_fenced;    /* ... or a CALL waits until every answer queued before it has been sent */
   bool in_fence;       /* releasing that wait (no recursion) */
@@ -260,6 +262,15 @@ void link_req_maybe_free(struct hixl_transfer_req *r);
  * on c when r's other chunks have all ended with SUCCESS; it may leave at once. */
 void link_then_attach(struct hixl_transfer_req *r, struct conn *c, struct chunk *th, uint16_t service,
                       uint32_t len);
+/* Send th, a CALL chunk whose frame holds its request at WIRE_CALL_AFTER_AT, right
+ * behind r's chunks, all frames already queued on c (lock held): a CALL_AFTER that
+ * the target serves only if none of them was refused there. */
+void link_then_behind(struct hixl_transfer_req *r, struct conn *c, struct chunk *th, uint16_t service,
+                      uint32_t len);
+/* A target refused the data of the WRITE (or STAGE_WRITE) seq: a CALL_AFTER behind it fails. */
+static inline void link_write_refused(struct conn *c, uint64_t seq) {
+  if (seq > c->write_refused) c->write_refused = seq;
+}
 /* r gave up (its deadline): a CALL still held ends with st, why. */
 void link_then_cancel(struct hixl_transfer_req *r, HixlStatus st, const char *why);
 void link_drive(struct conn *c, struct hixl_transfer_req *r);

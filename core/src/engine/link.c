@@ -94,6 +94,28 @@ void link_then_attach(struct hixl_transfer_req *r, struct conn *c, struct chunk 
   if (__atomic_add_fetch(&r->outstanding, 1, __ATOMIC_ACQ_REL) == 1) then_release(r);
 }
 
+void link_then_behind(struct hixl_transfer_req *r, struct conn *c, struct chunk *th, uint16_t service,
+                      uint32_t len) {
+  th->req = r;
+  th->kind = CHUNK_CALL;
+  th->tx.chunk = th;
+  r->then = th;
+  r->then_conn = c;
+  r->then_service = service;
+  r->then_len = len;
+  r->then_state = THEN_SENT;
+  __atomic_add_fetch(&r->outstanding, 1, __ATOMIC_ACQ_REL);
+  th->seq = c->next_seq++;
+  th->tx.heap_len = wire_put_call_after(th->tx.heap, th->seq, r->chunks[0].seq, service, len);
+  link_enqueue(c, &th->tx);
+  /* Alone on the queue (the start sent the data already): out now. Else it leaves
+   * behind the data, which the progress thread is sending. */
+  if (c->txq_head == &th->tx)
+    link_flush(c);
+  else
+    set_want_out(c, true);
+}
+
 void link_then_cancel(struct hixl_transfer_req *r, HixlStatus st, const char *why) {
   if (r->then_state != THEN_HELD) return;
   r->then_state = THEN_ENDED;
@@ -400,7 +422,7 @@ static int queue_heap(struct conn *c, uint8_t *frame, size_t len) {
 }
 
 uint32_t link_caps(const struct HixlEngine *e) {
-  uint32_t caps = WIRE_CAP_CALL;
+  uint32_t caps = WIRE_CAP_CALL | WIRE_CAP_CALL_AFTER;
   for (int i = 0; i < XPORT_MODS; i++)
     if (e->mods[i] && e->mods[i]->caps) caps |= e->mods[i]->caps(e);
   return caps;
@@ -545,6 +567,19 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
     return;
   }
   case WIRE_CALL: target_call(c, m); return;
+  case WIRE_CALL_AFTER:
+    /* Every WRITE before it has landed or been refused (one ordered stream): served
+     * only if none from its first on was refused. */
+    if (c->write_refused >= m->u.call.after) {
+      uint8_t resp[WIRE_CALL_RESP_AT + 160];
+      int n = snprintf((char *)resp + WIRE_CALL_RESP_AT, 160,
+                       "a WRITE it followed (seq %llu) was refused: the call was not served",
+                       (unsigned long long)c->write_refused);
+      link_queue_copy(c, resp, wire_put_call(resp, WIRE_CALL_RESP, m->u.call.seq, HIXL_FAILED, (uint32_t)n));
+      return;
+    }
+    target_call(c, m);
+    return;
   case WIRE_NOTIFY: {
     uint32_t st = HIXL_SUCCESS;
     if (e->n_notifies >= HIXL_MAX_NOTIFY_QUEUE) {
@@ -753,7 +788,7 @@ static bool type_allowed(const struct HixlEngine *e, enum conn_role role, unsign
   switch (role) {
   case CONN_TARGET_HELLO: return type == WIRE_HELLO;
   case CONN_TARGET:
-    return type == WIRE_NOTIFY || type == WIRE_SYNC || type == WIRE_CALL ||
+    return type == WIRE_NOTIFY || type == WIRE_SYNC || type == WIRE_CALL || type == WIRE_CALL_AFTER ||
            (type <= WIRE_TYPE_MAX_ && e->frame_owner[type] != NULL);
   case CONN_INITIATOR:
     return type == WIRE_WRITE_ACK || type == WIRE_READ_RESP || type == WIRE_NOTIFY_ACK ||
@@ -802,7 +837,7 @@ static void parse_frames(struct conn *c) {
     /* A CALL is served once every answer queued before it on this link has been sent:
      * a handler that lets memory go (the plugin's FREE) knows no earlier answer still
      * reads it. The link reads nothing more until then (fence_release). */
-    if (h.type == WIRE_CALL && c->role == CONN_TARGET && c->txq_head) {
+    if ((h.type == WIRE_CALL || h.type == WIRE_CALL_AFTER) && c->role == CONN_TARGET && c->txq_head) {
       c->call_fenced = c->stalled = true;
       conn_arm(c);
       return;

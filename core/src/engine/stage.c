@@ -399,6 +399,7 @@ static int tbuf_reserve(struct conn *c, struct stage_link *t, size_t len, bool m
 /* Queue the WRITE_ACK that ends a STAGE_WRITE, STAGE_PULL or STAGE_PUSH. */
 static void target_ack(struct conn *c, uint64_t seq, uint32_t status) {
   uint8_t frame[WIRE_SMALL_FRAME];
+  if (status != HIXL_SUCCESS) link_write_refused(c, seq);
   size_t len = wire_put_ack(frame, WIRE_WRITE_ACK, seq, status, 0);
   if (link_queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
 }

@@ -39,10 +39,11 @@ struct wire_msg;
 enum xport_id { XPORT_SHM, XPORT_RDMA, XPORT_TCP, XPORT_STAGE, XPORT_MODS };
 
 /* flags */
-#define XPORT_ONE_SIDED  0x1u /* data moves without frames: the peer's table must be current first */
-#define XPORT_STAGE_PACK 0x2u /* small ops are worth packing into staged units on the socket */
-#define XPORT_STAGE_RDMA 0x4u /* staged units can travel by RDMA (STAGE_PULL / STAGE_PUSH) */
-#define XPORT_CPU_COPY   0x8u /* a thread's own copy moves the data (no NIC): its drive hook copies */
+#define XPORT_ONE_SIDED  0x1u  /* data moves without frames: the peer's table must be current first */
+#define XPORT_STAGE_PACK 0x2u  /* small ops are worth packing into staged units on the socket */
+#define XPORT_STAGE_RDMA 0x4u  /* staged units can travel by RDMA (STAGE_PULL / STAGE_PUSH) */
+#define XPORT_CPU_COPY   0x8u  /* a thread's own copy moves the data (no NIC): its drive hook copies */
+#define XPORT_IN_STREAM  0x10u /* direct chunks are frames on the link's socket, landed in order */
 
 struct xport_ops {
   const char *name; /* "tcp", "rdma", "shm": hixl_link_info's transport */

@@ -37,7 +37,7 @@ const char *wire_type_name(unsigned type) {
       "WRITE_ACK",  "READ_REQ",     "READ_RESP",        "NOTIFY",       "NOTIFY_ACK",    "SYNC",
       "SYNC_ACK",   "RDMA_CONNECT", "RDMA_CONNECT_ACK", "SHM_HELLO",    "SHM_HELLO_ACK", "STAGE_WRITE",
       "STAGE_READ", "STAGE_PULL",   "STAGE_PUSH",       "CALL",         "CALL_RESP",     "SHM_MAP_HELLO",
-      "SHM_MAP",    "SHM_MAP_ACK",  "SHM_UNMAP",        "SHM_UNMAP_ACK"};
+      "SHM_MAP",    "SHM_MAP_ACK",  "SHM_UNMAP",        "SHM_UNMAP_ACK", "CALL_AFTER"};
   return type <= WIRE_TYPE_MAX_ ? names[type] : "?";
 }
 
@@ -74,6 +74,7 @@ static const struct {
     [WIRE_SHM_MAP_ACK] = {4, 4 + WIRE_SHM_REASON_MAX, 0},
     [WIRE_SHM_UNMAP] = {WIRE_SHM_UNMAP_LEN, WIRE_SHM_UNMAP_LEN, 0},
     [WIRE_SHM_UNMAP_ACK] = {WIRE_SHM_UNMAP_LEN, WIRE_SHM_UNMAP_LEN, 0},
+    [WIRE_CALL_AFTER] = {18, 18 + WIRE_MAX_CALL, 0},
 };
 
 enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *hdr) {
@@ -276,6 +277,14 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     m->u.call.data = b + 10;
     m->u.call.len = (uint32_t)(n - 10);
     return WIRE_OK; /* wire_parse_hdr bounded the body */
+  case WIRE_CALL_AFTER:
+    m->u.call.seq = be64_get(b);
+    m->u.call.after = be64_get(b + 8);
+    m->u.call.service = be16_get(b + 16);
+    m->u.call.data = b + 18;
+    m->u.call.len = (uint32_t)(n - 18);
+    /* It follows WRITEs sent before it: none can come from its own seq on. */
+    return m->u.call.after < m->u.call.seq ? WIRE_OK : WIRE_EBODY;
   case WIRE_CALL_RESP:
     m->u.call.seq = be64_get(b);
     m->u.call.status = be32_get(b + 8);
@@ -440,4 +449,12 @@ size_t wire_put_call(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t s
     be16_put(buf + WIRE_HDR_LEN + 8, (uint16_t)service_or_status);
   }
   return WIRE_HDR_LEN + fixed + len;
+}
+
+size_t wire_put_call_after(uint8_t *buf, uint64_t seq, uint64_t after, uint16_t service, uint32_t len) {
+  put_hdr(buf, (uint8_t)WIRE_CALL_AFTER, 18u + len, 0);
+  be64_put(buf + WIRE_HDR_LEN, seq);
+  be64_put(buf + WIRE_HDR_LEN + 8, after);
+  be16_put(buf + WIRE_HDR_LEN + 16, service);
+  return WIRE_CALL_AFTER_AT + len;
 }

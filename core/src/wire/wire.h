@@ -32,6 +32,7 @@
 #define WIRE_CAP_STAGE_ANY  0x10u /* ... and into memory it did not register (StagingUnregistered on) */
 #define WIRE_CAP_STAGE_RDMA 0x20u /* serves STAGE_PULL / STAGE_PUSH on its QP */
 #define WIRE_CAP_CALL       0x40u /* answers CALL (services such as the cache manager's lookups) */
+#define WIRE_CAP_CALL_AFTER 0x80u /* answers CALL_AFTER */
 
 #define WIRE_MEM_ENTRY_FIXED 22u /* addr u64, len u64, rkey u32, tag_len u16; then the tag */
 #define WIRE_QP_INFO_LEN     25u /* qpn u32, psn u32, gid 16 bytes, mtu u8 */
@@ -81,7 +82,9 @@ enum wire_type {
   WIRE_SHM_MAP_ACK = 25,      /* target -> initiator: status u32, reason text: the regions it had are sent */
   WIRE_SHM_UNMAP = 26,        /* target -> initiator: addr, len: unmap it, the target frees it */
   WIRE_SHM_UNMAP_ACK = 27,    /* initiator -> target: addr, len: unmapped, no copy touches it any more */
-  WIRE_TYPE_MAX_ = 27,
+  WIRE_CALL_AFTER = 28,       /* seq, after u64, service u16, request bytes: a CALL served only if no
+                                 WRITE on this link with a seq from after on was refused */
+  WIRE_TYPE_MAX_ = 28,
 };
 
 /* HELLO_ACK status values. */
@@ -194,7 +197,8 @@ struct wire_msg {
     struct {
       uint64_t seq;
       uint32_t status;     /* CALL_RESP only */
-      uint16_t service;    /* CALL only */
+      uint16_t service;    /* CALL and CALL_AFTER */
+      uint64_t after;      /* CALL_AFTER only: the first seq of the WRITEs it follows */
       const uint8_t *data; /* the request or the answer, inside the body */
       uint32_t len;        /* <= WIRE_MAX_CALL */
     } call;
@@ -263,6 +267,9 @@ size_t wire_put_ack(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t st
 #define WIRE_CALL_RESP_AT (WIRE_HDR_LEN + 12u)
 size_t wire_put_call(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t service_or_status,
                      uint32_t len);
+/* CALL_AFTER (seq, after, service, then len bytes at buf + WIRE_CALL_AFTER_AT). */
+#define WIRE_CALL_AFTER_AT (WIRE_HDR_LEN + 18u)
+size_t wire_put_call_after(uint8_t *buf, uint64_t seq, uint64_t after, uint16_t service, uint32_t len);
 
 #define WIRE_SMALL_FRAME 48u /* the largest frame built by wire_put_write_req / read_req / sync / ack */
 

@@ -63,6 +63,7 @@ static void tcp_payload_done(struct conn *c) {
   uint8_t frame[WIRE_SMALL_FRAME];
   if (c->pay_reg) c->pay_reg->inflight--;
   c->pay_reg = NULL;
+  if (c->pay_status != HIXL_SUCCESS) link_write_refused(c, c->pay_seq);
   size_t len = wire_put_ack(frame, WIRE_WRITE_ACK, c->pay_seq, c->pay_status, 0);
   if (link_queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
 }
@@ -95,7 +96,7 @@ static const uint8_t tcp_frames[] = {WIRE_WRITE_REQ, WIRE_READ_REQ, 0};
 const struct xport_ops xport_tcp = {
     .name = "tcp",
     .id = XPORT_TCP,
-    .flags = XPORT_STAGE_PACK,
+    .flags = XPORT_STAGE_PACK | XPORT_IN_STREAM,
     .stage_threshold = STAGE_AUTO_TCP,
     .caps = tcp_caps,
     .connect = tcp_connect,
