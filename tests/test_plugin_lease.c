@@ -9,8 +9,11 @@
  * Over tcp; and over shm with the producer's KV in memory the plugin allocated,
  * which the consumer maps: the producer has it unmapped before it reports. */
 #include <CUnit/Basic.h>
+#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +21,7 @@
 #include <unistd.h>
 
 #include "engine/engine_ext.h"
+#include "hixl/hixl_cache.h"
 #include "hixl/hixl_kv_connector.h"
 #include "test_util.h"
 
@@ -304,6 +308,136 @@ static void test_push_notices(void) {
   free(kv);
 }
 
+/* A producer standing in for the plugin's: a bare engine with a cache manager (so a
+ * consumer can link to it) that answers the KV service itself: PIN "not yet", and
+ * FREE by counting it. */
+struct fake_producer {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int pins, frees;
+  char freed[64];
+};
+
+static HixlStatus fake_kv(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                          size_t cap, size_t *resp_len) {
+  struct fake_producer *f = ctx;
+  size_t n = len >= 4 ? (size_t)req[2] << 8 | req[3] : 0;
+  (void)peer, (void)cap;
+  if (len < 4 || req[0] != 2 || len != 4 + n || n >= sizeof(f->freed)) return HIXL_PARAM_INVALID;
+  pthread_mutex_lock(&f->mu);
+  *resp_len = 0;
+  if (req[1] == 1) { /* PIN */
+    f->pins++;
+    resp[0] = 1; /* NOT_YET: ask again */
+    *resp_len = 1;
+  } else if (req[1] == 2) { /* FREE */
+    f->frees++;
+    memcpy(f->freed, req + 4, n);
+    f->freed[n] = '\0';
+  }
+  pthread_cond_broadcast(&f->cv);
+  pthread_mutex_unlock(&f->mu);
+  return HIXL_SUCCESS;
+}
+
+/* Wait until *count reaches want, at most timeout_ms; whether it did. */
+static bool fake_wait(struct fake_producer *f, const int *count, int want, int timeout_ms) {
+  struct timespec dl;
+  clock_gettime(CLOCK_REALTIME, &dl);
+  dl.tv_sec += timeout_ms / 1000;
+  dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+  if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+  pthread_mutex_lock(&f->mu);
+  int rc = 0;
+  while (*count < want && rc == 0) rc = pthread_cond_timedwait(&f->cv, &f->mu, &dl);
+  bool ok = *count >= want;
+  pthread_mutex_unlock(&f->mu);
+  return ok;
+}
+
+/* Pull mode, the consumer: its load loses its link (the producer cuts it while the
+ * consumer asks it to pin the request). The load fails and reports its blocks, and the
+ * consumer tells the producer to free the request over a new link: else the producer
+ * would hold it until its lease runs out, and then cut this consumer's links, the new
+ * one and every load on it included. */
+static void test_free_after_lost_link(void) {
+  struct fake_producer f = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, ""};
+  char paddr[TU_ADDR_LEN], caddr[TU_ADDR_LEN], params[256];
+  uint16_t port = tu_free_port();
+  struct in_addr ip;
+  CU_ASSERT_FATAL(port && inet_pton(AF_INET, tu_ip(), &ip) == 1);
+  tu_addr(paddr, sizeof(paddr), port);
+  HixlEngine *prod = tu_engine_start_with(paddr, "tcp");
+  CU_ASSERT_PTR_NOT_NULL_FATAL(prod);
+  HixlCacheManager *mgr = NULL; /* its cluster id as the plugin derives it: ip, then port */
+  TU_ASSERT_OK_FATAL(HixlCacheManagerCreate(prod, (uint64_t)ntohl(ip.s_addr) << 16 | port, &mgr));
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(prod, HIXL_SERVICE_KV, fake_kv, &f));
+
+  hixl_kv_connector *sched, *worker;
+  connectors_up("consumer", "pull", 20000, "tcp", caddr, &sched, &worker);
+  CU_ASSERT_FATAL(sched && worker);
+  size_t len = (size_t)LAYERS * 2 * BLOCKS * BLOCK_BYTES;
+  uint8_t *kv = malloc(len);
+  CU_ASSERT_FATAL(kv != NULL);
+  memset(kv, 0xee, len);
+  hixl_kv_layer layers[LAYERS];
+  layers_at(layers, kv);
+  ST_IS(ops->register_kv_caches(worker, layers, LAYERS), HIXL_KV_SUCCESS);
+  int32_t efd = -1;
+  ST_IS(ops->get_event_fd(worker, &efd), HIXL_KV_SUCCESS);
+
+  /* The host loads "dec-lost" (the producer's "lost-1") into blocks 4 and 5. */
+  snprintf(params, sizeof(params),
+           "{\"do_remote_prefill\": true, \"remote_engine\": \"%s\", \"remote_request_id\": \"lost-1\","
+           " \"remote_block_ids\": [2, 3]}",
+           paddr);
+  const char *id = "dec-lost";
+  const uint64_t blocks[2] = {4, 5};
+  hixl_kv_request r = {id, strlen(id), 2 * BLOCK_TOKENS, params, strlen(params), 0};
+  int64_t tokens = 0;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL_FATAL(tokens, 2 * BLOCK_TOKENS);
+  CU_ASSERT_EQUAL(async, 1);
+  ST_IS(ops->update_state_after_alloc(sched, &r, blocks, 2, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  step(sched, worker);
+
+  /* It asked: linked. The producer cuts it off. */
+  CU_ASSERT_FATAL(fake_wait(&f, &f.pins, 1, 10000));
+  size_t dropped = 0;
+  TU_ASSERT_OK(hixl_engine_drop_peer(prod, caddr, "the test cuts the consumer off", &dropped));
+  CU_ASSERT_EQUAL(dropped, 1);
+
+  /* The load fails (the host hears it by the fd), reporting blocks 4 and 5 ... */
+  struct pollfd pf = {efd, POLLIN, 0};
+  CU_ASSERT_EQUAL_FATAL(poll(&pf, 1, 10000), 1);
+  hixl_kv_ids s = {0}, rv = {0};
+  ST_IS(ops->get_finished(worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
+  CU_ASSERT(rv.count == 1 && strcmp(rv.ids[0], id) == 0);
+  ops->free_ids(&s);
+  ops->free_ids(&rv);
+  hixl_kv_blocks b = {0};
+  ST_IS(ops->get_block_ids_with_load_errors(worker, &b), HIXL_KV_SUCCESS);
+  CU_ASSERT(b.count == 2 && b.ids[0] == 4 && b.ids[1] == 5);
+  ops->free_buffer(&b.raw);
+  CU_ASSERT_EQUAL(tu_check_byte(kv, len, 0xee), -1); /* nothing moved */
+
+  /* ... and the producer is told to free it, over the new link the consumer made. */
+  CU_ASSERT(fake_wait(&f, &f.frees, 1, 10000));
+  CU_ASSERT_STRING_EQUAL(f.freed, "lost-1");
+  hixl_kv_stats st;
+  ST_IS(ops->get_stats(worker, &st), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(st.loads_failed, 1);
+  CU_ASSERT_EQUAL(st.loads_done, 0);
+
+  ST_IS(ops->destroy(worker), HIXL_KV_SUCCESS);
+  ST_IS(ops->destroy(sched), HIXL_KV_SUCCESS);
+  TU_ASSERT_OK(hixl_engine_set_service(prod, HIXL_SERVICE_KV, NULL, NULL));
+  TU_ASSERT_OK(HixlCacheManagerDestroy(mgr));
+  HixlEngineDestroy(prod);
+  free(kv);
+}
+
 int main(int argc, char **argv) {
   int rc = tu_child_main(argc, argv);
   if (rc >= 0) return rc;
@@ -324,6 +458,8 @@ int main(int argc, char **argv) {
   CU_add_test(s, "shm, the producer's KV mapped: the consumer unmaps before the report",
               test_lease_shm_mapped);
   CU_add_test(s, "push, the consumer: LAYER and LAYERS notices, ranges checked", test_push_notices);
+  CU_add_test(s, "pull, the consumer: a load that lost its link frees the request over a new one",
+              test_free_after_lost_link);
   if (CU_get_error() != CUE_SUCCESS) return 1;
   int result = tu_run_registry();
   dlclose(so);

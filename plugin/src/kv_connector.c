@@ -552,6 +552,24 @@ static void *loader_main(void *arg) {
       size_t n;
       HixlStatus fs;
       kv_call(c, l->e.remote, KV_SVC_FREE, l->e.rreq, ans, sizeof(ans), &n, c->cfg.notify_timeout_ms, &fs);
+      /* The load lost its link (or the FREE did): free it over a new one. Else the
+       * producer would hold it until the lease runs out, and then cut this consumer's
+       * links, the new one and the loads on it too. A FREE that timed out is on the
+       * link still, and is served when the producer reads it. */
+      pthread_mutex_lock(&c->lock);
+      bool shut = c->shut;
+      pthread_mutex_unlock(&c->lock);
+      if ((fs == HIXL_NOT_CONNECTED || fs == HIXL_FAILED) && !shut) {
+        HixlStatus ls = HixlCacheManagerLink(c->mgr, l->e.cluster, l->e.remote, c->cfg.connect_timeout_ms);
+        if (ls == HIXL_SUCCESS || ls == HIXL_ALREADY_CONNECTED)
+          kv_call(c, l->e.remote, KV_SVC_FREE, l->e.rreq, ans, sizeof(ans), &n, c->cfg.notify_timeout_ms,
+                  &fs);
+        if (fs != HIXL_SUCCESS)
+          fprintf(stderr,
+                  "hixl-kv: request %s: the producer %s could not be told to free it (%s): it holds it "
+                  "until its lease runs out\n",
+                  l->e.req, l->e.remote, HixlStatusName(fs));
+      }
     }
     free(l->e.blocks);
     free(l->e.rblocks);
