@@ -308,9 +308,9 @@ static void test_push_notices(void) {
   free(kv);
 }
 
-/* A producer standing in for the plugin's: a bare engine with a cache manager (so a
- * consumer can link to it) that answers the KV service itself: PIN "not yet", and
- * FREE by counting it. */
+/* A peer standing in for the plugin's: a bare engine with a cache manager (so the
+ * other side can link to it) that answers the KV service itself: PIN or ACCEPT "not
+ * yet", and FREE or ABORT by counting it. */
 struct fake_producer {
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -323,14 +323,16 @@ static HixlStatus fake_kv(void *ctx, const char *peer, const uint8_t *req, size_
   struct fake_producer *f = ctx;
   size_t n = len >= 4 ? (size_t)req[2] << 8 | req[3] : 0;
   (void)peer, (void)cap;
-  if (len < 4 || req[0] != 2 || len != 4 + n || n >= sizeof(f->freed)) return HIXL_PARAM_INVALID;
+  /* ABORT carries its reason after the id */
+  if (len < 4 || req[0] != 2 || len < 4 + n || (req[1] != 5 && len != 4 + n) || n >= sizeof(f->freed))
+    return HIXL_PARAM_INVALID;
   pthread_mutex_lock(&f->mu);
   *resp_len = 0;
-  if (req[1] == 1) { /* PIN */
+  if (req[1] == 1 || req[1] == 3) { /* PIN, ACCEPT */
     f->pins++;
     resp[0] = 1; /* NOT_YET: ask again */
     *resp_len = 1;
-  } else if (req[1] == 2) { /* FREE */
+  } else if (req[1] == 2 || req[1] == 5) { /* FREE, ABORT */
     f->frees++;
     memcpy(f->freed, req + 4, n);
     f->freed[n] = '\0';
@@ -360,18 +362,33 @@ static bool fake_wait(struct fake_producer *f, const int *count, int want, int t
  * consumer tells the producer to free the request over a new link: else the producer
  * would hold it until its lease runs out, and then cut this consumer's links, the new
  * one and every load on it included. */
+/* Start the fake peer on a free port (its address in addr). */
+static HixlEngine *fake_start(struct fake_producer *f, char *addr, HixlCacheManager **mgr) {
+  uint16_t port = tu_free_port();
+  struct in_addr ip;
+  *mgr = NULL;
+  if (!port || inet_pton(AF_INET, tu_ip(), &ip) != 1) return NULL;
+  tu_addr(addr, TU_ADDR_LEN, port);
+  HixlEngine *e = tu_engine_start_with(addr, "tcp");
+  if (!e) return NULL;
+  /* its cluster id as the plugin derives it: ip, then port */
+  TU_ASSERT_OK(HixlCacheManagerCreate(e, (uint64_t)ntohl(ip.s_addr) << 16 | port, mgr));
+  TU_ASSERT_OK(hixl_engine_set_service(e, HIXL_SERVICE_KV, fake_kv, f));
+  return e;
+}
+
+static void fake_stop(HixlEngine *e, HixlCacheManager *mgr) {
+  TU_ASSERT_OK(hixl_engine_set_service(e, HIXL_SERVICE_KV, NULL, NULL));
+  if (mgr) TU_ASSERT_OK(HixlCacheManagerDestroy(mgr));
+  HixlEngineDestroy(e);
+}
+
 static void test_free_after_lost_link(void) {
   struct fake_producer f = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, ""};
   char paddr[TU_ADDR_LEN], caddr[TU_ADDR_LEN], params[256];
-  uint16_t port = tu_free_port();
-  struct in_addr ip;
-  CU_ASSERT_FATAL(port && inet_pton(AF_INET, tu_ip(), &ip) == 1);
-  tu_addr(paddr, sizeof(paddr), port);
-  HixlEngine *prod = tu_engine_start_with(paddr, "tcp");
-  CU_ASSERT_PTR_NOT_NULL_FATAL(prod);
-  HixlCacheManager *mgr = NULL; /* its cluster id as the plugin derives it: ip, then port */
-  TU_ASSERT_OK_FATAL(HixlCacheManagerCreate(prod, (uint64_t)ntohl(ip.s_addr) << 16 | port, &mgr));
-  TU_ASSERT_OK_FATAL(hixl_engine_set_service(prod, HIXL_SERVICE_KV, fake_kv, &f));
+  HixlCacheManager *mgr;
+  HixlEngine *prod = fake_start(&f, paddr, &mgr);
+  CU_ASSERT_FATAL(prod && mgr);
 
   hixl_kv_connector *sched, *worker;
   connectors_up("consumer", "pull", 20000, "tcp", caddr, &sched, &worker);
@@ -432,9 +449,71 @@ static void test_free_after_lost_link(void) {
 
   ST_IS(ops->destroy(worker), HIXL_KV_SUCCESS);
   ST_IS(ops->destroy(sched), HIXL_KV_SUCCESS);
-  TU_ASSERT_OK(hixl_engine_set_service(prod, HIXL_SERVICE_KV, NULL, NULL));
-  TU_ASSERT_OK(HixlCacheManagerDestroy(mgr));
-  HixlEngineDestroy(prod);
+  fake_stop(prod, mgr);
+  free(kv);
+}
+
+/* Push mode, the producer: its push loses its link (the consumer cuts it while the
+ * producer asks it to accept the request). The push fails, the host hears the request
+ * finished sending, and the producer tells the consumer over a new link (ABORT): else
+ * the consumer would wait for the request until its lease ran out, and then cut this
+ * producer's links, the new one and every push on it included. */
+static void test_abort_after_lost_link(void) {
+  struct fake_producer f = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, ""};
+  char caddr[TU_ADDR_LEN], paddr[TU_ADDR_LEN], params[256];
+  HixlCacheManager *mgr;
+  HixlEngine *cons = fake_start(&f, caddr, &mgr);
+  CU_ASSERT_FATAL(cons && mgr);
+
+  hixl_kv_connector *sched, *worker;
+  connectors_up("producer", "push", 20000, "tcp", paddr, &sched, &worker);
+  CU_ASSERT_FATAL(sched && worker);
+  size_t len = (size_t)LAYERS * 2 * BLOCKS * BLOCK_BYTES;
+  uint8_t *kv = malloc(len);
+  CU_ASSERT_FATAL(kv != NULL);
+  hixl_kv_layer layers[LAYERS];
+  layers_at(layers, kv);
+  ST_IS(ops->register_kv_caches(worker, layers, LAYERS), HIXL_KV_SUCCESS);
+  fill_kv(layers, 0x5a);
+
+  /* The host pushes "pre-lost" (blocks 2 and 3) into the consumer's "push-lost". */
+  snprintf(params, sizeof(params),
+           "{\"do_remote_decode\": true, \"remote_engine\": \"%s\", \"remote_request_id\": \"push-lost\","
+           " \"remote_block_ids\": [4, 5]}",
+           caddr);
+  const char *id = "pre-lost";
+  const uint64_t blocks[2] = {2, 3};
+  hixl_kv_request r = {id, strlen(id), 2 * BLOCK_TOKENS, params, strlen(params), 0};
+  ST_IS(ops->update_state_after_alloc(sched, &r, blocks, 2, 0), HIXL_KV_SUCCESS);
+  step(sched, worker);
+
+  /* It asked: linked. The consumer cuts it off. */
+  CU_ASSERT_FATAL(fake_wait(&f, &f.pins, 1, 10000));
+  size_t dropped = 0;
+  TU_ASSERT_OK(hixl_engine_drop_peer(cons, paddr, "the test cuts the producer off", &dropped));
+  CU_ASSERT_EQUAL(dropped, 1);
+
+  /* The consumer is told, over the new link the producer made ... */
+  CU_ASSERT(fake_wait(&f, &f.frees, 1, 10000));
+  CU_ASSERT_STRING_EQUAL(f.freed, "push-lost");
+  /* ... and the host hears the request finished sending (by the fd): its blocks are free. */
+  int32_t efd = -1;
+  ST_IS(ops->get_event_fd(worker, &efd), HIXL_KV_SUCCESS);
+  struct pollfd pf = {efd, POLLIN, 0};
+  CU_ASSERT_EQUAL_FATAL(poll(&pf, 1, 10000), 1);
+  hixl_kv_ids s = {0}, rv = {0};
+  ST_IS(ops->get_finished(worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
+  CU_ASSERT(s.count == 1 && strcmp(s.ids[0], id) == 0);
+  ops->free_ids(&s);
+  ops->free_ids(&rv);
+  hixl_kv_stats st;
+  ST_IS(ops->get_stats(worker, &st), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(st.pushes_failed, 1);
+  CU_ASSERT_EQUAL(st.pushes_done, 0);
+
+  ST_IS(ops->destroy(worker), HIXL_KV_SUCCESS);
+  ST_IS(ops->destroy(sched), HIXL_KV_SUCCESS);
+  fake_stop(cons, mgr);
   free(kv);
 }
 
@@ -460,6 +539,8 @@ int main(int argc, char **argv) {
   CU_add_test(s, "push, the consumer: LAYER and LAYERS notices, ranges checked", test_push_notices);
   CU_add_test(s, "pull, the consumer: a load that lost its link frees the request over a new one",
               test_free_after_lost_link);
+  CU_add_test(s, "push, the producer: a push that lost its link is aborted over a new one",
+              test_abort_after_lost_link);
   if (CU_get_error() != CUE_SUCCESS) return 1;
   int result = tu_run_registry();
   dlclose(so);

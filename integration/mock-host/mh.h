@@ -71,6 +71,8 @@ enum mh_type {
   MH_EXIT,       /* router -> instance: drain, report, exit */
   MH_STATS,      /* instance -> router: see mh_put_side */
   MH_PUSHPARAMS, /* push mode, decode -> router: u32 idx, str get_push_params's params */
+  MH_RESET,      /* router -> prefill (fault link-reset): shut down every TCP connection now */
+  MH_RESET_DONE, /* prefill -> router: u32 connections shut down */
   MH_TYPE_MAX
 };
 
@@ -140,7 +142,8 @@ enum mh_fault {
   MH_FAULT_MISMATCH_BLOCK,
   MH_FAULT_MISMATCH_DTYPE,
   MH_FAULT_LINK_CUT,
-  MH_FAULT_DECODE_ABORTS
+  MH_FAULT_DECODE_ABORTS,
+  MH_FAULT_LINK_RESET
 };
 
 struct mh_inst_args {

@@ -53,8 +53,8 @@ struct opts {
   bool progress, verbose;
 };
 
-static const char *const fault_names[] = {"none",           "decode-dies", "prefill-dies", "mismatch-block",
-                                          "mismatch-dtype", "link-cut",    "decode-aborts"};
+static const char *const fault_names[] = {"none",           "decode-dies", "prefill-dies",  "mismatch-block",
+                                          "mismatch-dtype", "link-cut",    "decode-aborts", "link-reset"};
 
 static void usage(FILE *f) {
   fprintf(
@@ -81,10 +81,13 @@ static void usage(FILE *f) {
       "  --on-load-failure fail|recompute   sets the config's load_failure_policy\n"
       "  --prefill-addr IP:PORT --decode-addr IP:PORT   (default 127.0.0.1 and free ports)\n"
       "  --set KEY=VALUE          any other config key (VALUE is JSON, else a string); repeatable\n"
-      "  --fault decode-dies|prefill-dies|mismatch-block|mismatch-dtype|link-cut|decode-aborts\n"
+      "  --fault decode-dies|prefill-dies|mismatch-block|mismatch-dtype|link-cut|link-reset|\n"
+      "          decode-aborts\n"
       "           --fault-at N    (link-cut: prefill is stopped, SIGSTOP, after the Nth hand-off until\n"
-      "                           every load in flight has ended, then resumed; decode-aborts: decode\n"
-      "                           aborts its Nth load as it starts, as a client that went away)\n"
+      "                           every load in flight has ended, then resumed; link-reset: at the Nth\n"
+      "                           hand-off prefill shuts down every TCP connection it has, transfers in\n"
+      "                           flight fail, later ones link again; decode-aborts: decode aborts its\n"
+      "                           Nth load as it starts, as a client that went away)\n"
       "  --timeout S              give up after S seconds (default 120)\n"
       "  --json FILE              the summary as JSON\n"
       "  --no-progress --verbose --help\n"
@@ -438,7 +441,7 @@ enum { R_NEW, R_PREFILL, R_DECODE, R_ALLOC, R_PUSH, R_DONE };
 struct rreq {
   uint64_t seed, prompt;
   uint8_t state, outcome;
-  bool after_cut; /* link-cut: started once prefill had resumed */
+  bool after_cut; /* link-cut: started once prefill had resumed; link-reset: ... once it had reset */
   uint64_t t_saved, t_held, bytes;
   char why[768];
   char prefill_why[384]; /* push: prefill gave up; decode still ends the request */
@@ -463,6 +466,7 @@ struct router {
   bool cut;    /* link-cut: prefill is stopped */
   bool healed; /* link-cut: ... and resumed since */
   uint32_t nafter_cut, nverified_after_cut;
+  uint32_t nreset;     /* link-reset: TCP connections prefill shut down */
   uint32_t handed_off; /* kv_transfer_params forwarded so far */
   uint64_t t_start, t_end, bytes;
 };
@@ -562,6 +566,39 @@ static void cut_maybe(struct router *rt) {
   rt->cut = true;
 }
 
+static void handle(struct router *rt, int k, uint8_t type, struct mh_in *in);
+
+/* link-reset: at the Nth hand-off (before decode is told to load, or prefill to push)
+ * prefill shuts down every TCP connection it has; the router waits for it to say so
+ * (serving prefill's other frames meanwhile), and requests started after that count as
+ * after the fault. */
+static void reset_maybe(struct router *rt) {
+  struct side *s = &rt->side[0];
+  if (rt->o->fault != MH_FAULT_LINK_RESET || ++rt->handed_off != rt->o->fault_at || s->dead) return;
+  fprintf(
+      stderr,
+      "%shixl-mock-host: fault link-reset: prefill (pid %d) shuts down its TCP connections at hand-off %u\n",
+      rt->o->progress && isatty(2) ? "\r\033[K" : "", (int)s->pid, rt->handed_off);
+  struct mh_out o = {0};
+  mh_send(s->conn.fd, MH_RESET, &o);
+  rt->cut = true; /* no request starts meanwhile; MH_RESET_DONE ends it */
+  uint64_t end = mh_now_ns() + 10000000000ull;
+  while (rt->cut && !s->dead && mh_now_ns() < end) {
+    struct pollfd pfd = {s->conn.fd, POLLIN, 0};
+    poll(&pfd, 1, 50);
+    if (!(pfd.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    mh_conn_fill(&s->conn);
+    uint8_t type;
+    struct mh_in in;
+    int got;
+    while ((got = mh_conn_next(&s->conn, &type, &in)) > 0) handle(rt, 0, type, &in);
+    if (got < 0) kill(s->pid, SIGKILL);
+    if (s->conn.eof || got < 0) side_gone(rt, 0);
+  }
+  if (rt->cut) fprintf(stderr, "hixl-mock-host: fault link-reset: prefill did not say it was done\n");
+  rt->cut = false;
+}
+
 static void cut_heal(struct router *rt) {
   for (uint32_t i = 0; i < rt->o->requests; i++)
     if (rt->r[i].state == R_DECODE || rt->r[i].state == R_ALLOC || rt->r[i].state == R_PUSH) return;
@@ -585,6 +622,13 @@ static void handle(struct router *rt, int k, uint8_t type, struct mh_in *in) {
   if (type == MH_STATS) {
     mh_get_side(in, &s->s);
     s->stats_in = mh_in_done(in);
+    return;
+  }
+  if (type == MH_RESET_DONE && k == 0) {
+    rt->nreset = mh_get_u32(in);
+    if (!mh_in_done(in)) goto bad;
+    rt->cut = false;
+    rt->healed = true;
     return;
   }
   if (type == MH_FAIL) {
@@ -630,6 +674,7 @@ static void handle(struct router *rt, int k, uint8_t type, struct mh_in *in) {
     mh_put_str(&o, str, n); /* the kv_transfer_params, as the proxy forwards them */
     r->state = R_DECODE;
     cut_maybe(rt);
+    reset_maybe(rt);
     mh_send(rt->side[1].conn.fd, MH_LOAD, &o);
     return;
   }
@@ -646,6 +691,7 @@ static void handle(struct router *rt, int k, uint8_t type, struct mh_in *in) {
     mh_put_u64(&o, r->prompt);
     mh_put_str(&o, str, n); /* where to write: decode's blocks */
     r->state = R_PUSH;
+    reset_maybe(rt);
     mh_send(rt->side[0].conn.fd, MH_REQ, &o);
     cut_maybe(rt);
     return;
@@ -927,6 +973,10 @@ int main(int argc, char **argv) {
   else if (o.fault == MH_FAULT_LINK_CUT)
     pass = base && rt.nfail + rt.nrecomputed > 0 && !rt.ncorrupt && p_clean && d_clean &&
            rt.ndone == o.requests && rt.nverified_after_cut > 0; /* the link comes back */
+  else if (o.fault == MH_FAULT_LINK_RESET) /* the link comes back; in pull mode every failed load freed */
+    pass = base && rt.nreset > 0 && !rt.ncorrupt && p_clean && d_clean && rt.ndone == o.requests && /* its */
+           rt.nverified_after_cut > 0 &&
+           (push || (P->s.stats_ok && P->s.ks.lease_expired == 0)); /* request */
   else
     pass = base && rt.nfail + rt.nrecomputed == o.requests && !rt.ncorrupt && p_clean && d_clean;
 
@@ -970,6 +1020,13 @@ int main(int argc, char **argv) {
   if (o.fault == MH_FAULT_LINK_CUT)
     printf("  %-28s %u of %u verified\n", "started once prefill resumed", rt.nverified_after_cut,
            rt.nafter_cut);
+  if (o.fault == MH_FAULT_LINK_RESET) {
+    printf("  %-28s %u TCP connection(s) of prefill\n", "shut down", rt.nreset);
+    printf("  %-28s %u of %u verified\n", "started after the reset", rt.nverified_after_cut, rt.nafter_cut);
+    if (!push)
+      printf("  %-28s %" PRIu64 " (0: every failed load freed its request over a new link)\n",
+             "prefill leases expired", P->s.ks.lease_expired);
+  }
   if (o.fault)
     printf("  fault %s: %s\n", fault,
            pass ? "reported, no byte wrong, the surviving side holds zero blocks"

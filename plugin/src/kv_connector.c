@@ -409,6 +409,26 @@ static int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const c
   return kv_call_ex(c, remote, op, id, 0, "", ans, cap, n, timeout_ms, st);
 }
 
+/* Tell the peer of e that its request ended (FREE, ABORT with reason), best effort.
+ * When the link was lost (by the transfer, or under this call), link again and tell it
+ * there: else the peer would hold the request until its lease ran out, and then cut
+ * every link with this side, the new one and the transfers on it included. A call that
+ * timed out is not sent again: it is on the link, served when the peer reads it. */
+static HixlStatus kv_tell(hixl_kv_connector *c, const struct kv_meta_entry *e, uint8_t op, const char *reason,
+                          uint8_t *ans, size_t cap, size_t *n) {
+  HixlStatus st;
+  kv_call_ex(c, e->remote, op, e->rreq, 0, reason, ans, cap, n, c->cfg.notify_timeout_ms, &st);
+  pthread_mutex_lock(&c->lock);
+  bool shut = c->shut;
+  pthread_mutex_unlock(&c->lock);
+  if ((st == HIXL_NOT_CONNECTED || st == HIXL_FAILED) && !shut) {
+    HixlStatus ls = HixlCacheManagerLink(c->mgr, e->cluster, e->remote, c->cfg.connect_timeout_ms);
+    if (ls == HIXL_SUCCESS || ls == HIXL_ALREADY_CONNECTED)
+      kv_call_ex(c, e->remote, op, e->rreq, 0, reason, ans, cap, n, c->cfg.notify_timeout_ms, &st);
+  }
+  return st;
+}
+
 /* Two compatibility digests differ: UNSUPPORTED when only the tensor-parallel sizes
  * do (heterogeneous TP is not built), else PARAM_INVALID; why names both. */
 static HixlStatus layout_mismatch(const char *peer_kind, const char *peer, const char *theirs,
@@ -550,26 +570,12 @@ static void *loader_main(void *arg) {
     if (st != HIXL_NOT_FOUND) { /* the producer may still hold it: free it there (best effort) */
       uint8_t ans[64];
       size_t n;
-      HixlStatus fs;
-      kv_call(c, l->e.remote, KV_SVC_FREE, l->e.rreq, ans, sizeof(ans), &n, c->cfg.notify_timeout_ms, &fs);
-      /* The load lost its link (or the FREE did): free it over a new one. Else the
-       * producer would hold it until the lease runs out, and then cut this consumer's
-       * links, the new one and the loads on it too. A FREE that timed out is on the
-       * link still, and is served when the producer reads it. */
-      pthread_mutex_lock(&c->lock);
-      bool shut = c->shut;
-      pthread_mutex_unlock(&c->lock);
-      if ((fs == HIXL_NOT_CONNECTED || fs == HIXL_FAILED) && !shut) {
-        HixlStatus ls = HixlCacheManagerLink(c->mgr, l->e.cluster, l->e.remote, c->cfg.connect_timeout_ms);
-        if (ls == HIXL_SUCCESS || ls == HIXL_ALREADY_CONNECTED)
-          kv_call(c, l->e.remote, KV_SVC_FREE, l->e.rreq, ans, sizeof(ans), &n, c->cfg.notify_timeout_ms,
-                  &fs);
-        if (fs != HIXL_SUCCESS)
-          fprintf(stderr,
-                  "hixl-kv: request %s: the producer %s could not be told to free it (%s): it holds it "
-                  "until its lease runs out\n",
-                  l->e.req, l->e.remote, HixlStatusName(fs));
-      }
+      HixlStatus fs = kv_tell(c, &l->e, KV_SVC_FREE, "", ans, sizeof(ans), &n);
+      if (fs != HIXL_SUCCESS)
+        fprintf(stderr,
+                "hixl-kv: request %s: the producer %s could not be told to free it (%s): it holds it until "
+                "its lease runs out\n",
+                l->e.req, l->e.remote, HixlStatusName(fs));
     }
     free(l->e.blocks);
     free(l->e.rblocks);
@@ -766,10 +772,13 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
   for (size_t i = 0; i < n; i++) {
     struct kv_meta_entry *e = &v[i]->e;
     if (st[i] != HIXL_SUCCESS) { /* the consumer reports the failure; best effort */
-      HixlStatus as;
       fprintf(stderr, "hixl-kv: request %s was not pushed (%s): %s\n", e->req, HixlStatusName(st[i]), why[i]);
-      kv_call_ex(c, e->remote, KV_SVC_ABORT, e->rreq, 0, why[i], ans, sizeof(ans), &an,
-                 c->cfg.notify_timeout_ms, &as);
+      HixlStatus as = kv_tell(c, e, KV_SVC_ABORT, why[i], ans, sizeof(ans), &an);
+      if (as != HIXL_SUCCESS)
+        fprintf(stderr,
+                "hixl-kv: request %s: the consumer %s could not be told (%s): it waits for it until its "
+                "lease runs out\n",
+                e->req, e->remote, HixlStatusName(as));
     }
     pthread_mutex_lock(&c->lock);
     if (st[i] == HIXL_SUCCESS)
