@@ -71,8 +71,6 @@ enum mh_type {
   MH_EXIT,       /* router -> instance: drain, report, exit */
   MH_STATS,      /* instance -> router: see mh_put_side */
   MH_PUSHPARAMS, /* push mode, decode -> router: u32 idx, str get_push_params's params */
-  MH_RESET,      /* router -> prefill (fault link-reset): shut down every TCP connection now */
-  MH_RESET_DONE, /* prefill -> router: u32 connections shut down */
   MH_TYPE_MAX
 };
 

@@ -2,7 +2,6 @@
  * scheduler connector and one worker connector (rank 0 of 1) that talk only through
  * the bytes of build_connector_meta -> bind_connector_meta, a paged KV cache with a
  * free list, and a step loop, as a vLLM engine core runs them. */
-#include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
@@ -12,8 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -509,45 +506,7 @@ static void decode_step(struct inst *x) {
 
 /* ---- the process ---- */
 
-/* fault link-reset: shut down every TCP connection of this process (its listeners and
- * the router's socket excepted), as a reset of the network between the instances does:
- * each peer reads the end of its stream, and this process's engine finds its own sockets
- * ended. shutdown, not close: the descriptors stay the engine's until it closes them.
- * Returns how many were shut down. */
-static unsigned shut_tcp_connections(int keep) {
-  DIR *d = opendir("/proc/self/fd");
-  unsigned n = 0;
-  if (!d) return 0;
-  for (struct dirent *de; (de = readdir(d));) {
-    char *end;
-    long fd = strtol(de->d_name, &end, 10);
-    if (*end || end == de->d_name || fd == keep || fd == dirfd(d)) continue;
-    struct stat st;
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof(ss);
-    int type = 0, listening = 1;
-    socklen_t il = sizeof(int), ll = sizeof(int);
-    if (fstat((int)fd, &st) < 0 || !S_ISSOCK(st.st_mode) ||
-        getsockopt((int)fd, SOL_SOCKET, SO_TYPE, &type, &il) < 0 || type != SOCK_STREAM ||
-        getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &ll) < 0 || listening ||
-        getsockname((int)fd, (struct sockaddr *)&ss, &sl) < 0 ||
-        (ss.ss_family != AF_INET && ss.ss_family != AF_INET6))
-      continue;
-    if (shutdown((int)fd, SHUT_RDWR) == 0) n++;
-  }
-  closedir(d);
-  return n;
-}
-
 static int handle_frame(struct inst *x, uint8_t type, struct mh_in *in) {
-  if (type == MH_RESET && x->a->prefill && mh_in_done(in)) {
-    unsigned n = shut_tcp_connections(x->a->fd);
-    say(x, "fault link-reset: shut down %u TCP connection(s) of this process", n);
-    struct mh_out o = {0};
-    mh_put_u32(&o, n);
-    mh_send(x->conn.fd, MH_RESET_DONE, &o);
-    return 0;
-  }
   if (type == MH_EXIT && mh_in_done(in)) {
     x->exiting = true;
     x->drain_end_ns = mh_now_ns() + (uint64_t)x->a->drain_ms * 1000000ull;

@@ -3,6 +3,7 @@
  * kv_transfer_params request_finished returned and sends the request with them to
  * decode, as vLLM's disaggregated proxy does; then prints what moved, how fast, and
  * whether every byte arrived. See integration/mock-host/README.md. */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/pidfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -566,37 +568,55 @@ static void cut_maybe(struct router *rt) {
   rt->cut = true;
 }
 
-static void handle(struct router *rt, int k, uint8_t type, struct mh_in *in);
+/* link-reset: shut down every TCP connection process pid has (listeners excepted), as
+ * a reset of the network between the instances does: each peer reads the end of its
+ * stream, and pid's engine finds its own sockets ended. From outside the process, on
+ * its own sockets (pidfd_getfd shares them), while its threads go on; shutdown, not
+ * close, so the descriptors stay the engine's until it closes them. Returns how many. */
+static unsigned shut_tcp_connections(pid_t pid) {
+  char path[64];
+  unsigned n = 0;
+  int pfd = pidfd_open(pid, 0);
+  snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+  DIR *d = pfd >= 0 ? opendir(path) : NULL;
+  if (!d) {
+    fprintf(stderr, "hixl-mock-host: fault link-reset: cannot reach the sockets of pid %d: %m\n", (int)pid);
+    if (pfd >= 0) close(pfd);
+    return 0;
+  }
+  for (struct dirent *de; (de = readdir(d));) {
+    char *end;
+    long target = strtol(de->d_name, &end, 10);
+    int fd = *end || end == de->d_name ? -1 : pidfd_getfd(pfd, (int)target, 0);
+    if (fd < 0) continue; /* not a descriptor, or closed meanwhile */
+    struct stat st;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss), il = sizeof(int), ll = sizeof(int);
+    int type = 0, listening = 1;
+    if (fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) && getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &il) == 0 &&
+        type == SOCK_STREAM && getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &ll) == 0 &&
+        !listening && getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 &&
+        (ss.ss_family == AF_INET || ss.ss_family == AF_INET6) && shutdown(fd, SHUT_RDWR) == 0)
+      n++;
+    close(fd);
+  }
+  closedir(d);
+  close(pfd);
+  return n;
+}
 
 /* link-reset: at the Nth hand-off (before decode is told to load, or prefill to push)
- * prefill shuts down every TCP connection it has; the router waits for it to say so
- * (serving prefill's other frames meanwhile), and requests started after that count as
- * after the fault. */
+ * the router shuts down prefill's TCP connections; requests started after that count
+ * as after the fault. */
 static void reset_maybe(struct router *rt) {
   struct side *s = &rt->side[0];
   if (rt->o->fault != MH_FAULT_LINK_RESET || ++rt->handed_off != rt->o->fault_at || s->dead) return;
-  fprintf(
-      stderr,
-      "%shixl-mock-host: fault link-reset: prefill (pid %d) shuts down its TCP connections at hand-off %u\n",
-      rt->o->progress && isatty(2) ? "\r\033[K" : "", (int)s->pid, rt->handed_off);
-  struct mh_out o = {0};
-  mh_send(s->conn.fd, MH_RESET, &o);
-  rt->cut = true; /* no request starts meanwhile; MH_RESET_DONE ends it */
-  uint64_t end = mh_now_ns() + 10000000000ull;
-  while (rt->cut && !s->dead && mh_now_ns() < end) {
-    struct pollfd pfd = {s->conn.fd, POLLIN, 0};
-    poll(&pfd, 1, 50);
-    if (!(pfd.revents & (POLLIN | POLLHUP | POLLERR))) continue;
-    mh_conn_fill(&s->conn);
-    uint8_t type;
-    struct mh_in in;
-    int got;
-    while ((got = mh_conn_next(&s->conn, &type, &in)) > 0) handle(rt, 0, type, &in);
-    if (got < 0) kill(s->pid, SIGKILL);
-    if (s->conn.eof || got < 0) side_gone(rt, 0);
-  }
-  if (rt->cut) fprintf(stderr, "hixl-mock-host: fault link-reset: prefill did not say it was done\n");
-  rt->cut = false;
+  rt->nreset = shut_tcp_connections(s->pid);
+  fprintf(stderr,
+          "%shixl-mock-host: fault link-reset: shut down %u TCP connection(s) of prefill (pid %d) at "
+          "hand-off %u\n",
+          rt->o->progress && isatty(2) ? "\r\033[K" : "", rt->nreset, (int)s->pid, rt->handed_off);
+  rt->healed = true;
 }
 
 static void cut_heal(struct router *rt) {
@@ -622,13 +642,6 @@ static void handle(struct router *rt, int k, uint8_t type, struct mh_in *in) {
   if (type == MH_STATS) {
     mh_get_side(in, &s->s);
     s->stats_in = mh_in_done(in);
-    return;
-  }
-  if (type == MH_RESET_DONE && k == 0) {
-    rt->nreset = mh_get_u32(in);
-    if (!mh_in_done(in)) goto bad;
-    rt->cut = false;
-    rt->healed = true;
     return;
   }
   if (type == MH_FAIL) {
