@@ -584,11 +584,14 @@ static unsigned shut_tcp_connections(pid_t pid) {
     if (pfd >= 0) close(pfd);
     return 0;
   }
+  int refused = 0; /* why pidfd_getfd failed, other than a descriptor closed meanwhile */
   for (struct dirent *de; (de = readdir(d));) {
     char *end;
     long target = strtol(de->d_name, &end, 10);
-    int fd = *end || end == de->d_name ? -1 : pidfd_getfd(pfd, (int)target, 0);
-    if (fd < 0) continue; /* not a descriptor, or closed meanwhile */
+    if (*end || end == de->d_name) continue;
+    int fd = pidfd_getfd(pfd, (int)target, 0);
+    if (fd < 0 && errno != EBADF) refused = errno;
+    if (fd < 0) continue;
     struct stat st;
     struct sockaddr_storage ss;
     socklen_t sl = sizeof(ss), il = sizeof(int), ll = sizeof(int);
@@ -602,6 +605,9 @@ static unsigned shut_tcp_connections(pid_t pid) {
   }
   closedir(d);
   close(pfd);
+  if (n == 0 && refused)
+    fprintf(stderr, "hixl-mock-host: fault link-reset: pidfd_getfd on pid %d: %s\n", (int)pid,
+            strerror(refused));
   return n;
 }
 
