@@ -357,100 +357,109 @@ static bool fake_wait(struct fake_producer *f, const int *count, int want, int t
   return ok;
 }
 
+/* A connector of role and mode (the side under test) beside a fake peer, its KV of
+ * BLOCKS blocks per layer registered and filled with c. */
+struct lost {
+  struct fake_producer f;
+  char peer[TU_ADDR_LEN], self[TU_ADDR_LEN];
+  HixlEngine *eng;
+  HixlCacheManager *mgr;
+  hixl_kv_connector *sched, *worker;
+  uint8_t *kv;
+  size_t len;
+  int32_t efd;
+};
+
+static bool lost_up(struct lost *t, const char *role, const char *mode, uint8_t c) {
+  *t = (struct lost){.f = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, ""}, .efd = -1};
+  uint16_t port = tu_free_port();
+  struct in_addr ip;
+  if (!port || inet_pton(AF_INET, tu_ip(), &ip) != 1) return false;
+  tu_addr(t->peer, TU_ADDR_LEN, port);
+  if (!(t->eng = tu_engine_start_with(t->peer, "tcp"))) return false;
+  /* its cluster id as the plugin derives it: ip, then port */
+  TU_ASSERT_OK(HixlCacheManagerCreate(t->eng, (uint64_t)ntohl(ip.s_addr) << 16 | port, &t->mgr));
+  TU_ASSERT_OK(hixl_engine_set_service(t->eng, HIXL_SERVICE_KV, fake_kv, &t->f));
+  connectors_up(role, mode, 20000, "tcp", t->self, &t->sched, &t->worker);
+  t->len = (size_t)LAYERS * 2 * BLOCKS * BLOCK_BYTES;
+  if (!t->mgr || !t->sched || !t->worker || !(t->kv = malloc(t->len))) return false;
+  hixl_kv_layer layers[LAYERS];
+  layers_at(layers, t->kv);
+  ST_IS(ops->register_kv_caches(t->worker, layers, LAYERS), HIXL_KV_SUCCESS);
+  fill_kv(layers, c);
+  ST_IS(ops->get_event_fd(t->worker, &t->efd), HIXL_KV_SUCCESS);
+  return t->efd >= 0;
+}
+
+/* The connector asked the peer (PIN or ACCEPT): linked. The peer cuts it off. */
+static void lost_cut(struct lost *t) {
+  CU_ASSERT_FATAL(fake_wait(&t->f, &t->f.pins, 1, 10000));
+  size_t dropped = 0;
+  TU_ASSERT_OK(hixl_engine_drop_peer(t->eng, t->self, "the test cuts the link", &dropped));
+  CU_ASSERT_EQUAL(dropped, 1);
+}
+
+/* The host hears (by the fd) that id finished: sending (push) or receiving. */
+static void lost_finished(struct lost *t, const char *id, bool sending) {
+  struct pollfd pf = {t->efd, POLLIN, 0};
+  CU_ASSERT_EQUAL_FATAL(poll(&pf, 1, 10000), 1);
+  hixl_kv_ids s = {0}, rv = {0};
+  ST_IS(ops->get_finished(t->worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
+  const hixl_kv_ids *got = sending ? &s : &rv;
+  CU_ASSERT(got->count == 1 && strcmp(got->ids[0], id) == 0);
+  ops->free_ids(&s);
+  ops->free_ids(&rv);
+}
+
+static void lost_down(struct lost *t) {
+  if (t->worker) ST_IS(ops->destroy(t->worker), HIXL_KV_SUCCESS);
+  if (t->sched) ST_IS(ops->destroy(t->sched), HIXL_KV_SUCCESS);
+  if (t->eng) TU_ASSERT_OK(hixl_engine_set_service(t->eng, HIXL_SERVICE_KV, NULL, NULL));
+  if (t->mgr) TU_ASSERT_OK(HixlCacheManagerDestroy(t->mgr));
+  if (t->eng) HixlEngineDestroy(t->eng);
+  free(t->kv);
+}
+
 /* Pull mode, the consumer: its load loses its link (the producer cuts it while the
  * consumer asks it to pin the request). The load fails and reports its blocks, and the
  * consumer tells the producer to free the request over a new link: else the producer
  * would hold it until its lease runs out, and then cut this consumer's links, the new
  * one and every load on it included. */
-/* Start the fake peer on a free port (its address in addr). */
-static HixlEngine *fake_start(struct fake_producer *f, char *addr, HixlCacheManager **mgr) {
-  uint16_t port = tu_free_port();
-  struct in_addr ip;
-  *mgr = NULL;
-  if (!port || inet_pton(AF_INET, tu_ip(), &ip) != 1) return NULL;
-  tu_addr(addr, TU_ADDR_LEN, port);
-  HixlEngine *e = tu_engine_start_with(addr, "tcp");
-  if (!e) return NULL;
-  /* its cluster id as the plugin derives it: ip, then port */
-  TU_ASSERT_OK(HixlCacheManagerCreate(e, (uint64_t)ntohl(ip.s_addr) << 16 | port, mgr));
-  TU_ASSERT_OK(hixl_engine_set_service(e, HIXL_SERVICE_KV, fake_kv, f));
-  return e;
-}
-
-static void fake_stop(HixlEngine *e, HixlCacheManager *mgr) {
-  TU_ASSERT_OK(hixl_engine_set_service(e, HIXL_SERVICE_KV, NULL, NULL));
-  if (mgr) TU_ASSERT_OK(HixlCacheManagerDestroy(mgr));
-  HixlEngineDestroy(e);
-}
-
 static void test_free_after_lost_link(void) {
-  struct fake_producer f = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, ""};
-  char paddr[TU_ADDR_LEN], caddr[TU_ADDR_LEN], params[256];
-  HixlCacheManager *mgr;
-  HixlEngine *prod = fake_start(&f, paddr, &mgr);
-  CU_ASSERT_FATAL(prod && mgr);
-
-  hixl_kv_connector *sched, *worker;
-  connectors_up("consumer", "pull", 20000, "tcp", caddr, &sched, &worker);
-  CU_ASSERT_FATAL(sched && worker);
-  size_t len = (size_t)LAYERS * 2 * BLOCKS * BLOCK_BYTES;
-  uint8_t *kv = malloc(len);
-  CU_ASSERT_FATAL(kv != NULL);
-  memset(kv, 0xee, len);
-  hixl_kv_layer layers[LAYERS];
-  layers_at(layers, kv);
-  ST_IS(ops->register_kv_caches(worker, layers, LAYERS), HIXL_KV_SUCCESS);
-  int32_t efd = -1;
-  ST_IS(ops->get_event_fd(worker, &efd), HIXL_KV_SUCCESS);
-
+  struct lost t;
+  char params[256];
+  CU_ASSERT_FATAL(lost_up(&t, "consumer", "pull", 0xee));
   /* The host loads "dec-lost" (the producer's "lost-1") into blocks 4 and 5. */
   snprintf(params, sizeof(params),
            "{\"do_remote_prefill\": true, \"remote_engine\": \"%s\", \"remote_request_id\": \"lost-1\","
            " \"remote_block_ids\": [2, 3]}",
-           paddr);
+           t.peer);
   const char *id = "dec-lost";
   const uint64_t blocks[2] = {4, 5};
   hixl_kv_request r = {id, strlen(id), 2 * BLOCK_TOKENS, params, strlen(params), 0};
   int64_t tokens = 0;
   int32_t async = 0;
-  ST_IS(ops->get_num_new_matched_tokens(sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  ST_IS(ops->get_num_new_matched_tokens(t.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
   CU_ASSERT_EQUAL_FATAL(tokens, 2 * BLOCK_TOKENS);
   CU_ASSERT_EQUAL(async, 1);
-  ST_IS(ops->update_state_after_alloc(sched, &r, blocks, 2, (uint64_t)tokens), HIXL_KV_SUCCESS);
-  step(sched, worker);
+  ST_IS(ops->update_state_after_alloc(t.sched, &r, blocks, 2, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  step(t.sched, t.worker);
+  lost_cut(&t);
 
-  /* It asked: linked. The producer cuts it off. */
-  CU_ASSERT_FATAL(fake_wait(&f, &f.pins, 1, 10000));
-  size_t dropped = 0;
-  TU_ASSERT_OK(hixl_engine_drop_peer(prod, caddr, "the test cuts the consumer off", &dropped));
-  CU_ASSERT_EQUAL(dropped, 1);
-
-  /* The load fails (the host hears it by the fd), reporting blocks 4 and 5 ... */
-  struct pollfd pf = {efd, POLLIN, 0};
-  CU_ASSERT_EQUAL_FATAL(poll(&pf, 1, 10000), 1);
-  hixl_kv_ids s = {0}, rv = {0};
-  ST_IS(ops->get_finished(worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
-  CU_ASSERT(rv.count == 1 && strcmp(rv.ids[0], id) == 0);
-  ops->free_ids(&s);
-  ops->free_ids(&rv);
+  /* The load fails, reporting blocks 4 and 5 ... */
+  lost_finished(&t, id, false);
   hixl_kv_blocks b = {0};
-  ST_IS(ops->get_block_ids_with_load_errors(worker, &b), HIXL_KV_SUCCESS);
+  ST_IS(ops->get_block_ids_with_load_errors(t.worker, &b), HIXL_KV_SUCCESS);
   CU_ASSERT(b.count == 2 && b.ids[0] == 4 && b.ids[1] == 5);
   ops->free_buffer(&b.raw);
-  CU_ASSERT_EQUAL(tu_check_byte(kv, len, 0xee), -1); /* nothing moved */
-
+  CU_ASSERT_EQUAL(tu_check_byte(t.kv, t.len, 0xee), -1); /* nothing moved */
   /* ... and the producer is told to free it, over the new link the consumer made. */
-  CU_ASSERT(fake_wait(&f, &f.frees, 1, 10000));
-  CU_ASSERT_STRING_EQUAL(f.freed, "lost-1");
+  CU_ASSERT(fake_wait(&t.f, &t.f.frees, 1, 10000));
+  CU_ASSERT_STRING_EQUAL(t.f.freed, "lost-1");
   hixl_kv_stats st;
-  ST_IS(ops->get_stats(worker, &st), HIXL_KV_SUCCESS);
-  CU_ASSERT_EQUAL(st.loads_failed, 1);
-  CU_ASSERT_EQUAL(st.loads_done, 0);
-
-  ST_IS(ops->destroy(worker), HIXL_KV_SUCCESS);
-  ST_IS(ops->destroy(sched), HIXL_KV_SUCCESS);
-  fake_stop(prod, mgr);
-  free(kv);
+  ST_IS(ops->get_stats(t.worker, &st), HIXL_KV_SUCCESS);
+  CU_ASSERT(st.loads_failed == 1 && st.loads_done == 0);
+  lost_down(&t);
 }
 
 /* Push mode, the producer: its push loses its link (the consumer cuts it while the
@@ -459,62 +468,30 @@ static void test_free_after_lost_link(void) {
  * the consumer would wait for the request until its lease ran out, and then cut this
  * producer's links, the new one and every push on it included. */
 static void test_abort_after_lost_link(void) {
-  struct fake_producer f = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, ""};
-  char caddr[TU_ADDR_LEN], paddr[TU_ADDR_LEN], params[256];
-  HixlCacheManager *mgr;
-  HixlEngine *cons = fake_start(&f, caddr, &mgr);
-  CU_ASSERT_FATAL(cons && mgr);
-
-  hixl_kv_connector *sched, *worker;
-  connectors_up("producer", "push", 20000, "tcp", paddr, &sched, &worker);
-  CU_ASSERT_FATAL(sched && worker);
-  size_t len = (size_t)LAYERS * 2 * BLOCKS * BLOCK_BYTES;
-  uint8_t *kv = malloc(len);
-  CU_ASSERT_FATAL(kv != NULL);
-  hixl_kv_layer layers[LAYERS];
-  layers_at(layers, kv);
-  ST_IS(ops->register_kv_caches(worker, layers, LAYERS), HIXL_KV_SUCCESS);
-  fill_kv(layers, 0x5a);
-
+  struct lost t;
+  char params[256];
+  CU_ASSERT_FATAL(lost_up(&t, "producer", "push", 0x5a));
   /* The host pushes "pre-lost" (blocks 2 and 3) into the consumer's "push-lost". */
   snprintf(params, sizeof(params),
            "{\"do_remote_decode\": true, \"remote_engine\": \"%s\", \"remote_request_id\": \"push-lost\","
            " \"remote_block_ids\": [4, 5]}",
-           caddr);
+           t.peer);
   const char *id = "pre-lost";
   const uint64_t blocks[2] = {2, 3};
   hixl_kv_request r = {id, strlen(id), 2 * BLOCK_TOKENS, params, strlen(params), 0};
-  ST_IS(ops->update_state_after_alloc(sched, &r, blocks, 2, 0), HIXL_KV_SUCCESS);
-  step(sched, worker);
+  ST_IS(ops->update_state_after_alloc(t.sched, &r, blocks, 2, 0), HIXL_KV_SUCCESS);
+  step(t.sched, t.worker);
+  lost_cut(&t);
 
-  /* It asked: linked. The consumer cuts it off. */
-  CU_ASSERT_FATAL(fake_wait(&f, &f.pins, 1, 10000));
-  size_t dropped = 0;
-  TU_ASSERT_OK(hixl_engine_drop_peer(cons, paddr, "the test cuts the producer off", &dropped));
-  CU_ASSERT_EQUAL(dropped, 1);
-
-  /* The consumer is told, over the new link the producer made ... */
-  CU_ASSERT(fake_wait(&f, &f.frees, 1, 10000));
-  CU_ASSERT_STRING_EQUAL(f.freed, "push-lost");
-  /* ... and the host hears the request finished sending (by the fd): its blocks are free. */
-  int32_t efd = -1;
-  ST_IS(ops->get_event_fd(worker, &efd), HIXL_KV_SUCCESS);
-  struct pollfd pf = {efd, POLLIN, 0};
-  CU_ASSERT_EQUAL_FATAL(poll(&pf, 1, 10000), 1);
-  hixl_kv_ids s = {0}, rv = {0};
-  ST_IS(ops->get_finished(worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
-  CU_ASSERT(s.count == 1 && strcmp(s.ids[0], id) == 0);
-  ops->free_ids(&s);
-  ops->free_ids(&rv);
+  /* The consumer is told, over the new link the producer made, and the host hears the
+   * request finished sending: its blocks are free. */
+  CU_ASSERT(fake_wait(&t.f, &t.f.frees, 1, 10000));
+  CU_ASSERT_STRING_EQUAL(t.f.freed, "push-lost");
+  lost_finished(&t, id, true);
   hixl_kv_stats st;
-  ST_IS(ops->get_stats(worker, &st), HIXL_KV_SUCCESS);
-  CU_ASSERT_EQUAL(st.pushes_failed, 1);
-  CU_ASSERT_EQUAL(st.pushes_done, 0);
-
-  ST_IS(ops->destroy(worker), HIXL_KV_SUCCESS);
-  ST_IS(ops->destroy(sched), HIXL_KV_SUCCESS);
-  fake_stop(cons, mgr);
-  free(kv);
+  ST_IS(ops->get_stats(t.worker, &st), HIXL_KV_SUCCESS);
+  CU_ASSERT(st.pushes_failed == 1 && st.pushes_done == 0);
+  lost_down(&t);
 }
 
 int main(int argc, char **argv) {

@@ -409,20 +409,38 @@ static int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const c
   return kv_call_ex(c, remote, op, id, 0, "", ans, cap, n, timeout_ms, st);
 }
 
+/* Link to the peer of e (again, if its link was lost), within timeout_ms; a peer it
+ * fails for is remembered as unreachable until a Link to it succeeds. */
+static HixlStatus kv_link(hixl_kv_connector *c, const struct kv_meta_entry *e, int32_t timeout_ms) {
+  HixlStatus st = HixlCacheManagerLink(c->mgr, e->cluster, e->remote, timeout_ms);
+  bool ok = st == HIXL_SUCCESS || st == HIXL_ALREADY_CONNECTED;
+  pthread_mutex_lock(&c->lock);
+  if (ok)
+    idset_del(&c->unreach, e->remote);
+  else if (!idset_has(&c->unreach, e->remote))
+    idset_add(&c->unreach, e->remote);
+  pthread_mutex_unlock(&c->lock);
+  return st;
+}
+
 /* Tell the peer of e that its request ended (FREE, ABORT with reason), best effort.
  * When the link was lost (by the transfer, or under this call), link again and tell it
  * there: else the peer would hold the request until its lease ran out, and then cut
- * every link with this side, the new one and the transfers on it included. A call that
- * timed out is not sent again: it is on the link, served when the peer reads it. */
+ * every link with this side, the new one and the transfers on it included. Not when the
+ * last Link to that peer failed (a peer that is gone would cost a wait per request),
+ * and linking within notify_timeout_ms at most. A call that timed out is not sent
+ * again: it is on the link, served when the peer reads it. */
 static HixlStatus kv_tell(hixl_kv_connector *c, const struct kv_meta_entry *e, uint8_t op, const char *reason,
                           uint8_t *ans, size_t cap, size_t *n) {
   HixlStatus st;
   kv_call_ex(c, e->remote, op, e->rreq, 0, reason, ans, cap, n, c->cfg.notify_timeout_ms, &st);
   pthread_mutex_lock(&c->lock);
-  bool shut = c->shut;
+  bool again = !c->shut && !idset_has(&c->unreach, e->remote);
   pthread_mutex_unlock(&c->lock);
-  if ((st == HIXL_NOT_CONNECTED || st == HIXL_FAILED) && !shut) {
-    HixlStatus ls = HixlCacheManagerLink(c->mgr, e->cluster, e->remote, c->cfg.connect_timeout_ms);
+  if ((st == HIXL_NOT_CONNECTED || st == HIXL_FAILED) && again) {
+    int32_t t = c->cfg.notify_timeout_ms < c->cfg.connect_timeout_ms ? c->cfg.notify_timeout_ms
+                                                                     : c->cfg.connect_timeout_ms;
+    HixlStatus ls = kv_link(c, e, t);
     if (ls == HIXL_SUCCESS || ls == HIXL_ALREADY_CONNECTED)
       kv_call_ex(c, e->remote, op, e->rreq, 0, reason, ans, cap, n, c->cfg.notify_timeout_ms, &st);
   }
@@ -451,7 +469,7 @@ static HixlStatus layout_mismatch(const char *peer_kind, const char *peer, const
  * check the layout, pull, free. Returns the status and the reason in why. */
 static HixlStatus load_one(hixl_kv_connector *c, const struct kv_meta_entry *e, char *why, size_t cap) {
   uint64_t deadline = now_ns() + (uint64_t)c->cfg.transfer_timeout_ms * 1000000ull;
-  HixlStatus st = HixlCacheManagerLink(c->mgr, e->cluster, e->remote, c->cfg.connect_timeout_ms);
+  HixlStatus st = kv_link(c, e, c->cfg.connect_timeout_ms);
   if (st != HIXL_SUCCESS && st != HIXL_ALREADY_CONNECTED) {
     snprintf(why, cap, "linking to the producer %s: %s", e->remote, HixlGetLastErrorMessage());
     return st;
@@ -536,7 +554,7 @@ static void *loader_main(void *arg) {
     if (l->e.type == KV_META_FREE) { /* an abort: the producer frees what it holds */
       uint8_t ans[64];
       size_t n;
-      HixlStatus ls = HixlCacheManagerLink(c->mgr, l->e.cluster, l->e.remote, c->cfg.connect_timeout_ms);
+      HixlStatus ls = kv_link(c, &l->e, c->cfg.connect_timeout_ms);
       if (ls != HIXL_SUCCESS && ls != HIXL_ALREADY_CONNECTED)
         st = ls;
       else
@@ -593,7 +611,7 @@ static void *loader_main(void *arg) {
 static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why, size_t cap) {
   struct kv_meta_entry *e = &p->e;
   uint64_t deadline = now_ns() + (uint64_t)c->cfg.transfer_timeout_ms * 1000000ull;
-  HixlStatus st = HixlCacheManagerLink(c->mgr, e->cluster, e->remote, c->cfg.connect_timeout_ms);
+  HixlStatus st = kv_link(c, e, c->cfg.connect_timeout_ms);
   if (st != HIXL_SUCCESS && st != HIXL_ALREADY_CONNECTED) {
     snprintf(why, cap, "linking to the consumer %s: %s", e->remote, HixlGetLastErrorMessage());
     return st;
@@ -989,6 +1007,7 @@ static hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   idset_clear(&c->pushing);
   idset_clear(&c->holding);
   idset_clear(&c->drop);
+  idset_clear(&c->unreach);
   free(c->saved_step);
   idset_clear(&c->failed);
   idset_clear(&c->gone);

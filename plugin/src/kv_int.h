@@ -114,8 +114,9 @@ struct hixl_kv_connector {
   struct kv_load *queue, *queue_tail; /* started, for the loader */
   uint32_t loading;
   struct kv_idset recving_done;
-  struct kv_idset drop; /* peers to cut before reporting: producers whose expected push expired, consumers
-                           that pinned a request whose lease expired */
+  struct kv_idset unreach; /* worker: peers the last Link to failed (kv_tell links again only to others) */
+  struct kv_idset drop;    /* peers to cut before reporting: producers whose expected push expired, consumers
+                              that pinned a request whose lease expired */
   uint64_t *err_blocks;
   size_t nerr, caperr;
   int efd; /* get_event_fd's eventfd, made at its first call; -1 until then */

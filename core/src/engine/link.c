@@ -81,8 +81,9 @@ static void then_release(struct hixl_transfer_req *r) {
   set_want_out(c, true);
 }
 
-void link_then_attach(struct hixl_transfer_req *r, struct conn *c, struct chunk *th, uint16_t service,
-                      uint32_t len) {
+/* th becomes r's CALL chunk, one more outstanding; returns how many are now. */
+static uint32_t then_init(struct hixl_transfer_req *r, struct conn *c, struct chunk *th, uint16_t service,
+                          uint32_t len, int state) {
   th->req = r;
   th->kind = CHUNK_CALL;
   th->tx.chunk = th;
@@ -90,21 +91,18 @@ void link_then_attach(struct hixl_transfer_req *r, struct conn *c, struct chunk 
   r->then_conn = c;
   r->then_service = service;
   r->then_len = len;
-  r->then_state = THEN_HELD;
-  if (__atomic_add_fetch(&r->outstanding, 1, __ATOMIC_ACQ_REL) == 1) then_release(r);
+  r->then_state = state;
+  return __atomic_add_fetch(&r->outstanding, 1, __ATOMIC_ACQ_REL);
+}
+
+void link_then_attach(struct hixl_transfer_req *r, struct conn *c, struct chunk *th, uint16_t service,
+                      uint32_t len) {
+  if (then_init(r, c, th, service, len, THEN_HELD) == 1) then_release(r);
 }
 
 void link_then_behind(struct hixl_transfer_req *r, struct conn *c, struct chunk *th, uint16_t service,
                       uint32_t len) {
-  th->req = r;
-  th->kind = CHUNK_CALL;
-  th->tx.chunk = th;
-  r->then = th;
-  r->then_conn = c;
-  r->then_service = service;
-  r->then_len = len;
-  r->then_state = THEN_SENT;
-  __atomic_add_fetch(&r->outstanding, 1, __ATOMIC_ACQ_REL);
+  then_init(r, c, th, service, len, THEN_SENT);
   th->seq = c->next_seq++;
   th->tx.heap_len = wire_put_call_after(th->tx.heap, th->seq, r->chunks[0].seq, service, len);
   link_enqueue(c, &th->tx);
