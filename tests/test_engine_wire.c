@@ -447,7 +447,8 @@ static HixlStatus after_handler(void *ctx, const char *peer, const uint8_t *req,
 
 /* Queue a WRITE_REQ of the seed's pattern to tmem + off (or to addr when off is
  * ~0u) into out; returns the bytes added. */
-static size_t put_write(uint8_t *out, uint64_t seq, uint32_t off, uint64_t addr, uint32_t len, uint64_t seed) {
+static size_t put_write(uint8_t *out, uint64_t seq, uint32_t off, uint64_t addr, uint32_t len,
+                        uint64_t seed) {
   size_t n = wire_put_write_req(out, seq, off == ~0u ? addr : (uintptr_t)tmem + off, len);
   tu_fill(out + n, len, seed);
   return n + len;

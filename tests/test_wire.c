@@ -791,8 +791,8 @@ static void test_rt_call_after(void) {
     struct wire_hdr h;
     struct wire_msg m;
     memset(buf + WIRE_CALL_AFTER_AT, 0x3c, lens[i]);
-    size_t len = wire_put_call_after(buf, 0x0102030405060708ull, 0x0102030405060700ull, 0xcafe,
-                                     (uint32_t)lens[i]);
+    size_t len =
+        wire_put_call_after(buf, 0x0102030405060708ull, 0x0102030405060700ull, 0xcafe, (uint32_t)lens[i]);
     CU_ASSERT_EQUAL_FATAL(len, WIRE_CALL_AFTER_AT + lens[i]);
     CU_ASSERT_EQUAL(buf[WIRE_HDR_LEN + 8], 0x01);  /* after, big-endian */
     CU_ASSERT_EQUAL(buf[WIRE_HDR_LEN + 16], 0xca); /* service, big-endian */

@@ -33,10 +33,10 @@ const char *wire_err_str(enum wire_err err) {
 
 const char *wire_type_name(unsigned type) {
   static const char *const names[] = {
-      "?",          "HELLO",        "HELLO_ACK",        "MEM_ADD",      "MEM_DEL",       "WRITE_REQ",
-      "WRITE_ACK",  "READ_REQ",     "READ_RESP",        "NOTIFY",       "NOTIFY_ACK",    "SYNC",
-      "SYNC_ACK",   "RDMA_CONNECT", "RDMA_CONNECT_ACK", "SHM_HELLO",    "SHM_HELLO_ACK", "STAGE_WRITE",
-      "STAGE_READ", "STAGE_PULL",   "STAGE_PUSH",       "CALL",         "CALL_RESP",     "SHM_MAP_HELLO",
+      "?",          "HELLO",        "HELLO_ACK",        "MEM_ADD",       "MEM_DEL",       "WRITE_REQ",
+      "WRITE_ACK",  "READ_REQ",     "READ_RESP",        "NOTIFY",        "NOTIFY_ACK",    "SYNC",
+      "SYNC_ACK",   "RDMA_CONNECT", "RDMA_CONNECT_ACK", "SHM_HELLO",     "SHM_HELLO_ACK", "STAGE_WRITE",
+      "STAGE_READ", "STAGE_PULL",   "STAGE_PUSH",       "CALL",          "CALL_RESP",     "SHM_MAP_HELLO",
       "SHM_MAP",    "SHM_MAP_ACK",  "SHM_UNMAP",        "SHM_UNMAP_ACK", "CALL_AFTER"};
   return type <= WIRE_TYPE_MAX_ ? names[type] : "?";
 }
