@@ -992,10 +992,9 @@ int main(int argc, char **argv) {
   else if (o.fault == MH_FAULT_LINK_CUT)
     pass = base && rt.nfail + rt.nrecomputed > 0 && !rt.ncorrupt && p_clean && d_clean &&
            rt.ndone == o.requests && rt.nverified_after_cut > 0; /* the link comes back */
-  else if (o.fault == MH_FAULT_LINK_RESET) /* the link comes back; in pull mode every failed load freed */
-    pass = base && rt.nreset > 0 && !rt.ncorrupt && p_clean && d_clean && rt.ndone == o.requests && /* its */
-           rt.nverified_after_cut > 0 &&
-           (push || (P->s.stats_ok && P->s.ks.lease_expired == 0)); /* request */
+  else if (o.fault == MH_FAULT_LINK_RESET) /* the link comes back; in pull mode, every failed load */
+    pass = base && rt.nreset > 0 && !rt.ncorrupt && p_clean && d_clean && rt.ndone == o.requests &&
+           rt.nverified_after_cut > 0 && (push || (P->s.stats_ok && P->s.ks.lease_expired == 0)); /* freed */
   else
     pass = base && rt.nfail + rt.nrecomputed == o.requests && !rt.ncorrupt && p_clean && d_clean;
 

@@ -409,13 +409,14 @@ static int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const c
   return kv_call_ex(c, remote, op, id, 0, "", ans, cap, n, timeout_ms, st);
 }
 
-/* Link to the peer of e (again, if its link was lost), within timeout_ms; a peer it
- * fails for is remembered as unreachable until a Link to it succeeds. */
+/* Link to the peer of e (again, if its link was lost), within timeout_ms: SUCCESS
+ * also when it was linked already. A peer it fails for is remembered as unreachable
+ * until a Link to it succeeds. */
 static HixlStatus kv_link(hixl_kv_connector *c, const struct kv_meta_entry *e, int32_t timeout_ms) {
   HixlStatus st = HixlCacheManagerLink(c->mgr, e->cluster, e->remote, timeout_ms);
-  bool ok = st == HIXL_SUCCESS || st == HIXL_ALREADY_CONNECTED;
+  if (st == HIXL_ALREADY_CONNECTED) st = HIXL_SUCCESS;
   pthread_mutex_lock(&c->lock);
-  if (ok)
+  if (st == HIXL_SUCCESS)
     idset_del(&c->unreach, e->remote);
   else if (!idset_has(&c->unreach, e->remote))
     idset_add(&c->unreach, e->remote);
@@ -423,7 +424,8 @@ static HixlStatus kv_link(hixl_kv_connector *c, const struct kv_meta_entry *e, i
   return st;
 }
 
-/* Tell the peer of e that its request ended (FREE, ABORT with reason), best effort.
+/* Tell the peer of e that its request ended (FREE, ABORT with reason), best effort;
+ * a peer that could not be told is named on stderr.
  * When the link was lost (by the transfer, or under this call), link again and tell it
  * there: else the peer would hold the request until its lease ran out, and then cut
  * every link with this side, the new one and the transfers on it included. Not when the
@@ -440,10 +442,14 @@ static HixlStatus kv_tell(hixl_kv_connector *c, const struct kv_meta_entry *e, u
   if ((st == HIXL_NOT_CONNECTED || st == HIXL_FAILED) && again) {
     int32_t t = c->cfg.notify_timeout_ms < c->cfg.connect_timeout_ms ? c->cfg.notify_timeout_ms
                                                                      : c->cfg.connect_timeout_ms;
-    HixlStatus ls = kv_link(c, e, t);
-    if (ls == HIXL_SUCCESS || ls == HIXL_ALREADY_CONNECTED)
+    if (kv_link(c, e, t) == HIXL_SUCCESS)
       kv_call_ex(c, e->remote, op, e->rreq, 0, reason, ans, cap, n, c->cfg.notify_timeout_ms, &st);
   }
+  if (st != HIXL_SUCCESS)
+    fprintf(stderr,
+            "hixl-kv: request %s: %s could not be told that it ended (%s): it keeps it until its lease runs "
+            "out\n",
+            e->req, e->remote, HixlStatusName(st));
   return st;
 }
 
@@ -470,7 +476,7 @@ static HixlStatus layout_mismatch(const char *peer_kind, const char *peer, const
 static HixlStatus load_one(hixl_kv_connector *c, const struct kv_meta_entry *e, char *why, size_t cap) {
   uint64_t deadline = now_ns() + (uint64_t)c->cfg.transfer_timeout_ms * 1000000ull;
   HixlStatus st = kv_link(c, e, c->cfg.connect_timeout_ms);
-  if (st != HIXL_SUCCESS && st != HIXL_ALREADY_CONNECTED) {
+  if (st != HIXL_SUCCESS) {
     snprintf(why, cap, "linking to the producer %s: %s", e->remote, HixlGetLastErrorMessage());
     return st;
   }
@@ -555,7 +561,7 @@ static void *loader_main(void *arg) {
       uint8_t ans[64];
       size_t n;
       HixlStatus ls = kv_link(c, &l->e, c->cfg.connect_timeout_ms);
-      if (ls != HIXL_SUCCESS && ls != HIXL_ALREADY_CONNECTED)
+      if (ls != HIXL_SUCCESS)
         st = ls;
       else
         kv_call(c, l->e.remote, KV_SVC_FREE, l->e.rreq, ans, sizeof(ans), &n, c->cfg.notify_timeout_ms, &st);
@@ -588,12 +594,7 @@ static void *loader_main(void *arg) {
     if (st != HIXL_NOT_FOUND) { /* the producer may still hold it: free it there (best effort) */
       uint8_t ans[64];
       size_t n;
-      HixlStatus fs = kv_tell(c, &l->e, KV_SVC_FREE, "", ans, sizeof(ans), &n);
-      if (fs != HIXL_SUCCESS)
-        fprintf(stderr,
-                "hixl-kv: request %s: the producer %s could not be told to free it (%s): it holds it until "
-                "its lease runs out\n",
-                l->e.req, l->e.remote, HixlStatusName(fs));
+      kv_tell(c, &l->e, KV_SVC_FREE, "", ans, sizeof(ans), &n);
     }
     free(l->e.blocks);
     free(l->e.rblocks);
@@ -612,7 +613,7 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
   struct kv_meta_entry *e = &p->e;
   uint64_t deadline = now_ns() + (uint64_t)c->cfg.transfer_timeout_ms * 1000000ull;
   HixlStatus st = kv_link(c, e, c->cfg.connect_timeout_ms);
-  if (st != HIXL_SUCCESS && st != HIXL_ALREADY_CONNECTED) {
+  if (st != HIXL_SUCCESS) {
     snprintf(why, cap, "linking to the consumer %s: %s", e->remote, HixlGetLastErrorMessage());
     return st;
   }
@@ -791,12 +792,7 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
     struct kv_meta_entry *e = &v[i]->e;
     if (st[i] != HIXL_SUCCESS) { /* the consumer reports the failure; best effort */
       fprintf(stderr, "hixl-kv: request %s was not pushed (%s): %s\n", e->req, HixlStatusName(st[i]), why[i]);
-      HixlStatus as = kv_tell(c, e, KV_SVC_ABORT, why[i], ans, sizeof(ans), &an);
-      if (as != HIXL_SUCCESS)
-        fprintf(stderr,
-                "hixl-kv: request %s: the consumer %s could not be told (%s): it waits for it until its "
-                "lease runs out\n",
-                e->req, e->remote, HixlStatusName(as));
+      kv_tell(c, e, KV_SVC_ABORT, why[i], ans, sizeof(ans), &an);
     }
     pthread_mutex_lock(&c->lock);
     if (st[i] == HIXL_SUCCESS)
