@@ -79,18 +79,8 @@ struct kv_idset {
   size_t n, cap;
 };
 
-struct hixl_kv_connector {
-  int32_t role;
-  uint32_t rank, world;
-  struct kv_cfg cfg;
-  pthread_mutex_t lock;  /* a leaf: never held across a hixl call */
-  pthread_cond_t cond;   /* loads or pushes queued, or shut (loader, pusher; CLOCK_MONOTONIC) */
-  pthread_cond_t saved;  /* push producer: a layer was saved (the pusher waits; CLOCK_MONOTONIC) */
-  pthread_cond_t landed; /* push consumer: a layer landed or an expected push ended (the forward
-                          * pass waits in wait_for_layer_load; CLOCK_MONOTONIC) */
-  bool shut;
-
-  /* scheduler */
+/* Role scheduler. */
+struct kv_sched {
   struct kv_out meta; /* entries for the next build_connector_meta */
   uint32_t meta_count;
   struct kv_idset failed;  /* consumer: requests whose load failed (recompute: 0 tokens) */
@@ -98,8 +88,50 @@ struct hixl_kv_connector {
   struct kv_idset pushing; /* push producer: requests whose blocks stay until pushed */
   struct kv_idset holding; /* pull producer: requests held for a consumer, until finished_sending */
   uint64_t not_held;       /* pull producer: finished requests refused at max_inflight_requests */
+};
 
-  /* worker */
+/* Worker, pull producer: the requests held for consumers (kv_service.c). */
+struct kv_holder {
+  struct kv_held *held;
+};
+
+/* Worker, pull consumer: the loads (kv_loader.c). */
+struct kv_loader {
+  struct kv_load *bound, *bound_tail; /* bound, not yet started */
+  struct kv_load *queue, *queue_tail; /* started, for the loader */
+  uint32_t loading;
+  pthread_cond_t cond; /* loads queued, or shut (CLOCK_MONOTONIC) */
+  bool on;
+  pthread_t thread;
+};
+
+/* Worker, push producer: the pushes (kv_pusher.c). */
+struct kv_pusher {
+  uint64_t *saved_step; /* per layer: the step of its last save_kv_layer */
+  struct kv_push *pushes, *tail;
+  pthread_cond_t cond;  /* pushes queued, or shut (CLOCK_MONOTONIC) */
+  pthread_cond_t saved; /* a layer was saved (the pusher waits; CLOCK_MONOTONIC) */
+  bool on;
+  pthread_t thread;
+};
+
+/* Worker, push consumer: the pushes expected (kv_service.c). */
+struct kv_expecter {
+  struct kv_expect *expects;
+  pthread_cond_t landed; /* a layer landed or an expected push ended (the forward pass waits in
+                          * wait_for_layer_load; CLOCK_MONOTONIC) */
+};
+
+struct hixl_kv_connector {
+  int32_t role;
+  uint32_t rank, world;
+  struct kv_cfg cfg;
+  pthread_mutex_t lock; /* a leaf: never held across a hixl call */
+  bool shut;
+
+  struct kv_sched sched; /* role scheduler */
+
+  /* role worker, every mode */
   HixlEngine *eng;
   HixlCacheManager *mgr;
   char engine_addr[64];
@@ -107,32 +139,109 @@ struct hixl_kv_connector {
   uint64_t cache_id; /* 0 until register_kv_caches */
   uint32_t layers, tensors_per_layer;
   char layout_text[256]; /* the compatibility digest, as text */
-  struct kv_held *held;  /* producer */
-  struct kv_idset gone;  /* producer: ids freed or expired lately (PIN answers GONE) */
+  uint64_t step;         /* binds so far: each step binds once */
+  struct kv_idset gone;  /* ids freed, loaded or expired lately (PIN and ACCEPT answer GONE) */
   struct kv_idset sending_done;
-  struct kv_load *loads, *loads_tail; /* consumer: bound, not yet started */
-  struct kv_load *queue, *queue_tail; /* started, for the loader */
-  uint32_t loading;
   struct kv_idset recving_done;
-  struct kv_idset unreach; /* worker: peers the last Link to failed (kv_tell links again only to others) */
+  struct kv_idset unreach; /* peers the last Link to failed (kv_tell links again only to others) */
   struct kv_idset drop;    /* peers to cut before reporting: producers whose expected push expired, consumers
                               that pinned a request whose lease expired */
   uint64_t *err_blocks;
   size_t nerr, caperr;
   int efd; /* get_event_fd's eventfd, made at its first call; -1 until then */
-  bool loader_on;
-  pthread_t loader;
-  /* push mode */
-  uint64_t step;        /* binds so far: each step binds once */
-  uint64_t *saved_step; /* per layer: the step of its last save_kv_layer */
-  struct kv_push *pushes, *pushes_tail;
-  struct kv_expect *expects;
-  bool pusher_on;
-  pthread_t pusher;
   hixl_kv_stats stats;
+
+  struct kv_holder hold;  /* pull producer */
+  struct kv_loader load;  /* pull consumer */
+  struct kv_pusher push;  /* push producer */
+  struct kv_expecter exp; /* push consumer */
 };
+
+/* ---- kv_util.c ---- */
 
 /* Status with the reason kept for last_error (per thread). */
 hixl_kv_status kv_fail(hixl_kv_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+const char *kv_last_error(void);
+#define CHECK_ARG(cond, ...)                                                                                 \
+  do {                                                                                                       \
+    if (!(cond)) return kv_fail(HIXL_KV_PARAM_INVALID, __VA_ARGS__);                                         \
+  } while (0)
+uint64_t kv_now_ns(void);               /* CLOCK_MONOTONIC */
+int32_t kv_ms_until(uint64_t deadline); /* ms left, rounded up; 0 once passed */
+bool kv_idset_has(const struct kv_idset *s, const char *id);
+int kv_idset_add(struct kv_idset *s, const char *id); /* -1: out of memory */
+void kv_idset_del(struct kv_idset *s, const char *id);
+void kv_idset_clear(struct kv_idset *s);
+int kv_idset_take(struct kv_idset *s, hixl_kv_ids *out); /* hand to the host, emptying s; -1: no memory */
+void kv_free_ids(hixl_kv_ids *ids);
+void kv_free_buffer(hixl_kv_buffer *b);
+bool kv_copy_id(char *dst, const char *src, size_t n); /* 1 to KV_MAX_ID bytes of text, NUL-terminated */
+/* "ip:port" + rank -> this worker's engine address and its cluster id. */
+hixl_kv_status kv_worker_address(const char *base, uint32_t rank, char *out, size_t cap, uint64_t *cluster);
+/* Lock held for these. */
+void kv_efd_signal(hixl_kv_connector *c);
+void kv_finished_add(hixl_kv_connector *c, struct kv_idset *set, const char *id);
+void kv_gone_add(hixl_kv_connector *c, const char *id);
+void kv_err_blocks_add(hixl_kv_connector *c, const uint64_t *b, size_t n);
+
+/* ---- kv_service.c: what this worker answers ---- */
+
+HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp, size_t cap,
+                    size_t *resp_len);
+/* Lock held for these. */
+struct kv_held *kv_held_find(hixl_kv_connector *c, const char *id);
+void kv_leases_expire(hixl_kv_connector *c);
+struct kv_expect *kv_expect_find(hixl_kv_connector *c, const char *id);
+void kv_expects_expire(hixl_kv_connector *c);
+
+/* ---- kv_peer.c: calls to a peer's KV service ---- */
+
+bool kv_msg(struct kv_out *o, uint8_t op, const char *id, uint32_t layer, const char *reason);
+int kv_call_ex(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, uint32_t layer,
+               const char *reason, uint8_t *ans, size_t cap, size_t *n, int32_t timeout_ms, HixlStatus *st);
+int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, uint8_t *ans, size_t cap,
+            size_t *n, int32_t timeout_ms, HixlStatus *st);
+HixlStatus kv_link(hixl_kv_connector *c, const struct kv_meta_entry *e, int32_t timeout_ms);
+HixlStatus kv_tell(hixl_kv_connector *c, const struct kv_meta_entry *e, uint8_t op, const char *reason,
+                   uint8_t *ans, size_t cap, size_t *n);
+HixlStatus kv_layout_mismatch(const char *peer_kind, const char *peer, const char *theirs, const char *mine,
+                              const char *me, char *why, size_t cap);
+
+/* ---- the threads: kv_loader.c, kv_pusher.c ---- */
+
+void *kv_loader_main(void *arg);
+void *kv_pusher_main(void *arg);
+
+/* ---- the ops (kv_life.c, kv_sched.c, kv_worker.c) ---- */
+
+hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint32_t rank, uint32_t world,
+                         hixl_kv_connector **out, char *err, size_t err_cap);
+hixl_kv_status kv_destroy(hixl_kv_connector *c);
+hixl_kv_status kv_shutdown(hixl_kv_connector *c);
+hixl_kv_status kv_matched(hixl_kv_connector *c, const hixl_kv_request *r, uint64_t computed, int64_t *tokens,
+                          int32_t *load_async);
+hixl_kv_status kv_after_alloc(hixl_kv_connector *c, const hixl_kv_request *r, const uint64_t *blocks,
+                              size_t nblocks, uint64_t external);
+hixl_kv_status kv_build_meta(hixl_kv_connector *c, hixl_kv_buffer *meta);
+hixl_kv_status kv_finished(hixl_kv_connector *c, const hixl_kv_request *r, const uint64_t *blocks,
+                           size_t nblocks, int32_t *delay_free, hixl_kv_buffer *params);
+hixl_kv_status kv_update_output(hixl_kv_connector *c, const hixl_kv_ids *sending, const hixl_kv_ids *recving,
+                                const hixl_kv_ids *failed);
+hixl_kv_status kv_set_handshake(hixl_kv_connector *c, const uint8_t *meta, size_t len);
+hixl_kv_status kv_push_params(hixl_kv_connector *c, const char *req_id, size_t len, hixl_kv_buffer *out);
+hixl_kv_status kv_register(hixl_kv_connector *c, const hixl_kv_layer *ly, size_t n);
+hixl_kv_status kv_alloc_caches(hixl_kv_connector *c, hixl_kv_layer *ly, size_t n);
+hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len);
+hixl_kv_status kv_clear(hixl_kv_connector *c);
+hixl_kv_status kv_start_load(hixl_kv_connector *c);
+hixl_kv_status kv_wait_layer(hixl_kv_connector *c, uint32_t layer);
+hixl_kv_status kv_save_layer(hixl_kv_connector *c, uint32_t layer);
+hixl_kv_status kv_wait_save(hixl_kv_connector *c);
+hixl_kv_status kv_get_finished(hixl_kv_connector *c, const hixl_kv_ids *finished, hixl_kv_ids *sending,
+                               hixl_kv_ids *recving);
+hixl_kv_status kv_load_errors(hixl_kv_connector *c, hixl_kv_blocks *out);
+hixl_kv_status kv_get_handshake(hixl_kv_connector *c, hixl_kv_buffer *meta);
+hixl_kv_status kv_stats(hixl_kv_connector *c, hixl_kv_stats *out);
+hixl_kv_status kv_event_fd(hixl_kv_connector *c, int32_t *fd);
 
 #endif

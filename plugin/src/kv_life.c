@@ -1,0 +1,248 @@
+/* kv_life: create, shut down and destroy a connector; the ops table and the one
+ * exported symbol. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/engine_ext.h"
+#include "kv_int.h"
+
+#define KV_EXPORT __attribute__((visibility("default")))
+
+hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint32_t rank, uint32_t world,
+                         hixl_kv_connector **out, char *err, size_t err_cap) {
+  hixl_kv_status st;
+  char why[512] = "";
+  hixl_kv_connector *c = NULL;
+  if (!json || !out || (role != HIXL_KV_ROLE_SCHEDULER && role != HIXL_KV_ROLE_WORKER) || world == 0 ||
+      rank >= world) {
+    st = kv_fail(HIXL_KV_PARAM_INVALID,
+                 "create: config_json or out is NULL, role %d is unknown, or rank %u is not "
+                 "below world size %u",
+                 role, rank, world);
+    goto fail;
+  }
+  if (!(c = calloc(1, sizeof(*c)))) {
+    st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "create: out of memory");
+    goto fail;
+  }
+  c->role = role;
+  c->rank = rank;
+  c->world = world;
+  c->efd = -1;
+  if ((st = kv_config_load(json, len, &c->cfg, why, sizeof(why))) != HIXL_KV_SUCCESS) {
+    kv_fail(st, "create: %s", why);
+    goto fail_cfg;
+  }
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_mutex_init(&c->lock, NULL);
+  pthread_cond_init(&c->load.cond, &ca);
+  pthread_cond_init(&c->push.cond, &ca);
+  pthread_cond_init(&c->push.saved, &ca);
+  pthread_cond_init(&c->exp.landed, &ca);
+  pthread_condattr_destroy(&ca);
+  if (role == HIXL_KV_ROLE_WORKER) {
+    if ((st = kv_worker_address(c->cfg.address, rank, c->engine_addr, sizeof(c->engine_addr), &c->cluster)) !=
+        HIXL_KV_SUCCESS)
+      goto fail_sync;
+    if ((st = HixlEngineCreate(&c->eng)) != HIXL_SUCCESS) {
+      kv_fail(st, "create: %s", HixlGetLastErrorMessage());
+      goto fail_sync;
+    }
+    if ((st = HixlEngineInitialize(c->eng, c->engine_addr, c->cfg.opts, c->cfg.nopts)) != HIXL_SUCCESS) {
+      kv_fail(st, "create: engine %s: %s", c->engine_addr, HixlGetLastErrorMessage());
+      goto fail_engine;
+    }
+    if ((st = HixlCacheManagerCreate(c->eng, c->cluster, &c->mgr)) != HIXL_SUCCESS) {
+      kv_fail(st, "create: %s", HixlGetLastErrorMessage());
+      goto fail_engine;
+    }
+    if ((st = hixl_engine_set_service(c->eng, HIXL_SERVICE_KV, kv_serve, c)) != HIXL_SUCCESS) {
+      kv_fail(st, "create: %s", HixlGetLastErrorMessage());
+      goto fail_mgr;
+    }
+    int rc = pthread_create(&c->load.thread, NULL, kv_loader_main, c);
+    if (rc != 0) {
+      st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "create: pthread_create: %s", strerror(rc));
+      goto fail_service;
+    }
+    c->load.on = true;
+    if (c->cfg.push && c->cfg.producer) {
+      if ((rc = pthread_create(&c->push.thread, NULL, kv_pusher_main, c)) != 0) {
+        st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "create: pthread_create: %s", strerror(rc));
+        kv_shutdown(c);
+        goto fail_service;
+      }
+      c->push.on = true;
+    }
+  }
+  *out = c;
+  return HIXL_KV_SUCCESS;
+
+fail_service:
+  hixl_engine_set_service(c->eng, HIXL_SERVICE_KV, NULL, NULL);
+fail_mgr:
+  HixlCacheManagerDestroy(c->mgr);
+fail_engine:
+  HixlEngineDestroy(c->eng);
+fail_sync:
+  pthread_cond_destroy(&c->load.cond);
+  pthread_cond_destroy(&c->push.cond);
+  pthread_cond_destroy(&c->push.saved);
+  pthread_cond_destroy(&c->exp.landed);
+  pthread_mutex_destroy(&c->lock);
+fail_cfg:
+  kv_config_free(&c->cfg);
+  free(c);
+fail:
+  if (err && err_cap) snprintf(err, err_cap, "%s", kv_last_error());
+  return st;
+}
+
+hixl_kv_status kv_shutdown(hixl_kv_connector *c) {
+  CHECK_ARG(c, "shutdown: connector is NULL");
+  pthread_mutex_lock(&c->lock);
+  c->shut = true;
+  pthread_cond_broadcast(&c->load.cond);
+  pthread_cond_broadcast(&c->push.cond);
+  pthread_cond_broadcast(&c->push.saved);
+  pthread_cond_broadcast(&c->exp.landed);
+  pthread_mutex_unlock(&c->lock);
+  if (c->load.on) {
+    pthread_join(c->load.thread, NULL);
+    c->load.on = false;
+  }
+  if (c->push.on) {
+    pthread_join(c->push.thread, NULL);
+    c->push.on = false;
+  }
+  return HIXL_KV_SUCCESS;
+}
+
+static void loads_free(struct kv_load *l) {
+  while (l) {
+    struct kv_load *n = l->next;
+    free(l->e.blocks);
+    free(l->e.rblocks);
+    free(l);
+    l = n;
+  }
+}
+
+hixl_kv_status kv_destroy(hixl_kv_connector *c) {
+  CHECK_ARG(c, "destroy: connector is NULL");
+  kv_shutdown(c);
+  if (c->eng) {
+    hixl_engine_set_service(c->eng, HIXL_SERVICE_KV, NULL, NULL);
+    HixlCacheManagerDestroy(c->mgr);
+    HixlEngineDestroy(c->eng);
+  }
+  while (c->hold.held) {
+    struct kv_held *h = c->hold.held;
+    c->hold.held = h->next;
+    free(h->blocks);
+    free(h);
+  }
+  loads_free(c->load.bound);
+  loads_free(c->load.queue);
+  while (c->push.pushes) {
+    struct kv_push *p = c->push.pushes;
+    c->push.pushes = p->next;
+    free(p->e.blocks);
+    free(p->e.rblocks);
+    free(p);
+  }
+  while (c->exp.expects) {
+    struct kv_expect *x = c->exp.expects;
+    c->exp.expects = x->next;
+    free(x->blocks);
+    free(x->landed);
+    free(x);
+  }
+  while (c->sched.allocs) {
+    struct kv_alloc *a = c->sched.allocs;
+    c->sched.allocs = a->next;
+    free(a->blocks);
+    free(a);
+  }
+  kv_idset_clear(&c->sched.pushing);
+  kv_idset_clear(&c->sched.holding);
+  kv_idset_clear(&c->drop);
+  kv_idset_clear(&c->unreach);
+  free(c->push.saved_step);
+  kv_idset_clear(&c->sched.failed);
+  kv_idset_clear(&c->gone);
+  kv_idset_clear(&c->sending_done);
+  kv_idset_clear(&c->recving_done);
+  free(c->err_blocks);
+  free(c->sched.meta.p);
+  if (c->efd >= 0) close(c->efd);
+  kv_config_free(&c->cfg);
+  pthread_cond_destroy(&c->load.cond);
+  pthread_cond_destroy(&c->push.cond);
+  pthread_cond_destroy(&c->push.saved);
+  pthread_cond_destroy(&c->exp.landed);
+  pthread_mutex_destroy(&c->lock);
+  free(c);
+  return HIXL_KV_SUCCESS;
+}
+
+/* ---- the table and the one exported symbol ---- */
+
+static const hixl_kv_ops kv_ops_v1 = {
+    .abi_version = HIXL_KV_ABI_VERSION,
+    .size = sizeof(hixl_kv_ops),
+    .create = kv_create,
+    .destroy = kv_destroy,
+    .shutdown = kv_shutdown,
+    .last_error = kv_last_error,
+    .free_buffer = kv_free_buffer,
+    .free_ids = kv_free_ids,
+    .get_num_new_matched_tokens = kv_matched,
+    .update_state_after_alloc = kv_after_alloc,
+    .build_connector_meta = kv_build_meta,
+    .request_finished = kv_finished,
+    .update_connector_output = kv_update_output,
+    .set_handshake_metadata = kv_set_handshake,
+    .register_kv_caches = kv_register,
+    .alloc_kv_caches = kv_alloc_caches,
+    .bind_connector_meta = kv_bind,
+    .clear_connector_meta = kv_clear,
+    .start_load_kv = kv_start_load,
+    .wait_for_layer_load = kv_wait_layer,
+    .save_kv_layer = kv_save_layer,
+    .wait_for_save = kv_wait_save,
+    .get_finished = kv_get_finished,
+    .get_block_ids_with_load_errors = kv_load_errors,
+    .get_handshake_metadata = kv_get_handshake,
+    .get_stats = kv_stats,
+    .get_push_params = kv_push_params,
+    .get_event_fd = kv_event_fd,
+};
+
+KV_EXPORT hixl_kv_status hixl_kv_connector_entry(uint32_t abi_major, const hixl_kv_ops **ops, char *err,
+                                                 size_t err_cap);
+
+KV_EXPORT hixl_kv_status hixl_kv_connector_entry(uint32_t abi_major, const hixl_kv_ops **ops, char *err,
+                                                 size_t err_cap);
+
+hixl_kv_status hixl_kv_connector_entry(uint32_t abi_major, const hixl_kv_ops **ops, char *err,
+                                       size_t err_cap) {
+  if (!ops) {
+    if (err && err_cap) snprintf(err, err_cap, "hixl_kv_connector_entry: ops output is NULL");
+    return HIXL_KV_PARAM_INVALID;
+  }
+  if (abi_major != HIXL_KV_ABI_MAJOR) {
+    if (err && err_cap)
+      snprintf(err, err_cap,
+               "hixl_kv_connector_entry: this plugin serves ABI major version %u (minor %u), not %u",
+               HIXL_KV_ABI_MAJOR, HIXL_KV_ABI_MINOR, abi_major);
+    return HIXL_KV_UNSUPPORTED;
+  }
+  *ops = &kv_ops_v1;
+  return HIXL_KV_SUCCESS;
+}

@@ -1,0 +1,98 @@
+/* kv_peer: calls to a peer worker's KV service (kv_service.c), and linking to it. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_ext.h"
+#include "kv_int.h"
+
+/* A KV service request: op on request id (LAYER: which layer; ABORT: why). */
+bool kv_msg(struct kv_out *o, uint8_t op, const char *id, uint32_t layer, const char *reason) {
+  kv_put_u8(o, KV_SVC_PROTO);
+  kv_put_u8(o, op);
+  kv_put_str(o, id, strlen(id));
+  if (op == KV_SVC_LAYER || op == KV_SVC_LAYERS) kv_put_u32(o, layer); /* LAYERS: the caller adds count */
+  if (op == KV_SVC_ABORT) kv_put_str(o, reason, strnlen(reason, KV_MAX_ID));
+  return !o->bad;
+}
+
+int kv_call_ex(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, uint32_t layer,
+               const char *reason, uint8_t *ans, size_t cap, size_t *n, int32_t timeout_ms, HixlStatus *st) {
+  struct kv_out o = {0};
+  if (!kv_msg(&o, op, id, layer, reason)) {
+    free(o.p);
+    *st = HIXL_RESOURCE_EXHAUSTED;
+    return -1;
+  }
+  *st = hixl_engine_call(c->eng, remote, HIXL_SERVICE_KV, o.p, o.len, ans, cap, n,
+                         timeout_ms > 0 ? timeout_ms : 1);
+  free(o.p);
+  return *st == HIXL_SUCCESS ? 0 : -1;
+}
+
+int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, uint8_t *ans, size_t cap,
+            size_t *n, int32_t timeout_ms, HixlStatus *st) {
+  return kv_call_ex(c, remote, op, id, 0, "", ans, cap, n, timeout_ms, st);
+}
+
+/* Link to the peer of e (again, if its link was lost), within timeout_ms: SUCCESS
+ * also when it was linked already. A peer it fails for is remembered as unreachable
+ * until a Link to it succeeds. */
+HixlStatus kv_link(hixl_kv_connector *c, const struct kv_meta_entry *e, int32_t timeout_ms) {
+  HixlStatus st = HixlCacheManagerLink(c->mgr, e->cluster, e->remote, timeout_ms);
+  if (st == HIXL_ALREADY_CONNECTED) st = HIXL_SUCCESS;
+  pthread_mutex_lock(&c->lock);
+  if (st == HIXL_SUCCESS)
+    kv_idset_del(&c->unreach, e->remote);
+  else if (!kv_idset_has(&c->unreach, e->remote))
+    kv_idset_add(&c->unreach, e->remote);
+  pthread_mutex_unlock(&c->lock);
+  return st;
+}
+
+/* Tell the peer of e that its request ended (FREE, ABORT with reason), best effort;
+ * a peer that could not be told is named on stderr.
+ * When the link was lost (by the transfer, or under this call), link again and tell it
+ * there: else the peer would hold the request until its lease ran out, and then cut
+ * every link with this side, the new one and the transfers on it included. Not when the
+ * last Link to that peer failed (a peer that is gone would cost a wait per request),
+ * and linking within notify_timeout_ms at most. A call that timed out is not sent
+ * again: it is on the link, served when the peer reads it. */
+HixlStatus kv_tell(hixl_kv_connector *c, const struct kv_meta_entry *e, uint8_t op, const char *reason,
+                   uint8_t *ans, size_t cap, size_t *n) {
+  HixlStatus st;
+  kv_call_ex(c, e->remote, op, e->rreq, 0, reason, ans, cap, n, c->cfg.notify_timeout_ms, &st);
+  pthread_mutex_lock(&c->lock);
+  bool again = !c->shut && !kv_idset_has(&c->unreach, e->remote);
+  pthread_mutex_unlock(&c->lock);
+  if ((st == HIXL_NOT_CONNECTED || st == HIXL_FAILED) && again) {
+    int32_t t = c->cfg.notify_timeout_ms < c->cfg.connect_timeout_ms ? c->cfg.notify_timeout_ms
+                                                                     : c->cfg.connect_timeout_ms;
+    if (kv_link(c, e, t) == HIXL_SUCCESS)
+      kv_call_ex(c, e->remote, op, e->rreq, 0, reason, ans, cap, n, c->cfg.notify_timeout_ms, &st);
+  }
+  if (st != HIXL_SUCCESS)
+    fprintf(stderr,
+            "hixl-kv: request %s: %s could not be told that it ended (%s): it keeps it until its lease runs "
+            "out\n",
+            e->req, e->remote, HixlStatusName(st));
+  return st;
+}
+
+/* Two compatibility digests differ: UNSUPPORTED when only the tensor-parallel sizes
+ * do (heterogeneous TP is not built), else PARAM_INVALID; why names both. */
+HixlStatus kv_layout_mismatch(const char *peer_kind, const char *peer, const char *theirs, const char *mine,
+                              const char *me, char *why, size_t cap) {
+  const char *a = strstr(theirs, " tp="), *b = strstr(mine, " tp=");
+  if (a && b && (size_t)(a - theirs) == (size_t)(b - mine) &&
+      strncmp(theirs, mine, (size_t)(a - theirs)) == 0) {
+    snprintf(why, cap,
+             "heterogeneous tensor parallelism is not supported: the %s %s runs%s, this %s runs%s; nothing "
+             "was moved",
+             peer_kind, peer, a, me, b);
+    return HIXL_UNSUPPORTED;
+  }
+  snprintf(why, cap, "layout mismatch: the %s %s has %s, this %s has %s; nothing was moved", peer_kind, peer,
+           theirs, me, mine);
+  return HIXL_PARAM_INVALID;
+}

@@ -1,0 +1,412 @@
+/* kv_sched: the scheduler's ops. A producer's request_finished keeps a finished
+ * request's blocks (delay_free) and returns kv_transfer_params naming its worker's
+ * engine, cluster, request and blocks; a consumer's update_state_after_alloc turns
+ * such params into a LOAD (pull) or an EXPECT (push); build_connector_meta hands the
+ * step's entries to the workers. */
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_int.h"
+
+/* The fields of a consumer's kv_transfer_params; false with why when absent or bad. */
+struct kv_params {
+  char remote[KV_MAX_ENGINE + 1]; /* rank 0's engine */
+  uint64_t port0;
+  char rreq[KV_MAX_ID + 1];
+  uint64_t *blocks;
+  size_t n;
+};
+
+/* flag: "do_remote_prefill" (a consumer's params, from a producer) or
+ * "do_remote_decode" (a producer's, from a consumer in push mode). */
+static bool params_parse(const hixl_kv_request *r, const char *flag, struct kv_params *p, char *why,
+                         size_t cap) {
+  memset(p, 0, sizeof(*p));
+  if (!r->kv_transfer_params || r->kv_transfer_params_len == 0) {
+    snprintf(why, cap, "no kv_transfer_params");
+    return false;
+  }
+  struct json_tokener *tok = json_tokener_new();
+  if (!tok) return false;
+  json_object *o = json_tokener_parse_ex(tok, r->kv_transfer_params, (int)r->kv_transfer_params_len);
+  bool ok =
+      o && json_tokener_get_error(tok) == json_tokener_success && json_object_is_type(o, json_type_object);
+  json_tokener_free(tok);
+  json_object *v;
+  if (ok && (!json_object_object_get_ex(o, flag, &v) || !json_object_is_type(v, json_type_boolean) ||
+             !json_object_get_boolean(v)))
+    ok = false, snprintf(why, cap, "%s is not true", flag);
+  else if (ok &&
+           (!json_object_object_get_ex(o, "remote_engine", &v) || !json_object_is_type(v, json_type_string) ||
+            json_object_get_string_len(v) > (int)KV_MAX_ENGINE))
+    ok = false,
+    snprintf(why, cap, "remote_engine is missing or not a string of at most %u bytes", KV_MAX_ENGINE);
+  else if (ok)
+    snprintf(p->remote, sizeof(p->remote), "%s", json_object_get_string(v));
+  if (ok &&
+      (!json_object_object_get_ex(o, "remote_request_id", &v) || !json_object_is_type(v, json_type_string) ||
+       !kv_copy_id(p->rreq, json_object_get_string(v), (size_t)json_object_get_string_len(v))))
+    ok = false,
+    snprintf(why, cap, "remote_request_id is missing or not a string of 1 to %u bytes", KV_MAX_ID);
+  json_object *b = NULL;
+  if (ok &&
+      (!json_object_object_get_ex(o, "remote_block_ids", &b) || !json_object_is_type(b, json_type_array) ||
+       json_object_array_length(b) == 0 || json_object_array_length(b) > KV_MAX_BLOCKS))
+    ok = false, snprintf(why, cap, "remote_block_ids is missing, empty or longer than %u", KV_MAX_BLOCKS);
+  if (ok && !(p->blocks = malloc(json_object_array_length(b) * sizeof(uint64_t))))
+    ok = false, snprintf(why, cap, "out of memory");
+  for (size_t i = 0; ok && i < json_object_array_length(b); i++) {
+    json_object *e = json_object_array_get_idx(b, i);
+    int64_t x = json_object_get_int64(e);
+    if (!json_object_is_type(e, json_type_int) || x < 0)
+      ok = false, snprintf(why, cap, "remote_block_ids[%zu] is not a block id", i);
+    else
+      p->blocks[p->n++] = (uint64_t)x;
+  }
+  if (!ok && why[0] == '\0') snprintf(why, cap, "kv_transfer_params is not a JSON object");
+  if (!ok) {
+    free(p->blocks);
+    p->blocks = NULL;
+  }
+  json_object_put(o);
+  return ok;
+}
+
+/* Whether the request's params set flag to true (push mode: the router's mark). */
+static bool params_flag(const hixl_kv_request *r, const char *flag) {
+  if (!r->kv_transfer_params || r->kv_transfer_params_len == 0) return false;
+  struct json_tokener *tok = json_tokener_new();
+  if (!tok) return false;
+  json_object *o = json_tokener_parse_ex(tok, r->kv_transfer_params, (int)r->kv_transfer_params_len), *v;
+  bool yes = o && json_tokener_get_error(tok) == json_tokener_success &&
+             json_object_is_type(o, json_type_object) && json_object_object_get_ex(o, flag, &v) &&
+             json_object_is_type(v, json_type_boolean) && json_object_get_boolean(v);
+  json_tokener_free(tok);
+  json_object_put(o);
+  return yes;
+}
+
+static hixl_kv_status check_req(const hixl_kv_request *r, const char *fn, char *id) {
+  CHECK_ARG(r, "%s: request is NULL", fn);
+  CHECK_ARG(kv_copy_id(id, r->req_id, r->req_id_len), "%s: req_id must be 1 to %u bytes of text", fn,
+            KV_MAX_ID);
+  CHECK_ARG(r->kv_transfer_params_len == 0 || r->kv_transfer_params, "%s: kv_transfer_params is NULL", fn);
+  return HIXL_KV_SUCCESS;
+}
+
+hixl_kv_status kv_matched(hixl_kv_connector *c, const hixl_kv_request *r, uint64_t computed, int64_t *tokens,
+                          int32_t *load_async) {
+  char id[KV_MAX_ID + 1], why[256] = "";
+  hixl_kv_status st;
+  CHECK_ARG(c && tokens && load_async, "get_num_new_matched_tokens: connector or an output is NULL");
+  CHECK_ARG(c->role == HIXL_KV_ROLE_SCHEDULER,
+            "get_num_new_matched_tokens: a scheduler op, on a worker connector");
+  if ((st = check_req(r, "get_num_new_matched_tokens", id)) != HIXL_KV_SUCCESS) return st;
+  int64_t n = 0;
+  struct kv_params p = {0};
+  bool remote =
+      c->cfg.consumer &&
+      (c->cfg.push ? params_flag(r, "do_remote_prefill")
+                   : r->kv_transfer_params_len && params_parse(r, "do_remote_prefill", &p, why, sizeof(why)));
+  if (remote) {
+    free(p.blocks);
+    pthread_mutex_lock(&c->lock);
+    bool failed = kv_idset_has(&c->sched.failed, id);
+    pthread_mutex_unlock(&c->lock);
+    if (failed && !c->cfg.recompute)
+      return kv_fail(HIXL_KV_FAILED,
+                     "get_num_new_matched_tokens: request %s failed to load its KV "
+                     "(load_failure_policy fail)",
+                     id);
+    if (!failed && r->num_prompt_tokens > computed) n = (int64_t)(r->num_prompt_tokens - computed);
+  }
+  *tokens = n;
+  *load_async = n > 0;
+  return HIXL_KV_SUCCESS;
+}
+
+/* Queue one metadata entry for the next build. Lock held. */
+static void meta_add(hixl_kv_connector *c, const struct kv_meta_entry *e) {
+  kv_meta_put(&c->sched.meta, e);
+  c->sched.meta_count++;
+}
+
+/* Push mode: a consumer expects the producer's writes into the blocks just allocated
+ * (get_push_params tells the producer where); a producer queues a PUSH of its blocks
+ * into the consumer's named in the params. */
+static hixl_kv_status push_after_alloc(hixl_kv_connector *c, const hixl_kv_request *r, const char *id,
+                                       const uint64_t *blocks, size_t nblocks, uint64_t external) {
+  char why[256] = "";
+  if (c->cfg.consumer && params_flag(r, "do_remote_prefill")) {
+    if (external == 0 || nblocks == 0) return HIXL_KV_SUCCESS;
+    struct kv_alloc *a = calloc(1, sizeof(*a));
+    uint64_t *b = malloc(nblocks * sizeof(*b));
+    if (!a || !b) {
+      free(a);
+      free(b);
+      return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "update_state_after_alloc: out of memory");
+    }
+    memcpy(b, blocks, nblocks * sizeof(*b));
+    snprintf(a->id, sizeof(a->id), "%s", id);
+    a->blocks = b;
+    a->n = nblocks;
+    struct kv_meta_entry e = {.type = KV_META_EXPECT, .blocks = (uint64_t *)blocks, .nblocks = nblocks};
+    snprintf(e.req, sizeof(e.req), "%s", id);
+    pthread_mutex_lock(&c->lock);
+    a->next = c->sched.allocs;
+    c->sched.allocs = a;
+    meta_add(c, &e);
+    pthread_mutex_unlock(&c->lock);
+    return HIXL_KV_SUCCESS;
+  }
+  struct kv_params p;
+  if (!c->cfg.producer || !params_parse(r, "do_remote_decode", &p, why, sizeof(why))) return HIXL_KV_SUCCESS;
+  hixl_kv_status st = HIXL_KV_SUCCESS;
+  struct kv_meta_entry e = {.type = KV_META_PUSH, .blocks = (uint64_t *)blocks, .nblocks = nblocks};
+  snprintf(e.req, sizeof(e.req), "%s", id);
+  snprintf(e.remote, sizeof(e.remote), "%s", p.remote);
+  snprintf(e.rreq, sizeof(e.rreq), "%s", p.rreq);
+  char engine[64];
+  /* A block count that differs is refused by the pusher when it accepts on the consumer,
+   * which tells the consumer at once (after the layout check, so a layout mismatch is
+   * named as such). */
+  if (nblocks == 0)
+    st = kv_fail(HIXL_KV_PARAM_INVALID, "update_state_after_alloc: no blocks for request %s", id);
+  else if (kv_worker_address(p.remote, 0, engine, sizeof(engine), &e.cluster) != HIXL_KV_SUCCESS)
+    st = kv_fail(HIXL_KV_PARAM_INVALID,
+                 "update_state_after_alloc: request %s: remote_engine \"%s\" is not ip:port", id, p.remote);
+  if (st == HIXL_KV_SUCCESS) {
+    e.rblocks = p.blocks;
+    e.nrblocks = p.n;
+    pthread_mutex_lock(&c->lock);
+    meta_add(c, &e);
+    if (!kv_idset_has(&c->sched.pushing, id)) kv_idset_add(&c->sched.pushing, id);
+    pthread_mutex_unlock(&c->lock);
+  }
+  free(p.blocks);
+  return st;
+}
+
+hixl_kv_status kv_after_alloc(hixl_kv_connector *c, const hixl_kv_request *r, const uint64_t *blocks,
+                              size_t nblocks, uint64_t external) {
+  char id[KV_MAX_ID + 1], why[256] = "";
+  hixl_kv_status st;
+  CHECK_ARG(c && c->role == HIXL_KV_ROLE_SCHEDULER,
+            "update_state_after_alloc: connector is NULL or a worker's");
+  if ((st = check_req(r, "update_state_after_alloc", id)) != HIXL_KV_SUCCESS) return st;
+  CHECK_ARG(nblocks == 0 || blocks, "update_state_after_alloc: block_ids is NULL");
+  if (c->cfg.push) return push_after_alloc(c, r, id, blocks, nblocks, external);
+  struct kv_params p;
+  if (!c->cfg.consumer || r->kv_transfer_params_len == 0 ||
+      !params_parse(r, "do_remote_prefill", &p, why, sizeof(why)))
+    return HIXL_KV_SUCCESS;
+  struct kv_meta_entry e = {.type = external > 0 && nblocks > 0 ? KV_META_LOAD : KV_META_FREE};
+  snprintf(e.req, sizeof(e.req), "%s", id);
+  snprintf(e.remote, sizeof(e.remote), "%s", p.remote);
+  snprintf(e.rreq, sizeof(e.rreq), "%s", p.rreq);
+  st = HIXL_KV_SUCCESS;
+  if (e.type == KV_META_LOAD) {
+    /* Locally cached leading blocks are not loaded: the last nblocks remote ones are. */
+    if (nblocks > p.n) {
+      st = kv_fail(HIXL_KV_PARAM_INVALID,
+                   "update_state_after_alloc: %zu blocks allocated for request %s, the "
+                   "producer holds %zu",
+                   nblocks, id, p.n);
+      e.type = KV_META_FREE;
+    } else {
+      e.blocks = (uint64_t *)blocks;
+      e.nblocks = nblocks;
+      e.rblocks = p.blocks + (p.n - nblocks);
+      e.nrblocks = nblocks;
+    }
+  }
+  char engine[64];
+  uint64_t cluster = 0;
+  /* This rank's producer: the same rank on the other side (homogeneous parallelism). */
+  if (kv_worker_address(p.remote, 0, engine, sizeof(engine), &cluster) != HIXL_KV_SUCCESS) {
+    st = kv_fail(HIXL_KV_PARAM_INVALID,
+                 "update_state_after_alloc: request %s: remote_engine \"%s\" is not ip:port", id, p.remote);
+  } else {
+    e.cluster = cluster;
+    pthread_mutex_lock(&c->lock);
+    meta_add(c, &e);
+    pthread_mutex_unlock(&c->lock);
+  }
+  free(p.blocks);
+  return st;
+}
+
+hixl_kv_status kv_build_meta(hixl_kv_connector *c, hixl_kv_buffer *meta) {
+  CHECK_ARG(c && meta && c->role == HIXL_KV_ROLE_SCHEDULER,
+            "build_connector_meta: connector or meta is NULL, or "
+            "the connector is a worker's");
+  struct kv_out o = {0};
+  pthread_mutex_lock(&c->lock);
+  kv_meta_begin(&o, c->sched.meta_count);
+  kv_put_raw(&o, c->sched.meta.p, c->sched.meta.len); /* the entries, encoded as they were queued */
+  bool bad = o.bad || c->sched.meta.bad;
+  if (!bad) { /* the step's entries are in the metadata now */
+    c->sched.meta.len = 0;
+    c->sched.meta_count = 0;
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (bad) {
+    free(o.p);
+    return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "build_connector_meta: out of memory");
+  }
+  meta->data = o.p;
+  meta->len = o.len;
+  return HIXL_KV_SUCCESS;
+}
+
+hixl_kv_status kv_finished(hixl_kv_connector *c, const hixl_kv_request *r, const uint64_t *blocks,
+                           size_t nblocks, int32_t *delay_free, hixl_kv_buffer *params) {
+  char id[KV_MAX_ID + 1], why[256] = "";
+  hixl_kv_status st;
+  CHECK_ARG(c && delay_free && params && c->role == HIXL_KV_ROLE_SCHEDULER,
+            "request_finished: connector or an output is NULL, or the connector is a worker's");
+  if ((st = check_req(r, "request_finished", id)) != HIXL_KV_SUCCESS) return st;
+  CHECK_ARG(nblocks == 0 || blocks, "request_finished: block_ids is NULL");
+  struct kv_params p;
+  /* A consumer's request that never loaded: the producer frees what it holds. */
+  if (c->cfg.consumer && (r->flags & HIXL_KV_REQ_ABORTED) && r->kv_transfer_params_len &&
+      params_parse(r, "do_remote_prefill", &p, why, sizeof(why))) {
+    struct kv_meta_entry e = {.type = KV_META_FREE};
+    snprintf(e.req, sizeof(e.req), "%s", id);
+    snprintf(e.remote, sizeof(e.remote), "%s", p.remote);
+    snprintf(e.rreq, sizeof(e.rreq), "%s", p.rreq);
+    char engine[64];
+    if (kv_worker_address(p.remote, 0, engine, sizeof(engine), &e.cluster) == HIXL_KV_SUCCESS) {
+      pthread_mutex_lock(&c->lock);
+      meta_add(c, &e);
+      pthread_mutex_unlock(&c->lock);
+    }
+    free(p.blocks);
+  }
+  if (c->cfg.push) { /* a pushed request's blocks stay until the pusher has sent them */
+    pthread_mutex_lock(&c->lock);
+    bool pushing = kv_idset_has(&c->sched.pushing, id);
+    if (pushing) {
+      for (size_t i = 0; i < c->sched.pushing.n; i++)
+        if (strcmp(c->sched.pushing.v[i], id) == 0) {
+          free(c->sched.pushing.v[i]);
+          c->sched.pushing.v[i] = c->sched.pushing.v[--c->sched.pushing.n];
+          break;
+        }
+    }
+    pthread_mutex_unlock(&c->lock);
+    *delay_free = pushing;
+    params->data = NULL;
+    params->len = 0;
+    return HIXL_KV_SUCCESS;
+  }
+  bool full = false;
+  if (c->cfg.producer && !(r->flags & HIXL_KV_REQ_ABORTED) && nblocks > 0) {
+    pthread_mutex_lock(&c->lock);
+    full = c->sched.holding.n >= c->cfg.max_inflight;
+    if (full && c->sched.not_held++ == 0)
+      fprintf(stderr,
+              "hixl-kv: %zu requests are held for consumers (max_inflight_requests); request %s and "
+              "later ones beyond the bound are not held: their consumers recompute them\n",
+              c->sched.holding.n, id);
+    else if (!full && kv_idset_add(&c->sched.holding, id) != 0)
+      full = true;
+    pthread_mutex_unlock(&c->lock);
+  }
+  if (!c->cfg.producer || (r->flags & HIXL_KV_REQ_ABORTED) || nblocks == 0 || full) {
+    *delay_free = 0;
+    params->data = NULL;
+    params->len = 0;
+    return HIXL_KV_SUCCESS;
+  }
+  /* Keep the blocks for a consumer; tell it where they are. */
+  json_object *o = json_object_new_object(), *arr = json_object_new_array();
+  for (size_t i = 0; i < nblocks && arr; i++)
+    json_object_array_add(arr, json_object_new_int64((int64_t)blocks[i]));
+  if (o && arr) {
+    json_object_object_add(o, "do_remote_prefill", json_object_new_boolean(1));
+    json_object_object_add(o, "do_remote_decode", json_object_new_boolean(0));
+    json_object_object_add(o, "remote_engine", json_object_new_string(c->cfg.address));
+    json_object_object_add(o, "remote_request_id", json_object_new_string(id));
+    json_object_object_add(o, "remote_block_ids", arr);
+    json_object_object_add(o, "remote_num_tokens", json_object_new_int64((int64_t)r->num_prompt_tokens));
+    json_object_object_add(o, "lease_ms", json_object_new_int64(c->cfg.lease_ms));
+    json_object_object_add(o, "hixl_abi", json_object_new_int(HIXL_KV_ABI_MAJOR));
+    arr = NULL;
+  }
+  const char *text = o ? json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN) : NULL;
+  uint8_t *copy = text ? (uint8_t *)strdup(text) : NULL;
+  struct kv_meta_entry e = {.type = KV_META_HOLD, .blocks = (uint64_t *)blocks, .nblocks = nblocks};
+  snprintf(e.req, sizeof(e.req), "%s", id);
+  if (copy) {
+    pthread_mutex_lock(&c->lock);
+    meta_add(c, &e);
+    pthread_mutex_unlock(&c->lock);
+  }
+  json_object_put(arr);
+  json_object_put(o);
+  if (!copy) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "request_finished: out of memory");
+  *delay_free = 1;
+  params->data = copy;
+  params->len = strlen((char *)copy);
+  return HIXL_KV_SUCCESS;
+}
+
+hixl_kv_status kv_push_params(hixl_kv_connector *c, const char *req_id, size_t len, hixl_kv_buffer *out) {
+  char id[KV_MAX_ID + 1];
+  CHECK_ARG(c && out && c->role == HIXL_KV_ROLE_SCHEDULER,
+            "get_push_params: connector or output is NULL, or a worker's");
+  CHECK_ARG(kv_copy_id(id, req_id, len), "get_push_params: req_id must be 1 to %u bytes of text", KV_MAX_ID);
+  CHECK_ARG(c->cfg.push && c->cfg.consumer, "get_push_params: for a consumer in mode push");
+  pthread_mutex_lock(&c->lock);
+  struct kv_alloc **pp = &c->sched.allocs;
+  while (*pp && strcmp((*pp)->id, id) != 0) pp = &(*pp)->next;
+  struct kv_alloc *a = *pp;
+  if (a) *pp = a->next;
+  pthread_mutex_unlock(&c->lock);
+  if (!a) return kv_fail(HIXL_KV_NOT_FOUND, "get_push_params: no blocks were allocated for request %s", id);
+  json_object *o = json_object_new_object(), *arr = json_object_new_array();
+  for (size_t i = 0; i < a->n && arr; i++)
+    json_object_array_add(arr, json_object_new_int64((int64_t)a->blocks[i]));
+  char *copy = NULL;
+  if (o && arr) {
+    json_object_object_add(o, "do_remote_prefill", json_object_new_boolean(0));
+    json_object_object_add(o, "do_remote_decode", json_object_new_boolean(1));
+    json_object_object_add(o, "remote_engine", json_object_new_string(c->cfg.address));
+    json_object_object_add(o, "remote_request_id", json_object_new_string(id));
+    json_object_object_add(o, "remote_block_ids", arr);
+    json_object_object_add(o, "hixl_abi", json_object_new_int(HIXL_KV_ABI_MAJOR));
+    arr = NULL;
+    copy = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
+  }
+  json_object_put(arr);
+  json_object_put(o);
+  free(a->blocks);
+  free(a);
+  if (!copy) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "get_push_params: out of memory");
+  out->data = (uint8_t *)copy;
+  out->len = strlen(copy);
+  return HIXL_KV_SUCCESS;
+}
+
+hixl_kv_status kv_update_output(hixl_kv_connector *c, const hixl_kv_ids *sending, const hixl_kv_ids *recving,
+                                const hixl_kv_ids *failed) {
+  (void)recving;
+  CHECK_ARG(c && c->role == HIXL_KV_ROLE_SCHEDULER,
+            "update_connector_output: connector is NULL or a worker's");
+  pthread_mutex_lock(&c->lock);
+  for (size_t i = 0; sending && i < sending->count; i++) /* their blocks are free: room to hold more */
+    if (sending->ids[i]) kv_idset_del(&c->sched.holding, sending->ids[i]);
+  for (size_t i = 0; failed && i < failed->count; i++)
+    if (failed->ids[i] && !kv_idset_has(&c->sched.failed, failed->ids[i]))
+      kv_idset_add(&c->sched.failed, failed->ids[i]);
+  pthread_mutex_unlock(&c->lock);
+  return HIXL_KV_SUCCESS;
+}
+
+hixl_kv_status kv_set_handshake(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
+  CHECK_ARG(c && (meta || len == 0), "set_handshake_metadata: connector or metadata is NULL");
+  return HIXL_KV_SUCCESS; /* kv_transfer_params and the PIN answer carry what a peer needs */
+}

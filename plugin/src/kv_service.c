@@ -1,0 +1,188 @@
+/* kv_service: the KV service a worker answers (engine CALL frames, service
+ * HIXL_SERVICE_KV, on the engine's progress thread): as a pull producer, PIN and FREE
+ * of the requests it holds for consumers, with their leases; as a push consumer,
+ * ACCEPT, the landed LAYER(S) notices and ABORT of the pushes it expects. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_int.h"
+
+struct kv_held *kv_held_find(hixl_kv_connector *c, const char *id) {
+  for (struct kv_held *h = c->hold.held; h; h = h->next)
+    if (strcmp(h->id, id) == 0) return h;
+  return NULL;
+}
+
+/* Unlink h, report it finished-sending, free it. Lock held. */
+static void held_release(hixl_kv_connector *c, struct kv_held *h) {
+  struct kv_held **pp = &c->hold.held;
+  while (*pp != h) pp = &(*pp)->next;
+  *pp = h->next;
+  c->stats.blocks_held -= h->n;
+  c->stats.requests_held--;
+  kv_finished_add(c, &c->sending_done, h->id);
+  kv_gone_add(c, h->id);
+  free(h->blocks);
+  free(h);
+}
+
+/* Free held requests whose lease ran out. A consumer that pinned one may still be
+ * reading its blocks: its links are cut before the host hears that the blocks are
+ * free (drop_peers, in get_finished), so no answer of this engine reads them after
+ * the host reuses them. Lock held. */
+void kv_leases_expire(hixl_kv_connector *c) {
+  uint64_t now = kv_now_ns();
+  for (struct kv_held *h = c->hold.held, *next; h; h = next) {
+    next = h->next;
+    if (now >= h->expires_ns) {
+      c->stats.lease_expired++;
+      if (h->consumer[0] && !kv_idset_has(&c->drop, h->consumer)) kv_idset_add(&c->drop, h->consumer);
+      held_release(c, h);
+    }
+  }
+}
+
+/* ---- push mode: what a consumer worker expects ---- */
+
+struct kv_expect *kv_expect_find(hixl_kv_connector *c, const char *id) {
+  for (struct kv_expect *x = c->exp.expects; x; x = x->next)
+    if (strcmp(x->id, id) == 0) return x;
+  return NULL;
+}
+
+/* x ends: landed whole (why NULL) or failed. Lock held. */
+static void expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why) {
+  struct kv_expect **pp = &c->exp.expects;
+  while (*pp != x) pp = &(*pp)->next;
+  *pp = x->next;
+  if (why) {
+    c->stats.loads_failed++;
+    kv_err_blocks_add(c, x->blocks, x->n);
+    fprintf(stderr, "hixl-kv: request %s failed to load: %s\n", x->id, why);
+  } else {
+    c->stats.loads_done++;
+  }
+  kv_finished_add(c, &c->recving_done, x->id);
+  kv_gone_add(c, x->id);
+  free(x->blocks);
+  free(x->landed);
+  free(x);
+  pthread_cond_broadcast(&c->exp.landed);
+}
+
+/* Expected pushes that no producer finished within the lease fail. Lock held. */
+void kv_expects_expire(hixl_kv_connector *c) {
+  uint64_t now = kv_now_ns();
+  for (struct kv_expect *x = c->exp.expects, *next; x; x = next) {
+    next = x->next;
+    if (now >= x->deadline_ns) {
+      char why[96];
+      snprintf(why, sizeof(why), "no producer wrote all %u layers within lease_ms %u", c->layers,
+               c->cfg.lease_ms);
+      /* A producer that accepted may still be writing: its links are cut before the
+       * host hears of the failure and reuses the blocks (see drop_peers). */
+      if (x->producer[0] && !kv_idset_has(&c->drop, x->producer)) kv_idset_add(&c->drop, x->producer);
+      expect_end(c, x, why);
+    }
+  }
+}
+
+HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp, size_t cap,
+                    size_t *resp_len) {
+  hixl_kv_connector *c = ctx;
+  struct kv_in in = {req, len, 0, false};
+  char id[KV_MAX_ID + 1];
+  char reason[KV_MAX_ID + 1] = "";
+  uint8_t proto = kv_get_u8(&in), op = kv_get_u8(&in);
+  kv_get_str(&in, id, KV_MAX_ID);
+  uint32_t layer = op == KV_SVC_LAYER || op == KV_SVC_LAYERS ? kv_get_u32(&in) : 0;
+  uint32_t count = op == KV_SVC_LAYERS ? kv_get_u32(&in) : 1;
+  if (op == KV_SVC_ABORT) kv_get_str(&in, reason, KV_MAX_ID);
+  struct kv_out out = {0};
+  HixlStatus st = HIXL_SUCCESS;
+  if (in.bad || in.off != len || proto != KV_SVC_PROTO || (op == KV_SVC_LAYERS && count < 2)) {
+    *resp_len = (size_t)snprintf((char *)resp, cap, "malformed KV service request from %s", peer);
+    return HIXL_PARAM_INVALID;
+  }
+  pthread_mutex_lock(&c->lock);
+  kv_leases_expire(c);
+  kv_expects_expire(c);
+  struct kv_held *h = kv_held_find(c, id);
+  struct kv_expect *x = kv_expect_find(c, id);
+  if (op == KV_SVC_ACCEPT) {
+    if (x) {
+      snprintf(x->producer, sizeof(x->producer), "%s", peer);
+      kv_put_u8(&out, KV_PIN_HELD);
+      kv_put_str(&out, c->layout_text, strlen(c->layout_text));
+      kv_put_u32(&out, (uint32_t)x->n);
+      kv_put_u64(&out, kv_blocks_digest(x->blocks, x->n));
+    } else if (kv_idset_has(&c->gone, id)) {
+      kv_put_u8(&out, KV_PIN_GONE);
+      const char *why = "it already ended (loaded, failed or expired)";
+      kv_put_str(&out, why, strlen(why));
+    } else {
+      kv_put_u8(&out, KV_PIN_NOT_YET);
+    }
+  } else if (op == KV_SVC_LAYER || op == KV_SVC_LAYERS) {
+    if (x && layer < c->layers && count <= c->layers - layer) {
+      bool woke = false;
+      for (uint32_t l = layer; l < layer + count && x; l++)
+        if (!x->landed[l]) {
+          x->landed[l] = 1;
+          woke = true;
+          if (++x->nlanded == c->layers) expect_end(c, x, NULL), x = NULL;
+        }
+      if (woke) pthread_cond_broadcast(&c->exp.landed); /* the forward pass only */
+    } else {
+      st = x ? HIXL_PARAM_INVALID : HIXL_NOT_FOUND;
+    }
+  } else if (op == KV_SVC_ABORT) {
+    if (x) {
+      char why[KV_MAX_ID + 64];
+      snprintf(why, sizeof(why), "the producer %s gave up: %s", peer, reason);
+      expect_end(c, x, why);
+    }
+  } else if (op == KV_SVC_PIN) {
+    if (h) {
+      h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
+      snprintf(h->consumer, sizeof(h->consumer), "%s", peer);
+      kv_put_u8(&out, KV_PIN_HELD);
+      kv_put_str(&out, c->layout_text, strlen(c->layout_text));
+      kv_put_u32(&out, (uint32_t)h->n);
+      kv_put_u64(&out, kv_blocks_digest(h->blocks, h->n));
+    } else if (kv_idset_has(&c->gone, id)) {
+      kv_put_u8(&out, KV_PIN_GONE);
+      const char *why = "it was freed, its lease expired, or it was aborted";
+      kv_put_str(&out, why, strlen(why));
+    } else {
+      kv_put_u8(&out, KV_PIN_NOT_YET);
+    }
+  } else if (op == KV_SVC_FREE) {
+    if (h)
+      held_release(c, h);
+    else if (!kv_idset_has(&c->gone, id))
+      kv_gone_add(c, id); /* freed before it was even bound (an abort): never hold it */
+  } else {
+    st = HIXL_UNSUPPORTED;
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (st != HIXL_SUCCESS) {
+    *resp_len = (size_t)snprintf((char *)resp, cap, "%s: KV service operation %u for request %s",
+                                 st == HIXL_NOT_FOUND       ? "not expected here"
+                                 : st == HIXL_PARAM_INVALID ? "layers out of range"
+                                                            : "unknown",
+                                 op, id);
+    free(out.p);
+    return st;
+  }
+  if (out.bad || out.len > cap) {
+    free(out.p);
+    *resp_len = (size_t)snprintf((char *)resp, cap, "KV service answer for %s does not fit", id);
+    return HIXL_RESOURCE_EXHAUSTED;
+  }
+  if (out.len) memcpy(resp, out.p, out.len);
+  *resp_len = out.len;
+  free(out.p);
+  return HIXL_SUCCESS;
+}
