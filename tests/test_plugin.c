@@ -249,26 +249,59 @@ static bool ids_have(const hixl_kv_ids *ids, const char *id) {
   return false;
 }
 
-/* Step until id shows in the worker's sending (which 0) or receiving (1) list, or
- * timeout_ms passes. */
-static bool wait_finished(struct inst *x, const char *id, int which, int timeout_ms) {
+/* Step until one of ids[] not seen yet shows in the worker's sending (which 0) or
+ * receiving (1) list, or timeout_ms passes: sets seen[] of each that showed in that
+ * get_finished and returns how many did (0: none in time). */
+static size_t wait_any(struct inst *x, const char *const *ids, bool *seen, size_t n, int which,
+                       int timeout_ms) {
   int64_t end = now_ms() + timeout_ms;
   do {
     hixl_kv_ids s = {0}, r = {0};
+    size_t got = 0;
     step(x);
-    if (ops->get_finished(x->worker, NULL, &s, &r) != HIXL_KV_SUCCESS) return false;
-    bool got = ids_have(which ? &r : &s, id);
+    if (ops->get_finished(x->worker, NULL, &s, &r) != HIXL_KV_SUCCESS) return 0;
+    for (size_t i = 0; i < n; i++)
+      if (!seen[i] && ids_have(which ? &r : &s, ids[i])) seen[i] = true, got++;
     ops->free_ids(&s);
     ops->free_ids(&r);
-    if (got) return true;
+    if (got) return got;
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL);
   } while (now_ms() < end);
-  return false;
+  return 0;
+}
+
+/* wait_any until every one of ids[] has shown. */
+static bool wait_all(struct inst *x, const char *const *ids, bool *seen, size_t n, int which,
+                     int timeout_ms) {
+  int64_t end = now_ms() + timeout_ms;
+  size_t got = 0;
+  for (size_t i = 0; i < n; i++) got += seen[i];
+  while (got < n && now_ms() < end) got += wait_any(x, ids, seen, n, which, (int)(end - now_ms()));
+  return got == n;
+}
+
+static bool wait_finished(struct inst *x, const char *id, int which, int timeout_ms) {
+  bool seen = false;
+  return wait_any(x, &id, &seen, 1, which, timeout_ms) > 0;
 }
 
 static hixl_kv_request request(const char *id, uint64_t tokens, const char *params) {
   return (hixl_kv_request){id, strlen(id), tokens, params, params ? strlen(params) : 0, 0};
+}
+
+/* params with the string value of key replaced by value (a copy to free). */
+static char *params_with(const char *params, const char *key, const char *value) {
+  char pat[64], *out = malloc(strlen(params) + strlen(value) + 1);
+  snprintf(pat, sizeof(pat), "\"%s\":\"", key);
+  const char *v = strstr(params, pat), *end = v ? strchr(v + strlen(pat), '"') : NULL;
+  if (!out || !end) {
+    free(out);
+    return NULL;
+  }
+  size_t head = (size_t)(v - params) + strlen(pat);
+  sprintf(out, "%.*s%s%s", (int)head, params, value, end);
+  return out;
 }
 
 /* Prefill side of a hand-off: compute, finish, return the kv_transfer_params. */
@@ -290,9 +323,9 @@ static char *prefill_finish(struct inst *p, const char *id, uint64_t seed, const
   return text;
 }
 
-/* Decode side: match, allocate, load. */
-static void decode_load(struct inst *d, const char *id, const char *params, const uint64_t *blocks,
-                        size_t n) {
+/* Decode side: match, allocate (the LOAD goes in the next step's metadata). */
+static void decode_alloc(struct inst *d, const char *id, const char *params, const uint64_t *blocks,
+                         size_t n) {
   hixl_kv_request r = request(id, n * BLOCK_TOKENS, params);
   int64_t tokens = 0;
   int32_t async = 0;
@@ -300,6 +333,12 @@ static void decode_load(struct inst *d, const char *id, const char *params, cons
   CU_ASSERT_EQUAL(tokens, (int64_t)(n * BLOCK_TOKENS));
   CU_ASSERT_EQUAL(async, 1);
   ST_IS(ops->update_state_after_alloc(d->sched, &r, blocks, n, (uint64_t)tokens), HIXL_KV_SUCCESS);
+}
+
+/* ... and load. */
+static void decode_load(struct inst *d, const char *id, const char *params, const uint64_t *blocks,
+                        size_t n) {
+  decode_alloc(d, id, params, blocks, n);
   step(d);
 }
 
@@ -364,13 +403,22 @@ static void test_table_sizes(void) {
   CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, alloc_kv_caches), 8 + 24 * sizeof(void *));
   /* 1.2 appends get_event_fd */
   CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, get_event_fd), 8 + 25 * sizeof(void *));
-  CU_ASSERT_EQUAL(ops->abi_version, (1u << 16) | 2u);
+  /* 1.3 appends get_stats_ex */
+  CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, get_stats_ex), 8 + 26 * sizeof(void *));
+  CU_ASSERT_EQUAL(ops->abi_version, (1u << 16) | 3u);
   small.size = (uint32_t)offsetof(hixl_kv_ops, alloc_kv_caches); /* a 1.0 plugin */
   CU_ASSERT_TRUE(HIXL_KV_HAS_OP(&small, get_push_params));
   CU_ASSERT_FALSE(HIXL_KV_HAS_OP(&small, alloc_kv_caches));
   small.size = (uint32_t)offsetof(hixl_kv_ops, get_event_fd); /* a 1.1 plugin */
   CU_ASSERT_TRUE(HIXL_KV_HAS_OP(&small, alloc_kv_caches));
   CU_ASSERT_FALSE(HIXL_KV_HAS_OP(&small, get_event_fd));
+  small.size = (uint32_t)offsetof(hixl_kv_ops, get_stats_ex); /* a 1.2 plugin */
+  CU_ASSERT_TRUE(HIXL_KV_HAS_OP(&small, get_event_fd));
+  CU_ASSERT_FALSE(HIXL_KV_HAS_OP(&small, get_stats_ex));
+  /* hixl_kv_stats is frozen; hixl_kv_stats_ex is hixl_kv_stats's fields behind its size */
+  CU_ASSERT_EQUAL(sizeof(hixl_kv_stats), 11 * 8);
+  CU_ASSERT_EQUAL(offsetof(hixl_kv_stats_ex, blocks_held), 8);
+  CU_ASSERT_EQUAL(offsetof(hixl_kv_stats_ex, bytes_pushed), 8 + sizeof(hixl_kv_stats));
 }
 
 /* alloc_kv_caches: the plugin allocates the layers (base and v_offset written back,
@@ -632,6 +680,26 @@ static void child_end(struct child *ch) {
   close(ch->from_child);
 }
 
+/* A prefill child holding req-7 (seed, nblocks) and a decode whose connect and transfer
+ * timeouts are timeout_ms; returns req-7's kv_transfer_params (to free), NULL if none. */
+static char *pull_pair_up(struct child *ch, struct inst *d, uint64_t seed, size_t nblocks, int timeout_ms) {
+  struct prefill_args a = {free_port(), 30000, seed, nblocks};
+  char line[4096], cfg[512];
+  if (child_start(ch, "pull", &a) != 0 || !read_line(ch->from_child, line, sizeof(line), 20000) ||
+      strncmp(line, "params ", 7) != 0)
+    return NULL;
+  config(cfg, sizeof(cfg), free_port(), "consumer", 30000, "fail", timeout_ms);
+  ST_IS(inst_up(d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+  return strdup(line + 7);
+}
+
+/* Load errors are exactly blocks[0..n). */
+static bool load_errors_are(struct inst *d, const uint64_t *blocks, size_t n) {
+  uint64_t errs[BLOCKS];
+  size_t got = load_errors(d, errs, BLOCKS);
+  return got == n && (n == 0 || memcmp(errs, blocks, n * sizeof(*blocks)) == 0);
+}
+
 static void test_pull_two_processes(void) {
   struct prefill_args a = {free_port(), 30000, 42, 8};
   struct child ch;
@@ -825,6 +893,70 @@ static void test_layout_mismatch(void) { mismatch_case(13, "dec-13", BLOCK_BYTES
 /* A consumer of another tensor-parallel size (2 against the producer's 1): the load
  * fails as heterogeneous TP (not built), moves nothing, and the producer frees. */
 static void test_tp_mismatch(void) { mismatch_case(14, "dec-14", BLOCK_BYTES, 2); }
+
+/* A producer that refuses connections (nothing listens at its address) does not stall
+ * the loads of a healthy one bound in the same step behind it: A is received and
+ * verified while B still waits out connect_timeout_ms, and B fails after. */
+static void test_dead_producer_no_stall(void) {
+  enum { T = 10000 }; /* connect and transfer timeout; A's load on loopback takes milliseconds */
+  struct child ch = {0};
+  struct inst d;
+  char dead[64];
+  char *params = pull_pair_up(&ch, &d, 46, 4, T);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(params);
+  snprintf(dead, sizeof(dead), "%s:%u", test_ip(), (unsigned)free_port());
+  char *dead_params = params_with(params, "remote_engine", dead);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(dead_params);
+  const char *ids[2] = {"dec-a", "dec-b"};
+  decode_alloc(&d, ids[1], dead_params, decode_blocks + 4, 4); /* B ahead of A in the step's metadata */
+  decode_alloc(&d, ids[0], params, decode_blocks, 4);
+  step(&d);
+  bool seen[2] = {false, false};
+  CU_ASSERT(wait_any(&d, ids, seen, 2, 1, T + 10000) > 0);
+  CU_ASSERT_TRUE(seen[0]);  /* A first ... */
+  CU_ASSERT_FALSE(seen[1]); /* ... while B still links */
+  CU_ASSERT_EQUAL(kv_verify(&d.kv, 46, decode_blocks, 4), -1);
+  CU_ASSERT_TRUE(wait_all(&d, ids, seen, 2, 1, T + 10000));
+  CU_ASSERT_TRUE(load_errors_are(&d, decode_blocks + 4, 4)); /* B's, and none of A's */
+  CU_ASSERT_TRUE(others_untouched(&d.kv, decode_blocks, 4, 0xEE));
+  char line[128];
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  CU_ASSERT_STRING_EQUAL(line, "freed 1 held 0 expired 0");
+  child_end(&ch);
+  inst_down(&d);
+  free(dead_params);
+  free(params);
+}
+
+/* A request id the producer never held fails at once (NOT_FOUND), not after
+ * transfer_timeout_ms, and moves nothing; the id it holds still loads after it. */
+static void test_never_held_fails_at_once(void) {
+  struct child ch = {0};
+  struct inst d;
+  char *params = pull_pair_up(&ch, &d, 47, 4, 30000);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(params);
+  char *bogus = params_with(params, "remote_request_id", "never-held");
+  CU_ASSERT_PTR_NOT_NULL_FATAL(bogus);
+  decode_load(&d, "dec-n", bogus, decode_blocks + 4, 4);
+  CU_ASSERT_TRUE(wait_finished(&d, "dec-n", 1, 10000)); /* a third of the timeout */
+  CU_ASSERT_TRUE(load_errors_are(&d, decode_blocks + 4, 4));
+  CU_ASSERT_EQUAL(count_byte(&d.kv, 0xEE), d.kv.len);
+  decode_load(&d, "dec-7", params, decode_blocks, 4);
+  CU_ASSERT_TRUE(wait_finished(&d, "dec-7", 1, 20000));
+  CU_ASSERT_TRUE(load_errors_are(&d, NULL, 0));
+  CU_ASSERT_EQUAL(kv_verify(&d.kv, 47, decode_blocks, 4), -1);
+  CU_ASSERT_TRUE(others_untouched(&d.kv, decode_blocks, 4, 0xEE));
+  hixl_kv_stats st;
+  ST_IS(ops->get_stats(d.worker, &st), HIXL_KV_SUCCESS);
+  CU_ASSERT(st.loads_done == 1 && st.loads_failed == 1 && st.blocks_held == 0);
+  char line[128];
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  CU_ASSERT_STRING_EQUAL(line, "freed 1 held 0 expired 0");
+  child_end(&ch);
+  inst_down(&d);
+  free(bogus);
+  free(params);
+}
 
 static bool push_pipelining = true; /* the push prefill child's layer_pipelining */
 
@@ -1078,6 +1210,129 @@ static void test_push_nobody_comes(void) {
   inst_down(&d);
 }
 
+/* A pushed request's blocks as a host keeps them (vLLM's scheduler): request_finished's
+ * delay_free 0 frees them at once, 1 when the request's finished_sending comes; a
+ * finished_sending for a request not finished yet frees nothing. */
+struct host_req {
+  hixl_kv_request r;
+  const uint64_t *blocks; /* 4 of them */
+  bool finished;
+  int32_t delay;
+  int freed; /* how often the host freed the blocks: 0 is a leak */
+};
+
+static void host_request_finished(hixl_kv_connector *sched, struct host_req *h) {
+  hixl_kv_buffer none = {0};
+  ST_IS(ops->request_finished(sched, &h->r, h->blocks, 4, &h->delay, &none), HIXL_KV_SUCCESS);
+  ops->free_buffer(&none);
+  h->finished = true;
+  h->freed += h->delay == 0;
+}
+
+static void host_finished_sending(hixl_kv_connector *sched, const hixl_kv_ids *sent, struct host_req *h,
+                                  size_t n) {
+  ST_IS(ops->update_connector_output(sched, sent, NULL, NULL), HIXL_KV_SUCCESS);
+  for (size_t i = 0; i < n; i++)
+    h[i].freed += ids_have(sent, h[i].r.req_id) && h[i].finished && h[i].delay == 1;
+}
+
+/* get_stats_ex into hosts' structs of other sizes, on a producer that pushed
+ * `pushes` requests of `bytes` bytes: the whole fields that fit are written, never a
+ * byte past size, and size comes back as the bytes written. */
+static void stats_ex_sizes(hixl_kv_connector *w, uint64_t pushes, uint64_t bytes) {
+  struct {
+    hixl_kv_stats_ex s;
+    uint64_t later; /* a host built against a later header */
+  } big;
+  memset(&big, 0xA5, sizeof(big));
+  big.s.size = sizeof(big);
+  ST_IS(ops->get_stats_ex(w, &big.s), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(big.s.size, sizeof(hixl_kv_stats_ex));
+  CU_ASSERT(big.s.reserved == 0 && big.s.pushes_done == pushes && big.s.bytes_pushed == bytes);
+  CU_ASSERT_EQUAL(big.later, 0xA5A5A5A5A5A5A5A5ull);
+  hixl_kv_stats_ex old; /* a host built before bytes_pushed, and one whose size ends mid-field */
+  const uint32_t sizes[2] = {offsetof(hixl_kv_stats_ex, bytes_pushed),
+                             offsetof(hixl_kv_stats_ex, bytes_pushed) - 4};
+  for (int k = 0; k < 2; k++) {
+    memset(&old, 0xA5, sizeof(old));
+    old.size = sizes[k];
+    ST_IS(ops->get_stats_ex(w, &old), HIXL_KV_SUCCESS);
+    CU_ASSERT_EQUAL(old.size, k == 0 ? sizes[0] : offsetof(hixl_kv_stats_ex, layers_pushed));
+    CU_ASSERT_EQUAL(old.pushes_done, pushes);
+    CU_ASSERT_EQUAL(k == 0 ? old.bytes_pushed : old.layers_pushed, 0xA5A5A5A5A5A5A5A5ull);
+  }
+  old.size = HIXL_KV_STATS_EX_MIN_SIZE - 1;
+  ST_IS(ops->get_stats_ex(w, &old), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_TRUE(has_error("sizeof(hixl_kv_stats_ex)"));
+}
+
+/* Push mode, one process: A's request_finished comes before its finished_sending, B's
+ * after (its push completed before the request finished on the scheduler). Each
+ * request's blocks are freed exactly once (B's leaked when request_finished answered
+ * delay_free 1 after its finished_sending), and both land byte for byte. */
+static void test_push_freed_once(void) {
+  struct inst d, p;
+  char cfg[512];
+  const char *ids[2] = {"pf-a", "pf-b"};
+  char *params[2];
+  struct host_req h[2];
+  config_push(cfg, sizeof(cfg), free_port(), "consumer", 10000);
+  ST_IS(inst_up(&d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+  config_push(cfg, sizeof(cfg), free_port(), "producer", 10000);
+  ST_IS(inst_up(&p, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+  for (int i = 0; i < 2; i++) { /* decode allocates first and hands its blocks to prefill */
+    hixl_kv_request r = request(ids[i], 4 * BLOCK_TOKENS, "{\"do_remote_prefill\": true}");
+    int64_t tokens = 0;
+    int32_t async = 0;
+    hixl_kv_buffer b = {0};
+    ST_IS(ops->get_num_new_matched_tokens(d.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+    ST_IS(ops->update_state_after_alloc(d.sched, &r, decode_blocks + 4 * i, 4, (uint64_t)tokens),
+          HIXL_KV_SUCCESS);
+    ST_IS(ops->get_push_params(d.sched, ids[i], strlen(ids[i]), &b), HIXL_KV_SUCCESS);
+    params[i] = strndup((char *)b.data, b.len);
+    ops->free_buffer(&b);
+    h[i] = (struct host_req){.r = request(ids[i], 4 * BLOCK_TOKENS, params[i]),
+                             .blocks = prefill_blocks + 4 * i};
+    ST_IS(ops->get_num_new_matched_tokens(p.sched, &h[i].r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+    ST_IS(ops->update_state_after_alloc(p.sched, &h[i].r, h[i].blocks, 4, 0), HIXL_KV_SUCCESS);
+    kv_compute(&p.kv, 90 + (uint64_t)i, h[i].blocks, 4);
+  }
+  step(&d);
+  step(&p);
+  for (uint32_t l = 0; l < LAYERS; l++) ST_IS(ops->save_kv_layer(p.worker, l), HIXL_KV_SUCCESS);
+  ST_IS(ops->wait_for_save(p.worker), HIXL_KV_SUCCESS);
+  host_request_finished(p.sched, &h[0]);
+  CU_ASSERT_EQUAL(h[0].delay, 1);
+  bool sent[2] = {false, false}, got[2] = {false, false};
+  CU_ASSERT_TRUE(wait_all(&p, ids, sent, 2, 0, 20000));
+  host_finished_sending(p.sched, &(hixl_kv_ids){ids, 2}, h, 2);
+  host_request_finished(p.sched, &h[1]);
+  hixl_kv_ids s = {0}, r = {0}; /* the host's next step */
+  step(&p);
+  ST_IS(ops->get_finished(p.worker, NULL, &s, &r), HIXL_KV_SUCCESS);
+  host_finished_sending(p.sched, &s, h, 2);
+  ops->free_ids(&s);
+  ops->free_ids(&r);
+  CU_ASSERT_EQUAL(h[0].freed, 1);
+  CU_ASSERT_EQUAL(h[1].freed, 1);
+  CU_ASSERT_TRUE(wait_all(&d, ids, got, 2, 1, 20000));
+  CU_ASSERT_TRUE(load_errors_are(&d, NULL, 0));
+  for (int i = 0; i < 2; i++)
+    CU_ASSERT_EQUAL(kv_verify(&d.kv, 90 + (uint64_t)i, decode_blocks + 4 * i, 4), -1);
+  CU_ASSERT_TRUE(others_untouched(&d.kv, decode_blocks, 8, 0xEE));
+  hixl_kv_stats st;
+  ST_IS(ops->get_stats(p.worker, &st), HIXL_KV_SUCCESS);
+  CU_ASSERT(st.pushes_done == 2 && st.blocks_held == 0);
+  uint64_t bytes = 8 * LAYERS * 2 * BLOCK_BYTES; /* both requests' blocks, K and V of every layer */
+  ST_IS(ops->get_stats(d.worker, &st), HIXL_KV_SUCCESS);
+  CU_ASSERT(st.loads_done == 2 && st.bytes_loaded == bytes);
+  stats_ex_sizes(p.worker, 2, bytes);
+  inst_down(&p);
+  inst_down(&d);
+  free(params[0]);
+  free(params[1]);
+}
+
 static CU_TestInfo abi_tests[] = {
     {"entry and versions", test_entry},
     {"no NULL slot", test_no_null_slot},
@@ -1104,6 +1359,9 @@ static CU_TestInfo pd_tests[] = {
     {"push: the consumer's lease expires mid-push, later layers never land", test_push_expired},
     {"push: the consumer gave too few blocks", test_push_short_of_blocks},
     {"push: no producer comes", test_push_nobody_comes},
+    {"push: blocks freed once, request_finished before or after finished_sending", test_push_freed_once},
+    {"pull: a producer that refuses connections stalls no other load", test_dead_producer_no_stall},
+    {"pull: a request id the producer never held fails at once", test_never_held_fails_at_once},
     CU_TEST_INFO_NULL,
 };
 static CU_SuiteInfo suites[] = {

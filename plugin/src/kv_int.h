@@ -86,23 +86,28 @@ struct kv_sched {
   struct kv_idset failed;  /* consumer: requests whose load failed (recompute: 0 tokens) */
   struct kv_alloc *allocs; /* push consumer: for get_push_params */
   struct kv_idset pushing; /* push producer: requests whose blocks stay until pushed */
+  struct kv_idset pushed;  /* ... and those reported finished-sending before request_finished */
   struct kv_idset holding; /* pull producer: requests held for a consumer, until finished_sending */
   uint64_t not_held;       /* pull producer: finished requests refused at max_inflight_requests */
+  uint64_t epoch;          /* pull producer: this scheduler's, random (below 2^52: exact in any JSON) */
+  uint64_t hold_seq;       /* ... and the number of the last hold it queued */
 };
 
 /* Worker, pull producer: the requests held for consumers (kv_service.c). */
 struct kv_holder {
   struct kv_held *held;
+  uint64_t epoch, bound_seq; /* the scheduler's epoch, and the last hold of it bound */
 };
 
 /* Worker, pull consumer: the loads (kv_loader.c). */
+#define KV_LOADERS_MAX 16 /* loader threads; each serves one producer at a time */
 struct kv_loader {
   struct kv_load *bound, *bound_tail; /* bound, not yet started */
-  struct kv_load *queue, *queue_tail; /* started, for the loader */
-  uint32_t loading;
-  pthread_cond_t cond; /* loads queued, or shut (CLOCK_MONOTONIC) */
-  bool on;
-  pthread_t thread;
+  struct kv_load *queue, *queue_tail; /* started, waiting for a loader thread */
+  struct kv_idset busy;               /* producers a loader thread serves now */
+  uint32_t nthreads, idle;            /* loader threads, and those waiting for a load */
+  pthread_t threads[KV_LOADERS_MAX];
+  pthread_cond_t cond; /* a load queued, a producer no longer busy, or shut (CLOCK_MONOTONIC) */
 };
 
 /* Worker, push producer: the pushes (kv_pusher.c). */
@@ -148,8 +153,9 @@ struct hixl_kv_connector {
                               that pinned a request whose lease expired */
   uint64_t *err_blocks;
   size_t nerr, caperr;
-  int efd; /* get_event_fd's eventfd, made at its first call; -1 until then */
-  hixl_kv_stats stats;
+  int efd;                /* get_event_fd's eventfd, made at its first call; -1 until then */
+  hixl_kv_stats_ex stats; /* size unused */
+  uint64_t block_bytes;   /* one block of every layer's K and V: what a request moves per block */
 
   struct kv_holder hold;  /* pull producer */
   struct kv_loader load;  /* pull consumer */
@@ -197,6 +203,9 @@ void kv_expects_expire(hixl_kv_connector *c);
 /* ---- kv_peer.c: calls to a peer's KV service ---- */
 
 bool kv_msg(struct kv_out *o, uint8_t op, const char *id, uint32_t layer, const char *reason);
+/* Send o (a KV service request; freed here), wait for the answer within timeout_ms. */
+int kv_call_msg(hixl_kv_connector *c, const char *remote, struct kv_out *o, uint8_t *ans, size_t cap,
+                size_t *n, int32_t timeout_ms, HixlStatus *st);
 int kv_call_ex(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, uint32_t layer,
                const char *reason, uint8_t *ans, size_t cap, size_t *n, int32_t timeout_ms, HixlStatus *st);
 int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, uint8_t *ans, size_t cap,
@@ -209,7 +218,9 @@ HixlStatus kv_layout_mismatch(const char *peer_kind, const char *peer, const cha
 
 /* ---- the threads: kv_loader.c, kv_pusher.c ---- */
 
-void *kv_loader_main(void *arg);
+/* start_load_kv: the bound loads go to the loader threads, started as needed. Lock held. */
+hixl_kv_status kv_loader_submit(hixl_kv_connector *c);
+void kv_loader_join(hixl_kv_connector *c); /* after shut */
 void *kv_pusher_main(void *arg);
 
 /* ---- the ops (kv_life.c, kv_sched.c, kv_worker.c) ---- */
@@ -242,6 +253,7 @@ hixl_kv_status kv_get_finished(hixl_kv_connector *c, const hixl_kv_ids *finished
 hixl_kv_status kv_load_errors(hixl_kv_connector *c, hixl_kv_blocks *out);
 hixl_kv_status kv_get_handshake(hixl_kv_connector *c, hixl_kv_buffer *meta);
 hixl_kv_status kv_stats(hixl_kv_connector *c, hixl_kv_stats *out);
+hixl_kv_status kv_stats_ex(hixl_kv_connector *c, hixl_kv_stats_ex *out);
 hixl_kv_status kv_event_fd(hixl_kv_connector *c, int32_t *fd);
 
 #endif

@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,6 +33,9 @@ hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint32_t ra
   c->rank = rank;
   c->world = world;
   c->efd = -1;
+  if (getrandom(&c->sched.epoch, sizeof(c->sched.epoch), 0) != sizeof(c->sched.epoch))
+    c->sched.epoch = kv_now_ns() ^ ((uint64_t)getpid() << 32);
+  c->sched.epoch = (c->sched.epoch & ((1ull << 52) - 1)) | 1; /* never 0: 0 is "not given" */
   if ((st = kv_config_load(json, len, &c->cfg, why, sizeof(why))) != HIXL_KV_SUCCESS) {
     kv_fail(st, "create: %s", why);
     goto fail_cfg;
@@ -65,16 +69,10 @@ hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint32_t ra
       kv_fail(st, "create: %s", HixlGetLastErrorMessage());
       goto fail_mgr;
     }
-    int rc = pthread_create(&c->load.thread, NULL, kv_loader_main, c);
-    if (rc != 0) {
-      st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "create: pthread_create: %s", strerror(rc));
-      goto fail_service;
-    }
-    c->load.on = true;
     if (c->cfg.push && c->cfg.producer) {
-      if ((rc = pthread_create(&c->push.thread, NULL, kv_pusher_main, c)) != 0) {
+      int rc = pthread_create(&c->push.thread, NULL, kv_pusher_main, c);
+      if (rc != 0) {
         st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "create: pthread_create: %s", strerror(rc));
-        kv_shutdown(c);
         goto fail_service;
       }
       c->push.on = true;
@@ -112,10 +110,7 @@ hixl_kv_status kv_shutdown(hixl_kv_connector *c) {
   pthread_cond_broadcast(&c->push.saved);
   pthread_cond_broadcast(&c->exp.landed);
   pthread_mutex_unlock(&c->lock);
-  if (c->load.on) {
-    pthread_join(c->load.thread, NULL);
-    c->load.on = false;
-  }
+  kv_loader_join(c);
   if (c->push.on) {
     pthread_join(c->push.thread, NULL);
     c->push.on = false;
@@ -170,6 +165,8 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
     free(a);
   }
   kv_idset_clear(&c->sched.pushing);
+  kv_idset_clear(&c->sched.pushed);
+  kv_idset_clear(&c->load.busy);
   kv_idset_clear(&c->sched.holding);
   kv_idset_clear(&c->drop);
   kv_idset_clear(&c->unreach);
@@ -222,6 +219,7 @@ static const hixl_kv_ops kv_ops_v1 = {
     .get_stats = kv_stats,
     .get_push_params = kv_push_params,
     .get_event_fd = kv_event_fd,
+    .get_stats_ex = kv_stats_ex,
 };
 
 KV_EXPORT hixl_kv_status hixl_kv_connector_entry(uint32_t abi_major, const hixl_kv_ops **ops, char *err,

@@ -1,8 +1,14 @@
-/* kv_loader: a pull consumer worker's loader thread: for each load a step started,
+/* kv_loader: a pull consumer worker's loader threads: for each load a step started,
  * link to the producer, PIN the request there (is it still held? same layout? it
  * extends the lease), pull the blocks through the cache manager (one op per run of
  * adjacent blocks per tensor), then FREE it there. A failed load reports its blocks
- * (get_block_ids_with_load_errors). */
+ * (get_block_ids_with_load_errors).
+ *
+ * A thread serves one producer at a time, its loads in the order they were bound;
+ * threads start as producers with loads waiting outnumber the idle ones (at most
+ * KV_LOADERS_MAX), so a producer that does not answer (a connect that waits out
+ * connect_timeout_ms, a PIN that waits out transfer_timeout_ms) holds up only its own
+ * loads. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,7 +36,13 @@ static HixlStatus load_one(hixl_kv_connector *c, const struct kv_meta_entry *e, 
   size_t nrb = 0, n = 0;
   char layout[257];
   for (unsigned tries = 0;; tries++) {
-    if (kv_call(c, e->remote, KV_SVC_PIN, e->rreq, ans, HIXL_CALL_MAX, &n, kv_ms_until(deadline), &st) < 0) {
+    struct kv_out pin = {0};
+    kv_msg(&pin, KV_SVC_PIN, e->rreq, 0, "");
+    if (e->seq) { /* which hold: the producer answers at once for one it bound and does not hold */
+      kv_put_u64(&pin, e->epoch);
+      kv_put_u64(&pin, e->seq);
+    }
+    if (kv_call_msg(c, e->remote, &pin, ans, HIXL_CALL_MAX, &n, kv_ms_until(deadline), &st) < 0) {
       snprintf(why, cap, "asking %s for request %s: %s", e->remote, e->rreq, HixlGetLastErrorMessage());
       goto out;
     }
@@ -86,57 +98,80 @@ out:
   return st;
 }
 
-void *kv_loader_main(void *arg) {
+/* The first queued load whose producer no thread serves now, unlinked; NULL if none.
+ * Lock held. */
+static struct kv_load *take_runnable(hixl_kv_connector *c) {
+  struct kv_loader *ld = &c->load;
+  for (struct kv_load *l = ld->queue, *prev = NULL; l; prev = l, l = l->next)
+    if (!kv_idset_has(&ld->busy, l->e.remote)) {
+      if (prev)
+        prev->next = l->next;
+      else
+        ld->queue = l->next;
+      if (ld->queue_tail == l) ld->queue_tail = prev;
+      l->next = NULL;
+      return l;
+    }
+  return NULL;
+}
+
+/* An abort: the producer frees what it holds (best effort). */
+static void free_remote(hixl_kv_connector *c, const struct kv_meta_entry *e) {
+  uint8_t ans[64];
+  size_t n;
+  HixlStatus st;
+  if (kv_link(c, e, c->cfg.connect_timeout_ms) == HIXL_SUCCESS)
+    kv_call(c, e->remote, KV_SVC_FREE, e->rreq, ans, sizeof(ans), &n, c->cfg.notify_timeout_ms, &st);
+}
+
+/* One load, start to end: the host hears of it in get_finished. */
+static void load_run(hixl_kv_connector *c, struct kv_load *l, bool shut) {
+  char why[1024] = "shut down";
+  HixlStatus st = shut ? HIXL_FAILED : load_one(c, &l->e, why, sizeof(why));
+  HixlCacheStats cs;
+  HixlCacheManagerGetStats(c->mgr, &cs);
+  pthread_mutex_lock(&c->lock);
+  /* The manager's totals; another loader may have stored later ones already. */
+  if (cs.engine_ops > c->stats.engine_ops) c->stats.engine_ops = cs.engine_ops;
+  if (cs.lookups > c->stats.lookups) c->stats.lookups = cs.lookups;
+  if (cs.bytes > c->stats.bytes_loaded) c->stats.bytes_loaded = cs.bytes;
+  if (st == HIXL_SUCCESS) {
+    c->stats.loads_done++;
+  } else {
+    c->stats.loads_failed++;
+    fprintf(stderr, "hixl-kv: request %s failed to load (%s): %s\n", l->e.req, HixlStatusName(st), why);
+    kv_err_blocks_add(c, l->e.blocks, l->e.nblocks);
+  }
+  kv_finished_add(c, &c->recving_done, l->e.req); /* the host may use the blocks now */
+  pthread_mutex_unlock(&c->lock);
+  if (st != HIXL_NOT_FOUND) { /* the producer may still hold it: free it there (best effort) */
+    uint8_t ans[64];
+    size_t n;
+    kv_tell(c, &l->e, KV_SVC_FREE, "", ans, sizeof(ans), &n);
+  }
+}
+
+static void *loader_main(void *arg) {
   hixl_kv_connector *c = arg;
+  struct kv_loader *ld = &c->load;
   pthread_mutex_lock(&c->lock);
   for (;;) {
-    while (!c->load.queue && !c->shut) pthread_cond_wait(&c->load.cond, &c->lock);
-    if (!c->load.queue && c->shut) break;
-    struct kv_load *l = c->load.queue;
-    c->load.queue = l->next;
-    if (!c->load.queue) c->load.queue_tail = NULL;
+    struct kv_load *l;
+    while (!(l = take_runnable(c)) && !c->shut) pthread_cond_wait(&ld->cond, &c->lock);
+    if (!l) break; /* shut, and what is left is another thread's producer's */
+    ld->idle--;
+    kv_idset_add(&ld->busy, l->e.remote); /* out of memory: two threads may serve it, no harm */
+    bool shut = c->shut;
     pthread_mutex_unlock(&c->lock);
-    char why[1024] = "";
-    HixlStatus st;
-    if (l->e.type == KV_META_FREE) { /* an abort: the producer frees what it holds */
-      uint8_t ans[64];
-      size_t n;
-      HixlStatus ls = kv_link(c, &l->e, c->cfg.connect_timeout_ms);
-      if (ls != HIXL_SUCCESS)
-        st = ls;
-      else
-        kv_call(c, l->e.remote, KV_SVC_FREE, l->e.rreq, ans, sizeof(ans), &n, c->cfg.notify_timeout_ms, &st);
-      pthread_mutex_lock(&c->lock);
-      c->load.loading--;
-      free(l->e.blocks);
-      free(l->e.rblocks);
-      free(l);
-      pthread_cond_broadcast(&c->load.cond);
-      continue;
-    }
-    st = c->shut ? HIXL_FAILED : load_one(c, &l->e, why, sizeof(why));
-    HixlCacheStats cs;
-    HixlCacheManagerGetStats(c->mgr, &cs);
+    if (l->e.type == KV_META_FREE)
+      free_remote(c, &l->e);
+    else
+      load_run(c, l, shut);
     pthread_mutex_lock(&c->lock);
-    c->load.loading--;
-    c->stats.engine_ops = cs.engine_ops;
-    c->stats.lookups = cs.lookups;
-    if (st == HIXL_SUCCESS) {
-      c->stats.loads_done++;
-      c->stats.bytes_loaded = cs.bytes;
-    } else {
-      c->stats.loads_failed++;
-      fprintf(stderr, "hixl-kv: request %s failed to load (%s): %s\n", l->e.req, HixlStatusName(st), why);
-      kv_err_blocks_add(c, l->e.blocks, l->e.nblocks);
-    }
-    kv_finished_add(c, &c->recving_done, l->e.req); /* the host may use the blocks now */
-    pthread_cond_broadcast(&c->load.cond);
+    kv_idset_del(&ld->busy, l->e.remote);
+    ld->idle++;
+    pthread_cond_broadcast(&ld->cond); /* that producer's next load may go now */
     pthread_mutex_unlock(&c->lock);
-    if (st != HIXL_NOT_FOUND) { /* the producer may still hold it: free it there (best effort) */
-      uint8_t ans[64];
-      size_t n;
-      kv_tell(c, &l->e, KV_SVC_FREE, "", ans, sizeof(ans), &n);
-    }
     free(l->e.blocks);
     free(l->e.rblocks);
     free(l);
@@ -144,4 +179,45 @@ void *kv_loader_main(void *arg) {
   }
   pthread_mutex_unlock(&c->lock);
   return NULL;
+}
+
+hixl_kv_status kv_loader_submit(hixl_kv_connector *c) {
+  struct kv_loader *ld = &c->load;
+  if (!ld->bound) return HIXL_KV_SUCCESS;
+  if (ld->queue_tail)
+    ld->queue_tail->next = ld->bound;
+  else
+    ld->queue = ld->bound;
+  ld->queue_tail = ld->bound_tail;
+  ld->bound = ld->bound_tail = NULL;
+  /* Producers with a load waiting that no thread serves (each counted once). */
+  uint32_t runnable = 0;
+  for (struct kv_load *l = ld->queue; l && runnable < KV_LOADERS_MAX; l = l->next) {
+    bool first = !kv_idset_has(&ld->busy, l->e.remote);
+    for (struct kv_load *k = ld->queue; first && k != l; k = k->next)
+      first = strcmp(k->e.remote, l->e.remote);
+    runnable += first;
+  }
+  int rc = 0;
+  while (!c->shut && ld->idle < runnable && ld->nthreads < KV_LOADERS_MAX) {
+    if ((rc = pthread_create(&ld->threads[ld->nthreads], NULL, loader_main, c)) != 0) break;
+    ld->nthreads++;
+    ld->idle++; /* until it takes a load */
+  }
+  pthread_cond_broadcast(&ld->cond);
+  if (ld->nthreads == 0 && !c->shut) /* the loads stay queued: a later start_load_kv tries again */
+    return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "start_load_kv: no loader thread: pthread_create: %s",
+                   strerror(rc));
+  return HIXL_KV_SUCCESS;
+}
+
+void kv_loader_join(hixl_kv_connector *c) {
+  pthread_mutex_lock(&c->lock);
+  uint32_t n = c->load.nthreads; /* none start once shut */
+  pthread_mutex_unlock(&c->lock);
+  for (uint32_t i = 0; i < n; i++) pthread_join(c->load.threads[i], NULL);
+  pthread_mutex_lock(&c->lock);
+  c->load.nthreads = 0;
+  c->load.idle = 0;
+  pthread_mutex_unlock(&c->lock);
 }

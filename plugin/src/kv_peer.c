@@ -16,18 +16,21 @@ bool kv_msg(struct kv_out *o, uint8_t op, const char *id, uint32_t layer, const 
   return !o->bad;
 }
 
+int kv_call_msg(hixl_kv_connector *c, const char *remote, struct kv_out *o, uint8_t *ans, size_t cap,
+                size_t *n, int32_t timeout_ms, HixlStatus *st) {
+  *st = o->bad ? HIXL_RESOURCE_EXHAUSTED
+               : hixl_engine_call(c->eng, remote, HIXL_SERVICE_KV, o->p, o->len, ans, cap, n,
+                                  timeout_ms > 0 ? timeout_ms : 1);
+  free(o->p);
+  o->p = NULL;
+  return *st == HIXL_SUCCESS ? 0 : -1;
+}
+
 int kv_call_ex(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, uint32_t layer,
                const char *reason, uint8_t *ans, size_t cap, size_t *n, int32_t timeout_ms, HixlStatus *st) {
   struct kv_out o = {0};
-  if (!kv_msg(&o, op, id, layer, reason)) {
-    free(o.p);
-    *st = HIXL_RESOURCE_EXHAUSTED;
-    return -1;
-  }
-  *st = hixl_engine_call(c->eng, remote, HIXL_SERVICE_KV, o.p, o.len, ans, cap, n,
-                         timeout_ms > 0 ? timeout_ms : 1);
-  free(o.p);
-  return *st == HIXL_SUCCESS ? 0 : -1;
+  kv_msg(&o, op, id, layer, reason);
+  return kv_call_msg(c, remote, &o, ans, cap, n, timeout_ms, st);
 }
 
 int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, uint8_t *ans, size_t cap,

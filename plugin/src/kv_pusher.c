@@ -199,10 +199,12 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
       kv_tell(c, e, KV_SVC_ABORT, why[i], ans, sizeof(ans), &an);
     }
     pthread_mutex_lock(&c->lock);
-    if (st[i] == HIXL_SUCCESS)
+    if (st[i] == HIXL_SUCCESS) {
       c->stats.pushes_done++;
-    else
+      c->stats.bytes_pushed += e->nblocks * c->block_bytes;
+    } else {
       c->stats.pushes_failed++;
+    }
     c->stats.engine_ops = cs.engine_ops;
     c->stats.lookups = cs.lookups;
     c->stats.blocks_held -= e->nblocks;

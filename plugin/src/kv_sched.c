@@ -17,6 +17,7 @@ struct kv_params {
   char rreq[KV_MAX_ID + 1];
   uint64_t *blocks;
   size_t n;
+  uint64_t epoch, seq; /* hold_epoch, hold_seq: which hold of the producer (0: not given) */
 };
 
 /* flag: "do_remote_prefill" (a consumer's params, from a producer) or
@@ -65,6 +66,16 @@ static bool params_parse(const hixl_kv_request *r, const char *flag, struct kv_p
     else
       p->blocks[p->n++] = (uint64_t)x;
   }
+  /* Optional (a producer before them gave neither): which hold of the producer. */
+  const char *num[2] = {"hold_epoch", "hold_seq"};
+  uint64_t *dst[2] = {&p->epoch, &p->seq};
+  for (int k = 0; ok && k < 2; k++)
+    if (json_object_object_get_ex(o, num[k], &v)) {
+      if (!json_object_is_type(v, json_type_int) || json_object_get_int64(v) < 0)
+        ok = false, snprintf(why, cap, "%s is not a count", num[k]);
+      else
+        *dst[k] = (uint64_t)json_object_get_int64(v);
+    }
   if (!ok && why[0] == '\0') snprintf(why, cap, "kv_transfer_params is not a JSON object");
   if (!ok) {
     free(p->blocks);
@@ -202,7 +213,8 @@ hixl_kv_status kv_after_alloc(hixl_kv_connector *c, const hixl_kv_request *r, co
   if (!c->cfg.consumer || r->kv_transfer_params_len == 0 ||
       !params_parse(r, "do_remote_prefill", &p, why, sizeof(why)))
     return HIXL_KV_SUCCESS;
-  struct kv_meta_entry e = {.type = external > 0 && nblocks > 0 ? KV_META_LOAD : KV_META_FREE};
+  struct kv_meta_entry e = {
+      .type = external > 0 && nblocks > 0 ? KV_META_LOAD : KV_META_FREE, .epoch = p.epoch, .seq = p.seq};
   snprintf(e.req, sizeof(e.req), "%s", id);
   snprintf(e.remote, sizeof(e.remote), "%s", p.remote);
   snprintf(e.rreq, sizeof(e.rreq), "%s", p.rreq);
@@ -285,17 +297,14 @@ hixl_kv_status kv_finished(hixl_kv_connector *c, const hixl_kv_request *r, const
     }
     free(p.blocks);
   }
-  if (c->cfg.push) { /* a pushed request's blocks stay until the pusher has sent them */
+  if (c->cfg.push) {
+    /* A pushed request's blocks stay until the pusher has sent them, unless
+     * update_connector_output already passed on that it has: then the host frees
+     * them now, as the plugin reports that request no more. */
     pthread_mutex_lock(&c->lock);
-    bool pushing = kv_idset_has(&c->sched.pushing, id);
-    if (pushing) {
-      for (size_t i = 0; i < c->sched.pushing.n; i++)
-        if (strcmp(c->sched.pushing.v[i], id) == 0) {
-          free(c->sched.pushing.v[i]);
-          c->sched.pushing.v[i] = c->sched.pushing.v[--c->sched.pushing.n];
-          break;
-        }
-    }
+    bool pushed = kv_idset_has(&c->sched.pushed, id);
+    bool pushing = !pushed && kv_idset_has(&c->sched.pushing, id);
+    kv_idset_del(pushed ? &c->sched.pushed : &c->sched.pushing, id);
     pthread_mutex_unlock(&c->lock);
     *delay_free = pushing;
     params->data = NULL;
@@ -321,7 +330,15 @@ hixl_kv_status kv_finished(hixl_kv_connector *c, const hixl_kv_request *r, const
     params->len = 0;
     return HIXL_KV_SUCCESS;
   }
-  /* Keep the blocks for a consumer; tell it where they are. */
+  /* Keep the blocks for a consumer; tell it where they are, and which hold this is:
+   * numbered under the lock, as the HOLD entries are queued, so a worker that bound
+   * hold N has bound every hold before it (a PIN of one it does not hold fails at once). */
+  pthread_mutex_lock(&c->lock);
+  struct kv_meta_entry e = {.type = KV_META_HOLD,
+                            .blocks = (uint64_t *)blocks,
+                            .nblocks = nblocks,
+                            .epoch = c->sched.epoch,
+                            .seq = c->sched.hold_seq + 1};
   json_object *o = json_object_new_object(), *arr = json_object_new_array();
   for (size_t i = 0; i < nblocks && arr; i++)
     json_object_array_add(arr, json_object_new_int64((int64_t)blocks[i]));
@@ -334,17 +351,18 @@ hixl_kv_status kv_finished(hixl_kv_connector *c, const hixl_kv_request *r, const
     json_object_object_add(o, "remote_num_tokens", json_object_new_int64((int64_t)r->num_prompt_tokens));
     json_object_object_add(o, "lease_ms", json_object_new_int64(c->cfg.lease_ms));
     json_object_object_add(o, "hixl_abi", json_object_new_int(HIXL_KV_ABI_MAJOR));
+    json_object_object_add(o, "hold_epoch", json_object_new_int64((int64_t)e.epoch));
+    json_object_object_add(o, "hold_seq", json_object_new_int64((int64_t)e.seq));
     arr = NULL;
   }
   const char *text = o ? json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN) : NULL;
   uint8_t *copy = text ? (uint8_t *)strdup(text) : NULL;
-  struct kv_meta_entry e = {.type = KV_META_HOLD, .blocks = (uint64_t *)blocks, .nblocks = nblocks};
   snprintf(e.req, sizeof(e.req), "%s", id);
   if (copy) {
-    pthread_mutex_lock(&c->lock);
+    c->sched.hold_seq++;
     meta_add(c, &e);
-    pthread_mutex_unlock(&c->lock);
   }
+  pthread_mutex_unlock(&c->lock);
   json_object_put(arr);
   json_object_put(o);
   if (!copy) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "request_finished: out of memory");
@@ -397,8 +415,15 @@ hixl_kv_status kv_update_output(hixl_kv_connector *c, const hixl_kv_ids *sending
   CHECK_ARG(c && c->role == HIXL_KV_ROLE_SCHEDULER,
             "update_connector_output: connector is NULL or a worker's");
   pthread_mutex_lock(&c->lock);
-  for (size_t i = 0; sending && i < sending->count; i++) /* their blocks are free: room to hold more */
-    if (sending->ids[i]) kv_idset_del(&c->sched.holding, sending->ids[i]);
+  for (size_t i = 0; sending && i < sending->count; i++) {
+    const char *id = sending->ids[i];
+    if (!id) continue;
+    kv_idset_del(&c->sched.holding, id);       /* its blocks are free: room to hold more */
+    if (kv_idset_has(&c->sched.pushing, id)) { /* pushed before request_finished: see kv_finished */
+      kv_idset_del(&c->sched.pushing, id);
+      kv_idset_add(&c->sched.pushed, id);
+    }
+  }
   for (size_t i = 0; failed && i < failed->count; i++)
     if (failed->ids[i] && !kv_idset_has(&c->sched.failed, failed->ids[i]))
       kv_idset_add(&c->sched.failed, failed->ids[i]);

@@ -62,6 +62,7 @@ static void expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *wh
     fprintf(stderr, "hixl-kv: request %s failed to load: %s\n", x->id, why);
   } else {
     c->stats.loads_done++;
+    c->stats.bytes_loaded += x->n * c->block_bytes;
   }
   kv_finished_add(c, &c->recving_done, x->id);
   kv_gone_add(c, x->id);
@@ -99,6 +100,11 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
   uint32_t layer = op == KV_SVC_LAYER || op == KV_SVC_LAYERS ? kv_get_u32(&in) : 0;
   uint32_t count = op == KV_SVC_LAYERS ? kv_get_u32(&in) : 1;
   if (op == KV_SVC_ABORT) kv_get_str(&in, reason, KV_MAX_ID);
+  uint64_t epoch = 0, seq = 0; /* PIN: which hold (a consumer given hold_epoch and hold_seq) */
+  if (op == KV_SVC_PIN && in.off < len) {
+    epoch = kv_get_u64(&in);
+    seq = kv_get_u64(&in);
+  }
   struct kv_out out = {0};
   HixlStatus st = HIXL_SUCCESS;
   if (in.bad || in.off != len || proto != KV_SVC_PROTO || (op == KV_SVC_LAYERS && count < 2)) {
@@ -154,6 +160,13 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
     } else if (kv_idset_has(&c->gone, id)) {
       kv_put_u8(&out, KV_PIN_GONE);
       const char *why = "it was freed, its lease expired, or it was aborted";
+      kv_put_str(&out, why, strlen(why));
+    } else if (seq && epoch == c->hold.epoch && seq <= c->hold.bound_seq) {
+      /* Its hold was bound here, or would have been: no later step brings it. */
+      kv_put_u8(&out, KV_PIN_GONE);
+      const char *why =
+          "it was never held here (this worker bound every hold up to its number), or was freed "
+          "long ago";
       kv_put_str(&out, why, strlen(why));
     } else {
       kv_put_u8(&out, KV_PIN_NOT_YET);

@@ -123,8 +123,16 @@ void kv_meta_put(struct kv_out *o, const struct kv_meta_entry *e) {
     kv_put_str(o, e->rreq, strlen(e->rreq));
     kv_put_blocks(o, e->blocks, e->nblocks);
     kv_put_blocks(o, e->rblocks, e->nrblocks);
+    if (e->type == KV_META_LOAD) {
+      kv_put_u64(o, e->epoch);
+      kv_put_u64(o, e->seq);
+    }
     break;
   case KV_META_HOLD:
+    kv_put_blocks(o, e->blocks, e->nblocks);
+    kv_put_u64(o, e->epoch);
+    kv_put_u64(o, e->seq);
+    break;
   case KV_META_EXPECT: kv_put_blocks(o, e->blocks, e->nblocks); break;
   case KV_META_FREE:
     kv_put_str(o, e->remote, strlen(e->remote));
@@ -162,6 +170,10 @@ bool kv_meta_parse(const uint8_t *p, size_t len, struct kv_meta_entry **entries,
       kv_get_str(&in, e->rreq, KV_MAX_ID);
       kv_get_blocks(&in, &e->blocks, &e->nblocks);
       kv_get_blocks(&in, &e->rblocks, &e->nrblocks);
+      if (e->type == KV_META_LOAD) {
+        e->epoch = kv_get_u64(&in);
+        e->seq = kv_get_u64(&in);
+      }
       /* A LOAD pairs blocks one to one; a PUSH names every block the consumer gave
        * (the pusher refuses a shortfall and tells the consumer). */
       if (e->nblocks == 0 || (e->type == KV_META_LOAD ? e->nrblocks != e->nblocks : e->nrblocks == 0))
@@ -170,6 +182,10 @@ bool kv_meta_parse(const uint8_t *p, size_t len, struct kv_meta_entry **entries,
     case KV_META_HOLD:
     case KV_META_EXPECT:
       kv_get_blocks(&in, &e->blocks, &e->nblocks);
+      if (e->type == KV_META_HOLD) {
+        e->epoch = kv_get_u64(&in);
+        e->seq = kv_get_u64(&in);
+      }
       if (e->nblocks == 0) in.bad = true;
       break;
     case KV_META_FREE:

@@ -9,10 +9,10 @@
 #include <stdint.h>
 
 #define KV_META_MAGIC   0x48584b4du /* "HXKM" */
-#define KV_META_VERSION 1u
-#define KV_MAX_ID       256u       /* request ids */
-#define KV_MAX_ENGINE   63u        /* "ip:port" */
-#define KV_MAX_BLOCKS   (1u << 20) /* block ids in one entry */
+#define KV_META_VERSION 2u          /* 2: HOLD and LOAD carry the hold's epoch and number */
+#define KV_MAX_ID       256u        /* request ids */
+#define KV_MAX_ENGINE   63u         /* "ip:port" */
+#define KV_MAX_BLOCKS   (1u << 20)  /* block ids in one entry */
 #define KV_MAX_ENTRIES  65536u
 
 /* Growable output buffer; a failed allocation is sticky (bad). */
@@ -64,6 +64,8 @@ struct kv_meta_entry {
   size_t nblocks;
   uint64_t *rblocks; /* LOAD: the producer's blocks; PUSH: the consumer's; as many as blocks */
   size_t nrblocks;
+  uint64_t epoch, seq; /* HOLD: the producer scheduler's epoch and this hold's number (from 1); LOAD:
+                        * those of the hold it loads, from its kv_transfer_params (0: not given) */
 };
 
 /* Append one entry (header first: kv_meta_begin). */
@@ -77,7 +79,8 @@ void kv_meta_free(struct kv_meta_entry *entries, size_t count);
 /* The KV service (engine CALL, service HIXL_SERVICE_KV). */
 #define KV_SVC_PROTO 2u /* 2: PIN and ACCEPT answer a count and a digest, not the list */
 enum kv_svc_op {
-  KV_SVC_PIN = 1,    /* req id -> state, layout text, block count and digest (extends the lease) */
+  KV_SVC_PIN = 1,    /* req id [, u64 epoch, u64 seq of its hold] -> state, layout text, block count and
+                      * digest (extends the lease) */
   KV_SVC_FREE = 2,   /* req id -> the producer frees it */
   KV_SVC_ACCEPT = 3, /* push: req id -> state, layout text, the consumer's block count and digest */
   KV_SVC_LAYER = 4,  /* push: req id, layer u32 -> that layer has landed */

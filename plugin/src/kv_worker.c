@@ -78,6 +78,7 @@ static hixl_kv_status kv_setup(hixl_kv_connector *c, hixl_kv_layer *ly, size_t n
   c->cache_id = id;
   c->layers = (uint32_t)n;
   c->tensors_per_layer = tpl;
+  c->block_bytes = n * 2 * l0->block_bytes;
   snprintf(c->layout_text, sizeof(c->layout_text),
            "abi=%u layers=%zu block_tokens=%u block_bytes=%" PRIu64 " elem_size=%u layout=%s tp=%u",
            HIXL_KV_ABI_MAJOR, n, l0->block_tokens, l0->block_bytes, l0->elem_size,
@@ -157,7 +158,12 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
       continue;
     }
     if (e->type == KV_META_HOLD) {
-      if (!c->cfg.producer || kv_held_find(c, e->req)) continue;
+      if (!c->cfg.producer) continue;
+      if (e->epoch != c->hold.epoch || e->seq > c->hold.bound_seq) { /* a PIN of an earlier one fails now */
+        c->hold.epoch = e->epoch;
+        c->hold.bound_seq = e->seq;
+      }
+      if (kv_held_find(c, e->req)) continue;
       if (kv_idset_has(&c->gone, e->req)) { /* the consumer freed it already (an abort) */
         kv_finished_add(c, &c->sending_done, e->req);
         continue;
@@ -214,18 +220,9 @@ hixl_kv_status kv_start_load(hixl_kv_connector *c) {
     pthread_mutex_unlock(&c->lock);
     return kv_fail(HIXL_KV_PARAM_INVALID, "start_load_kv: register_kv_caches first");
   }
-  for (struct kv_load *l = c->load.bound; l; l = l->next) c->load.loading++;
-  if (c->load.bound) {
-    if (c->load.queue_tail)
-      c->load.queue_tail->next = c->load.bound;
-    else
-      c->load.queue = c->load.bound;
-    c->load.queue_tail = c->load.bound_tail;
-    c->load.bound = c->load.bound_tail = NULL;
-    pthread_cond_broadcast(&c->load.cond);
-  }
+  hixl_kv_status st = kv_loader_submit(c);
   pthread_mutex_unlock(&c->lock);
-  return HIXL_KV_SUCCESS;
+  return st;
 }
 
 hixl_kv_status kv_wait_layer(hixl_kv_connector *c, uint32_t layer) {
@@ -348,12 +345,39 @@ hixl_kv_status kv_get_handshake(hixl_kv_connector *c, hixl_kv_buffer *meta) {
   return HIXL_KV_SUCCESS;
 }
 
-hixl_kv_status kv_stats(hixl_kv_connector *c, hixl_kv_stats *out) {
-  CHECK_ARG(c && out, "get_stats: connector or stats is NULL");
+_Static_assert(offsetof(hixl_kv_stats_ex, layers_pushed) - offsetof(hixl_kv_stats_ex, blocks_held) ==
+                   offsetof(hixl_kv_stats, layers_pushed),
+               "hixl_kv_stats_ex starts with hixl_kv_stats's fields");
+
+/* The counters now, into out (its size field untouched). */
+static void stats_now(hixl_kv_connector *c, hixl_kv_stats_ex *out) {
   pthread_mutex_lock(&c->lock);
   if (c->role == HIXL_KV_ROLE_WORKER) kv_leases_expire(c);
   *out = c->stats;
   pthread_mutex_unlock(&c->lock);
+}
+
+hixl_kv_status kv_stats(hixl_kv_connector *c, hixl_kv_stats *out) {
+  CHECK_ARG(c && out, "get_stats: connector or stats is NULL");
+  hixl_kv_stats_ex s;
+  stats_now(c, &s);
+  memcpy(out, &s.blocks_held, sizeof(*out));
+  return HIXL_KV_SUCCESS;
+}
+
+hixl_kv_status kv_stats_ex(hixl_kv_connector *c, hixl_kv_stats_ex *out) {
+  CHECK_ARG(c && out, "get_stats_ex: connector or stats is NULL");
+  CHECK_ARG(out->size >= HIXL_KV_STATS_EX_MIN_SIZE,
+            "get_stats_ex: stats->size %u is below %zu: set it to "
+            "sizeof(hixl_kv_stats_ex)",
+            out->size, (size_t)HIXL_KV_STATS_EX_MIN_SIZE);
+  hixl_kv_stats_ex s;
+  stats_now(c, &s);
+  size_t head = HIXL_KV_STATS_EX_MIN_SIZE, fit = out->size < sizeof(s) ? out->size : sizeof(s);
+  size_t n = head + (fit - head) / sizeof(uint64_t) * sizeof(uint64_t); /* whole fields only */
+  memcpy((uint8_t *)out + head, (const uint8_t *)&s + head, n - head);
+  out->reserved = 0;
+  out->size = (uint32_t)n;
   return HIXL_KV_SUCCESS;
 }
 

@@ -12,7 +12,11 @@
  * Conventions: every op returns a status (the values are HixlStatus's); strings
  * and arrays cross as pointer and length, and need not be NUL-terminated; outputs
  * come last and are written only on success; memory the plugin returns is released
- * by ops->free_buffer or ops->free_ids. Every op is safe from any thread. */
+ * by ops->free_buffer or ops->free_ids. Every op is safe from any thread.
+ *
+ * Structs: one the plugin fills that may grow starts with a size the host sets
+ * (hixl_kv_stats_ex); hixl_kv_buffer, hixl_kv_ids, hixl_kv_blocks and hixl_kv_stats
+ * are frozen as they are and never grow. */
 #ifndef HIXL_KV_CONNECTOR_H
 #define HIXL_KV_CONNECTOR_H
 
@@ -24,7 +28,7 @@ extern "C" {
 #endif
 
 #define HIXL_KV_ABI_MAJOR    1u
-#define HIXL_KV_ABI_MINOR    2u
+#define HIXL_KV_ABI_MINOR    3u
 #define HIXL_KV_ABI_VERSION  ((HIXL_KV_ABI_MAJOR << 16) | HIXL_KV_ABI_MINOR)
 #define HIXL_KV_ENTRY_SYMBOL "hixl_kv_connector_entry"
 
@@ -99,19 +103,43 @@ typedef struct {
   uint32_t block_tokens;
 } hixl_kv_layer;
 
+/* The counters a connector keeps, by role and mode (a counter that does not apply
+ * stays 0): pull producer worker: blocks_held, requests_held, lease_expired; pull
+ * consumer worker: loads_done, loads_failed, bytes_loaded, engine_ops, lookups; push
+ * producer worker: blocks_held, requests_held, pushes_done, pushes_failed,
+ * layers_pushed, bytes_pushed, engine_ops, lookups; push consumer worker: loads_done,
+ * loads_failed, bytes_loaded. A scheduler keeps none. Frozen at 1.0's fields:
+ * get_stats_ex returns them and what later versions add. */
 typedef struct {
-  uint64_t blocks_held;   /* worker, producer: blocks kept for peers (delay_free), now */
+  uint64_t blocks_held;   /* producer: blocks kept for consumers now (pull: held, push: until pushed) */
   uint64_t requests_held; /* ... and their requests */
-  uint64_t loads_done;    /* worker, consumer: requests loaded */
+  uint64_t loads_done;    /* consumer: requests loaded (push: every layer landed) */
   uint64_t loads_failed;  /* ... and failed */
-  uint64_t lease_expired; /* worker, producer: requests freed because their lease ran out */
-  uint64_t bytes_loaded;
-  uint64_t engine_ops;    /* engine op descriptors issued (adjacent blocks coalesce) */
-  uint64_t lookups;       /* remote cache lookups (round trips) */
-  uint64_t pushes_done;   /* worker, producer in push mode: requests written to a consumer */
+  uint64_t lease_expired; /* pull producer: requests freed because their lease ran out */
+  uint64_t bytes_loaded;  /* consumer: bytes of the requests loaded (pull: read, push: landed) */
+  uint64_t engine_ops;    /* pull consumer, push producer: engine op descriptors issued (adjacent
+                           * blocks coalesce) */
+  uint64_t lookups;       /* ... remote cache lookups (round trips) */
+  uint64_t pushes_done;   /* push producer: requests written to a consumer */
   uint64_t pushes_failed; /* ... and not */
   uint64_t layers_pushed; /* ... layers sent as soon as save_kv_layer released them */
 } hixl_kv_stats;
+
+/* get_stats_ex's counters: hixl_kv_stats's, then those later versions add, at the
+ * end only. The host sets size to sizeof(hixl_kv_stats_ex) as it was built; the
+ * plugin writes the whole fields that fit in both its struct and the host's, never a
+ * byte past size, and sets size to the bytes it wrote (a host built against a later
+ * header sees which fields it got). */
+typedef struct {
+  uint32_t size;     /* in: the host's sizeof(hixl_kv_stats_ex); out: bytes the plugin wrote */
+  uint32_t reserved; /* 0 */
+  uint64_t blocks_held, requests_held, loads_done, loads_failed, lease_expired, bytes_loaded, engine_ops,
+      lookups, pushes_done, pushes_failed, layers_pushed; /* as hixl_kv_stats's */
+  /* ---- version 1.3 ---- */
+  uint64_t bytes_pushed; /* push producer: bytes of the requests pushed */
+} hixl_kv_stats_ex;
+/* The smallest size get_stats_ex takes: size and reserved. */
+#define HIXL_KV_STATS_EX_MIN_SIZE offsetof(hixl_kv_stats_ex, blocks_held)
 
 typedef struct hixl_kv_ops hixl_kv_ops;
 struct hixl_kv_ops {
@@ -146,7 +174,12 @@ struct hixl_kv_ops {
                                      const uint64_t *block_ids, size_t num_blocks, int32_t *delay_free,
                                      hixl_kv_buffer *kv_transfer_params);
   /* What the workers reported this step (from their get_finished and
-   * get_block_ids_with_load_errors), for requests the scheduler tracks. */
+   * get_block_ids_with_load_errors), for requests the scheduler tracks; any of the
+   * three may be NULL. Within a step either order with request_finished works, and
+   * each request's blocks are freed once: a request in finished_sending whose
+   * request_finished answered delay_free 1 is freed now; one not finished yet frees
+   * nothing now, and its request_finished answers delay_free 0 (push mode: the push
+   * ended before the request finished here). vLLM calls request_finished first. */
   hixl_kv_status (*update_connector_output)(hixl_kv_connector *c, const hixl_kv_ids *finished_sending,
                                             const hixl_kv_ids *finished_recving,
                                             const hixl_kv_ids *load_failed);
@@ -160,6 +193,11 @@ struct hixl_kv_ops {
   hixl_kv_status (*wait_for_layer_load)(hixl_kv_connector *c, uint32_t layer);
   hixl_kv_status (*save_kv_layer)(hixl_kv_connector *c, uint32_t layer);
   hixl_kv_status (*wait_for_save)(hixl_kv_connector *c);
+  /* The requests that finished sending (a producer's held or pushed blocks are free)
+   * and receiving (a consumer's loaded, or failed: see get_block_ids_with_load_errors)
+   * since the last call; release both with free_ids. finished_req_ids: the requests
+   * the scheduler finished since the last step, as vLLM passes them, or NULL; hixl
+   * does not need them and reads neither. */
   hixl_kv_status (*get_finished)(hixl_kv_connector *c, const hixl_kv_ids *finished_req_ids,
                                  hixl_kv_ids *sending_done, hixl_kv_ids *recving_done);
   hixl_kv_status (*get_block_ids_with_load_errors)(hixl_kv_connector *c, hixl_kv_blocks *blocks);
@@ -195,7 +233,14 @@ struct hixl_kv_ops {
    * noticed when get_finished runs. The fd belongs to the connector: only poll it
    * (never read or close it); destroy closes it. Every call returns the same fd. */
   hixl_kv_status (*get_event_fd)(hixl_kv_connector *c, int32_t *fd);
-  /* ---- end of version 1.2: later versions append here ---- */
+  /* ---- end of version 1.2 ---- */
+
+  /* ---- version 1.3 ---- */
+
+  /* Any role: the counters, into a struct whose size the host set (see
+   * hixl_kv_stats_ex); PARAM_INVALID when size is below HIXL_KV_STATS_EX_MIN_SIZE. */
+  hixl_kv_status (*get_stats_ex)(hixl_kv_connector *c, hixl_kv_stats_ex *stats);
+  /* ---- end of version 1.3: later versions append here ---- */
 };
 
 /* True when the table the plugin gave is large enough to hold op. */
