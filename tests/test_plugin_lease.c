@@ -50,10 +50,10 @@ static void step(hixl_kv_connector *sched, hixl_kv_connector *worker) {
   ST_IS(ops->start_load_kv(worker), HIXL_KV_SUCCESS);
 }
 
-/* A KV service request as the plugin's loader sends it: protocol 2, op, request id. */
+/* A KV service request as the plugin's loader sends it: protocol 3, op, request id. */
 static size_t kv_req(uint8_t *buf, uint8_t op, const char *id) {
   size_t n = strlen(id);
-  buf[0] = 2;
+  buf[0] = 3;
   buf[1] = op;
   buf[2] = (uint8_t)(n >> 8);
   buf[3] = (uint8_t)n;
@@ -149,7 +149,7 @@ static void lease_case(const char *transport, bool alloc) {
                                          layers[t / 2].base + (t % 2 ? layers[t / 2].v_offset : 0),
                                          (size_t)BLOCKS * BLOCK_BYTES};
   }
-  uint8_t req[64], ans[512];
+  uint8_t req[64], ans[4096];
   size_t n = 0, qlen = kv_req(req, 1 /* PIN */, id);
   TU_ASSERT_OK_FATAL(hixl_engine_call(cons, addr, HIXL_SERVICE_KV, req, qlen, ans, sizeof(ans), &n, 5000));
   CU_ASSERT_FATAL(n >= 1 && ans[0] == 0); /* HELD: the lease now runs from here */
@@ -259,7 +259,7 @@ static void test_push_notices(void) {
   HixlEngine *prod = tu_engine_start_with(tu_ip(), "tcp");
   CU_ASSERT_PTR_NOT_NULL_FATAL(prod);
   TU_ASSERT_OK_FATAL(HixlEngineConnect(prod, addr, 5000));
-  uint8_t req[64], ans[512];
+  uint8_t req[64], ans[4096];
   size_t n = 0, qlen = kv_req(req, 3 /* ACCEPT */, id);
   TU_ASSERT_OK_FATAL(hixl_engine_call(prod, addr, HIXL_SERVICE_KV, req, qlen, ans, sizeof(ans), &n, 5000));
   CU_ASSERT_FATAL(n >= 1 && ans[0] == 0); /* HELD: it expects the request */
@@ -323,8 +323,9 @@ static HixlStatus fake_kv(void *ctx, const char *peer, const uint8_t *req, size_
   struct fake_producer *f = ctx;
   size_t n = len >= 4 ? (size_t)req[2] << 8 | req[3] : 0;
   (void)peer, (void)cap;
-  /* ABORT carries its reason after the id */
-  if (len < 4 || req[0] != 2 || len < 4 + n || (req[1] != 5 && len != 4 + n) || n >= sizeof(f->freed))
+  /* ABORT carries its reason after the id, PIN may carry its hold's epoch and number */
+  bool tail_ok = len == 4 + n || req[1] == 5 || (req[1] == 1 && len == 4 + n + 16);
+  if (len < 4 || req[0] != 3 || len < 4 + n || !tail_ok || n >= sizeof(f->freed))
     return HIXL_PARAM_INVALID;
   pthread_mutex_lock(&f->mu);
   *resp_len = 0;

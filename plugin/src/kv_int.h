@@ -28,11 +28,86 @@ struct kv_cfg {
 hixl_kv_status kv_config_load(const char *json, size_t len, struct kv_cfg *cfg, char *err, size_t cap);
 void kv_config_free(struct kv_cfg *cfg);
 
+/* ---- the KV layout (kv_layout.c) ---- */
+
+#define KV_MAX_LAYERS     4096u        /* model layers */
+#define KV_MAX_PLANES     2048u        /* planes of a connector, every group (a PIN answer holds them) */
+#define KV_MAX_NUM_BLOCKS (1ull << 40) /* a group's blocks */
+#define KV_LAYOUT_TEXT    1024u        /* the compatibility digest, as text */
+
+/* One plane: block b is bytes at base + b * stride; heads > 0: heads pieces of
+ * bytes / heads, head h at + h * head_stride. */
+struct kv_plane {
+  uint64_t base, stride, bytes, head_stride;
+  uint32_t heads;
+};
+
+struct kv_group {
+  uint32_t kind, flags, nlayers, ppl, nplanes, block_tokens, elem_size, window;
+  uint32_t last_layer; /* the highest layer id: a cross-layer group moves with it */
+  uint64_t num_blocks;
+  uint64_t bytes_per_block; /* every plane's block: what a request moves per block of this group */
+  uint32_t *layer_ids;      /* nlayers */
+  struct kv_plane *planes;  /* nplanes: nlayers * ppl, layer by layer (cross-layer: ppl) */
+  char layout[32];
+};
+
+struct kv_layout {
+  struct kv_group *g;
+  uint32_t ng;
+  uint32_t nlayers; /* model layers: every id below it is in one group */
+  uint32_t nplanes; /* every group's */
+  struct {
+    uint32_t group, index;
+  } * map; /* per model layer */
+  char text[KV_LAYOUT_TEXT];
+};
+
+/* A peer's planes (every group's, in order) and its groups' block counts, from its
+ * PIN or ACCEPT answer. */
+struct kv_remote {
+  struct kv_plane *planes;
+  uint64_t num_blocks[KV_MAX_GROUPS];
+};
+
+/* One group's paired blocks of a request: local[j] moves to or from remote[j]. */
+struct kv_pairs {
+  const uint64_t *local, *remote;
+  size_t n;
+};
+
+/* An op list: (local, remote, len), merged where both sides run on. */
+struct kv_ops {
+  struct kv_piece *v;
+  size_t n, cap;
+  uint64_t bytes;
+};
+
+/* Check and copy groups (need_base: every plane's base set); the digest text ends with
+ * " tp=world". */
+hixl_kv_status kv_layout_build(struct kv_layout *out, const hixl_kv_group *groups, size_t ng, uint32_t world,
+                               bool need_base, const char *fn);
+void kv_layout_free(struct kv_layout *l);
+/* Register the planes' memory with c's engine (spans that overlap or touch as one;
+ * none inside an alloc_kv_memory allocation): c->regs. */
+hixl_kv_status kv_layout_register(hixl_kv_connector *c, const struct kv_layout *l, const char *fn);
+void kv_layout_put_planes(struct kv_out *o, const struct kv_layout *l);
+/* A peer's plane table, checked against l (same count; sizes and heads are l's). */
+bool kv_layout_get_planes(struct kv_in *in, const struct kv_layout *l, struct kv_remote *out);
+/* Ops moving layers [first, first + count) of the pairs (one per group); PARAM_INVALID
+ * for a block past its group's count on either side. */
+hixl_kv_status kv_ops_build(struct kv_ops *o, const struct kv_layout *l, const struct kv_remote *r,
+                            uint32_t first, uint32_t count, const struct kv_pairs *pairs, char *why,
+                            size_t cap);
+void kv_ops_free(struct kv_ops *o);
+HixlTransferOpDesc *kv_ops_descs(const struct kv_ops *o); /* malloc'ed, o->n of them */
+
 /* A request a producer worker holds for a consumer. */
 struct kv_held {
   char id[KV_MAX_ID + 1];
-  uint64_t *blocks;
+  uint64_t *blocks; /* every group's, one list after another */
   size_t n;
+  uint32_t ngroups, gn[KV_MAX_GROUPS];
   uint64_t expires_ns;
   char consumer[80]; /* the engine that pinned it last (it may be reading the blocks), or "" */
   struct kv_held *next;
@@ -47,8 +122,9 @@ struct kv_load {
 /* Push mode, consumer worker: a request a producer will write into blocks. */
 struct kv_expect {
   char id[KV_MAX_ID + 1];
-  uint64_t *blocks;
+  uint64_t *blocks; /* every group's, one list after another */
   size_t n;
+  uint32_t ngroups, gn[KV_MAX_GROUPS];
   uint8_t *landed; /* per layer */
   uint32_t nlanded;
   uint64_t deadline_ns; /* no producer finished by then: the load fails */
@@ -60,6 +136,7 @@ struct kv_expect {
 /* Push mode, producer worker: a request to write into a consumer's blocks. */
 struct kv_push {
   struct kv_meta_entry e; /* owns its block lists */
+  struct kv_remote r;     /* the consumer's planes, from its ACCEPT answer */
   uint64_t step;          /* the step whose save_kv_layer calls release its layers */
   uint64_t bound_ns;
   struct kv_push *next;
@@ -68,8 +145,9 @@ struct kv_push {
 /* Push mode, consumer scheduler: blocks allocated for a request, for get_push_params. */
 struct kv_alloc {
   char id[KV_MAX_ID + 1];
-  uint64_t *blocks;
+  uint64_t *blocks; /* every group's, one list after another */
   size_t n;
+  uint32_t ngroups, gn[KV_MAX_GROUPS];
   struct kv_alloc *next;
 };
 
@@ -105,6 +183,7 @@ struct kv_loader {
   struct kv_load *bound, *bound_tail; /* bound, not yet started */
   struct kv_load *queue, *queue_tail; /* started, waiting for a loader thread */
   struct kv_idset busy;               /* producers a loader thread serves now */
+  struct kv_idset active;             /* ... and the requests it loads */
   uint32_t nthreads, idle;            /* loader threads, and those waiting for a load */
   pthread_t threads[KV_LOADERS_MAX];
   pthread_cond_t cond; /* a load queued, a producer no longer busy, or shut (CLOCK_MONOTONIC) */
@@ -114,8 +193,9 @@ struct kv_loader {
 struct kv_pusher {
   uint64_t *saved_step; /* per layer: the step of its last save_kv_layer */
   struct kv_push *pushes, *tail;
-  pthread_cond_t cond;  /* pushes queued, or shut (CLOCK_MONOTONIC) */
-  pthread_cond_t saved; /* a layer was saved (the pusher waits; CLOCK_MONOTONIC) */
+  struct kv_idset active; /* requests of the step the pusher is pushing now */
+  pthread_cond_t cond;    /* pushes queued, or shut (CLOCK_MONOTONIC) */
+  pthread_cond_t saved;   /* a layer was saved (the pusher waits; CLOCK_MONOTONIC) */
   bool on;
   pthread_t thread;
 };
@@ -141,11 +221,18 @@ struct hixl_kv_connector {
   HixlCacheManager *mgr;
   char engine_addr[64];
   uint64_t cluster;
-  uint64_t cache_id; /* 0 until register_kv_caches */
-  uint32_t layers, tensors_per_layer;
-  char layout_text[256]; /* the compatibility digest, as text */
-  uint64_t step;         /* binds so far: each step binds once */
-  struct kv_idset gone;  /* ids freed, loaded or expired lately (PIN and ACCEPT answer GONE) */
+  struct kv_layout lay; /* the KV caches, once registered (lay.ng > 0) */
+  uint32_t layers;      /* lay.nlayers */
+  struct kv_mem {       /* alloc_kv_memory's (and alloc_kv_caches') allocations */
+    uint64_t base, len;
+    HixlMemHandle h;
+  } * mems;
+  size_t nmems;
+  bool registering;    /* register_kv_groups (or caches) under way */
+  HixlMemHandle *regs; /* the planes' memory registered with the engine */
+  size_t nregs;
+  uint64_t step;        /* binds so far: each step binds once */
+  struct kv_idset gone; /* ids freed, loaded or expired lately (PIN and ACCEPT answer GONE) */
   struct kv_idset sending_done;
   struct kv_idset recving_done;
   struct kv_idset unreach; /* peers the last Link to failed (kv_tell links again only to others) */
@@ -155,7 +242,6 @@ struct hixl_kv_connector {
   size_t nerr, caperr;
   int efd;                /* get_event_fd's eventfd, made at its first call; -1 until then */
   hixl_kv_stats_ex stats; /* size unused */
-  uint64_t block_bytes;   /* one block of every layer's K and V: what a request moves per block */
 
   struct kv_holder hold;  /* pull producer */
   struct kv_loader load;  /* pull consumer */
@@ -199,6 +285,9 @@ struct kv_held *kv_held_find(hixl_kv_connector *c, const char *id);
 void kv_leases_expire(hixl_kv_connector *c);
 struct kv_expect *kv_expect_find(hixl_kv_connector *c, const char *id);
 void kv_expects_expire(hixl_kv_connector *c);
+/* x ends: landed whole (why NULL) or failed: reported by get_finished (and its blocks
+ * by get_block_ids_with_load_errors). */
+void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why);
 
 /* ---- kv_peer.c: calls to a peer's KV service ---- */
 
@@ -213,6 +302,18 @@ int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id
 HixlStatus kv_link(hixl_kv_connector *c, const struct kv_meta_entry *e, int32_t timeout_ms);
 HixlStatus kv_tell(hixl_kv_connector *c, const struct kv_meta_entry *e, uint8_t op, const char *reason,
                    uint8_t *ans, size_t cap, size_t *n);
+/* What a peer's PIN or ACCEPT answer says it holds (or expects). */
+struct kv_peer_held {
+  char layout[KV_LAYOUT_TEXT];
+  size_t n; /* blocks, every group's */
+  uint64_t digest;
+  uint32_t ngroups, gn[KV_MAX_GROUPS];
+  struct kv_remote r; /* its planes (r.planes malloc'ed) */
+};
+/* Parse a HELD answer after its state byte (in): malformed is FAILED, another layout
+ * kv_layout_mismatch's status; why names peer_kind peer and request req. */
+HixlStatus kv_held_parse(hixl_kv_connector *c, struct kv_in *in, const char *peer_kind, const char *peer,
+                         const char *req, struct kv_peer_held *h, char *why, size_t cap);
 HixlStatus kv_layout_mismatch(const char *peer_kind, const char *peer, const char *theirs, const char *mine,
                               const char *me, char *why, size_t cap);
 
@@ -254,6 +355,15 @@ hixl_kv_status kv_load_errors(hixl_kv_connector *c, hixl_kv_blocks *out);
 hixl_kv_status kv_get_handshake(hixl_kv_connector *c, hixl_kv_buffer *meta);
 hixl_kv_status kv_stats(hixl_kv_connector *c, hixl_kv_stats *out);
 hixl_kv_status kv_stats_ex(hixl_kv_connector *c, hixl_kv_stats_ex *out);
+hixl_kv_status kv_register_groups(hixl_kv_connector *c, const hixl_kv_group *g, size_t n);
+hixl_kv_status kv_alloc_memory(hixl_kv_connector *c, uint64_t bytes, uintptr_t *base);
+hixl_kv_status kv_after_alloc_groups(hixl_kv_connector *c, const hixl_kv_request *r,
+                                     const hixl_kv_block_ids *g, size_t n, uint64_t external);
+hixl_kv_status kv_finished_groups(hixl_kv_connector *c, const hixl_kv_request *r, const hixl_kv_block_ids *g,
+                                  size_t n, int32_t *delay_free, hixl_kv_buffer *params);
+hixl_kv_status kv_preemptions(hixl_kv_connector *c, const hixl_kv_ids *ids);
+/* Bytes a request of gn[g] blocks per group moves (every plane). */
+uint64_t kv_request_bytes(const hixl_kv_connector *c, const uint32_t *gn, uint32_t ngroups);
 hixl_kv_status kv_event_fd(hixl_kv_connector *c, int32_t *fd);
 
 #endif

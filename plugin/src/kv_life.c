@@ -134,8 +134,13 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   if (c->eng) {
     hixl_engine_set_service(c->eng, HIXL_SERVICE_KV, NULL, NULL);
     HixlCacheManagerDestroy(c->mgr);
+    for (size_t i = 0; i < c->nregs; i++) HixlEngineDeregisterMem(c->eng, c->regs[i]);
+    for (size_t i = 0; i < c->nmems; i++) HixlEngineFreeMem(c->eng, c->mems[i].h);
     HixlEngineDestroy(c->eng);
   }
+  free(c->regs);
+  free(c->mems);
+  kv_layout_free(&c->lay);
   while (c->hold.held) {
     struct kv_held *h = c->hold.held;
     c->hold.held = h->next;
@@ -149,6 +154,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
     c->push.pushes = p->next;
     free(p->e.blocks);
     free(p->e.rblocks);
+    free(p->r.planes);
     free(p);
   }
   while (c->exp.expects) {
@@ -167,6 +173,8 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   kv_idset_clear(&c->sched.pushing);
   kv_idset_clear(&c->sched.pushed);
   kv_idset_clear(&c->load.busy);
+  kv_idset_clear(&c->load.active);
+  kv_idset_clear(&c->push.active);
   kv_idset_clear(&c->sched.holding);
   kv_idset_clear(&c->drop);
   kv_idset_clear(&c->unreach);
@@ -186,6 +194,24 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   pthread_mutex_destroy(&c->lock);
   free(c);
   return HIXL_KV_SUCCESS;
+}
+
+/* ---- 1.3 ops not built yet: UNSUPPORTED, with the reason ---- */
+
+/* hixl moves any layout register_kv_groups describes: none is required. */
+static hixl_kv_status kv_required_layout(hixl_kv_connector *c, hixl_kv_buffer *layout) {
+  CHECK_ARG(c && layout, "get_required_kvcache_layout: connector or layout is NULL");
+  uint8_t *p = calloc(1, 1);
+  if (!p) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "get_required_kvcache_layout: out of memory");
+  layout->data = p;
+  layout->len = 0;
+  return HIXL_KV_SUCCESS;
+}
+
+static hixl_kv_status kv_worker_meta(hixl_kv_connector *c, hixl_kv_buffer *meta) {
+  CHECK_ARG(c && meta, "build_connector_worker_meta: connector or meta is NULL");
+  return kv_fail(HIXL_KV_UNSUPPORTED, "build_connector_worker_meta: hixl's workers have nothing for the "
+                                      "scheduler beyond get_finished and get_block_ids_with_load_errors");
 }
 
 /* ---- the table and the one exported symbol ---- */
@@ -220,6 +246,13 @@ static const hixl_kv_ops kv_ops_v1 = {
     .get_push_params = kv_push_params,
     .get_event_fd = kv_event_fd,
     .get_stats_ex = kv_stats_ex,
+    .register_kv_groups = kv_register_groups,
+    .alloc_kv_memory = kv_alloc_memory,
+    .update_state_after_alloc_groups = kv_after_alloc_groups,
+    .request_finished_groups = kv_finished_groups,
+    .handle_preemptions = kv_preemptions,
+    .get_required_kvcache_layout = kv_required_layout,
+    .build_connector_worker_meta = kv_worker_meta,
 };
 
 KV_EXPORT hixl_kv_status hixl_kv_connector_entry(uint32_t abi_major, const hixl_kv_ops **ops, char *err,

@@ -14,12 +14,86 @@
 #include <string.h>
 #include <time.h>
 
-#include "cache/cache_ext.h"
 #include "engine/engine_ext.h"
 #include "kv_int.h"
 
-/* One load: link, pin (asking again while the producer has not bound it yet),
- * check the layout, pull, free. Returns the status and the reason in why. */
+#define KV_LOAD_BATCH_BYTES                                                                                  \
+  (16ull << 20) /* a pull's ops go in batches of about this much: the pin                                    \
+                 * is renewed between them once half the lease has passed */
+
+/* PIN e's request on its producer (renew: once more, after the first), asking again
+ * while the producer has not bound it yet; what it holds into h. */
+static HixlStatus pin(hixl_kv_connector *c, const struct kv_meta_entry *e, uint64_t deadline, uint8_t *ans,
+                      struct kv_peer_held *h, char *why, size_t cap) {
+  HixlStatus st;
+  size_t n = 0;
+  for (unsigned tries = 0;; tries++) {
+    struct kv_out msg = {0};
+    kv_msg(&msg, KV_SVC_PIN, e->rreq, 0, "");
+    if (e->seq) { /* which hold: the producer answers at once for one it bound and does not hold */
+      kv_put_u64(&msg, e->epoch);
+      kv_put_u64(&msg, e->seq);
+    }
+    if (kv_call_msg(c, e->remote, &msg, ans, HIXL_CALL_MAX, &n, kv_ms_until(deadline), &st) < 0) {
+      snprintf(why, cap, "asking %s for request %s: %s", e->remote, e->rreq, HixlGetLastErrorMessage());
+      return st;
+    }
+    struct kv_in in = {ans, n, 0, false};
+    uint8_t state = kv_get_u8(&in);
+    if (state == KV_PIN_HELD) return kv_held_parse(c, &in, "producer", e->remote, e->rreq, h, why, cap);
+    if (state == KV_PIN_GONE) {
+      char reason[257];
+      kv_get_str(&in, reason, 256);
+      snprintf(why, cap, "the producer %s no longer holds request %s: %s", e->remote, e->rreq, reason);
+      return HIXL_NOT_FOUND;
+    }
+    if (state != KV_PIN_NOT_YET || kv_ms_until(deadline) == 0) {
+      snprintf(why, cap, "the producer %s did not hold request %s within %d ms", e->remote, e->rreq,
+               c->cfg.transfer_timeout_ms);
+      return HIXL_TIMEOUT;
+    }
+    struct timespec ts = {0, tries < 20 ? 200000 : 2000000}; /* the producer binds it at its next step */
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* Read the ops in batches of about KV_LOAD_BATCH_BYTES, pinning the request again
+ * between two once half the lease has passed since the last pin (vLLM's decode
+ * heartbeats): a load longer than the lease keeps its blocks held. */
+static HixlStatus pull_ops(hixl_kv_connector *c, const struct kv_meta_entry *e, const struct kv_ops *o,
+                           uint64_t deadline, uint8_t *ans, char *why, size_t cap) {
+  HixlTransferOpDesc *d = kv_ops_descs(o);
+  if (!d) {
+    snprintf(why, cap, "out of memory");
+    return HIXL_RESOURCE_EXHAUSTED;
+  }
+  HixlStatus st = HIXL_SUCCESS;
+  uint64_t pinned = kv_now_ns(), half = (uint64_t)c->cfg.lease_ms * 500000ull;
+  for (size_t i = 0, k; i < o->n && st == HIXL_SUCCESS; i += k) {
+    uint64_t bytes = 0;
+    for (k = 0; i + k < o->n && k < HIXL_MAX_BATCH && (k == 0 || bytes < KV_LOAD_BATCH_BYTES); k++)
+      bytes += d[i + k].len;
+    if (i > 0 && kv_now_ns() - pinned >= half) {
+      struct kv_peer_held h = {0};
+      if ((st = pin(c, e, deadline, ans, &h, why, cap)) != HIXL_SUCCESS) break;
+      free(h.r.planes);
+      pinned = kv_now_ns();
+      pthread_mutex_lock(&c->lock);
+      c->stats.lookups++;
+      pthread_mutex_unlock(&c->lock);
+    }
+    int32_t left = kv_ms_until(deadline);
+    st = left > 0 ? HixlEngineTransferSync(c->eng, e->remote, HIXL_READ, d + i, k, left) : HIXL_TIMEOUT;
+    if (st != HIXL_SUCCESS)
+      snprintf(why, cap, "pulling request %s from %s (ops %zu to %zu of %zu): %s", e->rreq, e->remote, i,
+               i + k, o->n, left > 0 ? HixlGetLastErrorMessage() : "timed out");
+  }
+  free(d);
+  return st;
+}
+
+/* One load: link, pin, check the layout and the blocks, pull, (the caller) free.
+ * Returns the status and the reason in why. */
 static HixlStatus load_one(hixl_kv_connector *c, const struct kv_meta_entry *e, char *why, size_t cap) {
   uint64_t deadline = kv_now_ns() + (uint64_t)c->cfg.transfer_timeout_ms * 1000000ull;
   HixlStatus st = kv_link(c, e, c->cfg.connect_timeout_ms);
@@ -28,72 +102,42 @@ static HixlStatus load_one(hixl_kv_connector *c, const struct kv_meta_entry *e, 
     return st;
   }
   uint8_t *ans = malloc(HIXL_CALL_MAX);
-  if (!ans) {
+  struct kv_peer_held *h = calloc(1, sizeof(*h));
+  struct kv_ops o = {0};
+  if (!ans || !h) {
     snprintf(why, cap, "out of memory");
-    return HIXL_RESOURCE_EXHAUSTED;
-  }
-  uint64_t digest = 0;
-  size_t nrb = 0, n = 0;
-  char layout[257];
-  for (unsigned tries = 0;; tries++) {
-    struct kv_out pin = {0};
-    kv_msg(&pin, KV_SVC_PIN, e->rreq, 0, "");
-    if (e->seq) { /* which hold: the producer answers at once for one it bound and does not hold */
-      kv_put_u64(&pin, e->epoch);
-      kv_put_u64(&pin, e->seq);
-    }
-    if (kv_call_msg(c, e->remote, &pin, ans, HIXL_CALL_MAX, &n, kv_ms_until(deadline), &st) < 0) {
-      snprintf(why, cap, "asking %s for request %s: %s", e->remote, e->rreq, HixlGetLastErrorMessage());
-      goto out;
-    }
-    struct kv_in in = {ans, n, 0, false};
-    uint8_t state = kv_get_u8(&in);
-    if (state == KV_PIN_HELD) {
-      kv_get_str(&in, layout, 256);
-      nrb = kv_get_u32(&in);
-      digest = kv_get_u64(&in);
-      if (in.bad || in.off != n) {
-        snprintf(why, cap, "%s gave a malformed answer for request %s", e->remote, e->rreq);
-        st = HIXL_FAILED;
-        goto out;
-      }
-      break;
-    }
-    if (state == KV_PIN_GONE) {
-      char reason[257];
-      kv_get_str(&in, reason, 256);
-      snprintf(why, cap, "the producer %s no longer holds request %s: %s", e->remote, e->rreq, reason);
-      st = HIXL_NOT_FOUND;
-      goto out;
-    }
-    if (state != KV_PIN_NOT_YET || kv_ms_until(deadline) == 0) {
-      snprintf(why, cap, "the producer %s did not hold request %s within %d ms", e->remote, e->rreq,
-               c->cfg.transfer_timeout_ms);
-      st = HIXL_TIMEOUT;
-      goto out;
-    }
-    struct timespec ts = {0, tries < 20 ? 200000 : 2000000}; /* the producer binds it at its next step */
-    nanosleep(&ts, NULL);
-  }
-  if (strcmp(layout, c->layout_text) != 0) {
-    st = kv_layout_mismatch("producer", e->remote, layout, c->layout_text, "consumer", why, cap);
+    st = HIXL_RESOURCE_EXHAUSTED;
     goto out;
   }
-  if (nrb < e->nrblocks || (nrb == e->nrblocks && digest != kv_blocks_digest(e->rblocks, e->nrblocks))) {
-    snprintf(why, cap, "the producer %s holds %zu blocks of request %s, %zu %s asked for", e->remote, nrb,
-             e->rreq, e->nrblocks, nrb < e->nrblocks ? "were" : "other ones were");
+  if ((st = pin(c, e, deadline, ans, h, why, cap)) != HIXL_SUCCESS) goto out;
+  pthread_mutex_lock(&c->lock);
+  c->stats.lookups++;
+  pthread_mutex_unlock(&c->lock);
+  /* Per group, the producer holds at least the blocks loaded (a group's leading blocks
+   * cached here are not), and exactly those when none was left out. */
+  bool fewer = e->ngroups != c->lay.ng;
+  for (uint32_t g = 0; g < e->ngroups && !fewer; g++) fewer = h->gn[g] < e->rgn[g];
+  if (fewer ||
+      (h->n == e->nrblocks && h->digest != kv_groups_digest(e->rblocks, e->nrblocks, e->rgn, e->ngroups))) {
+    snprintf(why, cap, "the producer %s holds %zu blocks of request %s in %u groups, %zu %s asked for in %u",
+             e->remote, h->n, e->rreq, h->ngroups, e->nrblocks, fewer ? "were" : "other ones were",
+             e->ngroups);
     st = HIXL_PARAM_INVALID;
     goto out;
   }
-  HixlCacheAnyKey key = {.kind = HIXL_CACHE_KEY_BLOCKS, .u.blocks = {e->cluster, 0}};
-  HixlCacheTransferArgs args = HIXL_CACHE_TRANSFER_ARGS_INIT;
-  args.tensor_num_per_layer = c->tensors_per_layer;
-  args.timeout_ms = kv_ms_until(deadline) > 0 ? kv_ms_until(deadline) : 1;
-  st = HixlCacheManagerPullBlocks(c->mgr, &key, c->cache_id, e->rblocks, e->nrblocks, e->blocks, e->nblocks,
-                                  &args);
-  if (st != HIXL_SUCCESS)
-    snprintf(why, cap, "pulling request %s from %s: %s", e->rreq, e->remote, HixlGetLastErrorMessage());
+  struct kv_pairs pairs[KV_MAX_GROUPS];
+  for (uint32_t g = 0, off = 0; g < e->ngroups; off += e->gn[g++])
+    pairs[g] = (struct kv_pairs){e->blocks + off, e->rblocks + off, e->gn[g]};
+  if ((st = kv_ops_build(&o, &c->lay, &h->r, 0, c->layers, pairs, why, cap)) != HIXL_SUCCESS) goto out;
+  st = pull_ops(c, e, &o, deadline, ans, why, cap);
+  pthread_mutex_lock(&c->lock);
+  c->stats.engine_ops += o.n;
+  if (st == HIXL_SUCCESS) c->stats.bytes_loaded += o.bytes;
+  pthread_mutex_unlock(&c->lock);
 out:
+  kv_ops_free(&o);
+  if (h) free(h->r.planes);
+  free(h);
   free(ans);
   return st;
 }
@@ -128,13 +172,7 @@ static void free_remote(hixl_kv_connector *c, const struct kv_meta_entry *e) {
 static void load_run(hixl_kv_connector *c, struct kv_load *l, bool shut) {
   char why[1024] = "shut down";
   HixlStatus st = shut ? HIXL_FAILED : load_one(c, &l->e, why, sizeof(why));
-  HixlCacheStats cs;
-  HixlCacheManagerGetStats(c->mgr, &cs);
   pthread_mutex_lock(&c->lock);
-  /* The manager's totals; another loader may have stored later ones already. */
-  if (cs.engine_ops > c->stats.engine_ops) c->stats.engine_ops = cs.engine_ops;
-  if (cs.lookups > c->stats.lookups) c->stats.lookups = cs.lookups;
-  if (cs.bytes > c->stats.bytes_loaded) c->stats.bytes_loaded = cs.bytes;
   if (st == HIXL_SUCCESS) {
     c->stats.loads_done++;
   } else {
@@ -161,6 +199,7 @@ static void *loader_main(void *arg) {
     if (!l) break; /* shut, and what is left is another thread's producer's */
     ld->idle--;
     kv_idset_add(&ld->busy, l->e.remote); /* out of memory: two threads may serve it, no harm */
+    kv_idset_add(&ld->active, l->e.req);
     bool shut = c->shut;
     pthread_mutex_unlock(&c->lock);
     if (l->e.type == KV_META_FREE)
@@ -169,6 +208,7 @@ static void *loader_main(void *arg) {
       load_run(c, l, shut);
     pthread_mutex_lock(&c->lock);
     kv_idset_del(&ld->busy, l->e.remote);
+    kv_idset_del(&ld->active, l->e.req);
     ld->idle++;
     pthread_cond_broadcast(&ld->cond); /* that producer's next load may go now */
     pthread_mutex_unlock(&c->lock);

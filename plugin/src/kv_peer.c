@@ -99,3 +99,22 @@ HixlStatus kv_layout_mismatch(const char *peer_kind, const char *peer, const cha
            theirs, me, mine);
   return HIXL_PARAM_INVALID;
 }
+
+HixlStatus kv_held_parse(hixl_kv_connector *c, struct kv_in *in, const char *peer_kind, const char *peer,
+                         const char *req, struct kv_peer_held *h, char *why, size_t cap) {
+  kv_get_str(in, h->layout, sizeof(h->layout) - 1);
+  h->n = kv_get_u32(in);
+  h->digest = kv_get_u64(in);
+  bool ok = kv_get_groups(in, h->gn, &h->ngroups, h->n);
+  if (ok && !in->bad && strcmp(h->layout, c->lay.text) != 0)
+    return kv_layout_mismatch(peer_kind, peer, h->layout, c->lay.text,
+                              strcmp(peer_kind, "producer") == 0 ? "consumer" : "producer", why, cap);
+  if (!ok || in->bad || h->ngroups != c->lay.ng || !kv_layout_get_planes(in, &c->lay, &h->r) ||
+      in->off != in->len) {
+    free(h->r.planes);
+    h->r.planes = NULL;
+    snprintf(why, cap, "the %s %s gave a malformed answer for request %s", peer_kind, peer, req);
+    return HIXL_FAILED;
+  }
+  return HIXL_SUCCESS;
+}

@@ -6,12 +6,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "cache/cache_ext.h"
 #include "engine/engine_ext.h"
 #include "kv_int.h"
 
 /* Accept on the consumer: it expects the request, with the same layout, into at
- * least as many blocks. */
+ * least as many blocks per group; its planes go to p->r. */
 static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why, size_t cap) {
   struct kv_meta_entry *e = &p->e;
   uint64_t deadline = kv_now_ns() + (uint64_t)c->cfg.transfer_timeout_ms * 1000000ull;
@@ -21,11 +20,10 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
     return st;
   }
   uint8_t *ans = malloc(HIXL_CALL_MAX);
-  if (!ans) return HIXL_RESOURCE_EXHAUSTED;
-  char layout[257] = "";
-  uint64_t digest = 0;
-  size_t nrb = 0, n = 0;
-  for (unsigned tries = 0;; tries++) {
+  struct kv_peer_held *h = calloc(1, sizeof(*h));
+  size_t n = 0;
+  st = HIXL_RESOURCE_EXHAUSTED;
+  for (unsigned tries = 0; ans && h; tries++) {
     if (kv_call(c, e->remote, KV_SVC_ACCEPT, e->rreq, ans, HIXL_CALL_MAX, &n, kv_ms_until(deadline), &st) <
         0) {
       snprintf(why, cap, "asking the consumer %s for request %s: %s", e->remote, e->rreq,
@@ -35,22 +33,21 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
     struct kv_in in = {ans, n, 0, false};
     uint8_t state = kv_get_u8(&in);
     if (state == KV_PIN_HELD) {
-      kv_get_str(&in, layout, 256);
-      nrb = kv_get_u32(&in);
-      digest = kv_get_u64(&in);
-      if (in.bad || in.off != n) {
-        snprintf(why, cap, "the consumer %s gave a malformed answer for request %s", e->remote, e->rreq);
-        st = HIXL_FAILED;
-      } else if (strcmp(layout, c->layout_text) != 0) {
-        st = kv_layout_mismatch("consumer", e->remote, layout, c->layout_text, "producer", why, cap);
-      } else if (nrb < e->nblocks) {
+      if ((st = kv_held_parse(c, &in, "consumer", e->remote, e->rreq, h, why, cap)) != HIXL_SUCCESS) break;
+      bool fewer = e->ngroups != h->ngroups;
+      for (uint32_t g = 0; g < e->ngroups && !fewer; g++) fewer = h->gn[g] < e->gn[g];
+      if (fewer) {
         snprintf(why, cap, "the consumer %s expects %zu blocks of request %s, this producer has %zu",
-                 e->remote, nrb, e->rreq, e->nblocks);
+                 e->remote, h->n, e->rreq, e->nblocks);
         st = HIXL_PARAM_INVALID;
-      } else if (nrb == e->nrblocks && digest != kv_blocks_digest(e->rblocks, e->nrblocks)) {
+      } else if (h->n == e->nrblocks &&
+                 h->digest != kv_groups_digest(e->rblocks, e->nrblocks, e->rgn, e->ngroups)) {
         snprintf(why, cap, "the consumer %s expects request %s in other blocks than its push params named",
                  e->remote, e->rreq);
         st = HIXL_PARAM_INVALID;
+      } else {
+        p->r = h->r; /* its planes: this push's */
+        h->r.planes = NULL;
       }
       break;
     }
@@ -63,7 +60,10 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
     struct timespec ts = {0, tries < 20 ? 200000 : 2000000};
     nanosleep(&ts, NULL);
   }
+  if (h) free(h->r.planes);
+  free(h);
   free(ans);
+  if (st == HIXL_RESOURCE_EXHAUSTED && (!ans || !h)) snprintf(why, cap, "out of memory");
   return st;
 }
 
@@ -81,10 +81,10 @@ static bool push_wait_saved(hixl_kv_connector *c, uint32_t l, uint64_t step, uin
 
 /* One range of layers of one push on its way (one layer while the pusher keeps up):
  * its WRITE, and the landed notice (KV service LAYER or LAYERS call) the engine sends
- * once the WRITE has landed (hixl_cache_push_blocks_then_call). The pusher starts
- * each range as soon as it is saved, never waiting for the one before: the next
- * range's data queues right behind, as the raw engine's async WRITEs do; all are
- * waited for once the step's layers are out. */
+ * once the WRITE has landed (hixl_engine_transfer_then_call). The pusher starts each
+ * range as soon as it is saved, never waiting for the one before: the next range's
+ * data queues right behind, as the raw engine's async WRITEs do; all are waited for
+ * once the step's layers are out. */
 struct push_note {
   hixl_call_t call;
   uint32_t i, layer, count;
@@ -92,30 +92,55 @@ struct push_note {
   uint8_t ans[256];
 };
 
+/* Push v's block pairs, per group: the producer's n blocks into the consumer's first n
+ * (a sliding-window group: its last n, the window). */
+static void push_pairs(const hixl_kv_connector *c, const struct kv_meta_entry *e, struct kv_pairs *pairs) {
+  for (uint32_t g = 0, off = 0, roff = 0; g < e->ngroups; off += e->gn[g], roff += e->rgn[g], g++) {
+    bool tail = c->lay.g[g].kind == HIXL_KV_GROUP_SLIDING_WINDOW && e->rgn[g] > e->gn[g];
+    uint32_t skip = tail ? e->rgn[g] - e->gn[g] : 0;
+    pairs[g] = (struct kv_pairs){e->blocks + off, e->rblocks + roff + skip, e->gn[g]};
+  }
+}
+
 /* Start layers [k, k + count) of push v with their notice (LAYER for one, LAYERS
  * for more); why on failure. */
 static HixlStatus layer_start(hixl_kv_connector *c, struct kv_push *v, uint32_t k, uint32_t count,
                               struct push_note *pn, char *why, size_t cap) {
   struct kv_meta_entry *e = &v->e;
-  struct kv_out o = {0};
-  HixlStatus st = HIXL_RESOURCE_EXHAUSTED;
-  HixlBlocksCacheKey key = {e->cluster, 0};
-  HixlCacheTransferArgs a = HIXL_CACHE_TRANSFER_ARGS_INIT;
-  a.src_layer_start = a.dst_layer_start = k;
-  a.src_layer_count = a.dst_layer_count = count;
-  a.tensor_num_per_layer = c->tensors_per_layer;
-  a.timeout_ms = c->cfg.transfer_timeout_ms;
-  bool built = kv_msg(&o, count > 1 ? KV_SVC_LAYERS : KV_SVC_LAYER, e->rreq, k, "");
-  if (count > 1) kv_put_u32(&o, count);
-  built = built && !o.bad;
-  if (built)
-    st = hixl_cache_push_blocks_then_call(c->mgr, &key, c->cache_id, e->blocks, e->nblocks, e->rblocks,
-                                          e->nblocks, &a, HIXL_SERVICE_KV, o.p, o.len, pn->ans,
-                                          sizeof(pn->ans), &pn->alen, &pn->call);
-  free(o.p);
+  struct kv_out msg = {0};
+  struct kv_ops o = {0};
+  struct kv_pairs pairs[KV_MAX_GROUPS];
+  HixlTransferOpDesc *d = NULL;
+  push_pairs(c, e, pairs);
+  HixlStatus st = kv_ops_build(&o, &c->lay, &v->r, k, count, pairs, why, cap);
+  if (st != HIXL_SUCCESS) return st;
+  kv_msg(&msg, count > 1 ? KV_SVC_LAYERS : KV_SVC_LAYER, e->rreq, k, "");
+  if (count > 1) kv_put_u32(&msg, count);
+  if (msg.bad || !(d = kv_ops_descs(&o))) {
+    st = HIXL_RESOURCE_EXHAUSTED;
+    snprintf(why, cap, "out of memory");
+    goto out;
+  }
+  int32_t t = c->cfg.transfer_timeout_ms;
+  size_t i = 0; /* batches before the last go synchronously, the last with the notice behind it */
+  for (; st == HIXL_SUCCESS && o.n - i > HIXL_MAX_BATCH; i += HIXL_MAX_BATCH)
+    st = HixlEngineTransferSync(c->eng, e->remote, HIXL_WRITE, d + i, HIXL_MAX_BATCH, t);
+  if (st == HIXL_SUCCESS)
+    st = o.n > i ? hixl_engine_transfer_then_call(c->eng, e->remote, HIXL_WRITE, d + i, o.n - i,
+                                                  HIXL_SERVICE_KV, msg.p, msg.len, pn->ans, sizeof(pn->ans),
+                                                  &pn->alen, t, &pn->call)
+                 : hixl_engine_call_start(c->eng, e->remote, HIXL_SERVICE_KV, msg.p, msg.len, pn->ans,
+                                          sizeof(pn->ans), &pn->alen, t, &pn->call); /* no block here */
   if (st != HIXL_SUCCESS)
     snprintf(why, cap, "layers %u..%u of request %s to %s: %s", k, k + count - 1, e->req, e->remote,
-             !built ? "out of memory" : HixlGetLastErrorMessage());
+             HixlGetLastErrorMessage());
+  pthread_mutex_lock(&c->lock);
+  c->stats.engine_ops += o.n;
+  pthread_mutex_unlock(&c->lock);
+out:
+  free(d);
+  free(msg.p);
+  kv_ops_free(&o);
   return st;
 }
 
@@ -143,12 +168,18 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
     return;
   }
   for (size_t i = 0; i < n; i++) st[i] = push_accept(c, v[i], why[i], sizeof(why[i]));
+  pthread_mutex_lock(&c->lock);
+  c->stats.lookups += n;
+  pthread_mutex_unlock(&c->lock);
+  /* A cross-layer group moves whole: then every layer leaves at once, after the last. */
+  bool whole = !c->cfg.pipelining;
+  for (uint32_t g = 0; g < c->lay.ng; g++) whole |= (c->lay.g[g].flags & HIXL_KV_GROUP_CROSS_LAYER) != 0;
   for (uint32_t l = 0, count; l < c->layers; l += count) {
     bool any = false;
     count = 1;
     for (size_t i = 0; i < n; i++) any |= st[i] == HIXL_SUCCESS;
     if (!any) break;
-    uint32_t need = c->cfg.pipelining ? l : c->layers - 1;
+    uint32_t need = whole ? c->layers - 1 : l;
     uint64_t deadline = v[0]->bound_ns + (uint64_t)c->cfg.lease_ms * 1000000ull;
     if (!push_wait_saved(c, need, v[0]->step, deadline)) {
       for (size_t i = 0; i < n; i++)
@@ -175,7 +206,6 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
     struct push_note *pn = &notes[j];
     struct kv_meta_entry *e = &v[pn->i]->e;
     HixlStatus ns = hixl_engine_call_wait(c->eng, e->remote, pn->call);
-    hixl_cache_unpin(c->mgr, c->cache_id);
     if (ns == HIXL_SUCCESS) {
       pthread_mutex_lock(&c->lock);
       c->stats.layers_pushed += pn->count;
@@ -190,8 +220,6 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
   free(notes);
   uint8_t ans[256];
   size_t an;
-  HixlCacheStats cs;
-  HixlCacheManagerGetStats(c->mgr, &cs);
   for (size_t i = 0; i < n; i++) {
     struct kv_meta_entry *e = &v[i]->e;
     if (st[i] != HIXL_SUCCESS) { /* the consumer reports the failure; best effort */
@@ -201,12 +229,10 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
     pthread_mutex_lock(&c->lock);
     if (st[i] == HIXL_SUCCESS) {
       c->stats.pushes_done++;
-      c->stats.bytes_pushed += e->nblocks * c->block_bytes;
+      c->stats.bytes_pushed += kv_request_bytes(c, e->gn, e->ngroups);
     } else {
       c->stats.pushes_failed++;
     }
-    c->stats.engine_ops = cs.engine_ops;
-    c->stats.lookups = cs.lookups;
     c->stats.blocks_held -= e->nblocks;
     c->stats.requests_held--;
     kv_finished_add(c, &c->sending_done, e->req); /* the host may free the producer's blocks */
@@ -231,13 +257,19 @@ void *kv_pusher_main(void *arg) {
     for (size_t i = 0; i < n; i++) {
       v[i] = c->push.pushes;
       c->push.pushes = c->push.pushes->next;
+      kv_idset_add(&c->push.active, v[i]->e.req);
     }
     if (!c->push.pushes) c->push.tail = NULL;
     pthread_mutex_unlock(&c->lock);
     push_batch(c, v, n);
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; i < n; i++) kv_idset_del(&c->push.active, v[i]->e.req);
+    pthread_cond_broadcast(&c->push.cond); /* handle_preemptions waits for them */
+    pthread_mutex_unlock(&c->lock);
     for (size_t i = 0; i < n; i++) {
       free(v[i]->e.blocks);
       free(v[i]->e.rblocks);
+      free(v[i]->r.planes);
       free(v[i]);
     }
     free(v);

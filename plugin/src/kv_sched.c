@@ -15,10 +15,49 @@ struct kv_params {
   char remote[KV_MAX_ENGINE + 1]; /* rank 0's engine */
   uint64_t port0;
   char rreq[KV_MAX_ID + 1];
-  uint64_t *blocks;
+  uint64_t *blocks; /* every group's, one list after another */
   size_t n;
+  uint32_t ng, gn[KV_MAX_GROUPS];
   uint64_t epoch, seq; /* hold_epoch, hold_seq: which hold of the producer (0: not given) */
 };
+
+/* A request's block ids from the host, every group's one list after another. */
+struct kv_gb {
+  uint64_t *v;
+  size_t n;
+  uint32_t ng, gn[KV_MAX_GROUPS];
+};
+
+static hixl_kv_status gb_take(const hixl_kv_block_ids *g, size_t ng, struct kv_gb *out, const char *fn) {
+  CHECK_ARG(g && ng >= 1 && ng <= KV_MAX_GROUPS, "%s: %zu groups of block ids; 1 to %u", fn, ng,
+            KV_MAX_GROUPS);
+  struct kv_gb b = {.ng = (uint32_t)ng};
+  for (size_t k = 0; k < ng; k++) {
+    CHECK_ARG(g[k].count == 0 || g[k].ids, "%s: group %zu's block ids are NULL", fn, k);
+    CHECK_ARG(g[k].count <= KV_MAX_BLOCKS, "%s: group %zu has %zu blocks; at most %u", fn, k, g[k].count,
+              KV_MAX_BLOCKS);
+    b.gn[k] = (uint32_t)g[k].count;
+    b.n += g[k].count;
+  }
+  if (b.n && !(b.v = malloc(b.n * sizeof(*b.v))))
+    return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  for (size_t k = 0, off = 0; k < ng; off += g[k++].count)
+    if (g[k].count) memcpy(b.v + off, g[k].ids, g[k].count * sizeof(*b.v));
+  *out = b;
+  return HIXL_KV_SUCCESS;
+}
+
+/* remote_block_ids: one list, or one per group when there are several. */
+static json_object *blocks_json(const uint64_t *v, const uint32_t *gn, uint32_t ng) {
+  json_object *all = json_object_new_array();
+  for (uint32_t g = 0, off = 0; g < ng && all; off += gn[g++]) {
+    json_object *a = ng == 1 ? all : json_object_new_array();
+    for (uint32_t i = 0; i < gn[g] && a; i++)
+      json_object_array_add(a, json_object_new_int64((int64_t)v[off + i]));
+    if (ng > 1 && a) json_object_array_add(all, a);
+  }
+  return all;
+}
 
 /* flag: "do_remote_prefill" (a consumer's params, from a producer) or
  * "do_remote_decode" (a producer's, from a consumer in push mode). */
@@ -52,19 +91,35 @@ static bool params_parse(const hixl_kv_request *r, const char *flag, struct kv_p
     ok = false,
     snprintf(why, cap, "remote_request_id is missing or not a string of 1 to %u bytes", KV_MAX_ID);
   json_object *b = NULL;
-  if (ok &&
-      (!json_object_object_get_ex(o, "remote_block_ids", &b) || !json_object_is_type(b, json_type_array) ||
-       json_object_array_length(b) == 0 || json_object_array_length(b) > KV_MAX_BLOCKS))
-    ok = false, snprintf(why, cap, "remote_block_ids is missing, empty or longer than %u", KV_MAX_BLOCKS);
-  if (ok && !(p->blocks = malloc(json_object_array_length(b) * sizeof(uint64_t))))
-    ok = false, snprintf(why, cap, "out of memory");
-  for (size_t i = 0; ok && i < json_object_array_length(b); i++) {
-    json_object *e = json_object_array_get_idx(b, i);
-    int64_t x = json_object_get_int64(e);
-    if (!json_object_is_type(e, json_type_int) || x < 0)
-      ok = false, snprintf(why, cap, "remote_block_ids[%zu] is not a block id", i);
+  if (ok && (!json_object_object_get_ex(o, "remote_block_ids", &b) ||
+             !json_object_is_type(b, json_type_array) || json_object_array_length(b) == 0))
+    ok = false, snprintf(why, cap, "remote_block_ids is missing or empty");
+  /* A list of block ids, or a list of them per KV cache group. */
+  bool nested = ok && json_object_is_type(json_object_array_get_idx(b, 0), json_type_array);
+  size_t ng = nested ? json_object_array_length(b) : 1, total = 0;
+  if (ok && ng > KV_MAX_GROUPS)
+    ok = false, snprintf(why, cap, "remote_block_ids has more than %u groups", KV_MAX_GROUPS);
+  for (size_t g = 0; ok && g < ng; g++) {
+    json_object *l = nested ? json_object_array_get_idx(b, g) : b;
+    if (!json_object_is_type(l, json_type_array))
+      ok = false, snprintf(why, cap, "remote_block_ids[%zu] is not a list of block ids", g);
     else
-      p->blocks[p->n++] = (uint64_t)x;
+      total += p->gn[g] = (uint32_t)json_object_array_length(l);
+  }
+  if (ok && (total == 0 || total > KV_MAX_BLOCKS))
+    ok = false, snprintf(why, cap, "remote_block_ids holds %zu blocks; 1 to %u", total, KV_MAX_BLOCKS);
+  if (ok && !(p->blocks = malloc(total * sizeof(uint64_t)))) ok = false, snprintf(why, cap, "out of memory");
+  p->ng = (uint32_t)ng;
+  for (size_t g = 0; ok && g < ng; g++) {
+    json_object *l = nested ? json_object_array_get_idx(b, g) : b;
+    for (size_t i = 0; ok && i < p->gn[g]; i++) {
+      json_object *e = json_object_array_get_idx(l, i);
+      int64_t x = json_object_get_int64(e);
+      if (!json_object_is_type(e, json_type_int) || x < 0)
+        ok = false, snprintf(why, cap, "remote_block_ids: entry %zu of group %zu is not a block id", i, g);
+      else
+        p->blocks[p->n++] = (uint64_t)x;
+    }
   }
   /* Optional (a producer before them gave neither): which hold of the producer. */
   const char *num[2] = {"hold_epoch", "hold_seq"};
@@ -146,24 +201,25 @@ static void meta_add(hixl_kv_connector *c, const struct kv_meta_entry *e) {
 
 /* Push mode: a consumer expects the producer's writes into the blocks just allocated
  * (get_push_params tells the producer where); a producer queues a PUSH of its blocks
- * into the consumer's named in the params. */
+ * into the consumer's named in the params. b is taken (freed here or kept). */
 static hixl_kv_status push_after_alloc(hixl_kv_connector *c, const hixl_kv_request *r, const char *id,
-                                       const uint64_t *blocks, size_t nblocks, uint64_t external) {
+                                       struct kv_gb *b, uint64_t external) {
   char why[256] = "";
+  const char *fn = "update_state_after_alloc";
   if (c->cfg.consumer && params_flag(r, "do_remote_prefill")) {
-    if (external == 0 || nblocks == 0) return HIXL_KV_SUCCESS;
-    struct kv_alloc *a = calloc(1, sizeof(*a));
-    uint64_t *b = malloc(nblocks * sizeof(*b));
-    if (!a || !b) {
-      free(a);
-      free(b);
-      return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "update_state_after_alloc: out of memory");
+    struct kv_alloc *a = external && b->n ? calloc(1, sizeof(*a)) : NULL;
+    if (!a) {
+      free(b->v);
+      return external && b->n ? kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn)
+                              : HIXL_KV_SUCCESS;
     }
-    memcpy(b, blocks, nblocks * sizeof(*b));
     snprintf(a->id, sizeof(a->id), "%s", id);
-    a->blocks = b;
-    a->n = nblocks;
-    struct kv_meta_entry e = {.type = KV_META_EXPECT, .blocks = (uint64_t *)blocks, .nblocks = nblocks};
+    a->blocks = b->v;
+    a->n = b->n;
+    a->ngroups = b->ng;
+    memcpy(a->gn, b->gn, sizeof(a->gn));
+    struct kv_meta_entry e = {.type = KV_META_EXPECT, .blocks = b->v, .nblocks = b->n, .ngroups = b->ng};
+    memcpy(e.gn, b->gn, sizeof(e.gn));
     snprintf(e.req, sizeof(e.req), "%s", id);
     pthread_mutex_lock(&c->lock);
     a->next = c->sched.allocs;
@@ -173,9 +229,13 @@ static hixl_kv_status push_after_alloc(hixl_kv_connector *c, const hixl_kv_reque
     return HIXL_KV_SUCCESS;
   }
   struct kv_params p;
-  if (!c->cfg.producer || !params_parse(r, "do_remote_decode", &p, why, sizeof(why))) return HIXL_KV_SUCCESS;
+  if (!c->cfg.producer || !params_parse(r, "do_remote_decode", &p, why, sizeof(why))) {
+    free(b->v);
+    return HIXL_KV_SUCCESS;
+  }
   hixl_kv_status st = HIXL_KV_SUCCESS;
-  struct kv_meta_entry e = {.type = KV_META_PUSH, .blocks = (uint64_t *)blocks, .nblocks = nblocks};
+  struct kv_meta_entry e = {.type = KV_META_PUSH, .blocks = b->v, .nblocks = b->n, .ngroups = b->ng};
+  memcpy(e.gn, b->gn, sizeof(e.gn));
   snprintf(e.req, sizeof(e.req), "%s", id);
   snprintf(e.remote, sizeof(e.remote), "%s", p.remote);
   snprintf(e.rreq, sizeof(e.rreq), "%s", p.rreq);
@@ -183,71 +243,98 @@ static hixl_kv_status push_after_alloc(hixl_kv_connector *c, const hixl_kv_reque
   /* A block count that differs is refused by the pusher when it accepts on the consumer,
    * which tells the consumer at once (after the layout check, so a layout mismatch is
    * named as such). */
-  if (nblocks == 0)
-    st = kv_fail(HIXL_KV_PARAM_INVALID, "update_state_after_alloc: no blocks for request %s", id);
+  if (b->n == 0)
+    st = kv_fail(HIXL_KV_PARAM_INVALID, "%s: no blocks for request %s", fn, id);
+  else if (p.ng != b->ng)
+    st = kv_fail(HIXL_KV_PARAM_INVALID, "%s: request %s has blocks in %u groups, the consumer's params in %u",
+                 fn, id, b->ng, p.ng);
   else if (kv_worker_address(p.remote, 0, engine, sizeof(engine), &e.cluster) != HIXL_KV_SUCCESS)
-    st = kv_fail(HIXL_KV_PARAM_INVALID,
-                 "update_state_after_alloc: request %s: remote_engine \"%s\" is not ip:port", id, p.remote);
+    st = kv_fail(HIXL_KV_PARAM_INVALID, "%s: request %s: remote_engine \"%s\" is not ip:port", fn, id,
+                 p.remote);
   if (st == HIXL_KV_SUCCESS) {
     e.rblocks = p.blocks;
     e.nrblocks = p.n;
+    memcpy(e.rgn, p.gn, sizeof(e.rgn));
     pthread_mutex_lock(&c->lock);
     meta_add(c, &e);
     if (!kv_idset_has(&c->sched.pushing, id)) kv_idset_add(&c->sched.pushing, id);
     pthread_mutex_unlock(&c->lock);
   }
   free(p.blocks);
+  free(b->v);
   return st;
 }
 
-hixl_kv_status kv_after_alloc(hixl_kv_connector *c, const hixl_kv_request *r, const uint64_t *blocks,
-                              size_t nblocks, uint64_t external) {
+hixl_kv_status kv_after_alloc_groups(hixl_kv_connector *c, const hixl_kv_request *r,
+                                     const hixl_kv_block_ids *g, size_t ng, uint64_t external) {
+  const char *fn = "update_state_after_alloc";
   char id[KV_MAX_ID + 1], why[256] = "";
   hixl_kv_status st;
-  CHECK_ARG(c && c->role == HIXL_KV_ROLE_SCHEDULER,
-            "update_state_after_alloc: connector is NULL or a worker's");
-  if ((st = check_req(r, "update_state_after_alloc", id)) != HIXL_KV_SUCCESS) return st;
-  CHECK_ARG(nblocks == 0 || blocks, "update_state_after_alloc: block_ids is NULL");
-  if (c->cfg.push) return push_after_alloc(c, r, id, blocks, nblocks, external);
+  struct kv_gb b;
+  CHECK_ARG(c && c->role == HIXL_KV_ROLE_SCHEDULER, "%s: connector is NULL or a worker's", fn);
+  if ((st = check_req(r, fn, id)) != HIXL_KV_SUCCESS || (st = gb_take(g, ng, &b, fn)) != HIXL_KV_SUCCESS)
+    return st;
+  if (c->cfg.push) return push_after_alloc(c, r, id, &b, external);
   struct kv_params p;
   if (!c->cfg.consumer || r->kv_transfer_params_len == 0 ||
-      !params_parse(r, "do_remote_prefill", &p, why, sizeof(why)))
+      !params_parse(r, "do_remote_prefill", &p, why, sizeof(why))) {
+    free(b.v);
     return HIXL_KV_SUCCESS;
+  }
   struct kv_meta_entry e = {
-      .type = external > 0 && nblocks > 0 ? KV_META_LOAD : KV_META_FREE, .epoch = p.epoch, .seq = p.seq};
+      .type = external > 0 && b.n > 0 ? KV_META_LOAD : KV_META_FREE, .epoch = p.epoch, .seq = p.seq};
   snprintf(e.req, sizeof(e.req), "%s", id);
   snprintf(e.remote, sizeof(e.remote), "%s", p.remote);
   snprintf(e.rreq, sizeof(e.rreq), "%s", p.rreq);
   st = HIXL_KV_SUCCESS;
+  uint64_t *rb = NULL;
   if (e.type == KV_META_LOAD) {
-    /* Locally cached leading blocks are not loaded: the last nblocks remote ones are. */
-    if (nblocks > p.n) {
-      st = kv_fail(HIXL_KV_PARAM_INVALID,
-                   "update_state_after_alloc: %zu blocks allocated for request %s, the "
-                   "producer holds %zu",
-                   nblocks, id, p.n);
+    /* Per group, locally cached leading blocks are not loaded: the last ones of the
+     * producer's list are (a sliding window's too). */
+    bool fits = p.ng == b.ng && (rb = malloc(b.n * sizeof(*rb)));
+    for (uint32_t k = 0, off = 0, roff = 0; fits && k < b.ng; off += b.gn[k], roff += p.gn[k], k++) {
+      fits = b.gn[k] <= p.gn[k];
+      if (fits) memcpy(rb + off, p.blocks + roff + (p.gn[k] - b.gn[k]), b.gn[k] * sizeof(*rb));
+    }
+    if (!fits) {
+      st = kv_fail(
+          HIXL_KV_PARAM_INVALID,
+          "%s: %zu blocks in %u groups allocated for request %s, the producer holds %zu in %u (a group "
+          "with more here than there, or another number of groups)",
+          fn, b.n, b.ng, id, p.n, p.ng);
       e.type = KV_META_FREE;
     } else {
-      e.blocks = (uint64_t *)blocks;
-      e.nblocks = nblocks;
-      e.rblocks = p.blocks + (p.n - nblocks);
-      e.nrblocks = nblocks;
+      e.blocks = b.v;
+      e.nblocks = b.n;
+      e.rblocks = rb;
+      e.nrblocks = b.n;
+      e.ngroups = b.ng;
+      memcpy(e.gn, b.gn, sizeof(e.gn));
+      memcpy(e.rgn, b.gn, sizeof(e.rgn));
     }
   }
   char engine[64];
   uint64_t cluster = 0;
   /* This rank's producer: the same rank on the other side (homogeneous parallelism). */
   if (kv_worker_address(p.remote, 0, engine, sizeof(engine), &cluster) != HIXL_KV_SUCCESS) {
-    st = kv_fail(HIXL_KV_PARAM_INVALID,
-                 "update_state_after_alloc: request %s: remote_engine \"%s\" is not ip:port", id, p.remote);
+    st = kv_fail(HIXL_KV_PARAM_INVALID, "%s: request %s: remote_engine \"%s\" is not ip:port", fn, id,
+                 p.remote);
   } else {
     e.cluster = cluster;
     pthread_mutex_lock(&c->lock);
     meta_add(c, &e);
     pthread_mutex_unlock(&c->lock);
   }
+  free(rb);
   free(p.blocks);
+  free(b.v);
   return st;
+}
+
+hixl_kv_status kv_after_alloc(hixl_kv_connector *c, const hixl_kv_request *r, const uint64_t *blocks,
+                              size_t nblocks, uint64_t external) {
+  CHECK_ARG(nblocks == 0 || blocks, "update_state_after_alloc: block_ids is NULL");
+  return kv_after_alloc_groups(c, r, &(hixl_kv_block_ids){blocks, nblocks}, 1, external);
 }
 
 hixl_kv_status kv_build_meta(hixl_kv_connector *c, hixl_kv_buffer *meta) {
@@ -273,14 +360,11 @@ hixl_kv_status kv_build_meta(hixl_kv_connector *c, hixl_kv_buffer *meta) {
   return HIXL_KV_SUCCESS;
 }
 
-hixl_kv_status kv_finished(hixl_kv_connector *c, const hixl_kv_request *r, const uint64_t *blocks,
-                           size_t nblocks, int32_t *delay_free, hixl_kv_buffer *params) {
-  char id[KV_MAX_ID + 1], why[256] = "";
-  hixl_kv_status st;
-  CHECK_ARG(c && delay_free && params && c->role == HIXL_KV_ROLE_SCHEDULER,
-            "request_finished: connector or an output is NULL, or the connector is a worker's");
-  if ((st = check_req(r, "request_finished", id)) != HIXL_KV_SUCCESS) return st;
-  CHECK_ARG(nblocks == 0 || blocks, "request_finished: block_ids is NULL");
+/* request_finished (b taken: freed here). */
+static hixl_kv_status finished(hixl_kv_connector *c, const hixl_kv_request *r, const char *id,
+                               struct kv_gb *b, int32_t *delay_free, hixl_kv_buffer *params) {
+  char why[256] = "";
+  size_t nblocks = b->n;
   struct kv_params p;
   /* A consumer's request that never loaded: the producer frees what it holds. */
   if (c->cfg.consumer && (r->flags & HIXL_KV_REQ_ABORTED) && r->kv_transfer_params_len &&
@@ -309,6 +393,7 @@ hixl_kv_status kv_finished(hixl_kv_connector *c, const hixl_kv_request *r, const
     *delay_free = pushing;
     params->data = NULL;
     params->len = 0;
+    free(b->v);
     return HIXL_KV_SUCCESS;
   }
   bool full = false;
@@ -328,6 +413,7 @@ hixl_kv_status kv_finished(hixl_kv_connector *c, const hixl_kv_request *r, const
     *delay_free = 0;
     params->data = NULL;
     params->len = 0;
+    free(b->v);
     return HIXL_KV_SUCCESS;
   }
   /* Keep the blocks for a consumer; tell it where they are, and which hold this is:
@@ -335,13 +421,13 @@ hixl_kv_status kv_finished(hixl_kv_connector *c, const hixl_kv_request *r, const
    * hold N has bound every hold before it (a PIN of one it does not hold fails at once). */
   pthread_mutex_lock(&c->lock);
   struct kv_meta_entry e = {.type = KV_META_HOLD,
-                            .blocks = (uint64_t *)blocks,
+                            .blocks = b->v,
                             .nblocks = nblocks,
                             .epoch = c->sched.epoch,
-                            .seq = c->sched.hold_seq + 1};
-  json_object *o = json_object_new_object(), *arr = json_object_new_array();
-  for (size_t i = 0; i < nblocks && arr; i++)
-    json_object_array_add(arr, json_object_new_int64((int64_t)blocks[i]));
+                            .seq = c->sched.hold_seq + 1,
+                            .ngroups = b->ng};
+  memcpy(e.gn, b->gn, sizeof(e.gn));
+  json_object *o = json_object_new_object(), *arr = blocks_json(b->v, b->gn, b->ng);
   if (o && arr) {
     json_object_object_add(o, "do_remote_prefill", json_object_new_boolean(1));
     json_object_object_add(o, "do_remote_decode", json_object_new_boolean(0));
@@ -365,11 +451,31 @@ hixl_kv_status kv_finished(hixl_kv_connector *c, const hixl_kv_request *r, const
   pthread_mutex_unlock(&c->lock);
   json_object_put(arr);
   json_object_put(o);
+  free(b->v);
   if (!copy) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "request_finished: out of memory");
   *delay_free = 1;
   params->data = copy;
   params->len = strlen((char *)copy);
   return HIXL_KV_SUCCESS;
+}
+
+hixl_kv_status kv_finished_groups(hixl_kv_connector *c, const hixl_kv_request *r, const hixl_kv_block_ids *g,
+                                  size_t ng, int32_t *delay_free, hixl_kv_buffer *params) {
+  char id[KV_MAX_ID + 1];
+  hixl_kv_status st;
+  struct kv_gb b;
+  CHECK_ARG(c && delay_free && params && c->role == HIXL_KV_ROLE_SCHEDULER,
+            "request_finished: connector or an output is NULL, or the connector is a worker's");
+  if ((st = check_req(r, "request_finished", id)) != HIXL_KV_SUCCESS ||
+      (st = gb_take(g, ng, &b, "request_finished")) != HIXL_KV_SUCCESS)
+    return st;
+  return finished(c, r, id, &b, delay_free, params);
+}
+
+hixl_kv_status kv_finished(hixl_kv_connector *c, const hixl_kv_request *r, const uint64_t *blocks,
+                           size_t nblocks, int32_t *delay_free, hixl_kv_buffer *params) {
+  CHECK_ARG(nblocks == 0 || blocks, "request_finished: block_ids is NULL");
+  return kv_finished_groups(c, r, &(hixl_kv_block_ids){blocks, nblocks}, 1, delay_free, params);
 }
 
 hixl_kv_status kv_push_params(hixl_kv_connector *c, const char *req_id, size_t len, hixl_kv_buffer *out) {
@@ -385,9 +491,7 @@ hixl_kv_status kv_push_params(hixl_kv_connector *c, const char *req_id, size_t l
   if (a) *pp = a->next;
   pthread_mutex_unlock(&c->lock);
   if (!a) return kv_fail(HIXL_KV_NOT_FOUND, "get_push_params: no blocks were allocated for request %s", id);
-  json_object *o = json_object_new_object(), *arr = json_object_new_array();
-  for (size_t i = 0; i < a->n && arr; i++)
-    json_object_array_add(arr, json_object_new_int64((int64_t)a->blocks[i]));
+  json_object *o = json_object_new_object(), *arr = blocks_json(a->blocks, a->gn, a->ngroups);
   char *copy = NULL;
   if (o && arr) {
     json_object_object_add(o, "do_remote_prefill", json_object_new_boolean(0));

@@ -52,7 +52,7 @@ struct kv_expect *kv_expect_find(hixl_kv_connector *c, const char *id) {
 }
 
 /* x ends: landed whole (why NULL) or failed. Lock held. */
-static void expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why) {
+void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why) {
   struct kv_expect **pp = &c->exp.expects;
   while (*pp != x) pp = &(*pp)->next;
   *pp = x->next;
@@ -62,7 +62,7 @@ static void expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *wh
     fprintf(stderr, "hixl-kv: request %s failed to load: %s\n", x->id, why);
   } else {
     c->stats.loads_done++;
-    c->stats.bytes_loaded += x->n * c->block_bytes;
+    c->stats.bytes_loaded += kv_request_bytes(c, x->gn, x->ngroups);
   }
   kv_finished_add(c, &c->recving_done, x->id);
   kv_gone_add(c, x->id);
@@ -84,9 +84,22 @@ void kv_expects_expire(hixl_kv_connector *c) {
       /* A producer that accepted may still be writing: its links are cut before the
        * host hears of the failure and reuses the blocks (see drop_peers). */
       if (x->producer[0] && !kv_idset_has(&c->drop, x->producer)) kv_idset_add(&c->drop, x->producer);
-      expect_end(c, x, why);
+      kv_expect_end(c, x, why);
     }
   }
+}
+
+/* PIN or ACCEPT of a request this worker holds (or expects): the layout, the
+ * request's blocks as counts and a digest, and where this worker's planes are. Lock
+ * held. */
+static void held_answer(hixl_kv_connector *c, struct kv_out *o, const uint64_t *blocks, size_t n,
+                        const uint32_t *gn, uint32_t ngroups) {
+  kv_put_u8(o, KV_PIN_HELD);
+  kv_put_str(o, c->lay.text, strlen(c->lay.text));
+  kv_put_u32(o, (uint32_t)n);
+  kv_put_u64(o, kv_groups_digest(blocks, n, gn, ngroups));
+  kv_put_groups(o, gn, ngroups);
+  kv_layout_put_planes(o, &c->lay); /* none before registration: the layouts differ then */
 }
 
 HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp, size_t cap,
@@ -119,10 +132,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
   if (op == KV_SVC_ACCEPT) {
     if (x) {
       snprintf(x->producer, sizeof(x->producer), "%s", peer);
-      kv_put_u8(&out, KV_PIN_HELD);
-      kv_put_str(&out, c->layout_text, strlen(c->layout_text));
-      kv_put_u32(&out, (uint32_t)x->n);
-      kv_put_u64(&out, kv_blocks_digest(x->blocks, x->n));
+      held_answer(c, &out, x->blocks, x->n, x->gn, x->ngroups);
     } else if (kv_idset_has(&c->gone, id)) {
       kv_put_u8(&out, KV_PIN_GONE);
       const char *why = "it already ended (loaded, failed or expired)";
@@ -137,7 +147,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
         if (!x->landed[l]) {
           x->landed[l] = 1;
           woke = true;
-          if (++x->nlanded == c->layers) expect_end(c, x, NULL), x = NULL;
+          if (++x->nlanded == c->layers) kv_expect_end(c, x, NULL), x = NULL;
         }
       if (woke) pthread_cond_broadcast(&c->exp.landed); /* the forward pass only */
     } else {
@@ -147,16 +157,13 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
     if (x) {
       char why[KV_MAX_ID + 64];
       snprintf(why, sizeof(why), "the producer %s gave up: %s", peer, reason);
-      expect_end(c, x, why);
+      kv_expect_end(c, x, why);
     }
   } else if (op == KV_SVC_PIN) {
     if (h) {
       h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
       snprintf(h->consumer, sizeof(h->consumer), "%s", peer);
-      kv_put_u8(&out, KV_PIN_HELD);
-      kv_put_str(&out, c->layout_text, strlen(c->layout_text));
-      kv_put_u32(&out, (uint32_t)h->n);
-      kv_put_u64(&out, kv_blocks_digest(h->blocks, h->n));
+      held_answer(c, &out, h->blocks, h->n, h->gn, h->ngroups);
     } else if (kv_idset_has(&c->gone, id)) {
       kv_put_u8(&out, KV_PIN_GONE);
       const char *why = "it was freed, its lease expired, or it was aborted";

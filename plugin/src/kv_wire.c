@@ -127,13 +127,18 @@ void kv_meta_put(struct kv_out *o, const struct kv_meta_entry *e) {
       kv_put_u64(o, e->epoch);
       kv_put_u64(o, e->seq);
     }
+    kv_put_groups(o, e->gn, e->ngroups);
+    kv_put_groups(o, e->rgn, e->ngroups);
     break;
   case KV_META_HOLD:
+  case KV_META_EXPECT:
     kv_put_blocks(o, e->blocks, e->nblocks);
-    kv_put_u64(o, e->epoch);
-    kv_put_u64(o, e->seq);
+    if (e->type == KV_META_HOLD) {
+      kv_put_u64(o, e->epoch);
+      kv_put_u64(o, e->seq);
+    }
+    kv_put_groups(o, e->gn, e->ngroups);
     break;
-  case KV_META_EXPECT: kv_put_blocks(o, e->blocks, e->nblocks); break;
   case KV_META_FREE:
     kv_put_str(o, e->remote, strlen(e->remote));
     kv_put_u64(o, e->cluster);
@@ -174,6 +179,12 @@ bool kv_meta_parse(const uint8_t *p, size_t len, struct kv_meta_entry **entries,
         e->epoch = kv_get_u64(&in);
         e->seq = kv_get_u64(&in);
       }
+      uint32_t nrg = 0;
+      if (!kv_get_groups(&in, e->gn, &e->ngroups, e->nblocks) ||
+          !kv_get_groups(&in, e->rgn, &nrg, e->nrblocks) || nrg != e->ngroups)
+        in.bad = true;
+      for (uint32_t g = 0; g < e->ngroups && e->type == KV_META_LOAD; g++)
+        if (e->gn[g] != e->rgn[g]) in.bad = true; /* a LOAD pairs each group's blocks one to one */
       /* A LOAD pairs blocks one to one; a PUSH names every block the consumer gave
        * (the pusher refuses a shortfall and tells the consumer). */
       if (e->nblocks == 0 || (e->type == KV_META_LOAD ? e->nrblocks != e->nblocks : e->nrblocks == 0))
@@ -186,6 +197,7 @@ bool kv_meta_parse(const uint8_t *p, size_t len, struct kv_meta_entry **entries,
         e->epoch = kv_get_u64(&in);
         e->seq = kv_get_u64(&in);
       }
+      if (!kv_get_groups(&in, e->gn, &e->ngroups, e->nblocks)) in.bad = true;
       if (e->nblocks == 0) in.bad = true;
       break;
     case KV_META_FREE:
@@ -214,4 +226,28 @@ uint64_t kv_blocks_digest(const uint64_t *v, size_t n) {
       h *= 0x100000001b3ull;
     }
   return h;
+}
+
+uint64_t kv_groups_digest(const uint64_t *v, size_t n, const uint32_t *gn, uint32_t ngroups) {
+  uint64_t h = kv_blocks_digest(v, n);
+  for (uint32_t g = 0; g < ngroups; g++)
+    for (int b = 0; b < 4; b++) {
+      h ^= (gn[g] >> (8 * b)) & 0xff;
+      h *= 0x100000001b3ull;
+    }
+  return h;
+}
+
+void kv_put_groups(struct kv_out *o, const uint32_t *gn, uint32_t ngroups) {
+  kv_put_u8(o, (uint8_t)ngroups);
+  for (uint32_t g = 0; g < ngroups; g++) kv_put_u32(o, gn[g]);
+}
+
+bool kv_get_groups(struct kv_in *i, uint32_t *gn, uint32_t *ngroups, size_t total) {
+  uint32_t n = kv_get_u8(i);
+  uint64_t sum = 0;
+  if (i->bad || n == 0 || n > KV_MAX_GROUPS) return false;
+  for (uint32_t g = 0; g < n; g++) sum += gn[g] = kv_get_u32(i);
+  *ngroups = n;
+  return !i->bad && sum == total;
 }

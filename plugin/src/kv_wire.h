@@ -8,12 +8,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KV_META_MAGIC   0x48584b4du /* "HXKM" */
-#define KV_META_VERSION 2u          /* 2: HOLD and LOAD carry the hold's epoch and number */
-#define KV_MAX_ID       256u        /* request ids */
-#define KV_MAX_ENGINE   63u         /* "ip:port" */
-#define KV_MAX_BLOCKS   (1u << 20)  /* block ids in one entry */
-#define KV_MAX_ENTRIES  65536u
+#define KV_META_MAGIC 0x48584b4du /* "HXKM" */
+#define KV_META_VERSION                                                                                      \
+  2u                        /* 2: HOLD and LOAD carry the hold's epoch and number, every entry with blocks   \
+                             * its groups' counts */
+#define KV_MAX_ID      256u /* request ids */
+#define KV_MAX_ENGINE  63u  /* "ip:port" */
+#define KV_MAX_BLOCKS  (1u << 20) /* block ids in one entry */
+#define KV_MAX_ENTRIES 65536u
+#define KV_MAX_GROUPS  8u /* KV cache groups; a request's blocks are one list per group */
 
 /* Growable output buffer; a failed allocation is sticky (bad). */
 struct kv_out {
@@ -44,6 +47,12 @@ bool kv_get_blocks(struct kv_in *i, uint64_t **v, size_t *n);
 /* FNV-1a over the ids in order: a PIN or ACCEPT answer names a list of any length in
  * 12 bytes (a request of tens of thousands of blocks fits a service answer). */
 uint64_t kv_blocks_digest(const uint64_t *v, size_t n);
+/* ... and over the groups' counts after the ids. */
+uint64_t kv_groups_digest(const uint64_t *v, size_t n, const uint32_t *gn, uint32_t ngroups);
+/* One group's counts: u8 ngroups (1 to KV_MAX_GROUPS), u32 each; false when malformed
+ * or they do not add up to total. */
+void kv_put_groups(struct kv_out *o, const uint32_t *gn, uint32_t ngroups);
+bool kv_get_groups(struct kv_in *i, uint32_t *gn, uint32_t *ngroups, size_t total);
 
 /* Metadata entries. */
 enum kv_meta_type {
@@ -66,6 +75,8 @@ struct kv_meta_entry {
   size_t nrblocks;
   uint64_t epoch, seq; /* HOLD: the producer scheduler's epoch and this hold's number (from 1); LOAD:
                         * those of the hold it loads, from its kv_transfer_params (0: not given) */
+  uint32_t ngroups;    /* blocks and rblocks are one list per group, one after another: */
+  uint32_t gn[KV_MAX_GROUPS], rgn[KV_MAX_GROUPS]; /* group g's counts (sums: nblocks, nrblocks) */
 };
 
 /* Append one entry (header first: kv_meta_begin). */
@@ -77,7 +88,7 @@ bool kv_meta_parse(const uint8_t *p, size_t len, struct kv_meta_entry **entries,
 void kv_meta_free(struct kv_meta_entry *entries, size_t count);
 
 /* The KV service (engine CALL, service HIXL_SERVICE_KV). */
-#define KV_SVC_PROTO 2u /* 2: PIN and ACCEPT answer a count and a digest, not the list */
+#define KV_SVC_PROTO 3u /* 3: PIN and ACCEPT answer the groups' counts and the plane table */
 enum kv_svc_op {
   KV_SVC_PIN = 1,    /* req id [, u64 epoch, u64 seq of its hold] -> state, layout text, block count and
                       * digest (extends the lease) */
@@ -88,7 +99,8 @@ enum kv_svc_op {
   KV_SVC_LAYERS = 6, /* push: req id, first u32, count u32 (>= 2) -> those layers have landed */
 };
 enum kv_pin_state {
-  KV_PIN_HELD = 0,    /* then: layout text, u32 block count, u64 kv_blocks_digest */
+  KV_PIN_HELD = 0,    /* then: layout text, u32 block count, u64 kv_groups_digest, the groups' counts
+                       * (kv_put_groups), the plane table (kv_layout_put_planes) */
   KV_PIN_NOT_YET = 1, /* the producer has not bound the request yet: ask again */
   KV_PIN_GONE = 2,    /* freed, expired or aborted; then: the reason text */
 };

@@ -14,16 +14,87 @@
 #include "engine/engine_ext.h"
 #include "kv_int.h"
 
+/* The groups become the connector's layout: checked, their memory registered (none of
+ * it inside alloc_kv_memory's), the digest made. */
+static hixl_kv_status setup_groups(hixl_kv_connector *c, const hixl_kv_group *g, size_t n, const char *fn) {
+  CHECK_ARG(c && c->role == HIXL_KV_ROLE_WORKER, "%s: connector is NULL or a scheduler's", fn);
+  struct kv_layout l;
+  hixl_kv_status st = kv_layout_build(&l, g, n, c->world, true, fn);
+  if (st != HIXL_KV_SUCCESS) return st;
+  uint64_t *saved = calloc(l.nlayers, sizeof(*saved));
+  if (!saved) {
+    kv_layout_free(&l);
+    return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  }
+  pthread_mutex_lock(&c->lock);
+  bool twice = c->lay.ng > 0 || c->registering;
+  c->registering = true; /* a second call at the same time fails */
+  pthread_mutex_unlock(&c->lock);
+  if (twice) {
+    free(saved);
+    kv_layout_free(&l);
+    return kv_fail(HIXL_KV_PARAM_INVALID, "%s: caches are already registered", fn);
+  }
+  st = kv_layout_register(c, &l, fn);
+  pthread_mutex_lock(&c->lock);
+  c->registering = false;
+  if (st == HIXL_KV_SUCCESS) {
+    c->push.saved_step = saved;
+    c->lay = l;
+    c->layers = l.nlayers;
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (st != HIXL_KV_SUCCESS) {
+    free(saved);
+    kv_layout_free(&l);
+  }
+  return st;
+}
+
+uint64_t kv_request_bytes(const hixl_kv_connector *c, const uint32_t *gn, uint32_t ngroups) {
+  uint64_t b = 0;
+  for (uint32_t g = 0; g < ngroups && g < c->lay.ng; g++) b += gn[g] * c->lay.g[g].bytes_per_block;
+  return b;
+}
+
+hixl_kv_status kv_register_groups(hixl_kv_connector *c, const hixl_kv_group *g, size_t n) {
+  return setup_groups(c, g, n, "register_kv_groups");
+}
+
+hixl_kv_status kv_alloc_memory(hixl_kv_connector *c, uint64_t bytes, uintptr_t *base) {
+  const char *fn = "alloc_kv_memory";
+  CHECK_ARG(c && base && c->role == HIXL_KV_ROLE_WORKER, "%s: connector or base is NULL, or a scheduler's",
+            fn);
+  CHECK_ARG(bytes > 0 && bytes <= (UINT64_C(1) << 46), "%s: %" PRIu64 " bytes; 1 to 2^46", fn, bytes);
+  pthread_mutex_lock(&c->lock);
+  struct kv_mem *v = realloc(c->mems, (c->nmems + 1) * sizeof(*v));
+  if (v) c->mems = v;
+  pthread_mutex_unlock(&c->lock);
+  if (!v) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  void *p = NULL;
+  HixlMemHandle h = NULL;
+  HixlStatus st = HixlEngineAllocMem(c->eng, (size_t)bytes, &p, &h);
+  if (st != HIXL_SUCCESS)
+    return kv_fail(st, "%s: %" PRIu64 " bytes: %s", fn, bytes, HixlGetLastErrorMessage());
+  pthread_mutex_lock(&c->lock);
+  c->mems[c->nmems++] = (struct kv_mem){(uintptr_t)p, bytes, h};
+  pthread_mutex_unlock(&c->lock);
+  *base = (uintptr_t)p;
+  return HIXL_KV_SUCCESS;
+}
+
 /* register_kv_caches (the host's memory at ly[i].base), or alloc_kv_caches (alloc:
- * the cache manager allocates it; base and v_offset are written back on success). */
+ * one allocation of alloc_kv_memory, each tensor at a page boundary; base and v_offset
+ * are written back on success): one group of K and V planes (KV-first) or of one
+ * plane per layer (blocks-first). */
 static hixl_kv_status kv_setup(hixl_kv_connector *c, hixl_kv_layer *ly, size_t n, bool alloc) {
   const char *fn = alloc ? "alloc_kv_caches" : "register_kv_caches";
   CHECK_ARG(c && ly && n > 0 && c->role == HIXL_KV_ROLE_WORKER,
             "%s: connector or layers is NULL, none given, or a "
             "scheduler's connector",
             fn);
-  CHECK_ARG(c->cache_id == 0, "%s: caches are already registered", fn);
-  CHECK_ARG(n <= HIXL_CACHE_MAX_ADDRS / 2, "%s: %zu layers; at most %d", fn, n, HIXL_CACHE_MAX_ADDRS / 2);
+  CHECK_ARG(c->lay.ng == 0, "%s: caches are already registered", fn);
+  CHECK_ARG(n <= KV_MAX_PLANES / 2, "%s: %zu layers; at most %u", fn, n, KV_MAX_PLANES / 2);
   const hixl_kv_layer *l0 = &ly[0];
   for (size_t i = 0; i < n; i++) {
     const hixl_kv_layer *l = &ly[i];
@@ -42,49 +113,41 @@ static hixl_kv_status kv_setup(hixl_kv_connector *c, hixl_kv_layer *ly, size_t n
                   l->layout == l0->layout && l->elem_size == l0->elem_size &&
                   l->block_tokens == l0->block_tokens,
               "%s: layer %zu differs from layer 0 (every layer must have the same shape)", fn, i);
+    CHECK_ARG(l->num_blocks <= (UINT64_C(1) << 40) / l->block_bytes, "%s: layer %zu is too large", fn, i);
   }
   bool split = l0->layout == HIXL_KV_LAYOUT_KV_FIRST;
-  uint32_t tpl = split ? 2 : 1;
-  size_t nt = n * tpl;
-  uintptr_t *addrs = malloc(nt * sizeof(*addrs));
-  if (!addrs) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
-  for (size_t i = 0; i < n; i++) {
-    addrs[i * tpl] = ly[i].base;
-    if (split) addrs[i * tpl + 1] = ly[i].base + ly[i].v_offset;
-  }
+  uint32_t ppl = split ? 2 : 1;
   uint64_t item = split ? l0->block_bytes : 2 * l0->block_bytes;
-  HixlCacheDesc d = {(uint32_t)nt, l0->elem_size, 2, {l0->num_blocks, item / l0->elem_size}, HIXL_CACHE_HOST};
-  HixlBlocksCacheKey key = {c->cluster, 0};
-  uint64_t id = 0;
-  HixlStatus st =
-      alloc ? HixlCacheManagerAllocateBlocksCache(c->mgr, &d, &key, addrs, nt, &id)
-            : HixlCacheManagerRegisterBlocksCache(c->mgr, &d, addrs, nt, &key, HIXL_CACHE_ACCESS_REMOTE, &id);
-  if (st != HIXL_SUCCESS) {
-    free(addrs);
-    return kv_fail(st, "%s: %s", fn, HixlGetLastErrorMessage());
+  uint64_t tensor = (l0->num_blocks * item + 4095) / 4096 * 4096; /* allocated: page-aligned tensors */
+  uintptr_t base = 0;
+  if (alloc) {
+    hixl_kv_status st = kv_alloc_memory(c, tensor * n * ppl, &base);
+    if (st != HIXL_KV_SUCCESS) return kv_fail(st, "%s: %s", fn, kv_last_error());
   }
-  for (size_t i = 0; i < n && alloc; i++) { /* K (and V) of layer i are tensors i * tpl (+ 1) */
-    ly[i].base = addrs[i * tpl];
-    ly[i].v_offset = split ? addrs[i * tpl + 1] - addrs[i * tpl] : 0;
+  hixl_kv_plane *planes = calloc(n * ppl, sizeof(*planes));
+  if (!planes) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  for (size_t i = 0; i < n; i++)
+    for (uint32_t t = 0; t < ppl; t++) {
+      uintptr_t b = alloc ? base + (i * ppl + t) * tensor : ly[i].base + t * ly[i].v_offset;
+      planes[i * ppl + t] = (hixl_kv_plane){.base = b, .block_stride = item, .block_bytes = item};
+    }
+  hixl_kv_group g = {.size = sizeof(g),
+                     .kind = HIXL_KV_GROUP_FULL_ATTENTION,
+                     .num_layers = (uint32_t)n,
+                     .planes_per_layer = ppl,
+                     .planes = planes,
+                     .num_blocks = l0->num_blocks,
+                     .block_tokens = l0->block_tokens,
+                     .elem_size = l0->elem_size,
+                     .layout = split ? "kv_first" : "blocks_first",
+                     .layout_len = split ? 8 : 12};
+  hixl_kv_status st = setup_groups(c, &g, 1, fn);
+  for (size_t i = 0; i < n && alloc && st == HIXL_KV_SUCCESS; i++) { /* written back only on success */
+    ly[i].base = planes[i * ppl].base;
+    ly[i].v_offset = split ? tensor : 0;
   }
-  free(addrs);
-  uint64_t *saved = calloc(n, sizeof(*saved));
-  if (!saved) {
-    HixlCacheManagerUnregisterCache(c->mgr, id);
-    return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
-  }
-  pthread_mutex_lock(&c->lock);
-  c->push.saved_step = saved;
-  c->cache_id = id;
-  c->layers = (uint32_t)n;
-  c->tensors_per_layer = tpl;
-  c->block_bytes = n * 2 * l0->block_bytes;
-  snprintf(c->layout_text, sizeof(c->layout_text),
-           "abi=%u layers=%zu block_tokens=%u block_bytes=%" PRIu64 " elem_size=%u layout=%s tp=%u",
-           HIXL_KV_ABI_MAJOR, n, l0->block_tokens, l0->block_bytes, l0->elem_size,
-           split ? "kv_first" : "blocks_first", c->world);
-  pthread_mutex_unlock(&c->lock);
-  return HIXL_KV_SUCCESS;
+  free(planes); /* an allocation made for a call that failed stays until destroy */
+  return st;
 }
 
 hixl_kv_status kv_register(hixl_kv_connector *c, const hixl_kv_layer *ly, size_t n) {
@@ -112,8 +175,10 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
   for (size_t i = 0; i < n; i++) {
     struct kv_meta_entry *e = &v[i];
     if (e->type == KV_META_PUSH || e->type == KV_META_EXPECT) {
-      if (c->cache_id == 0) {
-        st = kv_fail(HIXL_KV_PARAM_INVALID, "%s: request %s: register_kv_caches first", fn, e->req);
+      if (c->lay.ng == 0 || e->ngroups != c->lay.ng) {
+        st = kv_fail(HIXL_KV_PARAM_INVALID, "%s: request %s: %s", fn, e->req,
+                     c->lay.ng ? "its blocks name another number of KV cache groups than registered"
+                               : "register_kv_caches (or register_kv_groups) first");
         continue;
       }
       if (e->type == KV_META_PUSH && c->cfg.producer) {
@@ -148,6 +213,8 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
         snprintf(x->id, sizeof(x->id), "%s", e->req);
         x->blocks = e->blocks;
         x->n = e->nblocks;
+        x->ngroups = e->ngroups;
+        memcpy(x->gn, e->gn, sizeof(x->gn));
         e->blocks = NULL;
         x->landed = landed;
         x->step = c->step;
@@ -176,6 +243,8 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
       snprintf(h->id, sizeof(h->id), "%s", e->req);
       h->blocks = e->blocks;
       h->n = e->nblocks;
+      h->ngroups = e->ngroups;
+      memcpy(h->gn, e->gn, sizeof(h->gn));
       e->blocks = NULL;
       h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
       h->next = c->hold.held;
@@ -216,7 +285,7 @@ hixl_kv_status kv_clear(hixl_kv_connector *c) {
 hixl_kv_status kv_start_load(hixl_kv_connector *c) {
   CHECK_ARG(c && c->role == HIXL_KV_ROLE_WORKER, "start_load_kv: connector is NULL or a scheduler's");
   pthread_mutex_lock(&c->lock);
-  if (c->load.bound && c->cache_id == 0) {
+  if (c->load.bound && c->lay.ng == 0) {
     pthread_mutex_unlock(&c->lock);
     return kv_fail(HIXL_KV_PARAM_INVALID, "start_load_kv: register_kv_caches first");
   }
@@ -227,7 +296,7 @@ hixl_kv_status kv_start_load(hixl_kv_connector *c) {
 
 hixl_kv_status kv_wait_layer(hixl_kv_connector *c, uint32_t layer) {
   CHECK_ARG(c && c->role == HIXL_KV_ROLE_WORKER, "wait_for_layer_load: connector is NULL or a scheduler's");
-  CHECK_ARG(c->cache_id == 0 || layer < c->layers, "wait_for_layer_load: layer %u of %u", layer, c->layers);
+  CHECK_ARG(c->lay.ng == 0 || layer < c->layers, "wait_for_layer_load: layer %u of %u", layer, c->layers);
   if (!c->cfg.push) return HIXL_KV_SUCCESS; /* pull loads are asynchronous: they end in get_finished */
   /* Push: until layer has landed for every request this step bound (the forward pass
    * about to use it), or one's lease ends. Earlier ones end in get_finished. */
@@ -249,7 +318,7 @@ hixl_kv_status kv_wait_layer(hixl_kv_connector *c, uint32_t layer) {
 
 hixl_kv_status kv_save_layer(hixl_kv_connector *c, uint32_t layer) {
   CHECK_ARG(c && c->role == HIXL_KV_ROLE_WORKER, "save_kv_layer: connector is NULL or a scheduler's");
-  CHECK_ARG(c->cache_id == 0 || layer < c->layers, "save_kv_layer: layer %u of %u", layer, c->layers);
+  CHECK_ARG(c->lay.ng == 0 || layer < c->layers, "save_kv_layer: layer %u of %u", layer, c->layers);
   if (c->cfg.push && c->push.saved_step) { /* this step's pushes may send layer now */
     pthread_mutex_lock(&c->lock);
     c->push.saved_step[layer] = c->step;
@@ -330,17 +399,14 @@ hixl_kv_status kv_load_errors(hixl_kv_connector *c, hixl_kv_blocks *out) {
 
 hixl_kv_status kv_get_handshake(hixl_kv_connector *c, hixl_kv_buffer *meta) {
   CHECK_ARG(c && meta && c->role == HIXL_KV_ROLE_WORKER,
-            "get_handshake_metadata: connector or meta is NULL, or a "
-            "scheduler's");
-  char text[384];
-  pthread_mutex_lock(&c->lock);
-  int n =
-      snprintf(text, sizeof(text), "{\"engine\":\"%s\",\"layout\":\"%s\"}", c->engine_addr, c->layout_text);
-  pthread_mutex_unlock(&c->lock);
-  uint8_t *p = malloc((size_t)n + 1);
+            "get_handshake_metadata: connector or meta is NULL, or a scheduler's");
+  size_t cap = sizeof(c->engine_addr) + sizeof(c->lay.text) + 32;
+  char *p = malloc(cap);
   if (!p) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "get_handshake_metadata: out of memory");
-  memcpy(p, text, (size_t)n + 1);
-  meta->data = p;
+  pthread_mutex_lock(&c->lock);
+  int n = snprintf(p, cap, "{\"engine\":\"%s\",\"layout\":\"%s\"}", c->engine_addr, c->lay.text);
+  pthread_mutex_unlock(&c->lock);
+  meta->data = (uint8_t *)p;
   meta->len = (size_t)n;
   return HIXL_KV_SUCCESS;
 }
@@ -396,5 +462,111 @@ hixl_kv_status kv_event_fd(hixl_kv_connector *c, int32_t *fd) {
   }
   *fd = c->efd;
   pthread_mutex_unlock(&c->lock);
+  return HIXL_KV_SUCCESS;
+}
+
+/* Unlink from *head the loads of the ids (a singly linked list with a tail). Lock held. */
+static struct kv_load *loads_take(struct kv_load **head, struct kv_load **tail, const hixl_kv_ids *ids) {
+  struct kv_load *out = NULL, *prev = NULL;
+  for (struct kv_load *l = *head, *next; l; l = next) {
+    next = l->next;
+    bool hit = false;
+    for (size_t i = 0; i < ids->count && !hit; i++) hit = ids->ids[i] && strcmp(ids->ids[i], l->e.req) == 0;
+    if (!hit) {
+      prev = l;
+      continue;
+    }
+    if (prev)
+      prev->next = next;
+    else
+      *head = next;
+    if (*tail == l) *tail = prev;
+    l->next = out;
+    out = l;
+  }
+  return out;
+}
+
+static bool ids_any(const struct kv_idset *s, const hixl_kv_ids *ids) {
+  for (size_t i = 0; i < ids->count; i++)
+    if (ids->ids[i] && kv_idset_has(s, ids->ids[i])) return true;
+  return false;
+}
+
+hixl_kv_status kv_preemptions(hixl_kv_connector *c, const hixl_kv_ids *ids) {
+  const char *fn = "handle_preemptions";
+  CHECK_ARG(c && ids && (ids->count == 0 || ids->ids) && c->role == HIXL_KV_ROLE_WORKER,
+            "%s: connector or ids is NULL, or a scheduler's", fn);
+  pthread_mutex_lock(&c->lock);
+  /* Loads not started and pushes not yet taken: they end now, failed. */
+  struct kv_load *gone = loads_take(&c->load.bound, &c->load.bound_tail, ids);
+  struct kv_load *q = loads_take(&c->load.queue, &c->load.queue_tail, ids);
+  struct kv_push *pushes = NULL;
+  for (struct kv_push **pp = &c->push.pushes, *prev = NULL; *pp;) {
+    struct kv_push *p = *pp;
+    bool hit = false;
+    for (size_t i = 0; i < ids->count && !hit; i++) hit = ids->ids[i] && strcmp(ids->ids[i], p->e.req) == 0;
+    if (!hit) {
+      prev = p;
+      pp = &p->next;
+      continue;
+    }
+    *pp = p->next;
+    if (c->push.tail == p) c->push.tail = prev;
+    p->next = pushes;
+    pushes = p;
+  }
+  for (int k = 0; k < 2; k++)
+    for (struct kv_load *l = k ? q : gone; l; l = l->next) {
+      if (l->e.type == KV_META_FREE) continue;
+      c->stats.loads_failed++;
+      kv_err_blocks_add(c, l->e.blocks, l->e.nblocks);
+      kv_finished_add(c, &c->recving_done, l->e.req);
+    }
+  /* Pushes expected into the blocks: they end failed, and the producers that accepted
+   * them are cut off before the host hears of it (as when their lease ends). */
+  for (struct kv_expect *x = c->exp.expects, *next; x; x = next) {
+    next = x->next;
+    bool hit = false;
+    for (size_t i = 0; i < ids->count && !hit; i++) hit = ids->ids[i] && strcmp(ids->ids[i], x->id) == 0;
+    if (!hit) continue;
+    if (x->producer[0] && !kv_idset_has(&c->drop, x->producer)) kv_idset_add(&c->drop, x->producer);
+    kv_expect_end(c, x, "preempted (handle_preemptions)");
+  }
+  /* Loads and pushes under way: waited for (they end within their timeouts). */
+  while (ids_any(&c->load.active, ids)) pthread_cond_wait(&c->load.cond, &c->lock);
+  while (ids_any(&c->push.active, ids)) pthread_cond_wait(&c->push.cond, &c->lock);
+  struct kv_idset drop = c->drop;
+  memset(&c->drop, 0, sizeof(c->drop));
+  pthread_mutex_unlock(&c->lock);
+  drop_peers(c, &drop);
+  for (int k = 0; k < 2; k++)
+    for (struct kv_load *l = k ? q : gone, *next; l; l = next) {
+      next = l->next;
+      if (l->e.type != KV_META_FREE) { /* the producer may hold it: free it there (best effort) */
+        uint8_t ans[64];
+        size_t n;
+        kv_tell(c, &l->e, KV_SVC_FREE, "", ans, sizeof(ans), &n);
+      }
+      free(l->e.blocks);
+      free(l->e.rblocks);
+      free(l);
+    }
+  for (struct kv_push *p = pushes, *next; p; p = next) {
+    next = p->next;
+    uint8_t ans[256];
+    size_t n;
+    kv_tell(c, &p->e, KV_SVC_ABORT, "the producer's request was preempted", ans, sizeof(ans), &n);
+    pthread_mutex_lock(&c->lock);
+    c->stats.pushes_failed++;
+    c->stats.blocks_held -= p->e.nblocks;
+    c->stats.requests_held--;
+    kv_finished_add(c, &c->sending_done, p->e.req);
+    pthread_mutex_unlock(&c->lock);
+    free(p->e.blocks);
+    free(p->e.rblocks);
+    free(p->r.planes);
+    free(p);
+  }
   return HIXL_KV_SUCCESS;
 }

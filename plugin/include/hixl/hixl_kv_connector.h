@@ -141,6 +141,70 @@ typedef struct {
 /* The smallest size get_stats_ex takes: size and reserved. */
 #define HIXL_KV_STATS_EX_MIN_SIZE offsetof(hixl_kv_stats_ex, blocks_held)
 
+/* ---- 1.3: a KV cache as groups of planes (register_kv_groups) ----
+ *
+ * A plane is one strided view of a KV tensor: num_blocks blocks, block b being
+ * block_bytes at base + b * block_stride. Any layout is a set of planes: KV-first
+ * (2, B, ...) is a K and a V plane per layer (stride = bytes); blocks-first (B, 2, ...)
+ * one plane per layer; vLLM's named layouts (LBNHC, LBHNC, LHBNC, BLNHC, BLHNC, BHLNC)
+ * one plane per layer whose stride skips the other layers where blocks come first;
+ * MLA one latent plane per layer; cross-layer blocks one plane for every layer. When
+ * the head dimension is given (num_heads > 0), block b of the plane is num_heads
+ * pieces of block_bytes / num_heads bytes, head h at base + b * block_stride +
+ * h * head_stride: a head-major tensor (LHBNC's heads lie num_blocks apart), and what
+ * a head slice is cut from. docs/plugin.md fills one from a tensor's shape, strides
+ * and element size, per layout. Frozen: never grows. */
+typedef struct {
+  uintptr_t base;
+  uint64_t block_stride; /* bytes from block b to block b + 1 */
+  uint64_t block_bytes;  /* bytes of one block of this plane (every head) */
+  uint64_t head_stride;  /* num_heads > 0: bytes from head h to head h + 1 within a block */
+  uint32_t num_heads;    /* 0: a block is one run of block_bytes */
+  uint32_t reserved;     /* 0 */
+} hixl_kv_plane;
+
+/* hixl_kv_group.kind: what a group's blocks hold (vLLM's KV cache specs). */
+#define HIXL_KV_GROUP_FULL_ATTENTION 0u
+#define HIXL_KV_GROUP_SLIDING_WINDOW 1u /* a request holds blocks for its last window_tokens only */
+#define HIXL_KV_GROUP_MLA            2u /* one latent plane per layer, the same bytes on every TP rank */
+#define HIXL_KV_GROUP_MAMBA          3u /* state blocks */
+
+/* hixl_kv_group.flags */
+#define HIXL_KV_GROUP_CROSS_LAYER                                                                            \
+  0x1u /* each block holds every layer of the group (vLLM's cross-layer                                      \
+        * blocks): planes_per_layer planes for all layers, moved per                                         \
+        * block, never a layer at a time */
+
+/* A KV cache group (vLLM's KVCacheGroupSpec): layers that share one block table. A
+ * connector has one or more; a request then has one block-id list per group, in the
+ * order the groups were registered (update_state_after_alloc_groups). */
+typedef struct {
+  uint32_t size;             /* sizeof(hixl_kv_group) as the host was built */
+  uint32_t kind;             /* HIXL_KV_GROUP_* */
+  uint32_t flags;            /* HIXL_KV_GROUP_CROSS_LAYER */
+  uint32_t num_layers;       /* the model's layers in this group */
+  const uint32_t *layer_ids; /* each one's model layer number (save_kv_layer's, wait_for_layer_load's);
+                              * NULL: first_layer, first_layer + 1, ... */
+  uint32_t first_layer;
+  uint32_t planes_per_layer;   /* planes of one layer; cross-layer: of the whole group */
+  const hixl_kv_plane *planes; /* num_layers * planes_per_layer, layer by layer (cross-layer:
+                                * planes_per_layer) */
+  uint64_t num_blocks;
+  uint32_t block_tokens;
+  uint32_t elem_size;     /* bytes of the data type */
+  uint32_t window_tokens; /* HIXL_KV_GROUP_SLIDING_WINDOW: the window; else 0 */
+  uint32_t reserved;      /* 0 */
+  const char *layout;     /* its name, in the compatibility digest ("LBNHC", "kv_first", "mla",
+                           * ...); NULL: none */
+  size_t layout_len;
+} hixl_kv_group;
+
+/* One group's block ids of a request (a pair, frozen). */
+typedef struct {
+  const uint64_t *ids;
+  size_t count;
+} hixl_kv_block_ids;
+
 typedef struct hixl_kv_ops hixl_kv_ops;
 struct hixl_kv_ops {
   uint32_t abi_version; /* HIXL_KV_ABI_VERSION the plugin implements */
@@ -240,6 +304,41 @@ struct hixl_kv_ops {
   /* Any role: the counters, into a struct whose size the host set (see
    * hixl_kv_stats_ex); PARAM_INVALID when size is below HIXL_KV_STATS_EX_MIN_SIZE. */
   hixl_kv_status (*get_stats_ex)(hixl_kv_connector *c, hixl_kv_stats_ex *stats);
+
+  /* Worker side, instead of register_kv_caches: the KV caches as groups of planes
+   * (hixl_kv_group). Every plane lies in memory the host owns or that alloc_kv_memory
+   * gave; planes may interleave (a block-major layout's layers). Peers must describe
+   * the same groups (the compatibility digest: kinds, layers, planes' sizes and heads,
+   * block tokens, element size, layout names); their bases and strides may differ. */
+  hixl_kv_status (*register_kv_groups)(hixl_kv_connector *c, const hixl_kv_group *groups, size_t num_groups);
+  /* Worker side: bytes of zeroed, page-aligned memory of the connector's engine, for
+   * the host to lay planes out in before register_kv_groups (a same-host peer maps it
+   * and copies with memcpy); destroy frees it. */
+  hixl_kv_status (*alloc_kv_memory)(hixl_kv_connector *c, uint64_t bytes, uintptr_t *base);
+  /* Scheduler side, as update_state_after_alloc and request_finished, with one
+   * block-id list per group (vLLM's request_finished_all_groups, SupportsHMA). A
+   * group whose list is shorter than another's (a sliding window) moves the blocks it
+   * lists: the last ones of the producer's list for that group. */
+  hixl_kv_status (*update_state_after_alloc_groups)(hixl_kv_connector *c, const hixl_kv_request *req,
+                                                    const hixl_kv_block_ids *groups, size_t num_groups,
+                                                    uint64_t num_external_tokens);
+  hixl_kv_status (*request_finished_groups)(hixl_kv_connector *c, const hixl_kv_request *req,
+                                            const hixl_kv_block_ids *groups, size_t num_groups,
+                                            int32_t *delay_free, hixl_kv_buffer *kv_transfer_params);
+  /* Worker side, before the forward pass of a step whose scheduler preempted
+   * requests: their blocks are about to be reused. Loads into them (pull) and pushes
+   * expected into them (push consumer) or out of them (push producer) are stopped or
+   * waited for before this returns; each is then reported by get_finished (a stopped
+   * load as failed, its blocks in get_block_ids_with_load_errors). */
+  hixl_kv_status (*handle_preemptions)(hixl_kv_connector *c, const hixl_kv_ids *req_ids);
+  /* The KV cache layout this connector needs from the runtime, as vLLM's
+   * get_required_kvcache_layout: "" when any works (hixl moves any layout register_kv_groups
+   * describes); see docs/plugin.md for the one it moves with the fewest descriptors. */
+  hixl_kv_status (*get_required_kvcache_layout)(hixl_kv_connector *c, hixl_kv_buffer *layout);
+  /* Worker side: metadata for the scheduler (vLLM's build_connector_worker_meta).
+   * UNSUPPORTED: get_finished and get_block_ids_with_load_errors carry all hixl's
+   * scheduler needs. */
+  hixl_kv_status (*build_connector_worker_meta)(hixl_kv_connector *c, hixl_kv_buffer *meta);
   /* ---- end of version 1.3: later versions append here ---- */
 };
 

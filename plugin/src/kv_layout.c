@@ -1,0 +1,403 @@
+/* kv_layout: the KV cache a worker registered, as groups of planes (hixl_kv_group,
+ * ABI 1.3; register_kv_caches' layers become one group): the checks, the
+ * compatibility digest, the memory registered with the engine, the plane table a peer
+ * learns from the KV service, and the op lists that move a request's blocks between
+ * this layout and a peer's.
+ *
+ * Op lists: each paired block of each plane is one piece per head (one when the
+ * plane has no head dimension or its heads are adjacent); pieces are sorted by local
+ * address and merged where both sides are contiguous, so runs of adjacent blocks, and
+ * a block-major layout's layers of one block, become one op. */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_int.h"
+
+/* ---- building a layout ---- */
+
+static const char *kind_name(uint32_t kind) {
+  switch (kind) {
+  case HIXL_KV_GROUP_FULL_ATTENTION: return "full";
+  case HIXL_KV_GROUP_SLIDING_WINDOW: return "sliding";
+  case HIXL_KV_GROUP_MLA: return "mla";
+  case HIXL_KV_GROUP_MAMBA: return "mamba";
+  default: return NULL;
+  }
+}
+
+/* The bytes block 0 of plane p spans from its base: the end of its last piece. */
+static uint64_t piece_span(const struct kv_plane *p) {
+  return p->heads ? (uint64_t)(p->heads - 1) * p->head_stride + p->bytes / p->heads : p->bytes;
+}
+
+/* A plane's checks; why on failure. */
+static bool plane_ok(const hixl_kv_plane *p, uint64_t nb, uint32_t elem, bool need_base, char *why,
+                     size_t cap) {
+  if ((need_base && !p->base) || !p->block_bytes || p->block_bytes % elem || p->reserved) {
+    snprintf(why, cap, "base, block_bytes (a multiple of elem_size %u) must be set and reserved 0", elem);
+    return false;
+  }
+  if (p->num_heads && (p->block_bytes % p->num_heads || p->head_stride < p->block_bytes / p->num_heads)) {
+    snprintf(why, cap,
+             "%u heads: block_bytes %" PRIu64 " must divide into them and head_stride %" PRIu64 " hold one",
+             p->num_heads, p->block_bytes, p->head_stride);
+    return false;
+  }
+  struct kv_plane q = {p->base, p->block_stride, p->block_bytes, p->head_stride, p->num_heads};
+  uint64_t span = piece_span(&q);
+  if (nb > 1 && p->block_stride == 0) {
+    snprintf(why, cap, "block_stride is 0");
+    return false;
+  }
+  if (span > (UINT64_C(1) << 46) || p->block_stride > (UINT64_C(1) << 46) / nb ||
+      p->base + (nb - 1) * p->block_stride + span < p->base) {
+    snprintf(why, cap, "%" PRIu64 " blocks of stride %" PRIu64 " overflow the address space", nb,
+             p->block_stride);
+    return false;
+  }
+  return true;
+}
+
+void kv_layout_free(struct kv_layout *l) {
+  for (uint32_t g = 0; g < l->ng; g++) {
+    free(l->g[g].layer_ids);
+    free(l->g[g].planes);
+  }
+  free(l->g);
+  free(l->map);
+  memset(l, 0, sizeof(*l));
+}
+
+/* The digest: everything two sides must agree on, as text (the PIN and ACCEPT
+ * answers carry it; a mismatch names both). Plane sizes per group: layer 0's, and a
+ * hash of every layer's when they differ. " tp=N" last (kv_layout_mismatch). */
+static void layout_text(struct kv_layout *l, uint32_t world) {
+  size_t n = (size_t)snprintf(l->text, sizeof(l->text), "abi=%u.3 layers=%u", HIXL_KV_ABI_MAJOR, l->nlayers);
+  for (uint32_t gi = 0; gi < l->ng && n < sizeof(l->text); gi++) {
+    const struct kv_group *g = &l->g[gi];
+    n += (size_t)snprintf(l->text + n, sizeof(l->text) - n, " [%s%s%s layers=%u tokens=%u elem=%u", g->layout,
+                          g->layout[0] ? " " : "", kind_name(g->kind), g->nlayers, g->block_tokens,
+                          g->elem_size);
+    if (g->window && n < sizeof(l->text))
+      n += (size_t)snprintf(l->text + n, sizeof(l->text) - n, " window=%u", g->window);
+    if (g->flags & HIXL_KV_GROUP_CROSS_LAYER && n < sizeof(l->text))
+      n += (size_t)snprintf(l->text + n, sizeof(l->text) - n, " cross_layer");
+    uint32_t shown = g->flags & HIXL_KV_GROUP_CROSS_LAYER ? g->nplanes : g->ppl;
+    uint64_t h = 0xcbf29ce484222325ull;
+    bool differ = false;
+    for (uint32_t p = 0; p < g->nplanes; p++) {
+      const struct kv_plane *q = &g->planes[p], *first = &g->planes[p % g->ppl];
+      differ |= q->bytes != first->bytes || q->heads != first->heads;
+      h = (h ^ q->bytes) * 0x100000001b3ull;
+      h = (h ^ q->heads) * 0x100000001b3ull;
+    }
+    for (uint32_t p = 0; p < shown && n < sizeof(l->text); p++)
+      n += (size_t)snprintf(l->text + n, sizeof(l->text) - n, "%s%" PRIu64,
+                            p ? "," : " planes=", g->planes[p].bytes);
+    for (uint32_t p = 0; p < shown && g->planes[0].heads && n < sizeof(l->text); p++)
+      n +=
+          (size_t)snprintf(l->text + n, sizeof(l->text) - n, "%s%u", p ? "," : " heads=", g->planes[p].heads);
+    if (differ && n < sizeof(l->text))
+      n += (size_t)snprintf(l->text + n, sizeof(l->text) - n, " sizes#%016" PRIx64, h);
+    if (n < sizeof(l->text)) n += (size_t)snprintf(l->text + n, sizeof(l->text) - n, "]");
+  }
+  if (n < sizeof(l->text)) snprintf(l->text + n, sizeof(l->text) - n, " tp=%u", world);
+}
+
+hixl_kv_status kv_layout_build(struct kv_layout *out, const hixl_kv_group *groups, size_t ng, uint32_t world,
+                               bool need_base, const char *fn) {
+  CHECK_ARG(groups && ng > 0 && ng <= KV_MAX_GROUPS, "%s: %zu groups; 1 to %u", fn, ng, KV_MAX_GROUPS);
+  struct kv_layout l = {0};
+  char why[256];
+  uint32_t total = 0, maxid = 0;
+  for (size_t gi = 0; gi < ng; gi++) {
+    const hixl_kv_group *g = &groups[gi];
+    CHECK_ARG(g->size >= sizeof(hixl_kv_group),
+              "%s: group %zu: size %u; set it to sizeof(hixl_kv_group) (%zu)", fn, gi, g->size,
+              sizeof(hixl_kv_group));
+    CHECK_ARG(kind_name(g->kind), "%s: group %zu: kind %u is unknown", fn, gi, g->kind);
+    CHECK_ARG((g->flags & ~HIXL_KV_GROUP_CROSS_LAYER) == 0 && g->reserved == 0,
+              "%s: group %zu: flags 0x%x has unknown bits, or reserved is not 0", fn, gi, g->flags);
+    CHECK_ARG(g->num_layers > 0 && g->num_layers <= KV_MAX_LAYERS && g->planes_per_layer > 0 && g->planes &&
+                  g->num_blocks > 0 && g->block_tokens > 0 && g->elem_size > 0,
+              "%s: group %zu: num_layers (1 to %u), planes_per_layer, planes, num_blocks, block_tokens and "
+              "elem_size must be set",
+              fn, gi, KV_MAX_LAYERS);
+    CHECK_ARG((g->kind == HIXL_KV_GROUP_SLIDING_WINDOW) == (g->window_tokens > 0),
+              "%s: group %zu: window_tokens %u goes with kind sliding window, and only with it", fn, gi,
+              g->window_tokens);
+    CHECK_ARG(!g->layout_len ||
+                  (g->layout && g->layout_len < sizeof(l.g[0].layout) &&
+                   !memchr(g->layout, '\0', g->layout_len) && !memchr(g->layout, ' ', g->layout_len)),
+              "%s: group %zu: layout name must be 1 to %zu bytes of text without spaces", fn, gi,
+              sizeof(l.g[0].layout) - 1);
+    uint64_t np = (uint64_t)g->planes_per_layer * (g->flags & HIXL_KV_GROUP_CROSS_LAYER ? 1 : g->num_layers);
+    CHECK_ARG(total + np <= KV_MAX_PLANES, "%s: %" PRIu64 " planes in group %zu; at most %u in all", fn, np,
+              gi, KV_MAX_PLANES);
+    for (uint64_t p = 0; p < np; p++)
+      if (!plane_ok(&g->planes[p], g->num_blocks, g->elem_size, need_base, why, sizeof(why)))
+        return kv_fail(HIXL_KV_PARAM_INVALID, "%s: group %zu, plane %" PRIu64 ": %s", fn, gi, p, why);
+    for (uint32_t i = 0; i < g->num_layers; i++) {
+      uint64_t id = g->layer_ids ? g->layer_ids[i] : (uint64_t)g->first_layer + i;
+      CHECK_ARG(id < KV_MAX_LAYERS, "%s: group %zu: layer id %" PRIu64 " is not below %u", fn, gi, id,
+                KV_MAX_LAYERS);
+      if (id > maxid) maxid = (uint32_t)id;
+    }
+    total += (uint32_t)np;
+  }
+  l.nlayers = maxid + 1;
+  l.nplanes = total;
+  if (!(l.g = calloc(ng, sizeof(*l.g))) || !(l.map = malloc(l.nlayers * sizeof(*l.map)))) {
+    kv_layout_free(&l);
+    return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  }
+  for (uint32_t i = 0; i < l.nlayers; i++) l.map[i].group = UINT32_MAX;
+  for (size_t gi = 0; gi < ng; gi++, l.ng++) {
+    const hixl_kv_group *g = &groups[gi];
+    struct kv_group *d = &l.g[gi];
+    d->kind = g->kind;
+    d->flags = g->flags;
+    d->nlayers = g->num_layers;
+    d->ppl = g->planes_per_layer;
+    d->nplanes = g->planes_per_layer * (g->flags & HIXL_KV_GROUP_CROSS_LAYER ? 1 : g->num_layers);
+    d->num_blocks = g->num_blocks;
+    d->block_tokens = g->block_tokens;
+    d->elem_size = g->elem_size;
+    d->window = g->window_tokens;
+    if (g->layout_len) memcpy(d->layout, g->layout, g->layout_len);
+    if (!(d->layer_ids = malloc(d->nlayers * sizeof(*d->layer_ids))) ||
+        !(d->planes = malloc(d->nplanes * sizeof(*d->planes)))) {
+      l.ng++;
+      kv_layout_free(&l);
+      return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+    }
+    for (uint32_t p = 0; p < d->nplanes; p++) {
+      const hixl_kv_plane *s = &g->planes[p];
+      d->planes[p] = (struct kv_plane){s->base, s->block_stride, s->block_bytes,
+                                       s->num_heads ? s->head_stride : 0, s->num_heads};
+      d->bytes_per_block += s->block_bytes;
+    }
+    for (uint32_t i = 0; i < d->nlayers; i++) {
+      uint32_t id = g->layer_ids ? g->layer_ids[i] : g->first_layer + i;
+      d->layer_ids[i] = id;
+      if (l.map[id].group != UINT32_MAX) {
+        kv_layout_free(&l);
+        return kv_fail(HIXL_KV_PARAM_INVALID, "%s: layer %u is in two groups (%u and %zu)", fn, id,
+                       l.map[id].group, gi);
+      }
+      l.map[id].group = (uint32_t)gi;
+      l.map[id].index = i;
+      if (id > d->last_layer) d->last_layer = id;
+    }
+  }
+  for (uint32_t i = 0; i < l.nlayers; i++)
+    if (l.map[i].group == UINT32_MAX) {
+      kv_layout_free(&l);
+      return kv_fail(HIXL_KV_PARAM_INVALID, "%s: layer %u is in no group (layers 0 to %u must all be)", fn, i,
+                     l.nlayers - 1);
+    }
+  layout_text(&l, world);
+  *out = l;
+  return HIXL_KV_SUCCESS;
+}
+
+/* ---- the plane table a peer learns (PIN and ACCEPT answers) ---- */
+
+void kv_layout_put_planes(struct kv_out *o, const struct kv_layout *l) {
+  kv_put_u32(o, l->nplanes);
+  for (uint32_t g = 0; g < l->ng; g++) {
+    kv_put_u64(o, l->g[g].num_blocks);
+    for (uint32_t p = 0; p < l->g[g].nplanes; p++) {
+      const struct kv_plane *q = &l->g[g].planes[p];
+      kv_put_u64(o, q->base);
+      kv_put_u64(o, q->stride);
+      kv_put_u64(o, q->head_stride);
+    }
+  }
+}
+
+bool kv_layout_get_planes(struct kv_in *in, const struct kv_layout *l, struct kv_remote *out) {
+  if (kv_get_u32(in) != l->nplanes || in->bad) return false;
+  struct kv_plane *v = malloc((l->nplanes ? l->nplanes : 1) * sizeof(*v));
+  if (!v) return false;
+  uint32_t k = 0;
+  for (uint32_t g = 0; g < l->ng; g++) {
+    out->num_blocks[g] = kv_get_u64(in);
+    if (out->num_blocks[g] == 0 || out->num_blocks[g] > KV_MAX_NUM_BLOCKS) in->bad = true;
+    for (uint32_t p = 0; p < l->g[g].nplanes; p++, k++) {
+      const struct kv_plane *mine = &l->g[g].planes[p]; /* sizes and heads agree: the digests matched */
+      v[k].base = kv_get_u64(in);
+      v[k].stride = kv_get_u64(in);
+      v[k].head_stride = kv_get_u64(in);
+      v[k].bytes = mine->bytes;
+      v[k].heads = mine->heads;
+      if (!v[k].base || v[k].stride > (UINT64_C(1) << 46) ||
+          (v[k].heads ? v[k].head_stride < mine->bytes / mine->heads || v[k].head_stride > (UINT64_C(1) << 46)
+                      : v[k].head_stride != 0))
+        in->bad = true;
+    }
+  }
+  if (in->bad) {
+    free(v);
+    return false;
+  }
+  out->planes = v;
+  return true;
+}
+
+/* ---- op lists ---- */
+
+struct kv_piece {
+  uint64_t local, remote, len;
+};
+
+static int piece_add(struct kv_ops *o, uint64_t local, uint64_t remote, uint64_t len) {
+  if (o->n && o->v[o->n - 1].local + o->v[o->n - 1].len == local && /* the run goes on */
+      o->v[o->n - 1].remote + o->v[o->n - 1].len == remote) {
+    o->v[o->n - 1].len += len;
+    return 0;
+  }
+  if (o->n == o->cap) {
+    size_t cap = o->cap ? o->cap * 2 : 256;
+    struct kv_piece *v = realloc(o->v, cap * sizeof(*v));
+    if (!v) return -1;
+    o->v = v;
+    o->cap = cap;
+  }
+  o->v[o->n++] = (struct kv_piece){local, remote, len};
+  return 0;
+}
+
+static int cmp_piece(const void *a, const void *b) {
+  uint64_t x = ((const struct kv_piece *)a)->local, y = ((const struct kv_piece *)b)->local;
+  return x < y ? -1 : x > y;
+}
+
+/* Plane p of both sides (the same bytes and heads), blocks lb[j] here and rb[j]
+ * there: a piece per head (adjacent heads join in piece_add). */
+static int plane_pieces(struct kv_ops *o, const struct kv_plane *lp, const struct kv_plane *rp,
+                        const uint64_t *lb, const uint64_t *rb, size_t n) {
+  uint32_t heads = lp->heads ? lp->heads : 1;
+  uint64_t len = lp->bytes / heads;
+  for (size_t j = 0; j < n; j++)
+    for (uint32_t h = 0; h < heads; h++) {
+      uint64_t lo = lp->base + lb[j] * lp->stride + h * lp->head_stride;
+      uint64_t ro = rp->base + rb[j] * rp->stride + h * rp->head_stride;
+      if (piece_add(o, lo, ro, len) < 0) return -1;
+    }
+  o->bytes += n * lp->bytes;
+  return 0;
+}
+
+hixl_kv_status kv_ops_build(struct kv_ops *o, const struct kv_layout *l, const struct kv_remote *r,
+                            uint32_t first, uint32_t count, const struct kv_pairs *pairs, char *why,
+                            size_t cap) {
+  uint32_t off = 0; /* group g's first plane in r->planes */
+  for (uint32_t gi = 0; gi < l->ng; gi++) {
+    const struct kv_group *g = &l->g[gi];
+    const struct kv_pairs *pr = &pairs[gi];
+    for (size_t j = 0; j < pr->n; j++)
+      if (pr->local[j] >= g->num_blocks || pr->remote[j] >= r->num_blocks[gi]) {
+        snprintf(why, cap,
+                 "group %u: block %" PRIu64 " here or %" PRIu64 " there is past its %" PRIu64 " or %" PRIu64
+                 " blocks",
+                 gi, pr->local[j], pr->remote[j], g->num_blocks, r->num_blocks[gi]);
+        return HIXL_KV_PARAM_INVALID;
+      }
+    bool cross = g->flags & HIXL_KV_GROUP_CROSS_LAYER;
+    for (uint32_t i = 0; i < g->nlayers && pr->n; i++) {
+      uint32_t id = g->layer_ids[i];
+      if (id < first || id - first >= count) continue;
+      if (cross && id != g->last_layer) continue; /* a cross-layer group moves whole, with its last layer */
+      uint32_t p0 = cross ? 0 : i * g->ppl;       /* cross-layer: ppl planes in all */
+      for (uint32_t p = p0; p < p0 + g->ppl; p++)
+        if (plane_pieces(o, &g->planes[p], &r->planes[off + p], pr->local, pr->remote, pr->n) < 0) goto oom;
+    }
+    off += g->nplanes;
+  }
+  if (o->n > 1) { /* across planes: a block-major layout's layers of one block are adjacent */
+    qsort(o->v, o->n, sizeof(*o->v), cmp_piece);
+    size_t k = 0;
+    for (size_t j = 1; j < o->n; j++) {
+      struct kv_piece *a = &o->v[k], *b = &o->v[j];
+      if (a->local + a->len == b->local && a->remote + a->len == b->remote)
+        a->len += b->len;
+      else
+        o->v[++k] = *b;
+    }
+    o->n = k + 1;
+  }
+  return HIXL_KV_SUCCESS;
+oom:
+  snprintf(why, cap, "out of memory");
+  return HIXL_KV_RESOURCE_EXHAUSTED;
+}
+
+void kv_ops_free(struct kv_ops *o) {
+  free(o->v);
+  memset(o, 0, sizeof(*o));
+}
+
+HixlTransferOpDesc *kv_ops_descs(const struct kv_ops *o) {
+  HixlTransferOpDesc *d = malloc((o->n ? o->n : 1) * sizeof(*d));
+  if (!d) return NULL;
+  for (size_t j = 0; j < o->n; j++) d[j] = (HixlTransferOpDesc){o->v[j].local, o->v[j].remote, o->v[j].len};
+  return d;
+}
+
+/* ---- the memory behind the planes ---- */
+
+struct kv_span {
+  uint64_t lo, hi;
+};
+
+static int cmp_span(const void *a, const void *b) {
+  uint64_t x = ((const struct kv_span *)a)->lo, y = ((const struct kv_span *)b)->lo;
+  return x < y ? -1 : x > y;
+}
+
+hixl_kv_status kv_layout_register(hixl_kv_connector *c, const struct kv_layout *l, const char *fn) {
+  struct kv_span *s = malloc((l->nplanes ? l->nplanes : 1) * sizeof(*s));
+  if (!s) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  size_t n = 0;
+  for (uint32_t gi = 0; gi < l->ng; gi++)
+    for (uint32_t p = 0; p < l->g[gi].nplanes; p++) {
+      const struct kv_plane *q = &l->g[gi].planes[p];
+      uint64_t lo = q->base, hi = q->base + (l->g[gi].num_blocks - 1) * q->stride + piece_span(q);
+      bool inside = false; /* in memory alloc_kv_memory gave: registered already */
+      for (size_t a = 0; a < c->nmems && !inside; a++)
+        inside = lo >= c->mems[a].base && hi <= c->mems[a].base + c->mems[a].len;
+      if (!inside) s[n++] = (struct kv_span){lo, hi};
+    }
+  qsort(s, n, sizeof(*s), cmp_span);
+  size_t m = 0; /* spans that overlap or touch: one registration (one MR over rdma) */
+  for (size_t j = 0; j < n; j++)
+    if (m && s[j].lo <= s[m - 1].hi) {
+      if (s[j].hi > s[m - 1].hi) s[m - 1].hi = s[j].hi;
+    } else {
+      s[m++] = s[j];
+    }
+  HixlMemHandle *h = calloc(m ? m : 1, sizeof(*h));
+  if (!h) {
+    free(s);
+    return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  }
+  for (size_t j = 0; j < m; j++) {
+    HixlMemDesc md = {(uintptr_t)s[j].lo, (size_t)(s[j].hi - s[j].lo)};
+    HixlStatus st = HixlEngineRegisterMem(c->eng, &md, HIXL_MEM_HOST, &h[j]);
+    if (st != HIXL_SUCCESS) {
+      hixl_kv_status r = kv_fail(st, "%s: registering [0x%" PRIx64 ", +%" PRIu64 "): %s", fn, s[j].lo,
+                                 s[j].hi - s[j].lo, HixlGetLastErrorMessage());
+      while (j--) HixlEngineDeregisterMem(c->eng, h[j]);
+      free(h);
+      free(s);
+      return r;
+    }
+  }
+  free(s);
+  c->regs = h;
+  c->nregs = m;
+  return HIXL_KV_SUCCESS;
+}
