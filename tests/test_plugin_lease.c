@@ -23,6 +23,7 @@
 #include "engine/engine_ext.h"
 #include "hixl/hixl_cache.h"
 #include "hixl/hixl_kv_connector.h"
+#include "kv_wire.h"
 #include "test_util.h"
 
 #ifndef HIXL_KV_PLUGIN_PATH
@@ -316,6 +317,8 @@ struct fake_producer {
   pthread_cond_t cv;
   int pins, frees;
   char freed[64];
+  const uint8_t *held; /* non-NULL: PIN answers these bytes (HELD) instead of "not yet" */
+  size_t held_len;
 };
 
 static HixlStatus fake_kv(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
@@ -325,14 +328,17 @@ static HixlStatus fake_kv(void *ctx, const char *peer, const uint8_t *req, size_
   (void)peer, (void)cap;
   /* ABORT carries its reason after the id, PIN may carry its hold's epoch and number */
   bool tail_ok = len == 4 + n || req[1] == 5 || (req[1] == 1 && len == 4 + n + 16);
-  if (len < 4 || req[0] != 3 || len < 4 + n || !tail_ok || n >= sizeof(f->freed))
-    return HIXL_PARAM_INVALID;
+  if (len < 4 || req[0] != 3 || len < 4 + n || !tail_ok || n >= sizeof(f->freed)) return HIXL_PARAM_INVALID;
   pthread_mutex_lock(&f->mu);
   *resp_len = 0;
   if (req[1] == 1 || req[1] == 3) { /* PIN, ACCEPT */
     f->pins++;
     resp[0] = 1; /* NOT_YET: ask again */
     *resp_len = 1;
+    if (f->held && f->held_len <= cap) {
+      memcpy(resp, f->held, f->held_len);
+      *resp_len = f->held_len;
+    }
   } else if (req[1] == 2 || req[1] == 5) { /* FREE, ABORT */
     f->frees++;
     memcpy(f->freed, req + 4, n);
@@ -371,8 +377,9 @@ struct lost {
   int32_t efd;
 };
 
-static bool lost_up(struct lost *t, const char *role, const char *mode, uint8_t c) {
-  *t = (struct lost){.f = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, ""}, .efd = -1};
+static bool lost_up(struct lost *t, const char *role, const char *mode, int lease_ms, uint8_t c) {
+  *t =
+      (struct lost){.f = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, "", NULL, 0}, .efd = -1};
   uint16_t port = tu_free_port();
   struct in_addr ip;
   if (!port || inet_pton(AF_INET, tu_ip(), &ip) != 1) return false;
@@ -381,7 +388,7 @@ static bool lost_up(struct lost *t, const char *role, const char *mode, uint8_t 
   /* its cluster id as the plugin derives it: ip, then port */
   TU_ASSERT_OK(HixlCacheManagerCreate(t->eng, (uint64_t)ntohl(ip.s_addr) << 16 | port, &t->mgr));
   TU_ASSERT_OK(hixl_engine_set_service(t->eng, HIXL_SERVICE_KV, fake_kv, &t->f));
-  connectors_up(role, mode, 20000, "tcp", t->self, &t->sched, &t->worker);
+  connectors_up(role, mode, lease_ms, "tcp", t->self, &t->sched, &t->worker);
   t->len = (size_t)LAYERS * 2 * BLOCKS * BLOCK_BYTES;
   if (!t->mgr || !t->sched || !t->worker || !(t->kv = malloc(t->len))) return false;
   hixl_kv_layer layers[LAYERS];
@@ -429,7 +436,7 @@ static void lost_down(struct lost *t) {
 static void test_free_after_lost_link(void) {
   struct lost t;
   char params[256];
-  CU_ASSERT_FATAL(lost_up(&t, "consumer", "pull", 0xee));
+  CU_ASSERT_FATAL(lost_up(&t, "consumer", "pull", 20000, 0xee));
   /* The host loads "dec-lost" (the producer's "lost-1") into blocks 4 and 5. */
   snprintf(params, sizeof(params),
            "{\"do_remote_prefill\": true, \"remote_engine\": \"%s\", \"remote_request_id\": \"lost-1\","
@@ -471,7 +478,7 @@ static void test_free_after_lost_link(void) {
 static void test_abort_after_lost_link(void) {
   struct lost t;
   char params[256];
-  CU_ASSERT_FATAL(lost_up(&t, "producer", "push", 0x5a));
+  CU_ASSERT_FATAL(lost_up(&t, "producer", "push", 20000, 0x5a));
   /* The host pushes "pre-lost" (blocks 2 and 3) into the consumer's "push-lost". */
   snprintf(params, sizeof(params),
            "{\"do_remote_decode\": true, \"remote_engine\": \"%s\", \"remote_request_id\": \"push-lost\","
@@ -492,6 +499,125 @@ static void test_abort_after_lost_link(void) {
   hixl_kv_stats st;
   ST_IS(ops->get_stats(t.worker, &st), HIXL_KV_SUCCESS);
   CU_ASSERT(st.pushes_failed == 1 && st.pushes_done == 0);
+  lost_down(&t);
+}
+
+/* The consumer's scheduler binds a load of id (the producer's rid) from the peer:
+ * its blocks local[] from the peer's remote[] (n of them). */
+static void lost_load(struct lost *t, const char *id, const char *rid, const uint64_t *local,
+                      const uint64_t *remote, size_t n) {
+  char params[512];
+  int k = snprintf(params, sizeof(params),
+                   "{\"do_remote_prefill\": true, \"remote_engine\": \"%s\", \"remote_request_id\": \"%s\","
+                   " \"remote_block_ids\": [",
+                   t->peer, rid);
+  for (size_t i = 0; i < n; i++)
+    k += snprintf(params + k, sizeof(params) - (size_t)k, "%s%lu", i ? "," : "", (unsigned long)remote[i]);
+  snprintf(params + k, sizeof(params) - (size_t)k, "]}");
+  hixl_kv_request r = {id, strlen(id), n * BLOCK_TOKENS, params, strlen(params), 0};
+  int64_t tokens = 0;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(t->sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  ST_IS(ops->update_state_after_alloc(t->sched, &r, local, n, (uint64_t)tokens), HIXL_KV_SUCCESS);
+}
+
+/* Pull mode, the consumer: a load longer than half its lease pins the request again
+ * between its batches (vLLM's decode heartbeats), so the producer keeps holding it.
+ * The peer holds the request in planes of its own (a PIN answer it builds from the
+ * consumer's digest) and counts the PINs: a load of 32 MiB in 1 MiB pieces goes in two
+ * batches, and with a lease of 1 ms the second starts after a renewal. */
+static void test_pin_renewed(void) {
+  struct lost t;
+  CU_ASSERT_FATAL(lost_up(&t, "consumer", "pull", 1, 0xee));
+  /* The peer's KV: the consumer's shape (2 layers, K and V, 16 blocks of 1 MiB), 0x3c. */
+  size_t plane = (size_t)BLOCKS * BLOCK_BYTES;
+  uint8_t *kv = tu_alloc_mem(4 * plane, false);
+  CU_ASSERT_FATAL(kv && tu_register(t.eng, kv, 4 * plane));
+  memset(kv, 0x3c, 4 * plane);
+  hixl_kv_buffer hs = {0}; /* the consumer's digest, from its handshake metadata */
+  ST_IS(ops->get_handshake_metadata(t.worker, &hs), HIXL_KV_SUCCESS);
+  const char *lay = strstr((const char *)hs.data, "\"layout\":\"");
+  CU_ASSERT_FATAL(lay != NULL);
+  lay += 10;
+  size_t lay_len = (size_t)(strchr(lay, '"') - lay);
+  const uint64_t local[8] = {0, 2, 4, 6, 8, 10, 12, 14}, remote[8] = {1, 3, 5, 7, 9, 11, 13, 15};
+  uint32_t count = 8;
+  struct kv_out a = {0}; /* HELD, layout, 8 blocks, their digest, one group, 4 planes */
+  kv_put_u8(&a, KV_PIN_HELD);
+  kv_put_str(&a, lay, lay_len);
+  kv_put_u32(&a, count);
+  kv_put_u64(&a, kv_groups_digest(remote, count, &count, 1));
+  kv_put_groups(&a, &count, 1);
+  kv_put_u32(&a, 4);
+  kv_put_u64(&a, BLOCKS);
+  for (int p = 0; p < 4; p++) {
+    kv_put_u64(&a, (uintptr_t)(kv + (size_t)p * plane));
+    kv_put_u64(&a, BLOCK_BYTES);
+    kv_put_u64(&a, 0);
+  }
+  CU_ASSERT_FATAL(!a.bad);
+  pthread_mutex_lock(&t.f.mu);
+  t.f.held = a.p;
+  t.f.held_len = a.len;
+  pthread_mutex_unlock(&t.f.mu);
+  lost_load(&t, "dec-long", "long-1", local, remote, 8);
+  step(t.sched, t.worker);
+  lost_finished(&t, "dec-long", false);
+  hixl_kv_blocks b = {0};
+  ST_IS(ops->get_block_ids_with_load_errors(t.worker, &b), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(b.count, 0);
+  ops->free_buffer(&b.raw);
+  for (int p = 0; p < 4; p++) /* every loaded block is the peer's, every other one untouched */
+    for (uint64_t k = 0; k < BLOCKS; k++)
+      CU_ASSERT_EQUAL(
+          tu_check_byte(t.kv + (size_t)p * plane + k * BLOCK_BYTES, BLOCK_BYTES, k % 2 ? 0xee : 0x3c), -1);
+  pthread_mutex_lock(&t.f.mu);
+  int pins = t.f.pins;
+  pthread_mutex_unlock(&t.f.mu);
+  CU_ASSERT(pins >= 2); /* the first, and one renewal between the two batches */
+  hixl_kv_stats st;
+  ST_IS(ops->get_stats(t.worker, &st), HIXL_KV_SUCCESS);
+  CU_ASSERT(st.loads_done == 1 && st.bytes_loaded == 32ull * BLOCK_BYTES && st.engine_ops == 32);
+  ops->free_buffer(&hs);
+  lost_down(&t);
+  pthread_mutex_lock(&t.f.mu);
+  t.f.held = NULL;
+  pthread_mutex_unlock(&t.f.mu);
+  free(a.p);
+  tu_free_mem(kv, 4 * plane);
+}
+
+/* handle_preemptions on a pull consumer: a load not yet started ends at once, failed,
+ * its blocks reported; a load under way (the peer keeps answering "not yet") is waited
+ * for: when the op returns it has ended and get_finished reports it. */
+static void test_preemptions(void) {
+  struct lost t;
+  CU_ASSERT_FATAL(lost_up(&t, "consumer", "pull", 20000, 0xee));
+  const uint64_t la[2] = {4, 5}, lb[2] = {6, 7}, ra[2] = {2, 3};
+  lost_load(&t, "pre-a", "rem-a", la, ra, 2);
+  lost_load(&t, "pre-b", "rem-b", lb, ra, 2); /* behind pre-a: one loader serves one producer */
+  step(t.sched, t.worker);
+  CU_ASSERT_FATAL(fake_wait(&t.f, &t.f.pins, 1, 10000)); /* pre-a is under way */
+  const char *b_id[1] = {"pre-b"}, *a_id[1] = {"pre-a"};
+  ST_IS(ops->handle_preemptions(t.worker, &(hixl_kv_ids){b_id, 1}), HIXL_KV_SUCCESS);
+  hixl_kv_ids s = {0}, rv = {0};
+  ST_IS(ops->get_finished(t.worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
+  CU_ASSERT(rv.count == 1 && strcmp(rv.ids[0], "pre-b") == 0);
+  ops->free_ids(&s);
+  ops->free_ids(&rv);
+  hixl_kv_blocks b = {0};
+  ST_IS(ops->get_block_ids_with_load_errors(t.worker, &b), HIXL_KV_SUCCESS);
+  CU_ASSERT(b.count == 2 && b.ids[0] == 6 && b.ids[1] == 7);
+  ops->free_buffer(&b.raw);
+  ST_IS(ops->handle_preemptions(t.worker, &(hixl_kv_ids){a_id, 1}), HIXL_KV_SUCCESS);
+  ST_IS(ops->get_finished(t.worker, NULL, &s, &rv), HIXL_KV_SUCCESS); /* ended before the op returned */
+  CU_ASSERT(rv.count == 1 && strcmp(rv.ids[0], "pre-a") == 0);
+  ops->free_ids(&s);
+  ops->free_ids(&rv);
+  CU_ASSERT_EQUAL(tu_check_byte(t.kv, t.len, 0xee), -1); /* nothing moved */
+  hixl_kv_stats st;
+  ST_IS(ops->get_stats(t.worker, &st), HIXL_KV_SUCCESS);
+  CU_ASSERT(st.loads_failed == 2 && st.loads_done == 0);
   lost_down(&t);
 }
 
@@ -519,6 +645,9 @@ int main(int argc, char **argv) {
               test_free_after_lost_link);
   CU_add_test(s, "push, the producer: a push that lost its link is aborted over a new one",
               test_abort_after_lost_link);
+  CU_add_test(s, "pull, the consumer: a load longer than half the lease pins again", test_pin_renewed);
+  CU_add_test(s, "handle_preemptions: a queued load ends at once, one under way is waited for",
+              test_preemptions);
   if (CU_get_error() != CUE_SUCCESS) return 1;
   int result = tu_run_registry();
   dlclose(so);
