@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "hixl/hixl_kv_connector.h"
+#include "kv_host.h"
 
 #ifndef HIXL_KV_PLUGIN_PATH
 #define HIXL_KV_PLUGIN_PATH "libhixl_kv_connector.so"
@@ -33,39 +34,6 @@ static void *so;
 static const hixl_kv_ops *ops;
 
 /* ---- small helpers (no hixl) ---- */
-
-static int64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-/* As the other suites: HIXL_TEST_TRANSPORT, or rdma in the soft-RoCE guest
- * (HIXL_REQUIRE_RDMA), else auto (shm between two processes of one host). */
-static const char *transport(void) {
-  const char *t = getenv("HIXL_TEST_TRANSPORT");
-  if (t && *t) return t;
-  return getenv("HIXL_REQUIRE_RDMA") ? "rdma" : "auto";
-}
-
-/* The engines' IP: HIXL_TEST_IP (the rxe device's address in the guest). */
-static const char *test_ip(void) {
-  const char *ip = getenv("HIXL_TEST_IP");
-  return ip && *ip ? ip : "127.0.0.1";
-}
-
-static uint16_t free_port(void) {
-  struct sockaddr_in sa = {.sin_family = AF_INET};
-  socklen_t sl = sizeof(sa);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  inet_pton(AF_INET, test_ip(), &sa.sin_addr);
-  uint16_t port = 0;
-  if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-      getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
-    port = ntohs(sa.sin_port);
-  if (fd >= 0) close(fd);
-  return port;
-}
 
 /* A bare hixl configuration document. */
 static char *config(char *buf, size_t cap, uint16_t port, const char *role, unsigned lease_ms,
@@ -1374,17 +1342,7 @@ static CU_SuiteInfo suites[] = {
 int main(int argc, char **argv) {
   const char *path = getenv("HIXL_KV_PLUGIN") ? getenv("HIXL_KV_PLUGIN") : HIXL_KV_PLUGIN_PATH;
   signal(SIGPIPE, SIG_IGN);
-  so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!so) {
-    fprintf(stderr, "test_plugin: dlopen %s: %s\n", path, dlerror());
-    return 1;
-  }
-  hixl_kv_entry_fn entry = (hixl_kv_entry_fn)dlsym(so, HIXL_KV_ENTRY_SYMBOL);
-  char err[256];
-  if (!entry || entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS) {
-    fprintf(stderr, "test_plugin: %s: no usable %s\n", path, HIXL_KV_ENTRY_SYMBOL);
-    return 1;
-  }
+  if (!(so = kv_host_open("test_plugin", path, &ops))) return 1;
   if (argc == 7 && strcmp(argv[1], "--child") == 0) { /* a prefill, see child_start */
     struct prefill_args a = {(uint16_t)atoi(argv[3]), (unsigned)atoi(argv[4]), strtoull(argv[5], NULL, 10),
                              (size_t)atoi(argv[6])};
@@ -1394,16 +1352,5 @@ int main(int argc, char **argv) {
     prefill_main(3, 4, &a);
     return 0;
   }
-  if (CU_initialize_registry() != CUE_SUCCESS) return 1;
-  if (CU_register_suites(suites) != CUE_SUCCESS) {
-    fprintf(stderr, "test_plugin: %s\n", CU_get_error_msg());
-    CU_cleanup_registry();
-    return 1;
-  }
-  CU_basic_set_mode(CU_BRM_VERBOSE);
-  CU_basic_run_tests();
-  unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
-  CU_cleanup_registry();
-  dlclose(so);
-  return failed ? 1 : 0;
+  return kv_host_run("test_plugin", suites, so);
 }

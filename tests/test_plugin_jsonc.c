@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "hixl/hixl_kv_connector.h"
+#include "kv_host.h"
 
 #ifndef HIXL_KV_PLUGIN_PATH
 #define HIXL_KV_PLUGIN_PATH "libhixl_kv_connector.so"
@@ -152,27 +153,6 @@ int main(void) {
     fprintf(stderr, "test_plugin_jsonc: the host's json_tokener_new_ex is not exported\n");
     return 1;
   }
-  so = dlopen(HIXL_KV_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
-  if (!so) {
-    fprintf(stderr, "test_plugin_jsonc: dlopen %s: %s\n", HIXL_KV_PLUGIN_PATH, dlerror());
-    return 1;
-  }
-  hixl_kv_entry_fn entry = (hixl_kv_entry_fn)dlsym(so, HIXL_KV_ENTRY_SYMBOL);
-  char err[256];
-  if (!entry || entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS) {
-    fprintf(stderr, "test_plugin_jsonc: no usable %s\n", HIXL_KV_ENTRY_SYMBOL);
-    return 1;
-  }
-  if (CU_initialize_registry() != CUE_SUCCESS) return 1;
-  if (CU_register_suites(suites) != CUE_SUCCESS) {
-    fprintf(stderr, "test_plugin_jsonc: %s\n", CU_get_error_msg());
-    CU_cleanup_registry();
-    return 1;
-  }
-  CU_basic_set_mode(CU_BRM_VERBOSE);
-  CU_basic_run_tests();
-  unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
-  CU_cleanup_registry();
-  dlclose(so);
-  return failed ? 1 : 0;
+  if (!(so = kv_host_open("test_plugin_jsonc", HIXL_KV_PLUGIN_PATH, &ops))) return 1;
+  return kv_host_run("test_plugin_jsonc", suites, so);
 }

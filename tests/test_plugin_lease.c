@@ -326,8 +326,10 @@ static HixlStatus fake_kv(void *ctx, const char *peer, const uint8_t *req, size_
   struct fake_producer *f = ctx;
   size_t n = len >= 4 ? (size_t)req[2] << 8 | req[3] : 0;
   (void)peer, (void)cap;
-  /* ABORT carries its reason after the id, PIN may carry its hold's epoch and number */
-  bool tail_ok = len == 4 + n || req[1] == 5 || (req[1] == 1 && len == 4 + n + 16);
+  /* ABORT carries its reason after the id, PIN may carry its hold's epoch and number,
+   * ACCEPT the producer's blocks per group */
+  bool tail_ok = len == 4 + n || req[1] == 5 || (req[1] == 1 && len == 4 + n + 16) ||
+                 (req[1] == 3 && len > 4 + n && len == 4 + n + 1 + 4 * (size_t)req[4 + n]);
   if (len < 4 || req[0] != 3 || len < 4 + n || !tail_ok || n >= sizeof(f->freed)) return HIXL_PARAM_INVALID;
   pthread_mutex_lock(&f->mu);
   *resp_len = 0;

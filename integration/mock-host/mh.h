@@ -11,48 +11,126 @@
 
 #include "hixl/hixl_kv_connector.h"
 
-/* ---- the fake model and its paged KV cache (mh_model.c) ---- */
+/* ---- the fake model and its paged KV cache (mh_model.c, mh_layout.c) ---- */
+
+/* What the model's layers hold: K and V per token, or one latent per token (MLA); a
+ * hybrid model's even layers attend to every token and its odd layers to a sliding
+ * window (a quarter of the largest prompt), each set a KV cache group with its own
+ * block table. */
+enum mh_kind { MH_MODEL_STANDARD, MH_MODEL_MLA, MH_MODEL_HYBRID };
+
+/* How the KV tensors are laid out (mh_layout.c has each one's axes). */
+enum mh_layout {
+  MH_LAYOUT_KV_FIRST, /* per layer (2, B, N, H, D): ABI 1.0's register_kv_caches / alloc_kv_caches */
+  MH_LAYOUT_BLOCKS_FIRST,
+  MH_LAYOUT_PACKED,
+  MH_LAYOUT_LBNHC,
+  MH_LAYOUT_LBHNC,
+  MH_LAYOUT_LHBNC,
+  MH_LAYOUT_BLNHC,
+  MH_LAYOUT_BLHNC,
+  MH_LAYOUT_BHLNC,
+  MH_LAYOUT_CROSS_LAYER,
+  MH_LAYOUT_COUNT
+};
 
 struct mh_model {
   char name[32];
   uint32_t layers;
   uint32_t kv_heads;
-  uint32_t head_dim;
+  uint32_t head_dim; /* MLA: the latent's elements */
   uint32_t elem_size;
   uint32_t block_tokens;
   uint64_t num_blocks;
+  uint32_t kind;          /* enum mh_kind */
+  uint32_t layout;        /* enum mh_layout */
+  uint32_t window_tokens; /* hybrid: the sliding group's window (HIXL_KV_GROUP_SLIDING_WINDOW) */
 };
 
-uint64_t mh_token_bytes(const struct mh_model *m); /* one token's K (or V) in one layer */
+/* A preset's shape and its default largest prompt; -1 for an unknown name. */
+int mh_model_preset(const char *name, struct mh_model *m, uint64_t *max_prompt);
+/* A hybrid model's window: a quarter of the largest prompt, in whole blocks. */
+void mh_model_window(struct mh_model *m, uint64_t max_prompt);
+uint64_t mh_token_bytes(const struct mh_model *m); /* one token's K (or V, or latent) in one layer */
 uint64_t mh_block_bytes(const struct mh_model *m); /* one block of K (or V) in one layer */
 uint64_t mh_blocks_for(const struct mh_model *m, uint64_t tokens);
+uint32_t mh_kv_parts(const struct mh_model *m);   /* 2 (K and V), MLA 1 (the latent) */
+uint32_t mh_num_groups(const struct mh_model *m); /* KV cache groups: hybrid 2, else 1 */
+uint32_t mh_layer_group(const struct mh_model *m, uint32_t layer);
+/* Group g's blocks of a request of tokens: count of them at offset in the request's
+ * block list, which holds every group's, group by group. A sliding group holds the
+ * blocks of the request's last window_tokens only. */
+void mh_group_span(const struct mh_model *m, uint32_t g, uint64_t tokens, uint64_t *offset, uint64_t *count);
+uint64_t mh_request_blocks(const struct mh_model *m, uint64_t tokens); /* every group's */
+uint64_t mh_pool_block_bytes(const struct mh_model *m); /* the KV memory one block id stands for */
+uint64_t mh_request_kv_bytes(const struct mh_model *m, uint64_t tokens); /* what a request's check covers */
 
-/* One instance's KV cache: per layer one KV-first region (K blocks, then V blocks), a
- * free list and each block's owner, as a runtime's block manager keeps them. */
+/* Layouts (mh_layout.c). */
+int mh_layout_parse(const char *name, uint32_t *layout);
+const char *mh_layout_name(uint32_t layout);
+extern const char mh_layout_list[]; /* the names, for usage and errors */
+/* A model and layout that go together, or false and why. */
+bool mh_layout_check(const struct mh_model *m, char *err, size_t cap);
+/* True for ABI 1.0's path: a standard model in kv_first (register_kv_caches). */
+bool mh_layout_v10(const struct mh_model *m);
+
+/* Where a layer's K and V live: K (v = 0) or V (v = 1) of head h of the token at
+ * position n of block b starts at base + b * block + v * kv + n * token + h * head, and
+ * runs head_dim elements (bytes). */
+struct mh_view {
+  uintptr_t base;
+  uint64_t block, kv, token, head;
+};
+
+#define MH_MAX_GROUPS 2
+
+/* One instance's KV cache: the layers' memory and its description (ABI 1.0's layers,
+ * or 1.3's groups of planes), a free list and each block's owner, as a runtime's
+ * block manager keeps them. Block ids are one pool shared by every group. */
 struct mh_cache {
   struct mh_model m;
-  uint8_t *mem; /* NULL when the plugin allocated the caches */
+  uint8_t *mem; /* the host's memory; NULL when the plugin allocated it */
   size_t len;
-  hixl_kv_layer *layers; /* m.layers entries, for register_kv_caches */
+  hixl_kv_layer *layers; /* 1.0: m.layers entries, for register_kv_caches */
   char (*names)[16];
+  struct mh_view *views; /* per layer, once attached */
+  hixl_kv_group groups[MH_MAX_GROUPS];
+  uint32_t ngroups;      /* 0 on the 1.0 path */
+  hixl_kv_plane *planes; /* every group's, group by group */
+  uint32_t *layer_ids;   /* the groups' layer_ids */
   uint64_t *free_list;
   uint64_t nfree;
   uint32_t *owner; /* per block: request index + 1, 0 when free */
 };
 
-/* The block allocator and the layers' shapes; with own_memory also the memory (else
- * the layers' base and v_offset are set by the plugin's alloc_kv_caches). */
-int mh_cache_init(struct mh_cache *c, const struct mh_model *m, bool own_memory);
+/* The block allocator and the layers' shapes; no memory yet (mh_cache_attach). */
+int mh_cache_init(struct mh_cache *c, const struct mh_model *m);
 void mh_cache_fini(struct mh_cache *c);
+/* Give the worker its KV cache, as a runtime does at start: ABI 1.0's path
+ * (alloc_kv_caches, else the host's memory and register_kv_caches) or 1.3's
+ * (alloc_kv_memory, else the host's, then register_kv_groups); host_memory skips the
+ * plugin's allocation. 0, or -1 with why in err. */
+int mh_cache_attach(struct mh_cache *c, const hixl_kv_ops *ops, hixl_kv_connector *worker, bool host_memory,
+                    const char *who, char *err, size_t cap);
+/* What mh_cache_attach registered, on stderr (--verbose). */
+void mh_cache_describe(const struct mh_cache *c, const char *who);
+/* Where K (v = 0) or V of head h of the token at position n of block b of layer l
+ * starts: head_dim elements, contiguous. */
+static inline uint8_t *mh_kv_at(const struct mh_cache *c, uint32_t l, int v, uint64_t b, uint64_t n,
+                                uint32_t h) {
+  const struct mh_view *w = &c->views[l];
+  return (uint8_t *)(w->base + b * w->block + (uint64_t)v * w->kv + n * w->token + (uint64_t)h * w->head);
+}
 /* n blocks for owner into out, or false (nothing taken) when fewer are free. */
 bool mh_alloc(struct mh_cache *c, uint64_t n, uint32_t owner, uint64_t *out);
 void mh_free(struct mh_cache *c, const uint64_t *blocks, uint64_t n);
-/* "Compute" one layer of a request: K and V of each of its tokens into its blocks. */
+/* "Compute" one layer of a request (blocks: its block list, every group's): K and V
+ * of each token the layer's group holds, into its blocks. */
 void mh_compute_layer(const struct mh_cache *c, uint64_t seed, uint32_t layer, const uint64_t *blocks,
                       uint64_t tokens);
 /* Bytes of the request's KV in layers [first_layer, first_layer + nlayers) that differ
- * from the function (0: every byte checked and right); the first bad one is described in
- * where, if where is still "". */
+ * from the function (0: every byte its groups hold checked and right); the first bad
+ * one is described in where, if where is still "". */
 uint64_t mh_verify(const struct mh_cache *c, uint64_t seed, const uint64_t *blocks, uint64_t tokens,
                    uint32_t first_layer, uint32_t nlayers, char *where, size_t cap);
 

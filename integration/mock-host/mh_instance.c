@@ -124,7 +124,7 @@ static void req_drop(struct inst *x, size_t i) {
 }
 
 static bool req_alloc(struct inst *x, struct ireq *r, const struct mh_model *m) {
-  uint64_t nb = mh_blocks_for(m, r->prompt);
+  uint64_t nb = mh_request_blocks(m, r->prompt);
   uint64_t *b = malloc(nb * sizeof(*b));
   if (!b || !mh_alloc(&x->cache, nb, r->idx + 1, b)) {
     free(b);
@@ -133,6 +133,40 @@ static bool req_alloc(struct inst *x, struct ireq *r, const struct mh_model *m) 
   r->blocks = b;
   r->nblocks = nb;
   return true;
+}
+
+/* The request's block list per KV cache group (mh_group_span). */
+static size_t group_ids(const struct inst *x, const struct ireq *r, hixl_kv_block_ids *g) {
+  uint32_t n = mh_num_groups(&x->a->model);
+  for (uint32_t k = 0; k < n; k++) {
+    uint64_t off, cnt;
+    mh_group_span(&x->a->model, k, r->prompt, &off, &cnt);
+    g[k] = (hixl_kv_block_ids){r->blocks + off, (size_t)cnt};
+  }
+  return n;
+}
+
+/* The scheduler's update_state_after_alloc: with one block list per group when the
+ * model has several (ABI 1.3, vLLM's hybrid allocator), else 1.0's. */
+static hixl_kv_status sched_after_alloc(struct inst *x, const struct ireq *r, uint64_t tokens) {
+  hixl_kv_request q = hreq(r);
+  hixl_kv_block_ids g[MH_MAX_GROUPS];
+  if (mh_num_groups(&x->a->model) == 1)
+    return x->ops->update_state_after_alloc(x->sched, &q, r->blocks, r->nblocks, tokens);
+  if (!HAS(x, update_state_after_alloc_groups)) return HIXL_KV_UNSUPPORTED;
+  return x->ops->update_state_after_alloc_groups(x->sched, &q, g, group_ids(x, r, g), tokens);
+}
+
+/* ... and its request_finished. */
+static hixl_kv_status sched_finished(struct inst *x, const struct ireq *r, uint32_t flags, int32_t *delay,
+                                     hixl_kv_buffer *params) {
+  hixl_kv_request q = hreq(r);
+  hixl_kv_block_ids g[MH_MAX_GROUPS];
+  q.flags = flags;
+  if (mh_num_groups(&x->a->model) == 1)
+    return x->ops->request_finished(x->sched, &q, r->blocks, r->nblocks, delay, params);
+  if (!HAS(x, request_finished_groups)) return HIXL_KV_UNSUPPORTED;
+  return x->ops->request_finished_groups(x->sched, &q, g, group_ids(x, r, g), delay, params);
 }
 
 /* One step of connector metadata: the scheduler's bytes, bound by the worker. */
@@ -184,8 +218,7 @@ static void prefill_step(struct inst *x) {
    * computes them, so each layer leaves as soon as it is saved. */
   for (size_t k = 0; x->a->push && k < nb; k++) {
     struct ireq *r = batch[k];
-    hixl_kv_request q = hreq(r);
-    hixl_kv_status st = x->ops->update_state_after_alloc(x->sched, &q, r->blocks, r->nblocks, 0);
+    hixl_kv_status st = sched_after_alloc(x, r, 0);
     if (st != HIXL_KV_SUCCESS) {
       send_fail(x, r->idx, "prefill: update_state_after_alloc(%s, %" PRIu64 " blocks, push) failed (%s): %s",
                 r->id, r->nblocks, mh_status_name(st), x->ops->last_error());
@@ -216,10 +249,9 @@ static void prefill_step(struct inst *x) {
       say(x, "wait_for_save failed (%s): %s", mh_status_name(st), x->ops->last_error());
     for (size_t k = 0; k < nb; k++) {
       struct ireq *r = batch[k];
-      hixl_kv_request q = hreq(r);
       int32_t delay = -1;
       hixl_kv_buffer p = {0};
-      st = x->ops->request_finished(x->sched, &q, r->blocks, r->nblocks, &delay, &p);
+      st = sched_finished(x, r, 0, &delay, &p);
       if (st != HIXL_KV_SUCCESS || delay != 1 || (!x->a->push && p.len == 0)) {
         if (st != HIXL_KV_SUCCESS)
           send_fail(x, r->idx, "prefill: request_finished(%s, %" PRIu64 " blocks) failed (%s): %s", r->id,
@@ -281,10 +313,9 @@ static void done(struct inst *x, size_t i, uint8_t outcome, uint64_t t_held, con
   va_end(ap);
   /* The request ends as a runtime ends it: request_finished, then its blocks go back. */
   if (r->blocks && !r->aborted) {
-    hixl_kv_request q = hreq(r);
     int32_t delay = 0;
     hixl_kv_buffer p = {0};
-    hixl_kv_status st = x->ops->request_finished(x->sched, &q, r->blocks, r->nblocks, &delay, &p);
+    hixl_kv_status st = sched_finished(x, r, 0, &delay, &p);
     if (st != HIXL_KV_SUCCESS)
       say(x, "request_finished(%s) failed (%s): %s", r->id, mh_status_name(st), x->ops->last_error());
     else if (delay != 0)
@@ -297,7 +328,7 @@ static void done(struct inst *x, size_t i, uint8_t outcome, uint64_t t_held, con
   mh_put_u32(&o, r->idx);
   mh_put_u8(&o, outcome);
   mh_put_u64(&o, t_held);
-  mh_put_u64(&o, outcome == MH_VERIFIED ? r->prompt * mh_token_bytes(m) * 2 * m->layers : 0);
+  mh_put_u64(&o, outcome == MH_VERIFIED ? mh_request_kv_bytes(m, r->prompt) : 0);
   mh_put_str(&o, why, strlen(why));
   mh_send(x->conn.fd, MH_DONE, &o);
   req_drop(x, i);
@@ -346,7 +377,7 @@ static void decode_admit(struct inst *x) {
     if ((uint64_t)tokens != r->prompt || !async)
       say(x, "get_num_new_matched_tokens(%s): %" PRId64 " tokens, load_async %d (want %" PRIu64 ", 1)", r->id,
           tokens, async, r->prompt);
-    st = x->ops->update_state_after_alloc(x->sched, &q, r->blocks, r->nblocks, (uint64_t)tokens);
+    st = sched_after_alloc(x, r, (uint64_t)tokens);
     if (st != HIXL_KV_SUCCESS) {
       done(x, i, MH_FAILED, 0, "update_state_after_alloc(%s, %" PRIu64 " blocks) failed (%s): %s", r->id,
            r->nblocks, mh_status_name(st), x->ops->last_error());
@@ -372,11 +403,9 @@ static void decode_admit(struct inst *x) {
       /* A client that went away: the runtime finishes the request aborted while its KV
        * loads, and keeps its blocks until get_finished reports it received (vLLM's
        * WAITING_FOR_REMOTE_KVS), as the plugin's header asks. */
-      hixl_kv_request qa = hreq(r);
-      qa.flags = HIXL_KV_REQ_ABORTED;
       int32_t delay = 0;
       hixl_kv_buffer p = {0};
-      st = x->ops->request_finished(x->sched, &qa, r->blocks, r->nblocks, &delay, &p);
+      st = sched_finished(x, r, HIXL_KV_REQ_ABORTED, &delay, &p);
       if (st != HIXL_KV_SUCCESS)
         say(x, "fault decode-aborts: request_finished(%s, aborted) failed (%s): %s", r->id,
             mh_status_name(st), x->ops->last_error());
@@ -517,7 +546,7 @@ static int handle_frame(struct inst *x, uint8_t type, struct mh_in *in) {
     uint64_t seed = mh_get_u64(in), prompt = mh_get_u64(in);
     size_t plen = 0;
     const char *params = mh_get_str(in, &plen);
-    if (!mh_in_done(in) || prompt == 0 || mh_blocks_for(&x->a->model, prompt) > x->a->model.num_blocks) {
+    if (!mh_in_done(in) || prompt == 0 || mh_request_blocks(&x->a->model, prompt) > x->a->model.num_blocks) {
       say(x, "malformed or impossible request frame from the router (prompt %" PRIu64 ")", prompt);
       return -1;
     }
@@ -552,9 +581,8 @@ int mh_instance_main(const struct mh_inst_args *a) {
     send_fail(&x, MH_NO_REQUEST, "%s: create(scheduler) failed (%s): %s", x.who, mh_status_name(st), err);
     goto fail_sched;
   }
-  bool host_memory = a->host_memory || !HIXL_KV_HAS_OP(x.ops, alloc_kv_caches);
-  if (mh_cache_init(&x.cache, &a->model, host_memory) < 0) {
-    send_fail(&x, MH_NO_REQUEST, "%s: cannot allocate its KV cache", x.who);
+  if (mh_cache_init(&x.cache, &a->model) < 0) {
+    send_fail(&x, MH_NO_REQUEST, "%s: cannot allocate its KV cache's block tables", x.who);
     goto fail_cache;
   }
   st = x.ops->create(a->config, clen, HIXL_KV_ROLE_WORKER, 0, 1, &x.worker, err, sizeof(err));
@@ -563,25 +591,11 @@ int mh_instance_main(const struct mh_inst_args *a) {
               err);
     goto fail_worker;
   }
-  if (!host_memory &&
-      (st = x.ops->alloc_kv_caches(x.worker, x.cache.layers, a->model.layers)) != HIXL_KV_SUCCESS) {
-    /* As a runtime would: say why, then allocate the caches itself. */
-    fprintf(stderr, "mock-host: %s: alloc_kv_caches failed (%s): %s; allocating the KV caches here instead\n",
-            x.who, mh_status_name(st), x.ops->last_error());
-    mh_cache_fini(&x.cache);
-    host_memory = true;
-    if (mh_cache_init(&x.cache, &a->model, true) < 0) {
-      send_fail(&x, MH_NO_REQUEST, "%s: cannot allocate its KV cache", x.who);
-      goto fail_register;
-    }
-  }
-  if (host_memory) st = x.ops->register_kv_caches(x.worker, x.cache.layers, a->model.layers);
-  if (st != HIXL_KV_SUCCESS) {
-    send_fail(&x, MH_NO_REQUEST, "%s: %s(%u layers) failed (%s): %s", x.who,
-              host_memory ? "register_kv_caches" : "alloc_kv_caches", a->model.layers, mh_status_name(st),
-              x.ops->last_error());
+  if (mh_cache_attach(&x.cache, x.ops, x.worker, a->host_memory, x.who, err, sizeof(err)) < 0) {
+    send_fail(&x, MH_NO_REQUEST, "%s: %s", x.who, err);
     goto fail_register;
   }
+  if (a->verbose) mh_cache_describe(&x.cache, x.who);
   struct mh_out o = {0};
   mh_put_u32(&o, (uint32_t)a->model.num_blocks);
   mh_send(a->fd, MH_READY, &o);

@@ -39,7 +39,7 @@
 /* ---- options ---- */
 
 struct opts {
-  const char *plugin, *config, *json, *transport, *policy, *model_name, *mode;
+  const char *plugin, *config, *json, *transport, *policy, *model_name, *mode, *layout;
   const char *kv_memory; /* "hixl" (alloc_kv_caches) or "host" (the host's, register_kv_caches) */
   const char *prefill_addr, *decode_addr;
   struct mh_model model;
@@ -66,12 +66,19 @@ static void usage(FILE *f) {
       "  connector) and a router; every byte of KV that reaches decode is checked.\n"
       "  --plugin PATH            libhixl_kv_connector.so (default: the one built beside this host)\n"
       "  --config FILE            base connector config (JSON); address and role are set per instance\n"
-      "  --model tiny|llama8b     preset shape (default llama8b: 32 layers, 8 KV heads x 128 x 2 B,\n"
-      "                           16-token blocks; tiny: 2 layers, 2 x 16 x 2 B, 4-token blocks, 64 blocks)\n"
+      "  --model NAME             preset shape (default llama8b: 32 layers, 8 KV heads x 128 x 2 B,\n"
+      "                           16-token blocks; tiny: 2 layers, 2 x 16 x 2 B, 4-token blocks, 64 blocks;\n"
+      "                           mla: 4 layers, a latent of 576 x 2 B, 16-token blocks; hybrid: tiny's\n"
+      "                           heads, 4 layers, the odd ones a sliding window of a quarter of the\n"
+      "                           largest prompt)\n"
+      "  --layout NAME            the KV tensors' layout: kv_first (default; ABI 1.0's\n"
+      "                           register_kv_caches), or through ABI 1.3's register_kv_groups:\n"
+      "                           blocks_first, packed, LBNHC, LBHNC, LHBNC, BLNHC, BLHNC, BHLNC,\n"
+      "                           cross_layer\n"
       "  --layers N --kv-heads N --head-dim N --elem-size N --block-tokens N --num-blocks N\n"
       "  --kv-mib N               KV cache per instance, sets --num-blocks (llama8b default 512)\n"
-      "  --kv-memory hixl|host    who allocates the KV caches: the plugin (alloc_kv_caches, memory a\n"
-      "                           same-host peer maps; default) or the host (register_kv_caches)\n"
+      "  --kv-memory hixl|host    who allocates the KV caches: the plugin (alloc_kv_caches, or\n"
+      "                           alloc_kv_memory: memory a same-host peer maps; default) or the host\n"
       "  --requests N             (default 16)       --concurrency N (default 4)\n"
       "  --min-prompt N --max-prompt N   prompt tokens, uniform (default 16 .. 4096, tiny 16 .. 64)\n"
       "  --seed N                 prompts and KV content (default 1)\n"
@@ -138,6 +145,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
     O_MODE,
     O_SET,
     O_KVMEM,
+    O_LAYOUT,
     O_HELP
   };
   static const struct option lo[] = {{"plugin", 1, 0, O_PLUGIN},
@@ -170,6 +178,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
                                      {"mode", 1, 0, O_MODE},
                                      {"set", 1, 0, O_SET},
                                      {"kv-memory", 1, 0, O_KVMEM},
+                                     {"layout", 1, 0, O_LAYOUT},
                                      {"help", 0, 0, O_HELP},
                                      {0, 0, 0, 0}};
   uint64_t set[O_HELP + 1] = {0}, v = 0;
@@ -197,6 +206,7 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
     case O_DADDR: o->decode_addr = optarg; break;
     case O_JSON: o->json = optarg; break;
     case O_MODE: o->mode = optarg; break;
+    case O_LAYOUT: o->layout = optarg; break;
     case O_KVMEM:
       if (strcmp(optarg, "hixl") != 0 && strcmp(optarg, "host") != 0) {
         fprintf(stderr, "hixl-mock-host: --kv-memory %s: want hixl or host\n", optarg);
@@ -241,12 +251,14 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
     return 2;
   }
   struct mh_model *m = &o->model;
-  if (strcmp(o->model_name, "tiny") == 0) {
-    *m = (struct mh_model){"tiny", 2, 2, 16, 2, 4, 64};
-  } else if (strcmp(o->model_name, "llama8b") == 0 || strcmp(o->model_name, "llama8b-like") == 0) {
-    *m = (struct mh_model){"llama8b-like", 32, 8, 128, 2, 16, 0};
-  } else {
-    fprintf(stderr, "hixl-mock-host: --model %s is unknown (tiny, llama8b)\n", o->model_name);
+  uint64_t max_prompt = 0;
+  char why[256];
+  if (mh_model_preset(o->model_name, m, &max_prompt) < 0) {
+    fprintf(stderr, "hixl-mock-host: --model %s is unknown (tiny, llama8b, mla, hybrid)\n", o->model_name);
+    return 2;
+  }
+  if (o->layout && mh_layout_parse(o->layout, &m->layout) < 0) {
+    fprintf(stderr, "hixl-mock-host: --layout %s is unknown (%s)\n", o->layout, mh_layout_list);
     return 2;
   }
   if (given[O_LAYERS]) m->layers = (uint32_t)set[O_LAYERS];
@@ -258,29 +270,34 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
   if (given[O_NB])
     m->num_blocks = set[O_NB];
   else if (m->num_blocks == 0 || given[O_MIB])
-    m->num_blocks = (o->kv_mib << 20) / (2 * m->layers * mh_block_bytes(m));
+    m->num_blocks = (o->kv_mib << 20) / mh_pool_block_bytes(m);
   if (given[O_REQ]) o->requests = (uint32_t)set[O_REQ];
   if (given[O_CONC]) o->concurrency = (uint32_t)set[O_CONC];
   if (given[O_SEED]) o->seed = set[O_SEED];
   if (given[O_CUS]) o->compute_us = (uint32_t)set[O_CUS];
   if (given[O_LEASE]) o->lease_ms = (int64_t)set[O_LEASE];
   if (given[O_TIMEOUT]) o->timeout_s = (uint32_t)set[O_TIMEOUT];
-  uint64_t cap_tokens = m->num_blocks * m->block_tokens;
   o->min_prompt = given[O_MINP] ? set[O_MINP] : 16;
-  o->max_prompt = given[O_MAXP] ? set[O_MAXP] : (strcmp(m->name, "tiny") == 0 ? 64 : 4096);
+  o->max_prompt = given[O_MAXP] ? set[O_MAXP] : max_prompt;
+  mh_model_window(m, o->max_prompt);
+  if (!mh_layout_check(m, why, sizeof(why))) {
+    fprintf(stderr, "hixl-mock-host: --model %s --layout %s: %s\n", o->model_name, mh_layout_name(m->layout),
+            why);
+    return 2;
+  }
   o->fault_at = given[O_FAT] ? (uint32_t)set[O_FAT] : (o->requests / 4 > 2 ? o->requests / 4 : 2);
   if (o->min_prompt > o->max_prompt) {
     fprintf(stderr, "hixl-mock-host: --min-prompt %" PRIu64 " is above --max-prompt %" PRIu64 "\n",
             o->min_prompt, o->max_prompt);
     return 2;
   }
-  if (m->num_blocks == 0 || o->max_prompt > cap_tokens) {
+  if (m->num_blocks == 0 || mh_request_blocks(m, o->max_prompt) > m->num_blocks) {
     fprintf(stderr,
             "hixl-mock-host: a prompt of %" PRIu64 " tokens needs %" PRIu64
             " blocks of %u tokens; the KV cache has %" PRIu64 " (%" PRIu64
             " KiB): raise --kv-mib or --num-blocks, or lower --max-prompt\n",
-            o->max_prompt, mh_blocks_for(m, o->max_prompt), m->block_tokens, m->num_blocks,
-            (m->num_blocks * 2 * m->layers * mh_block_bytes(m)) >> 10);
+            o->max_prompt, mh_request_blocks(m, o->max_prompt), m->block_tokens, m->num_blocks,
+            (m->num_blocks * mh_pool_block_bytes(m)) >> 10);
     return 2;
   }
   if (o->mode && strcmp(o->mode, "pull") != 0 && strcmp(o->mode, "push") != 0) {
@@ -999,9 +1016,10 @@ int main(int argc, char **argv) {
     pass = base && rt.nfail + rt.nrecomputed == o.requests && !rt.ncorrupt && p_clean && d_clean;
 
   const struct mh_model *m = &o.model;
-  printf("hixl-mock-host: %s model (%u layers, K and V, %u KV heads x %u x %u B, %u-token blocks), %s mode, "
-         "KV in %s memory\n",
-         m->name, m->layers, m->kv_heads, m->head_dim, m->elem_size, m->block_tokens, push ? "push" : "pull",
+  printf("hixl-mock-host: %s model (%u layers, %s, %u KV heads x %u x %u B, %u-token blocks), %s layout, %s "
+         "mode, KV in %s memory\n",
+         m->name, m->layers, mh_kv_parts(m) == 1 ? "a latent" : "K and V", m->kv_heads, m->head_dim,
+         m->elem_size, m->block_tokens, mh_layout_name(m->layout), push ? "push" : "pull",
          strcmp(o.kv_memory, "host") == 0 ? "the host's" : "hixl's");
   printf("  prefill %" PRIu64 " blocks, decode %" PRIu64 " blocks%s%s, %u requests of %" PRIu64 "..%" PRIu64
          " tokens, concurrency %u\n",
@@ -1059,7 +1077,8 @@ int main(int argc, char **argv) {
       pass = false;
     } else {
       fprintf(f,
-              "{\"model\": \"%s\", \"mode\": \"%s\", \"layers\": %u, \"kv_heads\": %u, \"head_dim\": %u, "
+              "{\"model\": \"%s\", \"layout\": \"%s\", \"mode\": \"%s\", \"layers\": %u, \"kv_heads\": %u, "
+              "\"head_dim\": %u, "
               "\"elem_size\": %u, "
               "\"block_tokens\": %u,\n \"fault\": \"%s\", \"requests\": %u, \"concurrency\": %u, "
               "\"prompt_tokens\": %" PRIu64 ",\n"
@@ -1067,9 +1086,9 @@ int main(int argc, char **argv) {
               "\"kv_bytes_verified\": %" PRIu64 ",\n"
               " \"seconds\": %.6f, \"gb_per_s\": %.4f, \"handoff_ms_p50\": %.4f, \"handoff_ms_p99\": %.4f, "
               "\"engine_ops_per_request\": %.2f,\n",
-              m->name, push ? "push" : "pull", m->layers, m->kv_heads, m->head_dim, m->elem_size,
-              m->block_tokens, fault, o.requests, o.concurrency, tokens, rt.nverified, rt.nrecomputed,
-              rt.nfail, rt.ncorrupt, rt.bytes, secs, gbps, p50, p99, ops_per_req);
+              m->name, mh_layout_name(m->layout), push ? "push" : "pull", m->layers, m->kv_heads, m->head_dim,
+              m->elem_size, m->block_tokens, fault, o.requests, o.concurrency, tokens, rt.nverified,
+              rt.nrecomputed, rt.nfail, rt.ncorrupt, rt.bytes, secs, gbps, p50, p99, ops_per_req);
       for (int k = 0; k < 2; k++) {
         const struct side *s = &rt.side[k];
         fprintf(f,

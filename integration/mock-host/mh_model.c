@@ -4,7 +4,9 @@
  * KV content: K (v = 0) or V (v = 1) of token t of layer l of a request with seed s
  * is a run of 64-bit words, word w = mix(mix(s, l, v, t) + w * golden), stored
  * little-endian; element e of the token is bytes [e * elem_size, (e + 1) *
- * elem_size) of that run, so each element is a function of (s, l, t, K/V, e). */
+ * elem_size) of that run, so each element is a function of (s, l, t, K/V, e). Head h
+ * is elements [h * head_dim, (h + 1) * head_dim) of the run, stored where the layout
+ * puts that head (mh_kv_at); an MLA layer's latent is the K run of one head. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +43,29 @@ static void token_fill(uint8_t *dst, uint64_t n, uint64_t key) {
   }
 }
 
+/* The presets: name, shape, and the largest prompt by default. */
+static const struct {
+  struct mh_model m;
+  uint64_t max_prompt;
+} presets[] = {
+    {{"tiny", 2, 2, 16, 2, 4, 64, MH_MODEL_STANDARD, MH_LAYOUT_KV_FIRST, 0}, 64},
+    {{"llama8b-like", 32, 8, 128, 2, 16, 0, MH_MODEL_STANDARD, MH_LAYOUT_KV_FIRST, 0}, 4096},
+    /* DeepSeek's latent: 512 + 64 rope elements of 2 bytes per token and layer. */
+    {{"mla", 4, 1, 576, 2, 16, 256, MH_MODEL_MLA, MH_LAYOUT_BLOCKS_FIRST, 0}, 1024},
+    {{"hybrid", 4, 2, 16, 2, 4, 128, MH_MODEL_HYBRID, MH_LAYOUT_KV_FIRST, 0}, 64},
+};
+
+int mh_model_preset(const char *name, struct mh_model *m, uint64_t *max_prompt) {
+  if (strcmp(name, "llama8b") == 0) name = "llama8b-like";
+  for (size_t i = 0; i < sizeof(presets) / sizeof(presets[0]); i++)
+    if (strcmp(name, presets[i].m.name) == 0) {
+      *m = presets[i].m;
+      *max_prompt = presets[i].max_prompt;
+      return 0;
+    }
+  return -1;
+}
+
 uint64_t mh_token_bytes(const struct mh_model *m) {
   return (uint64_t)m->kv_heads * m->head_dim * m->elem_size;
 }
@@ -51,17 +76,57 @@ uint64_t mh_blocks_for(const struct mh_model *m, uint64_t tokens) {
   return (tokens + m->block_tokens - 1) / m->block_tokens;
 }
 
-int mh_cache_init(struct mh_cache *c, const struct mh_model *m, bool own_memory) {
+void mh_model_window(struct mh_model *m, uint64_t max_prompt) {
+  if (m->kind == MH_MODEL_HYBRID) /* a quarter of the largest prompt, in whole blocks */
+    m->window_tokens = (uint32_t)((mh_blocks_for(m, max_prompt) + 3) / 4 * m->block_tokens);
+}
+
+uint32_t mh_kv_parts(const struct mh_model *m) { return m->kind == MH_MODEL_MLA ? 1 : 2; }
+
+uint32_t mh_num_groups(const struct mh_model *m) { return m->kind == MH_MODEL_HYBRID ? 2 : 1; }
+
+uint32_t mh_layer_group(const struct mh_model *m, uint32_t layer) {
+  return m->kind == MH_MODEL_HYBRID ? layer % 2 : 0;
+}
+
+void mh_group_span(const struct mh_model *m, uint32_t g, uint64_t tokens, uint64_t *offset, uint64_t *count) {
+  uint64_t nb = mh_blocks_for(m, tokens), w = m->window_tokens;
+  *offset = g == 0 ? 0 : nb;
+  *count = g == 0 || tokens <= w ? nb : nb - (tokens - w) / m->block_tokens; /* the blocks of the last w */
+}
+
+uint64_t mh_request_blocks(const struct mh_model *m, uint64_t tokens) {
+  uint64_t off = 0, n = 0;
+  mh_group_span(m, mh_num_groups(m) - 1, tokens, &off, &n);
+  return off + n;
+}
+
+uint64_t mh_pool_block_bytes(const struct mh_model *m) {
+  return (uint64_t)mh_kv_parts(m) * m->layers * mh_block_bytes(m);
+}
+
+/* The first token layer l holds of a request of tokens, and its block list. */
+static const uint64_t *layer_table(const struct mh_model *m, uint32_t l, const uint64_t *blocks,
+                                   uint64_t tokens, uint64_t *first_token) {
+  uint64_t off, n;
+  mh_group_span(m, mh_layer_group(m, l), tokens, &off, &n);
+  *first_token = (mh_blocks_for(m, tokens) - n) * m->block_tokens;
+  return blocks + off;
+}
+
+uint64_t mh_request_kv_bytes(const struct mh_model *m, uint64_t tokens) {
+  uint64_t bytes = 0, first;
+  for (uint32_t l = 0; l < m->layers; l++) {
+    layer_table(m, l, NULL, tokens, &first);
+    bytes += (tokens - first) * mh_token_bytes(m) * mh_kv_parts(m);
+  }
+  return bytes;
+}
+
+int mh_cache_init(struct mh_cache *c, const struct mh_model *m) {
   memset(c, 0, sizeof(*c));
   c->m = *m;
-  uint64_t bb = mh_block_bytes(m), per_layer = 2 * m->num_blocks * bb;
-  c->len = (size_t)(per_layer * m->layers);
-  if (own_memory && !(c->mem = calloc(1, c->len))) {
-    fprintf(stderr,
-            "mock-host: cannot allocate a KV cache of %zu bytes (%" PRIu64 " blocks); lower --kv-mib\n",
-            c->len, m->num_blocks);
-    goto fail_mem;
-  }
+  uint64_t bb = mh_block_bytes(m);
   if (!(c->layers = calloc(m->layers, sizeof(*c->layers)))) goto fail_layers;
   if (!(c->names = calloc(m->layers, sizeof(*c->names)))) goto fail_names;
   if (!(c->free_list = malloc(m->num_blocks * sizeof(*c->free_list)))) goto fail_free;
@@ -70,7 +135,6 @@ int mh_cache_init(struct mh_cache *c, const struct mh_model *m, bool own_memory)
     int n = snprintf(c->names[l], sizeof(c->names[l]), "layers.%u.attn", l);
     c->layers[l] = (hixl_kv_layer){.name = c->names[l],
                                    .name_len = (size_t)n,
-                                   .base = own_memory ? (uintptr_t)(c->mem + l * per_layer) : 0,
                                    .num_blocks = m->num_blocks,
                                    .block_bytes = bb,
                                    .v_offset = m->num_blocks * bb,
@@ -90,14 +154,15 @@ fail_free:
 fail_names:
   free(c->layers);
 fail_layers:
-  free(c->mem);
-fail_mem:
   return -1;
 }
 
 void mh_cache_fini(struct mh_cache *c) {
   free(c->owner);
   free(c->free_list);
+  free(c->layer_ids);
+  free(c->planes);
+  free(c->views);
   free(c->names);
   free(c->layers);
   free(c->mem);
@@ -126,45 +191,61 @@ void mh_free(struct mh_cache *c, const uint64_t *blocks, uint64_t n) {
   }
 }
 
-static uint8_t *token_at(const struct mh_cache *c, uint32_t layer, int v, const uint64_t *blocks,
-                         uint64_t t) {
-  const hixl_kv_layer *l = &c->layers[layer];
-  uint64_t tb = mh_token_bytes(&c->m);
-  return (uint8_t *)l->base + (v ? l->v_offset : 0) + blocks[t / c->m.block_tokens] * l->block_bytes +
-         (t % c->m.block_tokens) * tb;
-}
-
 void mh_compute_layer(const struct mh_cache *c, uint64_t seed, uint32_t layer, const uint64_t *blocks,
                       uint64_t tokens) {
-  uint64_t tb = mh_token_bytes(&c->m);
-  for (int v = 0; v < 2; v++)
-    for (uint64_t t = 0; t < tokens; t++)
-      token_fill(token_at(c, layer, v, blocks, t), tb, token_key(seed, layer, v, t));
+  const struct mh_model *m = &c->m;
+  uint64_t tb = mh_token_bytes(m), hb = (uint64_t)m->head_dim * m->elem_size, first;
+  const uint64_t *table = layer_table(m, layer, blocks, tokens, &first);
+  bool whole = m->kv_heads == 1 || c->views[layer].head == hb; /* a token's heads lie side by side */
+  uint8_t *buf = whole ? NULL : malloc(tb);
+  if (!whole && !buf) {
+    fprintf(stderr, "mock-host: out of memory computing layer %u\n", layer);
+    return;
+  }
+  for (int v = 0; v < (int)mh_kv_parts(m); v++)
+    for (uint64_t t = first; t < tokens; t++) {
+      uint64_t b = table[t / m->block_tokens - first / m->block_tokens], n = t % m->block_tokens;
+      if (whole) {
+        token_fill(mh_kv_at(c, layer, v, b, n, 0), tb, token_key(seed, layer, v, t));
+        continue;
+      }
+      token_fill(buf, tb, token_key(seed, layer, v, t));
+      for (uint32_t h = 0; h < m->kv_heads; h++) memcpy(mh_kv_at(c, layer, v, b, n, h), buf + h * hb, hb);
+    }
+  free(buf);
 }
 
 uint64_t mh_verify(const struct mh_cache *c, uint64_t seed, const uint64_t *blocks, uint64_t tokens,
                    uint32_t first_layer, uint32_t nlayers, char *where, size_t cap) {
-  uint64_t tb = mh_token_bytes(&c->m), bad = 0;
+  const struct mh_model *m = &c->m;
+  uint64_t tb = mh_token_bytes(m), hb = (uint64_t)m->head_dim * m->elem_size, bad = 0, first;
   uint8_t *want = malloc(tb);
   if (!want) {
     snprintf(where, cap, "out of memory");
     return 1;
   }
-  for (uint32_t l = first_layer; l < first_layer + nlayers && l < c->m.layers; l++)
-    for (int v = 0; v < 2; v++)
-      for (uint64_t t = 0; t < tokens; t++) {
-        const uint8_t *got = token_at(c, l, v, blocks, t);
+  for (uint32_t l = first_layer; l < first_layer + nlayers && l < m->layers; l++) {
+    const uint64_t *table = layer_table(m, l, blocks, tokens, &first);
+    for (int v = 0; v < (int)mh_kv_parts(m); v++) {
+      const char *part = mh_kv_parts(m) == 1 ? "latent" : v ? "V" : "K";
+      for (uint64_t t = first; t < tokens; t++) {
+        uint64_t b = table[t / m->block_tokens - first / m->block_tokens], n = t % m->block_tokens;
         token_fill(want, tb, token_key(seed, l, v, t));
-        if (memcmp(got, want, tb) == 0) continue;
-        for (uint64_t i = 0; i < tb; i++) {
-          if (got[i] == want[i]) continue;
-          if (bad++ == 0 && where[0] == '\0')
-            snprintf(where, cap,
-                     "layer %u %s token %" PRIu64 " (block %" PRIu64 ") byte %" PRIu64
-                     ": 0x%02x, want 0x%02x",
-                     l, v ? "V" : "K", t, blocks[t / c->m.block_tokens], i, got[i], want[i]);
+        for (uint32_t h = 0; h < m->kv_heads; h++) {
+          const uint8_t *got = mh_kv_at(c, l, v, b, n, h), *w = want + h * hb;
+          if (memcmp(got, w, hb) == 0) continue;
+          for (uint64_t i = 0; i < hb; i++) {
+            if (got[i] == w[i]) continue;
+            if (bad++ == 0 && where[0] == '\0')
+              snprintf(where, cap,
+                       "layer %u %s token %" PRIu64 " (block %" PRIu64 ") head %u byte %" PRIu64
+                       ": 0x%02x, want 0x%02x",
+                       l, part, t, b, h, h * hb + i, got[i], w[i]);
+          }
         }
       }
+    }
+  }
   free(want);
   return bad;
 }

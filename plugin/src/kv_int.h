@@ -125,7 +125,8 @@ struct kv_expect {
   uint64_t *blocks; /* every group's, one list after another */
   size_t n;
   uint32_t ngroups, gn[KV_MAX_GROUPS];
-  uint8_t *landed; /* per layer */
+  uint32_t pgn[KV_MAX_GROUPS]; /* the blocks per group the producer that accepted writes */
+  uint8_t *landed;             /* per layer */
   uint32_t nlanded;
   uint64_t deadline_ns; /* no producer finished by then: the load fails */
   uint64_t step;        /* the step that bound it: its wait_for_layer_load waits for it */

@@ -367,8 +367,17 @@ hixl_kv_status kv_layout_register(hixl_kv_connector *c, const struct kv_layout *
       const struct kv_plane *q = &l->g[gi].planes[p];
       uint64_t lo = q->base, hi = q->base + (l->g[gi].num_blocks - 1) * q->stride + piece_span(q);
       bool inside = false; /* in memory alloc_kv_memory gave: registered already */
-      for (size_t a = 0; a < c->nmems && !inside; a++)
-        inside = lo >= c->mems[a].base && hi <= c->mems[a].base + c->mems[a].len;
+      for (size_t a = 0; a < c->nmems; a++) {
+        const struct kv_mem *m = &c->mems[a];
+        if (lo >= m->base && lo < m->base + m->len && hi > m->base + m->len) {
+          free(s);
+          return kv_fail(HIXL_KV_PARAM_INVALID,
+                         "%s: group %u, plane %u runs past the alloc_kv_memory region [0x%" PRIx64
+                         ", +%" PRIu64 "): it ends at 0x%" PRIx64,
+                         fn, gi, p, m->base, m->len, hi);
+        }
+        inside |= lo >= m->base && hi <= m->base + m->len;
+      }
       if (!inside) s[n++] = (struct kv_span){lo, hi};
     }
   qsort(s, n, sizeof(*s), cmp_span);

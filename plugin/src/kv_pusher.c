@@ -24,8 +24,10 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
   size_t n = 0;
   st = HIXL_RESOURCE_EXHAUSTED;
   for (unsigned tries = 0; ans && h; tries++) {
-    if (kv_call(c, e->remote, KV_SVC_ACCEPT, e->rreq, ans, HIXL_CALL_MAX, &n, kv_ms_until(deadline), &st) <
-        0) {
+    struct kv_out msg = {0};
+    kv_msg(&msg, KV_SVC_ACCEPT, e->rreq, 0, "");
+    kv_put_groups(&msg, e->gn, e->ngroups); /* what it writes per group: the consumer's bytes_loaded */
+    if (kv_call_msg(c, e->remote, &msg, ans, HIXL_CALL_MAX, &n, kv_ms_until(deadline), &st) < 0) {
       snprintf(why, cap, "asking the consumer %s for request %s: %s", e->remote, e->rreq,
                HixlGetLastErrorMessage());
       break;

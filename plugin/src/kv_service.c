@@ -62,7 +62,7 @@ void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why) {
     fprintf(stderr, "hixl-kv: request %s failed to load: %s\n", x->id, why);
   } else {
     c->stats.loads_done++;
-    c->stats.bytes_loaded += kv_request_bytes(c, x->gn, x->ngroups);
+    c->stats.bytes_loaded += kv_request_bytes(c, x->pgn, x->ngroups);
   }
   kv_finished_add(c, &c->recving_done, x->id);
   kv_gone_add(c, x->id);
@@ -118,6 +118,12 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
     epoch = kv_get_u64(&in);
     seq = kv_get_u64(&in);
   }
+  uint32_t png = 0, pgn[KV_MAX_GROUPS] = {0}; /* ACCEPT: the blocks per group the producer writes */
+  if (op == KV_SVC_ACCEPT && in.off < len) {
+    png = kv_get_u8(&in);
+    if (png > KV_MAX_GROUPS) in.bad = true;
+    for (uint32_t g = 0; g < png && !in.bad; g++) pgn[g] = kv_get_u32(&in);
+  }
   struct kv_out out = {0};
   HixlStatus st = HIXL_SUCCESS;
   if (in.bad || in.off != len || proto != KV_SVC_PROTO || (op == KV_SVC_LAYERS && count < 2)) {
@@ -132,6 +138,8 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
   if (op == KV_SVC_ACCEPT) {
     if (x) {
       snprintf(x->producer, sizeof(x->producer), "%s", peer);
+      for (uint32_t g = 0; g < x->ngroups; g++) /* what lands: at most what each group expects */
+        x->pgn[g] = png == x->ngroups && pgn[g] < x->gn[g] ? pgn[g] : x->gn[g];
       held_answer(c, &out, x->blocks, x->n, x->gn, x->ngroups);
     } else if (kv_idset_has(&c->gone, id)) {
       kv_put_u8(&out, KV_PIN_GONE);

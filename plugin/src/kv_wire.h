@@ -93,7 +93,8 @@ enum kv_svc_op {
   KV_SVC_PIN = 1,    /* req id [, u64 epoch, u64 seq of its hold] -> state, layout text, block count and
                       * digest (extends the lease) */
   KV_SVC_FREE = 2,   /* req id -> the producer frees it */
-  KV_SVC_ACCEPT = 3, /* push: req id -> state, layout text, the consumer's block count and digest */
+  KV_SVC_ACCEPT = 3, /* push: req id [, the producer's blocks per group (kv_put_groups)] -> as PIN's answer,
+                      * of the consumer's blocks */
   KV_SVC_LAYER = 4,  /* push: req id, layer u32 -> that layer has landed */
   KV_SVC_ABORT = 5,  /* push: req id, reason -> the push failed; the consumer reports it */
   KV_SVC_LAYERS = 6, /* push: req id, first u32, count u32 (>= 2) -> those layers have landed */

@@ -1,0 +1,87 @@
+/* kv_host: what a test host of the KV-connector plugin needs around it (no hixl: these
+ * hosts include only the plugin's ABI header and link nothing of hixl). */
+#ifndef HIXL_TEST_KV_HOST_H
+#define HIXL_TEST_KV_HOST_H
+
+#include <CUnit/Basic.h>
+#include <arpa/inet.h>
+#include <dlfcn.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hixl/hixl_kv_connector.h"
+
+static inline int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* As the other suites: HIXL_TEST_TRANSPORT, or rdma in the soft-RoCE guest
+ * (HIXL_REQUIRE_RDMA), else auto (shm between two processes of one host). */
+static inline const char *transport(void) {
+  const char *t = getenv("HIXL_TEST_TRANSPORT");
+  if (t && *t) return t;
+  return getenv("HIXL_REQUIRE_RDMA") ? "rdma" : "auto";
+}
+
+/* The engines' IP: HIXL_TEST_IP (the rxe device's address in the guest). */
+static inline const char *test_ip(void) {
+  const char *ip = getenv("HIXL_TEST_IP");
+  return ip && *ip ? ip : "127.0.0.1";
+}
+
+/* A TCP port free on test_ip() now (0 if none was found). */
+static inline uint16_t free_port(void) {
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  socklen_t sl = sizeof(sa);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  inet_pton(AF_INET, test_ip(), &sa.sin_addr);
+  uint16_t port = 0;
+  if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+      getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
+    port = ntohs(sa.sin_port);
+  if (fd >= 0) close(fd);
+  return port;
+}
+
+/* dlopen the plugin at path and take its ops table for this header's major version;
+ * NULL, said on stderr as name's, when that fails. */
+static inline void *kv_host_open(const char *name, const char *path, const hixl_kv_ops **ops) {
+  void *so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!so) {
+    fprintf(stderr, "%s: dlopen %s: %s\n", name, path, dlerror());
+    return NULL;
+  }
+  hixl_kv_entry_fn entry = (hixl_kv_entry_fn)dlsym(so, HIXL_KV_ENTRY_SYMBOL);
+  char err[256] = "";
+  if (!entry || entry(HIXL_KV_ABI_MAJOR, ops, err, sizeof(err)) != HIXL_KV_SUCCESS) {
+    fprintf(stderr, "%s: %s: no usable %s %s\n", name, path, HIXL_KV_ENTRY_SYMBOL, err);
+    dlclose(so);
+    return NULL;
+  }
+  return so;
+}
+
+/* Run the suites (verbose), close so; the exit status: 0 when every test passed. */
+static inline int kv_host_run(const char *name, CU_SuiteInfo *suites, void *so) {
+  int rc = 1;
+  if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+  if (CU_register_suites(suites) != CUE_SUCCESS) {
+    fprintf(stderr, "%s: %s\n", name, CU_get_error_msg());
+  } else {
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    rc = CU_get_number_of_failures() + CU_get_number_of_tests_failed() ? 1 : 0;
+  }
+  CU_cleanup_registry();
+  dlclose(so);
+  return rc;
+}
+
+#endif
