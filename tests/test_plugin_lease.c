@@ -523,11 +523,11 @@ static void lost_load(struct lost *t, const char *id, const char *rid, const uin
   ST_IS(ops->update_state_after_alloc(t->sched, &r, local, n, (uint64_t)tokens), HIXL_KV_SUCCESS);
 }
 
-/* Pull mode, the consumer: a load longer than half its lease pins the request again
- * between its batches (vLLM's decode heartbeats), so the producer keeps holding it.
- * The peer holds the request in planes of its own (a PIN answer it builds from the
- * consumer's digest) and counts the PINs: a load of 32 MiB in 1 MiB pieces goes in two
- * batches, and with a lease of 1 ms the second starts after a renewal. */
+/* Pull mode, the consumer: while a load is pulled its request is pinned again every
+ * half lease (vLLM's decode heartbeats), so the producer keeps holding it. The peer
+ * holds the request in planes of its own (a PIN answer it builds from the consumer's
+ * digest) and counts the PINs: a load of 32 MiB in 1 MiB pieces, with a lease of 1 ms,
+ * is pinned again while it moves (without the renewer: once). */
 static void test_pin_renewed(void) {
   struct lost t;
   CU_ASSERT_FATAL(lost_up(&t, "consumer", "pull", 1, 0xee));
@@ -576,7 +576,7 @@ static void test_pin_renewed(void) {
   pthread_mutex_lock(&t.f.mu);
   int pins = t.f.pins;
   pthread_mutex_unlock(&t.f.mu);
-  CU_ASSERT(pins >= 2); /* the first, and one renewal between the two batches */
+  CU_ASSERT(pins >= 2); /* the first, and a renewal while the 32 MiB moved */
   hixl_kv_stats st;
   ST_IS(ops->get_stats(t.worker, &st), HIXL_KV_SUCCESS);
   CU_ASSERT(st.loads_done == 1 && st.bytes_loaded == 32ull * BLOCK_BYTES && st.engine_ops == 32);

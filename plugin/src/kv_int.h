@@ -187,7 +187,16 @@ struct kv_loader {
   struct kv_idset active;             /* ... and the requests it loads */
   uint32_t nthreads, idle;            /* loader threads, and those waiting for a load */
   pthread_t threads[KV_LOADERS_MAX];
+  struct kv_loader_arg {
+    hixl_kv_connector *c;
+    uint32_t slot;
+  } args[KV_LOADERS_MAX];
+  struct kv_load *pulling[KV_LOADERS_MAX]; /* per thread: the load it pulls now (pinned), or NULL */
+  uint32_t npulling;
   pthread_cond_t cond; /* a load queued, a producer no longer busy, or shut (CLOCK_MONOTONIC) */
+  pthread_t renewer;   /* pins the loads being pulled again every half lease */
+  bool renewer_on;
+  pthread_cond_t renew; /* a pull started, or shut (CLOCK_MONOTONIC) */
 };
 
 /* Worker, push producer: the pushes (kv_pusher.c). */

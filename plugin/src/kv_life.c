@@ -45,6 +45,7 @@ hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint32_t ra
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_mutex_init(&c->lock, NULL);
   pthread_cond_init(&c->load.cond, &ca);
+  pthread_cond_init(&c->load.renew, &ca);
   pthread_cond_init(&c->push.cond, &ca);
   pthread_cond_init(&c->push.saved, &ca);
   pthread_cond_init(&c->exp.landed, &ca);
@@ -89,6 +90,7 @@ fail_engine:
   HixlEngineDestroy(c->eng);
 fail_sync:
   pthread_cond_destroy(&c->load.cond);
+  pthread_cond_destroy(&c->load.renew);
   pthread_cond_destroy(&c->push.cond);
   pthread_cond_destroy(&c->push.saved);
   pthread_cond_destroy(&c->exp.landed);
@@ -188,6 +190,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   if (c->efd >= 0) close(c->efd);
   kv_config_free(&c->cfg);
   pthread_cond_destroy(&c->load.cond);
+  pthread_cond_destroy(&c->load.renew);
   pthread_cond_destroy(&c->push.cond);
   pthread_cond_destroy(&c->push.saved);
   pthread_cond_destroy(&c->exp.landed);

@@ -17,12 +17,8 @@
 #include "engine/engine_ext.h"
 #include "kv_int.h"
 
-#define KV_LOAD_BATCH_BYTES                                                                                  \
-  (16ull << 20) /* a pull's ops go in batches of about this much: the pin                                    \
-                 * is renewed between them once half the lease has passed */
-
-/* PIN e's request on its producer (renew: once more, after the first), asking again
- * while the producer has not bound it yet; what it holds into h. */
+/* PIN e's request on its producer, asking again while the producer has not bound it
+ * yet; what it holds into h. */
 static HixlStatus pin(hixl_kv_connector *c, const struct kv_meta_entry *e, uint64_t deadline, uint8_t *ans,
                       struct kv_peer_held *h, char *why, size_t cap) {
   HixlStatus st;
@@ -57,31 +53,17 @@ static HixlStatus pin(hixl_kv_connector *c, const struct kv_meta_entry *e, uint6
   }
 }
 
-/* Read the ops in batches of about KV_LOAD_BATCH_BYTES, pinning the request again
- * between two once half the lease has passed since the last pin (vLLM's decode
- * heartbeats): a load longer than the lease keeps its blocks held. */
+/* Read the ops, in engine-sized batches. */
 static HixlStatus pull_ops(hixl_kv_connector *c, const struct kv_meta_entry *e, const struct kv_ops *o,
-                           uint64_t deadline, uint8_t *ans, char *why, size_t cap) {
+                           uint64_t deadline, char *why, size_t cap) {
   HixlTransferOpDesc *d = kv_ops_descs(o);
   if (!d) {
     snprintf(why, cap, "out of memory");
     return HIXL_RESOURCE_EXHAUSTED;
   }
   HixlStatus st = HIXL_SUCCESS;
-  uint64_t pinned = kv_now_ns(), half = (uint64_t)c->cfg.lease_ms * 500000ull;
   for (size_t i = 0, k; i < o->n && st == HIXL_SUCCESS; i += k) {
-    uint64_t bytes = 0;
-    for (k = 0; i + k < o->n && k < HIXL_MAX_BATCH && (k == 0 || bytes < KV_LOAD_BATCH_BYTES); k++)
-      bytes += d[i + k].len;
-    if (i > 0 && kv_now_ns() - pinned >= half) {
-      struct kv_peer_held h = {0};
-      if ((st = pin(c, e, deadline, ans, &h, why, cap)) != HIXL_SUCCESS) break;
-      free(h.r.planes);
-      pinned = kv_now_ns();
-      pthread_mutex_lock(&c->lock);
-      c->stats.lookups++;
-      pthread_mutex_unlock(&c->lock);
-    }
+    k = o->n - i < HIXL_MAX_BATCH ? o->n - i : HIXL_MAX_BATCH;
     int32_t left = kv_ms_until(deadline);
     st = left > 0 ? HixlEngineTransferSync(c->eng, e->remote, HIXL_READ, d + i, k, left) : HIXL_TIMEOUT;
     if (st != HIXL_SUCCESS)
@@ -92,9 +74,60 @@ static HixlStatus pull_ops(hixl_kv_connector *c, const struct kv_meta_entry *e, 
   return st;
 }
 
+/* The renewer: while loads are being pulled, it pins each again every half lease
+ * (vLLM's decode heartbeats), so a load longer than the lease keeps its request held;
+ * idle otherwise. */
+static void *renewer_main(void *arg) {
+  hixl_kv_connector *c = arg;
+  struct kv_loader *ld = &c->load;
+  uint64_t half = (uint64_t)c->cfg.lease_ms * 500000ull;
+  uint8_t *ans = malloc(HIXL_CALL_MAX);
+  struct kv_meta_entry *v = calloc(KV_LOADERS_MAX, sizeof(*v));
+  pthread_mutex_lock(&c->lock);
+  while (!c->shut && ans && v) {
+    if (ld->npulling == 0) {
+      pthread_cond_wait(&ld->renew, &c->lock);
+      continue;
+    }
+    uint64_t at = kv_now_ns() + half;
+    struct timespec ts = {.tv_sec = (time_t)(at / 1000000000ull), .tv_nsec = (long)(at % 1000000000ull)};
+    while (!c->shut && pthread_cond_timedwait(&ld->renew, &c->lock, &ts) == 0) {
+    }
+    size_t n = 0; /* copied: a load's entry goes when its thread is done with it */
+    for (uint32_t t = 0; t < KV_LOADERS_MAX && !c->shut; t++)
+      if (ld->pulling[t]) {
+        v[n] = ld->pulling[t]->e;
+        v[n].blocks = v[n].rblocks = NULL;
+        n++;
+      }
+    pthread_mutex_unlock(&c->lock);
+    for (size_t k = 0; k < n; k++) {
+      struct kv_out msg = {0};
+      size_t len = 0;
+      HixlStatus st;
+      kv_msg(&msg, KV_SVC_PIN, v[k].rreq, 0, "");
+      if (v[k].seq) {
+        kv_put_u64(&msg, v[k].epoch);
+        kv_put_u64(&msg, v[k].seq);
+      }
+      if (kv_call_msg(c, v[k].remote, &msg, ans, HIXL_CALL_MAX, &len, c->cfg.notify_timeout_ms, &st) == 0) {
+        pthread_mutex_lock(&c->lock); /* the pull itself sees any failure */
+        c->stats.lookups++;
+        pthread_mutex_unlock(&c->lock);
+      }
+    }
+    pthread_mutex_lock(&c->lock);
+  }
+  pthread_mutex_unlock(&c->lock);
+  free(v);
+  free(ans);
+  return NULL;
+}
+
 /* One load: link, pin, check the layout and the blocks, pull, (the caller) free.
  * Returns the status and the reason in why. */
-static HixlStatus load_one(hixl_kv_connector *c, const struct kv_meta_entry *e, char *why, size_t cap) {
+static HixlStatus load_one(hixl_kv_connector *c, struct kv_load *l, uint32_t slot, char *why, size_t cap) {
+  const struct kv_meta_entry *e = &l->e;
   uint64_t deadline = kv_now_ns() + (uint64_t)c->cfg.transfer_timeout_ms * 1000000ull;
   HixlStatus st = kv_link(c, e, c->cfg.connect_timeout_ms);
   if (st != HIXL_SUCCESS) {
@@ -129,7 +162,16 @@ static HixlStatus load_one(hixl_kv_connector *c, const struct kv_meta_entry *e, 
   for (uint32_t g = 0, off = 0; g < e->ngroups; off += e->gn[g++])
     pairs[g] = (struct kv_pairs){e->blocks + off, e->rblocks + off, e->gn[g]};
   if ((st = kv_ops_build(&o, &c->lay, &h->r, 0, c->layers, pairs, why, cap)) != HIXL_SUCCESS) goto out;
-  st = pull_ops(c, e, &o, deadline, ans, why, cap);
+  pthread_mutex_lock(&c->lock); /* pinned: the renewer pins it again while it is pulled */
+  c->load.pulling[slot] = l;
+  c->load.npulling++;
+  pthread_cond_broadcast(&c->load.renew);
+  pthread_mutex_unlock(&c->lock);
+  st = pull_ops(c, e, &o, deadline, why, cap);
+  pthread_mutex_lock(&c->lock);
+  c->load.pulling[slot] = NULL;
+  c->load.npulling--;
+  pthread_mutex_unlock(&c->lock);
   pthread_mutex_lock(&c->lock);
   c->stats.engine_ops += o.n;
   if (st == HIXL_SUCCESS) c->stats.bytes_loaded += o.bytes;
@@ -169,9 +211,9 @@ static void free_remote(hixl_kv_connector *c, const struct kv_meta_entry *e) {
 }
 
 /* One load, start to end: the host hears of it in get_finished. */
-static void load_run(hixl_kv_connector *c, struct kv_load *l, bool shut) {
+static void load_run(hixl_kv_connector *c, struct kv_load *l, uint32_t slot, bool shut) {
   char why[1024] = "shut down";
-  HixlStatus st = shut ? HIXL_FAILED : load_one(c, &l->e, why, sizeof(why));
+  HixlStatus st = shut ? HIXL_FAILED : load_one(c, l, slot, why, sizeof(why));
   pthread_mutex_lock(&c->lock);
   if (st == HIXL_SUCCESS) {
     c->stats.loads_done++;
@@ -190,7 +232,8 @@ static void load_run(hixl_kv_connector *c, struct kv_load *l, bool shut) {
 }
 
 static void *loader_main(void *arg) {
-  hixl_kv_connector *c = arg;
+  const struct kv_loader_arg *a = arg;
+  hixl_kv_connector *c = a->c;
   struct kv_loader *ld = &c->load;
   pthread_mutex_lock(&c->lock);
   for (;;) {
@@ -205,7 +248,7 @@ static void *loader_main(void *arg) {
     if (l->e.type == KV_META_FREE)
       free_remote(c, &l->e);
     else
-      load_run(c, l, shut);
+      load_run(c, l, a->slot, shut);
     pthread_mutex_lock(&c->lock);
     kv_idset_del(&ld->busy, l->e.remote);
     kv_idset_del(&ld->active, l->e.req);
@@ -240,10 +283,14 @@ hixl_kv_status kv_loader_submit(hixl_kv_connector *c) {
   }
   int rc = 0;
   while (!c->shut && ld->idle < runnable && ld->nthreads < KV_LOADERS_MAX) {
-    if ((rc = pthread_create(&ld->threads[ld->nthreads], NULL, loader_main, c)) != 0) break;
+    ld->args[ld->nthreads] = (struct kv_loader_arg){c, ld->nthreads};
+    if ((rc = pthread_create(&ld->threads[ld->nthreads], NULL, loader_main, &ld->args[ld->nthreads])) != 0)
+      break;
     ld->nthreads++;
     ld->idle++; /* until it takes a load */
   }
+  if (ld->nthreads && !ld->renewer_on && !c->shut && c->cfg.lease_ms > 0)
+    ld->renewer_on = pthread_create(&ld->renewer, NULL, renewer_main, c) == 0; /* else no renewals */
   pthread_cond_broadcast(&ld->cond);
   if (ld->nthreads == 0 && !c->shut) /* the loads stay queued: a later start_load_kv tries again */
     return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "start_load_kv: no loader thread: pthread_create: %s",
@@ -254,8 +301,12 @@ hixl_kv_status kv_loader_submit(hixl_kv_connector *c) {
 void kv_loader_join(hixl_kv_connector *c) {
   pthread_mutex_lock(&c->lock);
   uint32_t n = c->load.nthreads; /* none start once shut */
+  bool renewer = c->load.renewer_on;
+  c->load.renewer_on = false;
+  pthread_cond_broadcast(&c->load.renew);
   pthread_mutex_unlock(&c->lock);
   for (uint32_t i = 0; i < n; i++) pthread_join(c->load.threads[i], NULL);
+  if (renewer) pthread_join(c->load.renewer, NULL);
   pthread_mutex_lock(&c->lock);
   c->load.nthreads = 0;
   c->load.idle = 0;
