@@ -623,6 +623,41 @@ static void test_preemptions(void) {
   lost_down(&t);
 }
 
+/* handle_preemptions on a push consumer: a push expected into the request's blocks
+ * ends at once, failed (reported received, its blocks in the load errors), and the
+ * wait for its layers returns. */
+static void test_preempt_expected_push(void) {
+  struct lost t;
+  CU_ASSERT_FATAL(lost_up(&t, "consumer", "push", 20000, 0xee));
+  const char *id = "dec-pre";
+  const uint64_t blocks[2] = {8, 9};
+  hixl_kv_request r = {id, strlen(id), 2 * BLOCK_TOKENS, "{\"do_remote_prefill\": true}", 27, 0};
+  int64_t tokens = 0;
+  int32_t async = 0;
+  hixl_kv_buffer pp = {0};
+  ST_IS(ops->get_num_new_matched_tokens(t.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  ST_IS(ops->update_state_after_alloc(t.sched, &r, blocks, 2, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  ST_IS(ops->get_push_params(t.sched, id, strlen(id), &pp), HIXL_KV_SUCCESS);
+  ops->free_buffer(&pp);
+  step(t.sched, t.worker); /* the worker expects the push now */
+  const char *ids[1] = {id};
+  ST_IS(ops->handle_preemptions(t.worker, &(hixl_kv_ids){ids, 1}), HIXL_KV_SUCCESS);
+  ST_IS(ops->wait_for_layer_load(t.worker, 0), HIXL_KV_SUCCESS); /* nothing to wait for */
+  hixl_kv_ids s = {0}, rv = {0};
+  ST_IS(ops->get_finished(t.worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
+  CU_ASSERT(rv.count == 1 && strcmp(rv.ids[0], id) == 0);
+  ops->free_ids(&s);
+  ops->free_ids(&rv);
+  hixl_kv_blocks b = {0};
+  ST_IS(ops->get_block_ids_with_load_errors(t.worker, &b), HIXL_KV_SUCCESS);
+  CU_ASSERT(b.count == 2 && b.ids[0] == 8 && b.ids[1] == 9);
+  ops->free_buffer(&b.raw);
+  hixl_kv_stats st;
+  ST_IS(ops->get_stats(t.worker, &st), HIXL_KV_SUCCESS);
+  CU_ASSERT(st.loads_failed == 1 && st.loads_done == 0);
+  lost_down(&t);
+}
+
 int main(int argc, char **argv) {
   int rc = tu_child_main(argc, argv);
   if (rc >= 0) return rc;
@@ -650,6 +685,8 @@ int main(int argc, char **argv) {
   CU_add_test(s, "pull, the consumer: a load longer than half the lease pins again", test_pin_renewed);
   CU_add_test(s, "handle_preemptions: a queued load ends at once, one under way is waited for",
               test_preemptions);
+  CU_add_test(s, "handle_preemptions: a push expected into the blocks ends at once",
+              test_preempt_expected_push);
   if (CU_get_error() != CUE_SUCCESS) return 1;
   int result = tu_run_registry();
   dlclose(so);
