@@ -23,6 +23,12 @@
  *    and with a landed call behind each layer (the engine's then-call), as references.
  * Short prompts are dominated by fixed costs that swing more from round to round, so
  * they get more rounds: rounds x (longest prompt / prompt), at most 4 x rounds.
+ * --layout lays the KV cache out as kv_first (per layer (2, B, N, H, D), registered
+ * with register_kv_caches: the default), BLNHC (one buffer (B, L, N, H, C = 2D), a
+ * strided plane per layer) or cross_layer (one buffer (B, L, 2, N, H, D), one plane
+ * holding every layer), the last two with register_kv_groups (ABI 1.3); the raw op
+ * lists follow the layout as the plugin's do. The push is measured with kv_first only
+ * (a cross-layer cache moves whole, after its last layer); --no-push leaves it out.
  * Progress on stderr; a table on stdout; --json FILE. */
 #include <arpa/inet.h>
 #include <dlfcn.h>
@@ -44,13 +50,21 @@
 #define MAX_PROMPTS 16
 #define MAX_ROUNDS  16
 #define MAX_RUNS    (4 * MAX_ROUNDS) /* rounds of the shortest prompts */
+#define KV_ELEM     2                /* bytes of the data type (bf16) */
+/* K (or V) bytes of one token of one layer: 8 KV heads x 128 x 2 bytes (Llama-8B) */
+#define HEAD_BYTES_PER_TOKEN (8 * 128 * KV_ELEM)
+
+enum layout { LAYOUT_KV_FIRST, LAYOUT_BLNHC, LAYOUT_CROSS };
+static const char *const layout_names[] = {"kv_first", "BLNHC", "cross_layer"};
 
 struct opts {
   const char *plugin, *transport, *ip, *json;
-  bool pin;         /* decode on CPU 0, prefill on CPU 1, like two hosts */
+  bool pin;  /* decode on CPU 0, prefill on CPU 1, like two hosts */
+  bool push; /* measure the push too (kv_first only) */
+  enum layout layout;
   uint64_t step_us; /* the host's step: it polls get_finished once a step */
   uint32_t layers, block_tokens, rounds;
-  uint64_t block_bytes, pool_blocks;
+  uint64_t block_bytes, pool_blocks; /* block_bytes: one block of K (or V) of one layer */
   uint64_t prompts[MAX_PROMPTS];
   size_t nprompts;
 };
@@ -59,10 +73,12 @@ static struct opts o = {.plugin = HIXL_KV_PLUGIN_DEFAULT,
                         .transport = "auto",
                         .ip = "127.0.0.1",
                         .layers = 32,
+                        .push = true,
+                        .layout = LAYOUT_KV_FIRST,
                         .block_tokens = 16,
                         .rounds = 3,
                         .step_us = 200,
-                        .block_bytes = 32768,
+                        .block_bytes = 0, /* 0: block_tokens x HEAD_BYTES_PER_TOKEN */
                         .pool_blocks = 0,
                         .prompts = {256, 1024, 4096},
                         .nprompts = 3};
@@ -127,7 +143,7 @@ static void pool_init(struct pool *p, uint64_t seed) {
                                    o.block_bytes,
                                    o.pool_blocks * o.block_bytes,
                                    HIXL_KV_LAYOUT_KV_FIRST,
-                                   2,
+                                   KV_ELEM,
                                    o.block_tokens};
   for (uint64_t i = 0; i < o.pool_blocks; i++) p->free_ids[i] = i;
   shuffle_runs(p->free_ids, seed);
@@ -143,8 +159,64 @@ static void pool_order(struct pool *p, uint64_t seed) {
   p->nfree = o.pool_blocks;
 }
 
-static uint64_t tensor_off(uint32_t l, int v) {
-  return ((uint64_t)l * 2 + (uint64_t)v) * o.pool_blocks * o.block_bytes;
+static uint64_t tensor_off(uint32_t l, uint32_t v) {
+  return ((uint64_t)l * 2 + v) * o.pool_blocks * o.block_bytes;
+}
+
+/* ---- the layout: where each plane lies in the pool ----
+ *
+ * A plane is a strided view of the pool: block b of it is `bytes` at off + b * stride.
+ * As tests/test_plugin_layouts.c derives them from a tensor's shape and strides
+ * (plane_of), with every dim but the block dim (and the fixed layer or K/V index)
+ * inside a block and dense here, so a block is one run (no head dimension):
+ *  - kv_first, per layer (2, B, N, H, D): K and V planes, stride = bytes = N*H*D*elem;
+ *  - BLNHC, one buffer (B, L, N, H, C = 2D, K|V packed): layer l's plane at
+ *    l * N*H*C*elem, stride L*N*H*C*elem, N*H*C*elem bytes;
+ *  - cross_layer, one buffer (B, L, 2, N, H, D): one plane for every layer, stride =
+ *    bytes = L*2*N*H*D*elem, moved whole with the last layer.
+ * The planes the plugin gets and the raw engine's op lists both come from here. */
+struct plane_geo {
+  uint64_t off, stride, bytes;
+};
+
+static uint32_t planes_per_layer(void) { return o.layout == LAYOUT_KV_FIRST ? 2 : 1; }
+
+static uint32_t num_planes(void) { return o.layout == LAYOUT_CROSS ? 1 : o.layers * planes_per_layer(); }
+
+static struct plane_geo plane_geo(uint32_t l, uint32_t k) {
+  uint64_t bb = o.block_bytes, all = (uint64_t)o.layers * 2 * bb;
+  switch (o.layout) {
+  case LAYOUT_BLNHC: return (struct plane_geo){(uint64_t)l * 2 * bb, all, 2 * bb};
+  case LAYOUT_CROSS: return (struct plane_geo){0, all, all};
+  default: return (struct plane_geo){tensor_off(l, k), bb, bb};
+  }
+}
+
+/* The one group of planes a BLNHC or cross_layer pool is (register_kv_groups). */
+static void register_groups(hixl_kv_connector *w, const struct pool *p) {
+  uint32_t ppl = planes_per_layer(), np = num_planes();
+  hixl_kv_plane *pl = calloc(np, sizeof(*pl));
+  if (!pl) die("out of memory");
+  for (uint32_t i = 0; i < np; i++) {
+    struct plane_geo g = plane_geo(i / ppl, i % ppl);
+    pl[i] =
+        (hixl_kv_plane){.base = (uintptr_t)p->mem + g.off, .block_stride = g.stride, .block_bytes = g.bytes};
+  }
+  const char *name = layout_names[o.layout];
+  hixl_kv_group g = {.size = sizeof(g),
+                     .kind = HIXL_KV_GROUP_FULL_ATTENTION,
+                     .flags = o.layout == LAYOUT_CROSS ? HIXL_KV_GROUP_CROSS_LAYER : 0,
+                     .num_layers = o.layers,
+                     .planes_per_layer = ppl,
+                     .planes = pl,
+                     .num_blocks = o.pool_blocks,
+                     .block_tokens = o.block_tokens,
+                     .elem_size = KV_ELEM,
+                     .layout = name,
+                     .layout_len = strlen(name)};
+  if (!HIXL_KV_HAS_OP(ops, register_kv_groups)) die("--layout %s: the plugin is older than ABI 1.3", name);
+  if (ops->register_kv_groups(w, &g, 1) != HIXL_KV_SUCCESS) die("register_kv_groups: %s", ops->last_error());
+  free(pl); /* the plugin keeps its own copy */
 }
 
 /* ---- a connector pair (scheduler, worker) ---- */
@@ -164,7 +236,9 @@ static void conn_up(struct conn *c, uint16_t port, const char *role, const char 
       ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &c->worker, err, sizeof(err)) !=
           HIXL_KV_SUCCESS)
     die("create %s %s: %s", role, mode, err);
-  if (ops->register_kv_caches(c->worker, p->layers, o.layers) != HIXL_KV_SUCCESS)
+  if (o.layout != LAYOUT_KV_FIRST)
+    register_groups(c->worker, p);
+  else if (ops->register_kv_caches(c->worker, p->layers, o.layers) != HIXL_KV_SUCCESS)
     die("register_kv_caches: %s", ops->last_error());
 }
 
@@ -445,7 +519,7 @@ static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
   pool_init(&p, 1);
   load_plugin();
   conn_up(&pull, port, "producer", "pull", &p);
-  conn_up(&push, (uint16_t)(port + 1), "producer", "push", &p);
+  if (o.push) conn_up(&push, (uint16_t)(port + 1), "producer", "push", &p);
   HixlEngine *raw = raw_engine((uint16_t)(port + 2), &p);
   pool_order(&decode_view, 2); /* which blocks decode allocates */
   snprintf(draw, sizeof(draw), "%s:%u", o.ip, (unsigned)(dport + 2));
@@ -516,30 +590,58 @@ static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
   }
   ops->destroy(pull.worker);
   ops->destroy(pull.sched);
-  ops->destroy(push.worker);
-  ops->destroy(push.sched);
+  if (o.push) {
+    ops->destroy(push.worker);
+    ops->destroy(push.sched);
+  }
   HixlEngineDestroy(raw);
   _exit(0);
 }
 
 /* ---- the decode process ---- */
 
-/* The same op list the cache manager issues: per tensor (layers 0..count-1 from
- * layer l0), one op per run of blocks adjacent on both sides. */
+static int cmp_op(const void *a, const void *b) {
+  uintptr_t x = ((const HixlTransferOpDesc *)a)->local_addr, y = ((const HixlTransferOpDesc *)b)->local_addr;
+  return x < y ? -1 : x > y;
+}
+
+/* The op list the plugin issues (kv_layout.c's kv_ops_build) for layers l0..l0+count-1:
+ * a piece per block per plane (a cross-layer plane with its last layer), joined while
+ * both sides run on; then sorted by local address and merged where both sides are
+ * contiguous, so a block-major layout's layers of one block, and its runs of adjacent
+ * blocks, are one op. */
 static size_t build_ops(HixlTransferOpDesc *v, uintptr_t lbase, uintptr_t rbase, const uint64_t *lb,
                         const uint64_t *rb, size_t n, uint32_t l0, uint32_t count) {
   size_t k = 0;
-  for (uint32_t l = l0; l < l0 + count; l++)
-    for (int t = 0; t < 2; t++)
-      for (size_t j = 0; j < n;) {
-        size_t e = j + 1;
-        while (e < n && rb[e] == rb[j] + (e - j) && lb[e] == lb[j] + (e - j)) e++;
-        v[k++] =
-            (HixlTransferOpDesc){lbase + tensor_off(l, t) + lb[j] * o.block_bytes,
-                                 rbase + tensor_off(l, t) + rb[j] * o.block_bytes, (e - j) * o.block_bytes};
-        j = e;
+  for (uint32_t l = l0; l < l0 + count; l++) {
+    if (o.layout == LAYOUT_CROSS && l != o.layers - 1) continue;
+    for (uint32_t pk = 0; pk < planes_per_layer(); pk++) {
+      struct plane_geo g = plane_geo(l, pk);
+      for (size_t j = 0; j < n; j++) {
+        uintptr_t lo = lbase + g.off + lb[j] * g.stride, ro = rbase + g.off + rb[j] * g.stride;
+        if (k && v[k - 1].local_addr + v[k - 1].len == lo && v[k - 1].remote_addr + v[k - 1].len == ro)
+          v[k - 1].len += g.bytes;
+        else
+          v[k++] = (HixlTransferOpDesc){lo, ro, g.bytes};
       }
-  return k;
+    }
+  }
+  if (k < 2) return k;
+  qsort(v, k, sizeof(*v), cmp_op);
+  size_t m = 0;
+  for (size_t j = 1; j < k; j++)
+    if (v[m].local_addr + v[m].len == v[j].local_addr && v[m].remote_addr + v[m].len == v[j].remote_addr)
+      v[m].len += v[j].len;
+    else
+      v[++m] = v[j];
+  return m + 1;
+}
+
+/* Runs of blocks adjacent on both sides: what one op can move per plane at most. */
+static size_t count_runs(const uint64_t *lb, const uint64_t *rb, size_t n) {
+  size_t runs = n ? 1 : 0;
+  for (size_t j = 1; j < n; j++) runs += lb[j] != lb[j - 1] + 1 || rb[j] != rb[j - 1] + 1;
+  return runs;
 }
 
 static int cmp_u64(const void *a, const void *b) {
@@ -590,7 +692,7 @@ static uint16_t free_ports3(uint16_t avoid) {
 }
 
 struct row {
-  uint64_t tokens, blocks, bytes, ops;
+  uint64_t tokens, blocks, bytes, ops, runs, plugin_ops; /* ops: the raw engine's; plugin_ops: per request */
   uint32_t rounds;
   double plugin_gbs, plugin_fd_gbs, raw_gbs, raw2_gbs, handoff_ms, push_after_last_ms, layer_ms, notice_ms,
       notice_busy_ms, behind_ms, raw_push_ms, raw_call_push_ms;
@@ -598,10 +700,16 @@ struct row {
 
 static void usage(void) {
   printf("usage: hixl-pd-bench [--plugin PATH] [--transport auto|tcp|shm|rdma] [--ip IP]\n"
-         "                     [--layers N] [--block-kib N] [--block-tokens N] [--prompts T1,T2,...]\n"
+         "                     [--layers N] [--block-tokens N] [--block-kib N] [--prompts T1,T2,...]\n"
+         "                     [--layout kv_first|BLNHC|cross_layer] [--no-push]\n"
          "                     [--rounds N] [--step-us N] [--json FILE] [--pin]\n"
          "Prefill-to-decode hand-offs through the KV-connector plugin (pull, and push layer by\n"
          "layer) against the raw engine moving the same bytes as the same op lists.\n"
+         "A block of one layer's K (or V) is --block-kib KiB, by default --block-tokens (16) x 8 KV\n"
+         "heads x 128 x 2 bytes. --layout: kv_first (per layer (2, B, ...), register_kv_caches;\n"
+         "the default), BLNHC (one buffer, all layers of a block adjacent) or cross_layer (one\n"
+         "buffer (B, L, 2, ...), one plane for every layer), both register_kv_groups (ABI 1.3);\n"
+         "they and --no-push measure the pull only.\n"
          "--pin puts decode on CPU 0 and prefill on CPU 1, like two hosts; --step-us is how often\n"
          "the host polls get_finished (default 200; a runtime polls once per model step).\n");
 }
@@ -618,6 +726,10 @@ int main(int argc, char **argv) {
       o.pin = true;
       continue;
     }
+    if (strcmp(a, "--no-push") == 0) {
+      o.push = false;
+      continue;
+    }
     if (!v) die("%s needs a value (--help)", a);
     i++;
     if (strcmp(a, "--plugin") == 0)
@@ -628,6 +740,12 @@ int main(int argc, char **argv) {
       o.ip = v;
     else if (strcmp(a, "--json") == 0)
       o.json = v;
+    else if (strcmp(a, "--layout") == 0 && strcmp(v, "kv_first") == 0)
+      o.layout = LAYOUT_KV_FIRST;
+    else if (strcmp(a, "--layout") == 0 && strcmp(v, "BLNHC") == 0)
+      o.layout = LAYOUT_BLNHC;
+    else if (strcmp(a, "--layout") == 0 && strcmp(v, "cross_layer") == 0)
+      o.layout = LAYOUT_CROSS;
     else if (strcmp(a, "--layers") == 0 && bench_parse_u64(v, &x) && x >= 1 && x <= 256)
       o.layers = (uint32_t)x;
     else if (strcmp(a, "--block-kib") == 0 && bench_parse_u64(v, &x) && x >= 1 && x <= 1024)
@@ -648,6 +766,8 @@ int main(int argc, char **argv) {
     } else
       die("unknown or bad option %s %s (--help)", a, v);
   }
+  if (o.layout != LAYOUT_KV_FIRST) o.push = false; /* the push is measured with kv_first only */
+  if (!o.block_bytes) o.block_bytes = (uint64_t)o.block_tokens * HEAD_BYTES_PER_TOKEN;
   uint64_t maxb = 0, maxprompt = 0;
   for (size_t i = 0; i < o.nprompts; i++) {
     uint64_t b = (o.prompts[i] + o.block_tokens - 1) / o.block_tokens;
@@ -680,7 +800,7 @@ int main(int argc, char **argv) {
   pool_order(&prefill_view, 1); /* which blocks prefill allocates */
   load_plugin();
   conn_up(&pull, dport, "consumer", "pull", &p);
-  conn_up(&push, (uint16_t)(dport + 1), "consumer", "push", &p);
+  if (o.push) conn_up(&push, (uint16_t)(dport + 1), "consumer", "push", &p);
   HixlEngine *raw = raw_engine((uint16_t)(dport + 2), &p);
   if (hixl_engine_set_service(raw, HIXL_SERVICE_KV, raw_landed_call, NULL) != HIXL_SUCCESS)
     die("raw engine service: %s", HixlGetLastErrorMessage());
@@ -695,8 +815,11 @@ int main(int argc, char **argv) {
   HixlTransferOpDesc *opv = malloc(maxops * sizeof(*opv));
   uint64_t *rb = malloc(o.pool_blocks * sizeof(uint64_t));
   struct row rows[MAX_PROMPTS];
-  fprintf(stderr, "hixl-pd-bench: %u layers x (K, V), %" PRIu64 " KiB blocks of %u tokens, transport %s\n",
-          o.layers, o.block_bytes >> 10, o.block_tokens, o.transport);
+  fprintf(stderr,
+          "hixl-pd-bench: %u layers x (K, V), %" PRIu64
+          " KiB blocks of %u tokens, layout %s, transport %s%s\n",
+          o.layers, o.block_bytes >> 10, o.block_tokens, layout_names[o.layout], o.transport,
+          o.push ? "" : ", pull only");
   unsigned req = 0;
   for (size_t pi = 0; pi < o.nprompts; pi++) {
     struct row *w = &rows[pi];
@@ -726,6 +849,7 @@ int main(int argc, char **argv) {
       memcpy(rb, pp0->free_ids, nb * sizeof(*rb));
       size_t nops = build_ops(opv, (uintptr_t)p.mem, rbase, p.free_ids, rb, nrb, 0, o.layers);
       w->ops = nops;
+      w->runs = count_runs(p.free_ids, rb, nrb);
       uint64_t t0;
       for (int k = 0; k < 4; k++) {
         int pass = r % 2 ? k : 3 - k; /* 0: raw, 1: pull stepping, 2: pull woken by the fd, 3: raw again */
@@ -756,9 +880,21 @@ int main(int argc, char **argv) {
             ops->update_state_after_alloc(pull.sched, &q, p.free_ids, nb, (uint64_t)tokens) !=
                 HIXL_KV_SUCCESS)
           die("decode scheduler: %s", ops->last_error());
+        hixl_kv_stats s0, s1;
+        if (ops->get_stats(pull.worker, &s0) != HIXL_KV_SUCCESS) die("get_stats: %s", ops->last_error());
         t0 = bench_now_ns();
         wait_finished_fd(&pull, did, 1, pass == 2 ? pull_fd : -1);
         uint64_t t1 = bench_now_ns();
+        if (ops->get_stats(pull.worker, &s1) != HIXL_KV_SUCCESS) die("get_stats: %s", ops->last_error());
+        if (s1.loads_done != s0.loads_done + 1)
+          die("request %s: %" PRIu64 " loads done, not 1", did, s1.loads_done - s0.loads_done);
+        uint64_t pops = s1.engine_ops - s0.engine_ops; /* the engine ops of this one request */
+        if (pops != nops && !w->plugin_ops)
+          fprintf(stderr,
+                  "\nhixl-pd-bench: %s, %" PRIu64 " tokens: the plugin issued %" PRIu64
+                  " engine ops, the raw engine's mirror of its op list has %zu\n",
+                  layout_names[o.layout], o.prompts[pi], pops, nops);
+        if (pops > w->plugin_ops) w->plugin_ops = pops;
         if (pass == 2) {
           t_plugin_fd[r] = t1 - t0;
         } else {
@@ -768,6 +904,7 @@ int main(int argc, char **argv) {
         line_in(in, line, sizeof(line)); /* freed */
         free(params);
       }
+      if (!o.push) continue;
       /* Push, layer by layer, each layer's compute as long as one layer's raw WRITE
        * (prefill measures it right before, layer_write_ns): the unit pipelining cannot hide. */
       snprintf(id, sizeof(id), "p%u", req);
@@ -817,6 +954,7 @@ int main(int argc, char **argv) {
     w->raw_gbs = (double)w->bytes / (double)median(t_raw, w->rounds);
     w->raw2_gbs = (double)w->bytes / (double)median(t_raw2, w->rounds);
     w->handoff_ms = (double)median(t_hand, w->rounds) / 1e6;
+    if (!o.push) continue;
     w->push_after_last_ms = (double)median(t_push, w->rounds) / 1e6;
     w->layer_ms = (double)median(t_layer, w->rounds) / 1e6;
     w->notice_ms = (double)median(t_rtt, w->rounds) / 1e6;
@@ -829,59 +967,74 @@ int main(int argc, char **argv) {
   line_out(out, "quit\n");
   waitpid(pid, NULL, 0);
 
-  printf("| prompt tokens | blocks | MiB | engine ops | rounds | raw engine GB/s"
+  /* The pull's columns, then the push's (kv_first only). */
+  printf("| prompt tokens | blocks | MiB | runs of adjacent blocks | plugin engine ops per request"
+         " | raw engine ops | rounds | raw engine GB/s"
          " | plugin pull GB/s, host woken by the fd | ratio (goal >= 0.9)"
          " | raw engine again / raw engine (A/A: the noise)"
-         " | plugin pull GB/s, host stepping | ratio | hand-off ms (pull, stepping)"
-         " | push: after last layer ms | one layer ms | ratio (goal <= 1.5)"
-         " | notice round trip ms | floor: (layer + notice) / layer | notice while a layer moves ms"
-         " | pusher behind at the last save ms | raw engine push: after last layer ms | ratio"
-         " | raw engine push, a call per layer: after last layer ms | ratio |\n");
-  printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+         " | plugin pull GB/s, host stepping | ratio | hand-off ms (pull, stepping) |");
+  if (o.push)
+    printf(" push: after last layer ms | one layer ms | ratio (goal <= 1.5)"
+           " | notice round trip ms | floor: (layer + notice) / layer | notice while a layer moves ms"
+           " | pusher behind at the last save ms | raw engine push: after last layer ms | ratio"
+           " | raw engine push, a call per layer: after last layer ms | ratio |");
+  printf("\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n",
+         o.push ? "---|---|---|---|---|---|---|---|---|---|---|" : "");
   for (size_t i = 0; i < o.nprompts; i++) {
     struct row *w = &rows[i];
-    printf("| %" PRIu64 " | %" PRIu64 " | %.1f | %" PRIu64
-           " | %u | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3f | %.2f | %.3f "
-           "| %.2f "
-           "| %.2f | %.2f | %.2f | %.2f |\n",
-           w->tokens, w->blocks, (double)w->bytes / 1048576.0, w->ops, w->rounds, w->raw_gbs,
-           w->plugin_fd_gbs, w->plugin_fd_gbs / w->raw_gbs, w->raw2_gbs / w->raw_gbs, w->plugin_gbs,
-           w->plugin_gbs / w->raw_gbs, w->handoff_ms, w->push_after_last_ms, w->layer_ms,
-           w->push_after_last_ms / w->layer_ms, w->notice_ms, (w->layer_ms + w->notice_ms) / w->layer_ms,
-           w->notice_busy_ms, w->behind_ms, w->raw_push_ms, w->raw_push_ms / w->layer_ms, w->raw_call_push_ms,
-           w->raw_call_push_ms / w->layer_ms);
+    printf("| %" PRIu64 " | %" PRIu64 " | %.1f | %" PRIu64 " | %" PRIu64 " | %" PRIu64
+           " | %u | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |",
+           w->tokens, w->blocks, (double)w->bytes / 1048576.0, w->runs, w->plugin_ops, w->ops, w->rounds,
+           w->raw_gbs, w->plugin_fd_gbs, w->plugin_fd_gbs / w->raw_gbs, w->raw2_gbs / w->raw_gbs,
+           w->plugin_gbs, w->plugin_gbs / w->raw_gbs, w->handoff_ms);
+    if (o.push)
+      printf(" %.2f | %.2f | %.2f | %.3f | %.2f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f |",
+             w->push_after_last_ms, w->layer_ms, w->push_after_last_ms / w->layer_ms, w->notice_ms,
+             (w->layer_ms + w->notice_ms) / w->layer_ms, w->notice_busy_ms, w->behind_ms, w->raw_push_ms,
+             w->raw_push_ms / w->layer_ms, w->raw_call_push_ms, w->raw_call_push_ms / w->layer_ms);
+    printf("\n");
   }
   if (o.json) {
     FILE *f = fopen(o.json, "w");
     if (!f) die("%s: %s", o.json, strerror(errno));
     fprintf(f,
-            "{\"transport\": \"%s\", \"layers\": %u, \"block_bytes\": %" PRIu64
-            ", \"rounds\": %u, \"step_us\": %" PRIu64 ", \"rows\": [",
-            o.transport, o.layers, o.block_bytes, o.rounds, o.step_us);
+            "{\"transport\": \"%s\", \"layout\": \"%s\", \"layers\": %u, \"block_tokens\": %u"
+            ", \"block_bytes\": %" PRIu64 ", \"rounds\": %u, \"step_us\": %" PRIu64
+            ", \"push\": %s, \"rows\": [",
+            o.transport, layout_names[o.layout], o.layers, o.block_tokens, o.block_bytes, o.rounds, o.step_us,
+            o.push ? "true" : "false");
     for (size_t i = 0; i < o.nprompts; i++) {
       struct row *w = &rows[i];
       fprintf(f,
               "%s\n {\"tokens\": %" PRIu64 ", \"blocks\": %" PRIu64 ", \"bytes\": %" PRIu64
-              ", \"engine_ops\": %" PRIu64 ", \"rounds\": %u, \"raw_gbs\": %.4f"
-              ", \"plugin_fd_gbs\": %.4f, \"ratio\": %.4f, \"plugin_gbs\": %.4f, \"ratio_stepping\": %.4f"
-              ", \"handoff_ms\": %.4f, \"push_after_last_ms\": %.4f, \"layer_ms\": %.4f, \"push_ratio\": %.4f"
-              ", \"notice_rtt_ms\": %.4f, \"push_floor\": %.4f, \"notice_busy_ms\": %.4f, \"behind_ms\": %.4f"
-              ", \"raw_push_ms\": %.4f, \"raw_push_ratio\": %.4f, \"raw_call_push_ms\": %.4f"
-              ", \"raw_call_push_ratio\": %.4f, \"raw2_gbs\": %.4f, \"aa_ratio\": %.4f}",
-              i ? "," : "", w->tokens, w->blocks, w->bytes, w->ops, w->rounds, w->raw_gbs, w->plugin_fd_gbs,
-              w->plugin_fd_gbs / w->raw_gbs, w->plugin_gbs, w->plugin_gbs / w->raw_gbs, w->handoff_ms,
-              w->push_after_last_ms, w->layer_ms, w->push_after_last_ms / w->layer_ms, w->notice_ms,
-              (w->layer_ms + w->notice_ms) / w->layer_ms, w->notice_busy_ms, w->behind_ms, w->raw_push_ms,
-              w->raw_push_ms / w->layer_ms, w->raw_call_push_ms, w->raw_call_push_ms / w->layer_ms,
-              w->raw2_gbs, w->raw2_gbs / w->raw_gbs);
+              ", \"runs\": %" PRIu64 ", \"plugin_engine_ops\": %" PRIu64 ", \"engine_ops\": %" PRIu64
+              ", \"rounds\": %u, \"raw_gbs\": %.4f, \"plugin_fd_gbs\": %.4f, \"ratio\": %.4f"
+              ", \"plugin_gbs\": %.4f, \"ratio_stepping\": %.4f, \"handoff_ms\": %.4f"
+              ", \"raw2_gbs\": %.4f, \"aa_ratio\": %.4f",
+              i ? "," : "", w->tokens, w->blocks, w->bytes, w->runs, w->plugin_ops, w->ops, w->rounds,
+              w->raw_gbs, w->plugin_fd_gbs, w->plugin_fd_gbs / w->raw_gbs, w->plugin_gbs,
+              w->plugin_gbs / w->raw_gbs, w->handoff_ms, w->raw2_gbs, w->raw2_gbs / w->raw_gbs);
+      if (o.push)
+        fprintf(
+            f,
+            ", \"push_after_last_ms\": %.4f, \"layer_ms\": %.4f, \"push_ratio\": %.4f"
+            ", \"notice_rtt_ms\": %.4f, \"push_floor\": %.4f, \"notice_busy_ms\": %.4f, \"behind_ms\": %.4f"
+            ", \"raw_push_ms\": %.4f, \"raw_push_ratio\": %.4f, \"raw_call_push_ms\": %.4f"
+            ", \"raw_call_push_ratio\": %.4f",
+            w->push_after_last_ms, w->layer_ms, w->push_after_last_ms / w->layer_ms, w->notice_ms,
+            (w->layer_ms + w->notice_ms) / w->layer_ms, w->notice_busy_ms, w->behind_ms, w->raw_push_ms,
+            w->raw_push_ms / w->layer_ms, w->raw_call_push_ms, w->raw_call_push_ms / w->layer_ms);
+      fprintf(f, "}");
     }
     fprintf(f, "\n]}\n");
     fclose(f);
   }
   ops->destroy(pull.worker);
   ops->destroy(pull.sched);
-  ops->destroy(push.worker);
-  ops->destroy(push.sched);
+  if (o.push) {
+    ops->destroy(push.worker);
+    ops->destroy(push.sched);
+  }
   HixlEngineDestroy(raw);
   return 0;
 }

@@ -17,6 +17,13 @@
 # 10.77.0.1), pinned in the same way (decode on vCPU 0, prefill on vCPU 1),
 # PD_RDMA_PROMPTS (default 256,1024,4096) and PD_RDMA_ROUNDS (default 5); PD_RDMA=0
 # leaves it out.
+# Layouts (issue "Plugin ABI 1.3", descriptor economy): the pull with the KV cache laid
+# out kv_first, BLNHC and cross_layer, each with 16- and 64-token blocks (the same
+# bytes), over tcp and auto (shm), written to docs/performance-layouts.md with the
+# results in pd-results/pd-layouts.json. PD_LAYOUTS=1 (default) runs it after the rest,
+# 0 leaves it out, only runs it alone (performance-pd.md untouched); PD_LAYOUT_PROMPTS
+# (default 256,1024,4096), PD_LAYOUT_ROUNDS (default 3), PD_LAYOUT_REPEATS (default 2:
+# each case runs that many times, interleaved, 16- and 64-token blocks in turn first).
 set -u -o pipefail
 
 die() { echo "run_pd: $*" >&2; exit 1; }
@@ -32,6 +39,189 @@ PROMPTS=${PD_PROMPTS:-256,512,1024,2048,4096}
 STEP_US=${PD_STEP_US:-500}
 RES=$BUILD/pd-results
 mkdir -p "$RES"
+REPORT_ONLY=${PD_REPORT_ONLY:-0}
+LAYOUTS=${PD_LAYOUTS:-1}
+LPROMPTS=${PD_LAYOUT_PROMPTS:-256,1024,4096}
+LROUNDS=${PD_LAYOUT_ROUNDS:-3}
+LREPEATS=${PD_LAYOUT_REPEATS:-2}
+LOUT=$SRC/docs/performance-layouts.md
+
+# The layouts sweep: every case LREPEATS times, the two block sizes alternating which
+# goes first, so drift on this shared machine falls on both alike; then the page.
+layouts() {
+  local t rep lay bt order
+  if [ "$REPORT_ONLY" = 0 ]; then
+    rm -f "$RES"/layouts-*.json
+    for t in tcp auto; do
+      for rep in $(seq 1 "$LREPEATS"); do
+        order="16 64"
+        [ $((rep % 2)) = 1 ] || order="64 16"
+        for lay in kv_first BLNHC cross_layer; do
+          for bt in $order; do
+            echo "run_pd: layouts: transport $t, $lay, $bt-token blocks, run $rep of $LREPEATS" >&2
+            timeout 1800 "$BENCH" --transport "$t" --layout "$lay" --block-tokens "$bt" --no-push \
+              --prompts "$LPROMPTS" --rounds "$LROUNDS" --step-us "$STEP_US" --pin \
+              --json "$RES/layouts-$t-$lay-$bt-$rep.json" >/dev/null ||
+              die "hixl-pd-bench --transport $t --layout $lay --block-tokens $bt failed"
+          done
+        done
+      done
+    done
+  fi
+  ls "$RES"/layouts-*.json >/dev/null 2>&1 || die "no layout results in $RES"
+  python3 - "$RES" "$LOUT" "$LROUNDS" "$(nproc)" "$(uname -r)" "$(date -u +%Y-%m-%d)" \
+    "$(cut -d' ' -f1-3 /proc/loadavg)" <<'EOF' || die "the layouts page could not be written"
+import glob, json, os, statistics, sys
+
+res, out, rounds, ncpu, kernel, day, load = sys.argv[1:8]
+runs = {}  # (transport, layout, block tokens) -> [run's json]
+for f in sorted(glob.glob(os.path.join(res, "layouts-*.json"))):
+    j = json.load(open(f))
+    runs.setdefault((j["transport"], j["layout"], j["block_tokens"]), []).append(j)
+LAYOUTS = ["kv_first", "BLNHC", "cross_layer"]
+BLOCK_MAJOR = ["BLNHC", "cross_layer"]
+NAMES = {"tcp": "tcp", "auto": "shm (Transport auto between two processes of one host)"}
+rows, aa_runs = [], []
+for (t, lay, bt), js in runs.items():
+    for i, r0 in enumerate(js[0]["rows"]):
+        rs = [j["rows"][i] for j in js]
+        if len({(r["plugin_engine_ops"], r["engine_ops"], r["runs"]) for r in rs}) != 1:
+            print("run_pd: %s %s %d-token blocks, %d tokens: op counts differ between runs" %
+                  (t, lay, bt, r0["tokens"]), file=sys.stderr)
+        med = lambda k: statistics.median(r[k] for r in rs)
+        aa_runs += [r["aa_ratio"] for r in rs]
+        rows.append({"transport": t, "layout": lay, "block_tokens": bt, "tokens": r0["tokens"],
+                     "blocks": r0["blocks"], "bytes": r0["bytes"], "runs": r0["runs"],
+                     "plugin_engine_ops": max(r["plugin_engine_ops"] for r in rs),
+                     "engine_ops": r0["engine_ops"], "repeats": len(rs),
+                     "rounds": sum(r["rounds"] for r in rs),
+                     "plugin_fd_gbs": med("plugin_fd_gbs"), "raw_gbs": med("raw_gbs"),
+                     "raw2_gbs": med("raw2_gbs")})
+for r in rows:
+    r["ratio"] = r["plugin_fd_gbs"] / r["raw_gbs"]
+    r["aa_ratio"] = r["raw2_gbs"] / r["raw_gbs"]
+key = lambda r: (r["transport"] != "tcp", LAYOUTS.index(r["layout"]), r["block_tokens"], r["tokens"])
+rows.sort(key=key)
+transports = [t for t in ("tcp", "auto") if any(r["transport"] == t for r in rows)]
+find = lambda t, lay, bt, tok: next((r for r in rows if (r["transport"], r["layout"], r["block_tokens"],
+                                                           r["tokens"]) == (t, lay, bt, tok)), None)
+longest = max(r["tokens"] for r in rows)
+
+# Goal 1: block-major layouts, the longest request: engine ops <= runs of adjacent blocks.
+g1 = [r for r in rows if r["layout"] in BLOCK_MAJOR and r["tokens"] == longest]
+g1_pass = bool(g1) and all(r["plugin_engine_ops"] <= r["runs"] for r in g1)
+# Goal 2: 16-token blocks at >= 0.9x 64-token blocks' throughput, the same bytes.
+g2 = []
+for t in transports:
+    for lay in LAYOUTS:
+        for tok in sorted({r["tokens"] for r in rows}):
+            a, b = find(t, lay, 16, tok), find(t, lay, 64, tok)
+            if a and b:
+                g2.append({"transport": t, "layout": lay, "tokens": tok, "judged": lay in BLOCK_MAJOR,
+                           "plugin": a["plugin_fd_gbs"] / b["plugin_fd_gbs"],
+                           "raw": a["raw_gbs"] / b["raw_gbs"]})
+judged = [g for g in g2 if g["judged"]]
+g2_pass = bool(judged) and all(g["plugin"] >= 0.9 for g in judged)
+
+json.dump({"date": day, "cpus": int(ncpu), "kernel": kernel, "rounds": int(rounds), "rows": rows,
+           "block_tokens_ratio": g2,
+           "goals": {"ops_le_runs": "PASS" if g1_pass else "MISS",
+                     "16_over_64": "PASS" if g2_pass else "MISS"}},
+          open(os.path.join(res, "pd-layouts.json"), "w"), indent=1)
+
+def verdicts(t):
+    out = []
+    mine = [r for r in g1 if r["transport"] == t]
+    kv = {r["block_tokens"]: r for r in rows
+          if r["transport"] == t and r["layout"] == "kv_first" and r["tokens"] == longest}
+    ok = all(r["plugin_engine_ops"] <= r["runs"] for r in mine)
+    out.append("engine ops per %d-token request, block-major layouts, <= its runs of adjacent blocks: %s (%s)" %
+               (longest, "PASS" if ok and mine else "MISS",
+                "; ".join("%s %d-token blocks: %d ops for %d runs (kv_first: %s)" %
+                          (r["layout"], r["block_tokens"], r["plugin_engine_ops"], r["runs"],
+                           kv[r["block_tokens"]]["plugin_engine_ops"] if r["block_tokens"] in kv else "-")
+                          for r in mine)))
+    mine = [g for g in judged if g["transport"] == t]
+    miss = [g for g in mine if g["plugin"] < 0.9]
+    out.append("16-token blocks / 64-token blocks, plugin pull GB/s, the same bytes, block-major layouts:"
+               " %.2f-%.2fx (goal >= 0.9): %s" %
+               (min(g["plugin"] for g in mine), max(g["plugin"] for g in mine), "PASS" if not miss else
+                "MISS at %s" % ", ".join("%s %d tokens (%.2fx; the raw engine's: %.2fx)" %
+                                         (g["layout"], g["tokens"], g["plugin"], g["raw"]) for g in miss))
+               if mine else "no pairs measured: MISS")
+    for lay in LAYOUTS:
+        v = [g for g in g2 if g["transport"] == t and g["layout"] == lay]
+        if v:
+            out.append("%s, 16 / 64-token blocks by prompt (%s tokens): plugin %s; raw engine %s" %
+                       (lay, ", ".join(str(g["tokens"]) for g in v),
+                        ", ".join("%.2fx" % g["plugin"] for g in v), ", ".join("%.2fx" % g["raw"] for g in v)))
+    aa = [r["aa_ratio"] for r in rows if r["transport"] == t]
+    out.append("the raw engine against itself in the same rounds (A/A, the noise of the ratios): %.2f-%.2fx" %
+               (min(aa), max(aa)))
+    return out
+
+with open(out, "w") as f:
+    w = lambda s="": f.write(s + "\n")
+    w("# Descriptor economy: the pull per KV cache layout")
+    w()
+    w("Generated by `integration/bench/run_pd.sh` (`PD_LAYOUTS`) on %s (%s CPUs, %s);" % (day, ncpu, kernel))
+    w("do not edit by hand. Results: `pd-results/pd-layouts.json` in the build directory.")
+    w()
+    w("`hixl-pd-bench --layout L --block-tokens N --no-push` runs a prefill and a decode process, each")
+    w("loading `libhixl_kv_connector.so` by dlopen, on 127.0.0.1 (decode pinned to CPU 0, prefill")
+    w("to CPU 1), and measures the pull of one request (Llama-8B-like: 32 layers, 8 KV heads x")
+    w("128 x 2 bytes, so 32 KiB of K and 32 KiB of V per layer per 16 tokens; 64-token blocks")
+    w("hold 128 KiB each, so a prompt moves the same bytes with either) in three layouts:")
+    w("*kv_first* (per layer (2, B, N, H, D), `register_kv_caches`: two planes per layer),")
+    w("*BLNHC* (one buffer (B, L, N, H, C = 2D): a strided plane per layer, all layers of a")
+    w("block adjacent) and *cross_layer* (one buffer (B, L, 2, N, H, D): one plane holding every")
+    w("layer, `HIXL_KV_GROUP_CROSS_LAYER`), the last two with `register_kv_groups` (ABI 1.3).")
+    w("Each side's blocks come off a free list shuffled in runs of 8 adjacent blocks, so a")
+    w("request's blocks form *runs of adjacent blocks* (adjacent on both sides). *Plugin engine")
+    w("ops per request* is the consumer's `engine_ops` counter over one load; *raw engine ops*")
+    w("is the op list the bench builds as the plugin does (a piece per block per plane, sorted")
+    w("by local address, merged where both sides are contiguous) and READs with one")
+    w("`HixlEngineTransferSync` between two plain engines on the same memory. *Plugin GB/s* is")
+    w("the request's bytes over `start_load_kv` to `get_finished` (the host woken by the event")
+    w("fd); *ratio* is plugin over raw; *A/A* is the raw READ run a second time at the other end")
+    reps = max(r["repeats"] for r in rows)
+    w("of each round over the first: the noise any ratio here carries. Each case ran %d time%s," %
+      (reps, "" if reps == 1 else "s"))
+    w("interleaved (16- and 64-token blocks taking turns to go first), with %s round%s per run" %
+      (rounds, "" if rounds == "1" else "s"))
+    w("(shorter prompts more, as in `performance-pd.md`); the figures are the medians over the")
+    w("runs of each run's median. The machine is a VM with %s CPUs shared with other work (load" % ncpu)
+    w("average %s when the page was written), so throughput swings from run to run; over" % load)
+    w("every run the A/A ratio spread %.2f-%.2fx. Op counts do not depend on the machine." %
+      (min(aa_runs), max(aa_runs)))
+    w()
+    w("## Goals")
+    w()
+    w("- engine ops per %d-token request with BLNHC or cross_layer <= the request's runs of" % longest)
+    w("  adjacent blocks (instead of one per run per plane with kv_first): **%s**" % ("PASS" if g1_pass else "MISS"))
+    w("- 16-token blocks move at >= 0.9x the throughput of 64-token blocks for the same bytes")
+    w("  (plugin pull GB/s, BLNHC and cross_layer, every prompt and transport): **%s**%s" %
+      ("PASS" if g2_pass else "MISS", " (min %.2fx)" % min(g["plugin"] for g in judged) if judged else ""))
+    for t in transports:
+        w()
+        w("## %s" % NAMES[t])
+        w()
+        w("| layout | block tokens | prompt tokens | runs of adjacent blocks | plugin engine ops per request"
+          " | raw engine ops | plugin GB/s | raw engine GB/s | ratio | A/A |")
+        w("|---|---|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            if r["transport"] == t:
+                w("| %s | %d | %d | %d | %d | %d | %.2f | %.2f | %.2f | %.2f |" %
+                  (r["layout"], r["block_tokens"], r["tokens"], r["runs"], r["plugin_engine_ops"],
+                   r["engine_ops"], r["plugin_fd_gbs"], r["raw_gbs"], r["ratio"], r["aa_ratio"]))
+        w()
+        for v in verdicts(t):
+            w("- " + v)
+print("run_pd: wrote %s and %s" % (out, os.path.join(res, "pd-layouts.json")), file=sys.stderr)
+EOF
+}
+
+[ "$LAYOUTS" != only ] || { layouts; exit 0; }
 
 if ! command -v gnuplot >/dev/null; then
   echo "run_pd: installing gnuplot-nox (Debian) for the plot" >&2
@@ -39,7 +229,6 @@ if ! command -v gnuplot >/dev/null; then
     die "gnuplot-nox could not be installed"
 fi
 
-REPORT_ONLY=${PD_REPORT_ONLY:-0}
 for t in tcp auto; do
   [ "$REPORT_ONLY" = 0 ] || { [ -s "$RES/pd-$t.json" ] || die "PD_REPORT_ONLY: no $RES/pd-$t.json"; continue; }
   echo "run_pd: transport $t, prompts $PROMPTS, $ROUNDS rounds" >&2
@@ -246,3 +435,4 @@ EOF
   echo "  the bytes itself the post returns at once."
 } >"$OUT"
 echo "run_pd: wrote $OUT and $PNG" >&2
+[ "$LAYOUTS" = 0 ] || layouts
