@@ -148,6 +148,7 @@ struct conn {
   uint8_t *pay_dst; /* payload streaming: destination, or NULL to discard */
   size_t pay_left;  /* bytes of the payload still to come */
   size_t pay_cur;   /* ... of which the current destination takes this many */
+  size_t pay_last;  /* the last payload's length (how much to read while none is under way) */
   /* A payload scattered over spans (staged units): the ones after the current. */
   const struct stage_seg *pay_span;
   uint32_t pay_nspan;
