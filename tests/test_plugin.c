@@ -523,6 +523,16 @@ static void test_op_args(void) {
   ST_IS(ops->save_kv_layer(x.worker, LAYERS), HIXL_KV_PARAM_INVALID);
   ST_IS(ops->get_stats(x.worker, &stats), HIXL_KV_SUCCESS);
   CU_ASSERT_EQUAL(stats.blocks_held, 0);
+  /* 1.3 hooks: any layout will do (""); no worker metadata for the scheduler, said why. */
+  ST_IS(ops->get_required_kvcache_layout(x.sched, &b), HIXL_KV_SUCCESS);
+  CU_ASSERT(b.data && b.len == 0);
+  ops->free_buffer(&b);
+  ST_IS(ops->get_required_kvcache_layout(x.sched, NULL), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->build_connector_worker_meta(x.worker, &b), HIXL_KV_UNSUPPORTED);
+  CU_ASSERT_TRUE(has_error("get_finished"));
+  ST_IS(ops->handle_preemptions(x.worker, NULL), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->handle_preemptions(x.sched, &(hixl_kv_ids){NULL, 0}), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->register_kv_groups(x.worker, NULL, 1), HIXL_KV_PARAM_INVALID);
   inst_down(&x);
 
   config(cfg, sizeof(cfg), free_port(), "both", 30000, "fail", 2000);
