@@ -893,6 +893,15 @@ HixlStatus HixlEngineTransferSync(HixlEngine *e, const char *remote, HixlTransfe
   return st;
 }
 
+/* r's chunks are queued on c and nobody waits in a call: its transport's async hook,
+ * or, for one without (xport.h: any hook may be NULL), the progress thread takes it. */
+static void xport_async(struct conn *c, struct hixl_transfer_req *r) {
+  if (c->xp->async)
+    c->xp->async(c, r);
+  else
+    link_unpark(c);
+}
+
 HixlStatus HixlEngineTransferAsync(HixlEngine *e, const char *remote, HixlTransferOp op,
                                    const HixlTransferOpDesc *descs, size_t count, int32_t timeout_ms,
                                    void *user_data, HixlTransferReq *req) {
@@ -903,7 +912,7 @@ HixlStatus HixlEngineTransferAsync(HixlEngine *e, const char *remote, HixlTransf
   if (st != HIXL_SUCCESS) return st;
   r->is_async = true;
   r->user_data = user_data;
-  c->xp->async(c, r); /* nobody waits in a call; shm: copied now or queued, c may be gone after */
+  xport_async(c, r); /* nobody waits in a call; shm: copied now or queued, c may be gone after */
   pthread_mutex_lock(&e->req_lock);
   int added = ptrset_add(&e->reqs, r);
   pthread_mutex_unlock(&e->req_lock);
@@ -1307,7 +1316,7 @@ HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, Hix
     link_then_behind(r, c, th, service, (uint32_t)len);
     th = NULL;
     frame = NULL;
-    c->xp->async(c, r); /* the progress thread reads the answers */
+    xport_async(c, r); /* the progress thread reads the answers */
     pthread_mutex_unlock(&e->lock);
     *call = r;
   } else if (st == HIXL_SUCCESS) {
@@ -1324,7 +1333,7 @@ HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, Hix
       struct peer *p = find_peer(e, remote);
       if (p && p->conn && !p->conn->dead && p->conn->txq_head) link_flush(p->conn);
     } else {
-      c->xp->async(c, r); /* nobody waits in a call yet: the progress thread ends it */
+      xport_async(c, r); /* nobody waits in a call yet: the progress thread ends it */
     }
     pthread_mutex_unlock(&e->lock);
     *call = r;

@@ -104,7 +104,8 @@ struct xport_ops {
   bool (*table_current)(struct conn *c);
   void (*post)(struct conn *c, struct chunk *ch); /* queue a direct chunk (required for a transport) */
   void (*start)(struct conn *c, struct hixl_transfer_req *r); /* its chunks are queued: begin */
-  void (*async)(struct conn *c, struct hixl_transfer_req *r); /* ... and nobody waits in a call */
+  /* ... and nobody waits in a call. NULL: the progress thread takes the link (link_unpark). */
+  void (*async)(struct conn *c, struct hixl_transfer_req *r);
   /* A sync caller waits for r (data only): move or watch it. NULL: the caller reads
    * the link's socket itself until r ends (link_drive). */
   void (*drive)(struct conn *c, struct hixl_transfer_req *r);

@@ -390,11 +390,6 @@ static void erdma_start(struct conn *c, struct hixl_transfer_req *r) {
 }
 
 /* Data completes on the CQ (progress thread); frames (staged units) still need a reader. */
-static void erdma_async(struct conn *c, struct hixl_transfer_req *r) {
-  (void)r;
-  link_unpark(c);
-}
-
 static void erdma_drive(struct conn *c, struct hixl_transfer_req *r) {
   (void)r;
   if (c->rx != RX_CALLER) link_unpark(c);
@@ -425,7 +420,6 @@ const struct xport_ops xport_rdma = {
     .info = erdma_info,
     .post = erdma_queue,
     .start = erdma_start,
-    .async = erdma_async,
     .drive = erdma_drive,
     .req_timeout = erdma_req_timeout,
 };

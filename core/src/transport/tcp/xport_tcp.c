@@ -86,11 +86,6 @@ static void tcp_start(struct conn *c, struct hixl_transfer_req *r) {
 }
 
 /* Nobody waits in a call: the progress thread receives the answers. */
-static void tcp_async(struct conn *c, struct hixl_transfer_req *r) {
-  (void)r;
-  link_unpark(c);
-}
-
 static const uint8_t tcp_frames[] = {WIRE_WRITE_REQ, WIRE_READ_REQ, 0};
 
 const struct xport_ops xport_tcp = {
@@ -105,5 +100,4 @@ const struct xport_ops xport_tcp = {
     .payload_done = tcp_payload_done,
     .post = tcp_post,
     .start = tcp_start,
-    .async = tcp_async,
 };
