@@ -8,7 +8,9 @@
 #include <dlfcn.h>
 #include <netinet/in.h>
 #include <stdio.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -48,6 +50,21 @@ static inline uint16_t free_port(void) {
     port = ntohs(sa.sin_port);
   if (fd >= 0) close(fd);
   return port;
+}
+
+/* One step of metadata from a scheduler to its worker, and the step's loads started. */
+static inline void kv_host_step(const hixl_kv_ops *ops, hixl_kv_connector *sched, hixl_kv_connector *worker) {
+  hixl_kv_buffer m = {0};
+  CU_ASSERT_EQUAL(ops->build_connector_meta(sched, &m), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(ops->bind_connector_meta(worker, m.data, m.len), HIXL_KV_SUCCESS);
+  ops->free_buffer(&m);
+  CU_ASSERT_EQUAL(ops->start_load_kv(worker), HIXL_KV_SUCCESS);
+}
+
+static inline bool ids_have(const hixl_kv_ids *ids, const char *id) {
+  for (size_t i = 0; i < ids->count; i++)
+    if (strcmp(ids->ids[i], id) == 0) return true;
+  return false;
 }
 
 /* dlopen the plugin at path and take its ops table for this header's major version;

@@ -202,19 +202,13 @@ static void inst_down(struct inst *x) {
   free(x->kv.mem);
 }
 
-/* One step of metadata from the scheduler to the worker. */
+/* One step of metadata from the scheduler to the worker (ST_IS: also in a child). */
 static void step(struct inst *x) {
   hixl_kv_buffer m = {0};
   ST_IS(ops->build_connector_meta(x->sched, &m), HIXL_KV_SUCCESS);
   ST_IS(ops->bind_connector_meta(x->worker, m.data, m.len), HIXL_KV_SUCCESS);
   ops->free_buffer(&m);
   ST_IS(ops->start_load_kv(x->worker), HIXL_KV_SUCCESS);
-}
-
-static bool ids_have(const hixl_kv_ids *ids, const char *id) {
-  for (size_t i = 0; i < ids->count; i++)
-    if (strcmp(ids->ids[i], id) == 0) return true;
-  return false;
 }
 
 /* Step until one of ids[] not seen yet shows in the worker's sending (which 0) or

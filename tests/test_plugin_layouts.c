@@ -542,19 +542,7 @@ static void side_down(struct side *s) {
 }
 
 /* One step of metadata from the scheduler to the worker. */
-static void step(struct side *s) {
-  hixl_kv_buffer m = {0};
-  ST_IS(ops->build_connector_meta(s->sched, &m), HIXL_KV_SUCCESS);
-  ST_IS(ops->bind_connector_meta(s->worker, m.data, m.len), HIXL_KV_SUCCESS);
-  ops->free_buffer(&m);
-  ST_IS(ops->start_load_kv(s->worker), HIXL_KV_SUCCESS);
-}
-
-static bool ids_have(const hixl_kv_ids *ids, const char *id) {
-  for (size_t i = 0; i < ids->count; i++)
-    if (strcmp(ids->ids[i], id) == 0) return true;
-  return false;
-}
+static void step(struct side *s) { kv_host_step(ops, s->sched, s->worker); }
 
 enum { SENDING, RECVING };
 

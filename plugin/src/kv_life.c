@@ -12,6 +12,16 @@
 
 #define KV_EXPORT __attribute__((visibility("default")))
 
+/* The connector's lock and condition variables (kv_create made them). */
+static void sync_destroy(hixl_kv_connector *c) {
+  pthread_cond_destroy(&c->load.cond);
+  pthread_cond_destroy(&c->load.renew);
+  pthread_cond_destroy(&c->push.cond);
+  pthread_cond_destroy(&c->push.saved);
+  pthread_cond_destroy(&c->exp.landed);
+  pthread_mutex_destroy(&c->lock);
+}
+
 hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint32_t rank, uint32_t world,
                          hixl_kv_connector **out, char *err, size_t err_cap) {
   hixl_kv_status st;
@@ -89,12 +99,7 @@ fail_mgr:
 fail_engine:
   HixlEngineDestroy(c->eng);
 fail_sync:
-  pthread_cond_destroy(&c->load.cond);
-  pthread_cond_destroy(&c->load.renew);
-  pthread_cond_destroy(&c->push.cond);
-  pthread_cond_destroy(&c->push.saved);
-  pthread_cond_destroy(&c->exp.landed);
-  pthread_mutex_destroy(&c->lock);
+  sync_destroy(c);
 fail_cfg:
   kv_config_free(&c->cfg);
   free(c);
@@ -189,12 +194,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   free(c->sched.meta.p);
   if (c->efd >= 0) close(c->efd);
   kv_config_free(&c->cfg);
-  pthread_cond_destroy(&c->load.cond);
-  pthread_cond_destroy(&c->load.renew);
-  pthread_cond_destroy(&c->push.cond);
-  pthread_cond_destroy(&c->push.saved);
-  pthread_cond_destroy(&c->exp.landed);
-  pthread_mutex_destroy(&c->lock);
+  sync_destroy(c);
   free(c);
   return HIXL_KV_SUCCESS;
 }
