@@ -76,9 +76,9 @@ struct kv_pairs {
   size_t n;
 };
 
-/* An op list: (local, remote, len), merged where both sides run on. */
+/* An op list, merged where both sides run on: the engine's descriptors as they are. */
 struct kv_ops {
-  struct kv_piece *v;
+  HixlTransferOpDesc *v;
   size_t n, cap;
   uint64_t bytes;
 };
@@ -100,7 +100,6 @@ hixl_kv_status kv_ops_build(struct kv_ops *o, const struct kv_layout *l, const s
                             uint32_t first, uint32_t count, const struct kv_pairs *pairs, char *why,
                             size_t cap);
 void kv_ops_free(struct kv_ops *o);
-HixlTransferOpDesc *kv_ops_descs(const struct kv_ops *o); /* malloc'ed, o->n of them */
 
 /* A request a producer worker holds for a consumer. */
 struct kv_held {

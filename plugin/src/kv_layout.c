@@ -249,29 +249,25 @@ bool kv_layout_get_planes(struct kv_in *in, const struct kv_layout *l, struct kv
 
 /* ---- op lists ---- */
 
-struct kv_piece {
-  uint64_t local, remote, len;
-};
-
 static int piece_add(struct kv_ops *o, uint64_t local, uint64_t remote, uint64_t len) {
-  if (o->n && o->v[o->n - 1].local + o->v[o->n - 1].len == local && /* the run goes on */
-      o->v[o->n - 1].remote + o->v[o->n - 1].len == remote) {
+  if (o->n && o->v[o->n - 1].local_addr + o->v[o->n - 1].len == local && /* the run goes on */
+      o->v[o->n - 1].remote_addr + o->v[o->n - 1].len == remote) {
     o->v[o->n - 1].len += len;
     return 0;
   }
   if (o->n == o->cap) {
     size_t cap = o->cap ? o->cap * 2 : 256;
-    struct kv_piece *v = realloc(o->v, cap * sizeof(*v));
+    HixlTransferOpDesc *v = realloc(o->v, cap * sizeof(*v));
     if (!v) return -1;
     o->v = v;
     o->cap = cap;
   }
-  o->v[o->n++] = (struct kv_piece){local, remote, len};
+  o->v[o->n++] = (HixlTransferOpDesc){(uintptr_t)local, (uintptr_t)remote, (size_t)len};
   return 0;
 }
 
 static int cmp_piece(const void *a, const void *b) {
-  uint64_t x = ((const struct kv_piece *)a)->local, y = ((const struct kv_piece *)b)->local;
+  uintptr_t x = ((const HixlTransferOpDesc *)a)->local_addr, y = ((const HixlTransferOpDesc *)b)->local_addr;
   return x < y ? -1 : x > y;
 }
 
@@ -321,8 +317,8 @@ hixl_kv_status kv_ops_build(struct kv_ops *o, const struct kv_layout *l, const s
     qsort(o->v, o->n, sizeof(*o->v), cmp_piece);
     size_t k = 0;
     for (size_t j = 1; j < o->n; j++) {
-      struct kv_piece *a = &o->v[k], *b = &o->v[j];
-      if (a->local + a->len == b->local && a->remote + a->len == b->remote)
+      HixlTransferOpDesc *a = &o->v[k], *b = &o->v[j];
+      if (a->local_addr + a->len == b->local_addr && a->remote_addr + a->len == b->remote_addr)
         a->len += b->len;
       else
         o->v[++k] = *b;
@@ -338,13 +334,6 @@ oom:
 void kv_ops_free(struct kv_ops *o) {
   free(o->v);
   memset(o, 0, sizeof(*o));
-}
-
-HixlTransferOpDesc *kv_ops_descs(const struct kv_ops *o) {
-  HixlTransferOpDesc *d = malloc((o->n ? o->n : 1) * sizeof(*d));
-  if (!d) return NULL;
-  for (size_t j = 0; j < o->n; j++) d[j] = (HixlTransferOpDesc){o->v[j].local, o->v[j].remote, o->v[j].len};
-  return d;
 }
 
 /* ---- the memory behind the planes ---- */

@@ -17,6 +17,16 @@
 #include "engine/engine_ext.h"
 #include "kv_int.h"
 
+/* A PIN of e's request; with its hold's number (from the params), so the producer
+ * answers at once for one it bound and does not hold. */
+static void pin_msg(struct kv_out *msg, const struct kv_meta_entry *e) {
+  kv_msg(msg, KV_SVC_PIN, e->rreq, 0, "");
+  if (e->seq) {
+    kv_put_u64(msg, e->epoch);
+    kv_put_u64(msg, e->seq);
+  }
+}
+
 /* PIN e's request on its producer, asking again while the producer has not bound it
  * yet; what it holds into h. */
 static HixlStatus pin(hixl_kv_connector *c, const struct kv_meta_entry *e, uint64_t deadline, uint8_t *ans,
@@ -25,11 +35,7 @@ static HixlStatus pin(hixl_kv_connector *c, const struct kv_meta_entry *e, uint6
   size_t n = 0;
   for (unsigned tries = 0;; tries++) {
     struct kv_out msg = {0};
-    kv_msg(&msg, KV_SVC_PIN, e->rreq, 0, "");
-    if (e->seq) { /* which hold: the producer answers at once for one it bound and does not hold */
-      kv_put_u64(&msg, e->epoch);
-      kv_put_u64(&msg, e->seq);
-    }
+    pin_msg(&msg, e);
     if (kv_call_msg(c, e->remote, &msg, ans, HIXL_CALL_MAX, &n, kv_ms_until(deadline), &st) < 0) {
       snprintf(why, cap, "asking %s for request %s: %s", e->remote, e->rreq, HixlGetLastErrorMessage());
       return st;
@@ -56,11 +62,7 @@ static HixlStatus pin(hixl_kv_connector *c, const struct kv_meta_entry *e, uint6
 /* Read the ops, in engine-sized batches. */
 static HixlStatus pull_ops(hixl_kv_connector *c, const struct kv_meta_entry *e, const struct kv_ops *o,
                            uint64_t deadline, char *why, size_t cap) {
-  HixlTransferOpDesc *d = kv_ops_descs(o);
-  if (!d) {
-    snprintf(why, cap, "out of memory");
-    return HIXL_RESOURCE_EXHAUSTED;
-  }
+  const HixlTransferOpDesc *d = o->v;
   HixlStatus st = HIXL_SUCCESS;
   for (size_t i = 0, k; i < o->n && st == HIXL_SUCCESS; i += k) {
     k = o->n - i < HIXL_MAX_BATCH ? o->n - i : HIXL_MAX_BATCH;
@@ -70,7 +72,6 @@ static HixlStatus pull_ops(hixl_kv_connector *c, const struct kv_meta_entry *e, 
       snprintf(why, cap, "pulling request %s from %s (ops %zu to %zu of %zu): %s", e->rreq, e->remote, i,
                i + k, o->n, left > 0 ? HixlGetLastErrorMessage() : "timed out");
   }
-  free(d);
   return st;
 }
 
@@ -105,11 +106,7 @@ static void *renewer_main(void *arg) {
       struct kv_out msg = {0};
       size_t len = 0;
       HixlStatus st;
-      kv_msg(&msg, KV_SVC_PIN, v[k].rreq, 0, "");
-      if (v[k].seq) {
-        kv_put_u64(&msg, v[k].epoch);
-        kv_put_u64(&msg, v[k].seq);
-      }
+      pin_msg(&msg, &v[k]);
       if (kv_call_msg(c, v[k].remote, &msg, ans, HIXL_CALL_MAX, &len, c->cfg.notify_timeout_ms, &st) == 0) {
         pthread_mutex_lock(&c->lock); /* the pull itself sees any failure */
         c->stats.lookups++;

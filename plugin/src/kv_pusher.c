@@ -112,13 +112,13 @@ static HixlStatus layer_start(hixl_kv_connector *c, struct kv_push *v, uint32_t 
   struct kv_out msg = {0};
   struct kv_ops o = {0};
   struct kv_pairs pairs[KV_MAX_GROUPS];
-  HixlTransferOpDesc *d = NULL;
   push_pairs(c, e, pairs);
   HixlStatus st = kv_ops_build(&o, &c->lay, &v->r, k, count, pairs, why, cap);
   if (st != HIXL_SUCCESS) return st;
   kv_msg(&msg, count > 1 ? KV_SVC_LAYERS : KV_SVC_LAYER, e->rreq, k, "");
   if (count > 1) kv_put_u32(&msg, count);
-  if (msg.bad || !(d = kv_ops_descs(&o))) {
+  const HixlTransferOpDesc *d = o.v;
+  if (msg.bad) {
     st = HIXL_RESOURCE_EXHAUSTED;
     snprintf(why, cap, "out of memory");
     goto out;
@@ -140,7 +140,6 @@ static HixlStatus layer_start(hixl_kv_connector *c, struct kv_push *v, uint32_t 
   c->stats.engine_ops += o.n;
   pthread_mutex_unlock(&c->lock);
 out:
-  free(d);
   free(msg.p);
   kv_ops_free(&o);
   return st;

@@ -59,6 +59,24 @@ static json_object *blocks_json(const uint64_t *v, const uint32_t *gn, uint32_t 
   return all;
 }
 
+/* The kv_transfer_params this side hands out: held (a producer's, for a consumer to
+ * pull) or not (a consumer's push params, for a producer), this worker's address, the
+ * request and its blocks (taken: freed on failure); NULL when out of memory. */
+static json_object *params_new(const hixl_kv_connector *c, const char *id, bool held, json_object *blocks) {
+  json_object *o = blocks ? json_object_new_object() : NULL;
+  if (!o) {
+    json_object_put(blocks);
+    return NULL;
+  }
+  json_object_object_add(o, "do_remote_prefill", json_object_new_boolean(held));
+  json_object_object_add(o, "do_remote_decode", json_object_new_boolean(!held));
+  json_object_object_add(o, "remote_engine", json_object_new_string(c->cfg.address));
+  json_object_object_add(o, "remote_request_id", json_object_new_string(id));
+  json_object_object_add(o, "remote_block_ids", blocks);
+  json_object_object_add(o, "hixl_abi", json_object_new_int(HIXL_KV_ABI_MAJOR));
+  return o;
+}
+
 /* flag: "do_remote_prefill" (a consumer's params, from a producer) or
  * "do_remote_decode" (a producer's, from a consumer in push mode). */
 static bool params_parse(const hixl_kv_request *r, const char *flag, struct kv_params *p, char *why,
@@ -427,19 +445,12 @@ static hixl_kv_status finished(hixl_kv_connector *c, const hixl_kv_request *r, c
                             .seq = c->sched.hold_seq + 1,
                             .ngroups = b->ng};
   memcpy(e.gn, b->gn, sizeof(e.gn));
-  json_object *o = json_object_new_object(), *arr = blocks_json(b->v, b->gn, b->ng);
-  if (o && arr) {
-    json_object_object_add(o, "do_remote_prefill", json_object_new_boolean(1));
-    json_object_object_add(o, "do_remote_decode", json_object_new_boolean(0));
-    json_object_object_add(o, "remote_engine", json_object_new_string(c->cfg.address));
-    json_object_object_add(o, "remote_request_id", json_object_new_string(id));
-    json_object_object_add(o, "remote_block_ids", arr);
+  json_object *o = params_new(c, id, true, blocks_json(b->v, b->gn, b->ng));
+  if (o) {
     json_object_object_add(o, "remote_num_tokens", json_object_new_int64((int64_t)r->num_prompt_tokens));
     json_object_object_add(o, "lease_ms", json_object_new_int64(c->cfg.lease_ms));
-    json_object_object_add(o, "hixl_abi", json_object_new_int(HIXL_KV_ABI_MAJOR));
     json_object_object_add(o, "hold_epoch", json_object_new_int64((int64_t)e.epoch));
     json_object_object_add(o, "hold_seq", json_object_new_int64((int64_t)e.seq));
-    arr = NULL;
   }
   const char *text = o ? json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN) : NULL;
   uint8_t *copy = text ? (uint8_t *)strdup(text) : NULL;
@@ -449,7 +460,6 @@ static hixl_kv_status finished(hixl_kv_connector *c, const hixl_kv_request *r, c
     meta_add(c, &e);
   }
   pthread_mutex_unlock(&c->lock);
-  json_object_put(arr);
   json_object_put(o);
   free(b->v);
   if (!copy) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "request_finished: out of memory");
@@ -491,19 +501,8 @@ hixl_kv_status kv_push_params(hixl_kv_connector *c, const char *req_id, size_t l
   if (a) *pp = a->next;
   pthread_mutex_unlock(&c->lock);
   if (!a) return kv_fail(HIXL_KV_NOT_FOUND, "get_push_params: no blocks were allocated for request %s", id);
-  json_object *o = json_object_new_object(), *arr = blocks_json(a->blocks, a->gn, a->ngroups);
-  char *copy = NULL;
-  if (o && arr) {
-    json_object_object_add(o, "do_remote_prefill", json_object_new_boolean(0));
-    json_object_object_add(o, "do_remote_decode", json_object_new_boolean(1));
-    json_object_object_add(o, "remote_engine", json_object_new_string(c->cfg.address));
-    json_object_object_add(o, "remote_request_id", json_object_new_string(id));
-    json_object_object_add(o, "remote_block_ids", arr);
-    json_object_object_add(o, "hixl_abi", json_object_new_int(HIXL_KV_ABI_MAJOR));
-    arr = NULL;
-    copy = strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
-  }
-  json_object_put(arr);
+  json_object *o = params_new(c, id, false, blocks_json(a->blocks, a->gn, a->ngroups));
+  char *copy = o ? strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN)) : NULL;
   json_object_put(o);
   free(a->blocks);
   free(a);
