@@ -297,6 +297,7 @@ static void test_option_unknown_key(void) {
   TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
   TU_ASSERT_STATUS(HixlEngineInitialize(e, "127.0.0.1", &o, 1), HIXL_PARAM_INVALID);
   TU_ASSERT_ERRMSG_HAS("NoSuchOption");
+  TU_ASSERT_ERRMSG_HAS("StagingUnregistered, RdmaTimeout, RdmaRetryCount)"); /* the known keys, from the table */
   /* Keys are case-sensitive, as HIXL's. */
   o.key = "bufferpool";
   o.value = "4:8";
@@ -351,6 +352,18 @@ static void test_option_service_level(void) {
   EXPECT_OPTION("RdmaServiceLevel", "0", HIXL_SUCCESS);
   EXPECT_OPTION("RdmaServiceLevel", "4", HIXL_SUCCESS);
   EXPECT_OPTION("RdmaServiceLevel", "7", HIXL_SUCCESS);
+}
+
+static void test_option_rdma_timeout_retry(void) {
+  EXPECT_OPTION("RdmaTimeout", "4", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("RdmaTimeout", "21", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("RdmaTimeout", "", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("RdmaTimeout", "5", HIXL_SUCCESS);
+  EXPECT_OPTION("RdmaTimeout", "20", HIXL_SUCCESS);
+  EXPECT_OPTION("RdmaRetryCount", "0", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("RdmaRetryCount", "8", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("RdmaRetryCount", "1", HIXL_SUCCESS);
+  EXPECT_OPTION("RdmaRetryCount", "7", HIXL_SUCCESS);
 }
 
 static void test_option_transport(void) {
@@ -792,6 +805,7 @@ int main(void) {
   CU_add_test(s, "BufferPool", test_option_buffer_pool);
   CU_add_test(s, "RdmaTrafficClass", test_option_traffic_class);
   CU_add_test(s, "RdmaServiceLevel", test_option_service_level);
+  CU_add_test(s, "RdmaTimeout and RdmaRetryCount", test_option_rdma_timeout_retry);
   CU_add_test(s, "Transport", test_option_transport);
   CU_add_test(s, "several options", test_option_several);
   CU_add_test(s, "env HCCL_RDMA_TC/SL and precedence", test_env_precedence);

@@ -45,13 +45,16 @@ static const char *peer_ip(void) {
 
 /* Transport rdma throughout: between engines of one host, auto would pick shm. */
 static int pair_init(void) {
-  static const HixlOption qos[] = {
-      {"RdmaTrafficClass", "104"}, {"RdmaServiceLevel", "3"}, {"Transport", "rdma"}};
+  static const HixlOption qos[] = {{"RdmaTrafficClass", "104"},
+                                   {"RdmaServiceLevel", "3"},
+                                   {"RdmaTimeout", "18"},
+                                   {"RdmaRetryCount", "6"},
+                                   {"Transport", "rdma"}};
   snprintf(g.srv_name, sizeof(g.srv_name), "%s:%u", peer_ip(), (unsigned)tu_free_port());
   g.smem = tu_alloc_mem(MEM, false);
   g.cmem = tu_alloc_mem(MEM, false);
-  g.srv = engine_with(g.srv_name, qos, 3);
-  g.cli = engine_with(tu_ip(), qos, 3);
+  g.srv = engine_with(g.srv_name, qos, 5);
+  g.cli = engine_with(tu_ip(), qos, 5);
   if (!g.smem || !g.cmem || !g.srv || !g.cli) return -1;
   if (!tu_register(g.srv, g.smem, MEM) || !tu_register(g.cli, g.cmem, MEM)) return -1;
   return HixlEngineConnect(g.cli, g.srv_name, 5000) == HIXL_SUCCESS ? 0 : -1;
@@ -80,6 +83,8 @@ static void test_rdma_link_with_qos(void) {
   CU_ASSERT_EQUAL(li.sl_set, 3);
   /* rxe accepts the SL and reports 0 (RoCE without a VLAN has nowhere to carry it). */
   CU_ASSERT_EQUAL(li.sl_queried, strncmp(li.device, "rxe", 3) == 0 ? 0 : 3);
+  CU_ASSERT_EQUAL(li.timeout_queried, 18); /* RdmaTimeout */
+  CU_ASSERT_EQUAL(li.retry_queried, 6);    /* RdmaRetryCount */
 }
 
 static void test_sizes(void) {
@@ -316,17 +321,20 @@ static void test_stage_rdma_fallback(void) {
   free(back);
 }
 
-/* Traffic class and SL from the environment when no option gives them. */
+/* Traffic class, SL and ack timeout from the environment when no option gives them;
+ * the retry count keeps its default (HIXL's: 7). */
 static void test_env_qos(void) {
   static const HixlOption rdma = {"Transport", "rdma"};
   char name[TU_ADDR_LEN];
   struct hixl_link_info li;
   setenv("HCCL_RDMA_TC", "8", 1);
   setenv("HCCL_RDMA_SL", "5", 1);
+  setenv("HCCL_RDMA_TIMEOUT", "19", 1);
   HixlEngine *s = engine_with(tu_addr(name, sizeof(name), tu_free_port()), &rdma, 1);
   HixlEngine *c = engine_with(tu_ip(), &rdma, 1);
   unsetenv("HCCL_RDMA_TC");
   unsetenv("HCCL_RDMA_SL");
+  unsetenv("HCCL_RDMA_TIMEOUT");
   CU_ASSERT_PTR_NOT_NULL_FATAL(s);
   CU_ASSERT_PTR_NOT_NULL_FATAL(c);
   TU_ASSERT_OK(HixlEngineConnect(c, name, 5000));
@@ -334,6 +342,8 @@ static void test_env_qos(void) {
   CU_ASSERT_EQUAL(li.rdma, 1);
   CU_ASSERT_EQUAL(li.tc_queried, 8);
   CU_ASSERT_EQUAL(li.sl_set, 5);
+  CU_ASSERT_EQUAL(li.timeout_queried, 19);
+  CU_ASSERT_EQUAL(li.retry_queried, 7);
   HixlEngineDestroy(c);
   HixlEngineDestroy(s);
 }

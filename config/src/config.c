@@ -135,12 +135,13 @@ static const struct row key_rows[] = {
      false,
      false},
 };
+#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define N_KEY_ROWS (sizeof(key_rows) / sizeof(key_rows[0]))
 #define MAX_ROWS   64
 
 /* The engine's options, as rows; which of them take JSON numbers or booleans. */
 static const char *const engine_int_keys[] = {"RdmaTrafficClass", "RdmaServiceLevel", "RdmaGidIndex",
-                                              "StagingThreshold"};
+                                              "StagingThreshold", "RdmaTimeout", "RdmaRetryCount"};
 static const char *const engine_bool_keys[] = {"StagingUnregistered"};
 
 static struct row rows[MAX_ROWS];
@@ -164,8 +165,8 @@ static void rows_init(void) {
                      0,
                      0,
                      NULL,
-                     in_list(eo[i].name, engine_int_keys, 4),
-                     in_list(eo[i].name, engine_bool_keys, 1)};
+                     in_list(eo[i].name, engine_int_keys, ARRAY_LEN(engine_int_keys)),
+                     in_list(eo[i].name, engine_bool_keys, ARRAY_LEN(engine_bool_keys))};
   }
 }
 

@@ -38,6 +38,8 @@ struct hixl_link_info {
   uint8_t sl_set;
   uint8_t tc_queried; /* as ibv_query_qp reports them (rxe reports SL 0: it drops it) */
   uint8_t sl_queried;
+  uint8_t timeout_queried; /* ack timeout exponent and retry count, as ibv_query_qp reports them */
+  uint8_t retry_queried;
   char transport[8];     /* "tcp", "rdma" or "shm" */
   uint32_t peer_pid;     /* shm: the target process copies go to and from */
   uint32_t mapped;       /* shm: the target's regions mapped here (its HixlEngineAllocMem memory) */

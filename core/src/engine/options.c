@@ -2,6 +2,7 @@
 #include "engine/options.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +43,12 @@ static bool parse_tc(const char *s, struct hixl_options *o) {
 }
 
 static bool parse_sl(const char *s, struct hixl_options *o) { return parse_u32(s, 0, 7, &o->rdma_sl); }
+
+static bool parse_timeout(const char *s, struct hixl_options *o) {
+  return parse_u32(s, 5, 20, &o->rdma_timeout);
+}
+
+static bool parse_retry(const char *s, struct hixl_options *o) { return parse_u32(s, 1, 7, &o->rdma_retry); }
 
 static bool parse_device(const char *s, struct hixl_options *o) {
   if (!s || strlen(s) >= sizeof(o->rdma_device) || strpbrk(s, " /")) return false;
@@ -84,33 +91,45 @@ static bool parse_transport(const char *s, struct hixl_options *o) {
 
 const char *hixl_transport_name(enum hixl_transport t) { return (unsigned)t < 4 ? transport_names[t] : "?"; }
 
-static const hixl_option_info option_info[] = {
-    {"BufferPool", "4:8", NULL, "\"NUM:SIZE_MB\", NUM in [0,1024], SIZE_MB in [0,4096], \"0:0\" off",
-     "staging buffers: NUM buffers of SIZE_MB MiB each"},
-    {"RdmaTrafficClass", "132", "HCCL_RDMA_TC", "[0,255], a multiple of 4",
-     "RDMA traffic class (GRH traffic_class) of every QP"},
-    {"RdmaServiceLevel", "4", "HCCL_RDMA_SL", "[0,7]", "RDMA service level of every QP"},
-    {"Transport", "auto", NULL, "auto | tcp | rdma | shm",
-     "data transport; auto picks the best both peers support"},
-    {"RdmaDevice", "", NULL,
-     "an RDMA device name such as rxe0 or mlx5_0; \"\" finds the device that owns the IP",
-     "RDMA device to use"},
-    {"RdmaGidIndex", "auto", NULL, "auto, or [0,255]",
-     "GID index; auto picks the RoCE v2 GID of the engine's IP"},
-    {"StagingThreshold", "auto", NULL, "auto, or [0,1048576] bytes; 0 never packs",
-     "ops shorter than this, on tcp and rdma links, are packed through the staging pool; auto: 4096 "
-     "on tcp links, 4096 on rdma links"},
-    {"StagingUnregistered", "off", NULL, "on | off",
-     "as a target: let peers' staged ops reach host memory this engine did not register"},
-};
-static const opt_parse_fn option_parse[] = {parse_pool,      parse_tc,          parse_sl,
-                                            parse_transport, parse_device,      parse_gid_index,
-                                            parse_threshold, parse_unregistered};
+/* The one table of options: name, default, environment variable, range, meaning,
+ * parser. Parsing, validation, HixlEngineOptionTable and config/'s rows come from it. */
+#define HIXL_OPTIONS(X)                                                                                      \
+  X("BufferPool", "4:8", NULL, "\"NUM:SIZE_MB\", NUM in [0,1024], SIZE_MB in [0,4096], \"0:0\" off",         \
+    "staging buffers: NUM buffers of SIZE_MB MiB each", parse_pool)                                          \
+  X("RdmaTrafficClass", "132", "HCCL_RDMA_TC", "[0,255], a multiple of 4",                                   \
+    "RDMA traffic class (GRH traffic_class) of every QP", parse_tc)                                          \
+  X("RdmaServiceLevel", "4", "HCCL_RDMA_SL", "[0,7]", "RDMA service level of every QP", parse_sl)            \
+  X("Transport", "auto", NULL, "auto | tcp | rdma | shm",                                                    \
+    "data transport; auto picks the best both peers support", parse_transport)                               \
+  X("RdmaDevice", "", NULL,                                                                                  \
+    "an RDMA device name such as rxe0 or mlx5_0; \"\" finds the device that owns the IP",                    \
+    "RDMA device to use", parse_device)                                                                      \
+  X("RdmaGidIndex", "auto", NULL, "auto, or [0,255]",                                                        \
+    "GID index; auto picks the RoCE v2 GID of the engine's IP", parse_gid_index)                             \
+  X("StagingThreshold", "auto", NULL, "auto, or [0,1048576] bytes; 0 never packs",                           \
+    "ops shorter than this, on tcp and rdma links, are packed through the staging pool; auto: 4096 "         \
+    "on tcp links, 4096 on rdma links",                                                                      \
+    parse_threshold)                                                                                         \
+  X("StagingUnregistered", "off", NULL, "on | off",                                                          \
+    "as a target: let peers' staged ops reach host memory this engine did not register", parse_unregistered) \
+  X("RdmaTimeout", "20", "HCCL_RDMA_TIMEOUT", "[5,20]",                                                      \
+    "RDMA ack timeout of every QP: 4.096 us * 2^value before a retransmission (20: 4.3 s)", parse_timeout)   \
+  X("RdmaRetryCount", "7", "HCCL_RDMA_RETRY_CNT", "[1,7]",                                                   \
+    "RDMA retransmissions of every QP before its work request fails", parse_retry)
+
+#define OPTION_INFO(name, def, env, range, doc, parse)  {name, def, env, range, doc},
+#define OPTION_PARSE(name, def, env, range, doc, parse) parse,
+static const hixl_option_info option_info[] = {HIXL_OPTIONS(OPTION_INFO)};
+static const opt_parse_fn option_parse[] = {HIXL_OPTIONS(OPTION_PARSE)};
 #define N_OPTIONS (sizeof(option_info) / sizeof(option_info[0]))
 
-const hixl_option_info *hixl_options_table(size_t *count) {
-  *count = N_OPTIONS;
-  return option_info;
+static HixlStatus unknown_key(const char *key) {
+  char known[512];
+  size_t len = 0;
+  known[0] = '\0';
+  for (size_t k = 0; k < N_OPTIONS && len < sizeof(known); k++)
+    len += (size_t)snprintf(known + len, sizeof(known) - len, "%s%s", k ? ", " : "", option_info[k].name);
+  return hixl_fail(HIXL_PARAM_INVALID, "unknown option \"%s\" (known: %s)", key, known);
 }
 
 static HixlStatus bad_value(const hixl_option_info *info, const char *value, const char *from) {
@@ -127,12 +146,7 @@ HixlStatus hixl_options_parse(const HixlOption *opts, size_t n, struct hixl_opti
     size_t k = 0;
     if (!opts[i].key) return hixl_fail(HIXL_PARAM_INVALID, "option %zu has a NULL key", i);
     while (k < N_OPTIONS && strcmp(opts[i].key, option_info[k].name) != 0) k++;
-    if (k == N_OPTIONS)
-      return hixl_fail(HIXL_PARAM_INVALID,
-                       "unknown option \"%s\" (known: BufferPool, RdmaTrafficClass, "
-                       "RdmaServiceLevel, Transport, RdmaDevice, RdmaGidIndex, StagingThreshold, "
-                       "StagingUnregistered)",
-                       opts[i].key);
+    if (k == N_OPTIONS) return unknown_key(opts[i].key);
     if (given[k]) return hixl_fail(HIXL_PARAM_INVALID, "option %s given twice", opts[i].key);
     if (!option_parse[k](opts[i].value, &o)) return bad_value(&option_info[k], opts[i].value, "option");
     given[k] = true;
@@ -158,7 +172,7 @@ HixlStatus HixlEngineCheckOption(const char *key, const char *value) {
   size_t k = 0;
   if (!key || !value) return hixl_fail(HIXL_PARAM_INVALID, "key or value is NULL");
   while (k < N_OPTIONS && strcmp(key, option_info[k].name) != 0) k++;
-  if (k == N_OPTIONS) return hixl_fail(HIXL_PARAM_INVALID, "unknown option \"%s\"", key);
+  if (k == N_OPTIONS) return unknown_key(key);
   for (size_t i = 0; i < N_OPTIONS; i++) option_parse[i](option_info[i].def, &o);
   if (!option_parse[k](value, &o)) return bad_value(&option_info[k], value, "option");
   return HIXL_SUCCESS;

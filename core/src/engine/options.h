@@ -19,6 +19,8 @@ struct hixl_options {
   uint32_t pool_size_mb; /* BufferPool: MiB each */
   uint32_t rdma_tc;      /* RdmaTrafficClass */
   uint32_t rdma_sl;      /* RdmaServiceLevel */
+  uint32_t rdma_timeout; /* RdmaTimeout: QP ack timeout, 4.096 us * 2^value */
+  uint32_t rdma_retry;   /* RdmaRetryCount: QP retransmissions before a work request fails */
   enum hixl_transport transport;
   char rdma_device[64];      /* RdmaDevice: "" finds the device that owns the engine's IP */
   int32_t rdma_gid_index;    /* RdmaGidIndex: -1 picks the RoCE v2 GID of the engine's IP */
@@ -32,8 +34,6 @@ typedef HixlEngineOptionInfo hixl_option_info;
 
 /* Parse options over defaults and env; PARAM_INVALID names key, value and range. */
 HixlStatus hixl_options_parse(const HixlOption *opts, size_t n, struct hixl_options *out);
-/* The table, for printing a reference; *count rows. */
-const hixl_option_info *hixl_options_table(size_t *count);
 const char *hixl_transport_name(enum hixl_transport t);
 
 #endif

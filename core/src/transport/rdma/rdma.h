@@ -62,13 +62,19 @@ uint32_t rdma_mr_rkey(const struct ibv_mr *mr);
 
 /* Create an RC QP in INIT and fill *local with what the peer needs. */
 struct ibv_qp *rdma_qp_new(struct rdma_dev *d, struct rdma_qp_info *local, char *err, size_t errlen);
-/* Move qp to RTR then RTS toward remote, with GRH traffic class and SL. */
+/* What every QP carries: GRH traffic class, SL, ack timeout (4.096 us * 2^timeout) and
+ * retransmissions before a work request fails. */
+struct rdma_qp_params {
+  uint8_t tc, sl, timeout, retry;
+};
+/* Move qp to RTR then RTS toward remote, with *p. */
 int rdma_qp_connect(struct rdma_dev *d, struct ibv_qp *qp, const struct rdma_qp_info *local,
-                    const struct rdma_qp_info *remote, uint8_t tc, uint8_t sl, char *err, size_t errlen);
+                    const struct rdma_qp_info *remote, const struct rdma_qp_params *p, char *err,
+                    size_t errlen);
 void rdma_qp_free(struct ibv_qp *qp);
 uint32_t rdma_qp_num(const struct ibv_qp *qp);
-/* Read back the traffic class and SL the QP carries (ibv_query_qp). */
-int rdma_qp_qos(struct ibv_qp *qp, uint8_t *tc, uint8_t *sl);
+/* Read back what the QP carries (ibv_query_qp). */
+int rdma_qp_query(struct ibv_qp *qp, struct rdma_qp_params *out);
 
 /* Post one RDMA WRITE (write=true) or READ. 0, or an errno value. */
 int rdma_post(struct ibv_qp *qp, bool write, void *laddr, uint32_t len, uint32_t lkey, uint64_t raddr,

@@ -205,7 +205,8 @@ struct ibv_qp *rdma_qp_new(struct rdma_dev *d, struct rdma_qp_info *local, char 
 }
 
 int rdma_qp_connect(struct rdma_dev *d, struct ibv_qp *qp, const struct rdma_qp_info *local,
-                    const struct rdma_qp_info *remote, uint8_t tc, uint8_t sl, char *err, size_t errlen) {
+                    const struct rdma_qp_info *remote, const struct rdma_qp_params *p, char *err,
+                    size_t errlen) {
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR,
                           .path_mtu = (enum ibv_mtu)(remote->mtu < d->mtu ? remote->mtu : d->mtu),
                           .dest_qp_num = remote->qpn,
@@ -216,8 +217,8 @@ int rdma_qp_connect(struct rdma_dev *d, struct ibv_qp *qp, const struct rdma_qp_
   memcpy(a.ah_attr.grh.dgid.raw, remote->gid, 16);
   a.ah_attr.grh.sgid_index = (uint8_t)d->gid_index;
   a.ah_attr.grh.hop_limit = 64;
-  a.ah_attr.grh.traffic_class = tc; /* RdmaTrafficClass: the IP TOS byte on RoCE v2 */
-  a.ah_attr.sl = sl;                /* RdmaServiceLevel */
+  a.ah_attr.grh.traffic_class = p->tc; /* RdmaTrafficClass: the IP TOS byte on RoCE v2 */
+  a.ah_attr.sl = p->sl;                /* RdmaServiceLevel */
   a.ah_attr.port_num = d->port;
   if (ibv_modify_qp(qp, &a,
                     IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
@@ -227,8 +228,8 @@ int rdma_qp_connect(struct rdma_dev *d, struct ibv_qp *qp, const struct rdma_qp_
     return -1;
   }
   struct ibv_qp_attr b = {.qp_state = IBV_QPS_RTS,
-                          .timeout = 14,
-                          .retry_cnt = 7,
+                          .timeout = p->timeout, /* RdmaTimeout */
+                          .retry_cnt = p->retry, /* RdmaRetryCount */
                           .rnr_retry = 7,
                           .sq_psn = local->psn,
                           .max_rd_atomic = (uint8_t)d->max_rd_atom};
@@ -247,12 +248,12 @@ void rdma_qp_free(struct ibv_qp *qp) {
 
 uint32_t rdma_qp_num(const struct ibv_qp *qp) { return qp->qp_num; }
 
-int rdma_qp_qos(struct ibv_qp *qp, uint8_t *tc, uint8_t *sl) {
+int rdma_qp_query(struct ibv_qp *qp, struct rdma_qp_params *out) {
   struct ibv_qp_attr a;
   struct ibv_qp_init_attr ia;
-  if (ibv_query_qp(qp, &a, IBV_QP_AV, &ia) != 0) return -1;
-  *tc = a.ah_attr.grh.traffic_class;
-  *sl = a.ah_attr.sl;
+  if (ibv_query_qp(qp, &a, IBV_QP_AV | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT, &ia) != 0) return -1;
+  *out = (struct rdma_qp_params){
+      .tc = a.ah_attr.grh.traffic_class, .sl = a.ah_attr.sl, .timeout = a.timeout, .retry = a.retry_cnt};
   return 0;
 }
 

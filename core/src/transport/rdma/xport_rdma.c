@@ -111,6 +111,13 @@ static size_t put_qp_frame(uint8_t *buf, size_t cap, enum wire_type type, uint32
   return wire_end(&w, 0);
 }
 
+static struct rdma_qp_params qp_params_of(const struct hixl_options *o) {
+  return (struct rdma_qp_params){.tc = (uint8_t)o->rdma_tc,
+                                 .sl = (uint8_t)o->rdma_sl,
+                                 .timeout = (uint8_t)o->rdma_timeout,
+                                 .retry = (uint8_t)o->rdma_retry};
+}
+
 static void qp_info_of(const struct wire_msg *m, struct rdma_qp_info *qi) {
   qi->qpn = m->u.qp.qpn;
   qi->psn = m->u.qp.psn;
@@ -162,8 +169,8 @@ static HixlStatus erdma_connect(struct HixlEngine *e, int fd, uint64_t deadline,
     goto free_qp;
   }
   qp_info_of(&m, &peer);
-  if (rdma_qp_connect(d, qp, &local, &peer, (uint8_t)e->opts.rdma_tc, (uint8_t)e->opts.rdma_sl, err,
-                      sizeof(err)) != 0) {
+  struct rdma_qp_params qp_params = qp_params_of(&e->opts);
+  if (rdma_qp_connect(d, qp, &local, &peer, &qp_params, err, sizeof(err)) != 0) {
     st = hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s: %s", remote, err);
     goto free_qp;
   }
@@ -203,8 +210,8 @@ static void erdma_target_connect(struct conn *c, const struct wire_msg *m) {
   qp_info_of(m, &peer);
   if (eng_of(e) && !link_of(c) && !(l = calloc(1, sizeof(*l)))) snprintf(err, sizeof(err), "out of memory");
   if (l && (l->qp = rdma_qp_new(&eng_of(e)->dev, &local, err, sizeof(err)))) {
-    if (rdma_qp_connect(&eng_of(e)->dev, l->qp, &local, &peer, (uint8_t)e->opts.rdma_tc,
-                        (uint8_t)e->opts.rdma_sl, err, sizeof(err)) == 0) {
+    struct rdma_qp_params qp_params = qp_params_of(&e->opts);
+    if (rdma_qp_connect(&eng_of(e)->dev, l->qp, &local, &peer, &qp_params, err, sizeof(err)) == 0) {
       status = 0;
       c->xs[XPORT_RDMA] = l;
       c->xp = &xport_rdma;
@@ -372,8 +379,13 @@ static HixlStatus erdma_info(const struct conn *c, struct hixl_link_info *info) 
   snprintf(info->device, sizeof(info->device), "%s", eng_of(e)->dev.name);
   info->tc_set = (uint8_t)e->opts.rdma_tc;
   info->sl_set = (uint8_t)e->opts.rdma_sl;
-  if (rdma_qp_qos(link_of(c)->qp, &info->tc_queried, &info->sl_queried) != 0)
+  struct rdma_qp_params q;
+  if (rdma_qp_query(link_of(c)->qp, &q) != 0)
     return hixl_fail(HIXL_FAILED, "hixl_engine_link_info: ibv_query_qp on QP 0x%x failed", info->qpn);
+  info->tc_queried = q.tc;
+  info->sl_queried = q.sl;
+  info->timeout_queried = q.timeout;
+  info->retry_queried = q.retry;
   return HIXL_SUCCESS;
 }
 
