@@ -13,6 +13,7 @@
 #include "engine/engine_ext.h"
 #include "engine/options.h"
 #include "engine/xport.h"
+#include "engine/xport_link.h"
 #include "hixl/hixl_engine.h"
 #include "util/memtab.h"
 #include "util/ptrset.h"
@@ -21,83 +22,6 @@
 #define ENGINE_TCP_CHUNK (1u << 20) /* ops larger than this are split */
 #define ENGINE_RXBUF     (256u << 10)
 #define ENGINE_NAME_MAX  64
-
-struct hixl_mem_reg {
-  struct memtab_entry range; /* first: the memtab holds pointers to it */
-  HixlMemType type;
-  uint32_t inflight;          /* chunks in flight that touch the range, either role */
-  char tag[WIRE_MAX_TAG + 1]; /* advertised with the range; "" when untagged */
-  void *xmem;                 /* what the transport registering memory keeps (rdma: the MR) */
-  int memfd;                  /* HixlEngineAllocMem's memory: its memfd (-1: the caller's memory) */
-  size_t map_len;             /* ... and the length of its mapping */
-  bool sealed;                /* ... sealed against shrinking and growing: peers may map it */
-  bool unsharing;             /* ... FreeMem waits for peers to unmap it */
-  uint32_t unshare_wait;      /* ... peers that still have to answer */
-};
-
-/* A peer's registration as it advertised it. */
-struct remote_mem {
-  struct memtab_entry range; /* first: the peer's memtab holds pointers to it */
-  uint32_t rkey;             /* RDMA remote key, 0 without RDMA */
-  char tag[WIRE_MAX_TAG + 1];
-};
-
-/* One frame to send: a small inline header, or a heap frame, then an optional
- * payload taken straight from registered memory. */
-struct txitem {
-  struct txitem *next;
-  uint8_t hdr[WIRE_SMALL_FRAME];
-  uint32_t hdr_len;
-  uint8_t *heap; /* owned; freed once sent */
-  size_t heap_len;
-  const uint8_t *payload;
-  size_t payload_len;
-  const struct stage_seg *gather; /* instead of payload: laddr ranges sent in order */
-  uint32_t ngather;
-  /* A target's STAGE_READ answer: an owned payload, or its ranges gathered in place
-   * (own_block: the gather list, then the registrations held until sent). */
-  uint8_t *own_payload;
-  void *own_block;
-  struct hixl_mem_reg **own_regs;
-  uint32_t n_own_regs;
-  size_t queued;            /* bytes counted in the link's stage_queued */
-  size_t sent;              /* bytes of hdr, heap and payload sent so far */
-  struct chunk *chunk;      /* initiator: awaits a response once sent */
-  struct hixl_mem_reg *reg; /* target READ_RESP: inflight released once sent */
-};
-
-enum chunk_kind { CHUNK_WRITE, CHUNK_READ, CHUNK_NOTIFY, CHUNK_SYNC, CHUNK_SWRITE, CHUNK_SREAD, CHUNK_CALL };
-
-/* One staged op, or a piece of one: local and remote ranges of the same length. */
-struct stage_seg {
-  uint64_t laddr, raddr;
-  uint32_t len;
-};
-/* One request frame an initiator sends and the response it waits for. */
-struct chunk {
-  struct txitem tx;
-  struct chunk *next_pending;
-  struct hixl_transfer_req *req;
-  struct hixl_mem_reg *lreg; /* NULL for notify */
-  uint8_t *laddr;
-  uint64_t raddr;
-  uint32_t rkey; /* RDMA: the remote registration's key */
-  uint32_t len;
-  uint64_t seq;
-  enum chunk_kind kind;
-  /* A staged unit (CHUNK_SWRITE / CHUNK_SREAD): ranges packed through one pool
-   * buffer, sent as one STAGE_WRITE / STAGE_READ on the link's socket. */
-  struct stage_seg *segs; /* into the request's array */
-  uint32_t nsegs;
-  bool waiting;       /* in the pool's queue, no buffer yet */
-  bool srdma;         /* sent as STAGE_PULL / STAGE_PUSH: the target moves the data by RDMA */
-  uint8_t *sbuf;      /* the pool buffer, once it has one */
-  struct conn *sconn; /* the link it goes on, while it waits */
-  struct chunk *next_wait;
-  uint32_t *call_len;            /* CHUNK_CALL: where the answer's length goes (laddr, len: its buffer) */
-  const struct xport_ops *owner; /* the module told of its answer and its end (staged units) */
-  uint8_t answer;                /* the answer's wire type, when not the kind's usual one */
-};
 
 struct hixl_transfer_req {
   struct HixlEngine *eng;
@@ -135,6 +59,7 @@ struct conn {
   enum conn_role role;
   bool dead;
   bool want_out; /* EPOLLOUT armed */
+  uint32_t walk; /* the last link_each that visited it */
   /* Who reads an initiator link: the progress thread; a sync caller (link_drive);
    * or nobody while nothing is pending (parked: only a hang-up wakes the thread). */
   enum { RX_PROGRESS, RX_CALLER, RX_PARKED } rx;
@@ -155,10 +80,8 @@ struct conn {
   bool pay_span_remote;               /* the spans' raddr (target) rather than laddr (initiator) */
   bool pay_discard;                   /* drop the rest (the caller gave up, or the target refused) */
   struct chunk *pay_chunk;            /* initiator READ_RESP being received */
-  struct hixl_mem_reg *pay_reg;       /* target WRITE_REQ being received */
   const struct xport_ops *pay_module; /* target: the module whose frame asked for the payload */
-  uint64_t pay_seq;
-  uint32_t pay_status;
+  struct link_pay pay;                /* ... and what it keeps about it (link_pay_of) */
   /* target: the last seq of a WRITE refused here (CALL_AFTER checks it) */
   uint64_t write_refused;
   bool stalled;        /* a module paused reading frames (a target's RDMA staged unit is on the QP) */
@@ -191,7 +114,8 @@ struct stage_pool {
   size_t buf_size; /* bytes per buffer */
   size_t unit;     /* bytes per staged unit: min(buf_size, WIRE_MAX_STAGE) */
   uint32_t num;
-  void *mr; /* the rdma transport's MR of the whole pool, for STAGE_PULL / STAGE_PUSH */
+  void *mr;                       /* the whole pool registered with mr_mod (bounce_reg), or NULL */
+  const struct xport_ops *mr_mod; /* the transport whose links then carry STAGE_PULL / STAGE_PUSH */
   uint8_t **free;
   uint32_t nfree;
   struct chunk *wait_head, *wait_tail;
@@ -224,6 +148,7 @@ struct HixlEngine {
   struct peer *peers;
   struct conn *conns;
   struct conn *graveyard;                   /* killed, freed by the progress thread after a batch */
+  uint32_t walks;                           /* link_each walks begun */
   const struct xport_ops *mods[XPORT_MODS]; /* the transports and the staging pool (xport.h) */
   void *xe[XPORT_MODS];                     /* each module's engine state, or NULL */
   const struct xport_ops *frame_owner[WIRE_TYPE_MAX_ + 1]; /* target frames a module owns */
@@ -243,21 +168,7 @@ int link_watch_listener(struct HixlEngine *e);
 void link_stop(struct HixlEngine *e);
 struct conn *link_conn_new(struct HixlEngine *e, int fd, enum conn_role role);
 int link_conn_watch(struct conn *c);
-void link_conn_kill(struct conn *c, HixlStatus st, const char *why);
-void link_flush(struct conn *c);
-/* Send at most budget bytes now; what is left goes on from the progress thread
- * (EPOLLOUT) or a driving caller. Submitting threads use LINK_CALLER_SEND. */
-void link_flush_some(struct conn *c, size_t budget);
-#define LINK_CALLER_SEND (256u << 10)
-void link_enqueue(struct conn *c, struct txitem *it);
-/* Queue a frame of at most WIRE_SMALL_FRAME bytes (then an optional payload whose
- * registration, if any, is released once sent); -1 when memory runs out. */
-int link_queue_small(struct conn *c, const uint8_t *frame, size_t len, const uint8_t *payload,
-                     size_t payload_len, struct hixl_mem_reg *reg);
-/* Queue a copy of a built frame; out of memory kills the link. */
-void link_queue_copy(struct conn *c, const uint8_t *frame, size_t len);
 void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct hixl_mem_reg *r);
-void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why);
 void link_req_maybe_free(struct hixl_transfer_req *r);
 /* Attach th, a CALL chunk whose frame holds its request, to r (lock held): it leaves
  * on c when r's other chunks have all ended with SUCCESS; it may leave at once. */
@@ -268,30 +179,14 @@ void link_then_attach(struct hixl_transfer_req *r, struct conn *c, struct chunk 
  * the target serves only if none of them was refused there. */
 void link_then_behind(struct hixl_transfer_req *r, struct conn *c, struct chunk *th, uint16_t service,
                       uint32_t len);
-/* A target refused the data of the WRITE (or STAGE_WRITE) seq: a CALL_AFTER behind it fails. */
-static inline void link_write_refused(struct conn *c, uint64_t seq) {
-  if (seq > c->write_refused) c->write_refused = seq;
-}
 /* r gave up (its deadline): a CALL still held ends with st, why. */
 void link_then_cancel(struct hixl_transfer_req *r, HixlStatus st, const char *why);
 void link_drive(struct conn *c, struct hixl_transfer_req *r);
-void link_unpark(struct conn *c);
-bool link_alive(struct conn *c);
-void link_pay_single(struct conn *c, uint8_t *dst, size_t len); /* a payload for dst (NULL: drop it) */
-void link_pay_spans(struct conn *c, const struct stage_seg *s, uint32_t n, bool remote, size_t len,
-                    bool discard); /* ... scattered over n spans, in order */
-void link_rearm(struct conn *c);   /* tell epoll again what to watch (a target stalled or not) */
-void link_resume(struct conn *c);  /* a stalled target link reads again: frames waiting first */
 void link_take_pending(struct conn *c);
 void link_free_graveyard(struct HixlEngine *e);
 void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me);
-/* During Connect (blocking socket, no lock): receive the next frame into buf (header,
- * then body), applying the MEM_ADD / MEM_DEL the target sends meanwhile to p. */
-HixlStatus link_handshake_recv(int fd, uint64_t deadline, struct peer *p, uint8_t *buf, size_t cap,
-                               struct wire_hdr *h);
 size_t link_mem_entry_len(const struct hixl_mem_reg *r);
 uint32_t link_mem_key(const struct HixlEngine *e, const struct hixl_mem_reg *r); /* the transports' key */
 uint32_t link_caps(const struct HixlEngine *e); /* WIRE_CAP_* this engine advertises */
-void link_wake(struct HixlEngine *e);           /* the progress thread looks at its work now */
 
 #endif

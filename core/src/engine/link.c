@@ -198,8 +198,8 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
   c->dead = true;
   snprintf(msg, sizeof(msg), "link %s %s: %s", c->role == CONN_INITIATOR ? "to" : "from",
            c->remote_name[0] ? c->remote_name : "(handshaking peer)", why);
-  if (c->pay_reg) c->pay_reg->inflight--;
-  c->pay_reg = NULL;
+  if (c->pay.reg) c->pay.reg->inflight--;
+  c->pay.reg = NULL;
   if (c->pay_chunk) link_chunk_end(c->pay_chunk, st, msg); /* READ data cut off mid-payload */
   c->pay_chunk = NULL;
   for (int i = 0; i < XPORT_MODS; i++)

@@ -18,7 +18,6 @@
 
 #include "engine/engine_int.h"
 #include "engine/stage.h"
-#include "transport/rdma/xport_rdma.h"
 #include "transport/shm/cma.h"
 #include "util/log.h"
 #include "util/sock.h"
@@ -34,8 +33,8 @@ struct stage_link {
   uint32_t tsegs_n, tsegs_cap;
   uint8_t *tbuf; /* bounce buffer: unregistered ranges, and units moved by RDMA */
   size_t tbuf_cap;
-  struct ibv_mr *tbuf_mr; /* tbuf registered, once a STAGE_PULL / STAGE_PUSH needed it */
-  uint64_t stall_seq;     /* the STAGE_PULL / STAGE_PUSH whose WR is on the QP */
+  void *tbuf_mr;      /* tbuf registered (bounce_reg of the link's transport) for a STAGE_PULL / PUSH */
+  uint64_t stall_seq; /* the STAGE_PULL / STAGE_PUSH whose WR is on the QP */
   bool stall_pull;
 };
 
@@ -71,24 +70,29 @@ static HixlStatus stage_open(struct HixlEngine *e) {
   return HIXL_SUCCESS;
 }
 
+/* The pool registered with the transport that moves staged units itself (its bounce
+ * hooks: rdma), when this engine has one. */
 static void stage_open_rdma(struct HixlEngine *e) {
   struct stage_pool *p = &e->pool;
-  struct rdma_dev *d = erdma_dev(e);
   char err[384];
-  if (!d || !p->mem) return;
-  p->mr = rdma_reg(d, p->mem, p->mem_len, err, sizeof(err));
-  /* Not fatal: without the MR, staged units on rdma links go over the socket and
-   * small ops there are not packed. Memory the caller registers may still fit. */
-  if (!p->mr)
-    log_warn("engine %s: BufferPool %u:%u is not registered with %s, so staged data on rdma links goes "
-             "over the socket: %s",
-             e->local_name, e->opts.pool_num, e->opts.pool_size_mb, d->name, err);
+  if (!p->mem) return;
+  for (int i = 0; i < XPORT_MODS && !p->mr; i++) {
+    const struct xport_ops *x = e->mods[i];
+    if (!x || !(x->flags & XPORT_STAGE_RDMA) || !x->bounce_reg) continue;
+    p->mr = x->bounce_reg(e, p->mem, p->mem_len, err, sizeof(err));
+    if (p->mr)
+      p->mr_mod = x;
+    else if (err[0]) /* not fatal: staged units on its links go over the socket, small ops unpacked */
+      log_warn("engine %s: BufferPool %u:%u is not registered with %s, so staged data on its links goes "
+               "over the socket: %s",
+               e->local_name, e->opts.pool_num, e->opts.pool_size_mb, x->name, err);
+  }
 }
 
 /* Before the RDMA device closes (modules close in reverse order): the pool's MR first. */
 static void stage_close(struct HixlEngine *e) {
   struct stage_pool *p = &e->pool;
-  rdma_dereg(p->mr);
+  if (p->mr) p->mr_mod->bounce_dereg(p->mr);
   if (p->mem) munmap(p->mem, p->mem_len);
   free(p->free);
   memset(p, 0, sizeof(*p));
@@ -186,12 +190,11 @@ static int unit_queue(struct stage_pool *p, struct chunk *ch, struct conn *c) {
   ch->seq = c->next_seq++; /* numbered now: frames go out, and answers come back, in this order */
   /* On a QP the target moves the packed data itself (one RDMA READ or WRITE of this
    * buffer); otherwise the data follows the frame on the socket. */
-  ch->srdma = (c->xp->flags & XPORT_STAGE_RDMA) && erdma_has_qp(c) && p->mr && c->peer &&
-              (c->peer->caps & WIRE_CAP_STAGE_RDMA);
+  ch->srdma = c->xp == p->mr_mod && c->xp->post_own && c->peer && (c->peer->caps & WIRE_CAP_STAGE_RDMA);
   ch->answer = ch->srdma ? WIRE_WRITE_ACK : 0; /* STAGE_PULL / STAGE_PUSH are answered by WRITE_ACK */
   if (ch->srdma)
     flen = wire_put_stage_rdma(frame, write ? WIRE_STAGE_PULL : WIRE_STAGE_PUSH, ch->seq,
-                               (uint64_t)(uintptr_t)ch->sbuf, rdma_mr_rkey(p->mr), ch->nsegs);
+                               (uint64_t)(uintptr_t)ch->sbuf, p->mr_mod->bounce_key(p->mr), ch->nsegs);
   else
     flen = wire_put_stage(frame, write ? WIRE_STAGE_WRITE : WIRE_STAGE_READ, ch->seq, ch->nsegs,
                           write ? ch->len : 0);
@@ -282,8 +285,7 @@ bool stage_packs(const struct conn *c) {
   /* On the socket; on rdma when units travel by RDMA (STAGE_PULL / PUSH). shm
    * already copies many ops per call. */
   return pool->num > 0 && (caps & WIRE_CAP_STAGE) &&
-         ((c->xp->flags & XPORT_STAGE_PACK) ||
-          ((c->xp->flags & XPORT_STAGE_RDMA) && pool->mr && (caps & WIRE_CAP_STAGE_RDMA)));
+         ((c->xp->flags & XPORT_STAGE_PACK) || (c->xp == pool->mr_mod && (caps & WIRE_CAP_STAGE_RDMA)));
 }
 
 uint32_t stage_threshold(const struct conn *c) {
@@ -377,20 +379,26 @@ static bool target_copy(struct conn *c, const struct stage_seg *s, uint32_t n, u
   return true;
 }
 
+/* tbuf's registration with the link's transport, dropped (the link's QP is gone, or
+ * tbuf is about to grow). */
+static void tbuf_dereg(struct conn *c, struct stage_link *t) {
+  if (t->tbuf_mr) c->xp->bounce_dereg(t->tbuf_mr);
+  t->tbuf_mr = NULL;
+}
+
 /* t->tbuf of at least len bytes, registered when mr (for STAGE_PULL / PUSH). */
 static int tbuf_reserve(struct conn *c, struct stage_link *t, size_t len, bool mr) {
   char err[384];
   if (t->tbuf_cap < len) {
-    rdma_dereg(t->tbuf_mr);
-    t->tbuf_mr = NULL;
+    tbuf_dereg(c, t);
     free(t->tbuf);
     t->tbuf_cap = 0;
     if (!(t->tbuf = malloc(len))) return -1;
     t->tbuf_cap = len;
   }
   if (mr && !t->tbuf_mr &&
-      !(t->tbuf_mr = rdma_reg(erdma_dev(c->eng), t->tbuf, t->tbuf_cap, err, sizeof(err)))) {
-    log_warn("staged transfer from %s: %s", c->remote_name, err);
+      !(t->tbuf_mr = c->xp->bounce_reg(c->eng, t->tbuf, t->tbuf_cap, err, sizeof(err)))) {
+    log_warn("staged transfer from %s: %s", c->remote_name, err[0] ? err : "no device to register with");
     return -1;
   }
   return 0;
@@ -440,8 +448,9 @@ static void target_rdma_done(struct conn *c, bool ok, const char *status);
 static void target_rdma(struct conn *c, struct stage_link *t, const struct wire_msg *m) {
   bool pull = m->hdr.type == WIRE_STAGE_PULL, unreg = false;
   uint32_t st = HIXL_SUCCESS;
-  if (!erdma_has_qp(c)) {
-    log_warn("%s sent %s on a link without a QP: refused", c->remote_name, wire_type_name(m->hdr.type));
+  if (!c->xp->post_own || !c->xp->bounce_reg) {
+    log_warn("%s sent %s on a %s link, which cannot move it: refused", c->remote_name,
+             wire_type_name(m->hdr.type), c->xp->name);
     st = HIXL_FAILED;
   } else if (tsegs_take(t, m) < 0 || tbuf_reserve(c, t, m->u.stage.total, true) < 0) {
     st = HIXL_RESOURCE_EXHAUSTED;
@@ -453,12 +462,12 @@ static void target_rdma(struct conn *c, struct stage_link *t, const struct wire_
     target_ack(c, m->u.stage.seq, st);
     return;
   }
-  int rc = erdma_post_own(c, !pull, t->tbuf, (uint32_t)m->u.stage.total, t->tbuf_mr, m->u.stage.buf,
-                          m->u.stage.rkey, target_rdma_done);
+  int rc = c->xp->post_own(c, !pull, t->tbuf, (uint32_t)m->u.stage.total, t->tbuf_mr, m->u.stage.buf,
+                           m->u.stage.rkey, target_rdma_done);
   if (rc != 0) {
     char why[160];
-    snprintf(why, sizeof(why), "ibv_post_send of a staged %s on QP 0x%x failed: %s", pull ? "READ" : "WRITE",
-             erdma_qpn(c), strerror(rc));
+    snprintf(why, sizeof(why), "posting a staged %s on the %s link failed: %s", pull ? "READ" : "WRITE",
+             c->xp->name, strerror(rc));
     link_conn_kill(c, HIXL_FAILED, why);
     return;
   }
@@ -476,8 +485,8 @@ static void target_rdma_done(struct conn *c, bool ok, const char *status) {
   c->stalled = false;
   if (!ok) {
     char why[192];
-    snprintf(why, sizeof(why), "RDMA %s of a staged unit failed: %s (QP 0x%x)",
-             t->stall_pull ? "READ" : "WRITE", status, erdma_qpn(c));
+    snprintf(why, sizeof(why), "%s %s of a staged unit failed: %s", c->xp->name,
+             t->stall_pull ? "READ" : "WRITE", status);
     link_conn_kill(c, HIXL_FAILED, why); /* a QP in error is a broken link */
     return;
   }
@@ -499,13 +508,13 @@ static void stage_target_frame(struct conn *c, const struct wire_msg *m) {
   }
   if (m->hdr.type == WIRE_STAGE_WRITE) {
     /* Receive the data whole, then check and scatter it (stage_payload_done). */
-    c->pay_seq = m->u.stage.seq;
+    struct link_pay *pay = link_pay_of(c, &xport_stage);
+    pay->seq = m->u.stage.seq;
     c->pay_left = m->hdr.payload_len;
-    c->pay_reg = NULL;
-    c->pay_module = &xport_stage;
-    c->pay_status = HIXL_SUCCESS;
+    pay->reg = NULL;
+    pay->status = HIXL_SUCCESS;
     if (tsegs_take(t, m) < 0) {
-      c->pay_status = HIXL_RESOURCE_EXHAUSTED;
+      c->pay.status = HIXL_RESOURCE_EXHAUSTED;
       link_pay_single(c, NULL, m->hdr.payload_len);
       return;
     }
@@ -518,10 +527,10 @@ static void stage_target_frame(struct conn *c, const struct wire_msg *m) {
       return;
     }
     if (!target_check(c, t->tsegs, t->tsegs_n, true, &unreg))
-      c->pay_status = HIXL_FAILED; /* refused before a byte lands: the data is dropped */
+      c->pay.status = HIXL_FAILED; /* refused before a byte lands: the data is dropped */
     else if (tbuf_reserve(c, t, m->hdr.payload_len, false) < 0)
-      c->pay_status = HIXL_RESOURCE_EXHAUSTED;
-    link_pay_single(c, c->pay_status == HIXL_SUCCESS ? t->tbuf : NULL, m->hdr.payload_len);
+      c->pay.status = HIXL_RESOURCE_EXHAUSTED;
+    link_pay_single(c, c->pay.status == HIXL_SUCCESS ? t->tbuf : NULL, m->hdr.payload_len);
     return;
   }
   if (m->hdr.type == WIRE_STAGE_PULL || m->hdr.type == WIRE_STAGE_PUSH) {
@@ -589,19 +598,19 @@ static void stage_payload_done(struct conn *c) {
   bool unreg;
   if (t->tregs_held > 0) { /* received in place */
     stage_target_release(c);
-    target_ack(c, c->pay_seq, c->pay_status);
+    target_ack(c, c->pay.seq, c->pay.status);
     return;
   }
-  if (c->pay_status == HIXL_SUCCESS && (!target_check(c, t->tsegs, t->tsegs_n, true, &unreg) ||
+  if (c->pay.status == HIXL_SUCCESS && (!target_check(c, t->tsegs, t->tsegs_n, true, &unreg) ||
                                         !target_copy(c, t->tsegs, t->tsegs_n, t->tbuf, true, unreg)))
-    c->pay_status = HIXL_FAILED;
-  target_ack(c, c->pay_seq, c->pay_status);
+    c->pay.status = HIXL_FAILED;
+  target_ack(c, c->pay.seq, c->pay.status);
 }
 
 static void stage_free(struct conn *c) {
   struct stage_link *t = c->xs[XPORT_STAGE];
   if (!t) return;
-  rdma_dereg(t->tbuf_mr); /* the QP is gone by now: nothing DMAs into tbuf */
+  tbuf_dereg(c, t); /* the QP is gone by now: nothing DMAs into tbuf */
   free(t->tsegs);
   free(t->tregs);
   free(t->tbuf);

@@ -21,6 +21,7 @@
 #define HIXL_XPORT_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "hixl/hixl_engine.h"
@@ -114,6 +115,19 @@ struct xport_ops {
    * true: handled (ended or resent), false: the link ends the chunk as usual. */
   bool (*answer)(struct conn *c, struct chunk *ch, const struct wire_msg *m);
   void (*chunk_end)(struct chunk *ch); /* one of its chunks ended, before the request counts it */
+
+  /* ---- bounce: what the staging protocol above the transports asks of one ---- */
+  /* Register a buffer of the engine's own (the pool, a target's bounce buffer) for
+   * post_own. NULL when it cannot: err says why, or is "" when this engine has
+   * nothing to register with (no device). */
+  void *(*bounce_reg)(struct HixlEngine *e, void *addr, size_t len, char *err, size_t errlen);
+  void (*bounce_dereg)(void *h);         /* NULL h: nothing */
+  uint32_t (*bounce_key)(const void *h); /* the key a peer posts against it with */
+  /* Post one signaled work request of c's own, moving len bytes between buf (inside
+   * h) and the peer's raddr (rkey); done runs at its completion (ok false: the link
+   * broke, status says why). 0, or an errno (the caller then kills the link). */
+  int (*post_own)(struct conn *c, bool write, void *buf, uint32_t len, void *h, uint64_t raddr, uint32_t rkey,
+                  void (*done)(struct conn *c, bool ok, const char *status));
 };
 
 #endif

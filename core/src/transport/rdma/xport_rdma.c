@@ -10,7 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/engine_int.h"
+#include "engine/xport_link.h"
+#include "transport/rdma/rdma.h"
 #include "transport/rdma/xport_rdma.h"
 #include "util/log.h"
 #include "util/sock.h"
@@ -19,12 +20,16 @@
 #define ERDMA_CALLER_POST (4u << 20)  /* bytes a submitting thread posts itself */
 #define ERDMA_STEP        (64u << 20) /* bytes posted per completion event */
 
-struct erdma_engine { /* e->xe[XPORT_RDMA], while the engine has a device */
+struct erdma_link;
+struct erdma_engine { /* engine_xe(e, XPORT_RDMA), while the engine has a device */
   struct rdma_dev dev;
+  struct erdma_link *links; /* those with a QP, for completions and timeouts */
 };
 
-struct erdma_link {                      /* c->xs[XPORT_RDMA] (initiator: posts; target: holds the QP) */
+struct erdma_link {                      /* link_xs(c, XPORT_RDMA) (initiator: posts; target: holds the QP) */
   struct ibv_qp *qp;                     /* NULL once the link died */
+  struct conn *conn;                     /* while in the engine's list (qp set) */
+  struct erdma_link *prev, *next;        /* ... that list */
   struct chunk *rq_head, *rq_tail;       /* waiting for a send-queue slot */
   struct chunk *rpend_head, *rpend_tail; /* posted, in completion order */
   uint32_t sq_used;                      /* WRs posted and not yet completed */
@@ -32,42 +37,64 @@ struct erdma_link {                      /* c->xs[XPORT_RDMA] (initiator: posts;
   void (*own_done)(struct conn *c, bool ok, const char *status); /* a target's own WR */
 };
 
-static struct erdma_engine *eng_of(const struct HixlEngine *e) { return e->xe[XPORT_RDMA]; }
-static struct erdma_link *link_of(const struct conn *c) { return c->xs[XPORT_RDMA]; }
+static struct erdma_engine *eng_of(const struct HixlEngine *e) { return engine_xe(e, XPORT_RDMA); }
+static struct erdma_link *link_of(const struct conn *c) { return link_xs(c, XPORT_RDMA); }
 
-struct rdma_dev *erdma_dev(const struct HixlEngine *e) {
-  return eng_of(e) ? &eng_of(e)->dev : NULL;
+/* c's QP is connected: its link joins the engine's list. */
+static void links_add(struct conn *c, struct erdma_link *l) {
+  struct erdma_engine *x = eng_of(link_engine(c));
+  l->conn = c;
+  l->prev = NULL;
+  l->next = x->links;
+  if (x->links) x->links->prev = l;
+  x->links = l;
+  link_set_xs(c, XPORT_RDMA, l);
+  link_use(c, &xport_rdma);
 }
-bool erdma_has_qp(const struct conn *c) { return link_of(c) && link_of(c)->qp; }
-uint32_t erdma_qpn(const struct conn *c) { return erdma_has_qp(c) ? rdma_qp_num(link_of(c)->qp) : 0; }
+
+static void links_remove(struct conn *c, struct erdma_link *l) {
+  struct erdma_engine *x = eng_of(link_engine(c));
+  if (!l->conn) return;
+  if (l->prev)
+    l->prev->next = l->next;
+  else
+    x->links = l->next;
+  if (l->next) l->next->prev = l->prev;
+  l->conn = NULL;
+  l->prev = l->next = NULL;
+}
+
+static bool erdma_has_qp(const struct conn *c) { return link_of(c) && link_of(c)->qp; }
+static uint32_t erdma_qpn(const struct conn *c) { return erdma_has_qp(c) ? rdma_qp_num(link_of(c)->qp) : 0; }
 
 static HixlStatus erdma_open(struct HixlEngine *e) {
+  const struct hixl_options *o = engine_opts(e);
   char err[384];
-  const char *dev = e->opts.rdma_device[0] ? e->opts.rdma_device : NULL;
-  bool must = e->opts.transport == HIXL_TRANSPORT_RDMA;
-  if (!must && e->opts.transport != HIXL_TRANSPORT_AUTO) return HIXL_SUCCESS; /* tcp or shm: no device */
+  const char *dev = o->rdma_device[0] ? o->rdma_device : NULL;
+  bool must = o->transport == HIXL_TRANSPORT_RDMA;
+  if (!must && o->transport != HIXL_TRANSPORT_AUTO) return HIXL_SUCCESS; /* tcp or shm: no device */
   if (!rdma_available()) {
     if (must)
       return hixl_fail(HIXL_FAILED,
                        "HixlEngineInitialize: Transport rdma: this host has no RDMA device (looked for %s, "
                        "and for one owning %s through librdmacm); use Transport auto or tcp",
-                       dev ? dev : "any device", e->local_name);
-    log_info("engine %s: no RDMA device on this host: data goes over tcp", e->local_name);
+                       dev ? dev : "any device", engine_name(e));
+    log_info("engine %s: no RDMA device on this host: data goes over tcp", engine_name(e));
     return HIXL_SUCCESS;
   }
   struct erdma_engine *x = calloc(1, sizeof(*x));
   if (!x) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineInitialize: out of memory");
-  if (rdma_dev_open(&x->dev, &e->local_addr, dev, e->opts.rdma_gid_index, err, sizeof(err)) != 0) {
+  if (rdma_dev_open(&x->dev, engine_addr(e), dev, o->rdma_gid_index, err, sizeof(err)) != 0) {
     free(x);
     if (must) return hixl_fail(HIXL_FAILED, "HixlEngineInitialize: Transport rdma: %s", err);
-    log_info("engine %s: RDMA not usable (%s): data goes over tcp", e->local_name, err);
+    log_info("engine %s: RDMA not usable (%s): data goes over tcp", engine_name(e), err);
     return HIXL_SUCCESS;
   }
   int fl = fcntl(rdma_chan_fd(&x->dev), F_GETFL);
   fcntl(rdma_chan_fd(&x->dev), F_SETFL, fl | O_NONBLOCK);
-  e->xe[XPORT_RDMA] = x;
-  log_info("engine %s: RDMA on %s (GID index %d), traffic class %u, service level %u", e->local_name,
-           x->dev.name, x->dev.gid_index, e->opts.rdma_tc, e->opts.rdma_sl);
+  engine_set_xe(e, XPORT_RDMA, x);
+  log_info("engine %s: RDMA on %s (GID index %d), traffic class %u, service level %u", engine_name(e),
+           x->dev.name, x->dev.gid_index, o->rdma_tc, o->rdma_sl);
   return HIXL_SUCCESS;
 }
 
@@ -76,7 +103,7 @@ static void erdma_close(struct HixlEngine *e) {
   if (!x) return;
   rdma_dev_close(&x->dev);
   free(x);
-  e->xe[XPORT_RDMA] = NULL;
+  engine_set_xe(e, XPORT_RDMA, NULL);
 }
 
 static uint32_t erdma_caps(const struct HixlEngine *e) {
@@ -90,17 +117,21 @@ static int erdma_event_fd(const struct HixlEngine *e) {
 static HixlStatus erdma_reg(struct HixlEngine *e, struct hixl_mem_reg *r) {
   char err[384];
   if (!eng_of(e)) return HIXL_SUCCESS;
-  r->xmem = rdma_reg(&eng_of(e)->dev, (void *)(uintptr_t)r->range.addr, r->range.len, err, sizeof(err));
-  return r->xmem ? HIXL_SUCCESS : hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineRegisterMem: %s", err);
+  r->xm[XPORT_RDMA] =
+      rdma_reg(&eng_of(e)->dev, (void *)(uintptr_t)r->range.addr, r->range.len, err, sizeof(err));
+  return r->xm[XPORT_RDMA] ? HIXL_SUCCESS
+                           : hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineRegisterMem: %s", err);
 }
 
 static void erdma_dereg(struct HixlEngine *e, struct hixl_mem_reg *r) {
   (void)e;
-  rdma_dereg(r->xmem);
-  r->xmem = NULL;
+  rdma_dereg(r->xm[XPORT_RDMA]);
+  r->xm[XPORT_RDMA] = NULL;
 }
 
-static uint32_t erdma_rkey(const struct hixl_mem_reg *r) { return r->xmem ? rdma_mr_rkey(r->xmem) : 0; }
+static uint32_t erdma_rkey(const struct hixl_mem_reg *r) {
+  return r->xm[XPORT_RDMA] ? rdma_mr_rkey(r->xm[XPORT_RDMA]) : 0;
+}
 
 static size_t put_qp_frame(uint8_t *buf, size_t cap, enum wire_type type, uint32_t status,
                            const struct rdma_qp_info *qi) {
@@ -136,10 +167,10 @@ static HixlStatus erdma_connect(struct HixlEngine *e, int fd, uint64_t deadline,
   struct wire_msg m;
   char err[384];
   HixlStatus st;
-  bool must = e->opts.transport == HIXL_TRANSPORT_RDMA;
+  bool must = engine_opts(e)->transport == HIXL_TRANSPORT_RDMA;
   *taken = false;
-  if (!must && e->opts.transport != HIXL_TRANSPORT_AUTO) return HIXL_SUCCESS;
-  if (!eng_of(e) || !(p->caps & WIRE_CAP_RDMA)) {
+  if (!must && engine_opts(e)->transport != HIXL_TRANSPORT_AUTO) return HIXL_SUCCESS;
+  if (!eng_of(e) || !(peer_caps(p) & WIRE_CAP_RDMA)) {
     if (must)
       return hixl_fail(HIXL_FAILED, "HixlEngineConnect: Transport is rdma but %s has no usable RDMA device",
                        eng_of(e) ? remote : "this engine");
@@ -169,7 +200,7 @@ static HixlStatus erdma_connect(struct HixlEngine *e, int fd, uint64_t deadline,
     goto free_qp;
   }
   qp_info_of(&m, &peer);
-  struct rdma_qp_params qp_params = qp_params_of(&e->opts);
+  struct rdma_qp_params qp_params = qp_params_of(engine_opts(e));
   if (rdma_qp_connect(d, qp, &local, &peer, &qp_params, err, sizeof(err)) != 0) {
     st = hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s: %s", remote, err);
     goto free_qp;
@@ -188,8 +219,7 @@ free_qp:
 }
 
 static void erdma_attach(struct conn *c, void *link) {
-  c->xs[XPORT_RDMA] = link;
-  c->xp = &xport_rdma;
+  if (link) links_add(c, link);
 }
 
 static void erdma_discard(void *link) {
@@ -201,7 +231,7 @@ static void erdma_discard(void *link) {
 
 /* Target, in the progress thread: connect a QP to the initiator's and answer. */
 static void erdma_target_connect(struct conn *c, const struct wire_msg *m) {
-  struct HixlEngine *e = c->eng;
+  struct HixlEngine *e = link_engine(c);
   struct rdma_qp_info local = {0}, peer;
   char err[384] = "this engine has no RDMA device";
   uint8_t buf[WIRE_HDR_LEN + 4 + WIRE_QP_INFO_LEN];
@@ -210,18 +240,17 @@ static void erdma_target_connect(struct conn *c, const struct wire_msg *m) {
   qp_info_of(m, &peer);
   if (eng_of(e) && !link_of(c) && !(l = calloc(1, sizeof(*l)))) snprintf(err, sizeof(err), "out of memory");
   if (l && (l->qp = rdma_qp_new(&eng_of(e)->dev, &local, err, sizeof(err)))) {
-    struct rdma_qp_params qp_params = qp_params_of(&e->opts);
+    struct rdma_qp_params qp_params = qp_params_of(engine_opts(e));
     if (rdma_qp_connect(&eng_of(e)->dev, l->qp, &local, &peer, &qp_params, err, sizeof(err)) == 0) {
       status = 0;
-      c->xs[XPORT_RDMA] = l;
-      c->xp = &xport_rdma;
-      log_info("link from %s: rdma, QP 0x%x <-> 0x%x", c->remote_name, local.qpn, peer.qpn);
+      links_add(c, l);
+      log_info("link from %s: rdma, QP 0x%x <-> 0x%x", link_remote(c), local.qpn, peer.qpn);
     } else {
       rdma_qp_free(l->qp);
     }
   }
   if (status != 0) free(l);
-  if (status != 0) log_error("link from %s: cannot connect a QP: %s", c->remote_name, err);
+  if (status != 0) log_error("link from %s: cannot connect a QP: %s", link_remote(c), err);
   link_queue_copy(c, buf, put_qp_frame(buf, sizeof(buf), WIRE_RDMA_CONNECT_ACK, status, &local));
 }
 
@@ -246,19 +275,20 @@ static struct chunk *fifo_pop(struct chunk **head, struct chunk **tail) {
  * step is signaled, so its completion comes back and the next step follows. */
 static void erdma_post(struct conn *c, size_t budget) {
   struct erdma_link *l = link_of(c);
-  uint32_t max_wr = eng_of(c->eng)->dev.max_qp_wr;
+  uint32_t max_wr = eng_of(link_engine(c))->dev.max_qp_wr;
   size_t posted = 0;
-  while (l->rq_head && !c->dead && l->sq_used < max_wr && posted < budget) {
+  while (l->rq_head && !link_dead(c) && l->sq_used < max_wr && posted < budget) {
     struct chunk *ch = fifo_pop(&l->rq_head, &l->rq_tail);
-    if (ch->req->cancelled) { /* timed out before it reached the wire */
+    if (link_req_cancelled(ch->req)) { /* timed out before it reached the wire */
       link_chunk_end(ch, HIXL_TIMEOUT, "request timed out before it was posted");
       continue;
     }
     posted += ch->len;
     bool last = !l->rq_head || l->sq_used + 1 == max_wr || posted >= budget;
     bool signaled = last || l->unsignaled + 1 >= RDMA_SIGNAL_EVERY;
-    int rc = rdma_post(l->qp, ch->kind == CHUNK_WRITE, ch->laddr, ch->len, rdma_mr_lkey(ch->lreg->xmem),
-                       ch->raddr, ch->rkey, (uint64_t)(uintptr_t)ch, signaled);
+    int rc =
+        rdma_post(l->qp, ch->kind == CHUNK_WRITE, ch->laddr, ch->len, rdma_mr_lkey(ch->lreg->xm[XPORT_RDMA]),
+                  ch->raddr, ch->rkey, (uint64_t)(uintptr_t)ch, signaled);
     if (rc != 0) {
       char why[192];
       fifo_push(&l->rpend_head, &l->rpend_tail, ch); /* ended by the kill below */
@@ -272,17 +302,29 @@ static void erdma_post(struct conn *c, size_t budget) {
   }
 }
 
-int erdma_post_own(struct conn *c, bool write, void *buf, uint32_t len, struct ibv_mr *mr, uint64_t raddr,
-                   uint32_t rkey, void (*done)(struct conn *c, bool ok, const char *status)) {
+/* A target's own WR (a staged unit's STAGE_PULL / STAGE_PUSH), completed in erdma_on_cq. */
+static int erdma_post_own(struct conn *c, bool write, void *buf, uint32_t len, void *mr, uint64_t raddr,
+                          uint32_t rkey, void (*done)(struct conn *c, bool ok, const char *status)) {
   struct erdma_link *l = link_of(c);
+  if (!l || !l->qp) return ENOTCONN;
   int rc = rdma_post(l->qp, write, buf, len, rdma_mr_lkey(mr), raddr, rkey, (uint64_t)(uintptr_t)c, true);
   if (rc == 0) l->own_done = done;
   return rc;
 }
 
+static void *erdma_bounce_reg(struct HixlEngine *e, void *addr, size_t len, char *err, size_t errlen) {
+  if (!eng_of(e)) {
+    if (errlen) err[0] = '\0';
+    return NULL;
+  }
+  return rdma_reg(&eng_of(e)->dev, addr, len, err, errlen);
+}
+static void erdma_bounce_dereg(void *mr) { rdma_dereg(mr); }
+static uint32_t erdma_bounce_key(const void *mr) { return rdma_mr_rkey(mr); }
+
 static struct conn *conn_of_qpn(struct HixlEngine *e, uint32_t qpn) {
-  for (struct conn *c = e->conns; c; c = c->next)
-    if (erdma_has_qp(c) && rdma_qp_num(link_of(c)->qp) == qpn) return c;
+  for (struct erdma_link *l = eng_of(e)->links; l; l = l->next)
+    if (rdma_qp_num(l->qp) == qpn) return l->conn;
   return NULL; /* a link already killed: its chunks were ended then */
 }
 
@@ -295,9 +337,9 @@ static void erdma_on_cq(struct HixlEngine *e) {
   while ((n = rdma_cq_poll(d, wc, 32)) > 0) {
     for (int i = 0; i < n; i++) {
       struct conn *c = conn_of_qpn(e, wc[i].qpn);
-      if (!c || c->dead) continue;
+      if (!c || link_dead(c)) continue;
       struct erdma_link *l = link_of(c);
-      if (c->role != CONN_INITIATOR) { /* a target's own WR (a staged unit) */
+      if (link_is_target(c)) { /* a target's own WR (a staged unit) */
         void (*done)(struct conn *, bool, const char *) = l->own_done;
         l->own_done = NULL;
         if (done) done(c, wc[i].ok, wc[i].status);
@@ -325,7 +367,7 @@ static void erdma_on_cq(struct HixlEngine *e) {
       /* Frames those ends released (a call held behind its transfer) leave before the
        * next posts: where the provider moves the bytes inside ibv_post_send (rxe), a
        * step of posts takes that long, and the call would wait behind it. */
-      if (c->txq_head) link_flush(c); /* a send failing kills c: erdma_post then posts nothing */
+      if (link_unsent(c)) link_flush(c); /* a send failing kills c: erdma_post then posts nothing */
       erdma_post(c, ERDMA_STEP);
     }
   }
@@ -337,9 +379,11 @@ static void erdma_on_cq(struct HixlEngine *e) {
  * holding posted WRs of r is reset: its QP is destroyed (no DMA after that), every
  * chunk on it ends, and the next Connect builds a new QP. Lock held. */
 static bool erdma_req_timeout(struct HixlEngine *e, struct hixl_transfer_req *r) {
-  for (struct conn *c = e->conns; c; c = c->next) {
-    if (c->dead || !erdma_has_qp(c) || c->role != CONN_INITIATOR) continue;
-    for (struct chunk *ch = link_of(c)->rpend_head; ch; ch = ch->next_pending)
+  if (!eng_of(e)) return false;
+  for (struct erdma_link *l = eng_of(e)->links; l; l = l->next) {
+    struct conn *c = l->conn;
+    if (link_dead(c) || link_is_target(c)) continue;
+    for (struct chunk *ch = l->rpend_head; ch; ch = ch->next_pending)
       if (ch->req == r) {
         char why[192];
         snprintf(why, sizeof(why),
@@ -358,6 +402,7 @@ static void erdma_kill(struct conn *c, HixlStatus st, const char *msg) {
   struct erdma_link *l = link_of(c);
   struct chunk *ch;
   if (!l) return;
+  links_remove(c, l);
   if (l->qp) rdma_qp_free(l->qp);
   l->qp = NULL;
   l->own_done = NULL;
@@ -367,18 +412,21 @@ static void erdma_kill(struct conn *c, HixlStatus st, const char *msg) {
 }
 
 static void erdma_free(struct conn *c) {
-  free(c->xs[XPORT_RDMA]);
-  c->xs[XPORT_RDMA] = NULL;
+  struct erdma_link *l = link_of(c);
+  if (!l) return;
+  links_remove(c, l);
+  free(l);
+  link_set_xs(c, XPORT_RDMA, NULL);
 }
 
 static HixlStatus erdma_info(const struct conn *c, struct hixl_link_info *info) {
-  struct HixlEngine *e = c->eng;
+  struct HixlEngine *e = link_engine(c);
   if (!erdma_has_qp(c)) return HIXL_SUCCESS;
   info->rdma = true;
   info->qpn = erdma_qpn(c);
   snprintf(info->device, sizeof(info->device), "%s", eng_of(e)->dev.name);
-  info->tc_set = (uint8_t)e->opts.rdma_tc;
-  info->sl_set = (uint8_t)e->opts.rdma_sl;
+  info->tc_set = (uint8_t)engine_opts(e)->rdma_tc;
+  info->sl_set = (uint8_t)engine_opts(e)->rdma_sl;
   struct rdma_qp_params q;
   if (rdma_qp_query(link_of(c)->qp, &q) != 0)
     return hixl_fail(HIXL_FAILED, "hixl_engine_link_info: ibv_query_qp on QP 0x%x failed", info->qpn);
@@ -404,7 +452,7 @@ static void erdma_start(struct conn *c, struct hixl_transfer_req *r) {
 /* Data completes on the CQ (progress thread); frames (staged units) still need a reader. */
 static void erdma_drive(struct conn *c, struct hixl_transfer_req *r) {
   (void)r;
-  if (c->rx != RX_CALLER) link_unpark(c);
+  link_unpark(c); /* nothing when a caller reads it */
 }
 
 static const uint8_t erdma_frames[] = {WIRE_RDMA_CONNECT, 0};
@@ -434,4 +482,8 @@ const struct xport_ops xport_rdma = {
     .start = erdma_start,
     .drive = erdma_drive,
     .req_timeout = erdma_req_timeout,
+    .bounce_reg = erdma_bounce_reg,
+    .bounce_dereg = erdma_bounce_dereg,
+    .bounce_key = erdma_bounce_key,
+    .post_own = erdma_post_own,
 };

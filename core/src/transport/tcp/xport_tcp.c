@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine/engine_int.h"
+#include "engine/xport_link.h"
 #include "transport/tcp/xport_tcp.h"
 #include "util/log.h"
 
@@ -27,21 +27,19 @@ static HixlStatus tcp_connect(struct HixlEngine *e, int fd, uint64_t deadline, c
 }
 
 static struct hixl_mem_reg *target_range(struct conn *c, uint64_t addr, uint64_t len, const char *what) {
-  struct hixl_mem_reg *r = (struct hixl_mem_reg *)memtab_find(&c->eng->regs, addr, len);
+  struct hixl_mem_reg *r = engine_reg_find(link_engine(c), addr, len);
   if (!r)
     log_warn("refused %s of [0x%llx, +%llu) from %s: not inside memory registered here", what,
-             (unsigned long long)addr, (unsigned long long)len, c->remote_name);
+             (unsigned long long)addr, (unsigned long long)len, link_remote(c));
   return r;
 }
 
 static void tcp_target_frame(struct conn *c, const struct wire_msg *m) {
   if (m->hdr.type == WIRE_WRITE_REQ) {
     struct hixl_mem_reg *r = target_range(c, m->u.write_req.raddr, m->hdr.payload_len, "WRITE");
-    c->pay_seq = m->u.write_req.seq;
+    struct link_pay *pay = link_pay_of(c, &xport_tcp);
     link_pay_single(c, r ? (uint8_t *)(uintptr_t)m->u.write_req.raddr : NULL, m->hdr.payload_len);
-    c->pay_reg = r;
-    c->pay_module = &xport_tcp;
-    c->pay_status = r ? HIXL_SUCCESS : HIXL_FAILED;
+    *pay = (struct link_pay){.seq = m->u.write_req.seq, .reg = r, .status = r ? HIXL_SUCCESS : HIXL_FAILED};
     if (r) r->inflight++;
     return;
   }
@@ -61,10 +59,11 @@ static void tcp_target_frame(struct conn *c, const struct wire_msg *m) {
 /* A WRITE_REQ's payload has been received (or dropped, when refused). */
 static void tcp_payload_done(struct conn *c) {
   uint8_t frame[WIRE_SMALL_FRAME];
-  if (c->pay_reg) c->pay_reg->inflight--;
-  c->pay_reg = NULL;
-  if (c->pay_status != HIXL_SUCCESS) link_write_refused(c, c->pay_seq);
-  size_t len = wire_put_ack(frame, WIRE_WRITE_ACK, c->pay_seq, c->pay_status, 0);
+  struct link_pay *pay = link_pay_of(c, NULL);
+  if (pay->reg) pay->reg->inflight--;
+  pay->reg = NULL;
+  if (pay->status != HIXL_SUCCESS) link_write_refused(c, pay->seq);
+  size_t len = wire_put_ack(frame, WIRE_WRITE_ACK, pay->seq, pay->status, 0);
   if (link_queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
 }
 

@@ -1,0 +1,86 @@
+/* xport_link: the functions through which a transport sees the engine and its links
+ * (xport_link.h); the structs stay the link layer's. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "engine/engine_int.h"
+
+const struct hixl_options *engine_opts(const struct HixlEngine *e) { return &e->opts; }
+const char *engine_name(const struct HixlEngine *e) { return e->local_name; }
+const struct sockaddr_in *engine_addr(const struct HixlEngine *e) { return &e->local_addr; }
+void *engine_xe(const struct HixlEngine *e, enum xport_id id) { return e->xe[id]; }
+void engine_set_xe(struct HixlEngine *e, enum xport_id id, void *state) { e->xe[id] = state; }
+
+struct hixl_mem_reg *engine_reg_find(const struct HixlEngine *e, uint64_t addr, uint64_t len) {
+  return (struct hixl_mem_reg *)memtab_find(&e->regs, addr, len);
+}
+size_t engine_reg_count(const struct HixlEngine *e) { return e->regs.count; }
+struct hixl_mem_reg *engine_reg_at(const struct HixlEngine *e, size_t i) {
+  return (struct hixl_mem_reg *)e->regs.v[i];
+}
+
+void engine_wait(struct HixlEngine *e, uint64_t deadline) {
+  if (deadline == 0) {
+    pthread_cond_wait(&e->cond, &e->lock);
+    return;
+  }
+  /* e->cond runs on CLOCK_MONOTONIC (HixlEngineCreate), as the deadlines do. */
+  struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000u),
+                        .tv_nsec = (long)(deadline % 1000000000u)};
+  pthread_cond_timedwait(&e->cond, &e->lock, &ts);
+}
+void engine_signal(struct HixlEngine *e) { pthread_cond_broadcast(&e->cond); }
+void engine_unlock(struct HixlEngine *e) { pthread_mutex_unlock(&e->lock); }
+void engine_lock(struct HixlEngine *e) { pthread_mutex_lock(&e->lock); }
+
+struct HixlEngine *link_engine(const struct conn *c) {
+  return c->eng;
+}
+const char *link_remote(const struct conn *c) { return c->remote_name; }
+bool link_is_target(const struct conn *c) { return c->role != CONN_INITIATOR; }
+bool link_dead(const struct conn *c) { return c->dead; }
+bool link_unsent(const struct conn *c) { return c->txq_head != NULL; }
+void *link_xs(const struct conn *c, enum xport_id id) { return c->xs[id]; }
+void link_set_xs(struct conn *c, enum xport_id id, void *state) { c->xs[id] = state; }
+void link_use(struct conn *c, const struct xport_ops *xp) { c->xp = xp; }
+const struct xport_ops *link_transport(const struct conn *c) { return c->xp; }
+uint32_t link_peer_caps(const struct conn *c) { return c->peer ? c->peer->caps : 0; }
+uint32_t peer_caps(const struct peer *p) { return p->caps; }
+void link_read_always(struct conn *c) { c->always_read = true; }
+
+void link_peer_forget(struct conn *c, uint64_t addr, uint64_t len) {
+  struct memtab_entry *ent = c->peer ? memtab_find_exact(&c->peer->rtab, addr, len) : NULL;
+  if (ent && memtab_remove(&c->peer->rtab, ent)) free(ent);
+}
+
+/* Kill-safe: each step starts again from the list's head, skipping the links this walk
+ * has visited (c->walk) and the dead, so fn may kill any link or release the lock. */
+void link_each(struct HixlEngine *e, bool (*fn)(struct conn *c, void *arg), void *arg) {
+  uint32_t walk = ++e->walks;
+  for (;;) {
+    struct conn *c = e->conns;
+    while (c && (c->dead || c->walk == walk)) c = c->next;
+    if (!c) return;
+    c->walk = walk;
+    if (!fn(c, arg)) return;
+  }
+}
+
+struct link_pay *link_pay_of(struct conn *c, const struct xport_ops *module) {
+  if (module) c->pay_module = module;
+  return &c->pay;
+}
+
+void link_write_refused(struct conn *c, uint64_t seq) {
+  if (seq > c->write_refused) c->write_refused = seq;
+}
+
+struct chunk *link_req_direct(struct hixl_transfer_req *r, uint32_t *n) {
+  *n = r->ndirect;
+  return r->chunks;
+}
+bool link_req_staged(const struct hixl_transfer_req *r) { return r->ndirect < r->nchunks; }
+uint64_t link_req_deadline(const struct hixl_transfer_req *r) { return r->deadline_ns; }
+bool link_req_cancelled(const struct hixl_transfer_req *r) { return r->cancelled; }

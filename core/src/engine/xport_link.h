@@ -1,0 +1,186 @@
+/* xport_link: all a transport sees of the engine and its link layer, in the manner of
+ * UCT's view of UCP: the records it works on (a registration, a peer's advertised
+ * range, a chunk to move and its frame), and functions for everything else. struct
+ * conn, struct HixlEngine, struct peer and struct hixl_transfer_req stay opaque here:
+ * a transport reads them through the accessors below and never walks their lists
+ * itself. A transport's own state lives in its per-engine (engine_xe) and per-link
+ * (link_xs) slots. Lock: as xport.h says for each hook; every function here expects
+ * the engine lock held unless it says otherwise. */
+#ifndef HIXL_XPORT_LINK_H
+#define HIXL_XPORT_LINK_H
+
+#include <netinet/in.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/engine_ext.h"
+#include "engine/options.h"
+#include "engine/xport.h"
+#include "hixl/hixl_engine.h"
+#include "util/memtab.h"
+#include "wire/wire.h"
+
+struct hixl_mem_reg {
+  struct memtab_entry range; /* first: the memtab holds pointers to it */
+  HixlMemType type;
+  uint32_t inflight;          /* chunks in flight that touch the range, either role */
+  char tag[WIRE_MAX_TAG + 1]; /* advertised with the range; "" when untagged */
+  void *xm[XPORT_MODS];       /* each module's state for the range (rdma: the MR), or NULL */
+  int memfd;                  /* HixlEngineAllocMem's memory: its memfd (-1: the caller's memory) */
+  size_t map_len;             /* ... and the length of its mapping */
+  bool sealed;                /* ... sealed against shrinking and growing: peers may map it */
+  bool unsharing;             /* ... FreeMem waits for peers to unmap it */
+  uint32_t unshare_wait;      /* ... peers that still have to answer */
+};
+
+/* A peer's registration as it advertised it. */
+struct remote_mem {
+  struct memtab_entry range; /* first: the peer's memtab holds pointers to it */
+  uint32_t rkey;             /* RDMA remote key, 0 without RDMA */
+  char tag[WIRE_MAX_TAG + 1];
+};
+
+/* One frame to send: a small inline header, or a heap frame, then an optional
+ * payload taken straight from registered memory. */
+struct txitem {
+  struct txitem *next;
+  uint8_t hdr[WIRE_SMALL_FRAME];
+  uint32_t hdr_len;
+  uint8_t *heap; /* owned; freed once sent */
+  size_t heap_len;
+  const uint8_t *payload;
+  size_t payload_len;
+  const struct stage_seg *gather; /* instead of payload: laddr ranges sent in order */
+  uint32_t ngather;
+  /* A target's STAGE_READ answer: an owned payload, or its ranges gathered in place
+   * (own_block: the gather list, then the registrations held until sent). */
+  uint8_t *own_payload;
+  void *own_block;
+  struct hixl_mem_reg **own_regs;
+  uint32_t n_own_regs;
+  size_t queued;            /* bytes counted in the link's stage_queued */
+  size_t sent;              /* bytes of hdr, heap and payload sent so far */
+  struct chunk *chunk;      /* initiator: awaits a response once sent */
+  struct hixl_mem_reg *reg; /* target READ_RESP: inflight released once sent */
+};
+
+enum chunk_kind { CHUNK_WRITE, CHUNK_READ, CHUNK_NOTIFY, CHUNK_SYNC, CHUNK_SWRITE, CHUNK_SREAD, CHUNK_CALL };
+
+/* One staged op, or a piece of one: local and remote ranges of the same length. */
+struct stage_seg {
+  uint64_t laddr, raddr;
+  uint32_t len;
+};
+/* One request frame an initiator sends and the response it waits for. */
+struct chunk {
+  struct txitem tx;
+  struct chunk *next_pending;
+  struct hixl_transfer_req *req;
+  struct hixl_mem_reg *lreg; /* NULL for notify */
+  uint8_t *laddr;
+  uint64_t raddr;
+  uint32_t rkey; /* RDMA: the remote registration's key */
+  uint32_t len;
+  uint64_t seq;
+  enum chunk_kind kind;
+  /* A staged unit (CHUNK_SWRITE / CHUNK_SREAD): ranges packed through one pool
+   * buffer, sent as one STAGE_WRITE / STAGE_READ on the link's socket. */
+  struct stage_seg *segs; /* into the request's array */
+  uint32_t nsegs;
+  bool waiting;       /* in the pool's queue, no buffer yet */
+  bool srdma;         /* sent as STAGE_PULL / STAGE_PUSH: the target moves the data by RDMA */
+  uint8_t *sbuf;      /* the pool buffer, once it has one */
+  struct conn *sconn; /* the link it goes on, while it waits */
+  struct chunk *next_wait;
+  uint32_t *call_len;            /* CHUNK_CALL: where the answer's length goes (laddr, len: its buffer) */
+  const struct xport_ops *owner; /* the module told of its answer and its end (staged units) */
+  uint8_t answer;                /* the answer's wire type, when not the kind's usual one */
+};
+
+/* ---- the engine ---- */
+const struct hixl_options *engine_opts(const struct HixlEngine *e);
+const char *engine_name(const struct HixlEngine *e); /* "ip:port" */
+const struct sockaddr_in *engine_addr(const struct HixlEngine *e);
+void *engine_xe(const struct HixlEngine *e, enum xport_id id); /* a module's engine state */
+void engine_set_xe(struct HixlEngine *e, enum xport_id id, void *state);
+/* The registration holding [addr, addr + len), or NULL. */
+struct hixl_mem_reg *engine_reg_find(const struct HixlEngine *e, uint64_t addr, uint64_t len);
+size_t engine_reg_count(const struct HixlEngine *e);
+struct hixl_mem_reg *engine_reg_at(const struct HixlEngine *e, size_t i); /* in address order */
+/* Wait on the engine's condition (a request ended, a module signalled), the lock
+ * released meanwhile; deadline 0: no deadline (CLOCK_MONOTONIC ns). */
+void engine_wait(struct HixlEngine *e, uint64_t deadline);
+void engine_signal(struct HixlEngine *e); /* wake every engine_wait */
+void engine_unlock(struct HixlEngine *e); /* around a long copy or a blocking call */
+void engine_lock(struct HixlEngine *e);
+
+/* ---- links ---- */
+struct HixlEngine *link_engine(const struct conn *c);
+const char *link_remote(const struct conn *c); /* the peer's name, "" while handshaking */
+bool link_is_target(const struct conn *c);
+bool link_dead(const struct conn *c); /* killed (link_alive also looks at the socket) */
+bool link_alive(struct conn *c);
+void *link_xs(const struct conn *c, enum xport_id id); /* a module's link state */
+void link_set_xs(struct conn *c, enum xport_id id, void *state);
+void link_use(struct conn *c, const struct xport_ops *xp); /* its data moves by xp from now on */
+const struct xport_ops *link_transport(const struct conn *c);
+uint32_t link_peer_caps(const struct conn *c); /* initiator: WIRE_CAP_* of its HELLO_ACK; 0 else */
+/* Initiator: forget the peer's advertised range [addr, addr + len) (it was withdrawn). */
+void link_peer_forget(struct conn *c, uint64_t addr, uint64_t len);
+/* Initiator: the target sends frames on its own: never park the link. */
+void link_read_always(struct conn *c);
+/* Call fn on every live link of e, each once. fn may kill any link (its own or
+ * others) and may release the lock; the walk goes on with the links still alive. fn
+ * returns false to stop; it must not start another walk. */
+void link_each(struct HixlEngine *e, bool (*fn)(struct conn *c, void *arg), void *arg);
+
+/* ---- frames and payloads ---- */
+void link_conn_kill(struct conn *c, HixlStatus st, const char *why);
+void link_flush(struct conn *c);
+bool link_unsent(const struct conn *c); /* frames are queued, not yet sent */
+/* Send at most budget bytes now; what is left goes on from the progress thread
+ * (EPOLLOUT) or a driving caller. Submitting threads use LINK_CALLER_SEND. */
+void link_flush_some(struct conn *c, size_t budget);
+#define LINK_CALLER_SEND (256u << 10)
+void link_enqueue(struct conn *c, struct txitem *it);
+/* Queue a frame of at most WIRE_SMALL_FRAME bytes (then an optional payload whose
+ * registration, if any, is released once sent); -1 when memory runs out. */
+int link_queue_small(struct conn *c, const uint8_t *frame, size_t len, const uint8_t *payload,
+                     size_t payload_len, struct hixl_mem_reg *reg);
+/* Queue a copy of a built frame; out of memory kills the link. */
+void link_queue_copy(struct conn *c, const uint8_t *frame, size_t len);
+void link_pay_single(struct conn *c, uint8_t *dst, size_t len); /* a payload for dst (NULL: drop it) */
+void link_pay_spans(struct conn *c, const struct stage_seg *s, uint32_t n, bool remote, size_t len,
+                    bool discard); /* ... scattered over n spans, in order */
+/* What a target module keeps about the payload its frame asked for, until its
+ * payload_done hook: the frame's seq, the registration held (inflight counted; the
+ * link releases it if it dies first), and the answer owed. */
+struct link_pay {
+  uint64_t seq;
+  struct hixl_mem_reg *reg;
+  uint32_t status;
+};
+/* The link's record; module (when not NULL) is the one whose payload_done hook runs. */
+struct link_pay *link_pay_of(struct conn *c, const struct xport_ops *module);
+/* A target refused the data of the WRITE (or STAGE_WRITE) seq: a CALL_AFTER behind it fails. */
+void link_write_refused(struct conn *c, uint64_t seq);
+void link_rearm(struct conn *c);      /* tell epoll again what to watch (a target stalled or not) */
+void link_resume(struct conn *c);     /* a stalled target link reads again: frames waiting first */
+void link_unpark(struct conn *c);     /* the progress thread reads the link (answers are due) */
+void link_wake(struct HixlEngine *e); /* the progress thread looks at its work now */
+/* During Connect (blocking socket, no lock): receive the next frame into buf (header,
+ * then body), applying the MEM_ADD / MEM_DEL the target sends meanwhile to p. */
+HixlStatus link_handshake_recv(int fd, uint64_t deadline, struct peer *p, uint8_t *buf, size_t cap,
+                               struct wire_hdr *h);
+uint32_t peer_caps(const struct peer *p); /* WIRE_CAP_* of its HELLO_ACK */
+
+/* ---- chunks and requests ---- */
+void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why);
+/* The chunks of r its link's transport moves (the staged units follow them). */
+struct chunk *link_req_direct(struct hixl_transfer_req *r, uint32_t *n);
+bool link_req_staged(const struct hixl_transfer_req *r); /* r has staged units too */
+uint64_t link_req_deadline(const struct hixl_transfer_req *r);
+bool link_req_cancelled(const struct hixl_transfer_req *r); /* timed out: unsent chunks are dropped */
+
+#endif
