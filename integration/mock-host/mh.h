@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "hixl/hixl_kv_connector.h"
 
@@ -239,6 +240,91 @@ struct mh_inst_args {
 
 /* Run an instance until the router says exit or goes away; the process exit code. */
 int mh_instance_main(const struct mh_inst_args *a);
+
+/* ---- the router: its options (mh_args.c), its loop (mh_router.c), its summary
+ * (mh_report.c); main (mh_main.c) loads the plugin and ties them together ---- */
+
+/* The command line, every default filled in. */
+struct mh_opts {
+  const char *plugin, *config, *json, *transport, *policy, *model_name, *mode, *layout;
+  const char *kv_memory; /* "hixl" (alloc_kv_caches) or "host" (the host's, register_kv_caches) */
+  const char *prefill_addr, *decode_addr;
+  struct mh_model model;
+  uint64_t kv_mib;
+  uint32_t requests, concurrency, compute_us;
+  uint64_t min_prompt, max_prompt, seed;
+  int64_t lease_ms;
+  enum mh_fault fault;
+  uint32_t fault_at;
+  const char *set[16]; /* --set KEY=VALUE, in order */
+  uint32_t nset;
+  uint32_t timeout_s;
+  bool progress, verbose;
+};
+
+/* The options into o, the model's shape settled: 0, or the exit status for bad options
+ * (2; said on stderr). --help prints the usage and exits 0. */
+int mh_parse_opts(int argc, char **argv, struct mh_opts *o);
+const char *mh_fault_name(enum mh_fault f); /* as --fault spells it */
+
+/* pull: NEW -> PREFILL -> DECODE -> DONE; push: NEW -> ALLOC (decode allocates) -> PUSH
+ * (prefill computes and writes into decode's blocks) -> DONE. */
+enum mh_rstate { MH_R_NEW, MH_R_PREFILL, MH_R_DECODE, MH_R_ALLOC, MH_R_PUSH, MH_R_DONE };
+
+/* A request, as the router tracks it. */
+struct mh_rreq {
+  uint64_t seed, prompt;
+  uint8_t state, outcome;
+  bool after_cut; /* link-cut: started once prefill had resumed; link-reset: ... once it had reset */
+  uint64_t t_saved, t_held, bytes;
+  char why[768];
+  char prefill_why[384]; /* push: prefill gave up; decode still ends the request */
+};
+
+/* An instance process, as the router sees it. */
+struct mh_child {
+  const char *name;
+  pid_t pid;
+  struct mh_conn conn;
+  bool ready, dead, stats_in, exit_sent;
+  bool reaped; /* its exit status is in wstatus already */
+  int wstatus;
+  struct mh_side s;
+};
+
+/* The router: the requests, the two instances and the counts the summary gives. */
+struct mh_router {
+  const struct mh_opts *o;
+  struct mh_rreq *r;
+  uint32_t next, inflight, ndone, nfail, nverified, nrecomputed, ncorrupt;
+  struct mh_child side[2]; /* 0 prefill, 1 decode */
+  bool fatal, push;
+  bool cut;    /* link-cut: prefill is stopped */
+  bool healed; /* link-cut: ... and resumed since */
+  uint32_t nafter_cut, nverified_after_cut;
+  uint32_t nreset;     /* link-reset: TCP connections prefill shut down */
+  uint32_t handed_off; /* kv_transfer_params forwarded so far */
+  uint64_t t_start, t_end, bytes;
+  bool timed_out;   /* mh_run gave up at --timeout */
+  bool exits_clean; /* mh_reap: every instance that reported exited with status 0 */
+};
+
+/* Start the instances (prefill with config cfg_p and model o->model, decode with cfg_d
+ * and md) and route every request until both reported, or --timeout (rt->timed_out);
+ * -1 when an instance could not be started. */
+int mh_run(struct mh_router *rt, const hixl_kv_ops *ops, const char *cfg_p, const char *cfg_d,
+           const struct mh_model *md, uint32_t drain_ms);
+/* Wait for the instances to exit (killing those that do not) and check how they did
+ * (rt->exits_clean). */
+void mh_reap(struct mh_router *rt);
+
+/* The progress bar on stderr (a terminal's, unless --no-progress); last clears it. */
+void mh_progress(const struct mh_router *rt, bool last);
+/* Whether the run passed: every request verified, or the fault handled as expected. */
+bool mh_verdict(const struct mh_router *rt);
+/* The summary on stdout and, with --json, in that file; -1 when the file cannot be
+ * written (the run fails). md: decode's model. */
+int mh_report(const struct mh_router *rt, const struct mh_model *md, bool pass);
 
 uint64_t mh_now_ns(void);
 const char *mh_status_name(hixl_kv_status st);

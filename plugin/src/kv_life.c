@@ -9,6 +9,7 @@
 
 #include "engine/engine_ext.h"
 #include "kv_int.h"
+#include "util/log.h"
 
 #define KV_EXPORT __attribute__((visibility("default")))
 
@@ -27,6 +28,7 @@ hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint32_t ra
   hixl_kv_status st;
   char why[512] = "";
   hixl_kv_connector *c = NULL;
+  hixl_log_init(); /* HIXL_LOG_LEVEL: a scheduler makes no engine, whose Create would read it */
   if (!json || !out || (role != HIXL_KV_ROLE_SCHEDULER && role != HIXL_KV_ROLE_WORKER) || world == 0 ||
       rank >= world) {
     st = kv_fail(HIXL_KV_PARAM_INVALID,

@@ -16,6 +16,7 @@
 
 #include "engine/engine_ext.h"
 #include "kv_int.h"
+#include "util/log.h"
 
 /* A PIN of e's request; with its hold's number (from the params), so the producer
  * answers at once for one it bound and does not hold. */
@@ -216,7 +217,7 @@ static void load_run(hixl_kv_connector *c, struct kv_load *l, uint32_t slot, boo
     c->stats.loads_done++;
   } else {
     c->stats.loads_failed++;
-    fprintf(stderr, "hixl-kv: request %s failed to load (%s): %s\n", l->e.req, HixlStatusName(st), why);
+    log_error("hixl-kv: request %s failed to load (%s): %s", l->e.req, HixlStatusName(st), why);
     kv_err_blocks_add(c, l->e.blocks, l->e.nblocks);
   }
   kv_finished_add(c, &c->recving_done, l->e.req); /* the host may use the blocks now */

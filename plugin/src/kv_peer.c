@@ -5,6 +5,7 @@
 
 #include "engine/engine_ext.h"
 #include "kv_int.h"
+#include "util/log.h"
 
 /* A KV service request: op on request id (LAYER: which layer; ABORT: why). */
 bool kv_msg(struct kv_out *o, uint8_t op, const char *id, uint32_t layer, const char *reason) {
@@ -54,7 +55,7 @@ HixlStatus kv_link(hixl_kv_connector *c, const struct kv_meta_entry *e, int32_t 
 }
 
 /* Tell the peer of e that its request ended (FREE, ABORT with reason), best effort;
- * a peer that could not be told is named on stderr.
+ * a peer that could not be told is named in a warning.
  * When the link was lost (by the transfer, or under this call), link again and tell it
  * there: else the peer would hold the request until its lease ran out, and then cut
  * every link with this side, the new one and the transfers on it included. Not when the
@@ -75,10 +76,9 @@ HixlStatus kv_tell(hixl_kv_connector *c, const struct kv_meta_entry *e, uint8_t 
       kv_call_ex(c, e->remote, op, e->rreq, 0, reason, ans, cap, n, c->cfg.notify_timeout_ms, &st);
   }
   if (st != HIXL_SUCCESS)
-    fprintf(stderr,
-            "hixl-kv: request %s: %s could not be told that it ended (%s): it keeps it until its lease runs "
-            "out\n",
-            e->req, e->remote, HixlStatusName(st));
+    log_warn("hixl-kv: request %s: %s could not be told that it ended (%s): it keeps it until its lease runs "
+             "out",
+             e->req, e->remote, HixlStatusName(st));
   return st;
 }
 

@@ -8,6 +8,7 @@
 
 #include "engine/engine_ext.h"
 #include "kv_int.h"
+#include "util/log.h"
 
 /* Accept on the consumer: it expects the request, with the same layout, into at
  * least as many blocks per group; its planes go to p->r. */
@@ -224,7 +225,7 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
   for (size_t i = 0; i < n; i++) {
     struct kv_meta_entry *e = &v[i]->e;
     if (st[i] != HIXL_SUCCESS) { /* the consumer reports the failure; best effort */
-      fprintf(stderr, "hixl-kv: request %s was not pushed (%s): %s\n", e->req, HixlStatusName(st[i]), why[i]);
+      log_error("hixl-kv: request %s was not pushed (%s): %s", e->req, HixlStatusName(st[i]), why[i]);
       kv_tell(c, e, KV_SVC_ABORT, why[i], ans, sizeof(ans), &an);
     }
     pthread_mutex_lock(&c->lock);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kv_int.h"
+#include "util/log.h"
 
 /* The fields of a consumer's kv_transfer_params; false with why when absent or bad. */
 struct kv_params {
@@ -419,10 +420,9 @@ static hixl_kv_status finished(hixl_kv_connector *c, const hixl_kv_request *r, c
     pthread_mutex_lock(&c->lock);
     full = c->sched.holding.n >= c->cfg.max_inflight;
     if (full && c->sched.not_held++ == 0)
-      fprintf(stderr,
-              "hixl-kv: %zu requests are held for consumers (max_inflight_requests); request %s and "
-              "later ones beyond the bound are not held: their consumers recompute them\n",
-              c->sched.holding.n, id);
+      log_warn("hixl-kv: %zu requests are held for consumers (max_inflight_requests); request %s and "
+               "later ones beyond the bound are not held: their consumers recompute them",
+               c->sched.holding.n, id);
     else if (!full && kv_idset_add(&c->sched.holding, id) != 0)
       full = true;
     pthread_mutex_unlock(&c->lock);

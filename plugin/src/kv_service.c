@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kv_int.h"
+#include "util/log.h"
 
 struct kv_held *kv_held_find(hixl_kv_connector *c, const char *id) {
   for (struct kv_held *h = c->hold.held; h; h = h->next)
@@ -59,7 +60,7 @@ void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why) {
   if (why) {
     c->stats.loads_failed++;
     kv_err_blocks_add(c, x->blocks, x->n);
-    fprintf(stderr, "hixl-kv: request %s failed to load: %s\n", x->id, why);
+    log_error("hixl-kv: request %s failed to load: %s", x->id, why);
   } else {
     c->stats.loads_done++;
     c->stats.bytes_loaded += kv_request_bytes(c, x->pgn, x->ngroups);

@@ -13,6 +13,7 @@
 #include "cache/cache_ext.h"
 #include "engine/engine_ext.h"
 #include "kv_int.h"
+#include "util/log.h"
 
 /* The groups become the connector's layout: checked, their memory registered (none of
  * it inside alloc_kv_memory's), the digest made. */
@@ -343,7 +344,7 @@ static void drop_peers(hixl_kv_connector *c, struct kv_idset *d) {
   for (size_t i = 0; i < d->n; i++) {
     size_t n = 0;
     hixl_engine_drop_peer(c->eng, d->v[i], why, &n);
-    if (n) fprintf(stderr, "hixl-kv: cut %zu link(s) with %s: %s\n", n, d->v[i], why);
+    if (n) log_warn("hixl-kv: cut %zu link(s) with %s: %s", n, d->v[i], why);
   }
   kv_idset_clear(d);
 }

@@ -100,8 +100,12 @@ static HixlStatus engine_new(const char *local, const char *transport, const cha
   return HIXL_SUCCESS;
 }
 
-static HixlStatus mem_desc(const HcommMem *mem, const char *tag, const char *fn, HixlMemDesc *d,
-                           HixlMemType *t) {
+/* Server and client RegMem alike: mem (host memory) registered with eng under tag; fn
+ * names the public call in errors. */
+static HixlStatus reg_mem(HixlEngine *eng, const char *tag, const HcommMem *mem, const char *fn,
+                          MemHandle *mem_handle) {
+  HixlMemHandle h;
+  CHECK_ARG(mem_handle, "%s: mem_handle is NULL", fn);
   CHECK_ARG(mem, "%s: mem is NULL", fn);
   CHECK_ARG(!tag || strlen(tag) <= HIXL_CS_MAX_TAG_LEN, "%s: mem_tag is longer than %d bytes", fn,
             HIXL_CS_MAX_TAG_LEN);
@@ -109,10 +113,10 @@ static HixlStatus mem_desc(const HcommMem *mem, const char *tag, const char *fn,
     return hixl_fail(HIXL_UNSUPPORTED,
                      "%s: device memory needs an accelerator backend, and this build has none", fn);
   CHECK_ARG(mem->type == HCCL_MEM_TYPE_HOST, "%s: memory type %d is unknown", fn, (int)mem->type);
-  d->addr = (uintptr_t)mem->addr;
-  d->len = (size_t)mem->size;
-  *t = HIXL_MEM_HOST;
-  return HIXL_SUCCESS;
+  HixlMemDesc d = {.addr = (uintptr_t)mem->addr, .len = (size_t)mem->size};
+  HixlStatus st = hixl_engine_register_tagged(eng, &d, HIXL_MEM_HOST, tag, &h);
+  if (st == HIXL_SUCCESS) *mem_handle = h;
+  return st;
 }
 
 /* ---- server ---- */
@@ -161,14 +165,7 @@ free_server:
 HixlStatus HixlCSServerRegMem(HixlServerHandle server_handle, const char *mem_tag, const HcommMem *mem,
                               MemHandle *mem_handle) {
   SERVER(server_handle, "HixlCSServerRegMem");
-  HixlMemDesc d;
-  HixlMemType t;
-  HixlMemHandle h;
-  CHECK_ARG(mem_handle, "HixlCSServerRegMem: mem_handle is NULL");
-  HixlStatus st = mem_desc(mem, mem_tag, "HixlCSServerRegMem", &d, &t);
-  if (st == HIXL_SUCCESS) st = hixl_engine_register_tagged(s->eng, &d, t, mem_tag, &h);
-  if (st == HIXL_SUCCESS) *mem_handle = h;
-  return st;
+  return reg_mem(s->eng, mem_tag, mem, "HixlCSServerRegMem", mem_handle);
 }
 
 HixlStatus HixlCSServerListen(HixlServerHandle server_handle, uint32_t backlog) {
@@ -304,14 +301,7 @@ HixlStatus HixlCSClientGetRemoteMem(HixlClientHandle client_handle, HcommMem **r
 HixlStatus HixlCSClientRegMem(HixlClientHandle client_handle, const char *mem_tag, const HcommMem *mem,
                               MemHandle *mem_handle) {
   CLIENT(client_handle, "HixlCSClientRegMem");
-  HixlMemDesc d;
-  HixlMemType t;
-  HixlMemHandle h;
-  CHECK_ARG(mem_handle, "HixlCSClientRegMem: mem_handle is NULL");
-  HixlStatus st = mem_desc(mem, mem_tag, "HixlCSClientRegMem", &d, &t);
-  if (st == HIXL_SUCCESS) st = hixl_engine_register_tagged(c->eng, &d, t, mem_tag, &h);
-  if (st == HIXL_SUCCESS) *mem_handle = h;
-  return st;
+  return reg_mem(c->eng, mem_tag, mem, "HixlCSClientRegMem", mem_handle);
 }
 
 HixlStatus HixlCSClientUnregMem(HixlClientHandle client_handle, MemHandle mem_handle) {

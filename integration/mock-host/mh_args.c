@@ -1,0 +1,268 @@
+/* hixl-mock-host: the router's options: the usage text and the command line's
+ * parsing, with each option's check and default. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mh.h"
+
+static const char *const fault_names[] = {"none",           "decode-dies", "prefill-dies",  "mismatch-block",
+                                          "mismatch-dtype", "link-cut",    "decode-aborts", "link-reset"};
+
+const char *mh_fault_name(enum mh_fault f) { return fault_names[f]; }
+
+static void usage(FILE *f) {
+  fprintf(
+      f,
+      "usage: hixl-mock-host [options]\n"
+      "  A prefill and a decode instance (separate processes, each a scheduler and a worker KV\n"
+      "  connector) and a router; every byte of KV that reaches decode is checked.\n"
+      "  --plugin PATH            libhixl_kv_connector.so (default: the one built beside this host)\n"
+      "  --config FILE            base connector config (JSON); address and role are set per instance\n"
+      "  --model NAME             preset shape (default llama8b: 32 layers, 8 KV heads x 128 x 2 B,\n"
+      "                           16-token blocks; tiny: 2 layers, 2 x 16 x 2 B, 4-token blocks, 64 blocks;\n"
+      "                           mla: 4 layers, a latent of 576 x 2 B, 16-token blocks; hybrid: tiny's\n"
+      "                           heads, 4 layers, the odd ones a sliding window of a quarter of the\n"
+      "                           largest prompt)\n"
+      "  --layout NAME            the KV tensors' layout: kv_first (default; ABI 1.0's\n"
+      "                           register_kv_caches), or through ABI 1.3's register_kv_groups:\n"
+      "                           blocks_first, packed, LBNHC, LBHNC, LHBNC, BLNHC, BLHNC, BHLNC,\n"
+      "                           cross_layer\n"
+      "  --layers N --kv-heads N --head-dim N --elem-size N --block-tokens N --num-blocks N\n"
+      "  --kv-mib N               KV cache per instance, sets --num-blocks (llama8b default 512)\n"
+      "  --kv-memory hixl|host    who allocates the KV caches: the plugin (alloc_kv_caches, or\n"
+      "                           alloc_kv_memory: memory a same-host peer maps; default) or the host\n"
+      "  --requests N             (default 16)       --concurrency N (default 4)\n"
+      "  --min-prompt N --max-prompt N   prompt tokens, uniform (default 16 .. 4096, tiny 16 .. 64)\n"
+      "  --seed N                 prompts and KV content (default 1)\n"
+      "  --compute-us-per-token N prefill compute time per layer per token (default 0)\n"
+      "  --transport NAME         sets the config's Transport (tcp, shm, rdma, auto)\n"
+      "  --mode pull|push         sets the config's mode (push: decode allocates first, prefill\n"
+      "                           writes each layer into it as soon as it is computed)\n"
+      "  --lease-ms N             sets the config's lease_ms\n"
+      "  --on-load-failure fail|recompute   sets the config's load_failure_policy\n"
+      "  --prefill-addr IP:PORT --decode-addr IP:PORT   (default 127.0.0.1 and free ports)\n"
+      "  --set KEY=VALUE          any other config key (VALUE is JSON, else a string); repeatable\n"
+      "  --fault decode-dies|prefill-dies|mismatch-block|mismatch-dtype|link-cut|link-reset|\n"
+      "          decode-aborts\n"
+      "           --fault-at N    (link-cut: prefill is stopped, SIGSTOP, after the Nth hand-off until\n"
+      "                           every load in flight has ended, then resumed; link-reset: at the Nth\n"
+      "                           hand-off prefill shuts down every TCP connection it has, transfers in\n"
+      "                           flight fail, later ones link again; decode-aborts: decode aborts its\n"
+      "                           Nth load as it starts, as a client that went away)\n"
+      "  --timeout S              give up after S seconds (default 120)\n"
+      "  --json FILE              the summary as JSON\n"
+      "  --no-progress --verbose --help\n"
+      "Exit status: 0 when every request verified (with --fault: the fault was reported, no byte\n"
+      "was wrong, and the surviving side holds zero blocks), 1 otherwise, 2 for bad options.\n");
+}
+
+static bool parse_u64(const char *s, uint64_t *out) {
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || end == s || *end || s[0] == '-') return false;
+  *out = v;
+  return true;
+}
+
+int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
+  enum {
+    O_PLUGIN = 256,
+    O_CONFIG,
+    O_MODEL,
+    O_LAYERS,
+    O_HEADS,
+    O_DIM,
+    O_ELEM,
+    O_BT,
+    O_NB,
+    O_MIB,
+    O_REQ,
+    O_CONC,
+    O_MINP,
+    O_MAXP,
+    O_SEED,
+    O_CUS,
+    O_TRANSPORT,
+    O_LEASE,
+    O_POLICY,
+    O_PADDR,
+    O_DADDR,
+    O_FAULT,
+    O_FAT,
+    O_TIMEOUT,
+    O_JSON,
+    O_NOPROG,
+    O_VERBOSE,
+    O_MODE,
+    O_SET,
+    O_KVMEM,
+    O_LAYOUT,
+    O_HELP
+  };
+  static const struct option lo[] = {{"plugin", 1, 0, O_PLUGIN},
+                                     {"config", 1, 0, O_CONFIG},
+                                     {"model", 1, 0, O_MODEL},
+                                     {"layers", 1, 0, O_LAYERS},
+                                     {"kv-heads", 1, 0, O_HEADS},
+                                     {"head-dim", 1, 0, O_DIM},
+                                     {"elem-size", 1, 0, O_ELEM},
+                                     {"block-tokens", 1, 0, O_BT},
+                                     {"num-blocks", 1, 0, O_NB},
+                                     {"kv-mib", 1, 0, O_MIB},
+                                     {"requests", 1, 0, O_REQ},
+                                     {"concurrency", 1, 0, O_CONC},
+                                     {"min-prompt", 1, 0, O_MINP},
+                                     {"max-prompt", 1, 0, O_MAXP},
+                                     {"seed", 1, 0, O_SEED},
+                                     {"compute-us-per-token", 1, 0, O_CUS},
+                                     {"transport", 1, 0, O_TRANSPORT},
+                                     {"lease-ms", 1, 0, O_LEASE},
+                                     {"on-load-failure", 1, 0, O_POLICY},
+                                     {"prefill-addr", 1, 0, O_PADDR},
+                                     {"decode-addr", 1, 0, O_DADDR},
+                                     {"fault", 1, 0, O_FAULT},
+                                     {"fault-at", 1, 0, O_FAT},
+                                     {"timeout", 1, 0, O_TIMEOUT},
+                                     {"json", 1, 0, O_JSON},
+                                     {"no-progress", 0, 0, O_NOPROG},
+                                     {"verbose", 0, 0, O_VERBOSE},
+                                     {"mode", 1, 0, O_MODE},
+                                     {"set", 1, 0, O_SET},
+                                     {"kv-memory", 1, 0, O_KVMEM},
+                                     {"layout", 1, 0, O_LAYOUT},
+                                     {"help", 0, 0, O_HELP},
+                                     {0, 0, 0, 0}};
+  uint64_t set[O_HELP + 1] = {0}, v = 0;
+  bool given[O_HELP + 1] = {0};
+  int c;
+  *o = (struct mh_opts){.requests = 16,
+                        .concurrency = 4,
+                        .seed = 1,
+                        .lease_ms = -1,
+                        .timeout_s = 120,
+                        .progress = true,
+                        .model_name = "llama8b",
+                        .kv_memory = "hixl",
+                        .kv_mib = 512};
+  while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    if (c == '?') return 2;
+    given[c] = true;
+    switch (c) {
+    case O_PLUGIN: o->plugin = optarg; break;
+    case O_CONFIG: o->config = optarg; break;
+    case O_MODEL: o->model_name = optarg; break;
+    case O_TRANSPORT: o->transport = optarg; break;
+    case O_POLICY: o->policy = optarg; break;
+    case O_PADDR: o->prefill_addr = optarg; break;
+    case O_DADDR: o->decode_addr = optarg; break;
+    case O_JSON: o->json = optarg; break;
+    case O_MODE: o->mode = optarg; break;
+    case O_LAYOUT: o->layout = optarg; break;
+    case O_KVMEM:
+      if (strcmp(optarg, "hixl") != 0 && strcmp(optarg, "host") != 0) {
+        fprintf(stderr, "hixl-mock-host: --kv-memory %s: want hixl or host\n", optarg);
+        return 2;
+      }
+      o->kv_memory = optarg;
+      break;
+    case O_SET:
+      if (!strchr(optarg, '=') || optarg[0] == '=' || o->nset == sizeof(o->set) / sizeof(o->set[0])) {
+        fprintf(stderr, "hixl-mock-host: --set %s: want KEY=VALUE (at most 16)\n", optarg);
+        return 2;
+      }
+      o->set[o->nset++] = optarg;
+      break;
+    case O_NOPROG: o->progress = false; break;
+    case O_VERBOSE: o->verbose = true; break;
+    case O_HELP: usage(stdout); exit(0);
+    case O_FAULT: {
+      size_t k = 0;
+      while (k < sizeof(fault_names) / sizeof(fault_names[0]) && strcmp(optarg, fault_names[k]) != 0) k++;
+      if (k == sizeof(fault_names) / sizeof(fault_names[0])) {
+        fprintf(stderr,
+                "hixl-mock-host: --fault %s is unknown (decode-dies, prefill-dies, mismatch-block, "
+                "mismatch-dtype, link-cut, decode-aborts, link-reset)\n",
+                optarg);
+        return 2;
+      }
+      o->fault = (enum mh_fault)k;
+      break;
+    }
+    default:
+      if (!parse_u64(optarg, &v) || (c != O_SEED && c != O_CUS && v == 0) ||
+          (c != O_SEED && c != O_MIB && c != O_NB && c != O_LEASE && v > UINT32_MAX)) {
+        fprintf(stderr, "hixl-mock-host: --%s %s: want a positive integer\n", lo[c - O_PLUGIN].name, optarg);
+        return 2;
+      }
+      set[c] = v;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "hixl-mock-host: unexpected argument \"%s\" (see --help)\n", argv[optind]);
+    return 2;
+  }
+  struct mh_model *m = &o->model;
+  uint64_t max_prompt = 0;
+  char why[256];
+  if (mh_model_preset(o->model_name, m, &max_prompt) < 0) {
+    fprintf(stderr, "hixl-mock-host: --model %s is unknown (tiny, llama8b, mla, hybrid)\n", o->model_name);
+    return 2;
+  }
+  if (o->layout && mh_layout_parse(o->layout, &m->layout) < 0) {
+    fprintf(stderr, "hixl-mock-host: --layout %s is unknown (%s)\n", o->layout, mh_layout_list);
+    return 2;
+  }
+  if (given[O_LAYERS]) m->layers = (uint32_t)set[O_LAYERS];
+  if (given[O_HEADS]) m->kv_heads = (uint32_t)set[O_HEADS];
+  if (given[O_DIM]) m->head_dim = (uint32_t)set[O_DIM];
+  if (given[O_ELEM]) m->elem_size = (uint32_t)set[O_ELEM];
+  if (given[O_BT]) m->block_tokens = (uint32_t)set[O_BT];
+  if (given[O_MIB]) o->kv_mib = set[O_MIB];
+  if (given[O_NB])
+    m->num_blocks = set[O_NB];
+  else if (m->num_blocks == 0 || given[O_MIB])
+    m->num_blocks = (o->kv_mib << 20) / mh_pool_block_bytes(m);
+  if (given[O_REQ]) o->requests = (uint32_t)set[O_REQ];
+  if (given[O_CONC]) o->concurrency = (uint32_t)set[O_CONC];
+  if (given[O_SEED]) o->seed = set[O_SEED];
+  if (given[O_CUS]) o->compute_us = (uint32_t)set[O_CUS];
+  if (given[O_LEASE]) o->lease_ms = (int64_t)set[O_LEASE];
+  if (given[O_TIMEOUT]) o->timeout_s = (uint32_t)set[O_TIMEOUT];
+  o->min_prompt = given[O_MINP] ? set[O_MINP] : 16;
+  o->max_prompt = given[O_MAXP] ? set[O_MAXP] : max_prompt;
+  mh_model_window(m, o->max_prompt);
+  if (!mh_layout_check(m, why, sizeof(why))) {
+    fprintf(stderr, "hixl-mock-host: --model %s --layout %s: %s\n", o->model_name, mh_layout_name(m->layout),
+            why);
+    return 2;
+  }
+  o->fault_at = given[O_FAT] ? (uint32_t)set[O_FAT] : (o->requests / 4 > 2 ? o->requests / 4 : 2);
+  if (o->min_prompt > o->max_prompt) {
+    fprintf(stderr, "hixl-mock-host: --min-prompt %" PRIu64 " is above --max-prompt %" PRIu64 "\n",
+            o->min_prompt, o->max_prompt);
+    return 2;
+  }
+  if (m->num_blocks == 0 || mh_request_blocks(m, o->max_prompt) > m->num_blocks) {
+    fprintf(stderr,
+            "hixl-mock-host: a prompt of %" PRIu64 " tokens needs %" PRIu64
+            " blocks of %u tokens; the KV cache has %" PRIu64 " (%" PRIu64
+            " KiB): raise --kv-mib or --num-blocks, or lower --max-prompt\n",
+            o->max_prompt, mh_request_blocks(m, o->max_prompt), m->block_tokens, m->num_blocks,
+            (m->num_blocks * mh_pool_block_bytes(m)) >> 10);
+    return 2;
+  }
+  if (o->mode && strcmp(o->mode, "pull") != 0 && strcmp(o->mode, "push") != 0) {
+    fprintf(stderr, "hixl-mock-host: --mode %s: want pull or push\n", o->mode);
+    return 2;
+  }
+  if (o->policy && strcmp(o->policy, "fail") != 0 && strcmp(o->policy, "recompute") != 0) {
+    fprintf(stderr, "hixl-mock-host: --on-load-failure %s: want fail or recompute\n", o->policy);
+    return 2;
+  }
+  return 0;
+}
