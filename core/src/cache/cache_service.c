@@ -1,0 +1,95 @@
+/* cache_service: the CACHE service, the target side, on the engine's progress thread. */
+/* It answers a peer's HELLO and its lookup of a cache by key (cache_codec.c). */
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cache/cache_int.h"
+
+/* The cache a key names here, and the batch item it names; NULL with why. */
+static struct cm_cache *cache_by_key(HixlCacheManager *m, const HixlCacheAnyKey *k, uint32_t *batch,
+                                     char *why, size_t cap) {
+  char kt[160];
+  cm_key_text(k, kt, sizeof(kt));
+  if (cm_key_cluster(k) != m->cluster_id) {
+    snprintf(why, cap, "%s: this manager is cluster %" PRIu64, kt, m->cluster_id);
+    return NULL;
+  }
+  for (struct cm_cache *c = m->caches; c; c = c->next) {
+    if (k->kind == HIXL_CACHE_KEY_ID && c->id == k->u.id.cache_id) {
+      if (k->u.id.batch_index >= c->desc.shape[0] && !c->blocks) {
+        snprintf(why, cap, "%s: cache %" PRIu64 " has %" PRIu64 " batch items", kt, c->id, c->desc.shape[0]);
+        return NULL;
+      }
+      *batch = k->u.id.batch_index;
+      return c;
+    }
+    if (k->kind == HIXL_CACHE_KEY_BLOCKS && c->has_bkey && c->bkey.model_id == k->u.blocks.model_id) {
+      *batch = 0;
+      return c;
+    }
+    if (k->kind == HIXL_CACHE_KEY_REQ)
+      for (size_t b = 0; b < c->nkeys; b++)
+        if (c->keys[b].req_id == k->u.req.req_id && c->keys[b].model_id == k->u.req.model_id &&
+            c->keys[b].prefix_id == k->u.req.prefix_id) {
+          *batch = (uint32_t)b;
+          return c;
+        }
+  }
+  snprintf(why, cap, "%s names no cache on cluster %" PRIu64, kt, m->cluster_id);
+  return NULL;
+}
+
+HixlStatus cm_serve(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp, size_t cap,
+                    size_t *resp_len) {
+  HixlCacheManager *m = ctx;
+  struct be_in in = be_in_of(req, len);
+  struct be_out out = be_out_fixed(resp, cap);
+  uint8_t proto = be_in_u8(&in), op = be_in_u8(&in);
+  HixlStatus st = HIXL_SUCCESS;
+  char why[320] = "";
+  if (in.bad || proto != CM_PROTO) {
+    snprintf(why, sizeof(why), "cache service request of %zu bytes, layout %u: this side speaks layout %u",
+             len, proto, CM_PROTO);
+    st = HIXL_UNSUPPORTED;
+  } else if (op == CM_OP_HELLO && be_in_left(&in) == 0) {
+    be_out_u64(&out, m->cluster_id);
+    be_out_u64(&out, m->nonce);
+  } else if (op == CM_OP_LOOKUP) {
+    HixlCacheAnyKey k;
+    if (!cm_get_key(&in, &k) || be_in_left(&in) != 0) {
+      snprintf(why, sizeof(why), "malformed cache lookup from %s", peer);
+      st = HIXL_PARAM_INVALID;
+    } else {
+      pthread_mutex_lock(&m->lock);
+      uint32_t batch = 0;
+      struct cm_cache *c = cache_by_key(m, &k, &batch, why, sizeof(why));
+      if (!c) {
+        st = HIXL_NOT_FOUND;
+      } else if (!c->remote) {
+        snprintf(why, sizeof(why),
+                 "cache %" PRIu64 " of cluster %" PRIu64 " is registered without remote access", c->id,
+                 m->cluster_id);
+        st = HIXL_NOT_FOUND;
+      } else {
+        cm_put_view(&out, c, batch);
+      }
+      pthread_mutex_unlock(&m->lock);
+      if (st == HIXL_SUCCESS && out.bad) {
+        snprintf(why, sizeof(why), "cache answer does not fit %zu bytes", cap);
+        st = HIXL_FAILED;
+      }
+    }
+  } else {
+    snprintf(why, sizeof(why), "unknown cache service operation %u", op);
+    st = HIXL_UNSUPPORTED;
+  }
+  if (st != HIXL_SUCCESS) {
+    size_t n = strlen(why);
+    memcpy(resp, why, n < cap ? n : cap);
+    *resp_len = n < cap ? n : cap;
+    return st;
+  }
+  *resp_len = out.len;
+  return HIXL_SUCCESS;
+}
