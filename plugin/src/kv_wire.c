@@ -4,46 +4,51 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void grow(struct kv_out *o, size_t n) {
-  if (o->bad || o->len + n <= o->cap) return;
-  size_t cap = o->cap ? o->cap : 256;
-  while (cap < o->len + n) cap *= 2;
-  uint8_t *p = realloc(o->p, cap);
-  if (!p) {
-    o->bad = true;
-    return;
-  }
-  o->p = p;
-  o->cap = cap;
+#include "util/be.h"
+
+/* kv_out and kv_in keep their own fields (the plugin's files read p, len, off and bad,
+ * and a zeroed kv_out is an empty heap buffer); every byte goes through be.h's
+ * cursors, run over those fields. */
+static uint8_t *take_out(struct kv_out *o, size_t n) {
+  struct be_out b = {.p = o->p, .len = o->len, .cap = o->cap, .grow = true, .bad = o->bad};
+  uint8_t *q = be_out_take(&b, n);
+  *o = (struct kv_out){.p = b.p, .len = b.len, .cap = b.cap, .bad = b.bad};
+  return q;
 }
 
-static void put_be(struct kv_out *o, uint64_t v, int bytes) {
-  grow(o, (size_t)bytes);
-  if (o->bad) return;
-  for (int i = bytes - 1; i >= 0; i--) o->p[o->len++] = (uint8_t)(v >> (8 * i));
+static const uint8_t *take_in(struct kv_in *i, size_t n) {
+  struct be_in b = {.p = i->p, .len = i->len, .off = i->off, .bad = i->bad};
+  const uint8_t *q = be_in_take(&b, n);
+  *i = (struct kv_in){.p = b.p, .len = b.len, .off = b.off, .bad = b.bad};
+  return q;
 }
 
-void kv_put_u8(struct kv_out *o, uint8_t v) { put_be(o, v, 1); }
-void kv_put_u32(struct kv_out *o, uint32_t v) { put_be(o, v, 4); }
-void kv_put_u64(struct kv_out *o, uint64_t v) { put_be(o, v, 8); }
+void kv_put_u8(struct kv_out *o, uint8_t v) {
+  uint8_t *q = take_out(o, 1);
+  if (q) q[0] = v;
+}
+void kv_put_u32(struct kv_out *o, uint32_t v) {
+  uint8_t *q = take_out(o, 4);
+  if (q) be_put32(q, v);
+}
+void kv_put_u64(struct kv_out *o, uint64_t v) {
+  uint8_t *q = take_out(o, 8);
+  if (q) be_put64(q, v);
+}
 
 void kv_put_str(struct kv_out *o, const char *s, size_t n) {
   if (n > UINT16_MAX) {
     o->bad = true;
     return;
   }
-  put_be(o, n, 2);
-  grow(o, n);
-  if (o->bad) return;
-  memcpy(o->p + o->len, s, n);
-  o->len += n;
+  uint8_t *q = take_out(o, 2);
+  if (q) be_put16(q, (uint16_t)n);
+  kv_put_raw(o, (const uint8_t *)s, n);
 }
 
 void kv_put_raw(struct kv_out *o, const uint8_t *p, size_t n) {
-  grow(o, n);
-  if (o->bad || n == 0) return;
-  memcpy(o->p + o->len, p, n);
-  o->len += n;
+  uint8_t *q = n ? take_out(o, n) : NULL; /* nothing to take: p may be NULL */
+  if (q) memcpy(q, p, n);
 }
 
 void kv_put_blocks(struct kv_out *o, const uint64_t *v, size_t n) {
@@ -55,34 +60,34 @@ void kv_put_blocks(struct kv_out *o, const uint64_t *v, size_t n) {
   for (size_t i = 0; i < n; i++) kv_put_u64(o, v[i]);
 }
 
-static uint64_t get_be(struct kv_in *i, int bytes) {
-  if (i->bad || i->len - i->off < (size_t)bytes) {
-    i->bad = true;
-    return 0;
-  }
-  uint64_t v = 0;
-  for (int k = 0; k < bytes; k++) v = (v << 8) | i->p[i->off++];
-  return v;
+uint8_t kv_get_u8(struct kv_in *i) {
+  const uint8_t *q = take_in(i, 1);
+  return q ? q[0] : 0;
+}
+uint32_t kv_get_u32(struct kv_in *i) {
+  const uint8_t *q = take_in(i, 4);
+  return q ? be_get32(q) : 0;
+}
+uint64_t kv_get_u64(struct kv_in *i) {
+  const uint8_t *q = take_in(i, 8);
+  return q ? be_get64(q) : 0;
 }
 
-uint8_t kv_get_u8(struct kv_in *i) { return (uint8_t)get_be(i, 1); }
-uint32_t kv_get_u32(struct kv_in *i) { return (uint32_t)get_be(i, 4); }
-uint64_t kv_get_u64(struct kv_in *i) { return get_be(i, 8); }
-
 bool kv_get_str(struct kv_in *i, char *out, size_t max) {
-  size_t n = (size_t)get_be(i, 2);
-  if (i->bad || n > max || i->len - i->off < n) {
+  const uint8_t *q = take_in(i, 2);
+  size_t n = q ? be_get16(q) : 0;
+  const uint8_t *s = n <= max ? take_in(i, n) : NULL;
+  if (!s) {
     i->bad = true;
     out[0] = '\0';
     return false;
   }
-  memcpy(out, i->p + i->off, n);
+  memcpy(out, s, n);
   out[n] = '\0';
   if (memchr(out, '\0', n)) { /* ids are text */
     i->bad = true;
     return false;
   }
-  i->off += n;
   return true;
 }
 
@@ -100,7 +105,7 @@ bool kv_get_blocks(struct kv_in *i, uint64_t **v, size_t *n) {
     i->bad = true;
     return false;
   }
-  for (uint32_t k = 0; k < c; k++) a[k] = get_be(i, 8);
+  for (uint32_t k = 0; k < c; k++) a[k] = kv_get_u64(i);
   *v = a;
   *n = c;
   return true;

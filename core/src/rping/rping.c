@@ -308,6 +308,21 @@ static HccnResult parse_dst(const HccnRpingTargetInfo *t, const char *fn, uint32
   return HCCN_SUCCESS;
 }
 
+/* The dstIp of each of target[0..n) into *dst, an array the caller frees. */
+static HccnResult parse_dsts(const HccnRpingTargetInfo *target, uint32_t n, const char *fn,
+                             struct in_addr **dst) {
+  struct in_addr *a = calloc(n, sizeof(*a));
+  HccnResult r = HCCN_SUCCESS;
+  if (!a) return rp_fail(HCCN_E_MEM, "%s: out of memory", fn);
+  for (uint32_t i = 0; i < n && r == HCCN_SUCCESS; i++) r = parse_dst(&target[i], fn, i, &a[i]);
+  if (r != HCCN_SUCCESS) {
+    free(a);
+    return r;
+  }
+  *dst = a;
+  return HCCN_SUCCESS;
+}
+
 /* Check target i of an AddTarget call and copy it into out. */
 static HccnResult check_target(const struct rp_ctx *c, const HccnRpingTargetInfo *t, uint32_t i,
                                struct rp_target *out) {
@@ -482,13 +497,7 @@ HccnResult HccnRpingRemoveTarget(HccnRpingCtx rpingCtx, uint32_t targetNum, Hccn
     r = rp_fail(HCCN_E_PARA, "%s: targetNum is 0 or target is NULL", fn);
     goto put_ctx;
   }
-  dst = calloc(targetNum, sizeof(*dst));
-  if (!dst) {
-    r = rp_fail(HCCN_E_MEM, "%s: out of memory", fn);
-    goto put_ctx;
-  }
-  for (uint32_t i = 0; i < targetNum && r == HCCN_SUCCESS; i++) r = parse_dst(&target[i], fn, i, &dst[i]);
-  if (r != HCCN_SUCCESS) goto free_dst;
+  if ((r = parse_dsts(target, targetNum, fn, &dst)) != HCCN_SUCCESS) goto put_ctx;
 
   pthread_mutex_lock(&c->lock);
   if (c->batch)
@@ -507,7 +516,6 @@ HccnResult HccnRpingRemoveTarget(HccnRpingCtx rpingCtx, uint32_t targetNum, Hccn
     c->ntargets--;
   }
   pthread_mutex_unlock(&c->lock);
-free_dst:
   free(dst);
 put_ctx:
   ctx_put(c);
@@ -575,14 +583,7 @@ HccnResult HccnRpingBatchPingStart(HccnRpingCtx rpingCtx, uint32_t pktNum, uint3
 no_mem:
   r = rp_fail(HCCN_E_MEM, "%s: out of memory for %zu targets x %u packets", fn, c->ntargets, pktNum);
 free_batch:
-  if (b) {
-    free(b->t);
-    free(b->tally);
-    free(b->sent_ns);
-    free(b->sock_of);
-    free(b->socks);
-    free(b);
-  }
+  rp_batch_release(b);
 unlock:
   pthread_mutex_unlock(&c->lock);
   pthread_mutex_unlock(&c->run_lock);
@@ -630,13 +631,7 @@ HccnResult HccnRpingGetResult(HccnRpingCtx rpingCtx, uint32_t targetNum, HccnRpi
     r = rp_fail(HCCN_E_PARA, "%s: targetNum is 0, or target or result is NULL", fn);
     goto put_ctx;
   }
-  dst = calloc(targetNum, sizeof(*dst));
-  if (!dst) {
-    r = rp_fail(HCCN_E_MEM, "%s: out of memory", fn);
-    goto put_ctx;
-  }
-  for (uint32_t i = 0; i < targetNum && r == HCCN_SUCCESS; i++) r = parse_dst(&target[i], fn, i, &dst[i]);
-  if (r != HCCN_SUCCESS) goto free_dst;
+  if ((r = parse_dsts(target, targetNum, fn, &dst)) != HCCN_SUCCESS) goto put_ctx;
 
   pthread_mutex_lock(&c->lock);
   b = c->batch;
@@ -667,7 +662,6 @@ HccnResult HccnRpingGetResult(HccnRpingCtx rpingCtx, uint32_t targetNum, HccnRpi
     }
   }
   pthread_mutex_unlock(&c->lock);
-free_dst:
   free(dst);
 put_ctx:
   ctx_put(c);

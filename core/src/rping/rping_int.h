@@ -156,6 +156,9 @@ uint32_t rp_roce_max_payload(const struct rp_ctx *ctx);
 HccnResult rp_batch_run(struct rp_batch *b);
 /* Stop b's thread if it still runs, join it and free b. */
 void rp_batch_free(struct rp_batch *b);
+/* Free b and the arrays BatchPingStart gave it, nothing else (no thread, socket or
+ * QP left); NULL is a no-op. */
+void rp_batch_release(struct rp_batch *b);
 
 /* For tests: the traffic class and service level a target of the active batch was
  * probed with and saw (the tally fields above), once the batch is done. HCCN_E_AGAIN

@@ -851,6 +851,11 @@ void rp_batch_free(struct rp_batch *b) {
   if (b->ctx->roce) roce_teardown(b);
   while (b->nsocks > 0) close(b->socks[--b->nsocks]);
   close(b->stop_efd);
+  rp_batch_release(b);
+}
+
+void rp_batch_release(struct rp_batch *b) {
+  if (!b) return;
   free(b->t);
   free(b->tally);
   free(b->sent_ns);

@@ -3,24 +3,7 @@
 
 #include <string.h>
 
-static void be16_put(uint8_t *p, uint16_t v) {
-  p[0] = (uint8_t)(v >> 8);
-  p[1] = (uint8_t)v;
-}
-
-static void be32_put(uint8_t *p, uint32_t v) {
-  be16_put(p, (uint16_t)(v >> 16));
-  be16_put(p + 2, (uint16_t)v);
-}
-
-static void be64_put(uint8_t *p, uint64_t v) {
-  be32_put(p, (uint32_t)(v >> 32));
-  be32_put(p + 4, (uint32_t)v);
-}
-
-static uint16_t be16_get(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
-static uint32_t be32_get(const uint8_t *p) { return ((uint32_t)be16_get(p) << 16) | be16_get(p + 2); }
-static uint64_t be64_get(const uint8_t *p) { return ((uint64_t)be32_get(p) << 32) | be32_get(p + 4); }
+#include "util/be.h"
 
 static int ep_ok(const struct rp_ep *ep) {
   return ep->qpn >= 2 && ep->qpn <= 0xffffff &&
@@ -31,9 +14,9 @@ size_t rp_ep_put(const struct rp_ep *ep, uint8_t *out) {
   if (!ep_ok(ep)) return 0;
   out[0] = RP_EP_ROCE_UD;
   out[1] = out[2] = out[3] = 0;
-  be32_put(out + 4, ep->qpn);
-  be32_put(out + 8, ep->qkey);
-  be32_put(out + 12, ep->mtu);
+  be_put32(out + 4, ep->qpn);
+  be_put32(out + 8, ep->qkey);
+  be_put32(out + 12, ep->mtu);
   memcpy(out + 16, ep->gid, 16);
   return RP_EP_LEN;
 }
@@ -42,9 +25,9 @@ enum rp_err rp_ep_get(const uint8_t *p, size_t n, struct rp_ep *ep) {
   struct rp_ep e;
   if (n != RP_EP_LEN) return RP_ELEN;
   if (p[0] != RP_EP_ROCE_UD || p[1] || p[2] || p[3]) return RP_EENDPOINT;
-  e.qpn = be32_get(p + 4);
-  e.qkey = be32_get(p + 8);
-  e.mtu = be32_get(p + 12);
+  e.qpn = be_get32(p + 4);
+  e.qkey = be_get32(p + 8);
+  e.mtu = be_get32(p + 12);
   memcpy(e.gid, p + 16, 16);
   if (!ep_ok(&e)) return RP_EENDPOINT;
   *ep = e;
@@ -72,17 +55,17 @@ size_t rp_encode(const struct rp_pkt *pkt, uint8_t *buf, size_t cap) {
   if (version > RP_VERSION2 || len > cap || (pkt->payload_len && !pkt->payload) ||
       payload_ok(version, pkt->type, pkt->payload_len, pkt->payload) != RP_OK)
     return 0;
-  be32_put(buf, RP_MAGIC);
+  be_put32(buf, RP_MAGIC);
   buf[4] = version;
   buf[5] = pkt->type;
   buf[6] = pkt->tos;
   buf[7] = 0;
-  be16_put(buf + 8, (uint16_t)len);
-  be16_put(buf + 10, pkt->payload_len);
-  be32_put(buf + 12, pkt->batch);
-  be32_put(buf + 16, pkt->target);
-  be32_put(buf + 20, pkt->seq);
-  be64_put(buf + 24, pkt->stamp);
+  be_put16(buf + 8, (uint16_t)len);
+  be_put16(buf + 10, pkt->payload_len);
+  be_put32(buf + 12, pkt->batch);
+  be_put32(buf + 16, pkt->target);
+  be_put32(buf + 20, pkt->seq);
+  be_put64(buf + 24, pkt->stamp);
   if (pkt->payload_len) memmove(buf + RP_HDR_LEN, pkt->payload, pkt->payload_len);
   return len;
 }
@@ -91,22 +74,22 @@ enum rp_err rp_decode(const uint8_t *buf, size_t n, struct rp_pkt *pkt) {
   uint16_t len, payload_len;
   enum rp_err err;
   if (n < RP_HDR_LEN) return RP_ESHORT;
-  if (be32_get(buf) != RP_MAGIC) return RP_EMAGIC;
+  if (be_get32(buf) != RP_MAGIC) return RP_EMAGIC;
   if (buf[4] != RP_VERSION1 && buf[4] != RP_VERSION2) return RP_EVERSION;
   if (buf[5] < RP_HELLO || buf[5] > RP_PONG) return RP_ETYPE;
   if (buf[7] != 0) return RP_EFLAGS;
-  len = be16_get(buf + 8);
-  payload_len = be16_get(buf + 10);
+  len = be_get16(buf + 8);
+  payload_len = be_get16(buf + 10);
   if (len != n || payload_len != n - RP_HDR_LEN) return RP_ELEN;
   if ((err = payload_ok(buf[4], buf[5], payload_len, buf + RP_HDR_LEN)) != RP_OK) return err;
   pkt->version = buf[4];
   pkt->type = buf[5];
   pkt->tos = buf[6];
   pkt->payload_len = payload_len;
-  pkt->batch = be32_get(buf + 12);
-  pkt->target = be32_get(buf + 16);
-  pkt->seq = be32_get(buf + 20);
-  pkt->stamp = be64_get(buf + 24);
+  pkt->batch = be_get32(buf + 12);
+  pkt->target = be_get32(buf + 16);
+  pkt->seq = be_get32(buf + 20);
+  pkt->stamp = be_get64(buf + 24);
   pkt->payload = payload_len ? buf + RP_HDR_LEN : NULL;
   return RP_OK;
 }

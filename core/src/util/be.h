@@ -41,9 +41,11 @@ static inline struct be_out be_out_fixed(uint8_t *buf, size_t cap) {
 }
 static inline struct be_out be_out_heap(void) { return (struct be_out){.grow = true}; }
 
-/* Room for n more bytes at p + len, or NULL (and bad). */
+/* Room for n more bytes at p + len, or NULL (and bad). n 0: p + len, or NULL while
+ * there is no buffer yet (not an error). */
 static inline uint8_t *be_out_take(struct be_out *o, size_t n) {
   if (o->bad) return NULL;
+  if (n == 0) return o->p ? o->p + o->len : NULL;
   if (n > o->cap - o->len) {
     size_t cap = o->cap ? o->cap : 256;
     uint8_t *q;
@@ -76,7 +78,7 @@ static inline void be_out_u64(struct be_out *o, uint64_t v) {
   if (p) be_put64(p, v);
 }
 static inline void be_out_bytes(struct be_out *o, const void *s, size_t n) {
-  uint8_t *p = be_out_take(o, n);
+  uint8_t *p = n ? be_out_take(o, n) : NULL; /* nothing to write: s may be NULL */
   if (p && n) memcpy(p, s, n);
 }
 
@@ -89,8 +91,10 @@ struct be_in {
 static inline struct be_in be_in_of(const void *p, size_t len) {
   return (struct be_in){.p = (const uint8_t *)p, .len = len};
 }
-/* The next n bytes, or NULL (and bad) when fewer are left. */
+/* The next n bytes, or NULL (and bad) when fewer are left. n 0: where the next byte
+ * would be, or NULL for a reader over no buffer (not an error). */
 static inline const uint8_t *be_in_take(struct be_in *i, size_t n) {
+  if (!i->bad && n == 0) return i->p ? i->p + i->off : NULL;
   if (i->bad || n > i->len - i->off) {
     i->bad = true;
     return NULL;

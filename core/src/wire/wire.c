@@ -3,21 +3,7 @@
 
 #include <string.h>
 
-static void be16_put(uint8_t *p, uint16_t v) {
-  p[0] = (uint8_t)(v >> 8);
-  p[1] = (uint8_t)v;
-}
-static void be32_put(uint8_t *p, uint32_t v) {
-  for (int i = 3; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
-}
-static void be64_put(uint8_t *p, uint64_t v) {
-  for (int i = 7; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
-}
-static uint16_t be16_get(const uint8_t *p) { return (uint16_t)((p[0] << 8) | p[1]); }
-static uint32_t be32_get(const uint8_t *p) {
-  return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
-static uint64_t be64_get(const uint8_t *p) { return ((uint64_t)be32_get(p) << 32) | be32_get(p + 4); }
+#include "util/be.h"
 
 const char *wire_err_str(enum wire_err err) {
   switch (err) {
@@ -78,13 +64,13 @@ static const struct {
 };
 
 enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *hdr) {
-  hdr->magic = be32_get(buf);
+  hdr->magic = be_get32(buf);
   hdr->version = buf[4];
   hdr->type = buf[5];
-  hdr->flags = be16_get(buf + 6);
-  hdr->body_len = be32_get(buf + 8);
-  hdr->payload_len = be32_get(buf + 12);
-  hdr->reserved = be32_get(buf + 16);
+  hdr->flags = be_get16(buf + 6);
+  hdr->body_len = be_get32(buf + 8);
+  hdr->payload_len = be_get32(buf + 12);
+  hdr->reserved = be_get32(buf + 16);
   if (hdr->magic != WIRE_MAGIC) return WIRE_EMAGIC;
   if (hdr->version != WIRE_VERSION) return WIRE_EVERSION;
   if (hdr->type == 0 || hdr->type > WIRE_TYPE_MAX_) return WIRE_ETYPE;
@@ -98,10 +84,10 @@ enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *h
 /* Reads one memory entry; false when the bytes left cannot hold it. */
 static bool mem_entry_get(const uint8_t **p, size_t *left, struct wire_mem_entry *e) {
   if (*left < WIRE_MEM_ENTRY_FIXED) return false;
-  e->addr = be64_get(*p);
-  e->len = be64_get(*p + 8);
-  e->rkey = be32_get(*p + 16);
-  e->tag_len = be16_get(*p + 20);
+  e->addr = be_get64(*p);
+  e->len = be_get64(*p + 8);
+  e->rkey = be_get32(*p + 16);
+  e->tag_len = be_get16(*p + 20);
   if (e->tag_len > WIRE_MAX_TAG || *left - WIRE_MEM_ENTRY_FIXED < e->tag_len) return false;
   e->tag = *p + WIRE_MEM_ENTRY_FIXED;
   *p += WIRE_MEM_ENTRY_FIXED + e->tag_len;
@@ -119,18 +105,18 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
   m->hdr = *hdr;
   switch (hdr->type) {
   case WIRE_HELLO:
-    m->u.hello.caps = be32_get(b);
-    m->u.hello.name_len = be16_get(b + 4);
+    m->u.hello.caps = be_get32(b);
+    m->u.hello.name_len = be_get16(b + 4);
     m->u.hello.name = b + 6;
     return n == 6u + m->u.hello.name_len ? WIRE_OK : WIRE_EBODY;
   case WIRE_HELLO_ACK: {
-    m->u.hello_ack.status = be32_get(b);
-    m->u.hello_ack.caps = be32_get(b + 4);
-    uint16_t nl = be16_get(b + 8);
+    m->u.hello_ack.status = be_get32(b);
+    m->u.hello_ack.caps = be_get32(b + 4);
+    uint16_t nl = be_get16(b + 8);
     if (nl > WIRE_MAX_NAME || n < 14u + nl) return WIRE_EBODY;
     m->u.hello_ack.name_len = nl;
     m->u.hello_ack.name = b + 10;
-    m->u.hello_ack.count = be32_get(b + 10 + nl);
+    m->u.hello_ack.count = be_get32(b + 10 + nl);
     if (m->u.hello_ack.count > WIRE_MAX_MEM_ENTRIES) return WIRE_EBODY;
     const uint8_t *p = b + 14 + nl;
     size_t left = n - 14u - nl;
@@ -152,11 +138,11 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
   case WIRE_RDMA_CONNECT_ACK: {
     const uint8_t *p = b;
     if (hdr->type == WIRE_RDMA_CONNECT_ACK) {
-      m->u.qp.status = be32_get(p);
+      m->u.qp.status = be_get32(p);
       p += 4;
     }
-    m->u.qp.qpn = be32_get(p);
-    m->u.qp.psn = be32_get(p + 4);
+    m->u.qp.qpn = be_get32(p);
+    m->u.qp.psn = be_get32(p + 4);
     m->u.qp.gid = p + 8;
     m->u.qp.mtu = p[24];
     return m->u.qp.qpn <= 0xffffff && m->u.qp.psn <= 0xffffff && m->u.qp.mtu >= 1 && m->u.qp.mtu <= 5
@@ -168,15 +154,15 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     const uint8_t *p = b;
     size_t fixed = hdr->type == WIRE_SHM_HELLO ? WIRE_SHM_HELLO_LEN : WIRE_SHM_HELLO_ACK_LEN;
     if (hdr->type == WIRE_SHM_HELLO_ACK) {
-      m->u.shm.status = be32_get(p);
+      m->u.shm.status = be_get32(p);
       p += 4;
     }
-    m->u.shm.layout = be16_get(p);
+    m->u.shm.layout = be_get16(p);
     m->u.shm.boot_id = p + 2;
-    m->u.shm.pid = be32_get(p + 18);
-    m->u.shm.uid = be32_get(p + 22);
+    m->u.shm.pid = be_get32(p + 18);
+    m->u.shm.uid = be_get32(p + 22);
     if (hdr->type == WIRE_SHM_HELLO_ACK) {
-      m->u.shm.probe_addr = be64_get(p + 26);
+      m->u.shm.probe_addr = be_get64(p + 26);
       m->u.shm.nonce = p + 34;
     }
     /* Layout 1 is exactly the fixed fields; layout 2 appends its own exactly; a later
@@ -191,9 +177,9 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
       size_t need = hdr->type == WIRE_SHM_HELLO ? 4 : 2;
       if (m->u.shm.ext_len < need) return WIRE_EBODY;
       if (hdr->type == WIRE_SHM_HELLO) {
-        m->u.shm.flags = be32_get(m->u.shm.ext);
+        m->u.shm.flags = be_get32(m->u.shm.ext);
       } else {
-        m->u.shm.sock_len = be16_get(m->u.shm.ext);
+        m->u.shm.sock_len = be_get16(m->u.shm.ext);
         m->u.shm.sock = m->u.shm.ext + 2;
         need += m->u.shm.sock_len;
         if (m->u.shm.sock_len > WIRE_SHM_SOCK_MAX || m->u.shm.ext_len < need) return WIRE_EBODY;
@@ -206,37 +192,37 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     return WIRE_OK;
   }
   case WIRE_WRITE_REQ:
-    m->u.write_req.seq = be64_get(b);
-    m->u.write_req.raddr = be64_get(b + 8);
+    m->u.write_req.seq = be_get64(b);
+    m->u.write_req.raddr = be_get64(b + 8);
     return hdr->payload_len > 0 ? WIRE_OK : WIRE_EBODY;
   case WIRE_READ_REQ:
-    m->u.read_req.seq = be64_get(b);
-    m->u.read_req.raddr = be64_get(b + 8);
-    m->u.read_req.len = be32_get(b + 16);
+    m->u.read_req.seq = be_get64(b);
+    m->u.read_req.raddr = be_get64(b + 8);
+    m->u.read_req.len = be_get32(b + 16);
     return m->u.read_req.len > 0 && m->u.read_req.len <= WIRE_MAX_PAYLOAD ? WIRE_OK : WIRE_EBODY;
   case WIRE_WRITE_ACK:
   case WIRE_READ_RESP:
   case WIRE_NOTIFY_ACK:
   case WIRE_SYNC_ACK:
-    m->u.ack.seq = be64_get(b);
-    m->u.ack.status = be32_get(b + 8);
+    m->u.ack.seq = be_get64(b);
+    m->u.ack.status = be_get32(b + 8);
     /* A failed READ_RESP carries no data. */
     if (hdr->type == WIRE_READ_RESP && m->u.ack.status != 0 && hdr->payload_len != 0) return WIRE_EBODY;
     return WIRE_OK;
-  case WIRE_SYNC: m->u.ack.seq = be64_get(b); return WIRE_OK;
-  case WIRE_SHM_MAP_HELLO: m->u.map.flags = be32_get(b); return m->u.map.flags == 0 ? WIRE_OK : WIRE_EBODY;
+  case WIRE_SYNC: m->u.ack.seq = be_get64(b); return WIRE_OK;
+  case WIRE_SHM_MAP_HELLO: m->u.map.flags = be_get32(b); return m->u.map.flags == 0 ? WIRE_OK : WIRE_EBODY;
   case WIRE_SHM_MAP:
   case WIRE_SHM_UNMAP:
   case WIRE_SHM_UNMAP_ACK:
-    m->u.map.addr = be64_get(b);
-    m->u.map.len = be64_get(b + 8);
-    m->u.map.map_len = hdr->type == WIRE_SHM_MAP ? be64_get(b + 16) : m->u.map.len;
+    m->u.map.addr = be_get64(b);
+    m->u.map.len = be_get64(b + 8);
+    m->u.map.map_len = hdr->type == WIRE_SHM_MAP ? be_get64(b + 16) : m->u.map.len;
     /* A region is never empty, never wraps, and its mapping holds all of it. */
     if (m->u.map.len == 0 || m->u.map.addr + m->u.map.len < m->u.map.addr || m->u.map.map_len < m->u.map.len)
       return WIRE_EBODY;
     return WIRE_OK;
   case WIRE_SHM_MAP_ACK:
-    m->u.map.status = be32_get(b);
+    m->u.map.status = be_get32(b);
     m->u.map.text = b + 4;
     m->u.map.text_len = (uint32_t)(n - 4);
     return m->u.map.status == WIRE_HELLO_OK || m->u.map.status == WIRE_HELLO_REFUSED ? WIRE_OK : WIRE_EBODY;
@@ -246,12 +232,12 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
   case WIRE_STAGE_PUSH: {
     /* STAGE_PULL / STAGE_PUSH put the buffer's address and key after seq. */
     size_t fixed = hdr->type == WIRE_STAGE_PULL || hdr->type == WIRE_STAGE_PUSH ? 24u : 12u;
-    m->u.stage.seq = be64_get(b);
+    m->u.stage.seq = be_get64(b);
     if (fixed == 24u) {
-      m->u.stage.buf = be64_get(b + 8);
-      m->u.stage.rkey = be32_get(b + 16);
+      m->u.stage.buf = be_get64(b + 8);
+      m->u.stage.rkey = be_get32(b + 16);
     }
-    m->u.stage.count = be32_get(b + fixed - 4);
+    m->u.stage.count = be_get32(b + fixed - 4);
     m->u.stage.segs = b + fixed;
     if (m->u.stage.count == 0 || m->u.stage.count > WIRE_MAX_STAGE_SEGS ||
         n != fixed + m->u.stage.count * WIRE_STAGE_SEG_LEN)
@@ -259,8 +245,8 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     uint64_t total = 0;
     for (uint32_t i = 0; i < m->u.stage.count; i++) {
       const uint8_t *s = m->u.stage.segs + (size_t)i * WIRE_STAGE_SEG_LEN;
-      uint64_t addr = be64_get(s);
-      uint32_t len = be32_get(s + 8);
+      uint64_t addr = be_get64(s);
+      uint32_t len = be_get32(s + 8);
       if (len == 0 || addr + len < addr) return WIRE_EBODY;
       total += len;
     }
@@ -272,29 +258,29 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     return WIRE_OK;
   }
   case WIRE_CALL:
-    m->u.call.seq = be64_get(b);
-    m->u.call.service = be16_get(b + 8);
+    m->u.call.seq = be_get64(b);
+    m->u.call.service = be_get16(b + 8);
     m->u.call.data = b + 10;
     m->u.call.len = (uint32_t)(n - 10);
     return WIRE_OK; /* wire_parse_hdr bounded the body */
   case WIRE_CALL_AFTER:
-    m->u.call.seq = be64_get(b);
-    m->u.call.after = be64_get(b + 8);
-    m->u.call.service = be16_get(b + 16);
+    m->u.call.seq = be_get64(b);
+    m->u.call.after = be_get64(b + 8);
+    m->u.call.service = be_get16(b + 16);
     m->u.call.data = b + 18;
     m->u.call.len = (uint32_t)(n - 18);
     /* It follows WRITEs sent before it: none can come from its own seq on. */
     return m->u.call.after < m->u.call.seq ? WIRE_OK : WIRE_EBODY;
   case WIRE_CALL_RESP:
-    m->u.call.seq = be64_get(b);
-    m->u.call.status = be32_get(b + 8);
+    m->u.call.seq = be_get64(b);
+    m->u.call.status = be_get32(b + 8);
     m->u.call.data = b + 12;
     m->u.call.len = (uint32_t)(n - 12);
     return WIRE_OK;
   case WIRE_NOTIFY:
-    m->u.notify.seq = be64_get(b);
-    m->u.notify.name_len = be16_get(b + 8);
-    m->u.notify.msg_len = be16_get(b + 10);
+    m->u.notify.seq = be_get64(b);
+    m->u.notify.name_len = be_get16(b + 8);
+    m->u.notify.msg_len = be_get16(b + 10);
     if (m->u.notify.name_len > WIRE_MAX_NOTIFY || m->u.notify.msg_len > WIRE_MAX_NOTIFY ||
         n != 12u + m->u.notify.name_len + m->u.notify.msg_len)
       return WIRE_EBODY;
@@ -307,13 +293,13 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
 }
 
 static void put_hdr(uint8_t *p, uint8_t type, uint32_t body_len, uint32_t payload_len) {
-  be32_put(p, WIRE_MAGIC);
+  be_put32(p, WIRE_MAGIC);
   p[4] = WIRE_VERSION;
   p[5] = type;
-  be16_put(p + 6, 0);
-  be32_put(p + 8, body_len);
-  be32_put(p + 12, payload_len);
-  be32_put(p + 16, 0);
+  be_put16(p + 6, 0);
+  be_put32(p + 8, body_len);
+  be_put32(p + 12, payload_len);
+  be_put32(p + 16, 0);
 }
 
 void wire_begin(struct wire_wr *w, uint8_t *buf, size_t cap, enum wire_type type) {
@@ -342,15 +328,15 @@ static uint8_t *wr_room(struct wire_wr *w, size_t n) {
 
 void wire_put_u16(struct wire_wr *w, uint16_t v) {
   uint8_t *p = wr_room(w, 2);
-  if (p) be16_put(p, v);
+  if (p) be_put16(p, v);
 }
 void wire_put_u32(struct wire_wr *w, uint32_t v) {
   uint8_t *p = wr_room(w, 4);
-  if (p) be32_put(p, v);
+  if (p) be_put32(p, v);
 }
 void wire_put_u64(struct wire_wr *w, uint64_t v) {
   uint8_t *p = wr_room(w, 8);
-  if (p) be64_put(p, v);
+  if (p) be_put64(p, v);
 }
 void wire_put_bytes(struct wire_wr *w, const void *src, size_t n) {
   uint8_t *p = wr_room(w, n);
@@ -382,58 +368,58 @@ void wire_put_shm_id(struct wire_wr *w, uint16_t layout, const uint8_t boot_id[1
 
 size_t wire_put_write_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len) {
   put_hdr(buf, WIRE_WRITE_REQ, 16, len);
-  be64_put(buf + WIRE_HDR_LEN, seq);
-  be64_put(buf + WIRE_HDR_LEN + 8, raddr);
+  be_put64(buf + WIRE_HDR_LEN, seq);
+  be_put64(buf + WIRE_HDR_LEN + 8, raddr);
   return WIRE_HDR_LEN + 16;
 }
 
 size_t wire_put_read_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len) {
   put_hdr(buf, WIRE_READ_REQ, 20, 0);
-  be64_put(buf + WIRE_HDR_LEN, seq);
-  be64_put(buf + WIRE_HDR_LEN + 8, raddr);
-  be32_put(buf + WIRE_HDR_LEN + 16, len);
+  be_put64(buf + WIRE_HDR_LEN, seq);
+  be_put64(buf + WIRE_HDR_LEN + 8, raddr);
+  be_put32(buf + WIRE_HDR_LEN + 16, len);
   return WIRE_HDR_LEN + 20;
 }
 
 size_t wire_put_sync(uint8_t *buf, uint64_t seq) {
   put_hdr(buf, WIRE_SYNC, 8, 0);
-  be64_put(buf + WIRE_HDR_LEN, seq);
+  be_put64(buf + WIRE_HDR_LEN, seq);
   return WIRE_HDR_LEN + 8;
 }
 
 void wire_stage_seg(const struct wire_msg *m, uint32_t i, uint64_t *addr, uint32_t *len) {
   const uint8_t *s = m->u.stage.segs + (size_t)i * WIRE_STAGE_SEG_LEN;
-  *addr = be64_get(s);
-  *len = be32_get(s + 8);
+  *addr = be_get64(s);
+  *len = be_get32(s + 8);
 }
 
 size_t wire_put_stage(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t count, uint32_t payload_len) {
   put_hdr(buf, (uint8_t)type, 12 + count * WIRE_STAGE_SEG_LEN, payload_len);
-  be64_put(buf + WIRE_HDR_LEN, seq);
-  be32_put(buf + WIRE_HDR_LEN + 8, count);
+  be_put64(buf + WIRE_HDR_LEN, seq);
+  be_put32(buf + WIRE_HDR_LEN + 8, count);
   return WIRE_HDR_LEN + 12 + (size_t)count * WIRE_STAGE_SEG_LEN;
 }
 
 size_t wire_put_stage_rdma(uint8_t *buf, enum wire_type type, uint64_t seq, uint64_t sbuf, uint32_t rkey,
                            uint32_t count) {
   put_hdr(buf, (uint8_t)type, 24 + count * WIRE_STAGE_SEG_LEN, 0);
-  be64_put(buf + WIRE_HDR_LEN, seq);
-  be64_put(buf + WIRE_HDR_LEN + 8, sbuf);
-  be32_put(buf + WIRE_HDR_LEN + 16, rkey);
-  be32_put(buf + WIRE_HDR_LEN + 20, count);
+  be_put64(buf + WIRE_HDR_LEN, seq);
+  be_put64(buf + WIRE_HDR_LEN + 8, sbuf);
+  be_put32(buf + WIRE_HDR_LEN + 16, rkey);
+  be_put32(buf + WIRE_HDR_LEN + 20, count);
   return WIRE_HDR_LEN + 24 + (size_t)count * WIRE_STAGE_SEG_LEN;
 }
 
 void wire_put_stage_seg(uint8_t *buf, bool rdma, uint32_t i, uint64_t addr, uint32_t len) {
   uint8_t *s = buf + WIRE_HDR_LEN + (rdma ? 24 : 12) + (size_t)i * WIRE_STAGE_SEG_LEN;
-  be64_put(s, addr);
-  be32_put(s + 8, len);
+  be_put64(s, addr);
+  be_put32(s + 8, len);
 }
 
 size_t wire_put_ack(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t status, uint32_t payload_len) {
   put_hdr(buf, (uint8_t)type, 12, payload_len);
-  be64_put(buf + WIRE_HDR_LEN, seq);
-  be32_put(buf + WIRE_HDR_LEN + 8, status);
+  be_put64(buf + WIRE_HDR_LEN, seq);
+  be_put32(buf + WIRE_HDR_LEN + 8, status);
   return WIRE_HDR_LEN + 12;
 }
 
@@ -442,19 +428,19 @@ size_t wire_put_call(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t s
   bool resp = type == WIRE_CALL_RESP;
   uint32_t fixed = resp ? 12u : 10u;
   put_hdr(buf, (uint8_t)type, fixed + len, 0);
-  be64_put(buf + WIRE_HDR_LEN, seq);
+  be_put64(buf + WIRE_HDR_LEN, seq);
   if (resp) {
-    be32_put(buf + WIRE_HDR_LEN + 8, service_or_status);
+    be_put32(buf + WIRE_HDR_LEN + 8, service_or_status);
   } else {
-    be16_put(buf + WIRE_HDR_LEN + 8, (uint16_t)service_or_status);
+    be_put16(buf + WIRE_HDR_LEN + 8, (uint16_t)service_or_status);
   }
   return WIRE_HDR_LEN + fixed + len;
 }
 
 size_t wire_put_call_after(uint8_t *buf, uint64_t seq, uint64_t after, uint16_t service, uint32_t len) {
   put_hdr(buf, (uint8_t)WIRE_CALL_AFTER, 18u + len, 0);
-  be64_put(buf + WIRE_HDR_LEN, seq);
-  be64_put(buf + WIRE_HDR_LEN + 8, after);
-  be16_put(buf + WIRE_HDR_LEN + 16, service);
+  be_put64(buf + WIRE_HDR_LEN, seq);
+  be_put64(buf + WIRE_HDR_LEN + 8, after);
+  be_put16(buf + WIRE_HDR_LEN + 16, service);
   return WIRE_CALL_AFTER_AT + len;
 }
