@@ -13,7 +13,8 @@
  *    takes the mapping out of this process; a killed child: ops FAILED, unmapped;
  *  - refusals: a target running as another user does not hand its memory to this
  *    process (SO_PEERCRED; data still moves by process_vm_*); an initiator that does
- *    not answer SHM_UNMAP (stopped) is cut off when FreeMem's timeout passes. */
+ *    not answer SHM_UNMAP (stopped) is cut off when FreeMem's timeout passes, and so
+ *    are two of them (cutting the first does not end the walk over the links). */
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -507,6 +508,41 @@ static void test_silent_initiator(void) {
   HixlEngineDestroy(t);
 }
 
+/* Two initiators that do not answer SHM_UNMAP (stopped) are both cut off at FreeMem's
+ * timeout: the walk that cuts them goes on past the first link it kills. A link left
+ * up would keep a grant of the freed region, which its end then touches (ASan). */
+static void test_silent_initiators(void) {
+  tu_child c[2] = {{0}, {0}};
+  struct init_result r;
+  char name[TU_ADDR_LEN];
+  void *p = NULL;
+  HixlMemHandle h;
+  HixlEngine *t = tu_engine_start_with(tu_addr(name, sizeof(name), tu_free_port()), "shm");
+  CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+  TU_ASSERT_OK_FATAL(HixlEngineAllocMem(t, 4 * MiB, &p, &h));
+  char *argv[] = {(char *)tu_self_exe(), INIT_FLAG, name, NULL};
+  for (int k = 0; k < 2; k++) {
+    CU_ASSERT_FATAL(tu_child_start(&c[k], initiator_exec, argv) == 0);
+    CU_ASSERT_FATAL(tu_child_read(&c[k], &r, sizeof(r), 30000) == 0);
+    TU_ASSERT_STATUS(r.connect_st, HIXL_SUCCESS);
+    CU_ASSERT_EQUAL(r.mapped, 1);
+  }
+  for (int k = 0; k < 2; k++) {
+    tu_child_kill(&c[k], SIGSTOP);
+    CU_ASSERT_FATAL(tu_child_wait_stopped(&c[k], 10000) == 0);
+  }
+  TU_ASSERT_OK(HixlEngineFreeMem(t, h));
+  size_t left = 0; /* links from the two still up: none */
+  TU_ASSERT_OK(hixl_engine_drop_peer(t, tu_ip(), "test", &left));
+  if (left != 0) tu_fail(__FILE__, __LINE__, "FreeMem left %zu of the 2 silent links up", left);
+  for (int k = 0; k < 2; k++) tu_child_kill(&c[k], SIGCONT);
+  for (int k = 0; k < 2; k++) {
+    int ws = tu_child_stop(&c[k], 10000);
+    CU_ASSERT(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  }
+  HixlEngineDestroy(t);
+}
+
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], INIT_FLAG) == 0) return initiator_main(argc, argv);
   int rc = tu_child_main(argc, argv);
@@ -531,6 +567,7 @@ int main(int argc, char **argv) {
   CU_add_test(s, "target of another user: not mapped, copied", test_child_other_user);
   s = CU_add_suite("mapped memory, a silent initiator", NULL, NULL);
   CU_add_test(s, "stopped initiator cut off at FreeMem's timeout", test_silent_initiator);
+  CU_add_test(s, "two stopped initiators: both cut off", test_silent_initiators);
   if (CU_get_error() != CUE_SUCCESS) {
     fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
     CU_cleanup_registry();

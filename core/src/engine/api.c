@@ -339,14 +339,16 @@ HixlStatus HixlEngineFreeMem(HixlEngine *e, HixlMemHandle handle) {
         HIXL_PARAM_INVALID,
         "HixlEngineFreeMem: handle %p is not memory HixlEngineAllocMem allocated with this engine%s",
         (void *)handle, r ? " (it was registered: use HixlEngineDeregisterMem)" : "");
-  } else if (r->unsharing) {
+  } else if (r->freeing) {
     st = hixl_fail(HIXL_FAILED, "HixlEngineFreeMem: another call is freeing [0x%llx, +%llu)",
                    (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
   } else if ((st = reg_idle(r, "HixlEngineFreeMem", "nothing was released")) == HIXL_SUCCESS) {
     /* Peers that mapped it let go first (a round trip; silent ones are cut off). */
     uint64_t deadline = hixl_now_ns() + (uint64_t)HIXL_DEFAULT_TIMEOUT_MS * 1000000u;
+    r->freeing = true; /* the hooks may release the lock while they wait */
     for (int k = 0; k < XPORT_MODS; k++)
       if (e->mods[k]->mem_unshare) e->mods[k]->mem_unshare(e, r, deadline);
+    r->freeing = false;
     /* A transfer may have started on it while the peers answered (lock released). */
     if ((st = reg_idle(r, "HixlEngineFreeMem", "nothing was released")) == HIXL_SUCCESS) reg_drop(e, r);
   }

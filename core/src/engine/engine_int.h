@@ -59,7 +59,6 @@ struct conn {
   enum conn_role role;
   bool dead;
   bool want_out; /* EPOLLOUT armed */
-  uint32_t walk; /* the last link_each that visited it */
   /* Who reads an initiator link: the progress thread; a sync caller (link_drive);
    * or nobody while nothing is pending (parked: only a hang-up wakes the thread). */
   enum { RX_PROGRESS, RX_CALLER, RX_PARKED } rx;
@@ -148,7 +147,6 @@ struct HixlEngine {
   struct peer *peers;
   struct conn *conns;
   struct conn *graveyard;                   /* killed, freed by the progress thread after a batch */
-  uint32_t walks;                           /* link_each walks begun */
   const struct xport_ops *mods[XPORT_MODS]; /* the transports and the staging pool (xport.h) */
   void *xe[XPORT_MODS];                     /* each module's engine state, or NULL */
   const struct xport_ops *frame_owner[WIRE_TYPE_MAX_ + 1]; /* target frames a module owns */

@@ -18,7 +18,7 @@
 
 #include "engine/engine_int.h"
 #include "engine/stage.h"
-#include "transport/shm/cma.h"
+#include "util/cma.h"
 #include "util/log.h"
 #include "util/sock.h"
 #include "util/status_int.h"

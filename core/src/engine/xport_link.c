@@ -55,19 +55,6 @@ void link_peer_forget(struct conn *c, uint64_t addr, uint64_t len) {
   if (ent && memtab_remove(&c->peer->rtab, ent)) free(ent);
 }
 
-/* Kill-safe: each step starts again from the list's head, skipping the links this walk
- * has visited (c->walk) and the dead, so fn may kill any link or release the lock. */
-void link_each(struct HixlEngine *e, bool (*fn)(struct conn *c, void *arg), void *arg) {
-  uint32_t walk = ++e->walks;
-  for (;;) {
-    struct conn *c = e->conns;
-    while (c && (c->dead || c->walk == walk)) c = c->next;
-    if (!c) return;
-    c->walk = walk;
-    if (!fn(c, arg)) return;
-  }
-}
-
 struct link_pay *link_pay_of(struct conn *c, const struct xport_ops *module) {
   if (module) c->pay_module = module;
   return &c->pay;

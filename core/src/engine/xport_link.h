@@ -30,8 +30,7 @@ struct hixl_mem_reg {
   int memfd;                  /* HixlEngineAllocMem's memory: its memfd (-1: the caller's memory) */
   size_t map_len;             /* ... and the length of its mapping */
   bool sealed;                /* ... sealed against shrinking and growing: peers may map it */
-  bool unsharing;             /* ... FreeMem waits for peers to unmap it */
-  uint32_t unshare_wait;      /* ... peers that still have to answer */
+  bool freeing;               /* ... HixlEngineFreeMem is under way (api.c): a second one is refused */
 };
 
 /* A peer's registration as it advertised it. */
@@ -130,10 +129,6 @@ uint32_t link_peer_caps(const struct conn *c); /* initiator: WIRE_CAP_* of its H
 void link_peer_forget(struct conn *c, uint64_t addr, uint64_t len);
 /* Initiator: the target sends frames on its own: never park the link. */
 void link_read_always(struct conn *c);
-/* Call fn on every live link of e, each once. fn may kill any link (its own or
- * others) and may release the lock; the walk goes on with the links still alive. fn
- * returns false to stop; it must not start another walk. */
-void link_each(struct HixlEngine *e, bool (*fn)(struct conn *c, void *arg), void *arg);
 
 /* ---- frames and payloads ---- */
 void link_conn_kill(struct conn *c, HixlStatus st, const char *why);

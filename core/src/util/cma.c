@@ -1,5 +1,5 @@
 /* cma: process_vm_readv / process_vm_writev with batched iovecs; see cma.h. */
-#include "transport/shm/cma.h"
+#include "util/cma.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -2,8 +2,8 @@
  * process_vm_writev), and the identity that tells two engines they share a host.
  * The kernel decides who may copy: the same user and a dumpable target, or
  * CAP_SYS_PTRACE, and Yama's ptrace_scope on top. */
-#ifndef HIXL_CMA_H
-#define HIXL_CMA_H
+#ifndef HIXL_UTIL_CMA_H
+#define HIXL_UTIL_CMA_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -1,0 +1,236 @@
+/* shm_copy: the data path: copies to and from the peer process, by memcpy or process_vm_*. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "transport/shm/shm_int.h"
+#include "util/log.h"
+#include "util/sock.h"
+
+/* Whether err means the peer process can no longer be reached at all. */
+static bool fatal_errno(int err) { return err == ESRCH || err == EPERM || err == EACCES; }
+
+/* The mapping holding all of [addr, addr + len) of the target, or NULL. */
+static struct shm_map *map_of(struct shm_peer *s, uint64_t addr, uint64_t len) {
+  return s->maps.count ? (struct shm_map *)memtab_find(&s->maps, addr, len) : NULL;
+}
+
+/* memcpy v[0..n), all inside mp, with the lock released; the chunks end SUCCESS, or
+ * FAILED when the peer process is found gone afterwards (its pages outlive it:
+ * nothing faults, but nobody is there to read them). Lock held on entry and return. */
+static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *mp, struct chunk *const *v,
+                     const struct cma_seg *segs, size_t n, bool write) {
+  struct eshm_engine *x = eng_of(e);
+  mp->refs++;
+  x->copying++;
+  engine_unlock(e);
+  for (size_t k = 0; k < n; k++) {
+    uint8_t *remote = mp->base + (segs[k].remote - mp->range.addr);
+    if (write)
+      memcpy(remote, segs[k].local, segs[k].len);
+    else
+      memcpy(segs[k].local, remote, segs[k].len);
+  }
+  bool gone = cma_pid_exited(s->pidfd); /* after: a peer that died meanwhile read nothing */
+  engine_lock(e);
+  if (--x->copying == 0) engine_signal(e);
+  eshm_map_put(s, mp);
+  char why[64], msg[sizeof(why) + sizeof(s->name) + 16] = "";
+  if (gone) {
+    snprintf(why, sizeof(why), "the peer process (pid %u) has exited", s->pid);
+    if (s->conn) link_conn_kill(s->conn, HIXL_FAILED, why);
+    snprintf(msg, sizeof(msg), "link to %s: %s", s->name, why);
+  } else {
+    s->map_ops += n;
+  }
+  for (size_t k = 0; k < n; k++) link_chunk_end(v[k], gone ? HIXL_FAILED : HIXL_SUCCESS, msg);
+}
+
+/* Copy v[0..n) (chunks of one kind) to or from s's process with the lock released,
+ * then end each chunk: by memcpy where the target's range is mapped here, else by
+ * process_vm_*. A range the kernel refuses (EFAULT: unmapped on either side) fails
+ * alone; a peer that is gone breaks the link and fails the rest. Lock held on entry
+ * and on return; v's chunks must not be on any queue. */
+static void shm_copy(struct HixlEngine *e, struct shm_peer *s, struct chunk *const *v, size_t n,
+                     struct cma_seg *segs) {
+  struct eshm_engine *x = eng_of(e);
+  bool write = v[0]->kind == CHUNK_WRITE;
+  const char *call = write ? "process_vm_writev" : "process_vm_readv";
+  size_t pos = 0;
+  for (size_t k = 0; k < n; k++) segs[k] = (struct cma_seg){v[k]->laddr, v[k]->raddr, v[k]->len};
+  s->refs++;
+  while (pos < n) {
+    int err = 0;
+    size_t bytes = 0;
+    if (!s->conn) { /* the link died: Disconnect, Finalize, or the peer went away */
+      while (pos < n) link_chunk_end(v[pos++], HIXL_FAILED, s->why);
+      break;
+    }
+    /* A run of ops inside one mapping, or a run of ops outside every mapping. */
+    struct shm_map *mp = map_of(s, segs[pos].remote, segs[pos].len);
+    size_t end = pos + 1;
+    while (end < n && map_of(s, segs[end].remote, segs[end].len) == mp) end++;
+    if (mp && mp->revoked) {
+      char why[384];
+      snprintf(why, sizeof(why), "%s freed [0x%llx, +%llu) (SHM_UNMAP): ops into it fail", s->name,
+               (unsigned long long)mp->range.addr, (unsigned long long)mp->range.len);
+      while (pos < end) link_chunk_end(v[pos++], HIXL_FAILED, why);
+      continue;
+    }
+    if (mp) {
+      map_copy(e, s, mp, v + pos, segs + pos, end - pos, write);
+      pos = end;
+      continue;
+    }
+    x->copying++;
+    engine_unlock(e);
+    if (cma_pid_exited(s->pidfd))
+      err = ESRCH;
+    else
+      bytes = cma_copy(s->pid, write, segs + pos, end - pos, &err);
+    engine_lock(e);
+    if (--x->copying == 0) engine_signal(e);
+    for (; pos < end && bytes >= segs[pos].len; pos++) {
+      bytes -= segs[pos].len;
+      link_chunk_end(v[pos], HIXL_SUCCESS, "");
+    }
+    if (pos == end) continue;
+    char why[384];
+    if (!fatal_errno(err)) { /* this range only; the next ones may well work */
+      snprintf(why, sizeof(why),
+               "%s with pid %u failed on remote [0x%llx, +%u) / local %p: %s (memory unmapped on one side "
+               "while registered?)",
+               call, s->pid, (unsigned long long)v[pos]->raddr, v[pos]->len, (void *)v[pos]->laddr,
+               strerror(err));
+      log_warn("link to %s: %s", s->name, why);
+      link_chunk_end(v[pos++], HIXL_FAILED, why);
+      continue;
+    }
+    char msg[sizeof(why) + sizeof(s->name) + 16];
+    if (err == ESRCH)
+      snprintf(why, sizeof(why), "the peer process (pid %u) has exited (%s: no such process)", s->pid, call);
+    else
+      snprintf(why, sizeof(why), "%s on pid %u is no longer permitted: %s", call, s->pid, strerror(err));
+    if (s->conn) link_conn_kill(s->conn, HIXL_FAILED, why);
+    snprintf(msg, sizeof(msg), "link to %s: %s", s->name, why);
+    while (pos < n) link_chunk_end(v[pos++], HIXL_FAILED, msg);
+  }
+  eshm_peer_put(s);
+}
+
+/* A sync request on an shm link: its caller copies it, step by step. Lock held. */
+static void eshm_run_sync(struct conn *c, struct hixl_transfer_req *r) {
+  struct HixlEngine *e = link_engine(c);
+  struct shm_peer *s = link_of(c)->peer; /* c may die while a copy runs: only s from here on */
+  struct chunk *vbuf[16], **v = vbuf;
+  struct cma_seg sbuf[16], *segs = sbuf;
+  uint32_t nd;
+  struct chunk *chunks = link_req_direct(r, &nd); /* staged units go on the socket */
+  size_t n = nd, i = 0;
+  if (n > 16) {
+    v = malloc(n * sizeof(*v));
+    segs = malloc(n * sizeof(*segs));
+    if (!v || !segs) {
+      free(v);
+      free(segs);
+      for (size_t k = 0; k < n; k++) link_chunk_end(&chunks[k], HIXL_RESOURCE_EXHAUSTED, "out of memory");
+      return;
+    }
+  }
+  s->refs++;
+  while (i < n) {
+    size_t j = i, bytes = 0;
+    if (hixl_now_ns() >= link_req_deadline(r)) {
+      while (i < n) link_chunk_end(&chunks[i++], HIXL_TIMEOUT, "request timed out before it was copied");
+      break;
+    }
+    for (; j < n && (j == i || bytes + chunks[j].len <= ESHM_STEP); j++) {
+      v[j - i] = &chunks[j];
+      bytes += chunks[j].len;
+    }
+    shm_copy(e, s, v, j - i, segs);
+    i = j;
+  }
+  eshm_peer_put(s);
+  if (v != vbuf) {
+    free(v);
+    free(segs);
+  }
+}
+
+/* An async request on an shm link: copied here when small and nothing waits before
+ * it, else queued for the progress thread. Lock held; c is not used after a copy. */
+void eshm_async(struct conn *c, struct hixl_transfer_req *r) {
+  struct eshm_link *l = link_of(c);
+  uint64_t bytes = 0;
+  uint32_t nd;
+  if (link_dead(c)) return;               /* died as r started: transfer_submit ended its chunks */
+  if (link_req_staged(r)) link_unpark(c); /* staged units: their answers need a reader */
+  struct chunk *chunks = link_req_direct(r, &nd);
+  for (uint32_t k = 0; k < nd; k++) bytes += chunks[k].len;
+  if (nd == 0) return; /* all staged: they go on the socket */
+  if (!l->sq_head && bytes <= ESHM_CALLER_COPY && nd <= 16) {
+    eshm_run_sync(c, r);
+    return;
+  }
+  for (uint32_t k = 0; k < nd; k++) {
+    struct chunk *ch = &chunks[k];
+    ch->next_pending = NULL;
+    if (l->sq_tail)
+      l->sq_tail->next_pending = ch;
+    else
+      l->sq_head = ch;
+    l->sq_tail = ch;
+  }
+  eng_of(link_engine(c))->queued += nd;
+  link_wake(link_engine(c));
+}
+
+/* A sync caller copies its request itself; staged units' answers come on the socket. */
+void eshm_drive(struct conn *c, struct hixl_transfer_req *r) {
+  uint32_t nd;
+  if (link_dead(c)) return; /* died as r started: transfer_submit ended its chunks */
+  if (link_req_staged(r)) link_unpark(c);
+  link_req_direct(r, &nd);
+  if (nd > 0) eshm_run_sync(c, r); /* c may be gone afterwards */
+}
+
+/* Progress thread, between event batches: one step for each link with queued work.
+ * Returns whether work is left (the thread then polls instead of sleeping). Lock
+ * held; released during each copy. */
+bool eshm_progress(struct HixlEngine *e) {
+  struct chunk *v[ESHM_STEP_CHUNKS];
+  struct cma_seg segs[ESHM_STEP_CHUNKS];
+  struct eshm_engine *x = eng_of(e);
+  if (!x || x->queued == 0) return false;
+  uint64_t round = ++x->round;
+  for (;;) {
+    /* Links die and come while a copy runs (lock released): look again from the head
+     * every time; a link this round served is marked. */
+    struct eshm_link *l = x->links;
+    while (l && (!l->sq_head || l->turn == round)) l = l->next;
+    if (!l) break;
+    l->turn = round;
+    size_t n = 0, bytes = 0;
+    uint64_t now = hixl_now_ns();
+    while (l->sq_head && n < ESHM_STEP_CHUNKS && bytes < ESHM_STEP) {
+      struct chunk *ch = l->sq_head;
+      if (n > 0 && ch->kind != v[0]->kind) break;
+      if (!(l->sq_head = ch->next_pending)) l->sq_tail = NULL;
+      x->queued--;
+      if (link_req_cancelled(ch->req) || now >= link_req_deadline(ch->req)) {
+        link_chunk_end(ch, HIXL_TIMEOUT, "request timed out before it was copied");
+        continue;
+      }
+      v[n++] = ch;
+      bytes += ch->len;
+    }
+    if (n > 0) shm_copy(e, l->peer, v, n, segs);
+  }
+  return x->queued > 0;
+}
+
+void eshm_post(struct conn *c, struct chunk *ch) {
+  (void)c, (void)ch; /* copied from the request's chunks by drive or async: no frame, no queue yet */
+}

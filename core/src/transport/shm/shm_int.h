@@ -1,0 +1,128 @@
+/* shm_int: the shm transport's private state and the calls between its files. */
+#ifndef HIXL_SHM_INT_H
+#define HIXL_SHM_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/xport_link.h"
+#include "util/cma.h"
+#include "util/memtab.h"
+
+#define ESHM_STEP        (16u << 20) /* bytes per copy step: deadlines are checked between steps */
+#define ESHM_STEP_CHUNKS 1024u       /* chunks per progress-thread step */
+#define ESHM_CALLER_COPY (64u << 10) /* an async request this small is copied by its caller */
+
+#define ESHM_GEN_LEN 4096u
+#define ESHM_GEN_MSG "hixl-gen" /* the page's message on the unix socket (8 bytes) */
+
+struct eshm_link;
+
+struct eshm_engine {       /* engine_xe(e, XPORT_SHM), while same-host copies are on */
+  struct cma_self self;    /* boot id, pid and uid told to shm peers */
+  size_t queued;           /* async chunks waiting, on every link */
+  uint32_t copying;        /* threads inside a copy, lock released; Finalize waits for 0 */
+  uint32_t unsharing;      /* threads waiting for peers to unmap a region (FreeMem) */
+  uint64_t round;          /* progress-thread rounds over links with work */
+  uint32_t walks;          /* walks over links begun (eshm_next) */
+  struct eshm_link *links; /* the live links with shm state, both roles */
+  int gen_fd;              /* a sealed page that mapping peers read: ... */
+  uint64_t *gen;           /* ... its first 8 bytes count withdrawn registrations; NULL: no mapping */
+};
+
+/* Initiator: a target's region mapped into this process. */
+struct shm_map {
+  struct memtab_entry range; /* first: the target's [addr, addr + len), in the peer's maps */
+  uint8_t *base;             /* this process's mapping of the region's memfd */
+  size_t map_len;
+  uint32_t refs; /* copies using it, lock released */
+  bool revoked;  /* the target wants it back (SHM_UNMAP) or the link died: no new copy */
+  bool ack_owed; /* ... SHM_UNMAP_ACK goes once the last copy ends */
+};
+
+/* Target: a region whose memfd a link's initiator was given. */
+struct shm_grant {
+  struct hixl_mem_reg *reg;
+  bool unmapping; /* SHM_UNMAP sent; FreeMem waits for the answer */
+};
+
+/* Target: r->xm[XPORT_SHM] of a region HixlEngineAllocMem made, from its mem_share
+ * (offered to peers to map) to its mem_dereg. */
+struct shm_reg {
+  bool unsharing;        /* FreeMem waits for peers to unmap it: no new grant */
+  uint32_t unshare_wait; /* peers that still have to answer SHM_UNMAP */
+};
+
+/* The peer process an initiator link copies to and from. Copies run without the
+ * engine lock and hold a reference, so a link that dies meanwhile cannot take this
+ * away from under them. Lock held for every field. */
+struct shm_peer {
+  uint32_t refs;      /* the link's, plus one per copy in progress */
+  uint32_t pid, uid;  /* the target process, as it named itself and the probe proved */
+  int pidfd;          /* -1 where pidfd_open is missing */
+  struct conn *conn;  /* NULL once the link died */
+  struct memtab maps; /* the target's regions mapped here (struct shm_map) */
+  uint64_t map_ops;   /* ops moved by memcpy on them */
+  char name[WIRE_MAX_NAME + 1];
+  char why[384]; /* why the link died, once it did */
+};
+
+struct eshm_link {                 /* link_xs(c, XPORT_SHM) */
+  struct conn *conn;               /* while in the engine's list (until the link dies) */
+  struct eshm_link *prev, *next;   /* ... that list */
+  uint32_t walk;                   /* the last walk (eshm_next) that visited it */
+  struct shm_peer *peer;           /* initiator: the process copies go to */
+  struct chunk *sq_head, *sq_tail; /* initiator: async chunks waiting for the progress thread */
+  uint64_t turn;                   /* progress-thread round that last served this link */
+  uint8_t nonce[CMA_NONCE_LEN];    /* target: what an initiator's probe must read */
+  bool nonce_set;
+  int lfd;                  /* target: the socket offered in SHM_HELLO_ACK, until SHM_MAP_HELLO */
+  int ufd;                  /* both: the connected unix socket memfds travel on, or -1 */
+  uint32_t hello_pid;       /* target: the pid the initiator's SHM_HELLO named */
+  struct shm_grant *grants; /* target: regions this link's initiator was given */
+  uint32_t ngrants, cap_grants;
+  const uint64_t *gen; /* initiator: the target's withdrawal count (its page, mapped) */
+  uint64_t gen_seen;   /* ... as the last transfer read it */
+};
+
+static inline struct eshm_engine *eng_of(const struct HixlEngine *e) { return engine_xe(e, XPORT_SHM); }
+static inline struct eshm_link *link_of(const struct conn *c) { return link_xs(c, XPORT_SHM); }
+static inline struct shm_reg *reg_of(const struct hixl_mem_reg *r) { return r->xm[XPORT_SHM]; }
+
+/* The next link in x's list that the walk numbered walk (++x->walks) has not visited
+ * yet, marked visited; NULL once it saw them all. Each step starts again from the
+ * head, and a dying link leaves the list (eshm_kill) before its struct conn moves
+ * anywhere, so the walk's body may kill any link, its own or others. Lock held, and
+ * kept by the body: a walk of another thread meanwhile would mark links anew (the
+ * progress thread, which copies with the lock released, marks its own field, turn). */
+static inline struct eshm_link *eshm_next(struct eshm_engine *x, uint32_t walk) {
+  struct eshm_link *l = x->links;
+  while (l && l->walk == walk) l = l->next;
+  if (l) l->walk = walk;
+  return l;
+}
+
+/* ---- shm_map.c: mapped memory, both sides ---- */
+void eshm_peer_put(struct shm_peer *s);
+void eshm_map_retire(struct shm_peer *s, struct shm_map *mp);
+void eshm_map_put(struct shm_peer *s, struct shm_map *mp);
+HixlStatus eshm_map_connect(int fd, uint64_t deadline, struct peer *p, struct eshm_link *l, const char *sock,
+                            size_t sock_len, uint8_t *buf, size_t cap);
+void eshm_target_map_hello(struct conn *c);
+void eshm_target_unmap_ack(struct conn *c, const struct wire_msg *m);
+void eshm_grant_drop(struct HixlEngine *e, struct eshm_link *l, uint32_t i);
+void eshm_initiator_frame(struct conn *c, const struct wire_msg *m);
+void eshm_gen_bump(struct HixlEngine *e);
+void eshm_mem_dereg(struct HixlEngine *e, struct hixl_mem_reg *r);
+void eshm_mem_share(struct HixlEngine *e, struct hixl_mem_reg *r);
+void eshm_mem_unshare(struct HixlEngine *e, struct hixl_mem_reg *r, uint64_t deadline);
+void eshm_peer_drop(struct HixlEngine *e, const char *name, uint64_t deadline);
+
+/* ---- shm_copy.c: the data path ---- */
+void eshm_post(struct conn *c, struct chunk *ch);
+void eshm_async(struct conn *c, struct hixl_transfer_req *r);
+void eshm_drive(struct conn *c, struct hixl_transfer_req *r);
+bool eshm_progress(struct HixlEngine *e);
+
+#endif

@@ -1,0 +1,498 @@
+/* shm_map: memory the target got from HixlEngineAllocMem, mapped into same-host peers. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "transport/shm/shm_int.h"
+#include "transport/shm/uds.h"
+#include "util/log.h"
+#include "util/sock.h"
+#include "util/status_int.h"
+
+/* ---- initiator: mappings ---- */
+
+/* Initiator: take the target's withdrawal page, the first message on the socket. */
+static bool gen_take(struct eshm_link *l, int timeout_ms, char *why, size_t cap) {
+  char msg[8];
+  int fd = -1;
+  struct stat st;
+  if (uds_recv_fd(l->ufd, msg, sizeof(msg), &fd, timeout_ms) < 0 || memcmp(msg, ESHM_GEN_MSG, 8) != 0) {
+    if (fd >= 0) close(fd);
+    snprintf(why, cap, "protocol error: the target's first message on the unix socket is not its page (%s)",
+             fd >= 0 ? "wrong tag" : strerror(errno));
+    return false;
+  }
+  int seals = fcntl(fd, F_GET_SEALS);
+  void *p = MAP_FAILED;
+  if (fstat(fd, &st) == 0 && st.st_size >= ESHM_GEN_LEN && seals >= 0 && (seals & F_SEAL_SHRINK))
+    p = mmap(NULL, ESHM_GEN_LEN, PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    snprintf(why, cap, "protocol error: the target's page is not a sealed memfd of %u bytes", ESHM_GEN_LEN);
+    return false;
+  }
+  (void)madvise(p, ESHM_GEN_LEN, MADV_DONTFORK);
+  l->gen = p;
+  return true;
+}
+
+static void map_free(struct shm_map *mp) {
+  if (mp->base) munmap(mp->base, mp->map_len);
+  free(mp);
+}
+
+static void send_unmap_ack(struct conn *c, uint64_t addr, uint64_t len) {
+  uint8_t buf[WIRE_HDR_LEN + WIRE_SHM_UNMAP_LEN];
+  struct wire_wr w;
+  wire_begin(&w, buf, sizeof(buf), WIRE_SHM_UNMAP_ACK);
+  wire_put_u64(&w, addr);
+  wire_put_u64(&w, len);
+  link_queue_copy(c, buf, wire_end(&w, 0));
+  if (!link_dead(c)) link_flush(c);
+}
+
+/* Take mp out of use: unmapped at once when no copy holds it, else when the last one
+ * ends; then SHM_UNMAP_ACK if the target asked and the link is up. The entry stays
+ * as a tombstone: an op queued before the target freed the range fails on it rather
+ * than reaching, by process_vm_*, whatever the target maps there next. Lock held. */
+void eshm_map_retire(struct shm_peer *s, struct shm_map *mp) {
+  mp->revoked = true;
+  if (mp->refs > 0) return;
+  if (mp->base) munmap(mp->base, mp->map_len);
+  mp->base = NULL;
+  if (mp->ack_owed && s->conn && !link_dead(s->conn)) send_unmap_ack(s->conn, mp->range.addr, mp->range.len);
+  mp->ack_owed = false;
+}
+
+void eshm_map_put(struct shm_peer *s, struct shm_map *mp) {
+  if (--mp->refs == 0 && mp->revoked) eshm_map_retire(s, mp);
+}
+
+/* Drop the tombstones overlapping [addr, addr + len): the target handed that range
+ * over anew. Lock held. */
+static void map_bury(struct shm_peer *s, uint64_t addr, uint64_t len) {
+  for (size_t i = s->maps.count; i-- > 0;) {
+    struct shm_map *mp = (struct shm_map *)s->maps.v[i];
+    if (mp->base || mp->refs > 0 || mp->range.addr >= addr + len || mp->range.addr + mp->range.len <= addr)
+      continue;
+    memtab_remove(&s->maps, &mp->range);
+    map_free(mp);
+  }
+}
+
+void eshm_peer_put(struct shm_peer *s) {
+  if (!s || --s->refs > 0) return;
+  for (size_t i = 0; i < s->maps.count; i++) map_free((struct shm_map *)s->maps.v[i]); /* no copy is left */
+  memtab_free(&s->maps);
+  if (s->pidfd >= 0) close(s->pidfd);
+  free(s);
+}
+
+/* Receive the memfd an SHM_MAP announces on ufd (waiting at most timeout_ms) and map
+ * it. A message that does not match the frame is a protocol error (FAILED, why
+ * set); a region that cannot be mapped here is logged and left to process_vm_*. */
+static HixlStatus map_take(struct shm_peer *s, int ufd, const struct wire_msg *m, int timeout_ms, char *why,
+                           size_t cap) {
+  uint8_t data[WIRE_SHM_MAP_LEN], want[WIRE_SHM_MAP_LEN + WIRE_HDR_LEN];
+  struct wire_wr w;
+  struct stat st;
+  int fd = -1;
+  if (ufd < 0) {
+    snprintf(why, cap, "protocol error: SHM_MAP on a link without a unix socket");
+    return HIXL_FAILED;
+  }
+  if (uds_recv_fd(ufd, data, sizeof(data), &fd, timeout_ms) < 0) {
+    snprintf(why, cap,
+             "protocol error: SHM_MAP of [0x%llx, +%llu) without its descriptor on the unix socket (%s)",
+             (unsigned long long)m->u.map.addr, (unsigned long long)m->u.map.len, strerror(errno));
+    return HIXL_FAILED;
+  }
+  wire_begin(&w, want, sizeof(want), WIRE_SHM_MAP);
+  wire_put_u64(&w, m->u.map.addr);
+  wire_put_u64(&w, m->u.map.len);
+  wire_put_u64(&w, m->u.map.map_len);
+  if (memcmp(data, want + WIRE_HDR_LEN, sizeof(data)) != 0) {
+    close(fd);
+    snprintf(why, cap, "protocol error: the descriptor on the unix socket is not the one SHM_MAP announced");
+    return HIXL_FAILED;
+  }
+  map_bury(s, m->u.map.addr, m->u.map.len); /* a range freed before, handed over anew */
+  /* Sealed against shrinking: the target cannot make a mapped page vanish (SIGBUS). */
+  int seals = fcntl(fd, F_GET_SEALS);
+  const char *bad = NULL;
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+    bad = "not a regular file";
+  else if (seals < 0 || !(seals & F_SEAL_SHRINK))
+    bad = "not sealed against shrinking";
+  else if ((uint64_t)st.st_size < m->u.map.map_len || m->u.map.map_len > SIZE_MAX)
+    bad = "shorter than the region";
+  else if (memtab_find(&s->maps, m->u.map.addr, 1) ||
+           memtab_find(&s->maps, m->u.map.addr + m->u.map.len - 1, 1))
+    bad = "overlapping a region already mapped";
+  if (bad) {
+    close(fd);
+    snprintf(why, cap, "protocol error: the memfd of [0x%llx, +%llu) is %s",
+             (unsigned long long)m->u.map.addr, (unsigned long long)m->u.map.len, bad);
+    return HIXL_FAILED;
+  }
+  void *p = mmap(NULL, (size_t)m->u.map.map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  close(fd);
+  struct shm_map *mp = p != MAP_FAILED ? calloc(1, sizeof(*mp)) : NULL;
+  struct memtab_entry *clash;
+  if (mp) {
+    mp->range.addr = m->u.map.addr;
+    mp->range.len = m->u.map.len;
+    mp->base = p;
+    mp->map_len = (size_t)m->u.map.map_len;
+    /* A child forked later must not keep the target's pages alive, nor write them. */
+    if (madvise(p, mp->map_len, MADV_DONTFORK) < 0 || memtab_add(&s->maps, &mp->range, &clash) < 0) {
+      err = errno;
+      map_free(mp);
+      mp = NULL;
+      p = MAP_FAILED;
+    }
+  } else if (p != MAP_FAILED) {
+    munmap(p, (size_t)m->u.map.map_len);
+    err = ENOMEM;
+    p = MAP_FAILED;
+  }
+  if (!mp) {
+    log_warn("link to %s: cannot map the peer's [0x%llx, +%llu) (%s): process_vm_* copies it", s->name,
+             (unsigned long long)m->u.map.addr, (unsigned long long)m->u.map.len, strerror(err));
+    return HIXL_SUCCESS;
+  }
+  log_info("link to %s: mapped the peer's [0x%llx, +%llu) at %p", s->name, (unsigned long long)m->u.map.addr,
+           (unsigned long long)m->u.map.len, (void *)mp->base);
+  return HIXL_SUCCESS;
+}
+
+/* Initiator, in Connect, the probe passed and the target offered a unix socket:
+ * connect to it, say so, and map the regions the target hands over until its
+ * SHM_MAP_ACK. A socket that cannot be reached or a target that refuses leaves the
+ * link on process_vm_* (logged); a malformed answer fails Connect. */
+HixlStatus eshm_map_connect(int fd, uint64_t deadline, struct peer *p, struct eshm_link *l, const char *sock,
+                            size_t sock_len, uint8_t *buf, size_t cap) {
+  struct shm_peer *s = l->peer;
+  struct wire_wr w;
+  struct wire_hdr h;
+  struct wire_msg m;
+  char why[384];
+  HixlStatus st;
+  if ((l->ufd = uds_connect(sock, sock_len)) < 0) {
+    log_info("link to %s: no mapped memory: cannot reach its unix socket (%s)", s->name, strerror(errno));
+    return HIXL_SUCCESS;
+  }
+  wire_begin(&w, buf, cap, WIRE_SHM_MAP_HELLO);
+  wire_put_u32(&w, 0);
+  if ((st = sock_send_all(fd, buf, wire_end(&w, 0), deadline)) != HIXL_SUCCESS) return st;
+  for (;;) {
+    if ((st = link_handshake_recv(fd, deadline, p, buf, cap, &h)) != HIXL_SUCCESS) return st;
+    if ((h.type != WIRE_SHM_MAP && h.type != WIRE_SHM_MAP_ACK) ||
+        wire_decode(&h, buf + WIRE_HDR_LEN, &m) != WIRE_OK)
+      return hixl_fail(HIXL_FAILED, "answered SHM_MAP_HELLO with a malformed %s", wire_type_name(h.type));
+    uint64_t now = hixl_now_ns();
+    int ms = now < deadline ? (int)((deadline - now + 999999) / 1000000) : 0;
+    /* The target's page comes first on the socket, when it hands anything over. */
+    bool ok = h.type == WIRE_SHM_MAP || m.u.map.status == WIRE_HELLO_OK;
+    if (ok && !l->gen && !gen_take(l, ms, why, sizeof(why))) return hixl_fail(HIXL_FAILED, "%s", why);
+    if (h.type == WIRE_SHM_MAP_ACK) break;
+    if (map_take(s, l->ufd, &m, ms, why, sizeof(why)) != HIXL_SUCCESS)
+      return hixl_fail(HIXL_FAILED, "%s", why);
+  }
+  if (m.u.map.status != WIRE_HELLO_OK) {
+    log_warn("link to %s: it refused to map its memory here: %.*s; process_vm_* copies it", s->name,
+             (int)m.u.map.text_len, (const char *)m.u.map.text);
+    close(l->ufd);
+    l->ufd = -1;
+    return HIXL_SUCCESS;
+  }
+  log_info("link to %s: %zu of its regions mapped here", s->name, s->maps.count);
+  return HIXL_SUCCESS;
+}
+
+/* Initiator: a frame the target sent on its own. */
+void eshm_initiator_frame(struct conn *c, const struct wire_msg *m) {
+  struct eshm_link *l = link_of(c);
+  char why[384];
+  if (!l || !l->peer) {
+    link_conn_kill(c, HIXL_FAILED, "protocol error: a same-host frame on a link that is not shm");
+    return;
+  }
+  struct shm_peer *s = l->peer;
+  if (m->hdr.type == WIRE_SHM_MAP) {
+    if (map_take(s, l->ufd, m, 0, why, sizeof(why)) != HIXL_SUCCESS) link_conn_kill(c, HIXL_FAILED, why);
+    return;
+  }
+  if (m->hdr.type == WIRE_SHM_UNMAP) {
+    struct shm_map *mp = (struct shm_map *)memtab_find_exact(&s->maps, m->u.map.addr, m->u.map.len);
+    /* Ops submitted from now on fail at once: the region leaves the peer's table. */
+    link_peer_forget(c, m->u.map.addr, m->u.map.len);
+    if (!mp) { /* never mapped here (it could not be): nothing to wait for */
+      send_unmap_ack(c, m->u.map.addr, m->u.map.len);
+      return;
+    }
+    mp->ack_owed = true;
+    eshm_map_retire(s, mp);
+    return;
+  }
+  snprintf(why, sizeof(why), "protocol error: unexpected %s", wire_type_name(m->hdr.type));
+  link_conn_kill(c, HIXL_FAILED, why);
+}
+
+/* ---- target: grants ---- */
+
+/* Target: hand r's memfd to c's initiator (the descriptor on the unix socket first,
+ * then SHM_MAP on the link, so it is there when the frame is read). Lock held. */
+static void grant(struct conn *c, struct hixl_mem_reg *r) {
+  struct eshm_link *l = link_of(c);
+  uint8_t buf[WIRE_HDR_LEN + WIRE_SHM_MAP_LEN];
+  struct wire_wr w;
+  if (l->ngrants == l->cap_grants) {
+    uint32_t cap = l->cap_grants ? 2 * l->cap_grants : 8;
+    struct shm_grant *g = realloc(l->grants, cap * sizeof(*g));
+    if (!g) {
+      log_warn("link from %s: out of memory: [0x%llx, +%llu) is not mapped there", link_remote(c),
+               (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
+      return;
+    }
+    l->grants = g;
+    l->cap_grants = cap;
+  }
+  wire_begin(&w, buf, sizeof(buf), WIRE_SHM_MAP);
+  wire_put_u64(&w, r->range.addr);
+  wire_put_u64(&w, r->range.len);
+  wire_put_u64(&w, r->map_len);
+  size_t len = wire_end(&w, 0);
+  if (uds_send_fd(l->ufd, buf + WIRE_HDR_LEN, WIRE_SHM_MAP_LEN, r->memfd) < 0) {
+    log_warn("link from %s: cannot hand over the memfd of [0x%llx, +%llu) (%s): process_vm_* copies it",
+             link_remote(c), (unsigned long long)r->range.addr, (unsigned long long)r->range.len,
+             strerror(errno));
+    return;
+  }
+  l->grants[l->ngrants++] = (struct shm_grant){r, false};
+  link_queue_copy(c, buf, len);
+}
+
+/* Whether r can be handed to peers: HixlEngineAllocMem's, sealed (offered: it has its
+ * shm state), not being freed. */
+static bool grantable(const struct hixl_mem_reg *r) {
+  return r->memfd >= 0 && r->sealed && reg_of(r) && !reg_of(r)->unsharing;
+}
+
+/* Target, SHM_MAP_HELLO: the initiator says it connected to the link's socket. Take
+ * the connection of the process the link's SHM_HELLO named, running as this user;
+ * hand it every region there is; answer SHM_MAP_ACK. */
+void eshm_target_map_hello(struct conn *c) {
+  struct HixlEngine *e = link_engine(c);
+  struct eshm_link *l = link_of(c);
+  uint8_t buf[WIRE_HDR_LEN + 4 + WIRE_SHM_REASON_MAX];
+  char why[WIRE_SHM_REASON_MAX] = "";
+  struct wire_wr w;
+  uint32_t me = (uint32_t)geteuid();
+  if (!l || l->lfd < 0) {
+    snprintf(why, sizeof(why), "no unix socket was offered on this link");
+  } else {
+    int fd;
+    while ((fd = accept4(l->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+      uint32_t pid = 0, uid = 0;
+      if (uds_peer(fd, &pid, &uid) == 0 && pid == l->hello_pid && uid == me) {
+        l->ufd = fd;
+        break;
+      }
+      /* Anyone may connect to an abstract socket: only the link's own peer is taken. */
+      if (pid != l->hello_pid)
+        snprintf(why, sizeof(why),
+                 "pid %u (uid %u) connected to the unix socket, but this link's peer is pid %u", pid, uid,
+                 l->hello_pid);
+      else
+        snprintf(why, sizeof(why),
+                 "pid %u connected as uid %u; memory is mapped only into processes of uid %u", pid, uid, me);
+      close(fd);
+    }
+    if (l->ufd < 0 && !why[0]) snprintf(why, sizeof(why), "nobody connected to the unix socket");
+    close(l->lfd);
+    l->lfd = -1;
+  }
+  if (l && l->ufd >= 0 && uds_send_fd(l->ufd, ESHM_GEN_MSG, 8, eng_of(e)->gen_fd) < 0) {
+    snprintf(why, sizeof(why), "cannot hand over its page on the unix socket: %s", strerror(errno));
+    close(l->ufd);
+    l->ufd = -1;
+  }
+  if (l && l->ufd >= 0) {
+    why[0] = '\0';
+    for (size_t i = 0; i < engine_reg_count(e) && !link_dead(c); i++) {
+      struct hixl_mem_reg *r = engine_reg_at(e, i);
+      if (grantable(r)) grant(c, r);
+    }
+    if (link_dead(c)) return;
+    log_info("link from %s: %u regions handed over to map", link_remote(c), l->ngrants);
+  } else {
+    log_warn("link from %s: memory not mapped there: %s", link_remote(c), why);
+  }
+  wire_begin(&w, buf, sizeof(buf), WIRE_SHM_MAP_ACK);
+  wire_put_u32(&w, why[0] ? WIRE_HELLO_REFUSED : WIRE_HELLO_OK);
+  wire_put_bytes(&w, why, strlen(why));
+  link_queue_copy(c, buf, wire_end(&w, 0));
+}
+
+/* Target: forget the grant at i; a FreeMem waiting for it is told. Lock held. */
+void eshm_grant_drop(struct HixlEngine *e, struct eshm_link *l, uint32_t i) {
+  struct shm_grant g = l->grants[i];
+  l->grants[i] = l->grants[--l->ngrants];
+  if (g.unmapping) { /* FreeMem waits for the region's count, drop_peer for the link's grants */
+    reg_of(g.reg)->unshare_wait--;
+    engine_signal(e);
+  }
+}
+
+/* Target, SHM_UNMAP_ACK: the initiator let go of a region. */
+void eshm_target_unmap_ack(struct conn *c, const struct wire_msg *m) {
+  struct eshm_link *l = link_of(c);
+  for (uint32_t i = 0; l && i < l->ngrants; i++)
+    if (l->grants[i].reg->range.addr == m->u.map.addr && l->grants[i].reg->range.len == m->u.map.len) {
+      eshm_grant_drop(link_engine(c), l, i);
+      return;
+    }
+}
+
+/* Move the count mapping peers read before a transfer: their next one reads the
+ * socket first. */
+void eshm_gen_bump(struct HixlEngine *e) {
+  if (eng_of(e) && eng_of(e)->gen) __atomic_add_fetch(eng_of(e)->gen, 1, __ATOMIC_RELEASE);
+}
+
+/* ---- memory ---- */
+
+/* A registration was withdrawn (its MEM_DEL sent): mapping peers see the count move.
+ * No link holds a grant of r any more (FreeMem recalled them, Finalize cut the links):
+ * its shm state goes. */
+void eshm_mem_dereg(struct HixlEngine *e, struct hixl_mem_reg *r) {
+  eshm_gen_bump(e);
+  free(reg_of(r));
+  r->xm[XPORT_SHM] = NULL;
+}
+
+/* HixlEngineAllocMem made r: hand it to every link whose initiator maps memory. */
+void eshm_mem_share(struct HixlEngine *e, struct hixl_mem_reg *r) {
+  struct eshm_engine *x = eng_of(e);
+  if (!x || r->memfd < 0 || !r->sealed) return;
+  if (!reg_of(r) && !(r->xm[XPORT_SHM] = calloc(1, sizeof(struct shm_reg)))) {
+    log_warn(
+        "engine %s: out of memory: [0x%llx, +%llu) is not offered to peers to map: process_vm_* copies it",
+        engine_name(e), (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
+    return;
+  }
+  uint32_t walk = ++x->walks;
+  for (struct eshm_link *l; (l = eshm_next(x, walk));) {
+    struct conn *c = l->conn;
+    if (!link_is_target(c) || l->ufd < 0) continue;
+    grant(c, r);
+    if (!link_dead(c)) link_flush(c);
+  }
+}
+
+/* Target: ask c's initiator for grant i back (SHM_UNMAP); the grant stays until it
+ * answers or the link dies (eshm_grant_drop). Lock held. */
+static void grant_recall(struct conn *c, uint32_t i) {
+  struct shm_grant *g = &link_of(c)->grants[i];
+  uint8_t buf[WIRE_HDR_LEN + WIRE_SHM_UNMAP_LEN];
+  struct wire_wr w;
+  g->unmapping = true;
+  reg_of(g->reg)->unshare_wait++;
+  wire_begin(&w, buf, sizeof(buf), WIRE_SHM_UNMAP);
+  wire_put_u64(&w, g->reg->range.addr);
+  wire_put_u64(&w, g->reg->range.len);
+  link_queue_copy(c, buf, wire_end(&w, 0));
+}
+
+/* Wait, lock released, while pending(e, arg) holds and deadline has not passed;
+ * Finalize waits for such waiters (quiesce). */
+static void recall_wait(struct HixlEngine *e, bool (*pending)(struct HixlEngine *, const void *),
+                        const void *arg, uint64_t deadline) {
+  struct eshm_engine *x = eng_of(e);
+  x->unsharing++;
+  while (pending(e, arg) && hixl_now_ns() < deadline) engine_wait(e, deadline);
+  if (--x->unsharing == 0) engine_signal(e);
+}
+
+static bool reg_pending(struct HixlEngine *e, const void *r) {
+  (void)e;
+  return reg_of(r)->unshare_wait > 0;
+}
+
+/* HixlEngineFreeMem, before r goes: ask every link that has r mapped to unmap it and
+ * wait, lock released, for the answers until deadline; cut the links that did not
+ * answer. Afterwards no peer can reach r's pages. Lock held on entry and return. */
+void eshm_mem_unshare(struct HixlEngine *e, struct hixl_mem_reg *r, uint64_t deadline) {
+  struct eshm_engine *x = eng_of(e);
+  struct shm_reg *sr = reg_of(r);
+  if (!x || r->memfd < 0 || !sr) return; /* never offered: no link has it */
+  sr->unsharing = true;                  /* no new grant from here on */
+  uint32_t walk = ++x->walks;
+  for (struct eshm_link *l; (l = eshm_next(x, walk));) {
+    struct conn *c = l->conn;
+    if (!link_is_target(c)) continue;
+    for (uint32_t i = 0; i < l->ngrants; i++) {
+      if (l->grants[i].reg != r || l->grants[i].unmapping) continue;
+      grant_recall(c, i);
+      if (!link_dead(c)) link_flush(c); /* a link that died on the way dropped the grant */
+      break;
+    }
+  }
+  if (sr->unshare_wait > 0) recall_wait(e, reg_pending, r, deadline);
+  walk = ++x->walks;
+  for (struct eshm_link *l; sr->unshare_wait > 0 && (l = eshm_next(x, walk));) {
+    struct conn *c = l->conn;
+    if (!link_is_target(c)) continue;
+    for (uint32_t i = 0; i < l->ngrants; i++) {
+      if (l->grants[i].reg != r) continue;
+      char why[256];
+      snprintf(
+          why, sizeof(why),
+          "it did not unmap [0x%llx, +%llu) in time (SHM_UNMAP unanswered): cut off before the memory is "
+          "freed",
+          (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
+      log_warn("link from %s: %s", link_remote(c), why);
+      link_conn_kill(c, HIXL_TIMEOUT, why); /* its grants go with it */
+      break;
+    }
+  }
+  sr->unsharing = false;
+}
+
+/* Whether the links with name still have regions mapped. (A target link is named by
+ * its peer's HELLO alone: only initiator links have a struct peer.) */
+static bool peer_pending(struct HixlEngine *e, const void *name) {
+  for (struct eshm_link *l = eng_of(e)->links; l; l = l->next) /* kills nothing */
+    if (link_is_target(l->conn) && l->ngrants > 0 && strcmp(link_remote(l->conn), name) == 0) return true;
+  return false;
+}
+
+/* drop_peer: every region the peer's links have mapped is asked back (SHM_UNMAP) and
+ * the call waits, lock released, until the peer answered for each (its copies running
+ * have ended) or deadline. Then nothing it does reaches this engine's memory once its
+ * links are cut: a copy through a mapping cannot be stopped any other way. */
+void eshm_peer_drop(struct HixlEngine *e, const char *name, uint64_t deadline) {
+  struct eshm_engine *x = eng_of(e);
+  if (!x) return;
+  uint32_t walk = ++x->walks;
+  for (struct eshm_link *l; (l = eshm_next(x, walk));) {
+    struct conn *c = l->conn;
+    if (!link_is_target(c) || strcmp(link_remote(c), name) != 0) continue;
+    for (uint32_t i = 0; i < l->ngrants && !link_dead(c); i++)
+      if (!l->grants[i].unmapping) grant_recall(c, i); /* else a FreeMem asked already */
+    if (!link_dead(c)) link_flush(c);
+  }
+  if (!peer_pending(e, name)) return;
+  recall_wait(e, peer_pending, name, deadline);
+  if (peer_pending(e, name))
+    log_warn("engine %s: %s did not unmap this engine's memory in time: its links are cut anyway",
+             engine_name(e), name);
+}
