@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # README command 2 (and .ci/run): build and run every test.
 #  1. warnings-as-errors build + every CTest test (RDMA tests skip without a device);
+#  1b. the vLLM adapter's pytest suite (plugin/python) against that build's plugin;
 #  2. the same suite built with AddressSanitizer + UBSan (zero errors, zero leaks);
 #  2b. the same suite built with ThreadSanitizer: zero reports, from any process the
 #     tests start (TSan writes each process's reports to build-tsan/tsan/);
@@ -17,6 +18,18 @@ echo "== build (-Werror) and test"
 cmake -S "$top" -B "$top/build-test" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHIXL_WERROR=ON >/dev/null
 cmake --build "$top/build-test" -j"$jobs"
 (cd "$top/build-test" && ctest --output-on-failure --timeout 600)
+
+echo "== the vLLM adapter (plugin/python) against build-test's plugin"
+# Debian's interpreter, which has python3-torch and python3-pytest (a pyenv python3
+# earlier on PATH may have neither); a missing one fails this stage, never skips it.
+py=/usr/bin/python3
+echo "hixl: python tests use $py ($($py --version 2>&1))"
+for m in torch pytest; do
+  $py -c "import $m" 2>/dev/null || { echo "hixl: $py cannot import $m (apt-get install python3-$m)" >&2; exit 1; }
+done
+$py -c 'import torch, pytest; print("hixl: torch", torch.__version__, "pytest", pytest.__version__)'
+(cd "$top" && HIXL_KV_PLUGIN="$top/build-test/plugin/libhixl_kv_connector.so" PYTHONDONTWRITEBYTECODE=1 \
+  $py -m pytest -q -p no:cacheprovider plugin/python/tests)
 
 echo "== ASan + UBSan build and test"
 cmake -S "$top" -B "$top/build-asan" -DCMAKE_BUILD_TYPE=Debug -DHIXL_WERROR=ON -DHIXL_SANITIZE=ON >/dev/null

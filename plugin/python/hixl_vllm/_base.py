@@ -1,0 +1,17 @@
+"""vLLM's KV connector base classes when vLLM is importable, else hixl_vllm._standin's."""
+
+from __future__ import annotations
+
+try:
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore
+        KVConnectorBase_V1, KVConnectorHandshakeMetadata, KVConnectorMetadata, KVConnectorRole, SupportsHMA)
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (  # type: ignore
+        KVConnectorPromMetrics, KVConnectorStats)
+    USING_VLLM = True
+except ImportError:  # vLLM absent: the stand-ins, with the same names and signatures
+    from ._standin import (KVConnectorBase_V1, KVConnectorHandshakeMetadata, KVConnectorMetadata,  # noqa: F401
+                           KVConnectorPromMetrics, KVConnectorRole, KVConnectorStats, SupportsHMA)
+    USING_VLLM = False
+
+__all__ = ["KVConnectorBase_V1", "KVConnectorHandshakeMetadata", "KVConnectorMetadata", "KVConnectorPromMetrics",
+           "KVConnectorRole", "KVConnectorStats", "SupportsHMA", "USING_VLLM"]

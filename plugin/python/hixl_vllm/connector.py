@@ -1,0 +1,518 @@
+"""HixlKVConnector: vLLM's KVConnectorBase_V1 + SupportsHMA over libhixl_kv_connector.so.
+
+One connector object is one C connector (create with the scheduler or worker role).
+The scheduler side turns vLLM's Request into hixl_kv_request (kv_transfer_params as
+JSON), block lists into uint64 buffers, and the metadata bytes into HixlConnectorMetadata;
+the worker side turns layer names into the model layer numbers save_kv_layer takes and
+the KV tensors into ABI 1.3's groups of planes (layout.py). docs/vllm.md lists every
+base-class method and what it does here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import difflib
+import json
+import logging
+from array import array
+from typing import Any, Dict, Iterable, Optional, Tuple
+
+from . import _abi, layout
+from ._base import (USING_VLLM, KVConnectorBase_V1, KVConnectorMetadata, KVConnectorPromMetrics, KVConnectorRole,
+                    KVConnectorStats, SupportsHMA)
+
+logger = logging.getLogger("hixl_vllm")
+
+# kv_connector_extra_config.hixl_vllm: the adapter's own keys (never passed to the plugin,
+# whose configuration refuses keys it does not know).
+ADAPTER_KEYS = {
+    "plugin": "path of libhixl_kv_connector.so (else $HIXL_KV_PLUGIN, else beside the package, else the loader's path)",
+    "layout": "the KV layout name: packed (default), kv_first, blocks_first, mla, LBNHC, LBHNC, LHBNC, BLNHC, "
+              "BLHNC, BHLNC, cross_layer",
+    "axes": "axis letters of each layer's tensor, when they differ from the layout's usual ones",
+    "cross_layer_axes": "axis letters of the cross-layer tensor (default BLSNHC)",
+    "prefer_cross_layer_blocks": "answer vLLM's prefer_cross_layer_blocks (default false)",
+    "rank": "the worker's rank when vLLM's parallel state is not there (tests); default 0",
+}
+# vLLM's KVTransferConfig fields the plugin is given (the rest are vLLM's alone).
+_PASSED_FIELDS = ("kv_connector", "kv_connector_module_path", "kv_role", "kv_load_failure_policy")
+# get_stats_ex's counters that only grow (the rest are levels now).
+_MONOTONIC = ("loads_done", "loads_failed", "lease_expired", "bytes_loaded", "engine_ops", "lookups", "pushes_done",
+              "pushes_failed", "layers_pushed", "bytes_pushed")
+_LEVELS = ("blocks_held", "requests_held")
+
+
+class HixlConfigError(ValueError):
+    """A key of kv_connector_extra_config.hixl_vllm that the adapter does not know, or a bad value."""
+
+
+def _field(obj: Any, name: str, default: Any = None) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def split_config(kv_transfer_config: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """vLLM's kv_transfer_config as (the document for the plugin's create, the adapter's
+    options). The adapter's keys live in kv_connector_extra_config.hixl_vllm."""
+    extra = dict(_field(kv_transfer_config, "kv_connector_extra_config", None) or {})
+    opts = extra.pop("hixl_vllm", None) or {}
+    if not isinstance(opts, dict):
+        raise HixlConfigError("kv_connector_extra_config.hixl_vllm: expected an object")
+    for k in opts:
+        if k not in ADAPTER_KEYS:
+            near = difflib.get_close_matches(k, ADAPTER_KEYS, n=1)
+            raise HixlConfigError(f"kv_connector_extra_config.hixl_vllm: unknown key {k!r}"
+                                  + (f"; did you mean {near[0]!r}?" if near else
+                                     f" (known: {', '.join(ADAPTER_KEYS)})"))
+    doc: Dict[str, Any] = {}
+    for f in _PASSED_FIELDS:
+        v = _field(kv_transfer_config, f)
+        if v is None or (f == "kv_load_failure_policy" and "load_failure_policy" in extra
+                         and not isinstance(kv_transfer_config, dict)):
+            continue  # vLLM's default policy yields to the one the extra config names
+        doc[f] = v
+    doc["kv_connector_extra_config"] = extra
+    return doc, dict(opts)
+
+
+class HixlConnectorMetadata(KVConnectorMetadata):
+    """The bytes build_connector_meta produced, for the workers' bind_connector_metadata;
+    and the requests the scheduler preempted this step (handle_preemptions)."""
+
+    def __init__(self, data: bytes, preempted_req_ids: Iterable[str] = ()):
+        self.data = bytes(data)
+        self.preempted_req_ids = list(preempted_req_ids)
+
+    def __repr__(self) -> str:
+        return f"HixlConnectorMetadata({len(self.data)} bytes, {len(self.preempted_req_ids)} preempted)"
+
+
+class HixlKVConnectorStats(KVConnectorStats):
+    """The plugin's counters over an interval (get_stats_ex): counts that only grow as
+    increments since the last report, blocks_held / requests_held as levels.
+    Aggregating sums both (workers of one engine hold disjoint blocks)."""
+
+    COUNTERS = _abi.STATS_EX_COUNTERS
+
+    def __init__(self, data: Optional[Dict[str, Any]] = None):
+        super().__init__(data={k: int((data or {}).get(k, 0)) for k in self.COUNTERS})
+
+    def reset(self):
+        self.data = {k: 0 for k in self.COUNTERS}
+
+    def aggregate(self, other: "KVConnectorStats") -> "KVConnectorStats":
+        for k, v in (other.data or {}).items():
+            self.data[k] = self.data.get(k, 0) + int(v)
+        return self
+
+    def reduce(self) -> Dict[str, Any]:
+        return dict(self.data)
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+class HixlPromMetrics(KVConnectorPromMetrics):
+    """Prometheus metrics from HixlKVConnectorStats: a counter per growing count
+    (vllm:hixl_<name>) and a gauge per level, labelled per engine as vLLM's are."""
+
+    DOC = {
+        "loads_done": "requests whose KV was loaded (pull: read, push: every layer landed)",
+        "loads_failed": "KV loads that failed",
+        "lease_expired": "held requests freed because their lease ran out",
+        "bytes_loaded": "bytes of KV loaded",
+        "engine_ops": "engine op descriptors issued",
+        "lookups": "remote cache lookups (round trips)",
+        "pushes_done": "requests pushed to a consumer",
+        "pushes_failed": "pushes that failed",
+        "layers_pushed": "layers sent as soon as they were saved",
+        "bytes_pushed": "bytes of KV pushed",
+        "blocks_held": "blocks held for consumers now",
+        "requests_held": "requests held for consumers now",
+    }
+
+    def __init__(self, vllm_config: Any, metric_types: dict, labelnames: list, per_engine_labelvalues: dict):
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        by_name = {getattr(k, "__name__", str(k)): v for k, v in metric_types.items()}
+        counter, gauge = by_name["Counter"], by_name["Gauge"]
+        self.counters, self.gauges = {}, {}
+        for k in _MONOTONIC:
+            m = counter(name=f"vllm:hixl_{k}", documentation=self.DOC[k], labelnames=labelnames)
+            self.counters[k] = {i: m.labels(*v) for i, v in per_engine_labelvalues.items()}
+        for k in _LEVELS:
+            m = gauge(name=f"vllm:hixl_{k}", documentation=self.DOC[k], labelnames=labelnames)
+            self.gauges[k] = {i: m.labels(*v) for i, v in per_engine_labelvalues.items()}
+
+    def observe(self, transfer_stats_data: dict, engine_idx: int = 0):
+        for k, per in self.counters.items():
+            v = int(transfer_stats_data.get(k, 0))
+            if v:
+                per[engine_idx].inc(v)
+        for k, per in self.gauges.items():
+            per[engine_idx].set(int(transfer_stats_data.get(k, 0)))
+
+
+def _role_of(role: Any) -> int:
+    name = getattr(role, "name", str(role)).upper()
+    if name.endswith("SCHEDULER"):
+        return _abi.ROLE_SCHEDULER
+    if name.endswith("WORKER"):
+        return _abi.ROLE_WORKER
+    raise ValueError(f"role {role!r} is neither SCHEDULER nor WORKER")
+
+
+def _block_groups(blocks: Any, unhashed: bool) -> Tuple[list, ...]:
+    """vLLM's KVCacheBlocks (or a list of ids, or one list per group) as one id list per
+    group. unhashed: only the blocks not cached locally (the ones a load fills)."""
+    if unhashed and hasattr(blocks, "get_unhashed_block_ids_all_groups"):
+        return tuple(blocks.get_unhashed_block_ids_all_groups())
+    if hasattr(blocks, "get_block_ids"):
+        if unhashed and hasattr(blocks, "get_unhashed_block_ids"):
+            g = blocks.get_block_ids()
+            if len(g) == 1:
+                return (blocks.get_unhashed_block_ids(),)
+            return tuple(g)
+        return tuple(blocks.get_block_ids())
+    if isinstance(blocks, tuple):
+        return blocks
+    blocks = list(blocks) if not isinstance(blocks, array) else blocks
+    if blocks and isinstance(blocks[0], (list, tuple, array)):
+        return tuple(blocks)
+    return (blocks,)
+
+
+class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
+    """hixl as a vLLM KV connector (pull or push, per kv_connector_extra_config.mode)."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
+        super().__init__(vllm_config, role, kv_cache_config)
+        ktc = vllm_config.kv_transfer_config
+        self._doc, self._opts = split_config(ktc)
+        self._text = json.dumps(self._doc, indent=2)
+        self._layout = str(self._opts.get("layout", "packed"))
+        extra = self._doc["kv_connector_extra_config"]
+        self._push = extra.get("mode") == "push"
+        self._plugin = _abi.load_plugin(self._opts.get("plugin"))
+        self._crole = _role_of(role)
+        self._rank, self._world = self._parallel(vllm_config)
+        self._c = ctypes.c_void_p()
+        err = ctypes.create_string_buffer(1024)
+        raw = self._text.encode()
+        st = self._plugin.ops.create(raw, len(raw), self._crole, self._rank, self._world, ctypes.byref(self._c), err,
+                                     len(err))
+        if st != _abi.SUCCESS:
+            raise _abi.HixlError(f"create({'scheduler' if self._crole == 0 else 'worker'}, rank {self._rank} "
+                                 f"of {self._world})", st, err.value.decode(errors="replace")
+                                 + "\n(line:column refer to the document the adapter passed to create:\n"
+                                 + self._text + ")")
+        # Scheduler: requests a LOAD was queued for (vLLM calls update_state_after_alloc again,
+        # with 0 tokens, once the load is done: not a FREE), the blocks each loads into (to
+        # turn KVConnectorOutput.invalid_block_ids into failed requests), push requests whose
+        # blocks wait for the push, and invalid blocks not matched to a request yet.
+        self._loading: Dict[str, set] = {}
+        self._load_queued: set = set()
+        self._pushing: set = set()
+        self._invalid: set = set()
+        # Worker: layer names -> layer ids, the description registered, the last counters.
+        self._kv: Optional[layout.KVDescription] = None
+        self._last_stats: Dict[str, int] = {}
+        self._closed = False
+
+    # ---- plumbing ----
+
+    def _parallel(self, vllm_config: Any) -> Tuple[int, int]:
+        pc = getattr(vllm_config, "parallel_config", None)
+        world = int(getattr(pc, "tensor_parallel_size", 1) or 1)
+        rank = int(self._opts.get("rank", 0))
+        if self._crole == _abi.ROLE_WORKER and USING_VLLM and "rank" not in self._opts:
+            try:
+                from vllm.distributed.parallel_state import get_tensor_model_parallel_rank  # type: ignore
+                rank = int(get_tensor_model_parallel_rank())
+            except Exception:  # parallel state not initialized: rank 0 of world
+                rank = 0
+        return rank, world
+
+    def _call(self, name: str, *args) -> None:
+        self._plugin.check(name, getattr(self._plugin.ops, name)(self._c, *args))
+
+    @staticmethod
+    def _params_of(request: Any) -> Optional[bytes]:
+        p = getattr(request, "kv_transfer_params", None)
+        if p is None:
+            return None
+        return (p if isinstance(p, str) else json.dumps(p)).encode()
+
+    def _req(self, request: Any, flags: int = 0) -> Tuple[_abi.Request, tuple]:
+        rid = str(request.request_id).encode()
+        params = self._params_of(request)
+        r = _abi.Request(rid, len(rid), int(getattr(request, "num_prompt_tokens", 0)), params,
+                         len(params) if params else 0, flags)
+        return r, (rid, params)
+
+    @staticmethod
+    def _aborted(request: Any) -> bool:
+        st = getattr(request, "status", None)
+        return "ABORTED" in getattr(st, "name", str(st) if st is not None else "").upper()
+
+    def _layer(self, layer_name: str) -> Optional[int]:
+        if self._kv is None:
+            raise RuntimeError(f"hixl: layer {layer_name!r}: no KV caches registered on this worker yet")
+        name = self._kv.aliases.get(layer_name, layer_name)
+        if layer_name in self._kv.aliases:
+            return None  # shares an earlier layer's KV: that layer moves it
+        lid = self._kv.layer_ids.get(name)
+        if lid is None:
+            raise KeyError(f"hixl: layer {layer_name!r} was not registered (known: {len(self._kv.layer_ids)} "
+                           "layers)")
+        return lid
+
+    # ---- properties ----
+
+    @property
+    def prefer_cross_layer_blocks(self) -> bool:
+        return bool(self._opts.get("prefer_cross_layer_blocks", False))
+
+    # ---- worker side ----
+
+    def register_kv_caches(self, kv_caches: Dict[str, Any]):
+        d = layout.describe_layers(kv_caches, self._layout, self._opts.get("axes"), self._kv_cache_config)
+        self._register(d)
+
+    def register_cross_layers_kv_cache(self, kv_cache: Any, attn_backend: Any):
+        names = self._layer_names_of_config()
+        kind = _abi.GROUP_MLA if self._layout == "mla" else _abi.GROUP_FULL_ATTENTION
+        d = layout.describe_cross_layer(kv_cache, names, "cross_layer", self._opts.get("cross_layer_axes"), kind)
+        self._register(d)
+
+    def _layer_names_of_config(self) -> list:
+        names = [n for g in (getattr(self._kv_cache_config, "kv_cache_groups", None) or [])
+                 for n in getattr(g, "layer_names", [])]
+        if not names:
+            raise layout.LayoutError("register_cross_layers_kv_cache: kv_cache_config names no layers, so the "
+                                     "layer names save_kv_layer will use are unknown")
+        idx = [layout.layer_index(n) for n in names]
+        if all(i is not None for i in idx):
+            names = [n for _, n in sorted(zip(idx, names))]
+        return names
+
+    def _register(self, d: layout.KVDescription) -> None:
+        arr, n, keep = d.to_c()
+        self._call("register_kv_groups", arr, n)
+        del keep
+        self._kv = d
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        data = connector_metadata.data
+        self._call("bind_connector_meta", data, len(data))
+
+    def clear_connector_metadata(self) -> None:
+        super().clear_connector_metadata()
+        self._call("clear_connector_meta")
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata):
+        ids = getattr(kv_connector_metadata, "preempted_req_ids", None)
+        if not ids:
+            return
+        c_ids, keep = _abi.ids_in(ids)
+        self._call("handle_preemptions", ctypes.byref(c_ids))
+        del keep
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        self._call("start_load_kv")
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        lid = self._layer(layer_name)
+        if lid is not None:
+            self._call("wait_for_layer_load", lid)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        lid = self._layer(layer_name)
+        if lid is not None:
+            self._call("save_kv_layer", lid)
+
+    def wait_for_save(self):
+        self._call("wait_for_save")
+
+    def get_finished(self, finished_req_ids: set) -> Tuple[Optional[set], Optional[set]]:
+        c_in, keep = _abi.ids_in(finished_req_ids)
+        s, r = _abi.Ids(), _abi.Ids()
+        self._call("get_finished", ctypes.byref(c_in) if c_in is not None else None, ctypes.byref(s),
+                   ctypes.byref(r))
+        del keep
+        sending, recving = self._plugin.take_ids(s), self._plugin.take_ids(r)
+        return sending or None, recving or None
+
+    def get_block_ids_with_load_errors(self) -> set:
+        b = _abi.Blocks()
+        self._call("get_block_ids_with_load_errors", ctypes.byref(b))
+        return set(self._plugin.take_blocks(b))
+
+    def get_block_ids_with_load_errors_array(self) -> array:
+        """The same as array('Q'), for a host that wants no per-id Python objects."""
+        b = _abi.Blocks()
+        self._call("get_block_ids_with_load_errors", ctypes.byref(b))
+        return self._plugin.take_blocks(b)
+
+    def shutdown(self):
+        if self._closed:
+            return None
+        self._closed = True
+        try:
+            self._call("shutdown")
+        finally:
+            self._plugin.ops.destroy(self._c)
+        return None
+
+    def get_kv_connector_stats(self) -> Optional[KVConnectorStats]:
+        if self._crole != _abi.ROLE_WORKER:
+            return None  # a scheduler connector keeps no counters
+        now = self.plugin_stats()
+        delta = {k: now[k] - self._last_stats.get(k, 0) for k in _MONOTONIC}
+        delta.update({k: now[k] for k in _LEVELS})
+        self._last_stats = now
+        return HixlKVConnectorStats(delta)
+
+    def plugin_stats(self) -> Dict[str, int]:
+        """The plugin's counters as they are now (get_stats_ex), since create."""
+        s = _abi.StatsEx()
+        s.size = ctypes.sizeof(_abi.StatsEx)
+        self._call("get_stats_ex", ctypes.byref(s))
+        got = s.size
+        return {k: int(getattr(s, k)) if getattr(_abi.StatsEx, k).offset + 8 <= got else 0
+                for k in _abi.STATS_EX_COUNTERS}
+
+    def event_fd(self) -> int:
+        """ABI 1.2's fd that polls readable once get_finished has something (hixl extension)."""
+        fd = ctypes.c_int32(-1)
+        self._call("get_event_fd", ctypes.byref(fd))
+        return fd.value
+
+    # ---- scheduler side ----
+
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[Optional[int], bool]:
+        r, keep = self._req(request)
+        n, is_async = ctypes.c_int64(), ctypes.c_int32()
+        self._call("get_num_new_matched_tokens", ctypes.byref(r), int(num_computed_tokens), ctypes.byref(n),
+                   ctypes.byref(is_async))
+        del keep
+        if n.value == _abi.TOKENS_LATER:
+            return None, False
+        return int(n.value), bool(is_async.value) and n.value > 0
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
+        rid = str(request.request_id)
+        if num_external_tokens == 0 and rid in self._load_queued:
+            # vLLM's second call, once the load is done (or failed and is recomputed): the
+            # load already freed the producer's blocks, so no FREE either.
+            return
+        groups = _block_groups(blocks, unhashed=num_external_tokens > 0)
+        r, keep = self._req(request)
+        if len(groups) == 1:
+            p, n, a = _abi.u64_buffer(groups[0])
+            self._call("update_state_after_alloc", ctypes.byref(r), p, n, int(num_external_tokens))
+        else:
+            arr, n, k2 = _abi.block_groups(groups)
+            self._call("update_state_after_alloc_groups", ctypes.byref(r), arr, n, int(num_external_tokens))
+        del keep
+        if num_external_tokens > 0:
+            self._loading[rid] = {int(b) for g in groups for b in g}
+            self._load_queued.add(rid)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        b = _abi.Buffer()
+        self._call("build_connector_meta", ctypes.byref(b))
+        preempted = getattr(scheduler_output, "preempted_req_ids", None) or ()
+        return HixlConnectorMetadata(self._plugin.take_buffer(b), preempted)
+
+    def _finished(self, request: Any, groups: tuple) -> Tuple[bool, Optional[dict]]:
+        rid = str(request.request_id)
+        r, keep = self._req(request, _abi.REQ_ABORTED if self._aborted(request) else 0)
+        delay, out = ctypes.c_int32(0), _abi.Buffer()
+        if len(groups) == 1:
+            p, n, a = _abi.u64_buffer(groups[0])
+            self._call("request_finished", ctypes.byref(r), p, n, ctypes.byref(delay), ctypes.byref(out))
+        else:
+            arr, n, k2 = _abi.block_groups(groups)
+            self._call("request_finished_groups", ctypes.byref(r), arr, n, ctypes.byref(delay), ctypes.byref(out))
+        del keep
+        params = self._plugin.take_buffer(out)
+        self._load_queued.discard(rid)
+        if not self._aborted(request):
+            self._loading.pop(rid, None)  # an aborted load's blocks are in use until get_finished says received
+        if self._push and delay.value:
+            self._pushing.add(rid)
+        return bool(delay.value), (json.loads(params) if params else None)
+
+    def request_finished(self, request: Any, block_ids: list) -> Tuple[bool, Optional[dict]]:
+        return self._finished(request, (block_ids,))
+
+    def request_finished_all_groups(self, request: Any, block_ids: tuple) -> Tuple[bool, Optional[dict]]:
+        return self._finished(request, tuple(block_ids))
+
+    def update_connector_output(self, connector_output: Any):
+        sending = getattr(connector_output, "finished_sending", None) or set()
+        recving = getattr(connector_output, "finished_recving", None) or set()
+        self._invalid |= set(getattr(connector_output, "invalid_block_ids", None) or ())
+        failed = []
+        for rid in recving:
+            blocks = self._loading.pop(rid, set())
+            if blocks & self._invalid:
+                failed.append(rid)
+                self._invalid -= blocks
+        self._pushing -= set(sending)
+        if not sending and not recving:
+            return
+        s, k1 = _abi.ids_in(sending)
+        r, k2 = _abi.ids_in(recving)
+        f, k3 = _abi.ids_in(failed)
+        self._call("update_connector_output", ctypes.byref(s), ctypes.byref(r), ctypes.byref(f))
+
+    def has_pending_push_work(self) -> bool:
+        return self._push and bool(self._pushing)
+
+    def get_push_params(self, request_id: str) -> dict:
+        """Push mode, consumer scheduler, after update_state_after_alloc: the params the
+        producer needs to write this request's KV into the blocks just allocated (hixl
+        extension: a proxy carries them to prefill)."""
+        rid = str(request_id).encode()
+        out = _abi.Buffer()
+        self._call("get_push_params", rid, len(rid), ctypes.byref(out))
+        return json.loads(self._plugin.take_buffer(out))
+
+    # ---- class-level hooks ----
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: Any) -> Optional[str]:
+        """Asks the plugin (a scheduler connector made for the question): "" is any layout."""
+        doc, opts = split_config(vllm_config.kv_transfer_config)
+        plugin = _abi.load_plugin(opts.get("plugin"))
+        text = json.dumps(doc).encode()
+        c, err = ctypes.c_void_p(), ctypes.create_string_buffer(1024)
+        st = plugin.ops.create(text, len(text), _abi.ROLE_SCHEDULER, 0, 1, ctypes.byref(c), err, len(err))
+        if st != _abi.SUCCESS:
+            raise _abi.HixlError("create(scheduler) for get_required_kvcache_layout", st,
+                                 err.value.decode(errors="replace"))
+        try:
+            b = _abi.Buffer()
+            plugin.check("get_required_kvcache_layout", plugin.ops.get_required_kvcache_layout(c, ctypes.byref(b)))
+            answer = plugin.take_buffer(b).decode()
+        finally:
+            plugin.ops.destroy(c)
+        return answer or None
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict) -> bool:
+        # Push mode acts in wait_for_layer_load / save_kv_layer (layer by layer); pull
+        # does nothing there (its loads run between steps).
+        return (extra_config or {}).get("mode") == "push"
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[dict] = None) -> Optional[KVConnectorStats]:
+        return HixlKVConnectorStats(data)
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: Any, metric_types: dict, labelnames: list,
+                           per_engine_labelvalues: dict) -> Optional[KVConnectorPromMetrics]:
+        return HixlPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)

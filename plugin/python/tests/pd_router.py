@@ -1,0 +1,194 @@
+"""The router of a two-process hand-off (vLLM's disaggregated-serving proxy in miniature):
+starts a prefill and a decode pd_instance.py on 127.0.0.1, sends each request to
+prefill, carries the kv_transfer_params prefill's request_finished returned to decode
+(pull), or decode's push params to prefill (push), and collects each request's outcome
+and each side's blocks and counters at exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import select
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def kv_transfer_config(role: str, port: int, mode: str = "pull", layout: str = "packed", **extra) -> Dict[str, Any]:
+    """vLLM's --kv-transfer-config for one side, as a user writes it."""
+    e = {"address": f"127.0.0.1:{port}", "mode": mode, "lease_ms": 30000, "transfer_timeout_ms": 3000,
+         "connect_timeout_ms": 1000, "Transport": "tcp", "hixl_vllm": {"layout": layout}}
+    if layout == "cross_layer":  # pd_instance's cross-layer tensor packs K|V in C: (B, L, N, H, 2D)
+        e["hixl_vllm"]["cross_layer_axes"] = "BLNHC"
+    e.update(extra)
+    return {"kv_connector": "HixlKVConnector", "kv_connector_module_path": "hixl_vllm",
+            "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+            "kv_load_failure_policy": "recompute", "kv_connector_extra_config": e}
+
+
+@dataclass
+class Side:
+    name: str
+    proc: subprocess.Popen
+    buf: bytes = b""
+    ready: bool = False
+    stats: Optional[Dict[str, Any]] = None
+    fatal: Optional[str] = None
+    dead: bool = False
+    logs: List[str] = field(default_factory=list)
+
+    def send(self, msg) -> None:
+        if self.dead:
+            return
+        try:
+            self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            self.dead = True
+
+
+@dataclass
+class Result:
+    outcomes: Dict[str, str]
+    whys: Dict[str, str]
+    blocks_checked: int
+    prefill: Optional[Dict[str, Any]]
+    decode: Optional[Dict[str, Any]]
+    prefill_rc: Optional[int]
+    decode_rc: Optional[int]
+    logs: List[str]
+    seconds: float
+
+    def summary(self) -> str:
+        n = len(self.outcomes)
+        v = sum(o == "verified" for o in self.outcomes.values())
+        return f"verified {v}/{n} requests, {self.blocks_checked} blocks checked with torch.equal"
+
+
+def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_prompt: int = 16, max_prompt: int = 300,
+        seed: int = 1, timeout: float = 90.0, prefill_args=(), decode_args=(), extra=None, concurrency: int = 4,
+        stop_after_fault: bool = False) -> Result:
+    env = dict(os.environ)
+    pp, dp = free_port(), free_port()
+    extra = extra or {}
+    sides = {}
+    for name, port, args in (("prefill", pp, prefill_args), ("decode", dp, decode_args)):
+        cfg = kv_transfer_config(name, port, mode, layout, **extra.get(name, {}))
+        cmd = [PY, os.path.join(HERE, "pd_instance.py"), "--role", name, "--config", json.dumps(cfg),
+               "--layout", layout, *args]
+        p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        sides[name] = Side(name, p)
+    rng = random.Random(seed)
+    todo = [(f"req-{i}", rng.randrange(1 << 30), rng.randint(min_prompt, max_prompt)) for i in range(requests)]
+    info = {rid: (s, n) for rid, s, n in todo}
+    outcomes: Dict[str, str] = {}
+    whys: Dict[str, str] = {}
+    checked = 0
+    inflight = 0
+    logs: List[str] = []
+    t0 = time.monotonic()
+    exit_sent = False
+    where: Dict[str, str] = {}  # a request in flight: the side that has it now
+
+    def handle(side: Side, msg) -> None:
+        nonlocal checked, inflight
+        op = msg["op"]
+        if op == "ready":
+            side.ready = True
+        elif op == "params":  # pull: prefill's request_finished -> decode
+            rid = msg["id"]
+            if mode == "pull":
+                if msg["params"] and msg["delay"]:
+                    s, n = info[rid]
+                    where[rid] = "decode"
+                    sides["decode"].send({"op": "load", "id": rid, "seed": s, "prompt": n, "params": msg["params"]})
+                else:
+                    outcomes[rid], whys[rid] = "failed", f"prefill gave no params: {msg}"
+                    inflight -= 1
+        elif op == "pushparams":  # push: decode allocated -> prefill writes into its blocks
+            rid = msg["id"]
+            s, n = info[rid]
+            sides["prefill"].send({"op": "req", "id": rid, "seed": s, "prompt": n, "params": msg["params"]})
+        elif op == "done":
+            rid = msg["id"]
+            outcomes[rid], whys[rid] = msg["outcome"], msg["why"]
+            checked += msg["blocks_checked"]
+            where.pop(rid, None)
+            inflight -= 1
+        elif op == "stats":
+            side.stats = msg
+        elif op == "fatal":
+            side.fatal = msg["why"]
+            logs.append(f"{side.name}: fatal: {msg['why']}")
+        elif op == "log":
+            logs.append(f"{side.name}: {msg['msg']}")
+
+    while time.monotonic() - t0 < timeout:
+        live = [s for s in sides.values() if not s.dead]
+        if all(s.ready for s in sides.values()):
+            while todo and inflight < concurrency:
+                rid, s, n = todo.pop(0)
+                inflight += 1
+                if mode == "pull":
+                    where[rid] = "prefill"
+                    sides["prefill"].send({"op": "req", "id": rid, "seed": s, "prompt": n, "params": None})
+                else:
+                    sides["decode"].send({"op": "load", "id": rid, "seed": s, "prompt": n,
+                                          "params": {"do_remote_prefill": True}})
+        dead_any = any(s.dead for s in sides.values())
+        if not exit_sent and ((not todo and inflight == 0) or (dead_any and stop_after_fault)):
+            for s in sides.values():
+                s.send({"op": "exit"})
+            exit_sent = True
+        if exit_sent and all(s.stats is not None or s.dead for s in sides.values()):
+            break
+        fds = {s.proc.stdout.fileno(): s for s in live}
+        if not fds:
+            break
+        rl, _, _ = select.select(list(fds), [], [], 0.05)
+        for fd in rl:
+            side = fds[fd]
+            data = os.read(fd, 1 << 16)
+            if not data:
+                side.dead = True
+                # The requests it had die with it, and no new ones start.
+                if not exit_sent:
+                    for rid, w in list(where.items()):
+                        if w == side.name or side.name == "decode":
+                            outcomes[rid], whys[rid] = "lost", f"{side.name} died"
+                            del where[rid]
+                            inflight -= 1
+                    todo.clear()
+                continue
+            side.buf += data
+            while b"\n" in side.buf:
+                line, side.buf = side.buf.split(b"\n", 1)
+                if line.strip():
+                    handle(side, json.loads(line))
+        for s in sides.values():
+            if s.fatal and not exit_sent:
+                todo.clear()
+                inflight = 0
+    rcs = {}
+    for name, s in sides.items():
+        try:
+            rcs[name] = s.proc.wait(timeout=max(1.0, timeout - (time.monotonic() - t0)))
+        except subprocess.TimeoutExpired:
+            s.proc.kill()
+            rcs[name] = s.proc.wait()
+            logs.append(f"{name}: killed at the timeout")
+    return Result(outcomes, whys, checked, sides["prefill"].stats, sides["decode"].stats, rcs["prefill"],
+                  rcs["decode"], logs, time.monotonic() - t0)

@@ -1,0 +1,120 @@
+"""The binding's errors: a plugin missing, without the entry symbol or of an older ABI
+names the file tried and the ABI needed; a config typo names the key and its
+line:column; a failing op raises HixlError carrying the plugin's last_error()."""
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+import fakevllm as fv
+import pd_router
+from hixl_vllm import HixlConfigError, HixlError, HixlKVConnector, HixlPluginError, load_plugin
+from hixl_vllm._base import KVConnectorRole
+
+OLD_PLUGIN_C = r"""
+#include <stddef.h>
+#include <stdint.h>
+struct ops { uint32_t abi_version, size; void *slots[%d]; };
+static const struct ops table = {(1u << 16) | %du, (uint32_t)sizeof(struct ops), {0}};
+__attribute__((visibility("default"))) uint32_t %s(uint32_t major, const struct ops **out, char *err, size_t cap) {
+  (void)major; (void)err; (void)cap; *out = &table; return 0;
+}
+"""
+
+
+def build_stub(tmp_path, minor, slots, symbol="hixl_kv_connector_entry"):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler (build-essential) is needed to build the stand-in old plugin"
+    src = tmp_path / f"old_{minor}.c"
+    src.write_text(OLD_PLUGIN_C % (slots, minor, symbol))
+    so = tmp_path / f"libold_{minor}_{symbol}.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    return str(so)
+
+
+def vconfig(role="kv_consumer", port=None, **extra):
+    e = {"address": f"127.0.0.1:{port or pd_router.free_port()}", "Transport": "tcp"}
+    e.update(extra)
+    return fv.VllmConfig(fv.KVTransferConfig(kv_connector="HixlKVConnector", kv_connector_module_path="hixl_vllm",
+                                             kv_role=role, kv_connector_extra_config=e))
+
+
+def test_missing_plugin(tmp_path):
+    path = str(tmp_path / "nowhere" / "libhixl_kv_connector.so")
+    with pytest.raises(HixlPluginError) as e:
+        load_plugin(path)
+    assert path in str(e.value) and "ABI 1.3" in str(e.value)
+
+
+def test_missing_plugin_by_env(tmp_path, monkeypatch):
+    path = str(tmp_path / "libmissing.so")
+    monkeypatch.setenv("HIXL_KV_PLUGIN", path)
+    with pytest.raises(HixlPluginError) as e:
+        HixlKVConnector(vconfig(), KVConnectorRole.SCHEDULER, None)
+    assert path in str(e.value)
+
+
+def test_older_abi(tmp_path):
+    so = build_stub(tmp_path, 2, 28)  # an ABI 1.2 table: 1.0's 22 ops ... get_event_fd
+    with pytest.raises(HixlPluginError) as e:
+        load_plugin(so)
+    msg = str(e.value)
+    assert so in msg and "ABI 1.2" in msg and "needs ABI 1.3" in msg
+
+
+def test_no_entry_symbol(tmp_path):
+    so = build_stub(tmp_path, 3, 40, symbol="something_else")
+    with pytest.raises(HixlPluginError) as e:
+        load_plugin(so)
+    assert so in str(e.value) and "hixl_kv_connector_entry" in str(e.value)
+
+
+def test_config_typo_names_key_and_place(plugin_path):
+    with pytest.raises(HixlError) as e:
+        HixlKVConnector(vconfig(adress="127.0.0.1:1"), KVConnectorRole.SCHEDULER, None)
+    msg = str(e.value)
+    assert e.value.status_name == "PARAM_INVALID"
+    assert "adress" in msg and "address" in msg
+    assert re.search(r"\b\d+:\d+\b", msg), msg  # line:column in the document passed to create
+
+
+def test_adapter_key_typo():
+    cfg = vconfig(hixl_vllm={"layuot": "packed"})
+    with pytest.raises(HixlConfigError) as e:
+        HixlKVConnector(cfg, KVConnectorRole.SCHEDULER, None)
+    assert "layuot" in str(e.value) and "'layout'" in str(e.value)
+
+
+def test_failing_op_carries_last_error(plugin_path):
+    w = HixlKVConnector(vconfig(), KVConnectorRole.WORKER, None)
+    try:
+        from hixl_vllm import HixlConnectorMetadata
+        with pytest.raises(HixlError) as e:
+            w.bind_connector_metadata(HixlConnectorMetadata(b"garbage, not metadata"))
+        assert e.value.op == "bind_connector_meta" and e.value.status_name == "PARAM_INVALID"
+        assert e.value.detail and e.value.detail in str(e.value)
+        with pytest.raises(HixlError) as e:
+            w.get_num_new_matched_tokens(fv.Request("r1", 16), 0)  # a scheduler op on a worker
+        assert "scheduler" in e.value.detail
+    finally:
+        w.shutdown()
+
+
+def test_scheduler_round(plugin_path):
+    """A consumer scheduler: params in as a dict, tokens out, metadata bytes in the subclass."""
+    s = HixlKVConnector(vconfig(), KVConnectorRole.SCHEDULER, None)
+    try:
+        r = fv.Request("r1", 40, {"do_remote_prefill": True, "remote_engine": "127.0.0.1:9",
+                                  "remote_request_id": "p-r1", "remote_block_ids": [7, 8, 9],
+                                  "remote_num_tokens": 40})
+        assert s.get_num_new_matched_tokens(r, 0) == (40, True)
+        assert s.get_num_new_matched_tokens(fv.Request("r2", 40), 0) == (0, False)
+        s.update_state_after_alloc(r, fv.KVCacheBlocks([[1, 2, 3]]), 40)
+        m = s.build_connector_meta(fv.SchedulerOutput())
+        assert type(m).__name__ == "HixlConnectorMetadata" and len(m.data) > 0
+        assert s.get_required_kvcache_layout(s._vllm_config) is None  # the plugin answers "": any
+    finally:
+        s.shutdown()

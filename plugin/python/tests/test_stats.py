@@ -1,0 +1,56 @@
+"""KVConnectorStats from the plugin's counters: aggregatable, reducible, and mapped to
+Prometheus metrics (vllm:hixl_*) per engine."""
+
+from hixl_vllm import HixlKVConnector, HixlKVConnectorStats
+
+
+def test_aggregate_reduce():
+    a = HixlKVConnector.build_kv_connector_stats({"loads_done": 2, "bytes_loaded": 100, "blocks_held": 1})
+    b = HixlKVConnectorStats({"loads_done": 3, "bytes_loaded": 50})
+    assert not a.is_empty()
+    r = a.aggregate(b).reduce()
+    assert r["loads_done"] == 5 and r["bytes_loaded"] == 150 and r["blocks_held"] == 1
+    a.reset()
+    assert a.is_empty()
+
+
+MADE = {}
+
+
+class FakeMetric:
+    def __init__(self, name, documentation, labelnames):
+        self.name, self.values = name, {}
+        MADE[name] = self
+
+    def labels(self, *values):
+        m = self
+
+        class Child:
+            def inc(self, v=1):
+                m.values[values] = m.values.get(values, 0) + v
+
+            def set(self, v):
+                m.values[values] = v
+        return Child()
+
+
+class Counter(FakeMetric):
+    pass
+
+
+class Gauge(FakeMetric):
+    pass
+
+
+class Histogram(FakeMetric):
+    pass
+
+
+def test_prom_metrics():
+    types = {Counter: Counter, Gauge: Gauge, Histogram: Histogram}
+    p = HixlKVConnector.build_prom_metrics(None, types, ["model_name", "engine"], {0: ["m", "0"], 1: ["m", "1"]})
+    p.observe({"loads_done": 4, "blocks_held": 7}, engine_idx=1)
+    p.observe({"loads_done": 1, "blocks_held": 2}, engine_idx=1)
+    assert isinstance(MADE["vllm:hixl_loads_done"], Counter) and isinstance(MADE["vllm:hixl_blocks_held"], Gauge)
+    assert MADE["vllm:hixl_loads_done"].values == {("m", "1"): 5}
+    assert MADE["vllm:hixl_blocks_held"].values == {("m", "1"): 2}
