@@ -136,12 +136,12 @@ static const struct row key_rows[] = {
      false},
 };
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
-#define N_KEY_ROWS (sizeof(key_rows) / sizeof(key_rows[0]))
-#define MAX_ROWS   64
+#define N_KEY_ROWS   (sizeof(key_rows) / sizeof(key_rows[0]))
+#define MAX_ROWS     64
 
 /* The engine's options, as rows; which of them take JSON numbers or booleans. */
 static const char *const engine_int_keys[] = {"RdmaTrafficClass", "RdmaServiceLevel", "RdmaGidIndex",
-                                              "StagingThreshold", "RdmaTimeout", "RdmaRetryCount"};
+                                              "StagingThreshold", "RdmaTimeout",      "RdmaRetryCount"};
 static const char *const engine_bool_keys[] = {"StagingUnregistered"};
 
 static struct row rows[MAX_ROWS];
