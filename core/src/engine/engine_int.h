@@ -187,4 +187,16 @@ size_t link_mem_entry_len(const struct hixl_mem_reg *r);
 uint32_t link_mem_key(const struct HixlEngine *e, const struct hixl_mem_reg *r); /* the transports' key */
 uint32_t link_caps(const struct HixlEngine *e); /* WIRE_CAP_* this engine advertises */
 
+/* What the link layer's files call of each other; they call only downward: link.c,
+ * then link_frames.c, then link_progress.c. */
+void link_txitem_done(struct conn *c, struct txitem *it); /* sent or dropped: release what it holds */
+void link_conn_bury(struct conn *c);                      /* close a dead link, free it after the batch */
+void link_conn_arm(struct conn *c);                       /* tell epoll what to watch on c */
+void link_set_want_out(struct conn *c, bool on);
+uint32_t link_then_init(struct hixl_transfer_req *r, struct conn *c, struct chunk *th, uint16_t service,
+                        uint32_t len, int state);
+void link_parse_frames(struct conn *c);
+void link_payload_advance(struct conn *c, size_t k);
+void link_payload_take(struct conn *c, const uint8_t *buf, size_t n);
+
 #endif

@@ -1,0 +1,203 @@
+/* api_link: links to peers: Connect and its HELLO handshake, Disconnect, a link's lookup, info and drop. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/api_int.h"
+#include "util/log.h"
+#include "util/sock.h"
+#include "util/status_int.h"
+
+/* ---- links ---- */
+
+/* Exchange HELLO / HELLO_ACK on a fresh blocking socket; fills the peer. */
+static HixlStatus handshake(HixlEngine *e, int fd, const char *remote, uint64_t deadline, struct peer *p,
+                            const struct xport_ops **xp, void **link) {
+  uint8_t hello[WIRE_HDR_LEN + 6 + WIRE_MAX_NAME], hb[WIRE_HDR_LEN];
+  struct wire_wr w;
+  struct wire_hdr h;
+  struct wire_msg m;
+  HixlStatus st;
+  wire_begin(&w, hello, sizeof(hello), WIRE_HELLO);
+  wire_put_u32(&w, link_caps(e));
+  wire_put_u16(&w, (uint16_t)strlen(e->local_name));
+  wire_put_bytes(&w, e->local_name, strlen(e->local_name));
+  st = sock_send_all(fd, hello, wire_end(&w, 0), deadline);
+  if (st == HIXL_SUCCESS) st = sock_recv_all(fd, hb, sizeof(hb), deadline);
+  if (st != HIXL_SUCCESS)
+    return hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());
+  enum wire_err err = wire_parse_hdr(hb, &h);
+  if (err == WIRE_EVERSION)
+    return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s speaks hixl protocol version %u, this engine %u",
+                     remote, h.version, WIRE_VERSION);
+  if (err != WIRE_OK || h.type != WIRE_HELLO_ACK)
+    return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s is not a hixl engine (%s)", remote,
+                     err != WIRE_OK ? wire_err_str(err) : "unexpected first frame");
+  uint8_t *body = malloc(h.body_len);
+  if (!body) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: out of memory");
+  st = sock_recv_all(fd, body, h.body_len, deadline);
+  if (st != HIXL_SUCCESS) {
+    st = hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());
+    goto out;
+  }
+  if (wire_decode(&h, body, &m) != WIRE_OK) {
+    st = hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s sent a malformed HELLO_ACK", remote);
+    goto out;
+  }
+  if (m.u.hello_ack.status != WIRE_HELLO_OK) {
+    st = hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s refused the link (%s)", remote,
+                   m.u.hello_ack.status == WIRE_HELLO_VERSION ? "protocol version mismatch" : "refused");
+    goto out;
+  }
+  snprintf(p->remote_name, sizeof(p->remote_name), "%.*s", (int)m.u.hello_ack.name_len,
+           (const char *)m.u.hello_ack.name);
+  p->caps = m.u.hello_ack.caps;
+  const uint8_t *cur = m.u.hello_ack.entries;
+  size_t left = m.u.hello_ack.entries_len;
+  struct wire_mem_entry me;
+  while (wire_mem_entry_next(&cur, &left, &me)) link_peer_add_mem(p, &me);
+  /* Data path: the first transport that takes the link (xport_id order: shm for a
+   * peer on this host that the kernel lets us reach, else rdma when both ends have
+   * it, else tcp). Each passes on, or fails when Transport names it and it cannot. */
+  bool taken = false;
+  for (int i = 0; i < XPORT_MODS && !taken && st == HIXL_SUCCESS; i++) {
+    const struct xport_ops *x = e->mods[i];
+    if (!x->connect) continue;
+    st = x->connect(e, fd, deadline, remote, p, &taken, link);
+    if (taken) *xp = x;
+  }
+out:
+  free(body);
+  return st;
+}
+
+HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_ms) {
+  struct sockaddr_in sa;
+  HixlStatus st;
+  if ((st = api_check_remote(remote, "HixlEngineConnect", &sa)) != HIXL_SUCCESS) return st;
+  if ((st = api_check_timeout(timeout_ms, "HixlEngineConnect")) != HIXL_SUCCESS) return st;
+  uint64_t deadline = hixl_deadline_ns(timeout_ms);
+  if ((st = api_enter(e, "HixlEngineConnect")) != HIXL_SUCCESS) return st;
+  struct peer *old = api_find_peer(e, remote);
+  bool connected = old && old->conn && link_alive(old->conn);
+  pthread_mutex_unlock(&e->lock);
+  if (connected)
+    return hixl_fail(HIXL_ALREADY_CONNECTED, "HixlEngineConnect: already connected to %s", remote);
+
+  struct peer *p = calloc(1, sizeof(*p));
+  if (!p) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: out of memory");
+  snprintf(p->name, sizeof(p->name), "%s", remote);
+  int fd = sock_connect(&sa, deadline, &st);
+  if (fd < 0) goto free_peer;
+  const struct xport_ops *xp = NULL;
+  void *link = NULL;
+  st = handshake(e, fd, remote, deadline, p, &xp, &link);
+  if (st != HIXL_SUCCESS) goto close_fd;
+
+  if ((st = api_enter(e, "HixlEngineConnect")) != HIXL_SUCCESS) goto close_fd;
+  old = api_find_peer(e, remote);
+  if (old && old->conn) {
+    pthread_mutex_unlock(&e->lock);
+    st = hixl_fail(HIXL_ALREADY_CONNECTED, "HixlEngineConnect: already connected to %s", remote);
+    goto close_fd;
+  }
+  if (old) api_peer_free(e, old); /* a link that broke earlier: replaced */
+  struct conn *c = link_conn_new(e, fd, CONN_INITIATOR);
+  if (c) c->rx = RX_PARKED; /* nothing is owed yet; a hang-up still wakes the thread */
+  if (!c || link_conn_watch(c) < 0) {
+    pthread_mutex_unlock(&e->lock);
+    if (c) {
+      free(c->rxbuf);
+      free(c);
+    }
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: cannot set up the link to %s", remote);
+    goto close_fd;
+  }
+  if (xp->attach) xp->attach(c, link); /* c->xp: xp */
+  xp = NULL;
+  snprintf(c->remote_name, sizeof(c->remote_name), "%s", p->remote_name[0] ? p->remote_name : remote);
+  c->peer = p;
+  p->conn = c;
+  p->next = e->peers;
+  e->peers = p;
+  log_info("connected to %s (%zu remote registrations)", remote, p->rtab.count);
+  pthread_mutex_unlock(&e->lock);
+  return HIXL_SUCCESS;
+close_fd:
+  if (xp && xp->discard) xp->discard(link);
+  close(fd);
+free_peer:
+  for (size_t i = 0; i < p->rtab.count; i++) free(p->rtab.v[i]);
+  memtab_free(&p->rtab);
+  free(p);
+  return st;
+}
+
+HixlStatus HixlEngineDisconnect(HixlEngine *e, const char *remote, int32_t timeout_ms) {
+  struct sockaddr_in sa;
+  HixlStatus st;
+  if ((st = api_check_remote(remote, "HixlEngineDisconnect", &sa)) != HIXL_SUCCESS) return st;
+  if ((st = api_check_timeout(timeout_ms, "HixlEngineDisconnect")) != HIXL_SUCCESS) return st;
+  if ((st = api_enter(e, "HixlEngineDisconnect")) != HIXL_SUCCESS) return st;
+  struct peer *p = api_find_peer(e, remote);
+  if (!p) {
+    st = hixl_fail(HIXL_NOT_CONNECTED, "HixlEngineDisconnect: not connected to %s", remote);
+  } else {
+    if (p->conn) link_conn_kill(p->conn, HIXL_FAILED, "disconnected by the local engine");
+    api_peer_free(e, p);
+  }
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}
+
+/* The live link to remote, or NULL with the reason recorded. Lock held. */
+struct conn *api_link_for(HixlEngine *e, const char *remote, const char *fn, HixlStatus *st) {
+  struct peer *p = api_find_peer(e, remote);
+  if (!p) {
+    *st = hixl_fail(HIXL_NOT_CONNECTED, "%s: not connected to %s; call HixlEngineConnect first", fn, remote);
+    return NULL;
+  }
+  if (!p->conn) {
+    *st = hixl_fail(HIXL_NOT_CONNECTED, "%s: the link to %s was lost (%s); call HixlEngineConnect again", fn,
+                    remote, p->broken_why);
+    return NULL;
+  }
+  return p->conn;
+}
+
+/* ---- for the HixlCS* layer (engine_ext.h) ---- */
+
+HixlStatus hixl_engine_link_info(HixlEngine *e, const char *remote, struct hixl_link_info *info) {
+  HixlStatus st = api_enter(e, "hixl_engine_link_info");
+  if (st != HIXL_SUCCESS) return st;
+  struct conn *c = api_link_for(e, remote, "hixl_engine_link_info", &st);
+  if (c) {
+    memset(info, 0, sizeof(*info));
+    snprintf(info->transport, sizeof(info->transport), "%s", c->xp->name);
+    if (c->xp->info) st = c->xp->info(c, info);
+  }
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}
+
+HixlStatus hixl_engine_drop_peer(HixlEngine *e, const char *remote_name, const char *why, size_t *dropped) {
+  CHECK_ARG(remote_name && *remote_name, "hixl_engine_drop_peer: remote_name is NULL or empty");
+  HixlStatus st = api_enter(e, "hixl_engine_drop_peer");
+  if (st != HIXL_SUCCESS) return st;
+  uint64_t deadline = hixl_now_ns() + (uint64_t)HIXL_DEFAULT_TIMEOUT_MS * 1000000u;
+  for (int k = 0; k < XPORT_MODS; k++) /* the peer lets go of mapped memory first */
+    if (e->mods[k]->peer_drop) e->mods[k]->peer_drop(e, remote_name, deadline);
+  size_t n = 0;
+  for (struct conn *c = e->conns, *next; c; c = next) {
+    next = c->next; /* a killed link leaves the list for the graveyard */
+    bool his = strcmp(c->remote_name, remote_name) == 0 ||
+               (c->peer && strcmp(c->peer->remote_name, remote_name) == 0);
+    if (c->dead || !his) continue;
+    link_conn_kill(c, HIXL_FAILED, why ? why : "dropped by this engine's user");
+    n++;
+  }
+  pthread_mutex_unlock(&e->lock);
+  if (dropped) *dropped = n;
+  return HIXL_SUCCESS;
+}

@@ -1,0 +1,280 @@
+/* api_mem: registrations, HixlEngineAllocMem and FreeMem, and the peers' registrations as known here. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "engine/api_int.h"
+#include "util/log.h"
+#include "util/sock.h"
+#include "util/status_int.h"
+
+/* ---- memory ---- */
+
+/* The registration behind handle, or NULL when this engine holds none such. */
+static struct hixl_mem_reg *reg_of(HixlEngine *e, HixlMemHandle handle) {
+  for (size_t i = 0; i < e->regs.count; i++)
+    if (e->regs.v[i] == &handle->range) return handle;
+  return NULL;
+}
+
+/* Withdraw r from the table and from peers, then release it. Lock held. */
+static void reg_drop(HixlEngine *e, struct hixl_mem_reg *r) {
+  memtab_remove(&e->regs, &r->range);
+  link_broadcast_mem(e, WIRE_MEM_DEL, r);
+  api_reg_release(e, r);
+}
+
+/* FAILED, saying then, while transfers that touch r are in flight. */
+static HixlStatus reg_idle(const struct hixl_mem_reg *r, const char *fn, const char *then) {
+  if (r->inflight == 0) return HIXL_SUCCESS;
+  return hixl_fail(HIXL_FAILED, "%s: %u transfer chunks on [0x%llx, +%llu) are still in flight; %s", fn,
+                   r->inflight, (unsigned long long)r->range.addr, (unsigned long long)r->range.len, then);
+}
+
+#define ALLOC_HUGE (2u << 20)
+
+/* A shared mapping of a new memfd of at least len bytes: huge pages when the kernel
+ * can back all of it now (MAP_POPULATE faults them in, so a shortage fails here, not
+ * later with SIGBUS), else normal pages advised to transparent huge pages. */
+static HixlStatus alloc_map(size_t len, int *fd_out, void **addr_out, size_t *map_len, bool *huge) {
+  long page = sysconf(_SC_PAGESIZE);
+  size_t hlen = (len + ALLOC_HUGE - 1) / ALLOC_HUGE * ALLOC_HUGE;
+  int fd = memfd_create("hixl", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB);
+  if (fd >= 0) {
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, (off_t)hlen) == 0)
+      p = mmap(NULL, hlen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    if (p != MAP_FAILED) {
+      *fd_out = fd, *addr_out = p, *map_len = hlen, *huge = true;
+      return HIXL_SUCCESS;
+    }
+    close(fd);
+  }
+  size_t plen = (len + (size_t)page - 1) / (size_t)page * (size_t)page;
+  if ((fd = memfd_create("hixl", MFD_CLOEXEC | MFD_ALLOW_SEALING)) < 0)
+    return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineAllocMem: memfd_create: %s", strerror(errno));
+  void *p = MAP_FAILED;
+  int err = ftruncate(fd, (off_t)plen) == 0 ? 0 : errno;
+  if (!err && (p = mmap(NULL, plen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) err = errno;
+  if (err) {
+    close(fd);
+    return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineAllocMem: %zu bytes of memfd memory: %s", plen,
+                     strerror(err));
+  }
+  (void)madvise(p, plen, MADV_HUGEPAGE); /* a hint: shmem THP may be off */
+  *fd_out = fd, *addr_out = p, *map_len = plen, *huge = false;
+  return HIXL_SUCCESS;
+}
+
+HixlStatus HixlEngineAllocMem(HixlEngine *e, size_t len, void **addr, HixlMemHandle *handle) {
+  return hixl_engine_alloc_tagged(e, len, NULL, addr, handle);
+}
+
+HixlStatus hixl_engine_alloc_tagged(HixlEngine *e, size_t len, const char *tag, void **addr,
+                                    HixlMemHandle *handle) {
+  CHECK_ARG(addr && handle, "HixlEngineAllocMem: addr or handle output is NULL");
+  CHECK_ARG(len > 0 && len <= ((size_t)1 << 46), "HixlEngineAllocMem: len %zu is 0 or above 64 TiB", len);
+  HixlStatus st = api_enter(e, "HixlEngineAllocMem"); /* fail before allocating */
+  if (st != HIXL_SUCCESS) return st;
+  pthread_mutex_unlock(&e->lock);
+  int fd = -1;
+  void *p = NULL;
+  size_t map_len = 0;
+  bool huge = false;
+  if ((st = alloc_map(len, &fd, &p, &map_len, &huge)) != HIXL_SUCCESS) return st;
+  HixlMemDesc m = {(uintptr_t)p, map_len};
+  HixlMemHandle h;
+  if ((st = hixl_engine_register_tagged(e, &m, HIXL_MEM_HOST, tag, &h)) != HIXL_SUCCESS) {
+    munmap(p, map_len);
+    close(fd);
+    return hixl_fail(st, "HixlEngineAllocMem: %s", HixlGetLastErrorMessage());
+  }
+  /* Sealed at its size: a peer that maps it can trust every page stays (no SIGBUS). */
+  bool sealed = fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0;
+  if (!sealed)
+    log_warn("HixlEngineAllocMem: cannot seal the memfd (%s): peers copy it, not map it", strerror(errno));
+  pthread_mutex_lock(&e->lock); /* h stays: only FreeMem or Finalize drop it */
+  h->memfd = fd;
+  h->map_len = map_len;
+  h->sealed = sealed;
+  for (int k = 0; k < XPORT_MODS; k++)
+    if (e->mods[k]->mem_share) e->mods[k]->mem_share(e, h);
+  pthread_mutex_unlock(&e->lock);
+  log_info("engine %s: allocated %zu bytes at %p (memfd, %s pages)", e->local_name, map_len, p,
+           huge ? "huge" : "normal");
+  *addr = p;
+  *handle = h;
+  return HIXL_SUCCESS;
+}
+
+HixlStatus HixlEngineFreeMem(HixlEngine *e, HixlMemHandle handle) {
+  CHECK_ARG(handle, "HixlEngineFreeMem: handle is NULL");
+  HixlStatus st = api_enter(e, "HixlEngineFreeMem");
+  if (st != HIXL_SUCCESS) return st;
+  struct hixl_mem_reg *r = reg_of(e, handle);
+  if (!r || r->memfd < 0) {
+    st = hixl_fail(
+        HIXL_PARAM_INVALID,
+        "HixlEngineFreeMem: handle %p is not memory HixlEngineAllocMem allocated with this engine%s",
+        (void *)handle, r ? " (it was registered: use HixlEngineDeregisterMem)" : "");
+  } else if (r->freeing) {
+    st = hixl_fail(HIXL_FAILED, "HixlEngineFreeMem: another call is freeing [0x%llx, +%llu)",
+                   (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
+  } else if ((st = reg_idle(r, "HixlEngineFreeMem", "nothing was released")) == HIXL_SUCCESS) {
+    /* Peers that mapped it let go first (a round trip; silent ones are cut off). */
+    uint64_t deadline = hixl_now_ns() + (uint64_t)HIXL_DEFAULT_TIMEOUT_MS * 1000000u;
+    r->freeing = true; /* the hooks may release the lock while they wait */
+    for (int k = 0; k < XPORT_MODS; k++)
+      if (e->mods[k]->mem_unshare) e->mods[k]->mem_unshare(e, r, deadline);
+    r->freeing = false;
+    /* A transfer may have started on it while the peers answered (lock released). */
+    if ((st = reg_idle(r, "HixlEngineFreeMem", "nothing was released")) == HIXL_SUCCESS) reg_drop(e, r);
+  }
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}
+
+HixlStatus HixlEngineRegisterMem(HixlEngine *e, const HixlMemDesc *mem, HixlMemType type,
+                                 HixlMemHandle *handle) {
+  return hixl_engine_register_tagged(e, mem, type, NULL, handle);
+}
+
+HixlStatus hixl_engine_register_tagged(HixlEngine *e, const HixlMemDesc *mem, HixlMemType type,
+                                       const char *tag, HixlMemHandle *handle) {
+  struct memtab_entry *clash;
+  CHECK_ARG(mem && handle, "HixlEngineRegisterMem: mem or handle is NULL");
+  CHECK_ARG(!tag || strlen(tag) <= WIRE_MAX_TAG, "HixlEngineRegisterMem: mem_tag is longer than %u bytes",
+            WIRE_MAX_TAG);
+  CHECK_ARG(mem->addr != 0 && mem->len > 0, "HixlEngineRegisterMem: empty range [0x%lx, +%zu)",
+            (unsigned long)mem->addr, mem->len);
+  CHECK_ARG(mem->addr + mem->len > mem->addr, "HixlEngineRegisterMem: range [0x%lx, +%zu) wraps around",
+            (unsigned long)mem->addr, mem->len);
+  if (type == HIXL_MEM_DEVICE)
+    return hixl_fail(
+        HIXL_UNSUPPORTED,
+        "HixlEngineRegisterMem: device memory needs an accelerator backend, and this build has none");
+  CHECK_ARG(type == HIXL_MEM_HOST, "HixlEngineRegisterMem: unknown memory type %d", (int)type);
+  HixlStatus st = api_enter(e, "HixlEngineRegisterMem");
+  if (st != HIXL_SUCCESS) return st;
+  struct hixl_mem_reg *r = NULL;
+  if (e->regs.count >= HIXL_MAX_REGISTRATIONS) {
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineRegisterMem: %d registrations already (the limit)",
+                   HIXL_MAX_REGISTRATIONS);
+    goto unlock;
+  }
+  r = calloc(1, sizeof(*r));
+  if (!r) {
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineRegisterMem: out of memory");
+    goto unlock;
+  }
+  r->memfd = -1;
+  r->range.addr = mem->addr;
+  r->range.len = mem->len;
+  r->type = type;
+  snprintf(r->tag, sizeof(r->tag), "%s", tag ? tag : "");
+  if (memtab_add(&e->regs, &r->range, &clash) < 0) {
+    if (clash)
+      st = hixl_fail(HIXL_PARAM_INVALID,
+                     "HixlEngineRegisterMem: [0x%lx, +%zu) overlaps registered [0x%llx, +%llu)",
+                     (unsigned long)mem->addr, mem->len, (unsigned long long)clash->addr,
+                     (unsigned long long)clash->len);
+    else
+      st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineRegisterMem: out of memory");
+    free(r);
+    goto unlock;
+  }
+  for (int k = 0; k < XPORT_MODS; k++) {
+    if (!e->mods[k]->mem_reg || (st = e->mods[k]->mem_reg(e, r)) == HIXL_SUCCESS) continue;
+    while (k-- > 0)
+      if (e->mods[k]->mem_dereg) e->mods[k]->mem_dereg(e, r);
+    memtab_remove(&e->regs, &r->range);
+    free(r);
+    goto unlock;
+  }
+  link_broadcast_mem(e, WIRE_MEM_ADD, r);
+  *handle = r;
+unlock:
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}
+
+HixlStatus HixlEngineDeregisterMem(HixlEngine *e, HixlMemHandle handle) {
+  CHECK_ARG(handle, "HixlEngineDeregisterMem: handle is NULL");
+  HixlStatus st = api_enter(e, "HixlEngineDeregisterMem");
+  if (st != HIXL_SUCCESS) return st;
+  struct hixl_mem_reg *r = reg_of(e, handle);
+  if (!r) {
+    st = hixl_fail(HIXL_PARAM_INVALID,
+                   "HixlEngineDeregisterMem: handle %p is not registered with this engine", (void *)handle);
+  } else if (r->memfd >= 0) {
+    st = hixl_fail(
+        HIXL_PARAM_INVALID,
+        "HixlEngineDeregisterMem: handle %p is memory HixlEngineAllocMem allocated; release it with "
+        "HixlEngineFreeMem",
+        (void *)handle);
+  } else if ((st = reg_idle(r, "HixlEngineDeregisterMem", "wait for them or Disconnect the peer first")) ==
+             HIXL_SUCCESS) {
+    reg_drop(e, r);
+  }
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}
+
+/* ---- a peer's registrations, as this engine knows them (engine_ext.h) ---- */
+
+HixlStatus hixl_engine_remote_mems(HixlEngine *e, const char *remote, int32_t timeout_ms,
+                                   struct hixl_remote_mem **out, size_t *count) {
+  const char *fn = "HixlCSClientGetRemoteMem";
+  HixlStatus st;
+  if ((st = api_check_timeout(timeout_ms, fn)) != HIXL_SUCCESS) return st;
+  uint64_t deadline = hixl_deadline_ns(timeout_ms);
+  if ((st = api_enter(e, fn)) != HIXL_SUCCESS) return st;
+  struct conn *c = api_link_for(e, remote, fn, &st);
+  /* One round trip so the table holds everything the peer registered until now. */
+  if (c && (st = api_link_sync(e, c, deadline, fn, remote)) == HIXL_SUCCESS)
+    c = api_link_for(e, remote, fn, &st);
+  if (!c || st != HIXL_SUCCESS) goto unlock; /* nothing is returned on failure */
+  struct memtab *t = &c->peer->rtab;
+  size_t bytes = t->count * sizeof(**out);
+  for (size_t i = 0; i < t->count; i++) bytes += strlen(((struct remote_mem *)t->v[i])->tag) + 1;
+  struct hixl_remote_mem *v = malloc(bytes ? bytes : 1);
+  if (!v) {
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+    goto unlock;
+  }
+  char *s = (char *)(v + t->count);
+  for (size_t i = 0; i < t->count; i++) {
+    struct remote_mem *rm = (struct remote_mem *)t->v[i];
+    size_t l = strlen(rm->tag) + 1;
+    v[i].addr = rm->range.addr;
+    v[i].len = rm->range.len;
+    v[i].tag = memcpy(s, rm->tag, l);
+    s += l;
+  }
+  *out = v;
+  *count = t->count;
+unlock:
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}
+
+HixlStatus hixl_engine_remote_has(HixlEngine *e, const char *remote, const uint64_t *addrs, size_t n,
+                                  uint64_t len, const char *tag) {
+  const char *fn = "hixl_engine_remote_has";
+  CHECK_ARG(remote && tag && (addrs || n == 0), "%s: remote, addrs or tag is NULL", fn);
+  HixlStatus st = api_enter(e, fn);
+  if (st != HIXL_SUCCESS) return st;
+  struct conn *c = api_link_for(e, remote, fn, &st);
+  for (size_t k = 0; c && k < n && st == HIXL_SUCCESS; k++) {
+    const struct remote_mem *rm = (const struct remote_mem *)memtab_find(&c->peer->rtab, addrs[k], len);
+    if (!rm || strcmp(rm->tag, tag) != 0)
+      st = hixl_fail(HIXL_PARAM_INVALID, "%s: %s no longer advertises [0x%llx, +%llu) as \"%s\"", fn, remote,
+                     (unsigned long long)addrs[k], (unsigned long long)len, tag);
+  }
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}

@@ -1,0 +1,493 @@
+/* api_xfer: transfers: requests and their wait, a batch planned and submitted, sync, async, then a call. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/api_int.h"
+#include "engine/stage.h"
+#include "util/sock.h"
+#include "util/status_int.h"
+
+/* ---- transfers ---- */
+
+/* Whether a request timing out had to reset a link (RDMA work requests posted). */
+static bool mods_req_timeout(HixlEngine *e, struct hixl_transfer_req *r) {
+  bool reset = false;
+  for (int i = 0; i < XPORT_MODS; i++)
+    if (e->mods[i]->req_timeout) reset |= e->mods[i]->req_timeout(e, r);
+  return reset;
+}
+
+struct hixl_transfer_req *api_req_new(HixlEngine *e, uint32_t nchunks, int32_t timeout_ms) {
+  struct hixl_transfer_req *r = calloc(1, sizeof(*r));
+  if (!r) return NULL;
+  r->chunks = calloc(nchunks, sizeof(*r->chunks));
+  if (!r->chunks) {
+    free(r);
+    return NULL;
+  }
+  r->eng = e;
+  r->nchunks = r->outstanding = r->ndirect = nchunks;
+  r->user_holds = true;
+  r->deadline_ns = hixl_deadline_ns(timeout_ms);
+  return r;
+}
+
+/* Wait for a request the caller holds, then let go of it. Lock held. */
+HixlStatus api_req_wait(HixlEngine *e, struct conn *c, struct hixl_transfer_req *r, const char *fn,
+                        const char *remote) {
+  struct timespec ts = {.tv_sec = (time_t)(r->deadline_ns / 1000000000ull),
+                        .tv_nsec = (long)(r->deadline_ns % 1000000000ull)};
+  HixlStatus st = HIXL_SUCCESS;
+  /* Receive our own answers when nobody else is; an async request's data was handed to
+   * its transport already (shm would copy it twice). */
+  if (c && !r->is_async) link_drive(c, r);
+  while (r->outstanding > 0)
+    if (pthread_cond_timedwait(&e->cond, &e->lock, &ts) == ETIMEDOUT) break;
+  uint32_t starved = r->outstanding > 0 ? stage_cancel(r) : 0;
+  if (starved > 0) {
+    r->cancelled = true;
+    st = stage_exhausted(e, fn, starved, remote);
+    link_then_cancel(r, st, "the transfer before it found no staging buffer");
+  } else if (r->outstanding > 0) {
+    uint32_t left = r->outstanding;
+    r->cancelled = true;
+    bool reset = mods_req_timeout(e, r);
+    st = hixl_fail(HIXL_TIMEOUT, "%s: %u of %u chunks to %s unanswered at the deadline%s", fn, left,
+                   r->nchunks + (r->then ? 1u : 0u), remote,
+                   reset ? "; RDMA work requests were still posted, so the link was reset (Connect again)"
+                         : "");
+    link_then_cancel(r, HIXL_TIMEOUT, "the transfer before it timed out");
+  } else if (r->status != HIXL_SUCCESS) {
+    st = hixl_fail(r->status, "%s: %s", fn, r->err);
+  }
+  r->user_holds = false;
+  link_req_maybe_free(r);
+  return st;
+}
+
+/* Index of the first op whose remote range the peer has not advertised, or count. */
+/* Look every op's remote range up in the peer's table (rms[i], NULL when it is not
+ * inside one advertised registration); returns how many missed. */
+static size_t remote_lookup(struct conn *c, const HixlTransferOpDesc *descs, size_t count,
+                            const struct remote_mem **rms) {
+  size_t miss = 0;
+  for (size_t i = 0; i < count; i++)
+    miss += !(rms[i] =
+                  (const struct remote_mem *)memtab_find(&c->peer->rtab, descs[i].remote_addr, descs[i].len));
+  return miss;
+}
+
+/* One SYNC round trip on c: when it returns, every MEM_ADD / MEM_DEL the peer queued
+ * before answering has been applied. Lock held; released while waiting. */
+HixlStatus api_link_sync(HixlEngine *e, struct conn *c, uint64_t deadline, const char *fn,
+                         const char *remote) {
+  struct hixl_transfer_req *r = api_req_new(e, 1, 0);
+  if (!r) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  struct chunk *ch = r->chunks;
+  r->deadline_ns = deadline;
+  ch->req = r;
+  ch->kind = CHUNK_SYNC;
+  ch->seq = c->next_seq++;
+  ch->tx.chunk = ch;
+  ch->tx.hdr_len = (uint32_t)wire_put_sync(ch->tx.hdr, ch->seq);
+  link_enqueue(c, &ch->tx);
+  link_flush(c);
+  return api_req_wait(e, c, r, fn, remote);
+}
+
+/* How a batch moves: ops straight between registrations (direct, split into chunks of
+ * ENGINE_TCP_CHUNK) and staged ops packed into units of the pool's unit size. */
+struct stage_plan {
+  uint64_t ndirect; /* chunks */
+  uint64_t nunits;
+  uint64_t nsegs;
+};
+
+/* Decide every op, fill lregs (NULL: staged) and the plan; nothing is sent. rms[i]:
+ * the peer's registration holding op i's remote range, or NULL. An op is
+ * staged when its local or remote range is not registered, or when it is short
+ * enough to pack (StagingThreshold) on a tcp or rdma link to a peer that serves
+ * staged frames. Lock held. */
+static HixlStatus plan_ops(HixlEngine *e, struct conn *c, const HixlTransferOpDesc *descs, size_t count,
+                           const char *fn, const char *remote, const struct remote_mem *const *rms,
+                           struct hixl_mem_reg **lregs, struct stage_plan *plan) {
+  const struct stage_pool *pool = &e->pool;
+  uint32_t caps = c->peer->caps;
+  bool pack = stage_packs(c);
+  uint32_t threshold = stage_threshold(c);
+  uint64_t ubytes = 0, useg = 0;
+  memset(plan, 0, sizeof(*plan));
+  for (size_t i = 0; i < count; i++) {
+    const HixlTransferOpDesc *d = &descs[i];
+    lregs[i] = (struct hixl_mem_reg *)memtab_find(&e->regs, d->local_addr, d->len);
+    bool rreg = rms[i] != NULL;
+    if (lregs[i] && rreg && !(pack && d->len < threshold)) {
+      plan->ndirect += (d->len + ENGINE_TCP_CHUNK - 1) / ENGINE_TCP_CHUNK;
+      continue;
+    }
+    if (pool->num == 0)
+      return hixl_fail(HIXL_PARAM_INVALID,
+                       "%s: op %zu %s range [0x%lx, +%zu) is not inside memory registered %s%s, and staging "
+                       "is off (BufferPool 0:0); nothing was sent",
+                       fn, i, lregs[i] ? "remote" : "local",
+                       (unsigned long)(lregs[i] ? d->remote_addr : d->local_addr), d->len,
+                       lregs[i] ? "with " : "with this engine", lregs[i] ? remote : "");
+    if (!(caps & WIRE_CAP_STAGE))
+      return hixl_fail(HIXL_FAILED,
+                       "%s: op %zu needs staging (its %s range is not registered) but %s does not serve "
+                       "staged transfers; nothing was sent",
+                       fn, i, lregs[i] ? "remote" : "local", remote);
+    if (!rreg && !(caps & WIRE_CAP_STAGE_ANY))
+      return hixl_fail(HIXL_FAILED,
+                       "%s: op %zu remote range [0x%lx, +%zu) is not inside memory registered with %s, and "
+                       "%s does not let peers reach unregistered memory (its StagingUnregistered is off); "
+                       "nothing was sent",
+                       fn, i, (unsigned long)d->remote_addr, d->len, remote, remote);
+    lregs[i] = NULL;
+    /* Pieces of at most one unit; a unit holds up to pool->unit bytes in up to
+     * WIRE_MAX_STAGE_SEGS ranges. plan_units packs them the same way. */
+    for (size_t off = 0; off < d->len;) {
+      size_t piece = d->len - off < pool->unit ? d->len - off : pool->unit;
+      if (plan->nunits == 0 || ubytes + piece > pool->unit || useg == WIRE_MAX_STAGE_SEGS) {
+        plan->nunits++;
+        ubytes = useg = 0;
+      }
+      ubytes += piece;
+      useg++;
+      plan->nsegs++;
+      off += piece;
+    }
+  }
+  if (plan->ndirect + plan->nunits > UINT32_MAX / 2)
+    return hixl_fail(HIXL_PARAM_INVALID, "%s: batch is too large", fn);
+  return HIXL_SUCCESS;
+}
+
+/* Fill r's units (after its ndirect direct chunks) as plan_ops counted them. */
+static void plan_units(HixlEngine *e, const HixlTransferOpDesc *descs, size_t count,
+                       struct hixl_mem_reg *const *lregs, struct hixl_transfer_req *r, struct conn *c,
+                       HixlTransferOp op) {
+  size_t unit = e->pool.unit;
+  struct chunk *ch = NULL;
+  struct stage_seg *seg = r->segs;
+  for (size_t i = 0; i < count; i++) {
+    if (lregs[i]) continue;
+    for (size_t off = 0; off < descs[i].len;) {
+      size_t piece = descs[i].len - off < unit ? descs[i].len - off : unit;
+      if (!ch || ch->len + piece > unit || ch->nsegs == WIRE_MAX_STAGE_SEGS) {
+        ch = ch ? ch + 1 : &r->chunks[r->ndirect];
+        ch->req = r;
+        ch->kind = op == HIXL_READ ? CHUNK_SREAD : CHUNK_SWRITE;
+        ch->segs = seg;
+        ch->sconn = c;
+        ch->tx.chunk = ch;
+      }
+      seg->laddr = descs[i].local_addr + off;
+      seg->raddr = descs[i].remote_addr + off;
+      seg->len = (uint32_t)piece;
+      seg++;
+      ch->nsegs++;
+      ch->len += (uint32_t)piece;
+      off += piece;
+    }
+  }
+}
+
+static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransferOp op,
+                                  const HixlTransferOpDesc *descs, size_t count, int32_t timeout_ms,
+                                  const char *fn, struct hixl_transfer_req **out, struct conn **out_conn) {
+  struct sockaddr_in sa;
+  HixlStatus st;
+  if ((st = api_check_remote(remote, fn, &sa)) != HIXL_SUCCESS) return st;
+  CHECK_ARG(op == HIXL_READ || op == HIXL_WRITE, "%s: op %d is neither HIXL_READ nor HIXL_WRITE", fn,
+            (int)op);
+  CHECK_ARG(descs && count > 0 && count <= HIXL_MAX_BATCH, "%s: need 1 to %d op descriptors, got %zu%s", fn,
+            HIXL_MAX_BATCH, count, descs ? "" : " (descs is NULL)");
+  if ((st = api_check_timeout(timeout_ms, fn)) != HIXL_SUCCESS) return st;
+  uint64_t nchunks = 0;
+  for (size_t i = 0; i < count; i++) {
+    CHECK_ARG(descs[i].len > 0, "%s: op %zu has length 0", fn, i);
+    CHECK_ARG(descs[i].local_addr + descs[i].len > descs[i].local_addr &&
+                  descs[i].remote_addr + descs[i].len > descs[i].remote_addr,
+              "%s: op %zu range wraps around the address space", fn, i);
+    nchunks += (descs[i].len + ENGINE_TCP_CHUNK - 1) / ENGINE_TCP_CHUNK;
+  }
+  CHECK_ARG(nchunks <= UINT32_MAX / 2, "%s: batch is too large", fn);
+  uint64_t deadline = hixl_deadline_ns(timeout_ms);
+  if ((st = api_enter(e, fn)) != HIXL_SUCCESS) return st;
+  struct conn *c = api_link_for(e, remote, fn, &st);
+  struct hixl_mem_reg **lregs = NULL;
+  struct hixl_transfer_req *r = NULL;
+  if (!c) goto unlock;
+  /* An op moves directly only when its remote range lies in one registration the
+   * peer advertised; otherwise it is staged (the peer checks it) or refused whole
+   * before anything is sent (plan_ops). On a miss, one SYNC round trip first brings
+   * the table up to date (the peer may have registered it a moment ago). */
+  if (c->xp->flags & XPORT_ONE_SIDED) {
+    /* The table must be current before anything is posted or copied: the frames
+     * waiting on the socket are applied now, unless the transport knows nothing was
+     * withdrawn since (shm: a counter the peer shares; the poll would cost ~5% of a
+     * 256 KiB memcpy). */
+    if (!c->xp->table_current || !c->xp->table_current(c)) link_take_pending(c);
+    if (!(c = api_link_for(e, remote, fn, &st))) goto unlock;
+  }
+  lregs = malloc(count * (sizeof(*lregs) + sizeof(struct remote_mem *)));
+  if (!lregs) {
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+    goto unlock;
+  }
+  const struct remote_mem **rms = (const struct remote_mem **)(lregs + count);
+  if (remote_lookup(c, descs, count, rms) > 0) {
+    if ((st = api_link_sync(e, c, deadline, fn, remote)) != HIXL_SUCCESS) goto unlock;
+    if (!(c = api_link_for(e, remote, fn, &st))) goto unlock;
+    remote_lookup(c, descs, count, rms);
+  }
+  struct stage_plan plan;
+  if ((st = plan_ops(e, c, descs, count, fn, remote, rms, lregs, &plan)) != HIXL_SUCCESS) goto unlock;
+  r = api_req_new(e, plan.ndirect + plan.nunits, timeout_ms);
+  if (r && plan.nsegs && !(r->segs = calloc(plan.nsegs, sizeof(*r->segs)))) {
+    r->user_holds = false;
+    r->outstanding = 0;
+    link_req_maybe_free(r);
+    r = NULL;
+  }
+  if (!r) {
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory for %llu chunks", fn,
+                   (unsigned long long)(plan.ndirect + plan.nunits));
+    goto unlock;
+  }
+  r->deadline_ns = deadline;
+  r->ndirect = plan.ndirect;
+  struct chunk *ch = r->chunks;
+  for (size_t i = 0; i < count; i++) {
+    if (!lregs[i]) continue;              /* staged */
+    const struct remote_mem *rm = rms[i]; /* a direct op's: its key is there too */
+    for (size_t off = 0; off < descs[i].len; off += ENGINE_TCP_CHUNK, ch++) {
+      size_t len = descs[i].len - off < ENGINE_TCP_CHUNK ? descs[i].len - off : ENGINE_TCP_CHUNK;
+      ch->req = r;
+      ch->lreg = lregs[i];
+      ch->lreg->inflight++;
+      ch->laddr = (uint8_t *)(descs[i].local_addr + off);
+      ch->raddr = descs[i].remote_addr + off;
+      ch->len = (uint32_t)len;
+      ch->seq = c->next_seq++;
+      ch->kind = op == HIXL_READ ? CHUNK_READ : CHUNK_WRITE;
+      ch->rkey = rm->rkey;
+      ch->tx.chunk = ch;
+      c->xp->post(c, ch); /* a frame (tcp), a work request (rdma), or nothing yet (shm) */
+    }
+  }
+  if (plan.nunits > 0) {
+    plan_units(e, descs, count, lregs, r, c, op);
+    stage_submit(r); /* units with a free buffer go on the wire now, the rest wait in order */
+  }
+  if (c->dead) {
+    /* A send above found the link reset (the peer closed it): what was queued on it
+     * has ended with it. A copying transport's direct chunks wait in r alone until
+     * driven: they end here. */
+    if (c->xp->flags & XPORT_CPU_COPY)
+      for (uint32_t k = 0; k < plan.ndirect; k++)
+        link_chunk_end(&r->chunks[k], HIXL_FAILED, "the link was lost as the transfer started");
+  } else if (c->xp->start) {
+    /* shm: a sync caller copies in link_drive; an async request goes to its async hook. */
+    c->xp->start(c, r);
+  }
+  *out = r;
+  *out_conn = c;
+unlock:
+  free(lregs);
+  if (st != HIXL_SUCCESS) pthread_mutex_unlock(&e->lock);
+  return st; /* on success the lock is still held */
+}
+
+HixlStatus HixlEngineTransferSync(HixlEngine *e, const char *remote, HixlTransferOp op,
+                                  const HixlTransferOpDesc *descs, size_t count, int32_t timeout_ms) {
+  struct hixl_transfer_req *r;
+  struct conn *c;
+  HixlStatus st = transfer_submit(e, remote, op, descs, count, timeout_ms, "HixlEngineTransferSync", &r, &c);
+  if (st != HIXL_SUCCESS) return st;
+  st = api_req_wait(e, c, r, "HixlEngineTransferSync", remote);
+  pthread_mutex_unlock(&e->lock);
+  return st;
+}
+
+/* r's chunks are queued on c and nobody waits in a call: its transport's async hook,
+ * or, for one without (xport.h: any hook may be NULL), the progress thread takes it. */
+static void xport_async(struct conn *c, struct hixl_transfer_req *r) {
+  if (c->xp->async)
+    c->xp->async(c, r);
+  else
+    link_unpark(c);
+}
+
+HixlStatus HixlEngineTransferAsync(HixlEngine *e, const char *remote, HixlTransferOp op,
+                                   const HixlTransferOpDesc *descs, size_t count, int32_t timeout_ms,
+                                   void *user_data, HixlTransferReq *req) {
+  struct hixl_transfer_req *r;
+  CHECK_ARG(req, "HixlEngineTransferAsync: req output is NULL");
+  struct conn *c;
+  HixlStatus st = transfer_submit(e, remote, op, descs, count, timeout_ms, "HixlEngineTransferAsync", &r, &c);
+  if (st != HIXL_SUCCESS) return st;
+  r->is_async = true;
+  r->user_data = user_data;
+  xport_async(c, r); /* nobody waits in a call; shm: copied now or queued, c may be gone after */
+  pthread_mutex_lock(&e->req_lock);
+  int added = ptrset_add(&e->reqs, r);
+  pthread_mutex_unlock(&e->req_lock);
+  if (added < 0) {
+    r->cancelled = true;
+    r->user_holds = false;
+    link_req_maybe_free(r);
+    pthread_mutex_unlock(&e->lock);
+    return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineTransferAsync: out of memory");
+  }
+  *req = r;
+  pthread_mutex_unlock(&e->lock);
+  return HIXL_SUCCESS;
+}
+
+/* Find a request the caller still holds; returns with req_lock held on success. */
+static HixlStatus req_enter(HixlEngine *e, HixlTransferReq req, const char *fn) {
+  if (!e) return hixl_fail(HIXL_PARAM_INVALID, "%s: engine is NULL", fn);
+  pthread_mutex_lock(&e->req_lock);
+  if (!req || !ptrset_has(&e->reqs, req)) {
+    pthread_mutex_unlock(&e->req_lock);
+    return hixl_fail(HIXL_PARAM_INVALID, "%s: request %p is unknown or was already released", fn,
+                     (void *)req);
+  }
+  return HIXL_SUCCESS;
+}
+
+HixlStatus HixlEngineGetTransferStatus(HixlEngine *e, HixlTransferReq req, HixlTransferStatus *status) {
+  CHECK_ARG(status, "HixlEngineGetTransferStatus: status output is NULL");
+  HixlStatus st = req_enter(e, req, "HixlEngineGetTransferStatus");
+  if (st != HIXL_SUCCESS) return st;
+  struct hixl_transfer_req *r = req;
+  HixlTransferStatus s = HIXL_TRANSFER_WAITING;
+  hixl_error_clear();
+  /* Polling a request in flight must not contend with the progress thread. */
+  if (__atomic_load_n(&r->outstanding, __ATOMIC_ACQUIRE) > 0 && hixl_now_ns() < r->deadline_ns) {
+    pthread_mutex_unlock(&e->req_lock);
+    *status = HIXL_TRANSFER_WAITING;
+    return HIXL_SUCCESS;
+  }
+  /* Final: settle it under the engine lock (lock order: lock, then req_lock). */
+  pthread_mutex_unlock(&e->req_lock);
+  pthread_mutex_lock(&e->lock);
+  pthread_mutex_lock(&e->req_lock);
+  if (!ptrset_has(&e->reqs, r)) { /* another thread settled it meanwhile */
+    pthread_mutex_unlock(&e->req_lock);
+    pthread_mutex_unlock(&e->lock);
+    return hixl_fail(HIXL_PARAM_INVALID, "HixlEngineGetTransferStatus: request %p was already released",
+                     (void *)r);
+  }
+  if (r->outstanding == 0) {
+    s = r->status == HIXL_SUCCESS   ? HIXL_TRANSFER_COMPLETED
+        : r->status == HIXL_TIMEOUT ? HIXL_TRANSFER_TIMEOUT
+                                    : HIXL_TRANSFER_FAILED;
+    if (s != HIXL_TRANSFER_COMPLETED) hixl_fail(r->status, "transfer failed: %s", r->err);
+  } else if (hixl_now_ns() >= r->deadline_ns) {
+    uint32_t starved = stage_cancel(r);
+    r->cancelled = true;
+    if (starved > 0) {
+      s = HIXL_TRANSFER_FAILED;
+      stage_exhausted(e, "HixlEngineGetTransferStatus", starved, "the peer");
+    } else {
+      s = HIXL_TRANSFER_TIMEOUT;
+      hixl_fail(HIXL_TIMEOUT, "transfer: %u of %u chunks unanswered at the deadline", r->outstanding,
+                r->nchunks);
+      mods_req_timeout(e, r);
+    }
+  }
+  if (s != HIXL_TRANSFER_WAITING) {
+    ptrset_del(&e->reqs, r);
+    r->user_holds = false;
+    link_req_maybe_free(r);
+  }
+  pthread_mutex_unlock(&e->req_lock);
+  *status = s;
+  pthread_mutex_unlock(&e->lock);
+  return HIXL_SUCCESS;
+}
+
+HixlStatus HixlEngineGetTransferUserData(HixlEngine *e, HixlTransferReq req, void **user_data) {
+  CHECK_ARG(user_data, "HixlEngineGetTransferUserData: user_data output is NULL");
+  HixlStatus st = req_enter(e, req, "HixlEngineGetTransferUserData");
+  if (st != HIXL_SUCCESS) return st;
+  *user_data = req->user_data;
+  pthread_mutex_unlock(&e->req_lock);
+  return HIXL_SUCCESS;
+}
+
+/* ---- a transfer, then a call (engine_ext.h) ---- */
+
+HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, HixlTransferOp op,
+                                          const HixlTransferOpDesc *descs, size_t count, uint16_t service,
+                                          const void *req, size_t len, void *resp, size_t cap,
+                                          uint32_t *resp_len, int32_t timeout_ms, hixl_call_t *call) {
+  const char *fn = "hixl_engine_transfer_then_call";
+  CHECK_ARG(call && (req || len == 0) && len <= HIXL_CALL_MAX && resp && cap > 0 && resp_len,
+            "%s: call output, request (%zu bytes, at most %u), answer buffer or length output is invalid", fn,
+            len, HIXL_CALL_MAX);
+  /* Everything the CALL needs is taken before the transfer starts: once it has, the
+   * CALL can no longer fail alone. */
+  struct chunk *th = calloc(1, sizeof(*th));
+  uint8_t *frame = th ? malloc(WIRE_CALL_AFTER_AT + len) : NULL; /* room for either frame */
+  if (!frame) {
+    free(th);
+    return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  }
+  if (len) memcpy(frame + WIRE_CALL_REQ_AT, req, len);
+  th->laddr = resp;
+  th->len = cap > HIXL_CALL_MAX ? HIXL_CALL_MAX : (uint32_t)cap;
+  th->call_len = resp_len;
+  th->tx.heap = frame;
+  struct hixl_transfer_req *r;
+  struct conn *c;
+  HixlStatus st = transfer_submit(e, remote, op, descs, count, timeout_ms, fn, &r, &c);
+  /* The start's own send may have found the link reset (the peer closed it): c is dead,
+   * every chunk has ended with it, and so will the call attached below. */
+  if (st == HIXL_SUCCESS && !c->dead && !(c->peer->caps & WIRE_CAP_CALL)) {
+    /* Not before transfer_submit: it may bring the link up. The transfer goes on; its
+     * end is waited for here, as nobody else would. */
+    (void)api_req_wait(e, c, r, fn, remote);
+    pthread_mutex_unlock(&e->lock);
+    st = hixl_fail(HIXL_UNSUPPORTED, "%s: %s speaks an older protocol without service calls", fn, remote);
+  } else if (st == HIXL_SUCCESS && op == HIXL_WRITE && (c->xp->flags & XPORT_IN_STREAM) &&
+             r->ndirect == r->nchunks && (c->peer->caps & WIRE_CAP_CALL_AFTER)) {
+    /* Every WRITE is a frame queued on the link's stream already: the call follows them
+     * at once, and the target serves it once they have all landed, unless one was
+     * refused. Waiting for their answers first would add a round trip. */
+    r->is_async = true;
+    memmove(frame + WIRE_CALL_AFTER_AT, frame + WIRE_CALL_REQ_AT, len);
+    link_then_behind(r, c, th, service, (uint32_t)len);
+    th = NULL;
+    frame = NULL;
+    xport_async(c, r); /* the progress thread reads the answers */
+    pthread_mutex_unlock(&e->lock);
+    *call = r;
+  } else if (st == HIXL_SUCCESS) {
+    r->is_async = true; /* its transport moves it; the wait only waits */
+    link_then_attach(r, c, th, service, (uint32_t)len);
+    th = NULL;
+    frame = NULL;
+    if (c->dead) {
+      /* nothing left to move: the call ended failed when attached */
+    } else if ((c->xp->flags & XPORT_CPU_COPY) && c->xp->drive) {
+      /* A copy: this thread makes it now (handing it to the progress thread would cost
+       * a wake-up and gain nothing), then sends the call its end released. */
+      c->xp->drive(c, r); /* c may be gone afterwards */
+      struct peer *p = api_find_peer(e, remote);
+      if (p && p->conn && !p->conn->dead && p->conn->txq_head) link_flush(p->conn);
+    } else {
+      xport_async(c, r); /* nobody waits in a call yet: the progress thread ends it */
+    }
+    pthread_mutex_unlock(&e->lock);
+    *call = r;
+  }
+  free(frame);
+  free(th);
+  return st;
+}

@@ -1,0 +1,288 @@
+/* link_progress: reading links: the progress thread, a sync caller driving a link, start and stop. */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "engine/engine_int.h"
+#include "util/log.h"
+#include "util/sock.h"
+
+#define LINK_READ_BUDGET (32u << 20)  /* bytes per event before other links get a turn */
+#define LINK_SPAN_DIRECT (16u << 10)  /* spans at least this long are received in place */
+#define LINK_FRAME_READ  (16u << 10)  /* bytes read at once while no payload is under way, */
+#define LINK_PAY_LARGE   (128u << 10) /* ... once a payload was at least this long */
+
+/* ---- reading a link ---- */
+
+static void conn_on_readable(struct conn *c) {
+  size_t budget = LINK_READ_BUDGET;
+  while (!c->dead && !c->stalled && budget > 0) {
+    ssize_t k;
+    /* Stream the payload straight into its destination; many small spans (a staged
+     * unit of small ops) go through the receive buffer instead: one recv, not one per span. */
+    if (c->pay_left > 0 && !c->pay_discard && c->pay_chunk && c->pay_chunk->req->cancelled) {
+      c->pay_dst = NULL; /* the caller gave up: the rest is dropped */
+      c->pay_discard = true;
+    }
+    if (c->pay_left > 0 && c->rx_start == c->rx_end &&
+        (c->pay_nspan == 0 || c->pay_cur >= LINK_SPAN_DIRECT)) {
+      size_t want = c->pay_cur;
+      uint8_t *dst = c->pay_dst;
+      if (!dst) {
+        dst = c->eng->scratch;
+        if (want > sizeof(c->eng->scratch)) want = sizeof(c->eng->scratch);
+      }
+      k = recv(c->fd, dst, want, MSG_DONTWAIT);
+      if (k > 0) {
+        sock_hb_received(c->fd);
+        link_payload_advance(c, (size_t)k);
+        budget = (size_t)k > budget ? 0 : budget - (size_t)k;
+        if ((size_t)k < want) break; /* drained: epoll or the driver's poll says when there is more */
+        continue;
+      }
+    } else {
+      if (c->rx_start > 0) {
+        memmove(c->rxbuf, c->rxbuf + c->rx_start, c->rx_end - c->rx_start);
+        c->rx_end -= c->rx_start;
+        c->rx_start = 0;
+      }
+      size_t room = ENGINE_RXBUF - c->rx_end;
+      /* No payload under way: the next bytes begin a frame. While payloads are large,
+       * read a little, so that one behind its header is received in place rather than
+       * copied out of here (a full buffer read would take most of a 256 KiB op's bytes,
+       * and a receiver behind its sender would copy nearly every byte twice). While
+       * they are small, read all there is: many frames per recv, not one per op (a
+       * batch of 16 KiB ops lost half its throughput to one recv per frame). */
+      if (c->pay_left == 0 && c->pay_last >= LINK_PAY_LARGE && room > LINK_FRAME_READ) room = LINK_FRAME_READ;
+      k = recv(c->fd, c->rxbuf + c->rx_end, room, MSG_DONTWAIT);
+      if (k > 0) {
+        sock_hb_received(c->fd);
+        c->rx_end += (size_t)k;
+        if (c->pay_left > 0) { /* the rest of a payload first */
+          size_t have = c->rx_end - c->rx_start, n = have < c->pay_left ? have : c->pay_left;
+          c->rx_start += n;
+          link_payload_take(c, c->rxbuf + c->rx_start - n, n);
+        }
+        link_parse_frames(c);
+        budget = (size_t)k > budget ? 0 : budget - (size_t)k;
+        if ((size_t)k < room && c->pay_left == 0) break; /* drained */
+        continue;
+      }
+    }
+    if (k == 0) {
+      link_conn_kill(c, HIXL_FAILED, "peer closed the connection");
+      return;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      char why[128];
+      snprintf(why, sizeof(why), "receive failed: %s", strerror(errno));
+      link_conn_kill(c, HIXL_FAILED, why);
+    }
+    break;
+  }
+  if (!c->dead && c->txq_head) link_flush(c);
+}
+
+void link_rearm(struct conn *c) {
+  if (!c->dead) link_conn_arm(c);
+}
+
+void link_resume(struct conn *c) {
+  link_conn_arm(c);
+  link_parse_frames(c);
+  if (!c->dead) link_flush(c);
+}
+
+/* Apply control frames already waiting on c's socket (MEM_ADD / MEM_DEL above all)
+ * unless a driving caller reads it. An RDMA initiator must not post against a
+ * registration the target has already withdrawn: the NIC would answer with a remote
+ * access error, which breaks the QP. Lock held. */
+void link_take_pending(struct conn *c) {
+  struct pollfd p = {.fd = c->fd, .events = POLLIN};
+  if (c->dead || c->rx == RX_CALLER || poll(&p, 1, 0) <= 0) return;
+  conn_on_readable(c);
+}
+
+/* Whether c is still up, looking at the socket now rather than waiting for the
+ * progress thread to see a hang-up (a parked link is read by nobody). Lock held. */
+bool link_alive(struct conn *c) {
+  struct pollfd p = {.fd = c->fd, .events = POLLIN | POLLRDHUP};
+  if (c->dead) return false;
+  if (c->rx == RX_CALLER || poll(&p, 1, 0) <= 0 || !(p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+    return true;
+  if (c->rx == RX_PARKED) link_unpark(c);
+  conn_on_readable(c); /* takes what is left, then the end of the stream */
+  return !c->dead;
+}
+
+/* ---- a sync caller receiving its own answers ---- */
+
+/* Receive on c from the calling thread until r ends, c dies or r's deadline passes.
+ * The answer then wakes the caller directly instead of the progress thread, which
+ * would have to wake the caller in turn. Lock held; released while polling. Only one
+ * caller drives a link; others wait on the condition variable as usual. */
+void link_drive(struct conn *c, struct hixl_transfer_req *r) {
+  struct HixlEngine *e = c->eng;
+  enum chunk_kind k0 = r->chunks[0].kind;
+  bool data = k0 != CHUNK_NOTIFY && k0 != CHUNK_SYNC && k0 != CHUNK_CALL;
+  if (data && c->xp->drive && !c->dead) { /* the transport moves it, or watches it move */
+    c->xp->drive(c, r);                   /* c may be gone afterwards */
+    return;
+  }
+  if (c->dead || c->rx == RX_CALLER) return;
+  bool was_progress = c->rx == RX_PROGRESS;
+  c->rx = RX_CALLER;
+  if (was_progress) link_conn_arm(c); /* a parked link needs no epoll change */
+  while (r->outstanding > 0 && !c->dead) {
+    uint64_t now = hixl_now_ns();
+    if (now >= r->deadline_ns) break;
+    int ms = (int)((r->deadline_ns - now + 999999) / 1000000);
+    struct pollfd p = {.fd = c->fd, .events = (short)(POLLIN | (c->txq_head ? POLLOUT : 0))};
+    pthread_mutex_unlock(&e->lock);
+    int n = poll(&p, 1, ms);
+    pthread_mutex_lock(&e->lock);
+    if (n <= 0 || c->dead) continue;
+    if (p.revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL)) conn_on_readable(c);
+    if (!c->dead && (p.revents & POLLOUT)) link_flush(c);
+    const struct xport_ops *sx = e->mods[XPORT_STAGE];
+    if (sx && sx->progress) sx->progress(e); /* buffers our answers freed go to the next units at once */
+  }
+  if (c->dead) {
+    link_conn_bury(c);
+    return;
+  }
+  /* Park when nothing is owed to anyone; otherwise the progress thread reads on. */
+  c->rx = c->pend_head || c->pay_left || c->txq_head || c->always_read ? RX_PROGRESS : RX_PARKED;
+  if (c->rx == RX_PROGRESS) link_conn_arm(c);
+}
+
+/* ---- progress thread ---- */
+
+static void accept_all(struct HixlEngine *e) {
+  for (;;) {
+    int fd = accept4(e->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        log_warn("accept on %s: %s", e->local_name, strerror(errno));
+      return;
+    }
+    sock_tune(fd);
+    struct conn *c = link_conn_new(e, fd, CONN_TARGET_HELLO);
+    if (!c || link_conn_watch(c) < 0) {
+      log_error("cannot take a new link on %s: out of resources", e->local_name);
+      if (c) {
+        free(c->rxbuf);
+        free(c);
+      }
+      close(fd);
+    }
+  }
+}
+
+static void *progress_main(void *arg) {
+  struct HixlEngine *e = arg;
+  struct epoll_event evs[64];
+  int wait_ms = -1; /* 0 while async shm copies are queued */
+  for (;;) {
+    int n = epoll_wait(e->epfd, evs, 64, wait_ms);
+    if (n < 0 && errno != EINTR) {
+      log_error("epoll_wait: %s", strerror(errno));
+      break;
+    }
+    pthread_mutex_lock(&e->lock);
+    if (e->stopping) {
+      pthread_mutex_unlock(&e->lock);
+      break;
+    }
+    for (int i = 0; i < n; i++) {
+      void *ptr = evs[i].data.ptr;
+      if (ptr == &e->listen_fd) {
+        accept_all(e);
+      } else if (ptr >= (void *)e->mods && ptr < (void *)(e->mods + XPORT_MODS)) {
+        const struct xport_ops *x = *(const struct xport_ops *const *)ptr;
+        x->on_event(e);
+      } else if (ptr == &e->evfd) {
+        uint64_t v;
+        (void)!read(e->evfd, &v, sizeof(v));
+      } else {
+        struct conn *c = ptr;
+        if (c->dead) continue;
+        uint32_t ev = evs[i].events;
+        if (c->rx == RX_PARKED && (ev & (EPOLLRDHUP | EPOLLERR | EPOLLHUP))) link_unpark(c); /* hung up */
+        if (c->rx == RX_PROGRESS && (ev & (EPOLLIN | EPOLLRDHUP | EPOLLERR | EPOLLHUP))) conn_on_readable(c);
+        if (!c->dead && (ev & EPOLLOUT)) link_flush(c);
+      }
+    }
+    bool more = false; /* one step per link, then events get a turn */
+    for (int m = 0; m < XPORT_MODS; m++)
+      if (e->mods[m] && e->mods[m]->progress) more |= e->mods[m]->progress(e);
+    wait_ms = more ? 0 : -1;
+    link_free_graveyard(e);
+    pthread_mutex_unlock(&e->lock);
+  }
+  return NULL;
+}
+
+int link_watch_listener(struct HixlEngine *e) {
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &e->listen_fd};
+  return epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->listen_fd, &ev);
+}
+
+int link_start(struct HixlEngine *e, HixlStatus *st) {
+  (void)st;
+  struct epoll_event ev = {.events = EPOLLIN};
+  memset(e->frame_owner, 0, sizeof(e->frame_owner));
+  for (int i = 0; i < XPORT_MODS; i++)
+    for (const uint8_t *t = e->mods[i]->frames; t && *t; t++) e->frame_owner[*t] = e->mods[i];
+  memset(e->init_owner, 0, sizeof(e->init_owner));
+  for (int i = 0; i < XPORT_MODS; i++)
+    for (const uint8_t *t = e->mods[i]->init_frames; t && *t; t++) e->init_owner[*t] = e->mods[i];
+  e->epfd = epoll_create1(EPOLL_CLOEXEC);
+  if (e->epfd < 0) goto err;
+  e->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (e->evfd < 0) goto close_ep;
+  ev.data.ptr = &e->evfd;
+  if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->evfd, &ev) < 0) goto close_ev;
+  if (e->listen_fd >= 0 && link_watch_listener(e) < 0) goto close_ev;
+  for (int i = 0; i < XPORT_MODS; i++) {
+    const struct xport_ops *x = e->mods[i];
+    int fd = x && x->event_fd ? x->event_fd(e) : -1;
+    if (fd < 0) continue;
+    ev.data.ptr = (void *)&e->mods[i];
+    if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) goto close_ev;
+  }
+  if (pthread_create(&e->thread, NULL, progress_main, e) != 0) goto close_ev;
+  return 0;
+close_ev:
+  close(e->evfd);
+  e->evfd = -1;
+close_ep:
+  close(e->epfd);
+  e->epfd = -1;
+err:
+  return -1;
+}
+
+/* Stop the thread, then end every link. Called with the lock NOT held. */
+void link_stop(struct HixlEngine *e) {
+  uint64_t one = 1;
+  pthread_mutex_lock(&e->lock);
+  e->stopping = true;
+  (void)!write(e->evfd, &one, sizeof(one));
+  pthread_mutex_unlock(&e->lock);
+  pthread_join(e->thread, NULL);
+  pthread_mutex_lock(&e->lock);
+  while (e->conns) link_conn_kill(e->conns, HIXL_FAILED, "local engine finalized");
+  link_free_graveyard(e);
+  pthread_mutex_unlock(&e->lock);
+  close(e->evfd);
+  close(e->epfd);
+  e->evfd = e->epfd = -1;
+}
