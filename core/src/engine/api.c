@@ -45,8 +45,7 @@ static const struct xport_ops *const engine_mods[XPORT_MODS] = {[XPORT_SHM] = &x
 
 /* Close modules [0, n) in reverse order (staging's MR before the RDMA device). */
 static void mods_close(HixlEngine *e, int n) {
-  while (n-- > 0)
-    if (e->mods[n]->close) e->mods[n]->close(e);
+  while (n-- > 0) e->mods[n]->iface.close(e);
 }
 
 HixlStatus api_check_timeout(int32_t timeout_ms, const char *fn) {
@@ -125,9 +124,11 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
   e->stopping = false;
   snprintf(e->local_name, sizeof(e->local_name), "%s", local_engine);
   int opened = 0;
+  for (int i = 0; i < XPORT_MODS; i++)
+    if ((st = xport_check(engine_mods[i])) != HIXL_SUCCESS) goto close_mods;
   for (; opened < XPORT_MODS; opened++) {
     e->mods[opened] = engine_mods[opened];
-    if (e->mods[opened]->open && (st = e->mods[opened]->open(e)) != HIXL_SUCCESS) goto close_mods;
+    if ((st = e->mods[opened]->iface.open(e)) != HIXL_SUCCESS) goto close_mods;
   }
   e->listen_fd = has_port ? sock_listen(&sa, 0, &st) : -1;
   if (has_port && e->listen_fd < 0) goto close_mods;
@@ -158,8 +159,7 @@ HixlStatus HixlEngineFinalize(HixlEngine *e) {
   link_stop(e);
   pthread_mutex_lock(&e->lock);
   /* Work still running without the lock (an shm copy) ends before what it holds goes. */
-  for (int i = 0; i < XPORT_MODS; i++)
-    if (e->mods[i]->quiesce) e->mods[i]->quiesce(e);
+  for (int i = 0; i < XPORT_MODS; i++) e->mods[i]->iface.quiesce(e);
   link_free_graveyard(e);
   while (e->peers) api_peer_free(e, e->peers);
   for (size_t i = 0; i < e->regs.count; i++) {
@@ -214,8 +214,7 @@ static void alloc_release(struct hixl_mem_reg *r) {
 
 /* Let go of r: every transport's hold on it, the memory if the engine allocated it. */
 void api_reg_release(HixlEngine *e, struct hixl_mem_reg *r) {
-  for (int k = 0; k < XPORT_MODS; k++)
-    if (e->mods[k]->mem_dereg) e->mods[k]->mem_dereg(e, r);
+  for (int k = 0; k < XPORT_MODS; k++) e->mods[k]->mem.dereg(e, r);
   alloc_release(r);
   free(r);
 }

@@ -63,8 +63,7 @@ static HixlStatus handshake(HixlEngine *e, int fd, const char *remote, uint64_t 
   bool taken = false;
   for (int i = 0; i < XPORT_MODS && !taken && st == HIXL_SUCCESS; i++) {
     const struct xport_ops *x = e->mods[i];
-    if (!x->connect) continue;
-    st = x->connect(e, fd, deadline, remote, p, &taken, link);
+    st = x->link.connect(e, fd, deadline, remote, p, &taken, link);
     if (taken) *xp = x;
   }
 out:
@@ -114,7 +113,7 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: cannot set up the link to %s", remote);
     goto close_fd;
   }
-  if (xp->attach) xp->attach(c, link); /* c->xp: xp */
+  xp->link.attach(c, link); /* c->xp: xp */
   xp = NULL;
   snprintf(c->remote_name, sizeof(c->remote_name), "%s", p->remote_name[0] ? p->remote_name : remote);
   c->peer = p;
@@ -125,7 +124,7 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
   pthread_mutex_unlock(&e->lock);
   return HIXL_SUCCESS;
 close_fd:
-  if (xp && xp->discard) xp->discard(link);
+  if (xp) xp->link.discard(link);
   close(fd);
 free_peer:
   for (size_t i = 0; i < p->rtab.count; i++) free(p->rtab.v[i]);
@@ -175,7 +174,7 @@ HixlStatus hixl_engine_link_info(HixlEngine *e, const char *remote, struct hixl_
   if (c) {
     memset(info, 0, sizeof(*info));
     snprintf(info->transport, sizeof(info->transport), "%s", c->xp->name);
-    if (c->xp->info) st = c->xp->info(c, info);
+    st = c->xp->link.info(c, info);
   }
   pthread_mutex_unlock(&e->lock);
   return st;
@@ -187,7 +186,7 @@ HixlStatus hixl_engine_drop_peer(HixlEngine *e, const char *remote_name, const c
   if (st != HIXL_SUCCESS) return st;
   uint64_t deadline = hixl_now_ns() + (uint64_t)HIXL_DEFAULT_TIMEOUT_MS * 1000000u;
   for (int k = 0; k < XPORT_MODS; k++) /* the peer lets go of mapped memory first */
-    if (e->mods[k]->peer_drop) e->mods[k]->peer_drop(e, remote_name, deadline);
+    e->mods[k]->mem.peer_drop(e, remote_name, deadline);
   size_t n = 0;
   for (struct conn *c = e->conns, *next; c; c = next) {
     next = c->next; /* a killed link leaves the list for the graveyard */

@@ -101,8 +101,7 @@ HixlStatus hixl_engine_alloc_tagged(HixlEngine *e, size_t len, const char *tag, 
   h->memfd = fd;
   h->map_len = map_len;
   h->sealed = sealed;
-  for (int k = 0; k < XPORT_MODS; k++)
-    if (e->mods[k]->mem_share) e->mods[k]->mem_share(e, h);
+  for (int k = 0; k < XPORT_MODS; k++) e->mods[k]->mem.share(e, h);
   pthread_mutex_unlock(&e->lock);
   log_info("engine %s: allocated %zu bytes at %p (memfd, %s pages)", e->local_name, map_len, p,
            huge ? "huge" : "normal");
@@ -128,8 +127,7 @@ HixlStatus HixlEngineFreeMem(HixlEngine *e, HixlMemHandle handle) {
     /* Peers that mapped it let go first (a round trip; silent ones are cut off). */
     uint64_t deadline = hixl_now_ns() + (uint64_t)HIXL_DEFAULT_TIMEOUT_MS * 1000000u;
     r->freeing = true; /* the hooks may release the lock while they wait */
-    for (int k = 0; k < XPORT_MODS; k++)
-      if (e->mods[k]->mem_unshare) e->mods[k]->mem_unshare(e, r, deadline);
+    for (int k = 0; k < XPORT_MODS; k++) e->mods[k]->mem.unshare(e, r, deadline);
     r->freeing = false;
     /* A transfer may have started on it while the peers answered (lock released). */
     if ((st = reg_idle(r, "HixlEngineFreeMem", "nothing was released")) == HIXL_SUCCESS) reg_drop(e, r);
@@ -188,9 +186,8 @@ HixlStatus hixl_engine_register_tagged(HixlEngine *e, const HixlMemDesc *mem, Hi
     goto unlock;
   }
   for (int k = 0; k < XPORT_MODS; k++) {
-    if (!e->mods[k]->mem_reg || (st = e->mods[k]->mem_reg(e, r)) == HIXL_SUCCESS) continue;
-    while (k-- > 0)
-      if (e->mods[k]->mem_dereg) e->mods[k]->mem_dereg(e, r);
+    if ((st = e->mods[k]->mem.reg(e, r)) == HIXL_SUCCESS) continue;
+    while (k-- > 0) e->mods[k]->mem.dereg(e, r);
     memtab_remove(&e->regs, &r->range);
     free(r);
     goto unlock;

@@ -14,8 +14,7 @@
 /* Whether a request timing out had to reset a link (RDMA work requests posted). */
 static bool mods_req_timeout(HixlEngine *e, struct hixl_transfer_req *r) {
   bool reset = false;
-  for (int i = 0; i < XPORT_MODS; i++)
-    if (e->mods[i]->req_timeout) reset |= e->mods[i]->req_timeout(e, r);
+  for (int i = 0; i < XPORT_MODS; i++) reset |= e->mods[i]->link.req_timeout(e, r);
   return reset;
 }
 
@@ -230,7 +229,7 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
      * waiting on the socket are applied now, unless the transport knows nothing was
      * withdrawn since (shm: a counter the peer shares; the poll would cost ~5% of a
      * 256 KiB memcpy). */
-    if (!c->xp->table_current || !c->xp->table_current(c)) link_take_pending(c);
+    if (!c->xp->link.table_current(c)) link_take_pending(c);
     if (!(c = api_link_for(e, remote, fn, &st))) goto unlock;
   }
   lregs = malloc(count * (sizeof(*lregs) + sizeof(struct remote_mem *)));
@@ -276,7 +275,7 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
       ch->kind = op == HIXL_READ ? CHUNK_READ : CHUNK_WRITE;
       ch->rkey = rm->rkey;
       ch->tx.chunk = ch;
-      c->xp->post(c, ch); /* a frame (tcp), a work request (rdma), or nothing yet (shm) */
+      c->xp->link.post(c, ch); /* a frame (tcp), a work request (rdma), or nothing yet (shm) */
     }
   }
   if (plan.nunits > 0) {
@@ -290,9 +289,9 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
     if (c->xp->flags & XPORT_CPU_COPY)
       for (uint32_t k = 0; k < plan.ndirect; k++)
         link_chunk_end(&r->chunks[k], HIXL_FAILED, "the link was lost as the transfer started");
-  } else if (c->xp->start) {
+  } else {
     /* shm: a sync caller copies in link_drive; an async request goes to its async hook. */
-    c->xp->start(c, r);
+    c->xp->link.start(c, r);
   }
   *out = r;
   *out_conn = c;
@@ -313,15 +312,6 @@ HixlStatus HixlEngineTransferSync(HixlEngine *e, const char *remote, HixlTransfe
   return st;
 }
 
-/* r's chunks are queued on c and nobody waits in a call: its transport's async hook,
- * or, for one without (xport.h: any hook may be NULL), the progress thread takes it. */
-static void xport_async(struct conn *c, struct hixl_transfer_req *r) {
-  if (c->xp->async)
-    c->xp->async(c, r);
-  else
-    link_unpark(c);
-}
-
 HixlStatus HixlEngineTransferAsync(HixlEngine *e, const char *remote, HixlTransferOp op,
                                    const HixlTransferOpDesc *descs, size_t count, int32_t timeout_ms,
                                    void *user_data, HixlTransferReq *req) {
@@ -332,7 +322,7 @@ HixlStatus HixlEngineTransferAsync(HixlEngine *e, const char *remote, HixlTransf
   if (st != HIXL_SUCCESS) return st;
   r->is_async = true;
   r->user_data = user_data;
-  xport_async(c, r); /* nobody waits in a call; shm: copied now or queued, c may be gone after */
+  c->xp->link.async(c, r); /* nobody waits in a call; shm: copied now or queued, c may be gone after */
   pthread_mutex_lock(&e->req_lock);
   int added = ptrset_add(&e->reqs, r);
   pthread_mutex_unlock(&e->req_lock);
@@ -465,7 +455,7 @@ HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, Hix
     link_then_behind(r, c, th, service, (uint32_t)len);
     th = NULL;
     frame = NULL;
-    xport_async(c, r); /* the progress thread reads the answers */
+    c->xp->link.async(c, r); /* the progress thread reads the answers */
     pthread_mutex_unlock(&e->lock);
     *call = r;
   } else if (st == HIXL_SUCCESS) {
@@ -475,14 +465,14 @@ HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, Hix
     frame = NULL;
     if (c->dead) {
       /* nothing left to move: the call ended failed when attached */
-    } else if ((c->xp->flags & XPORT_CPU_COPY) && c->xp->drive) {
+    } else if (c->xp->flags & XPORT_CPU_COPY) {
       /* A copy: this thread makes it now (handing it to the progress thread would cost
        * a wake-up and gain nothing), then sends the call its end released. */
-      c->xp->drive(c, r); /* c may be gone afterwards */
+      c->xp->link.drive(c, r); /* c may be gone afterwards */
       struct peer *p = api_find_peer(e, remote);
       if (p && p->conn && !p->conn->dead && p->conn->txq_head) link_flush(p->conn);
     } else {
-      xport_async(c, r); /* nobody waits in a call yet: the progress thread ends it */
+      c->xp->link.async(c, r); /* nobody waits in a call yet: the progress thread ends it */
     }
     pthread_mutex_unlock(&e->lock);
     *call = r;

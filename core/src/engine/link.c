@@ -106,7 +106,7 @@ void link_then_cancel(struct hixl_transfer_req *r, HixlStatus st, const char *wh
 void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why) {
   struct hixl_transfer_req *r = ch->req;
   if (ch->lreg) ch->lreg->inflight--;
-  if (ch->owner && ch->owner->chunk_end) ch->owner->chunk_end(ch);
+  if (ch->owner) ch->owner->link.chunk_end(ch);
   if (st != HIXL_SUCCESS && r->status == HIXL_SUCCESS) {
     r->status = st;
     snprintf(r->err, sizeof(r->err), "%s", why);
@@ -182,8 +182,7 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
   c->pay.reg = NULL;
   if (c->pay_chunk) link_chunk_end(c->pay_chunk, st, msg); /* READ data cut off mid-payload */
   c->pay_chunk = NULL;
-  for (int i = 0; i < XPORT_MODS; i++)
-    if (e->mods[i] && e->mods[i]->kill) e->mods[i]->kill(c, st, msg);
+  for (int i = 0; i < XPORT_MODS; i++) e->mods[i]->link.kill(c, st, msg);
   c->pay_left = 0;
   /* Unsent frames: chunks end with the link's fate, responses are dropped. */
   while (c->txq_head) {
@@ -216,16 +215,14 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
     shutdown(c->fd, SHUT_RDWR); /* wakes the caller polling it; it buries the link */
   else
     link_conn_bury(c); /* c stays readable until the graveyard is freed */
-  for (int i = 0; i < XPORT_MODS; i++)
-    if (e->mods[i] && e->mods[i]->closed) e->mods[i]->closed(c);
+  for (int i = 0; i < XPORT_MODS; i++) e->mods[i]->link.closed(c);
 }
 
 void link_free_graveyard(struct HixlEngine *e) {
   while (e->graveyard) {
     struct conn *c = e->graveyard;
     e->graveyard = c->next;
-    for (int i = 0; i < XPORT_MODS; i++)
-      if (e->mods[i] && e->mods[i]->free) e->mods[i]->free(c);
+    for (int i = 0; i < XPORT_MODS; i++) e->mods[i]->link.free(c);
     free(c->rxbuf);
     free(c);
   }
@@ -255,6 +252,12 @@ void link_unpark(struct conn *c) {
   link_conn_arm(c);
 }
 
+/* xport.h's default async hook: nobody waits in a call, the progress thread reads. */
+void link_async_unpark(struct conn *c, struct hixl_transfer_req *r) {
+  (void)r;
+  link_unpark(c);
+}
+
 void link_set_want_out(struct conn *c, bool on) {
   if (c->want_out == on || c->dead) return;
   c->want_out = on;
@@ -263,15 +266,13 @@ void link_set_want_out(struct conn *c, bool on) {
 
 uint32_t link_caps(const struct HixlEngine *e) {
   uint32_t caps = WIRE_CAP_CALL | WIRE_CAP_CALL_AFTER;
-  for (int i = 0; i < XPORT_MODS; i++)
-    if (e->mods[i] && e->mods[i]->caps) caps |= e->mods[i]->caps(e);
+  for (int i = 0; i < XPORT_MODS; i++) caps |= e->mods[i]->iface.caps(e);
   return caps;
 }
 
 uint32_t link_mem_key(const struct HixlEngine *e, const struct hixl_mem_reg *r) {
   uint32_t key = 0;
-  for (int i = 0; i < XPORT_MODS && !key; i++)
-    if (e->mods[i] && e->mods[i]->mem_key) key = e->mods[i]->mem_key(r);
+  for (int i = 0; i < XPORT_MODS && !key; i++) key = e->mods[i]->mem.key(r);
   return key;
 }
 

@@ -310,7 +310,7 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
   }
   default: {
     const struct xport_ops *x = e->frame_owner[m->hdr.type]; /* type_allowed: there is one */
-    if (x) x->target_frame(c, m);
+    if (x) x->link.target_frame(c, m);
     return;
   }
   }
@@ -394,7 +394,7 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   struct peer *p = c->peer;
   const struct xport_ops *owner = c->eng->init_owner[m->hdr.type];
   if (owner) {
-    owner->initiator_frame(c, m);
+    owner->link.initiator_frame(c, m);
     return;
   }
   if (m->hdr.type == WIRE_MEM_ADD || m->hdr.type == WIRE_MEM_DEL) {
@@ -434,7 +434,7 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
       link_pay_single(c, ch->req->cancelled ? NULL : ch->laddr, m->hdr.payload_len);
     return;
   }
-  if (ch->owner && ch->owner->answer && ch->owner->answer(c, ch, m)) return;
+  if (ch->owner && ch->owner->link.answer(c, ch, m)) return;
   if (m->u.ack.status == HIXL_SUCCESS) {
     link_chunk_end(ch, HIXL_SUCCESS, "");
     return;
@@ -462,7 +462,7 @@ static void payload_done(struct conn *c) {
   } else {
     const struct xport_ops *x = c->pay_module;
     c->pay_module = NULL;
-    if (x) x->payload_done(c);
+    if (x) x->link.payload_done(c);
   }
 }
 

@@ -124,18 +124,24 @@ bool link_alive(struct conn *c) {
 
 /* ---- a sync caller receiving its own answers ---- */
 
+/* A sync caller waits for r on c: a data transfer goes to its transport's drive hook
+ * (which moves it, watches it move, or reads the socket: link_drive_socket); frames of
+ * the link's own (notifications, syncs, calls) are read from the socket. */
+void link_drive(struct conn *c, struct hixl_transfer_req *r) {
+  enum chunk_kind k0 = r->chunks[0].kind;
+  bool data = k0 != CHUNK_NOTIFY && k0 != CHUNK_SYNC && k0 != CHUNK_CALL;
+  if (data && !c->dead)
+    c->xp->link.drive(c, r); /* c may be gone afterwards */
+  else
+    link_drive_socket(c, r);
+}
+
 /* Receive on c from the calling thread until r ends, c dies or r's deadline passes.
  * The answer then wakes the caller directly instead of the progress thread, which
  * would have to wake the caller in turn. Lock held; released while polling. Only one
  * caller drives a link; others wait on the condition variable as usual. */
-void link_drive(struct conn *c, struct hixl_transfer_req *r) {
+void link_drive_socket(struct conn *c, struct hixl_transfer_req *r) {
   struct HixlEngine *e = c->eng;
-  enum chunk_kind k0 = r->chunks[0].kind;
-  bool data = k0 != CHUNK_NOTIFY && k0 != CHUNK_SYNC && k0 != CHUNK_CALL;
-  if (data && c->xp->drive && !c->dead) { /* the transport moves it, or watches it move */
-    c->xp->drive(c, r);                   /* c may be gone afterwards */
-    return;
-  }
   if (c->dead || c->rx == RX_CALLER) return;
   bool was_progress = c->rx == RX_PROGRESS;
   c->rx = RX_CALLER;
@@ -152,7 +158,7 @@ void link_drive(struct conn *c, struct hixl_transfer_req *r) {
     if (p.revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL)) conn_on_readable(c);
     if (!c->dead && (p.revents & POLLOUT)) link_flush(c);
     const struct xport_ops *sx = e->mods[XPORT_STAGE];
-    if (sx && sx->progress) sx->progress(e); /* buffers our answers freed go to the next units at once */
+    sx->iface.progress(e); /* buffers our answers freed go to the next units at once */
   }
   if (c->dead) {
     link_conn_bury(c);
@@ -207,7 +213,7 @@ static void *progress_main(void *arg) {
         accept_all(e);
       } else if (ptr >= (void *)e->mods && ptr < (void *)(e->mods + XPORT_MODS)) {
         const struct xport_ops *x = *(const struct xport_ops *const *)ptr;
-        x->on_event(e);
+        x->iface.on_event(e);
       } else if (ptr == &e->evfd) {
         uint64_t v;
         (void)!read(e->evfd, &v, sizeof(v));
@@ -221,8 +227,7 @@ static void *progress_main(void *arg) {
       }
     }
     bool more = false; /* one step per link, then events get a turn */
-    for (int m = 0; m < XPORT_MODS; m++)
-      if (e->mods[m] && e->mods[m]->progress) more |= e->mods[m]->progress(e);
+    for (int m = 0; m < XPORT_MODS; m++) more |= e->mods[m]->iface.progress(e);
     wait_ms = more ? 0 : -1;
     link_free_graveyard(e);
     pthread_mutex_unlock(&e->lock);
@@ -253,7 +258,7 @@ int link_start(struct HixlEngine *e, HixlStatus *st) {
   if (e->listen_fd >= 0 && link_watch_listener(e) < 0) goto close_ev;
   for (int i = 0; i < XPORT_MODS; i++) {
     const struct xport_ops *x = e->mods[i];
-    int fd = x && x->event_fd ? x->event_fd(e) : -1;
+    int fd = x->iface.event_fd(e);
     if (fd < 0) continue;
     ev.data.ptr = (void *)&e->mods[i];
     if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) goto close_ev;

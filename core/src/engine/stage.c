@@ -78,8 +78,8 @@ static void stage_open_rdma(struct HixlEngine *e) {
   if (!p->mem) return;
   for (int i = 0; i < XPORT_MODS && !p->mr; i++) {
     const struct xport_ops *x = e->mods[i];
-    if (!x || !(x->flags & XPORT_STAGE_RDMA) || !x->bounce_reg) continue;
-    p->mr = x->bounce_reg(e, p->mem, p->mem_len, err, sizeof(err));
+    if (!(x->flags & XPORT_STAGE_RDMA)) continue;
+    p->mr = x->mem.bounce_reg(e, p->mem, p->mem_len, err, sizeof(err));
     if (p->mr)
       p->mr_mod = x;
     else if (err[0]) /* not fatal: staged units on its links go over the socket, small ops unpacked */
@@ -92,7 +92,7 @@ static void stage_open_rdma(struct HixlEngine *e) {
 /* Before the RDMA device closes (modules close in reverse order): the pool's MR first. */
 static void stage_close(struct HixlEngine *e) {
   struct stage_pool *p = &e->pool;
-  if (p->mr) p->mr_mod->bounce_dereg(p->mr);
+  if (p->mr) p->mr_mod->mem.bounce_dereg(p->mr);
   if (p->mem) munmap(p->mem, p->mem_len);
   free(p->free);
   memset(p, 0, sizeof(*p));
@@ -190,11 +190,11 @@ static int unit_queue(struct stage_pool *p, struct chunk *ch, struct conn *c) {
   ch->seq = c->next_seq++; /* numbered now: frames go out, and answers come back, in this order */
   /* On a QP the target moves the packed data itself (one RDMA READ or WRITE of this
    * buffer); otherwise the data follows the frame on the socket. */
-  ch->srdma = c->xp == p->mr_mod && c->xp->post_own && c->peer && (c->peer->caps & WIRE_CAP_STAGE_RDMA);
+  ch->srdma = c->xp == p->mr_mod && c->peer && (c->peer->caps & WIRE_CAP_STAGE_RDMA);
   ch->answer = ch->srdma ? WIRE_WRITE_ACK : 0; /* STAGE_PULL / STAGE_PUSH are answered by WRITE_ACK */
   if (ch->srdma)
     flen = wire_put_stage_rdma(frame, write ? WIRE_STAGE_PULL : WIRE_STAGE_PUSH, ch->seq,
-                               (uint64_t)(uintptr_t)ch->sbuf, p->mr_mod->bounce_key(p->mr), ch->nsegs);
+                               (uint64_t)(uintptr_t)ch->sbuf, p->mr_mod->mem.bounce_key(p->mr), ch->nsegs);
   else
     flen = wire_put_stage(frame, write ? WIRE_STAGE_WRITE : WIRE_STAGE_READ, ch->seq, ch->nsegs,
                           write ? ch->len : 0);
@@ -382,7 +382,7 @@ static bool target_copy(struct conn *c, const struct stage_seg *s, uint32_t n, u
 /* tbuf's registration with the link's transport, dropped (the link's QP is gone, or
  * tbuf is about to grow). */
 static void tbuf_dereg(struct conn *c, struct stage_link *t) {
-  if (t->tbuf_mr) c->xp->bounce_dereg(t->tbuf_mr);
+  if (t->tbuf_mr) c->xp->mem.bounce_dereg(t->tbuf_mr);
   t->tbuf_mr = NULL;
 }
 
@@ -397,7 +397,7 @@ static int tbuf_reserve(struct conn *c, struct stage_link *t, size_t len, bool m
     t->tbuf_cap = len;
   }
   if (mr && !t->tbuf_mr &&
-      !(t->tbuf_mr = c->xp->bounce_reg(c->eng, t->tbuf, t->tbuf_cap, err, sizeof(err)))) {
+      !(t->tbuf_mr = c->xp->mem.bounce_reg(c->eng, t->tbuf, t->tbuf_cap, err, sizeof(err)))) {
     log_warn("staged transfer from %s: %s", c->remote_name, err[0] ? err : "no device to register with");
     return -1;
   }
@@ -448,7 +448,7 @@ static void target_rdma_done(struct conn *c, bool ok, const char *status);
 static void target_rdma(struct conn *c, struct stage_link *t, const struct wire_msg *m) {
   bool pull = m->hdr.type == WIRE_STAGE_PULL, unreg = false;
   uint32_t st = HIXL_SUCCESS;
-  if (!c->xp->post_own || !c->xp->bounce_reg) {
+  if (!(c->xp->flags & XPORT_STAGE_RDMA)) {
     log_warn("%s sent %s on a %s link, which cannot move it: refused", c->remote_name,
              wire_type_name(m->hdr.type), c->xp->name);
     st = HIXL_FAILED;
@@ -462,8 +462,8 @@ static void target_rdma(struct conn *c, struct stage_link *t, const struct wire_
     target_ack(c, m->u.stage.seq, st);
     return;
   }
-  int rc = c->xp->post_own(c, !pull, t->tbuf, (uint32_t)m->u.stage.total, t->tbuf_mr, m->u.stage.buf,
-                           m->u.stage.rkey, target_rdma_done);
+  int rc = c->xp->link.post_own(c, !pull, t->tbuf, (uint32_t)m->u.stage.total, t->tbuf_mr, m->u.stage.buf,
+                                m->u.stage.rkey, target_rdma_done);
   if (rc != 0) {
     char why[160];
     snprintf(why, sizeof(why), "posting a staged %s on the %s link failed: %s", pull ? "READ" : "WRITE",
@@ -629,17 +629,42 @@ static const uint8_t stage_frames[] = {WIRE_STAGE_WRITE, WIRE_STAGE_READ, WIRE_S
 const struct xport_ops xport_stage = {
     .name = "stage",
     .id = XPORT_STAGE,
-    .open = stage_open,
-    .close = stage_close,
-    .caps = stage_caps,
-    .progress = stage_progress,
-    .target_frame = stage_target_frame,
     .frames = stage_frames,
-    .payload_done = stage_payload_done,
-    .kill = stage_kill,
-    .free = stage_free,
-    .answer = stage_answer,
-    .chunk_end = stage_chunk_end,
+    .iface = {.open = stage_open,
+              .quiesce = xport_no_engine,
+              .close = stage_close,
+              .caps = stage_caps,
+              .event_fd = xport_no_event_fd,
+              .on_event = xport_no_engine,
+              .progress = stage_progress},
+    .mem = {.reg = xport_no_reg,
+            .dereg = xport_no_mem,
+            .key = xport_no_key,
+            .share = xport_no_mem,
+            .unshare = xport_no_unshare,
+            .peer_drop = xport_no_peer_drop,
+            .bounce_reg = xport_no_bounce_reg,
+            .bounce_dereg = xport_no_bounce_dereg,
+            .bounce_key = xport_no_bounce_key},
+    .link = {.connect = xport_no_connect, /* it takes no link: units ride on the link's transport */
+             .attach = xport_no_attach,
+             .discard = xport_no_discard,
+             .target_frame = stage_target_frame,
+             .initiator_frame = xport_no_frame,
+             .payload_done = stage_payload_done,
+             .kill = stage_kill,
+             .closed = xport_no_link,
+             .free = stage_free,
+             .info = xport_no_info,
+             .table_current = xport_no_table_current,
+             .post = xport_no_post,
+             .start = xport_no_req,
+             .async = link_async_unpark,
+             .drive = link_drive_socket,
+             .req_timeout = xport_no_req_timeout,
+             .answer = stage_answer,
+             .chunk_end = stage_chunk_end,
+             .post_own = xport_no_post_own},
 };
 
 HixlStatus hixl_engine_stage_stats(HixlEngine *e, struct hixl_stage_stats *out) {

@@ -1,22 +1,24 @@
 /* xport: the interface between the link layer and what moves a link's data, in the
- * manner of libfabric's provider ops and UCX's UCT interface.
+ * manner of UCX's UCT (memory domain, interface and endpoint operations) and
+ * libfabric's providers (ops tables with every slot filled).
  *
  * A *transport* (tcp, shm, rdma) moves a link's direct chunks: ranges inside
  * registrations on both sides. The staging pool plugs into links through the same
  * table without being a transport (it has no connect and no post): it packs ops into
- * units that ride on the link's socket or, on rdma links, on its QP.
+ * units that ride on the link's socket or, where a transport moves them itself
+ * (bounce_reg and post_own: rdma), on its QP.
  *
  * The link layer (link.c: framing, handshake, notifications, the progress thread)
- * reaches a module only through this table: e->mods[id], or c->xp for the transport
- * a link uses. A module reaches the link layer only through the completion functions
- * and frame queues link.c exports in engine_int.h (link_chunk_end, link_conn_kill,
- * link_enqueue, link_queue_small, link_queue_copy, link_pay_single, link_pay_spans,
- * link_unpark, link_flush_some, link_rearm, link_resume, link_handshake_recv,
- * link_peer_add_mem). A module keeps its state per engine in e->xe[id] and per link
- * in c->xs[id]; nothing of it lies in struct conn or struct HixlEngine.
+ * reaches a module only through its table: e->mods[id], or c->xp for the transport a
+ * link uses. A transport reaches the engine only through engine/xport_link.h (records,
+ * accessors, the link layer's calls) and keeps its state in its own slots: per engine
+ * (engine_xe), per link (link_xs), per registration (r->xm[id]).
  *
- * Every hook is optional (NULL: nothing to do) unless it says otherwise, and runs
- * with the engine lock held unless it says otherwise. */
+ * Every slot of every table is filled: a module with nothing to do there names one of
+ * the xport_no_* stubs below, which answer as "nothing here" does (SUCCESS with
+ * nothing done, false, -1, 0, a link passed on, UNSUPPORTED for a chunk posted to a
+ * module that moves none). xport_check verifies it when an engine opens its modules.
+ * Every hook runs with the engine lock held unless it says otherwise. */
 #ifndef HIXL_XPORT_H
 #define HIXL_XPORT_H
 
@@ -42,18 +44,13 @@ enum xport_id { XPORT_SHM, XPORT_RDMA, XPORT_TCP, XPORT_STAGE, XPORT_MODS };
 /* flags */
 #define XPORT_ONE_SIDED  0x1u  /* data moves without frames: the peer's table must be current first */
 #define XPORT_STAGE_PACK 0x2u  /* small ops are worth packing into staged units on the socket */
-#define XPORT_STAGE_RDMA 0x4u  /* staged units can travel by RDMA (STAGE_PULL / STAGE_PUSH) */
+#define XPORT_STAGE_RDMA 0x4u  /* staged units can travel by its own posts (bounce_reg, post_own) */
 #define XPORT_CPU_COPY   0x8u  /* a thread's own copy moves the data (no NIC): its drive hook copies */
 #define XPORT_IN_STREAM  0x10u /* direct chunks are frames on the link's socket, landed in order */
 
-struct xport_ops {
-  const char *name; /* "tcp", "rdma", "shm": hixl_link_info's transport */
-  enum xport_id id;
-  uint32_t flags;
-  uint32_t stage_threshold; /* StagingThreshold "auto" on its links: ops shorter than this are packed */
-
-  /* ---- engine ---- */
-  /* Initialize: set up e->xe[id]; a transport this host cannot offer stays off
+/* The module on one engine (UCT's interface). */
+struct xport_iface_ops {
+  /* Initialize: set up engine_xe(e, id); a transport this host cannot offer stays off
    * (logged) unless Transport asks for it, which fails Initialize with the reason. */
   HixlStatus (*open)(struct HixlEngine *e);
   void (*quiesce)(struct HixlEngine *e); /* Finalize, links ended: wait for work done without the lock */
@@ -62,72 +59,131 @@ struct xport_ops {
   int (*event_fd)(const struct HixlEngine *e);  /* a descriptor the progress thread watches, or -1 */
   void (*on_event)(struct HixlEngine *e);       /* ... it fired */
   bool (*progress)(struct HixlEngine *e);       /* progress thread, after each batch; true: work is left */
+};
 
-  /* ---- memory ---- */
-  HixlStatus (*mem_reg)(struct HixlEngine *e, struct hixl_mem_reg *r); /* RegisterMem */
-  void (*mem_dereg)(struct HixlEngine *e, struct hixl_mem_reg *r);
-  uint32_t (*mem_key)(const struct hixl_mem_reg *r); /* advertised with the range; 0: none */
+/* Memory (UCT's memory domain). */
+struct xport_mem_ops {
+  HixlStatus (*reg)(struct HixlEngine *e, struct hixl_mem_reg *r); /* RegisterMem */
+  void (*dereg)(struct HixlEngine *e, struct hixl_mem_reg *r);
+  uint32_t (*key)(const struct hixl_mem_reg *r); /* advertised with the range; 0: none */
   /* HixlEngineAllocMem's memory (r->memfd) was registered: offer it to peers to map. */
-  void (*mem_share)(struct HixlEngine *e, struct hixl_mem_reg *r);
+  void (*share)(struct HixlEngine *e, struct hixl_mem_reg *r);
   /* ... is about to be freed: every peer that mapped it lets go first (or is cut off
    * at deadline, CLOCK_MONOTONIC ns); may release the lock while it waits. */
-  void (*mem_unshare)(struct HixlEngine *e, struct hixl_mem_reg *r, uint64_t deadline);
-
+  void (*unshare)(struct HixlEngine *e, struct hixl_mem_reg *r, uint64_t deadline);
   /* hixl_engine_drop_peer, before the links with the engine called remote_name are
    * cut: make that peer let go of this engine's memory first (shm: unmap), waiting
    * with the lock released until deadline (CLOCK_MONOTONIC ns). */
   void (*peer_drop)(struct HixlEngine *e, const char *remote_name, uint64_t deadline);
+  /* For the staging protocol: register a buffer of the engine's own (the pool, a
+   * target's bounce buffer) for post_own. NULL when it cannot: err says why, or is ""
+   * when this engine has nothing to register with (no device). */
+  void *(*bounce_reg)(struct HixlEngine *e, void *addr, size_t len, char *err, size_t errlen);
+  void (*bounce_dereg)(void *h);         /* NULL h: nothing */
+  uint32_t (*bounce_key)(const void *h); /* the key a peer posts against it with */
+};
 
-  /* ---- links ---- */
+/* Links (UCT's endpoints). */
+struct xport_link_ops {
   /* Initiator, in Connect after HELLO_ACK, on the blocking socket, lock NOT held.
    * Either take the link (*taken, *link its state or NULL), or pass it on to the next
-   * transport (*taken false), or fail Connect. Required for a transport. */
+   * transport (*taken false), or fail Connect. */
   HixlStatus (*connect)(struct HixlEngine *e, int fd, uint64_t deadline, const char *remote, struct peer *p,
                         bool *taken, void **link);
-  void (*attach)(struct conn *c, void *link); /* the link is made: c->xs[id] = link, and more */
+  void (*attach)(struct conn *c, void *link); /* the link is made: its state and link_use */
   void (*discard)(void *link);                /* Connect failed after connect took the link */
   /* A target link received a frame of a type this module owns (frames[]). */
   void (*target_frame)(struct conn *c, const struct wire_msg *m);
-  const uint8_t *frames; /* wire types it owns on target links, 0-terminated */
   /* An initiator link received a frame the target sent on its own (init_frames[]). */
   void (*initiator_frame)(struct conn *c, const struct wire_msg *m);
-  const uint8_t *init_frames;           /* wire types it owns on initiator links, 0-terminated */
   void (*payload_done)(struct conn *c); /* a payload its target frame asked for arrived (or was dropped) */
   void (*kill)(struct conn *c, HixlStatus st, const char *why); /* the link dies: end what it holds */
   void (*closed)(struct conn *c); /* the dead link's socket was just shut: the peer can see its end */
-  void (*free)(struct conn *c);   /* the dead link is freed: release c->xs[id] */
+  void (*free)(struct conn *c);   /* the dead link is freed: release its state */
   HixlStatus (*info)(const struct conn *c, struct hixl_link_info *info); /* its fields of link_info */
 
-  /* ---- data ---- */
   /* A one-sided transfer is about to start on c: true when the peer has withdrawn no
    * registration since the last call that said false (the link then skips reading
-   * the frames waiting on its socket first). NULL: never known. */
+   * the frames waiting on its socket first). false: not known. */
   bool (*table_current)(struct conn *c);
-  void (*post)(struct conn *c, struct chunk *ch); /* queue a direct chunk (required for a transport) */
+  void (*post)(struct conn *c, struct chunk *ch);             /* queue a direct chunk */
   void (*start)(struct conn *c, struct hixl_transfer_req *r); /* its chunks are queued: begin */
-  /* ... and nobody waits in a call. NULL: the progress thread takes the link (link_unpark). */
-  void (*async)(struct conn *c, struct hixl_transfer_req *r);
-  /* A sync caller waits for r (data only): move or watch it. NULL: the caller reads
-   * the link's socket itself until r ends (link_drive). */
+  void (*async)(struct conn *c, struct hixl_transfer_req *r); /* ... and nobody waits in a call */
+  /* A sync caller waits for r (data only): move it, watch it, or read the link's
+   * socket until it ends (link_drive_socket). c may be gone afterwards. */
   void (*drive)(struct conn *c, struct hixl_transfer_req *r);
   bool (*req_timeout)(struct HixlEngine *e, struct hixl_transfer_req *r); /* true: a link was reset */
   /* An initiator answer to one of its chunks (ch->owner), after the link matched it;
    * true: handled (ended or resent), false: the link ends the chunk as usual. */
   bool (*answer)(struct conn *c, struct chunk *ch, const struct wire_msg *m);
   void (*chunk_end)(struct chunk *ch); /* one of its chunks ended, before the request counts it */
-
-  /* ---- bounce: what the staging protocol above the transports asks of one ---- */
-  /* Register a buffer of the engine's own (the pool, a target's bounce buffer) for
-   * post_own. NULL when it cannot: err says why, or is "" when this engine has
-   * nothing to register with (no device). */
-  void *(*bounce_reg)(struct HixlEngine *e, void *addr, size_t len, char *err, size_t errlen);
-  void (*bounce_dereg)(void *h);         /* NULL h: nothing */
-  uint32_t (*bounce_key)(const void *h); /* the key a peer posts against it with */
   /* Post one signaled work request of c's own, moving len bytes between buf (inside
-   * h) and the peer's raddr (rkey); done runs at its completion (ok false: the link
-   * broke, status says why). 0, or an errno (the caller then kills the link). */
+   * h, from bounce_reg) and the peer's raddr (rkey); done runs at its completion (ok
+   * false: the link broke, status says why). 0, or an errno (the caller then kills
+   * the link). */
   int (*post_own)(struct conn *c, bool write, void *buf, uint32_t len, void *h, uint64_t raddr, uint32_t rkey,
                   void (*done)(struct conn *c, bool ok, const char *status));
 };
+
+struct xport_ops {
+  const char *name; /* "tcp", "rdma", "shm", "stage": hixl_link_info's transport */
+  enum xport_id id;
+  uint32_t flags;
+  uint32_t stage_threshold;   /* StagingThreshold "auto" on its links: ops shorter than this are packed */
+  const uint8_t *frames;      /* wire types it owns on target links, 0-terminated, or NULL */
+  const uint8_t *init_frames; /* wire types it owns on initiator links, 0-terminated, or NULL */
+  struct xport_iface_ops iface;
+  struct xport_mem_ops mem;
+  struct xport_link_ops link;
+};
+
+/* Every slot, for xport_check and its test (which also checks the list is whole). */
+#define XPORT_SLOTS(X)                                                                                       \
+  X(iface.open)                                                                                              \
+  X(iface.quiesce) X(iface.close) X(iface.caps) X(iface.event_fd) X(iface.on_event) X(iface.progress)        \
+      X(mem.reg) X(mem.dereg) X(mem.key) X(mem.share) X(mem.unshare) X(mem.peer_drop) X(mem.bounce_reg)      \
+          X(mem.bounce_dereg) X(mem.bounce_key) X(link.connect) X(link.attach) X(link.discard)               \
+              X(link.target_frame) X(link.initiator_frame) X(link.payload_done) X(link.kill) X(link.closed)  \
+                  X(link.free) X(link.info) X(link.table_current) X(link.post) X(link.start) X(link.async)   \
+                      X(link.drive) X(link.req_timeout) X(link.answer) X(link.chunk_end) X(link.post_own)
+
+/* PARAM_INVALID naming the module and the first empty slot, or SUCCESS. */
+HixlStatus xport_check(const struct xport_ops *x);
+
+/* Stubs for a module with nothing to do in a slot. */
+HixlStatus xport_no_open(struct HixlEngine *e);                        /* SUCCESS: nothing opened */
+void xport_no_engine(struct HixlEngine *e);                            /* quiesce, close, on_event */
+uint32_t xport_no_caps(const struct HixlEngine *e);                    /* 0 */
+int xport_no_event_fd(const struct HixlEngine *e);                     /* -1 */
+bool xport_no_progress(struct HixlEngine *e);                          /* false: no work left */
+HixlStatus xport_no_reg(struct HixlEngine *e, struct hixl_mem_reg *r); /* SUCCESS: nothing to register */
+void xport_no_mem(struct HixlEngine *e, struct hixl_mem_reg *r);       /* dereg, share */
+uint32_t xport_no_key(const struct hixl_mem_reg *r);                   /* 0 */
+void xport_no_unshare(struct HixlEngine *e, struct hixl_mem_reg *r, uint64_t deadline);
+void xport_no_peer_drop(struct HixlEngine *e, const char *remote_name, uint64_t deadline);
+void *xport_no_bounce_reg(struct HixlEngine *e, void *addr, size_t len, char *err,
+                          size_t errlen); /* NULL, "" */
+void xport_no_bounce_dereg(void *h);
+uint32_t xport_no_bounce_key(const void *h); /* 0 */
+HixlStatus xport_no_connect(struct HixlEngine *e, int fd, uint64_t deadline, const char *remote,
+                            struct peer *p, bool *taken, void **link); /* passes the link on */
+void xport_no_attach(struct conn *c, void *link);
+void xport_no_discard(void *link);
+void xport_no_frame(struct conn *c, const struct wire_msg *m); /* never called: it owns no frames */
+void xport_no_link(struct conn *c);                            /* payload_done, closed, free */
+void xport_no_kill(struct conn *c, HixlStatus st, const char *why);
+HixlStatus xport_no_info(const struct conn *c, struct hixl_link_info *info);  /* SUCCESS, nothing added */
+bool xport_no_table_current(struct conn *c);                                  /* false: not known */
+void xport_no_post(struct conn *c, struct chunk *ch);                         /* ends the chunk UNSUPPORTED */
+void xport_no_req(struct conn *c, struct hixl_transfer_req *r);               /* start */
+bool xport_no_req_timeout(struct HixlEngine *e, struct hixl_transfer_req *r); /* false */
+bool xport_no_answer(struct conn *c, struct chunk *ch, const struct wire_msg *m); /* false */
+void xport_no_chunk_end(struct chunk *ch);
+int xport_no_post_own(struct conn *c, bool write, void *buf, uint32_t len, void *h, uint64_t raddr,
+                      uint32_t rkey, void (*done)(struct conn *c, bool ok, const char *status)); /* ENOSYS */
+/* The link layer's defaults: async hands reading to the progress thread (link_unpark);
+ * drive reads the link's socket in the calling thread until r ends. */
+void link_async_unpark(struct conn *c, struct hixl_transfer_req *r);
+void link_drive_socket(struct conn *c, struct hixl_transfer_req *r);
 
 #endif

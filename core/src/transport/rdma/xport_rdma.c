@@ -450,11 +450,6 @@ static void erdma_start(struct conn *c, struct hixl_transfer_req *r) {
 }
 
 /* Data completes on the CQ (progress thread); frames (staged units) still need a reader. */
-static void erdma_drive(struct conn *c, struct hixl_transfer_req *r) {
-  (void)r;
-  link_unpark(c); /* nothing when a caller reads it */
-}
-
 static const uint8_t erdma_frames[] = {WIRE_RDMA_CONNECT, 0};
 
 const struct xport_ops xport_rdma = {
@@ -462,28 +457,40 @@ const struct xport_ops xport_rdma = {
     .id = XPORT_RDMA,
     .flags = XPORT_ONE_SIDED | XPORT_STAGE_RDMA,
     .stage_threshold = STAGE_AUTO_RDMA,
-    .open = erdma_open,
-    .close = erdma_close,
-    .caps = erdma_caps,
-    .event_fd = erdma_event_fd,
-    .on_event = erdma_on_cq,
-    .mem_reg = erdma_reg,
-    .mem_dereg = erdma_dereg,
-    .mem_key = erdma_rkey,
-    .connect = erdma_connect,
-    .attach = erdma_attach,
-    .discard = erdma_discard,
-    .target_frame = erdma_target_connect,
     .frames = erdma_frames,
-    .kill = erdma_kill,
-    .free = erdma_free,
-    .info = erdma_info,
-    .post = erdma_queue,
-    .start = erdma_start,
-    .drive = erdma_drive,
-    .req_timeout = erdma_req_timeout,
-    .bounce_reg = erdma_bounce_reg,
-    .bounce_dereg = erdma_bounce_dereg,
-    .bounce_key = erdma_bounce_key,
-    .post_own = erdma_post_own,
+    .iface = {.open = erdma_open,
+              .quiesce = xport_no_engine,
+              .close = erdma_close,
+              .caps = erdma_caps,
+              .event_fd = erdma_event_fd,
+              .on_event = erdma_on_cq,
+              .progress = xport_no_progress},
+    .mem = {.reg = erdma_reg,
+            .dereg = erdma_dereg,
+            .key = erdma_rkey,
+            .share = xport_no_mem,
+            .unshare = xport_no_unshare,
+            .peer_drop = xport_no_peer_drop,
+            .bounce_reg = erdma_bounce_reg,
+            .bounce_dereg = erdma_bounce_dereg,
+            .bounce_key = erdma_bounce_key},
+    .link = {.connect = erdma_connect,
+             .attach = erdma_attach,
+             .discard = erdma_discard,
+             .target_frame = erdma_target_connect,
+             .initiator_frame = xport_no_frame,
+             .payload_done = xport_no_link,
+             .kill = erdma_kill,
+             .closed = xport_no_link,
+             .free = erdma_free,
+             .info = erdma_info,
+             .table_current = xport_no_table_current,
+             .post = erdma_queue,
+             .start = erdma_start,
+             .async = link_async_unpark,
+             .drive = link_async_unpark, /* the CQ moves it; the progress thread reads the link */
+             .req_timeout = erdma_req_timeout,
+             .answer = xport_no_answer,
+             .chunk_end = xport_no_chunk_end,
+             .post_own = erdma_post_own},
 };
