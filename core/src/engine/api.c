@@ -189,7 +189,7 @@ HixlStatus HixlEngineDestroy(HixlEngine *e) {
     struct hixl_transfer_req *r = e->reqs.slots[i];
     if (r) {
       free(r->chunks);
-      free(r->segs);
+      free(r->staged);
       free(r);
     }
   }

@@ -97,26 +97,22 @@ HixlStatus api_link_sync(HixlEngine *e, struct conn *c, uint64_t deadline, const
 }
 
 /* How a batch moves: ops straight between registrations (direct, split into chunks of
- * ENGINE_TCP_CHUNK) and staged ops packed into units of the pool's unit size. */
-struct stage_plan {
+ * ENGINE_TCP_CHUNK) and staged ops packed into units (stage.c). */
+struct xfer_plan {
   uint64_t ndirect; /* chunks */
-  uint64_t nunits;
-  uint64_t nsegs;
+  struct stage_plan stage;
 };
 
 /* Decide every op, fill lregs (NULL: staged) and the plan; nothing is sent. rms[i]:
  * the peer's registration holding op i's remote range, or NULL. An op is
  * staged when its local or remote range is not registered, or when it is short
- * enough to pack (StagingThreshold) on a tcp or rdma link to a peer that serves
- * staged frames. Lock held. */
+ * enough to pack (StagingThreshold) on a link whose transport packs. Lock held. */
 static HixlStatus plan_ops(HixlEngine *e, struct conn *c, const HixlTransferOpDesc *descs, size_t count,
                            const char *fn, const char *remote, const struct remote_mem *const *rms,
-                           struct hixl_mem_reg **lregs, struct stage_plan *plan) {
-  const struct stage_pool *pool = &e->pool;
-  uint32_t caps = c->peer->caps;
+                           struct hixl_mem_reg **lregs, struct xfer_plan *plan) {
   bool pack = stage_packs(c);
   uint32_t threshold = stage_threshold(c);
-  uint64_t ubytes = 0, useg = 0;
+  HixlStatus st;
   memset(plan, 0, sizeof(*plan));
   for (size_t i = 0; i < count; i++) {
     const HixlTransferOpDesc *d = &descs[i];
@@ -126,72 +122,13 @@ static HixlStatus plan_ops(HixlEngine *e, struct conn *c, const HixlTransferOpDe
       plan->ndirect += (d->len + ENGINE_TCP_CHUNK - 1) / ENGINE_TCP_CHUNK;
       continue;
     }
-    if (pool->num == 0)
-      return hixl_fail(HIXL_PARAM_INVALID,
-                       "%s: op %zu %s range [0x%lx, +%zu) is not inside memory registered %s%s, and staging "
-                       "is off (BufferPool 0:0); nothing was sent",
-                       fn, i, lregs[i] ? "remote" : "local",
-                       (unsigned long)(lregs[i] ? d->remote_addr : d->local_addr), d->len,
-                       lregs[i] ? "with " : "with this engine", lregs[i] ? remote : "");
-    if (!(caps & WIRE_CAP_STAGE))
-      return hixl_fail(HIXL_FAILED,
-                       "%s: op %zu needs staging (its %s range is not registered) but %s does not serve "
-                       "staged transfers; nothing was sent",
-                       fn, i, lregs[i] ? "remote" : "local", remote);
-    if (!rreg && !(caps & WIRE_CAP_STAGE_ANY))
-      return hixl_fail(HIXL_FAILED,
-                       "%s: op %zu remote range [0x%lx, +%zu) is not inside memory registered with %s, and "
-                       "%s does not let peers reach unregistered memory (its StagingUnregistered is off); "
-                       "nothing was sent",
-                       fn, i, (unsigned long)d->remote_addr, d->len, remote, remote);
+    if ((st = stage_plan_op(c, &plan->stage, d, i, lregs[i] != NULL, rreg, fn, remote)) != HIXL_SUCCESS)
+      return st;
     lregs[i] = NULL;
-    /* Pieces of at most one unit; a unit holds up to pool->unit bytes in up to
-     * WIRE_MAX_STAGE_SEGS ranges. plan_units packs them the same way. */
-    for (size_t off = 0; off < d->len;) {
-      size_t piece = d->len - off < pool->unit ? d->len - off : pool->unit;
-      if (plan->nunits == 0 || ubytes + piece > pool->unit || useg == WIRE_MAX_STAGE_SEGS) {
-        plan->nunits++;
-        ubytes = useg = 0;
-      }
-      ubytes += piece;
-      useg++;
-      plan->nsegs++;
-      off += piece;
-    }
   }
-  if (plan->ndirect + plan->nunits > UINT32_MAX / 2)
+  if (plan->ndirect + plan->stage.nunits > UINT32_MAX / 2)
     return hixl_fail(HIXL_PARAM_INVALID, "%s: batch is too large", fn);
   return HIXL_SUCCESS;
-}
-
-/* Fill r's units (after its ndirect direct chunks) as plan_ops counted them. */
-static void plan_units(HixlEngine *e, const HixlTransferOpDesc *descs, size_t count,
-                       struct hixl_mem_reg *const *lregs, struct hixl_transfer_req *r, struct conn *c,
-                       HixlTransferOp op) {
-  size_t unit = e->pool.unit;
-  struct chunk *ch = NULL;
-  struct stage_seg *seg = r->segs;
-  for (size_t i = 0; i < count; i++) {
-    if (lregs[i]) continue;
-    for (size_t off = 0; off < descs[i].len;) {
-      size_t piece = descs[i].len - off < unit ? descs[i].len - off : unit;
-      if (!ch || ch->len + piece > unit || ch->nsegs == WIRE_MAX_STAGE_SEGS) {
-        ch = ch ? ch + 1 : &r->chunks[r->ndirect];
-        ch->req = r;
-        ch->kind = op == HIXL_READ ? CHUNK_SREAD : CHUNK_SWRITE;
-        ch->segs = seg;
-        ch->sconn = c;
-        ch->tx.chunk = ch;
-      }
-      seg->laddr = descs[i].local_addr + off;
-      seg->raddr = descs[i].remote_addr + off;
-      seg->len = (uint32_t)piece;
-      seg++;
-      ch->nsegs++;
-      ch->len += (uint32_t)piece;
-      off += piece;
-    }
-  }
 }
 
 static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransferOp op,
@@ -243,22 +180,24 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
     if (!(c = api_link_for(e, remote, fn, &st))) goto unlock;
     remote_lookup(c, descs, count, rms);
   }
-  struct stage_plan plan;
+  struct xfer_plan plan;
   if ((st = plan_ops(e, c, descs, count, fn, remote, rms, lregs, &plan)) != HIXL_SUCCESS) goto unlock;
-  r = api_req_new(e, plan.ndirect + plan.nunits, timeout_ms);
-  if (r && plan.nsegs && !(r->segs = calloc(plan.nsegs, sizeof(*r->segs)))) {
-    r->user_holds = false;
-    r->outstanding = 0;
-    link_req_maybe_free(r);
-    r = NULL;
+  r = api_req_new(e, plan.ndirect + plan.stage.nunits, timeout_ms);
+  if (r) {
+    r->ndirect = plan.ndirect;
+    if (stage_plan_fill(r, &plan.stage, c, op, descs, count, lregs) < 0) {
+      r->user_holds = false;
+      r->outstanding = 0;
+      link_req_maybe_free(r);
+      r = NULL;
+    }
   }
   if (!r) {
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory for %llu chunks", fn,
-                   (unsigned long long)(plan.ndirect + plan.nunits));
+                   (unsigned long long)(plan.ndirect + plan.stage.nunits));
     goto unlock;
   }
   r->deadline_ns = deadline;
-  r->ndirect = plan.ndirect;
   struct chunk *ch = r->chunks;
   for (size_t i = 0; i < count; i++) {
     if (!lregs[i]) continue;              /* staged */
@@ -278,10 +217,7 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
       c->xp->link.post(c, ch); /* a frame (tcp), a work request (rdma), or nothing yet (shm) */
     }
   }
-  if (plan.nunits > 0) {
-    plan_units(e, descs, count, lregs, r, c, op);
-    stage_submit(r); /* units with a free buffer go on the wire now, the rest wait in order */
-  }
+  if (plan.stage.nunits > 0) stage_submit(r); /* units with a free buffer go now, the rest wait in order */
   if (c->dead) {
     /* A send above found the link reset (the peer closed it): what was queued on it
      * has ended with it. A copying transport's direct chunks wait in r alone until

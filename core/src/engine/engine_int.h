@@ -27,12 +27,12 @@ struct hixl_transfer_req {
   struct HixlEngine *eng;
   struct chunk *chunks; /* direct chunks first, then staged units */
   uint32_t nchunks;
-  uint32_t ndirect;       /* chunks[0, ndirect) move by the link's transport */
-  struct stage_seg *segs; /* the staged units' ranges, one allocation */
-  uint32_t outstanding;   /* chunks not yet ended */
-  HixlStatus status;      /* first failure, or SUCCESS */
-  bool user_holds;        /* the caller may still ask about it */
-  bool cancelled;         /* timed out: unsent chunks are dropped, late data discarded */
+  uint32_t ndirect;     /* chunks[0, ndirect) move by the link's transport */
+  void *staged;         /* stage.c's: the staged units' state and ranges, one allocation */
+  uint32_t outstanding; /* chunks not yet ended */
+  HixlStatus status;    /* first failure, or SUCCESS */
+  bool user_holds;      /* the caller may still ask about it */
+  bool cancelled;       /* timed out: unsent chunks are dropped, late data discarded */
   bool is_async;
   uint64_t deadline_ns;
   void *user_data;

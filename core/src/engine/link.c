@@ -33,7 +33,7 @@ void link_req_maybe_free(struct hixl_transfer_req *r) {
   if (r->outstanding == 0 && !r->user_holds) {
     free(r->then);
     free(r->chunks);
-    free(r->segs);
+    free(r->staged);
     free(r);
   }
 }

@@ -426,15 +426,12 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
     call_answered(c, ch, m);
     return;
   }
+  if (ch->owner && ch->owner->link.answer(c, ch, m)) return; /* its data, its refusal (staged units) */
   if (m->hdr.type == WIRE_READ_RESP && m->hdr.payload_len > 0) {
     c->pay_chunk = ch;
-    if (ch->nsegs > 0) /* a staged READ: straight into the caller's ranges, in order */
-      link_pay_spans(c, ch->segs, ch->nsegs, false, m->hdr.payload_len, ch->req->cancelled);
-    else
-      link_pay_single(c, ch->req->cancelled ? NULL : ch->laddr, m->hdr.payload_len);
+    link_pay_single(c, ch->req->cancelled ? NULL : ch->laddr, m->hdr.payload_len);
     return;
   }
-  if (ch->owner && ch->owner->link.answer(c, ch, m)) return;
   if (m->u.ack.status == HIXL_SUCCESS) {
     link_chunk_end(ch, HIXL_SUCCESS, "");
     return;

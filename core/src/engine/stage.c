@@ -101,10 +101,10 @@ static void stage_close(struct HixlEngine *e) {
 static void stage_enqueue(struct chunk *ch) {
   struct stage_pool *p = &ch->req->eng->pool;
   ch->owner = &xport_stage;
-  ch->waiting = true;
-  ch->next_wait = NULL;
+  ch->unit->waiting = true;
+  ch->unit->next_wait = NULL;
   if (p->wait_tail)
-    p->wait_tail->next_wait = ch;
+    p->wait_tail->unit->next_wait = ch;
   else
     p->wait_head = ch;
   p->wait_tail = ch;
@@ -113,26 +113,26 @@ static void stage_enqueue(struct chunk *ch) {
 /* Take ch out of the waiting queue (it is in it). */
 static void wait_remove(struct stage_pool *p, struct chunk *ch) {
   struct chunk *prev = NULL;
-  for (struct chunk *w = p->wait_head; w; prev = w, w = w->next_wait) {
+  for (struct chunk *w = p->wait_head; w; prev = w, w = w->unit->next_wait) {
     if (w != ch) continue;
     if (prev)
-      prev->next_wait = w->next_wait;
+      prev->unit->next_wait = w->unit->next_wait;
     else
-      p->wait_head = w->next_wait;
+      p->wait_head = w->unit->next_wait;
     if (p->wait_tail == w) p->wait_tail = prev;
     break;
   }
-  ch->waiting = false;
-  ch->next_wait = NULL;
+  ch->unit->waiting = false;
+  ch->unit->next_wait = NULL;
 }
 
 /* The unit ended: its buffer is free. */
 static void stage_release(struct chunk *ch) {
   struct stage_pool *p = &ch->req->eng->pool;
-  if (ch->waiting) wait_remove(p, ch);
-  if (!ch->sbuf) return;
-  p->free[p->nfree++] = ch->sbuf;
-  ch->sbuf = NULL;
+  if (ch->unit->waiting) wait_remove(p, ch);
+  if (!ch->unit->sbuf) return;
+  p->free[p->nfree++] = ch->unit->sbuf;
+  ch->unit->sbuf = NULL;
   if (p->wait_head) link_wake(ch->req->eng); /* the progress thread hands it on after its batch */
 }
 
@@ -156,7 +156,7 @@ uint32_t stage_cancel(struct hixl_transfer_req *r) {
   char why[160];
   starved_why(r->eng, why, sizeof(why));
   for (uint32_t i = r->ndirect; i < r->nchunks; i++)
-    if (r->chunks[i].waiting) {
+    if (r->chunks[i].unit->waiting) {
       n++;
       link_chunk_end(&r->chunks[i], HIXL_RESOURCE_EXHAUSTED, why);
     }
@@ -171,8 +171,8 @@ static void stage_kill(struct conn *c, HixlStatus st, const char *msg) {
   stage_target_release(c);
   struct chunk *w = p->wait_head;
   while (w) {
-    struct chunk *next = w->next_wait;
-    if (w->sconn == c) link_chunk_end(w, st, msg); /* takes it out of the queue */
+    struct chunk *next = w->unit->next_wait;
+    if (w->unit->sconn == c) link_chunk_end(w, st, msg); /* takes it out of the queue */
     w = next;
   }
 }
@@ -181,7 +181,7 @@ static void stage_kill(struct conn *c, HixlStatus st, const char *msg) {
  * when memory runs out. */
 static int unit_queue(struct stage_pool *p, struct chunk *ch, struct conn *c) {
   bool write = ch->kind == CHUNK_SWRITE;
-  size_t flen = WIRE_HDR_LEN + 24 + (size_t)ch->nsegs * WIRE_STAGE_SEG_LEN; /* room for either form */
+  size_t flen = WIRE_HDR_LEN + 24 + (size_t)ch->unit->nsegs * WIRE_STAGE_SEG_LEN; /* room for either form */
   uint8_t *frame = malloc(flen);
   if (!frame) {
     link_chunk_end(ch, HIXL_RESOURCE_EXHAUSTED, "out of memory for a staged frame");
@@ -190,30 +190,31 @@ static int unit_queue(struct stage_pool *p, struct chunk *ch, struct conn *c) {
   ch->seq = c->next_seq++; /* numbered now: frames go out, and answers come back, in this order */
   /* On a QP the target moves the packed data itself (one RDMA READ or WRITE of this
    * buffer); otherwise the data follows the frame on the socket. */
-  ch->srdma = c->xp == p->mr_mod && c->peer && (c->peer->caps & WIRE_CAP_STAGE_RDMA);
-  ch->answer = ch->srdma ? WIRE_WRITE_ACK : 0; /* STAGE_PULL / STAGE_PUSH are answered by WRITE_ACK */
-  if (ch->srdma)
+  ch->unit->srdma = c->xp == p->mr_mod && c->peer && (c->peer->caps & WIRE_CAP_STAGE_RDMA);
+  ch->answer = ch->unit->srdma ? WIRE_WRITE_ACK : 0; /* STAGE_PULL / STAGE_PUSH are answered by WRITE_ACK */
+  if (ch->unit->srdma)
     flen = wire_put_stage_rdma(frame, write ? WIRE_STAGE_PULL : WIRE_STAGE_PUSH, ch->seq,
-                               (uint64_t)(uintptr_t)ch->sbuf, p->mr_mod->mem.bounce_key(p->mr), ch->nsegs);
+                               (uint64_t)(uintptr_t)ch->unit->sbuf, p->mr_mod->mem.bounce_key(p->mr),
+                               ch->unit->nsegs);
   else
-    flen = wire_put_stage(frame, write ? WIRE_STAGE_WRITE : WIRE_STAGE_READ, ch->seq, ch->nsegs,
+    flen = wire_put_stage(frame, write ? WIRE_STAGE_WRITE : WIRE_STAGE_READ, ch->seq, ch->unit->nsegs,
                           write ? ch->len : 0);
-  for (uint32_t i = 0; i < ch->nsegs; i++)
-    wire_put_stage_seg(frame, ch->srdma, i, ch->segs[i].raddr, ch->segs[i].len);
+  for (uint32_t i = 0; i < ch->unit->nsegs; i++)
+    wire_put_stage_seg(frame, ch->unit->srdma, i, ch->unit->segs[i].raddr, ch->unit->segs[i].len);
   /* By RDMA the target takes the data from the buffer: pack it there. On the socket
    * the ranges are sent as they are (gathered) and a READ's answer lands straight in
    * the caller's ranges; the buffer then only bounds how much is staged at once. */
   size_t off = 0;
-  for (uint32_t i = 0; ch->srdma && write && i < ch->nsegs; i++) {
-    memcpy(ch->sbuf + off, (const void *)(uintptr_t)ch->segs[i].laddr, ch->segs[i].len);
-    off += ch->segs[i].len;
+  for (uint32_t i = 0; ch->unit->srdma && write && i < ch->unit->nsegs; i++) {
+    memcpy(ch->unit->sbuf + off, (const void *)(uintptr_t)ch->unit->segs[i].laddr, ch->unit->segs[i].len);
+    off += ch->unit->segs[i].len;
   }
   ch->tx.heap = frame;
   ch->tx.heap_len = flen;
   ch->tx.payload = NULL;
-  ch->tx.payload_len = write && !ch->srdma ? ch->len : 0;
-  ch->tx.gather = write && !ch->srdma ? ch->segs : NULL;
-  ch->tx.ngather = write && !ch->srdma ? ch->nsegs : 0;
+  ch->tx.payload_len = write && !ch->unit->srdma ? ch->len : 0;
+  ch->tx.gather = write && !ch->unit->srdma ? ch->unit->segs : NULL;
+  ch->tx.ngather = write && !ch->unit->srdma ? ch->unit->nsegs : 0;
   ch->tx.chunk = ch;
   link_enqueue(c, &ch->tx);
   return 0;
@@ -221,15 +222,15 @@ static int unit_queue(struct stage_pool *p, struct chunk *ch, struct conn *c) {
 
 /* Give ch a buffer and put its frame on its link. */
 static void unit_start(struct stage_pool *p, struct chunk *ch) {
-  ch->sbuf = p->free[--p->nfree];
-  if (unit_queue(p, ch, ch->sconn) < 0) return;
+  ch->unit->sbuf = p->free[--p->nfree];
+  if (unit_queue(p, ch, ch->unit->sconn) < 0) return;
   p->stats.units++;
-  p->stats.ops += ch->nsegs;
+  p->stats.ops += ch->unit->nsegs;
   p->stats.bytes += ch->len;
 }
 
 static bool stage_rdma_refused(struct conn *c, struct chunk *ch) {
-  if (!ch->srdma || ch->req->cancelled || !c->peer) return false;
+  if (!ch->unit->srdma || ch->req->cancelled || !c->peer) return false;
   /* The target could not take the unit by RDMA (out of locked memory for its bounce
    * buffer): this unit and every later one to that peer go on the socket. */
   log_info("link to %s: the peer cannot take staged units by RDMA (RESOURCE_EXHAUSTED); they go over the "
@@ -255,7 +256,7 @@ static void stage_pump(struct HixlEngine *e) {
       link_chunk_end(ch, HIXL_RESOURCE_EXHAUSTED, why);
       continue;
     }
-    struct conn *c = ch->sconn;
+    struct conn *c = ch->unit->sconn;
     bool own = r == p->submitting; /* its caller reads the answer (sync) or unparks (async) */
     unit_start(p, ch);
     if (!c->dead) {
@@ -271,12 +272,86 @@ void stage_submit(struct hixl_transfer_req *r) {
   p->submitting = r;
   stage_pump(r->eng);
   p->submitting = NULL;
-  for (uint32_t i = r->ndirect; i < r->nchunks; i++) p->stats.waits += r->chunks[i].waiting;
+  for (uint32_t i = r->ndirect; i < r->nchunks; i++) p->stats.waits += r->chunks[i].unit->waiting;
 }
 
 static bool stage_progress(struct HixlEngine *e) {
   stage_pump(e);
   return false;
+}
+
+/* ---- planning a batch's staged ops ---- */
+
+HixlStatus stage_plan_op(const struct conn *c, struct stage_plan *sp, const HixlTransferOpDesc *d, size_t i,
+                         bool lreg, bool rreg, const char *fn, const char *remote) {
+  const struct stage_pool *pool = &c->eng->pool;
+  uint32_t caps = c->peer->caps;
+  if (pool->num == 0)
+    return hixl_fail(HIXL_PARAM_INVALID,
+                     "%s: op %zu %s range [0x%lx, +%zu) is not inside memory registered %s%s, and staging "
+                     "is off (BufferPool 0:0); nothing was sent",
+                     fn, i, lreg ? "remote" : "local", (unsigned long)(lreg ? d->remote_addr : d->local_addr),
+                     d->len, lreg ? "with " : "with this engine", lreg ? remote : "");
+  if (!(caps & WIRE_CAP_STAGE))
+    return hixl_fail(HIXL_FAILED,
+                     "%s: op %zu needs staging (its %s range is not registered) but %s does not serve "
+                     "staged transfers; nothing was sent",
+                     fn, i, lreg ? "remote" : "local", remote);
+  if (!rreg && !(caps & WIRE_CAP_STAGE_ANY))
+    return hixl_fail(HIXL_FAILED,
+                     "%s: op %zu remote range [0x%lx, +%zu) is not inside memory registered with %s, and "
+                     "%s does not let peers reach unregistered memory (its StagingUnregistered is off); "
+                     "nothing was sent",
+                     fn, i, (unsigned long)d->remote_addr, d->len, remote, remote);
+  /* Pieces of at most one unit; a unit holds up to pool->unit bytes in up to
+   * WIRE_MAX_STAGE_SEGS ranges. stage_plan_fill packs them the same way. */
+  for (size_t off = 0; off < d->len;) {
+    size_t piece = d->len - off < pool->unit ? d->len - off : pool->unit;
+    if (sp->nunits == 0 || sp->ubytes + piece > pool->unit || sp->useg == WIRE_MAX_STAGE_SEGS) {
+      sp->nunits++;
+      sp->ubytes = sp->useg = 0;
+    }
+    sp->ubytes += piece;
+    sp->useg++;
+    sp->nsegs++;
+    off += piece;
+  }
+  return HIXL_SUCCESS;
+}
+
+int stage_plan_fill(struct hixl_transfer_req *r, const struct stage_plan *sp, struct conn *c,
+                    HixlTransferOp op, const HixlTransferOpDesc *descs, size_t count,
+                    struct hixl_mem_reg *const *lregs) {
+  if (sp->nunits == 0) return 0;
+  struct stage_unit *u = calloc(1, sp->nunits * sizeof(*u) + sp->nsegs * sizeof(struct stage_seg));
+  if (!u) return -1;
+  r->staged = u;
+  size_t unit = r->eng->pool.unit;
+  struct chunk *ch = NULL;
+  struct stage_seg *seg = (struct stage_seg *)(u + sp->nunits);
+  for (size_t i = 0; i < count; i++) {
+    if (lregs[i]) continue;
+    for (size_t off = 0; off < descs[i].len;) {
+      size_t piece = descs[i].len - off < unit ? descs[i].len - off : unit;
+      if (!ch || ch->len + piece > unit || ch->unit->nsegs == WIRE_MAX_STAGE_SEGS) {
+        ch = ch ? ch + 1 : &r->chunks[r->ndirect];
+        ch->req = r;
+        ch->kind = op == HIXL_READ ? CHUNK_SREAD : CHUNK_SWRITE;
+        ch->unit = u++;
+        ch->unit->segs = seg;
+        ch->unit->sconn = c;
+        ch->tx.chunk = ch;
+      }
+      seg->laddr = descs[i].local_addr + off;
+      seg->raddr = descs[i].remote_addr + off;
+      seg->len = (uint32_t)piece;
+      seg++;
+      ch->unit->nsegs++;
+      ch->len += (uint32_t)piece;
+      off += piece;
+    }
+  }
+  return 0;
 }
 
 bool stage_packs(const struct conn *c) {
@@ -297,15 +372,20 @@ uint32_t stage_threshold(const struct conn *c) {
 static void stage_read_done(struct chunk *ch) {
   size_t off = 0;
   if (ch->req->cancelled) return; /* the caller gave up: its memory is its own again */
-  for (uint32_t i = 0; i < ch->nsegs; i++) {
-    memcpy((void *)(uintptr_t)ch->segs[i].laddr, ch->sbuf + off, ch->segs[i].len);
-    off += ch->segs[i].len;
+  for (uint32_t i = 0; i < ch->unit->nsegs; i++) {
+    memcpy((void *)(uintptr_t)ch->unit->segs[i].laddr, ch->unit->sbuf + off, ch->unit->segs[i].len);
+    off += ch->unit->segs[i].len;
   }
 }
 
 /* An answer to one of our units, matched by the link. */
 static bool stage_answer(struct conn *c, struct chunk *ch, const struct wire_msg *m) {
   uint32_t st = m->u.ack.status;
+  if (m->hdr.type == WIRE_READ_RESP && m->hdr.payload_len > 0) {
+    c->pay_chunk = ch; /* a READ's data on the socket: straight into the caller's ranges, in order */
+    link_pay_spans(c, ch->unit->segs, ch->unit->nsegs, false, m->hdr.payload_len, ch->req->cancelled);
+    return true;
+  }
   if (st == HIXL_RESOURCE_EXHAUSTED && stage_rdma_refused(c, ch)) return true;
   if (st == HIXL_SUCCESS) {
     if (ch->kind == CHUNK_SREAD) stage_read_done(ch); /* pushed into its buffer by RDMA */
@@ -315,14 +395,14 @@ static bool stage_answer(struct conn *c, struct chunk *ch, const struct wire_msg
   snprintf(why, sizeof(why),
            "%s refused a staged %s of %u ranges, the first remote [0x%llx, +%u) (%s: a range is not "
            "registered there and its StagingUnregistered is off, or is not mapped, or it ran out of memory)",
-           c->remote_name, ch->kind == CHUNK_SREAD ? "READ" : "WRITE", ch->nsegs,
-           (unsigned long long)ch->segs[0].raddr, ch->segs[0].len, HixlStatusName(st));
+           c->remote_name, ch->kind == CHUNK_SREAD ? "READ" : "WRITE", ch->unit->nsegs,
+           (unsigned long long)ch->unit->segs[0].raddr, ch->unit->segs[0].len, HixlStatusName(st));
   link_chunk_end(ch, st == HIXL_RESOURCE_EXHAUSTED ? HIXL_RESOURCE_EXHAUSTED : HIXL_FAILED, why);
   return true;
 }
 
 static void stage_chunk_end(struct chunk *ch) {
-  if (ch->sbuf || ch->waiting) stage_release(ch);
+  if (ch->unit->sbuf || ch->unit->waiting) stage_release(ch);
 }
 
 /* ---- target side ---- */
@@ -467,7 +547,7 @@ static void target_rdma(struct conn *c, struct stage_link *t, const struct wire_
   if (rc != 0) {
     char why[160];
     snprintf(why, sizeof(why), "posting a staged %s on the %s link failed: %s", pull ? "READ" : "WRITE",
-             c->xp->name, strerror(rc));
+             c->xp->name, strerror(errno));
     link_conn_kill(c, HIXL_FAILED, why);
     return;
   }

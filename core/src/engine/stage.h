@@ -5,11 +5,43 @@
 #define HIXL_STAGE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "engine/xport.h"
 
 extern const struct xport_ops xport_stage;
+
+/* A staged unit (CHUNK_SWRITE / CHUNK_SREAD): ranges packed through one pool buffer,
+ * sent as one STAGE_WRITE / STAGE_READ on the link's socket, or as STAGE_PULL /
+ * STAGE_PUSH for the target to move by its transport's own posts. ch->unit. */
+struct stage_unit {
+  struct stage_seg *segs; /* into the request's array */
+  uint32_t nsegs;
+  bool waiting;       /* in the pool's queue, no buffer yet */
+  bool srdma;         /* sent as STAGE_PULL / STAGE_PUSH: the target moves the data by RDMA */
+  uint8_t *sbuf;      /* the pool buffer, once it has one */
+  struct conn *sconn; /* the link it goes on, while it waits */
+  struct chunk *next_wait;
+};
+
+/* How a batch's staged ops pack into units: counted op by op (stage_plan_op), then
+ * allocated and filled in the same order (stage_plan_fill). */
+struct stage_plan {
+  uint64_t nunits, nsegs;
+  uint64_t ubytes, useg; /* the last unit's so far */
+};
+/* Op i (d) cannot move directly (lreg / rreg: whether its local / remote range is
+ * registered) or is short enough to pack: check it may be staged to c's peer and
+ * count its pieces. PARAM_INVALID or FAILED, naming op i, when it may not. */
+HixlStatus stage_plan_op(const struct conn *c, struct stage_plan *sp, const HixlTransferOpDesc *d, size_t i,
+                         bool lreg, bool rreg, const char *fn, const char *remote);
+/* Allocate r's units as sp counted them and fill them from the staged ops (lregs[i]
+ * NULL), as chunks [r->ndirect, r->nchunks) bound for c; nothing is sent. -1: out of
+ * memory. */
+int stage_plan_fill(struct hixl_transfer_req *r, const struct stage_plan *sp, struct conn *c,
+                    HixlTransferOp op, const HixlTransferOpDesc *descs, size_t count,
+                    struct hixl_mem_reg *const *lregs);
 
 /* Whether small ops on c are worth packing into units, and below which length. */
 bool stage_packs(const struct conn *c);

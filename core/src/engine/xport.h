@@ -119,8 +119,8 @@ struct xport_link_ops {
   void (*chunk_end)(struct chunk *ch); /* one of its chunks ended, before the request counts it */
   /* Post one signaled work request of c's own, moving len bytes between buf (inside
    * h, from bounce_reg) and the peer's raddr (rkey); done runs at its completion (ok
-   * false: the link broke, status says why). 0, or an errno (the caller then kills
-   * the link). */
+   * false: the link broke, status says why). 0, or -1 with errno set (the caller
+   * then kills the link). */
   int (*post_own)(struct conn *c, bool write, void *buf, uint32_t len, void *h, uint64_t raddr, uint32_t rkey,
                   void (*done)(struct conn *c, bool ok, const char *status));
 };
@@ -140,12 +140,14 @@ struct xport_ops {
 /* Every slot, for xport_check and its test (which also checks the list is whole). */
 #define XPORT_SLOTS(X)                                                                                       \
   X(iface.open)                                                                                              \
-  X(iface.quiesce) X(iface.close) X(iface.caps) X(iface.event_fd) X(iface.on_event) X(iface.progress)        \
-      X(mem.reg) X(mem.dereg) X(mem.key) X(mem.share) X(mem.unshare) X(mem.peer_drop) X(mem.bounce_reg)      \
-          X(mem.bounce_dereg) X(mem.bounce_key) X(link.connect) X(link.attach) X(link.discard)               \
-              X(link.target_frame) X(link.initiator_frame) X(link.payload_done) X(link.kill) X(link.closed)  \
-                  X(link.free) X(link.info) X(link.table_current) X(link.post) X(link.start) X(link.async)   \
-                      X(link.drive) X(link.req_timeout) X(link.answer) X(link.chunk_end) X(link.post_own)
+  X(iface.quiesce)                                                                                           \
+  X(iface.close)                                                                                             \
+  X(iface.caps) X(iface.event_fd) X(iface.on_event) X(iface.progress) X(mem.reg) X(mem.dereg) X(mem.key)     \
+      X(mem.share) X(mem.unshare) X(mem.peer_drop) X(mem.bounce_reg) X(mem.bounce_dereg) X(mem.bounce_key)   \
+          X(link.connect) X(link.attach) X(link.discard) X(link.target_frame) X(link.initiator_frame)        \
+              X(link.payload_done) X(link.kill) X(link.closed) X(link.free) X(link.info)                     \
+                  X(link.table_current) X(link.post) X(link.start) X(link.async) X(link.drive)               \
+                      X(link.req_timeout) X(link.answer) X(link.chunk_end) X(link.post_own)
 
 /* PARAM_INVALID naming the module and the first empty slot, or SUCCESS. */
 HixlStatus xport_check(const struct xport_ops *x);
@@ -180,7 +182,8 @@ bool xport_no_req_timeout(struct HixlEngine *e, struct hixl_transfer_req *r); /*
 bool xport_no_answer(struct conn *c, struct chunk *ch, const struct wire_msg *m); /* false */
 void xport_no_chunk_end(struct chunk *ch);
 int xport_no_post_own(struct conn *c, bool write, void *buf, uint32_t len, void *h, uint64_t raddr,
-                      uint32_t rkey, void (*done)(struct conn *c, bool ok, const char *status)); /* ENOSYS */
+                      uint32_t rkey,
+                      void (*done)(struct conn *c, bool ok, const char *status)); /* -1, ENOSYS */
 /* The link layer's defaults: async hands reading to the progress thread (link_unpark);
  * drive reads the link's socket in the calling thread until r ends. */
 void link_async_unpark(struct conn *c, struct hixl_transfer_req *r);

@@ -72,6 +72,8 @@ struct stage_seg {
   uint32_t len;
 };
 /* One request frame an initiator sends and the response it waits for. */
+struct stage_unit;
+
 struct chunk {
   struct txitem tx;
   struct chunk *next_pending;
@@ -83,15 +85,7 @@ struct chunk {
   uint32_t len;
   uint64_t seq;
   enum chunk_kind kind;
-  /* A staged unit (CHUNK_SWRITE / CHUNK_SREAD): ranges packed through one pool
-   * buffer, sent as one STAGE_WRITE / STAGE_READ on the link's socket. */
-  struct stage_seg *segs; /* into the request's array */
-  uint32_t nsegs;
-  bool waiting;       /* in the pool's queue, no buffer yet */
-  bool srdma;         /* sent as STAGE_PULL / STAGE_PUSH: the target moves the data by RDMA */
-  uint8_t *sbuf;      /* the pool buffer, once it has one */
-  struct conn *sconn; /* the link it goes on, while it waits */
-  struct chunk *next_wait;
+  struct stage_unit *unit;       /* a staged unit's (CHUNK_SWRITE / CHUNK_SREAD) state: stage.c's */
   uint32_t *call_len;            /* CHUNK_CALL: where the answer's length goes (laddr, len: its buffer) */
   const struct xport_ops *owner; /* the module told of its answer and its end (staged units) */
   uint8_t answer;                /* the answer's wire type, when not the kind's usual one */

@@ -88,7 +88,8 @@ void xport_no_chunk_end(struct chunk *ch) { (void)ch; }
 int xport_no_post_own(struct conn *c, bool write, void *buf, uint32_t len, void *h, uint64_t raddr,
                       uint32_t rkey, void (*done)(struct conn *c, bool ok, const char *status)) {
   (void)c, (void)write, (void)buf, (void)len, (void)h, (void)raddr, (void)rkey, (void)done;
-  return ENOSYS;
+  errno = ENOSYS;
+  return -1;
 }
 
 HixlStatus xport_check(const struct xport_ops *x) {

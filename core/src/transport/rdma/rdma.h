@@ -76,7 +76,8 @@ uint32_t rdma_qp_num(const struct ibv_qp *qp);
 /* Read back what the QP carries (ibv_query_qp). */
 int rdma_qp_query(struct ibv_qp *qp, struct rdma_qp_params *out);
 
-/* Post one RDMA WRITE (write=true) or READ. 0, or an errno value. */
+/* Post one RDMA WRITE (write=true) or READ. 0, or -1 with errno set (ibv_post_send's
+ * answer, which it returns rather than sets). */
 int rdma_post(struct ibv_qp *qp, bool write, void *laddr, uint32_t len, uint32_t lkey, uint64_t raddr,
               uint32_t rkey, uint64_t wr_id, bool signaled);
 

@@ -268,7 +268,10 @@ int rdma_post(struct ibv_qp *qp, bool write, void *laddr, uint32_t len, uint32_t
                      *bad;
   wr.wr.rdma.remote_addr = raddr;
   wr.wr.rdma.rkey = rkey;
-  return ibv_post_send(qp, &wr, &bad);
+  int rc = ibv_post_send(qp, &wr, &bad);
+  if (rc == 0) return 0;
+  errno = rc;
+  return -1;
 }
 
 int rdma_chan_fd(const struct rdma_dev *d) { return d->chan->fd; }

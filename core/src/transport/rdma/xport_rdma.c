@@ -292,7 +292,7 @@ static void erdma_post(struct conn *c, size_t budget) {
     if (rc != 0) {
       char why[192];
       fifo_push(&l->rpend_head, &l->rpend_tail, ch); /* ended by the kill below */
-      snprintf(why, sizeof(why), "ibv_post_send on QP 0x%x failed: %s", rdma_qp_num(l->qp), strerror(rc));
+      snprintf(why, sizeof(why), "ibv_post_send on QP 0x%x failed: %s", rdma_qp_num(l->qp), strerror(errno));
       link_conn_kill(c, HIXL_FAILED, why);
       return;
     }
@@ -306,7 +306,10 @@ static void erdma_post(struct conn *c, size_t budget) {
 static int erdma_post_own(struct conn *c, bool write, void *buf, uint32_t len, void *mr, uint64_t raddr,
                           uint32_t rkey, void (*done)(struct conn *c, bool ok, const char *status)) {
   struct erdma_link *l = link_of(c);
-  if (!l || !l->qp) return ENOTCONN;
+  if (!l || !l->qp) {
+    errno = ENOTCONN;
+    return -1;
+  }
   int rc = rdma_post(l->qp, write, buf, len, rdma_mr_lkey(mr), raddr, rkey, (uint64_t)(uintptr_t)c, true);
   if (rc == 0) l->own_done = done;
   return rc;
