@@ -142,8 +142,9 @@ struct xport_ops {
   X(iface.open)                                                                                              \
   X(iface.quiesce)                                                                                           \
   X(iface.close)                                                                                             \
-  X(iface.caps) X(iface.event_fd) X(iface.on_event) X(iface.progress) X(mem.reg) X(mem.dereg) X(mem.key)     \
-      X(mem.share) X(mem.unshare) X(mem.peer_drop) X(mem.bounce_reg) X(mem.bounce_dereg) X(mem.bounce_key)   \
+  X(iface.caps)                                                                                              \
+  X(iface.event_fd) X(iface.on_event) X(iface.progress) X(mem.reg) X(mem.dereg) X(mem.key) X(mem.share)      \
+      X(mem.unshare) X(mem.peer_drop) X(mem.bounce_reg) X(mem.bounce_dereg) X(mem.bounce_key)                \
           X(link.connect) X(link.attach) X(link.discard) X(link.target_frame) X(link.initiator_frame)        \
               X(link.payload_done) X(link.kill) X(link.closed) X(link.free) X(link.info)                     \
                   X(link.table_current) X(link.post) X(link.start) X(link.async) X(link.drive)               \
@@ -184,6 +185,14 @@ void xport_no_chunk_end(struct chunk *ch);
 int xport_no_post_own(struct conn *c, bool write, void *buf, uint32_t len, void *h, uint64_t raddr,
                       uint32_t rkey,
                       void (*done)(struct conn *c, bool ok, const char *status)); /* -1, ENOSYS */
+/* The memory slots of a module that registers nothing (tcp: its frames carry the
+ * data; staging: it asks the link's transport). */
+#define XPORT_MEM_NONE                                                                                       \
+  {                                                                                                          \
+    .reg = xport_no_reg, .dereg = xport_no_mem, .key = xport_no_key, .share = xport_no_mem,                  \
+    .unshare = xport_no_unshare, .peer_drop = xport_no_peer_drop, .bounce_reg = xport_no_bounce_reg,         \
+    .bounce_dereg = xport_no_bounce_dereg, .bounce_key = xport_no_bounce_key                                 \
+  }
 /* The link layer's defaults: async hands reading to the progress thread (link_unpark);
  * drive reads the link's socket in the calling thread until r ends. */
 void link_async_unpark(struct conn *c, struct hixl_transfer_req *r);
