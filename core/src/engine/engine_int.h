@@ -83,11 +83,12 @@ struct conn {
   struct link_pay pay;                /* ... and what it keeps about it (link_pay_of) */
   /* target: the last seq of a WRITE refused here (CALL_AFTER checks it) */
   uint64_t write_refused;
-  bool stalled;        /* a module paused reading frames (a target's RDMA staged unit is on the QP) */
-  bool call_fenced;    /* ... or a CALL waits until every answer queued before it has been sent */
-  bool in_fence;       /* releasing that wait (no recursion) */
-  bool always_read;    /* initiator: the target sends frames on its own (shm SHM_UNMAP): never parked */
-  size_t stage_queued; /* bytes of owned answers (STAGE_READ) queued, not yet sent */
+  bool stalled;          /* a module paused reading frames (a target's RDMA staged unit is on the QP) */
+  bool call_fenced;      /* ... or a CALL waits until every answer queued before it has been sent */
+  bool in_fence;         /* releasing that wait (no recursion) */
+  bool always_read;      /* initiator: the target sends frames on its own (shm SHM_UNMAP): never parked */
+  size_t answers_queued; /* bytes of answers queued with a count (txitem.queued), not yet sent: a module
+                            bounds what one peer makes it queue (staging: STAGE_READ data) */
   /* send */
   struct txitem *txq_head, *txq_tail;
   /* initiator: chunks sent, in the order their responses will come */

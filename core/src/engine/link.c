@@ -150,7 +150,7 @@ int link_conn_watch(struct conn *c) {
 void link_txitem_done(struct conn *c, struct txitem *it) {
   free(it->heap);
   it->heap = NULL;
-  c->stage_queued -= it->queued;
+  c->answers_queued -= it->queued;
   it->queued = 0;
   free(it->own_payload);
   it->own_payload = NULL;

@@ -627,7 +627,7 @@ static void stage_target_frame(struct conn *c, const struct wire_msg *m) {
     link_conn_kill(c, HIXL_FAILED, "out of memory");
     return;
   }
-  if (c->stage_queued + m->u.stage.total > STAGE_TARGET_QUEUE || tsegs_take(t, m) < 0) {
+  if (c->answers_queued + m->u.stage.total > STAGE_TARGET_QUEUE || tsegs_take(t, m) < 0) {
     st = HIXL_RESOURCE_EXHAUSTED;
   } else if (regs_all(c, t)) {
     struct stage_seg *g = malloc(n * (sizeof(*g) + sizeof(struct hixl_mem_reg *)));
@@ -660,7 +660,7 @@ static void stage_target_frame(struct conn *c, const struct wire_msg *m) {
   it->payload_len = len;
   it->own_payload = buf;
   it->queued = len;
-  c->stage_queued += len;
+  c->answers_queued += len;
   link_enqueue(c, it);
 }
 
