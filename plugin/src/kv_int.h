@@ -9,6 +9,7 @@
 #include "hixl/hixl.h"
 #include "hixl/hixl_kv_connector.h"
 #include "kv_wire.h"
+#include "util/opvec.h"
 
 /* What the plugin reads of its configuration (config/, the JSON document). */
 struct kv_cfg {
@@ -77,11 +78,6 @@ struct kv_pairs {
 };
 
 /* An op list, merged where both sides run on: the engine's descriptors as they are. */
-struct kv_ops {
-  HixlTransferOpDesc *v;
-  size_t n, cap;
-  uint64_t bytes;
-};
 
 /* Check and copy groups (need_base: every plane's base set); the digest text ends with
  * " tp=world". */
@@ -96,10 +92,9 @@ void kv_layout_put_planes(struct kv_out *o, const struct kv_layout *l);
 bool kv_layout_get_planes(struct kv_in *in, const struct kv_layout *l, struct kv_remote *out);
 /* Ops moving layers [first, first + count) of the pairs (one per group); PARAM_INVALID
  * for a block past its group's count on either side. */
-hixl_kv_status kv_ops_build(struct kv_ops *o, const struct kv_layout *l, const struct kv_remote *r,
+hixl_kv_status kv_ops_build(struct opvec *o, const struct kv_layout *l, const struct kv_remote *r,
                             uint32_t first, uint32_t count, const struct kv_pairs *pairs, char *why,
                             size_t cap);
-void kv_ops_free(struct kv_ops *o);
 
 /* A request a producer worker holds for a consumer. */
 struct kv_held {

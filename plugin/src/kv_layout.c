@@ -249,31 +249,14 @@ bool kv_layout_get_planes(struct kv_in *in, const struct kv_layout *l, struct kv
 
 /* ---- op lists ---- */
 
-static int piece_add(struct kv_ops *o, uint64_t local, uint64_t remote, uint64_t len) {
-  if (o->n && o->v[o->n - 1].local_addr + o->v[o->n - 1].len == local && /* the run goes on */
-      o->v[o->n - 1].remote_addr + o->v[o->n - 1].len == remote) {
-    o->v[o->n - 1].len += len;
-    return 0;
-  }
-  if (o->n == o->cap) {
-    size_t cap = o->cap ? o->cap * 2 : 256;
-    HixlTransferOpDesc *v = realloc(o->v, cap * sizeof(*v));
-    if (!v) return -1;
-    o->v = v;
-    o->cap = cap;
-  }
-  o->v[o->n++] = (HixlTransferOpDesc){(uintptr_t)local, (uintptr_t)remote, (size_t)len};
-  return 0;
-}
-
 static int cmp_piece(const void *a, const void *b) {
   uintptr_t x = ((const HixlTransferOpDesc *)a)->local_addr, y = ((const HixlTransferOpDesc *)b)->local_addr;
   return x < y ? -1 : x > y;
 }
 
 /* Plane p of both sides (the same bytes and heads), blocks lb[j] here and rb[j]
- * there: a piece per head (adjacent heads join in piece_add). */
-static int plane_pieces(struct kv_ops *o, const struct kv_plane *lp, const struct kv_plane *rp,
+ * there: a piece per head (adjacent heads join in opvec_add). */
+static int plane_pieces(struct opvec *o, const struct kv_plane *lp, const struct kv_plane *rp,
                         const uint64_t *lb, const uint64_t *rb, size_t n) {
   uint32_t heads = lp->heads ? lp->heads : 1;
   uint64_t len = lp->bytes / heads;
@@ -281,13 +264,12 @@ static int plane_pieces(struct kv_ops *o, const struct kv_plane *lp, const struc
     for (uint32_t h = 0; h < heads; h++) {
       uint64_t lo = lp->base + lb[j] * lp->stride + h * lp->head_stride;
       uint64_t ro = rp->base + rb[j] * rp->stride + h * rp->head_stride;
-      if (piece_add(o, lo, ro, len) < 0) return -1;
+      if (opvec_add(o, lo, ro, len, true) < 0) return -1;
     }
-  o->bytes += n * lp->bytes;
   return 0;
 }
 
-hixl_kv_status kv_ops_build(struct kv_ops *o, const struct kv_layout *l, const struct kv_remote *r,
+hixl_kv_status kv_ops_build(struct opvec *o, const struct kv_layout *l, const struct kv_remote *r,
                             uint32_t first, uint32_t count, const struct kv_pairs *pairs, char *why,
                             size_t cap) {
   uint32_t off = 0; /* group g's first plane in r->planes */
@@ -329,11 +311,6 @@ hixl_kv_status kv_ops_build(struct kv_ops *o, const struct kv_layout *l, const s
 oom:
   snprintf(why, cap, "out of memory");
   return HIXL_KV_RESOURCE_EXHAUSTED;
-}
-
-void kv_ops_free(struct kv_ops *o) {
-  free(o->v);
-  memset(o, 0, sizeof(*o));
 }
 
 /* ---- the memory behind the planes ---- */

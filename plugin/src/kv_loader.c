@@ -61,7 +61,7 @@ static HixlStatus pin(hixl_kv_connector *c, const struct kv_meta_entry *e, uint6
 }
 
 /* Read the ops, in engine-sized batches. */
-static HixlStatus pull_ops(hixl_kv_connector *c, const struct kv_meta_entry *e, const struct kv_ops *o,
+static HixlStatus pull_ops(hixl_kv_connector *c, const struct kv_meta_entry *e, const struct opvec *o,
                            uint64_t deadline, char *why, size_t cap) {
   const HixlTransferOpDesc *d = o->v;
   HixlStatus st = HIXL_SUCCESS;
@@ -134,7 +134,7 @@ static HixlStatus load_one(hixl_kv_connector *c, struct kv_load *l, uint32_t slo
   }
   uint8_t *ans = malloc(HIXL_CALL_MAX);
   struct kv_peer_held *h = calloc(1, sizeof(*h));
-  struct kv_ops o = {0};
+  struct opvec o = {0};
   if (!ans || !h) {
     snprintf(why, cap, "out of memory");
     st = HIXL_RESOURCE_EXHAUSTED;
@@ -175,7 +175,7 @@ static HixlStatus load_one(hixl_kv_connector *c, struct kv_load *l, uint32_t slo
   if (st == HIXL_SUCCESS) c->stats.bytes_loaded += o.bytes;
   pthread_mutex_unlock(&c->lock);
 out:
-  kv_ops_free(&o);
+  opvec_free(&o);
   if (h) free(h->r.planes);
   free(h);
   free(ans);

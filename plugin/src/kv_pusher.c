@@ -111,7 +111,7 @@ static HixlStatus layer_start(hixl_kv_connector *c, struct kv_push *v, uint32_t 
                               struct push_note *pn, char *why, size_t cap) {
   struct kv_meta_entry *e = &v->e;
   struct kv_out msg = {0};
-  struct kv_ops o = {0};
+  struct opvec o = {0};
   struct kv_pairs pairs[KV_MAX_GROUPS];
   push_pairs(c, e, pairs);
   HixlStatus st = kv_ops_build(&o, &c->lay, &v->r, k, count, pairs, why, cap);
@@ -142,7 +142,7 @@ static HixlStatus layer_start(hixl_kv_connector *c, struct kv_push *v, uint32_t 
   pthread_mutex_unlock(&c->lock);
 out:
   free(msg.p);
-  kv_ops_free(&o);
+  opvec_free(&o);
   return st;
 }
 

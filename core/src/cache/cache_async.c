@@ -76,13 +76,13 @@ static int32_t cm_ms_left(uint64_t deadline) {
 /* Layer l of the source to cf: one async WRITE of its tensors' items or blocks. */
 static void cm_send_layer(HixlCacheTask *t, struct cm_conf *cf, uint32_t l) {
   struct cm_cache *c = t->cache;
-  struct cm_ops ops = {0};
+  struct opvec ops = {0};
   struct cm_layers ly = {t->tpl, l, l - cf->layer_start, 1};
   HixlStatus st = HIXL_SUCCESS;
   if (t->dbms == 0) { /* contiguous destination: the item, whole */
     for (uint32_t k = 0; k < t->tpl && st == HIXL_SUCCESS; k++)
-      if (cm_ops_add(&ops, c->addrs[l * t->tpl + k] + cf->batch * c->item_bytes,
-                     cf->dst_addrs[(l - cf->layer_start) * t->tpl + k], c->item_bytes) < 0)
+      if (opvec_add(&ops, c->addrs[l * t->tpl + k] + cf->batch * c->item_bytes,
+                    cf->dst_addrs[(l - cf->layer_start) * t->tpl + k], c->item_bytes, false) < 0)
         st = HIXL_RESOURCE_EXHAUSTED;
   } else if (cm_plan_blocks(&ops, &ly, c->addrs, c->blocks ? 0 : cf->batch * c->item_bytes, cf->dst_addrs,
                             c->blocks ? t->sb : NULL, t->db, t->ndb, t->dbms, true) < 0) {
@@ -100,7 +100,7 @@ static void cm_send_layer(HixlCacheTask *t, struct cm_conf *cf, uint32_t l) {
   }
   if (st != HIXL_SUCCESS) {
     cm_conf_fail(cf, st, "out of memory");
-    free(ops.v);
+    opvec_free(&ops);
     return;
   }
   int32_t left = cm_ms_left(t->deadline);
@@ -119,7 +119,7 @@ static void cm_send_layer(HixlCacheTask *t, struct cm_conf *cf, uint32_t l) {
   t->mgr->stats.engine_ops += ops.n;
   if (st == HIXL_SUCCESS) t->mgr->stats.bytes += ops.bytes;
   pthread_mutex_unlock(&t->mgr->lock);
-  free(ops.v);
+  opvec_free(&ops);
 }
 
 static bool cm_task_stopped(HixlCacheTask *t) {

@@ -11,6 +11,7 @@
 
 #include "hixl/hixl_cache.h"
 #include "util/be.h"
+#include "util/opvec.h"
 #include "util/status_int.h"
 
 #define CM_PROTO     1u /* the CACHE service's request layout */
@@ -77,13 +78,6 @@ struct HixlCacheManager {
   HixlCacheStats stats;
 };
 
-/* An op list for the engine. */
-struct cm_ops {
-  HixlTransferOpDesc *v;
-  size_t n, cap;
-  uint64_t bytes;
-};
-
 /* The layers both sides move: tensors per layer dividing both tensor counts, ranges
  * inside both, of one length (and equal, for a push). */
 struct cm_layers {
@@ -126,10 +120,9 @@ HixlStatus cm_find(HixlCacheManager *m, const HixlCacheAnyKey *key, int32_t time
 
 /* ---- cache_plan.c: op lists; pull and push ---- */
 
-int cm_ops_add(struct cm_ops *o, uintptr_t local, uintptr_t remote, uint64_t len); /* -1: no memory */
 HixlStatus cm_layer_range(const char *fn, const char *side, uint32_t start, uint32_t count, uint32_t layers,
                           uint32_t *s, uint32_t *c);
-int cm_plan_blocks(struct cm_ops *o, const struct cm_layers *ly, const uintptr_t *src_addrs, uint64_t src_off,
+int cm_plan_blocks(struct opvec *o, const struct cm_layers *ly, const uintptr_t *src_addrs, uint64_t src_off,
                    const uintptr_t *dst_addrs, const uint64_t *sb, const uint64_t *db, size_t nb, uint64_t bs,
                    bool local_is_src);
 HixlStatus cm_check_blocks(const uint64_t *v, size_t n, uint64_t limit, const char *fn, const char *what,

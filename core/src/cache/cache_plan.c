@@ -14,19 +14,6 @@
 
 /* ---- the plan: op lists over the layers ---- */
 
-int cm_ops_add(struct cm_ops *o, uintptr_t local, uintptr_t remote, uint64_t len) {
-  if (o->n == o->cap) {
-    size_t cap = o->cap ? o->cap * 2 : 256;
-    HixlTransferOpDesc *v = realloc(o->v, cap * sizeof(*v));
-    if (!v) return -1;
-    o->v = v;
-    o->cap = cap;
-  }
-  o->v[o->n++] = (HixlTransferOpDesc){local, remote, (size_t)len};
-  o->bytes += len;
-  return 0;
-}
-
 /* Resolve a layer range [start, start + count) of a cache with layers layers
  * (count 0: every layer). */
 HixlStatus cm_layer_range(const char *fn, const char *side, uint32_t start, uint32_t count, uint32_t layers,
@@ -70,7 +57,7 @@ static HixlStatus cm_plan_layers(const char *fn, const HixlCacheTransferArgs *a,
 
 /* Block pairs (sb[j], db[j]) as runs adjacent on both sides, each one op per tensor
  * of the layers; sb NULL: source offsets j * bs from src_base (a contiguous item). */
-int cm_plan_blocks(struct cm_ops *o, const struct cm_layers *ly, const uintptr_t *src_addrs, uint64_t src_off,
+int cm_plan_blocks(struct opvec *o, const struct cm_layers *ly, const uintptr_t *src_addrs, uint64_t src_off,
                    const uintptr_t *dst_addrs, const uint64_t *sb, const uint64_t *db, size_t nb, uint64_t bs,
                    bool local_is_src) {
   for (uint32_t li = 0; li < ly->count; li++)
@@ -82,7 +69,7 @@ int cm_plan_blocks(struct cm_ops *o, const struct cm_layers *ly, const uintptr_t
         uint64_t s0 = sb ? sb[j] : j;
         while (k < nb && (sb ? sb[k] : k) == s0 + (k - j) && db[k] == db[j] + (k - j)) k++;
         uintptr_t s = sa + s0 * bs, d = da + db[j] * bs;
-        if (cm_ops_add(o, local_is_src ? s : d, local_is_src ? d : s, (k - j) * bs) < 0) return -1;
+        if (opvec_add(o, local_is_src ? s : d, local_is_src ? d : s, (k - j) * bs, false) < 0) return -1;
         j = k;
       }
     }
@@ -105,7 +92,7 @@ struct cm_then {
 /* Run ops against remote, in engine-sized batches within one deadline; with then, the
  * last batch is started with its call and not waited for. */
 static HixlStatus cm_run_ops(HixlCacheManager *m, const char *remote, HixlTransferOp op,
-                             const struct cm_ops *o, int32_t timeout_ms, const struct cm_then *then,
+                             const struct opvec *o, int32_t timeout_ms, const struct cm_then *then,
                              const char *fn) {
   uint64_t deadline = hixl_deadline_ns(timeout_ms);
   HixlStatus st = HIXL_SUCCESS;
@@ -136,7 +123,7 @@ static HixlStatus cm_run_ops(HixlCacheManager *m, const char *remote, HixlTransf
  * empty the plan; true: the caller asks once more, and that answer comes after every
  * MEM_DEL the peer sent before it. */
 static bool cm_stale_view(HixlCacheManager *m, HixlStatus st, bool hit, uint64_t cluster, struct cm_view **v,
-                          struct cm_ops *ops) {
+                          struct opvec *ops) {
   if (st == HIXL_SUCCESS || st == HIXL_TIMEOUT || !hit) return false;
   cm_forget(m, cluster, (*v)->id);
   cm_views_free(*v);
@@ -178,7 +165,7 @@ static HixlStatus cm_item(HixlCacheManager *m, const HixlCacheAnyKey *key, uint6
   struct cm_cache *c = cache_pin(m, local_id, fn, &st);
   if (!c) return st;
   struct cm_view *v = NULL;
-  struct cm_ops ops = {0};
+  struct opvec ops = {0};
   char remote[64];
   uint64_t here = m->cluster_id;
   if (c->blocks) {
@@ -229,7 +216,7 @@ retry:
     for (uint32_t t = 0; t < ly.tpl; t++) {
       uintptr_t s = sa[(ly.src_start + li) * ly.tpl + t] + soff,
                 d = da[(ly.dst_start + li) * ly.tpl + t] + doff;
-      if (cm_ops_add(&ops, push ? s : d, push ? d : s, size) < 0) {
+      if (opvec_add(&ops, push ? s : d, push ? d : s, size, false) < 0) {
         st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
         goto out;
       }
@@ -237,7 +224,7 @@ retry:
   st = cm_run_ops(m, remote, push ? HIXL_WRITE : HIXL_READ, &ops, a->timeout_ms, NULL, fn);
   if (cm_stale_view(m, st, hit, there, &v, &ops)) goto retry;
 out:
-  free(ops.v);
+  opvec_free(&ops);
   cm_views_free(v);
   cache_unpin(m, c);
   return st;
@@ -275,7 +262,7 @@ static HixlStatus cm_blocks(HixlCacheManager *m, const HixlCacheAnyKey *key, uin
   struct cm_cache *c = cache_pin(m, local_id, fn, &st);
   if (!c) return st;
   struct cm_view *v = NULL;
-  struct cm_ops ops = {0};
+  struct opvec ops = {0};
   char remote[64];
   uint64_t there = cm_key_cluster(key), here = m->cluster_id;
   /* The blocks side (the destination) and the source side, whichever is local. */
@@ -350,7 +337,7 @@ retry:
   st = cm_run_ops(m, remote, push ? HIXL_WRITE : HIXL_READ, &ops, a->timeout_ms, then, fn);
   if (cm_stale_view(m, st, hit, there, &v, &ops)) goto retry;
 out:
-  free(ops.v);
+  opvec_free(&ops);
   cm_views_free(v);
   if (!then || st != HIXL_SUCCESS) cache_unpin(m, c);
   return st;
