@@ -3,6 +3,8 @@
  * past its end (errors stick, reads yield zeros). */
 #include "util/be.h"
 
+#include "test_util.h"
+
 #include <CUnit/Basic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -174,16 +176,4 @@ static CU_SuiteInfo suites[] = {
     CU_SUITE_INFO_NULL,
 };
 
-int main(void) {
-  if (CU_initialize_registry() != CUE_SUCCESS) return 1;
-  if (CU_register_suites(suites) != CUE_SUCCESS) {
-    fprintf(stderr, "test_be: %s\n", CU_get_error_msg());
-    CU_cleanup_registry();
-    return 1;
-  }
-  CU_basic_set_mode(CU_BRM_VERBOSE);
-  CU_basic_run_tests();
-  unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
-  CU_cleanup_registry();
-  return failed ? 1 : 0;
-}
+int main(void) { return tu_run_suites("test_be", suites); }

@@ -250,6 +250,16 @@ bool tu_pattern_ok(const void *buf, size_t len, uint64_t seed, const char *what,
   return false;
 }
 
+int tu_run_suites(const char *name, CU_SuiteInfo *suites) {
+  if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+  if (CU_register_suites(suites) != CUE_SUCCESS) {
+    fprintf(stderr, "%s: %s\n", name, CU_get_error_msg());
+    CU_cleanup_registry();
+    return 1;
+  }
+  return tu_run_registry();
+}
+
 int tu_run_registry(void) {
   unsigned failed;
 

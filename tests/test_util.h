@@ -107,6 +107,8 @@ bool tu_pattern_ok(const void *buf, size_t len, uint64_t seed, const char *what,
 /** Run every registered suite with CU_basic (verbose) and return the process exit
  *  code: 0 when all passed, 1 on any failure or setup error. Cleans the registry. */
 int tu_run_registry(void);
+/** Register suites and run them as tu_run_registry does; name prefixes a setup error. */
+int tu_run_suites(const char *name, CU_SuiteInfo *suites);
 
 /* ---- engines ---- */
 

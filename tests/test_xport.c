@@ -7,6 +7,8 @@
 #include "transport/shm/xport_shm.h"
 #include "transport/tcp/xport_tcp.h"
 
+#include "test_util.h"
+
 #include <CUnit/Basic.h>
 #include <errno.h>
 #include <stdio.h>
@@ -80,16 +82,4 @@ static CU_SuiteInfo suites[] = {
     CU_SUITE_INFO_NULL,
 };
 
-int main(void) {
-  if (CU_initialize_registry() != CUE_SUCCESS) return 1;
-  if (CU_register_suites(suites) != CUE_SUCCESS) {
-    fprintf(stderr, "test_xport: %s\n", CU_get_error_msg());
-    CU_cleanup_registry();
-    return 1;
-  }
-  CU_basic_set_mode(CU_BRM_VERBOSE);
-  CU_basic_run_tests();
-  unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();
-  CU_cleanup_registry();
-  return failed ? 1 : 0;
-}
+int main(void) { return tu_run_suites("test_xport", suites); }
