@@ -3,7 +3,7 @@
 # Fails when
 #   - a transport's source (core/src/transport/T/) includes engine/engine_int.h (it
 #     sees the engine through engine/xport_link.h only) or another transport's header;
-#   - staging (engine/stage.c) includes a transport's header: it reaches transports
+#   - staging (engine/stage*.c, stage*.h) includes a transport's header: it reaches transports
 #     through their tables (bounce_reg, post_own), never by name.
 # Usage: check_boundary.sh CORE_SRC_DIR
 set -euo pipefail
@@ -26,10 +26,12 @@ for dir in "$src"/transport/*/; do
     done < <(sed -n 's/^#include "\([^"]*\)".*/\1/p' "$f")
   done
 done
-if grep -n '^#include "transport/' "$src/engine/stage.c"; then
-  echo "check_boundary: engine/stage.c includes a transport's header: staging asks transports through their tables"
-  bad=1
-fi
+for f in "$src"/engine/stage*.c "$src"/engine/stage*.h; do
+  if grep -n '^#include "transport/' "$f"; then
+    echo "check_boundary: ${f#"$src"/} includes a transport's header: staging asks transports through their tables"
+    bad=1
+  fi
+done
 [ "$bad" -eq 0 ] || exit 1
 n=$(find "$src/transport" -name '*.[ch]' | wc -l)
 echo "check_boundary: $n transport files see the engine through xport_link.h only; staging names no transport"
