@@ -22,6 +22,7 @@
 #include <errno.h>
 
 #include "engine/engine_ext.h"
+#include "engine/engine_int.h"
 #include "util/sock.h"
 #include "test_util.h"
 #include "wire/wire.h"
@@ -1220,6 +1221,62 @@ static void test_reconnect_after_idle_hangup(void) {
   fake_stop(&f);
 }
 
+/* Read frames from fd until one of type; true when it names [addr, +len). */
+static bool expect_mem_frame(int fd, uint8_t type, uint64_t addr, uint64_t len) {
+  uint8_t body[512];
+  struct wire_hdr h;
+  struct wire_msg m;
+  while (read_frame(fd, &h, body, sizeof(body))) {
+    if (h.type != type) continue;
+    return wire_decode(&h, body, &m) == WIRE_OK && m.u.mem.addr == addr && m.u.mem.len == len;
+  }
+  return false;
+}
+
+/* The local port of the target's end of link c, to match it with a raw socket. */
+static uint16_t peer_port_of(int fd) {
+  struct sockaddr_in sa;
+  socklen_t n = sizeof(sa);
+  return getpeername(fd, (struct sockaddr *)&sa, &n) == 0 ? ntohs(sa.sin_port) : 0;
+}
+static uint16_t local_port_of(int fd) {
+  struct sockaddr_in sa;
+  socklen_t n = sizeof(sa);
+  return getsockname(fd, (struct sockaddr *)&sa, &n) == 0 ? ntohs(sa.sin_port) : 0;
+}
+
+/* MEM_ADD / MEM_DEL reach every live link although the first link the broadcast
+ * walks dies as it sends (its socket was shut for writing beforehand): the walk must
+ * not follow the dead link into the graveyard (issue 28). */
+static void test_broadcast_after_killed_link(void) {
+  int fds[3];
+  for (int i = 0; i < 3; i++) CU_ASSERT_FATAL((fds[i] = raw_link()) >= 0);
+  /* The newest link heads the engine's list, so the broadcast visits it first. */
+  pthread_mutex_lock(&target->lock);
+  struct conn *head = target->conns;
+  int victim = -1;
+  for (int i = 0; head && i < 3; i++)
+    if (peer_port_of(head->fd) == local_port_of(fds[i])) victim = i;
+  if (victim >= 0) shutdown(head->fd, SHUT_WR); /* its next send fails: EPIPE kills it mid-walk */
+  pthread_mutex_unlock(&target->lock);
+  CU_ASSERT_FATAL(victim >= 0);
+
+  uint8_t *mem = tu_alloc_mem(UMEM_LEN, false);
+  CU_ASSERT_FATAL(mem != NULL);
+  HixlMemDesc d = {.addr = (uintptr_t)mem, .len = UMEM_LEN};
+  HixlMemHandle h;
+  CU_ASSERT_EQUAL_FATAL(HixlEngineRegisterMem(target, &d, HIXL_MEM_HOST, &h), HIXL_SUCCESS);
+  for (int i = 0; i < 3; i++)
+    if (i != victim) CU_ASSERT_TRUE(expect_mem_frame(fds[i], WIRE_MEM_ADD, d.addr, d.len));
+  CU_ASSERT_EQUAL(HixlEngineDeregisterMem(target, h), HIXL_SUCCESS);
+  for (int i = 0; i < 3; i++)
+    if (i != victim) CU_ASSERT_TRUE(expect_mem_frame(fds[i], WIRE_MEM_DEL, d.addr, d.len));
+  CU_ASSERT_TRUE(closed_by_peer(fds[victim])); /* it heard nothing but its end */
+  for (int i = 0; i < 3; i++) close(fds[i]);
+  tu_free_mem(mem, UMEM_LEN);
+  assert_target_serves();
+}
+
 int main(int argc, char **argv) {
   int rc = tu_child_main(argc, argv); /* resolves tu_self_exe(); -1 unless a tu_server child */
   if (rc >= 0) return rc;
@@ -1249,6 +1306,8 @@ int main(int argc, char **argv) {
   CU_add_test(t, "malformed staged frames close only their link", test_stage_malformed_closes_link);
   CU_add_test(t, "a STAGE_READ flood nobody reads: bounded, RESOURCE_EXHAUSTED beyond",
               test_stage_read_flood_bounded);
+  CU_add_test(t, "MEM_ADD / MEM_DEL reach every live link after one dies mid-broadcast",
+              test_broadcast_after_killed_link);
   CU_pSuite u = CU_add_suite("target_staging_unregistered_on", NULL, NULL);
   CU_add_test(u, "an unmapped page: FAILED, target alive, link kept", test_stage_unmapped_page);
   CU_pSuite i = CU_add_suite("initiator_vs_fake_targets", NULL, NULL);

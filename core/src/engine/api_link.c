@@ -188,8 +188,8 @@ HixlStatus hixl_engine_drop_peer(HixlEngine *e, const char *remote_name, const c
   for (int k = 0; k < XPORT_MODS; k++) /* the peer lets go of mapped memory first */
     e->mods[k]->mem.peer_drop(e, remote_name, deadline);
   size_t n = 0;
-  for (struct conn *c = e->conns, *next; c; c = next) {
-    next = c->next; /* a killed link leaves the list for the graveyard */
+  uint32_t walk = ++e->walks;
+  for (struct conn *c; (c = link_next(e, walk));) {
     bool his = strcmp(c->remote_name, remote_name) == 0 ||
                (c->peer && strcmp(c->peer->remote_name, remote_name) == 0);
     if (c->dead || !his) continue;

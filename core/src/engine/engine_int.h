@@ -94,6 +94,7 @@ struct conn {
   /* initiator: chunks sent, in the order their responses will come */
   struct chunk *pend_head, *pend_tail;
   uint64_t next_seq;
+  uint32_t walk; /* the last walk (link_next) that visited it */
 };
 
 struct peer {
@@ -147,6 +148,7 @@ struct HixlEngine {
   struct memtab regs;
   struct peer *peers;
   struct conn *conns;
+  uint32_t walks;                           /* walks over conns begun (link_next) */
   struct conn *graveyard;                   /* killed, freed by the progress thread after a batch */
   const struct xport_ops *mods[XPORT_MODS]; /* the transports and the staging pool (xport.h) */
   void *xe[XPORT_MODS];                     /* each module's engine state, or NULL */
@@ -167,6 +169,20 @@ int link_watch_listener(struct HixlEngine *e);
 void link_stop(struct HixlEngine *e);
 struct conn *link_conn_new(struct HixlEngine *e, int fd, enum conn_role role);
 int link_conn_watch(struct conn *c);
+/* The one way to walk e's links when the walk's body may kill one: the next link in
+ * e->conns that the walk numbered walk (= ++e->walks) has not visited, looked for from
+ * the head each time. A kill moves a link out of e->conns (to the graveyard, whose
+ * next leads elsewhere), so the body may kill any link, its own or others, and every
+ * live link is still visited once. Lock held throughout; the body must not begin
+ * another walk (a walk of its own would mark links anew). shm's links walk the same
+ * way (eshm_next). */
+static inline struct conn *link_next(struct HixlEngine *e, uint32_t walk) {
+  struct conn *c = e->conns;
+  while (c && c->walk == walk) c = c->next;
+  if (c) c->walk = walk;
+  return c;
+}
+
 void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct hixl_mem_reg *r);
 void link_req_maybe_free(struct hixl_transfer_req *r);
 /* Attach th, a CALL chunk whose frame holds its request, to r (lock held): it leaves

@@ -168,8 +168,10 @@ void link_then_behind(struct hixl_transfer_req *r, struct conn *c, struct chunk 
     link_set_want_out(c, true);
 }
 
+/* Every target link hears of r (a failed send kills its link: the walk goes on). */
 void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct hixl_mem_reg *r) {
-  for (struct conn *c = e->conns; c; c = c->next) {
+  uint32_t walk = ++e->walks;
+  for (struct conn *c; (c = link_next(e, walk));) {
     if (c->role != CONN_TARGET) continue;
     size_t cap = WIRE_HDR_LEN + link_mem_entry_len(r);
     uint8_t *buf = malloc(cap);
