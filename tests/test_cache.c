@@ -10,6 +10,7 @@
  * over tcp (test_cache_tcp), and over rdma in the soft-RoCE guest. */
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -843,6 +844,64 @@ static void test_allocated(void) {
   CU_ASSERT_EQUAL(li.mapped, 0);
 }
 
+/* Two threads register one CacheKey at once, RACE_TRIALS times: exactly one succeeds
+ * each time, the other is refused naming the key (issue 28: the key was checked under
+ * the lock and inserted after the engine registration, so both could succeed). */
+enum { RACE_TRIALS = 40 };
+struct race_arg {
+  atomic_int *ready, *go; /* spun on, not slept on: both threads leave within nanoseconds */
+  uint8_t *mem[C_TENSORS];
+  uint64_t req, id;
+  HixlStatus st;
+};
+
+static void *race_register(void *p) {
+  struct race_arg *a = p;
+  HixlCacheDesc d = desc_c();
+  HixlCacheKey key = HIXL_CACHE_KEY_INIT(CLUSTER_ME, a->req);
+  uintptr_t addrs[C_TENSORS];
+  for (int t = 0; t < C_TENSORS; t++) addrs[t] = (uintptr_t)a->mem[t];
+  atomic_fetch_add(a->ready, 1);
+  while (!atomic_load(a->go)) {
+  }
+  a->st = HixlCacheManagerRegisterCache(mgr, &d, addrs, C_TENSORS, &key, 1, HIXL_CACHE_ACCESS_REMOTE, &a->id);
+  return NULL;
+}
+
+static void test_register_race(void) {
+  struct race_arg a[2];
+  atomic_int ready, go;
+  memset(a, 0, sizeof(a));
+  for (int i = 0; i < 2; i++)
+    for (int t = 0; t < C_TENSORS; t++) CU_ASSERT_FATAL((a[i].mem[t] = calloc(1, C_BATCH * C_ITEM)) != NULL);
+  for (uint64_t trial = 0; trial < RACE_TRIALS; trial++) {
+    pthread_t th[2];
+    atomic_store(&ready, 0);
+    atomic_store(&go, 0);
+    for (int i = 0; i < 2; i++) {
+      a[i].ready = &ready;
+      a[i].go = &go;
+      a[i].req = 5000 + trial;
+      CU_ASSERT_FATAL(pthread_create(&th[i], NULL, race_register, &a[i]) == 0);
+    }
+    while (atomic_load(&ready) < 2) {
+    }
+    atomic_store(&go, 1);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    int won = (a[0].st == HIXL_SUCCESS) + (a[1].st == HIXL_SUCCESS);
+    CU_ASSERT_EQUAL(won, 1);
+    for (int i = 0; i < 2; i++) {
+      if (a[i].st == HIXL_SUCCESS)
+        TU_ASSERT_STATUS(HixlCacheManagerUnregisterCache(mgr, a[i].id), HIXL_SUCCESS);
+      else
+        CU_ASSERT_EQUAL(a[i].st, HIXL_PARAM_INVALID);
+    }
+    if (won != 1) break;
+  }
+  for (int i = 0; i < 2; i++)
+    for (int t = 0; t < C_TENSORS; t++) free(a[i].mem[t]);
+}
+
 int main(void) {
   int down[2], up[2];
   signal(SIGPIPE, SIG_IGN);
@@ -869,6 +928,7 @@ int main(void) {
                          {"async: no byte of layer l before its release", test_async_pipelined},
                          {"async: a layer never ready fails the task", test_async_not_ready},
                          {"allocated caches: pulled, mapped on one host, freed", test_allocated},
+                         {"one CacheKey registered by two threads at once: one wins", test_register_race},
                          {"a lost link comes back with Link", test_relink},
                          {"a stopped peer: TIMEOUT on time", test_stopped_peer},
                          {"a dead peer: FAILED, never a hang", test_dead_peer},

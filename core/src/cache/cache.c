@@ -55,9 +55,11 @@ HixlStatus HixlCacheManagerDestroy(HixlCacheManager *m) {
   pthread_mutex_lock(&m->lock);
   uint32_t tasks = m->tasks, busy = 0;
   for (struct cm_cache *c = m->caches; c; c = c->next) busy += c->busy;
+  for (struct cm_cache *c = m->pending; c; c = c->next) busy++; /* a registration under way */
   pthread_mutex_unlock(&m->lock);
   if (tasks || busy)
-    return hixl_fail(HIXL_FAILED, "HixlCacheManagerDestroy: %u async tasks and %u transfers still use it",
+    return hixl_fail(HIXL_FAILED,
+                     "HixlCacheManagerDestroy: %u async tasks and %u transfers or registrations still use it",
                      tasks, busy);
   hixl_engine_set_service(m->eng, HIXL_SERVICE_CACHE, NULL, NULL);
   HixlStatus st = HIXL_SUCCESS;

@@ -71,6 +71,7 @@ struct HixlCacheManager {
   uint64_t nonce;
   pthread_mutex_t lock; /* a leaf: never held across an engine call */
   struct cm_cache *caches;
+  struct cm_cache *pending; /* being registered: their ids and keys are taken, nothing is served */
   uint64_t next_id;
   size_t naddrs; /* tensor addresses registered, all caches */
   struct cm_link *links;

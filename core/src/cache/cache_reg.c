@@ -66,6 +66,32 @@ static int cm_cmp_uptr(const void *a, const void *b) {
 
 /* Register a cache at addrs, or (alloc) allocate its tensors and write their
  * addresses to addrs. */
+/* PARAM_INVALID when a cache of list already holds one of keys or bkey's model. */
+static HixlStatus keys_clash(const struct cm_cache *list, const char *fn, const HixlCacheKey *keys,
+                             size_t num_keys, const HixlBlocksCacheKey *bkey) {
+  for (const struct cm_cache *o = list; o; o = o->next) {
+    if (bkey && o->has_bkey && o->bkey.model_id == bkey->model_id)
+      return hixl_fail(HIXL_PARAM_INVALID,
+                       "%s: BlocksCacheKey model %" PRIu64 " already names cache %" PRIu64, fn,
+                       bkey->model_id, o->id);
+    for (size_t i = 0; i < num_keys; i++)
+      for (size_t j = 0; j < o->nkeys; j++)
+        if (o->keys[j].req_id == keys[i].req_id && o->keys[j].model_id == keys[i].model_id &&
+            o->keys[j].prefix_id == keys[i].prefix_id)
+          return hixl_fail(HIXL_PARAM_INVALID, "%s: CacheKey req %" PRIu64 " already names cache %" PRIu64,
+                           fn, keys[i].req_id, o->id);
+  }
+  return HIXL_SUCCESS;
+}
+
+static void list_unlink(struct cm_cache **head, struct cm_cache *c) {
+  for (struct cm_cache **pp = head; *pp; pp = &(*pp)->next)
+    if (*pp == c) {
+      *pp = c->next;
+      return;
+    }
+}
+
 static HixlStatus cm_register(HixlCacheManager *m, bool blocks, bool alloc, const HixlCacheDesc *desc,
                               uintptr_t *addrs, size_t num_addrs, const HixlCacheKey *keys, size_t num_keys,
                               const HixlBlocksCacheKey *bkey, HixlCacheAccess access, uint64_t *cache_id,
@@ -125,31 +151,21 @@ static HixlStatus cm_register(HixlCacheManager *m, bool blocks, bool alloc, cons
     c->has_bkey = true;
     c->bkey = *bkey;
   }
-  /* Reserve an id and the addresses; check keys against the other caches. */
+  /* Reserve an id, the addresses and the keys (c waits in m->pending, so a concurrent
+   * registration of one of its keys is refused); check keys against the other caches. */
   pthread_mutex_lock(&m->lock);
   if (m->naddrs + num_addrs > HIXL_CACHE_MAX_ADDRS) {
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: %zu tensor addresses are registered; %zu more exceed %d", fn,
                    m->naddrs, num_addrs, HIXL_CACHE_MAX_ADDRS);
   } else {
-    st = HIXL_SUCCESS;
-    for (struct cm_cache *o = m->caches; o && st == HIXL_SUCCESS; o = o->next) {
-      if (bkey && o->has_bkey && o->bkey.model_id == bkey->model_id)
-        st =
-            hixl_fail(HIXL_PARAM_INVALID, "%s: BlocksCacheKey model %" PRIu64 " already names cache %" PRIu64,
-                      fn, bkey->model_id, o->id);
-      for (size_t i = 0; i < num_keys && st == HIXL_SUCCESS; i++)
-        for (size_t j = 0; j < o->nkeys; j++)
-          if (o->keys[j].req_id == keys[i].req_id && o->keys[j].model_id == keys[i].model_id &&
-              o->keys[j].prefix_id == keys[i].prefix_id) {
-            st = hixl_fail(HIXL_PARAM_INVALID, "%s: CacheKey req %" PRIu64 " already names cache %" PRIu64,
-                           fn, keys[i].req_id, o->id);
-            break;
-          }
-    }
+    st = keys_clash(m->caches, fn, keys, num_keys, bkey);
+    if (st == HIXL_SUCCESS) st = keys_clash(m->pending, fn, keys, num_keys, bkey);
   }
   if (st == HIXL_SUCCESS) {
     c->id = m->next_id++;
     m->naddrs += num_addrs;
+    c->next = m->pending;
+    m->pending = c;
   }
   pthread_mutex_unlock(&m->lock);
   if (st != HIXL_SUCCESS) goto fail_alloc;
@@ -184,6 +200,7 @@ static HixlStatus cm_register(HixlCacheManager *m, bool blocks, bool alloc, cons
     }
   }
   pthread_mutex_lock(&m->lock);
+  list_unlink(&m->pending, c);
   c->next = m->caches;
   m->caches = c;
   pthread_mutex_unlock(&m->lock);
@@ -196,6 +213,7 @@ fail_registered:
     if (c->handles[t])
       HixlEngineDeregisterMem(m->eng, c->handles[t]); /* never an allocation: it is the last step */
   pthread_mutex_lock(&m->lock);
+  list_unlink(&m->pending, c);
   m->naddrs -= num_addrs;
   pthread_mutex_unlock(&m->lock);
 fail_alloc:
@@ -256,20 +274,24 @@ HixlStatus HixlCacheManagerUnregisterCache(HixlCacheManager *m, uint64_t cache_i
   else if (c->busy)
     st = hixl_fail(HIXL_FAILED, "%s: cache %" PRIu64 " is in use by %u transfers or tasks", fn, cache_id,
                    c->busy);
-  else
-    *pp = c->next; /* peers can no longer find it */
+  else {
+    *pp = c->next; /* peers can no longer find it; its keys stay taken until it is gone */
+    c->next = m->pending;
+    m->pending = c;
+  }
   pthread_mutex_unlock(&m->lock);
   if (st != HIXL_SUCCESS) return st;
-  if ((st = cache_deregister(m, c, fn)) != HIXL_SUCCESS) { /* in flight on the engine: keep it */
-    pthread_mutex_lock(&m->lock);
+  st = cache_deregister(m, c, fn);
+  pthread_mutex_lock(&m->lock);
+  list_unlink(&m->pending, c);
+  if (st != HIXL_SUCCESS) { /* in flight on the engine: keep it */
     c->next = m->caches;
     m->caches = c;
-    pthread_mutex_unlock(&m->lock);
-    return st;
+  } else {
+    m->naddrs -= c->desc.num_tensors;
   }
-  pthread_mutex_lock(&m->lock);
-  m->naddrs -= c->desc.num_tensors;
   pthread_mutex_unlock(&m->lock);
+  if (st != HIXL_SUCCESS) return st;
   cache_free(c);
   return HIXL_SUCCESS;
 }
