@@ -1,8 +1,9 @@
 /* hixl client/server API: HIXL's HixlCS* functions with their names and signatures
  * (seed 000). A server registers memory and listens; a client connects, learns the
  * server's registrations and moves data with batched one-sided put/get.
- * Every function is safe from any thread, except that a Destroy must not race other
- * calls on the same handle. */
+ * Every function is safe from any thread, Destroy included: a Destroy refuses new
+ * calls on its handle (PARAM_INVALID) and waits for the calls already in flight on it
+ * to return, each within its own timeout, before it frees anything. */
 #ifndef HIXL_CS_H
 #define HIXL_CS_H
 
@@ -93,7 +94,8 @@ HIXL_API HixlStatus HixlCSServerRegMem(HixlServerHandle server_handle, const cha
 HIXL_API HixlStatus HixlCSServerListen(HixlServerHandle server_handle, uint32_t backlog);
 /** Deregister; FAILED while a client transfer on it is in flight. */
 HIXL_API HixlStatus HixlCSServerUnregMem(HixlServerHandle server_handle, MemHandle mem_handle);
-/** Close every client link (their batches end FAILED) and free the server. */
+/** Refuse new calls, wait for those in flight on this handle, close every client link
+ *  (their batches end FAILED) and free the server. */
 HIXL_API HixlStatus HixlCSServerDestroy(HixlServerHandle server_handle);
 
 /** Create a client for the server in client_desc; config may be NULL. */
@@ -132,7 +134,8 @@ HIXL_API HixlStatus HixlCSClientBatchPutSync(HixlClientHandle client_handle, uin
 /** Get and wait, up to timeout_ms (0: 1000 ms). */
 HIXL_API HixlStatus HixlCSClientBatchGetSync(HixlClientHandle client_handle, uint32_t list_num,
                                              const HixlOneSideOpDesc *desc_list, uint32_t timeout_ms);
-/** Close the link (batches still in flight end FAILED) and free the client. */
+/** Refuse new calls, wait for those in flight on this handle (a sync batch up to its
+ *  timeout), close the link (async batches still in flight end FAILED), free the client. */
 HIXL_API HixlStatus HixlCSClientDestroy(HixlClientHandle client_handle);
 
 #ifdef __cplusplus

@@ -15,12 +15,21 @@
 
 #define CS_DEFAULT_BATCH_TIMEOUT_MS 30000
 
+/* A handle's first member: the calls in flight on it, under registry_lock. Destroy
+ * takes the handle out of the registry (new calls are refused), then waits for them to
+ * return (each within its own timeout) before it frees anything. */
+struct cs_ref {
+  unsigned calls;
+};
+
 struct cs_server {
+  struct cs_ref ref; /* first */
   HixlEngine *eng;
   uint16_t port;
 };
 
 struct cs_client {
+  struct cs_ref ref; /* first */
   HixlEngine *eng;
   char remote[64];          /* "server_ip:port" */
   int32_t batch_timeout_ms; /* async batches end TIMEOUT after this */
@@ -34,13 +43,24 @@ struct cs_client {
 /* Live handles, one set per kind: a server handle given to a client call (or the
  * reverse) is as unknown as a freed one. */
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t registry_cond = PTHREAD_COND_INITIALIZER; /* a handle's last call returned */
 static struct ptrset servers, clients;
 
-static bool registry_has(struct ptrset *set, const void *h) {
+/* A call begins on h (a struct cs_server or cs_client): false when h is not live. */
+static bool registry_enter(struct ptrset *set, void *h) {
   pthread_mutex_lock(&registry_lock);
   bool ok = h && ptrset_has(set, h);
+  if (ok) ((struct cs_ref *)h)->calls++;
   pthread_mutex_unlock(&registry_lock);
   return ok;
+}
+
+/* ... and returns st. */
+static HixlStatus registry_leave(void *h, HixlStatus st) {
+  pthread_mutex_lock(&registry_lock);
+  if (--((struct cs_ref *)h)->calls == 0) pthread_cond_broadcast(&registry_cond);
+  pthread_mutex_unlock(&registry_lock);
+  return st;
 }
 
 static int registry_add(struct ptrset *set, void *h) {
@@ -50,10 +70,12 @@ static int registry_add(struct ptrset *set, void *h) {
   return rc;
 }
 
-static bool registry_del(struct ptrset *set, const void *h) {
+/* Take h out (no new call begins on it) and wait until its calls in flight returned. */
+static bool registry_del(struct ptrset *set, void *h) {
   pthread_mutex_lock(&registry_lock);
   bool ok = h && ptrset_del(set, h);
   if (set->count == 0) ptrset_free(set);
+  while (ok && ((struct cs_ref *)h)->calls > 0) pthread_cond_wait(&registry_cond, &registry_lock);
   pthread_mutex_unlock(&registry_lock);
   return ok;
 }
@@ -159,24 +181,24 @@ free_server:
 
 #define SERVER(h, fn)                                                                                        \
   struct cs_server *s = (h);                                                                                 \
-  if (!registry_has(&servers, s))                                                                            \
+  if (!registry_enter(&servers, s))                                                                          \
   return hixl_fail(HIXL_PARAM_INVALID, "%s: server handle %p is unknown or destroyed", fn, (void *)s)
 
 HixlStatus HixlCSServerRegMem(HixlServerHandle server_handle, const char *mem_tag, const HcommMem *mem,
                               MemHandle *mem_handle) {
   SERVER(server_handle, "HixlCSServerRegMem");
-  return reg_mem(s->eng, mem_tag, mem, "HixlCSServerRegMem", mem_handle);
+  return registry_leave(s, reg_mem(s->eng, mem_tag, mem, "HixlCSServerRegMem", mem_handle));
 }
 
 HixlStatus HixlCSServerListen(HixlServerHandle server_handle, uint32_t backlog) {
-  SERVER(server_handle, "HixlCSServerListen");
   CHECK_ARG(backlog <= 65535, "HixlCSServerListen: backlog %u is larger than 65535", backlog);
-  return hixl_engine_listen(s->eng, s->port, (int)backlog);
+  SERVER(server_handle, "HixlCSServerListen");
+  return registry_leave(s, hixl_engine_listen(s->eng, s->port, (int)backlog));
 }
 
 HixlStatus HixlCSServerUnregMem(HixlServerHandle server_handle, MemHandle mem_handle) {
   SERVER(server_handle, "HixlCSServerUnregMem");
-  return HixlEngineDeregisterMem(s->eng, mem_handle);
+  return registry_leave(s, HixlEngineDeregisterMem(s->eng, mem_handle));
 }
 
 HixlStatus HixlCSServerDestroy(HixlServerHandle server_handle) {
@@ -242,7 +264,7 @@ free_client:
 
 #define CLIENT(h, fn)                                                                                        \
   struct cs_client *c = (h);                                                                                 \
-  if (!registry_has(&clients, c))                                                                            \
+  if (!registry_enter(&clients, c))                                                                          \
   return hixl_fail(HIXL_PARAM_INVALID, "%s: client handle %p is unknown or destroyed", fn, (void *)c)
 
 static int32_t timeout_arg(uint32_t timeout_ms) {
@@ -251,7 +273,7 @@ static int32_t timeout_arg(uint32_t timeout_ms) {
 
 HixlStatus HixlCSClientConnect(HixlClientHandle client_handle, uint32_t timeout_ms) {
   CLIENT(client_handle, "HixlCSClientConnect");
-  return HixlEngineConnect(c->eng, c->remote, timeout_arg(timeout_ms));
+  return registry_leave(c, HixlEngineConnect(c->eng, c->remote, timeout_arg(timeout_ms)));
 }
 
 static void free_remote_outputs(struct cs_client *c) {
@@ -263,9 +285,8 @@ static void free_remote_outputs(struct cs_client *c) {
   c->rsnap = NULL;
 }
 
-HixlStatus HixlCSClientGetRemoteMem(HixlClientHandle client_handle, HcommMem **remote_mem_list,
-                                    char ***mem_tag_list, uint32_t *list_num, uint32_t timeout_ms) {
-  CLIENT(client_handle, "HixlCSClientGetRemoteMem");
+static HixlStatus get_remote_mem(struct cs_client *c, HcommMem **remote_mem_list, char ***mem_tag_list,
+                                 uint32_t *list_num, uint32_t timeout_ms) {
   struct hixl_remote_mem *snap;
   size_t n;
   CHECK_ARG(remote_mem_list && mem_tag_list && list_num,
@@ -298,15 +319,21 @@ HixlStatus HixlCSClientGetRemoteMem(HixlClientHandle client_handle, HcommMem **r
   return HIXL_SUCCESS;
 }
 
+HixlStatus HixlCSClientGetRemoteMem(HixlClientHandle client_handle, HcommMem **remote_mem_list,
+                                    char ***mem_tag_list, uint32_t *list_num, uint32_t timeout_ms) {
+  CLIENT(client_handle, "HixlCSClientGetRemoteMem");
+  return registry_leave(c, get_remote_mem(c, remote_mem_list, mem_tag_list, list_num, timeout_ms));
+}
+
 HixlStatus HixlCSClientRegMem(HixlClientHandle client_handle, const char *mem_tag, const HcommMem *mem,
                               MemHandle *mem_handle) {
   CLIENT(client_handle, "HixlCSClientRegMem");
-  return reg_mem(c->eng, mem_tag, mem, "HixlCSClientRegMem", mem_handle);
+  return registry_leave(c, reg_mem(c->eng, mem_tag, mem, "HixlCSClientRegMem", mem_handle));
 }
 
 HixlStatus HixlCSClientUnregMem(HixlClientHandle client_handle, MemHandle mem_handle) {
   CLIENT(client_handle, "HixlCSClientUnregMem");
-  return HixlEngineDeregisterMem(c->eng, mem_handle);
+  return registry_leave(c, HixlEngineDeregisterMem(c->eng, mem_handle));
 }
 
 /* HixlOneSideOpDesc[] -> HixlTransferOpDesc[] (the caller frees *out). */
@@ -359,18 +386,19 @@ static HixlStatus batch_async(struct cs_client *c, HixlTransferOp op, uint32_t n
 HixlStatus HixlCSClientBatchPutAsync(HixlClientHandle client_handle, uint32_t list_num,
                                      const HixlOneSideOpDesc *desc_list, CompleteHandle *complete_handle) {
   CLIENT(client_handle, "HixlCSClientBatchPutAsync");
-  return batch_async(c, HIXL_WRITE, list_num, desc_list, complete_handle, "HixlCSClientBatchPutAsync");
+  return registry_leave(
+      c, batch_async(c, HIXL_WRITE, list_num, desc_list, complete_handle, "HixlCSClientBatchPutAsync"));
 }
 
 HixlStatus HixlCSClientBatchGetAsync(HixlClientHandle client_handle, uint32_t list_num,
                                      const HixlOneSideOpDesc *desc_list, CompleteHandle *complete_handle) {
   CLIENT(client_handle, "HixlCSClientBatchGetAsync");
-  return batch_async(c, HIXL_READ, list_num, desc_list, complete_handle, "HixlCSClientBatchGetAsync");
+  return registry_leave(
+      c, batch_async(c, HIXL_READ, list_num, desc_list, complete_handle, "HixlCSClientBatchGetAsync"));
 }
 
-HixlStatus HixlCSClientQueryCompleteStatus(HixlClientHandle client_handle, CompleteHandle complete_handle,
-                                           HixlCompleteStatus *complete_status) {
-  CLIENT(client_handle, "HixlCSClientQueryCompleteStatus");
+static HixlStatus query_status(struct cs_client *c, CompleteHandle complete_handle,
+                               HixlCompleteStatus *complete_status) {
   HixlTransferStatus ts;
   CHECK_ARG(complete_status, "HixlCSClientQueryCompleteStatus: complete_status is NULL");
   pthread_mutex_lock(&c->lock);
@@ -395,6 +423,12 @@ HixlStatus HixlCSClientQueryCompleteStatus(HixlClientHandle client_handle, Compl
   return HIXL_SUCCESS;
 }
 
+HixlStatus HixlCSClientQueryCompleteStatus(HixlClientHandle client_handle, CompleteHandle complete_handle,
+                                           HixlCompleteStatus *complete_status) {
+  CLIENT(client_handle, "HixlCSClientQueryCompleteStatus");
+  return registry_leave(c, query_status(c, complete_handle, complete_status));
+}
+
 static HixlStatus batch_sync(struct cs_client *c, HixlTransferOp op, uint32_t n,
                              const HixlOneSideOpDesc *list, uint32_t timeout_ms, const char *fn) {
   HixlTransferOpDesc *ops = NULL;
@@ -408,13 +442,15 @@ static HixlStatus batch_sync(struct cs_client *c, HixlTransferOp op, uint32_t n,
 HixlStatus HixlCSClientBatchPutSync(HixlClientHandle client_handle, uint32_t list_num,
                                     const HixlOneSideOpDesc *desc_list, uint32_t timeout_ms) {
   CLIENT(client_handle, "HixlCSClientBatchPutSync");
-  return batch_sync(c, HIXL_WRITE, list_num, desc_list, timeout_ms, "HixlCSClientBatchPutSync");
+  return registry_leave(
+      c, batch_sync(c, HIXL_WRITE, list_num, desc_list, timeout_ms, "HixlCSClientBatchPutSync"));
 }
 
 HixlStatus HixlCSClientBatchGetSync(HixlClientHandle client_handle, uint32_t list_num,
                                     const HixlOneSideOpDesc *desc_list, uint32_t timeout_ms) {
   CLIENT(client_handle, "HixlCSClientBatchGetSync");
-  return batch_sync(c, HIXL_READ, list_num, desc_list, timeout_ms, "HixlCSClientBatchGetSync");
+  return registry_leave(
+      c, batch_sync(c, HIXL_READ, list_num, desc_list, timeout_ms, "HixlCSClientBatchGetSync"));
 }
 
 HixlStatus HixlCSClientDestroy(HixlClientHandle client_handle) {
