@@ -53,7 +53,11 @@ typedef enum {
 typedef void (*HixlLogCallback)(HixlLogLevel level, const char *message, void *ctx);
 
 /** Route log lines to cb (NULL restores stderr). The level still comes from
- *  HixlSetLogLevel or env HIXL_LOG_LEVEL (off|error|warn|info|debug; default error). */
+ *  HixlSetLogLevel or env HIXL_LOG_LEVEL (off|error|warn|info|debug; default error).
+ *  Both setters are safe from any thread at any time; a line written as the callback
+ *  changes may still go to the previous one. cb runs on whichever hixl thread logs,
+ *  the progress thread included, with that engine's lock held: it must return quickly
+ *  and must not call any hixl function. */
 HIXL_API void HixlSetLogCallback(HixlLogCallback cb, void *ctx);
 HIXL_API void HixlSetLogLevel(HixlLogLevel level);
 

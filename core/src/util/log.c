@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,32 +11,36 @@
 #include <time.h>
 #include <unistd.h>
 
-int hixl_log_level_ = HIXL_LOG_ERROR;
+atomic_int hixl_log_level_ = HIXL_LOG_ERROR;
+/* The callback and its context change together: read and written under log_lock. */
+static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static HixlLogCallback log_cb;
 static void *log_ctx;
 static pthread_once_t log_once = PTHREAD_ONCE_INIT;
-static int log_level_set_by_api;
+static atomic_int log_level_set_by_api;
 
 static void log_read_env(void) {
   const char *v = getenv("HIXL_LOG_LEVEL");
   static const char *const names[] = {"off", "error", "warn", "info", "debug"};
-  if (!v || log_level_set_by_api) return;
+  if (!v || atomic_load(&log_level_set_by_api)) return;
   for (int i = 0; i < 5; i++)
-    if (strcasecmp(v, names[i]) == 0) hixl_log_level_ = i;
+    if (strcasecmp(v, names[i]) == 0) atomic_store(&hixl_log_level_, i);
 }
 
 /* Called from Create: no work happens in library constructors. */
 void hixl_log_init(void) { pthread_once(&log_once, log_read_env); }
 
 void HixlSetLogCallback(HixlLogCallback cb, void *ctx) {
+  pthread_mutex_lock(&log_lock);
   log_ctx = ctx;
   log_cb = cb;
+  pthread_mutex_unlock(&log_lock);
 }
 
 void HixlSetLogLevel(HixlLogLevel level) {
   if (level < HIXL_LOG_OFF || level > HIXL_LOG_DEBUG) return;
-  log_level_set_by_api = 1;
-  hixl_log_level_ = (int)level;
+  atomic_store(&log_level_set_by_api, 1);
+  atomic_store(&hixl_log_level_, (int)level);
 }
 
 void hixl_log_write(HixlLogLevel level, const char *fmt, ...) {
@@ -45,9 +50,12 @@ void hixl_log_write(HixlLogLevel level, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
+  pthread_mutex_lock(&log_lock);
   HixlLogCallback cb = log_cb;
+  void *ctx = log_ctx;
+  pthread_mutex_unlock(&log_lock);
   if (cb) {
-    cb(level, msg, log_ctx);
+    cb(level, msg, ctx);
     return;
   }
   struct timespec ts;

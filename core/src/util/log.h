@@ -1,15 +1,18 @@
 /* log: quiet by default (errors only), env HIXL_LOG_LEVEL, host callback. */
 #ifndef HIXL_LOG_H
 #define HIXL_LOG_H
+#include <stdatomic.h>
+
 #include "hixl/hixl_status.h"
 
-extern int hixl_log_level_; /* checked before any formatting */
+extern atomic_int hixl_log_level_; /* checked before any formatting */
 void hixl_log_write(HixlLogLevel level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void hixl_log_init(void);
 
 #define HIXL_LOG(lvl, ...)                                                                                   \
   do {                                                                                                       \
-    if ((int)(lvl) <= hixl_log_level_) hixl_log_write((lvl), __VA_ARGS__);                                   \
+    if ((int)(lvl) <= atomic_load_explicit(&hixl_log_level_, memory_order_relaxed))                          \
+      hixl_log_write((lvl), __VA_ARGS__);                                                                    \
   } while (0)
 #define log_error(...) HIXL_LOG(HIXL_LOG_ERROR, __VA_ARGS__)
 #define log_warn(...)  HIXL_LOG(HIXL_LOG_WARN, __VA_ARGS__)
