@@ -11,6 +11,9 @@ exactly as vLLM's scheduler and GPU model runner do each step:
 KV tensors are CPU torch tensors in vLLM's shapes; every token's K|V is a function of
 (request seed, layer, token), so decode checks every block with torch.equal.
 The router (pd_router.py) talks to it with one JSON object per line on stdin/stdout.
+Every connector call is timed (Timed: time.perf_counter_ns and thread CPU time around
+the hook, and around the plugin's C ops within it); the steps with requests in flight
+are reported with the stats at exit (integration/py-host/hixl-py-host prints them).
 """
 
 from __future__ import annotations
@@ -40,26 +43,41 @@ def send(msg):
     os.write(1, (json.dumps(msg) + "\n").encode())
 
 
+SPREAD = 1 << 20  # where a (seed, layer)'s values start in the table: one of SPREAD / 4 places
+
+
+def bits(t):
+    """A tensor's bytes as integers, for a bitwise torch.equal (float16's equal is both
+    slower and looser: -0 == 0, NaN != NaN): int64 where the rows allow, else int16."""
+    t = t.view(torch.int16)
+    return t.view(torch.int64) if t.shape[-1] % 4 == 0 and t.is_contiguous() else t
+
+
 class Model:
     """The KV cache of an L-layer model in one of vLLM's layouts, and canonical
-    (B, N, H, C) views of each layer for writing and checking."""
+    (B, N, H, C) views of each layer for writing and checking.
 
-    def __init__(self, layout, layers, heads, block_tokens, head_dim, num_blocks):
+    Every token's K|V is a function of (request seed, layer, token, head, element): a
+    window of one random table both sides build alike, starting at a place given by
+    (seed, layer) (distinct for every layer of a request). Writing a layer and checking
+    it are then one copy and one bitwise compare per layer, not a generator per token."""
+
+    def __init__(self, layout, layers, heads, block_tokens, head_dim, num_blocks, max_tokens=0):
         self.layout, self.L, self.H, self.N, self.D, self.B = layout, layers, heads, block_tokens, head_dim, num_blocks
         self.names = [f"model.layers.{l}.self_attn.attn" for l in range(layers)]
         C = head_dim if layout == "mla" else 2 * head_dim
         self.C = C
-        self.kv, self.canon = {}, []
+        self.kv, canon = {}, []
         if layout == "packed":  # per layer (B, H, N, 2D)
             for n in self.names:
                 t = torch.zeros(num_blocks, heads, block_tokens, C, dtype=DTYPE)
                 self.kv[n] = t
-                self.canon.append(t.permute(0, 2, 1, 3))
+                canon.append(t.permute(0, 2, 1, 3))
         elif layout == "mla":  # per layer (B, N, D_latent)
             for n in self.names:
                 t = torch.zeros(num_blocks, block_tokens, C, dtype=DTYPE)
                 self.kv[n] = t
-                self.canon.append(t.unsqueeze(2))
+                canon.append(t.unsqueeze(2))
         elif layout in ("LBNHC", "BLNHC"):  # one buffer, each layer a strided view (B, N, H, C)
             if layout == "LBNHC":
                 whole = torch.zeros(layers, num_blocks, block_tokens, heads, C, dtype=DTYPE)
@@ -70,39 +88,109 @@ class Model:
             self.whole = whole
             for n, v in zip(self.names, views):
                 self.kv[n] = v
-                self.canon.append(v)
+                canon.append(v)
         elif layout == "cross_layer":  # (B, L, N, H, C) registered whole: K|V packed in C
             whole = torch.zeros(num_blocks, layers, block_tokens, heads, C, dtype=DTYPE)
             self.whole = whole
             for l, n in enumerate(self.names):
                 self.kv[n] = whole[:, l]
-                self.canon.append(whole[:, l])
+                canon.append(whole[:, l])
         else:
             raise SystemExit(f"unknown layout {layout}")
+        self.canon = [c.view(torch.int16) for c in canon]  # copies and compares move bits, never floats
+        cap = -(-(max_tokens or num_blocks * block_tokens) // block_tokens) * block_tokens
+        g = torch.Generator().manual_seed(0x6869786C)
+        self.table = torch.randint(-32768, 32768, (cap * self.heads_of_canon() * C + SPREAD,), generator=g,
+                                   dtype=torch.int16)
 
     def heads_of_canon(self):
         return 1 if self.layout == "mla" else self.H
 
+    def token_bytes(self):
+        """KV bytes of one token in one layer."""
+        return self.heads_of_canon() * self.C * torch.finfo(DTYPE).bits // 8
+
     def values(self, seed, layer, tokens):
-        g = torch.Generator().manual_seed(seed * 1009 + layer)
-        return torch.randint(-1024, 1024, (tokens, self.heads_of_canon(), self.C), generator=g).to(DTYPE)
+        """(tokens, H, C) int16: the bits of each token's K|V (a view of the table)."""
+        hc = self.heads_of_canon()
+        off = 4 * ((seed * 1000003 + layer * 7919) % (SPREAD // 4))  # 7919 is odd: every layer differs
+        return self.table[off:off + tokens * hc * self.C].view(tokens, hc, self.C)
 
     def compute(self, seed, blocks, tokens, layer):
-        t = torch.arange(tokens)
-        bidx = torch.tensor(blocks, dtype=torch.long)[t // self.N]
-        self.canon[layer][bidx, t % self.N] = self.values(seed, layer, tokens)
+        """The forward pass of one layer: the request's blocks, whole, get their values."""
+        nb = len(blocks)
+        v = self.values(seed, layer, nb * self.N).view(nb, self.N, self.heads_of_canon(), self.C)
+        self.canon[layer].index_copy_(0, torch.tensor(blocks, dtype=torch.long), v)
 
     def verify(self, seed, blocks, tokens):
-        """(blocks checked, first mismatch or None): torch.equal on every block of every layer."""
-        checked = 0
+        """(blocks checked, first mismatch or None): torch.equal on the bytes of every
+        block of every layer (the request's tokens of its last block)."""
+        checked, nb = 0, len(blocks)
+        idx = torch.tensor(blocks, dtype=torch.long)
         for l in range(self.L):
-            v = self.values(seed, l, tokens)
-            for i, b in enumerate(blocks):
-                n = min(self.N, tokens - i * self.N)
-                if not torch.equal(self.canon[l][b, :n], v[i * self.N:i * self.N + n]):
-                    return checked, f"layer {l} block {b} (request block {i}) differs"
-                checked += 1
+            got = self.canon[l].index_select(0, idx).view(nb * self.N, self.heads_of_canon(), self.C)[:tokens]
+            want = self.values(seed, l, tokens)
+            if not torch.equal(bits(got), bits(want)):
+                for i, b in enumerate(blocks):
+                    lo, hi = i * self.N, min(tokens, (i + 1) * self.N)
+                    if not torch.equal(got[lo:hi], want[lo:hi]):
+                        return checked, f"layer {l} block {b} (request block {i}) differs"
+                return checked, f"layer {l} differs"
+            checked += nb
         return checked, None
+
+
+class TimedOps:
+    """The adapter's ops table (its private _plugin.ops) with the nanoseconds of each
+    C call, ctypes' marshalling included, added to owner.c_ns (wall) and owner.c_cpu
+    (this thread's CPU): the plugin's share of a hook's time. Instrumentation of this
+    driver only."""
+
+    def __init__(self, ops, owner):
+        self._ops, self._owner = ops, owner
+
+    def __getattr__(self, name):
+        f = getattr(self._ops, name)
+        if not callable(f):
+            return f
+        owner = self._owner
+
+        def timed(*args):
+            t, c = time.perf_counter_ns(), time.thread_time_ns()
+            try:
+                return f(*args)
+            finally:
+                owner.c_cpu += time.thread_time_ns() - c
+                owner.c_ns += time.perf_counter_ns() - t
+        return timed
+
+
+class Timed:
+    """A connector whose hooks add the nanoseconds they take (time.perf_counter_ns
+    around the call alone) to .ns, and the part of it inside the plugin's C ops to
+    .c_ns: the step's time in the connector, and in the plugin. .cpu and .c_cpu are the
+    same in this thread's CPU time (time.thread_time_ns), which a busy machine taking
+    the CPU away mid-hook does not inflate."""
+
+    def __init__(self, conn):
+        self.conn, self.ns, self.c_ns, self.cpu, self.c_cpu = conn, 0, 0, 0, 0
+        plugin = getattr(conn, "_plugin", None)
+        if plugin is not None:
+            plugin.ops = TimedOps(plugin.ops, self)
+
+    def __getattr__(self, name):
+        f = getattr(self.conn, name)
+        if not callable(f):
+            return f
+
+        def timed(*args, **kwargs):
+            t, c = time.perf_counter_ns(), time.thread_time_ns()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                self.cpu += time.thread_time_ns() - c
+                self.ns += time.perf_counter_ns() - t
+        return timed
 
 
 class Instance:
@@ -111,13 +199,13 @@ class Instance:
         self.prefill = a.role == "prefill"
         cfg = json.loads(a.config)
         self.push = cfg["kv_connector_extra_config"].get("mode") == "push"
-        self.m = Model(a.layout, a.layers, a.heads, a.block_tokens, a.head_dim, a.num_blocks)
+        self.m = Model(a.layout, a.layers, a.heads, a.block_tokens, a.head_dim, a.num_blocks, a.max_prompt)
         vc = fv.VllmConfig(fv.KVTransferConfig.from_dict(cfg))
         spec = fv.MLAAttentionSpec(block_size=a.block_tokens) if a.layout == "mla" else \
             fv.FullAttentionSpec(block_size=a.block_tokens)
         kcc = fv.KVCacheConfig(a.num_blocks, [fv.KVCacheGroupSpec(list(self.m.names), spec)])
-        self.sched = HixlKVConnector(vc, KVConnectorRole.SCHEDULER, kcc)
-        self.worker = HixlKVConnector(vc, KVConnectorRole.WORKER, kcc)
+        self.sched = Timed(HixlKVConnector(vc, KVConnectorRole.SCHEDULER, kcc))
+        self.worker = Timed(HixlKVConnector(vc, KVConnectorRole.WORKER, kcc))
         if a.layout == "cross_layer":
             self.worker.register_cross_layers_kv_cache(self.m.whole, None)
         else:
@@ -129,9 +217,15 @@ class Instance:
         self.finished_ids = set()  # vLLM's scheduler_output.finished_req_ids for the next step
         self.ready = []  # decode: received, checked in the next step
         self.exiting = False
+        self.go = False  # fault decode-dies-mid-push: the router killed decode
         self.drain_end = 0.0
         self.count = 0
         self.buf = b""
+        self.t_saved = 0  # prefill: when the last forward pass saved its last layer (the hand-off starts)
+        # Steps with requests in flight: [requests, ns in the scheduler's hooks, in the worker's, of
+        # those inside the plugin's C ops: the scheduler's, the worker's; the same four in CPU ns].
+        self.steps = []
+        self.event_fd = self.worker.event_fd() if not self.prefill else -1
 
     # ---- blocks ----
     def alloc(self, n):
@@ -161,7 +255,17 @@ class Instance:
                 for r in batch:
                     if r.compute:
                         self.m.compute(r.seed, r.blocks, r.num_prompt_tokens, l)
+                if l == self.m.L - 1:  # the last layer is computed: the hand-off starts with its save
+                    self.t_saved = time.monotonic_ns()
                 w.save_kv_layer(name, self.m.kv[name], attn_metadata=None)
+                if self.a.fault == "prefill-dies-mid-push" and l == self.m.L // 2 and \
+                        self.count + len(batch) >= self.a.fault_at:  # half the layers are being pushed
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if self.a.fault == "decode-dies-mid-push" and l == self.m.L // 2 and not self.go and \
+                        self.count + len(batch) >= self.a.fault_at:
+                    send({"op": "midpush"})  # the router kills decode, then says go
+                    while not self.go and self.read(1.0):
+                        pass
         w.wait_for_save()
         sending, recving = w.get_finished(self.finished_ids)
         self.finished_ids = set()
@@ -170,7 +274,13 @@ class Instance:
         return fv.KVConnectorOutput(finished_sending=sending, finished_recving=recving, invalid_block_ids=errors)
 
     def step(self):
+        busy = len(self.reqs)
+        s, w = self.sched, self.worker
+        before = (s.ns, w.ns, s.c_ns, w.c_ns, s.cpu, w.cpu, s.c_cpu, w.c_cpu)
         (self.prefill_step if self.prefill else self.decode_step)()
+        if busy and len(self.steps) < 200000:
+            after = (s.ns, w.ns, s.c_ns, w.c_ns, s.cpu, w.cpu, s.c_cpu, w.c_cpu)
+            self.steps.append([busy] + [x - y for x, y in zip(after, before)])
 
     def prefill_step(self):
         s = self.sched
@@ -199,7 +309,7 @@ class Instance:
             delay, params = s.request_finished(r, list(r.blocks))
             self.finished_ids.add(r.request_id)
             self.order.remove(r.request_id)
-            send({"op": "params", "id": r.request_id, "params": params, "delay": delay})
+            send({"op": "params", "id": r.request_id, "params": params, "delay": delay, "t_saved": self.t_saved})
             self.count += 1
             if self.a.fault == "prefill-dies" and self.count == self.a.fault_at:
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -226,7 +336,8 @@ class Instance:
         for r in self.ready:
             s.update_state_after_alloc(r, fv.KVCacheBlocks([r.blocks]), 0)
             checked, bad = self.m.verify(r.seed, r.blocks, r.num_prompt_tokens)
-            self.finish(r, "corrupt" if bad else r.outcome, bad or f"{checked} blocks equal", checked)
+            self.finish(r, "corrupt" if bad else r.outcome, bad or f"{checked} blocks equal", checked,
+                        nbytes=0 if bad else r.num_prompt_tokens * self.m.L * self.m.token_bytes())
         self.ready = []
         for rid in list(self.order):
             r = self.reqs[rid]
@@ -289,9 +400,10 @@ class Instance:
                     self.finish(r, "failed", f"{r.why}; then matched {n} tokens again", 0)
                 continue
             r.status = fv.RequestStatus.RUNNING
+            r.t_held = time.monotonic_ns()
             self.ready.append(r)
 
-    def finish(self, r, outcome, why, checked, finished_already=False):
+    def finish(self, r, outcome, why, checked, finished_already=False, nbytes=0):
         if not finished_already and r.blocks:
             if r.status != fv.RequestStatus.FINISHED_ABORTED:
                 r.status = fv.RequestStatus.FINISHED_LENGTH_CAPPED
@@ -303,12 +415,15 @@ class Instance:
         self.reqs.pop(r.request_id, None)
         if r.request_id in self.order:
             self.order.remove(r.request_id)
-        send({"op": "done", "id": r.request_id, "outcome": outcome, "why": why, "blocks_checked": checked})
+        send({"op": "done", "id": r.request_id, "outcome": outcome, "why": why, "blocks_checked": checked,
+              "bytes_checked": nbytes, "t_held": getattr(r, "t_held", 0)})
 
     # ---- the process ----
     def handle(self, msg):
         op = msg["op"]
-        if op == "exit":
+        if op == "go":
+            self.go = True
+        elif op == "exit":
             self.exiting = True
             self.drain_end = time.monotonic() + self.a.drain_s
         elif op in ("req", "load"):
@@ -320,8 +435,10 @@ class Instance:
             raise SystemExit(f"unknown message {msg}")
 
     def read(self, timeout):
-        rl, _, _ = select.select([0], [], [], timeout)
-        if not rl:
+        """Waits up to timeout for the router's messages (decode: or for the worker's
+        event fd, readable once get_finished has something) and handles them."""
+        rl, _, _ = select.select([0] if self.event_fd < 0 else [0, self.event_fd], [], [], timeout)
+        if 0 not in rl:
             return True
         data = os.read(0, 1 << 16)
         if not data:
@@ -345,7 +462,8 @@ class Instance:
         st = self.worker.plugin_stats()
         adapter = self.worker.get_kv_connector_stats()
         send({"op": "stats", "blocks_total": self.a.num_blocks, "blocks_free": len(self.free),
-              "requests_left": len(self.reqs), "held": len(self.held), "plugin": st, "adapter": adapter.data})
+              "requests_left": len(self.reqs), "held": len(self.held), "plugin": st, "adapter": adapter.data,
+              "steps": self.steps})
         self.worker.shutdown()
         self.sched.shutdown()
 
@@ -360,8 +478,10 @@ def main():
     p.add_argument("--block-tokens", type=int, default=16)
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--num-blocks", type=int, default=256)
+    p.add_argument("--max-prompt", type=int, default=0, help="the longest prompt (default: the whole cache)")
     p.add_argument("--drain-s", type=float, default=10.0)
-    p.add_argument("--fault", default="none")
+    p.add_argument("--fault", default="none", help="decode-dies, prefill-dies, decode-aborts; push mode: "
+                   "prefill-dies-mid-push, decode-dies-mid-push (the router kills decode)")
     p.add_argument("--fault-at", type=int, default=0)
     a = p.parse_args()
     try:

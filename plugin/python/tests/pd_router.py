@@ -2,7 +2,8 @@
 starts a prefill and a decode pd_instance.py on 127.0.0.1, sends each request to
 prefill, carries the kv_transfer_params prefill's request_finished returned to decode
 (pull), or decode's push params to prefill (push), and collects each request's outcome
-and each side's blocks and counters at exit."""
+and each side's blocks and counters at exit. For the fault decode-dies-mid-push it kills
+decode when prefill says it has pushed half a request's layers, then lets prefill go on."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
@@ -71,6 +72,10 @@ class Result:
     decode_rc: Optional[int]
     logs: List[str]
     seconds: float
+    bytes_checked: int = 0  # KV bytes of the verified requests, every one compared
+    prompts: Dict[str, int] = field(default_factory=dict)  # request -> prompt tokens
+    handoff_ns: Dict[str, int] = field(default_factory=dict)  # verified request -> last layer saved to KV held
+    busy_seconds: float = 0.0  # from the first request sent to the last one ended
 
     def summary(self) -> str:
         n = len(self.outcomes)
@@ -80,7 +85,10 @@ class Result:
 
 def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_prompt: int = 16, max_prompt: int = 300,
         seed: int = 1, timeout: float = 90.0, prefill_args=(), decode_args=(), extra=None, concurrency: int = 4,
-        stop_after_fault: bool = False) -> Result:
+        stop_after_fault: bool = False, on_done: Optional[Callable[[str, str], None]] = None) -> Result:
+    """Runs the hand-off of `requests` requests (prompts uniform in min_prompt..max_prompt
+    tokens, seeded) with at most `concurrency` in flight; on_done(request, outcome) is
+    called as each ends."""
     env = dict(os.environ)
     pp, dp = free_port(), free_port()
     extra = extra or {}
@@ -97,19 +105,24 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
     outcomes: Dict[str, str] = {}
     whys: Dict[str, str] = {}
     checked = 0
+    nbytes = 0
     inflight = 0
+    t_saved: Dict[str, int] = {}  # prefill's last layer saved (push: its params may come after decode's done)
+    t_held: Dict[str, int] = {}  # decode's get_finished reported the KV received
+    t_first = t_last = 0.0
     logs: List[str] = []
     t0 = time.monotonic()
     exit_sent = False
     where: Dict[str, str] = {}  # a request in flight: the side that has it now
 
     def handle(side: Side, msg) -> None:
-        nonlocal checked, inflight
+        nonlocal checked, nbytes, inflight, t_last
         op = msg["op"]
         if op == "ready":
             side.ready = True
         elif op == "params":  # pull: prefill's request_finished -> decode
             rid = msg["id"]
+            t_saved[rid] = msg.get("t_saved", 0)
             if mode == "pull":
                 if msg["params"] and msg["delay"]:
                     s, n = info[rid]
@@ -122,12 +135,24 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
             rid = msg["id"]
             s, n = info[rid]
             sides["prefill"].send({"op": "req", "id": rid, "seed": s, "prompt": n, "params": msg["params"]})
+        elif op == "midpush":  # fault decode-dies-mid-push: prefill has pushed half the layers, waiting
+            d = sides["decode"]
+            d.proc.kill()
+            d.proc.wait()
+            logs.append("router: killed decode (SIGKILL) with prefill's push half done")
+            side.send({"op": "go"})  # prefill pushes the rest into a dead peer
         elif op == "done":
             rid = msg["id"]
             outcomes[rid], whys[rid] = msg["outcome"], msg["why"]
             checked += msg["blocks_checked"]
+            if msg["outcome"] == "verified":
+                nbytes += msg.get("bytes_checked", 0)
+                t_held[rid] = msg.get("t_held", 0)
             where.pop(rid, None)
             inflight -= 1
+            t_last = time.monotonic()
+            if on_done:
+                on_done(rid, msg["outcome"])
         elif op == "stats":
             side.stats = msg
         elif op == "fatal":
@@ -142,10 +167,12 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
             while todo and inflight < concurrency:
                 rid, s, n = todo.pop(0)
                 inflight += 1
+                t_first = t_first or time.monotonic()
                 if mode == "pull":
                     where[rid] = "prefill"
                     sides["prefill"].send({"op": "req", "id": rid, "seed": s, "prompt": n, "params": None})
-                else:
+                else:  # push: decode has it from now on (it ends it, loaded or not, while it lives)
+                    where[rid] = "decode"
                     sides["decode"].send({"op": "load", "id": rid, "seed": s, "prompt": n,
                                           "params": {"do_remote_prefill": True}})
         dead_any = any(s.dead for s in sides.values())
@@ -182,6 +209,7 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
             if s.fatal and not exit_sent:
                 todo.clear()
                 inflight = 0
+    handoff = {rid: t - t_saved[rid] for rid, t in t_held.items() if t > t_saved.get(rid, 0) > 0}
     rcs = {}
     for name, s in sides.items():
         try:
@@ -191,4 +219,5 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
             rcs[name] = s.proc.wait()
             logs.append(f"{name}: killed at the timeout")
     return Result(outcomes, whys, checked, sides["prefill"].stats, sides["decode"].stats, rcs["prefill"],
-                  rcs["decode"], logs, time.monotonic() - t0)
+                  rcs["decode"], logs, time.monotonic() - t0, nbytes, {rid: n for rid, (_, n) in info.items()},
+                  handoff, max(0.0, t_last - t_first))

@@ -59,6 +59,37 @@ def test_prefill_dies(plugin_path):
     check_clean(res, ("decode",))
 
 
+def test_push_decode_dies_mid_push(plugin_path):
+    # Prefill has pushed half the layers of its 3rd request when the router SIGKILLs decode;
+    # it then pushes the rest into the dead peer: those pushes fail, and prefill frees
+    # every block it held for them.
+    res = pd_router.run(mode="push", requests=8, timeout=60,
+                        prefill_args=["--fault", "decode-dies-mid-push", "--fault-at", "3"],
+                        extra={"prefill": {"lease_ms": 1500}}, stop_after_fault=True)
+    assert any("killed decode" in line for line in res.logs), res.logs
+    assert res.decode_rc == -9 and res.prefill_rc == 0, res.logs
+    out = set(res.outcomes.values())
+    assert "lost" in out and out <= {"verified", "lost"}, res.whys
+    check_clean(res, ("prefill",))
+    p = res.prefill["plugin"]
+    assert p["pushes_failed"] >= 1 and p["pushes_done"] + p["pushes_failed"] >= 3, p
+
+
+def test_push_prefill_dies_mid_push(plugin_path):
+    # Prefill SIGKILLs itself after saving half the layers of the batch holding its 3rd
+    # request: decode's requests waiting for those layers fail to load when their lease
+    # ends and are recomputed (and checked); none is corrupt, decode holds 0 blocks.
+    res = pd_router.run(mode="push", requests=8, timeout=60,
+                        prefill_args=["--fault", "prefill-dies-mid-push", "--fault-at", "3"],
+                        extra={"decode": {"lease_ms": 1500}})
+    assert res.prefill_rc == -9 and res.decode_rc == 0, res.logs
+    out = list(res.outcomes.values())
+    assert set(out) <= {"verified", "recomputed"} and "recomputed" in out, res.whys
+    assert len(out) >= 4, res.whys  # the 4 in flight when prefill died (concurrency 4) all ended
+    check_clean(res, ("decode",))
+    assert res.decode["plugin"]["loads_failed"] == out.count("recomputed")
+
+
 def test_decode_aborts(plugin_path):
     res = pd_router.run(requests=8, timeout=60, decode_args=["--fault", "decode-aborts", "--fault-at", "2"])
     assert res.prefill_rc == 0 and res.decode_rc == 0
