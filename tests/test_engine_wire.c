@@ -1221,6 +1221,95 @@ static void test_reconnect_after_idle_hangup(void) {
   fake_stop(&f);
 }
 
+/* A peer pipelines READ_REQs and never reads the answers (issue 28): the target owes
+ * that link at most LinkAnswersMax answers, stops reading its requests meanwhile, still
+ * serves another client, and answers everything, in order and right, once the peer
+ * reads. Before, the answers queued without a bound (566 MB for 3 million). */
+enum { FLOOD_MAX = 64, FLOOD_READS = 2000, FLOOD_LEN = 4096 };
+struct flood_sender {
+  int fd;
+  bool ok;
+};
+
+static void *flood_send_reqs(void *p) {
+  struct flood_sender *f = p;
+  uint8_t frame[64];
+  f->ok = true;
+  for (uint32_t i = 0; i < FLOOD_READS && f->ok; i++) {
+    size_t n = wire_put_read_req(frame, 1000 + i, (uintptr_t)tmem + (i % 64) * FLOOD_LEN, FLOOD_LEN);
+    f->ok = send_all(f->fd, frame, n); /* blocks while the target does not read */
+  }
+  return NULL;
+}
+
+static void test_read_flood_backpressure(void) {
+  HixlEngine *t;
+  char addr[TU_ADDR_LEN];
+  uint16_t port = tu_free_port();
+  HixlOption o[] = {{"LinkAnswersMax", "64"}, {"Transport", "tcp"}};
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&t));
+  tu_addr(addr, sizeof(addr), port);
+  TU_ASSERT_OK_FATAL(HixlEngineInitialize(t, addr, o, 2));
+  HixlMemDesc d = {.addr = (uintptr_t)tmem, .len = MEM_LEN};
+  HixlMemHandle h;
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(t, &d, HIXL_MEM_HOST, &h));
+  tu_fill(tmem, 64 * FLOOD_LEN, 77);
+  struct flood_sender f = {.fd = raw_link_to(port, 64 << 10)};
+  CU_ASSERT_FATAL(f.fd >= 0);
+  pthread_t th;
+  CU_ASSERT_FATAL(pthread_create(&th, NULL, flood_send_reqs, &f) == 0);
+
+  /* Wait (bounded) for the target to stop reading the link: it owes the bound. */
+  bool stalled = false;
+  uint32_t owed = 0, most = 0;
+  int64_t until = tu_now_ms() + 20000;
+  while (!stalled && tu_now_ms() < until) {
+    pthread_mutex_lock(&t->lock);
+    for (struct conn *c = t->conns; c; c = c->next)
+      if (c->role == CONN_TARGET) {
+        stalled = (c->stall & LINK_STALL_BACKLOG) != 0;
+        owed = c->answers_items;
+      }
+    pthread_mutex_unlock(&t->lock);
+    most = owed > most ? owed : most;
+    if (!stalled) sched_yield();
+  }
+  CU_ASSERT_TRUE(stalled);
+  CU_ASSERT(most <= FLOOD_MAX + 1); /* the frame that crossed the bound is the last one taken */
+
+  /* Meanwhile another client is served as usual. */
+  HixlEngine *c2;
+  uint8_t back[FLOOD_LEN];
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&c2));
+  TU_ASSERT_OK_FATAL(HixlEngineInitialize(c2, "127.0.0.1", o + 1, 1));
+  HixlMemDesc bd = {.addr = (uintptr_t)back, .len = sizeof(back)};
+  HixlMemHandle bh;
+  TU_ASSERT_OK(HixlEngineRegisterMem(c2, &bd, HIXL_MEM_HOST, &bh));
+  TU_ASSERT_OK(HixlEngineConnect(c2, addr, 5000));
+  HixlTransferOpDesc op = {(uintptr_t)back, (uintptr_t)tmem, sizeof(back)};
+  TU_ASSERT_OK(HixlEngineTransferSync(c2, addr, HIXL_READ, &op, 1, 5000));
+  CU_ASSERT(memcmp(back, tmem, sizeof(back)) == 0);
+  HixlEngineDestroy(c2);
+
+  /* Now read: every answer arrives, in order, with its data. */
+  uint8_t body[64], data[FLOOD_LEN];
+  struct wire_hdr wh;
+  struct wire_msg m;
+  uint32_t got = 0;
+  for (; got < FLOOD_READS; got++) {
+    if (!read_frame(f.fd, &wh, body, sizeof(body)) || wh.type != WIRE_READ_RESP ||
+        wire_decode(&wh, body, &m) != WIRE_OK || m.u.ack.seq != 1000 + got || m.u.ack.status != 0 ||
+        wh.payload_len != FLOOD_LEN || !recv_all(f.fd, data, FLOOD_LEN) ||
+        memcmp(data, tmem + (got % 64) * FLOOD_LEN, FLOOD_LEN) != 0)
+      break;
+  }
+  CU_ASSERT_EQUAL(got, FLOOD_READS);
+  pthread_join(th, NULL);
+  CU_ASSERT_TRUE(f.ok);
+  close(f.fd);
+  HixlEngineDestroy(t);
+}
+
 /* Read frames from fd until one of type; true when it names [addr, +len). */
 static bool expect_mem_frame(int fd, uint8_t type, uint64_t addr, uint64_t len) {
   uint8_t body[512];
@@ -1306,6 +1395,8 @@ int main(int argc, char **argv) {
   CU_add_test(t, "malformed staged frames close only their link", test_stage_malformed_closes_link);
   CU_add_test(t, "a STAGE_READ flood nobody reads: bounded, RESOURCE_EXHAUSTED beyond",
               test_stage_read_flood_bounded);
+  CU_add_test(t, "a READ flood nobody reads: the target owes at most LinkAnswersMax, serves others",
+              test_read_flood_backpressure);
   CU_add_test(t, "MEM_ADD / MEM_DEL reach every live link after one dies mid-broadcast",
               test_broadcast_after_killed_link);
   CU_pSuite u = CU_add_suite("target_staging_unregistered_on", NULL, NULL);

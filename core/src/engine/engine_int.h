@@ -52,6 +52,11 @@ enum conn_role { CONN_TARGET_HELLO, CONN_TARGET, CONN_INITIATOR };
 
 struct peer;
 
+/* Why a link reads no frames (struct conn's stall): it reads again once none holds. */
+#define LINK_STALL_MODULE  0x1 /* a module paused it (a target's RDMA staged unit is on the QP) */
+#define LINK_STALL_FENCE   0x2 /* a CALL waits until every answer queued before it was sent */
+#define LINK_STALL_BACKLOG 0x4 /* it owes its peer more answers than the bound (issue 28) */
+
 struct conn {
   struct HixlEngine *eng;
   struct conn *next; /* engine's list of live connections */
@@ -83,12 +88,12 @@ struct conn {
   struct link_pay pay;                /* ... and what it keeps about it (link_pay_of) */
   /* target: the last seq of a WRITE refused here (CALL_AFTER checks it) */
   uint64_t write_refused;
-  bool stalled;          /* a module paused reading frames (a target's RDMA staged unit is on the QP) */
-  bool call_fenced;      /* ... or a CALL waits until every answer queued before it has been sent */
-  bool in_fence;         /* releasing that wait (no recursion) */
-  bool always_read;      /* initiator: the target sends frames on its own (shm SHM_UNMAP): never parked */
-  size_t answers_queued; /* bytes of answers queued with a count (txitem.queued), not yet sent: a module
-                            bounds what one peer makes it queue (staging: STAGE_READ data) */
+  uint8_t stall;          /* why the link reads no frames now (LINK_STALL_*), 0: it reads */
+  bool in_fence;          /* releasing a stall (no recursion) */
+  bool always_read;       /* initiator: the target sends frames on its own (shm SHM_UNMAP): never parked */
+  size_t answers_queued;  /* target: bytes of answers queued, not yet sent (txitem.queued) */
+  uint32_t answers_items; /* ... and how many: past LinkAnswersMax or LinkAnswerBytesMax the link
+                             stops reading frames until they are down to half (LINK_STALL_BACKLOG) */
   /* send */
   struct txitem *txq_head, *txq_tail;
   /* initiator: chunks sent, in the order their responses will come */

@@ -151,7 +151,9 @@ void link_txitem_done(struct conn *c, struct txitem *it) {
   free(it->heap);
   it->heap = NULL;
   c->answers_queued -= it->queued;
+  c->answers_items -= it->owed;
   it->queued = 0;
+  it->owed = false;
   free(it->own_payload);
   it->own_payload = NULL;
   for (uint32_t i = 0; i < it->n_own_regs; i++) it->own_regs[i]->inflight--;
@@ -231,6 +233,12 @@ void link_free_graveyard(struct HixlEngine *e) {
 void link_enqueue(struct conn *c, struct txitem *it) {
   it->next = NULL;
   it->sent = 0;
+  if (c->role == CONN_TARGET) { /* an answer this engine owes its peer: counted against the bound */
+    it->queued = it->heap_len + it->payload_len; /* the inline header is the item's own cost */
+    it->owed = true;
+    c->answers_queued += it->queued;
+    c->answers_items++;
+  }
   if (c->txq_tail)
     c->txq_tail->next = it;
   else
@@ -240,7 +248,7 @@ void link_enqueue(struct conn *c, struct txitem *it) {
 
 /* Tell epoll what the progress thread should watch on c. */
 void link_conn_arm(struct conn *c) {
-  uint32_t in = c->rx == RX_PROGRESS && !c->stalled ? EPOLLIN : EPOLLRDHUP;
+  uint32_t in = c->rx == RX_PROGRESS && !c->stall ? EPOLLIN : EPOLLRDHUP;
   struct epoll_event ev = {.events = in | (c->want_out ? EPOLLOUT : 0), .data.ptr = c};
   epoll_ctl(c->eng->epfd, EPOLL_CTL_MOD, c->fd, &ev);
 }

@@ -52,7 +52,7 @@ static int item_iov(const struct txitem *it, struct iovec *iov, int n, size_t bu
   return n;
 }
 
-static void fence_release(struct conn *c);
+static void stall_release(struct conn *c);
 
 /* Send as much of the queue as the socket takes, in gathered writes. */
 void link_flush_some(struct conn *c, size_t budget) {
@@ -100,18 +100,31 @@ void link_flush_some(struct conn *c, size_t budget) {
     }
   }
   if (!c->dead) link_set_want_out(c, c->txq_head != NULL);
-  if (!c->dead && c->call_fenced && !c->txq_head) fence_release(c);
+  if (!c->dead && (c->stall & (LINK_STALL_FENCE | LINK_STALL_BACKLOG))) stall_release(c);
 }
 
 void link_flush(struct conn *c) { link_flush_some(c, SIZE_MAX); }
 
-/* Everything queued before the waiting CALL has been sent: serve it and read on, in a
- * loop rather than by recursion (each CALL answered may fence the next). */
-static void fence_release(struct conn *c) {
+/* Whether target link c owes its peer more than the bound / div (LinkAnswersMax items,
+ * LinkAnswerBytesMax bytes): 1 to stall, 2 to read again (hysteresis). */
+static bool link_backlogged(const struct conn *c, uint32_t div) {
+  const struct hixl_options *o = &c->eng->opts;
+  return c->role == CONN_TARGET &&
+         (c->answers_items > o->answers_max / div || c->answers_queued > o->answer_bytes_max / div);
+}
+
+/* What was sent may lift a stall: a CALL's fence once everything queued before it is
+ * out, the backlog once what the link owes is down to half the bound. Then read on,
+ * in a loop rather than by recursion (reading may stall it again, and sending may lift
+ * that in turn). */
+static void stall_release(struct conn *c) {
   if (c->in_fence) return;
   c->in_fence = true;
-  while (!c->dead && c->call_fenced && !c->txq_head) {
-    c->call_fenced = c->stalled = false;
+  while (!c->dead) {
+    uint8_t before = c->stall;
+    if ((c->stall & LINK_STALL_FENCE) && !c->txq_head) c->stall &= (uint8_t)~LINK_STALL_FENCE;
+    if ((c->stall & LINK_STALL_BACKLOG) && !link_backlogged(c, 2)) c->stall &= (uint8_t)~LINK_STALL_BACKLOG;
+    if (c->stall == before) break;
     link_conn_arm(c);
     link_parse_frames(c);
     if (!c->dead && c->txq_head) link_flush_some(c, SIZE_MAX);
@@ -493,7 +506,7 @@ static bool type_allowed(const struct HixlEngine *e, enum conn_role role, unsign
 
 /* Parse and act on every whole frame in the receive buffer. */
 void link_parse_frames(struct conn *c) {
-  while (!c->dead && c->pay_left == 0 && !c->stalled) {
+  while (!c->dead && c->pay_left == 0 && !c->stall) {
     size_t avail = c->rx_end - c->rx_start;
     uint8_t *p = c->rxbuf + c->rx_start;
     struct wire_hdr h;
@@ -529,9 +542,9 @@ void link_parse_frames(struct conn *c) {
     if (avail < WIRE_HDR_LEN + h.body_len) return; /* body not here yet; fits ENGINE_RXBUF */
     /* A CALL is served once every answer queued before it on this link has been sent:
      * a handler that lets memory go (the plugin's FREE) knows no earlier answer still
-     * reads it. The link reads nothing more until then (fence_release). */
+     * reads it. The link reads nothing more until then (stall_release). */
     if ((h.type == WIRE_CALL || h.type == WIRE_CALL_AFTER) && c->role == CONN_TARGET && c->txq_head) {
-      c->call_fenced = c->stalled = true;
+      c->stall |= LINK_STALL_FENCE;
       link_conn_arm(c);
       return;
     }
@@ -550,6 +563,10 @@ void link_parse_frames(struct conn *c) {
     else
       target_handle(c, &m);
     if (c->dead) return;
+    if (link_backlogged(c, 1)) { /* a peer that does not read its answers reads no more of ours */
+      c->stall |= LINK_STALL_BACKLOG;
+      link_conn_arm(c);
+    }
     if (c->pay_left > 0) {
       size_t have = c->rx_end - c->rx_start;
       size_t n = have < c->pay_left ? have : c->pay_left;

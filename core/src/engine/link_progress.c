@@ -22,7 +22,7 @@
 
 static void conn_on_readable(struct conn *c) {
   size_t budget = LINK_READ_BUDGET;
-  while (!c->dead && !c->stalled && budget > 0) {
+  while (!c->dead && !c->stall && budget > 0) {
     ssize_t k;
     /* Stream the payload straight into its destination; many small spans (a staged
      * unit of small ops) go through the receive buffer instead: one recv, not one per span. */

@@ -78,6 +78,17 @@ static bool parse_unregistered(const char *s, struct hixl_options *o) {
   return true;
 }
 
+static bool parse_answers_max(const char *s, struct hixl_options *o) {
+  return parse_u32(s, 16, 1u << 20, &o->answers_max);
+}
+
+static bool parse_answer_mib(const char *s, struct hixl_options *o) {
+  uint32_t v;
+  if (!parse_u32(s, 1, 65536, &v)) return false;
+  o->answer_bytes_max = (size_t)v << 20;
+  return true;
+}
+
 static const char *const transport_names[] = {"auto", "tcp", "rdma", "shm"};
 
 static bool parse_transport(const char *s, struct hixl_options *o) {
@@ -115,7 +126,15 @@ const char *hixl_transport_name(enum hixl_transport t) { return (unsigned)t < 4 
   X("RdmaTimeout", "20", "HCCL_RDMA_TIMEOUT", "[5,20]",                                                      \
     "RDMA ack timeout of every QP: 4.096 us * 2^value before a retransmission (20: 4.3 s)", parse_timeout)   \
   X("RdmaRetryCount", "7", "HCCL_RDMA_RETRY_CNT", "[1,7]",                                                   \
-    "RDMA retransmissions of every QP before its work request fails", parse_retry)
+    "RDMA retransmissions of every QP before its work request fails", parse_retry)                           \
+  X("LinkAnswersMax", "16384", NULL, "[16,1048576]",                                                         \
+    "as a target: answers one link may owe its peer (queued, not yet sent) before this engine stops "        \
+    "reading that link's requests; it reads on once they are down to half",                                  \
+    parse_answers_max)                                                                                       \
+  X("LinkAnswerMiB", "256", NULL, "[1,65536]",                                                               \
+    "as a target: MiB of answers one link may owe its peer before this engine stops reading that link's "    \
+    "requests; it reads on once they are down to half",                                                      \
+    parse_answer_mib)
 
 #define OPTION_INFO(name, def, env, range, doc, parse)  {name, def, env, range, doc},
 #define OPTION_PARSE(name, def, env, range, doc, parse) parse,

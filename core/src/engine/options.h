@@ -27,6 +27,8 @@ struct hixl_options {
   uint32_t stage_threshold;  /* StagingThreshold: ops shorter than this are coalesced; 0 never */
   bool stage_threshold_auto; /* "auto": STAGE_AUTO_TCP on tcp links, STAGE_AUTO_RDMA on rdma links */
   bool stage_unregistered;   /* StagingUnregistered: peers' staged ops may reach unregistered memory */
+  uint32_t answers_max;      /* LinkAnswersMax: answers a target link may owe before it stops reading */
+  size_t answer_bytes_max;   /* LinkAnswerMiB, in bytes: ... and their bytes */
 };
 
 /* One row per key: the same table drives parsing, validation and the docs. */

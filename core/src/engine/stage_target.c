@@ -180,7 +180,7 @@ static void target_rdma(struct conn *c, struct stage_link *t, const struct wire_
     link_conn_kill(c, HIXL_FAILED, why);
     return;
   }
-  c->stalled = true;
+  c->stall |= LINK_STALL_MODULE;
   t->stall_seq = m->u.stage.seq;
   t->stall_pull = pull;
   link_rearm(c);
@@ -190,8 +190,8 @@ static void target_rdma(struct conn *c, struct stage_link *t, const struct wire_
 static void target_rdma_done(struct conn *c, bool ok, const char *status) {
   struct stage_link *t = c->xs[XPORT_STAGE];
   bool unreg;
-  if (!c->stalled || !t) return;
-  c->stalled = false;
+  if (!(c->stall & LINK_STALL_MODULE) || !t) return;
+  c->stall &= (uint8_t)~LINK_STALL_MODULE;
   if (!ok) {
     char why[192];
     snprintf(why, sizeof(why), "%s %s of a staged unit failed: %s", c->xp->name,
@@ -288,8 +288,6 @@ void stage_target_frame(struct conn *c, const struct wire_msg *m) {
   it->payload = buf;
   it->payload_len = len;
   it->own_payload = buf;
-  it->queued = len;
-  c->answers_queued += len;
   link_enqueue(c, it);
 }
 

@@ -137,18 +137,19 @@ struct xport_ops {
   struct xport_link_ops link;
 };
 
-/* Every slot, for xport_check and its test (which also checks the list is whole). */
+/* Every slot, for xport_check and its test (which also checks the list is whole).
+ * Kept as written: clang-format re-wraps this list differently on every run. */
+/* clang-format off */
 #define XPORT_SLOTS(X)                                                                                       \
-  X(iface.open)                                                                                              \
-  X(iface.quiesce)                                                                                           \
-  X(iface.close)                                                                                             \
-  X(iface.caps)                                                                                              \
-  X(iface.event_fd) X(iface.on_event) X(iface.progress) X(mem.reg) X(mem.dereg) X(mem.key) X(mem.share)      \
-      X(mem.unshare) X(mem.peer_drop) X(mem.bounce_reg) X(mem.bounce_dereg) X(mem.bounce_key)                \
-          X(link.connect) X(link.attach) X(link.discard) X(link.target_frame) X(link.initiator_frame)        \
-              X(link.payload_done) X(link.kill) X(link.closed) X(link.free) X(link.info)                     \
-                  X(link.table_current) X(link.post) X(link.start) X(link.async) X(link.drive)               \
-                      X(link.req_timeout) X(link.answer) X(link.chunk_end) X(link.post_own)
+  X(iface.open) X(iface.quiesce) X(iface.close) X(iface.caps) X(iface.event_fd) X(iface.on_event)             \
+  X(iface.progress)                                                                                          \
+  X(mem.reg) X(mem.dereg) X(mem.key) X(mem.share) X(mem.unshare) X(mem.peer_drop) X(mem.bounce_reg)          \
+  X(mem.bounce_dereg) X(mem.bounce_key)                                                                      \
+  X(link.connect) X(link.attach) X(link.discard) X(link.target_frame) X(link.initiator_frame)                \
+  X(link.payload_done) X(link.kill) X(link.closed) X(link.free) X(link.info) X(link.table_current)           \
+  X(link.post) X(link.start) X(link.async) X(link.drive) X(link.req_timeout) X(link.answer)                  \
+  X(link.chunk_end) X(link.post_own)
+/* clang-format on */
 
 /* PARAM_INVALID naming the module and the first empty slot, or SUCCESS. */
 HixlStatus xport_check(const struct xport_ops *x);

@@ -58,7 +58,8 @@ struct txitem {
   void *own_block;
   struct hixl_mem_reg **own_regs;
   uint32_t n_own_regs;
-  size_t queued;            /* bytes counted in the link's answers_queued */
+  size_t queued;            /* bytes counted in the link's answers_queued (heap frame and payload) */
+  bool owed;                /* counted in the link's answers_items: an answer a target owes */
   size_t sent;              /* bytes of hdr, heap and payload sent so far */
   struct chunk *chunk;      /* initiator: awaits a response once sent */
   struct hixl_mem_reg *reg; /* target READ_RESP: inflight released once sent */
