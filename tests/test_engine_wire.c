@@ -72,11 +72,19 @@ static int suite_clean(void) {
 
 /* A blocking socket to tu_ip():port with 5 s receive and send timeouts; rcvbuf > 0
  * fixes its receive buffer (before connect, so the kernel does not grow it). */
-static int raw_connect_buf(uint16_t port, int rcvbuf) {
+static int raw_connect_from(uint16_t port, int rcvbuf, const char *from) {
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
   struct timeval tv = {.tv_sec = 5};
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;
+  if (from) { /* a source address of 127.0.0.0/8 (loopback reaches the target from each) */
+    struct sockaddr_in me = {.sin_family = AF_INET};
+    inet_pton(AF_INET, from, &me.sin_addr);
+    if (bind(fd, (struct sockaddr *)&me, sizeof(me)) < 0) {
+      close(fd);
+      return -1;
+    }
+  }
   inet_pton(AF_INET, tu_ip(), &sa.sin_addr);
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
@@ -88,6 +96,7 @@ static int raw_connect_buf(uint16_t port, int rcvbuf) {
   return fd;
 }
 
+static int raw_connect_buf(uint16_t port, int rcvbuf) { return raw_connect_from(port, rcvbuf, NULL); }
 static int raw_connect(uint16_t port) { return raw_connect_buf(port, 0); }
 
 static uint16_t target_port(void) { return (uint16_t)atoi(strchr(taddr, ':') + 1); }
@@ -147,12 +156,13 @@ static bool read_frame(int fd, struct wire_hdr *h, uint8_t *body, size_t cap) {
   return recv_all(fd, body, h->body_len);
 }
 
-/* A raw link to port that completed the handshake (rcvbuf as raw_connect_buf). */
-static int raw_link_to(uint16_t port, int rcvbuf) {
+/* A raw link to port that completed the handshake (rcvbuf as raw_connect_buf), from
+ * source address from (NULL: any). */
+static int raw_link_from(uint16_t port, int rcvbuf, const char *from) {
   uint8_t buf[4096];
   struct wire_hdr h;
   struct wire_msg m;
-  int fd = raw_connect_buf(port, rcvbuf);
+  int fd = raw_connect_from(port, rcvbuf, from);
   if (fd < 0) return -1;
   if (!send_all(fd, buf, build_hello(buf, sizeof(buf), "raw-test")) ||
       !read_frame(fd, &h, buf, sizeof(buf)) || h.type != WIRE_HELLO_ACK ||
@@ -163,6 +173,7 @@ static int raw_link_to(uint16_t port, int rcvbuf) {
   return fd;
 }
 
+static int raw_link_to(uint16_t port, int rcvbuf) { return raw_link_from(port, rcvbuf, NULL); }
 static int raw_link(void) { return raw_link_to(target_port(), 0); }
 
 /* A real client engine still gets service: WRITE then READ back, checked. */
@@ -1310,6 +1321,63 @@ static void test_read_flood_backpressure(void) {
   HixlEngineDestroy(t);
 }
 
+/* A target engine on a free port of 127.0.0.1 with options o; its address in addr. */
+static HixlEngine *target_with(const HixlOption *o, size_t n, char *addr, uint16_t *port) {
+  HixlEngine *t = NULL;
+  *port = tu_free_port();
+  tu_addr(addr, TU_ADDR_LEN, *port);
+  if (HixlEngineCreate(&t) != HIXL_SUCCESS) return NULL;
+  if (HixlEngineInitialize(t, addr, o, n) != HIXL_SUCCESS) {
+    HixlEngineDestroy(t);
+    return NULL;
+  }
+  return t;
+}
+
+/* A connection that never says HELLO is closed at HandshakeTimeout (issue 28: it was
+ * kept forever); one that did stays. */
+static void test_handshake_deadline(void) {
+  char addr[TU_ADDR_LEN];
+  uint16_t port;
+  HixlOption o[] = {{"HandshakeTimeout", "300"}, {"Transport", "tcp"}};
+  HixlEngine *t = target_with(o, 2, addr, &port);
+  CU_ASSERT_FATAL(t != NULL);
+  int silent = raw_connect(port), hello = raw_link_to(port, 0);
+  CU_ASSERT_FATAL(silent >= 0 && hello >= 0);
+  int64_t t0 = tu_now_ms();
+  CU_ASSERT_TRUE(closed_by_peer(silent));     /* within the 5 s receive timeout */
+  CU_ASSERT(tu_now_ms() - t0 >= 250);         /* not before its deadline */
+  CU_ASSERT(expect_sync(hello, 5, __LINE__)); /* a SYNC round trip */
+  close(silent);
+  close(hello);
+  HixlEngineDestroy(t);
+}
+
+/* MaxLinksPerAddress and MaxLinks: a connection beyond either is closed as accepted,
+ * the others are served. */
+static void test_link_caps(void) {
+  char addr[TU_ADDR_LEN];
+  uint16_t port;
+  HixlOption o[] = {{"MaxLinks", "5"}, {"MaxLinksPerAddress", "3"}, {"Transport", "tcp"}};
+  HixlEngine *t = target_with(o, 3, addr, &port);
+  CU_ASSERT_FATAL(t != NULL);
+  int fds[5], k = 0;
+  for (int i = 0; i < 3; i++) CU_ASSERT((fds[k++] = raw_link_from(port, 0, "127.0.0.1")) >= 0);
+  CU_ASSERT_EQUAL(raw_link_from(port, 0, "127.0.0.1"), -1); /* a 4th from one address */
+  for (int i = 0; i < 2; i++) CU_ASSERT((fds[k++] = raw_link_from(port, 0, "127.0.0.2")) >= 0);
+  CU_ASSERT_EQUAL(raw_link_from(port, 0, "127.0.0.3"), -1); /* a 6th in all */
+  for (int i = 0; i < k; i++)                               /* every accepted link still answers a SYNC */
+    CU_ASSERT(fds[i] >= 0 && expect_sync(fds[i], 10 + (uint64_t)i, __LINE__));
+  close(fds[0]); /* room again for one from 127.0.0.1, once the target has seen it go */
+  int again = -1;
+  for (int64_t until = tu_now_ms() + 5000; again < 0 && tu_now_ms() < until;)
+    if ((again = raw_link_from(port, 0, "127.0.0.1")) < 0) sched_yield();
+  CU_ASSERT(again >= 0);
+  if (again >= 0) close(again);
+  for (int i = 1; i < k; i++) close(fds[i]);
+  HixlEngineDestroy(t);
+}
+
 /* Read frames from fd until one of type; true when it names [addr, +len). */
 static bool expect_mem_frame(int fd, uint8_t type, uint64_t addr, uint64_t len) {
   uint8_t body[512];
@@ -1397,6 +1465,9 @@ int main(int argc, char **argv) {
               test_stage_read_flood_bounded);
   CU_add_test(t, "a READ flood nobody reads: the target owes at most LinkAnswersMax, serves others",
               test_read_flood_backpressure);
+  CU_add_test(t, "no HELLO within HandshakeTimeout: closed; a link that said it stays",
+              test_handshake_deadline);
+  CU_add_test(t, "MaxLinksPerAddress and MaxLinks: beyond them closed as accepted", test_link_caps);
   CU_add_test(t, "MEM_ADD / MEM_DEL reach every live link after one dies mid-broadcast",
               test_broadcast_after_killed_link);
   CU_pSuite u = CU_add_suite("target_staging_unregistered_on", NULL, NULL);

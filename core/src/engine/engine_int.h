@@ -99,7 +99,9 @@ struct conn {
   /* initiator: chunks sent, in the order their responses will come */
   struct chunk *pend_head, *pend_tail;
   uint64_t next_seq;
-  uint32_t walk; /* the last walk (link_next) that visited it */
+  uint32_t walk;           /* the last walk (link_next) that visited it */
+  uint64_t hello_deadline; /* target: closed unless its HELLO came by then (HandshakeTimeout) */
+  struct in_addr from;     /* target: the peer's address (MaxLinksPerAddress) */
 };
 
 struct peer {
@@ -149,6 +151,11 @@ struct HixlEngine {
   struct sockaddr_in local_addr;
   struct hixl_options opts;
   int listen_fd, epfd, evfd;
+  int tfd; /* timerfd: handshake deadlines and the accept back-off, while either waits */
+  bool tfd_armed;
+  uint64_t accept_resume;   /* accepting paused (out of descriptors) until then, CLOCK_MONOTONIC ns; 0: not */
+  uint64_t accept_refusals; /* links refused or deferred since the last log line about it */
+  uint64_t accept_logged;   /* when that line was written */
   pthread_t thread;
   struct memtab regs;
   struct peer *peers;

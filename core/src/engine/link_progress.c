@@ -1,4 +1,5 @@
 /* link_progress: reading links: the progress thread, a sync caller driving a link, start and stop. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -7,6 +8,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include "engine/engine_int.h"
@@ -171,16 +173,87 @@ void link_drive_socket(struct conn *c, struct hixl_transfer_req *r) {
 
 /* ---- progress thread ---- */
 
+/* ---- accepting: caps, handshake deadlines, back-off ---- */
+
+#define LINK_TICK_NS      (100u * 1000000u)  /* the timer's period while a deadline or a back-off waits */
+#define LINK_ACCEPT_PAUSE (100u * 1000000u)  /* out of descriptors: no accept for this long */
+#define LINK_REFUSAL_LOG  (1000u * 1000000u) /* at most one line a second about refused links */
+
+static void timer_set(struct HixlEngine *e, bool on) {
+  if (e->tfd < 0 || e->tfd_armed == on) return;
+  struct itimerspec t = {{0, on ? LINK_TICK_NS : 0}, {0, on ? LINK_TICK_NS : 0}};
+  if (timerfd_settime(e->tfd, 0, &t, NULL) == 0) e->tfd_armed = on;
+}
+
+/* A link refused or deferred: counted, and said at most once a second. */
+static void refusal(struct HixlEngine *e, const char *why) {
+  uint64_t now = hixl_now_ns();
+  e->accept_refusals++;
+  if (now - e->accept_logged < LINK_REFUSAL_LOG) return;
+  log_warn("engine %s: %s (%llu connection(s) refused or deferred since the last such line)", e->local_name,
+           why, (unsigned long long)e->accept_refusals);
+  e->accept_refusals = 0;
+  e->accept_logged = now;
+}
+
+/* Out of descriptors (or kernel memory): stop watching the listener for a while rather
+ * than be woken for it again at once (it stays readable). The timer resumes it. */
+static void accept_pause(struct HixlEngine *e, int err) {
+  char why[160];
+  epoll_ctl(e->epfd, EPOLL_CTL_DEL, e->listen_fd, NULL);
+  e->accept_resume = hixl_now_ns() + LINK_ACCEPT_PAUSE;
+  timer_set(e, true);
+  snprintf(why, sizeof(why), "accept: %s: not accepting for %u ms", strerror(err),
+           LINK_ACCEPT_PAUSE / 1000000u);
+  refusal(e, why);
+}
+
+/* Links accepted now, in all and from addr. */
+static void links_from(const struct HixlEngine *e, struct in_addr addr, uint32_t *all, uint32_t *same) {
+  *all = *same = 0;
+  for (const struct conn *c = e->conns; c; c = c->next)
+    if (c->role != CONN_INITIATOR) {
+      (*all)++;
+      *same += c->from.s_addr == addr.s_addr;
+    }
+}
+
 static void accept_all(struct HixlEngine *e) {
-  for (;;) {
-    int fd = accept4(e->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  while (!e->accept_resume) {
+    struct sockaddr_in sa;
+    socklen_t sl = sizeof(sa);
+    int fd = accept4(e->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+        accept_pause(e, errno);
+      else if (errno == ECONNABORTED || errno == EPERM || errno == EPROTO || errno == EINTR)
+        continue; /* that connection only */
+      else if (errno != EAGAIN && errno != EWOULDBLOCK)
         log_warn("accept on %s: %s", e->local_name, strerror(errno));
       return;
     }
+    uint32_t all, same;
+    links_from(e, sa.sin_addr, &all, &same);
+    if (all >= e->opts.max_links || same >= e->opts.max_links_addr) {
+      char why[160], ip[INET_ADDRSTRLEN];
+      inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+      if (all >= e->opts.max_links)
+        snprintf(why, sizeof(why), "a connection from %s closed: MaxLinks %u links are up", ip,
+                 e->opts.max_links);
+      else
+        snprintf(why, sizeof(why),
+                 "a connection from %s closed: MaxLinksPerAddress %u links from there are up", ip,
+                 e->opts.max_links_addr);
+      refusal(e, why);
+      close(fd);
+      continue;
+    }
     sock_tune(fd);
     struct conn *c = link_conn_new(e, fd, CONN_TARGET_HELLO);
+    if (c) {
+      c->from = sa.sin_addr;
+      c->hello_deadline = hixl_now_ns() + (uint64_t)e->opts.handshake_ms * 1000000u;
+    }
     if (!c || link_conn_watch(c) < 0) {
       log_error("cannot take a new link on %s: out of resources", e->local_name);
       if (c) {
@@ -188,8 +261,37 @@ static void accept_all(struct HixlEngine *e) {
         free(c);
       }
       close(fd);
+      continue;
     }
+    timer_set(e, true); /* its HELLO has a deadline */
   }
+}
+
+/* The timer fired: close links whose HELLO is overdue, resume accepting after a
+ * back-off, and stop the timer when nothing waits. Lock held. */
+static void timer_tick(struct HixlEngine *e) {
+  uint64_t v, now = hixl_now_ns();
+  bool waiting = false;
+  (void)!read(e->tfd, &v, sizeof(v));
+  uint32_t walk = ++e->walks;
+  for (struct conn *c; (c = link_next(e, walk));) {
+    if (c->role != CONN_TARGET_HELLO) continue;
+    if (now < c->hello_deadline) {
+      waiting = true;
+      continue;
+    }
+    char why[96];
+    snprintf(why, sizeof(why), "a connection closed: no HELLO within HandshakeTimeout %u ms",
+             e->opts.handshake_ms);
+    refusal(e, why);
+    link_conn_kill(c, HIXL_SUCCESS,
+                   why); /* it holds nothing; the refusal line says it, once a second at most */
+  }
+  if (e->accept_resume && now >= e->accept_resume) {
+    e->accept_resume = 0;
+    if (link_watch_listener(e) < 0) log_error("engine %s: cannot watch its listener again", e->local_name);
+  }
+  timer_set(e, waiting || e->accept_resume);
 }
 
 static void *progress_main(void *arg) {
@@ -214,6 +316,8 @@ static void *progress_main(void *arg) {
       } else if (ptr >= (void *)e->mods && ptr < (void *)(e->mods + XPORT_MODS)) {
         const struct xport_ops *x = *(const struct xport_ops *const *)ptr;
         x->iface.on_event(e);
+      } else if (ptr == &e->tfd) {
+        timer_tick(e);
       } else if (ptr == &e->evfd) {
         uint64_t v;
         (void)!read(e->evfd, &v, sizeof(v));
@@ -242,6 +346,7 @@ int link_watch_listener(struct HixlEngine *e) {
 
 int link_start(struct HixlEngine *e, HixlStatus *st) {
   (void)st;
+  e->tfd = -1;
   struct epoll_event ev = {.events = EPOLLIN};
   memset(e->frame_owner, 0, sizeof(e->frame_owner));
   for (int i = 0; i < XPORT_MODS; i++)
@@ -255,6 +360,11 @@ int link_start(struct HixlEngine *e, HixlStatus *st) {
   if (e->evfd < 0) goto close_ep;
   ev.data.ptr = &e->evfd;
   if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->evfd, &ev) < 0) goto close_ev;
+  e->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  e->tfd_armed = false;
+  e->accept_resume = 0;
+  ev.data.ptr = &e->tfd;
+  if (e->tfd < 0 || epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->tfd, &ev) < 0) goto close_ev;
   if (e->listen_fd >= 0 && link_watch_listener(e) < 0) goto close_ev;
   for (int i = 0; i < XPORT_MODS; i++) {
     const struct xport_ops *x = e->mods[i];
@@ -266,6 +376,8 @@ int link_start(struct HixlEngine *e, HixlStatus *st) {
   if (pthread_create(&e->thread, NULL, progress_main, e) != 0) goto close_ev;
   return 0;
 close_ev:
+  if (e->tfd >= 0) close(e->tfd);
+  e->tfd = -1;
   close(e->evfd);
   e->evfd = -1;
 close_ep:
@@ -289,5 +401,6 @@ void link_stop(struct HixlEngine *e) {
   pthread_mutex_unlock(&e->lock);
   close(e->evfd);
   close(e->epfd);
-  e->evfd = e->epfd = -1;
+  if (e->tfd >= 0) close(e->tfd);
+  e->evfd = e->epfd = e->tfd = -1;
 }

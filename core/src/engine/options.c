@@ -89,6 +89,18 @@ static bool parse_answer_mib(const char *s, struct hixl_options *o) {
   return true;
 }
 
+static bool parse_handshake(const char *s, struct hixl_options *o) {
+  return parse_u32(s, 100, 3600000, &o->handshake_ms);
+}
+
+static bool parse_max_links(const char *s, struct hixl_options *o) {
+  return parse_u32(s, 1, 1u << 20, &o->max_links);
+}
+
+static bool parse_max_links_addr(const char *s, struct hixl_options *o) {
+  return parse_u32(s, 1, 1u << 20, &o->max_links_addr);
+}
+
 static const char *const transport_names[] = {"auto", "tcp", "rdma", "shm"};
 
 static bool parse_transport(const char *s, struct hixl_options *o) {
@@ -134,7 +146,16 @@ const char *hixl_transport_name(enum hixl_transport t) { return (unsigned)t < 4 
   X("LinkAnswerMiB", "256", NULL, "[1,65536]",                                                               \
     "as a target: MiB of answers one link may owe its peer before this engine stops reading that link's "    \
     "requests; it reads on once they are down to half",                                                      \
-    parse_answer_mib)
+    parse_answer_mib)                                                                                        \
+  X("HandshakeTimeout", "10000", NULL, "[100,3600000] ms",                                                   \
+    "as a target: a connection that has not said HELLO this long after it was accepted is closed",           \
+    parse_handshake)                                                                                         \
+  X("MaxLinks", "4096", NULL, "[1,1048576]",                                                                 \
+    "as a target: links accepted at once; a connection beyond is closed as it is accepted", parse_max_links) \
+  X("MaxLinksPerAddress", "512", NULL, "[1,1048576]",                                                        \
+    "as a target: links accepted at once from one IP address; a connection beyond is closed as it is "       \
+    "accepted",                                                                                              \
+    parse_max_links_addr)
 
 #define OPTION_INFO(name, def, env, range, doc, parse)  {name, def, env, range, doc},
 #define OPTION_PARSE(name, def, env, range, doc, parse) parse,

@@ -29,6 +29,9 @@ struct hixl_options {
   bool stage_unregistered;   /* StagingUnregistered: peers' staged ops may reach unregistered memory */
   uint32_t answers_max;      /* LinkAnswersMax: answers a target link may owe before it stops reading */
   size_t answer_bytes_max;   /* LinkAnswerMiB, in bytes: ... and their bytes */
+  uint32_t handshake_ms;     /* HandshakeTimeout: an accepted link not HELLO'd by then is closed */
+  uint32_t max_links;        /* MaxLinks: links a target accepts at once */
+  uint32_t max_links_addr;   /* MaxLinksPerAddress: ... from one IP address */
 };
 
 /* One row per key: the same table drives parsing, validation and the docs. */
