@@ -15,10 +15,12 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <CUnit/Basic.h>
+#include <dirent.h>
 #include <errno.h>
 
 #include "engine/engine_ext.h"
@@ -1378,6 +1380,84 @@ static void test_link_caps(void) {
   HixlEngineDestroy(t);
 }
 
+/* ---- a target out of descriptors (issue 28) ---- */
+
+#define FDCAP_FLAG "--wire-fd-cap-target"
+
+static int open_fds(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  while (readdir(d)) n++;
+  closedir(d);
+  return n - 2; /* . and .. (the DIR's own descriptor is counted: one spare) */
+}
+
+/* The child: a tcp target under a descriptor limit 8 above what it holds once up.
+ * Reports 0 when up; then per command byte: 'm' replies the CPU time (us) the process
+ * used during the next second, 'q' quits. */
+static int fdcap_child(uint16_t port) {
+  char addr[TU_ADDR_LEN];
+  HixlEngine *e = NULL;
+  HixlOption o[] = {{"Transport", "tcp"}};
+  int64_t reply = 0;
+  tu_addr(addr, sizeof(addr), port);
+  if (HixlEngineCreate(&e) != HIXL_SUCCESS || HixlEngineInitialize(e, addr, o, 1) != HIXL_SUCCESS) reply = -1;
+  struct rlimit rl = {.rlim_cur = (rlim_t)open_fds() + 8, .rlim_max = (rlim_t)open_fds() + 8};
+  if (reply == 0 && setrlimit(RLIMIT_NOFILE, &rl) != 0) reply = -2;
+  if (tu_write_all(CHILD_UP, &reply, sizeof(reply)) != 0 || reply != 0) return 1;
+  for (char cmd; read(CHILD_DOWN, &cmd, 1) == 1 && cmd != 'q';) {
+    struct rusage a, b;
+    struct pollfd p = {.fd = CHILD_DOWN, .events = POLLIN};
+    getrusage(RUSAGE_SELF, &a);
+    (void)poll(&p, 1, 1000); /* the window measured: the parent says nothing meanwhile */
+    getrusage(RUSAGE_SELF, &b);
+    reply = (b.ru_utime.tv_sec - a.ru_utime.tv_sec + b.ru_stime.tv_sec - a.ru_stime.tv_sec) * 1000000 +
+            (b.ru_utime.tv_usec - a.ru_utime.tv_usec + b.ru_stime.tv_usec - a.ru_stime.tv_usec);
+    if (tu_write_all(CHILD_UP, &reply, sizeof(reply)) != 0) break;
+  }
+  HixlEngineDestroy(e);
+  return 0;
+}
+
+static int fdcap_child_main(int argc, char **argv) {
+  if (argc != 3 || strcmp(argv[1], FDCAP_FLAG) != 0) return -1;
+  return fdcap_child((uint16_t)strtoul(argv[2], NULL, 10));
+}
+
+/* More connections than the target has descriptors for: it does not spin (it spun a
+ * core, 93%, and logged 780,000 lines in 5 s), and once they go it accepts again. */
+static void test_out_of_descriptors(void) {
+  uint16_t port = tu_free_port();
+  char p[16];
+  char *argv[] = {(char *)tu_self_exe(), FDCAP_FLAG, p, NULL};
+  tu_child child;
+  int64_t up = -9, cpu_us = -1;
+  int fds[24];
+  snprintf(p, sizeof(p), "%u", (unsigned)port);
+  CU_ASSERT_FATAL(tu_child_start(&child, exec_self, argv) == 0);
+  if (tu_child_read(&child, &up, sizeof(up), 10000) != 0 || up != 0) {
+    tu_fail(__FILE__, __LINE__, "descriptor-capped target did not come up (%lld)", (long long)up);
+    tu_child_wait(&child, 5000);
+    return;
+  }
+  for (int i = 0; i < 24; i++)
+    CU_ASSERT((fds[i] = raw_connect(port)) >= 0); /* the kernel's backlog takes them */
+  CU_ASSERT(tu_child_write(&child, "m", 1) == 0);
+  CU_ASSERT(tu_child_read(&child, &cpu_us, sizeof(cpu_us), 10000) == 0);
+  CU_ASSERT(cpu_us >= 0 && cpu_us < 200000); /* under 20% of a core while out of descriptors */
+  if (cpu_us >= 200000) tu_fail(__FILE__, __LINE__, "target used %lld us of CPU in 1 s", (long long)cpu_us);
+  for (int i = 0; i < 24; i++)
+    if (fds[i] >= 0) close(fds[i]);
+  int fd = -1;
+  for (int64_t until = tu_now_ms() + 10000; fd < 0 && tu_now_ms() < until;)
+    if ((fd = raw_link_to(port, 0)) < 0) sched_yield();
+  CU_ASSERT(fd >= 0 && expect_sync(fd, 1, __LINE__)); /* served again */
+  if (fd >= 0) close(fd);
+  CU_ASSERT(tu_child_write(&child, "q", 1) == 0);
+  CU_ASSERT(tu_child_wait(&child, 10000) == 0);
+}
+
 /* Read frames from fd until one of type; true when it names [addr, +len). */
 static bool expect_mem_frame(int fd, uint8_t type, uint64_t addr, uint64_t len) {
   uint8_t body[512];
@@ -1439,6 +1519,8 @@ int main(int argc, char **argv) {
   if (rc >= 0) return rc;
   rc = unreg_child_main(argc, argv);
   if (rc >= 0) return rc; /* the StagingUnregistered target child */
+  rc = fdcap_child_main(argc, argv);
+  if (rc >= 0) return rc; /* the target under a descriptor limit */
   if (!tu_self_exe()[0]) {
     fprintf(stderr, "cannot resolve /proc/self/exe\n");
     return 1;
@@ -1468,6 +1550,7 @@ int main(int argc, char **argv) {
   CU_add_test(t, "no HELLO within HandshakeTimeout: closed; a link that said it stays",
               test_handshake_deadline);
   CU_add_test(t, "MaxLinksPerAddress and MaxLinks: beyond them closed as accepted", test_link_caps);
+  CU_add_test(t, "out of descriptors: no spin, accepting again once they go", test_out_of_descriptors);
   CU_add_test(t, "MEM_ADD / MEM_DEL reach every live link after one dies mid-broadcast",
               test_broadcast_after_killed_link);
   CU_pSuite u = CU_add_suite("target_staging_unregistered_on", NULL, NULL);
