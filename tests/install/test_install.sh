@@ -24,7 +24,8 @@ test -f "$work/prefix/include/hixl/hixl_config.h"
 cc -std=c11 -Wall -Werror $extra "$src/consumer_config.c" -o "$work/consumer_config" \
   $(pkg-config --cflags --libs hixl-config) -Wl,-rpath,"$libdir"
 "$work/consumer_config"
-LD_LIBRARY_PATH="$libdir" "$work/prefix/bin/hixl-config" reference | grep -q '^| `lease_ms` | integer | `30000`'
+LD_LIBRARY_PATH="$libdir" "$work/prefix/bin/hixl-config" reference >"$work/reference.md"
+grep -q '^| `lease_ms` | integer | `30000`' "$work/reference.md"
 
 mkdir -p "$work/cm"
 cp "$src/consumer.c" "$work/cm/"

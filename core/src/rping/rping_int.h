@@ -1,6 +1,7 @@
-/* rping internals shared by rping.c (the API, the registry, the target list) and
- * rping_io.c (the responder, the AddTarget handshake and the batch prober, over UDP
- * sockets or, in mode ROCE, RoCE UD queue pairs). */
+/* rping internals shared by rping.c (the API, the registry, the target list),
+ * rping_io.c (UDP sockets, the AddTarget handshake), rping_responder.c (the responder,
+ * and in mode ROCE the context's device, memory and UD QP) and rping_prober.c (the
+ * batch prober), over UDP sockets or, in mode ROCE, RoCE UD queue pairs. */
 #ifndef HIXL_RPING_INT_H
 #define HIXL_RPING_INT_H
 
@@ -9,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "hixl/hccn_rping.h"
 #include "transport/rdma/rdma.h"
@@ -27,6 +29,9 @@
 #define RP_AH_CACHE     16    /* the responder keeps the AHs of this many recent senders */
 #define RP_HS_NOT_ROCE  (-1)  /* rp_handshake err[]: answered without a RoCE endpoint */
 #define RP_HS_SMALL_MTU (-2)  /* rp_handshake err[]: its MTU cannot carry the target's probes */
+
+#define RP_WR_SEND  (1ull << 32) /* wr_id: a send (else a receive); the low 32 bits are the slot */
+#define RP_WC_BATCH 16           /* completions taken by one poll */
 
 /* A target as the context keeps it (copied from HccnRpingTargetInfo). */
 struct rp_target {
@@ -138,6 +143,15 @@ HccnResult rp_fail(HccnResult r, const char *fmt, ...) __attribute__((format(pri
 /* Bind a UDP socket to addr:port (non-blocking, close-on-exec, IP_RECVTOS);
  * -1 with the reason recorded. */
 int rp_udp_socket(struct in_addr addr, uint16_t port, const char *what);
+/* rping_io.c's UDP helpers, for the responder and the prober. sendmsg one datagram
+ * with its IP TOS byte. */
+ssize_t rp_send_tos(int fd, const void *buf, size_t len, const struct sockaddr_in *to, int tos);
+/* recvmsg one datagram; *tos gets its IP TOS byte. Returns the length, -1 when the
+ * socket is drained (or failed), -2 for a datagram too long for buf (dropped). */
+ssize_t rp_recv_tos(int fd, uint8_t *buf, size_t cap, struct sockaddr_in *from, uint8_t *tos);
+/* Whether from is t's responder; t's responder as a socket address. */
+bool rp_from_target(const struct sockaddr_in *from, const struct rp_target *t);
+struct sockaddr_in rp_target_sa(const struct rp_target *t);
 /* Start / the body of the responder thread on ctx->resp_fd. */
 void *rp_responder_main(void *arg);
 /* Handshake with t[0..n): ok[i] set for each that answered before deadline_ns (ROCE:

@@ -1,0 +1,238 @@
+/* config_table: the key table (the connector's keys, then the engine's options); values checked by it. */
+/* One row per key names its type, default, environment variable, range and doc; the
+ * same rows drive parsing (config_parse.c), HixlConfigPrint and the reference
+ * (config.c). A value's text is checked here, whether it came from the document, the
+ * environment or the default. */
+#include "config_int.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the table ---- */
+
+static bool check_address(const char *s, char *why, size_t cap) {
+  char ip[INET_ADDRSTRLEN + 1];
+  const char *colon = strchr(s, ':');
+  size_t n = colon ? (size_t)(colon - s) : strlen(s);
+  struct in_addr a;
+  if (n == 0 || n >= sizeof(ip)) {
+    snprintf(why, cap, "\"%s\" is not \"ip\" or \"ip:port\"", s);
+    return false;
+  }
+  memcpy(ip, s, n);
+  ip[n] = '\0';
+  if (inet_pton(AF_INET, ip, &a) != 1) {
+    snprintf(why, cap, "\"%s\" is not an IPv4 address", ip);
+    return false;
+  }
+  if (colon) {
+    char *end;
+    errno = 0;
+    unsigned long port = strtoul(colon + 1, &end, 10);
+    if (!colon[1] || *end || errno || port > 65535 || colon[1] == '-' || colon[1] == '+' || colon[1] == ' ') {
+      snprintf(why, cap, "port \"%s\" is not in [0,65535]", colon + 1);
+      return false;
+    }
+  }
+  return true;
+}
+
+#define MS_MAX 86400000 /* one day */
+
+static const struct row key_rows[] = {
+    {{"address", HIXL_CONFIG_STRING, "", NULL, "\"ip\" or \"ip:port\" (IPv4, port in [0,65535]); \"\" unset",
+      "the engine's address; the connector's rank r listens on port + r"},
+     0,
+     0,
+     check_address,
+     false,
+     false},
+    {{"role", HIXL_CONFIG_ENUM, "both", NULL, "producer | consumer | both",
+      "the connector's part: a prefill instance produces KV cache, a decode instance consumes it"},
+     0,
+     0,
+     NULL,
+     false,
+     false},
+    {{"mode", HIXL_CONFIG_ENUM, "pull", NULL, "pull | push",
+      "pull: the consumer reads the producer's blocks; push: the producer writes them layer by layer"},
+     0,
+     0,
+     NULL,
+     false,
+     false},
+    {{"lease_ms", HIXL_CONFIG_INT, "30000", NULL, "[1,86400000]",
+      "a producer frees blocks no consumer took within this time"},
+     1,
+     MS_MAX,
+     NULL,
+     false,
+     false},
+    {{"load_failure_policy", HIXL_CONFIG_ENUM, "fail", NULL, "fail | recompute",
+      "a load that fails fails its request, or reports 0 tokens so the runtime recomputes them"},
+     0,
+     0,
+     NULL,
+     false,
+     false},
+    {{"max_inflight_requests", HIXL_CONFIG_INT, "1024", NULL, "[1,1048576]",
+      "a producer holds at most this many requests for consumers; beyond that a finished "
+      "request's blocks are freed at once and its consumer recomputes"},
+     1,
+     1048576,
+     NULL,
+     false,
+     false},
+    {{"layer_pipelining", HIXL_CONFIG_BOOL, "true", NULL, "true | false",
+      "push mode: send each layer as it is saved (true) or all layers after the last (false)"},
+     0,
+     0,
+     NULL,
+     false,
+     false},
+    {{"connect_timeout_ms", HIXL_CONFIG_INT, "1000", NULL, "[1,86400000]", "linking to a peer engine"},
+     1,
+     MS_MAX,
+     NULL,
+     false,
+     false},
+    {{"transfer_timeout_ms", HIXL_CONFIG_INT, "1000", NULL, "[1,86400000]",
+      "one request's transfer, from its first ask to its last byte (push: each layer with its landed "
+      "notice)"},
+     1,
+     MS_MAX,
+     NULL,
+     false,
+     false},
+    {{"notify_timeout_ms", HIXL_CONFIG_INT, "1000", NULL, "[1,86400000]",
+      "one control message to a peer (pin, free, accept, abort)"},
+     1,
+     MS_MAX,
+     NULL,
+     false,
+     false},
+};
+#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define N_KEY_ROWS   (sizeof(key_rows) / sizeof(key_rows[0]))
+
+/* The engine's options, as cfg_rows; which of them take JSON numbers or booleans. */
+static const char *const engine_int_keys[] = {"RdmaTrafficClass", "RdmaServiceLevel", "RdmaGidIndex",
+                                              "StagingThreshold", "RdmaTimeout",      "RdmaRetryCount"};
+static const char *const engine_bool_keys[] = {"StagingUnregistered"};
+
+struct row cfg_rows[MAX_ROWS];
+size_t cfg_n_rows;
+pthread_once_t cfg_rows_once = PTHREAD_ONCE_INIT;
+
+bool cfg_in_list(const char *s, const char *const *list, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(s, list[i]) == 0) return true;
+  return false;
+}
+
+void cfg_rows_init(void) {
+  size_t ne = 0;
+  const HixlEngineOptionInfo *eo = HixlEngineOptionTable(&ne);
+  memcpy(cfg_rows, key_rows, sizeof(key_rows));
+  cfg_n_rows = N_KEY_ROWS;
+  for (size_t i = 0; i < ne && cfg_n_rows < MAX_ROWS; i++, cfg_n_rows++) {
+    cfg_rows[cfg_n_rows] =
+        (struct row){{eo[i].name, HIXL_CONFIG_ENGINE, eo[i].def, eo[i].env, eo[i].range, eo[i].doc},
+                     0,
+                     0,
+                     NULL,
+                     cfg_in_list(eo[i].name, engine_int_keys, ARRAY_LEN(engine_int_keys)),
+                     cfg_in_list(eo[i].name, engine_bool_keys, ARRAY_LEN(engine_bool_keys))};
+  }
+}
+
+const struct row *cfg_row_find(const char *name, size_t *index) {
+  pthread_once(&cfg_rows_once, cfg_rows_init);
+  for (size_t i = 0; i < cfg_n_rows; i++)
+    if (strcmp(cfg_rows[i].info.name, name) == 0) {
+      if (index) *index = i;
+      return &cfg_rows[i];
+    }
+  return NULL;
+}
+
+const HixlConfigKeyInfo *HixlConfigKeyAt(size_t i) {
+  pthread_once(&cfg_rows_once, cfg_rows_init);
+  return i < cfg_n_rows ? &cfg_rows[i].info : NULL;
+}
+
+/* ---- values ---- */
+
+static bool enum_has(const char *range, const char *s) {
+  size_t n = strlen(s);
+  for (const char *p = range; *p;) {
+    while (*p == ' ' || *p == '|') p++;
+    const char *e = p;
+    while (*e && *e != ' ' && *e != '|') e++;
+    if ((size_t)(e - p) == n && n > 0 && strncmp(p, s, n) == 0) return true;
+    p = e;
+  }
+  return false;
+}
+
+/* Validate text for row r (text came from src: a document value or an env var).
+ * On success set v. */
+bool cfg_take_text(const struct row *r, const char *text, struct val *v, char *why, size_t cap) {
+  const HixlConfigKeyInfo *k = &r->info;
+  switch (k->type) {
+  case HIXL_CONFIG_STRING:
+    if (r->check && *text && !r->check(text, why, cap)) return false;
+    break;
+  case HIXL_CONFIG_ENUM:
+    if (!enum_has(k->range, text)) {
+      snprintf(why, cap, "\"%s\" is not one of: %s", text, k->range);
+      return false;
+    }
+    break;
+  case HIXL_CONFIG_INT: {
+    char *end;
+    errno = 0;
+    long long n = strtoll(text, &end, 10);
+    if (!*text || *end || errno || *text == ' ' || *text == '+') {
+      snprintf(why, cap, "\"%s\" is not an integer: expected %s", text, k->range);
+      return false;
+    }
+    if (n < r->min || n > r->max) {
+      snprintf(why, cap, "%lld is out of range: expected %s", n, k->range);
+      return false;
+    }
+    v->num = n;
+    break;
+  }
+  case HIXL_CONFIG_BOOL:
+    if (strcmp(text, "true") != 0 && strcmp(text, "false") != 0) {
+      snprintf(why, cap, "\"%s\" is not true or false", text);
+      return false;
+    }
+    v->num = strcmp(text, "true") == 0;
+    break;
+  case HIXL_CONFIG_ENGINE:
+    if (HixlEngineCheckOption(k->name, text) != HIXL_SUCCESS) {
+      char *end;
+      long n = strtol(text, &end, 10);
+      if (strcmp(k->name, "RdmaTrafficClass") == 0 && *text && !*end && n >= 0 && n <= 255 && n % 4)
+        snprintf(why, cap,
+                 "%ld is not a multiple of 4 (the low 2 bits of the traffic class are ECN): expected %s", n,
+                 k->range);
+      else
+        snprintf(why, cap, "\"%s\" is not valid: expected %s", text, k->range);
+      return false;
+    }
+    break;
+  }
+  v->text = strdup(text);
+  if (!v->text) {
+    snprintf(why, cap, "out of memory");
+    return false;
+  }
+  return true;
+}
