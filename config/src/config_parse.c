@@ -6,6 +6,7 @@
 #include "hixl/hixl_config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <json-c/json.h>
 #include <pthread.h>
@@ -15,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "config_int.h"
 #include "jscan.h"
@@ -409,7 +411,13 @@ HixlStatus HixlConfigParse(const char *text, size_t len, HixlConfig **config, Hi
     goto out;
   }
   if (!parse_json(&d, &root)) goto out;
-  if (jscan_run(d.text, d.len, HIXL_CONFIG_MAX_DEPTH + 1, &d.js) != 0 || !(c = calloc(1, sizeof(*c)))) {
+  int rc = jscan_run(d.text, d.len, HIXL_CONFIG_MAX_DEPTH + 1, HIXL_CONFIG_MAX_KEYS, &d.js);
+  if (rc == -2) {
+    add_err(&er, NOWHERE, "", "the document has more than %u keys: a configuration has a few dozen",
+            HIXL_CONFIG_MAX_KEYS);
+    goto out;
+  }
+  if (rc != 0 || !(c = calloc(1, sizeof(*c)))) {
     add_err(&er, NOWHERE, "", "out of memory");
     goto out;
   }
@@ -461,8 +469,12 @@ HixlStatus HixlConfigParseFile(const char *path, HixlConfig **config, HixlConfig
   if (!config) return HIXL_PARAM_INVALID;
   *config = NULL;
   if (!path) return HIXL_PARAM_INVALID;
-  FILE *f = fopen(path, "rb");
+  /* Opened without blocking, and checked to be a regular file before anything is read:
+   * fopen of a FIFO waits for a writer forever. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  FILE *f = fd >= 0 ? fdopen(fd, "rb") : NULL;
   struct stat sb;
+  if (fd >= 0 && !f) close(fd);
   if (!f) {
     add_err(&er, NOWHERE, "", "cannot open %s: %s", path, strerror(errno));
   } else if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {

@@ -15,8 +15,8 @@ struct scan {
   size_t len, i;
   int max_depth;
   struct jscan *out;
-  size_t cap, objs;
-  int oom;
+  size_t cap, objs, max_members;
+  int oom; /* 1: out of memory, 2: more members than max_members (the scan stops) */
 };
 
 static void skip_ws(struct scan *sc) {
@@ -122,6 +122,7 @@ static char *join(const char *prefix, const char *key, long index) {
 
 static int add_member(struct scan *sc, char *path, size_t key_off, size_t val_off, size_t first, size_t obj) {
   struct jscan *o = sc->out;
+  if (o->n == sc->max_members) return -2;
   if (o->n == sc->cap) {
     size_t cap = sc->cap ? sc->cap * 2 : 16;
     struct jscan_member *m = realloc(o->m, cap * sizeof(*m));
@@ -178,9 +179,10 @@ static void scan_value(struct scan *sc, const char *path, int depth) {
           first = k;
           break;
         }
-      if (add_member(sc, p, key_off, sc->i, first, obj) != 0) {
+      int rc = add_member(sc, p, key_off, sc->i, first, obj);
+      if (rc != 0) {
         free(p);
-        sc->oom = 1;
+        sc->oom = rc == -2 ? 2 : 1;
         return;
       }
       scan_value(sc, p, depth + 1);
@@ -218,14 +220,14 @@ static void scan_value(struct scan *sc, const char *path, int depth) {
   while (sc->i < sc->len && !strchr(",]} \t\r\n", sc->s[sc->i]) && sc->s[sc->i]) sc->i++;
 }
 
-int jscan_run(const char *text, size_t len, int max_depth, struct jscan *out) {
-  struct scan sc = {text, len, 0, max_depth, out, 0, 0, 0};
+int jscan_run(const char *text, size_t len, int max_depth, size_t max_members, struct jscan *out) {
+  struct scan sc = {text, len, 0, max_depth, out, 0, 0, max_members, 0};
   out->m = NULL;
   out->n = 0;
   scan_value(&sc, "", 0);
   if (sc.oom) {
     jscan_free(out);
-    return -1;
+    return sc.oom == 2 ? -2 : -1;
   }
   return 0;
 }

@@ -21,8 +21,10 @@ struct jscan {
   size_t n;
 };
 
-/* Scan text (valid JSON); 0, or -1 when out of memory. */
-int jscan_run(const char *text, size_t len, int max_depth, struct jscan *out);
+/* Scan text (valid JSON), recording at most max_members members (which keeps the
+ * search for a repeated key, linear per member, bounded); 0, -1 when out of memory, -2
+ * when the text has more members. */
+int jscan_run(const char *text, size_t len, int max_depth, size_t max_members, struct jscan *out);
 /* The last member with this path, or NULL. */
 const struct jscan_member *jscan_find(const struct jscan *js, const char *path);
 void jscan_free(struct jscan *js);
