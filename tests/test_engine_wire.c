@@ -1426,7 +1426,8 @@ static int fdcap_child_main(int argc, char **argv) {
 }
 
 /* More connections than the target has descriptors for: it does not spin (it spun a
- * core, 93%, and logged 780,000 lines in 5 s), and once they go it accepts again. */
+ * core, 93%, and logged 780,000 lines in 5 s), a newcomer that says HELLO still gets in,
+ * and once they go it accepts again. */
 static void test_out_of_descriptors(void) {
   uint16_t port = tu_free_port();
   char p[16];
@@ -1447,6 +1448,12 @@ static void test_out_of_descriptors(void) {
   CU_ASSERT(tu_child_read(&child, &cpu_us, sizeof(cpu_us), 10000) == 0);
   CU_ASSERT(cpu_us >= 0 && cpu_us < 200000); /* under 20% of a core while out of descriptors */
   if (cpu_us >= 200000) tu_fail(__FILE__, __LINE__, "target used %lld us of CPU in 1 s", (long long)cpu_us);
+  /* A newcomer that says HELLO gets in while the idle ones still hold every descriptor:
+   * the oldest connection without HELLO is closed for it (before, it waited for the
+   * 10 s HandshakeTimeout and timed out). */
+  int newcomer = raw_link_to(port, 0);
+  CU_ASSERT(newcomer >= 0 && expect_sync(newcomer, 2, __LINE__));
+  if (newcomer >= 0) close(newcomer);
   for (int i = 0; i < 24; i++)
     if (fds[i] >= 0) close(fds[i]);
   int fd = -1;

@@ -218,15 +218,41 @@ static void links_from(const struct HixlEngine *e, struct in_addr addr, uint32_t
     }
 }
 
+/* The connection accepted longest ago that has not said HELLO yet, or NULL. */
+static struct conn *oldest_unproven(const struct HixlEngine *e) {
+  struct conn *old = NULL;
+  for (struct conn *c = e->conns; c; c = c->next)
+    if (c->role == CONN_TARGET_HELLO && (!old || c->hello_deadline < old->hello_deadline)) old = c;
+  return old;
+}
+
+/* Make room for a newcomer: close the oldest connection that has not said HELLO, so
+ * connections that never will cannot lock out those that would (a link that said
+ * HELLO is never closed for room). false: there is none to close, or this round
+ * closed LINK_EVICT_MAX already. */
+#define LINK_EVICT_MAX 256
+static bool evict_unproven(struct HixlEngine *e, uint32_t *evicted, const char *why) {
+  struct conn *old = *evicted < LINK_EVICT_MAX ? oldest_unproven(e) : NULL;
+  if (!old) return false;
+  (*evicted)++;
+  refusal(e, why);
+  link_conn_kill(old, HIXL_SUCCESS, why); /* it holds nothing; its descriptor is closed now */
+  return true;
+}
+
 static void accept_all(struct HixlEngine *e) {
+  uint32_t evicted = 0;
   while (!e->accept_resume) {
     struct sockaddr_in sa;
     socklen_t sl = sizeof(sa);
     int fd = accept4(e->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        if (evict_unproven(e, &evicted,
+                           "out of descriptors: the oldest connection without HELLO closed for a new one"))
+          continue;
         accept_pause(e, errno);
-      else if (errno == ECONNABORTED || errno == EPERM || errno == EPROTO || errno == EINTR)
+      } else if (errno == ECONNABORTED || errno == EPERM || errno == EPROTO || errno == EINTR)
         continue; /* that connection only */
       else if (errno != EAGAIN && errno != EWOULDBLOCK)
         log_warn("accept on %s: %s", e->local_name, strerror(errno));
@@ -234,6 +260,10 @@ static void accept_all(struct HixlEngine *e) {
     }
     uint32_t all, same;
     links_from(e, sa.sin_addr, &all, &same);
+    if (all >= e->opts.max_links && same < e->opts.max_links_addr &&
+        evict_unproven(e, &evicted,
+                       "MaxLinks reached: the oldest connection without HELLO closed for a new one"))
+      all--;
     if (all >= e->opts.max_links || same >= e->opts.max_links_addr) {
       char why[160], ip[INET_ADDRSTRLEN];
       inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
