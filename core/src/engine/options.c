@@ -151,7 +151,9 @@ const char *hixl_transport_name(enum hixl_transport t) { return (unsigned)t < 4 
     "as a target: a connection that has not said HELLO this long after it was accepted is closed",           \
     parse_handshake)                                                                                         \
   X("MaxLinks", "4096", NULL, "[1,1048576]",                                                                 \
-    "as a target: links accepted at once; a connection beyond is closed as it is accepted", parse_max_links) \
+    "as a target: links accepted at once; beyond, the oldest connection without HELLO is closed for a "      \
+    "newcomer, else the newcomer is",                                                                        \
+    parse_max_links)                                                                                         \
   X("MaxLinksPerAddress", "512", NULL, "[1,1048576]",                                                        \
     "as a target: links accepted at once from one IP address; a connection beyond is closed as it is "       \
     "accepted",                                                                                              \
