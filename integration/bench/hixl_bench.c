@@ -1427,21 +1427,12 @@ static bool parse_args(int argc, char **argv, struct bench_opts *o) {
 }
 
 static int wait_child(pid_t pid, int timeout_s) {
-  uint64_t deadline = bench_now_ns() + (uint64_t)timeout_s * 1000000000ull;
-  int wst = 0;
-  for (;;) {
-    pid_t w = waitpid(pid, &wst, WNOHANG);
-    if (w == pid) return WIFEXITED(wst) ? WEXITSTATUS(wst) : 128 + WTERMSIG(wst);
-    if (w < 0) return 1;
-    if (bench_now_ns() > deadline) {
-      fprintf(stderr, "%s: target process %d did not exit within %d s; killing it\n", g_prog, (int)pid,
-              timeout_s);
-      kill(pid, SIGKILL);
-      waitpid(pid, &wst, 0);
-      return 1;
-    }
-    poll(NULL, 0, 5);
-  }
+  bool in_time;
+  int rc = bench_wait_child(pid, timeout_s, &in_time);
+  if (!in_time)
+    fprintf(stderr, "%s: target process %d did not exit within %d s; killed it\n", g_prog, (int)pid,
+            timeout_s);
+  return rc;
 }
 
 int main(int argc, char **argv) {

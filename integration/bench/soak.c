@@ -1285,21 +1285,12 @@ static bool raise_nofile(rlim_t need) {
 
 /* Wait for the target to exit; a hang past timeout_s is a finding: it is killed. */
 static int wait_target(pid_t pid, int timeout_s) {
-  uint64_t deadline = bench_now_ns() + (uint64_t)timeout_s * 1000000000ull;
-  int wst = 0;
-  for (;;) {
-    pid_t w = waitpid(pid, &wst, WNOHANG);
-    if (w == pid) return WIFEXITED(wst) ? WEXITSTATUS(wst) : 128 + WTERMSIG(wst);
-    if (w < 0) return 1;
-    if (bench_now_ns() > deadline) {
-      say("FINDING: the target did not exit within %d s of QUIT (HixlEngineDestroy hangs?); killing it\n",
-          timeout_s);
-      kill(pid, SIGKILL);
-      waitpid(pid, &wst, 0);
-      return 1;
-    }
-    poll(NULL, 0, 20); /* polling a child's exit: no descriptor to wait on */
-  }
+  bool in_time;
+  int rc = bench_wait_child(pid, timeout_s, &in_time);
+  if (!in_time)
+    say("FINDING: the target did not exit within %d s of QUIT (HixlEngineDestroy hangs?); killed it\n",
+        timeout_s);
+  return rc;
 }
 
 int main(int argc, char **argv) {
