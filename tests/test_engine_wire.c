@@ -140,15 +140,6 @@ static bool closed_by_peer(int fd) {
   }
 }
 
-static size_t build_hello(uint8_t *buf, size_t cap, const char *name) {
-  struct wire_wr w;
-  wire_begin(&w, buf, cap, WIRE_HELLO);
-  wire_put_u32(&w, WIRE_CAP_TCP_DATA);
-  wire_put_u16(&w, (uint16_t)strlen(name));
-  wire_put_bytes(&w, name, strlen(name));
-  return wire_end(&w, 0);
-}
-
 /* Read one frame; the body goes to body (cap bytes). */
 static bool read_frame(int fd, struct wire_hdr *h, uint8_t *body, size_t cap) {
   uint8_t hb[WIRE_HDR_LEN];
@@ -166,7 +157,7 @@ static int raw_link_from(uint16_t port, int rcvbuf, const char *from) {
   struct wire_msg m;
   int fd = raw_connect_from(port, rcvbuf, from);
   if (fd < 0) return -1;
-  if (!send_all(fd, buf, build_hello(buf, sizeof(buf), "raw-test")) ||
+  if (!send_all(fd, buf, wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "raw-test")) ||
       !read_frame(fd, &h, buf, sizeof(buf)) || h.type != WIRE_HELLO_ACK ||
       wire_decode(&h, buf, &m) != WIRE_OK || m.u.hello_ack.status != 0) {
     close(fd);
@@ -215,7 +206,7 @@ static void test_version_mismatch_answered(void) {
   struct wire_msg m;
   int fd = raw_connect(target_port());
   CU_ASSERT_FATAL(fd >= 0);
-  size_t n = build_hello(buf, sizeof(buf), "from-the-future");
+  size_t n = wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "from-the-future");
   buf[4] = WIRE_VERSION + 1;
   CU_ASSERT(send_all(fd, buf, n));
   CU_ASSERT_FATAL(read_frame(fd, &h, buf, sizeof(buf)));

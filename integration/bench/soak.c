@@ -163,15 +163,6 @@ static struct sockaddr_in target_sa(void) {
   return sa;
 }
 
-static size_t build_hello(uint8_t *buf, size_t cap, const char *name) {
-  struct wire_wr w;
-  wire_begin(&w, buf, cap, WIRE_HELLO);
-  wire_put_u32(&w, WIRE_CAP_TCP_DATA);
-  wire_put_u16(&w, (uint16_t)strlen(name));
-  wire_put_bytes(&w, name, strlen(name));
-  return wire_end(&w, 0);
-}
-
 /* ------------------------------------------------------------------- target */
 
 /* The target process: its descriptor limit, one engine, the registered memory (the
@@ -512,7 +503,7 @@ static int flood_link(unsigned host) {
   if (fd < 0) return -1;
   setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)); /* before connect: it stays small */
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));       /* bounds the handshake */
-  size_t n = build_hello(hello, sizeof(hello), "soak-flood");
+  size_t n = wire_put_hello(hello, sizeof(hello), WIRE_CAP_TCP_DATA, "soak-flood");
   bool ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
             send(fd, hello, n, MSG_NOSIGNAL) == (ssize_t)n && bench_read_full(fd, hb, sizeof(hb)) == 0 &&
             wire_parse_hdr(hb, &h) == WIRE_OK && h.type == WIRE_HELLO_ACK;
@@ -639,9 +630,9 @@ static void herd_up(struct herd *d, uint32_t i) {
   atomic_fetch_add(&d->h->n.herd_connected, 1);
   if (s->kind == HERD_HALF_PRE) {
     n = 10;
-    build_hello(buf, sizeof(buf), "soak-half");
+    wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "soak-half");
   } else if (s->kind == HERD_HALF_POST) {
-    n = build_hello(buf, sizeof(buf), "soak-half");
+    n = wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "soak-half");
     uint8_t rr[WIRE_SMALL_FRAME];
     wire_put_read_req(rr, 1, g_rbase, SOAK_SMALL);
     memcpy(buf + n, rr, WIRE_HDR_LEN);
@@ -726,7 +717,7 @@ static void *churn_main(void *arg) {
   struct hostile *h = arg;
   struct sockaddr_in sa = target_sa();
   uint8_t hello[512];
-  size_t hn = build_hello(hello, sizeof(hello), "soak-churn");
+  size_t hn = wire_put_hello(hello, sizeof(hello), WIRE_CAP_TCP_DATA, "soak-churn");
   uint64_t ns = 1000000000ull / h->o->churn_rate;
   struct itimerspec its = {.it_interval = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)}};
   its.it_value = its.it_interval;

@@ -15,15 +15,10 @@
 static HixlStatus handshake(HixlEngine *e, int fd, const char *remote, uint64_t deadline, struct peer *p,
                             const struct xport_ops **xp, void **link) {
   uint8_t hello[WIRE_HDR_LEN + 6 + WIRE_MAX_NAME], hb[WIRE_HDR_LEN];
-  struct wire_wr w;
   struct wire_hdr h;
   struct wire_msg m;
   HixlStatus st;
-  wire_begin(&w, hello, sizeof(hello), WIRE_HELLO);
-  wire_put_u32(&w, link_caps(e));
-  wire_put_u16(&w, (uint16_t)strlen(e->local_name));
-  wire_put_bytes(&w, e->local_name, strlen(e->local_name));
-  st = sock_send_all(fd, hello, wire_end(&w, 0), deadline);
+  st = sock_send_all(fd, hello, wire_put_hello(hello, sizeof(hello), link_caps(e), e->local_name), deadline);
   if (st == HIXL_SUCCESS) st = sock_recv_all(fd, hb, sizeof(hb), deadline);
   if (st != HIXL_SUCCESS)
     return hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());

@@ -381,6 +381,15 @@ size_t wire_put_read_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t le
   return WIRE_HDR_LEN + 20;
 }
 
+size_t wire_put_hello(uint8_t *buf, size_t cap, uint32_t caps, const char *name) {
+  struct wire_wr w;
+  wire_begin(&w, buf, cap, WIRE_HELLO);
+  wire_put_u32(&w, caps);
+  wire_put_u16(&w, (uint16_t)strlen(name));
+  wire_put_bytes(&w, name, strlen(name));
+  return wire_end(&w, 0);
+}
+
 size_t wire_put_sync(uint8_t *buf, uint64_t seq) {
   put_hdr(buf, WIRE_SYNC, 8, 0);
   be_put64(buf + WIRE_HDR_LEN, seq);

@@ -250,6 +250,8 @@ void wire_put_shm_id(struct wire_wr *w, uint16_t layout, const uint8_t boot_id[1
 size_t wire_put_write_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len);
 size_t wire_put_read_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len);
 size_t wire_put_sync(uint8_t *buf, uint64_t seq);
+/* HELLO of an engine called name offering caps (WIRE_CAP_*); 0 when cap is too small. */
+size_t wire_put_hello(uint8_t *buf, size_t cap, uint32_t caps, const char *name);
 /* STAGE_WRITE / STAGE_READ header and seq/count: the caller then appends count ranges
  * with wire_put_stage_seg into buf (WIRE_HDR_LEN + 12 + count * 12 bytes in all). */
 size_t wire_put_stage(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t count, uint32_t payload_len);
