@@ -383,6 +383,8 @@ static void test_env(void) {
 
 static void test_engine_options(void) {
   HixlConfig *c = NULL;
+  /* StagingUnregistered on needs a key: both documents take it from the environment. */
+  CU_ASSERT_FATAL(tu_key_file() && setenv("HIXL_AUTH_KEY_FILE", tu_key_file(), 1) == 0);
   CU_ASSERT_EQUAL_FATAL(
       parse("{\"address\": \"127.0.0.1\", \"Transport\": \"tcp\", \"RdmaTrafficClass\": 104,"
             " \"BufferPool\": \"2:1\", \"StagingUnregistered\": true}",
@@ -431,6 +433,7 @@ static void test_engine_options(void) {
   HixlEngineDestroy(b);
   HixlConfigFree(c);
   HixlConfigFree(cb);
+  unsetenv("HIXL_AUTH_KEY_FILE");
 }
 
 /* ---- files ---- */

@@ -26,6 +26,7 @@
 #include "engine/engine_ext.h"
 #include "engine/engine_int.h"
 #include "util/sock.h"
+#include "raw_auth.h"
 #include "test_util.h"
 #include "wire/wire.h"
 
@@ -167,6 +168,19 @@ static int raw_link_from(uint16_t port, int rcvbuf, const char *from) {
 }
 
 static int raw_link_to(uint16_t port, int rcvbuf) { return raw_link_from(port, rcvbuf, NULL); }
+
+#define UNREG_KEY "6b65792d666f722d7468652d756e726567697374657265642d7461726765742e"
+
+/* A raw link to port that proved key_hex in the handshake. */
+static int raw_link_key(uint16_t port, const char *key_hex) {
+  struct raw_auth a = {.key_hex = key_hex, .name = "raw-test"};
+  int fd = raw_connect_from(port, 0, NULL);
+  if (fd >= 0 && (!raw_auth_hello(fd, &a, send_all, recv_all) || a.status != WIRE_HELLO_OK)) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
 static int raw_link(void) { return raw_link_to(target_port(), 0); }
 
 /* A real client engine still gets service: WRITE then READ back, checked. */
@@ -908,8 +922,9 @@ typedef struct {
 
 /* The child: an engine with StagingUnregistered on, a registered region, and two
  * unregistered pages whose second one it unmaps when told (the engine is up by then). */
-static int unreg_child(uint16_t port) {
-  const HixlOption o[] = {{.key = "StagingUnregistered", .value = "on"}};
+static int unreg_child(uint16_t port, const char *key_file) {
+  const HixlOption o[] = {{.key = "StagingUnregistered", .value = "on"},
+                          {.key = "AuthKeyFile", .value = key_file}};
   long page = sysconf(_SC_PAGESIZE);
   uint8_t *reg = tu_alloc_mem(UNREG_REG, false), *pages = tu_alloc_mem((size_t)page * 2, false), *base;
   char name[TU_ADDR_LEN];
@@ -925,7 +940,7 @@ static int unreg_child(uint16_t port) {
   r.status = HIXL_FAILED;
   snprintf(r.error, sizeof(r.error), "child: cannot map its memory");
   if (reg && pages) {
-    e = tu_engine_start_opts(tu_addr(name, sizeof(name), port), "tcp", o, 1);
+    e = tu_engine_start_opts(tu_addr(name, sizeof(name), port), "tcp", o, 2);
     snprintf(r.error, sizeof(r.error), "child: engine %s did not start (reason on its stderr)", name);
   }
   if (e && (h = tu_register(e, reg, UNREG_REG)) != NULL) r.status = HIXL_SUCCESS;
@@ -969,8 +984,8 @@ static int unreg_child(uint16_t port) {
 
 /* In an unreg target child: run it and return its exit code. Otherwise -1. */
 static int unreg_child_main(int argc, char **argv) {
-  if (argc != 3 || strcmp(argv[1], UNREG_FLAG) != 0) return -1;
-  return unreg_child((uint16_t)strtoul(argv[2], NULL, 10));
+  if (argc != 4 || strcmp(argv[1], UNREG_FLAG) != 0) return -1;
+  return unreg_child((uint16_t)strtoul(argv[2], NULL, 10), argv[3]);
 }
 
 /* tu_child_start body: only exec, so it is fine in a parent with engine threads. */
@@ -992,12 +1007,18 @@ static int64_t unreg_cmd(tu_child *c, uint32_t op, uint64_t off, uint64_t len, u
 static void test_stage_unmapped_page(void) {
   uint16_t port = tu_free_port();
   char p[16];
-  char *argv[] = {(char *)tu_self_exe(), UNREG_FLAG, p, NULL};
+  char key[] = "/tmp/hixl-unreg-key-XXXXXX";
+  char *argv[] = {(char *)tu_self_exe(), UNREG_FLAG, p, key, NULL};
   unreg_ready info;
   tu_child child;
   uint8_t data[256], back[256];
 
   CU_ASSERT_FATAL(port != 0);
+  /* StagingUnregistered on needs a key: the raw peer proves it. */
+  int kfd = mkstemp(key);
+  CU_ASSERT_FATAL(kfd >= 0);
+  CU_ASSERT_FATAL(tu_write_all(kfd, UNREG_KEY "\n", strlen(UNREG_KEY) + 1) == 0);
+  close(kfd);
   snprintf(p, sizeof(p), "%u", (unsigned)port);
   CU_ASSERT_FATAL(tu_child_start(&child, exec_self, argv) == 0);
   if (tu_child_read(&child, &info, sizeof(info), 10000) != 0 || info.status != HIXL_SUCCESS) {
@@ -1006,7 +1027,8 @@ static void test_stage_unmapped_page(void) {
     return;
   }
   const uint64_t pg = info.page, page0 = info.page0, hole = info.hole, reg = info.reg;
-  int fd = raw_link_to(port, 0);
+  int fd = raw_link_key(port, UNREG_KEY);
+  unlink(key);
   CU_ASSERT_FATAL(fd >= 0);
   CU_ASSERT(unreg_cmd(&child, UNREG_FILL, 0, pg, 11) == 0);
   CU_ASSERT(unreg_cmd(&child, UNREG_FILL_REG, 0, UNREG_REG, 12) == 0);

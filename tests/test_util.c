@@ -278,6 +278,30 @@ int tu_run_registry(void) {
 
 /* ---- engines ---- */
 
+static char key_path[64];
+static pid_t key_owner;
+
+static void key_remove(void) {
+  if (key_owner == getpid()) unlink(key_path);
+}
+
+const char *tu_key_file(void) {
+  if (key_path[0]) return key_path;
+  char path[] = "/tmp/hixl-test-key-XXXXXX";
+  int fd = mkstemp(path); /* mode 0600 */
+  if (fd < 0) return NULL;
+  bool ok = tu_write_all(fd, TU_KEY_HEX "\n", strlen(TU_KEY_HEX) + 1) == 0;
+  close(fd);
+  if (!ok) {
+    unlink(path);
+    return NULL;
+  }
+  snprintf(key_path, sizeof(key_path), "%s", path);
+  key_owner = getpid();
+  atexit(key_remove);
+  return key_path;
+}
+
 const char *tu_transport(void) {
   const char *t = getenv("HIXL_TEST_TRANSPORT");
 

@@ -118,6 +118,11 @@ int tu_run_suites(const char *name, CU_SuiteInfo *suites);
  *  and that run exists for rdma; else NULL: no option, which means auto. */
 const char *tu_transport(void);
 
+/** A key file (mode 0600) for AuthKeyFile, made once per process with a fixed test
+ *  key and removed when the process that made it exits; NULL if it cannot be. */
+const char *tu_key_file(void);
+#define TU_KEY_HEX "9f1c2e7a4b6d8e0f13a5c7e9b2d4f6081a3c5e7f9b1d3f5a7c9e1b3d5f7a9c0e"
+
 /** Create and initialize an engine as local_engine with Transport tu_transport();
  *  NULL (and the reason on stderr) on failure. */
 HixlEngine *tu_engine_start(const char *local_engine);

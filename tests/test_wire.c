@@ -179,9 +179,10 @@ static void test_hdr_type(void) {
   CU_ASSERT_EQUAL(hdr_of(WIRE_CALL, 10, 0), WIRE_OK);
   CU_ASSERT_EQUAL(hdr_of(WIRE_CALL_RESP, 12, 0), WIRE_OK);
   CU_ASSERT_EQUAL(hdr_of(WIRE_SHM_UNMAP_ACK, 16, 0), WIRE_OK);
-  CU_ASSERT_EQUAL(hdr_of(WIRE_CALL_AFTER, 18, 0), WIRE_OK); /* the last type */
-  CU_ASSERT_EQUAL(hdr_of(29, 36, 0), WIRE_ETYPE);
-  CU_ASSERT_EQUAL(hdr_of(29, 24, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_CALL_AFTER, 18, 0), WIRE_OK);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_AUTH_PROOF, 32, 0), WIRE_OK); /* the last type */
+  CU_ASSERT_EQUAL(hdr_of(31, 36, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(31, 32, 0), WIRE_ETYPE);
 }
 
 static void test_hdr_flags_reserved(void) {
@@ -208,7 +209,7 @@ static const struct {
   uint32_t min, max;
   uint32_t payload;
 } limits[] = {
-    {WIRE_HELLO, 6, 6 + WIRE_MAX_NAME, 0},
+    {WIRE_HELLO, 6, 6 + WIRE_MAX_NAME + 32 + 1 + 2 * 8, 0}, /* name, then the auth block */
     {WIRE_HELLO_ACK, 14, WIRE_MAX_BODY, 0},
     {WIRE_MEM_ADD, 22, 22 + WIRE_MAX_TAG, 0},
     {WIRE_MEM_DEL, 22, 22, 0},
@@ -236,6 +237,8 @@ static const struct {
     {WIRE_SHM_UNMAP, 16, 16, 0},
     {WIRE_SHM_UNMAP_ACK, 16, 16, 0},
     {WIRE_CALL_AFTER, 18, 18 + 65536, 0},
+    {WIRE_AUTH_CHALLENGE, 74, 74 + 255, 0},
+    {WIRE_AUTH_PROOF, 32, 32, 0},
 };
 #define NLIMITS (sizeof(limits) / sizeof(limits[0]))
 
@@ -287,7 +290,10 @@ static void test_constants(void) {
   CU_ASSERT_EQUAL(WIRE_SHM_MAP_HELLO, 23);
   CU_ASSERT_EQUAL(WIRE_SHM_UNMAP_ACK, 27);
   CU_ASSERT_EQUAL(WIRE_CALL_AFTER, 28);
-  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 28);
+  CU_ASSERT_EQUAL(WIRE_AUTH_CHALLENGE, 29);
+  CU_ASSERT_EQUAL(WIRE_AUTH_PROOF, 30);
+  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 30);
+  CU_ASSERT_EQUAL(WIRE_CAP_AUTH, 0x100);
   CU_ASSERT_EQUAL(WIRE_SHM_LAYOUT, 2);
   CU_ASSERT_EQUAL(WIRE_MAX_CALL, 65536);
   CU_ASSERT_EQUAL(WIRE_CAP_CALL, 0x40);
@@ -321,7 +327,9 @@ static void test_names(void) {
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SHM_MAP_HELLO), "SHM_MAP_HELLO");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SHM_UNMAP_ACK), "SHM_UNMAP_ACK");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_CALL_AFTER), "CALL_AFTER");
-  CU_ASSERT_STRING_EQUAL(wire_type_name(29), "?");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_AUTH_CHALLENGE), "AUTH_CHALLENGE");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_AUTH_PROOF), "AUTH_PROOF");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(31), "?");
   /* Every type has its own name. */
   for (unsigned t = 1; t <= WIRE_TYPE_MAX_; t++) {
     CU_ASSERT_STRING_NOT_EQUAL(wire_type_name(t), "?");

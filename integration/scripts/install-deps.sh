@@ -2,7 +2,7 @@
 # Install what hixl needs to build, test and benchmark, from Debian packages only.
 # Idempotent: does nothing when every package is already installed.
 set -euo pipefail
-pkgs=(build-essential libtsan2 cmake pkg-config clang libclang-rt-14-dev clang-format libcunit1-dev libjson-c-dev
+pkgs=(build-essential libtsan2 cmake pkg-config clang libclang-rt-14-dev clang-format libcunit1-dev libjson-c-dev libssl-dev
       libibverbs-dev librdmacm-dev ibverbs-providers rdma-core qemu-system-x86 busybox-static kmod cpio perftest tcpdump
       iperf3 ucx-utils iproute2 procps time python3-torch python3-pytest)
 missing=()

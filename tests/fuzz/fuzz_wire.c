@@ -39,7 +39,7 @@ static int null_or_inside(const uint8_t *p, const uint8_t *base, size_t len) {
 static const struct {
   uint32_t min, max, payload;
 } limits[WIRE_TYPE_MAX_ + 1] = {
-    [WIRE_HELLO] = {6, 6 + WIRE_MAX_NAME, 0},
+    [WIRE_HELLO] = {6, 6 + WIRE_MAX_NAME + 32 + 1 + 2 * 8, 0}, /* name, then the auth block */
     [WIRE_HELLO_ACK] = {14, WIRE_MAX_BODY, 0},
     [WIRE_MEM_ADD] = {22, 22 + WIRE_MAX_TAG, 0},
     [WIRE_MEM_DEL] = {22, 22, 0},
@@ -67,6 +67,8 @@ static const struct {
     [WIRE_SHM_UNMAP] = {16, 16, 0},
     [WIRE_SHM_UNMAP_ACK] = {16, 16, 0},
     [WIRE_CALL_AFTER] = {18, 18 + 65536, 0},
+    [WIRE_AUTH_CHALLENGE] = {74, 74 + 255, 0},
+    [WIRE_AUTH_PROOF] = {32, 32, 0},
 };
 
 /* Whatever wire_parse_hdr says must agree with the raw bytes. */
@@ -179,7 +181,20 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
       wire_put_u32(&w, m->u.hello.caps);
       wire_put_u16(&w, m->u.hello.name_len);
       wire_put_bytes(&w, m->u.hello.name, m->u.hello.name_len);
+      if (m->u.hello.nonce) {
+        wire_put_bytes(&w, m->u.hello.nonce, WIRE_AUTH_NONCE);
+        wire_put_bytes(&w, &m->u.hello.n_ids, 1);
+        wire_put_bytes(&w, m->u.hello.ids, (size_t)m->u.hello.n_ids * WIRE_AUTH_ID);
+      }
       break;
+    case WIRE_AUTH_CHALLENGE:
+      wire_put_bytes(&w, m->u.auth.nonce, WIRE_AUTH_NONCE);
+      wire_put_bytes(&w, m->u.auth.id, WIRE_AUTH_ID);
+      wire_put_bytes(&w, m->u.auth.mac, WIRE_AUTH_MAC);
+      wire_put_u16(&w, m->u.auth.name_len);
+      wire_put_bytes(&w, m->u.auth.name, m->u.auth.name_len);
+      break;
+    case WIRE_AUTH_PROOF: wire_put_bytes(&w, m->u.auth.mac, WIRE_AUTH_MAC); break;
     case WIRE_HELLO_ACK: {
       const uint8_t *p = m->u.hello_ack.entries;
       size_t left = m->u.hello_ack.entries_len;
@@ -293,8 +308,21 @@ static void check_msg(enum wire_err e, const struct wire_hdr *h, const uint8_t *
     if (e != WIRE_OK) break;
     CHECK(m->u.hello.name_len <= WIRE_MAX_NAME);
     CHECK(inside(m->u.hello.name, m->u.hello.name_len, b, n));
-    CHECK(n == 6u + m->u.hello.name_len);
+    CHECK((m->u.hello.nonce != NULL) == ((m->u.hello.caps & WIRE_CAP_AUTH) != 0));
+    if (!m->u.hello.nonce) {
+      CHECK(n == 6u + m->u.hello.name_len);
+      break;
+    }
+    CHECK(m->u.hello.n_ids >= 1 && m->u.hello.n_ids <= WIRE_AUTH_IDS_MAX);
+    CHECK(inside(m->u.hello.nonce, WIRE_AUTH_NONCE, b, n));
+    CHECK(inside(m->u.hello.ids, (size_t)m->u.hello.n_ids * WIRE_AUTH_ID, b, n));
+    CHECK(n == 6u + m->u.hello.name_len + WIRE_AUTH_NONCE + 1u + (size_t)m->u.hello.n_ids * WIRE_AUTH_ID);
     break;
+  case WIRE_AUTH_CHALLENGE:
+    CHECK((e == WIRE_OK) == (n == 74u + get16(b + 72)));
+    if (e == WIRE_OK) CHECK(m->u.auth.name == b + 74 && m->u.auth.mac == b + 40 && m->u.auth.id == b + 32);
+    break;
+  case WIRE_AUTH_PROOF: CHECK(e == WIRE_OK && m->u.auth.mac == b); break;
   case WIRE_HELLO_ACK:
     CHECK(null_or_inside(m->u.hello_ack.name, b, n));
     CHECK(null_or_inside(m->u.hello_ack.entries, b, n));

@@ -30,6 +30,7 @@ HELLO=1 HELLO_ACK=2 MEM_ADD=3 MEM_DEL=4 WRITE_REQ=5 WRITE_ACK=6 READ_REQ=7
 READ_RESP=8 NOTIFY=9 NOTIFY_ACK=10 SYNC=11 SYNC_ACK=12 RDMA_CONNECT=13 RDMA_CONNECT_ACK=14
 SHM_HELLO=15 SHM_HELLO_ACK=16 STAGE_WRITE=17 STAGE_READ=18 STAGE_PULL=19 STAGE_PUSH=20
 CALL=21 CALL_RESP=22 SHM_MAP_HELLO=23 SHM_MAP=24 SHM_MAP_ACK=25 SHM_UNMAP=26 SHM_UNMAP_ACK=27 CALL_AFTER=28
+AUTH_CHALLENGE=29 AUTH_PROOF=30
 seg() { u64 "$1"; u32 "$2"; } # seg ADDR LEN: one STAGE range
 # stage_rdma TYPE BODY_LEN PAYLOAD_LEN BUF COUNT: a STAGE_PULL / STAGE_PUSH up to its ranges
 stage_rdma() { hdr "$1" "$2" "$3"; u64 10; u64 "$4"; u32 0xc0ffee; u32 "$5"; }
@@ -64,6 +65,13 @@ notify_ack >"$out/ok_notify_ack"
 { hdr $CALL_RESP 12 4; u64 6; u32 0; str abcd; } >"$out/bad_call_resp_payload"
 { hdr $CALL 65547 0; u64 6; u16 1; fill 65537 x; } >"$out/bad_call_long"
 { hdr $CALL_AFTER 27 0; u64 9; u64 6; u16 2; u8 2; u64 0x1234; } >"$out/ok_call_after"
+# HELLO with the auth block (caps 0x101): name "a:1", nonce 32, 2 key ids.
+{ hdr $HELLO $((6 + 3 + 32 + 1 + 16)) 0; u32 0x101; u16 3; str a:1; fill 32 n; u8 2; fill 16 i; } >"$out/ok_hello_auth"
+{ hdr $HELLO $((6 + 3 + 32 + 1 + 8)) 0; u32 0x101; u16 3; str a:1; fill 32 n; u8 2; fill 8 i; } >"$out/bad_hello_auth_ids"
+{ hdr $HELLO $((6 + 3 + 32 + 1)) 0; u32 0x101; u16 3; str a:1; fill 32 n; u8 0; } >"$out/bad_hello_auth_no_id"
+{ hdr $AUTH_CHALLENGE $((74 + 3)) 0; fill 32 n; fill 8 i; fill 32 m; u16 3; str b:2; } >"$out/ok_auth_challenge"
+{ hdr $AUTH_CHALLENGE $((74 + 3)) 0; fill 32 n; fill 8 i; fill 32 m; u16 4; str b:2; } >"$out/bad_auth_challenge_name"
+{ hdr $AUTH_PROOF 32 0; fill 32 m; } >"$out/ok_auth_proof"
 { hdr $CALL_AFTER 18 0; u64 9; u64 9; u16 2; } >"$out/bad_call_after_not_before"
 { hdr $CALL_AFTER 17 0; u64 9; u64 6; u8 2; } >"$out/bad_call_after_short"
 { hdr $RDMA_CONNECT 25 0; u32 0x11; u32 0x22; fill 16 G; u8 3; } >"$out/ok_rdma_connect"

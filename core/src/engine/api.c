@@ -9,6 +9,7 @@
  * and api_call.c share with it (api_int.h). */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -119,6 +120,17 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
     return hixl_fail(HIXL_PARAM_INVALID, "HixlEngineInitialize: engine is already initialized as %s",
                      e->local_name);
   }
+  if (opts.stage_unregistered && !opts.auth_key_file[0]) {
+    pthread_mutex_unlock(&e->lock);
+    return hixl_fail(HIXL_PARAM_INVALID,
+                     "HixlEngineInitialize: StagingUnregistered on lets a peer read and write any address of "
+                     "this process: it needs AuthKeyFile (or HIXL_AUTH_KEY_FILE), so that only peers holding "
+                     "the key can connect");
+  }
+  if ((st = auth_open(&e->auth, opts.auth_key_file)) != HIXL_SUCCESS) {
+    pthread_mutex_unlock(&e->lock);
+    return hixl_fail(st, "HixlEngineInitialize: %s", HixlGetLastErrorMessage());
+  }
   e->opts = opts;
   e->local_addr = sa;
   e->stopping = false;
@@ -138,8 +150,14 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
     goto close_listen;
   }
   e->initialized = true;
-  log_info("engine %s up (%s, transport %s)", e->local_name, has_port ? "listening" : "client only",
-           hixl_transport_name(opts.transport));
+  log_info("engine %s up (%s, transport %s, %s)", e->local_name, has_port ? "listening" : "client only",
+           hixl_transport_name(opts.transport), auth_enabled(&e->auth) ? "authenticated links" : "no key");
+  /* Said once per process, at the error level that a default log shows. */
+  static atomic_bool told_open;
+  if (has_port && !auth_enabled(&e->auth) && !atomic_exchange(&told_open, true))
+    log_error("engine %s accepts links from anyone who reaches its port: they read and write its registered "
+              "memory. Set AuthKeyFile (docs/security.md); this is said once per process",
+              e->local_name);
   pthread_mutex_unlock(&e->lock);
   return HIXL_SUCCESS;
 close_listen:
@@ -147,6 +165,7 @@ close_listen:
   e->listen_fd = -1;
 close_mods:
   mods_close(e, opened);
+  auth_close(&e->auth);
   pthread_mutex_unlock(&e->lock);
   return st;
 }
@@ -177,6 +196,7 @@ HixlStatus HixlEngineFinalize(HixlEngine *e) {
   e->n_notifies = e->cap_notifies = 0;
   if (e->listen_fd >= 0) close(e->listen_fd);
   e->listen_fd = -1;
+  auth_close(&e->auth);
   pthread_mutex_unlock(&e->lock);
   return HIXL_SUCCESS;
 }

@@ -15,6 +15,7 @@
 #include "engine/xport.h"
 #include "engine/xport_link.h"
 #include "hixl/hixl_engine.h"
+#include "util/auth.h"
 #include "util/memtab.h"
 #include "util/ptrset.h"
 #include "wire/wire.h"
@@ -48,7 +49,8 @@ struct hixl_transfer_req {
   uint32_t then_len; /* request bytes, at WIRE_CALL_REQ_AT of then->tx.heap */
 };
 
-enum conn_role { CONN_TARGET_HELLO, CONN_TARGET, CONN_INITIATOR };
+/* A target link: HELLO awaited, then (with a key) AUTH_PROOF awaited, then served. */
+enum conn_role { CONN_TARGET_HELLO, CONN_TARGET_AUTH, CONN_TARGET, CONN_INITIATOR };
 
 struct peer;
 
@@ -102,6 +104,11 @@ struct conn {
   uint32_t walk;           /* the last walk (link_next) that visited it */
   uint64_t hello_deadline; /* target: closed unless its HELLO came by then (HandshakeTimeout) */
   struct in_addr from;     /* target: the peer's address (MaxLinksPerAddress) */
+  /* Authentication (AuthKeyFile): the proof a CONN_TARGET_AUTH link awaits, and the
+   * link's session secret once proven (both sides: the initiator's is in its peer). */
+  uint8_t auth_expect[AUTH_MAC_LEN];
+  uint8_t session[AUTH_MAC_LEN];
+  bool authed;
 };
 
 struct peer {
@@ -112,6 +119,8 @@ struct peer {
   struct memtab rtab;                  /* the peer's registrations, as advertised */
   uint32_t caps;                       /* WIRE_CAP_* from its HELLO_ACK */
   char broken_why[256];
+  uint8_t session[AUTH_MAC_LEN]; /* the link's session secret, when authed */
+  bool authed;                   /* the peer proved a key this engine holds */
 };
 
 /* The staging pool ("BufferPool"): NUM buffers of SIZE bytes in one mapping, and
@@ -156,6 +165,9 @@ struct HixlEngine {
   uint64_t accept_resume;   /* accepting paused (out of descriptors) until then, CLOCK_MONOTONIC ns; 0: not */
   uint64_t accept_refusals; /* links refused or deferred since the last log line about it */
   uint64_t accept_logged;   /* when that line was written */
+  struct auth auth;         /* AuthKeyFile's keys; none: anyone is accepted */
+  uint64_t auth_refusals;   /* handshakes refused since the last log line about them */
+  uint64_t auth_logged;     /* when that line was written */
   pthread_t thread;
   struct memtab regs;
   struct peer *peers;

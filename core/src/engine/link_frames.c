@@ -1,6 +1,7 @@
 /* link_frames: a link's frames: queueing and flushing them, parsing, each role's handling, payloads. */
 /* Sending and parsing share this file because they call each other: a flush that
  * empties the queue releases a fenced CALL, which parses on; parsing answers, and sends. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -205,10 +206,15 @@ void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct 
 
 /* ---- target side ---- */
 
+/* HELLO_ACK: on WIRE_HELLO_OK the engine's caps, name and memory table; a refusal
+ * carries its status and nothing else. */
 static void send_hello_ack(struct conn *c, uint32_t status) {
   struct HixlEngine *e = c->eng;
-  size_t cap = WIRE_HDR_LEN + 14 + strlen(e->local_name);
-  for (size_t i = 0; i < e->regs.count; i++) cap += link_mem_entry_len((struct hixl_mem_reg *)e->regs.v[i]);
+  bool ok = status == WIRE_HELLO_OK;
+  const char *name = ok ? e->local_name : "";
+  size_t cap = WIRE_HDR_LEN + 14 + strlen(name);
+  for (size_t i = 0; ok && i < e->regs.count; i++)
+    cap += link_mem_entry_len((struct hixl_mem_reg *)e->regs.v[i]);
   uint8_t *buf = malloc(cap);
   struct wire_wr w;
   if (!buf) {
@@ -217,10 +223,10 @@ static void send_hello_ack(struct conn *c, uint32_t status) {
   }
   wire_begin(&w, buf, cap, WIRE_HELLO_ACK);
   wire_put_u32(&w, status);
-  wire_put_u32(&w, link_caps(e));
-  wire_put_u16(&w, (uint16_t)strlen(e->local_name));
-  wire_put_bytes(&w, e->local_name, strlen(e->local_name));
-  wire_put_u32(&w, status == WIRE_HELLO_OK ? (uint32_t)e->regs.count : 0);
+  wire_put_u32(&w, ok ? link_caps(e) : 0);
+  wire_put_u16(&w, (uint16_t)strlen(name));
+  wire_put_bytes(&w, name, strlen(name));
+  wire_put_u32(&w, ok ? (uint32_t)e->regs.count : 0);
   for (size_t i = 0; status == WIRE_HELLO_OK && i < e->regs.count; i++)
     wire_put_mem_entry(&w, e->regs.v[i]->addr, e->regs.v[i]->len,
                        link_mem_key(e, (struct hixl_mem_reg *)e->regs.v[i]),
@@ -232,6 +238,93 @@ static void send_hello_ack(struct conn *c, uint32_t status) {
     return;
   }
   link_flush(c);
+}
+
+/* Refuse a handshake: a bare HELLO_ACK (status only), then the link is closed. The
+ * log says why, at most once a second, with how many were refused meanwhile. */
+static void auth_refuse(struct conn *c, const char *why) {
+  struct HixlEngine *e = c->eng;
+  uint64_t now = hixl_now_ns();
+  char from[INET_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET, &c->from, from, sizeof(from));
+  e->auth_refusals++;
+  if (now - e->auth_logged >= 1000000000ull || e->auth_logged == 0) {
+    log_error("refused a link from %s (calling itself \"%s\"): %s (%llu refused since the last such line)",
+              from, c->remote_name, why, (unsigned long long)e->auth_refusals);
+    e->auth_refusals = 0;
+    e->auth_logged = now;
+  }
+  c->authed = false;
+  auth_wipe(c->auth_expect, sizeof(c->auth_expect));
+  auth_wipe(c->session, sizeof(c->session));
+  send_hello_ack(c, WIRE_HELLO_AUTH);
+  link_conn_kill(c, HIXL_FAILED, why);
+}
+
+/* HELLO. Without a key the link is served at once. With one, the target picks the
+ * first of its keys the initiator also holds, answers AUTH_CHALLENGE with its own
+ * proof, and keeps the proof it awaits and the session secret (docs/security.md). */
+static void target_hello(struct conn *c, const struct wire_msg *m) {
+  struct HixlEngine *e = c->eng;
+  log_escape(c->remote_name, sizeof(c->remote_name), m->u.hello.name, m->u.hello.name_len);
+  if (!auth_enabled(&e->auth)) {
+    c->role = CONN_TARGET;
+    send_hello_ack(c, WIRE_HELLO_OK);
+    log_info("accepted link from %s", c->remote_name);
+    return;
+  }
+  if (!m->u.hello.nonce) {
+    auth_refuse(c, "authentication required: the peer offered no key (it has no AuthKeyFile)");
+    return;
+  }
+  struct auth_ring ring;
+  const struct auth_key *k = NULL;
+  auth_current(&e->auth, &ring);
+  for (unsigned i = 0; i < ring.n && !k; i++)
+    for (unsigned j = 0; j < m->u.hello.n_ids && !k; j++)
+      if (memcmp(ring.key[i].id, m->u.hello.ids + (size_t)j * WIRE_AUTH_ID, AUTH_ID_LEN) == 0)
+        k = &ring.key[i];
+  uint8_t nonce_t[AUTH_NONCE_LEN], mac[AUTH_MAC_LEN];
+  if (!k) {
+    auth_refuse(c, "authentication failed: the peer holds none of this engine's keys");
+  } else if (!auth_random(nonce_t, sizeof(nonce_t))) {
+    auth_refuse(c, "no random bytes from the kernel for a challenge");
+  } else {
+    const char *me = e->local_name;
+    size_t me_len = strlen(me);
+#define TRANSCRIPT(label, out)                                                                               \
+  auth_transcript_mac(k, label, m->u.hello.nonce, nonce_t, m->u.hello.name, m->u.hello.name_len, me, me_len, \
+                      m->u.hello.caps, out)
+    TRANSCRIPT(AUTH_LABEL_TARGET, mac);
+    TRANSCRIPT(AUTH_LABEL_INITIATOR, c->auth_expect);
+    TRANSCRIPT(AUTH_LABEL_SESSION, c->session);
+#undef TRANSCRIPT
+    uint8_t frame[WIRE_HDR_LEN + WIRE_AUTH_CHALLENGE_FIXED + WIRE_MAX_NAME];
+    struct wire_wr w;
+    wire_begin(&w, frame, sizeof(frame), WIRE_AUTH_CHALLENGE);
+    wire_put_bytes(&w, nonce_t, sizeof(nonce_t));
+    wire_put_bytes(&w, k->id, AUTH_ID_LEN);
+    wire_put_bytes(&w, mac, sizeof(mac));
+    wire_put_u16(&w, (uint16_t)me_len);
+    wire_put_bytes(&w, me, me_len);
+    c->role = CONN_TARGET_AUTH;
+    link_queue_copy(c, frame, wire_end(&w, 0));
+  }
+  auth_wipe(&ring, sizeof(ring));
+}
+
+/* AUTH_PROOF: the initiator's proof over the same transcript; the link is served
+ * only when it matches (compared in constant time). */
+static void target_auth_proof(struct conn *c, const struct wire_msg *m) {
+  if (!auth_equal(m->u.auth.mac, c->auth_expect, AUTH_MAC_LEN)) {
+    auth_refuse(c, "authentication failed: a wrong proof (another key, or a replayed handshake)");
+    return;
+  }
+  auth_wipe(c->auth_expect, sizeof(c->auth_expect));
+  c->authed = true;
+  c->role = CONN_TARGET;
+  send_hello_ack(c, WIRE_HELLO_OK);
+  log_info("accepted an authenticated link from %s", c->remote_name);
 }
 
 /* A CALL: the service's handler answers at once (in order with every other answer on
@@ -263,13 +356,8 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
   struct HixlEngine *e = c->eng;
   uint8_t frame[WIRE_SMALL_FRAME];
   switch (m->hdr.type) {
-  case WIRE_HELLO:
-    snprintf(c->remote_name, sizeof(c->remote_name), "%.*s", (int)m->u.hello.name_len,
-             (const char *)m->u.hello.name);
-    c->role = CONN_TARGET;
-    send_hello_ack(c, WIRE_HELLO_OK);
-    log_info("accepted link from %s", c->remote_name);
-    return;
+  case WIRE_HELLO: target_hello(c, m); return;
+  case WIRE_AUTH_PROOF: target_auth_proof(c, m); return;
   case WIRE_SYNC: {
     size_t len = wire_put_ack(frame, WIRE_SYNC_ACK, m->u.ack.seq, HIXL_SUCCESS, 0);
     if (link_queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
@@ -493,6 +581,7 @@ void link_payload_take(struct conn *c, const uint8_t *buf, size_t n) {
 static bool type_allowed(const struct HixlEngine *e, enum conn_role role, unsigned type) {
   switch (role) {
   case CONN_TARGET_HELLO: return type == WIRE_HELLO;
+  case CONN_TARGET_AUTH: return type == WIRE_AUTH_PROOF;
   case CONN_TARGET:
     return type == WIRE_NOTIFY || type == WIRE_SYNC || type == WIRE_CALL || type == WIRE_CALL_AFTER ||
            (type <= WIRE_TYPE_MAX_ && e->frame_owner[type] != NULL);

@@ -222,7 +222,9 @@ static void links_from(const struct HixlEngine *e, struct in_addr addr, uint32_t
 static struct conn *oldest_unproven(const struct HixlEngine *e) {
   struct conn *old = NULL;
   for (struct conn *c = e->conns; c; c = c->next)
-    if (c->role == CONN_TARGET_HELLO && (!old || c->hello_deadline < old->hello_deadline)) old = c;
+    if ((c->role == CONN_TARGET_HELLO || c->role == CONN_TARGET_AUTH) &&
+        (!old || c->hello_deadline < old->hello_deadline))
+      old = c;
   return old;
 }
 
@@ -305,14 +307,14 @@ static void timer_tick(struct HixlEngine *e) {
   (void)!read(e->tfd, &v, sizeof(v));
   uint32_t walk = ++e->walks;
   for (struct conn *c; (c = link_next(e, walk));) {
-    if (c->role != CONN_TARGET_HELLO) continue;
+    if (c->role != CONN_TARGET_HELLO && c->role != CONN_TARGET_AUTH) continue;
     if (now < c->hello_deadline) {
       waiting = true;
       continue;
     }
     char why[96];
-    snprintf(why, sizeof(why), "a connection closed: no HELLO within HandshakeTimeout %u ms",
-             e->opts.handshake_ms);
+    snprintf(why, sizeof(why), "a connection closed: no %s within HandshakeTimeout %u ms",
+             c->role == CONN_TARGET_HELLO ? "HELLO" : "AUTH_PROOF", e->opts.handshake_ms);
     refusal(e, why);
     link_conn_kill(c, HIXL_SUCCESS,
                    why); /* it holds nothing; the refusal line says it, once a second at most */

@@ -101,6 +101,12 @@ static bool parse_max_links_addr(const char *s, struct hixl_options *o) {
   return parse_u32(s, 1, 1u << 20, &o->max_links_addr);
 }
 
+static bool parse_key_file(const char *s, struct hixl_options *o) {
+  if (!s || strlen(s) >= sizeof(o->auth_key_file)) return false;
+  strcpy(o->auth_key_file, s);
+  return true;
+}
+
 static const char *const transport_names[] = {"auto", "tcp", "rdma", "shm"};
 
 static bool parse_transport(const char *s, struct hixl_options *o) {
@@ -157,7 +163,13 @@ const char *hixl_transport_name(enum hixl_transport t) { return (unsigned)t < 4 
   X("MaxLinksPerAddress", "512", NULL, "[1,1048576]",                                                        \
     "as a target: links accepted at once from one IP address; a connection beyond is closed as it is "       \
     "accepted",                                                                                              \
-    parse_max_links_addr)
+    parse_max_links_addr)                                                                                    \
+  X("AuthKeyFile", "", "HIXL_AUTH_KEY_FILE",                                                                 \
+    "a path (< 1024 bytes) to a file of one or two keys of 32-128 hex digits, no group or other access; "    \
+    "\"\" none",                                                                                             \
+    "pre-shared keys: every link proves one both ends hold (HMAC-SHA256 challenge-response) before "         \
+    "anything else; \"\" accepts links from anyone (docs/security.md)",                                      \
+    parse_key_file)
 
 #define OPTION_INFO(name, def, env, range, doc, parse)  {name, def, env, range, doc},
 #define OPTION_PARSE(name, def, env, range, doc, parse) parse,

@@ -32,6 +32,7 @@ struct hixl_options {
   uint32_t handshake_ms;     /* HandshakeTimeout: an accepted link not HELLO'd by then is closed */
   uint32_t max_links;        /* MaxLinks: links a target accepts at once */
   uint32_t max_links_addr;   /* MaxLinksPerAddress: ... from one IP address */
+  char auth_key_file[1024];  /* AuthKeyFile: "" accepts anyone */
 };
 
 /* One row per key: the same table drives parsing, validation and the docs. */

@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,4 +63,25 @@ void hixl_log_write(HixlLogLevel level, const char *fmt, ...) {
   clock_gettime(CLOCK_REALTIME, &ts);
   fprintf(stderr, "[hixl %s %ld.%06ld %d] %s\n", tags[level], (long)ts.tv_sec, ts.tv_nsec / 1000,
           (int)getpid(), msg);
+}
+
+void log_escape(char *dst, size_t cap, const void *src, size_t n) {
+  static const char hex[] = "0123456789abcdef";
+  const unsigned char *b = src;
+  size_t o = 0;
+  if (cap == 0) return;
+  for (size_t i = 0; i < n; i++) {
+    bool plain = b[i] >= 0x20 && b[i] <= 0x7e && b[i] != '\\';
+    size_t need = plain ? 1 : 4;
+    if (o + need >= cap) break;
+    if (plain) {
+      dst[o++] = (char)b[i];
+    } else {
+      dst[o++] = '\\';
+      dst[o++] = 'x';
+      dst[o++] = hex[b[i] >> 4];
+      dst[o++] = hex[b[i] & 15];
+    }
+  }
+  dst[o] = '\0';
 }

@@ -2,12 +2,17 @@
 #ifndef HIXL_LOG_H
 #define HIXL_LOG_H
 #include <stdatomic.h>
+#include <stddef.h>
 
 #include "hixl/hixl_status.h"
 
 extern atomic_int hixl_log_level_; /* checked before any formatting */
 void hixl_log_write(HixlLogLevel level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void hixl_log_init(void);
+/* Copy n bytes a peer sent (a name) into dst as printable text: bytes outside ' '..'~'
+ * and the backslash become \xNN, so nothing a peer says can break a log line or
+ * drive a terminal. Always NUL-terminated; cut short at cap. */
+void log_escape(char *dst, size_t cap, const void *src, size_t n);
 
 #define HIXL_LOG(lvl, ...)                                                                                   \
   do {                                                                                                       \

@@ -23,7 +23,8 @@ const char *wire_type_name(unsigned type) {
       "WRITE_ACK",  "READ_REQ",     "READ_RESP",        "NOTIFY",        "NOTIFY_ACK",    "SYNC",
       "SYNC_ACK",   "RDMA_CONNECT", "RDMA_CONNECT_ACK", "SHM_HELLO",     "SHM_HELLO_ACK", "STAGE_WRITE",
       "STAGE_READ", "STAGE_PULL",   "STAGE_PUSH",       "CALL",          "CALL_RESP",     "SHM_MAP_HELLO",
-      "SHM_MAP",    "SHM_MAP_ACK",  "SHM_UNMAP",        "SHM_UNMAP_ACK", "CALL_AFTER"};
+      "SHM_MAP",    "SHM_MAP_ACK",  "SHM_UNMAP",        "SHM_UNMAP_ACK", "CALL_AFTER",    "AUTH_CHALLENGE",
+      "AUTH_PROOF"};
   return type <= WIRE_TYPE_MAX_ ? names[type] : "?";
 }
 
@@ -32,7 +33,7 @@ static const struct {
   uint32_t min, max;
   uint32_t payload; /* the largest payload the type may carry */
 } wire_limits[WIRE_TYPE_MAX_ + 1] = {
-    [WIRE_HELLO] = {6, 6 + WIRE_MAX_NAME, 0},
+    [WIRE_HELLO] = {6, 6 + WIRE_MAX_NAME + WIRE_AUTH_BLOCK_MAX, 0},
     [WIRE_HELLO_ACK] = {14, WIRE_MAX_BODY, 0},
     [WIRE_MEM_ADD] = {WIRE_MEM_ENTRY_FIXED, WIRE_MEM_ENTRY_FIXED + WIRE_MAX_TAG, 0},
     [WIRE_MEM_DEL] = {WIRE_MEM_ENTRY_FIXED, WIRE_MEM_ENTRY_FIXED, 0},
@@ -61,6 +62,8 @@ static const struct {
     [WIRE_SHM_UNMAP] = {WIRE_SHM_UNMAP_LEN, WIRE_SHM_UNMAP_LEN, 0},
     [WIRE_SHM_UNMAP_ACK] = {WIRE_SHM_UNMAP_LEN, WIRE_SHM_UNMAP_LEN, 0},
     [WIRE_CALL_AFTER] = {18, 18 + WIRE_MAX_CALL, 0},
+    [WIRE_AUTH_CHALLENGE] = {WIRE_AUTH_CHALLENGE_FIXED, WIRE_AUTH_CHALLENGE_FIXED + WIRE_MAX_NAME, 0},
+    [WIRE_AUTH_PROOF] = {WIRE_AUTH_MAC, WIRE_AUTH_MAC, 0},
 };
 
 enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *hdr) {
@@ -108,7 +111,24 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     m->u.hello.caps = be_get32(b);
     m->u.hello.name_len = be_get16(b + 4);
     m->u.hello.name = b + 6;
-    return n == 6u + m->u.hello.name_len ? WIRE_OK : WIRE_EBODY;
+    if (m->u.hello.name_len > WIRE_MAX_NAME) return WIRE_EBODY;
+    if (!(m->u.hello.caps & WIRE_CAP_AUTH)) return n == 6u + m->u.hello.name_len ? WIRE_OK : WIRE_EBODY;
+    if (n < 6u + m->u.hello.name_len + WIRE_AUTH_NONCE + 1u) return WIRE_EBODY;
+    m->u.hello.nonce = b + 6 + m->u.hello.name_len;
+    m->u.hello.n_ids = m->u.hello.nonce[WIRE_AUTH_NONCE];
+    m->u.hello.ids = m->u.hello.nonce + WIRE_AUTH_NONCE + 1;
+    if (m->u.hello.n_ids < 1 || m->u.hello.n_ids > WIRE_AUTH_IDS_MAX) return WIRE_EBODY;
+    return n == 6u + m->u.hello.name_len + WIRE_AUTH_NONCE + 1u + (size_t)m->u.hello.n_ids * WIRE_AUTH_ID
+               ? WIRE_OK
+               : WIRE_EBODY;
+  case WIRE_AUTH_CHALLENGE:
+    m->u.auth.nonce = b;
+    m->u.auth.id = b + WIRE_AUTH_NONCE;
+    m->u.auth.mac = b + WIRE_AUTH_NONCE + WIRE_AUTH_ID;
+    m->u.auth.name_len = be_get16(b + WIRE_AUTH_CHALLENGE_FIXED - 2);
+    m->u.auth.name = b + WIRE_AUTH_CHALLENGE_FIXED;
+    return n == WIRE_AUTH_CHALLENGE_FIXED + (size_t)m->u.auth.name_len ? WIRE_OK : WIRE_EBODY;
+  case WIRE_AUTH_PROOF: m->u.auth.mac = b; return WIRE_OK;
   case WIRE_HELLO_ACK: {
     m->u.hello_ack.status = be_get32(b);
     m->u.hello_ack.caps = be_get32(b + 4);
@@ -387,6 +407,19 @@ size_t wire_put_hello(uint8_t *buf, size_t cap, uint32_t caps, const char *name)
   wire_put_u32(&w, caps);
   wire_put_u16(&w, (uint16_t)strlen(name));
   wire_put_bytes(&w, name, strlen(name));
+  return wire_end(&w, 0);
+}
+
+size_t wire_put_hello_auth(uint8_t *buf, size_t cap, uint32_t caps, const char *name,
+                           const uint8_t nonce[WIRE_AUTH_NONCE], const uint8_t *ids, unsigned n_ids) {
+  struct wire_wr w;
+  wire_begin(&w, buf, cap, WIRE_HELLO);
+  wire_put_u32(&w, caps | WIRE_CAP_AUTH);
+  wire_put_u16(&w, (uint16_t)strlen(name));
+  wire_put_bytes(&w, name, strlen(name));
+  wire_put_bytes(&w, nonce, WIRE_AUTH_NONCE);
+  wire_put_bytes(&w, &(uint8_t){(uint8_t)n_ids}, 1);
+  wire_put_bytes(&w, ids, (size_t)n_ids * WIRE_AUTH_ID);
   return wire_end(&w, 0);
 }
 

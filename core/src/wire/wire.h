@@ -26,13 +26,26 @@
 
 /* Capability bits exchanged in HELLO / HELLO_ACK. */
 #define WIRE_CAP_TCP_DATA   0x1u
-#define WIRE_CAP_RDMA       0x2u  /* has an RDMA device and will connect a QP (RDMA_CONNECT) */
-#define WIRE_CAP_SHM        0x4u  /* answers SHM_HELLO: same-host copies (process_vm_*) welcome */
-#define WIRE_CAP_STAGE      0x8u  /* serves STAGE_WRITE / STAGE_READ into registered memory */
-#define WIRE_CAP_STAGE_ANY  0x10u /* ... and into memory it did not register (StagingUnregistered on) */
-#define WIRE_CAP_STAGE_RDMA 0x20u /* serves STAGE_PULL / STAGE_PUSH on its QP */
-#define WIRE_CAP_CALL       0x40u /* answers CALL (services such as the cache manager's lookups) */
-#define WIRE_CAP_CALL_AFTER 0x80u /* answers CALL_AFTER */
+#define WIRE_CAP_RDMA       0x2u   /* has an RDMA device and will connect a QP (RDMA_CONNECT) */
+#define WIRE_CAP_SHM        0x4u   /* answers SHM_HELLO: same-host copies (process_vm_*) welcome */
+#define WIRE_CAP_STAGE      0x8u   /* serves STAGE_WRITE / STAGE_READ into registered memory */
+#define WIRE_CAP_STAGE_ANY  0x10u  /* ... and into memory it did not register (StagingUnregistered on) */
+#define WIRE_CAP_STAGE_RDMA 0x20u  /* serves STAGE_PULL / STAGE_PUSH on its QP */
+#define WIRE_CAP_CALL       0x40u  /* answers CALL (services such as the cache manager's lookups) */
+#define WIRE_CAP_CALL_AFTER 0x80u  /* answers CALL_AFTER */
+#define WIRE_CAP_AUTH       0x100u /* HELLO: the auth block follows the name (a key is to be proven) */
+
+/* Authentication (docs/security.md). HELLO with WIRE_CAP_AUTH ends with the auth
+ * block: nonce (32 bytes), a count u8 (1 or 2) and as many key ids (8 bytes each).
+ * The target answers AUTH_CHALLENGE (its nonce, the key id it chose, its proof, its
+ * name), the initiator AUTH_PROOF (its proof); only then HELLO_ACK. A refusal is a
+ * HELLO_ACK with status WIRE_HELLO_AUTH and nothing else in it. */
+#define WIRE_AUTH_NONCE           32u
+#define WIRE_AUTH_MAC             32u
+#define WIRE_AUTH_ID              8u
+#define WIRE_AUTH_IDS_MAX         2u
+#define WIRE_AUTH_BLOCK_MAX       (WIRE_AUTH_NONCE + 1u + WIRE_AUTH_ID * WIRE_AUTH_IDS_MAX)
+#define WIRE_AUTH_CHALLENGE_FIXED (WIRE_AUTH_NONCE + WIRE_AUTH_ID + WIRE_AUTH_MAC + 2u)
 
 #define WIRE_MEM_ENTRY_FIXED 22u /* addr u64, len u64, rkey u32, tag_len u16; then the tag */
 #define WIRE_QP_INFO_LEN     25u /* qpn u32, psn u32, gid 16 bytes, mtu u8 */
@@ -84,11 +97,18 @@ enum wire_type {
   WIRE_SHM_UNMAP_ACK = 27,    /* initiator -> target: addr, len: unmapped, no copy touches it any more */
   WIRE_CALL_AFTER = 28,       /* seq, after u64, service u16, request bytes: a CALL served only if no
                                  WRITE on this link with a seq from after on was refused */
-  WIRE_TYPE_MAX_ = 28,
+  WIRE_AUTH_CHALLENGE = 29,   /* target -> initiator: nonce, key id, proof, name (after a HELLO with auth) */
+  WIRE_AUTH_PROOF = 30,       /* initiator -> target: proof */
+  WIRE_TYPE_MAX_ = 30,
 };
 
 /* HELLO_ACK status values. */
-enum wire_hello_status { WIRE_HELLO_OK = 0, WIRE_HELLO_VERSION = 1, WIRE_HELLO_REFUSED = 2 };
+enum wire_hello_status {
+  WIRE_HELLO_OK = 0,
+  WIRE_HELLO_VERSION = 1,
+  WIRE_HELLO_REFUSED = 2,
+  WIRE_HELLO_AUTH = 3, /* authentication required, or it failed */
+};
 
 /* Why wire_parse_hdr refused a header. */
 enum wire_err {
@@ -126,7 +146,17 @@ struct wire_msg {
       uint32_t caps;
       uint16_t name_len;
       const uint8_t *name;
+      const uint8_t *nonce; /* WIRE_CAP_AUTH: WIRE_AUTH_NONCE bytes; else NULL */
+      uint8_t n_ids;        /* ... and key ids, WIRE_AUTH_ID bytes each, 1..WIRE_AUTH_IDS_MAX */
+      const uint8_t *ids;
     } hello;
+    struct {
+      const uint8_t *nonce; /* AUTH_CHALLENGE */
+      const uint8_t *id;    /* AUTH_CHALLENGE: the key the target chose */
+      const uint8_t *mac;   /* both */
+      uint16_t name_len;    /* AUTH_CHALLENGE: the target's name */
+      const uint8_t *name;
+    } auth;
     struct {
       uint32_t status;
       uint32_t caps;
@@ -252,6 +282,9 @@ size_t wire_put_read_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t le
 size_t wire_put_sync(uint8_t *buf, uint64_t seq);
 /* HELLO of an engine called name offering caps (WIRE_CAP_*); 0 when cap is too small. */
 size_t wire_put_hello(uint8_t *buf, size_t cap, uint32_t caps, const char *name);
+/* ... with the auth block: nonce and n_ids key ids (caps gains WIRE_CAP_AUTH). */
+size_t wire_put_hello_auth(uint8_t *buf, size_t cap, uint32_t caps, const char *name,
+                           const uint8_t nonce[WIRE_AUTH_NONCE], const uint8_t *ids, unsigned n_ids);
 /* STAGE_WRITE / STAGE_READ header and seq/count: the caller then appends count ranges
  * with wire_put_stage_seg into buf (WIRE_HDR_LEN + 12 + count * 12 bytes in all). */
 size_t wire_put_stage(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t count, uint32_t payload_len);

@@ -1,0 +1,88 @@
+/* auth: the pre-shared keys an engine proves itself with, and the HMAC-SHA256
+ * (OpenSSL's libcrypto; nothing here is cryptography written by hand) that the HELLO
+ * handshake and the same-host binding compute with them.
+ *
+ * A key file (AuthKeyFile, or HIXL_AUTH_KEY_FILE) holds one or two keys, one per
+ * line, each 32 to 128 hex digits (16 to 64 bytes); blank lines and lines starting
+ * with '#' are skipped. It is refused when group or others have any permission on
+ * it. Two keys at once let a deployment rotate: add the new key beside the old one
+ * on every host, then take the old one out; each change is read at the next
+ * handshake (the file's identity and mtime are checked), with no restart. A key is
+ * named on the wire by its id, the first 8 bytes of HMAC(key, "hixl key id v1"). */
+#ifndef HIXL_AUTH_H
+#define HIXL_AUTH_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <time.h>
+
+#include "hixl/hixl_status.h"
+
+#define AUTH_NONCE_LEN 32u
+#define AUTH_MAC_LEN   32u
+#define AUTH_ID_LEN    8u
+#define AUTH_KEYS_MAX  2u
+#define AUTH_KEY_MIN   16u
+#define AUTH_KEY_MAX   64u
+#define AUTH_PATH_MAX  1024u
+
+struct auth_key {
+  uint8_t k[AUTH_KEY_MAX];
+  size_t len;
+  uint8_t id[AUTH_ID_LEN];
+};
+
+/* The keys in force at one moment, copied out for a handshake. */
+struct auth_ring {
+  struct auth_key key[AUTH_KEYS_MAX];
+  unsigned n; /* 0: no authentication */
+};
+
+/* An engine's key file and what was last read from it. */
+struct auth {
+  pthread_mutex_t mu;
+  char path[AUTH_PATH_MAX]; /* "": no key file, anyone is accepted */
+  struct auth_ring ring;
+  dev_t dev; /* the file as last read: a change to any of these re-reads it */
+  ino_t ino;
+  struct timespec mtime;
+  off_t size;
+  bool reload_failed; /* the last re-read failed (logged once until one succeeds) */
+};
+
+/* Parse a key file's text (it is overwritten) into ring; false with why. */
+bool auth_parse(char *text, struct auth_ring *ring, char *why, size_t cap);
+/* Read path (NULL or "": no authentication). Fails, naming the file and the reason,
+ * when it cannot be read, has group or other permissions, or holds no valid key. */
+HixlStatus auth_open(struct auth *a, const char *path);
+void auth_close(struct auth *a); /* the keys are wiped */
+bool auth_enabled(const struct auth *a);
+/* The keys in force, re-reading the file first if it changed; a file that no longer
+ * reads keeps the keys read before (logged). Wipe *out after use (auth_wipe). */
+void auth_current(struct auth *a, struct auth_ring *out);
+void auth_wipe(void *p, size_t n);
+
+/* HMAC-SHA256 of the concatenation of n parts under key. */
+void auth_hmac(const struct auth_key *key, const void *const *parts, const size_t *lens, unsigned n,
+               uint8_t out[AUTH_MAC_LEN]);
+/* Constant-time comparison (CRYPTO_memcmp): true when equal. */
+bool auth_equal(const void *a, const void *b, size_t n);
+/* n random bytes (getrandom); false if the kernel has none to give. */
+bool auth_random(void *p, size_t n);
+/* The HELLO handshake's MACs: HMAC(key, label || nonce_i || nonce_t || key id ||
+ * u16 len || name_i || u16 len || name_t || u32 caps_i), lengths and caps big-endian.
+ * Labels: AUTH_LABEL_TARGET (the target's proof), AUTH_LABEL_INITIATOR (the
+ * initiator's), AUTH_LABEL_SESSION (the link's session secret, never sent). */
+#define AUTH_LABEL_TARGET    "hixl auth v1 target"
+#define AUTH_LABEL_INITIATOR "hixl auth v1 initiator"
+#define AUTH_LABEL_SESSION   "hixl auth v1 session"
+void auth_transcript_mac(const struct auth_key *key, const char *label, const uint8_t nonce_i[AUTH_NONCE_LEN],
+                         const uint8_t nonce_t[AUTH_NONCE_LEN], const void *name_i, size_t name_i_len,
+                         const void *name_t, size_t name_t_len, uint32_t caps_i, uint8_t out[AUTH_MAC_LEN]);
+/* The key of ring with this id, or NULL. */
+const struct auth_key *auth_key_by_id(const struct auth_ring *ring, const uint8_t id[AUTH_ID_LEN]);
+
+#endif

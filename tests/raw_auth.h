@@ -1,0 +1,90 @@
+/* raw_auth: the initiator's side of the HELLO handshake, spoken by a test over a raw
+ * socket: honestly (it holds the key) or as a hostile peer would (a wrong proof, a
+ * recorded proof replayed, a claimed name). Uses the engine's own wire and auth code
+ * (white box), and the caller's send_all / recv_all. */
+#ifndef HIXL_TEST_RAW_AUTH_H
+#define HIXL_TEST_RAW_AUTH_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "util/auth.h"
+#include "wire/wire.h"
+
+typedef bool (*raw_send_fn)(int fd, const void *buf, size_t n);
+typedef bool (*raw_recv_fn)(int fd, void *buf, size_t n);
+
+struct raw_auth {
+  const char *key_hex;   /* the key the raw peer holds; NULL: it sends a plain HELLO */
+  const char *name;      /* the name it claims */
+  bool bad_proof;        /* send a proof with one bit flipped */
+  const uint8_t *replay; /* send these WIRE_AUTH_MAC bytes as the proof, whatever the challenge */
+  const uint8_t *nonce;  /* use this nonce (NULL: a fresh one) */
+  uint8_t proof[32];     /* out: the proof it sent */
+  uint8_t session[32];   /* out: the session secret, when the target's proof checked */
+  bool target_proved;    /* out: the target's AUTH_CHALLENGE carried a valid proof */
+  bool challenged;       /* out: an AUTH_CHALLENGE came */
+  uint32_t status;       /* out: HELLO_ACK's status */
+  uint32_t ack_caps;     /* out: ... its caps */
+  uint32_t ack_count;    /* out: ... and how many memory entries it listed */
+  uint16_t ack_name_len; /* out: ... and its name's length */
+};
+
+/* Run the handshake on fd; true when a HELLO_ACK came back (a refusal included). */
+static inline bool raw_auth_hello(int fd, struct raw_auth *a, raw_send_fn send_fn, raw_recv_fn recv_fn) {
+  uint8_t buf[8192], nonce[AUTH_NONCE_LEN];
+  struct auth_ring ring = {.n = 0};
+  struct wire_hdr h;
+  struct wire_msg m;
+  size_t len;
+  if (a->key_hex) {
+    char text[256];
+    char why[128];
+    snprintf(text, sizeof(text), "%s\n", a->key_hex);
+    if (!auth_parse(text, &ring, why, sizeof(why))) return false;
+    if (a->nonce)
+      memcpy(nonce, a->nonce, sizeof(nonce));
+    else
+      auth_random(nonce, sizeof(nonce));
+    len = wire_put_hello_auth(buf, sizeof(buf), WIRE_CAP_TCP_DATA, a->name, nonce, ring.key[0].id, 1);
+  } else {
+    len = wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, a->name);
+  }
+  if (!send_fn(fd, buf, len)) return false;
+  for (;;) {
+    if (!recv_fn(fd, buf, WIRE_HDR_LEN) || wire_parse_hdr(buf, &h) != WIRE_OK ||
+        h.body_len > sizeof(buf) - WIRE_HDR_LEN || !recv_fn(fd, buf + WIRE_HDR_LEN, h.body_len) ||
+        wire_decode(&h, buf + WIRE_HDR_LEN, &m) != WIRE_OK)
+      return false;
+    if (h.type == WIRE_HELLO_ACK) {
+      a->status = m.u.hello_ack.status;
+      a->ack_caps = m.u.hello_ack.caps;
+      a->ack_count = m.u.hello_ack.count;
+      a->ack_name_len = m.u.hello_ack.name_len;
+      return true;
+    }
+    if (h.type != WIRE_AUTH_CHALLENGE || !a->key_hex) return false;
+    a->challenged = true;
+    const struct auth_key *k = &ring.key[0];
+    uint8_t mac[AUTH_MAC_LEN];
+    size_t nl = strlen(a->name);
+    auth_transcript_mac(k, AUTH_LABEL_TARGET, nonce, m.u.auth.nonce, a->name, nl, m.u.auth.name,
+                        m.u.auth.name_len, WIRE_CAP_TCP_DATA | WIRE_CAP_AUTH, mac);
+    a->target_proved = auth_equal(mac, m.u.auth.mac, AUTH_MAC_LEN);
+    auth_transcript_mac(k, AUTH_LABEL_INITIATOR, nonce, m.u.auth.nonce, a->name, nl, m.u.auth.name,
+                        m.u.auth.name_len, WIRE_CAP_TCP_DATA | WIRE_CAP_AUTH, a->proof);
+    auth_transcript_mac(k, AUTH_LABEL_SESSION, nonce, m.u.auth.nonce, a->name, nl, m.u.auth.name,
+                        m.u.auth.name_len, WIRE_CAP_TCP_DATA | WIRE_CAP_AUTH, a->session);
+    if (a->replay) memcpy(a->proof, a->replay, AUTH_MAC_LEN);
+    if (a->bad_proof) a->proof[0] ^= 1;
+    struct wire_wr w;
+    uint8_t frame[WIRE_HDR_LEN + WIRE_AUTH_MAC];
+    wire_begin(&w, frame, sizeof(frame), WIRE_AUTH_PROOF);
+    wire_put_bytes(&w, a->proof, AUTH_MAC_LEN);
+    if (!send_fn(fd, frame, wire_end(&w, 0))) return false;
+  }
+}
+
+#endif
