@@ -48,6 +48,11 @@ void link_use(struct conn *c, const struct xport_ops *xp) { c->xp = xp; }
 const struct xport_ops *link_transport(const struct conn *c) { return c->xp; }
 uint32_t link_peer_caps(const struct conn *c) { return c->peer ? c->peer->caps : 0; }
 uint32_t peer_caps(const struct peer *p) { return p->caps; }
+const uint8_t *peer_session(const struct peer *p) { return p->authed ? p->session : NULL; }
+const uint8_t *link_session(const struct conn *c) {
+  if (c->peer) return peer_session(c->peer);
+  return c->authed ? c->session : NULL;
+}
 void link_read_always(struct conn *c) { c->always_read = true; }
 
 void link_peer_forget(struct conn *c, uint64_t addr, uint64_t len) {

@@ -164,6 +164,11 @@ void link_wake(struct HixlEngine *e); /* the progress thread looks at its work n
 HixlStatus link_handshake_recv(int fd, uint64_t deadline, struct peer *p, uint8_t *buf, size_t cap,
                                struct wire_hdr *h);
 uint32_t peer_caps(const struct peer *p); /* WIRE_CAP_* of its HELLO_ACK */
+/* The link's session secret (AUTH_MAC_LEN bytes), derived in the authenticated
+ * handshake and never sent; NULL when the link was not authenticated (no AuthKeyFile).
+ * Initiator: during Connect, from its peer; target: from its link. */
+const uint8_t *peer_session(const struct peer *p);
+const uint8_t *link_session(const struct conn *c);
 
 /* ---- chunks and requests ---- */
 void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why);
