@@ -220,7 +220,8 @@ enum mh_fault {
   MH_FAULT_MISMATCH_DTYPE,
   MH_FAULT_LINK_CUT,
   MH_FAULT_DECODE_ABORTS,
-  MH_FAULT_LINK_RESET
+  MH_FAULT_LINK_RESET,
+  MH_FAULT_INTRUDER /* a process without the key attacks both engines all through the run */
 };
 
 struct mh_inst_args {
@@ -249,6 +250,7 @@ struct mh_opts {
   const char *plugin, *config, *json, *transport, *policy, *model_name, *mode, *layout;
   const char *kv_memory; /* "hixl" (alloc_kv_caches) or "host" (the host's, register_kv_caches) */
   const char *prefill_addr, *decode_addr;
+  const char *auth_key; /* --auth-key: a key file, "none", or NULL: one made for the run */
   struct mh_model model;
   uint64_t kv_mib;
   uint32_t requests, concurrency, compute_us;
@@ -293,6 +295,18 @@ struct mh_child {
 };
 
 /* The router: the requests, the two instances and the counts the summary gives. */
+/* --fault intruder (mh_intruder.c): what the intruder tried and how it fared. */
+struct mh_intrusion {
+  uint64_t attempts;     /* connections it made */
+  uint64_t refused;      /* ... that ended in a bare refusal or a close, as they must */
+  uint64_t admitted;     /* ... that got anything more: the run fails */
+  uint64_t entries_seen; /* memory-table entries it was sent (must stay 0) */
+};
+/* The intruder's process: attack addr[0] and addr[1]; after a minimum of rounds write
+ * 'R' to report_fd, go on until stop_fd is readable or closed, then write its struct
+ * mh_intrusion to report_fd; the exit code. */
+int mh_intruder_main(const char *const addr[2], int stop_fd, int report_fd);
+
 struct mh_router {
   const struct mh_opts *o;
   struct mh_rreq *r;
@@ -305,8 +319,16 @@ struct mh_router {
   uint32_t nreset;     /* link-reset: TCP connections prefill shut down */
   uint32_t handed_off; /* kv_transfer_params forwarded so far */
   uint64_t t_start, t_end, bytes;
-  bool timed_out;   /* mh_run gave up at --timeout */
-  bool exits_clean; /* mh_reap: every instance that reported exited with status 0 */
+  bool timed_out;       /* mh_run gave up at --timeout */
+  bool exits_clean;     /* mh_reap: every instance that reported exited with status 0 */
+  const char *addr[2];  /* each instance's engine address */
+  const char *key_file; /* the AuthKeyFile both instances use; NULL: none */
+  pid_t intruder;       /* --fault intruder: its process, 0 before it starts */
+  int intruder_stop;    /* closing it tells the intruder to stop */
+  int intruder_report;  /* ... and it writes its figures here */
+  bool intruder_ready;  /* it made its minimum of attempts: the run may end */
+  bool intruder_in;     /* its figures came */
+  struct mh_intrusion intrusion;
 };
 
 /* Start the instances (prefill with config cfg_p and model o->model, decode with cfg_d

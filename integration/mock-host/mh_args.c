@@ -9,8 +9,9 @@
 
 #include "mh.h"
 
-static const char *const fault_names[] = {"none",           "decode-dies", "prefill-dies",  "mismatch-block",
-                                          "mismatch-dtype", "link-cut",    "decode-aborts", "link-reset"};
+static const char *const fault_names[] = {"none",           "decode-dies",    "prefill-dies",
+                                          "mismatch-block", "mismatch-dtype", "link-cut",
+                                          "decode-aborts",  "link-reset",     "intruder"};
 
 const char *mh_fault_name(enum mh_fault f) { return fault_names[f]; }
 
@@ -47,12 +48,15 @@ static void usage(FILE *f) {
       "  --prefill-addr IP:PORT --decode-addr IP:PORT   (default 127.0.0.1 and free ports)\n"
       "  --set KEY=VALUE          any other config key (VALUE is JSON, else a string); repeatable\n"
       "  --fault decode-dies|prefill-dies|mismatch-block|mismatch-dtype|link-cut|link-reset|\n"
-      "          decode-aborts\n"
+      "          decode-aborts|intruder\n"
       "           --fault-at N    (link-cut: prefill is stopped, SIGSTOP, after the Nth hand-off until\n"
       "                           every load in flight has ended, then resumed; link-reset: at the Nth\n"
       "                           hand-off prefill shuts down every TCP connection it has, transfers in\n"
       "                           flight fail, later ones link again; decode-aborts: decode aborts its\n"
-      "                           Nth load as it starts, as a client that went away)\n"
+      "                           Nth load as it starts, as a client that went away; intruder: a\n"
+      "                           process without the key attacks both engines all through the run)\n"
+      "  --auth-key FILE|none     the instances' AuthKeyFile (default: a fresh key made for the run,\n"
+      "                           in a private directory; none: no key, links from anyone)\n"
       "  --timeout S              give up after S seconds (default 120)\n"
       "  --json FILE              the summary as JSON\n"
       "  --no-progress --verbose --help\n"
@@ -92,6 +96,7 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
     O_POLICY,
     O_PADDR,
     O_DADDR,
+    O_AUTHKEY,
     O_FAULT,
     O_FAT,
     O_TIMEOUT,
@@ -127,6 +132,7 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
                                      {"decode-addr", 1, 0, O_DADDR},
                                      {"fault", 1, 0, O_FAULT},
                                      {"fault-at", 1, 0, O_FAT},
+                                     {"auth-key", 1, 0, O_AUTHKEY},
                                      {"timeout", 1, 0, O_TIMEOUT},
                                      {"json", 1, 0, O_JSON},
                                      {"no-progress", 0, 0, O_NOPROG},
@@ -160,6 +166,7 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
     case O_POLICY: o->policy = optarg; break;
     case O_PADDR: o->prefill_addr = optarg; break;
     case O_DADDR: o->decode_addr = optarg; break;
+    case O_AUTHKEY: o->auth_key = optarg; break;
     case O_JSON: o->json = optarg; break;
     case O_MODE: o->mode = optarg; break;
     case O_LAYOUT: o->layout = optarg; break;
@@ -186,7 +193,7 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
       if (k == sizeof(fault_names) / sizeof(fault_names[0])) {
         fprintf(stderr,
                 "hixl-mock-host: --fault %s is unknown (decode-dies, prefill-dies, mismatch-block, "
-                "mismatch-dtype, link-cut, decode-aborts, link-reset)\n",
+                "mismatch-dtype, link-cut, decode-aborts, link-reset, intruder)\n",
                 optarg);
         return 2;
       }

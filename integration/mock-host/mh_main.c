@@ -4,6 +4,7 @@
  * integration/mock-host/README.md. */
 #include <arpa/inet.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <json-c/json.h>
 #include <limits.h>
 #include <netinet/in.h>
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -131,8 +133,8 @@ static uint16_t free_port(void) {
 }
 
 /* The base document with this instance's address and role (and the flags' overrides). */
-static char *instance_config(const struct mh_opts *o, const char *path, bool prefill, int64_t *lease_ms,
-                             bool *push) {
+static char *instance_config(const struct mh_opts *o, const char *path, const char *key_file, bool prefill,
+                             int64_t *lease_ms, bool *push) {
   json_object *doc = json_object_from_file(path);
   if (!doc || !json_object_is_type(doc, json_type_object)) {
     fprintf(stderr, "hixl-mock-host: --config %s: %s\n", path,
@@ -152,6 +154,7 @@ static char *instance_config(const struct mh_opts *o, const char *path, bool pre
   if (o->lease_ms >= 0) json_object_object_add(doc, "lease_ms", json_object_new_int64(o->lease_ms));
   if (o->policy) json_object_object_add(doc, "load_failure_policy", json_object_new_string(o->policy));
   if (o->mode) json_object_object_add(doc, "mode", json_object_new_string(o->mode));
+  if (key_file) json_object_object_add(doc, "AuthKeyFile", json_object_new_string(key_file));
   for (uint32_t i = 0; i < o->nset; i++) {
     const char *eq = strchr(o->set[i], '=');
     char key[128];
@@ -166,6 +169,51 @@ static char *instance_config(const struct mh_opts *o, const char *path, bool pre
   char *text = strdup(json_object_to_json_string_ext(doc, JSON_C_TO_STRING_PLAIN));
   json_object_put(doc);
   return text;
+}
+
+/* The key both instances prove to each other: --auth-key FILE as given; none, no key;
+ * by default a fresh 32-byte key in a directory only this user can enter (mode 0700,
+ * the file 0600), removed when the run ends. */
+static const char *key_setup(const struct mh_opts *o, char dir[64], char path[96]) {
+  if (o->auth_key) return strcmp(o->auth_key, "none") == 0 ? NULL : o->auth_key;
+  uint8_t key[32];
+  char hex[2 * sizeof(key) + 2];
+  snprintf(dir, 64, "/tmp/hixl-mock-host-XXXXXX");
+  if (!mkdtemp(dir) || getrandom(key, sizeof(key), 0) != (ssize_t)sizeof(key)) {
+    fprintf(stderr, "hixl-mock-host: cannot make a key for the run: %m\n");
+    dir[0] = '\0';
+    return "";
+  }
+  for (size_t i = 0; i < sizeof(key); i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
+  hex[2 * sizeof(key)] = '\n';
+  hex[2 * sizeof(key) + 1] = '\0';
+  snprintf(path, 96, "%s/auth.key", dir);
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  bool ok = fd >= 0 && write(fd, hex, strlen(hex)) == (ssize_t)strlen(hex);
+  if (fd >= 0) close(fd);
+  explicit_bzero(key, sizeof(key));
+  explicit_bzero(hex, sizeof(hex));
+  if (!ok) {
+    fprintf(stderr, "hixl-mock-host: cannot write %s: %m\n", path);
+    return "";
+  }
+  return path;
+}
+
+static void key_remove(const char *dir, const char *path) {
+  if (!dir[0]) return;
+  unlink(path);
+  rmdir(dir);
+}
+
+/* The "address" of an instance's config text (json-c), into out. */
+static const char *config_address(const char *text, char *out, size_t cap) {
+  json_object *doc = json_tokener_parse(text), *v;
+  out[0] = '\0';
+  if (doc && json_object_object_get_ex(doc, "address", &v))
+    snprintf(out, cap, "%s", json_object_get_string(v));
+  json_object_put(doc);
+  return out;
 }
 
 static uint64_t splitmix(uint64_t *s) {
@@ -212,10 +260,16 @@ int main(int argc, char **argv) {
   bool push = false;
   struct mh_model md = decode_model(&o);
   struct mh_router rt = {.o = &o};
-  char *cfg_p = instance_config(&o, cfg_path, true, &lease_p, &push);
-  char *cfg_d = cfg_p ? instance_config(&o, cfg_path, false, &lease_d, &push) : NULL;
+  char key_dir[64] = "", key_path[96] = "", addr_p[64], addr_d[64];
+  const char *key = key_setup(&o, key_dir, key_path);
+  if (key && !*key) return 1;
+  rt.key_file = key;
+  char *cfg_p = instance_config(&o, cfg_path, key, true, &lease_p, &push);
+  char *cfg_d = cfg_p ? instance_config(&o, cfg_path, key, false, &lease_d, &push) : NULL;
   rc = 2;
   if (!cfg_d) goto free_cfg;
+  rt.addr[0] = config_address(cfg_p, addr_p, sizeof(addr_p));
+  rt.addr[1] = config_address(cfg_d, addr_d, sizeof(addr_d));
   rc = 1;
   if (push && !HIXL_KV_HAS_OP(ops, get_push_params)) {
     fprintf(stderr, "hixl-mock-host: mode push needs get_push_params, which this plugin's ops table lacks\n");
@@ -240,5 +294,6 @@ free_router:
 free_cfg:
   free(cfg_p);
   free(cfg_d);
+  key_remove(key_dir, key_path);
   return rc;
 }

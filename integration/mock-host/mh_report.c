@@ -75,6 +75,10 @@ bool mh_verdict(const struct mh_router *rt) {
   bool d_clean = D->stats_in && D->s.blocks_free == D->s.blocks_total && D->s.requests_left == 0;
   bool base = !rt->timed_out && !rt->fatal && rt->exits_clean;
   if (o->fault == MH_FAULT_NONE) return base && rt->nverified == o->requests && p_clean && d_clean;
+  if (o->fault == MH_FAULT_INTRUDER) /* nothing let in, nothing learned, the hand-off untouched */
+    return base && rt->nverified == o->requests && p_clean && d_clean && rt->intruder_in &&
+           rt->intrusion.attempts > 0 && rt->intrusion.admitted == 0 && rt->intrusion.entries_seen == 0 &&
+           rt->intrusion.refused == rt->intrusion.attempts;
   if (o->fault == MH_FAULT_DECODE_DIES)
     return base && D->dead && !D->stats_in && rt->nfail > 0 && !rt->ncorrupt && p_clean &&
            rt->ndone == o->requests;
@@ -179,6 +183,14 @@ int mh_report(const struct mh_router *rt, const struct mh_model *md, bool pass) 
   if (rt->nfail || rt->nrecomputed || rt->ncorrupt)
     printf("  %-28s failed %u, recomputed %u, corrupt %u\n", "not verified", rt->nfail, rt->nrecomputed,
            rt->ncorrupt);
+  printf("  %-28s %s\n", "links",
+         rt->key_file ? "authenticated: both instances hold a key (AuthKeyFile)"
+                      : "no key: anyone who reaches a port may link");
+  if (o->fault == MH_FAULT_INTRUDER)
+    printf("  %-28s %" PRIu64 " connections, %" PRIu64 " refused, %" PRIu64 " let in, %" PRIu64
+           " memory entries learned%s\n",
+           "intruder (no key)", rt->intrusion.attempts, rt->intrusion.refused, rt->intrusion.admitted,
+           rt->intrusion.entries_seen, rt->intruder_in ? "" : " (it did not report)");
   if (o->fault == MH_FAULT_LINK_CUT)
     printf("  %-28s %u of %u verified\n", "started once prefill resumed", rt->nverified_after_cut,
            rt->nafter_cut);

@@ -336,6 +336,60 @@ static void dispatch(struct mh_router *rt) {
   }
 }
 
+/* --fault intruder: its process starts once both instances are up. */
+static void intruder_start(struct mh_router *rt) {
+  int stop[2], report[2];
+  if (pipe2(stop, O_CLOEXEC) < 0) return;
+  if (pipe2(report, O_CLOEXEC) < 0) {
+    close(stop[0]);
+    close(stop[1]);
+    return;
+  }
+  fflush(NULL);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(stop[1]);
+    close(report[0]);
+    for (int k = 0; k < 2; k++) close(rt->side[k].conn.fd);
+    _exit(mh_intruder_main(rt->addr, stop[0], report[1]));
+  }
+  close(stop[0]);
+  close(report[1]);
+  if (pid < 0) {
+    fprintf(stderr, "hixl-mock-host: fork: %m\n");
+    close(stop[1]);
+    close(report[0]);
+    return;
+  }
+  rt->intruder = pid;
+  rt->intruder_stop = stop[1];
+  rt->intruder_report = report[0];
+}
+
+/* Whether the run may end: no intruder, or it made its minimum of attempts. */
+static bool intruder_done(struct mh_router *rt) {
+  char r;
+  struct pollfd p = {rt->intruder_report, POLLIN, 0};
+  if (!rt->intruder || rt->intruder_ready) return true;
+  if (poll(&p, 1, 0) == 1) rt->intruder_ready = read(rt->intruder_report, &r, 1) == 1 && r == 'R';
+  if (p.revents & (POLLHUP | POLLERR) && !rt->intruder_ready) rt->intruder_ready = true; /* it died */
+  return rt->intruder_ready;
+}
+
+/* ... and stops when the run ends: its figures, then its exit. */
+static void intruder_stop(struct mh_router *rt) {
+  if (!rt->intruder) return;
+  close(rt->intruder_stop);
+  struct pollfd p = {rt->intruder_report, POLLIN, 0};
+  if (poll(&p, 1, 10000) == 1 &&
+      read(rt->intruder_report, &rt->intrusion, sizeof(rt->intrusion)) == (ssize_t)sizeof(rt->intrusion))
+    rt->intruder_in = true;
+  close(rt->intruder_report);
+  if (!rt->intruder_in) kill(rt->intruder, SIGKILL);
+  waitpid(rt->intruder, NULL, 0);
+  rt->intruder = 0;
+}
+
 int mh_run(struct mh_router *rt, const hixl_kv_ops *ops, const char *cfg_p, const char *cfg_d,
            const struct mh_model *md, uint32_t drain_ms) {
   const struct mh_opts *o = rt->o;
@@ -355,9 +409,10 @@ int mh_run(struct mh_router *rt, const hixl_kv_ops *ops, const char *cfg_p, cons
     if (up && !started) {
       started = true;
       rt->t_start = mh_now_ns(); /* the figures count from the first request */
+      if (o->fault == MH_FAULT_INTRUDER) intruder_start(rt);
     }
     if (up) dispatch(rt);
-    if (rt->ndone == o->requests || rt->fatal)
+    if ((rt->ndone == o->requests && intruder_done(rt)) || rt->fatal)
       for (int k = 0; k < 2; k++)
         if (!rt->side[k].dead && !rt->side[k].exit_sent) {
           struct mh_out f = {0};
@@ -390,6 +445,7 @@ int mh_run(struct mh_router *rt, const hixl_kv_ops *ops, const char *cfg_p, cons
       last_bar = mh_now_ns();
     }
   }
+  intruder_stop(rt);
   mh_progress(rt, true);
   if (rt->timed_out) {
     fprintf(
