@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -137,9 +138,35 @@ static int client(uint16_t port) {
   return 0;
 }
 
+/* Both processes prove the same key when they link (AuthKeyFile, read from
+ * HIXL_AUTH_KEY_FILE by every engine). A deployment gives each host the same key file
+ * (mode 0600, e.g. from `openssl rand -hex 32`); when none is set, the sample makes
+ * one for its two processes and removes it at the end. */
+static char key_path[] = "/tmp/hixl-cs-sample-key-XXXXXX";
+
+static int key_setup(void) {
+  unsigned char key[32];
+  char hex[2 * sizeof(key) + 2];
+  if (getenv("HIXL_AUTH_KEY_FILE")) {
+    key_path[0] = '\0';
+    return 0;
+  }
+  int fd = mkstemp(key_path); /* mode 0600 */
+  if (fd < 0 || getrandom(key, sizeof(key), 0) != (ssize_t)sizeof(key)) return -1;
+  for (size_t i = 0; i < sizeof(key); i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
+  strcpy(hex + 2 * sizeof(key), "\n");
+  int ok = write(fd, hex, strlen(hex)) == (ssize_t)strlen(hex);
+  close(fd);
+  return ok && setenv("HIXL_AUTH_KEY_FILE", key_path, 1) == 0 ? 0 : -1;
+}
+
 int main(int argc, char **argv) {
   uint16_t port = argc > 1 ? (uint16_t)atoi(argv[1]) : free_port();
   int ready[2], done[2];
+  if (key_setup() < 0) {
+    perror("hixl-cs-sample: a key for the two processes");
+    return 1;
+  }
   if (pipe(ready) || pipe(done)) return 1;
   pid_t pid = fork();
   if (pid == 0) _exit(server(port, ready[1], done[0]));
@@ -150,5 +177,6 @@ int main(int argc, char **argv) {
     fprintf(stderr, "server process failed\n");
     rc = 1;
   }
+  if (key_path[0]) unlink(key_path);
   return rc;
 }
