@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include "hixl/hixl_engine.h"
+#include "raw_auth.h"
+#include "util/log.h"
 #include "test_util.h"
 
 #define KEY_A "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
@@ -187,15 +189,202 @@ static void test_rotation(void) {
   eng_down(&b);
 }
 
-static int suite_init(void) {
-  snprintf(dir, sizeof(dir), "/tmp/hixl-auth-XXXXXX");
-  return mkdtemp(dir) ? 0 : -1;
+/* ---- hostile peers speaking the wire directly to a target with a key ---- */
+
+static struct eng tgt, ini; /* a keyed target and a keyed initiator linked to it */
+static uint16_t tport;
+
+static int hostile_init(void) {
+  if (eng_up(&tgt, key_file("h_t", KEY_A "\n", 0600), 5) != HIXL_SUCCESS ||
+      eng_up(&ini, key_file("h_i", KEY_A "\n", 0600), 6) != HIXL_SUCCESS ||
+      HixlEngineConnect(ini.e, tgt.name, 5000) != HIXL_SUCCESS)
+    return -1;
+  tport = (uint16_t)atoi(strchr(tgt.name, ':') + 1);
+  return 0;
 }
 
-static int suite_clean(void) {
-  char cmd[96];
-  snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-  return system(cmd) == 0 ? 0 : -1;
+static int hostile_clean(void) {
+  eng_down(&ini);
+  eng_down(&tgt);
+  return 0;
+}
+
+/* After each hostile attempt: the target's memory is as it was (pattern 5, or what the
+ * last legitimate WRITE put there) and the legitimate link still moves data. */
+static void legit_still_works(void) {
+  move_and_check(&ini, &tgt, 5);
+  tu_fill(tgt.mem, MEM, 5); /* back to the pattern for the next test */
+}
+
+/* A refusal is bare: status 3, no caps, no name, no memory table, then the close. */
+static void assert_bare_refusal(int fd, const struct raw_auth *a) {
+  CU_ASSERT_EQUAL(a->status, WIRE_HELLO_AUTH);
+  CU_ASSERT_EQUAL(a->ack_caps, 0);
+  CU_ASSERT_EQUAL(a->ack_name_len, 0);
+  CU_ASSERT_EQUAL(a->ack_count, 0);
+  CU_ASSERT_TRUE(raw_closed_silent(fd));
+}
+
+static void test_raw_no_key(void) {
+  struct raw_auth a = {.name = "intruder:1"};
+  int fd = raw_dial(tport);
+  CU_ASSERT_FATAL(fd >= 0);
+  CU_ASSERT_TRUE_FATAL(raw_auth_hello(fd, &a, raw_send_all, raw_recv_all));
+  CU_ASSERT_FALSE(a.challenged);
+  assert_bare_refusal(fd, &a);
+  close(fd);
+  TU_ASSERT_PATTERN(tgt.mem, MEM, 5, "the target's memory after a keyless HELLO");
+  legit_still_works();
+}
+
+static void test_raw_wrong_key(void) {
+  struct raw_auth a = {.name = "intruder:1", .key_hex = KEY_B};
+  int fd = raw_dial(tport);
+  CU_ASSERT_FATAL(fd >= 0);
+  CU_ASSERT_TRUE_FATAL(raw_auth_hello(fd, &a, raw_send_all, raw_recv_all));
+  CU_ASSERT_FALSE(a.challenged); /* no key id in common: not even a challenge */
+  assert_bare_refusal(fd, &a);
+  close(fd);
+  legit_still_works();
+}
+
+/* A peer that offers the right key id but cannot compute the proof. */
+static void test_raw_bad_proof(void) {
+  struct raw_auth a = {.name = "intruder:1", .key_hex = KEY_A, .bad_proof = true};
+  int fd = raw_dial(tport);
+  CU_ASSERT_FATAL(fd >= 0);
+  CU_ASSERT_TRUE_FATAL(raw_auth_hello(fd, &a, raw_send_all, raw_recv_all));
+  CU_ASSERT_TRUE(a.challenged);
+  CU_ASSERT_TRUE(a.target_proved); /* the target proved the key first */
+  assert_bare_refusal(fd, &a);
+  close(fd);
+  legit_still_works();
+}
+
+/* A recorded handshake played again: the same HELLO (nonce) and the same proof meet a
+ * fresh challenge, and are refused. */
+static void test_raw_replay(void) {
+  uint8_t nonce[32];
+  memset(nonce, 0x5a, sizeof(nonce));
+  struct raw_auth rec = {.name = "recorded:1", .key_hex = KEY_A, .nonce = nonce};
+  int fd = raw_dial(tport);
+  CU_ASSERT_FATAL(fd >= 0);
+  CU_ASSERT_TRUE_FATAL(raw_auth_hello(fd, &rec, raw_send_all, raw_recv_all));
+  CU_ASSERT_EQUAL(rec.status, WIRE_HELLO_OK); /* the original, by a key holder */
+  close(fd);
+  /* The replayer has the bytes, not the key: the proof it sends is the recorded one. */
+  struct raw_auth a = {.name = "recorded:1", .key_hex = KEY_A, .nonce = nonce, .replay = rec.proof};
+  fd = raw_dial(tport);
+  CU_ASSERT_FATAL(fd >= 0);
+  CU_ASSERT_TRUE_FATAL(raw_auth_hello(fd, &a, raw_send_all, raw_recv_all));
+  CU_ASSERT_TRUE(a.challenged);
+  assert_bare_refusal(fd, &a);
+  close(fd);
+  legit_still_works();
+}
+
+/* Frames out of turn: AUTH_PROOF before HELLO, a CALL or a WRITE before the proof:
+ * the link closes with no answer, nothing is written. */
+static void test_raw_out_of_turn(void) {
+  uint8_t b[128];
+  struct wire_wr w;
+  int fd = raw_dial(tport);
+  CU_ASSERT_FATAL(fd >= 0);
+  wire_begin(&w, b, sizeof(b), WIRE_AUTH_PROOF);
+  wire_put_bytes(&w, b + 64, WIRE_AUTH_MAC);
+  CU_ASSERT_TRUE(raw_send_all(fd, b, wire_end(&w, 0)));
+  CU_ASSERT_TRUE(raw_closed_silent(fd));
+  close(fd);
+  /* HELLO with the key offered, then a WRITE into the target's memory instead of the proof. */
+  uint8_t nonce[32] = {1}, hello[512];
+  char text[80], why[64];
+  struct auth_ring ring;
+  snprintf(text, sizeof(text), "%s\n", KEY_A);
+  CU_ASSERT_FATAL(auth_parse(text, &ring, why, sizeof(why)));
+  fd = raw_dial(tport);
+  CU_ASSERT_FATAL(fd >= 0);
+  CU_ASSERT_TRUE(raw_send_all(
+      fd, hello,
+      wire_put_hello_auth(hello, sizeof(hello), WIRE_CAP_TCP_DATA, "x:1", nonce, ring.key[0].id, 1)));
+  struct wire_hdr h;
+  CU_ASSERT_TRUE_FATAL(raw_recv_all(fd, b, WIRE_HDR_LEN) && wire_parse_hdr(b, &h) == WIRE_OK);
+  CU_ASSERT_EQUAL(h.type, WIRE_AUTH_CHALLENGE);
+  CU_ASSERT_TRUE(raw_recv_all(fd, hello, h.body_len));
+  uint8_t data[64];
+  memset(data, 0xee, sizeof(data));
+  size_t n = wire_put_write_req(b, 1, (uintptr_t)tgt.mem, sizeof(data));
+  CU_ASSERT_TRUE(raw_send_all(fd, b, n) && raw_send_all(fd, data, sizeof(data)));
+  CU_ASSERT_TRUE(raw_closed_silent(fd));
+  close(fd);
+  TU_ASSERT_PATTERN(tgt.mem, MEM, 5, "the target's memory after a WRITE before the proof");
+  legit_still_works();
+}
+
+/* A connection that says HELLO and never proves is closed at HandshakeTimeout: its
+ * own engine here, with a short one. */
+static void test_raw_proof_never_comes(void) {
+  struct eng t;
+  const char *k = key_file("slow", KEY_A "\n", 0600);
+  HixlOption o[2] = {{"AuthKeyFile", k}, {"HandshakeTimeout", "300"}};
+  memset(&t, 0, sizeof(t));
+  tu_addr(t.name, sizeof(t.name), tu_free_port());
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&t.e));
+  TU_ASSERT_OK_FATAL(HixlEngineInitialize(t.e, t.name, o, 2));
+  uint8_t nonce[32] = {2}, b[512];
+  char text[80], why[64];
+  struct auth_ring ring;
+  snprintf(text, sizeof(text), "%s\n", KEY_A);
+  CU_ASSERT_FATAL(auth_parse(text, &ring, why, sizeof(why)));
+  int fd = raw_dial((uint16_t)atoi(strchr(t.name, ':') + 1));
+  CU_ASSERT_FATAL(fd >= 0);
+  CU_ASSERT_TRUE(raw_send_all(
+      fd, b, wire_put_hello_auth(b, sizeof(b), WIRE_CAP_TCP_DATA, "slow:1", nonce, ring.key[0].id, 1)));
+  struct wire_hdr h;
+  CU_ASSERT_TRUE_FATAL(raw_recv_all(fd, b, WIRE_HDR_LEN) && wire_parse_hdr(b, &h) == WIRE_OK);
+  CU_ASSERT_EQUAL(h.type, WIRE_AUTH_CHALLENGE);
+  CU_ASSERT_TRUE(raw_recv_all(fd, b, h.body_len));
+  int64_t t0 = tu_now_ms();
+  CU_ASSERT_TRUE(raw_closed_silent(fd)); /* within the 5 s receive timeout */
+  CU_ASSERT_TRUE(tu_now_ms() - t0 < 4000);
+  close(fd);
+  eng_down(&t);
+}
+
+/* A name is what the peer proved under the key; a keyless peer claiming the
+ * legitimate initiator's name is refused, and what it said reaches the log escaped. */
+static char logged[4096];
+static void log_cb(HixlLogLevel level, const char *msg, void *ctx) {
+  (void)level;
+  (void)ctx;
+  if (strstr(msg, "refused a link")) snprintf(logged, sizeof(logged), "%s", msg);
+}
+
+static void test_raw_spoofed_name(void) {
+  char name[96];
+  snprintf(name, sizeof(name), "%s", ini.name);
+  struct raw_auth a = {.name = name};
+  int fd = raw_dial(tport);
+  CU_ASSERT_FATAL(fd >= 0);
+  CU_ASSERT_TRUE_FATAL(raw_auth_hello(fd, &a, raw_send_all, raw_recv_all));
+  assert_bare_refusal(fd, &a);
+  close(fd);
+  legit_still_works(); /* the real holder of that name is untouched */
+  /* Control bytes and escapes in a name are logged as \xNN. */
+  logged[0] = '\0';
+  HixlSetLogCallback(log_cb, NULL);
+  struct raw_auth e = {.name = "evil\n[hixl E] forged line\x1b[31m"};
+  fd = raw_dial(tport);
+  CU_ASSERT_FATAL(fd >= 0);
+  CU_ASSERT_TRUE(raw_auth_hello(fd, &e, raw_send_all, raw_recv_all));
+  close(fd);
+  legit_still_works(); /* a round trip: the refusal was logged before */
+  HixlSetLogCallback(NULL, NULL);
+  /* The line may be rate-limited into the next second's: when it was written, it is escaped. */
+  if (logged[0]) {
+    CU_ASSERT_PTR_NULL(strchr(logged, '\n'));
+    CU_ASSERT_PTR_NULL(strchr(logged, '\x1b'));
+    CU_ASSERT_PTR_NOT_NULL(strstr(logged, "evil\\x0a[hixl E] forged line\\x1b[31m"));
+  }
 }
 
 static CU_TestInfo auth_tests[] = {
@@ -208,9 +397,41 @@ static CU_TestInfo auth_tests[] = {
     CU_TEST_INFO_NULL,
 };
 
+/* log_escape itself: what a peer names itself cannot break a line or drive a terminal. */
+static void test_log_escape(void) {
+  char out[64];
+  log_escape(out, sizeof(out), "ok:1", 4);
+  CU_ASSERT_STRING_EQUAL(out, "ok:1");
+  log_escape(out, sizeof(out), "a\nb\x1b[0m\\\x7f\xff", 10);
+  CU_ASSERT_STRING_EQUAL(out, "a\\x0ab\\x1b[0m\\x5c\\x7f\\xff");
+  log_escape(out, 6, "\n\n\n", 3); /* cut at a whole escape, still terminated */
+  CU_ASSERT_STRING_EQUAL(out, "\\x0a");
+}
+
+static CU_TestInfo hostile_tests[] = {
+    {"names are escaped (log_escape)", test_log_escape},
+    {"no key: a bare refusal, no table, memory untouched", test_raw_no_key},
+    {"a wrong key: refused before any challenge", test_raw_wrong_key},
+    {"the right key id, a wrong proof: refused", test_raw_bad_proof},
+    {"a replayed handshake: refused", test_raw_replay},
+    {"frames out of turn (a WRITE before the proof): closed, nothing written", test_raw_out_of_turn},
+    {"a proof that never comes: closed at HandshakeTimeout", test_raw_proof_never_comes},
+    {"a spoofed name: refused; names in the log escaped", test_raw_spoofed_name},
+    CU_TEST_INFO_NULL,
+};
+
 static CU_SuiteInfo suites[] = {
-    {"auth", suite_init, suite_clean, NULL, NULL, auth_tests},
+    {"auth", NULL, NULL, NULL, NULL, auth_tests},
+    {"hostile peers", hostile_init, hostile_clean, NULL, NULL, hostile_tests},
     CU_SUITE_INFO_NULL,
 };
 
-int main(void) { return tu_run_suites("test_auth", suites); }
+int main(void) {
+  char cmd[96];
+  snprintf(dir, sizeof(dir), "/tmp/hixl-auth-XXXXXX");
+  if (!mkdtemp(dir)) return 1;
+  int rc = tu_run_suites("test_auth", suites);
+  snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+  if (system(cmd) != 0) rc = 1;
+  return rc;
+}
