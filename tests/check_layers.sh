@@ -25,7 +25,7 @@ rank() {
     util/*) echo 0 ;;
     wire/*) echo 1 ;;
     engine/options.c.o) echo 2 ;;
-    engine/link.c.o | engine/link_frames.c.o | engine/link_progress.c.o | engine/xport_link.c.o | engine/xport_stub.c.o) echo 3 ;;
+    engine/link.c.o | engine/link_frames.c.o | engine/link_progress.c.o | engine/xport_link.c.o | engine/xport_stub.c.o | engine/grant.c.o) echo 3 ;;
     transport/*) echo 4 ;;
     engine/stage.c.o | engine/stage_target.c.o) echo 5 ;;
     engine/api.c.o | engine/api_mem.c.o | engine/api_link.c.o | engine/api_xfer.c.o | engine/api_call.c.o) echo 6 ;;

@@ -185,6 +185,9 @@ HixlStatus HixlEngineFinalize(HixlEngine *e) {
     api_reg_release(e, (struct hixl_mem_reg *)e->regs.v[i]);
   }
   memtab_free(&e->regs);
+  grant_free_all(e);
+  e->scoped = false;
+  e->grant_refusals = 0;
   mods_close(e, XPORT_MODS);
   for (size_t i = 0; i < e->n_notifies; i++) {
     free(e->notifies[i].name);

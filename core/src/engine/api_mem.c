@@ -275,3 +275,57 @@ HixlStatus hixl_engine_remote_has(HixlEngine *e, const char *remote, const uint6
   pthread_mutex_unlock(&e->lock);
   return st;
 }
+
+/* ---- scoped memory (engine_ext.h) ---- */
+
+/* The lock, unless this thread holds it already as e's service handler. */
+static HixlStatus grant_enter(HixlEngine *e, const char *fn, bool *took) {
+  *took = !(e && link_serving_engine == e);
+  return *took ? api_enter(e, fn) : HIXL_SUCCESS;
+}
+
+HixlStatus hixl_engine_set_scoped(HixlEngine *e, bool on) {
+  bool took;
+  HixlStatus st = grant_enter(e, "hixl_engine_set_scoped", &took);
+  if (st != HIXL_SUCCESS) return st;
+  e->scoped = on;
+  if (took) pthread_mutex_unlock(&e->lock);
+  return HIXL_SUCCESS;
+}
+
+static HixlStatus grant_call(HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n,
+                             bool add) {
+  const char *fn = add ? "hixl_engine_grant" : "hixl_engine_revoke";
+  CHECK_ARG(peer && *peer && strlen(peer) <= WIRE_MAX_NAME, "%s: peer is NULL, empty or longer than %u bytes",
+            fn, WIRE_MAX_NAME);
+  CHECK_ARG(n == 0 || ranges, "%s: ranges is NULL but n is %zu", fn, n);
+  for (size_t i = 0; i < n; i++)
+    CHECK_ARG(ranges[i][1] > 0 && ranges[i][0] <= UINT64_MAX - ranges[i][1],
+              "%s: range %zu [0x%llx, +%llu) is empty or wraps", fn, i, (unsigned long long)ranges[i][0],
+              (unsigned long long)ranges[i][1]);
+  bool took;
+  HixlStatus st = grant_enter(e, fn, &took);
+  if (st != HIXL_SUCCESS) return st;
+  st = add ? grant_add(e, peer, ranges, n) : grant_remove(e, peer, ranges, n);
+  if (took) pthread_mutex_unlock(&e->lock);
+  return st;
+}
+
+HixlStatus hixl_engine_grant(HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n) {
+  return grant_call(e, peer, ranges, n, true);
+}
+
+HixlStatus hixl_engine_revoke(HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n) {
+  return grant_call(e, peer, ranges, n, false);
+}
+
+HixlStatus hixl_engine_grant_stats(HixlEngine *e, const char *peer, size_t *granted, uint64_t *refused) {
+  bool took;
+  CHECK_ARG(peer, "hixl_engine_grant_stats: peer is NULL");
+  HixlStatus st = grant_enter(e, "hixl_engine_grant_stats", &took);
+  if (st != HIXL_SUCCESS) return st;
+  if (granted) *granted = grant_count(e, peer);
+  if (refused) *refused = e->grant_refusals;
+  if (took) pthread_mutex_unlock(&e->lock);
+  return HIXL_SUCCESS;
+}

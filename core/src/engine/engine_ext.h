@@ -2,6 +2,7 @@
  * beyond the public API. */
 #ifndef HIXL_ENGINE_EXT_H
 #define HIXL_ENGINE_EXT_H
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -58,6 +59,25 @@ struct hixl_stage_stats {
   uint64_t waits; /* times a unit found every buffer busy and had to wait */
 };
 HixlStatus hixl_engine_stage_stats(HixlEngine *e, struct hixl_stage_stats *out);
+
+/* ---- scoped memory (docs/security.md) ---- */
+
+/* Off (the default), a peer that linked reaches every registration of this engine.
+ * On, this engine as a target serves a peer's WRITE and READ over tcp and its staged
+ * ops only inside ranges granted to that peer's name (the one it authenticated with);
+ * anything else is answered FAILED with nothing touched, counted and logged. RDMA
+ * (the peer's NIC holds rkeys) and same-host copies (the peer's own process_vm_* and
+ * mappings) do not pass through this engine's CPU and are not scoped. */
+HixlStatus hixl_engine_set_scoped(HixlEngine *e, bool on);
+/* Grant peer the n ranges {addr, len}, or revoke them. Grants count: a range granted
+ * twice needs two revokes. A range must be identical to, or disjoint from, every range
+ * granted to that peer (PARAM_INVALID, nothing granted). A revoke of a range not
+ * granted is PARAM_INVALID (the others are revoked). Callable from a service handler
+ * (on the progress thread, the lock held: they see it is theirs). */
+HixlStatus hixl_engine_grant(HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n);
+HixlStatus hixl_engine_revoke(HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n);
+/* Ranges granted to peer now, and ops refused for want of a grant since Initialize. */
+HixlStatus hixl_engine_grant_stats(HixlEngine *e, const char *peer, size_t *granted, uint64_t *refused);
 
 /* ---- services: one request, one answer, on a link's control socket ---- */
 

@@ -109,6 +109,7 @@ struct conn {
   uint8_t auth_expect[AUTH_MAC_LEN];
   uint8_t session[AUTH_MAC_LEN];
   bool authed;
+  struct grant_set *grants; /* target, scoped memory: its peer's grants, found at its first op */
 };
 
 struct peer {
@@ -166,6 +167,9 @@ struct HixlEngine {
   uint64_t accept_refusals; /* links refused or deferred since the last log line about it */
   uint64_t accept_logged;   /* when that line was written */
   struct auth auth;         /* AuthKeyFile's keys; none: anyone is accepted */
+  bool scoped;              /* scoped memory: a target serves a peer only inside its grants */
+  struct grant_set *grants; /* ... one set per peer name (grant.c) */
+  uint64_t grant_refusals;  /* ops refused for want of a grant */
   uint64_t auth_refusals;   /* handshakes refused since the last log line about them */
   uint64_t auth_logged;     /* when that line was written */
   pthread_t thread;
@@ -208,6 +212,18 @@ static inline struct conn *link_next(struct HixlEngine *e, uint32_t walk) {
 }
 
 void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct hixl_mem_reg *r);
+
+/* The engine whose service handler this thread is running (the lock is held), or NULL. */
+extern _Thread_local struct HixlEngine *link_serving_engine;
+
+/* grant.c: scoped memory (engine_ext.h). Lock held. */
+struct grant_set *grant_set_of(struct HixlEngine *e, const char *peer, bool make);
+bool grant_covers(const struct grant_set *g, uint64_t addr, uint64_t len);
+HixlStatus grant_add(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n);
+HixlStatus grant_remove(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n);
+size_t grant_count(const struct HixlEngine *e, const char *peer);
+bool link_grant_ok(struct conn *c, uint64_t addr, uint64_t len); /* link_granted without the log */
+void grant_free_all(struct HixlEngine *e);
 void link_req_maybe_free(struct hixl_transfer_req *r);
 /* Attach th, a CALL chunk whose frame holds its request, to r (lock held): it leaves
  * on c when r's other chunks have all ended with SUCCESS; it may leave at once. */

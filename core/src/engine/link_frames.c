@@ -240,6 +240,8 @@ static void send_hello_ack(struct conn *c, uint32_t status) {
   link_flush(c);
 }
 
+_Thread_local struct HixlEngine *link_serving_engine;
+
 /* Refuse a handshake: a bare HELLO_ACK (status only), then the link is closed. The
  * log says why, at most once a second, with how many were refused meanwhile. */
 static void auth_refuse(struct conn *c, const char *why) {
@@ -341,8 +343,10 @@ static void target_call(struct conn *c, const struct wire_msg *m) {
   size_t n = 0;
   HixlStatus st;
   if (sv < ENGINE_SERVICES && e->services[sv].fn) {
+    link_serving_engine = e; /* a handler may grant and revoke (api_mem.c): the lock is its */
     st = e->services[sv].fn(e->services[sv].ctx, c->remote_name, m->u.call.data, m->u.call.len, resp,
                             WIRE_MAX_CALL, &n);
+    link_serving_engine = NULL;
     if (n > WIRE_MAX_CALL) n = 0;
   } else {
     st = HIXL_UNSUPPORTED;

@@ -43,6 +43,7 @@ static bool target_check(struct conn *c, const struct stage_seg *s, uint32_t n, 
   struct HixlEngine *e = c->eng;
   *any_unreg = false;
   for (uint32_t i = 0; i < n; i++) {
+    if (!link_granted(c, s[i].raddr, s[i].len, write ? "staged WRITE" : "staged READ")) return false;
     if (memtab_find(&e->regs, s[i].raddr, s[i].len)) continue;
     if (!e->opts.stage_unregistered) {
       log_warn("refused staged %s of [0x%llx, +%u) from %s: not inside memory registered here, and "
@@ -121,11 +122,13 @@ static void target_ack(struct conn *c, uint64_t seq, uint32_t status) {
   if (link_queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
 }
 
-/* Whether every range of the frame just taken lies in one registration; fills tregs. */
+/* Whether every range of the frame just taken lies in one registration (and, scoped,
+ * in the peer's grants); fills tregs. Otherwise the frame takes the checked path. */
 static bool regs_all(struct conn *c, struct stage_link *t) {
   for (uint32_t i = 0; i < t->tsegs_n; i++)
     if (!(t->tregs[i] =
-              (struct hixl_mem_reg *)memtab_find(&c->eng->regs, t->tsegs[i].raddr, t->tsegs[i].len)))
+              (struct hixl_mem_reg *)memtab_find(&c->eng->regs, t->tsegs[i].raddr, t->tsegs[i].len)) ||
+        !link_grant_ok(c, t->tsegs[i].raddr, t->tsegs[i].len))
       return false;
   return true;
 }

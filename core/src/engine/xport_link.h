@@ -168,6 +168,9 @@ uint32_t peer_caps(const struct peer *p); /* WIRE_CAP_* of its HELLO_ACK */
  * handshake and never sent; NULL when the link was not authenticated (no AuthKeyFile).
  * Initiator: during Connect, from its peer; target: from its link. */
 const uint8_t *peer_session(const struct peer *p);
+/* Target, scoped memory: may c's peer reach [addr, addr + len)? Always true unless the
+ * engine is scoped; a refusal is counted and logged (what: "WRITE", "READ", ...). */
+bool link_granted(struct conn *c, uint64_t addr, uint64_t len, const char *what);
 const uint8_t *link_session(const struct conn *c);
 
 /* ---- chunks and requests ---- */

@@ -31,7 +31,7 @@ static struct hixl_mem_reg *target_range(struct conn *c, uint64_t addr, uint64_t
   if (!r)
     log_warn("refused %s of [0x%llx, +%llu) from %s: not inside memory registered here", what,
              (unsigned long long)addr, (unsigned long long)len, link_remote(c));
-  return r;
+  return r && link_granted(c, addr, len, what) ? r : NULL;
 }
 
 static void tcp_target_frame(struct conn *c, const struct wire_msg *m) {
