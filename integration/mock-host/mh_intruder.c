@@ -114,7 +114,9 @@ static bool recv_all(int fd, uint8_t *b, size_t n) {
 
 static bool refused_hello(int fd, struct mh_intrusion *s) {
   uint8_t b[20 + 65536];
-  if (!recv_all(fd, b, 20) || get32(b) != HXL_MAGIC || b[5] != T_HELLO_ACK) return false;
+  ssize_t k = recv(fd, b, 1, 0);
+  if (k == 0 || (k < 0 && errno == ECONNRESET)) return true; /* closed with nothing said: nothing learned */
+  if (k != 1 || !recv_all(fd, b + 1, 19) || get32(b) != HXL_MAGIC || b[5] != T_HELLO_ACK) return false;
   uint32_t body = get32(b + 8);
   if (body < 14 || body > sizeof(b) - 20 || !recv_all(fd, b + 20, body)) return false;
   uint32_t status = get32(b + 20), caps = get32(b + 24);

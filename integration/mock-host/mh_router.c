@@ -412,13 +412,15 @@ int mh_run(struct mh_router *rt, const hixl_kv_ops *ops, const char *cfg_p, cons
       if (o->fault == MH_FAULT_INTRUDER) intruder_start(rt);
     }
     if (up) dispatch(rt);
-    if ((rt->ndone == o->requests && intruder_done(rt)) || rt->fatal)
+    if ((rt->ndone == o->requests && intruder_done(rt)) || rt->fatal) {
+      intruder_stop(rt); /* before the instances go: it attacks live engines only */
       for (int k = 0; k < 2; k++)
         if (!rt->side[k].dead && !rt->side[k].exit_sent) {
           struct mh_out f = {0};
           mh_send(rt->side[k].conn.fd, MH_EXIT, &f);
           rt->side[k].exit_sent = true;
         }
+    }
     if ((rt->side[0].dead || rt->side[0].stats_in) && (rt->side[1].dead || rt->side[1].stats_in)) break;
     if (mh_now_ns() >= deadline) {
       rt->timed_out = true;
