@@ -367,7 +367,7 @@ static void test_table_sizes(void) {
   CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, get_event_fd), 8 + 25 * sizeof(void *));
   /* 1.3 appends get_stats_ex */
   CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, get_stats_ex), 8 + 26 * sizeof(void *));
-  CU_ASSERT_EQUAL(ops->abi_version, (1u << 16) | 3u);
+  CU_ASSERT_EQUAL(ops->abi_version, (1u << 16) | 4u); /* 1.4 adds no op: hixl_kv_stats_ex.cap_refused */
   small.size = (uint32_t)offsetof(hixl_kv_ops, alloc_kv_caches); /* a 1.0 plugin */
   CU_ASSERT_TRUE(HIXL_KV_HAS_OP(&small, get_push_params));
   CU_ASSERT_FALSE(HIXL_KV_HAS_OP(&small, alloc_kv_caches));
@@ -381,6 +381,7 @@ static void test_table_sizes(void) {
   CU_ASSERT_EQUAL(sizeof(hixl_kv_stats), 11 * 8);
   CU_ASSERT_EQUAL(offsetof(hixl_kv_stats_ex, blocks_held), 8);
   CU_ASSERT_EQUAL(offsetof(hixl_kv_stats_ex, bytes_pushed), 8 + sizeof(hixl_kv_stats));
+  CU_ASSERT_EQUAL(offsetof(hixl_kv_stats_ex, cap_refused), 8 + sizeof(hixl_kv_stats) + 8); /* 1.4 */
 }
 
 /* alloc_kv_caches: the plugin allocates the layers (base and v_offset written back,

@@ -51,15 +51,34 @@ static void step(hixl_kv_connector *sched, hixl_kv_connector *worker) {
   ST_IS(ops->start_load_kv(worker), HIXL_KV_SUCCESS);
 }
 
-/* A KV service request as the plugin's loader sends it: protocol 3, op, request id. */
-static size_t kv_req(uint8_t *buf, uint8_t op, const char *id) {
+/* A KV service request as the plugin's loader sends it: protocol 4, op, request id,
+ * the request's capability (kv_transfer_params' "cap"). */
+static size_t kv_req(uint8_t *buf, uint8_t op, const char *id, const struct kv_cap *cap) {
   size_t n = strlen(id);
-  buf[0] = 3;
+  buf[0] = KV_SVC_PROTO;
   buf[1] = op;
   buf[2] = (uint8_t)(n >> 8);
   buf[3] = (uint8_t)n;
   memcpy(buf + 4, id, n);
-  return 4 + n;
+  buf[4 + n] = cap->len;
+  memcpy(buf + 5 + n, cap->b, cap->len);
+  return 5 + n + cap->len;
+}
+
+/* The capability kv_transfer_params carry ("cap": 32 hex digits) into cap; false if none. */
+static bool params_cap(const uint8_t *json, size_t len, struct kv_cap *cap) {
+  char text[4096];
+  snprintf(text, sizeof(text), "%.*s", (int)len, (const char *)json);
+  const char *h = strstr(text, "\"cap\":\"");
+  if (!h) return false;
+  h += 7;
+  for (unsigned i = 0; i < KV_CAP_LEN; i++) {
+    unsigned v;
+    if (sscanf(h + 2 * i, "%2x", &v) != 1) return false;
+    cap->b[i] = (uint8_t)v;
+  }
+  cap->len = KV_CAP_LEN;
+  return true;
 }
 
 static void fill_kv(const hixl_kv_layer *layers, uint8_t c) {
@@ -126,6 +145,8 @@ static void lease_case(const char *transport, bool alloc) {
   ST_IS(ops->wait_for_save(worker), HIXL_KV_SUCCESS);
   ST_IS(ops->request_finished(sched, &r, blocks, 2, &delay, &params), HIXL_KV_SUCCESS);
   CU_ASSERT_EQUAL(delay, 1);
+  struct kv_cap cap = {0};
+  CU_ASSERT_FATAL(params_cap(params.data, params.len, &cap)); /* what a consumer's calls present */
   ops->free_buffer(&params);
   step(sched, worker); /* the worker holds the blocks now */
 
@@ -151,7 +172,7 @@ static void lease_case(const char *transport, bool alloc) {
                                          (size_t)BLOCKS * BLOCK_BYTES};
   }
   uint8_t req[64], ans[4096];
-  size_t n = 0, qlen = kv_req(req, 1 /* PIN */, id);
+  size_t n = 0, qlen = kv_req(req, 1 /* PIN */, id, &cap);
   TU_ASSERT_OK_FATAL(hixl_engine_call(cons, addr, HIXL_SERVICE_KV, req, qlen, ans, sizeof(ans), &n, 5000));
   CU_ASSERT_FATAL(n >= 1 && ans[0] == 0); /* HELD: the lease now runs from here */
   /* Pinned and linked: its READ of the held block works. */
@@ -222,8 +243,9 @@ static void test_lease_shm_mapped(void) { lease_case("shm", true); }
 
 /* A LAYER / LAYERS notice as a producer's pusher sends it: id, first layer, and
  * (LAYERS) how many. */
-static size_t kv_layers_req(uint8_t *buf, uint8_t op, const char *id, uint32_t first, uint32_t count) {
-  size_t n = kv_req(buf, op, id);
+static size_t kv_layers_req(uint8_t *buf, uint8_t op, const char *id, const struct kv_cap *cap,
+                            uint32_t first, uint32_t count) {
+  size_t n = kv_req(buf, op, id, cap);
   for (int k = 0; k < (op == 6 ? 2 : 1); k++) {
     uint32_t v = k ? count : first;
     for (int b = 0; b < 4; b++) buf[n++] = (uint8_t)(v >> (24 - 8 * b));
@@ -232,9 +254,11 @@ static size_t kv_layers_req(uint8_t *buf, uint8_t op, const char *id, uint32_t f
 }
 
 /* Push mode, the consumer: landed notices from a bare engine standing for the
- * producer. A range (LAYERS) marks each layer in it, an already landed one too; a range
- * of one, or one past the last layer, is refused (PARAM_INVALID) and marks nothing; an
- * unexpected request is NOT_FOUND. The request is received once every layer landed. */
+ * producer, with the request's capability from its push params. A range (LAYERS)
+ * marks each layer in it, an already landed one too; a range of one, or one past the
+ * last layer, is refused (PARAM_INVALID) and marks nothing; another request presenting
+ * this one's capability is refused too; a request that ended is NOT_FOUND. The request
+ * is received once every layer landed. */
 static void test_push_notices(void) {
   char addr[TU_ADDR_LEN];
   hixl_kv_connector *sched, *worker;
@@ -255,13 +279,18 @@ static void test_push_notices(void) {
   ST_IS(ops->get_num_new_matched_tokens(sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
   CU_ASSERT_EQUAL_FATAL(tokens, 2 * BLOCK_TOKENS);
   ST_IS(ops->update_state_after_alloc(sched, &r, blocks, 2, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  hixl_kv_buffer pp = {0};
+  struct kv_cap cap = {0};
+  ST_IS(ops->get_push_params(sched, id, strlen(id), &pp), HIXL_KV_SUCCESS);
+  CU_ASSERT_FATAL(params_cap(pp.data, pp.len, &cap));
+  ops->free_buffer(&pp);
   step(sched, worker);
 
   HixlEngine *prod = tu_engine_start_with(tu_ip(), "tcp");
   CU_ASSERT_PTR_NOT_NULL_FATAL(prod);
   TU_ASSERT_OK_FATAL(HixlEngineConnect(prod, addr, 5000));
   uint8_t req[64], ans[4096];
-  size_t n = 0, qlen = kv_req(req, 3 /* ACCEPT */, id);
+  size_t n = 0, qlen = kv_req(req, 3 /* ACCEPT */, id, &cap);
   TU_ASSERT_OK_FATAL(hixl_engine_call(prod, addr, HIXL_SERVICE_KV, req, qlen, ans, sizeof(ans), &n, 5000));
   CU_ASSERT_FATAL(n >= 1 && ans[0] == 0); /* HELD: it expects the request */
   struct {
@@ -269,13 +298,14 @@ static void test_push_notices(void) {
     const char *id;
     uint32_t first, count;
     HixlStatus want;
-  } bad[] = {{6, id, 0, 1, HIXL_PARAM_INVALID},          /* a range of one is a LAYER */
-             {6, id, 1, LAYERS, HIXL_PARAM_INVALID},     /* one past the last layer */
-             {6, id, 0, UINT32_MAX, HIXL_PARAM_INVALID}, /* first + count overflows */
-             {4, id, LAYERS, 0, HIXL_PARAM_INVALID},     /* no such layer */
-             {6, "nobody", 0, LAYERS, HIXL_NOT_FOUND},   {4, "nobody", 0, 0, HIXL_NOT_FOUND}};
+  } bad[] = {{6, id, 0, 1, HIXL_PARAM_INVALID},            /* a range of one is a LAYER */
+             {6, id, 1, LAYERS, HIXL_PARAM_INVALID},       /* one past the last layer */
+             {6, id, 0, UINT32_MAX, HIXL_PARAM_INVALID},   /* first + count overflows */
+             {4, id, LAYERS, 0, HIXL_PARAM_INVALID},       /* no such layer */
+             {6, "nobody", 0, LAYERS, HIXL_PARAM_INVALID}, /* push-1's capability */
+             {4, "nobody", 0, 0, HIXL_PARAM_INVALID}};
   for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
-    qlen = kv_layers_req(req, bad[k].op, bad[k].id, bad[k].first, bad[k].count);
+    qlen = kv_layers_req(req, bad[k].op, bad[k].id, &cap, bad[k].first, bad[k].count);
     TU_ASSERT_STATUS(hixl_engine_call(prod, addr, HIXL_SERVICE_KV, req, qlen, ans, sizeof(ans), &n, 5000),
                      bad[k].want);
   }
@@ -284,14 +314,14 @@ static void test_push_notices(void) {
   CU_ASSERT_EQUAL(rv.count, 0); /* nothing marked by the refused ones */
   ops->free_ids(&s);
   ops->free_ids(&rv);
-  qlen = kv_layers_req(req, 4 /* LAYER */, id, 0, 0);
+  qlen = kv_layers_req(req, 4 /* LAYER */, id, &cap, 0, 0);
   TU_ASSERT_OK(hixl_engine_call(prod, addr, HIXL_SERVICE_KV, req, qlen, ans, sizeof(ans), &n, 5000));
   ST_IS(ops->wait_for_layer_load(worker, 0), HIXL_KV_SUCCESS);
   ST_IS(ops->get_finished(worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
   CU_ASSERT_EQUAL(rv.count, 0); /* layer 1 has not landed */
   ops->free_ids(&s);
   ops->free_ids(&rv);
-  qlen = kv_layers_req(req, 6 /* LAYERS */, id, 0, LAYERS); /* layer 0 again, and layer 1 */
+  qlen = kv_layers_req(req, 6 /* LAYERS */, id, &cap, 0, LAYERS); /* layer 0 again, and layer 1 */
   TU_ASSERT_OK(hixl_engine_call(prod, addr, HIXL_SERVICE_KV, req, qlen, ans, sizeof(ans), &n, 5000));
   ST_IS(ops->wait_for_layer_load(worker, LAYERS - 1), HIXL_KV_SUCCESS);
   ST_IS(ops->get_finished(worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
@@ -299,10 +329,14 @@ static void test_push_notices(void) {
   if (rv.count == 1) CU_ASSERT_STRING_EQUAL(rv.ids[0], id);
   ops->free_ids(&s);
   ops->free_ids(&rv);
-  hixl_kv_stats st;
-  ST_IS(ops->get_stats(worker, &st), HIXL_KV_SUCCESS);
+  qlen = kv_layers_req(req, 4 /* LAYER */, id, &cap, 0, 0); /* it ended: not expected any more */
+  TU_ASSERT_STATUS(hixl_engine_call(prod, addr, HIXL_SERVICE_KV, req, qlen, ans, sizeof(ans), &n, 5000),
+                   HIXL_NOT_FOUND);
+  hixl_kv_stats_ex st = {.size = sizeof(st)};
+  ST_IS(ops->get_stats_ex(worker, &st), HIXL_KV_SUCCESS);
   CU_ASSERT_EQUAL(st.loads_done, 1);
   CU_ASSERT_EQUAL(st.loads_failed, 0);
+  CU_ASSERT_EQUAL(st.cap_refused, 2); /* the two for "nobody" */
   HixlEngineDestroy(prod);
   ST_IS(ops->destroy(worker), HIXL_KV_SUCCESS);
   ST_IS(ops->destroy(sched), HIXL_KV_SUCCESS);
@@ -326,11 +360,13 @@ static HixlStatus fake_kv(void *ctx, const char *peer, const uint8_t *req, size_
   struct fake_producer *f = ctx;
   size_t n = len >= 4 ? (size_t)req[2] << 8 | req[3] : 0;
   (void)peer, (void)cap;
-  /* ABORT carries its reason after the id, PIN may carry its hold's epoch and number,
-   * ACCEPT the producer's blocks per group */
-  bool tail_ok = len == 4 + n || req[1] == 5 || (req[1] == 1 && len == 4 + n + 16) ||
-                 (req[1] == 3 && len > 4 + n && len == 4 + n + 1 + 4 * (size_t)req[4 + n]);
-  if (len < 4 || req[0] != 3 || len < 4 + n || !tail_ok || n >= sizeof(f->freed)) return HIXL_PARAM_INVALID;
+  /* After the id its capability (u8 length, the bytes); then ABORT carries its reason,
+   * PIN may carry its hold's epoch and number, ACCEPT the producer's blocks per group */
+  size_t t = len > 4 + n ? 4 + n + 1 + req[4 + n] : len + 1; /* where the op's own fields start */
+  bool tail_ok = t <= len && (len == t || req[1] == 5 || (req[1] == 1 && len == t + 16) ||
+                              (req[1] == 3 && len > t && len == t + 1 + 4 * (size_t)req[t]));
+  if (len < 4 || req[0] != KV_SVC_PROTO || len < 4 + n || !tail_ok || n >= sizeof(f->freed))
+    return HIXL_PARAM_INVALID;
   pthread_mutex_lock(&f->mu);
   *resp_len = 0;
   if (req[1] == 1 || req[1] == 3) { /* PIN, ACCEPT */

@@ -104,6 +104,7 @@ struct kv_held {
   uint32_t ngroups, gn[KV_MAX_GROUPS];
   uint64_t expires_ns;
   char consumer[80]; /* the engine that pinned it last (it may be reading the blocks), or "" */
+  struct kv_cap cap; /* what a PIN or FREE of it presents (kv_cap_make of id, with the bound key) */
   struct kv_held *next;
 };
 
@@ -125,6 +126,7 @@ struct kv_expect {
   uint64_t deadline_ns; /* no producer finished by then: the load fails */
   uint64_t step;        /* the step that bound it: its wait_for_layer_load waits for it */
   char producer[80];    /* the engine that accepted it (it may write into blocks) */
+  struct kv_cap cap;    /* what an ACCEPT, LAYER(S) or ABORT of it presents */
   struct kv_expect *next;
 };
 
@@ -164,6 +166,8 @@ struct kv_sched {
   uint64_t not_held;       /* pull producer: finished requests refused at max_inflight_requests */
   uint64_t epoch;          /* pull producer: this scheduler's, random (below 2^52: exact in any JSON) */
   uint64_t hold_seq;       /* ... and the number of the last hold it queued */
+  uint8_t cap_key[KV_CAP_KEY_LEN]; /* random: its requests' capabilities derive from it (kv_cap.c); each
+                                    * metadata carries it to the workers */
 };
 
 /* Worker, pull producer: the requests held for consumers (kv_service.c). */
@@ -235,8 +239,10 @@ struct hixl_kv_connector {
   bool registering;    /* register_kv_groups (or caches) under way */
   HixlMemHandle *regs; /* the planes' memory registered with the engine */
   size_t nregs;
-  uint64_t step;        /* binds so far: each step binds once */
-  struct kv_idset gone; /* ids freed, loaded or expired lately (PIN and ACCEPT answer GONE) */
+  uint64_t step;                   /* binds so far: each step binds once */
+  struct kv_idset gone;            /* ids freed, loaded or expired lately (PIN and ACCEPT answer GONE) */
+  uint8_t cap_key[KV_CAP_KEY_LEN]; /* worker: its scheduler's capability key, from the last metadata bound */
+  bool cap_key_set;                /* ... once one was */
   struct kv_idset sending_done;
   struct kv_idset recving_done;
   struct kv_idset unreach; /* peers the last Link to failed (kv_tell links again only to others) */
@@ -280,6 +286,18 @@ void kv_finished_add(hixl_kv_connector *c, struct kv_idset *set, const char *id)
 void kv_gone_add(hixl_kv_connector *c, const char *id);
 void kv_err_blocks_add(hixl_kv_connector *c, const uint64_t *b, size_t n);
 
+/* ---- kv_cap.c: request capabilities ---- */
+
+#define KV_CAP_HEX (2 * KV_CAP_LEN + 1) /* as text in kv_transfer_params ("cap"), NUL included */
+hixl_kv_status kv_cap_key_new(uint8_t key[KV_CAP_KEY_LEN]); /* getrandom */
+/* id's capability under key: HMAC-SHA256(key, id) cut to KV_CAP_LEN bytes (len 0 if it failed). */
+void kv_cap_make(const uint8_t key[KV_CAP_KEY_LEN], const char *id, struct kv_cap *out);
+/* Whether got is want, both KV_CAP_LEN bytes long; in constant time. */
+bool kv_cap_equal(const struct kv_cap *want, const struct kv_cap *got);
+void kv_cap_hex(const struct kv_cap *c, char out[KV_CAP_HEX]);
+bool kv_cap_parse_hex(const char *s, size_t n, struct kv_cap *out); /* exactly 2 * KV_CAP_LEN hex digits */
+void kv_cap_wipe(void *p, size_t n); /* zeroes p in a way the compiler does not drop */
+
 /* ---- kv_service.c: what this worker answers ---- */
 
 HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp, size_t cap,
@@ -295,14 +313,17 @@ void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why);
 
 /* ---- kv_peer.c: calls to a peer's KV service ---- */
 
-bool kv_msg(struct kv_out *o, uint8_t op, const char *id, uint32_t layer, const char *reason);
+/* A KV service request: op on request id, presenting cap (LAYER: which layer; ABORT: why). */
+bool kv_msg(struct kv_out *o, uint8_t op, const char *id, const struct kv_cap *cap, uint32_t layer,
+            const char *reason);
 /* Send o (a KV service request; freed here), wait for the answer within timeout_ms. */
 int kv_call_msg(hixl_kv_connector *c, const char *remote, struct kv_out *o, uint8_t *ans, size_t cap,
                 size_t *n, int32_t timeout_ms, HixlStatus *st);
-int kv_call_ex(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, uint32_t layer,
-               const char *reason, uint8_t *ans, size_t cap, size_t *n, int32_t timeout_ms, HixlStatus *st);
-int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, uint8_t *ans, size_t cap,
-            size_t *n, int32_t timeout_ms, HixlStatus *st);
+int kv_call_ex(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id,
+               const struct kv_cap *rcap, uint32_t layer, const char *reason, uint8_t *ans, size_t cap,
+               size_t *n, int32_t timeout_ms, HixlStatus *st);
+int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, const struct kv_cap *rcap,
+            uint8_t *ans, size_t cap, size_t *n, int32_t timeout_ms, HixlStatus *st);
 HixlStatus kv_link(hixl_kv_connector *c, const struct kv_meta_entry *e, int32_t timeout_ms);
 HixlStatus kv_tell(hixl_kv_connector *c, const struct kv_meta_entry *e, uint8_t op, const char *reason,
                    uint8_t *ans, size_t cap, size_t *n);

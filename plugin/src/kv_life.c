@@ -48,6 +48,10 @@ hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint32_t ra
   if (getrandom(&c->sched.epoch, sizeof(c->sched.epoch), 0) != sizeof(c->sched.epoch))
     c->sched.epoch = kv_now_ns() ^ ((uint64_t)getpid() << 32);
   c->sched.epoch = (c->sched.epoch & ((1ull << 52) - 1)) | 1; /* never 0: 0 is "not given" */
+  if (role == HIXL_KV_ROLE_SCHEDULER && (st = kv_cap_key_new(c->sched.cap_key)) != HIXL_KV_SUCCESS) {
+    free(c);
+    goto fail;
+  }
   if ((st = kv_config_load(json, len, &c->cfg, why, sizeof(why))) != HIXL_KV_SUCCESS) {
     kv_fail(st, "create: %s", why);
     goto fail_cfg;
@@ -104,6 +108,7 @@ fail_sync:
   sync_destroy(c);
 fail_cfg:
   kv_config_free(&c->cfg);
+  kv_cap_wipe(c->sched.cap_key, sizeof(c->sched.cap_key));
   free(c);
 fail:
   if (err && err_cap) snprintf(err, err_cap, "%s", kv_last_error());
@@ -197,6 +202,8 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   if (c->efd >= 0) close(c->efd);
   kv_config_free(&c->cfg);
   sync_destroy(c);
+  kv_cap_wipe(c->sched.cap_key, sizeof(c->sched.cap_key));
+  kv_cap_wipe(c->cap_key, sizeof(c->cap_key));
   free(c);
   return HIXL_KV_SUCCESS;
 }

@@ -21,7 +21,7 @@
 /* A PIN of e's request; with its hold's number (from the params), so the producer
  * answers at once for one it bound and does not hold. */
 static void pin_msg(struct kv_out *msg, const struct kv_meta_entry *e) {
-  kv_msg(msg, KV_SVC_PIN, e->rreq, 0, "");
+  kv_msg(msg, KV_SVC_PIN, e->rreq, &e->rcap, 0, "");
   if (e->seq) {
     kv_put_u64(msg, e->epoch);
     kv_put_u64(msg, e->seq);
@@ -205,7 +205,8 @@ static void free_remote(hixl_kv_connector *c, const struct kv_meta_entry *e) {
   size_t n;
   HixlStatus st;
   if (kv_link(c, e, c->cfg.connect_timeout_ms) == HIXL_SUCCESS)
-    kv_call(c, e->remote, KV_SVC_FREE, e->rreq, ans, sizeof(ans), &n, c->cfg.notify_timeout_ms, &st);
+    kv_call(c, e->remote, KV_SVC_FREE, e->rreq, &e->rcap, ans, sizeof(ans), &n, c->cfg.notify_timeout_ms,
+            &st);
 }
 
 /* One load, start to end: the host hears of it in get_finished. */

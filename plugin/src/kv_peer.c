@@ -7,11 +7,13 @@
 #include "kv_int.h"
 #include "util/log.h"
 
-/* A KV service request: op on request id (LAYER: which layer; ABORT: why). */
-bool kv_msg(struct kv_out *o, uint8_t op, const char *id, uint32_t layer, const char *reason) {
+/* A KV service request: op on request id, presenting cap (LAYER: which layer; ABORT: why). */
+bool kv_msg(struct kv_out *o, uint8_t op, const char *id, const struct kv_cap *cap, uint32_t layer,
+            const char *reason) {
   kv_put_u8(o, KV_SVC_PROTO);
   kv_put_u8(o, op);
   kv_put_str(o, id, strlen(id));
+  kv_put_cap(o, cap); /* len 0 when the params gave none: the peer refuses it, and says so */
   if (op == KV_SVC_LAYER || op == KV_SVC_LAYERS) kv_put_u32(o, layer); /* LAYERS: the caller adds count */
   if (op == KV_SVC_ABORT) kv_put_str(o, reason, strnlen(reason, KV_MAX_ID));
   return !o->bad;
@@ -27,16 +29,17 @@ int kv_call_msg(hixl_kv_connector *c, const char *remote, struct kv_out *o, uint
   return *st == HIXL_SUCCESS ? 0 : -1;
 }
 
-int kv_call_ex(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, uint32_t layer,
-               const char *reason, uint8_t *ans, size_t cap, size_t *n, int32_t timeout_ms, HixlStatus *st) {
+int kv_call_ex(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id,
+               const struct kv_cap *rcap, uint32_t layer, const char *reason, uint8_t *ans, size_t cap,
+               size_t *n, int32_t timeout_ms, HixlStatus *st) {
   struct kv_out o = {0};
-  kv_msg(&o, op, id, layer, reason);
+  kv_msg(&o, op, id, rcap, layer, reason);
   return kv_call_msg(c, remote, &o, ans, cap, n, timeout_ms, st);
 }
 
-int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, uint8_t *ans, size_t cap,
-            size_t *n, int32_t timeout_ms, HixlStatus *st) {
-  return kv_call_ex(c, remote, op, id, 0, "", ans, cap, n, timeout_ms, st);
+int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, const struct kv_cap *rcap,
+            uint8_t *ans, size_t cap, size_t *n, int32_t timeout_ms, HixlStatus *st) {
+  return kv_call_ex(c, remote, op, id, rcap, 0, "", ans, cap, n, timeout_ms, st);
 }
 
 /* Link to the peer of e (again, if its link was lost), within timeout_ms: SUCCESS
@@ -65,7 +68,7 @@ HixlStatus kv_link(hixl_kv_connector *c, const struct kv_meta_entry *e, int32_t 
 HixlStatus kv_tell(hixl_kv_connector *c, const struct kv_meta_entry *e, uint8_t op, const char *reason,
                    uint8_t *ans, size_t cap, size_t *n) {
   HixlStatus st;
-  kv_call_ex(c, e->remote, op, e->rreq, 0, reason, ans, cap, n, c->cfg.notify_timeout_ms, &st);
+  kv_call_ex(c, e->remote, op, e->rreq, &e->rcap, 0, reason, ans, cap, n, c->cfg.notify_timeout_ms, &st);
   pthread_mutex_lock(&c->lock);
   bool again = !c->shut && !kv_idset_has(&c->unreach, e->remote);
   pthread_mutex_unlock(&c->lock);
@@ -73,7 +76,7 @@ HixlStatus kv_tell(hixl_kv_connector *c, const struct kv_meta_entry *e, uint8_t 
     int32_t t = c->cfg.notify_timeout_ms < c->cfg.connect_timeout_ms ? c->cfg.notify_timeout_ms
                                                                      : c->cfg.connect_timeout_ms;
     if (kv_link(c, e, t) == HIXL_SUCCESS)
-      kv_call_ex(c, e->remote, op, e->rreq, 0, reason, ans, cap, n, c->cfg.notify_timeout_ms, &st);
+      kv_call_ex(c, e->remote, op, e->rreq, &e->rcap, 0, reason, ans, cap, n, c->cfg.notify_timeout_ms, &st);
   }
   if (st != HIXL_SUCCESS)
     log_warn("hixl-kv: request %s: %s could not be told that it ended (%s): it keeps it until its lease runs "

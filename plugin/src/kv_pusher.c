@@ -26,7 +26,7 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
   st = HIXL_RESOURCE_EXHAUSTED;
   for (unsigned tries = 0; ans && h; tries++) {
     struct kv_out msg = {0};
-    kv_msg(&msg, KV_SVC_ACCEPT, e->rreq, 0, "");
+    kv_msg(&msg, KV_SVC_ACCEPT, e->rreq, &e->rcap, 0, "");
     kv_put_groups(&msg, e->gn, e->ngroups); /* what it writes per group: the consumer's bytes_loaded */
     if (kv_call_msg(c, e->remote, &msg, ans, HIXL_CALL_MAX, &n, kv_ms_until(deadline), &st) < 0) {
       snprintf(why, cap, "asking the consumer %s for request %s: %s", e->remote, e->rreq,
@@ -116,7 +116,7 @@ static HixlStatus layer_start(hixl_kv_connector *c, struct kv_push *v, uint32_t 
   push_pairs(c, e, pairs);
   HixlStatus st = kv_ops_build(&o, &c->lay, &v->r, k, count, pairs, why, cap);
   if (st != HIXL_SUCCESS) return st;
-  kv_msg(&msg, count > 1 ? KV_SVC_LAYERS : KV_SVC_LAYER, e->rreq, k, "");
+  kv_msg(&msg, count > 1 ? KV_SVC_LAYERS : KV_SVC_LAYER, e->rreq, &e->rcap, k, "");
   if (count > 1) kv_put_u32(&msg, count);
   const HixlTransferOpDesc *d = o.v;
   if (msg.bad) {

@@ -20,6 +20,7 @@ struct kv_params {
   size_t n;
   uint32_t ng, gn[KV_MAX_GROUPS];
   uint64_t epoch, seq; /* hold_epoch, hold_seq: which hold of the producer (0: not given) */
+  struct kv_cap cap;   /* cap: what the peer's KV service wants for remote_request_id (len 0: not given) */
 };
 
 /* A request's block ids from the host, every group's one list after another. */
@@ -62,19 +63,26 @@ static json_object *blocks_json(const uint64_t *v, const uint32_t *gn, uint32_t 
 
 /* The kv_transfer_params this side hands out: held (a producer's, for a consumer to
  * pull) or not (a consumer's push params, for a producer), this worker's address, the
- * request and its blocks (taken: freed on failure); NULL when out of memory. */
+ * request, its blocks (taken: freed on failure) and its capability, which the peer
+ * presents in every KV service call on the request; NULL when out of memory. */
 static json_object *params_new(const hixl_kv_connector *c, const char *id, bool held, json_object *blocks) {
-  json_object *o = blocks ? json_object_new_object() : NULL;
+  struct kv_cap cap;
+  char hex[KV_CAP_HEX];
+  kv_cap_make(c->sched.cap_key, id, &cap);
+  json_object *o = blocks && cap.len ? json_object_new_object() : NULL;
   if (!o) {
     json_object_put(blocks);
     return NULL;
   }
+  kv_cap_hex(&cap, hex);
   json_object_object_add(o, "do_remote_prefill", json_object_new_boolean(held));
   json_object_object_add(o, "do_remote_decode", json_object_new_boolean(!held));
   json_object_object_add(o, "remote_engine", json_object_new_string(c->cfg.address));
   json_object_object_add(o, "remote_request_id", json_object_new_string(id));
   json_object_object_add(o, "remote_block_ids", blocks);
   json_object_object_add(o, "hixl_abi", json_object_new_int(HIXL_KV_ABI_MAJOR));
+  json_object_object_add(o, "cap", json_object_new_string(hex));
+  kv_cap_wipe(&cap, sizeof(cap));
   return o;
 }
 
@@ -140,6 +148,12 @@ static bool params_parse(const hixl_kv_request *r, const char *flag, struct kv_p
         p->blocks[p->n++] = (uint64_t)x;
     }
   }
+  /* Optional (a producer before 1.4 gave none; its calls are then refused, and say so):
+   * the capability of remote_request_id. */
+  if (ok && json_object_object_get_ex(o, "cap", &v) &&
+      (!json_object_is_type(v, json_type_string) ||
+       !kv_cap_parse_hex(json_object_get_string(v), (size_t)json_object_get_string_len(v), &p->cap)))
+    ok = false, snprintf(why, cap, "cap is not a string of %u hex digits", 2 * KV_CAP_LEN);
   /* Optional (a producer before them gave neither): which hold of the producer. */
   const char *num[2] = {"hold_epoch", "hold_seq"};
   uint64_t *dst[2] = {&p->epoch, &p->seq};
@@ -258,6 +272,7 @@ static hixl_kv_status push_after_alloc(hixl_kv_connector *c, const hixl_kv_reque
   snprintf(e.req, sizeof(e.req), "%s", id);
   snprintf(e.remote, sizeof(e.remote), "%s", p.remote);
   snprintf(e.rreq, sizeof(e.rreq), "%s", p.rreq);
+  e.rcap = p.cap;
   char engine[64];
   /* A block count that differs is refused by the pusher when it accepts on the consumer,
    * which tells the consumer at once (after the layout check, so a layout mismatch is
@@ -305,6 +320,7 @@ hixl_kv_status kv_after_alloc_groups(hixl_kv_connector *c, const hixl_kv_request
   snprintf(e.req, sizeof(e.req), "%s", id);
   snprintf(e.remote, sizeof(e.remote), "%s", p.remote);
   snprintf(e.rreq, sizeof(e.rreq), "%s", p.rreq);
+  e.rcap = p.cap;
   st = HIXL_KV_SUCCESS;
   uint64_t *rb = NULL;
   if (e.type == KV_META_LOAD) {
@@ -362,8 +378,8 @@ hixl_kv_status kv_build_meta(hixl_kv_connector *c, hixl_kv_buffer *meta) {
             "the connector is a worker's");
   struct kv_out o = {0};
   pthread_mutex_lock(&c->lock);
-  kv_meta_begin(&o, c->sched.meta_count);
-  kv_put_raw(&o, c->sched.meta.p, c->sched.meta.len); /* the entries, encoded as they were queued */
+  kv_meta_begin(&o, c->sched.cap_key, c->sched.meta_count); /* the key: for the workers' checks */
+  kv_put_raw(&o, c->sched.meta.p, c->sched.meta.len);       /* the entries, encoded as they were queued */
   bool bad = o.bad || c->sched.meta.bad;
   if (!bad) { /* the step's entries are in the metadata now */
     c->sched.meta.len = 0;
@@ -388,7 +404,7 @@ static hixl_kv_status finished(hixl_kv_connector *c, const hixl_kv_request *r, c
   /* A consumer's request that never loaded: the producer frees what it holds. */
   if (c->cfg.consumer && (r->flags & HIXL_KV_REQ_ABORTED) && r->kv_transfer_params_len &&
       params_parse(r, "do_remote_prefill", &p, why, sizeof(why))) {
-    struct kv_meta_entry e = {.type = KV_META_FREE};
+    struct kv_meta_entry e = {.type = KV_META_FREE, .rcap = p.cap};
     snprintf(e.req, sizeof(e.req), "%s", id);
     snprintf(e.remote, sizeof(e.remote), "%s", p.remote);
     snprintf(e.rreq, sizeof(e.rreq), "%s", p.rreq);

@@ -1,7 +1,9 @@
 /* kv_service: the KV service a worker answers (engine CALL frames, service
  * HIXL_SERVICE_KV, on the engine's progress thread): as a pull producer, PIN and FREE
  * of the requests it holds for consumers, with their leases; as a push consumer,
- * ACCEPT, the landed LAYER(S) notices and ABORT of the pushes it expects. */
+ * ACCEPT, the landed LAYER(S) notices and ABORT of the pushes it expects. Every call
+ * presents the capability of its request (kv_cap.c), or is refused and counted
+ * (cap_refused): reaching the engine's port is not enough to act on a request. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,6 +105,62 @@ static void held_answer(hixl_kv_connector *c, struct kv_out *o, const uint64_t *
   kv_layout_put_planes(o, &c->lay); /* none before registration: the layouts differ then */
 }
 
+static const char *op_name(uint8_t op) {
+  switch (op) {
+  case KV_SVC_PIN: return "PIN";
+  case KV_SVC_FREE: return "FREE";
+  case KV_SVC_ACCEPT: return "ACCEPT";
+  case KV_SVC_LAYER: return "LAYER";
+  case KV_SVC_ABORT: return "ABORT";
+  case KV_SVC_LAYERS: return "LAYERS";
+  default: return "an unknown operation";
+  }
+}
+
+/* What a call's capability check found. */
+enum cap_verdict {
+  CAP_OK,        /* it presents the request's capability */
+  CAP_NONE,      /* it presents none */
+  CAP_OLD,       /* it speaks the protocol before capabilities */
+  CAP_WRONG,     /* it presents another */
+  CAP_UNCHECKED, /* an id neither held nor expected here, and no metadata bound yet: no key to check with */
+};
+
+/* Check got against the capability of request id: want, the one it is held or
+ * expected with; for an id neither held nor expected (want NULL), the one the
+ * scheduler's key gives it, which only an id that scheduler issued has. Lock held. */
+static enum cap_verdict cap_check(const hixl_kv_connector *c, const char *id, const struct kv_cap *want,
+                                  const struct kv_cap *got) {
+  struct kv_cap derived;
+  if (got->len == 0) return CAP_NONE;
+  if (!want) {
+    if (!c->cap_key_set) return CAP_UNCHECKED;
+    kv_cap_make(c->cap_key, id, &derived);
+    want = &derived;
+  }
+  return kv_cap_equal(want, got) ? CAP_OK : CAP_WRONG;
+}
+
+/* A call refused for its capability: counted, and answered PARAM_INVALID with the
+ * reason. Lock held. */
+static HixlStatus cap_refuse(hixl_kv_connector *c, uint8_t op, const char *id, const char *peer,
+                             enum cap_verdict v, uint8_t *resp, size_t cap, size_t *resp_len) {
+  if (c->stats.cap_refused++ == 0)
+    log_warn(
+        "hixl-kv: a KV service call presenting no or a wrong request capability was refused (get_stats_ex "
+        "cap_refused counts them; the caller hears why)");
+  const char *why =
+      v == CAP_NONE  ? "carries no capability (its kv_transfer_params had no \"cap\"?)"
+      : v == CAP_OLD ? "carries no capability (KV service protocol 3, before capabilities: update its plugin)"
+      : v == CAP_WRONG ? "presents a wrong capability (not the one its kv_transfer_params gave)"
+                       : "cannot be checked: this worker has bound no connector metadata yet, so it knows no "
+                         "capability key";
+  *resp_len = (size_t)snprintf((char *)resp, cap, "refused: %s of request %s from %s %s; nothing was done",
+                               op_name(op), id, peer, why);
+  if (*resp_len >= cap) *resp_len = cap ? cap - 1 : 0;
+  return HIXL_PARAM_INVALID;
+}
+
 HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp, size_t cap,
                     size_t *resp_len) {
   hixl_kv_connector *c = ctx;
@@ -111,6 +169,15 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
   char reason[KV_MAX_ID + 1] = "";
   uint8_t proto = kv_get_u8(&in), op = kv_get_u8(&in);
   kv_get_str(&in, id, KV_MAX_ID);
+  struct kv_cap got = {0};
+  if (!in.bad && proto == KV_SVC_PROTO_NOCAP && op >= KV_SVC_PIN && op <= KV_SVC_LAYERS) {
+    /* The protocol before capabilities: a call that carries none, whatever follows. */
+    pthread_mutex_lock(&c->lock);
+    HixlStatus st = cap_refuse(c, op, id, peer, CAP_OLD, resp, cap, resp_len);
+    pthread_mutex_unlock(&c->lock);
+    return st;
+  }
+  kv_get_cap(&in, &got);
   uint32_t layer = op == KV_SVC_LAYER || op == KV_SVC_LAYERS ? kv_get_u32(&in) : 0;
   uint32_t count = op == KV_SVC_LAYERS ? kv_get_u32(&in) : 1;
   if (op == KV_SVC_ABORT) kv_get_str(&in, reason, KV_MAX_ID);
@@ -136,6 +203,18 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
   kv_expects_expire(c);
   struct kv_held *h = kv_held_find(c, id);
   struct kv_expect *x = kv_expect_find(c, id);
+  bool held_op = op == KV_SVC_PIN || op == KV_SVC_FREE;
+  enum cap_verdict v = CAP_OK;
+  if (op >= KV_SVC_PIN && op <= KV_SVC_LAYERS)
+    v = cap_check(c, id, held_op ? (h ? &h->cap : NULL) : (x ? &x->cap : NULL), &got);
+  /* Unchecked (nothing bound yet here) is refused only where it would change
+   * something: a FREE would be remembered. PIN and ACCEPT answer "not yet", LAYER
+   * "not expected", ABORT does nothing, as for any id this worker does not know. */
+  if (v == CAP_NONE || v == CAP_WRONG || (v == CAP_UNCHECKED && op == KV_SVC_FREE)) {
+    st = cap_refuse(c, op, id, peer, v, resp, cap, resp_len);
+    pthread_mutex_unlock(&c->lock);
+    return st;
+  }
   if (op == KV_SVC_ACCEPT) {
     if (x) {
       snprintf(x->producer, sizeof(x->producer), "%s", peer);
@@ -188,10 +267,11 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
       kv_put_u8(&out, KV_PIN_NOT_YET);
     }
   } else if (op == KV_SVC_FREE) {
+    /* One not bound yet (an abort), its capability checked above: never hold it. */
     if (h)
       held_release(c, h);
     else if (!kv_idset_has(&c->gone, id))
-      kv_gone_add(c, id); /* freed before it was even bound (an abort): never hold it */
+      kv_gone_add(c, id);
   } else {
     st = HIXL_UNSUPPORTED;
   }

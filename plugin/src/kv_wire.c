@@ -111,9 +111,32 @@ bool kv_get_blocks(struct kv_in *i, uint64_t **v, size_t *n) {
   return true;
 }
 
-void kv_meta_begin(struct kv_out *o, uint32_t count) {
+void kv_put_cap(struct kv_out *o, const struct kv_cap *c) {
+  if (c->len != 0 && c->len != KV_CAP_LEN) {
+    o->bad = true;
+    return;
+  }
+  kv_put_u8(o, c->len);
+  kv_put_raw(o, c->b, c->len);
+}
+
+bool kv_get_cap(struct kv_in *i, struct kv_cap *c) {
+  uint8_t n = kv_get_u8(i);
+  const uint8_t *q = n == KV_CAP_LEN ? take_in(i, n) : NULL;
+  memset(c, 0, sizeof(*c));
+  if (i->bad || (n != 0 && !q)) {
+    i->bad = true;
+    return false;
+  }
+  if (q) memcpy(c->b, q, n);
+  c->len = n;
+  return true;
+}
+
+void kv_meta_begin(struct kv_out *o, const uint8_t key[KV_CAP_KEY_LEN], uint32_t count) {
   kv_put_u32(o, KV_META_MAGIC);
   kv_put_u8(o, KV_META_VERSION);
+  kv_put_raw(o, key, KV_CAP_KEY_LEN);
   kv_put_u32(o, count);
 }
 
@@ -126,6 +149,7 @@ void kv_meta_put(struct kv_out *o, const struct kv_meta_entry *e) {
     kv_put_str(o, e->remote, strlen(e->remote));
     kv_put_u64(o, e->cluster);
     kv_put_str(o, e->rreq, strlen(e->rreq));
+    kv_put_cap(o, &e->rcap);
     kv_put_blocks(o, e->blocks, e->nblocks);
     kv_put_blocks(o, e->rblocks, e->nrblocks);
     if (e->type == KV_META_LOAD) {
@@ -148,6 +172,7 @@ void kv_meta_put(struct kv_out *o, const struct kv_meta_entry *e) {
     kv_put_str(o, e->remote, strlen(e->remote));
     kv_put_u64(o, e->cluster);
     kv_put_str(o, e->rreq, strlen(e->rreq));
+    kv_put_cap(o, &e->rcap);
     break;
   default: o->bad = true;
   }
@@ -161,9 +186,11 @@ void kv_meta_free(struct kv_meta_entry *v, size_t count) {
   free(v);
 }
 
-bool kv_meta_parse(const uint8_t *p, size_t len, struct kv_meta_entry **entries, size_t *count) {
+bool kv_meta_parse(const uint8_t *p, size_t len, uint8_t key[KV_CAP_KEY_LEN], struct kv_meta_entry **entries,
+                   size_t *count) {
   struct kv_in in = {p, len, 0, false};
   if (kv_get_u32(&in) != KV_META_MAGIC || kv_get_u8(&in) != KV_META_VERSION) return false;
+  const uint8_t *kp = take_in(&in, KV_CAP_KEY_LEN); /* the scheduler's capability key */
   uint32_t n = kv_get_u32(&in);
   if (in.bad || n > KV_MAX_ENTRIES) return false;
   struct kv_meta_entry *v = calloc(n ? n : 1, sizeof(*v));
@@ -178,6 +205,7 @@ bool kv_meta_parse(const uint8_t *p, size_t len, struct kv_meta_entry **entries,
       kv_get_str(&in, e->remote, KV_MAX_ENGINE);
       e->cluster = kv_get_u64(&in);
       kv_get_str(&in, e->rreq, KV_MAX_ID);
+      kv_get_cap(&in, &e->rcap);
       kv_get_blocks(&in, &e->blocks, &e->nblocks);
       kv_get_blocks(&in, &e->rblocks, &e->nrblocks);
       if (e->type == KV_META_LOAD) {
@@ -209,6 +237,7 @@ bool kv_meta_parse(const uint8_t *p, size_t len, struct kv_meta_entry **entries,
       kv_get_str(&in, e->remote, KV_MAX_ENGINE);
       e->cluster = kv_get_u64(&in);
       kv_get_str(&in, e->rreq, KV_MAX_ID);
+      kv_get_cap(&in, &e->rcap);
       break;
     default: in.bad = true;
     }
@@ -218,6 +247,7 @@ bool kv_meta_parse(const uint8_t *p, size_t len, struct kv_meta_entry **entries,
     kv_meta_free(v, n);
     return false;
   }
+  memcpy(key, kp, KV_CAP_KEY_LEN);
   *entries = v;
   *count = n;
   return true;

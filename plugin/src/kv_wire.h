@@ -9,14 +9,17 @@
 #include <stdint.h>
 
 #define KV_META_MAGIC 0x48584b4du /* "HXKM" */
-#define KV_META_VERSION                                                                                      \
-  2u                        /* 2: HOLD and LOAD carry the hold's epoch and number, every entry with blocks   \
-                             * its groups' counts */
-#define KV_MAX_ID      256u /* request ids */
-#define KV_MAX_ENGINE  63u  /* "ip:port" */
-#define KV_MAX_BLOCKS  (1u << 20) /* block ids in one entry */
-#define KV_MAX_ENTRIES 65536u
-#define KV_MAX_GROUPS  8u /* KV cache groups; a request's blocks are one list per group */
+/* 2: HOLD and LOAD carry the hold's epoch and number, every entry with blocks its groups'
+ * counts; 3: the scheduler's capability key follows the version, and LOAD, FREE and PUSH
+ * carry the capability of the peer's request (rcap) */
+#define KV_META_VERSION 3u
+#define KV_MAX_ID       256u       /* request ids */
+#define KV_MAX_ENGINE   63u        /* "ip:port" */
+#define KV_MAX_BLOCKS   (1u << 20) /* block ids in one entry */
+#define KV_MAX_ENTRIES  65536u
+#define KV_MAX_GROUPS   8u  /* KV cache groups; a request's blocks are one list per group */
+#define KV_CAP_LEN      16u /* a request's capability (kv_cap.c) */
+#define KV_CAP_KEY_LEN  32u /* the scheduler's key its requests' capabilities derive from */
 
 /* Growable output buffer; a failed allocation is sticky (bad). */
 struct kv_out {
@@ -54,6 +57,15 @@ uint64_t kv_groups_digest(const uint64_t *v, size_t n, const uint32_t *gn, uint3
 void kv_put_groups(struct kv_out *o, const uint32_t *gn, uint32_t ngroups);
 bool kv_get_groups(struct kv_in *i, uint32_t *gn, uint32_t *ngroups, size_t total);
 
+/* A request's capability: what a KV service call on it must present. On the wire (and
+ * in the metadata): u8 len, 0 (none given) or KV_CAP_LEN, then len bytes. */
+struct kv_cap {
+  uint8_t len; /* 0 or KV_CAP_LEN */
+  uint8_t b[KV_CAP_LEN];
+};
+void kv_put_cap(struct kv_out *o, const struct kv_cap *c);
+bool kv_get_cap(struct kv_in *i, struct kv_cap *c); /* another length: bad */
+
 /* Metadata entries. */
 enum kv_meta_type {
   KV_META_LOAD = 1,   /* consumer: pull remote blocks into local ones */
@@ -69,7 +81,8 @@ struct kv_meta_entry {
   char remote[KV_MAX_ENGINE + 1]; /* LOAD, FREE: the producer's engine, "ip:port" */
   uint64_t cluster;               /* LOAD, FREE: the producer's cluster id */
   char rreq[KV_MAX_ID + 1];       /* LOAD, FREE: the producer's request id */
-  uint64_t *blocks;               /* LOAD: local blocks; HOLD: held blocks */
+  struct kv_cap rcap; /* LOAD, FREE, PUSH: rreq's capability, from its kv_transfer_params (len 0: none) */
+  uint64_t *blocks;   /* LOAD: local blocks; HOLD: held blocks */
   size_t nblocks;
   uint64_t *rblocks; /* LOAD: the producer's blocks; PUSH: the consumer's; as many as blocks */
   size_t nrblocks;
@@ -79,25 +92,30 @@ struct kv_meta_entry {
   uint32_t gn[KV_MAX_GROUPS], rgn[KV_MAX_GROUPS]; /* group g's counts (sums: nblocks, nrblocks) */
 };
 
-/* Append one entry (header first: kv_meta_begin). */
-void kv_meta_begin(struct kv_out *o, uint32_t count);
+/* Append one entry (header first: kv_meta_begin, with the scheduler's capability key). */
+void kv_meta_begin(struct kv_out *o, const uint8_t key[KV_CAP_KEY_LEN], uint32_t count);
 void kv_meta_put(struct kv_out *o, const struct kv_meta_entry *e);
-/* Parse metadata whole; on success *entries (count of them) is one array whose
- * block lists are freed by kv_meta_free. */
-bool kv_meta_parse(const uint8_t *p, size_t len, struct kv_meta_entry **entries, size_t *count);
+/* Parse metadata whole; on success key holds the scheduler's capability key and
+ * *entries (count of them) is one array whose block lists are freed by kv_meta_free. */
+bool kv_meta_parse(const uint8_t *p, size_t len, uint8_t key[KV_CAP_KEY_LEN], struct kv_meta_entry **entries,
+                   size_t *count);
 void kv_meta_free(struct kv_meta_entry *entries, size_t count);
 
-/* The KV service (engine CALL, service HIXL_SERVICE_KV). */
-#define KV_SVC_PROTO 3u /* 3: PIN and ACCEPT answer the groups' counts and the plane table */
+/* The KV service (engine CALL, service HIXL_SERVICE_KV). A request: u8 proto, u8 op,
+ * the request id (kv_put_str), its capability (kv_put_cap), then what the op takes.
+ * Protocol 3: PIN and ACCEPT answer the groups' counts and the plane table; 4: every
+ * request carries its request's capability after the id. */
+#define KV_SVC_PROTO       4u
+#define KV_SVC_PROTO_NOCAP 3u /* the protocol before capabilities: refused as carrying none */
 enum kv_svc_op {
-  KV_SVC_PIN = 1,    /* req id [, u64 epoch, u64 seq of its hold] -> state, layout text, block count and
-                      * digest (extends the lease) */
-  KV_SVC_FREE = 2,   /* req id -> the producer frees it */
-  KV_SVC_ACCEPT = 3, /* push: req id [, the producer's blocks per group (kv_put_groups)] -> as PIN's answer,
-                      * of the consumer's blocks */
-  KV_SVC_LAYER = 4,  /* push: req id, layer u32 -> that layer has landed */
-  KV_SVC_ABORT = 5,  /* push: req id, reason -> the push failed; the consumer reports it */
-  KV_SVC_LAYERS = 6, /* push: req id, first u32, count u32 (>= 2) -> those layers have landed */
+  KV_SVC_PIN = 1,    /* req id, cap [, u64 epoch, u64 seq of its hold] -> state, layout text, block count
+                      * and digest (extends the lease) */
+  KV_SVC_FREE = 2,   /* req id, cap -> the producer frees it */
+  KV_SVC_ACCEPT = 3, /* push: req id, cap [, the producer's blocks per group (kv_put_groups)] -> as PIN's
+                      * answer, of the consumer's blocks */
+  KV_SVC_LAYER = 4,  /* push: req id, cap, layer u32 -> that layer has landed */
+  KV_SVC_ABORT = 5,  /* push: req id, cap, reason -> the push failed; the consumer reports it */
+  KV_SVC_LAYERS = 6, /* push: req id, cap, first u32, count u32 (>= 2) -> those layers have landed */
 };
 enum kv_pin_state {
   KV_PIN_HELD = 0,    /* then: layout text, u32 block count, u64 kv_groups_digest, the groups' counts

@@ -165,13 +165,17 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
             "%s: connector or metadata is NULL, or a scheduler's", fn);
   struct kv_meta_entry *v = NULL;
   size_t n = 0;
-  CHECK_ARG(kv_meta_parse(meta, len, &v, &n),
+  uint8_t key[KV_CAP_KEY_LEN];
+  CHECK_ARG(kv_meta_parse(meta, len, key, &v, &n),
             "%s: %zu bytes of metadata do not parse (not from this plugin's "
             "build_connector_meta?)",
             fn, len);
   hixl_kv_status st = HIXL_KV_SUCCESS;
   pthread_mutex_lock(&c->lock);
   c->step++; /* one bind per step: this step's save_kv_layer calls release its pushes */
+  memcpy(c->cap_key, key, sizeof(key)); /* the scheduler's: capabilities of its requests derive from it */
+  c->cap_key_set = true;
+  kv_cap_wipe(key, sizeof(key));
   uint64_t now = kv_now_ns();
   for (size_t i = 0; i < n; i++) {
     struct kv_meta_entry *e = &v[i];
@@ -212,6 +216,7 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
           continue;
         }
         snprintf(x->id, sizeof(x->id), "%s", e->req);
+        kv_cap_make(c->cap_key, x->id, &x->cap); /* what its producer's calls present */
         x->blocks = e->blocks;
         x->n = e->nblocks;
         x->ngroups = e->ngroups;
@@ -242,6 +247,7 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
         continue;
       }
       snprintf(h->id, sizeof(h->id), "%s", e->req);
+      kv_cap_make(c->cap_key, h->id, &h->cap); /* what its consumer's calls present */
       h->blocks = e->blocks;
       h->n = e->nblocks;
       h->ngroups = e->ngroups;

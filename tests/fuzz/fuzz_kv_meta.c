@@ -24,9 +24,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   memcpy(copy, data, size);
   struct kv_meta_entry *v = NULL;
   size_t n = 0;
-  if (kv_meta_parse(copy, size, &v, &n)) {
+  uint8_t key[KV_CAP_KEY_LEN];
+  if (kv_meta_parse(copy, size, key, &v, &n)) {
     struct kv_out o = {0};
-    kv_meta_begin(&o, (uint32_t)n);
+    kv_meta_begin(&o, key, (uint32_t)n);
     for (size_t i = 0; i < n; i++) {
       const struct kv_meta_entry *e = &v[i];
       CHECK(e->req[0] != '\0' && strlen(e->req) <= KV_MAX_ID);
@@ -34,6 +35,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       if (e->type == KV_META_LOAD) CHECK(e->nblocks == e->nrblocks && e->nblocks > 0);
       if (e->type == KV_META_PUSH) CHECK(e->nblocks > 0 && e->nrblocks > 0);
       CHECK(e->nblocks <= KV_MAX_BLOCKS && e->nrblocks <= KV_MAX_BLOCKS);
+      CHECK(e->rcap.len == 0 || e->rcap.len == KV_CAP_LEN);
       kv_meta_put(&o, e);
     }
     CHECK(!o.bad && o.len == size && memcmp(o.p, copy, size) == 0);

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define HIXL_KV_ABI_MAJOR    1u
-#define HIXL_KV_ABI_MINOR    3u
+#define HIXL_KV_ABI_MINOR    4u
 #define HIXL_KV_ABI_VERSION  ((HIXL_KV_ABI_MAJOR << 16) | HIXL_KV_ABI_MINOR)
 #define HIXL_KV_ENTRY_SYMBOL "hixl_kv_connector_entry"
 
@@ -108,7 +108,7 @@ typedef struct {
  * consumer worker: loads_done, loads_failed, bytes_loaded, engine_ops, lookups; push
  * producer worker: blocks_held, requests_held, pushes_done, pushes_failed,
  * layers_pushed, bytes_pushed, engine_ops, lookups; push consumer worker: loads_done,
- * loads_failed, bytes_loaded. A scheduler keeps none. Frozen at 1.0's fields:
+ * loads_failed, bytes_loaded; any worker: cap_refused (1.4). A scheduler keeps none. Frozen at 1.0's fields:
  * get_stats_ex returns them and what later versions add. */
 typedef struct {
   uint64_t blocks_held;   /* producer: blocks kept for consumers now (pull: held, push: until pushed) */
@@ -137,6 +137,9 @@ typedef struct {
       lookups, pushes_done, pushes_failed, layers_pushed; /* as hixl_kv_stats's */
   /* ---- version 1.3 ---- */
   uint64_t bytes_pushed; /* push producer: bytes of the requests pushed */
+  /* ---- version 1.4 ---- */
+  uint64_t cap_refused; /* pull producer, push consumer: KV service calls of peers refused because they
+                         * presented no capability, or not the request's (docs/plugin.md) */
 } hixl_kv_stats_ex;
 /* The smallest size get_stats_ex takes: size and reserved. */
 #define HIXL_KV_STATS_EX_MIN_SIZE offsetof(hixl_kv_stats_ex, blocks_held)
@@ -339,7 +342,8 @@ struct hixl_kv_ops {
    * UNSUPPORTED: get_finished and get_block_ids_with_load_errors carry all hixl's
    * scheduler needs. */
   hixl_kv_status (*build_connector_worker_meta)(hixl_kv_connector *c, hixl_kv_buffer *meta);
-  /* ---- end of version 1.3: later versions append here ---- */
+  /* ---- end of version 1.3 (1.4 adds no op, only hixl_kv_stats_ex.cap_refused): later versions
+   * append here ---- */
 };
 
 /* True when the table the plugin gave is large enough to hold op. */

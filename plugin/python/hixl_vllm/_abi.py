@@ -106,7 +106,7 @@ class Stats(Structure):
 
 STATS_EX_COUNTERS = ("blocks_held", "requests_held", "loads_done", "loads_failed", "lease_expired",
                      "bytes_loaded", "engine_ops", "lookups", "pushes_done", "pushes_failed", "layers_pushed",
-                     "bytes_pushed")
+                     "bytes_pushed", "cap_refused")  # cap_refused: ABI 1.4 (an older plugin leaves it 0)
 
 
 class StatsEx(Structure):

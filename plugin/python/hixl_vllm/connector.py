@@ -38,7 +38,7 @@ ADAPTER_KEYS = {
 _PASSED_FIELDS = ("kv_connector", "kv_connector_module_path", "kv_role", "kv_load_failure_policy")
 # get_stats_ex's counters that only grow (the rest are levels now).
 _MONOTONIC = ("loads_done", "loads_failed", "lease_expired", "bytes_loaded", "engine_ops", "lookups", "pushes_done",
-              "pushes_failed", "layers_pushed", "bytes_pushed")
+              "pushes_failed", "layers_pushed", "bytes_pushed", "cap_refused")
 _LEVELS = ("blocks_held", "requests_held")
 
 
@@ -128,6 +128,7 @@ class HixlPromMetrics(KVConnectorPromMetrics):
         "pushes_failed": "pushes that failed",
         "layers_pushed": "layers sent as soon as they were saved",
         "bytes_pushed": "bytes of KV pushed",
+        "cap_refused": "KV service calls of peers refused for a missing or wrong request capability",
         "blocks_held": "blocks held for consumers now",
         "requests_held": "requests held for consumers now",
     }

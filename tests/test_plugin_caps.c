@@ -1,0 +1,666 @@
+/* test_plugin_caps: request capabilities in the plugin's KV service (issue 27).
+ *
+ * Anyone who reaches a worker's engine port can call its KV service. Here a hostile
+ * peer, a bare engine of this program, links to a worker of the plugin (loaded by
+ * dlopen, as a host loads it) and sends KV service calls whose bodies it builds
+ * itself: without the request's capability, with a wrong one, or in protocol 3 (before
+ * capabilities). Each call is refused (PARAM_INVALID, the reason named), counted in
+ * cap_refused, and changes nothing: the legitimate peer, a plugin instance of its own
+ * that got the capability in kv_transfer_params, then moves the request and every byte
+ * of the receiving side is checked. Transport: HIXL_TEST_TRANSPORT (tcp for the _tcp
+ * run), else auto. No sleep synchronizes anything: waits poll real conditions (the
+ * event fd, get_finished) with deadlines. */
+#include <CUnit/Basic.h>
+#include <dlfcn.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_ext.h"
+#include "hixl/hixl_kv_connector.h"
+#include "kv_wire.h"
+#include "test_util.h"
+
+#ifndef HIXL_KV_PLUGIN_PATH
+#define HIXL_KV_PLUGIN_PATH "libhixl_kv_connector.so"
+#endif
+
+enum { LAYERS = 2, BLOCKS = 8, BLOCK_TOKENS = 4, ELEM = 2, BLOCK_BYTES = 8192, T_MS = 20000 };
+
+static void *so;
+static const hixl_kv_ops *ops;
+
+#define ST_IS(expr, want)                                                                                    \
+  do {                                                                                                       \
+    hixl_kv_status st_ = (expr);                                                                             \
+    if (st_ != (hixl_kv_status)(want))                                                                       \
+      tu_fail(__FILE__, __LINE__, "%s: got %u, want %u (%s)", #expr, st_, (unsigned)(want),                  \
+              ops->last_error());                                                                            \
+  } while (0)
+
+/* ---- one side: a scheduler and a worker connector, the host's KV in memory ---- */
+
+struct side {
+  hixl_kv_connector *sched, *worker;
+  char addr[TU_ADDR_LEN];
+  uint8_t *kv; /* per layer: BLOCKS blocks of K, then BLOCKS of V */
+  size_t len;
+  int32_t efd;
+};
+
+static uint8_t *block_at(const struct side *s, int layer, int v, uint64_t b) {
+  return s->kv + ((size_t)layer * 2 + (size_t)v) * BLOCKS * BLOCK_BYTES + b * BLOCK_BYTES;
+}
+
+/* role ("producer", "consumer") and mode ("pull", "push"); its KV 0xEE. false: reported. */
+static bool side_up(struct side *s, const char *role, const char *mode, unsigned lease_ms) {
+  char cfg[512], err[256] = "";
+  const char *t = tu_transport();
+  *s = (struct side){.efd = -1};
+  tu_addr(s->addr, sizeof(s->addr), tu_free_port());
+  snprintf(cfg, sizeof(cfg),
+           "{\"address\": \"%s\", \"role\": \"%s\", \"mode\": \"%s\", \"lease_ms\": %u,"
+           " \"transfer_timeout_ms\": 5000, \"connect_timeout_ms\": 5000, \"Transport\": \"%s\"}",
+           s->addr, role, mode, lease_ms, t ? t : "auto");
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &s->sched, err, sizeof(err)),
+        HIXL_KV_SUCCESS);
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &s->worker, err, sizeof(err)),
+        HIXL_KV_SUCCESS);
+  s->len = (size_t)LAYERS * 2 * BLOCKS * BLOCK_BYTES;
+  if (!s->sched || !s->worker || !(s->kv = malloc(s->len))) return false;
+  memset(s->kv, 0xEE, s->len);
+  hixl_kv_layer layers[LAYERS];
+  for (int l = 0; l < LAYERS; l++)
+    layers[l] = (hixl_kv_layer){"layer",
+                                5,
+                                (uintptr_t)block_at(s, l, 0, 0),
+                                BLOCKS,
+                                BLOCK_BYTES,
+                                (uint64_t)BLOCKS * BLOCK_BYTES,
+                                HIXL_KV_LAYOUT_KV_FIRST,
+                                ELEM,
+                                BLOCK_TOKENS};
+  ST_IS(ops->register_kv_caches(s->worker, layers, LAYERS), HIXL_KV_SUCCESS);
+  ST_IS(ops->get_event_fd(s->worker, &s->efd), HIXL_KV_SUCCESS);
+  return s->efd >= 0;
+}
+
+static void side_down(struct side *s) {
+  if (s->worker) ST_IS(ops->destroy(s->worker), HIXL_KV_SUCCESS);
+  if (s->sched) ST_IS(ops->destroy(s->sched), HIXL_KV_SUCCESS);
+  free(s->kv);
+}
+
+/* One step: the scheduler's metadata bound by the worker, its loads started. */
+static void step(struct side *s) {
+  hixl_kv_buffer m = {0};
+  ST_IS(ops->build_connector_meta(s->sched, &m), HIXL_KV_SUCCESS);
+  ST_IS(ops->bind_connector_meta(s->worker, m.data, m.len), HIXL_KV_SUCCESS);
+  ops->free_buffer(&m);
+  ST_IS(ops->start_load_kv(s->worker), HIXL_KV_SUCCESS);
+}
+
+/* The forward pass computes a request into blocks: each block of each plane its own
+ * pattern, from seed and the block's place in the request (not its id). */
+static uint64_t block_seed(uint64_t seed, int l, int v, size_t j) {
+  return seed * 1000 + (uint64_t)l * 100 + (uint64_t)v * 10 + j;
+}
+
+static void paint(struct side *s, const uint64_t *blocks, size_t n, uint64_t seed) {
+  for (int l = 0; l < LAYERS; l++)
+    for (int v = 0; v < 2; v++)
+      for (size_t j = 0; j < n; j++)
+        tu_fill(block_at(s, l, v, blocks[j]), BLOCK_BYTES, block_seed(seed, l, v, j));
+}
+
+/* Every byte of s: blocks[j] of each plane holds the request's j-th block (seed),
+ * every other block is still 0xEE. */
+static void verify(const struct side *s, const uint64_t *blocks, size_t n, uint64_t seed) {
+  for (int l = 0; l < LAYERS; l++)
+    for (int v = 0; v < 2; v++)
+      for (uint64_t b = 0; b < BLOCKS; b++) {
+        size_t j = 0;
+        while (j < n && blocks[j] != b) j++;
+        if (j < n)
+          TU_ASSERT_PATTERN(block_at(s, l, v, b), BLOCK_BYTES, block_seed(seed, l, v, j), "a landed block");
+        else
+          CU_ASSERT_EQUAL(tu_check_byte(block_at(s, l, v, b), BLOCK_BYTES, 0xEE), -1);
+      }
+}
+
+static hixl_kv_request request(const char *id, size_t nblocks, const char *params) {
+  return (hixl_kv_request){id, strlen(id), nblocks * BLOCK_TOKENS, params, params ? strlen(params) : 0, 0};
+}
+
+static bool ids_have(const hixl_kv_ids *ids, const char *id) {
+  for (size_t i = 0; i < ids->count; i++)
+    if (strcmp(ids->ids[i], id) == 0) return true;
+  return false;
+}
+
+/* Whether get_finished reports id (sending or receiving) within timeout_ms; it runs
+ * whenever the event fd polls readable, and every 20 ms (leases expire in it). Other
+ * ids it reports are dropped. */
+static bool wait_finished(struct side *s, const char *id, bool sending, int timeout_ms) {
+  int64_t end = tu_now_ms() + timeout_ms;
+  do {
+    hixl_kv_ids snd = {0}, rcv = {0};
+    ST_IS(ops->get_finished(s->worker, NULL, &snd, &rcv), HIXL_KV_SUCCESS);
+    bool got = ids_have(sending ? &snd : &rcv, id);
+    ops->free_ids(&snd);
+    ops->free_ids(&rcv);
+    if (got) return true;
+    struct pollfd pfd = {.fd = s->efd, .events = POLLIN};
+    poll(&pfd, 1, 20);
+  } while (tu_now_ms() < end);
+  return false;
+}
+
+/* Nothing finished on s now (a service call acts before it answers, so a call that
+ * ended a request has reported it by the time it returns). */
+static void none_finished(struct side *s) {
+  hixl_kv_ids snd = {0}, rcv = {0};
+  ST_IS(ops->get_finished(s->worker, NULL, &snd, &rcv), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(snd.count, 0);
+  CU_ASSERT_EQUAL(rcv.count, 0);
+  ops->free_ids(&snd);
+  ops->free_ids(&rcv);
+}
+
+static void no_load_errors(struct side *d) {
+  hixl_kv_blocks e = {0};
+  ST_IS(ops->get_block_ids_with_load_errors(d->worker, &e), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(e.count, 0);
+  ops->free_buffer(&e.raw);
+}
+
+static hixl_kv_stats_ex stats(struct side *s) {
+  hixl_kv_stats_ex e = {.size = sizeof(e)};
+  ST_IS(ops->get_stats_ex(s->worker, &e), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(e.size, sizeof(e));
+  return e;
+}
+
+static char *take_text(hixl_kv_buffer *b) {
+  char *t = b->data ? strndup((char *)b->data, b->len) : NULL;
+  ops->free_buffer(b);
+  return t;
+}
+
+/* The capability kv_transfer_params carry: "cap", 32 hex digits. */
+static struct kv_cap params_cap(const char *params) {
+  struct kv_cap c = {0};
+  const char *h = params ? strstr(params, "\"cap\":\"") : NULL;
+  CU_ASSERT_PTR_NOT_NULL_FATAL(h);
+  h += 7;
+  for (unsigned i = 0; i < KV_CAP_LEN; i++) {
+    unsigned x;
+    CU_ASSERT_FATAL(sscanf(h + 2 * i, "%2x", &x) == 1);
+    c.b[i] = (uint8_t)x;
+  }
+  CU_ASSERT_EQUAL(h[2 * KV_CAP_LEN], '"');
+  c.len = KV_CAP_LEN;
+  return c;
+}
+
+/* ---- the flows of a legitimate host ---- */
+
+/* Pull producer p computes request id into blocks, saves every layer and finishes it:
+ * its kv_transfer_params (the caller frees them). Not held before p's next step. */
+static char *produce(struct side *p, const char *id, const uint64_t *blocks, size_t n, uint64_t seed) {
+  int32_t delay = 0;
+  hixl_kv_buffer b = {0};
+  hixl_kv_request r = request(id, n, NULL);
+  paint(p, blocks, n, seed);
+  for (uint32_t l = 0; l < LAYERS; l++) ST_IS(ops->save_kv_layer(p->worker, l), HIXL_KV_SUCCESS);
+  ST_IS(ops->wait_for_save(p->worker), HIXL_KV_SUCCESS);
+  ST_IS(ops->request_finished(p->sched, &r, blocks, n, &delay, &b), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(delay, 1);
+  char *params = take_text(&b);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(params);
+  return params;
+}
+
+/* Pull consumer d loads request id (the producer's, per params) into blocks. */
+static void consume(struct side *d, const char *id, const char *params, const uint64_t *blocks, size_t n) {
+  hixl_kv_request r = request(id, n, params);
+  int64_t tokens = 0;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(d->sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(tokens, (int64_t)(n * BLOCK_TOKENS));
+  ST_IS(ops->update_state_after_alloc(d->sched, &r, blocks, n, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  step(d);
+}
+
+/* Push consumer d expects request id into blocks (bound): its push params. */
+static char *expect_push(struct side *d, const char *id, const uint64_t *blocks, size_t n) {
+  hixl_kv_request r = request(id, n, "{\"do_remote_prefill\": true}");
+  int64_t tokens = 0;
+  int32_t async = 0;
+  hixl_kv_buffer b = {0};
+  ST_IS(ops->get_num_new_matched_tokens(d->sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(tokens, (int64_t)(n * BLOCK_TOKENS));
+  ST_IS(ops->update_state_after_alloc(d->sched, &r, blocks, n, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  ST_IS(ops->get_push_params(d->sched, id, strlen(id), &b), HIXL_KV_SUCCESS);
+  step(d);
+  char *params = take_text(&b);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(params);
+  return params;
+}
+
+/* Push producer p computes its request id into blocks and pushes it per params. */
+static void push(struct side *p, const char *id, const char *params, const uint64_t *blocks, size_t n,
+                 uint64_t seed) {
+  hixl_kv_request r = request(id, n, params);
+  int64_t tokens = -1;
+  int32_t async = 1;
+  paint(p, blocks, n, seed);
+  ST_IS(ops->get_num_new_matched_tokens(p->sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(tokens, 0);
+  ST_IS(ops->update_state_after_alloc(p->sched, &r, blocks, n, 0), HIXL_KV_SUCCESS);
+  step(p);
+  for (uint32_t l = 0; l < LAYERS; l++) ST_IS(ops->save_kv_layer(p->worker, l), HIXL_KV_SUCCESS);
+  ST_IS(ops->wait_for_save(p->worker), HIXL_KV_SUCCESS);
+}
+
+/* ---- the hostile peer ---- */
+
+/* A bare engine of its own name (ip:port: the plugin names a peer as it names itself)
+ * linked to target. */
+static HixlEngine *hostile_up(const char *target) {
+  char self[TU_ADDR_LEN];
+  HixlEngine *e = tu_engine_start_with(tu_addr(self, sizeof(self), tu_free_port()), tu_transport());
+  CU_ASSERT_PTR_NOT_NULL_FATAL(e);
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(e, target, 5000));
+  return e;
+}
+
+/* How a call presents the request's capability. */
+enum present {
+  P_NONE,  /* protocol 4, capability length 0 */
+  P_OLD,   /* protocol 3: no capability field at all */
+  P_WRONG, /* the request's with its last bit flipped */
+  P_OTHER, /* 16 bytes of 0xA5 */
+  P_RIGHT, /* the request's (from kv_transfer_params) */
+};
+
+/* A KV service call of e to target: op on id, presenting the capability as pr says
+ * (right: *cap), then the op's own fields (tail). Its status; the answer in ans. */
+static HixlStatus call(HixlEngine *e, const char *target, uint8_t op, const char *id, enum present pr,
+                       const struct kv_cap *cap, const struct kv_out *tail, uint8_t *ans, size_t *n) {
+  struct kv_out o = {0};
+  struct kv_cap c = {0};
+  if (pr == P_RIGHT || pr == P_WRONG) c = *cap;
+  if (pr == P_WRONG) c.b[KV_CAP_LEN - 1] ^= 1;
+  if (pr == P_OTHER) c.len = KV_CAP_LEN, memset(c.b, 0xA5, KV_CAP_LEN);
+  kv_put_u8(&o, pr == P_OLD ? KV_SVC_PROTO_NOCAP : KV_SVC_PROTO);
+  kv_put_u8(&o, op);
+  kv_put_str(&o, id, strlen(id));
+  if (pr != P_OLD) kv_put_cap(&o, &c);
+  if (tail) kv_put_raw(&o, tail->p, tail->len);
+  CU_ASSERT_FATAL(!o.bad);
+  size_t got = 0;
+  HixlStatus st = hixl_engine_call(e, target, HIXL_SERVICE_KV, o.p, o.len, ans, 4096, &got, 5000);
+  free(o.p);
+  if (n) *n = got;
+  return st;
+}
+
+/* A call refused for its capability: PARAM_INVALID, the reason naming what was wrong. */
+#define REFUSED(expr, pr)                                                                                    \
+  do {                                                                                                       \
+    TU_ASSERT_STATUS(expr, HIXL_PARAM_INVALID);                                                              \
+    TU_ASSERT_ERRMSG_HAS("refused");                                                                         \
+    TU_ASSERT_ERRMSG_HAS((pr) == P_NONE || (pr) == P_OLD ? "carries no capability" : "wrong capability");    \
+  } while (0)
+
+/* ---- the tests ---- */
+
+/* Pull: a FREE without the capability (none, and protocol 3) is refused; the request
+ * stays held, and the consumer that has the capability loads it byte for byte and
+ * frees it. */
+static void test_free_without_cap(void) {
+  struct side p, d;
+  CU_ASSERT_FATAL(side_up(&p, "producer", "pull", 30000) && side_up(&d, "consumer", "pull", 30000));
+  const uint64_t pb[2] = {2, 5}, db[2] = {1, 6};
+  char *params = produce(&p, "req-1", pb, 2, 11);
+  step(&p); /* held now */
+  HixlEngine *h = hostile_up(p.addr);
+  uint8_t ans[4096];
+  const enum present pr[2] = {P_NONE, P_OLD};
+  for (int k = 0; k < 2; k++)
+    REFUSED(call(h, p.addr, KV_SVC_FREE, "req-1", pr[k], NULL, NULL, ans, NULL), pr[k]);
+  none_finished(&p); /* not freed */
+  hixl_kv_stats_ex ps = stats(&p);
+  CU_ASSERT(ps.requests_held == 1 && ps.blocks_held == 2 && ps.cap_refused == 2);
+
+  consume(&d, "dec-1", params, db, 2);
+  CU_ASSERT_TRUE(wait_finished(&d, "dec-1", false, T_MS));
+  no_load_errors(&d);
+  verify(&d, db, 2, 11);
+  CU_ASSERT_TRUE(wait_finished(&p, "req-1", true, T_MS)); /* the consumer's FREE, with the capability */
+  ps = stats(&p);
+  hixl_kv_stats_ex ds = stats(&d);
+  CU_ASSERT(ps.requests_held == 0 && ps.lease_expired == 0 && ps.cap_refused == 2);
+  CU_ASSERT(ds.loads_done == 1 && ds.loads_failed == 0 && ds.cap_refused == 0);
+  HixlEngineDestroy(h);
+  free(params);
+  side_down(&d);
+  side_down(&p);
+}
+
+/* Pull: a FREE with a wrong capability (one bit off, another request's, garbage) is
+ * refused; the request loads byte for byte. Whoever holds a request's capability may
+ * free it: the hostile peer given req-b's frees req-b. */
+static void test_free_wrong_cap(void) {
+  struct side p, d;
+  CU_ASSERT_FATAL(side_up(&p, "producer", "pull", 30000) && side_up(&d, "consumer", "pull", 30000));
+  const uint64_t pa[2] = {0, 1}, pb[2] = {4, 7}, db[2] = {3, 2};
+  char *a = produce(&p, "req-a", pa, 2, 21), *b = produce(&p, "req-b", pb, 2, 22);
+  step(&p);
+  struct kv_cap ca = params_cap(a), cb = params_cap(b);
+  CU_ASSERT(memcmp(ca.b, cb.b, KV_CAP_LEN) != 0); /* each request its own */
+  HixlEngine *h = hostile_up(p.addr);
+  uint8_t ans[4096];
+  REFUSED(call(h, p.addr, KV_SVC_FREE, "req-a", P_WRONG, &ca, NULL, ans, NULL), P_WRONG);
+  REFUSED(call(h, p.addr, KV_SVC_FREE, "req-a", P_RIGHT, &cb, NULL, ans, NULL), P_WRONG); /* req-b's */
+  REFUSED(call(h, p.addr, KV_SVC_FREE, "req-a", P_OTHER, NULL, NULL, ans, NULL), P_WRONG);
+  none_finished(&p);
+  hixl_kv_stats_ex ps = stats(&p);
+  CU_ASSERT(ps.requests_held == 2 && ps.blocks_held == 4 && ps.cap_refused == 3);
+
+  consume(&d, "dec-a", a, db, 2);
+  CU_ASSERT_TRUE(wait_finished(&d, "dec-a", false, T_MS));
+  no_load_errors(&d);
+  verify(&d, db, 2, 21);
+  CU_ASSERT_TRUE(wait_finished(&p, "req-a", true, T_MS));
+  TU_ASSERT_OK(call(h, p.addr, KV_SVC_FREE, "req-b", P_RIGHT, &cb, NULL, ans, NULL));
+  CU_ASSERT_TRUE(wait_finished(&p, "req-b", true, 0));
+  ps = stats(&p);
+  CU_ASSERT(ps.requests_held == 0 && ps.blocks_held == 0 && ps.cap_refused == 3);
+  HixlEngineDestroy(h);
+  free(a);
+  free(b);
+  side_down(&d);
+  side_down(&p);
+}
+
+/* Pull: a FREE of an id the producer does not hold yet is remembered (the id never
+ * held) only when it carries that id's capability, which the producer's scheduler
+ * gave for it. Without one, with a garbage one, or before this worker bound any
+ * metadata (nothing to check with), it is refused and forgotten: a later hold of the
+ * id is held and loads byte for byte. A consumer that aborted early, with the
+ * capability, still frees it before it is held. */
+static void test_free_unknown_not_remembered(void) {
+  struct side p, d;
+  CU_ASSERT_FATAL(side_up(&p, "producer", "pull", 30000) && side_up(&d, "consumer", "pull", 30000));
+  HixlEngine *h = hostile_up(p.addr);
+  uint8_t ans[4096];
+  /* No metadata bound yet: no key to check a capability with. */
+  TU_ASSERT_STATUS(call(h, p.addr, KV_SVC_FREE, "req-early", P_OTHER, NULL, NULL, ans, NULL),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("cannot be checked");
+  step(&p); /* a step: the worker has its scheduler's key now */
+  const enum present pr[3] = {P_NONE, P_OLD, P_OTHER};
+  for (int k = 0; k < 3; k++)
+    REFUSED(call(h, p.addr, KV_SVC_FREE, "req-early", pr[k], NULL, NULL, ans, NULL), pr[k]);
+  CU_ASSERT_EQUAL(stats(&p).cap_refused, 4);
+
+  const uint64_t pb[3] = {1, 3, 5}, db[3] = {7, 0, 2};
+  char *params = produce(&p, "req-early", pb, 3, 31);
+  step(&p);
+  none_finished(&p); /* held: not reported freed at its hold */
+  hixl_kv_stats_ex ps = stats(&p);
+  CU_ASSERT(ps.requests_held == 1 && ps.blocks_held == 3);
+  consume(&d, "dec-early", params, db, 3);
+  CU_ASSERT_TRUE(wait_finished(&d, "dec-early", false, T_MS));
+  no_load_errors(&d);
+  verify(&d, db, 3, 31);
+  CU_ASSERT_TRUE(wait_finished(&p, "req-early", true, T_MS));
+
+  /* The abort path: the FREE with the capability comes before the hold is bound. */
+  const uint64_t qb[1] = {6};
+  char *q = produce(&p, "req-abort", qb, 1, 32);
+  struct kv_cap cq = params_cap(q);
+  TU_ASSERT_OK(call(h, p.addr, KV_SVC_FREE, "req-abort", P_RIGHT, &cq, NULL, ans, NULL));
+  step(&p);
+  CU_ASSERT_TRUE(wait_finished(&p, "req-abort", true, 0)); /* reported at once, never held */
+  ps = stats(&p);
+  CU_ASSERT(ps.requests_held == 0 && ps.blocks_held == 0 && ps.lease_expired == 0 && ps.cap_refused == 4);
+  HixlEngineDestroy(h);
+  free(q);
+  free(params);
+  side_down(&d);
+  side_down(&p);
+}
+
+/* Pull: a PIN without the capability (or a wrong one) is refused: it neither extends
+ * the lease nor makes the hostile peer the request's consumer. A consumer with the
+ * capability pins (HELD); the hostile peer pins without it all through the lease,
+ * which still runs out, and the one cut off then is the consumer that pinned: its
+ * READ fails, the hostile peer's link stays. */
+static void test_pin_without_cap(void) {
+  enum { LEASE_MS = 600 };
+  struct side p;
+  CU_ASSERT_FATAL(side_up(&p, "producer", "pull", LEASE_MS));
+  const uint64_t pb[2] = {2, 3};
+  char *params = produce(&p, "req-pin", pb, 2, 41);
+  struct kv_cap cap = params_cap(params);
+  step(&p);
+  HixlEngine *cons = hostile_up(p.addr), *h = hostile_up(p.addr);
+  uint8_t ans[4096], *dst = tu_alloc_mem(BLOCK_BYTES, false), *hdst = tu_alloc_mem(BLOCK_BYTES, false);
+  size_t n = 0;
+  CU_ASSERT_FATAL(dst && hdst && tu_register(cons, dst, BLOCK_BYTES) && tu_register(h, hdst, BLOCK_BYTES));
+  int64_t pinned = tu_now_ms(); /* at most when the PIN set the lease running */
+  TU_ASSERT_OK_FATAL(call(cons, p.addr, KV_SVC_PIN, "req-pin", P_RIGHT, &cap, NULL, ans, &n));
+  CU_ASSERT_FATAL(n >= 1 && ans[0] == KV_PIN_HELD);
+  REFUSED(call(h, p.addr, KV_SVC_PIN, "req-pin", P_WRONG, &cap, NULL, ans, &n), P_WRONG);
+  unsigned refused = 1;
+  bool expired = false;
+  while (!expired && tu_now_ms() < pinned + LEASE_MS + T_MS) {
+    REFUSED(call(h, p.addr, KV_SVC_PIN, "req-pin", refused % 2 ? P_NONE : P_OLD, NULL, NULL, ans, &n),
+            refused % 2 ? P_NONE : P_OLD);
+    refused++;
+    expired = wait_finished(&p, "req-pin", true, 0);
+    struct pollfd pfd = {.fd = p.efd, .events = POLLIN};
+    poll(&pfd, 1, 20);
+  }
+  CU_ASSERT_TRUE_FATAL(expired);
+  CU_ASSERT(tu_now_ms() - pinned >= LEASE_MS); /* the consumer's PIN ran its lease, no more */
+  CU_ASSERT(refused >= 3);                     /* refused PINs came all through it */
+  hixl_kv_stats_ex ps = stats(&p);
+  CU_ASSERT(ps.lease_expired == 1 && ps.requests_held == 0 && ps.cap_refused == refused);
+  HixlTransferOpDesc d = {(uintptr_t)dst, (uintptr_t)block_at(&p, 0, 0, 2), BLOCK_BYTES};
+  HixlTransferOpDesc hd = {(uintptr_t)hdst, (uintptr_t)block_at(&p, 0, 0, 2), BLOCK_BYTES};
+  CU_ASSERT_NOT_EQUAL(HixlEngineTransferSync(cons, p.addr, HIXL_READ, &d, 1, 5000), HIXL_SUCCESS);
+  TU_ASSERT_OK(HixlEngineTransferSync(h, p.addr, HIXL_READ, &hd, 1, 5000)); /* not the consumer: not cut */
+  HixlEngineDestroy(h);
+  HixlEngineDestroy(cons);
+  tu_free_mem(dst, BLOCK_BYTES);
+  tu_free_mem(hdst, BLOCK_BYTES);
+  free(params);
+  side_down(&p);
+}
+
+/* The consumer of a push test and its legitimate producer, the hostile peer linked to
+ * the consumer, which expects request id into blocks {3, 4}. */
+struct push_case {
+  struct side d, p;
+  HixlEngine *h;
+  char *params;
+  struct kv_cap cap;
+};
+
+static const uint64_t push_db[2] = {3, 4}, push_pb[2] = {6, 1};
+
+static void push_up(struct push_case *t, const char *id) {
+  CU_ASSERT_FATAL(side_up(&t->d, "consumer", "push", 30000) && side_up(&t->p, "producer", "push", 30000));
+  t->params = expect_push(&t->d, id, push_db, 2);
+  t->cap = params_cap(t->params);
+  t->h = hostile_up(t->d.addr);
+}
+
+/* The refused calls ended nothing and marked nothing; the legitimate producer pushes,
+ * every byte lands, and the consumer counted refused refusals. */
+static void push_then_down(struct push_case *t, const char *id, uint64_t refused) {
+  none_finished(&t->d);
+  hixl_kv_stats_ex ds = stats(&t->d);
+  CU_ASSERT(ds.loads_done == 0 && ds.loads_failed == 0 && ds.cap_refused == refused);
+  CU_ASSERT_EQUAL(tu_check_byte(t->d.kv, t->d.len, 0xEE), -1); /* nothing written */
+  push(&t->p, "pre-1", t->params, push_pb, 2, 51);
+  CU_ASSERT_TRUE(wait_finished(&t->d, id, false, T_MS));
+  no_load_errors(&t->d);
+  verify(&t->d, push_db, 2, 51);
+  CU_ASSERT_TRUE(wait_finished(&t->p, "pre-1", true, T_MS));
+  ds = stats(&t->d);
+  CU_ASSERT(ds.loads_done == 1 && ds.loads_failed == 0 && ds.cap_refused == refused);
+  hixl_kv_stats_ex ps = stats(&t->p);
+  CU_ASSERT(ps.pushes_done == 1 && ps.pushes_failed == 0 && ps.cap_refused == 0);
+  HixlEngineDestroy(t->h);
+  free(t->params);
+  side_down(&t->p);
+  side_down(&t->d);
+}
+
+/* Push: an ABORT without the capability (none, protocol 3, wrong) is refused: the
+ * expected push does not fail, and the producer's push lands byte for byte. */
+static void test_abort_without_cap(void) {
+  struct push_case t;
+  push_up(&t, "push-a");
+  struct kv_out why = {0};
+  kv_put_str(&why, "a hostile abort", 15);
+  uint8_t ans[4096];
+  const enum present pr[3] = {P_NONE, P_OLD, P_WRONG};
+  for (int k = 0; k < 3; k++)
+    REFUSED(call(t.h, t.d.addr, KV_SVC_ABORT, "push-a", pr[k], &t.cap, &why, ans, NULL), pr[k]);
+  free(why.p);
+  push_then_down(&t, "push-a", 3);
+}
+
+/* Push: LAYER and LAYERS notices without the capability (none, protocol 3, wrong,
+ * garbage) are refused and mark nothing: the consumer does not report the request
+ * received (its KV never came), until the producer's push lands, byte for byte. */
+static void test_layers_without_cap(void) {
+  struct push_case t;
+  push_up(&t, "push-l");
+  struct kv_out one = {0}, all = {0};
+  kv_put_u32(&one, 0); /* LAYER 0 */
+  kv_put_u32(&all, 0); /* LAYERS 0 .. LAYERS - 1: every layer */
+  kv_put_u32(&all, LAYERS);
+  uint8_t ans[4096];
+  const enum present pr[4] = {P_NONE, P_OLD, P_WRONG, P_OTHER};
+  for (int k = 0; k < 4; k++) {
+    REFUSED(call(t.h, t.d.addr, KV_SVC_LAYER, "push-l", pr[k], &t.cap, &one, ans, NULL), pr[k]);
+    REFUSED(call(t.h, t.d.addr, KV_SVC_LAYERS, "push-l", pr[k], &t.cap, &all, ans, NULL), pr[k]);
+  }
+  free(one.p);
+  free(all.p);
+  push_then_down(&t, "push-l", 8);
+}
+
+/* Push: an ACCEPT without the capability (none, protocol 3, wrong) is refused: the
+ * answer is the reason, not the consumer's layout and planes. */
+static void test_accept_without_cap(void) {
+  struct push_case t;
+  push_up(&t, "push-c");
+  struct kv_out groups = {0};
+  const uint32_t gn = 2;
+  kv_put_groups(&groups, &gn, 1);
+  uint8_t ans[4096];
+  size_t n = 0;
+  const enum present pr[3] = {P_NONE, P_OLD, P_WRONG};
+  for (int k = 0; k < 3; k++) {
+    REFUSED(call(t.h, t.d.addr, KV_SVC_ACCEPT, "push-c", pr[k], &t.cap, &groups, ans, &n), pr[k]);
+    CU_ASSERT_PTR_NULL(strstr(HixlGetLastErrorMessage(), "layers=")); /* no layout in it */
+  }
+  free(groups.p);
+  push_then_down(&t, "push-c", 3);
+}
+
+/* cap_refused counts each refused call, on any op, and nothing else: not malformed
+ * calls, not calls that present the capability. A host whose hixl_kv_stats_ex ends
+ * before cap_refused (ABI 1.3) never gets it written. */
+static void test_refusals_counted(void) {
+  struct side p;
+  CU_ASSERT_FATAL(side_up(&p, "producer", "pull", 30000));
+  const uint64_t pb[1] = {0};
+  char *params = produce(&p, "req-n", pb, 1, 61);
+  struct kv_cap cap = params_cap(params);
+  step(&p);
+  HixlEngine *h = hostile_up(p.addr);
+  uint8_t ans[4096],
+      op[6] = {KV_SVC_PIN, KV_SVC_FREE, KV_SVC_ACCEPT, KV_SVC_LAYER, KV_SVC_ABORT, KV_SVC_LAYERS};
+  struct kv_out tail[6] = {{0}};
+  kv_put_u32(&tail[3], 0);
+  kv_put_str(&tail[4], "x", 1);
+  kv_put_u32(&tail[5], 0);
+  kv_put_u32(&tail[5], 2);
+  const enum present pr[4] = {P_NONE, P_OLD, P_WRONG, P_OTHER};
+  uint64_t want = 0;
+  for (int o = 0; o < 6; o++)
+    for (int k = 0; k < 4; k++, want++)
+      REFUSED(call(h, p.addr, op[o], "req-n", pr[k], &cap, &tail[o], ans, NULL), pr[k]);
+  CU_ASSERT_EQUAL(stats(&p).cap_refused, want);
+  /* Malformed (a capability of 3 bytes), and a PIN with the capability: not counted. */
+  struct kv_out bad = {0};
+  kv_put_u8(&bad, KV_SVC_PROTO);
+  kv_put_u8(&bad, KV_SVC_PIN);
+  kv_put_str(&bad, "req-n", 5);
+  kv_put_u8(&bad, 3);
+  kv_put_raw(&bad, cap.b, 3);
+  size_t n = 0;
+  TU_ASSERT_STATUS(hixl_engine_call(h, p.addr, HIXL_SERVICE_KV, bad.p, bad.len, ans, sizeof(ans), &n, 5000),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("malformed");
+  free(bad.p);
+  TU_ASSERT_OK(call(h, p.addr, KV_SVC_PIN, "req-n", P_RIGHT, &cap, NULL, ans, &n));
+  CU_ASSERT(n >= 1 && ans[0] == KV_PIN_HELD);
+  hixl_kv_stats_ex ps = stats(&p);
+  CU_ASSERT(ps.cap_refused == want && ps.requests_held == 1);
+  hixl_kv_stats_ex old; /* a host built against 1.3's header */
+  memset(&old, 0xA5, sizeof(old));
+  old.size = (uint32_t)offsetof(hixl_kv_stats_ex, cap_refused);
+  ST_IS(ops->get_stats_ex(p.worker, &old), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(old.size, offsetof(hixl_kv_stats_ex, cap_refused));
+  CU_ASSERT_EQUAL(old.requests_held, 1);
+  CU_ASSERT_EQUAL(old.cap_refused, 0xA5A5A5A5A5A5A5A5ull);
+  for (int o = 0; o < 6; o++) free(tail[o].p);
+  HixlEngineDestroy(h);
+  free(params);
+  side_down(&p);
+}
+
+int main(int argc, char **argv) {
+  int rc = tu_child_main(argc, argv);
+  if (rc >= 0) return rc;
+  so = dlopen(HIXL_KV_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
+  if (!so) {
+    fprintf(stderr, "dlopen %s: %s\n", HIXL_KV_PLUGIN_PATH, dlerror());
+    return 1;
+  }
+  hixl_kv_entry_fn entry = (hixl_kv_entry_fn)dlsym(so, HIXL_KV_ENTRY_SYMBOL);
+  char err[256] = "";
+  if (!entry || entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS) {
+    fprintf(stderr, "entry: %s\n", err);
+    return 1;
+  }
+  if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+  CU_pSuite s = CU_add_suite("plugin KV service: request capabilities, a hostile peer", NULL, NULL);
+  CU_add_test(s, "pull: FREE without the capability is refused; the request still loads",
+              test_free_without_cap);
+  CU_add_test(s, "pull: FREE with a wrong capability is refused", test_free_wrong_cap);
+  CU_add_test(s, "pull: FREE of an unknown id without its capability is not remembered",
+              test_free_unknown_not_remembered);
+  CU_add_test(s, "pull: PIN without the capability neither extends the lease nor takes the request over",
+              test_pin_without_cap);
+  CU_add_test(s, "push: ABORT without the capability is refused", test_abort_without_cap);
+  CU_add_test(s, "push: LAYER and LAYERS without the capability are refused and mark nothing",
+              test_layers_without_cap);
+  CU_add_test(s, "push: ACCEPT without the capability is refused", test_accept_without_cap);
+  CU_add_test(s, "cap_refused counts each refusal and nothing else", test_refusals_counted);
+  if (CU_get_error() != CUE_SUCCESS) return 1;
+  int result = tu_run_registry();
+  dlclose(so);
+  return result;
+}
