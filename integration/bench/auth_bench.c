@@ -1,0 +1,409 @@
+/* hixl-auth-bench: what the authenticated handshake (issue 27) adds to HixlEngineConnect.
+ *
+ * In this process, on 127.0.0.1, one pair of engines per mode: a target with a port
+ * and a client-only initiator, each registering one 1 MiB region (the table a Connect
+ * fetches has one entry). Mode "on": both with AuthKeyFile, a key this program writes
+ * (mkstemp, 0600, removed at the end), so Connect runs HELLO with a nonce,
+ * AUTH_CHALLENGE, AUTH_PROOF, HELLO_ACK. Mode "off": both with AuthKeyFile "" (the
+ * environment's HIXL_AUTH_KEY_FILE is overridden), HELLO / HELLO_ACK. --aa adds
+ * "off-b", a second keyless pair, so the same run shows what two identical modes
+ * differ by (the A/A spread).
+ *
+ * Per transport (--transports, default tcp,auto; auto is shm between two engines of
+ * one host) the modes take turns in blocks of --block connects (default 50), the
+ * order reversed every turn (on off, off on, ...) so drift from other load falls on
+ * each mode alike; each connect is HixlEngineConnect, timed with CLOCK_MONOTONIC, then
+ * HixlEngineDisconnect (timed apart, for the record). Before measuring, a keyless
+ * engine must be refused by the "on" target, so "on" is known to authenticate.
+ * Prints p50, p99, mean per mode and the ratios on/off (and off-b/off), on stdout and
+ * as --json FILE.
+ *
+ *   hixl-auth-bench [--connects N] [--block N] [--warmup N] [--transports LIST] [--aa]
+ *                   [--json FILE] [--no-progress] */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench_util.h"
+#include "hixl/hixl.h"
+
+#define MAX_TRANSPORTS 4
+#define REGION_BYTES   (1u << 20)
+#define KEY_BYTES      32 /* 64 hex digits */
+
+enum { MODE_ON, MODE_OFF, MODE_OFF_B, MODE_COUNT };
+static const char *const mode_names[MODE_COUNT] = {"on", "off", "off-b"};
+
+static struct {
+  uint64_t connects, block, warmup;
+  char *transports[MAX_TRANSPORTS];
+  size_t n_transports;
+  bool aa, progress;
+  const char *json;
+} o = {500, 50, 10, {"tcp", "auto"}, 2, false, true, NULL};
+
+struct pair {
+  HixlEngine *tgt, *ini;      /* target (listens) and initiator (client-only) */
+  HixlMemHandle tgt_h, ini_h; /* their registrations of the shared region */
+  char peer[32];              /* the target's "127.0.0.1:port" */
+};
+
+struct result {
+  struct bench_stats conn; /* Connect */
+  double disc_mean_us;     /* Disconnect, for the record */
+};
+
+static void report(const char *what, HixlStatus st) {
+  const char *why = HixlGetLastErrorMessage();
+  fprintf(stderr, "hixl-auth-bench: %s failed: %s%s%s\n", what, HixlStatusName(st), why && *why ? ": " : "",
+          why ? why : "");
+}
+
+static size_t n_modes(void) { return o.aa ? MODE_COUNT : MODE_OFF_B; }
+
+/* A key file only this user reads: 64 hex digits and a newline. 0, or -1 (said). */
+static int key_file_make(char *path, size_t cap) {
+  uint8_t key[KEY_BYTES];
+  char hex[2 * KEY_BYTES + 1];
+  const char *dir = getenv("TMPDIR");
+  int rc = -1;
+  snprintf(path, cap, "%s/hixl-auth-bench-XXXXXX", dir && *dir ? dir : "/tmp");
+  if (getrandom(key, sizeof(key), 0) != (ssize_t)sizeof(key)) {
+    fprintf(stderr, "hixl-auth-bench: getrandom for the key: %s\n", strerror(errno));
+    return -1;
+  }
+  for (size_t i = 0; i < KEY_BYTES; i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
+  hex[2 * KEY_BYTES] = '\n';
+  int fd = mkstemp(path); /* O_EXCL, mode 0600 */
+  if (fd < 0) {
+    fprintf(stderr, "hixl-auth-bench: mkstemp %s: %s\n", path, strerror(errno));
+    goto out_wipe;
+  }
+  if (fchmod(fd, 0600) != 0 || write(fd, hex, sizeof(hex)) != (ssize_t)sizeof(hex)) {
+    fprintf(stderr, "hixl-auth-bench: writing the key file %s: %s\n", path, strerror(errno));
+    close(fd);
+    unlink(path);
+    goto out_wipe;
+  }
+  close(fd);
+  rc = 0;
+out_wipe:
+  memset(key, 0, sizeof(key));
+  memset(hex, 0, sizeof(hex));
+  return rc;
+}
+
+/* An engine on addr with Transport transport and AuthKeyFile key ("" none) that has
+ * registered region as *h; NULL when it cannot (said). */
+static HixlEngine *engine_up(const char *addr, const char *transport, const char *key, void *region,
+                             HixlMemHandle *h) {
+  HixlOption opt[] = {{"Transport", transport}, {"AuthKeyFile", key}};
+  HixlMemDesc md = {.addr = (uintptr_t)region, .len = REGION_BYTES};
+  HixlEngine *e = NULL;
+  char what[160];
+  HixlStatus st = HixlEngineCreate(&e);
+  if (st != HIXL_SUCCESS) {
+    report("HixlEngineCreate", st);
+    return NULL;
+  }
+  st = HixlEngineInitialize(e, addr, opt, sizeof(opt) / sizeof(opt[0]));
+  if (st != HIXL_SUCCESS) {
+    snprintf(what, sizeof(what), "HixlEngineInitialize(%s, Transport %s, %s)", addr, transport,
+             *key ? "a key" : "no key");
+    report(what, st);
+    goto out_destroy;
+  }
+  st = HixlEngineRegisterMem(e, &md, HIXL_MEM_HOST, h);
+  if (st != HIXL_SUCCESS) {
+    report("HixlEngineRegisterMem", st);
+    goto out_destroy; /* Destroy finalizes */
+  }
+  return e;
+out_destroy:
+  HixlEngineDestroy(e);
+  return NULL;
+}
+
+static void pair_down(struct pair *p) {
+  if (p->ini) {
+    HixlEngineDeregisterMem(p->ini, p->ini_h);
+    HixlEngineDestroy(p->ini);
+  }
+  if (p->tgt) {
+    HixlEngineDeregisterMem(p->tgt, p->tgt_h);
+    HixlEngineDestroy(p->tgt);
+  }
+  memset(p, 0, sizeof(*p));
+}
+
+/* A target on a free port of 127.0.0.1 and an initiator, both with key; 0 or -1 (said). */
+static int pair_up(struct pair *p, const char *transport, const char *key, void *region) {
+  uint16_t port = bench_free_port();
+  memset(p, 0, sizeof(*p));
+  if (port == 0) {
+    fprintf(stderr, "hixl-auth-bench: no free port on 127.0.0.1\n");
+    return -1;
+  }
+  snprintf(p->peer, sizeof(p->peer), "127.0.0.1:%u", port);
+  p->tgt = engine_up(p->peer, transport, key, region, &p->tgt_h);
+  if (!p->tgt) return -1;
+  p->ini = engine_up("127.0.0.1", transport, key, region, &p->ini_h);
+  if (!p->ini) {
+    pair_down(p);
+    return -1;
+  }
+  return 0;
+}
+
+/* One Connect and Disconnect of pair p, each timed; 0 or -1 (said). */
+static int cycle(struct pair *p, const char *transport, int mode, uint64_t *conn_ns, uint64_t *disc_ns) {
+  char what[160];
+  uint64_t t0 = bench_now_ns();
+  HixlStatus st = HixlEngineConnect(p->ini, p->peer, 10000);
+  uint64_t t1 = bench_now_ns();
+  if (st != HIXL_SUCCESS) {
+    snprintf(what, sizeof(what), "HixlEngineConnect(%s), transport %s, mode %s", p->peer, transport,
+             mode_names[mode]);
+    report(what, st);
+    return -1;
+  }
+  st = HixlEngineDisconnect(p->ini, p->peer, 5000);
+  uint64_t t2 = bench_now_ns();
+  if (st != HIXL_SUCCESS) {
+    snprintf(what, sizeof(what), "HixlEngineDisconnect(%s), transport %s, mode %s", p->peer, transport,
+             mode_names[mode]);
+    report(what, st);
+    return -1;
+  }
+  *conn_ns = t1 - t0;
+  *disc_ns = t2 - t1;
+  return 0;
+}
+
+/* A keyless initiator must not get through to the keyed target: 0, or -1 (said). */
+static int check_refused(const struct pair *on, const char *transport, void *region) {
+  HixlMemHandle h = NULL;
+  HixlEngine *e = engine_up("127.0.0.1", transport, "", region, &h);
+  if (!e) return -1;
+  HixlStatus st = HixlEngineConnect(e, on->peer, 2000);
+  int rc = 0;
+  if (st == HIXL_SUCCESS) {
+    fprintf(stderr,
+            "hixl-auth-bench: a keyless engine connected to the keyed target %s (transport %s): mode \"on\" "
+            "does not authenticate, nothing to measure\n",
+            on->peer, transport);
+    HixlEngineDisconnect(e, on->peer, 1000);
+    rc = -1;
+  }
+  HixlEngineDeregisterMem(e, h);
+  HixlEngineDestroy(e);
+  return rc;
+}
+
+/* Every mode of one transport, in turns of o.block connects; res[mode] filled. */
+static int measure(const char *transport, const char *key, void *region, struct result *res) {
+  struct pair pairs[MODE_COUNT] = {0};
+  uint64_t *conn[MODE_COUNT] = {NULL}, disc_sum[MODE_COUNT] = {0}, done[MODE_COUNT] = {0};
+  uint64_t c_ns, d_ns, t_start = bench_now_ns(), last = 0;
+  size_t m, nm = n_modes();
+  int rc = -1;
+
+  for (m = 0; m < nm; m++) {
+    if (pair_up(&pairs[m], transport, m == MODE_ON ? key : "", region) != 0) goto out_pairs;
+    conn[m] = calloc(o.connects, sizeof(uint64_t));
+    if (!conn[m]) {
+      fprintf(stderr, "hixl-auth-bench: out of memory\n");
+      goto out_pairs;
+    }
+  }
+  if (check_refused(&pairs[MODE_ON], transport, region) != 0) goto out_pairs;
+  for (m = 0; m < nm; m++) /* first links cost more (threads, pages): not measured */
+    for (uint64_t i = 0; i < o.warmup; i++)
+      if (cycle(&pairs[m], transport, (int)m, &c_ns, &d_ns) != 0) goto out_pairs;
+
+  for (uint64_t turn = 0; done[MODE_ON] < o.connects; turn++) {
+    for (size_t k = 0; k < nm; k++) {
+      m = turn % 2 ? nm - 1 - k : k; /* on off [off-b], then [off-b] off on */
+      for (uint64_t i = 0; i < o.block && done[m] < o.connects; i++) {
+        if (cycle(&pairs[m], transport, (int)m, &c_ns, &d_ns) != 0) goto out_pairs;
+        conn[m][done[m]++] = c_ns;
+        disc_sum[m] += d_ns;
+      }
+    }
+    uint64_t now = bench_now_ns();
+    if (o.progress && (now - last > 1000000000ull || done[MODE_ON] == o.connects)) {
+      fprintf(stderr, "hixl-auth-bench: transport %s: %" PRIu64 "/%" PRIu64 " connects per mode, %.1f s\n",
+              transport, done[MODE_ON], o.connects, (double)(now - t_start) / 1e9);
+      last = now;
+    }
+  }
+  for (m = 0; m < nm; m++) {
+    res[m].conn = bench_stats_ns(conn[m], o.connects);
+    res[m].disc_mean_us = (double)disc_sum[m] / (double)o.connects / 1e3;
+  }
+  rc = 0;
+out_pairs:
+  for (m = 0; m < nm; m++) {
+    pair_down(&pairs[m]);
+    free(conn[m]);
+  }
+  return rc;
+}
+
+static double ratio(double a, double b) { return b > 0 ? a / b : 0; }
+
+static void print_table(struct result (*res)[MODE_COUNT]) {
+  printf("%-10s %-6s %9s %9s %9s %9s %9s %12s\n", "transport", "mode", "connects", "p50_us", "p99_us",
+         "mean_us", "min_us", "disc_mean_us");
+  for (size_t t = 0; t < o.n_transports; t++) {
+    for (size_t m = 0; m < n_modes(); m++) {
+      const struct bench_stats *s = &res[t][m].conn;
+      printf("%-10s %-6s %9" PRIu64 " %9.1f %9.1f %9.1f %9.1f %12.1f\n", o.transports[t], mode_names[m],
+             o.connects, s->p50_us, s->p99_us, s->avg_us, s->min_us, res[t][m].disc_mean_us);
+    }
+    for (size_t m = MODE_ON; m < n_modes(); m += 2) { /* on/off, then off-b/off */
+      const struct bench_stats *a = &res[t][m].conn, *b = &res[t][MODE_OFF].conn;
+      printf("%-10s %-6s %9s %8.2fx %8.2fx %8.2fx\n", o.transports[t], m == MODE_ON ? "on/off" : "A/A", "",
+             ratio(a->p50_us, b->p50_us), ratio(a->p99_us, b->p99_us), ratio(a->avg_us, b->avg_us));
+    }
+  }
+}
+
+static int write_json(struct result (*res)[MODE_COUNT]) {
+  struct utsname u;
+  FILE *f = fopen(o.json, "w");
+  if (!f) {
+    fprintf(stderr, "hixl-auth-bench: --json %s: %s\n", o.json, strerror(errno));
+    return -1;
+  }
+  if (uname(&u) != 0) snprintf(u.release, sizeof(u.release), "?");
+  fprintf(f,
+          "{\n  \"tool\": \"hixl-auth-bench\",\n  \"hixl_version\": \"%s\",\n  \"time\": %lld,\n"
+          "  \"kernel\": \"%s\",\n  \"cpus\": %ld,\n  \"connects\": %" PRIu64 ",\n  \"block\": %" PRIu64
+          ",\n  \"warmup\": %" PRIu64 ",\n  \"results\": [\n",
+          HixlVersionString(), (long long)time(NULL), u.release, sysconf(_SC_NPROCESSORS_ONLN), o.connects,
+          o.block, o.warmup);
+  for (size_t t = 0; t < o.n_transports; t++)
+    for (size_t m = 0; m < n_modes(); m++) {
+      const struct bench_stats *s = &res[t][m].conn;
+      fprintf(f,
+              "    {\"transport\": \"%s\", \"mode\": \"%s\", \"connects\": %" PRIu64
+              ", \"p50_us\": %.3f, \"p99_us\": %.3f, \"mean_us\": %.3f, \"min_us\": %.3f, \"max_us\": %.3f, "
+              "\"disc_mean_us\": %.3f}%s\n",
+              o.transports[t], mode_names[m], o.connects, s->p50_us, s->p99_us, s->avg_us, s->min_us,
+              s->max_us, res[t][m].disc_mean_us, t + 1 == o.n_transports && m + 1 == n_modes() ? "" : ",");
+    }
+  fprintf(f, "  ],\n  \"ratios\": [\n");
+  for (size_t t = 0; t < o.n_transports; t++) {
+    const struct bench_stats *on = &res[t][MODE_ON].conn, *off = &res[t][MODE_OFF].conn;
+    fprintf(f,
+            "    {\"transport\": \"%s\", \"on_off_p50\": %.4f, \"on_off_p99\": %.4f, \"on_off_mean\": %.4f",
+            o.transports[t], ratio(on->p50_us, off->p50_us), ratio(on->p99_us, off->p99_us),
+            ratio(on->avg_us, off->avg_us));
+    if (o.aa) {
+      const struct bench_stats *b = &res[t][MODE_OFF_B].conn;
+      fprintf(f, ", \"aa_p50\": %.4f, \"aa_p99\": %.4f, \"aa_mean\": %.4f", ratio(b->p50_us, off->p50_us),
+              ratio(b->p99_us, off->p99_us), ratio(b->avg_us, off->avg_us));
+    }
+    fprintf(f, "}%s\n", t + 1 == o.n_transports ? "" : ",");
+  }
+  fprintf(f, "  ]\n}\n");
+  if (fclose(f) != 0) {
+    fprintf(stderr, "hixl-auth-bench: --json %s: %s\n", o.json, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: hixl-auth-bench [options]\n"
+             "  HixlEngineConnect time with the authenticated handshake (AuthKeyFile on both engines)\n"
+             "  and without (no key on either), two engines per mode in this process on 127.0.0.1.\n"
+             "  --connects N       connects per mode and transport (default 500)\n"
+             "  --block N          connects per mode before the other mode's turn (default 50)\n"
+             "  --warmup N         unmeasured connects per mode first (default 10)\n"
+             "  --transports LIST  e.g. tcp,auto (default; auto: shm between the two engines)\n"
+             "  --aa               add mode off-b, a second keyless pair: the A/A spread\n"
+             "  --json FILE        the results as JSON\n"
+             "  --no-progress      nothing on stderr but errors\n");
+}
+
+/* "tcp,auto" into o.transports (the string is kept and cut in place). */
+static bool parse_transports(char *s) {
+  o.n_transports = 0;
+  for (char *save = NULL, *t = strtok_r(s, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    if (o.n_transports == MAX_TRANSPORTS || HixlEngineCheckOption("Transport", t) != HIXL_SUCCESS)
+      return false;
+    o.transports[o.n_transports++] = t;
+  }
+  return o.n_transports > 0;
+}
+
+int main(int argc, char **argv) {
+  static const struct option lo[] = {{"connects", 1, 0, 'n'},    {"block", 1, 0, 'b'}, {"warmup", 1, 0, 'w'},
+                                     {"transports", 1, 0, 't'},  {"aa", 0, 0, 'a'},    {"json", 1, 0, 'j'},
+                                     {"no-progress", 0, 0, 'q'}, {"help", 0, 0, 'h'},  {0, 0, 0, 0}};
+  struct result res[MAX_TRANSPORTS][MODE_COUNT];
+  char key[256];
+  void *region = NULL;
+  uint64_t v;
+  int c, rc = 1;
+
+  while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    if (c == 'n' || c == 'b' || c == 'w') {
+      if (!bench_parse_u64(optarg, &v) || v > 10000000 || (v == 0 && c != 'w')) {
+        fprintf(stderr, "hixl-auth-bench: bad number \"%s\"\n", optarg);
+        return 2;
+      }
+      *(c == 'n' ? &o.connects : c == 'b' ? &o.block : &o.warmup) = v;
+    } else if (c == 't') {
+      if (!parse_transports(optarg)) {
+        fprintf(stderr, "hixl-auth-bench: --transports: a list of at most %d of auto, tcp, rdma, shm\n",
+                MAX_TRANSPORTS);
+        return 2;
+      }
+    } else if (c == 'a') {
+      o.aa = true;
+    } else if (c == 'j') {
+      o.json = optarg;
+    } else if (c == 'q') {
+      o.progress = false;
+    } else {
+      usage(c == 'h' ? stdout : stderr);
+      return c == 'h' ? 0 : 2;
+    }
+  }
+  if (optind != argc) {
+    usage(stderr);
+    return 2;
+  }
+  if (key_file_make(key, sizeof(key)) != 0) return 1;
+  if (posix_memalign(&region, 4096, REGION_BYTES) != 0) {
+    fprintf(stderr, "hixl-auth-bench: out of memory\n");
+    goto out_key;
+  }
+  memset(region, 0, REGION_BYTES);
+  printf("# hixl-auth-bench (hixl %s): 127.0.0.1, %" PRIu64
+         " connects per mode and transport in turns of %" PRIu64 ", %" PRIu64
+         " unmeasured first; Connect timed, then Disconnect\n",
+         HixlVersionString(), o.connects, o.block, o.warmup);
+  for (size_t t = 0; t < o.n_transports; t++)
+    if (measure(o.transports[t], key, region, res[t]) != 0) goto out_region;
+  print_table(res);
+  if (o.json && write_json(res) != 0) goto out_region;
+  rc = 0;
+out_region:
+  free(region);
+out_key:
+  unlink(key);
+  return rc;
+}
