@@ -276,6 +276,14 @@ static HixlEngine *hostile_up(const char *target) {
   return e;
 }
 
+/* Whether e's link to target is one the target's CPU serves (tcp), where its scoped
+ * memory is enforced. */
+static bool scoped_here(HixlEngine *e, const char *target) {
+  struct hixl_link_info info;
+  TU_ASSERT_OK_FATAL(hixl_engine_link_info(e, target, &info));
+  return strcmp(info.transport, "tcp") == 0;
+}
+
 /* How a call presents the request's capability. */
 enum present {
   P_NONE,  /* protocol 4, capability length 0 */
@@ -474,7 +482,58 @@ static void test_pin_without_cap(void) {
   HixlTransferOpDesc d = {(uintptr_t)dst, (uintptr_t)block_at(&p, 0, 0, 2), BLOCK_BYTES};
   HixlTransferOpDesc hd = {(uintptr_t)hdst, (uintptr_t)block_at(&p, 0, 0, 2), BLOCK_BYTES};
   CU_ASSERT_NOT_EQUAL(HixlEngineTransferSync(cons, p.addr, HIXL_READ, &d, 1, 5000), HIXL_SUCCESS);
-  TU_ASSERT_OK(HixlEngineTransferSync(h, p.addr, HIXL_READ, &hd, 1, 5000)); /* not the consumer: not cut */
+  /* The hostile peer is not the consumer: its link was not cut (it is answered)... */
+  REFUSED(call(h, p.addr, KV_SVC_PIN, "req-pin", P_NONE, NULL, NULL, ans, &n), P_NONE);
+  /* ... and the blocks were never granted to it: the producer refuses its READ where
+   * it serves one (tcp); an rdma or same-host copy is not scoped (docs/security.md). */
+  TU_ASSERT_STATUS(HixlEngineTransferSync(h, p.addr, HIXL_READ, &hd, 1, 5000),
+                   scoped_here(h, p.addr) ? HIXL_FAILED : HIXL_SUCCESS);
+  HixlEngineDestroy(h);
+  HixlEngineDestroy(cons);
+  tu_free_mem(dst, BLOCK_BYTES);
+  tu_free_mem(hdst, BLOCK_BYTES);
+  free(params);
+  side_down(&p);
+}
+
+/* Scoped memory in pull mode: the consumer that PINs a request is granted its blocks
+ * (its READ lands, byte for byte), a peer that did not is not (refused where the
+ * producer serves the READ: tcp), and the FREE takes the grant back. */
+static void test_pull_scoped(void) {
+  struct side p;
+  CU_ASSERT_FATAL(side_up(&p, "producer", "pull", 30000));
+  const uint64_t pb[2] = {2, 3};
+  char *params = produce(&p, "req-scope", pb, 2, 43);
+  struct kv_cap cap = params_cap(params);
+  step(&p);
+  HixlEngine *cons = hostile_up(p.addr), *h = hostile_up(p.addr);
+  uint8_t ans[4096], *dst = tu_alloc_mem(BLOCK_BYTES, false), *hdst = tu_alloc_mem(BLOCK_BYTES, false);
+  size_t n = 0;
+  CU_ASSERT_FATAL(dst && hdst && tu_register(cons, dst, BLOCK_BYTES) && tu_register(h, hdst, BLOCK_BYTES));
+  const uint8_t *blk = block_at(&p, 0, 0, 2);
+  HixlTransferOpDesc d = {(uintptr_t)dst, (uintptr_t)blk, BLOCK_BYTES};
+  HixlTransferOpDesc hd = {(uintptr_t)hdst, (uintptr_t)blk, BLOCK_BYTES};
+  bool scoped = scoped_here(cons, p.addr);
+  /* Before any PIN: nobody's. */
+  TU_ASSERT_STATUS(HixlEngineTransferSync(cons, p.addr, HIXL_READ, &d, 1, 5000),
+                   scoped ? HIXL_FAILED : HIXL_SUCCESS);
+  TU_ASSERT_OK_FATAL(call(cons, p.addr, KV_SVC_PIN, "req-scope", P_RIGHT, &cap, NULL, ans, &n));
+  CU_ASSERT_FATAL(n >= 1 && ans[0] == KV_PIN_HELD);
+  memset(dst, 0, BLOCK_BYTES);
+  TU_ASSERT_OK(HixlEngineTransferSync(cons, p.addr, HIXL_READ, &d, 1, 5000));
+  TU_ASSERT_SAME(dst, blk, BLOCK_BYTES, "the pinned block, read by its consumer");
+  memset(hdst, 0, BLOCK_BYTES);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(h, p.addr, HIXL_READ, &hd, 1, 5000),
+                   scoped ? HIXL_FAILED : HIXL_SUCCESS);
+  if (scoped) CU_ASSERT_EQUAL(tu_check_byte(hdst, BLOCK_BYTES, 0), -1); /* nothing of it arrived */
+  /* A WRITE into the block by the consumer: a grant is not a licence to a peer that did
+   * not pin, and the pinned block's bytes stay the producer's. */
+  TU_ASSERT_STATUS(HixlEngineTransferSync(h, p.addr, HIXL_WRITE, &hd, 1, 5000),
+                   scoped ? HIXL_FAILED : HIXL_SUCCESS);
+  if (scoped) TU_ASSERT_SAME(dst, blk, BLOCK_BYTES, "the pinned block after a hostile WRITE");
+  TU_ASSERT_OK(call(cons, p.addr, KV_SVC_FREE, "req-scope", P_RIGHT, &cap, NULL, ans, &n));
+  TU_ASSERT_STATUS(HixlEngineTransferSync(cons, p.addr, HIXL_READ, &d, 1, 5000),
+                   scoped ? HIXL_FAILED : HIXL_SUCCESS);
   HixlEngineDestroy(h);
   HixlEngineDestroy(cons);
   tu_free_mem(dst, BLOCK_BYTES);
@@ -536,6 +595,25 @@ static void test_abort_without_cap(void) {
     REFUSED(call(t.h, t.d.addr, KV_SVC_ABORT, "push-a", pr[k], &t.cap, &why, ans, NULL), pr[k]);
   free(why.p);
   push_then_down(&t, "push-a", 3);
+}
+
+/* Push, scoped memory: a peer that did not ACCEPT the request writes into the blocks the
+ * consumer expects: refused where the consumer serves the WRITE (tcp), nothing lands;
+ * the producer that ACCEPTs is granted them and its push lands byte for byte. */
+static void test_push_scoped(void) {
+  struct push_case t;
+  push_up(&t, "push-s");
+  if (scoped_here(t.h, t.d.addr)) {
+    uint8_t *src = tu_alloc_mem(BLOCK_BYTES, false);
+    CU_ASSERT_FATAL(src && tu_register(t.h, src, BLOCK_BYTES));
+    memset(src, 0x5A, BLOCK_BYTES);
+    for (int v = 0; v < 2; v++) {
+      HixlTransferOpDesc d = {(uintptr_t)src, (uintptr_t)block_at(&t.d, 0, v, push_db[0]), BLOCK_BYTES};
+      TU_ASSERT_STATUS(HixlEngineTransferSync(t.h, t.d.addr, HIXL_WRITE, &d, 1, 5000), HIXL_FAILED);
+    }
+    tu_free_mem(src, BLOCK_BYTES);
+  }
+  push_then_down(&t, "push-s", 0); /* nothing written; then the real push lands */
 }
 
 /* Push: LAYER and LAYERS notices without the capability (none, protocol 3, wrong,
@@ -654,7 +732,10 @@ int main(int argc, char **argv) {
               test_free_unknown_not_remembered);
   CU_add_test(s, "pull: PIN without the capability neither extends the lease nor takes the request over",
               test_pin_without_cap);
+  CU_add_test(s, "pull: scoped memory: the PINning consumer reads, another peer does not, FREE ends it",
+              test_pull_scoped);
   CU_add_test(s, "push: ABORT without the capability is refused", test_abort_without_cap);
+  CU_add_test(s, "push: scoped memory: a peer that did not ACCEPT writes nothing", test_push_scoped);
   CU_add_test(s, "push: LAYER and LAYERS without the capability are refused and mark nothing",
               test_layers_without_cap);
   CU_add_test(s, "push: ACCEPT without the capability is refused", test_accept_without_cap);

@@ -11,6 +11,8 @@
 #include "kv_wire.h"
 #include "util/opvec.h"
 
+struct kv_revoke;
+
 /* What the plugin reads of its configuration (config/, the JSON document). */
 struct kv_cfg {
   char address[64];  /* "ip:port" of rank 0's engine; rank r listens on port + r */
@@ -103,6 +105,7 @@ struct kv_held {
   size_t n;
   uint32_t ngroups, gn[KV_MAX_GROUPS];
   uint64_t expires_ns;
+  char granted[80];  /* the consumer its blocks are granted to (scoped memory, kv_grant.c), or "" */
   char consumer[80]; /* the engine that pinned it last (it may be reading the blocks), or "" */
   struct kv_cap cap; /* what a PIN or FREE of it presents (kv_cap_make of id, with the bound key) */
   struct kv_held *next;
@@ -126,6 +129,7 @@ struct kv_expect {
   uint64_t deadline_ns; /* no producer finished by then: the load fails */
   uint64_t step;        /* the step that bound it: its wait_for_layer_load waits for it */
   char producer[80];    /* the engine that accepted it (it may write into blocks) */
+  char granted[80];     /* the producer its blocks are granted to (kv_grant.c), or "" */
   struct kv_cap cap;    /* what an ACCEPT, LAYER(S) or ABORT of it presents */
   struct kv_expect *next;
 };
@@ -248,6 +252,8 @@ struct hixl_kv_connector {
   struct kv_idset unreach; /* peers the last Link to failed (kv_tell links again only to others) */
   struct kv_idset drop;    /* peers to cut before reporting: producers whose expected push expired, consumers
                               that pinned a request whose lease expired */
+  struct kv_revoke *revq;  /* grants to revoke without the lock (kv_grant.c) */
+  size_t nrevq, caprevq;
   uint64_t *err_blocks;
   size_t nerr, caperr;
   int efd;                /* get_event_fd's eventfd, made at its first call; -1 until then */
@@ -310,6 +316,16 @@ void kv_expects_expire(hixl_kv_connector *c);
 /* x ends: landed whole (why NULL) or failed: reported by get_finished (and its blocks
  * by get_block_ids_with_load_errors). */
 void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why);
+
+/* kv_grant.c: scoped memory. kv_grant: inside kv_serve only (the engine lets its
+ * handler grant); true when granted. kv_revoke_later: lock held, queued; made by
+ * kv_revoke_flush, called without the lock (kv_serve's end, drop_peers' callers). */
+bool kv_grant(hixl_kv_connector *c, const char *peer, const uint64_t *blocks, const uint32_t *gn,
+              uint32_t ngroups);
+void kv_revoke_later(hixl_kv_connector *c, const char *peer, const uint64_t *blocks, const uint32_t *gn,
+                     uint32_t ngroups);
+void kv_revoke_flush(hixl_kv_connector *c);
+void kv_revq_free(hixl_kv_connector *c);
 
 /* ---- kv_peer.c: calls to a peer's KV service ---- */
 

@@ -78,6 +78,11 @@ hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint32_t ra
       kv_fail(st, "create: engine %s: %s", c->engine_addr, HixlGetLastErrorMessage());
       goto fail_engine;
     }
+    /* Scoped: a peer reaches only the blocks of the requests granted to it (kv_grant.c). */
+    if ((st = hixl_engine_set_scoped(c->eng, true)) != HIXL_SUCCESS) {
+      kv_fail(st, "create: %s", HixlGetLastErrorMessage());
+      goto fail_engine;
+    }
     if ((st = HixlCacheManagerCreate(c->eng, c->cluster, &c->mgr)) != HIXL_SUCCESS) {
       kv_fail(st, "create: %s", HixlGetLastErrorMessage());
       goto fail_engine;
@@ -198,6 +203,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   kv_idset_clear(&c->sending_done);
   kv_idset_clear(&c->recving_done);
   free(c->err_blocks);
+  kv_revq_free(c);
   free(c->sched.meta.p);
   if (c->efd >= 0) close(c->efd);
   kv_config_free(&c->cfg);

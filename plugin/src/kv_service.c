@@ -24,6 +24,7 @@ static void held_release(hixl_kv_connector *c, struct kv_held *h) {
   *pp = h->next;
   c->stats.blocks_held -= h->n;
   c->stats.requests_held--;
+  if (h->granted[0]) kv_revoke_later(c, h->granted, h->blocks, h->gn, h->ngroups);
   kv_finished_add(c, &c->sending_done, h->id);
   kv_gone_add(c, h->id);
   free(h->blocks);
@@ -67,6 +68,7 @@ void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why) {
     c->stats.loads_done++;
     c->stats.bytes_loaded += kv_request_bytes(c, x->pgn, x->ngroups);
   }
+  if (x->granted[0]) kv_revoke_later(c, x->granted, x->blocks, x->gn, x->ngroups);
   kv_finished_add(c, &c->recving_done, x->id);
   kv_gone_add(c, x->id);
   free(x->blocks);
@@ -103,6 +105,17 @@ static void held_answer(hixl_kv_connector *c, struct kv_out *o, const uint64_t *
   kv_put_u64(o, kv_groups_digest(blocks, n, gn, ngroups));
   kv_put_groups(o, gn, ngroups);
   kv_layout_put_planes(o, &c->lay); /* none before registration: the layouts differ then */
+}
+
+/* The request's blocks go to peer (a PIN's consumer, an ACCEPT's producer): granted
+ * once to it; one granted to another peer before is revoked from it. Lock held, in
+ * kv_serve. */
+static void regrant(hixl_kv_connector *c, char *granted, size_t cap, const char *peer, const uint64_t *blocks,
+                    const uint32_t *gn, uint32_t ngroups) {
+  if (granted[0] && strcmp(granted, peer) == 0) return;
+  if (granted[0]) kv_revoke_later(c, granted, blocks, gn, ngroups);
+  granted[0] = '\0';
+  if (kv_grant(c, peer, blocks, gn, ngroups)) snprintf(granted, cap, "%s", peer);
 }
 
 static const char *op_name(uint8_t op) {
@@ -213,11 +226,13 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
   if (v == CAP_NONE || v == CAP_WRONG || (v == CAP_UNCHECKED && op == KV_SVC_FREE)) {
     st = cap_refuse(c, op, id, peer, v, resp, cap, resp_len);
     pthread_mutex_unlock(&c->lock);
+    kv_revoke_flush(c); /* what the expiries above let go */
     return st;
   }
   if (op == KV_SVC_ACCEPT) {
     if (x) {
       snprintf(x->producer, sizeof(x->producer), "%s", peer);
+      regrant(c, x->granted, sizeof(x->granted), peer, x->blocks, x->gn, x->ngroups);
       for (uint32_t g = 0; g < x->ngroups; g++) /* what lands: at most what each group expects */
         x->pgn[g] = png == x->ngroups && pgn[g] < x->gn[g] ? pgn[g] : x->gn[g];
       held_answer(c, &out, x->blocks, x->n, x->gn, x->ngroups);
@@ -251,6 +266,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
     if (h) {
       h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
       snprintf(h->consumer, sizeof(h->consumer), "%s", peer);
+      regrant(c, h->granted, sizeof(h->granted), peer, h->blocks, h->gn, h->ngroups);
       held_answer(c, &out, h->blocks, h->n, h->gn, h->ngroups);
     } else if (kv_idset_has(&c->gone, id)) {
       kv_put_u8(&out, KV_PIN_GONE);
@@ -276,6 +292,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
     st = HIXL_UNSUPPORTED;
   }
   pthread_mutex_unlock(&c->lock);
+  kv_revoke_flush(c);
   if (st != HIXL_SUCCESS) {
     *resp_len = (size_t)snprintf((char *)resp, cap, "%s: KV service operation %u for request %s",
                                  st == HIXL_NOT_FOUND       ? "not expected here"

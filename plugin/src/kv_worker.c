@@ -320,6 +320,7 @@ hixl_kv_status kv_wait_layer(hixl_kv_connector *c, uint32_t layer) {
     pthread_cond_timedwait(&c->exp.landed, &c->lock, &ts);
   }
   pthread_mutex_unlock(&c->lock);
+  kv_revoke_flush(c);
   return st;
 }
 
@@ -353,6 +354,7 @@ static void drop_peers(hixl_kv_connector *c, struct kv_idset *d) {
     if (n) log_warn("hixl-kv: cut %zu link(s) with %s: %s", n, d->v[i], why);
   }
   kv_idset_clear(d);
+  kv_revoke_flush(c); /* the grants of what ended, as their links go */
 }
 
 hixl_kv_status kv_get_finished(hixl_kv_connector *c, const hixl_kv_ids *finished, hixl_kv_ids *sending,
@@ -428,6 +430,7 @@ static void stats_now(hixl_kv_connector *c, hixl_kv_stats_ex *out) {
   if (c->role == HIXL_KV_ROLE_WORKER) kv_leases_expire(c);
   *out = c->stats;
   pthread_mutex_unlock(&c->lock);
+  if (c->role == HIXL_KV_ROLE_WORKER) kv_revoke_flush(c);
 }
 
 hixl_kv_status kv_stats(hixl_kv_connector *c, hixl_kv_stats *out) {
