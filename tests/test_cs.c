@@ -2264,6 +2264,11 @@ int main(int argc, char **argv) {
   if (rc >= 0) return rc; /* a test_util server child (unused here) */
   rc = cs_child_main(argc, argv);
   if (rc >= 0) return rc; /* one of this program's children */
+  /* Two engines of this one process link over shm only when authenticated (a pid that
+   * is this process's own is proven by the socket's binding, docs/security.md): every
+   * engine here, children included, holds a key. */
+  if (!tu_key_file() || setenv("HIXL_AUTH_KEY_FILE", tu_key_file(), 1) != 0) return 1;
+
   if (!self_exe[0]) {
     fprintf(stderr, "cannot resolve /proc/self/exe\n");
     return 1;

@@ -1388,6 +1388,10 @@ static void test_link_transport(void) {
 int main(void) {
   CU_pSuite s;
 
+  /* Two engines of this one process link over shm only when authenticated (a pid that
+   * is this process's own is proven by the socket's binding, docs/security.md): every
+   * engine here, children included, holds a key. */
+  if (!tu_key_file() || setenv("HIXL_AUTH_KEY_FILE", tu_key_file(), 1) != 0) return 1;
   if (CU_initialize_registry() != CUE_SUCCESS) return 1;
   s = CU_add_suite("transfer (one process)", pair_init, pair_cleanup);
   CU_add_test(s, "link transport: shm under auto, else as told", test_link_transport);

@@ -697,6 +697,10 @@ static void test_preempt_expected_push(void) {
 int main(int argc, char **argv) {
   int rc = tu_child_main(argc, argv);
   if (rc >= 0) return rc;
+  /* Two engines of this one process link over shm only when authenticated (a pid that
+   * is this process's own is proven by the socket's binding, docs/security.md): every
+   * engine here, children included, holds a key. */
+  if (!tu_key_file() || setenv("HIXL_AUTH_KEY_FILE", tu_key_file(), 1) != 0) return 1;
   so = dlopen(HIXL_KV_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL);
   if (!so) {
     fprintf(stderr, "dlopen %s: %s\n", HIXL_KV_PLUGIN_PATH, dlerror());

@@ -444,6 +444,10 @@ static void test_cs_over_rdma(void) {
 int main(int argc, char **argv) {
   int rc = tu_child_main(argc, argv);
   if (rc >= 0) return rc;
+  /* Two engines of this one process link over shm only when authenticated (a pid that
+   * is this process's own is proven by the socket's binding, docs/security.md): every
+   * engine here, children included, holds a key. */
+  if (!tu_key_file() || setenv("HIXL_AUTH_KEY_FILE", tu_key_file(), 1) != 0) return 1;
   bool required = getenv("HIXL_REQUIRE_RDMA") != NULL;
   if (!rdma_available() || !getenv("HIXL_TEST_IP")) {
     fprintf(stderr, "test_rdma: %s\n",

@@ -1,10 +1,12 @@
 /* test_shm_map: memory a same-host peer maps (HixlEngineAllocMem + SCM_RIGHTS).
- *  - two engines in one process: the target's AllocMem regions are mapped into the
+ *  - a target engine in a child (an agent doing what the test asks: a link to itself
+ *    is refused, issue 27): its AllocMem regions are mapped into this process's
  *    initiator at Connect and when allocated later (after one round trip); WRITE and
  *    READ of 1 B to 64 MiB at offsets, 1024-op batches and async requests move by
- *    memcpy (map_ops counts them) and arrive byte for byte; memory the target only
- *    registered keeps process_vm_*;
- *  - FreeMem: both mappings are gone when it returns (/proc/self/maps); ops into the
+ *    memcpy (map_ops counts them) and arrive byte for byte (the agent checks); memory
+ *    the target only registered, after Connect, keeps process_vm_* and is refused
+ *    once deregistered; two engines of this process map nothing (tcp);
+ *  - FreeMem: the mapping here is gone when it returns (/proc/self/maps); ops into the
  *    freed range fail; FreeMem while an async copy into the region runs returns after
  *    the copy let go (the copy ends SUCCESS or FAILED, never touches unmapped pages:
  *    this suite also runs under ASan); Disconnect unmaps, Connect maps again;
@@ -35,14 +37,15 @@
 #define XFER_TIMEOUT 30000
 #define READY_MS     10000
 #define INIT_FLAG    "--shm-map-initiator-child"
+#define AGENT_FLAG   "--shm-map-target-agent"
 #define USER_A       65501
 
 static struct {
-  HixlEngine *t, *i;       /* target and initiator, this process */
+  tu_child agent;          /* the target: an engine in a child (agent_main) */
+  HixlEngine *i;           /* the initiator, this process */
   char tname[TU_ADDR_LEN]; /* the target's address */
-  unsigned char *r1;       /* the target's AllocMem region, BIG bytes */
-  HixlMemHandle h1;
-  unsigned char *loc; /* 2 x BIG, registered with the initiator */
+  uint64_t r1;             /* the target's AllocMem region, BIG bytes, in the agent */
+  unsigned char *loc;      /* 2 x BIG, registered with the initiator */
   HixlMemHandle loc_h;
 } g;
 
@@ -99,22 +102,135 @@ static void round_trip(HixlEngine *e, const char *remote) {
   free(m);
 }
 
-/* ---------------------------------------------------------------- one process */
+/* ---------------------------------------------------------------- a target agent */
+
+/* The target engine of the first suite runs in a child (a link to itself is refused,
+ * issue 27), re-executed from this program, and does what the test asks on its
+ * command pipe: allocate, free, register, deregister, fill with a pattern, check a
+ * pattern, hash a range. */
+enum agent_op { A_ALLOC = 1, A_FREE, A_REG, A_DEREG, A_FILL, A_CHECK, A_HASH };
+
+struct agent_cmd {
+  uint32_t op;
+  uint64_t addr, len, seed;
+};
+
+#define AGENT_REGIONS 16
+
+struct agent_region {
+  unsigned char *base; /* NULL: a free slot */
+  size_t len;
+  HixlMemHandle h;
+  bool alloc, live; /* HixlEngineAllocMem's; still allocated or registered */
+};
+
+/* FNV-1a over len bytes: the agent's hash and the test's must agree. */
+static uint64_t hash_of(const unsigned char *p, size_t len) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < len; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+/* argv: flag port. Reply on fd 3 (int64 per command; a ready byte first), commands
+ * on fd 4 until it closes. */
+static int agent_main(int argc, char **argv) {
+  struct agent_region reg[AGENT_REGIONS];
+  struct agent_cmd cmd;
+  char name[TU_ADDR_LEN];
+  int rc = 0;
+  memset(reg, 0, sizeof(reg));
+  if (argc != 3) return 2;
+  HixlEngine *e = tu_engine_start_with(tu_addr(name, sizeof(name), (uint16_t)atoi(argv[2])), "shm");
+  if (!e || tu_write_all(3, "r", 1) != 0) return 3;
+  while (tu_read_all(4, &cmd, sizeof(cmd)) == 0) {
+    int64_t reply = -2;
+    int k = -1; /* the region holding [addr, addr + len) */
+    for (int i = 0; i < AGENT_REGIONS && k < 0; i++)
+      if (reg[i].base && cmd.addr >= (uintptr_t)reg[i].base && cmd.len <= reg[i].len &&
+          cmd.addr - (uintptr_t)reg[i].base <= reg[i].len - cmd.len)
+        k = i;
+    unsigned char *at = (unsigned char *)(uintptr_t)cmd.addr;
+    if (cmd.op == A_ALLOC || cmd.op == A_REG) {
+      for (k = 0; k < AGENT_REGIONS && reg[k].base; k++) {
+      }
+      void *p = NULL;
+      HixlStatus st = HIXL_FAILED;
+      if (k < AGENT_REGIONS && cmd.op == A_ALLOC) {
+        st = HixlEngineAllocMem(e, cmd.len, &p, &reg[k].h);
+      } else if (k < AGENT_REGIONS && (p = tu_alloc_mem(cmd.len, false))) {
+        reg[k].h = tu_register(e, p, cmd.len);
+        st = reg[k].h ? HIXL_SUCCESS : HIXL_FAILED;
+      }
+      if (st == HIXL_SUCCESS) {
+        reg[k] = (struct agent_region){p, cmd.len, reg[k].h, cmd.op == A_ALLOC, true};
+        reply = (int64_t)(uintptr_t)p;
+      }
+    } else if (k < 0) {
+      reply = -3;
+    } else if (cmd.op == A_FREE || cmd.op == A_DEREG) {
+      reply = !reg[k].live   ? -4
+              : reg[k].alloc ? (int64_t)HixlEngineFreeMem(e, reg[k].h)
+                             : (int64_t)HixlEngineDeregisterMem(e, reg[k].h);
+      if (reply == HIXL_SUCCESS) reg[k].live = false;
+      if (reply == HIXL_SUCCESS && reg[k].alloc) reg[k].base = NULL; /* gone */
+    } else if (cmd.op == A_FILL) {
+      tu_fill(at, cmd.len, cmd.seed);
+      reply = 0;
+    } else if (cmd.op == A_CHECK) {
+      reply = tu_check_pattern(at, cmd.len, cmd.seed);
+    } else if (cmd.op == A_HASH) {
+      reply = (int64_t)hash_of(at, cmd.len);
+    }
+    if (tu_write_all(3, &reply, sizeof(reply)) != 0) break;
+  }
+  for (int i = 0; i < AGENT_REGIONS; i++)
+    if (reg[i].live && reg[i].alloc && HixlEngineFreeMem(e, reg[i].h) != HIXL_SUCCESS) rc = 4;
+  if (HixlEngineDestroy(e) != HIXL_SUCCESS) rc = 5;
+  return rc;
+}
+
+static int exec_self(void *arg, int ready_fd, int ctl_fd) {
+  char **argv = arg;
+  (void)ready_fd, (void)ctl_fd;
+  execv(argv[0], argv);
+  return 127;
+}
+
+static int64_t agent(uint32_t op, uint64_t addr, uint64_t len, uint64_t seed) {
+  struct agent_cmd cmd = {.op = op, .addr = addr, .len = len, .seed = seed};
+  int64_t reply = -100;
+  if (tu_child_write(&g.agent, &cmd, sizeof(cmd)) != 0 ||
+      tu_child_read(&g.agent, &reply, sizeof(reply), 30000) != 0)
+    tu_fail(__FILE__, __LINE__, "agent command %u: no reply", op);
+  return reply;
+}
+
+/* ---------------------------------------------------------------- a target agent's memory */
 
 static int one_init(void) {
-  void *p = NULL;
-  g.t = tu_engine_start_with(tu_addr(g.tname, sizeof(g.tname), tu_free_port()), "shm");
+  uint16_t port = tu_free_port();
+  char p[8], ready;
+  snprintf(p, sizeof(p), "%u", (unsigned)port);
+  char *argv[] = {(char *)tu_self_exe(), AGENT_FLAG, p, NULL};
+  tu_addr(g.tname, sizeof(g.tname), port);
+  if (tu_child_start(&g.agent, exec_self, argv) != 0 || tu_child_read(&g.agent, &ready, 1, READY_MS) != 0)
+    return -1;
+  int64_t r1 = agent(A_ALLOC, 0, BIG, 0);
+  if (r1 <= 0) return -1;
+  g.r1 = (uint64_t)r1;
   g.i = tu_engine_start_with(tu_ip(), "shm");
-  if (!g.t || !g.i || HixlEngineAllocMem(g.t, BIG, &p, &g.h1) != HIXL_SUCCESS) return -1;
-  g.r1 = p;
-  if (!(g.loc = tu_alloc_mem(2 * BIG, false)) || !(g.loc_h = tu_register(g.i, g.loc, 2 * BIG))) return -1;
+  if (!g.i || !(g.loc = tu_alloc_mem(2 * BIG, false)) || !(g.loc_h = tu_register(g.i, g.loc, 2 * BIG)))
+    return -1;
   return HixlEngineConnect(g.i, g.tname, 5000) == HIXL_SUCCESS ? 0 : -1;
 }
 
 static int one_cleanup(void) {
   int rc = 0;
   if (g.i && HixlEngineDestroy(g.i) != HIXL_SUCCESS) rc = -1;
-  if (g.t && HixlEngineDestroy(g.t) != HIXL_SUCCESS) rc = -1; /* frees r1 */
+  if (g.agent.pid > 0) { /* frees r1 */
+    int ws = tu_child_stop(&g.agent, 10000);
+    if (ws < 0 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0) rc = -1;
+  }
   if (g.loc) tu_free_mem(g.loc, 2 * BIG);
   memset(&g, 0, sizeof(g));
   return rc;
@@ -123,13 +239,16 @@ static int one_cleanup(void) {
 static void test_one_mapped(void) {
   struct hixl_link_info li = link_of(g.i, g.tname);
   CU_ASSERT_STRING_EQUAL(li.transport, "shm");
+  CU_ASSERT_EQUAL(li.peer_pid, (uint32_t)g.agent.pid);
   CU_ASSERT_EQUAL(li.mapped, 1);
   CU_ASSERT(li.mapped_bytes >= BIG);
   CU_ASSERT_EQUAL(li.map_ops, 0);
-  CU_ASSERT_EQUAL(tu_memfd_maps(0), 2); /* the target's own mapping and the initiator's */
+  CU_ASSERT_EQUAL(tu_memfd_maps(0), 1);           /* the initiator's */
+  CU_ASSERT_EQUAL(tu_memfd_maps(g.agent.pid), 1); /* the target's own */
 }
 
-/* WRITE then READ back, sizes 1 B to 64 MiB at offsets, all by memcpy. */
+/* WRITE then READ back, sizes 1 B to 64 MiB at offsets, all by memcpy; the target
+ * checks what landed, and the byte before it. */
 static void test_one_sizes(void) {
   static const size_t lens[] = {1, 7, 4095, 4096, 65536 + 3, MiB, 16 * MiB + 5, BIG - 64, BIG};
   uint64_t ops0 = link_of(g.i, g.tname).map_ops, done = 0;
@@ -137,118 +256,127 @@ static void test_one_sizes(void) {
     size_t len = lens[k], roff = len == BIG ? 0 : (k * 4099) % (BIG - len), seed = 100 + k;
     unsigned char *src = g.loc + (len == BIG ? 0 : 5), *dst = g.loc + BIG;
     tu_fill(src, len, seed);
-    if (roff > 0) g.r1[roff - 1] = 0x5a;
-    TU_ASSERT_OK(xfer(HIXL_WRITE, src, (uintptr_t)(g.r1 + roff), len));
-    TU_ASSERT_PATTERN(g.r1 + roff, len, seed, "target memory after a mapped WRITE");
-    if (roff > 0) CU_ASSERT_EQUAL(g.r1[roff - 1], 0x5a); /* nothing before the range */
+    if (roff > 0) CU_ASSERT_EQUAL(agent(A_FILL, g.r1 + roff - 1, 1, 999), 0);
+    TU_ASSERT_OK(xfer(HIXL_WRITE, src, g.r1 + roff, len));
+    CU_ASSERT_EQUAL(agent(A_CHECK, g.r1 + roff, len, seed), -1);
+    if (roff > 0) CU_ASSERT_EQUAL(agent(A_CHECK, g.r1 + roff - 1, 1, 999), -1); /* nothing before */
     memset(dst, 0, len);
-    TU_ASSERT_OK(xfer(HIXL_READ, dst, (uintptr_t)(g.r1 + roff), len));
+    TU_ASSERT_OK(xfer(HIXL_READ, dst, g.r1 + roff, len));
     TU_ASSERT_PATTERN(dst, len, seed, "initiator memory after a mapped READ");
     done += 2;
   }
   CU_ASSERT(link_of(g.i, g.tname).map_ops >= ops0 + done); /* large ops go in pieces */
 }
 
-/* 1024 scattered 4 KiB ops per call, WRITE then READ, remote order shuffled. */
+/* 1024 scattered 4 KiB ops per call, WRITE then READ, remote order shuffled: the
+ * target's whole range hashes to the ops' data in their slots and the fill between. */
 static void test_one_batch(void) {
-  enum { N = 1024 };
+  enum { N = 1024, SLOT = 8 * 1024, OP = 4 * 1024 };
   static HixlTransferOpDesc d[N];
   uint64_t st = 77, ops0 = link_of(g.i, g.tname).map_ops;
   uint32_t slot[N];
+  unsigned char *want = tu_alloc_mem((size_t)N * SLOT, false);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(want);
   for (uint32_t k = 0; k < N; k++) slot[k] = k;
   for (uint32_t k = N - 1; k > 0; k--) {
     uint32_t j = (uint32_t)(tu_rand(&st) % (k + 1)), t = slot[k];
     slot[k] = slot[j], slot[j] = t;
   }
-  tu_fill(g.loc, N * 4 * KiB, 31);
-  memset(g.r1, 0, 2 * N * 4 * KiB);
-  for (uint32_t k = 0; k < N; k++)
-    d[k] = (HixlTransferOpDesc){(uintptr_t)(g.loc + k * 4 * KiB), (uintptr_t)(g.r1 + slot[k] * 8 * KiB),
-                                4 * KiB};
-  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.tname, HIXL_WRITE, d, N, XFER_TIMEOUT));
+  tu_fill(g.loc, (size_t)N * OP, 31);
+  CU_ASSERT_EQUAL(agent(A_FILL, g.r1, (size_t)N * SLOT, 32), 0);
+  tu_fill(want, (size_t)N * SLOT, 32);
   for (uint32_t k = 0; k < N; k++) {
-    TU_ASSERT_SAME(g.r1 + slot[k] * 8 * KiB, g.loc + k * 4 * KiB, 4 * KiB, "a scattered op");
-    CU_ASSERT_EQUAL(tu_check_byte(g.r1 + slot[k] * 8 * KiB + 4 * KiB, 4 * KiB, 0), -1); /* the gaps */
+    d[k] = (HixlTransferOpDesc){(uintptr_t)(g.loc + k * OP), g.r1 + (uint64_t)slot[k] * SLOT, OP};
+    memcpy(want + (size_t)slot[k] * SLOT, g.loc + (size_t)k * OP, OP);
   }
-  memset(g.loc + BIG, 0, N * 4 * KiB);
-  for (uint32_t k = 0; k < N; k++) d[k].local_addr = (uintptr_t)(g.loc + BIG + k * 4 * KiB);
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.tname, HIXL_WRITE, d, N, XFER_TIMEOUT));
+  CU_ASSERT_EQUAL((uint64_t)agent(A_HASH, g.r1, (size_t)N * SLOT, 0), hash_of(want, (size_t)N * SLOT));
+  memset(g.loc + BIG, 0, (size_t)N * OP);
+  for (uint32_t k = 0; k < N; k++) d[k].local_addr = (uintptr_t)(g.loc + BIG + (size_t)k * OP);
   TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.tname, HIXL_READ, d, N, XFER_TIMEOUT));
-  TU_ASSERT_SAME(g.loc + BIG, g.loc, N * 4 * KiB, "the batch read back");
+  TU_ASSERT_SAME(g.loc + BIG, g.loc, (size_t)N * OP, "the batch read back");
   CU_ASSERT_EQUAL(link_of(g.i, g.tname).map_ops, ops0 + 2 * N);
+  tu_free_mem(want, (size_t)N * SLOT);
 }
 
 /* Async requests, small (copied by the caller) and large (by the progress thread). */
 static void test_one_async(void) {
   static const size_t lens[] = {4 * KiB, 32 * MiB};
   for (size_t k = 0; k < 2; k++) {
-    HixlTransferOpDesc d = {(uintptr_t)g.loc, (uintptr_t)(g.r1 + MiB), lens[k]};
+    HixlTransferOpDesc d = {(uintptr_t)g.loc, g.r1 + MiB, lens[k]};
     HixlTransferReq req = NULL;
     HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
     tu_fill(g.loc, lens[k], 300 + k);
     TU_ASSERT_OK(HixlEngineTransferAsync(g.i, g.tname, HIXL_WRITE, &d, 1, XFER_TIMEOUT, NULL, &req));
     TU_ASSERT_OK(tu_wait_request(g.i, req, tu_now_ms() + XFER_TIMEOUT, &ts));
     CU_ASSERT_EQUAL(ts, HIXL_TRANSFER_COMPLETED);
-    TU_ASSERT_PATTERN(g.r1 + MiB, lens[k], 300 + k, "target memory after an async mapped WRITE");
+    CU_ASSERT_EQUAL(agent(A_CHECK, g.r1 + MiB, lens[k], 300 + k), -1);
   }
 }
 
-/* Memory the target only registered keeps process_vm_*. */
+/* Memory the target only registered, after Connect, keeps process_vm_*: usable at
+ * once (the first op misses the table and SYNCs); deregistered, refused and untouched. */
 static void test_one_registered_not_mapped(void) {
-  unsigned char *m = tu_alloc_mem(MiB, false);
-  CU_ASSERT_PTR_NOT_NULL_FATAL(m);
-  HixlMemHandle h = tu_register(g.t, m, MiB);
-  round_trip(g.i, g.tname);
-  uint64_t ops0 = link_of(g.i, g.tname).map_ops;
+  int64_t at = agent(A_REG, 0, MiB, 0);
+  CU_ASSERT_FATAL(at > 0);
+  uint64_t m = (uint64_t)at, ops0 = link_of(g.i, g.tname).map_ops;
   tu_fill(g.loc, MiB, 41);
-  TU_ASSERT_OK(xfer(HIXL_WRITE, g.loc, (uintptr_t)m, MiB));
-  TU_ASSERT_PATTERN(m, MiB, 41, "registered target memory after a process_vm_writev WRITE");
+  TU_ASSERT_OK(xfer(HIXL_WRITE, g.loc, m, MiB));
+  CU_ASSERT_EQUAL(agent(A_CHECK, m, MiB, 41), -1);
+  memset(g.loc + BIG, 0, MiB);
+  TU_ASSERT_OK(xfer(HIXL_READ, g.loc + BIG, m, MiB));
+  TU_ASSERT_PATTERN(g.loc + BIG, MiB, 41, "registered target memory read by process_vm_readv");
   CU_ASSERT_EQUAL(link_of(g.i, g.tname).map_ops, ops0);
   CU_ASSERT_EQUAL(link_of(g.i, g.tname).mapped, 1);
-  TU_ASSERT_OK(HixlEngineDeregisterMem(g.t, h));
-  tu_free_mem(m, MiB);
+  CU_ASSERT_EQUAL(agent(A_DEREG, m, 0, 0), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(agent(A_FILL, m, MiB, 42), 0);
+  tu_fill(g.loc, MiB, 43);
+  CU_ASSERT_NOT_EQUAL(xfer(HIXL_WRITE, g.loc, m, MiB), HIXL_SUCCESS);
+  CU_ASSERT_NOT_EQUAL(xfer(HIXL_READ, g.loc + BIG, m + 100, 4096), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(agent(A_CHECK, m, MiB, 42), -1); /* deregistered memory untouched */
 }
 
 /* Allocated after Connect: mapped once the SHM_MAP queued before a round trip is in;
- * FreeMem takes both mappings away before it returns; ops into it fail after. */
+ * FreeMem takes the initiator's mapping away before it returns; ops into it fail after. */
 static void test_one_alloc_free_after_connect(void) {
-  void *p = NULL;
-  HixlMemHandle h;
   int maps0 = tu_memfd_maps(0);
-  TU_ASSERT_OK_FATAL(HixlEngineAllocMem(g.t, 8 * MiB, &p, &h));
+  int64_t at = agent(A_ALLOC, 0, 8 * MiB, 0);
+  CU_ASSERT_FATAL(at > 0);
+  uint64_t p = (uint64_t)at;
   round_trip(g.i, g.tname);
   struct hixl_link_info li = link_of(g.i, g.tname);
   CU_ASSERT_EQUAL(li.mapped, 2);
-  CU_ASSERT_EQUAL(tu_memfd_maps(0), maps0 + 2);
+  CU_ASSERT_EQUAL(tu_memfd_maps(0), maps0 + 1);
   tu_fill(g.loc, 8 * MiB, 51);
-  TU_ASSERT_OK(xfer(HIXL_WRITE, g.loc, (uintptr_t)p, 8 * MiB));
-  TU_ASSERT_PATTERN(p, 8 * MiB, 51, "memory allocated after Connect, written by memcpy");
+  TU_ASSERT_OK(xfer(HIXL_WRITE, g.loc, p, 8 * MiB));
+  CU_ASSERT_EQUAL(agent(A_CHECK, p, 8 * MiB, 51), -1);
   CU_ASSERT(link_of(g.i, g.tname).map_ops > li.map_ops);
 
-  TU_ASSERT_OK(HixlEngineFreeMem(g.t, h));
+  CU_ASSERT_EQUAL(agent(A_FREE, p, 0, 0), HIXL_SUCCESS);
   CU_ASSERT_EQUAL(tu_memfd_maps(0), maps0); /* the initiator's mapping went first */
   CU_ASSERT_EQUAL(link_of(g.i, g.tname).mapped, 1);
-  CU_ASSERT_NOT_EQUAL(xfer(HIXL_WRITE, g.loc, (uintptr_t)p, 4096), HIXL_SUCCESS);
+  CU_ASSERT_NOT_EQUAL(xfer(HIXL_WRITE, g.loc, p, 4096), HIXL_SUCCESS);
   /* the link itself is fine */
-  TU_ASSERT_OK(xfer(HIXL_WRITE, g.loc, (uintptr_t)g.r1, 4096));
+  TU_ASSERT_OK(xfer(HIXL_WRITE, g.loc, g.r1, 4096));
 }
 
 /* FreeMem while an async copy into the region runs: FreeMem waits for the copy to let
  * go; the request ends SUCCESS or FAILED (ops after the SHM_UNMAP), never later. */
 static void test_one_free_while_copying(void) {
-  void *p = NULL;
-  HixlMemHandle h;
   HixlTransferOpDesc d[4];
   HixlTransferReq req = NULL;
   HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
   int maps0 = tu_memfd_maps(0);
-  TU_ASSERT_OK_FATAL(HixlEngineAllocMem(g.t, BIG, &p, &h));
+  int64_t at = agent(A_ALLOC, 0, BIG, 0);
+  CU_ASSERT_FATAL(at > 0);
+  uint64_t p = (uint64_t)at;
   round_trip(g.i, g.tname);
   CU_ASSERT_EQUAL_FATAL(link_of(g.i, g.tname).mapped, 2);
   for (int k = 0; k < 4; k++)
-    d[k] = (HixlTransferOpDesc){(uintptr_t)(g.loc + k * 16 * MiB), (uintptr_t)p + k * 16 * MiB, 16 * MiB};
+    d[k] = (HixlTransferOpDesc){(uintptr_t)(g.loc + k * 16 * MiB), p + k * 16 * MiB, 16 * MiB};
   TU_ASSERT_OK(HixlEngineTransferAsync(g.i, g.tname, HIXL_WRITE, d, 4, XFER_TIMEOUT, NULL, &req));
-  TU_ASSERT_OK(HixlEngineFreeMem(g.t, h));
-  CU_ASSERT_EQUAL(tu_memfd_maps(0), maps0); /* both mappings gone when FreeMem returns */
+  CU_ASSERT_EQUAL(agent(A_FREE, p, 0, 0), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(tu_memfd_maps(0), maps0); /* the mapping here gone when FreeMem returns */
   TU_ASSERT_OK(tu_wait_request(g.i, req, tu_now_ms() + XFER_TIMEOUT, &ts));
   CU_ASSERT(ts == HIXL_TRANSFER_COMPLETED || ts == HIXL_TRANSFER_FAILED);
   printf("  [the request racing FreeMem ended %s]\n", ts == HIXL_TRANSFER_COMPLETED ? "COMPLETED" : "FAILED");
@@ -264,8 +392,35 @@ static void test_one_disconnect(void) {
   CU_ASSERT_EQUAL(link_of(g.i, g.tname).mapped, 1);
   CU_ASSERT_EQUAL(tu_memfd_maps(0), maps0);
   tu_fill(g.loc, MiB, 61);
-  TU_ASSERT_OK(xfer(HIXL_WRITE, g.loc, (uintptr_t)g.r1, MiB));
-  TU_ASSERT_PATTERN(g.r1, MiB, 61, "target memory after Connect again");
+  TU_ASSERT_OK(xfer(HIXL_WRITE, g.loc, g.r1, MiB));
+  CU_ASSERT_EQUAL(agent(A_CHECK, g.r1, MiB, 61), -1);
+}
+
+/* Two engines of one process: not shm, so nothing is mapped; the data moves over tcp. */
+static void test_one_process_not_mapped(void) {
+  char name[TU_ADDR_LEN];
+  void *p = NULL;
+  HixlMemHandle h;
+  HixlEngine *t = tu_engine_start_with(tu_addr(name, sizeof(name), tu_free_port()), NULL);
+  HixlEngine *i = tu_engine_start_with(tu_ip(), NULL);
+  CU_ASSERT_FATAL(t && i);
+  int maps0 = tu_memfd_maps(0);
+  TU_ASSERT_OK_FATAL(HixlEngineAllocMem(t, 4 * MiB, &p, &h));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(i, name, 5000));
+  struct hixl_link_info li = link_of(i, name);
+  CU_ASSERT_STRING_EQUAL(li.transport, "tcp");
+  CU_ASSERT_EQUAL(li.mapped, 0);
+  CU_ASSERT_EQUAL(tu_memfd_maps(0), maps0 + 1); /* the target's own only */
+  unsigned char *m = tu_alloc_mem(4 * MiB, false);
+  CU_ASSERT_FATAL(m && tu_register(i, m, 4 * MiB));
+  tu_fill(m, 4 * MiB, 62);
+  HixlTransferOpDesc d = {(uintptr_t)m, (uintptr_t)p, 4 * MiB};
+  TU_ASSERT_OK(HixlEngineTransferSync(i, name, HIXL_WRITE, &d, 1, XFER_TIMEOUT));
+  TU_ASSERT_PATTERN(p, 4 * MiB, 62, "AllocMem memory written over tcp");
+  HixlEngineDestroy(i);
+  TU_ASSERT_OK(HixlEngineFreeMem(t, h));
+  HixlEngineDestroy(t);
+  tu_free_mem(m, 4 * MiB);
 }
 
 /* ---------------------------------------------------------------- a child target */
@@ -470,13 +625,6 @@ static int initiator_main(int argc, char **argv) {
   return 0;
 }
 
-static int initiator_exec(void *arg, int ready_fd, int ctl_fd) {
-  char **argv = arg;
-  (void)ready_fd, (void)ctl_fd;
-  execv(argv[0], argv);
-  return 127;
-}
-
 /* An initiator that does not answer SHM_UNMAP (stopped) is cut off at FreeMem's
  * timeout; FreeMem then frees the memory and says SUCCESS. */
 static void test_silent_initiator(void) {
@@ -489,7 +637,7 @@ static void test_silent_initiator(void) {
   CU_ASSERT_PTR_NOT_NULL_FATAL(t);
   TU_ASSERT_OK_FATAL(HixlEngineAllocMem(t, 4 * MiB, &p, &h));
   char *argv[] = {(char *)tu_self_exe(), INIT_FLAG, name, NULL};
-  CU_ASSERT_FATAL(tu_child_start(&c, initiator_exec, argv) == 0);
+  CU_ASSERT_FATAL(tu_child_start(&c, exec_self, argv) == 0);
   CU_ASSERT_FATAL(tu_child_read(&c, &r, sizeof(r), 30000) == 0);
   TU_ASSERT_STATUS(r.connect_st, HIXL_SUCCESS);
   CU_ASSERT_EQUAL(r.mapped, 1);
@@ -522,7 +670,7 @@ static void test_silent_initiators(void) {
   TU_ASSERT_OK_FATAL(HixlEngineAllocMem(t, 4 * MiB, &p, &h));
   char *argv[] = {(char *)tu_self_exe(), INIT_FLAG, name, NULL};
   for (int k = 0; k < 2; k++) {
-    CU_ASSERT_FATAL(tu_child_start(&c[k], initiator_exec, argv) == 0);
+    CU_ASSERT_FATAL(tu_child_start(&c[k], exec_self, argv) == 0);
     CU_ASSERT_FATAL(tu_child_read(&c[k], &r, sizeof(r), 30000) == 0);
     TU_ASSERT_STATUS(r.connect_st, HIXL_SUCCESS);
     CU_ASSERT_EQUAL(r.mapped, 1);
@@ -545,21 +693,24 @@ static void test_silent_initiators(void) {
 
 int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], INIT_FLAG) == 0) return initiator_main(argc, argv);
+  if (argc > 1 && strcmp(argv[1], AGENT_FLAG) == 0) return agent_main(argc, argv);
   int rc = tu_child_main(argc, argv);
   if (rc >= 0) return rc;           /* a server child */
   HixlSetLogCallback(log_cb, NULL); /* warnings are what the refusal tests look for */
   HixlSetLogLevel(HIXL_LOG_WARN);
   if (CU_initialize_registry() != CUE_SUCCESS) return 1;
-  CU_pSuite s = CU_add_suite("mapped memory, one process", one_init, one_cleanup);
+  CU_pSuite s = CU_add_suite("mapped memory, a target agent in a child", one_init, one_cleanup);
   CU_add_test(s, "AllocMem region mapped at Connect", test_one_mapped);
   CU_add_test(s, "WRITE then READ back by memcpy, 1 B to 64 MiB", test_one_sizes);
   CU_add_test(s, "1024 scattered 4 KiB ops, shuffled", test_one_batch);
   CU_add_test(s, "async: small and large", test_one_async);
-  CU_add_test(s, "registered memory keeps process_vm_*", test_one_registered_not_mapped);
+  CU_add_test(s, "registered after Connect: process_vm_*; deregistered: refused",
+              test_one_registered_not_mapped);
   CU_add_test(s, "allocated after Connect: mapped; FreeMem unmaps both sides first",
               test_one_alloc_free_after_connect);
   CU_add_test(s, "FreeMem while a copy runs: waits for it, then frees", test_one_free_while_copying);
   CU_add_test(s, "Disconnect unmaps, Connect maps again", test_one_disconnect);
+  CU_add_test(s, "engines of one process: tcp, nothing mapped", test_one_process_not_mapped);
   s = CU_add_suite("mapped memory, a child target", NULL, NULL);
   CU_add_test(s, "mapped, byte-checked; fork inherits none; FreeMem unmaps here", test_child_map_fork_free);
   CU_add_test(s, "target killed: FAILED, unmapped", test_child_killed);

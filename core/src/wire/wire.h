@@ -56,8 +56,10 @@
 #define WIRE_SHM_LAYOUT 2u
 #define WIRE_SHM_ID_LEN 26u /* layout u16, boot_id 16 bytes, pid u32, uid u32 */
 /* Layout 2 appends: to SHM_HELLO a u32 of WIRE_SHM_F_* flags; to SHM_HELLO_ACK a u16
- * length and the name of a unix socket (abstract namespace, without its leading NUL;
- * length 0: none) that hands the initiator memfd regions to map (SHM_MAP). */
+ * length and the name of a unix socket made for the link (abstract namespace, without
+ * its leading NUL), always offered: it proves the target's pid (SO_PEERCRED), is bound
+ * to the link on a keyed one, and hands the initiator memfd regions to map (SHM_MAP).
+ * Length 0: none, and then no same-host copies. */
 #define WIRE_SHM_F_MAP         0x1u /* SHM_HELLO: the initiator maps memfd regions a target offers */
 #define WIRE_SHM_SOCK_MAX      100u /* bytes of that socket name: sun_path is 108, one is the NUL */
 #define WIRE_SHM_MAP_LEN       24u  /* SHM_MAP: addr u64, len u64, map_len u64 */

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "engine/xport_link.h"
+#include "util/auth.h"
 #include "util/cma.h"
 #include "util/memtab.h"
 
@@ -16,6 +17,12 @@
 
 #define ESHM_GEN_LEN 4096u
 #define ESHM_GEN_MSG "hixl-gen" /* the page's message on the unix socket (8 bytes) */
+
+/* The binding of a link's unix socket to the link (authenticated links): the
+ * initiator sends a fresh nonce on the socket, the target answers
+ * HMAC-SHA256(session, ESHM_BIND_LABEL || nonce || u32 BE initiator pid). */
+#define ESHM_BIND_LABEL     "hixl shm bind v1"
+#define ESHM_BIND_NONCE_LEN 32u
 
 struct eshm_link;
 
@@ -29,6 +36,8 @@ struct eshm_engine {       /* engine_xe(e, XPORT_SHM), while same-host copies ar
   struct eshm_link *links; /* the live links with shm state, both roles */
   int gen_fd;              /* a sealed page that mapping peers read: ... */
   uint64_t *gen;           /* ... its first 8 bytes count withdrawn registrations; NULL: no mapping */
+  int epfd;                /* target: links' unix sockets awaiting their initiator (accept, then its
+                            * bind request); the progress thread watches it (event_fd) */
 };
 
 /* Initiator: a target's region mapped into this process. */
@@ -77,9 +86,14 @@ struct eshm_link {                 /* link_xs(c, XPORT_SHM) */
   uint64_t turn;                   /* progress-thread round that last served this link */
   uint8_t nonce[CMA_NONCE_LEN];    /* target: what an initiator's probe must read */
   bool nonce_set;
-  int lfd;                  /* target: the socket offered in SHM_HELLO_ACK, until SHM_MAP_HELLO */
-  int ufd;                  /* both: the connected unix socket memfds travel on, or -1 */
+  int lfd;                  /* target: the socket offered in SHM_HELLO_ACK, until its peer connects */
+  int ufd;                  /* both: the connected unix socket (binding, then memfds), or -1 */
   uint32_t hello_pid;       /* target: the pid the initiator's SHM_HELLO named */
+  uint32_t peer_uid;        /* target: the uid the connected initiator runs as (SO_PEERCRED) */
+  bool want_map;            /* target: the initiator maps memory (WIRE_SHM_F_MAP) */
+  bool watched;             /* target: lfd (before accept) or ufd (until its bind request) is in epfd */
+  bool bound;               /* target: the binding was answered, or the link has no key to bind with */
+  bool mapping;             /* target: SHM_MAP_HELLO was taken: regions go to ufd (grants) */
   struct shm_grant *grants; /* target: regions this link's initiator was given */
   uint32_t ngrants, cap_grants;
   const uint64_t *gen; /* initiator: the target's withdrawal count (its page, mapped) */
@@ -103,12 +117,29 @@ static inline struct eshm_link *eshm_next(struct eshm_engine *x, uint32_t walk) 
   return l;
 }
 
+/* ---- shm_map.c: the link's unix socket, both sides ---- */
+/* The binding's MAC (see ESHM_BIND_LABEL) under a link's session secret. */
+void eshm_bind_mac(const uint8_t *session, const uint8_t nonce[ESHM_BIND_NONCE_LEN], uint32_t pid,
+                   uint8_t out[AUTH_MAC_LEN]);
+/* Target: the one socket of l the progress thread waits on (lfd until its initiator
+ * connects, then ufd until its bind request) goes into epfd; false with errno. The
+ * event names the field, never the link: a walk finds the link. Lock held. */
+bool eshm_unix_watch(struct eshm_engine *x, struct eshm_link *l);
+/* Target: take the connection of the link's initiator waiting on l->lfd, if there is
+ * one (strangers are closed); true once l->ufd holds it. Lock held. */
+bool eshm_target_accept(struct conn *c, struct eshm_link *l);
+/* Target: answer the initiator's bind request on l->ufd if it came (else the socket
+ * stays watched). Lock held. */
+void eshm_target_bind(struct conn *c, struct eshm_link *l);
+/* Close l's unix sockets (a target's out of epfd first). Lock held. */
+void eshm_unix_close(struct eshm_engine *x, struct eshm_link *l);
+
 /* ---- shm_map.c: mapped memory, both sides ---- */
 void eshm_peer_put(struct shm_peer *s);
 void eshm_map_retire(struct shm_peer *s, struct shm_map *mp);
 void eshm_map_put(struct shm_peer *s, struct shm_map *mp);
-HixlStatus eshm_map_connect(int fd, uint64_t deadline, struct peer *p, struct eshm_link *l, const char *sock,
-                            size_t sock_len, uint8_t *buf, size_t cap);
+HixlStatus eshm_map_connect(int fd, uint64_t deadline, struct peer *p, struct eshm_link *l, uint8_t *buf,
+                            size_t cap);
 void eshm_target_map_hello(struct conn *c);
 void eshm_target_unmap_ack(struct conn *c, const struct wire_msg *m);
 void eshm_grant_drop(struct HixlEngine *e, struct eshm_link *l, uint32_t i);

@@ -1,9 +1,12 @@
-/* shm_map: memory the target got from HixlEngineAllocMem, mapped into same-host peers. */
+/* shm_map: the unix socket of a same-host link (the target's pid proven by the
+ * kernel, the socket bound to the link), and memory the target got from
+ * HixlEngineAllocMem, handed over on it and mapped into same-host peers. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -11,9 +14,117 @@
 
 #include "transport/shm/shm_int.h"
 #include "transport/shm/uds.h"
+#include "util/be.h"
 #include "util/log.h"
 #include "util/sock.h"
 #include "util/status_int.h"
+
+/* ---- the link's unix socket: the target's pid proven, and bound to the link ---- */
+
+void eshm_bind_mac(const uint8_t *session, const uint8_t nonce[ESHM_BIND_NONCE_LEN], uint32_t pid,
+                   uint8_t out[AUTH_MAC_LEN]) {
+  struct auth_key k = {.len = AUTH_MAC_LEN};
+  uint8_t be_pid[4];
+  memcpy(k.k, session, AUTH_MAC_LEN);
+  be_put32(be_pid, pid);
+  const void *parts[] = {ESHM_BIND_LABEL, nonce, be_pid};
+  const size_t lens[] = {sizeof(ESHM_BIND_LABEL) - 1, ESHM_BIND_NONCE_LEN, sizeof(be_pid)};
+  auth_hmac(&k, parts, lens, 3, out);
+  auth_wipe(&k, sizeof(k));
+}
+
+bool eshm_unix_watch(struct eshm_engine *x, struct eshm_link *l) {
+  int *fdp = l->lfd >= 0 ? &l->lfd : &l->ufd;
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = fdp};
+  l->watched = epoll_ctl(x->epfd, EPOLL_CTL_ADD, *fdp, &ev) == 0;
+  return l->watched;
+}
+
+/* Out of epfd before it closes: a forked child holding a copy of the descriptor
+ * would keep it in the set, with a pointer into l. */
+static void unix_unwatch(struct eshm_engine *x, struct eshm_link *l) {
+  if (!l->watched) return;
+  (void)epoll_ctl(x->epfd, EPOLL_CTL_DEL, l->lfd >= 0 ? l->lfd : l->ufd, NULL);
+  l->watched = false;
+}
+
+void eshm_unix_close(struct eshm_engine *x, struct eshm_link *l) {
+  unix_unwatch(x, l);
+  if (l->lfd >= 0) close(l->lfd);
+  if (l->ufd >= 0) close(l->ufd);
+  l->lfd = l->ufd = -1;
+  l->bound = l->mapping = false;
+}
+
+/* The pid in the MAC is the initiator's as the kernel showed it at accept
+ * (SO_PEERCRED, equal to hello_pid), so the answer is worth nothing to another
+ * process. Never blocks. */
+void eshm_target_bind(struct conn *c, struct eshm_link *l) {
+  struct eshm_engine *x = eng_of(link_engine(c));
+  const uint8_t *session = link_session(c);
+  uint8_t nonce[ESHM_BIND_NONCE_LEN], mac[AUTH_MAC_LEN];
+  if (l->bound || l->ufd < 0 || !session) return;
+  if (uds_recv(l->ufd, nonce, sizeof(nonce), 0) < 0) {
+    if (errno == ETIMEDOUT) return; /* not yet */
+    log_info("link from %s: its initiator's unix socket ended before the binding, or sent something else "
+             "(%s): closed",
+             link_remote(c), strerror(errno));
+    eshm_unix_close(x, l);
+    return;
+  }
+  eshm_bind_mac(session, nonce, l->hello_pid, mac);
+  int rc = uds_send(l->ufd, mac, sizeof(mac));
+  auth_wipe(mac, sizeof(mac));
+  if (rc < 0) {
+    log_info("link from %s: cannot answer the binding on the unix socket (%s): closed", link_remote(c),
+             strerror(errno));
+    eshm_unix_close(x, l);
+    return;
+  }
+  unix_unwatch(x, l);
+  l->bound = true;
+}
+
+bool eshm_target_accept(struct conn *c, struct eshm_link *l) {
+  struct eshm_engine *x = eng_of(link_engine(c));
+  while (l->ufd < 0 && l->lfd >= 0) {
+    uint32_t pid = 0, uid = 0;
+    int fd = accept4(l->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      /* Out of descriptors, say: the listener would wake the progress thread forever. */
+      log_warn("link from %s: no same-host copies: cannot accept on its unix socket: %s", link_remote(c),
+               strerror(errno));
+      eshm_unix_close(x, l);
+      break;
+    }
+    if (uds_peer(fd, &pid, &uid) == 0 && pid == l->hello_pid) {
+      unix_unwatch(x, l); /* one connection per link: the listener goes */
+      close(l->lfd);
+      l->lfd = -1;
+      l->ufd = fd;
+      l->peer_uid = uid;
+      /* Without a key there is no secret to bind the socket to the link with; but
+       * then anyone can already reach every registered byte of this engine. */
+      l->bound = !link_session(c);
+      if (!l->bound && !eshm_unix_watch(x, l)) {
+        log_warn("link from %s: no same-host copies: cannot watch its unix socket: %s", link_remote(c),
+                 strerror(errno));
+        eshm_unix_close(x, l);
+        break;
+      }
+      eshm_target_bind(c, l); /* the request may be there already */
+      break;
+    }
+    /* Anyone may connect to an abstract socket: only the link's own peer is taken. */
+    log_info("link from %s: pid %u (uid %u) connected to its unix socket, but the link's peer is pid %u: "
+             "closed",
+             link_remote(c), pid, uid, l->hello_pid);
+    close(fd);
+  }
+  return l->ufd >= 0;
+}
 
 /* ---- initiator: mappings ---- */
 
@@ -173,22 +284,18 @@ static HixlStatus map_take(struct shm_peer *s, int ufd, const struct wire_msg *m
   return HIXL_SUCCESS;
 }
 
-/* Initiator, in Connect, the probe passed and the target offered a unix socket:
- * connect to it, say so, and map the regions the target hands over until its
- * SHM_MAP_ACK. A socket that cannot be reached or a target that refuses leaves the
- * link on process_vm_* (logged); a malformed answer fails Connect. */
-HixlStatus eshm_map_connect(int fd, uint64_t deadline, struct peer *p, struct eshm_link *l, const char *sock,
-                            size_t sock_len, uint8_t *buf, size_t cap) {
+/* Initiator, in Connect, the target's pid proven on its unix socket (l->ufd) and
+ * the probe passed: say so on the link (SHM_MAP_HELLO) and map the regions the
+ * target hands over until its SHM_MAP_ACK. A target that refuses leaves the link on
+ * process_vm_* (logged); a malformed answer fails Connect. */
+HixlStatus eshm_map_connect(int fd, uint64_t deadline, struct peer *p, struct eshm_link *l, uint8_t *buf,
+                            size_t cap) {
   struct shm_peer *s = l->peer;
   struct wire_wr w;
   struct wire_hdr h;
   struct wire_msg m;
   char why[384];
   HixlStatus st;
-  if ((l->ufd = uds_connect(sock, sock_len)) < 0) {
-    log_info("link to %s: no mapped memory: cannot reach its unix socket (%s)", s->name, strerror(errno));
-    return HIXL_SUCCESS;
-  }
   wire_begin(&w, buf, cap, WIRE_SHM_MAP_HELLO);
   wire_put_u32(&w, 0);
   if ((st = sock_send_all(fd, buf, wire_end(&w, 0), deadline)) != HIXL_SUCCESS) return st;
@@ -286,47 +393,39 @@ static bool grantable(const struct hixl_mem_reg *r) {
   return r->memfd >= 0 && r->sealed && reg_of(r) && !reg_of(r)->unsharing;
 }
 
-/* Target, SHM_MAP_HELLO: the initiator says it connected to the link's socket. Take
- * the connection of the process the link's SHM_HELLO named, running as this user;
- * hand it every region there is; answer SHM_MAP_ACK. */
+/* Target, SHM_MAP_HELLO: the initiator says it connected to the link's socket. The
+ * connection must be the process the link's SHM_HELLO named (eshm_target_accept),
+ * bound to the link when it has a key, and running as this user; then it gets every
+ * region there is, and SHM_MAP_ACK. A refusal closes the socket (one try a link). */
 void eshm_target_map_hello(struct conn *c) {
   struct HixlEngine *e = link_engine(c);
+  struct eshm_engine *x = eng_of(e);
   struct eshm_link *l = link_of(c);
   uint8_t buf[WIRE_HDR_LEN + 4 + WIRE_SHM_REASON_MAX];
   char why[WIRE_SHM_REASON_MAX] = "";
   struct wire_wr w;
   uint32_t me = (uint32_t)geteuid();
-  if (!l || l->lfd < 0) {
-    snprintf(why, sizeof(why), "no unix socket was offered on this link");
-  } else {
-    int fd;
-    while ((fd = accept4(l->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
-      uint32_t pid = 0, uid = 0;
-      if (uds_peer(fd, &pid, &uid) == 0 && pid == l->hello_pid && uid == me) {
-        l->ufd = fd;
-        break;
-      }
-      /* Anyone may connect to an abstract socket: only the link's own peer is taken. */
-      if (pid != l->hello_pid)
-        snprintf(why, sizeof(why),
-                 "pid %u (uid %u) connected to the unix socket, but this link's peer is pid %u", pid, uid,
-                 l->hello_pid);
-      else
-        snprintf(why, sizeof(why),
-                 "pid %u connected as uid %u; memory is mapped only into processes of uid %u", pid, uid, me);
-      close(fd);
-    }
-    if (l->ufd < 0 && !why[0]) snprintf(why, sizeof(why), "nobody connected to the unix socket");
-    close(l->lfd);
-    l->lfd = -1;
-  }
-  if (l && l->ufd >= 0 && uds_send_fd(l->ufd, ESHM_GEN_MSG, 8, eng_of(e)->gen_fd) < 0) {
+  bool again = l && l->mapping;
+  if (again) {
+    snprintf(why, sizeof(why), "SHM_MAP_HELLO came twice");
+  } else if (!l || (l->lfd < 0 && l->ufd < 0)) {
+    snprintf(why, sizeof(why), "no unix socket is open on this link");
+  } else if (!eshm_target_accept(c, l)) { /* it connected before it sent the frame */
+    snprintf(why, sizeof(why), "pid %u, this link's peer, did not connect to the unix socket", l->hello_pid);
+  } else if (!l->bound) {
+    snprintf(why, sizeof(why), "the unix socket was not bound to this link first (the link has a key)");
+  } else if (l->peer_uid != me) {
+    snprintf(why, sizeof(why), "pid %u connected as uid %u; memory is mapped only into processes of uid %u",
+             l->hello_pid, l->peer_uid, me);
+  } else if (!l->want_map || !x->gen) {
+    snprintf(why, sizeof(why), "%s",
+             !l->want_map ? "the initiator's SHM_HELLO did not ask to map memory"
+                          : "this engine offers no memory to map (it could not make its page)");
+  } else if (uds_send_fd(l->ufd, ESHM_GEN_MSG, 8, x->gen_fd) < 0) {
     snprintf(why, sizeof(why), "cannot hand over its page on the unix socket: %s", strerror(errno));
-    close(l->ufd);
-    l->ufd = -1;
   }
-  if (l && l->ufd >= 0) {
-    why[0] = '\0';
+  if (!why[0]) {
+    l->mapping = true;
     for (size_t i = 0; i < engine_reg_count(e) && !link_dead(c); i++) {
       struct hixl_mem_reg *r = engine_reg_at(e, i);
       if (grantable(r)) grant(c, r);
@@ -334,6 +433,7 @@ void eshm_target_map_hello(struct conn *c) {
     if (link_dead(c)) return;
     log_info("link from %s: %u regions handed over to map", link_remote(c), l->ngrants);
   } else {
+    if (l && !again) eshm_unix_close(x, l);
     log_warn("link from %s: memory not mapped there: %s", link_remote(c), why);
   }
   wire_begin(&w, buf, sizeof(buf), WIRE_SHM_MAP_ACK);
@@ -392,7 +492,7 @@ void eshm_mem_share(struct HixlEngine *e, struct hixl_mem_reg *r) {
   uint32_t walk = ++x->walks;
   for (struct eshm_link *l; (l = eshm_next(x, walk));) {
     struct conn *c = l->conn;
-    if (!link_is_target(c) || l->ufd < 0) continue;
+    if (!link_is_target(c) || !l->mapping) continue;
     grant(c, r);
     if (!link_dead(c)) link_flush(c);
   }

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -38,25 +39,39 @@ int uds_listen(char *name, size_t cap) {
   return fd;
 }
 
-int uds_connect(const char *name, size_t len) {
+int uds_connect(const char *name, size_t len, int timeout_ms) {
   struct sockaddr_un sa;
-  if (len == 0 || len > UDS_NAME_MAX) {
-    errno = EINVAL;
+  /* A full backlog makes connect(2) wait, as long as the send timeout allows. */
+  struct timeval tv = {.tv_sec = timeout_ms / 1000, .tv_usec = (timeout_ms % 1000) * 1000};
+  if (len == 0 || len > UDS_NAME_MAX || timeout_ms <= 0) {
+    errno = timeout_ms <= 0 ? ETIMEDOUT : EINVAL;
     return -1;
   }
   int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
   socklen_t sl = uds_addr(&sa, name, len);
-  int rc;
-  while ((rc = connect(fd, (struct sockaddr *)&sa, sl)) < 0 && errno == EINTR) {
+  int rc = setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  while (rc == 0 && (rc = connect(fd, (struct sockaddr *)&sa, sl)) < 0 && errno == EINTR) {
   }
   if (rc < 0) {
-    int saved = errno;
+    int saved = errno == EAGAIN ? ETIMEDOUT : errno;
     close(fd);
     errno = saved;
     return -1;
   }
   return fd;
+}
+
+int uds_send(int sock, const void *data, size_t len) {
+  ssize_t k;
+  while ((k = send(sock, data, len, MSG_DONTWAIT | MSG_NOSIGNAL)) < 0 && errno == EINTR) {
+  }
+  if (k < 0) return -1;
+  if ((size_t)k != len) {
+    errno = EPROTO;
+    return -1;
+  }
+  return 0;
 }
 
 int uds_send_fd(int sock, const void *data, size_t len, int fd) {
@@ -84,7 +99,8 @@ int uds_send_fd(int sock, const void *data, size_t len, int fd) {
   return 0;
 }
 
-int uds_recv_fd(int sock, void *data, size_t len, int *fd, int timeout_ms) {
+/* One message of exactly len bytes, with one descriptor (fd not NULL) or none. */
+static int recv_msg(int sock, void *data, size_t len, int *fd, int timeout_ms) {
   union {
     struct cmsghdr h;
     char buf[CMSG_SPACE(4 * sizeof(int))];
@@ -93,7 +109,8 @@ int uds_recv_fd(int sock, void *data, size_t len, int *fd, int timeout_ms) {
   struct msghdr mh = {
       .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf, .msg_controllen = sizeof(u.buf)};
   struct pollfd p = {.fd = sock, .events = POLLIN};
-  *fd = -1;
+  int mine = -1, *out = fd ? fd : &mine;
+  *out = -1;
   int n;
   while ((n = poll(&p, 1, timeout_ms)) < 0 && errno == EINTR) {
   }
@@ -105,7 +122,10 @@ int uds_recv_fd(int sock, void *data, size_t len, int *fd, int timeout_ms) {
   ssize_t k;
   while ((k = recvmsg(sock, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC)) < 0 && errno == EINTR) {
   }
-  if (k < 0) return -1;
+  if (k < 0) {
+    if (errno == EAGAIN) errno = ETIMEDOUT;
+    return -1;
+  }
   /* Take every descriptor that came, so none leaks, then judge the message. */
   int got = 0;
   for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
@@ -115,7 +135,7 @@ int uds_recv_fd(int sock, void *data, size_t len, int *fd, int timeout_ms) {
       int f;
       memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
       if (got++ == 0)
-        *fd = f;
+        *out = f;
       else
         close(f);
     }
@@ -124,13 +144,21 @@ int uds_recv_fd(int sock, void *data, size_t len, int *fd, int timeout_ms) {
     errno = ECONNRESET; /* the peer closed its end */
     return -1;
   }
-  if ((size_t)k != len || got != 1 || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
-    if (*fd >= 0) close(*fd);
-    *fd = -1;
+  if ((size_t)k != len || got != (fd ? 1 : 0) || (mh.msg_flags & (MSG_TRUNC | MSG_CTRUNC))) {
+    if (*out >= 0) close(*out);
+    *out = -1;
     errno = EPROTO;
     return -1;
   }
   return 0;
+}
+
+int uds_recv_fd(int sock, void *data, size_t len, int *fd, int timeout_ms) {
+  return recv_msg(sock, data, len, fd, timeout_ms);
+}
+
+int uds_recv(int sock, void *data, size_t len, int timeout_ms) {
+  return recv_msg(sock, data, len, NULL, timeout_ms);
 }
 
 int uds_peer(int sock, uint32_t *pid, uint32_t *uid) {

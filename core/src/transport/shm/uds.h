@@ -1,6 +1,7 @@
-/* uds: unix domain sockets in the abstract namespace, for handing memfd descriptors
- * from a target engine to an initiator on the same host (SCM_RIGHTS), with the
- * kernel's word on who is at the other end (SO_PEERCRED). */
+/* uds: unix domain sockets in the abstract namespace, between a target engine and an
+ * initiator on the same host: the kernel's word on who is at the other end
+ * (SO_PEERCRED), the binding of the socket to a link, and memfd descriptors
+ * (SCM_RIGHTS). */
 #ifndef HIXL_UDS_H
 #define HIXL_UDS_H
 
@@ -14,8 +15,19 @@
  * -1 with errno. */
 int uds_listen(char *name, size_t cap);
 
-/* Connect to name (len bytes, no NUL); blocking, close-on-exec. -1 with errno. */
-int uds_connect(const char *name, size_t len);
+/* Connect to name (len bytes, no NUL); blocking, close-on-exec, waiting at most
+ * timeout_ms (> 0) for room in the listener's backlog. -1 with errno. */
+int uds_connect(const char *name, size_t len, int timeout_ms);
+
+/* Send one message of len bytes without a descriptor, without blocking; 0, or -1
+ * with errno. */
+int uds_send(int sock, const void *data, size_t len);
+
+/* Receive one message of exactly len bytes without a descriptor (any that came is
+ * closed), waiting at most timeout_ms (0: only what is there now). 0, or -1 with
+ * errno (ETIMEDOUT: none yet; ECONNRESET: the peer closed its end; EPROTO: another
+ * length, or a descriptor). */
+int uds_recv(int sock, void *data, size_t len, int timeout_ms);
 
 /* Send len bytes with descriptor fd attached, without blocking; 0, or -1 with errno. */
 int uds_send_fd(int sock, const void *data, size_t len, int fd);

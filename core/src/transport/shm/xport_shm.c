@@ -8,12 +8,30 @@
  * noticing that the peer went away.
  *
  * Connect: the initiator sends SHM_HELLO; the target answers SHM_HELLO_ACK with its
- * boot id, pid, uid, and the address of 16 random bytes in its own memory. The
- * initiator reads those bytes from that pid with process_vm_readv: a match proves
- * the kernel allows the copies and that the pid is the peer (not a process of
- * another PID namespace, nor one a remote peer named). A refusal (EPERM: other
- * user, Yama ptrace_scope, a non-dumpable target) is logged and auto goes on to rdma
- * or tcp; Transport shm fails Connect with the reason.
+ * boot id, pid, uid, the address of 16 random bytes in its own memory, and the
+ * abstract name of a unix socket it made for this link (layout 2). The copies go to
+ * a pid, and a pid in a message is only a claim: a hostile peer can name this very
+ * process, with a probe address where bytes it sent lie in our receive buffer, or
+ * another local process, relaying that one's answer. So the pid is taken only once
+ * the kernel vouches for it:
+ *  - the initiator connects to the socket; the process listening on it (SO_PEERCRED)
+ *    must be the pid and uid the answer named. This very process is taken only on an
+ *    authenticated link, where the binding below proves the socket is the link's own
+ *    (two engines of one process); without a key both sides refuse it (the target
+ *    refuses an SHM_HELLO naming its own pid), and such engines link over rdma or tcp;
+ *  - on an authenticated link (AuthKeyFile) the socket is bound to this TCP link:
+ *    the initiator sends a fresh 32-byte nonce on it; the target, which took only the
+ *    connection of the pid its link's SHM_HELLO named (the progress thread, woken by
+ *    this module's epoll set, never blocking), answers HMAC-SHA256 under the link's
+ *    session secret of ("hixl shm bind v1" || nonce || that pid, u32 big-endian).
+ *    Only the two ends of this link hold the secret: the socket of another link,
+ *    relayed by a peer, answers under that link's. Without a key nothing is bound:
+ *    anyone can then reach every registered byte over tcp anyway;
+ *  - the initiator opens a pidfd for the pid, then reads the 16 bytes from it with
+ *    process_vm_readv: a match proves the kernel allows the copies.
+ * Any check failing (no socket, another pid or uid, a wrong MAC, EPERM: other user,
+ * Yama ptrace_scope, a non-dumpable target) is logged and auto goes on to rdma or
+ * tcp; Transport shm fails Connect with the reason.
  *
  * Data: a sync transfer is copied by its caller's thread, an async one by the
  * progress thread in steps of ESHM_STEP bytes (small ones by the submitter), both
@@ -21,10 +39,10 @@
  * (ESRCH, or its pidfd says it exited) breaks the link.
  *
  * Mapped memory: memory the target got from HixlEngineAllocMem is a sealed memfd.
- * Its SHM_HELLO_ACK names a unix socket made for this link; the initiator connects
- * and says so (SHM_MAP_HELLO); the target accepts only the process the link's
- * SHM_HELLO named, as the same user (SO_PEERCRED), and hands it each such region's
- * memfd (SCM_RIGHTS, then SHM_MAP on the link), now and whenever one is allocated.
+ * Once the socket is proven (and bound), the initiator says it maps (SHM_MAP_HELLO);
+ * the target hands memory only to the connection of the process the link's
+ * SHM_HELLO named, running as the same user (SO_PEERCRED): each such region's memfd
+ * (SCM_RIGHTS, then SHM_MAP on the link), now and whenever one is allocated.
  * The initiator maps them (MADV_DONTFORK) and moves ops inside them with memcpy; all
  * else keeps process_vm_*. Freeing such memory is a round trip: the target sends
  * SHM_UNMAP to every link that has it and waits; the initiator stops new copies into
@@ -32,11 +50,14 @@
  * does not answer in time is cut. A link that dies unmaps what it had. */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "transport/shm/shm_int.h"
@@ -85,23 +106,30 @@ static void eshm_link_release(struct eshm_link *l) {
   free(l);
 }
 
+/* Transport shm fails Initialize with why; auto goes on without same-host copies. */
+static HixlStatus eshm_off(struct HixlEngine *e, bool must, const char *why, int err) {
+  if (must) return hixl_fail(HIXL_FAILED, "HixlEngineInitialize: Transport shm: %s (%s)", why, strerror(err));
+  log_info("engine %s: no same-host copies: %s (%s)", engine_name(e), why, strerror(err));
+  return HIXL_SUCCESS;
+}
+
 static HixlStatus eshm_open(struct HixlEngine *e) {
   bool must = engine_opts(e)->transport == HIXL_TRANSPORT_SHM;
   struct cma_self self;
   if (!must && engine_opts(e)->transport != HIXL_TRANSPORT_AUTO) return HIXL_SUCCESS;
-  if (cma_self_get(&self) != 0) {
-    if (must)
-      return hixl_fail(HIXL_FAILED,
-                       "HixlEngineInitialize: Transport shm: cannot read this host's boot id from "
-                       "/proc/sys/kernel/random/boot_id (%s); is /proc mounted?",
-                       strerror(errno));
-    log_info("engine %s: no boot id (/proc/sys/kernel/random/boot_id: %s): no same-host copies",
-             engine_name(e), strerror(errno));
-    return HIXL_SUCCESS;
-  }
+  if (cma_self_get(&self) != 0)
+    return eshm_off(e, must,
+                    "cannot read this host's boot id from /proc/sys/kernel/random/boot_id; is /proc mounted?",
+                    errno);
   struct eshm_engine *x = calloc(1, sizeof(*x));
   if (!x) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineInitialize: out of memory");
   x->self = self;
+  /* The links' unix sockets, which prove this process's pid to its initiators. */
+  if ((x->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0) {
+    int err = errno;
+    free(x);
+    return eshm_off(e, must, "cannot make an epoll instance for its unix sockets", err);
+  }
   /* The withdrawal page: without it no memory is offered to map (logged). */
   x->gen_fd = memfd_create("hixl-gen", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (x->gen_fd >= 0 && ftruncate(x->gen_fd, ESHM_GEN_LEN) == 0 &&
@@ -129,19 +157,106 @@ static void eshm_close(struct HixlEngine *e) {
   struct eshm_engine *x = eng_of(e);
   if (x && x->gen) munmap(x->gen, ESHM_GEN_LEN);
   if (x && x->gen_fd >= 0) close(x->gen_fd);
+  if (x) close(x->epfd);
   free(x);
   engine_set_xe(e, XPORT_SHM, NULL);
 }
 
 static uint32_t eshm_caps(const struct HixlEngine *e) { return eng_of(e) ? WIRE_CAP_SHM : 0; }
 
+static int eshm_event_fd(const struct HixlEngine *e) { return eng_of(e) ? eng_of(e)->epfd : -1; }
+
+/* Target, progress thread: a link's unix socket is ready (a connection, or the bind
+ * request on one). Lock held. */
+static void eshm_on_event(struct HixlEngine *e) {
+  struct eshm_engine *x = eng_of(e);
+  struct epoll_event ev[16];
+  if (!x) return;
+  int n = epoll_wait(x->epfd, ev, 16, 0);
+  for (int i = 0; i < n; i++) {
+    struct eshm_link *l = x->links; /* kills nothing: the walk is safe */
+    while (l && ev[i].data.ptr != &l->lfd && ev[i].data.ptr != &l->ufd) l = l->next;
+    if (!l || !l->watched) continue; /* gone, or served by an earlier event */
+    if (l->lfd >= 0)
+      eshm_target_accept(l->conn, l);
+    else
+      eshm_target_bind(l->conn, l);
+  }
+}
+
 /* ---- Connect ---- */
 
 static void eshm_discard(void *link);
 
+/* Milliseconds left until deadline (CLOCK_MONOTONIC ns), rounded up; 0 once passed. */
+static int ms_until(uint64_t deadline) {
+  uint64_t now = hixl_now_ns();
+  if (now >= deadline) return 0;
+  uint64_t ms = (deadline - now + 999999) / 1000000;
+  return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
+/* Initiator, in Connect: the kernel's word on the process the copies would reach.
+ * Connect to the unix socket SHM_HELLO_ACK m named: the process listening on it
+ * (SO_PEERCRED) must be the pid and uid m named, and not this one. On an
+ * authenticated link it must also prove it made the socket for this very link: it
+ * answers a fresh nonce with a MAC under the link's session secret, which only the
+ * two ends of this TCP link hold (a peer that relays another engine's answer, or
+ * this engine's own, cannot). *ufd gets the connected socket; false with why. */
+static bool prove_peer(const char *remote, struct peer *p, const struct wire_msg *m, uint64_t deadline,
+                       int *ufd, char *why, size_t cap) {
+  const uint8_t *session = peer_session(p);
+  uint32_t me = (uint32_t)getpid(), pid = 0, uid = 0;
+  int fd = uds_connect((const char *)m->u.shm.sock, m->u.shm.sock_len, ms_until(deadline));
+  if (fd < 0) {
+    snprintf(why, cap, "cannot reach the unix socket %s named to prove its pid (%s)", remote,
+             strerror(errno));
+    return false;
+  }
+  if (uds_peer(fd, &pid, &uid) < 0) {
+    snprintf(why, cap, "cannot read who listens on the unix socket %s named (SO_PEERCRED: %s)", remote,
+             strerror(errno));
+  } else if (pid == me && !session) {
+    snprintf(why, cap,
+             "the unix socket %s named belongs to this very process (pid %u): a link within one process is "
+             "taken only on an authenticated link, whose socket proves it was made for it (no AuthKeyFile)",
+             remote, pid);
+  } else if (pid != m->u.shm.pid || uid != m->u.shm.uid) {
+    snprintf(
+        why, cap,
+        "%s named pid %u (uid %u), but the unix socket it named belongs to pid %u (uid %u): the process it "
+        "names is not its own",
+        remote, m->u.shm.pid, m->u.shm.uid, pid, uid);
+  } else if (session) {
+    uint8_t nonce[ESHM_BIND_NONCE_LEN], got[AUTH_MAC_LEN], want[AUTH_MAC_LEN];
+    if (!auth_random(nonce, sizeof(nonce))) {
+      snprintf(why, cap, "no random bytes from the kernel to bind the unix socket %s named", remote);
+    } else if (uds_send(fd, nonce, sizeof(nonce)) < 0 ||
+               uds_recv(fd, got, sizeof(got), ms_until(deadline)) < 0) {
+      snprintf(why, cap, "pid %u did not bind the unix socket %s named to this link (%s)", pid, remote,
+               strerror(errno));
+    } else {
+      eshm_bind_mac(session, nonce, me, want);
+      if (!auth_equal(got, want, sizeof(want)))
+        snprintf(why, cap,
+                 "pid %u, behind the unix socket %s named, did not prove it holds this link's session: its "
+                 "answer is another link's (relayed?)",
+                 pid, remote);
+      auth_wipe(want, sizeof(want));
+    }
+  }
+  if (why[0]) {
+    close(fd);
+    return false;
+  }
+  *ufd = fd;
+  return true;
+}
+
 /* Initiator, during Connect (blocking socket, no lock held). Takes the link when the
- * peer is on this host and the probe proves the copies work (Transport auto or shm);
- * Transport shm fails otherwise, with the reason. */
+ * peer is on this host, the kernel proves the pid it names is the process behind
+ * the link (prove_peer) and the probe proves the copies work (Transport auto or
+ * shm); Transport shm fails otherwise, with the reason. */
 static HixlStatus eshm_connect(struct HixlEngine *e, int fd, uint64_t deadline, const char *remote,
                                struct peer *p, bool *taken, void **out) {
   uint8_t buf[WIRE_HDR_LEN + WIRE_SHM_HELLO_ACK_LEN + WIRE_SHM_EXT_MAX];
@@ -152,7 +267,7 @@ static HixlStatus eshm_connect(struct HixlEngine *e, int fd, uint64_t deadline, 
   struct wire_hdr h;
   struct wire_msg m;
   HixlStatus st;
-  int pidfd = -1;
+  int pidfd = -1, ufd = -1;
 
   *out = NULL;
   *taken = false;
@@ -175,11 +290,24 @@ static HixlStatus eshm_connect(struct HixlEngine *e, int fd, uint64_t deadline, 
   if (h.type != WIRE_SHM_HELLO_ACK || wire_decode(&h, buf + WIRE_HDR_LEN, &m) != WIRE_OK)
     return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s answered SHM_HELLO with a malformed %s", remote,
                      wire_type_name(h.type));
-  if (m.u.shm.status != WIRE_HELLO_OK) {
+  if (m.u.shm.pid == self->pid && memcmp(m.u.shm.boot_id, self->boot_id, CMA_BOOT_ID_LEN) == 0 &&
+      !peer_session(p)) {
+    /* A peer that lies, or an engine of this process (which refuses it too): without a
+     * key nothing can tell them apart. With one, the socket's binding does (prove_peer). */
+    snprintf(why, sizeof(why),
+             "%s named this very process (pid %u) as its own: a link within one process is taken only on an "
+             "authenticated link (no AuthKeyFile; or the peer runs in another PID namespace, where same-host "
+             "copies cannot work)",
+             remote, m.u.shm.pid);
+  } else if (m.u.shm.status != WIRE_HELLO_OK) {
     snprintf(why, sizeof(why), "%s does not offer same-host copies", remote);
   } else if (memcmp(m.u.shm.boot_id, self->boot_id, CMA_BOOT_ID_LEN) != 0) {
     snprintf(why, sizeof(why), "%s runs on another host (its boot id differs)", remote);
-  } else {
+  } else if (m.u.shm.sock_len == 0) {
+    snprintf(why, sizeof(why),
+             "%s named no unix socket to prove its pid with (an older hixl, or it could not make one)",
+             remote);
+  } else if (prove_peer(remote, p, &m, deadline, &ufd, why, sizeof(why))) {
     int err = 0;
     struct cma_seg seg = {probe, m.u.shm.probe_addr, sizeof(probe)};
     /* The pidfd first: it then names the process the probe reaches, not a later one
@@ -197,19 +325,18 @@ static HixlStatus eshm_connect(struct HixlEngine *e, int fd, uint64_t deadline, 
   }
   if (why[0]) {
     if (pidfd >= 0) close(pidfd);
+    if (ufd >= 0) close(ufd);
     if (must) return hixl_fail(HIXL_FAILED, "HixlEngineConnect: Transport is shm, but %s", why);
     log_info("link to %s: no same-host copies (%s)", remote, why);
     return HIXL_SUCCESS;
   }
-  char sock[WIRE_SHM_SOCK_MAX];
-  size_t sock_len = m.u.shm.sock_len; /* m points into buf, which the next frame overwrites */
-  memcpy(sock, m.u.shm.sock, sock_len);
   struct shm_peer *s = calloc(1, sizeof(*s));
   struct eshm_link *l = eshm_link_new();
   if (!s || !l) {
     free(s);
     free(l);
     if (pidfd >= 0) close(pidfd);
+    close(ufd);
     return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: out of memory");
   }
   s->refs = 1;
@@ -217,10 +344,11 @@ static HixlStatus eshm_connect(struct HixlEngine *e, int fd, uint64_t deadline, 
   s->uid = m.u.shm.uid;
   s->pidfd = pidfd;
   snprintf(s->name, sizeof(s->name), "%s", remote);
-  log_info("link to %s: shm, one copy to and from pid %u (uid %u)", remote, s->pid, s->uid);
+  log_info("link to %s: shm, one copy to and from pid %u (uid %u; proven by SO_PEERCRED%s)", remote, s->pid,
+           s->uid, peer_session(p) ? ", bound to the link" : "");
   l->peer = s;
-  if (sock_len > 0 &&
-      (st = eshm_map_connect(fd, deadline, p, l, sock, sock_len, buf, sizeof(buf))) != HIXL_SUCCESS) {
+  l->ufd = ufd;
+  if ((st = eshm_map_connect(fd, deadline, p, l, buf, sizeof(buf))) != HIXL_SUCCESS) {
     eshm_discard(l);
     return hixl_fail(st, "HixlEngineConnect: shm handshake with %s: %s", remote, HixlGetLastErrorMessage());
   }
@@ -248,36 +376,50 @@ static void eshm_discard(void *link) {
   eshm_link_release(l);
 }
 
-/* Target, in the progress thread: answer SHM_HELLO with this process's identity and
- * the address of bytes only this link knows; to an initiator that maps memory, also
- * the name of a unix socket made for this link (layout 2). */
+/* Target, in the progress thread: answer SHM_HELLO with this process's identity, the
+ * address of bytes only this link knows and (layout 2) the name of a unix socket made
+ * for this link, which proves the pid to the initiator (and hands it memory to map).
+ * An initiator that names this very process is refused: nothing else can, so it is
+ * a peer that lies, or this engine linked to itself; with a key, the binding tells. */
 static void eshm_target_hello(struct conn *c, const struct wire_msg *m) {
   struct eshm_engine *x = eng_of(link_engine(c));
   uint8_t buf[WIRE_HDR_LEN + WIRE_SHM_HELLO_ACK_LEN + 2 + WIRE_SHM_SOCK_MAX];
   char sock[64] = "";
+  const char *why = NULL;
   uint32_t status = WIRE_HELLO_REFUSED;
   struct cma_self none = {0};
   struct wire_wr w;
   struct eshm_link *l = link_of(c);
-  if (x && !l && (l = eshm_link_new())) links_add(c, l);
-  if (l && !l->nonce_set)
-    l->nonce_set = getrandom(l->nonce, sizeof(l->nonce), 0) == (ssize_t)sizeof(l->nonce);
-  if (x && l && l->nonce_set) status = WIRE_HELLO_OK;
-  if (status == WIRE_HELLO_OK && (m->u.shm.flags & WIRE_SHM_F_MAP) && x->gen && l->lfd < 0 && l->ufd < 0) {
-    l->hello_pid = m->u.shm.pid;
-    if ((l->lfd = uds_listen(sock, sizeof(sock))) < 0) {
-      log_warn("link from %s: no mapped memory: cannot make a unix socket: %s", link_remote(c),
-               strerror(errno));
-      sock[0] = '\0';
+  bool layout2 = m->u.shm.layout >= 2; /* a layout-1 initiator gets what it knows */
+  if (x && m->u.shm.pid == x->self.pid && !link_session(c)) {
+    why = "its SHM_HELLO named this very process's pid: a link within one process is taken only on an "
+          "authenticated link (no AuthKeyFile)";
+  } else {
+    if (x && !l && (l = eshm_link_new())) links_add(c, l);
+    bool first = l && !l->nonce_set; /* one socket per link: a repeated SHM_HELLO gets none */
+    if (l && !l->nonce_set)
+      l->nonce_set = getrandom(l->nonce, sizeof(l->nonce), 0) == (ssize_t)sizeof(l->nonce);
+    if (x && l && l->nonce_set) status = WIRE_HELLO_OK;
+    if (status == WIRE_HELLO_OK && layout2 && first) {
+      l->hello_pid = m->u.shm.pid;
+      l->want_map = (m->u.shm.flags & WIRE_SHM_F_MAP) != 0;
+      if ((l->lfd = uds_listen(sock, sizeof(sock))) < 0 || !eshm_unix_watch(x, l)) {
+        log_warn("link from %s: no same-host copies: cannot make and watch a unix socket to prove this "
+                 "process's pid with: %s",
+                 link_remote(c), strerror(errno));
+        eshm_unix_close(x, l);
+        sock[0] = '\0';
+        status = WIRE_HELLO_REFUSED;
+      }
     }
   }
   const struct cma_self *self = x ? &x->self : &none;
-  bool layout2 = m->u.shm.layout >= 2; /* a layout-1 initiator gets what it knows */
+  bool ok = status == WIRE_HELLO_OK;
   wire_begin(&w, buf, sizeof(buf), WIRE_SHM_HELLO_ACK);
   wire_put_u32(&w, status);
   wire_put_shm_id(&w, layout2 ? WIRE_SHM_LAYOUT : 1, self->boot_id, self->pid, self->uid);
-  wire_put_u64(&w, status == WIRE_HELLO_OK ? (uint64_t)(uintptr_t)l->nonce : 0);
-  if (status == WIRE_HELLO_OK)
+  wire_put_u64(&w, ok ? (uint64_t)(uintptr_t)l->nonce : 0);
+  if (ok)
     wire_put_bytes(&w, l->nonce, sizeof(l->nonce));
   else
     for (int i = 0; i < 4; i++) wire_put_u32(&w, 0);
@@ -287,9 +429,11 @@ static void eshm_target_hello(struct conn *c, const struct wire_msg *m) {
   }
   link_queue_copy(c, buf, wire_end(&w, 0));
   if (link_dead(c)) return;
-  log_info("link from %s: %s (peer pid %u uid %u)", link_remote(c),
-           status == WIRE_HELLO_OK ? "offered same-host copies" : "refused same-host copies", m->u.shm.pid,
-           m->u.shm.uid);
+  if (why) /* two engines of one process do it too: info, as the initiator says it */
+    log_info("link from %s: refused same-host copies: %s (pid %u)", link_remote(c), why, m->u.shm.pid);
+  else
+    log_info("link from %s: %s (peer pid %u uid %u)", link_remote(c),
+             ok ? "offered same-host copies" : "refused same-host copies", m->u.shm.pid, m->u.shm.uid);
 }
 
 static void eshm_target_frame(struct conn *c, const struct wire_msg *m) {
@@ -322,9 +466,7 @@ static void eshm_kill(struct conn *c, HixlStatus st, const char *msg) {
     l->peer = NULL;
   }
   while (l->ngrants > 0) eshm_grant_drop(link_engine(c), l, l->ngrants - 1);
-  if (l->lfd >= 0) close(l->lfd);
-  if (l->ufd >= 0) close(l->ufd);
-  l->lfd = l->ufd = -1;
+  eshm_unix_close(eng_of(link_engine(c)), l); /* an initiator's ufd is never watched */
 }
 
 static void eshm_free(struct conn *c) {
@@ -383,8 +525,8 @@ const struct xport_ops xport_shm = {
               .quiesce = eshm_quiesce,
               .close = eshm_close,
               .caps = eshm_caps,
-              .event_fd = xport_no_event_fd,
-              .on_event = xport_no_engine,
+              .event_fd = eshm_event_fd,
+              .on_event = eshm_on_event,
               .progress = eshm_progress},
     .mem = {.reg = xport_no_reg,
             .dereg = eshm_mem_dereg,
