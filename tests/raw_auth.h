@@ -1,7 +1,7 @@
-/* raw_auth: the initiator's side of the HELLO handshake, spoken by a test over a raw
- * socket: honestly (it holds the key) or as a hostile peer would (a wrong proof, a
- * recorded proof replayed, a claimed name). Uses the engine's own wire and auth code
- * (white box), and the caller's send_all / recv_all. */
+/* raw_auth: a test's raw peer: a socket to an engine, its I/O, and the initiator's
+ * side of the HELLO handshake, spoken over it: honestly (it holds the key) or as a hostile peer would (a
+ * wrong proof, a recorded proof replayed, a claimed name). Uses the engine's own wire and auth code (white
+ * box), and the caller's send_all / recv_all. */
 #ifndef HIXL_TEST_RAW_AUTH_H
 #define HIXL_TEST_RAW_AUTH_H
 
@@ -45,6 +45,7 @@ static inline bool raw_send_all(int fd, const void *p, size_t n) {
     struct iovec iov = {(void *)b, n};
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
     ssize_t k = sock_sendmsg(fd, &mh, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
     if (k <= 0) return false;
     b += k;
     n -= (size_t)k;
@@ -56,6 +57,7 @@ static inline bool raw_recv_all(int fd, void *p, size_t n) {
   uint8_t *b = p;
   while (n > 0) {
     ssize_t k = recv(fd, b, n, 0);
+    if (k < 0 && errno == EINTR) continue;
     if (k <= 0) return false;
     sock_hb_received(fd);
     b += k;

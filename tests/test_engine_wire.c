@@ -104,33 +104,6 @@ static int raw_connect(uint16_t port) { return raw_connect_buf(port, 0); }
 
 static uint16_t target_port(void) { return (uint16_t)atoi(strchr(taddr, ':') + 1); }
 
-/* The raw peer's socket I/O tells ThreadSanitizer the order the stream gives, as the
- * engine's own does (sock.h). */
-static bool send_all(int fd, const void *p, size_t n) {
-  const uint8_t *b = p;
-  while (n > 0) {
-    struct iovec iov = {(void *)b, n};
-    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-    ssize_t k = sock_sendmsg(fd, &mh, MSG_NOSIGNAL);
-    if (k <= 0) return false;
-    b += k;
-    n -= (size_t)k;
-  }
-  return true;
-}
-
-static bool recv_all(int fd, void *p, size_t n) {
-  uint8_t *b = p;
-  while (n > 0) {
-    ssize_t k = recv(fd, b, n, 0);
-    if (k <= 0) return false;
-    sock_hb_received(fd);
-    b += k;
-    n -= (size_t)k;
-  }
-  return true;
-}
-
 /* True when the peer closes the socket (EOF or reset) within the receive timeout. */
 static bool closed_by_peer(int fd) {
   uint8_t buf[4096];
@@ -144,10 +117,10 @@ static bool closed_by_peer(int fd) {
 /* Read one frame; the body goes to body (cap bytes). */
 static bool read_frame(int fd, struct wire_hdr *h, uint8_t *body, size_t cap) {
   uint8_t hb[WIRE_HDR_LEN];
-  if (!recv_all(fd, hb, sizeof(hb))) return false;
+  if (!raw_recv_all(fd, hb, sizeof(hb))) return false;
   enum wire_err err = wire_parse_hdr(hb, h);
   if (err != WIRE_OK || h->body_len > cap) return false;
-  return recv_all(fd, body, h->body_len);
+  return raw_recv_all(fd, body, h->body_len);
 }
 
 /* A raw link to port that completed the handshake (rcvbuf as raw_connect_buf), from
@@ -158,7 +131,7 @@ static int raw_link_from(uint16_t port, int rcvbuf, const char *from) {
   struct wire_msg m;
   int fd = raw_connect_from(port, rcvbuf, from);
   if (fd < 0) return -1;
-  if (!send_all(fd, buf, wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "raw-test")) ||
+  if (!raw_send_all(fd, buf, wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "raw-test")) ||
       !read_frame(fd, &h, buf, sizeof(buf)) || h.type != WIRE_HELLO_ACK ||
       wire_decode(&h, buf, &m) != WIRE_OK || m.u.hello_ack.status != 0) {
     close(fd);
@@ -175,7 +148,7 @@ static int raw_link_to(uint16_t port, int rcvbuf) { return raw_link_from(port, r
 static int raw_link_key(uint16_t port, const char *key_hex) {
   struct raw_auth a = {.key_hex = key_hex, .name = "raw-test"};
   int fd = raw_connect_from(port, 0, NULL);
-  if (fd >= 0 && (!raw_auth_hello(fd, &a, send_all, recv_all) || a.status != WIRE_HELLO_OK)) {
+  if (fd >= 0 && (!raw_auth_hello(fd, &a, raw_send_all, raw_recv_all) || a.status != WIRE_HELLO_OK)) {
     close(fd);
     fd = -1;
   }
@@ -208,7 +181,7 @@ static void test_garbage_closes_link(void) {
   int fd = raw_connect(target_port());
   CU_ASSERT_FATAL(fd >= 0);
   const char junk[] = "GET / HTTP/1.0\r\n\r\n....";
-  CU_ASSERT(send_all(fd, junk, sizeof(junk)));
+  CU_ASSERT(raw_send_all(fd, junk, sizeof(junk)));
   CU_ASSERT(closed_by_peer(fd));
   close(fd);
   assert_target_serves();
@@ -222,7 +195,7 @@ static void test_version_mismatch_answered(void) {
   CU_ASSERT_FATAL(fd >= 0);
   size_t n = wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "from-the-future");
   buf[4] = WIRE_VERSION + 1;
-  CU_ASSERT(send_all(fd, buf, n));
+  CU_ASSERT(raw_send_all(fd, buf, n));
   CU_ASSERT_FATAL(read_frame(fd, &h, buf, sizeof(buf)));
   CU_ASSERT_EQUAL(h.type, WIRE_HELLO_ACK);
   CU_ASSERT_EQUAL(h.version, WIRE_VERSION);
@@ -239,7 +212,7 @@ static void test_request_before_hello_closes(void) {
   int fd = raw_connect(target_port());
   CU_ASSERT_FATAL(fd >= 0);
   size_t n = wire_put_read_req(buf, 1, (uintptr_t)tmem, 16);
-  CU_ASSERT(send_all(fd, buf, n));
+  CU_ASSERT(raw_send_all(fd, buf, n));
   CU_ASSERT(closed_by_peer(fd));
   close(fd);
 }
@@ -252,7 +225,7 @@ static void test_oversized_frame_closes(void) {
   size_t n = wire_put_write_req(buf, 1, (uintptr_t)tmem, 16);
   /* payload_len far beyond the largest chunk */
   buf[12] = 0x7f;
-  CU_ASSERT(send_all(fd, buf, n));
+  CU_ASSERT(raw_send_all(fd, buf, n));
   CU_ASSERT(closed_by_peer(fd));
   close(fd);
   CU_ASSERT(tu_check_byte(tmem, 4096, 0x5a) == -1);
@@ -270,7 +243,7 @@ static void test_out_of_range_refused_link_kept(void) {
 
   /* WRITE that runs past the end of the registration: refused, data discarded. */
   size_t n = wire_put_write_req(frame, 7, (uintptr_t)tmem + MEM_LEN - 128, sizeof(data));
-  CU_ASSERT(send_all(fd, frame, n) && send_all(fd, data, sizeof(data)));
+  CU_ASSERT(raw_send_all(fd, frame, n) && raw_send_all(fd, data, sizeof(data)));
   CU_ASSERT_FATAL(read_frame(fd, &h, body, sizeof(body)));
   CU_ASSERT_FATAL(h.type == WIRE_WRITE_ACK && wire_decode(&h, body, &m) == WIRE_OK);
   CU_ASSERT_EQUAL(m.u.ack.seq, 7);
@@ -279,7 +252,7 @@ static void test_out_of_range_refused_link_kept(void) {
 
   /* READ of memory nobody registered: refused with no payload. */
   n = wire_put_read_req(frame, 8, (uintptr_t)data, sizeof(data));
-  CU_ASSERT(send_all(fd, frame, n));
+  CU_ASSERT(raw_send_all(fd, frame, n));
   CU_ASSERT_FATAL(read_frame(fd, &h, body, sizeof(body)));
   CU_ASSERT_FATAL(h.type == WIRE_READ_RESP && wire_decode(&h, body, &m) == WIRE_OK);
   CU_ASSERT_EQUAL(m.u.ack.seq, 8);
@@ -288,7 +261,7 @@ static void test_out_of_range_refused_link_kept(void) {
 
   /* The same link still works for an in-range WRITE and READ. */
   n = wire_put_write_req(frame, 9, (uintptr_t)tmem + 100, sizeof(data));
-  CU_ASSERT(send_all(fd, frame, n) && send_all(fd, data, sizeof(data)));
+  CU_ASSERT(raw_send_all(fd, frame, n) && raw_send_all(fd, data, sizeof(data)));
   CU_ASSERT_FATAL(read_frame(fd, &h, body, sizeof(body)));
   CU_ASSERT(h.type == WIRE_WRITE_ACK && wire_decode(&h, body, &m) == WIRE_OK && m.u.ack.status == 0);
   CU_ASSERT(tu_check_byte(tmem + 100, sizeof(data), 0xee) == -1);
@@ -297,10 +270,10 @@ static void test_out_of_range_refused_link_kept(void) {
 
   uint8_t back[256];
   n = wire_put_read_req(frame, 10, (uintptr_t)tmem + 100, sizeof(back));
-  CU_ASSERT(send_all(fd, frame, n));
+  CU_ASSERT(raw_send_all(fd, frame, n));
   CU_ASSERT_FATAL(read_frame(fd, &h, body, sizeof(body)));
   CU_ASSERT(h.type == WIRE_READ_RESP && h.payload_len == sizeof(back));
-  CU_ASSERT_FATAL(recv_all(fd, back, sizeof(back)));
+  CU_ASSERT_FATAL(raw_recv_all(fd, back, sizeof(back)));
   CU_ASSERT(memcmp(back, data, sizeof(back)) == 0);
   close(fd);
 }
@@ -310,7 +283,7 @@ static void test_truncated_then_gone(void) {
   int fd = raw_link();
   CU_ASSERT_FATAL(fd >= 0);
   size_t n = wire_put_write_req(frame, 1, (uintptr_t)tmem, 4096);
-  CU_ASSERT(send_all(fd, frame, n) && send_all(fd, frame, 10)); /* 10 of 4096 bytes, then gone */
+  CU_ASSERT(raw_send_all(fd, frame, n) && raw_send_all(fd, frame, 10)); /* 10 of 4096 bytes, then gone */
   close(fd);
   assert_target_serves();
 }
@@ -338,7 +311,7 @@ static bool send_stage(int fd, enum wire_type type, uint64_t seq, const struct s
   if (!frame) return false;
   size_t len = wire_put_stage(frame, type, seq, n, write ? segs_total(s, n) : 0);
   for (uint32_t i = 0; i < n; i++) wire_put_stage_seg(frame, false, i, s[i].addr, s[i].len);
-  ok = send_all(fd, frame, len) && (!write || send_all(fd, data, segs_total(s, n)));
+  ok = raw_send_all(fd, frame, len) && (!write || raw_send_all(fd, data, segs_total(s, n)));
   free(frame);
   return ok;
 }
@@ -372,7 +345,7 @@ static bool expect_answer(int fd, uint8_t type, uint64_t seq, uint32_t status, u
 
 static bool expect_sync(int fd, uint64_t seq, unsigned line) {
   uint8_t frame[WIRE_SMALL_FRAME];
-  if (!send_all(fd, frame, wire_put_sync(frame, seq))) {
+  if (!raw_send_all(fd, frame, wire_put_sync(frame, seq))) {
     tu_fail(__FILE__, line, "cannot send SYNC seq %llu", (unsigned long long)seq);
     return false;
   }
@@ -430,7 +403,7 @@ static void assert_link_serves(int fd, uint64_t seq, unsigned line) {
   ref_apply(s, 2, data);
   if (!send_stage(fd, WIRE_STAGE_READ, seq + 1, s, 2, NULL) ||
       !expect_answer(fd, WIRE_READ_RESP, seq + 1, HIXL_SUCCESS, sizeof(back), line) ||
-      !recv_all(fd, back, sizeof(back))) {
+      !raw_recv_all(fd, back, sizeof(back))) {
     tu_fail(__FILE__, line, "the link no longer serves STAGE_READ");
     return;
   }
@@ -521,7 +494,7 @@ static void test_call_after(void) {
   size_t n = put_write(out, 1, 0, 0, LEN, 40);
   n += put_write(out + n, 2, q.off, 0, LEN, q.seed);
   n += put_call_after(out + n, 3, 1, SVC, &q);
-  CU_ASSERT_FATAL(send_all(fd, out, n));
+  CU_ASSERT_FATAL(raw_send_all(fd, out, n));
   EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 1, HIXL_SUCCESS, 0);
   EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 2, HIXL_SUCCESS, 0);
   EXPECT_CALL_RESP(fd, 3, HIXL_SUCCESS, "all there");
@@ -534,7 +507,7 @@ static void test_call_after(void) {
   n += put_write(out + n, 5, MEM_LEN - 100, 0, 200, 44);
   n += put_write(out + n, 6, q.off, 0, LEN, q.seed);
   n += put_call_after(out + n, 7, 4, SVC, &q);
-  CU_ASSERT_FATAL(send_all(fd, out, n));
+  CU_ASSERT_FATAL(raw_send_all(fd, out, n));
   EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 4, HIXL_SUCCESS, 0);
   EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 5, HIXL_FAILED, 0);
   EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 6, HIXL_SUCCESS, 0);
@@ -545,7 +518,7 @@ static void test_call_after(void) {
   /* Memory nobody registered, as the only WRITE: refused, the call too. */
   n = put_write(out, 8, ~0u, (uintptr_t)umem, 1000, 45);
   n += put_call_after(out + n, 9, 8, SVC, &q);
-  CU_ASSERT_FATAL(send_all(fd, out, n));
+  CU_ASSERT_FATAL(raw_send_all(fd, out, n));
   EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 8, HIXL_FAILED, 0);
   EXPECT_CALL_RESP(fd, 9, HIXL_FAILED, "(seq 8) was refused");
 
@@ -553,7 +526,7 @@ static void test_call_after(void) {
   q = (struct after_req){500000, 1000, 46};
   n = put_write(out, 10, q.off, 0, q.len, q.seed);
   n += put_call_after(out + n, 11, 10, SVC, &q);
-  CU_ASSERT_FATAL(send_all(fd, out, n));
+  CU_ASSERT_FATAL(raw_send_all(fd, out, n));
   EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 10, HIXL_SUCCESS, 0);
   EXPECT_CALL_RESP(fd, 11, HIXL_SUCCESS, "all there");
   CU_ASSERT_EQUAL(seen.calls, 2);
@@ -561,7 +534,7 @@ static void test_call_after(void) {
   /* A service nobody serves. */
   n = put_write(out, 12, q.off, 0, q.len, q.seed + 1);
   n += put_call_after(out + n, 13, 12, 1, &q);
-  CU_ASSERT_FATAL(send_all(fd, out, n));
+  CU_ASSERT_FATAL(raw_send_all(fd, out, n));
   EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 12, HIXL_SUCCESS, 0);
   EXPECT_CALL_RESP(fd, 13, HIXL_UNSUPPORTED, "offers no service");
   CU_ASSERT(tu_check_pattern(tmem + q.off, q.len, q.seed + 1) == -1);
@@ -569,7 +542,7 @@ static void test_call_after(void) {
   /* after not before its own seq: malformed, the link is closed, the handler not run. */
   n = put_call_after(out, 14, 13, SVC, &q);
   out[WIRE_HDR_LEN + 15] = 14; /* after's low byte (big-endian): after = seq */
-  CU_ASSERT(send_all(fd, out, n));
+  CU_ASSERT(raw_send_all(fd, out, n));
   CU_ASSERT(closed_by_peer(fd));
   close(fd);
   CU_ASSERT_EQUAL(seen.calls, 2);
@@ -682,7 +655,7 @@ static void test_stage_read(void) {
   ref_pack(s, n, want);
   CU_ASSERT(send_stage(fd, WIRE_STAGE_READ, 71, s, n, NULL));
   CU_ASSERT_FATAL(EXPECT_ANSWER(fd, WIRE_READ_RESP, 71, HIXL_SUCCESS, total));
-  CU_ASSERT_FATAL(recv_all(fd, got, total));
+  CU_ASSERT_FATAL(raw_recv_all(fd, got, total));
   TU_ASSERT_SAME(got, want, total, "STAGE_READ answer");
 
   const struct seg bad[][3] = {
@@ -698,7 +671,7 @@ static void test_stage_read(void) {
   memset(got, 0, total);
   CU_ASSERT(send_stage(fd, WIRE_STAGE_READ, 80, s, n, NULL));
   CU_ASSERT_FATAL(EXPECT_ANSWER(fd, WIRE_READ_RESP, 80, HIXL_SUCCESS, total));
-  CU_ASSERT_FATAL(recv_all(fd, got, total));
+  CU_ASSERT_FATAL(raw_recv_all(fd, got, total));
   TU_ASSERT_SAME(got, want, total, "STAGE_READ answer after refusals");
   CU_ASSERT(EXPECT_SYNC(fd, 81));
   ASSERT_MEMORY();
@@ -719,7 +692,7 @@ static void test_stage_rdma_without_qp(void) {
     size_t len = wire_put_stage_rdma(frame, type, 90 + k, (uintptr_t)umem, 0x1234, 2);
     wire_put_stage_seg(frame, true, 0, (uintptr_t)smem + 4096, 4096);
     wire_put_stage_seg(frame, true, 1, (uintptr_t)tmem, 1);
-    CU_ASSERT(send_all(fd, frame, len));
+    CU_ASSERT(raw_send_all(fd, frame, len));
     CU_ASSERT(EXPECT_ANSWER(fd, WIRE_WRITE_ACK, 90 + k, HIXL_FAILED, 0));
     ASSERT_MEMORY();
   }
@@ -796,7 +769,7 @@ static void test_stage_malformed_closes_link(void) {
     size_t n = raw_stage(frame, cases[c].type, 100 + c, cases[c].count, cases[c].s, cases[c].nsegs,
                          cases[c].payload_len);
     CU_ASSERT_FATAL(n > 0 && cases[c].payload_len <= sizeof(junk));
-    CU_ASSERT(send_all(fd, frame, n) && send_all(fd, junk, cases[c].payload_len));
+    CU_ASSERT(raw_send_all(fd, frame, n) && raw_send_all(fd, junk, cases[c].payload_len));
     if (!closed_by_peer(fd)) tu_fail(__FILE__, __LINE__, "%s: the link was not closed", cases[c].what);
     close(fd);
     ASSERT_MEMORY();
@@ -810,7 +783,7 @@ static void test_stage_malformed_closes_link(void) {
     CU_ASSERT_FATAL(big && fd >= 0);
     size_t n = wire_put_stage(big, WIRE_STAGE_READ, 200, WIRE_MAX_STAGE_SEGS + 1, 0);
     for (uint32_t i = 0; i <= WIRE_MAX_STAGE_SEGS; i++) wire_put_stage_seg(big, false, i, s0 + i, 1);
-    CU_ASSERT(send_all(fd, big, n));
+    CU_ASSERT(raw_send_all(fd, big, n));
     if (!closed_by_peer(fd))
       tu_fail(__FILE__, __LINE__, "STAGE_READ of 4097 ranges: the link was not closed");
     close(fd);
@@ -851,14 +824,15 @@ static bool flood_send(int fd, uint64_t seq0, uint32_t n) {
     len += wire_put_stage(f, WIRE_STAGE_READ, seq0 + i, k, 0);
     for (uint32_t j = 0; j < k; j++) wire_put_stage_seg(f, false, j, s[j].addr, s[j].len);
   }
-  return send_all(fd, buf, len);
+  return raw_send_all(fd, buf, len);
 }
 
 /* Read the answer to flood frame i (seq): status 0 and all of smem in its order. */
 static void flood_expect_data(int fd, uint32_t i, uint64_t seq, uint8_t *got, unsigned line) {
   struct seg s[2];
   uint32_t k = flood_segs(i, s);
-  if (!expect_answer(fd, WIRE_READ_RESP, seq, HIXL_SUCCESS, SMEM_LEN, line) || !recv_all(fd, got, SMEM_LEN)) {
+  if (!expect_answer(fd, WIRE_READ_RESP, seq, HIXL_SUCCESS, SMEM_LEN, line) ||
+      !raw_recv_all(fd, got, SMEM_LEN)) {
     tu_fail(__FILE__, line, "flood answer %u (seq %llu) missing", i, (unsigned long long)seq);
     return;
   }
@@ -1081,7 +1055,7 @@ static void test_stage_unmapped_page(void) {
   CU_ASSERT(unreg_cmd(&child, UNREG_CHECK_REG, 1000, 56, 15) == -1);
   CU_ASSERT(send_stage(fd, WIRE_STAGE_READ, 7, ok, 2, NULL));
   CU_ASSERT_FATAL(EXPECT_ANSWER(fd, WIRE_READ_RESP, 7, HIXL_SUCCESS, 256));
-  CU_ASSERT_FATAL(recv_all(fd, back, 256));
+  CU_ASSERT_FATAL(raw_recv_all(fd, back, 256));
   TU_ASSERT_SAME(back, data, 256, "STAGE_READ of unregistered page 0 and registered memory");
   CU_ASSERT(EXPECT_SYNC(fd, 8));
   CU_ASSERT(unreg_cmd(&child, UNREG_HOLE_STATE, 0, 0, 0) == 0);
@@ -1118,7 +1092,7 @@ static bool send_hello_ack(int fd, uint8_t version) {
   wire_put_u32(&w, 0);
   size_t n = wire_end(&w, 0);
   buf[4] = version;
-  return send_all(fd, buf, n);
+  return raw_send_all(fd, buf, n);
 }
 
 static void *fake_main(void *arg) {
@@ -1139,13 +1113,13 @@ static void *fake_main(void *arg) {
   if (f->mode != FAKE_SILENT && f->mode != FAKE_CLOSE_THEN_SERVE && read_frame(fd, &h, buf, sizeof(buf))) {
     size_t n;
     switch (f->mode) {
-    case FAKE_GARBAGE: send_all(fd, "HTTP/1.1 400 Bad Request\r\n\r\n", 28); break;
+    case FAKE_GARBAGE: raw_send_all(fd, "HTTP/1.1 400 Bad Request\r\n\r\n", 28); break;
     case FAKE_NEW_VERSION:
     case FAKE_BAD_SEQ:
       send_hello_ack(fd, f->mode == FAKE_NEW_VERSION ? WIRE_VERSION + 1 : WIRE_VERSION);
       if (f->mode == FAKE_BAD_SEQ && read_frame(fd, &h, buf, sizeof(buf))) {
         n = wire_put_ack(buf, WIRE_WRITE_ACK, 999, 0, 0); /* not the seq it sent */
-        send_all(fd, buf, n);
+        raw_send_all(fd, buf, n);
       }
       break;
     default: break;
@@ -1263,7 +1237,7 @@ static void *flood_send_reqs(void *p) {
   f->ok = true;
   for (uint32_t i = 0; i < FLOOD_READS && f->ok; i++) {
     size_t n = wire_put_read_req(frame, 1000 + i, (uintptr_t)tmem + (i % 64) * FLOOD_LEN, FLOOD_LEN);
-    f->ok = send_all(f->fd, frame, n); /* blocks while the target does not read */
+    f->ok = raw_send_all(f->fd, frame, n); /* blocks while the target does not read */
   }
   return NULL;
 }
@@ -1325,7 +1299,7 @@ static void test_read_flood_backpressure(void) {
   for (; got < FLOOD_READS; got++) {
     if (!read_frame(f.fd, &wh, body, sizeof(body)) || wh.type != WIRE_READ_RESP ||
         wire_decode(&wh, body, &m) != WIRE_OK || m.u.ack.seq != 1000 + got || m.u.ack.status != 0 ||
-        wh.payload_len != FLOOD_LEN || !recv_all(f.fd, data, FLOOD_LEN) ||
+        wh.payload_len != FLOOD_LEN || !raw_recv_all(f.fd, data, FLOOD_LEN) ||
         memcmp(data, tmem + (got % 64) * FLOOD_LEN, FLOOD_LEN) != 0)
       break;
   }

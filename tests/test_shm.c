@@ -40,6 +40,7 @@
 #include <CUnit/Basic.h>
 
 #include "engine/engine_ext.h"
+#include "raw_auth.h"
 #include "test_util.h"
 #include "util/cma.h"
 #include "wire/wire.h"
@@ -1001,39 +1002,15 @@ static struct {
   tu_child holder; /* a child that only holds its copy of the above, then checks it */
 } hz;
 
-static bool raw_send(int fd, const void *p, size_t n) {
-  const uint8_t *b = p;
-  while (n > 0) {
-    ssize_t k = send(fd, b, n, MSG_NOSIGNAL);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return false;
-    b += k;
-    n -= (size_t)k;
-  }
-  return true;
-}
-
-static bool raw_recv(int fd, void *p, size_t n) {
-  uint8_t *b = p;
-  while (n > 0) {
-    ssize_t k = recv(fd, b, n, 0);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return false;
-    b += k;
-    n -= (size_t)k;
-  }
-  return true;
-}
-
 /* One frame: its body into body (cap bytes), its payload read and dropped. */
 static bool raw_frame(int fd, struct wire_hdr *h, uint8_t *body, size_t cap) {
   uint8_t hb[WIRE_HDR_LEN], sink[4096];
-  if (!raw_recv(fd, hb, sizeof(hb)) || wire_parse_hdr(hb, h) != WIRE_OK || h->body_len > cap ||
-      !raw_recv(fd, body, h->body_len))
+  if (!raw_recv_all(fd, hb, sizeof(hb)) || wire_parse_hdr(hb, h) != WIRE_OK || h->body_len > cap ||
+      !raw_recv_all(fd, body, h->body_len))
     return false;
   for (uint32_t left = h->payload_len; left > 0;) {
     uint32_t k = left < sizeof(sink) ? left : (uint32_t)sizeof(sink);
-    if (!raw_recv(fd, sink, k)) return false;
+    if (!raw_recv_all(fd, sink, k)) return false;
     left -= k;
   }
   return true;
@@ -1087,7 +1064,7 @@ static void fake_serve(const struct fake *f) {
   wire_put_bytes(&w, "fake", 4);
   wire_put_u32(&w, 1);
   wire_put_mem_entry(&w, (uintptr_t)hz.victim, VICTIM_LEN, 0, "");
-  if (!raw_send(fd, buf, wire_end(&w, 0))) goto out;
+  if (!raw_send_all(fd, buf, wire_end(&w, 0))) goto out;
   if (!raw_frame(fd, &h, body, sizeof(body)) || h.type != WIRE_SHM_HELLO ||
       wire_decode(&h, body, &m) != WIRE_OK)
     goto out;
@@ -1102,7 +1079,7 @@ static void fake_serve(const struct fake *f) {
   wire_put_bytes(&w, hz.nonce, sizeof(hz.nonce));
   wire_put_u16(&w, (uint16_t)strlen(sname));
   wire_put_bytes(&w, sname, strlen(sname));
-  if (!raw_send(fd, buf, wire_end(&w, 0))) goto out;
+  if (!raw_send_all(fd, buf, wire_end(&w, 0))) goto out;
   for (;;) {
     struct pollfd pf[3] = {
         {.fd = f->done, .events = POLLIN}, {.fd = fd, .events = POLLIN}, {.fd = ul, .events = POLLIN}};
@@ -1117,7 +1094,7 @@ static void fake_serve(const struct fake *f) {
         wire_begin(&w, buf, sizeof(buf), WIRE_SHM_MAP_ACK);
         wire_put_u32(&w, WIRE_HELLO_REFUSED);
         wire_put_bytes(&w, "fake", 4);
-        if (!raw_send(fd, buf, wire_end(&w, 0))) break;
+        if (!raw_send_all(fd, buf, wire_end(&w, 0))) break;
       }
     }
     if (ul >= 0 && pf[2].revents) {
@@ -1288,7 +1265,7 @@ static int raw_link(uint16_t port) {
   inet_pton(AF_INET, tu_ip(), &sa.sin_addr);
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-      !raw_send(fd, buf, wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "raw-test")) ||
+      !raw_send_all(fd, buf, wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "raw-test")) ||
       !raw_frame(fd, &h, buf, sizeof(buf)) || h.type != WIRE_HELLO_ACK ||
       wire_decode(&h, buf, &m) != WIRE_OK || m.u.hello_ack.status != WIRE_HELLO_OK ||
       !(m.u.hello_ack.caps & WIRE_CAP_SHM)) {
@@ -1318,7 +1295,7 @@ static void test_target_refuses_own_pid(void) {
     wire_begin(&w, buf, sizeof(buf), WIRE_SHM_HELLO);
     wire_put_shm_id(&w, WIRE_SHM_LAYOUT, self.boot_id, pid, self.uid);
     wire_put_u32(&w, k == 0 ? WIRE_SHM_F_MAP : 0);
-    CU_ASSERT_FATAL(raw_send(fd, buf, wire_end(&w, 0)));
+    CU_ASSERT_FATAL(raw_send_all(fd, buf, wire_end(&w, 0)));
     CU_ASSERT_FATAL(raw_frame(fd, &h, buf, sizeof(buf)) && h.type == WIRE_SHM_HELLO_ACK &&
                     wire_decode(&h, buf, &m) == WIRE_OK);
     if (k == 0) {

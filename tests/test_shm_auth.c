@@ -224,39 +224,15 @@ out:
 
 /* ---------------------------------------------------------------- a relay */
 
-static bool raw_send(int fd, const void *p, size_t n) {
-  const uint8_t *b = p;
-  while (n > 0) {
-    ssize_t k = send(fd, b, n, MSG_NOSIGNAL);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return false;
-    b += k;
-    n -= (size_t)k;
-  }
-  return true;
-}
-
-static bool raw_recv(int fd, void *p, size_t n) {
-  uint8_t *b = p;
-  while (n > 0) {
-    ssize_t k = recv(fd, b, n, 0);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) return false;
-    b += k;
-    n -= (size_t)k;
-  }
-  return true;
-}
-
 /* One frame into buf (header, then body; cap bytes), its payload read and dropped. */
 static bool raw_frame(int fd, struct wire_hdr *h, uint8_t *buf, size_t cap) {
   uint8_t sink[4096];
-  if (!raw_recv(fd, buf, WIRE_HDR_LEN) || wire_parse_hdr(buf, h) != WIRE_OK ||
-      h->body_len > cap - WIRE_HDR_LEN || !raw_recv(fd, buf + WIRE_HDR_LEN, h->body_len))
+  if (!raw_recv_all(fd, buf, WIRE_HDR_LEN) || wire_parse_hdr(buf, h) != WIRE_OK ||
+      h->body_len > cap - WIRE_HDR_LEN || !raw_recv_all(fd, buf + WIRE_HDR_LEN, h->body_len))
     return false;
   for (uint32_t left = h->payload_len; left > 0;) {
     uint32_t k = left < sizeof(sink) ? left : (uint32_t)sizeof(sink);
-    if (!raw_recv(fd, sink, k)) return false;
+    if (!raw_recv_all(fd, sink, k)) return false;
     left -= k;
   }
   return true;
@@ -308,7 +284,7 @@ static void *relay_main(void *arg) {
   wire_put_bytes(&w, mac, sizeof(mac));
   wire_put_u16(&w, 5);
   wire_put_bytes(&w, "relay", 5);
-  if (!raw_send(fd, buf, wire_end(&w, 0)) || !raw_frame(fd, &h, buf, sizeof(buf)) ||
+  if (!raw_send_all(fd, buf, wire_end(&w, 0)) || !raw_frame(fd, &h, buf, sizeof(buf)) ||
       h.type != WIRE_AUTH_PROOF)
     goto out;
   wire_begin(&w, buf, sizeof(buf), WIRE_HELLO_ACK);
@@ -318,7 +294,7 @@ static void *relay_main(void *arg) {
   wire_put_bytes(&w, "relay", 5);
   wire_put_u32(&w, 1);
   wire_put_mem_entry(&w, r->b_addr, r->b_len, 0, "");
-  if (!raw_send(fd, buf, wire_end(&w, 0))) goto out;
+  if (!raw_send_all(fd, buf, wire_end(&w, 0))) goto out;
   /* Its SHM_HELLO: ask B the same, for this engine's pid. */
   if (!raw_frame(fd, &h, buf, sizeof(buf)) || h.type != WIRE_SHM_HELLO ||
       wire_decode(&h, buf + WIRE_HDR_LEN, &m) != WIRE_OK)
@@ -331,16 +307,16 @@ static void *relay_main(void *arg) {
   inet_pton(AF_INET, tu_ip(), &sa.sin_addr);
   bfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (bfd < 0 || connect(bfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-      !raw_auth_hello(bfd, &a, raw_send, raw_recv) || a.status != WIRE_HELLO_OK)
+      !raw_auth_hello(bfd, &a, raw_send_all, raw_recv_all) || a.status != WIRE_HELLO_OK)
     goto out;
   wire_begin(&w, buf, sizeof(buf), WIRE_SHM_HELLO);
   wire_put_shm_id(&w, WIRE_SHM_LAYOUT, boot, pid, uid);
   wire_put_u32(&w, WIRE_SHM_F_MAP);
-  if (!raw_send(bfd, buf, wire_end(&w, 0))) goto out;
+  if (!raw_send_all(bfd, buf, wire_end(&w, 0))) goto out;
   do {
     if (!raw_frame(bfd, &h, buf, sizeof(buf))) goto out;
   } while (h.type != WIRE_SHM_HELLO_ACK);
-  if (!raw_send(fd, buf, WIRE_HDR_LEN + h.body_len)) goto out;
+  if (!raw_send_all(fd, buf, WIRE_HDR_LEN + h.body_len)) goto out;
   r->relayed = true;
   for (;;) {
     struct pollfd pf[3] = {
@@ -352,12 +328,12 @@ static void *relay_main(void *arg) {
     if (pf[0].revents) break;
     if (pf[1].revents) {
       if (!raw_frame(fd, &h, buf, sizeof(buf))) break;
-      if (h.type == WIRE_SHM_MAP_HELLO && !raw_send(bfd, buf, WIRE_HDR_LEN + h.body_len)) break;
+      if (h.type == WIRE_SHM_MAP_HELLO && !raw_send_all(bfd, buf, WIRE_HDR_LEN + h.body_len)) break;
     }
     if (pf[2].revents) {
       if (!raw_frame(bfd, &h, buf, sizeof(buf))) break;
       bool map = h.type == WIRE_SHM_MAP || h.type == WIRE_SHM_MAP_ACK || h.type == WIRE_SHM_UNMAP;
-      if (map && !raw_send(fd, buf, WIRE_HDR_LEN + h.body_len)) break;
+      if (map && !raw_send_all(fd, buf, WIRE_HDR_LEN + h.body_len)) break;
     }
   }
 out:
