@@ -38,7 +38,6 @@
 
 #define MAX_TRANSPORTS 4
 #define REGION_BYTES   (1u << 20)
-#define KEY_BYTES      32 /* 64 hex digits */
 
 enum { MODE_ON, MODE_OFF, MODE_OFF_B, MODE_COUNT };
 static const char *const mode_names[MODE_COUNT] = {"on", "off", "off-b"};
@@ -69,38 +68,6 @@ static void report(const char *what, HixlStatus st) {
 }
 
 static size_t n_modes(void) { return o.aa ? MODE_COUNT : MODE_OFF_B; }
-
-/* A key file only this user reads: 64 hex digits and a newline. 0, or -1 (said). */
-static int key_file_make(char *path, size_t cap) {
-  uint8_t key[KEY_BYTES];
-  char hex[2 * KEY_BYTES + 1];
-  const char *dir = getenv("TMPDIR");
-  int rc = -1;
-  snprintf(path, cap, "%s/hixl-auth-bench-XXXXXX", dir && *dir ? dir : "/tmp");
-  if (getrandom(key, sizeof(key), 0) != (ssize_t)sizeof(key)) {
-    fprintf(stderr, "hixl-auth-bench: getrandom for the key: %s\n", strerror(errno));
-    return -1;
-  }
-  for (size_t i = 0; i < KEY_BYTES; i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
-  hex[2 * KEY_BYTES] = '\n';
-  int fd = mkstemp(path); /* O_EXCL, mode 0600 */
-  if (fd < 0) {
-    fprintf(stderr, "hixl-auth-bench: mkstemp %s: %s\n", path, strerror(errno));
-    goto out_wipe;
-  }
-  if (fchmod(fd, 0600) != 0 || write(fd, hex, sizeof(hex)) != (ssize_t)sizeof(hex)) {
-    fprintf(stderr, "hixl-auth-bench: writing the key file %s: %s\n", path, strerror(errno));
-    close(fd);
-    unlink(path);
-    goto out_wipe;
-  }
-  close(fd);
-  rc = 0;
-out_wipe:
-  memset(key, 0, sizeof(key));
-  memset(hex, 0, sizeof(hex));
-  return rc;
-}
 
 /* An engine on addr with Transport transport and AuthKeyFile key ("" none) that has
  * registered region as *h; NULL when it cannot (said). */
@@ -386,7 +353,7 @@ int main(int argc, char **argv) {
     usage(stderr);
     return 2;
   }
-  if (key_file_make(key, sizeof(key)) != 0) return 1;
+  if (bench_key_file(key, sizeof(key), "hixl-auth-bench") != 0) return 1;
   if (posix_memalign(&region, 4096, REGION_BYTES) != 0) {
     fprintf(stderr, "hixl-auth-bench: out of memory\n");
     goto out_key;

@@ -1,5 +1,6 @@
-/* bench_util: small helpers shared by hixl-bench and hixl-tcp-ref (clock, argument
- * parsing, latency statistics, data pattern, CSV). Header-only, static inline. */
+/* bench_util: small helpers shared by hixl-bench, hixl-tcp-ref and the other benches and
+ * examples (clock, argument parsing, latency statistics, data pattern, CSV, a key
+ * file). Header-only, static inline. */
 #ifndef HIXL_BENCH_UTIL_H
 #define HIXL_BENCH_UTIL_H
 
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <sys/socket.h>
@@ -265,6 +267,40 @@ static inline uint16_t bench_free_port(void) {
     port = ntohs(a.sin_port);
   if (fd >= 0) close(fd);
   return port;
+}
+
+/* A key file for AuthKeyFile that only this user reads (mkstemp in $TMPDIR or /tmp, mode
+ * 0600): 32 random bytes as 64 hex digits and a newline; its path in path. 0, or -1
+ * (said on stderr, prog first). The caller unlinks it. */
+static inline int bench_key_file(char *path, size_t cap, const char *prog) {
+  uint8_t key[32];
+  char hex[2 * sizeof(key) + 1];
+  const char *dir = getenv("TMPDIR");
+  int rc = -1;
+  snprintf(path, cap, "%s/hixl-key-XXXXXX", dir && *dir ? dir : "/tmp");
+  if (getrandom(key, sizeof(key), 0) != (ssize_t)sizeof(key)) {
+    fprintf(stderr, "%s: getrandom for the key: %s\n", prog, strerror(errno));
+    return -1;
+  }
+  for (size_t i = 0; i < sizeof(key); i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
+  hex[2 * sizeof(key)] = '\n';
+  int fd = mkstemp(path); /* O_EXCL, mode 0600 */
+  if (fd < 0) {
+    fprintf(stderr, "%s: mkstemp %s: %s\n", prog, path, strerror(errno));
+    goto out_wipe;
+  }
+  if (fchmod(fd, 0600) != 0 || write(fd, hex, sizeof(hex)) != (ssize_t)sizeof(hex)) {
+    fprintf(stderr, "%s: writing the key file %s: %s\n", prog, path, strerror(errno));
+    close(fd);
+    unlink(path);
+    goto out_wipe;
+  }
+  close(fd);
+  rc = 0;
+out_wipe:
+  memset(key, 0, sizeof(key));
+  memset(hex, 0, sizeof(hex));
+  return rc;
 }
 
 #endif /* HIXL_BENCH_UTIL_H */

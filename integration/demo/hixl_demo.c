@@ -558,6 +558,12 @@ int main(int argc, char **argv) {
     return 1;
   }
 
+  /* The two processes prove the same key when they link (AuthKeyFile from
+   * HIXL_AUTH_KEY_FILE, docs/security.md); without one given, a key made for the run. */
+  char key[128] = "";
+  if (!getenv("HIXL_AUTH_KEY_FILE") &&
+      (bench_key_file(key, sizeof(key), g_prog) != 0 || setenv("HIXL_AUTH_KEY_FILE", key, 1) != 0))
+    return 1;
   int up[2], down[2]; /* up: child -> parent; down: parent -> child */
   if (pipe2(up, O_CLOEXEC) != 0 || pipe2(down, O_CLOEXEC) != 0) {
     fprintf(stderr, "%s: pipe: %s\n", g_prog, strerror(errno));
@@ -581,5 +587,6 @@ int main(int argc, char **argv) {
   close(down[0]);
   int rc = run_initiator(&o, pid, up[0], &down[1]);
   close(up[0]);
+  if (key[0]) unlink(key);
   return rc;
 }

@@ -7,13 +7,13 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <hixl/hixl.h>
+#include "bench_util.h"
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -142,22 +142,12 @@ static int client(uint16_t port) {
  * HIXL_AUTH_KEY_FILE by every engine). A deployment gives each host the same key file
  * (mode 0600, e.g. from `openssl rand -hex 32`); when none is set, the sample makes
  * one for its two processes and removes it at the end. */
-static char key_path[] = "/tmp/hixl-cs-sample-key-XXXXXX";
+static char key_path[128];
 
 static int key_setup(void) {
-  unsigned char key[32];
-  char hex[2 * sizeof(key) + 2];
-  if (getenv("HIXL_AUTH_KEY_FILE")) {
-    key_path[0] = '\0';
-    return 0;
-  }
-  int fd = mkstemp(key_path); /* mode 0600 */
-  if (fd < 0 || getrandom(key, sizeof(key), 0) != (ssize_t)sizeof(key)) return -1;
-  for (size_t i = 0; i < sizeof(key); i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
-  strcpy(hex + 2 * sizeof(key), "\n");
-  int ok = write(fd, hex, strlen(hex)) == (ssize_t)strlen(hex);
-  close(fd);
-  return ok && setenv("HIXL_AUTH_KEY_FILE", key_path, 1) == 0 ? 0 : -1;
+  if (getenv("HIXL_AUTH_KEY_FILE")) return 0;
+  if (bench_key_file(key_path, sizeof(key_path), "hixl-cs-sample") != 0) return -1;
+  return setenv("HIXL_AUTH_KEY_FILE", key_path, 1);
 }
 
 int main(int argc, char **argv) {
