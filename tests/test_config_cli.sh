@@ -23,6 +23,21 @@ set +e
 set -e
 [ $rc -eq 1 ] && grep -q "No such file or directory" "$work/err" || fail "a missing file: rc $rc"
 
+# The key file, as Initialize will find it: none is a note; open to others, or
+# StagingUnregistered on without one, an error; a file of mode 0600 checks.
+echo '{"role": "producer"}' >"$work/nokey.json"
+"$tool" check "$work/nokey.json" | grep -q "note: no AuthKeyFile" || fail "no note for a document without a key"
+echo 00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff >"$work/k"
+chmod 644 "$work/k"
+echo "{\"AuthKeyFile\": \"$work/k\"}" >"$work/key.json"
+if "$tool" check "$work/key.json" 2>"$work/err"; then fail "check passed a key file open to others"; fi
+grep -q "mode 0644, open to group or others" "$work/err" || { cat "$work/err"; fail "the key file's mode"; }
+chmod 600 "$work/k"
+"$tool" check "$work/key.json" | grep -q ': ok$' || fail "a key file of mode 0600 does not check"
+echo '{"StagingUnregistered": true}' >"$work/unreg.json"
+if "$tool" check "$work/unreg.json" 2>"$work/err"; then fail "StagingUnregistered on without a key checked"; fi
+grep -q "needs AuthKeyFile" "$work/err" || { cat "$work/err"; fail "StagingUnregistered without a key"; }
+
 echo '{"role": "consumer", "RdmaServiceLevel": 3}' >"$work/ok.json"
 HCCL_RDMA_TC=104 "$tool" show --json "$work/ok.json" >"$work/show.json"
 python3 - "$work/show.json" <<'PY'

@@ -3,9 +3,11 @@
  *   hixl-config check FILE...        every error of every file (exit 1 if any)
  *   hixl-config show [--json] FILE   the effective configuration and where each value came from
  *   hixl-config reference            the key table as Markdown (docs/config.md) */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "hixl/hixl_config.h"
 
@@ -49,6 +51,47 @@ static void print_errors(const char *path, const HixlConfigError *e, size_t n) {
   if (n > MAX_ERRORS) fprintf(stderr, "%s: %zu more errors\n", path, n - MAX_ERRORS);
 }
 
+/* The AuthKeyFile a valid document names, as Initialize will find it on this host: a
+ * note when there is none (the engine accepts anyone) or the file is not here (it may
+ * be on the host that runs it); an error (-1) when Initialize would refuse it: not a
+ * regular file, group or others may access it, or StagingUnregistered is on without
+ * a key. */
+static int key_check(const char *path, const HixlConfig *c) {
+  const char *key = NULL, *unreg = NULL;
+  struct stat st;
+  HixlConfigGetString(c, "AuthKeyFile", &key);
+  HixlConfigGetString(c, "StagingUnregistered", &unreg);
+  if (!key || !*key) {
+    if (unreg && strcmp(unreg, "on") == 0) {
+      fprintf(stderr,
+              "%s: StagingUnregistered: on needs AuthKeyFile (it lets a peer reach any address of the "
+              "process); Initialize refuses it without one\n",
+              path);
+      return -1;
+    }
+    printf("%s: note: no AuthKeyFile: its engine accepts links from anyone who reaches its port "
+           "(docs/security.md)\n",
+           path);
+    return 0;
+  }
+  if (stat(key, &st) != 0) {
+    printf("%s: note: AuthKeyFile %s: %s on this host (Initialize needs it where the engine runs)\n", path,
+           key, strerror(errno));
+    return 0;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    fprintf(stderr, "%s: AuthKeyFile %s is not a regular file: Initialize refuses it\n", path, key);
+    return -1;
+  }
+  if (st.st_mode & 077) {
+    fprintf(stderr,
+            "%s: AuthKeyFile %s is mode %04o, open to group or others: Initialize refuses it; chmod 600 it\n",
+            path, key, (unsigned)(st.st_mode & 07777));
+    return -1;
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   static HixlConfigError errs[MAX_ERRORS];
   if (argc < 2) return usage(stderr, 2);
@@ -63,12 +106,15 @@ int main(int argc, char **argv) {
   }
   if (strcmp(cmd, "check") == 0) {
     int bad = 0;
+    /* What only the host that runs it can tell, said here too: the key file. */
     if (argc < 3) return usage(stderr, 2);
     for (int i = 2; i < argc; i++) {
       HixlConfig *c = NULL;
       size_t n = 0;
       if (parse(argv[i], &c, errs, &n) != HIXL_SUCCESS) {
         print_errors(argv[i], errs, n);
+        bad = 1;
+      } else if (key_check(argv[i], c) != 0) {
         bad = 1;
       } else {
         printf("%s: ok\n", argv[i]);
