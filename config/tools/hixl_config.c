@@ -69,7 +69,8 @@ static int key_check(const char *path, const HixlConfig *c) {
               path);
       return -1;
     }
-    printf("%s: note: no AuthKeyFile: its engine accepts links from anyone who reaches its port "
+    printf("%s: note: no AuthKeyFile: an engine configured by it alone accepts links from anyone who reaches "
+           "its port "
            "(docs/security.md)\n",
            path);
     return 0;
