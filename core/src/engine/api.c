@@ -96,6 +96,7 @@ HixlStatus HixlEngineCreate(HixlEngine **engine) {
   pthread_cond_init(&e->cond, &ca);
   pthread_condattr_destroy(&ca);
   e->listen_fd = e->epfd = e->evfd = -1;
+  auth_init(&e->auth);
   *engine = e;
   return HIXL_SUCCESS;
 }
@@ -218,6 +219,7 @@ HixlStatus HixlEngineDestroy(HixlEngine *e) {
   }
   ptrset_free(&e->reqs);
   link_free_graveyard(e); /* a link a caller was still driving at Finalize */
+  auth_destroy(&e->auth);
   pthread_cond_destroy(&e->cond);
   pthread_mutex_destroy(&e->req_lock);
   pthread_mutex_destroy(&e->lock);

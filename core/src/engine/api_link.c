@@ -92,14 +92,14 @@ static HixlStatus handshake(HixlEngine *e, int fd, const char *remote, uint64_t 
   struct wire_msg m;
   HixlStatus st;
   uint32_t caps = link_caps(e);
-  if (!auth_enabled(&e->auth)) {
+  struct auth_ring ring;
+  auth_current(&e->auth, &ring); /* no keys (n 0): no authentication */
+  if (ring.n == 0) {
     st = sock_send_all(fd, hello, wire_put_hello(hello, sizeof(hello), caps, e->local_name), deadline);
     if (st != HIXL_SUCCESS)
       return hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());
   } else {
-    struct auth_ring ring;
     uint8_t nonce[AUTH_NONCE_LEN], ids[AUTH_ID_LEN * AUTH_KEYS_MAX];
-    auth_current(&e->auth, &ring);
     for (unsigned i = 0; i < ring.n; i++) memcpy(ids + i * AUTH_ID_LEN, ring.key[i].id, AUTH_ID_LEN);
     if (!auth_random(nonce, sizeof(nonce))) {
       st = hixl_fail(HIXL_FAILED, "HixlEngineConnect: no random bytes from the kernel for a challenge");

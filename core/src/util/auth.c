@@ -180,27 +180,48 @@ static void remember(struct auth *a, const struct stat *st) {
   a->size = st->st_size;
 }
 
+void auth_init(struct auth *a) {
+  memset(a, 0, sizeof(*a));
+  pthread_mutex_init(&a->mu, NULL);
+}
+
+void auth_destroy(struct auth *a) {
+  auth_close(a);
+  pthread_mutex_destroy(&a->mu);
+}
+
 HixlStatus auth_open(struct auth *a, const char *path) {
   char why[256];
   struct stat st;
-  memset(a, 0, sizeof(*a));
-  pthread_mutex_init(&a->mu, NULL);
+  struct auth_ring ring;
   if (!path || !*path) return HIXL_SUCCESS;
   if (strlen(path) >= sizeof(a->path))
     return hixl_fail(HIXL_PARAM_INVALID, "AuthKeyFile: the path is longer than %u bytes", AUTH_PATH_MAX - 1);
-  if (!load(path, &a->ring, &st, why, sizeof(why)))
+  if (!load(path, &ring, &st, why, sizeof(why)))
     return hixl_fail(HIXL_PARAM_INVALID, "AuthKeyFile %s: %s", path, why);
+  pthread_mutex_lock(&a->mu);
+  a->ring = ring;
   snprintf(a->path, sizeof(a->path), "%s", path);
   remember(a, &st);
+  a->reload_failed = false;
+  pthread_mutex_unlock(&a->mu);
+  auth_wipe(&ring, sizeof(ring));
   return HIXL_SUCCESS;
 }
 
 void auth_close(struct auth *a) {
+  pthread_mutex_lock(&a->mu);
   auth_wipe(&a->ring, sizeof(a->ring));
-  pthread_mutex_destroy(&a->mu);
+  a->path[0] = '\0';
+  pthread_mutex_unlock(&a->mu);
 }
 
-bool auth_enabled(const struct auth *a) { return a->path[0] != '\0'; }
+bool auth_enabled(struct auth *a) {
+  pthread_mutex_lock(&a->mu);
+  bool on = a->path[0] != '\0';
+  pthread_mutex_unlock(&a->mu);
+  return on;
+}
 
 void auth_current(struct auth *a, struct auth_ring *out) {
   struct stat st;

@@ -55,13 +55,18 @@ struct auth {
 
 /* Parse a key file's text (it is overwritten) into ring; false with why. */
 bool auth_parse(char *text, struct auth_ring *ring, char *why, size_t cap);
+/* The struct's lifetime is the engine's (its mutex outlives every Initialize and
+ * Finalize, so a Connect racing a Finalize reads keys or none, never a dead mutex). */
+void auth_init(struct auth *a);
+void auth_destroy(struct auth *a);
 /* Read path (NULL or "": no authentication). Fails, naming the file and the reason,
  * when it cannot be read, has group or other permissions, or holds no valid key. */
 HixlStatus auth_open(struct auth *a, const char *path);
-void auth_close(struct auth *a); /* the keys are wiped */
-bool auth_enabled(const struct auth *a);
-/* The keys in force, re-reading the file first if it changed; a file that no longer
- * reads keeps the keys read before (logged). Wipe *out after use (auth_wipe). */
+void auth_close(struct auth *a); /* the keys are wiped: no authentication until the next open */
+bool auth_enabled(struct auth *a);
+/* The keys in force (n 0: none, no authentication), re-reading the file first if it
+ * changed; a file that no longer reads keeps the keys read before (logged). Wipe *out
+ * after use (auth_wipe). */
 void auth_current(struct auth *a, struct auth_ring *out);
 void auth_wipe(void *p, size_t n);
 
