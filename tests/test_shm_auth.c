@@ -38,37 +38,6 @@
 
 static const char *key; /* the key file every engine holds */
 
-/* Lines logged that hold a needle. */
-static struct {
-  pthread_mutex_t lock;
-  const char *needle;
-  char line[512];
-} g_log = {PTHREAD_MUTEX_INITIALIZER, NULL, ""};
-
-static void log_cb(HixlLogLevel level, const char *msg, void *ctx) {
-  (void)level, (void)ctx;
-  pthread_mutex_lock(&g_log.lock);
-  if (g_log.needle && !g_log.line[0] && strstr(msg, g_log.needle))
-    snprintf(g_log.line, sizeof(g_log.line), "%s", msg);
-  pthread_mutex_unlock(&g_log.lock);
-}
-
-static void log_watch(const char *needle) {
-  pthread_mutex_lock(&g_log.lock);
-  g_log.needle = needle;
-  g_log.line[0] = '\0';
-  pthread_mutex_unlock(&g_log.lock);
-}
-
-static bool log_seen(char *out, size_t cap) {
-  pthread_mutex_lock(&g_log.lock);
-  bool seen = g_log.line[0] != '\0';
-  snprintf(out, cap, "%s", g_log.line);
-  g_log.needle = NULL;
-  pthread_mutex_unlock(&g_log.lock);
-  return seen;
-}
-
 /* An engine of this process with the key, Transport transport (NULL: auto). */
 static HixlEngine *keyed_engine(const char *transport) {
   HixlOption o = {"AuthKeyFile", key};
@@ -119,12 +88,12 @@ static void test_keyed_shm(void) {
   for (int t = 0; t < 2; t++) {
     HixlEngine *e = keyed_engine(transports[t]);
     CU_ASSERT_FATAL(e && tu_register(e, loc, 2 * MEM_LEN));
-    log_watch("bound to the link");
+    tu_log_watch("bound to the link");
     TU_ASSERT_OK_FATAL(HixlEngineConnect(e, name, 5000));
     struct hixl_link_info li = link_of(e, name);
     CU_ASSERT_STRING_EQUAL(li.transport, "shm");
     CU_ASSERT_EQUAL(li.peer_pid, (uint32_t)c.pid);
-    if (!log_seen(line, sizeof(line)))
+    if (!tu_log_seen(line, sizeof(line)))
       tu_fail(__FILE__, __LINE__, "Connect did not log the socket bound to the link");
     else
       printf("  [%s]\n", line);
@@ -158,12 +127,12 @@ static void test_keyed_one_process(void) {
   HixlEngine *e = keyed_engine("shm");
   unsigned char *tmem = tu_alloc_mem(MiB, false), *loc = tu_alloc_mem(MiB, false);
   CU_ASSERT_FATAL(t && e && tmem && loc && tu_register(t, tmem, MiB) && tu_register(e, loc, MiB));
-  log_watch("bound to the link");
+  tu_log_watch("bound to the link");
   TU_ASSERT_OK_FATAL(HixlEngineConnect(e, name, 5000));
   struct hixl_link_info li = link_of(e, name);
   CU_ASSERT_STRING_EQUAL(li.transport, "shm");
   CU_ASSERT_EQUAL(li.peer_pid, (uint32_t)getpid());
-  if (!log_seen(line, sizeof(line))) tu_fail(__FILE__, __LINE__, "Connect did not log the socket bound");
+  if (!tu_log_seen(line, sizeof(line))) tu_fail(__FILE__, __LINE__, "Connect did not log the socket bound");
   tu_fill(loc, MiB, 61);
   memset(tmem, 0, MiB);
   TU_ASSERT_OK(xfer(e, name, HIXL_WRITE, loc, (uintptr_t)tmem, MiB, XFER_TIMEOUT));
@@ -424,8 +393,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "test_shm_auth: no key file\n");
     return 1;
   }
-  HixlSetLogCallback(log_cb, NULL);
-  HixlSetLogLevel(HIXL_LOG_INFO);
+  tu_log_capture(HIXL_LOG_INFO, false); /* the lines the tests look for */
   if (CU_initialize_registry() != CUE_SUCCESS) return 1;
   CU_pSuite s = CU_add_suite("shm with keys", NULL, NULL);
   CU_add_test(s, "two processes: shm, bound; WRITE and READ byte for byte", test_keyed_shm);

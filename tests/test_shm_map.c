@@ -49,38 +49,6 @@ static struct {
   HixlMemHandle loc_h;
 } g;
 
-/* Log lines that hold a needle, for the refusal tests. */
-static struct {
-  pthread_mutex_t lock;
-  const char *needle;
-  char line[512];
-} g_log = {PTHREAD_MUTEX_INITIALIZER, NULL, ""};
-
-static void log_cb(HixlLogLevel level, const char *msg, void *ctx) {
-  (void)level, (void)ctx;
-  fprintf(stderr, "[hixl] %s\n", msg);
-  pthread_mutex_lock(&g_log.lock);
-  if (g_log.needle && !g_log.line[0] && strstr(msg, g_log.needle))
-    snprintf(g_log.line, sizeof(g_log.line), "%s", msg);
-  pthread_mutex_unlock(&g_log.lock);
-}
-
-static void log_watch(const char *needle) {
-  pthread_mutex_lock(&g_log.lock);
-  g_log.needle = needle;
-  g_log.line[0] = '\0';
-  pthread_mutex_unlock(&g_log.lock);
-}
-
-static bool log_seen(char *out, size_t cap) {
-  pthread_mutex_lock(&g_log.lock);
-  bool seen = g_log.line[0] != '\0';
-  snprintf(out, cap, "%s", g_log.line);
-  g_log.needle = NULL;
-  pthread_mutex_unlock(&g_log.lock);
-  return seen;
-}
-
 static struct hixl_link_info link_of(HixlEngine *e, const char *remote) {
   struct hixl_link_info li;
   memset(&li, 0, sizeof(li));
@@ -583,13 +551,13 @@ static void test_child_other_user(void) {
     CU_PASS("skipped");
     return;
   }
-  log_watch("refused to map");
+  tu_log_watch("refused to map");
   if (!side_up(&x, USER_A)) goto out;
   struct hixl_link_info li = link_of(x.e, x.name);
   CU_ASSERT_STRING_EQUAL(li.transport, "shm");
   CU_ASSERT_EQUAL(li.mapped, 0);
   CU_ASSERT_EQUAL(tu_memfd_maps(0), 0);
-  if (!log_seen(line, sizeof(line)) || !strstr(line, "uid 0") || !strstr(line, "65501"))
+  if (!tu_log_seen(line, sizeof(line)) || !strstr(line, "uid 0") || !strstr(line, "65501"))
     tu_fail(__FILE__, __LINE__, "the refusal was not logged with both uids: \"%s\"", line);
   printf("  [%s]\n", line);
   tu_fill(x.m, 16 * MiB, 81);
@@ -644,11 +612,11 @@ static void test_silent_initiator(void) {
   CU_ASSERT_EQUAL(tu_memfd_maps(c.pid), 1);
   tu_child_kill(&c, SIGSTOP);
   CU_ASSERT_FATAL(tu_child_wait_stopped(&c, 10000) == 0);
-  log_watch("did not unmap");
+  tu_log_watch("did not unmap");
   int64_t t0 = tu_now_ms();
   TU_ASSERT_OK(HixlEngineFreeMem(t, h));
   int64_t ms = tu_now_ms() - t0;
-  if (!log_seen(line, sizeof(line))) tu_fail(__FILE__, __LINE__, "FreeMem did not log the cut-off link");
+  if (!tu_log_seen(line, sizeof(line))) tu_fail(__FILE__, __LINE__, "FreeMem did not log the cut-off link");
   printf("  [FreeMem returned after %lld ms: %s]\n", (long long)ms, line);
   tu_child_kill(&c, SIGCONT);
   int ws = tu_child_stop(&c, 10000);
@@ -695,9 +663,8 @@ int main(int argc, char **argv) {
   if (argc > 1 && strcmp(argv[1], INIT_FLAG) == 0) return initiator_main(argc, argv);
   if (argc > 1 && strcmp(argv[1], AGENT_FLAG) == 0) return agent_main(argc, argv);
   int rc = tu_child_main(argc, argv);
-  if (rc >= 0) return rc;           /* a server child */
-  HixlSetLogCallback(log_cb, NULL); /* warnings are what the refusal tests look for */
-  HixlSetLogLevel(HIXL_LOG_WARN);
+  if (rc >= 0) return rc;              /* a server child */
+  tu_log_capture(HIXL_LOG_WARN, true); /* the lines the tests look for */
   if (CU_initialize_registry() != CUE_SUCCESS) return 1;
   CU_pSuite s = CU_add_suite("mapped memory, a target agent in a child", one_init, one_cleanup);
   CU_add_test(s, "AllocMem region mapped at Connect", test_one_mapped);

@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -277,6 +278,46 @@ int tu_run_registry(void) {
 }
 
 /* ---- engines ---- */
+
+static struct {
+  pthread_mutex_t lock;
+  const char *needle;
+  char line[512];
+  bool echo;
+} g_log = {PTHREAD_MUTEX_INITIALIZER, NULL, "", false};
+
+static void log_cb(HixlLogLevel level, const char *msg, void *ctx) {
+  (void)level, (void)ctx;
+  pthread_mutex_lock(&g_log.lock);
+  if (g_log.echo) fprintf(stderr, "[hixl] %s\n", msg);
+  if (g_log.needle && !g_log.line[0] && strstr(msg, g_log.needle))
+    snprintf(g_log.line, sizeof(g_log.line), "%s", msg);
+  pthread_mutex_unlock(&g_log.lock);
+}
+
+void tu_log_capture(HixlLogLevel level, bool echo) {
+  pthread_mutex_lock(&g_log.lock);
+  g_log.echo = echo;
+  pthread_mutex_unlock(&g_log.lock);
+  HixlSetLogCallback(log_cb, NULL);
+  HixlSetLogLevel(level);
+}
+
+void tu_log_watch(const char *needle) {
+  pthread_mutex_lock(&g_log.lock);
+  g_log.needle = needle;
+  g_log.line[0] = '\0';
+  pthread_mutex_unlock(&g_log.lock);
+}
+
+bool tu_log_seen(char *out, size_t cap) {
+  pthread_mutex_lock(&g_log.lock);
+  bool seen = g_log.line[0] != '\0';
+  snprintf(out, cap, "%s", g_log.line);
+  g_log.needle = NULL;
+  pthread_mutex_unlock(&g_log.lock);
+  return seen;
+}
 
 static char key_path[64];
 static pid_t key_owner;

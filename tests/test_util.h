@@ -118,6 +118,14 @@ int tu_run_suites(const char *name, CU_SuiteInfo *suites);
  *  and that run exists for rdma; else NULL: no option, which means auto. */
 const char *tu_transport(void);
 
+/** Capture the library's log: from here on every line at level or above goes to
+ *  the callback (echoed to stderr when echo), and the first that holds the needle
+ *  given to tu_log_watch is kept; tu_log_seen copies it out (true when one came) and
+ *  stops watching. */
+void tu_log_capture(HixlLogLevel level, bool echo);
+void tu_log_watch(const char *needle);
+bool tu_log_seen(char *out, size_t cap);
+
 /** A key file (mode 0600) for AuthKeyFile, made once per process with a fixed test
  *  key and removed when the process that made it exits; NULL if it cannot be. */
 const char *tu_key_file(void);
