@@ -74,6 +74,22 @@ static inline bool raw_closed_silent(int fd) {
   return k == 0 || (k < 0 && errno == ECONNRESET);
 }
 
+/* One frame: its header into *h (and its bytes into hdr, when not NULL), its body into
+ * body (cap bytes at most), its payload read and dropped. */
+static inline bool raw_recv_frame(int fd, struct wire_hdr *h, uint8_t *hdr, uint8_t *body, size_t cap) {
+  uint8_t hb[WIRE_HDR_LEN], sink[4096];
+  if (!hdr) hdr = hb;
+  if (!raw_recv_all(fd, hdr, WIRE_HDR_LEN) || wire_parse_hdr(hdr, h) != WIRE_OK || h->body_len > cap ||
+      !raw_recv_all(fd, body, h->body_len))
+    return false;
+  for (uint32_t left = h->payload_len; left > 0;) {
+    uint32_t k = left < sizeof(sink) ? left : (uint32_t)sizeof(sink);
+    if (!raw_recv_all(fd, sink, k)) return false;
+    left -= k;
+  }
+  return true;
+}
+
 typedef bool (*raw_send_fn)(int fd, const void *buf, size_t n);
 typedef bool (*raw_recv_fn)(int fd, void *buf, size_t n);
 

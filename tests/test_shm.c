@@ -1002,20 +1002,6 @@ static struct {
   tu_child holder; /* a child that only holds its copy of the above, then checks it */
 } hz;
 
-/* One frame: its body into body (cap bytes), its payload read and dropped. */
-static bool raw_frame(int fd, struct wire_hdr *h, uint8_t *body, size_t cap) {
-  uint8_t hb[WIRE_HDR_LEN], sink[4096];
-  if (!raw_recv_all(fd, hb, sizeof(hb)) || wire_parse_hdr(hb, h) != WIRE_OK || h->body_len > cap ||
-      !raw_recv_all(fd, body, h->body_len))
-    return false;
-  for (uint32_t left = h->payload_len; left > 0;) {
-    uint32_t k = left < sizeof(sink) ? left : (uint32_t)sizeof(sink);
-    if (!raw_recv_all(fd, sink, k)) return false;
-    left -= k;
-  }
-  return true;
-}
-
 /* A unix SOCK_SEQPACKET socket in the abstract namespace: listening on name (bind)
  * or connected to it; -1 on error. */
 static int unix_sock(const char *name, bool listen_on) {
@@ -1056,7 +1042,7 @@ static void fake_serve(const struct fake *f) {
   int ul = -1, uc = -1;
   int fd = accept(f->lfd, NULL, NULL);
   if (fd < 0) return;
-  if (!raw_frame(fd, &h, body, sizeof(body)) || h.type != WIRE_HELLO) goto out;
+  if (!raw_recv_frame(fd, &h, NULL, body, sizeof(body)) || h.type != WIRE_HELLO) goto out;
   wire_begin(&w, buf, sizeof(buf), WIRE_HELLO_ACK);
   wire_put_u32(&w, WIRE_HELLO_OK);
   wire_put_u32(&w, WIRE_CAP_TCP_DATA | WIRE_CAP_SHM);
@@ -1065,7 +1051,7 @@ static void fake_serve(const struct fake *f) {
   wire_put_u32(&w, 1);
   wire_put_mem_entry(&w, (uintptr_t)hz.victim, VICTIM_LEN, 0, "");
   if (!raw_send_all(fd, buf, wire_end(&w, 0))) goto out;
-  if (!raw_frame(fd, &h, body, sizeof(body)) || h.type != WIRE_SHM_HELLO ||
+  if (!raw_recv_frame(fd, &h, NULL, body, sizeof(body)) || h.type != WIRE_SHM_HELLO ||
       wire_decode(&h, body, &m) != WIRE_OK)
     goto out;
   if (f->sock) {
@@ -1089,7 +1075,7 @@ static void fake_serve(const struct fake *f) {
     }
     if (pf[0].revents) break;
     if (pf[1].revents) {
-      if (!raw_frame(fd, &h, body, sizeof(body))) break;
+      if (!raw_recv_frame(fd, &h, NULL, body, sizeof(body))) break;
       if (h.type == WIRE_SHM_MAP_HELLO) { /* an initiator that took shm: no memory to map */
         wire_begin(&w, buf, sizeof(buf), WIRE_SHM_MAP_ACK);
         wire_put_u32(&w, WIRE_HELLO_REFUSED);
@@ -1266,7 +1252,7 @@ static int raw_link(uint16_t port) {
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
       !raw_send_all(fd, buf, wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "raw-test")) ||
-      !raw_frame(fd, &h, buf, sizeof(buf)) || h.type != WIRE_HELLO_ACK ||
+      !raw_recv_frame(fd, &h, NULL, buf, sizeof(buf)) || h.type != WIRE_HELLO_ACK ||
       wire_decode(&h, buf, &m) != WIRE_OK || m.u.hello_ack.status != WIRE_HELLO_OK ||
       !(m.u.hello_ack.caps & WIRE_CAP_SHM)) {
     if (fd >= 0) close(fd);
@@ -1296,7 +1282,7 @@ static void test_target_refuses_own_pid(void) {
     wire_put_shm_id(&w, WIRE_SHM_LAYOUT, self.boot_id, pid, self.uid);
     wire_put_u32(&w, k == 0 ? WIRE_SHM_F_MAP : 0);
     CU_ASSERT_FATAL(raw_send_all(fd, buf, wire_end(&w, 0)));
-    CU_ASSERT_FATAL(raw_frame(fd, &h, buf, sizeof(buf)) && h.type == WIRE_SHM_HELLO_ACK &&
+    CU_ASSERT_FATAL(raw_recv_frame(fd, &h, NULL, buf, sizeof(buf)) && h.type == WIRE_SHM_HELLO_ACK &&
                     wire_decode(&h, buf, &m) == WIRE_OK);
     if (k == 0) {
       CU_ASSERT_EQUAL(m.u.shm.status, WIRE_HELLO_REFUSED);

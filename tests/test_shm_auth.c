@@ -193,20 +193,6 @@ out:
 
 /* ---------------------------------------------------------------- a relay */
 
-/* One frame into buf (header, then body; cap bytes), its payload read and dropped. */
-static bool raw_frame(int fd, struct wire_hdr *h, uint8_t *buf, size_t cap) {
-  uint8_t sink[4096];
-  if (!raw_recv_all(fd, buf, WIRE_HDR_LEN) || wire_parse_hdr(buf, h) != WIRE_OK ||
-      h->body_len > cap - WIRE_HDR_LEN || !raw_recv_all(fd, buf + WIRE_HDR_LEN, h->body_len))
-    return false;
-  for (uint32_t left = h->payload_len; left > 0;) {
-    uint32_t k = left < sizeof(sink) ? left : (uint32_t)sizeof(sink);
-    if (!raw_recv_all(fd, sink, k)) return false;
-    left -= k;
-  }
-  return true;
-}
-
 /* A middleman with the key: the target of this process's engine (its own handshake,
  * its own session secret), the initiator of a link to the real target B, named as
  * this process in SHM_HELLO (so B takes this process's connection on its socket). It
@@ -237,7 +223,7 @@ static void *relay_main(void *arg) {
   if (fd < 0 || !auth_parse(text, &ring, why, sizeof(why))) goto out;
   const struct auth_key *k = &ring.key[0];
   /* This engine's HELLO: prove the key, as a target does. */
-  if (!raw_frame(fd, &h, buf, sizeof(buf)) || h.type != WIRE_HELLO ||
+  if (!raw_recv_frame(fd, &h, buf, buf + WIRE_HDR_LEN, sizeof(buf) - WIRE_HDR_LEN) || h.type != WIRE_HELLO ||
       wire_decode(&h, buf + WIRE_HDR_LEN, &m) != WIRE_OK || !m.u.hello.nonce)
     goto out;
   uint8_t nonce_i[AUTH_NONCE_LEN], nonce_t[AUTH_NONCE_LEN], mac[AUTH_MAC_LEN], name_i[WIRE_MAX_NAME];
@@ -253,7 +239,8 @@ static void *relay_main(void *arg) {
   wire_put_bytes(&w, mac, sizeof(mac));
   wire_put_u16(&w, 5);
   wire_put_bytes(&w, "relay", 5);
-  if (!raw_send_all(fd, buf, wire_end(&w, 0)) || !raw_frame(fd, &h, buf, sizeof(buf)) ||
+  if (!raw_send_all(fd, buf, wire_end(&w, 0)) ||
+      !raw_recv_frame(fd, &h, buf, buf + WIRE_HDR_LEN, sizeof(buf) - WIRE_HDR_LEN) ||
       h.type != WIRE_AUTH_PROOF)
     goto out;
   wire_begin(&w, buf, sizeof(buf), WIRE_HELLO_ACK);
@@ -265,8 +252,8 @@ static void *relay_main(void *arg) {
   wire_put_mem_entry(&w, r->b_addr, r->b_len, 0, "");
   if (!raw_send_all(fd, buf, wire_end(&w, 0))) goto out;
   /* Its SHM_HELLO: ask B the same, for this engine's pid. */
-  if (!raw_frame(fd, &h, buf, sizeof(buf)) || h.type != WIRE_SHM_HELLO ||
-      wire_decode(&h, buf + WIRE_HDR_LEN, &m) != WIRE_OK)
+  if (!raw_recv_frame(fd, &h, buf, buf + WIRE_HDR_LEN, sizeof(buf) - WIRE_HDR_LEN) ||
+      h.type != WIRE_SHM_HELLO || wire_decode(&h, buf + WIRE_HDR_LEN, &m) != WIRE_OK)
     goto out;
   uint8_t boot[16];
   uint32_t pid = m.u.shm.pid, uid = m.u.shm.uid;
@@ -283,7 +270,7 @@ static void *relay_main(void *arg) {
   wire_put_u32(&w, WIRE_SHM_F_MAP);
   if (!raw_send_all(bfd, buf, wire_end(&w, 0))) goto out;
   do {
-    if (!raw_frame(bfd, &h, buf, sizeof(buf))) goto out;
+    if (!raw_recv_frame(bfd, &h, buf, buf + WIRE_HDR_LEN, sizeof(buf) - WIRE_HDR_LEN)) goto out;
   } while (h.type != WIRE_SHM_HELLO_ACK);
   if (!raw_send_all(fd, buf, WIRE_HDR_LEN + h.body_len)) goto out;
   r->relayed = true;
@@ -296,11 +283,11 @@ static void *relay_main(void *arg) {
     }
     if (pf[0].revents) break;
     if (pf[1].revents) {
-      if (!raw_frame(fd, &h, buf, sizeof(buf))) break;
+      if (!raw_recv_frame(fd, &h, buf, buf + WIRE_HDR_LEN, sizeof(buf) - WIRE_HDR_LEN)) break;
       if (h.type == WIRE_SHM_MAP_HELLO && !raw_send_all(bfd, buf, WIRE_HDR_LEN + h.body_len)) break;
     }
     if (pf[2].revents) {
-      if (!raw_frame(bfd, &h, buf, sizeof(buf))) break;
+      if (!raw_recv_frame(bfd, &h, buf, buf + WIRE_HDR_LEN, sizeof(buf) - WIRE_HDR_LEN)) break;
       bool map = h.type == WIRE_SHM_MAP || h.type == WIRE_SHM_MAP_ACK || h.type == WIRE_SHM_UNMAP;
       if (map && !raw_send_all(fd, buf, WIRE_HDR_LEN + h.body_len)) break;
     }
