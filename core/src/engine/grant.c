@@ -20,7 +20,7 @@ struct grant_set {
   struct grant_set *next;
   char name[WIRE_MAX_NAME + 1];
   struct grant_range *v;
-  size_t n, cap;
+  size_t n; /* ranges in v, which each grant rebuilds */
 };
 
 static int by_addr(const void *a, const void *b) {
@@ -111,7 +111,6 @@ HixlStatus grant_add(struct HixlEngine *e, const char *peer, const uint64_t (*ra
   free(g->v);
   g->v = out;
   g->n = k;
-  g->cap = g->n + n;
   return HIXL_SUCCESS;
 }
 

@@ -268,20 +268,21 @@ static void auth_refuse(struct conn *c, const char *why) {
  * proof, and keeps the proof it awaits and the session secret (docs/security.md). */
 static void target_hello(struct conn *c, const struct wire_msg *m) {
   struct HixlEngine *e = c->eng;
+  struct auth_ring ring;
+  const struct auth_key *k = NULL;
   log_escape(c->remote_name, sizeof(c->remote_name), m->u.hello.name, m->u.hello.name_len);
-  if (!auth_enabled(&e->auth)) {
+  auth_current(&e->auth, &ring); /* no keys (n 0): anyone is served */
+  if (ring.n == 0) {
     c->role = CONN_TARGET;
     send_hello_ack(c, WIRE_HELLO_OK);
     log_info("accepted link from %s", c->remote_name);
     return;
   }
   if (!m->u.hello.nonce) {
+    auth_wipe(&ring, sizeof(ring));
     auth_refuse(c, "authentication required: the peer offered no key (it has no AuthKeyFile)");
     return;
   }
-  struct auth_ring ring;
-  const struct auth_key *k = NULL;
-  auth_current(&e->auth, &ring);
   for (unsigned i = 0; i < ring.n && !k; i++)
     for (unsigned j = 0; j < m->u.hello.n_ids && !k; j++)
       if (memcmp(ring.key[i].id, m->u.hello.ids + (size_t)j * WIRE_AUTH_ID, AUTH_ID_LEN) == 0)
