@@ -114,7 +114,7 @@ hixl_kv_status kv_layout_build(struct kv_layout *out, const hixl_kv_group *group
   uint32_t total = 0, maxid = 0;
   for (size_t gi = 0; gi < ng; gi++) {
     const hixl_kv_group *g = &groups[gi];
-    CHECK_ARG(g->size >= sizeof(hixl_kv_group),
+    CHECK_ARG(g->size >= HIXL_KV_GROUP_SIZE_1_3,
               "%s: group %zu: size %u; set it to sizeof(hixl_kv_group) (%zu)", fn, gi, g->size,
               sizeof(hixl_kv_group));
     CHECK_ARG(kind_name(g->kind), "%s: group %zu: kind %u is unknown", fn, gi, g->kind);

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define HIXL_KV_ABI_MAJOR    1u
-#define HIXL_KV_ABI_MINOR    4u
+#define HIXL_KV_ABI_MINOR    5u
 #define HIXL_KV_ABI_VERSION  ((HIXL_KV_ABI_MAJOR << 16) | HIXL_KV_ABI_MINOR)
 #define HIXL_KV_ENTRY_SYMBOL "hixl_kv_connector_entry"
 
@@ -200,7 +200,18 @@ typedef struct {
   const char *layout;     /* its name, in the compatibility digest ("LBNHC", "kv_first", "mla",
                            * ...); NULL: none */
   size_t layout_len;
+  /* ---- version 1.5 (a host built before sets size to offsetof(hixl_kv_group, total_kv_heads)) ---- */
+  uint32_t total_kv_heads; /* the model's KV heads over every tensor-parallel rank (vLLM's
+                            * get_total_num_kv_heads); 0: the planes' num_heads times the world
+                            * size. This rank holds heads [rank * n, rank * n + n) of them, n =
+                            * total / world; with more ranks than heads, head rank / (world /
+                            * total), one head replicated on world / total ranks (vLLM's rule).
+                            * MLA groups: 0 (every rank holds the same latent). docs/plugin.md,
+                            * "Tensor parallelism", says which ranks read which heads. */
+  uint32_t reserved2;      /* 0 */
 } hixl_kv_group;
+/* The size of a 1.3 / 1.4 host's hixl_kv_group: register_kv_groups takes it too. */
+#define HIXL_KV_GROUP_SIZE_1_3 offsetof(hixl_kv_group, total_kv_heads)
 
 /* One group's block ids of a request (a pair, frozen). */
 typedef struct {
@@ -342,8 +353,9 @@ struct hixl_kv_ops {
    * UNSUPPORTED: get_finished and get_block_ids_with_load_errors carry all hixl's
    * scheduler needs. */
   hixl_kv_status (*build_connector_worker_meta)(hixl_kv_connector *c, hixl_kv_buffer *meta);
-  /* ---- end of version 1.3 (1.4 adds no op, only hixl_kv_stats_ex.cap_refused): later versions
-   * append here ---- */
+  /* ---- end of version 1.3 (1.4 adds no op, only hixl_kv_stats_ex.cap_refused; 1.5 adds
+   * hixl_kv_group.total_kv_heads, and tensor parallelism of different sizes on the two
+   * sides) ---- */
 };
 
 /* True when the table the plugin gave is large enough to hold op. */
