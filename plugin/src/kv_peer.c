@@ -106,10 +106,22 @@ HixlStatus kv_held_parse(hixl_kv_connector *c, struct kv_in *in, const char *pee
   const char *me = producer ? "consumer" : "producer";
   size_t core = kv_layout_core_len(c->lay.text);
   h->world = kv_layout_world(h->layout);
-  if (ok && !in->bad &&
-      (kv_layout_core_len(h->layout) != core || strncmp(h->layout, c->lay.text, core) != 0 || h->world == 0))
-    return kv_layout_mismatch(peer_kind, peer, h->layout, c->lay.text, me, why, cap);
   char tp[320];
+  if (ok && !in->bad &&
+      (kv_layout_core_len(h->layout) != core || strncmp(h->layout, c->lay.text, core) != 0 ||
+       h->world == 0)) {
+    /* Another world size with a layout whose heads cannot be cut: that is why. */
+    if (h->world && h->world != c->world &&
+        !kv_tp_check(&c->lay, producer ? h->world : c->world, producer ? c->world : h->world, tp,
+                     sizeof(tp))) {
+      snprintf(why, cap,
+               "the %s %s (%u ranks) and this %s (%u ranks) cannot hand request %s over: %s; nothing "
+               "was moved",
+               peer_kind, peer, h->world, me, c->world, req, tp);
+      return HIXL_PARAM_INVALID;
+    }
+    return kv_layout_mismatch(peer_kind, peer, h->layout, c->lay.text, me, why, cap);
+  }
   if (ok && !in->bad &&
       !kv_tp_check(&c->lay, producer ? h->world : c->world, producer ? c->world : h->world, tp, sizeof(tp))) {
     snprintf(why, cap,
