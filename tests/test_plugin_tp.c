@@ -491,6 +491,19 @@ static void test_heads_checked(void) {
   ST_IS(ops->register_kv_groups(w, &g, 1), HIXL_KV_SUCCESS);
   ops->destroy(w);
   free(mem);
+  /* required_kv_layout HND: what get_required_kvcache_layout asks of the runtime. */
+  snprintf(cfg, sizeof(cfg), "{\"address\": \"%s:%u\", \"required_kv_layout\": \"HND\"}", test_ip(),
+           (unsigned)free_port());
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 2, &w, err, sizeof(err)), HIXL_KV_SUCCESS);
+  hixl_kv_buffer b = {0};
+  ST_IS(ops->get_required_kvcache_layout(w, &b), HIXL_KV_SUCCESS);
+  CU_ASSERT(b.len == 3 && memcmp(b.data, "HND", 3) == 0);
+  ops->free_buffer(&b);
+  ops->destroy(w);
+  snprintf(cfg, sizeof(cfg), "{\"address\": \"%s:%u\", \"required_kv_layout\": \"NHD\"}", test_ip(),
+           (unsigned)free_port());
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 2, &w, err, sizeof(err)), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(err, "required_kv_layout"));
 }
 
 #define T(name)                                                                                              \

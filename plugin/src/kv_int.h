@@ -23,6 +23,7 @@ struct kv_cfg {
   bool recompute;    /* load_failure_policy recompute (else fail) */
   uint32_t max_inflight;
   bool pipelining;
+  bool hnd; /* required_kv_layout HND: get_required_kvcache_layout asks for it */
   int32_t connect_timeout_ms, transfer_timeout_ms, notify_timeout_ms;
   HixlOption *opts; /* engine options, every one with its effective value */
   size_t nopts;

@@ -220,13 +220,18 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
 
 /* ---- 1.3 ops not built yet: UNSUPPORTED, with the reason ---- */
 
-/* hixl moves any layout register_kv_groups describes: none is required. */
+/* hixl moves any layout register_kv_groups describes between instances of one world
+ * size: none is required. Of different sizes a rank's heads are cut from each block,
+ * which needs each head's tokens together: required_kv_layout HND asks for that
+ * (kv_tp.c). */
 static hixl_kv_status kv_required_layout(hixl_kv_connector *c, hixl_kv_buffer *layout) {
   CHECK_ARG(c && layout, "get_required_kvcache_layout: connector or layout is NULL");
-  uint8_t *p = calloc(1, 1);
+  const char *want = c->cfg.hnd ? "HND" : "";
+  uint8_t *p = calloc(1, 4);
   if (!p) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "get_required_kvcache_layout: out of memory");
+  memcpy(p, want, strlen(want));
   layout->data = p;
-  layout->len = 0;
+  layout->len = strlen(want);
   return HIXL_KV_SUCCESS;
 }
 
