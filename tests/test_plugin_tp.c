@@ -506,6 +506,46 @@ static void test_consumer_rank_gone(void) {
   side_down(&p);
 }
 
+/* Producer ranks that bind their holds only after the consumer has loaded (a router
+ * forwards the params at request_finished, before the next step binds them): MLA 4 ->
+ * 1 reads rank 0 and frees ranks 1 to 3 without reading them; those frees wait until
+ * each rank holds the request, so no hold is left to its lease. */
+static void test_late_hold(void) {
+  struct side p, d;
+  ST_IS(side_up(&p, &mla, 4, "producer", "pull"), HIXL_KV_SUCCESS);
+  ST_IS(side_up(&d, &mla, 1, "consumer", "pull"), HIXL_KV_SUCCESS);
+  uint64_t seed = next_seed++;
+  const char *id = "tp-late";
+  hixl_kv_request r = request(id, NREQ * TOKENS, NULL);
+  for (uint32_t l = 0; l < LAYERS; l++)
+    for (uint32_t i = 0; i < p.world; i++) compute(&p, &p.r[i], seed, l);
+  int32_t delay = 0;
+  hixl_kv_buffer params = {0}, m = {0};
+  ST_IS(ops->request_finished(p.sched, &r, p_blocks, NREQ, &delay, &params), HIXL_KV_SUCCESS);
+  ST_IS(ops->build_connector_meta(p.sched, &m), HIXL_KV_SUCCESS);
+  ST_IS(ops->bind_connector_meta(p.r[0].worker, m.data, m.len), HIXL_KV_SUCCESS); /* rank 0 only, now */
+  char *text = take_text(&params);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+  hixl_kv_request q = request(id, NREQ * TOKENS, text);
+  int64_t tokens = -2;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(d.sched, &q, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  ST_IS(ops->update_state_after_alloc(d.sched, &q, c_blocks, NREQ, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  CU_ASSERT_TRUE(wait_all(&d, id, RECVING, 20000));
+  CU_ASSERT_TRUE(rank_is(&d, &d.r[0], seed, LAYERS));
+  for (uint32_t i = 1; i < p.world; i++) /* the other ranks bind it now */
+    ST_IS(ops->bind_connector_meta(p.r[i].worker, m.data, m.len), HIXL_KV_SUCCESS);
+  ops->free_buffer(&m);
+  CU_ASSERT_TRUE(wait_all(&p, id, SENDING, 5000)); /* well within the 10 s lease */
+  for (uint32_t i = 0; i < p.world; i++) {
+    hixl_kv_stats_ex s = stats(p.r[i].worker);
+    CU_ASSERT(s.blocks_held == 0 && s.lease_expired == 0 && s.cap_refused == 0);
+  }
+  free(text);
+  side_down(&d);
+  side_down(&p);
+}
+
 static const struct model flat8 = {.kv_heads = 8, .no_heads = true};
 static void test_no_head_dimension(void) { cannot_map(&flat8, 1, 2, "head dimension"); }
 static void test_neither_divides(void) { cannot_map(&mla, 2, 3, "neither divides"); }
@@ -567,8 +607,8 @@ static CU_TestInfo tp_tests[] = {
     T(pull_mla_1_4),  T(pull_mla_4_1),      T(pull_mla_2_4),    T(push_gqa8_1_2),      T(push_gqa8_2_1),
     T(push_gqa8_2_4), T(push_gqa8_4_2),     T(push_gqa8_1_4),   T(push_gqa8_4_1),      T(push_gqa8_2_2),
     T(push_gqa2_1_4), T(push_gqa2_4_1),     T(push_gqa2_4_2),   T(push_mla_1_4),       T(push_mla_4_1),
-    T(push_mla_2_4),  T(no_head_dimension), T(neither_divides), T(consumer_rank_gone), T(heads_checked),
-    CU_TEST_INFO_NULL};
+    T(push_mla_2_4),  T(no_head_dimension), T(neither_divides), T(consumer_rank_gone), T(late_hold),
+    T(heads_checked), CU_TEST_INFO_NULL};
 
 static CU_SuiteInfo suites[] = {{"tensor parallelism across the hand-off", NULL, NULL, NULL, NULL, tp_tests},
                                 CU_SUITE_INFO_NULL};

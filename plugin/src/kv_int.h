@@ -174,6 +174,8 @@ struct kv_load {
   struct kv_meta_entry e; /* owns its block lists; remote: that producer rank's engine */
   uint32_t src;           /* the producer rank */
   struct kv_whole *whole; /* NULL: a FREE */
+  bool pin_first;         /* a FREE of a producer rank no consumer rank reads: PIN it first (it may
+                           * not hold the request yet, and a FREE before the hold is refused or lost) */
   struct kv_load *next;
 };
 

@@ -209,14 +209,33 @@ static struct kv_load *take_runnable(hixl_kv_connector *c) {
   return NULL;
 }
 
-/* An abort: the producer frees what it holds (best effort). */
-static void free_remote(hixl_kv_connector *c, const struct kv_meta_entry *e) {
+/* An abort, or a producer rank this consumer rank frees without reading it
+ * (pin_first): the producer frees what it holds (best effort). pin_first waits, as a
+ * load does, until the producer rank holds the request (within transfer_timeout_ms):
+ * a FREE that came first would be refused (no metadata bound there yet) or remembered
+ * only as an id, and the hold would wait out its lease. */
+static void free_remote(hixl_kv_connector *c, const struct kv_load *l) {
+  const struct kv_meta_entry *e = &l->e;
   uint8_t ans[64];
   size_t n;
   HixlStatus st;
-  if (kv_link(c, e, c->cfg.connect_timeout_ms) == HIXL_SUCCESS)
-    kv_call(c, e->remote, KV_SVC_FREE, e->rreq, &e->rcap, ans, sizeof(ans), &n, c->cfg.notify_timeout_ms,
-            &st);
+  if (kv_link(c, e, c->cfg.connect_timeout_ms) != HIXL_SUCCESS) return;
+  if (l->pin_first) {
+    uint8_t *big = malloc(HIXL_CALL_MAX);
+    struct kv_peer_held *h = calloc(1, sizeof(*h));
+    char why[512];
+    uint64_t deadline = kv_now_ns() + (uint64_t)c->cfg.transfer_timeout_ms * 1000000ull;
+    if (big && h && pin(c, e, deadline, big, h, why, sizeof(why)) == HIXL_NOT_FOUND) {
+      free(h->r.planes); /* gone there already: nothing to free */
+      free(h);
+      free(big);
+      return;
+    }
+    if (h) free(h->r.planes);
+    free(h);
+    free(big);
+  }
+  kv_call(c, e->remote, KV_SVC_FREE, e->rreq, &e->rcap, ans, sizeof(ans), &n, c->cfg.notify_timeout_ms, &st);
 }
 
 /* One load, start to end: the host hears of it in get_finished. */
@@ -253,7 +272,7 @@ static void *loader_main(void *arg) {
     bool shut = c->shut;
     pthread_mutex_unlock(&c->lock);
     if (l->e.type == KV_META_FREE)
-      free_remote(c, &l->e);
+      free_remote(c, l);
     else
       load_run(c, l, a->slot, shut);
     pthread_mutex_lock(&c->lock);

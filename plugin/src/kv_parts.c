@@ -98,6 +98,7 @@ hixl_kv_status kv_load_parts(hixl_kv_connector *c, struct kv_meta_entry *e) {
     } else {
       l->e.type = KV_META_FREE;
       l->e.nblocks = l->e.nrblocks = 0;
+      l->pin_first = e->type == KV_META_LOAD; /* not an abort's: that one is told at once */
     }
     if (ok &&
         kv_worker_address(e->remote, p, l->e.remote, sizeof(l->e.remote), &l->e.cluster) != HIXL_KV_SUCCESS)
