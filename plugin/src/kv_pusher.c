@@ -13,13 +13,9 @@
 /* Accept on the consumer: it expects the request, with the same layout, into at
  * least as many blocks per group; its planes go to p->r. */
 static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why, size_t cap) {
-  struct kv_meta_entry *e = &p->e;
+  struct kv_meta_entry *e = &p->e; /* linked already (link_all) */
   uint64_t deadline = kv_now_ns() + (uint64_t)c->cfg.transfer_timeout_ms * 1000000ull;
-  HixlStatus st = kv_link(c, e, c->cfg.connect_timeout_ms);
-  if (st != HIXL_SUCCESS) {
-    snprintf(why, cap, "linking to the consumer %s: %s", e->remote, HixlGetLastErrorMessage());
-    return st;
-  }
+  HixlStatus st;
   uint8_t *ans = malloc(HIXL_CALL_MAX);
   struct kv_peer_held *h = calloc(1, sizeof(*h));
   size_t n = 0;
@@ -163,6 +159,57 @@ static uint32_t saved_through(hixl_kv_connector *c, uint32_t k, uint64_t step) {
   return k;
 }
 
+/* Linking to one consumer rank (link_all). */
+struct link_job {
+  hixl_kv_connector *c;
+  const struct kv_meta_entry *e;
+  pthread_t t;
+  bool started;
+  HixlStatus st;
+  char why[256];
+};
+
+static void *link_main(void *arg) {
+  struct link_job *j = arg;
+  j->st = kv_link(j->c, j->e, j->c->cfg.connect_timeout_ms);
+  if (j->st != HIXL_SUCCESS) snprintf(j->why, sizeof(j->why), "%s", HixlGetLastErrorMessage());
+  return NULL;
+}
+
+/* Link to every consumer rank the batch's parts write to, all at once (a thread each
+ * when there are several): a consumer instance that is gone costs one
+ * connect_timeout_ms, not one per part. A part whose link failed fails now. */
+static void link_all(hixl_kv_connector *c, struct kv_push **v, size_t n, HixlStatus *st, char (*why)[512]) {
+  struct link_job *jobs = calloc(n, sizeof(*jobs));
+  size_t nj = 0, *of = calloc(n, sizeof(*of));
+  if (!jobs || !of) {
+    for (size_t i = 0; i < n; i++)
+      st[i] = HIXL_RESOURCE_EXHAUSTED, snprintf(why[i], sizeof(why[i]), "out of memory");
+    free(jobs);
+    free(of);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    size_t k = 0;
+    while (k < nj && strcmp(jobs[k].e->remote, v[i]->e.remote) != 0) k++;
+    if (k == nj) jobs[nj++] = (struct link_job){.c = c, .e = &v[i]->e};
+    of[i] = k;
+  }
+  for (size_t k = 0; k < nj; k++)
+    jobs[k].started = nj > 1 && pthread_create(&jobs[k].t, NULL, link_main, &jobs[k]) == 0;
+  for (size_t k = 0; k < nj; k++) {
+    if (jobs[k].started)
+      pthread_join(jobs[k].t, NULL);
+    else
+      link_main(&jobs[k]); /* the one, or no thread: here */
+  }
+  for (size_t i = 0; i < n; i++)
+    if ((st[i] = jobs[of[i]].st) != HIXL_SUCCESS)
+      snprintf(why[i], sizeof(why[i]), "linking to the consumer %s: %s", v[i]->e.remote, jobs[of[i]].why);
+  free(jobs);
+  free(of);
+}
+
 /* One step's pushes, layer by layer: each layer leaves as soon as it is saved, while
  * the producer computes the next; layers saved while the pusher was busy starting
  * earlier ones leave together, as one range with one notice (layer_pipelining false:
@@ -178,7 +225,9 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
     free(notes);
     return;
   }
-  for (size_t i = 0; i < n; i++) st[i] = push_accept(c, v[i], why[i], sizeof(why[i]));
+  link_all(c, v, n, st, why);
+  for (size_t i = 0; i < n; i++)
+    if (st[i] == HIXL_SUCCESS) st[i] = push_accept(c, v[i], why[i], sizeof(why[i]));
   pthread_mutex_lock(&c->lock);
   c->stats.lookups += n;
   pthread_mutex_unlock(&c->lock);
