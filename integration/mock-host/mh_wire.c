@@ -200,22 +200,47 @@ int mh_conn_next(struct mh_conn *c, uint8_t *type, struct mh_in *payload) {
   return 1;
 }
 
+void mh_put_stats(struct mh_out *o, const hixl_kv_stats *s) {
+  mh_put_u64(o, s->blocks_held);
+  mh_put_u64(o, s->requests_held);
+  mh_put_u64(o, s->loads_done);
+  mh_put_u64(o, s->loads_failed);
+  mh_put_u64(o, s->lease_expired);
+  mh_put_u64(o, s->bytes_loaded);
+  mh_put_u64(o, s->engine_ops);
+  mh_put_u64(o, s->lookups);
+  mh_put_u64(o, s->pushes_done);
+  mh_put_u64(o, s->pushes_failed);
+  mh_put_u64(o, s->layers_pushed);
+}
+
+void mh_get_stats(struct mh_in *in, hixl_kv_stats *s) {
+  s->blocks_held = mh_get_u64(in);
+  s->requests_held = mh_get_u64(in);
+  s->loads_done = mh_get_u64(in);
+  s->loads_failed = mh_get_u64(in);
+  s->lease_expired = mh_get_u64(in);
+  s->bytes_loaded = mh_get_u64(in);
+  s->engine_ops = mh_get_u64(in);
+  s->lookups = mh_get_u64(in);
+  s->pushes_done = mh_get_u64(in);
+  s->pushes_failed = mh_get_u64(in);
+  s->layers_pushed = mh_get_u64(in);
+}
+
 void mh_put_side(struct mh_out *o, const struct mh_side *s) {
   mh_put_u64(o, s->blocks_total);
   mh_put_u64(o, s->blocks_free);
   mh_put_u32(o, s->requests_left);
   mh_put_u8(o, s->stats_ok);
-  mh_put_u64(o, s->ks.blocks_held);
-  mh_put_u64(o, s->ks.requests_held);
-  mh_put_u64(o, s->ks.loads_done);
-  mh_put_u64(o, s->ks.loads_failed);
-  mh_put_u64(o, s->ks.lease_expired);
-  mh_put_u64(o, s->ks.bytes_loaded);
-  mh_put_u64(o, s->ks.engine_ops);
-  mh_put_u64(o, s->ks.lookups);
-  mh_put_u64(o, s->ks.pushes_done);
-  mh_put_u64(o, s->ks.pushes_failed);
-  mh_put_u64(o, s->ks.layers_pushed);
+  mh_put_stats(o, &s->ks);
+  mh_put_u32(o, s->tp);
+  mh_put_u32(o, s->twice);
+  for (uint32_t r = 0; r < s->tp && r < MH_MAX_TP; r++) {
+    mh_put_u8(o, s->rk[r].alive);
+    mh_put_u8(o, s->rk[r].stats_ok);
+    mh_put_stats(o, &s->rk[r].ks);
+  }
 }
 
 void mh_get_side(struct mh_in *in, struct mh_side *s) {
@@ -224,15 +249,41 @@ void mh_get_side(struct mh_in *in, struct mh_side *s) {
   s->blocks_free = mh_get_u64(in);
   s->requests_left = mh_get_u32(in);
   s->stats_ok = mh_get_u8(in);
-  s->ks.blocks_held = mh_get_u64(in);
-  s->ks.requests_held = mh_get_u64(in);
-  s->ks.loads_done = mh_get_u64(in);
-  s->ks.loads_failed = mh_get_u64(in);
-  s->ks.lease_expired = mh_get_u64(in);
-  s->ks.bytes_loaded = mh_get_u64(in);
-  s->ks.engine_ops = mh_get_u64(in);
-  s->ks.lookups = mh_get_u64(in);
-  s->ks.pushes_done = mh_get_u64(in);
-  s->ks.pushes_failed = mh_get_u64(in);
-  s->ks.layers_pushed = mh_get_u64(in);
+  mh_get_stats(in, &s->ks);
+  s->tp = mh_get_u32(in);
+  s->twice = mh_get_u32(in);
+  if (s->tp == 0 || s->tp > MH_MAX_TP) {
+    in->bad = true;
+    return;
+  }
+  for (uint32_t r = 0; r < s->tp; r++) {
+    s->rk[r].alive = mh_get_u8(in);
+    s->rk[r].stats_ok = mh_get_u8(in);
+    mh_get_stats(in, &s->rk[r].ks);
+  }
+}
+
+void mh_put_work(struct mh_out *o, const struct mh_work *w) {
+  mh_put_u64(o, w->seed);
+  mh_put_u64(o, w->prompt);
+  mh_put_u32(o, (uint32_t)w->nblocks);
+  for (uint64_t i = 0; i < w->nblocks; i++) mh_put_u64(o, w->blocks[i]);
+}
+
+bool mh_get_work(struct mh_in *in, struct mh_work *w, uint64_t **blocks) {
+  w->seed = mh_get_u64(in);
+  w->prompt = mh_get_u64(in);
+  w->nblocks = mh_get_u32(in);
+  *blocks = NULL;
+  if (in->bad || w->nblocks > (in->len - in->off) / 8) { /* more than the frame holds */
+    in->bad = true;
+    return false;
+  }
+  if (!(*blocks = malloc((w->nblocks ? w->nblocks : 1) * sizeof(**blocks)))) {
+    in->bad = true;
+    return false;
+  }
+  for (uint64_t i = 0; i < w->nblocks; i++) (*blocks)[i] = mh_get_u64(in);
+  w->blocks = *blocks;
+  return !in->bad;
 }
