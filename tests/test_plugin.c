@@ -367,7 +367,7 @@ static void test_table_sizes(void) {
   CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, get_event_fd), 8 + 25 * sizeof(void *));
   /* 1.3 appends get_stats_ex */
   CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, get_stats_ex), 8 + 26 * sizeof(void *));
-  CU_ASSERT_EQUAL(ops->abi_version, (1u << 16) | 4u); /* 1.4 adds no op: hixl_kv_stats_ex.cap_refused */
+  CU_ASSERT_EQUAL(ops->abi_version, (1u << 16) | 5u); /* 1.4 adds no op: hixl_kv_stats_ex.cap_refused */
   small.size = (uint32_t)offsetof(hixl_kv_ops, alloc_kv_caches); /* a 1.0 plugin */
   CU_ASSERT_TRUE(HIXL_KV_HAS_OP(&small, get_push_params));
   CU_ASSERT_FALSE(HIXL_KV_HAS_OP(&small, alloc_kv_caches));
@@ -863,8 +863,9 @@ static void mismatch_case(uint64_t seed, const char *id, uint64_t block_bytes, u
 
 static void test_layout_mismatch(void) { mismatch_case(13, "dec-13", BLOCK_BYTES / 2, 1); }
 
-/* A consumer of another tensor-parallel size (2 against the producer's 1): the load
- * fails as heterogeneous TP (not built), moves nothing, and the producer frees. */
+/* A consumer of another tensor-parallel size (2 against the producer's 1) whose
+ * layout has no head dimension (kv_first): the load fails (a rank's heads cannot be
+ * cut from its blocks), moves nothing, and the producer frees. */
 static void test_tp_mismatch(void) { mismatch_case(14, "dec-14", BLOCK_BYTES, 2); }
 
 /* A producer that refuses connections (nothing listens at its address) does not stall

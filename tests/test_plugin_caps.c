@@ -305,7 +305,11 @@ static HixlStatus call(HixlEngine *e, const char *target, uint8_t op, const char
   kv_put_u8(&o, pr == P_OLD ? KV_SVC_PROTO_NOCAP : KV_SVC_PROTO);
   kv_put_u8(&o, op);
   kv_put_str(&o, id, strlen(id));
-  if (pr != P_OLD) kv_put_cap(&o, &c);
+  if (pr != P_OLD) {
+    kv_put_cap(&o, &c);
+    kv_put_u32(&o, 1); /* the caller's world size and rank (protocol 5) */
+    kv_put_u32(&o, 0);
+  }
   if (tail) kv_put_raw(&o, tail->p, tail->len);
   CU_ASSERT_FATAL(!o.bad);
   size_t got = 0;

@@ -51,8 +51,9 @@ static void step(hixl_kv_connector *sched, hixl_kv_connector *worker) {
   ST_IS(ops->start_load_kv(worker), HIXL_KV_SUCCESS);
 }
 
-/* A KV service request as the plugin's loader sends it: protocol 4, op, request id,
- * the request's capability (kv_transfer_params' "cap"). */
+/* A KV service request as the plugin's loader sends it: protocol 5, op, request id,
+ * the request's capability (kv_transfer_params' "cap"), the caller's world size 1 and
+ * rank 0. */
 static size_t kv_req(uint8_t *buf, uint8_t op, const char *id, const struct kv_cap *cap) {
   size_t n = strlen(id);
   buf[0] = KV_SVC_PROTO;
@@ -62,7 +63,9 @@ static size_t kv_req(uint8_t *buf, uint8_t op, const char *id, const struct kv_c
   memcpy(buf + 4, id, n);
   buf[4 + n] = cap->len;
   memcpy(buf + 5 + n, cap->b, cap->len);
-  return 5 + n + cap->len;
+  static const uint8_t who[8] = {0, 0, 0, 1, 0, 0, 0, 0};
+  memcpy(buf + 5 + n + cap->len, who, sizeof(who));
+  return 5 + n + cap->len + sizeof(who);
 }
 
 /* The capability kv_transfer_params carry ("cap": 32 hex digits) into cap; false if none. */
@@ -360,9 +363,10 @@ static HixlStatus fake_kv(void *ctx, const char *peer, const uint8_t *req, size_
   struct fake_producer *f = ctx;
   size_t n = len >= 4 ? (size_t)req[2] << 8 | req[3] : 0;
   (void)peer, (void)cap;
-  /* After the id its capability (u8 length, the bytes); then ABORT carries its reason,
-   * PIN may carry its hold's epoch and number, ACCEPT the producer's blocks per group */
-  size_t t = len > 4 + n ? 4 + n + 1 + req[4 + n] : len + 1; /* where the op's own fields start */
+  /* After the id its capability (u8 length, the bytes), the caller's world size and
+   * rank (u32 each); then ABORT carries its reason, PIN may carry its hold's epoch and
+   * number, ACCEPT the producer's blocks per group */
+  size_t t = len > 4 + n ? 4 + n + 1 + req[4 + n] + 8 : len + 1; /* where the op's own fields start */
   bool tail_ok = t <= len && (len == t || req[1] == 5 || (req[1] == 1 && len == t + 16) ||
                               (req[1] == 3 && len > t && len == t + 1 + 4 * (size_t)req[t]));
   if (len < 4 || req[0] != KV_SVC_PROTO || len < 4 + n || !tail_ok || n >= sizeof(f->freed))

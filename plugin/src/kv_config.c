@@ -45,6 +45,7 @@ hixl_kv_status kv_config_load(const char *json, size_t len, struct kv_cfg *cfg, 
   cfg->lease_ms = (uint32_t)get_int(c, "lease_ms");
   cfg->max_inflight = (uint32_t)get_int(c, "max_inflight_requests");
   cfg->pipelining = pipelining != 0;
+  cfg->hnd = strcmp(get_str(c, "required_kv_layout"), "HND") == 0;
   cfg->connect_timeout_ms = (int32_t)get_int(c, "connect_timeout_ms");
   cfg->transfer_timeout_ms = (int32_t)get_int(c, "transfer_timeout_ms");
   cfg->notify_timeout_ms = (int32_t)get_int(c, "notify_timeout_ms");

@@ -23,6 +23,7 @@ struct kv_cfg {
   bool recompute;    /* load_failure_policy recompute (else fail) */
   uint32_t max_inflight;
   bool pipelining;
+  bool hnd; /* required_kv_layout HND: get_required_kvcache_layout asks for it */
   int32_t connect_timeout_ms, transfer_timeout_ms, notify_timeout_ms;
   HixlOption *opts; /* engine options, every one with its effective value */
   size_t nopts;
@@ -48,6 +49,7 @@ struct kv_plane {
 struct kv_group {
   uint32_t kind, flags, nlayers, ppl, nplanes, block_tokens, elem_size, window;
   uint32_t last_layer; /* the highest layer id: a cross-layer group moves with it */
+  uint32_t kheads;     /* the model's KV heads over every rank (kv_tp.c); 0: MLA, or no head dimension */
   uint64_t num_blocks;
   uint64_t bytes_per_block; /* every plane's block: what a request moves per block of this group */
   uint32_t *layer_ids;      /* nlayers */
@@ -79,7 +81,36 @@ struct kv_pairs {
   size_t n;
 };
 
-/* An op list, merged where both sides run on: the engine's descriptors as they are. */
+/* ---- tensor parallelism (kv_tp.c) ---- */
+
+/* Which heads of a producer rank's blocks a consumer rank takes, in one group: n heads
+ * from the producer's local head src into the consumer's local head dst, or the whole
+ * block (every plane's bytes, the same on both). */
+struct kv_tp_slice {
+  bool whole;
+  uint32_t src, dst, n;
+};
+/* Whether instances of np (producer) and nd (consumer) ranks can hand l's groups over;
+ * why on failure, naming both sizes. */
+bool kv_tp_check(const struct kv_layout *l, uint32_t np, uint32_t nd, char *why, size_t cap);
+/* What producer rank p gives consumer rank d of group g; false: nothing. */
+bool kv_tp_slice(const struct kv_group *g, uint32_t np, uint32_t p, uint32_t nd, uint32_t d,
+                 struct kv_tp_slice *s);
+bool kv_tp_reads(const struct kv_layout *l, uint32_t np, uint32_t p, uint32_t nd, uint32_t d); /* any group */
+/* The consumer ranks that free producer rank p's copy of a request (pull): those that
+ * read it, else rank p mod nd alone. */
+uint64_t kv_tp_touchers(const struct kv_layout *l, uint32_t np, uint32_t p, uint32_t nd);
+uint64_t kv_tp_sources(const struct kv_layout *l, uint32_t np, uint32_t nd, uint32_t d); /* p d reads */
+uint64_t kv_tp_frees(const struct kv_layout *l, uint32_t np, uint32_t nd, uint32_t d);   /* p d frees */
+/* The heads a rank of world holds of group g (0: g has no head dimension). */
+uint32_t kv_tp_heads(const struct kv_group *g, uint32_t world);
+
+/* Head ranges of a pair of ranks, per group, in local and remote terms (NULL in
+ * kv_ops_build: whole blocks). */
+struct kv_heads {
+  bool whole;
+  uint32_t local, remote, n;
+};
 
 /* Check and copy groups (need_base: every plane's base set); the digest text ends with
  * " tp=world". */
@@ -90,13 +121,30 @@ void kv_layout_free(struct kv_layout *l);
  * none inside an alloc_kv_memory allocation): c->regs. */
 hixl_kv_status kv_layout_register(hixl_kv_connector *c, const struct kv_layout *l, const char *fn);
 void kv_layout_put_planes(struct kv_out *o, const struct kv_layout *l);
-/* A peer's plane table, checked against l (same count; sizes and heads are l's). */
-bool kv_layout_get_planes(struct kv_in *in, const struct kv_layout *l, struct kv_remote *out);
-/* Ops moving layers [first, first + count) of the pairs (one per group); PARAM_INVALID
- * for a block past its group's count on either side. */
+/* A peer's plane table, checked against l (same count; sizes and heads are l's, for a
+ * peer of world ranks: a head-split plane holds that world's share of the heads). */
+bool kv_layout_get_planes(struct kv_in *in, const struct kv_layout *l, uint32_t world, struct kv_remote *out);
+/* Ops moving layers [first, first + count) of the pairs (one per group), each group's
+ * heads hs[g] of a block (hs NULL: whole blocks); PARAM_INVALID for a block past its
+ * group's count on either side. */
 hixl_kv_status kv_ops_build(struct opvec *o, const struct kv_layout *l, const struct kv_remote *r,
-                            uint32_t first, uint32_t count, const struct kv_pairs *pairs, char *why,
-                            size_t cap);
+                            uint32_t first, uint32_t count, const struct kv_pairs *pairs,
+                            const struct kv_heads *hs, char *why, size_t cap);
+/* The digest text up to its " tp=" (what two sides of any world sizes must share), and
+ * the world size after it (0 when there is none). */
+size_t kv_layout_core_len(const char *text);
+uint32_t kv_layout_world(const char *text);
+
+/* The peers a request's blocks are given to (a PIN's consumer ranks, an ACCEPT's
+ * producer ranks): each may be using them; granted: they are granted to it
+ * (kv_grant.c). */
+struct kv_peers {
+  struct kv_peer_ref {
+    char name[80];
+    bool granted;
+  } * v;
+  uint32_t n;
+};
 
 /* A request a producer worker holds for a consumer. */
 struct kv_held {
@@ -105,15 +153,27 @@ struct kv_held {
   size_t n;
   uint32_t ngroups, gn[KV_MAX_GROUPS];
   uint64_t expires_ns;
-  char granted[80];  /* the consumer its blocks are granted to (scoped memory, kv_grant.c), or "" */
-  char consumer[80]; /* the engine that pinned it last (it may be reading the blocks), or "" */
-  struct kv_cap cap; /* what a PIN or FREE of it presents (kv_cap_make of id, with the bound key) */
+  struct kv_peers peers; /* the consumer ranks that pinned it (they may be reading the blocks) */
+  uint32_t ctp;          /* the consumer instance's world size, from its first PIN or FREE (0: none yet) */
+  uint64_t need, freed;  /* the consumer ranks that free it here (kv_tp_touchers), and those that did */
+  struct kv_cap cap;     /* what a PIN or FREE of it presents (kv_cap_make of id, with the bound key) */
   struct kv_held *next;
 };
 
-/* A load a consumer worker owes. */
+/* What a request's parts share: a consumer rank reads it from several producer ranks
+ * (kv_tp.c), or a producer rank pushes it to several consumer ranks; it ends once its
+ * last part has. */
+struct kv_whole {
+  uint32_t left; /* parts not ended */
+  bool failed;
+};
+
+/* A load a consumer worker owes: a request from one producer rank (its part: the
+ * request's whole is the shared record; a FREE: only told). */
 struct kv_load {
-  struct kv_meta_entry e; /* owns its block lists */
+  struct kv_meta_entry e; /* owns its block lists; remote: that producer rank's engine */
+  uint32_t src;           /* the producer rank */
+  struct kv_whole *whole; /* NULL: a FREE */
   struct kv_load *next;
 };
 
@@ -124,21 +184,26 @@ struct kv_expect {
   size_t n;
   uint32_t ngroups, gn[KV_MAX_GROUPS];
   uint32_t pgn[KV_MAX_GROUPS]; /* the blocks per group the producer that accepted writes */
-  uint8_t *landed;             /* per layer */
-  uint32_t nlanded;
-  uint64_t deadline_ns; /* no producer finished by then: the load fails */
-  uint64_t step;        /* the step that bound it: its wait_for_layer_load waits for it */
-  char producer[80];    /* the engine that accepted it (it may write into blocks) */
-  char granted[80];     /* the producer its blocks are granted to (kv_grant.c), or "" */
-  struct kv_cap cap;    /* what an ACCEPT, LAYER(S) or ABORT of it presents */
+  uint32_t ptp;                /* the producer instance's world size, from its first ACCEPT (0: none yet) */
+  uint64_t want;               /* the producer ranks that write into it (kv_tp_sources) */
+  uint64_t *landed;            /* per layer: the producer ranks whose copy of it landed */
+  uint32_t nlanded;            /* layers every producer rank of want landed */
+  uint64_t deadline_ns;        /* no producer finished by then: the load fails */
+  uint64_t step;               /* the step that bound it: its wait_for_layer_load waits for it */
+  struct kv_peers peers;       /* the producer ranks that accepted it (they may write into the blocks) */
+  struct kv_cap cap;           /* what an ACCEPT, LAYER(S) or ABORT of it presents */
   struct kv_expect *next;
 };
 
-/* Push mode, producer worker: a request to write into a consumer's blocks. */
+/* Push mode, producer worker: a request to write into a consumer rank's blocks (one
+ * part of it: the shared record ends it). */
 struct kv_push {
-  struct kv_meta_entry e; /* owns its block lists */
-  struct kv_remote r;     /* the consumer's planes, from its ACCEPT answer */
-  uint64_t step;          /* the step whose save_kv_layer calls release its layers */
+  struct kv_meta_entry e; /* owns its block lists; remote: that consumer rank's engine */
+  uint32_t dst;           /* the consumer rank */
+  struct kv_whole *whole;
+  uint64_t bytes;     /* written so far */
+  struct kv_remote r; /* the consumer's planes, from its ACCEPT answer */
+  uint64_t step;      /* the step whose save_kv_layer calls release its layers */
   uint64_t bound_ns;
   struct kv_push *next;
 };
@@ -304,6 +369,33 @@ void kv_cap_hex(const struct kv_cap *c, char out[KV_CAP_HEX]);
 bool kv_cap_parse_hex(const char *s, size_t n, struct kv_cap *out); /* exactly 2 * KV_CAP_LEN hex digits */
 void kv_cap_wipe(void *p, size_t n); /* zeroes p in a way the compiler does not drop */
 
+/* ---- kv_parts.c: a request's parts, one per peer rank ---- */
+
+/* Peer lists (lock held). */
+bool kv_peers_has(const struct kv_peers *s, const char *name);
+struct kv_peer_ref *kv_peers_add(struct kv_peers *s, const char *name); /* NULL: no memory */
+void kv_peers_free(struct kv_peers *s);
+/* Each of s's peers into c->drop (cut before the host reuses the blocks). */
+void kv_peers_drop(hixl_kv_connector *c, const struct kv_peers *s);
+/* Revoke what s's peers were granted of these blocks (kv_revoke_later). */
+void kv_peers_revoke(hixl_kv_connector *c, struct kv_peers *s, const uint64_t *blocks, const uint32_t *gn,
+                     uint32_t ngroups);
+/* bind: e (LOAD or FREE, a consumer's) as its parts, one per producer rank it reads or
+ * frees, queued at c->load.bound; e's lists are taken. Lock held. */
+hixl_kv_status kv_load_parts(hixl_kv_connector *c, struct kv_meta_entry *e);
+/* A load's part ended (st): the request ends with its last part (recving_done; failed:
+ * its blocks reported). Lock held. */
+void kv_load_part_end(hixl_kv_connector *c, struct kv_load *l, bool ok, const char *why);
+/* bind: e (PUSH, a producer's) as its parts, one per consumer rank it writes, queued for
+ * the pusher (none: finished now). Lock held. */
+hixl_kv_status kv_push_parts(hixl_kv_connector *c, struct kv_meta_entry *e, uint64_t now);
+/* A push's part ended; the request ends with its last (sending_done, counted). Lock held. */
+void kv_push_part_end(hixl_kv_connector *c, struct kv_push *p, bool ok);
+/* The heads of each group p moves (pull: this consumer rank from its producer rank src;
+ * push: this producer rank to consumer rank dst), in local and remote terms. */
+void kv_load_heads(const hixl_kv_connector *c, const struct kv_load *l, struct kv_heads *hs);
+void kv_push_heads(const hixl_kv_connector *c, const struct kv_push *p, struct kv_heads *hs);
+
 /* ---- kv_service.c: what this worker answers ---- */
 
 HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp, size_t cap,
@@ -330,8 +422,8 @@ void kv_revq_free(hixl_kv_connector *c);
 /* ---- kv_peer.c: calls to a peer's KV service ---- */
 
 /* A KV service request: op on request id, presenting cap (LAYER: which layer; ABORT: why). */
-bool kv_msg(struct kv_out *o, uint8_t op, const char *id, const struct kv_cap *cap, uint32_t layer,
-            const char *reason);
+bool kv_msg(const hixl_kv_connector *c, struct kv_out *o, uint8_t op, const char *id,
+            const struct kv_cap *cap, uint32_t layer, const char *reason);
 /* Send o (a KV service request; freed here), wait for the answer within timeout_ms. */
 int kv_call_msg(hixl_kv_connector *c, const char *remote, struct kv_out *o, uint8_t *ans, size_t cap,
                 size_t *n, int32_t timeout_ms, HixlStatus *st);
@@ -349,10 +441,11 @@ struct kv_peer_held {
   size_t n; /* blocks, every group's */
   uint64_t digest;
   uint32_t ngroups, gn[KV_MAX_GROUPS];
+  uint32_t world;     /* its instance's tensor-parallel size */
   struct kv_remote r; /* its planes (r.planes malloc'ed) */
 };
-/* Parse a HELD answer after its state byte (in): malformed is FAILED, another layout
- * kv_layout_mismatch's status; why names peer_kind peer and request req. */
+/* Parse a HELD answer after its state byte (in): malformed is FAILED, another layout or
+ * world sizes that cannot map PARAM_INVALID; why names peer_kind peer and request req. */
 HixlStatus kv_held_parse(hixl_kv_connector *c, struct kv_in *in, const char *peer_kind, const char *peer,
                          const char *req, struct kv_peer_held *h, char *why, size_t cap);
 HixlStatus kv_layout_mismatch(const char *peer_kind, const char *peer, const char *theirs, const char *mine,

@@ -70,11 +70,22 @@ void kv_layout_free(struct kv_layout *l) {
   memset(l, 0, sizeof(*l));
 }
 
+/* A plane's bytes and heads as the model has them (every rank's heads), the same for
+ * any tensor-parallel size: what the digest shows. */
+static uint64_t model_bytes(const struct kv_group *g, const struct kv_plane *q) {
+  return g->kheads && q->heads ? q->bytes / q->heads * g->kheads : q->bytes;
+}
+static uint32_t model_heads(const struct kv_group *g, const struct kv_plane *q) {
+  return g->kheads && q->heads ? g->kheads : q->heads;
+}
+
 /* The digest: everything two sides must agree on, as text (the PIN and ACCEPT
  * answers carry it; a mismatch names both). Plane sizes per group: layer 0's, and a
- * hash of every layer's when they differ. " tp=N" last (kv_layout_mismatch). */
+ * hash of every layer's when they differ, each as the model has it (all KV heads: a
+ * head's bytes times the heads). " tp=N" last: two sides of different world sizes
+ * share everything before it (kv_tp_check says whether they can map). */
 static void layout_text(struct kv_layout *l, uint32_t world) {
-  size_t n = (size_t)snprintf(l->text, sizeof(l->text), "abi=%u.3 layers=%u", HIXL_KV_ABI_MAJOR, l->nlayers);
+  size_t n = (size_t)snprintf(l->text, sizeof(l->text), "abi=%u.5 layers=%u", HIXL_KV_ABI_MAJOR, l->nlayers);
   for (uint32_t gi = 0; gi < l->ng && n < sizeof(l->text); gi++) {
     const struct kv_group *g = &l->g[gi];
     n += (size_t)snprintf(l->text + n, sizeof(l->text) - n, " [%s%s%s layers=%u tokens=%u elem=%u", g->layout,
@@ -90,20 +101,56 @@ static void layout_text(struct kv_layout *l, uint32_t world) {
     for (uint32_t p = 0; p < g->nplanes; p++) {
       const struct kv_plane *q = &g->planes[p], *first = &g->planes[p % g->ppl];
       differ |= q->bytes != first->bytes || q->heads != first->heads;
-      h = (h ^ q->bytes) * 0x100000001b3ull;
-      h = (h ^ q->heads) * 0x100000001b3ull;
+      h = (h ^ model_bytes(g, q)) * 0x100000001b3ull;
+      h = (h ^ model_heads(g, q)) * 0x100000001b3ull;
     }
     for (uint32_t p = 0; p < shown && n < sizeof(l->text); p++)
       n += (size_t)snprintf(l->text + n, sizeof(l->text) - n, "%s%" PRIu64,
-                            p ? "," : " planes=", g->planes[p].bytes);
+                            p ? "," : " planes=", model_bytes(g, &g->planes[p]));
     for (uint32_t p = 0; p < shown && g->planes[0].heads && n < sizeof(l->text); p++)
-      n +=
-          (size_t)snprintf(l->text + n, sizeof(l->text) - n, "%s%u", p ? "," : " heads=", g->planes[p].heads);
+      n += (size_t)snprintf(l->text + n, sizeof(l->text) - n, "%s%u",
+                            p ? "," : " heads=", model_heads(g, &g->planes[p]));
     if (differ && n < sizeof(l->text))
       n += (size_t)snprintf(l->text + n, sizeof(l->text) - n, " sizes#%016" PRIx64, h);
     if (n < sizeof(l->text)) n += (size_t)snprintf(l->text + n, sizeof(l->text) - n, "]");
   }
   if (n < sizeof(l->text)) snprintf(l->text + n, sizeof(l->text) - n, " tp=%u", world);
+}
+
+/* A group's KV heads over every rank (kv_tp.c): total (0: the planes' heads times the
+ * world size); its planes must hold this rank's share. MLA: none (every rank holds the
+ * same latent). */
+static hixl_kv_status group_heads(struct kv_group *d, size_t gi, uint32_t total, uint32_t world,
+                                  const char *fn) {
+  uint32_t heads = d->planes[0].heads;
+  CHECK_ARG(d->kind != HIXL_KV_GROUP_MLA || total == 0,
+            "%s: group %zu: an MLA group holds the same latent on every rank: total_kv_heads must be 0", fn,
+            gi);
+  if (d->kind == HIXL_KV_GROUP_MLA || heads == 0) return HIXL_KV_SUCCESS;
+  for (uint32_t p = 1; p < d->nplanes; p++)
+    CHECK_ARG(d->planes[p].heads == heads,
+              "%s: group %zu: plane %u has %u heads, plane 0 %u (every plane of a "
+              "group holds this rank's heads)",
+              fn, gi, p, d->planes[p].heads, heads);
+  d->kheads = total ? total : heads * world;
+  uint32_t want = world <= d->kheads ? d->kheads / world : 1;
+  CHECK_ARG((world <= d->kheads ? d->kheads % world == 0 : world % d->kheads == 0) && heads == want,
+            "%s: group %zu: %u KV heads over %u ranks: a rank holds %s%u, its planes %u", fn, gi, d->kheads,
+            world,
+            (world <= d->kheads ? d->kheads % world : world % d->kheads) ? "(they do not divide) " : "", want,
+            heads);
+  return HIXL_KV_SUCCESS;
+}
+
+size_t kv_layout_core_len(const char *text) {
+  const char *t = strstr(text, " tp=");
+  return t ? (size_t)(t - text) : strlen(text);
+}
+
+uint32_t kv_layout_world(const char *text) {
+  const char *t = strstr(text, " tp=");
+  unsigned long w = t ? strtoul(t + 4, NULL, 10) : 0;
+  return w <= KV_TP_MAX ? (uint32_t)w : 0;
 }
 
 hixl_kv_status kv_layout_build(struct kv_layout *out, const hixl_kv_group *groups, size_t ng, uint32_t world,
@@ -179,6 +226,13 @@ hixl_kv_status kv_layout_build(struct kv_layout *out, const hixl_kv_group *group
                                        s->num_heads ? s->head_stride : 0, s->num_heads};
       d->bytes_per_block += s->block_bytes;
     }
+    uint32_t kheads = g->size >= sizeof(hixl_kv_group) ? g->total_kv_heads : 0;
+    hixl_kv_status hst = group_heads(d, gi, kheads, world, fn);
+    if (hst != HIXL_KV_SUCCESS) {
+      l.ng++;
+      kv_layout_free(&l);
+      return hst;
+    }
     for (uint32_t i = 0; i < d->nlayers; i++) {
       uint32_t id = g->layer_ids ? g->layer_ids[i] : g->first_layer + i;
       d->layer_ids[i] = id;
@@ -218,7 +272,8 @@ void kv_layout_put_planes(struct kv_out *o, const struct kv_layout *l) {
   }
 }
 
-bool kv_layout_get_planes(struct kv_in *in, const struct kv_layout *l, struct kv_remote *out) {
+bool kv_layout_get_planes(struct kv_in *in, const struct kv_layout *l, uint32_t world,
+                          struct kv_remote *out) {
   if (kv_get_u32(in) != l->nplanes || in->bad) return false;
   struct kv_plane *v = malloc((l->nplanes ? l->nplanes : 1) * sizeof(*v));
   if (!v) return false;
@@ -226,15 +281,17 @@ bool kv_layout_get_planes(struct kv_in *in, const struct kv_layout *l, struct kv
   for (uint32_t g = 0; g < l->ng; g++) {
     out->num_blocks[g] = kv_get_u64(in);
     if (out->num_blocks[g] == 0 || out->num_blocks[g] > KV_MAX_NUM_BLOCKS) in->bad = true;
+    /* Its heads: a head-split group's share of world ranks (the digests matched). */
+    uint32_t theirs = l->g[g].kheads ? kv_tp_heads(&l->g[g], world) : 0;
     for (uint32_t p = 0; p < l->g[g].nplanes; p++, k++) {
-      const struct kv_plane *mine = &l->g[g].planes[p]; /* sizes and heads agree: the digests matched */
+      const struct kv_plane *mine = &l->g[g].planes[p];
       v[k].base = kv_get_u64(in);
       v[k].stride = kv_get_u64(in);
       v[k].head_stride = kv_get_u64(in);
-      v[k].bytes = mine->bytes;
-      v[k].heads = mine->heads;
+      v[k].bytes = theirs ? mine->bytes / mine->heads * theirs : mine->bytes;
+      v[k].heads = theirs ? theirs : mine->heads;
       if (!v[k].base || v[k].stride > (UINT64_C(1) << 46) ||
-          (v[k].heads ? v[k].head_stride < mine->bytes / mine->heads || v[k].head_stride > (UINT64_C(1) << 46)
+          (v[k].heads ? v[k].head_stride < v[k].bytes / v[k].heads || v[k].head_stride > (UINT64_C(1) << 46)
                       : v[k].head_stride != 0))
         in->bad = true;
     }
@@ -254,24 +311,27 @@ static int cmp_piece(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Plane p of both sides (the same bytes and heads), blocks lb[j] here and rb[j]
- * there: a piece per head (adjacent heads join in opvec_add). */
+/* Plane p of both sides, blocks lb[j] here and rb[j] there: a piece per head
+ * (adjacent heads join in opvec_add); whole blocks (the same bytes and heads on both),
+ * or hs's heads (a head's bytes the same on both). */
 static int plane_pieces(struct opvec *o, const struct kv_plane *lp, const struct kv_plane *rp,
-                        const uint64_t *lb, const uint64_t *rb, size_t n) {
-  uint32_t heads = lp->heads ? lp->heads : 1;
-  uint64_t len = lp->bytes / heads;
+                        const uint64_t *lb, const uint64_t *rb, size_t n, const struct kv_heads *hs) {
+  bool whole = !hs || hs->whole;
+  uint32_t heads = whole ? (lp->heads ? lp->heads : 1) : hs->n;
+  uint64_t len = lp->bytes / (lp->heads ? lp->heads : 1);
+  uint32_t lh = whole ? 0 : hs->local, rh = whole ? 0 : hs->remote;
   for (size_t j = 0; j < n; j++)
     for (uint32_t h = 0; h < heads; h++) {
-      uint64_t lo = lp->base + lb[j] * lp->stride + h * lp->head_stride;
-      uint64_t ro = rp->base + rb[j] * rp->stride + h * rp->head_stride;
+      uint64_t lo = lp->base + lb[j] * lp->stride + (lh + h) * lp->head_stride;
+      uint64_t ro = rp->base + rb[j] * rp->stride + (rh + h) * rp->head_stride;
       if (opvec_add(o, lo, ro, len, true) < 0) return -1;
     }
   return 0;
 }
 
 hixl_kv_status kv_ops_build(struct opvec *o, const struct kv_layout *l, const struct kv_remote *r,
-                            uint32_t first, uint32_t count, const struct kv_pairs *pairs, char *why,
-                            size_t cap) {
+                            uint32_t first, uint32_t count, const struct kv_pairs *pairs,
+                            const struct kv_heads *hs, char *why, size_t cap) {
   uint32_t off = 0; /* group g's first plane in r->planes */
   for (uint32_t gi = 0; gi < l->ng; gi++) {
     const struct kv_group *g = &l->g[gi];
@@ -291,7 +351,9 @@ hixl_kv_status kv_ops_build(struct opvec *o, const struct kv_layout *l, const st
       if (cross && id != g->last_layer) continue; /* a cross-layer group moves whole, with its last layer */
       uint32_t p0 = cross ? 0 : i * g->ppl;       /* cross-layer: ppl planes in all */
       for (uint32_t p = p0; p < p0 + g->ppl; p++)
-        if (plane_pieces(o, &g->planes[p], &r->planes[off + p], pr->local, pr->remote, pr->n) < 0) goto oom;
+        if (plane_pieces(o, &g->planes[p], &r->planes[off + p], pr->local, pr->remote, pr->n,
+                         hs ? &hs[gi] : NULL) < 0)
+          goto oom;
     }
     off += g->nplanes;
   }

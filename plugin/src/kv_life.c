@@ -30,11 +30,11 @@ hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint32_t ra
   hixl_kv_connector *c = NULL;
   hixl_log_init(); /* HIXL_LOG_LEVEL: a scheduler makes no engine, whose Create would read it */
   if (!json || !out || (role != HIXL_KV_ROLE_SCHEDULER && role != HIXL_KV_ROLE_WORKER) || world == 0 ||
-      rank >= world) {
+      world > KV_TP_MAX || rank >= world) {
     st = kv_fail(HIXL_KV_PARAM_INVALID,
                  "create: config_json or out is NULL, role %d is unknown, or rank %u is not "
-                 "below world size %u",
-                 role, rank, world);
+                 "below world size %u (1 to %u)",
+                 role, rank, world, KV_TP_MAX);
     goto fail;
   }
   if (!(c = calloc(1, sizeof(*c)))) {
@@ -140,6 +140,7 @@ hixl_kv_status kv_shutdown(hixl_kv_connector *c) {
 static void loads_free(struct kv_load *l) {
   while (l) {
     struct kv_load *n = l->next;
+    if (l->whole && --l->whole->left == 0) free(l->whole); /* a request's last part */
     free(l->e.blocks);
     free(l->e.rblocks);
     free(l);
@@ -163,6 +164,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   while (c->hold.held) {
     struct kv_held *h = c->hold.held;
     c->hold.held = h->next;
+    kv_peers_free(&h->peers);
     free(h->blocks);
     free(h);
   }
@@ -171,6 +173,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   while (c->push.pushes) {
     struct kv_push *p = c->push.pushes;
     c->push.pushes = p->next;
+    if (p->whole && --p->whole->left == 0) free(p->whole);
     free(p->e.blocks);
     free(p->e.rblocks);
     free(p->r.planes);
@@ -179,6 +182,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   while (c->exp.expects) {
     struct kv_expect *x = c->exp.expects;
     c->exp.expects = x->next;
+    kv_peers_free(&x->peers);
     free(x->blocks);
     free(x->landed);
     free(x);
@@ -216,13 +220,18 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
 
 /* ---- 1.3 ops not built yet: UNSUPPORTED, with the reason ---- */
 
-/* hixl moves any layout register_kv_groups describes: none is required. */
+/* hixl moves any layout register_kv_groups describes between instances of one world
+ * size: none is required. Of different sizes a rank's heads are cut from each block,
+ * which needs each head's tokens together: required_kv_layout HND asks for that
+ * (kv_tp.c). */
 static hixl_kv_status kv_required_layout(hixl_kv_connector *c, hixl_kv_buffer *layout) {
   CHECK_ARG(c && layout, "get_required_kvcache_layout: connector or layout is NULL");
-  uint8_t *p = calloc(1, 1);
+  const char *want = c->cfg.hnd ? "HND" : "";
+  uint8_t *p = calloc(1, 4);
   if (!p) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "get_required_kvcache_layout: out of memory");
+  memcpy(p, want, strlen(want));
   layout->data = p;
-  layout->len = 0;
+  layout->len = strlen(want);
   return HIXL_KV_SUCCESS;
 }
 

@@ -20,8 +20,8 @@
 
 /* A PIN of e's request; with its hold's number (from the params), so the producer
  * answers at once for one it bound and does not hold. */
-static void pin_msg(struct kv_out *msg, const struct kv_meta_entry *e) {
-  kv_msg(msg, KV_SVC_PIN, e->rreq, &e->rcap, 0, "");
+static void pin_msg(const hixl_kv_connector *c, struct kv_out *msg, const struct kv_meta_entry *e) {
+  kv_msg(c, msg, KV_SVC_PIN, e->rreq, &e->rcap, 0, "");
   if (e->seq) {
     kv_put_u64(msg, e->epoch);
     kv_put_u64(msg, e->seq);
@@ -36,14 +36,22 @@ static HixlStatus pin(hixl_kv_connector *c, const struct kv_meta_entry *e, uint6
   size_t n = 0;
   for (unsigned tries = 0;; tries++) {
     struct kv_out msg = {0};
-    pin_msg(&msg, e);
+    pin_msg(c, &msg, e);
     if (kv_call_msg(c, e->remote, &msg, ans, HIXL_CALL_MAX, &n, kv_ms_until(deadline), &st) < 0) {
       snprintf(why, cap, "asking %s for request %s: %s", e->remote, e->rreq, HixlGetLastErrorMessage());
       return st;
     }
     struct kv_in in = {ans, n, 0, false};
     uint8_t state = kv_get_u8(&in);
-    if (state == KV_PIN_HELD) return kv_held_parse(c, &in, "producer", e->remote, e->rreq, h, why, cap);
+    if (state == KV_PIN_HELD) {
+      HixlStatus ps = kv_held_parse(c, &in, "producer", e->remote, e->rreq, h, why, cap);
+      if (ps == HIXL_SUCCESS && h->world != e->rtp) {
+        snprintf(why, cap, "the producer %s runs %u ranks, its kv_transfer_params said tp_size %u", e->remote,
+                 h->world, e->rtp);
+        ps = HIXL_PARAM_INVALID;
+      }
+      return ps;
+    }
     if (state == KV_PIN_GONE) {
       char reason[257];
       kv_get_str(&in, reason, 256);
@@ -107,7 +115,7 @@ static void *renewer_main(void *arg) {
       struct kv_out msg = {0};
       size_t len = 0;
       HixlStatus st;
-      pin_msg(&msg, &v[k]);
+      pin_msg(c, &msg, &v[k]);
       if (kv_call_msg(c, v[k].remote, &msg, ans, HIXL_CALL_MAX, &len, c->cfg.notify_timeout_ms, &st) == 0) {
         pthread_mutex_lock(&c->lock); /* the pull itself sees any failure */
         c->stats.lookups++;
@@ -159,7 +167,9 @@ static HixlStatus load_one(hixl_kv_connector *c, struct kv_load *l, uint32_t slo
   struct kv_pairs pairs[KV_MAX_GROUPS];
   for (uint32_t g = 0, off = 0; g < e->ngroups; off += e->gn[g++])
     pairs[g] = (struct kv_pairs){e->blocks + off, e->rblocks + off, e->gn[g]};
-  if ((st = kv_ops_build(&o, &c->lay, &h->r, 0, c->layers, pairs, why, cap)) != HIXL_SUCCESS) goto out;
+  struct kv_heads hs[KV_MAX_GROUPS]; /* this rank's heads of that producer rank's blocks (kv_tp.c) */
+  kv_load_heads(c, l, hs);
+  if ((st = kv_ops_build(&o, &c->lay, &h->r, 0, c->layers, pairs, hs, why, cap)) != HIXL_SUCCESS) goto out;
   pthread_mutex_lock(&c->lock); /* pinned: the renewer pins it again while it is pulled */
   c->load.pulling[slot] = l;
   c->load.npulling++;
@@ -213,15 +223,13 @@ static void free_remote(hixl_kv_connector *c, const struct kv_meta_entry *e) {
 static void load_run(hixl_kv_connector *c, struct kv_load *l, uint32_t slot, bool shut) {
   char why[1024] = "shut down";
   HixlStatus st = shut ? HIXL_FAILED : load_one(c, l, slot, why, sizeof(why));
-  pthread_mutex_lock(&c->lock);
-  if (st == HIXL_SUCCESS) {
-    c->stats.loads_done++;
-  } else {
-    c->stats.loads_failed++;
-    log_error("hixl-kv: request %s failed to load (%s): %s", l->e.req, HixlStatusName(st), why);
-    kv_err_blocks_add(c, l->e.blocks, l->e.nblocks);
+  if (st != HIXL_SUCCESS) {
+    char full[sizeof(why)];
+    snprintf(full, sizeof(full), "%s", why);
+    snprintf(why, sizeof(why), "%s: %.1000s", HixlStatusName(st), full);
   }
-  kv_finished_add(c, &c->recving_done, l->e.req); /* the host may use the blocks now */
+  pthread_mutex_lock(&c->lock);
+  kv_load_part_end(c, l, st == HIXL_SUCCESS, why); /* its last part: the host may use the blocks now */
   pthread_mutex_unlock(&c->lock);
   if (st != HIXL_NOT_FOUND) { /* the producer may still hold it: free it there (best effort) */
     uint8_t ans[64];

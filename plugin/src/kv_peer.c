@@ -8,12 +8,14 @@
 #include "util/log.h"
 
 /* A KV service request: op on request id, presenting cap (LAYER: which layer; ABORT: why). */
-bool kv_msg(struct kv_out *o, uint8_t op, const char *id, const struct kv_cap *cap, uint32_t layer,
-            const char *reason) {
+bool kv_msg(const hixl_kv_connector *c, struct kv_out *o, uint8_t op, const char *id,
+            const struct kv_cap *cap, uint32_t layer, const char *reason) {
   kv_put_u8(o, KV_SVC_PROTO);
   kv_put_u8(o, op);
   kv_put_str(o, id, strlen(id));
-  kv_put_cap(o, cap); /* len 0 when the params gave none: the peer refuses it, and says so */
+  kv_put_cap(o, cap);      /* len 0 when the params gave none: the peer refuses it, and says so */
+  kv_put_u32(o, c->world); /* who asks: which heads it reads or writes (kv_tp.c) */
+  kv_put_u32(o, c->rank);
   if (op == KV_SVC_LAYER || op == KV_SVC_LAYERS) kv_put_u32(o, layer); /* LAYERS: the caller adds count */
   if (op == KV_SVC_ABORT) kv_put_str(o, reason, strnlen(reason, KV_MAX_ID));
   return !o->bad;
@@ -33,7 +35,7 @@ int kv_call_ex(hixl_kv_connector *c, const char *remote, uint8_t op, const char 
                const struct kv_cap *rcap, uint32_t layer, const char *reason, uint8_t *ans, size_t cap,
                size_t *n, int32_t timeout_ms, HixlStatus *st) {
   struct kv_out o = {0};
-  kv_msg(&o, op, id, rcap, layer, reason);
+  kv_msg(c, &o, op, id, rcap, layer, reason);
   return kv_call_msg(c, remote, &o, ans, cap, n, timeout_ms, st);
 }
 
@@ -85,19 +87,10 @@ HixlStatus kv_tell(hixl_kv_connector *c, const struct kv_meta_entry *e, uint8_t 
   return st;
 }
 
-/* Two compatibility digests differ: UNSUPPORTED when only the tensor-parallel sizes
- * do (heterogeneous TP is not built), else PARAM_INVALID; why names both. */
+/* Two compatibility digests differ: PARAM_INVALID, why names both (and, when only the
+ * world sizes differ, why they cannot map). */
 HixlStatus kv_layout_mismatch(const char *peer_kind, const char *peer, const char *theirs, const char *mine,
                               const char *me, char *why, size_t cap) {
-  const char *a = strstr(theirs, " tp="), *b = strstr(mine, " tp=");
-  if (a && b && (size_t)(a - theirs) == (size_t)(b - mine) &&
-      strncmp(theirs, mine, (size_t)(a - theirs)) == 0) {
-    snprintf(why, cap,
-             "heterogeneous tensor parallelism is not supported: the %s %s runs%s, this %s runs%s; nothing "
-             "was moved",
-             peer_kind, peer, a, me, b);
-    return HIXL_UNSUPPORTED;
-  }
   snprintf(why, cap, "layout mismatch: the %s %s has %s, this %s has %s; nothing was moved", peer_kind, peer,
            theirs, me, mine);
   return HIXL_PARAM_INVALID;
@@ -109,10 +102,35 @@ HixlStatus kv_held_parse(hixl_kv_connector *c, struct kv_in *in, const char *pee
   h->n = kv_get_u32(in);
   h->digest = kv_get_u64(in);
   bool ok = kv_get_groups(in, h->gn, &h->ngroups, h->n);
-  if (ok && !in->bad && strcmp(h->layout, c->lay.text) != 0)
-    return kv_layout_mismatch(peer_kind, peer, h->layout, c->lay.text,
-                              strcmp(peer_kind, "producer") == 0 ? "consumer" : "producer", why, cap);
-  if (!ok || in->bad || h->ngroups != c->lay.ng || !kv_layout_get_planes(in, &c->lay, &h->r) ||
+  bool producer = strcmp(peer_kind, "producer") == 0;
+  const char *me = producer ? "consumer" : "producer";
+  size_t core = kv_layout_core_len(c->lay.text);
+  h->world = kv_layout_world(h->layout);
+  char tp[320];
+  if (ok && !in->bad &&
+      (kv_layout_core_len(h->layout) != core || strncmp(h->layout, c->lay.text, core) != 0 ||
+       h->world == 0)) {
+    /* Another world size with a layout whose heads cannot be cut: that is why. */
+    if (h->world && h->world != c->world &&
+        !kv_tp_check(&c->lay, producer ? h->world : c->world, producer ? c->world : h->world, tp,
+                     sizeof(tp))) {
+      snprintf(why, cap,
+               "the %s %s (%u ranks) and this %s (%u ranks) cannot hand request %s over: %s; nothing "
+               "was moved",
+               peer_kind, peer, h->world, me, c->world, req, tp);
+      return HIXL_PARAM_INVALID;
+    }
+    return kv_layout_mismatch(peer_kind, peer, h->layout, c->lay.text, me, why, cap);
+  }
+  if (ok && !in->bad &&
+      !kv_tp_check(&c->lay, producer ? h->world : c->world, producer ? c->world : h->world, tp, sizeof(tp))) {
+    snprintf(why, cap,
+             "the %s %s (%u ranks) and this %s (%u ranks) cannot hand request %s over: %s; nothing "
+             "was moved",
+             peer_kind, peer, h->world, me, c->world, req, tp);
+    return HIXL_PARAM_INVALID;
+  }
+  if (!ok || in->bad || h->ngroups != c->lay.ng || !kv_layout_get_planes(in, &c->lay, h->world, &h->r) ||
       in->off != in->len) {
     free(h->r.planes);
     h->r.planes = NULL;

@@ -26,7 +26,7 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
   st = HIXL_RESOURCE_EXHAUSTED;
   for (unsigned tries = 0; ans && h; tries++) {
     struct kv_out msg = {0};
-    kv_msg(&msg, KV_SVC_ACCEPT, e->rreq, &e->rcap, 0, "");
+    kv_msg(c, &msg, KV_SVC_ACCEPT, e->rreq, &e->rcap, 0, "");
     kv_put_groups(&msg, e->gn, e->ngroups); /* what it writes per group: the consumer's bytes_loaded */
     if (kv_call_msg(c, e->remote, &msg, ans, HIXL_CALL_MAX, &n, kv_ms_until(deadline), &st) < 0) {
       snprintf(why, cap, "asking the consumer %s for request %s: %s", e->remote, e->rreq,
@@ -37,6 +37,12 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
     uint8_t state = kv_get_u8(&in);
     if (state == KV_PIN_HELD) {
       if ((st = kv_held_parse(c, &in, "consumer", e->remote, e->rreq, h, why, cap)) != HIXL_SUCCESS) break;
+      if (h->world != e->rtp) {
+        snprintf(why, cap, "the consumer %s runs %u ranks, its push params said tp_size %u", e->remote,
+                 h->world, e->rtp);
+        st = HIXL_PARAM_INVALID;
+        break;
+      }
       bool fewer = e->ngroups != h->ngroups;
       for (uint32_t g = 0; g < e->ngroups && !fewer; g++) fewer = h->gn[g] < e->gn[g];
       if (fewer) {
@@ -114,9 +120,11 @@ static HixlStatus layer_start(hixl_kv_connector *c, struct kv_push *v, uint32_t 
   struct opvec o = {0};
   struct kv_pairs pairs[KV_MAX_GROUPS];
   push_pairs(c, e, pairs);
-  HixlStatus st = kv_ops_build(&o, &c->lay, &v->r, k, count, pairs, why, cap);
+  struct kv_heads hs[KV_MAX_GROUPS]; /* this rank's heads that consumer rank takes (kv_tp.c) */
+  kv_push_heads(c, v, hs);
+  HixlStatus st = kv_ops_build(&o, &c->lay, &v->r, k, count, pairs, hs, why, cap);
   if (st != HIXL_SUCCESS) return st;
-  kv_msg(&msg, count > 1 ? KV_SVC_LAYERS : KV_SVC_LAYER, e->rreq, &e->rcap, k, "");
+  kv_msg(c, &msg, count > 1 ? KV_SVC_LAYERS : KV_SVC_LAYER, e->rreq, &e->rcap, k, "");
   if (count > 1) kv_put_u32(&msg, count);
   const HixlTransferOpDesc *d = o.v;
   if (msg.bad) {
@@ -139,6 +147,7 @@ static HixlStatus layer_start(hixl_kv_connector *c, struct kv_push *v, uint32_t 
              HixlGetLastErrorMessage());
   pthread_mutex_lock(&c->lock);
   c->stats.engine_ops += o.n;
+  if (st == HIXL_SUCCESS) v->bytes += o.bytes; /* what it moves: its heads' bytes only */
   pthread_mutex_unlock(&c->lock);
 out:
   free(msg.p);
@@ -229,15 +238,8 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
       kv_tell(c, e, KV_SVC_ABORT, why[i], ans, sizeof(ans), &an);
     }
     pthread_mutex_lock(&c->lock);
-    if (st[i] == HIXL_SUCCESS) {
-      c->stats.pushes_done++;
-      c->stats.bytes_pushed += kv_request_bytes(c, e->gn, e->ngroups);
-    } else {
-      c->stats.pushes_failed++;
-    }
-    c->stats.blocks_held -= e->nblocks;
-    c->stats.requests_held--;
-    kv_finished_add(c, &c->sending_done, e->req); /* the host may free the producer's blocks */
+    if (st[i] == HIXL_SUCCESS) c->stats.bytes_pushed += v[i]->bytes;
+    kv_push_part_end(c, v[i], st[i] == HIXL_SUCCESS); /* its last part: the host may free the blocks */
     pthread_mutex_unlock(&c->lock);
   }
   free(st);

@@ -21,6 +21,7 @@ struct kv_params {
   uint32_t ng, gn[KV_MAX_GROUPS];
   uint64_t epoch, seq; /* hold_epoch, hold_seq: which hold of the producer (0: not given) */
   struct kv_cap cap;   /* cap: what the peer's KV service wants for remote_request_id (len 0: not given) */
+  uint32_t tp;         /* tp_size: the peer instance's tensor-parallel size (not given: this one's) */
 };
 
 /* A request's block ids from the host, every group's one list after another. */
@@ -81,6 +82,7 @@ static json_object *params_new(const hixl_kv_connector *c, const char *id, bool 
   json_object_object_add(o, "remote_request_id", json_object_new_string(id));
   json_object_object_add(o, "remote_block_ids", blocks);
   json_object_object_add(o, "hixl_abi", json_object_new_int(HIXL_KV_ABI_MAJOR));
+  json_object_object_add(o, "tp_size", json_object_new_int((int32_t)c->world));
   json_object_object_add(o, "cap", json_object_new_string(hex));
   kv_cap_wipe(&cap, sizeof(cap));
   return o;
@@ -88,9 +90,10 @@ static json_object *params_new(const hixl_kv_connector *c, const char *id, bool 
 
 /* flag: "do_remote_prefill" (a consumer's params, from a producer) or
  * "do_remote_decode" (a producer's, from a consumer in push mode). */
-static bool params_parse(const hixl_kv_request *r, const char *flag, struct kv_params *p, char *why,
-                         size_t cap) {
+static bool params_parse(const hixl_kv_connector *c, const hixl_kv_request *r, const char *flag,
+                         struct kv_params *p, char *why, size_t cap) {
   memset(p, 0, sizeof(*p));
+  p->tp = c->world;
   if (!r->kv_transfer_params || r->kv_transfer_params_len == 0) {
     snprintf(why, cap, "no kv_transfer_params");
     return false;
@@ -164,6 +167,14 @@ static bool params_parse(const hixl_kv_request *r, const char *flag, struct kv_p
       else
         *dst[k] = (uint64_t)json_object_get_int64(v);
     }
+  /* Optional (a producer before 1.5 gave none: the same size as this instance). */
+  if (ok && json_object_object_get_ex(o, "tp_size", &v)) {
+    int64_t t = json_object_get_int64(v);
+    if (!json_object_is_type(v, json_type_int) || t < 1 || t > KV_TP_MAX)
+      ok = false, snprintf(why, cap, "tp_size is not a tensor-parallel size of 1 to %u", KV_TP_MAX);
+    else
+      p->tp = (uint32_t)t;
+  }
   if (!ok && why[0] == '\0') snprintf(why, cap, "kv_transfer_params is not a JSON object");
   if (!ok) {
     free(p->blocks);
@@ -206,9 +217,9 @@ hixl_kv_status kv_matched(hixl_kv_connector *c, const hixl_kv_request *r, uint64
   int64_t n = 0;
   struct kv_params p = {0};
   bool remote =
-      c->cfg.consumer &&
-      (c->cfg.push ? params_flag(r, "do_remote_prefill")
-                   : r->kv_transfer_params_len && params_parse(r, "do_remote_prefill", &p, why, sizeof(why)));
+      c->cfg.consumer && (c->cfg.push ? params_flag(r, "do_remote_prefill")
+                                      : r->kv_transfer_params_len &&
+                                            params_parse(c, r, "do_remote_prefill", &p, why, sizeof(why)));
   if (remote) {
     free(p.blocks);
     pthread_mutex_lock(&c->lock);
@@ -262,7 +273,7 @@ static hixl_kv_status push_after_alloc(hixl_kv_connector *c, const hixl_kv_reque
     return HIXL_KV_SUCCESS;
   }
   struct kv_params p;
-  if (!c->cfg.producer || !params_parse(r, "do_remote_decode", &p, why, sizeof(why))) {
+  if (!c->cfg.producer || !params_parse(c, r, "do_remote_decode", &p, why, sizeof(why))) {
     free(b->v);
     return HIXL_KV_SUCCESS;
   }
@@ -273,6 +284,7 @@ static hixl_kv_status push_after_alloc(hixl_kv_connector *c, const hixl_kv_reque
   snprintf(e.remote, sizeof(e.remote), "%s", p.remote);
   snprintf(e.rreq, sizeof(e.rreq), "%s", p.rreq);
   e.rcap = p.cap;
+  e.rtp = p.tp;
   char engine[64];
   /* A block count that differs is refused by the pusher when it accepts on the consumer,
    * which tells the consumer at once (after the layout check, so a layout mismatch is
@@ -311,7 +323,7 @@ hixl_kv_status kv_after_alloc_groups(hixl_kv_connector *c, const hixl_kv_request
   if (c->cfg.push) return push_after_alloc(c, r, id, &b, external);
   struct kv_params p;
   if (!c->cfg.consumer || r->kv_transfer_params_len == 0 ||
-      !params_parse(r, "do_remote_prefill", &p, why, sizeof(why))) {
+      !params_parse(c, r, "do_remote_prefill", &p, why, sizeof(why))) {
     free(b.v);
     return HIXL_KV_SUCCESS;
   }
@@ -321,6 +333,7 @@ hixl_kv_status kv_after_alloc_groups(hixl_kv_connector *c, const hixl_kv_request
   snprintf(e.remote, sizeof(e.remote), "%s", p.remote);
   snprintf(e.rreq, sizeof(e.rreq), "%s", p.rreq);
   e.rcap = p.cap;
+  e.rtp = p.tp;
   st = HIXL_KV_SUCCESS;
   uint64_t *rb = NULL;
   if (e.type == KV_META_LOAD) {
@@ -350,7 +363,7 @@ hixl_kv_status kv_after_alloc_groups(hixl_kv_connector *c, const hixl_kv_request
   }
   char engine[64];
   uint64_t cluster = 0;
-  /* This rank's producer: the same rank on the other side (homogeneous parallelism). */
+  /* Rank 0's: each worker finds the producer ranks it reads from (kv_tp.c). */
   if (kv_worker_address(p.remote, 0, engine, sizeof(engine), &cluster) != HIXL_KV_SUCCESS) {
     st = kv_fail(HIXL_KV_PARAM_INVALID, "%s: request %s: remote_engine \"%s\" is not ip:port", fn, id,
                  p.remote);
@@ -403,8 +416,8 @@ static hixl_kv_status finished(hixl_kv_connector *c, const hixl_kv_request *r, c
   struct kv_params p;
   /* A consumer's request that never loaded: the producer frees what it holds. */
   if (c->cfg.consumer && (r->flags & HIXL_KV_REQ_ABORTED) && r->kv_transfer_params_len &&
-      params_parse(r, "do_remote_prefill", &p, why, sizeof(why))) {
-    struct kv_meta_entry e = {.type = KV_META_FREE, .rcap = p.cap};
+      params_parse(c, r, "do_remote_prefill", &p, why, sizeof(why))) {
+    struct kv_meta_entry e = {.type = KV_META_FREE, .rcap = p.cap, .rtp = p.tp};
     snprintf(e.req, sizeof(e.req), "%s", id);
     snprintf(e.remote, sizeof(e.remote), "%s", p.remote);
     snprintf(e.rreq, sizeof(e.rreq), "%s", p.rreq);

@@ -24,9 +24,10 @@ static void held_release(hixl_kv_connector *c, struct kv_held *h) {
   *pp = h->next;
   c->stats.blocks_held -= h->n;
   c->stats.requests_held--;
-  if (h->granted[0]) kv_revoke_later(c, h->granted, h->blocks, h->gn, h->ngroups);
+  kv_peers_revoke(c, &h->peers, h->blocks, h->gn, h->ngroups);
   kv_finished_add(c, &c->sending_done, h->id);
   kv_gone_add(c, h->id);
+  kv_peers_free(&h->peers);
   free(h->blocks);
   free(h);
 }
@@ -41,7 +42,7 @@ void kv_leases_expire(hixl_kv_connector *c) {
     next = h->next;
     if (now >= h->expires_ns) {
       c->stats.lease_expired++;
-      if (h->consumer[0] && !kv_idset_has(&c->drop, h->consumer)) kv_idset_add(&c->drop, h->consumer);
+      kv_peers_drop(c, &h->peers);
       held_release(c, h);
     }
   }
@@ -68,9 +69,10 @@ void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why) {
     c->stats.loads_done++;
     c->stats.bytes_loaded += kv_request_bytes(c, x->pgn, x->ngroups);
   }
-  if (x->granted[0]) kv_revoke_later(c, x->granted, x->blocks, x->gn, x->ngroups);
+  kv_peers_revoke(c, &x->peers, x->blocks, x->gn, x->ngroups);
   kv_finished_add(c, &c->recving_done, x->id);
   kv_gone_add(c, x->id);
+  kv_peers_free(&x->peers);
   free(x->blocks);
   free(x->landed);
   free(x);
@@ -88,7 +90,7 @@ void kv_expects_expire(hixl_kv_connector *c) {
                c->cfg.lease_ms);
       /* A producer that accepted may still be writing: its links are cut before the
        * host hears of the failure and reuses the blocks (see drop_peers). */
-      if (x->producer[0] && !kv_idset_has(&c->drop, x->producer)) kv_idset_add(&c->drop, x->producer);
+      kv_peers_drop(c, &x->peers);
       kv_expect_end(c, x, why);
     }
   }
@@ -107,15 +109,25 @@ static void held_answer(hixl_kv_connector *c, struct kv_out *o, const uint64_t *
   kv_layout_put_planes(o, &c->lay); /* none before registration: the layouts differ then */
 }
 
-/* The request's blocks go to peer (a PIN's consumer, an ACCEPT's producer): granted
- * once to it; one granted to another peer before is revoked from it. Lock held, in
- * kv_serve. */
-static void regrant(hixl_kv_connector *c, char *granted, size_t cap, const char *peer, const uint64_t *blocks,
-                    const uint32_t *gn, uint32_t ngroups) {
-  if (granted[0] && strcmp(granted, peer) == 0) return;
-  if (granted[0]) kv_revoke_later(c, granted, blocks, gn, ngroups);
-  granted[0] = '\0';
-  if (kv_grant(c, peer, blocks, gn, ngroups)) snprintf(granted, cap, "%s", peer);
+/* The request's blocks go to peer (a PIN's consumer rank, an ACCEPT's producer rank):
+ * granted once to it, as to each other rank of its instance that moves them; false
+ * when out of memory. Lock held, in kv_serve. */
+static bool grant_to(hixl_kv_connector *c, struct kv_peers *s, const char *peer, const uint64_t *blocks,
+                     const uint32_t *gn, uint32_t ngroups) {
+  struct kv_peer_ref *r = kv_peers_add(s, peer);
+  if (!r) return false;
+  if (!r->granted) r->granted = kv_grant(c, peer, blocks, gn, ngroups);
+  return true;
+}
+
+/* A consumer rank of world ranks calls on held h: its instance's world size is h's
+ * (the first call sets it, and which ranks free h here); NULL, or why not. Lock held. */
+static const char *held_rank(hixl_kv_connector *c, struct kv_held *h, uint32_t world) {
+  if (h->ctp == 0) {
+    h->ctp = world;
+    h->need = c->lay.ng ? kv_tp_touchers(&c->lay, c->world, c->rank, world) : 1;
+  }
+  return h->ctp == world ? NULL : "another consumer rank of it runs another world size";
 }
 
 static const char *op_name(uint8_t op) {
@@ -191,6 +203,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
     return st;
   }
   kv_get_cap(&in, &got);
+  uint32_t world = kv_get_u32(&in), rank = kv_get_u32(&in); /* the caller's (kv_tp.c) */
   uint32_t layer = op == KV_SVC_LAYER || op == KV_SVC_LAYERS ? kv_get_u32(&in) : 0;
   uint32_t count = op == KV_SVC_LAYERS ? kv_get_u32(&in) : 1;
   if (op == KV_SVC_ABORT) kv_get_str(&in, reason, KV_MAX_ID);
@@ -207,8 +220,11 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
   }
   struct kv_out out = {0};
   HixlStatus st = HIXL_SUCCESS;
-  if (in.bad || in.off != len || proto != KV_SVC_PROTO || (op == KV_SVC_LAYERS && count < 2)) {
-    *resp_len = (size_t)snprintf((char *)resp, cap, "malformed KV service request from %s", peer);
+  if (in.bad || in.off != len || proto != KV_SVC_PROTO || (op == KV_SVC_LAYERS && count < 2) || world == 0 ||
+      world > KV_TP_MAX || rank >= world) {
+    *resp_len = (size_t)snprintf(
+        (char *)resp, cap, "malformed KV service request from %s%s", peer,
+        proto == 4 ? " (KV service protocol 4, before tensor parallelism: update its plugin)" : "");
     return HIXL_PARAM_INVALID;
   }
   pthread_mutex_lock(&c->lock);
@@ -229,10 +245,19 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
     kv_revoke_flush(c); /* what the expiries above let go */
     return st;
   }
+  const char *tp_why = NULL; /* a call from a rank of another world size, or one that has no part in it */
   if (op == KV_SVC_ACCEPT) {
     if (x) {
-      snprintf(x->producer, sizeof(x->producer), "%s", peer);
-      regrant(c, x->granted, sizeof(x->granted), peer, x->blocks, x->gn, x->ngroups);
+      if (x->ptp == 0) { /* the first producer rank: which ranks write into it */
+        x->ptp = world;
+        x->want = c->lay.ng ? kv_tp_sources(&c->lay, world, c->world, c->rank) : 0;
+      }
+      if (x->ptp != world)
+        tp_why = "another producer rank of it runs another world size";
+      else if (x->want && !(x->want >> rank & 1))
+        tp_why = "that producer rank writes nothing into this rank (kv_tp.c)";
+      else if (!grant_to(c, &x->peers, peer, x->blocks, x->gn, x->ngroups))
+        st = HIXL_RESOURCE_EXHAUSTED;
       for (uint32_t g = 0; g < x->ngroups; g++) /* what lands: at most what each group expects */
         x->pgn[g] = png == x->ngroups && pgn[g] < x->gn[g] ? pgn[g] : x->gn[g];
       held_answer(c, &out, x->blocks, x->n, x->gn, x->ngroups);
@@ -244,13 +269,16 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
       kv_put_u8(&out, KV_PIN_NOT_YET);
     }
   } else if (op == KV_SVC_LAYER || op == KV_SVC_LAYERS) {
-    if (x && layer < c->layers && count <= c->layers - layer) {
+    uint64_t bit = UINT64_C(1) << rank;
+    if (x && (x->ptp != world || !(x->want & bit))) {
+      tp_why = "that producer rank did not accept it here";
+    } else if (x && layer < c->layers && count <= c->layers - layer) {
       bool woke = false;
       for (uint32_t l = layer; l < layer + count && x; l++)
-        if (!x->landed[l]) {
-          x->landed[l] = 1;
+        if (!(x->landed[l] & bit)) {
+          x->landed[l] |= bit;
           woke = true;
-          if (++x->nlanded == c->layers) kv_expect_end(c, x, NULL), x = NULL;
+          if (x->landed[l] == x->want && ++x->nlanded == c->layers) kv_expect_end(c, x, NULL), x = NULL;
         }
       if (woke) pthread_cond_broadcast(&c->exp.landed); /* the forward pass only */
     } else {
@@ -264,10 +292,11 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
     }
   } else if (op == KV_SVC_PIN) {
     if (h) {
-      h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
-      snprintf(h->consumer, sizeof(h->consumer), "%s", peer);
-      regrant(c, h->granted, sizeof(h->granted), peer, h->blocks, h->gn, h->ngroups);
-      held_answer(c, &out, h->blocks, h->n, h->gn, h->ngroups);
+      if (!(tp_why = held_rank(c, h, world))) {
+        h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
+        if (!grant_to(c, &h->peers, peer, h->blocks, h->gn, h->ngroups)) st = HIXL_RESOURCE_EXHAUSTED;
+        held_answer(c, &out, h->blocks, h->n, h->gn, h->ngroups);
+      }
     } else if (kv_idset_has(&c->gone, id)) {
       kv_put_u8(&out, KV_PIN_GONE);
       const char *why = "it was freed, its lease expired, or it was aborted";
@@ -283,21 +312,35 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
       kv_put_u8(&out, KV_PIN_NOT_YET);
     }
   } else if (op == KV_SVC_FREE) {
-    /* One not bound yet (an abort), its capability checked above: never hold it. */
-    if (h)
-      held_release(c, h);
-    else if (!kv_idset_has(&c->gone, id))
+    /* One not bound yet (an abort), its capability checked above: never hold it. One
+     * held: freed once every consumer rank that frees it here did (kv_tp_touchers). */
+    if (h && !(tp_why = held_rank(c, h, world))) {
+      h->freed |= UINT64_C(1) << rank;
+      if ((h->freed & h->need) == h->need) held_release(c, h);
+    } else if (!h && !kv_idset_has(&c->gone, id)) {
       kv_gone_add(c, id);
+    }
   } else {
     st = HIXL_UNSUPPORTED;
+  }
+  if (tp_why && st == HIXL_SUCCESS) {
+    st = HIXL_PARAM_INVALID;
+    *resp_len = (size_t)snprintf((char *)resp, cap, "refused: %s of request %s from %s (rank %u of %u): %s",
+                                 op_name(op), id, peer, rank, world, tp_why);
+    if (*resp_len >= cap) *resp_len = cap ? cap - 1 : 0;
+    pthread_mutex_unlock(&c->lock);
+    kv_revoke_flush(c);
+    free(out.p);
+    return st;
   }
   pthread_mutex_unlock(&c->lock);
   kv_revoke_flush(c);
   if (st != HIXL_SUCCESS) {
     *resp_len = (size_t)snprintf((char *)resp, cap, "%s: KV service operation %u for request %s",
-                                 st == HIXL_NOT_FOUND       ? "not expected here"
-                                 : st == HIXL_PARAM_INVALID ? "layers out of range"
-                                                            : "unknown",
+                                 st == HIXL_NOT_FOUND            ? "not expected here"
+                                 : st == HIXL_PARAM_INVALID      ? "layers out of range"
+                                 : st == HIXL_RESOURCE_EXHAUSTED ? "out of memory"
+                                                                 : "unknown",
                                  op, id);
     free(out.p);
     return st;

@@ -150,6 +150,7 @@ void kv_meta_put(struct kv_out *o, const struct kv_meta_entry *e) {
     kv_put_u64(o, e->cluster);
     kv_put_str(o, e->rreq, strlen(e->rreq));
     kv_put_cap(o, &e->rcap);
+    kv_put_u32(o, e->rtp);
     kv_put_blocks(o, e->blocks, e->nblocks);
     kv_put_blocks(o, e->rblocks, e->nrblocks);
     if (e->type == KV_META_LOAD) {
@@ -173,6 +174,7 @@ void kv_meta_put(struct kv_out *o, const struct kv_meta_entry *e) {
     kv_put_u64(o, e->cluster);
     kv_put_str(o, e->rreq, strlen(e->rreq));
     kv_put_cap(o, &e->rcap);
+    kv_put_u32(o, e->rtp);
     break;
   default: o->bad = true;
   }
@@ -206,6 +208,7 @@ bool kv_meta_parse(const uint8_t *p, size_t len, uint8_t key[KV_CAP_KEY_LEN], st
       e->cluster = kv_get_u64(&in);
       kv_get_str(&in, e->rreq, KV_MAX_ID);
       kv_get_cap(&in, &e->rcap);
+      e->rtp = kv_get_u32(&in);
       kv_get_blocks(&in, &e->blocks, &e->nblocks);
       kv_get_blocks(&in, &e->rblocks, &e->nrblocks);
       if (e->type == KV_META_LOAD) {
@@ -238,10 +241,14 @@ bool kv_meta_parse(const uint8_t *p, size_t len, uint8_t key[KV_CAP_KEY_LEN], st
       e->cluster = kv_get_u64(&in);
       kv_get_str(&in, e->rreq, KV_MAX_ID);
       kv_get_cap(&in, &e->rcap);
+      e->rtp = kv_get_u32(&in);
       break;
     default: in.bad = true;
     }
     if (!in.bad && e->req[0] == '\0') in.bad = true;
+    if ((e->type == KV_META_LOAD || e->type == KV_META_PUSH || e->type == KV_META_FREE) &&
+        (e->rtp == 0 || e->rtp > KV_TP_MAX))
+      in.bad = true;
   }
   if (in.bad || in.off != len) {
     kv_meta_free(v, n);

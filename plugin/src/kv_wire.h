@@ -11,8 +11,9 @@
 #define KV_META_MAGIC 0x48584b4du /* "HXKM" */
 /* 2: HOLD and LOAD carry the hold's epoch and number, every entry with blocks its groups'
  * counts; 3: the scheduler's capability key follows the version, and LOAD, FREE and PUSH
- * carry the capability of the peer's request (rcap) */
-#define KV_META_VERSION 3u
+ * carry the capability of the peer's request (rcap); 4: ... and the peer instance's
+ * tensor-parallel size (rtp) after it */
+#define KV_META_VERSION 4u
 #define KV_MAX_ID       256u       /* request ids */
 #define KV_MAX_ENGINE   63u        /* "ip:port" */
 #define KV_MAX_BLOCKS   (1u << 20) /* block ids in one entry */
@@ -20,6 +21,7 @@
 #define KV_MAX_GROUPS   8u  /* KV cache groups; a request's blocks are one list per group */
 #define KV_CAP_LEN      16u /* a request's capability (kv_cap.c) */
 #define KV_CAP_KEY_LEN  32u /* the scheduler's key its requests' capabilities derive from */
+#define KV_TP_MAX       64u /* tensor-parallel ranks of an instance (a rank set is a u64 mask) */
 
 /* Growable output buffer; a failed allocation is sticky (bad). */
 struct kv_out {
@@ -82,6 +84,7 @@ struct kv_meta_entry {
   uint64_t cluster;               /* LOAD, FREE: the producer's cluster id */
   char rreq[KV_MAX_ID + 1];       /* LOAD, FREE: the producer's request id */
   struct kv_cap rcap; /* LOAD, FREE, PUSH: rreq's capability, from its kv_transfer_params (len 0: none) */
+  uint32_t rtp;       /* LOAD, FREE, PUSH: the peer instance's tensor-parallel size (its params' tp_size) */
   uint64_t *blocks;   /* LOAD: local blocks; HOLD: held blocks */
   size_t nblocks;
   uint64_t *rblocks; /* LOAD: the producer's blocks; PUSH: the consumer's; as many as blocks */
@@ -102,10 +105,12 @@ bool kv_meta_parse(const uint8_t *p, size_t len, uint8_t key[KV_CAP_KEY_LEN], st
 void kv_meta_free(struct kv_meta_entry *entries, size_t count);
 
 /* The KV service (engine CALL, service HIXL_SERVICE_KV). A request: u8 proto, u8 op,
- * the request id (kv_put_str), its capability (kv_put_cap), then what the op takes.
+ * the request id (kv_put_str), its capability (kv_put_cap), the caller's u32 world size
+ * and u32 rank, then what the op takes.
  * Protocol 3: PIN and ACCEPT answer the groups' counts and the plane table; 4: every
- * request carries its request's capability after the id. */
-#define KV_SVC_PROTO       4u
+ * request carries its request's capability after the id; 5: and the caller's world size
+ * and rank after it (tensor parallelism: which heads it reads or writes). */
+#define KV_SVC_PROTO       5u
 #define KV_SVC_PROTO_NOCAP 3u /* the protocol before capabilities: refused as carrying none */
 enum kv_svc_op {
   KV_SVC_PIN = 1,    /* req id, cap [, u64 epoch, u64 seq of its hold] -> state, layout text, block count

@@ -187,28 +187,11 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
         continue;
       }
       if (e->type == KV_META_PUSH && c->cfg.producer) {
-        struct kv_push *p = calloc(1, sizeof(*p));
-        if (!p || kv_worker_address(e->remote, c->rank, e->remote, sizeof(e->remote), &e->cluster) !=
-                      HIXL_KV_SUCCESS) {
-          free(p);
-          st = kv_fail(HIXL_KV_PARAM_INVALID, "%s: request %s: cannot push to \"%s\"", fn, e->req, e->remote);
-          continue;
-        }
-        p->e = *e;
-        e->blocks = e->rblocks = NULL;
-        p->step = c->step;
-        p->bound_ns = now;
-        c->stats.blocks_held += p->e.nblocks;
-        c->stats.requests_held++;
-        if (c->push.tail)
-          c->push.tail->next = p;
-        else
-          c->push.pushes = p;
-        c->push.tail = p;
-        pthread_cond_broadcast(&c->push.cond);
+        hixl_kv_status ps = kv_push_parts(c, e, now); /* one part per consumer rank it writes */
+        if (ps != HIXL_KV_SUCCESS) st = ps;
       } else if (e->type == KV_META_EXPECT && c->cfg.consumer && !kv_expect_find(c, e->req)) {
         struct kv_expect *x = calloc(1, sizeof(*x));
-        uint8_t *landed = calloc(c->layers, 1);
+        uint64_t *landed = calloc(c->layers, sizeof(*landed));
         if (!x || !landed) {
           free(x);
           free(landed);
@@ -258,25 +241,9 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
       c->hold.held = h;
       c->stats.blocks_held += h->n;
       c->stats.requests_held++;
-    } else if (c->cfg.consumer) { /* LOAD or FREE: the loader's */
-      struct kv_load *l = calloc(1, sizeof(*l));
-      if (!l) {
-        st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
-        continue;
-      }
-      l->e = *e;
-      /* This rank pulls from the same rank of the producer. */
-      if (kv_worker_address(e->remote, c->rank, l->e.remote, sizeof(l->e.remote), &l->e.cluster) !=
-          HIXL_KV_SUCCESS) {
-        free(l);
-        continue;
-      }
-      e->blocks = e->rblocks = NULL;
-      if (c->load.bound_tail)
-        c->load.bound_tail->next = l;
-      else
-        c->load.bound = l;
-      c->load.bound_tail = l;
+    } else if (c->cfg.consumer) { /* LOAD or FREE: the loader's, one part per producer rank (kv_tp.c) */
+      hixl_kv_status ls = kv_load_parts(c, e);
+      if (ls != HIXL_KV_SUCCESS) st = ls;
     }
   }
   pthread_mutex_unlock(&c->lock);
@@ -313,7 +280,8 @@ hixl_kv_status kv_wait_layer(hixl_kv_connector *c, uint32_t layer) {
     kv_expects_expire(c);
     uint64_t first = UINT64_MAX;
     for (struct kv_expect *x = c->exp.expects; x; x = x->next)
-      if (x->step == c->step && !x->landed[layer] && x->deadline_ns < first) first = x->deadline_ns;
+      if (x->step == c->step && (!x->want || x->landed[layer] != x->want) && x->deadline_ns < first)
+        first = x->deadline_ns;
     if (first == UINT64_MAX || c->shut) break;
     struct timespec ts = {.tv_sec = (time_t)(first / 1000000000ull),
                           .tv_nsec = (long)(first % 1000000000ull)};
@@ -527,12 +495,8 @@ hixl_kv_status kv_preemptions(hixl_kv_connector *c, const hixl_kv_ids *ids) {
     pushes = p;
   }
   for (int k = 0; k < 2; k++)
-    for (struct kv_load *l = k ? q : gone; l; l = l->next) {
-      if (l->e.type == KV_META_FREE) continue;
-      c->stats.loads_failed++;
-      kv_err_blocks_add(c, l->e.blocks, l->e.nblocks);
-      kv_finished_add(c, &c->recving_done, l->e.req);
-    }
+    for (struct kv_load *l = k ? q : gone; l; l = l->next)
+      kv_load_part_end(c, l, false, "preempted (handle_preemptions)"); /* a FREE: nothing */
   /* Pushes expected into the blocks: they end failed, and the producers that accepted
    * them are cut off before the host hears of it (as when their lease ends). */
   for (struct kv_expect *x = c->exp.expects, *next; x; x = next) {
@@ -540,7 +504,7 @@ hixl_kv_status kv_preemptions(hixl_kv_connector *c, const hixl_kv_ids *ids) {
     bool hit = false;
     for (size_t i = 0; i < ids->count && !hit; i++) hit = ids->ids[i] && strcmp(ids->ids[i], x->id) == 0;
     if (!hit) continue;
-    if (x->producer[0] && !kv_idset_has(&c->drop, x->producer)) kv_idset_add(&c->drop, x->producer);
+    kv_peers_drop(c, &x->peers);
     kv_expect_end(c, x, "preempted (handle_preemptions)");
   }
   /* Loads and pushes under way: waited for (they end within their timeouts). */
@@ -553,11 +517,9 @@ hixl_kv_status kv_preemptions(hixl_kv_connector *c, const hixl_kv_ids *ids) {
   for (int k = 0; k < 2; k++)
     for (struct kv_load *l = k ? q : gone, *next; l; l = next) {
       next = l->next;
-      if (l->e.type != KV_META_FREE) { /* the producer may hold it: free it there (best effort) */
-        uint8_t ans[64];
-        size_t n;
-        kv_tell(c, &l->e, KV_SVC_FREE, "", ans, sizeof(ans), &n);
-      }
+      uint8_t ans[64]; /* the producer rank may hold it: free it there (best effort) */
+      size_t n;
+      kv_tell(c, &l->e, KV_SVC_FREE, "", ans, sizeof(ans), &n);
       free(l->e.blocks);
       free(l->e.rblocks);
       free(l);
@@ -568,10 +530,7 @@ hixl_kv_status kv_preemptions(hixl_kv_connector *c, const hixl_kv_ids *ids) {
     size_t n;
     kv_tell(c, &p->e, KV_SVC_ABORT, "the producer's request was preempted", ans, sizeof(ans), &n);
     pthread_mutex_lock(&c->lock);
-    c->stats.pushes_failed++;
-    c->stats.blocks_held -= p->e.nblocks;
-    c->stats.requests_held--;
-    kv_finished_add(c, &c->sending_done, p->e.req);
+    kv_push_part_end(c, p, false);
     pthread_mutex_unlock(&c->lock);
     free(p->e.blocks);
     free(p->e.rblocks);

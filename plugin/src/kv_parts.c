@@ -1,0 +1,242 @@
+/* kv_parts: a request as parts, one per rank of the peer instance it moves with
+ * (kv_tp.c says which): a consumer rank's load reads from one or several producer
+ * ranks and frees each one it is to free; a producer rank's push writes into one or
+ * several consumer ranks. The request ends (get_finished) once its last part has, and
+ * fails when any part failed. Equal world sizes: one part, rank r with rank r. Also
+ * the lists of peer ranks a held or expected request's blocks are given to. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_int.h"
+#include "util/log.h"
+
+bool kv_peers_has(const struct kv_peers *s, const char *name) {
+  for (uint32_t i = 0; i < s->n; i++)
+    if (strcmp(s->v[i].name, name) == 0) return true;
+  return false;
+}
+
+struct kv_peer_ref *kv_peers_add(struct kv_peers *s, const char *name) {
+  for (uint32_t i = 0; i < s->n; i++)
+    if (strcmp(s->v[i].name, name) == 0) return &s->v[i];
+  struct kv_peer_ref *v = realloc(s->v, (s->n + 1) * sizeof(*v));
+  if (!v) return NULL;
+  s->v = v;
+  memset(&v[s->n], 0, sizeof(v[s->n]));
+  snprintf(v[s->n].name, sizeof(v[s->n].name), "%s", name);
+  return &v[s->n++];
+}
+
+void kv_peers_free(struct kv_peers *s) {
+  free(s->v);
+  s->v = NULL;
+  s->n = 0;
+}
+
+void kv_peers_drop(hixl_kv_connector *c, const struct kv_peers *s) {
+  for (uint32_t i = 0; i < s->n; i++)
+    if (!kv_idset_has(&c->drop, s->v[i].name)) kv_idset_add(&c->drop, s->v[i].name);
+}
+
+void kv_peers_revoke(hixl_kv_connector *c, struct kv_peers *s, const uint64_t *blocks, const uint32_t *gn,
+                     uint32_t ngroups) {
+  for (uint32_t i = 0; i < s->n; i++)
+    if (s->v[i].granted) {
+      kv_revoke_later(c, s->v[i].name, blocks, gn, ngroups);
+      s->v[i].granted = false;
+    }
+}
+
+/* A copy of n block ids (NULL for none); false when out of memory. */
+static bool dup_blocks(uint64_t **dst, const uint64_t *src, size_t n) {
+  *dst = NULL;
+  if (!n) return true;
+  if (!(*dst = malloc(n * sizeof(**dst)))) return false;
+  memcpy(*dst, src, n * sizeof(**dst));
+  return true;
+}
+
+/* The world sizes do not map (kv_tp_check), or no layout is registered yet: one part,
+ * with the peer rank of the same number (mod its world), which fails at its PIN or
+ * ACCEPT with the reason named. */
+static bool tp_usable(const hixl_kv_connector *c, uint32_t np, uint32_t nd) {
+  char why[8];
+  return c->lay.ng > 0 && kv_tp_check(&c->lay, np, nd, why, sizeof(why));
+}
+
+hixl_kv_status kv_load_parts(hixl_kv_connector *c, struct kv_meta_entry *e) {
+  uint32_t np = e->rtp, nd = c->world, d = c->rank;
+  uint64_t reads, frees;
+  if (tp_usable(c, np, nd)) {
+    reads = kv_tp_sources(&c->lay, np, nd, d);
+    frees = kv_tp_frees(&c->lay, np, nd, d);
+  } else {
+    reads = frees = UINT64_C(1) << (d % np);
+  }
+  if (e->type == KV_META_FREE) reads = 0; /* an abort: only told */
+  struct kv_whole *w = reads ? calloc(1, sizeof(*w)) : NULL;
+  if (reads && !w) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "bind_connector_meta: out of memory");
+  struct kv_load *first = NULL, **tail = &first;
+  bool ok = true;
+  for (uint32_t p = 0; p < np && ok; p++) {
+    bool read = reads >> p & 1;
+    if (!read && !(frees >> p & 1)) continue;
+    struct kv_load *l = calloc(1, sizeof(*l));
+    if (!l) {
+      ok = false;
+      break;
+    }
+    l->e = *e;
+    l->e.blocks = l->e.rblocks = NULL;
+    l->src = p;
+    if (read) {
+      l->e.type = KV_META_LOAD;
+      l->whole = w;
+      ok = dup_blocks(&l->e.blocks, e->blocks, e->nblocks) &&
+           dup_blocks(&l->e.rblocks, e->rblocks, e->nrblocks);
+    } else {
+      l->e.type = KV_META_FREE;
+      l->e.nblocks = l->e.nrblocks = 0;
+    }
+    if (ok &&
+        kv_worker_address(e->remote, p, l->e.remote, sizeof(l->e.remote), &l->e.cluster) != HIXL_KV_SUCCESS)
+      ok = false;
+    if (read) w->left++;
+    *tail = l;
+    tail = &l->next;
+    if (!ok) break;
+  }
+  if (!ok) {
+    for (struct kv_load *l = first, *next; l; l = next) {
+      next = l->next;
+      free(l->e.blocks);
+      free(l->e.rblocks);
+      free(l);
+    }
+    free(w);
+    return kv_fail(HIXL_KV_PARAM_INVALID,
+                   "bind_connector_meta: request %s: out of memory, or producer \"%s\" "
+                   "is not ip:port",
+                   e->req, e->remote);
+  }
+  if (c->load.bound_tail)
+    c->load.bound_tail->next = first;
+  else
+    c->load.bound = first;
+  for (struct kv_load *l = first; l; l = l->next) c->load.bound_tail = l;
+  return HIXL_KV_SUCCESS;
+}
+
+void kv_load_part_end(hixl_kv_connector *c, struct kv_load *l, bool ok, const char *why) {
+  struct kv_whole *w = l->whole;
+  if (!w) return;
+  l->whole = NULL;
+  if (!ok) {
+    log_error("hixl-kv: request %s failed to load from producer rank %u: %s", l->e.req, l->src, why);
+    w->failed = true;
+  }
+  if (--w->left) return;
+  if (w->failed) {
+    c->stats.loads_failed++;
+    kv_err_blocks_add(c, l->e.blocks, l->e.nblocks);
+  } else {
+    c->stats.loads_done++;
+  }
+  kv_finished_add(c, &c->recving_done, l->e.req); /* the host may use the blocks now */
+  free(w);
+}
+
+void kv_load_heads(const hixl_kv_connector *c, const struct kv_load *l, struct kv_heads *hs) {
+  for (uint32_t g = 0; g < c->lay.ng; g++) {
+    struct kv_tp_slice s;
+    hs[g] = (struct kv_heads){0};
+    if (!kv_tp_slice(&c->lay.g[g], l->e.rtp, l->src, c->world, c->rank, &s)) continue;
+    hs[g] = (struct kv_heads){s.whole, s.dst, s.src, s.n};
+  }
+}
+
+hixl_kv_status kv_push_parts(hixl_kv_connector *c, struct kv_meta_entry *e, uint64_t now) {
+  uint32_t np = c->world, p = c->rank, nd = e->rtp;
+  uint64_t dsts = 0;
+  if (tp_usable(c, np, nd)) {
+    for (uint32_t d = 0; d < nd; d++)
+      if (kv_tp_reads(&c->lay, np, p, nd, d)) dsts |= UINT64_C(1) << d;
+  } else {
+    dsts = UINT64_C(1) << (p % nd);
+  }
+  if (!dsts) { /* no consumer rank needs this rank's copy (an MLA rank past theirs) */
+    c->stats.pushes_done++;
+    kv_finished_add(c, &c->sending_done, e->req);
+    return HIXL_KV_SUCCESS;
+  }
+  struct kv_whole *w = calloc(1, sizeof(*w));
+  struct kv_push *first = NULL, **tail = &first;
+  bool ok = w != NULL;
+  for (uint32_t d = 0; d < nd && ok; d++) {
+    if (!(dsts >> d & 1)) continue;
+    struct kv_push *x = calloc(1, sizeof(*x));
+    if (!x) {
+      ok = false;
+      break;
+    }
+    x->e = *e;
+    x->dst = d;
+    x->whole = w;
+    x->step = c->step;
+    x->bound_ns = now;
+    w->left++;
+    *tail = x;
+    tail = &x->next;
+    ok = dup_blocks(&x->e.blocks, e->blocks, e->nblocks) &&
+         dup_blocks(&x->e.rblocks, e->rblocks, e->nrblocks) &&
+         kv_worker_address(e->remote, d, x->e.remote, sizeof(x->e.remote), &x->e.cluster) == HIXL_KV_SUCCESS;
+  }
+  if (!ok) {
+    for (struct kv_push *x = first, *next; x; x = next) {
+      next = x->next;
+      free(x->e.blocks);
+      free(x->e.rblocks);
+      free(x);
+    }
+    free(w);
+    return kv_fail(HIXL_KV_PARAM_INVALID,
+                   "bind_connector_meta: request %s: out of memory, or consumer \"%s\" "
+                   "is not ip:port",
+                   e->req, e->remote);
+  }
+  c->stats.blocks_held += e->nblocks;
+  c->stats.requests_held++;
+  if (c->push.tail)
+    c->push.tail->next = first;
+  else
+    c->push.pushes = first;
+  for (struct kv_push *x = first; x; x = x->next) c->push.tail = x;
+  pthread_cond_broadcast(&c->push.cond);
+  return HIXL_KV_SUCCESS;
+}
+
+void kv_push_part_end(hixl_kv_connector *c, struct kv_push *p, bool ok) {
+  struct kv_whole *w = p->whole;
+  if (!w) return;
+  p->whole = NULL;
+  w->failed |= !ok;
+  if (--w->left) return;
+  if (w->failed)
+    c->stats.pushes_failed++;
+  else
+    c->stats.pushes_done++;
+  c->stats.blocks_held -= p->e.nblocks;
+  c->stats.requests_held--;
+  kv_finished_add(c, &c->sending_done, p->e.req); /* the host may free the producer's blocks */
+  free(w);
+}
+
+void kv_push_heads(const hixl_kv_connector *c, const struct kv_push *p, struct kv_heads *hs) {
+  for (uint32_t g = 0; g < c->lay.ng; g++) {
+    struct kv_tp_slice s;
+    hs[g] = (struct kv_heads){0};
+    if (!kv_tp_slice(&c->lay.g[g], c->world, c->rank, p->e.rtp, p->dst, &s)) continue;
+    hs[g] = (struct kv_heads){s.whole, s.src, s.dst, s.n};
+  }
+}

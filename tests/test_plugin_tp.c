@@ -1,0 +1,526 @@
+/* test_plugin_tp: tensor parallelism across the hand-off (ABI 1.5). A producer
+ * instance of P worker ranks and a consumer instance of D, one dividing the other, each
+ * rank its own worker connector, engine and KV memory of its heads (vLLM's rule: of K
+ * KV heads rank r of T holds [r K / T, (r + 1) K / T), or with T > K the one head
+ * r / (T / K)), and one scheduler per instance whose metadata every rank binds. A
+ * request is handed over pulled and pushed; then every byte of every consumer rank's
+ * memory is checked: its request blocks hold its heads as the producer computed them,
+ * every other byte is still 0xEE; every rank of both sides holds 0 blocks after, and
+ * the bytes moved are the bytes the consumer needed (a replicated head is read once).
+ * MLA (every rank the same latent) as well. Pairs that cannot map (neither size
+ * divides the other; a layout without a head dimension) fail with both sizes named
+ * and move nothing. This program includes only the plugin's ABI header. */
+
+#include <CUnit/Basic.h>
+#include <CUnit/CUnit.h>
+#include <poll.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hixl/hixl_kv_connector.h"
+#include "kv_host.h"
+
+#ifndef HIXL_KV_PLUGIN_PATH
+#define HIXL_KV_PLUGIN_PATH "libhixl_kv_connector.so"
+#endif
+
+static void *so;
+static const hixl_kv_ops *ops;
+
+#define ST_IS(expr, want)                                                                                    \
+  do {                                                                                                       \
+    hixl_kv_status st_ = (expr);                                                                             \
+    if (st_ != (hixl_kv_status)(want))                                                                       \
+      fprintf(stderr, "%s:%d: %s -> %u, want %u (%s)\n", __FILE__, __LINE__, #expr, st_, (unsigned)(want),   \
+              ops->last_error());                                                                            \
+    CU_ASSERT_EQUAL(st_, (hixl_kv_status)(want));                                                            \
+  } while (0)
+
+enum {
+  LAYERS = 2,
+  TOKENS = 4,   /* per block */
+  HEAD_DIM = 8, /* K|V packed: 2 * HEAD_DIM elements per token and head */
+  ELEM = 2,
+  HEAD_BYTES = TOKENS * 2 * HEAD_DIM * ELEM, /* one head of one block: (N, 2D) */
+  LATENT_BYTES = TOKENS * 576 * ELEM,        /* MLA: one block of the latent */
+  NB = 16,                                   /* blocks of every rank */
+  MAX_TP = 4,
+  NREQ = 4, /* blocks of the request */
+};
+
+struct model {
+  bool mla;
+  uint32_t kv_heads; /* K */
+  bool no_heads;     /* the planes give no head dimension (a token-major layout) */
+};
+
+/* One rank's KV: per layer a (NB, h, N, 2D) tensor (MLA: (NB, N, 576)). */
+struct rank {
+  hixl_kv_connector *worker;
+  uint8_t *mem;
+  size_t layer_bytes;
+  uint32_t heads, first; /* its heads, and the first one's model number */
+};
+
+struct side {
+  uint32_t world;
+  hixl_kv_connector *sched;
+  struct rank r[MAX_TP];
+  const struct model *m;
+};
+
+static uint32_t block_bytes(const struct side *s, const struct rank *k) {
+  return s->m->mla ? LATENT_BYTES : k->heads * HEAD_BYTES;
+}
+
+/* Ports base .. base + world - 1 free on test_ip() now (0 when none found). */
+static uint16_t free_ports(uint32_t world) {
+  for (int tries = 0; tries < 50; tries++) {
+    uint16_t base = free_port();
+    bool ok = base && base + world < 65535;
+    for (uint32_t i = 1; i < world && ok; i++) {
+      struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)(base + i))};
+      int fd = socket(AF_INET, SOCK_STREAM, 0);
+      inet_pton(AF_INET, test_ip(), &sa.sin_addr);
+      ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+      if (fd >= 0) close(fd);
+    }
+    if (ok) return base;
+  }
+  return 0;
+}
+
+static hixl_kv_status side_up(struct side *s, const struct model *m, uint32_t world, const char *role,
+                              const char *mode) {
+  memset(s, 0, sizeof(*s));
+  s->m = m;
+  s->world = world;
+  char cfg[512];
+  uint16_t port = free_ports(world);
+  snprintf(
+      cfg, sizeof(cfg),
+      "{\"address\": \"%s:%u\", \"role\": \"%s\", \"mode\": \"%s\", \"lease_ms\": 10000,\n"
+      " \"load_failure_policy\": \"fail\", \"transfer_timeout_ms\": 5000, \"connect_timeout_ms\": 5000,\n"
+      " \"Transport\": \"%s\"}\n",
+      test_ip(), (unsigned)port, role, mode, transport());
+  char err[256] = "";
+  hixl_kv_status st =
+      ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, world, &s->sched, err, sizeof(err));
+  if (st != HIXL_KV_SUCCESS) return st;
+  for (uint32_t i = 0; i < world; i++) {
+    struct rank *k = &s->r[i];
+    if ((st = ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, i, world, &k->worker, err, sizeof(err))) !=
+        HIXL_KV_SUCCESS)
+      return st;
+    if (m->mla) {
+      k->heads = 0;
+    } else if (world <= m->kv_heads) {
+      k->heads = m->kv_heads / world;
+      k->first = i * k->heads;
+    } else {
+      k->heads = 1;
+      k->first = i / (world / m->kv_heads);
+    }
+    k->layer_bytes = (size_t)NB * block_bytes(s, k);
+    k->mem = aligned_alloc(4096, (LAYERS * k->layer_bytes + 4095) / 4096 * 4096);
+    if (!k->mem) return HIXL_KV_RESOURCE_EXHAUSTED;
+    memset(k->mem, 0xEE, LAYERS * k->layer_bytes);
+    hixl_kv_plane planes[LAYERS];
+    for (int l = 0; l < LAYERS; l++)
+      planes[l] = (hixl_kv_plane){.base = (uintptr_t)(k->mem + l * k->layer_bytes),
+                                  .block_stride = block_bytes(s, k),
+                                  .block_bytes = block_bytes(s, k),
+                                  .head_stride = m->mla || m->no_heads ? 0 : HEAD_BYTES,
+                                  .num_heads = m->mla || m->no_heads ? 0 : k->heads};
+    hixl_kv_group g = {.size = sizeof(g),
+                       .kind = m->mla ? HIXL_KV_GROUP_MLA : HIXL_KV_GROUP_FULL_ATTENTION,
+                       .num_layers = LAYERS,
+                       .planes_per_layer = 1,
+                       .planes = planes,
+                       .num_blocks = NB,
+                       .block_tokens = TOKENS,
+                       .elem_size = ELEM,
+                       .layout = m->mla ? "mla" : "packed",
+                       .layout_len = m->mla ? 3 : 6,
+                       .total_kv_heads = m->mla || m->no_heads ? 0 : m->kv_heads};
+    if ((st = ops->register_kv_groups(k->worker, &g, 1)) != HIXL_KV_SUCCESS) return st;
+  }
+  return HIXL_KV_SUCCESS;
+}
+
+static void side_down(struct side *s) {
+  for (uint32_t i = 0; i < s->world; i++) {
+    if (s->r[i].worker) ops->destroy(s->r[i].worker);
+    free(s->r[i].mem);
+  }
+  if (s->sched) ops->destroy(s->sched);
+}
+
+/* One step: the scheduler's metadata, bound by every rank, and their loads started. */
+static void step(struct side *s) {
+  hixl_kv_buffer m = {0};
+  ST_IS(ops->build_connector_meta(s->sched, &m), HIXL_KV_SUCCESS);
+  for (uint32_t i = 0; i < s->world; i++) {
+    ST_IS(ops->bind_connector_meta(s->r[i].worker, m.data, m.len), HIXL_KV_SUCCESS);
+    ST_IS(ops->start_load_kv(s->r[i].worker), HIXL_KV_SUCCESS);
+  }
+  ops->free_buffer(&m);
+}
+
+enum { SENDING, RECVING };
+
+/* Steps s until every rank reported id finished (sending or receiving), as vLLM's
+ * output aggregator waits for every worker; false after timeout_ms. */
+static bool wait_all(struct side *s, const char *id, int which, int timeout_ms) {
+  bool got[MAX_TP] = {false};
+  uint32_t n = 0;
+  int64_t end = now_ms() + timeout_ms;
+  do {
+    step(s);
+    for (uint32_t i = 0; i < s->world; i++) {
+      hixl_kv_ids sent = {0}, recv = {0};
+      if (ops->get_finished(s->r[i].worker, NULL, &sent, &recv) != HIXL_KV_SUCCESS) return false;
+      if (ids_have(which == RECVING ? &recv : &sent, id)) {
+        CU_ASSERT_FALSE(got[i]); /* once per rank */
+        n += !got[i];
+        got[i] = true;
+      }
+      ops->free_ids(&sent);
+      ops->free_ids(&recv);
+    }
+    if (n == s->world) return true;
+    int32_t fd = -1;
+    ops->get_event_fd(s->r[0].worker, &fd);
+    struct pollfd pfd = {.fd = fd, .events = POLLIN};
+    poll(&pfd, 1, 5);
+  } while (now_ms() < end);
+  fprintf(stderr, "  %s: %u of %u ranks reported it\n", id, n, s->world);
+  return false;
+}
+
+static uint8_t pat(uint64_t seed, uint32_t layer, uint32_t pos, uint32_t head, uint32_t byte) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ ((uint64_t)layer << 40) ^ ((uint64_t)pos << 24) ^
+               ((uint64_t)head << 16) ^ byte;
+  x ^= x >> 29;
+  x *= 0xBF58476D1CE4E5B9ull;
+  return (uint8_t)(x >> 32);
+}
+
+static const uint64_t p_blocks[NREQ] = {3, 7, 8, 12};
+static const uint64_t c_blocks[NREQ] = {1, 2, 9, 15};
+
+/* Rank k of s computes layer l of the request into its blocks: its heads (MLA: the
+ * latent, the same on every rank). */
+static void compute(const struct side *s, const struct rank *k, uint64_t seed, uint32_t l) {
+  for (uint32_t j = 0; j < NREQ; j++) {
+    uint8_t *b = k->mem + l * k->layer_bytes + p_blocks[j] * block_bytes(s, k);
+    if (s->m->mla)
+      for (uint32_t y = 0; y < LATENT_BYTES; y++) b[y] = pat(seed, l, j, 0, y);
+    else
+      for (uint32_t h = 0; h < k->heads; h++)
+        for (uint32_t y = 0; y < HEAD_BYTES; y++) b[h * HEAD_BYTES + y] = pat(seed, l, j, k->first + h, y);
+  }
+}
+
+/* Every byte of consumer rank k: its request blocks of layers below upto hold its heads
+ * as computed, every other byte 0xEE. */
+static bool rank_is(const struct side *s, const struct rank *k, uint64_t seed, uint32_t upto) {
+  uint32_t bb = block_bytes(s, k);
+  for (uint32_t l = 0; l < LAYERS; l++)
+    for (uint32_t b = 0; b < NB; b++) {
+      int j = -1;
+      for (int q = 0; q < NREQ; q++)
+        if (c_blocks[q] == b) j = q;
+      const uint8_t *p = k->mem + l * k->layer_bytes + (size_t)b * bb;
+      for (uint32_t y = 0; y < bb; y++) {
+        uint8_t want = 0xEE;
+        if (j >= 0 && l < upto)
+          want = s->m->mla ? pat(seed, l, (uint32_t)j, 0, y)
+                           : pat(seed, l, (uint32_t)j, k->first + y / HEAD_BYTES, y % HEAD_BYTES);
+        if (p[y] != want) {
+          fprintf(stderr, "  rank with heads %u+%u: layer %u block %u byte %u: 0x%02x, want 0x%02x\n",
+                  k->first, k->heads, l, b, y, p[y], want);
+          return false;
+        }
+      }
+    }
+  return true;
+}
+
+static hixl_kv_stats_ex stats(hixl_kv_connector *w) {
+  hixl_kv_stats_ex x = {.size = sizeof(x)};
+  ST_IS(ops->get_stats_ex(w, &x), HIXL_KV_SUCCESS);
+  return x;
+}
+
+static hixl_kv_request request(const char *id, uint64_t tokens, const char *params) {
+  return (hixl_kv_request){id, strlen(id), tokens, params, params ? strlen(params) : 0, 0};
+}
+
+static char *take_text(hixl_kv_buffer *b) {
+  char *t = b->data ? strndup((char *)b->data, b->len) : NULL;
+  ops->free_buffer(b);
+  return t;
+}
+
+/* The bytes every consumer rank needs of a request: its heads of each block (MLA: the
+ * latent), every layer. */
+static uint64_t needed(const struct side *d) {
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < d->world; i++) n += (uint64_t)LAYERS * NREQ * block_bytes(d, &d->r[i]);
+  return n;
+}
+
+static uint64_t next_seed = 500;
+
+static void pull(const struct model *m, uint32_t np, uint32_t nd) {
+  struct side p, d;
+  ST_IS(side_up(&p, m, np, "producer", "pull"), HIXL_KV_SUCCESS);
+  ST_IS(side_up(&d, m, nd, "consumer", "pull"), HIXL_KV_SUCCESS);
+  uint64_t seed = next_seed++;
+  char id[32];
+  snprintf(id, sizeof(id), "tp-%u-%u-%llu", np, nd, (unsigned long long)seed);
+  hixl_kv_request r = request(id, NREQ * TOKENS, NULL);
+  for (uint32_t l = 0; l < LAYERS; l++)
+    for (uint32_t i = 0; i < np; i++) {
+      compute(&p, &p.r[i], seed, l);
+      ST_IS(ops->save_kv_layer(p.r[i].worker, l), HIXL_KV_SUCCESS);
+    }
+  int32_t delay = 0;
+  hixl_kv_buffer params = {0};
+  ST_IS(ops->request_finished(p.sched, &r, p_blocks, NREQ, &delay, &params), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(delay, 1);
+  step(&p); /* every producer rank holds its copy */
+  char *text = take_text(&params);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+  char tp[32];
+  snprintf(tp, sizeof(tp), "\"tp_size\":%u", np);
+  CU_ASSERT_PTR_NOT_NULL(strstr(text, tp));
+  hixl_kv_request q = request(id, NREQ * TOKENS, text);
+  int64_t tokens = -2;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(d.sched, &q, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(tokens, NREQ * TOKENS);
+  ST_IS(ops->update_state_after_alloc(d.sched, &q, c_blocks, NREQ, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  CU_ASSERT_TRUE(wait_all(&d, id, RECVING, 20000));
+  CU_ASSERT_TRUE(wait_all(&p, id, SENDING, 20000)); /* every producer rank freed */
+  uint64_t moved = 0, failed = 0;
+  for (uint32_t i = 0; i < nd; i++) {
+    hixl_kv_blocks e = {0};
+    ST_IS(ops->get_block_ids_with_load_errors(d.r[i].worker, &e), HIXL_KV_SUCCESS);
+    failed += e.count;
+    ops->free_buffer(&e.raw);
+    CU_ASSERT_TRUE(rank_is(&d, &d.r[i], seed, LAYERS));
+    hixl_kv_stats_ex s = stats(d.r[i].worker);
+    CU_ASSERT(s.loads_done == 1 && s.loads_failed == 0);
+    moved += s.bytes_loaded;
+  }
+  CU_ASSERT_EQUAL(failed, 0);
+  CU_ASSERT_EQUAL(moved, needed(&d)); /* bytes moved = bytes needed: a replicated head once */
+  for (uint32_t i = 0; i < np; i++) {
+    hixl_kv_stats_ex s = stats(p.r[i].worker);
+    CU_ASSERT(s.blocks_held == 0 && s.requests_held == 0 && s.lease_expired == 0);
+  }
+  free(text);
+  side_down(&d);
+  side_down(&p);
+}
+
+static void push(const struct model *m, uint32_t np, uint32_t nd) {
+  struct side p, d;
+  ST_IS(side_up(&p, m, np, "producer", "push"), HIXL_KV_SUCCESS);
+  ST_IS(side_up(&d, m, nd, "consumer", "push"), HIXL_KV_SUCCESS);
+  uint64_t seed = next_seed++;
+  char id[32];
+  snprintf(id, sizeof(id), "tq-%u-%u-%llu", np, nd, (unsigned long long)seed);
+  hixl_kv_request r = request(id, NREQ * TOKENS, "{\"do_remote_prefill\": true}");
+  int64_t tokens = -2;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(d.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  ST_IS(ops->update_state_after_alloc(d.sched, &r, c_blocks, NREQ, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  hixl_kv_buffer params = {0};
+  ST_IS(ops->get_push_params(d.sched, id, strlen(id), &params), HIXL_KV_SUCCESS);
+  step(&d); /* every consumer rank expects it */
+  char *text = take_text(&params);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+  hixl_kv_request q = request(id, NREQ * TOKENS, text);
+  ST_IS(ops->get_num_new_matched_tokens(p.sched, &q, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  ST_IS(ops->update_state_after_alloc(p.sched, &q, p_blocks, NREQ, 0), HIXL_KV_SUCCESS);
+  step(&p); /* every producer rank pushes its part as its layers are saved */
+  for (uint32_t l = 0; l < LAYERS; l++) {
+    for (uint32_t i = 0; i < np; i++) {
+      compute(&p, &p.r[i], seed, l);
+      ST_IS(ops->save_kv_layer(p.r[i].worker, l), HIXL_KV_SUCCESS);
+    }
+    for (uint32_t i = 0; i < nd; i++) { /* layer l has landed on each rank, from every writer */
+      ST_IS(ops->wait_for_layer_load(d.r[i].worker, l), HIXL_KV_SUCCESS);
+      if (l + 1 == LAYERS) continue;
+      CU_ASSERT_TRUE(rank_is(&d, &d.r[i], seed, l + 1)); /* and l + 1 not yet */
+    }
+  }
+  for (uint32_t i = 0; i < np; i++) ST_IS(ops->wait_for_save(p.r[i].worker), HIXL_KV_SUCCESS);
+  CU_ASSERT_TRUE(wait_all(&d, id, RECVING, 20000));
+  int32_t delay = -1;
+  hixl_kv_buffer unused = {0};
+  ST_IS(ops->request_finished(p.sched, &q, p_blocks, NREQ, &delay, &unused), HIXL_KV_SUCCESS);
+  ops->free_buffer(&unused);
+  CU_ASSERT_TRUE(wait_all(&p, id, SENDING, 20000));
+  uint64_t moved = 0;
+  for (uint32_t i = 0; i < nd; i++) {
+    CU_ASSERT_TRUE(rank_is(&d, &d.r[i], seed, LAYERS));
+    hixl_kv_stats_ex s = stats(d.r[i].worker);
+    CU_ASSERT(s.loads_done == 1 && s.loads_failed == 0);
+  }
+  for (uint32_t i = 0; i < np; i++) {
+    hixl_kv_stats_ex s = stats(p.r[i].worker);
+    CU_ASSERT(s.blocks_held == 0 && s.requests_held == 0 && s.pushes_failed == 0);
+    moved += s.bytes_pushed;
+  }
+  CU_ASSERT_EQUAL(moved, needed(&d));
+  free(text);
+  side_down(&d);
+  side_down(&p);
+}
+
+static const struct model gqa8 = {.kv_heads = 8}, gqa2 = {.kv_heads = 2}, mla = {.mla = true};
+
+#define PAIR(name, m, a, b)                                                                                  \
+  static void test_pull_##name(void) { pull(&m, a, b); }                                                     \
+  static void test_push_##name(void) { push(&m, a, b); }
+PAIR(gqa8_1_2, gqa8, 1, 2)
+PAIR(gqa8_2_1, gqa8, 2, 1)
+PAIR(gqa8_2_4, gqa8, 2, 4)
+PAIR(gqa8_4_2, gqa8, 4, 2)
+PAIR(gqa8_1_4, gqa8, 1, 4)
+PAIR(gqa8_4_1, gqa8, 4, 1)
+PAIR(gqa8_2_2, gqa8, 2, 2)
+PAIR(gqa2_1_4, gqa2, 1, 4) /* decode ranks share heads: each of 2 heads on 2 ranks */
+PAIR(gqa2_4_1, gqa2, 4, 1) /* prefill replicas: one of each pair read, the other only freed */
+PAIR(gqa2_4_2, gqa2, 4, 2)
+PAIR(mla_1_4, mla, 1, 4)
+PAIR(mla_4_1, mla, 4, 1) /* prefill ranks 1..3 read by nobody: freed */
+PAIR(mla_2_4, mla, 2, 4)
+
+/* Pairs that cannot map: the load fails with both sizes named, nothing moves, and
+ * every producer rank frees its copy. */
+static void cannot_map(const struct model *m, uint32_t np, uint32_t nd, const char *says) {
+  struct side p, d;
+  char logname[] = "/tmp/hixl-tp-log-XXXXXX"; /* the plugin's log (stderr) while it loads */
+  int logfd = mkstemp(logname), saved = dup(2);
+  CU_ASSERT_FATAL(logfd >= 0 && saved >= 0);
+  unlink(logname);
+  ST_IS(side_up(&p, m, np, "producer", "pull"), HIXL_KV_SUCCESS);
+  ST_IS(side_up(&d, m, nd, "consumer", "pull"), HIXL_KV_SUCCESS);
+  const char *id = "tp-bad";
+  hixl_kv_request r = request(id, NREQ * TOKENS, NULL);
+  int32_t delay = 0;
+  hixl_kv_buffer params = {0};
+  ST_IS(ops->request_finished(p.sched, &r, p_blocks, NREQ, &delay, &params), HIXL_KV_SUCCESS);
+  step(&p);
+  char *text = take_text(&params);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+  hixl_kv_request q = request(id, NREQ * TOKENS, text);
+  int64_t tokens = -2;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(d.sched, &q, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  ST_IS(ops->update_state_after_alloc(d.sched, &q, c_blocks, NREQ, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  fflush(stderr);
+  dup2(logfd, 2);
+  CU_ASSERT_TRUE(wait_all(&d, id, RECVING, 20000));
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  char log[8192] = "";
+  ssize_t got = pread(logfd, log, sizeof(log) - 1, 0);
+  close(logfd);
+  log[got > 0 ? got : 0] = '\0';
+  char sizes[96];
+  snprintf(sizes, sizeof(sizes), "(%u ranks) and this consumer (%u ranks)", np, nd);
+  if (!strstr(log, says) || !strstr(log, sizes)) fprintf(stderr, "  the plugin said: %s\n", log);
+  CU_ASSERT_PTR_NOT_NULL(strstr(log, says));
+  CU_ASSERT_PTR_NOT_NULL(strstr(log, sizes));
+  for (uint32_t i = 0; i < nd; i++) {
+    hixl_kv_blocks e = {0};
+    ST_IS(ops->get_block_ids_with_load_errors(d.r[i].worker, &e), HIXL_KV_SUCCESS);
+    CU_ASSERT_EQUAL(e.count, NREQ);
+    ops->free_buffer(&e.raw);
+    CU_ASSERT_TRUE(rank_is(&d, &d.r[i], 0, 0)); /* untouched */
+  }
+  CU_ASSERT_TRUE(wait_all(&p, id, SENDING, 20000));
+  free(text);
+  side_down(&d);
+  side_down(&p);
+}
+
+static const struct model flat8 = {.kv_heads = 8, .no_heads = true};
+static void test_no_head_dimension(void) { cannot_map(&flat8, 1, 2, "head dimension"); }
+static void test_neither_divides(void) { cannot_map(&mla, 2, 3, "neither divides"); }
+
+/* A group's heads that do not add up: refused at registration, naming them. */
+static void test_heads_checked(void) {
+  char cfg[256];
+  snprintf(cfg, sizeof(cfg), "{\"address\": \"%s:%u\", \"Transport\": \"tcp\"}", test_ip(),
+           (unsigned)free_port());
+  hixl_kv_connector *w = NULL;
+  char err[256];
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 1, 2, &w, err, sizeof(err)), HIXL_KV_SUCCESS);
+  uint8_t *mem = aligned_alloc(4096, 65536);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(mem);
+  hixl_kv_plane pl = {.base = (uintptr_t)mem,
+                      .block_stride = 3 * HEAD_BYTES,
+                      .block_bytes = 3 * HEAD_BYTES,
+                      .head_stride = HEAD_BYTES,
+                      .num_heads = 3};
+  hixl_kv_group g = {.size = sizeof(g),
+                     .kind = HIXL_KV_GROUP_FULL_ATTENTION,
+                     .num_layers = 1,
+                     .planes_per_layer = 1,
+                     .planes = &pl,
+                     .num_blocks = 4,
+                     .block_tokens = TOKENS,
+                     .elem_size = ELEM,
+                     .total_kv_heads = 8}; /* 8 over 2 ranks is 4 each, not 3 */
+  ST_IS(ops->register_kv_groups(w, &g, 1), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(ops->last_error(), "8 KV heads over 2 ranks"));
+  g.kind = HIXL_KV_GROUP_MLA; /* an MLA group holds no share of heads */
+  ST_IS(ops->register_kv_groups(w, &g, 1), HIXL_KV_PARAM_INVALID);
+  g.size = HIXL_KV_GROUP_SIZE_1_3; /* a 1.3 host: its planes' heads times the world (3 x 2) */
+  g.kind = HIXL_KV_GROUP_FULL_ATTENTION;
+  ST_IS(ops->register_kv_groups(w, &g, 1), HIXL_KV_SUCCESS);
+  ops->destroy(w);
+  free(mem);
+  /* required_kv_layout HND: what get_required_kvcache_layout asks of the runtime. */
+  snprintf(cfg, sizeof(cfg), "{\"address\": \"%s:%u\", \"required_kv_layout\": \"HND\"}", test_ip(),
+           (unsigned)free_port());
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 2, &w, err, sizeof(err)), HIXL_KV_SUCCESS);
+  hixl_kv_buffer b = {0};
+  ST_IS(ops->get_required_kvcache_layout(w, &b), HIXL_KV_SUCCESS);
+  CU_ASSERT(b.len == 3 && memcmp(b.data, "HND", 3) == 0);
+  ops->free_buffer(&b);
+  ops->destroy(w);
+  snprintf(cfg, sizeof(cfg), "{\"address\": \"%s:%u\", \"required_kv_layout\": \"NHD\"}", test_ip(),
+           (unsigned)free_port());
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 2, &w, err, sizeof(err)), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(err, "required_kv_layout"));
+}
+
+#define T(name)                                                                                              \
+  { #name, test_##name }
+static CU_TestInfo tp_tests[] = {
+    T(pull_gqa8_1_2), T(pull_gqa8_2_1),     T(pull_gqa8_2_4),   T(pull_gqa8_4_2), T(pull_gqa8_1_4),
+    T(pull_gqa8_4_1), T(pull_gqa8_2_2),     T(pull_gqa2_1_4),   T(pull_gqa2_4_1), T(pull_gqa2_4_2),
+    T(pull_mla_1_4),  T(pull_mla_4_1),      T(pull_mla_2_4),    T(push_gqa8_1_2), T(push_gqa8_2_1),
+    T(push_gqa8_2_4), T(push_gqa8_4_2),     T(push_gqa8_1_4),   T(push_gqa8_4_1), T(push_gqa8_2_2),
+    T(push_gqa2_1_4), T(push_gqa2_4_1),     T(push_gqa2_4_2),   T(push_mla_1_4),  T(push_mla_4_1),
+    T(push_mla_2_4),  T(no_head_dimension), T(neither_divides), T(heads_checked), CU_TEST_INFO_NULL};
+
+static CU_SuiteInfo suites[] = {{"tensor parallelism across the hand-off", NULL, NULL, NULL, NULL, tp_tests},
+                                CU_SUITE_INFO_NULL};
+
+int main(void) {
+  so = kv_host_open("test_plugin_tp", HIXL_KV_PLUGIN_PATH, &ops);
+  if (!so) return 1;
+  return kv_host_run("test_plugin_tp", suites, so);
+}
