@@ -264,8 +264,9 @@ enum mh_fault {
   MH_FAULT_LINK_CUT,
   MH_FAULT_DECODE_ABORTS,
   MH_FAULT_LINK_RESET,
-  MH_FAULT_INTRUDER,        /* a process without the key attacks both engines all through the run */
-  MH_FAULT_DECODE_RANK_DIES /* decode's last worker rank SIGKILLs itself as its Nth load starts */
+  MH_FAULT_INTRUDER,         /* a process without the key attacks both engines all through the run */
+  MH_FAULT_DECODE_RANK_DIES, /* decode's last worker rank SIGKILLs itself as its Nth load starts */
+  MH_FAULT_MISMATCH_HEADS /* decode's rank r checks the heads rank TP - 1 - r holds: every byte check fails */
 };
 
 struct mh_inst_args {

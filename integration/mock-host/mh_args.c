@@ -10,8 +10,8 @@
 #include "mh.h"
 
 static const char *const fault_names[] = {
-    "none",     "decode-dies",   "prefill-dies", "mismatch-block", "mismatch-dtype",
-    "link-cut", "decode-aborts", "link-reset",   "intruder",       "decode-rank-dies"};
+    "none",          "decode-dies", "prefill-dies", "mismatch-block",   "mismatch-dtype", "link-cut",
+    "decode-aborts", "link-reset",  "intruder",     "decode-rank-dies", "mismatch-heads"};
 
 const char *mh_fault_name(enum mh_fault f) { return fault_names[f]; }
 
@@ -53,14 +53,15 @@ static void usage(FILE *f) {
       "                           the KV of its heads (KV heads / N; more ranks than heads replicate\n"
       "                           them); one scheduler per instance waits for every rank\n"
       "  --fault decode-dies|prefill-dies|mismatch-block|mismatch-dtype|link-cut|link-reset|\n"
-      "          decode-aborts|intruder|decode-rank-dies\n"
+      "          decode-aborts|intruder|decode-rank-dies|mismatch-heads\n"
       "           --fault-at N    (link-cut: prefill is stopped, SIGSTOP, after the Nth hand-off until\n"
       "                           every load in flight has ended, then resumed; link-reset: at the Nth\n"
       "                           hand-off prefill shuts down every TCP connection it has, transfers in\n"
       "                           flight fail, later ones link again; decode-aborts: decode aborts its\n"
       "                           Nth load as it starts, as a client that went away; intruder: a\n"
       "                           process without the key attacks both engines all through the run;\n"
-      "                           decode-rank-dies: decode's last rank dies as its Nth load starts)\n"
+      "                           decode-rank-dies: decode's last rank dies as its Nth load starts;\n"
+      "                           mismatch-heads: decode's rank r checks the heads of rank TP-1-r)\n"
       "  --auth-key FILE|none     the instances' AuthKeyFile (default: a fresh key made for the run,\n"
       "                           in a private directory; none: no key, links from anyone)\n"
       "  --timeout S              give up after S seconds (default 120)\n"
@@ -203,7 +204,8 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
       if (k == sizeof(fault_names) / sizeof(fault_names[0])) {
         fprintf(stderr,
                 "hixl-mock-host: --fault %s is unknown (decode-dies, prefill-dies, mismatch-block, "
-                "mismatch-dtype, link-cut, decode-aborts, link-reset, intruder, decode-rank-dies)\n",
+                "mismatch-dtype, link-cut, decode-aborts, link-reset, intruder, decode-rank-dies, "
+                "mismatch-heads)\n",
                 optarg);
         return 2;
       }
@@ -267,8 +269,12 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
         o->tp[0], o->tp[1], mh_layout_name(m->layout), mh_layout_name(m->layout));
     return 2;
   }
-  if (o->fault == MH_FAULT_DECODE_RANK_DIES && o->tp[1] < 2) {
-    fprintf(stderr, "hixl-mock-host: --fault decode-rank-dies needs --decode-tp 2 or more\n");
+  if ((o->fault == MH_FAULT_DECODE_RANK_DIES || o->fault == MH_FAULT_MISMATCH_HEADS) && o->tp[1] < 2) {
+    fprintf(stderr, "hixl-mock-host: --fault %s needs --decode-tp 2 or more\n", mh_fault_name(o->fault));
+    return 2;
+  }
+  if (o->fault == MH_FAULT_MISMATCH_HEADS && (m->kind == MH_MODEL_MLA || o->tp[1] > m->kv_heads)) {
+    fprintf(stderr, "hixl-mock-host: --fault mismatch-heads needs decode ranks that hold different heads\n");
     return 2;
   }
   if ((o->fault == MH_FAULT_LINK_CUT || o->fault == MH_FAULT_LINK_RESET) && o->tp[0] > 1) {

@@ -44,7 +44,10 @@ int mh_rank_open(struct mh_rank *k, const struct mh_inst_args *a, uint32_t rank,
     snprintf(k->who, sizeof(k->who), "%s rank %u", side, rank);
   else
     snprintf(k->who, sizeof(k->who), "%s", side);
-  struct mh_model m = mh_rank_model(&a->model, rank, a->tp);
+  /* mismatch-heads: a decode rank that checks another rank's heads stands for a plugin
+   * that gave it the wrong head slice: the check must catch every request. */
+  bool swap = a->fault == MH_FAULT_MISMATCH_HEADS && !a->prefill;
+  struct mh_model m = mh_rank_model(&a->model, swap ? a->tp - 1 - rank : rank, a->tp);
   if (mh_cache_init(&k->cache, &m) < 0) {
     snprintf(err, cap, "%s: cannot allocate its KV cache's block tables", k->who);
     return -1;

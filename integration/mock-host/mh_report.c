@@ -84,6 +84,8 @@ bool mh_verdict(const struct mh_router *rt) {
       D->stats_in && D->s.blocks_free == D->s.blocks_total && D->s.requests_left == 0 && D->s.twice == 0;
   bool d_clean = d_pool && ranks_alive(D);
   bool base = !rt->timed_out && !rt->fatal && rt->exits_clean;
+  if (o->fault == MH_FAULT_MISMATCH_HEADS) /* every request moved, and every one caught */
+    return base && rt->ncorrupt == o->requests && p_clean && d_clean && rt->ndone == o->requests;
   if (o->fault == MH_FAULT_DECODE_RANK_DIES) /* its loads failed; those before it verified */
     return base && d_pool && !D->s.rk[D->s.tp - 1].alive && rt->nfail > 0 && rt->nverified > 0 &&
            !rt->ncorrupt && p_clean && rt->ndone == o->requests;
@@ -241,8 +243,10 @@ int mh_report(const struct mh_router *rt, const struct mh_model *md, bool pass) 
   }
   if (o->fault)
     printf("  fault %s: %s\n", fault,
-           pass ? "reported, no byte wrong, the surviving side holds zero blocks"
-                : "NOT handled as expected");
+           !pass ? "NOT handled as expected"
+           : o->fault == MH_FAULT_MISMATCH_HEADS
+               ? "every request's wrong heads caught, both sides hold zero blocks"
+               : "reported, no byte wrong, the surviving side holds zero blocks");
   printf("  %-28s %u/%u requests, every byte checked%s\n", "verified", rt->nverified, o->requests,
          pass ? "" : "  FAIL");
 
