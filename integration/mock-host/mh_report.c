@@ -75,6 +75,21 @@ static bool ranks_alive(const struct mh_child *c) {
   return c->s.tp > 0;
 }
 
+/* What the decode ranks needed of the verified requests: each rank its heads of each
+ * request's blocks (a head replicated on several ranks, once for each). */
+static uint64_t tp_bytes_needed(const struct mh_router *rt, const struct mh_model *md) {
+  const struct mh_opts *o = rt->o;
+  uint64_t need = 0;
+  for (uint32_t i = 0; i < o->requests; i++) {
+    if (rt->r[i].outcome != MH_VERIFIED) continue;
+    for (uint32_t r = 0; r < o->tp[1]; r++) {
+      struct mh_model rm = mh_rank_model(md, r, o->tp[1]);
+      need += mh_request_blocks(&rm, rt->r[i].prompt) * mh_pool_block_bytes(&rm);
+    }
+  }
+  return need;
+}
+
 bool mh_verdict(const struct mh_router *rt) {
   const struct mh_opts *o = rt->o;
   const struct mh_child *P = &rt->side[0], *D = &rt->side[1];
@@ -89,7 +104,13 @@ bool mh_verdict(const struct mh_router *rt) {
   if (o->fault == MH_FAULT_DECODE_RANK_DIES) /* its loads failed; those before it verified */
     return base && d_pool && !D->s.rk[D->s.tp - 1].alive && rt->nfail > 0 && rt->nverified > 0 &&
            !rt->ncorrupt && p_clean && rt->ndone == o->requests;
-  if (o->fault == MH_FAULT_NONE) return base && rt->nverified == o->requests && p_clean && d_clean;
+  /* TP: the decode ranks read what they needed, no more (replicated heads once each). */
+  bool tp_bytes = !o->model.tp || (D->s.stats_ok && D->s.ks.bytes_loaded == tp_bytes_needed(rt, &o->model));
+  /* ... and every prefill rank was freed by its consumer ranks, none left to its lease
+   * (a producer rank no consumer rank reads included: one of them frees it). */
+  bool tp_freed = !o->model.tp || (P->s.stats_ok && P->s.ks.lease_expired == 0);
+  if (o->fault == MH_FAULT_NONE)
+    return base && rt->nverified == o->requests && p_clean && d_clean && tp_bytes && tp_freed;
   if (o->fault == MH_FAULT_INTRUDER) /* nothing let in, nothing learned, the hand-off untouched */
     return base && rt->nverified == o->requests && p_clean && d_clean && rt->intruder_in &&
            rt->intrusion.attempts > 0 && rt->intrusion.admitted == 0 && rt->intrusion.entries_seen == 0 &&
@@ -178,6 +199,9 @@ int mh_report(const struct mh_router *rt, const struct mh_model *md, bool pass) 
     printf("  %-28s prefill TP %u, decode TP %u (%u and %u KV heads a rank%s)\n", "tensor parallel", o->tp[0],
            o->tp[1], n0, n1, m->kind == MH_MODEL_MLA ? ": the latent, on every rank" : "");
   }
+  if (m->tp)
+    printf("  %-28s %" PRIu64 " moved (decode bytes_loaded, every rank's), %" PRIu64 " needed\n",
+           "KV bytes moved / needed", rt->side[1].s.ks.bytes_loaded, tp_bytes_needed(rt, md));
   printf("  %-28s %u\n", "requests", o->requests);
   printf("  %-28s %" PRIu64 "\n", "prompt tokens", f.tokens);
   char hb[32];
@@ -210,7 +234,8 @@ int mh_report(const struct mh_router *rt, const struct mh_model *md, bool pass) 
       if (!q->alive)
         snprintf(what, sizeof(what), "gone");
       else if (k == 0)
-        snprintf(what, sizeof(what), "blocks_held %" PRIu64, q->ks.blocks_held);
+        snprintf(what, sizeof(what), "blocks_held %" PRIu64 ", leases expired %" PRIu64, q->ks.blocks_held,
+                 q->ks.lease_expired);
       else
         snprintf(what, sizeof(what), "blocks_held %" PRIu64 ", loads %" PRIu64 " done %" PRIu64 " failed",
                  q->ks.blocks_held, q->ks.loads_done, q->ks.loads_failed);
