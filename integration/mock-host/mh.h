@@ -170,7 +170,8 @@ enum mh_type {
   MH_PUSHPARAMS, /* push mode, decode -> router: u32 idx, str get_push_params's params */
   /* ---- between an instance (its scheduler) and its worker ranks' processes (TP > 1):
    * every request has exactly one answer ---- */
-  MH_RK_READY,    /* rank -> instance: its worker is up and its KV cache registered */
+  MH_RK_READY,    /* rank -> instance: its worker is up and its KV cache registered; u8 1: its
+                   * get_event_fd rides along (SCM_RIGHTS), for the instance to poll */
   MH_RK_META,     /* instance -> rank: str metadata, u8 die (fault: SIGKILL after start_load_kv) */
   MH_RK_FORWARD,  /* instance -> rank: u32 n, n x work (see mh_put_work): compute, save each layer */
   MH_RK_FINISHED, /* instance -> rank: get_finished and get_block_ids_with_load_errors */
@@ -215,6 +216,8 @@ bool mh_in_done(const struct mh_in *in);
 
 /* Send one frame (blocking); -1 when the peer is gone. Frees o's buffer. */
 int mh_send(int fd, uint8_t type, struct mh_out *o);
+/* ... with a descriptor passed along (SCM_RIGHTS; a unix socket), unless pass < 0. */
+int mh_send_fd(int fd, uint8_t type, struct mh_out *o, int pass);
 
 struct mh_conn {
   int fd;
@@ -226,6 +229,8 @@ void mh_conn_init(struct mh_conn *c, int fd);
 void mh_conn_fini(struct mh_conn *c);
 /* Read what the socket has now (non-blocking); sets eof when the peer closed. */
 int mh_conn_fill(struct mh_conn *c);
+/* ... taking into *got (when it is -1) a descriptor that came with the bytes. */
+int mh_conn_fill_fd(struct mh_conn *c, int *got);
 /* The next whole frame: 1 and its type and payload, 0 none yet, -1 malformed. The
  * payload stays valid until the next call. */
 int mh_conn_next(struct mh_conn *c, uint8_t *type, struct mh_in *payload);

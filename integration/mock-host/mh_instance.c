@@ -52,6 +52,7 @@ struct rk {
   struct mh_conn conn;
   bool dead;
   int wstatus;
+  int efd; /* its worker's event fd, passed over the socket; -1: none */
   struct mh_side_rank s;
 };
 
@@ -212,6 +213,8 @@ static void rk_lost(struct inst *x, uint32_t r, const char *what) {
     waitpid(k->pid, &k->wstatus, 0);
   }
   close(k->conn.fd);
+  if (k->efd >= 0) close(k->efd);
+  k->efd = -1;
   say(x, "rank %u (pid %d) is gone (%s; %s %d): the requests it has not reported fail", r, (int)k->pid, what,
       WIFSIGNALED(k->wstatus) ? "killed by signal" : "exit status",
       WIFSIGNALED(k->wstatus) ? WTERMSIG(k->wstatus) : WEXITSTATUS(k->wstatus));
@@ -228,7 +231,7 @@ static void rk_send(struct inst *x, uint32_t r, uint8_t type, struct mh_out *o) 
 
 /* Rank r's answer, of type want: 0 and its payload (valid until the next call for r),
  * or -1 when the rank is gone or answered anything else (then it is stopped). */
-static int rk_wait(struct inst *x, uint32_t r, uint8_t want, struct mh_in *in) {
+static int rk_wait(struct inst *x, uint32_t r, uint8_t want, struct mh_in *in, int *efd) {
   struct rk *k = &x->rk[r];
   for (;;) {
     if (k->dead) return -1;
@@ -253,14 +256,14 @@ static int rk_wait(struct inst *x, uint32_t r, uint8_t want, struct mh_in *in) {
     }
     struct pollfd p = {k->conn.fd, POLLIN, 0};
     poll(&p, 1, -1);
-    if (mh_conn_fill(&k->conn) < 0 && !k->conn.eof) k->conn.eof = true;
+    if (mh_conn_fill_fd(&k->conn, efd) < 0 && !k->conn.eof) k->conn.eof = true;
   }
 }
 
 /* Answers that carry nothing must be empty. */
 static void rk_wait_ok(struct inst *x, uint32_t r) {
   struct mh_in in;
-  if (rk_wait(x, r, MH_RK_OK, &in) == 0 && !mh_in_done(&in)) rk_lost(x, r, "a malformed answer");
+  if (rk_wait(x, r, MH_RK_OK, &in, NULL) == 0 && !mh_in_done(&in)) rk_lost(x, r, "a malformed answer");
 }
 
 /* Fork rank r's process; -1 (said) when it cannot be. */
@@ -352,7 +355,7 @@ static uint64_t forward(struct inst *x, struct ireq **batch, size_t nb) {
     }
     for (uint32_t r = 0; r < x->tp; r++) {
       struct mh_in in;
-      if (rk_wait(x, r, MH_RK_OK, &in) < 0) continue;
+      if (rk_wait(x, r, MH_RK_OK, &in, NULL) < 0) continue;
       uint64_t t = mh_get_u64(&in);
       if (!mh_in_done(&in))
         rk_lost(x, r, "a malformed answer");
@@ -383,7 +386,7 @@ static uint64_t check(struct inst *x, const struct ireq *r, uint32_t first, uint
   }
   for (uint32_t k = 0; k < x->tp; k++) {
     struct mh_in in;
-    if (rk_wait(x, k, MH_RK_VERIFIED, &in) < 0) {
+    if (rk_wait(x, k, MH_RK_VERIFIED, &in, NULL) < 0) {
       *lost = true;
       continue;
     }
@@ -465,7 +468,7 @@ static int finished(struct inst *x, struct ireq ***sent, size_t *ns, struct ireq
     for (uint32_t r = 0; r < x->tp; r++) {
       struct mh_in in;
       struct mh_rank_report rep = {0};
-      if (rk_wait(x, r, MH_RK_REPORT, &in) < 0) continue;
+      if (rk_wait(x, r, MH_RK_REPORT, &in, NULL) < 0) continue;
       bool ok = true;
       for (int list = 0; list < 2 && ok; list++) {
         uint32_t n = mh_get_u32(&in);
@@ -870,7 +873,7 @@ static void side_report(struct inst *x) {
     }
     for (uint32_t r = 0; r < x->tp; r++) {
       struct mh_in in;
-      if (rk_wait(x, r, MH_RK_STATS, &in) < 0) continue;
+      if (rk_wait(x, r, MH_RK_STATS, &in, NULL) < 0) continue;
       s.rk[r].stats_ok = mh_get_u8(&in);
       mh_get_stats(&in, &s.rk[r].ks);
       if (!mh_in_done(&in)) rk_lost(x, r, "a malformed report");
@@ -916,7 +919,11 @@ static bool ranks_stop(struct inst *x) {
       clean = false;
     }
   }
-  for (uint32_t r = 0; r < x->tp && x->tp > 1; r++) mh_conn_fini(&x->rk[r].conn);
+  for (uint32_t r = 0; r < x->tp && x->tp > 1; r++) {
+    mh_conn_fini(&x->rk[r].conn);
+    if (x->rk[r].efd >= 0) close(x->rk[r].efd);
+    x->rk[r].efd = -1;
+  }
   return clean;
 }
 
@@ -929,6 +936,7 @@ int mh_instance_main(const struct mh_inst_args *a) {
   fcntl(a->fd, F_SETFL, fcntl(a->fd, F_GETFL) | O_NONBLOCK);
   mh_conn_init(&x.conn, a->fd);
   x.all_mask = (uint32_t)((1ull << x.tp) - 1);
+  for (uint32_t r = 0; r < MH_MAX_TP; r++) x.rk[r].efd = -1;
   /* The ranks' processes first, before this process has any connector (or its threads). */
   uint32_t started = 0;
   for (; x.tp > 1 && started < x.tp; started++)
@@ -954,7 +962,11 @@ int mh_instance_main(const struct mh_inst_args *a) {
   }
   for (uint32_t r = 0; x.tp > 1 && r < x.tp; r++) { /* each rank's worker up, its KV registered */
     struct mh_in in;
-    if (rk_wait(&x, r, MH_RK_READY, &in) < 0 || !mh_in_done(&in)) {
+    uint8_t has_efd = 0;
+    if (rk_wait(&x, r, MH_RK_READY, &in, &x.rk[r].efd) == 0) has_efd = mh_get_u8(&in);
+    if (!x.rk[r].dead && (!mh_in_done(&in) || has_efd > 1 || (has_efd == 1) != (x.rk[r].efd >= 0)))
+      rk_lost(&x, r, "a malformed READY");
+    if (x.rk[r].dead) {
       send_fail(&x, MH_NO_REQUEST, "%s: rank %u did not start", x.who, r);
       goto fail_ready;
     }
@@ -963,15 +975,18 @@ int mh_instance_main(const struct mh_inst_args *a) {
   mh_put_u32(&o, (uint32_t)a->model.num_blocks);
   mh_send(a->fd, MH_READY, &o);
 
-  /* Decode also wakes when a load ended (ABI 1.2's event fd), not only at its next step:
-   * its step polls get_finished, which quiets the fd. With ranks in processes of their
-   * own it steps every millisecond while it has requests. */
+  /* Decode also wakes when a load ended (ABI 1.2's event fd; every rank's, passed over
+   * its socket), not only at its next step: its step polls get_finished, which quiets
+   * the fd. */
   int32_t efd = -1; /* written only on success */
   if (!a->prefill && x.tp == 1 && HIXL_KV_HAS_OP(x.ops, get_event_fd))
     x.ops->get_event_fd(x.local.worker, &efd);
   for (;;) {
-    struct pollfd pfd[2] = {{a->fd, POLLIN, 0}, {efd, POLLIN, 0}};
-    poll(pfd, efd >= 0 ? 2 : 1, x.n || x.exiting ? 1 : 20);
+    struct pollfd pfd[1 + MH_MAX_TP] = {{a->fd, POLLIN, 0}, {efd, POLLIN, 0}};
+    nfds_t np = efd >= 0 ? 2 : 1;
+    for (uint32_t r = 0; x.tp > 1 && r < x.tp; r++)
+      if (x.rk[r].efd >= 0) pfd[np++] = (struct pollfd){x.rk[r].efd, POLLIN, 0};
+    poll(pfd, np, x.n || x.exiting ? 1 : 20);
     if (mh_conn_fill(&x.conn) < 0 && !x.conn.eof) break;
     uint8_t type;
     struct mh_in in;

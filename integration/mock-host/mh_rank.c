@@ -281,8 +281,12 @@ int mh_rank_main(const struct mh_inst_args *a, uint32_t rank, int fd) {
     send_fail(fd, err);
     goto fail_open;
   }
+  /* A decode rank's event fd goes to the instance, which waits on it between steps. */
+  int32_t efd = -1; /* written only on success */
+  if (!a->prefill && HAS(&k, get_event_fd)) k.ops->get_event_fd(k.worker, &efd);
   struct mh_out o = {0};
-  if (mh_send(fd, MH_RK_READY, &o) < 0) goto out;
+  mh_put_u8(&o, efd >= 0);
+  if (mh_send_fd(fd, MH_RK_READY, &o, efd) < 0) goto out;
   fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
   for (;;) { /* the instance's requests, one at a time: nothing happens here in between */
     struct pollfd p = {fd, POLLIN, 0};

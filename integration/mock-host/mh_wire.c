@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -101,7 +102,9 @@ const char *mh_get_str(struct mh_in *in, size_t *n) {
 
 bool mh_in_done(const struct mh_in *in) { return !in->bad && in->off == in->len; }
 
-int mh_send(int fd, uint8_t type, struct mh_out *o) {
+int mh_send(int fd, uint8_t type, struct mh_out *o) { return mh_send_fd(fd, type, o, -1); }
+
+int mh_send_fd(int fd, uint8_t type, struct mh_out *o, int pass) {
   struct mh_out f = {0};
   mh_put_u32(&f, MH_MAGIC);
   mh_put_u8(&f, MH_VERSION);
@@ -117,7 +120,24 @@ int mh_send(int fd, uint8_t type, struct mh_out *o) {
     rc = -1;
   }
   for (size_t off = 0; rc == 0 && off < f.len;) {
-    ssize_t n = write(fd, f.p + off, f.len - off);
+    ssize_t n;
+    if (off == 0 && pass >= 0) { /* the descriptor rides with the frame's first bytes */
+      union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(int))];
+      } ctl = {0};
+      struct iovec iov = {f.p, f.len};
+      struct msghdr mh = {
+          .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b)};
+      struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+      cm->cmsg_level = SOL_SOCKET;
+      cm->cmsg_type = SCM_RIGHTS;
+      cm->cmsg_len = CMSG_LEN(sizeof(int));
+      memcpy(CMSG_DATA(cm), &pass, sizeof(int));
+      n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    } else {
+      n = write(fd, f.p + off, f.len - off);
+    }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { /* the peer reads slowly: wait, not forever */
       struct pollfd pfd = {fd, POLLOUT, 0};
@@ -147,7 +167,34 @@ void mh_conn_fini(struct mh_conn *c) {
   c->fd = -1;
 }
 
-int mh_conn_fill(struct mh_conn *c) {
+int mh_conn_fill(struct mh_conn *c) { return mh_conn_fill_fd(c, NULL); }
+
+/* One read: read(2), or with got recvmsg(2), taking a descriptor that came with the
+ * bytes (one at most: a second is closed). */
+static ssize_t read_some(struct mh_conn *c, int *got) {
+  if (!got) return read(c->fd, c->buf + c->len, c->cap - c->len);
+  union {
+    struct cmsghdr h;
+    char b[CMSG_SPACE(sizeof(int))];
+  } ctl;
+  struct iovec iov = {c->buf + c->len, c->cap - c->len};
+  struct msghdr mh = {
+      .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b)};
+  ssize_t n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
+  for (struct cmsghdr *cm = n >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; cm; cm = CMSG_NXTHDR(&mh, cm)) {
+    int fd;
+    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS || cm->cmsg_len != CMSG_LEN(sizeof(int)))
+      continue;
+    memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+    if (*got < 0)
+      *got = fd;
+    else
+      close(fd);
+  }
+  return n;
+}
+
+int mh_conn_fill_fd(struct mh_conn *c, int *got) {
   for (;;) {
     if (c->start > 0 && c->start == c->len) c->start = c->len = 0;
     if (c->cap - c->len < 4096) {
@@ -164,7 +211,7 @@ int mh_conn_fill(struct mh_conn *c) {
         c->cap = cap;
       }
     }
-    ssize_t n = read(c->fd, c->buf + c->len, c->cap - c->len);
+    ssize_t n = read_some(c, got);
     if (n > 0) {
       c->len += (size_t)n;
       continue;
