@@ -68,13 +68,6 @@ static void figures(const struct mh_router *rt, struct figures *f) {
     f->ops_per_req = (double)P->s.ks.engine_ops * P->s.tp / (double)P->s.ks.pushes_done;
 }
 
-/* Every rank of the instance reported at exit (TP 1: the one). */
-static bool ranks_alive(const struct mh_child *c) {
-  for (uint32_t r = 0; r < c->s.tp; r++)
-    if (!c->s.rk[r].alive) return false;
-  return c->s.tp > 0;
-}
-
 /* What the decode ranks needed of the verified requests: each rank its heads of each
  * request's blocks (a head replicated on several ranks, once for each). */
 static uint64_t tp_bytes_needed(const struct mh_router *rt, const struct mh_model *md) {
@@ -88,6 +81,13 @@ static uint64_t tp_bytes_needed(const struct mh_router *rt, const struct mh_mode
     }
   }
   return need;
+}
+
+/* Every rank of the instance reported at exit (TP 1: the one). */
+static bool ranks_alive(const struct mh_child *c) {
+  for (uint32_t r = 0; r < c->s.tp; r++)
+    if (!c->s.rk[r].alive) return false;
+  return c->s.tp > 0;
 }
 
 bool mh_verdict(const struct mh_router *rt) {
@@ -136,7 +136,8 @@ bool mh_verdict(const struct mh_router *rt) {
 
 /* --json: the summary as one JSON object; -1 (said on stderr) when the file cannot be
  * written. */
-static int write_json(const struct mh_router *rt, const struct figures *f, bool pass) {
+static int write_json(const struct mh_router *rt, const struct mh_model *md, const struct figures *f,
+                      bool pass) {
   const struct mh_opts *o = rt->o;
   const struct mh_model *m = &o->model;
   const char *fault = mh_fault_name(o->fault);
@@ -169,6 +170,27 @@ static int write_json(const struct mh_router *rt, const struct figures *f, bool 
             s->name, s->stats_in ? "true" : "false", s->s.blocks_total, s->s.blocks_free, s->s.ks.blocks_held,
             s->s.ks.loads_done, s->s.ks.loads_failed, s->s.ks.lease_expired, s->s.ks.bytes_loaded,
             s->s.ks.engine_ops);
+  }
+  if (m->tp) { /* each side's TP size and its ranks' counters */
+    fprintf(fp,
+            " \"prefill_tp\": %u, \"decode_tp\": %u, \"kv_bytes_moved\": %" PRIu64
+            ", \"kv_bytes_needed\": %" PRIu64 ",\n",
+            o->tp[0], o->tp[1], rt->side[1].s.ks.bytes_loaded, tp_bytes_needed(rt, md));
+    for (int k = 0; k < 2; k++) {
+      const struct mh_child *s = &rt->side[k];
+      fprintf(fp, " \"%s_ranks\": [", s->name);
+      for (uint32_t r = 0; s->stats_in && r < s->s.tp; r++) {
+        const struct mh_side_rank *q = &s->s.rk[r];
+        fprintf(fp,
+                "%s{\"alive\": %s, \"blocks_held\": %" PRIu64 ", \"lease_expired\": %" PRIu64
+                ", \"loads_done\": %" PRIu64 ", \"loads_failed\": %" PRIu64 ", \"bytes_loaded\": %" PRIu64
+                ", \"engine_ops\": %" PRIu64 ", \"pushes_done\": %" PRIu64 "}",
+                r ? ", " : "", q->alive ? "true" : "false", q->ks.blocks_held, q->ks.lease_expired,
+                q->ks.loads_done, q->ks.loads_failed, q->ks.bytes_loaded, q->ks.engine_ops,
+                q->ks.pushes_done);
+      }
+      fprintf(fp, "],\n");
+    }
   }
   fprintf(fp, " \"pass\": %s}\n", pass ? "true" : "false");
   fclose(fp);
@@ -275,5 +297,5 @@ int mh_report(const struct mh_router *rt, const struct mh_model *md, bool pass) 
   printf("  %-28s %u/%u requests, every byte checked%s\n", "verified", rt->nverified, o->requests,
          pass ? "" : "  FAIL");
 
-  return o->json ? write_json(rt, &f, pass) : 0;
+  return o->json ? write_json(rt, md, &f, pass) : 0;
 }
