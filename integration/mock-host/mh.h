@@ -188,7 +188,7 @@ enum mh_type {
 enum mh_outcome { MH_VERIFIED = 1, MH_RECOMPUTED, MH_FAILED, MH_CORRUPT };
 
 #define MH_HDR_LEN    12u
-#define MH_FRAME_MAX  (1u << 20)
+#define MH_FRAME_MAX  (64u << 20) /* a step of a rank: every block id of the batch, and the metadata */
 #define MH_NO_REQUEST UINT32_MAX
 
 struct mh_out {
