@@ -92,6 +92,8 @@ static uint16_t free_ports(uint32_t world) {
   return 0;
 }
 
+static unsigned lease_ms = 10000;
+
 static hixl_kv_status side_up(struct side *s, const struct model *m, uint32_t world, const char *role,
                               const char *mode) {
   memset(s, 0, sizeof(*s));
@@ -101,10 +103,10 @@ static hixl_kv_status side_up(struct side *s, const struct model *m, uint32_t wo
   uint16_t port = free_ports(world);
   snprintf(
       cfg, sizeof(cfg),
-      "{\"address\": \"%s:%u\", \"role\": \"%s\", \"mode\": \"%s\", \"lease_ms\": 10000,\n"
+      "{\"address\": \"%s:%u\", \"role\": \"%s\", \"mode\": \"%s\", \"lease_ms\": %u,\n"
       " \"load_failure_policy\": \"fail\", \"transfer_timeout_ms\": 5000, \"connect_timeout_ms\": 5000,\n"
       " \"Transport\": \"%s\"}\n",
-      test_ip(), (unsigned)port, role, mode, transport());
+      test_ip(), (unsigned)port, role, mode, lease_ms, transport());
   char err[256] = "";
   hixl_kv_status st =
       ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, world, &s->sched, err, sizeof(err));
@@ -454,6 +456,56 @@ static void cannot_map(const struct model *m, uint32_t np, uint32_t nd, const ch
   side_down(&p);
 }
 
+/* A consumer rank that is gone (its connector destroyed before it loads, as a process
+ * that died): the other ranks load and verify; the producer rank it shared with a live
+ * one frees its copy when the lease runs out, the producer rank only live ranks read at
+ * once; every producer rank ends at 0 blocks. */
+static void test_consumer_rank_gone(void) {
+  struct side p, d;
+  lease_ms = 1500;
+  ST_IS(side_up(&p, &gqa8, 2, "producer", "pull"), HIXL_KV_SUCCESS);
+  ST_IS(side_up(&d, &gqa8, 4, "consumer", "pull"), HIXL_KV_SUCCESS);
+  lease_ms = 10000;
+  uint64_t seed = next_seed++;
+  const char *id = "tp-gone";
+  hixl_kv_request r = request(id, NREQ * TOKENS, NULL);
+  for (uint32_t l = 0; l < LAYERS; l++)
+    for (uint32_t i = 0; i < p.world; i++) compute(&p, &p.r[i], seed, l);
+  int32_t delay = 0;
+  hixl_kv_buffer params = {0};
+  ST_IS(ops->request_finished(p.sched, &r, p_blocks, NREQ, &delay, &params), HIXL_KV_SUCCESS);
+  step(&p);
+  char *text = take_text(&params);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+  hixl_kv_request q = request(id, NREQ * TOKENS, text);
+  int64_t tokens = -2;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(d.sched, &q, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  ST_IS(ops->update_state_after_alloc(d.sched, &q, c_blocks, NREQ, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  ops->destroy(d.r[3].worker); /* rank 3 dies before the step reaches it */
+  d.r[3].worker = NULL;
+  d.world = 3;
+  CU_ASSERT_TRUE(wait_all(&d, id, RECVING, 20000));
+  for (uint32_t i = 0; i < 3; i++) CU_ASSERT_TRUE(rank_is(&d, &d.r[i], seed, LAYERS));
+  /* Producer rank 0 (read by consumer ranks 0 and 1) frees at once; rank 1 (ranks 2 and
+   * 3) only when its lease ends. */
+  struct side p0 = p, p1 = p;
+  p0.world = 1;
+  CU_ASSERT_TRUE(wait_all(&p0, id, SENDING, 1000));
+  p1.r[0] = p.r[1];
+  p1.world = 1;
+  int64_t t0 = now_ms();
+  CU_ASSERT_TRUE(wait_all(&p1, id, SENDING, 10000));
+  CU_ASSERT(now_ms() - t0 >= 500); /* it waited for the lease, not for rank 3's FREE */
+  hixl_kv_stats_ex s0 = stats(p.r[0].worker), s1 = stats(p.r[1].worker);
+  CU_ASSERT(s0.blocks_held == 0 && s0.lease_expired == 0);
+  CU_ASSERT(s1.blocks_held == 0 && s1.lease_expired == 1);
+  d.world = 4;
+  free(text);
+  side_down(&d);
+  side_down(&p);
+}
+
 static const struct model flat8 = {.kv_heads = 8, .no_heads = true};
 static void test_no_head_dimension(void) { cannot_map(&flat8, 1, 2, "head dimension"); }
 static void test_neither_divides(void) { cannot_map(&mla, 2, 3, "neither divides"); }
@@ -502,19 +554,21 @@ static void test_heads_checked(void) {
   ops->destroy(w);
   snprintf(cfg, sizeof(cfg), "{\"address\": \"%s:%u\", \"required_kv_layout\": \"NHD\"}", test_ip(),
            (unsigned)free_port());
-  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 2, &w, err, sizeof(err)), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 2, &w, err, sizeof(err)),
+        HIXL_KV_PARAM_INVALID);
   CU_ASSERT_PTR_NOT_NULL(strstr(err, "required_kv_layout"));
 }
 
 #define T(name)                                                                                              \
   { #name, test_##name }
 static CU_TestInfo tp_tests[] = {
-    T(pull_gqa8_1_2), T(pull_gqa8_2_1),     T(pull_gqa8_2_4),   T(pull_gqa8_4_2), T(pull_gqa8_1_4),
-    T(pull_gqa8_4_1), T(pull_gqa8_2_2),     T(pull_gqa2_1_4),   T(pull_gqa2_4_1), T(pull_gqa2_4_2),
-    T(pull_mla_1_4),  T(pull_mla_4_1),      T(pull_mla_2_4),    T(push_gqa8_1_2), T(push_gqa8_2_1),
-    T(push_gqa8_2_4), T(push_gqa8_4_2),     T(push_gqa8_1_4),   T(push_gqa8_4_1), T(push_gqa8_2_2),
-    T(push_gqa2_1_4), T(push_gqa2_4_1),     T(push_gqa2_4_2),   T(push_mla_1_4),  T(push_mla_4_1),
-    T(push_mla_2_4),  T(no_head_dimension), T(neither_divides), T(heads_checked), CU_TEST_INFO_NULL};
+    T(pull_gqa8_1_2), T(pull_gqa8_2_1),     T(pull_gqa8_2_4),   T(pull_gqa8_4_2),      T(pull_gqa8_1_4),
+    T(pull_gqa8_4_1), T(pull_gqa8_2_2),     T(pull_gqa2_1_4),   T(pull_gqa2_4_1),      T(pull_gqa2_4_2),
+    T(pull_mla_1_4),  T(pull_mla_4_1),      T(pull_mla_2_4),    T(push_gqa8_1_2),      T(push_gqa8_2_1),
+    T(push_gqa8_2_4), T(push_gqa8_4_2),     T(push_gqa8_1_4),   T(push_gqa8_4_1),      T(push_gqa8_2_2),
+    T(push_gqa2_1_4), T(push_gqa2_4_1),     T(push_gqa2_4_2),   T(push_mla_1_4),       T(push_mla_4_1),
+    T(push_mla_2_4),  T(no_head_dimension), T(neither_divides), T(consumer_rank_gone), T(heads_checked),
+    CU_TEST_INFO_NULL};
 
 static CU_SuiteInfo suites[] = {{"tensor parallelism across the hand-off", NULL, NULL, NULL, NULL, tp_tests},
                                 CU_SUITE_INFO_NULL};

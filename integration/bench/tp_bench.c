@@ -1,0 +1,512 @@
+/* hixl-tp-bench: the prefill-to-decode hand-off between instances of different
+ * tensor-parallel sizes through the KV-connector plugin (dlopened), against the raw
+ * engine moving the same byte ranges, in one run (issue 29). For each pair (P, D) one
+ * process holds P producer ranks and D consumer ranks (each a worker connector with its
+ * own engine and KV memory of its heads, as vLLM's ranks are; one scheduler per side),
+ * and raw engines on the same memory. A batch of requests is pulled (every consumer
+ * rank reads its heads from the producer ranks that hold them), then the raw engine
+ * moves the same pieces (one thread per consumer rank and producer rank it reads, as
+ * the plugin's loader threads), and the round's figures are printed: throughput of
+ * both and their ratio (goal >= 0.9x), engine ops per request of both, and the bytes
+ * moved against the bytes the consumer ranks need (a replicated head read once). The
+ * consumer's request blocks are checked against the producer's after every plugin run.
+ * Output: a table, and JSON lines with --json. */
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+
+#include "bench_util.h"
+#include "hixl/hixl.h"
+#include "hixl/hixl_kv_connector.h"
+
+#define MAX_TP 8
+
+static struct {
+  const char *plugin, *ip, *transport, *json;
+  uint32_t layers, heads, head_dim, block_tokens, prompt, requests, rounds;
+  bool mla;
+  char pairs[128];
+} o = {.plugin = HIXL_KV_PLUGIN_DEFAULT,
+       .ip = "127.0.0.1",
+       .transport = "tcp",
+       .layers = 8,
+       .heads = 8,
+       .head_dim = 128,
+       .block_tokens = 16,
+       .prompt = 1024,
+       .requests = 8,
+       .rounds = 3,
+       .pairs = "1,2 2,1 2,4 4,2 1,4 4,1 2,2"};
+
+static const hixl_kv_ops *ops;
+static FILE *json;
+
+static void die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "hixl-tp-bench: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  exit(1);
+}
+
+/* ---- the model ---- */
+
+static uint64_t head_bytes(void) { return (uint64_t)o.block_tokens * 2 * o.head_dim * 2; } /* (N, 2D) bf16 */
+static uint64_t latent_bytes(void) { return (uint64_t)o.block_tokens * 576 * 2; }
+static uint32_t nblocks_req(void) { return (o.prompt + o.block_tokens - 1) / o.block_tokens; }
+static uint32_t nb(void) { return nblocks_req() * o.requests + 1; } /* every rank's blocks; 0 unused */
+
+struct rank {
+  hixl_kv_connector *worker;
+  HixlEngine *raw;
+  char raw_addr[64];
+  uint8_t *mem;
+  uint64_t layer_bytes, block;
+  uint32_t nheads, first;
+};
+
+struct side {
+  uint32_t world;
+  hixl_kv_connector *sched;
+  struct rank r[MAX_TP];
+};
+
+static void rank_heads(uint32_t world, uint32_t r, uint32_t *first, uint32_t *n) {
+  if (world <= o.heads) {
+    *n = o.heads / world;
+    *first = r * *n;
+  } else {
+    *n = 1;
+    *first = r / (world / o.heads);
+  }
+}
+
+static bool port_free(uint16_t port) {
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+  inet_pton(AF_INET, o.ip, &a.sin_addr);
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+  if (fd >= 0) close(fd);
+  return ok;
+}
+
+/* n ports in a row free now, from one bench_free_port gave. */
+static uint16_t ports(uint32_t n) {
+  for (int t = 0; t < 100; t++) {
+    uint16_t base = bench_free_port();
+    bool ok = base && base + n < 65000;
+    for (uint32_t i = 1; i < n && ok; i++) ok = port_free((uint16_t)(base + i));
+    if (ok) return base;
+  }
+  die("no %u free ports in a row", n);
+  return 0;
+}
+
+static void side_up(struct side *s, uint32_t world, const char *role) {
+  memset(s, 0, sizeof(*s));
+  s->world = world;
+  uint16_t port = ports(world), rport = ports(world);
+  char cfg[512], err[256] = "";
+  snprintf(cfg, sizeof(cfg),
+           "{\"address\": \"%s:%u\", \"role\": \"%s\", \"lease_ms\": 60000, \"transfer_timeout_ms\": 60000,"
+           " \"connect_timeout_ms\": 10000, \"Transport\": \"%s\"}",
+           o.ip, (unsigned)port, role, o.transport);
+  if (ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, world, &s->sched, err, sizeof(err)))
+    die("create scheduler: %s", err);
+  for (uint32_t i = 0; i < world; i++) {
+    struct rank *k = &s->r[i];
+    if (ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, i, world, &k->worker, err, sizeof(err)))
+      die("create worker %u: %s", i, err);
+    rank_heads(world, i, &k->first, &k->nheads);
+    k->block = o.mla ? latent_bytes() : k->nheads * head_bytes();
+    k->layer_bytes = (uint64_t)nb() * k->block;
+    uint64_t len = (o.layers * k->layer_bytes + 4095) / 4096 * 4096;
+    if (!(k->mem = aligned_alloc(4096, len))) die("out of memory");
+    memset(k->mem, 0, len);
+    hixl_kv_plane pl[64];
+    for (uint32_t l = 0; l < o.layers; l++)
+      pl[l] = (hixl_kv_plane){.base = (uintptr_t)(k->mem + l * k->layer_bytes),
+                              .block_stride = k->block,
+                              .block_bytes = k->block,
+                              .head_stride = o.mla ? 0 : head_bytes(),
+                              .num_heads = o.mla ? 0 : k->nheads};
+    hixl_kv_group g = {.size = sizeof(g),
+                       .kind = o.mla ? HIXL_KV_GROUP_MLA : HIXL_KV_GROUP_FULL_ATTENTION,
+                       .num_layers = o.layers,
+                       .planes_per_layer = 1,
+                       .planes = pl,
+                       .num_blocks = nb(),
+                       .block_tokens = o.block_tokens,
+                       .elem_size = 2,
+                       .layout = o.mla ? "mla" : "packed",
+                       .layout_len = o.mla ? 3 : 6,
+                       .total_kv_heads = o.mla ? 0 : o.heads};
+    if (ops->register_kv_groups(k->worker, &g, 1)) die("register_kv_groups: %s", ops->last_error());
+    /* The raw engine on the same memory. */
+    HixlOption opt = {"Transport", o.transport};
+    HixlMemDesc m = {(uintptr_t)k->mem, len};
+    HixlMemHandle h;
+    snprintf(k->raw_addr, sizeof(k->raw_addr), "%s:%u", o.ip, (unsigned)(rport + i));
+    if (HixlEngineCreate(&k->raw) || HixlEngineInitialize(k->raw, k->raw_addr, &opt, 1) ||
+        HixlEngineRegisterMem(k->raw, &m, HIXL_MEM_HOST, &h))
+      die("raw engine %s: %s", k->raw_addr, HixlGetLastErrorMessage());
+  }
+}
+
+static void side_down(struct side *s) {
+  for (uint32_t i = 0; i < s->world; i++) {
+    ops->destroy(s->r[i].worker);
+    HixlEngineDestroy(s->r[i].raw);
+    free(s->r[i].mem);
+  }
+  ops->destroy(s->sched);
+}
+
+static void step(struct side *s) {
+  hixl_kv_buffer m = {0};
+  if (ops->build_connector_meta(s->sched, &m)) die("build_connector_meta: %s", ops->last_error());
+  for (uint32_t i = 0; i < s->world; i++)
+    if (ops->bind_connector_meta(s->r[i].worker, m.data, m.len) || ops->start_load_kv(s->r[i].worker))
+      die("bind / start_load_kv: %s", ops->last_error());
+  ops->free_buffer(&m);
+}
+
+/* Steps s until every rank reported each of the n requests (sending or receiving). */
+static void wait_all(struct side *s, uint32_t n, bool recving) {
+  uint64_t want = (uint64_t)n * s->world, got = 0, deadline = bench_now_ns() + 120000000000ull;
+  while (got < want) {
+    step(s);
+    for (uint32_t i = 0; i < s->world; i++) {
+      hixl_kv_ids a = {0}, b = {0};
+      if (ops->get_finished(s->r[i].worker, NULL, &a, &b)) die("get_finished: %s", ops->last_error());
+      got += recving ? b.count : a.count;
+      ops->free_ids(&a);
+      ops->free_ids(&b);
+      hixl_kv_blocks e = {0};
+      ops->get_block_ids_with_load_errors(s->r[i].worker, &e);
+      if (e.count) die("rank %u: %zu blocks failed to load", i, e.count);
+      ops->free_buffer(&e.raw);
+    }
+    if (bench_now_ns() > deadline) die("%" PRIu64 " of %" PRIu64 " reports in 120 s", got, want);
+    if (got < want) {
+      int32_t fd = -1;
+      ops->get_event_fd(s->r[0].worker, &fd);
+      struct pollfd p = {.fd = fd, .events = POLLIN};
+      poll(&p, 1, 1);
+    }
+  }
+}
+
+/* Request q's blocks: producer q * n + 1 .., consumer (requests - 1 - q) * n + 1 .. */
+static uint64_t pblock(uint32_t q, uint32_t j) { return (uint64_t)q * nblocks_req() + j + 1; }
+static uint64_t cblock(uint32_t q, uint32_t j) {
+  return (uint64_t)(o.requests - 1 - q) * nblocks_req() + j + 1;
+}
+
+/* ---- the plugin's pull ---- */
+
+static uint64_t plugin_run(struct side *p, struct side *d, uint32_t round) {
+  uint32_t n = nblocks_req();
+  uint64_t *pb = malloc(n * sizeof(*pb)), *cb = malloc(n * sizeof(*cb));
+  char **params = calloc(o.requests, sizeof(*params));
+  char id[64];
+  for (uint32_t q = 0; q < o.requests; q++) {
+    for (uint32_t j = 0; j < n; j++) pb[j] = pblock(q, j);
+    snprintf(id, sizeof(id), "r%u-%u", round, q);
+    hixl_kv_request r = {id, strlen(id), o.prompt, NULL, 0, 0};
+    int32_t delay = 0;
+    hixl_kv_buffer b = {0};
+    if (ops->request_finished(p->sched, &r, pb, n, &delay, &b) || !delay) die("request_finished");
+    params[q] = strndup((char *)b.data, b.len);
+    ops->free_buffer(&b);
+  }
+  step(p);
+  uint64_t t0 = bench_now_ns();
+  for (uint32_t q = 0; q < o.requests; q++) {
+    for (uint32_t j = 0; j < n; j++) cb[j] = cblock(q, j);
+    snprintf(id, sizeof(id), "r%u-%u", round, q);
+    hixl_kv_request r = {id, strlen(id), o.prompt, params[q], strlen(params[q]), 0};
+    int64_t tokens = -1;
+    int32_t async = 0;
+    if (ops->get_num_new_matched_tokens(d->sched, &r, 0, &tokens, &async) ||
+        ops->update_state_after_alloc(d->sched, &r, cb, n, (uint64_t)tokens))
+      die("consumer scheduler: %s", ops->last_error());
+  }
+  wait_all(d, o.requests, true);
+  uint64_t ns = bench_now_ns() - t0;
+  wait_all(p, o.requests, false);
+  for (uint32_t q = 0; q < o.requests; q++) free(params[q]);
+  free(params);
+  free(pb);
+  free(cb);
+  return ns;
+}
+
+/* ---- the same pieces by the raw engine ---- */
+
+/* The pieces consumer rank d reads of producer rank p: per request, block and layer,
+ * its heads' run (MLA: the latent) when p is the rank it reads them from. */
+static size_t pieces(const struct side *ps, const struct side *ds, uint32_t p, uint32_t d,
+                     HixlTransferOpDesc **out) {
+  const struct rank *pr = &ps->r[p], *dr = &ds->r[d];
+  uint32_t np = ps->world, ndr = ds->world;
+  uint64_t off_p = 0, off_d = 0, len = 0;
+  if (o.mla || np == ndr) {
+    if (p != (np == ndr ? d : d % np)) return 0;
+    len = pr->block;
+  } else {
+    uint32_t lo = pr->first > dr->first ? pr->first : dr->first;
+    uint32_t hi =
+        pr->first + pr->nheads < dr->first + dr->nheads ? pr->first + pr->nheads : dr->first + dr->nheads;
+    if (lo >= hi) return 0;
+    if (np > o.heads && p != pr->first * (np / o.heads) + d % (np / o.heads)) return 0;
+    off_p = (lo - pr->first) * head_bytes();
+    off_d = (lo - dr->first) * head_bytes();
+    len = (hi - lo) * head_bytes();
+  }
+  size_t n = (size_t)o.requests * nblocks_req() * o.layers, k = 0;
+  HixlTransferOpDesc *v = malloc(n * sizeof(*v));
+  for (uint32_t q = 0; q < o.requests; q++)
+    for (uint32_t l = 0; l < o.layers; l++)
+      for (uint32_t j = 0; j < nblocks_req(); j++) {
+        uintptr_t lo = (uintptr_t)dr->mem + l * dr->layer_bytes + cblock(q, j) * dr->block + off_d;
+        uintptr_t ro = (uintptr_t)pr->mem + l * pr->layer_bytes + pblock(q, j) * pr->block + off_p;
+        if (k && v[k - 1].local_addr + v[k - 1].len == lo && v[k - 1].remote_addr + v[k - 1].len == ro)
+          v[k - 1].len += len; /* adjacent on both sides: one op, as the plugin merges */
+        else
+          v[k++] = (HixlTransferOpDesc){.local_addr = lo, .remote_addr = ro, .len = len};
+      }
+  *out = v;
+  return k;
+}
+
+struct raw_job {
+  HixlEngine *e;
+  const char *remote;
+  HixlTransferOpDesc *v;
+  size_t n;
+};
+
+static void *raw_main(void *arg) {
+  struct raw_job *j = arg;
+  for (size_t i = 0; i < j->n; i += HIXL_MAX_BATCH) {
+    size_t k = j->n - i < HIXL_MAX_BATCH ? j->n - i : HIXL_MAX_BATCH;
+    if (HixlEngineTransferSync(j->e, j->remote, HIXL_READ, j->v + i, k, 60000))
+      die("raw READ: %s", HixlGetLastErrorMessage());
+  }
+  return NULL;
+}
+
+static uint64_t raw_run(struct side *p, struct side *d, uint64_t *ops_out, uint64_t *bytes_out) {
+  struct raw_job jobs[MAX_TP * MAX_TP];
+  pthread_t th[MAX_TP * MAX_TP];
+  size_t nj = 0;
+  *ops_out = *bytes_out = 0;
+  for (uint32_t di = 0; di < d->world; di++)
+    for (uint32_t pi = 0; pi < p->world; pi++) {
+      HixlTransferOpDesc *v = NULL;
+      size_t n = pieces(p, d, pi, di, &v);
+      if (!n) {
+        free(v);
+        continue;
+      }
+      HixlStatus st = HixlEngineConnect(d->r[di].raw, p->r[pi].raw_addr, 10000);
+      if (st && st != HIXL_ALREADY_CONNECTED) die("raw connect: %s", HixlGetLastErrorMessage());
+      jobs[nj] = (struct raw_job){d->r[di].raw, p->r[pi].raw_addr, v, n};
+      *ops_out += n;
+      for (size_t i = 0; i < n; i++) *bytes_out += v[i].len;
+      nj++;
+    }
+  uint64_t t0 = bench_now_ns();
+  for (size_t i = 0; i < nj; i++) pthread_create(&th[i], NULL, raw_main, &jobs[i]);
+  for (size_t i = 0; i < nj; i++) pthread_join(th[i], NULL);
+  uint64_t ns = bench_now_ns() - t0;
+  for (size_t i = 0; i < nj; i++) free(jobs[i].v);
+  return ns;
+}
+
+/* ---- data ---- */
+
+static void fill(struct side *p, uint32_t seed) {
+  for (uint32_t i = 0; i < p->world; i++) {
+    struct rank *k = &p->r[i];
+    uint64_t len = o.layers * k->layer_bytes;
+    for (uint64_t y = 0; y < len; y++) {
+      /* head h of block b of layer l: the same bytes on every rank that holds it */
+      uint64_t l = y / k->layer_bytes, b = (y % k->layer_bytes) / k->block, in = y % k->block;
+      uint64_t h = o.mla ? 0 : k->first + in / head_bytes(), z = o.mla ? in : in % head_bytes();
+      k->mem[y] = (uint8_t)(seed * 31 + l * 7 + b * 13 + h * 101 + z * 3);
+    }
+  }
+}
+
+static void zero(struct side *d) {
+  for (uint32_t i = 0; i < d->world; i++) memset(d->r[i].mem, 0, o.layers * d->r[i].layer_bytes);
+}
+
+/* Every consumer rank's request blocks hold its heads as the producer has them. */
+static bool check(struct side *d, uint32_t seed) {
+  for (uint32_t di = 0; di < d->world; di++) {
+    const struct rank *k = &d->r[di];
+    for (uint32_t q = 0; q < o.requests; q++)
+      for (uint32_t l = 0; l < o.layers; l++)
+        for (uint32_t j = 0; j < nblocks_req(); j++) {
+          const uint8_t *got = k->mem + l * k->layer_bytes + cblock(q, j) * k->block;
+          for (uint64_t in = 0; in < k->block; in++) {
+            uint64_t h = o.mla ? 0 : k->first + in / head_bytes(), z = o.mla ? in : in % head_bytes();
+            uint8_t want = (uint8_t)(seed * 31 + l * 7 + pblock(q, j) * 13 + h * 101 + z * 3);
+            if (got[in] != want) {
+              fprintf(stderr, "rank %u request %u layer %u block %u byte %" PRIu64 ": 0x%02x, want 0x%02x\n",
+                      di, q, l, j, in, got[in], want);
+              return false;
+            }
+          }
+        }
+  }
+  return true;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void pair_run(uint32_t np, uint32_t nd) {
+  struct side p, d;
+  side_up(&p, np, "producer");
+  side_up(&d, nd, "consumer");
+  fill(&p, np * 10 + nd);
+  uint64_t pns[16], rns[16], rops = 0, rbytes = 0;
+  uint64_t ops0 = 0, bytes0 = 0;
+  for (uint32_t r = 0; r < o.rounds && r < 16; r++) {
+    fprintf(stderr, "  TP %u -> %u: round %u of %u\r", np, nd, r + 1, o.rounds);
+    zero(&d);
+    pns[r] = plugin_run(&p, &d, r);
+    if (!check(&d, np * 10 + nd))
+      die("TP %u -> %u: the consumer's blocks differ from the producer's", np, nd);
+    zero(&d);
+    rns[r] = raw_run(&p, &d, &rops, &rbytes);
+    if (!check(&d, np * 10 + nd)) die("TP %u -> %u: the raw reference moved other bytes", np, nd);
+  }
+  fprintf(stderr, "%60s\r", "");
+  for (uint32_t i = 0; i < nd; i++) {
+    hixl_kv_stats_ex s = {.size = sizeof(s)};
+    ops->get_stats_ex(d.r[i].worker, &s);
+    ops0 += s.engine_ops;
+    bytes0 += s.bytes_loaded;
+  }
+  uint64_t held = 0;
+  for (uint32_t i = 0; i < np; i++) {
+    hixl_kv_stats_ex s = {.size = sizeof(s)};
+    ops->get_stats_ex(p.r[i].worker, &s);
+    held += s.blocks_held;
+  }
+  uint64_t need = 0;
+  for (uint32_t i = 0; i < nd; i++) need += (uint64_t)o.layers * nblocks_req() * d.r[i].block;
+  uint32_t nr = o.rounds < 16 ? o.rounds : 16;
+  qsort(pns, nr, sizeof(*pns), cmp_u64);
+  qsort(rns, nr, sizeof(*rns), cmp_u64);
+  uint64_t pm = pns[nr / 2], rm = rns[nr / 2], total = need * o.requests;
+  double pg = (double)total / (double)pm, rg = (double)total / (double)rm;
+  double preq = (double)ops0 / ((double)o.requests * nr), rreq = (double)rops / o.requests;
+  double moved = (double)bytes0 / ((double)o.requests * nr);
+  printf("| %u -> %u | %s | %.2f | %.2f | %.2fx | %.0f | %.0f | %.0f | %" PRIu64 " | %" PRIu64 " |\n", np, nd,
+         o.mla ? "MLA" : "GQA", pg, rg, pg / rg, preq, rreq, moved, need, held);
+  if (json)
+    fprintf(json,
+            "{\"prefill_tp\": %u, \"decode_tp\": %u, \"model\": \"%s\", \"kv_heads\": %u, \"layers\": %u, "
+            "\"prompt\": %u, \"requests\": %u, \"rounds\": %u, \"transport\": \"%s\", \"plugin_gbps\": %.3f, "
+            "\"raw_gbps\": %.3f, \"ratio\": %.3f, \"plugin_ops_per_request\": %.1f, \"raw_ops_per_request\": "
+            "%.1f, "
+            "\"bytes_moved_per_request\": %.0f, \"bytes_needed_per_request\": %" PRIu64
+            ", \"prefill_blocks_held\": %" PRIu64 "}\n",
+            np, nd, o.mla ? "mla" : "gqa", o.heads, o.layers, o.prompt, o.requests, nr, o.transport, pg, rg,
+            pg / rg, preq, rreq, moved, need, held);
+  fflush(stdout);
+  side_down(&d);
+  side_down(&p);
+}
+
+static void usage(void) {
+  fprintf(
+      stderr,
+      "usage: hixl-tp-bench [--pairs \"P,D P,D ...\"] [--mla] [--kv-heads N] [--layers N] [--prompt TOKENS]\n"
+      "         [--requests N] [--rounds N] [--transport tcp|auto] [--ip IP] [--plugin PATH] [--json "
+      "FILE]\n");
+  exit(2);
+}
+
+int main(int argc, char **argv) {
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    uint64_t x = 0;
+#define U32(flag, field, lo, hi)                                                                             \
+  if (strcmp(a, flag) == 0) {                                                                                \
+    if (!bench_parse_u64(v, &x) || x < (lo) || x > (hi))                                                     \
+      die("%s: %s is not in [%d, %d]", flag, v ? v : "", lo, hi);                                            \
+    o.field = (uint32_t)x;                                                                                   \
+    i++;                                                                                                     \
+    continue;                                                                                                \
+  }
+    U32("--kv-heads", heads, 1, 64)
+    U32("--layers", layers, 1, 64)
+    U32("--prompt", prompt, 16, 65536)
+    U32("--requests", requests, 1, 256)
+    U32("--rounds", rounds, 1, 16)
+    if (strcmp(a, "--mla") == 0) {
+      o.mla = true;
+      continue;
+    }
+    if (!v) usage();
+    if (strcmp(a, "--pairs") == 0)
+      snprintf(o.pairs, sizeof(o.pairs), "%s", v);
+    else if (strcmp(a, "--transport") == 0)
+      o.transport = v;
+    else if (strcmp(a, "--ip") == 0)
+      o.ip = v;
+    else if (strcmp(a, "--plugin") == 0)
+      o.plugin = v;
+    else if (strcmp(a, "--json") == 0)
+      o.json = v;
+    else
+      usage();
+    i++;
+  }
+  char key[256];
+  if (!getenv("HIXL_AUTH_KEY_FILE")) { /* both sides of this run share one key, as a deployment does */
+    if (bench_key_file(key, sizeof(key), "hixl-tp-bench") != 0) return 1;
+    setenv("HIXL_AUTH_KEY_FILE", key, 1);
+  } else {
+    key[0] = '\0';
+  }
+  void *so = dlopen(o.plugin, RTLD_NOW | RTLD_LOCAL);
+  hixl_kv_entry_fn entry = so ? (hixl_kv_entry_fn)dlsym(so, HIXL_KV_ENTRY_SYMBOL) : NULL;
+  char err[256] = "";
+  if (!entry || entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS)
+    die("%s: %s %s", o.plugin, so ? "" : dlerror(), err);
+  if (o.json && !(json = fopen(o.json, "a"))) die("%s: %s", o.json, strerror(errno));
+  printf("hixl-tp-bench: %s, %u layers, %u KV heads x %u x 2 B, %u-token blocks, %u requests of %u tokens, "
+         "%u rounds (median), transport %s, HND (packed) layout\n\n",
+         o.mla ? "MLA (576 x 2 B latent)" : "GQA", o.layers, o.heads, o.head_dim, o.block_tokens, o.requests,
+         o.prompt, o.rounds, o.transport);
+  printf("| TP P -> D | model | plugin GB/s | raw engine GB/s | plugin / raw | plugin ops/request | raw "
+         "ops/request "
+         "| bytes moved/request | bytes needed/request | prefill blocks held after |\n");
+  printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  for (char *s = o.pairs, *end; *s;) {
+    unsigned long a = strtoul(s, &end, 10), b = 0;
+    if (*end != ',') die("--pairs: \"%s\" is not P,D", s);
+    b = strtoul(end + 1, &end, 10);
+    if (!a || !b || a > MAX_TP || b > MAX_TP) die("--pairs: sizes 1 to %d", MAX_TP);
+    pair_run((uint32_t)a, (uint32_t)b);
+    while (*end == ' ') end++;
+    s = end;
+  }
+  if (json) fclose(json);
+  if (key[0]) unlink(key);
+  return 0;
+}

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# bed.sh: a two-host test bed on one machine for several NICs per engine (issue 31):
+# two network namespaces, "prefill" (hixl-pf) and "decode" (hixl-dc), joined by RAILS
+# veth pairs, each one a rail shaped with tc so that the rails, not the CPU, bound the
+# throughput: tbf at RATE on both ends, and netem DELAY where the kernel has sch_netem
+# (it is said when it does not). Rail i is 10.88.i.1 (prefill) -- 10.88.i.2 (decode).
+#
+#   bed.sh up [RAILS=2] [RATE=2gbit] [DELAY=100us]   make the bed (replaces one left over)
+#   bed.sh down                                      remove it
+#   bed.sh ceiling [SECONDS=5]                       iperf3 over one rail, then over every rail
+#                                                    at once: what striping can reach here
+#   bed.sh pf|dc CMD...                              run CMD in the prefill / decode namespace
+#
+# Root only (ip netns, tc). Nothing leaves the machine: the addresses live inside the
+# namespaces this script makes.
+set -euo pipefail
+PF=hixl-pf
+DC=hixl-dc
+die() { echo "bed.sh: $*" >&2; exit 1; }
+[ "$(id -u)" -eq 0 ] || die "run as root (ip netns, tc)"
+
+rails() { ip -n "$PF" -o link show 2>/dev/null | grep -o 'hxr[0-9]*p' | sort -u | wc -l; }
+
+down() {
+  ip netns del "$PF" 2>/dev/null || true
+  ip netns del "$DC" 2>/dev/null || true
+}
+
+shape() { # ns dev rate delay
+  local ns=$1 dev=$2 rate=$3 delay=$4
+  if ip netns exec "$ns" tc qdisc add dev "$dev" root handle 1: netem delay "$delay" 2>/dev/null; then
+    ip netns exec "$ns" tc qdisc add dev "$dev" parent 1: handle 2: tbf rate "$rate" burst 512kb latency 50ms
+  else
+    ip netns exec "$ns" tc qdisc add dev "$dev" root tbf rate "$rate" burst 512kb latency 50ms
+    NO_NETEM=1
+  fi
+}
+
+up() {
+  local n=${1:-2} rate=${2:-2gbit} delay=${3:-100us}
+  [ "$n" -ge 1 ] && [ "$n" -le 8 ] || die "RAILS is 1 to 8"
+  down
+  ip netns add "$PF"
+  ip netns add "$DC"
+  ip -n "$PF" link set lo up
+  ip -n "$DC" link set lo up
+  NO_NETEM=0
+  for ((i = 0; i < n; i++)); do
+    ip link add "hxr${i}p" netns "$PF" type veth peer name "hxr${i}d" netns "$DC"
+    ip -n "$PF" addr add "10.88.$i.1/24" dev "hxr${i}p"
+    ip -n "$DC" addr add "10.88.$i.2/24" dev "hxr${i}d"
+    ip -n "$PF" link set "hxr${i}p" up
+    ip -n "$DC" link set "hxr${i}d" up
+    shape "$PF" "hxr${i}p" "$rate" "$delay"
+    shape "$DC" "hxr${i}d" "$rate" "$delay"
+  done
+  if [ "$NO_NETEM" = 1 ]; then
+    echo "bed.sh: $n rails at $rate each (this kernel has no sch_netem: no added delay)"
+  else
+    echo "bed.sh: $n rails at $rate each, $delay each way"
+  fi
+}
+
+gbps() { # iperf3 JSON on stdin -> Gbit/s received
+  python3 -c 'import json,sys; print("%.3f" % (json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"] / 1e9))'
+}
+
+ceiling() {
+  local secs=${1:-5} n i t
+  n=$(rails)
+  [ "$n" -ge 1 ] || die "no bed: bed.sh up first"
+  local servers=() clients=() out
+  out=$(mktemp -d)
+  for ((i = 0; i < n; i++)); do
+    ip netns exec "$DC" iperf3 -s -B "10.88.$i.2" -p $((5201 + i)) >/dev/null 2>&1 &
+    servers+=($!)
+  done
+  for ((i = 0; i < n; i++)); do # each server is up once it listens (a deadline, not a fixed wait)
+    for ((t = 0; t < 200; t++)); do
+      ip netns exec "$DC" ss -ltn | grep -q "10.88.$i.2:$((5201 + i))" && break
+      sleep 0.05
+    done
+  done
+  ip netns exec "$PF" iperf3 -J -c 10.88.0.2 -B 10.88.0.1 -p 5201 -t "$secs" >"$out/one.json"
+  for ((i = 0; i < n; i++)); do
+    ip netns exec "$PF" iperf3 -J -c "10.88.$i.2" -B "10.88.$i.1" -p $((5201 + i)) -t "$secs" >"$out/$i.json" &
+    clients+=($!)
+  done
+  wait "${clients[@]}"
+  kill "${servers[@]}" 2>/dev/null || true
+  wait "${servers[@]}" 2>/dev/null || true
+  local one all=0
+  one=$(gbps <"$out/one.json")
+  for ((i = 0; i < n; i++)); do all=$(python3 -c "print(round($all + $(gbps <"$out/$i.json"), 3))"); done
+  rm -rf "$out"
+  echo "| rails | iperf3 Gbit/s | vs one rail |"
+  echo "|---|---|---|"
+  echo "| 1 | $one | 1.00x |"
+  echo "| $n at once | $all | $(python3 -c "print('%.2fx' % ($all / $one))") |"
+  echo "{\"rails\": $n, \"one_rail_gbps\": $one, \"all_rails_gbps\": $all}" >&2
+}
+
+case "${1:-}" in
+up) shift; up "$@" ;;
+down) down ;;
+ceiling) shift; ceiling "$@" ;;
+pf) shift; exec ip netns exec "$PF" "$@" ;;
+dc) shift; exec ip netns exec "$DC" "$@" ;;
+*) die "usage: bed.sh up [RAILS] [RATE] [DELAY] | down | ceiling [SECONDS] | pf CMD... | dc CMD..." ;;
+esac
