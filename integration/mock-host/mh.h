@@ -46,7 +46,22 @@ struct mh_model {
   uint32_t kind;          /* enum mh_kind */
   uint32_t layout;        /* enum mh_layout */
   uint32_t window_tokens; /* hybrid: the sliding group's window (HIXL_KV_GROUP_SLIDING_WINDOW) */
+  /* Tensor parallelism: a rank's cache holds kv_heads of the model's total_heads, from
+   * head0 on (0, 0: every head, as with one rank). */
+  uint32_t total_heads;
+  uint32_t head0;
+  uint32_t tp; /* a TP run (either side has more than one rank): planes name their heads
+                * (num_heads, head_stride) and groups total_kv_heads */
 };
+
+#define MH_MAX_TP 16 /* ranks of one instance */
+
+/* The heads rank r of world holds of a model of total KV heads (vLLM's rule): total /
+ * world of them when world <= total, else the one head r / (world / total), replicated
+ * on world / total ranks. */
+void mh_rank_heads(uint32_t total, uint32_t rank, uint32_t world, uint32_t *first, uint32_t *count);
+/* The model as rank r of world holds it: its heads only. */
+struct mh_model mh_rank_model(const struct mh_model *m, uint32_t rank, uint32_t world);
 
 /* A preset's shape and its default largest prompt; -1 for an unknown name. */
 int mh_model_preset(const char *name, struct mh_model *m, uint64_t *max_prompt);
@@ -74,6 +89,9 @@ extern const char mh_layout_list[]; /* the names, for usage and errors */
 bool mh_layout_check(const struct mh_model *m, char *err, size_t cap);
 /* True for ABI 1.0's path: a standard model in kv_first (register_kv_caches). */
 bool mh_layout_v10(const struct mh_model *m);
+/* True when a block of the layout keeps each head's tokens together (head-major: a
+ * head slice is one run of bytes), as tensor parallelism of different sizes needs. */
+bool mh_layout_head_major(uint32_t layout);
 
 /* Where a layer's K and V live: K (v = 0) or V (v = 1) of head h of the token at
  * position n of block b starts at base + b * block + v * kv + n * token + h * head, and
@@ -150,13 +168,27 @@ enum mh_type {
   MH_EXIT,       /* router -> instance: drain, report, exit */
   MH_STATS,      /* instance -> router: see mh_put_side */
   MH_PUSHPARAMS, /* push mode, decode -> router: u32 idx, str get_push_params's params */
+  /* ---- between an instance (its scheduler) and its worker ranks' processes (TP > 1):
+   * every request has exactly one answer ---- */
+  MH_RK_READY,    /* rank -> instance: its worker is up and its KV cache registered; u8 1: its
+                   * get_event_fd rides along (SCM_RIGHTS), for the instance to poll */
+  MH_RK_META,     /* instance -> rank: str metadata, u8 die (fault: SIGKILL after start_load_kv) */
+  MH_RK_FORWARD,  /* instance -> rank: u32 n, n x work (see mh_put_work): compute, save each layer */
+  MH_RK_FINISHED, /* instance -> rank: get_finished and get_block_ids_with_load_errors */
+  MH_RK_VERIFY,   /* instance -> rank: work, u32 first layer, u32 layers, u8 compute first */
+  MH_RK_CLEAR,    /* instance -> rank: clear_connector_meta */
+  MH_RK_EXIT,     /* instance -> rank: its stats, then exit */
+  MH_RK_OK,       /* rank -> instance: done (META, CLEAR); FORWARD: u64 t_saved_ns */
+  MH_RK_REPORT,   /* rank -> instance: u32 n, n x str sent; u32 n, n x str received; u32 n, n x u64 blocks */
+  MH_RK_VERIFIED, /* rank -> instance: u64 bytes wrong, str where the first is */
+  MH_RK_STATS,    /* rank -> instance: u8 stats_ok, the worker's hixl_kv_stats (mh_put_stats) */
   MH_TYPE_MAX
 };
 
 enum mh_outcome { MH_VERIFIED = 1, MH_RECOMPUTED, MH_FAILED, MH_CORRUPT };
 
 #define MH_HDR_LEN    12u
-#define MH_FRAME_MAX  (1u << 20)
+#define MH_FRAME_MAX  (64u << 20) /* a step of a rank: every block id of the batch, and the metadata */
 #define MH_NO_REQUEST UINT32_MAX
 
 struct mh_out {
@@ -184,6 +216,8 @@ bool mh_in_done(const struct mh_in *in);
 
 /* Send one frame (blocking); -1 when the peer is gone. Frees o's buffer. */
 int mh_send(int fd, uint8_t type, struct mh_out *o);
+/* ... with a descriptor passed along (SCM_RIGHTS; a unix socket), unless pass < 0. */
+int mh_send_fd(int fd, uint8_t type, struct mh_out *o, int pass);
 
 struct mh_conn {
   int fd;
@@ -195,18 +229,32 @@ void mh_conn_init(struct mh_conn *c, int fd);
 void mh_conn_fini(struct mh_conn *c);
 /* Read what the socket has now (non-blocking); sets eof when the peer closed. */
 int mh_conn_fill(struct mh_conn *c);
+/* ... taking into *got (when it is -1) a descriptor that came with the bytes. */
+int mh_conn_fill_fd(struct mh_conn *c, int *got);
 /* The next whole frame: 1 and its type and payload, 0 none yet, -1 malformed. The
  * payload stays valid until the next call. */
 int mh_conn_next(struct mh_conn *c, uint8_t *type, struct mh_in *payload);
+
+/* What a worker rank reports at exit. */
+struct mh_side_rank {
+  uint8_t alive;    /* it answered until the end */
+  uint8_t stats_ok; /* its get_stats succeeded */
+  hixl_kv_stats ks;
+};
 
 /* What an instance reports at exit. */
 struct mh_side {
   uint64_t blocks_total;
   uint64_t blocks_free;
   uint32_t requests_left; /* requests it still tracked */
-  uint8_t stats_ok;       /* get_stats succeeded */
-  hixl_kv_stats ks;       /* the worker connector's */
+  uint8_t stats_ok;       /* get_stats succeeded on every rank alive */
+  hixl_kv_stats ks;       /* the worker connectors', summed over the ranks alive */
+  uint32_t tp;            /* its ranks */
+  uint32_t twice;         /* reports of a request finished by a rank that had reported it already */
+  struct mh_side_rank rk[MH_MAX_TP];
 };
+void mh_put_stats(struct mh_out *o, const hixl_kv_stats *s);
+void mh_get_stats(struct mh_in *in, hixl_kv_stats *s);
 void mh_put_side(struct mh_out *o, const struct mh_side *s);
 void mh_get_side(struct mh_in *in, struct mh_side *s);
 
@@ -221,7 +269,9 @@ enum mh_fault {
   MH_FAULT_LINK_CUT,
   MH_FAULT_DECODE_ABORTS,
   MH_FAULT_LINK_RESET,
-  MH_FAULT_INTRUDER /* a process without the key attacks both engines all through the run */
+  MH_FAULT_INTRUDER,         /* a process without the key attacks both engines all through the run */
+  MH_FAULT_DECODE_RANK_DIES, /* decode's last worker rank SIGKILLs itself as its Nth load starts */
+  MH_FAULT_MISMATCH_HEADS /* decode's rank r checks the heads rank TP - 1 - r holds: every byte check fails */
 };
 
 struct mh_inst_args {
@@ -237,10 +287,60 @@ struct mh_inst_args {
   uint32_t drain_ms; /* after MH_EXIT, how long to wait for held requests */
   bool host_memory;  /* the host allocates the KV caches (register_kv_caches); else alloc_kv_caches */
   bool verbose;
+  uint32_t tp; /* this instance's worker ranks (tensor-parallel size) */
 };
 
 /* Run an instance until the router says exit or goes away; the process exit code. */
 int mh_instance_main(const struct mh_inst_args *a);
+
+/* ---- a worker rank (mh_rank.c): its connector, its KV memory (its heads) and what
+ * it does in a step; in the instance's process when TP is 1, else in its own ---- */
+
+/* What a rank computes or checks of one request. */
+struct mh_work {
+  uint64_t seed, prompt;
+  const uint64_t *blocks; /* its block table, every group's */
+  uint64_t nblocks;
+};
+void mh_put_work(struct mh_out *o, const struct mh_work *w);
+/* A work item from a frame (blocks point into a buffer the caller frees), or false. */
+bool mh_get_work(struct mh_in *in, struct mh_work *w, uint64_t **blocks);
+
+/* What a rank's get_finished and get_block_ids_with_load_errors gave in one step. */
+struct mh_rank_report {
+  char **sent, **recv;
+  size_t nsent, nrecv;
+  uint64_t *err;
+  size_t nerr;
+};
+void mh_rank_report_free(struct mh_rank_report *r);
+
+struct mh_rank {
+  const struct mh_inst_args *a;
+  const hixl_kv_ops *ops;
+  hixl_kv_connector *worker;
+  struct mh_cache cache; /* its heads' memory (its allocator is unused: the scheduler allocates) */
+  uint32_t rank;
+  char who[32];
+};
+/* Create rank's worker connector (rank of a->tp) and give it its KV cache: 0, or -1
+ * with why in err. */
+int mh_rank_open(struct mh_rank *k, const struct mh_inst_args *a, uint32_t rank, char *err, size_t cap);
+void mh_rank_close(struct mh_rank *k);
+void mh_rank_meta(struct mh_rank *k, const uint8_t *meta,
+                  size_t len); /* bind_connector_meta, start_load_kv */
+/* The forward pass over the batch: each layer waited for, computed, saved; then
+ * wait_for_save. When the last layer was saved. */
+uint64_t mh_rank_forward(struct mh_rank *k, const struct mh_work *w, size_t n);
+int mh_rank_finished(struct mh_rank *k, struct mh_rank_report *rep); /* 0, or -1 (said) */
+/* Bytes of its heads of layers [first, first + nlayers) that are wrong (compute: the
+ * runtime computes them first, as a recompute). */
+uint64_t mh_rank_verify(struct mh_rank *k, const struct mh_work *w, uint32_t first, uint32_t nlayers,
+                        bool compute, char *where, size_t cap);
+void mh_rank_clear(struct mh_rank *k);
+bool mh_rank_stats(struct mh_rank *k, hixl_kv_stats *s);
+/* A rank's own process: serve the instance on fd until it says exit or goes away. */
+int mh_rank_main(const struct mh_inst_args *a, uint32_t rank, int fd);
 
 /* ---- the router: its options (mh_args.c), its loop (mh_router.c), its summary
  * (mh_report.c); main (mh_main.c) loads the plugin and ties them together ---- */
@@ -262,6 +362,7 @@ struct mh_opts {
   uint32_t nset;
   uint32_t timeout_s;
   bool progress, verbose;
+  uint32_t tp[2]; /* --prefill-tp, --decode-tp */
 };
 
 /* The options into o, the model's shape settled: 0, or the exit status for bad options

@@ -9,9 +9,9 @@
 
 #include "mh.h"
 
-static const char *const fault_names[] = {"none",           "decode-dies",    "prefill-dies",
-                                          "mismatch-block", "mismatch-dtype", "link-cut",
-                                          "decode-aborts",  "link-reset",     "intruder"};
+static const char *const fault_names[] = {
+    "none",          "decode-dies", "prefill-dies", "mismatch-block",   "mismatch-dtype", "link-cut",
+    "decode-aborts", "link-reset",  "intruder",     "decode-rank-dies", "mismatch-heads"};
 
 const char *mh_fault_name(enum mh_fault f) { return fault_names[f]; }
 
@@ -27,7 +27,8 @@ static void usage(FILE *f) {
       "                           16-token blocks; tiny: 2 layers, 2 x 16 x 2 B, 4-token blocks, 64 blocks;\n"
       "                           mla: 4 layers, a latent of 576 x 2 B, 16-token blocks; hybrid: tiny's\n"
       "                           heads, 4 layers, the odd ones a sliding window of a quarter of the\n"
-      "                           largest prompt)\n"
+      "                           largest prompt; gqa8: 2 layers, 8 KV heads x 16 x 2 B, 4-token\n"
+      "                           blocks, packed layout, tensor parallelism's test shape)\n"
       "  --layout NAME            the KV tensors' layout: kv_first (default; ABI 1.0's\n"
       "                           register_kv_caches), or through ABI 1.3's register_kv_groups:\n"
       "                           blocks_first, packed, LBNHC, LBHNC, LHBNC, BLNHC, BLHNC, BHLNC,\n"
@@ -47,14 +48,20 @@ static void usage(FILE *f) {
       "  --on-load-failure fail|recompute   sets the config's load_failure_policy\n"
       "  --prefill-addr IP:PORT --decode-addr IP:PORT   (default 127.0.0.1 and free ports)\n"
       "  --set KEY=VALUE          any other config key (VALUE is JSON, else a string); repeatable\n"
+      "  --prefill-tp N --decode-tp N   each instance's tensor-parallel size (default 1): one worker\n"
+      "                           process per rank, each its engine on the address's port + rank and\n"
+      "                           the KV of its heads (KV heads / N; more ranks than heads replicate\n"
+      "                           them); one scheduler per instance waits for every rank\n"
       "  --fault decode-dies|prefill-dies|mismatch-block|mismatch-dtype|link-cut|link-reset|\n"
-      "          decode-aborts|intruder\n"
+      "          decode-aborts|intruder|decode-rank-dies|mismatch-heads\n"
       "           --fault-at N    (link-cut: prefill is stopped, SIGSTOP, after the Nth hand-off until\n"
       "                           every load in flight has ended, then resumed; link-reset: at the Nth\n"
       "                           hand-off prefill shuts down every TCP connection it has, transfers in\n"
       "                           flight fail, later ones link again; decode-aborts: decode aborts its\n"
       "                           Nth load as it starts, as a client that went away; intruder: a\n"
-      "                           process without the key attacks both engines all through the run)\n"
+      "                           process without the key attacks both engines all through the run;\n"
+      "                           decode-rank-dies: decode's last rank dies as its Nth load starts;\n"
+      "                           mismatch-heads: decode's rank r checks the heads of rank TP-1-r)\n"
       "  --auth-key FILE|none     the instances' AuthKeyFile (default: a fresh key made for the run,\n"
       "                           in a private directory; none: no key, links from anyone)\n"
       "  --timeout S              give up after S seconds (default 120)\n"
@@ -107,6 +114,8 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
     O_SET,
     O_KVMEM,
     O_LAYOUT,
+    O_PTP,
+    O_DTP,
     O_HELP
   };
   static const struct option lo[] = {{"plugin", 1, 0, O_PLUGIN},
@@ -141,6 +150,8 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
                                      {"set", 1, 0, O_SET},
                                      {"kv-memory", 1, 0, O_KVMEM},
                                      {"layout", 1, 0, O_LAYOUT},
+                                     {"prefill-tp", 1, 0, O_PTP},
+                                     {"decode-tp", 1, 0, O_DTP},
                                      {"help", 0, 0, O_HELP},
                                      {0, 0, 0, 0}};
   uint64_t set[O_HELP + 1] = {0}, v = 0;
@@ -193,7 +204,8 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
       if (k == sizeof(fault_names) / sizeof(fault_names[0])) {
         fprintf(stderr,
                 "hixl-mock-host: --fault %s is unknown (decode-dies, prefill-dies, mismatch-block, "
-                "mismatch-dtype, link-cut, decode-aborts, link-reset, intruder)\n",
+                "mismatch-dtype, link-cut, decode-aborts, link-reset, intruder, decode-rank-dies, "
+                "mismatch-heads)\n",
                 optarg);
         return 2;
       }
@@ -217,15 +229,61 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
   uint64_t max_prompt = 0;
   char why[256];
   if (mh_model_preset(o->model_name, m, &max_prompt) < 0) {
-    fprintf(stderr, "hixl-mock-host: --model %s is unknown (tiny, llama8b, mla, hybrid)\n", o->model_name);
+    fprintf(stderr, "hixl-mock-host: --model %s is unknown (tiny, llama8b, mla, hybrid, gqa8)\n",
+            o->model_name);
     return 2;
   }
+  o->tp[0] = given[O_PTP] ? (uint32_t)set[O_PTP] : 1;
+  o->tp[1] = given[O_DTP] ? (uint32_t)set[O_DTP] : 1;
+  if (o->tp[0] > MH_MAX_TP || o->tp[1] > MH_MAX_TP) {
+    fprintf(stderr, "hixl-mock-host: --prefill-tp %u --decode-tp %u: at most %u ranks an instance\n",
+            o->tp[0], o->tp[1], MH_MAX_TP);
+    return 2;
+  }
+  m->tp = o->tp[0] > 1 || o->tp[1] > 1;
+  /* A TP run keeps a head's tokens together by default (a head slice is one run). */
+  if (m->tp && !o->layout && m->kind == MH_MODEL_STANDARD && m->layout == MH_LAYOUT_KV_FIRST)
+    m->layout = MH_LAYOUT_PACKED;
   if (o->layout && mh_layout_parse(o->layout, &m->layout) < 0) {
     fprintf(stderr, "hixl-mock-host: --layout %s is unknown (%s)\n", o->layout, mh_layout_list);
     return 2;
   }
   if (given[O_LAYERS]) m->layers = (uint32_t)set[O_LAYERS];
   if (given[O_HEADS]) m->kv_heads = (uint32_t)set[O_HEADS];
+  for (int k = 0; k < 2 && m->kind != MH_MODEL_MLA; k++) {
+    uint32_t t = o->tp[k], h = m->kv_heads;
+    if ((t <= h && h % t) || (t > h && t % h)) {
+      fprintf(stderr,
+              "hixl-mock-host: --%s-tp %u and %u KV heads: one must divide the other (each rank holds KV "
+              "heads / TP of them, or one head on TP / KV heads ranks)\n",
+              k ? "decode" : "prefill", t, h);
+      return 2;
+    }
+  }
+  if (o->tp[0] != o->tp[1] && m->kind != MH_MODEL_MLA && !mh_layout_head_major(m->layout)) {
+    fprintf(
+        stderr,
+        "hixl-mock-host: --prefill-tp %u --decode-tp %u with layout %s: prefill and decode of different "
+        "TP sizes move head slices, and a %s block interleaves its heads token by token; use a head-major "
+        "layout (packed, LBHNC, LHBNC, BLHNC, BHLNC)\n",
+        o->tp[0], o->tp[1], mh_layout_name(m->layout), mh_layout_name(m->layout));
+    return 2;
+  }
+  if ((o->fault == MH_FAULT_DECODE_RANK_DIES || o->fault == MH_FAULT_MISMATCH_HEADS) && o->tp[1] < 2) {
+    fprintf(stderr, "hixl-mock-host: --fault %s needs --decode-tp 2 or more\n", mh_fault_name(o->fault));
+    return 2;
+  }
+  if (o->fault == MH_FAULT_MISMATCH_HEADS && (m->kind == MH_MODEL_MLA || o->tp[1] > m->kv_heads)) {
+    fprintf(stderr, "hixl-mock-host: --fault mismatch-heads needs decode ranks that hold different heads\n");
+    return 2;
+  }
+  if ((o->fault == MH_FAULT_LINK_CUT || o->fault == MH_FAULT_LINK_RESET) && o->tp[0] > 1) {
+    fprintf(stderr,
+            "hixl-mock-host: --fault %s acts on the prefill instance's process, which holds no engine with "
+            "--prefill-tp %u (each rank's process does); use --prefill-tp 1\n",
+            mh_fault_name(o->fault), o->tp[0]);
+    return 2;
+  }
   if (given[O_DIM]) m->head_dim = (uint32_t)set[O_DIM];
   if (given[O_ELEM]) m->elem_size = (uint32_t)set[O_ELEM];
   if (given[O_BT]) m->block_tokens = (uint32_t)set[O_BT];

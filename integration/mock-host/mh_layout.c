@@ -50,6 +50,11 @@ bool mh_layout_v10(const struct mh_model *m) {
   return m->layout == MH_LAYOUT_KV_FIRST && m->kind == MH_MODEL_STANDARD;
 }
 
+bool mh_layout_head_major(uint32_t layout) {
+  return layout == MH_LAYOUT_PACKED || layout == MH_LAYOUT_LBHNC || layout == MH_LAYOUT_LHBNC ||
+         layout == MH_LAYOUT_BLHNC || layout == MH_LAYOUT_BHLNC;
+}
+
 bool mh_layout_check(const struct mh_model *m, char *err, size_t cap) {
   if (m->layout >= MH_LAYOUT_COUNT) {
     snprintf(err, cap, "layout %u is unknown (%s)", m->layout, mh_layout_list);
@@ -152,11 +157,13 @@ static int planes_of(const struct mh_model *m, const struct tensor *t, hixl_kv_p
       order[j - 1] = x;
     }
   uint64_t run = 1; /* elements */
+  int outer = -1;   /* the outermost axis of the run */
   for (uint32_t i = 0; i < k; i++) {
     uint32_t a = order[i];
-    if (t->stride[a] == run)
+    if (t->stride[a] == run) {
       run *= t->shape[a];
-    else if (t->axis[a] == 'S' && is < 0)
+      outer = (int)a;
+    } else if (t->axis[a] == 'S' && is < 0)
       is = (int)a;
     else if (t->axis[a] == 'H' && ih < 0)
       ih = (int)a;
@@ -169,6 +176,17 @@ static int planes_of(const struct mh_model *m, const struct tensor *t, hixl_kv_p
     }
   }
   uint32_t heads = ih < 0 ? 0 : (uint32_t)t->shape[ih];
+  uint64_t bytes = run * e * (heads ? heads : 1), head_stride = ih < 0 ? 0 : t->stride[ih] * e;
+  /* A TP run names a block's heads where they lie side by side too (H the outermost axis
+   * of the block's run: packed, LBHNC, BLHNC), so that a peer of another TP size can cut
+   * head slices; a rank's one head is one piece. */
+  if (m->tp && m->kind != MH_MODEL_MLA && !heads && outer >= 0 && t->axis[outer] == 'H') {
+    heads = (uint32_t)t->shape[outer];
+    head_stride = t->stride[outer] * e;
+  } else if (m->tp && m->kind != MH_MODEL_MLA && !heads && m->kv_heads == 1) {
+    heads = 1;
+    head_stride = bytes;
+  }
   uint32_t np = is < 0 ? 1 : (uint32_t)t->shape[is];
   if (np > cap) {
     snprintf(err, errcap, "layout %s: %u planes a layer, room for %u", mh_layout_name(m->layout), np, cap);
@@ -177,8 +195,8 @@ static int planes_of(const struct mh_model *m, const struct tensor *t, hixl_kv_p
   for (uint32_t p = 0; p < np; p++)
     out[p] = (hixl_kv_plane){.base = t->data + (is < 0 ? 0 : p * t->stride[is] * e),
                              .block_stride = t->stride[ib] * e,
-                             .block_bytes = run * e * (heads ? heads : 1),
-                             .head_stride = ih < 0 ? 0 : t->stride[ih] * e,
+                             .block_bytes = bytes,
+                             .head_stride = head_stride,
                              .num_heads = heads};
   *n = np;
   return 0;
@@ -223,7 +241,8 @@ static int layout_place(struct mh_cache *c, uintptr_t base, char *err, size_t ca
                           .elem_size = m->elem_size,
                           .window_tokens = g == 1 ? m->window_tokens : 0,
                           .layout = mh_layout_name(m->layout),
-                          .layout_len = strlen(mh_layout_name(m->layout))};
+                          .layout_len = strlen(mh_layout_name(m->layout)),
+                          .total_kv_heads = m->tp && m->kind != MH_MODEL_MLA ? m->total_heads : 0};
     if (cross) { /* one plane for every layer: the whole tensor, blocks outermost */
       if (planes_of(m, &whole, c->planes + nplanes, ppl, &np, err, cap) < 0) return -1;
       gr->num_layers = L;

@@ -119,22 +119,50 @@ static const char *plugin_path(const char *given, char *buf, size_t cap) {
 
 /* ---- per-instance configuration ---- */
 
-static uint16_t free_port(void) {
-  struct sockaddr_in sa = {.sin_family = AF_INET};
+/* A socket bound to 127.0.0.1:port (0: one the kernel picks), and the port; -1 when
+ * it is taken. */
+static int bind_port(uint16_t port, uint16_t *got) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
   socklen_t sl = sizeof(sa);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  uint16_t port = 0;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
   if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-      getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
-    port = ntohs(sa.sin_port);
+      getsockname(fd, (struct sockaddr *)&sa, &sl) == 0) {
+    *got = ntohs(sa.sin_port);
+    return fd;
+  }
   if (fd >= 0) close(fd);
-  return port;
+  return -1;
+}
+
+/* For each instance a run of n[k] free ports from base[k] (rank r's engine listens on
+ * base + r), the two runs apart: the sockets that found them stay bound until both are
+ * found. 0 when no run was found (the kernel's pick then, as before). */
+static void free_ports(const uint32_t n[2], uint16_t base[2]) {
+  int held[2 * MH_MAX_TP];
+  uint32_t nh = 0;
+  for (int k = 0; k < 2; k++) {
+    base[k] = 0;
+    for (int attempt = 0; attempt < 64 && !base[k]; attempt++) {
+      uint32_t first = nh, i = 1;
+      uint16_t p = 0, q = 0;
+      int fd = bind_port(0, &p);
+      if (fd < 0) break;
+      held[nh++] = fd;
+      for (; i < n[k] && p + i <= 65535 && (fd = bind_port((uint16_t)(p + i), &q)) >= 0; i++) held[nh++] = fd;
+      if (i == n[k]) {
+        base[k] = p;
+        break;
+      }
+      while (nh > first) close(held[--nh]); /* a port of the run is taken: another run */
+    }
+  }
+  while (nh) close(held[--nh]);
 }
 
 /* The base document with this instance's address and role (and the flags' overrides). */
 static char *instance_config(const struct mh_opts *o, const char *path, const char *key_file, bool prefill,
-                             int64_t *lease_ms, bool *push) {
+                             uint16_t port, int64_t *lease_ms, bool *push) {
   json_object *doc = json_object_from_file(path);
   if (!doc || !json_object_is_type(doc, json_type_object)) {
     fprintf(stderr, "hixl-mock-host: --config %s: %s\n", path,
@@ -147,7 +175,7 @@ static char *instance_config(const struct mh_opts *o, const char *path, const ch
   if (given)
     snprintf(addr, sizeof(addr), "%s", given);
   else
-    snprintf(addr, sizeof(addr), "127.0.0.1:%u", (unsigned)free_port());
+    snprintf(addr, sizeof(addr), "127.0.0.1:%u", (unsigned)port);
   json_object_object_add(doc, "address", json_object_new_string(addr));
   json_object_object_add(doc, "role", json_object_new_string(prefill ? "producer" : "consumer"));
   if (o->transport) json_object_object_add(doc, "Transport", json_object_new_string(o->transport));
@@ -264,8 +292,10 @@ int main(int argc, char **argv) {
   const char *key = key_setup(&o, key_dir, key_path);
   if (key && !*key) return 1;
   rt.key_file = key;
-  char *cfg_p = instance_config(&o, cfg_path, key, true, &lease_p, &push);
-  char *cfg_d = cfg_p ? instance_config(&o, cfg_path, key, false, &lease_d, &push) : NULL;
+  uint16_t ports[2];
+  free_ports(o.tp, ports);
+  char *cfg_p = instance_config(&o, cfg_path, key, true, ports[0], &lease_p, &push);
+  char *cfg_d = cfg_p ? instance_config(&o, cfg_path, key, false, ports[1], &lease_d, &push) : NULL;
   rc = 2;
   if (!cfg_d) goto free_cfg;
   rt.addr[0] = config_address(cfg_p, addr_p, sizeof(addr_p));

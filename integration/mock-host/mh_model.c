@@ -6,7 +6,10 @@
  * little-endian; element e of the token is bytes [e * elem_size, (e + 1) *
  * elem_size) of that run, so each element is a function of (s, l, t, K/V, e). Head h
  * is elements [h * head_dim, (h + 1) * head_dim) of the run, stored where the layout
- * puts that head (mh_kv_at); an MLA layer's latent is the K run of one head. */
+ * puts that head (mh_kv_at); an MLA layer's latent is the K run of one head. Heads are
+ * the model's (global): a tensor-parallel rank holding heads [head0, head0 + n) holds
+ * bytes [head0 * head bytes, (head0 + n) * head bytes) of the run, so each rank's
+ * bytes are checked against its own heads and a wrong head slice shows. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,17 +46,55 @@ static void token_fill(uint8_t *dst, uint64_t n, uint64_t key) {
   }
 }
 
+/* Bytes [off, off + n) of a token's run: word w of the run is mix(key + w * golden). */
+static void run_fill(uint8_t *dst, uint64_t off, uint64_t n, uint64_t key) {
+  if (off % 8 == 0) {
+    token_fill(dst, n, key + off / 8 * GOLDEN);
+    return;
+  }
+  uint8_t word[8];
+  for (uint64_t w = off / 8, skip = off % 8; n; w++, skip = 0) {
+    uint64_t take = 8 - skip < n ? 8 - skip : n;
+    put_le64(word, mix64(key + w * GOLDEN));
+    memcpy(dst, word + skip, take);
+    dst += take;
+    n -= take;
+  }
+}
+
 /* The presets: name, shape, and the largest prompt by default. */
 static const struct {
   struct mh_model m;
   uint64_t max_prompt;
 } presets[] = {
-    {{"tiny", 2, 2, 16, 2, 4, 64, MH_MODEL_STANDARD, MH_LAYOUT_KV_FIRST, 0}, 64},
-    {{"llama8b-like", 32, 8, 128, 2, 16, 0, MH_MODEL_STANDARD, MH_LAYOUT_KV_FIRST, 0}, 4096},
+    {{"tiny", 2, 2, 16, 2, 4, 64, MH_MODEL_STANDARD, MH_LAYOUT_KV_FIRST, 0, 0, 0, 0}, 64},
+    {{"llama8b-like", 32, 8, 128, 2, 16, 0, MH_MODEL_STANDARD, MH_LAYOUT_KV_FIRST, 0, 0, 0, 0}, 4096},
     /* DeepSeek's latent: 512 + 64 rope elements of 2 bytes per token and layer. */
-    {{"mla", 4, 1, 576, 2, 16, 256, MH_MODEL_MLA, MH_LAYOUT_BLOCKS_FIRST, 0}, 1024},
-    {{"hybrid", 4, 2, 16, 2, 4, 128, MH_MODEL_HYBRID, MH_LAYOUT_KV_FIRST, 0}, 64},
+    {{"mla", 4, 1, 576, 2, 16, 256, MH_MODEL_MLA, MH_LAYOUT_BLOCKS_FIRST, 0, 0, 0, 0}, 1024},
+    {{"hybrid", 4, 2, 16, 2, 4, 128, MH_MODEL_HYBRID, MH_LAYOUT_KV_FIRST, 0, 0, 0, 0}, 64},
+    /* Grouped-query attention's 8 KV heads, small: tensor parallelism's shape, head-major. */
+    {{"gqa8", 2, 8, 16, 2, 4, 64, MH_MODEL_STANDARD, MH_LAYOUT_PACKED, 0, 0, 0, 0}, 64},
 };
+
+void mh_rank_heads(uint32_t total, uint32_t rank, uint32_t world, uint32_t *first, uint32_t *count) {
+  if (world <= total) {
+    *count = total / world;
+    *first = rank * *count;
+  } else {
+    *count = 1;
+    *first = rank / (world / total);
+  }
+}
+
+struct mh_model mh_rank_model(const struct mh_model *m, uint32_t rank, uint32_t world) {
+  struct mh_model r = *m;
+  r.total_heads = m->kv_heads;
+  if (m->kind == MH_MODEL_MLA) /* every rank holds the whole latent */
+    r.head0 = 0;
+  else
+    mh_rank_heads(m->kv_heads, rank, world, &r.head0, &r.kv_heads);
+  return r;
+}
 
 int mh_model_preset(const char *name, struct mh_model *m, uint64_t *max_prompt) {
   if (strcmp(name, "llama8b") == 0) name = "llama8b-like";
@@ -196,6 +237,7 @@ void mh_compute_layer(const struct mh_cache *c, uint64_t seed, uint32_t layer, c
   const struct mh_model *m = &c->m;
   uint64_t tb = mh_token_bytes(m), hb = (uint64_t)m->head_dim * m->elem_size, first;
   const uint64_t *table = layer_table(m, layer, blocks, tokens, &first);
+  uint64_t off = (uint64_t)m->head0 * hb;                      /* this cache's heads in the token's run */
   bool whole = m->kv_heads == 1 || c->views[layer].head == hb; /* a token's heads lie side by side */
   uint8_t *buf = whole ? NULL : malloc(tb);
   if (!whole && !buf) {
@@ -206,10 +248,10 @@ void mh_compute_layer(const struct mh_cache *c, uint64_t seed, uint32_t layer, c
     for (uint64_t t = first; t < tokens; t++) {
       uint64_t b = table[t / m->block_tokens - first / m->block_tokens], n = t % m->block_tokens;
       if (whole) {
-        token_fill(mh_kv_at(c, layer, v, b, n, 0), tb, token_key(seed, layer, v, t));
+        run_fill(mh_kv_at(c, layer, v, b, n, 0), off, tb, token_key(seed, layer, v, t));
         continue;
       }
-      token_fill(buf, tb, token_key(seed, layer, v, t));
+      run_fill(buf, off, tb, token_key(seed, layer, v, t));
       for (uint32_t h = 0; h < m->kv_heads; h++) memcpy(mh_kv_at(c, layer, v, b, n, h), buf + h * hb, hb);
     }
   free(buf);
@@ -230,7 +272,7 @@ uint64_t mh_verify(const struct mh_cache *c, uint64_t seed, const uint64_t *bloc
       const char *part = mh_kv_parts(m) == 1 ? "latent" : v ? "V" : "K";
       for (uint64_t t = first; t < tokens; t++) {
         uint64_t b = table[t / m->block_tokens - first / m->block_tokens], n = t % m->block_tokens;
-        token_fill(want, tb, token_key(seed, l, v, t));
+        run_fill(want, (uint64_t)m->head0 * hb, tb, token_key(seed, l, v, t));
         for (uint32_t h = 0; h < m->kv_heads; h++) {
           const uint8_t *got = mh_kv_at(c, l, v, b, n, h), *w = want + h * hb;
           if (memcmp(got, w, hb) == 0) continue;
@@ -240,7 +282,7 @@ uint64_t mh_verify(const struct mh_cache *c, uint64_t seed, const uint64_t *bloc
               snprintf(where, cap,
                        "layer %u %s token %" PRIu64 " (block %" PRIu64 ") head %u byte %" PRIu64
                        ": 0x%02x, want 0x%02x",
-                       l, part, t, b, h, h * hb + i, got[i], w[i]);
+                       l, part, t, b, m->head0 + h, (m->head0 + h) * hb + i, got[i], w[i]);
           }
         }
       }

@@ -60,21 +60,57 @@ static void figures(const struct mh_router *rt, struct figures *f) {
   free(lat);
   f->secs = (double)(rt->t_end - rt->t_start) / 1e9;
   f->gbps = f->secs > 0 ? (double)rt->bytes / f->secs / 1e9 : 0;
-  /* Engine ops are issued by whoever moves the data: decode's loader (pull) or prefill's pusher. */
+  /* Engine ops are issued by whoever moves the data: decode's loader (pull) or prefill's pusher;
+   * with TP every rank moves its part of each request: the ops of all of them per request. */
   if (!rt->push && D->stats_in && D->s.stats_ok && D->s.ks.loads_done)
-    f->ops_per_req = (double)D->s.ks.engine_ops / (double)D->s.ks.loads_done;
+    f->ops_per_req = (double)D->s.ks.engine_ops * D->s.tp / (double)D->s.ks.loads_done;
   if (rt->push && P->stats_in && P->s.stats_ok && P->s.ks.pushes_done)
-    f->ops_per_req = (double)P->s.ks.engine_ops / (double)P->s.ks.pushes_done;
+    f->ops_per_req = (double)P->s.ks.engine_ops * P->s.tp / (double)P->s.ks.pushes_done;
+}
+
+/* What the decode ranks needed of the verified requests: each rank its heads of each
+ * request's blocks (a head replicated on several ranks, once for each). */
+static uint64_t tp_bytes_needed(const struct mh_router *rt, const struct mh_model *md) {
+  const struct mh_opts *o = rt->o;
+  uint64_t need = 0;
+  for (uint32_t i = 0; i < o->requests; i++) {
+    if (rt->r[i].outcome != MH_VERIFIED) continue;
+    for (uint32_t r = 0; r < o->tp[1]; r++) {
+      struct mh_model rm = mh_rank_model(md, r, o->tp[1]);
+      need += mh_request_blocks(&rm, rt->r[i].prompt) * mh_pool_block_bytes(&rm);
+    }
+  }
+  return need;
+}
+
+/* Every rank of the instance reported at exit (TP 1: the one). */
+static bool ranks_alive(const struct mh_child *c) {
+  for (uint32_t r = 0; r < c->s.tp; r++)
+    if (!c->s.rk[r].alive) return false;
+  return c->s.tp > 0;
 }
 
 bool mh_verdict(const struct mh_router *rt) {
   const struct mh_opts *o = rt->o;
   const struct mh_child *P = &rt->side[0], *D = &rt->side[1];
   bool p_clean = P->stats_in && P->s.blocks_free == P->s.blocks_total && P->s.requests_left == 0 &&
-                 (!P->s.stats_ok || P->s.ks.blocks_held == 0);
-  bool d_clean = D->stats_in && D->s.blocks_free == D->s.blocks_total && D->s.requests_left == 0;
+                 (!P->s.stats_ok || P->s.ks.blocks_held == 0) && ranks_alive(P) && P->s.twice == 0;
+  bool d_pool =
+      D->stats_in && D->s.blocks_free == D->s.blocks_total && D->s.requests_left == 0 && D->s.twice == 0;
+  bool d_clean = d_pool && ranks_alive(D);
   bool base = !rt->timed_out && !rt->fatal && rt->exits_clean;
-  if (o->fault == MH_FAULT_NONE) return base && rt->nverified == o->requests && p_clean && d_clean;
+  if (o->fault == MH_FAULT_MISMATCH_HEADS) /* every request moved, and every one caught */
+    return base && rt->ncorrupt == o->requests && p_clean && d_clean && rt->ndone == o->requests;
+  if (o->fault == MH_FAULT_DECODE_RANK_DIES) /* its loads failed; those before it verified */
+    return base && d_pool && !D->s.rk[D->s.tp - 1].alive && rt->nfail > 0 && rt->nverified > 0 &&
+           !rt->ncorrupt && p_clean && rt->ndone == o->requests;
+  /* TP: the decode ranks read what they needed, no more (replicated heads once each). */
+  bool tp_bytes = !o->model.tp || (D->s.stats_ok && D->s.ks.bytes_loaded == tp_bytes_needed(rt, &o->model));
+  /* ... and every prefill rank was freed by its consumer ranks, none left to its lease
+   * (a producer rank no consumer rank reads included: one of them frees it). */
+  bool tp_freed = !o->model.tp || (P->s.stats_ok && P->s.ks.lease_expired == 0);
+  if (o->fault == MH_FAULT_NONE)
+    return base && rt->nverified == o->requests && p_clean && d_clean && tp_bytes && tp_freed;
   if (o->fault == MH_FAULT_INTRUDER) /* nothing let in, nothing learned, the hand-off untouched */
     return base && rt->nverified == o->requests && p_clean && d_clean && rt->intruder_in &&
            rt->intrusion.attempts > 0 && rt->intrusion.admitted == 0 && rt->intrusion.entries_seen == 0 &&
@@ -100,7 +136,8 @@ bool mh_verdict(const struct mh_router *rt) {
 
 /* --json: the summary as one JSON object; -1 (said on stderr) when the file cannot be
  * written. */
-static int write_json(const struct mh_router *rt, const struct figures *f, bool pass) {
+static int write_json(const struct mh_router *rt, const struct mh_model *md, const struct figures *f,
+                      bool pass) {
   const struct mh_opts *o = rt->o;
   const struct mh_model *m = &o->model;
   const char *fault = mh_fault_name(o->fault);
@@ -134,6 +171,27 @@ static int write_json(const struct mh_router *rt, const struct figures *f, bool 
             s->s.ks.loads_done, s->s.ks.loads_failed, s->s.ks.lease_expired, s->s.ks.bytes_loaded,
             s->s.ks.engine_ops);
   }
+  if (m->tp) { /* each side's TP size and its ranks' counters */
+    fprintf(fp,
+            " \"prefill_tp\": %u, \"decode_tp\": %u, \"kv_bytes_moved\": %" PRIu64
+            ", \"kv_bytes_needed\": %" PRIu64 ",\n",
+            o->tp[0], o->tp[1], rt->side[1].s.ks.bytes_loaded, tp_bytes_needed(rt, md));
+    for (int k = 0; k < 2; k++) {
+      const struct mh_child *s = &rt->side[k];
+      fprintf(fp, " \"%s_ranks\": [", s->name);
+      for (uint32_t r = 0; s->stats_in && r < s->s.tp; r++) {
+        const struct mh_side_rank *q = &s->s.rk[r];
+        fprintf(fp,
+                "%s{\"alive\": %s, \"blocks_held\": %" PRIu64 ", \"lease_expired\": %" PRIu64
+                ", \"loads_done\": %" PRIu64 ", \"loads_failed\": %" PRIu64 ", \"bytes_loaded\": %" PRIu64
+                ", \"engine_ops\": %" PRIu64 ", \"pushes_done\": %" PRIu64 "}",
+                r ? ", " : "", q->alive ? "true" : "false", q->ks.blocks_held, q->ks.lease_expired,
+                q->ks.loads_done, q->ks.loads_failed, q->ks.bytes_loaded, q->ks.engine_ops,
+                q->ks.pushes_done);
+      }
+      fprintf(fp, "],\n");
+    }
+  }
   fprintf(fp, " \"pass\": %s}\n", pass ? "true" : "false");
   fclose(fp);
   return 0;
@@ -155,6 +213,17 @@ int mh_report(const struct mh_router *rt, const struct mh_model *md, bool pass) 
          " tokens, concurrency %u\n",
          m->num_blocks, md->num_blocks, o->fault ? ", fault " : "", o->fault ? fault : "", o->requests,
          o->min_prompt, o->max_prompt, o->concurrency);
+  if (m->tp) {
+    uint32_t h0, n0, h1, n1;
+    mh_rank_heads(m->kv_heads, 0, o->tp[0], &h0, &n0);
+    mh_rank_heads(m->kv_heads, 0, o->tp[1], &h1, &n1);
+    if (m->kind == MH_MODEL_MLA) n0 = n1 = 1;
+    printf("  %-28s prefill TP %u, decode TP %u (%u and %u KV heads a rank%s)\n", "tensor parallel", o->tp[0],
+           o->tp[1], n0, n1, m->kind == MH_MODEL_MLA ? ": the latent, on every rank" : "");
+  }
+  if (m->tp)
+    printf("  %-28s %" PRIu64 " moved (decode bytes_loaded, every rank's), %" PRIu64 " needed\n",
+           "KV bytes moved / needed", rt->side[1].s.ks.bytes_loaded, tp_bytes_needed(rt, md));
   printf("  %-28s %u\n", "requests", o->requests);
   printf("  %-28s %" PRIu64 "\n", "prompt tokens", f.tokens);
   char hb[32];
@@ -165,8 +234,9 @@ int mh_report(const struct mh_router *rt, const struct mh_model *md, bool pass) 
   else
     printf("  %-28s n/a (no request loaded)\n", "hand-off p50 / p99");
   if (f.ops_per_req > 0)
-    printf("  %-28s %.1f (%s)\n", "engine ops per request", f.ops_per_req,
-           rt->push ? "prefill engine_ops / pushes_done" : "decode engine_ops / loads_done");
+    printf("  %-28s %.1f (%s%s)\n", "engine ops per request", f.ops_per_req,
+           rt->push ? "prefill engine_ops / pushes_done" : "decode engine_ops / loads_done",
+           m->tp ? ", every rank's" : "");
   else
     printf("  %-28s n/a\n", "engine ops per request");
   for (int k = 0; k < 2; k++) {
@@ -179,6 +249,23 @@ int mh_report(const struct mh_router *rt, const struct mh_model *md, bool pass) 
     else
       snprintf(line, sizeof(line), "%s", s->dead ? "died (no report)" : "no report");
     printf("  %-28s %s\n", k == 0 ? "prefill blocks at exit" : "decode blocks at exit", line);
+    if (!s->stats_in || s->s.tp < 2) continue;
+    for (uint32_t r = 0; r < s->s.tp; r++) { /* each rank's engine */
+      const struct mh_side_rank *q = &s->s.rk[r];
+      char what[64];
+      if (!q->alive)
+        snprintf(what, sizeof(what), "gone");
+      else if (k == 0)
+        snprintf(what, sizeof(what), "blocks_held %" PRIu64 ", leases expired %" PRIu64, q->ks.blocks_held,
+                 q->ks.lease_expired);
+      else
+        snprintf(what, sizeof(what), "blocks_held %" PRIu64 ", loads %" PRIu64 " done %" PRIu64 " failed",
+                 q->ks.blocks_held, q->ks.loads_done, q->ks.loads_failed);
+      char label[32];
+      snprintf(label, sizeof(label), "%s rank %u", s->name, r);
+      printf("    %-26s %s\n", label, what);
+    }
+    if (s->s.twice) printf("    %-26s %u\n", "reported twice (a bug)", s->s.twice);
   }
   if (rt->nfail || rt->nrecomputed || rt->ncorrupt)
     printf("  %-28s failed %u, recomputed %u, corrupt %u\n", "not verified", rt->nfail, rt->nrecomputed,
@@ -203,10 +290,12 @@ int mh_report(const struct mh_router *rt, const struct mh_model *md, bool pass) 
   }
   if (o->fault)
     printf("  fault %s: %s\n", fault,
-           pass ? "reported, no byte wrong, the surviving side holds zero blocks"
-                : "NOT handled as expected");
+           !pass ? "NOT handled as expected"
+           : o->fault == MH_FAULT_MISMATCH_HEADS
+               ? "every request's wrong heads caught, both sides hold zero blocks"
+               : "reported, no byte wrong, the surviving side holds zero blocks");
   printf("  %-28s %u/%u requests, every byte checked%s\n", "verified", rt->nverified, o->requests,
          pass ? "" : "  FAIL");
 
-  return o->json ? write_json(rt, &f, pass) : 0;
+  return o->json ? write_json(rt, md, &f, pass) : 0;
 }

@@ -299,7 +299,8 @@ static int start_instance(struct mh_router *rt, int k, const hixl_kv_ops *ops, c
                              .fault_at = o->fault_at,
                              .drain_ms = drain_ms,
                              .host_memory = strcmp(o->kv_memory, "host") == 0,
-                             .verbose = o->verbose};
+                             .verbose = o->verbose,
+                             .tp = o->tp[k]};
     exit(mh_instance_main(&a)); /* exit, not _exit: a sanitizer build checks the instance for leaks */
   }
   close(sv[1]);

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -101,7 +102,9 @@ const char *mh_get_str(struct mh_in *in, size_t *n) {
 
 bool mh_in_done(const struct mh_in *in) { return !in->bad && in->off == in->len; }
 
-int mh_send(int fd, uint8_t type, struct mh_out *o) {
+int mh_send(int fd, uint8_t type, struct mh_out *o) { return mh_send_fd(fd, type, o, -1); }
+
+int mh_send_fd(int fd, uint8_t type, struct mh_out *o, int pass) {
   struct mh_out f = {0};
   mh_put_u32(&f, MH_MAGIC);
   mh_put_u8(&f, MH_VERSION);
@@ -117,7 +120,24 @@ int mh_send(int fd, uint8_t type, struct mh_out *o) {
     rc = -1;
   }
   for (size_t off = 0; rc == 0 && off < f.len;) {
-    ssize_t n = write(fd, f.p + off, f.len - off);
+    ssize_t n;
+    if (off == 0 && pass >= 0) { /* the descriptor rides with the frame's first bytes */
+      union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(int))];
+      } ctl = {0};
+      struct iovec iov = {f.p, f.len};
+      struct msghdr mh = {
+          .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b)};
+      struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+      cm->cmsg_level = SOL_SOCKET;
+      cm->cmsg_type = SCM_RIGHTS;
+      cm->cmsg_len = CMSG_LEN(sizeof(int));
+      memcpy(CMSG_DATA(cm), &pass, sizeof(int));
+      n = sendmsg(fd, &mh, MSG_NOSIGNAL);
+    } else {
+      n = write(fd, f.p + off, f.len - off);
+    }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) { /* the peer reads slowly: wait, not forever */
       struct pollfd pfd = {fd, POLLOUT, 0};
@@ -147,7 +167,34 @@ void mh_conn_fini(struct mh_conn *c) {
   c->fd = -1;
 }
 
-int mh_conn_fill(struct mh_conn *c) {
+int mh_conn_fill(struct mh_conn *c) { return mh_conn_fill_fd(c, NULL); }
+
+/* One read: read(2), or with got recvmsg(2), taking a descriptor that came with the
+ * bytes (one at most: a second is closed). */
+static ssize_t read_some(struct mh_conn *c, int *got) {
+  if (!got) return read(c->fd, c->buf + c->len, c->cap - c->len);
+  union {
+    struct cmsghdr h;
+    char b[CMSG_SPACE(sizeof(int))];
+  } ctl;
+  struct iovec iov = {c->buf + c->len, c->cap - c->len};
+  struct msghdr mh = {
+      .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof(ctl.b)};
+  ssize_t n = recvmsg(c->fd, &mh, MSG_CMSG_CLOEXEC);
+  for (struct cmsghdr *cm = n >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; cm; cm = CMSG_NXTHDR(&mh, cm)) {
+    int fd;
+    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS || cm->cmsg_len != CMSG_LEN(sizeof(int)))
+      continue;
+    memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+    if (*got < 0)
+      *got = fd;
+    else
+      close(fd);
+  }
+  return n;
+}
+
+int mh_conn_fill_fd(struct mh_conn *c, int *got) {
   for (;;) {
     if (c->start > 0 && c->start == c->len) c->start = c->len = 0;
     if (c->cap - c->len < 4096) {
@@ -164,7 +211,7 @@ int mh_conn_fill(struct mh_conn *c) {
         c->cap = cap;
       }
     }
-    ssize_t n = read(c->fd, c->buf + c->len, c->cap - c->len);
+    ssize_t n = read_some(c, got);
     if (n > 0) {
       c->len += (size_t)n;
       continue;
@@ -200,22 +247,47 @@ int mh_conn_next(struct mh_conn *c, uint8_t *type, struct mh_in *payload) {
   return 1;
 }
 
+void mh_put_stats(struct mh_out *o, const hixl_kv_stats *s) {
+  mh_put_u64(o, s->blocks_held);
+  mh_put_u64(o, s->requests_held);
+  mh_put_u64(o, s->loads_done);
+  mh_put_u64(o, s->loads_failed);
+  mh_put_u64(o, s->lease_expired);
+  mh_put_u64(o, s->bytes_loaded);
+  mh_put_u64(o, s->engine_ops);
+  mh_put_u64(o, s->lookups);
+  mh_put_u64(o, s->pushes_done);
+  mh_put_u64(o, s->pushes_failed);
+  mh_put_u64(o, s->layers_pushed);
+}
+
+void mh_get_stats(struct mh_in *in, hixl_kv_stats *s) {
+  s->blocks_held = mh_get_u64(in);
+  s->requests_held = mh_get_u64(in);
+  s->loads_done = mh_get_u64(in);
+  s->loads_failed = mh_get_u64(in);
+  s->lease_expired = mh_get_u64(in);
+  s->bytes_loaded = mh_get_u64(in);
+  s->engine_ops = mh_get_u64(in);
+  s->lookups = mh_get_u64(in);
+  s->pushes_done = mh_get_u64(in);
+  s->pushes_failed = mh_get_u64(in);
+  s->layers_pushed = mh_get_u64(in);
+}
+
 void mh_put_side(struct mh_out *o, const struct mh_side *s) {
   mh_put_u64(o, s->blocks_total);
   mh_put_u64(o, s->blocks_free);
   mh_put_u32(o, s->requests_left);
   mh_put_u8(o, s->stats_ok);
-  mh_put_u64(o, s->ks.blocks_held);
-  mh_put_u64(o, s->ks.requests_held);
-  mh_put_u64(o, s->ks.loads_done);
-  mh_put_u64(o, s->ks.loads_failed);
-  mh_put_u64(o, s->ks.lease_expired);
-  mh_put_u64(o, s->ks.bytes_loaded);
-  mh_put_u64(o, s->ks.engine_ops);
-  mh_put_u64(o, s->ks.lookups);
-  mh_put_u64(o, s->ks.pushes_done);
-  mh_put_u64(o, s->ks.pushes_failed);
-  mh_put_u64(o, s->ks.layers_pushed);
+  mh_put_stats(o, &s->ks);
+  mh_put_u32(o, s->tp);
+  mh_put_u32(o, s->twice);
+  for (uint32_t r = 0; r < s->tp && r < MH_MAX_TP; r++) {
+    mh_put_u8(o, s->rk[r].alive);
+    mh_put_u8(o, s->rk[r].stats_ok);
+    mh_put_stats(o, &s->rk[r].ks);
+  }
 }
 
 void mh_get_side(struct mh_in *in, struct mh_side *s) {
@@ -224,15 +296,41 @@ void mh_get_side(struct mh_in *in, struct mh_side *s) {
   s->blocks_free = mh_get_u64(in);
   s->requests_left = mh_get_u32(in);
   s->stats_ok = mh_get_u8(in);
-  s->ks.blocks_held = mh_get_u64(in);
-  s->ks.requests_held = mh_get_u64(in);
-  s->ks.loads_done = mh_get_u64(in);
-  s->ks.loads_failed = mh_get_u64(in);
-  s->ks.lease_expired = mh_get_u64(in);
-  s->ks.bytes_loaded = mh_get_u64(in);
-  s->ks.engine_ops = mh_get_u64(in);
-  s->ks.lookups = mh_get_u64(in);
-  s->ks.pushes_done = mh_get_u64(in);
-  s->ks.pushes_failed = mh_get_u64(in);
-  s->ks.layers_pushed = mh_get_u64(in);
+  mh_get_stats(in, &s->ks);
+  s->tp = mh_get_u32(in);
+  s->twice = mh_get_u32(in);
+  if (s->tp == 0 || s->tp > MH_MAX_TP) {
+    in->bad = true;
+    return;
+  }
+  for (uint32_t r = 0; r < s->tp; r++) {
+    s->rk[r].alive = mh_get_u8(in);
+    s->rk[r].stats_ok = mh_get_u8(in);
+    mh_get_stats(in, &s->rk[r].ks);
+  }
+}
+
+void mh_put_work(struct mh_out *o, const struct mh_work *w) {
+  mh_put_u64(o, w->seed);
+  mh_put_u64(o, w->prompt);
+  mh_put_u32(o, (uint32_t)w->nblocks);
+  for (uint64_t i = 0; i < w->nblocks; i++) mh_put_u64(o, w->blocks[i]);
+}
+
+bool mh_get_work(struct mh_in *in, struct mh_work *w, uint64_t **blocks) {
+  w->seed = mh_get_u64(in);
+  w->prompt = mh_get_u64(in);
+  w->nblocks = mh_get_u32(in);
+  *blocks = NULL;
+  if (in->bad || w->nblocks > (in->len - in->off) / 8) { /* more than the frame holds */
+    in->bad = true;
+    return false;
+  }
+  if (!(*blocks = malloc((w->nblocks ? w->nblocks : 1) * sizeof(**blocks)))) {
+    in->bad = true;
+    return false;
+  }
+  for (uint64_t i = 0; i < w->nblocks; i++) (*blocks)[i] = mh_get_u64(in);
+  w->blocks = *blocks;
+  return !in->bad;
 }
