@@ -6,7 +6,9 @@
  * and raw engines on the same memory. A batch of requests is pulled (every consumer
  * rank reads its heads from the producer ranks that hold them), then the raw engine
  * moves the same pieces (one thread per consumer rank and producer rank it reads, as
- * the plugin's loader threads), and the round's figures are printed: throughput of
+ * the plugin's loader threads, request after request, one sync call per request as
+ * the loader does: the ratio is what the plugin's control plane costs, its PIN and
+ * FREE per request and its steps), and the round's figures are printed: throughput of
  * both and their ratio (goal >= 0.9x), engine ops per request of both, and the bytes
  * moved against the bytes the consumer ranks need (a replicated head read once). The
  * consumer's request blocks are checked against the producer's after every plugin run.
@@ -251,7 +253,7 @@ static uint64_t plugin_run(struct side *p, struct side *d, uint32_t round) {
 /* The pieces consumer rank d reads of producer rank p: per request, block and layer,
  * its heads' run (MLA: the latent) when p is the rank it reads them from. */
 static size_t pieces(const struct side *ps, const struct side *ds, uint32_t p, uint32_t d,
-                     HixlTransferOpDesc **out) {
+                     HixlTransferOpDesc **out, size_t *starts) {
   const struct rank *pr = &ps->r[p], *dr = &ds->r[d];
   uint32_t np = ps->world, ndr = ds->world;
   uint64_t off_p = 0, off_d = 0, len = 0;
@@ -270,16 +272,20 @@ static size_t pieces(const struct side *ps, const struct side *ds, uint32_t p, u
   }
   size_t n = (size_t)o.requests * nblocks_req() * o.layers, k = 0;
   HixlTransferOpDesc *v = malloc(n * sizeof(*v));
-  for (uint32_t q = 0; q < o.requests; q++)
+  for (uint32_t q = 0; q < o.requests; q++) {
+    starts[q] = k; /* request q's ops start here (never merged with the one before) */
     for (uint32_t l = 0; l < o.layers; l++)
       for (uint32_t j = 0; j < nblocks_req(); j++) {
         uintptr_t lo = (uintptr_t)dr->mem + l * dr->layer_bytes + cblock(q, j) * dr->block + off_d;
         uintptr_t ro = (uintptr_t)pr->mem + l * pr->layer_bytes + pblock(q, j) * pr->block + off_p;
-        if (k && v[k - 1].local_addr + v[k - 1].len == lo && v[k - 1].remote_addr + v[k - 1].len == ro)
+        if (k > starts[q] && v[k - 1].local_addr + v[k - 1].len == lo &&
+            v[k - 1].remote_addr + v[k - 1].len == ro)
           v[k - 1].len += len; /* adjacent on both sides: one op, as the plugin merges */
         else
           v[k++] = (HixlTransferOpDesc){.local_addr = lo, .remote_addr = ro, .len = len};
       }
+  }
+  starts[o.requests] = k;
   *out = v;
   return k;
 }
@@ -289,15 +295,19 @@ struct raw_job {
   const char *remote;
   HixlTransferOpDesc *v;
   size_t n;
+  size_t *starts; /* request q's ops: [starts[q], starts[q + 1]) */
 };
 
+/* One consumer rank's reads of one producer rank, request by request as the plugin's
+ * loader does (a hand-off is a request), each in engine-sized batches. */
 static void *raw_main(void *arg) {
   struct raw_job *j = arg;
-  for (size_t i = 0; i < j->n; i += HIXL_MAX_BATCH) {
-    size_t k = j->n - i < HIXL_MAX_BATCH ? j->n - i : HIXL_MAX_BATCH;
-    if (HixlEngineTransferSync(j->e, j->remote, HIXL_READ, j->v + i, k, 60000))
-      die("raw READ: %s", HixlGetLastErrorMessage());
-  }
+  for (uint32_t q = 0; q < o.requests; q++)
+    for (size_t i = j->starts[q]; i < j->starts[q + 1]; i += HIXL_MAX_BATCH) {
+      size_t k = j->starts[q + 1] - i < HIXL_MAX_BATCH ? j->starts[q + 1] - i : HIXL_MAX_BATCH;
+      if (HixlEngineTransferSync(j->e, j->remote, HIXL_READ, j->v + i, k, 60000))
+        die("raw READ: %s", HixlGetLastErrorMessage());
+    }
   return NULL;
 }
 
@@ -309,14 +319,16 @@ static uint64_t raw_run(struct side *p, struct side *d, uint64_t *ops_out, uint6
   for (uint32_t di = 0; di < d->world; di++)
     for (uint32_t pi = 0; pi < p->world; pi++) {
       HixlTransferOpDesc *v = NULL;
-      size_t n = pieces(p, d, pi, di, &v);
+      size_t *starts = calloc(o.requests + 1, sizeof(*starts));
+      size_t n = pieces(p, d, pi, di, &v, starts);
       if (!n) {
         free(v);
+        free(starts);
         continue;
       }
       HixlStatus st = HixlEngineConnect(d->r[di].raw, p->r[pi].raw_addr, 10000);
       if (st && st != HIXL_ALREADY_CONNECTED) die("raw connect: %s", HixlGetLastErrorMessage());
-      jobs[nj] = (struct raw_job){d->r[di].raw, p->r[pi].raw_addr, v, n};
+      jobs[nj] = (struct raw_job){d->r[di].raw, p->r[pi].raw_addr, v, n, starts};
       *ops_out += n;
       for (size_t i = 0; i < n; i++) *bytes_out += v[i].len;
       nj++;
@@ -325,7 +337,7 @@ static uint64_t raw_run(struct side *p, struct side *d, uint64_t *ops_out, uint6
   for (size_t i = 0; i < nj; i++) pthread_create(&th[i], NULL, raw_main, &jobs[i]);
   for (size_t i = 0; i < nj; i++) pthread_join(th[i], NULL);
   uint64_t ns = bench_now_ns() - t0;
-  for (size_t i = 0; i < nj; i++) free(jobs[i].v);
+  for (size_t i = 0; i < nj; i++) free(jobs[i].v), free(jobs[i].starts);
   return ns;
 }
 
@@ -381,6 +393,7 @@ static void pair_run(uint32_t np, uint32_t nd) {
   side_up(&d, nd, "consumer");
   fill(&p, np * 10 + nd);
   uint64_t pns[16], rns[16], rops = 0, rbytes = 0;
+  double aa[16];
   uint64_t ops0 = 0, bytes0 = 0;
   for (uint32_t r = 0; r < o.rounds && r < 16; r++) {
     fprintf(stderr, "  TP %u -> %u: round %u of %u\r", np, nd, r + 1, o.rounds);
@@ -391,6 +404,7 @@ static void pair_run(uint32_t np, uint32_t nd) {
     zero(&d);
     rns[r] = raw_run(&p, &d, &rops, &rbytes);
     if (!check(&d, np * 10 + nd)) die("TP %u -> %u: the raw reference moved other bytes", np, nd);
+    aa[r] = (double)raw_run(&p, &d, &rops, &rbytes) / (double)rns[r]; /* the raw engine against itself */
   }
   fprintf(stderr, "%60s\r", "");
   for (uint32_t i = 0; i < nd; i++) {
@@ -410,22 +424,27 @@ static void pair_run(uint32_t np, uint32_t nd) {
   uint32_t nr = o.rounds < 16 ? o.rounds : 16;
   qsort(pns, nr, sizeof(*pns), cmp_u64);
   qsort(rns, nr, sizeof(*rns), cmp_u64);
+  double aa_lo = aa[0], aa_hi = aa[0];
+  for (uint32_t i = 1; i < nr; i++)
+    aa_lo = aa[i] < aa_lo ? aa[i] : aa_lo, aa_hi = aa[i] > aa_hi ? aa[i] : aa_hi;
   uint64_t pm = pns[nr / 2], rm = rns[nr / 2], total = need * o.requests;
   double pg = (double)total / (double)pm, rg = (double)total / (double)rm;
   double preq = (double)ops0 / ((double)o.requests * nr), rreq = (double)rops / o.requests;
   double moved = (double)bytes0 / ((double)o.requests * nr);
-  printf("| %u -> %u | %s | %.2f | %.2f | %.2fx | %.0f | %.0f | %.0f | %" PRIu64 " | %" PRIu64 " |\n", np, nd,
-         o.mla ? "MLA" : "GQA", pg, rg, pg / rg, preq, rreq, moved, need, held);
+  printf("| %u -> %u | %s | %.2f | %.2f | %.2fx | %.2f-%.2fx | %.0f | %.0f | %.0f | %" PRIu64 " | %" PRIu64
+         " |\n",
+         np, nd, o.mla ? "MLA" : "GQA", pg, rg, pg / rg, aa_lo, aa_hi, preq, rreq, moved, need, held);
   if (json)
     fprintf(json,
             "{\"prefill_tp\": %u, \"decode_tp\": %u, \"model\": \"%s\", \"kv_heads\": %u, \"layers\": %u, "
             "\"prompt\": %u, \"requests\": %u, \"rounds\": %u, \"transport\": \"%s\", \"plugin_gbps\": %.3f, "
-            "\"raw_gbps\": %.3f, \"ratio\": %.3f, \"plugin_ops_per_request\": %.1f, \"raw_ops_per_request\": "
+            "\"raw_gbps\": %.3f, \"ratio\": %.3f, \"raw_aa_lo\": %.3f, \"raw_aa_hi\": %.3f, "
+            "\"plugin_ops_per_request\": %.1f, \"raw_ops_per_request\": "
             "%.1f, "
             "\"bytes_moved_per_request\": %.0f, \"bytes_needed_per_request\": %" PRIu64
             ", \"prefill_blocks_held\": %" PRIu64 "}\n",
             np, nd, o.mla ? "mla" : "gqa", o.heads, o.layers, o.prompt, o.requests, nr, o.transport, pg, rg,
-            pg / rg, preq, rreq, moved, need, held);
+            pg / rg, aa_lo, aa_hi, preq, rreq, moved, need, held);
   fflush(stdout);
   side_down(&d);
   side_down(&p);
