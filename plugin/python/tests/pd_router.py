@@ -49,6 +49,7 @@ class Side:
     stats: Optional[Dict[str, Any]] = None
     fatal: Optional[str] = None
     dead: bool = False
+    mourned: bool = False  # its requests were counted lost (or it died after the exit)
     logs: List[str] = field(default_factory=list)
 
     def send(self, msg) -> None:
@@ -161,6 +162,21 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
         elif op == "log":
             logs.append(f"{side.name}: {msg['msg']}")
 
+    def mourn(side: Side) -> None:
+        """A side died (EOF on its stdout, or a write to it failed): the requests it had
+        die with it, and no new ones start."""
+        nonlocal inflight
+        if side.mourned:
+            return
+        side.mourned = True
+        if not exit_sent:
+            for rid, w in list(where.items()):
+                if w == side.name or side.name == "decode":
+                    outcomes[rid], whys[rid] = "lost", f"{side.name} died"
+                    del where[rid]
+                    inflight -= 1
+            todo.clear()
+
     while time.monotonic() - t0 < timeout:
         live = [s for s in sides.values() if not s.dead]
         if all(s.ready for s in sides.values()):
@@ -175,6 +191,9 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
                     where[rid] = "decode"
                     sides["decode"].send({"op": "load", "id": rid, "seed": s, "prompt": n,
                                           "params": {"do_remote_prefill": True}})
+        for s in sides.values():  # before the exit: a write to a dead side fails before its EOF is read
+            if s.dead:
+                mourn(s)
         dead_any = any(s.dead for s in sides.values())
         if not exit_sent and ((not todo and inflight == 0) or (dead_any and stop_after_fault)):
             for s in sides.values():
@@ -191,14 +210,7 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
             data = os.read(fd, 1 << 16)
             if not data:
                 side.dead = True
-                # The requests it had die with it, and no new ones start.
-                if not exit_sent:
-                    for rid, w in list(where.items()):
-                        if w == side.name or side.name == "decode":
-                            outcomes[rid], whys[rid] = "lost", f"{side.name} died"
-                            del where[rid]
-                            inflight -= 1
-                    todo.clear()
+                mourn(side)
                 continue
             side.buf += data
             while b"\n" in side.buf:
