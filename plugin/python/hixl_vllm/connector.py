@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import difflib
+import itertools
 import json
 import logging
 from array import array
@@ -183,6 +184,36 @@ def _block_groups(blocks: Any, unhashed: bool) -> Tuple[list, ...]:
     return (blocks,)
 
 
+def _windows_of(kv_cache_config: Any, block_size: int) -> Dict[int, Tuple[int, int]]:
+    """The sliding-window groups of vLLM's kv_cache_config: group index -> (window tokens,
+    tokens per block)."""
+    out = {}
+    for i, g in enumerate(getattr(kv_cache_config, "kv_cache_groups", None) or []):
+        spec = getattr(g, "kv_cache_spec", None)
+        kind, window = layout._spec_kind(spec, "")
+        if kind == _abi.GROUP_SLIDING_WINDOW and window > 0:
+            out[i] = (window, int(getattr(spec, "block_size", 0) or block_size or 0))
+    return out
+
+
+def window_blocks(ids: Any, window: int, block_tokens: int, tokens: int) -> Any:
+    """A sliding-window group's block list as the plugin takes it: exactly the blocks the
+    window keeps after `tokens` tokens. vLLM's list may still hold the blocks before the
+    window (a prefill computed in one step) or pad them with its null block (id 0, the
+    block pool's first, never a request's): a request's blocks are in token order, so the
+    window's are the last cdiv(tokens, block_tokens) - (tokens - window + 1) // block_tokens
+    (vLLM's SlidingWindowManager skips max(0, tokens - window + 1) tokens). Slices only:
+    no per-id Python work."""
+    if tokens > 0 and block_tokens > 0:
+        keep = -(-tokens // block_tokens) - max(0, tokens - window + 1) // block_tokens
+        if len(ids) > keep:
+            ids = ids[len(ids) - keep:]
+    i = 0
+    while i < len(ids) and ids[i] == 0:  # null padding the cut above left (a shorter list)
+        i += 1
+    return ids[i:] if i else ids
+
+
 class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
     """hixl as a vLLM KV connector (pull or push, per kv_connector_extra_config.mode)."""
 
@@ -211,10 +242,13 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         # with 0 tokens, once the load is done: not a FREE), the blocks each loads into (to
         # turn KVConnectorOutput.invalid_block_ids into failed requests), push requests whose
         # blocks wait for the push, and invalid blocks not matched to a request yet.
-        self._loading: Dict[str, set] = {}
+        self._loading: Dict[str, tuple] = {}
         self._load_queued: set = set()
         self._pushing: set = set()
         self._invalid: set = set()
+        # Sliding-window groups (hybrid models): their lists are cut to the window's blocks.
+        cc = getattr(vllm_config, "cache_config", None)
+        self._windows = _windows_of(kv_cache_config, int(getattr(cc, "block_size", 0) or 0))
         # Worker: layer names -> layer ids, the description registered, the last counters.
         self._kv: Optional[layout.KVDescription] = None
         self._last_stats: Dict[str, int] = {}
@@ -250,6 +284,14 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         r = _abi.Request(rid, len(rid), int(getattr(request, "num_prompt_tokens", 0)), params,
                          len(params) if params else 0, flags)
         return r, (rid, params)
+
+    def _windowed(self, groups: tuple, request: Any) -> tuple:
+        """groups with each sliding-window group's list cut to the window's blocks."""
+        if not self._windows:
+            return groups
+        tokens = int(getattr(request, "num_prompt_tokens", 0) or 0)
+        return tuple(window_blocks(g, *self._windows[i], tokens) if i in self._windows else g
+                     for i, g in enumerate(groups))
 
     @staticmethod
     def _aborted(request: Any) -> bool:
@@ -408,7 +450,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
             # vLLM's second call, once the load is done (or failed and is recomputed): the
             # load already freed the producer's blocks, so no FREE either.
             return
-        groups = _block_groups(blocks, unhashed=num_external_tokens > 0)
+        groups = self._windowed(_block_groups(blocks, unhashed=num_external_tokens > 0), request)
         r, keep = self._req(request)
         if len(groups) == 1:
             p, n, a = _abi.u64_buffer(groups[0])
@@ -418,7 +460,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
             self._call("update_state_after_alloc_groups", ctypes.byref(r), arr, n, int(num_external_tokens))
         del keep
         if num_external_tokens > 0:
-            self._loading[rid] = {int(b) for g in groups for b in g}
+            self._loading[rid] = groups  # looked into only when vLLM reports invalid blocks
             self._load_queued.add(rid)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
@@ -429,6 +471,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _finished(self, request: Any, groups: tuple) -> Tuple[bool, Optional[dict]]:
         rid = str(request.request_id)
+        groups = self._windowed(groups, request)
         r, keep = self._req(request, _abi.REQ_ABORTED if self._aborted(request) else 0)
         delay, out = ctypes.c_int32(0), _abi.Buffer()
         if len(groups) == 1:
@@ -458,10 +501,10 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._invalid |= set(getattr(connector_output, "invalid_block_ids", None) or ())
         failed = []
         for rid in recving:
-            blocks = self._loading.pop(rid, set())
-            if blocks & self._invalid:
+            groups = self._loading.pop(rid, ())
+            if self._invalid and groups and not self._invalid.isdisjoint(itertools.chain.from_iterable(groups)):
                 failed.append(rid)
-                self._invalid -= blocks
+                self._invalid.difference_update(itertools.chain.from_iterable(groups))
         self._pushing -= set(sending)
         if not sending and not recving:
             return
