@@ -43,6 +43,8 @@ from hixl_vllm import HixlError, HixlKVConnector  # noqa: E402
 from hixl_vllm._base import KVConnectorRole  # noqa: E402
 
 DTYPE = torch.float16
+VERIFY_BYTES_PER_STEP = 64 << 20  # decode checks about this much KV a step (the C mock host's budget)
+IDLE_S = 0.02  # the longest wait for the router or the event fd when no step has work (the C host's)
 
 
 def send(msg):
@@ -274,7 +276,7 @@ class Instance:
         # Steps with requests in flight: [requests, ns in the scheduler's hooks, in the worker's, of
         # those inside the plugin's C ops: the scheduler's, the worker's; the same four in CPU ns].
         self.steps = []
-        self.event_fd = self.worker.event_fd() if not self.prefill else -1
+        self.event_fd = self.worker.event_fd()  # readable once get_finished has something
 
     # ---- blocks ----
     def alloc(self, n):
@@ -328,16 +330,16 @@ class Instance:
                 for r in batch:
                     if r.compute:
                         self.m.compute(r.seed, r.blocks, r.num_prompt_tokens, l)
-                if l == self.m.L - 1:  # the last layer is computed: the hand-off starts with its save
-                    self.t_saved = time.monotonic_ns()
                 w.save_kv_layer(name, self.m.kv[name], attn_metadata=None)
+                if l == self.m.L - 1:  # the last layer is computed and saved: the hand-off starts
+                    self.t_saved = time.monotonic_ns()  # (where the C mock host takes it)
                 if self.a.fault == "prefill-dies-mid-push" and l == self.m.L // 2 and \
                         self.count + len(batch) >= self.a.fault_at:  # half the layers are being pushed
                     os.kill(os.getpid(), signal.SIGKILL)
                 if self.a.fault == "decode-dies-mid-push" and l == self.m.L // 2 and not self.go and \
                         self.count + len(batch) >= self.a.fault_at:
                     send({"op": "midpush"})  # the router kills decode, then says go
-                    while not self.go and self.read(1.0):
+                    while not self.go and self.read(1.0, wake_on_fd=False):
                         pass
         w.wait_for_save()
         sending, recving = w.get_finished(self.finished_ids)
@@ -405,12 +407,11 @@ class Instance:
         so = fv.SchedulerOutput()
         batch = []
         # Requests received last step: scheduled now (vLLM calls update_state_after_alloc
-        # again with 0 external tokens), checked, and finished.
+        # again with 0 external tokens), then checked a few layers a step (verify_some).
         for r in self.ready:
             s.update_state_after_alloc(r, fv.KVCacheBlocks(r.blocks), 0)
-            checked, nbytes, bad = self.m.verify(r.seed, r.blocks, r.num_prompt_tokens)
-            self.finish(r, "corrupt" if bad else r.outcome, bad or f"{checked} blocks equal", checked,
-                        nbytes=0 if bad else nbytes)
+            r.vlayer, r.vchecked, r.vbytes, r.vbad = 0, 0, 0, None
+            self.verifying.append(r)
         self.ready = []
         for rid in list(self.order):
             r = self.reqs[rid]
@@ -476,6 +477,24 @@ class Instance:
             r.status = fv.RequestStatus.RUNNING
             r.t_held = time.monotonic_ns()
             self.ready.append(r)
+        self.verify_some(VERIFY_BYTES_PER_STEP)
+
+    def verify_some(self, budget):
+        """Checks received requests' KV, about budget bytes a step, layer by layer, as the C
+        mock host does: a 4096-token request of a 32-layer model is 512 MiB, and checked in
+        one step it kept get_finished from being called for half a second, which every
+        request landing meanwhile counted in its hand-off."""
+        while self.verifying and budget > 0:
+            r = self.verifying[0]
+            while r.vlayer < self.m.L and r.vbad is None and budget > 0:
+                checked, nbytes, r.vbad = self.m.verify(r.seed, r.blocks, r.num_prompt_tokens, [r.vlayer])
+                budget -= self.m.layer_bytes(r.blocks, r.vlayer, r.num_prompt_tokens)
+                r.vlayer, r.vchecked, r.vbytes = r.vlayer + 1, r.vchecked + checked, r.vbytes + nbytes
+            if r.vlayer < self.m.L and r.vbad is None:
+                break
+            self.verifying.pop(0)
+            self.finish(r, "corrupt" if r.vbad else r.outcome, r.vbad or f"{r.vchecked} blocks equal", r.vchecked,
+                        nbytes=0 if r.vbad else r.vbytes)
 
     def finish(self, r, outcome, why, checked, finished_already=False, nbytes=0):
         if not finished_already and r.blocks:
@@ -508,10 +527,26 @@ class Instance:
         else:
             raise SystemExit(f"unknown message {msg}")
 
-    def read(self, timeout):
-        """Waits up to timeout for the router's messages (decode: or for the worker's
-        event fd, readable once get_finished has something) and handles them."""
-        rl, _, _ = select.select([0] if self.event_fd < 0 else [0, self.event_fd], [], [], timeout)
+    def wait_s(self):
+        """How long the loop may wait before the next step: not at all while received KV
+        waits to be checked; 1 ms while a request waits for blocks or for the connector to
+        be asked again ("ask later"), which nothing signals, or while exiting; else until
+        the router writes or the worker's event fd says get_finished has something (a load
+        landed, a push or a hold ended), at most IDLE_S. A step polling every millisecond
+        when nothing can have changed cost each Python process about a quarter of a CPU
+        (a few hundred µs of Python a step), taken from the plugin's threads moving the KV
+        on a 2-CPU machine."""
+        if self.ready or self.verifying:
+            return 0.0
+        if self.exiting or any(self.reqs[rid].status == fv.RequestStatus.WAITING for rid in self.order):
+            return 0.001
+        return IDLE_S
+
+    def read(self, timeout, wake_on_fd=True):
+        """Waits up to timeout for the router's messages, or for the worker's event fd
+        (readable once get_finished has something), and handles the messages."""
+        fds = [0, self.event_fd] if wake_on_fd and self.event_fd >= 0 else [0]
+        rl, _, _ = select.select(fds, [], [], timeout)
         if 0 not in rl:
             return True
         data = os.read(0, 1 << 16)
@@ -527,7 +562,7 @@ class Instance:
     def run(self):
         send({"op": "ready", "blocks": self.a.num_blocks})
         while True:
-            if not self.read(0.001 if self.reqs or self.held or self.exiting else 0.01):
+            if not self.read(self.wait_s()):
                 break
             self.step()
             if self.exiting and ((not self.reqs and not self.held and not self.ready)
