@@ -12,7 +12,10 @@
 # and hand-off p50. Then the Python overhead per step: a py-host run keeping 64 requests
 # in flight (--concurrency 64) on a 32-layer model with tiny blocks, so the steps are the
 # connector's hooks and little else; time.perf_counter_ns around every connector call of
-# each step, µs per scheduler step and per worker step, for each side and mode.
+# each step, µs per scheduler step and per worker step, for each side and mode. Last, the
+# adapter's own CPU per step with 64 requests in flight, without a peer
+# (integration/bench/adapter_step.py): a producer's and a consumer's scheduler step over
+# 64 requests of 4096 tokens, and a worker step of 32 layers, in thread CPU time.
 # Prints progress lines on stderr, the tables on stdout, and with --json FILE the results.
 # Environment: ADAPTER_MODES (default "pull push"), ADAPTER_TRANSPORTS (default tcp),
 # ADAPTER_KV_MIB (default 1024: two 4096-token requests per instance), ADAPTER_STEP_REQUESTS
@@ -49,7 +52,7 @@ KV_MIB=${ADAPTER_KV_MIB:-1024}
 STEP_REQUESTS=${ADAPTER_STEP_REQUESTS:-512}
 RES=$BUILD/adapter-results
 mkdir -p "$RES"
-rm -f "$RES"/hand-*.json "$RES"/step-*.json
+rm -f "$RES"/hand-*.json "$RES"/step-*.json "$RES"/adapter-step.json
 export HIXL_KV_PLUGIN=$PLUGIN
 
 # The same hand-off, both hosts: llama8b, 4096-token requests, packed, the host's memory.
@@ -85,6 +88,10 @@ for m in $MODES; do
     >"${out%.json}.txt" || die "hixl-py-host (overhead run, $m) failed (see ${out%.json}.txt)"
   tail -n 1 "${out%.json}.txt" | sed 's/^/run_adapter:   /' >&2
 done
+
+echo "run_adapter: the adapter's CPU per step, 64 requests in flight (adapter_step.py)" >&2
+"$PY" "$SRC/integration/bench/adapter_step.py" --json "$RES/adapter-step.json" >"$RES/adapter-step.txt" 2>&1 ||
+  die "adapter_step.py failed (see $RES/adapter-step.txt)"
 
 "$PY" - "$RES" "$REPEATS" "$REQUESTS" "$KV_MIB" "$(nproc)" "$(uname -r)" "$(date -u +%Y-%m-%d)" \
   "$(cut -d' ' -f1-3 /proc/loadavg)" "$JSON" <<'EOF' || die "the report could not be written"
@@ -164,10 +171,23 @@ print("*us*: wall time in the hooks (time.perf_counter_ns), *in C*: inside the p
       " included); *its Python, CPU us*: the hooks' CPU time outside the plugin's ops (time.thread_time_ns: the"
       " adapter's own work and this driver's timing wrappers, and not inflated when the machine takes the CPU"
       " away mid-hook).")
+astep = json.load(open(os.path.join(res, "adapter-step.json")))
+print()
+print("## The adapter's CPU per step, 64 requests in flight")
+print()
+print("integration/bench/adapter_step.py: the hooks through hixl_vllm into the plugin without a peer (no KV moves),"
+      " 64 requests of %d blocks, %d layers; this thread's CPU time (time.thread_time_ns), median of %d steps." %
+      (astep["blocks_per_request"], astep["layers"], astep["steps"]))
+print()
+print("| step | CPU us | of it in the plugin's C ops | Python | per request |")
+print("|---|---|---|---|---|")
+for k, v in astep["per_step"].items():
+    print("| %s | %.0f | %.0f | %.0f | %s |" % (k, v["us"], v["c_us"], v["us"] - v["c_us"],
+                                               "-" if k == "worker" else "%.1f" % (v["us"] / 64)))
 if out:
     json.dump({"date": day, "cpus": int(ncpu), "kernel": kernel, "load": load, "requests": int(requests),
                "repeats": int(repeats), "kv_mib": int(kv_mib), "prompt_tokens": 4096, "rows": rows,
-               "step_overhead": steps, "goal_ratio_ge_0_95": "PASS" if goal else "MISS"},
+               "step_overhead": steps, "adapter_step": astep, "goal_ratio_ge_0_95": "PASS" if goal else "MISS"},
               open(out, "w"), indent=1)
     print("run_adapter: wrote %s" % out, file=sys.stderr)
 EOF

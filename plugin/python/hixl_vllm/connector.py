@@ -252,7 +252,12 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         # Worker: layer names -> layer ids, the description registered, the last counters.
         self._kv: Optional[layout.KVDescription] = None
         self._last_stats: Dict[str, int] = {}
+        self._lids: Dict[str, Optional[int]] = {}  # layer name -> layer id (None: an alias)
+        # Scheduler: each request's kv_transfer_params as the JSON bytes last encoded, with
+        # the dict they came from (encoded again only if vLLM puts another object there).
+        self._enc: Dict[str, Tuple[Any, bytes]] = {}
         self._closed = False
+        self._bind_ops()
 
     # ---- plumbing ----
 
@@ -271,12 +276,34 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
     def _call(self, name: str, *args) -> None:
         self._plugin.check(name, getattr(self._plugin.ops, name)(self._c, *args))
 
-    @staticmethod
-    def _params_of(request: Any) -> Optional[bytes]:
+    def _bind_ops(self) -> None:
+        """The ops a worker calls once per layer per step, looked up once (an ops-table field
+        read builds a new ctypes function object each time)."""
+        ops = self._plugin.ops
+        self._f_wait_layer = ops.wait_for_layer_load
+        self._f_save_layer = ops.save_kv_layer
+
+    def _params_of(self, request: Any) -> Optional[bytes]:
+        """kv_transfer_params as JSON bytes. vLLM sets a request's dict once and the
+        scheduler hooks see the same one several times (get_num_new_matched_tokens each
+        step until it is scheduled, update_state_after_alloc, request_finished): with a
+        producer's remote_block_ids it is thousands of numbers, so the bytes are kept per
+        request while the same object is there (the adapter never changes it), and
+        dropped at request_finished."""
         p = getattr(request, "kv_transfer_params", None)
         if p is None:
             return None
-        return (p if isinstance(p, str) else json.dumps(p)).encode()
+        if isinstance(p, (str, bytes)):
+            return p.encode() if isinstance(p, str) else p
+        rid = request.request_id
+        hit = self._enc.get(rid)
+        if hit is not None and hit[0] is p:
+            return hit[1]
+        raw = json.dumps(p, separators=(",", ":")).encode()
+        if len(self._enc) >= 1 << 16:  # requests vLLM never finished here: forget the lot
+            self._enc.clear()
+        self._enc[rid] = (p, raw)
+        return raw
 
     def _req(self, request: Any, flags: int = 0) -> Tuple[_abi.Request, tuple]:
         rid = str(request.request_id).encode()
@@ -299,12 +326,13 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         return "ABORTED" in getattr(st, "name", str(st) if st is not None else "").upper()
 
     def _layer(self, layer_name: str) -> Optional[int]:
+        """The layer id save_kv_layer / wait_for_layer_load take, None for an alias (it
+        shares an earlier layer's KV: that layer moves it)."""
         if self._kv is None:
             raise RuntimeError(f"hixl: layer {layer_name!r}: no KV caches registered on this worker yet")
-        name = self._kv.aliases.get(layer_name, layer_name)
         if layer_name in self._kv.aliases:
-            return None  # shares an earlier layer's KV: that layer moves it
-        lid = self._kv.layer_ids.get(name)
+            return None
+        lid = self._kv.layer_ids.get(layer_name)
         if lid is None:
             raise KeyError(f"hixl: layer {layer_name!r} was not registered (known: {len(self._kv.layer_ids)} "
                            "layers)")
@@ -344,6 +372,8 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._call("register_kv_groups", arr, n)
         del keep
         self._kv = d
+        self._lids = dict(d.layer_ids)
+        self._lids.update((a, None) for a in d.aliases)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
@@ -365,15 +395,20 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         self._call("start_load_kv")
 
+    # Called once per layer per step: one dict lookup and the op, nothing more.
     def wait_for_layer_load(self, layer_name: str) -> None:
-        lid = self._layer(layer_name)
+        lid = self._lids[layer_name] if layer_name in self._lids else self._layer(layer_name)
         if lid is not None:
-            self._call("wait_for_layer_load", lid)
+            st = self._f_wait_layer(self._c, lid)
+            if st:
+                self._plugin.check("wait_for_layer_load", st)
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
-        lid = self._layer(layer_name)
+        lid = self._lids[layer_name] if layer_name in self._lids else self._layer(layer_name)
         if lid is not None:
-            self._call("save_kv_layer", lid)
+            st = self._f_save_layer(self._c, lid)
+            if st:
+                self._plugin.check("save_kv_layer", st)
 
     def wait_for_save(self):
         self._call("wait_for_save")
@@ -482,6 +517,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
             self._call("request_finished_groups", ctypes.byref(r), arr, n, ctypes.byref(delay), ctypes.byref(out))
         del keep
         params = self._plugin.take_buffer(out)
+        self._enc.pop(rid, None)
         self._load_queued.discard(rid)
         if not self._aborted(request):
             self._loading.pop(rid, None)  # an aborted load's blocks are in use until get_finished says received

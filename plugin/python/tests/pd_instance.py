@@ -219,6 +219,7 @@ class Timed:
         plugin = getattr(conn, "_plugin", None)
         if plugin is not None:
             plugin.ops = TimedOps(plugin.ops, self)
+            conn._bind_ops()  # the per-layer ops it looked up once: the timed ones
 
     def __getattr__(self, name):
         f = getattr(self.conn, name)
