@@ -77,6 +77,8 @@ class Result:
     prompts: Dict[str, int] = field(default_factory=dict)  # request -> prompt tokens
     handoff_ns: Dict[str, int] = field(default_factory=dict)  # verified request -> last layer saved to KV held
     busy_seconds: float = 0.0  # from the first request sent to the last one ended
+    # verified request -> (last layer saved, KV held, its KV bytes): hixl-py-host's GB/s over the hand-offs
+    handoff_spans: Dict[str, tuple] = field(default_factory=dict)
 
     def summary(self) -> str:
         n = len(self.outcomes)
@@ -110,6 +112,7 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
     inflight = 0
     t_saved: Dict[str, int] = {}  # prefill's last layer saved (push: its params may come after decode's done)
     t_held: Dict[str, int] = {}  # decode's get_finished reported the KV received
+    vbytes: Dict[str, int] = {}  # a verified request's KV bytes
     t_first = t_last = 0.0
     logs: List[str] = []
     t0 = time.monotonic()
@@ -149,6 +152,7 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
             if msg["outcome"] == "verified":
                 nbytes += msg.get("bytes_checked", 0)
                 t_held[rid] = msg.get("t_held", 0)
+                vbytes[rid] = msg.get("bytes_checked", 0)
             where.pop(rid, None)
             inflight -= 1
             t_last = time.monotonic()
@@ -222,6 +226,7 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
                 todo.clear()
                 inflight = 0
     handoff = {rid: t - t_saved[rid] for rid, t in t_held.items() if t > t_saved.get(rid, 0) > 0}
+    spans = {rid: (t_saved[rid], t_held[rid], vbytes[rid]) for rid in handoff}
     rcs = {}
     for name, s in sides.items():
         try:
@@ -232,4 +237,4 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
             logs.append(f"{name}: killed at the timeout")
     return Result(outcomes, whys, checked, sides["prefill"].stats, sides["decode"].stats, rcs["prefill"],
                   rcs["decode"], logs, time.monotonic() - t0, nbytes, {rid: n for rid, (_, n) in info.items()},
-                  handoff, max(0.0, t_last - t_first))
+                  handoff, max(0.0, t_last - t_first), spans)
