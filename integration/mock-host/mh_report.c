@@ -36,11 +36,34 @@ static int cmp_u64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+struct span {
+  uint64_t from, to;
+};
+
+static int cmp_span(const void *a, const void *b) {
+  return cmp_u64(&((const struct span *)a)->from, &((const struct span *)b)->from);
+}
+
+/* The time at least one of the n spans was under way (sorts them). */
+static uint64_t spans_union(struct span *v, size_t n) {
+  uint64_t busy = 0, end = 0;
+  qsort(v, n, sizeof(*v), cmp_span);
+  for (size_t i = 0; i < n; i++) {
+    uint64_t from = v[i].from > end ? v[i].from : end;
+    if (v[i].to > from) busy += v[i].to - from;
+    if (v[i].to > end) end = v[i].to;
+  }
+  return busy;
+}
+
 /* What the summary says of the run, from the requests and the instances' reports. */
 struct figures {
-  uint64_t tokens; /* prompt tokens of the requests that ended */
-  size_t nlat;     /* hand-offs timed: verified requests with both ends' times */
-  double p50, p99; /* hand-off latency, ms */
+  uint64_t tokens;  /* prompt tokens of the requests that ended */
+  size_t nlat;      /* hand-offs timed: verified requests with both ends' times */
+  double p50, p99;  /* hand-off latency, ms */
+  uint64_t hbytes;  /* KV bytes of the hand-offs timed */
+  double busy_secs; /* the time at least one of them was under way */
+  double hgbps;     /* hbytes / busy_secs: KV over the hand-offs, without the host's own fill and check */
   double secs, gbps, ops_per_req;
 };
 
@@ -49,14 +72,24 @@ static void figures(const struct mh_router *rt, struct figures *f) {
   const struct mh_child *P = &rt->side[0], *D = &rt->side[1];
   *f = (struct figures){0};
   uint64_t *lat = calloc(o->requests ? o->requests : 1, sizeof(*lat));
+  struct span *sp = calloc(o->requests ? o->requests : 1, sizeof(*sp));
   for (uint32_t i = 0; i < o->requests; i++) {
     if (rt->r[i].state == MH_R_DONE) f->tokens += rt->r[i].prompt;
-    if (lat && rt->r[i].outcome == MH_VERIFIED && rt->r[i].t_saved && rt->r[i].t_held > rt->r[i].t_saved)
+    if (lat && sp && rt->r[i].outcome == MH_VERIFIED && rt->r[i].t_saved &&
+        rt->r[i].t_held > rt->r[i].t_saved) {
+      sp[f->nlat] = (struct span){rt->r[i].t_saved, rt->r[i].t_held};
       lat[f->nlat++] = rt->r[i].t_held - rt->r[i].t_saved;
+      f->hbytes += rt->r[i].bytes;
+    }
   }
   if (lat) qsort(lat, f->nlat, sizeof(*lat), cmp_u64);
   f->p50 = f->nlat ? (double)lat[(f->nlat - 1) / 2] / 1e6 : 0;
   f->p99 = f->nlat ? (double)lat[(f->nlat * 99 + 99) / 100 - 1] / 1e6 : 0;
+  /* KV over the hand-offs (hixl-py-host computes the same): pull moves a request's whole
+   * KV between its last layer saved and decode holding it; push only what is left then. */
+  f->busy_secs = sp ? (double)spans_union(sp, f->nlat) / 1e9 : 0;
+  f->hgbps = f->busy_secs > 0 ? (double)f->hbytes / f->busy_secs / 1e9 : 0;
+  free(sp);
   free(lat);
   f->secs = (double)(rt->t_end - rt->t_start) / 1e9;
   f->gbps = f->secs > 0 ? (double)rt->bytes / f->secs / 1e9 : 0;
@@ -155,11 +188,12 @@ static int write_json(const struct mh_router *rt, const struct mh_model *md, con
           " \"verified\": %u, \"recomputed\": %u, \"failed\": %u, \"corrupt\": %u, "
           "\"kv_bytes_verified\": %" PRIu64 ",\n"
           " \"seconds\": %.6f, \"gb_per_s\": %.4f, \"handoff_ms_p50\": %.4f, \"handoff_ms_p99\": %.4f, "
-          "\"engine_ops_per_request\": %.2f,\n",
+          "\"engine_ops_per_request\": %.2f,\n \"handoff_bytes\": %" PRIu64
+          ", \"handoff_busy_s\": %.6f, \"handoff_gb_per_s\": %.4f,\n",
           m->name, mh_layout_name(m->layout), rt->push ? "push" : "pull", m->layers, m->kv_heads, m->head_dim,
           m->elem_size, m->block_tokens, fault, o->requests, o->concurrency, f->tokens, rt->nverified,
           rt->nrecomputed, rt->nfail, rt->ncorrupt, rt->bytes, f->secs, f->gbps, f->p50, f->p99,
-          f->ops_per_req);
+          f->ops_per_req, f->hbytes, f->busy_secs, f->hgbps);
   for (int k = 0; k < 2; k++) {
     const struct mh_child *s = &rt->side[k];
     fprintf(fp,
@@ -233,6 +267,9 @@ int mh_report(const struct mh_router *rt, const struct mh_model *md, bool pass) 
     printf("  %-28s %.2f ms / %.2f ms (%zu requests)\n", "hand-off p50 / p99", f.p50, f.p99, f.nlat);
   else
     printf("  %-28s n/a (no request loaded)\n", "hand-off p50 / p99");
+  if (f.busy_secs > 0)
+    printf("  %-28s %.2f GB/s (%.2f s with a hand-off under way)\n", "GB/s over the hand-offs", f.hgbps,
+           f.busy_secs);
   if (f.ops_per_req > 0)
     printf("  %-28s %.1f (%s%s)\n", "engine ops per request", f.ops_per_req,
            rt->push ? "prefill engine_ops / pushes_done" : "decode engine_ops / loads_done",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import difflib
+import itertools
 import json
 import logging
 from array import array
@@ -183,6 +184,36 @@ def _block_groups(blocks: Any, unhashed: bool) -> Tuple[list, ...]:
     return (blocks,)
 
 
+def _windows_of(kv_cache_config: Any, block_size: int) -> Dict[int, Tuple[int, int]]:
+    """The sliding-window groups of vLLM's kv_cache_config: group index -> (window tokens,
+    tokens per block)."""
+    out = {}
+    for i, g in enumerate(getattr(kv_cache_config, "kv_cache_groups", None) or []):
+        spec = getattr(g, "kv_cache_spec", None)
+        kind, window = layout._spec_kind(spec, "")
+        if kind == _abi.GROUP_SLIDING_WINDOW and window > 0:
+            out[i] = (window, int(getattr(spec, "block_size", 0) or block_size or 0))
+    return out
+
+
+def window_blocks(ids: Any, window: int, block_tokens: int, tokens: int) -> Any:
+    """A sliding-window group's block list as the plugin takes it: exactly the blocks the
+    window keeps after `tokens` tokens. vLLM's list may still hold the blocks before the
+    window (a prefill computed in one step) or pad them with its null block (id 0, the
+    block pool's first, never a request's): a request's blocks are in token order, so the
+    window's are the last cdiv(tokens, block_tokens) - (tokens - window + 1) // block_tokens
+    (vLLM's SlidingWindowManager skips max(0, tokens - window + 1) tokens). Slices only:
+    no per-id Python work."""
+    if tokens > 0 and block_tokens > 0:
+        keep = -(-tokens // block_tokens) - max(0, tokens - window + 1) // block_tokens
+        if len(ids) > keep:
+            ids = ids[len(ids) - keep:]
+    i = 0
+    while i < len(ids) and ids[i] == 0:  # null padding the cut above left (a shorter list)
+        i += 1
+    return ids[i:] if i else ids
+
+
 class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
     """hixl as a vLLM KV connector (pull or push, per kv_connector_extra_config.mode)."""
 
@@ -211,14 +242,22 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         # with 0 tokens, once the load is done: not a FREE), the blocks each loads into (to
         # turn KVConnectorOutput.invalid_block_ids into failed requests), push requests whose
         # blocks wait for the push, and invalid blocks not matched to a request yet.
-        self._loading: Dict[str, set] = {}
+        self._loading: Dict[str, tuple] = {}
         self._load_queued: set = set()
         self._pushing: set = set()
         self._invalid: set = set()
+        # Sliding-window groups (hybrid models): their lists are cut to the window's blocks.
+        cc = getattr(vllm_config, "cache_config", None)
+        self._windows = _windows_of(kv_cache_config, int(getattr(cc, "block_size", 0) or 0))
         # Worker: layer names -> layer ids, the description registered, the last counters.
         self._kv: Optional[layout.KVDescription] = None
         self._last_stats: Dict[str, int] = {}
+        self._lids: Dict[str, Optional[int]] = {}  # layer name -> layer id (None: an alias)
+        # Scheduler: each request's kv_transfer_params as the JSON bytes last encoded, with
+        # the dict they came from (encoded again only if vLLM puts another object there).
+        self._enc: Dict[str, Tuple[Any, bytes]] = {}
         self._closed = False
+        self._bind_ops()
 
     # ---- plumbing ----
 
@@ -237,12 +276,34 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
     def _call(self, name: str, *args) -> None:
         self._plugin.check(name, getattr(self._plugin.ops, name)(self._c, *args))
 
-    @staticmethod
-    def _params_of(request: Any) -> Optional[bytes]:
+    def _bind_ops(self) -> None:
+        """The ops a worker calls once per layer per step, looked up once (an ops-table field
+        read builds a new ctypes function object each time)."""
+        ops = self._plugin.ops
+        self._f_wait_layer = ops.wait_for_layer_load
+        self._f_save_layer = ops.save_kv_layer
+
+    def _params_of(self, request: Any) -> Optional[bytes]:
+        """kv_transfer_params as JSON bytes. vLLM sets a request's dict once and the
+        scheduler hooks see the same one several times (get_num_new_matched_tokens each
+        step until it is scheduled, update_state_after_alloc, request_finished): with a
+        producer's remote_block_ids it is thousands of numbers, so the bytes are kept per
+        request while the same object is there (the adapter never changes it), and
+        dropped at request_finished."""
         p = getattr(request, "kv_transfer_params", None)
         if p is None:
             return None
-        return (p if isinstance(p, str) else json.dumps(p)).encode()
+        if isinstance(p, (str, bytes)):
+            return p.encode() if isinstance(p, str) else p
+        rid = request.request_id
+        hit = self._enc.get(rid)
+        if hit is not None and hit[0] is p:
+            return hit[1]
+        raw = json.dumps(p, separators=(",", ":")).encode()
+        if len(self._enc) >= 1 << 16:  # requests vLLM never finished here: forget the lot
+            self._enc.clear()
+        self._enc[rid] = (p, raw)
+        return raw
 
     def _req(self, request: Any, flags: int = 0) -> Tuple[_abi.Request, tuple]:
         rid = str(request.request_id).encode()
@@ -251,18 +312,27 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
                          len(params) if params else 0, flags)
         return r, (rid, params)
 
+    def _windowed(self, groups: tuple, request: Any) -> tuple:
+        """groups with each sliding-window group's list cut to the window's blocks."""
+        if not self._windows:
+            return groups
+        tokens = int(getattr(request, "num_prompt_tokens", 0) or 0)
+        return tuple(window_blocks(g, *self._windows[i], tokens) if i in self._windows else g
+                     for i, g in enumerate(groups))
+
     @staticmethod
     def _aborted(request: Any) -> bool:
         st = getattr(request, "status", None)
         return "ABORTED" in getattr(st, "name", str(st) if st is not None else "").upper()
 
     def _layer(self, layer_name: str) -> Optional[int]:
+        """The layer id save_kv_layer / wait_for_layer_load take, None for an alias (it
+        shares an earlier layer's KV: that layer moves it)."""
         if self._kv is None:
             raise RuntimeError(f"hixl: layer {layer_name!r}: no KV caches registered on this worker yet")
-        name = self._kv.aliases.get(layer_name, layer_name)
         if layer_name in self._kv.aliases:
-            return None  # shares an earlier layer's KV: that layer moves it
-        lid = self._kv.layer_ids.get(name)
+            return None
+        lid = self._kv.layer_ids.get(layer_name)
         if lid is None:
             raise KeyError(f"hixl: layer {layer_name!r} was not registered (known: {len(self._kv.layer_ids)} "
                            "layers)")
@@ -302,6 +372,8 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._call("register_kv_groups", arr, n)
         del keep
         self._kv = d
+        self._lids = dict(d.layer_ids)
+        self._lids.update((a, None) for a in d.aliases)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
@@ -323,15 +395,20 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         self._call("start_load_kv")
 
+    # Called once per layer per step: one dict lookup and the op, nothing more.
     def wait_for_layer_load(self, layer_name: str) -> None:
-        lid = self._layer(layer_name)
+        lid = self._lids[layer_name] if layer_name in self._lids else self._layer(layer_name)
         if lid is not None:
-            self._call("wait_for_layer_load", lid)
+            st = self._f_wait_layer(self._c, lid)
+            if st:
+                self._plugin.check("wait_for_layer_load", st)
 
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
-        lid = self._layer(layer_name)
+        lid = self._lids[layer_name] if layer_name in self._lids else self._layer(layer_name)
         if lid is not None:
-            self._call("save_kv_layer", lid)
+            st = self._f_save_layer(self._c, lid)
+            if st:
+                self._plugin.check("save_kv_layer", st)
 
     def wait_for_save(self):
         self._call("wait_for_save")
@@ -408,7 +485,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
             # vLLM's second call, once the load is done (or failed and is recomputed): the
             # load already freed the producer's blocks, so no FREE either.
             return
-        groups = _block_groups(blocks, unhashed=num_external_tokens > 0)
+        groups = self._windowed(_block_groups(blocks, unhashed=num_external_tokens > 0), request)
         r, keep = self._req(request)
         if len(groups) == 1:
             p, n, a = _abi.u64_buffer(groups[0])
@@ -418,7 +495,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
             self._call("update_state_after_alloc_groups", ctypes.byref(r), arr, n, int(num_external_tokens))
         del keep
         if num_external_tokens > 0:
-            self._loading[rid] = {int(b) for g in groups for b in g}
+            self._loading[rid] = groups  # looked into only when vLLM reports invalid blocks
             self._load_queued.add(rid)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
@@ -429,6 +506,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _finished(self, request: Any, groups: tuple) -> Tuple[bool, Optional[dict]]:
         rid = str(request.request_id)
+        groups = self._windowed(groups, request)
         r, keep = self._req(request, _abi.REQ_ABORTED if self._aborted(request) else 0)
         delay, out = ctypes.c_int32(0), _abi.Buffer()
         if len(groups) == 1:
@@ -439,6 +517,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
             self._call("request_finished_groups", ctypes.byref(r), arr, n, ctypes.byref(delay), ctypes.byref(out))
         del keep
         params = self._plugin.take_buffer(out)
+        self._enc.pop(rid, None)
         self._load_queued.discard(rid)
         if not self._aborted(request):
             self._loading.pop(rid, None)  # an aborted load's blocks are in use until get_finished says received
@@ -458,10 +537,10 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._invalid |= set(getattr(connector_output, "invalid_block_ids", None) or ())
         failed = []
         for rid in recving:
-            blocks = self._loading.pop(rid, set())
-            if blocks & self._invalid:
+            groups = self._loading.pop(rid, ())
+            if self._invalid and groups and not self._invalid.isdisjoint(itertools.chain.from_iterable(groups)):
                 failed.append(rid)
-                self._invalid -= blocks
+                self._invalid.difference_update(itertools.chain.from_iterable(groups))
         self._pushing -= set(sending)
         if not sending and not recving:
             return

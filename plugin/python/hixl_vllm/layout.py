@@ -176,27 +176,33 @@ def _groups_of_config(kv_cache_config: Any, names: Sequence[str]) -> List[Tuple[
 def describe_layers(kv_caches: Dict[str, Any], layout: str, axes: Optional[str] = None,
                     kv_cache_config: Any = None) -> KVDescription:
     """register_kv_caches's tensors (layer name -> tensor or TensorInfo) as groups of planes.
-    A layer whose tensor is the same view as an earlier layer's (vLLM's KV sharing) is an
-    alias, not a layer of its own; views of one buffer share one entry in buffers."""
+    A layer whose tensor is the same view as an earlier layer's of the same KV cache group
+    (vLLM's KV sharing) is an alias, not a layer of its own; layers of different groups
+    that share a tensor (vLLM's hybrid allocator: each KV cache tensor is shared by one
+    layer of every group, the groups' blocks come from one pool) are layers of their own.
+    Views of one buffer share one entry in buffers."""
     axes = axes or LAYER_AXES.get(layout)
     if not axes:
         raise LayoutError(f"layout {layout!r} is unknown: give kv_connector_extra_config.hixl_vllm.axes "
                           f"(axis letters of each layer's tensor), or one of {', '.join(LAYER_AXES)}")
     infos = {n: (t if isinstance(t, TensorInfo) else TensorInfo.of(t)) for n, t in kv_caches.items()}
     d = KVDescription()
-    seen: Dict[Tuple, str] = {}
+    seen: Dict[Tuple, List[Tuple[str, Optional[int]]]] = {}
     order = list(infos)
     idx = {n: layer_index(n) for n in order}
     if all(v is not None for v in idx.values()) and len(set(idx.values())) == len(order):
         order.sort(key=lambda n: idx[n])
+    group_of = {n: i for i, g in enumerate(getattr(kv_cache_config, "kv_cache_groups", None) or [])
+                for n in getattr(g, "layer_names", [])}
     distinct = []
     for n in order:
         t = infos[n]
-        key = (t.data_ptr, t.shape, t.stride)
-        if key in seen:
-            d.aliases[n] = seen[key]
+        key, g = (t.data_ptr, t.shape, t.stride), group_of.get(n)
+        same = [m for m, mg in seen.get(key, ()) if g is None or mg == g]
+        if same:
+            d.aliases[n] = same[0]
             continue
-        seen[key] = n
+        seen.setdefault(key, []).append((n, g))
         distinct.append(n)
         span = (t.storage_ptr, t.storage_bytes)
         if span not in d.buffers:

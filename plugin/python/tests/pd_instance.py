@@ -10,6 +10,12 @@ exactly as vLLM's scheduler and GPU model runner do each step:
 
 KV tensors are CPU torch tensors in vLLM's shapes; every token's K|V is a function of
 (request seed, layer, token), so decode checks every block with torch.equal.
+With --window W the model is hybrid as vLLM's hybrid allocator lays it out (Gemma-3,
+gpt-oss): even layers a full-attention KV cache group, odd layers a sliding-window group
+of W tokens, each KV tensor shared by one layer of each group, the groups' blocks from
+one pool whose block 0 is the null block; a request has one block list per group
+(KVCacheBlocks.get_block_ids()), the sliding-window list padded with the null block
+where the window skips blocks; the scheduler calls request_finished_all_groups.
 The router (pd_router.py) talks to it with one JSON object per line on stdin/stdout.
 Every connector call is timed (Timed: time.perf_counter_ns and thread CPU time around
 the hook, and around the plugin's C ops within it); the steps with requests in flight
@@ -37,6 +43,8 @@ from hixl_vllm import HixlError, HixlKVConnector  # noqa: E402
 from hixl_vllm._base import KVConnectorRole  # noqa: E402
 
 DTYPE = torch.float16
+VERIFY_BYTES_PER_STEP = 64 << 20  # decode checks about this much KV a step (the C mock host's budget)
+IDLE_S = 0.02  # the longest wait for the router or the event fd when no step has work (the C host's)
 
 
 def send(msg):
@@ -62,15 +70,23 @@ class Model:
     (seed, layer) (distinct for every layer of a request). Writing a layer and checking
     it are then one copy and one bitwise compare per layer, not a generator per token."""
 
-    def __init__(self, layout, layers, heads, block_tokens, head_dim, num_blocks, max_tokens=0):
+    def __init__(self, layout, layers, heads, block_tokens, head_dim, num_blocks, max_tokens=0, window=0):
         self.layout, self.L, self.H, self.N, self.D, self.B = layout, layers, heads, block_tokens, head_dim, num_blocks
         self.names = [f"model.layers.{l}.self_attn.attn" for l in range(layers)]
+        # Hybrid (window > 0): layer l is in group l % 2 (1: the sliding window), and layers
+        # 2j and 2j+1 share one tensor, as vLLM's hybrid allocator shares each KV cache
+        # tensor between one layer of each group.
+        self.window = window
+        self.group_of = [l % 2 if window else 0 for l in range(layers)]
+        if window and (layout != "packed" or layers % 2):
+            raise SystemExit("--window: the hybrid model wants the packed layout and an even layer count")
         C = head_dim if layout == "mla" else 2 * head_dim
         self.C = C
         self.kv, canon = {}, []
         if layout == "packed":  # per layer (B, H, N, 2D)
-            for n in self.names:
-                t = torch.zeros(num_blocks, heads, block_tokens, C, dtype=DTYPE)
+            for l, n in enumerate(self.names):
+                t = self.kv[self.names[l - 1]] if window and l % 2 else \
+                    torch.zeros(num_blocks, heads, block_tokens, C, dtype=DTYPE)
                 self.kv[n] = t
                 canon.append(t.permute(0, 2, 1, 3))
         elif layout == "mla":  # per layer (B, N, D_latent)
@@ -116,28 +132,54 @@ class Model:
         off = 4 * ((seed * 1000003 + layer * 7919) % (SPREAD // 4))  # 7919 is odd: every layer differs
         return self.table[off:off + tokens * hc * self.C].view(tokens, hc, self.C)
 
-    def compute(self, seed, blocks, tokens, layer):
-        """The forward pass of one layer: the request's blocks, whole, get their values."""
+    def window_blocks(self, tokens):
+        """The blocks a sliding window of self.window tokens keeps after tokens tokens, as
+        vLLM's SlidingWindowManager counts them: it skips max(0, tokens - window + 1) tokens."""
+        nb = (tokens + self.N - 1) // self.N
+        return nb - max(0, tokens - self.window + 1) // self.N
+
+    def held(self, groups, layer, tokens):
+        """Layer's blocks of a request (its group's list without the null block) and the
+        first token they hold: a sliding window's are the request's last blocks."""
+        blocks = [b for b in groups[self.group_of[layer]] if b] if self.window else groups[self.group_of[layer]]
+        nb = (tokens + self.N - 1) // self.N
+        return blocks, (nb - len(blocks)) * self.N
+
+    def compute(self, seed, groups, tokens, layer):
+        """The forward pass of one layer: the request's blocks of the layer's group, whole,
+        get their values."""
+        blocks, first = self.held(groups, layer, tokens)
         nb = len(blocks)
-        v = self.values(seed, layer, nb * self.N).view(nb, self.N, self.heads_of_canon(), self.C)
+        v = self.values(seed, layer, first + nb * self.N)[first:].view(nb, self.N, self.heads_of_canon(), self.C)
         self.canon[layer].index_copy_(0, torch.tensor(blocks, dtype=torch.long), v)
 
-    def verify(self, seed, blocks, tokens):
-        """(blocks checked, first mismatch or None): torch.equal on the bytes of every
-        block of every layer (the request's tokens of its last block)."""
-        checked, nb = 0, len(blocks)
-        idx = torch.tensor(blocks, dtype=torch.long)
-        for l in range(self.L):
-            got = self.canon[l].index_select(0, idx).view(nb * self.N, self.heads_of_canon(), self.C)[:tokens]
-            want = self.values(seed, l, tokens)
+    def layer_bytes(self, groups, layer, tokens):
+        return (tokens - self.held(groups, layer, tokens)[1]) * self.token_bytes()
+
+    def verify(self, seed, groups, tokens, layers=None):
+        """(blocks checked, bytes checked, first mismatch or None): torch.equal on the bytes
+        of every block of every layer given (default all) that the layer's group holds (the
+        request's tokens of its last block)."""
+        checked = nbytes = 0
+        for l in (range(self.L) if layers is None else layers):
+            blocks, first = self.held(groups, l, tokens)
+            nb = len(blocks)
+            idx = torch.tensor(blocks, dtype=torch.long)
+            got = self.canon[l].index_select(0, idx).view(nb * self.N, self.heads_of_canon(), self.C)[:tokens - first]
+            want = self.values(seed, l, tokens)[first:]
             if not torch.equal(bits(got), bits(want)):
                 for i, b in enumerate(blocks):
-                    lo, hi = i * self.N, min(tokens, (i + 1) * self.N)
+                    lo, hi = i * self.N, min(tokens - first, (i + 1) * self.N)
                     if not torch.equal(got[lo:hi], want[lo:hi]):
-                        return checked, f"layer {l} block {b} (request block {i}) differs"
-                return checked, f"layer {l} differs"
+                        return checked, nbytes, f"layer {l} block {b} (request block {i} of its group's) differs"
+                return checked, nbytes, f"layer {l} differs"
             checked += nb
-        return checked, None
+            nbytes += (tokens - first) * self.token_bytes()
+        return checked, nbytes, None
+
+    def null_block_zero(self):
+        """The null block (0) of every layer still all zeros: nothing was moved into it."""
+        return all(not bool(c[0].any()) for c in self.canon)
 
 
 class TimedOps:
@@ -177,6 +219,7 @@ class Timed:
         plugin = getattr(conn, "_plugin", None)
         if plugin is not None:
             plugin.ops = TimedOps(plugin.ops, self)
+            conn._bind_ops()  # the per-layer ops it looked up once: the timed ones
 
     def __getattr__(self, name):
         f = getattr(self.conn, name)
@@ -199,23 +242,32 @@ class Instance:
         self.prefill = a.role == "prefill"
         cfg = json.loads(a.config)
         self.push = cfg["kv_connector_extra_config"].get("mode") == "push"
-        self.m = Model(a.layout, a.layers, a.heads, a.block_tokens, a.head_dim, a.num_blocks, a.max_prompt)
+        self.m = Model(a.layout, a.layers, a.heads, a.block_tokens, a.head_dim, a.num_blocks, a.max_prompt, a.window)
         vc = fv.VllmConfig(fv.KVTransferConfig.from_dict(cfg))
         spec = fv.MLAAttentionSpec(block_size=a.block_tokens) if a.layout == "mla" else \
             fv.FullAttentionSpec(block_size=a.block_tokens)
-        kcc = fv.KVCacheConfig(a.num_blocks, [fv.KVCacheGroupSpec(list(self.m.names), spec)])
+        if a.window:  # hybrid: vLLM's KV cache groups, full attention and sliding window
+            sw = fv.SlidingWindowSpec(block_size=a.block_tokens, sliding_window=a.window)
+            kcc = fv.KVCacheConfig(a.num_blocks, [
+                fv.KVCacheGroupSpec([n for n, g in zip(self.m.names, self.m.group_of) if g == k], sp)
+                for k, sp in ((0, spec), (1, sw))])
+        else:
+            kcc = fv.KVCacheConfig(a.num_blocks, [fv.KVCacheGroupSpec(list(self.m.names), spec)])
         self.sched = Timed(HixlKVConnector(vc, KVConnectorRole.SCHEDULER, kcc))
         self.worker = Timed(HixlKVConnector(vc, KVConnectorRole.WORKER, kcc))
         if a.layout == "cross_layer":
             self.worker.register_cross_layers_kv_cache(self.m.whole, None)
         else:
             self.worker.register_kv_caches(self.m.kv)
-        self.free = list(range(a.num_blocks))
+        # vLLM's block pool: block 0 is the null block (kept out of the pool) in a hybrid model.
+        self.free = list(range(1 if a.window else 0, a.num_blocks))
+        self.blocks_total = len(self.free)
         self.reqs = {}  # id -> Request (with .seed, .blocks, state fields)
         self.order = []
         self.held = {}  # prefill: id -> blocks kept for the consumer (delay_free)
         self.finished_ids = set()  # vLLM's scheduler_output.finished_req_ids for the next step
-        self.ready = []  # decode: received, checked in the next step
+        self.ready = []  # decode: received, scheduled in the next step
+        self.verifying = []  # decode: being checked, a few layers a step
         self.exiting = False
         self.go = False  # fault decode-dies-mid-push: the router killed decode
         self.drain_end = 0.0
@@ -225,7 +277,7 @@ class Instance:
         # Steps with requests in flight: [requests, ns in the scheduler's hooks, in the worker's, of
         # those inside the plugin's C ops: the scheduler's, the worker's; the same four in CPU ns].
         self.steps = []
-        self.event_fd = self.worker.event_fd() if not self.prefill else -1
+        self.event_fd = self.worker.event_fd()  # readable once get_finished has something
 
     # ---- blocks ----
     def alloc(self, n):
@@ -236,11 +288,35 @@ class Instance:
 
     def release(self, r):
         if getattr(r, "blocks", None):
-            self.free.extend(r.blocks)
+            self.free.extend(b for g in r.blocks for b in g if b or not self.m.window)
             r.blocks = None
 
     def blocks_for(self, tokens):
         return (tokens + self.m.N - 1) // self.m.N
+
+    def alloc_groups(self, tokens, external):
+        """A request's blocks, one list per KV cache group (KVCacheBlocks.get_block_ids()),
+        or None. Sliding-window group: a prefill computed in one step gets every block, a
+        load of external tokens only the window's, the skipped ones padded with the null
+        block (0), as vLLM's SlidingWindowManager does."""
+        nb = self.blocks_for(tokens)
+        if not self.m.window:
+            b = self.alloc(nb)
+            return None if b is None else (b,)
+        k = self.m.window_blocks(tokens) if external else nb
+        b = self.alloc(nb + k)
+        return None if b is None else (b[:nb], [0] * (nb - k) + b[nb:])
+
+    def all_blocks(self, r):
+        return {b for g in r.blocks for b in g if b or not self.m.window}
+
+    def finished(self, r):
+        """The scheduler's request_finished: request_finished_all_groups with several KV
+        cache groups (vLLM's hybrid allocator and a SupportsHMA connector), else
+        request_finished with the one group's list."""
+        if len(r.blocks) > 1:
+            return self.sched.request_finished_all_groups(r, tuple(list(g) for g in r.blocks))
+        return self.sched.request_finished(r, list(r.blocks[0]))
 
     # ---- the step ----
     def forward(self, meta, batch):
@@ -255,16 +331,16 @@ class Instance:
                 for r in batch:
                     if r.compute:
                         self.m.compute(r.seed, r.blocks, r.num_prompt_tokens, l)
-                if l == self.m.L - 1:  # the last layer is computed: the hand-off starts with its save
-                    self.t_saved = time.monotonic_ns()
                 w.save_kv_layer(name, self.m.kv[name], attn_metadata=None)
+                if l == self.m.L - 1:  # the last layer is computed and saved: the hand-off starts
+                    self.t_saved = time.monotonic_ns()  # (where the C mock host takes it)
                 if self.a.fault == "prefill-dies-mid-push" and l == self.m.L // 2 and \
                         self.count + len(batch) >= self.a.fault_at:  # half the layers are being pushed
                     os.kill(os.getpid(), signal.SIGKILL)
                 if self.a.fault == "decode-dies-mid-push" and l == self.m.L // 2 and not self.go and \
                         self.count + len(batch) >= self.a.fault_at:
                     send({"op": "midpush"})  # the router kills decode, then says go
-                    while not self.go and self.read(1.0):
+                    while not self.go and self.read(1.0, wake_on_fd=False):
                         pass
         w.wait_for_save()
         sending, recving = w.get_finished(self.finished_ids)
@@ -293,11 +369,11 @@ class Instance:
             n, is_async = s.get_num_new_matched_tokens(r, 0)
             if n is None:
                 continue
-            blocks = self.alloc(self.blocks_for(r.num_prompt_tokens))
+            blocks = self.alloc_groups(r.num_prompt_tokens, False)
             if blocks is None:
                 break
             r.blocks, r.compute, r.status = blocks, True, fv.RequestStatus.RUNNING
-            s.update_state_after_alloc(r, fv.KVCacheBlocks([blocks]), n or 0)
+            s.update_state_after_alloc(r, fv.KVCacheBlocks(blocks), n or 0)
             so.scheduled_new_reqs.append(r)
             so.num_scheduled_tokens[rid] = r.num_prompt_tokens
             batch.append(r)
@@ -306,7 +382,7 @@ class Instance:
         # update_from_output: a prefill request ends after its prompt (max_tokens 1).
         for r in batch:
             r.status = fv.RequestStatus.FINISHED_LENGTH_CAPPED
-            delay, params = s.request_finished(r, list(r.blocks))
+            delay, params = self.finished(r)
             self.finished_ids.add(r.request_id)
             self.order.remove(r.request_id)
             send({"op": "params", "id": r.request_id, "params": params, "delay": delay, "t_saved": self.t_saved})
@@ -332,12 +408,11 @@ class Instance:
         so = fv.SchedulerOutput()
         batch = []
         # Requests received last step: scheduled now (vLLM calls update_state_after_alloc
-        # again with 0 external tokens), checked, and finished.
+        # again with 0 external tokens), then checked a few layers a step (verify_some).
         for r in self.ready:
-            s.update_state_after_alloc(r, fv.KVCacheBlocks([r.blocks]), 0)
-            checked, bad = self.m.verify(r.seed, r.blocks, r.num_prompt_tokens)
-            self.finish(r, "corrupt" if bad else r.outcome, bad or f"{checked} blocks equal", checked,
-                        nbytes=0 if bad else r.num_prompt_tokens * self.m.L * self.m.token_bytes())
+            s.update_state_after_alloc(r, fv.KVCacheBlocks(r.blocks), 0)
+            r.vlayer, r.vchecked, r.vbytes, r.vbad = 0, 0, 0, None
+            self.verifying.append(r)
         self.ready = []
         for rid in list(self.order):
             r = self.reqs[rid]
@@ -350,16 +425,16 @@ class Instance:
                 continue
             if n is None:
                 continue
-            blocks = self.alloc(self.blocks_for(r.num_prompt_tokens))
+            blocks = self.alloc_groups(r.num_prompt_tokens, n > 0)
             if blocks is None:
                 break
             r.blocks = blocks
             if n == 0:  # nothing to load: the runtime computes the prompt itself
                 r.compute, r.status, r.outcome = True, fv.RequestStatus.RUNNING, "recomputed"
-                s.update_state_after_alloc(r, fv.KVCacheBlocks([blocks]), 0)
+                s.update_state_after_alloc(r, fv.KVCacheBlocks(blocks), 0)
                 batch.append(r)
                 continue
-            s.update_state_after_alloc(r, fv.KVCacheBlocks([blocks]), n)
+            s.update_state_after_alloc(r, fv.KVCacheBlocks(blocks), n)
             r.compute, r.outcome = False, "verified"
             r.status = fv.RequestStatus.WAITING_FOR_REMOTE_KVS if is_async else fv.RequestStatus.RUNNING
             if self.push:
@@ -367,7 +442,7 @@ class Instance:
             self.count += 1
             if self.a.fault == "decode-aborts" and self.count == self.a.fault_at:
                 r.status = fv.RequestStatus.FINISHED_ABORTED  # the client went away while it loads
-                s.request_finished(r, list(blocks))
+                self.finished(r)
                 r.aborted = True
         meta = s.build_connector_meta(so)
         if self.a.fault == "decode-dies" and self.count >= self.a.fault_at and any(
@@ -386,10 +461,11 @@ class Instance:
             if getattr(r, "aborted", False):
                 self.finish(r, "aborted", "aborted while its KV loaded", 0, finished_already=True)
                 continue
-            bad = errors & set(r.blocks)
+            mine = self.all_blocks(r)
+            bad = errors & mine
             if bad:  # vLLM: the blocks are invalid; ask the connector again (policy)
                 r.status = fv.RequestStatus.WAITING
-                r.why = f"{len(bad)} of {len(r.blocks)} blocks failed to load"
+                r.why = f"{len(bad)} of {len(mine)} blocks failed to load"
                 self.release(r)
                 try:
                     n, _ = s.get_num_new_matched_tokens(r, 0)
@@ -402,12 +478,30 @@ class Instance:
             r.status = fv.RequestStatus.RUNNING
             r.t_held = time.monotonic_ns()
             self.ready.append(r)
+        self.verify_some(VERIFY_BYTES_PER_STEP)
+
+    def verify_some(self, budget):
+        """Checks received requests' KV, about budget bytes a step, layer by layer, as the C
+        mock host does: a 4096-token request of a 32-layer model is 512 MiB, and checked in
+        one step it kept get_finished from being called for half a second, which every
+        request landing meanwhile counted in its hand-off."""
+        while self.verifying and budget > 0:
+            r = self.verifying[0]
+            while r.vlayer < self.m.L and r.vbad is None and budget > 0:
+                checked, nbytes, r.vbad = self.m.verify(r.seed, r.blocks, r.num_prompt_tokens, [r.vlayer])
+                budget -= self.m.layer_bytes(r.blocks, r.vlayer, r.num_prompt_tokens)
+                r.vlayer, r.vchecked, r.vbytes = r.vlayer + 1, r.vchecked + checked, r.vbytes + nbytes
+            if r.vlayer < self.m.L and r.vbad is None:
+                break
+            self.verifying.pop(0)
+            self.finish(r, "corrupt" if r.vbad else r.outcome, r.vbad or f"{r.vchecked} blocks equal", r.vchecked,
+                        nbytes=0 if r.vbad else r.vbytes)
 
     def finish(self, r, outcome, why, checked, finished_already=False, nbytes=0):
         if not finished_already and r.blocks:
             if r.status != fv.RequestStatus.FINISHED_ABORTED:
                 r.status = fv.RequestStatus.FINISHED_LENGTH_CAPPED
-            delay, params = self.sched.request_finished(r, list(r.blocks))
+            delay, params = self.finished(r)
             if delay:
                 send({"op": "log", "msg": f"request_finished({r.request_id}) on decode answered delay_free"})
         self.finished_ids.add(r.request_id)
@@ -434,10 +528,26 @@ class Instance:
         else:
             raise SystemExit(f"unknown message {msg}")
 
-    def read(self, timeout):
-        """Waits up to timeout for the router's messages (decode: or for the worker's
-        event fd, readable once get_finished has something) and handles them."""
-        rl, _, _ = select.select([0] if self.event_fd < 0 else [0, self.event_fd], [], [], timeout)
+    def wait_s(self):
+        """How long the loop may wait before the next step: not at all while received KV
+        waits to be checked; 1 ms while a request waits for blocks or for the connector to
+        be asked again ("ask later"), which nothing signals, or while exiting; else until
+        the router writes or the worker's event fd says get_finished has something (a load
+        landed, a push or a hold ended), at most IDLE_S. A step polling every millisecond
+        when nothing can have changed cost each Python process about a quarter of a CPU
+        (a few hundred µs of Python a step), taken from the plugin's threads moving the KV
+        on a 2-CPU machine."""
+        if self.ready or self.verifying:
+            return 0.0
+        if self.exiting or any(self.reqs[rid].status == fv.RequestStatus.WAITING for rid in self.order):
+            return 0.001
+        return IDLE_S
+
+    def read(self, timeout, wake_on_fd=True):
+        """Waits up to timeout for the router's messages, or for the worker's event fd
+        (readable once get_finished has something), and handles the messages."""
+        fds = [0, self.event_fd] if wake_on_fd and self.event_fd >= 0 else [0]
+        rl, _, _ = select.select(fds, [], [], timeout)
         if 0 not in rl:
             return True
         data = os.read(0, 1 << 16)
@@ -453,7 +563,7 @@ class Instance:
     def run(self):
         send({"op": "ready", "blocks": self.a.num_blocks})
         while True:
-            if not self.read(0.001 if self.reqs or self.held or self.exiting else 0.01):
+            if not self.read(self.wait_s()):
                 break
             self.step()
             if self.exiting and ((not self.reqs and not self.held and not self.ready)
@@ -461,7 +571,8 @@ class Instance:
                 break
         st = self.worker.plugin_stats()
         adapter = self.worker.get_kv_connector_stats()
-        send({"op": "stats", "blocks_total": self.a.num_blocks, "blocks_free": len(self.free),
+        send({"op": "stats", "blocks_total": self.blocks_total, "blocks_free": len(self.free),
+              "null_block_zero": self.m.null_block_zero() if self.m.window else None,
               "requests_left": len(self.reqs), "held": len(self.held), "plugin": st, "adapter": adapter.data,
               "steps": self.steps})
         self.worker.shutdown()
@@ -479,6 +590,8 @@ def main():
     p.add_argument("--head-dim", type=int, default=64)
     p.add_argument("--num-blocks", type=int, default=256)
     p.add_argument("--max-prompt", type=int, default=0, help="the longest prompt (default: the whole cache)")
+    p.add_argument("--window", type=int, default=0, help="a hybrid model: odd layers a sliding window of this "
+                   "many tokens (its own KV cache group), even layers full attention (default 0: one group)")
     p.add_argument("--drain-s", type=float, default=10.0)
     p.add_argument("--fault", default="none", help="decode-dies, prefill-dies, decode-aborts; push mode: "
                    "prefill-dies-mid-push, decode-dies-mid-push (the router kills decode)")

@@ -49,6 +49,7 @@ class Side:
     stats: Optional[Dict[str, Any]] = None
     fatal: Optional[str] = None
     dead: bool = False
+    mourned: bool = False  # its requests were counted lost (or it died after the exit)
     logs: List[str] = field(default_factory=list)
 
     def send(self, msg) -> None:
@@ -76,6 +77,8 @@ class Result:
     prompts: Dict[str, int] = field(default_factory=dict)  # request -> prompt tokens
     handoff_ns: Dict[str, int] = field(default_factory=dict)  # verified request -> last layer saved to KV held
     busy_seconds: float = 0.0  # from the first request sent to the last one ended
+    # verified request -> (last layer saved, KV held, its KV bytes): hixl-py-host's GB/s over the hand-offs
+    handoff_spans: Dict[str, tuple] = field(default_factory=dict)
 
     def summary(self) -> str:
         n = len(self.outcomes)
@@ -109,6 +112,7 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
     inflight = 0
     t_saved: Dict[str, int] = {}  # prefill's last layer saved (push: its params may come after decode's done)
     t_held: Dict[str, int] = {}  # decode's get_finished reported the KV received
+    vbytes: Dict[str, int] = {}  # a verified request's KV bytes
     t_first = t_last = 0.0
     logs: List[str] = []
     t0 = time.monotonic()
@@ -148,6 +152,7 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
             if msg["outcome"] == "verified":
                 nbytes += msg.get("bytes_checked", 0)
                 t_held[rid] = msg.get("t_held", 0)
+                vbytes[rid] = msg.get("bytes_checked", 0)
             where.pop(rid, None)
             inflight -= 1
             t_last = time.monotonic()
@@ -160,6 +165,21 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
             logs.append(f"{side.name}: fatal: {msg['why']}")
         elif op == "log":
             logs.append(f"{side.name}: {msg['msg']}")
+
+    def mourn(side: Side) -> None:
+        """A side died (EOF on its stdout, or a write to it failed): the requests it had
+        die with it, and no new ones start."""
+        nonlocal inflight
+        if side.mourned:
+            return
+        side.mourned = True
+        if not exit_sent:
+            for rid, w in list(where.items()):
+                if w == side.name or side.name == "decode":
+                    outcomes[rid], whys[rid] = "lost", f"{side.name} died"
+                    del where[rid]
+                    inflight -= 1
+            todo.clear()
 
     while time.monotonic() - t0 < timeout:
         live = [s for s in sides.values() if not s.dead]
@@ -175,6 +195,9 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
                     where[rid] = "decode"
                     sides["decode"].send({"op": "load", "id": rid, "seed": s, "prompt": n,
                                           "params": {"do_remote_prefill": True}})
+        for s in sides.values():  # before the exit: a write to a dead side fails before its EOF is read
+            if s.dead:
+                mourn(s)
         dead_any = any(s.dead for s in sides.values())
         if not exit_sent and ((not todo and inflight == 0) or (dead_any and stop_after_fault)):
             for s in sides.values():
@@ -191,14 +214,7 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
             data = os.read(fd, 1 << 16)
             if not data:
                 side.dead = True
-                # The requests it had die with it, and no new ones start.
-                if not exit_sent:
-                    for rid, w in list(where.items()):
-                        if w == side.name or side.name == "decode":
-                            outcomes[rid], whys[rid] = "lost", f"{side.name} died"
-                            del where[rid]
-                            inflight -= 1
-                    todo.clear()
+                mourn(side)
                 continue
             side.buf += data
             while b"\n" in side.buf:
@@ -210,6 +226,7 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
                 todo.clear()
                 inflight = 0
     handoff = {rid: t - t_saved[rid] for rid, t in t_held.items() if t > t_saved.get(rid, 0) > 0}
+    spans = {rid: (t_saved[rid], t_held[rid], vbytes[rid]) for rid in handoff}
     rcs = {}
     for name, s in sides.items():
         try:
@@ -220,4 +237,4 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
             logs.append(f"{name}: killed at the timeout")
     return Result(outcomes, whys, checked, sides["prefill"].stats, sides["decode"].stats, rcs["prefill"],
                   rcs["decode"], logs, time.monotonic() - t0, nbytes, {rid: n for rid, (_, n) in info.items()},
-                  handoff, max(0.0, t_last - t_first))
+                  handoff, max(0.0, t_last - t_first), spans)

@@ -95,3 +95,44 @@ def test_decode_aborts(plugin_path):
     assert res.prefill_rc == 0 and res.decode_rc == 0
     assert sorted(res.outcomes.values()) == ["aborted"] + ["verified"] * 7, res.whys
     check_clean(res)
+
+
+WINDOW = 64  # tokens: prompts of 16-300 tokens in 16-token blocks, so most are cut
+
+
+def window_blocks(tokens, window=WINDOW, block_tokens=16):
+    """vLLM's SlidingWindowManager: after `tokens` tokens the window skips
+    max(0, tokens - window + 1) tokens; it keeps the blocks from the first unskipped one."""
+    return -(-tokens // block_tokens) - max(0, tokens - window + 1) // block_tokens
+
+
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_handoff_hybrid(plugin_path, mode):
+    # A hybrid model (SupportsHMA) as vLLM's hybrid allocator lays it out: layers 0, 2 a
+    # full-attention KV cache group, layers 1, 3 a sliding-window group of 64 tokens, each
+    # KV tensor shared by one layer of each group, one block pool whose block 0 is the
+    # null block. Decode allocates the window's blocks only (null-padded lists), prefill
+    # every block; the adapter hands the plugin exactly the window's blocks. Every block
+    # that must move is compared: all of the full-attention group's, the window's of the
+    # sliding one; decode's null block stays zero; both sides hold 0 blocks after.
+    window = ["--window", str(WINDOW)]
+    res = pd_router.run(mode=mode, requests=8, timeout=90, prefill_args=window, decode_args=window)
+    print(f"{mode} hybrid: {res.summary()} in {res.seconds:.1f} s")
+    assert res.prefill_rc == 0 and res.decode_rc == 0, res.logs
+    assert len(res.outcomes) == 8 and set(res.outcomes.values()) == {"verified"}, res.whys
+    prompts = pd_router_prompts(8)
+    full = sum(-(-n // 16) for n in prompts)
+    windowed = sum(window_blocks(n) for n in prompts)
+    assert windowed < full  # the window cuts some requests short: their other blocks do not move
+    assert res.blocks_checked == 2 * full + 2 * windowed
+    token_bytes = 2 * 128 * 2  # 2 KV heads x K|V of 64 x float16
+    assert res.bytes_checked == sum(2 * n + 2 * (n - (-(-n // 16) - window_blocks(n)) * 16)
+                                    for n in prompts) * token_bytes
+    check_clean(res)
+    assert res.decode["null_block_zero"] is True and res.prefill["null_block_zero"] is True
+    d = res.decode["plugin"]
+    assert d["loads_done"] == 8 and d["loads_failed"] == 0
+    moved = res.prefill["plugin"]["bytes_pushed"] if mode == "push" else d["bytes_loaded"]
+    assert moved == res.blocks_checked * 16 * token_bytes  # whole blocks: the window's, not the skipped ones
+    if mode == "push":
+        assert res.prefill["plugin"]["pushes_done"] == 8

@@ -74,3 +74,32 @@ def test_cross_layer():
     g = d.groups[0]
     blk = 3 * 2 * 16 * 2 * 64 * 2
     assert g.flags == 1 and g.planes == [(t.data_ptr(), blk, blk, 0, 0)] and g.layer_ids == [0, 1, 2]
+
+
+def test_hybrid_groups_sharing_tensors_are_layers():
+    # vLLM's hybrid allocator shares each KV tensor between one layer of each group (their
+    # blocks come from one pool): those are layers of their own, not KV sharing; within
+    # one group the same view is still an alias.
+    from types import SimpleNamespace as NS
+    a, b = torch.zeros(4, 2, 16, 8, dtype=torch.float16), torch.zeros(4, 2, 16, 8, dtype=torch.float16)
+    names = [f"m.layers.{l}.attn" for l in range(5)]
+    kcc = NS(kv_cache_groups=[NS(layer_names=[names[0], names[2], names[4]], kv_cache_spec=None),
+                              NS(layer_names=[names[1], names[3]],
+                                 kv_cache_spec=type("SlidingWindowSpec", (), {"sliding_window": 32})())])
+    d = layout.describe_layers({names[0]: a, names[1]: a, names[2]: b, names[3]: b, names[4]: b}, "packed",
+                               kv_cache_config=kcc)
+    assert d.layer_ids == {names[0]: 0, names[1]: 1, names[2]: 2, names[3]: 3}
+    assert d.aliases == {names[4]: names[2]}
+    assert [g.layer_ids for g in d.groups] == [[0, 2], [1, 3]] and len(d.buffers) == 2
+    assert [g.kind for g in d.groups] == [0, 1] and d.groups[1].window_tokens == 32
+    assert d.groups[0].planes[0][0] == d.groups[1].planes[0][0] == a.data_ptr()
+
+
+def test_window_blocks():
+    from array import array
+    from hixl_vllm.connector import window_blocks
+    # 100 tokens in 16-token blocks (7 blocks), a 40-token window: 61 tokens (3 blocks) skipped.
+    assert window_blocks(list(range(1, 8)), 40, 16, 100) == [4, 5, 6, 7]
+    assert window_blocks([0, 0, 0, 5, 6, 7, 8], 40, 16, 100) == [5, 6, 7, 8]  # vLLM's null padding
+    assert window_blocks(array("Q", [0, 0, 9]), 40, 16, 100) == array("Q", [9])  # padded further: stripped
+    assert window_blocks([3, 4], 400, 16, 20) == [3, 4]  # the window holds it all

@@ -1,0 +1,176 @@
+#!/usr/bin/python3
+"""adapter_step.py [--tree DIR] [--blocks N] [--layers N] [--steps N] [--json FILE]
+
+The adapter's own cost per step, in this thread's CPU time (time.thread_time_ns, which
+another process taking the CPU does not inflate), with 64 requests in flight: the hooks
+vLLM's scheduler and model runner call, through hixl_vllm into the plugin, without a peer
+and without KV moving (the plugin answers from its own state), so what is measured is
+the adapter, ctypes and the plugin's bookkeeping:
+
+- producer scheduler step: 64 requests finish their prefill: update_state_after_alloc,
+  request_finished (kv_transfer_params out, a dict), build_connector_meta, then the next
+  step's update_connector_output with the 64 sent;
+- consumer scheduler step: 64 requests with a producer's kv_transfer_params (N remote
+  block ids each): get_num_new_matched_tokens, update_state_after_alloc (N blocks),
+  build_connector_meta, update_connector_output with 64 received, the second
+  update_state_after_alloc (0 tokens), request_finished;
+- worker step: bind_connector_metadata, start_load_kv, per layer wait_for_layer_load and
+  save_kv_layer, wait_for_save, get_finished, get_block_ids_with_load_errors,
+  clear_connector_metadata.
+
+Each step's µs, and of it the plugin's C ops (ctypes' call included), as medians over
+--steps steps. --tree takes hixl_vllm from another checkout (A/B). Needs torch only for
+the worker's tensors (tiny: 64 blocks of 4 tokens per layer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.realpath(__file__))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class CTimer:
+    """The plugin's ops table with this thread's CPU time of each C call added up."""
+
+    def __init__(self, ops):
+        self._ops, self.ns = ops, 0
+
+    def __getattr__(self, name):
+        f = getattr(self._ops, name)
+        if not callable(f):
+            return f
+
+        def timed(*args):
+            t = time.thread_time_ns()
+            try:
+                return f(*args)
+            finally:
+                self.ns += time.thread_time_ns() - t
+        return timed
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
+    p.add_argument("--tree", default=os.path.dirname(os.path.dirname(HERE)), help="the source tree (default: this)")
+    p.add_argument("--blocks", type=int, default=256, help="blocks per request (default 256: 4096 tokens of 16)")
+    p.add_argument("--layers", type=int, default=32)
+    p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--json")
+    a = p.parse_args()
+    tests = os.path.join(a.tree, "plugin", "python", "tests")
+    sys.path[:0] = [os.path.join(a.tree, "plugin", "python"), tests]
+    import torch
+    import fakevllm as fv
+    from hixl_vllm import HixlKVConnector
+    from hixl_vllm._base import KVConnectorRole
+
+    def config(role: str, mode: str = "pull"):
+        return fv.VllmConfig(fv.KVTransferConfig.from_dict({
+            "kv_connector": "HixlKVConnector", "kv_connector_module_path": "hixl_vllm",
+            "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+            "kv_connector_extra_config": {"address": f"127.0.0.1:{free_port()}", "mode": mode,
+                                          "Transport": "tcp", "lease_ms": 600000}}))
+
+    names = [f"model.layers.{l}.self_attn.attn" for l in range(a.layers)]
+    kcc = fv.KVCacheConfig(64 * a.blocks, [fv.KVCacheGroupSpec(names, fv.FullAttentionSpec(block_size=16))])
+    timers = []
+
+    def connector(vc, role):
+        c = HixlKVConnector(vc, role, kcc)
+        t = CTimer(c._plugin.ops)
+        c._plugin.ops = t
+        if hasattr(c, "_bind_ops"):
+            c._bind_ops()
+        timers.append(t)
+        return c, t
+
+    P, pt = connector(config("prefill"), KVConnectorRole.SCHEDULER)
+    D, dt = connector(config("decode"), KVConnectorRole.SCHEDULER)
+    W, wt = connector(config("decode"), KVConnectorRole.WORKER)
+    W.register_kv_caches({n: torch.zeros(64, 2, 4, 32, dtype=torch.float16) for n in names})
+    blocks = [list(range(i * a.blocks, (i + 1) * a.blocks)) for i in range(64)]
+    out = {"producer scheduler": [], "consumer scheduler": [], "worker": []}
+
+    def timed(key, timer, f):
+        c0, t0 = timer.ns, time.thread_time_ns()
+        r = f()
+        out[key].append((time.thread_time_ns() - t0, timer.ns - c0))
+        return r
+
+    for k in range(a.steps + 5):
+        reqs = [fv.Request(f"s{k}-{i}", a.blocks * 16) for i in range(64)]
+
+        def producer():
+            params = {}
+            for r, b in zip(reqs, blocks):
+                P.update_state_after_alloc(r, fv.KVCacheBlocks([b]), 0)
+            for r, b in zip(reqs, blocks):
+                r.status = fv.RequestStatus.FINISHED_LENGTH_CAPPED
+                params[r.request_id] = P.request_finished(r, b)[1]
+            P.build_connector_meta(fv.SchedulerOutput())
+            P.update_connector_output(fv.KVConnectorOutput(finished_sending={r.request_id for r in reqs}))
+            return params
+        params = timed("producer scheduler", pt, producer)
+        dreqs = [fv.Request(r.request_id, a.blocks * 16, params[r.request_id]) for r in reqs]
+
+        def consumer():
+            for r, b in zip(dreqs, blocks):
+                n, _ = D.get_num_new_matched_tokens(r, 0)
+                D.update_state_after_alloc(r, fv.KVCacheBlocks([b]), n)
+            meta = D.build_connector_meta(fv.SchedulerOutput())
+            D.update_connector_output(fv.KVConnectorOutput(finished_recving={r.request_id for r in dreqs}))
+            for r, b in zip(dreqs, blocks):
+                D.update_state_after_alloc(r, fv.KVCacheBlocks([b]), 0)
+                r.status = fv.RequestStatus.FINISHED_LENGTH_CAPPED
+                D.request_finished(r, b)
+            return meta
+        timed("consumer scheduler", dt, consumer)
+
+        def worker():
+            meta = D.build_connector_meta(fv.SchedulerOutput())  # (not timed: the scheduler's)
+            c0, t0 = wt.ns, time.thread_time_ns()
+            W.bind_connector_metadata(meta)
+            W.start_load_kv(fv.ForwardContext(attn_metadata={}))
+            for n in names:
+                W.wait_for_layer_load(n)
+                W.save_kv_layer(n, None, None)
+            W.wait_for_save()
+            W.get_finished(set())
+            W.get_block_ids_with_load_errors()
+            W.clear_connector_metadata()
+            return time.thread_time_ns() - t0, wt.ns - c0
+        out["worker"].append(worker())
+    res = {}
+    for key, v in out.items():
+        v = v[5:]  # warm-up
+        res[key] = {"us": statistics.median(x for x, _ in v) / 1e3, "c_us": statistics.median(c for _, c in v) / 1e3,
+                    "steps": len(v)}
+    for c in (P, D, W):
+        c.shutdown()
+    print(f"adapter_step: 64 requests in flight, {a.blocks} blocks each, {a.layers} layers; CPU µs per step "
+          f"(median of {a.steps}), of it in the plugin's C ops; hixl_vllm from {a.tree}")
+    for key, r in res.items():
+        print(f"  {key:<20} {r['us']:8.0f} us (C {r['c_us']:6.0f}, Python {r['us'] - r['c_us']:6.0f}), "
+              f"{r['us'] / (1 if key == 'worker' else 64):7.1f} us per {'step' if key == 'worker' else 'request'}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"requests_in_flight": 64, "blocks_per_request": a.blocks, "layers": a.layers,
+                       "steps": a.steps, "per_step": res}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
