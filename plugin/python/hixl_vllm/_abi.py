@@ -123,7 +123,10 @@ class Group(Structure):
                 ("layer_ids", POINTER(c_uint32)), ("first_layer", c_uint32), ("planes_per_layer", c_uint32),
                 ("planes", POINTER(Plane)), ("num_blocks", c_uint64), ("block_tokens", c_uint32),
                 ("elem_size", c_uint32), ("window_tokens", c_uint32), ("reserved", c_uint32),
-                ("layout", c_char_p), ("layout_len", c_size_t)]
+                ("layout", c_char_p), ("layout_len", c_size_t),
+                # 1.5: the model's KV heads over every TP rank (a 1.3 / 1.4 plugin reads the size
+                # and takes the group without them)
+                ("total_kv_heads", c_uint32), ("reserved2", c_uint32)]
 
 
 class BlockIds(Structure):

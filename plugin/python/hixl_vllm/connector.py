@@ -34,6 +34,8 @@ ADAPTER_KEYS = {
     "cross_layer_axes": "axis letters of the cross-layer tensor (default BLSNHC)",
     "prefer_cross_layer_blocks": "answer vLLM's prefer_cross_layer_blocks (default false)",
     "rank": "the worker's rank when vLLM's parallel state is not there (tests); default 0",
+    "kv_heads": "the model's KV heads over every TP rank when vLLM's model config is not there (tests); default: "
+                "model_config.get_total_num_kv_heads(), else each rank's heads x TP size",
 }
 # vLLM's KVTransferConfig fields the plugin is given (the rest are vLLM's alone).
 _PASSED_FIELDS = ("kv_connector", "kv_connector_module_path", "kv_role", "kv_load_failure_policy")
@@ -220,6 +222,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config, role, kv_cache_config)
         ktc = vllm_config.kv_transfer_config
+        self._model_config = getattr(vllm_config, "model_config", None)
         self._doc, self._opts = split_config(ktc)
         self._text = json.dumps(self._doc, indent=2)
         self._layout = str(self._opts.get("layout", "packed"))
@@ -367,7 +370,19 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
             names = [n for _, n in sorted(zip(idx, names))]
         return names
 
+    def _total_kv_heads(self) -> int:
+        """The model's KV heads over every TP rank (vLLM's get_total_num_kv_heads), 0 when
+        unknown: the plugin then takes each rank's heads times the TP size."""
+        if "kv_heads" in self._opts:
+            return int(self._opts["kv_heads"])
+        mc = self._model_config
+        try:
+            return int(mc.get_total_num_kv_heads()) if mc is not None else 0
+        except Exception:  # a model config without it (MLA models answer 1): the plugin's default
+            return 0
+
     def _register(self, d: layout.KVDescription) -> None:
+        d.total_kv_heads = self._total_kv_heads()
         arr, n, keep = d.to_c()
         self._call("register_kv_groups", arr, n)
         del keep

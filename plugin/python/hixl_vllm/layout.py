@@ -86,10 +86,11 @@ def planes_of(t: TensorInfo, axes: str, what: str) -> Tuple[List[Tuple[int, int,
     if ic >= 0 and t.stride[ic] != 1 and t.shape[ic] > 1:
         raise LayoutError(f"{what}: channels (axis C) are not contiguous (stride {t.stride[ic]})")
     order = sorted((i for i in range(len(axes)) if i != ib and t.shape[i] > 1), key=lambda i: t.stride[i])
-    run, i_s, i_h = 1, -1, -1
+    run, i_s, i_h, outer = 1, -1, -1, -1
     for a in order:
         if t.stride[a] == run:
             run *= t.shape[a]
+            outer = a
         elif axes[a] == "S" and i_s < 0:
             i_s = a
         elif axes[a] == "H" and i_h < 0:
@@ -98,11 +99,17 @@ def planes_of(t: TensorInfo, axes: str, what: str) -> Tuple[List[Tuple[int, int,
             raise LayoutError(f"{what}: axis {axes[a]} (stride {t.stride[a]}) lies apart from the axes inside "
                               f"a block (contiguous for {run} elements); a plane splits only by K|V and by head")
     heads = t.shape[i_h] if i_h >= 0 else 0
+    block = run * e * (heads or 1)
+    head_stride = t.stride[i_h] * e if i_h >= 0 else 0
+    if i_h < 0 and outer >= 0 and axes[outer] == "H":
+        # Heads outermost of a contiguous block (HND: packed, LBHNC, BLHNC): each head's
+        # tokens lie together, so a rank of another TP size can take its heads of it.
+        heads, head_stride = t.shape[outer], t.stride[outer] * e
     nplanes = t.shape[i_s] if i_s >= 0 else 1
     planes = []
     for p in range(nplanes):
         base = t.data_ptr + (p * t.stride[i_s] * e if i_s >= 0 else 0)
-        planes.append((base, t.stride[ib] * e, run * e * (heads or 1), t.stride[i_h] * e if i_h >= 0 else 0, heads))
+        planes.append((base, t.stride[ib] * e, block, head_stride, heads))
     n = axes.find("N")
     return planes, t.shape[ib], t.shape[n] if n >= 0 else 1
 
@@ -129,6 +136,7 @@ class KVDescription:
     layer_ids: Dict[str, int] = field(default_factory=dict)  # name -> dense layer id
     aliases: Dict[str, str] = field(default_factory=dict)  # name -> the layer whose tensor it shares
     buffers: List[Tuple[int, int]] = field(default_factory=list)  # (storage ptr, bytes), each once
+    total_kv_heads: int = 0  # the model's KV heads over every TP rank (0: the planes' heads x TP size)
 
     def to_c(self):
         """hixl_kv_group structs (and what keeps them alive) for register_kv_groups."""
@@ -139,10 +147,13 @@ class KVDescription:
             ids = (ctypes.c_uint32 * len(g.layer_ids))(*g.layer_ids)
             name = g.layout.encode()
             keep += [planes, ids, name]
+            # A group split by heads (not MLA, its planes with a head axis) says how many the
+            # model has, so ranks of another TP size can take their heads of it (ABI 1.5).
+            heads = self.total_kv_heads if g.kind != _abi.GROUP_MLA and any(p[4] for p in g.planes) else 0
             arr[i] = _abi.Group(ctypes.sizeof(_abi.Group), g.kind, g.flags, len(g.layer_ids),
                                 ctypes.cast(ids, ctypes.POINTER(ctypes.c_uint32)), 0, g.planes_per_layer,
                                 ctypes.cast(planes, ctypes.POINTER(_abi.Plane)), g.num_blocks, g.block_tokens,
-                                g.elem_size, g.window_tokens, 0, name, len(name))
+                                g.elem_size, g.window_tokens, 0, name, len(name), heads, 0)
         return arr, len(self.groups), keep
 
 

@@ -1,9 +1,11 @@
 """Tensors -> ABI 1.3's planes, as docs/plugin.md's table derives them."""
 
+import ctypes
+
 import pytest
 import torch
 
-from hixl_vllm import layout
+from hixl_vllm import _abi, layout
 
 
 def one(t, lay, axes=None):
@@ -16,7 +18,8 @@ def test_packed():
     t = torch.zeros(10, 2, 16, 128, dtype=torch.float16)  # (B, H, N, 2D)
     g = one(t, "packed")
     e = 2
-    assert g.planes == [(t.data_ptr(), 2 * 16 * 128 * e, 2 * 16 * 128 * e, 0, 0)]
+    # heads outermost in a block: each head's tokens together (what another TP size cuts)
+    assert g.planes == [(t.data_ptr(), 2 * 16 * 128 * e, 2 * 16 * 128 * e, 16 * 128 * e, 2)]
     assert (g.num_blocks, g.block_tokens, g.elem_size, g.layout) == (10, 16, 2, "packed")
 
 
@@ -103,3 +106,18 @@ def test_window_blocks():
     assert window_blocks([0, 0, 0, 5, 6, 7, 8], 40, 16, 100) == [5, 6, 7, 8]  # vLLM's null padding
     assert window_blocks(array("Q", [0, 0, 9]), 40, 16, 100) == array("Q", [9])  # padded further: stripped
     assert window_blocks([3, 4], 400, 16, 20) == [3, 4]  # the window holds it all
+
+
+def test_total_kv_heads_abi15():
+    """ABI 1.5: a group split by heads carries the model's KV heads (what a rank of another TP
+    size takes its heads of); an MLA group and a layer without a head axis carry none."""
+    t = torch.zeros(8, 4, 16, 2 * 8, dtype=torch.bfloat16)  # packed (B, H, N, 2D): 4 of the model's heads
+    d = layout.describe_layers({"model.layers.0.attn": t}, "packed")
+    d.total_kv_heads = 8
+    arr, n, keep = d.to_c()
+    assert n == 1 and arr[0].size == ctypes.sizeof(_abi.Group) and arr[0].total_kv_heads == 8
+    assert arr[0].planes[0].num_heads == 4
+    m = layout.describe_layers({"model.layers.0.attn": torch.zeros(8, 16, 576, dtype=torch.bfloat16)}, "mla")
+    m.total_kv_heads = 8
+    arr, n, keep = m.to_c()
+    assert arr[0].total_kv_heads == 0
