@@ -12,6 +12,7 @@
 #include "util/opvec.h"
 
 struct kv_revoke;
+struct kv_obs;
 
 /* What the plugin reads of its configuration (config/, the JSON document). */
 struct kv_cfg {
@@ -24,7 +25,10 @@ struct kv_cfg {
   uint32_t max_inflight;
   bool pipelining;
   int32_t connect_timeout_ms, transfer_timeout_ms, notify_timeout_ms;
-  HixlOption *opts; /* engine options, every one with its effective value */
+  bool metrics;         /* histograms and failure counters (kv_obs.c) */
+  uint32_t trace_ring;  /* finished traces kept for drain_traces; 0: none */
+  char trace_file[256]; /* finished traces appended here too; "" none */
+  HixlOption *opts;     /* engine options, every one with its effective value */
   size_t nopts;
   void *opts_owner; /* the HixlConfig they belong to: kv_config_free */
 };
@@ -258,6 +262,7 @@ struct hixl_kv_connector {
   size_t nerr, caperr;
   int efd;                /* get_event_fd's eventfd, made at its first call; -1 until then */
   hixl_kv_stats_ex stats; /* size unused */
+  struct kv_obs *obs;     /* histograms and traces (kv_obs.c); NULL: observes nothing */
 
   struct kv_holder hold;  /* pull producer */
   struct kv_loader load;  /* pull consumer */

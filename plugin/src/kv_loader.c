@@ -16,6 +16,7 @@
 
 #include "engine/engine_ext.h"
 #include "kv_int.h"
+#include "kv_obs.h"
 #include "util/log.h"
 
 /* A PIN of e's request; with its hold's number (from the params), so the producer
@@ -140,7 +141,9 @@ static HixlStatus load_one(hixl_kv_connector *c, struct kv_load *l, uint32_t slo
     st = HIXL_RESOURCE_EXHAUSTED;
     goto out;
   }
+  uint64_t t_pin = kv_obs_phase(c, e->req, KV_PH_PIN, e->remote);
   if ((st = pin(c, e, deadline, ans, h, why, cap)) != HIXL_SUCCESS) goto out;
+  kv_obs_span(c, e->req, KV_PH_PINNED, KV_H_PIN, t_pin);
   pthread_mutex_lock(&c->lock);
   c->stats.lookups++;
   pthread_mutex_unlock(&c->lock);
@@ -159,7 +162,9 @@ static HixlStatus load_one(hixl_kv_connector *c, struct kv_load *l, uint32_t slo
   struct kv_pairs pairs[KV_MAX_GROUPS];
   for (uint32_t g = 0, off = 0; g < e->ngroups; off += e->gn[g++])
     pairs[g] = (struct kv_pairs){e->blocks + off, e->rblocks + off, e->gn[g]};
+  uint64_t t_build = kv_now_ns();
   if ((st = kv_ops_build(&o, &c->lay, &h->r, 0, c->layers, pairs, why, cap)) != HIXL_SUCCESS) goto out;
+  kv_obs_span(c, e->req, KV_PH_POSTED, KV_H_POST, t_build); /* the read below posts at once */
   pthread_mutex_lock(&c->lock); /* pinned: the renewer pins it again while it is pulled */
   c->load.pulling[slot] = l;
   c->load.npulling++;
@@ -174,6 +179,10 @@ static HixlStatus load_one(hixl_kv_connector *c, struct kv_load *l, uint32_t slo
   c->stats.engine_ops += o.n;
   if (st == HIXL_SUCCESS) c->stats.bytes_loaded += o.bytes;
   pthread_mutex_unlock(&c->lock);
+  if (st == HIXL_SUCCESS) {
+    kv_obs_moved(c, e->req, o.bytes, o.n);
+    kv_obs_landed(c, e->req, e->remote);
+  }
 out:
   opvec_free(&o);
   if (h) free(h->r.planes);
@@ -218,6 +227,7 @@ static void load_run(hixl_kv_connector *c, struct kv_load *l, uint32_t slot, boo
     c->stats.loads_done++;
   } else {
     c->stats.loads_failed++;
+    kv_obs_failed(c, l->e.req, kv_obs_cause(st, why), why);
     log_error("hixl-kv: request %s failed to load (%s): %s", l->e.req, HixlStatusName(st), why);
     kv_err_blocks_add(c, l->e.blocks, l->e.nblocks);
   }
@@ -227,6 +237,7 @@ static void load_run(hixl_kv_connector *c, struct kv_load *l, uint32_t slot, boo
     uint8_t ans[64];
     size_t n;
     kv_tell(c, &l->e, KV_SVC_FREE, "", ans, sizeof(ans), &n);
+    kv_obs_phase(c, l->e.req, KV_PH_FREE, NULL);
   }
 }
 

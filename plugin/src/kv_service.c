@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kv_int.h"
+#include "kv_obs.h"
 #include "util/log.h"
 
 struct kv_held *kv_held_find(hixl_kv_connector *c, const char *id) {
@@ -41,6 +42,7 @@ void kv_leases_expire(hixl_kv_connector *c) {
     next = h->next;
     if (now >= h->expires_ns) {
       c->stats.lease_expired++;
+      kv_obs_failed(c, h->id, KV_CAUSE_LEASE, "its lease expired before a consumer freed it");
       if (h->consumer[0] && !kv_idset_has(&c->drop, h->consumer)) kv_idset_add(&c->drop, h->consumer);
       held_release(c, h);
     }
@@ -61,12 +63,15 @@ void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why) {
   while (*pp != x) pp = &(*pp)->next;
   *pp = x->next;
   if (why) {
+    kv_obs_failed(c, x->id, KV_CAUSE_ABORTED, why); /* the cause set ahead, if any */
     c->stats.loads_failed++;
     kv_err_blocks_add(c, x->blocks, x->n);
     log_error("hixl-kv: request %s failed to load: %s", x->id, why);
   } else {
     c->stats.loads_done++;
     c->stats.bytes_loaded += kv_request_bytes(c, x->pgn, x->ngroups);
+    kv_obs_moved(c, x->id, kv_request_bytes(c, x->pgn, x->ngroups), 0);
+    kv_obs_landed(c, x->id, NULL);
   }
   if (x->granted[0]) kv_revoke_later(c, x->granted, x->blocks, x->gn, x->ngroups);
   kv_finished_add(c, &c->recving_done, x->id);
@@ -89,6 +94,7 @@ void kv_expects_expire(hixl_kv_connector *c) {
       /* A producer that accepted may still be writing: its links are cut before the
        * host hears of the failure and reuses the blocks (see drop_peers). */
       if (x->producer[0] && !kv_idset_has(&c->drop, x->producer)) kv_idset_add(&c->drop, x->producer);
+      kv_obs_cause_set(c, x->id, KV_CAUSE_LEASE);
       kv_expect_end(c, x, why);
     }
   }
@@ -158,6 +164,7 @@ static enum cap_verdict cap_check(const hixl_kv_connector *c, const char *id, co
  * reason. Lock held. */
 static HixlStatus cap_refuse(hixl_kv_connector *c, uint8_t op, const char *id, const char *peer,
                              enum cap_verdict v, uint8_t *resp, size_t cap, size_t *resp_len) {
+  kv_obs_count(c, KV_CAUSE_REFUSED);
   if (c->stats.cap_refused++ == 0)
     log_warn(
         "hixl-kv: a KV service call presenting no or a wrong request capability was refused (get_stats_ex "
@@ -232,6 +239,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
   if (op == KV_SVC_ACCEPT) {
     if (x) {
       snprintf(x->producer, sizeof(x->producer), "%s", peer);
+      kv_obs_phase(c, id, KV_PH_PINNED, peer);
       regrant(c, x->granted, sizeof(x->granted), peer, x->blocks, x->gn, x->ngroups);
       for (uint32_t g = 0; g < x->ngroups; g++) /* what lands: at most what each group expects */
         x->pgn[g] = png == x->ngroups && pgn[g] < x->gn[g] ? pgn[g] : x->gn[g];
@@ -246,6 +254,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
   } else if (op == KV_SVC_LAYER || op == KV_SVC_LAYERS) {
     if (x && layer < c->layers && count <= c->layers - layer) {
       bool woke = false;
+      kv_obs_layer(c, id, layer, count);
       for (uint32_t l = layer; l < layer + count && x; l++)
         if (!x->landed[l]) {
           x->landed[l] = 1;
@@ -266,6 +275,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
     if (h) {
       h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
       snprintf(h->consumer, sizeof(h->consumer), "%s", peer);
+      kv_obs_phase(c, id, KV_PH_PINNED, peer);
       regrant(c, h->granted, sizeof(h->granted), peer, h->blocks, h->gn, h->ngroups);
       held_answer(c, &out, h->blocks, h->n, h->gn, h->ngroups);
     } else if (kv_idset_has(&c->gone, id)) {
@@ -284,10 +294,12 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
     }
   } else if (op == KV_SVC_FREE) {
     /* One not bound yet (an abort), its capability checked above: never hold it. */
-    if (h)
+    if (h) {
+      kv_obs_phase(c, id, KV_PH_FREE, peer);
       held_release(c, h);
-    else if (!kv_idset_has(&c->gone, id))
+    } else if (!kv_idset_has(&c->gone, id)) {
       kv_gone_add(c, id);
+    }
   } else {
     st = HIXL_UNSUPPORTED;
   }

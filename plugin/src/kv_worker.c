@@ -13,6 +13,7 @@
 #include "cache/cache_ext.h"
 #include "engine/engine_ext.h"
 #include "kv_int.h"
+#include "kv_obs.h"
 #include "util/log.h"
 
 /* The groups become the connector's layout: checked, their memory registered (none of
@@ -205,6 +206,7 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
         else
           c->push.pushes = p;
         c->push.tail = p;
+        kv_obs_phase(c, p->e.req, KV_PH_BOUND, p->e.remote);
         pthread_cond_broadcast(&c->push.cond);
       } else if (e->type == KV_META_EXPECT && c->cfg.consumer && !kv_expect_find(c, e->req)) {
         struct kv_expect *x = calloc(1, sizeof(*x));
@@ -227,6 +229,7 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
         x->deadline_ns = now + (uint64_t)c->cfg.lease_ms * 1000000ull;
         x->next = c->exp.expects;
         c->exp.expects = x;
+        kv_obs_phase(c, x->id, KV_PH_BOUND, NULL);
       }
       continue;
     }
@@ -256,6 +259,7 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
       h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
       h->next = c->hold.held;
       c->hold.held = h;
+      kv_obs_phase(c, h->id, KV_PH_BOUND, NULL);
       c->stats.blocks_held += h->n;
       c->stats.requests_held++;
     } else if (c->cfg.consumer) { /* LOAD or FREE: the loader's */
@@ -272,6 +276,7 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
         continue;
       }
       e->blocks = e->rblocks = NULL;
+      if (l->e.type != KV_META_FREE) kv_obs_phase(c, l->e.req, KV_PH_BOUND, l->e.remote);
       if (c->load.bound_tail)
         c->load.bound_tail->next = l;
       else
@@ -382,6 +387,8 @@ hixl_kv_status kv_get_finished(hixl_kv_connector *c, const hixl_kv_ids *finished
   pthread_mutex_unlock(&c->lock);
   drop_peers(c, &drop);
   if (rc < 0) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "get_finished: out of memory");
+  kv_obs_reported(c, &s);
+  kv_obs_reported(c, &r);
   *sending = s;
   *recving = r;
   return HIXL_KV_SUCCESS;
@@ -529,6 +536,7 @@ hixl_kv_status kv_preemptions(hixl_kv_connector *c, const hixl_kv_ids *ids) {
   for (int k = 0; k < 2; k++)
     for (struct kv_load *l = k ? q : gone; l; l = l->next) {
       if (l->e.type == KV_META_FREE) continue;
+      kv_obs_failed(c, l->e.req, KV_CAUSE_ABORTED, "preempted (handle_preemptions)");
       c->stats.loads_failed++;
       kv_err_blocks_add(c, l->e.blocks, l->e.nblocks);
       kv_finished_add(c, &c->recving_done, l->e.req);
@@ -567,6 +575,7 @@ hixl_kv_status kv_preemptions(hixl_kv_connector *c, const hixl_kv_ids *ids) {
     uint8_t ans[256];
     size_t n;
     kv_tell(c, &p->e, KV_SVC_ABORT, "the producer's request was preempted", ans, sizeof(ans), &n);
+    kv_obs_failed(c, p->e.req, KV_CAUSE_ABORTED, "preempted (handle_preemptions)");
     pthread_mutex_lock(&c->lock);
     c->stats.pushes_failed++;
     c->stats.blocks_held -= p->e.nblocks;
