@@ -561,6 +561,8 @@ static void side_report(struct inst *x) {
   struct mh_side s = {.blocks_total = x->cache.m.num_blocks, .blocks_free = x->cache.nfree};
   s.requests_left = (uint32_t)x->n;
   s.stats_ok = HAS(x, get_stats) && x->ops->get_stats(x->worker, &s.ks) == HIXL_KV_SUCCESS;
+  mh_obs_tick(x->ops, x->worker, x->conn.fd, x->a->metrics,
+              true); /* before the report: the router has them */
   struct mh_out o = {0};
   mh_put_side(&o, &s);
   mh_send(x->conn.fd, MH_STATS, &o);
@@ -623,6 +625,7 @@ int mh_instance_main(const struct mh_inst_args *a) {
     else
       decode_step(&x);
     meta_clear(&x);
+    mh_obs_tick(x.ops, x.worker, a->fd, a->metrics, false);
     if (x.exiting && (x.n == 0 || mh_now_ns() >= x.drain_end_ns)) {
       if (x.n) say(&x, "%zu requests still tracked after draining %u ms", x.n, a->drain_ms);
       side_report(&x);

@@ -185,6 +185,10 @@ static void handle(struct mh_router *rt, int k, uint8_t type, struct mh_in *in) 
     if (mh_in_done(in)) s->ready = true;
     return;
   }
+  if (type == MH_TRACE || type == MH_METRICS) {
+    if (mh_obs_frame(rt, k, type, in) < 0) goto bad;
+    return;
+  }
   if (type == MH_STATS) {
     mh_get_side(in, &s->s);
     s->stats_in = mh_in_done(in);
@@ -299,6 +303,7 @@ static int start_instance(struct mh_router *rt, int k, const hixl_kv_ops *ops, c
                              .fault_at = o->fault_at,
                              .drain_ms = drain_ms,
                              .host_memory = strcmp(o->kv_memory, "host") == 0,
+                             .metrics = o->metrics_port != 0,
                              .verbose = o->verbose};
     exit(mh_instance_main(&a)); /* exit, not _exit: a sanitizer build checks the instance for leaks */
   }
