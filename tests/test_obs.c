@@ -240,6 +240,21 @@ static void test_off_and_args(void) {
   CU_ASSERT_PTR_NOT_NULL(strstr(why, "/nonexistent-dir/t.jsonl"));
 }
 
+/* Statuses and reasons to causes: what the loader's and the pusher's reasons say wins. */
+static void test_cause_of(void) {
+  CU_ASSERT_EQUAL(kv_obs_cause(HIXL_TIMEOUT, "pulling request r from p: timed out"), KV_CAUSE_TIMEOUT);
+  CU_ASSERT_EQUAL(kv_obs_cause(HIXL_TIMEOUT, "linking to the producer p: connect timed out (refused)"),
+                  KV_CAUSE_PEER_GONE);
+  CU_ASSERT_EQUAL(kv_obs_cause(HIXL_NOT_CONNECTED, ""), KV_CAUSE_PEER_GONE);
+  CU_ASSERT_EQUAL(kv_obs_cause(HIXL_PARAM_INVALID, "layout mismatch: the producer p has ..."),
+                  KV_CAUSE_LAYOUT);
+  CU_ASSERT_EQUAL(kv_obs_cause(HIXL_PARAM_INVALID, "asking p for request r: refused: PIN of r"),
+                  KV_CAUSE_REFUSED);
+  CU_ASSERT_EQUAL(kv_obs_cause(HIXL_NOT_FOUND, "the producer p no longer holds request r"),
+                  KV_CAUSE_NOT_HELD);
+  CU_ASSERT_EQUAL(kv_obs_cause(HIXL_RESOURCE_EXHAUSTED, "out of memory"), KV_CAUSE_OTHER);
+}
+
 int main(void) {
   if (CU_initialize_registry() != CUE_SUCCESS) return 1;
   CU_pSuite s = CU_add_suite("obs", NULL, NULL);
@@ -247,6 +262,7 @@ int main(void) {
   CU_add_test(s, "trace_and_causes", test_trace_and_causes);
   CU_add_test(s, "ring_and_file", test_ring_and_file);
   CU_add_test(s, "off_and_args", test_off_and_args);
+  CU_add_test(s, "cause_of", test_cause_of);
   CU_basic_set_mode(CU_BRM_VERBOSE);
   CU_basic_run_tests();
   unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();

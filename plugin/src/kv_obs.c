@@ -193,6 +193,8 @@ void kv_obs_count(hixl_kv_connector *c, enum kv_cause cause) {
 
 enum kv_cause kv_obs_cause(HixlStatus st, const char *why) {
   if (why && strstr(why, "refused: ")) return KV_CAUSE_REFUSED;
+  if (why && strncmp(why, "linking to the ", 15) == 0)
+    return KV_CAUSE_PEER_GONE; /* no link to it (any status) */
   switch (st) {
   case HIXL_TIMEOUT: return KV_CAUSE_TIMEOUT;
   case HIXL_NOT_CONNECTED: return KV_CAUSE_PEER_GONE;
