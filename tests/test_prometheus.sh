@@ -94,7 +94,7 @@ run() {
   local sel="{run=\"$mode\",role=\"$mover\"}" count="" moved=""
   end=$(($(now) + 60))
   while :; do
-    count=$(query "sum(hixl_kv_transfer_seconds_count$sel)")
+    count=$(query "sum(hixl_kv_transfer_seconds_count{run=\"$mode\"})") # every role: only the mover times
     moved=$(query "sum(${bytes_metric}$sel)")
     [ "$count" = "$verified" ] && [ "$moved" = "$bytes" ] && break
     [ "$(now)" -lt $end ] ||

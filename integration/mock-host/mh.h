@@ -361,8 +361,10 @@ struct mh_router {
 };
 
 struct mh_obs;
-/* The router's: open --trace's file, start --metrics-port's server; -1 (said) on failure. */
+/* The router's: open --trace's file; -1 (said) on failure. */
 int mh_obs_start(struct mh_router *rt);
+/* Start --metrics-port's server (its thread), once the instances are forked; -1 (said). */
+int mh_obs_serve(struct mh_router *rt);
 /* An MH_TRACE or MH_METRICS frame from side k; -1 malformed. */
 int mh_obs_frame(struct mh_router *rt, int k, uint8_t type, struct mh_in *in);
 /* After the run: one hand-off line per request into --trace's file; serve /metrics

@@ -78,7 +78,13 @@ int mh_obs_start(struct mh_router *rt) {
     fprintf(stderr, "hixl-mock-host: --trace %s: %s\n", o->trace, strerror(errno));
     return -1;
   }
-  if (o->metrics_port) {
+  return 0;
+}
+
+int mh_obs_serve(struct mh_router *rt) {
+  const struct mh_opts *o = rt->o;
+  struct mh_obs *ob = rt->obs;
+  if (ob && o->metrics_port) {
     char err[256];
     if (!(ob->m = mh_metrics_start(o->metrics_port, err, sizeof(err)))) {
       fprintf(stderr, "hixl-mock-host: --metrics-port %u: %s\n", o->metrics_port, err);

@@ -400,9 +400,12 @@ int mh_run(struct mh_router *rt, const hixl_kv_ops *ops, const char *cfg_p, cons
   const struct mh_opts *o = rt->o;
   rt->t_start = mh_now_ns();
   if (start_instance(rt, 0, ops, cfg_p, &o->model, drain_ms) < 0) return -1;
-  if (start_instance(rt, 1, ops, cfg_d, md, drain_ms) < 0) {
-    kill(rt->side[0].pid, SIGKILL);
-    waitpid(rt->side[0].pid, NULL, 0);
+  if (start_instance(rt, 1, ops, cfg_d, md, drain_ms) < 0 || mh_obs_serve(rt) < 0) {
+    for (int k = 0; k < 2; k++)
+      if (rt->side[k].pid > 0) {
+        kill(rt->side[k].pid, SIGKILL);
+        waitpid(rt->side[k].pid, NULL, 0);
+      }
     return -1;
   }
   uint64_t deadline = rt->t_start + (uint64_t)o->timeout_s * 1000000000ull, last_bar = 0;

@@ -71,7 +71,7 @@ void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why) {
     c->stats.loads_done++;
     c->stats.bytes_loaded += kv_request_bytes(c, x->pgn, x->ngroups);
     kv_obs_moved(c, x->id, kv_request_bytes(c, x->pgn, x->ngroups), 0);
-    kv_obs_landed(c, x->id, NULL);
+    kv_obs_phase(c, x->id, KV_PH_LAST_BYTE, NULL); /* the producer's histograms time the transfer */
   }
   if (x->granted[0]) kv_revoke_later(c, x->granted, x->blocks, x->gn, x->ngroups);
   kv_finished_add(c, &c->recving_done, x->id);
