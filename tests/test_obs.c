@@ -217,7 +217,7 @@ static void test_off_and_args(void) {
   kv_obs_phase(c, "x", KV_PH_BOUND, NULL);
   kv_obs_failed(c, "x", KV_CAUSE_TIMEOUT, "");
   char *t = render(c);
-  HAS_LINE(t, "hixl_kv_loads_failed_total{role=\"consumer\",rank=\"0\",mode=\"pull\"} 0");
+  HAS_LINE(t, "hixl_kv_loads_failed_total{role=\"consumer\",rank=\"3\",mode=\"pull\"} 0");
   CU_ASSERT_PTR_NULL(strstr(t, "hixl_kv_failures_total"));
   free(t);
   hixl_kv_buffer b = {0};

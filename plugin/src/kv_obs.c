@@ -508,8 +508,8 @@ hixl_kv_status kv_drain_traces(hixl_kv_connector *c, hixl_kv_buffer *lines) {
   return HIXL_KV_SUCCESS;
 }
 
-static void labels(FILE *f, const struct kv_obs *o, const char *role) {
-  fprintf(f, "role=\"%s\",rank=\"%" PRIu32 "\",mode=\"%s\"", role, o ? o->rank : 0, o ? o->mode : "pull");
+static void labels(FILE *f, const hixl_kv_connector *c, const char *role) {
+  fprintf(f, "role=\"%s\",rank=\"%" PRIu32 "\",mode=\"%s\"", role, c->rank, c->cfg.push ? "push" : "pull");
 }
 
 static void family(FILE *f, const char *name, const char *type, const char *help) {
@@ -563,14 +563,14 @@ hixl_kv_status kv_render_metrics(hixl_kv_connector *c, hixl_kv_buffer *text) {
     memcpy(&v, (const uint8_t *)&s + counters[i].off, sizeof(v));
     family(f, name, counters[i].type, counters[i].help);
     fprintf(f, "%s{", name);
-    labels(f, o, role);
+    labels(f, c, role);
     fprintf(f, "} %" PRIu64 "\n", v);
   }
   if (o && o->metrics) {
     family(f, "hixl_kv_failures_total", "counter", "Requests that failed, by cause (refused: calls refused)");
     for (int k = 0; k < KV_CAUSE_COUNT; k++) {
       fputs("hixl_kv_failures_total{", f);
-      labels(f, o, role);
+      labels(f, c, role);
       fprintf(f, ",cause=\"%s\"} %" PRIu64 "\n", cause_name[k],
               atomic_load_explicit(&o->fail[k], memory_order_relaxed));
     }
@@ -581,17 +581,17 @@ hixl_kv_status kv_render_metrics(hixl_kv_connector *c, hixl_kv_buffer *text) {
       for (unsigned i = 0; i <= sp->n; i++) {
         cum += atomic_load_explicit(&o->h[h].b[i], memory_order_relaxed);
         fprintf(f, "%s_bucket{", sp->name);
-        labels(f, o, role);
+        labels(f, c, role);
         if (i < sp->n)
           fprintf(f, ",le=\"%.9g\"} %" PRIu64 "\n", (double)(1ull << (sp->lo + i)) / sp->scale, cum);
         else
           fprintf(f, ",le=\"+Inf\"} %" PRIu64 "\n", cum);
       }
       fprintf(f, "%s_sum{", sp->name);
-      labels(f, o, role);
+      labels(f, c, role);
       fprintf(f, "} %.9g\n%s_count{",
               (double)atomic_load_explicit(&o->h[h].sum, memory_order_relaxed) / sp->scale, sp->name);
-      labels(f, o, role);
+      labels(f, c, role);
       fprintf(f, "} %" PRIu64 "\n", cum); /* the +Inf bucket's, as the format requires */
     }
   }
@@ -599,7 +599,7 @@ hixl_kv_status kv_render_metrics(hixl_kv_connector *c, hixl_kv_buffer *text) {
     family(f, "hixl_kv_traces_dropped_total", "counter",
            "Finished traces the ring dropped (full: drain_traces was not called often enough)");
     fputs("hixl_kv_traces_dropped_total{", f);
-    labels(f, o, role);
+    labels(f, c, role);
     fprintf(f, "} %" PRIu64 "\n", atomic_load_explicit(&o->traces_dropped, memory_order_relaxed));
     pthread_mutex_lock(&o->lock);
     family(f, "hixl_kv_peer_requests_total", "counter", "Requests that ended with a peer, by outcome");
@@ -608,7 +608,7 @@ hixl_kv_status kv_render_metrics(hixl_kv_connector *c, hixl_kv_buffer *text) {
       if (i >= o->npeers && !(i == KV_OBS_PEERS && ps->peer[0])) continue;
       for (int ok = 1; ok >= 0; ok--) {
         fputs("hixl_kv_peer_requests_total{", f);
-        labels(f, o, role);
+        labels(f, c, role);
         fputs(",peer=\"", f);
         put_label(f, ps->peer);
         fprintf(f, "\",transport=\"%s\",outcome=\"%s\"} %" PRIu64 "\n",
@@ -620,7 +620,7 @@ hixl_kv_status kv_render_metrics(hixl_kv_connector *c, hixl_kv_buffer *text) {
       const struct kv_peer_stat *ps = &o->peers[i];
       if (i >= o->npeers && !(i == KV_OBS_PEERS && ps->peer[0])) continue;
       fputs("hixl_kv_peer_bytes_total{", f);
-      labels(f, o, role);
+      labels(f, c, role);
       fputs(",peer=\"", f);
       put_label(f, ps->peer);
       fprintf(f, "\",transport=\"%s\"} %" PRIu64 "\n", ps->transport[0] ? ps->transport : "unknown",
