@@ -300,11 +300,15 @@ void kv_obs_landed(hixl_kv_connector *c, const char *id, const char *peer) {
   if (!o || !id) return;
   uint64_t now = mono_ns(), xfer = 0, bytes = 0, ops = 0;
   bool seen = false;
+  /* The link that just moved the data: its transport (the engine asked with no lock held). */
+  struct hixl_link_info li;
+  bool have = peer && peer[0] && c->eng && hixl_engine_link_info(c->eng, peer, &li) == HIXL_SUCCESS;
   pthread_mutex_lock(&o->lock);
   struct kv_rec *r = rec_get(o, id, false);
   if (r) {
     if (!r->t[KV_PH_LAST_BYTE]) r->t[KV_PH_LAST_BYTE] = now;
     if (peer && peer[0] && !r->peer[0]) snprintf(r->peer, sizeof(r->peer), "%s", peer);
+    if (have && !r->transport[0]) snprintf(r->transport, sizeof(r->transport), "%s", li.transport);
     uint64_t from = r->t[KV_PH_POSTED] ? r->t[KV_PH_POSTED] : r->t[KV_PH_BOUND];
     xfer = now > from ? now - from : 0;
     bytes = r->bytes;
@@ -435,7 +439,7 @@ void kv_obs_reported(hixl_kv_connector *c, const hixl_kv_ids *ids) {
     struct hixl_link_info li;
     pthread_mutex_lock(&o->lock);
     struct kv_rec **pp, *r = rec_find(o, ids->ids[k], &pp);
-    if (r) snprintf(peer, sizeof(peer), "%s", r->peer);
+    if (r && !r->transport[0]) snprintf(peer, sizeof(peer), "%s", r->peer); /* else known already */
     pthread_mutex_unlock(&o->lock);
     if (!r) continue;
     /* The transport of the link to its peer, asked of the engine with no lock held. */
@@ -448,7 +452,7 @@ void kv_obs_reported(hixl_kv_connector *c, const hixl_kv_ids *ids) {
     *pp = r->next;
     o->nrec--;
     r->t[KV_PH_REPORTED] = mono_ns();
-    if (have) snprintf(r->transport, sizeof(r->transport), "%s", li.transport);
+    if (have && !r->transport[0]) snprintf(r->transport, sizeof(r->transport), "%s", li.transport);
     peer_count(o, r);
     size_t len = 0;
     char *line = o->ring_cap ? rec_line(o, r, &len) : NULL;

@@ -72,8 +72,9 @@ void kv_obs_span(hixl_kv_connector *c, const char *id, enum kv_phase ph, enum kv
 void kv_obs_layer(hixl_kv_connector *c, const char *id, uint32_t layer, uint32_t count);
 /* id moved bytes in ops more (added up; the histograms take the totals at LAST_BYTE). */
 void kv_obs_moved(hixl_kv_connector *c, const char *id, uint64_t bytes, uint64_t ops);
-/* id's data is all there: LAST_BYTE now; TRANSFER (from POSTED), BYTES and OPS observed; the
- * link's transport to peer looked up (no lock may be held: it asks the engine). */
+/* id's data is all there (the side that moved it): LAST_BYTE now; TRANSFER (from POSTED),
+ * BYTES and OPS observed; the transport of the link to peer that moved it (no lock may be
+ * held: it asks the engine). */
 void kv_obs_landed(hixl_kv_connector *c, const char *id, const char *peer);
 /* id failed: counted once per request, under the cause set first (kv_obs_cause_set) or this one. */
 void kv_obs_failed(hixl_kv_connector *c, const char *id, enum kv_cause cause, const char *why);
