@@ -240,6 +240,39 @@ static void test_off_and_args(void) {
   CU_ASSERT_PTR_NOT_NULL(strstr(why, "/nonexistent-dir/t.jsonl"));
 }
 
+/* A request moved in parts (tensor parallelism: one per peer rank) is one transfer, from
+ * its first op posted to its last part's last byte, observed once the host took it; a
+ * failed one is not a transfer. */
+static void test_parts_once(void) {
+  hixl_kv_connector *c = conn_new(true, 4, NULL, false);
+  kv_obs_phase(c, "p", KV_PH_BOUND, NULL);
+  kv_obs_phase(c, "p", KV_PH_POSTED, NULL);
+  kv_obs_moved(c, "p", 4096, 2);
+  kv_obs_landed(c, "p", NULL);
+  kv_obs_phase(c, "p", KV_PH_POSTED, NULL); /* the second part: the first stamp stays */
+  kv_obs_moved(c, "p", 4096, 2);
+  kv_obs_landed(c, "p", NULL);
+  kv_obs_phase(c, "f", KV_PH_BOUND, NULL);
+  kv_obs_phase(c, "f", KV_PH_POSTED, NULL);
+  kv_obs_moved(c, "f", 1 << 20, 9);
+  kv_obs_landed(c, "f", NULL);
+  kv_obs_failed(c, "f", KV_CAUSE_TIMEOUT, "the second part timed out");
+  char *t = render(c);
+  HAS_LINE(t, "hixl_kv_transfer_seconds_count{role=\"consumer\",rank=\"3\",mode=\"pull\"} 0"); /* not yet */
+  free(t);
+  const char *ids[] = {"p", "f"};
+  hixl_kv_ids got = {ids, 2};
+  kv_obs_reported(c, &got);
+  t = render(c);
+  HAS_LINE(t, "hixl_kv_transfer_seconds_count{role=\"consumer\",rank=\"3\",mode=\"pull\"} 1");
+  HAS_LINE(t, "hixl_kv_transfer_bytes_sum{role=\"consumer\",rank=\"3\",mode=\"pull\"} 8192");
+  HAS_LINE(t, "hixl_kv_transfer_bytes_bucket{role=\"consumer\",rank=\"3\",mode=\"pull\",le=\"8192\"} 1");
+  HAS_LINE(t, "hixl_kv_transfer_ops_sum{role=\"consumer\",rank=\"3\",mode=\"pull\"} 4");
+  HAS_LINE(t, "hixl_kv_failures_total{role=\"consumer\",rank=\"3\",mode=\"pull\",cause=\"timeout\"} 1");
+  free(t);
+  conn_free(c);
+}
+
 /* Statuses and reasons to causes: what the loader's and the pusher's reasons say wins. */
 static void test_cause_of(void) {
   CU_ASSERT_EQUAL(kv_obs_cause(HIXL_TIMEOUT, "pulling request r from p: timed out"), KV_CAUSE_TIMEOUT);
@@ -263,6 +296,7 @@ int main(void) {
   CU_add_test(s, "ring_and_file", test_ring_and_file);
   CU_add_test(s, "off_and_args", test_off_and_args);
   CU_add_test(s, "cause_of", test_cause_of);
+  CU_add_test(s, "parts_once", test_parts_once);
   CU_basic_set_mode(CU_BRM_VERBOSE);
   CU_basic_run_tests();
   unsigned failed = CU_get_number_of_failures() + CU_get_number_of_tests_failed();

@@ -298,28 +298,18 @@ void kv_obs_moved(hixl_kv_connector *c, const char *id, uint64_t bytes, uint64_t
 void kv_obs_landed(hixl_kv_connector *c, const char *id, const char *peer) {
   struct kv_obs *o = c->obs;
   if (!o || !id) return;
-  uint64_t now = mono_ns(), xfer = 0, bytes = 0, ops = 0;
-  bool seen = false;
+  uint64_t now = mono_ns();
   /* The link that just moved the data: its transport (the engine asked with no lock held). */
   struct hixl_link_info li;
   bool have = peer && peer[0] && c->eng && hixl_engine_link_info(c->eng, peer, &li) == HIXL_SUCCESS;
   pthread_mutex_lock(&o->lock);
   struct kv_rec *r = rec_get(o, id, false);
   if (r) {
-    if (!r->t[KV_PH_LAST_BYTE]) r->t[KV_PH_LAST_BYTE] = now;
+    r->t[KV_PH_LAST_BYTE] = now; /* the last of its parts, if it moves in several */
     if (peer && peer[0] && !r->peer[0]) snprintf(r->peer, sizeof(r->peer), "%s", peer);
     if (have && !r->transport[0]) snprintf(r->transport, sizeof(r->transport), "%s", li.transport);
-    uint64_t from = r->t[KV_PH_POSTED] ? r->t[KV_PH_POSTED] : r->t[KV_PH_BOUND];
-    xfer = now > from ? now - from : 0;
-    bytes = r->bytes;
-    ops = r->ops;
-    seen = true;
   }
   pthread_mutex_unlock(&o->lock);
-  if (!seen) return;
-  kv_obs_hist(c, KV_H_TRANSFER, xfer);
-  kv_obs_hist(c, KV_H_BYTES, bytes);
-  kv_obs_hist(c, KV_H_OPS, ops);
 }
 
 void kv_obs_cause_set(hixl_kv_connector *c, const char *id, enum kv_cause cause) {
@@ -456,19 +446,27 @@ void kv_obs_reported(hixl_kv_connector *c, const hixl_kv_ids *ids) {
     peer_count(o, r);
     size_t len = 0;
     char *line = o->ring_cap ? rec_line(o, r, &len) : NULL;
-    if (line && o->fd >= 0 && write(o->fd, line, len) != (ssize_t)len)
-      atomic_fetch_add_explicit(&o->trace_write_errors, 1, memory_order_relaxed);
-    if (line) {
-      if (o->ring_n == o->ring_cap) { /* full: the oldest goes */
-        free(o->ring[o->ring_head]);
-        o->ring_head = (o->ring_head + 1) % o->ring_cap;
-        o->ring_n--;
-        atomic_fetch_add_explicit(&o->traces_dropped, 1, memory_order_relaxed);
-      }
-      o->ring[(o->ring_head + o->ring_n++) % o->ring_cap] = line;
-    }
     pthread_mutex_unlock(&o->lock);
+    /* A transfer this side moved (it posted ops), whole: once per request, whatever parts. */
+    uint64_t posted = r->t[KV_PH_POSTED], last = r->t[KV_PH_LAST_BYTE];
+    if (!r->failed && posted && last >= posted) {
+      kv_obs_hist(c, KV_H_TRANSFER, last - posted);
+      kv_obs_hist(c, KV_H_BYTES, r->bytes);
+      kv_obs_hist(c, KV_H_OPS, r->ops);
+    }
     rec_free(r);
+    if (!line) continue;
+    if (o->fd >= 0 && write(o->fd, line, len) != (ssize_t)len) /* no lock held: a slow disk stalls no mark */
+      atomic_fetch_add_explicit(&o->trace_write_errors, 1, memory_order_relaxed);
+    pthread_mutex_lock(&o->lock);
+    if (o->ring_n == o->ring_cap) { /* full: the oldest goes */
+      free(o->ring[o->ring_head]);
+      o->ring_head = (o->ring_head + 1) % o->ring_cap;
+      o->ring_n--;
+      atomic_fetch_add_explicit(&o->traces_dropped, 1, memory_order_relaxed);
+    }
+    o->ring[(o->ring_head + o->ring_n++) % o->ring_cap] = line;
+    pthread_mutex_unlock(&o->lock);
   }
 }
 
@@ -605,6 +603,10 @@ hixl_kv_status kv_render_metrics(hixl_kv_connector *c, hixl_kv_buffer *text) {
     fputs("hixl_kv_traces_dropped_total{", f);
     labels(f, c, role);
     fprintf(f, "} %" PRIu64 "\n", atomic_load_explicit(&o->traces_dropped, memory_order_relaxed));
+    family(f, "hixl_kv_trace_write_errors_total", "counter", "Finished traces trace_file did not take whole");
+    fputs("hixl_kv_trace_write_errors_total{", f);
+    labels(f, c, role);
+    fprintf(f, "} %" PRIu64 "\n", atomic_load_explicit(&o->trace_write_errors, memory_order_relaxed));
     pthread_mutex_lock(&o->lock);
     family(f, "hixl_kv_peer_requests_total", "counter", "Requests that ended with a peer, by outcome");
     for (size_t i = 0; i <= KV_OBS_PEERS; i++) {

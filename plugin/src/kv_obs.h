@@ -72,9 +72,9 @@ void kv_obs_span(hixl_kv_connector *c, const char *id, enum kv_phase ph, enum kv
 void kv_obs_layer(hixl_kv_connector *c, const char *id, uint32_t layer, uint32_t count);
 /* id moved bytes in ops more (added up; the histograms take the totals at LAST_BYTE). */
 void kv_obs_moved(hixl_kv_connector *c, const char *id, uint64_t bytes, uint64_t ops);
-/* id's data is all there (the side that moved it): LAST_BYTE now; TRANSFER (from POSTED),
- * BYTES and OPS observed; the transport of the link to peer that moved it (no lock may be
- * held: it asks the engine). */
+/* id's data (or one part of it) is there, on the side that moved it: LAST_BYTE now (the
+ * last part's); the transport of the link to peer that moved it (no lock may be held: it
+ * asks the engine). */
 void kv_obs_landed(hixl_kv_connector *c, const char *id, const char *peer);
 /* id failed: counted once per request, under the cause set first (kv_obs_cause_set) or this one. */
 void kv_obs_failed(hixl_kv_connector *c, const char *id, enum kv_cause cause, const char *why);
@@ -84,7 +84,9 @@ void kv_obs_cause_set(hixl_kv_connector *c, const char *id, enum kv_cause cause)
 void kv_obs_count(hixl_kv_connector *c, enum kv_cause cause);
 /* The cause a failed status (and its reason) stands for. */
 enum kv_cause kv_obs_cause(HixlStatus st, const char *why);
-/* get_finished handed these to the host: their traces end (to the ring and the file). */
+/* get_finished handed these to the host: their traces end (to the ring and the file); a
+ * request this side moved whole (POSTED to LAST_BYTE, not failed) goes into the TRANSFER,
+ * BYTES and OPS histograms, once. No lock may be held. */
 void kv_obs_reported(hixl_kv_connector *c, const hixl_kv_ids *ids);
 
 /* The ops (ABI 1.5). */
