@@ -278,6 +278,8 @@ static void test_cause_of(void) {
   CU_ASSERT_EQUAL(kv_obs_cause(HIXL_TIMEOUT, "pulling request r from p: timed out"), KV_CAUSE_TIMEOUT);
   CU_ASSERT_EQUAL(kv_obs_cause(HIXL_TIMEOUT, "linking to the producer p: connect timed out (refused)"),
                   KV_CAUSE_PEER_GONE);
+  CU_ASSERT_EQUAL(kv_obs_cause(HIXL_TIMEOUT, "HIXL_TIMEOUT: linking to the producer p: connect timed out"),
+                  KV_CAUSE_PEER_GONE); /* a reason with its status in front */
   CU_ASSERT_EQUAL(kv_obs_cause(HIXL_NOT_CONNECTED, ""), KV_CAUSE_PEER_GONE);
   CU_ASSERT_EQUAL(kv_obs_cause(HIXL_PARAM_INVALID, "layout mismatch: the producer p has ..."),
                   KV_CAUSE_LAYOUT);

@@ -193,8 +193,7 @@ void kv_obs_count(hixl_kv_connector *c, enum kv_cause cause) {
 
 enum kv_cause kv_obs_cause(HixlStatus st, const char *why) {
   if (why && strstr(why, "refused: ")) return KV_CAUSE_REFUSED;
-  if (why && strncmp(why, "linking to the ", 15) == 0)
-    return KV_CAUSE_PEER_GONE; /* no link to it (any status) */
+  if (why && strstr(why, "linking to the ")) return KV_CAUSE_PEER_GONE; /* no link to it (any status) */
   switch (st) {
   case HIXL_TIMEOUT: return KV_CAUSE_TIMEOUT;
   case HIXL_NOT_CONNECTED: return KV_CAUSE_PEER_GONE;
@@ -257,10 +256,31 @@ uint64_t kv_obs_phase(hixl_kv_connector *c, const char *id, enum kv_phase ph, co
   return now;
 }
 
+/* The transport of the link to peer, into id's trace (no lock held: it asks the engine). */
+static void link_transport(hixl_kv_connector *c, const char *id, const char *peer) {
+  struct kv_obs *o = c->obs;
+  struct hixl_link_info li;
+  if (!peer || !peer[0] || !c->eng || hixl_engine_link_info(c->eng, peer, &li) != HIXL_SUCCESS) return;
+  pthread_mutex_lock(&o->lock);
+  struct kv_rec *r = rec_get(o, id, false);
+  if (r && !r->transport[0]) snprintf(r->transport, sizeof(r->transport), "%s", li.transport);
+  pthread_mutex_unlock(&o->lock);
+}
+
 void kv_obs_span(hixl_kv_connector *c, const char *id, enum kv_phase ph, enum kv_hist_id h, uint64_t t0) {
-  if (!c->obs) return;
+  struct kv_obs *o = c->obs;
+  if (!o || !id) return;
   uint64_t now = kv_obs_phase(c, id, ph, NULL);
   kv_obs_hist(c, h, now > t0 ? now - t0 : 0);
+  if (ph != KV_PH_PINNED) return;
+  /* Pinned (accepted): the link that will move the data is up now (the peer may close it
+   * as soon as the data is there, before the mover looks again). */
+  char peer[80] = "";
+  pthread_mutex_lock(&o->lock);
+  struct kv_rec *r = rec_get(o, id, false);
+  if (r && !r->transport[0]) snprintf(peer, sizeof(peer), "%s", r->peer);
+  pthread_mutex_unlock(&o->lock);
+  link_transport(c, id, peer);
 }
 
 void kv_obs_layer(hixl_kv_connector *c, const char *id, uint32_t layer, uint32_t count) {
@@ -299,17 +319,16 @@ void kv_obs_landed(hixl_kv_connector *c, const char *id, const char *peer) {
   struct kv_obs *o = c->obs;
   if (!o || !id) return;
   uint64_t now = mono_ns();
-  /* The link that just moved the data: its transport (the engine asked with no lock held). */
-  struct hixl_link_info li;
-  bool have = peer && peer[0] && c->eng && hixl_engine_link_info(c->eng, peer, &li) == HIXL_SUCCESS;
   pthread_mutex_lock(&o->lock);
   struct kv_rec *r = rec_get(o, id, false);
+  bool ask = false;
   if (r) {
     r->t[KV_PH_LAST_BYTE] = now; /* the last of its parts, if it moves in several */
     if (peer && peer[0] && !r->peer[0]) snprintf(r->peer, sizeof(r->peer), "%s", peer);
-    if (have && !r->transport[0]) snprintf(r->transport, sizeof(r->transport), "%s", li.transport);
+    ask = !r->transport[0];
   }
   pthread_mutex_unlock(&o->lock);
+  if (ask) link_transport(c, id, peer); /* not known from its pin: the link that moved it, if still up */
 }
 
 void kv_obs_cause_set(hixl_kv_connector *c, const char *id, enum kv_cause cause) {

@@ -66,15 +66,16 @@ void kv_obs_hist(hixl_kv_connector *c, enum kv_hist_id h, uint64_t v);
 /* Request id's phase ph, now (set once; peer, when not NULL, names its peer); returns
  * now (CLOCK_MONOTONIC), for kv_obs_span. BOUND starts the request's trace. */
 uint64_t kv_obs_phase(hixl_kv_connector *c, const char *id, enum kv_phase ph, const char *peer);
-/* Phase ph now, and histogram h of the time since t0. */
+/* Phase ph now, and histogram h of the time since t0; PINNED (the mover's): also the
+ * transport of the link to the trace's peer (no lock may be held: it asks the engine). */
 void kv_obs_span(hixl_kv_connector *c, const char *id, enum kv_phase ph, enum kv_hist_id h, uint64_t t0);
 /* Layers [layer, layer + count) of id landed now (push). */
 void kv_obs_layer(hixl_kv_connector *c, const char *id, uint32_t layer, uint32_t count);
 /* id moved bytes in ops more (added up; the histograms take the totals at LAST_BYTE). */
 void kv_obs_moved(hixl_kv_connector *c, const char *id, uint64_t bytes, uint64_t ops);
 /* id's data (or one part of it) is there, on the side that moved it: LAST_BYTE now (the
- * last part's); the transport of the link to peer that moved it (no lock may be held: it
- * asks the engine). */
+ * last part's); the transport of the link to peer, if its pin did not give it and the link
+ * is still up (no lock may be held: it asks the engine). */
 void kv_obs_landed(hixl_kv_connector *c, const char *id, const char *peer);
 /* id failed: counted once per request, under the cause set first (kv_obs_cause_set) or this one. */
 void kv_obs_failed(hixl_kv_connector *c, const char *id, enum kv_cause cause, const char *why);
