@@ -105,6 +105,34 @@ static void test_engine_rows(void) {
 
 /* ---- values ---- */
 
+/* The observer's keys (issue 30): defaults, values read back, ranges. */
+static void test_obs_keys(void) {
+  HixlConfig *c = NULL;
+  int64_t v = 0;
+  int b = 0;
+  CU_ASSERT_EQUAL_FATAL(parse("{}", &c), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(HixlConfigGetBool(c, "metrics", &b), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(b, 1);
+  CU_ASSERT_EQUAL(HixlConfigGetInt(c, "trace_ring", &v), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(v, 1024);
+  CU_ASSERT_STRING_EQUAL(str_of(c, "trace_file"), "");
+  HixlConfigFree(c);
+  c = NULL;
+  CU_ASSERT_EQUAL_FATAL(
+      parse("{\"metrics\": false, \"trace_ring\": 0, \"trace_file\": \"/tmp/t.jsonl\"}", &c), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(HixlConfigGetBool(c, "metrics", &b), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(b, 0);
+  CU_ASSERT_EQUAL(HixlConfigGetInt(c, "trace_ring", &v), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(v, 0);
+  CU_ASSERT_STRING_EQUAL(str_of(c, "trace_file"), "/tmp/t.jsonl");
+  HixlConfigFree(c);
+  ONE_ERROR("{\"trace_ring\": 1048577}", 1, 16, "trace_ring", "[0,1048576]");
+  ONE_ERROR("{\"metrics\": 1}", 1, 13, "metrics", "expected true or false");
+  char doc[400];
+  snprintf(doc, sizeof(doc), "{\"trace_file\": \"/%0300d\"}", 0);
+  ONE_ERROR(doc, 1, 16, "trace_file", "at most 255");
+}
+
 static void test_values(void) {
   HixlConfig *c = NULL;
   const char *doc =
@@ -527,6 +555,7 @@ int main(void) {
   CU_TestInfo table[] = {{"every key has a valid default", test_defaults},
                          {"every engine option is a key", test_engine_rows},
                          {"valid values read back typed", test_values},
+                         {"the observer's keys", test_obs_keys},
                          {"each invalid value: path, line:column, what is allowed", test_bad_values},
                          {"bad documents", test_bad_documents},
                          {"duplicate keys", test_duplicates},

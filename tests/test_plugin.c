@@ -368,6 +368,15 @@ static void test_table_sizes(void) {
   /* 1.3 appends get_stats_ex */
   CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, get_stats_ex), 8 + 26 * sizeof(void *));
   CU_ASSERT_EQUAL(ops->abi_version, (1u << 16) | 5u); /* 1.4 adds no op: hixl_kv_stats_ex.cap_refused */
+  /* 1.5 appends render_metrics and drain_traces after 1.3's build_connector_worker_meta */
+  CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, render_metrics),
+                  offsetof(hixl_kv_ops, build_connector_worker_meta) + sizeof(void *));
+  CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, drain_traces),
+                  offsetof(hixl_kv_ops, render_metrics) + sizeof(void *));
+  CU_ASSERT_EQUAL(ops->size, sizeof(hixl_kv_ops));
+  small.size = (uint32_t)offsetof(hixl_kv_ops, render_metrics); /* a 1.4 plugin */
+  CU_ASSERT_TRUE(HIXL_KV_HAS_OP(&small, build_connector_worker_meta));
+  CU_ASSERT_FALSE(HIXL_KV_HAS_OP(&small, render_metrics));
   small.size = (uint32_t)offsetof(hixl_kv_ops, alloc_kv_caches); /* a 1.0 plugin */
   CU_ASSERT_TRUE(HIXL_KV_HAS_OP(&small, get_push_params));
   CU_ASSERT_FALSE(HIXL_KV_HAS_OP(&small, alloc_kv_caches));

@@ -43,6 +43,12 @@ static bool check_address(const char *s, char *why, size_t cap) {
 
 #define MS_MAX 86400000 /* one day */
 
+static bool check_path(const char *s, char *why, size_t cap) {
+  if (strlen(s) < 256) return true;
+  snprintf(why, cap, "a path of %zu bytes; at most 255", strlen(s));
+  return false;
+}
+
 static const struct row key_rows[] = {
     {{"address", HIXL_CONFIG_STRING, "", NULL, "\"ip\" or \"ip:port\" (IPv4, port in [0,65535]); \"\" unset",
       "the engine's address; the connector's rank r listens on port + r"},
@@ -121,6 +127,28 @@ static const struct row key_rows[] = {
      1,
      MS_MAX,
      NULL,
+     false,
+     false},
+    {{"metrics", HIXL_CONFIG_BOOL, "true", NULL, "true | false",
+      "worker: keep histograms and failure counters (render_metrics, docs/observability.md)"},
+     0,
+     0,
+     NULL,
+     false,
+     false},
+    {{"trace_ring", HIXL_CONFIG_INT, "1024", NULL, "[0,1048576]",
+      "worker: finished per-request traces kept for drain_traces (the oldest dropped beyond); 0: no "
+      "traces"},
+     0,
+     1048576,
+     NULL,
+     false,
+     false},
+    {{"trace_file", HIXL_CONFIG_STRING, "", NULL, "a path; \"\" none",
+      "worker: finished traces are also appended to this file, one JSON line each (needs trace_ring > 0)"},
+     0,
+     0,
+     check_path,
      false,
      false},
 };

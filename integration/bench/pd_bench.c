@@ -61,6 +61,7 @@ struct opts {
   const char *plugin, *transport, *ip, *json;
   bool pin;  /* decode on CPU 0, prefill on CPU 1, like two hosts */
   bool push; /* measure the push too (kv_first only) */
+  bool obs;  /* the connectors keep histograms and traces (the plugin's default); --obs off: neither */
   enum layout layout;
   uint64_t step_us; /* the host's step: it polls get_finished once a step */
   uint32_t layers, block_tokens, rounds;
@@ -74,6 +75,7 @@ static struct opts o = {.plugin = HIXL_KV_PLUGIN_DEFAULT,
                         .ip = "127.0.0.1",
                         .layers = 32,
                         .push = true,
+                        .obs = true,
                         .layout = LAYOUT_KV_FIRST,
                         .block_tokens = 16,
                         .rounds = 3,
@@ -229,8 +231,9 @@ static void conn_up(struct conn *c, uint16_t port, const char *role, const char 
   char cfg[512], err[256] = "";
   snprintf(cfg, sizeof(cfg),
            "{\"address\": \"%s:%u\", \"role\": \"%s\", \"mode\": \"%s\", \"lease_ms\": 60000,"
-           " \"transfer_timeout_ms\": 60000, \"connect_timeout_ms\": 10000, \"Transport\": \"%s\"}",
-           o.ip, (unsigned)port, role, mode, o.transport);
+           " \"transfer_timeout_ms\": 60000, \"connect_timeout_ms\": 10000, \"Transport\": \"%s\"%s}",
+           o.ip, (unsigned)port, role, mode, o.transport,
+           o.obs ? "" : ", \"metrics\": false, \"trace_ring\": 0");
   if (ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &c->sched, err, sizeof(err)) !=
           HIXL_KV_SUCCESS ||
       ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &c->worker, err, sizeof(err)) !=
@@ -702,7 +705,7 @@ static void usage(void) {
   printf("usage: hixl-pd-bench [--plugin PATH] [--transport auto|tcp|shm|rdma] [--ip IP]\n"
          "                     [--layers N] [--block-tokens N] [--block-kib N] [--prompts T1,T2,...]\n"
          "                     [--layout kv_first|BLNHC|cross_layer] [--no-push]\n"
-         "                     [--rounds N] [--step-us N] [--json FILE] [--pin]\n"
+         "                     [--rounds N] [--step-us N] [--json FILE] [--pin] [--obs on|off]\n"
          "Prefill-to-decode hand-offs through the KV-connector plugin (pull, and push layer by\n"
          "layer) against the raw engine moving the same bytes as the same op lists.\n"
          "A block of one layer's K (or V) is --block-kib KiB, by default --block-tokens (16) x 8 KV\n"
@@ -711,7 +714,9 @@ static void usage(void) {
          "buffer (B, L, 2, ...), one plane for every layer), both register_kv_groups (ABI 1.3);\n"
          "they and --no-push measure the pull only.\n"
          "--pin puts decode on CPU 0 and prefill on CPU 1, like two hosts; --step-us is how often\n"
-         "the host polls get_finished (default 200; a runtime polls once per model step).\n");
+         "the host polls get_finished (default 200; a runtime polls once per model step).\n"
+         "--obs off: the connectors keep no histograms and no traces (\"metrics\": false,\n"
+         "\"trace_ring\": 0); on (default) as the plugin's defaults (run_obs.sh compares them).\n");
 }
 
 int main(int argc, char **argv) {
@@ -732,7 +737,9 @@ int main(int argc, char **argv) {
     }
     if (!v) die("%s needs a value (--help)", a);
     i++;
-    if (strcmp(a, "--plugin") == 0)
+    if (strcmp(a, "--obs") == 0 && (strcmp(v, "on") == 0 || strcmp(v, "off") == 0))
+      o.obs = strcmp(v, "on") == 0;
+    else if (strcmp(a, "--plugin") == 0)
       o.plugin = v;
     else if (strcmp(a, "--transport") == 0)
       o.transport = v;
@@ -1000,9 +1007,9 @@ int main(int argc, char **argv) {
     fprintf(f,
             "{\"transport\": \"%s\", \"layout\": \"%s\", \"layers\": %u, \"block_tokens\": %u"
             ", \"block_bytes\": %" PRIu64 ", \"rounds\": %u, \"step_us\": %" PRIu64
-            ", \"push\": %s, \"rows\": [",
+            ", \"push\": %s, \"obs\": %s, \"rows\": [",
             o.transport, layout_names[o.layout], o.layers, o.block_tokens, o.block_bytes, o.rounds, o.step_us,
-            o.push ? "true" : "false");
+            o.push ? "true" : "false", o.obs ? "true" : "false");
     for (size_t i = 0; i < o.nprompts; i++) {
       struct row *w = &rows[i];
       fprintf(f,

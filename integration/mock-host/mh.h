@@ -182,6 +182,8 @@ enum mh_type {
   MH_RK_REPORT,   /* rank -> instance: u32 n, n x str sent; u32 n, n x str received; u32 n, n x u64 blocks */
   MH_RK_VERIFIED, /* rank -> instance: u64 bytes wrong, str where the first is */
   MH_RK_STATS,    /* rank -> instance: u8 stats_ok, the worker's hixl_kv_stats (mh_put_stats) */
+  MH_TRACE,       /* instance -> router: str JSON lines of drain_traces (whole lines) */
+  MH_METRICS,     /* instance -> router: str render_metrics's text (the latest replaces the one before) */
   MH_TYPE_MAX
 };
 
@@ -286,6 +288,7 @@ struct mh_inst_args {
   uint32_t fault_at; /* the request (count, from 1) at which this instance dies */
   uint32_t drain_ms; /* after MH_EXIT, how long to wait for held requests */
   bool host_memory;  /* the host allocates the KV caches (register_kv_caches); else alloc_kv_caches */
+  bool metrics;      /* send render_metrics's text to the router (--metrics-port) */
   bool verbose;
   uint32_t tp; /* this instance's worker ranks (tensor-parallel size) */
 };
@@ -361,6 +364,9 @@ struct mh_opts {
   const char *set[16]; /* --set KEY=VALUE, in order */
   uint32_t nset;
   uint32_t timeout_s;
+  const char *trace;       /* --trace FILE: every trace line, and one hand-off line per request */
+  uint16_t metrics_port;   /* --metrics-port N: /metrics on 127.0.0.1:N; 0 none */
+  uint32_t metrics_linger; /* --metrics-linger S: serve S s more after the summary (SIGTERM ends it) */
   bool progress, verbose;
   uint32_t tp[2]; /* --prefill-tp, --decode-tp */
 };
@@ -369,6 +375,25 @@ struct mh_opts {
  * (2; said on stderr). --help prints the usage and exits 0. */
 int mh_parse_opts(int argc, char **argv, struct mh_opts *o);
 const char *mh_fault_name(enum mh_fault f); /* as --fault spells it */
+
+/* ---- the plugin's traces and metrics (mh_obs.c, mh_metrics.c) ---- */
+
+/* The phases of a plugin trace the host reads (its "t" object's keys). */
+enum mh_tphase {
+  MH_TP_BOUND,
+  MH_TP_PIN,
+  MH_TP_PINNED,
+  MH_TP_POSTED,
+  MH_TP_LAST_BYTE,
+  MH_TP_FREE,
+  MH_TP_DONE,
+  MH_TP_REPORTED,
+  MH_TP_COUNT
+};
+
+/* Instance: drain the worker's traces and send them (MH_TRACE); with metrics, its
+ * render_metrics text every 250 ms (MH_METRICS); final: both now. */
+void mh_obs_tick(const hixl_kv_ops *ops, hixl_kv_connector *worker, int fd, bool metrics, bool final);
 
 /* pull: NEW -> PREFILL -> DECODE -> DONE; push: NEW -> ALLOC (decode allocates) -> PUSH
  * (prefill computes and writes into decode's blocks) -> DONE. */
@@ -381,7 +406,10 @@ struct mh_rreq {
   bool after_cut; /* link-cut: started once prefill had resumed; link-reset: ... once it had reset */
   uint64_t t_saved, t_held, bytes;
   char why[768];
-  char prefill_why[384]; /* push: prefill gave up; decode still ends the request */
+  char prefill_why[384];                     /* push: prefill gave up; decode still ends the request */
+  uint64_t tp[MH_TP_COUNT], tc[MH_TP_COUNT]; /* the producer's and consumer's trace (CLOCK_MONOTONIC ns) */
+  uint64_t moved;                            /* bytes the mover's trace says it moved */
+  bool failed_trace;                         /* a trace of it says failed */
 };
 
 /* An instance process, as the router sees it. */
@@ -430,7 +458,37 @@ struct mh_router {
   bool intruder_ready;  /* it made its minimum of attempts: the run may end */
   bool intruder_in;     /* its figures came */
   struct mh_intrusion intrusion;
+  struct mh_obs *obs; /* traces and metrics the instances sent (mh_obs.c) */
 };
+
+struct mh_obs;
+/* The router's: open --trace's file; -1 (said) on failure. */
+int mh_obs_start(struct mh_router *rt);
+/* Start --metrics-port's server (its thread), once the instances are forked; -1 (said). */
+int mh_obs_serve(struct mh_router *rt);
+/* An MH_TRACE or MH_METRICS frame from side k; -1 malformed. */
+int mh_obs_frame(struct mh_router *rt, int k, uint8_t type, struct mh_in *in);
+/* After the run: one hand-off line per request into --trace's file; serve /metrics
+ * --metrics-linger s more; stop the server, close the file. */
+void mh_obs_finish(struct mh_router *rt);
+/* The hand-off's phases from the traces: p50 and p99 (ms) of each, requests timed. */
+#define MH_NPHASES 5
+struct mh_phases {
+  size_t n;
+  double p50[MH_NPHASES], p99[MH_NPHASES];
+  double xfer_gbps;     /* bytes moved / time with a transfer in flight */
+  double xfer_gbps_p50; /* per request: its bytes / its transfer time */
+};
+extern const char *const mh_phase_names[MH_NPHASES];
+void mh_obs_phases(const struct mh_router *rt, struct mh_phases *ph);
+
+/* mh_metrics.c: texts of the Prometheus format merged into one, each family's header once
+ * and its samples together (malloc'ed; NULL out of memory). */
+char *mh_metrics_merge(const char *const *texts, size_t n);
+struct mh_metrics;
+struct mh_metrics *mh_metrics_start(uint16_t port, char *err, size_t cap);
+void mh_metrics_set(struct mh_metrics *m, int k, const char *text, size_t len); /* side k's latest */
+void mh_metrics_stop(struct mh_metrics *m);
 
 /* Start the instances (prefill with config cfg_p and model o->model, decode with cfg_d
  * and md) and route every request until both reported, or --timeout (rt->timed_out);

@@ -66,6 +66,11 @@ static void usage(FILE *f) {
       "                           in a private directory; none: no key, links from anyone)\n"
       "  --timeout S              give up after S seconds (default 120)\n"
       "  --json FILE              the summary as JSON\n"
+      "  --trace FILE             the plugin's per-request traces (JSON lines, both instances) and one\n"
+      "                           hand-off line per request (integration/scripts/trace-plot.sh draws them)\n"
+      "  --metrics-port N         serve both instances' metrics (Prometheus text) on\n"
+      "                           http://127.0.0.1:N/metrics while the run lasts\n"
+      "  --metrics-linger S       ... and S seconds after the summary (SIGTERM or SIGINT ends it)\n"
       "  --no-progress --verbose --help\n"
       "Exit status: 0 when every request verified (with --fault: the fault was reported, no byte\n"
       "was wrong, and the surviving side holds zero blocks), 1 otherwise, 2 for bad options.\n");
@@ -116,6 +121,9 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
     O_LAYOUT,
     O_PTP,
     O_DTP,
+    O_TRACE,
+    O_MPORT,
+    O_MLINGER,
     O_HELP
   };
   static const struct option lo[] = {{"plugin", 1, 0, O_PLUGIN},
@@ -152,6 +160,9 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
                                      {"layout", 1, 0, O_LAYOUT},
                                      {"prefill-tp", 1, 0, O_PTP},
                                      {"decode-tp", 1, 0, O_DTP},
+                                     {"trace", 1, 0, O_TRACE},
+                                     {"metrics-port", 1, 0, O_MPORT},
+                                     {"metrics-linger", 1, 0, O_MLINGER},
                                      {"help", 0, 0, O_HELP},
                                      {0, 0, 0, 0}};
   uint64_t set[O_HELP + 1] = {0}, v = 0;
@@ -181,6 +192,7 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
     case O_JSON: o->json = optarg; break;
     case O_MODE: o->mode = optarg; break;
     case O_LAYOUT: o->layout = optarg; break;
+    case O_TRACE: o->trace = optarg; break;
     case O_KVMEM:
       if (strcmp(optarg, "hixl") != 0 && strcmp(optarg, "host") != 0) {
         fprintf(stderr, "hixl-mock-host: --kv-memory %s: want hixl or host\n", optarg);
@@ -298,6 +310,22 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
   if (given[O_CUS]) o->compute_us = (uint32_t)set[O_CUS];
   if (given[O_LEASE]) o->lease_ms = (int64_t)set[O_LEASE];
   if (given[O_TIMEOUT]) o->timeout_s = (uint32_t)set[O_TIMEOUT];
+  if (given[O_MPORT] && set[O_MPORT] > 65535) {
+    fprintf(stderr, "hixl-mock-host: --metrics-port %" PRIu64 ": want 1 to 65535\n", set[O_MPORT]);
+    return 2;
+  }
+  o->metrics_port = (uint16_t)set[O_MPORT];
+  o->metrics_linger = (uint32_t)set[O_MLINGER];
+  if (o->metrics_linger && !o->metrics_port) {
+    fprintf(stderr, "hixl-mock-host: --metrics-linger needs --metrics-port\n");
+    return 2;
+  }
+  if ((o->metrics_port || o->trace) && (o->tp[0] > 1 || o->tp[1] > 1)) {
+    fprintf(stderr, "hixl-mock-host: --metrics-port and --trace gather an instance's one worker; with "
+                    "--prefill-tp / --decode-tp above 1 the ranks' processes hold the workers, and gathering "
+                    "from them is not built\n");
+    return 2;
+  }
   o->min_prompt = given[O_MINP] ? set[O_MINP] : 16;
   o->max_prompt = given[O_MAXP] ? set[O_MAXP] : max_prompt;
   mh_model_window(m, o->max_prompt);

@@ -866,6 +866,8 @@ static void side_report(struct inst *x) {
   if (x->tp == 1) {
     s.rk[0].alive = 1;
     s.rk[0].stats_ok = mh_rank_stats(&x->local, &s.rk[0].ks);
+    mh_obs_tick(x->ops, x->local.worker, x->conn.fd, x->a->metrics,
+                true); /* before the report: the router has them */
   } else {
     for (uint32_t r = 0; r < x->tp; r++) {
       struct mh_out o = {0};
@@ -1003,6 +1005,7 @@ int mh_instance_main(const struct mh_inst_args *a) {
     else
       decode_step(&x);
     meta_clear(&x);
+    if (x.tp == 1) mh_obs_tick(x.ops, x.local.worker, a->fd, a->metrics, false); /* TP > 1: not built */
     if (x.exiting && (x.n == 0 || mh_now_ns() >= x.drain_end_ns)) {
       if (x.n) say(&x, "%zu requests still tracked after draining %u ms", x.n, a->drain_ms);
       side_report(&x);

@@ -313,11 +313,14 @@ int main(int argc, char **argv) {
   if (!(rt.r = requests_new(&o))) goto free_cfg;
   rt.side[0].name = "prefill";
   rt.side[1].name = "decode";
+  if (mh_obs_start(&rt) < 0) goto free_router;
   if (mh_run(&rt, ops, cfg_p, cfg_d, &md, (uint32_t)(lease_p + 3000)) < 0) goto free_router;
   mh_reap(&rt);
   rc = mh_verdict(&rt) ? 0 : 1;
   if (mh_report(&rt, &md, rc == 0) < 0) rc = 1;
+  mh_obs_finish(&rt);
 free_router:
+  mh_obs_finish(&rt);
   mh_conn_fini(&rt.side[0].conn);
   mh_conn_fini(&rt.side[1].conn);
   free(rt.r);

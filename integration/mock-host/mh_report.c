@@ -65,6 +65,7 @@ struct figures {
   double busy_secs; /* the time at least one of them was under way */
   double hgbps;     /* hbytes / busy_secs: KV over the hand-offs, without the host's own fill and check */
   double secs, gbps, ops_per_req;
+  struct mh_phases ph; /* the hand-off's phases, from the plugin's traces */
 };
 
 static void figures(const struct mh_router *rt, struct figures *f) {
@@ -93,6 +94,7 @@ static void figures(const struct mh_router *rt, struct figures *f) {
   free(lat);
   f->secs = (double)(rt->t_end - rt->t_start) / 1e9;
   f->gbps = f->secs > 0 ? (double)rt->bytes / f->secs / 1e9 : 0;
+  mh_obs_phases(rt, &f->ph);
   /* Engine ops are issued by whoever moves the data: decode's loader (pull) or prefill's pusher;
    * with TP every rank moves its part of each request: the ops of all of them per request. */
   if (!rt->push && D->stats_in && D->s.stats_ok && D->s.ks.loads_done)
@@ -189,11 +191,17 @@ static int write_json(const struct mh_router *rt, const struct mh_model *md, con
           "\"kv_bytes_verified\": %" PRIu64 ",\n"
           " \"seconds\": %.6f, \"gb_per_s\": %.4f, \"handoff_ms_p50\": %.4f, \"handoff_ms_p99\": %.4f, "
           "\"engine_ops_per_request\": %.2f,\n \"handoff_bytes\": %" PRIu64
-          ", \"handoff_busy_s\": %.6f, \"handoff_gb_per_s\": %.4f,\n",
+          ", \"handoff_busy_s\": %.6f, \"handoff_gb_per_s\": %.4f,\n"
+          " \"transfer_gb_per_s\": %.4f, \"transfer_gb_per_s_p50\": %.4f,\n",
           m->name, mh_layout_name(m->layout), rt->push ? "push" : "pull", m->layers, m->kv_heads, m->head_dim,
           m->elem_size, m->block_tokens, fault, o->requests, o->concurrency, f->tokens, rt->nverified,
           rt->nrecomputed, rt->nfail, rt->ncorrupt, rt->bytes, f->secs, f->gbps, f->p50, f->p99,
-          f->ops_per_req, f->hbytes, f->busy_secs, f->hgbps);
+          f->ops_per_req, f->hbytes, f->busy_secs, f->hgbps, f->ph.xfer_gbps, f->ph.xfer_gbps_p50);
+  static const char *const keys[MH_NPHASES] = {"wait_blocks", "pin", "transfer", "last_notice", "wake_up"};
+  fprintf(fp, " \"phases_timed\": %zu, \"phases_ms\": {", f->ph.n);
+  for (int p = 0; p < MH_NPHASES; p++)
+    fprintf(fp, "%s\"%s\": [%.4f, %.4f]", p ? ", " : "", keys[p], f->ph.p50[p], f->ph.p99[p]);
+  fprintf(fp, "},\n");
   for (int k = 0; k < 2; k++) {
     const struct mh_child *s = &rt->side[k];
     fprintf(fp,
@@ -263,6 +271,9 @@ int mh_report(const struct mh_router *rt, const struct mh_model *md, bool pass) 
   char hb[32];
   printf("  %-28s %s\n", "KV bytes verified", human_bytes(rt->bytes, hb, sizeof(hb)));
   printf("  %-28s %.2f GB/s (%.2f s)\n", "GB/s (verified KV / wall)", f.gbps, f.secs);
+  if (f.ph.xfer_gbps > 0)
+    printf("  %-28s %.2f GB/s while a transfer was in flight; per request p50 %.2f GB/s\n",
+           "GB/s (the transfers' own)", f.ph.xfer_gbps, f.ph.xfer_gbps_p50);
   if (f.nlat)
     printf("  %-28s %.2f ms / %.2f ms (%zu requests)\n", "hand-off p50 / p99", f.p50, f.p99, f.nlat);
   else
@@ -270,6 +281,11 @@ int mh_report(const struct mh_router *rt, const struct mh_model *md, bool pass) 
   if (f.busy_secs > 0)
     printf("  %-28s %.2f GB/s (%.2f s with a hand-off under way)\n", "GB/s over the hand-offs", f.hgbps,
            f.busy_secs);
+  if (f.ph.n) {
+    printf("  %-28s p50 / p99 (ms), from the plugin's traces (%zu requests)\n", "hand-off phases", f.ph.n);
+    for (int p = 0; p < MH_NPHASES; p++)
+      printf("    %-26s %9.3f / %9.3f\n", mh_phase_names[p], f.ph.p50[p], f.ph.p99[p]);
+  }
   if (f.ops_per_req > 0)
     printf("  %-28s %.1f (%s%s)\n", "engine ops per request", f.ops_per_req,
            rt->push ? "prefill engine_ops / pushes_done" : "decode engine_ops / loads_done",

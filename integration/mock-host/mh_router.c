@@ -185,6 +185,10 @@ static void handle(struct mh_router *rt, int k, uint8_t type, struct mh_in *in) 
     if (mh_in_done(in)) s->ready = true;
     return;
   }
+  if (type == MH_TRACE || type == MH_METRICS) {
+    if (mh_obs_frame(rt, k, type, in) < 0) goto bad;
+    return;
+  }
   if (type == MH_STATS) {
     mh_get_side(in, &s->s);
     s->stats_in = mh_in_done(in);
@@ -299,6 +303,7 @@ static int start_instance(struct mh_router *rt, int k, const hixl_kv_ops *ops, c
                              .fault_at = o->fault_at,
                              .drain_ms = drain_ms,
                              .host_memory = strcmp(o->kv_memory, "host") == 0,
+                             .metrics = o->metrics_port != 0,
                              .verbose = o->verbose,
                              .tp = o->tp[k]};
     exit(mh_instance_main(&a)); /* exit, not _exit: a sanitizer build checks the instance for leaks */
@@ -396,9 +401,12 @@ int mh_run(struct mh_router *rt, const hixl_kv_ops *ops, const char *cfg_p, cons
   const struct mh_opts *o = rt->o;
   rt->t_start = mh_now_ns();
   if (start_instance(rt, 0, ops, cfg_p, &o->model, drain_ms) < 0) return -1;
-  if (start_instance(rt, 1, ops, cfg_d, md, drain_ms) < 0) {
-    kill(rt->side[0].pid, SIGKILL);
-    waitpid(rt->side[0].pid, NULL, 0);
+  if (start_instance(rt, 1, ops, cfg_d, md, drain_ms) < 0 || mh_obs_serve(rt) < 0) {
+    for (int k = 0; k < 2; k++)
+      if (rt->side[k].pid > 0) {
+        kill(rt->side[k].pid, SIGKILL);
+        waitpid(rt->side[k].pid, NULL, 0);
+      }
     return -1;
   }
   uint64_t deadline = rt->t_start + (uint64_t)o->timeout_s * 1000000000ull, last_bar = 0;

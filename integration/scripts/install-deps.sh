@@ -4,7 +4,8 @@
 set -euo pipefail
 pkgs=(build-essential libtsan2 cmake pkg-config clang libclang-rt-14-dev clang-format libcunit1-dev libjson-c-dev libssl-dev
       libibverbs-dev librdmacm-dev ibverbs-providers rdma-core qemu-system-x86 busybox-static kmod cpio perftest tcpdump
-      iperf3 ucx-utils iproute2 procps time python3-torch python3-pytest)
+      iperf3 ucx-utils iproute2 procps time python3-torch python3-pytest
+      libmicrohttpd-dev prometheus gnuplot-nox jq curl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -34,8 +34,12 @@ hixl_kv_status kv_config_load(const char *json, size_t len, struct kv_cfg *cfg, 
              nerr > 1 ? " (and more: `hixl-config check` lists them all)" : "");
     return HIXL_KV_PARAM_INVALID;
   }
-  int pipelining = 1;
+  int pipelining = 1, metrics = 1;
   HixlConfigGetBool(c, "layer_pipelining", &pipelining);
+  HixlConfigGetBool(c, "metrics", &metrics);
+  cfg->metrics = metrics != 0;
+  cfg->trace_ring = (uint32_t)get_int(c, "trace_ring");
+  snprintf(cfg->trace_file, sizeof(cfg->trace_file), "%s", get_str(c, "trace_file"));
   snprintf(cfg->address, sizeof(cfg->address), "%s", get_str(c, "address"));
   const char *role = get_str(c, "role");
   cfg->producer = strcmp(role, "consumer") != 0;

@@ -12,6 +12,7 @@
 #include "util/opvec.h"
 
 struct kv_revoke;
+struct kv_obs;
 
 /* What the plugin reads of its configuration (config/, the JSON document). */
 struct kv_cfg {
@@ -25,7 +26,10 @@ struct kv_cfg {
   bool pipelining;
   bool hnd; /* required_kv_layout HND: get_required_kvcache_layout asks for it */
   int32_t connect_timeout_ms, transfer_timeout_ms, notify_timeout_ms;
-  HixlOption *opts; /* engine options, every one with its effective value */
+  bool metrics;         /* histograms and failure counters (kv_obs.c) */
+  uint32_t trace_ring;  /* finished traces kept for drain_traces; 0: none */
+  char trace_file[256]; /* finished traces appended here too; "" none */
+  HixlOption *opts;     /* engine options, every one with its effective value */
   size_t nopts;
   void *opts_owner; /* the HixlConfig they belong to: kv_config_free */
 };
@@ -325,6 +329,7 @@ struct hixl_kv_connector {
   size_t nerr, caperr;
   int efd;                /* get_event_fd's eventfd, made at its first call; -1 until then */
   hixl_kv_stats_ex stats; /* size unused */
+  struct kv_obs *obs;     /* histograms and traces (kv_obs.c); NULL: observes nothing */
 
   struct kv_holder hold;  /* pull producer */
   struct kv_loader load;  /* pull consumer */
@@ -385,9 +390,9 @@ void kv_peers_revoke(hixl_kv_connector *c, struct kv_peers *s, const uint64_t *b
 /* bind: e (LOAD or FREE, a consumer's) as its parts, one per producer rank it reads or
  * frees, queued at c->load.bound; e's lists are taken. Lock held. */
 hixl_kv_status kv_load_parts(hixl_kv_connector *c, struct kv_meta_entry *e);
-/* A load's part ended (st): the request ends with its last part (recving_done; failed:
+/* A load's part ended (st, why): the request ends with its last part (recving_done; failed:
  * its blocks reported). Lock held. */
-void kv_load_part_end(hixl_kv_connector *c, struct kv_load *l, bool ok, const char *why);
+void kv_load_part_end(hixl_kv_connector *c, struct kv_load *l, HixlStatus st, const char *why);
 /* bind: e (PUSH, a producer's) as its parts, one per consumer rank it writes, queued for
  * the pusher (none: finished now). Lock held. */
 hixl_kv_status kv_push_parts(hixl_kv_connector *c, struct kv_meta_entry *e, uint64_t now);

@@ -9,6 +9,7 @@
 
 #include "engine/engine_ext.h"
 #include "kv_int.h"
+#include "kv_obs.h"
 #include "util/log.h"
 
 #define KV_EXPORT __attribute__((visibility("default")))
@@ -55,6 +56,10 @@ hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint32_t ra
   if ((st = kv_config_load(json, len, &c->cfg, why, sizeof(why))) != HIXL_KV_SUCCESS) {
     kv_fail(st, "create: %s", why);
     goto fail_cfg;
+  }
+  if ((st = kv_obs_new(&c->cfg, role, rank, &c->obs, why, sizeof(why))) != HIXL_KV_SUCCESS) {
+    kv_fail(st, "create: %s", why);
+    goto fail_obs;
   }
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
@@ -111,8 +116,10 @@ fail_engine:
   HixlEngineDestroy(c->eng);
 fail_sync:
   sync_destroy(c);
-fail_cfg:
+  kv_obs_free(c->obs);
+fail_obs:
   kv_config_free(&c->cfg);
+fail_cfg:
   kv_cap_wipe(c->sched.cap_key, sizeof(c->sched.cap_key));
   free(c);
 fail:
@@ -210,6 +217,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   kv_revq_free(c);
   free(c->sched.meta.p);
   if (c->efd >= 0) close(c->efd);
+  kv_obs_free(c->obs);
   kv_config_free(&c->cfg);
   sync_destroy(c);
   kv_cap_wipe(c->sched.cap_key, sizeof(c->sched.cap_key));
@@ -280,6 +288,8 @@ static const hixl_kv_ops kv_ops_v1 = {
     .handle_preemptions = kv_preemptions,
     .get_required_kvcache_layout = kv_required_layout,
     .build_connector_worker_meta = kv_worker_meta,
+    .render_metrics = kv_render_metrics,
+    .drain_traces = kv_drain_traces,
 };
 
 KV_EXPORT hixl_kv_status hixl_kv_connector_entry(uint32_t abi_major, const hixl_kv_ops **ops, char *err,

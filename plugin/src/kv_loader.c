@@ -16,6 +16,7 @@
 
 #include "engine/engine_ext.h"
 #include "kv_int.h"
+#include "kv_obs.h"
 #include "util/log.h"
 
 /* A PIN of e's request; with its hold's number (from the params), so the producer
@@ -148,7 +149,9 @@ static HixlStatus load_one(hixl_kv_connector *c, struct kv_load *l, uint32_t slo
     st = HIXL_RESOURCE_EXHAUSTED;
     goto out;
   }
+  uint64_t t_pin = kv_obs_phase(c, e->req, KV_PH_PIN, e->remote);
   if ((st = pin(c, e, deadline, ans, h, why, cap)) != HIXL_SUCCESS) goto out;
+  kv_obs_span(c, e->req, KV_PH_PINNED, KV_H_PIN, t_pin);
   pthread_mutex_lock(&c->lock);
   c->stats.lookups++;
   pthread_mutex_unlock(&c->lock);
@@ -169,7 +172,9 @@ static HixlStatus load_one(hixl_kv_connector *c, struct kv_load *l, uint32_t slo
     pairs[g] = (struct kv_pairs){e->blocks + off, e->rblocks + off, e->gn[g]};
   struct kv_heads hs[KV_MAX_GROUPS]; /* this rank's heads of that producer rank's blocks (kv_tp.c) */
   kv_load_heads(c, l, hs);
+  uint64_t t_build = kv_now_ns();
   if ((st = kv_ops_build(&o, &c->lay, &h->r, 0, c->layers, pairs, hs, why, cap)) != HIXL_SUCCESS) goto out;
+  kv_obs_span(c, e->req, KV_PH_POSTED, KV_H_POST, t_build); /* the read below posts at once */
   pthread_mutex_lock(&c->lock); /* pinned: the renewer pins it again while it is pulled */
   c->load.pulling[slot] = l;
   c->load.npulling++;
@@ -184,6 +189,10 @@ static HixlStatus load_one(hixl_kv_connector *c, struct kv_load *l, uint32_t slo
   c->stats.engine_ops += o.n;
   if (st == HIXL_SUCCESS) c->stats.bytes_loaded += o.bytes;
   pthread_mutex_unlock(&c->lock);
+  if (st == HIXL_SUCCESS) {
+    kv_obs_moved(c, e->req, o.bytes, o.n);
+    kv_obs_landed(c, e->req, e->remote);
+  }
 out:
   opvec_free(&o);
   if (h) free(h->r.planes);
@@ -248,12 +257,13 @@ static void load_run(hixl_kv_connector *c, struct kv_load *l, uint32_t slot, boo
     snprintf(why, sizeof(why), "%s: %.1000s", HixlStatusName(st), full);
   }
   pthread_mutex_lock(&c->lock);
-  kv_load_part_end(c, l, st == HIXL_SUCCESS, why); /* its last part: the host may use the blocks now */
+  kv_load_part_end(c, l, st, why); /* its last part: the host may use the blocks now */
   pthread_mutex_unlock(&c->lock);
   if (st != HIXL_NOT_FOUND) { /* the producer may still hold it: free it there (best effort) */
     uint8_t ans[64];
     size_t n;
     kv_tell(c, &l->e, KV_SVC_FREE, "", ans, sizeof(ans), &n);
+    kv_obs_phase(c, l->e.req, KV_PH_FREE, NULL);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kv_int.h"
+#include "kv_obs.h"
 #include "util/log.h"
 
 bool kv_peers_has(const struct kv_peers *s, const char *name) {
@@ -129,12 +130,13 @@ hixl_kv_status kv_load_parts(hixl_kv_connector *c, struct kv_meta_entry *e) {
   return HIXL_KV_SUCCESS;
 }
 
-void kv_load_part_end(hixl_kv_connector *c, struct kv_load *l, bool ok, const char *why) {
+void kv_load_part_end(hixl_kv_connector *c, struct kv_load *l, HixlStatus st, const char *why) {
   struct kv_whole *w = l->whole;
   if (!w) return;
   l->whole = NULL;
-  if (!ok) {
+  if (st != HIXL_SUCCESS) {
     log_error("hixl-kv: request %s failed to load from producer rank %u: %s", l->e.req, l->src, why);
+    kv_obs_failed(c, l->e.req, kv_obs_cause(st, why), why); /* counted once per request */
     w->failed = true;
   }
   if (--w->left) return;

@@ -8,6 +8,7 @@
 
 #include "engine/engine_ext.h"
 #include "kv_int.h"
+#include "kv_obs.h"
 #include "util/log.h"
 
 /* Accept on the consumer: it expects the request, with the same layout, into at
@@ -19,6 +20,7 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
   uint8_t *ans = malloc(HIXL_CALL_MAX);
   struct kv_peer_held *h = calloc(1, sizeof(*h));
   size_t n = 0;
+  uint64_t t_accept = kv_obs_phase(c, e->req, KV_PH_PIN, e->remote);
   st = HIXL_RESOURCE_EXHAUSTED;
   for (unsigned tries = 0; ans && h; tries++) {
     struct kv_out msg = {0};
@@ -53,6 +55,7 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
       } else {
         p->r = h->r; /* its planes: this push's */
         h->r.planes = NULL;
+        kv_obs_span(c, e->req, KV_PH_PINNED, KV_H_PIN, t_accept);
       }
       break;
     }
@@ -118,6 +121,7 @@ static HixlStatus layer_start(hixl_kv_connector *c, struct kv_push *v, uint32_t 
   push_pairs(c, e, pairs);
   struct kv_heads hs[KV_MAX_GROUPS]; /* this rank's heads that consumer rank takes (kv_tp.c) */
   kv_push_heads(c, v, hs);
+  uint64_t t_build = kv_now_ns();
   HixlStatus st = kv_ops_build(&o, &c->lay, &v->r, k, count, pairs, hs, why, cap);
   if (st != HIXL_SUCCESS) return st;
   kv_msg(c, &msg, count > 1 ? KV_SVC_LAYERS : KV_SVC_LAYER, e->rreq, &e->rcap, k, "");
@@ -129,6 +133,7 @@ static HixlStatus layer_start(hixl_kv_connector *c, struct kv_push *v, uint32_t 
     goto out;
   }
   int32_t t = c->cfg.transfer_timeout_ms;
+  kv_obs_phase(c, e->req, KV_PH_POSTED, NULL); /* the first range's: its first op */
   size_t i = 0; /* batches before the last go synchronously, the last with the notice behind it */
   for (; st == HIXL_SUCCESS && o.n - i > HIXL_MAX_BATCH; i += HIXL_MAX_BATCH)
     st = HixlEngineTransferSync(c->eng, e->remote, HIXL_WRITE, d + i, HIXL_MAX_BATCH, t);
@@ -141,6 +146,8 @@ static HixlStatus layer_start(hixl_kv_connector *c, struct kv_push *v, uint32_t 
   if (st != HIXL_SUCCESS)
     snprintf(why, cap, "layers %u..%u of request %s to %s: %s", k, k + count - 1, e->req, e->remote,
              HixlGetLastErrorMessage());
+  kv_obs_hist(c, KV_H_POST, kv_now_ns() - t_build);
+  if (st == HIXL_SUCCESS) kv_obs_moved(c, e->req, o.bytes, o.n);
   pthread_mutex_lock(&c->lock);
   c->stats.engine_ops += o.n;
   if (st == HIXL_SUCCESS) v->bytes += o.bytes; /* what it moves: its heads' bytes only */
@@ -219,6 +226,7 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
   char(*why)[512] = calloc(n, sizeof(*why));
   struct push_note *notes = calloc(n * c->layers + 1, sizeof(*notes));
   size_t nnotes = 0;
+  uint64_t t_saved = 0; /* when the pusher saw the step's last layer saved */
   if (!st || !why || !notes) {
     free(st);
     free(why);
@@ -251,6 +259,7 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
       break;
     }
     count = saved_through(c, need, v[0]->step) - l + 1;
+    t_saved = kv_now_ns();
     for (size_t i = 0; i < n; i++) {
       if (st[i] != HIXL_SUCCESS) continue;
       struct push_note *pn = &notes[nnotes];
@@ -280,8 +289,15 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
   free(notes);
   uint8_t ans[256];
   size_t an;
+  uint64_t t_end = kv_now_ns();
   for (size_t i = 0; i < n; i++) {
     struct kv_meta_entry *e = &v[i]->e;
+    if (st[i] == HIXL_SUCCESS) {
+      kv_obs_landed(c, e->req, e->remote);
+      kv_obs_hist(c, KV_H_TAIL, t_end > t_saved ? t_end - t_saved : 0);
+    } else {
+      kv_obs_failed(c, e->req, kv_obs_cause(st[i], why[i]), why[i]);
+    }
     if (st[i] != HIXL_SUCCESS) { /* the consumer reports the failure; best effort */
       log_error("hixl-kv: request %s was not pushed (%s): %s", e->req, HixlStatusName(st[i]), why[i]);
       kv_tell(c, e, KV_SVC_ABORT, why[i], ans, sizeof(ans), &an);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kv_int.h"
+#include "kv_obs.h"
 #include "util/log.h"
 
 struct kv_held *kv_held_find(hixl_kv_connector *c, const char *id) {
@@ -42,6 +43,7 @@ void kv_leases_expire(hixl_kv_connector *c) {
     next = h->next;
     if (now >= h->expires_ns) {
       c->stats.lease_expired++;
+      kv_obs_failed(c, h->id, KV_CAUSE_LEASE, "its lease expired before a consumer freed it");
       kv_peers_drop(c, &h->peers);
       held_release(c, h);
     }
@@ -62,12 +64,15 @@ void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why) {
   while (*pp != x) pp = &(*pp)->next;
   *pp = x->next;
   if (why) {
+    kv_obs_failed(c, x->id, KV_CAUSE_ABORTED, why); /* the cause set ahead, if any */
     c->stats.loads_failed++;
     kv_err_blocks_add(c, x->blocks, x->n);
     log_error("hixl-kv: request %s failed to load: %s", x->id, why);
   } else {
     c->stats.loads_done++;
     c->stats.bytes_loaded += kv_request_bytes(c, x->pgn, x->ngroups);
+    kv_obs_moved(c, x->id, kv_request_bytes(c, x->pgn, x->ngroups), 0);
+    kv_obs_phase(c, x->id, KV_PH_LAST_BYTE, NULL); /* the producer's histograms time the transfer */
   }
   kv_peers_revoke(c, &x->peers, x->blocks, x->gn, x->ngroups);
   kv_finished_add(c, &c->recving_done, x->id);
@@ -91,6 +96,7 @@ void kv_expects_expire(hixl_kv_connector *c) {
       /* A producer that accepted may still be writing: its links are cut before the
        * host hears of the failure and reuses the blocks (see drop_peers). */
       kv_peers_drop(c, &x->peers);
+      kv_obs_cause_set(c, x->id, KV_CAUSE_LEASE);
       kv_expect_end(c, x, why);
     }
   }
@@ -170,6 +176,7 @@ static enum cap_verdict cap_check(const hixl_kv_connector *c, const char *id, co
  * reason. Lock held. */
 static HixlStatus cap_refuse(hixl_kv_connector *c, uint8_t op, const char *id, const char *peer,
                              enum cap_verdict v, uint8_t *resp, size_t cap, size_t *resp_len) {
+  kv_obs_count(c, KV_CAUSE_REFUSED);
   if (c->stats.cap_refused++ == 0)
     log_warn(
         "hixl-kv: a KV service call presenting no or a wrong request capability was refused (get_stats_ex "
@@ -258,6 +265,8 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
         tp_why = "that producer rank writes nothing into this rank (kv_tp.c)";
       else if (!grant_to(c, &x->peers, peer, x->blocks, x->gn, x->ngroups))
         st = HIXL_RESOURCE_EXHAUSTED;
+      else
+        kv_obs_phase(c, id, KV_PH_PINNED, peer);
       for (uint32_t g = 0; g < x->ngroups; g++) /* what lands: at most what each group expects */
         x->pgn[g] = png == x->ngroups && pgn[g] < x->gn[g] ? pgn[g] : x->gn[g];
       held_answer(c, &out, x->blocks, x->n, x->gn, x->ngroups);
@@ -274,6 +283,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
       tp_why = "that producer rank did not accept it here";
     } else if (x && layer < c->layers && count <= c->layers - layer) {
       bool woke = false;
+      kv_obs_layer(c, id, layer, count);
       for (uint32_t l = layer; l < layer + count && x; l++)
         if (!(x->landed[l] & bit)) {
           x->landed[l] |= bit;
@@ -294,6 +304,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
     if (h) {
       if (!(tp_why = held_rank(c, h, world))) {
         h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
+        kv_obs_phase(c, id, KV_PH_PINNED, peer);
         if (!grant_to(c, &h->peers, peer, h->blocks, h->gn, h->ngroups)) st = HIXL_RESOURCE_EXHAUSTED;
         held_answer(c, &out, h->blocks, h->n, h->gn, h->ngroups);
       }
@@ -316,6 +327,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
      * held: freed once every consumer rank that frees it here did (kv_tp_touchers). */
     if (h && !(tp_why = held_rank(c, h, world))) {
       h->freed |= UINT64_C(1) << rank;
+      kv_obs_phase(c, id, KV_PH_FREE, peer);
       if ((h->freed & h->need) == h->need) held_release(c, h);
     } else if (!h && !kv_idset_has(&c->gone, id)) {
       kv_gone_add(c, id);

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "kv_int.h"
+#include "kv_obs.h"
 
 #define KV_GONE_MAX 4096 /* ids remembered as freed, so a late PIN fails at once */
 
@@ -143,6 +144,7 @@ void kv_efd_signal(hixl_kv_connector *c) {
 /* id is finished sending (set sending_done) or receiving (recving_done): the host
  * learns it at its next get_finished; one waiting on the event fd wakes now. Lock held. */
 void kv_finished_add(hixl_kv_connector *c, struct kv_idset *set, const char *id) {
+  kv_obs_phase(c, id, KV_PH_DONE, NULL);
   kv_idset_add(set, id);
   kv_efd_signal(c);
 }

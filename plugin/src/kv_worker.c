@@ -13,6 +13,7 @@
 #include "cache/cache_ext.h"
 #include "engine/engine_ext.h"
 #include "kv_int.h"
+#include "kv_obs.h"
 #include "util/log.h"
 
 /* The groups become the connector's layout: checked, their memory registered (none of
@@ -188,7 +189,10 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
       }
       if (e->type == KV_META_PUSH && c->cfg.producer) {
         hixl_kv_status ps = kv_push_parts(c, e, now); /* one part per consumer rank it writes */
-        if (ps != HIXL_KV_SUCCESS) st = ps;
+        if (ps != HIXL_KV_SUCCESS)
+          st = ps;
+        else
+          kv_obs_phase(c, e->req, KV_PH_BOUND, e->remote);
       } else if (e->type == KV_META_EXPECT && c->cfg.consumer && !kv_expect_find(c, e->req)) {
         struct kv_expect *x = calloc(1, sizeof(*x));
         uint64_t *landed = calloc(c->layers, sizeof(*landed));
@@ -210,6 +214,7 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
         x->deadline_ns = now + (uint64_t)c->cfg.lease_ms * 1000000ull;
         x->next = c->exp.expects;
         c->exp.expects = x;
+        kv_obs_phase(c, x->id, KV_PH_BOUND, NULL);
       }
       continue;
     }
@@ -239,11 +244,15 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
       h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
       h->next = c->hold.held;
       c->hold.held = h;
+      kv_obs_phase(c, h->id, KV_PH_BOUND, NULL);
       c->stats.blocks_held += h->n;
       c->stats.requests_held++;
     } else if (c->cfg.consumer) { /* LOAD or FREE: the loader's, one part per producer rank (kv_tp.c) */
       hixl_kv_status ls = kv_load_parts(c, e);
-      if (ls != HIXL_KV_SUCCESS) st = ls;
+      if (ls != HIXL_KV_SUCCESS)
+        st = ls;
+      else if (e->type != KV_META_FREE)
+        kv_obs_phase(c, e->req, KV_PH_BOUND, e->remote);
     }
   }
   pthread_mutex_unlock(&c->lock);
@@ -350,6 +359,8 @@ hixl_kv_status kv_get_finished(hixl_kv_connector *c, const hixl_kv_ids *finished
   pthread_mutex_unlock(&c->lock);
   drop_peers(c, &drop);
   if (rc < 0) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "get_finished: out of memory");
+  kv_obs_reported(c, &s);
+  kv_obs_reported(c, &r);
   *sending = s;
   *recving = r;
   return HIXL_KV_SUCCESS;
@@ -495,8 +506,10 @@ hixl_kv_status kv_preemptions(hixl_kv_connector *c, const hixl_kv_ids *ids) {
     pushes = p;
   }
   for (int k = 0; k < 2; k++)
-    for (struct kv_load *l = k ? q : gone; l; l = l->next)
-      kv_load_part_end(c, l, false, "preempted (handle_preemptions)"); /* a FREE: nothing */
+    for (struct kv_load *l = k ? q : gone; l; l = l->next) {
+      if (l->whole) kv_obs_cause_set(c, l->e.req, KV_CAUSE_ABORTED);
+      kv_load_part_end(c, l, HIXL_FAILED, "preempted (handle_preemptions)"); /* a FREE: nothing */
+    }
   /* Pushes expected into the blocks: they end failed, and the producers that accepted
    * them are cut off before the host hears of it (as when their lease ends). */
   for (struct kv_expect *x = c->exp.expects, *next; x; x = next) {
@@ -529,6 +542,7 @@ hixl_kv_status kv_preemptions(hixl_kv_connector *c, const hixl_kv_ids *ids) {
     uint8_t ans[256];
     size_t n;
     kv_tell(c, &p->e, KV_SVC_ABORT, "the producer's request was preempted", ans, sizeof(ans), &n);
+    kv_obs_failed(c, p->e.req, KV_CAUSE_ABORTED, "preempted (handle_preemptions)");
     pthread_mutex_lock(&c->lock);
     kv_push_part_end(c, p, false);
     pthread_mutex_unlock(&c->lock);

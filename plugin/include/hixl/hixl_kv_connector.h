@@ -353,9 +353,27 @@ struct hixl_kv_ops {
    * UNSUPPORTED: get_finished and get_block_ids_with_load_errors carry all hixl's
    * scheduler needs. */
   hixl_kv_status (*build_connector_worker_meta)(hixl_kv_connector *c, hixl_kv_buffer *meta);
-  /* ---- end of version 1.3 (1.4 adds no op, only hixl_kv_stats_ex.cap_refused; 1.5 adds
-   * hixl_kv_group.total_kv_heads, and tensor parallelism of different sizes on the two
-   * sides) ---- */
+  /* ---- end of version 1.3 (1.4 adds no op, only hixl_kv_stats_ex.cap_refused) ---- */
+
+  /* ---- version 1.5: tensor parallelism of different sizes on the two sides
+   * (hixl_kv_group.total_kv_heads, docs/plugin.md), and what the connector observes
+   * (docs/observability.md) ---- */
+
+  /* Any role: every metric of the connector (the counters of get_stats_ex, failures by
+   * cause, log2 histograms of transfer time, post time, bytes and ops per request, PIN /
+   * ACCEPT round trip and push tail; per-peer requests and bytes) in the Prometheus text
+   * exposition format 0.0.4, names hixl_kv_*, labels role, rank, mode (and peer,
+   * transport, cause, le where they apply); release with free_buffer. A host serving
+   * several connectors merges their families (each family's samples together). */
+  hixl_kv_status (*render_metrics)(hixl_kv_connector *c, hixl_kv_buffer *text);
+  /* Worker: the traces of the requests that finished since the last call (their ids
+   * handed to the host by get_finished), oldest first, one JSON object per line (each
+   * phase's time in CLOCK_REALTIME ns, its bytes, ops, peer, transport, outcome and the
+   * failure's cause); at most the config's trace_ring of them, the oldest dropped
+   * beyond. An empty buffer (len 0) when none, or traces are off (trace_ring 0); release
+   * with free_buffer. */
+  hixl_kv_status (*drain_traces)(hixl_kv_connector *c, hixl_kv_buffer *lines);
+  /* ---- end of version 1.5: later versions append here ---- */
 };
 
 /* True when the table the plugin gave is large enough to hold op. */
