@@ -275,6 +275,27 @@ static uint64_t needed(const struct side *d) {
   return n;
 }
 
+/* The producer finishes request id (every rank holds its copy after the step) and the
+ * consumer's scheduler takes its kv_transfer_params: matched, allocated, loaded at its
+ * next step. The params' text; the caller frees it. */
+static char *hand_over(struct side *p, struct side *d, const char *id) {
+  hixl_kv_request r = request(id, NREQ * TOKENS, NULL);
+  int32_t delay = 0;
+  hixl_kv_buffer params = {0};
+  ST_IS(ops->request_finished(p->sched, &r, p_blocks, NREQ, &delay, &params), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(delay, 1);
+  step(p);
+  char *text = take_text(&params);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+  hixl_kv_request q = request(id, NREQ * TOKENS, text);
+  int64_t tokens = -2;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(d->sched, &q, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(tokens, NREQ * TOKENS);
+  ST_IS(ops->update_state_after_alloc(d->sched, &q, c_blocks, NREQ, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  return text;
+}
+
 static uint64_t next_seed = 500;
 
 static void pull(const struct model *m, uint32_t np, uint32_t nd) {
@@ -284,28 +305,15 @@ static void pull(const struct model *m, uint32_t np, uint32_t nd) {
   uint64_t seed = next_seed++;
   char id[32];
   snprintf(id, sizeof(id), "tp-%u-%u-%llu", np, nd, (unsigned long long)seed);
-  hixl_kv_request r = request(id, NREQ * TOKENS, NULL);
   for (uint32_t l = 0; l < LAYERS; l++)
     for (uint32_t i = 0; i < np; i++) {
       compute(&p, &p.r[i], seed, l);
       ST_IS(ops->save_kv_layer(p.r[i].worker, l), HIXL_KV_SUCCESS);
     }
-  int32_t delay = 0;
-  hixl_kv_buffer params = {0};
-  ST_IS(ops->request_finished(p.sched, &r, p_blocks, NREQ, &delay, &params), HIXL_KV_SUCCESS);
-  CU_ASSERT_EQUAL(delay, 1);
-  step(&p); /* every producer rank holds its copy */
-  char *text = take_text(&params);
-  CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+  char *text = hand_over(&p, &d, id);
   char tp[32];
   snprintf(tp, sizeof(tp), "\"tp_size\":%u", np);
   CU_ASSERT_PTR_NOT_NULL(strstr(text, tp));
-  hixl_kv_request q = request(id, NREQ * TOKENS, text);
-  int64_t tokens = -2;
-  int32_t async = 0;
-  ST_IS(ops->get_num_new_matched_tokens(d.sched, &q, 0, &tokens, &async), HIXL_KV_SUCCESS);
-  CU_ASSERT_EQUAL(tokens, NREQ * TOKENS);
-  ST_IS(ops->update_state_after_alloc(d.sched, &q, c_blocks, NREQ, (uint64_t)tokens), HIXL_KV_SUCCESS);
   CU_ASSERT_TRUE(wait_all(&d, id, RECVING, 20000));
   CU_ASSERT_TRUE(wait_all(&p, id, SENDING, 20000)); /* every producer rank freed */
   uint64_t moved = 0, failed = 0;
@@ -416,18 +424,7 @@ static void cannot_map(const struct model *m, uint32_t np, uint32_t nd, const ch
   ST_IS(side_up(&p, m, np, "producer", "pull"), HIXL_KV_SUCCESS);
   ST_IS(side_up(&d, m, nd, "consumer", "pull"), HIXL_KV_SUCCESS);
   const char *id = "tp-bad";
-  hixl_kv_request r = request(id, NREQ * TOKENS, NULL);
-  int32_t delay = 0;
-  hixl_kv_buffer params = {0};
-  ST_IS(ops->request_finished(p.sched, &r, p_blocks, NREQ, &delay, &params), HIXL_KV_SUCCESS);
-  step(&p);
-  char *text = take_text(&params);
-  CU_ASSERT_PTR_NOT_NULL_FATAL(text);
-  hixl_kv_request q = request(id, NREQ * TOKENS, text);
-  int64_t tokens = -2;
-  int32_t async = 0;
-  ST_IS(ops->get_num_new_matched_tokens(d.sched, &q, 0, &tokens, &async), HIXL_KV_SUCCESS);
-  ST_IS(ops->update_state_after_alloc(d.sched, &q, c_blocks, NREQ, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  char *text = hand_over(&p, &d, id);
   fflush(stderr);
   dup2(logfd, 2);
   CU_ASSERT_TRUE(wait_all(&d, id, RECVING, 20000));
@@ -468,20 +465,9 @@ static void test_consumer_rank_gone(void) {
   lease_ms = 10000;
   uint64_t seed = next_seed++;
   const char *id = "tp-gone";
-  hixl_kv_request r = request(id, NREQ * TOKENS, NULL);
   for (uint32_t l = 0; l < LAYERS; l++)
     for (uint32_t i = 0; i < p.world; i++) compute(&p, &p.r[i], seed, l);
-  int32_t delay = 0;
-  hixl_kv_buffer params = {0};
-  ST_IS(ops->request_finished(p.sched, &r, p_blocks, NREQ, &delay, &params), HIXL_KV_SUCCESS);
-  step(&p);
-  char *text = take_text(&params);
-  CU_ASSERT_PTR_NOT_NULL_FATAL(text);
-  hixl_kv_request q = request(id, NREQ * TOKENS, text);
-  int64_t tokens = -2;
-  int32_t async = 0;
-  ST_IS(ops->get_num_new_matched_tokens(d.sched, &q, 0, &tokens, &async), HIXL_KV_SUCCESS);
-  ST_IS(ops->update_state_after_alloc(d.sched, &q, c_blocks, NREQ, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  char *text = hand_over(&p, &d, id);
   ops->destroy(d.r[3].worker); /* rank 3 dies before the step reaches it */
   d.r[3].worker = NULL;
   d.world = 3;
