@@ -532,6 +532,58 @@ static void test_late_hold(void) {
   side_down(&p);
 }
 
+/* A load that waits for its loader thread (behind another of the same producer, whose
+ * producer has not bound it yet) keeps its request held: the renewer pins queued loads
+ * too, not only the one being pulled. Request a's hold is bound late; b's, bound at
+ * once, would otherwise run out its 1 s lease while a's load waits. */
+static void test_queued_load_kept(void) {
+  static const uint64_t pa[NREQ] = {3, 7, 8, 12}, pb[NREQ] = {1, 2, 4, 5};
+  static const uint64_t ca[NREQ] = {1, 2, 9, 15}, cb[NREQ] = {3, 4, 5, 6};
+  struct side p, d;
+  lease_ms = 1000;
+  ST_IS(side_up(&p, &gqa8, 1, "producer", "pull"), HIXL_KV_SUCCESS);
+  ST_IS(side_up(&d, &gqa8, 1, "consumer", "pull"), HIXL_KV_SUCCESS);
+  lease_ms = 10000;
+  const char *ids[2] = {"q-a", "q-b"};
+  const uint64_t *pbl[2] = {pa, pb}, *cbl[2] = {ca, cb};
+  char *text[2];
+  for (int k = 1; k >= 0; k--) { /* b held now, a only after the wait */
+    hixl_kv_request r = request(ids[k], NREQ * TOKENS, NULL);
+    int32_t delay = 0;
+    hixl_kv_buffer params = {0};
+    ST_IS(ops->request_finished(p.sched, &r, pbl[k], NREQ, &delay, &params), HIXL_KV_SUCCESS);
+    text[k] = take_text(&params);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(text[k]);
+    if (k == 1) step(&p);
+  }
+  for (int k = 0; k < 2; k++) { /* a first: its load takes the loader thread, b waits behind it */
+    hixl_kv_request q = request(ids[k], NREQ * TOKENS, text[k]);
+    int64_t tokens = -2;
+    int32_t async = 0;
+    ST_IS(ops->get_num_new_matched_tokens(d.sched, &q, 0, &tokens, &async), HIXL_KV_SUCCESS);
+    ST_IS(ops->update_state_after_alloc(d.sched, &q, cbl[k], NREQ, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  }
+  step(&d);
+  /* Two and a half leases, or until b's ran out (the failure). */
+  int64_t end = now_ms() + 2500;
+  while (now_ms() < end && stats(p.r[0].worker).lease_expired == 0) {
+    hixl_kv_ids none = {0};
+    poll(NULL, 0, 50); /* a deadline, not a synchronization: the lease is what is tested */
+    ops->get_finished(p.r[0].worker, NULL, &none, &none);
+  }
+  step(&p); /* a held now: its load goes, then b's */
+  CU_ASSERT_TRUE(wait_all(&d, ids[0], RECVING, 10000));
+  hixl_kv_stats_ex s = stats(d.r[0].worker);
+  if (s.loads_done != 2) CU_ASSERT_TRUE(wait_all(&d, ids[1], RECVING, 10000));
+  s = stats(d.r[0].worker);
+  CU_ASSERT(s.loads_done == 2 && s.loads_failed == 0);
+  CU_ASSERT_EQUAL(stats(p.r[0].worker).lease_expired, 0);
+  free(text[0]);
+  free(text[1]);
+  side_down(&d);
+  side_down(&p);
+}
+
 static const struct model flat8 = {.kv_heads = 8, .no_heads = true};
 static void test_no_head_dimension(void) { cannot_map(&flat8, 1, 2, "head dimension"); }
 static void test_neither_divides(void) { cannot_map(&mla, 2, 3, "neither divides"); }
@@ -588,13 +640,13 @@ static void test_heads_checked(void) {
 #define T(name)                                                                                              \
   { #name, test_##name }
 static CU_TestInfo tp_tests[] = {
-    T(pull_gqa8_1_2), T(pull_gqa8_2_1),     T(pull_gqa8_2_4),   T(pull_gqa8_4_2),      T(pull_gqa8_1_4),
-    T(pull_gqa8_4_1), T(pull_gqa8_2_2),     T(pull_gqa2_1_4),   T(pull_gqa2_4_1),      T(pull_gqa2_4_2),
-    T(pull_mla_1_4),  T(pull_mla_4_1),      T(pull_mla_2_4),    T(push_gqa8_1_2),      T(push_gqa8_2_1),
-    T(push_gqa8_2_4), T(push_gqa8_4_2),     T(push_gqa8_1_4),   T(push_gqa8_4_1),      T(push_gqa8_2_2),
-    T(push_gqa2_1_4), T(push_gqa2_4_1),     T(push_gqa2_4_2),   T(push_mla_1_4),       T(push_mla_4_1),
-    T(push_mla_2_4),  T(no_head_dimension), T(neither_divides), T(consumer_rank_gone), T(late_hold),
-    T(heads_checked), CU_TEST_INFO_NULL};
+    T(pull_gqa8_1_2),    T(pull_gqa8_2_1),     T(pull_gqa8_2_4),   T(pull_gqa8_4_2),      T(pull_gqa8_1_4),
+    T(pull_gqa8_4_1),    T(pull_gqa8_2_2),     T(pull_gqa2_1_4),   T(pull_gqa2_4_1),      T(pull_gqa2_4_2),
+    T(pull_mla_1_4),     T(pull_mla_4_1),      T(pull_mla_2_4),    T(push_gqa8_1_2),      T(push_gqa8_2_1),
+    T(push_gqa8_2_4),    T(push_gqa8_4_2),     T(push_gqa8_1_4),   T(push_gqa8_4_1),      T(push_gqa8_2_2),
+    T(push_gqa2_1_4),    T(push_gqa2_4_1),     T(push_gqa2_4_2),   T(push_mla_1_4),       T(push_mla_4_1),
+    T(push_mla_2_4),     T(no_head_dimension), T(neither_divides), T(consumer_rank_gone), T(late_hold),
+    T(queued_load_kept), T(heads_checked),     CU_TEST_INFO_NULL};
 
 static CU_SuiteInfo suites[] = {{"tensor parallelism across the hand-off", NULL, NULL, NULL, NULL, tp_tests},
                                 CU_SUITE_INFO_NULL};

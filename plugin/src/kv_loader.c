@@ -85,32 +85,43 @@ static HixlStatus pull_ops(hixl_kv_connector *c, const struct kv_meta_entry *e, 
   return st;
 }
 
-/* The renewer: while loads are being pulled, it pins each again every half lease
- * (vLLM's decode heartbeats), so a load longer than the lease keeps its request held;
- * idle otherwise. */
+/* The renewer: while loads are being pulled or wait for a loader thread, it pins each
+ * again every half lease (vLLM's decode heartbeats), so a load longer than the lease,
+ * or one queued behind others of its producer for longer, keeps its request held; idle
+ * otherwise. */
 static void *renewer_main(void *arg) {
   hixl_kv_connector *c = arg;
   struct kv_loader *ld = &c->load;
   uint64_t half = (uint64_t)c->cfg.lease_ms * 500000ull;
   uint8_t *ans = malloc(HIXL_CALL_MAX);
-  struct kv_meta_entry *v = calloc(KV_LOADERS_MAX, sizeof(*v));
+  struct kv_meta_entry *v = NULL;
+  size_t cap = 0;
   pthread_mutex_lock(&c->lock);
-  while (!c->shut && ans && v) {
-    if (ld->npulling == 0) {
+  bool idle = true; /* the last pass found nothing: loads that come now are pinned at once */
+  while (!c->shut && ans) {
+    if (ld->npulling == 0 && !ld->queue) {
+      idle = true;
       pthread_cond_wait(&ld->renew, &c->lock);
       continue;
     }
-    uint64_t at = kv_now_ns() + half;
-    struct timespec ts = {.tv_sec = (time_t)(at / 1000000000ull), .tv_nsec = (long)(at % 1000000000ull)};
-    while (!c->shut && pthread_cond_timedwait(&ld->renew, &c->lock, &ts) == 0) {
-    }
-    size_t n = 0; /* copied: a load's entry goes when its thread is done with it */
-    for (uint32_t t = 0; t < KV_LOADERS_MAX && !c->shut; t++)
-      if (ld->pulling[t]) {
-        v[n] = ld->pulling[t]->e;
-        v[n].blocks = v[n].rblocks = NULL;
-        n++;
+    if (!idle) { /* half a lease since the last pass */
+      uint64_t at = kv_now_ns() + half;
+      struct timespec ts = {.tv_sec = (time_t)(at / 1000000000ull), .tv_nsec = (long)(at % 1000000000ull)};
+      while (!c->shut && pthread_cond_timedwait(&ld->renew, &c->lock, &ts) == 0) {
       }
+    }
+    idle = false;
+    size_t n = 0, want = ld->npulling; /* copied: a load's entry goes when its thread is done with it */
+    for (struct kv_load *l = ld->queue; l; l = l->next) want += l->whole != NULL;
+    if (want > cap) {
+      struct kv_meta_entry *nv = realloc(v, want * sizeof(*v));
+      if (nv) v = nv, cap = want;
+    }
+    for (uint32_t t = 0; t < KV_LOADERS_MAX && !c->shut && n < cap; t++)
+      if (ld->pulling[t]) v[n++] = ld->pulling[t]->e;
+    for (struct kv_load *l = ld->queue; l && !c->shut && n < cap; l = l->next)
+      if (l->whole) v[n++] = l->e; /* a load waiting for its turn (not a FREE) */
+    for (size_t k = 0; k < n; k++) v[k].blocks = v[k].rblocks = NULL;
     pthread_mutex_unlock(&c->lock);
     for (size_t k = 0; k < n; k++) {
       struct kv_out msg = {0};
@@ -328,7 +339,8 @@ hixl_kv_status kv_loader_submit(hixl_kv_connector *c) {
   if (ld->nthreads && !ld->renewer_on && !c->shut && c->cfg.lease_ms > 0)
     ld->renewer_on = pthread_create(&ld->renewer, NULL, renewer_main, c) == 0; /* else no renewals */
   pthread_cond_broadcast(&ld->cond);
-  if (ld->nthreads == 0 && !c->shut) /* the loads stay queued: a later start_load_kv tries again */
+  pthread_cond_broadcast(&ld->renew); /* loads queued: the renewer keeps them held too */
+  if (ld->nthreads == 0 && !c->shut)  /* the loads stay queued: a later start_load_kv tries again */
     return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "start_load_kv: no loader thread: pthread_create: %s",
                    strerror(rc));
   return HIXL_KV_SUCCESS;
