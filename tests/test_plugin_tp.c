@@ -592,7 +592,7 @@ static void test_neither_divides(void) { cannot_map(&mla, 2, 3, "neither divides
 static void test_heads_checked(void) {
   char cfg[256];
   snprintf(cfg, sizeof(cfg), "{\"address\": \"%s:%u\", \"Transport\": \"tcp\"}", test_ip(),
-           (unsigned)free_port());
+           (unsigned)free_ports(2)); /* rank 1 listens on port + 1 */
   hixl_kv_connector *w = NULL;
   char err[256];
   ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 1, 2, &w, err, sizeof(err)), HIXL_KV_SUCCESS);
