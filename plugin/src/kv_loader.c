@@ -97,20 +97,15 @@ static void *renewer_main(void *arg) {
   struct kv_meta_entry *v = NULL;
   size_t cap = 0;
   pthread_mutex_lock(&c->lock);
-  bool idle = true; /* the last pass found nothing: loads that come now are pinned at once */
   while (!c->shut && ans) {
     if (ld->npulling == 0 && !ld->queue) {
-      idle = true;
       pthread_cond_wait(&ld->renew, &c->lock);
       continue;
     }
-    if (!idle) { /* half a lease since the last pass */
-      uint64_t at = kv_now_ns() + half;
-      struct timespec ts = {.tv_sec = (time_t)(at / 1000000000ull), .tv_nsec = (long)(at % 1000000000ull)};
-      while (!c->shut && pthread_cond_timedwait(&ld->renew, &c->lock, &ts) == 0) {
-      }
+    uint64_t at = kv_now_ns() + half; /* a load just started or queued was pinned (or bound) just now */
+    struct timespec ts = {.tv_sec = (time_t)(at / 1000000000ull), .tv_nsec = (long)(at % 1000000000ull)};
+    while (!c->shut && pthread_cond_timedwait(&ld->renew, &c->lock, &ts) == 0) {
     }
-    idle = false;
     size_t n = 0, want = ld->npulling; /* copied: a load's entry goes when its thread is done with it */
     for (struct kv_load *l = ld->queue; l; l = l->next) want += l->whole != NULL;
     if (want > cap) {
