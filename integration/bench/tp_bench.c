@@ -512,10 +512,10 @@ int main(int argc, char **argv) {
          "%u rounds (median), transport %s, HND (packed) layout\n\n",
          o.mla ? "MLA (576 x 2 B latent)" : "GQA", o.layers, o.heads, o.head_dim, o.block_tokens, o.requests,
          o.prompt, o.rounds, o.transport);
-  printf("| TP P -> D | model | plugin GB/s | raw engine GB/s | plugin / raw | plugin ops/request | raw "
-         "ops/request "
-         "| bytes moved/request | bytes needed/request | prefill blocks held after |\n");
-  printf("|---|---|---|---|---|---|---|---|---|---|\n");
+  printf("| TP P -> D | model | plugin GB/s | raw engine GB/s | plugin / raw | raw A/A spread | plugin "
+         "ops/request | raw ops/request | bytes moved/request | bytes needed/request | prefill blocks held "
+         "after |\n");
+  printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (char *s = o.pairs, *end; *s;) {
     unsigned long a = strtoul(s, &end, 10), b = 0;
     if (*end != ',') die("--pairs: \"%s\" is not P,D", s);
