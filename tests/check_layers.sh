@@ -28,7 +28,7 @@ rank() {
     engine/link.c.o | engine/link_frames.c.o | engine/link_progress.c.o | engine/xport_link.c.o | engine/xport_stub.c.o | engine/grant.c.o) echo 3 ;;
     transport/*) echo 4 ;;
     engine/stage.c.o | engine/stage_target.c.o) echo 5 ;;
-    engine/api.c.o | engine/api_mem.c.o | engine/api_link.c.o | engine/api_xfer.c.o | engine/api_call.c.o) echo 6 ;;
+    engine/api.c.o | engine/api_mem.c.o | engine/api_dial.c.o | engine/api_link.c.o | engine/api_xfer.c.o | engine/api_call.c.o) echo 6 ;;
     cs/* | cache/*) echo 7 ;;
     rping/*) echo 7 ;;
     *) echo "?" ;;

@@ -344,8 +344,8 @@ static void test_option_unknown_key(void) {
   TU_ASSERT_STATUS(HixlEngineInitialize(e, "127.0.0.1", &o, 1), HIXL_PARAM_INVALID);
   TU_ASSERT_ERRMSG_HAS("NoSuchOption");
   TU_ASSERT_ERRMSG_HAS(
-      "LinkAnswerMiB, HandshakeTimeout, MaxLinks, MaxLinksPerAddress, AuthKeyFile)"); /* the known keys, from
-                                                                                         the table */
+      "MaxLinksPerAddress, AuthKeyFile, Rails, RailStallMs, RailProbeMs)"); /* the known keys, from the table
+                                                                             */
   /* Keys are case-sensitive, as HIXL's. */
   o.key = "bufferpool";
   o.value = "4:8";

@@ -180,9 +180,10 @@ static void test_hdr_type(void) {
   CU_ASSERT_EQUAL(hdr_of(WIRE_CALL_RESP, 12, 0), WIRE_OK);
   CU_ASSERT_EQUAL(hdr_of(WIRE_SHM_UNMAP_ACK, 16, 0), WIRE_OK);
   CU_ASSERT_EQUAL(hdr_of(WIRE_CALL_AFTER, 18, 0), WIRE_OK);
-  CU_ASSERT_EQUAL(hdr_of(WIRE_AUTH_PROOF, 32, 0), WIRE_OK); /* the last type */
-  CU_ASSERT_EQUAL(hdr_of(31, 36, 0), WIRE_ETYPE);
-  CU_ASSERT_EQUAL(hdr_of(31, 32, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_AUTH_PROOF, 32, 0), WIRE_OK);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_RAILS_ACK, 18, 0), WIRE_OK); /* the last type */
+  CU_ASSERT_EQUAL(hdr_of(33, 36, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(33, 32, 0), WIRE_ETYPE);
 }
 
 static void test_hdr_flags_reserved(void) {
@@ -239,6 +240,8 @@ static const struct {
     {WIRE_CALL_AFTER, 18, 18 + 65536, 0},
     {WIRE_AUTH_CHALLENGE, 74, 74 + 255, 0},
     {WIRE_AUTH_PROOF, 32, 32, 0},
+    {WIRE_RAILS, 8, 8, 0},
+    {WIRE_RAILS_ACK, 18, 60, 0},
 };
 #define NLIMITS (sizeof(limits) / sizeof(limits[0]))
 
@@ -292,7 +295,10 @@ static void test_constants(void) {
   CU_ASSERT_EQUAL(WIRE_CALL_AFTER, 28);
   CU_ASSERT_EQUAL(WIRE_AUTH_CHALLENGE, 29);
   CU_ASSERT_EQUAL(WIRE_AUTH_PROOF, 30);
-  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 30);
+  CU_ASSERT_EQUAL(WIRE_RAILS, 31);
+  CU_ASSERT_EQUAL(WIRE_RAILS_ACK, 32);
+  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 32);
+  CU_ASSERT_EQUAL(WIRE_CAP_RAILS, 0x200u);
   CU_ASSERT_EQUAL(WIRE_CAP_AUTH, 0x100);
   CU_ASSERT_EQUAL(WIRE_SHM_LAYOUT, 2);
   CU_ASSERT_EQUAL(WIRE_MAX_CALL, 65536);
@@ -308,6 +314,40 @@ static void test_constants(void) {
   CU_ASSERT_EQUAL(WIRE_CAP_STAGE, 0x8);
   CU_ASSERT_EQUAL(WIRE_CAP_STAGE_ANY, 0x10);
   CU_ASSERT_EQUAL(WIRE_CAP_STAGE_RDMA, 0x20);
+}
+
+/* RAILS_ACK: built and read back; its count must say exactly how long it is. */
+static void test_rails_ack(void) {
+  uint8_t b[WIRE_HDR_LEN + 12 + WIRE_RAIL_LEN * WIRE_MAX_RAILS + 8];
+  uint32_t addr[WIRE_MAX_RAILS + 1] = {0x0a580001u, 0x0a580101u, 0x0a580201u};
+  uint16_t port[WIRE_MAX_RAILS + 1] = {5000, 5001, 5002};
+  struct wire_hdr h;
+  struct wire_msg m;
+  CU_ASSERT_EQUAL(wire_put_rails_ack(b, sizeof(b), 7, addr, port, 0), 0);
+  CU_ASSERT_EQUAL(wire_put_rails_ack(b, sizeof(b), 7, addr, port, WIRE_MAX_RAILS + 1), 0);
+  CU_ASSERT_EQUAL(wire_put_rails_ack(b, WIRE_HDR_LEN + 12, 7, addr, port, 1), 0);
+  size_t len = wire_put_rails_ack(b, sizeof(b), 7, addr, port, 3);
+  CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + 12 + 3 * WIRE_RAIL_LEN);
+  CU_ASSERT_EQUAL_FATAL(wire_parse_hdr(b, &h), WIRE_OK);
+  CU_ASSERT_EQUAL_FATAL(wire_decode(&h, b + WIRE_HDR_LEN, &m), WIRE_OK);
+  CU_ASSERT_EQUAL(m.u.rails.seq, 7);
+  CU_ASSERT_EQUAL(m.u.rails.count, 3);
+  for (uint32_t i = 0; i < 3; i++) {
+    uint32_t a;
+    uint16_t p;
+    wire_rail_at(&m, i, &a, &p);
+    CU_ASSERT_EQUAL(a, addr[i]);
+    CU_ASSERT_EQUAL(p, port[i]);
+  }
+  /* a count that disagrees with the body's length, or 0 */
+  put32(b + WIRE_HDR_LEN + 8, 2);
+  CU_ASSERT_EQUAL(wire_decode(&h, b + WIRE_HDR_LEN, &m), WIRE_EBODY);
+  put32(b + WIRE_HDR_LEN + 8, 0);
+  CU_ASSERT_EQUAL(wire_decode(&h, b + WIRE_HDR_LEN, &m), WIRE_EBODY);
+  CU_ASSERT_EQUAL(wire_put_rails(b, 9), WIRE_HDR_LEN + 8);
+  CU_ASSERT_EQUAL_FATAL(wire_parse_hdr(b, &h), WIRE_OK);
+  CU_ASSERT_EQUAL_FATAL(wire_decode(&h, b + WIRE_HDR_LEN, &m), WIRE_OK);
+  CU_ASSERT_EQUAL(m.u.rails.seq, 9);
 }
 
 static void test_names(void) {
@@ -329,7 +369,9 @@ static void test_names(void) {
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_CALL_AFTER), "CALL_AFTER");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_AUTH_CHALLENGE), "AUTH_CHALLENGE");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_AUTH_PROOF), "AUTH_PROOF");
-  CU_ASSERT_STRING_EQUAL(wire_type_name(31), "?");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_RAILS), "RAILS");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_RAILS_ACK), "RAILS_ACK");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(33), "?");
   /* Every type has its own name. */
   for (unsigned t = 1; t <= WIRE_TYPE_MAX_; t++) {
     CU_ASSERT_STRING_NOT_EQUAL(wire_type_name(t), "?");
@@ -1717,6 +1759,7 @@ static CU_TestInfo hdr_tests[] = {
     {"payload", test_hdr_payload},
     {"constants", test_constants},
     {"names", test_names},
+    {"rails ack", test_rails_ack},
     CU_TEST_INFO_NULL,
 };
 static CU_TestInfo rt_tests[] = {

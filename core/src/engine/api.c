@@ -9,6 +9,8 @@
  * and api_call.c share with it (api_int.h). */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -73,6 +75,9 @@ struct peer *api_find_peer(HixlEngine *e, const char *name) {
 }
 
 void api_peer_free(HixlEngine *e, struct peer *p) {
+  p->closing = true; /* its rails end with it, none failed over */
+  for (uint32_t k = 0; k < p->n_rails; k++)
+    if (p->rails[k].conn) link_conn_kill(p->rails[k].conn, HIXL_FAILED, "disconnected by the local engine");
   for (struct peer **pp = &e->peers; *pp; pp = &(*pp)->next)
     if (*pp == p) {
       *pp = p->next;
@@ -94,10 +99,70 @@ HixlStatus HixlEngineCreate(HixlEngine **engine) {
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&e->cond, &ca);
+  pthread_cond_init(&e->rail_cond, &ca);
   pthread_condattr_destroy(&ca);
   e->listen_fd = e->epfd = e->evfd = -1;
+  for (int k = 0; k < HIXL_RAILS_MAX; k++) e->rail_fds[k] = -1;
   auth_init(&e->auth);
   *engine = e;
+  return HIXL_SUCCESS;
+}
+
+static void rails_close(HixlEngine *e) {
+  for (int k = 0; k < HIXL_RAILS_MAX; k++) {
+    if (e->rail_fds[k] >= 0) close(e->rail_fds[k]);
+    e->rail_fds[k] = -1;
+  }
+  e->n_rail_addrs = 0;
+}
+
+/* Rails as a target: the listen address, then every other rail address (the list, or
+ * with "auto" each IPv4 address of an interface that is up, loopback only when the
+ * engine's own address is), each listened on at the engine's port. */
+static HixlStatus rails_listen(HixlEngine *e) {
+  struct sockaddr_in sa;
+  socklen_t sl = sizeof(sa);
+  uint32_t cand[64];
+  size_t nc = 0;
+  if (getsockname(e->listen_fd, (struct sockaddr *)&sa, &sl) < 0)
+    return hixl_fail(HIXL_FAILED, "HixlEngineInitialize: Rails: getsockname: %s", strerror(errno));
+  if (sa.sin_addr.s_addr == htonl(INADDR_ANY))
+    return hixl_fail(
+        HIXL_PARAM_INVALID,
+        "HixlEngineInitialize: Rails needs the engine's own address, not 0.0.0.0 (%s): each rail "
+        "is one address",
+        e->local_name);
+  if (e->opts.rails_auto) {
+    struct ifaddrs *ifs;
+    bool lo = (ntohl(sa.sin_addr.s_addr) >> 24) == 127;
+    if (getifaddrs(&ifs) < 0)
+      return hixl_fail(HIXL_FAILED, "HixlEngineInitialize: Rails auto: getifaddrs: %s", strerror(errno));
+    for (struct ifaddrs *i = ifs; i && nc < 64; i = i->ifa_next)
+      if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
+          !(i->ifa_flags & IFF_LOOPBACK) != lo)
+        cand[nc++] = ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr;
+    freeifaddrs(ifs);
+  } else {
+    for (uint32_t k = 0; k < e->opts.rails_n; k++) cand[nc++] = e->opts.rail_addr[k];
+  }
+  e->rail_addrs[0] = sa.sin_addr.s_addr;
+  e->rail_ports[0] = ntohs(sa.sin_port);
+  e->n_rail_addrs = 1;
+  for (size_t k = 0; k < nc && e->n_rail_addrs < HIXL_RAILS_MAX; k++) {
+    if (cand[k] == sa.sin_addr.s_addr) continue;
+    struct sockaddr_in ra = sa;
+    HixlStatus st;
+    ra.sin_addr.s_addr = cand[k];
+    int fd = sock_listen(&ra, 0, &st);
+    if (fd < 0) {
+      hixl_fail(st, "HixlEngineInitialize: Rails: %s", HixlGetLastErrorMessage());
+      rails_close(e);
+      return st;
+    }
+    e->rail_fds[e->n_rail_addrs - 1] = fd;
+    e->rail_addrs[e->n_rail_addrs] = cand[k];
+    e->rail_ports[e->n_rail_addrs++] = ntohs(sa.sin_port);
+  }
   return HIXL_SUCCESS;
 }
 
@@ -145,6 +210,7 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
   }
   e->listen_fd = has_port ? sock_listen(&sa, 0, &st) : -1;
   if (has_port && e->listen_fd < 0) goto close_mods;
+  if (has_port && opts.rails_on && (st = rails_listen(e)) != HIXL_SUCCESS) goto close_listen;
   if (link_start(e, &st) < 0) {
     st =
         hixl_fail(HIXL_FAILED, "HixlEngineInitialize: cannot start the progress thread: %s", strerror(errno));
@@ -164,6 +230,7 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
 close_listen:
   if (e->listen_fd >= 0) close(e->listen_fd);
   e->listen_fd = -1;
+  rails_close(e);
 close_mods:
   mods_close(e, opened);
   auth_close(&e->auth);
@@ -176,6 +243,7 @@ HixlStatus HixlEngineFinalize(HixlEngine *e) {
   if (st != HIXL_SUCCESS) return st;
   e->initialized = false; /* new calls are refused from here on */
   pthread_mutex_unlock(&e->lock);
+  if (e->rail_stop) e->rail_stop(e); /* the rail prober, if a railed Connect started it */
   link_stop(e);
   pthread_mutex_lock(&e->lock);
   /* Work still running without the lock (an shm copy) ends before what it holds goes. */
@@ -200,6 +268,7 @@ HixlStatus HixlEngineFinalize(HixlEngine *e) {
   e->n_notifies = e->cap_notifies = 0;
   if (e->listen_fd >= 0) close(e->listen_fd);
   e->listen_fd = -1;
+  rails_close(e);
   auth_close(&e->auth);
   pthread_mutex_unlock(&e->lock);
   return HIXL_SUCCESS;
@@ -221,6 +290,7 @@ HixlStatus HixlEngineDestroy(HixlEngine *e) {
   link_free_graveyard(e); /* a link a caller was still driving at Finalize */
   auth_destroy(&e->auth);
   pthread_cond_destroy(&e->cond);
+  pthread_cond_destroy(&e->rail_cond);
   pthread_mutex_destroy(&e->req_lock);
   pthread_mutex_destroy(&e->lock);
   free(e);

@@ -24,6 +24,15 @@ struct peer *api_find_peer(HixlEngine *e, const char *name);
 void api_peer_free(HixlEngine *e, struct peer *p);           /* unlinked from e->peers and freed */
 void api_reg_release(HixlEngine *e, struct hixl_mem_reg *r); /* transports' holds, AllocMem's memory, r */
 
+/* api_dial.c */
+/* HELLO (and the proof of a key) on a fresh blocking socket, then the data path: a rail
+ * is taken by tcp alone; Connect's link learns the peer's rails (p->n_rails). */
+HixlStatus api_handshake(HixlEngine *e, int fd, const char *remote, uint64_t deadline, struct peer *p,
+                         bool rail, const struct xport_ops **xp, void **link);
+/* c, Connect's new link to p, becomes rail 0 and the others are dialled (lock held,
+ * released while dialling: p may be gone after; the prober starts). */
+void api_rails_up(HixlEngine *e, struct peer *p, struct conn *c, uint64_t deadline);
+
 /* api_link.c */
 /* The live link to remote, or NULL with the reason recorded. Lock held. */
 struct conn *api_link_for(HixlEngine *e, const char *remote, const char *fn, HixlStatus *st);

@@ -11,150 +11,6 @@
 
 /* ---- links ---- */
 
-/* Receive one handshake frame's header into h and its body into body (cap bytes). */
-static HixlStatus recv_frame(int fd, const char *remote, uint64_t deadline, struct wire_hdr *h, uint8_t *body,
-                             size_t cap) {
-  uint8_t hb[WIRE_HDR_LEN];
-  HixlStatus st = sock_recv_all(fd, hb, sizeof(hb), deadline);
-  if (st != HIXL_SUCCESS)
-    return hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());
-  enum wire_err err = wire_parse_hdr(hb, h);
-  if (err == WIRE_EVERSION)
-    return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s speaks hixl protocol version %u, this engine %u",
-                     remote, h->version, WIRE_VERSION);
-  if (err != WIRE_OK || (h->type != WIRE_HELLO_ACK && h->type != WIRE_AUTH_CHALLENGE))
-    return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s is not a hixl engine (%s)", remote,
-                     err != WIRE_OK ? wire_err_str(err) : "unexpected first frame");
-  if (body && h->body_len > cap)
-    return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s sent a malformed %s", remote,
-                     wire_type_name(h->type));
-  return body ? sock_recv_all(fd, body, h->body_len, deadline) : HIXL_SUCCESS;
-}
-
-/* The initiator's half of authentication: check the target's AUTH_CHALLENGE and
- * answer AUTH_PROOF; the link's session secret goes to p. */
-static HixlStatus prove(HixlEngine *e, int fd, const char *remote, uint64_t deadline, struct peer *p,
-                        const struct auth_ring *ring, const uint8_t nonce_i[AUTH_NONCE_LEN],
-                        uint32_t caps_i) {
-  uint8_t body[WIRE_AUTH_CHALLENGE_FIXED + WIRE_MAX_NAME], mac[AUTH_MAC_LEN];
-  uint8_t frame[WIRE_HDR_LEN + WIRE_AUTH_MAC];
-  struct wire_hdr h;
-  struct wire_msg m;
-  HixlStatus st = recv_frame(fd, remote, deadline, &h, body, sizeof(body));
-  if (st != HIXL_SUCCESS) return st;
-  if (h.type == WIRE_HELLO_ACK) {
-    if (wire_decode(&h, body, &m) == WIRE_OK && m.u.hello_ack.status == WIRE_HELLO_OK)
-      return hixl_fail(HIXL_FAILED,
-                       "HixlEngineConnect: %s does not authenticate (it has no AuthKeyFile), and this engine "
-                       "has one: refusing the link",
-                       remote);
-    return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s refused the link: %s", remote,
-                     m.u.hello_ack.status == WIRE_HELLO_VERSION ? "protocol version mismatch"
-                     : m.u.hello_ack.status == WIRE_HELLO_AUTH
-                         ? "authentication failed (it holds none of this engine's keys)"
-                         : "refused");
-  }
-  if (wire_decode(&h, body, &m) != WIRE_OK)
-    return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s sent a malformed AUTH_CHALLENGE", remote);
-  const struct auth_key *k = auth_key_by_id(ring, m.u.auth.id);
-  if (!k)
-    return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s chose a key this engine does not hold", remote);
-  const char *me = e->local_name;
-#define TRANSCRIPT(label, out)                                                                               \
-  auth_transcript_mac(k, label, nonce_i, m.u.auth.nonce, me, strlen(me), m.u.auth.name, m.u.auth.name_len,   \
-                      caps_i | WIRE_CAP_AUTH, out)
-  TRANSCRIPT(AUTH_LABEL_TARGET, mac);
-  if (!auth_equal(mac, m.u.auth.mac, AUTH_MAC_LEN))
-    return hixl_fail(HIXL_FAILED,
-                     "HixlEngineConnect: %s failed to prove the key it named: not a trusted engine (or the "
-                     "handshake was tampered with)",
-                     remote);
-  TRANSCRIPT(AUTH_LABEL_INITIATOR, mac);
-  TRANSCRIPT(AUTH_LABEL_SESSION, p->session);
-#undef TRANSCRIPT
-  struct wire_wr w;
-  wire_begin(&w, frame, sizeof(frame), WIRE_AUTH_PROOF);
-  wire_put_bytes(&w, mac, sizeof(mac));
-  st = sock_send_all(fd, frame, wire_end(&w, 0), deadline);
-  auth_wipe(mac, sizeof(mac));
-  if (st != HIXL_SUCCESS)
-    return hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());
-  p->authed = true;
-  return HIXL_SUCCESS;
-}
-
-/* Exchange HELLO (and, with a key, AUTH_CHALLENGE / AUTH_PROOF) and HELLO_ACK on a
- * fresh blocking socket; fills the peer. */
-static HixlStatus handshake(HixlEngine *e, int fd, const char *remote, uint64_t deadline, struct peer *p,
-                            const struct xport_ops **xp, void **link) {
-  uint8_t hello[WIRE_HDR_LEN + 6 + WIRE_MAX_NAME + WIRE_AUTH_BLOCK_MAX];
-  struct wire_hdr h;
-  struct wire_msg m;
-  HixlStatus st;
-  uint32_t caps = link_caps(e);
-  struct auth_ring ring;
-  auth_current(&e->auth, &ring); /* no keys (n 0): no authentication */
-  if (ring.n == 0) {
-    st = sock_send_all(fd, hello, wire_put_hello(hello, sizeof(hello), caps, e->local_name), deadline);
-    if (st != HIXL_SUCCESS)
-      return hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());
-  } else {
-    uint8_t nonce[AUTH_NONCE_LEN], ids[AUTH_ID_LEN * AUTH_KEYS_MAX];
-    for (unsigned i = 0; i < ring.n; i++) memcpy(ids + i * AUTH_ID_LEN, ring.key[i].id, AUTH_ID_LEN);
-    if (!auth_random(nonce, sizeof(nonce))) {
-      st = hixl_fail(HIXL_FAILED, "HixlEngineConnect: no random bytes from the kernel for a challenge");
-    } else {
-      size_t len = wire_put_hello_auth(hello, sizeof(hello), caps, e->local_name, nonce, ids, ring.n);
-      if ((st = sock_send_all(fd, hello, len, deadline)) != HIXL_SUCCESS)
-        st = hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());
-    }
-    if (st == HIXL_SUCCESS) st = prove(e, fd, remote, deadline, p, &ring, nonce, caps);
-    auth_wipe(&ring, sizeof(ring));
-    if (st != HIXL_SUCCESS) return st;
-  }
-  if ((st = recv_frame(fd, remote, deadline, &h, NULL, 0)) != HIXL_SUCCESS) return st;
-  if (h.type != WIRE_HELLO_ACK)
-    return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s sent %s where HELLO_ACK was due", remote,
-                     wire_type_name(h.type));
-  uint8_t *body = malloc(h.body_len);
-  if (!body) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: out of memory");
-  st = sock_recv_all(fd, body, h.body_len, deadline);
-  if (st != HIXL_SUCCESS) {
-    st = hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());
-    goto out;
-  }
-  if (wire_decode(&h, body, &m) != WIRE_OK) {
-    st = hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s sent a malformed HELLO_ACK", remote);
-    goto out;
-  }
-  if (m.u.hello_ack.status != WIRE_HELLO_OK) {
-    st = hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s refused the link (%s)", remote,
-                   m.u.hello_ack.status == WIRE_HELLO_VERSION ? "protocol version mismatch"
-                   : m.u.hello_ack.status != WIRE_HELLO_AUTH  ? "refused"
-                   : p->authed ? "authentication failed: it did not take this engine's proof"
-                               : "authentication required: it has an AuthKeyFile, this engine none");
-    goto out;
-  }
-  log_escape(p->remote_name, sizeof(p->remote_name), m.u.hello_ack.name, m.u.hello_ack.name_len);
-  p->caps = m.u.hello_ack.caps;
-  const uint8_t *cur = m.u.hello_ack.entries;
-  size_t left = m.u.hello_ack.entries_len;
-  struct wire_mem_entry me;
-  while (wire_mem_entry_next(&cur, &left, &me)) link_peer_add_mem(p, &me);
-  /* Data path: the first transport that takes the link (xport_id order: shm for a
-   * peer on this host that the kernel lets us reach, else rdma when both ends have
-   * it, else tcp). Each passes on, or fails when Transport names it and it cannot. */
-  bool taken = false;
-  for (int i = 0; i < XPORT_MODS && !taken && st == HIXL_SUCCESS; i++) {
-    const struct xport_ops *x = e->mods[i];
-    st = x->link.connect(e, fd, deadline, remote, p, &taken, link);
-    if (taken) *xp = x;
-  }
-out:
-  free(body);
-  return st;
-}
-
 HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_ms) {
   struct sockaddr_in sa;
   HixlStatus st;
@@ -175,7 +31,7 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
   if (fd < 0) goto free_peer;
   const struct xport_ops *xp = NULL;
   void *link = NULL;
-  st = handshake(e, fd, remote, deadline, p, &xp, &link);
+  st = api_handshake(e, fd, remote, deadline, p, false, &xp, &link);
   if (st != HIXL_SUCCESS) goto close_fd;
 
   if ((st = api_enter(e, "HixlEngineConnect")) != HIXL_SUCCESS) goto close_fd;
@@ -203,8 +59,11 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
   c->peer = p;
   p->conn = c;
   p->next = e->peers;
+  p->id = ++e->peer_ids;
   e->peers = p;
-  log_info("connected to %s (%zu remote registrations)", remote, p->rtab.count);
+  log_info("connected to %s (%zu remote registrations%s)", remote, p->rtab.count,
+           p->n_rails > 1 ? ", rails follow" : "");
+  api_rails_up(e, p, c, deadline);
   pthread_mutex_unlock(&e->lock);
   return HIXL_SUCCESS;
 close_fd:
@@ -227,6 +86,7 @@ HixlStatus HixlEngineDisconnect(HixlEngine *e, const char *remote, int32_t timeo
   if (!p) {
     st = hixl_fail(HIXL_NOT_CONNECTED, "HixlEngineDisconnect: not connected to %s", remote);
   } else {
+    p->closing = true; /* no rail takes over */
     if (p->conn) link_conn_kill(p->conn, HIXL_FAILED, "disconnected by the local engine");
     api_peer_free(e, p);
   }

@@ -41,7 +41,8 @@ HixlStatus api_req_wait(HixlEngine *e, struct conn *c, struct hixl_transfer_req 
   HixlStatus st = HIXL_SUCCESS;
   /* Receive our own answers when nobody else is; an async request's data was handed to
    * its transport already (shm would copy it twice). */
-  if (c && !r->is_async) link_drive(c, r);
+  if (c && !r->is_async && !r->railed) link_drive(c, r);
+  if (c && r->railed && !c->dead) link_unpark(c); /* the progress thread reads every rail */
   while (r->outstanding > 0)
     if (pthread_cond_timedwait(&e->cond, &e->lock, &ts) == ETIMEDOUT) break;
   uint32_t starved = r->outstanding > 0 ? stage_cancel(r) : 0;
@@ -199,6 +200,11 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
   }
   r->deadline_ns = deadline;
   struct chunk *ch = r->chunks;
+  /* Rails: each chunk goes on the least loaded rail (ties: c, which a sync caller reads
+   * itself); a request that went on others too is read by the progress thread. */
+  struct peer *p = c->peer;
+  bool rails = p && p->n_rails > 1 && c->rail >= 0;
+  bool used[HIXL_RAILS_MAX] = {false};
   for (size_t i = 0; i < count; i++) {
     if (!lregs[i]) continue;              /* staged */
     const struct remote_mem *rm = rms[i]; /* a direct op's: its key is there too */
@@ -210,14 +216,29 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
       ch->laddr = (uint8_t *)(descs[i].local_addr + off);
       ch->raddr = descs[i].remote_addr + off;
       ch->len = (uint32_t)len;
-      ch->seq = c->next_seq++;
       ch->kind = op == HIXL_READ ? CHUNK_READ : CHUNK_WRITE;
       ch->rkey = rm->rkey;
       ch->tx.chunk = ch;
+      struct conn *to = rails ? link_rail_pick(p, NULL) : c;
+      if (to && to != c) {
+        r->railed = true;
+        used[to->rail] = true;
+        link_rail_post(to, ch);
+        continue;
+      }
+      if (rails) {
+        if (c->rail_load == 0) c->last_io_ns = hixl_now_ns();
+        c->rail_load += len;
+      }
+      ch->seq = c->next_seq++;
       c->xp->link.post(c, ch); /* a frame (tcp), a work request (rdma), or nothing yet (shm) */
     }
   }
   if (plan.stage.nunits > 0) stage_submit(r); /* units with a free buffer go now, the rest wait in order */
+  for (uint32_t k = 0; rails && k < p->n_rails; k++) {
+    struct conn *to = p->rails[k].conn;
+    if (used[k] && to && to != c && !to->dead) to->xp->link.start(to, r); /* the first bytes leave now */
+  }
   if (c->dead) {
     /* A send above found the link reset (the peer closed it): what was queued on it
      * has ended with it. A copying transport's direct chunks wait in r alone until
@@ -381,7 +402,7 @@ HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, Hix
     (void)api_req_wait(e, c, r, fn, remote);
     pthread_mutex_unlock(&e->lock);
     st = hixl_fail(HIXL_UNSUPPORTED, "%s: %s speaks an older protocol without service calls", fn, remote);
-  } else if (st == HIXL_SUCCESS && op == HIXL_WRITE && (c->xp->flags & XPORT_IN_STREAM) &&
+  } else if (st == HIXL_SUCCESS && op == HIXL_WRITE && (c->xp->flags & XPORT_IN_STREAM) && !r->railed &&
              r->ndirect == r->nchunks && (c->peer->caps & WIRE_CAP_CALL_AFTER)) {
     /* Every WRITE is a frame queued on the link's stream already: the call follows them
      * at once, and the target serves it once they have all landed, unless one was

@@ -35,6 +35,7 @@ struct hixl_transfer_req {
   bool user_holds;      /* the caller may still ask about it */
   bool cancelled;       /* timed out: unsent chunks are dropped, late data discarded */
   bool is_async;
+  bool railed; /* its chunks went on several rails: the progress thread reads them all */
   uint64_t deadline_ns;
   void *user_data;
   char err[256];
@@ -110,6 +111,21 @@ struct conn {
   uint8_t session[AUTH_MAC_LEN];
   bool authed;
   struct grant_set *grants; /* target, scoped memory: its peer's grants, found at its first op */
+  /* Rails (initiator): the link's index in its peer's rails, or -1 outside rails; the
+   * bytes of its chunks not yet answered, and when it last moved a byte (RailStallMs). */
+  int rail;
+  uint64_t rail_load;
+  uint64_t last_io_ns;
+};
+
+/* One rail to a peer: a tcp link from a local address to one of the peer's. */
+struct rail {
+  struct conn *conn; /* NULL while down */
+  struct sockaddr_in local, remote;
+  uint64_t bytes, ops, failures, retried; /* answered chunks' bytes and count; times it went down; chunks
+                                             moved off it when it did */
+  uint64_t next_probe_ns;                 /* down: dialled again from then on (RailProbeMs) */
+  bool dialling;                          /* the prober is dialling it, the lock released */
 };
 
 struct peer {
@@ -122,6 +138,13 @@ struct peer {
   char broken_why[256];
   uint8_t session[AUTH_MAC_LEN]; /* the link's session secret, when authed */
   bool authed;                   /* the peer proved a key this engine holds */
+  uint64_t id;                   /* unique per engine: found again after the lock was released */
+  /* Rails: n_rails > 1 when both engines have them and the link is tcp. rails[0] is
+   * the link Connect made; conn is whichever live rail carries the control frames
+   * (memory table, SYNC, NOTIFY, CALL, staged units), the lowest one up. */
+  uint32_t n_rails;
+  struct rail rails[HIXL_RAILS_MAX];
+  bool closing; /* Disconnect or Finalize: a rail that dies now is not failed over */
 };
 
 /* The staging pool ("BufferPool"): NUM buffers of SIZE bytes in one mapping, and
@@ -188,7 +211,20 @@ struct HixlEngine {
   struct notify_item *notifies;
   size_t n_notifies, cap_notifies;
   struct engine_service services[ENGINE_SERVICES]; /* CALL handlers, by service number */
-  uint8_t scratch[64 << 10];                       /* sink for discarded payload */
+  /* Rails (api_dial.c): the addresses this engine accepts links on, listen address first
+   * (advertised in RAILS_ACK), the extra listeners, and the prober thread, started at the
+   * first railed Connect and stopped at Finalize through rail_stop. */
+  uint32_t n_rail_addrs;
+  uint32_t rail_addrs[HIXL_RAILS_MAX]; /* network order */
+  uint16_t rail_ports[HIXL_RAILS_MAX]; /* host order */
+  int rail_fds[HIXL_RAILS_MAX];        /* listeners beyond listen_fd; -1: none */
+  uint64_t peer_ids;
+  bool rail_thread_on;
+  bool rail_stop_failed; /* the prober could not start: not tried again */
+  pthread_t rail_thread;
+  pthread_cond_t rail_cond;
+  void (*rail_stop)(struct HixlEngine *e);
+  uint8_t scratch[64 << 10]; /* sink for discarded payload */
 };
 
 /* link.c: the control plane every module uses */
@@ -239,6 +275,13 @@ void link_then_cancel(struct hixl_transfer_req *r, HixlStatus st, const char *wh
 void link_drive(struct conn *c, struct hixl_transfer_req *r);
 void link_take_pending(struct conn *c);
 void link_free_graveyard(struct HixlEngine *e);
+/* Rails: the live rail of p least loaded, other than except (ties: p->conn), or NULL. */
+struct conn *link_rail_pick(struct peer *p, const struct conn *except);
+/* Post ch on rail link to (its next seq, its load); the progress thread sends and reads. */
+void link_rail_post(struct conn *to, struct chunk *ch);
+/* Every rail with work that moved no byte for RailStallMs is killed (its chunks fail over). */
+bool link_rails_tick(struct HixlEngine *e);
+void link_tick_start(struct HixlEngine *e); /* the progress thread's 100 ms tick runs (rails need it) */
 void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me);
 size_t link_mem_entry_len(const struct hixl_mem_reg *r);
 uint32_t link_mem_key(const struct HixlEngine *e, const struct hixl_mem_reg *r); /* the transports' key */

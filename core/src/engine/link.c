@@ -136,6 +136,7 @@ struct conn *link_conn_new(struct HixlEngine *e, int fd, enum conn_role role) {
   c->role = role;
   c->next_seq = 1;
   c->xp = e->mods[XPORT_TCP];
+  c->rail = -1;
   return c;
 }
 
@@ -172,6 +173,91 @@ void link_conn_bury(struct conn *c) {
   c->eng->graveyard = c;
 }
 
+/* ---- rails ---- */
+
+struct conn *link_rail_pick(struct peer *p, const struct conn *except) {
+  struct conn *best = NULL;
+  if (p->closing) return NULL;
+  for (uint32_t k = 0; k < p->n_rails; k++) {
+    struct conn *r = p->rails[k].conn;
+    if (!r || r == except || r->dead) continue;
+    if (!best || r->rail_load < best->rail_load || (r->rail_load == best->rail_load && r == p->conn))
+      best = r;
+  }
+  return best;
+}
+
+void link_rail_post(struct conn *to, struct chunk *ch) {
+  if (to->rail_load == 0) to->last_io_ns = hixl_now_ns(); /* idle until now: the stall clock starts here */
+  to->rail_load += ch->len;
+  ch->seq = to->next_seq++;
+  to->xp->link.post(to, ch);
+  link_unpark(to);
+  link_set_want_out(to, true);
+}
+
+/* A chunk of c's that c can no longer answer: posted again on another rail of the same
+ * peer when there is one and the request has time left (tcp chunks, which say in full
+ * what to move; a WRITE moves the same bytes again). false: it ends with c. */
+static bool rail_retry(struct conn *c, struct chunk *ch) {
+  struct peer *p = c->peer;
+  struct hixl_transfer_req *r = ch->req;
+  if (!p || c->rail < 0 || c->eng->stopping || ch->owner ||
+      (ch->kind != CHUNK_READ && ch->kind != CHUNK_WRITE) || r->cancelled || hixl_now_ns() >= r->deadline_ns)
+    return false;
+  struct conn *to = link_rail_pick(p, c);
+  if (!to) return false;
+  p->rails[c->rail].retried++;
+  r->railed = true;
+  link_rail_post(to, ch);
+  return true;
+}
+
+static void chunk_lost(struct conn *c, struct chunk *ch, HixlStatus st, const char *msg) {
+  if (!rail_retry(c, ch)) link_chunk_end(ch, st, msg);
+}
+
+/* c's peer lets go of it; a railed peer's control frames move to its lowest live rail. */
+static void peer_detach(struct conn *c, const char *why) {
+  struct peer *p = c->peer;
+  if (c->rail >= 0 && (uint32_t)c->rail < p->n_rails && p->rails[c->rail].conn == c) {
+    struct rail *rl = &p->rails[c->rail];
+    rl->conn = NULL;
+    rl->failures++;
+    rl->next_probe_ns = hixl_now_ns() + (uint64_t)c->eng->opts.rail_probe_ms * 1000000u;
+    if (c->eng->rail_thread_on) pthread_cond_signal(&c->eng->rail_cond);
+  }
+  if (p->conn == c) {
+    p->conn = NULL;
+    for (uint32_t k = 0; k < p->n_rails && !p->conn && !p->closing; k++)
+      if (p->rails[k].conn && !p->rails[k].conn->dead) p->conn = p->rails[k].conn;
+    if (p->conn)
+      log_warn("link to %s: rail %d is down (%s); rail %d carries its control frames now", p->name, c->rail,
+               why, p->conn->rail);
+    else
+      snprintf(p->broken_why, sizeof(p->broken_why), "%s", why);
+  } else if (c->rail >= 0) {
+    log_warn("link to %s: rail %d is down (%s)", p->name, c->rail, why);
+  }
+  c->peer = NULL;
+}
+
+bool link_rails_tick(struct HixlEngine *e) {
+  bool any = false;
+  uint64_t now = hixl_now_ns(), stall = (uint64_t)e->opts.rail_stall_ms * 1000000u;
+  uint32_t walk = ++e->walks;
+  for (struct conn *c; (c = link_next(e, walk));) {
+    if (c->rail < 0 || c->dead) continue;
+    any = true;
+    if (c->rail_load == 0 || now - c->last_io_ns < stall) continue;
+    char why[128];
+    snprintf(why, sizeof(why), "rail %d stalled: no byte moved for %u ms (RailStallMs)", c->rail,
+             e->opts.rail_stall_ms);
+    link_conn_kill(c, HIXL_FAILED, why);
+  }
+  return any;
+}
+
 /* End everything the connection holds, close it and queue it for freeing. */
 void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
   struct HixlEngine *e = c->eng;
@@ -182,7 +268,7 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
            c->remote_name[0] ? c->remote_name : "(handshaking peer)", why);
   if (c->pay.reg) c->pay.reg->inflight--;
   c->pay.reg = NULL;
-  if (c->pay_chunk) link_chunk_end(c->pay_chunk, st, msg); /* READ data cut off mid-payload */
+  if (c->pay_chunk) chunk_lost(c, c->pay_chunk, st, msg); /* READ data cut off mid-payload */
   c->pay_chunk = NULL;
   for (int i = 0; i < XPORT_MODS; i++) e->mods[i]->link.kill(c, st, msg);
   c->pay_left = 0;
@@ -192,20 +278,17 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
     c->txq_head = it->next;
     struct chunk *ch = it->chunk;
     link_txitem_done(c, it);
-    if (ch) link_chunk_end(ch, st, msg);
+    if (ch) chunk_lost(c, ch, st, msg);
   }
   c->txq_tail = NULL;
   while (c->pend_head) {
     struct chunk *ch = c->pend_head;
     c->pend_head = ch->next_pending;
-    link_chunk_end(ch, st, msg);
+    chunk_lost(c, ch, st, msg);
   }
   c->pend_tail = NULL;
-  if (c->peer) {
-    snprintf(c->peer->broken_why, sizeof(c->peer->broken_why), "%s", why);
-    c->peer->conn = NULL;
-    c->peer = NULL;
-  }
+  c->rail_load = 0;
+  if (c->peer) peer_detach(c, why);
   for (struct conn **pp = &e->conns; *pp; pp = &(*pp)->next)
     if (*pp == c) {
       *pp = c->next;
@@ -273,7 +356,7 @@ void link_set_want_out(struct conn *c, bool on) {
 }
 
 uint32_t link_caps(const struct HixlEngine *e) {
-  uint32_t caps = WIRE_CAP_CALL | WIRE_CAP_CALL_AFTER;
+  uint32_t caps = WIRE_CAP_CALL | WIRE_CAP_CALL_AFTER | (e->n_rail_addrs > 1 ? WIRE_CAP_RAILS : 0u);
   for (int i = 0; i < XPORT_MODS; i++) caps |= e->mods[i]->iface.caps(e);
   return caps;
 }

@@ -79,6 +79,7 @@ void link_flush_some(struct conn *c, size_t budget) {
     }
     size_t done = (size_t)k;
     budget -= done;
+    if (c->rail >= 0 && done > 0) c->last_io_ns = hixl_now_ns();
     while (c->txq_head) {
       struct txitem *it = c->txq_head;
       size_t total = it->hdr_len + it->heap_len + it->payload_len;
@@ -369,6 +370,18 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
     return;
   }
   case WIRE_CALL: target_call(c, m); return;
+  case WIRE_RAILS: {
+    uint8_t ack[WIRE_HDR_LEN + 12 + WIRE_RAIL_LEN * WIRE_MAX_RAILS];
+    uint32_t addr[WIRE_MAX_RAILS];
+    uint32_t n = e->n_rail_addrs;
+    for (uint32_t i = 0; i < n; i++) addr[i] = ntohl(e->rail_addrs[i]);
+    size_t len = wire_put_rails_ack(ack, sizeof(ack), m->u.rails.seq, addr, e->rail_ports, n);
+    if (len == 0)
+      link_conn_kill(c, HIXL_FAILED, "RAILS asked of an engine without rails");
+    else
+      link_queue_copy(c, ack, len);
+    return;
+  }
   case WIRE_CALL_AFTER:
     /* Every WRITE before it has landed or been refused (one ordered stream): served
      * only if none from its first on was refused. */
@@ -530,6 +543,13 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   }
   c->pend_head = ch->next_pending;
   if (!c->pend_head) c->pend_tail = NULL;
+  if (c->rail >= 0 && (ch->kind == CHUNK_READ || ch->kind == CHUNK_WRITE)) {
+    c->rail_load -= c->rail_load < ch->len ? c->rail_load : ch->len;
+    if (p && (uint32_t)c->rail < p->n_rails) {
+      p->rails[c->rail].bytes += ch->len;
+      p->rails[c->rail].ops++;
+    }
+  }
   if (m->hdr.type == WIRE_CALL_RESP) {
     call_answered(c, ch, m);
     return;
@@ -589,6 +609,7 @@ static bool type_allowed(const struct HixlEngine *e, enum conn_role role, unsign
   case CONN_TARGET_AUTH: return type == WIRE_AUTH_PROOF;
   case CONN_TARGET:
     return type == WIRE_NOTIFY || type == WIRE_SYNC || type == WIRE_CALL || type == WIRE_CALL_AFTER ||
+           (type == WIRE_RAILS && e->n_rail_addrs > 0) ||
            (type <= WIRE_TYPE_MAX_ && e->frame_owner[type] != NULL);
   case CONN_INITIATOR:
     return type == WIRE_WRITE_ACK || type == WIRE_READ_RESP || type == WIRE_NOTIFY_ACK ||

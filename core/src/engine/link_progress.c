@@ -24,6 +24,7 @@
 
 static void conn_on_readable(struct conn *c) {
   size_t budget = LINK_READ_BUDGET;
+  if (c->rail >= 0) c->last_io_ns = hixl_now_ns(); /* a rail that stalls gets no events at all */
   while (!c->dead && !c->stall && budget > 0) {
     ssize_t k;
     /* Stream the payload straight into its destination; many small spans (a staged
@@ -152,6 +153,7 @@ void link_drive_socket(struct conn *c, struct hixl_transfer_req *r) {
     uint64_t now = hixl_now_ns();
     if (now >= r->deadline_ns) break;
     int ms = (int)((r->deadline_ns - now + 999999) / 1000000);
+    if (c->rail >= 0 && ms > 10) ms = 10; /* a rail that fails moves r's chunks to others: look again soon */
     struct pollfd p = {.fd = c->fd, .events = (short)(POLLIN | (c->txq_head ? POLLOUT : 0))};
     pthread_mutex_unlock(&e->lock);
     int n = poll(&p, 1, ms);
@@ -201,6 +203,8 @@ static void refusal(struct HixlEngine *e, const char *why) {
 static void accept_pause(struct HixlEngine *e, int err) {
   char why[160];
   epoll_ctl(e->epfd, EPOLL_CTL_DEL, e->listen_fd, NULL);
+  for (uint32_t k = 0; k < HIXL_RAILS_MAX; k++)
+    if (e->rail_fds[k] >= 0) epoll_ctl(e->epfd, EPOLL_CTL_DEL, e->rail_fds[k], NULL);
   e->accept_resume = hixl_now_ns() + LINK_ACCEPT_PAUSE;
   timer_set(e, true);
   snprintf(why, sizeof(why), "accept: %s: not accepting for %u ms", strerror(err),
@@ -242,12 +246,12 @@ static bool evict_unproven(struct HixlEngine *e, uint32_t *evicted, const char *
   return true;
 }
 
-static void accept_all(struct HixlEngine *e) {
+static void accept_all(struct HixlEngine *e, int lfd) {
   uint32_t evicted = 0;
   while (!e->accept_resume) {
     struct sockaddr_in sa;
     socklen_t sl = sizeof(sa);
-    int fd = accept4(e->listen_fd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = accept4(lfd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
         if (evict_unproven(e, &evicted,
@@ -319,12 +323,15 @@ static void timer_tick(struct HixlEngine *e) {
     link_conn_kill(c, HIXL_SUCCESS,
                    why); /* it holds nothing; the refusal line says it, once a second at most */
   }
+  bool rails = link_rails_tick(e);
   if (e->accept_resume && now >= e->accept_resume) {
     e->accept_resume = 0;
     if (link_watch_listener(e) < 0) log_error("engine %s: cannot watch its listener again", e->local_name);
   }
-  timer_set(e, waiting || e->accept_resume);
+  timer_set(e, waiting || e->accept_resume || rails);
 }
+
+void link_tick_start(struct HixlEngine *e) { timer_set(e, true); }
 
 static void *progress_main(void *arg) {
   struct HixlEngine *e = arg;
@@ -344,7 +351,9 @@ static void *progress_main(void *arg) {
     for (int i = 0; i < n; i++) {
       void *ptr = evs[i].data.ptr;
       if (ptr == &e->listen_fd) {
-        accept_all(e);
+        accept_all(e, e->listen_fd);
+      } else if (ptr >= (void *)e->rail_fds && ptr < (void *)(e->rail_fds + HIXL_RAILS_MAX)) {
+        accept_all(e, *(int *)ptr);
       } else if (ptr >= (void *)e->mods && ptr < (void *)(e->mods + XPORT_MODS)) {
         const struct xport_ops *x = *(const struct xport_ops *const *)ptr;
         x->iface.on_event(e);
@@ -373,7 +382,12 @@ static void *progress_main(void *arg) {
 
 int link_watch_listener(struct HixlEngine *e) {
   struct epoll_event ev = {.events = EPOLLIN, .data.ptr = &e->listen_fd};
-  return epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->listen_fd, &ev);
+  if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->listen_fd, &ev) < 0) return -1;
+  for (uint32_t k = 0; k < HIXL_RAILS_MAX; k++) {
+    ev.data.ptr = &e->rail_fds[k];
+    if (e->rail_fds[k] >= 0 && epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->rail_fds[k], &ev) < 0) return -1;
+  }
+  return 0;
 }
 
 int link_start(struct HixlEngine *e, HixlStatus *st) {

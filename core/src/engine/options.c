@@ -1,6 +1,7 @@
 /* options: table-driven parsing and validation of engine options. */
 #include "engine/options.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdbool.h>
@@ -107,6 +108,35 @@ static bool parse_key_file(const char *s, struct hixl_options *o) {
   return true;
 }
 
+/* Rails: "" (one link per peer), "auto", or 1 to HIXL_RAILS_MAX distinct IPv4 addresses, comma-separated. */
+static bool parse_rails(const char *s, struct hixl_options *o) {
+  o->rails_on = o->rails_auto = false;
+  o->rails_n = 0;
+  if (!s || strlen(s) > 255) return false;
+  if (!*s) return true;
+  if (strcmp(s, "auto") == 0) return o->rails_on = o->rails_auto = true;
+  char buf[256], *save = NULL;
+  strcpy(buf, s);
+  if (buf[strlen(buf) - 1] == ',') return false;
+  for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    struct in_addr a;
+    if (o->rails_n == HIXL_RAILS_MAX || inet_pton(AF_INET, tok, &a) != 1 || a.s_addr == htonl(INADDR_ANY))
+      return false;
+    for (uint32_t i = 0; i < o->rails_n; i++)
+      if (o->rail_addr[i] == a.s_addr) return false;
+    o->rail_addr[o->rails_n++] = a.s_addr;
+  }
+  return o->rails_on = o->rails_n > 0;
+}
+
+static bool parse_rail_stall(const char *s, struct hixl_options *o) {
+  return parse_u32(s, 100, 600000, &o->rail_stall_ms);
+}
+
+static bool parse_rail_probe(const char *s, struct hixl_options *o) {
+  return parse_u32(s, 50, 600000, &o->rail_probe_ms);
+}
+
 static const char *const transport_names[] = {"auto", "tcp", "rdma", "shm"};
 
 static bool parse_transport(const char *s, struct hixl_options *o) {
@@ -169,7 +199,19 @@ const char *hixl_transport_name(enum hixl_transport t) { return (unsigned)t < 4 
     "\"\" none",                                                                                             \
     "pre-shared keys: every link proves one both ends hold (HMAC-SHA256 challenge-response) before "         \
     "anything else; \"\" accepts links from anyone (docs/security.md)",                                      \
-    parse_key_file)
+    parse_key_file)                                                                                          \
+  X("Rails", "", NULL, "\"\" | auto | 1 to 8 IPv4 addresses of this engine, comma-separated",                \
+    "several NICs: one link per rail to each peer that has rails too (tcp links), large transfers striped "  \
+    "over them, a failed rail's ops retried on the others; the engine also accepts links on each address; "  \
+    "auto: every IPv4 address of an interface that is up (docs/rails.md)",                                   \
+    parse_rails)                                                                                             \
+  X("RailStallMs", "1000", NULL, "[100,600000] ms",                                                          \
+    "with Rails: a rail with work queued and no byte moved this long is taken out, its ops retried on the "  \
+    "other rails",                                                                                           \
+    parse_rail_stall)                                                                                        \
+  X("RailProbeMs", "500", NULL, "[50,600000] ms",                                                            \
+    "with Rails: how often a rail that is down is dialled again; it carries traffic once it answers",        \
+    parse_rail_probe)
 
 #define OPTION_INFO(name, def, env, range, doc, parse)  {name, def, env, range, doc},
 #define OPTION_PARSE(name, def, env, range, doc, parse) parse,
@@ -178,7 +220,7 @@ static const opt_parse_fn option_parse[] = {HIXL_OPTIONS(OPTION_PARSE)};
 #define N_OPTIONS (sizeof(option_info) / sizeof(option_info[0]))
 
 static HixlStatus unknown_key(const char *key) {
-  char known[512];
+  char known[1024];
   size_t len = 0;
   known[0] = '\0';
   for (size_t k = 0; k < N_OPTIONS && len < sizeof(known); k++)

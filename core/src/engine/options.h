@@ -7,6 +7,8 @@
 
 #include "hixl/hixl_engine.h"
 
+#define HIXL_RAILS_MAX 8 /* rails per peer, this engine's own included (WIRE_MAX_RAILS) */
+
 enum hixl_transport { HIXL_TRANSPORT_AUTO, HIXL_TRANSPORT_TCP, HIXL_TRANSPORT_RDMA, HIXL_TRANSPORT_SHM };
 
 /* StagingThreshold "auto", from the measurements in docs/performance*.md: packing
@@ -33,6 +35,13 @@ struct hixl_options {
   uint32_t max_links;        /* MaxLinks: links a target accepts at once */
   uint32_t max_links_addr;   /* MaxLinksPerAddress: ... from one IP address */
   char auth_key_file[1024];  /* AuthKeyFile: "" accepts anyone */
+  /* Rails: several links per peer, one per rail (engine/rails.c) */
+  bool rails_on;                      /* "auto" or a list was given */
+  bool rails_auto;                    /* "auto": every interface address that is up */
+  uint32_t rails_n;                   /* the list's length */
+  uint32_t rail_addr[HIXL_RAILS_MAX]; /* ... its IPv4 addresses, network order */
+  uint32_t rail_stall_ms;             /* RailStallMs: a rail with work and no bytes moved this long is out */
+  uint32_t rail_probe_ms;             /* RailProbeMs: how often a down rail is dialled again */
 };
 
 /* One row per key: the same table drives parsing, validation and the docs. */

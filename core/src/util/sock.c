@@ -103,6 +103,11 @@ int sock_listen(const struct sockaddr_in *sa, int backlog, HixlStatus *st) {
 }
 
 int sock_connect(const struct sockaddr_in *sa, uint64_t deadline_ns, HixlStatus *st) {
+  return sock_connect_from(sa, NULL, deadline_ns, st);
+}
+
+int sock_connect_from(const struct sockaddr_in *sa, const struct sockaddr_in *from, uint64_t deadline_ns,
+                      HixlStatus *st) {
   char ip[INET_ADDRSTRLEN];
   int last_err = 0;
   inet_ntop(AF_INET, &sa->sin_addr, ip, sizeof(ip));
@@ -110,6 +115,14 @@ int sock_connect(const struct sockaddr_in *sa, uint64_t deadline_ns, HixlStatus 
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
       *st = hixl_fail(HIXL_FAILED, "socket(): %s", strerror(errno));
+      return -1;
+    }
+    if (from && bind(fd, (const struct sockaddr *)from, sizeof(*from)) < 0) {
+      char fip[INET_ADDRSTRLEN];
+      inet_ntop(AF_INET, &from->sin_addr, fip, sizeof(fip));
+      *st = hixl_fail(HIXL_FAILED, "cannot bind a connection to %s's rail address %s: %s", ip, fip,
+                      strerror(errno));
+      close(fd);
       return -1;
     }
     int rc = connect(fd, (const struct sockaddr *)sa, sizeof(*sa));

@@ -15,6 +15,9 @@ int sock_listen(const struct sockaddr_in *sa, int backlog, HixlStatus *st);
 /* Connect within deadline_ns (CLOCK_MONOTONIC), retrying while nothing listens.
  * Returns a blocking, TCP_NODELAY fd, or -1 with *st TIMEOUT or FAILED. */
 int sock_connect(const struct sockaddr_in *sa, uint64_t deadline_ns, HixlStatus *st);
+/* ... from a local address (port 0: any), or from anywhere when from is NULL. */
+int sock_connect_from(const struct sockaddr_in *sa, const struct sockaddr_in *from, uint64_t deadline_ns,
+                      HixlStatus *st);
 /* Send or receive exactly n bytes on a blocking fd before deadline_ns. */
 HixlStatus sock_send_all(int fd, const void *buf, size_t n, uint64_t deadline_ns);
 HixlStatus sock_recv_all(int fd, void *buf, size_t n, uint64_t deadline_ns);

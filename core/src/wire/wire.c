@@ -24,7 +24,7 @@ const char *wire_type_name(unsigned type) {
       "SYNC_ACK",   "RDMA_CONNECT", "RDMA_CONNECT_ACK", "SHM_HELLO",     "SHM_HELLO_ACK", "STAGE_WRITE",
       "STAGE_READ", "STAGE_PULL",   "STAGE_PUSH",       "CALL",          "CALL_RESP",     "SHM_MAP_HELLO",
       "SHM_MAP",    "SHM_MAP_ACK",  "SHM_UNMAP",        "SHM_UNMAP_ACK", "CALL_AFTER",    "AUTH_CHALLENGE",
-      "AUTH_PROOF"};
+      "AUTH_PROOF", "RAILS",        "RAILS_ACK"};
   return type <= WIRE_TYPE_MAX_ ? names[type] : "?";
 }
 
@@ -64,6 +64,8 @@ static const struct {
     [WIRE_CALL_AFTER] = {18, 18 + WIRE_MAX_CALL, 0},
     [WIRE_AUTH_CHALLENGE] = {WIRE_AUTH_CHALLENGE_FIXED, WIRE_AUTH_CHALLENGE_FIXED + WIRE_MAX_NAME, 0},
     [WIRE_AUTH_PROOF] = {WIRE_AUTH_MAC, WIRE_AUTH_MAC, 0},
+    [WIRE_RAILS] = {8, 8, 0},
+    [WIRE_RAILS_ACK] = {12 + WIRE_RAIL_LEN, 12 + WIRE_RAIL_LEN *WIRE_MAX_RAILS, 0},
 };
 
 enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *hdr) {
@@ -230,6 +232,16 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     if (hdr->type == WIRE_READ_RESP && m->u.ack.status != 0 && hdr->payload_len != 0) return WIRE_EBODY;
     return WIRE_OK;
   case WIRE_SYNC: m->u.ack.seq = be_get64(b); return WIRE_OK;
+  case WIRE_RAILS: m->u.rails.seq = be_get64(b); return WIRE_OK;
+  case WIRE_RAILS_ACK:
+    m->u.rails.seq = be_get64(b);
+    m->u.rails.count = be_get32(b + 8);
+    m->u.rails.addrs = b + 12;
+    /* the count says exactly how long the body is */
+    if (m->u.rails.count < 1 || m->u.rails.count > WIRE_MAX_RAILS ||
+        hdr->body_len != 12 + WIRE_RAIL_LEN * m->u.rails.count)
+      return WIRE_EBODY;
+    return WIRE_OK;
   case WIRE_SHM_MAP_HELLO: m->u.map.flags = be_get32(b); return m->u.map.flags == 0 ? WIRE_OK : WIRE_EBODY;
   case WIRE_SHM_MAP:
   case WIRE_SHM_UNMAP:
@@ -427,6 +439,33 @@ size_t wire_put_sync(uint8_t *buf, uint64_t seq) {
   put_hdr(buf, WIRE_SYNC, 8, 0);
   be_put64(buf + WIRE_HDR_LEN, seq);
   return WIRE_HDR_LEN + 8;
+}
+
+size_t wire_put_rails(uint8_t *buf, uint64_t seq) {
+  put_hdr(buf, WIRE_RAILS, 8, 0);
+  be_put64(buf + WIRE_HDR_LEN, seq);
+  return WIRE_HDR_LEN + 8;
+}
+
+size_t wire_put_rails_ack(uint8_t *buf, size_t cap, uint64_t seq, const uint32_t *addr, const uint16_t *port,
+                          uint32_t n) {
+  size_t body = 12 + (size_t)WIRE_RAIL_LEN * n;
+  if (n < 1 || n > WIRE_MAX_RAILS || cap < WIRE_HDR_LEN + body) return 0;
+  put_hdr(buf, WIRE_RAILS_ACK, (uint32_t)body, 0);
+  uint8_t *b = buf + WIRE_HDR_LEN;
+  be_put64(b, seq);
+  be_put32(b + 8, n);
+  for (uint32_t i = 0; i < n; i++) {
+    be_put32(b + 12 + WIRE_RAIL_LEN * i, addr[i]);
+    be_put16(b + 16 + WIRE_RAIL_LEN * i, port[i]);
+  }
+  return WIRE_HDR_LEN + body;
+}
+
+void wire_rail_at(const struct wire_msg *m, uint32_t i, uint32_t *addr, uint16_t *port) {
+  const uint8_t *r = m->u.rails.addrs + (size_t)WIRE_RAIL_LEN * i;
+  *addr = be_get32(r);
+  *port = be_get16(r + 4);
 }
 
 void wire_stage_seg(const struct wire_msg *m, uint32_t i, uint64_t *addr, uint32_t *len) {

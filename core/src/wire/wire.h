@@ -34,6 +34,7 @@
 #define WIRE_CAP_CALL       0x40u  /* answers CALL (services such as the cache manager's lookups) */
 #define WIRE_CAP_CALL_AFTER 0x80u  /* answers CALL_AFTER */
 #define WIRE_CAP_AUTH       0x100u /* HELLO: the auth block follows the name (a key is to be proven) */
+#define WIRE_CAP_RAILS      0x200u /* answers RAILS: the addresses it accepts links on (Rails) */
 
 /* Authentication (docs/security.md). HELLO with WIRE_CAP_AUTH ends with the auth
  * block: nonce (32 bytes), a count u8 (1 or 2) and as many key ids (8 bytes each).
@@ -101,7 +102,9 @@ enum wire_type {
                                  WRITE on this link with a seq from after on was refused */
   WIRE_AUTH_CHALLENGE = 29,   /* target -> initiator: nonce, key id, proof, name (after a HELLO with auth) */
   WIRE_AUTH_PROOF = 30,       /* initiator -> target: proof */
-  WIRE_TYPE_MAX_ = 30,
+  WIRE_RAILS = 31,            /* initiator -> target: seq: which addresses do you accept links on? */
+  WIRE_RAILS_ACK = 32,        /* seq, count u32, count x (IPv4 address u32, port u16) */
+  WIRE_TYPE_MAX_ = 32,
 };
 
 /* HELLO_ACK status values. */
@@ -169,6 +172,11 @@ struct wire_msg {
       size_t entries_len;
     } hello_ack;
     struct wire_mem_entry mem; /* MEM_ADD, MEM_DEL (tag empty) */
+    struct {
+      uint64_t seq;
+      uint32_t count;       /* 1..WIRE_MAX_RAILS */
+      const uint8_t *addrs; /* count x WIRE_RAIL_LEN: address (network order as sent), port */
+    } rails;
     struct {
       uint32_t status; /* RDMA_CONNECT_ACK only */
       uint32_t qpn;
@@ -282,6 +290,13 @@ void wire_put_shm_id(struct wire_wr *w, uint16_t layout, const uint8_t boot_id[1
 size_t wire_put_write_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len);
 size_t wire_put_read_req(uint8_t *buf, uint64_t seq, uint64_t raddr, uint32_t len);
 size_t wire_put_sync(uint8_t *buf, uint64_t seq);
+/* RAILS (seq) and its answer: n (1..WIRE_MAX_RAILS) IPv4 addresses (host order) and ports. */
+#define WIRE_MAX_RAILS 8
+#define WIRE_RAIL_LEN  6
+size_t wire_put_rails(uint8_t *buf, uint64_t seq);
+size_t wire_put_rails_ack(uint8_t *buf, size_t cap, uint64_t seq, const uint32_t *addr, const uint16_t *port,
+                          uint32_t n);
+void wire_rail_at(const struct wire_msg *m, uint32_t i, uint32_t *addr, uint16_t *port);
 /* HELLO of an engine called name offering caps (WIRE_CAP_*); 0 when cap is too small. */
 size_t wire_put_hello(uint8_t *buf, size_t cap, uint32_t caps, const char *name);
 /* ... with the auth block: nonce and n_ids key ids (caps gains WIRE_CAP_AUTH). */

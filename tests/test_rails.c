@@ -1,0 +1,291 @@
+/* Rails (several links per peer, docs/rails.md) on loopback: the option's checks, the
+ * handshake that finds the peer's rails, striping (every rail carries bytes, every
+ * byte arrives), failover when a rail's socket resets mid-transfer and when a rail
+ * stalls (its chunks move to the others, the transfer succeeds), the prober bringing
+ * a rail back, and a peer without rails. Both engines live in this process; the
+ * faults are made through the engines' internals (a socket shut, a target link
+ * that stops reading), as the network would make them. The shaped two-namespace bed
+ * and its link-down and loss cases are integration/rails/. */
+#include <pthread.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "engine/engine_int.h"
+#include "test_util.h"
+
+#define MIB      (1u << 20)
+#define BUF_LEN  (16u * MIB)
+#define T_ADDR   "127.0.0.1"
+#define T_RAILS  "127.0.0.2,127.0.0.3"
+#define I_RAILS  "127.0.0.1,127.0.0.2,127.0.0.3"
+#define TIMEOUT  10000
+#define POLL_MS  20
+#define STALL_MS "200"
+#define PROBE_MS "100"
+
+struct pair {
+  HixlEngine *target, *init;
+  char addr[TU_ADDR_LEN];
+  uint8_t *tbuf, *ibuf;
+  HixlMemHandle th, ih;
+};
+
+static bool pair_up(struct pair *p, const char *t_rails, const char *i_rails) {
+  memset(p, 0, sizeof(*p));
+  uint16_t port = tu_free_port();
+  snprintf(p->addr, sizeof(p->addr), T_ADDR ":%u", port);
+  HixlOption t_opts[] = {{"Rails", t_rails}, {"RailStallMs", STALL_MS}, {"RailProbeMs", PROBE_MS}};
+  HixlOption i_opts[] = {{"Rails", i_rails}, {"RailStallMs", STALL_MS}, {"RailProbeMs", PROBE_MS}};
+  p->target = tu_engine_start_opts(p->addr, "tcp", t_opts, t_rails ? 3 : 0);
+  p->init = tu_engine_start_opts(T_ADDR, "tcp", i_opts, i_rails ? 3 : 0);
+  p->tbuf = tu_alloc_mem(BUF_LEN, false);
+  p->ibuf = tu_alloc_mem(BUF_LEN, false);
+  if (!p->target || !p->init || !p->tbuf || !p->ibuf) return false;
+  tu_fill(p->tbuf, BUF_LEN, 31);
+  p->th = tu_register(p->target, p->tbuf, BUF_LEN);
+  p->ih = tu_register(p->init, p->ibuf, BUF_LEN);
+  return p->th && p->ih && HixlEngineConnect(p->init, p->addr, TIMEOUT) == HIXL_SUCCESS;
+}
+
+static void pair_down(struct pair *p) {
+  if (p->init) HixlEngineDestroy(p->init);
+  if (p->target) HixlEngineDestroy(p->target);
+  if (p->tbuf) tu_free_mem(p->tbuf, BUF_LEN);
+  if (p->ibuf) tu_free_mem(p->ibuf, BUF_LEN);
+}
+
+static size_t rails_of(struct pair *p, struct hixl_rail_info *out) {
+  size_t n = 0;
+  TU_ASSERT_OK(hixl_engine_rails(p->init, p->addr, out, HIXL_RAILS_MAX, &n));
+  return n;
+}
+
+/* Until deadline: are all n rails up? */
+static bool wait_all_up(struct pair *p, size_t want, int64_t deadline_ms) {
+  struct hixl_rail_info ri[HIXL_RAILS_MAX];
+  do {
+    size_t n = 0, up = 0;
+    if (hixl_engine_rails(p->init, p->addr, ri, HIXL_RAILS_MAX, &n) != HIXL_SUCCESS) return false;
+    for (size_t k = 0; k < n; k++) up += strcmp(ri[k].state, "up") == 0;
+    if (n == want && up == want) return true;
+    usleep(POLL_MS * 1000); /* polling a condition with a deadline, not a sleep for order */
+  } while (tu_now_ms() < deadline_ms);
+  return false;
+}
+
+static HixlStatus read_all(struct pair *p) {
+  HixlTransferOpDesc d = {
+      .local_addr = (uintptr_t)p->ibuf, .remote_addr = (uintptr_t)p->tbuf, .len = BUF_LEN};
+  memset(p->ibuf, 0, BUF_LEN);
+  return HixlEngineTransferSync(p->init, p->addr, HIXL_READ, &d, 1, TIMEOUT);
+}
+
+static void test_options(void) {
+  static const char *bad[] = {
+      "127.0.0.1,", "127.0.0.1,127.0.0.1",
+      "1.2.3",      "0.0.0.0",
+      "a,b",        "1.1.1.1,1.1.1.2,1.1.1.3,1.1.1.4,1.1.1.5,1.1.1.6,1.1.1.7,1.1.1.8,1.1.1.9"};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    TU_ASSERT_STATUS(HixlEngineCheckOption("Rails", bad[i]), HIXL_PARAM_INVALID);
+    TU_ASSERT_ERRMSG_HAS("Rails");
+  }
+  TU_ASSERT_OK(HixlEngineCheckOption("Rails", ""));
+  TU_ASSERT_OK(HixlEngineCheckOption("Rails", "auto"));
+  TU_ASSERT_OK(HixlEngineCheckOption("Rails", "10.0.0.1,10.0.1.1"));
+  TU_ASSERT_STATUS(HixlEngineCheckOption("RailStallMs", "99"), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineCheckOption("RailProbeMs", "49"), HIXL_PARAM_INVALID);
+  /* An engine listening on 0.0.0.0 has no one address per rail. */
+  HixlEngine *e = NULL;
+  HixlOption o[] = {{"Rails", "auto"}};
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+  char any[TU_ADDR_LEN];
+  snprintf(any, sizeof(any), "0.0.0.0:%u", tu_free_port());
+  TU_ASSERT_STATUS(HixlEngineInitialize(e, any, o, 1), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("0.0.0.0");
+  HixlEngineDestroy(e);
+}
+
+/* Three rails found in the handshake; a 16 MiB READ and WRITE striped over all of them. */
+static void test_striping(void) {
+  struct pair p;
+  if (!pair_up(&p, T_RAILS, I_RAILS)) {
+    CU_FAIL("setup");
+    pair_down(&p);
+    return;
+  }
+  CU_ASSERT_TRUE(wait_all_up(&p, 3, tu_now_ms() + 5000));
+  TU_ASSERT_OK(read_all(&p));
+  TU_ASSERT_PATTERN(p.ibuf, BUF_LEN, 31, "striped READ");
+  struct hixl_rail_info ri[HIXL_RAILS_MAX];
+  size_t n = rails_of(&p, ri);
+  CU_ASSERT_EQUAL(n, 3);
+  uint64_t sum = 0;
+  for (size_t k = 0; k < n; k++) {
+    if (ri[k].bytes == 0) tu_fail(__FILE__, __LINE__, "rail %zu (%s) carried no byte", k, ri[k].remote);
+    sum += ri[k].bytes;
+  }
+  CU_ASSERT_EQUAL(sum, BUF_LEN);
+  CU_ASSERT_EQUAL(ri[0].control, 1);
+  if (strncmp(ri[1].remote, "127.0.0.2:", 10) != 0 || strncmp(ri[2].remote, "127.0.0.3:", 10) != 0)
+    tu_fail(__FILE__, __LINE__, "rails 1, 2 are %s, %s: not the target's rail addresses", ri[1].remote,
+            ri[2].remote);
+  /* WRITE back a new pattern, striped too, and read the target's memory. */
+  tu_fill(p.ibuf, BUF_LEN, 47);
+  HixlTransferOpDesc d = {.local_addr = (uintptr_t)p.ibuf, .remote_addr = (uintptr_t)p.tbuf, .len = BUF_LEN};
+  TU_ASSERT_OK(HixlEngineTransferSync(p.init, p.addr, HIXL_WRITE, &d, 1, TIMEOUT));
+  TU_ASSERT_PATTERN(p.tbuf, BUF_LEN, 47, "striped WRITE, at the target");
+  n = rails_of(&p, ri);
+  sum = 0;
+  for (size_t k = 0; k < n; k++) sum += ri[k].bytes;
+  CU_ASSERT_EQUAL(sum, 2ull * BUF_LEN);
+  pair_down(&p);
+}
+
+/* A target without Rails: one link, as before; the transfer works. */
+static void test_peer_without_rails(void) {
+  struct pair p;
+  if (!pair_up(&p, NULL, I_RAILS)) {
+    CU_FAIL("setup");
+    pair_down(&p);
+    return;
+  }
+  struct hixl_rail_info ri[HIXL_RAILS_MAX];
+  CU_ASSERT_EQUAL(rails_of(&p, ri), 0);
+  TU_ASSERT_OK(read_all(&p));
+  TU_ASSERT_PATTERN(p.ibuf, BUF_LEN, 31, "READ over one link");
+  pair_down(&p);
+}
+
+/* The initiator's rail k link, found through its peer (lock held by the caller). */
+static struct conn *rail_conn(struct pair *p, uint32_t k) {
+  for (struct peer *q = p->init->peers; q; q = q->next)
+    if (k < q->n_rails) return q->rails[k].conn;
+  return NULL;
+}
+
+/* Rail 1's socket resets while every rail has chunks queued: its chunks are retried on
+ * the others, every byte arrives, and the prober brings rail 1 back. The target's
+ * lock is held while the READ is submitted and the socket shut, so that no chunk is
+ * answered before (deterministic: rail 1 holds chunks when it dies). */
+static void test_reset_fails_over(void) {
+  struct pair p;
+  if (!pair_up(&p, T_RAILS, I_RAILS) || !wait_all_up(&p, 3, tu_now_ms() + 5000)) {
+    CU_FAIL("setup");
+    pair_down(&p);
+    return;
+  }
+  HixlTransferOpDesc d = {.local_addr = (uintptr_t)p.ibuf, .remote_addr = (uintptr_t)p.tbuf, .len = BUF_LEN};
+  HixlTransferReq req = NULL;
+  memset(p.ibuf, 0, BUF_LEN);
+  pthread_mutex_lock(&p.target->lock);
+  HixlStatus st = HixlEngineTransferAsync(p.init, p.addr, HIXL_READ, &d, 1, TIMEOUT, NULL, &req);
+  pthread_mutex_lock(&p.init->lock);
+  struct conn *c = rail_conn(&p, 1);
+  bool loaded = c && c->rail_load > 0;
+  if (c) shutdown(c->fd, SHUT_RDWR);
+  pthread_mutex_unlock(&p.init->lock);
+  pthread_mutex_unlock(&p.target->lock);
+  TU_ASSERT_OK(st);
+  CU_ASSERT_TRUE(loaded);
+  HixlTransferStatus fin;
+  TU_ASSERT_OK(tu_wait_request(p.init, req, tu_now_ms() + TIMEOUT, &fin));
+  CU_ASSERT_EQUAL(fin, HIXL_TRANSFER_COMPLETED);
+  TU_ASSERT_PATTERN(p.ibuf, BUF_LEN, 31, "READ after rail 1 reset");
+  struct hixl_rail_info ri[HIXL_RAILS_MAX];
+  rails_of(&p, ri);
+  CU_ASSERT_TRUE(ri[1].failures >= 1);
+  CU_ASSERT_TRUE(ri[1].retried >= 1);
+  /* The prober dials it again; then it carries bytes again. */
+  CU_ASSERT_TRUE_FATAL(wait_all_up(&p, 3, tu_now_ms() + 5000));
+  uint64_t before = ri[1].bytes;
+  TU_ASSERT_OK(read_all(&p));
+  TU_ASSERT_PATTERN(p.ibuf, BUF_LEN, 31, "READ after rail 1 came back");
+  rails_of(&p, ri);
+  CU_ASSERT_TRUE(ri[1].bytes > before);
+  pair_down(&p);
+}
+
+/* The control rail (0) resets: rail 1 carries the control frames, a SYNC-needing
+ * transfer and a notification still work, and rail 0 comes back as a data rail. */
+static void test_control_rail_moves(void) {
+  struct pair p;
+  if (!pair_up(&p, T_RAILS, I_RAILS) || !wait_all_up(&p, 3, tu_now_ms() + 5000)) {
+    CU_FAIL("setup");
+    pair_down(&p);
+    return;
+  }
+  pthread_mutex_lock(&p.init->lock);
+  struct conn *c = rail_conn(&p, 0);
+  if (c) shutdown(c->fd, SHUT_RDWR);
+  pthread_mutex_unlock(&p.init->lock);
+  /* Whatever the moment the reset is seen, the next calls succeed on the rails left. */
+  TU_ASSERT_OK(read_all(&p));
+  TU_ASSERT_PATTERN(p.ibuf, BUF_LEN, 31, "READ after the control rail reset");
+  TU_ASSERT_OK(HixlEngineSendNotify(p.init, p.addr, &(HixlNotifyDesc){.name = "rails", .msg = "m"}, TIMEOUT));
+  CU_ASSERT_TRUE(wait_all_up(&p, 3, tu_now_ms() + 5000));
+  struct hixl_rail_info ri[HIXL_RAILS_MAX];
+  rails_of(&p, ri);
+  CU_ASSERT_TRUE(ri[0].failures >= 1);
+  CU_ASSERT_EQUAL(ri[0].control + ri[1].control + ri[2].control, 1);
+  pair_down(&p);
+}
+
+/* Rail 1's target side stops reading (a rail whose link is down delivers nothing): the
+ * initiator takes it out after RailStallMs and the READ completes on the others. */
+static void test_stall_fails_over(void) {
+  struct pair p;
+  if (!pair_up(&p, T_RAILS, I_RAILS) || !wait_all_up(&p, 3, tu_now_ms() + 5000)) {
+    CU_FAIL("setup");
+    pair_down(&p);
+    return;
+  }
+  struct sockaddr_in here;
+  socklen_t sl = sizeof(here);
+  pthread_mutex_lock(&p.init->lock);
+  struct conn *c = rail_conn(&p, 1);
+  int ok = c ? getsockname(c->fd, (struct sockaddr *)&here, &sl) : -1;
+  pthread_mutex_unlock(&p.init->lock);
+  CU_ASSERT_EQUAL_FATAL(ok, 0);
+  bool stalled = false;
+  pthread_mutex_lock(&p.target->lock);
+  for (struct conn *t = p.target->conns; t; t = t->next) {
+    struct sockaddr_in there;
+    socklen_t tl = sizeof(there);
+    if (t->role == CONN_TARGET && getpeername(t->fd, (struct sockaddr *)&there, &tl) == 0 &&
+        there.sin_port == here.sin_port && there.sin_addr.s_addr == here.sin_addr.s_addr) {
+      t->stall |= LINK_STALL_MODULE; /* reads nothing more */
+      link_conn_arm(t);
+      stalled = true;
+    }
+  }
+  pthread_mutex_unlock(&p.target->lock);
+  CU_ASSERT_TRUE_FATAL(stalled);
+  int64_t t0 = tu_now_ms();
+  TU_ASSERT_OK(read_all(&p));
+  int64_t took = tu_now_ms() - t0;
+  TU_ASSERT_PATTERN(p.ibuf, BUF_LEN, 31, "READ with rail 1 stalled");
+  struct hixl_rail_info ri[HIXL_RAILS_MAX];
+  rails_of(&p, ri);
+  CU_ASSERT_TRUE(ri[1].failures >= 1);
+  CU_ASSERT_TRUE(ri[1].retried >= 1);
+  if (took > 3000)
+    tu_fail(__FILE__, __LINE__, "the READ took %lld ms with RailStallMs " STALL_MS, (long long)took);
+  fprintf(stderr, "  stalled rail: READ of 16 MiB took %lld ms (RailStallMs %s)\n", (long long)took,
+          STALL_MS);
+  pair_down(&p);
+}
+
+static CU_TestInfo tests[] = {
+    {"options", test_options},
+    {"striping", test_striping},
+    {"peer_without_rails", test_peer_without_rails},
+    {"reset_fails_over", test_reset_fails_over},
+    {"control_rail_moves", test_control_rail_moves},
+    {"stall_fails_over", test_stall_fails_over},
+    CU_TEST_INFO_NULL,
+};
+
+static CU_SuiteInfo suites[] = {{"rails", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
+
+int main(void) { return tu_run_suites("test_rails", suites); }
