@@ -1,0 +1,797 @@
+/* hixl-rails-bench: large READ or WRITE ops over an engine's rails (issue 31), one role
+ * per process, so the two ends can live in two network namespaces (integration/rails/).
+ *
+ *   hixl-rails-bench --role target --listen IP:PORT [--rails LIST] [--buf-size SIZE]
+ *                    [--seed N] [--ready-file FILE] [engine options]
+ *   hixl-rails-bench --role initiator --connect IP:PORT [--local IP] [--rails LIST]
+ *                    --read|--write [--op-size SIZE] [--ops N | --seconds S] [--batch N]
+ *                    [--depth N] [--expect-rails N] [--json FILE] [--label TEXT]
+ *                    [--stats-file FILE] [--no-progress] [engine options]
+ *   engine options: [--transport NAME] [--stall-ms N] [--probe-ms N] [--timeout-ms N]
+ *                   [--opt KEY=VALUE]...
+ *
+ * The target registers --buf-size bytes (default 256 MiB) filled with a pattern from
+ * --seed, tagged "hixl-rails-bench seed=N" so the initiator finds the range and the
+ * seed in the target's memory table; it says "ready" (stdout, and --ready-file) and
+ * serves until SIGINT or SIGTERM.
+ *
+ * The initiator keeps --depth requests of --batch ops each in flight
+ * (HixlEngineTransferAsync); op k uses the target's slot k mod (buffer / op size).
+ * READ: each op's destination is poisoned before it is posted and compared with the
+ * pattern when it completes. WRITE: op k writes the pattern of a second seed with its
+ * own stamp (k) in every 4 KiB page; before a slot is written a second time (a pass
+ * over the buffer) and at the end, the pipeline is drained and every slot written is
+ * read back and compared, stamps included, so each write is checked byte for byte;
+ * the read-backs are not timed. Any failed or wrong op ends the run, exit status 1.
+ *
+ * Prints GB/s and Gbit/s, the latency of the requests (submit to completion; max
+ * included: a bound on a failover), the rails' counters (hixl_engine_rails), and with
+ * --json FILE appends one JSON line. --stats-file FILE is rewritten (a rename, so a
+ * reader never sees half of it) every 200 ms with ops, failures and the rails, for
+ * scripts that act when a condition holds (the fault tests). Progress on stderr every
+ * second unless --no-progress. SIGINT or SIGTERM ends an initiator's loop: the ops in
+ * flight complete and are checked, then it reports. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bench_util.h"
+#include "engine/engine_ext.h"
+#include "hixl/hixl.h"
+
+#define PROG         "hixl-rails-bench"
+#define TAG_PREFIX   "hixl-rails-bench seed="
+#define PAGE         4096u
+#define MAX_OPTS     16
+#define MAX_DEPTH    64
+#define MAX_FLIGHT   256        /* ops in flight: depth x batch */
+#define MAX_REQS     (1u << 20) /* latencies kept */
+#define RAILS_CAP    16         /* rails read back per link (the engine takes at most 8) */
+#define STATS_PERIOD 200000000ull
+#define PROG_PERIOD  1000000000ull
+#define WRITE_SEED   0x5752495445ull /* "WRITE": the written pattern's seed is seed ^ this */
+
+enum role { ROLE_NONE, ROLE_TARGET, ROLE_INITIATOR };
+
+static struct {
+  enum role role;
+  const char *listen, *connect, *local, *rails, *transport, *json, *label, *stats_file, *ready_file;
+  size_t buf_size, op_size;
+  uint64_t seed, ops, seconds, batch, depth, expect_rails, stall_ms, probe_ms, timeout_ms;
+  int dir; /* -1 unset, else HIXL_READ or HIXL_WRITE */
+  bool progress;
+  HixlOption extra[MAX_OPTS];
+  size_t n_extra;
+} o = {.buf_size = 256u << 20,
+       .op_size = 4u << 20,
+       .seed = 1,
+       .batch = 1,
+       .depth = 4,
+       .timeout_ms = 30000,
+       .transport = "tcp",
+       .dir = -1,
+       .progress = true};
+
+static volatile sig_atomic_t stop_flag;
+static void on_stop(int sig) {
+  (void)sig;
+  stop_flag = 1;
+}
+
+static void report(const char *what, HixlStatus st) {
+  const char *why = HixlGetLastErrorMessage();
+  fprintf(stderr, PROG ": %s failed: %s%s%s\n", what, HixlStatusName(st), why && *why ? ": " : "",
+          why ? why : "");
+}
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: " PROG " --role target --listen IP:PORT [--rails LIST] [--buf-size SIZE] [--seed N]\n"
+             "                        [--ready-file FILE] [engine options]\n"
+             "       " PROG " --role initiator --connect IP:PORT [--local IP] [--rails LIST] --read|--write\n"
+             "                        [--op-size SIZE] [--ops N | --seconds S] [--batch N] [--depth N]\n"
+             "                        [--expect-rails N] [--json FILE] [--label TEXT] [--stats-file FILE]\n"
+             "                        [--no-progress] [engine options]\n"
+             "  engine options: --transport NAME (default tcp: only tcp links stripe), --stall-ms N\n"
+             "  (RailStallMs), --probe-ms N (RailProbeMs), --timeout-ms N (each request's, default 30000),\n"
+             "  --opt KEY=VALUE (any other engine option; repeatable)\n"
+             "  --rails LIST: this engine's rail addresses, comma-separated, or auto (the Rails option)\n"
+             "  --expect-rails N: fail unless the link has N rails, all up, after Connect\n"
+             "Exit status: 0 when every op completed and verified, 1 otherwise, 2 for bad options.\n");
+}
+
+static int parse_opts(int argc, char **argv) {
+  enum {
+    O_ROLE = 256,
+    O_LISTEN,
+    O_CONNECT,
+    O_LOCAL,
+    O_RAILS,
+    O_BUF,
+    O_SEED,
+    O_READY,
+    O_OPSIZE,
+    O_OPS,
+    O_SECS,
+    O_BATCH,
+    O_DEPTH,
+    O_EXPECT,
+    O_JSON,
+    O_LABEL,
+    O_STATS,
+    O_NOPROG,
+    O_TRANSPORT,
+    O_STALL,
+    O_PROBE,
+    O_TIMEOUT,
+    O_OPT,
+    O_READ,
+    O_WRITE,
+    O_HELP
+  };
+  static const struct option lo[] = {{"role", 1, 0, O_ROLE},
+                                     {"listen", 1, 0, O_LISTEN},
+                                     {"connect", 1, 0, O_CONNECT},
+                                     {"local", 1, 0, O_LOCAL},
+                                     {"rails", 1, 0, O_RAILS},
+                                     {"buf-size", 1, 0, O_BUF},
+                                     {"seed", 1, 0, O_SEED},
+                                     {"ready-file", 1, 0, O_READY},
+                                     {"op-size", 1, 0, O_OPSIZE},
+                                     {"ops", 1, 0, O_OPS},
+                                     {"seconds", 1, 0, O_SECS},
+                                     {"batch", 1, 0, O_BATCH},
+                                     {"depth", 1, 0, O_DEPTH},
+                                     {"expect-rails", 1, 0, O_EXPECT},
+                                     {"json", 1, 0, O_JSON},
+                                     {"label", 1, 0, O_LABEL},
+                                     {"stats-file", 1, 0, O_STATS},
+                                     {"no-progress", 0, 0, O_NOPROG},
+                                     {"transport", 1, 0, O_TRANSPORT},
+                                     {"stall-ms", 1, 0, O_STALL},
+                                     {"probe-ms", 1, 0, O_PROBE},
+                                     {"timeout-ms", 1, 0, O_TIMEOUT},
+                                     {"opt", 1, 0, O_OPT},
+                                     {"read", 0, 0, O_READ},
+                                     {"write", 0, 0, O_WRITE},
+                                     {"help", 0, 0, O_HELP},
+                                     {0, 0, 0, 0}};
+  int c;
+  bool ok = true;
+  while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    switch (c) {
+    case O_ROLE:
+      o.role = strcmp(optarg, "target") == 0      ? ROLE_TARGET
+               : strcmp(optarg, "initiator") == 0 ? ROLE_INITIATOR
+                                                  : ROLE_NONE;
+      ok = ok && o.role != ROLE_NONE;
+      break;
+    case O_LISTEN: o.listen = optarg; break;
+    case O_CONNECT: o.connect = optarg; break;
+    case O_LOCAL: o.local = optarg; break;
+    case O_RAILS: o.rails = optarg; break;
+    case O_BUF: ok = ok && bench_parse_size(optarg, &o.buf_size) && o.buf_size > 0; break;
+    case O_SEED: ok = ok && bench_parse_u64(optarg, &o.seed); break;
+    case O_READY: o.ready_file = optarg; break;
+    case O_OPSIZE: ok = ok && bench_parse_size(optarg, &o.op_size) && o.op_size > 0; break;
+    case O_OPS: ok = ok && bench_parse_u64(optarg, &o.ops); break;
+    case O_SECS: ok = ok && bench_parse_u64(optarg, &o.seconds); break;
+    case O_BATCH: ok = ok && bench_parse_u64(optarg, &o.batch) && o.batch > 0 && o.batch <= MAX_FLIGHT; break;
+    case O_DEPTH: ok = ok && bench_parse_u64(optarg, &o.depth) && o.depth > 0 && o.depth <= MAX_DEPTH; break;
+    case O_EXPECT: ok = ok && bench_parse_u64(optarg, &o.expect_rails); break;
+    case O_JSON: o.json = optarg; break;
+    case O_LABEL: o.label = optarg; break;
+    case O_STATS: o.stats_file = optarg; break;
+    case O_NOPROG: o.progress = false; break;
+    case O_TRANSPORT: o.transport = optarg; break;
+    case O_STALL: ok = ok && bench_parse_u64(optarg, &o.stall_ms); break;
+    case O_PROBE: ok = ok && bench_parse_u64(optarg, &o.probe_ms); break;
+    case O_TIMEOUT:
+      ok = ok && bench_parse_u64(optarg, &o.timeout_ms) && o.timeout_ms > 0 && o.timeout_ms <= INT32_MAX;
+      break;
+    case O_OPT: {
+      char *eq = strchr(optarg, '=');
+      if (!eq || eq == optarg || o.n_extra == MAX_OPTS) {
+        ok = false;
+        break;
+      }
+      *eq = '\0';
+      o.extra[o.n_extra++] = (HixlOption){optarg, eq + 1};
+      break;
+    }
+    case O_READ: o.dir = HIXL_READ; break;
+    case O_WRITE: o.dir = HIXL_WRITE; break;
+    case O_HELP: usage(stdout); exit(0);
+    default: ok = false;
+    }
+  }
+  if (!ok || optind != argc) {
+    usage(stderr);
+    return 2;
+  }
+  const char *why = NULL;
+  if (o.role == ROLE_NONE)
+    why = "--role target or --role initiator";
+  else if (o.role == ROLE_TARGET && !o.listen)
+    why = "a target needs --listen IP:PORT";
+  else if (o.role == ROLE_INITIATOR && !o.connect)
+    why = "an initiator needs --connect IP:PORT";
+  else if (o.role == ROLE_INITIATOR && o.dir < 0)
+    why = "an initiator needs --read or --write";
+  else if (o.role == ROLE_INITIATOR && o.ops == 0 && o.seconds == 0)
+    why = "an initiator needs --ops N or --seconds S";
+  else if (o.depth * o.batch > MAX_FLIGHT)
+    why = "--depth x --batch is at most 256 ops in flight";
+  if (why) {
+    fprintf(stderr, PROG ": %s\n", why);
+    return 2;
+  }
+  return 0;
+}
+
+/* Create and initialize an engine on addr with the options given; NULL when it cannot (said). */
+static HixlEngine *engine_up(const char *addr) {
+  HixlOption opt[MAX_OPTS + 4];
+  char stall[24], probe[24];
+  size_t n = 0;
+  opt[n++] = (HixlOption){"Transport", o.transport};
+  if (o.rails) opt[n++] = (HixlOption){"Rails", o.rails};
+  if (o.stall_ms) {
+    snprintf(stall, sizeof(stall), "%" PRIu64, o.stall_ms);
+    opt[n++] = (HixlOption){"RailStallMs", stall};
+  }
+  if (o.probe_ms) {
+    snprintf(probe, sizeof(probe), "%" PRIu64, o.probe_ms);
+    opt[n++] = (HixlOption){"RailProbeMs", probe};
+  }
+  for (size_t i = 0; i < o.n_extra; i++) opt[n++] = o.extra[i];
+  HixlEngine *e = NULL;
+  HixlStatus st = HixlEngineCreate(&e);
+  if (st != HIXL_SUCCESS) {
+    report("HixlEngineCreate", st);
+    return NULL;
+  }
+  st = HixlEngineInitialize(e, addr, opt, n);
+  if (st != HIXL_SUCCESS) {
+    char what[128];
+    snprintf(what, sizeof(what), "HixlEngineInitialize(%s)", addr);
+    report(what, st);
+    HixlEngineDestroy(e);
+    return NULL;
+  }
+  return e;
+}
+
+/* Page-aligned anonymous memory; NULL when there is none (said). */
+static uint8_t *buf_new(size_t len, const char *what) {
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    fprintf(stderr, PROG ": mmap of %zu bytes for %s: %s\n", len, what, strerror(errno));
+    return NULL;
+  }
+  return p;
+}
+
+static void install_stop(void) {
+  struct sigaction sa = {.sa_handler = on_stop};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+}
+
+/* ---- target ---- */
+
+static int run_target(void) {
+  int rc = 1;
+  char tag[64];
+  HixlMemHandle h = NULL;
+  HixlEngine *e = engine_up(o.listen);
+  if (!e) return 1;
+  uint8_t *buf = buf_new(o.buf_size, "the target's buffer");
+  if (!buf) goto out_engine;
+  bench_pattern_fill(buf, o.buf_size, o.seed);
+  snprintf(tag, sizeof(tag), TAG_PREFIX "%" PRIu64, o.seed);
+  HixlMemDesc md = {.addr = (uintptr_t)buf, .len = o.buf_size};
+  HixlStatus st = hixl_engine_register_tagged(e, &md, HIXL_MEM_HOST, tag, &h);
+  if (st != HIXL_SUCCESS) {
+    report("registering the target's buffer", st);
+    goto out_buf;
+  }
+  printf(PROG ": target ready on %s (rails %s), %zu bytes, seed %" PRIu64 "\n", o.listen,
+         o.rails ? o.rails : "none", o.buf_size, o.seed);
+  fflush(stdout);
+  if (o.ready_file) {
+    FILE *f = fopen(o.ready_file, "w");
+    if (!f || fprintf(f, "ready %s\n", o.listen) < 0 || fclose(f) != 0) {
+      fprintf(stderr, PROG ": --ready-file %s: %s\n", o.ready_file, strerror(errno));
+      goto out_dereg;
+    }
+  }
+  while (!stop_flag) pause(); /* the engine's threads serve; a signal ends it */
+  rc = 0;
+out_dereg:
+  HixlEngineDeregisterMem(e, h);
+out_buf:
+  munmap(buf, o.buf_size);
+out_engine:
+  HixlEngineDestroy(e);
+  return rc;
+}
+
+/* ---- initiator ---- */
+
+struct slot {
+  HixlTransferReq req; /* NULL: free */
+  uint64_t first_op;   /* op number of its first op */
+  uint64_t t0;         /* submitted at */
+};
+
+struct run {
+  HixlEngine *e;
+  HixlMemHandle lh;
+  uint8_t *local; /* depth x batch op-sized slots */
+  uint8_t *ref;   /* the target's buffer as it should read (READ) or the written pattern (WRITE) */
+  uint8_t *back;  /* read-backs (WRITE) */
+  uint64_t remote, remote_len, seed, nslots;
+  uint64_t *last_writer; /* WRITE: op number + 1 that wrote each remote slot in this pass, 0 none */
+  struct slot req[MAX_DEPTH];
+  uint64_t *lat;
+  size_t nlat;
+  uint64_t submitted, done, verified_bytes, timed_ns, t_start, max_ns;
+  uint64_t next_stats, next_prog, last_prog_done;
+  uint64_t prog_ns_at; /* timed_ns at the last progress line */
+};
+
+static uint64_t slot_off(uint64_t op) { return (op % (o.depth * o.batch)) * o.op_size; }
+
+/* The remote slot op k uses. */
+static uint64_t rslot(const struct run *r, uint64_t op) { return op % r->nslots; }
+
+/* The 8-byte stamp WRITE op k puts at the start of page p of its data. */
+static uint64_t stamp(uint64_t op, uint64_t page) {
+  return bench_pattern_word(WRITE_SEED, op) ^ (page * 0x9e3779b97f4a7c15ull);
+}
+
+/* The data WRITE op k carries, into dst: the written pattern of its remote slot, stamped. */
+static void write_data(const struct run *r, uint64_t op, uint8_t *dst) {
+  const uint8_t *src = r->ref + rslot(r, op) * o.op_size;
+  memcpy(dst, src, o.op_size);
+  for (uint64_t p = 0; p * PAGE + 8 <= o.op_size; p++) {
+    uint64_t s = stamp(op, p);
+    memcpy(dst + p * PAGE, &s, 8);
+  }
+}
+
+/* Whether got holds what WRITE op k wrote; *bad the first wrong offset otherwise. */
+static bool write_ok(const struct run *r, uint64_t op, const uint8_t *got, size_t *bad) {
+  const uint8_t *want = r->ref + rslot(r, op) * o.op_size;
+  for (uint64_t p = 0; p * PAGE < o.op_size; p++) {
+    uint64_t at = p * PAGE, len = o.op_size - at < PAGE ? o.op_size - at : PAGE, head = 0;
+    if (len >= 8) {
+      uint64_t s = stamp(op, p);
+      if (memcmp(got + at, &s, 8) != 0) {
+        *bad = at;
+        return false;
+      }
+      head = 8;
+    }
+    size_t b = 0;
+    if (!bench_same(got + at + head, want + at + head, len - head, &b)) {
+      *bad = at + head + b;
+      return false;
+    }
+  }
+  return true;
+}
+
+static int rails_now(const struct run *r, struct hixl_rail_info *ri, size_t *n) {
+  size_t got = 0;
+  HixlStatus st = hixl_engine_rails(r->e, o.connect, ri, RAILS_CAP, &got);
+  if (st != HIXL_SUCCESS) {
+    report("hixl_engine_rails", st);
+    return -1;
+  }
+  *n = got < RAILS_CAP ? got : RAILS_CAP;
+  return 0;
+}
+
+static void rails_json(FILE *f, const struct hixl_rail_info *ri, size_t n) {
+  fprintf(f, "[");
+  for (size_t k = 0; k < n; k++)
+    fprintf(f,
+            "%s{\"rail\": %zu, \"local\": \"%s\", \"remote\": \"%s\", \"state\": \"%s\", \"bytes\": %" PRIu64
+            ", \"ops\": %" PRIu64 ", \"failures\": %" PRIu64 ", \"retried\": %" PRIu64 ", \"control\": %d}",
+            k ? ", " : "", k, ri[k].local, ri[k].remote, ri[k].state, ri[k].bytes, ri[k].ops, ri[k].failures,
+            ri[k].retried, ri[k].control);
+  fprintf(f, "]");
+}
+
+static double gbps_of(uint64_t bytes, uint64_t ns) { return ns ? (double)bytes * 8.0 / (double)ns : 0.0; }
+
+/* --stats-file: the state now, written whole then renamed over the file. */
+static void stats_write(const struct run *r, const char *phase) {
+  struct hixl_rail_info ri[RAILS_CAP];
+  size_t n = 0;
+  char tmp[4096];
+  if (rails_now(r, ri, &n) < 0) n = 0;
+  snprintf(tmp, sizeof(tmp), "%s.tmp", o.stats_file);
+  FILE *f = fopen(tmp, "w");
+  if (!f) return;
+  fprintf(f,
+          "{\"phase\": \"%s\", \"ops\": %" PRIu64 ", \"verified_bytes\": %" PRIu64 ", \"max_ms\": %.3f, "
+          "\"rails\": ",
+          phase, r->done, r->verified_bytes, (double)r->max_ns / 1e6);
+  rails_json(f, ri, n);
+  fprintf(f, "}\n");
+  if (fclose(f) == 0) rename(tmp, o.stats_file);
+}
+
+static void progress(struct run *r, uint64_t now) {
+  if (o.stats_file && now >= r->next_stats) {
+    stats_write(r, "running");
+    r->next_stats = now + STATS_PERIOD;
+  }
+  if (!o.progress || now < r->next_prog) return;
+  struct hixl_rail_info ri[RAILS_CAP];
+  size_t n = 0;
+  uint64_t dn = r->done - r->last_prog_done, dt = r->timed_ns - r->prog_ns_at;
+  fprintf(stderr, PROG ": %.1f s: %" PRIu64 " ops, %.2f Gbit/s (last second %.2f), max %.1f ms",
+          (double)(now - r->t_start) / 1e9, r->done, gbps_of(r->done * o.op_size, r->timed_ns),
+          gbps_of(dn * o.op_size, dt), (double)r->max_ns / 1e6);
+  if (rails_now(r, ri, &n) == 0)
+    for (size_t k = 0; k < n; k++)
+      fprintf(stderr, "; rail %zu %s %" PRIu64 " MiB", k, ri[k].state, ri[k].bytes >> 20);
+  fprintf(stderr, "\n");
+  r->last_prog_done = r->done;
+  r->prog_ns_at = r->timed_ns;
+  r->next_prog = now + PROG_PERIOD;
+}
+
+/* Post request slot s: batch ops from op number first. 0, or -1 (said). */
+static int post(struct run *r, size_t s, uint64_t first) {
+  HixlTransferOpDesc d[MAX_FLIGHT];
+  for (uint64_t i = 0; i < o.batch; i++) {
+    uint64_t op = first + i;
+    uint8_t *lp = r->local + slot_off(op);
+    if (o.dir == HIXL_READ)
+      memset(lp, 0xA5, o.op_size); /* poison: a read that moves nothing cannot pass */
+    else
+      write_data(r, op, lp);
+    d[i] = (HixlTransferOpDesc){.local_addr = (uintptr_t)lp,
+                                .remote_addr = (uintptr_t)(r->remote + rslot(r, op) * o.op_size),
+                                .len = o.op_size};
+  }
+  r->req[s].first_op = first;
+  r->req[s].t0 = bench_now_ns();
+  HixlStatus st = HixlEngineTransferAsync(r->e, o.connect, (HixlTransferOp)o.dir, d, o.batch,
+                                          (int32_t)o.timeout_ms, NULL, &r->req[s].req);
+  if (st != HIXL_SUCCESS) {
+    r->req[s].req = NULL;
+    report("HixlEngineTransferAsync", st);
+    return -1;
+  }
+  return 0;
+}
+
+/* Request slot s completed: check it (READ), note the writers (WRITE). 0, or -1 (said). */
+static int complete(struct run *r, size_t s, uint64_t now) {
+  uint64_t first = r->req[s].first_op, ns = now - r->req[s].t0;
+  r->req[s].req = NULL;
+  if (r->nlat < MAX_REQS) r->lat[r->nlat++] = ns;
+  if (ns > r->max_ns) r->max_ns = ns;
+  for (uint64_t i = 0; i < o.batch; i++) {
+    uint64_t op = first + i;
+    if (o.dir == HIXL_READ) {
+      size_t bad = 0;
+      uint64_t off = rslot(r, op) * o.op_size;
+      if (!bench_same(r->local + slot_off(op), r->ref + off, o.op_size, &bad)) {
+        fprintf(stderr, PROG ": READ op %" PRIu64 " (remote offset %" PRIu64 "): byte %zu is wrong\n", op,
+                off, bad);
+        return -1;
+      }
+      r->verified_bytes += o.op_size;
+    } else {
+      r->last_writer[rslot(r, op)] = op + 1;
+    }
+  }
+  r->done += o.batch;
+  return 0;
+}
+
+/* Wait for request slot s (polls: a request has no descriptor); 0, or -1 (said). */
+static int wait_req(struct run *r, size_t s) {
+  for (;;) {
+    HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
+    HixlStatus st = HixlEngineGetTransferStatus(r->e, r->req[s].req, &ts);
+    if (st != HIXL_SUCCESS) {
+      r->req[s].req = NULL;
+      report("HixlEngineGetTransferStatus", st);
+      return -1;
+    }
+    if (ts == HIXL_TRANSFER_COMPLETED) return complete(r, s, bench_now_ns());
+    if (ts != HIXL_TRANSFER_WAITING) {
+      r->req[s].req = NULL;
+      fprintf(stderr, PROG ": request of ops %" PRIu64 "..%" PRIu64 " ended %s after %.1f ms: %s\n",
+              r->req[s].first_op, r->req[s].first_op + o.batch - 1,
+              ts == HIXL_TRANSFER_TIMEOUT ? "TIMEOUT" : "FAILED",
+              (double)(bench_now_ns() - r->req[s].t0) / 1e6, HixlGetLastErrorMessage());
+      return -1;
+    }
+    struct timespec ts_sleep = {0, 50000};
+    nanosleep(&ts_sleep, NULL);
+  }
+}
+
+/* WRITE: read back every remote slot written since the last check and compare. Untimed. */
+static int write_check(struct run *r) {
+  size_t chunk = (size_t)(o.depth * o.batch), nb = 0;
+  uint64_t idx[MAX_FLIGHT];
+  for (uint64_t sl = 0; sl <= r->nslots; sl++) {
+    if (sl < r->nslots && r->last_writer[sl] != 0) idx[nb++] = sl;
+    if (nb == 0 || (nb < chunk && sl < r->nslots)) continue;
+    HixlTransferOpDesc d[MAX_FLIGHT];
+    for (size_t i = 0; i < nb; i++) {
+      memset(r->back + i * o.op_size, 0xA5, o.op_size);
+      d[i] = (HixlTransferOpDesc){.local_addr = (uintptr_t)(r->back + i * o.op_size),
+                                  .remote_addr = (uintptr_t)(r->remote + idx[i] * o.op_size),
+                                  .len = o.op_size};
+    }
+    HixlStatus st = HixlEngineTransferSync(r->e, o.connect, HIXL_READ, d, nb, (int32_t)o.timeout_ms);
+    if (st != HIXL_SUCCESS) {
+      report("reading back the written slots", st);
+      return -1;
+    }
+    for (size_t i = 0; i < nb; i++) {
+      size_t bad = 0;
+      uint64_t op = r->last_writer[idx[i]] - 1;
+      if (!write_ok(r, op, r->back + i * o.op_size, &bad)) {
+        fprintf(stderr,
+                PROG ": WRITE op %" PRIu64 " (remote offset %" PRIu64 "): byte %zu reads back wrong\n", op,
+                idx[i] * o.op_size, bad);
+        return -1;
+      }
+      r->verified_bytes += o.op_size;
+      r->last_writer[idx[i]] = 0;
+    }
+    nb = 0;
+  }
+  return 0;
+}
+
+static bool more(const struct run *r, uint64_t now) {
+  if (stop_flag) return false;
+  if (o.ops) return r->submitted < o.ops;
+  return now - r->t_start < o.seconds * 1000000000ull;
+}
+
+/* Whether the next request would write a remote slot written since the last check. */
+static bool pass_full(const struct run *r) {
+  for (uint64_t i = 0; i < o.batch; i++)
+    if (r->last_writer[rslot(r, r->submitted + i)] != 0) return true;
+  for (size_t s = 0; s < o.depth; s++) /* ... or one still in flight */
+    if (r->req[s].req)
+      for (uint64_t i = 0; i < o.batch; i++)
+        for (uint64_t j = 0; j < o.batch; j++)
+          if (rslot(r, r->req[s].first_op + j) == rslot(r, r->submitted + i)) return true;
+  return false;
+}
+
+/* The loop: keep depth requests in flight; 0, or -1 at the first failure (said). */
+static int loop(struct run *r) {
+  size_t s = 0; /* requests complete in order of slots: the oldest is waited for first */
+  uint64_t t_phase = bench_now_ns();
+  r->t_start = t_phase;
+  r->next_prog = t_phase + PROG_PERIOD;
+  for (;;) {
+    uint64_t now = bench_now_ns();
+    bool go = more(r, now);
+    if (go && o.dir == HIXL_WRITE && pass_full(r)) go = false; /* drain, then check */
+    if (go && !r->req[s].req) {
+      if (post(r, s, r->submitted) < 0) return -1;
+      r->submitted += o.batch;
+      s = (s + 1) % o.depth;
+      continue;
+    }
+    if (r->req[s].req) {
+      if (wait_req(r, s) < 0) return -1;
+      s = (s + 1) % o.depth;
+      progress(r, bench_now_ns());
+      continue;
+    }
+    bool idle = true;
+    for (size_t k = 0; k < o.depth; k++) idle = idle && !r->req[k].req;
+    if (!idle) {
+      s = (s + 1) % o.depth;
+      continue;
+    }
+    r->timed_ns += bench_now_ns() - t_phase; /* nothing in flight: the timed phase ends */
+    if (o.dir == HIXL_WRITE && write_check(r) < 0) return -1;
+    if (!more(r, bench_now_ns())) return 0;
+    t_phase = bench_now_ns();
+  }
+}
+
+/* The target's buffer from its memory table: its tag gives the seed. 0, or -1 (said). */
+static int find_remote(struct run *r) {
+  struct hixl_remote_mem *m = NULL;
+  size_t n = 0;
+  HixlStatus st = hixl_engine_remote_mems(r->e, o.connect, (int32_t)o.timeout_ms, &m, &n);
+  if (st != HIXL_SUCCESS) {
+    report("hixl_engine_remote_mems", st);
+    return -1;
+  }
+  int rc = -1;
+  for (size_t i = 0; i < n; i++) {
+    if (!m[i].tag || strncmp(m[i].tag, TAG_PREFIX, strlen(TAG_PREFIX)) != 0) continue;
+    if (!bench_parse_u64(m[i].tag + strlen(TAG_PREFIX), &r->seed)) continue;
+    r->remote = m[i].addr;
+    r->remote_len = m[i].len;
+    rc = 0;
+    break;
+  }
+  free(m);
+  if (rc < 0) fprintf(stderr, PROG ": %s registered no buffer tagged \"" TAG_PREFIX "N\"\n", o.connect);
+  return rc;
+}
+
+/* --expect-rails N: wait (a deadline, polling) until the link has N rails, all up. */
+static int expect_rails(const struct run *r) {
+  struct hixl_rail_info ri[RAILS_CAP];
+  size_t n = 0, up = 0;
+  uint64_t deadline = bench_now_ns() + 10000000000ull;
+  do {
+    if (rails_now(r, ri, &n) < 0) return -1;
+    up = 0;
+    for (size_t k = 0; k < n; k++) up += strcmp(ri[k].state, "up") == 0;
+    if (n == o.expect_rails && up == n) return 0;
+    if (o.expect_rails <= 1 && n == 0) return 0; /* one rail: the link itself */
+    poll(NULL, 0, 20);
+  } while (bench_now_ns() < deadline);
+  fprintf(stderr, PROG ": --expect-rails %" PRIu64 ": the link to %s has %zu rails, %zu up\n", o.expect_rails,
+          o.connect, n, up);
+  return -1;
+}
+
+static void print_result(const struct run *r, bool pass) {
+  struct hixl_rail_info ri[RAILS_CAP];
+  size_t n = 0;
+  if (rails_now(r, ri, &n) < 0) n = 0;
+  uint64_t bytes = r->done * o.op_size;
+  double gbit = gbps_of(bytes, r->timed_ns), secs = (double)r->timed_ns / 1e9;
+  uint64_t *lat = malloc((r->nlat ? r->nlat : 1) * sizeof(*lat));
+  struct bench_stats ls = {0, 0, 0, 0, 0};
+  if (lat) {
+    memcpy(lat, r->lat, r->nlat * sizeof(*lat));
+    ls = bench_stats_ns(lat, r->nlat);
+    free(lat);
+  }
+  const char *dir = o.dir == HIXL_READ ? "read" : "write";
+  printf(PROG ": %s %" PRIu64 " ops of %zu bytes (batch %" PRIu64 ", depth %" PRIu64 ") to %s: %s\n", dir,
+         r->done, o.op_size, o.batch, o.depth, o.connect, pass ? "every byte verified" : "FAILED");
+  printf("  %.3f GB/s = %.3f Gbit/s over %.2f s; request latency p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
+         gbit / 8.0, gbit, secs, ls.p50_us / 1e3, ls.p99_us / 1e3, ls.max_us / 1e3);
+  if (n == 0) printf("  one link (no rails)\n");
+  for (size_t k = 0; k < n; k++)
+    printf("  rail %zu %s -> %s %s%s: %" PRIu64 " bytes, %" PRIu64 " ops, %" PRIu64 " failures, %" PRIu64
+           " retried\n",
+           k, ri[k].local[0] ? ri[k].local : "*", ri[k].remote, ri[k].state,
+           ri[k].control ? " (control)" : "", ri[k].bytes, ri[k].ops, ri[k].failures, ri[k].retried);
+  fflush(stdout);
+  if (!o.json) return;
+  FILE *f = fopen(o.json, "a");
+  if (!f) {
+    fprintf(stderr, PROG ": --json %s: %s\n", o.json, strerror(errno));
+    return;
+  }
+  fprintf(f,
+          "{\"bench\": \"rails\", \"label\": \"%s\", \"dir\": \"%s\", \"rails_configured\": \"%s\", "
+          "\"pass\": %s, "
+          "\"op_bytes\": %zu, \"ops\": %" PRIu64 ", \"batch\": %" PRIu64 ", \"depth\": %" PRIu64
+          ", \"secs\": %.4f, \"gbps\": %.4f, \"GBps\": %.4f, \"lat_ms_p50\": %.3f, \"lat_ms_p99\": %.3f, "
+          "\"lat_ms_max\": %.3f, \"verified_bytes\": %" PRIu64 ", \"rails\": ",
+          o.label ? o.label : "", dir, o.rails ? o.rails : "", pass ? "true" : "false", o.op_size, r->done,
+          o.batch, o.depth, secs, gbit, gbit / 8.0, ls.p50_us / 1e3, ls.p99_us / 1e3, ls.max_us / 1e3,
+          r->verified_bytes);
+  rails_json(f, ri, n);
+  fprintf(f, "}\n");
+  fclose(f);
+}
+
+static int run_initiator(void) {
+  int rc = 1;
+  struct run r = {0};
+  char local[64];
+  size_t lbytes = (size_t)(o.depth * o.batch) * o.op_size;
+  if (o.local) {
+    snprintf(local, sizeof(local), "%s", o.local);
+  } else if (o.rails && strcmp(o.rails, "auto") != 0) {
+    snprintf(local, sizeof(local), "%.*s", (int)strcspn(o.rails, ","), o.rails);
+  } else {
+    snprintf(local, sizeof(local), "0.0.0.0");
+  }
+  if (!(r.e = engine_up(local))) return 1;
+  if (!(r.local = buf_new(lbytes, "the initiator's slots"))) goto out_engine;
+  HixlMemDesc md = {.addr = (uintptr_t)r.local, .len = lbytes};
+  HixlStatus st = HixlEngineRegisterMem(r.e, &md, HIXL_MEM_HOST, &r.lh);
+  if (st != HIXL_SUCCESS) {
+    report("HixlEngineRegisterMem", st);
+    goto out_local;
+  }
+  st = HixlEngineConnect(r.e, o.connect, 20000);
+  if (st != HIXL_SUCCESS) {
+    report("HixlEngineConnect", st);
+    goto out_dereg;
+  }
+  if (find_remote(&r) < 0 || (o.expect_rails && expect_rails(&r) < 0)) goto out_disconnect;
+  r.nslots = r.remote_len / o.op_size;
+  if (r.nslots < o.depth * o.batch) {
+    fprintf(stderr,
+            PROG ": the target's %" PRIu64 " bytes hold %" PRIu64 " ops of %zu, fewer than depth x batch\n",
+            r.remote_len, r.nslots, o.op_size);
+    goto out_disconnect;
+  }
+  if (!(r.ref = buf_new(r.nslots * o.op_size, "the reference"))) goto out_disconnect;
+  bench_pattern_fill(r.ref, r.nslots * o.op_size, o.dir == HIXL_READ ? r.seed : r.seed ^ WRITE_SEED);
+  if (o.dir == HIXL_WRITE) {
+    r.back = buf_new(lbytes, "read-backs");
+    r.last_writer = calloc(r.nslots, sizeof(*r.last_writer));
+    if (!r.back || !r.last_writer) goto out_ref;
+    /* the read-backs land here: registered as well */
+  }
+  HixlMemHandle bh = NULL;
+  if (r.back) {
+    HixlMemDesc bd = {.addr = (uintptr_t)r.back, .len = lbytes};
+    if ((st = HixlEngineRegisterMem(r.e, &bd, HIXL_MEM_HOST, &bh)) != HIXL_SUCCESS) {
+      report("HixlEngineRegisterMem (read-backs)", st);
+      goto out_ref;
+    }
+  }
+  if (!(r.lat = malloc(MAX_REQS * sizeof(*r.lat)))) goto out_back;
+  install_stop();
+  int lr = loop(&r);
+  for (size_t s = 0; lr < 0 && s < o.depth; s++) /* after a failure: let the others end */
+    if (r.req[s].req) {
+      HixlTransferStatus ts;
+      while (HixlEngineGetTransferStatus(r.e, r.req[s].req, &ts) == HIXL_SUCCESS &&
+             ts == HIXL_TRANSFER_WAITING)
+        poll(NULL, 0, 1);
+    }
+  if (o.stats_file) stats_write(&r, lr == 0 ? "done" : "failed");
+  print_result(&r, lr == 0);
+  rc = lr == 0 ? 0 : 1;
+  free(r.lat);
+out_back:
+  if (bh) HixlEngineDeregisterMem(r.e, bh);
+out_ref:
+  free(r.last_writer);
+  if (r.back) munmap(r.back, lbytes);
+  munmap(r.ref, r.nslots * o.op_size);
+out_disconnect:
+  HixlEngineDisconnect(r.e, o.connect, 1000);
+out_dereg:
+  HixlEngineDeregisterMem(r.e, r.lh);
+out_local:
+  munmap(r.local, lbytes);
+out_engine:
+  HixlEngineDestroy(r.e);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  int rc = parse_opts(argc, argv);
+  if (rc) return rc;
+  if (o.role == ROLE_TARGET) {
+    install_stop();
+    return run_target();
+  }
+  return run_initiator();
+}
