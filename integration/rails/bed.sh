@@ -10,12 +10,23 @@
 #   bed.sh ceiling [SECONDS=5]                       iperf3 over one rail, then over every rail
 #                                                    at once: what striping can reach here
 #   bed.sh pf|dc CMD...                              run CMD in the prefill / decode namespace
+#   bed.sh link RAIL up|down                         set rail RAIL's link (its prefill end; the
+#                                                    veth pair's carrier follows) up or down
+#   bed.sh loss RAIL PERCENT                         drop PERCENT of the packets each end of rail
+#                                                    RAIL receives (0: none): iptables' statistic
+#                                                    match, as this kernel has no sch_netem and no
+#                                                    tc actions (apt-get install iptables)
+#   bed.sh dropped RAIL                              packets the loss rules of RAIL dropped so far
+#
+# HIXL_BED=NAME names the namespaces NAME-pf and NAME-dc (default hixl: hixl-pf, hixl-dc),
+# so that several beds (tests running in parallel) live side by side.
 #
 # Root only (ip netns, tc). Nothing leaves the machine: the addresses live inside the
 # namespaces this script makes.
 set -euo pipefail
-PF=hixl-pf
-DC=hixl-dc
+BED=${HIXL_BED:-hixl}
+PF=$BED-pf
+DC=$BED-dc
 die() { echo "bed.sh: $*" >&2; exit 1; }
 [ "$(id -u)" -eq 0 ] || die "run as root (ip netns, tc)"
 
@@ -100,11 +111,59 @@ ceiling() {
   echo "{\"rails\": $n, \"one_rail_gbps\": $one, \"all_rails_gbps\": $all}" >&2
 }
 
+rail_ok() { [[ "${1:-}" =~ ^[0-9]+$ ]] && ip -n "$PF" link show "hxr${1}p" >/dev/null 2>&1 || die "no rail '${1:-}' on bed $BED"; }
+
+link() { # rail up|down
+  rail_ok "${1:-}"
+  case "${2:-}" in up | down) ;; *) die "link RAIL up|down" ;; esac
+  ip -n "$PF" link set "hxr${1}p" "$2"
+}
+
+# One chain per rail end (HXLOSS<rail>), jumped to from INPUT: a packet dropped there
+# was on the wire (the sender's TCP sees a loss and retransmits), unlike one dropped on
+# its way out (OUTPUT), which the sender's stack hears about at once. The rules live in
+# the namespaces and go with them.
+loss() { # rail percent
+  local r=${1:-} pct=${2:-} ns end p
+  rail_ok "$r"
+  [[ "$pct" =~ ^[0-9]+(\.[0-9]+)?$ ]] && python3 -c "import sys; sys.exit(not 0 <= $pct <= 100)" ||
+    die "loss RAIL PERCENT (0 to 100)"
+  command -v iptables >/dev/null || die "no iptables (apt-get install iptables)"
+  p=$(python3 -c "print('%.6f' % ($pct / 100))")
+  for end in p d; do
+    ns=$PF; [ "$end" = d ] && ns=$DC
+    if ! ip netns exec "$ns" iptables -w -n -L "HXLOSS$r" >/dev/null 2>&1; then
+      ip netns exec "$ns" iptables -w -N "HXLOSS$r" &&
+        ip netns exec "$ns" iptables -w -A INPUT -i "hxr$r$end" -j "HXLOSS$r" ||
+        die "iptables cannot make a chain in $ns (does the kernel have netfilter?)"
+    fi
+    ip netns exec "$ns" iptables -w -F "HXLOSS$r"
+    [ "$p" = 0.000000 ] && continue
+    ip netns exec "$ns" iptables -w -A "HXLOSS$r" -m statistic --mode random --probability "$p" -j DROP ||
+      die "iptables cannot add the loss rule in $ns (does the kernel's netfilter have the statistic match?)"
+  done
+}
+
+dropped() { # rail: packets the loss rules dropped, both ends
+  local r=${1:-} n=0 ns end c
+  rail_ok "$r"
+  for end in p d; do
+    ns=$PF; [ "$end" = d ] && ns=$DC
+    c=$(ip netns exec "$ns" iptables -w -L "HXLOSS$r" -v -n -x 2>/dev/null |
+      awk '$3 == "DROP" { s += $1 } END { print s + 0 }')
+    n=$((n + c))
+  done
+  echo "$n"
+}
+
 case "${1:-}" in
 up) shift; up "$@" ;;
 down) down ;;
 ceiling) shift; ceiling "$@" ;;
+link) shift; link "$@" ;;
+loss) shift; loss "$@" ;;
+dropped) shift; dropped "$@" ;;
 pf) shift; exec ip netns exec "$PF" "$@" ;;
 dc) shift; exec ip netns exec "$DC" "$@" ;;
-*) die "usage: bed.sh up [RAILS] [RATE] [DELAY] | down | ceiling [SECONDS] | pf CMD... | dc CMD..." ;;
+*) die "usage: bed.sh up [RAILS] [RATE] [DELAY] | down | ceiling [SECONDS] | pf CMD... | dc CMD... | link RAIL up|down | loss RAIL PERCENT | dropped RAIL" ;;
 esac
