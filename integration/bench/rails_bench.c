@@ -348,8 +348,12 @@ struct run {
   size_t nlat;
   uint64_t submitted, done, verified_bytes, timed_ns, t_start, max_ns;
   uint64_t next_stats, next_prog, last_prog_done;
-  uint64_t prog_ns_at; /* timed_ns at the last progress line */
+  uint64_t prog_ns_at; /* timed time at the last progress line */
+  uint64_t t_phase;    /* the timed phase under way began here */
 };
+
+/* Timed time so far, the phase under way included. */
+static uint64_t timed_now(const struct run *r, uint64_t now) { return r->timed_ns + (now - r->t_phase); }
 
 static uint64_t slot_off(uint64_t op) { return (op % (o.depth * o.batch)) * o.op_size; }
 
@@ -443,16 +447,16 @@ static void progress(struct run *r, uint64_t now) {
   if (!o.progress || now < r->next_prog) return;
   struct hixl_rail_info ri[RAILS_CAP];
   size_t n = 0;
-  uint64_t dn = r->done - r->last_prog_done, dt = r->timed_ns - r->prog_ns_at;
+  uint64_t tn = timed_now(r, now), dn = r->done - r->last_prog_done, dt = tn - r->prog_ns_at;
   fprintf(stderr, PROG ": %.1f s: %" PRIu64 " ops, %.2f Gbit/s (last second %.2f), max %.1f ms",
-          (double)(now - r->t_start) / 1e9, r->done, gbps_of(r->done * o.op_size, r->timed_ns),
+          (double)(now - r->t_start) / 1e9, r->done, gbps_of(r->done * o.op_size, tn),
           gbps_of(dn * o.op_size, dt), (double)r->max_ns / 1e6);
   if (rails_now(r, ri, &n) == 0)
     for (size_t k = 0; k < n; k++)
       fprintf(stderr, "; rail %zu %s %" PRIu64 " MiB", k, ri[k].state, ri[k].bytes >> 20);
   fprintf(stderr, "\n");
   r->last_prog_done = r->done;
-  r->prog_ns_at = r->timed_ns;
+  r->prog_ns_at = tn;
   r->next_prog = now + PROG_PERIOD;
 }
 
@@ -588,9 +592,8 @@ static bool pass_full(const struct run *r) {
 /* The loop: keep depth requests in flight; 0, or -1 at the first failure (said). */
 static int loop(struct run *r) {
   size_t s = 0; /* requests complete in order of slots: the oldest is waited for first */
-  uint64_t t_phase = bench_now_ns();
-  r->t_start = t_phase;
-  r->next_prog = t_phase + PROG_PERIOD;
+  r->t_phase = r->t_start = bench_now_ns();
+  r->next_prog = r->t_start + PROG_PERIOD;
   for (;;) {
     uint64_t now = bench_now_ns();
     bool go = more(r, now);
@@ -613,10 +616,10 @@ static int loop(struct run *r) {
       s = (s + 1) % o.depth;
       continue;
     }
-    r->timed_ns += bench_now_ns() - t_phase; /* nothing in flight: the timed phase ends */
+    r->timed_ns += bench_now_ns() - r->t_phase; /* nothing in flight: the timed phase ends */
     if (o.dir == HIXL_WRITE && write_check(r) < 0) return -1;
     if (!more(r, bench_now_ns())) return 0;
-    t_phase = bench_now_ns();
+    r->t_phase = bench_now_ns();
   }
 }
 

@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# test_rails_faults.sh BENCH CASE: a fault on one of two rails while an initiator reads
+# 4 MiB ops in a loop, every byte checked (hixl-rails-bench), on a bed of its own
+# (bed.sh, namespaces hxf<pid>-pf / hxf<pid>-dc, so tests may run in parallel).
+#
+#   linkdown  rail 1's link set down mid-transfer: the rail is taken out (state down,
+#             failures and retried > 0), the reads go on on rail 0, none fails, none
+#             takes longer than BOUND_MS; link set up: the rail is up again within a few
+#             probe periods and carries bytes again.
+#   loss      1% of the packets each end of rail 1 receives are dropped (iptables'
+#             statistic match: this kernel has no sch_netem) for LOSS_OPS ops: the
+#             rules dropped packets, the rail still carried bytes, no op failed, none
+#             took longer than BOUND_MS.
+#
+# Every wait polls a condition with a deadline. Needs root and ip netns (exit 77, a
+# skip, otherwise); loss also iptables with the statistic match (77 without, said).
+set -euo pipefail
+BENCH=${1:?usage: test_rails_faults.sh BENCH linkdown|loss}
+CASE=${2:?usage: test_rails_faults.sh BENCH linkdown|loss}
+here=$(cd "$(dirname "$0")" && pwd)
+RATE=${RATE:-500mbit}
+STALL_MS=${STALL_MS:-1000}
+PROBE_MS=${PROBE_MS:-300}
+BOUND_MS=${BOUND_MS:-6000} # a request's time: RailStallMs, then its chunks again on the other rail
+LOSS_OPS=${LOSS_OPS:-60}
+PORT=7000
+export HIXL_BED=hxf$$
+bed() { bash "$here/bed.sh" "$@"; }
+skip() { echo "SKIP: $*"; exit 77; }
+fail() {
+  echo "FAIL: $*"
+  [ -s "$work/ini.err" ] && { echo "-- initiator:"; tail -20 "$work/ini.err"; }
+  [ -s "$work/tgt.err" ] && { echo "-- target:"; tail -20 "$work/tgt.err"; }
+  exit 1
+}
+now_ms() { date +%s%3N; }
+
+case "$CASE" in linkdown | loss) ;; *) echo "unknown case $CASE" >&2; exit 2 ;; esac
+[ "$(id -u)" -eq 0 ] || skip "needs root (ip netns, tc, ip link)"
+command -v ip >/dev/null && command -v tc >/dev/null || skip "needs ip and tc (iproute2)"
+command -v jq >/dev/null || skip "needs jq"
+ip netns add "$HIXL_BED-probe" 2>/dev/null || skip "ip netns add does not work here"
+ip netns del "$HIXL_BED-probe"
+
+work=$(mktemp -d)
+tpid=
+ipid=
+cleanup() {
+  set +e
+  [ -n "$ipid" ] && kill -KILL "$ipid" 2>/dev/null && wait "$ipid" 2>/dev/null
+  [ -n "$tpid" ] && kill -KILL "$tpid" 2>/dev/null && wait "$tpid" 2>/dev/null
+  bed down
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+bed up 2 "$RATE" >/dev/null || skip "cannot build the bed (tbf shaping in namespaces)"
+if [ "$CASE" = loss ]; then
+  command -v iptables >/dev/null || skip "loss: no iptables (apt-get install iptables); this kernel has no sch_netem"
+  bed loss 1 1 2>"$work/loss.err" || skip "loss: iptables cannot drop 1% here: $(cat "$work/loss.err")"
+  bed loss 1 0
+fi
+
+# num JQ / str JQ: a number (0 until there is one) or a string from the initiator's stats file
+num() {
+  local v
+  v=$(jq -r "($1) // 0" "$work/stats.json" 2>/dev/null || true)
+  echo "${v:-0}"
+}
+str() { jq -r "$1" "$work/stats.json" 2>/dev/null || true; }
+# until SECONDS WHAT COND: poll COND (a shell test) every 50 ms until it holds
+until_true() {
+  local secs=$1 what=$2 cond=$3 deadline
+  deadline=$(($(now_ms) + secs * 1000))
+  while ! eval "$cond"; do
+    [ "$(now_ms)" -lt "$deadline" ] || fail "$what: not within $secs s (stats: $(cat "$work/stats.json" 2>/dev/null))"
+    kill -0 "$ipid" 2>/dev/null || fail "$what: the initiator exited early"
+    sleep 0.05
+  done
+}
+
+# ip netns exec execs the bench: $! is its pid (a shell function in the background would be a subshell's)
+ip netns exec "$HIXL_BED-pf" "$BENCH" --role target --listen "10.88.0.1:$PORT" --rails 10.88.0.1,10.88.1.1 --buf-size 64MiB \
+  --ready-file "$work/ready" --stall-ms "$STALL_MS" --probe-ms "$PROBE_MS" >"$work/tgt.out" 2>"$work/tgt.err" &
+tpid=$!
+deadline=$(($(now_ms) + 20000))
+until [ -s "$work/ready" ]; do
+  kill -0 "$tpid" 2>/dev/null || { cat "$work/tgt.err"; fail "the target exited"; }
+  [ "$(now_ms)" -lt "$deadline" ] || fail "the target is not ready within 20 s"
+  sleep 0.05
+done
+ip netns exec "$HIXL_BED-dc" "$BENCH" --role initiator --connect "10.88.0.1:$PORT" --rails 10.88.0.2,10.88.1.2 --expect-rails 2 \
+  --read --op-size 4MiB --seconds 300 --depth 2 --stall-ms "$STALL_MS" --probe-ms "$PROBE_MS" \
+  --stats-file "$work/stats.json" --json "$work/result.json" --no-progress >"$work/ini.out" 2>"$work/ini.err" &
+ipid=$!
+
+# both rails carry reads first
+until_true 30 "both rails carrying bytes" \
+  '[ "$(num ".rails[0].bytes // 0")" -gt 16777216 ] && [ "$(num ".rails[1].bytes // 0")" -gt 16777216 ]'
+
+if [ "$CASE" = linkdown ]; then
+  bed link 1 down
+  t_down=$(now_ms)
+  ops_down=$(num .ops)
+  until_true 20 "rail 1 taken out (down, failures > 0, retried > 0)" \
+    '[ "$(str ".rails[1].state")" = down ] && [ "$(num ".rails[1].failures")" -gt 0 ] &&
+     [ "$(num "[.rails[].retried] | add")" -gt 0 ]'
+  echo "rail 1 down after $(($(now_ms) - t_down)) ms: $(jq -c ".rails[1]" "$work/stats.json")"
+  until_true 30 "reads going on over rail 0 alone (20 ops)" '[ "$(num .ops)" -gt $((ops_down + 20)) ]'
+  bed link 1 up
+  t_up=$(now_ms)
+  until_true 20 "rail 1 up again" '[ "$(str ".rails[1].state")" = up ]'
+  back_ms=$(($(now_ms) - t_up))
+  echo "rail 1 up again $back_ms ms after its link (RailProbeMs $PROBE_MS)"
+  [ "$back_ms" -le $((10 * PROBE_MS + 3000)) ] || fail "rail 1 took $back_ms ms to come back"
+  bytes_up=$(num ".rails[1].bytes")
+  until_true 20 "rail 1 carrying bytes again" '[ "$(num ".rails[1].bytes")" -gt $((bytes_up + 8388608)) ]'
+else
+  bytes0=$(num ".rails[1].bytes")
+  ops0=$(num .ops)
+  bed loss 1 1
+  until_true 120 "$LOSS_OPS ops under 1% loss on rail 1" '[ "$(num .ops)" -ge $((ops0 + LOSS_OPS)) ]'
+  dropped=$(bed dropped 1)
+  bytes1=$(num ".rails[1].bytes")
+  bed loss 1 0
+  echo "1% loss on rail 1: $LOSS_OPS ops, $dropped packets dropped, rail 1 moved $(((bytes1 - bytes0) >> 20)) MiB," \
+    "state $(str ".rails[1].state"), failures $(num ".rails[1].failures")"
+  [ "$dropped" -gt 0 ] || fail "the loss rules dropped no packet"
+  [ "$bytes1" -gt "$bytes0" ] || fail "rail 1 carried nothing under loss"
+fi
+
+kill -TERM "$ipid" # ends its loop: the reads in flight complete and are checked, then it reports
+rc=0
+deadline=$(($(now_ms) + 30000))
+while kill -0 "$ipid" 2>/dev/null; do
+  [ "$(now_ms)" -lt "$deadline" ] || fail "the initiator did not stop within 30 s of SIGTERM"
+  sleep 0.05
+done
+wait "$ipid" || rc=$?
+ipid=
+cat "$work/ini.out"
+[ "$rc" -eq 0 ] || fail "the initiator exited $rc (an op failed or read wrong bytes)"
+res=$(cat "$work/result.json")
+[ "$(jq -r .pass <<<"$res")" = true ] || fail "the run did not pass: $res"
+ops=$(jq -r .ops <<<"$res")
+verified=$(jq -r .verified_bytes <<<"$res")
+[ "$verified" -eq $((ops * 4194304)) ] || fail "verified $verified bytes of $ops ops"
+max_ms=$(jq -r .lat_ms_max <<<"$res")
+echo "$CASE: $ops reads of 4 MiB verified byte for byte; slowest request $max_ms ms (bound $BOUND_MS ms)"
+python3 -c "import sys; sys.exit(not $max_ms <= $BOUND_MS)" || fail "a request took $max_ms ms > $BOUND_MS ms"
+if [ "$CASE" = linkdown ]; then
+  jq -e '.rails[1].failures > 0 and .rails[1].state == "up" and ([.rails[].retried] | add) > 0' <<<"$res" \
+    >/dev/null || fail "the final counters do not show the failover and the return: $res"
+fi
+echo "PASS"
