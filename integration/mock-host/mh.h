@@ -353,6 +353,7 @@ struct mh_opts {
   const char *plugin, *config, *json, *transport, *policy, *model_name, *mode, *layout;
   const char *kv_memory; /* "hixl" (alloc_kv_caches) or "host" (the host's, register_kv_caches) */
   const char *prefill_addr, *decode_addr;
+  const char *netns[2]; /* --prefill-netns, --decode-netns: the instance's network namespace, or NULL */
   const char *auth_key; /* --auth-key: a key file, "none", or NULL: one made for the run */
   struct mh_model model;
   uint64_t kv_mib;

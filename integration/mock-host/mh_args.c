@@ -47,6 +47,9 @@ static void usage(FILE *f) {
       "  --lease-ms N             sets the config's lease_ms\n"
       "  --on-load-failure fail|recompute   sets the config's load_failure_policy\n"
       "  --prefill-addr IP:PORT --decode-addr IP:PORT   (default 127.0.0.1 and free ports)\n"
+      "  --prefill-netns NAME --decode-netns NAME   run the instance (and its ranks) in the network\n"
+      "                           namespace NAME (ip netns; root): two hosts on one machine, e.g.\n"
+      "                           integration/rails/bed.sh's; give the addresses inside them too\n"
       "  --set KEY=VALUE          any other config key (VALUE is JSON, else a string); repeatable\n"
       "  --prefill-tp N --decode-tp N   each instance's tensor-parallel size (default 1): one worker\n"
       "                           process per rank, each its engine on the address's port + rank and\n"
@@ -108,6 +111,8 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
     O_POLICY,
     O_PADDR,
     O_DADDR,
+    O_PNETNS,
+    O_DNETNS,
     O_AUTHKEY,
     O_FAULT,
     O_FAT,
@@ -147,6 +152,8 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
                                      {"on-load-failure", 1, 0, O_POLICY},
                                      {"prefill-addr", 1, 0, O_PADDR},
                                      {"decode-addr", 1, 0, O_DADDR},
+                                     {"prefill-netns", 1, 0, O_PNETNS},
+                                     {"decode-netns", 1, 0, O_DNETNS},
                                      {"fault", 1, 0, O_FAULT},
                                      {"fault-at", 1, 0, O_FAT},
                                      {"auth-key", 1, 0, O_AUTHKEY},
@@ -188,6 +195,8 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
     case O_POLICY: o->policy = optarg; break;
     case O_PADDR: o->prefill_addr = optarg; break;
     case O_DADDR: o->decode_addr = optarg; break;
+    case O_PNETNS: o->netns[0] = optarg; break;
+    case O_DNETNS: o->netns[1] = optarg; break;
     case O_AUTHKEY: o->auth_key = optarg; break;
     case O_JSON: o->json = optarg; break;
     case O_MODE: o->mode = optarg; break;

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/pidfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -273,6 +274,20 @@ bad:
   kill(s->pid, SIGKILL);
 }
 
+/* Move the calling process into the network namespace ip netns calls name; 0 or -1 (said). */
+static int enter_netns(const char *name) {
+  char path[256];
+  snprintf(path, sizeof(path), "/run/netns/%s", name);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || setns(fd, CLONE_NEWNET) < 0) {
+    fprintf(stderr, "hixl-mock-host: entering network namespace %s (%s): %m\n", name, path);
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  close(fd);
+  return 0;
+}
+
 static int start_instance(struct mh_router *rt, int k, const hixl_kv_ops *ops, const char *config,
                           const struct mh_model *m, uint32_t drain_ms) {
   int sv[2];
@@ -292,6 +307,7 @@ static int start_instance(struct mh_router *rt, int k, const hixl_kv_ops *ops, c
     close(sv[0]);
     for (int j = 0; j < k; j++) close(rt->side[j].conn.fd);
     const struct mh_opts *o = rt->o;
+    if (o->netns[k] && enter_netns(o->netns[k]) < 0) exit(1); /* before any engine or socket */
     struct mh_inst_args a = {.ops = ops,
                              .fd = sv[1],
                              .prefill = k == 0,
