@@ -14,7 +14,8 @@
 # BUILD_DIR/rails-results/rails.json).
 # Environment: RATE (default 1gbit: see docs/rails.md for why), SECS (each bench run,
 # default 8), IPERF_SECS (default 5), ROUNDS (default 3), RAILS_SET (default "1 2 4"),
-# MH_REQUESTS (default 8). Root only; makes its own bed (HIXL_BED=hxrun) and removes it.
+# MH_REQUESTS (default 8); REPORT_ONLY=1 writes OUTPUT_MD again from the JSON lines of the
+# last run without measuring. Root only; makes its own bed (HIXL_BED=hxrun) and removes it.
 set -euo pipefail
 die() { echo "run_rails: $*" >&2; exit 1; }
 [ $# -ge 1 ] || die "usage: $0 BUILD_DIR [OUTPUT_MD]"
@@ -40,7 +41,10 @@ DC=$HIXL_BED-dc
 RES=$BUILD/rails-results
 mkdir -p "$RES"
 JSON=$RES/rails.json
-: >"$JSON"
+if [ "${REPORT_ONLY:-0}" != 1 ]; then
+  : >"$JSON"
+  git -C "$SRC" rev-parse --short HEAD >"$RES/commit" 2>/dev/null || echo '?' >"$RES/commit"
+fi
 bed() { bash "$SRC/integration/rails/bed.sh" "$@"; }
 tpid=
 cleanup() {
@@ -110,31 +114,40 @@ print(json.dumps({"bench": "handoff", "round": int(sys.argv[2]), "rails": int(sy
 PY
 }
 
-for ((round = 1; round <= ROUNDS; round++)); do
-  for n in $RAILS_SET; do one_rail_count "$round" "$n"; done
-done
+if [ "${REPORT_ONLY:-0}" = 1 ]; then
+  [ -s "$JSON" ] || die "REPORT_ONLY: no $JSON"
+  ROUNDS=$(python3 -c 'import json,sys; print(max(json.loads(l)["round"] for l in open(sys.argv[1]) if l.strip()))' "$JSON")
+else
+  for ((round = 1; round <= ROUNDS; round++)); do
+    for n in $RAILS_SET; do one_rail_count "$round" "$n"; done
+  done
+fi
 
-python3 - "$JSON" "$OUT" "$RATE" "$SECS" "$ROUNDS" "$(nproc)" "$(uname -r)" "$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo '?')" \
+python3 - "$JSON" "$OUT" "$RATE" "$SECS" "$ROUNDS" "$(nproc)" "$(uname -r)" "$(cat "$RES/commit" 2>/dev/null || echo '?')" \
   "$IPERF_SECS" "$MH_REQUESTS" <<'PY'
 import json, statistics, sys, datetime
 path, out, rate, secs, rounds, cpus, kernel, commit, isecs, mhreq = sys.argv[1:]
 rows = [json.loads(l) for l in open(path) if l.strip()]
+def vals(bench, n, dir=None):
+    return [r["gbps"] for r in rows if r["bench"] == bench and r["rails"] == n and (dir is None or r.get("dir") == dir)]
 def med(bench, n, dir=None):
-    v = [r["gbps"] for r in rows if r["bench"] == bench and r["rails"] == n and (dir is None or r.get("dir") == dir)]
+    v = vals(bench, n, dir)
     return statistics.median(v) if v else None
 rails = sorted({r["rails"] for r in rows})
 what = [("READ 4 MiB", "rails", "read"), ("WRITE 4 MiB", "rails", "write"), ("hand-off (mock host)", "handoff", None)]
 lines = []
 goal = []
-lines.append("| rails | what | iperf3 Gbit/s | hixl Gbit/s | hixl / iperf3 | speedup over 1 rail |")
-lines.append("|---|---|---|---|---|---|")
+lines.append("| rails | what | iperf3 Gbit/s | hixl Gbit/s | hixl rounds min .. max | hixl / iperf3 | speedup over 1 rail |")
+lines.append("|---|---|---|---|---|---|---|")
 for n in rails:
     ip = med("iperf3", n)
     for label, bench, d in what:
         h = med(bench, n, d)
         base = med(bench, rails[0], d)
         sp = h / base if h and base else None
-        lines.append("| %d | %s | %.3f | %.3f | %.2f | %s |" % (n, label, ip, h, h / ip, "%.2fx" % sp if sp else "-"))
+        v = vals(bench, n, d)
+        lines.append("| %d | %s | %.3f | %.3f | %.3f .. %.3f | %.2f | %s |"
+                     % (n, label, ip, h, min(v), max(v), h / ip, "%.2fx" % sp if sp else "-"))
 for n, want in ((2, 1.8), (4, 3.4)):
     if n not in rails or rails[0] != 1:
         continue
