@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# test_rails_faults.sh BENCH CASE: a fault on one of two rails while an initiator reads
-# 4 MiB ops in a loop, every byte checked (hixl-rails-bench), on a bed of its own
+# test_rails_faults.sh BENCH CASE [MOCK_HOST]: a fault on one of two rails while an
+# initiator reads 4 MiB ops in a loop, every byte checked (hixl-rails-bench), or while
+# prefill hands KV off to decode (hixl-mock-host, case handoff), on a bed of its own
 # (bed.sh, namespaces hxf<pid>-pf / hxf<pid>-dc, so tests may run in parallel).
 #
 #   linkdown  rail 1's link set down mid-transfer: the rail is taken out (state down,
@@ -11,18 +12,27 @@
 #             statistic match: this kernel has no sch_netem) for LOSS_OPS ops: the
 #             rules dropped packets, the rail still carried bytes, no op failed, none
 #             took longer than BOUND_MS.
+#   handoff   the mock host's prefill and decode instances in the two namespaces
+#             ("Rails": "auto", load failures fail the run) hand off MH_REQUESTS requests;
+#             rail 1's link goes down once it carried 64 MiB, and up again once rail 0
+#             carried 64 MiB more: every request verified byte for byte, none failed or
+#             recomputed, 0 blocks held at the end by either side, the slowest hand-off
+#             within HANDOFF_BOUND_MS, and rail 1 carries bytes again after.
 #
 # Every wait polls a condition with a deadline. Needs root and ip netns (exit 77, a
 # skip, otherwise); loss also iptables with the statistic match (77 without, said).
 set -euo pipefail
-BENCH=${1:?usage: test_rails_faults.sh BENCH linkdown|loss}
-CASE=${2:?usage: test_rails_faults.sh BENCH linkdown|loss}
+BENCH=${1:?usage: test_rails_faults.sh BENCH linkdown|loss|handoff [MOCK_HOST]}
+CASE=${2:?usage: test_rails_faults.sh BENCH linkdown|loss|handoff [MOCK_HOST]}
+MH=${3:-}
 here=$(cd "$(dirname "$0")" && pwd)
 RATE=${RATE:-500mbit}
 STALL_MS=${STALL_MS:-1000}
 PROBE_MS=${PROBE_MS:-300}
 BOUND_MS=${BOUND_MS:-6000} # a request's time: RailStallMs, then its chunks again on the other rail
 LOSS_OPS=${LOSS_OPS:-60}
+MH_REQUESTS=${MH_REQUESTS:-16}
+HANDOFF_BOUND_MS=${HANDOFF_BOUND_MS:-8000} # a hand-off at concurrency 4 over one 500 Mbit/s rail, a failover in it
 PORT=7000
 export HIXL_BED=hxf$$
 bed() { bash "$here/bed.sh" "$@"; }
@@ -35,7 +45,8 @@ fail() {
 }
 now_ms() { date +%s%3N; }
 
-case "$CASE" in linkdown | loss) ;; *) echo "unknown case $CASE" >&2; exit 2 ;; esac
+case "$CASE" in linkdown | loss) ;; handoff) [ -x "$MH" ] || { echo "handoff needs MOCK_HOST" >&2; exit 2; } ;;
+*) echo "unknown case $CASE" >&2; exit 2 ;; esac
 [ "$(id -u)" -eq 0 ] || skip "needs root (ip netns, tc, ip link)"
 command -v ip >/dev/null && command -v tc >/dev/null || skip "needs ip and tc (iproute2)"
 command -v jq >/dev/null || skip "needs jq"
@@ -78,6 +89,46 @@ until_true() {
     sleep 0.05
   done
 }
+
+# rail_tx RAIL: bytes the prefill end of the rail sent (the KV a pull moves)
+rail_tx() { ip -n "$HIXL_BED-pf" -s -j link show dev "hxr${1}p" | jq '.[0].stats64.tx.bytes'; }
+
+if [ "$CASE" = handoff ]; then
+  "$MH" --requests "$MH_REQUESTS" --min-prompt 512 --max-prompt 1024 --transport tcp --on-load-failure fail \
+    --set Rails=auto --set "RailStallMs=\"$STALL_MS\"" --set "RailProbeMs=\"$PROBE_MS\"" \
+    --prefill-addr "10.88.0.1:$PORT" --decode-addr "10.88.0.2:$((PORT + 1))" \
+    --prefill-netns "$HIXL_BED-pf" --decode-netns "$HIXL_BED-dc" --timeout 240 --no-progress \
+    --json "$work/mh.json" >"$work/ini.out" 2>"$work/ini.err" &
+  ipid=$!
+  until_true 60 "rail 1 carrying 64 MiB of KV" '[ "$(rail_tx 1)" -gt 67108864 ]'
+  bed link 1 down
+  t_down=$(now_ms)
+  r0=$(rail_tx 0)
+  until_true 60 "rail 0 carrying 64 MiB more after rail 1 went down" '[ "$(rail_tx 0)" -gt $((r0 + 67108864)) ]'
+  echo "rail 0 carried 64 MiB more $(($(now_ms) - t_down)) ms after rail 1 went down"
+  bed link 1 up
+  r1=$(rail_tx 1)
+  until_true 60 "rail 1 carrying KV again (16 MiB)" '[ "$(rail_tx 1)" -gt $((r1 + 16777216)) ]'
+  deadline=$(($(now_ms) + 240000))
+  while kill -0 "$ipid" 2>/dev/null; do
+    [ "$(now_ms)" -lt "$deadline" ] || fail "the mock host did not finish within 240 s"
+    sleep 0.1
+  done
+  rc=0
+  wait "$ipid" || rc=$?
+  ipid=
+  cat "$work/ini.out"
+  [ "$rc" -eq 0 ] || fail "hixl-mock-host exited $rc"
+  res=$(cat "$work/mh.json")
+  jq -e --argjson n "$MH_REQUESTS" '.pass and .verified == $n and .failed == 0 and .recomputed == 0 and
+      .corrupt == 0 and .prefill.blocks_held == 0 and .decode.blocks_held == 0' <<<"$res" >/dev/null ||
+    fail "not every hand-off verified with 0 blocks held: $res"
+  worst=$(jq -r .handoff_ms_p99 <<<"$res")
+  echo "handoff: $MH_REQUESTS hand-offs verified byte for byte, 0 blocks held; slowest $worst ms (bound $HANDOFF_BOUND_MS ms)"
+  python3 -c "import sys; sys.exit(not $worst <= $HANDOFF_BOUND_MS)" || fail "a hand-off took $worst ms"
+  echo "PASS"
+  exit 0
+fi
 
 # ip netns exec execs the bench: $! is its pid (a shell function in the background would be a subshell's)
 ip netns exec "$HIXL_BED-pf" "$BENCH" --role target --listen "10.88.0.1:$PORT" --rails 10.88.0.1,10.88.1.1 --buf-size 64MiB \
