@@ -713,6 +713,48 @@ static void test_refusals_counted(void) {
   side_down(&p);
 }
 
+/* Pull: RELEASE (a consumer rank that reads nothing of this producer rank lets go of
+ * its copy in one call) is refused without the capability or with a wrong one; with
+ * it, before the hold is bound it answers NOT_YET and remembers nothing (the hold that
+ * comes next is held and loads byte for byte), once held it answers HELD and frees the
+ * request at once, and after that GONE. */
+static void test_release(void) {
+  struct side p, d;
+  CU_ASSERT_FATAL(side_up(&p, "producer", "pull", 30000) && side_up(&d, "consumer", "pull", 30000));
+  HixlEngine *h = hostile_up(p.addr);
+  uint8_t ans[4096];
+  size_t n = 0;
+  step(&p); /* the worker has its scheduler's key */
+  const uint64_t pb[2] = {0, 4}, db[2] = {5, 1}, qb[2] = {2, 6};
+  char *a = produce(&p, "req-rel", pb, 2, 51), *b = produce(&p, "req-rel2", qb, 2, 52);
+  struct kv_cap ca = params_cap(a), cb = params_cap(b);
+  REFUSED(call(h, p.addr, KV_SVC_RELEASE, "req-rel", P_NONE, NULL, NULL, ans, &n), P_NONE);
+  REFUSED(call(h, p.addr, KV_SVC_RELEASE, "req-rel", P_WRONG, &ca, NULL, ans, &n), P_WRONG);
+  TU_ASSERT_OK(call(h, p.addr, KV_SVC_RELEASE, "req-rel", P_RIGHT, &ca, NULL, ans, &n));
+  CU_ASSERT(n == 1 && ans[0] == KV_PIN_NOT_YET); /* not bound yet: nothing done, nothing kept */
+  step(&p);
+  none_finished(&p);
+  hixl_kv_stats_ex ps = stats(&p);
+  CU_ASSERT(ps.requests_held == 2 && ps.blocks_held == 4 && ps.cap_refused == 2);
+  consume(&d, "dec-rel", a, db, 2); /* the early RELEASE freed nothing: it loads */
+  CU_ASSERT_TRUE(wait_finished(&d, "dec-rel", false, T_MS));
+  no_load_errors(&d);
+  verify(&d, db, 2, 51);
+  CU_ASSERT_TRUE(wait_finished(&p, "req-rel", true, T_MS));
+  TU_ASSERT_OK(call(h, p.addr, KV_SVC_RELEASE, "req-rel2", P_RIGHT, &cb, NULL, ans, &n));
+  CU_ASSERT(n == 1 && ans[0] == KV_PIN_HELD);
+  CU_ASSERT_TRUE(wait_finished(&p, "req-rel2", true, 0)); /* freed by it, no lease waited out */
+  TU_ASSERT_OK(call(h, p.addr, KV_SVC_RELEASE, "req-rel2", P_RIGHT, &cb, NULL, ans, &n));
+  CU_ASSERT(n >= 1 && ans[0] == KV_PIN_GONE);
+  ps = stats(&p);
+  CU_ASSERT(ps.requests_held == 0 && ps.blocks_held == 0 && ps.lease_expired == 0 && ps.cap_refused == 2);
+  HixlEngineDestroy(h);
+  free(a);
+  free(b);
+  side_down(&d);
+  side_down(&p);
+}
+
 int main(int argc, char **argv) {
   int rc = tu_child_main(argc, argv);
   if (rc >= 0) return rc;
@@ -744,6 +786,8 @@ int main(int argc, char **argv) {
               test_layers_without_cap);
   CU_add_test(s, "push: ACCEPT without the capability is refused", test_accept_without_cap);
   CU_add_test(s, "cap_refused counts each refusal and nothing else", test_refusals_counted);
+  CU_add_test(s, "pull: RELEASE: refused without the capability, NOT_YET before the hold, then HELD and freed",
+              test_release);
   if (CU_get_error() != CUE_SUCCESS) return 1;
   int result = tu_run_registry();
   dlclose(so);

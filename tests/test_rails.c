@@ -1,12 +1,13 @@
 /* Rails (several links per peer, docs/rails.md) on loopback: the option's checks, the
  * handshake that finds the peer's rails, striping (every rail carries bytes, every
- * byte arrives), failover when a rail's socket resets mid-transfer and when a rail
- * stalls (its chunks move to the others, the transfer succeeds), the prober bringing
- * a rail back, and a peer without rails. Both engines live in this process; the
- * faults are made through the engines' internals (a socket shut, a target link
- * that stops reading), as the network would make them. The shaped two-namespace bed
- * and its link-down and loss cases are integration/rails/. */
+ * byte arrives), failover when a rail's socket resets mid-transfer (its chunks move to
+ * the others, the transfer succeeds), the prober bringing a rail back, a slow link
+ * that is not a failed rail, and a peer without rails. Both engines live in this
+ * process; the faults are made through the engines' internals (a socket shut, a
+ * target link that stops reading). A rail whose path is gone (a veth set down) is the
+ * shaped two-namespace bed's case, in integration/rails/. */
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -231,9 +232,11 @@ static void test_control_rail_moves(void) {
   pair_down(&p);
 }
 
-/* Rail 1's target side stops reading (a rail whose link is down delivers nothing): the
- * initiator takes it out after RailStallMs and the READ completes on the others. */
-static void test_stall_fails_over(void) {
+/* Rail 1's target link stops reading for a while (a peer that is slow on one link, its
+ * kernel still acknowledging): not a failed rail. Nothing is failed over; the READ
+ * completes once the link reads again. (A rail whose path is gone, its data
+ * unacknowledged, is taken out: integration/rails/ sets a veth down for that.) */
+static void test_slow_is_not_failed(void) {
   struct pair p;
   if (!pair_up(&p, T_RAILS, I_RAILS) || !wait_all_up(&p, 3, tu_now_ms() + 5000)) {
     CU_FAIL("setup");
@@ -247,7 +250,7 @@ static void test_stall_fails_over(void) {
   int ok = c ? getsockname(c->fd, (struct sockaddr *)&here, &sl) : -1;
   pthread_mutex_unlock(&p.init->lock);
   CU_ASSERT_EQUAL_FATAL(ok, 0);
-  bool stalled = false;
+  struct conn *slow = NULL;
   pthread_mutex_lock(&p.target->lock);
   for (struct conn *t = p.target->conns; t; t = t->next) {
     struct sockaddr_in there;
@@ -256,23 +259,36 @@ static void test_stall_fails_over(void) {
         there.sin_port == here.sin_port && there.sin_addr.s_addr == here.sin_addr.s_addr) {
       t->stall |= LINK_STALL_MODULE; /* reads nothing more */
       link_conn_arm(t);
-      stalled = true;
+      slow = t;
     }
   }
   pthread_mutex_unlock(&p.target->lock);
-  CU_ASSERT_TRUE_FATAL(stalled);
-  int64_t t0 = tu_now_ms();
-  TU_ASSERT_OK(read_all(&p));
-  int64_t took = tu_now_ms() - t0;
-  TU_ASSERT_PATTERN(p.ibuf, BUF_LEN, 31, "READ with rail 1 stalled");
+  CU_ASSERT_TRUE_FATAL(slow != NULL);
+  HixlTransferOpDesc d = {.local_addr = (uintptr_t)p.ibuf, .remote_addr = (uintptr_t)p.tbuf, .len = BUF_LEN};
+  HixlTransferReq req = NULL;
+  memset(p.ibuf, 0, BUF_LEN);
+  TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(p.init, p.addr, HIXL_READ, &d, 1, TIMEOUT, NULL, &req));
+  /* The fault lasts three stall periods; the request waits all along. */
+  int64_t until = tu_now_ms() + 3 * atoi(STALL_MS);
+  HixlTransferStatus s = HIXL_TRANSFER_WAITING;
+  while (tu_now_ms() < until && s == HIXL_TRANSFER_WAITING) {
+    TU_ASSERT_OK(HixlEngineGetTransferStatus(p.init, req, &s));
+    usleep(POLL_MS * 1000);
+  }
+  CU_ASSERT_EQUAL(s, HIXL_TRANSFER_WAITING);
+  pthread_mutex_lock(&p.target->lock);
+  slow->stall &= (uint8_t)~LINK_STALL_MODULE;
+  link_conn_arm(slow);
+  pthread_mutex_unlock(&p.target->lock);
+  HixlTransferStatus fin;
+  TU_ASSERT_OK(tu_wait_request(p.init, req, tu_now_ms() + TIMEOUT, &fin));
+  CU_ASSERT_EQUAL(fin, HIXL_TRANSFER_COMPLETED);
+  TU_ASSERT_PATTERN(p.ibuf, BUF_LEN, 31, "READ after rail 1's target read again");
   struct hixl_rail_info ri[HIXL_RAILS_MAX];
   rails_of(&p, ri);
-  CU_ASSERT_TRUE(ri[1].failures >= 1);
-  CU_ASSERT_TRUE(ri[1].retried >= 1);
-  if (took > 3000)
-    tu_fail(__FILE__, __LINE__, "the READ took %lld ms with RailStallMs " STALL_MS, (long long)took);
-  fprintf(stderr, "  stalled rail: READ of 16 MiB took %lld ms (RailStallMs %s)\n", (long long)took,
-          STALL_MS);
+  CU_ASSERT_EQUAL(ri[1].failures, 0);
+  CU_ASSERT_EQUAL(ri[1].retried, 0);
+  CU_ASSERT_STRING_EQUAL(ri[1].state, "up");
   pair_down(&p);
 }
 
@@ -282,7 +298,7 @@ static CU_TestInfo tests[] = {
     {"peer_without_rails", test_peer_without_rails},
     {"reset_fails_over", test_reset_fails_over},
     {"control_rail_moves", test_control_rail_moves},
-    {"stall_fails_over", test_stall_fails_over},
+    {"slow_is_not_failed", test_slow_is_not_failed},
     CU_TEST_INFO_NULL,
 };
 

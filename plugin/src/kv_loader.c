@@ -224,11 +224,35 @@ static struct kv_load *take_runnable(hixl_kv_connector *c) {
   return NULL;
 }
 
+/* RELEASE e's request on a producer rank this consumer rank reads nothing of: freed
+ * there in one call once held, asking again while it is not yet (as pin does).
+ * UNSUPPORTED: an older producer, which needs PIN then FREE. */
+static HixlStatus release(hixl_kv_connector *c, const struct kv_meta_entry *e, uint64_t deadline) {
+  uint8_t ans[300];
+  size_t n = 0;
+  HixlStatus st;
+  for (unsigned tries = 0;; tries++) {
+    struct kv_out msg = {0};
+    kv_msg(c, &msg, KV_SVC_RELEASE, e->rreq, &e->rcap, 0, "");
+    if (e->seq) {
+      kv_put_u64(&msg, e->epoch);
+      kv_put_u64(&msg, e->seq);
+    }
+    if (kv_call_msg(c, e->remote, &msg, ans, sizeof(ans), &n, kv_ms_until(deadline), &st) < 0) return st;
+    uint8_t state = n ? ans[0] : KV_PIN_GONE;
+    if (state != KV_PIN_NOT_YET) return state == KV_PIN_HELD ? HIXL_SUCCESS : HIXL_NOT_FOUND;
+    if (kv_ms_until(deadline) == 0) return HIXL_TIMEOUT;
+    struct timespec ts = {0, tries < 20 ? 200000 : 2000000}; /* the producer binds it at its next step */
+    nanosleep(&ts, NULL);
+  }
+}
+
 /* An abort, or a producer rank this consumer rank frees without reading it
  * (pin_first): the producer frees what it holds (best effort). pin_first waits, as a
  * load does, until the producer rank holds the request (within transfer_timeout_ms):
  * a FREE that came first would be refused (no metadata bound there yet) or remembered
- * only as an id, and the hold would wait out its lease. */
+ * only as an id, and the hold would wait out its lease. RELEASE does both in one call;
+ * a producer without it gets PIN, then FREE. */
 static void free_remote(hixl_kv_connector *c, const struct kv_load *l) {
   const struct kv_meta_entry *e = &l->e;
   uint8_t ans[64];
@@ -236,10 +260,11 @@ static void free_remote(hixl_kv_connector *c, const struct kv_load *l) {
   HixlStatus st;
   if (kv_link(c, e, c->cfg.connect_timeout_ms) != HIXL_SUCCESS) return;
   if (l->pin_first) {
+    uint64_t deadline = kv_now_ns() + (uint64_t)c->cfg.transfer_timeout_ms * 1000000ull;
+    if (release(c, e, deadline) != HIXL_UNSUPPORTED) return;
     uint8_t *big = malloc(HIXL_CALL_MAX);
     struct kv_peer_held *h = calloc(1, sizeof(*h));
     char why[512];
-    uint64_t deadline = kv_now_ns() + (uint64_t)c->cfg.transfer_timeout_ms * 1000000ull;
     if (big && h && pin(c, e, deadline, big, h, why, sizeof(why)) == HIXL_NOT_FOUND) {
       free(h->r.planes); /* gone there already: nothing to free */
       free(h);

@@ -144,6 +144,7 @@ static const char *op_name(uint8_t op) {
   case KV_SVC_LAYER: return "LAYER";
   case KV_SVC_ABORT: return "ABORT";
   case KV_SVC_LAYERS: return "LAYERS";
+  case KV_SVC_RELEASE: return "RELEASE";
   default: return "an unknown operation";
   }
 }
@@ -202,7 +203,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
   uint8_t proto = kv_get_u8(&in), op = kv_get_u8(&in);
   kv_get_str(&in, id, KV_MAX_ID);
   struct kv_cap got = {0};
-  if (!in.bad && proto == KV_SVC_PROTO_NOCAP && op >= KV_SVC_PIN && op <= KV_SVC_LAYERS) {
+  if (!in.bad && proto == KV_SVC_PROTO_NOCAP && op >= KV_SVC_PIN && op <= KV_SVC_OP_LAST) {
     /* The protocol before capabilities: a call that carries none, whatever follows. */
     pthread_mutex_lock(&c->lock);
     HixlStatus st = cap_refuse(c, op, id, peer, CAP_OLD, resp, cap, resp_len);
@@ -215,7 +216,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
   uint32_t count = op == KV_SVC_LAYERS ? kv_get_u32(&in) : 1;
   if (op == KV_SVC_ABORT) kv_get_str(&in, reason, KV_MAX_ID);
   uint64_t epoch = 0, seq = 0; /* PIN: which hold (a consumer given hold_epoch and hold_seq) */
-  if (op == KV_SVC_PIN && in.off < len) {
+  if ((op == KV_SVC_PIN || op == KV_SVC_RELEASE) && in.off < len) {
     epoch = kv_get_u64(&in);
     seq = kv_get_u64(&in);
   }
@@ -239,9 +240,9 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
   kv_expects_expire(c);
   struct kv_held *h = kv_held_find(c, id);
   struct kv_expect *x = kv_expect_find(c, id);
-  bool held_op = op == KV_SVC_PIN || op == KV_SVC_FREE;
+  bool held_op = op == KV_SVC_PIN || op == KV_SVC_FREE || op == KV_SVC_RELEASE;
   enum cap_verdict v = CAP_OK;
-  if (op >= KV_SVC_PIN && op <= KV_SVC_LAYERS)
+  if (op >= KV_SVC_PIN && op <= KV_SVC_OP_LAST)
     v = cap_check(c, id, held_op ? (h ? &h->cap : NULL) : (x ? &x->cap : NULL), &got);
   /* Unchecked (nothing bound yet here) is refused only where it would change
    * something: a FREE would be remembered. PIN and ACCEPT answer "not yet", LAYER
@@ -318,6 +319,23 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
       const char *why =
           "it was never held here (this worker bound every hold up to its number), or was freed "
           "long ago";
+      kv_put_str(&out, why, strlen(why));
+    } else {
+      kv_put_u8(&out, KV_PIN_NOT_YET);
+    }
+  } else if (op == KV_SVC_RELEASE) {
+    /* A consumer rank that reads nothing of this rank's copy lets go of it: as FREE when
+     * held; else "not yet", nothing remembered (the hold may still come), or gone. */
+    if (h) {
+      if (!(tp_why = held_rank(c, h, world))) {
+        h->freed |= UINT64_C(1) << rank;
+        kv_obs_phase(c, id, KV_PH_FREE, peer);
+        kv_put_u8(&out, KV_PIN_HELD);
+        if ((h->freed & h->need) == h->need) held_release(c, h);
+      }
+    } else if (kv_idset_has(&c->gone, id) || (seq && epoch == c->hold.epoch && seq <= c->hold.bound_seq)) {
+      kv_put_u8(&out, KV_PIN_GONE);
+      const char *why = "it is no longer held here";
       kv_put_str(&out, why, strlen(why));
     } else {
       kv_put_u8(&out, KV_PIN_NOT_YET);

@@ -121,7 +121,12 @@ enum kv_svc_op {
   KV_SVC_LAYER = 4,  /* push: req id, cap, layer u32 -> that layer has landed */
   KV_SVC_ABORT = 5,  /* push: req id, cap, reason -> the push failed; the consumer reports it */
   KV_SVC_LAYERS = 6, /* push: req id, cap, first u32, count u32 (>= 2) -> those layers have landed */
+  KV_SVC_RELEASE = 7, /* req id, cap [, u64 epoch, u64 seq] -> state: HELD (this rank's share freed now),
+                       * NOT_YET (nothing done, nothing remembered: ask again) or GONE. A consumer rank
+                       * that reads nothing of that producer rank frees it in one call (a FREE that
+                       * came before the hold would not free it); older producers answer UNSUPPORTED */
 };
+#define KV_SVC_OP_LAST KV_SVC_RELEASE
 enum kv_pin_state {
   KV_PIN_HELD = 0,    /* then: layout text, u32 block count, u64 kv_groups_digest, the groups' counts
                        * (kv_put_groups), the plane table (kv_layout_put_planes) */

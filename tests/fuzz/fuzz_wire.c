@@ -69,6 +69,8 @@ static const struct {
     [WIRE_CALL_AFTER] = {18, 18 + 65536, 0},
     [WIRE_AUTH_CHALLENGE] = {74, 74 + 255, 0},
     [WIRE_AUTH_PROOF] = {32, 32, 0},
+    [WIRE_RAILS] = {8, 8, 0},
+    [WIRE_RAILS_ACK] = {12 + 6, 12 + 6 * 8, 0},
 };
 
 /* Whatever wire_parse_hdr says must agree with the raw bytes. */
@@ -133,6 +135,15 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
     got = wire_put_read_req(buf, m->u.read_req.seq, m->u.read_req.raddr, m->u.read_req.len);
     break;
   case WIRE_SYNC: got = wire_put_sync(buf, m->u.ack.seq); break;
+  case WIRE_RAILS: got = wire_put_rails(buf, m->u.rails.seq); break;
+  case WIRE_RAILS_ACK: {
+    uint32_t addr[WIRE_MAX_RAILS];
+    uint16_t port[WIRE_MAX_RAILS];
+    CHECK(m->u.rails.count >= 1 && m->u.rails.count <= WIRE_MAX_RAILS);
+    for (uint32_t i = 0; i < m->u.rails.count; i++) wire_rail_at(m, i, &addr[i], &port[i]);
+    got = wire_put_rails_ack(buf, len, m->u.rails.seq, addr, port, m->u.rails.count);
+    break;
+  }
   case WIRE_WRITE_ACK:
   case WIRE_READ_RESP:
   case WIRE_NOTIFY_ACK:
@@ -400,6 +411,21 @@ static void check_msg(enum wire_err e, const struct wire_hdr *h, const uint8_t *
         CHECK(m->u.shm.sock[i] > 0x20 && m->u.shm.sock[i] < 0x7f);
     } else {
       CHECK(m->u.shm.flags == 0 && m->u.shm.sock_len == 0);
+    }
+    break;
+  }
+  case WIRE_RAILS: CHECK(e == WIRE_OK && m->u.rails.seq == get64(b)); break;
+  case WIRE_RAILS_ACK: {
+    uint32_t count = get32(b + 8);
+    CHECK((e == WIRE_OK) == (count >= 1 && count <= 8 && n == 12 + 6u * count));
+    CHECK(null_or_inside(m->u.rails.addrs, b, n));
+    if (e != WIRE_OK) break;
+    CHECK(m->u.rails.seq == get64(b) && m->u.rails.count == count && m->u.rails.addrs == b + 12);
+    for (uint32_t i = 0; i < count; i++) {
+      uint32_t a;
+      uint16_t port;
+      wire_rail_at(m, i, &a, &port);
+      CHECK(a == get32(b + 12 + 6 * i) && port == get16(b + 16 + 6 * i));
     }
     break;
   }

@@ -240,18 +240,19 @@ static HixlStatus rail_dial(HixlEngine *e, const char *want_name, const struct r
   int fd = sock_connect_from(&rl->remote, rl->local.sin_addr.s_addr ? &rl->local : NULL, deadline, &st);
   if (fd < 0) return st;
   struct peer *tmp = calloc(1, sizeof(*tmp));
+  if (!tmp) {
+    close(fd);
+    return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "out of memory");
+  }
   const struct xport_ops *xp = NULL;
   void *link = NULL;
-  st = tmp ? api_handshake(e, fd, to, deadline, tmp, true, &xp, &link)
-           : hixl_fail(HIXL_RESOURCE_EXHAUSTED, "out of memory");
+  st = api_handshake(e, fd, to, deadline, tmp, true, &xp, &link);
   if (st == HIXL_SUCCESS && strcmp(tmp->remote_name, want_name) != 0)
     st = hixl_fail(HIXL_FAILED, "rail %s is engine %s, not %s: not taken", to, tmp->remote_name, want_name);
-  if (tmp) {
-    for (size_t i = 0; i < tmp->rtab.count; i++) free(tmp->rtab.v[i]);
-    memtab_free(&tmp->rtab);
-    auth_wipe(tmp->session, sizeof(tmp->session));
-    free(tmp);
-  }
+  for (size_t i = 0; i < tmp->rtab.count; i++) free(tmp->rtab.v[i]);
+  memtab_free(&tmp->rtab);
+  auth_wipe(tmp->session, sizeof(tmp->session));
+  free(tmp);
   if (st != HIXL_SUCCESS) {
     if (xp) xp->link.discard(link);
     close(fd);
@@ -274,6 +275,7 @@ static bool rail_attach(HixlEngine *e, struct peer *p, uint32_t k, int fd) {
     return false;
   }
   snprintf(c->remote_name, sizeof(c->remote_name), "%s", p->remote_name[0] ? p->remote_name : p->name);
+  sock_tune_rail(fd, e->opts.rail_stall_ms);
   c->peer = p;
   c->rail = (int)k;
   p->rails[k].conn = c;
@@ -360,6 +362,7 @@ void api_rails_up(HixlEngine *e, struct peer *p, struct conn *c, uint64_t deadli
   if (p->n_rails < 2) return;
   c->rail = 0;
   p->rails[0].conn = c;
+  sock_tune_rail(c->fd, e->opts.rail_stall_ms);
   link_tick_start(e);
   if (!e->rail_thread_on && !e->rail_stop_failed) {
     e->rail_thread_on = true;

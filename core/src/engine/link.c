@@ -249,10 +249,16 @@ bool link_rails_tick(struct HixlEngine *e) {
   for (struct conn *c; (c = link_next(e, walk));) {
     if (c->rail < 0 || c->dead) continue;
     any = true;
-    if (c->rail_load == 0 || now - c->last_io_ns < stall) continue;
-    char why[128];
-    snprintf(why, sizeof(why), "rail %d stalled: no byte moved for %u ms (RailStallMs)", c->rail,
-             e->opts.rail_stall_ms);
+    /* Quiet for RailStallMs with work out, and the kernel says why: what it sent has
+     * gone unacknowledged that long. A peer that is only slow (its kernel acknowledges,
+     * its engine has not answered yet) is not a failed rail: its deadline rules. */
+    uint32_t unacked = 0;
+    if (c->rail_load == 0 || now - c->last_io_ns < stall ||
+        !sock_path_dead(c->fd, e->opts.rail_stall_ms, &unacked))
+      continue;
+    char why[160];
+    snprintf(why, sizeof(why), "rail %d stalled: %u segment(s) unacknowledged for %u ms (RailStallMs)",
+             c->rail, unacked, e->opts.rail_stall_ms);
     link_conn_kill(c, HIXL_FAILED, why);
   }
   return any;

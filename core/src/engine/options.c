@@ -206,8 +206,8 @@ const char *hixl_transport_name(enum hixl_transport t) { return (unsigned)t < 4 
     "auto: every IPv4 address of an interface that is up (docs/rails.md)",                                   \
     parse_rails)                                                                                             \
   X("RailStallMs", "1000", NULL, "[100,600000] ms",                                                          \
-    "with Rails: a rail with work queued and no byte moved this long is taken out, its ops retried on the "  \
-    "other rails",                                                                                           \
+    "with Rails: a rail whose sent data stays unacknowledged this long (its path is gone, not its peer "     \
+    "slow) is taken out, its ops retried on the other rails",                                                \
     parse_rail_stall)                                                                                        \
   X("RailProbeMs", "500", NULL, "[50,600000] ms",                                                            \
     "with Rails: how often a rail that is down is dialled again; it carries traffic once it answers",        \

@@ -84,6 +84,22 @@ void sock_tune(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
 }
 
+void sock_tune_rail(int fd, uint32_t stall_ms) {
+  int idle = (int)((stall_ms + 999) / 1000), intvl = 1, cnt = 3, user = (int)stall_ms;
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user, sizeof(user));
+}
+
+bool sock_path_dead(int fd, uint32_t stall_ms, uint32_t *unacked) {
+  struct tcp_info ti;
+  socklen_t len = sizeof(ti);
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) < 0) return false;
+  *unacked = ti.tcpi_unacked;
+  return ti.tcpi_unacked > 0 && ti.tcpi_last_ack_recv >= stall_ms;
+}
+
 int sock_listen(const struct sockaddr_in *sa, int backlog, HixlStatus *st) {
   char ip[INET_ADDRSTRLEN];
   int one = 1;

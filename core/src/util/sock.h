@@ -22,6 +22,12 @@ int sock_connect_from(const struct sockaddr_in *sa, const struct sockaddr_in *fr
 HixlStatus sock_send_all(int fd, const void *buf, size_t n, uint64_t deadline_ns);
 HixlStatus sock_recv_all(int fd, void *buf, size_t n, uint64_t deadline_ns);
 void sock_tune(int fd); /* TCP_NODELAY, buffer sizes, keepalive */
+/* A rail's socket (after sock_tune): data unacknowledged for stall_ms closes it
+ * (TCP_USER_TIMEOUT), and keepalive probes an idle one after about stall_ms. */
+void sock_tune_rail(int fd, uint32_t stall_ms);
+/* Whether segments sent on fd have gone unacknowledged for stall_ms (the path, not
+ * the peer, is gone: a peer that is merely slow still has its kernel acknowledge). */
+bool sock_path_dead(int fd, uint32_t stall_ms, uint32_t *unacked);
 int sock_set_nonblock(int fd, bool on);
 
 /* sendmsg; under ThreadSanitizer the payload's reads are recorded and the
