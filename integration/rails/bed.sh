@@ -15,7 +15,8 @@
 #   bed.sh loss RAIL PERCENT                         drop PERCENT of the packets each end of rail
 #                                                    RAIL receives (0: none): iptables' statistic
 #                                                    match, as this kernel has no sch_netem and no
-#                                                    tc actions (apt-get install iptables)
+#                                                    tc actions (apt-get install iptables); the
+#                                                    rail sends one segment per packet meanwhile
 #   bed.sh dropped RAIL                              packets the loss rules of RAIL dropped so far
 #
 # HIXL_BED=NAME names the namespaces NAME-pf and NAME-dc (default hixl: hixl-pf, hixl-dc),
@@ -138,7 +139,14 @@ loss() { # rail percent
         die "iptables cannot make a chain in $ns (does the kernel have netfilter?)"
     fi
     ip netns exec "$ns" iptables -w -F "HXLOSS$r"
-    [ "$p" = 0.000000 ] && continue
+    # One packet per segment while it loses them: TCP's segmentation offload hands
+    # netfilter (and so the rule) up to 64 KiB at a time, which would drop 45 segments
+    # in a burst with each draw instead of 1% of the segments.
+    if [ "$p" = 0.000000 ]; then
+      ip -n "$ns" link set dev "hxr$r$end" gso_max_segs 65535
+      continue
+    fi
+    ip -n "$ns" link set dev "hxr$r$end" gso_max_segs 1
     ip netns exec "$ns" iptables -w -A "HXLOSS$r" -m statistic --mode random --probability "$p" -j DROP ||
       die "iptables cannot add the loss rule in $ns (does the kernel's netfilter have the statistic match?)"
   done

@@ -176,7 +176,10 @@ else
   bed loss 1 0
   echo "1% loss on rail 1: $LOSS_OPS ops, $dropped packets dropped, rail 1 moved $(((bytes1 - bytes0) >> 20)) MiB," \
     "state $(str ".rails[1].state"), failures $(num ".rails[1].failures")"
+  segs=$(((bytes1 - bytes0) / 1448)) # the rail's data segments meanwhile (MSS 1448)
+  echo "  about $segs data segments on rail 1: $((dropped * 10000 / (segs > 0 ? segs : 1))) drops per 10000"
   [ "$dropped" -gt 0 ] || fail "the loss rules dropped no packet"
+  [ $((dropped * 1000)) -ge $((segs * 3)) ] || fail "$dropped drops for $segs segments: not a 1% loss"
   [ "$bytes1" -gt "$bytes0" ] || fail "rail 1 carried nothing under loss"
 fi
 
