@@ -4,7 +4,8 @@
 # prefill hands KV off to decode (hixl-mock-host, case handoff), on a bed of its own
 # (bed.sh, namespaces hxf<pid>-pf / hxf<pid>-dc, so tests may run in parallel).
 #
-#   linkdown  rail 1's link set down mid-transfer: the rail is taken out (state down,
+#   linkdown  (linkdown-write: the same with 4 MiB WRITEs, each read back and checked)
+#             rail 1's link set down mid-transfer: the rail is taken out (state down,
 #             failures and retried > 0), the reads go on on rail 0, none fails, none
 #             takes longer than BOUND_MS; link set up: the rail is up again within a few
 #             probe periods and carries bytes again.
@@ -23,8 +24,10 @@
 # Every wait polls a condition with a deadline. Needs root and ip netns (exit 77, a
 # skip, otherwise); loss also iptables with the statistic match (77 without, said).
 set -euo pipefail
-BENCH=${1:?usage: test_rails_faults.sh BENCH linkdown|loss|handoff [MOCK_HOST]}
-CASE=${2:?usage: test_rails_faults.sh BENCH linkdown|loss|handoff [MOCK_HOST]}
+BENCH=${1:?usage: test_rails_faults.sh BENCH linkdown|linkdown-write|loss|handoff [MOCK_HOST]}
+CASE=${2:?usage: test_rails_faults.sh BENCH linkdown|linkdown-write|loss|handoff [MOCK_HOST]}
+DIR=read
+[ "$CASE" = linkdown-write ] && CASE=linkdown DIR=write
 MH=${3:-}
 here=$(cd "$(dirname "$0")" && pwd)
 RATE=${RATE:-500mbit}
@@ -145,7 +148,7 @@ until [ -s "$work/ready" ]; do
   sleep 0.05
 done
 ip netns exec "$HIXL_BED-dc" "$BENCH" --role initiator --connect "10.88.0.1:$PORT" --rails 10.88.0.2,10.88.1.2 --expect-rails 2 \
-  --read --op-size 4MiB --seconds 300 --depth 2 --stall-ms "$STALL_MS" --probe-ms "$PROBE_MS" \
+  "--$DIR" --op-size 4MiB --seconds 300 --depth 2 --stall-ms "$STALL_MS" --probe-ms "$PROBE_MS" \
   --stats-file "$work/stats.json" --json "$work/result.json" --no-progress >"$work/ini.out" 2>"$work/ini.err" &
 ipid=$!
 
@@ -161,7 +164,7 @@ if [ "$CASE" = linkdown ]; then
     '[ "$(str ".rails[1].state")" = down ] && [ "$(num ".rails[1].failures")" -gt 0 ] &&
      [ "$(num "[.rails[].retried] | add")" -gt 0 ]'
   echo "rail 1 down after $(($(now_ms) - t_down)) ms: $(jq -c ".rails[1]" "$work/stats.json")"
-  until_true 30 "reads going on over rail 0 alone (20 ops)" '[ "$(num .ops)" -gt $((ops_down + 20)) ]'
+  until_true 30 "${DIR}s going on over rail 0 alone (20 ops)" '[ "$(num .ops)" -gt $((ops_down + 20)) ]'
   bed link 1 up
   t_up=$(now_ms)
   until_true 20 "rail 1 up again" '[ "$(str ".rails[1].state")" = up ]'
@@ -204,7 +207,7 @@ ops=$(jq -r .ops <<<"$res")
 verified=$(jq -r .verified_bytes <<<"$res")
 [ "$verified" -eq $((ops * 4194304)) ] || fail "verified $verified bytes of $ops ops"
 max_ms=$(jq -r .lat_ms_max <<<"$res")
-echo "$CASE: $ops reads of 4 MiB verified byte for byte; slowest request $max_ms ms (bound $BOUND_MS ms)"
+echo "$CASE: $ops ${DIR}s of 4 MiB verified byte for byte; slowest request $max_ms ms (bound $BOUND_MS ms)"
 python3 -c "import sys; sys.exit(not $max_ms <= $BOUND_MS)" || fail "a request took $max_ms ms > $BOUND_MS ms"
 if [ "$CASE" = linkdown ]; then
   jq -e '.rails[1].failures > 0 and .rails[1].state == "up" and ([.rails[].retried] | add) > 0' <<<"$res" \
