@@ -253,8 +253,9 @@ bool link_rails_tick(struct HixlEngine *e) {
      * gone unacknowledged that long. A peer that is only slow (its kernel acknowledges,
      * its engine has not answered yet) is not a failed rail: its deadline rules. */
     uint32_t unacked = 0;
-    if (c->rail_load == 0 || now - c->last_io_ns < stall ||
-        !sock_path_dead(c->fd, e->opts.rail_stall_ms, &unacked))
+    /* last_io_ns may be later than now: a rail killed earlier in this pass moved chunks here */
+    bool busy = c->rail_load > 0 || c->pay_left > 0; /* a READ's data still arriving counts */
+    if (!busy || c->last_io_ns + stall > now || !sock_path_dead(c->fd, e->opts.rail_stall_ms, &unacked))
       continue;
     char why[160];
     snprintf(why, sizeof(why), "rail %d stalled: %u segment(s) unacknowledged for %u ms (RailStallMs)",
