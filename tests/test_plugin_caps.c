@@ -786,7 +786,8 @@ int main(int argc, char **argv) {
               test_layers_without_cap);
   CU_add_test(s, "push: ACCEPT without the capability is refused", test_accept_without_cap);
   CU_add_test(s, "cap_refused counts each refusal and nothing else", test_refusals_counted);
-  CU_add_test(s, "pull: RELEASE: refused without the capability, NOT_YET before the hold, then HELD and freed",
+  CU_add_test(s,
+              "pull: RELEASE: refused without the capability, NOT_YET before the hold, then HELD and freed",
               test_release);
   if (CU_get_error() != CUE_SUCCESS) return 1;
   int result = tu_run_registry();
