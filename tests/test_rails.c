@@ -75,6 +75,14 @@ static bool wait_all_up(struct pair *p, size_t want, int64_t deadline_ms) {
   return false;
 }
 
+/* The pair with three rails up; false: the setup failed (reported, torn down). */
+static bool three_up(struct pair *p) {
+  if (pair_up(p, T_RAILS, I_RAILS) && wait_all_up(p, 3, tu_now_ms() + 5000)) return true;
+  CU_FAIL("setup");
+  pair_down(p);
+  return false;
+}
+
 static HixlStatus read_all(struct pair *p) {
   HixlTransferOpDesc d = {
       .local_addr = (uintptr_t)p->ibuf, .remote_addr = (uintptr_t)p->tbuf, .len = BUF_LEN};
@@ -110,12 +118,7 @@ static void test_options(void) {
 /* Three rails found in the handshake; a 16 MiB READ and WRITE striped over all of them. */
 static void test_striping(void) {
   struct pair p;
-  if (!pair_up(&p, T_RAILS, I_RAILS)) {
-    CU_FAIL("setup");
-    pair_down(&p);
-    return;
-  }
-  CU_ASSERT_TRUE(wait_all_up(&p, 3, tu_now_ms() + 5000));
+  if (!three_up(&p)) return;
   TU_ASSERT_OK(read_all(&p));
   TU_ASSERT_PATTERN(p.ibuf, BUF_LEN, 31, "striped READ");
   struct hixl_rail_info ri[HIXL_RAILS_MAX];
@@ -171,11 +174,7 @@ static struct conn *rail_conn(struct pair *p, uint32_t k) {
  * answered before (deterministic: rail 1 holds chunks when it dies). */
 static void test_reset_fails_over(void) {
   struct pair p;
-  if (!pair_up(&p, T_RAILS, I_RAILS) || !wait_all_up(&p, 3, tu_now_ms() + 5000)) {
-    CU_FAIL("setup");
-    pair_down(&p);
-    return;
-  }
+  if (!three_up(&p)) return;
   HixlTransferOpDesc d = {.local_addr = (uintptr_t)p.ibuf, .remote_addr = (uintptr_t)p.tbuf, .len = BUF_LEN};
   HixlTransferReq req = NULL;
   memset(p.ibuf, 0, BUF_LEN);
@@ -211,11 +210,7 @@ static void test_reset_fails_over(void) {
  * transfer and a notification still work, and rail 0 comes back as a data rail. */
 static void test_control_rail_moves(void) {
   struct pair p;
-  if (!pair_up(&p, T_RAILS, I_RAILS) || !wait_all_up(&p, 3, tu_now_ms() + 5000)) {
-    CU_FAIL("setup");
-    pair_down(&p);
-    return;
-  }
+  if (!three_up(&p)) return;
   pthread_mutex_lock(&p.init->lock);
   struct conn *c = rail_conn(&p, 0);
   if (c) shutdown(c->fd, SHUT_RDWR);
@@ -238,11 +233,7 @@ static void test_control_rail_moves(void) {
  * unacknowledged, is taken out: integration/rails/ sets a veth down for that.) */
 static void test_slow_is_not_failed(void) {
   struct pair p;
-  if (!pair_up(&p, T_RAILS, I_RAILS) || !wait_all_up(&p, 3, tu_now_ms() + 5000)) {
-    CU_FAIL("setup");
-    pair_down(&p);
-    return;
-  }
+  if (!three_up(&p)) return;
   struct sockaddr_in here;
   socklen_t sl = sizeof(here);
   pthread_mutex_lock(&p.init->lock);
