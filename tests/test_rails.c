@@ -83,6 +83,14 @@ static bool three_up(struct pair *p) {
   return false;
 }
 
+/* req ends COMPLETED within the timeout, and every byte of the initiator's buffer came. */
+static void completes(struct pair *p, HixlTransferReq req, const char *what) {
+  HixlTransferStatus fin;
+  TU_ASSERT_OK(tu_wait_request(p->init, req, tu_now_ms() + TIMEOUT, &fin));
+  CU_ASSERT_EQUAL(fin, HIXL_TRANSFER_COMPLETED);
+  TU_ASSERT_PATTERN(p->ibuf, BUF_LEN, 31, what);
+}
+
 static HixlStatus read_all(struct pair *p) {
   HixlTransferOpDesc d = {
       .local_addr = (uintptr_t)p->ibuf, .remote_addr = (uintptr_t)p->tbuf, .len = BUF_LEN};
@@ -188,10 +196,7 @@ static void test_reset_fails_over(void) {
   pthread_mutex_unlock(&p.target->lock);
   TU_ASSERT_OK(st);
   CU_ASSERT_TRUE(loaded);
-  HixlTransferStatus fin;
-  TU_ASSERT_OK(tu_wait_request(p.init, req, tu_now_ms() + TIMEOUT, &fin));
-  CU_ASSERT_EQUAL(fin, HIXL_TRANSFER_COMPLETED);
-  TU_ASSERT_PATTERN(p.ibuf, BUF_LEN, 31, "READ after rail 1 reset");
+  completes(&p, req, "READ after rail 1 reset");
   struct hixl_rail_info ri[HIXL_RAILS_MAX];
   rails_of(&p, ri);
   CU_ASSERT_TRUE(ri[1].failures >= 1);
@@ -271,10 +276,7 @@ static void test_slow_is_not_failed(void) {
   slow->stall &= (uint8_t)~LINK_STALL_MODULE;
   link_conn_arm(slow);
   pthread_mutex_unlock(&p.target->lock);
-  HixlTransferStatus fin;
-  TU_ASSERT_OK(tu_wait_request(p.init, req, tu_now_ms() + TIMEOUT, &fin));
-  CU_ASSERT_EQUAL(fin, HIXL_TRANSFER_COMPLETED);
-  TU_ASSERT_PATTERN(p.ibuf, BUF_LEN, 31, "READ after rail 1's target read again");
+  completes(&p, req, "READ after rail 1's target read again");
   struct hixl_rail_info ri[HIXL_RAILS_MAX];
   rails_of(&p, ri);
   CU_ASSERT_EQUAL(ri[1].failures, 0);

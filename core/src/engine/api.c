@@ -74,6 +74,13 @@ struct peer *api_find_peer(HixlEngine *e, const char *name) {
   return NULL;
 }
 
+void api_peer_release(struct peer *p) {
+  for (size_t i = 0; i < p->rtab.count; i++) free(p->rtab.v[i]);
+  memtab_free(&p->rtab);
+  auth_wipe(p->session, sizeof(p->session));
+  free(p);
+}
+
 void api_peer_free(HixlEngine *e, struct peer *p) {
   p->closing = true; /* its rails end with it, none failed over */
   for (uint32_t k = 0; k < p->n_rails; k++)
@@ -83,9 +90,7 @@ void api_peer_free(HixlEngine *e, struct peer *p) {
       *pp = p->next;
       break;
     }
-  for (size_t i = 0; i < p->rtab.count; i++) free(p->rtab.v[i]);
-  memtab_free(&p->rtab);
-  free(p);
+  api_peer_release(p);
 }
 
 HixlStatus HixlEngineCreate(HixlEngine **engine) {

@@ -249,10 +249,7 @@ static HixlStatus rail_dial(HixlEngine *e, const char *want_name, const struct r
   st = api_handshake(e, fd, to, deadline, tmp, true, &xp, &link);
   if (st == HIXL_SUCCESS && strcmp(tmp->remote_name, want_name) != 0)
     st = hixl_fail(HIXL_FAILED, "rail %s is engine %s, not %s: not taken", to, tmp->remote_name, want_name);
-  for (size_t i = 0; i < tmp->rtab.count; i++) free(tmp->rtab.v[i]);
-  memtab_free(&tmp->rtab);
-  auth_wipe(tmp->session, sizeof(tmp->session));
-  free(tmp);
+  api_peer_release(tmp);
   if (st != HIXL_SUCCESS) {
     if (xp) xp->link.discard(link);
     close(fd);

@@ -21,7 +21,8 @@ HixlStatus api_enter(HixlEngine *e, const char *fn); /* lock e, initialized; on 
 HixlStatus api_check_timeout(int32_t timeout_ms, const char *fn);
 HixlStatus api_check_remote(const char *remote, const char *fn, struct sockaddr_in *sa); /* "ip:port" */
 struct peer *api_find_peer(HixlEngine *e, const char *name);
-void api_peer_free(HixlEngine *e, struct peer *p);           /* unlinked from e->peers and freed */
+void api_peer_free(HixlEngine *e, struct peer *p); /* unlinked from e->peers and freed */
+void api_peer_release(struct peer *p); /* its table, its session secret and itself (not in e->peers) */
 void api_reg_release(HixlEngine *e, struct hixl_mem_reg *r); /* transports' holds, AllocMem's memory, r */
 
 /* api_dial.c */

@@ -70,9 +70,7 @@ close_fd:
   if (xp) xp->link.discard(link);
   close(fd);
 free_peer:
-  for (size_t i = 0; i < p->rtab.count; i++) free(p->rtab.v[i]);
-  memtab_free(&p->rtab);
-  free(p);
+  api_peer_release(p);
   return st;
 }
 

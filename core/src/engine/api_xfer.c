@@ -226,10 +226,7 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
         link_rail_post(to, ch);
         continue;
       }
-      if (rails) {
-        if (c->rail_load == 0) c->last_io_ns = hixl_now_ns();
-        c->rail_load += len;
-      }
+      if (rails) link_rail_charge(c, (uint32_t)len);
       ch->seq = c->next_seq++;
       c->xp->link.post(c, ch); /* a frame (tcp), a work request (rdma), or nothing yet (shm) */
     }

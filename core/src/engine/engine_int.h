@@ -277,6 +277,8 @@ void link_take_pending(struct conn *c);
 void link_free_graveyard(struct HixlEngine *e);
 /* Rails: the live rail of p least loaded, other than except (ties: p->conn), or NULL. */
 struct conn *link_rail_pick(struct peer *p, const struct conn *except);
+/* A chunk of len bytes goes on rail c: its load grows (the stall clock starts if it was idle). */
+void link_rail_charge(struct conn *c, uint32_t len);
 /* Post ch on rail link to (its next seq, its load); the progress thread sends and reads. */
 void link_rail_post(struct conn *to, struct chunk *ch);
 /* Every rail with work that moved no byte for RailStallMs is killed (its chunks fail over). */

@@ -187,9 +187,13 @@ struct conn *link_rail_pick(struct peer *p, const struct conn *except) {
   return best;
 }
 
+void link_rail_charge(struct conn *c, uint32_t len) {
+  if (c->rail_load == 0) c->last_io_ns = hixl_now_ns(); /* idle until now: the stall clock starts here */
+  c->rail_load += len;
+}
+
 void link_rail_post(struct conn *to, struct chunk *ch) {
-  if (to->rail_load == 0) to->last_io_ns = hixl_now_ns(); /* idle until now: the stall clock starts here */
-  to->rail_load += ch->len;
+  link_rail_charge(to, ch->len);
   ch->seq = to->next_seq++;
   to->xp->link.post(to, ch);
   link_unpark(to);
