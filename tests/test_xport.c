@@ -68,7 +68,7 @@ static void test_stubs(void) {
   CU_ASSERT_FALSE(xport_no_table_current(NULL));
   CU_ASSERT_FALSE(xport_no_answer(NULL, NULL, NULL));
   CU_ASSERT_EQUAL(xport_no_reg(NULL, NULL), HIXL_SUCCESS);
-  CU_ASSERT_EQUAL(xport_no_key(NULL), 0u);
+  CU_ASSERT_EQUAL(xport_no_key(NULL, NULL), 0u);
 }
 
 static CU_TestInfo xport_tests[] = {

@@ -148,22 +148,22 @@ HixlStatus api_handshake(HixlEngine *e, int fd, const char *remote, uint64_t dea
   const uint8_t *cur = m.u.hello_ack.entries;
   size_t left = m.u.hello_ack.entries_len;
   struct wire_mem_entry me;
-  while (wire_mem_entry_next(&cur, &left, &me)) link_peer_add_mem(p, &me);
+  while (wire_mem_entry_next(&cur, &left, &me)) link_peer_add_mem(p, &me, 0);
   /* Data path: the first transport that takes the link (xport_id order: shm for a
    * peer on this host that the kernel lets us reach, else rdma when both ends have
    * it, else tcp). Each passes on, or fails when Transport names it and it cannot.
-   * A rail is a tcp link: it is taken by tcp alone. */
+   * A rail crosses a NIC: rdma (a QP on the device of its local address) or tcp. */
   bool taken = false;
-  for (int i = rail ? XPORT_TCP : 0; i < XPORT_MODS && !taken && st == HIXL_SUCCESS; i++) {
+  for (int i = rail ? XPORT_RDMA : 0; i < XPORT_MODS && !taken && st == HIXL_SUCCESS; i++) {
     const struct xport_ops *x = e->mods[i];
     st = x->link.connect(e, fd, deadline, remote, p, &taken, link);
     if (taken) *xp = x;
   }
   if (st == HIXL_SUCCESS && !rail && e->opts.rails_on && (p->caps & WIRE_CAP_RAILS)) {
-    if (*xp == e->mods[XPORT_TCP])
+    if (*xp == e->mods[XPORT_TCP] || *xp == e->mods[XPORT_RDMA])
       st = ask_rails(e, fd, remote, deadline, p);
-    else /* rdma rails need an MR per device (docs/rails.md): not built */
-      log_info("link to %s goes by %s: one rail (Rails stripes tcp links only)", remote, (*xp)->name);
+    else /* shm: one host, no NIC to stripe over */
+      log_info("link to %s goes by %s: one rail (Rails stripes tcp and rdma links)", remote, (*xp)->name);
   }
 out:
   free(body);
@@ -230,10 +230,11 @@ static HixlStatus ask_rails(HixlEngine *e, int fd, const char *remote, uint64_t 
   return HIXL_SUCCESS;
 }
 
-/* Dial rail k of p (its addresses copied into rl): a tcp link with its own handshake
- * (and proof of the key), to the same engine. The lock is not held. */
+/* Dial rail k of p (its addresses copied into rl): a link with its own handshake (and
+ * proof of the key), to the same engine; *hs gets the peer as that handshake saw it
+ * (the keys of the rail's device), for the caller to release. The lock is not held. */
 static HixlStatus rail_dial(HixlEngine *e, const char *want_name, const struct rail *rl, uint64_t deadline,
-                            int *out) {
+                            int *out, struct peer **hs, const struct xport_ops **out_xp, void **out_link) {
   char to[32];
   HixlStatus st;
   addr_str(&rl->remote, to, sizeof(to));
@@ -249,18 +250,36 @@ static HixlStatus rail_dial(HixlEngine *e, const char *want_name, const struct r
   st = api_handshake(e, fd, to, deadline, tmp, true, &xp, &link);
   if (st == HIXL_SUCCESS && strcmp(tmp->remote_name, want_name) != 0)
     st = hixl_fail(HIXL_FAILED, "rail %s is engine %s, not %s: not taken", to, tmp->remote_name, want_name);
-  api_peer_release(tmp);
   if (st != HIXL_SUCCESS) {
+    api_peer_release(tmp);
     if (xp) xp->link.discard(link);
     close(fd);
     return st;
   }
   *out = fd;
+  *hs = tmp;
+  *out_xp = xp;
+  *out_link = link;
   return HIXL_SUCCESS;
 }
 
-/* A dialled rail joins p as rail k (lock held); false: no resources, fd closed. */
-static bool rail_attach(HixlEngine *e, struct peer *p, uint32_t k, int fd) {
+/* The keys rail k's handshake learned (its device's) join p's table (lock held). */
+static void rail_keys(struct peer *p, const struct peer *hs, uint32_t k) {
+  for (size_t i = 0; i < hs->rtab.count; i++) {
+    const struct remote_mem *t = (const struct remote_mem *)hs->rtab.v[i];
+    struct wire_mem_entry me = {.addr = t->range.addr,
+                                .len = t->range.len,
+                                .rkey = t->rkey,
+                                .tag_len = (uint16_t)strlen(t->tag),
+                                .tag = (const uint8_t *)t->tag};
+    link_peer_add_mem(p, &me, (int)k);
+  }
+}
+
+/* A dialled rail joins p as rail k, its data moved by xp (lock held); false: no
+ * resources, fd closed and the transport's link discarded. */
+static bool rail_attach(HixlEngine *e, struct peer *p, uint32_t k, int fd, const struct xport_ops *xp,
+                        void *link) {
   struct conn *c = link_conn_new(e, fd, CONN_INITIATOR);
   if (c) c->rx = RX_PARKED;
   if (!c || link_conn_watch(c) < 0) {
@@ -268,9 +287,11 @@ static bool rail_attach(HixlEngine *e, struct peer *p, uint32_t k, int fd) {
       free(c->rxbuf);
       free(c);
     }
+    xp->link.discard(link);
     close(fd);
     return false;
   }
+  xp->link.attach(c, link); /* c->xp: xp */
   snprintf(c->remote_name, sizeof(c->remote_name), "%s", p->remote_name[0] ? p->remote_name : p->name);
   sock_tune_rail(fd, e->opts.rail_stall_ms);
   c->peer = p;
@@ -300,7 +321,10 @@ static void rail_bring_up(HixlEngine *e, uint64_t id, uint32_t k, uint64_t deadl
   p->rails[k].dialling = true;
   pthread_mutex_unlock(&e->lock);
   int fd = -1;
-  HixlStatus st = rail_dial(e, want, &rl, deadline, &fd);
+  struct peer *hs = NULL;
+  const struct xport_ops *xp = NULL;
+  void *link = NULL;
+  HixlStatus st = rail_dial(e, want, &rl, deadline, &fd, &hs, &xp, &link);
   pthread_mutex_lock(&e->lock);
   p = peer_by_id(e, id);
   if (p) p->rails[k].dialling = false;
@@ -312,11 +336,15 @@ static void rail_bring_up(HixlEngine *e, uint64_t id, uint32_t k, uint64_t deadl
     return;
   }
   if (!p || p->closing || p->rails[k].conn || !e->initialized) {
+    api_peer_release(hs);
+    xp->link.discard(link);
     close(fd);
     return;
   }
-  if (rail_attach(e, p, k, fd))
-    log_info("link to %s: rail %u up (%s)", p->name, k, addr_str(&rl.remote, to, sizeof(to)));
+  rail_keys(p, hs, k); /* before the link is read: its MEM_ADD / MEM_DEL follow these */
+  api_peer_release(hs);
+  if (rail_attach(e, p, k, fd, xp, link))
+    log_info("link to %s: rail %u up (%s, %s)", p->name, k, addr_str(&rl.remote, to, sizeof(to)), xp->name);
 }
 
 /* The prober: every RailProbeMs, each rail that is down is dialled again. */

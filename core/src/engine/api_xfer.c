@@ -73,9 +73,11 @@ HixlStatus api_req_wait(HixlEngine *e, struct conn *c, struct hixl_transfer_req 
 static size_t remote_lookup(struct conn *c, const HixlTransferOpDesc *descs, size_t count,
                             const struct remote_mem **rms) {
   size_t miss = 0;
-  for (size_t i = 0; i < count; i++)
-    miss += !(rms[i] =
-                  (const struct remote_mem *)memtab_find(&c->peer->rtab, descs[i].remote_addr, descs[i].len));
+  for (size_t i = 0; i < count; i++) {
+    rms[i] = (const struct remote_mem *)memtab_find(&c->peer->rtab, descs[i].remote_addr, descs[i].len);
+    if (rms[i] && !link_rail_keyed(c, rms[i])) rms[i] = NULL; /* only another rail's link told its key */
+    miss += !rms[i];
+  }
   return miss;
 }
 
@@ -219,14 +221,17 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
       ch->kind = op == HIXL_READ ? CHUNK_READ : CHUNK_WRITE;
       ch->rkey = rm->rkey;
       ch->tx.chunk = ch;
-      struct conn *to = rails ? link_rail_pick(p, NULL) : c;
+      struct conn *to = rails ? link_rail_pick(p, NULL, rm) : c;
       if (to && to != c) {
         r->railed = true;
         used[to->rail] = true;
-        link_rail_post(to, ch);
+        link_rail_post(to, ch, rm);
         continue;
       }
-      if (rails) link_rail_charge(c, (uint32_t)len);
+      if (rails) {
+        ch->rkey = link_rail_rkey(c, rm);
+        link_rail_charge(c, (uint32_t)len);
+      }
       ch->seq = c->next_seq++;
       c->xp->link.post(c, ch); /* a frame (tcp), a work request (rdma), or nothing yet (shm) */
     }

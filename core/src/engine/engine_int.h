@@ -275,18 +275,27 @@ void link_then_cancel(struct hixl_transfer_req *r, HixlStatus st, const char *wh
 void link_drive(struct conn *c, struct hixl_transfer_req *r);
 void link_take_pending(struct conn *c);
 void link_free_graveyard(struct HixlEngine *e);
-/* Rails: the live rail of p least loaded, other than except (ties: p->conn), or NULL. */
-struct conn *link_rail_pick(struct peer *p, const struct conn *except);
+/* Rails: the live rail of p least loaded, other than except (ties: p->conn), or NULL.
+ * rm (NULL: any): a one-sided rail (rdma) only when it knows rm's key for that rail. */
+struct conn *link_rail_pick(struct peer *p, const struct conn *except, const struct remote_mem *rm);
+/* Whether rail link c can move a chunk into rm: any link that is not one-sided, and a
+ * one-sided one whose rail's key rm holds (NULL rm: yes). */
+bool link_rail_keyed(const struct conn *c, const struct remote_mem *rm);
+/* The key a chunk into rm carries on link c: its rail's key, or rm's own off rails. */
+uint32_t link_rail_rkey(const struct conn *c, const struct remote_mem *rm);
 /* A chunk of len bytes goes on rail c: its load grows (the stall clock starts if it was idle). */
 void link_rail_charge(struct conn *c, uint32_t len);
-/* Post ch on rail link to (its next seq, its load); the progress thread sends and reads. */
-void link_rail_post(struct conn *to, struct chunk *ch);
+/* Post ch on rail link to (its next seq, its load, its key into rm when rm is not NULL);
+ * the progress thread sends and reads. */
+void link_rail_post(struct conn *to, struct chunk *ch, const struct remote_mem *rm);
 /* Every rail with work that moved no byte for RailStallMs is killed (its chunks fail over). */
 bool link_rails_tick(struct HixlEngine *e);
 void link_tick_start(struct HixlEngine *e); /* the progress thread's 100 ms tick runs (rails need it) */
-void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me);
+/* Record a registration p advertised on its link of rail index rail (0: its first link,
+ * or a peer without rails): the range, and that rail's key. */
+void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me, int rail);
 size_t link_mem_entry_len(const struct hixl_mem_reg *r);
-uint32_t link_mem_key(const struct HixlEngine *e, const struct hixl_mem_reg *r); /* the transports' key */
+uint32_t link_mem_key(const struct conn *c, const struct hixl_mem_reg *r); /* the transports' key on c */
 uint32_t link_caps(const struct HixlEngine *e); /* WIRE_CAP_* this engine advertises */
 
 /* What the link layer's files call of each other; they call only downward: link.c,

@@ -175,12 +175,20 @@ void link_conn_bury(struct conn *c) {
 
 /* ---- rails ---- */
 
-struct conn *link_rail_pick(struct peer *p, const struct conn *except) {
+bool link_rail_keyed(const struct conn *c, const struct remote_mem *rm) {
+  return !rm || !(c->xp->flags & XPORT_ONE_SIDED) || c->rail < 0 || (rm->rail_known >> c->rail) & 1u;
+}
+
+uint32_t link_rail_rkey(const struct conn *c, const struct remote_mem *rm) {
+  return c->rail >= 0 && (rm->rail_known >> c->rail) & 1u ? rm->rail_rkey[c->rail] : rm->rkey;
+}
+
+struct conn *link_rail_pick(struct peer *p, const struct conn *except, const struct remote_mem *rm) {
   struct conn *best = NULL;
   if (p->closing) return NULL;
   for (uint32_t k = 0; k < p->n_rails; k++) {
     struct conn *r = p->rails[k].conn;
-    if (!r || r == except || r->dead) continue;
+    if (!r || r == except || r->dead || !link_rail_keyed(r, rm)) continue;
     if (!best || r->rail_load < best->rail_load || (r->rail_load == best->rail_load && r == p->conn))
       best = r;
   }
@@ -192,7 +200,8 @@ void link_rail_charge(struct conn *c, uint32_t len) {
   c->rail_load += len;
 }
 
-void link_rail_post(struct conn *to, struct chunk *ch) {
+void link_rail_post(struct conn *to, struct chunk *ch, const struct remote_mem *rm) {
+  if (rm) ch->rkey = link_rail_rkey(to, rm);
   link_rail_charge(to, ch->len);
   ch->seq = to->next_seq++;
   to->xp->link.post(to, ch);
@@ -209,15 +218,17 @@ static bool rail_retry(struct conn *c, struct chunk *ch) {
   if (!p || c->rail < 0 || c->eng->stopping || ch->owner ||
       (ch->kind != CHUNK_READ && ch->kind != CHUNK_WRITE) || r->cancelled || hixl_now_ns() >= r->deadline_ns)
     return false;
-  struct conn *to = link_rail_pick(p, c);
-  if (!to) return false;
+  /* Another rail's device may know the peer's range by another key (rdma): look it up. */
+  const struct remote_mem *rm = (const struct remote_mem *)memtab_find(&p->rtab, ch->raddr, ch->len);
+  struct conn *to = link_rail_pick(p, c, rm);
+  if (!to || ((to->xp->flags & XPORT_ONE_SIDED) && !rm)) return false;
   p->rails[c->rail].retried++;
   r->railed = true;
-  link_rail_post(to, ch);
+  link_rail_post(to, ch, rm);
   return true;
 }
 
-static void chunk_lost(struct conn *c, struct chunk *ch, HixlStatus st, const char *msg) {
+void link_chunk_lost(struct conn *c, struct chunk *ch, HixlStatus st, const char *msg) {
   if (!rail_retry(c, ch)) link_chunk_end(ch, st, msg);
 }
 
@@ -279,7 +290,7 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
            c->remote_name[0] ? c->remote_name : "(handshaking peer)", why);
   if (c->pay.reg) c->pay.reg->inflight--;
   c->pay.reg = NULL;
-  if (c->pay_chunk) chunk_lost(c, c->pay_chunk, st, msg); /* READ data cut off mid-payload */
+  if (c->pay_chunk) link_chunk_lost(c, c->pay_chunk, st, msg); /* READ data cut off mid-payload */
   c->pay_chunk = NULL;
   for (int i = 0; i < XPORT_MODS; i++) e->mods[i]->link.kill(c, st, msg);
   c->pay_left = 0;
@@ -289,13 +300,13 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
     c->txq_head = it->next;
     struct chunk *ch = it->chunk;
     link_txitem_done(c, it);
-    if (ch) chunk_lost(c, ch, st, msg);
+    if (ch) link_chunk_lost(c, ch, st, msg);
   }
   c->txq_tail = NULL;
   while (c->pend_head) {
     struct chunk *ch = c->pend_head;
     c->pend_head = ch->next_pending;
-    chunk_lost(c, ch, st, msg);
+    link_chunk_lost(c, ch, st, msg);
   }
   c->pend_tail = NULL;
   c->rail_load = 0;
@@ -372,9 +383,9 @@ uint32_t link_caps(const struct HixlEngine *e) {
   return caps;
 }
 
-uint32_t link_mem_key(const struct HixlEngine *e, const struct hixl_mem_reg *r) {
+uint32_t link_mem_key(const struct conn *c, const struct hixl_mem_reg *r) {
   uint32_t key = 0;
-  for (int i = 0; i < XPORT_MODS && !key; i++) key = e->mods[i]->mem.key(r);
+  for (int i = 0; i < XPORT_MODS && !key; i++) key = c->eng->mods[i]->mem.key(c, r);
   return key;
 }
 
@@ -395,7 +406,7 @@ HixlStatus link_handshake_recv(int fd, uint64_t deadline, struct peer *p, uint8_
     if (h->type != WIRE_MEM_ADD && h->type != WIRE_MEM_DEL) return HIXL_SUCCESS;
     if (wire_decode(h, buf + WIRE_HDR_LEN, &m) != WIRE_OK) return hixl_fail(HIXL_FAILED, "malformed frame");
     if (h->type == WIRE_MEM_ADD) {
-      link_peer_add_mem(p, &m.u.mem);
+      link_peer_add_mem(p, &m.u.mem, 0);
     } else {
       struct memtab_entry *ent = memtab_find_exact(&p->rtab, m.u.mem.addr, m.u.mem.len);
       if (ent && memtab_remove(&p->rtab, ent)) free(ent);
@@ -406,13 +417,21 @@ HixlStatus link_handshake_recv(int fd, uint64_t deadline, struct peer *p, uint8_
 size_t link_mem_entry_len(const struct hixl_mem_reg *r) { return WIRE_MEM_ENTRY_FIXED + strlen(r->tag); }
 
 /* Record one registration a peer advertised (handshake or MEM_ADD). */
-void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me) {
-  struct remote_mem *rm = malloc(sizeof(*rm));
+void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me, int rail) {
+  struct remote_mem *rm = (struct remote_mem *)memtab_find_exact(&p->rtab, me->addr, me->len);
   struct memtab_entry *clash;
-  if (!rm) return; /* the table is a cache: a miss costs a SYNC, never correctness */
-  rm->range.addr = me->addr;
-  rm->range.len = me->len;
-  rm->rkey = me->rkey;
-  snprintf(rm->tag, sizeof(rm->tag), "%.*s", (int)me->tag_len, (const char *)me->tag);
-  if (memtab_add(&p->rtab, &rm->range, &clash) < 0) free(rm);
+  if (rail < 0 || rail >= HIXL_RAILS_MAX) rail = 0;
+  if (!rm) { /* a rail's link may advertise a range before the first link does */
+    if (!(rm = calloc(1, sizeof(*rm)))) return; /* the table is a cache: a miss costs a SYNC */
+    rm->range.addr = me->addr;
+    rm->range.len = me->len;
+    snprintf(rm->tag, sizeof(rm->tag), "%.*s", (int)me->tag_len, (const char *)me->tag);
+    if (memtab_add(&p->rtab, &rm->range, &clash) < 0) {
+      free(rm);
+      return;
+    }
+  }
+  if (rail == 0) rm->rkey = me->rkey;
+  rm->rail_rkey[rail] = me->rkey;
+  rm->rail_known |= 1u << rail;
 }

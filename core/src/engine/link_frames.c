@@ -193,7 +193,7 @@ void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct 
     struct wire_wr w;
     if (!buf) continue;
     wire_begin(&w, buf, cap, type);
-    wire_put_mem_entry(&w, r->range.addr, r->range.len, link_mem_key(e, r),
+    wire_put_mem_entry(&w, r->range.addr, r->range.len, link_mem_key(c, r),
                        type == WIRE_MEM_ADD ? r->tag : NULL);
     size_t len = wire_end(&w, 0);
     if (queue_heap(c, buf, len) < 0) {
@@ -230,7 +230,7 @@ static void send_hello_ack(struct conn *c, uint32_t status) {
   wire_put_u32(&w, ok ? (uint32_t)e->regs.count : 0);
   for (size_t i = 0; status == WIRE_HELLO_OK && i < e->regs.count; i++)
     wire_put_mem_entry(&w, e->regs.v[i]->addr, e->regs.v[i]->len,
-                       link_mem_key(e, (struct hixl_mem_reg *)e->regs.v[i]),
+                       link_mem_key(c, (struct hixl_mem_reg *)e->regs.v[i]),
                        ((struct hixl_mem_reg *)e->regs.v[i])->tag);
   size_t len = wire_end(&w, 0);
   if (len == 0 || queue_heap(c, buf, len) < 0) {
@@ -521,7 +521,7 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   if (m->hdr.type == WIRE_MEM_ADD || m->hdr.type == WIRE_MEM_DEL) {
     if (!p) return;
     if (m->hdr.type == WIRE_MEM_ADD) {
-      link_peer_add_mem(p, &m->u.mem);
+      link_peer_add_mem(p, &m->u.mem, c->rail);
     } else {
       struct memtab_entry *ent = memtab_find_exact(&p->rtab, m->u.mem.addr, m->u.mem.len);
       if (ent && memtab_remove(&p->rtab, ent)) free(ent);

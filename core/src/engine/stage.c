@@ -172,7 +172,7 @@ static int unit_queue(struct stage_pool *p, struct chunk *ch, struct conn *c) {
   ch->answer = ch->unit->srdma ? WIRE_WRITE_ACK : 0; /* STAGE_PULL / STAGE_PUSH are answered by WRITE_ACK */
   if (ch->unit->srdma)
     flen = wire_put_stage_rdma(frame, write ? WIRE_STAGE_PULL : WIRE_STAGE_PUSH, ch->seq,
-                               (uint64_t)(uintptr_t)ch->unit->sbuf, p->mr_mod->mem.bounce_key(p->mr),
+                               (uint64_t)(uintptr_t)ch->unit->sbuf, p->mr_mod->mem.bounce_key(c, p->mr),
                                ch->unit->nsegs);
   else
     flen = wire_put_stage(frame, write ? WIRE_STAGE_WRITE : WIRE_STAGE_READ, ch->seq, ch->unit->nsegs,

@@ -65,7 +65,9 @@ struct xport_iface_ops {
 struct xport_mem_ops {
   HixlStatus (*reg)(struct HixlEngine *e, struct hixl_mem_reg *r); /* RegisterMem */
   void (*dereg)(struct HixlEngine *e, struct hixl_mem_reg *r);
-  uint32_t (*key)(const struct hixl_mem_reg *r); /* advertised with the range; 0: none */
+  /* Advertised with the range on link c (a target's link: its memory entries); 0: none.
+   * Per link: with rails, each rail's device has a key of its own (rdma). */
+  uint32_t (*key)(const struct conn *c, const struct hixl_mem_reg *r);
   /* HixlEngineAllocMem's memory (r->memfd) was registered: offer it to peers to map. */
   void (*share)(struct HixlEngine *e, struct hixl_mem_reg *r);
   /* ... is about to be freed: every peer that mapped it lets go first (or is cut off
@@ -80,7 +82,7 @@ struct xport_mem_ops {
    * when this engine has nothing to register with (no device). */
   void *(*bounce_reg)(struct HixlEngine *e, void *addr, size_t len, char *err, size_t errlen);
   void (*bounce_dereg)(void *h);         /* NULL h: nothing */
-  uint32_t (*bounce_key)(const void *h); /* the key a peer posts against it with */
+  uint32_t (*bounce_key)(const struct conn *c, const void *h); /* the key c's peer posts against it with */
 };
 
 /* Links (UCT's endpoints). */
@@ -162,13 +164,13 @@ int xport_no_event_fd(const struct HixlEngine *e);                     /* -1 */
 bool xport_no_progress(struct HixlEngine *e);                          /* false: no work left */
 HixlStatus xport_no_reg(struct HixlEngine *e, struct hixl_mem_reg *r); /* SUCCESS: nothing to register */
 void xport_no_mem(struct HixlEngine *e, struct hixl_mem_reg *r);       /* dereg, share */
-uint32_t xport_no_key(const struct hixl_mem_reg *r);                   /* 0 */
+uint32_t xport_no_key(const struct conn *c, const struct hixl_mem_reg *r); /* 0 */
 void xport_no_unshare(struct HixlEngine *e, struct hixl_mem_reg *r, uint64_t deadline);
 void xport_no_peer_drop(struct HixlEngine *e, const char *remote_name, uint64_t deadline);
 void *xport_no_bounce_reg(struct HixlEngine *e, void *addr, size_t len, char *err,
                           size_t errlen); /* NULL, "" */
 void xport_no_bounce_dereg(void *h);
-uint32_t xport_no_bounce_key(const void *h); /* 0 */
+uint32_t xport_no_bounce_key(const struct conn *c, const void *h); /* 0 */
 HixlStatus xport_no_connect(struct HixlEngine *e, int fd, uint64_t deadline, const char *remote,
                             struct peer *p, bool *taken, void **link); /* passes the link on */
 void xport_no_attach(struct conn *c, void *link);

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "engine/engine_int.h"
@@ -48,6 +49,12 @@ void link_use(struct conn *c, const struct xport_ops *xp) { c->xp = xp; }
 const struct xport_ops *link_transport(const struct conn *c) { return c->xp; }
 uint32_t link_peer_caps(const struct conn *c) { return c->peer ? c->peer->caps : 0; }
 uint32_t peer_caps(const struct peer *p) { return p->caps; }
+uint32_t link_local_ip(const struct conn *c) {
+  struct sockaddr_in sa;
+  socklen_t sl = sizeof(sa);
+  if (getsockname(c->fd, (struct sockaddr *)&sa, &sl) != 0 || sa.sin_family != AF_INET) return 0;
+  return sa.sin_addr.s_addr;
+}
 const uint8_t *peer_session(const struct peer *p) { return p->authed ? p->session : NULL; }
 const uint8_t *link_session(const struct conn *c) {
   if (c->peer) return peer_session(c->peer);

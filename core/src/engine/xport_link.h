@@ -36,7 +36,11 @@ struct hixl_mem_reg {
 /* A peer's registration as it advertised it. */
 struct remote_mem {
   struct memtab_entry range; /* first: the peer's memtab holds pointers to it */
-  uint32_t rkey;             /* RDMA remote key, 0 without RDMA */
+  uint32_t rkey;             /* RDMA remote key (on the peer's first link, rail 0), 0 without RDMA */
+  /* With rails, each rail's link reaches a device of its own, with keys of its own:
+   * rail k's key, valid when bit k of rail_known is set (its link advertised it). */
+  uint32_t rail_rkey[HIXL_RAILS_MAX];
+  uint32_t rail_known;
   char tag[WIRE_MAX_TAG + 1];
 };
 
@@ -120,6 +124,9 @@ void link_set_xs(struct conn *c, enum xport_id id, void *state);
 void link_use(struct conn *c, const struct xport_ops *xp); /* its data moves by xp from now on */
 const struct xport_ops *link_transport(const struct conn *c);
 uint32_t link_peer_caps(const struct conn *c); /* initiator: WIRE_CAP_* of its HELLO_ACK; 0 else */
+/* The IPv4 address (network order) of c's end of its socket: which local interface,
+ * and so which rail's device, the link leaves by; 0 when the kernel cannot say. */
+uint32_t link_local_ip(const struct conn *c);
 /* Initiator: forget the peer's advertised range [addr, addr + len) (it was withdrawn). */
 void link_peer_forget(struct conn *c, uint64_t addr, uint64_t len);
 /* Initiator: the target sends frames on its own: never park the link. */
@@ -175,6 +182,9 @@ const uint8_t *link_session(const struct conn *c);
 
 /* ---- chunks and requests ---- */
 void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why);
+/* A chunk c can no longer move (c is dying): posted again on another rail of c's peer
+ * when it has one and the request time left, else ended with st. */
+void link_chunk_lost(struct conn *c, struct chunk *ch, HixlStatus st, const char *why);
 /* The chunks of r its link's transport moves (the staged units follow them). */
 struct chunk *link_req_direct(struct hixl_transfer_req *r, uint32_t *n);
 bool link_req_staged(const struct hixl_transfer_req *r); /* r has staged units too */

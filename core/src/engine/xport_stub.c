@@ -28,7 +28,8 @@ HixlStatus xport_no_reg(struct HixlEngine *e, struct hixl_mem_reg *r) {
   return HIXL_SUCCESS;
 }
 void xport_no_mem(struct HixlEngine *e, struct hixl_mem_reg *r) { (void)e, (void)r; }
-uint32_t xport_no_key(const struct hixl_mem_reg *r) {
+uint32_t xport_no_key(const struct conn *c, const struct hixl_mem_reg *r) {
+  (void)c;
   (void)r;
   return 0;
 }
@@ -44,7 +45,8 @@ void *xport_no_bounce_reg(struct HixlEngine *e, void *addr, size_t len, char *er
   return NULL;
 }
 void xport_no_bounce_dereg(void *h) { (void)h; }
-uint32_t xport_no_bounce_key(const void *h) {
+uint32_t xport_no_bounce_key(const struct conn *c, const void *h) {
+  (void)c;
   (void)h;
   return 0;
 }

@@ -3,12 +3,22 @@
  * moves as one-sided RDMA WRITE and READ posted by the initiator, with no work on the
  * target's CPU. Every chunk is one work request; every RDMA_SIGNAL_EVERY-th one, the
  * last one posted and the one that fills the send queue are signaled, and a signaled
- * completion ends every chunk posted before it (RC completes in order). */
+ * completion ends every chunk posted before it (RC completes in order).
+ *
+ * Rails (docs/rails.md): the engine opens one device per local rail address besides
+ * its own (each with its PD, CQ and completion channel), registers every range on
+ * each, and a link's QP lives on the device of the link's local address. So each
+ * rail's link advertises, and posts with, the keys of its own device. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <unistd.h>
 
 #include "engine/xport_link.h"
 #include "transport/rdma/rdma.h"
@@ -20,14 +30,25 @@
 #define ERDMA_CALLER_POST (4u << 20)  /* bytes a submitting thread posts itself */
 #define ERDMA_STEP        (64u << 20) /* bytes posted per completion event */
 
+#define ERDMA_DEVS (HIXL_RAILS_MAX + 1) /* the engine's own, and one per other rail address */
+
 struct erdma_link;
 struct erdma_engine { /* engine_xe(e, XPORT_RDMA), while the engine has a device */
-  struct rdma_dev dev;
+  struct rdma_dev dev[ERDMA_DEVS]; /* [0]: the engine's address (or RdmaDevice); then rail addresses' */
+  uint32_t ip[ERDMA_DEVS];         /* the IPv4 address each was opened for, network order */
+  int n;
+  int epfd;                 /* n > 1: watches every device's completion channel (event_fd); else -1 */
   struct erdma_link *links; /* those with a QP, for completions and timeouts */
+};
+
+/* A range's memory regions (r->xm[XPORT_RDMA], a bounce buffer's handle): one per device. */
+struct erdma_mr {
+  struct ibv_mr *mr[ERDMA_DEVS];
 };
 
 struct erdma_link {                      /* link_xs(c, XPORT_RDMA) (initiator: posts; target: holds the QP) */
   struct ibv_qp *qp;                     /* NULL once the link died */
+  int dev;                               /* its device: the engine's dev[dev] */
   struct conn *conn;                     /* while in the engine's list (qp set) */
   struct erdma_link *prev, *next;        /* ... that list */
   struct chunk *rq_head, *rq_tail;       /* waiting for a send-queue slot */
@@ -64,8 +85,71 @@ static void links_remove(struct conn *c, struct erdma_link *l) {
   l->prev = l->next = NULL;
 }
 
+/* The device whose address is ip, else the engine's own (0). */
+static int dev_of_ip(const struct erdma_engine *x, uint32_t ip) {
+  for (int i = 1; i < x->n; i++)
+    if (x->ip[i] == ip) return i;
+  return 0;
+}
+
+/* The device link c's QP is (or would be) on: its local address's. */
+static int dev_of_conn(const struct conn *c) {
+  const struct erdma_link *l = link_of(c);
+  return l ? l->dev : dev_of_ip(eng_of(link_engine(c)), link_local_ip(c));
+}
+
 static bool erdma_has_qp(const struct conn *c) { return link_of(c) && link_of(c)->qp; }
 static uint32_t erdma_qpn(const struct conn *c) { return erdma_has_qp(c) ? rdma_qp_num(link_of(c)->qp) : 0; }
+
+static void erdma_devs_close(struct erdma_engine *x) {
+  if (x->epfd >= 0) close(x->epfd);
+  x->epfd = -1;
+  for (int i = x->n - 1; i >= 0; i--) rdma_dev_close(&x->dev[i]);
+  x->n = 0;
+}
+
+/* Rails: a device for each local rail address other than the engine's (Rails auto:
+ * each IPv4 address of an interface that is up) that an RDMA device owns. An address
+ * no device owns is said, and its rails' links go by tcp. -1 (errno): no epoll. */
+static int rails_open(struct HixlEngine *e, struct erdma_engine *x) {
+  const struct hixl_options *o = engine_opts(e);
+  uint32_t cand[64];
+  size_t nc = 0;
+  if (o->rails_auto) {
+    struct ifaddrs *ifs;
+    if (getifaddrs(&ifs) == 0) {
+      for (struct ifaddrs *i = ifs; i && nc < 64; i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
+            !(i->ifa_flags & IFF_LOOPBACK))
+          cand[nc++] = ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr;
+      freeifaddrs(ifs);
+    }
+  } else {
+    for (uint32_t k = 0; k < o->rails_n; k++) cand[nc++] = o->rail_addr[k];
+  }
+  for (size_t k = 0; k < nc && x->n < ERDMA_DEVS; k++) {
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    char err[384], ip[INET_ADDRSTRLEN];
+    bool seen = false;
+    for (int i = 0; i < x->n && !seen; i++) seen = x->ip[i] == cand[k];
+    if (seen) continue;
+    sa.sin_addr.s_addr = cand[k];
+    inet_ntop(AF_INET, &sa.sin_addr, ip, sizeof(ip));
+    if (rdma_dev_open(&x->dev[x->n], &sa, NULL, -1, err, sizeof(err)) != 0) {
+      if (!o->rails_auto) log_info("engine %s: rail %s: %s; its rails go by tcp", engine_name(e), ip, err);
+      continue;
+    }
+    log_info("engine %s: rail %s on RDMA device %s", engine_name(e), ip, x->dev[x->n].name);
+    x->ip[x->n++] = cand[k];
+  }
+  if (x->n == 1) return 0;
+  if ((x->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0) return -1;
+  for (int i = 0; i < x->n; i++) {
+    struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
+    if (epoll_ctl(x->epfd, EPOLL_CTL_ADD, rdma_chan_fd(&x->dev[i]), &ev) != 0) return -1;
+  }
+  return 0;
+}
 
 static HixlStatus erdma_open(struct HixlEngine *e) {
   const struct hixl_options *o = engine_opts(e);
@@ -84,24 +168,36 @@ static HixlStatus erdma_open(struct HixlEngine *e) {
   }
   struct erdma_engine *x = calloc(1, sizeof(*x));
   if (!x) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineInitialize: out of memory");
-  if (rdma_dev_open(&x->dev, engine_addr(e), dev, o->rdma_gid_index, err, sizeof(err)) != 0) {
+  if (rdma_dev_open(&x->dev[0], engine_addr(e), dev, o->rdma_gid_index, err, sizeof(err)) != 0) {
     free(x);
     if (must) return hixl_fail(HIXL_FAILED, "HixlEngineInitialize: Transport rdma: %s", err);
     log_info("engine %s: RDMA not usable (%s): data goes over tcp", engine_name(e), err);
     return HIXL_SUCCESS;
   }
-  int fl = fcntl(rdma_chan_fd(&x->dev), F_GETFL);
-  fcntl(rdma_chan_fd(&x->dev), F_SETFL, fl | O_NONBLOCK);
+  x->ip[0] = engine_addr(e)->sin_addr.s_addr;
+  x->n = 1;
+  x->epfd = -1;
+  if (o->rails_on && rails_open(e, x) != 0) {
+    erdma_devs_close(x);
+    free(x);
+    return hixl_fail(HIXL_FAILED, "HixlEngineInitialize: Rails: cannot watch the rails' devices: %s",
+                     strerror(errno));
+  }
+  for (int i = 0; i < x->n; i++) {
+    int fl = fcntl(rdma_chan_fd(&x->dev[i]), F_GETFL);
+    fcntl(rdma_chan_fd(&x->dev[i]), F_SETFL, fl | O_NONBLOCK);
+  }
   engine_set_xe(e, XPORT_RDMA, x);
-  log_info("engine %s: RDMA on %s (GID index %d), traffic class %u, service level %u", engine_name(e),
-           x->dev.name, x->dev.gid_index, o->rdma_tc, o->rdma_sl);
+  log_info("engine %s: RDMA on %s (GID index %d)%s, traffic class %u, service level %u", engine_name(e),
+           x->dev[0].name, x->dev[0].gid_index, x->n > 1 ? " and its rails' devices" : "", o->rdma_tc,
+           o->rdma_sl);
   return HIXL_SUCCESS;
 }
 
 static void erdma_close(struct HixlEngine *e) {
   struct erdma_engine *x = eng_of(e);
   if (!x) return;
-  rdma_dev_close(&x->dev);
+  erdma_devs_close(x);
   free(x);
   engine_set_xe(e, XPORT_RDMA, NULL);
 }
@@ -111,27 +207,52 @@ static uint32_t erdma_caps(const struct HixlEngine *e) {
 }
 
 static int erdma_event_fd(const struct HixlEngine *e) {
-  return eng_of(e) ? rdma_chan_fd(&eng_of(e)->dev) : -1;
+  const struct erdma_engine *x = eng_of(e);
+  return !x ? -1 : x->n > 1 ? x->epfd : rdma_chan_fd(&x->dev[0]);
+}
+
+static void mrs_free(struct erdma_mr *m) {
+  if (!m) return;
+  for (int i = 0; i < ERDMA_DEVS; i++) rdma_dereg(m->mr[i]);
+  free(m);
+}
+
+/* [addr, addr + len) registered on every device; NULL with err. */
+static struct erdma_mr *mrs_reg(struct erdma_engine *x, void *addr, size_t len, char *err, size_t errlen) {
+  struct erdma_mr *m = calloc(1, sizeof(*m));
+  if (!m) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  for (int i = 0; i < x->n; i++)
+    if (!(m->mr[i] = rdma_reg(&x->dev[i], addr, len, err, errlen))) {
+      mrs_free(m);
+      return NULL;
+    }
+  return m;
 }
 
 static HixlStatus erdma_reg(struct HixlEngine *e, struct hixl_mem_reg *r) {
   char err[384];
   if (!eng_of(e)) return HIXL_SUCCESS;
-  r->xm[XPORT_RDMA] =
-      rdma_reg(&eng_of(e)->dev, (void *)(uintptr_t)r->range.addr, r->range.len, err, sizeof(err));
+  r->xm[XPORT_RDMA] = mrs_reg(eng_of(e), (void *)(uintptr_t)r->range.addr, r->range.len, err, sizeof(err));
   return r->xm[XPORT_RDMA] ? HIXL_SUCCESS
                            : hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineRegisterMem: %s", err);
 }
 
 static void erdma_dereg(struct HixlEngine *e, struct hixl_mem_reg *r) {
   (void)e;
-  rdma_dereg(r->xm[XPORT_RDMA]);
+  mrs_free(r->xm[XPORT_RDMA]);
   r->xm[XPORT_RDMA] = NULL;
 }
 
-static uint32_t erdma_rkey(const struct hixl_mem_reg *r) {
-  return r->xm[XPORT_RDMA] ? rdma_mr_rkey(r->xm[XPORT_RDMA]) : 0;
+/* The key of r on the device of c's rail. */
+static uint32_t erdma_rkey(const struct conn *c, const struct hixl_mem_reg *r) {
+  const struct erdma_mr *m = r->xm[XPORT_RDMA];
+  return m ? rdma_mr_rkey(m->mr[dev_of_conn(c)]) : 0;
 }
+
+static uint32_t mr_lkey(const void *h, int dev) { return rdma_mr_lkey(((const struct erdma_mr *)h)->mr[dev]); }
 
 static size_t put_qp_frame(uint8_t *buf, size_t cap, enum wire_type type, uint32_t status,
                            const struct rdma_qp_info *qi) {
@@ -180,7 +301,10 @@ static HixlStatus erdma_connect(struct HixlEngine *e, int fd, uint64_t deadline,
   }
   struct erdma_link *l = calloc(1, sizeof(*l));
   if (!l) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: out of memory");
-  struct rdma_dev *d = &eng_of(e)->dev;
+  struct sockaddr_in here = {0};
+  getsockname(fd, (struct sockaddr *)&here, &(socklen_t){sizeof(here)});
+  l->dev = dev_of_ip(eng_of(e), here.sin_addr.s_addr); /* a rail's: its address's device */
+  struct rdma_dev *d = &eng_of(e)->dev[l->dev];
   struct ibv_qp *qp = rdma_qp_new(d, &local, err, sizeof(err));
   if (!qp) {
     free(l);
@@ -239,12 +363,13 @@ static void erdma_target_connect(struct conn *c, const struct wire_msg *m) {
   struct erdma_link *l = NULL;
   qp_info_of(m, &peer);
   if (eng_of(e) && !link_of(c) && !(l = calloc(1, sizeof(*l)))) snprintf(err, sizeof(err), "out of memory");
-  if (l && (l->qp = rdma_qp_new(&eng_of(e)->dev, &local, err, sizeof(err)))) {
+  struct rdma_dev *d = l ? &eng_of(e)->dev[l->dev = dev_of_conn(c)] : NULL;
+  if (l && (l->qp = rdma_qp_new(d, &local, err, sizeof(err)))) {
     struct rdma_qp_params qp_params = qp_params_of(engine_opts(e));
-    if (rdma_qp_connect(&eng_of(e)->dev, l->qp, &local, &peer, &qp_params, err, sizeof(err)) == 0) {
+    if (rdma_qp_connect(d, l->qp, &local, &peer, &qp_params, err, sizeof(err)) == 0) {
       status = 0;
       links_add(c, l);
-      log_info("link from %s: rdma, QP 0x%x <-> 0x%x", link_remote(c), local.qpn, peer.qpn);
+      log_info("link from %s: rdma, QP 0x%x <-> 0x%x on %s", link_remote(c), local.qpn, peer.qpn, d->name);
     } else {
       rdma_qp_free(l->qp);
     }
@@ -275,7 +400,7 @@ static struct chunk *fifo_pop(struct chunk **head, struct chunk **tail) {
  * step is signaled, so its completion comes back and the next step follows. */
 static void erdma_post(struct conn *c, size_t budget) {
   struct erdma_link *l = link_of(c);
-  uint32_t max_wr = eng_of(link_engine(c))->dev.max_qp_wr;
+  uint32_t max_wr = eng_of(link_engine(c))->dev[l->dev].max_qp_wr;
   size_t posted = 0;
   while (l->rq_head && !link_dead(c) && l->sq_used < max_wr && posted < budget) {
     struct chunk *ch = fifo_pop(&l->rq_head, &l->rq_tail);
@@ -287,7 +412,7 @@ static void erdma_post(struct conn *c, size_t budget) {
     bool last = !l->rq_head || l->sq_used + 1 == max_wr || posted >= budget;
     bool signaled = last || l->unsignaled + 1 >= RDMA_SIGNAL_EVERY;
     int rc =
-        rdma_post(l->qp, ch->kind == CHUNK_WRITE, ch->laddr, ch->len, rdma_mr_lkey(ch->lreg->xm[XPORT_RDMA]),
+        rdma_post(l->qp, ch->kind == CHUNK_WRITE, ch->laddr, ch->len, mr_lkey(ch->lreg->xm[XPORT_RDMA], l->dev),
                   ch->raddr, ch->rkey, (uint64_t)(uintptr_t)ch, signaled);
     if (rc != 0) {
       char why[192];
@@ -310,7 +435,7 @@ static int erdma_post_own(struct conn *c, bool write, void *buf, uint32_t len, v
     errno = ENOTCONN;
     return -1;
   }
-  int rc = rdma_post(l->qp, write, buf, len, rdma_mr_lkey(mr), raddr, rkey, (uint64_t)(uintptr_t)c, true);
+  int rc = rdma_post(l->qp, write, buf, len, mr_lkey(mr, l->dev), raddr, rkey, (uint64_t)(uintptr_t)c, true);
   if (rc == 0) l->own_done = done;
   return rc;
 }
@@ -320,26 +445,29 @@ static void *erdma_bounce_reg(struct HixlEngine *e, void *addr, size_t len, char
     if (errlen) err[0] = '\0';
     return NULL;
   }
-  return rdma_reg(&eng_of(e)->dev, addr, len, err, errlen);
+  return mrs_reg(eng_of(e), addr, len, err, errlen);
 }
-static void erdma_bounce_dereg(void *mr) { rdma_dereg(mr); }
-static uint32_t erdma_bounce_key(const void *mr) { return rdma_mr_rkey(mr); }
+static void erdma_bounce_dereg(void *h) { mrs_free(h); }
+static uint32_t erdma_bounce_key(const struct conn *c, const void *h) {
+  return rdma_mr_rkey(((const struct erdma_mr *)h)->mr[dev_of_conn(c)]);
+}
 
-static struct conn *conn_of_qpn(struct HixlEngine *e, uint32_t qpn) {
+/* QP numbers are a device's: one is looked up with its device. */
+static struct conn *conn_of_qpn(struct HixlEngine *e, int dev, uint32_t qpn) {
   for (struct erdma_link *l = eng_of(e)->links; l; l = l->next)
-    if (rdma_qp_num(l->qp) == qpn) return l->conn;
+    if (l->dev == dev && rdma_qp_num(l->qp) == qpn) return l->conn;
   return NULL; /* a link already killed: its chunks were ended then */
 }
 
-/* Progress thread: the completion channel fired. */
-static void erdma_on_cq(struct HixlEngine *e) {
-  struct rdma_dev *d = &eng_of(e)->dev;
+/* Progress thread: device dev's completion channel fired. */
+static void erdma_on_dev_cq(struct HixlEngine *e, int dev) {
+  struct rdma_dev *d = &eng_of(e)->dev[dev];
   struct rdma_wc wc[32];
   int n;
   rdma_cq_rearm(d);
   while ((n = rdma_cq_poll(d, wc, 32)) > 0) {
     for (int i = 0; i < n; i++) {
-      struct conn *c = conn_of_qpn(e, wc[i].qpn);
+      struct conn *c = conn_of_qpn(e, dev, wc[i].qpn);
       if (!c || link_dead(c)) continue;
       struct erdma_link *l = link_of(c);
       if (link_is_target(c)) { /* a target's own WR (a staged unit) */
@@ -376,28 +504,42 @@ static void erdma_on_cq(struct HixlEngine *e) {
   }
 }
 
+/* Progress thread: a completion channel fired (with rails, the epoll of them all). */
+static void erdma_on_cq(struct HixlEngine *e) {
+  struct erdma_engine *x = eng_of(e);
+  if (x->n == 1) {
+    erdma_on_dev_cq(e, 0);
+    return;
+  }
+  struct epoll_event ev[ERDMA_DEVS];
+  int n = epoll_wait(x->epfd, ev, ERDMA_DEVS, 0);
+  for (int i = 0; i < n; i++) erdma_on_dev_cq(e, (int)ev[i].data.u32);
+}
+
 /* A request timed out. Chunks still waiting for a send-queue slot are dropped as they
  * come up; but work requests already posted cannot be taken back, and a READ among
- * them could still write the caller's memory after the call returned. So a link
- * holding posted WRs of r is reset: its QP is destroyed (no DMA after that), every
- * chunk on it ends, and the next Connect builds a new QP. Lock held. */
+ * them could still write the caller's memory after the call returned. So each link
+ * holding posted WRs of r (several, with rails) is reset: its QP is destroyed (no DMA
+ * after that), every chunk on it ends, and the next Connect builds a new QP. Lock held. */
 static bool erdma_req_timeout(struct HixlEngine *e, struct hixl_transfer_req *r) {
+  bool reset = false;
   if (!eng_of(e)) return false;
-  for (struct erdma_link *l = eng_of(e)->links; l; l = l->next) {
+  for (struct erdma_link *l = eng_of(e)->links, *next; l; l = next) {
     struct conn *c = l->conn;
+    bool holds = false;
+    next = l->next; /* a kill takes l off the list */
     if (link_dead(c) || link_is_target(c)) continue;
-    for (struct chunk *ch = l->rpend_head; ch; ch = ch->next_pending)
-      if (ch->req == r) {
-        char why[192];
-        snprintf(why, sizeof(why),
-                 "RDMA work requests of a transfer were still posted at its deadline: QP 0x%x reset so "
-                 "none touches memory afterwards; call HixlEngineConnect again",
-                 erdma_qpn(c));
-        link_conn_kill(c, HIXL_TIMEOUT, why);
-        return true; /* a request's chunks are on one link */
-      }
+    for (struct chunk *ch = l->rpend_head; ch && !holds; ch = ch->next_pending) holds = ch->req == r;
+    if (!holds) continue;
+    char why[192];
+    snprintf(why, sizeof(why),
+             "RDMA work requests of a transfer were still posted at its deadline: QP 0x%x reset so "
+             "none touches memory afterwards; call HixlEngineConnect again",
+             erdma_qpn(c));
+    link_conn_kill(c, HIXL_TIMEOUT, why);
+    reset = true;
   }
-  return false;
+  return reset;
 }
 
 /* The link is dying: end what it holds and destroy the QP (no DMA after this). */
@@ -409,8 +551,9 @@ static void erdma_kill(struct conn *c, HixlStatus st, const char *msg) {
   if (l->qp) rdma_qp_free(l->qp);
   l->qp = NULL;
   l->own_done = NULL;
-  while ((ch = fifo_pop(&l->rq_head, &l->rq_tail))) link_chunk_end(ch, st, msg);
-  while ((ch = fifo_pop(&l->rpend_head, &l->rpend_tail))) link_chunk_end(ch, st, msg);
+  /* The QP is gone (no DMA after this): on a rail, its chunks go on another rail. */
+  while ((ch = fifo_pop(&l->rpend_head, &l->rpend_tail))) link_chunk_lost(c, ch, st, msg);
+  while ((ch = fifo_pop(&l->rq_head, &l->rq_tail))) link_chunk_lost(c, ch, st, msg);
   l->sq_used = 0;
 }
 
@@ -427,7 +570,7 @@ static HixlStatus erdma_info(const struct conn *c, struct hixl_link_info *info) 
   if (!erdma_has_qp(c)) return HIXL_SUCCESS;
   info->rdma = true;
   info->qpn = erdma_qpn(c);
-  snprintf(info->device, sizeof(info->device), "%s", eng_of(e)->dev.name);
+  snprintf(info->device, sizeof(info->device), "%s", eng_of(e)->dev[link_of(c)->dev].name);
   info->tc_set = (uint8_t)engine_opts(e)->rdma_tc;
   info->sl_set = (uint8_t)engine_opts(e)->rdma_sl;
   struct rdma_qp_params q;
