@@ -100,7 +100,7 @@ static void usage(FILE *f) {
              "                        [--op-size SIZE] [--ops N | --seconds S] [--batch N] [--depth N]\n"
              "                        [--expect-rails N] [--json FILE] [--label TEXT] [--stats-file FILE]\n"
              "                        [--no-progress] [engine options]\n"
-             "  engine options: --transport NAME (default tcp: only tcp links stripe), --stall-ms N\n"
+             "  engine options: --transport NAME (default tcp; rdma rails need an RDMA device per rail), --stall-ms N\n"
              "  (RailStallMs), --probe-ms N (RailProbeMs), --timeout-ms N (each request's, default 30000),\n"
              "  --opt KEY=VALUE (any other engine option; repeatable)\n"
              "  --rails LIST: this engine's rail addresses, comma-separated, or auto (the Rails option)\n"

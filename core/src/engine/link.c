@@ -195,6 +195,17 @@ struct conn *link_rail_pick(struct peer *p, const struct conn *except, const str
   return best;
 }
 
+void link_chunk_moved(struct conn *c, struct chunk *ch) {
+  struct peer *p = c->peer;
+  if (c->rail < 0 || (ch->kind != CHUNK_READ && ch->kind != CHUNK_WRITE)) return;
+  c->rail_load -= c->rail_load < ch->len ? c->rail_load : ch->len;
+  c->last_io_ns = hixl_now_ns();
+  if (p && (uint32_t)c->rail < p->n_rails) {
+    p->rails[c->rail].bytes += ch->len;
+    p->rails[c->rail].ops++;
+  }
+}
+
 void link_rail_charge(struct conn *c, uint32_t len) {
   if (c->rail_load == 0) c->last_io_ns = hixl_now_ns(); /* idle until now: the stall clock starts here */
   c->rail_load += len;

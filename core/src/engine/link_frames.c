@@ -543,13 +543,7 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   }
   c->pend_head = ch->next_pending;
   if (!c->pend_head) c->pend_tail = NULL;
-  if (c->rail >= 0 && (ch->kind == CHUNK_READ || ch->kind == CHUNK_WRITE)) {
-    c->rail_load -= c->rail_load < ch->len ? c->rail_load : ch->len;
-    if (p && (uint32_t)c->rail < p->n_rails) {
-      p->rails[c->rail].bytes += ch->len;
-      p->rails[c->rail].ops++;
-    }
-  }
+  link_chunk_moved(c, ch);
   if (m->hdr.type == WIRE_CALL_RESP) {
     call_answered(c, ch, m);
     return;

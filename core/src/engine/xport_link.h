@@ -182,6 +182,9 @@ const uint8_t *link_session(const struct conn *c);
 
 /* ---- chunks and requests ---- */
 void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why);
+/* A direct chunk of c's was answered or completed: on a rail, its load goes down and
+ * its counters up (bytes, ops). Before link_chunk_end. */
+void link_chunk_moved(struct conn *c, struct chunk *ch);
 /* A chunk c can no longer move (c is dying): posted again on another rail of c's peer
  * when it has one and the request time left, else ended with st. */
 void link_chunk_lost(struct conn *c, struct chunk *ch, HixlStatus st, const char *why);

@@ -493,6 +493,7 @@ static void erdma_on_dev_cq(struct HixlEngine *e, int dev) {
         ch = fifo_pop(&l->rpend_head, &l->rpend_tail);
         if (!ch) break;
         l->sq_used--;
+        link_chunk_moved(c, ch);
         link_chunk_end(ch, HIXL_SUCCESS, "");
       } while (ch != target);
       /* Frames those ends released (a call held behind its transfer) leave before the
@@ -595,6 +596,17 @@ static void erdma_start(struct conn *c, struct hixl_transfer_req *r) {
   erdma_post(c, ERDMA_CALLER_POST);
 }
 
+/* Progress thread, after each batch: chunks queued on an idle QP (moved there from a
+ * rail that died, link_chunk_lost) have no completion to post them: post them now. */
+static bool erdma_progress(struct HixlEngine *e) {
+  struct erdma_engine *x = eng_of(e);
+  for (struct erdma_link *l = x ? x->links : NULL, *next; l; l = next) {
+    next = l->next; /* a failed post kills the link: it leaves the list */
+    if (l->rq_head && l->sq_used == 0 && !link_dead(l->conn)) erdma_post(l->conn, ERDMA_STEP);
+  }
+  return false;
+}
+
 /* Data completes on the CQ (progress thread); frames (staged units) still need a reader. */
 static const uint8_t erdma_frames[] = {WIRE_RDMA_CONNECT, 0};
 
@@ -610,7 +622,7 @@ const struct xport_ops xport_rdma = {
               .caps = erdma_caps,
               .event_fd = erdma_event_fd,
               .on_event = erdma_on_cq,
-              .progress = xport_no_progress},
+              .progress = erdma_progress},
     .mem = {.reg = erdma_reg,
             .dereg = erdma_dereg,
             .key = erdma_rkey,
