@@ -363,6 +363,7 @@ struct mh_opts {
   enum mh_fault fault;
   uint32_t fault_at;
   const char *set[16]; /* --set KEY=VALUE, in order */
+  uint8_t set_who[16]; /* ... for both instances (0), or --prefill-set (1) / --decode-set (2) */
   uint32_t nset;
   uint32_t timeout_s;
   const char *trace;       /* --trace FILE: every trace line, and one hand-off line per request */

@@ -51,6 +51,7 @@ static void usage(FILE *f) {
       "                           namespace NAME (ip netns; root): two hosts on one machine, e.g.\n"
       "                           integration/rails/bed.sh's; give the addresses inside them too\n"
       "  --set KEY=VALUE          any other config key (VALUE is JSON, else a string); repeatable\n"
+      "  --prefill-set KEY=VALUE --decode-set KEY=VALUE   the same for one instance (e.g. its Rails)\n"
       "  --prefill-tp N --decode-tp N   each instance's tensor-parallel size (default 1): one worker\n"
       "                           process per rank, each its engine on the address's port + rank and\n"
       "                           the KV of its heads (KV heads / N; more ranks than heads replicate\n"
@@ -122,6 +123,8 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
     O_VERBOSE,
     O_MODE,
     O_SET,
+    O_PSET,
+    O_DSET,
     O_KVMEM,
     O_LAYOUT,
     O_PTP,
@@ -163,6 +166,8 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
                                      {"verbose", 0, 0, O_VERBOSE},
                                      {"mode", 1, 0, O_MODE},
                                      {"set", 1, 0, O_SET},
+                                     {"prefill-set", 1, 0, O_PSET},
+                                     {"decode-set", 1, 0, O_DSET},
                                      {"kv-memory", 1, 0, O_KVMEM},
                                      {"layout", 1, 0, O_LAYOUT},
                                      {"prefill-tp", 1, 0, O_PTP},
@@ -210,10 +215,17 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
       o->kv_memory = optarg;
       break;
     case O_SET:
+    case O_PSET:
+    case O_DSET:
       if (!strchr(optarg, '=') || optarg[0] == '=' || o->nset == sizeof(o->set) / sizeof(o->set[0])) {
-        fprintf(stderr, "hixl-mock-host: --set %s: want KEY=VALUE (at most 16)\n", optarg);
+        fprintf(stderr, "hixl-mock-host: --%s %s: want KEY=VALUE (at most 16 in all)\n",
+                c == O_SET    ? "set"
+                : c == O_PSET ? "prefill-set"
+                              : "decode-set",
+                optarg);
         return 2;
       }
+      o->set_who[o->nset] = c == O_SET ? 0 : c == O_PSET ? 1 : 2;
       o->set[o->nset++] = optarg;
       break;
     case O_NOPROG: o->progress = false; break;

@@ -184,6 +184,7 @@ static char *instance_config(const struct mh_opts *o, const char *path, const ch
   if (o->mode) json_object_object_add(doc, "mode", json_object_new_string(o->mode));
   if (key_file) json_object_object_add(doc, "AuthKeyFile", json_object_new_string(key_file));
   for (uint32_t i = 0; i < o->nset; i++) {
+    if (o->set_who[i] != 0 && o->set_who[i] != (prefill ? 1 : 2)) continue; /* the other instance's */
     const char *eq = strchr(o->set[i], '=');
     char key[128];
     snprintf(key, sizeof(key), "%.*s", (int)(eq - o->set[i]), o->set[i]);

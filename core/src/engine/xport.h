@@ -81,7 +81,7 @@ struct xport_mem_ops {
    * target's bounce buffer) for post_own. NULL when it cannot: err says why, or is ""
    * when this engine has nothing to register with (no device). */
   void *(*bounce_reg)(struct HixlEngine *e, void *addr, size_t len, char *err, size_t errlen);
-  void (*bounce_dereg)(void *h);         /* NULL h: nothing */
+  void (*bounce_dereg)(void *h);                               /* NULL h: nothing */
   uint32_t (*bounce_key)(const struct conn *c, const void *h); /* the key c's peer posts against it with */
 };
 
@@ -157,13 +157,13 @@ struct xport_ops {
 HixlStatus xport_check(const struct xport_ops *x);
 
 /* Stubs for a module with nothing to do in a slot. */
-HixlStatus xport_no_open(struct HixlEngine *e);                        /* SUCCESS: nothing opened */
-void xport_no_engine(struct HixlEngine *e);                            /* quiesce, close, on_event */
-uint32_t xport_no_caps(const struct HixlEngine *e);                    /* 0 */
-int xport_no_event_fd(const struct HixlEngine *e);                     /* -1 */
-bool xport_no_progress(struct HixlEngine *e);                          /* false: no work left */
-HixlStatus xport_no_reg(struct HixlEngine *e, struct hixl_mem_reg *r); /* SUCCESS: nothing to register */
-void xport_no_mem(struct HixlEngine *e, struct hixl_mem_reg *r);       /* dereg, share */
+HixlStatus xport_no_open(struct HixlEngine *e);                            /* SUCCESS: nothing opened */
+void xport_no_engine(struct HixlEngine *e);                                /* quiesce, close, on_event */
+uint32_t xport_no_caps(const struct HixlEngine *e);                        /* 0 */
+int xport_no_event_fd(const struct HixlEngine *e);                         /* -1 */
+bool xport_no_progress(struct HixlEngine *e);                              /* false: no work left */
+HixlStatus xport_no_reg(struct HixlEngine *e, struct hixl_mem_reg *r);     /* SUCCESS: nothing to register */
+void xport_no_mem(struct HixlEngine *e, struct hixl_mem_reg *r);           /* dereg, share */
 uint32_t xport_no_key(const struct conn *c, const struct hixl_mem_reg *r); /* 0 */
 void xport_no_unshare(struct HixlEngine *e, struct hixl_mem_reg *r, uint64_t deadline);
 void xport_no_peer_drop(struct HixlEngine *e, const char *remote_name, uint64_t deadline);

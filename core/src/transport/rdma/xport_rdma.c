@@ -33,7 +33,7 @@
 #define ERDMA_DEVS (HIXL_RAILS_MAX + 1) /* the engine's own, and one per other rail address */
 
 struct erdma_link;
-struct erdma_engine { /* engine_xe(e, XPORT_RDMA), while the engine has a device */
+struct erdma_engine {              /* engine_xe(e, XPORT_RDMA), while the engine has a device */
   struct rdma_dev dev[ERDMA_DEVS]; /* [0]: the engine's address (or RdmaDevice); then rail addresses' */
   uint32_t ip[ERDMA_DEVS];         /* the IPv4 address each was opened for, network order */
   int n;
@@ -252,7 +252,9 @@ static uint32_t erdma_rkey(const struct conn *c, const struct hixl_mem_reg *r) {
   return m ? rdma_mr_rkey(m->mr[dev_of_conn(c)]) : 0;
 }
 
-static uint32_t mr_lkey(const void *h, int dev) { return rdma_mr_lkey(((const struct erdma_mr *)h)->mr[dev]); }
+static uint32_t mr_lkey(const void *h, int dev) {
+  return rdma_mr_lkey(((const struct erdma_mr *)h)->mr[dev]);
+}
 
 static size_t put_qp_frame(uint8_t *buf, size_t cap, enum wire_type type, uint32_t status,
                            const struct rdma_qp_info *qi) {
@@ -411,9 +413,9 @@ static void erdma_post(struct conn *c, size_t budget) {
     posted += ch->len;
     bool last = !l->rq_head || l->sq_used + 1 == max_wr || posted >= budget;
     bool signaled = last || l->unsignaled + 1 >= RDMA_SIGNAL_EVERY;
-    int rc =
-        rdma_post(l->qp, ch->kind == CHUNK_WRITE, ch->laddr, ch->len, mr_lkey(ch->lreg->xm[XPORT_RDMA], l->dev),
-                  ch->raddr, ch->rkey, (uint64_t)(uintptr_t)ch, signaled);
+    int rc = rdma_post(l->qp, ch->kind == CHUNK_WRITE, ch->laddr, ch->len,
+                       mr_lkey(ch->lreg->xm[XPORT_RDMA], l->dev), ch->raddr, ch->rkey,
+                       (uint64_t)(uintptr_t)ch, signaled);
     if (rc != 0) {
       char why[192];
       fifo_push(&l->rpend_head, &l->rpend_tail, ch); /* ended by the kill below */
