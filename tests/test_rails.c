@@ -285,7 +285,51 @@ static void test_slow_is_not_failed(void) {
   pair_down(&p);
 }
 
+/* A peer's range keeps a key per rail (each rail's device has its own: rdma), whichever
+ * rail's link told it first; a one-sided rail is used for a range only once it knows its
+ * key there, a tcp rail always; a chunk carries the key of the rail it goes on. */
+static void test_rail_keys(void) {
+  static const struct xport_ops one_sided = {.name = "one-sided", .flags = XPORT_ONE_SIDED};
+  static const struct xport_ops stream = {.name = "stream", .flags = XPORT_IN_STREAM};
+  struct peer p;
+  memset(&p, 0, sizeof(p));
+  static const uint8_t tag[] = "kv";
+  struct wire_mem_entry me = {.addr = 0x10000, .len = 4096, .rkey = 0x222, .tag_len = 2, .tag = tag};
+  link_peer_add_mem(&p, &me, 1); /* rail 1's MEM_ADD came first */
+  const struct remote_mem *rm = (const struct remote_mem *)memtab_find(&p.rtab, 0x10000, 4096);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(rm);
+  CU_ASSERT_EQUAL(rm->rail_known, 1u << 1);
+  CU_ASSERT_EQUAL(rm->rkey, 0u);
+  CU_ASSERT_STRING_EQUAL(rm->tag, "kv");
+  struct conn r0 = {.rail = 0, .xp = &one_sided}, r1 = {.rail = 1, .xp = &one_sided};
+  struct conn t0 = {.rail = 0, .xp = &stream}, solo = {.rail = -1, .xp = &one_sided};
+  CU_ASSERT_FALSE(link_rail_keyed(&r0, rm));
+  CU_ASSERT_TRUE(link_rail_keyed(&r1, rm));
+  CU_ASSERT_TRUE(link_rail_keyed(&t0, rm));
+  CU_ASSERT_TRUE(link_rail_keyed(&r0, NULL));
+  CU_ASSERT_EQUAL(link_rail_rkey(&r1, rm), 0x222u);
+  me.rkey = 0x111;
+  link_peer_add_mem(&p, &me, 0); /* then rail 0's: the same entry, both keys */
+  CU_ASSERT_EQUAL(p.rtab.count, 1u);
+  CU_ASSERT_PTR_EQUAL(memtab_find(&p.rtab, 0x10000, 4096), rm);
+  CU_ASSERT_EQUAL(rm->rail_known, 3u);
+  CU_ASSERT_TRUE(link_rail_keyed(&r0, rm));
+  CU_ASSERT_EQUAL(link_rail_rkey(&r0, rm), 0x111u);
+  CU_ASSERT_EQUAL(link_rail_rkey(&r1, rm), 0x222u);
+  CU_ASSERT_EQUAL(link_rail_rkey(&solo, rm), 0x111u); /* a link without rails: rail 0's key */
+  CU_ASSERT_TRUE(link_rail_keyed(&solo, rm));
+  me.rkey = 0x333;
+  link_peer_add_mem(&p, &me, 1); /* re-advertised on rail 1 (registered again): the new key */
+  CU_ASSERT_EQUAL(link_rail_rkey(&r1, rm), 0x333u);
+  CU_ASSERT_EQUAL(link_rail_rkey(&r0, rm), 0x111u);
+  link_peer_add_mem(&p, &me, HIXL_RAILS_MAX); /* out of range: taken as rail 0 */
+  CU_ASSERT_EQUAL(link_rail_rkey(&r0, rm), 0x333u);
+  for (size_t i = 0; i < p.rtab.count; i++) free(p.rtab.v[i]);
+  memtab_free(&p.rtab);
+}
+
 static CU_TestInfo tests[] = {
+    {"rail_keys", test_rail_keys},
     {"options", test_options},
     {"striping", test_striping},
     {"peer_without_rails", test_peer_without_rails},

@@ -16,6 +16,8 @@
 #             requests are posted again on rail 0, no read fails, none takes longer than
 #             BOUND_MS; the veth set up: the rail is dialled again (its QP rebuilt on its
 #             device) and carries bytes again.
+#   loss      1% of the RoCE packets each end of rail 1 receives dropped (iptables) while
+#             READs run: every read verified, the slowest bounded (BOUND_MS).
 #   devdel    READs in a loop; rail 1's rxe device at the target end is deleted
 #             (`rdma link delete`): every read verified, and what the kernel did is
 #             printed (this guest's rxe waits for the device's users to close it).
@@ -245,6 +247,8 @@ for c in $cases; do
       sleep 0.1
     done
     echo "devdel: rxr1b deleted $(($(now_ms) - t0)) ms after the delete began (the engines had closed it)"
+    rdma link add rxr1b type rxe netdev rxr1b # back, for the cases after this one
+    until_true 20 "rxr1b ACTIVE again" 'rdma link show rxr1b/1 | grep -q "state ACTIVE"'
     echo "devdel: PASS"
     ;;
   bench)
@@ -321,6 +325,35 @@ with open(out, "a") as f:
 PY
       done
     done
+    ;;
+  loss)
+    # 1% of the RoCE packets arriving at each end of rail 1 dropped (iptables' statistic
+    # match) while READs run: RC retransmits them; should rail 1's QP run out of retries,
+    # it is taken out and its work goes to rail 0. Every read verified, none failed, the
+    # slowest printed and bounded.
+    command -v iptables >/dev/null || { echo "loss: SKIP (no iptables)"; continue; }
+    for d in rxr1a rxr1b; do
+      iptables -I INPUT -i $d -p udp --dport 4791 -m statistic --mode random --probability 0.01 -j DROP ||
+        fail "loss: iptables cannot drop 1% here"
+    done
+    target_up
+    initiator --read --seconds 600 &
+    ipid=$!
+    until_true 60 "both rails carrying bytes" '[ "$(num ".rails[0].bytes")" -gt 8388608 ] && [ "$(num ".rails[1].bytes")" -gt 8388608 ]'
+    ops0=$(num .ops)
+    until_true 180 "16 reads under 1% loss on rail 1" '[ "$(num .ops)" -ge $((ops0 + 16)) ]'
+    dropped=$(iptables -L INPUT -v -x -n | awk '/statistic/ { s += $1 } END { print s + 0 }')
+    for d in rxr1a rxr1b; do
+      iptables -D INPUT -i $d -p udp --dport 4791 -m statistic --mode random --probability 0.01 -j DROP
+    done
+    stop_initiator
+    check_result loss
+    [ "$dropped" -gt 0 ] || fail "loss: the rules dropped no packet"
+    max_ms=$(jq -r .lat_ms_max "$work/result.json")
+    echo "loss: $dropped RoCE packets dropped on rail 1; rail 1: $(jq -c '.rails[1] | {state, bytes, failures, retried}' "$work/result.json")"
+    python3 -c "import sys; sys.exit(not $max_ms <= $BOUND_MS)" || fail "loss: a read took $max_ms ms > $BOUND_MS ms"
+    target_down
+    echo "loss: PASS (slowest read $max_ms ms, bound $BOUND_MS ms)"
     ;;
   handoff)
     # The P/D hand-off over RDMA rails: hixl-mock-host, prefill on the b ends, decode on

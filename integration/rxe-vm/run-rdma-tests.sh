@@ -6,8 +6,8 @@
 # missing device fails instead of skipping. Then tos-on-wire.sh
 # checks, on two rxe devices joined by a veth, that the IP TOS byte on the wire is
 # the configured RdmaTrafficClass; then integration/rails/rdma_rails.sh runs RDMA rails
-# (two rails of rxe devices on veths): striping, a rail's link down, a rail's device
-# deleted, and the P/D hand-off over them.
+# (two rails of rxe devices on veths): striping, a rail's link down, 1% loss on a rail,
+# the P/D hand-off over them, and a rail's device deleted.
 #   integration/rxe-vm/run-rdma-tests.sh BUILD_DIR [CTEST_ARGS...]
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -19,4 +19,4 @@ RXE_VM_RW_DIR="$build" RXE_VM_TIMEOUT="${RXE_VM_TIMEOUT:-2400}" RXE_VM_MEM="${RX
   "cd $(printf %q "$build") && ulimit -l unlimited && HIXL_TEST_IP=\$RXE_IP HIXL_REQUIRE_RDMA=1 \
    ctest -L 'rdma|vm' --output-on-failure --no-tests=error$extra && \
    sh $(printf %q "$here/tos-on-wire.sh") $(printf %q "$build") && \
-   bash $(printf %q "$here/../rails/rdma_rails.sh") $(printf %q "$build") stripe linkdown devdel handoff"
+   bash $(printf %q "$here/../rails/rdma_rails.sh") $(printf %q "$build") stripe linkdown loss handoff devdel"

@@ -201,7 +201,8 @@ const char *hixl_transport_name(enum hixl_transport t) { return (unsigned)t < 4 
     "anything else; \"\" accepts links from anyone (docs/security.md)",                                      \
     parse_key_file)                                                                                          \
   X("Rails", "", NULL, "\"\" | auto | 1 to 8 IPv4 addresses of this engine, comma-separated",                \
-    "several NICs: one link per rail to each peer that has rails too (tcp links), large transfers striped "  \
+    "several NICs: one link per rail to each peer that has rails too (tcp or rdma: a QP on each rail's "     \
+    "device), large transfers striped "                                                                      \
     "over them, a failed rail's ops retried on the others; the engine also accepts links on each address; "  \
     "auto: every IPv4 address of an interface that is up (docs/rails.md)",                                   \
     parse_rails)                                                                                             \
