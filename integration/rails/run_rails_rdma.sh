@@ -43,7 +43,7 @@ PY
   echo "perftest: \`ib_read_bw\` / \`ib_write_bw\` (4 MiB, tx depth ${DEPTH:-4}) on as many"
   echo "device pairs at once, summed: what the guest itself reaches over those rails."
   echo
-  grep -E '^\| ' "$log"
+  grep -E '^\|' "$log"
   echo
   echo "Goals (issue 31, rdma in the guest):"
   goal read 2 1.8
