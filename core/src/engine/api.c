@@ -9,8 +9,6 @@
  * and api_call.c share with it (api_int.h). */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -138,15 +136,10 @@ static HixlStatus rails_listen(HixlEngine *e) {
         "is one address",
         e->local_name);
   if (e->opts.rails_auto) {
-    struct ifaddrs *ifs;
-    bool lo = (ntohl(sa.sin_addr.s_addr) >> 24) == 127;
-    if (getifaddrs(&ifs) < 0)
+    int got = sock_if_addrs(cand, 64, (ntohl(sa.sin_addr.s_addr) >> 24) == 127);
+    if (got < 0)
       return hixl_fail(HIXL_FAILED, "HixlEngineInitialize: Rails auto: getifaddrs: %s", strerror(errno));
-    for (struct ifaddrs *i = ifs; i && nc < 64; i = i->ifa_next)
-      if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
-          !(i->ifa_flags & IFF_LOOPBACK) != lo)
-        cand[nc++] = ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr;
-    freeifaddrs(ifs);
+    nc = (size_t)got;
   } else {
     for (uint32_t k = 0; k < e->opts.rails_n; k++) cand[nc++] = e->opts.rail_addr[k];
   }

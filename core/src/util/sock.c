@@ -4,6 +4,8 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
@@ -271,4 +273,16 @@ HixlStatus sock_send_all(int fd, const void *buf, size_t n, uint64_t deadline_ns
 
 HixlStatus sock_recv_all(int fd, void *buf, size_t n, uint64_t deadline_ns) {
   return sock_io_all(fd, buf, n, deadline_ns, false);
+}
+
+int sock_if_addrs(uint32_t *out, size_t cap, bool loopback) {
+  struct ifaddrs *ifs;
+  size_t n = 0;
+  if (getifaddrs(&ifs) < 0) return -1;
+  for (struct ifaddrs *i = ifs; i && n < cap; i = i->ifa_next)
+    if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
+        !(i->ifa_flags & IFF_LOOPBACK) != loopback)
+      out[n++] = ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr;
+  freeifaddrs(ifs);
+  return (int)n;
 }

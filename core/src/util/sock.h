@@ -29,6 +29,10 @@ void sock_tune_rail(int fd, uint32_t stall_ms);
  * the peer, is gone: a peer that is merely slow still has its kernel acknowledge). */
 bool sock_path_dead(int fd, uint32_t stall_ms, uint32_t *unacked);
 int sock_set_nonblock(int fd, bool on);
+/* The IPv4 addresses (network order) of the interfaces that are up, at most cap into
+ * out: loopback ones only when loopback is true, others only when it is false (Rails
+ * auto). Their count, or -1 with errno when getifaddrs fails. */
+int sock_if_addrs(uint32_t *out, size_t cap, bool loopback);
 
 /* sendmsg; under ThreadSanitizer the payload's reads are recorded and the
  * connection released *before* the bytes can reach the peer (TSan's own sendmsg

@@ -12,8 +12,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,14 +114,8 @@ static int rails_open(struct HixlEngine *e, struct erdma_engine *x) {
   uint32_t cand[64];
   size_t nc = 0;
   if (o->rails_auto) {
-    struct ifaddrs *ifs;
-    if (getifaddrs(&ifs) == 0) {
-      for (struct ifaddrs *i = ifs; i && nc < 64; i = i->ifa_next)
-        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
-            !(i->ifa_flags & IFF_LOOPBACK))
-          cand[nc++] = ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr;
-      freeifaddrs(ifs);
-    }
+    int got = sock_if_addrs(cand, 64, false); /* rxe and RoCE NICs do not sit on loopback */
+    nc = got > 0 ? (size_t)got : 0;
   } else {
     for (uint32_t k = 0; k < o->rails_n; k++) cand[nc++] = o->rail_addr[k];
   }
