@@ -286,6 +286,22 @@ for c in $cases; do
       done
     done
     target_down
+    # The P/D hand-off (hixl-mock-host, pull, 8 requests of 64 to 256 tokens) over the
+    # same rails: its transfers' own rate (handoff_gb_per_s), one rail being no Rails.
+    MH=$build/integration/mock-host/hixl-mock-host
+    for n in $counts; do
+      PORT=$((PORT + 2))
+      mhrails=()
+      [ "$n" -eq 1 ] || mhrails=(--prefill-set "Rails=\"$(list b "$n")\"" --decode-set "Rails=\"$(list a "$n")\"")
+      taskset -c 0 "$MH" --requests 8 --min-prompt 64 --max-prompt 256 --transport rdma --on-load-failure fail \
+        --prefill-addr "10.77.20.2:$PORT" --decode-addr "10.77.20.1:$((PORT + 1))" "${mhrails[@]}" \
+        --timeout 600 --no-progress --json "$work/mh.json" >"$work/mh.out" 2>&1 ||
+        fail "bench: the hand-off over $n rails: $(tail -5 "$work/mh.out")"
+      jq -e '.pass and .failed == 0 and .prefill.blocks_held == 0 and .decode.blocks_held == 0' "$work/mh.json" \
+        >/dev/null || fail "bench: the hand-off over $n rails: $(cat "$work/mh.json")"
+      hx[handoff$n]=$(jq -r '.handoff_gb_per_s * 8' "$work/mh.json")
+      echo "bench: hixl hand-off over $n rail(s): ${hx[handoff$n]} Gbit/s" >&2
+    done
     pt() { # tool rail port: Gbit/s of one perftest pair on rail's devices
       local i=0
       taskset -c 0 "$1" -d "rxr${2}b" -x 1 -F --report_gbits -s 4194304 -n 16 -t "$DEPTH" -p "$3" >"$work/pt_s_$3" 2>&1 &
@@ -316,6 +332,16 @@ for c in $cases; do
     echo "bench: rails shaped to $rate each (tbf), $ops ops of 4 MiB per run, depth $DEPTH, CPU 0"
     echo "| op | rails | hixl Gbit/s | hixl vs 1 rail | perftest Gbit/s | perftest vs 1 rail | hixl / perftest |"
     echo "|---|---|---|---|---|---|---|"
+    for n in $counts; do
+      python3 - "$n" "${hx[handoff1]}" "${hx[handoff$n]}" "$out" <<'PY'
+import json, sys
+n, h1, h, out = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+print(f"| P/D hand-off | {n} | {h:.4f} | {h / h1:.2f}x | | | |")
+with open(out, "a") as f:
+    f.write(json.dumps({"bench": "rdma_rails", "op": "handoff", "rails": n, "hixl_gbps": h,
+                        "hixl_vs_1": h / h1}) + "\n")
+PY
+    done
     for dir in read write; do
       for n in $counts; do
         python3 - "$dir" "$n" "${hx[${dir}1]}" "${hx[$dir$n]}" "${ref[${dir}1]}" "${ref[$dir$n]}" "$out" <<'PY'

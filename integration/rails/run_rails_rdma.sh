@@ -2,7 +2,8 @@
 # run_rails_rdma.sh BUILD_DIR [OUTPUT_MD]: RDMA rails' benchmark in the soft-RoCE guest
 # (issue 31): rdma_rails.sh's bench case with RAILS_N=4, 4 MiB READs and WRITEs over 1,
 # 2 and 4 rails of rxe devices, each rail shaped with tbf (RATE, default 30mbit), next to
-# ib_read_bw / ib_write_bw over as many device pairs at once. Writes OUTPUT_MD (default
+# ib_read_bw / ib_write_bw over as many device pairs at once, and the P/D hand-off
+# (hixl-mock-host) over the same rails. Writes OUTPUT_MD (default
 # docs/performance-rails-rdma.md): the table, the goal lines, the JSON lines. About 12
 # minutes. Environment: RATE, OPS (per run, default 24), DEPTH (default 4).
 set -euo pipefail
@@ -28,8 +29,9 @@ rows = [json.loads(l) for l in open(sys.argv[1])]
 op, n, want = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 r = [x for x in rows if x["op"] == op and x["rails"] == n][0]
 ok = "PASS" if r["hixl_vs_1"] >= want else "FAIL"
-print(f"- {op.upper()}, {n} rails >= {want}x one rail: **{ok}** ({r['hixl_vs_1']:.2f}x; perftest on the same "
-      f"devices {r['perftest_vs_1']:.2f}x)")
+name = "the P/D hand-off" if op == "handoff" else op.upper()
+ref = f"; perftest on the same devices {r['perftest_vs_1']:.2f}x" if "perftest_vs_1" in r else ""
+print(f"- {name}, {n} rails >= {want}x one rail: **{ok}** ({r['hixl_vs_1']:.2f}x{ref})")
 PY
 }
 {
@@ -42,6 +44,8 @@ PY
   echo "depth ${DEPTH:-4}, every byte checked, one rail being the engine without \`Rails\`."
   echo "perftest: \`ib_read_bw\` / \`ib_write_bw\` (4 MiB, tx depth ${DEPTH:-4}) on as many"
   echo "device pairs at once, summed: what the guest itself reaches over those rails."
+  echo "The hand-off: \`hixl-mock-host\`, pull, 8 requests of 64 to 256 tokens (llama8b's"
+  echo "shape), Transport rdma, each instance's Rails its own addresses; its transfers' rate."
   echo
   grep -E '^\|' "$log"
   echo
@@ -50,6 +54,8 @@ PY
   goal write 2 1.8
   goal read 4 3.4
   goal write 4 3.4
+  goal handoff 2 1.8
+  goal handoff 4 3.4
   echo
   echo "Reading it: the emulated guest moves about 0.1-0.15 Gbit/s in all (TCG emulates the"
   echo "CPUs; rxe is software), so the rails bound the throughput only while their sum stays"
