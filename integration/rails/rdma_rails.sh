@@ -37,7 +37,10 @@ PROBE_MS=300
 PORT=$((21000 + $$ % 20000))
 [ "$(id -u)" -eq 0 ] || { echo "SKIP: needs root"; exit 77; }
 for t in rdma jq tcpdump; do command -v $t >/dev/null || { echo "SKIP: needs $t"; exit 77; }; done
-now_ms() { date +%s%3N; }
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=poll.sh
+. "$here/poll.sh" # now_ms, num, str, until_true (the initiator's stats file)
+export WAIT_SCALE=$SCALE
 work=$(mktemp -d)
 tpid=
 ipid=
@@ -98,21 +101,6 @@ for d in "${devs[@]}"; do
 done
 sent() { cat /sys/class/infiniband/$1/ports/1/hw_counters/sent_pkts; }
 
-num() {
-  local v
-  v=$(jq -r "($1) // 0" "$work/stats.json" 2>/dev/null || true)
-  echo "${v:-0}"
-}
-str() { jq -r "$1" "$work/stats.json" 2>/dev/null || true; }
-until_true() {
-  local secs=$1 what=$2 cond=$3 deadline
-  deadline=$(($(now_ms) + secs * 1000 * SCALE))
-  while ! eval "$cond"; do
-    [ "$(now_ms)" -lt "$deadline" ] || fail "$what: not within $((secs * SCALE)) s (stats: $(cat "$work/stats.json" 2>/dev/null))"
-    [ -z "$ipid" ] || kill -0 "$ipid" 2>/dev/null || fail "$what: the initiator exited early"
-    sleep 0.05
-  done
-}
 
 RDMA_OPTS=(--transport rdma --probe-ms $PROBE_MS)
 # linkdown: a QP gives up after about 1 s of retries (RdmaTimeout 16: 268 ms, 3 retries);

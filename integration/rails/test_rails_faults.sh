@@ -50,7 +50,6 @@ fail() {
   [ -s "$work/tgt.err" ] && { echo "-- target:"; tail -20 "$work/tgt.err"; }
   exit 1
 }
-now_ms() { date +%s%3N; }
 
 case "$CASE" in linkdown | loss) ;; handoff) [ -x "$MH" ] || { echo "handoff needs MOCK_HOST" >&2; exit 2; } ;;
 *) echo "unknown case $CASE" >&2; exit 2 ;; esac
@@ -79,23 +78,8 @@ if [ "$CASE" = loss ]; then
   bed loss 1 0
 fi
 
-# num JQ / str JQ: a number (0 until there is one) or a string from the initiator's stats file
-num() {
-  local v
-  v=$(jq -r "($1) // 0" "$work/stats.json" 2>/dev/null || true)
-  echo "${v:-0}"
-}
-str() { jq -r "$1" "$work/stats.json" 2>/dev/null || true; }
-# until SECONDS WHAT COND: poll COND (a shell test) every 50 ms until it holds
-until_true() {
-  local secs=$1 what=$2 cond=$3 deadline
-  deadline=$(($(now_ms) + secs * 1000))
-  while ! eval "$cond"; do
-    [ "$(now_ms)" -lt "$deadline" ] || fail "$what: not within $secs s (stats: $(cat "$work/stats.json" 2>/dev/null))"
-    kill -0 "$ipid" 2>/dev/null || fail "$what: the initiator exited early"
-    sleep 0.05
-  done
-}
+# shellcheck source=poll.sh
+. "$here/poll.sh" # num, str, until_true (the initiator's stats file)
 
 # rail_tx RAIL: bytes the prefill end of the rail sent (the KV a pull moves)
 rail_tx() { ip -n "$HIXL_BED-pf" -s -j link show dev "hxr${1}p" | jq '.[0].stats64.tx.bytes'; }

@@ -1,0 +1,23 @@
+# poll.sh: sourced by the rails fault scripts (test_rails_faults.sh, rdma_rails.sh).
+# The caller defines $work (its stats file is $work/stats.json), $ipid (the initiator's
+# pid, or empty) and fail MESSAGE; WAIT_SCALE (default 1) stretches every wait.
+
+now_ms() { date +%s%3N; }
+# num JQ / str JQ: a number (0 until there is one) or a string from the initiator's stats file
+num() {
+  local v
+  v=$(jq -r "($1) // 0" "$work/stats.json" 2>/dev/null || true)
+  echo "${v:-0}"
+}
+str() { jq -r "$1" "$work/stats.json" 2>/dev/null || true; }
+# until_true SECONDS WHAT COND: poll COND (a shell test) every 50 ms until it holds, for
+# SECONDS x WAIT_SCALE at most; fails early when the initiator ($ipid) exited
+until_true() {
+  local secs=$(($1 * ${WAIT_SCALE:-1})) what=$2 cond=$3 deadline
+  deadline=$(($(now_ms) + secs * 1000))
+  while ! eval "$cond"; do
+    [ "$(now_ms)" -lt "$deadline" ] || fail "$what: not within $secs s (stats: $(cat "$work/stats.json" 2>/dev/null))"
+    [ -z "$ipid" ] || kill -0 "$ipid" 2>/dev/null || fail "$what: the initiator exited early"
+    sleep 0.05
+  done
+}
