@@ -587,6 +587,106 @@ static void test_queued_load_kept(void) {
   side_down(&p);
 }
 
+/* Consumer rank k's blocks cb of every layer hold what producer rank pr has in its
+ * blocks pb (MLA: every rank's latent), and they were written (not 0xEE). */
+static bool blocks_same(const struct side *p, const struct rank *pr, const uint64_t *pb, const struct side *d,
+                        const struct rank *k, const uint64_t *cb) {
+  uint32_t bb = block_bytes(d, k);
+  for (uint32_t l = 0; l < LAYERS; l++)
+    for (uint32_t j = 0; j < NREQ; j++) {
+      const uint8_t *want = pr->mem + l * pr->layer_bytes + pb[j] * block_bytes(p, pr);
+      const uint8_t *got = k->mem + l * k->layer_bytes + cb[j] * bb;
+      if (memcmp(got, want, bb) != 0 || want[0] == 0xEE) {
+        fprintf(stderr, "  layer %u block %llu differs from the producer's block %llu\n", l,
+                (unsigned long long)cb[j], (unsigned long long)pb[j]);
+        return false;
+      }
+    }
+  return true;
+}
+
+/* A producer rank's loads go one after another on one loader thread, the next one's
+ * PIN started while the one before is pulled (kv_loader.c). MLA 4 -> 1, requests a, b
+ * and c in one step; b's hold is bound only after a has loaded, so the PIN started
+ * ahead for b while a was pulled is answered "not yet": b asks again until the hold
+ * comes, c (PINned ahead while b is pulled) waits behind it. Every request loads,
+ * once, with the producer's bytes; every producer rank frees each and holds nothing. */
+static void test_pinned_ahead(void) {
+  static const uint64_t pb[3][NREQ] = {{1, 2, 3, 4}, {5, 6, 7, 8}, {9, 10, 11, 12}};
+  static const uint64_t cb[3][NREQ] = {{12, 13, 14, 15}, {4, 5, 6, 7}, {8, 9, 10, 11}};
+  const char *ids[3] = {"ahead-a", "ahead-b", "ahead-c"};
+  struct side p, d;
+  ST_IS(side_up(&p, &mla, 4, "producer", "pull"), HIXL_KV_SUCCESS);
+  ST_IS(side_up(&d, &mla, 1, "consumer", "pull"), HIXL_KV_SUCCESS);
+  uint64_t seed = next_seed++;
+  for (uint32_t i = 0; i < p.world; i++) /* the same latent on every rank, another per request */
+    for (uint32_t l = 0; l < LAYERS; l++)
+      for (int q = 0; q < 3; q++)
+        for (uint32_t j = 0; j < NREQ; j++)
+          for (uint32_t y = 0; y < LATENT_BYTES; y++)
+            p.r[i].mem[l * p.r[i].layer_bytes + pb[q][j] * LATENT_BYTES + y] = pat(seed + q, l, j, 0, y);
+  char *text[3];
+  for (int q = 0; q < 3; q++) { /* a and c held now; b's hold is bound at the producer's next step */
+    int k = q == 2 ? 1 : q == 1 ? 2 : 0;
+    hixl_kv_request r = request(ids[k], NREQ * TOKENS, NULL);
+    int32_t delay = 0;
+    hixl_kv_buffer params = {0};
+    ST_IS(ops->request_finished(p.sched, &r, pb[k], NREQ, &delay, &params), HIXL_KV_SUCCESS);
+    text[k] = take_text(&params);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(text[k]);
+    if (q == 1) step(&p);
+  }
+  for (int k = 0; k < 3; k++) { /* bound in the order a, b, c */
+    hixl_kv_request q = request(ids[k], NREQ * TOKENS, text[k]);
+    int64_t tokens = -2;
+    int32_t async = 0;
+    ST_IS(ops->get_num_new_matched_tokens(d.sched, &q, 0, &tokens, &async), HIXL_KV_SUCCESS);
+    ST_IS(ops->update_state_after_alloc(d.sched, &q, cb[k], NREQ, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  }
+  CU_ASSERT_TRUE(wait_all(&d, ids[0], RECVING, 20000));
+  CU_ASSERT_EQUAL(stats(d.r[0].worker).loads_done, 1); /* b cannot load before its hold, nor c behind it */
+  step(&p);                                            /* b's hold */
+  CU_ASSERT_TRUE(wait_all(&d, ids[1], RECVING, 20000));
+  if (stats(d.r[0].worker).loads_done < 3) CU_ASSERT_TRUE(wait_all(&d, ids[2], RECVING, 20000));
+  hixl_kv_stats_ex s = stats(d.r[0].worker);
+  CU_ASSERT(s.loads_done == 3 && s.loads_failed == 0);
+  CU_ASSERT_EQUAL(s.bytes_loaded, 3ull * LAYERS * NREQ * LATENT_BYTES);
+  for (int k = 0; k < 3; k++) CU_ASSERT_TRUE(blocks_same(&p, &p.r[0], pb[k], &d, &d.r[0], cb[k]));
+  /* Every producer rank frees each request, once, well within the lease. */
+  uint32_t sent[MAX_TP] = {0};
+  int64_t end = now_ms() + 5000;
+  bool all = false;
+  while (!all && now_ms() < end) {
+    step(&p);
+    all = true;
+    for (uint32_t i = 0; i < p.world; i++) {
+      hixl_kv_ids sn = {0}, rv = {0};
+      ST_IS(ops->get_finished(p.r[i].worker, NULL, &sn, &rv), HIXL_KV_SUCCESS);
+      for (int k = 0; k < 3; k++)
+        if (ids_have(&sn, ids[k])) {
+          CU_ASSERT_FALSE(sent[i] >> k & 1);
+          sent[i] |= 1u << k;
+        }
+      ops->free_ids(&sn);
+      ops->free_ids(&rv);
+      all &= sent[i] == 7;
+    }
+    if (!all) poll(NULL, 0, 5); /* polling for the reports, as wait_all does */
+  }
+  CU_ASSERT_TRUE(all);
+  hixl_kv_blocks e = {0};
+  ST_IS(ops->get_block_ids_with_load_errors(d.r[0].worker, &e), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(e.count, 0);
+  ops->free_buffer(&e.raw);
+  for (uint32_t i = 0; i < p.world; i++) {
+    hixl_kv_stats_ex x = stats(p.r[i].worker);
+    CU_ASSERT(x.blocks_held == 0 && x.requests_held == 0 && x.lease_expired == 0 && x.cap_refused == 0);
+  }
+  for (int k = 0; k < 3; k++) free(text[k]);
+  side_down(&d);
+  side_down(&p);
+}
+
 static const struct model flat8 = {.kv_heads = 8, .no_heads = true};
 static void test_no_head_dimension(void) { cannot_map(&flat8, 1, 2, "head dimension"); }
 static void test_neither_divides(void) { cannot_map(&mla, 2, 3, "neither divides"); }
@@ -649,7 +749,7 @@ static CU_TestInfo tp_tests[] = {
     T(push_gqa8_2_4),    T(push_gqa8_4_2),     T(push_gqa8_1_4),   T(push_gqa8_4_1),      T(push_gqa8_2_2),
     T(push_gqa2_1_4),    T(push_gqa2_4_1),     T(push_gqa2_4_2),   T(push_mla_1_4),       T(push_mla_4_1),
     T(push_mla_2_4),     T(no_head_dimension), T(neither_divides), T(consumer_rank_gone), T(late_hold),
-    T(queued_load_kept), T(heads_checked),     CU_TEST_INFO_NULL};
+    T(queued_load_kept), T(pinned_ahead),      T(heads_checked),   CU_TEST_INFO_NULL};
 
 static CU_SuiteInfo suites[] = {{"tensor parallelism across the hand-off", NULL, NULL, NULL, NULL, tp_tests},
                                 CU_SUITE_INFO_NULL};

@@ -12,6 +12,7 @@
 #include "util/opvec.h"
 
 struct kv_revoke;
+struct hixl_transfer_req; /* engine_ext.h: a started call (hixl_call_t) */
 struct kv_obs;
 
 /* What the plugin reads of its configuration (config/, the JSON document). */
@@ -251,6 +252,21 @@ struct kv_holder {
   uint64_t epoch, bound_seq; /* the scheduler's epoch, and the last hold of it bound */
 };
 
+/* Worker, pull consumer: what one loader thread has in flight besides its pull
+ * (kv_loader.c): the PIN of the next load of the producer it serves, started while the
+ * one before is pulled, and the FREE of the load it pulled last, answered meanwhile.
+ * Only its thread touches it. */
+struct kv_loader_slot {
+  struct kv_meta_entry ahead;           /* the load PINned ahead (no block lists): its request and producer */
+  struct hixl_transfer_req *ahead_call; /* ... its PIN (a hixl_call_t), or NULL */
+  uint8_t *ahead_ans;                   /* HIXL_CALL_MAX bytes for its answer (allocated at the first) */
+  uint32_t ahead_len;
+  struct kv_meta_entry freed;          /* the load FREEd last (no block lists) */
+  struct hixl_transfer_req *free_call; /* ... its FREE (a hixl_call_t), or NULL */
+  uint8_t free_ans[64];
+  uint32_t free_len;
+};
+
 /* Worker, pull consumer: the loads (kv_loader.c). */
 #define KV_LOADERS_MAX 16 /* loader threads; each serves one producer at a time */
 struct kv_loader {
@@ -264,6 +280,7 @@ struct kv_loader {
     hixl_kv_connector *c;
     uint32_t slot;
   } args[KV_LOADERS_MAX];
+  struct kv_loader_slot slots[KV_LOADERS_MAX];
   struct kv_load *pulling[KV_LOADERS_MAX]; /* per thread: the load it pulls now (pinned), or NULL */
   uint32_t npulling;
   pthread_cond_t cond; /* a load queued, a producer no longer busy, or shut (CLOCK_MONOTONIC) */

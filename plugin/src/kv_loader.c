@@ -8,7 +8,9 @@
  * threads start as producers with loads waiting outnumber the idle ones (at most
  * KV_LOADERS_MAX), so a producer that does not answer (a connect that waits out
  * connect_timeout_ms, a PIN that waits out transfer_timeout_ms) holds up only its own
- * loads. */
+ * loads. Its producer's loads go back to back: the next one's PIN leaves as a pull
+ * starts (the thread then goes on with that load), and a FREE's answer is waited for
+ * after the next pull, or before the thread sleeps (struct kv_loader_slot). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,6 +31,36 @@ static void pin_msg(const hixl_kv_connector *c, struct kv_out *msg, const struct
   }
 }
 
+/* What a PIN answer (n bytes at ans) says of e's request: HELD (SUCCESS, what it holds
+ * into h), GONE (NOT_FOUND), or not bound yet (*again, SUCCESS); why on failure. */
+static HixlStatus pin_answer(hixl_kv_connector *c, const struct kv_meta_entry *e, const uint8_t *ans,
+                             size_t n, struct kv_peer_held *h, bool *again, char *why, size_t cap) {
+  struct kv_in in = {ans, n, 0, false};
+  uint8_t state = kv_get_u8(&in);
+  *again = false;
+  if (state == KV_PIN_HELD) {
+    HixlStatus ps = kv_held_parse(c, &in, "producer", e->remote, e->rreq, h, why, cap);
+    if (ps == HIXL_SUCCESS && h->world != e->rtp) {
+      snprintf(why, cap, "the producer %s runs %u ranks, its kv_transfer_params said tp_size %u", e->remote,
+               h->world, e->rtp);
+      ps = HIXL_PARAM_INVALID;
+    }
+    return ps;
+  }
+  if (state == KV_PIN_GONE) {
+    char reason[257];
+    kv_get_str(&in, reason, 256);
+    snprintf(why, cap, "the producer %s no longer holds request %s: %s", e->remote, e->rreq, reason);
+    return HIXL_NOT_FOUND;
+  }
+  if (state != KV_PIN_NOT_YET) {
+    snprintf(why, cap, "the producer %s gave a malformed answer for request %s", e->remote, e->rreq);
+    return HIXL_FAILED;
+  }
+  *again = true;
+  return HIXL_SUCCESS;
+}
+
 /* PIN e's request on its producer, asking again while the producer has not bound it
  * yet; what it holds into h. */
 static HixlStatus pin(hixl_kv_connector *c, const struct kv_meta_entry *e, uint64_t deadline, uint8_t *ans,
@@ -42,24 +74,9 @@ static HixlStatus pin(hixl_kv_connector *c, const struct kv_meta_entry *e, uint6
       snprintf(why, cap, "asking %s for request %s: %s", e->remote, e->rreq, HixlGetLastErrorMessage());
       return st;
     }
-    struct kv_in in = {ans, n, 0, false};
-    uint8_t state = kv_get_u8(&in);
-    if (state == KV_PIN_HELD) {
-      HixlStatus ps = kv_held_parse(c, &in, "producer", e->remote, e->rreq, h, why, cap);
-      if (ps == HIXL_SUCCESS && h->world != e->rtp) {
-        snprintf(why, cap, "the producer %s runs %u ranks, its kv_transfer_params said tp_size %u", e->remote,
-                 h->world, e->rtp);
-        ps = HIXL_PARAM_INVALID;
-      }
-      return ps;
-    }
-    if (state == KV_PIN_GONE) {
-      char reason[257];
-      kv_get_str(&in, reason, 256);
-      snprintf(why, cap, "the producer %s no longer holds request %s: %s", e->remote, e->rreq, reason);
-      return HIXL_NOT_FOUND;
-    }
-    if (state != KV_PIN_NOT_YET || kv_ms_until(deadline) == 0) {
+    bool again;
+    if ((st = pin_answer(c, e, ans, n, h, &again, why, cap)) != HIXL_SUCCESS || !again) return st;
+    if (kv_ms_until(deadline) == 0) {
       snprintf(why, cap, "the producer %s did not hold request %s within %d ms", e->remote, e->rreq,
                c->cfg.transfer_timeout_ms);
       return HIXL_TIMEOUT;
@@ -67,6 +84,126 @@ static HixlStatus pin(hixl_kv_connector *c, const struct kv_meta_entry *e, uint6
     struct timespec ts = {0, tries < 20 ? 200000 : 2000000}; /* the producer binds it at its next step */
     nanosleep(&ts, NULL);
   }
+}
+
+/* ---- a loader thread's calls in flight (struct kv_loader_slot) ----
+ * A producer's loads go one after another on one thread: a PIN before each pull and a
+ * FREE after it would leave that link idle for two round trips per request. So the
+ * next load's PIN is started as a pull begins (answered behind its data) and a FREE
+ * is waited for only once the next pull is done, or before the thread sleeps. */
+
+/* Wait for the PIN started ahead, if any, and forget it. */
+static void ahead_drop(hixl_kv_connector *c, struct kv_loader_slot *s) {
+  if (!s->ahead_call) return;
+  hixl_engine_call_wait(c->eng, s->ahead.remote, s->ahead_call);
+  s->ahead_call = NULL;
+}
+
+/* Start the PIN of the next load of l's producer, while l is pulled: the first one of
+ * that producer queued, unless a thread would have to leave another producer's load
+ * waiting for it (no thread idle). Best effort: one that fails is asked again in time. */
+static void ahead_start(hixl_kv_connector *c, struct kv_loader_slot *s, const struct kv_load *l) {
+  struct kv_loader *ld = &c->load;
+  ahead_drop(c, s);
+  bool found = false;
+  pthread_mutex_lock(&c->lock);
+  for (const struct kv_load *n = ld->queue; n && !c->shut; n = n->next) {
+    if (strcmp(n->e.remote, l->e.remote) == 0) {
+      found = n->whole != NULL; /* a load (an abort's FREE is only told) */
+      if (found) {
+        s->ahead = n->e;
+        s->ahead.blocks = s->ahead.rblocks = NULL;
+      }
+      break;
+    }
+    if (ld->idle == 0 && !kv_idset_has(&ld->busy, n->e.remote)) break; /* that one comes first */
+  }
+  pthread_mutex_unlock(&c->lock);
+  if (!found || (!s->ahead_ans && !(s->ahead_ans = malloc(HIXL_CALL_MAX)))) return;
+  struct kv_out msg = {0};
+  pin_msg(c, &msg, &s->ahead);
+  int32_t t = c->cfg.transfer_timeout_ms;
+  kv_obs_phase(c, s->ahead.req, KV_PH_PIN, s->ahead.remote);
+  if (msg.bad ||
+      hixl_engine_call_start(c->eng, s->ahead.remote, HIXL_SERVICE_KV, msg.p, msg.len, s->ahead_ans,
+                             HIXL_CALL_MAX, &s->ahead_len, t, &s->ahead_call) != HIXL_SUCCESS)
+    s->ahead_call = NULL;
+  free(msg.p);
+}
+
+/* The load that was PINned ahead, unlinked from the queue, when it is still the next
+ * one of its producer there (handle_preemptions may have taken it); NULL if not. Lock
+ * held. */
+static struct kv_load *ahead_take(hixl_kv_connector *c, const struct kv_loader_slot *s) {
+  struct kv_loader *ld = &c->load;
+  if (!s->ahead_call) return NULL;
+  for (struct kv_load *l = ld->queue, *prev = NULL; l; prev = l, l = l->next) {
+    if (strcmp(l->e.remote, s->ahead.remote) != 0) continue;
+    if (!l->whole || strcmp(l->e.req, s->ahead.req) != 0) return NULL;
+    if (prev)
+      prev->next = l->next;
+    else
+      ld->queue = l->next;
+    if (ld->queue_tail == l) ld->queue_tail = prev;
+    l->next = NULL;
+    return l;
+  }
+  return NULL;
+}
+
+/* PIN e's request: the answer to the PIN started ahead for it if there is one (unless
+ * it says "not yet", or the call failed), else pin(). */
+static HixlStatus pin_load(hixl_kv_connector *c, struct kv_loader_slot *s, const struct kv_meta_entry *e,
+                           uint64_t deadline, uint8_t *ans, struct kv_peer_held *h, uint64_t *t_pin,
+                           char *why, size_t cap) {
+  if (s->ahead_call && strcmp(s->ahead.req, e->req) == 0 && strcmp(s->ahead.remote, e->remote) == 0) {
+    *t_pin = kv_now_ns(); /* the histogram takes what this load waits for it (usually nothing) */
+    HixlStatus st = hixl_engine_call_wait(c->eng, e->remote, s->ahead_call);
+    s->ahead_call = NULL;
+    bool again = true;
+    if (st == HIXL_SUCCESS &&
+        ((st = pin_answer(c, e, s->ahead_ans, s->ahead_len, h, &again, why, cap)) != HIXL_SUCCESS || !again))
+      return st; /* held, gone, or refused: as pin() would have found */
+  }
+  ahead_drop(c, s); /* one for another load (that one was preempted) */
+  *t_pin = kv_obs_phase(c, e->req, KV_PH_PIN, e->remote);
+  return pin(c, e, deadline, ans, h, why, cap);
+}
+
+/* Wait for the last FREE's answer, if any. As kv_tell: a link that was lost gets it
+ * again (kv_tell links again if it has to), and a FREE that could not be told is
+ * named in a warning. */
+static void free_settle(hixl_kv_connector *c, struct kv_loader_slot *s) {
+  if (!s->free_call) return;
+  HixlStatus st = hixl_engine_call_wait(c->eng, s->freed.remote, s->free_call);
+  s->free_call = NULL;
+  uint8_t ans[64];
+  size_t n;
+  if (st == HIXL_NOT_CONNECTED || st == HIXL_FAILED)
+    kv_tell(c, &s->freed, KV_SVC_FREE, "", ans, sizeof(ans), &n);
+  else if (st != HIXL_SUCCESS)
+    log_warn("hixl-kv: request %s: %s could not be told that it ended (%s): it keeps it until its lease runs "
+             "out",
+             s->freed.req, s->freed.remote, HixlStatusName(st));
+}
+
+/* Tell l's producer that its request was loaded (FREE), without waiting: the answer
+ * is taken by the next free_settle. */
+static void free_start(hixl_kv_connector *c, struct kv_loader_slot *s, const struct kv_load *l) {
+  free_settle(c, s);
+  s->freed = l->e;
+  s->freed.blocks = s->freed.rblocks = NULL;
+  struct kv_out msg = {0};
+  kv_msg(c, &msg, KV_SVC_FREE, s->freed.rreq, &s->freed.rcap, 0, "");
+  if (msg.bad || hixl_engine_call_start(c->eng, s->freed.remote, HIXL_SERVICE_KV, msg.p, msg.len, s->free_ans,
+                                        sizeof(s->free_ans), &s->free_len, c->cfg.notify_timeout_ms,
+                                        &s->free_call) != HIXL_SUCCESS) {
+    uint8_t ans[64];
+    size_t n;
+    s->free_call = NULL;
+    kv_tell(c, &s->freed, KV_SVC_FREE, "", ans, sizeof(ans), &n); /* links again if it has to */
+  }
+  free(msg.p);
 }
 
 /* Read the ops, in engine-sized batches. */
@@ -141,6 +278,7 @@ static void *renewer_main(void *arg) {
  * Returns the status and the reason in why. */
 static HixlStatus load_one(hixl_kv_connector *c, struct kv_load *l, uint32_t slot, char *why, size_t cap) {
   const struct kv_meta_entry *e = &l->e;
+  struct kv_loader_slot *s = &c->load.slots[slot];
   uint64_t deadline = kv_now_ns() + (uint64_t)c->cfg.transfer_timeout_ms * 1000000ull;
   HixlStatus st = kv_link(c, e, c->cfg.connect_timeout_ms);
   if (st != HIXL_SUCCESS) {
@@ -155,8 +293,8 @@ static HixlStatus load_one(hixl_kv_connector *c, struct kv_load *l, uint32_t slo
     st = HIXL_RESOURCE_EXHAUSTED;
     goto out;
   }
-  uint64_t t_pin = kv_obs_phase(c, e->req, KV_PH_PIN, e->remote);
-  if ((st = pin(c, e, deadline, ans, h, why, cap)) != HIXL_SUCCESS) goto out;
+  uint64_t t_pin = 0;
+  if ((st = pin_load(c, s, e, deadline, ans, h, &t_pin, why, cap)) != HIXL_SUCCESS) goto out;
   kv_obs_span(c, e->req, KV_PH_PINNED, KV_H_PIN, t_pin);
   pthread_mutex_lock(&c->lock);
   c->stats.lookups++;
@@ -186,6 +324,7 @@ static HixlStatus load_one(hixl_kv_connector *c, struct kv_load *l, uint32_t slo
   c->load.npulling++;
   pthread_cond_broadcast(&c->load.renew);
   pthread_mutex_unlock(&c->lock);
+  ahead_start(c, s, l); /* answered behind this pull's data */
   st = pull_ops(c, e, &o, deadline, why, cap);
   pthread_mutex_lock(&c->lock);
   c->load.pulling[slot] = NULL;
@@ -291,9 +430,7 @@ static void load_run(hixl_kv_connector *c, struct kv_load *l, uint32_t slot, boo
   kv_load_part_end(c, l, st, why); /* its last part: the host may use the blocks now */
   pthread_mutex_unlock(&c->lock);
   if (st != HIXL_NOT_FOUND) { /* the producer may still hold it: free it there (best effort) */
-    uint8_t ans[64];
-    size_t n;
-    kv_tell(c, &l->e, KV_SVC_FREE, "", ans, sizeof(ans), &n);
+    free_start(c, &c->load.slots[slot], l);
     kv_obs_phase(c, l->e.req, KV_PH_FREE, NULL);
   }
 }
@@ -302,13 +439,27 @@ static void *loader_main(void *arg) {
   const struct kv_loader_arg *a = arg;
   hixl_kv_connector *c = a->c;
   struct kv_loader *ld = &c->load;
+  struct kv_loader_slot *s = &ld->slots[a->slot];
+  struct kv_load *l = NULL; /* the load to run next: taken from the queue, or PINned ahead (ahead_take) */
   pthread_mutex_lock(&c->lock);
   for (;;) {
-    struct kv_load *l;
-    while (!(l = take_runnable(c)) && !c->shut) pthread_cond_wait(&ld->cond, &c->lock);
-    if (!l) break; /* shut, and what is left is another thread's producer's */
-    ld->idle--;
-    kv_idset_add(&ld->busy, l->e.remote); /* out of memory: two threads may serve it, no harm */
+    if (!l) {
+      l = take_runnable(c);
+      if (!l && (s->free_call || s->ahead_call)) { /* nothing to do: end what is in flight first */
+        pthread_mutex_unlock(&c->lock);
+        free_settle(c, s);
+        ahead_drop(c, s);
+        pthread_mutex_lock(&c->lock);
+        continue;
+      }
+      if (!l && c->shut) break; /* what is left is another thread's producer's */
+      if (!l) {
+        pthread_cond_wait(&ld->cond, &c->lock);
+        continue;
+      }
+      ld->idle--;
+      kv_idset_add(&ld->busy, l->e.remote); /* out of memory: two threads may serve it, no harm */
+    }
     kv_idset_add(&ld->active, l->e.req);
     bool shut = c->shut;
     pthread_mutex_unlock(&c->lock);
@@ -317,17 +468,25 @@ static void *loader_main(void *arg) {
     else
       load_run(c, l, a->slot, shut);
     pthread_mutex_lock(&c->lock);
-    kv_idset_del(&ld->busy, l->e.remote);
     kv_idset_del(&ld->active, l->e.req);
-    ld->idle++;
-    pthread_cond_broadcast(&ld->cond); /* that producer's next load may go now */
+    struct kv_load *next = ahead_take(c, s); /* this thread goes on with its producer */
+    if (!next) {
+      kv_idset_del(&ld->busy, l->e.remote);
+      ld->idle++;
+    }
+    pthread_cond_broadcast(&ld->cond); /* that producer's next load may go now; a preemption waits */
     pthread_mutex_unlock(&c->lock);
     free(l->e.blocks);
     free(l->e.rblocks);
     free(l);
+    l = next;
     pthread_mutex_lock(&c->lock);
   }
   pthread_mutex_unlock(&c->lock);
+  free_settle(c, s);
+  ahead_drop(c, s);
+  free(s->ahead_ans);
+  s->ahead_ans = NULL;
   return NULL;
 }
 
