@@ -275,6 +275,18 @@ static uint64_t needed(const struct side *d) {
   return n;
 }
 
+/* The producer's scheduler finishes request id holding blocks: its kv_transfer_params'
+ * text (the caller frees it). */
+static char *finish(struct side *p, const char *id, const uint64_t *blocks) {
+  hixl_kv_request r = request(id, NREQ * TOKENS, NULL);
+  int32_t delay = 0;
+  hixl_kv_buffer params = {0};
+  ST_IS(ops->request_finished(p->sched, &r, blocks, NREQ, &delay, &params), HIXL_KV_SUCCESS);
+  char *text = take_text(&params);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+  return text;
+}
+
 /* The producer finishes request id (every rank holds its copy after the step) and the
  * consumer's scheduler takes its kv_transfer_params: matched, allocated, loaded at its
  * next step. The params' text; the caller frees it. */
@@ -548,12 +560,7 @@ static void test_queued_load_kept(void) {
   const uint64_t *pbl[2] = {pa, pb}, *cbl[2] = {ca, cb};
   char *text[2];
   for (int k = 1; k >= 0; k--) { /* b held now, a only after the wait */
-    hixl_kv_request r = request(ids[k], NREQ * TOKENS, NULL);
-    int32_t delay = 0;
-    hixl_kv_buffer params = {0};
-    ST_IS(ops->request_finished(p.sched, &r, pbl[k], NREQ, &delay, &params), HIXL_KV_SUCCESS);
-    text[k] = take_text(&params);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(text[k]);
+    text[k] = finish(&p, ids[k], pbl[k]);
     if (k == 1) step(&p);
   }
   for (int k = 0; k < 2; k++) { /* a first: its load takes the loader thread, b waits behind it */
@@ -628,12 +635,7 @@ static void test_pinned_ahead(void) {
   char *text[3];
   for (int q = 0; q < 3; q++) { /* a and c held now; b's hold is bound at the producer's next step */
     int k = q == 2 ? 1 : q == 1 ? 2 : 0;
-    hixl_kv_request r = request(ids[k], NREQ * TOKENS, NULL);
-    int32_t delay = 0;
-    hixl_kv_buffer params = {0};
-    ST_IS(ops->request_finished(p.sched, &r, pb[k], NREQ, &delay, &params), HIXL_KV_SUCCESS);
-    text[k] = take_text(&params);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(text[k]);
+    text[k] = finish(&p, ids[k], pb[k]);
     if (q == 1) step(&p);
   }
   for (int k = 0; k < 3; k++) { /* bound in the order a, b, c */

@@ -131,6 +131,17 @@ static void ahead_start(hixl_kv_connector *c, struct kv_loader_slot *s, const st
   free(msg.p);
 }
 
+/* l (after prev, NULL: l is first) taken out of the queue. Lock held. */
+static struct kv_load *queue_unlink(struct kv_loader *ld, struct kv_load *l, struct kv_load *prev) {
+  if (prev)
+    prev->next = l->next;
+  else
+    ld->queue = l->next;
+  if (ld->queue_tail == l) ld->queue_tail = prev;
+  l->next = NULL;
+  return l;
+}
+
 /* The load that was PINned ahead, unlinked from the queue, when it is still the next
  * one of its producer there (handle_preemptions may have taken it); NULL if not. Lock
  * held. */
@@ -140,13 +151,7 @@ static struct kv_load *ahead_take(hixl_kv_connector *c, const struct kv_loader_s
   for (struct kv_load *l = ld->queue, *prev = NULL; l; prev = l, l = l->next) {
     if (strcmp(l->e.remote, s->ahead.remote) != 0) continue;
     if (!l->whole || strcmp(l->e.req, s->ahead.req) != 0) return NULL;
-    if (prev)
-      prev->next = l->next;
-    else
-      ld->queue = l->next;
-    if (ld->queue_tail == l) ld->queue_tail = prev;
-    l->next = NULL;
-    return l;
+    return queue_unlink(ld, l, prev);
   }
   return NULL;
 }
@@ -351,15 +356,7 @@ out:
 static struct kv_load *take_runnable(hixl_kv_connector *c) {
   struct kv_loader *ld = &c->load;
   for (struct kv_load *l = ld->queue, *prev = NULL; l; prev = l, l = l->next)
-    if (!kv_idset_has(&ld->busy, l->e.remote)) {
-      if (prev)
-        prev->next = l->next;
-      else
-        ld->queue = l->next;
-      if (ld->queue_tail == l) ld->queue_tail = prev;
-      l->next = NULL;
-      return l;
-    }
+    if (!kv_idset_has(&ld->busy, l->e.remote)) return queue_unlink(ld, l, prev);
   return NULL;
 }
 
