@@ -274,16 +274,19 @@ for c in $cases; do
       done
     done
     target_down
-    # The P/D hand-off (hixl-mock-host, pull, 8 requests of 64 to 256 tokens) over the
+    # The P/D hand-off (hixl-mock-host, pull, 8 requests of 32 to 64 tokens) over the
     # same rails: its transfers' own rate (handoff_gb_per_s), one rail being no Rails.
     MH=$build/integration/mock-host/hixl-mock-host
     for n in $counts; do
       PORT=$((PORT + 2))
       mhrails=()
       [ "$n" -eq 1 ] || mhrails=(--prefill-set "Rails=\"$(list b "$n")\"" --decode-set "Rails=\"$(list a "$n")\"")
-      taskset -c 0 "$MH" --requests 8 --min-prompt 64 --max-prompt 256 --transport rdma --on-load-failure fail \
+      # one rail at RATE moves a 64-token request (8 MiB) in seconds: the loads' timeout and
+      # the lease are raised so that a request waiting behind others does not time out
+      taskset -c 0 "$MH" --requests 8 --min-prompt 32 --max-prompt 64 --concurrency 2 --transport rdma \
+        --on-load-failure fail --lease-ms 300000 --set transfer_timeout_ms=240000 \
         --prefill-addr "10.77.20.2:$PORT" --decode-addr "10.77.20.1:$((PORT + 1))" "${mhrails[@]}" \
-        --timeout 600 --no-progress --json "$work/mh.json" >"$work/mh.out" 2>&1 ||
+        --timeout 900 --no-progress --json "$work/mh.json" >"$work/mh.out" 2>&1 ||
         fail "bench: the hand-off over $n rails: $(tail -5 "$work/mh.out")"
       jq -e '.pass and .failed == 0 and .prefill.blocks_held == 0 and .decode.blocks_held == 0' "$work/mh.json" \
         >/dev/null || fail "bench: the hand-off over $n rails: $(cat "$work/mh.json")"

@@ -44,7 +44,7 @@ PY
   echo "depth ${DEPTH:-4}, every byte checked, one rail being the engine without \`Rails\`."
   echo "perftest: \`ib_read_bw\` / \`ib_write_bw\` (4 MiB, tx depth ${DEPTH:-4}) on as many"
   echo "device pairs at once, summed: what the guest itself reaches over those rails."
-  echo "The hand-off: \`hixl-mock-host\`, pull, 8 requests of 64 to 256 tokens (llama8b's"
+  echo "The hand-off: \`hixl-mock-host\`, pull, 8 requests of 32 to 64 tokens (llama8b's"
   echo "shape), Transport rdma, each instance's Rails its own addresses; its transfers' rate."
   echo
   grep -E '^\|' "$log"
