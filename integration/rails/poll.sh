@@ -21,3 +21,17 @@ until_true() {
     sleep 0.05
   done
 }
+# stop_initiator SECONDS: SIGTERM ends the initiator's loop (the ops in flight complete and
+# are checked, then it reports); it must exit within SECONDS x WAIT_SCALE, and with 0
+stop_initiator() {
+  local secs=$(($1 * ${WAIT_SCALE:-1})) rc=0 deadline
+  kill -TERM "$ipid"
+  deadline=$(($(now_ms) + secs * 1000))
+  while kill -0 "$ipid" 2>/dev/null; do
+    [ "$(now_ms)" -lt "$deadline" ] || fail "the initiator did not stop within $secs s of SIGTERM"
+    sleep 0.05
+  done
+  wait "$ipid" || rc=$?
+  ipid=
+  [ "$rc" -eq 0 ] || fail "the initiator exited $rc (an op failed or read wrong bytes)"
+}

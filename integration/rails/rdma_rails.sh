@@ -132,18 +132,6 @@ initiator() {
     --op-size 4MiB --depth "${DEPTH:-2}" "${RDMA_OPTS[@]}" --stats-file "$work/stats.json" \
     --json "$work/result.json" --no-progress "$@" >"$work/ini.out" 2>"$work/ini.err"
 }
-# stop_initiator: SIGTERM ends its loop; the ops in flight complete and are checked
-stop_initiator() {
-  kill -TERM "$ipid"
-  local rc=0 deadline=$(($(now_ms) + 60000 * SCALE))
-  while kill -0 "$ipid" 2>/dev/null; do
-    [ "$(now_ms)" -lt "$deadline" ] || fail "the initiator did not stop within 60 s of SIGTERM"
-    sleep 0.05
-  done
-  wait "$ipid" || rc=$?
-  ipid=
-  [ "$rc" -eq 0 ] || fail "the initiator exited $rc (an op failed or read wrong bytes)"
-}
 check_result() { # what
   local res ops verified
   res=$(cat "$work/result.json")
@@ -200,7 +188,7 @@ for c in $cases; do
     echo "linkdown: rail 1 up again $(($(now_ms) - t_up)) ms after its veth (RailProbeMs $PROBE_MS)"
     bytes_up=$(num ".rails[1].bytes")
     until_true 60 "rail 1 carrying bytes again" '[ "$(num ".rails[1].bytes")" -gt $((bytes_up + 8388608)) ]'
-    stop_initiator
+    stop_initiator 60
     check_result linkdown
     jq -e '.rails[1].failures > 0 and .rails[1].state == "up"' "$work/result.json" >/dev/null ||
       fail "linkdown: the final counters do not show the failure and the return"
@@ -229,7 +217,7 @@ for c in $cases; do
     else
       echo "devdel: rxr1b deleted in $(($(now_ms) - t0)) ms while in use; rail 1: $(jq -c ".rails[1]" "$work/stats.json")"
     fi
-    stop_initiator
+    stop_initiator 60
     check_result devdel
     target_down
     deadline=$(($(now_ms) + 30000))
@@ -368,7 +356,7 @@ PY
     for d in rxr1a rxr1b; do
       iptables -D INPUT -i $d -p udp --dport 4791 -m statistic --mode random --probability 0.01 -j DROP
     done
-    stop_initiator
+    stop_initiator 60
     check_result loss
     [ "$dropped" -gt 0 ] || fail "loss: the rules dropped no packet"
     max_ms=$(jq -r .lat_ms_max "$work/result.json")

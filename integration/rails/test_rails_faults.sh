@@ -174,17 +174,8 @@ else
   [ "$bytes1" -gt "$bytes0" ] || fail "rail 1 carried nothing under loss"
 fi
 
-kill -TERM "$ipid" # ends its loop: the reads in flight complete and are checked, then it reports
-rc=0
-deadline=$(($(now_ms) + 30000))
-while kill -0 "$ipid" 2>/dev/null; do
-  [ "$(now_ms)" -lt "$deadline" ] || fail "the initiator did not stop within 30 s of SIGTERM"
-  sleep 0.05
-done
-wait "$ipid" || rc=$?
-ipid=
+stop_initiator 30
 cat "$work/ini.out"
-[ "$rc" -eq 0 ] || fail "the initiator exited $rc (an op failed or read wrong bytes)"
 res=$(cat "$work/result.json")
 [ "$(jq -r .pass <<<"$res")" = true ] || fail "the run did not pass: $res"
 ops=$(jq -r .ops <<<"$res")
