@@ -11,13 +11,22 @@
 #             rails carried bytes, and both rails' rxe devices sent RoCE packets (their
 #             hardware counters), so the data went by the QPs of both devices; and
 #             rail 1's RoCE packets carry RdmaTrafficClass as their TOS (tcpdump).
-#   linkdown  READs in a loop; rail 1's veth is set down: its QP fails (RdmaTimeout 16,
-#             RdmaRetryCount 3: about 1 s of retries), the rail is taken out, its work
-#             requests are posted again on rail 0, no read fails, none takes longer than
-#             BOUND_MS; the veth set up: the rail is dialled again (its QP rebuilt on its
-#             device) and carries bytes again.
+#   linkdown  READs in a loop; rail 1's veth is set down: rxe reports the port down
+#             (IBV_EVENT_PORT_ERR), the rail is taken out at once (within PORT_OUT_MS,
+#             with the default QP timeout and retries, which alone would take about
+#             30 s), its work requests are posted again on rail 0, no read fails, none
+#             takes longer than BOUND_MS; the veth set up: the rail is dialled again (its
+#             QP rebuilt on its device) and carries bytes again.
+#   blackhole every RoCE packet of rail 1 dropped (iptables), its link up: no port event,
+#             the QP's retries run out (RdmaTimeout 16, RdmaRetryCount 3: about 1 s),
+#             the rail is taken out and its work goes to rail 0; no read fails; the
+#             rules removed, the rail carries bytes again.
 #   loss      1% of the RoCE packets each end of rail 1 receives dropped (iptables) while
 #             READs run: every read verified, the slowest bounded (LOSS_BOUND_MS).
+#   handoff   hixl-mock-host over the rails (pull, 32 requests); rail 1's veth set down
+#             mid-hand-off and up again: every request verified byte for byte, none
+#             failed, 0 blocks held by either side, the slowest bounded, rail 1's devices
+#             carry packets again after.
 #   devdel    READs in a loop; rail 1's rxe device at the target end is deleted
 #             (`rdma link delete`): every read verified, and what the kernel did is
 #             printed (this guest's rxe waits for the device's users to close it).
@@ -30,6 +39,7 @@ cases=${*:-stripe linkdown}
 BENCH=$build/integration/bench/hixl-rails-bench
 SCALE=${RAILS_TIME_SCALE:-1}
 BOUND_MS=${BOUND_MS:-$((20000 * SCALE))} # a 4 MiB read under emulation, a failover in it
+PORT_OUT_MS=${PORT_OUT_MS:-$((5000 * SCALE))} # port down to rail out (stats file period included)
 # a 4 MiB read whose rail 1 chunks lose packets: rxe resends a lost packet only at its
 # ack timeout, and hixl does not move a slow chunk (only a failed rail's)
 LOSS_BOUND_MS=${LOSS_BOUND_MS:-$((60000 * SCALE))}
@@ -41,6 +51,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=poll.sh
 . "$here/poll.sh" # now_ms, num, str, until_true (the initiator's stats file)
 export WAIT_SCALE=$SCALE
+export HIXL_LOG_LEVEL=${HIXL_LOG_LEVEL:-warn} # the engines' warnings (a port event) in their .err files
 work=$(mktemp -d)
 tpid=
 ipid=
@@ -170,32 +181,52 @@ for c in $cases; do
     [ "$total" -ge 20 ] && [ "$good" -eq "$total" ] || fail "stripe: rail 1's QPs do not carry the traffic class"
     echo "stripe: PASS"
     ;;
-  linkdown)
+  linkdown | blackhole)
+    # linkdown: the default QP timeout and retries (about 30 s to fail a QP): only the
+    # port event takes the rail out within PORT_OUT_MS. blackhole: the link stays up,
+    # so the QP's retries (made short) are what fail it.
     target_up
-    initiator --read --seconds 600 "${FAST_FAIL[@]}" &
+    if [ "$c" = linkdown ]; then
+      initiator --read --seconds 600 &
+    else
+      initiator --read --seconds 600 "${FAST_FAIL[@]}" &
+    fi
     ipid=$!
     until_true 60 "both rails carrying bytes" '[ "$(num ".rails[0].bytes")" -gt 16777216 ] && [ "$(num ".rails[1].bytes")" -gt 16777216 ]'
-    ip link set rxr1a down
+    if [ "$c" = linkdown ]; then
+      ip link set rxr1a down
+    else
+      for d in rxr1a rxr1b; do iptables -I INPUT -i $d -p udp --dport 4791 -j DROP; done
+    fi
     t_down=$(now_ms)
     ops_down=$(num .ops)
     until_true 60 "rail 1 taken out (down, failures > 0)" \
       '[ "$(str ".rails[1].state")" = down ] && [ "$(num ".rails[1].failures")" -gt 0 ]'
-    echo "linkdown: rail 1 down $(($(now_ms) - t_down)) ms after its veth: $(jq -c ".rails[1]" "$work/stats.json")"
+    out_ms=$(($(now_ms) - t_down))
+    echo "$c: rail 1 down $out_ms ms after its fault: $(jq -c ".rails[1]" "$work/stats.json")"
+    if [ "$c" = linkdown ]; then
+      grep -q "port error" "$work/ini.err" || fail "linkdown: the initiator did not log the port event"
+      [ "$out_ms" -le "$PORT_OUT_MS" ] || fail "linkdown: rail 1 out after $out_ms ms > $PORT_OUT_MS ms"
+    fi
     until_true 60 "reads going on over rail 0 alone (8 ops)" '[ "$(num .ops)" -gt $((ops_down + 8)) ]'
-    ip link set rxr1a up
+    if [ "$c" = linkdown ]; then
+      ip link set rxr1a up
+    else
+      for d in rxr1a rxr1b; do iptables -D INPUT -i $d -p udp --dport 4791 -j DROP; done
+    fi
     t_up=$(now_ms)
-    until_true 60 "rail 1 up again" '[ "$(str ".rails[1].state")" = up ]'
-    echo "linkdown: rail 1 up again $(($(now_ms) - t_up)) ms after its veth (RailProbeMs $PROBE_MS)"
     bytes_up=$(num ".rails[1].bytes")
-    until_true 60 "rail 1 carrying bytes again" '[ "$(num ".rails[1].bytes")" -gt $((bytes_up + 8388608)) ]'
+    until_true 60 "rail 1 up again and carrying bytes" \
+      '[ "$(str ".rails[1].state")" = up ] && [ "$(num ".rails[1].bytes")" -gt $((bytes_up + 8388608)) ]'
+    echo "$c: rail 1 up and carrying bytes again $(($(now_ms) - t_up)) ms after its fault ended (RailProbeMs $PROBE_MS)"
     stop_initiator 60
-    check_result linkdown
+    check_result "$c"
     jq -e '.rails[1].failures > 0 and .rails[1].state == "up"' "$work/result.json" >/dev/null ||
-      fail "linkdown: the final counters do not show the failure and the return"
+      fail "$c: the final counters do not show the failure and the return"
     max_ms=$(jq -r .lat_ms_max "$work/result.json")
-    python3 -c "import sys; sys.exit(not $max_ms <= $BOUND_MS)" || fail "linkdown: a read took $max_ms ms > $BOUND_MS ms"
+    python3 -c "import sys; sys.exit(not $max_ms <= $BOUND_MS)" || fail "$c: a read took $max_ms ms > $BOUND_MS ms"
     target_down
-    echo "linkdown: PASS (slowest read $max_ms ms, bound $BOUND_MS ms)"
+    echo "$c: PASS (slowest read $max_ms ms, bound $BOUND_MS ms)"
     ;;
   devdel)
     # rxe in this guest kernel has no way to take a device from a process using it
@@ -239,21 +270,34 @@ for c in $cases; do
     out=${BENCH_OUT:-$build/rdma-rails-bench.json}
     rm -f "$out"
     ops=${BENCH_OPS:-24}
-    rate=${BENCH_RATE:-30mbit}
+    rate=${BENCH_RATE:-15mbit}
     export DEPTH=${BENCH_DEPTH:-4}
     counts="1 2"
     [ "$NR" -le 2 ] || counts="1 2 $NR"
+    declare -A hx ref
+    # The guest's own ceiling, measured first and unshaped: READs and WRITEs over every
+    # rail at once. The emulated CPUs bound it; the shaped rails' sum must stay under it
+    # for their ratio to be the rails' and not the guest's.
+    target_up
+    for dir in read write; do
+      (USE=$NR initiator --$dir --ops "$ops") || fail "bench: hixl $dir over $NR unshaped rails"
+      hx[cap$dir]=$(jq -r .gbps "$work/result.json")
+      echo "bench: the guest's ceiling, hixl $dir over $NR unshaped rails: ${hx[cap$dir]} Gbit/s" >&2
+    done
+    target_down
     # Each veth end shaped to RATE (tbf) so the rails, not the emulated CPU, bound the
-    # throughput; a queue long enough that nothing in flight (DEPTH x 4 MiB) is dropped,
-    # and short enough in time (12 MB: 3.2 s at 30 Mbit/s) that RC's ack timeout (4 s)
-    # is not hit.
+    # throughput. rxe stops a QP at 64 packets in the stack, so the queue stays short in
+    # time; its limit is still held to 2 s of the rate, under RC's ack timeout (4 s).
     if [ "$rate" != none ]; then
+      bps=$(python3 -c 'import re, sys
+m = re.fullmatch(r"([0-9.]+)([kmg]?)bit", sys.argv[1])
+print(int(float(m[1]) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m[2]])) if m else print(0)' "$rate")
+      [ "$bps" -gt 0 ] || fail "bench: BENCH_RATE $rate is not N[k|m|g]bit"
       for d in "${devs[@]}"; do
-        tc qdisc replace dev "$d" root tbf rate "$rate" burst 64kb limit 12mb || fail "bench: tbf on $d"
+        tc qdisc replace dev "$d" root tbf rate "$rate" burst 64kb limit $((bps / 4)) || fail "bench: tbf on $d"
       done
     fi
     target_up
-    declare -A hx ref
     for dir in read write; do
       for n in $counts; do
         (USE=$n initiator --$dir --ops "$ops") || fail "bench: hixl $dir over $n rails"
@@ -283,9 +327,12 @@ for c in $cases; do
     done
     pt() { # tool rail port: Gbit/s of one perftest pair on rail's devices
       local i=0
-      taskset -c 0 "$1" -d "rxr${2}b" -x 1 -F --report_gbits -s 4194304 -n 16 -t "$DEPTH" -p "$3" >"$work/pt_s_$3" 2>&1 &
+      # -u 18: a QP timeout of 1 s, not perftest's 67 ms, which an emulated guest running
+      # several pairs on one CPU overruns (its four READ pairs collapsed with it)
+      taskset -c 0 "$1" -d "rxr${2}b" -x 1 -F --report_gbits -s 4194304 -n 16 -t "$DEPTH" -u 18 -p "$3" \
+        >"$work/pt_s_$3" 2>&1 &
       local spid=$!
-      until taskset -c 0 "$1" -d "rxr${2}a" -x 1 -F --report_gbits -s 4194304 -n 16 -t "$DEPTH" -p "$3" "10.77.2$2.2" \
+      until taskset -c 0 "$1" -d "rxr${2}a" -x 1 -F --report_gbits -s 4194304 -n 16 -t "$DEPTH" -u 18 -p "$3" "10.77.2$2.2" \
         >"$work/pt_c_$3" 2>&1; do
         i=$((i + 1))
         [ $i -lt 20 ] || { wait $spid; fail "bench: $1 on rail $2 did not connect"; }
@@ -311,6 +358,15 @@ for c in $cases; do
     echo "bench: rails shaped to $rate each (tbf), $ops ops of 4 MiB per run, depth $DEPTH, CPU 0"
     echo "| op | rails | hixl Gbit/s | hixl vs 1 rail | perftest Gbit/s | perftest vs 1 rail | hixl / perftest |"
     echo "|---|---|---|---|---|---|---|"
+    for dir in read write; do
+      python3 - "$dir" "$NR" "${hx[cap$dir]}" "$out" <<'PY'
+import json, sys
+d, n, g, out = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+print(f"| {d.upper()} 4 MiB, unshaped: the guest's ceiling | {n} | {g:.4f} | | | | |")
+with open(out, "a") as f:
+    f.write(json.dumps({"bench": "rdma_rails", "op": d + "_ceiling", "rails": n, "hixl_gbps": g}) + "\n")
+PY
+    done
     for n in $counts; do
       python3 - "$n" "${hx[handoff1]}" "${hx[handoff$n]}" "$out" <<'PY'
 import json, sys
@@ -368,27 +424,57 @@ PY
   handoff)
     # The P/D hand-off over RDMA rails: hixl-mock-host, prefill on the b ends, decode on
     # the a ends, each instance's Rails its own addresses, Transport rdma; small prompts
-    # (the emulated rxe moves about 0.15 Gbit/s). Every request verified byte for byte,
-    # none failed, 0 blocks held at the end by either side, and every rail's devices
-    # sent RoCE packets.
+    # (the emulated rxe moves about 0.15 Gbit/s). Mid-run rail 1's veth goes down (the
+    # port event takes the rail out) and comes up again. Every request verified byte for
+    # byte, none failed or recomputed, 0 blocks held at the end by either side, the
+    # slowest within HANDOFF_BOUND_MS, every rail's devices sent RoCE packets, and rail
+    # 1's again after its veth came back.
     MH=$build/integration/mock-host/hixl-mock-host
+    HANDOFF_BOUND_MS=${HANDOFF_BOUND_MS:-$((30000 * SCALE))}
+    rail_pkts() { echo $(($(sent rxr${1}a) + $(sent rxr${1}b))); }
     declare -A before
     for d in "${devs[@]}"; do before[$d]=$(sent "$d"); done
     PORT=$((PORT + 2))
-    taskset -c 0 "$MH" --requests 8 --min-prompt 64 --max-prompt 256 --transport rdma --on-load-failure fail \
+    taskset -c 0 "$MH" --requests 32 --min-prompt 64 --max-prompt 256 --transport rdma --on-load-failure fail \
       --prefill-addr "10.77.20.2:$PORT" --decode-addr "10.77.20.1:$((PORT + 1))" \
       --prefill-set "Rails=\"$(list b "$NR")\"" --decode-set "Rails=\"$(list a "$NR")\"" \
-      --timeout $((300 * SCALE)) --no-progress --json "$work/mh.json" >"$work/ini.out" 2>"$work/ini.err" ||
-      fail "handoff: hixl-mock-host exited $?"
-    jq -e '.pass and .failed == 0 and .recomputed == 0 and .corrupt == 0 and .prefill.blocks_held == 0 and
-        .decode.blocks_held == 0' "$work/mh.json" >/dev/null || fail "handoff: $(cat "$work/mh.json")"
-    line="handoff: $(jq -r .verified "$work/mh.json") requests verified byte for byte, 0 blocks held; RoCE packets sent:"
+      --set "RailProbeMs=\"$PROBE_MS\"" --timeout $((600 * SCALE)) --no-progress --json "$work/mh.json" \
+      >"$work/ini.out" 2>"$work/ini.err" &
+    ipid=$!
+    p1=$(rail_pkts 1)
+    until_true 120 "rail 1 carrying the hand-off (4000 packets)" '[ "$(rail_pkts 1)" -gt $((p1 + 4000)) ]'
+    ip link set rxr1a down
+    t_down=$(now_ms)
+    p0=$(rail_pkts 0)
+    until_true 60 "rail 0 carrying the hand-off alone (8000 packets more)" '[ "$(rail_pkts 0)" -gt $((p0 + 8000)) ]'
+    echo "handoff: rail 0 sent 8000 packets more $(($(now_ms) - t_down)) ms after rail 1's veth went down"
+    ip link set rxr1a up
+    t_up=$(now_ms)
+    p1=$(rail_pkts 1)
+    until_true 120 "rail 1 carrying the hand-off again (4000 packets)" '[ "$(rail_pkts 1)" -gt $((p1 + 4000)) ]'
+    echo "handoff: rail 1 carrying the hand-off again $(($(now_ms) - t_up)) ms after its veth came up"
+    deadline=$(($(now_ms) + 600000 * SCALE))
+    while kill -0 "$ipid" 2>/dev/null; do
+      [ "$(now_ms)" -lt "$deadline" ] || fail "handoff: the mock host did not finish"
+      sleep 0.1
+    done
+    rc=0
+    wait "$ipid" || rc=$?
+    ipid=
+    [ "$rc" -eq 0 ] || fail "handoff: hixl-mock-host exited $rc: $(tail -5 "$work/ini.out")"
+    jq -e '.pass and .verified == 32 and .failed == 0 and .recomputed == 0 and .corrupt == 0 and
+        .prefill.blocks_held == 0 and .decode.blocks_held == 0' "$work/mh.json" >/dev/null ||
+      fail "handoff: $(cat "$work/mh.json")"
+    grep -q "port error" "$work/ini.err" || fail "handoff: no engine logged rail 1's port event"
+    worst=$(jq -r .handoff_ms_p99 "$work/mh.json")
+    line="handoff: 32 requests verified byte for byte, 0 blocks held, slowest $worst ms (bound $HANDOFF_BOUND_MS ms); RoCE packets sent:"
     for ((i = 0; i < NR; i++)); do
       n=$(($(sent rxr${i}a) - before[rxr${i}a] + $(sent rxr${i}b) - before[rxr${i}b]))
       line+=" rail $i $n"
       [ "$n" -gt 1000 ] || { echo "$line"; fail "handoff: rail $i's devices sent (almost) nothing"; }
     done
     echo "$line"
+    python3 -c "import sys; sys.exit(not $worst <= $HANDOFF_BOUND_MS)" || fail "handoff: a hand-off took $worst ms"
     echo "handoff: PASS"
     ;;
   *) fail "unknown case $c" ;;

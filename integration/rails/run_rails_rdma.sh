@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # run_rails_rdma.sh BUILD_DIR [OUTPUT_MD]: RDMA rails' benchmark in the soft-RoCE guest
 # (issue 31): rdma_rails.sh's bench case with RAILS_N=4, 4 MiB READs and WRITEs over 1,
-# 2 and 4 rails of rxe devices, each rail shaped with tbf (RATE, default 30mbit), next to
+# 2 and 4 rails of rxe devices, each rail shaped with tbf (RATE, default 15mbit), next to
 # ib_read_bw / ib_write_bw over as many device pairs at once, and the P/D hand-off
 # (hixl-mock-host) over the same rails. Writes OUTPUT_MD (default
 # docs/performance-rails-rdma.md): the table, the goal lines, the JSON lines. About 12
@@ -12,7 +12,7 @@ die() { echo "run_rails_rdma: $*" >&2; exit 1; }
 build=$(cd "$1" 2>/dev/null && pwd) || die "no build dir: $1"
 src=$(cd "$(dirname "$0")/../.." && pwd)
 out=${2:-$src/docs/performance-rails-rdma.md}
-rate=${RATE:-30mbit}
+rate=${RATE:-15mbit}
 json=$build/rdma-rails-bench.json
 log=$build/rdma-rails-bench.log
 rm -f "$json"

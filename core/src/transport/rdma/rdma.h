@@ -16,11 +16,9 @@ struct ibv_comp_channel;
 struct ibv_qp;
 struct ibv_mr;
 struct ibv_wc;
-struct rdma_cm_id;
 
 struct rdma_dev {
-  struct rdma_cm_id *cm_id; /* bound to the engine's IP: owns the device context */
-  struct ibv_context *ctx;
+  struct ibv_context *ctx; /* this engine's own (async events are per context) */
   struct ibv_pd *pd;
   struct ibv_comp_channel *chan;
   struct ibv_cq *cq;
@@ -84,6 +82,25 @@ int rdma_post(struct ibv_qp *qp, bool write, void *laddr, uint32_t len, uint32_t
 /* Completion channel: the fd to watch, then re-arm and drain. */
 int rdma_chan_fd(const struct rdma_dev *d);
 int rdma_cq_rearm(struct rdma_dev *d); /* take the event, ack it, request the next */
+
+/* Async events (the context's non-blocking fd): a port going down or up, the device
+ * failing, a QP failing outside a completion. Flattened like completions. */
+enum rdma_async_kind {
+  RDMA_ASYNC_OTHER,
+  RDMA_ASYNC_PORT_DOWN,
+  RDMA_ASYNC_PORT_UP,
+  RDMA_ASYNC_DEVICE_FATAL,
+  RDMA_ASYNC_QP_FATAL
+};
+struct rdma_async {
+  enum rdma_async_kind kind;
+  uint8_t port;     /* port events */
+  uint32_t qpn;     /* RDMA_ASYNC_QP_FATAL */
+  const char *what; /* ibv_event_type_str */
+};
+int rdma_async_fd(const struct rdma_dev *d);
+/* Take one event and ack it: 1, 0 when there is none, -1 on error (errno). */
+int rdma_async_get(struct rdma_dev *d, struct rdma_async *out);
 
 /* One completion, flattened so callers need no verbs headers. */
 struct rdma_wc {

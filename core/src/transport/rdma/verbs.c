@@ -60,23 +60,39 @@ int rdma_dev_open(struct rdma_dev *d, const struct sockaddr_in *ip, const char *
     }
     d->port = 1;
   } else {
-    /* The device that owns the engine's IP, as librdmacm resolves it. */
+    /* The device that owns the engine's IP, as librdmacm resolves it. The context is
+     * this engine's own, not librdmacm's (which every engine of the process shares):
+     * its async events (port down, QP fatal) are then this engine's alone. */
     struct sockaddr_in sa = *ip;
+    struct rdma_cm_id *id = NULL;
     sa.sin_port = 0;
-    if (rdma_create_id(NULL, &d->cm_id, NULL, RDMA_PS_TCP) != 0) {
+    if (rdma_create_id(NULL, &id, NULL, RDMA_PS_TCP) != 0) {
       snprintf(err, errlen, "rdma_create_id: %s (is librdmacm able to open /dev/infiniband/rdma_cm?)",
                strerror(errno));
       return -1;
     }
-    if (rdma_bind_addr(d->cm_id, (struct sockaddr *)&sa) != 0 || !d->cm_id->verbs) {
+    if (rdma_bind_addr(id, (struct sockaddr *)&sa) != 0 || !id->verbs) {
       snprintf(err, errlen,
                "no RDMA device owns %s (rdma_bind_addr: %s); looked for a RoCE/IB device with that "
                "address, or name one with option RdmaDevice",
                ipstr, errno ? strerror(errno) : "no verbs context");
-      goto destroy_id;
+      rdma_destroy_id(id);
+      return -1;
     }
-    d->ctx = d->cm_id->verbs;
-    d->port = d->cm_id->port_num ? d->cm_id->port_num : 1;
+    d->ctx = ibv_open_device(id->verbs->device);
+    d->port = id->port_num ? id->port_num : 1;
+    if (!d->ctx)
+      snprintf(err, errlen, "%s: ibv_open_device: %s", ibv_get_device_name(id->verbs->device),
+               strerror(errno));
+    rdma_destroy_id(id);
+    if (!d->ctx) return -1;
+  }
+  {
+    int fl = fcntl(d->ctx->async_fd, F_GETFL);
+    if (fl < 0 || fcntl(d->ctx->async_fd, F_SETFL, fl | O_NONBLOCK) != 0) {
+      snprintf(err, errlen, "%s: async event fd: %s", ibv_get_device_name(d->ctx->device), strerror(errno));
+      goto close_ctx;
+    }
   }
   snprintf(d->name, sizeof(d->name), "%s", ibv_get_device_name(d->ctx->device));
   if (ibv_query_device(d->ctx, &da) != 0 || ibv_query_port(d->ctx, d->port, &pa) != 0) {
@@ -127,9 +143,7 @@ destroy_cq:
 free_pd:
   ibv_dealloc_pd(d->pd);
 close_ctx:
-  if (!d->cm_id) ibv_close_device(d->ctx);
-destroy_id:
-  if (d->cm_id) rdma_destroy_id(d->cm_id);
+  ibv_close_device(d->ctx);
   memset(d, 0, sizeof(*d));
   return -1;
 }
@@ -139,10 +153,7 @@ void rdma_dev_close(struct rdma_dev *d) {
   ibv_destroy_cq(d->cq);
   ibv_destroy_comp_channel(d->chan);
   ibv_dealloc_pd(d->pd);
-  if (d->cm_id)
-    rdma_destroy_id(d->cm_id);
-  else
-    ibv_close_device(d->ctx);
+  ibv_close_device(d->ctx);
   memset(d, 0, sizeof(*d));
 }
 
@@ -275,6 +286,41 @@ int rdma_post(struct ibv_qp *qp, bool write, void *laddr, uint32_t len, uint32_t
 }
 
 int rdma_chan_fd(const struct rdma_dev *d) { return d->chan->fd; }
+
+int rdma_async_fd(const struct rdma_dev *d) { return d->ctx->async_fd; }
+
+int rdma_async_get(struct rdma_dev *d, struct rdma_async *out) {
+  struct ibv_async_event ev;
+  if (ibv_get_async_event(d->ctx, &ev) != 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+  memset(out, 0, sizeof(*out));
+  out->what = ibv_event_type_str(ev.event_type);
+  switch (ev.event_type) {
+  case IBV_EVENT_PORT_ERR:
+    out->kind = RDMA_ASYNC_PORT_DOWN;
+    out->port = (uint8_t)ev.element.port_num;
+    break;
+  case IBV_EVENT_PORT_ACTIVE:
+    out->kind = RDMA_ASYNC_PORT_UP;
+    out->port = (uint8_t)ev.element.port_num;
+    break;
+  case IBV_EVENT_DEVICE_FATAL: out->kind = RDMA_ASYNC_DEVICE_FATAL; break;
+  case IBV_EVENT_QP_FATAL:
+  case IBV_EVENT_QP_REQ_ERR:
+  case IBV_EVENT_QP_ACCESS_ERR:
+    out->kind = RDMA_ASYNC_QP_FATAL;
+    out->qpn = ev.element.qp ? ev.element.qp->qp_num : 0;
+    break;
+  default:
+    out->kind = RDMA_ASYNC_OTHER;
+    if (ev.event_type == IBV_EVENT_GID_CHANGE || ev.event_type == IBV_EVENT_LID_CHANGE ||
+        ev.event_type == IBV_EVENT_PKEY_CHANGE || ev.event_type == IBV_EVENT_SM_CHANGE ||
+        ev.event_type == IBV_EVENT_CLIENT_REREGISTER)
+      out->port = (uint8_t)ev.element.port_num;
+    break;
+  }
+  ibv_ack_async_event(&ev);
+  return 1;
+}
 
 int rdma_cq_rearm(struct rdma_dev *d) {
   struct ibv_cq *cq;

@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,9 +36,13 @@ struct erdma_engine {              /* engine_xe(e, XPORT_RDMA), while the engine
   struct rdma_dev dev[ERDMA_DEVS]; /* [0]: the engine's address (or RdmaDevice); then rail addresses' */
   uint32_t ip[ERDMA_DEVS];         /* the IPv4 address each was opened for, network order */
   int n;
-  int epfd;                 /* n > 1: watches every device's completion channel (event_fd); else -1 */
-  struct erdma_link *links; /* those with a QP, for completions and timeouts */
+  int epfd;                      /* event_fd: every device's completion channel and async events */
+  _Atomic bool down[ERDMA_DEVS]; /* its port went down (async event), until it is active again */
+  struct erdma_link *links;      /* those with a QP, for completions and timeouts */
 };
+
+/* epoll data: a device's index, plus this for its async event fd */
+#define ERDMA_EV_ASYNC 0x100u
 
 /* A range's memory regions (r->xm[XPORT_RDMA], a bounce buffer's handle): one per device. */
 struct erdma_mr {
@@ -108,8 +113,8 @@ static void erdma_devs_close(struct erdma_engine *x) {
 
 /* Rails: a device for each local rail address other than the engine's (Rails auto:
  * each IPv4 address of an interface that is up) that an RDMA device owns. An address
- * no device owns is said, and its rails' links go by tcp. -1 (errno): no epoll. */
-static int rails_open(struct HixlEngine *e, struct erdma_engine *x) {
+ * no device owns is said, and its rails' links go by tcp. */
+static void rails_open(struct HixlEngine *e, struct erdma_engine *x) {
   const struct hixl_options *o = engine_opts(e);
   uint32_t cand[64];
   size_t nc = 0;
@@ -134,11 +139,20 @@ static int rails_open(struct HixlEngine *e, struct erdma_engine *x) {
     log_info("engine %s: rail %s on RDMA device %s", engine_name(e), ip, x->dev[x->n].name);
     x->ip[x->n++] = cand[k];
   }
-  if (x->n == 1) return 0;
+}
+
+/* One epoll for every device's completion channel and async event fd, both
+ * non-blocking: the module's event_fd. -1 (errno). */
+static int devs_watch(struct erdma_engine *x) {
   if ((x->epfd = epoll_create1(EPOLL_CLOEXEC)) < 0) return -1;
   for (int i = 0; i < x->n; i++) {
-    struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
-    if (epoll_ctl(x->epfd, EPOLL_CTL_ADD, rdma_chan_fd(&x->dev[i]), &ev) != 0) return -1;
+    int fl = fcntl(rdma_chan_fd(&x->dev[i]), F_GETFL);
+    if (fl < 0 || fcntl(rdma_chan_fd(&x->dev[i]), F_SETFL, fl | O_NONBLOCK) != 0) return -1;
+    struct epoll_event cq = {.events = EPOLLIN, .data.u32 = (uint32_t)i};
+    struct epoll_event as = {.events = EPOLLIN, .data.u32 = (uint32_t)i | ERDMA_EV_ASYNC};
+    if (epoll_ctl(x->epfd, EPOLL_CTL_ADD, rdma_chan_fd(&x->dev[i]), &cq) != 0 ||
+        epoll_ctl(x->epfd, EPOLL_CTL_ADD, rdma_async_fd(&x->dev[i]), &as) != 0)
+      return -1;
   }
   return 0;
 }
@@ -169,15 +183,13 @@ static HixlStatus erdma_open(struct HixlEngine *e) {
   x->ip[0] = engine_addr(e)->sin_addr.s_addr;
   x->n = 1;
   x->epfd = -1;
-  if (o->rails_on && rails_open(e, x) != 0) {
+  if (o->rails_on) rails_open(e, x);
+  if (devs_watch(x) != 0) {
+    int en = errno;
     erdma_devs_close(x);
     free(x);
-    return hixl_fail(HIXL_FAILED, "HixlEngineInitialize: Rails: cannot watch the rails' devices: %s",
-                     strerror(errno));
-  }
-  for (int i = 0; i < x->n; i++) {
-    int fl = fcntl(rdma_chan_fd(&x->dev[i]), F_GETFL);
-    fcntl(rdma_chan_fd(&x->dev[i]), F_SETFL, fl | O_NONBLOCK);
+    return hixl_fail(HIXL_FAILED, "HixlEngineInitialize: cannot watch the RDMA devices' events: %s",
+                     strerror(en));
   }
   engine_set_xe(e, XPORT_RDMA, x);
   log_info("engine %s: RDMA on %s (GID index %d)%s, traffic class %u, service level %u", engine_name(e),
@@ -200,7 +212,7 @@ static uint32_t erdma_caps(const struct HixlEngine *e) {
 
 static int erdma_event_fd(const struct HixlEngine *e) {
   const struct erdma_engine *x = eng_of(e);
-  return !x ? -1 : x->n > 1 ? x->epfd : rdma_chan_fd(&x->dev[0]);
+  return x ? x->epfd : -1;
 }
 
 static void mrs_free(struct erdma_mr *m) {
@@ -299,6 +311,12 @@ static HixlStatus erdma_connect(struct HixlEngine *e, int fd, uint64_t deadline,
   getsockname(fd, (struct sockaddr *)&here, &(socklen_t){sizeof(here)});
   l->dev = dev_of_ip(eng_of(e), here.sin_addr.s_addr); /* a rail's: its address's device */
   struct rdma_dev *d = &eng_of(e)->dev[l->dev];
+  if (atomic_load(&eng_of(e)->down[l->dev])) {
+    free(l);
+    return hixl_fail(HIXL_FAILED,
+                     "HixlEngineConnect: %s: RDMA device %s port %u is down (until its PORT_ACTIVE event)",
+                     remote, d->name, d->port);
+  }
   struct ibv_qp *qp = rdma_qp_new(d, &local, err, sizeof(err));
   if (!qp) {
     free(l);
@@ -499,16 +517,63 @@ static void erdma_on_dev_cq(struct HixlEngine *e, int dev) {
   }
 }
 
-/* Progress thread: a completion channel fired (with rails, the epoll of them all). */
-static void erdma_on_cq(struct HixlEngine *e) {
-  struct erdma_engine *x = eng_of(e);
-  if (x->n == 1) {
-    erdma_on_dev_cq(e, 0);
-    return;
+/* Kill every link whose QP is on device dev (qpn 0), or the one with QP qpn. */
+static void links_kill_on(struct HixlEngine *e, int dev, uint32_t qpn, const char *why) {
+  for (struct erdma_link *l = eng_of(e)->links, *next; l; l = next) {
+    next = l->next; /* a kill takes l off the list */
+    if (l->dev != dev || (qpn && rdma_qp_num(l->qp) != qpn) || link_dead(l->conn)) continue;
+    link_conn_kill(l->conn, HIXL_FAILED, why); /* on a rail: its chunks go to another rail */
   }
-  struct epoll_event ev[ERDMA_DEVS];
-  int n = epoll_wait(x->epfd, ev, ERDMA_DEVS, 0);
-  for (int i = 0; i < n; i++) erdma_on_dev_cq(e, (int)ev[i].data.u32);
+}
+
+/* Progress thread: device dev's async event fd is readable. A port that went down
+ * fails its links at once, rather than after their QPs' retries (RdmaTimeout x
+ * RdmaRetryCount: about 30 s with the defaults); while it is down, no link is built on
+ * it. A rail taken out this way comes back by its probe once the port is active. */
+static void erdma_on_dev_async(struct HixlEngine *e, int dev) {
+  struct erdma_engine *x = eng_of(e);
+  struct rdma_dev *d = &x->dev[dev];
+  struct rdma_async ev;
+  char why[192];
+  int got;
+  while ((got = rdma_async_get(d, &ev)) > 0) {
+    switch (ev.kind) {
+    case RDMA_ASYNC_PORT_DOWN:
+    case RDMA_ASYNC_DEVICE_FATAL:
+      if (ev.kind == RDMA_ASYNC_PORT_DOWN && ev.port != d->port) break;
+      atomic_store(&x->down[dev], true);
+      snprintf(why, sizeof(why), "RDMA device %s port %u: %s", d->name, d->port, ev.what);
+      log_warn("engine %s: %s; its links fail now", engine_name(e), why);
+      links_kill_on(e, dev, 0, why);
+      break;
+    case RDMA_ASYNC_PORT_UP:
+      if (ev.port != d->port || !atomic_exchange(&x->down[dev], false)) break;
+      log_info("engine %s: RDMA device %s port %u: %s", engine_name(e), d->name, d->port, ev.what);
+      break;
+    case RDMA_ASYNC_QP_FATAL:
+      snprintf(why, sizeof(why), "RDMA device %s: QP 0x%x: %s", d->name, ev.qpn, ev.what);
+      log_warn("engine %s: %s", engine_name(e), why);
+      links_kill_on(e, dev, ev.qpn, why);
+      break;
+    case RDMA_ASYNC_OTHER: log_info("engine %s: RDMA device %s: %s", engine_name(e), d->name, ev.what); break;
+    }
+  }
+  if (got < 0)
+    log_warn("engine %s: RDMA device %s: ibv_get_async_event: %s", engine_name(e), d->name, strerror(errno));
+}
+
+/* Progress thread: the epoll of the devices' completion channels and async fds fired. */
+static void erdma_on_event(struct HixlEngine *e) {
+  struct erdma_engine *x = eng_of(e);
+  struct epoll_event ev[2 * ERDMA_DEVS];
+  int n = epoll_wait(x->epfd, ev, 2 * ERDMA_DEVS, 0);
+  for (int i = 0; i < n; i++) {
+    uint32_t v = ev[i].data.u32;
+    if (v & ERDMA_EV_ASYNC)
+      erdma_on_dev_async(e, (int)(v & ~ERDMA_EV_ASYNC));
+    else
+      erdma_on_dev_cq(e, (int)v);
+  }
 }
 
 /* A request timed out. Chunks still waiting for a send-queue slot are dropped as they
@@ -615,7 +680,7 @@ const struct xport_ops xport_rdma = {
               .close = erdma_close,
               .caps = erdma_caps,
               .event_fd = erdma_event_fd,
-              .on_event = erdma_on_cq,
+              .on_event = erdma_on_event,
               .progress = erdma_progress},
     .mem = {.reg = erdma_reg,
             .dereg = erdma_dereg,
