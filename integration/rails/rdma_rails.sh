@@ -430,15 +430,15 @@ PY
     # slowest within HANDOFF_BOUND_MS, every rail's devices sent RoCE packets, and rail
     # 1's again after its veth came back.
     MH=$build/integration/mock-host/hixl-mock-host
-    HANDOFF_BOUND_MS=${HANDOFF_BOUND_MS:-$((30000 * SCALE))}
+    HANDOFF_BOUND_MS=${HANDOFF_BOUND_MS:-$((60000 * SCALE))} # a hand-off with a loss in it: LOSS_BOUND_MS
     rail_pkts() { echo $(($(sent rxr${1}a) + $(sent rxr${1}b))); }
     declare -A before
     for d in "${devs[@]}"; do before[$d]=$(sent "$d"); done
     PORT=$((PORT + 2))
-    taskset -c 0 "$MH" --requests 32 --min-prompt 64 --max-prompt 256 --transport rdma --on-load-failure fail \
+    taskset -c 0 "$MH" --requests 48 --min-prompt 64 --max-prompt 256 --transport rdma --on-load-failure fail \
       --prefill-addr "10.77.20.2:$PORT" --decode-addr "10.77.20.1:$((PORT + 1))" \
       --prefill-set "Rails=\"$(list b "$NR")\"" --decode-set "Rails=\"$(list a "$NR")\"" \
-      --set "RailProbeMs=\"$PROBE_MS\"" --timeout $((600 * SCALE)) --no-progress --json "$work/mh.json" \
+      --set "RailProbeMs=\"$PROBE_MS\"" --set RdmaTimeout=16 --timeout $((600 * SCALE)) --no-progress --json "$work/mh.json" \
       >"$work/ini.out" 2>"$work/ini.err" &
     ipid=$!
     p1=$(rail_pkts 1)
@@ -453,6 +453,18 @@ PY
     p1=$(rail_pkts 1)
     until_true 120 "rail 1 carrying the hand-off again (4000 packets)" '[ "$(rail_pkts 1)" -gt $((p1 + 4000)) ]'
     echo "handoff: rail 1 carrying the hand-off again $(($(now_ms) - t_up)) ms after its veth came up"
+    # then 1% of rail 1's RoCE packets lost while it carries 8000 more
+    for d in rxr1a rxr1b; do
+      iptables -I INPUT -i $d -p udp --dport 4791 -m statistic --mode random --probability 0.01 -j DROP
+    done
+    p1=$(rail_pkts 1)
+    until_true 180 "rail 1 carrying the hand-off under 1% loss (8000 packets)" '[ "$(rail_pkts 1)" -gt $((p1 + 8000)) ]'
+    dropped=$(iptables -L INPUT -v -x -n | awk '/statistic/ { s += $1 } END { print s + 0 }')
+    for d in rxr1a rxr1b; do
+      iptables -D INPUT -i $d -p udp --dport 4791 -m statistic --mode random --probability 0.01 -j DROP
+    done
+    echo "handoff: 1% loss on rail 1 while it sent 8000 packets: $dropped dropped"
+    [ "$dropped" -gt 0 ] || fail "handoff: the loss rules dropped no packet"
     deadline=$(($(now_ms) + 600000 * SCALE))
     while kill -0 "$ipid" 2>/dev/null; do
       [ "$(now_ms)" -lt "$deadline" ] || fail "handoff: the mock host did not finish"
@@ -462,12 +474,12 @@ PY
     wait "$ipid" || rc=$?
     ipid=
     [ "$rc" -eq 0 ] || fail "handoff: hixl-mock-host exited $rc: $(tail -5 "$work/ini.out")"
-    jq -e '.pass and .verified == 32 and .failed == 0 and .recomputed == 0 and .corrupt == 0 and
+    jq -e '.pass and .verified == 48 and .failed == 0 and .recomputed == 0 and .corrupt == 0 and
         .prefill.blocks_held == 0 and .decode.blocks_held == 0' "$work/mh.json" >/dev/null ||
       fail "handoff: $(cat "$work/mh.json")"
     grep -q "port error" "$work/ini.err" || fail "handoff: no engine logged rail 1's port event"
     worst=$(jq -r .handoff_ms_p99 "$work/mh.json")
-    line="handoff: 32 requests verified byte for byte, 0 blocks held, slowest $worst ms (bound $HANDOFF_BOUND_MS ms); RoCE packets sent:"
+    line="handoff: 48 requests verified byte for byte, 0 blocks held, slowest $worst ms (bound $HANDOFF_BOUND_MS ms); RoCE packets sent:"
     for ((i = 0; i < NR; i++)); do
       n=$(($(sent rxr${i}a) - before[rxr${i}a] + $(sent rxr${i}b) - before[rxr${i}b]))
       line+=" rail $i $n"

@@ -46,6 +46,8 @@ PY
   echo "device pairs at once, summed: what the guest itself reaches over those rails."
   echo "The hand-off: \`hixl-mock-host\`, pull, 8 requests of 32 to 64 tokens (llama8b's"
   echo "shape), Transport rdma, each instance's Rails its own addresses; its transfers' rate."
+  echo "The guest's ceiling, measured first in the same run: 4 MiB READs and WRITEs over every"
+  echo "rail at once, unshaped (the emulated CPUs bound it)."
   echo
   grep -E '^\|' "$log"
   echo
@@ -57,11 +59,19 @@ PY
   goal handoff 2 1.8
   goal handoff 4 3.4
   echo
-  echo "Reading it: the emulated guest moves about 0.1-0.15 Gbit/s in all (TCG emulates the"
-  echo "CPUs; rxe is software), so the rails bound the throughput only while their sum stays"
-  echo "under that: unshaped, two rails measure 0.99x one (the CPU is the bound). Where"
-  echo "perftest's own ratio on the same devices falls short of the goal, the guest, not"
-  echo "hixl, is the ceiling: compare the two ratios on each row."
+  python3 - "$json" "$rate" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+cap = {r["op"][:-8]: r for r in rows if r["op"].endswith("_ceiling")}
+top = {r["op"]: r for r in rows if r["op"] in ("read", "write") and r["rails"] == max(x["rails"] for x in rows)}
+print("Reading it: each rail is shaped to %s so that their sum stays under what the emulated" % sys.argv[2])
+print("guest moves at all (TCG emulates the CPUs; rxe is software), the ceiling row. The")
+print("busiest shaped run, %d rails, used " % max(x["rails"] for x in rows) +
+      ", ".join("%s %.0f%%" % (op.upper(), 100 * top[op]["hixl_gbps"] / cap[op]["hixl_gbps"]) for op in top if op in cap) +
+      " of it: the rails, not the guest, bound the shaped runs.")
+print("Where perftest's own ratio on the same devices falls short of a goal, the guest is the")
+print("limit of that row: compare the two ratios.")
+PY
   echo
   echo "JSON lines:"
   echo

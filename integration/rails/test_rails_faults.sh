@@ -20,12 +20,16 @@
 #             recomputed, 0 blocks held at the end by either side, the slowest hand-off
 #             within HANDOFF_BOUND_MS, and rail 1 carries bytes again after. The loads'
 #             own timeout (transfer_timeout_ms) is 20 s: the bound is what is checked.
+#   handoff-loss  the same hand-offs with 1% of the packets each end of rail 1 receives
+#             dropped for the whole run: every request verified byte for byte, none
+#             failed or recomputed, 0 blocks held, the slowest within HANDOFF_BOUND_MS,
+#             packets dropped and rail 1 carrying KV all the same.
 #
 # Every wait polls a condition with a deadline. Needs root and ip netns (exit 77, a
 # skip, otherwise); loss also iptables with the statistic match (77 without, said).
 set -euo pipefail
-BENCH=${1:?usage: test_rails_faults.sh BENCH linkdown|linkdown-write|loss|handoff [MOCK_HOST]}
-CASE=${2:?usage: test_rails_faults.sh BENCH linkdown|linkdown-write|loss|handoff [MOCK_HOST]}
+BENCH=${1:?usage: test_rails_faults.sh BENCH linkdown|linkdown-write|loss|handoff|handoff-loss [MOCK_HOST]}
+CASE=${2:?usage: test_rails_faults.sh BENCH linkdown|linkdown-write|loss|handoff|handoff-loss [MOCK_HOST]}
 DIR=read
 [ "$CASE" = linkdown-write ] && CASE=linkdown DIR=write
 MH=${3:-}
@@ -51,7 +55,7 @@ fail() {
   exit 1
 }
 
-case "$CASE" in linkdown | loss) ;; handoff) [ -x "$MH" ] || { echo "handoff needs MOCK_HOST" >&2; exit 2; } ;;
+case "$CASE" in linkdown | loss) ;; handoff | handoff-loss) [ -x "$MH" ] || { echo "$CASE needs MOCK_HOST" >&2; exit 2; } ;;
 *) echo "unknown case $CASE" >&2; exit 2 ;; esac
 [ "$(id -u)" -eq 0 ] || skip "needs root (ip netns, tc, ip link)"
 command -v ip >/dev/null && command -v tc >/dev/null || skip "needs ip and tc (iproute2)"
@@ -72,7 +76,7 @@ cleanup() {
 trap cleanup EXIT
 
 bed up 2 "$RATE" >/dev/null || skip "cannot build the bed (tbf shaping in namespaces)"
-if [ "$CASE" = loss ]; then
+if [ "$CASE" = loss ] || [ "$CASE" = handoff-loss ]; then
   command -v iptables >/dev/null || skip "loss: no iptables (apt-get install iptables); this kernel has no sch_netem"
   bed loss 1 1 2>"$work/loss.err" || skip "loss: iptables cannot drop 1% here: $(cat "$work/loss.err")"
   bed loss 1 0
@@ -84,22 +88,26 @@ fi
 # rail_tx RAIL: bytes the prefill end of the rail sent (the KV a pull moves)
 rail_tx() { ip -n "$HIXL_BED-pf" -s -j link show dev "hxr${1}p" | jq '.[0].stats64.tx.bytes'; }
 
-if [ "$CASE" = handoff ]; then
+if [ "$CASE" = handoff ] || [ "$CASE" = handoff-loss ]; then
+  [ "$CASE" = handoff ] || bed loss 1 1
+  t1=$(rail_tx 1)
   "$MH" --requests "$MH_REQUESTS" --min-prompt 512 --max-prompt 1024 --transport tcp --on-load-failure fail \
     --set transfer_timeout_ms=$((20000 * SCALE)) --set Rails=auto --set "RailStallMs=\"$STALL_MS\"" --set "RailProbeMs=\"$PROBE_MS\"" \
     --prefill-addr "10.88.0.1:$PORT" --decode-addr "10.88.0.2:$((PORT + 1))" \
     --prefill-netns "$HIXL_BED-pf" --decode-netns "$HIXL_BED-dc" --timeout 240 --no-progress \
     --json "$work/mh.json" >"$work/ini.out" 2>"$work/ini.err" &
   ipid=$!
-  until_true 60 "rail 1 carrying 64 MiB of KV" '[ "$(rail_tx 1)" -gt 67108864 ]'
-  bed link 1 down
-  t_down=$(now_ms)
-  r0=$(rail_tx 0)
-  until_true 60 "rail 0 carrying 64 MiB more after rail 1 went down" '[ "$(rail_tx 0)" -gt $((r0 + 67108864)) ]'
-  echo "rail 0 carried 64 MiB more $(($(now_ms) - t_down)) ms after rail 1 went down"
-  bed link 1 up
-  r1=$(rail_tx 1)
-  until_true 60 "rail 1 carrying KV again (16 MiB)" '[ "$(rail_tx 1)" -gt $((r1 + 16777216)) ]'
+  if [ "$CASE" = handoff ]; then
+    until_true 60 "rail 1 carrying 64 MiB of KV" '[ "$(rail_tx 1)" -gt 67108864 ]'
+    bed link 1 down
+    t_down=$(now_ms)
+    r0=$(rail_tx 0)
+    until_true 60 "rail 0 carrying 64 MiB more after rail 1 went down" '[ "$(rail_tx 0)" -gt $((r0 + 67108864)) ]'
+    echo "rail 0 carried 64 MiB more $(($(now_ms) - t_down)) ms after rail 1 went down"
+    bed link 1 up
+    r1=$(rail_tx 1)
+    until_true 60 "rail 1 carrying KV again (16 MiB)" '[ "$(rail_tx 1)" -gt $((r1 + 16777216)) ]'
+  fi
   deadline=$(($(now_ms) + 240000))
   while kill -0 "$ipid" 2>/dev/null; do
     [ "$(now_ms)" -lt "$deadline" ] || fail "the mock host did not finish within 240 s"
@@ -109,13 +117,21 @@ if [ "$CASE" = handoff ]; then
   wait "$ipid" || rc=$?
   ipid=
   cat "$work/ini.out"
+  if [ "$CASE" = handoff-loss ]; then
+    dropped=$(bed dropped 1)
+    bed loss 1 0
+    moved=$(($(rail_tx 1) - t1))
+    echo "1% loss on rail 1: $dropped packets dropped; rail 1 carried $((moved >> 20)) MiB of KV"
+    [ "$dropped" -gt 0 ] || fail "the loss rules dropped no packet"
+    [ "$moved" -gt 16777216 ] || fail "rail 1 carried (almost) nothing under loss"
+  fi
   [ "$rc" -eq 0 ] || fail "hixl-mock-host exited $rc"
   res=$(cat "$work/mh.json")
   jq -e --argjson n "$MH_REQUESTS" '.pass and .verified == $n and .failed == 0 and .recomputed == 0 and
       .corrupt == 0 and .prefill.blocks_held == 0 and .decode.blocks_held == 0' <<<"$res" >/dev/null ||
     fail "not every hand-off verified with 0 blocks held: $res"
   worst=$(jq -r .handoff_ms_p99 <<<"$res")
-  echo "handoff: $MH_REQUESTS hand-offs verified byte for byte, 0 blocks held; slowest $worst ms (bound $HANDOFF_BOUND_MS ms)"
+  echo "$CASE: $MH_REQUESTS hand-offs verified byte for byte, 0 blocks held; slowest $worst ms (bound $HANDOFF_BOUND_MS ms)"
   python3 -c "import sys; sys.exit(not $worst <= $HANDOFF_BOUND_MS)" || fail "a hand-off took $worst ms"
   echo "PASS"
   exit 0
