@@ -99,6 +99,8 @@ struct rdma_async {
   const char *what; /* ibv_event_type_str */
 };
 int rdma_async_fd(const struct rdma_dev *d);
+/* Whether d's port is ACTIVE now: 1, 0, or -1 when it cannot be queried. */
+int rdma_port_active(struct rdma_dev *d);
 /* Take one event and ack it: 1, 0 when there is none, -1 on error (errno). */
 int rdma_async_get(struct rdma_dev *d, struct rdma_async *out);
 

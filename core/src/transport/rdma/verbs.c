@@ -289,6 +289,12 @@ int rdma_chan_fd(const struct rdma_dev *d) { return d->chan->fd; }
 
 int rdma_async_fd(const struct rdma_dev *d) { return d->ctx->async_fd; }
 
+int rdma_port_active(struct rdma_dev *d) {
+  struct ibv_port_attr pa;
+  if (ibv_query_port(d->ctx, d->port, &pa) != 0) return -1;
+  return pa.state == IBV_PORT_ACTIVE;
+}
+
 int rdma_async_get(struct rdma_dev *d, struct rdma_async *out) {
   struct ibv_async_event ev;
   if (ibv_get_async_event(d->ctx, &ev) != 0) return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;

@@ -311,7 +311,9 @@ static HixlStatus erdma_connect(struct HixlEngine *e, int fd, uint64_t deadline,
   getsockname(fd, (struct sockaddr *)&here, &(socklen_t){sizeof(here)});
   l->dev = dev_of_ip(eng_of(e), here.sin_addr.s_addr); /* a rail's: its address's device */
   struct rdma_dev *d = &eng_of(e)->dev[l->dev];
-  if (atomic_load(&eng_of(e)->down[l->dev])) {
+  /* A port marked down by its event: refused until it is active (its PORT_ACTIVE event,
+   * or the port's state now, should that event come late). */
+  if (atomic_load(&eng_of(e)->down[l->dev]) && rdma_port_active(d) != 1) {
     free(l);
     return hixl_fail(HIXL_FAILED,
                      "HixlEngineConnect: %s: RDMA device %s port %u is down (until its PORT_ACTIVE event)",
@@ -539,8 +541,16 @@ static void erdma_on_dev_async(struct HixlEngine *e, int dev) {
   while ((got = rdma_async_get(d, &ev)) > 0) {
     switch (ev.kind) {
     case RDMA_ASYNC_PORT_DOWN:
+      if (ev.port != d->port) break;
+      /* Events come through the kernel's work queue, and can come late: a port that is
+       * active again by now is not taken down (a link it broke fails by its QP). */
+      if (rdma_port_active(d) == 1) {
+        log_warn("engine %s: RDMA device %s port %u: %s, but the port is active again: its links stay",
+                 engine_name(e), d->name, d->port, ev.what);
+        break;
+      }
+      /* fall through */
     case RDMA_ASYNC_DEVICE_FATAL:
-      if (ev.kind == RDMA_ASYNC_PORT_DOWN && ev.port != d->port) break;
       atomic_store(&x->down[dev], true);
       snprintf(why, sizeof(why), "RDMA device %s port %u: %s", d->name, d->port, ev.what);
       log_warn("engine %s: %s; its links fail now", engine_name(e), why);
