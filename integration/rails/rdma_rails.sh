@@ -27,9 +27,11 @@
 #             mid-hand-off and up again: every request verified byte for byte, none
 #             failed, 0 blocks held by either side, the slowest bounded, rail 1's devices
 #             carry packets again after.
-#   devdel    READs in a loop; rail 1's rxe device at the target end is deleted
-#             (`rdma link delete`): every read verified, and what the kernel did is
-#             printed (this guest's rxe waits for the device's users to close it).
+#   devdel    hixl-mock-host over the rails (24 requests); rail 1's rxe device at the
+#             prefill end is deleted (`rdma link delete`) mid-hand-off: every request
+#             verified, 0 blocks held, and what the kernel did printed (this guest's rxe
+#             waits for the device's users to close it); the device added again carries
+#             a new hand-off (8 requests).
 #
 # Every wait polls a condition with a deadline. Root in the guest; exits 77 outside it.
 set -euo pipefail
