@@ -21,17 +21,23 @@ until_true() {
     sleep 0.05
   done
 }
+# reap_initiator SECONDS WHAT: wait for $ipid to exit, SECONDS x WAIT_SCALE at most (else
+# fail with WHAT); its exit status in $reaped_rc, and $ipid emptied
+reap_initiator() {
+  local secs=$(($1 * ${WAIT_SCALE:-1})) deadline
+  deadline=$(($(now_ms) + secs * 1000))
+  while kill -0 "$ipid" 2>/dev/null; do
+    [ "$(now_ms)" -lt "$deadline" ] || fail "$2: not within $secs s"
+    sleep 0.05
+  done
+  reaped_rc=0
+  wait "$ipid" || reaped_rc=$?
+  ipid=
+}
 # stop_initiator SECONDS: SIGTERM ends the initiator's loop (the ops in flight complete and
 # are checked, then it reports); it must exit within SECONDS x WAIT_SCALE, and with 0
 stop_initiator() {
-  local secs=$(($1 * ${WAIT_SCALE:-1})) rc=0 deadline
   kill -TERM "$ipid"
-  deadline=$(($(now_ms) + secs * 1000))
-  while kill -0 "$ipid" 2>/dev/null; do
-    [ "$(now_ms)" -lt "$deadline" ] || fail "the initiator did not stop within $secs s of SIGTERM"
-    sleep 0.05
-  done
-  wait "$ipid" || rc=$?
-  ipid=
-  [ "$rc" -eq 0 ] || fail "the initiator exited $rc (an op failed or read wrong bytes)"
+  reap_initiator "$1" "the initiator stopping after SIGTERM"
+  [ "$reaped_rc" -eq 0 ] || fail "the initiator exited $reaped_rc (an op failed or read wrong bytes)"
 }

@@ -177,14 +177,8 @@ mh_start() {
 # mh_check WHAT N: it exits 0 with all N requests verified byte for byte, none failed or
 # recomputed, 0 blocks held at the end by either side
 mh_check() {
-  local rc=0 deadline=$(($(now_ms) + 600000 * SCALE))
-  while kill -0 "$ipid" 2>/dev/null; do
-    [ "$(now_ms)" -lt "$deadline" ] || fail "$1: the mock host did not finish"
-    sleep 0.1
-  done
-  wait "$ipid" || rc=$?
-  ipid=
-  [ "$rc" -eq 0 ] || fail "$1: hixl-mock-host exited $rc: $(tail -5 "$work/ini.out")"
+  reap_initiator 600 "$1: the mock host finishing"
+  [ "$reaped_rc" -eq 0 ] || fail "$1: hixl-mock-host exited $reaped_rc: $(tail -5 "$work/ini.out")"
   jq -e --argjson n "$2" '.pass and .verified == $n and .failed == 0 and .recomputed == 0 and .corrupt == 0 and
       .prefill.blocks_held == 0 and .decode.blocks_held == 0' "$work/mh.json" >/dev/null ||
     fail "$1: $(cat "$work/mh.json")"

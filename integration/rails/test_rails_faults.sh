@@ -108,14 +108,8 @@ if [ "$CASE" = handoff ] || [ "$CASE" = handoff-loss ]; then
     r1=$(rail_tx 1)
     until_true 60 "rail 1 carrying KV again (16 MiB)" '[ "$(rail_tx 1)" -gt $((r1 + 16777216)) ]'
   fi
-  deadline=$(($(now_ms) + 240000))
-  while kill -0 "$ipid" 2>/dev/null; do
-    [ "$(now_ms)" -lt "$deadline" ] || fail "the mock host did not finish within 240 s"
-    sleep 0.1
-  done
-  rc=0
-  wait "$ipid" || rc=$?
-  ipid=
+  reap_initiator 240 "the mock host finishing"
+  rc=$reaped_rc
   cat "$work/ini.out"
   if [ "$CASE" = handoff-loss ]; then
     dropped=$(bed dropped 1)
