@@ -201,6 +201,8 @@ static void test_reset_fails_over(void) {
   rails_of(&p, ri);
   CU_ASSERT_TRUE(ri[1].failures >= 1);
   CU_ASSERT_TRUE(ri[1].retried >= 1);
+  CU_ASSERT_TRUE(ri[1].last_down[0] != '\0'); /* why, for an operator */
+  CU_ASSERT_STRING_EQUAL(ri[0].last_down, "");
   /* The prober dials it again; then it carries bytes again. */
   CU_ASSERT_TRUE_FATAL(wait_all_up(&p, 3, tu_now_ms() + 5000));
   uint64_t before = ri[1].bytes;
@@ -282,6 +284,7 @@ static void test_slow_is_not_failed(void) {
   CU_ASSERT_EQUAL(ri[1].failures, 0);
   CU_ASSERT_EQUAL(ri[1].retried, 0);
   CU_ASSERT_STRING_EQUAL(ri[1].state, "up");
+  CU_ASSERT_STRING_EQUAL(ri[1].last_down, "");
   pair_down(&p);
 }
 

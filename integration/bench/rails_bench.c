@@ -30,7 +30,8 @@
  * reader never sees half of it) every 200 ms with ops, failures and the rails, for
  * scripts that act when a condition holds (the fault tests). Progress on stderr every
  * second unless --no-progress. SIGINT or SIGTERM ends an initiator's loop: the ops in
- * flight complete and are checked, then it reports. */
+ * flight complete and are checked, then it reports. SIGUSR1 holds it: the ops in flight
+ * complete, then none is posted (the stats file's phase says "held") until SIGUSR2. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -81,11 +82,12 @@ static struct {
        .dir = -1,
        .progress = true};
 
-static volatile sig_atomic_t stop_flag;
+static volatile sig_atomic_t stop_flag, hold_flag;
 static void on_stop(int sig) {
   (void)sig;
   stop_flag = 1;
 }
+static void on_hold(int sig) { hold_flag = sig == SIGUSR1; }
 
 static void report(const char *what, HixlStatus st) {
   const char *why = HixlGetLastErrorMessage();
@@ -286,6 +288,10 @@ static void install_stop(void) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
+  struct sigaction hs = {.sa_handler = on_hold};
+  sigemptyset(&hs.sa_mask);
+  sigaction(SIGUSR1, &hs, NULL);
+  sigaction(SIGUSR2, &hs, NULL);
   signal(SIGPIPE, SIG_IGN);
 }
 
@@ -409,14 +415,33 @@ static int rails_now(const struct run *r, struct hixl_rail_info *ri, size_t *n) 
   return 0;
 }
 
+/* s as a JSON string, quotes included */
+static void json_string(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\')
+      fprintf(f, "\\%c", ch);
+    else if (ch < 0x20)
+      fprintf(f, "\\u%04x", ch);
+    else
+      fputc(ch, f);
+  }
+  fputc('"', f);
+}
+
 static void rails_json(FILE *f, const struct hixl_rail_info *ri, size_t n) {
   fprintf(f, "[");
-  for (size_t k = 0; k < n; k++)
+  for (size_t k = 0; k < n; k++) {
     fprintf(f,
             "%s{\"rail\": %zu, \"local\": \"%s\", \"remote\": \"%s\", \"state\": \"%s\", \"bytes\": %" PRIu64
-            ", \"ops\": %" PRIu64 ", \"failures\": %" PRIu64 ", \"retried\": %" PRIu64 ", \"control\": %d}",
+            ", \"ops\": %" PRIu64 ", \"failures\": %" PRIu64 ", \"retried\": %" PRIu64
+            ", \"control\": %d, \"last_down\": ",
             k ? ", " : "", k, ri[k].local, ri[k].remote, ri[k].state, ri[k].bytes, ri[k].ops, ri[k].failures,
             ri[k].retried, ri[k].control);
+    json_string(f, ri[k].last_down);
+    fprintf(f, "}");
+  }
   fprintf(f, "]");
 }
 
@@ -573,7 +598,7 @@ static int write_check(struct run *r) {
 }
 
 static bool more(const struct run *r, uint64_t now) {
-  if (stop_flag) return false;
+  if (stop_flag || hold_flag) return false;
   if (o.ops) return r->submitted < o.ops;
   return now - r->t_start < o.seconds * 1000000000ull;
 }
@@ -619,6 +644,14 @@ static int loop(struct run *r) {
     }
     r->timed_ns += bench_now_ns() - r->t_phase; /* nothing in flight: the timed phase ends */
     if (o.dir == HIXL_WRITE && write_check(r) < 0) return -1;
+    while (hold_flag && !stop_flag) { /* SIGUSR1: nothing in flight until SIGUSR2 */
+      uint64_t t = bench_now_ns();
+      if (o.stats_file && t >= r->next_stats) {
+        stats_write(r, "held");
+        r->next_stats = t + STATS_PERIOD;
+      }
+      poll(NULL, 0, 20);
+    }
     if (!more(r, bench_now_ns())) return 0;
     r->t_phase = bench_now_ns();
   }

@@ -19,4 +19,4 @@ RXE_VM_RW_DIR="$build" RXE_VM_TIMEOUT="${RXE_VM_TIMEOUT:-2400}" RXE_VM_MEM="${RX
   "cd $(printf %q "$build") && ulimit -l unlimited && HIXL_TEST_IP=\$RXE_IP HIXL_REQUIRE_RDMA=1 \
    ctest -L 'rdma|vm' --output-on-failure --no-tests=error$extra && \
    sh $(printf %q "$here/tos-on-wire.sh") $(printf %q "$build") && \
-   bash $(printf %q "$here/../rails/rdma_rails.sh") $(printf %q "$build") stripe linkdown blackhole loss handoff devdel"
+   bash $(printf %q "$here/../rails/rdma_rails.sh") $(printf %q "$build") stripe linkdown portevent blackhole loss handoff devdel"

@@ -429,6 +429,7 @@ HixlStatus hixl_engine_rails(HixlEngine *e, const char *remote, struct hixl_rail
     o->failures = rl->failures;
     o->retried = rl->retried;
     o->control = rl->conn && rl->conn == p->conn;
+    snprintf(o->last_down, sizeof(o->last_down), "%s", rl->last_down);
   }
   pthread_mutex_unlock(&e->lock);
   return HIXL_SUCCESS;

@@ -54,14 +54,15 @@ HixlStatus hixl_engine_link_info(HixlEngine *e, const char *remote, struct hixl_
 /* The rails to remote (Rails, docs/rails.md): *n of them (0 when the link has none),
  * the first cap written to out, rail 0 being the link Connect made. */
 struct hixl_rail_info {
-  char local[16];    /* this engine's address ("" when the kernel picks) */
-  char remote[24];   /* the peer's, "ip:port" */
-  char state[8];     /* "up" or "down" */
-  uint64_t bytes;    /* bytes of the direct chunks it carried (answered) */
-  uint64_t ops;      /* ... and how many */
-  uint64_t failures; /* times it went down */
-  uint64_t retried;  /* chunks moved off it onto another rail when it went down */
-  int control;       /* it carries the control frames (memory table, SYNC, NOTIFY, CALL, staging) */
+  char local[16];      /* this engine's address ("" when the kernel picks) */
+  char remote[24];     /* the peer's, "ip:port" */
+  char state[8];       /* "up" or "down" */
+  uint64_t bytes;      /* bytes of the direct chunks it carried (answered) */
+  uint64_t ops;        /* ... and how many */
+  uint64_t failures;   /* times it went down */
+  uint64_t retried;    /* chunks moved off it onto another rail when it went down */
+  int control;         /* it carries the control frames (memory table, SYNC, NOTIFY, CALL, staging) */
+  char last_down[128]; /* why it last went down, as logged ("" if never; cut at 127 bytes) */
 };
 HixlStatus hixl_engine_rails(HixlEngine *e, const char *remote, struct hixl_rail_info *out, size_t cap,
                              size_t *n);

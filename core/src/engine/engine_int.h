@@ -125,6 +125,7 @@ struct rail {
   uint64_t bytes, ops, failures, retried; /* answered chunks' bytes and count; times it went down; chunks
                                              moved off it when it did */
   uint64_t next_probe_ns;                 /* down: dialled again from then on (RailProbeMs) */
+  char last_down[128];                    /* why it last went down ("" if never) */
   bool dialling;                          /* the prober is dialling it, the lock released */
 };
 

@@ -250,6 +250,7 @@ static void peer_detach(struct conn *c, const char *why) {
     struct rail *rl = &p->rails[c->rail];
     rl->conn = NULL;
     rl->failures++;
+    snprintf(rl->last_down, sizeof(rl->last_down), "%s", why);
     rl->next_probe_ns = hixl_now_ns() + (uint64_t)c->eng->opts.rail_probe_ms * 1000000u;
     if (c->eng->rail_thread_on) pthread_cond_signal(&c->eng->rail_cond);
   }
