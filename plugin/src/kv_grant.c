@@ -3,9 +3,9 @@
  * name it authenticated with. In pull mode the producer grants the consumer that
  * PINs a request its blocks, until FREE or the lease ends; in push mode the consumer
  * grants the producer that ACCEPTs a request the blocks it expects, until the push
- * ends. A grant is each block's pieces, exactly the pieces an op list is built from
- * (kv_layout.c, plane_pieces: one per head, or one per plane when heads are
- * adjacent), so requests that share a block share identical, counted ranges. The
+ * ends. A grant is each block's pieces in each plane: one per head, or one per plane
+ * when its heads are adjacent (the ops built from them, kv_layout.c, join adjacent
+ * heads too), so requests that share a block share identical, counted ranges. The
  * engine enforces grants where its CPU serves an op (tcp, staged ops); an rdma or
  * same-host peer is not scoped (the engine says so).
  *
@@ -28,29 +28,43 @@ struct kv_revoke {
   size_t n;
 };
 
+/* The ranges of plane pl's block: one per head, or one when its heads are adjacent (or
+ * it has none): the same bytes either way, but a PIN grants and a FREE revokes every
+ * range on the producer's progress thread, which serves the reads meanwhile: with a
+ * range per head, a PIN of a 1024-token request of 8 layers and 8 heads (4096 ranges)
+ * held that thread ~0.6 ms, a FREE ~0.4 ms. */
+static uint32_t plane_ranges(const struct kv_plane *pl, uint64_t *len) {
+  uint32_t heads = pl->heads ? pl->heads : 1;
+  bool adjacent = heads == 1 || pl->head_stride == pl->bytes / heads;
+  *len = adjacent ? pl->bytes : pl->bytes / heads;
+  return adjacent ? 1 : heads;
+}
+
 /* The pieces of a request's blocks (every group's, one list after another, gn[g] in
  * group g) in this worker's layout: *out (malloc'd), their count; 0 with *out NULL
- * when there are none (no layout yet) or no memory. Lock held. */
+ * when there are none (no layout yet) or no memory. A block's ranges are always cut
+ * the same way, so requests that share a block share identical ranges. Lock held. */
 static size_t request_ranges(const hixl_kv_connector *c, const uint64_t *blocks, const uint32_t *gn,
                              uint32_t ngroups, uint64_t (**out)[2]) {
   const struct kv_layout *l = &c->lay;
   size_t n = 0, off = 0;
+  uint64_t len;
   *out = NULL;
   if (l->ng == 0 || ngroups != l->ng) return 0;
   for (uint32_t g = 0; g < l->ng; g++)
     for (uint32_t p = 0; p < l->g[g].nplanes; p++)
-      n += (size_t)gn[g] * (l->g[g].planes[p].heads ? l->g[g].planes[p].heads : 1);
+      n += (size_t)gn[g] * plane_ranges(&l->g[g].planes[p], &len);
   uint64_t(*r)[2] = n ? malloc(n * sizeof(*r)) : NULL;
   if (!r) return 0;
   size_t k = 0;
   for (uint32_t g = 0; g < l->ng; off += gn[g], g++)
     for (uint32_t p = 0; p < l->g[g].nplanes; p++) {
       const struct kv_plane *pl = &l->g[g].planes[p];
-      uint32_t heads = pl->heads ? pl->heads : 1;
+      uint32_t nr = plane_ranges(pl, &len);
       for (uint32_t j = 0; j < gn[g]; j++)
-        for (uint32_t h = 0; h < heads; h++) {
+        for (uint32_t h = 0; h < nr; h++) {
           r[k][0] = pl->base + blocks[off + j] * pl->stride + h * pl->head_stride;
-          r[k][1] = pl->bytes / heads;
+          r[k][1] = len;
           k++;
         }
     }

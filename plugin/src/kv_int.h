@@ -283,10 +283,13 @@ struct kv_loader {
   struct kv_loader_slot slots[KV_LOADERS_MAX];
   struct kv_load *pulling[KV_LOADERS_MAX]; /* per thread: the load it pulls now (pinned), or NULL */
   uint32_t npulling;
-  pthread_cond_t cond; /* a load queued, a producer no longer busy, or shut (CLOCK_MONOTONIC) */
-  pthread_t renewer;   /* pins the loads being pulled again every half lease */
+  pthread_cond_t cond;  /* a load queued, a producer no longer busy, or shut: idle loader threads wait
+                         * (CLOCK_MONOTONIC) */
+  pthread_cond_t ended; /* a load ended: handle_preemptions waits (CLOCK_MONOTONIC) */
+  pthread_t renewer;    /* pins the loads being pulled again every half lease */
   bool renewer_on;
-  pthread_cond_t renew; /* a pull started, or shut (CLOCK_MONOTONIC) */
+  bool renewer_idle;    /* it waits for a load to be queued or pulled */
+  pthread_cond_t renew; /* loads queued, a pull started while it was idle, or shut (CLOCK_MONOTONIC) */
 };
 
 /* Worker, push producer: the pushes (kv_pusher.c). */

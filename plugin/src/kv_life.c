@@ -17,6 +17,7 @@
 /* The connector's lock and condition variables (kv_create made them). */
 static void sync_destroy(hixl_kv_connector *c) {
   pthread_cond_destroy(&c->load.cond);
+  pthread_cond_destroy(&c->load.ended);
   pthread_cond_destroy(&c->load.renew);
   pthread_cond_destroy(&c->push.cond);
   pthread_cond_destroy(&c->push.saved);
@@ -66,6 +67,7 @@ hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint32_t ra
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_mutex_init(&c->lock, NULL);
   pthread_cond_init(&c->load.cond, &ca);
+  pthread_cond_init(&c->load.ended, &ca);
   pthread_cond_init(&c->load.renew, &ca);
   pthread_cond_init(&c->push.cond, &ca);
   pthread_cond_init(&c->push.saved, &ca);

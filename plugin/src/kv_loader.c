@@ -241,7 +241,9 @@ static void *renewer_main(void *arg) {
   pthread_mutex_lock(&c->lock);
   while (!c->shut && ans) {
     if (ld->npulling == 0 && !ld->queue) {
+      ld->renewer_idle = true;
       pthread_cond_wait(&ld->renew, &c->lock);
+      ld->renewer_idle = false;
       continue;
     }
     uint64_t at = kv_now_ns() + half; /* a load just started or queued was pinned (or bound) just now */
@@ -327,7 +329,7 @@ static HixlStatus load_one(hixl_kv_connector *c, struct kv_load *l, uint32_t slo
   pthread_mutex_lock(&c->lock); /* pinned: the renewer pins it again while it is pulled */
   c->load.pulling[slot] = l;
   c->load.npulling++;
-  pthread_cond_broadcast(&c->load.renew);
+  if (c->load.renewer_idle) pthread_cond_broadcast(&c->load.renew); /* else it is timing a half lease */
   pthread_mutex_unlock(&c->lock);
   ahead_start(c, s, l); /* answered behind this pull's data */
   st = pull_ops(c, e, &o, deadline, why, cap);
@@ -470,8 +472,11 @@ static void *loader_main(void *arg) {
     if (!next) {
       kv_idset_del(&ld->busy, l->e.remote);
       ld->idle++;
+      pthread_cond_broadcast(&ld->cond); /* that producer's next load may go now */
     }
-    pthread_cond_broadcast(&ld->cond); /* that producer's next load may go now; a preemption waits */
+    /* Going on with its producer changes nothing for the idle threads: waking them for
+     * each load (a request) costs every one of them a wake-up beside the pulls. */
+    pthread_cond_broadcast(&ld->ended); /* a preemption may wait for it */
     pthread_mutex_unlock(&c->lock);
     free(l->e.blocks);
     free(l->e.rblocks);

@@ -521,7 +521,7 @@ hixl_kv_status kv_preemptions(hixl_kv_connector *c, const hixl_kv_ids *ids) {
     kv_expect_end(c, x, "preempted (handle_preemptions)");
   }
   /* Loads and pushes under way: waited for (they end within their timeouts). */
-  while (ids_any(&c->load.active, ids)) pthread_cond_wait(&c->load.cond, &c->lock);
+  while (ids_any(&c->load.active, ids)) pthread_cond_wait(&c->load.ended, &c->lock);
   while (ids_any(&c->push.active, ids)) pthread_cond_wait(&c->push.cond, &c->lock);
   struct kv_idset drop = c->drop;
   memset(&c->drop, 0, sizeof(c->drop));

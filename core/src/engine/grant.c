@@ -84,8 +84,12 @@ HixlStatus grant_add(struct HixlEngine *e, const char *peer, const uint64_t (*ra
     free(out);
     return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "hixl_engine_grant: out of memory");
   }
-  for (size_t i = 0; i < n; i++) add[i] = (struct grant_range){ranges[i][0], ranges[i][1], 1};
-  qsort(add, n, sizeof(*add), by_addr);
+  bool sorted = true; /* a request's blocks usually come in order: no sort then */
+  for (size_t i = 0; i < n; i++) {
+    add[i] = (struct grant_range){ranges[i][0], ranges[i][1], 1};
+    sorted = sorted && (i == 0 || by_addr(&add[i - 1], &add[i]) <= 0);
+  }
+  if (!sorted) qsort(add, n, sizeof(*add), by_addr);
   /* Merge the two sorted runs, counting identical ranges once. */
   size_t a = 0, b = 0, k = 0;
   while (a < g->n || b < n) {
