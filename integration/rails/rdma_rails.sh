@@ -167,6 +167,15 @@ check_result() { # what
 MH=$build/integration/mock-host/hixl-mock-host
 # rail_pkts RAIL: RoCE packets the decode / initiator end of the rail sent and received
 rail_pkts() { echo $(($(sent rxr${1}a) + $(cat /sys/class/infiniband/rxr${1}a/ports/1/hw_counters/rcvd_pkts))); }
+# roce_drop -I|-D [PROBABILITY]: add (-I) or remove (-D) the rules that drop the RoCE
+# packets each end of rail 1 receives: all of them, or at random with PROBABILITY
+roce_drop() {
+  local d stat=()
+  [ -z "${2:-}" ] || stat=(-m statistic --mode random --probability "$2")
+  for d in rxr1a rxr1b; do iptables "$1" INPUT -i $d -p udp --dport 4791 "${stat[@]}" -j DROP || return 1; done
+}
+# roce_dropped: packets the random-drop rules dropped so far
+roce_dropped() { iptables -L INPUT -v -x -n | awk '/statistic/ { s += $1 } END { print s + 0 }'; }
 # mh_start N [ARGS...]: hixl-mock-host in the background ($ipid) over the rails: pull, N
 # requests of 64 to 256 tokens (the emulated rxe moves about 0.15 Gbit/s), prefill on the
 # b ends, decode on the a ends, each instance's Rails its own addresses, Transport rdma
@@ -222,19 +231,21 @@ for c in $cases; do
     # linkdown: the default QP timeout and retries (about 30 s to fail a QP by its
     # retries); the rail must be out within PORT_OUT_MS. blackhole: the link stays up, so
     # the QP's retries (made short) are what fail it.
+    # fault -I|-D: rail 1's fault begins or ends
+    fault() {
+      if [ "$c" = linkdown ]; then
+        ip link set rxr1a "$([ "$1" = -I ] && echo down || echo up)"
+      else
+        roce_drop "$1"
+      fi
+    }
+    fast=()
+    [ "$c" = linkdown ] || fast=("${FAST_FAIL[@]}")
     target_up
-    if [ "$c" = linkdown ]; then
-      initiator --read --seconds 600 &
-    else
-      initiator --read --seconds 600 "${FAST_FAIL[@]}" &
-    fi
+    initiator --read --seconds 600 "${fast[@]}" &
     ipid=$!
     until_true 60 "both rails carrying bytes" '[ "$(num ".rails[0].bytes")" -gt 16777216 ] && [ "$(num ".rails[1].bytes")" -gt 16777216 ]'
-    if [ "$c" = linkdown ]; then
-      ip link set rxr1a down
-    else
-      for d in rxr1a rxr1b; do iptables -I INPUT -i $d -p udp --dport 4791 -j DROP; done
-    fi
+    fault -I
     t_down=$(now_ms)
     ops_down=$(num .ops)
     until_true 60 "rail 1 taken out (down, failures > 0)" \
@@ -245,11 +256,7 @@ for c in $cases; do
       [ "$out_ms" -le "$PORT_OUT_MS" ] || fail "linkdown: rail 1 out after $out_ms ms > $PORT_OUT_MS ms"
     fi
     until_true 60 "reads going on over rail 0 alone (8 ops)" '[ "$(num .ops)" -gt $((ops_down + 8)) ]'
-    if [ "$c" = linkdown ]; then
-      ip link set rxr1a up
-    else
-      for d in rxr1a rxr1b; do iptables -D INPUT -i $d -p udp --dport 4791 -j DROP; done
-    fi
+    fault -D
     t_up=$(now_ms)
     bytes_up=$(num ".rails[1].bytes")
     until_true 60 "rail 1 up again and carrying bytes" \
@@ -464,10 +471,7 @@ PY
     # it is taken out and its work goes to rail 0. Every read verified, none failed, the
     # slowest printed and bounded.
     command -v iptables >/dev/null || { echo "loss: SKIP (no iptables)"; continue; }
-    for d in rxr1a rxr1b; do
-      iptables -I INPUT -i $d -p udp --dport 4791 -m statistic --mode random --probability 0.01 -j DROP ||
-        fail "loss: iptables cannot drop 1% here"
-    done
+    roce_drop -I 0.01 || fail "loss: iptables cannot drop 1% here"
     target_up
     # rxe recovers a lost packet by its ack timeout: RdmaTimeout 16 (268 ms), not 4 s
     # (measured: slowest read 16.7 s of 22, 3339 packets dropped): bound LOSS_BOUND_MS.
@@ -476,10 +480,8 @@ PY
     until_true 60 "both rails carrying bytes" '[ "$(num ".rails[0].bytes")" -gt 8388608 ] && [ "$(num ".rails[1].bytes")" -gt 8388608 ]'
     ops0=$(num .ops)
     until_true 180 "16 reads under 1% loss on rail 1" '[ "$(num .ops)" -ge $((ops0 + 16)) ]'
-    dropped=$(iptables -L INPUT -v -x -n | awk '/statistic/ { s += $1 } END { print s + 0 }')
-    for d in rxr1a rxr1b; do
-      iptables -D INPUT -i $d -p udp --dport 4791 -m statistic --mode random --probability 0.01 -j DROP
-    done
+    dropped=$(roce_dropped)
+    roce_drop -D 0.01
     stop_initiator 60
     check_result loss
     [ "$dropped" -gt 0 ] || fail "loss: the rules dropped no packet"
@@ -516,15 +518,11 @@ PY
     until_true 120 "rail 1 carrying the hand-off again (4000 packets)" '[ "$(rail_pkts 1)" -gt $((p1 + 4000)) ]'
     echo "handoff: rail 1 carrying the hand-off again $(($(now_ms) - t_up)) ms after its veth came up"
     # then 1% of rail 1's RoCE packets lost while it carries 8000 more
-    for d in rxr1a rxr1b; do
-      iptables -I INPUT -i $d -p udp --dport 4791 -m statistic --mode random --probability 0.01 -j DROP
-    done
+    roce_drop -I 0.01
     p1=$(rail_pkts 1)
     until_true 180 "rail 1 carrying the hand-off under 1% loss (8000 packets)" '[ "$(rail_pkts 1)" -gt $((p1 + 8000)) ]'
-    dropped=$(iptables -L INPUT -v -x -n | awk '/statistic/ { s += $1 } END { print s + 0 }')
-    for d in rxr1a rxr1b; do
-      iptables -D INPUT -i $d -p udp --dport 4791 -m statistic --mode random --probability 0.01 -j DROP
-    done
+    dropped=$(roce_dropped)
+    roce_drop -D 0.01
     echo "handoff: 1% loss on rail 1 while it sent 8000 packets: $dropped dropped"
     [ "$dropped" -gt 0 ] || fail "handoff: the loss rules dropped no packet"
     mh_check handoff 48
