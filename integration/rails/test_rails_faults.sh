@@ -22,7 +22,7 @@
 #             own timeout (transfer_timeout_ms) is 20 s: the bound is what is checked.
 #   handoff-loss  the same hand-offs with 1% of the packets each end of rail 1 receives
 #             dropped for the whole run: every request verified byte for byte, none
-#             failed or recomputed, 0 blocks held, the slowest within HANDOFF_BOUND_MS,
+#             failed or recomputed, 0 blocks held, the slowest within HANDOFF_LOSS_BOUND_MS,
 #             packets dropped and rail 1 carrying KV all the same.
 #
 # Every wait polls a condition with a deadline. Needs root and ip netns (exit 77, a
@@ -44,6 +44,12 @@ BOUND_MS=${BOUND_MS:-$((6000 * SCALE))} # a request's time: RailStallMs, then it
 LOSS_OPS=${LOSS_OPS:-60}
 MH_REQUESTS=${MH_REQUESTS:-16}
 HANDOFF_BOUND_MS=${HANDOFF_BOUND_MS:-$((8000 * SCALE))} # a hand-off at concurrency 4 over one 500 Mbit/s rail, a failover in it
+# Under 1% loss on rail 1 what a hand-off takes is the kernel's TCP loss recovery on that
+# rail: the slowest (three others' loads ahead of it on the producer's loader thread, then
+# its own) took under 8 s on kernel 6.18.44-fc-v857 and 14.5 to 16 s on -fc-v782 (bbr or
+# cubic alike), its transfer phase 5.3 s at p99. A stall shows as a load failing its 20 s
+# transfer_timeout_ms (the run fails) or as this bound.
+HANDOFF_LOSS_BOUND_MS=${HANDOFF_LOSS_BOUND_MS:-$((30000 * SCALE))}
 PORT=7000
 export HIXL_BED=hxf$$
 bed() { bash "$here/bed.sh" "$@"; }
@@ -125,8 +131,10 @@ if [ "$CASE" = handoff ] || [ "$CASE" = handoff-loss ]; then
       .corrupt == 0 and .prefill.blocks_held == 0 and .decode.blocks_held == 0' <<<"$res" >/dev/null ||
     fail "not every hand-off verified with 0 blocks held: $res"
   worst=$(jq -r .handoff_ms_p99 <<<"$res")
-  echo "$CASE: $MH_REQUESTS hand-offs verified byte for byte, 0 blocks held; slowest $worst ms (bound $HANDOFF_BOUND_MS ms)"
-  python3 -c "import sys; sys.exit(not $worst <= $HANDOFF_BOUND_MS)" || fail "a hand-off took $worst ms"
+  bound=$HANDOFF_BOUND_MS
+  [ "$CASE" = handoff ] || bound=$HANDOFF_LOSS_BOUND_MS
+  echo "$CASE: $MH_REQUESTS hand-offs verified byte for byte, 0 blocks held; slowest $worst ms (bound $bound ms)"
+  python3 -c "import sys; sys.exit(not $worst <= $bound)" || fail "a hand-off took $worst ms"
   echo "PASS"
   exit 0
 fi
