@@ -18,6 +18,7 @@
 #                                                    tc actions (apt-get install iptables); the
 #                                                    rail sends one segment per packet meanwhile
 #   bed.sh dropped RAIL                              packets the loss rules of RAIL dropped so far
+#   bed.sh seen RAIL                                 packets the loss rules of RAIL drew for so far
 #
 # HIXL_BED=NAME names the namespaces NAME-pf and NAME-dc (default hixl: hixl-pf, hixl-dc),
 # so that several beds (tests running in parallel) live side by side.
@@ -164,6 +165,18 @@ dropped() { # rail: packets the loss rules dropped, both ends
   echo "$n"
 }
 
+seen() { # rail: packets the loss rules drew for (what netfilter saw; GRO may merge segments), both ends
+  local r=${1:-} n=0 ns end c
+  rail_ok "$r"
+  for end in p d; do
+    ns=$PF; [ "$end" = d ] && ns=$DC
+    c=$(ip netns exec "$ns" iptables -w -L INPUT -v -n -x 2>/dev/null |
+      awk -v ch="HXLOSS$r" '$3 == ch { s += $1 } END { print s + 0 }')
+    n=$((n + c))
+  done
+  echo "$n"
+}
+
 case "${1:-}" in
 up) shift; up "$@" ;;
 down) down ;;
@@ -171,6 +184,7 @@ ceiling) shift; ceiling "$@" ;;
 link) shift; link "$@" ;;
 loss) shift; loss "$@" ;;
 dropped) shift; dropped "$@" ;;
+seen) shift; seen "$@" ;;
 pf) shift; exec ip netns exec "$PF" "$@" ;;
 dc) shift; exec ip netns exec "$DC" "$@" ;;
 *) die "usage: bed.sh up [RAILS] [RATE] [DELAY] | down | ceiling [SECONDS] | pf CMD... | dc CMD... | link RAIL up|down | loss RAIL PERCENT | dropped RAIL" ;;

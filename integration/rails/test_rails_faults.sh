@@ -181,14 +181,19 @@ else
   bed loss 1 1
   until_true 120 "$LOSS_OPS ops under 1% loss on rail 1" '[ "$(num .ops)" -ge $((ops0 + LOSS_OPS)) ]'
   dropped=$(bed dropped 1)
+  seen=$(bed seen 1)
   bytes1=$(num ".rails[1].bytes")
   bed loss 1 0
   echo "1% loss on rail 1: $LOSS_OPS ops, $dropped packets dropped, rail 1 moved $(((bytes1 - bytes0) >> 20)) MiB," \
     "state $(str ".rails[1].state"), failures $(num ".rails[1].failures")"
   segs=$(((bytes1 - bytes0) / 1448)) # the rail's data segments meanwhile (MSS 1448)
-  echo "  about $segs data segments on rail 1: $((dropped * 10000 / (segs > 0 ? segs : 1))) drops per 10000"
+  # What the rules drew for: the receiving veth's GRO may merge segments before
+  # netfilter sees them (under load about 4 to a packet, so 0.26% of the segments).
+  echo "  $seen packets drawn for, $((dropped * 10000 / (seen > 0 ? seen : 1))) dropped per 10000;" \
+    "about $segs data segments on rail 1, $((dropped * 10000 / (segs > 0 ? segs : 1))) dropped per 10000"
   [ "$dropped" -gt 0 ] || fail "the loss rules dropped no packet"
-  [ $((dropped * 1000)) -ge $((segs * 3)) ] || fail "$dropped drops for $segs segments: not a 1% loss"
+  [ $((dropped * 1000)) -ge $((seen * 6)) ] && [ $((dropped * 1000)) -le $((seen * 14)) ] ||
+    fail "$dropped drops of $seen packets drawn for: not a 1% loss"
   [ "$bytes1" -gt "$bytes0" ] || fail "rail 1 carried nothing under loss"
 fi
 
