@@ -92,14 +92,17 @@ static void fill_kv(const hixl_kv_layer *layers, uint8_t c) {
 
 /* A scheduler and a worker connector of role and mode on a free port of this host
  * (its address in addr); NULLs on failure, reported. */
+static int per_producer = 1; /* the connectors' loads_per_producer */
+
 static void connectors_up(const char *role, const char *mode, int lease_ms, const char *transport, char *addr,
                           hixl_kv_connector **sched, hixl_kv_connector **worker) {
   char cfg[512], err[256] = "";
   tu_addr(addr, TU_ADDR_LEN, tu_free_port());
   snprintf(cfg, sizeof(cfg),
            "{\"address\": \"%s\", \"role\": \"%s\", \"mode\": \"%s\", \"lease_ms\": %d,"
-           " \"transfer_timeout_ms\": 2000, \"connect_timeout_ms\": 2000, \"Transport\": \"%s\"}",
-           addr, role, mode, lease_ms, transport);
+           " \"transfer_timeout_ms\": 2000, \"connect_timeout_ms\": 2000, \"loads_per_producer\": %d,"
+           " \"Transport\": \"%s\"}",
+           addr, role, mode, lease_ms, per_producer, transport);
   *sched = *worker = NULL;
   ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, sched, err, sizeof(err)),
         HIXL_KV_SUCCESS);
@@ -354,6 +357,8 @@ struct fake_producer {
   pthread_cond_t cv;
   int pins, frees;
   char freed[64];
+  char pinned[8][64]; /* the requests PINned, each once (the first 8) */
+  int npinned;
   const uint8_t *held; /* non-NULL: PIN answers these bytes (HELD) instead of "not yet" */
   size_t held_len;
 };
@@ -375,6 +380,13 @@ static HixlStatus fake_kv(void *ctx, const char *peer, const uint8_t *req, size_
   *resp_len = 0;
   if (req[1] == 1 || req[1] == 3) { /* PIN, ACCEPT */
     f->pins++;
+    bool seen = false;
+    for (int i = 0; i < f->npinned && !seen; i++)
+      seen = strlen(f->pinned[i]) == n && !memcmp(f->pinned[i], req + 4, n);
+    if (!seen && f->npinned < 8) {
+      memcpy(f->pinned[f->npinned], req + 4, n);
+      f->pinned[f->npinned++][n] = '\0';
+    }
     resp[0] = 1; /* NOT_YET: ask again */
     *resp_len = 1;
     if (f->held && f->held_len <= cap) {
@@ -420,8 +432,7 @@ struct lost {
 };
 
 static bool lost_up(struct lost *t, const char *role, const char *mode, int lease_ms, uint8_t c) {
-  *t =
-      (struct lost){.f = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0, "", NULL, 0}, .efd = -1};
+  *t = (struct lost){.f = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER}, .efd = -1};
   uint16_t port = tu_free_port();
   struct in_addr ip;
   if (!port || inet_pton(AF_INET, tu_ip(), &ip) != 1) return false;
@@ -629,39 +640,56 @@ static void test_pin_renewed(void) {
   tu_free_mem(kv, 4 * plane);
 }
 
-/* handle_preemptions on a pull consumer: a load not yet started ends at once, failed,
- * its blocks reported; a load under way (the peer keeps answering "not yet") is waited
- * for: when the op returns it has ended and get_finished reports it. */
-static void test_preemptions(void) {
+/* handle_preemptions on a pull consumer: loads not yet started end at once, failed,
+ * their blocks reported; loads under way (the peer keeps answering "not yet") are
+ * waited for: when the op returns they have ended and get_finished reports them.
+ * Three loads of one producer: loads_per_producer (per) of them under way, the others
+ * waiting for a loader thread of that producer. */
+static void preemptions(int per) {
   struct lost t;
-  CU_ASSERT_FATAL(lost_up(&t, "consumer", "pull", 20000, 0xee));
-  const uint64_t la[2] = {4, 5}, lb[2] = {6, 7}, ra[2] = {2, 3};
-  lost_load(&t, "pre-a", "rem-a", la, ra, 2);
-  lost_load(&t, "pre-b", "rem-b", lb, ra, 2); /* behind pre-a: one loader serves one producer */
+  per_producer = per;
+  bool up = lost_up(&t, "consumer", "pull", 20000, 0xee);
+  per_producer = 1;
+  CU_ASSERT_FATAL(up);
+  const char *ids[3] = {"pre-a", "pre-b", "pre-c"}, *rids[3] = {"rem-a", "rem-b", "rem-c"};
+  const uint64_t local[3][2] = {{4, 5}, {6, 7}, {8, 9}}, ra[2] = {2, 3};
+  for (int k = 0; k < 3; k++) lost_load(&t, ids[k], rids[k], local[k], ra, 2);
   step(t.sched, t.worker);
-  CU_ASSERT_FATAL(fake_wait(&t.f, &t.f.pins, 1, 10000)); /* pre-a is under way */
-  const char *b_id[1] = {"pre-b"}, *a_id[1] = {"pre-a"};
-  ST_IS(ops->handle_preemptions(t.worker, &(hixl_kv_ids){b_id, 1}), HIXL_KV_SUCCESS);
+  CU_ASSERT_FATAL(fake_wait(&t.f, &t.f.npinned, per, 10000)); /* the first per are under way */
+  hixl_kv_ids waiting = {ids + per, (size_t)(3 - per)}, under = {ids, (size_t)per};
+  ST_IS(ops->handle_preemptions(t.worker, &waiting), HIXL_KV_SUCCESS);
   hixl_kv_ids s = {0}, rv = {0};
   ST_IS(ops->get_finished(t.worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
-  CU_ASSERT(rv.count == 1 && strcmp(rv.ids[0], "pre-b") == 0);
+  CU_ASSERT_EQUAL(rv.count, (size_t)(3 - per));
+  for (size_t i = 0; i < rv.count && rv.ids; i++) CU_ASSERT(strcmp(rv.ids[i], ids[0]) != 0);
   ops->free_ids(&s);
   ops->free_ids(&rv);
   hixl_kv_blocks b = {0};
   ST_IS(ops->get_block_ids_with_load_errors(t.worker, &b), HIXL_KV_SUCCESS);
-  CU_ASSERT(b.count == 2 && b.ids[0] == 6 && b.ids[1] == 7);
+  CU_ASSERT_EQUAL(b.count, (size_t)(2 * (3 - per)));
+  for (size_t i = 0; i < b.count && b.ids; i++) CU_ASSERT(b.ids[i] >= local[per][0] && b.ids[i] <= 9);
   ops->free_buffer(&b.raw);
-  ST_IS(ops->handle_preemptions(t.worker, &(hixl_kv_ids){a_id, 1}), HIXL_KV_SUCCESS);
+  pthread_mutex_lock(&t.f.mu);
+  CU_ASSERT_EQUAL(t.f.npinned, per); /* the ones waiting were never asked for */
+  for (int i = 0; i < t.f.npinned; i++)
+    for (int k = per; k < 3; k++) CU_ASSERT(strcmp(t.f.pinned[i], rids[k]) != 0);
+  pthread_mutex_unlock(&t.f.mu);
+  ST_IS(ops->handle_preemptions(t.worker, &under), HIXL_KV_SUCCESS);
   ST_IS(ops->get_finished(t.worker, NULL, &s, &rv), HIXL_KV_SUCCESS); /* ended before the op returned */
-  CU_ASSERT(rv.count == 1 && strcmp(rv.ids[0], "pre-a") == 0);
+  CU_ASSERT_EQUAL(rv.count, (size_t)per);
+  for (size_t i = 0; i < rv.count && rv.ids; i++)
+    CU_ASSERT(strcmp(rv.ids[i], ids[0]) == 0 || (per == 2 && strcmp(rv.ids[i], ids[1]) == 0));
   ops->free_ids(&s);
   ops->free_ids(&rv);
   CU_ASSERT_EQUAL(tu_check_byte(t.kv, t.len, 0xee), -1); /* nothing moved */
   hixl_kv_stats st;
   ST_IS(ops->get_stats(t.worker, &st), HIXL_KV_SUCCESS);
-  CU_ASSERT(st.loads_failed == 2 && st.loads_done == 0);
+  CU_ASSERT(st.loads_failed == 3 && st.loads_done == 0);
   lost_down(&t);
 }
+
+static void test_preemptions(void) { preemptions(1); }
+static void test_preemptions_two(void) { preemptions(2); }
 
 /* handle_preemptions on a push consumer: a push expected into the request's blocks
  * ends at once, failed (reported received, its blocks in the load errors), and the
@@ -729,6 +757,8 @@ int main(int argc, char **argv) {
   CU_add_test(s, "pull, the consumer: a load longer than half the lease pins again", test_pin_renewed);
   CU_add_test(s, "handle_preemptions: a queued load ends at once, one under way is waited for",
               test_preemptions);
+  CU_add_test(s, "handle_preemptions: two loads of one producer under way (loads_per_producer 2)",
+              test_preemptions_two);
   CU_add_test(s, "handle_preemptions: a push expected into the blocks ends at once",
               test_preempt_expected_push);
   if (CU_get_error() != CUE_SUCCESS) return 1;

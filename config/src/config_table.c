@@ -93,6 +93,15 @@ static const struct row key_rows[] = {
      NULL,
      false,
      false},
+    {{"loads_per_producer", HIXL_CONFIG_INT, "1", NULL, "[1,8]",
+      "pull mode: a consumer rank pulls at most this many requests from one producer rank at once; "
+      "more overlap one's PIN and FREE with another's data, but share the link: each request takes "
+      "longer"},
+     1,
+     8,
+     NULL,
+     false,
+     false},
     {{"layer_pipelining", HIXL_CONFIG_BOOL, "true", NULL, "true | false",
       "push mode: send each layer as it is saved (true) or all layers after the last (false)"},
      0,

@@ -7,7 +7,7 @@
 # raw engine moving the same byte ranges, in one run. Writes OUTPUT_MD (default
 # docs/performance-tp.md) with both tables and the goal (plugin >= 0.9x the raw engine;
 # bytes moved = bytes needed), and the JSON lines in BUILD_DIR/tp-results/tp.json.
-# Environment: TP_ROUNDS (default 3), TP_REQUESTS (default 8), TP_PROMPT (default 1024),
+# Environment: TP_ROUNDS (default 9), TP_REQUESTS (default 8), TP_PROMPT (default 1024),
 # TP_LAYERS (default 8), TP_TRANSPORT (default tcp).
 set -u -o pipefail
 die() { echo "run_tp: $*" >&2; exit 1; }
@@ -20,7 +20,7 @@ BENCH=$BUILD/integration/bench/hixl-tp-bench
 RES=$BUILD/tp-results
 mkdir -p "$RES" && rm -f "$RES/tp.json"
 PAIRS="1,2 2,1 2,4 4,2 1,4 4,1 2,2"
-ARGS=(--rounds "${TP_ROUNDS:-3}" --requests "${TP_REQUESTS:-8}" --prompt "${TP_PROMPT:-1024}"
+ARGS=(--rounds "${TP_ROUNDS:-9}" --requests "${TP_REQUESTS:-8}" --prompt "${TP_PROMPT:-1024}"
       --layers "${TP_LAYERS:-8}" --transport "${TP_TRANSPORT:-tcp}" --json "$RES/tp.json" --pairs "$PAIRS")
 echo "run_tp: GQA (8 KV heads)" >&2
 "$BENCH" "${ARGS[@]}" > "$RES/gqa.md" || die "hixl-tp-bench (GQA) failed"
@@ -43,12 +43,15 @@ pass=$(awk -v m="$min" 'BEGIN { print (m >= 0.9) ? "PASS" : "FAIL" }')
   echo "One process holds the P producer ranks and the D consumer ranks (each a worker connector"
   echo "with its own engine and KV memory of its heads) and raw engines on the same memory; a batch"
   echo "of requests is pulled through the plugin, then the raw engine moves the same byte ranges"
-  echo "(one thread per consumer rank and producer rank it reads, as the plugin's loader threads,"
-  echo "request after request, one sync call per request: what is left between the two is the"
-  echo "plugin's control plane, a PIN and a FREE per request and the scheduler's steps). Every"
-  echo "consumer byte is checked after both. Median of the rounds; GB/s = bytes the consumer"
-  echo "ranks need / wall time. Raw A/A: each round runs the raw engine twice; the spread of the"
-  echo "second's time over the first's is this machine's noise, for reading the ratio."
+  echo "(per consumer rank and producer rank it reads, as many threads as the plugin's loader has"
+  echo "on it, loads_per_producer = 2, taking the requests in turn, one sync call per request: what"
+  echo "is left between the two is the plugin's control plane, a PIN and a FREE per request and"
+  echo "the scheduler's steps). Every consumer byte is checked after both. A warm-up round is not"
+  echo "counted; each round then runs the plugin, the raw engine and the raw engine again, or the"
+  echo "reverse every other round. Plugin / raw is the median of the rounds' ratios (each round's"
+  echo "plugin against the raw run beside it); GB/s = bytes the consumer ranks need / wall time,"
+  echo "the median of the rounds. Raw A/A: the spread of the raw engine's second time over its"
+  echo "first in each round, this machine's noise, for reading the ratio."
   echo
   echo "Goal: plugin >= 0.9x the raw engine for every pair: **$pass** (ratios $min to $max);"
   echo "bytes moved = bytes needed (a replicated head read once): $(echo "$moved_ok" | awk '{print $1 " of " $2}') rows."

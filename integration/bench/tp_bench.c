@@ -4,20 +4,23 @@
  * process holds P producer ranks and D consumer ranks (each a worker connector with its
  * own engine and KV memory of its heads, as vLLM's ranks are; one scheduler per side),
  * and raw engines on the same memory. A batch of requests is pulled (every consumer
- * rank reads its heads from the producer ranks that hold them), then the raw engine
- * moves the same pieces (one thread per consumer rank and producer rank it reads, as
- * the plugin's loader threads, request after request, one sync call per request as
- * the loader does: the ratio is what the plugin's control plane costs, its PIN and
- * FREE per request and its steps), and the round's figures are printed: throughput of
- * both and their ratio (goal >= 0.9x), engine ops per request of both, and the bytes
- * moved against the bytes the consumer ranks need (a replicated head read once). The
- * consumer's request blocks are checked against the producer's after every plugin run.
- * Output: a table, and JSON lines with --json. */
+ * rank reads its heads from the producer ranks that hold them), and the raw engine
+ * moves the same pieces (per consumer rank and producer rank it reads, as many threads
+ * as the plugin's loader has on it (--per-producer, its loads_per_producer), taking the
+ * requests in turn, one sync call per request as the loader does: the ratio is what the
+ * plugin's control plane costs, its PIN and FREE per request and its steps). After a
+ * warm-up round, each round runs the plugin, the raw engine and the raw engine again
+ * (A/A), or the reverse every other round. Printed per pair: the median throughput of
+ * both, the median of the rounds' plugin / raw ratios (goal >= 0.9x), the A/A spread,
+ * engine ops per request of both, and the bytes moved against the bytes the consumer
+ * ranks need (a replicated head read once). The consumer's request blocks are checked
+ * against the producer's after every run. Output: a table, and JSON lines with --json. */
 #include <dlfcn.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 
 #include "bench_util.h"
 #include "hixl/hixl.h"
@@ -27,7 +30,7 @@
 
 static struct {
   const char *plugin, *ip, *transport, *json;
-  uint32_t layers, heads, head_dim, block_tokens, prompt, requests, rounds;
+  uint32_t layers, heads, head_dim, block_tokens, prompt, requests, rounds, per_producer;
   bool mla;
   char pairs[128];
 } o = {.plugin = HIXL_KV_PLUGIN_DEFAULT,
@@ -40,6 +43,7 @@ static struct {
        .prompt = 1024,
        .requests = 8,
        .rounds = 3,
+       .per_producer = 1,
        .pairs = "1,2 2,1 2,4 4,2 1,4 4,1 2,2"};
 
 static const hixl_kv_ops *ops;
@@ -115,8 +119,8 @@ static void side_up(struct side *s, uint32_t world, const char *role) {
   char cfg[512], err[256] = "";
   snprintf(cfg, sizeof(cfg),
            "{\"address\": \"%s:%u\", \"role\": \"%s\", \"lease_ms\": 60000, \"transfer_timeout_ms\": 60000,"
-           " \"connect_timeout_ms\": 10000, \"Transport\": \"%s\"}",
-           o.ip, (unsigned)port, role, o.transport);
+           " \"connect_timeout_ms\": 10000, \"loads_per_producer\": %u, \"Transport\": \"%s\"}",
+           o.ip, (unsigned)port, role, o.per_producer, o.transport);
   if (ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, world, &s->sched, err, sizeof(err)))
     die("create scheduler: %s", err);
   for (uint32_t i = 0; i < world; i++) {
@@ -295,14 +299,16 @@ struct raw_job {
   const char *remote;
   HixlTransferOpDesc *v;
   size_t n;
-  size_t *starts; /* request q's ops: [starts[q], starts[q + 1]) */
+  size_t *starts;        /* request q's ops: [starts[q], starts[q + 1]) */
+  _Atomic uint32_t next; /* the next request a thread of this job takes */
 };
 
-/* One consumer rank's reads of one producer rank, request by request as the plugin's
- * loader does (a hand-off is a request), each in engine-sized batches. */
+/* One of a consumer rank's threads reading one producer rank: the job's requests in
+ * turn, one after another as the plugin's loader threads take them (a hand-off is a
+ * request), each in engine-sized batches. */
 static void *raw_main(void *arg) {
   struct raw_job *j = arg;
-  for (uint32_t q = 0; q < o.requests; q++)
+  for (uint32_t q; (q = atomic_fetch_add(&j->next, 1)) < o.requests;)
     for (size_t i = j->starts[q]; i < j->starts[q + 1]; i += HIXL_MAX_BATCH) {
       size_t k = j->starts[q + 1] - i < HIXL_MAX_BATCH ? j->starts[q + 1] - i : HIXL_MAX_BATCH;
       if (HixlEngineTransferSync(j->e, j->remote, HIXL_READ, j->v + i, k, 60000))
@@ -313,7 +319,7 @@ static void *raw_main(void *arg) {
 
 static uint64_t raw_run(struct side *p, struct side *d, uint64_t *ops_out, uint64_t *bytes_out) {
   struct raw_job jobs[MAX_TP * MAX_TP];
-  pthread_t th[MAX_TP * MAX_TP];
+  pthread_t th[MAX_TP * MAX_TP * 8];
   size_t nj = 0;
   *ops_out = *bytes_out = 0;
   for (uint32_t di = 0; di < d->world; di++)
@@ -328,14 +334,22 @@ static uint64_t raw_run(struct side *p, struct side *d, uint64_t *ops_out, uint6
       }
       HixlStatus st = HixlEngineConnect(d->r[di].raw, p->r[pi].raw_addr, 10000);
       if (st && st != HIXL_ALREADY_CONNECTED) die("raw connect: %s", HixlGetLastErrorMessage());
-      jobs[nj] = (struct raw_job){d->r[di].raw, p->r[pi].raw_addr, v, n, starts};
+      jobs[nj].e = d->r[di].raw;
+      jobs[nj].remote = p->r[pi].raw_addr;
+      jobs[nj].v = v;
+      jobs[nj].n = n;
+      jobs[nj].starts = starts;
+      atomic_init(&jobs[nj].next, 0);
       *ops_out += n;
       for (size_t i = 0; i < n; i++) *bytes_out += v[i].len;
       nj++;
     }
   uint64_t t0 = bench_now_ns();
-  for (size_t i = 0; i < nj; i++) pthread_create(&th[i], NULL, raw_main, &jobs[i]);
-  for (size_t i = 0; i < nj; i++) pthread_join(th[i], NULL);
+  size_t nt = 0;
+  for (size_t i = 0; i < nj; i++)
+    for (uint32_t w = 0; w < o.per_producer && w < o.requests; w++)
+      if (pthread_create(&th[nt], NULL, raw_main, &jobs[i]) == 0) nt++;
+  for (size_t i = 0; i < nt; i++) pthread_join(th[i], NULL);
   uint64_t ns = bench_now_ns() - t0;
   for (size_t i = 0; i < nj; i++) free(jobs[i].v), free(jobs[i].starts);
   return ns;
@@ -387,24 +401,45 @@ static int cmp_u64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
 static void pair_run(uint32_t np, uint32_t nd) {
   struct side p, d;
   side_up(&p, np, "producer");
   side_up(&d, nd, "consumer");
   fill(&p, np * 10 + nd);
   uint64_t pns[16], rns[16], rops = 0, rbytes = 0;
-  double aa[16];
+  double aa[16], ratio[16];
   uint64_t ops0 = 0, bytes0 = 0;
-  for (uint32_t r = 0; r < o.rounds && r < 16; r++) {
-    fprintf(stderr, "  TP %u -> %u: round %u of %u\r", np, nd, r + 1, o.rounds);
-    zero(&d);
-    pns[r] = plugin_run(&p, &d, r);
-    if (!check(&d, np * 10 + nd))
-      die("TP %u -> %u: the consumer's blocks differ from the producer's", np, nd);
-    zero(&d);
-    rns[r] = raw_run(&p, &d, &rops, &rbytes);
-    if (!check(&d, np * 10 + nd)) die("TP %u -> %u: the raw reference moved other bytes", np, nd);
-    aa[r] = (double)raw_run(&p, &d, &rops, &rbytes) / (double)rns[r]; /* the raw engine against itself */
+  uint32_t nr = o.rounds < 16 ? o.rounds : 16;
+  /* A warm-up round first (links made, pages touched), not counted; then each round
+   * runs the plugin, the raw engine and the raw engine again, or the reverse (every
+   * other round): the plugin beside the raw run it is paired with. */
+  for (uint32_t r = 0; r <= nr; r++) {
+    uint32_t k = r ? r - 1 : 0;
+    fprintf(stderr, "  TP %u -> %u: %s %u of %u\r", np, nd, r ? "round" : "warm-up", k + 1, r ? nr : 1);
+    uint64_t pn = 0, rn = 0, an = 0;
+    for (int part = 0; part < 3; part++) {
+      int what = r % 2 ? 2 - part : part; /* 0 plugin, 1 raw, 2 raw again */
+      zero(&d);
+      if (what == 0)
+        pn = plugin_run(&p, &d, r);
+      else if (what == 1)
+        rn = raw_run(&p, &d, &rops, &rbytes);
+      else
+        an = raw_run(&p, &d, &rops, &rbytes);
+      if (!check(&d, np * 10 + nd))
+        die("TP %u -> %u: %s", np, nd,
+            what ? "the raw reference moved other bytes"
+                 : "the consumer's blocks differ from the producer's");
+    }
+    pns[k] = pn;
+    rns[k] = rn;
+    aa[k] = (double)an / (double)rn; /* the raw engine against itself */
+    ratio[k] = (double)rn / (double)pn;
   }
   fprintf(stderr, "%60s\r", "");
   for (uint32_t i = 0; i < nd; i++) {
@@ -421,7 +456,12 @@ static void pair_run(uint32_t np, uint32_t nd) {
   }
   uint64_t need = 0;
   for (uint32_t i = 0; i < nd; i++) need += (uint64_t)o.layers * nblocks_req() * d.r[i].block;
-  uint32_t nr = o.rounds < 16 ? o.rounds : 16;
+  char rounds_json[16 * 8 + 2] = "[";
+  for (uint32_t i = 0; i < nr; i++)
+    snprintf(rounds_json + strlen(rounds_json), sizeof(rounds_json) - strlen(rounds_json), "%s%.3f",
+             i ? "," : "", ratio[i]);
+  strcat(rounds_json, "]");
+  qsort(ratio, nr, sizeof(*ratio), cmp_double);
   qsort(pns, nr, sizeof(*pns), cmp_u64);
   qsort(rns, nr, sizeof(*rns), cmp_u64);
   double aa_lo = aa[0], aa_hi = aa[0];
@@ -429,22 +469,25 @@ static void pair_run(uint32_t np, uint32_t nd) {
     aa_lo = aa[i] < aa_lo ? aa[i] : aa_lo, aa_hi = aa[i] > aa_hi ? aa[i] : aa_hi;
   uint64_t pm = pns[nr / 2], rm = rns[nr / 2], total = need * o.requests;
   double pg = (double)total / (double)pm, rg = (double)total / (double)rm;
-  double preq = (double)ops0 / ((double)o.requests * nr), rreq = (double)rops / o.requests;
-  double moved = (double)bytes0 / ((double)o.requests * nr);
+  double preq = (double)ops0 / ((double)o.requests * (nr + 1)), rreq = (double)rops / o.requests;
+  double moved = (double)bytes0 / ((double)o.requests * (nr + 1));
+  double rat = nr % 2 ? ratio[nr / 2] : (ratio[nr / 2 - 1] + ratio[nr / 2]) / 2; /* paired, median */
   printf("| %u -> %u | %s | %.2f | %.2f | %.2fx | %.2f-%.2fx | %.0f | %.0f | %.0f | %" PRIu64 " | %" PRIu64
          " |\n",
-         np, nd, o.mla ? "MLA" : "GQA", pg, rg, pg / rg, aa_lo, aa_hi, preq, rreq, moved, need, held);
+         np, nd, o.mla ? "MLA" : "GQA", pg, rg, rat, aa_lo, aa_hi, preq, rreq, moved, need, held);
   if (json)
     fprintf(json,
             "{\"prefill_tp\": %u, \"decode_tp\": %u, \"model\": \"%s\", \"kv_heads\": %u, \"layers\": %u, "
-            "\"prompt\": %u, \"requests\": %u, \"rounds\": %u, \"transport\": \"%s\", \"plugin_gbps\": %.3f, "
-            "\"raw_gbps\": %.3f, \"ratio\": %.3f, \"raw_aa_lo\": %.3f, \"raw_aa_hi\": %.3f, "
+            "\"prompt\": %u, \"requests\": %u, \"rounds\": %u, \"per_producer\": %u, \"transport\": \"%s\", "
+            "\"plugin_gbps\": %.3f, "
+            "\"raw_gbps\": %.3f, \"ratio\": %.3f, \"ratio_rounds\": %s, \"raw_aa_lo\": %.3f, \"raw_aa_hi\": "
+            "%.3f, "
             "\"plugin_ops_per_request\": %.1f, \"raw_ops_per_request\": "
             "%.1f, "
             "\"bytes_moved_per_request\": %.0f, \"bytes_needed_per_request\": %" PRIu64
             ", \"prefill_blocks_held\": %" PRIu64 "}\n",
-            np, nd, o.mla ? "mla" : "gqa", o.heads, o.layers, o.prompt, o.requests, nr, o.transport, pg, rg,
-            pg / rg, aa_lo, aa_hi, preq, rreq, moved, need, held);
+            np, nd, o.mla ? "mla" : "gqa", o.heads, o.layers, o.prompt, o.requests, nr, o.per_producer,
+            o.transport, pg, rg, rat, rounds_json, aa_lo, aa_hi, preq, rreq, moved, need, held);
   fflush(stdout);
   side_down(&d);
   side_down(&p);
@@ -454,8 +497,8 @@ static void usage(void) {
   fprintf(
       stderr,
       "usage: hixl-tp-bench [--pairs \"P,D P,D ...\"] [--mla] [--kv-heads N] [--layers N] [--prompt TOKENS]\n"
-      "         [--requests N] [--rounds N] [--transport tcp|auto] [--ip IP] [--plugin PATH] [--json "
-      "FILE]\n");
+      "         [--requests N] [--rounds N] [--per-producer N] [--transport tcp|auto] [--ip IP] [--plugin "
+      "PATH]\n         [--json FILE]\n");
   exit(2);
 }
 
@@ -476,6 +519,7 @@ int main(int argc, char **argv) {
     U32("--prompt", prompt, 16, 65536)
     U32("--requests", requests, 1, 256)
     U32("--rounds", rounds, 1, 16)
+    U32("--per-producer", per_producer, 1, 8)
     if (strcmp(a, "--mla") == 0) {
       o.mla = true;
       continue;
@@ -509,9 +553,10 @@ int main(int argc, char **argv) {
     die("%s: %s %s", o.plugin, so ? "" : dlerror(), err);
   if (o.json && !(json = fopen(o.json, "a"))) die("%s: %s", o.json, strerror(errno));
   printf("hixl-tp-bench: %s, %u layers, %u KV heads x %u x 2 B, %u-token blocks, %u requests of %u tokens, "
-         "%u rounds (median), transport %s, HND (packed) layout\n\n",
+         "%u rounds (median), transport %s, HND (packed) layout, %u loads per producer rank at once (raw: as "
+         "many threads)\n\n",
          o.mla ? "MLA (576 x 2 B latent)" : "GQA", o.layers, o.heads, o.head_dim, o.block_tokens, o.requests,
-         o.prompt, o.rounds, o.transport);
+         o.prompt, o.rounds, o.transport, o.per_producer);
   printf("| TP P -> D | model | plugin GB/s | raw engine GB/s | plugin / raw | raw A/A spread | plugin "
          "ops/request | raw ops/request | bytes moved/request | bytes needed/request | prefill blocks held "
          "after |\n");

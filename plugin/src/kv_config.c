@@ -48,6 +48,7 @@ hixl_kv_status kv_config_load(const char *json, size_t len, struct kv_cfg *cfg, 
   cfg->recompute = strcmp(get_str(c, "load_failure_policy"), "recompute") == 0;
   cfg->lease_ms = (uint32_t)get_int(c, "lease_ms");
   cfg->max_inflight = (uint32_t)get_int(c, "max_inflight_requests");
+  cfg->per_producer = (uint32_t)get_int(c, "loads_per_producer");
   cfg->pipelining = pipelining != 0;
   cfg->hnd = strcmp(get_str(c, "required_kv_layout"), "HND") == 0;
   cfg->connect_timeout_ms = (int32_t)get_int(c, "connect_timeout_ms");

@@ -24,6 +24,7 @@ struct kv_cfg {
   uint32_t lease_ms; /* a held request is freed when no consumer took it by then */
   bool recompute;    /* load_failure_policy recompute (else fail) */
   uint32_t max_inflight;
+  uint32_t per_producer; /* loads_per_producer: pulls from one producer rank at once */
   bool pipelining;
   bool hnd; /* required_kv_layout HND: get_required_kvcache_layout asks for it */
   int32_t connect_timeout_ms, transfer_timeout_ms, notify_timeout_ms;
@@ -181,6 +182,8 @@ struct kv_load {
   struct kv_whole *whole; /* NULL: a FREE */
   bool pin_first;         /* a FREE of a producer rank no consumer rank reads: PIN it first (it may
                            * not hold the request yet, and a FREE before the hold is refused or lost) */
+  uint32_t ahead_by;      /* queued: the loader thread (slot + 1) that PINned it ahead and runs it
+                           * next; 0: none (kv_loader.c; under the lock) */
   struct kv_load *next;
 };
 
@@ -268,11 +271,13 @@ struct kv_loader_slot {
 };
 
 /* Worker, pull consumer: the loads (kv_loader.c). */
-#define KV_LOADERS_MAX 16 /* loader threads; each serves one producer at a time */
+#define KV_LOADERS_MAX                                                                                       \
+  16 /* loader threads; each serves one producer at a time, at most                                          \
+      * loads_per_producer of them the same one */
 struct kv_loader {
   struct kv_load *bound, *bound_tail; /* bound, not yet started */
   struct kv_load *queue, *queue_tail; /* started, waiting for a loader thread */
-  struct kv_idset busy;               /* producers a loader thread serves now */
+  struct kv_idset busy;               /* producers the loader threads serve now, once per thread */
   struct kv_idset active;             /* ... and the requests it loads */
   uint32_t nthreads, idle;            /* loader threads, and those waiting for a load */
   pthread_t threads[KV_LOADERS_MAX];
@@ -369,7 +374,8 @@ const char *kv_last_error(void);
 uint64_t kv_now_ns(void);               /* CLOCK_MONOTONIC */
 int32_t kv_ms_until(uint64_t deadline); /* ms left, rounded up; 0 once passed */
 bool kv_idset_has(const struct kv_idset *s, const char *id);
-int kv_idset_add(struct kv_idset *s, const char *id); /* -1: out of memory */
+size_t kv_idset_count(const struct kv_idset *s, const char *id); /* an id added n times, deleted less */
+int kv_idset_add(struct kv_idset *s, const char *id);            /* -1: out of memory */
 void kv_idset_del(struct kv_idset *s, const char *id);
 void kv_idset_clear(struct kv_idset *s);
 int kv_idset_take(struct kv_idset *s, hixl_kv_ids *out); /* hand to the host, emptying s; -1: no memory */

@@ -4,13 +4,17 @@
  * adjacent blocks per tensor), then FREE it there. A failed load reports its blocks
  * (get_block_ids_with_load_errors).
  *
- * A thread serves one producer at a time, its loads in the order they were bound;
- * threads start as producers with loads waiting outnumber the idle ones (at most
- * KV_LOADERS_MAX), so a producer that does not answer (a connect that waits out
- * connect_timeout_ms, a PIN that waits out transfer_timeout_ms) holds up only its own
- * loads. Its producer's loads go back to back: the next one's PIN leaves as a pull
- * starts (the thread then goes on with that load), and a FREE's answer is waited for
- * after the next pull, or before the thread sleeps (struct kv_loader_slot). */
+ * A thread serves one producer at a time, and at most loads_per_producer threads (2 by
+ * default) serve the same one: its loads start in the order they were bound, that many
+ * pulled at once, so one's PIN, report and FREE overlap another's data. Threads start
+ * as loads that could start outnumber the idle ones (at most KV_LOADERS_MAX), so a
+ * producer that does not answer (a connect that waits out connect_timeout_ms, a PIN
+ * that waits out transfer_timeout_ms) holds up only its own loads. An abort's FREE of
+ * a producer waits until no thread serves that producer, and its later loads wait for
+ * it. A thread's loads go back to back: the next one's PIN leaves as a pull starts
+ * (the thread then goes on with that load, kv_load.ahead_by), and a FREE's answer is
+ * waited for after the next pull, or before the thread sleeps (struct
+ * kv_loader_slot). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,18 +103,22 @@ static void ahead_drop(hixl_kv_connector *c, struct kv_loader_slot *s) {
   s->ahead_call = NULL;
 }
 
-/* Start the PIN of the next load of l's producer, while l is pulled: the first one of
- * that producer queued, unless a thread would have to leave another producer's load
- * waiting for it (no thread idle). Best effort: one that fails is asked again in time. */
+/* Start the PIN of the next load of l's producer, while l is pulled, and take that
+ * load as this thread's next (ahead_by): the first one of that producer queued that no
+ * other thread took so, unless a thread would have to leave another producer's load
+ * waiting for it (no thread idle) or an abort's FREE comes first. Best effort: a PIN
+ * that fails is asked again in time. */
 static void ahead_start(hixl_kv_connector *c, struct kv_loader_slot *s, const struct kv_load *l) {
   struct kv_loader *ld = &c->load;
   ahead_drop(c, s);
   bool found = false;
   pthread_mutex_lock(&c->lock);
-  for (const struct kv_load *n = ld->queue; n && !c->shut; n = n->next) {
+  for (struct kv_load *n = ld->queue; n && !c->shut; n = n->next) {
     if (strcmp(n->e.remote, l->e.remote) == 0) {
-      found = n->whole != NULL; /* a load (an abort's FREE is only told) */
+      if (n->ahead_by) continue; /* another thread of this producer runs it next */
+      found = n->whole != NULL;  /* a load (an abort's FREE is only told) */
       if (found) {
+        n->ahead_by = (uint32_t)(s - ld->slots) + 1;
         s->ahead = n->e;
         s->ahead.blocks = s->ahead.rblocks = NULL;
       }
@@ -142,17 +150,16 @@ static struct kv_load *queue_unlink(struct kv_loader *ld, struct kv_load *l, str
   return l;
 }
 
-/* The load that was PINned ahead, unlinked from the queue, when it is still the next
- * one of its producer there (handle_preemptions may have taken it); NULL if not. Lock
- * held. */
+/* The load this thread took as its next (ahead_start), unlinked from the queue; NULL
+ * if none, or handle_preemptions took it. Lock held. */
 static struct kv_load *ahead_take(hixl_kv_connector *c, const struct kv_loader_slot *s) {
   struct kv_loader *ld = &c->load;
-  if (!s->ahead_call) return NULL;
-  for (struct kv_load *l = ld->queue, *prev = NULL; l; prev = l, l = l->next) {
-    if (strcmp(l->e.remote, s->ahead.remote) != 0) continue;
-    if (!l->whole || strcmp(l->e.req, s->ahead.req) != 0) return NULL;
-    return queue_unlink(ld, l, prev);
-  }
+  uint32_t me = (uint32_t)(s - ld->slots) + 1;
+  for (struct kv_load *l = ld->queue, *prev = NULL; l; prev = l, l = l->next)
+    if (l->ahead_by == me) {
+      l->ahead_by = 0;
+      return queue_unlink(ld, l, prev);
+    }
   return NULL;
 }
 
@@ -353,12 +360,29 @@ out:
   return st;
 }
 
-/* The first queued load whose producer no thread serves now, unlinked; NULL if none.
- * Lock held. */
+/* Whether an entry of producer remote is queued before l (only a FREE: frees_only). */
+static bool queued_before(const struct kv_loader *ld, const struct kv_load *l, const char *remote,
+                          bool frees_only) {
+  for (const struct kv_load *k = ld->queue; k != l; k = k->next)
+    if ((!frees_only || !k->whole) && strcmp(k->e.remote, remote) == 0) return true;
+  return false;
+}
+
+/* The first queued entry that may start now, unlinked; NULL if none: a load no thread
+ * took as its next whose producer fewer than loads_per_producer threads serve, with no
+ * FREE of that producer before it; a FREE first of its producer's, which no thread
+ * serves (an abort's FREE never runs beside a load of the same producer, which may be
+ * the request it frees). Lock held. */
 static struct kv_load *take_runnable(hixl_kv_connector *c) {
   struct kv_loader *ld = &c->load;
-  for (struct kv_load *l = ld->queue, *prev = NULL; l; prev = l, l = l->next)
-    if (!kv_idset_has(&ld->busy, l->e.remote)) return queue_unlink(ld, l, prev);
+  uint32_t per = c->cfg.per_producer ? c->cfg.per_producer : 1;
+  for (struct kv_load *l = ld->queue, *prev = NULL; l; prev = l, l = l->next) {
+    if (l->ahead_by) continue;
+    size_t busy = kv_idset_count(&ld->busy, l->e.remote);
+    if (l->whole ? busy < per && !queued_before(ld, l, l->e.remote, true)
+                 : busy == 0 && !queued_before(ld, l, l->e.remote, false))
+      return queue_unlink(ld, l, prev);
+  }
   return NULL;
 }
 
@@ -451,7 +475,7 @@ static void *loader_main(void *arg) {
         pthread_mutex_lock(&c->lock);
         continue;
       }
-      if (!l && c->shut) break; /* what is left is another thread's producer's */
+      if (!l && c->shut) break; /* what is left waits for another thread of its producer */
       if (!l) {
         pthread_cond_wait(&ld->cond, &c->lock);
         continue;
@@ -501,13 +525,16 @@ hixl_kv_status kv_loader_submit(hixl_kv_connector *c) {
     ld->queue = ld->bound;
   ld->queue_tail = ld->bound_tail;
   ld->bound = ld->bound_tail = NULL;
-  /* Producers with a load waiting that no thread serves (each counted once). */
-  uint32_t runnable = 0;
+  /* Loads waiting that a thread could start: per producer, as many as fewer than
+   * loads_per_producer threads serve it (a FREE's wait is not counted: a thread too many
+   * only sleeps). */
+  uint32_t runnable = 0, per = c->cfg.per_producer ? c->cfg.per_producer : 1;
   for (struct kv_load *l = ld->queue; l && runnable < KV_LOADERS_MAX; l = l->next) {
-    bool first = !kv_idset_has(&ld->busy, l->e.remote);
-    for (struct kv_load *k = ld->queue; first && k != l; k = k->next)
-      first = strcmp(k->e.remote, l->e.remote);
-    runnable += first;
+    if (l->ahead_by) continue;
+    size_t have = kv_idset_count(&ld->busy, l->e.remote);
+    for (struct kv_load *k = ld->queue; have < per && k != l; k = k->next)
+      have += !k->ahead_by && strcmp(k->e.remote, l->e.remote) == 0;
+    runnable += have < per;
   }
   int rc = 0;
   while (!c->shut && ld->idle < runnable && ld->nthreads < KV_LOADERS_MAX) {

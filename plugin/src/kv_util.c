@@ -44,6 +44,12 @@ bool kv_idset_has(const struct kv_idset *s, const char *id) {
   return false;
 }
 
+size_t kv_idset_count(const struct kv_idset *s, const char *id) {
+  size_t n = 0;
+  for (size_t i = 0; i < s->n; i++) n += strcmp(s->v[i], id) == 0;
+  return n;
+}
+
 int kv_idset_add(struct kv_idset *s, const char *id) {
   if (s->n == s->cap) {
     size_t cap = s->cap ? s->cap * 2 : 16;
