@@ -4,9 +4,10 @@
  * adjacent blocks per tensor), then FREE it there. A failed load reports its blocks
  * (get_block_ids_with_load_errors).
  *
- * A thread serves one producer at a time, and at most loads_per_producer threads (2 by
+ * A thread serves one producer at a time, and at most loads_per_producer threads (1 by
  * default) serve the same one: its loads start in the order they were bound, that many
- * pulled at once, so one's PIN, report and FREE overlap another's data. Threads start
+ * pulled at once (more: one's PIN, report and FREE overlap another's data, but they
+ * share the link, so each takes longer). Threads start
  * as loads that could start outnumber the idle ones (at most KV_LOADERS_MAX), so a
  * producer that does not answer (a connect that waits out connect_timeout_ms, a PIN
  * that waits out transfer_timeout_ms) holds up only its own loads. An abort's FREE of
