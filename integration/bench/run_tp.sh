@@ -44,7 +44,7 @@ pass=$(awk -v m="$min" 'BEGIN { print (m >= 0.9) ? "PASS" : "FAIL" }')
   echo "with its own engine and KV memory of its heads) and raw engines on the same memory; a batch"
   echo "of requests is pulled through the plugin, then the raw engine moves the same byte ranges"
   echo "(per consumer rank and producer rank it reads, as many threads as the plugin's loader has"
-  echo "on it, loads_per_producer = 2, taking the requests in turn, one sync call per request: what"
+  echo "on it, loads_per_producer = 1 by default, taking the requests in turn, one sync call per request: what"
   echo "is left between the two is the plugin's control plane, a PIN and a FREE per request and"
   echo "the scheduler's steps). Every consumer byte is checked after both. A warm-up round is not"
   echo "counted; each round then runs the plugin, the raw engine and the raw engine again, or the"
@@ -65,6 +65,6 @@ pass=$(awk -v m="$min" 'BEGIN { print (m >= 0.9) ? "PASS" : "FAIL" }')
   echo "block and the next); equal sizes and MLA move whole blocks, and adjacent blocks merge."
   echo "The raw engine is given the same pieces, merged the same way."
   echo
-  echo "JSON lines: \`$RES/tp.json\` (one per pair and model)."
+  echo "JSON lines: \`${RES#"$SRC"/}/tp.json\` (one per pair and model; \"ratio_rounds\": each round's ratio)."
 } > "$OUT"
 echo "run_tp: wrote $OUT ($pass)" >&2

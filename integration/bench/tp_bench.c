@@ -553,8 +553,8 @@ int main(int argc, char **argv) {
     die("%s: %s %s", o.plugin, so ? "" : dlerror(), err);
   if (o.json && !(json = fopen(o.json, "a"))) die("%s: %s", o.json, strerror(errno));
   printf("hixl-tp-bench: %s, %u layers, %u KV heads x %u x 2 B, %u-token blocks, %u requests of %u tokens, "
-         "%u rounds (median), transport %s, HND (packed) layout, %u loads per producer rank at once (raw: as "
-         "many threads)\n\n",
+         "%u rounds (median), transport %s, HND (packed) layout, loads_per_producer %u (raw: as many threads "
+         "per producer rank)\n\n",
          o.mla ? "MLA (576 x 2 B latent)" : "GQA", o.layers, o.heads, o.head_dim, o.block_tokens, o.requests,
          o.prompt, o.rounds, o.transport, o.per_producer);
   printf("| TP P -> D | model | plugin GB/s | raw engine GB/s | plugin / raw | raw A/A spread | plugin "
