@@ -271,9 +271,9 @@ struct kv_loader_slot {
 };
 
 /* Worker, pull consumer: the loads (kv_loader.c). */
-#define KV_LOADERS_MAX                                                                                       \
-  16 /* loader threads; each serves one producer at a time, at most                                          \
-      * loads_per_producer of them the same one */
+/* Loader threads; each serves one producer at a time, at most loads_per_producer of them
+ * the same one. */
+#define KV_LOADERS_MAX 16
 struct kv_loader {
   struct kv_load *bound, *bound_tail; /* bound, not yet started */
   struct kv_load *queue, *queue_tail; /* started, waiting for a loader thread */

@@ -361,6 +361,11 @@ out:
   return st;
 }
 
+/* loads_per_producer (the key's range is 1..8; a zeroed configuration counts as 1). */
+static uint32_t per_producer(const hixl_kv_connector *c) {
+  return c->cfg.per_producer ? c->cfg.per_producer : 1;
+}
+
 /* Whether an entry of producer remote is queued before l (only a FREE: frees_only). */
 static bool queued_before(const struct kv_loader *ld, const struct kv_load *l, const char *remote,
                           bool frees_only) {
@@ -376,7 +381,7 @@ static bool queued_before(const struct kv_loader *ld, const struct kv_load *l, c
  * the request it frees). Lock held. */
 static struct kv_load *take_runnable(hixl_kv_connector *c) {
   struct kv_loader *ld = &c->load;
-  uint32_t per = c->cfg.per_producer ? c->cfg.per_producer : 1;
+  uint32_t per = per_producer(c);
   for (struct kv_load *l = ld->queue, *prev = NULL; l; prev = l, l = l->next) {
     if (l->ahead_by) continue;
     size_t busy = kv_idset_count(&ld->busy, l->e.remote);
@@ -529,7 +534,7 @@ hixl_kv_status kv_loader_submit(hixl_kv_connector *c) {
   /* Loads waiting that a thread could start: per producer, as many as fewer than
    * loads_per_producer threads serve it (a FREE's wait is not counted: a thread too many
    * only sleeps). */
-  uint32_t runnable = 0, per = c->cfg.per_producer ? c->cfg.per_producer : 1;
+  uint32_t runnable = 0, per = per_producer(c);
   for (struct kv_load *l = ld->queue; l && runnable < KV_LOADERS_MAX; l = l->next) {
     if (l->ahead_by) continue;
     size_t have = kv_idset_count(&ld->busy, l->e.remote);
