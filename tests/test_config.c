@@ -184,6 +184,8 @@ static void test_bad_values(void) {
   ONE_ERROR("{\"lease_ms\": \"30000\"}", 1, 14, "lease_ms", "got a string");
   ONE_ERROR("{\"lease_ms\": 99999999999999999999}", 1, 14, "lease_ms", "too large");
   ONE_ERROR("{\"max_inflight_requests\": 0}", 1, 27, "max_inflight_requests", "out of range");
+  ONE_ERROR("{\"loads_per_producer\": 0}", 1, 24, "loads_per_producer", "out of range");
+  ONE_ERROR("{\"loads_per_producer\": 9}", 1, 24, "loads_per_producer", "out of range");
   ONE_ERROR("{\"connect_timeout_ms\": null}", 1, 24, "connect_timeout_ms", "got null");
   ONE_ERROR("{\"role\": \"prefill\"}", 1, 10, "role",
             "\"prefill\" is not one of: producer | consumer | both");
