@@ -233,6 +233,21 @@ static void test_init_good_local_engine(void) {
   TU_ASSERT_OK(try_init_name(tu_addr(name, sizeof(name), tu_free_port())));
 }
 
+/* Each engine's progress thread is named (top -H, perf, gdb tell it apart); the name
+ * goes with the thread at Finalize. */
+static void test_progress_thread_named(void) {
+  HixlEngine *e = NULL;
+  int before = tu_threads_named("hixl-progress");
+
+  CU_ASSERT_FATAL(before >= 0);
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+  TU_ASSERT_OK(HixlEngineInitialize(e, "127.0.0.1", NULL, 0));
+  CU_ASSERT_EQUAL(tu_threads_named("hixl-progress"), before + 1);
+  TU_ASSERT_OK(HixlEngineFinalize(e));
+  CU_ASSERT_EQUAL(tu_threads_named("hixl-progress"), before);
+  TU_ASSERT_OK(HixlEngineDestroy(e));
+}
+
 static void test_double_initialize(void) {
   HixlEngine *e = NULL;
   char name[TU_ADDR_LEN];
@@ -844,6 +859,7 @@ int main(void) {
   CU_add_test(s, "NULL engine to create/init/finalize/destroy", test_create_destroy_null);
   CU_add_test(s, "bad local_engine strings", test_init_bad_local_engine);
   CU_add_test(s, "good local_engine strings", test_init_good_local_engine);
+  CU_add_test(s, "the progress thread is named hixl-progress", test_progress_thread_named);
   CU_add_test(s, "double Initialize", test_double_initialize);
   CU_add_test(s, "Finalize before Initialize and twice", test_finalize_paths);
   CU_add_test(s, "calls before Initialize and after Finalize", test_calls_before_initialize);

@@ -8,6 +8,7 @@
 #include <CUnit/Basic.h>
 #include <CUnit/CUnit.h>
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -58,6 +59,23 @@ static bool in_child;
     if (in_child && st_ != (hixl_kv_status)(want)) _exit(9);                                                 \
     if (!in_child) CU_ASSERT_EQUAL(st_, (hixl_kv_status)(want));                                             \
   } while (0)
+
+/* How many of this process's threads are named name (their comm). */
+static int threads_named(const char *name) {
+  DIR *d = opendir("/proc/self/task");
+  int n = 0;
+  for (struct dirent *t; d && (t = readdir(d));) {
+    char path[300], comm[32] = "";
+    snprintf(path, sizeof(path), "/proc/self/task/%s/comm", t->d_name);
+    FILE *f = t->d_name[0] == '.' ? NULL : fopen(path, "r");
+    if (!f) continue;
+    if (fgets(comm, sizeof(comm), f)) comm[strcspn(comm, "\n")] = '\0';
+    fclose(f);
+    n += strcmp(comm, name) == 0;
+  }
+  if (d) closedir(d);
+  return n;
+}
 
 static bool has_error(const char *needle) {
   const char *e = ops->last_error();
@@ -740,6 +758,8 @@ static void test_event_fd(void) {
   /* No more steps: the loader's completion alone makes the fd readable. */
   CU_ASSERT_EQUAL(poll(&pf, 1, 20000), 1);
   CU_ASSERT(pf.revents & POLLIN);
+  CU_ASSERT(threads_named("hixl-kv-load") >= 1); /* named, for top -H and perf */
+  CU_ASSERT(threads_named("hixl-progress") >= 1);
   CU_ASSERT_EQUAL(poll(&pf, 1, 0), 1); /* level: still readable until get_finished */
   hixl_kv_ids s = {0}, r = {0};
   ST_IS(ops->get_finished(d.worker, NULL, &s, &r), HIXL_KV_SUCCESS);

@@ -4,6 +4,7 @@
 #include "engine/engine_ext.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -38,6 +39,24 @@ int64_t tu_now_ms(void) {
 
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int tu_threads_named(const char *name) {
+  DIR *d = opendir("/proc/self/task");
+  if (!d) return -1;
+  int n = 0;
+  for (struct dirent *t; (t = readdir(d));) {
+    char path[300], comm[32] = "";
+    if (t->d_name[0] == '.') continue;
+    snprintf(path, sizeof(path), "/proc/self/task/%s/comm", t->d_name);
+    FILE *f = fopen(path, "r");
+    if (!f) continue; /* the thread ended meanwhile */
+    if (fgets(comm, sizeof(comm), f)) comm[strcspn(comm, "\n")] = '\0';
+    fclose(f);
+    n += strcmp(comm, name) == 0;
+  }
+  closedir(d);
+  return n;
 }
 
 /* Milliseconds left until deadline, clamped to [0, INT32_MAX]. */

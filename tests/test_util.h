@@ -24,6 +24,9 @@ int tu_read_all(int fd, void *buf, size_t len);
 
 /** CLOCK_MONOTONIC in milliseconds. */
 int64_t tu_now_ms(void);
+/* How many of this process's threads are named name (their comm); -1 when /proc cannot
+ * be read. */
+int tu_threads_named(const char *name);
 
 /* ---- loopback addresses ---- */
 

@@ -11,6 +11,7 @@
 #include "kv_int.h"
 #include "kv_obs.h"
 #include "util/log.h"
+#include "util/thread.h"
 
 #define KV_EXPORT __attribute__((visibility("default")))
 
@@ -104,6 +105,7 @@ hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint32_t ra
         st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "create: pthread_create: %s", strerror(rc));
         goto fail_service;
       }
+      thread_name(c->push.thread, "hixl-kv-push");
       c->push.on = true;
     }
   }

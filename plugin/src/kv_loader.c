@@ -25,6 +25,7 @@
 #include "kv_int.h"
 #include "kv_obs.h"
 #include "util/log.h"
+#include "util/thread.h"
 
 /* A PIN of e's request; with its hold's number (from the params), so the producer
  * answers at once for one it bound and does not hold. */
@@ -547,11 +548,14 @@ hixl_kv_status kv_loader_submit(hixl_kv_connector *c) {
     ld->args[ld->nthreads] = (struct kv_loader_arg){c, ld->nthreads};
     if ((rc = pthread_create(&ld->threads[ld->nthreads], NULL, loader_main, &ld->args[ld->nthreads])) != 0)
       break;
+    thread_name(ld->threads[ld->nthreads], "hixl-kv-load");
     ld->nthreads++;
     ld->idle++; /* until it takes a load */
   }
-  if (ld->nthreads && !ld->renewer_on && !c->shut && c->cfg.lease_ms > 0)
+  if (ld->nthreads && !ld->renewer_on && !c->shut && c->cfg.lease_ms > 0) {
     ld->renewer_on = pthread_create(&ld->renewer, NULL, renewer_main, c) == 0; /* else no renewals */
+    if (ld->renewer_on) thread_name(ld->renewer, "hixl-kv-renew");
+  }
   pthread_cond_broadcast(&ld->cond);
   pthread_cond_broadcast(&ld->renew); /* loads queued: the renewer keeps them held too */
   if (ld->nthreads == 0 && !c->shut)  /* the loads stay queued: a later start_load_kv tries again */

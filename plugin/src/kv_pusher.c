@@ -10,6 +10,7 @@
 #include "kv_int.h"
 #include "kv_obs.h"
 #include "util/log.h"
+#include "util/thread.h"
 
 /* Accept on the consumer: it expects the request, with the same layout, into at
  * least as many blocks per group; its planes go to p->r. */
@@ -202,8 +203,10 @@ static void link_all(hixl_kv_connector *c, struct kv_push **v, size_t n, HixlSta
     if (k == nj) jobs[nj++] = (struct link_job){.c = c, .e = &v[i]->e};
     of[i] = k;
   }
-  for (size_t k = 0; k < nj; k++)
+  for (size_t k = 0; k < nj; k++) {
     jobs[k].started = nj > 1 && pthread_create(&jobs[k].t, NULL, link_main, &jobs[k]) == 0;
+    if (jobs[k].started) thread_name(jobs[k].t, "hixl-kv-link");
+  }
   for (size_t k = 0; k < nj; k++) {
     if (jobs[k].started)
       pthread_join(jobs[k].t, NULL);

@@ -11,6 +11,7 @@
 
 #include "cache/cache_int.h"
 #include "util/sock.h"
+#include "util/thread.h"
 
 /* One config of a task: where its layers go, and how that went. */
 struct cm_conf {
@@ -327,6 +328,7 @@ HixlStatus HixlCacheManagerTransferCacheAsync(HixlCacheManager *m, uint64_t src_
     m->tasks++;
     pthread_mutex_unlock(&m->lock);
     int rc = pthread_create(&t->thread, NULL, cm_task_main, t);
+    if (rc == 0) thread_name(t->thread, "hixl-cm-task");
     if (rc != 0) {
       pthread_mutex_lock(&m->lock);
       m->tasks--;

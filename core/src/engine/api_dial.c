@@ -14,6 +14,7 @@
 #include "util/log.h"
 #include "util/sock.h"
 #include "util/status_int.h"
+#include "util/thread.h"
 
 /* ---- the handshake ---- */
 
@@ -396,6 +397,8 @@ void api_rails_up(HixlEngine *e, struct peer *p, struct conn *c, uint64_t deadli
       e->rail_thread_on = false;
       e->rail_stop_failed = true;
       log_error("engine %s: cannot start the rail prober: a rail that goes down stays down", e->local_name);
+    } else {
+      thread_name(e->rail_thread, "hixl-rails");
     }
   }
   uint64_t id = p->id;

@@ -14,6 +14,7 @@
 #include "engine/engine_int.h"
 #include "util/log.h"
 #include "util/sock.h"
+#include "util/thread.h"
 
 #define LINK_READ_BUDGET (32u << 20)  /* bytes per event before other links get a turn */
 #define LINK_SPAN_DIRECT (16u << 10)  /* spans at least this long are received in place */
@@ -420,6 +421,7 @@ int link_start(struct HixlEngine *e, HixlStatus *st) {
     if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) goto close_ev;
   }
   if (pthread_create(&e->thread, NULL, progress_main, e) != 0) goto close_ev;
+  thread_name(e->thread, "hixl-progress");
   return 0;
 close_ev:
   if (e->tfd >= 0) close(e->tfd);

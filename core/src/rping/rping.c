@@ -17,6 +17,7 @@
 #include "rping/rping_int.h"
 #include "util/sock.h"
 #include "util/status_int.h"
+#include "util/thread.h"
 
 #define RP_ADD_TIMEOUT_ENV "HIXL_RPING_ADD_TIMEOUT_MS"
 #define RP_MAX_NPU         65536
@@ -233,7 +234,9 @@ HccnResult HccnRpingInit(const char *device, const HccnRpingInitAttr *attr, Hccn
     goto close_efd;
   }
   if (c->roce && (r = rp_roce_open(c)) != HCCN_SUCCESS) goto close_resp;
-  if ((rc = pthread_create(&c->resp_thread, NULL, rp_responder_main, c)) != 0) {
+  if ((rc = pthread_create(&c->resp_thread, NULL, rp_responder_main, c)) == 0)
+    thread_name(c->resp_thread, "hixl-rping-resp");
+  else {
     r = rp_fail(HCCN_E_FAIL, "%s: cannot start the responder thread: %s", fn, strerror(rc));
     goto close_roce;
   }

@@ -16,6 +16,7 @@
 #include "util/log.h"
 #include "rping/rping_int.h"
 #include "util/sock.h"
+#include "util/thread.h"
 
 /* ---- the batch prober ---- */
 
@@ -426,6 +427,7 @@ HccnResult rp_batch_run(struct rp_batch *b) {
   r = b->ctx->roce ? roce_setup(b) : udp_setup(b);
   if (r != HCCN_SUCCESS) goto close_efd;
   rc = pthread_create(&b->thread, NULL, b->ctx->roce ? batch_roce_main : batch_udp_main, b);
+  if (rc == 0) thread_name(b->thread, "hixl-rping");
   if (rc != 0) {
     r = rp_fail(HCCN_E_FAIL, "HccnRpingBatchPingStart: cannot start the prober thread: %s", strerror(rc));
     goto teardown;
