@@ -19,6 +19,7 @@
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 
@@ -26,12 +27,13 @@
 #include "hixl/hixl.h"
 #include "hixl/hixl_kv_connector.h"
 
-#define MAX_TP 8
+#define MAX_TP     8
+#define MAX_ROUNDS 64
 
 static struct {
   const char *plugin, *ip, *transport, *json;
   uint32_t layers, heads, head_dim, block_tokens, prompt, requests, rounds, per_producer;
-  bool mla;
+  bool mla, shared; /* shared: every thread on every CPU (--cpus shared) */
   char pairs[128];
 } o = {.plugin = HIXL_KV_PLUGIN_DEFAULT,
        .ip = "127.0.0.1",
@@ -48,6 +50,30 @@ static struct {
 
 static const hixl_kv_ops *ops;
 static FILE *json;
+
+/* --cpus split (the default with 2 CPUs or more): the producer ranks' threads run on the
+ * first half of the CPUs this process may use, the consumer ranks' (and the host's loop)
+ * on the rest, as on two hosts; the plugin and the raw engine alike, since each side's
+ * engines and connectors are made on that side's CPUs and their threads inherit them.
+ * Without it, the kernel's wake-affine placement of loopback TCP wakeups can put a
+ * long-lived receiving thread (a plugin loader) on its sender's CPU while the other CPU
+ * idles, which a raw reference thread made fresh each run escapes: one process on 2
+ * CPUs measured that, not the plugin (docs/performance-tp.md). */
+static cpu_set_t cpus_all;
+static int ncpus_all;
+
+static void cpus_side(bool consumer) {
+  if (o.shared || ncpus_all < 2) return;
+  cpu_set_t s;
+  CPU_ZERO(&s);
+  for (int c = 0, k = 0; c < CPU_SETSIZE && k < ncpus_all; c++)
+    if (CPU_ISSET(c, &cpus_all)) {
+      if ((k >= ncpus_all / 2) == consumer) CPU_SET(c, &s);
+      k++;
+    }
+  int rc = pthread_setaffinity_np(pthread_self(), sizeof(s), &s);
+  if (rc) fprintf(stderr, "hixl-tp-bench: cannot keep the sides' threads apart: %s\n", strerror(rc));
+}
 
 static void die(const char *fmt, ...) {
   va_list ap;
@@ -408,13 +434,15 @@ static int cmp_double(const void *a, const void *b) {
 
 static void pair_run(uint32_t np, uint32_t nd) {
   struct side p, d;
+  cpus_side(false); /* the producer's engines and their threads */
   side_up(&p, np, "producer");
+  cpus_side(true); /* the consumer's, and this thread: the host's loop, the raw threads */
   side_up(&d, nd, "consumer");
   fill(&p, np * 10 + nd);
-  uint64_t pns[16], rns[16], rops = 0, rbytes = 0;
-  double aa[16], ratio[16];
+  uint64_t pns[MAX_ROUNDS], rns[MAX_ROUNDS], rops = 0, rbytes = 0;
+  double aa[MAX_ROUNDS], ratio[MAX_ROUNDS];
   uint64_t ops0 = 0, bytes0 = 0;
-  uint32_t nr = o.rounds < 16 ? o.rounds : 16;
+  uint32_t nr = o.rounds < MAX_ROUNDS ? o.rounds : MAX_ROUNDS;
   /* A warm-up round first (links made, pages touched), not counted; then each round
    * runs the plugin, the raw engine and the raw engine again, or the reverse (every
    * other round): the plugin beside the raw run it is paired with. */
@@ -456,7 +484,7 @@ static void pair_run(uint32_t np, uint32_t nd) {
   }
   uint64_t need = 0;
   for (uint32_t i = 0; i < nd; i++) need += (uint64_t)o.layers * nblocks_req() * d.r[i].block;
-  char rounds_json[16 * 8 + 2] = "[";
+  char rounds_json[MAX_ROUNDS * 8 + 2] = "[";
   for (uint32_t i = 0; i < nr; i++)
     snprintf(rounds_json + strlen(rounds_json), sizeof(rounds_json) - strlen(rounds_json), "%s%.3f",
              i ? "," : "", ratio[i]);
@@ -479,6 +507,7 @@ static void pair_run(uint32_t np, uint32_t nd) {
     fprintf(json,
             "{\"prefill_tp\": %u, \"decode_tp\": %u, \"model\": \"%s\", \"kv_heads\": %u, \"layers\": %u, "
             "\"prompt\": %u, \"requests\": %u, \"rounds\": %u, \"per_producer\": %u, \"transport\": \"%s\", "
+            "\"cpus\": \"%s\", "
             "\"plugin_gbps\": %.3f, "
             "\"raw_gbps\": %.3f, \"ratio\": %.3f, \"ratio_rounds\": %s, \"raw_aa_lo\": %.3f, \"raw_aa_hi\": "
             "%.3f, "
@@ -487,7 +516,8 @@ static void pair_run(uint32_t np, uint32_t nd) {
             "\"bytes_moved_per_request\": %.0f, \"bytes_needed_per_request\": %" PRIu64
             ", \"prefill_blocks_held\": %" PRIu64 "}\n",
             np, nd, o.mla ? "mla" : "gqa", o.heads, o.layers, o.prompt, o.requests, nr, o.per_producer,
-            o.transport, pg, rg, rat, rounds_json, aa_lo, aa_hi, preq, rreq, moved, need, held);
+            o.transport, o.shared || ncpus_all < 2 ? "shared" : "split", pg, rg, rat, rounds_json, aa_lo,
+            aa_hi, preq, rreq, moved, need, held);
   fflush(stdout);
   side_down(&d);
   side_down(&p);
@@ -498,7 +528,7 @@ static void usage(void) {
       stderr,
       "usage: hixl-tp-bench [--pairs \"P,D P,D ...\"] [--mla] [--kv-heads N] [--layers N] [--prompt TOKENS]\n"
       "         [--requests N] [--rounds N] [--per-producer N] [--transport tcp|auto] [--ip IP] [--plugin "
-      "PATH]\n         [--json FILE]\n");
+      "PATH]\n         [--json FILE] [--cpus split|shared]\n");
   exit(2);
 }
 
@@ -518,7 +548,7 @@ int main(int argc, char **argv) {
     U32("--layers", layers, 1, 64)
     U32("--prompt", prompt, 16, 65536)
     U32("--requests", requests, 1, 256)
-    U32("--rounds", rounds, 1, 16)
+    U32("--rounds", rounds, 1, MAX_ROUNDS)
     U32("--per-producer", per_producer, 1, 8)
     if (strcmp(a, "--mla") == 0) {
       o.mla = true;
@@ -535,6 +565,8 @@ int main(int argc, char **argv) {
       o.plugin = v;
     else if (strcmp(a, "--json") == 0)
       o.json = v;
+    else if (strcmp(a, "--cpus") == 0 && (strcmp(v, "split") == 0 || strcmp(v, "shared") == 0))
+      o.shared = strcmp(v, "shared") == 0;
     else
       usage();
     i++;
@@ -552,11 +584,18 @@ int main(int argc, char **argv) {
   if (!entry || entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS)
     die("%s: %s %s", o.plugin, so ? "" : dlerror(), err);
   if (o.json && !(json = fopen(o.json, "a"))) die("%s: %s", o.json, strerror(errno));
+  if (sched_getaffinity(0, sizeof(cpus_all), &cpus_all) == 0) ncpus_all = CPU_COUNT(&cpus_all);
+  char cpus[96];
+  if (o.shared || ncpus_all < 2)
+    snprintf(cpus, sizeof(cpus), "CPUs shared (%d)", ncpus_all);
+  else
+    snprintf(cpus, sizeof(cpus), "CPUs split: %d producer, %d consumer", ncpus_all / 2,
+             ncpus_all - ncpus_all / 2);
   printf("hixl-tp-bench: %s, %u layers, %u KV heads x %u x 2 B, %u-token blocks, %u requests of %u tokens, "
          "%u rounds (median), transport %s, HND (packed) layout, loads_per_producer %u (raw: as many threads "
-         "per producer rank)\n\n",
+         "per producer rank), %s\n\n",
          o.mla ? "MLA (576 x 2 B latent)" : "GQA", o.layers, o.heads, o.head_dim, o.block_tokens, o.requests,
-         o.prompt, o.rounds, o.transport, o.per_producer);
+         o.prompt, o.rounds, o.transport, o.per_producer, cpus);
   printf("| TP P -> D | model | plugin GB/s | raw engine GB/s | plugin / raw | raw A/A spread | plugin "
          "ops/request | raw ops/request | bytes moved/request | bytes needed/request | prefill blocks held "
          "after |\n");
