@@ -65,16 +65,13 @@ pass=$(awk -v m="$min" 'BEGIN { print (m >= 0.9) ? "PASS" : "FAIL" }')
   echo
   echo "CPUs: $CPUS. Split, the producer ranks' engines and connectors (and their threads) run on"
   echo "the first half of the CPUs, the consumer ranks' and the host's loop on the other half, the"
-  echo "plugin and the raw engine alike, as on two hosts. With every thread free to run anywhere,"
-  echo "the kernel's wake-affine placement of loopback TCP wakeups put the plugin's long-lived"
-  echo "loader thread on its sender's CPU while the other CPU idled (seen with perf sched: 4 ms idle"
-  echo "beside a loader and a sender sharing a CPU), which the raw engine's threads, made afresh each"
-  echo "run, escaped; pinned the same way, both ran at the same speed (MLA 2 -> 1: 4.2-4.4 against"
-  echo "4.5-4.6 GB/s; free: 2.7 against 4.0). The last table repeats the MLA pairs with shared CPUs."
+  echo "plugin and the raw engine alike, as on two hosts. Shared, the kernel's wake-affine placement"
+  echo "of loopback TCP wakeups can keep the plugin's long-lived loader thread on its sender's CPU"
+  echo "while another CPU idles, which the raw engine's threads, made afresh each run, escape (the"
+  echo "readings below measure it). The last table repeats the MLA pairs with shared CPUs."
   echo
-  echo "MLA rows use ${TP_MLA_LAYERS:-27} layers (DeepSeek-V2-Lite's count): a request carries 31.9 MB"
-  echo "of latent, about a GQA request's 33.5 MB at 8 layers. At 8 layers (9.4 MB) the plugin's"
-  echo "per-request control plane weighs 3.5 times as much against the data."
+  echo "MLA rows use ${TP_MLA_LAYERS:-27} layers (27, the default, is DeepSeek-V2-Lite's count), so that an"
+  echo "MLA request carries about as many bytes as a GQA one (bytes needed/request in the tables)."
   echo
   echo "Goal: plugin >= 0.9x the raw engine for every pair: **$pass** (ratios $min to $max);"
   echo "bytes moved = bytes needed (a replicated head read once): $(echo "$moved_ok" | awk '{print $1 " of " $2}') rows."

@@ -62,8 +62,10 @@ static FILE *json;
 static cpu_set_t cpus_all;
 static int ncpus_all;
 
+static bool cpus_split(void) { return !o.shared && ncpus_all >= 2; }
+
 static void cpus_side(bool consumer) {
-  if (o.shared || ncpus_all < 2) return;
+  if (!cpus_split()) return;
   cpu_set_t s;
   CPU_ZERO(&s);
   for (int c = 0, k = 0; c < CPU_SETSIZE && k < ncpus_all; c++)
@@ -516,8 +518,8 @@ static void pair_run(uint32_t np, uint32_t nd) {
             "\"bytes_moved_per_request\": %.0f, \"bytes_needed_per_request\": %" PRIu64
             ", \"prefill_blocks_held\": %" PRIu64 "}\n",
             np, nd, o.mla ? "mla" : "gqa", o.heads, o.layers, o.prompt, o.requests, nr, o.per_producer,
-            o.transport, o.shared || ncpus_all < 2 ? "shared" : "split", pg, rg, rat, rounds_json, aa_lo,
-            aa_hi, preq, rreq, moved, need, held);
+            o.transport, cpus_split() ? "split" : "shared", pg, rg, rat, rounds_json, aa_lo, aa_hi, preq,
+            rreq, moved, need, held);
   fflush(stdout);
   side_down(&d);
   side_down(&p);
@@ -586,11 +588,11 @@ int main(int argc, char **argv) {
   if (o.json && !(json = fopen(o.json, "a"))) die("%s: %s", o.json, strerror(errno));
   if (sched_getaffinity(0, sizeof(cpus_all), &cpus_all) == 0) ncpus_all = CPU_COUNT(&cpus_all);
   char cpus[96];
-  if (o.shared || ncpus_all < 2)
-    snprintf(cpus, sizeof(cpus), "CPUs shared (%d)", ncpus_all);
-  else
+  if (cpus_split())
     snprintf(cpus, sizeof(cpus), "CPUs split: %d producer, %d consumer", ncpus_all / 2,
              ncpus_all - ncpus_all / 2);
+  else
+    snprintf(cpus, sizeof(cpus), "CPUs shared (%d)", ncpus_all);
   printf("hixl-tp-bench: %s, %u layers, %u KV heads x %u x 2 B, %u-token blocks, %u requests of %u tokens, "
          "%u rounds (median), transport %s, HND (packed) layout, loads_per_producer %u (raw: as many threads "
          "per producer rank), %s\n\n",
