@@ -117,6 +117,32 @@ static inline int bench_cmp_u64(const void *a, const void *b) {
   return x < y ? -1 : (x > y ? 1 : 0);
 }
 
+static inline int bench_cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : (x > y ? 1 : 0);
+}
+
+/* The median of v[0..n) (sorted), and a distribution-free 95% confidence interval for
+ * it from order statistics: [v(k), v(n+1-k)] (1-based) with the largest k such that a
+ * Binomial(n, 1/2) draw falls below k with probability at most 2.5%. With fewer than 6
+ * values no such k exists: the interval is then [min, max] and covers less. */
+static inline double bench_median_ci(const double *v, size_t n, double *lo, double *hi) {
+  if (n == 0) return *lo = *hi = 0;
+  double pi = 1, below = 0; /* P(X = i), P(X < i + 1) for X ~ Binomial(n, 1/2) */
+  for (size_t i = 0; i < n; i++) pi /= 2;
+  size_t k = 0;
+  for (size_t i = 0; i < n / 2; i++) {
+    below += pi;
+    if (below > 0.025) break;
+    k = i + 1;
+    pi = pi * (double)(n - i) / (double)(i + 1);
+  }
+  k = k ? k : 1;
+  *lo = v[k - 1];
+  *hi = v[n - k];
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 struct bench_stats {
   double avg_us, p50_us, p99_us, min_us, max_us;
 };

@@ -253,15 +253,10 @@ static void verify(struct ctx *c, const char *when) {
   }
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 static double median(const struct fig *f) {
   double v[16];
   memcpy(v, f->gbps, sizeof(v));
-  qsort(v, (size_t)o.rounds, sizeof(double), cmp_double);
+  qsort(v, (size_t)o.rounds, sizeof(double), bench_cmp_double);
   return v[o.rounds / 2];
 }
 

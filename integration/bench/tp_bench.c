@@ -28,7 +28,7 @@
 #include "hixl/hixl_kv_connector.h"
 
 #define MAX_TP     8
-#define MAX_ROUNDS 64
+#define MAX_ROUNDS 256
 
 static struct {
   const char *plugin, *ip, *transport, *json;
@@ -424,16 +424,6 @@ static bool check(struct side *d, uint32_t seed) {
   return true;
 }
 
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
 static void pair_run(uint32_t np, uint32_t nd) {
   struct side p, d;
   cpus_side(false); /* the producer's engines and their threads */
@@ -491,35 +481,37 @@ static void pair_run(uint32_t np, uint32_t nd) {
     snprintf(rounds_json + strlen(rounds_json), sizeof(rounds_json) - strlen(rounds_json), "%s%.3f",
              i ? "," : "", ratio[i]);
   strcat(rounds_json, "]");
-  qsort(ratio, nr, sizeof(*ratio), cmp_double);
-  qsort(pns, nr, sizeof(*pns), cmp_u64);
-  qsort(rns, nr, sizeof(*rns), cmp_u64);
-  double aa_lo = aa[0], aa_hi = aa[0];
-  for (uint32_t i = 1; i < nr; i++)
-    aa_lo = aa[i] < aa_lo ? aa[i] : aa_lo, aa_hi = aa[i] > aa_hi ? aa[i] : aa_hi;
+  qsort(ratio, nr, sizeof(*ratio), bench_cmp_double);
+  qsort(aa, nr, sizeof(*aa), bench_cmp_double);
+  qsort(pns, nr, sizeof(*pns), bench_cmp_u64);
+  qsort(rns, nr, sizeof(*rns), bench_cmp_u64);
   uint64_t pm = pns[nr / 2], rm = rns[nr / 2], total = need * o.requests;
   double pg = (double)total / (double)pm, rg = (double)total / (double)rm;
   double preq = (double)ops0 / ((double)o.requests * (nr + 1)), rreq = (double)rops / o.requests;
   double moved = (double)bytes0 / ((double)o.requests * (nr + 1));
-  double rat = nr % 2 ? ratio[nr / 2] : (ratio[nr / 2 - 1] + ratio[nr / 2]) / 2; /* paired, median */
-  printf("| %u -> %u | %s | %.2f | %.2f | %.2fx | %.2f-%.2fx | %.0f | %.0f | %.0f | %" PRIu64 " | %" PRIu64
-         " |\n",
-         np, nd, o.mla ? "MLA" : "GQA", pg, rg, rat, aa_lo, aa_hi, preq, rreq, moved, need, held);
+  double rat_lo, rat_hi, aa_lo, aa_hi; /* paired ratios: median, its 95% CI */
+  double rat = bench_median_ci(ratio, nr, &rat_lo, &rat_hi), aam = bench_median_ci(aa, nr, &aa_lo, &aa_hi);
+  printf(
+      "| %u -> %u | %s | %.2f | %.2f | %.2fx (%.2f-%.2f) | %.2fx (%.2f-%.2f; %.2f-%.2f) | %.0f | %.0f | %.0f "
+      "| %" PRIu64 " | %" PRIu64 " |\n",
+      np, nd, o.mla ? "MLA" : "GQA", pg, rg, rat, rat_lo, rat_hi, aam, aa_lo, aa_hi, aa[0], aa[nr - 1], preq,
+      rreq, moved, need, held);
   if (json)
-    fprintf(json,
-            "{\"prefill_tp\": %u, \"decode_tp\": %u, \"model\": \"%s\", \"kv_heads\": %u, \"layers\": %u, "
-            "\"prompt\": %u, \"requests\": %u, \"rounds\": %u, \"per_producer\": %u, \"transport\": \"%s\", "
-            "\"cpus\": \"%s\", "
-            "\"plugin_gbps\": %.3f, "
-            "\"raw_gbps\": %.3f, \"ratio\": %.3f, \"ratio_rounds\": %s, \"raw_aa_lo\": %.3f, \"raw_aa_hi\": "
-            "%.3f, "
-            "\"plugin_ops_per_request\": %.1f, \"raw_ops_per_request\": "
-            "%.1f, "
-            "\"bytes_moved_per_request\": %.0f, \"bytes_needed_per_request\": %" PRIu64
-            ", \"prefill_blocks_held\": %" PRIu64 "}\n",
-            np, nd, o.mla ? "mla" : "gqa", o.heads, o.layers, o.prompt, o.requests, nr, o.per_producer,
-            o.transport, cpus_split() ? "split" : "shared", pg, rg, rat, rounds_json, aa_lo, aa_hi, preq,
-            rreq, moved, need, held);
+    fprintf(
+        json,
+        "{\"prefill_tp\": %u, \"decode_tp\": %u, \"model\": \"%s\", \"kv_heads\": %u, \"layers\": %u, "
+        "\"prompt\": %u, \"requests\": %u, \"rounds\": %u, \"per_producer\": %u, \"transport\": \"%s\", "
+        "\"cpus\": \"%s\", "
+        "\"plugin_gbps\": %.3f, "
+        "\"raw_gbps\": %.3f, \"ratio\": %.3f, \"ratio_ci95\": [%.3f, %.3f], \"ratio_rounds\": %s, "
+        "\"raw_aa_median\": %.3f, \"raw_aa_ci95\": [%.3f, %.3f], \"raw_aa_lo\": %.3f, \"raw_aa_hi\": %.3f, "
+        "\"plugin_ops_per_request\": %.1f, \"raw_ops_per_request\": "
+        "%.1f, "
+        "\"bytes_moved_per_request\": %.0f, \"bytes_needed_per_request\": %" PRIu64
+        ", \"prefill_blocks_held\": %" PRIu64 "}\n",
+        np, nd, o.mla ? "mla" : "gqa", o.heads, o.layers, o.prompt, o.requests, nr, o.per_producer,
+        o.transport, cpus_split() ? "split" : "shared", pg, rg, rat, rat_lo, rat_hi, rounds_json, aam, aa_lo,
+        aa_hi, aa[0], aa[nr - 1], preq, rreq, moved, need, held);
   fflush(stdout);
   side_down(&d);
   side_down(&p);
@@ -598,8 +590,9 @@ int main(int argc, char **argv) {
          "per producer rank), %s\n\n",
          o.mla ? "MLA (576 x 2 B latent)" : "GQA", o.layers, o.heads, o.head_dim, o.block_tokens, o.requests,
          o.prompt, o.rounds, o.transport, o.per_producer, cpus);
-  printf("| TP P -> D | model | plugin GB/s | raw engine GB/s | plugin / raw | raw A/A spread | plugin "
-         "ops/request | raw ops/request | bytes moved/request | bytes needed/request | prefill blocks held "
+  printf("| TP P -> D | model | plugin GB/s | raw engine GB/s | plugin / raw (95%% CI) | raw A/A (95%% CI; "
+         "range) | plugin ops/request | raw ops/request | bytes moved/request | bytes needed/request | "
+         "prefill blocks held "
          "after |\n");
   printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (char *s = o.pairs, *end; *s;) {
