@@ -7,7 +7,7 @@
 # raw engine moving the same byte ranges, in one run. Writes OUTPUT_MD (default
 # docs/performance-tp.md) with both tables and the goal (plugin >= 0.9x the raw engine;
 # bytes moved = bytes needed), and the JSON lines in BUILD_DIR/tp-results/tp.json.
-# Environment: TP_ROUNDS (default 25), TP_REQUESTS (default 8), TP_PROMPT (default 1024),
+# Environment: TP_ROUNDS (default 45, a multiple of 3: the plugin takes each place in a round equally often), TP_REQUESTS (default 8), TP_PROMPT (default 1024),
 # TP_LAYERS (GQA, default 8), TP_MLA_LAYERS (default 27, DeepSeek-V2-Lite's: a request
 # then carries about the bytes of a GQA one), TP_TRANSPORT (default tcp), TP_CPUS
 # (split, the default: producer ranks on half the CPUs, consumer ranks on the other, as
@@ -25,7 +25,7 @@ RES=$BUILD/tp-results
 mkdir -p "$RES" && rm -f "$RES/tp.json" "$RES/tp-shared.json"
 PAIRS="1,2 2,1 2,4 4,2 1,4 4,1 2,2"
 CPUS=${TP_CPUS:-split}
-ARGS=(--rounds "${TP_ROUNDS:-25}" --requests "${TP_REQUESTS:-8}" --prompt "${TP_PROMPT:-1024}"
+ARGS=(--rounds "${TP_ROUNDS:-45}" --requests "${TP_REQUESTS:-8}" --prompt "${TP_PROMPT:-1024}"
       --transport "${TP_TRANSPORT:-tcp}" --pairs "$PAIRS")
 echo "run_tp: GQA (8 KV heads), CPUs $CPUS" >&2
 "$BENCH" "${ARGS[@]}" --layers "${TP_LAYERS:-8}" --cpus "$CPUS" --json "$RES/tp.json" > "$RES/gqa.md" ||
@@ -59,13 +59,15 @@ below=$(grep -o '"ratio_ci95": \[[0-9.]*, [0-9.]*\]' "$RES/tp.json" | tr -d '[],
   echo "on it, loads_per_producer = 1 by default, taking the requests in turn, one sync call per request: what"
   echo "is left between the two is the plugin's control plane, a PIN and a FREE per request and"
   echo "the scheduler's steps). Every consumer byte is checked after both. A warm-up round is not"
-  echo "counted; each round then runs the plugin, the raw engine and the raw engine again, or the"
-  echo "reverse every other round. Plugin / raw is the median of the rounds' ratios (each round's"
-  echo "plugin against the raw run beside it), with a distribution-free 95% confidence interval for"
-  echo "that median (order statistics); GB/s = bytes the consumer ranks need / wall time, the median"
-  echo "of the rounds. Raw A/A: the raw engine's second time over its first in each round, the same"
-  echo "statistics (its median should be 1.00x: its interval is what this machine's noise does to a"
-  echo "median of this many rounds), and the range of single rounds."
+  echo "counted; each round then runs the plugin once and the raw engine twice, the plugin first,"
+  echo "second and third in turn (a run's place in its round moved the raw engine's own median time"
+  echo "by up to 12% when the plugin always ran beside the same raw run). Plugin / raw is the median"
+  echo "of the rounds' ratios (each round's plugin against the mean of its two raw runs), with a"
+  echo "distribution-free 95% confidence interval for that median (order statistics); GB/s = bytes"
+  echo "the consumer ranks need / wall time, the median of the rounds. Raw A/A: the raw engine's"
+  echo "second time over its first in each round, the same statistics (its median should be 1.00x:"
+  echo "its interval is what this machine's noise does to a median of this many rounds), and the"
+  echo "range of single rounds."
   echo
   echo "CPUs: $CPUS. Split, the producer ranks' engines and connectors (and their threads) run on"
   echo "the first half of the CPUs, the consumer ranks' and the host's loop on the other half, the"
