@@ -1,7 +1,8 @@
 /* test_bench_util: the benchmarks' statistics (integration/bench/bench_util.h). The 95%
  * confidence interval of a median from order statistics, against published ranks and
- * against the binomial distribution summed here another way (lgamma); nearest-rank
- * percentiles of bench_stats_ns. */
+ * against the binomial distribution summed here another way (lgamma); the ratio of runs
+ * rotated through the places of a round (bench_places_median); nearest-rank percentiles
+ * of bench_stats_ns. */
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <stdio.h>
@@ -66,6 +67,47 @@ static void test_median_ci_small(void) {
   }
 }
 
+/* Three places, the third 0.7 of the others: the estimate is the geometric mean of the
+ * places (1 * 1 * 0.7)^(1/3), where a plain median would say 1; noise-free, the
+ * bootstrap interval is that one value. */
+static void test_places_slow_place_counts_once(void) {
+  double r[45], lo, hi;
+  for (size_t i = 0; i < 45; i++) r[i] = i % 3 == 2 ? 0.7 : 1.0;
+  double m = bench_places_median(r, 45, 3, 2000, &lo, &hi);
+  CU_ASSERT_DOUBLE_EQUAL(m, cbrt(0.7), 1e-12);
+  CU_ASSERT_DOUBLE_EQUAL(lo, m, 1e-12);
+  CU_ASSERT_DOUBLE_EQUAL(hi, m, 1e-12);
+  qsort(r, 45, sizeof(*r), bench_cmp_double);
+  CU_ASSERT_DOUBLE_EQUAL(r[22], 1.0, 0); /* the plain median */
+}
+
+/* Each place's median, not its mean: one wild round in a place moves nothing; the
+ * interval holds the estimate, lies inside the data and is the same on every call
+ * (a fixed seed). A place with no rounds (n < places) is left out. */
+static void test_places_median_and_interval(void) {
+  double r[30], lo, hi, lo2, hi2;
+  for (size_t i = 0; i < 30; i++)
+    r[i] = 0.9 + 0.01 * (double)(i % 7) + (i % 3 == 1 ? 0.1 : 0); /* places differ */
+  double m = bench_places_median(r, 30, 3, 2000, &lo, &hi);
+  r[4] = 50; /* a wild round in place 1 */
+  double m2 = bench_places_median(r, 30, 3, 2000, &lo2, &hi2);
+  double g[3];
+  for (size_t p = 0; p < 3; p++) {
+    double w[10];
+    for (size_t i = 0; i < 10; i++) w[i] = r[p + 3 * i];
+    g[p] = bench_median(w, 10);
+  }
+  CU_ASSERT_DOUBLE_EQUAL(m2, cbrt(g[0] * g[1] * g[2]), 1e-12);
+  CU_ASSERT_DOUBLE_EQUAL(m, m2, 0.006);
+  CU_ASSERT_TRUE(lo <= m && m <= hi && lo >= 0.9 && hi <= 1.06);
+  bench_places_median(r, 30, 3, 2000, &lo, &hi);
+  CU_ASSERT_DOUBLE_EQUAL(lo, lo2, 0);
+  CU_ASSERT_DOUBLE_EQUAL(hi, hi2, 0);
+  double two[2] = {0.8, 1.25};
+  CU_ASSERT_DOUBLE_EQUAL(bench_places_median(two, 2, 3, 100, &lo, &hi), 1.0, 1e-12); /* sqrt(0.8 * 1.25) */
+  CU_ASSERT_DOUBLE_EQUAL(bench_places_median(two, 0, 3, 100, &lo, &hi), 0, 0);
+}
+
 static void test_stats_nearest_rank(void) {
   uint64_t ns[100];
   for (size_t i = 0; i < 100; i++) ns[i] = (uint64_t)(100 - i) * 1000; /* 100..1 us, reversed */
@@ -81,6 +123,8 @@ int main(void) {
   CU_TestInfo tests[] = {{"median CI: published ranks", test_median_ci_published_ranks},
                          {"median CI: the binomial tail for every n to 300", test_median_ci_every_n},
                          {"median CI: under 6 values, min and max", test_median_ci_small},
+                         {"places: a slow place counts once", test_places_slow_place_counts_once},
+                         {"places: medians, a fixed interval, empty places", test_places_median_and_interval},
                          {"stats: nearest-rank percentiles", test_stats_nearest_rank},
                          CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"bench_util", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};

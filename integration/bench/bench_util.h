@@ -5,6 +5,7 @@
 #define HIXL_BENCH_UTIL_H
 
 #include <errno.h>
+#include <math.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -141,6 +142,57 @@ static inline double bench_median_ci(const double *v, size_t n, double *lo, doub
   *lo = v[k - 1];
   *hi = v[n - k];
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+#define BENCH_PLACES_MAX 8
+
+/* The median of v[0..n) (unsorted; not changed), which is at most 256 values. */
+static inline double bench_median(const double *v, size_t n) {
+  double w[256];
+  if (n == 0 || n > 256) return 0;
+  memcpy(w, v, n * sizeof(*w));
+  qsort(w, n, sizeof(*w), bench_cmp_double);
+  return n % 2 ? w[n / 2] : (w[n / 2 - 1] + w[n / 2]) / 2;
+}
+
+/* The geometric mean of the medians of `places` groups, v[i] in group i % places (the
+ * place a measured run took in its round; a rotation puts each run in each place
+ * equally often), and a 95% bootstrap interval for it (`resamples` draws, each group
+ * resampled within itself, a fixed seed: the same data give the same interval). A plain
+ * median over all rounds is not neutral when one place is slow: with places 1, 1 and
+ * 0.7 it lands in the majority. This is, as a mean of the groups' log medians. Groups
+ * with no value are left out; n at most 256, places 1 to BENCH_PLACES_MAX. */
+static inline double bench_places_median(const double *v, size_t n, unsigned places, unsigned resamples,
+                                         double *lo, double *hi) {
+  double g[BENCH_PLACES_MAX][256], w[256], est[4096];
+  size_t gn[BENCH_PLACES_MAX] = {0};
+  *lo = *hi = 0;
+  if (n == 0 || n > 256 || places == 0 || places > BENCH_PLACES_MAX) return 0;
+  for (size_t i = 0; i < n; i++) g[i % places][gn[i % places]++] = v[i];
+  if (resamples > 4096) resamples = 4096;
+  uint64_t x = 0x9e3779b97f4a7c15ull; /* xorshift64 */
+  double point = 0;
+  unsigned used = 0;
+  for (unsigned p = 0; p < places; p++)
+    if (gn[p]) point += log(bench_median(g[p], gn[p])), used++;
+  for (unsigned b = 0; b < resamples; b++) {
+    double s = 0;
+    for (unsigned p = 0; p < places; p++) {
+      if (!gn[p]) continue;
+      for (size_t i = 0; i < gn[p]; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        w[i] = g[p][x % gn[p]];
+      }
+      s += log(bench_median(w, gn[p]));
+    }
+    est[b] = exp(s / used);
+  }
+  if (resamples) {
+    qsort(est, resamples, sizeof(*est), bench_cmp_double);
+    *lo = est[(size_t)(0.025 * resamples)];
+    *hi = est[(size_t)(0.975 * resamples) < resamples ? (size_t)(0.975 * resamples) : resamples - 1];
+  }
+  return exp(point / used);
 }
 
 struct bench_stats {
