@@ -73,7 +73,7 @@ static void test_median_ci_small(void) {
 static void test_places_slow_place_counts_once(void) {
   double r[45], lo, hi;
   for (size_t i = 0; i < 45; i++) r[i] = i % 3 == 2 ? 0.7 : 1.0;
-  double m = bench_places_median(r, 45, 3, 2000, &lo, &hi);
+  double m = bench_places_median(r, 45, 3, 2000, &lo, &hi, NULL);
   CU_ASSERT_DOUBLE_EQUAL(m, cbrt(0.7), 1e-12);
   CU_ASSERT_DOUBLE_EQUAL(lo, m, 1e-12);
   CU_ASSERT_DOUBLE_EQUAL(hi, m, 1e-12);
@@ -88,9 +88,9 @@ static void test_places_median_and_interval(void) {
   double r[30], lo, hi, lo2, hi2;
   for (size_t i = 0; i < 30; i++)
     r[i] = 0.9 + 0.01 * (double)(i % 7) + (i % 3 == 1 ? 0.1 : 0); /* places differ */
-  double m = bench_places_median(r, 30, 3, 2000, &lo, &hi);
+  double m = bench_places_median(r, 30, 3, 2000, &lo, &hi, NULL);
   r[4] = 50; /* a wild round in place 1 */
-  double m2 = bench_places_median(r, 30, 3, 2000, &lo2, &hi2);
+  double m2 = bench_places_median(r, 30, 3, 2000, &lo2, &hi2, NULL);
   double g[3];
   for (size_t p = 0; p < 3; p++) {
     double w[10];
@@ -100,12 +100,13 @@ static void test_places_median_and_interval(void) {
   CU_ASSERT_DOUBLE_EQUAL(m2, cbrt(g[0] * g[1] * g[2]), 1e-12);
   CU_ASSERT_DOUBLE_EQUAL(m, m2, 0.006);
   CU_ASSERT_TRUE(lo <= m && m <= hi && lo >= 0.9 && hi <= 1.06);
-  bench_places_median(r, 30, 3, 2000, &lo, &hi);
+  bench_places_median(r, 30, 3, 2000, &lo, &hi, NULL);
   CU_ASSERT_DOUBLE_EQUAL(lo, lo2, 0);
   CU_ASSERT_DOUBLE_EQUAL(hi, hi2, 0);
   double two[2] = {0.8, 1.25};
-  CU_ASSERT_DOUBLE_EQUAL(bench_places_median(two, 2, 3, 100, &lo, &hi), 1.0, 1e-12); /* sqrt(0.8 * 1.25) */
-  CU_ASSERT_DOUBLE_EQUAL(bench_places_median(two, 0, 3, 100, &lo, &hi), 0, 0);
+  CU_ASSERT_DOUBLE_EQUAL(bench_places_median(two, 2, 3, 100, &lo, &hi, NULL), 1.0,
+                         1e-12); /* sqrt(0.8 * 1.25) */
+  CU_ASSERT_DOUBLE_EQUAL(bench_places_median(two, 0, 3, 100, &lo, &hi, NULL), 0, 0);
 }
 
 static void test_stats_nearest_rank(void) {

@@ -161,9 +161,10 @@ static inline double bench_median(const double *v, size_t n) {
  * resampled within itself, a fixed seed: the same data give the same interval). A plain
  * median over all rounds is not neutral when one place is slow: with places 1, 1 and
  * 0.7 it lands in the majority. This is, as a mean of the groups' log medians. Groups
- * with no value are left out; n at most 256, places 1 to BENCH_PLACES_MAX. */
+ * with no value are left out (their median, into medians[p] when medians is not NULL, is
+ * 0); n at most 256, places 1 to BENCH_PLACES_MAX. */
 static inline double bench_places_median(const double *v, size_t n, unsigned places, unsigned resamples,
-                                         double *lo, double *hi) {
+                                         double *lo, double *hi, double *medians) {
   double g[BENCH_PLACES_MAX][256], w[256], est[4096];
   size_t gn[BENCH_PLACES_MAX] = {0};
   *lo = *hi = 0;
@@ -173,8 +174,11 @@ static inline double bench_places_median(const double *v, size_t n, unsigned pla
   uint64_t x = 0x9e3779b97f4a7c15ull; /* xorshift64 */
   double point = 0;
   unsigned used = 0;
-  for (unsigned p = 0; p < places; p++)
-    if (gn[p]) point += log(bench_median(g[p], gn[p])), used++;
+  for (unsigned p = 0; p < places; p++) {
+    double m = gn[p] ? bench_median(g[p], gn[p]) : 0;
+    if (medians) medians[p] = m;
+    if (gn[p]) point += log(m), used++;
+  }
   for (unsigned b = 0; b < resamples; b++) {
     double s = 0;
     for (unsigned p = 0; p < places; p++) {

@@ -487,13 +487,8 @@ static void pair_run(uint32_t np, uint32_t nd) {
   strcat(rounds_json, "]");
   /* The plugin took each place in a round in turn: its ratio is the geometric mean of the
    * three places' medians, so that a slow place counts once, not as a majority. */
-  double rat_lo, rat_hi, by_place[3], tmp[MAX_ROUNDS];
-  double rat = bench_places_median(ratio, nr, 3, 2000, &rat_lo, &rat_hi);
-  for (uint32_t j = 0; j < 3; j++) {
-    uint32_t m = 0;
-    for (uint32_t i = j; i < nr; i += 3) tmp[m++] = ratio[i];
-    by_place[j] = bench_median(tmp, m);
-  }
+  double rat_lo, rat_hi, by_place[3] = {0, 0, 0};
+  double rat = bench_places_median(ratio, nr, 3, 2000, &rat_lo, &rat_hi, by_place);
   qsort(aa, nr, sizeof(*aa), bench_cmp_double);
   qsort(pns, nr, sizeof(*pns), bench_cmp_u64);
   qsort(rns, nr, sizeof(*rns), bench_cmp_u64);
