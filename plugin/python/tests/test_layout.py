@@ -121,3 +121,143 @@ def test_total_kv_heads_abi15():
     m.total_kv_heads = 8
     arr, n, keep = m.to_c()
     assert arr[0].total_kv_heads == 0
+
+
+# ---- the layout read from what vLLM says (no layout option) ----
+
+class FlashAttn:
+    """An attention backend as vLLM <= 0.31 declares one: (2, B, N, H, D), NHD."""
+
+    @staticmethod
+    def get_name():
+        return "FLASH_ATTN"
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size):
+        assert block_size % 16 == 0
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+    @staticmethod
+    def get_kv_cache_stride_order(include_num_layers_dimension=False):
+        # cross-layer: blocks outermost, (B, L, 2, N, H, D)
+        return (2, 0, 1, 3, 4, 5) if include_num_layers_dimension else (0, 1, 2, 3, 4)
+
+
+class OldCpuAttn:
+    @staticmethod
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size):
+        return (2, num_blocks, num_kv_heads, block_size, head_size)
+
+
+class MlaAttn:
+    @staticmethod
+    def get_kv_cache_shape(num_blocks, block_size, num_kv_heads, head_size):
+        return (num_blocks, block_size, head_size)
+
+
+def facts(**kw):
+    f = dict(block_size=16, heads=2, head_size=64, num_blocks=10)
+    f.update(kw)
+    return layout.LayerFacts(**f)
+
+
+def derived(tensors, f, lay=None, axes=None):
+    return layout.describe_layers(tensors, lay, axes, None, {n: f for n in tensors})
+
+
+def test_vllm_032_named_layout_is_read_from_vllm():
+    # vLLM 0.32: every layer a logical (B, H, N, C) view, C = K|V; the CPU backend's LBHNC.
+    t = torch.zeros(10, 2, 16, 128)
+    g = derived({"model.layers.0.attn": t}, facts(named="LBHNC")).groups[0]
+    assert (g.layout, g.num_blocks, g.block_tokens, g.planes_per_layer) == ("LBHNC", 10, 16, 1)
+    assert g.planes == [(t.data_ptr(), 2 * 16 * 128 * 4, 2 * 16 * 128 * 4, 16 * 128 * 4, 2)]
+    # LBNHC: the same logical view, tokens outside heads in memory (strides say so)
+    phys = torch.zeros(10, 16, 2, 128)
+    g = derived({"model.layers.0.attn": phys.permute(0, 2, 1, 3)}, facts(named="LBNHC")).groups[0]
+    assert g.layout == "LBNHC" and g.planes == [(phys.data_ptr(), 16 * 256 * 4, 16 * 256 * 4, 0, 0)]
+
+
+def test_flash_attention_from_its_backend():
+    t = torch.zeros(2, 10, 16, 2, 64, dtype=torch.float16)
+    g = derived({"model.layers.0.attn": t}, facts(backend=FlashAttn)).groups[0]
+    blk = 16 * 2 * 64 * 2
+    assert g.layout == "kv_first" and g.planes_per_layer == 2
+    assert g.planes == [(t.data_ptr(), blk, blk, 0, 0), (t.data_ptr() + 10 * blk, blk, blk, 0, 0)]
+
+
+def test_old_cpu_backend_hnd():
+    t = torch.zeros(2, 10, 2, 16, 64)
+    g = derived({"model.layers.0.attn": t}, facts(backend=OldCpuAttn)).groups[0]
+    assert g.layout == "kv_first_hnd" and g.planes_per_layer == 2
+    assert g.planes[0] == (t.data_ptr(), 2 * 16 * 64 * 4, 2 * 16 * 64 * 4, 16 * 64 * 4, 2)
+
+
+def test_mla_from_spec_and_backend():
+    t = torch.zeros(10, 16, 576, dtype=torch.bfloat16)
+    f = facts(backend=MlaAttn, mla=True, heads=1, head_size=576, head_size_v=0)
+    g = derived({"model.layers.0.attn": t}, f).groups[0]
+    assert (g.kind, g.layout, g.planes_per_layer) == (_abi.GROUP_MLA, "mla", 1)
+    # without the backend, the spec's sizes alone decide it too
+    g = derived({"model.layers.0.attn": t}, facts(mla=True, heads=1, head_size=576, head_size_v=0)).groups[0]
+    assert (g.kind, g.layout) == (_abi.GROUP_MLA, "mla")
+
+
+def test_packed_from_spec_sizes_alone():
+    t = torch.zeros(10, 2, 16, 128)
+    g = derived({"model.layers.0.attn": t}, facts()).groups[0]
+    assert g.layout == "packed" and g.planes[0][4] == 2
+
+
+def test_override_contradicting_vllm_is_refused_naming_both():
+    t = torch.zeros(2, 10, 16, 2, 64)
+    with pytest.raises(layout.LayoutError, match=r"'blocks_first'.*BSNHC.*FLASH_ATTN.*SBNHC"):
+        derived({"model.layers.0.attn": t}, facts(backend=FlashAttn), "blocks_first")
+    # the same override with no backend: the spec's sizes say SBNHC (read as blocks_first
+    # the tensor would be 2 blocks)
+    with pytest.raises(layout.LayoutError, match=r"'blocks_first'.*BSNHC.*spec's sizes.*SBNHC"):
+        derived({"model.layers.0.attn": t}, facts(), "blocks_first")
+    # and with sizes that decide nothing (heads 2 = K|V 2), the block count still refuses it
+    with pytest.raises(layout.LayoutError, match=r"B is 2, not a multiple of the 10 blocks"):
+        derived({"model.layers.0.attn": t}, facts(head_size=None), "blocks_first")
+    # an override that agrees is taken, under its own name
+    g = derived({"model.layers.0.attn": t}, facts(backend=FlashAttn), "kv_first").groups[0]
+    assert g.layout == "kv_first" and g.planes_per_layer == 2
+
+
+def test_named_override_must_match_vllms_resolved_layout():
+    t = torch.zeros(10, 2, 16, 128)
+    with pytest.raises(layout.LayoutError, match=r"LBNHC.*resolved.*LBHNC"):
+        derived({"model.layers.0.attn": t}, facts(named="LBHNC"), "LBNHC")
+    assert derived({"model.layers.0.attn": t}, facts(named="LBHNC"), "LBHNC").groups[0].layout == "LBHNC"
+    # "packed" names the same bytes as vLLM 0.32's per-layer view
+    assert derived({"model.layers.0.attn": t}, facts(named="LBHNC"), "packed").groups[0].layout == "packed"
+
+
+def test_nothing_known_asks_for_the_layout():
+    with pytest.raises(layout.LayoutError, match=r"cannot be told.*hixl_vllm.layout"):
+        layout.describe_layers({"model.layers.0.attn": torch.zeros(10, 2, 16, 128)})
+
+
+def test_kernel_blocks_make_vllm_blocks():
+    # a backend whose kernels take 16-token blocks under vLLM's 32-token blocks: B counts
+    # kernel blocks (2 per block), dense, so a vLLM block is one range of 2 pages
+    t = torch.zeros(20, 2, 16, 128)
+    g = derived({"model.layers.0.attn": t}, facts(named="LBHNC", block_size=32)).groups[0]
+    page = 2 * 16 * 128 * 4
+    assert (g.num_blocks, g.block_tokens) == (10, 32)
+    assert g.planes == [(t.data_ptr(), 2 * page, 2 * page, 0, 0)]
+
+
+def test_cross_layer_from_its_backend():
+    L = 3
+    phys = torch.zeros(10, L, 2, 16, 2, 64)  # FlashAttn's stride order with layers: (B, L, 2, N, H, D)
+    f = facts(backend=FlashAttn)
+    names = [f"model.layers.{i}.attn" for i in range(L)]
+    g = layout.describe_cross_layer(phys, names, facts=f).groups[0]
+    blk = L * 2 * 16 * 2 * 64 * 4
+    assert g.planes == [(phys.data_ptr(), blk, blk, 0, 0)] and g.num_blocks == 10
+    # the logical view (L, 2, B, N, H, D) over the same memory reads the same
+    logical = phys.permute(1, 2, 0, 3, 4, 5)
+    assert layout.describe_cross_layer(logical, names, facts=f).groups[0].planes == g.planes
+    with pytest.raises(layout.LayoutError, match=r"cross_layer_axes reads it as BLNHC.*says BLSNHC"):
+        layout.describe_cross_layer(phys, names, axes="BLNHC", facts=f)
