@@ -291,21 +291,24 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         scheduler hooks see the same one several times (get_num_new_matched_tokens each
         step until it is scheduled, update_state_after_alloc, request_finished): with a
         producer's remote_block_ids it is thousands of numbers, so the bytes are kept per
-        request while the same object is there (the adapter never changes it), and
-        dropped at request_finished."""
+        request while the same object is there with the same do_remote_prefill and
+        do_remote_decode, and dropped at request_finished. Connectors change those two
+        flags in place (this one and vLLM's clear do_remote_prefill once a load is set
+        up), so they are compared each time; nothing changes the rest of the dict."""
         p = getattr(request, "kv_transfer_params", None)
         if p is None:
             return None
         if isinstance(p, (str, bytes)):
             return p.encode() if isinstance(p, str) else p
         rid = request.request_id
+        flags = (p.get("do_remote_prefill"), p.get("do_remote_decode")) if isinstance(p, dict) else None
         hit = self._enc.get(rid)
-        if hit is not None and hit[0] is p:
+        if hit is not None and hit[0][0] is p and hit[0][1] == flags:
             return hit[1]
         raw = json.dumps(p, separators=(",", ":")).encode()
         if len(self._enc) >= 1 << 16:  # requests vLLM never finished here: forget the lot
             self._enc.clear()
-        self._enc[rid] = (p, raw)
+        self._enc[rid] = ((p, flags), raw)
         return raw
 
     def _req(self, request: Any, flags: int = 0) -> Tuple[_abi.Request, tuple]:
@@ -512,6 +515,13 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         if num_external_tokens > 0:
             self._loading[rid] = groups  # looked into only when vLLM reports invalid blocks
             self._load_queued.add(rid)
+        params = getattr(request, "kv_transfer_params", None)
+        if isinstance(params, dict) and params.get("do_remote_prefill"):
+            # The hand-off is set up (a LOAD or EXPECT, or a FREE when nothing is to be
+            # loaded): once per request, as vLLM's own connectors do. A request preempted
+            # later starts again at 0 tokens, and get_num_new_matched_tokens must not send
+            # it to the producer a second time (which freed its blocks once they were read).
+            params["do_remote_prefill"] = False
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         b = _abi.Buffer()
@@ -534,8 +544,8 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         params = self._plugin.take_buffer(out)
         self._enc.pop(rid, None)
         self._load_queued.discard(rid)
-        if not self._aborted(request):
-            self._loading.pop(rid, None)  # an aborted load's blocks are in use until get_finished says received
+        # A load still under way (the request aborted, or failed by vLLM on invalid blocks)
+        # keeps its entry: vLLM holds its blocks until finished_recving, which drops it.
         if self._push and delay.value:
             self._pushing.add(rid)
         return bool(delay.value), (json.loads(params) if params else None)
@@ -556,6 +566,9 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
             if self._invalid and groups and not self._invalid.isdisjoint(itertools.chain.from_iterable(groups)):
                 failed.append(rid)
                 self._invalid.difference_update(itertools.chain.from_iterable(groups))
+        if self._invalid:  # keep only the blocks of loads still under way: the rest match no load
+            self._invalid.intersection_update(
+                itertools.chain.from_iterable(itertools.chain.from_iterable(self._loading.values())))
         self._pushing -= set(sending)
         if not sending and not recving:
             return

