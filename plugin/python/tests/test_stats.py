@@ -1,6 +1,9 @@
 """KVConnectorStats from the plugin's counters: aggregatable, reducible, and mapped to
 Prometheus metrics (vllm:hixl_*) per engine."""
 
+from types import SimpleNamespace
+
+import hixl_vllm
 from hixl_vllm import HixlKVConnector, HixlKVConnectorStats
 
 
@@ -47,8 +50,15 @@ class Histogram(FakeMetric):
 
 
 def test_prom_metrics():
-    types = {Counter: Counter, Gauge: Gauge, Histogram: Histogram}
-    p = HixlKVConnector.build_prom_metrics(None, types, ["model_name", "engine"], {0: ["m", "0"], 1: ["m", "1"]})
+    # Keyed as vLLM keys them: by prometheus_client's classes when vLLM is installed (its
+    # base class looks them up so), by the stand-ins' otherwise; the values are the fakes.
+    keys = (Counter, Gauge, Histogram)
+    if hixl_vllm.USING_VLLM:
+        import prometheus_client
+        keys = (prometheus_client.Counter, prometheus_client.Gauge, prometheus_client.Histogram)
+    types = dict(zip(keys, (Counter, Gauge, Histogram)))
+    config = SimpleNamespace(kv_transfer_config=SimpleNamespace(kv_connector="HixlKVConnector"))
+    p = HixlKVConnector.build_prom_metrics(config, types, ["model_name", "engine"], {0: ["m", "0"], 1: ["m", "1"]})
     p.observe({"loads_done": 4, "blocks_held": 7}, engine_idx=1)
     p.observe({"loads_done": 1, "blocks_held": 2}, engine_idx=1)
     assert isinstance(MADE["vllm:hixl_loads_done"], Counter) and isinstance(MADE["vllm:hixl_blocks_held"], Gauge)
