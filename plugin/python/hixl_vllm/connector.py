@@ -532,7 +532,14 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
     def _finished(self, request: Any, groups: tuple) -> Tuple[bool, Optional[dict]]:
         rid = str(request.request_id)
         groups = self._windowed(groups, request)
-        r, keep = self._req(request, _abi.REQ_ABORTED if self._aborted(request) else 0)
+        # Only a request that ran to its end hands its KV on, as with vLLM's connectors;
+        # any other end (aborted, FINISHED_ERROR, FINISHED_IGNORED) is passed as an abort:
+        # a producer holds nothing, a consumer that never set up its load frees the
+        # producer's hold at once instead of at the lease.
+        st = getattr(getattr(request, "status", None), "name", "")
+        ended = st in ("FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED", "FINISHED_REPETITION")
+        aborted = self._aborted(request) or (st.startswith("FINISHED_") and not ended)
+        r, keep = self._req(request, _abi.REQ_ABORTED if aborted else 0)
         delay, out = ctypes.c_int32(0), _abi.Buffer()
         if len(groups) == 1:
             p, n, a = _abi.u64_buffer(groups[0])

