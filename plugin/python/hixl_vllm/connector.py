@@ -28,8 +28,8 @@ logger = logging.getLogger("hixl_vllm")
 # whose configuration refuses keys it does not know).
 ADAPTER_KEYS = {
     "plugin": "path of libhixl_kv_connector.so (else $HIXL_KV_PLUGIN, else beside the package, else the loader's path)",
-    "layout": "the KV layout name: packed (default), kv_first, blocks_first, mla, LBNHC, LBHNC, LHBNC, BLNHC, "
-              "BLHNC, BHLNC, cross_layer",
+    "layout": "override of the KV layout the adapter reads from vLLM (checked against it): packed, kv_first, "
+              "blocks_first, mla, LBNHC, LBHNC, LHBNC, BLNHC, BLHNC, BHLNC, cross_layer",
     "axes": "axis letters of each layer's tensor, when they differ from the layout's usual ones",
     "cross_layer_axes": "axis letters of the cross-layer tensor (default BLSNHC)",
     "prefer_cross_layer_blocks": "answer vLLM's prefer_cross_layer_blocks (default false)",
@@ -222,10 +222,12 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config, role, kv_cache_config)
         ktc = vllm_config.kv_transfer_config
+        self._vllm_config = vllm_config
         self._model_config = getattr(vllm_config, "model_config", None)
         self._doc, self._opts = split_config(ktc)
         self._text = json.dumps(self._doc, indent=2)
-        self._layout = str(self._opts.get("layout", "packed"))
+        # None: the layout is read from vLLM (register_kv_caches); a name only overrides.
+        self._layout = str(self._opts["layout"]) if "layout" in self._opts else None
         extra = self._doc["kv_connector_extra_config"]
         self._push = extra.get("mode") == "push"
         self._plugin = _abi.load_plugin(self._opts.get("plugin"))
@@ -353,14 +355,56 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
     # ---- worker side ----
 
     def register_kv_caches(self, kv_caches: Dict[str, Any]):
-        d = layout.describe_layers(kv_caches, self._layout, self._opts.get("axes"), self._kv_cache_config)
+        # The layout comes from what vLLM says (specs, backends, its resolved layout, the
+        # tensors); hixl_vllm.layout / axes only override, checked against it.
+        d = layout.describe_layers(kv_caches, self._layout, self._opts.get("axes"), self._kv_cache_config,
+                                   self._layer_facts(kv_caches))
         self._register(d)
 
     def register_cross_layers_kv_cache(self, kv_cache: Any, attn_backend: Any):
         names = self._layer_names_of_config()
-        kind = _abi.GROUP_MLA if self._layout == "mla" else _abi.GROUP_FULL_ATTENTION
-        d = layout.describe_cross_layer(kv_cache, names, "cross_layer", self._opts.get("cross_layer_axes"), kind)
+        facts = self._layer_facts({n: None for n in names}).get(names[0]) or layout.LayerFacts()
+        facts.backend = attn_backend if attn_backend is not None else facts.backend
+        kind = _abi.GROUP_MLA if self._layout == "mla" or facts.mla else _abi.GROUP_FULL_ATTENTION
+        d = layout.describe_cross_layer(kv_cache, names, self._layout or "cross_layer",
+                                        self._opts.get("cross_layer_axes"), kind, facts)
         self._register(d)
+
+    def _layer_facts(self, kv_caches: Dict[str, Any]) -> Dict[str, "layout.LayerFacts"]:
+        """What vLLM says of each layer's KV: its spec's sizes (kv_cache_config, per layer
+        where a group holds several spec types), vLLM's block count, the model's use_mla,
+        each layer's attention backend (the compilation config's forward context), and
+        from vLLM 0.32 on the resolved named layout."""
+        kcc = self._kv_cache_config
+        num_blocks = getattr(kcc, "num_blocks", None)
+        mla = bool(getattr(self._model_config, "use_mla", False)) if self._model_config is not None else False
+        named = None
+        cc = getattr(self._vllm_config, "cache_config", None)
+        get = getattr(cc, "get_resolved_kv_cache_layout", None)
+        if get is not None and getattr(cc, "kv_cache_layout", None) is not None:
+            try:
+                named = get().name
+            except Exception:  # not resolved (a config built outside the engine): no layout from it
+                named = None
+        ctx = getattr(getattr(self._vllm_config, "compilation_config", None), "static_forward_context", None) or {}
+        out: Dict[str, layout.LayerFacts] = {}
+        for g in getattr(kcc, "kv_cache_groups", None) or []:
+            spec = getattr(g, "kv_cache_spec", None)
+            per = getattr(spec, "kv_cache_specs", None) or {}  # UniformTypeKVCacheSpecs
+            for n in getattr(g, "layer_names", []):
+                if n not in kv_caches:
+                    continue
+                f = layout.spec_facts(per.get(n, spec), num_blocks, mla)
+                f.named = named
+                mod = ctx.get(n)
+                if mod is not None:
+                    gb = getattr(mod, "get_attn_backend", None)
+                    try:
+                        f.backend = gb() if gb is not None else getattr(mod, "attn_backend", None)
+                    except Exception:
+                        f.backend = getattr(mod, "attn_backend", None)
+                out[n] = f
+        return out
 
     def _layer_names_of_config(self) -> list:
         names = [n for g in (getattr(self._kv_cache_config, "kv_cache_groups", None) or [])

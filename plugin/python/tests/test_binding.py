@@ -118,3 +118,39 @@ def test_scheduler_round(plugin_path):
         assert s.get_required_kvcache_layout(s._vllm_config) is None  # the plugin answers "": any
     finally:
         s.shutdown()
+
+
+class _Resolved:
+    name = "LBHNC"
+
+
+def test_worker_reads_the_layout_from_vllm(plugin_path):
+    """No layout option: the worker connector takes vLLM 0.32's resolved layout and the
+    spec's sizes (as vLLM hands them: cache_config, kv_cache_config, model_config); a
+    layout option that contradicts them is refused naming both."""
+    import torch
+    from types import SimpleNamespace
+    spec = fv.FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64, head_size_v=64)
+    kcc = fv.KVCacheConfig(10, [fv.KVCacheGroupSpec(["model.layers.0.attn", "model.layers.1.attn"], spec)])
+    kv = {f"model.layers.{i}.attn": torch.zeros(10, 2, 16, 128) for i in range(2)}
+
+    def cfg(**extra):
+        c = vconfig("kv_producer", **extra)
+        c.cache_config = SimpleNamespace(block_size=16, kv_cache_layout="LBHNC", get_resolved_kv_cache_layout=_Resolved)
+        c.model_config = SimpleNamespace(use_mla=False, get_total_num_kv_heads=lambda: 2)
+        return c
+
+    w = HixlKVConnector(cfg(), KVConnectorRole.WORKER, kcc)
+    try:
+        w.register_kv_caches(kv)
+        g = w._kv.groups[0]
+        assert (g.layout, g.num_blocks, g.block_tokens, g.layer_ids) == ("LBHNC", 10, 16, [0, 1])
+    finally:
+        w.shutdown()
+    w = HixlKVConnector(cfg(hixl_vllm={"layout": "BLNHC"}), KVConnectorRole.WORKER, kcc)
+    try:
+        from hixl_vllm.layout import LayoutError
+        with pytest.raises(LayoutError, match=r"BLNHC.*resolved.*LBHNC"):
+            w.register_kv_caches(kv)
+    finally:
+        w.shutdown()
