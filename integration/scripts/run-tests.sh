@@ -2,6 +2,9 @@
 # README command 2 (and .ci/run): build and run every test.
 #  1. warnings-as-errors build + every CTest test (RDMA tests skip without a device);
 #  1b. the vLLM adapter's pytest suite (plugin/python) against that build's plugin;
+#  1c. real vLLM on the CPU (integration/vllm, its own venv from PyPI): the adapter's
+#     tests that use vLLM's classes, vLLM's Scheduler with hixl's connector, and
+#     prefill -> decode vLLM instances handing off through hixl (run-pd.sh);
 #  2. the same suite built with AddressSanitizer + UBSan (zero errors, zero leaks);
 #  2b. the same suite built with ThreadSanitizer: zero reports, from any process the
 #     tests start (TSan writes each process's reports to build-tsan/tsan/);
@@ -30,6 +33,14 @@ done
 $py -c 'import torch, pytest; print("hixl: torch", torch.__version__, "pytest", pytest.__version__)'
 (cd "$top" && HIXL_KV_PLUGIN="$top/build-test/plugin/libhixl_kv_connector.so" PYTHONDONTWRITEBYTECODE=1 \
   $py -m pytest -q -p no:cacheprovider plugin/python/tests)
+
+echo "== real vLLM on the CPU (integration/vllm): adapter and Scheduler tests in vLLM's venv, then run-pd.sh"
+vvenv=$(bash "$top/integration/vllm/install.sh" | tail -1)
+(cd "$top" && VLLM_TARGET_DEVICE=cpu HIXL_KV_PLUGIN="$top/build-test/plugin/libhixl_kv_connector.so" \
+  PYTHONDONTWRITEBYTECODE=1 "$vvenv/bin/python" -m pytest -q -p no:cacheprovider \
+  plugin/python/tests/test_signatures.py plugin/python/tests/test_factory.py plugin/python/tests/test_stats.py \
+  plugin/python/tests/test_layout.py plugin/python/tests/test_binding.py plugin/python/tests/test_vllm_scheduler.py)
+HIXL_VLLM_VENV=$vvenv bash "$top/integration/vllm/run-pd.sh" --requests 20
 
 echo "== ASan + UBSan build and test"
 cmake -S "$top" -B "$top/build-asan" -DCMAKE_BUILD_TYPE=Debug -DHIXL_WERROR=ON -DHIXL_SANITIZE=ON >/dev/null
