@@ -179,6 +179,9 @@ _OPS = [
     ("handle_preemptions", CFUNCTYPE(_st, _C, POINTER(Ids))),
     ("get_required_kvcache_layout", CFUNCTYPE(_st, _C, POINTER(Buffer))),
     ("build_connector_worker_meta", CFUNCTYPE(_st, _C, POINTER(Buffer))),
+    # ---- 1.5 (optional here: used when the table has them) ----
+    ("render_metrics", CFUNCTYPE(_st, _C, POINTER(Buffer))),
+    ("drain_traces", CFUNCTYPE(_st, _C, POINTER(Buffer))),
 ]
 # The last op the adapter needs: a table that ends before it is too old.
 _LAST_NEEDED = "build_connector_worker_meta"

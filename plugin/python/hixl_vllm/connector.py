@@ -93,24 +93,40 @@ class HixlConnectorMetadata(KVConnectorMetadata):
 
 class HixlKVConnectorStats(KVConnectorStats):
     """The plugin's counters over an interval (get_stats_ex): counts that only grow as
-    increments since the last report, blocks_held / requests_held as levels.
-    Aggregating sums both (workers of one engine hold disjoint blocks)."""
+    increments since the last report, blocks_held / requests_held as levels; and the
+    transfer time of each request moved in the interval (seconds, from the plugin's
+    per-request traces: its first op posted to its last byte). Aggregating sums the
+    counts (workers of one engine hold disjoint blocks) and joins the times."""
 
     COUNTERS = _abi.STATS_EX_COUNTERS
+    TIMES = "transfer_s"
 
     def __init__(self, data: Optional[Dict[str, Any]] = None):
-        super().__init__(data={k: int((data or {}).get(k, 0)) for k in self.COUNTERS})
+        d = data or {}
+        full: Dict[str, Any] = {k: int(d.get(k, 0)) for k in self.COUNTERS}
+        full[self.TIMES] = [float(x) for x in d.get(self.TIMES, ())]
+        super().__init__(data=full)
 
     def reset(self):
         self.data = {k: 0 for k in self.COUNTERS}
+        self.data[self.TIMES] = []
 
     def aggregate(self, other: "KVConnectorStats") -> "KVConnectorStats":
         for k, v in (other.data or {}).items():
-            self.data[k] = self.data.get(k, 0) + int(v)
+            if k == self.TIMES:
+                self.data.setdefault(k, []).extend(float(x) for x in v)
+            else:
+                self.data[k] = self.data.get(k, 0) + int(v)
         return self
 
     def reduce(self) -> Dict[str, Any]:
-        return dict(self.data)
+        out = {k: v for k, v in self.data.items() if k != self.TIMES}
+        xs = sorted(self.data.get(self.TIMES) or ())
+        out["transfers"] = len(xs)
+        if xs:
+            out["transfer_ms_p50"] = round(1e3 * xs[len(xs) // 2], 3)
+            out["transfer_ms_max"] = round(1e3 * xs[-1], 3)
+        return out
 
     def is_empty(self) -> bool:
         return not any(self.data.values())
@@ -135,12 +151,20 @@ class HixlPromMetrics(KVConnectorPromMetrics):
         "blocks_held": "blocks held for consumers now",
         "requests_held": "requests held for consumers now",
     }
+    # One request's transfer on the worker that moves it, as NixlConnector's
+    # vllm:nixl_xfer_time_seconds: 0.5 ms to 10 s.
+    BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
     def __init__(self, vllm_config: Any, metric_types: dict, labelnames: list, per_engine_labelvalues: dict):
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         by_name = {getattr(k, "__name__", str(k)): v for k, v in metric_types.items()}
-        counter, gauge = by_name["Counter"], by_name["Gauge"]
-        self.counters, self.gauges = {}, {}
+        counter, gauge, hist = by_name["Counter"], by_name["Gauge"], by_name.get("Histogram")
+        self.counters, self.gauges, self.hist = {}, {}, {}
+        if hist is not None:
+            m = hist(name="vllm:hixl_transfer_seconds", documentation="one request's KV transfer on the worker that "
+                     "moves it (pull: the consumer's first op posted to its read's return; push: the producer's first "
+                     "layer posted to its last landed notice)", labelnames=labelnames, buckets=list(self.BUCKETS))
+            self.hist = {i: m.labels(*v) for i, v in per_engine_labelvalues.items()}
         for k in _MONOTONIC:
             m = counter(name=f"vllm:hixl_{k}", documentation=self.DOC[k], labelnames=labelnames)
             self.counters[k] = {i: m.labels(*v) for i, v in per_engine_labelvalues.items()}
@@ -155,6 +179,9 @@ class HixlPromMetrics(KVConnectorPromMetrics):
                 per[engine_idx].inc(v)
         for k, per in self.gauges.items():
             per[engine_idx].set(int(transfer_stats_data.get(k, 0)))
+        if self.hist:
+            for x in transfer_stats_data.get(HixlKVConnectorStats.TIMES) or ():
+                self.hist[engine_idx].observe(float(x))
 
 
 def _role_of(role: Any) -> int:
@@ -511,8 +538,29 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         now = self.plugin_stats()
         delta = {k: now[k] - self._last_stats.get(k, 0) for k in _MONOTONIC}
         delta.update({k: now[k] for k in _LEVELS})
+        delta[HixlKVConnectorStats.TIMES] = self.transfer_times()
         self._last_stats = now
         return HixlKVConnectorStats(delta)
+
+    def transfer_times(self) -> list:
+        """The transfer time (seconds) of each request this worker moved since the last
+        call: posted to last_byte of the plugin's traces (ABI 1.5's drain_traces; empty
+        with an older plugin or traces off). The traces go to whoever drains them first:
+        a host that drains them itself should not also read these stats."""
+        if not self._plugin.has("drain_traces"):
+            return []
+        b = _abi.Buffer()
+        self._call("drain_traces", ctypes.byref(b))
+        out = []
+        for line in self._plugin.take_buffer(b).splitlines():
+            try:
+                t = json.loads(line)
+                ph = t.get("t") or {}
+                if t.get("outcome") == "ok" and "posted" in ph and "last_byte" in ph:
+                    out.append(max(0, ph["last_byte"] - ph["posted"]) / 1e9)
+            except (ValueError, TypeError, AttributeError):
+                continue  # a line the plugin wrote is JSON; anything else is not a trace
+        return out
 
     def plugin_stats(self) -> Dict[str, int]:
         """The plugin's counters as they are now (get_stats_ex), since create."""

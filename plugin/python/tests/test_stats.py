@@ -17,12 +17,21 @@ def test_aggregate_reduce():
     assert a.is_empty()
 
 
+def test_transfer_times_join_and_reduce():
+    a = HixlKVConnectorStats({"loads_done": 1, "transfer_s": [0.003]})
+    a.aggregate(HixlKVConnectorStats({"loads_done": 2, "transfer_s": [0.001, 0.002]}))
+    assert a.data["transfer_s"] == [0.003, 0.001, 0.002]
+    r = a.reduce()
+    assert r["transfers"] == 3 and r["transfer_ms_p50"] == 2.0 and r["transfer_ms_max"] == 3.0
+    assert not HixlKVConnectorStats({"transfer_s": [0.5]}).is_empty()
+
+
 MADE = {}
 
 
 class FakeMetric:
-    def __init__(self, name, documentation, labelnames):
-        self.name, self.values = name, {}
+    def __init__(self, name, documentation, labelnames, buckets=None):
+        self.name, self.values, self.buckets = name, {}, buckets
         MADE[name] = self
 
     def labels(self, *values):
@@ -34,6 +43,9 @@ class FakeMetric:
 
             def set(self, v):
                 m.values[values] = v
+
+            def observe(self, v):
+                m.values.setdefault(values, []).append(v)
         return Child()
 
 
@@ -64,3 +76,7 @@ def test_prom_metrics():
     assert isinstance(MADE["vllm:hixl_loads_done"], Counter) and isinstance(MADE["vllm:hixl_blocks_held"], Gauge)
     assert MADE["vllm:hixl_loads_done"].values == {("m", "1"): 5}
     assert MADE["vllm:hixl_blocks_held"].values == {("m", "1"): 2}
+    # each request's transfer time, observed into a histogram with NIXL-like buckets
+    p.observe({"transfer_s": [0.002, 0.0004]}, engine_idx=0)
+    h = MADE["vllm:hixl_transfer_seconds"]
+    assert isinstance(h, Histogram) and h.values == {("m", "0"): [0.002, 0.0004]} and h.buckets[0] == 0.0005
