@@ -280,7 +280,9 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._invalid: set = set()
         # Sliding-window groups (hybrid models): their lists are cut to the window's blocks.
         cc = getattr(vllm_config, "cache_config", None)
-        self._windows = _windows_of(kv_cache_config, int(getattr(cc, "block_size", 0) or 0))
+        self._block_size = int(getattr(cc, "block_size", 0) or 0)
+        self._windows = _windows_of(kv_cache_config, self._block_size)
+        self._mismatched: set = set()  # requests whose producer's params were refused (logged once)
         # Worker: layer names -> layer ids, the description registered, the last counters.
         self._kv: Optional[layout.KVDescription] = None
         self._last_stats: Dict[str, int] = {}
@@ -587,7 +589,36 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         del keep
         if n.value == _abi.TOKENS_LATER:
             return None, False
+        if n.value > 0 and self._remote_mismatch(request):
+            return 0, False  # computed here; update_state_after_alloc with 0 frees the producer's hold
         return int(n.value), bool(is_async.value) and n.value > 0
+
+    def _remote_mismatch(self, request: Any) -> bool:
+        """A producer's params that cannot fill this request's blocks: another prompt length,
+        or another block size (its block count for its tokens). Once the load is queued vLLM
+        waits for it, so a refusal then would leave the request waiting (or stop the
+        scheduler); refused here, vLLM computes the prompt itself. Said once per request."""
+        p = getattr(request, "kv_transfer_params", None)
+        if not isinstance(p, dict):
+            return False
+        mine = int(getattr(request, "num_prompt_tokens", 0) or 0)
+        theirs = p.get("remote_num_tokens")
+        blocks = p.get("remote_block_ids")
+        bs = self._block_size
+        why = None
+        if isinstance(theirs, int) and mine and theirs != mine:
+            why = f"the producer prefilled {theirs} tokens, this request has {mine}"
+        elif (isinstance(theirs, int) and bs and isinstance(blocks, list) and blocks and isinstance(blocks[0], int)
+              and not self._windows and len(blocks) != -(-theirs // bs)):
+            why = (f"the producer holds {len(blocks)} blocks for {theirs} tokens, {-(-theirs // bs)} of this "
+                   f"instance's {bs}-token blocks: the two sides' block sizes differ")
+        if why is None:
+            return False
+        rid = str(request.request_id)
+        if rid not in self._mismatched:
+            self._mismatched.add(rid)
+            logger.error("hixl: request %s: not loading the producer's KV (%s); computing it here", rid, why)
+        return True
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
         rid = str(request.request_id)
@@ -642,6 +673,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         del keep
         params = self._plugin.take_buffer(out)
         self._enc.pop(rid, None)
+        self._mismatched.discard(rid)
         self._load_queued.discard(rid)
         # A load still under way (the request aborted, or failed by vLLM on invalid blocks)
         # keeps its entry: vLLM holds its blocks until finished_recving, which drops it.

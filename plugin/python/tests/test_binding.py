@@ -154,3 +154,23 @@ def test_worker_reads_the_layout_from_vllm(plugin_path):
             w.register_kv_caches(kv)
     finally:
         w.shutdown()
+
+
+def test_params_that_cannot_fill_the_blocks_are_computed_here(plugin_path):
+    """A producer's params for another prompt length, or from an instance of another block
+    size, are refused before vLLM waits for a load (0 tokens: computed here), not at
+    update_state_after_alloc, where a refusal would stop vLLM's scheduler."""
+    s = HixlKVConnector(vconfig(), KVConnectorRole.SCHEDULER, None)  # 16-token blocks
+    try:
+        base = {"do_remote_prefill": True, "remote_engine": "127.0.0.1:9", "remote_request_id": "p-r1"}
+        ok = fv.Request("r1", 40, dict(base, remote_block_ids=[7, 8, 9], remote_num_tokens=40))
+        assert s.get_num_new_matched_tokens(ok, 0) == (40, True)
+        other_len = fv.Request("r2", 40, dict(base, remote_block_ids=[7, 8, 9], remote_num_tokens=33))
+        assert s.get_num_new_matched_tokens(other_len, 0) == (0, False)
+        other_bs = fv.Request("r3", 40, dict(base, remote_block_ids=[7, 8], remote_num_tokens=40))  # 32-token blocks
+        assert s.get_num_new_matched_tokens(other_bs, 0) == (0, False)
+        # vLLM then allocates and calls update_state_after_alloc with 0: a FREE for the producer
+        s.update_state_after_alloc(other_bs, fv.KVCacheBlocks([[1, 2, 3]]), 0)
+        assert len(s.build_connector_meta(fv.SchedulerOutput()).data) > 0
+    finally:
+        s.shutdown()
