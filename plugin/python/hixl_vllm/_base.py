@@ -7,11 +7,16 @@ try:
         KVConnectorBase_V1, KVConnectorHandshakeMetadata, KVConnectorMetadata, KVConnectorRole, SupportsHMA)
     from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (  # type: ignore
         KVConnectorPromMetrics, KVConnectorStats)
+    try:  # vLLM >= 0.32: failed receives reported per request
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults  # type: ignore
+    except ImportError:
+        from ._standin import KVConnectorTransferResults  # noqa: F401
     USING_VLLM = True
 except ImportError:  # vLLM absent: the stand-ins, with the same names and signatures
     from ._standin import (KVConnectorBase_V1, KVConnectorHandshakeMetadata, KVConnectorMetadata,  # noqa: F401
-                           KVConnectorPromMetrics, KVConnectorRole, KVConnectorStats, SupportsHMA)
+                           KVConnectorPromMetrics, KVConnectorRole, KVConnectorStats, KVConnectorTransferResults,
+                           SupportsHMA)
     USING_VLLM = False
 
 __all__ = ["KVConnectorBase_V1", "KVConnectorHandshakeMetadata", "KVConnectorMetadata", "KVConnectorPromMetrics",
-           "KVConnectorRole", "KVConnectorStats", "SupportsHMA", "USING_VLLM"]
+           "KVConnectorRole", "KVConnectorStats", "KVConnectorTransferResults", "SupportsHMA", "USING_VLLM"]

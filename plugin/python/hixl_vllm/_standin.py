@@ -56,6 +56,16 @@ class KVConnectorStats:
         raise NotImplementedError
 
 
+@dataclass
+class KVConnectorTransferResults:
+    """vLLM 0.32's transfer completions of one worker step: failed receives are also in
+    finished_recving."""
+
+    finished_sending: set = field(default_factory=set)
+    finished_recving: set = field(default_factory=set)
+    failed_recving: set = field(default_factory=set)
+
+
 class KVConnectorPromMetrics:
     """Per-connector Prometheus metrics: registered at construction, fed by observe()."""
 
@@ -155,6 +165,10 @@ class KVConnectorBase_V1(ABC):
 
     def get_finished(self, finished_req_ids: set) -> tuple:
         return None, None
+
+    def get_transfer_results(self, finished_req_ids: set) -> KVConnectorTransferResults:
+        s, r = self.get_finished(finished_req_ids)
+        return KVConnectorTransferResults(set(s or ()), set(r or ()))
 
     def get_block_ids_with_load_errors(self) -> set:
         return set()

@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterable, Optional, Tuple
 
 from . import _abi, layout
 from ._base import (USING_VLLM, KVConnectorBase_V1, KVConnectorMetadata, KVConnectorPromMetrics, KVConnectorRole,
-                    KVConnectorStats, SupportsHMA)
+                    KVConnectorStats, KVConnectorTransferResults, SupportsHMA)
 
 logger = logging.getLogger("hixl_vllm")
 
@@ -283,6 +283,12 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._block_size = int(getattr(cc, "block_size", 0) or 0)
         self._windows = _windows_of(kv_cache_config, self._block_size)
         self._mismatched: set = set()  # requests whose producer's params were refused (logged once)
+        # Worker: from the plugin's traces, transfer times not yet in the stats and failed
+        # loads not yet reported; several KV cache groups report failures per request.
+        self._times: list = []
+        self._failed: set = set()
+        self._multi_group = len(getattr(kv_cache_config, "kv_cache_groups", None) or []) > 1
+        self._traces_off = int(self._doc["kv_connector_extra_config"].get("trace_ring", 1)) == 0
         # Worker: layer names -> layer ids, the description registered, the last counters.
         self._kv: Optional[layout.KVDescription] = None
         self._last_stats: Dict[str, int] = {}
@@ -513,10 +519,34 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         sending, recving = self._plugin.take_ids(s), self._plugin.take_ids(r)
         return sending or None, recving or None
 
+    def get_transfer_results(self, finished_req_ids: set) -> KVConnectorTransferResults:
+        """vLLM >= 0.32: get_finished's sets, and the received requests whose load failed.
+        With several KV cache groups a block id names no request (each group numbers its
+        own), so vLLM takes failures per request only: the failed ones come from the
+        plugin's traces of the requests just reported (outcome "failed"), and
+        get_block_ids_with_load_errors then reports none. With one group the failed
+        blocks are reported as before (vLLM recomputes from the first failed block)."""
+        sending, recving = self.get_finished(finished_req_ids)
+        failed: set = set()
+        if recving and self._multi_group:
+            self._drain()
+            failed = self._failed & recving
+            self._failed -= failed
+        return KVConnectorTransferResults(finished_sending=set(sending or ()), finished_recving=set(recving or ()),
+                                          failed_recving=failed)
+
     def get_block_ids_with_load_errors(self) -> set:
         b = _abi.Blocks()
         self._call("get_block_ids_with_load_errors", ctypes.byref(b))
-        return set(self._plugin.take_blocks(b))
+        blocks = set(self._plugin.take_blocks(b))
+        if blocks and self._multi_group:
+            if not self._plugin.has("drain_traces") or self._traces_off:
+                logger.error("hixl: %d blocks failed to load in a model of several KV cache groups, and without "
+                             "the plugin's traces (trace_ring 0 or a plugin older than ABI 1.5) their requests are "
+                             "unknown: vLLM stops on block-level failures here; keep trace_ring > 0", len(blocks))
+                return blocks
+            return set()  # reported per request, in get_transfer_results
+        return blocks
 
     def get_block_ids_with_load_errors_array(self) -> array:
         """The same as array('Q'), for a host that wants no per-id Python objects."""
@@ -549,20 +579,30 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         call: posted to last_byte of the plugin's traces (ABI 1.5's drain_traces; empty
         with an older plugin or traces off). The traces go to whoever drains them first:
         a host that drains them itself should not also read these stats."""
+        self._drain()
+        out, self._times = self._times, []
+        return out
+
+    def _drain(self) -> None:
+        """The plugin's finished traces into the transfer times and the failed loads."""
         if not self._plugin.has("drain_traces"):
-            return []
+            return
         b = _abi.Buffer()
         self._call("drain_traces", ctypes.byref(b))
-        out = []
         for line in self._plugin.take_buffer(b).splitlines():
             try:
                 t = json.loads(line)
                 ph = t.get("t") or {}
                 if t.get("outcome") == "ok" and "posted" in ph and "last_byte" in ph:
-                    out.append(max(0, ph["last_byte"] - ph["posted"]) / 1e9)
+                    self._times.append(max(0, ph["last_byte"] - ph["posted"]) / 1e9)
+                elif t.get("outcome") == "failed" and t.get("req"):
+                    self._failed.add(str(t["req"]))
             except (ValueError, TypeError, AttributeError):
                 continue  # a line the plugin wrote is JSON; anything else is not a trace
-        return out
+        if len(self._times) > 1 << 16:  # nobody reads the stats: keep the newest
+            del self._times[: len(self._times) - (1 << 16)]
+        if len(self._failed) > 1 << 16:
+            self._failed.clear()
 
     def plugin_stats(self) -> Dict[str, int]:
         """The plugin's counters as they are now (get_stats_ex), since create."""

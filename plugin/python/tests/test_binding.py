@@ -174,3 +174,45 @@ def test_params_that_cannot_fill_the_blocks_are_computed_here(plugin_path):
         assert len(s.build_connector_meta(fv.SchedulerOutput()).data) > 0
     finally:
         s.shutdown()
+
+
+def test_hybrid_load_failure_is_reported_per_request(plugin_path):
+    """A model of two KV cache groups (full attention and a sliding window): vLLM 0.32
+    stops on block-level load failures there (a block id names no request), so a failed
+    load must come back in get_transfer_results' failed_recving, and
+    get_block_ids_with_load_errors reports none. The producer here is a closed port."""
+    import select
+    import torch
+    full = fv.FullAttentionSpec(block_size=16)
+    sw = fv.SlidingWindowSpec(block_size=16, sliding_window=64)
+    names = ["model.layers.0.attn", "model.layers.1.attn"]
+    kcc = fv.KVCacheConfig(16, [fv.KVCacheGroupSpec([names[0]], full), fv.KVCacheGroupSpec([names[1]], sw)])
+    cfg = vconfig(hixl_vllm={"layout": "packed"}, transfer_timeout_ms=2000, connect_timeout_ms=500)
+    s = HixlKVConnector(cfg, KVConnectorRole.SCHEDULER, kcc)
+    w = HixlKVConnector(cfg, KVConnectorRole.WORKER, kcc)
+    try:
+        kv = torch.zeros(16, 2, 16, 128)  # one tensor shared by a layer of each group, as vLLM's allocator does
+        w.register_kv_caches({n: kv for n in names})
+        dead = pd_router.free_port()  # nothing listens there
+        r = fv.Request("h1", 40, {"do_remote_prefill": True, "remote_engine": f"127.0.0.1:{dead}",
+                                  "remote_request_id": "p-h1", "remote_block_ids": [[7, 8, 9], [8, 9]],
+                                  "remote_num_tokens": 40, "cap": "00" * 16, "tp_size": 1})
+        assert s.get_num_new_matched_tokens(r, 0) == (40, True)
+        s.update_state_after_alloc(r, fv.KVCacheBlocks([[1, 2, 3], [2, 3]]), 40)
+        w.bind_connector_metadata(s.build_connector_meta(fv.SchedulerOutput()))
+        w.start_load_kv(None)
+        w.clear_connector_metadata()
+        fd, res, deadline = w.event_fd(), None, 10.0
+        import time
+        end = time.monotonic() + deadline
+        while time.monotonic() < end:
+            res = w.get_transfer_results(set())
+            if res.finished_recving:
+                break
+            select.select([fd], [], [], max(0.0, end - time.monotonic()))
+        assert res is not None and res.finished_recving == {"h1"}, res
+        assert res.failed_recving == {"h1"}
+        assert w.get_block_ids_with_load_errors() == set()
+    finally:
+        w.shutdown()
+        s.shutdown()
