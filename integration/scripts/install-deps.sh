@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential libtsan2 cmake pkg-config clang libclang-rt-14-dev clang-format libcunit1-dev libjson-c-dev libssl-dev
       libibverbs-dev librdmacm-dev ibverbs-providers rdma-core qemu-system-x86 busybox-static kmod cpio perftest tcpdump
-      iperf3 ucx-utils iproute2 iptables procps time python3-torch python3-pytest python3-pip
+      iperf3 ucx-utils iproute2 iptables procps time python3-torch python3-pytest python3-pip python3-venv
       libmicrohttpd-dev prometheus gnuplot-nox jq curl)
 missing=()
 for p in "${pkgs[@]}"; do
