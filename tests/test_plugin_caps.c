@@ -20,6 +20,7 @@
 #include "engine/engine_ext.h"
 #include "hixl/hixl_kv_connector.h"
 #include "kv_wire.h"
+#include "raw_auth.h"
 #include "test_util.h"
 
 #ifndef HIXL_KV_PLUGIN_PATH
@@ -293,10 +294,10 @@ enum present {
   P_RIGHT, /* the request's (from kv_transfer_params) */
 };
 
-/* A KV service call of e to target: op on id, presenting the capability as pr says
- * (right: *cap), then the op's own fields (tail). Its status; the answer in ans. */
-static HixlStatus call(HixlEngine *e, const char *target, uint8_t op, const char *id, enum present pr,
-                       const struct kv_cap *cap, const struct kv_out *tail, uint8_t *ans, size_t *n) {
+/* The body of a KV service call: op on id, presenting the capability as pr says
+ * (right: *cap), then the op's own fields (tail). */
+static struct kv_out call_body(uint8_t op, const char *id, enum present pr, const struct kv_cap *cap,
+                               const struct kv_out *tail) {
   struct kv_out o = {0};
   struct kv_cap c = {0};
   if (pr == P_RIGHT || pr == P_WRONG) c = *cap;
@@ -312,6 +313,14 @@ static HixlStatus call(HixlEngine *e, const char *target, uint8_t op, const char
   }
   if (tail) kv_put_raw(&o, tail->p, tail->len);
   CU_ASSERT_FATAL(!o.bad);
+  return o;
+}
+
+/* A KV service call of e to target: op on id, presenting the capability as pr says
+ * (right: *cap), then the op's own fields (tail). Its status; the answer in ans. */
+static HixlStatus call(HixlEngine *e, const char *target, uint8_t op, const char *id, enum present pr,
+                       const struct kv_cap *cap, const struct kv_out *tail, uint8_t *ans, size_t *n) {
+  struct kv_out o = call_body(op, id, pr, cap, tail);
   size_t got = 0;
   HixlStatus st = hixl_engine_call(e, target, HIXL_SERVICE_KV, o.p, o.len, ans, 4096, &got, 5000);
   free(o.p);
@@ -326,6 +335,95 @@ static HixlStatus call(HixlEngine *e, const char *target, uint8_t op, const char
     TU_ASSERT_ERRMSG_HAS("refused");                                                                         \
     TU_ASSERT_ERRMSG_HAS((pr) == P_NONE || (pr) == P_OLD ? "carries no capability" : "wrong capability");    \
   } while (0)
+
+/* ---- a raw peer: a name as long as the wire allows ---- */
+
+/* A socket to target ("ip:port") whose HELLO names it name, over tcp (the target's CPU
+ * serves its ops, so its grants apply); -1 when refused. A hixl engine calls itself by
+ * at most 63 bytes, but the wire lets a peer claim up to WIRE_MAX_NAME (255), and the
+ * target knows and grants it by that name. */
+static int raw_peer_up(const char *target, const char *name) {
+  static uint8_t body[HIXL_CALL_MAX];
+  uint8_t hello[WIRE_HDR_LEN + 6 + WIRE_MAX_NAME];
+  char ip[TU_ADDR_LEN];
+  const char *colon = strrchr(target, ':');
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  struct timeval tv = {.tv_sec = 5};
+  struct wire_hdr h;
+  struct wire_msg m;
+  if (!colon || (size_t)(colon - target) >= sizeof(ip)) return -1;
+  snprintf(ip, sizeof(ip), "%.*s", (int)(colon - target), target);
+  sa.sin_port = htons((uint16_t)atoi(colon + 1));
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  size_t n = wire_put_hello(hello, sizeof(hello), WIRE_CAP_TCP_DATA, name);
+  if (inet_pton(AF_INET, ip, &sa.sin_addr) != 1 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+      n == 0 || !raw_send_all(fd, hello, n) || !raw_recv_frame(fd, &h, NULL, body, sizeof(body)) ||
+      h.type != WIRE_HELLO_ACK || wire_decode(&h, body, &m) != WIRE_OK ||
+      m.u.hello_ack.status != WIRE_HELLO_OK) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* The next frame of type want on fd (others are read and dropped): its header, body
+ * (at most cap bytes) and payload (at most pcap bytes, into payload). */
+static bool raw_next(int fd, enum wire_type want, struct wire_hdr *h, uint8_t *body, size_t cap,
+                     uint8_t *payload, size_t pcap) {
+  for (;;) {
+    uint8_t hb[WIRE_HDR_LEN];
+    if (!raw_recv_all(fd, hb, sizeof(hb)) || wire_parse_hdr(hb, h) != WIRE_OK || h->body_len > cap ||
+        !raw_recv_all(fd, body, h->body_len))
+      return false;
+    if (h->type == want) return h->payload_len <= pcap && raw_recv_all(fd, payload, h->payload_len);
+    for (uint32_t left = h->payload_len; left > 0;) {
+      uint8_t sink[4096];
+      uint32_t k = left < sizeof(sink) ? left : (uint32_t)sizeof(sink);
+      if (!raw_recv_all(fd, sink, k)) return false;
+      left -= k;
+    }
+  }
+}
+
+/* A KV service call (req) on the raw peer's link, numbered seq: the answer's status,
+ * its bytes in ans (*n of them, at most cap). */
+static HixlStatus raw_call(int fd, uint64_t seq, const struct kv_out *req, uint8_t *ans, size_t cap,
+                           size_t *n) {
+  static uint8_t frame[WIRE_CALL_REQ_AT + 4096], body[WIRE_CALL_RESP_AT + HIXL_CALL_MAX];
+  struct wire_hdr h;
+  struct wire_msg m;
+  CU_ASSERT_FATAL(req->len <= 4096);
+  memcpy(frame + WIRE_CALL_REQ_AT, req->p, req->len);
+  size_t len = wire_put_call(frame, WIRE_CALL, seq, HIXL_SERVICE_KV, (uint32_t)req->len);
+  if (!raw_send_all(fd, frame, len) || !raw_next(fd, WIRE_CALL_RESP, &h, body, sizeof(body), NULL, 0) ||
+      wire_decode(&h, body, &m) != WIRE_OK || m.u.call.seq != seq || m.u.call.len > cap) {
+    CU_FAIL("no answer to the raw peer's KV service call");
+    return HIXL_NOT_CONNECTED;
+  }
+  memcpy(ans, m.u.call.data, m.u.call.len);
+  *n = m.u.call.len;
+  return (HixlStatus)m.u.call.status;
+}
+
+/* A READ of one block (BLOCK_BYTES at addr) on the raw peer's link, numbered seq: the
+ * answer's status, the bytes in dst when it served them. */
+static HixlStatus raw_read(int fd, uint64_t seq, const uint8_t *addr, uint8_t *dst) {
+  uint8_t frame[WIRE_SMALL_FRAME], body[64];
+  struct wire_hdr h;
+  struct wire_msg m;
+  size_t len = wire_put_read_req(frame, seq, (uintptr_t)addr, BLOCK_BYTES);
+  if (!raw_send_all(fd, frame, len) ||
+      !raw_next(fd, WIRE_READ_RESP, &h, body, sizeof(body), dst, BLOCK_BYTES) ||
+      wire_decode(&h, body, &m) != WIRE_OK || m.u.ack.seq != seq ||
+      h.payload_len != (m.u.ack.status == HIXL_SUCCESS ? BLOCK_BYTES : 0)) {
+    CU_FAIL("no answer to the raw peer's READ");
+    return HIXL_NOT_CONNECTED;
+  }
+  return (HixlStatus)m.u.ack.status;
+}
 
 /* ---- the tests ---- */
 
@@ -542,6 +640,61 @@ static void test_pull_scoped(void) {
   HixlEngineDestroy(cons);
   tu_free_mem(dst, BLOCK_BYTES);
   tu_free_mem(hdst, BLOCK_BYTES);
+  free(params);
+  side_down(&p);
+}
+
+/* Pull, scoped memory, a consumer known by a long name (the 255 bytes the wire allows,
+ * WIRE_MAX_NAME): its PINs (three, as a renewed load sends) grant it the request's
+ * blocks once, and its FREE takes the grant back: its READs of every piece of them are
+ * refused after, as before its first PIN. Issue 43: the plugin kept 80 bytes of a
+ * peer's name, so each PIN granted again (the name kept never matched), the FREE
+ * revoked a name nobody had, and the consumer kept reading the blocks after the host
+ * reused them. */
+static void test_pull_scoped_long_name(void) {
+  struct side p;
+  CU_ASSERT_FATAL(side_up(&p, "producer", "pull", 30000));
+  const uint64_t pb[2] = {2, 3};
+  char *params = produce(&p, "req-long", pb, 2, 47);
+  struct kv_cap cap = params_cap(params);
+  step(&p);
+  char name[WIRE_MAX_NAME + 1];
+  memset(name, 'n', WIRE_MAX_NAME);
+  name[WIRE_MAX_NAME] = '\0';
+  memcpy(name, "consumer-of-a-long-name.", 24);
+  int fd = raw_peer_up(p.addr, name);
+  CU_ASSERT_FATAL(fd >= 0);
+  struct kv_out pin = call_body(KV_SVC_PIN, "req-long", P_RIGHT, &cap, NULL),
+                fr = call_body(KV_SVC_FREE, "req-long", P_RIGHT, &cap, NULL);
+  static uint8_t got[BLOCK_BYTES], ans[4096];
+  size_t n = 0;
+  uint64_t seq = 1;
+  for (int l = 0; l < LAYERS; l++) /* before its PIN: not its to read */
+    for (int v = 0; v < 2; v++)
+      for (size_t j = 0; j < 2; j++)
+        TU_ASSERT_STATUS(raw_read(fd, seq++, block_at(&p, l, v, pb[j]), got), HIXL_FAILED);
+  for (int k = 0; k < 3; k++) {
+    TU_ASSERT_OK_FATAL(raw_call(fd, seq++, &pin, ans, sizeof(ans), &n));
+    CU_ASSERT_FATAL(n >= 1 && ans[0] == KV_PIN_HELD);
+  }
+  for (int l = 0; l < LAYERS; l++)
+    for (int v = 0; v < 2; v++)
+      for (size_t j = 0; j < 2; j++) {
+        memset(got, 0, sizeof(got));
+        TU_ASSERT_OK(raw_read(fd, seq++, block_at(&p, l, v, pb[j]), got));
+        TU_ASSERT_PATTERN(got, BLOCK_BYTES, block_seed(47, l, v, j), "a pinned block, read by its consumer");
+      }
+  TU_ASSERT_OK(raw_call(fd, seq++, &fr, ans, sizeof(ans), &n));
+  CU_ASSERT_TRUE(wait_finished(&p, "req-long", true, 0)); /* freed by the FREE, no lease waited out */
+  hixl_kv_stats_ex ps = stats(&p);
+  CU_ASSERT(ps.requests_held == 0 && ps.blocks_held == 0 && ps.lease_expired == 0 && ps.cap_refused == 0);
+  for (int l = 0; l < LAYERS; l++) /* after its FREE: the grant is gone, every piece of it */
+    for (int v = 0; v < 2; v++)
+      for (size_t j = 0; j < 2; j++)
+        TU_ASSERT_STATUS(raw_read(fd, seq++, block_at(&p, l, v, pb[j]), got), HIXL_FAILED);
+  close(fd);
+  free(pin.p);
+  free(fr.p);
   free(params);
   side_down(&p);
 }
@@ -780,6 +933,8 @@ int main(int argc, char **argv) {
               test_pin_without_cap);
   CU_add_test(s, "pull: scoped memory: the PINning consumer reads, another peer does not, FREE ends it",
               test_pull_scoped);
+  CU_add_test(s, "pull: scoped memory: a consumer of a 255-byte name is granted once, FREE ends it",
+              test_pull_scoped_long_name);
   CU_add_test(s, "push: ABORT without the capability is refused", test_abort_without_cap);
   CU_add_test(s, "push: scoped memory: a peer that did not ACCEPT writes nothing", test_push_scoped);
   CU_add_test(s, "push: LAYER and LAYERS without the capability are refused and mark nothing",

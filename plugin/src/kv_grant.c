@@ -23,7 +23,7 @@
 #include "util/log.h"
 
 struct kv_revoke {
-  char peer[80];
+  char peer[KV_PEER_NAME_MAX + 1];
   uint64_t (*r)[2];
   size_t n;
 };

@@ -10,6 +10,12 @@
 #include "hixl/hixl_kv_connector.h"
 #include "kv_wire.h"
 #include "util/opvec.h"
+#include "wire/wire.h"
+
+/* Bytes of a peer's name as its engine knows it (what its HELLO claimed, at most the
+ * wire's WIRE_MAX_NAME): grants are made and revoked by that name, so it is kept whole,
+ * never cut (kv_serve refuses a longer one). */
+#define KV_PEER_NAME_MAX WIRE_MAX_NAME
 
 struct kv_revoke;
 struct hixl_transfer_req; /* engine_ext.h: a started call (hixl_call_t) */
@@ -146,7 +152,7 @@ uint32_t kv_layout_world(const char *text);
  * (kv_grant.c). */
 struct kv_peers {
   struct kv_peer_ref {
-    char name[80];
+    char name[KV_PEER_NAME_MAX + 1];
     bool granted;
   } * v;
   uint32_t n;
@@ -406,7 +412,8 @@ void kv_cap_wipe(void *p, size_t n); /* zeroes p in a way the compiler does not 
 
 /* Peer lists (lock held). */
 bool kv_peers_has(const struct kv_peers *s, const char *name);
-struct kv_peer_ref *kv_peers_add(struct kv_peers *s, const char *name); /* NULL: no memory */
+/* The entry of name in s, added if new; NULL: no memory, or a name longer than KV_PEER_NAME_MAX. */
+struct kv_peer_ref *kv_peers_add(struct kv_peers *s, const char *name);
 void kv_peers_free(struct kv_peers *s);
 /* Each of s's peers into c->drop (cut before the host reuses the blocks). */
 void kv_peers_drop(hixl_kv_connector *c, const struct kv_peers *s);

@@ -67,7 +67,7 @@ struct kv_landed {
 /* A request under way. */
 struct kv_rec {
   char id[KV_MAX_ID + 1];
-  char peer[80];
+  char peer[KV_PEER_NAME_MAX + 1];
   char transport[8];
   uint64_t t[KV_PH_COUNT]; /* CLOCK_MONOTONIC ns, 0: not yet */
   uint64_t bytes, ops;
@@ -80,7 +80,7 @@ struct kv_rec {
 };
 
 struct kv_peer_stat {
-  char peer[80];
+  char peer[KV_PEER_NAME_MAX + 1];
   char transport[8];
   uint64_t ok, failed, bytes;
 };
@@ -275,7 +275,7 @@ void kv_obs_span(hixl_kv_connector *c, const char *id, enum kv_phase ph, enum kv
   if (ph != KV_PH_PINNED) return;
   /* Pinned (accepted): the link that will move the data is up now (the peer may close it
    * as soon as the data is there, before the mover looks again). */
-  char peer[80] = "";
+  char peer[KV_PEER_NAME_MAX + 1] = "";
   pthread_mutex_lock(&o->lock);
   struct kv_rec *r = rec_get(o, id, false);
   if (r && !r->transport[0]) snprintf(peer, sizeof(peer), "%s", r->peer);
@@ -444,7 +444,7 @@ void kv_obs_reported(hixl_kv_connector *c, const hixl_kv_ids *ids) {
   struct kv_obs *o = c->obs;
   if (!o || !ids) return;
   for (size_t k = 0; k < ids->count; k++) {
-    char peer[80] = "";
+    char peer[KV_PEER_NAME_MAX + 1] = "";
     struct hixl_link_info li;
     pthread_mutex_lock(&o->lock);
     struct kv_rec **pp, *r = rec_find(o, ids->ids[k], &pp);

@@ -21,6 +21,7 @@ bool kv_peers_has(const struct kv_peers *s, const char *name) {
 struct kv_peer_ref *kv_peers_add(struct kv_peers *s, const char *name) {
   for (uint32_t i = 0; i < s->n; i++)
     if (strcmp(s->v[i].name, name) == 0) return &s->v[i];
+  if (strnlen(name, KV_PEER_NAME_MAX + 1) > KV_PEER_NAME_MAX) return NULL; /* kept whole or not at all */
   struct kv_peer_ref *v = realloc(s->v, (s->n + 1) * sizeof(*v));
   if (!v) return NULL;
   s->v = v;

@@ -198,6 +198,17 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
                     size_t *resp_len) {
   hixl_kv_connector *c = ctx;
   struct kv_in in = {req, len, 0, false};
+  if (strnlen(peer, KV_PEER_NAME_MAX + 1) > KV_PEER_NAME_MAX) {
+    /* Grants are made and revoked by the caller's whole name: one this worker could not
+     * keep whole is refused, never cut (a cut name's grant would never be revoked). */
+    *resp_len =
+        (size_t)snprintf((char *)resp, cap,
+                         "refused: a KV service call from a peer whose name (%.64s...) is longer than "
+                         "the %u bytes a worker keeps of one; nothing was done",
+                         peer, KV_PEER_NAME_MAX);
+    if (*resp_len >= cap) *resp_len = cap ? cap - 1 : 0;
+    return HIXL_PARAM_INVALID;
+  }
   char id[KV_MAX_ID + 1];
   char reason[KV_MAX_ID + 1] = "";
   uint8_t proto = kv_get_u8(&in), op = kv_get_u8(&in);
