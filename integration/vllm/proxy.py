@@ -16,6 +16,13 @@ first token. The answer is decode's, assembled (token_ids always returned), with
   ttft_s       request in -> decode's first token (what a streaming client waits)
   total_s      request in -> decode's last token
 
+vLLM's MooncakeConnector (--mooncake-bootstrap URL, the producer's bootstrap server)
+returns no kv_transfer_params from prefill: its requests are paired by a transfer id
+the proxy makes. Prefill gets {"do_remote_decode": true, "transfer_id": T}; decode gets
+{"do_remote_prefill": true, "transfer_id": T, "remote_engine_id": the producer's
+engine id (from the bootstrap server's /query), "remote_bootstrap_addr": URL}. The
+order (prefill answered, then decode) and the timing are the same as for the others.
+
 A prefill or decode error is passed back with its HTTP status and body and names which
 side failed. Other paths (GET /health, GET /metrics?side=prefill|decode) are forwarded.
 This is the flow of vLLM's own toy proxy for its P/D connectors, written for hixl's tests.
@@ -30,6 +37,7 @@ import sys
 import threading
 import time
 import urllib.parse
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -90,19 +98,48 @@ def stream_completion(up: Upstream, doc: dict, side: str):
 
 
 class Proxy:
-    def __init__(self, prefill: Upstream, decode: Upstream):
-        self.prefill, self.decode = prefill, decode
+    def __init__(self, prefill: Upstream, decode: Upstream, mooncake: Upstream | None = None):
+        self.prefill, self.decode, self.mooncake = prefill, decode, mooncake
         self.lock = threading.Lock()
         self.served = 0
+        self.mooncake_engine = None
+
+    def mooncake_engine_id(self) -> str:
+        """The producer's engine id, from its Mooncake bootstrap server (asked once)."""
+        if self.mooncake_engine is None:
+            c = self.mooncake.conn()
+            try:
+                c.request("GET", "/query")
+                r = c.getresponse()
+                body = r.read()
+                entries = json.loads(body) if r.status == 200 else {}
+            except (OSError, http.client.HTTPException, ValueError) as e:
+                raise SideError("prefill", 502, json.dumps(
+                    {"error": f"Mooncake bootstrap server {self.mooncake.url}: {e}"}).encode()) from e
+            finally:
+                c.close()
+            if not entries:
+                raise SideError("prefill", 502, json.dumps(
+                    {"error": f"Mooncake bootstrap server {self.mooncake.url} has no producer registered"}).encode())
+            self.mooncake_engine = entries[min(entries, key=int)]["engine_id"]
+        return self.mooncake_engine
 
     def completion(self, req: dict) -> dict:
         t0 = time.monotonic()
         p = dict(req)
-        p.update(max_tokens=1, stream=False, kv_transfer_params={"do_remote_decode": True})
+        ask = {"do_remote_decode": True}
+        if self.mooncake:
+            tid = uuid.uuid4().hex
+            ask["transfer_id"] = tid
+        p.update(max_tokens=1, stream=False, kv_transfer_params=ask)
         p.pop("stream_options", None)
         pre = post_json(self.prefill, "/v1/completions", p, "prefill")
         t1 = time.monotonic()
         params = pre.get("kv_transfer_params")
+        if self.mooncake:
+            params = {"do_remote_prefill": True, "do_remote_decode": False, "transfer_id": tid,
+                      "remote_engine_id": self.mooncake_engine_id(), "remote_bootstrap_addr": self.mooncake.url}
+            t1 = time.monotonic()
         if not params:
             raise SideError("prefill", 502, json.dumps(
                 {"error": "prefill returned no kv_transfer_params: is it a kv_producer with a KV connector?"}).encode())
@@ -192,8 +229,11 @@ def main() -> int:
     ap.add_argument("--prefill", required=True, help="prefill's base URL")
     ap.add_argument("--decode", required=True, help="decode's base URL")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds per upstream call")
+    ap.add_argument("--mooncake-bootstrap", default="",
+                    help="the producer's Mooncake bootstrap server (http://host:port): pair by transfer id")
     a = ap.parse_args()
-    proxy = Proxy(Upstream(a.prefill, a.timeout), Upstream(a.decode, a.timeout))
+    mc = Upstream(a.mooncake_bootstrap, a.timeout) if a.mooncake_bootstrap else None
+    proxy = Proxy(Upstream(a.prefill, a.timeout), Upstream(a.decode, a.timeout), mc)
     srv = ThreadingHTTPServer((a.host, a.port), make_handler(proxy))
     srv.daemon_threads = True
     print(f"proxy: {a.host}:{a.port} -> prefill {a.prefill}, decode {a.decode}", flush=True)

@@ -1,0 +1,129 @@
+# Sourced by run-pd.sh and compare.sh: vLLM instances on 127.0.0.1, each in its own
+# process group, and the producer/consumer settings of each KV connector compared.
+#
+# Callers set: vpy (the venv's python), model (its folder), out (the log folder),
+# here (this folder), pd_me (the prefix of its messages).
+# Every instance started here is in pd_pids; pd_cleanup kills their groups.
+
+# mooncake is vLLM's MooncakeConnector behind mooncake_cpu_shim.py (the stock class
+# cannot start on a CPU-only torch); mooncake-stock is the stock class, to show that.
+pd_connectors="hixl nixl mooncake mooncake-stock"
+
+# The environment every instance shares. One CPU's worth of threads each (two cores).
+pd_export_env() {
+  export VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1} VLLM_CPU_OMP_THREADS_BIND=nobind
+  export HF_HUB_OFFLINE=1 VLLM_HOST_IP=127.0.0.1 VLLM_NO_USAGE_STATS=1 VLLM_LOGGING_LEVEL=${VLLM_LOGGING_LEVEL:-WARNING}
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+}
+
+# N ports the kernel handed out for port 0, each checked free by bind (a free block
+# picked by hand would race with other jobs on the machine).
+pd_ports() {  # n
+  "$vpy" - "$1" <<'EOF'
+import socket, sys
+ss = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in ss:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in ss))
+for s in ss:
+    s.close()
+EOF
+}
+
+pd_check_connector() {  # name
+  case " $pd_connectors " in
+    *" $1 "*) ;;
+    *) echo "${pd_me:-pd}: unknown connector '$1' (one of: $pd_connectors)" >&2; return 2 ;;
+  esac
+}
+
+# --kv-transfer-config of one side of a pair. kv_port is the side's own listening
+# port: hixl's data address, NIXL's handshake side channel, Mooncake's bootstrap server.
+# Every consumer recomputes on a failed load (vLLM's default is to fail the request).
+pd_kvcfg() {  # connector role kv_port
+  local policy=
+  [ "$2" = kv_consumer ] && policy='"kv_load_failure_policy": "recompute", '
+  case $1 in
+    hixl)
+      printf '{"kv_connector": "HixlKVConnector", "kv_connector_module_path": "hixl_vllm", "kv_role": "%s", %s"kv_connector_extra_config": {"address": "127.0.0.1:%s", "mode": "pull", "lease_ms": 30000, "transfer_timeout_ms": 10000}}' \
+        "$2" "$policy" "$3" ;;
+    nixl)
+      # The CPU platform registers vLLM's own KV cache as DRAM (no host buffer);
+      # kv_buffer_device must say "cpu" (_NIXL_SUPPORTED_DEVICE["cpu"]).
+      printf '{"kv_connector": "NixlConnector", "kv_role": "%s", %s"kv_buffer_device": "cpu", "kv_connector_extra_config": {"backends": ["UCX"]}}' \
+        "$2" "$policy" ;;
+    mooncake)
+      printf '{"kv_connector": "CpuMooncakeConnector", "kv_connector_module_path": "mooncake_cpu_shim", "kv_role": "%s", %s"kv_connector_extra_config": {"mooncake_protocol": "tcp"}}' \
+        "$2" "$policy" ;;
+    mooncake-stock)
+      printf '{"kv_connector": "MooncakeConnector", "kv_role": "%s", %s"kv_connector_extra_config": {"mooncake_protocol": "tcp"}}' \
+        "$2" "$policy" ;;
+  esac
+}
+
+# Environment of one side of a pair (as NAME=VALUE words for env(1)).
+pd_kvenv() {  # connector kv_port
+  case $1 in
+    hixl) ;;
+    # The side channel the consumer dials for the producer's agent metadata; each
+    # instance listens on its own (both default to 5600).
+    nixl) echo "VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT=$2" ;;
+    # The producer's bootstrap server (vLLM binds it on 0.0.0.0; it is dialled on
+    # VLLM_HOST_IP, 127.0.0.1); the Transfer Engine's own RPC port is picked by it.
+    mooncake) echo "VLLM_MOONCAKE_BOOTSTRAP_PORT=$2 PYTHONPATH=$here${PYTHONPATH:+:$PYTHONPATH}" ;;
+    mooncake-stock) echo "VLLM_MOONCAKE_BOOTSTRAP_PORT=$2" ;;
+  esac
+}
+
+pd_pids=()
+pd_cleanup() {
+  local p
+  # SIGCONT after SIGTERM: compare.py stops idle pairs, and a stopped process acts on
+  # SIGTERM only once continued.
+  for p in "${pd_pids[@]}"; do
+    kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null || true
+    kill -CONT -- "-$p" 2>/dev/null || true
+  done
+  for p in "${pd_pids[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+
+# Starts one vLLM OpenAI server in its own process group (vLLM's engine core and
+# worker are its children; the fault case kills the whole instance); its pid is
+# stored in the variable <name>_pid ('-' in the name written '_').
+pd_serve() {  # name port "ENV=V ..." args...
+  local name=$1 port=$2 envs=$3
+  shift 3
+  # shellcheck disable=SC2086 # envs is a list of words
+  setsid env $envs "$vpy" -m vllm.entrypoints.openai.api_server --model "$model" --host 127.0.0.1 --port "$port" "$@" \
+    >"$out/$name.log" 2>&1 &
+  pd_pids+=($!)
+  printf -v "${name//-/_}_pid" %s "$!"
+}
+
+# proxy.py in front of a pair. MooncakeConnector's requests are paired by a transfer
+# id the proxy makes and the producer's engine id, read from its bootstrap server.
+pd_proxy() {  # name port prefill_port decode_port connector producer_kv_port
+  local extra=()
+  case $5 in mooncake*) extra=(--mooncake-bootstrap "http://127.0.0.1:$6") ;; esac
+  setsid "$vpy" "$here/proxy.py" --port "$2" --prefill "http://127.0.0.1:$3" \
+    --decode "http://127.0.0.1:$4" "${extra[@]}" >"$out/$1.log" 2>&1 &
+  pd_pids+=($!)
+}
+
+# Polls /health until the instance answers; fails with the end of its log if it exits
+# or the deadline (seconds since the script began, bash's SECONDS) passes.
+pd_wait_healthy() {  # name port pid deadline
+  until curl -sf "http://127.0.0.1:$2/health" >/dev/null; do
+    if ! kill -0 "$3" 2>/dev/null; then
+      echo "${pd_me:-pd}: $1 exited while starting; the end of $out/$1.log:" >&2
+      tail -40 "$out/$1.log" >&2
+      return 1
+    fi
+    if [ $SECONDS -gt "$4" ]; then
+      echo "${pd_me:-pd}: $1 not healthy after ${HIXL_VLLM_START_S:-600} s; the end of $out/$1.log:" >&2
+      tail -40 "$out/$1.log" >&2
+      return 1
+    fi
+    sleep 1
+  done
+}
