@@ -932,6 +932,119 @@ static void test_push_hybrid(void) {
   handoff(&pl);
 }
 
+/* ---- push params that name too few of the consumer's blocks in a group ---- */
+
+/* text (kv_transfer_params) with its remote_block_ids replaced by ids (JSON), malloc'ed;
+ * NULL when it has none. */
+static char *with_block_ids(const char *text, const char *ids) {
+  const char *key = strstr(text, "\"remote_block_ids\"");
+  const char *open = key ? strchr(key, '[') : NULL, *end = open;
+  for (int depth = 0; end && *end; end++)
+    if (*end == '[')
+      depth++;
+    else if (*end == ']' && --depth == 0)
+      break;
+  if (!end || !*end) return NULL;
+  size_t n = strlen(text) - (size_t)(end + 1 - open) + strlen(ids) + 1;
+  char *out = malloc(n);
+  if (out) snprintf(out, n, "%.*s%s%s", (int)(open - text), text, ids, end + 1);
+  return out;
+}
+
+/* Whether the producer's trace of id says why (drain_traces, one JSON line a request). */
+static bool trace_says(struct side *s, const char *id, const char *why) {
+  hixl_kv_buffer b = {0};
+  ST_IS(ops->drain_traces(s->worker, &b), HIXL_KV_SUCCESS);
+  char *t = b.data ? strndup((char *)b.data, b.len) : NULL, want_id[128];
+  ops->free_buffer(&b);
+  snprintf(want_id, sizeof(want_id), "\"req\":\"%s\"", id);
+  bool found = false;
+  for (char *line = t ? strtok(t, "\n") : NULL; line && !found; line = strtok(NULL, "\n"))
+    found = strstr(line, want_id) && strstr(line, why);
+  if (!found) fprintf(stderr, "  no trace of %s says \"%s\"; the traces:\n%s\n", id, why, t ? t : "(none)");
+  free(t);
+  return found;
+}
+
+/* A push of the hybrid model's request (the producer writes 8 blocks of group 0 and 2
+ * of the window, group 1) whose params, as they reach the producer, name only `named`
+ * of the consumer's blocks in `group` (ids: their remote_block_ids). The push fails,
+ * naming the request, the group and both counts, before any byte moves: the consumer's
+ * memory stays 0xEE byte for byte, its request fails with its blocks as load errors,
+ * the producer issued no write and reports the request finished-sending. Issue 43: the
+ * pusher paired each group's blocks with the consumer's ids without checking the
+ * counts, so a short group took the next group's ids (group 0: block 22 of group 0,
+ * another request's) or read past the end of the ids (the last group). */
+static void short_group(const char *ids, unsigned group, unsigned named, unsigned writes) {
+  struct plan pl = hybrid_plan(true);
+  struct side p, d;
+  uint64_t seed = ++next_seed;
+  char id[64], why[160];
+  snprintf(id, sizeof(id), "short-group-%u-%llu", group, (unsigned long long)seed);
+  hixl_kv_status st = side_up(&d, pl.cons, C_BLOCKS, "consumer", "push");
+  ST_IS(st, HIXL_KV_SUCCESS);
+  if (st != HIXL_KV_SUCCESS) goto down_consumer;
+  st = side_up(&p, pl.prod, P_BLOCKS, "producer", "push");
+  ST_IS(st, HIXL_KV_SUCCESS);
+  if (st != HIXL_KV_SUCCESS) goto down_producer;
+  uint8_t *untouched = malloc(d.len);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(untouched);
+  memset(untouched, 0xEE, d.len);
+  hixl_kv_request r = request(id, pl.cb.n[0] * M_TOKENS, "{\"do_remote_prefill\": true}");
+  int64_t tokens = matched(&d, &r, 0);
+  ST_IS(sched_alloc(&d, &r, &pl.cb, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  hixl_kv_buffer params = {0};
+  ST_IS(ops->get_push_params(d.sched, id, strlen(id), &params), HIXL_KV_SUCCESS);
+  step(&d); /* the consumer's worker expects the push */
+  char *text = take_text(&params), *bad = text ? with_block_ids(text, ids) : NULL;
+  CU_ASSERT_PTR_NOT_NULL_FATAL(bad);
+  hixl_kv_request q = request(id, pl.pb.n[0] * M_TOKENS, bad);
+  int64_t none = -2;
+  int32_t async = 1;
+  ST_IS(ops->get_num_new_matched_tokens(p.sched, &q, 0, &none, &async), HIXL_KV_SUCCESS);
+  ST_IS(sched_alloc(&p, &q, &pl.pb, 0), HIXL_KV_SUCCESS);
+  step(&p);
+  struct run x = {&pl, &p, &d, seed, untouched, id};
+  for (int l = 0; l < M_LAYERS; l++) {
+    compute_layer(&x, l);
+    ST_IS(ops->save_kv_layer(p.worker, (uint32_t)l), HIXL_KV_SUCCESS);
+  }
+  ST_IS(ops->wait_for_save(p.worker), HIXL_KV_SUCCESS);
+  CU_ASSERT_TRUE(wait_finished(&p, id, SENDING, 20000));
+  CU_ASSERT_TRUE(wait_finished(&d, id, RECVING, 20000)); /* the producer told it (ABORT) */
+  CU_ASSERT_TRUE(load_errors_are(&d, &pl.cb, pl.cons->ng));
+  CU_ASSERT_TRUE(memory_is(&d, untouched, seed, "consumer"));
+  hixl_kv_stats ps, ds;
+  ST_IS(ops->get_stats(p.worker, &ps), HIXL_KV_SUCCESS);
+  ST_IS(ops->get_stats(d.worker, &ds), HIXL_KV_SUCCESS);
+  CU_ASSERT(ps.pushes_failed == 1 && ps.pushes_done == 0 && ps.engine_ops == 0 && ps.blocks_held == 0);
+  CU_ASSERT(ds.loads_failed == 1 && ds.loads_done == 0 && ds.bytes_loaded == 0);
+  snprintf(why, sizeof(why), "push params name %u blocks in group %u of request %s, this producer writes %u",
+           named, group, id, writes);
+  CU_ASSERT_TRUE(trace_says(&p, id, why));
+  int32_t delay = -1;
+  hixl_kv_buffer unused = {0};
+  ST_IS(sched_finished(&p, &q, &pl.pb, &delay, &unused), HIXL_KV_SUCCESS);
+  ops->free_buffer(&unused);
+  free(untouched);
+  free(text);
+  free(bad);
+down_producer:
+  side_down(&p);
+down_consumer:
+  side_down(&d);
+}
+
+/* Group 0 (8 blocks written) named with 7 ids: its 8th block would take group 1's
+ * first id, 22, a block of group 0 that is not this request's. */
+static void test_push_short_first_group(void) {
+  short_group("[[0, 9, 8, 17, 18, 19, 5], [22, 1, 10]]", 0, 7, 8);
+}
+
+/* The window, the last group (2 blocks written), named with 1 id: its 2nd block would
+ * take an id past the end of the list. */
+static void test_push_short_last_group(void) { short_group("[[0, 9, 8, 17, 18, 19, 5, 23], [22]]", 1, 1, 2); }
+
 /* Peers that describe different groups: the load fails, its blocks come back as load
  * errors, nothing moves, the producer frees. */
 static void mismatch(const struct kcase *prod, const struct kcase *cons) {
@@ -1089,6 +1202,10 @@ static CU_TestInfo layout_tests[] = {
     {"pull LBNHC, the first 2 blocks cached on the consumer", test_pull_cached_prefix},
     {"pull hybrid: full attention and a sliding window", test_pull_hybrid},
     {"push hybrid: full attention and a sliding window", test_push_hybrid},
+    {"push hybrid, params with a group short of ids (the first): refused, nothing written",
+     test_push_short_first_group},
+    {"push hybrid, params with a group short of ids (the last): refused, nothing read past them",
+     test_push_short_last_group},
     {"mismatch: LBNHC against BLNHC", test_mismatch_layout_name},
     {"mismatch: 2 heads against 4", test_mismatch_heads},
     CU_TEST_INFO_NULL,

@@ -12,8 +12,42 @@
 #include "util/log.h"
 #include "util/thread.h"
 
+/* Whether the consumer's block ids (e->rblocks, its push params': e->rgn[g] of group g,
+ * one group after another) name, in every group, at least the blocks this producer
+ * writes there (e->gn[g]), and add up to the list; why names the request, the group and
+ * both counts when not. push_pairs takes group g's ids from its offset on: a group
+ * short of them would take the next group's ids (another request's blocks) or read
+ * past the end of the list. */
+static bool push_counts_ok(const hixl_kv_connector *c, const struct kv_meta_entry *e, char *why, size_t cap) {
+  size_t total = 0;
+  if (e->ngroups != c->lay.ng) {
+    snprintf(why, cap, "request %s has blocks in %u groups, this worker registered %u; nothing was written",
+             e->req, e->ngroups, c->lay.ng);
+    return false;
+  }
+  for (uint32_t g = 0; g < e->ngroups; g++) {
+    if (e->rgn[g] < e->gn[g]) {
+      snprintf(why, cap,
+               "the consumer's push params name %u blocks in group %u of request %s, this producer writes %u "
+               "there; nothing was written",
+               e->rgn[g], g, e->req, e->gn[g]);
+      return false;
+    }
+    total += e->rgn[g];
+  }
+  if (total != e->nrblocks) {
+    snprintf(
+        why, cap,
+        "the consumer's push params for request %s list %zu blocks, their groups %zu; nothing was written",
+        e->req, e->nrblocks, total);
+    return false;
+  }
+  return true;
+}
+
 /* Accept on the consumer: it expects the request, with the same layout, into at
- * least as many blocks per group; its planes go to p->r. */
+ * least as many blocks per group, and its push params name as many (push_counts_ok);
+ * its planes go to p->r. */
 static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why, size_t cap) {
   struct kv_meta_entry *e = &p->e; /* linked already (link_all) */
   uint64_t deadline = kv_now_ns() + (uint64_t)c->cfg.transfer_timeout_ms * 1000000ull;
@@ -52,6 +86,8 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
                  h->digest != kv_groups_digest(e->rblocks, e->nrblocks, e->rgn, e->ngroups)) {
         snprintf(why, cap, "the consumer %s expects request %s in other blocks than its push params named",
                  e->remote, e->rreq);
+        st = HIXL_PARAM_INVALID;
+      } else if (!push_counts_ok(c, e, why, cap)) {
         st = HIXL_PARAM_INVALID;
       } else {
         p->r = h->r; /* its planes: this push's */
@@ -102,7 +138,8 @@ struct push_note {
 };
 
 /* Push v's block pairs, per group: the producer's n blocks into the consumer's first n
- * (a sliding-window group: its last n, the window). */
+ * (a sliding-window group: its last n, the window). Each group names at least n
+ * (push_counts_ok, at the accept). */
 static void push_pairs(const hixl_kv_connector *c, const struct kv_meta_entry *e, struct kv_pairs *pairs) {
   for (uint32_t g = 0, off = 0, roff = 0; g < e->ngroups; off += e->gn[g], roff += e->rgn[g], g++) {
     bool tail = c->lay.g[g].kind == HIXL_KV_GROUP_SLIDING_WINDOW && e->rgn[g] > e->gn[g];
