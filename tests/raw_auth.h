@@ -99,6 +99,7 @@ struct raw_auth {
   bool bad_proof;        /* send a proof with one bit flipped */
   const uint8_t *replay; /* send these WIRE_AUTH_MAC bytes as the proof, whatever the challenge */
   const uint8_t *nonce;  /* use this nonce (NULL: a fresh one) */
+  const char *dialled;   /* the address it says it dialled (NULL: the fd's peer, as "ip:port") */
   uint8_t proof[32];     /* out: the proof it sent */
   uint8_t session[32];   /* out: the session secret, when the target's proof checked */
   bool target_proved;    /* out: the target's AUTH_CHALLENGE carried a valid proof */
@@ -116,6 +117,17 @@ static inline bool raw_auth_hello(int fd, struct raw_auth *a, raw_send_fn send_f
   struct wire_hdr h;
   struct wire_msg m;
   size_t len;
+  char dialled[64];
+  if (a->dialled) {
+    snprintf(dialled, sizeof(dialled), "%s", a->dialled);
+  } else {
+    struct sockaddr_in peer;
+    socklen_t pl = sizeof(peer);
+    char ip[INET_ADDRSTRLEN] = "0.0.0.0";
+    if (getpeername(fd, (struct sockaddr *)&peer, &pl) == 0)
+      inet_ntop(AF_INET, &peer.sin_addr, ip, sizeof(ip));
+    snprintf(dialled, sizeof(dialled), "%s:%u", ip, (unsigned)ntohs(peer.sin_port));
+  }
   if (a->key_hex) {
     char text[256];
     char why[128];
@@ -125,7 +137,8 @@ static inline bool raw_auth_hello(int fd, struct raw_auth *a, raw_send_fn send_f
       memcpy(nonce, a->nonce, sizeof(nonce));
     else
       auth_random(nonce, sizeof(nonce));
-    len = wire_put_hello_auth(buf, sizeof(buf), WIRE_CAP_TCP_DATA, a->name, nonce, ring.key[0].id, 1);
+    len =
+        wire_put_hello_auth(buf, sizeof(buf), WIRE_CAP_TCP_DATA, a->name, nonce, ring.key[0].id, 1, dialled);
   } else {
     len = wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, a->name);
   }
@@ -148,12 +161,14 @@ static inline bool raw_auth_hello(int fd, struct raw_auth *a, raw_send_fn send_f
     uint8_t mac[AUTH_MAC_LEN];
     size_t nl = strlen(a->name);
     auth_transcript_mac(k, AUTH_LABEL_TARGET, nonce, m.u.auth.nonce, a->name, nl, m.u.auth.name,
-                        m.u.auth.name_len, WIRE_CAP_TCP_DATA | WIRE_CAP_AUTH, mac);
+                        m.u.auth.name_len, WIRE_CAP_TCP_DATA | WIRE_CAP_AUTH, dialled, strlen(dialled), mac);
     a->target_proved = auth_equal(mac, m.u.auth.mac, AUTH_MAC_LEN);
     auth_transcript_mac(k, AUTH_LABEL_INITIATOR, nonce, m.u.auth.nonce, a->name, nl, m.u.auth.name,
-                        m.u.auth.name_len, WIRE_CAP_TCP_DATA | WIRE_CAP_AUTH, a->proof);
+                        m.u.auth.name_len, WIRE_CAP_TCP_DATA | WIRE_CAP_AUTH, dialled, strlen(dialled),
+                        a->proof);
     auth_transcript_mac(k, AUTH_LABEL_SESSION, nonce, m.u.auth.nonce, a->name, nl, m.u.auth.name,
-                        m.u.auth.name_len, WIRE_CAP_TCP_DATA | WIRE_CAP_AUTH, a->session);
+                        m.u.auth.name_len, WIRE_CAP_TCP_DATA | WIRE_CAP_AUTH, dialled, strlen(dialled),
+                        a->session);
     if (a->replay) memcpy(a->proof, a->replay, AUTH_MAC_LEN);
     if (a->bad_proof) a->proof[0] ^= 1;
     struct wire_wr w;

@@ -3,6 +3,8 @@
  * target's memory said; key files with loose permissions or bad contents are refused;
  * a key is rotated without a restart. Engines on 127.0.0.1, one process. */
 #include <CUnit/Basic.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,6 +192,141 @@ static void test_rotation(void) {
   eng_down(&b);
 }
 
+/* ---- a keyless relay (channel binding) ---- */
+
+/* A TCP forwarder holding no key: it accepts one connection on its own port and passes
+ * the bytes both ways to the engine at to_port, as a relay or a NAT does. Once the
+ * initiator's side is linked it could inject frames; channel binding stops it earlier:
+ * the HELLO says what was dialled, in the proven transcript. */
+struct relay {
+  int lfd, done_r, done_w;
+  uint16_t port, to_port;
+  pthread_t th;
+  uint64_t passed; /* bytes passed on either way */
+};
+
+static void *relay_main(void *arg) {
+  struct relay *r = arg;
+  uint8_t buf[16384];
+  int a = accept(r->lfd, NULL, NULL), b = a >= 0 ? raw_dial(r->to_port) : -1;
+  while (a >= 0 && b >= 0) {
+    struct pollfd pf[3] = {
+        {.fd = r->done_r, .events = POLLIN}, {.fd = a, .events = POLLIN}, {.fd = b, .events = POLLIN}};
+    if (poll(pf, 3, 10000) <= 0 || pf[0].revents) break;
+    int from = pf[1].revents ? a : b, to = from == a ? b : a;
+    ssize_t n = read(from, buf, sizeof(buf));
+    if (n <= 0 || !raw_send_all(to, buf, (size_t)n)) break;
+    r->passed += (uint64_t)n;
+  }
+  if (a >= 0) close(a);
+  if (b >= 0) close(b);
+  return NULL;
+}
+
+static bool relay_up(struct relay *r, uint16_t to_port) {
+  int p[2];
+  memset(r, 0, sizeof(*r));
+  r->to_port = to_port;
+  r->port = tu_free_port();
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(r->port)};
+  inet_pton(AF_INET, tu_ip(), &sa.sin_addr);
+  r->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1;
+  setsockopt(r->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (r->lfd < 0 || bind(r->lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || listen(r->lfd, 4) < 0 ||
+      pipe(p) < 0)
+    return false;
+  r->done_r = p[0];
+  r->done_w = p[1];
+  return pthread_create(&r->th, NULL, relay_main, r) == 0;
+}
+
+static void relay_down(struct relay *r) {
+  close(r->done_w);
+  shutdown(r->lfd, SHUT_RDWR); /* an accept still waiting returns */
+  pthread_join(r->th, NULL);
+  close(r->lfd);
+  close(r->done_r);
+}
+
+static uint16_t port_of(const struct eng *g) { return (uint16_t)atoi(strchr(g->name, ':') + 1); }
+
+/* V dials the relay, which passes the handshake on to Z: both hold the key, neither is
+ * the other's dialled engine. Connect fails naming what was dialled and who answered;
+ * both memories are untouched. */
+static void test_keyless_relay(void) {
+  struct eng v, z;
+  struct relay r;
+  char via[TU_ADDR_LEN];
+  TU_ASSERT_OK_FATAL(eng_up(&v, key_file("rel_v", KEY_A "\n", 0600), 41));
+  TU_ASSERT_OK_FATAL(eng_up(&z, key_file("rel_z", KEY_A "\n", 0600), 42));
+  CU_ASSERT_FATAL(relay_up(&r, port_of(&z)));
+  tu_addr(via, sizeof(via), r.port);
+  TU_ASSERT_STATUS(HixlEngineConnect(v.e, via, 5000), HIXL_FAILED);
+  TU_ASSERT_ERRMSG_HAS(via);
+  TU_ASSERT_ERRMSG_HAS(z.name);
+  TU_ASSERT_ERRMSG_HAS("AuthAliases");
+  relay_down(&r);
+  CU_ASSERT(r.passed > 0); /* the handshake did cross */
+  TU_ASSERT_PATTERN(v.mem, MEM, 41, "V's memory after the relayed handshake");
+  TU_ASSERT_PATTERN(z.mem, MEM, 42, "Z's memory after the relayed handshake");
+  TU_ASSERT_OK(HixlEngineConnect(v.e, z.name, 5000)); /* V dials Z itself: linked */
+  move_and_check(&v, &z, 42);
+  eng_down(&v);
+  eng_down(&z);
+}
+
+/* The relay passes V's handshake back to V's own port: refused, V's memory untouched. */
+static void test_reflection(void) {
+  struct eng v;
+  struct relay r;
+  char via[TU_ADDR_LEN];
+  TU_ASSERT_OK_FATAL(eng_up(&v, key_file("refl_v", KEY_A "\n", 0600), 43));
+  CU_ASSERT_FATAL(relay_up(&r, port_of(&v)));
+  tu_addr(via, sizeof(via), r.port);
+  TU_ASSERT_STATUS(HixlEngineConnect(v.e, via, 5000), HIXL_FAILED);
+  TU_ASSERT_ERRMSG_HAS("never links to itself");
+  relay_down(&r);
+  TU_ASSERT_PATTERN(v.mem, MEM, 43, "V's memory after its reflected handshake");
+  eng_down(&v);
+}
+
+/* The same forwarder, listed in Z's AuthAliases (NAT, a service address): linked
+ * through it, data byte for byte. The relay's port is chosen before Z starts. */
+static void test_alias_through_forwarder(void) {
+  struct eng v, z;
+  struct relay r;
+  char via[TU_ADDR_LEN];
+  TU_ASSERT_OK_FATAL(eng_up(&v, key_file("al_v", KEY_A "\n", 0600), 44));
+  memset(&z, 0, sizeof(z));
+  uint16_t zport = tu_free_port();
+  CU_ASSERT_FATAL(relay_up(&r, zport));
+  tu_addr(via, sizeof(via), r.port);
+  tu_addr(z.name, sizeof(z.name), zport);
+  HixlOption o[2] = {{"AuthKeyFile", key_file("al_z", KEY_A "\n", 0600)}, {"AuthAliases", via}};
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&z.e));
+  TU_ASSERT_OK_FATAL(HixlEngineInitialize(z.e, z.name, o, 2));
+  z.mem = tu_alloc_mem(MEM, false);
+  tu_fill(z.mem, MEM, 45);
+  HixlMemDesc d = {.addr = (uintptr_t)z.mem, .len = MEM};
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(z.e, &d, HIXL_MEM_HOST, &z.h));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(v.e, via, 5000));
+  /* a READ of Z's memory through the forwarder */
+  uint8_t *got = tu_alloc_mem(MEM, false);
+  HixlMemDesc l = {.addr = (uintptr_t)got, .len = MEM};
+  HixlMemHandle lh = NULL;
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(v.e, &l, HIXL_MEM_HOST, &lh));
+  HixlTransferOpDesc op = {.local_addr = (uintptr_t)got, .remote_addr = (uintptr_t)z.mem, .len = MEM};
+  TU_ASSERT_OK(HixlEngineTransferSync(v.e, via, HIXL_READ, &op, 1, 10000));
+  TU_ASSERT_PATTERN(got, MEM, 45, "Z's memory read through the listed forwarder");
+  TU_ASSERT_OK(HixlEngineDisconnect(v.e, via, 5000));
+  HixlEngineDeregisterMem(v.e, lh);
+  tu_free_mem(got, MEM);
+  relay_down(&r);
+  eng_down(&v);
+  eng_down(&z);
+}
+
 /* ---- hostile peers speaking the wire directly to a target with a key ---- */
 
 static struct eng tgt, ini; /* a keyed target and a keyed initiator linked to it */
@@ -304,9 +441,11 @@ static void test_raw_out_of_turn(void) {
   CU_ASSERT_FATAL(auth_parse(text, &ring, why, sizeof(why)));
   fd = raw_dial(tport);
   CU_ASSERT_FATAL(fd >= 0);
-  CU_ASSERT_TRUE(raw_send_all(
-      fd, hello,
-      wire_put_hello_auth(hello, sizeof(hello), WIRE_CAP_TCP_DATA, "x:1", nonce, ring.key[0].id, 1)));
+  char dialled[TU_ADDR_LEN];
+  tu_addr(dialled, sizeof(dialled), tport);
+  CU_ASSERT_TRUE(raw_send_all(fd, hello,
+                              wire_put_hello_auth(hello, sizeof(hello), WIRE_CAP_TCP_DATA, "x:1", nonce,
+                                                  ring.key[0].id, 1, dialled)));
   struct wire_hdr h;
   CU_ASSERT_TRUE_FATAL(raw_recv_all(fd, b, WIRE_HDR_LEN) && wire_parse_hdr(b, &h) == WIRE_OK);
   CU_ASSERT_EQUAL(h.type, WIRE_AUTH_CHALLENGE);
@@ -339,7 +478,8 @@ static void test_raw_proof_never_comes(void) {
   int fd = raw_dial((uint16_t)atoi(strchr(t.name, ':') + 1));
   CU_ASSERT_FATAL(fd >= 0);
   CU_ASSERT_TRUE(raw_send_all(
-      fd, b, wire_put_hello_auth(b, sizeof(b), WIRE_CAP_TCP_DATA, "slow:1", nonce, ring.key[0].id, 1)));
+      fd, b,
+      wire_put_hello_auth(b, sizeof(b), WIRE_CAP_TCP_DATA, "slow:1", nonce, ring.key[0].id, 1, t.name)));
   struct wire_hdr h;
   CU_ASSERT_TRUE_FATAL(raw_recv_all(fd, b, WIRE_HDR_LEN) && wire_parse_hdr(b, &h) == WIRE_OK);
   CU_ASSERT_EQUAL(h.type, WIRE_AUTH_CHALLENGE);
@@ -395,6 +535,9 @@ static CU_TestInfo auth_tests[] = {
     {"a target without a key: the keyed initiator refuses it", test_keyless_target_refused},
     {"key files: permissions, contents; StagingUnregistered needs a key", test_key_file_checks},
     {"rotation: a second key, re-read at the next handshake", test_rotation},
+    {"a keyless relay between two keyed engines: refused, naming both; memory untouched", test_keyless_relay},
+    {"a handshake reflected to its own engine: refused, memory untouched", test_reflection},
+    {"a forwarder listed in AuthAliases: linked through it, byte for byte", test_alias_through_forwarder},
     CU_TEST_INFO_NULL,
 };
 

@@ -232,7 +232,8 @@ static void *relay_main(void *arg) {
   memcpy(nonce_i, m.u.hello.nonce, sizeof(nonce_i));
   memcpy(name_i, m.u.hello.name, name_i_len);
   auth_random(nonce_t, sizeof(nonce_t));
-  auth_transcript_mac(k, AUTH_LABEL_TARGET, nonce_i, nonce_t, name_i, name_i_len, "relay", 5, caps_i, mac);
+  auth_transcript_mac(k, AUTH_LABEL_TARGET, nonce_i, nonce_t, name_i, name_i_len, "relay", 5, caps_i,
+                      m.u.hello.dialled, m.u.hello.dialled_len, mac);
   wire_begin(&w, buf, sizeof(buf), WIRE_AUTH_CHALLENGE);
   wire_put_bytes(&w, nonce_t, sizeof(nonce_t));
   wire_put_bytes(&w, k->id, AUTH_ID_LEN);

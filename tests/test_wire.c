@@ -210,7 +210,8 @@ static const struct {
   uint32_t min, max;
   uint32_t payload;
 } limits[] = {
-    {WIRE_HELLO, 6, 6 + WIRE_MAX_NAME + 32 + 1 + 2 * 8, 0}, /* name, then the auth block */
+    {WIRE_HELLO, 6, 6 + WIRE_MAX_NAME + 32 + 1 + 2 * 8 + 2 + WIRE_MAX_NAME,
+     0}, /* name, the auth block, dialled */
     {WIRE_HELLO_ACK, 14, WIRE_MAX_BODY, 0},
     {WIRE_MEM_ADD, 22, 22 + WIRE_MAX_TAG, 0},
     {WIRE_MEM_DEL, 22, 22, 0},

@@ -39,7 +39,8 @@ static int null_or_inside(const uint8_t *p, const uint8_t *base, size_t len) {
 static const struct {
   uint32_t min, max, payload;
 } limits[WIRE_TYPE_MAX_ + 1] = {
-    [WIRE_HELLO] = {6, 6 + WIRE_MAX_NAME + 32 + 1 + 2 * 8, 0}, /* name, then the auth block */
+    [WIRE_HELLO] = {6, 6 + WIRE_MAX_NAME + 32 + 1 + 2 * 8 + 2 + WIRE_MAX_NAME,
+                    0}, /* name, the auth block, dialled */
     [WIRE_HELLO_ACK] = {14, WIRE_MAX_BODY, 0},
     [WIRE_MEM_ADD] = {22, 22 + WIRE_MAX_TAG, 0},
     [WIRE_MEM_DEL] = {22, 22, 0},
@@ -196,6 +197,8 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
         wire_put_bytes(&w, m->u.hello.nonce, WIRE_AUTH_NONCE);
         wire_put_bytes(&w, &m->u.hello.n_ids, 1);
         wire_put_bytes(&w, m->u.hello.ids, (size_t)m->u.hello.n_ids * WIRE_AUTH_ID);
+        wire_put_u16(&w, m->u.hello.dialled_len);
+        wire_put_bytes(&w, m->u.hello.dialled, m->u.hello.dialled_len);
       }
       break;
     case WIRE_AUTH_CHALLENGE:
@@ -327,7 +330,10 @@ static void check_msg(enum wire_err e, const struct wire_hdr *h, const uint8_t *
     CHECK(m->u.hello.n_ids >= 1 && m->u.hello.n_ids <= WIRE_AUTH_IDS_MAX);
     CHECK(inside(m->u.hello.nonce, WIRE_AUTH_NONCE, b, n));
     CHECK(inside(m->u.hello.ids, (size_t)m->u.hello.n_ids * WIRE_AUTH_ID, b, n));
-    CHECK(n == 6u + m->u.hello.name_len + WIRE_AUTH_NONCE + 1u + (size_t)m->u.hello.n_ids * WIRE_AUTH_ID);
+    CHECK(m->u.hello.dialled_len >= 1 && m->u.hello.dialled_len <= WIRE_MAX_NAME);
+    CHECK(inside(m->u.hello.dialled, m->u.hello.dialled_len, b, n));
+    CHECK(n == 6u + m->u.hello.name_len + WIRE_AUTH_NONCE + 1u + (size_t)m->u.hello.n_ids * WIRE_AUTH_ID +
+                   2u + m->u.hello.dialled_len);
     break;
   case WIRE_AUTH_CHALLENGE:
     CHECK((e == WIRE_OK) == (n == 74u + get16(b + 72)));

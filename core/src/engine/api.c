@@ -99,6 +99,7 @@ HixlStatus HixlEngineCreate(HixlEngine **engine) {
   if (!e) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineCreate: out of memory");
   pthread_mutex_init(&e->lock, NULL);
   pthread_mutex_init(&e->req_lock, NULL);
+  pthread_mutex_init(&e->nonce_lock, NULL);
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&e->cond, &ca);
@@ -289,6 +290,7 @@ HixlStatus HixlEngineDestroy(HixlEngine *e) {
   auth_destroy(&e->auth);
   pthread_cond_destroy(&e->cond);
   pthread_cond_destroy(&e->rail_cond);
+  pthread_mutex_destroy(&e->nonce_lock);
   pthread_mutex_destroy(&e->req_lock);
   pthread_mutex_destroy(&e->lock);
   free(e);

@@ -52,11 +52,29 @@ static HixlStatus prove(HixlEngine *e, int fd, const char *remote, uint64_t dead
   HixlStatus st = recv_frame(fd, remote, deadline, &h, body, sizeof(body));
   if (st != HIXL_SUCCESS) return st;
   if (h.type == WIRE_HELLO_ACK) {
-    if (wire_decode(&h, body, &m) == WIRE_OK && m.u.hello_ack.status == WIRE_HELLO_OK)
+    if (wire_decode(&h, body, &m) != WIRE_OK)
+      return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s sent a malformed HELLO_ACK", remote);
+    if (m.u.hello_ack.status == WIRE_HELLO_OK)
       return hixl_fail(HIXL_FAILED,
                        "HixlEngineConnect: %s does not authenticate (it has no AuthKeyFile), and this engine "
                        "has one: refusing the link",
                        remote);
+    if (m.u.hello_ack.status == WIRE_HELLO_NOT_ME) {
+      char who[WIRE_MAX_NAME + 1];
+      log_escape(who, sizeof(who), m.u.hello_ack.name, m.u.hello_ack.name_len);
+      if (strcmp(who, e->local_name) == 0)
+        return hixl_fail(
+            HIXL_FAILED,
+            "HixlEngineConnect: dialled %s, and this engine itself answered (%s): a relay passed "
+            "the handshake back to it; an engine never links to itself",
+            remote, who);
+      return hixl_fail(
+          HIXL_FAILED,
+          "HixlEngineConnect: dialled %s, but the engine that answered (calling itself \"%s\") does "
+          "not take that address as one of its names: something between passes links on (a relay, "
+          "NAT or a service address); if that is meant, list %s in that engine's AuthAliases",
+          remote, who, remote);
+    }
     return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s refused the link: %s", remote,
                      m.u.hello_ack.status == WIRE_HELLO_VERSION ? "protocol version mismatch"
                      : m.u.hello_ack.status == WIRE_HELLO_AUTH
@@ -71,7 +89,7 @@ static HixlStatus prove(HixlEngine *e, int fd, const char *remote, uint64_t dead
   const char *me = e->local_name;
 #define TRANSCRIPT(label, out)                                                                               \
   auth_transcript_mac(k, label, nonce_i, m.u.auth.nonce, me, strlen(me), m.u.auth.name, m.u.auth.name_len,   \
-                      caps_i | WIRE_CAP_AUTH, out)
+                      caps_i | WIRE_CAP_AUTH, remote, strlen(remote), out)
   TRANSCRIPT(AUTH_LABEL_TARGET, mac);
   if (!auth_equal(mac, m.u.auth.mac, AUTH_MAC_LEN))
     return hixl_fail(HIXL_FAILED,
@@ -113,11 +131,15 @@ HixlStatus api_handshake(HixlEngine *e, int fd, const char *remote, uint64_t dea
     if (!auth_random(nonce, sizeof(nonce))) {
       st = hixl_fail(HIXL_FAILED, "HixlEngineConnect: no random bytes from the kernel for a challenge");
     } else {
-      size_t len = wire_put_hello_auth(hello, sizeof(hello), caps, e->local_name, nonce, ids, ring.n);
+      /* Kept until the handshake ends: a HELLO carrying it that reaches this engine's
+       * own port is this handshake reflected (an engine never links to itself). */
+      int slot = link_nonce_hold(e, nonce);
+      size_t len = wire_put_hello_auth(hello, sizeof(hello), caps, e->local_name, nonce, ids, ring.n, remote);
       if ((st = sock_send_all(fd, hello, len, deadline)) != HIXL_SUCCESS)
         st = hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());
+      if (st == HIXL_SUCCESS) st = prove(e, fd, remote, deadline, p, &ring, nonce, caps);
+      link_nonce_drop(e, slot);
     }
-    if (st == HIXL_SUCCESS) st = prove(e, fd, remote, deadline, p, &ring, nonce, caps);
     auth_wipe(&ring, sizeof(ring));
     if (st != HIXL_SUCCESS) return st;
   }

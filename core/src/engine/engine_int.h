@@ -171,6 +171,7 @@ struct notify_item {
 
 /* A service answering CALL frames (engine_ext.h). */
 #define ENGINE_SERVICES 4
+#define ENGINE_NONCES   16 /* keyed handshakes of one engine as initiator watched for reflection at once */
 struct engine_service {
   hixl_call_fn fn; /* NULL: CALLs for it are answered UNSUPPORTED */
   void *ctx;
@@ -195,7 +196,12 @@ struct HixlEngine {
   struct grant_set *grants; /* ... one set per peer name (grant.c) */
   uint64_t grant_refusals;  /* ops refused for want of a grant */
   uint64_t auth_refusals;   /* handshakes refused since the last log line about them */
-  uint64_t auth_logged;     /* when that line was written */
+  /* The nonces of this engine's own keyed handshakes in flight (link_nonce_hold): a
+   * HELLO that carries one is that handshake reflected back to this engine. */
+  pthread_mutex_t nonce_lock;
+  uint8_t nonces[ENGINE_NONCES][32];
+  bool nonce_used[ENGINE_NONCES];
+  uint64_t auth_logged; /* when that line was written */
   pthread_t thread;
   struct memtab regs;
   struct peer *peers;
@@ -298,6 +304,10 @@ void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me, int rail
 size_t link_mem_entry_len(const struct hixl_mem_reg *r);
 uint32_t link_mem_key(const struct conn *c, const struct hixl_mem_reg *r); /* the transports' key on c */
 uint32_t link_caps(const struct HixlEngine *e); /* WIRE_CAP_* this engine advertises */
+/* An initiator's handshake nonce, held while its handshake runs (a slot, or -1 when all
+ * are taken: then only the dialled-address check catches a reflection); dropped after. */
+int link_nonce_hold(struct HixlEngine *e, const uint8_t nonce[32]);
+void link_nonce_drop(struct HixlEngine *e, int slot);
 
 /* What the link layer's files call of each other; they call only downward: link.c,
  * then link_frames.c, then link_progress.c. */

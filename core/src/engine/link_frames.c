@@ -264,6 +264,97 @@ static void auth_refuse(struct conn *c, const char *why) {
   link_conn_kill(c, HIXL_FAILED, why);
 }
 
+int link_nonce_hold(struct HixlEngine *e, const uint8_t nonce[32]) {
+  int slot = -1;
+  pthread_mutex_lock(&e->nonce_lock);
+  for (int i = 0; i < ENGINE_NONCES && slot < 0; i++)
+    if (!e->nonce_used[i]) {
+      memcpy(e->nonces[i], nonce, 32);
+      e->nonce_used[i] = true;
+      slot = i;
+    }
+  pthread_mutex_unlock(&e->nonce_lock);
+  return slot;
+}
+
+void link_nonce_drop(struct HixlEngine *e, int slot) {
+  if (slot < 0 || slot >= ENGINE_NONCES) return;
+  pthread_mutex_lock(&e->nonce_lock);
+  e->nonce_used[slot] = false;
+  memset(e->nonces[slot], 0, 32);
+  pthread_mutex_unlock(&e->nonce_lock);
+}
+
+/* Whether nonce is one of this engine's own handshakes in flight (a reflection). */
+static bool nonce_mine(struct HixlEngine *e, const uint8_t *nonce) {
+  bool mine = false;
+  pthread_mutex_lock(&e->nonce_lock);
+  for (int i = 0; i < ENGINE_NONCES && !mine; i++)
+    mine = e->nonce_used[i] && memcmp(e->nonces[i], nonce, 32) == 0;
+  pthread_mutex_unlock(&e->nonce_lock);
+  return mine;
+}
+
+/* Whether dialled ("ip:port", n bytes from the wire) names this engine: its listening
+ * address (any IP of the host when it listens on 0.0.0.0), a rail's, or an AuthAliases
+ * entry. Channel binding: a relay that passed a handshake meant for it on to this
+ * engine is caught here, or by the proofs (the dialled address is in the transcript). */
+static bool dialled_is_me(const struct HixlEngine *e, const uint8_t *dialled, size_t n) {
+  char text[WIRE_MAX_NAME + 1];
+  struct in_addr a;
+  if (n == 0 || n > WIRE_MAX_NAME) return false;
+  memcpy(text, dialled, n);
+  text[n] = '\0';
+  char *colon = strrchr(text, ':'), *end = NULL;
+  if (!colon) return false;
+  *colon = '\0';
+  unsigned long port = strtoul(colon + 1, &end, 10);
+  if (!colon[1] || *end || port == 0 || port > 65535 || inet_pton(AF_INET, text, &a) != 1) return false;
+  const struct sockaddr_in *me = &e->local_addr;
+  if (port == ntohs(me->sin_port) &&
+      (me->sin_addr.s_addr == htonl(INADDR_ANY) || me->sin_addr.s_addr == a.s_addr))
+    return true;
+  for (uint32_t i = 0; i < e->n_rail_addrs; i++)
+    if (e->rail_addrs[i] == a.s_addr && e->rail_ports[i] == port) return true;
+  for (uint32_t i = 0; i < e->opts.alias_n; i++)
+    if (e->opts.alias_addr[i] == a.s_addr && e->opts.alias_port[i] == port) return true;
+  return false;
+}
+
+/* Refuse a keyed HELLO whose dialled address is not this engine's: HELLO_ACK status
+ * NOT_ME with this engine's name (what the initiator reached, for its error), then close. */
+static void refuse_not_me(struct conn *c, const struct wire_msg *m, bool reflected) {
+  struct HixlEngine *e = c->eng;
+  char dialled[WIRE_MAX_NAME + 1];
+  log_escape(dialled, sizeof(dialled), m->u.hello.dialled, m->u.hello.dialled_len);
+  uint64_t now = hixl_now_ns();
+  e->auth_refusals++;
+  if (now - e->auth_logged >= 1000000000ull || e->auth_logged == 0) {
+    log_error("refused a link from \"%s\": it dialled %s, %s (%llu refused since the last such line)",
+              c->remote_name, dialled,
+              reflected
+                  ? "and its HELLO is one of this engine's own handshakes reflected back to it (an engine "
+                    "never links to itself)"
+                  : "which is not one of this engine's names (its own, its rails', AuthAliases): a relay "
+                    "or an address translation in between",
+              (unsigned long long)e->auth_refusals);
+    e->auth_refusals = 0;
+    e->auth_logged = now;
+  }
+  uint8_t frame[WIRE_HDR_LEN + 14 + ENGINE_NAME_MAX];
+  struct wire_wr w;
+  size_t me_len = strlen(e->local_name);
+  wire_begin(&w, frame, sizeof(frame), WIRE_HELLO_ACK);
+  wire_put_u32(&w, WIRE_HELLO_NOT_ME);
+  wire_put_u32(&w, 0);
+  wire_put_u16(&w, (uint16_t)me_len);
+  wire_put_bytes(&w, e->local_name, me_len);
+  wire_put_u32(&w, 0);
+  link_queue_copy(c, frame, wire_end(&w, 0));
+  link_flush(c);
+  link_conn_kill(c, HIXL_FAILED, "it dialled another address than this engine's");
+}
+
 /* HELLO. Without a key the link is served at once. With one, the target picks the
  * first of its keys the initiator also holds, answers AUTH_CHALLENGE with its own
  * proof, and keeps the proof it awaits and the session secret (docs/security.md). */
@@ -284,6 +375,12 @@ static void target_hello(struct conn *c, const struct wire_msg *m) {
     auth_refuse(c, "authentication required: the peer offered no key (it has no AuthKeyFile)");
     return;
   }
+  bool reflected = nonce_mine(e, m->u.hello.nonce);
+  if (reflected || !dialled_is_me(e, m->u.hello.dialled, m->u.hello.dialled_len)) {
+    auth_wipe(&ring, sizeof(ring));
+    refuse_not_me(c, m, reflected);
+    return;
+  }
   for (unsigned i = 0; i < ring.n && !k; i++)
     for (unsigned j = 0; j < m->u.hello.n_ids && !k; j++)
       if (memcmp(ring.key[i].id, m->u.hello.ids + (size_t)j * WIRE_AUTH_ID, AUTH_ID_LEN) == 0)
@@ -298,7 +395,7 @@ static void target_hello(struct conn *c, const struct wire_msg *m) {
     size_t me_len = strlen(me);
 #define TRANSCRIPT(label, out)                                                                               \
   auth_transcript_mac(k, label, m->u.hello.nonce, nonce_t, m->u.hello.name, m->u.hello.name_len, me, me_len, \
-                      m->u.hello.caps, out)
+                      m->u.hello.caps, m->u.hello.dialled, m->u.hello.dialled_len, out)
     TRANSCRIPT(AUTH_LABEL_TARGET, mac);
     TRANSCRIPT(AUTH_LABEL_INITIATOR, c->auth_expect);
     TRANSCRIPT(AUTH_LABEL_SESSION, c->session);

@@ -108,6 +108,29 @@ static bool parse_key_file(const char *s, struct hixl_options *o) {
   return true;
 }
 
+/* AuthAliases: "" or 1 to HIXL_ALIASES_MAX distinct "ip:port", comma-separated (port 1-65535). */
+static bool parse_aliases(const char *s, struct hixl_options *o) {
+  o->alias_n = 0;
+  if (!s || strlen(s) > 255) return false;
+  if (!*s) return true;
+  char buf[256], *save = NULL;
+  strcpy(buf, s);
+  if (buf[strlen(buf) - 1] == ',') return false;
+  for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    char *colon = strrchr(tok, ':'), *end = NULL;
+    struct in_addr a;
+    if (o->alias_n == HIXL_ALIASES_MAX || !colon) return false;
+    *colon = '\0';
+    unsigned long port = strtoul(colon + 1, &end, 10);
+    if (inet_pton(AF_INET, tok, &a) != 1 || !colon[1] || *end || port == 0 || port > 65535) return false;
+    for (uint32_t i = 0; i < o->alias_n; i++)
+      if (o->alias_addr[i] == a.s_addr && o->alias_port[i] == port) return false;
+    o->alias_addr[o->alias_n] = a.s_addr;
+    o->alias_port[o->alias_n++] = (uint16_t)port;
+  }
+  return true;
+}
+
 /* Rails: "" (one link per peer), "auto", or 1 to HIXL_RAILS_MAX distinct IPv4 addresses, comma-separated. */
 static bool parse_rails(const char *s, struct hixl_options *o) {
   o->rails_on = o->rails_auto = false;
@@ -200,6 +223,11 @@ const char *hixl_transport_name(enum hixl_transport t) { return (unsigned)t < 4 
     "pre-shared keys: every link proves one both ends hold (HMAC-SHA256 challenge-response) before "         \
     "anything else; \"\" accepts links from anyone (docs/security.md)",                                      \
     parse_key_file)                                                                                          \
+  X("AuthAliases", "", NULL, "\"\" | 1 to 8 \"ip:port\", comma-separated",                                   \
+    "with AuthKeyFile: other addresses peers dial this engine by (NAT, a service address, a TCP proxy); "    \
+    "a keyed link is served only when the address its initiator dialled is this engine's own, a rail's, "    \
+    "or one of these (docs/security.md)",                                                                    \
+    parse_aliases)                                                                                           \
   X("Rails", "", NULL, "\"\" | auto | 1 to 8 IPv4 addresses of this engine, comma-separated",                \
     "several NICs: one link per rail to each peer that has rails too (tcp or rdma: a QP on each rail's "     \
     "device), large transfers striped "                                                                      \

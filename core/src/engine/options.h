@@ -7,7 +7,8 @@
 
 #include "hixl/hixl_engine.h"
 
-#define HIXL_RAILS_MAX 8 /* rails per peer, this engine's own included (WIRE_MAX_RAILS) */
+#define HIXL_RAILS_MAX   8 /* rails per peer, this engine's own included (WIRE_MAX_RAILS) */
+#define HIXL_ALIASES_MAX 8 /* AuthAliases: addresses a peer may dial this engine by, besides its own */
 
 enum hixl_transport { HIXL_TRANSPORT_AUTO, HIXL_TRANSPORT_TCP, HIXL_TRANSPORT_RDMA, HIXL_TRANSPORT_SHM };
 
@@ -35,6 +36,9 @@ struct hixl_options {
   uint32_t max_links;        /* MaxLinks: links a target accepts at once */
   uint32_t max_links_addr;   /* MaxLinksPerAddress: ... from one IP address */
   char auth_key_file[1024];  /* AuthKeyFile: "" accepts anyone */
+  uint32_t alias_n;          /* AuthAliases: other ip:port names peers dial this engine by */
+  uint32_t alias_addr[HIXL_ALIASES_MAX]; /* ... their IPv4 addresses, network order */
+  uint16_t alias_port[HIXL_ALIASES_MAX]; /* ... and ports, host order */
   /* Rails: several links per peer, one per rail (engine/rails.c) */
   bool rails_on;                      /* "auto" or a list was given */
   bool rails_auto;                    /* "auto": every interface address that is up */

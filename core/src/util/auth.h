@@ -78,15 +78,19 @@ bool auth_equal(const void *a, const void *b, size_t n);
 /* n random bytes (getrandom); false if the kernel has none to give. */
 bool auth_random(void *p, size_t n);
 /* The HELLO handshake's MACs: HMAC(key, label || nonce_i || nonce_t || key id ||
- * u16 len || name_i || u16 len || name_t || u32 caps_i), lengths and caps big-endian.
+ * u16 len || name_i || u16 len || name_t || u32 caps_i || u16 len || dialled), lengths
+ * and caps big-endian; dialled is the address the initiator dialled (channel binding:
+ * a relay that passes the handshake on to another engine changes what that engine
+ * sees dialled, or the proofs no longer match).
  * Labels: AUTH_LABEL_TARGET (the target's proof), AUTH_LABEL_INITIATOR (the
  * initiator's), AUTH_LABEL_SESSION (the link's session secret, never sent). */
-#define AUTH_LABEL_TARGET    "hixl auth v1 target"
-#define AUTH_LABEL_INITIATOR "hixl auth v1 initiator"
-#define AUTH_LABEL_SESSION   "hixl auth v1 session"
+#define AUTH_LABEL_TARGET    "hixl auth v2 target"
+#define AUTH_LABEL_INITIATOR "hixl auth v2 initiator"
+#define AUTH_LABEL_SESSION   "hixl auth v2 session"
 void auth_transcript_mac(const struct auth_key *key, const char *label, const uint8_t nonce_i[AUTH_NONCE_LEN],
                          const uint8_t nonce_t[AUTH_NONCE_LEN], const void *name_i, size_t name_i_len,
-                         const void *name_t, size_t name_t_len, uint32_t caps_i, uint8_t out[AUTH_MAC_LEN]);
+                         const void *name_t, size_t name_t_len, uint32_t caps_i, const void *dialled,
+                         size_t dialled_len, uint8_t out[AUTH_MAC_LEN]);
 /* The key of ring with this id, or NULL. */
 const struct auth_key *auth_key_by_id(const struct auth_ring *ring, const uint8_t id[AUTH_ID_LEN]);
 

@@ -120,9 +120,14 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     m->u.hello.n_ids = m->u.hello.nonce[WIRE_AUTH_NONCE];
     m->u.hello.ids = m->u.hello.nonce + WIRE_AUTH_NONCE + 1;
     if (m->u.hello.n_ids < 1 || m->u.hello.n_ids > WIRE_AUTH_IDS_MAX) return WIRE_EBODY;
-    return n == 6u + m->u.hello.name_len + WIRE_AUTH_NONCE + 1u + (size_t)m->u.hello.n_ids * WIRE_AUTH_ID
-               ? WIRE_OK
-               : WIRE_EBODY;
+    {
+      size_t at = 6u + m->u.hello.name_len + WIRE_AUTH_NONCE + 1u + (size_t)m->u.hello.n_ids * WIRE_AUTH_ID;
+      if (n < at + 2u) return WIRE_EBODY;
+      m->u.hello.dialled_len = be_get16(b + at);
+      m->u.hello.dialled = b + at + 2u;
+      if (m->u.hello.dialled_len == 0 || m->u.hello.dialled_len > WIRE_MAX_NAME) return WIRE_EBODY;
+      return n == at + 2u + m->u.hello.dialled_len ? WIRE_OK : WIRE_EBODY;
+    }
   case WIRE_AUTH_CHALLENGE:
     m->u.auth.nonce = b;
     m->u.auth.id = b + WIRE_AUTH_NONCE;
@@ -423,7 +428,8 @@ size_t wire_put_hello(uint8_t *buf, size_t cap, uint32_t caps, const char *name)
 }
 
 size_t wire_put_hello_auth(uint8_t *buf, size_t cap, uint32_t caps, const char *name,
-                           const uint8_t nonce[WIRE_AUTH_NONCE], const uint8_t *ids, unsigned n_ids) {
+                           const uint8_t nonce[WIRE_AUTH_NONCE], const uint8_t *ids, unsigned n_ids,
+                           const char *dialled) {
   struct wire_wr w;
   wire_begin(&w, buf, cap, WIRE_HELLO);
   wire_put_u32(&w, caps | WIRE_CAP_AUTH);
@@ -432,6 +438,8 @@ size_t wire_put_hello_auth(uint8_t *buf, size_t cap, uint32_t caps, const char *
   wire_put_bytes(&w, nonce, WIRE_AUTH_NONCE);
   wire_put_bytes(&w, &(uint8_t){(uint8_t)n_ids}, 1);
   wire_put_bytes(&w, ids, (size_t)n_ids * WIRE_AUTH_ID);
+  wire_put_u16(&w, (uint16_t)strlen(dialled));
+  wire_put_bytes(&w, dialled, strlen(dialled));
   return wire_end(&w, 0);
 }
 

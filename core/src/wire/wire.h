@@ -37,15 +37,18 @@
 #define WIRE_CAP_RAILS      0x200u /* answers RAILS: the addresses it accepts links on (Rails) */
 
 /* Authentication (docs/security.md). HELLO with WIRE_CAP_AUTH ends with the auth
- * block: nonce (32 bytes), a count u8 (1 or 2) and as many key ids (8 bytes each).
+ * block: nonce (32 bytes), a count u8 (1 or 2) and as many key ids (8 bytes each),
+ * then the address the initiator dialled (u16 length, "ip:port"): it is in the
+ * transcript, and the target serves the link only when it is one of its own names.
  * The target answers AUTH_CHALLENGE (its nonce, the key id it chose, its proof, its
  * name), the initiator AUTH_PROOF (its proof); only then HELLO_ACK. A refusal is a
- * HELLO_ACK with status WIRE_HELLO_AUTH and nothing else in it. */
+ * HELLO_ACK with status WIRE_HELLO_AUTH and nothing else in it, or WIRE_HELLO_NOT_ME
+ * and the target's name (what was dialled is not one of its names). */
 #define WIRE_AUTH_NONCE           32u
 #define WIRE_AUTH_MAC             32u
 #define WIRE_AUTH_ID              8u
 #define WIRE_AUTH_IDS_MAX         2u
-#define WIRE_AUTH_BLOCK_MAX       (WIRE_AUTH_NONCE + 1u + WIRE_AUTH_ID * WIRE_AUTH_IDS_MAX)
+#define WIRE_AUTH_BLOCK_MAX       (WIRE_AUTH_NONCE + 1u + WIRE_AUTH_ID * WIRE_AUTH_IDS_MAX + 2u + WIRE_MAX_NAME)
 #define WIRE_AUTH_CHALLENGE_FIXED (WIRE_AUTH_NONCE + WIRE_AUTH_ID + WIRE_AUTH_MAC + 2u)
 
 #define WIRE_MEM_ENTRY_FIXED 22u /* addr u64, len u64, rkey u32, tag_len u16; then the tag */
@@ -112,7 +115,8 @@ enum wire_hello_status {
   WIRE_HELLO_OK = 0,
   WIRE_HELLO_VERSION = 1,
   WIRE_HELLO_REFUSED = 2,
-  WIRE_HELLO_AUTH = 3, /* authentication required, or it failed */
+  WIRE_HELLO_AUTH = 3,   /* authentication required, or it failed */
+  WIRE_HELLO_NOT_ME = 4, /* what the initiator dialled is not one of this engine's names (its name follows) */
 };
 
 /* Why wire_parse_hdr refused a header. */
@@ -154,6 +158,8 @@ struct wire_msg {
       const uint8_t *nonce; /* WIRE_CAP_AUTH: WIRE_AUTH_NONCE bytes; else NULL */
       uint8_t n_ids;        /* ... and key ids, WIRE_AUTH_ID bytes each, 1..WIRE_AUTH_IDS_MAX */
       const uint8_t *ids;
+      uint16_t dialled_len; /* ... and the address the initiator dialled */
+      const uint8_t *dialled;
     } hello;
     struct {
       const uint8_t *nonce; /* AUTH_CHALLENGE */
@@ -301,7 +307,8 @@ void wire_rail_at(const struct wire_msg *m, uint32_t i, uint32_t *addr, uint16_t
 size_t wire_put_hello(uint8_t *buf, size_t cap, uint32_t caps, const char *name);
 /* ... with the auth block: nonce and n_ids key ids (caps gains WIRE_CAP_AUTH). */
 size_t wire_put_hello_auth(uint8_t *buf, size_t cap, uint32_t caps, const char *name,
-                           const uint8_t nonce[WIRE_AUTH_NONCE], const uint8_t *ids, unsigned n_ids);
+                           const uint8_t nonce[WIRE_AUTH_NONCE], const uint8_t *ids, unsigned n_ids,
+                           const char *dialled);
 /* STAGE_WRITE / STAGE_READ header and seq/count: the caller then appends count ranges
  * with wire_put_stage_seg into buf (WIRE_HDR_LEN + 12 + count * 12 bytes in all). */
 size_t wire_put_stage(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t count, uint32_t payload_len);
