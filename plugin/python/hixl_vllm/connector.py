@@ -282,6 +282,12 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         cc = getattr(vllm_config, "cache_config", None)
         self._block_size = int(getattr(cc, "block_size", 0) or 0)
         self._windows = _windows_of(kv_cache_config, self._block_size)
+        # The tokens of one of this instance's blocks as the KV cache spec has them (the
+        # scheduler's block, which kernel blocks may split), for checking a producer's.
+        groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+        spec_bs = getattr(getattr(groups[0], "kv_cache_spec", None), "block_size", None) if len(groups) == 1 else None
+        self._spec_block_size = int(spec_bs) if isinstance(spec_bs, int) and spec_bs > 0 else (
+            self._block_size if not groups else 0)
         self._mismatched: set = set()  # requests whose producer's params were refused (logged once)
         # Worker: from the plugin's traces, transfer times not yet in the stats and failed
         # loads not yet reported; several KV cache groups report failures per request.
@@ -644,7 +650,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         mine = int(getattr(request, "num_prompt_tokens", 0) or 0)
         theirs = p.get("remote_num_tokens")
         blocks = p.get("remote_block_ids")
-        bs = self._block_size
+        bs = self._spec_block_size
         why = None
         if isinstance(theirs, int) and mine and theirs != mine:
             why = f"the producer prefilled {theirs} tokens, this request has {mine}"
