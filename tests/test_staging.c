@@ -135,6 +135,9 @@ static struct hixl_stage_stats stats_since(HixlEngine *e, const struct hixl_stag
   s.ops -= before->ops;
   s.bytes -= before->bytes;
   s.waits -= before->waits;
+  s.target_bufs -= before->target_bufs;
+  s.target_buf_bytes -= before->target_buf_bytes;
+  s.target_regs -= before->target_regs;
   return s;
 }
 
@@ -487,6 +490,96 @@ close:
   area_close(&back);
   area_close(&lr);
   pair_close(&p);
+  free(ru);
+}
+
+/* ---------------------------------------------------------------- 2b. scoped */
+
+/* A scoped target (hixl_engine_set_scoped) checks a peer's staged ops against its
+ * grants before it allocates or registers anything for them (issue 43): a peer with
+ * no grant sends staged WRITEs and READs of up to two units, into memory the target
+ * registered and into memory it did not (StagingUnregistered on), and each is refused
+ * FAILED with no buffer allocated and none registered on the target, nothing written
+ * on either side. Granted, the same ops are served byte for byte, the unregistered
+ * ones through the target's buffers, which the counters then show. Over tcp and shm a
+ * refused STAGE_READ was gathered into a buffer of its size before the check; over
+ * rdma a STAGE_PULL / STAGE_PUSH made and registered the link's bounce buffer first. */
+static void test_scoped_target_allocates_nothing(void) {
+  const size_t sizes[] = {100, 8 * MiB + 3}, alen = 8 * MiB + 3 + 2 * GUARD; /* unit: 8 MiB */
+  const struct stage_opts on = {.unreg = "on"};
+  char tname[TU_ADDR_LEN], iname[TU_ADDR_LEN], what[128];
+  HixlEngine *tgt = target_start(&on, tname), *ini = tgt ? target_start(&DEFAULTS, iname) : NULL;
+  area rr = {0}, src = {0}, back = {0};
+  unsigned char *ru = malloc(alen); /* the target's, registered with neither engine */
+  struct hixl_stage_stats s0, d;
+  uint64_t refused0 = 0, refused1 = 0;
+  HixlTransferOpDesc op;
+
+  CU_ASSERT_PTR_NOT_NULL_FATAL(ru);
+  if (!ini || !connect_to(ini, tname) || !area_open(&rr, alen, tgt) || !area_open(&src, alen, NULL) ||
+      !area_open(&back, alen, NULL))
+    goto close;
+  TU_ASSERT_OK(hixl_engine_set_scoped(tgt, true));
+  unsigned char *remote[2] = {rr.mem, ru};
+  tu_fill(src.mem, alen, 300);
+  memset(rr.mem, 0xEE, alen);
+  memset(ru, 0xEE, alen);
+  memset(back.mem, 0x00, alen);
+  TU_ASSERT_OK(hixl_engine_grant_stats(tgt, iname, NULL, &refused0));
+  s0 = stats_now(tgt);
+  for (int k = 0; k < 2; k++)
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+      op = desc(src.mem + GUARD, (uintptr_t)(remote[k] + GUARD), sizes[i]);
+      snprintf(what, sizeof(what), "staged WRITE %zu B to %s memory, nothing granted", sizes[i],
+               k ? "unregistered" : "registered");
+      (void)tu_status_is(sync_xfer(ini, tname, HIXL_WRITE, &op, 1, XFER_MS), HIXL_FAILED, what, __FILE__,
+                         __LINE__);
+      op = desc(back.mem + GUARD, (uintptr_t)(remote[k] + GUARD), sizes[i]);
+      snprintf(what, sizeof(what), "staged READ %zu B from %s memory, nothing granted", sizes[i],
+               k ? "unregistered" : "registered");
+      (void)tu_status_is(sync_xfer(ini, tname, HIXL_READ, &op, 1, XFER_MS), HIXL_FAILED, what, __FILE__,
+                         __LINE__);
+    }
+  d = stats_since(tgt, &s0);
+  if (d.target_bufs || d.target_buf_bytes || d.target_regs)
+    tu_fail(__FILE__, __LINE__,
+            "refused staged ops made the target allocate %llu buffers (%llu bytes) and register %llu: "
+            "the grant must be checked before anything is allocated",
+            (unsigned long long)d.target_bufs, (unsigned long long)d.target_buf_bytes,
+            (unsigned long long)d.target_regs);
+  else
+    CU_PASS("refused staged ops: nothing allocated or registered on the target");
+  TU_ASSERT_OK(hixl_engine_grant_stats(tgt, iname, NULL, &refused1));
+  CU_ASSERT_TRUE(refused1 >= refused0 + 8);               /* each op refused for want of a grant */
+  CU_ASSERT_EQUAL(tu_check_byte(rr.mem, alen, 0xEE), -1); /* nothing written */
+  CU_ASSERT_EQUAL(tu_check_byte(ru, alen, 0xEE), -1);
+  CU_ASSERT_EQUAL(tu_check_byte(back.mem, alen, 0x00), -1); /* nothing read */
+
+  /* Granted: served byte for byte; the unregistered memory through the target's buffers. */
+  const uint64_t g[2][2] = {{(uintptr_t)rr.mem, alen}, {(uintptr_t)ru, alen}};
+  TU_ASSERT_OK(hixl_engine_grant(tgt, iname, g, 2));
+  s0 = stats_now(tgt);
+  for (int k = 0; k < 2; k++) {
+    const size_t len = sizes[1];
+    op = desc(src.mem + GUARD, (uintptr_t)(remote[k] + GUARD), len);
+    TU_ASSERT_OK(sync_xfer(ini, tname, HIXL_WRITE, &op, 1, XFER_MS));
+    TU_ASSERT_SAME(remote[k] + GUARD, src.mem + GUARD, len, "a granted staged WRITE");
+    expect_guards(remote[k] + GUARD, len, 0xEE, "a granted staged WRITE", __LINE__);
+    memset(back.mem, 0x00, alen);
+    op = desc(back.mem + GUARD, (uintptr_t)(remote[k] + GUARD), len);
+    TU_ASSERT_OK(sync_xfer(ini, tname, HIXL_READ, &op, 1, XFER_MS));
+    TU_ASSERT_SAME(back.mem + GUARD, src.mem + GUARD, len, "a granted staged READ");
+    expect_guards(back.mem + GUARD, len, 0x00, "a granted staged READ", __LINE__);
+  }
+  d = stats_since(tgt, &s0);
+  CU_ASSERT_TRUE(d.target_bufs > 0 && d.target_buf_bytes >= sizes[1]); /* the counters see buffers */
+  TU_ASSERT_OK(hixl_engine_revoke(tgt, iname, g, 2));
+close:
+  area_close(&back);
+  area_close(&src);
+  area_close(&rr);
+  if (ini) TU_ASSERT_OK(HixlEngineDestroy(ini));
+  if (tgt) TU_ASSERT_OK(HixlEngineDestroy(tgt));
   free(ru);
 }
 
@@ -1168,6 +1261,8 @@ int main(int argc, char **argv) {
   s = CU_add_suite("staging, engines in one process", NULL, NULL);
   CU_add_test(s, "malloc'd local memory, WRITE and READ", test_local_unregistered);
   CU_add_test(s, "unregistered remote memory, target on and off", test_remote_unregistered);
+  CU_add_test(s, "scoped target, no grant: staged ops refused, nothing allocated",
+              test_scoped_target_allocates_nothing);
   CU_add_test(s, "BufferPool 0:0 refuses unregistered ranges", test_pool_off);
   CU_add_test(s, "mixed sizes and kinds in one batch", test_mixed_batch);
   CU_add_test(s, "BufferPool 1:1 cycles one buffer", test_one_buffer);

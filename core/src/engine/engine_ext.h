@@ -67,12 +67,17 @@ struct hixl_rail_info {
 HixlStatus hixl_engine_rails(HixlEngine *e, const char *remote, struct hixl_rail_info *out, size_t cap,
                              size_t *n);
 
-/* What the staging pool did for this engine as an initiator, since Initialize. */
+/* What staging did for this engine since Initialize: as an initiator (the pool), and
+ * as a target serving peers' staged frames. */
 struct hixl_stage_stats {
-  uint64_t units; /* staged units sent: one pool buffer and one frame each */
-  uint64_t ops;   /* ops, or pieces of ops larger than a unit, packed into them */
-  uint64_t bytes; /* bytes staged */
-  uint64_t waits; /* times a unit found every buffer busy and had to wait */
+  uint64_t units;            /* staged units sent: one pool buffer and one frame each */
+  uint64_t ops;              /* ops, or pieces of ops larger than a unit, packed into them */
+  uint64_t bytes;            /* bytes staged */
+  uint64_t waits;            /* times a unit found every buffer busy and had to wait */
+  uint64_t target_bufs;      /* target: data buffers allocated for peers' frames (a link's bounce
+                              * buffer made or grown, a STAGE_READ's answer gathered) */
+  uint64_t target_buf_bytes; /* ... their bytes */
+  uint64_t target_regs;      /* target: bounce buffers registered with a transport (STAGE_PULL / PUSH) */
 };
 HixlStatus hixl_engine_stage_stats(HixlEngine *e, struct hixl_stage_stats *out);
 

@@ -3,8 +3,10 @@
  * or anywhere when StagingUnregistered allows it, then copied with the fault-safe self
  * copy), and scattered or gathered straight between the socket and the ranges, or
  * through the link's bounce buffer; a STAGE_PULL / STAGE_PUSH is moved by one post of
- * the link's transport (link.post_own) while the link stops reading frames. The
- * answers a target queues per link are bounded (STAGE_TARGET_QUEUE). Lock held. */
+ * the link's transport (link.post_own) while the link stops reading frames. Every
+ * frame's ranges are checked (grants, registrations) before a buffer is allocated or
+ * registered for it: a peer refused allocates nothing here. The answers a target
+ * queues per link are bounded (STAGE_TARGET_QUEUE). Lock held. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,11 +107,15 @@ static int tbuf_reserve(struct conn *c, struct stage_link *t, size_t len, bool m
     t->tbuf_cap = 0;
     if (!(t->tbuf = malloc(len))) return -1;
     t->tbuf_cap = len;
+    c->eng->pool.stats.target_bufs++;
+    c->eng->pool.stats.target_buf_bytes += len;
   }
-  if (mr && !t->tbuf_mr &&
-      !(t->tbuf_mr = c->xp->mem.bounce_reg(c->eng, t->tbuf, t->tbuf_cap, err, sizeof(err)))) {
-    log_warn("staged transfer from %s: %s", c->remote_name, err[0] ? err : "no device to register with");
-    return -1;
+  if (mr && !t->tbuf_mr) {
+    if (!(t->tbuf_mr = c->xp->mem.bounce_reg(c->eng, t->tbuf, t->tbuf_cap, err, sizeof(err)))) {
+      log_warn("staged transfer from %s: %s", c->remote_name, err[0] ? err : "no device to register with");
+      return -1;
+    }
+    c->eng->pool.stats.target_regs++;
   }
   return 0;
 }
@@ -164,10 +170,13 @@ static void target_rdma(struct conn *c, struct stage_link *t, const struct wire_
     log_warn("%s sent %s on a %s link, which cannot move it: refused", c->remote_name,
              wire_type_name(m->hdr.type), c->xp->name);
     st = HIXL_FAILED;
-  } else if (tsegs_take(t, m) < 0 || tbuf_reserve(c, t, m->u.stage.total, true) < 0) {
+  } else if (tsegs_take(t, m) < 0) {
     st = HIXL_RESOURCE_EXHAUSTED;
-  } else if (!target_check(c, t->tsegs, t->tsegs_n, pull, &unreg) ||
-             (!pull && !target_copy(c, t->tsegs, t->tsegs_n, t->tbuf, false, unreg))) {
+  } else if (!target_check(c, t->tsegs, t->tsegs_n, pull, &unreg)) {
+    st = HIXL_FAILED; /* refused before the bounce buffer is grown or registered */
+  } else if (tbuf_reserve(c, t, m->u.stage.total, true) < 0) {
+    st = HIXL_RESOURCE_EXHAUSTED;
+  } else if (!pull && !target_copy(c, t->tsegs, t->tsegs_n, t->tbuf, false, unreg)) {
     st = HIXL_FAILED;
   }
   if (st != HIXL_SUCCESS) {
@@ -278,13 +287,18 @@ void stage_target_frame(struct conn *c, const struct wire_msg *m) {
       it->gather = g;
       it->ngather = n;
     }
+  } else if (!target_check(c, t->tsegs, t->tsegs_n, false, &unreg)) {
+    st = HIXL_FAILED; /* refused before its answer's buffer is allocated */
   } else if (!(buf = malloc(m->u.stage.total))) {
     st = HIXL_RESOURCE_EXHAUSTED;
-  } else if (!target_check(c, t->tsegs, t->tsegs_n, false, &unreg) ||
-             !target_copy(c, t->tsegs, t->tsegs_n, buf, false, unreg)) {
-    st = HIXL_FAILED;
-    free(buf);
-    buf = NULL;
+  } else {
+    c->eng->pool.stats.target_bufs++;
+    c->eng->pool.stats.target_buf_bytes += m->u.stage.total;
+    if (!target_copy(c, t->tsegs, t->tsegs_n, buf, false, unreg)) {
+      st = HIXL_FAILED;
+      free(buf);
+      buf = NULL;
+    }
   }
   uint32_t len = st == HIXL_SUCCESS ? (uint32_t)m->u.stage.total : 0;
   it->hdr_len = (uint32_t)wire_put_ack(it->hdr, WIRE_READ_RESP, m->u.stage.seq, st, len);
