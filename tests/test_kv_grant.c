@@ -3,7 +3,8 @@
  * plane's heads are adjacent (a PIN grants every range on the producer's progress
  * thread, between the reads it serves), one per head when they are not; the revoke
  * takes back exactly what was granted, and two requests that share a block count it
- * twice, one of them given out of order. */
+ * twice, one of them given out of order; an allocation that fails grants nothing or
+ * still revokes (the allocation failures of hixl_kv_test, KV_ALLOC). */
 #include <CUnit/Basic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,9 +44,9 @@ static size_t granted(HixlEngine *e) {
   return n;
 }
 
-/* Grant two requests' blocks (block 5 in both), then revoke them: want ranges per
- * block and plane while both are granted. */
-static void grant_and_revoke(uint64_t head_stride, size_t per_block) {
+/* A connector of one worker on a scoped engine, with a layout of one group of two
+ * planes (connector_down ends both). */
+static hixl_kv_connector *connector_up(struct kv_group *g, struct kv_plane *pl, uint64_t head_stride) {
   char addr[64];
   HixlEngine *e = tu_engine_start(tu_addr(addr, sizeof(addr), tu_free_port()));
   CU_ASSERT_PTR_NOT_NULL_FATAL(e);
@@ -54,28 +55,46 @@ static void grant_and_revoke(uint64_t head_stride, size_t per_block) {
   CU_ASSERT_PTR_NOT_NULL_FATAL(c);
   pthread_mutex_init(&c->lock, NULL);
   c->eng = e;
+  layout(c, g, pl, head_stride);
+  return c;
+}
+
+static void connector_down(hixl_kv_connector *c) {
+  kv_revq_free(c);
+  pthread_mutex_destroy(&c->lock);
+  HixlEngineDestroy(c->eng);
+  free(c);
+}
+
+/* Revoke what s's peers were granted, as a FREE or an expiry does: queued under the
+ * connector's lock, made without it. */
+static void revoke(hixl_kv_connector *c, struct kv_peers *s) {
+  pthread_mutex_lock(&c->lock);
+  kv_peers_revoke(c, s);
+  pthread_mutex_unlock(&c->lock);
+  kv_revoke_flush(c);
+}
+
+/* Grant two requests' blocks (block 5 in both), then revoke them: want ranges per
+ * block and plane while both are granted. */
+static void grant_and_revoke(uint64_t head_stride, size_t per_block) {
   struct kv_group g;
   struct kv_plane pl[2];
-  layout(c, &g, pl, head_stride);
+  hixl_kv_connector *c = connector_up(&g, pl, head_stride);
   const uint64_t a[3] = {3, 4, 5}, b[2] = {9, 5}; /* b out of order: the grant sorts it */
   const uint32_t na = 3, nb = 2;
-  CU_ASSERT_TRUE(kv_grant(c, PEER, a, &na, 1));
-  CU_ASSERT_EQUAL(granted(e), 3 * 2 * per_block);
-  CU_ASSERT_TRUE(kv_grant(c, PEER, b, &nb, 1));
-  CU_ASSERT_EQUAL(granted(e), 4 * 2 * per_block); /* block 5's ranges are the same ones, counted twice */
-  pthread_mutex_lock(&c->lock);
-  kv_revoke_later(c, PEER, a, &na, 1);
-  pthread_mutex_unlock(&c->lock);
-  kv_revoke_flush(c);
-  CU_ASSERT_EQUAL(granted(e), 2 * 2 * per_block); /* b's blocks, 5 and 9 */
-  pthread_mutex_lock(&c->lock);
-  kv_revoke_later(c, PEER, b, &nb, 1);
-  pthread_mutex_unlock(&c->lock);
-  kv_revoke_flush(c);
-  CU_ASSERT_EQUAL(granted(e), 0);
-  pthread_mutex_destroy(&c->lock);
-  free(c);
-  HixlEngineDestroy(e);
+  struct kv_peers sa = {0}, sb = {0}; /* each request's peers */
+  CU_ASSERT_TRUE(kv_peers_grant(c, &sa, PEER, a, &na, 1));
+  CU_ASSERT_EQUAL(granted(c->eng), 3 * 2 * per_block);
+  CU_ASSERT_TRUE(kv_peers_grant(c, &sb, PEER, b, &nb, 1));
+  CU_ASSERT_EQUAL(granted(c->eng), 4 * 2 * per_block); /* block 5's ranges are the same ones, counted twice */
+  revoke(c, &sa);
+  CU_ASSERT_EQUAL(granted(c->eng), 2 * 2 * per_block); /* b's blocks, 5 and 9 */
+  revoke(c, &sb);
+  CU_ASSERT_EQUAL(granted(c->eng), 0);
+  kv_peers_free(&sa);
+  kv_peers_free(&sb);
+  connector_down(c);
 }
 
 /* Adjacent heads (HND, packed): one range per block and plane, not one per head. */
@@ -84,10 +103,55 @@ static void test_adjacent_heads_one_range(void) { grant_and_revoke(HEAD_LEN, 1);
 /* Heads apart (another rank's heads between them): one range per head. */
 static void test_strided_heads_per_head(void) { grant_and_revoke(2 * HEAD_LEN, HEADS); }
 
+/* Each allocation of a grant, then of its revoke, fails in turn (issue 43). A grant
+ * that cannot be made grants nothing; a grant made is revoked at its FREE whatever
+ * fails then, so the peer never keeps blocks the host reuses. kv_revoke_later used to
+ * allocate the ranges and the queue's room at the revoke, and when either failed it
+ * logged "it stays until the engine ends" and dropped the revoke. */
+static void test_allocation_fails(void) {
+  const uint64_t a[3] = {3, 4, 5};
+  const uint32_t na = 3;
+  for (unsigned nth = 1; nth <= 3; nth++) {
+    struct kv_group g;
+    struct kv_plane pl[2];
+    hixl_kv_connector *c = connector_up(&g, pl, HEAD_LEN);
+    struct kv_peers s = {0};
+    /* At the grant: nothing granted, nothing left allocated (ASan). */
+    unsigned failed0 = kv_test_failed(KV_TEST_GRANT);
+    kv_test_fail_nth(KV_TEST_GRANT, nth);
+    CU_ASSERT_TRUE(kv_peers_grant(c, &s, PEER, a, &na, 1));
+    kv_test_fail_nth(KV_TEST_GRANT, 0);
+    bool failed = kv_test_failed(KV_TEST_GRANT) > failed0;
+    CU_ASSERT_EQUAL(granted(c->eng), failed ? 0 : 3 * 2);
+    revoke(c, &s);
+    CU_ASSERT_EQUAL(granted(c->eng), 0);
+    kv_peers_free(&s);
+    /* At the revoke: it is made all the same. */
+    s = (struct kv_peers){0};
+    CU_ASSERT_TRUE(kv_peers_grant(c, &s, PEER, a, &na, 1));
+    CU_ASSERT_EQUAL_FATAL(granted(c->eng), 3 * 2);
+    failed0 = kv_test_failed(KV_TEST_GRANT);
+    kv_test_fail_nth(KV_TEST_GRANT, nth);
+    revoke(c, &s);
+    kv_test_fail_nth(KV_TEST_GRANT, 0);
+    if (granted(c->eng) != 0)
+      tu_fail(
+          __FILE__, __LINE__,
+          "allocation %u of the revoke failed (%u failed): the peer keeps %zu granted ranges of freed blocks",
+          nth, kv_test_failed(KV_TEST_GRANT) - failed0, granted(c->eng));
+    else
+      CU_PASS("revoked although an allocation failed");
+    kv_peers_free(&s);
+    connector_down(c);
+  }
+}
+
 int main(void) {
   CU_TestInfo tests[] = {
       {"adjacent heads: one range per block and plane; revoked exactly", test_adjacent_heads_one_range},
       {"heads apart: one range per head; revoked exactly", test_strided_heads_per_head},
+      {"allocations of a grant and of its revoke fail: nothing granted, or revoked all the same",
+       test_allocation_fails},
       CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"kv_grant", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
   return tu_run_suites("test_kv_grant", suites);

@@ -13,7 +13,9 @@
  * progress thread, the engine lock held: the engine lets its handler grant). A revoke
  * may come from paths that hold this connector's lock and not the engine's (a lease
  * that ends in get_finished); the engine's lock must never be taken under ours, so
- * revokes are queued under our lock and made by kv_revoke_flush without it. */
+ * revokes are queued under our lock and made by kv_revoke_flush without it. A revoke
+ * is allocated with its grant: queueing it cannot fail, so a peer never keeps blocks
+ * the host reuses for want of memory at the revoke. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,10 +24,12 @@
 #include "kv_int.h"
 #include "util/log.h"
 
+/* A grant's revoke: the peer and the ranges granted, made with the grant. */
 struct kv_revoke {
+  struct kv_revoke *next; /* in c->revq, once queued */
   char peer[KV_PEER_NAME_MAX + 1];
-  uint64_t (*r)[2];
   size_t n;
+  uint64_t r[][2];
 };
 
 /* The ranges of plane pl's block: one per head, or one when its heads are adjacent (or
@@ -40,23 +44,27 @@ static uint32_t plane_ranges(const struct kv_plane *pl, uint64_t *len) {
   return adjacent ? 1 : heads;
 }
 
-/* The pieces of a request's blocks (every group's, one list after another, gn[g] in
- * group g) in this worker's layout: *out (malloc'd), their count; 0 with *out NULL
- * when there are none (no layout yet) or no memory. A block's ranges are always cut
- * the same way, so requests that share a block share identical ranges. Lock held. */
-static size_t request_ranges(const hixl_kv_connector *c, const uint64_t *blocks, const uint32_t *gn,
-                             uint32_t ngroups, uint64_t (**out)[2]) {
+/* How many pieces a request's blocks (gn[g] in group g) have in this worker's layout:
+ * 0 when there is none yet. Lock held. */
+static size_t request_count(const hixl_kv_connector *c, const uint32_t *gn, uint32_t ngroups) {
   const struct kv_layout *l = &c->lay;
-  size_t n = 0, off = 0;
+  size_t n = 0;
   uint64_t len;
-  *out = NULL;
   if (l->ng == 0 || ngroups != l->ng) return 0;
   for (uint32_t g = 0; g < l->ng; g++)
     for (uint32_t p = 0; p < l->g[g].nplanes; p++)
       n += (size_t)gn[g] * plane_ranges(&l->g[g].planes[p], &len);
-  uint64_t(*r)[2] = n ? malloc(n * sizeof(*r)) : NULL;
-  if (!r) return 0;
-  size_t k = 0;
+  return n;
+}
+
+/* The pieces of a request's blocks (every group's, one list after another, gn[g] in
+ * group g) into r, request_count of them. A block's ranges are always cut the same
+ * way, so requests that share a block share identical ranges. Lock held. */
+static void request_ranges(const hixl_kv_connector *c, const uint64_t *blocks, const uint32_t *gn,
+                           uint64_t (*r)[2]) {
+  const struct kv_layout *l = &c->lay;
+  size_t k = 0, off = 0;
+  uint64_t len;
   for (uint32_t g = 0; g < l->ng; off += gn[g], g++)
     for (uint32_t p = 0; p < l->g[g].nplanes; p++) {
       const struct kv_plane *pl = &l->g[g].planes[p];
@@ -68,67 +76,59 @@ static size_t request_ranges(const hixl_kv_connector *c, const uint64_t *blocks,
           k++;
         }
     }
-  *out = r;
-  return k;
 }
 
-bool kv_grant(hixl_kv_connector *c, const char *peer, const uint64_t *blocks, const uint32_t *gn,
-              uint32_t ngroups) {
-  uint64_t(*r)[2];
-  size_t n = request_ranges(c, blocks, gn, ngroups, &r);
-  if (n == 0) return false;
-  HixlStatus st = hixl_engine_grant(c->eng, peer, (const uint64_t(*)[2])r, n);
-  if (st != HIXL_SUCCESS)
+struct kv_revoke *kv_grant(hixl_kv_connector *c, const char *peer, const uint64_t *blocks, const uint32_t *gn,
+                           uint32_t ngroups) {
+  size_t n = request_count(c, gn, ngroups);
+  if (n == 0) return NULL;
+  /* The revoke first: a grant is made only when its revoke cannot fail. */
+  struct kv_revoke *v = KV_ALLOC(KV_TEST_GRANT, malloc(sizeof(*v) + n * sizeof(v->r[0])));
+  if (!v) {
+    log_error("hixl-kv: out of memory granting %s the blocks of a request (%zu ranges); its transfers will "
+              "be refused",
+              peer, n);
+    return NULL;
+  }
+  v->next = NULL;
+  snprintf(v->peer, sizeof(v->peer), "%s", peer);
+  v->n = n;
+  request_ranges(c, blocks, gn, v->r);
+  if (hixl_engine_grant(c->eng, peer, (const uint64_t(*)[2])v->r, n) != HIXL_SUCCESS) {
     log_error(
         "hixl-kv: cannot grant %s the blocks of a request (%zu ranges): %s; its transfers will be refused",
         peer, n, HixlGetLastErrorMessage());
-  free(r);
-  return st == HIXL_SUCCESS;
+    free(v);
+    return NULL;
+  }
+  return v;
 }
 
-void kv_revoke_later(hixl_kv_connector *c, const char *peer, const uint64_t *blocks, const uint32_t *gn,
-                     uint32_t ngroups) {
-  struct kv_revoke v = {.n = 0};
-  snprintf(v.peer, sizeof(v.peer), "%s", peer);
-  v.n = request_ranges(c, blocks, gn, ngroups, &v.r);
-  if (v.n == 0) {
-    log_error("hixl-kv: out of memory queueing the revoke of %s's grant: it stays until the engine ends",
-              peer);
-    return;
-  }
-  if (c->nrevq == c->caprevq) {
-    size_t cap = c->caprevq ? 2 * c->caprevq : 8;
-    struct kv_revoke *q = realloc(c->revq, cap * sizeof(*q));
-    if (!q) {
-      free(v.r);
-      log_error("hixl-kv: out of memory queueing the revoke of %s's grant: it stays until the engine ends",
-                peer);
-      return;
-    }
-    c->revq = q;
-    c->caprevq = cap;
-  }
-  c->revq[c->nrevq++] = v;
+void kv_revoke_later(hixl_kv_connector *c, struct kv_revoke *v) {
+  v->next = c->revq;
+  c->revq = v;
 }
+
+void kv_revoke_free(struct kv_revoke *v) { free(v); }
 
 void kv_revoke_flush(hixl_kv_connector *c) {
   pthread_mutex_lock(&c->lock);
   struct kv_revoke *q = c->revq;
-  size_t n = c->nrevq;
   c->revq = NULL;
-  c->nrevq = c->caprevq = 0;
   pthread_mutex_unlock(&c->lock);
-  for (size_t i = 0; i < n; i++) {
-    if (c->eng && hixl_engine_revoke(c->eng, q[i].peer, (const uint64_t(*)[2])q[i].r, q[i].n) != HIXL_SUCCESS)
-      log_error("hixl-kv: revoking %s's grant: %s", q[i].peer, HixlGetLastErrorMessage());
-    free(q[i].r);
+  while (q) {
+    struct kv_revoke *v = q;
+    q = v->next;
+    if (c->eng && hixl_engine_revoke(c->eng, v->peer, (const uint64_t(*)[2])v->r, v->n) != HIXL_SUCCESS)
+      log_error("hixl-kv: revoking %s's grant: %s", v->peer, HixlGetLastErrorMessage());
+    free(v);
   }
-  free(q);
 }
 
 void kv_revq_free(hixl_kv_connector *c) {
-  for (size_t i = 0; i < c->nrevq; i++) free(c->revq[i].r);
-  free(c->revq);
-  c->revq = NULL;
-  c->nrevq = c->caprevq = 0;
+  while (c->revq) {
+    struct kv_revoke *v = c->revq;
+    c->revq = v->next;
+    free(v);
+  }
 }

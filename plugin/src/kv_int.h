@@ -21,6 +21,25 @@ struct kv_revoke;
 struct hixl_transfer_req; /* engine_ext.h: a started call (hixl_call_t) */
 struct kv_obs;
 
+/* Allocation failures injected by tests, at these sites only. Built where
+ * HIXL_KV_TEST_HOOKS is defined (hixl_kv_test, the plugin as a static library for
+ * white-box tests; kv_test_hooks.c), never into the shipped plugin, where
+ * KV_ALLOC(site, expr) is expr. */
+enum kv_test_site {
+  KV_TEST_PUSH,  /* the pusher's own allocations (kv_pusher.c) */
+  KV_TEST_GRANT, /* grants and their revokes (kv_grant.c) */
+  KV_TEST_SITES
+};
+#ifdef HIXL_KV_TEST_HOOKS
+/* From now, the nth allocation at site fails (once; 0: none); how many it failed. */
+void kv_test_fail_nth(enum kv_test_site site, unsigned nth);
+unsigned kv_test_failed(enum kv_test_site site);
+bool kv_test_alloc_fails(enum kv_test_site site);
+#define KV_ALLOC(site, expr) (kv_test_alloc_fails(site) ? NULL : (expr))
+#else
+#define KV_ALLOC(site, expr) (expr)
+#endif
+
 /* What the plugin reads of its configuration (config/, the JSON document). */
 struct kv_cfg {
   char address[64];  /* "ip:port" of rank 0's engine; rank r listens on port + r */
@@ -148,12 +167,12 @@ size_t kv_layout_core_len(const char *text);
 uint32_t kv_layout_world(const char *text);
 
 /* The peers a request's blocks are given to (a PIN's consumer ranks, an ACCEPT's
- * producer ranks): each may be using them; granted: they are granted to it
- * (kv_grant.c). */
+ * producer ranks): each may be using them; grant: they are granted to it, and this is
+ * its revoke, made when the grant was (kv_grant.c), so revoking allocates nothing. */
 struct kv_peers {
   struct kv_peer_ref {
     char name[KV_PEER_NAME_MAX + 1];
-    bool granted;
+    struct kv_revoke *grant;
   } * v;
   uint32_t n;
 };
@@ -354,8 +373,7 @@ struct hixl_kv_connector {
   struct kv_idset unreach; /* peers the last Link to failed (kv_tell links again only to others) */
   struct kv_idset drop;    /* peers to cut before reporting: producers whose expected push expired, consumers
                               that pinned a request whose lease expired */
-  struct kv_revoke *revq;  /* grants to revoke without the lock (kv_grant.c) */
-  size_t nrevq, caprevq;
+  struct kv_revoke *revq;  /* grants to revoke without the lock, a list (kv_grant.c) */
   uint64_t *err_blocks;
   size_t nerr, caperr;
   int efd;                /* get_event_fd's eventfd, made at its first call; -1 until then */
@@ -417,9 +435,15 @@ struct kv_peer_ref *kv_peers_add(struct kv_peers *s, const char *name);
 void kv_peers_free(struct kv_peers *s);
 /* Each of s's peers into c->drop (cut before the host reuses the blocks). */
 void kv_peers_drop(hixl_kv_connector *c, const struct kv_peers *s);
-/* Revoke what s's peers were granted of these blocks (kv_revoke_later). */
-void kv_peers_revoke(hixl_kv_connector *c, struct kv_peers *s, const uint64_t *blocks, const uint32_t *gn,
-                     uint32_t ngroups);
+/* The request's blocks go to peer (a PIN's consumer rank, an ACCEPT's producer rank):
+ * granted once to it, as to each other rank of its instance that moves them (a grant
+ * that fails is logged: the peer's transfers are refused); false when kv_peers_add
+ * is (no memory, a name too long). Lock held, in kv_serve (the engine lets its
+ * handler grant). */
+bool kv_peers_grant(hixl_kv_connector *c, struct kv_peers *s, const char *peer, const uint64_t *blocks,
+                    const uint32_t *gn, uint32_t ngroups);
+/* Revoke what s's peers were granted (kv_revoke_later). */
+void kv_peers_revoke(hixl_kv_connector *c, struct kv_peers *s);
 /* bind: e (LOAD or FREE, a consumer's) as its parts, one per producer rank it reads or
  * frees, queued at c->load.bound; e's lists are taken. Lock held. */
 hixl_kv_status kv_load_parts(hixl_kv_connector *c, struct kv_meta_entry *e);
@@ -450,12 +474,15 @@ void kv_expects_expire(hixl_kv_connector *c);
 void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why);
 
 /* kv_grant.c: scoped memory. kv_grant: inside kv_serve only (the engine lets its
- * handler grant); true when granted. kv_revoke_later: lock held, queued; made by
- * kv_revoke_flush, called without the lock (kv_serve's end, drop_peers' callers). */
-bool kv_grant(hixl_kv_connector *c, const char *peer, const uint64_t *blocks, const uint32_t *gn,
-              uint32_t ngroups);
-void kv_revoke_later(hixl_kv_connector *c, const char *peer, const uint64_t *blocks, const uint32_t *gn,
-                     uint32_t ngroups);
+ * handler grant); the grant's revoke, made now so that revoking never fails for want
+ * of memory, or NULL when nothing was granted. kv_revoke_later: lock held, takes v and
+ * queues it, allocating nothing; made by kv_revoke_flush, called without the lock
+ * (kv_serve's end, drop_peers' callers). kv_revoke_free: a revoke never queued (the
+ * engine goes, and its grants with it). */
+struct kv_revoke *kv_grant(hixl_kv_connector *c, const char *peer, const uint64_t *blocks, const uint32_t *gn,
+                           uint32_t ngroups);
+void kv_revoke_later(hixl_kv_connector *c, struct kv_revoke *v);
+void kv_revoke_free(struct kv_revoke *v);
 void kv_revoke_flush(hixl_kv_connector *c);
 void kv_revq_free(hixl_kv_connector *c);
 

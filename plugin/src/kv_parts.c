@@ -31,6 +31,7 @@ struct kv_peer_ref *kv_peers_add(struct kv_peers *s, const char *name) {
 }
 
 void kv_peers_free(struct kv_peers *s) {
+  for (uint32_t i = 0; i < s->n; i++) kv_revoke_free(s->v[i].grant);
   free(s->v);
   s->v = NULL;
   s->n = 0;
@@ -41,12 +42,19 @@ void kv_peers_drop(hixl_kv_connector *c, const struct kv_peers *s) {
     if (!kv_idset_has(&c->drop, s->v[i].name)) kv_idset_add(&c->drop, s->v[i].name);
 }
 
-void kv_peers_revoke(hixl_kv_connector *c, struct kv_peers *s, const uint64_t *blocks, const uint32_t *gn,
-                     uint32_t ngroups) {
+bool kv_peers_grant(hixl_kv_connector *c, struct kv_peers *s, const char *peer, const uint64_t *blocks,
+                    const uint32_t *gn, uint32_t ngroups) {
+  struct kv_peer_ref *r = kv_peers_add(s, peer);
+  if (!r) return false;
+  if (!r->grant) r->grant = kv_grant(c, peer, blocks, gn, ngroups);
+  return true;
+}
+
+void kv_peers_revoke(hixl_kv_connector *c, struct kv_peers *s) {
   for (uint32_t i = 0; i < s->n; i++)
-    if (s->v[i].granted) {
-      kv_revoke_later(c, s->v[i].name, blocks, gn, ngroups);
-      s->v[i].granted = false;
+    if (s->v[i].grant) {
+      kv_revoke_later(c, s->v[i].grant);
+      s->v[i].grant = NULL;
     }
 }
 

@@ -225,8 +225,8 @@ static void *link_main(void *arg) {
  * when there are several): a consumer instance that is gone costs one
  * connect_timeout_ms, not one per part. A part whose link failed fails now. */
 static void link_all(hixl_kv_connector *c, struct kv_push **v, size_t n, HixlStatus *st, char (*why)[512]) {
-  struct link_job *jobs = calloc(n, sizeof(*jobs));
-  size_t nj = 0, *of = calloc(n, sizeof(*of));
+  struct link_job *jobs = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*jobs)));
+  size_t nj = 0, *of = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*of)));
   if (!jobs || !of) {
     for (size_t i = 0; i < n; i++)
       st[i] = HIXL_RESOURCE_EXHAUSTED, snprintf(why[i], sizeof(why[i]), "out of memory");
@@ -257,21 +257,41 @@ static void link_all(hixl_kv_connector *c, struct kv_push **v, size_t n, HixlSta
   free(of);
 }
 
+/* Push p's part ends with st: reported, the consumer told of a failure (best effort),
+ * the part ended (the request's last: the host may free the producer's blocks). */
+static void push_end(hixl_kv_connector *c, struct kv_push *p, HixlStatus st, const char *why, uint64_t t_end,
+                     uint64_t t_saved) {
+  struct kv_meta_entry *e = &p->e;
+  uint8_t ans[256];
+  size_t an;
+  if (st == HIXL_SUCCESS) {
+    kv_obs_landed(c, e->req, e->remote);
+    kv_obs_hist(c, KV_H_TAIL, t_end > t_saved ? t_end - t_saved : 0);
+  } else {
+    kv_obs_failed(c, e->req, kv_obs_cause(st, why), why);
+    log_error("hixl-kv: request %s was not pushed (%s): %s", e->req, HixlStatusName(st), why);
+    kv_tell(c, e, KV_SVC_ABORT, why, ans, sizeof(ans), &an); /* the consumer reports the failure */
+  }
+  pthread_mutex_lock(&c->lock);
+  if (st == HIXL_SUCCESS) c->stats.bytes_pushed += p->bytes;
+  kv_push_part_end(c, p, st == HIXL_SUCCESS);
+  pthread_mutex_unlock(&c->lock);
+}
+
 /* One step's pushes, layer by layer: each layer leaves as soon as it is saved, while
  * the producer computes the next; layers saved while the pusher was busy starting
  * earlier ones leave together, as one range with one notice (layer_pipelining false:
- * every layer at once, once the last is saved). Each notice follows its data. */
+ * every layer at once, once the last is saved). Each notice follows its data. Every
+ * push ends here, failed when this runs out of memory. */
 static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
-  HixlStatus *st = calloc(n, sizeof(*st));
-  char(*why)[512] = calloc(n, sizeof(*why));
-  struct push_note *notes = calloc(n * c->layers + 1, sizeof(*notes));
+  HixlStatus *st = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*st)));
+  char(*why)[512] = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*why)));
+  struct push_note *notes = KV_ALLOC(KV_TEST_PUSH, calloc(n * c->layers + 1, sizeof(*notes)));
   size_t nnotes = 0;
   uint64_t t_saved = 0; /* when the pusher saw the step's last layer saved */
   if (!st || !why || !notes) {
-    free(st);
-    free(why);
-    free(notes);
-    return;
+    for (size_t i = 0; i < n; i++) push_end(c, v[i], HIXL_RESOURCE_EXHAUSTED, "out of memory", 0, 0);
+    goto free_arrays;
   }
   link_all(c, v, n, st, why);
   for (size_t i = 0; i < n; i++)
@@ -326,29 +346,12 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
                pn->layer + pn->count - 1, e->req, e->remote, HixlGetLastErrorMessage());
     }
   }
-  free(notes);
-  uint8_t ans[256];
-  size_t an;
   uint64_t t_end = kv_now_ns();
-  for (size_t i = 0; i < n; i++) {
-    struct kv_meta_entry *e = &v[i]->e;
-    if (st[i] == HIXL_SUCCESS) {
-      kv_obs_landed(c, e->req, e->remote);
-      kv_obs_hist(c, KV_H_TAIL, t_end > t_saved ? t_end - t_saved : 0);
-    } else {
-      kv_obs_failed(c, e->req, kv_obs_cause(st[i], why[i]), why[i]);
-    }
-    if (st[i] != HIXL_SUCCESS) { /* the consumer reports the failure; best effort */
-      log_error("hixl-kv: request %s was not pushed (%s): %s", e->req, HixlStatusName(st[i]), why[i]);
-      kv_tell(c, e, KV_SVC_ABORT, why[i], ans, sizeof(ans), &an);
-    }
-    pthread_mutex_lock(&c->lock);
-    if (st[i] == HIXL_SUCCESS) c->stats.bytes_pushed += v[i]->bytes;
-    kv_push_part_end(c, v[i], st[i] == HIXL_SUCCESS); /* its last part: the host may free the blocks */
-    pthread_mutex_unlock(&c->lock);
-  }
-  free(st);
+  for (size_t i = 0; i < n; i++) push_end(c, v[i], st[i], why[i], t_end, t_saved);
+free_arrays:
+  free(notes);
   free(why);
+  free(st);
 }
 
 void *kv_pusher_main(void *arg) {
@@ -361,8 +364,11 @@ void *kv_pusher_main(void *arg) {
     uint64_t step = c->push.pushes->step;
     size_t n = 0;
     for (struct kv_push *p = c->push.pushes; p && p->step == step; p = p->next) n++;
-    struct kv_push **v = malloc(n * sizeof(*v));
-    if (!v) break;
+    struct kv_push *one, **v = KV_ALLOC(KV_TEST_PUSH, malloc(n * sizeof(*v)));
+    if (!v) { /* out of memory: this step's pushes one at a time */
+      v = &one;
+      n = 1;
+    }
     for (size_t i = 0; i < n; i++) {
       v[i] = c->push.pushes;
       c->push.pushes = c->push.pushes->next;
@@ -381,7 +387,7 @@ void *kv_pusher_main(void *arg) {
       free(v[i]->r.planes);
       free(v[i]);
     }
-    free(v);
+    if (v != &one) free(v);
     pthread_mutex_lock(&c->lock);
   }
   pthread_mutex_unlock(&c->lock);

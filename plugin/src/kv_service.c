@@ -25,7 +25,7 @@ static void held_release(hixl_kv_connector *c, struct kv_held *h) {
   *pp = h->next;
   c->stats.blocks_held -= h->n;
   c->stats.requests_held--;
-  kv_peers_revoke(c, &h->peers, h->blocks, h->gn, h->ngroups);
+  kv_peers_revoke(c, &h->peers);
   kv_finished_add(c, &c->sending_done, h->id);
   kv_gone_add(c, h->id);
   kv_peers_free(&h->peers);
@@ -74,7 +74,7 @@ void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why) {
     kv_obs_moved(c, x->id, kv_request_bytes(c, x->pgn, x->ngroups), 0);
     kv_obs_phase(c, x->id, KV_PH_LAST_BYTE, NULL); /* the producer's histograms time the transfer */
   }
-  kv_peers_revoke(c, &x->peers, x->blocks, x->gn, x->ngroups);
+  kv_peers_revoke(c, &x->peers);
   kv_finished_add(c, &c->recving_done, x->id);
   kv_gone_add(c, x->id);
   kv_peers_free(&x->peers);
@@ -113,17 +113,6 @@ static void held_answer(hixl_kv_connector *c, struct kv_out *o, const uint64_t *
   kv_put_u64(o, kv_groups_digest(blocks, n, gn, ngroups));
   kv_put_groups(o, gn, ngroups);
   kv_layout_put_planes(o, &c->lay); /* none before registration: the layouts differ then */
-}
-
-/* The request's blocks go to peer (a PIN's consumer rank, an ACCEPT's producer rank):
- * granted once to it, as to each other rank of its instance that moves them; false
- * when out of memory. Lock held, in kv_serve. */
-static bool grant_to(hixl_kv_connector *c, struct kv_peers *s, const char *peer, const uint64_t *blocks,
-                     const uint32_t *gn, uint32_t ngroups) {
-  struct kv_peer_ref *r = kv_peers_add(s, peer);
-  if (!r) return false;
-  if (!r->granted) r->granted = kv_grant(c, peer, blocks, gn, ngroups);
-  return true;
 }
 
 /* A consumer rank of world ranks calls on held h: its instance's world size is h's
@@ -275,7 +264,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
         tp_why = "another producer rank of it runs another world size";
       else if (x->want && !(x->want >> rank & 1))
         tp_why = "that producer rank writes nothing into this rank (kv_tp.c)";
-      else if (!grant_to(c, &x->peers, peer, x->blocks, x->gn, x->ngroups))
+      else if (!kv_peers_grant(c, &x->peers, peer, x->blocks, x->gn, x->ngroups))
         st = HIXL_RESOURCE_EXHAUSTED;
       else
         kv_obs_phase(c, id, KV_PH_PINNED, peer);
@@ -317,7 +306,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
       if (!(tp_why = held_rank(c, h, world))) {
         h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
         kv_obs_phase(c, id, KV_PH_PINNED, peer);
-        if (!grant_to(c, &h->peers, peer, h->blocks, h->gn, h->ngroups)) st = HIXL_RESOURCE_EXHAUSTED;
+        if (!kv_peers_grant(c, &h->peers, peer, h->blocks, h->gn, h->ngroups)) st = HIXL_RESOURCE_EXHAUSTED;
         held_answer(c, &out, h->blocks, h->n, h->gn, h->ngroups);
       }
     } else if (kv_idset_has(&c->gone, id)) {
