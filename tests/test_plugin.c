@@ -1153,6 +1153,119 @@ static void test_max_inflight(void) {
   ST_IS(ops->destroy(s), HIXL_KV_SUCCESS);
 }
 
+/* The scheduler's bounds (plugin/src/kv_int.h; docs/plugin.md, "Bounds"). */
+#define KV_FAILED_MAX 4096
+#define KV_ALLOCS_MAX 4096
+
+/* get_num_new_matched_tokens of id: the status (and, on success, tokens > 0). */
+static hixl_kv_status matched(hixl_kv_connector *s, const char *id, const char *params) {
+  hixl_kv_request r = request(id, 2 * BLOCK_TOKENS, params);
+  int64_t tokens = -1;
+  int32_t async = -1;
+  hixl_kv_status st = ops->get_num_new_matched_tokens(s, &r, 0, &tokens, &async);
+  if (st == HIXL_KV_SUCCESS) CU_ASSERT(tokens == 2 * BLOCK_TOKENS && async == 1);
+  return st;
+}
+
+/* A consumer's failed loads (load_failure_policy fail): a request reported failed is
+ * refused until request_finished, which forgets it (before: remembered for ever, so a
+ * request id used again was refused); at most KV_FAILED_MAX unfinished ones are kept,
+ * the oldest forgotten first (before: one more each, for ever). */
+static void test_failed_bounded(void) {
+  char cfg[640];
+  hixl_kv_connector *s = NULL;
+  char err[256] = "";
+  const char *params = "{\"do_remote_prefill\": true, \"remote_engine\": \"127.0.0.1:9\", "
+                       "\"remote_request_id\": \"p-1\", \"remote_block_ids\": [1, 2]}";
+  config(cfg, sizeof(cfg), free_port(), "consumer", 1000, "fail", 1000);
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &s, err, sizeof(err)), HIXL_KV_SUCCESS);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+  ST_IS(matched(s, "fl-x", params), HIXL_KV_SUCCESS);
+  const char *one[1] = {"fl-x"};
+  ST_IS(ops->update_connector_output(s, NULL, NULL, &(hixl_kv_ids){one, 1}), HIXL_KV_SUCCESS);
+  ST_IS(matched(s, "fl-x", params), HIXL_KV_FAILED);
+  hixl_kv_request r = request("fl-x", 2 * BLOCK_TOKENS, params);
+  uint64_t blocks[2] = {5, 6};
+  int32_t delay = -1;
+  hixl_kv_buffer out = {0};
+  ST_IS(ops->request_finished(s, &r, blocks, 2, &delay, &out), HIXL_KV_SUCCESS);
+  ops->free_buffer(&out);
+  ST_IS(matched(s, "fl-x", params), HIXL_KV_SUCCESS); /* finished: forgotten */
+  /* One more than the bound, in one update_connector_output. */
+  char(*ids)[16] = calloc(KV_FAILED_MAX + 1, sizeof(*ids));
+  const char **v = calloc(KV_FAILED_MAX + 1, sizeof(*v));
+  CU_ASSERT_FATAL(ids && v);
+  for (unsigned i = 0; i <= KV_FAILED_MAX; i++) {
+    snprintf(ids[i], sizeof(ids[i]), "fl-%u", i);
+    v[i] = ids[i];
+  }
+  ST_IS(ops->update_connector_output(s, NULL, NULL, &(hixl_kv_ids){v, KV_FAILED_MAX + 1}), HIXL_KV_SUCCESS);
+  ST_IS(matched(s, "fl-0", params), HIXL_KV_SUCCESS); /* the oldest, forgotten */
+  ST_IS(matched(s, "fl-1", params), HIXL_KV_FAILED);
+  ST_IS(matched(s, ids[KV_FAILED_MAX], params), HIXL_KV_FAILED);
+  ST_IS(ops->destroy(s), HIXL_KV_SUCCESS);
+  free(ids);
+  free(v);
+}
+
+/* get_push_params of id: the status (params freed). */
+static hixl_kv_status push_params(hixl_kv_connector *s, const char *id) {
+  hixl_kv_buffer out = {0};
+  hixl_kv_status st = ops->get_push_params(s, id, strlen(id), &out);
+  if (st == HIXL_KV_SUCCESS) CU_ASSERT_PTR_NOT_NULL(strstr((char *)out.data, id));
+  ops->free_buffer(&out);
+  return st;
+}
+
+static void push_alloc(hixl_kv_connector *s, const char *id) {
+  hixl_kv_request r = request(id, 2 * BLOCK_TOKENS, "{\"do_remote_prefill\": true}");
+  uint64_t blocks[2] = {7, 8};
+  ST_IS(ops->update_state_after_alloc(s, &r, blocks, 2, 2 * BLOCK_TOKENS), HIXL_KV_SUCCESS);
+}
+
+/* A push consumer's allocations wait for get_push_params: request_finished (or an abort)
+ * releases one no producer took (before: kept for ever), an allocation made again
+ * replaces the one before (before: both kept, the old one for ever), and at most
+ * KV_ALLOCS_MAX wait, the oldest forgotten first (before: one more each). */
+static void test_push_allocs_bounded(void) {
+  char cfg[512];
+  hixl_kv_connector *s = NULL;
+  char err[256] = "";
+  config_push(cfg, sizeof(cfg), free_port(), "consumer", 1000);
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &s, err, sizeof(err)), HIXL_KV_SUCCESS);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+  push_alloc(s, "pa-taken");
+  ST_IS(push_params(s, "pa-taken"), HIXL_KV_SUCCESS);
+  ST_IS(push_params(s, "pa-taken"), HIXL_KV_NOT_FOUND); /* taken once */
+  uint64_t blocks[2] = {7, 8};
+  int32_t delay = -1;
+  hixl_kv_buffer out = {0};
+  for (int aborted = 0; aborted < 2; aborted++) {
+    const char *id = aborted ? "pa-aborted" : "pa-finished";
+    push_alloc(s, id);
+    hixl_kv_request r = request(id, 2 * BLOCK_TOKENS, "{\"do_remote_prefill\": true}");
+    r.flags = aborted ? HIXL_KV_REQ_ABORTED : 0;
+    ST_IS(ops->request_finished(s, &r, blocks, 2, &delay, &out), HIXL_KV_SUCCESS);
+    ops->free_buffer(&out);
+    ST_IS(push_params(s, id), HIXL_KV_NOT_FOUND); /* released */
+  }
+  push_alloc(s, "pa-again");
+  push_alloc(s, "pa-again");
+  ST_IS(push_params(s, "pa-again"), HIXL_KV_SUCCESS);
+  ST_IS(push_params(s, "pa-again"), HIXL_KV_NOT_FOUND); /* the first allocation went with the second */
+  char id[32];
+  for (unsigned i = 0; i <= KV_ALLOCS_MAX; i++) {
+    snprintf(id, sizeof(id), "pa-%u", i);
+    push_alloc(s, id);
+  }
+  ST_IS(push_params(s, "pa-0"), HIXL_KV_NOT_FOUND); /* the oldest, forgotten */
+  CU_ASSERT_PTR_NOT_NULL(strstr(ops->last_error(), "4096"));
+  ST_IS(push_params(s, "pa-1"), HIXL_KV_SUCCESS);
+  snprintf(id, sizeof(id), "pa-%u", KV_ALLOCS_MAX);
+  ST_IS(push_params(s, id), HIXL_KV_SUCCESS);
+  ST_IS(ops->destroy(s), HIXL_KV_SUCCESS); /* the rest freed here (ASan: no leak) */
+}
+
 /* The producer has more blocks than the consumer gave: its pusher refuses and tells
  * the consumer at once (not at the end of the consumer's lease); nothing moves. */
 static void test_push_short_of_blocks(void) {
@@ -1347,6 +1460,9 @@ static CU_TestInfo arg_tests[] = {
     {"every op", test_op_args},
     {"alloc_kv_caches: the plugin's memory for the layers", test_alloc_kv_caches},
     {"max_inflight_requests bounds what a producer holds", test_max_inflight},
+    {"a consumer's failed loads: forgotten at request_finished, at most KV_FAILED_MAX", test_failed_bounded},
+    {"push allocations: released at request_finished, replaced, at most KV_ALLOCS_MAX",
+     test_push_allocs_bounded},
     CU_TEST_INFO_NULL,
 };
 static CU_TestInfo pd_tests[] = {

@@ -249,7 +249,6 @@ struct kv_alloc {
   uint64_t *blocks; /* every group's, one list after another */
   size_t n;
   uint32_t ngroups, gn[KV_MAX_GROUPS];
-  struct kv_alloc *next;
 };
 
 /* A list of request ids, growing. */
@@ -258,12 +257,31 @@ struct kv_idset {
   size_t n, cap;
 };
 
+/* Request ids (or peers) hashed, in the order they were added, each with a value; at
+ * a bound the caller gives, the oldest is forgotten first. An id added twice is there
+ * twice (kv_gone_add counts each ending). All zero is an empty set (kv_util.c). */
+struct kv_idnode;
+struct kv_idhash {
+  struct kv_idnode **b;              /* nb buckets, a power of 2 (none until the first add) */
+  size_t nb, n;                      /* buckets, entries */
+  struct kv_idnode *oldest, *newest; /* the order added */
+  uint64_t seed;                     /* random, per set: where an id lands is not the peer's choice */
+  uint64_t evicted;                  /* entries forgotten at the bound, ever */
+};
+
+/* The bounds of the lists a peer or a host can grow; past each the oldest entry is
+ * forgotten (docs/plugin.md, "Bounds"). */
+#define KV_GONE_MAX    4096u /* worker: ids that ended lately, so a late PIN fails at once */
+#define KV_FAILED_MAX  4096u /* consumer scheduler: failed loads of requests not finished */
+#define KV_UNREACH_MAX 1024u /* worker: peers whose last Link failed */
+#define KV_ALLOCS_MAX  4096u /* push consumer scheduler: allocations get_push_params has not taken */
+
 /* Role scheduler. */
 struct kv_sched {
   struct kv_out meta; /* entries for the next build_connector_meta */
   uint32_t meta_count;
-  struct kv_idset failed;  /* consumer: requests whose load failed (recompute: 0 tokens) */
-  struct kv_alloc *allocs; /* push consumer: for get_push_params */
+  struct kv_idhash failed; /* consumer: requests whose load failed (recompute: 0 tokens), till finished */
+  struct kv_idhash allocs; /* push consumer: a struct kv_alloc per request, for get_push_params */
   struct kv_idset pushing; /* push producer: requests whose blocks stay until pushed */
   struct kv_idset pushed;  /* ... and those reported finished-sending before request_finished */
   struct kv_idset holding; /* pull producer: requests held for a consumer, until finished_sending */
@@ -365,15 +383,15 @@ struct hixl_kv_connector {
   HixlMemHandle *regs; /* the planes' memory registered with the engine */
   size_t nregs;
   uint64_t step;                   /* binds so far: each step binds once */
-  struct kv_idset gone;            /* ids freed, loaded or expired lately (PIN and ACCEPT answer GONE) */
+  struct kv_idhash gone;           /* ids freed, loaded or expired lately (PIN and ACCEPT answer GONE) */
   uint8_t cap_key[KV_CAP_KEY_LEN]; /* worker: its scheduler's capability key, from the last metadata bound */
   bool cap_key_set;                /* ... once one was */
   struct kv_idset sending_done;
   struct kv_idset recving_done;
-  struct kv_idset unreach; /* peers the last Link to failed (kv_tell links again only to others) */
-  struct kv_idset drop;    /* peers to cut before reporting: producers whose expected push expired, consumers
-                              that pinned a request whose lease expired */
-  struct kv_revoke *revq;  /* grants to revoke without the lock, a list (kv_grant.c) */
+  struct kv_idhash unreach; /* peers the last Link to failed (kv_tell links again only to others) */
+  struct kv_idset drop;     /* peers to cut before reporting: producers whose expected push expired, consumers
+                               that pinned a request whose lease expired */
+  struct kv_revoke *revq;   /* grants to revoke without the lock, a list (kv_grant.c) */
   uint64_t *err_blocks;
   size_t nerr, caperr;
   int efd;                /* get_event_fd's eventfd, made at its first call; -1 until then */
@@ -403,6 +421,16 @@ int kv_idset_add(struct kv_idset *s, const char *id);            /* -1: out of m
 void kv_idset_del(struct kv_idset *s, const char *id);
 void kv_idset_clear(struct kv_idset *s);
 int kv_idset_take(struct kv_idset *s, hixl_kv_ids *out); /* hand to the host, emptying s; -1: no memory */
+/* kv_idhash: has, add (max: the bound; at it the oldest entry goes first, its value in
+ * *old when old is not NULL; 1 when one went, 0 when not, -1 out of memory: nothing
+ * changed), del (the newest entry of id, its value in *val; false: none), clear (each
+ * value given to free_val, unless NULL). */
+bool kv_idhash_has(const struct kv_idhash *s, const char *id);
+int kv_idhash_add(struct kv_idhash *s, const char *id, void *val, size_t max, void **old);
+bool kv_idhash_del(struct kv_idhash *s, const char *id, void **val);
+void kv_idhash_clear(struct kv_idhash *s, void (*free_val)(void *));
+/* Where id lands: bucket kv_idhash_hash & (nb - 1). */
+uint64_t kv_idhash_hash(const struct kv_idhash *s, const char *id);
 void kv_free_ids(hixl_kv_ids *ids);
 void kv_free_buffer(hixl_kv_buffer *b);
 bool kv_copy_id(char *dst, const char *src, size_t n); /* 1 to KV_MAX_ID bytes of text, NUL-terminated */
@@ -412,6 +440,8 @@ hixl_kv_status kv_worker_address(const char *base, uint32_t rank, char *out, siz
 void kv_efd_signal(hixl_kv_connector *c);
 void kv_finished_add(hixl_kv_connector *c, struct kv_idset *set, const char *id);
 void kv_gone_add(hixl_kv_connector *c, const char *id);
+/* peer's last Link failed (reached false) or succeeded: c->unreach, at most KV_UNREACH_MAX. */
+void kv_unreach_note(hixl_kv_connector *c, const char *peer, bool reached);
 void kv_err_blocks_add(hixl_kv_connector *c, const uint64_t *b, size_t n);
 
 /* ---- kv_cap.c: request capabilities ---- */
@@ -542,6 +572,7 @@ hixl_kv_status kv_update_output(hixl_kv_connector *c, const hixl_kv_ids *sending
                                 const hixl_kv_ids *failed);
 hixl_kv_status kv_set_handshake(hixl_kv_connector *c, const uint8_t *meta, size_t len);
 hixl_kv_status kv_push_params(hixl_kv_connector *c, const char *req_id, size_t len, hixl_kv_buffer *out);
+void kv_alloc_free(void *a); /* a struct kv_alloc */
 hixl_kv_status kv_register(hixl_kv_connector *c, const hixl_kv_layer *ly, size_t n);
 hixl_kv_status kv_alloc_caches(hixl_kv_connector *c, hixl_kv_layer *ly, size_t n);
 hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len);

@@ -198,12 +198,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
     free(x->landed);
     free(x);
   }
-  while (c->sched.allocs) {
-    struct kv_alloc *a = c->sched.allocs;
-    c->sched.allocs = a->next;
-    free(a->blocks);
-    free(a);
-  }
+  kv_idhash_clear(&c->sched.allocs, kv_alloc_free);
   kv_idset_clear(&c->sched.pushing);
   kv_idset_clear(&c->sched.pushed);
   kv_idset_clear(&c->load.busy);
@@ -211,10 +206,10 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   kv_idset_clear(&c->push.active);
   kv_idset_clear(&c->sched.holding);
   kv_idset_clear(&c->drop);
-  kv_idset_clear(&c->unreach);
+  kv_idhash_clear(&c->unreach, NULL);
   free(c->push.saved_step);
-  kv_idset_clear(&c->sched.failed);
-  kv_idset_clear(&c->gone);
+  kv_idhash_clear(&c->sched.failed, NULL);
+  kv_idhash_clear(&c->gone, NULL);
   kv_idset_clear(&c->sending_done);
   kv_idset_clear(&c->recving_done);
   free(c->err_blocks);

@@ -46,15 +46,12 @@ int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id
 
 /* Link to the peer of e (again, if its link was lost), within timeout_ms: SUCCESS
  * also when it was linked already. A peer it fails for is remembered as unreachable
- * until a Link to it succeeds. */
+ * until a Link to it succeeds (or, past KV_UNREACH_MAX such peers, the oldest is forgotten). */
 HixlStatus kv_link(hixl_kv_connector *c, const struct kv_meta_entry *e, int32_t timeout_ms) {
   HixlStatus st = HixlCacheManagerLink(c->mgr, e->cluster, e->remote, timeout_ms);
   if (st == HIXL_ALREADY_CONNECTED) st = HIXL_SUCCESS;
   pthread_mutex_lock(&c->lock);
-  if (st == HIXL_SUCCESS)
-    kv_idset_del(&c->unreach, e->remote);
-  else if (!kv_idset_has(&c->unreach, e->remote))
-    kv_idset_add(&c->unreach, e->remote);
+  kv_unreach_note(c, e->remote, st == HIXL_SUCCESS);
   pthread_mutex_unlock(&c->lock);
   return st;
 }
@@ -72,7 +69,7 @@ HixlStatus kv_tell(hixl_kv_connector *c, const struct kv_meta_entry *e, uint8_t 
   HixlStatus st;
   kv_call_ex(c, e->remote, op, e->rreq, &e->rcap, 0, reason, ans, cap, n, c->cfg.notify_timeout_ms, &st);
   pthread_mutex_lock(&c->lock);
-  bool again = !c->shut && !kv_idset_has(&c->unreach, e->remote);
+  bool again = !c->shut && !kv_idhash_has(&c->unreach, e->remote);
   pthread_mutex_unlock(&c->lock);
   if ((st == HIXL_NOT_CONNECTED || st == HIXL_FAILED) && again) {
     int32_t t = c->cfg.notify_timeout_ms < c->cfg.connect_timeout_ms ? c->cfg.notify_timeout_ms

@@ -223,7 +223,7 @@ hixl_kv_status kv_matched(hixl_kv_connector *c, const hixl_kv_request *r, uint64
   if (remote) {
     free(p.blocks);
     pthread_mutex_lock(&c->lock);
-    bool failed = kv_idset_has(&c->sched.failed, id);
+    bool failed = kv_idhash_has(&c->sched.failed, id);
     pthread_mutex_unlock(&c->lock);
     if (failed && !c->cfg.recompute)
       return kv_fail(HIXL_KV_FAILED,
@@ -265,11 +265,24 @@ static hixl_kv_status push_after_alloc(hixl_kv_connector *c, const hixl_kv_reque
     struct kv_meta_entry e = {.type = KV_META_EXPECT, .blocks = b->v, .nblocks = b->n, .ngroups = b->ng};
     memcpy(e.gn, b->gn, sizeof(e.gn));
     snprintf(e.req, sizeof(e.req), "%s", id);
+    void *same = NULL, *old = NULL;
     pthread_mutex_lock(&c->lock);
-    a->next = c->sched.allocs;
-    c->sched.allocs = a;
-    meta_add(c, &e);
+    kv_idhash_del(&c->sched.allocs, id, &same); /* allocated again (after a preemption): these blocks now */
+    int added = kv_idhash_add(&c->sched.allocs, id, a, KV_ALLOCS_MAX, &old);
+    if (added >= 0) meta_add(c, &e);
+    bool first = added == 1 && c->sched.allocs.evicted == 1;
     pthread_mutex_unlock(&c->lock);
+    kv_alloc_free(same);
+    if (first)
+      log_warn("hixl-kv: push allocations waiting for get_push_params are at their bound of %u: the oldest "
+               "are released first (request %s now; its get_push_params fails NOT_FOUND). request_finished "
+               "releases a request's allocation",
+               KV_ALLOCS_MAX, ((struct kv_alloc *)old)->id);
+    kv_alloc_free(old);
+    if (added < 0) {
+      kv_alloc_free(a);
+      return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+    }
     return HIXL_KV_SUCCESS;
   }
   struct kv_params p;
@@ -414,6 +427,14 @@ static hixl_kv_status finished(hixl_kv_connector *c, const hixl_kv_request *r, c
   char why[256] = "";
   size_t nblocks = b->n;
   struct kv_params p;
+  void *alloc = NULL;
+  if (c->cfg.consumer) { /* the request ends: no later get_num_new_matched_tokens or get_push_params */
+    pthread_mutex_lock(&c->lock);
+    kv_idhash_del(&c->sched.failed, id, NULL);
+    if (c->cfg.push) kv_idhash_del(&c->sched.allocs, id, &alloc); /* no producer took it */
+    pthread_mutex_unlock(&c->lock);
+    kv_alloc_free(alloc);
+  }
   /* A consumer's request that never loaded: the producer frees what it holds. */
   if (c->cfg.consumer && (r->flags & HIXL_KV_REQ_ABORTED) && r->kv_transfer_params_len &&
       params_parse(c, r, "do_remote_prefill", &p, why, sizeof(why))) {
@@ -517,24 +538,32 @@ hixl_kv_status kv_finished(hixl_kv_connector *c, const hixl_kv_request *r, const
   return kv_finished_groups(c, r, &(hixl_kv_block_ids){blocks, nblocks}, 1, delay_free, params);
 }
 
+void kv_alloc_free(void *v) {
+  struct kv_alloc *a = v;
+  if (a) free(a->blocks);
+  free(a);
+}
+
 hixl_kv_status kv_push_params(hixl_kv_connector *c, const char *req_id, size_t len, hixl_kv_buffer *out) {
   char id[KV_MAX_ID + 1];
   CHECK_ARG(c && out && c->role == HIXL_KV_ROLE_SCHEDULER,
             "get_push_params: connector or output is NULL, or a worker's");
   CHECK_ARG(kv_copy_id(id, req_id, len), "get_push_params: req_id must be 1 to %u bytes of text", KV_MAX_ID);
   CHECK_ARG(c->cfg.push && c->cfg.consumer, "get_push_params: for a consumer in mode push");
+  void *v = NULL;
   pthread_mutex_lock(&c->lock);
-  struct kv_alloc **pp = &c->sched.allocs;
-  while (*pp && strcmp((*pp)->id, id) != 0) pp = &(*pp)->next;
-  struct kv_alloc *a = *pp;
-  if (a) *pp = a->next;
+  kv_idhash_del(&c->sched.allocs, id, &v);
   pthread_mutex_unlock(&c->lock);
-  if (!a) return kv_fail(HIXL_KV_NOT_FOUND, "get_push_params: no blocks were allocated for request %s", id);
+  struct kv_alloc *a = v;
+  if (!a)
+    return kv_fail(HIXL_KV_NOT_FOUND,
+                   "get_push_params: no blocks are allocated for request %s (none were, its params were "
+                   "taken, it finished, or it was forgotten past %u allocations waiting)",
+                   id, KV_ALLOCS_MAX);
   json_object *o = params_new(c, id, false, blocks_json(a->blocks, a->gn, a->ngroups));
   char *copy = o ? strdup(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN)) : NULL;
   json_object_put(o);
-  free(a->blocks);
-  free(a);
+  kv_alloc_free(a);
   if (!copy) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "get_push_params: out of memory");
   out->data = (uint8_t *)copy;
   out->len = strlen(copy);
@@ -556,10 +585,17 @@ hixl_kv_status kv_update_output(hixl_kv_connector *c, const hixl_kv_ids *sending
       kv_idset_add(&c->sched.pushed, id);
     }
   }
+  bool first = false;
   for (size_t i = 0; failed && i < failed->count; i++)
-    if (failed->ids[i] && !kv_idset_has(&c->sched.failed, failed->ids[i]))
-      kv_idset_add(&c->sched.failed, failed->ids[i]);
+    if (failed->ids[i] && !kv_idhash_has(&c->sched.failed, failed->ids[i]) &&
+        kv_idhash_add(&c->sched.failed, failed->ids[i], NULL, KV_FAILED_MAX, NULL) == 1)
+      first = first || c->sched.failed.evicted == 1;
   pthread_mutex_unlock(&c->lock);
+  if (first)
+    log_warn("hixl-kv: failed loads of requests not yet finished are at their bound of %u: the oldest are "
+             "forgotten first (a forgotten request's get_num_new_matched_tokens offers its load again); "
+             "request_finished forgets a request",
+             KV_FAILED_MAX);
   return HIXL_KV_SUCCESS;
 }
 

@@ -271,7 +271,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
       for (uint32_t g = 0; g < x->ngroups; g++) /* what lands: at most what each group expects */
         x->pgn[g] = png == x->ngroups && pgn[g] < x->gn[g] ? pgn[g] : x->gn[g];
       held_answer(c, &out, x->blocks, x->n, x->gn, x->ngroups);
-    } else if (kv_idset_has(&c->gone, id)) {
+    } else if (kv_idhash_has(&c->gone, id)) {
       kv_put_u8(&out, KV_PIN_GONE);
       const char *why = "it already ended (loaded, failed or expired)";
       kv_put_str(&out, why, strlen(why));
@@ -309,7 +309,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
         if (!kv_peers_grant(c, &h->peers, peer, h->blocks, h->gn, h->ngroups)) st = HIXL_RESOURCE_EXHAUSTED;
         held_answer(c, &out, h->blocks, h->n, h->gn, h->ngroups);
       }
-    } else if (kv_idset_has(&c->gone, id)) {
+    } else if (kv_idhash_has(&c->gone, id)) {
       kv_put_u8(&out, KV_PIN_GONE);
       const char *why = "it was freed, its lease expired, or it was aborted";
       kv_put_str(&out, why, strlen(why));
@@ -333,7 +333,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
         kv_put_u8(&out, KV_PIN_HELD);
         if ((h->freed & h->need) == h->need) held_release(c, h);
       }
-    } else if (kv_idset_has(&c->gone, id) || (seq && epoch == c->hold.epoch && seq <= c->hold.bound_seq)) {
+    } else if (kv_idhash_has(&c->gone, id) || (seq && epoch == c->hold.epoch && seq <= c->hold.bound_seq)) {
       kv_put_u8(&out, KV_PIN_GONE);
       const char *why = "it is no longer held here";
       kv_put_str(&out, why, strlen(why));
@@ -347,7 +347,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
       h->freed |= UINT64_C(1) << rank;
       kv_obs_phase(c, id, KV_PH_FREE, peer);
       if ((h->freed & h->need) == h->need) held_release(c, h);
-    } else if (!h && !kv_idset_has(&c->gone, id)) {
+    } else if (!h && !kv_idhash_has(&c->gone, id)) {
       kv_gone_add(c, id);
     }
   } else {

@@ -5,13 +5,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "kv_int.h"
 #include "kv_obs.h"
-
-#define KV_GONE_MAX 4096 /* ids remembered as freed, so a late PIN fails at once */
+#include "util/log.h"
 
 static _Thread_local char kv_err[512];
 
@@ -75,6 +75,127 @@ void kv_idset_del(struct kv_idset *s, const char *id) {
 void kv_idset_clear(struct kv_idset *s) {
   for (size_t i = 0; i < s->n; i++) free(s->v[i]);
   free(s->v);
+  memset(s, 0, sizeof(*s));
+}
+
+/* ---- hashed sets of ids, oldest first ---- */
+
+struct kv_idnode {
+  struct kv_idnode *chain;         /* the next in its bucket, newer before older */
+  struct kv_idnode *older, *newer; /* the order added */
+  uint64_t hash;
+  void *val;
+  char id[];
+};
+
+/* FNV-1a from a random start, then mixed (murmur3's finaliser): the low bits pick the
+ * bucket. */
+static uint64_t id_hash(uint64_t seed, const char *id) {
+  uint64_t h = 0xcbf29ce484222325ull ^ seed;
+  for (const unsigned char *p = (const unsigned char *)id; *p; p++) h = (h ^ *p) * 0x100000001b3ull;
+  h ^= h >> 33;
+  h *= 0xff51afd7ed558ccdull;
+  h ^= h >> 33;
+  h *= 0xc4ceb9fe1a85ec53ull;
+  return h ^ (h >> 33);
+}
+
+uint64_t kv_idhash_hash(const struct kv_idhash *s, const char *id) { return id_hash(s->seed, id); }
+
+/* Twice the buckets (16 at first), each chain kept newer before older; -1: no memory,
+ * nothing changed. */
+static int idhash_grow(struct kv_idhash *s) {
+  size_t nb = s->nb ? 2 * s->nb : 16;
+  struct kv_idnode **b = calloc(nb, sizeof(*b));
+  if (!b) return -1;
+  if (s->nb == 0 && s->seed == 0 && getrandom(&s->seed, sizeof(s->seed), GRND_NONBLOCK) != sizeof(s->seed))
+    s->seed = kv_now_ns() ^ (uint64_t)(uintptr_t)s;
+  for (struct kv_idnode *x = s->oldest; x; x = x->newer) {
+    size_t k = x->hash & (nb - 1);
+    x->chain = b[k];
+    b[k] = x;
+  }
+  free(s->b);
+  s->b = b;
+  s->nb = nb;
+  return 0;
+}
+
+static struct kv_idnode **idhash_find(const struct kv_idhash *s, const char *id) {
+  if (s->nb == 0) return NULL;
+  uint64_t h = id_hash(s->seed, id);
+  for (struct kv_idnode **pp = &s->b[h & (s->nb - 1)]; *pp; pp = &(*pp)->chain)
+    if ((*pp)->hash == h && strcmp((*pp)->id, id) == 0) return pp;
+  return NULL;
+}
+
+/* Unlink *pp (its bucket's link to it) and free it; its value. */
+static void *idhash_unlink(struct kv_idhash *s, struct kv_idnode **pp) {
+  struct kv_idnode *x = *pp;
+  void *val = x->val;
+  *pp = x->chain;
+  if (x->older)
+    x->older->newer = x->newer;
+  else
+    s->oldest = x->newer;
+  if (x->newer)
+    x->newer->older = x->older;
+  else
+    s->newest = x->older;
+  s->n--;
+  free(x);
+  return val;
+}
+
+bool kv_idhash_has(const struct kv_idhash *s, const char *id) { return idhash_find(s, id) != NULL; }
+
+int kv_idhash_add(struct kv_idhash *s, const char *id, void *val, size_t max, void **old) {
+  if (old) *old = NULL;
+  if (s->n >= s->nb && idhash_grow(s) != 0 && s->nb == 0) return -1; /* else longer chains */
+  size_t len = strlen(id) + 1;
+  struct kv_idnode *x = malloc(sizeof(*x) + len);
+  if (!x) return -1;
+  int forgot = 0;
+  if (s->n >= max && s->oldest) { /* at the bound: the oldest goes */
+    struct kv_idnode **pp = &s->b[s->oldest->hash & (s->nb - 1)];
+    while (*pp != s->oldest) pp = &(*pp)->chain;
+    void *v = idhash_unlink(s, pp);
+    if (old) *old = v;
+    s->evicted++;
+    forgot = 1;
+  }
+  memcpy(x->id, id, len);
+  x->hash = id_hash(s->seed, id);
+  x->val = val;
+  size_t k = x->hash & (s->nb - 1);
+  x->chain = s->b[k];
+  s->b[k] = x;
+  x->newer = NULL;
+  x->older = s->newest;
+  if (s->newest)
+    s->newest->newer = x;
+  else
+    s->oldest = x;
+  s->newest = x;
+  s->n++;
+  return forgot;
+}
+
+bool kv_idhash_del(struct kv_idhash *s, const char *id, void **val) {
+  struct kv_idnode **pp = idhash_find(s, id);
+  if (!pp) return false;
+  void *v = idhash_unlink(s, pp);
+  if (val) *val = v;
+  return true;
+}
+
+void kv_idhash_clear(struct kv_idhash *s, void (*free_val)(void *)) {
+  for (struct kv_idnode *x = s->oldest, *next; x; x = next) {
+    next = x->newer;
+    if (free_val) free_val(x->val);
+    free(x);
+  }
+  free(s->b);
   memset(s, 0, sizeof(*s));
 }
 
@@ -155,13 +276,25 @@ void kv_finished_add(hixl_kv_connector *c, struct kv_idset *set, const char *id)
   kv_efd_signal(c);
 }
 
+/* id ended here: a PIN, ACCEPT or RELEASE of it answers GONE while it is among the last
+ * KV_GONE_MAX ids that ended (an id that ended twice counts twice). Lock held. */
 void kv_gone_add(hixl_kv_connector *c, const char *id) {
-  if (c->gone.n >= KV_GONE_MAX) {
-    free(c->gone.v[0]);
-    memmove(c->gone.v, c->gone.v + 1, (c->gone.n - 1) * sizeof(char *));
-    c->gone.n--;
+  kv_idhash_add(&c->gone, id, NULL, KV_GONE_MAX, NULL);
+}
+
+/* Lock held. */
+void kv_unreach_note(hixl_kv_connector *c, const char *peer, bool reached) {
+  if (reached) {
+    kv_idhash_del(&c->unreach, peer, NULL);
+  } else if (!kv_idhash_has(&c->unreach, peer) &&
+             kv_idhash_add(&c->unreach, peer, NULL, KV_UNREACH_MAX, NULL) == 1 && c->unreach.evicted == 1) {
+    char esc[4 * KV_MAX_ENGINE + 1];
+    log_escape(esc, sizeof(esc), peer, strnlen(peer, KV_MAX_ENGINE));
+    log_warn("hixl-kv: unreachable peers (their last Link failed) are at their bound of %u, %s one more: "
+             "the oldest are forgotten first, and a FREE or ABORT to a forgotten one may link again once, "
+             "waiting notify_timeout_ms at most",
+             KV_UNREACH_MAX, esc);
   }
-  kv_idset_add(&c->gone, id);
 }
 
 void kv_err_blocks_add(hixl_kv_connector *c, const uint64_t *b, size_t n) {

@@ -225,7 +225,7 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
         c->hold.bound_seq = e->seq;
       }
       if (kv_held_find(c, e->req)) continue;
-      if (kv_idset_has(&c->gone, e->req)) { /* the consumer freed it already (an abort) */
+      if (kv_idhash_has(&c->gone, e->req)) { /* the consumer freed it already (an abort) */
         kv_finished_add(c, &c->sending_done, e->req);
         continue;
       }
