@@ -572,7 +572,9 @@ static void test_scoped_target_allocates_nothing(void) {
     expect_guards(back.mem + GUARD, len, 0x00, "a granted staged READ", __LINE__);
   }
   d = stats_since(tgt, &s0);
-  CU_ASSERT_TRUE(d.target_bufs > 0 && d.target_buf_bytes >= sizes[1]); /* the counters see buffers */
+  /* the counters see buffers (tcp and shm gather an op in one of its size; rdma goes by
+   * units through the link's bounce buffer, a unit at most) */
+  CU_ASSERT_TRUE(d.target_bufs > 0 && d.target_buf_bytes > 0);
   TU_ASSERT_OK(hixl_engine_revoke(tgt, iname, g, 2));
 close:
   area_close(&back);
