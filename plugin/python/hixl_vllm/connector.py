@@ -293,7 +293,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         # loads not yet reported; several KV cache groups report failures per request.
         self._times: list = []
         self._failed: set = set()
-        self._multi_group = len(getattr(kv_cache_config, "kv_cache_groups", None) or []) > 1
+        self._multi_group = len(groups) > 1
         self._traces_off = int(self._doc["kv_connector_extra_config"].get("trace_ring", 1)) == 0
         # Worker: layer names -> layer ids, the description registered, the last counters.
         self._kv: Optional[layout.KVDescription] = None
