@@ -212,7 +212,7 @@ void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct 
 static void send_hello_ack(struct conn *c, uint32_t status) {
   struct HixlEngine *e = c->eng;
   bool ok = status == WIRE_HELLO_OK;
-  const char *name = ok ? e->local_name : "";
+  const char *name = ok || status == WIRE_HELLO_NOT_ME ? e->local_name : ""; /* NOT_ME: who answered */
   size_t cap = WIRE_HDR_LEN + 14 + strlen(name);
   for (size_t i = 0; ok && i < e->regs.count; i++)
     cap += link_mem_entry_len((struct hixl_mem_reg *)e->regs.v[i]);
@@ -341,17 +341,7 @@ static void refuse_not_me(struct conn *c, const struct wire_msg *m, bool reflect
     e->auth_refusals = 0;
     e->auth_logged = now;
   }
-  uint8_t frame[WIRE_HDR_LEN + 14 + ENGINE_NAME_MAX];
-  struct wire_wr w;
-  size_t me_len = strlen(e->local_name);
-  wire_begin(&w, frame, sizeof(frame), WIRE_HELLO_ACK);
-  wire_put_u32(&w, WIRE_HELLO_NOT_ME);
-  wire_put_u32(&w, 0);
-  wire_put_u16(&w, (uint16_t)me_len);
-  wire_put_bytes(&w, e->local_name, me_len);
-  wire_put_u32(&w, 0);
-  link_queue_copy(c, frame, wire_end(&w, 0));
-  link_flush(c);
+  send_hello_ack(c, WIRE_HELLO_NOT_ME);
   link_conn_kill(c, HIXL_FAILED, "it dialled another address than this engine's");
 }
 
