@@ -30,14 +30,30 @@ enum kv_test_site {
   KV_TEST_GRANT, /* grants and their revokes (kv_grant.c) */
   KV_TEST_SITES
 };
+/* Points a white-box test waits for, and parks a thread at (never with c->lock held
+ * where it parks): KV_TEST_POINT(p) counts each pass and, while p is armed, waits
+ * there until the test releases it. */
+enum kv_test_point {
+  KV_TEST_LOADER_NEXT,  /* a loader thread took the load it PINned ahead, the lock dropped, not yet run */
+  KV_TEST_PREEMPT_WAIT, /* handle_preemptions marked its loads, about to wait (lock held: never armed) */
+  KV_TEST_POINTS
+};
 #ifdef HIXL_KV_TEST_HOOKS
 /* From now, the nth allocation at site fails (once; 0: none); how many it failed. */
 void kv_test_fail_nth(enum kv_test_site site, unsigned nth);
 unsigned kv_test_failed(enum kv_test_site site);
 bool kv_test_alloc_fails(enum kv_test_site site);
 #define KV_ALLOC(site, expr) (kv_test_alloc_fails(site) ? NULL : (expr))
+void kv_test_point(enum kv_test_point p);
+/* Arm p (threads that pass it park) or disarm it (those parked go on); reset: passes 0. */
+void kv_test_park(enum kv_test_point p, bool armed);
+void kv_test_point_reset(enum kv_test_point p);
+/* Whether p was passed n times (parked ones included) within timeout_ms. */
+bool kv_test_point_wait(enum kv_test_point p, unsigned n, int timeout_ms);
+#define KV_TEST_POINT(p) kv_test_point(p)
 #else
 #define KV_ALLOC(site, expr) (expr)
+#define KV_TEST_POINT(p)     ((void)0)
 #endif
 
 /* What the plugin reads of its configuration (config/, the JSON document). */
@@ -209,6 +225,8 @@ struct kv_load {
                            * not hold the request yet, and a FREE before the hold is refused or lost) */
   uint32_t ahead_by;      /* queued: the loader thread (slot + 1) that PINned it ahead and runs it
                            * next; 0: none (kv_loader.c; under the lock) */
+  bool preempted;         /* running: handle_preemptions named it; it ends failed without touching its
+                           * blocks if it has not started pulling (under the lock) */
   struct kv_load *next;
 };
 
@@ -318,11 +336,13 @@ struct kv_loader_slot {
  * the same one. */
 #define KV_LOADERS_MAX 16
 struct kv_loader {
-  struct kv_load *bound, *bound_tail; /* bound, not yet started */
-  struct kv_load *queue, *queue_tail; /* started, waiting for a loader thread */
-  struct kv_idset busy;               /* producers the loader threads serve now, once per thread */
-  struct kv_idset active;             /* ... and the requests it loads */
-  uint32_t nthreads, idle;            /* loader threads, and those waiting for a load */
+  struct kv_load *bound, *bound_tail;      /* bound, not yet started */
+  struct kv_load *queue, *queue_tail;      /* started, waiting for a loader thread */
+  struct kv_idset busy;                    /* producers the loader threads serve now, once per thread */
+  struct kv_load *running[KV_LOADERS_MAX]; /* per thread: the load (or FREE) it runs, set in the critical
+                                            * section that takes it off the queue: handle_preemptions finds
+                                            * every load bound, queued or here */
+  uint32_t nthreads, idle;                 /* loader threads, and those waiting for a load */
   pthread_t threads[KV_LOADERS_MAX];
   struct kv_loader_arg {
     hixl_kv_connector *c;

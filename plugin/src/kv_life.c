@@ -202,7 +202,6 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   kv_idset_clear(&c->sched.pushing);
   kv_idset_clear(&c->sched.pushed);
   kv_idset_clear(&c->load.busy);
-  kv_idset_clear(&c->load.active);
   kv_idset_clear(&c->push.active);
   kv_idset_clear(&c->sched.holding);
   kv_idset_clear(&c->drop);

@@ -336,6 +336,12 @@ static HixlStatus load_one(hixl_kv_connector *c, struct kv_load *l, uint32_t slo
   if ((st = kv_ops_build(&o, &c->lay, &h->r, 0, c->layers, pairs, hs, why, cap)) != HIXL_SUCCESS) goto out;
   kv_obs_span(c, e->req, KV_PH_POSTED, KV_H_POST, t_build); /* the read below posts at once */
   pthread_mutex_lock(&c->lock); /* pinned: the renewer pins it again while it is pulled */
+  if (l->preempted) {           /* handle_preemptions waits for it: nothing read into its blocks */
+    pthread_mutex_unlock(&c->lock);
+    snprintf(why, cap, "preempted (handle_preemptions)");
+    st = HIXL_FAILED;
+    goto out;
+  }
   c->load.pulling[slot] = l;
   c->load.npulling++;
   if (c->load.renewer_idle) pthread_cond_broadcast(&c->load.renew); /* else it is timing a half lease */
@@ -447,10 +453,12 @@ static void free_remote(hixl_kv_connector *c, const struct kv_load *l) {
   kv_call(c, e->remote, KV_SVC_FREE, e->rreq, &e->rcap, ans, sizeof(ans), &n, c->cfg.notify_timeout_ms, &st);
 }
 
-/* One load, start to end: the host hears of it in get_finished. */
-static void load_run(hixl_kv_connector *c, struct kv_load *l, uint32_t slot, bool shut) {
-  char why[1024] = "shut down";
-  HixlStatus st = shut ? HIXL_FAILED : load_one(c, l, slot, why, sizeof(why));
+/* One load, start to end: the host hears of it in get_finished. stop: why it ends
+ * failed without being run (shut down, preempted), or NULL. */
+static void load_run(hixl_kv_connector *c, struct kv_load *l, uint32_t slot, const char *stop) {
+  char why[1024];
+  snprintf(why, sizeof(why), "%s", stop ? stop : "");
+  HixlStatus st = stop ? HIXL_FAILED : load_one(c, l, slot, why, sizeof(why));
   if (st != HIXL_SUCCESS) {
     char full[sizeof(why)];
     snprintf(full, sizeof(full), "%s", why);
@@ -489,17 +497,20 @@ static void *loader_main(void *arg) {
       }
       ld->idle--;
       kv_idset_add(&ld->busy, l->e.remote); /* out of memory: two threads may serve it, no harm */
+      ld->running[a->slot] = l;             /* in the section that took it off the queue */
     }
-    kv_idset_add(&ld->active, l->e.req);
-    bool shut = c->shut;
+    const char *stop = c->shut ? "shut down" : l->preempted ? "preempted (handle_preemptions)" : NULL;
     pthread_mutex_unlock(&c->lock);
     if (l->e.type == KV_META_FREE)
       free_remote(c, l);
     else
-      load_run(c, l, a->slot, shut);
+      load_run(c, l, a->slot, stop);
     pthread_mutex_lock(&c->lock);
-    kv_idset_del(&ld->active, l->e.req);
+    /* The next load is marked running in the section that takes it off the queue: with
+     * the lock dropped between the two, handle_preemptions found it in neither, returned,
+     * and this thread then pulled into the preempted request's blocks (issue 43). */
     struct kv_load *next = ahead_take(c, s); /* this thread goes on with its producer */
+    ld->running[a->slot] = next;
     if (!next) {
       kv_idset_del(&ld->busy, l->e.remote);
       ld->idle++;
@@ -513,6 +524,7 @@ static void *loader_main(void *arg) {
     free(l->e.rblocks);
     free(l);
     l = next;
+    if (l) KV_TEST_POINT(KV_TEST_LOADER_NEXT);
     pthread_mutex_lock(&c->lock);
   }
   pthread_mutex_unlock(&c->lock);

@@ -482,6 +482,29 @@ static bool ids_any(const struct kv_idset *s, const hixl_kv_ids *ids) {
   return false;
 }
 
+static bool ids_hit(const hixl_kv_ids *ids, const char *id) {
+  for (size_t i = 0; i < ids->count; i++)
+    if (ids->ids[i] && strcmp(ids->ids[i], id) == 0) return true;
+  return false;
+}
+
+/* Mark the loads of the ids the loader threads run (they end failed if they have not
+ * started pulling; kv_loader.c checks under the lock); whether any of them runs, a
+ * FREE included. Lock held. */
+static bool running_mark(hixl_kv_connector *c, const hixl_kv_ids *ids) {
+  bool any = false;
+  for (uint32_t t = 0; t < KV_LOADERS_MAX; t++) {
+    struct kv_load *l = c->load.running[t];
+    if (!l || !ids_hit(ids, l->e.req)) continue;
+    any = true;
+    if (l->whole && !l->preempted) {
+      l->preempted = true;
+      kv_obs_cause_set(c, l->e.req, KV_CAUSE_ABORTED);
+    }
+  }
+  return any;
+}
+
 hixl_kv_status kv_preemptions(hixl_kv_connector *c, const hixl_kv_ids *ids) {
   const char *fn = "handle_preemptions";
   CHECK_ARG(c && ids && (ids->count == 0 || ids->ids) && c->role == HIXL_KV_ROLE_WORKER,
@@ -520,8 +543,14 @@ hixl_kv_status kv_preemptions(hixl_kv_connector *c, const hixl_kv_ids *ids) {
     kv_peers_drop(c, &x->peers);
     kv_expect_end(c, x, "preempted (handle_preemptions)");
   }
-  /* Loads and pushes under way: waited for (they end within their timeouts). */
-  while (ids_any(&c->load.active, ids)) pthread_cond_wait(&c->load.ended, &c->lock);
+  /* Loads and pushes under way: those not yet pulling end failed at once, the others
+   * are waited for (they end within their timeouts). */
+  bool running = running_mark(c, ids);
+  KV_TEST_POINT(KV_TEST_PREEMPT_WAIT);
+  while (running) {
+    pthread_cond_wait(&c->load.ended, &c->lock);
+    running = running_mark(c, ids);
+  }
   while (ids_any(&c->push.active, ids)) pthread_cond_wait(&c->push.cond, &c->lock);
   struct kv_idset drop = c->drop;
   memset(&c->drop, 0, sizeof(c->drop));

@@ -1,0 +1,248 @@
+/* test_kv_loader: a pull consumer's loader threads (plugin/src/kv_loader.c) against
+ * handle_preemptions, white-box: the plugin linked as hixl_kv_test (its ops table
+ * taken from the entry point directly, its test points: KV_TEST_POINT), a producer and
+ * a consumer instance in this process.
+ *
+ * A loader thread that pulls a request PINs the next one of that producer ahead and
+ * goes on with it: it takes it off the queue, drops the lock, and runs it. The thread
+ * is parked right there (KV_TEST_LOADER_NEXT), that request is preempted, the thread
+ * released: no byte of the preempted request's blocks may change, the request ends
+ * failed (received, its blocks in the load errors), the one before it landed byte for
+ * byte, and the producer holds nothing once both are freed there. */
+#include <CUnit/Basic.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "hixl/hixl_kv_connector.h"
+#include "kv_int.h"
+#include "test_util.h"
+
+enum { LAYERS = 2, BLOCKS = 8, NB = 2, BLOCK_TOKENS = 4, ELEM = 2, BLOCK_BYTES = BLOCK_TOKENS * 8 * ELEM };
+#define WAIT_MS 10000 /* a step's work ends well within this, or it never will */
+
+/* The plugin's one entry point, here linked in rather than found by dlsym. */
+hixl_kv_status hixl_kv_connector_entry(uint32_t abi_major, const hixl_kv_ops **ops, char *err,
+                                       size_t err_cap);
+
+static const hixl_kv_ops *ops;
+
+#define ST_IS(expr, want)                                                                                    \
+  do {                                                                                                       \
+    hixl_kv_status st_ = (expr);                                                                             \
+    if (st_ != (hixl_kv_status)(want))                                                                       \
+      tu_fail(__FILE__, __LINE__, "%s: got %u, want %u (%s)", #expr, st_, (unsigned)(want),                  \
+              ops->last_error());                                                                            \
+  } while (0)
+
+/* A scheduler and a worker connector, and the worker's KV cache: LAYERS x (K, V). */
+struct inst {
+  hixl_kv_connector *sched, *worker;
+  uint8_t *mem;
+  hixl_kv_layer layers[LAYERS];
+};
+
+static bool inst_up(struct inst *x, const char *role) {
+  char cfg[512], err[256] = "";
+  snprintf(cfg, sizeof(cfg),
+           "{\"address\": \"%s:%u\", \"role\": \"%s\", \"mode\": \"pull\", \"lease_ms\": 20000,\n"
+           " \"loads_per_producer\": 1, \"transfer_timeout_ms\": 5000, \"connect_timeout_ms\": 5000,\n"
+           " \"Transport\": \"%s\"}\n",
+           tu_ip(), (unsigned)tu_free_port(), role, tu_transport() ? tu_transport() : "auto");
+  memset(x, 0, sizeof(*x));
+  x->mem = malloc(LAYERS * 2 * BLOCKS * BLOCK_BYTES);
+  if (!x->mem) return false;
+  memset(x->mem, 0xEE, LAYERS * 2 * BLOCKS * BLOCK_BYTES);
+  for (int l = 0; l < LAYERS; l++)
+    x->layers[l] = (hixl_kv_layer){"layer",
+                                   5,
+                                   (uintptr_t)(x->mem + l * 2 * BLOCKS * BLOCK_BYTES),
+                                   BLOCKS,
+                                   BLOCK_BYTES,
+                                   BLOCKS * BLOCK_BYTES,
+                                   HIXL_KV_LAYOUT_KV_FIRST,
+                                   ELEM,
+                                   BLOCK_TOKENS};
+  if (ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &x->sched, err, sizeof(err)) !=
+          HIXL_KV_SUCCESS ||
+      ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &x->worker, err, sizeof(err)) !=
+          HIXL_KV_SUCCESS ||
+      ops->register_kv_caches(x->worker, x->layers, LAYERS) != HIXL_KV_SUCCESS) {
+    tu_fail(__FILE__, __LINE__, "a %s instance: %s%s", role, err, ops->last_error());
+    return false;
+  }
+  return true;
+}
+
+static void inst_down(struct inst *x) {
+  if (x->worker) ST_IS(ops->destroy(x->worker), HIXL_KV_SUCCESS);
+  if (x->sched) ST_IS(ops->destroy(x->sched), HIXL_KV_SUCCESS);
+  free(x->mem);
+}
+
+static void step(struct inst *x) {
+  hixl_kv_buffer m = {0};
+  ST_IS(ops->build_connector_meta(x->sched, &m), HIXL_KV_SUCCESS);
+  ST_IS(ops->bind_connector_meta(x->worker, m.data, m.len), HIXL_KV_SUCCESS);
+  ops->free_buffer(&m);
+  ST_IS(ops->start_load_kv(x->worker), HIXL_KV_SUCCESS);
+}
+
+static uint8_t *block(struct inst *x, int layer, int v, uint64_t b) {
+  return x->mem + ((size_t)layer * 2 + (size_t)v) * BLOCKS * BLOCK_BYTES + b * BLOCK_BYTES;
+}
+
+static uint64_t seed_of(uint64_t seed, int layer, int v, int b) {
+  return seed + (uint64_t)(layer * 4 + v * 2 + b);
+}
+
+/* Step x until each of the n ids showed in its worker's finished sending (which 0) or
+ * receiving (1), each once; false if one did not within WAIT_MS or one showed twice. */
+static bool wait_finished(struct inst *x, const char *const *ids, int n, int which) {
+  int seen[8] = {0};
+  int64_t end = tu_now_ms() + WAIT_MS;
+  for (;;) {
+    hixl_kv_ids s = {0}, r = {0};
+    step(x);
+    if (ops->get_finished(x->worker, NULL, &s, &r) != HIXL_KV_SUCCESS) return false;
+    const hixl_kv_ids *got = which ? &r : &s;
+    for (size_t i = 0; i < got->count; i++)
+      for (int k = 0; k < n; k++) seen[k] += strcmp(got->ids[i], ids[k]) == 0;
+    ops->free_ids(&s);
+    ops->free_ids(&r);
+    bool all = true;
+    for (int k = 0; k < n; k++) {
+      if (seen[k] > 1) {
+        tu_fail(__FILE__, __LINE__, "request %s was reported finished %d times", ids[k], seen[k]);
+        return false;
+      }
+      all = all && seen[k] == 1;
+    }
+    if (all) return true;
+    if (tu_now_ms() >= end) return false;
+    struct timespec ts = {0, 1000000}; /* polling the host's op, as a host does between steps */
+    nanosleep(&ts, NULL);
+  }
+}
+
+static hixl_kv_request request(const char *id, const char *params) {
+  return (hixl_kv_request){id, strlen(id), NB * BLOCK_TOKENS, params, params ? strlen(params) : 0, 0};
+}
+
+/* The producer finishes id with its blocks pb (filled from seed) and holds them; the
+ * consumer allocates db for it and queues its load (bound at the consumer's next step). */
+static void hold_and_load(struct inst *p, struct inst *d, const char *id, const uint64_t pb[NB],
+                          const uint64_t db[NB], uint64_t seed) {
+  for (int l = 0; l < LAYERS; l++)
+    for (int v = 0; v < 2; v++)
+      for (int b = 0; b < NB; b++) tu_fill(block(p, l, v, pb[b]), BLOCK_BYTES, seed_of(seed, l, v, b));
+  hixl_kv_request r = request(id, NULL);
+  hixl_kv_buffer params = {0};
+  int32_t delay = 0;
+  ST_IS(ops->request_finished(p->sched, &r, pb, NB, &delay, &params), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(delay, 1);
+  char *text = strndup((char *)params.data, params.len);
+  ops->free_buffer(&params);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+  r = request(id, text);
+  int64_t tokens = 0;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(d->sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  CU_ASSERT(tokens == NB * BLOCK_TOKENS && async == 1);
+  ST_IS(ops->update_state_after_alloc(d->sched, &r, db, NB, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  free(text);
+}
+
+struct preempter {
+  struct inst *d;
+  const char *id;
+  hixl_kv_status st;
+};
+
+static void *preempt_main(void *arg) {
+  struct preempter *pr = arg;
+  const char *ids[1] = {pr->id};
+  pr->st = ops->handle_preemptions(pr->d->worker, &(hixl_kv_ids){ids, 1});
+  return NULL;
+}
+
+/* Two loads of one producer, one loader thread: the second is PINned ahead while the
+ * first is pulled; the thread is parked after it took the second, and that one is
+ * preempted there. */
+static void test_preempt_load_taken_ahead(void) {
+  struct inst p, d;
+  bool up = inst_up(&p, "producer") && inst_up(&d, "consumer");
+  CU_ASSERT_FATAL(up);
+  static const uint64_t pa[NB] = {1, 2}, pb[NB] = {3, 4}, da[NB] = {1, 2}, db[NB] = {5, 6};
+  const char *a = "ahead-a", *b = "ahead-b";
+  hold_and_load(&p, &d, a, pa, da, 100);
+  hold_and_load(&p, &d, b, pb, db, 200);
+  step(&p); /* the producer's worker holds both */
+
+  kv_test_point_reset(KV_TEST_LOADER_NEXT);
+  kv_test_point_reset(KV_TEST_PREEMPT_WAIT);
+  kv_test_park(KV_TEST_LOADER_NEXT, true);
+  step(&d); /* one loader thread: a, then b (PINned ahead while a is pulled) */
+  bool parked = kv_test_point_wait(KV_TEST_LOADER_NEXT, 1, WAIT_MS);
+  CU_ASSERT(parked); /* the thread took b and dropped the lock; it has not run b yet */
+  struct preempter pr = {&d, b, HIXL_KV_FAILED};
+  pthread_t t;
+  bool started = parked && pthread_create(&t, NULL, preempt_main, &pr) == 0;
+  CU_ASSERT(!parked || started);
+  /* handle_preemptions has taken and marked what it saw of b, and now waits (or, not
+   * seeing b, returns): only then does the loader thread go on. */
+  if (started) CU_ASSERT(kv_test_point_wait(KV_TEST_PREEMPT_WAIT, 1, WAIT_MS));
+  kv_test_park(KV_TEST_LOADER_NEXT, false);
+  if (started) {
+    pthread_join(t, NULL);
+    ST_IS(pr.st, HIXL_KV_SUCCESS);
+  }
+
+  /* Both end once on the consumer: a landed, b failed, and no byte of b's blocks moved. */
+  const char *both[2] = {a, b};
+  CU_ASSERT(wait_finished(&d, both, 2, 1));
+  for (int l = 0; l < LAYERS; l++)
+    for (int v = 0; v < 2; v++)
+      for (int k = 0; k < NB; k++) {
+        TU_ASSERT_PATTERN(block(&d, l, v, da[k]), BLOCK_BYTES, seed_of(100, l, v, k), "a block of ahead-a");
+        CU_ASSERT_EQUAL(tu_check_byte(block(&d, l, v, db[k]), BLOCK_BYTES, 0xEE),
+                        -1); /* ahead-b's: untouched */
+      }
+  CU_ASSERT_EQUAL(tu_check_byte(block(&d, 0, 0, 0), BLOCK_BYTES, 0xEE), -1); /* and one no load names */
+  hixl_kv_blocks errs = {0};
+  ST_IS(ops->get_block_ids_with_load_errors(d.worker, &errs), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(errs.count, NB);
+  for (size_t i = 0; i < errs.count && errs.ids; i++) CU_ASSERT(errs.ids[i] == db[0] || errs.ids[i] == db[1]);
+  ops->free_buffer(&errs.raw);
+  hixl_kv_stats sd;
+  ST_IS(ops->get_stats(d.worker, &sd), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(sd.loads_done, 1);
+  CU_ASSERT_EQUAL(sd.loads_failed, 1);
+  CU_ASSERT_EQUAL(sd.bytes_loaded, (uint64_t)LAYERS * 2 * NB * BLOCK_BYTES);
+
+  /* The producer was told of both (FREE): it reports both sent and holds nothing. */
+  CU_ASSERT(wait_finished(&p, both, 2, 0));
+  hixl_kv_stats sp;
+  ST_IS(ops->get_stats(p.worker, &sp), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(sp.requests_held, 0);
+  CU_ASSERT_EQUAL(sp.blocks_held, 0);
+  CU_ASSERT_EQUAL(sp.lease_expired, 0);
+  kv_test_park(KV_TEST_LOADER_NEXT, false);
+  inst_down(&d);
+  inst_down(&p);
+}
+
+int main(void) {
+  char err[256] = "";
+  if (hixl_kv_connector_entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS) {
+    fprintf(stderr, "test_kv_loader: %s\n", err);
+    return 1;
+  }
+  CU_TestInfo tests[] = {{"a load taken ahead, preempted before it runs: none of its blocks written",
+                          test_preempt_load_taken_ahead},
+                         CU_TEST_INFO_NULL};
+  CU_SuiteInfo suites[] = {{"kv_loader", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
+  return tu_run_suites("test_kv_loader", suites);
+}
