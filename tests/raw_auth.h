@@ -94,20 +94,24 @@ typedef bool (*raw_send_fn)(int fd, const void *buf, size_t n);
 typedef bool (*raw_recv_fn)(int fd, void *buf, size_t n);
 
 struct raw_auth {
-  const char *key_hex;   /* the key the raw peer holds; NULL: it sends a plain HELLO */
-  const char *name;      /* the name it claims */
-  bool bad_proof;        /* send a proof with one bit flipped */
-  const uint8_t *replay; /* send these WIRE_AUTH_MAC bytes as the proof, whatever the challenge */
-  const uint8_t *nonce;  /* use this nonce (NULL: a fresh one) */
-  const char *dialled;   /* the address it says it dialled (NULL: the fd's peer, as "ip:port") */
-  uint8_t proof[32];     /* out: the proof it sent */
-  uint8_t session[32];   /* out: the session secret, when the target's proof checked */
-  bool target_proved;    /* out: the target's AUTH_CHALLENGE carried a valid proof */
-  bool challenged;       /* out: an AUTH_CHALLENGE came */
-  uint32_t status;       /* out: HELLO_ACK's status */
-  uint32_t ack_caps;     /* out: ... its caps */
-  uint32_t ack_count;    /* out: ... and how many memory entries it listed */
-  uint16_t ack_name_len; /* out: ... and its name's length */
+  const char *key_hex;        /* the key the raw peer holds; NULL: it sends a plain HELLO */
+  const char *name;           /* the name it claims */
+  bool bad_proof;             /* send a proof with one bit flipped */
+  const uint8_t *replay;      /* send these WIRE_AUTH_MAC bytes as the proof, whatever the challenge */
+  const uint8_t *nonce;       /* use this nonce (NULL: a fresh one) */
+  const char *dialled;        /* the address it says it dialled (NULL: the fd's peer, as "ip:port") */
+  bool unproven;              /* offer no WIRE_CAP_PROVEN (an older hixl: its frames carry no tags) */
+  struct auth_frames *frames; /* where to keep the link's frame tags once proven (NULL: not kept) */
+  uint8_t proof[32];          /* out: the proof it sent */
+  uint8_t session[32];        /* out: the session secret, when the target's proof checked */
+  bool target_proved;         /* out: the target's AUTH_CHALLENGE carried a valid proof */
+  bool challenged;            /* out: an AUTH_CHALLENGE came */
+  uint32_t status;            /* out: HELLO_ACK's status */
+  uint32_t ack_caps;          /* out: ... its caps */
+  uint32_t ack_count;         /* out: ... and how many memory entries it listed */
+  uint16_t ack_name_len;      /* out: ... and its name's length */
+  bool ack_tagged;            /* out: ... it carried a tag */
+  bool ack_proven;            /* out: ... and the tag checked */
 };
 
 /* Run the handshake on fd; true when a HELLO_ACK came back (a refusal included). */
@@ -116,6 +120,8 @@ static inline bool raw_auth_hello(int fd, struct raw_auth *a, raw_send_fn send_f
   struct auth_ring ring = {.n = 0};
   struct wire_hdr h;
   struct wire_msg m;
+  struct auth_frames fr = {0};
+  uint32_t caps = WIRE_CAP_TCP_DATA | (a->key_hex && !a->unproven ? WIRE_CAP_PROVEN : 0u);
   size_t len;
   char dialled[64];
   if (a->dialled) {
@@ -137,8 +143,7 @@ static inline bool raw_auth_hello(int fd, struct raw_auth *a, raw_send_fn send_f
       memcpy(nonce, a->nonce, sizeof(nonce));
     else
       auth_random(nonce, sizeof(nonce));
-    len =
-        wire_put_hello_auth(buf, sizeof(buf), WIRE_CAP_TCP_DATA, a->name, nonce, ring.key[0].id, 1, dialled);
+    len = wire_put_hello_auth(buf, sizeof(buf), caps, a->name, nonce, ring.key[0].id, 1, dialled);
   } else {
     len = wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, a->name);
   }
@@ -147,36 +152,76 @@ static inline bool raw_auth_hello(int fd, struct raw_auth *a, raw_send_fn send_f
     if (!recv_fn(fd, buf, WIRE_HDR_LEN) || wire_parse_hdr(buf, &h) != WIRE_OK ||
         h.body_len > sizeof(buf) - WIRE_HDR_LEN || !recv_fn(fd, buf + WIRE_HDR_LEN, h.body_len) ||
         wire_decode(&h, buf + WIRE_HDR_LEN, &m) != WIRE_OK)
-      return false;
+      break;
     if (h.type == WIRE_HELLO_ACK) {
+      uint8_t tag[AUTH_TAG_LEN];
+      a->ack_tagged = (h.flags & WIRE_F_TAG) != 0;
+      if (a->ack_tagged && !recv_fn(fd, tag, sizeof(tag))) break;
+      a->ack_proven =
+          a->ack_tagged && fr.on && auth_check_frame(&fr.rx, buf, WIRE_HDR_LEN + h.body_len, NULL, 0, tag);
+      if (a->frames && a->ack_proven) auth_frames_move(a->frames, &fr);
+      auth_frames_free(&fr);
       a->status = m.u.hello_ack.status;
       a->ack_caps = m.u.hello_ack.caps;
       a->ack_count = m.u.hello_ack.count;
       a->ack_name_len = m.u.hello_ack.name_len;
       return true;
     }
-    if (h.type != WIRE_AUTH_CHALLENGE || !a->key_hex) return false;
+    if (h.type != WIRE_AUTH_CHALLENGE || !a->key_hex) break;
     a->challenged = true;
     const struct auth_key *k = &ring.key[0];
     uint8_t mac[AUTH_MAC_LEN];
     size_t nl = strlen(a->name);
     auth_transcript_mac(k, AUTH_LABEL_TARGET, nonce, m.u.auth.nonce, a->name, nl, m.u.auth.name,
-                        m.u.auth.name_len, WIRE_CAP_TCP_DATA | WIRE_CAP_AUTH, dialled, strlen(dialled), mac);
+                        m.u.auth.name_len, caps | WIRE_CAP_AUTH, dialled, strlen(dialled), mac);
     a->target_proved = auth_equal(mac, m.u.auth.mac, AUTH_MAC_LEN);
     auth_transcript_mac(k, AUTH_LABEL_INITIATOR, nonce, m.u.auth.nonce, a->name, nl, m.u.auth.name,
-                        m.u.auth.name_len, WIRE_CAP_TCP_DATA | WIRE_CAP_AUTH, dialled, strlen(dialled),
-                        a->proof);
+                        m.u.auth.name_len, caps | WIRE_CAP_AUTH, dialled, strlen(dialled), a->proof);
     auth_transcript_mac(k, AUTH_LABEL_SESSION, nonce, m.u.auth.nonce, a->name, nl, m.u.auth.name,
-                        m.u.auth.name_len, WIRE_CAP_TCP_DATA | WIRE_CAP_AUTH, dialled, strlen(dialled),
-                        a->session);
+                        m.u.auth.name_len, caps | WIRE_CAP_AUTH, dialled, strlen(dialled), a->session);
     if (a->replay) memcpy(a->proof, a->replay, AUTH_MAC_LEN);
     if (a->bad_proof) a->proof[0] ^= 1;
     struct wire_wr w;
     uint8_t frame[WIRE_HDR_LEN + WIRE_AUTH_MAC];
     wire_begin(&w, frame, sizeof(frame), WIRE_AUTH_PROOF);
     wire_put_bytes(&w, a->proof, AUTH_MAC_LEN);
-    if (!send_fn(fd, frame, wire_end(&w, 0))) return false;
+    if (!send_fn(fd, frame, wire_end(&w, 0))) break;
+    if (!a->unproven && !auth_frames_init(&fr, a->session, true)) break; /* tags from here on */
   }
+  auth_frames_free(&fr);
+  return false;
+}
+
+/* Receive one frame as raw_recv_frame does, its tag checked under f when it carries
+ * one (a frame with no tag where f is on, or a wrong tag: false). */
+static inline bool raw_recv_proven(int fd, struct auth_frames *f, struct wire_hdr *h, uint8_t *hdr,
+                                   uint8_t *body, size_t cap) {
+  uint8_t tag[AUTH_TAG_LEN], sink[4096];
+  if (!raw_recv_all(fd, hdr, WIRE_HDR_LEN) || wire_parse_hdr(hdr, h) != WIRE_OK || h->body_len > cap ||
+      (body != hdr + WIRE_HDR_LEN) || !raw_recv_all(fd, body, h->body_len))
+    return false;
+  bool tagged = (h->flags & WIRE_F_TAG) != 0;
+  if (tagged != f->on ||
+      (tagged && (!raw_recv_all(fd, tag, sizeof(tag)) ||
+                  !auth_check_frame(&f->rx, hdr, WIRE_HDR_LEN + h->body_len, NULL, 0, tag))))
+    return false;
+  for (uint32_t left = h->payload_len; left > 0;) {
+    uint32_t k = left < sizeof(sink) ? left : (uint32_t)sizeof(sink);
+    if (!raw_recv_all(fd, sink, k)) return false;
+    left -= k;
+  }
+  return true;
+}
+
+/* Send a built frame (len bytes, its header's flags set here) tagged under f, then
+ * payload (plen bytes, may be 0): as a proven peer does. */
+static inline bool raw_send_proven(int fd, struct auth_frames *f, uint8_t *frame, size_t len,
+                                   const void *payload, size_t plen) {
+  uint8_t tag[AUTH_TAG_LEN];
+  frame[7] |= WIRE_F_TAG;
+  auth_seal_frame(&f->tx, frame, len, NULL, 0, tag);
+  return raw_send_all(fd, frame, len) && raw_send_all(fd, tag, sizeof(tag)) &&
+         (plen == 0 || raw_send_all(fd, payload, plen));
 }
 
 #endif

@@ -444,8 +444,8 @@ static void test_raw_out_of_turn(void) {
   char dialled[TU_ADDR_LEN];
   tu_addr(dialled, sizeof(dialled), tport);
   CU_ASSERT_TRUE(raw_send_all(fd, hello,
-                              wire_put_hello_auth(hello, sizeof(hello), WIRE_CAP_TCP_DATA, "x:1", nonce,
-                                                  ring.key[0].id, 1, dialled)));
+                              wire_put_hello_auth(hello, sizeof(hello), WIRE_CAP_TCP_DATA | WIRE_CAP_PROVEN,
+                                                  "x:1", nonce, ring.key[0].id, 1, dialled)));
   struct wire_hdr h;
   CU_ASSERT_TRUE_FATAL(raw_recv_all(fd, b, WIRE_HDR_LEN) && wire_parse_hdr(b, &h) == WIRE_OK);
   CU_ASSERT_EQUAL(h.type, WIRE_AUTH_CHALLENGE);
@@ -477,9 +477,9 @@ static void test_raw_proof_never_comes(void) {
   CU_ASSERT_FATAL(auth_parse(text, &ring, why, sizeof(why)));
   int fd = raw_dial((uint16_t)atoi(strchr(t.name, ':') + 1));
   CU_ASSERT_FATAL(fd >= 0);
-  CU_ASSERT_TRUE(raw_send_all(
-      fd, b,
-      wire_put_hello_auth(b, sizeof(b), WIRE_CAP_TCP_DATA, "slow:1", nonce, ring.key[0].id, 1, t.name)));
+  CU_ASSERT_TRUE(raw_send_all(fd, b,
+                              wire_put_hello_auth(b, sizeof(b), WIRE_CAP_TCP_DATA | WIRE_CAP_PROVEN, "slow:1",
+                                                  nonce, ring.key[0].id, 1, t.name)));
   struct wire_hdr h;
   CU_ASSERT_TRUE_FATAL(raw_recv_all(fd, b, WIRE_HDR_LEN) && wire_parse_hdr(b, &h) == WIRE_OK);
   CU_ASSERT_EQUAL(h.type, WIRE_AUTH_CHALLENGE);
@@ -663,8 +663,9 @@ static void test_scoped_revoke_and_counts(void) {
 
 /* An authenticated raw peer READs outside its grant: READ_RESP FAILED with no data. */
 static void test_scoped_raw_read_outside(void) {
-  struct raw_auth a = {.name = "raw-reader:1", .key_hex = KEY_A};
-  uint8_t b[WIRE_HDR_LEN + 64];
+  struct auth_frames fr = {0};
+  struct raw_auth a = {.name = "raw-reader:1", .key_hex = KEY_A, .frames = &fr};
+  uint8_t b[WIRE_HDR_LEN + 64], tag[AUTH_TAG_LEN];
   struct wire_hdr h;
   struct wire_msg m;
   int fd = raw_dial((uint16_t)atoi(strchr(st.name, ':') + 1));
@@ -672,23 +673,28 @@ static void test_scoped_raw_read_outside(void) {
   CU_ASSERT_TRUE_FATAL(raw_auth_hello(fd, &a, raw_send_all, raw_recv_all));
   CU_ASSERT_EQUAL_FATAL(a.status, WIRE_HELLO_OK);
   /* It skips the HELLO_ACK's table (read by raw_auth_hello) and asks for 4 KiB. */
-  CU_ASSERT_TRUE(raw_send_all(fd, b, wire_put_read_req(b, 1, (uintptr_t)st.mem, 4096)));
+  CU_ASSERT_TRUE_FATAL(a.ack_proven);
+  CU_ASSERT_TRUE(raw_send_proven(fd, &fr, b, wire_put_read_req(b, 1, (uintptr_t)st.mem, 4096), NULL, 0));
   CU_ASSERT_TRUE_FATAL(raw_recv_all(fd, b, WIRE_HDR_LEN) && wire_parse_hdr(b, &h) == WIRE_OK);
   CU_ASSERT_EQUAL(h.type, WIRE_READ_RESP);
   CU_ASSERT_EQUAL(h.payload_len, 0); /* no byte of the target's memory */
-  CU_ASSERT_TRUE_FATAL(raw_recv_all(fd, b + WIRE_HDR_LEN, h.body_len) &&
+  CU_ASSERT_TRUE_FATAL(raw_recv_all(fd, b + WIRE_HDR_LEN, h.body_len) && raw_recv_all(fd, tag, sizeof(tag)) &&
                        wire_decode(&h, b + WIRE_HDR_LEN, &m) == WIRE_OK);
+  CU_ASSERT_TRUE(auth_check_frame(&fr.rx, b, WIRE_HDR_LEN + h.body_len, NULL, 0, tag));
   CU_ASSERT_EQUAL(m.u.ack.status, HIXL_FAILED);
   /* Granted to it by the name it proved: now the bytes come. */
   const uint64_t g[1][2] = {{(uintptr_t)st.mem, 4096}};
   TU_ASSERT_OK(hixl_engine_grant(st.e, "raw-reader:1", g, 1));
   uint8_t data[4096];
-  CU_ASSERT_TRUE(raw_send_all(fd, b, wire_put_read_req(b, 2, (uintptr_t)st.mem, 4096)));
+  CU_ASSERT_TRUE(raw_send_proven(fd, &fr, b, wire_put_read_req(b, 2, (uintptr_t)st.mem, 4096), NULL, 0));
   CU_ASSERT_TRUE_FATAL(raw_recv_all(fd, b, WIRE_HDR_LEN) && wire_parse_hdr(b, &h) == WIRE_OK);
   CU_ASSERT_EQUAL_FATAL(h.payload_len, 4096);
-  CU_ASSERT_TRUE(raw_recv_all(fd, b + WIRE_HDR_LEN, h.body_len) && raw_recv_all(fd, data, sizeof(data)));
+  CU_ASSERT_TRUE(raw_recv_all(fd, b + WIRE_HDR_LEN, h.body_len) && raw_recv_all(fd, tag, sizeof(tag)) &&
+                 raw_recv_all(fd, data, sizeof(data)));
+  CU_ASSERT_TRUE(auth_check_frame(&fr.rx, b, WIRE_HDR_LEN + h.body_len, NULL, 0, tag));
   TU_ASSERT_SAME(data, st.mem, 4096, "a READ inside the raw peer's grant");
   TU_ASSERT_OK(hixl_engine_revoke(st.e, "raw-reader:1", g, 1));
+  auth_frames_free(&fr);
   close(fd);
 }
 

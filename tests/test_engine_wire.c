@@ -114,13 +114,28 @@ static bool closed_by_peer(int fd) {
   }
 }
 
-/* Read one frame; the body goes to body (cap bytes). */
+/* The one raw link that proved a key (raw_link_key) and its frame tags: frames on it
+ * are sent tagged and their answers' tags checked. */
+static int proven_fd = -1;
+static struct auth_frames proven;
+
+/* Send a built frame (len bytes at frame, room for nothing more), then plen bytes of
+ * payload: tagged on the proven link. */
+static bool send_frame(int fd, uint8_t *frame, size_t len, const void *payload, size_t plen) {
+  if (fd == proven_fd) return raw_send_proven(fd, &proven, frame, len, payload, plen);
+  return raw_send_all(fd, frame, len) && (plen == 0 || raw_send_all(fd, payload, plen));
+}
+
+/* Read one frame; the body goes to body (cap bytes); on the proven link its tag is checked. */
 static bool read_frame(int fd, struct wire_hdr *h, uint8_t *body, size_t cap) {
-  uint8_t hb[WIRE_HDR_LEN];
-  if (!raw_recv_all(fd, hb, sizeof(hb))) return false;
+  uint8_t hb[WIRE_HDR_LEN + 64], tag[AUTH_TAG_LEN];
+  if (!raw_recv_all(fd, hb, WIRE_HDR_LEN)) return false;
   enum wire_err err = wire_parse_hdr(hb, h);
-  if (err != WIRE_OK || h->body_len > cap) return false;
-  return raw_recv_all(fd, body, h->body_len);
+  if (err != WIRE_OK || h->body_len > cap || !raw_recv_all(fd, body, h->body_len)) return false;
+  if (fd != proven_fd) return (h->flags & WIRE_F_TAG) == 0;
+  if (!(h->flags & WIRE_F_TAG) || h->body_len > 64 || !raw_recv_all(fd, tag, sizeof(tag))) return false;
+  memcpy(hb + WIRE_HDR_LEN, body, h->body_len);
+  return auth_check_frame(&proven.rx, hb, WIRE_HDR_LEN + h->body_len, NULL, 0, tag);
 }
 
 /* A raw link to port that completed the handshake (rcvbuf as raw_connect_buf), from
@@ -146,12 +161,14 @@ static int raw_link_to(uint16_t port, int rcvbuf) { return raw_link_from(port, r
 
 /* A raw link to port that proved key_hex in the handshake. */
 static int raw_link_key(uint16_t port, const char *key_hex) {
-  struct raw_auth a = {.key_hex = key_hex, .name = "raw-test"};
+  struct raw_auth a = {.key_hex = key_hex, .name = "raw-test", .frames = &proven};
   int fd = raw_connect_from(port, 0, NULL);
-  if (fd >= 0 && (!raw_auth_hello(fd, &a, raw_send_all, raw_recv_all) || a.status != WIRE_HELLO_OK)) {
+  if (fd >= 0 &&
+      (!raw_auth_hello(fd, &a, raw_send_all, raw_recv_all) || a.status != WIRE_HELLO_OK || !a.ack_proven)) {
     close(fd);
     fd = -1;
   }
+  proven_fd = fd;
   return fd;
 }
 static int raw_link(void) { return raw_link_to(target_port(), 0); }
@@ -311,7 +328,7 @@ static bool send_stage(int fd, enum wire_type type, uint64_t seq, const struct s
   if (!frame) return false;
   size_t len = wire_put_stage(frame, type, seq, n, write ? segs_total(s, n) : 0);
   for (uint32_t i = 0; i < n; i++) wire_put_stage_seg(frame, false, i, s[i].addr, s[i].len);
-  ok = raw_send_all(fd, frame, len) && (!write || raw_send_all(fd, data, segs_total(s, n)));
+  ok = send_frame(fd, frame, len, data, write ? segs_total(s, n) : 0);
   free(frame);
   return ok;
 }
@@ -345,7 +362,7 @@ static bool expect_answer(int fd, uint8_t type, uint64_t seq, uint32_t status, u
 
 static bool expect_sync(int fd, uint64_t seq, unsigned line) {
   uint8_t frame[WIRE_SMALL_FRAME];
-  if (!raw_send_all(fd, frame, wire_put_sync(frame, seq))) {
+  if (!send_frame(fd, frame, wire_put_sync(frame, seq), NULL, 0)) {
     tu_fail(__FILE__, line, "cannot send SYNC seq %llu", (unsigned long long)seq);
     return false;
   }
@@ -1060,6 +1077,8 @@ static void test_stage_unmapped_page(void) {
   CU_ASSERT(EXPECT_SYNC(fd, 8));
   CU_ASSERT(unreg_cmd(&child, UNREG_HOLE_STATE, 0, 0, 0) == 0);
   close(fd);
+  auth_frames_free(&proven);
+  proven_fd = -1;
 
   CU_ASSERT(unreg_cmd(&child, UNREG_QUIT, 0, 0, 0) == 0);
   int ws = tu_child_stop(&child, 10000);

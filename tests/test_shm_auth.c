@@ -217,6 +217,7 @@ static void *relay_main(void *arg) {
   struct wire_wr w;
   struct wire_hdr h;
   struct wire_msg m;
+  struct auth_frames fe = {0}, fb = {0}; /* its frame tags with this engine, and with B */
   int bfd = -1;
   snprintf(text, sizeof(text), "%s\n", TU_KEY_HEX);
   int fd = accept(r->lfd, NULL, NULL);
@@ -232,8 +233,11 @@ static void *relay_main(void *arg) {
   memcpy(nonce_i, m.u.hello.nonce, sizeof(nonce_i));
   memcpy(name_i, m.u.hello.name, name_i_len);
   auth_random(nonce_t, sizeof(nonce_t));
-  auth_transcript_mac(k, AUTH_LABEL_TARGET, nonce_i, nonce_t, name_i, name_i_len, "relay", 5, caps_i,
-                      m.u.hello.dialled, m.u.hello.dialled_len, mac);
+  uint8_t dialled[WIRE_MAX_NAME];
+  uint16_t dialled_len = m.u.hello.dialled_len;
+  memcpy(dialled, m.u.hello.dialled, dialled_len);
+  auth_transcript_mac(k, AUTH_LABEL_TARGET, nonce_i, nonce_t, name_i, name_i_len, "relay", 5, caps_i, dialled,
+                      dialled_len, mac);
   wire_begin(&w, buf, sizeof(buf), WIRE_AUTH_CHALLENGE);
   wire_put_bytes(&w, nonce_t, sizeof(nonce_t));
   wire_put_bytes(&w, k->id, AUTH_ID_LEN);
@@ -244,6 +248,11 @@ static void *relay_main(void *arg) {
       !raw_recv_frame(fd, &h, buf, buf + WIRE_HDR_LEN, sizeof(buf) - WIRE_HDR_LEN) ||
       h.type != WIRE_AUTH_PROOF)
     goto out;
+  /* It holds the key: it derives the session and proves its frames to this engine. */
+  uint8_t session[AUTH_MAC_LEN];
+  auth_transcript_mac(k, AUTH_LABEL_SESSION, nonce_i, nonce_t, name_i, name_i_len, "relay", 5, caps_i,
+                      dialled, dialled_len, session);
+  if (!auth_frames_init(&fe, session, false)) goto out;
   wire_begin(&w, buf, sizeof(buf), WIRE_HELLO_ACK);
   wire_put_u32(&w, WIRE_HELLO_OK);
   wire_put_u32(&w, WIRE_CAP_TCP_DATA | WIRE_CAP_SHM);
@@ -251,16 +260,16 @@ static void *relay_main(void *arg) {
   wire_put_bytes(&w, "relay", 5);
   wire_put_u32(&w, 1);
   wire_put_mem_entry(&w, r->b_addr, r->b_len, 0, "");
-  if (!raw_send_all(fd, buf, wire_end(&w, 0))) goto out;
+  if (!raw_send_proven(fd, &fe, buf, wire_end(&w, 0), NULL, 0)) goto out;
   /* Its SHM_HELLO: ask B the same, for this engine's pid. */
-  if (!raw_recv_frame(fd, &h, buf, buf + WIRE_HDR_LEN, sizeof(buf) - WIRE_HDR_LEN) ||
+  if (!raw_recv_proven(fd, &fe, &h, buf, buf + WIRE_HDR_LEN, sizeof(buf) - WIRE_HDR_LEN) ||
       h.type != WIRE_SHM_HELLO || wire_decode(&h, buf + WIRE_HDR_LEN, &m) != WIRE_OK)
     goto out;
   uint8_t boot[16];
   uint32_t pid = m.u.shm.pid, uid = m.u.shm.uid;
   memcpy(boot, m.u.shm.boot_id, sizeof(boot));
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(r->b_port)};
-  struct raw_auth a = {.key_hex = TU_KEY_HEX, .name = "relay"};
+  struct raw_auth a = {.key_hex = TU_KEY_HEX, .name = "relay", .frames = &fb};
   inet_pton(AF_INET, tu_ip(), &sa.sin_addr);
   bfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (bfd < 0 || connect(bfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
@@ -269,11 +278,12 @@ static void *relay_main(void *arg) {
   wire_begin(&w, buf, sizeof(buf), WIRE_SHM_HELLO);
   wire_put_shm_id(&w, WIRE_SHM_LAYOUT, boot, pid, uid);
   wire_put_u32(&w, WIRE_SHM_F_MAP);
-  if (!raw_send_all(bfd, buf, wire_end(&w, 0))) goto out;
+  if (!raw_send_proven(bfd, &fb, buf, wire_end(&w, 0), NULL, 0)) goto out;
   do {
-    if (!raw_recv_frame(bfd, &h, buf, buf + WIRE_HDR_LEN, sizeof(buf) - WIRE_HDR_LEN)) goto out;
+    if (!raw_recv_proven(bfd, &fb, &h, buf, buf + WIRE_HDR_LEN, sizeof(buf) - WIRE_HDR_LEN)) goto out;
   } while (h.type != WIRE_SHM_HELLO_ACK);
-  if (!raw_send_all(fd, buf, WIRE_HDR_LEN + h.body_len)) goto out;
+  /* B's answer, byte for byte, under this relay's own proof */
+  if (!raw_send_proven(fd, &fe, buf, WIRE_HDR_LEN + h.body_len, NULL, 0)) goto out;
   r->relayed = true;
   for (;;) {
     struct pollfd pf[3] = {
@@ -284,17 +294,20 @@ static void *relay_main(void *arg) {
     }
     if (pf[0].revents) break;
     if (pf[1].revents) {
-      if (!raw_recv_frame(fd, &h, buf, buf + WIRE_HDR_LEN, sizeof(buf) - WIRE_HDR_LEN)) break;
-      if (h.type == WIRE_SHM_MAP_HELLO && !raw_send_all(bfd, buf, WIRE_HDR_LEN + h.body_len)) break;
+      if (!raw_recv_proven(fd, &fe, &h, buf, buf + WIRE_HDR_LEN, sizeof(buf) - WIRE_HDR_LEN)) break;
+      if (h.type == WIRE_SHM_MAP_HELLO && !raw_send_proven(bfd, &fb, buf, WIRE_HDR_LEN + h.body_len, NULL, 0))
+        break;
     }
     if (pf[2].revents) {
-      if (!raw_recv_frame(bfd, &h, buf, buf + WIRE_HDR_LEN, sizeof(buf) - WIRE_HDR_LEN)) break;
+      if (!raw_recv_proven(bfd, &fb, &h, buf, buf + WIRE_HDR_LEN, sizeof(buf) - WIRE_HDR_LEN)) break;
       bool map = h.type == WIRE_SHM_MAP || h.type == WIRE_SHM_MAP_ACK || h.type == WIRE_SHM_UNMAP;
-      if (map && !raw_send_all(fd, buf, WIRE_HDR_LEN + h.body_len)) break;
+      if (map && !raw_send_proven(fd, &fe, buf, WIRE_HDR_LEN + h.body_len, NULL, 0)) break;
     }
   }
 out:
   auth_wipe(&ring, sizeof(ring));
+  auth_frames_free(&fe);
+  auth_frames_free(&fb);
   if (bfd >= 0) close(bfd);
   if (fd >= 0) close(fd);
   return NULL;

@@ -192,9 +192,15 @@ static void test_hdr_flags_reserved(void) {
 
   for (int i = 6; i < 8; i++) {
     raw_hdr(b, WIRE_WRITE_ACK, 12, 0);
-    b[i] = 1;
+    b[i] = 2; /* an unknown flag */
     CU_ASSERT_EQUAL(wire_parse_hdr(b, &h), WIRE_ELEN);
   }
+  raw_hdr(b, WIRE_WRITE_ACK, 12, 0);
+  b[7] = WIRE_F_TAG; /* the one flag there is: taken, and told */
+  CU_ASSERT_EQUAL(wire_parse_hdr(b, &h), WIRE_OK);
+  CU_ASSERT_EQUAL(h.flags, WIRE_F_TAG);
+  b[6] = 0x80;
+  CU_ASSERT_EQUAL(wire_parse_hdr(b, &h), WIRE_ELEN);
   for (int i = 16; i < 20; i++) {
     raw_hdr(b, WIRE_WRITE_ACK, 12, 0);
     b[i] = 0x80;

@@ -76,6 +76,7 @@ void api_peer_release(struct peer *p) {
   for (size_t i = 0; i < p->rtab.count; i++) free(p->rtab.v[i]);
   memtab_free(&p->rtab);
   auth_wipe(p->session, sizeof(p->session));
+  auth_frames_free(&p->proof);
   free(p);
 }
 

@@ -20,11 +20,11 @@
 
 static HixlStatus ask_rails(HixlEngine *e, int fd, const char *remote, uint64_t deadline, struct peer *p);
 
-/* Receive one handshake frame's header into h and its body into body (cap bytes). */
-static HixlStatus recv_frame(int fd, const char *remote, uint64_t deadline, struct wire_hdr *h, uint8_t *body,
-                             size_t cap) {
-  uint8_t hb[WIRE_HDR_LEN];
-  HixlStatus st = sock_recv_all(fd, hb, sizeof(hb), deadline);
+/* Receive one handshake frame's header into h (its bytes into hb) and its body into
+ * body (cap bytes). */
+static HixlStatus recv_frame(int fd, const char *remote, uint64_t deadline, struct wire_hdr *h,
+                             uint8_t hb[WIRE_HDR_LEN], uint8_t *body, size_t cap) {
+  HixlStatus st = sock_recv_all(fd, hb, WIRE_HDR_LEN, deadline);
   if (st != HIXL_SUCCESS)
     return hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());
   enum wire_err err = wire_parse_hdr(hb, h);
@@ -47,9 +47,10 @@ static HixlStatus prove(HixlEngine *e, int fd, const char *remote, uint64_t dead
                         uint32_t caps_i) {
   uint8_t body[WIRE_AUTH_CHALLENGE_FIXED + WIRE_MAX_NAME], mac[AUTH_MAC_LEN];
   uint8_t frame[WIRE_HDR_LEN + WIRE_AUTH_MAC];
+  uint8_t hb[WIRE_HDR_LEN];
   struct wire_hdr h;
   struct wire_msg m;
-  HixlStatus st = recv_frame(fd, remote, deadline, &h, body, sizeof(body));
+  HixlStatus st = recv_frame(fd, remote, deadline, &h, hb, body, sizeof(body));
   if (st != HIXL_SUCCESS) return st;
   if (h.type == WIRE_HELLO_ACK) {
     if (wire_decode(&h, body, &m) != WIRE_OK)
@@ -107,6 +108,9 @@ static HixlStatus prove(HixlEngine *e, int fd, const char *remote, uint64_t dead
   if (st != HIXL_SUCCESS)
     return hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());
   p->authed = true;
+  /* Every frame from here on, both ways, is tagged (the HELLO_ACK first). */
+  if (!auth_frames_init(&p->proof, p->session, true))
+    return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: cannot set up the frame proofs (OpenSSL)");
   return HIXL_SUCCESS;
 }
 
@@ -114,7 +118,7 @@ static HixlStatus prove(HixlEngine *e, int fd, const char *remote, uint64_t dead
  * fresh blocking socket; fills the peer. */
 HixlStatus api_handshake(HixlEngine *e, int fd, const char *remote, uint64_t deadline, struct peer *p,
                          bool rail, const struct xport_ops **xp, void **link) {
-  uint8_t hello[WIRE_HDR_LEN + 6 + WIRE_MAX_NAME + WIRE_AUTH_BLOCK_MAX];
+  uint8_t hello[WIRE_HDR_LEN + 6 + WIRE_MAX_NAME + WIRE_AUTH_BLOCK_MAX], hb[WIRE_HDR_LEN];
   struct wire_hdr h;
   struct wire_msg m;
   HixlStatus st;
@@ -134,6 +138,7 @@ HixlStatus api_handshake(HixlEngine *e, int fd, const char *remote, uint64_t dea
       /* Kept until the handshake ends: a HELLO carrying it that reaches this engine's
        * own port is this handshake reflected (an engine never links to itself). */
       int slot = link_nonce_hold(e, nonce);
+      caps |= WIRE_CAP_PROVEN; /* every frame after the proof is tagged */
       size_t len = wire_put_hello_auth(hello, sizeof(hello), caps, e->local_name, nonce, ids, ring.n, remote);
       if ((st = sock_send_all(fd, hello, len, deadline)) != HIXL_SUCCESS)
         st = hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());
@@ -143,12 +148,13 @@ HixlStatus api_handshake(HixlEngine *e, int fd, const char *remote, uint64_t dea
     auth_wipe(&ring, sizeof(ring));
     if (st != HIXL_SUCCESS) return st;
   }
-  if ((st = recv_frame(fd, remote, deadline, &h, NULL, 0)) != HIXL_SUCCESS) return st;
+  if ((st = recv_frame(fd, remote, deadline, &h, hb, NULL, 0)) != HIXL_SUCCESS) return st;
   if (h.type != WIRE_HELLO_ACK)
     return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s sent %s where HELLO_ACK was due", remote,
                      wire_type_name(h.type));
-  uint8_t *body = malloc(h.body_len);
-  if (!body) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: out of memory");
+  uint8_t *frame = malloc(WIRE_HDR_LEN + h.body_len), *body = frame ? frame + WIRE_HDR_LEN : NULL;
+  if (!frame) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: out of memory");
+  memcpy(frame, hb, WIRE_HDR_LEN);
   st = sock_recv_all(fd, body, h.body_len, deadline);
   if (st != HIXL_SUCCESS) {
     st = hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());
@@ -156,6 +162,13 @@ HixlStatus api_handshake(HixlEngine *e, int fd, const char *remote, uint64_t dea
   }
   if (wire_decode(&h, body, &m) != WIRE_OK) {
     st = hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s sent a malformed HELLO_ACK", remote);
+    goto out;
+  }
+  /* An authenticated link's HELLO_ACK is its first proven frame; a refusal of the proof
+   * is not (the target never took the session). */
+  if ((m.u.hello_ack.status == WIRE_HELLO_OK || (h.flags & WIRE_F_TAG)) &&
+      (st = link_handshake_tag(fd, deadline, p, frame, &h)) != HIXL_SUCCESS) {
+    st = hixl_fail(st, "HixlEngineConnect: %s's HELLO_ACK: %s", remote, HixlGetLastErrorMessage());
     goto out;
   }
   if (m.u.hello_ack.status != WIRE_HELLO_OK) {
@@ -189,7 +202,7 @@ HixlStatus api_handshake(HixlEngine *e, int fd, const char *remote, uint64_t dea
       log_info("link to %s goes by %s: one rail (Rails stripes tcp and rdma links)", remote, (*xp)->name);
   }
 out:
-  free(body);
+  free(frame);
   return st;
 }
 
@@ -222,7 +235,7 @@ static HixlStatus ask_rails(HixlEngine *e, int fd, const char *remote, uint64_t 
   uint8_t buf[WIRE_HDR_LEN + 12 + WIRE_RAIL_LEN * WIRE_MAX_RAILS];
   struct wire_hdr h;
   struct wire_msg m;
-  HixlStatus st = sock_send_all(fd, buf, wire_put_rails(buf, 0), deadline);
+  HixlStatus st = link_handshake_send(fd, p, buf, wire_put_rails(buf, 0), deadline);
   if (st == HIXL_SUCCESS) st = link_handshake_recv(fd, deadline, p, buf, sizeof(buf), &h);
   if (st != HIXL_SUCCESS)
     return hixl_fail(st, "HixlEngineConnect: asking %s for its rails: %s", remote, HixlGetLastErrorMessage());
@@ -302,7 +315,7 @@ static void rail_keys(struct peer *p, const struct peer *hs, uint32_t k) {
 /* A dialled rail joins p as rail k, its data moved by xp (lock held); false: no
  * resources, fd closed and the transport's link discarded. */
 static bool rail_attach(HixlEngine *e, struct peer *p, uint32_t k, int fd, const struct xport_ops *xp,
-                        void *link) {
+                        void *link, struct auth_frames *proof) {
   struct conn *c = link_conn_new(e, fd, CONN_INITIATOR);
   if (c) c->rx = RX_PARKED;
   if (!c || link_conn_watch(c) < 0) {
@@ -314,7 +327,8 @@ static bool rail_attach(HixlEngine *e, struct peer *p, uint32_t k, int fd, const
     close(fd);
     return false;
   }
-  xp->link.attach(c, link); /* c->xp: xp */
+  xp->link.attach(c, link);           /* c->xp: xp */
+  auth_frames_move(&c->proof, proof); /* its own handshake's frame count and keys */
   snprintf(c->remote_name, sizeof(c->remote_name), "%s", p->remote_name[0] ? p->remote_name : p->name);
   sock_tune_rail(fd, e->opts.rail_stall_ms);
   c->peer = p;
@@ -365,8 +379,12 @@ static void rail_bring_up(HixlEngine *e, uint64_t id, uint32_t k, uint64_t deadl
     return;
   }
   rail_keys(p, hs, k); /* before the link is read: its MEM_ADD / MEM_DEL follow these */
+  struct auth_frames proof = {0};
+  auth_frames_move(&proof, &hs->proof);
   api_peer_release(hs);
-  if (rail_attach(e, p, k, fd, xp, link))
+  bool up = rail_attach(e, p, k, fd, xp, link, &proof);
+  auth_frames_free(&proof); /* taken by the link, or left with a link that never was */
+  if (up)
     log_info("link to %s: rail %u up (%s, %s)", p->name, k, addr_str(&rl.remote, to, sizeof(to)), xp->name);
 }
 

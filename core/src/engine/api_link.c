@@ -55,6 +55,7 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
   }
   xp->link.attach(c, link); /* c->xp: xp */
   xp = NULL;
+  auth_frames_move(&c->proof, &p->proof); /* the link counts its frames on from the handshake's */
   snprintf(c->remote_name, sizeof(c->remote_name), "%s", p->remote_name[0] ? p->remote_name : remote);
   c->peer = p;
   p->conn = c;

@@ -110,6 +110,7 @@ struct conn {
   uint8_t auth_expect[AUTH_MAC_LEN];
   uint8_t session[AUTH_MAC_LEN];
   bool authed;
+  struct auth_frames proof; /* authenticated: every frame after AUTH_PROOF is tagged (on) */
   struct grant_set *grants; /* target, scoped memory: its peer's grants, found at its first op */
   /* Rails (initiator): the link's index in its peer's rails, or -1 outside rails; the
    * bytes of its chunks not yet answered, and when it last moved a byte (RailStallMs). */
@@ -139,6 +140,7 @@ struct peer {
   char broken_why[256];
   uint8_t session[AUTH_MAC_LEN]; /* the link's session secret, when authed */
   bool authed;                   /* the peer proved a key this engine holds */
+  struct auth_frames proof;      /* during Connect: the frame tags (its link takes them) */
   uint64_t id;                   /* unique per engine: found again after the lock was released */
   /* Rails: n_rails > 1 when both engines have them and the link is tcp. rails[0] is
    * the link Connect made; conn is whichever live rail carries the control frames

@@ -342,6 +342,7 @@ void link_free_graveyard(struct HixlEngine *e) {
     struct conn *c = e->graveyard;
     e->graveyard = c->next;
     for (int i = 0; i < XPORT_MODS; i++) e->mods[i]->link.free(c);
+    auth_frames_free(&c->proof);
     free(c->rxbuf);
     free(c);
   }
@@ -350,6 +351,8 @@ void link_free_graveyard(struct HixlEngine *e) {
 void link_enqueue(struct conn *c, struct txitem *it) {
   it->next = NULL;
   it->sent = 0;
+  it->sealed = false; /* tagged as it first goes out (link_frames.c) */
+  it->tag_len = 0;
   if (c->role == CONN_TARGET) { /* an answer this engine owes its peer: counted against the bound */
     it->queued = it->heap_len + it->payload_len; /* the inline header is the item's own cost */
     it->owed = true;
@@ -406,6 +409,32 @@ void link_wake(struct HixlEngine *e) {
   (void)!write(e->evfd, &one, sizeof(one));
 }
 
+HixlStatus link_handshake_send(int fd, struct peer *p, uint8_t *frame, size_t len, uint64_t deadline) {
+  uint8_t tag[WIRE_TAG_LEN];
+  if (!p->proof.on) return sock_send_all(fd, frame, len, deadline);
+  frame[7] |= WIRE_F_TAG;
+  auth_seal_frame(&p->proof.tx, frame, len, NULL, 0, tag);
+  HixlStatus st = sock_send_all(fd, frame, len, deadline);
+  return st == HIXL_SUCCESS ? sock_send_all(fd, tag, sizeof(tag), deadline) : st;
+}
+
+HixlStatus link_handshake_tag(int fd, uint64_t deadline, struct peer *p, const uint8_t *frame,
+                              const struct wire_hdr *h) {
+  uint8_t tag[WIRE_TAG_LEN];
+  HixlStatus st;
+  if ((h->flags & WIRE_F_TAG) != (p->proof.on ? WIRE_F_TAG : 0u))
+    return hixl_fail(HIXL_FAILED, "%s %s on %s link", p->proof.on ? "an unproven" : "a proven",
+                     wire_type_name(h->type),
+                     p->proof.on ? "an authenticated" : "a link that was not authenticated");
+  if (!p->proof.on) return HIXL_SUCCESS;
+  if ((st = sock_recv_all(fd, tag, sizeof(tag), deadline)) != HIXL_SUCCESS) return st;
+  if (!auth_check_frame(&p->proof.rx, frame, WIRE_HDR_LEN + h->body_len, NULL, 0, tag))
+    return hixl_fail(HIXL_FAILED,
+                     "%s (frame %llu) failed its proof: inserted, replayed, reordered or altered on the way",
+                     wire_type_name(h->type), (unsigned long long)p->proof.rx.seq);
+  return HIXL_SUCCESS;
+}
+
 HixlStatus link_handshake_recv(int fd, uint64_t deadline, struct peer *p, uint8_t *buf, size_t cap,
                                struct wire_hdr *h) {
   HixlStatus st;
@@ -415,6 +444,7 @@ HixlStatus link_handshake_recv(int fd, uint64_t deadline, struct peer *p, uint8_
     if (wire_parse_hdr(buf, h) != WIRE_OK || WIRE_HDR_LEN + h->body_len > cap)
       return hixl_fail(HIXL_FAILED, "malformed frame");
     if ((st = sock_recv_all(fd, buf + WIRE_HDR_LEN, h->body_len, deadline)) != HIXL_SUCCESS) return st;
+    if ((st = link_handshake_tag(fd, deadline, p, buf, h)) != HIXL_SUCCESS) return st;
     if (h->type != WIRE_MEM_ADD && h->type != WIRE_MEM_DEL) return HIXL_SUCCESS;
     if (wire_decode(h, buf + WIRE_HDR_LEN, &m) != WIRE_OK) return hixl_fail(HIXL_FAILED, "malformed frame");
     if (h->type == WIRE_MEM_ADD) {

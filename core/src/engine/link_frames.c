@@ -20,7 +20,7 @@
 /* Drop a chunk of a timed-out request that has not started on the wire. */
 static bool drop_if_cancelled(struct conn *c) {
   struct txitem *it = c->txq_head;
-  if (!it->chunk || it->sent || !it->chunk->req->cancelled) return false;
+  if (!it->chunk || it->sent || it->tag_len || !it->chunk->req->cancelled) return false; /* a tag counts it */
   struct chunk *ch = it->chunk;
   c->txq_head = it->next;
   if (!c->txq_head) c->txq_tail = NULL;
@@ -29,15 +29,42 @@ static bool drop_if_cancelled(struct conn *c) {
   return true;
 }
 
-/* Append iovecs for what is left of it (header, heap, then its payload or its
+/* On an authenticated link, a frame's tag, made as it first goes out: the peer counts
+ * frames in the order they leave. */
+static void item_seal(struct conn *c, struct txitem *it) {
+  it->sealed = true;
+  if (!c->proof.on) return;
+  uint8_t *h0 = it->hdr_len ? it->hdr : it->heap;
+  h0[7] |= WIRE_F_TAG; /* the flags' low byte */
+  auth_seal_frame(&c->proof.tx, it->hdr, it->hdr_len, it->heap, it->heap_len, it->tag);
+  it->tag_len = WIRE_TAG_LEN;
+}
+
+/* The frames sealed for a send that took none of their bytes (the first of them on is
+ * not on the wire, nor its tag) get their counts back: a frame of a timed-out request
+ * is still dropped unsent, and the next frame out takes the count. */
+static void unseal_unsent(struct conn *c, struct txitem *last) {
+  for (struct txitem *it = c->txq_head; it; it = it->next) {
+    if (it->sent == 0 && it->tag_len) {
+      (it->hdr_len ? it->hdr : it->heap)[7] &= (uint8_t)~WIRE_F_TAG;
+      it->tag_len = 0;
+      c->proof.tx.seq--;
+    }
+    if (it->sent == 0) it->sealed = false;
+    if (it == last) break;
+  }
+}
+
+/* Append iovecs for what is left of it (header, heap, tag, then its payload or its
  * gathered ranges) from iov[n] on, within budget; returns the new n. */
 static int item_iov(const struct txitem *it, struct iovec *iov, int n, size_t budget, size_t *bytes) {
   size_t off = it->sent;
   const struct stage_seg one = {.laddr = (uintptr_t)it->payload, .len = (uint32_t)it->payload_len};
-  const struct stage_seg head[2] = {{.laddr = (uintptr_t)it->hdr, .len = it->hdr_len},
-                                    {.laddr = (uintptr_t)it->heap, .len = (uint32_t)it->heap_len}};
+  const struct stage_seg head[3] = {{.laddr = (uintptr_t)it->hdr, .len = it->hdr_len},
+                                    {.laddr = (uintptr_t)it->heap, .len = (uint32_t)it->heap_len},
+                                    {.laddr = (uintptr_t)it->tag, .len = it->tag_len}};
   const struct stage_seg *parts[2] = {head, it->gather ? it->gather : &one};
-  uint32_t nparts[2] = {2, it->gather ? it->ngather : 1};
+  uint32_t nparts[2] = {3, it->gather ? it->ngather : 1};
   for (int p = 0; p < 2; p++)
     for (uint32_t g = 0; g < nparts[p] && n < LINK_IOV_MAX && *bytes < budget; g++) {
       size_t len = parts[p][g].len;
@@ -62,7 +89,10 @@ void link_flush_some(struct conn *c, size_t budget) {
     int n = 0;
     size_t bytes = 0;
     if (drop_if_cancelled(c)) continue;
-    for (struct txitem *it = c->txq_head; it && n + 3 <= LINK_IOV_MAX && bytes < budget; it = it->next) {
+    struct txitem *last = NULL; /* the last item this send may carry bytes of */
+    for (struct txitem *it = c->txq_head; it && n + 4 <= LINK_IOV_MAX && bytes < budget; it = it->next) {
+      if (!it->sealed) item_seal(c, it);
+      last = it;
       n = item_iov(it, iov, n, budget, &bytes);
       if (it->gather) break; /* its ranges may fill the vector: one such item per call */
       if (it->next && it->next->chunk && it->next->chunk->req->cancelled) break;
@@ -70,6 +100,7 @@ void link_flush_some(struct conn *c, size_t budget) {
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
     ssize_t k = sock_sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (k < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) unseal_unsent(c, last);
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       if (errno == EINTR) continue;
       char why[128];
@@ -82,7 +113,7 @@ void link_flush_some(struct conn *c, size_t budget) {
     if (c->rail >= 0 && done > 0) c->last_io_ns = hixl_now_ns();
     while (c->txq_head) {
       struct txitem *it = c->txq_head;
-      size_t total = it->hdr_len + it->heap_len + it->payload_len;
+      size_t total = it->hdr_len + it->heap_len + it->tag_len + it->payload_len;
       size_t take = total - it->sent < done ? total - it->sent : done;
       it->sent += take;
       done -= take;
@@ -90,6 +121,7 @@ void link_flush_some(struct conn *c, size_t budget) {
       c->txq_head = it->next;
       if (!c->txq_head) c->txq_tail = NULL;
       struct chunk *ch = it->chunk;
+      if (it == last) last = NULL;
       link_txitem_done(c, it);
       if (ch) {
         ch->next_pending = NULL;
@@ -100,6 +132,7 @@ void link_flush_some(struct conn *c, size_t budget) {
         c->pend_tail = ch;
       }
     }
+    if (last) unseal_unsent(c, last);
   }
   if (!c->dead) link_set_want_out(c, c->txq_head != NULL);
   if (!c->dead && (c->stall & (LINK_STALL_FENCE | LINK_STALL_BACKLOG))) stall_release(c);
@@ -365,6 +398,12 @@ static void target_hello(struct conn *c, const struct wire_msg *m) {
     auth_refuse(c, "authentication required: the peer offered no key (it has no AuthKeyFile)");
     return;
   }
+  if (!(m->u.hello.caps & WIRE_CAP_PROVEN)) {
+    auth_wipe(&ring, sizeof(ring));
+    auth_refuse(c, "authentication failed: the peer does not prove its frames (an older hixl: this engine "
+                   "needs WIRE_CAP_PROVEN on a keyed link)");
+    return;
+  }
   bool reflected = nonce_mine(e, m->u.hello.nonce);
   if (reflected || !dialled_is_me(e, m->u.hello.dialled, m->u.hello.dialled_len)) {
     auth_wipe(&ring, sizeof(ring));
@@ -412,9 +451,13 @@ static void target_auth_proof(struct conn *c, const struct wire_msg *m) {
     return;
   }
   auth_wipe(c->auth_expect, sizeof(c->auth_expect));
+  if (!auth_frames_init(&c->proof, c->session, false)) {
+    auth_refuse(c, "cannot set up the link's frame proofs (OpenSSL: out of memory)");
+    return;
+  }
   c->authed = true;
   c->role = CONN_TARGET;
-  send_hello_ack(c, WIRE_HELLO_OK);
+  send_hello_ack(c, WIRE_HELLO_OK); /* the first frame proven */
   log_info("accepted an authenticated link from %s", c->remote_name);
 }
 
@@ -735,13 +778,34 @@ void link_parse_frames(struct conn *c) {
       link_conn_kill(c, HIXL_FAILED, why);
       return;
     }
-    if (avail < WIRE_HDR_LEN + h.body_len) return; /* body not here yet; fits ENGINE_RXBUF */
+    size_t tag = c->proof.on ? WIRE_TAG_LEN : 0;
+    if ((h.flags & WIRE_F_TAG) != (tag ? WIRE_F_TAG : 0u)) {
+      char why[192];
+      snprintf(why, sizeof(why), "%s %s on %s link: closing this link", tag ? "an unproven" : "a proven",
+               wire_type_name(h.type), tag ? "an authenticated" : "a link that was not authenticated");
+      log_error("%s: %s", c->remote_name[0] ? c->remote_name : "handshaking peer", why);
+      link_conn_kill(c, HIXL_FAILED, why);
+      return;
+    }
+    if (avail < WIRE_HDR_LEN + h.body_len + tag) return; /* body not here yet; fits ENGINE_RXBUF */
     /* A CALL is served once every answer queued before it on this link has been sent:
      * a handler that lets memory go (the plugin's FREE) knows no earlier answer still
      * reads it. The link reads nothing more until then (stall_release). */
     if ((h.type == WIRE_CALL || h.type == WIRE_CALL_AFTER) && c->role == CONN_TARGET && c->txq_head) {
       c->stall |= LINK_STALL_FENCE;
       link_conn_arm(c);
+      return;
+    }
+    if (tag && !auth_check_frame(&c->proof.rx, p, WIRE_HDR_LEN + h.body_len, NULL, 0,
+                                 p + WIRE_HDR_LEN + h.body_len)) {
+      char why[192];
+      snprintf(why, sizeof(why),
+               "%s (frame %llu from it) failed its proof: inserted, replayed, reordered, dropped or altered "
+               "on the "
+               "way: closing this link",
+               wire_type_name(h.type), (unsigned long long)c->proof.rx.seq);
+      log_error("%s: %s", c->remote_name[0] ? c->remote_name : "handshaking peer", why);
+      link_conn_kill(c, HIXL_FAILED, why);
       return;
     }
     err = wire_decode(&h, p + WIRE_HDR_LEN, &m);
@@ -753,7 +817,7 @@ void link_parse_frames(struct conn *c) {
       link_conn_kill(c, HIXL_FAILED, why);
       return;
     }
-    c->rx_start += WIRE_HDR_LEN + h.body_len;
+    c->rx_start += WIRE_HDR_LEN + h.body_len + tag;
     if (c->role == CONN_INITIATOR)
       initiator_handle(c, &m);
     else

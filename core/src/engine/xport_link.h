@@ -52,6 +52,12 @@ struct txitem {
   uint32_t hdr_len;
   uint8_t *heap; /* owned; freed once sent */
   size_t heap_len;
+  /* On an authenticated link: the frame's tag (over hdr and heap), made as it first
+   * goes out, in the order frames go out (tag_len WIRE_TAG_LEN once made); then it
+   * cannot be dropped unsent any more (the peer counts frames). */
+  uint8_t tag[WIRE_TAG_LEN];
+  uint8_t tag_len;
+  bool sealed;
   const uint8_t *payload;
   size_t payload_len;
   const struct stage_seg *gather; /* instead of payload: laddr ranges sent in order */
@@ -64,7 +70,7 @@ struct txitem {
   uint32_t n_own_regs;
   size_t queued;            /* bytes counted in the link's answers_queued (heap frame and payload) */
   bool owed;                /* counted in the link's answers_items: an answer a target owes */
-  size_t sent;              /* bytes of hdr, heap and payload sent so far */
+  size_t sent;              /* bytes of hdr, heap, tag and payload sent so far */
   struct chunk *chunk;      /* initiator: awaits a response once sent */
   struct hixl_mem_reg *reg; /* target READ_RESP: inflight released once sent */
 };
@@ -166,8 +172,15 @@ void link_rearm(struct conn *c);      /* tell epoll again what to watch (a targe
 void link_resume(struct conn *c);     /* a stalled target link reads again: frames waiting first */
 void link_unpark(struct conn *c);     /* the progress thread reads the link (answers are due) */
 void link_wake(struct HixlEngine *e); /* the progress thread looks at its work now */
+/* During Connect (blocking socket, no lock): send a built frame (len bytes at frame,
+ * no payload), tagged when p's link is authenticated (the header's flags are set). */
+HixlStatus link_handshake_send(int fd, struct peer *p, uint8_t *frame, size_t len, uint64_t deadline);
+/* ... and check a received frame (header and body at frame): its flag, and when p's
+ * link is authenticated its tag, read from fd. */
+HixlStatus link_handshake_tag(int fd, uint64_t deadline, struct peer *p, const uint8_t *frame,
+                              const struct wire_hdr *h);
 /* During Connect (blocking socket, no lock): receive the next frame into buf (header,
- * then body), applying the MEM_ADD / MEM_DEL the target sends meanwhile to p. */
+ * then body; its tag checked), applying the MEM_ADD / MEM_DEL the target sends meanwhile to p. */
 HixlStatus link_handshake_recv(int fd, uint64_t deadline, struct peer *p, uint8_t *buf, size_t cap,
                                struct wire_hdr *h);
 uint32_t peer_caps(const struct peer *p); /* WIRE_CAP_* of its HELLO_ACK */

@@ -94,4 +94,35 @@ void auth_transcript_mac(const struct auth_key *key, const char *label, const ui
 /* The key of ring with this id, or NULL. */
 const struct auth_key *auth_key_by_id(const struct auth_ring *ring, const uint8_t id[AUTH_ID_LEN]);
 
+/* Frame proofs (docs/security.md, "Every frame proven"). After an authenticated
+ * handshake every frame on the link carries a tag of AUTH_TAG_LEN bytes: AES-256-GCM's
+ * tag over no plaintext, with the frame's header and body as associated data (GMAC),
+ * under the key of its direction (HMAC(session, AUTH_LABEL_FRAMES_I2T or _T2I)), the
+ * nonce being the direction's count of frames (u32 1, u64 count, big-endian). A frame
+ * inserted, replayed, reordered, dropped or altered fails the next check, and the link
+ * ends. One auth_seal per direction: tx seals, rx checks; each call moves its count on. */
+#define AUTH_TAG_LEN          16u
+#define AUTH_LABEL_FRAMES_I2T "hixl frames v1 initiator to target"
+#define AUTH_LABEL_FRAMES_T2I "hixl frames v1 target to initiator"
+struct auth_seal {
+  void *ctx; /* EVP_CIPHER_CTX with the direction's key */
+  uint64_t seq;
+};
+struct auth_frames {
+  struct auth_seal tx, rx;
+  bool on; /* the link was authenticated: every frame from here on is tagged */
+};
+/* Derive both directions' keys from the link's session secret; the initiator sends with
+ * I2T. false when OpenSSL cannot (out of memory): the link must not go on. */
+bool auth_frames_init(struct auth_frames *f, const uint8_t session[AUTH_MAC_LEN], bool initiator);
+void auth_frames_free(struct auth_frames *f);
+/* to takes from's state; from is left off. */
+void auth_frames_move(struct auth_frames *to, struct auth_frames *from);
+/* The tag of the next frame (its bytes: a, then b; b may be NULL). */
+void auth_seal_frame(struct auth_seal *s, const void *a, size_t alen, const void *b, size_t blen,
+                     uint8_t tag[AUTH_TAG_LEN]);
+/* Whether tag is the next frame's (compared in constant time). */
+bool auth_check_frame(struct auth_seal *s, const void *a, size_t alen, const void *b, size_t blen,
+                      const uint8_t tag[AUTH_TAG_LEN]);
+
 #endif

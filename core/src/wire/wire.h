@@ -1,7 +1,7 @@
 /* wire: the control-plane and TCP data protocol. Every frame is a fixed 20-byte
- * header, a body parsed whole before anything acts on it, and for WRITE_REQ,
- * READ_RESP and STAGE_WRITE a raw payload (straight to or from registered memory,
- * or, staged, packed ranges).
+ * header, a body parsed whole before anything acts on it, on an authenticated link
+ * the frame's tag (WIRE_F_TAG), and for WRITE_REQ, READ_RESP and STAGE_WRITE a raw
+ * payload (straight to or from registered memory, or, staged, packed ranges).
  * All integers are big-endian; no C struct is ever sent as is. */
 #ifndef HIXL_WIRE_H
 #define HIXL_WIRE_H
@@ -35,6 +35,13 @@
 #define WIRE_CAP_CALL_AFTER 0x80u  /* answers CALL_AFTER */
 #define WIRE_CAP_AUTH       0x100u /* HELLO: the auth block follows the name (a key is to be proven) */
 #define WIRE_CAP_RAILS      0x200u /* answers RAILS: the addresses it accepts links on (Rails) */
+#define WIRE_CAP_PROVEN     0x400u /* keyed HELLO: every frame after AUTH_PROOF carries a tag (WIRE_F_TAG) */
+
+/* Header flags. WIRE_F_TAG: the frame is proven: WIRE_TAG_LEN bytes follow its body
+ * (before any payload), the tag over its header and body (util/auth.h). On an
+ * authenticated link every frame after AUTH_PROOF has it, and no other frame may. */
+#define WIRE_F_TAG   0x1u
+#define WIRE_TAG_LEN 16u
 
 /* Authentication (docs/security.md). HELLO with WIRE_CAP_AUTH ends with the auth
  * block: nonce (32 bytes), a count u8 (1 or 2) and as many key ids (8 bytes each),
@@ -133,7 +140,7 @@ struct wire_hdr {
   uint32_t magic;
   uint8_t version;
   uint8_t type;
-  uint16_t flags; /* zero in version 1 */
+  uint16_t flags; /* WIRE_F_TAG or zero */
   uint32_t body_len;
   uint32_t payload_len;
   uint32_t reserved; /* zero in version 1 */

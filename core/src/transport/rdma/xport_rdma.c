@@ -325,7 +325,7 @@ static HixlStatus erdma_connect(struct HixlEngine *e, int fd, uint64_t deadline,
     return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s: %s", remote, err);
   }
   size_t n = put_qp_frame(buf, sizeof(buf), WIRE_RDMA_CONNECT, 0, &local);
-  if ((st = sock_send_all(fd, buf, n, deadline)) != HIXL_SUCCESS) goto fail_io;
+  if ((st = link_handshake_send(fd, p, buf, n, deadline)) != HIXL_SUCCESS) goto fail_io;
   /* Registrations the target makes meanwhile may come first (MEM_ADD / MEM_DEL). */
   if ((st = link_handshake_recv(fd, deadline, p, buf, sizeof(buf), &h)) != HIXL_SUCCESS) goto fail_io;
   if (h.type != WIRE_RDMA_CONNECT_ACK) {

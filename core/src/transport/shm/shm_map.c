@@ -298,7 +298,7 @@ HixlStatus eshm_map_connect(int fd, uint64_t deadline, struct peer *p, struct es
   HixlStatus st;
   wire_begin(&w, buf, cap, WIRE_SHM_MAP_HELLO);
   wire_put_u32(&w, 0);
-  if ((st = sock_send_all(fd, buf, wire_end(&w, 0), deadline)) != HIXL_SUCCESS) return st;
+  if ((st = link_handshake_send(fd, p, buf, wire_end(&w, 0), deadline)) != HIXL_SUCCESS) return st;
   for (;;) {
     if ((st = link_handshake_recv(fd, deadline, p, buf, cap, &h)) != HIXL_SUCCESS) return st;
     if ((h.type != WIRE_SHM_MAP && h.type != WIRE_SHM_MAP_ACK) ||

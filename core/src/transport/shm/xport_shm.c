@@ -284,7 +284,7 @@ static HixlStatus eshm_connect(struct HixlEngine *e, int fd, uint64_t deadline, 
   wire_begin(&w, buf, sizeof(buf), WIRE_SHM_HELLO);
   wire_put_shm_id(&w, WIRE_SHM_LAYOUT, self->boot_id, self->pid, self->uid);
   wire_put_u32(&w, WIRE_SHM_F_MAP);
-  if ((st = sock_send_all(fd, buf, wire_end(&w, 0), deadline)) != HIXL_SUCCESS ||
+  if ((st = link_handshake_send(fd, p, buf, wire_end(&w, 0), deadline)) != HIXL_SUCCESS ||
       (st = link_handshake_recv(fd, deadline, p, buf, sizeof(buf), &h)) != HIXL_SUCCESS)
     return hixl_fail(st, "HixlEngineConnect: shm handshake with %s: %s", remote, HixlGetLastErrorMessage());
   if (h.type != WIRE_SHM_HELLO_ACK || wire_decode(&h, buf + WIRE_HDR_LEN, &m) != WIRE_OK)
