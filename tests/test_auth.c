@@ -327,6 +327,162 @@ static void test_alias_through_forwarder(void) {
   eng_down(&z);
 }
 
+/* ---- a forwarder in the path of a proven link: what it changes ends the link ---- */
+
+/* The forwarder of test_alias_through_forwarder (listed in Z's AuthAliases, so the
+ * handshake passes through it), which on the test's word alters one byte of the next
+ * bytes from Z to V (cmd 'F'), or puts a frame of its own into the stream to Z: a
+ * WRITE_REQ into Z's memory with a tag it cannot make (cmd 'I'). It says on done_w
+ * when it has done so, and again when Z closed its side. */
+struct mitm {
+  struct relay r; /* lfd, port, to_port, th; done_r / done_w: the test's end */
+  int cmd_r, cmd_w, ack_r, ack_w;
+  uint64_t z_addr;
+};
+
+static void *mitm_main(void *arg) {
+  struct mitm *x = arg;
+  uint8_t buf[16384];
+  bool flip = false;
+  int a = accept(x->r.lfd, NULL, NULL), b = a >= 0 ? raw_dial(x->r.to_port) : -1;
+  while (a >= 0 && b >= 0) {
+    struct pollfd pf[4] = {{.fd = x->r.done_r, .events = POLLIN},
+                           {.fd = x->cmd_r, .events = POLLIN},
+                           {.fd = a, .events = POLLIN},
+                           {.fd = b, .events = POLLIN}};
+    if (poll(pf, 4, 10000) <= 0 || pf[0].revents) break;
+    if (pf[1].revents) {
+      char cmd;
+      if (read(x->cmd_r, &cmd, 1) != 1) break;
+      if (cmd == 'F') flip = true;
+      if (cmd == 'I') {
+        uint8_t f[WIRE_SMALL_FRAME + AUTH_TAG_LEN + 64];
+        size_t n = wire_put_write_req(f, 1000, x->z_addr, 64);
+        f[7] |= WIRE_F_TAG;
+        memset(f + n, 0x66, AUTH_TAG_LEN + 64); /* a guessed tag, then the data */
+        if (!raw_send_all(b, f, n + AUTH_TAG_LEN + 64)) break;
+      }
+      if (write(x->ack_w, &cmd, 1) != 1) break;
+      continue;
+    }
+    int from = pf[2].revents ? a : b, to = from == a ? b : a;
+    ssize_t n = read(from, buf, sizeof(buf));
+    if (n <= 0) {
+      if (from == b) (void)!write(x->ack_w, "Z", 1); /* Z closed the link */
+      break;
+    }
+    if (from == b && flip) {
+      buf[n > 30 ? 30 : n - 1] ^= 0x10; /* inside the first frame's header, body or tag */
+      flip = false;
+    }
+    if (!raw_send_all(to, buf, (size_t)n)) break;
+    x->r.passed += (uint64_t)n;
+  }
+  if (a >= 0) close(a);
+  if (b >= 0) close(b);
+  return NULL;
+}
+
+/* V linked to Z through the forwarder x (listed in Z's AuthAliases), V's buffer got
+ * registered. */
+static void mitm_up(struct mitm *x, struct eng *v, struct eng *z, char *via, uint8_t **got,
+                    HixlMemHandle *gh) {
+  int c[2], k[2];
+  TU_ASSERT_OK_FATAL(eng_up(v, key_file("mitm_v", KEY_A "\n", 0600), 51));
+  memset(z, 0, sizeof(*z));
+  memset(x, 0, sizeof(*x));
+  uint16_t zport = tu_free_port();
+  CU_ASSERT_FATAL(pipe(c) == 0 && pipe(k) == 0);
+  x->cmd_r = c[0], x->cmd_w = c[1], x->ack_r = k[0], x->ack_w = k[1];
+  /* relay_up's listener and thread, with this forwarder's loop */
+  struct relay *r = &x->r;
+  int p[2];
+  r->to_port = zport;
+  r->port = tu_free_port();
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(r->port)};
+  inet_pton(AF_INET, tu_ip(), &sa.sin_addr);
+  r->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  CU_ASSERT_FATAL(r->lfd >= 0 && bind(r->lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+                  listen(r->lfd, 4) == 0 && pipe(p) == 0);
+  r->done_r = p[0];
+  r->done_w = p[1];
+  tu_addr(via, TU_ADDR_LEN, r->port);
+  tu_addr(z->name, sizeof(z->name), zport);
+  HixlOption o[3] = {
+      {"AuthKeyFile", key_file("mitm_z", KEY_A "\n", 0600)}, {"AuthAliases", via}, {"Transport", "tcp"}};
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&z->e));
+  TU_ASSERT_OK_FATAL(HixlEngineInitialize(z->e, z->name, o, 3));
+  z->mem = tu_alloc_mem(MEM, false);
+  tu_fill(z->mem, MEM, 52);
+  HixlMemDesc d = {.addr = (uintptr_t)z->mem, .len = MEM};
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(z->e, &d, HIXL_MEM_HOST, &z->h));
+  x->z_addr = (uintptr_t)z->mem;
+  CU_ASSERT_FATAL(pthread_create(&r->th, NULL, mitm_main, x) == 0);
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(v->e, via, 5000));
+  *got = tu_alloc_mem(MEM, false);
+  HixlMemDesc l = {.addr = (uintptr_t)*got, .len = MEM};
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(v->e, &l, HIXL_MEM_HOST, gh));
+}
+
+static void mitm_down(struct mitm *x, struct eng *v, struct eng *z, uint8_t *got, HixlMemHandle gh) {
+  HixlEngineDeregisterMem(v->e, gh);
+  tu_free_mem(got, MEM);
+  relay_down(&x->r);
+  close(x->cmd_r);
+  close(x->cmd_w);
+  close(x->ack_r);
+  close(x->ack_w);
+  eng_down(v);
+  eng_down(z);
+}
+
+/* Tell the forwarder cmd; wait until it says it did, then (want) for its next word. */
+static char mitm_say(struct mitm *x, char cmd, bool then_wait) {
+  char got = 0;
+  CU_ASSERT_FATAL(write(x->cmd_w, &cmd, 1) == 1);
+  CU_ASSERT_FATAL(read(x->ack_r, &got, 1) == 1 && got == cmd);
+  if (then_wait) CU_ASSERT_FATAL(read(x->ack_r, &got, 1) == 1);
+  return got;
+}
+
+/* A byte of Z's answer altered on the way: V's READ fails, V's buffer keeps its bytes. */
+static void test_mitm_alters_answer(void) {
+  struct mitm x;
+  struct eng v, z;
+  char via[TU_ADDR_LEN];
+  uint8_t *got;
+  HixlMemHandle gh;
+  mitm_up(&x, &v, &z, via, &got, &gh);
+  HixlTransferOpDesc op = {.local_addr = (uintptr_t)got, .remote_addr = (uintptr_t)z.mem, .len = 4096};
+  TU_ASSERT_OK(HixlEngineTransferSync(v.e, via, HIXL_READ, &op, 1, 10000)); /* the forwarder passes it */
+  TU_ASSERT_SAME(got, z.mem, 4096, "a READ through the forwarder");
+  tu_fill(got, MEM, 53);
+  mitm_say(&x, 'F', false);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(v.e, via, HIXL_READ, &op, 1, 10000), HIXL_FAILED);
+  TU_ASSERT_ERRMSG_HAS("failed its proof");
+  TU_ASSERT_PATTERN(got, MEM, 53, "V's buffer after an answer the proof refused");
+  TU_ASSERT_PATTERN(z.mem, MEM, 52, "Z's memory");
+  mitm_down(&x, &v, &z, got, gh);
+}
+
+/* A frame put into the stream to Z after the handshake: Z ends the link, its memory
+ * unchanged; V's next transfer fails. */
+static void test_mitm_injects(void) {
+  struct mitm x;
+  struct eng v, z;
+  char via[TU_ADDR_LEN];
+  uint8_t *got;
+  HixlMemHandle gh;
+  mitm_up(&x, &v, &z, via, &got, &gh);
+  HixlTransferOpDesc op = {.local_addr = (uintptr_t)got, .remote_addr = (uintptr_t)z.mem, .len = 4096};
+  TU_ASSERT_OK(HixlEngineTransferSync(v.e, via, HIXL_READ, &op, 1, 10000));
+  CU_ASSERT_EQUAL(mitm_say(&x, 'I', true), 'Z'); /* Z closed the link */
+  HixlStatus st = HixlEngineTransferSync(v.e, via, HIXL_WRITE, &op, 1, 10000);
+  CU_ASSERT(st == HIXL_FAILED || st == HIXL_NOT_CONNECTED);
+  TU_ASSERT_PATTERN(z.mem, MEM, 52, "Z's memory after a frame the forwarder put in");
+  mitm_down(&x, &v, &z, got, gh);
+}
+
 /* ---- hostile peers speaking the wire directly to a target with a key ---- */
 
 static struct eng tgt, ini; /* a keyed target and a keyed initiator linked to it */
@@ -538,6 +694,8 @@ static CU_TestInfo auth_tests[] = {
     {"a keyless relay between two keyed engines: refused, naming both; memory untouched", test_keyless_relay},
     {"a handshake reflected to its own engine: refused, memory untouched", test_reflection},
     {"a forwarder listed in AuthAliases: linked through it, byte for byte", test_alias_through_forwarder},
+    {"a forwarder alters a byte of an answer: the READ fails, nothing lands", test_mitm_alters_answer},
+    {"a forwarder puts in a frame of its own: the link ends, nothing written", test_mitm_injects},
     CU_TEST_INFO_NULL,
 };
 
@@ -706,6 +864,128 @@ static CU_TestInfo scoped_tests[] = {
     CU_TEST_INFO_NULL,
 };
 
+/* ---- every frame proven: a key holder's frames altered, replayed, dropped, reordered ---- */
+
+/* A raw link to the keyed target that proved the key; its frame tags in fr. */
+static int proven_link(struct auth_frames *fr) {
+  struct raw_auth a = {.name = "raw-framer:1", .key_hex = KEY_A, .frames = fr};
+  int fd = raw_dial(tport);
+  if (fd >= 0 &&
+      (!raw_auth_hello(fd, &a, raw_send_all, raw_recv_all) || a.status != WIRE_HELLO_OK || !a.ack_proven)) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+/* A WRITE_REQ of 64 bytes into the target at off, tagged under fr (the next count):
+ * the frame, its tag and the payload in out, their length returned. */
+static size_t sealed_write(struct auth_frames *fr, uint64_t seq, size_t off, uint8_t fill, uint8_t *out) {
+  size_t n = wire_put_write_req(out, seq, (uintptr_t)tgt.mem + off, 64);
+  out[7] |= WIRE_F_TAG;
+  auth_seal_frame(&fr->tx, out, n, NULL, 0, out + n);
+  memset(out + n + AUTH_TAG_LEN, fill, 64);
+  return n + AUTH_TAG_LEN + 64;
+}
+
+enum tamper { T_ALTER, T_BAD_TAG, T_UNTAGGED, T_REPLAY, T_DROP, T_REORDER, T_N };
+static const char *const tamper_name[T_N] = {"altered",  "a wrong tag", "no tag",
+                                             "replayed", "one dropped", "reordered"};
+
+/* One case: the link ends with nothing said, and no byte of the target changes. */
+static void tamper_case(enum tamper t) {
+  struct auth_frames fr = {0};
+  uint8_t a[WIRE_SMALL_FRAME + AUTH_TAG_LEN + 64], b[sizeof(a)], hdr[WIRE_HDR_LEN + 64];
+  struct wire_hdr h;
+  int fd = proven_link(&fr);
+  CU_ASSERT_FATAL(fd >= 0);
+  size_t na = 0, nb = 0, frame = wire_put_write_req(a, 1, 0, 64);
+  bool sent = true;
+  switch (t) {
+  case T_ALTER: /* sealed for offset 0, then pointed at offset 4096 */
+    na = sealed_write(&fr, 1, 0, 0xa1, a);
+    wire_put_write_req(hdr, 1, (uintptr_t)tgt.mem + 4096, 64);
+    memcpy(a + 8, hdr + 8, frame - 8); /* the lengths, seq and address; the flag kept */
+    sent = raw_send_all(fd, a, na);
+    break;
+  case T_BAD_TAG:
+    na = sealed_write(&fr, 1, 0, 0xa2, a);
+    a[frame] ^= 0x01;
+    sent = raw_send_all(fd, a, na);
+    break;
+  case T_UNTAGGED: /* what a peer that never proved anything sends */
+    memset(a + frame, 0xa3, 64);
+    sent = raw_send_all(fd, a, frame) && raw_send_all(fd, a + frame, 64);
+    break;
+  case T_REPLAY: { /* served once; the same bytes again after the target's memory is set back */
+    na = sealed_write(&fr, 1, 0, 0xa4, a);
+    CU_ASSERT_TRUE_FATAL(raw_send_all(fd, a, na));
+    CU_ASSERT_TRUE_FATAL(raw_recv_proven(fd, &fr, &h, hdr, hdr + WIRE_HDR_LEN, 64));
+    CU_ASSERT_EQUAL(h.type, WIRE_WRITE_ACK);
+    CU_ASSERT_EQUAL(tgt.mem[0], 0xa4); /* the original landed */
+    tu_fill(tgt.mem, MEM, 5);
+    sent = raw_send_all(fd, a, na);
+    break;
+  }
+  case T_DROP: /* the first of two never arrives */
+    na = sealed_write(&fr, 1, 0, 0xa5, a);
+    nb = sealed_write(&fr, 2, 64, 0xa5, b);
+    sent = raw_send_all(fd, b, nb);
+    break;
+  case T_REORDER:
+    na = sealed_write(&fr, 1, 0, 0xa6, a);
+    nb = sealed_write(&fr, 2, 64, 0xa6, b);
+    sent = raw_send_all(fd, b, nb) && raw_send_all(fd, a, na);
+    break;
+  case T_N: break;
+  }
+  CU_ASSERT_TRUE(sent);
+  if (!raw_closed_silent(fd))
+    tu_fail(__FILE__, __LINE__, "a frame %s: the link was not closed", tamper_name[t]);
+  close(fd);
+  auth_frames_free(&fr);
+  TU_ASSERT_PATTERN(tgt.mem, MEM, 5, "the target's memory after a frame the proof refused");
+}
+
+static void test_frames_tampered(void) {
+  for (int t = 0; t < T_N; t++) tamper_case((enum tamper)t);
+  legit_still_works();
+}
+
+/* A proven frame answered proven: the count goes on over many frames, both ways. */
+static void test_frames_counted(void) {
+  struct auth_frames fr = {0};
+  uint8_t a[WIRE_SMALL_FRAME + AUTH_TAG_LEN + 64], hdr[WIRE_HDR_LEN + 64];
+  struct wire_hdr h;
+  int fd = proven_link(&fr);
+  CU_ASSERT_FATAL(fd >= 0);
+  for (uint64_t seq = 1; seq <= 200; seq++) {
+    size_t n = sealed_write(&fr, seq, (seq % 64) * 64, (uint8_t)seq, a);
+    CU_ASSERT_TRUE_FATAL(raw_send_all(fd, a, n));
+    CU_ASSERT_TRUE_FATAL(raw_recv_proven(fd, &fr, &h, hdr, hdr + WIRE_HDR_LEN, 64));
+    CU_ASSERT_EQUAL(h.type, WIRE_WRITE_ACK);
+    CU_ASSERT_EQUAL(tgt.mem[(seq % 64) * 64], (uint8_t)seq);
+  }
+  CU_ASSERT_EQUAL(fr.tx.seq, 200);
+  CU_ASSERT_EQUAL(fr.rx.seq, 201); /* the HELLO_ACK and 200 answers */
+  close(fd);
+  auth_frames_free(&fr);
+  tu_fill(tgt.mem, MEM, 5);
+  legit_still_works();
+}
+
+/* An older hixl (no WIRE_CAP_PROVEN) holding the key: refused, saying why. */
+static void test_frames_unproven_peer(void) {
+  struct raw_auth a = {.name = "old-hixl:1", .key_hex = KEY_A, .unproven = true};
+  int fd = raw_dial(tport);
+  CU_ASSERT_FATAL(fd >= 0);
+  CU_ASSERT_TRUE_FATAL(raw_auth_hello(fd, &a, raw_send_all, raw_recv_all));
+  CU_ASSERT_FALSE(a.challenged);
+  assert_bare_refusal(fd, &a);
+  close(fd);
+  legit_still_works();
+}
+
 static CU_TestInfo hostile_tests[] = {
     {"names are escaped (log_escape)", test_log_escape},
     {"no key: a bare refusal, no table, memory untouched", test_raw_no_key},
@@ -715,6 +995,10 @@ static CU_TestInfo hostile_tests[] = {
     {"frames out of turn (a WRITE before the proof): closed, nothing written", test_raw_out_of_turn},
     {"a proof that never comes: closed at HandshakeTimeout", test_raw_proof_never_comes},
     {"a spoofed name: refused; names in the log escaped", test_raw_spoofed_name},
+    {"frames altered, wrongly tagged, untagged, replayed, dropped, reordered: link closed, nothing written",
+     test_frames_tampered},
+    {"200 proven frames each way: counted on, every one served", test_frames_counted},
+    {"a key holder that does not prove its frames (an older hixl): refused", test_frames_unproven_peer},
     CU_TEST_INFO_NULL,
 };
 
