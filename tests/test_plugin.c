@@ -1266,6 +1266,86 @@ static void test_push_allocs_bounded(void) {
   ST_IS(ops->destroy(s), HIXL_KV_SUCCESS); /* the rest freed here (ASan: no leak) */
 }
 
+/* A push producer's update_state_after_alloc of id (the consumer's params name
+ * 127.0.0.1:9); then its request_finished's delay_free when finish is set. */
+static int32_t push_producer_alloc(hixl_kv_connector *s, const char *id, bool finish) {
+  char params[256];
+  snprintf(params, sizeof(params),
+           "{\"do_remote_decode\": true, \"remote_engine\": \"127.0.0.1:9\", \"remote_request_id\": \"%s\", "
+           "\"remote_block_ids\": [1, 2]}",
+           id);
+  hixl_kv_request r = request(id, 2 * BLOCK_TOKENS, params);
+  uint64_t blocks[2] = {3, 4};
+  int32_t delay = -1;
+  if (!finish) {
+    ST_IS(ops->update_state_after_alloc(s, &r, blocks, 2, 0), HIXL_KV_SUCCESS);
+    return delay;
+  }
+  hixl_kv_buffer out = {0};
+  ST_IS(ops->request_finished(s, &r, blocks, 2, &delay, &out), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(out.len, 0);
+  ops->free_buffer(&out);
+  return delay;
+}
+
+/* Bytes of the next metadata (freed). */
+static size_t meta_len(hixl_kv_connector *s) {
+  hixl_kv_buffer m = {0};
+  ST_IS(ops->build_connector_meta(s, &m), HIXL_KV_SUCCESS);
+  size_t n = m.len;
+  ops->free_buffer(&m);
+  return n;
+}
+
+/* A push producer's scheduler tracks the requests waiting to be pushed (their blocks
+ * stay at request_finished): at most max_inflight_requests of them (before: one more
+ * each, in a list searched linearly); one more is not pushed (no PUSH entry, its
+ * request_finished frees its blocks), and a finished_sending or request_finished makes
+ * room. A request pushed, reported sent, then allocated again (a preemption) is pushed
+ * again and its blocks kept until that push ends (before: request_finished found it in
+ * the "pushed" list and answered delay_free 0 while the second push was under way). */
+static void test_push_producer_bounded(void) {
+  char cfg[640], err[256] = "";
+  hixl_kv_connector *s = NULL;
+  snprintf(cfg, sizeof(cfg),
+           "{\"address\": \"%s:%u\", \"role\": \"producer\", \"mode\": \"push\", "
+           "\"max_inflight_requests\": 2, \"Transport\": \"%s\"}",
+           test_ip(), (unsigned)free_port(), transport());
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &s, err, sizeof(err)), HIXL_KV_SUCCESS);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+  size_t empty = meta_len(s); /* the header alone */
+  push_producer_alloc(s, "pb-1", false);
+  push_producer_alloc(s, "pb-2", false);
+  CU_ASSERT(meta_len(s) > empty); /* two PUSH entries */
+  push_producer_alloc(s, "pb-3", false);
+  CU_ASSERT_EQUAL(meta_len(s), empty); /* at the bound: not pushed */
+  CU_ASSERT_EQUAL(push_producer_alloc(s, "pb-3", true), 0);
+  push_producer_alloc(s, "pb-2", false); /* allocated again (a preemption): pushed again, not counted twice */
+  CU_ASSERT(meta_len(s) > empty);
+  const char *sent1[1] = {"pb-1"};
+  ST_IS(ops->update_connector_output(s, &(hixl_kv_ids){sent1, 1}, NULL, NULL), HIXL_KV_SUCCESS);
+  push_producer_alloc(s, "pb-4", false); /* pb-1's push ended: room for one */
+  CU_ASSERT(meta_len(s) > empty);
+  CU_ASSERT_EQUAL(push_producer_alloc(s, "pb-1", true), 0); /* pushed already: freed now */
+  CU_ASSERT_EQUAL(push_producer_alloc(s, "pb-2", true), 1);
+  CU_ASSERT_EQUAL(push_producer_alloc(s, "pb-4", true), 1);
+  /* Pushed, reported sent, allocated again, finished before the second push ended. */
+  push_producer_alloc(s, "pb-5", false);
+  const char *sent5[1] = {"pb-5"};
+  ST_IS(ops->update_connector_output(s, &(hixl_kv_ids){sent5, 1}, NULL, NULL), HIXL_KV_SUCCESS);
+  push_producer_alloc(s, "pb-5", false);
+  CU_ASSERT_EQUAL(push_producer_alloc(s, "pb-5", true), 1);
+  ST_IS(ops->update_connector_output(s, &(hixl_kv_ids){sent5, 1}, NULL, NULL), HIXL_KV_SUCCESS);
+  /* Nothing left behind: the bound's two places are free again. */
+  meta_len(s);
+  push_producer_alloc(s, "pb-6", false);
+  push_producer_alloc(s, "pb-7", false);
+  CU_ASSERT(meta_len(s) > empty);
+  CU_ASSERT_EQUAL(push_producer_alloc(s, "pb-6", true), 1);
+  CU_ASSERT_EQUAL(push_producer_alloc(s, "pb-7", true), 1);
+  ST_IS(ops->destroy(s), HIXL_KV_SUCCESS);
+}
+
 /* The producer has more blocks than the consumer gave: its pusher refuses and tells
  * the consumer at once (not at the end of the consumer's lease); nothing moves. */
 static void test_push_short_of_blocks(void) {
@@ -1463,6 +1543,8 @@ static CU_TestInfo arg_tests[] = {
     {"a consumer's failed loads: forgotten at request_finished, at most KV_FAILED_MAX", test_failed_bounded},
     {"push allocations: released at request_finished, replaced, at most KV_ALLOCS_MAX",
      test_push_allocs_bounded},
+    {"push producer: at most max_inflight_requests wait to be pushed, room made again",
+     test_push_producer_bounded},
     CU_TEST_INFO_NULL,
 };
 static CU_TestInfo pd_tests[] = {

@@ -298,14 +298,13 @@ struct kv_idhash {
 struct kv_sched {
   struct kv_out meta; /* entries for the next build_connector_meta */
   uint32_t meta_count;
-  struct kv_idhash failed; /* consumer: requests whose load failed (recompute: 0 tokens), till finished */
-  struct kv_idhash allocs; /* push consumer: a struct kv_alloc per request, for get_push_params */
-  struct kv_idset pushing; /* push producer: requests whose blocks stay until pushed */
-  struct kv_idset pushed;  /* ... and those reported finished-sending before request_finished */
-  struct kv_idset holding; /* pull producer: requests held for a consumer, until finished_sending */
-  uint64_t not_held;       /* pull producer: finished requests refused at max_inflight_requests */
-  uint64_t epoch;          /* pull producer: this scheduler's, random (below 2^52: exact in any JSON) */
-  uint64_t hold_seq;       /* ... and the number of the last hold it queued */
+  struct kv_idhash failed;  /* consumer: requests whose load failed (recompute: 0 tokens), till finished */
+  struct kv_idhash allocs;  /* push consumer: a struct kv_alloc per request, for get_push_params */
+  struct kv_idhash pushing; /* push producer: requests whose blocks stay until pushed, at most max_inflight */
+  struct kv_idset holding;  /* pull producer: requests held for a consumer, until finished_sending */
+  uint64_t not_held;        /* producer: requests not held (pull) or not pushed (push) at max_inflight */
+  uint64_t epoch;           /* pull producer: this scheduler's, random (below 2^52: exact in any JSON) */
+  uint64_t hold_seq;        /* ... and the number of the last hold it queued */
   uint8_t cap_key[KV_CAP_KEY_LEN]; /* random: its requests' capabilities derive from it (kv_cap.c); each
                                     * metadata carries it to the workers */
 };

@@ -199,8 +199,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
     free(x);
   }
   kv_idhash_clear(&c->sched.allocs, kv_alloc_free);
-  kv_idset_clear(&c->sched.pushing);
-  kv_idset_clear(&c->sched.pushed);
+  kv_idhash_clear(&c->sched.pushing, NULL);
   kv_idset_clear(&c->load.busy);
   kv_idset_clear(&c->push.active);
   kv_idset_clear(&c->sched.holding);

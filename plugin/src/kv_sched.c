@@ -310,15 +310,31 @@ static hixl_kv_status push_after_alloc(hixl_kv_connector *c, const hixl_kv_reque
   else if (kv_worker_address(p.remote, 0, engine, sizeof(engine), &e.cluster) != HIXL_KV_SUCCESS)
     st = kv_fail(HIXL_KV_PARAM_INVALID, "%s: request %s: remote_engine \"%s\" is not ip:port", fn, id,
                  p.remote);
+  bool warn = false; /* the first refusal at max_inflight_requests */
+  size_t pushing = 0;
   if (st == HIXL_KV_SUCCESS) {
     e.rblocks = p.blocks;
     e.nrblocks = p.n;
     memcpy(e.rgn, p.gn, sizeof(e.rgn));
     pthread_mutex_lock(&c->lock);
-    meta_add(c, &e);
-    if (!kv_idset_has(&c->sched.pushing, id)) kv_idset_add(&c->sched.pushing, id);
+    /* Tracked before it is queued: request_finished keeps the blocks only of a request
+     * it finds here, so one queued but not tracked would be freed while pushed. */
+    bool known = kv_idhash_has(&c->sched.pushing, id); /* allocated again (a preemption): pushed again */
+    pushing = c->sched.pushing.n;
+    if (!known && pushing >= c->cfg.max_inflight) {
+      warn = c->sched.not_held++ == 0; /* not pushed: request_finished frees its blocks */
+    } else if (!known && kv_idhash_add(&c->sched.pushing, id, NULL, SIZE_MAX, NULL) < 0) {
+      st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: request %s: out of memory", fn, id);
+    } else {
+      meta_add(c, &e);
+    }
     pthread_mutex_unlock(&c->lock);
   }
+  if (warn)
+    log_warn("hixl-kv: %zu requests wait to be pushed (max_inflight_requests %u); request %s and later ones "
+             "beyond the bound are not pushed: request_finished frees their blocks, and their consumers' "
+             "loads fail at their lease (then recompute)",
+             pushing, c->cfg.max_inflight, id);
   free(p.blocks);
   free(b->v);
   return st;
@@ -452,12 +468,10 @@ static hixl_kv_status finished(hixl_kv_connector *c, const hixl_kv_request *r, c
   }
   if (c->cfg.push) {
     /* A pushed request's blocks stay until the pusher has sent them, unless
-     * update_connector_output already passed on that it has: then the host frees
-     * them now, as the plugin reports that request no more. */
+     * update_connector_output already passed on that it has (or it was never pushed):
+     * then the host frees them now, as the plugin reports that request no more. */
     pthread_mutex_lock(&c->lock);
-    bool pushed = kv_idset_has(&c->sched.pushed, id);
-    bool pushing = !pushed && kv_idset_has(&c->sched.pushing, id);
-    kv_idset_del(pushed ? &c->sched.pushed : &c->sched.pushing, id);
+    bool pushing = kv_idhash_del(&c->sched.pushing, id, NULL);
     pthread_mutex_unlock(&c->lock);
     *delay_free = pushing;
     params->data = NULL;
@@ -579,11 +593,8 @@ hixl_kv_status kv_update_output(hixl_kv_connector *c, const hixl_kv_ids *sending
   for (size_t i = 0; sending && i < sending->count; i++) {
     const char *id = sending->ids[i];
     if (!id) continue;
-    kv_idset_del(&c->sched.holding, id);       /* its blocks are free: room to hold more */
-    if (kv_idset_has(&c->sched.pushing, id)) { /* pushed before request_finished: see kv_finished */
-      kv_idset_del(&c->sched.pushing, id);
-      kv_idset_add(&c->sched.pushed, id);
-    }
+    kv_idset_del(&c->sched.holding, id);        /* its blocks are free: room to hold more */
+    kv_idhash_del(&c->sched.pushing, id, NULL); /* pushed before request_finished: see kv_finished */
   }
   bool first = false;
   for (size_t i = 0; failed && i < failed->count; i++)
