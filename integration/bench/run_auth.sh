@@ -2,7 +2,8 @@
 # run_auth.sh BUILD_DIR [OUTPUT_MD]
 #
 # What authenticated links (issue 27: AuthKeyFile / HIXL_AUTH_KEY_FILE, an HMAC-SHA256
-# challenge-response at HELLO) cost, authentication on against off, on this machine:
+# challenge-response at HELLO; issue 43: then a GMAC tag on every frame, both ways)
+# cost, authentication on against off, on this machine:
 #   - 4 MiB ops: hixl-bench (READ and WRITE, batch 1, sync, initiator on CPU 0 and
 #     target on CPU 1), tcp and auto (shm between two processes), with
 #     HIXL_AUTH_KEY_FILE set to a key made for the run (on) and unset (off);
@@ -14,9 +15,10 @@
 # off are always neighbours, and so are off and off-b: on/off is the A/B ratio,
 # off-b/off the A/A ratio, which shows what the same case differs by from one run to
 # the next here. The page gives both ratios' min / median / max over the rounds.
-# Goals (issue 27): GB/s on/off >= 0.98x for 4 MiB ops and for the P/D hand-off
+# Goals (issue 43): GB/s on/off >= 0.95x for 4 MiB ops and for the P/D hand-off
 # (median over rounds); the page says PASS or MISS per goal, and says where the A/A
-# spread is wider than the 2% the goal resolves.
+# spread is wider than the 5% the goal resolves. CPU seconds (user + system of every
+# process of a run, /usr/bin/time) per GiB moved, on against off, beside them.
 #
 # Writes OUTPUT_MD (default docs/performance-auth.md; also on stdout) and
 # BUILD_DIR/auth-results/auth.json; raw runs in BUILD_DIR/auth-results/raw; progress on
@@ -46,6 +48,7 @@ for b in "$BENCH" "$ABENCH" "$MHOST" "$PLUGIN"; do
   [ -e "$b" ] || die "$b is missing: cmake --build $BUILD --target hixl-bench hixl-auth-bench hixl-mock-host hixl_kv_connector"
 done
 for c in python3 timeout; do command -v "$c" >/dev/null || die "$c is missing"; done
+[ -x /usr/bin/time ] || die "/usr/bin/time is missing (Debian: apt-get install time)"
 ROUNDS=${AUTH_ROUNDS:-5}
 REQUESTS=${AUTH_REQUESTS:-32}
 SECS=${AUTH_SECONDS:-1}
@@ -78,14 +81,14 @@ run_case() {
   [ "$v" = on ] && env_cmd=(env "HIXL_AUTH_KEY_FILE=$KEYDIR/key")
   case $kind in
   ops)
-    timeout -k 10 300 "${env_cmd[@]}" "$BENCH" --transport "$t" --block-sizes 4M --op both --pin 0,1 \
+    timeout -k 10 300 /usr/bin/time -f "%U %S %e" -o "$base.time" "${env_cmd[@]}" "$BENCH" --transport "$t" --block-sizes 4M --op both --pin 0,1 \
       --max-seconds "$SECS" --total 16G --no-progress --json "$base.json" >"$base.out" 2>"$base.err" || st=$?
     ;;
   pd)
     local auth=()
     [ "$v" = on ] || auth=(--auth-key none)
     # its own fresh key when on: HIXL_AUTH_KEY_FILE unset either way
-    timeout -k 10 400 env -u HIXL_AUTH_KEY_FILE "$MHOST" --transport "$t" --requests "$REQUESTS" "${auth[@]}" \
+    timeout -k 10 400 /usr/bin/time -f "%U %S %e" -o "$base.time" env -u HIXL_AUTH_KEY_FILE "$MHOST" --transport "$t" --requests "$REQUESTS" "${auth[@]}" \
       --timeout 360 --no-progress --json "$base.json" >"$base.out" 2>"$base.err" || st=$?
     ;;
   esac
@@ -123,6 +126,9 @@ measure() {
   echo "before: $(cut -d' ' -f1-3 /proc/loadavg)" >"$RES/load"
   git -C "$SRC" rev-parse --short HEAD >"$RES/head" 2>/dev/null
   date -u +"%Y-%m-%d %H:%M UTC" >"$RES/date"
+  log "the frame proof's primitives (hixl-auth-bench --frames)"
+  timeout -k 10 300 "$ABENCH" --frames --json "$RES/frames.json" >"$RES/frames.out" 2>"$RAW/frames.err" ||
+    die "hixl-auth-bench --frames failed; see $RAW/frames.err"
   log "$ROUNDS rounds: 4 MiB ops (${SECS} s per op), P/D ($REQUESTS requests), connects ($CONNECTS per mode); tcp and auto; load $(cut -d' ' -f1-3 /proc/loadavg)"
   for ((r = 1; r <= ROUNDS; r++)); do
     order=(on off offb)
@@ -179,13 +185,22 @@ res, out = sys.argv[1], sys.argv[2]
 E = os.environ
 raw = os.path.join(res, "raw")
 med = statistics.median
-GOAL, NOISE = 0.98, 0.02
+GOAL, NOISE = 0.95, 0.05
 
 def load(p):
     return json.load(open(p))
 
+def cpu_of(p):
+    """User + system CPU seconds of a run (every process), from its .time file; None if absent."""
+    try:
+        u, s_, _ = open(p[:-5] + ".time").read().split()[-3:]
+        return float(u) + float(s_)
+    except (OSError, ValueError):
+        return None
+
 # ops[(t, op)][variant][round] = GB/s; pd[t][variant][round] = {gbs, p50}
-ops, pd, conn = {}, {}, {}
+# cpu[(kind, t)][variant][round] = CPU seconds per GiB moved (ops: READ and WRITE of one run together)
+ops, pd, conn, cpu = {}, {}, {}, {}
 rounds = set()
 for p in glob.glob(os.path.join(raw, "r*-*.json")):
     m = re.match(r"r(\d+)-(ops|pd)-(\w+)-(on|off|offb)\.json$", os.path.basename(p))
@@ -193,10 +208,16 @@ for p in glob.glob(os.path.join(raw, "r*-*.json")):
         r, kind, t, v = int(m[1]), m[2], m[3], m[4]
         rounds.add(r)
         j = load(p)
+        c = cpu_of(p)
         if kind == "ops":
             for x in j["results"]:
                 ops.setdefault((t, x["op"]), {}).setdefault(v, {})[r] = x["gbps"]
+            moved = sum(x.get("bytes", 0) for x in j["results"])
         else:
+            moved = j.get("kv_bytes_verified", 0)
+        if c is not None and moved > 0:
+            cpu.setdefault((kind, t), {}).setdefault(v, {})[r] = c / (moved / 2**30)
+        if kind != "ops":
             if not j.get("pass"):
                 sys.exit(f"run_auth: {p}: the mock host's run did not pass")
             pd.setdefault(t, {}).setdefault(v, {})[r] = {"gbs": j["gb_per_s"], "p50": j["handoff_ms_p50"],
@@ -243,12 +264,12 @@ def verdict(ab, aa):
     if not ok and aa is not None and aa["min"] <= ab["median"]:
         notes.append("the A/A ratio went as low in these rounds: not told apart from noise")
     if w is not None and w > NOISE:
-        notes.append(f"A/A strays {w * 100:.1f}% from 1, more than the 2% the goal resolves")
+        notes.append(f"A/A strays {w * 100:.1f}% from 1, more than the 5% the goal resolves")
     return ("PASS" if ok else "MISS"), "; ".join(notes)
 
 lines = []
 P = lines.append
-P("# Authentication: what it costs (issue 27)")
+P("# Authentication: what it costs (issues 27 and 43)")
 P("")
 try:
     measured = open(os.path.join(res, "date")).read().strip()
@@ -295,7 +316,9 @@ P("")
 P(f"- **4 MiB ops**: `hixl-bench --block-sizes 4M --op both --pin 0,1 --max-seconds {E['AUTH_SECS']}` "
   "(two processes, sync, batch 1, every point verified), `--transport tcp` and `auto` (shm between the two "
   "processes); on: `HIXL_AUTH_KEY_FILE` names a 64-hex-digit key made for the run (mode 0600), off: unset. "
-  "Auth costs only the Connect before the timed transfers, so the expected ratio is 1.")
+  "On, every frame after the handshake carries a GMAC tag (issue 43): over tcp a 4 MiB op moves as 1 MiB "
+  "chunks, each a tagged request and a tagged answer; the data itself is not tagged (docs/security.md). Over "
+  "auto (shm) only the control frames are tagged.")
 P(f"- **P/D hand-off**: `hixl-mock-host --requests {E['AUTH_REQUESTS_N']} --transport T` (llama8b-like: 32 layers, "
   "K and V, 16-token blocks of 32 KiB; prompts 16..4096 tokens; pull mode; every byte at decode checked); on: "
   "its default (a fresh key per run, both instances), off: `--auth-key none`. GB/s is verified KV over "
@@ -315,7 +338,7 @@ J["meta"]["capability_check_in_plugin"] = E["AUTH_CAP_BIN"] == "yes"
 P("## 4 MiB ops (hixl-bench)")
 P("")
 P("| transport | op | on GB/s | off GB/s | off-b GB/s | A/B on/off (min / **med** / max) | A/A off-b/off | "
-  "on / all keyless | verdict (>= 0.98x) |")
+  "on / all keyless | verdict (>= 0.95x) |")
 P("|---|---|---:|---:|---:|---|---|---:|---|")
 ops_ok, ops_rows = True, []
 for (t, op) in sorted(ops, key=lambda k: (k[0] != "tcp", k[1] != "WRITE")):
@@ -334,7 +357,7 @@ P("")
 P("## P/D hand-off (hixl-mock-host)")
 P("")
 P("| transport | on GB/s | off GB/s | off-b GB/s | A/B GB/s on/off | A/A GB/s off-b/off | GB/s on / all keyless | "
-  "verdict (>= 0.98x) | hand-off p50 ms on / off / off-b | A/B p50 on/off | A/A p50 off-b/off |")
+  "verdict (>= 0.95x) | hand-off p50 ms on / off / off-b | A/B p50 on/off | A/A p50 off-b/off |")
 P("|---|---:|---:|---:|---|---|---:|---|---|---|---|")
 pd_ok = True
 for t in sorted(pd, key=lambda k: k != "tcp"):
@@ -354,6 +377,39 @@ for t in sorted(pd, key=lambda k: k != "tcp"):
 P("")
 P("A hand-off ratio above 1 means slower; no goal is set on it. *On / all keyless* is the median of the on "
   "runs over the median of every keyless run (off and off-b): unpaired, but with twice the reference runs.")
+P("")
+
+P("## CPU seconds per GiB moved")
+P("")
+P("User + system CPU of every process of a run (both engines: hixl-bench's initiator and target, or the mock "
+  "host's prefill and decode), start-up, verification and warm-up included, over the GiB the run moved "
+  "(hixl-bench: READ and WRITE together; the mock host: the KV verified at decode). Median over the rounds.")
+P("")
+P("| case | transport | on s/GiB | off s/GiB | off-b s/GiB | A/B on/off (min / **med** / max) | A/A off-b/off |")
+P("|---|---|---:|---:|---:|---|---|")
+J["cpu_s_per_gib"] = []
+for (kind, t) in sorted(cpu, key=lambda k: (k[0] != "ops", k[1] != "tcp")):
+    d = cpu[(kind, t)]
+    g = {k: med(d[k].values()) for k in d}
+    ab, aa = spread(pair(d, "on", "off")), spread(pair(d, "offb", "off"))
+    P(f"| {'4 MiB ops' if kind == 'ops' else 'P/D hand-off'} | {t} | {g.get('on', 0):.3f} | {g.get('off', 0):.3f} | "
+      f"{g.get('offb', 0):.3f} | {fx(ab)} | {fx(aa)} |")
+    J["cpu_s_per_gib"].append({"kind": kind, "transport": t, "median": g, "rounds": d, "ab": ab, "aa": aa})
+P("")
+P("A CPU ratio above 1 means more CPU per byte with authentication on; no goal is set on it.")
+P("")
+
+P("## What proving a frame costs, and its alternatives (hixl-auth-bench --frames)")
+P("")
+P("One core, no network: the tag every frame of an authenticated link carries and its check, against "
+  "HMAC-SHA256 of the same bytes, tagging the data as well (GMAC over a 1 MiB tcp chunk) and encrypting it "
+  "(AES-256-GCM, what a TLS 1.3 record layer does to every byte), each beside memcpy of the same bytes. "
+  "docs/security.md, \"Every frame proven\", says what was chosen from these and why.")
+P("")
+try:
+    P(open(os.path.join(res, "frames.out")).read().split("\n", 1)[1].strip())
+except (OSError, IndexError):
+    P("(not measured in this run)")
 P("")
 
 P("## Connect (hixl-auth-bench)")
@@ -392,22 +448,22 @@ for t in sorted(pd, key=lambda k: k != "tcp"):
           " | ".join(f"{d[r]['gbs']:.3f} ({d[r]['p50']:.0f} ms)" if r in d else "-" for r in rounds) + " |")
 P("")
 
-J["goals"] = {"ops_4mib_on_off_ge_0.98": "PASS" if ops_ok else "MISS",
-              "pd_on_off_ge_0.98": "PASS" if pd_ok else "MISS"}
+J["goals"] = {"ops_4mib_on_off_ge_0.95": "PASS" if ops_ok else "MISS",
+              "pd_on_off_ge_0.95": "PASS" if pd_ok else "MISS"}
 P("## Goals and verdicts")
 P("")
-P(f"- 4 MiB ops, GB/s with authentication on / off >= 0.98x (median over rounds, every transport and op): "
-  f"**{J['goals']['ops_4mib_on_off_ge_0.98']}**")
-P(f"- P/D hand-off, GB/s with authentication on / off >= 0.98x (median over rounds, tcp and auto): "
-  f"**{J['goals']['pd_on_off_ge_0.98']}**")
+P(f"- 4 MiB ops, GB/s with authentication on / off >= 0.95x (median over rounds, every transport and op): "
+  f"**{J['goals']['ops_4mib_on_off_ge_0.95']}**")
+P(f"- P/D hand-off, GB/s with authentication on / off >= 0.95x (median over rounds, tcp and auto): "
+  f"**{J['goals']['pd_on_off_ge_0.95']}**")
 wide = [f"ops {x['transport']} {x['op']}" for x in J["ops"] if aa_width(x["aa"]) and aa_width(x["aa"]) > NOISE] + \
        [f"P/D {x['transport']}" for x in J["pd"] if aa_width(x["aa_gbps"]) and aa_width(x["aa_gbps"]) > NOISE]
 if wide:
-    P(f"- Noise: the A/A ratio strayed more than 2% from 1 for {', '.join(wide)}. There the machine's run-to-run "
+    P(f"- Noise: the A/A ratio strayed more than 5% from 1 for {', '.join(wide)}. There the machine's run-to-run "
       "spread is as large as or larger than the effect the goal bounds; a PASS says the median A/B ratio met the "
-      "bound, not that a 2% loss is ruled out, and a MISS within the A/A range is not a measured loss.")
+      "bound, not that a 5% loss is ruled out, and a MISS within the A/A range is not a measured loss.")
 else:
-    P("- Noise: every A/A ratio stayed within 2% of 1.")
+    P("- Noise: every A/A ratio stayed within 5% of 1.")
 P("")
 P("## Re-running")
 P("")
