@@ -184,7 +184,11 @@ uint32_t kv_layout_world(const char *text);
 
 /* The peers a request's blocks are given to (a PIN's consumer ranks, an ACCEPT's
  * producer ranks): each may be using them; grant: they are granted to it, and this is
- * its revoke, made when the grant was (kv_grant.c), so revoking allocates nothing. */
+ * its revoke, made when the grant was (kv_grant.c), so revoking allocates nothing. At
+ * most KV_PEERS_MAX: the ranks of one peer instance; a PIN or ACCEPT from one more
+ * name is refused (each would be granted the blocks, and kept in a list searched
+ * linearly). */
+#define KV_PEERS_MAX KV_TP_MAX
 struct kv_peers {
   struct kv_peer_ref {
     char name[KV_PEER_NAME_MAX + 1];
@@ -416,6 +420,7 @@ struct hixl_kv_connector {
   int efd;                /* get_event_fd's eventfd, made at its first call; -1 until then */
   hixl_kv_stats_ex stats; /* size unused */
   struct kv_obs *obs;     /* histograms and traces (kv_obs.c); NULL: observes nothing */
+  uint64_t peers_refused; /* PINs and ACCEPTs refused at a request's KV_PEERS_MAX (the first is logged) */
 
   struct kv_holder hold;  /* pull producer */
   struct kv_loader load;  /* pull consumer */
@@ -479,7 +484,8 @@ void kv_cap_wipe(void *p, size_t n); /* zeroes p in a way the compiler does not 
 
 /* Peer lists (lock held). */
 bool kv_peers_has(const struct kv_peers *s, const char *name);
-/* The entry of name in s, added if new; NULL: no memory, or a name longer than KV_PEER_NAME_MAX. */
+/* The entry of name in s, added if new; NULL: no memory, a name longer than KV_PEER_NAME_MAX,
+ * or s holds KV_PEERS_MAX others. */
 struct kv_peer_ref *kv_peers_add(struct kv_peers *s, const char *name);
 void kv_peers_free(struct kv_peers *s);
 /* Each of s's peers into c->drop (cut before the host reuses the blocks). */

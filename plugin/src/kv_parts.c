@@ -22,6 +22,7 @@ struct kv_peer_ref *kv_peers_add(struct kv_peers *s, const char *name) {
   for (uint32_t i = 0; i < s->n; i++)
     if (strcmp(s->v[i].name, name) == 0) return &s->v[i];
   if (strnlen(name, KV_PEER_NAME_MAX + 1) > KV_PEER_NAME_MAX) return NULL; /* kept whole or not at all */
+  if (s->n >= KV_PEERS_MAX) return NULL;
   struct kv_peer_ref *v = realloc(s->v, (s->n + 1) * sizeof(*v));
   if (!v) return NULL;
   s->v = v;

@@ -138,6 +138,21 @@ static const char *op_name(uint8_t op) {
   }
 }
 
+/* Whether peer may be given the blocks of a request whose peers are s: one of them, or
+ * room for one more (KV_PEERS_MAX); else why not in *why, counted, the first logged.
+ * Lock held. */
+static bool peers_room(hixl_kv_connector *c, const struct kv_peers *s, const char *peer, const char **why) {
+  _Static_assert(KV_PEERS_MAX == 64, "the refusal below names the bound");
+  if (s->n < KV_PEERS_MAX || kv_peers_has(s, peer)) return true;
+  *why = "its blocks are given to 64 peers already (KV_PEERS_MAX: the ranks of one peer instance at most)";
+  if (c->peers_refused++ == 0)
+    log_warn("hixl-kv: a PIN or ACCEPT was refused: a request's blocks are given to at most %u peers "
+             "(KV_PEERS_MAX, the ranks of one instance), and another one asked; its load or push of that "
+             "request fails, and the caller hears why (the first such refusal)",
+             KV_PEERS_MAX);
+  return false;
+}
+
 /* What a call's capability check found. */
 enum cap_verdict {
   CAP_OK,        /* it presents the request's capability */
@@ -264,10 +279,12 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
         tp_why = "another producer rank of it runs another world size";
       else if (x->want && !(x->want >> rank & 1))
         tp_why = "that producer rank writes nothing into this rank (kv_tp.c)";
-      else if (!kv_peers_grant(c, &x->peers, peer, x->blocks, x->gn, x->ngroups))
-        st = HIXL_RESOURCE_EXHAUSTED;
-      else
-        kv_obs_phase(c, id, KV_PH_PINNED, peer);
+      else if (peers_room(c, &x->peers, peer, &tp_why)) {
+        if (!kv_peers_grant(c, &x->peers, peer, x->blocks, x->gn, x->ngroups))
+          st = HIXL_RESOURCE_EXHAUSTED;
+        else
+          kv_obs_phase(c, id, KV_PH_PINNED, peer);
+      }
       for (uint32_t g = 0; g < x->ngroups; g++) /* what lands: at most what each group expects */
         x->pgn[g] = png == x->ngroups && pgn[g] < x->gn[g] ? pgn[g] : x->gn[g];
       held_answer(c, &out, x->blocks, x->n, x->gn, x->ngroups);
@@ -303,7 +320,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
     }
   } else if (op == KV_SVC_PIN) {
     if (h) {
-      if (!(tp_why = held_rank(c, h, world))) {
+      if (!(tp_why = held_rank(c, h, world)) && peers_room(c, &h->peers, peer, &tp_why)) {
         h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
         kv_obs_phase(c, id, KV_PH_PINNED, peer);
         if (!kv_peers_grant(c, &h->peers, peer, h->blocks, h->gn, h->ngroups)) st = HIXL_RESOURCE_EXHAUSTED;
