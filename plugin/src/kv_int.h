@@ -549,6 +549,12 @@ bool kv_msg(const hixl_kv_connector *c, struct kv_out *o, uint8_t op, const char
 /* Send o (a KV service request; freed here), wait for the answer within timeout_ms. */
 int kv_call_msg(hixl_kv_connector *c, const char *remote, struct kv_out *o, uint8_t *ans, size_t cap,
                 size_t *n, int32_t timeout_ms, HixlStatus *st);
+/* Send o (a PIN, RELEASE or ACCEPT; freed here) again while the peer answers "not yet"
+ * (KV_PIN_NOT_YET: it binds the request at its next step), a little apart, until
+ * deadline. SUCCESS: the answer (n bytes in ans), "not yet" only once the deadline
+ * passed; else the status of the call that failed. */
+HixlStatus kv_call_settled(hixl_kv_connector *c, const char *remote, struct kv_out *o, uint64_t deadline,
+                           uint8_t *ans, size_t cap, size_t *n);
 int kv_call_ex(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id,
                const struct kv_cap *rcap, uint32_t layer, const char *reason, uint8_t *ans, size_t cap,
                size_t *n, int32_t timeout_ms, HixlStatus *st);

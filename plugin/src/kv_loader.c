@@ -71,25 +71,19 @@ static HixlStatus pin_answer(hixl_kv_connector *c, const struct kv_meta_entry *e
  * yet; what it holds into h. */
 static HixlStatus pin(hixl_kv_connector *c, const struct kv_meta_entry *e, uint64_t deadline, uint8_t *ans,
                       struct kv_peer_held *h, char *why, size_t cap) {
-  HixlStatus st;
+  struct kv_out msg = {0};
   size_t n = 0;
-  for (unsigned tries = 0;; tries++) {
-    struct kv_out msg = {0};
-    pin_msg(c, &msg, e);
-    if (kv_call_msg(c, e->remote, &msg, ans, HIXL_CALL_MAX, &n, kv_ms_until(deadline), &st) < 0) {
-      snprintf(why, cap, "asking %s for request %s: %s", e->remote, e->rreq, HixlGetLastErrorMessage());
-      return st;
-    }
-    bool again;
-    if ((st = pin_answer(c, e, ans, n, h, &again, why, cap)) != HIXL_SUCCESS || !again) return st;
-    if (kv_ms_until(deadline) == 0) {
-      snprintf(why, cap, "the producer %s did not hold request %s within %d ms", e->remote, e->rreq,
-               c->cfg.transfer_timeout_ms);
-      return HIXL_TIMEOUT;
-    }
-    struct timespec ts = {0, tries < 20 ? 200000 : 2000000}; /* the producer binds it at its next step */
-    nanosleep(&ts, NULL);
+  bool again;
+  pin_msg(c, &msg, e);
+  HixlStatus st = kv_call_settled(c, e->remote, &msg, deadline, ans, HIXL_CALL_MAX, &n);
+  if (st != HIXL_SUCCESS) {
+    snprintf(why, cap, "asking %s for request %s: %s", e->remote, e->rreq, HixlGetLastErrorMessage());
+    return st;
   }
+  if ((st = pin_answer(c, e, ans, n, h, &again, why, cap)) != HIXL_SUCCESS || !again) return st;
+  snprintf(why, cap, "the producer %s did not hold request %s within %d ms", e->remote, e->rreq,
+           c->cfg.transfer_timeout_ms);
+  return HIXL_TIMEOUT;
 }
 
 /* ---- a loader thread's calls in flight (struct kv_loader_slot) ----
@@ -405,21 +399,17 @@ static struct kv_load *take_runnable(hixl_kv_connector *c) {
 static HixlStatus release(hixl_kv_connector *c, const struct kv_meta_entry *e, uint64_t deadline) {
   uint8_t ans[300];
   size_t n = 0;
-  HixlStatus st;
-  for (unsigned tries = 0;; tries++) {
-    struct kv_out msg = {0};
-    kv_msg(c, &msg, KV_SVC_RELEASE, e->rreq, &e->rcap, 0, "");
-    if (e->seq) {
-      kv_put_u64(&msg, e->epoch);
-      kv_put_u64(&msg, e->seq);
-    }
-    if (kv_call_msg(c, e->remote, &msg, ans, sizeof(ans), &n, kv_ms_until(deadline), &st) < 0) return st;
-    uint8_t state = n ? ans[0] : KV_PIN_GONE;
-    if (state != KV_PIN_NOT_YET) return state == KV_PIN_HELD ? HIXL_SUCCESS : HIXL_NOT_FOUND;
-    if (kv_ms_until(deadline) == 0) return HIXL_TIMEOUT;
-    struct timespec ts = {0, tries < 20 ? 200000 : 2000000}; /* the producer binds it at its next step */
-    nanosleep(&ts, NULL);
+  struct kv_out msg = {0};
+  kv_msg(c, &msg, KV_SVC_RELEASE, e->rreq, &e->rcap, 0, "");
+  if (e->seq) {
+    kv_put_u64(&msg, e->epoch);
+    kv_put_u64(&msg, e->seq);
   }
+  HixlStatus st = kv_call_settled(c, e->remote, &msg, deadline, ans, sizeof(ans), &n);
+  if (st != HIXL_SUCCESS) return st;
+  uint8_t state = n ? ans[0] : KV_PIN_GONE;
+  if (state == KV_PIN_NOT_YET) return HIXL_TIMEOUT;
+  return state == KV_PIN_HELD ? HIXL_SUCCESS : HIXL_NOT_FOUND;
 }
 
 /* An abort, or a producer rank this consumer rank frees without reading it

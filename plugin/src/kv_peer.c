@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/engine_ext.h"
 #include "kv_int.h"
@@ -29,6 +30,21 @@ int kv_call_msg(hixl_kv_connector *c, const char *remote, struct kv_out *o, uint
   free(o->p);
   o->p = NULL;
   return *st == HIXL_SUCCESS ? 0 : -1;
+}
+
+HixlStatus kv_call_settled(hixl_kv_connector *c, const char *remote, struct kv_out *o, uint64_t deadline,
+                           uint8_t *ans, size_t cap, size_t *n) {
+  HixlStatus st = o->bad ? HIXL_RESOURCE_EXHAUSTED : HIXL_SUCCESS;
+  for (unsigned tries = 0; st == HIXL_SUCCESS; tries++) {
+    int32_t left = kv_ms_until(deadline);
+    st = hixl_engine_call(c->eng, remote, HIXL_SERVICE_KV, o->p, o->len, ans, cap, n, left > 0 ? left : 1);
+    if (st != HIXL_SUCCESS || *n == 0 || ans[0] != KV_PIN_NOT_YET || kv_ms_until(deadline) == 0) break;
+    struct timespec ts = {0, tries < 20 ? 200000 : 2000000}; /* the peer binds it at its next step */
+    nanosleep(&ts, NULL);
+  }
+  free(o->p);
+  o->p = NULL;
+  return st;
 }
 
 int kv_call_ex(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id,

@@ -51,64 +51,63 @@ static bool push_counts_ok(const hixl_kv_connector *c, const struct kv_meta_entr
 static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why, size_t cap) {
   struct kv_meta_entry *e = &p->e; /* linked already (link_all) */
   uint64_t deadline = kv_now_ns() + (uint64_t)c->cfg.transfer_timeout_ms * 1000000ull;
-  HixlStatus st;
+  HixlStatus st = HIXL_RESOURCE_EXHAUSTED;
   uint8_t *ans = malloc(HIXL_CALL_MAX);
   struct kv_peer_held *h = calloc(1, sizeof(*h));
   size_t n = 0;
   uint64_t t_accept = kv_obs_phase(c, e->req, KV_PH_PIN, e->remote);
-  st = HIXL_RESOURCE_EXHAUSTED;
-  for (unsigned tries = 0; ans && h; tries++) {
-    struct kv_out msg = {0};
-    kv_msg(c, &msg, KV_SVC_ACCEPT, e->rreq, &e->rcap, 0, "");
-    kv_put_groups(&msg, e->gn, e->ngroups); /* what it writes per group: the consumer's bytes_loaded */
-    if (kv_call_msg(c, e->remote, &msg, ans, HIXL_CALL_MAX, &n, kv_ms_until(deadline), &st) < 0) {
-      snprintf(why, cap, "asking the consumer %s for request %s: %s", e->remote, e->rreq,
-               HixlGetLastErrorMessage());
-      break;
-    }
-    struct kv_in in = {ans, n, 0, false};
-    uint8_t state = kv_get_u8(&in);
-    if (state == KV_PIN_HELD) {
-      if ((st = kv_held_parse(c, &in, "consumer", e->remote, e->rreq, h, why, cap)) != HIXL_SUCCESS) break;
-      if (h->world != e->rtp) {
-        snprintf(why, cap, "the consumer %s runs %u ranks, its push params said tp_size %u", e->remote,
-                 h->world, e->rtp);
-        st = HIXL_PARAM_INVALID;
-        break;
-      }
-      bool fewer = e->ngroups != h->ngroups;
-      for (uint32_t g = 0; g < e->ngroups && !fewer; g++) fewer = h->gn[g] < e->gn[g];
-      if (fewer) {
-        snprintf(why, cap, "the consumer %s expects %zu blocks of request %s, this producer has %zu",
-                 e->remote, h->n, e->rreq, e->nblocks);
-        st = HIXL_PARAM_INVALID;
-      } else if (h->n == e->nrblocks &&
-                 h->digest != kv_groups_digest(e->rblocks, e->nrblocks, e->rgn, e->ngroups)) {
-        snprintf(why, cap, "the consumer %s expects request %s in other blocks than its push params named",
-                 e->remote, e->rreq);
-        st = HIXL_PARAM_INVALID;
-      } else if (!push_counts_ok(c, e, why, cap)) {
-        st = HIXL_PARAM_INVALID;
-      } else {
-        p->r = h->r; /* its planes: this push's */
-        h->r.planes = NULL;
-        kv_obs_span(c, e->req, KV_PH_PINNED, KV_H_PIN, t_accept);
-      }
-      break;
-    }
-    if (state == KV_PIN_GONE || state != KV_PIN_NOT_YET || kv_ms_until(deadline) == 0) {
-      snprintf(why, cap, "the consumer %s does not expect request %s (%s)", e->remote, e->rreq,
-               state == KV_PIN_GONE ? "it already ended" : "not within the transfer timeout");
-      st = state == KV_PIN_GONE ? HIXL_NOT_FOUND : HIXL_TIMEOUT;
-      break;
-    }
-    struct timespec ts = {0, tries < 20 ? 200000 : 2000000};
-    nanosleep(&ts, NULL);
+  struct kv_out msg = {0};
+  kv_msg(c, &msg, KV_SVC_ACCEPT, e->rreq, &e->rcap, 0, "");
+  kv_put_groups(&msg, e->gn, e->ngroups); /* what it writes per group: the consumer's bytes_loaded */
+  if (!ans || !h) {
+    free(msg.p);
+    snprintf(why, cap, "out of memory");
+    goto out;
   }
+  if ((st = kv_call_settled(c, e->remote, &msg, deadline, ans, HIXL_CALL_MAX, &n)) != HIXL_SUCCESS) {
+    snprintf(why, cap, "asking the consumer %s for request %s: %s", e->remote, e->rreq,
+             HixlGetLastErrorMessage());
+    goto out;
+  }
+  struct kv_in in = {ans, n, 0, false};
+  uint8_t state = kv_get_u8(&in);
+  if (state != KV_PIN_HELD) {
+    snprintf(why, cap, "the consumer %s does not expect request %s (%s)", e->remote, e->rreq,
+             state == KV_PIN_GONE      ? "it already ended"
+             : state == KV_PIN_NOT_YET ? "not within the transfer timeout"
+                                       : "a malformed answer");
+    st = state == KV_PIN_GONE ? HIXL_NOT_FOUND : state == KV_PIN_NOT_YET ? HIXL_TIMEOUT : HIXL_FAILED;
+    goto out;
+  }
+  if ((st = kv_held_parse(c, &in, "consumer", e->remote, e->rreq, h, why, cap)) != HIXL_SUCCESS) goto out;
+  if (h->world != e->rtp) {
+    snprintf(why, cap, "the consumer %s runs %u ranks, its push params said tp_size %u", e->remote, h->world,
+             e->rtp);
+    st = HIXL_PARAM_INVALID;
+    goto out;
+  }
+  bool fewer = e->ngroups != h->ngroups;
+  for (uint32_t g = 0; g < e->ngroups && !fewer; g++) fewer = h->gn[g] < e->gn[g];
+  if (fewer) {
+    snprintf(why, cap, "the consumer %s expects %zu blocks of request %s, this producer has %zu", e->remote,
+             h->n, e->rreq, e->nblocks);
+    st = HIXL_PARAM_INVALID;
+  } else if (h->n == e->nrblocks &&
+             h->digest != kv_groups_digest(e->rblocks, e->nrblocks, e->rgn, e->ngroups)) {
+    snprintf(why, cap, "the consumer %s expects request %s in other blocks than its push params named",
+             e->remote, e->rreq);
+    st = HIXL_PARAM_INVALID;
+  } else if (!push_counts_ok(c, e, why, cap)) {
+    st = HIXL_PARAM_INVALID;
+  } else {
+    p->r = h->r; /* its planes: this push's */
+    h->r.planes = NULL;
+    kv_obs_span(c, e->req, KV_PH_PINNED, KV_H_PIN, t_accept);
+  }
+out:
   if (h) free(h->r.planes);
   free(h);
   free(ans);
-  if (st == HIXL_RESOURCE_EXHAUSTED && (!ans || !h)) snprintf(why, cap, "out of memory");
   return st;
 }
 
