@@ -111,6 +111,8 @@ struct conn {
   uint8_t session[AUTH_MAC_LEN];
   bool authed;
   struct auth_frames proof; /* authenticated: every frame after AUTH_PROOF is tagged (on) */
+  bool pay_tagged;          /* the payload under way has a tag behind it (WIRE_F_PAYLOAD_TAG) */
+  bool pay_tag_due;         /* ... it has all come: its tag is the next 16 bytes, then payload_done */
   struct grant_set *grants; /* target, scoped memory: its peer's grants, found at its first op */
   /* Rails (initiator): the link's index in its peer's rails, or -1 outside rails; the
    * bytes of its chunks not yet answered, and when it last moved a byte (RailStallMs). */
@@ -321,6 +323,9 @@ uint32_t link_then_init(struct hixl_transfer_req *r, struct conn *c, struct chun
                         uint32_t len, int state);
 void link_parse_frames(struct conn *c);
 void link_payload_advance(struct conn *c, size_t k);
+/* k payload bytes received at src (the destination, or where they were dropped):
+ * into the payload's tag when it has one (AuthPayloadTag), then link_payload_advance. */
+void link_payload_land(struct conn *c, const uint8_t *src, size_t k);
 void link_payload_take(struct conn *c, const uint8_t *buf, size_t n);
 
 #endif

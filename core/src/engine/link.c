@@ -353,6 +353,7 @@ void link_enqueue(struct conn *c, struct txitem *it) {
   it->sent = 0;
   it->sealed = false; /* tagged as it first goes out (link_frames.c) */
   it->tag_len = 0;
+  it->ptag_len = 0;
   if (c->role == CONN_TARGET) { /* an answer this engine owes its peer: counted against the bound */
     it->queued = it->heap_len + it->payload_len; /* the inline header is the item's own cost */
     it->owed = true;

@@ -2,6 +2,7 @@
 /* Sending and parsing share this file because they call each other: a flush that
  * empties the queue releases a fenced CALL, which parses on; parsing answers, and sends. */
 #include <arpa/inet.h>
+#include <openssl/crypto.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,10 +18,24 @@
 
 /* ---- the send queue ---- */
 
+/* The frames tagged but not yet on the wire (a prefix of the queue: tags are made in
+ * order, from the head) give their counts back, to be tagged again when they go. */
+static void unseal_unsent(struct conn *c) {
+  for (struct txitem *it = c->txq_head; it && it->sealed && it->sent == 0; it = it->next) {
+    if (it->tag_len) {
+      (it->hdr_len ? it->hdr : it->heap)[7] &= (uint8_t) ~(WIRE_F_TAG | WIRE_F_PAYLOAD_TAG);
+      c->proof.tx.seq--;
+    }
+    it->tag_len = it->ptag_len = 0;
+    it->sealed = false;
+  }
+}
+
 /* Drop a chunk of a timed-out request that has not started on the wire. */
 static bool drop_if_cancelled(struct conn *c) {
   struct txitem *it = c->txq_head;
-  if (!it->chunk || it->sent || it->tag_len || !it->chunk->req->cancelled) return false; /* a tag counts it */
+  if (!it->chunk || it->sent || !it->chunk->req->cancelled) return false;
+  if (it->sealed) unseal_unsent(c); /* the next frame out takes its count */
   struct chunk *ch = it->chunk;
   c->txq_head = it->next;
   if (!c->txq_head) c->txq_tail = NULL;
@@ -35,37 +50,34 @@ static void item_seal(struct conn *c, struct txitem *it) {
   it->sealed = true;
   if (!c->proof.on) return;
   uint8_t *h0 = it->hdr_len ? it->hdr : it->heap;
-  h0[7] |= WIRE_F_TAG; /* the flags' low byte */
+  bool ptag = c->eng->opts.auth_payload_tag && it->payload_len > 0;
+  h0[7] =
+      (uint8_t)((h0[7] & ~(WIRE_F_TAG | WIRE_F_PAYLOAD_TAG)) | WIRE_F_TAG | (ptag ? WIRE_F_PAYLOAD_TAG : 0));
   auth_seal_frame(&c->proof.tx, it->hdr, it->hdr_len, it->heap, it->heap_len, it->tag);
   it->tag_len = WIRE_TAG_LEN;
-}
-
-/* The frames sealed for a send that took none of their bytes (the first of them on is
- * not on the wire, nor its tag) get their counts back: a frame of a timed-out request
- * is still dropped unsent, and the next frame out takes the count. */
-static void unseal_unsent(struct conn *c, struct txitem *last) {
-  for (struct txitem *it = c->txq_head; it; it = it->next) {
-    if (it->sent == 0 && it->tag_len) {
-      (it->hdr_len ? it->hdr : it->heap)[7] &= (uint8_t)~WIRE_F_TAG;
-      it->tag_len = 0;
-      c->proof.tx.seq--;
-    }
-    if (it->sent == 0) it->sealed = false;
-    if (it == last) break;
-  }
+  if (!ptag) return;
+  auth_data_begin(&c->proof.tx, c->proof.tx.seq - 1);
+  if (it->gather)
+    for (uint32_t g = 0; g < it->ngather; g++)
+      auth_data_add(&c->proof.tx, (const void *)(uintptr_t)it->gather[g].laddr, it->gather[g].len);
+  else
+    auth_data_add(&c->proof.tx, it->payload, it->payload_len);
+  auth_data_end(&c->proof.tx, it->ptag);
+  it->ptag_len = WIRE_TAG_LEN;
 }
 
 /* Append iovecs for what is left of it (header, heap, tag, then its payload or its
- * gathered ranges) from iov[n] on, within budget; returns the new n. */
+ * gathered ranges, then the payload's tag) from iov[n] on, within budget; returns the new n. */
 static int item_iov(const struct txitem *it, struct iovec *iov, int n, size_t budget, size_t *bytes) {
   size_t off = it->sent;
   const struct stage_seg one = {.laddr = (uintptr_t)it->payload, .len = (uint32_t)it->payload_len};
   const struct stage_seg head[3] = {{.laddr = (uintptr_t)it->hdr, .len = it->hdr_len},
                                     {.laddr = (uintptr_t)it->heap, .len = (uint32_t)it->heap_len},
                                     {.laddr = (uintptr_t)it->tag, .len = it->tag_len}};
-  const struct stage_seg *parts[2] = {head, it->gather ? it->gather : &one};
-  uint32_t nparts[2] = {3, it->gather ? it->ngather : 1};
-  for (int p = 0; p < 2; p++)
+  const struct stage_seg ptag = {.laddr = (uintptr_t)it->ptag, .len = it->ptag_len};
+  const struct stage_seg *parts[3] = {head, it->gather ? it->gather : &one, &ptag};
+  uint32_t nparts[3] = {3, it->gather ? it->ngather : 1, 1};
+  for (int p = 0; p < 3; p++)
     for (uint32_t g = 0; g < nparts[p] && n < LINK_IOV_MAX && *bytes < budget; g++) {
       size_t len = parts[p][g].len;
       if (off >= len) {
@@ -89,10 +101,8 @@ void link_flush_some(struct conn *c, size_t budget) {
     int n = 0;
     size_t bytes = 0;
     if (drop_if_cancelled(c)) continue;
-    struct txitem *last = NULL; /* the last item this send may carry bytes of */
-    for (struct txitem *it = c->txq_head; it && n + 4 <= LINK_IOV_MAX && bytes < budget; it = it->next) {
+    for (struct txitem *it = c->txq_head; it && n + 5 <= LINK_IOV_MAX && bytes < budget; it = it->next) {
       if (!it->sealed) item_seal(c, it);
-      last = it;
       n = item_iov(it, iov, n, budget, &bytes);
       if (it->gather) break; /* its ranges may fill the vector: one such item per call */
       if (it->next && it->next->chunk && it->next->chunk->req->cancelled) break;
@@ -100,7 +110,6 @@ void link_flush_some(struct conn *c, size_t budget) {
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
     ssize_t k = sock_sendmsg(c->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (k < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) unseal_unsent(c, last);
       if (errno == EAGAIN || errno == EWOULDBLOCK) break;
       if (errno == EINTR) continue;
       char why[128];
@@ -113,7 +122,7 @@ void link_flush_some(struct conn *c, size_t budget) {
     if (c->rail >= 0 && done > 0) c->last_io_ns = hixl_now_ns();
     while (c->txq_head) {
       struct txitem *it = c->txq_head;
-      size_t total = it->hdr_len + it->heap_len + it->tag_len + it->payload_len;
+      size_t total = it->hdr_len + it->heap_len + it->tag_len + it->payload_len + it->ptag_len;
       size_t take = total - it->sent < done ? total - it->sent : done;
       it->sent += take;
       done -= take;
@@ -121,7 +130,6 @@ void link_flush_some(struct conn *c, size_t budget) {
       c->txq_head = it->next;
       if (!c->txq_head) c->txq_tail = NULL;
       struct chunk *ch = it->chunk;
-      if (it == last) last = NULL;
       link_txitem_done(c, it);
       if (ch) {
         ch->next_pending = NULL;
@@ -132,7 +140,6 @@ void link_flush_some(struct conn *c, size_t budget) {
         c->pend_tail = ch;
       }
     }
-    if (last) unseal_unsent(c, last);
   }
   if (!c->dead) link_set_want_out(c, c->txq_head != NULL);
   if (!c->dead && (c->stall & (LINK_STALL_FENCE | LINK_STALL_BACKLOG))) stall_release(c);
@@ -588,13 +595,17 @@ void link_pay_spans(struct conn *c, const struct stage_seg *s, uint32_t n, bool 
 
 static void payload_done(struct conn *c);
 
-/* k bytes of the current destination arrived: move on, to the next span or the end. */
+/* k bytes of the current destination arrived: move on, to the next span or the end
+ * (a tagged payload's end waits for its tag: link_parse_frames). */
 void link_payload_advance(struct conn *c, size_t k) {
   c->pay_left -= k;
   c->pay_cur -= k;
   if (c->pay_dst) c->pay_dst += k;
   if (c->pay_left == 0) {
-    payload_done(c);
+    if (c->pay_tagged)
+      c->pay_tag_due = true;
+    else
+      payload_done(c);
     return;
   }
   if (c->pay_cur > 0) return;
@@ -715,15 +726,42 @@ static void payload_done(struct conn *c) {
   }
 }
 
+void link_payload_land(struct conn *c, const uint8_t *src, size_t k) {
+  if (c->pay_tagged) auth_data_add(&c->proof.rx, src, k);
+  link_payload_advance(c, k);
+}
+
 /* Take payload bytes from buf into the current destination. */
 void link_payload_take(struct conn *c, const uint8_t *buf, size_t n) {
   while (n > 0 && c->pay_left > 0) {
     size_t k = n < c->pay_cur ? n : c->pay_cur;
     if (c->pay_dst) memcpy(c->pay_dst, buf, k);
+    link_payload_land(c, buf, k);
     buf += k;
     n -= k;
-    link_payload_advance(c, k);
   }
+}
+
+/* A tagged payload has all come: its tag, the next 16 bytes, is checked before the
+ * payload counts as received (payload_done). false: not all here yet, or the link ended. */
+static bool payload_tag_check(struct conn *c) {
+  uint8_t want[WIRE_TAG_LEN];
+  if (c->rx_end - c->rx_start < WIRE_TAG_LEN) return false;
+  auth_data_end(&c->proof.rx, want);
+  bool ok = CRYPTO_memcmp(want, c->rxbuf + c->rx_start, WIRE_TAG_LEN) == 0;
+  c->rx_start += WIRE_TAG_LEN;
+  c->pay_tag_due = c->pay_tagged = false;
+  if (!ok) {
+    char why[160];
+    snprintf(why, sizeof(why),
+             "the payload of frame %llu failed its proof: altered on the way: closing this link",
+             (unsigned long long)c->proof.rx.seq);
+    log_error("%s: %s", c->remote_name, why);
+    link_conn_kill(c, HIXL_FAILED, why);
+    return false;
+  }
+  payload_done(c);
+  return !c->dead;
 }
 
 /* Which frame types each role accepts; anything else is a protocol error. */
@@ -746,6 +784,7 @@ static bool type_allowed(const struct HixlEngine *e, enum conn_role role, unsign
 /* Parse and act on every whole frame in the receive buffer. */
 void link_parse_frames(struct conn *c) {
   while (!c->dead && c->pay_left == 0 && !c->stall) {
+    if (c->pay_tag_due && !payload_tag_check(c)) return;
     size_t avail = c->rx_end - c->rx_start;
     uint8_t *p = c->rxbuf + c->rx_start;
     struct wire_hdr h;
@@ -808,6 +847,16 @@ void link_parse_frames(struct conn *c) {
       link_conn_kill(c, HIXL_FAILED, why);
       return;
     }
+    if (tag && h.payload_len > 0 && c->eng->opts.auth_payload_tag && !(h.flags & WIRE_F_PAYLOAD_TAG)) {
+      char why[192];
+      snprintf(why, sizeof(why),
+               "its %s's payload carries no tag, and this engine requires tagged payloads (AuthPayloadTag on "
+               "both ends): closing this link",
+               wire_type_name(h.type));
+      log_error("%s: %s", c->remote_name, why);
+      link_conn_kill(c, HIXL_FAILED, why);
+      return;
+    }
     err = wire_decode(&h, p + WIRE_HDR_LEN, &m);
     if (err != WIRE_OK) {
       char why[160];
@@ -823,6 +872,10 @@ void link_parse_frames(struct conn *c) {
     else
       target_handle(c, &m);
     if (c->dead) return;
+    if (h.flags & WIRE_F_PAYLOAD_TAG) { /* its bytes go into the tag as they land */
+      c->pay_tagged = true;
+      auth_data_begin(&c->proof.rx, c->proof.rx.seq - 1);
+    }
     if (link_backlogged(c, 1)) { /* a peer that does not read its answers reads no more of ours */
       c->stall |= LINK_STALL_BACKLOG;
       link_conn_arm(c);

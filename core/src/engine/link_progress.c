@@ -45,7 +45,7 @@ static void conn_on_readable(struct conn *c) {
       k = recv(c->fd, dst, want, MSG_DONTWAIT);
       if (k > 0) {
         sock_hb_received(c->fd);
-        link_payload_advance(c, (size_t)k);
+        link_payload_land(c, dst, (size_t)k);
         budget = (size_t)k > budget ? 0 : budget - (size_t)k;
         if ((size_t)k < want) break; /* drained: epoll or the driver's poll says when there is more */
         continue;

@@ -79,6 +79,12 @@ static bool parse_unregistered(const char *s, struct hixl_options *o) {
   return true;
 }
 
+static bool parse_payload_tag(const char *s, struct hixl_options *o) {
+  if (!s || (strcmp(s, "on") != 0 && strcmp(s, "off") != 0)) return false;
+  o->auth_payload_tag = strcmp(s, "on") == 0;
+  return true;
+}
+
 static bool parse_answers_max(const char *s, struct hixl_options *o) {
   return parse_u32(s, 16, 1u << 20, &o->answers_max);
 }
@@ -228,6 +234,11 @@ const char *hixl_transport_name(enum hixl_transport t) { return (unsigned)t < 4 
     "a keyed link is served only when the address its initiator dialled is this engine's own, a rail's, "    \
     "or one of these (docs/security.md)",                                                                    \
     parse_aliases)                                                                                           \
+  X("AuthPayloadTag", "off", NULL, "on | off",                                                               \
+    "with AuthKeyFile: tag the data of every tcp payload too (GMAC over it, a pass over the bytes on both "  \
+    "ends) and require the peer's payloads tagged; off: only frame headers and bodies are "                  \
+    "(docs/security.md)",                                                                                    \
+    parse_payload_tag)                                                                                       \
   X("Rails", "", NULL, "\"\" | auto | 1 to 8 IPv4 addresses of this engine, comma-separated",                \
     "several NICs: one link per rail to each peer that has rails too (tcp or rdma: a QP on each rail's "     \
     "device), large transfers striped "                                                                      \

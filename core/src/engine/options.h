@@ -39,6 +39,7 @@ struct hixl_options {
   uint32_t alias_n;          /* AuthAliases: other ip:port names peers dial this engine by */
   uint32_t alias_addr[HIXL_ALIASES_MAX]; /* ... their IPv4 addresses, network order */
   uint16_t alias_port[HIXL_ALIASES_MAX]; /* ... and ports, host order */
+  bool auth_payload_tag;                 /* AuthPayloadTag: tcp payloads are tagged too, and must be */
   /* Rails: several links per peer, one per rail (engine/rails.c) */
   bool rails_on;                      /* "auto" or a list was given */
   bool rails_auto;                    /* "auto": every interface address that is up */

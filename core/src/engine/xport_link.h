@@ -58,6 +58,8 @@ struct txitem {
   uint8_t tag[WIRE_TAG_LEN];
   uint8_t tag_len;
   bool sealed;
+  uint8_t ptag[WIRE_TAG_LEN]; /* AuthPayloadTag: the payload's tag, sent after it */
+  uint8_t ptag_len;
   const uint8_t *payload;
   size_t payload_len;
   const struct stage_seg *gather; /* instead of payload: laddr ranges sent in order */

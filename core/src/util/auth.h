@@ -107,6 +107,7 @@ const struct auth_key *auth_key_by_id(const struct auth_ring *ring, const uint8_
 struct auth_seal {
   void *ctx; /* EVP_CIPHER_CTX with the direction's key */
   uint64_t seq;
+  bool data_ok; /* a payload's tag is under way and OpenSSL took every piece */
 };
 struct auth_frames {
   struct auth_seal tx, rx;
@@ -124,5 +125,12 @@ void auth_seal_frame(struct auth_seal *s, const void *a, size_t alen, const void
 /* Whether tag is the next frame's (compared in constant time). */
 bool auth_check_frame(struct auth_seal *s, const void *a, size_t alen, const void *b, size_t blen,
                       const uint8_t tag[AUTH_TAG_LEN]);
+/* A payload's tag (AuthPayloadTag): GMAC over its bytes, fed in pieces, under the
+ * direction's key with the nonce (2, the count of the frame it follows: s->seq - 1
+ * once that frame's tag was made or checked). Between begin and end, s tags or checks
+ * no other frame (a stream carries one payload at a time). */
+void auth_data_begin(struct auth_seal *s, uint64_t frame_seq);
+void auth_data_add(struct auth_seal *s, const void *p, size_t n);
+void auth_data_end(struct auth_seal *s, uint8_t tag[AUTH_TAG_LEN]);
 
 #endif

@@ -8,7 +8,8 @@
 
 #include "util/auth.h"
 
-#define FRAME_DOMAIN 1u /* the nonce's first word: frame tags (a later use of the keys takes another) */
+#define FRAME_DOMAIN 1u /* the nonce's first word: frame tags */
+#define DATA_DOMAIN  2u /* ... payload tags */
 
 static bool seal_init(struct auth_seal *s, const struct auth_key *session, const char *label) {
   uint8_t key[AUTH_MAC_LEN];
@@ -51,12 +52,17 @@ void auth_frames_move(struct auth_frames *to, struct auth_frames *from) {
   memset(from, 0, sizeof(*from));
 }
 
+static void put_iv(uint8_t iv[12], uint32_t domain, uint64_t seq) {
+  iv[0] = (uint8_t)(domain >> 24), iv[1] = (uint8_t)(domain >> 16), iv[2] = (uint8_t)(domain >> 8);
+  iv[3] = (uint8_t)domain;
+  for (int i = 0; i < 8; i++) iv[4 + i] = (uint8_t)(seq >> (56 - 8 * i));
+}
+
 /* GMAC of a || b under s's key with nonce (FRAME_DOMAIN, seq); the count moves on. */
 static void frame_tag(struct auth_seal *s, const void *a, size_t alen, const void *b, size_t blen,
                       uint8_t tag[AUTH_TAG_LEN]) {
-  uint8_t iv[12] = {0, 0, 0, FRAME_DOMAIN};
-  uint64_t seq = s->seq++;
-  for (int i = 0; i < 8; i++) iv[4 + i] = (uint8_t)(seq >> (56 - 8 * i));
+  uint8_t iv[12];
+  put_iv(iv, FRAME_DOMAIN, s->seq++);
   EVP_CIPHER_CTX *ctx = s->ctx;
   int outl = 0;
   bool ok = ctx && EVP_EncryptInit_ex(ctx, NULL, NULL, NULL, iv) == 1 &&
@@ -67,6 +73,31 @@ static void frame_tag(struct auth_seal *s, const void *a, size_t alen, const voi
   /* GCM does not fail on these lengths; if it ever did, a random tag matches nothing
    * and the link ends at the peer. */
   if (!ok) auth_random(tag, AUTH_TAG_LEN);
+}
+
+void auth_data_begin(struct auth_seal *s, uint64_t frame_seq) {
+  uint8_t iv[12];
+  put_iv(iv, DATA_DOMAIN, frame_seq);
+  s->data_ok = s->ctx && EVP_EncryptInit_ex(s->ctx, NULL, NULL, NULL, iv) == 1;
+}
+
+void auth_data_add(struct auth_seal *s, const void *p, size_t n) {
+  int outl = 0;
+  /* EVP takes an int: pieces of at most 1 GiB */
+  for (const uint8_t *b = p; n > 0 && s->data_ok;) {
+    size_t k = n < (1u << 30) ? n : (1u << 30);
+    s->data_ok = EVP_EncryptUpdate(s->ctx, NULL, &outl, b, (int)k) == 1;
+    b += k;
+    n -= k;
+  }
+}
+
+void auth_data_end(struct auth_seal *s, uint8_t tag[AUTH_TAG_LEN]) {
+  int outl = 0;
+  bool ok = s->data_ok && EVP_EncryptFinal_ex(s->ctx, tag, &outl) == 1 &&
+            EVP_CIPHER_CTX_ctrl(s->ctx, EVP_CTRL_GCM_GET_TAG, AUTH_TAG_LEN, tag) == 1;
+  if (!ok) auth_random(tag, AUTH_TAG_LEN);
+  s->data_ok = false;
 }
 
 void auth_seal_frame(struct auth_seal *s, const void *a, size_t alen, const void *b, size_t blen,

@@ -79,7 +79,9 @@ enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *h
   if (hdr->magic != WIRE_MAGIC) return WIRE_EMAGIC;
   if (hdr->version != WIRE_VERSION) return WIRE_EVERSION;
   if (hdr->type == 0 || hdr->type > WIRE_TYPE_MAX_) return WIRE_ETYPE;
-  if ((hdr->flags & ~WIRE_F_TAG) != 0 || hdr->reserved != 0) return WIRE_ELEN;
+  if ((hdr->flags & ~(WIRE_F_TAG | WIRE_F_PAYLOAD_TAG)) != 0 || hdr->reserved != 0) return WIRE_ELEN;
+  if ((hdr->flags & WIRE_F_PAYLOAD_TAG) && (!(hdr->flags & WIRE_F_TAG) || hdr->payload_len == 0))
+    return WIRE_ELEN;
   if (hdr->body_len < wire_limits[hdr->type].min || hdr->body_len > wire_limits[hdr->type].max)
     return WIRE_ELEN;
   if (hdr->payload_len > wire_limits[hdr->type].payload) return WIRE_ELEN;

@@ -40,8 +40,11 @@
 /* Header flags. WIRE_F_TAG: the frame is proven: WIRE_TAG_LEN bytes follow its body
  * (before any payload), the tag over its header and body (util/auth.h). On an
  * authenticated link every frame after AUTH_PROOF has it, and no other frame may. */
-#define WIRE_F_TAG   0x1u
-#define WIRE_TAG_LEN 16u
+#define WIRE_F_TAG 0x1u
+/* WIRE_F_PAYLOAD_TAG (only with WIRE_F_TAG and a payload): another WIRE_TAG_LEN bytes
+ * follow the payload, its tag (AuthPayloadTag). */
+#define WIRE_F_PAYLOAD_TAG 0x2u
+#define WIRE_TAG_LEN       16u
 
 /* Authentication (docs/security.md). HELLO with WIRE_CAP_AUTH ends with the auth
  * block: nonce (32 bytes), a count u8 (1 or 2) and as many key ids (8 bytes each),
