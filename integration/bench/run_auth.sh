@@ -10,7 +10,8 @@
 #   - the P/D hand-off: hixl-mock-host, llama8b-like, AUTH_REQUESTS requests (default
 #     32), tcp and auto, with its own fresh key (on) and --auth-key none (off);
 #   - connect time: hixl-auth-bench --aa (on, off and a second off, interleaved inside).
-# AUTH_ROUNDS rounds (default 5). In each, every case runs "on", "off" and "off-b" (off
+# AUTH_ROUNDS rounds (default 5). In each, every case runs "on + AuthPayloadTag" (onp:
+# HIXL_AUTH_PAYLOAD_TAG=on, tcp payloads tagged too), "on", "off" and "off-b" (off
 # again) back to back, in that order in odd rounds and reversed in even ones, so on and
 # off are always neighbours, and so are off and off-b: on/off is the A/B ratio,
 # off-b/off the A/A ratio, which shows what the same case differs by from one run to
@@ -73,37 +74,40 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# The run of one case: KIND (ops | pd | conn), ROUND, TRANSPORT, VARIANT (on | off | offb).
+# The run of one case: KIND (ops | pd | conn), ROUND, TRANSPORT, VARIANT (on | onp | off | offb;
+# onp: on with HIXL_AUTH_PAYLOAD_TAG=on, every tcp payload tagged too).
 # Its files are $RAW/rROUND-KIND-TRANSPORT-VARIANT.{json,out,err}.
 run_case() {
   local kind=$1 r=$2 t=$3 v=$4 base st=0 env_cmd=(env -u HIXL_AUTH_KEY_FILE)
   base=$RAW/r$r-$kind-$t-$v
-  [ "$v" = on ] && env_cmd=(env "HIXL_AUTH_KEY_FILE=$KEYDIR/key")
+  [ "$v" = on ] && env_cmd=(env "HIXL_AUTH_KEY_FILE=$KEYDIR/key" -u HIXL_AUTH_PAYLOAD_TAG)
+  [ "$v" = onp ] && env_cmd=(env "HIXL_AUTH_KEY_FILE=$KEYDIR/key" HIXL_AUTH_PAYLOAD_TAG=on)
   case $kind in
   ops)
     timeout -k 10 300 /usr/bin/time -f "%U %S %e" -o "$base.time" "${env_cmd[@]}" "$BENCH" --transport "$t" --block-sizes 4M --op both --pin 0,1 \
       --max-seconds "$SECS" --total 16G --no-progress --json "$base.json" >"$base.out" 2>"$base.err" || st=$?
     ;;
   pd)
-    local auth=()
-    [ "$v" = on ] || auth=(--auth-key none)
+    local auth=() ptag=(-u HIXL_AUTH_PAYLOAD_TAG)
+    [ "$v" = on ] || [ "$v" = onp ] || auth=(--auth-key none)
+    [ "$v" = onp ] && ptag=(HIXL_AUTH_PAYLOAD_TAG=on)
     # its own fresh key when on: HIXL_AUTH_KEY_FILE unset either way
-    timeout -k 10 400 /usr/bin/time -f "%U %S %e" -o "$base.time" env -u HIXL_AUTH_KEY_FILE "$MHOST" --transport "$t" --requests "$REQUESTS" "${auth[@]}" \
+    timeout -k 10 400 /usr/bin/time -f "%U %S %e" -o "$base.time" env -u HIXL_AUTH_KEY_FILE "${ptag[@]}" "$MHOST" --transport "$t" --requests "$REQUESTS" "${auth[@]}" \
       --timeout 360 --no-progress --json "$base.json" >"$base.out" 2>"$base.err" || st=$?
     ;;
   esac
   [ "$st" = 0 ] || die "$kind $t $v (round $r) failed with status $st$([ "$st" = 124 ] && echo ": timed out"); see $base.err"
   # Is the mode what it says? An open engine says so once; a mock host names its links.
   if [ "$kind" = ops ]; then
-    if [ "$v" = on ] && grep -q "$OPEN_MSG" "$base.err"; then
+    if [ "${v#on}" != "$v" ] && grep -q "$OPEN_MSG" "$base.err"; then
       die "ops $t on (round $r): an engine ran without a key despite HIXL_AUTH_KEY_FILE; see $base.err"
-    elif [ "$v" != on ] && ! grep -q "$OPEN_MSG" "$base.err"; then
+    elif [ "${v#on}" = "$v" ] && ! grep -q "$OPEN_MSG" "$base.err"; then
       echo "hixl-bench's keyless target did not say \"$OPEN_MSG\" (round $r, $t, $v): off was not confirmed from its log" >>"$NOTE"
     fi
   else
     grep -q "links *authenticated" "$base.out"
     local authed=$?
-    { [ "$v" = on ] && [ "$authed" = 0 ]; } || { [ "$v" != on ] && [ "$authed" != 0 ]; } ||
+    { [ "${v#on}" != "$v" ] && [ "$authed" = 0 ]; } || { [ "${v#on}" = "$v" ] && [ "$authed" != 0 ]; } ||
       die "pd $t $v (round $r): its links line says otherwise; see $base.out"
   fi
 }
@@ -131,8 +135,8 @@ measure() {
     die "hixl-auth-bench --frames failed; see $RAW/frames.err"
   log "$ROUNDS rounds: 4 MiB ops (${SECS} s per op), P/D ($REQUESTS requests), connects ($CONNECTS per mode); tcp and auto; load $(cut -d' ' -f1-3 /proc/loadavg)"
   for ((r = 1; r <= ROUNDS; r++)); do
-    order=(on off offb)
-    ((r % 2)) || order=(offb off on)
+    order=(onp on off offb)
+    ((r % 2)) || order=(offb off on onp)
     for kind in ops pd; do
       for t in "${TRANSPORTS[@]}"; do
         for v in "${order[@]}"; do
@@ -203,7 +207,7 @@ def cpu_of(p):
 ops, pd, conn, cpu = {}, {}, {}, {}
 rounds = set()
 for p in glob.glob(os.path.join(raw, "r*-*.json")):
-    m = re.match(r"r(\d+)-(ops|pd)-(\w+)-(on|off|offb)\.json$", os.path.basename(p))
+    m = re.match(r"r(\d+)-(ops|pd)-(\w+)-(onp|on|off|offb)\.json$", os.path.basename(p))
     if m:
         r, kind, t, v = int(m[1]), m[2], m[3], m[4]
         rounds.add(r)
@@ -307,7 +311,8 @@ if not any("ci.lock" in x for x in notes):
 P("")
 P("## How it was measured")
 P("")
-P("Each round runs every case three times back to back: **on** (authenticated links), **off** (no key on "
+P("Each round runs every case four times back to back: **on + AuthPayloadTag** (authenticated, every tcp "
+  "payload tagged too), **on** (authenticated links), **off** (no key on "
   "either side) and **off-b** (off again), in that order in odd rounds and reversed in even ones, so "
   "on and off are always neighbours, and so are off and off-b. **A/B** = on / off of the same round; "
   "**A/A** = off-b / off of the same round: what two runs of the very same case differ by here. "
@@ -338,8 +343,8 @@ J["meta"]["capability_check_in_plugin"] = E["AUTH_CAP_BIN"] == "yes"
 P("## 4 MiB ops (hixl-bench)")
 P("")
 P("| transport | op | on GB/s | off GB/s | off-b GB/s | A/B on/off (min / **med** / max) | A/A off-b/off | "
-  "on / all keyless | verdict (>= 0.95x) |")
-P("|---|---|---:|---:|---:|---|---|---:|---|")
+  "on / all keyless | verdict (>= 0.95x) | on + AuthPayloadTag GB/s | its A/B on+tag/off |")
+P("|---|---|---:|---:|---:|---|---|---:|---|---:|---|")
 ops_ok, ops_rows = True, []
 for (t, op) in sorted(ops, key=lambda k: (k[0] != "tcp", k[1] != "WRITE")):
     d = ops[(t, op)]
@@ -348,8 +353,9 @@ for (t, op) in sorted(ops, key=lambda k: (k[0] != "tcp", k[1] != "WRITE")):
     ops_ok &= v == "PASS"
     g = {k: med(d[k].values()) for k in d}
     pl = pooled(d)
+    abp = spread(pair(d, "onp", "off"))
     P(f"| {t} | {op} | {g.get('on', 0):.2f} | {g.get('off', 0):.2f} | {g.get('offb', 0):.2f} | {fx(ab)} | {fx(aa)} | "
-      f"{fp(pl)} | **{v}**{': ' + why if why else ''} |")
+      f"{fp(pl)} | **{v}**{': ' + why if why else ''} | {g.get('onp', 0):.2f} | {fx(abp)} |")
     J["ops"].append({"transport": t, "op": op, "gbps_median": g, "gbps_rounds": d, "ab": ab, "aa": aa,
                      "on_over_all_keyless": pl, "verdict": v, "note": why})
 P("")
@@ -357,8 +363,9 @@ P("")
 P("## P/D hand-off (hixl-mock-host)")
 P("")
 P("| transport | on GB/s | off GB/s | off-b GB/s | A/B GB/s on/off | A/A GB/s off-b/off | GB/s on / all keyless | "
-  "verdict (>= 0.95x) | hand-off p50 ms on / off / off-b | A/B p50 on/off | A/A p50 off-b/off |")
-P("|---|---:|---:|---:|---|---|---:|---|---|---|---|")
+  "verdict (>= 0.95x) | hand-off p50 ms on / off / off-b | A/B p50 on/off | A/A p50 off-b/off | "
+  "on + AuthPayloadTag GB/s | its A/B |")
+P("|---|---:|---:|---:|---|---|---:|---|---|---|---|---:|---|")
 pd_ok = True
 for t in sorted(pd, key=lambda k: k != "tcp"):
     d = pd[t]
@@ -370,7 +377,8 @@ for t in sorted(pd, key=lambda k: k != "tcp"):
     l = {k: med(x["p50"] for x in d[k].values()) for k in d}
     P(f"| {t} | {g.get('on', 0):.3f} | {g.get('off', 0):.3f} | {g.get('offb', 0):.3f} | {fx(ab)} | {fx(aa)} | "
       f"{fp(pooled(d, 'gbs'))} | **{v}**{': ' + why if why else ''} | "
-      f"{l.get('on', 0):.1f} / {l.get('off', 0):.1f} / {l.get('offb', 0):.1f} | {fx(lab)} | {fx(laa)} |")
+      f"{l.get('on', 0):.1f} / {l.get('off', 0):.1f} / {l.get('offb', 0):.1f} | {fx(lab)} | {fx(laa)} | "
+      f"{g.get('onp', 0):.3f} | {fx(spread(pair(d, 'onp', 'off', 'gbs')))} |")
     J["pd"].append({"transport": t, "gbps_median": g, "handoff_p50_ms_median": l, "rounds": d, "ab_gbps": ab,
                     "aa_gbps": aa, "on_over_all_keyless_gbps": pooled(d, "gbs"), "ab_handoff_p50": lab,
                     "aa_handoff_p50": laa, "verdict": v, "note": why})
@@ -385,15 +393,16 @@ P("User + system CPU of every process of a run (both engines: hixl-bench's initi
   "host's prefill and decode), start-up, verification and warm-up included, over the GiB the run moved "
   "(hixl-bench: READ and WRITE together; the mock host: the KV verified at decode). Median over the rounds.")
 P("")
-P("| case | transport | on s/GiB | off s/GiB | off-b s/GiB | A/B on/off (min / **med** / max) | A/A off-b/off |")
-P("|---|---|---:|---:|---:|---|---|")
+P("| case | transport | on s/GiB | off s/GiB | off-b s/GiB | A/B on/off (min / **med** / max) | A/A off-b/off | "
+  "on + AuthPayloadTag s/GiB | its A/B |")
+P("|---|---|---:|---:|---:|---|---|---:|---|")
 J["cpu_s_per_gib"] = []
 for (kind, t) in sorted(cpu, key=lambda k: (k[0] != "ops", k[1] != "tcp")):
     d = cpu[(kind, t)]
     g = {k: med(d[k].values()) for k in d}
     ab, aa = spread(pair(d, "on", "off")), spread(pair(d, "offb", "off"))
     P(f"| {'4 MiB ops' if kind == 'ops' else 'P/D hand-off'} | {t} | {g.get('on', 0):.3f} | {g.get('off', 0):.3f} | "
-      f"{g.get('offb', 0):.3f} | {fx(ab)} | {fx(aa)} |")
+      f"{g.get('offb', 0):.3f} | {fx(ab)} | {fx(aa)} | {g.get('onp', 0):.3f} | {fx(spread(pair(d, 'onp', 'off')))} |")
     J["cpu_s_per_gib"].append({"kind": kind, "transport": t, "median": g, "rounds": d, "ab": ab, "aa": aa})
 P("")
 P("A CPU ratio above 1 means more CPU per byte with authentication on; no goal is set on it.")
@@ -436,13 +445,13 @@ P("GB/s of each run (P/D: and hand-off p50 ms), rounds in order; odd rounds ran 
 P("")
 P("| case | variant | " + " | ".join(f"round {r}" for r in rounds) + " |")
 P("|---|---|" + "---:|" * n)
-vname = {"on": "on", "off": "off", "offb": "off-b"}
+vname = {"onp": "on + AuthPayloadTag", "on": "on", "off": "off", "offb": "off-b"}
 for (t, op) in sorted(ops, key=lambda k: (k[0] != "tcp", k[1] != "WRITE")):
-    for v in ("on", "off", "offb"):
+    for v in ("onp", "on", "off", "offb"):
         d = ops[(t, op)].get(v, {})
         P(f"| 4 MiB {op} {t} | {vname[v]} | " + " | ".join(f"{d[r]:.2f}" if r in d else "-" for r in rounds) + " |")
 for t in sorted(pd, key=lambda k: k != "tcp"):
-    for v in ("on", "off", "offb"):
+    for v in ("onp", "on", "off", "offb"):
         d = pd[t].get(v, {})
         P(f"| P/D {t} | {vname[v]} | " +
           " | ".join(f"{d[r]['gbs']:.3f} ({d[r]['p50']:.0f} ms)" if r in d else "-" for r in rounds) + " |")
