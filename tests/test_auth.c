@@ -987,11 +987,49 @@ static void test_scoped_raw_read_outside(void) {
   close(fd);
 }
 
+/* Grants to many peer names, all revoked: no name's set is left behind; a link whose
+ * peer's set went (it had found it at an op) is refused, then served again on a new grant. */
+static void test_scoped_sets_freed(void) {
+  const uint64_t g[1][2] = {{(uintptr_t)st.mem, 4096}};
+  char name[32];
+  size_t peers = 99;
+  TU_ASSERT_OK(hixl_engine_grant_peers(st.e, &peers));
+  CU_ASSERT_EQUAL(peers, 0);
+  for (int i = 0; i < 1000; i++) {
+    snprintf(name, sizeof(name), "10.9.%d.%d:1", i / 250, i % 250);
+    TU_ASSERT_OK(hixl_engine_grant(st.e, name, g, 1));
+  }
+  TU_ASSERT_OK(hixl_engine_grant_peers(st.e, &peers));
+  CU_ASSERT_EQUAL(peers, 1000);
+  for (int i = 0; i < 1000; i++) {
+    snprintf(name, sizeof(name), "10.9.%d.%d:1", i / 250, i % 250);
+    TU_ASSERT_OK(hixl_engine_revoke(st.e, name, g, 1));
+  }
+  TU_ASSERT_OK(hixl_engine_grant_peers(st.e, &peers));
+  CU_ASSERT_EQUAL(peers, 0);
+  /* si's link finds its set at an op; the set goes with its last range, and comes back */
+  TU_ASSERT_OK(hixl_engine_grant(st.e, si.name, g, 1));
+  tu_fill(sbuf, 4096, 71);
+  TU_ASSERT_OK(sop(HIXL_WRITE, 0, 4096));
+  TU_ASSERT_SAME(st.mem, sbuf, 4096, "a WRITE inside the grant");
+  TU_ASSERT_OK(hixl_engine_revoke(st.e, si.name, g, 1));
+  TU_ASSERT_STATUS(sop(HIXL_WRITE, 0, 4096), HIXL_FAILED);
+  TU_ASSERT_OK(hixl_engine_grant(st.e, si.name, g, 1));
+  tu_fill(sbuf, 4096, 72);
+  TU_ASSERT_OK(sop(HIXL_WRITE, 0, 4096));
+  TU_ASSERT_SAME(st.mem, sbuf, 4096, "a WRITE inside the grant given again");
+  TU_ASSERT_OK(hixl_engine_revoke(st.e, si.name, g, 1));
+  TU_ASSERT_OK(hixl_engine_grant_peers(st.e, &peers));
+  CU_ASSERT_EQUAL(peers, 0);
+}
+
 static CU_TestInfo scoped_tests[] = {
     {"nothing granted: WRITE, READ, staged ops FAILED, nothing moved", test_scoped_nothing_granted},
     {"inside the grants served byte for byte; across their edges FAILED", test_scoped_inside_and_outside},
     {"grants count; revoke; overlaps and other names refused", test_scoped_revoke_and_counts},
     {"a raw authenticated peer READs outside its grant: no data", test_scoped_raw_read_outside},
+    {"1000 peers granted then revoked: no set left; a link's set freed and found again",
+     test_scoped_sets_freed},
     CU_TEST_INFO_NULL,
 };
 

@@ -80,7 +80,7 @@ trap 'exit 130' INT TERM
 run_case() {
   local kind=$1 r=$2 t=$3 v=$4 base st=0 env_cmd=(env -u HIXL_AUTH_KEY_FILE)
   base=$RAW/r$r-$kind-$t-$v
-  [ "$v" = on ] && env_cmd=(env "HIXL_AUTH_KEY_FILE=$KEYDIR/key" -u HIXL_AUTH_PAYLOAD_TAG)
+  [ "$v" = on ] && env_cmd=(env -u HIXL_AUTH_PAYLOAD_TAG "HIXL_AUTH_KEY_FILE=$KEYDIR/key")
   [ "$v" = onp ] && env_cmd=(env "HIXL_AUTH_KEY_FILE=$KEYDIR/key" HIXL_AUTH_PAYLOAD_TAG=on)
   case $kind in
   ops)

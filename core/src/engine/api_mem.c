@@ -319,6 +319,16 @@ HixlStatus hixl_engine_revoke(HixlEngine *e, const char *peer, const uint64_t (*
   return grant_call(e, peer, ranges, n, false);
 }
 
+HixlStatus hixl_engine_grant_peers(HixlEngine *e, size_t *peers) {
+  bool took;
+  CHECK_ARG(peers, "hixl_engine_grant_peers: peers is NULL");
+  HixlStatus st = grant_enter(e, "hixl_engine_grant_peers", &took);
+  if (st != HIXL_SUCCESS) return st;
+  *peers = grant_peers(e);
+  if (took) pthread_mutex_unlock(&e->lock);
+  return HIXL_SUCCESS;
+}
+
 HixlStatus hixl_engine_grant_stats(HixlEngine *e, const char *peer, size_t *granted, uint64_t *refused) {
   bool took;
   CHECK_ARG(peer, "hixl_engine_grant_stats: peer is NULL");

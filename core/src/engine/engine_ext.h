@@ -99,6 +99,9 @@ HixlStatus hixl_engine_grant(HixlEngine *e, const char *peer, const uint64_t (*r
 HixlStatus hixl_engine_revoke(HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n);
 /* Ranges granted to peer now, and ops refused for want of a grant since Initialize. */
 HixlStatus hixl_engine_grant_stats(HixlEngine *e, const char *peer, size_t *granted, uint64_t *refused);
+/* How many peer names hold at least one range now (a name whose last range was revoked
+ * leaves nothing behind). */
+HixlStatus hixl_engine_grant_peers(HixlEngine *e, size_t *peers);
 
 /* ---- services: one request, one answer, on a link's control socket ---- */
 

@@ -266,6 +266,7 @@ extern _Thread_local struct HixlEngine *link_serving_engine;
 /* grant.c: scoped memory (engine_ext.h). Lock held. */
 struct grant_set *grant_set_of(struct HixlEngine *e, const char *peer, bool make);
 bool grant_covers(const struct grant_set *g, uint64_t addr, uint64_t len);
+size_t grant_peers(const struct HixlEngine *e); /* peer names holding at least one range */
 HixlStatus grant_add(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n);
 HixlStatus grant_remove(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n);
 size_t grant_count(const struct HixlEngine *e, const char *peer);

@@ -1,8 +1,8 @@
 /* grant: scoped memory, the ranges each peer may reach on a target (engine_ext.h,
- * docs/security.md). One set per peer name, a sorted vector of disjoint ranges, each
- * counted (granted twice, revoked twice). A batch is sorted and merged in, O(n + m log
- * m); a check is a binary search and a walk over the ranges it spans. Lock held for
- * all of it. */
+ * docs/security.md). One set per peer name holding a grant (freed with its last
+ * range), a sorted vector of disjoint ranges, each counted (granted twice, revoked twice). A batch is sorted
+ * and merged in, O(n + m log m); a check is a binary search and a walk over the ranges it spans. Lock held
+ * for all of it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,6 +118,28 @@ HixlStatus grant_add(struct HixlEngine *e, const char *peer, const uint64_t (*ra
   return HIXL_SUCCESS;
 }
 
+/* The set g, now empty, goes: out of the engine's list and out of every link that
+ * found it (a link looks its peer's set up again at its next op). */
+static void set_free(struct HixlEngine *e, struct grant_set *g) {
+  for (struct grant_set **pp = &e->grants; *pp; pp = &(*pp)->next)
+    if (*pp == g) {
+      *pp = g->next;
+      break;
+    }
+  for (struct conn *c = e->conns; c; c = c->next)
+    if (c->grants == g) c->grants = NULL;
+  for (struct conn *c = e->graveyard; c; c = c->next)
+    if (c->grants == g) c->grants = NULL;
+  free(g->v);
+  free(g);
+}
+
+size_t grant_peers(const struct HixlEngine *e) {
+  size_t n = 0;
+  for (const struct grant_set *g = e->grants; g; g = g->next) n++;
+  return n;
+}
+
 HixlStatus grant_remove(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n) {
   struct grant_set *g = grant_set_of(e, peer, false);
   size_t missing = 0;
@@ -132,6 +154,7 @@ HixlStatus grant_remove(struct HixlEngine *e, const char *peer, const uint64_t (
   for (size_t i = 0; g && i < g->n; i++)
     if (g->v[i].refs > 0) g->v[k++] = g->v[i];
   if (g) g->n = k;
+  if (g && k == 0) set_free(e, g); /* a peer that holds nothing leaves nothing behind */
   if (missing)
     return hixl_fail(HIXL_PARAM_INVALID, "hixl_engine_revoke: %zu of %zu ranges were not granted to %s",
                      missing, n, peer);
