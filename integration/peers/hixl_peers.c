@@ -1,0 +1,585 @@
+/* hixl-peers: hixl driven with the knobs and the method of Mooncake's transfer_engine_bench,
+ * so that the two throughputs mean the same thing (integration/peers/run_peers.sh runs
+ * both, and UCX and NIXL, on the same points).
+ *
+ *   hixl-peers --mode=target --protocol=tcp|shm --local_server_name=IP:PORT
+ *              [--buffer_size=BYTES]
+ *     registers one buffer and prints "READY <engine> <address hex> <length>" on stdout,
+ *     then serves until stdin ends (or SIGTERM / SIGINT).
+ *   hixl-peers --mode=initiator --protocol=tcp|shm --segment_id=IP:PORT
+ *              --remote_addr=HEX --operation=read|write --threads=T --batch_size=B
+ *              --block_size=S --duration=SECONDS [--verify] [--buffer_size=BYTES]
+ *
+ * The initiator is Mooncake's method (mooncake-transfer-engine/example/
+ * transfer_engine_bench.cpp, initiatorWorker): T threads share one engine; thread t
+ * loops, while a flag is up, over batches of B ops of S bytes, op i at offset
+ * S * (i * T + t) on both sides, one batch in flight per thread (Mooncake submits and
+ * then polls every task; here one HixlEngineTransferSync of the B ops). The clock runs
+ * from before the threads start to after they are joined, the main thread sleeping
+ * `duration` seconds in between; throughput = batches x B x S / that time, GB = 10^9
+ * bytes, as Mooncake prints it. --duration takes a fraction (Mooncake's is whole
+ * seconds). Then, outside the timed region, --verify writes a fresh pattern through the
+ * same descriptors, reads it back into a zeroed buffer and compares every byte.
+ *
+ * Output, one line on stdout:
+ *   RESULT tool=hixl op=... block=... batch=... threads=... seconds=... batches=...
+ *          bytes=... gbps=... verified_bytes=... cpu_s=...
+ * cpu_s is this process's user + system time for its whole life (getrusage), as
+ * /usr/bin/time would count it for the peers' programs.
+ *
+ * --mode=report turns run_peers.sh's raw records into the markdown table and the JSON
+ * (run_report below). */
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+#include "bench_util.h"
+#include "hixl/hixl.h"
+
+#define PEERS_CALL_TIMEOUT_MS 30000
+#define PEERS_MAX_THREADS     64
+
+struct peers_opts {
+  const char *mode;      /* "target" / "initiator" */
+  const char *protocol;  /* hixl's Transport: tcp / shm */
+  const char *local;     /* target: IP:PORT it listens on; initiator: IP */
+  const char *segment;   /* initiator: the target engine, IP:PORT */
+  uintptr_t remote_addr; /* initiator: the target's buffer */
+  HixlTransferOp op;
+  unsigned threads;
+  size_t batch, block, buffer_size;
+  double duration;
+  bool verify;
+};
+
+struct worker {
+  pthread_t tid;
+  const struct peers_opts *o;
+  HixlEngine *eng;
+  uint8_t *local;
+  unsigned index;
+  uint64_t batches;
+  HixlStatus st; /* first failure */
+};
+
+static atomic_bool g_running = true;
+static volatile sig_atomic_t g_stop;
+
+static void on_signal(int sig) {
+  (void)sig;
+  g_stop = 1;
+}
+
+static void say_hixl(const char *what, HixlStatus st) {
+  const char *why = HixlGetLastErrorMessage();
+  fprintf(stderr, "hixl-peers: %s failed: %s%s%s\n", what, HixlStatusName(st), why && *why ? ": " : "",
+          why ? why : "");
+}
+
+static double cpu_seconds(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+         (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+/* The B ops of thread t, Mooncake's layout: op i at S * (i * T + t) on both sides. */
+static void fill_descs(const struct peers_opts *o, unsigned t, uintptr_t local, HixlTransferOpDesc *d) {
+  for (size_t i = 0; i < o->batch; i++) {
+    size_t off = o->block * (i * o->threads + t);
+    d[i] =
+        (HixlTransferOpDesc){.local_addr = local + off, .remote_addr = o->remote_addr + off, .len = o->block};
+  }
+}
+
+static void *worker_main(void *arg) {
+  struct worker *w = arg;
+  const struct peers_opts *o = w->o;
+  HixlTransferOpDesc *d = calloc(o->batch, sizeof(*d));
+  if (d == NULL) {
+    w->st = HIXL_FAILED;
+    return NULL;
+  }
+  fill_descs(o, w->index, (uintptr_t)w->local, d);
+  while (atomic_load_explicit(&g_running, memory_order_relaxed)) {
+    HixlStatus st = HixlEngineTransferSync(w->eng, o->segment, o->op, d, o->batch, PEERS_CALL_TIMEOUT_MS);
+    if (st != HIXL_SUCCESS) {
+      say_hixl("HixlEngineTransferSync", st);
+      w->st = st;
+      break;
+    }
+    w->batches++;
+  }
+  free(d);
+  return NULL;
+}
+
+/* Pattern out through the point's descriptors, back into a zeroed buffer, compared:
+ * the bytes checked, or 0 when a transfer failed or a byte differs (said on stderr). */
+static uint64_t verify(const struct peers_opts *o, HixlEngine *eng, uint8_t *local, size_t span) {
+  HixlTransferOpDesc *d = calloc(o->batch, sizeof(*d));
+  uint8_t *want = malloc(span);
+  uint64_t ok = 0;
+  if (d == NULL || want == NULL) goto out;
+  bench_pattern_fill(want, span, 0x5eed ^ (uint64_t)o->block);
+  memcpy(local, want, span);
+  for (unsigned t = 0; t < o->threads; t++) {
+    fill_descs(o, t, (uintptr_t)local, d);
+    HixlStatus st = HixlEngineTransferSync(eng, o->segment, HIXL_WRITE, d, o->batch, PEERS_CALL_TIMEOUT_MS);
+    if (st != HIXL_SUCCESS) {
+      say_hixl("verify: HixlEngineTransferSync(WRITE)", st);
+      goto out;
+    }
+  }
+  memset(local, 0, span);
+  for (unsigned t = 0; t < o->threads; t++) {
+    fill_descs(o, t, (uintptr_t)local, d);
+    HixlStatus st = HixlEngineTransferSync(eng, o->segment, HIXL_READ, d, o->batch, PEERS_CALL_TIMEOUT_MS);
+    if (st != HIXL_SUCCESS) {
+      say_hixl("verify: HixlEngineTransferSync(READ)", st);
+      goto out;
+    }
+  }
+  size_t bad = 0;
+  if (!bench_same(want, local, span, &bad)) {
+    fprintf(stderr, "hixl-peers: VERIFY FAILED at byte %zu of %zu (block %zu): 0x%02x, expected 0x%02x\n",
+            bad, span, o->block, local[bad], want[bad]);
+    goto out;
+  }
+  ok = span;
+out:
+  free(want);
+  free(d);
+  return ok;
+}
+
+static int run_initiator(const struct peers_opts *o) {
+  int rc = 1;
+  HixlEngine *eng = NULL;
+  HixlMemHandle mh = NULL;
+  HixlStatus st;
+  struct worker w[PEERS_MAX_THREADS];
+  size_t span = o->block * o->batch * o->threads;
+  if (span > o->buffer_size) {
+    fprintf(stderr, "hixl-peers: %zu x %zu x %u bytes do not fit --buffer_size=%zu\n", o->block, o->batch,
+            o->threads, o->buffer_size);
+    return 2;
+  }
+  uint8_t *local =
+      mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (local == MAP_FAILED) {
+    fprintf(stderr, "hixl-peers: mmap %zu bytes: %s\n", span, strerror(errno));
+    return 1;
+  }
+  HixlOption opt[] = {{.key = "Transport", .value = o->protocol}};
+  st = HixlEngineCreate(&eng);
+  if (st != HIXL_SUCCESS) {
+    say_hixl("HixlEngineCreate", st);
+    goto out_unmap;
+  }
+  st = HixlEngineInitialize(eng, o->local, opt, 1);
+  if (st != HIXL_SUCCESS) {
+    say_hixl("HixlEngineInitialize", st);
+    goto out_destroy;
+  }
+  HixlMemDesc md = {.addr = (uintptr_t)local, .len = span};
+  st = HixlEngineRegisterMem(eng, &md, HIXL_MEM_HOST, &mh);
+  if (st != HIXL_SUCCESS) {
+    say_hixl("HixlEngineRegisterMem", st);
+    goto out_destroy;
+  }
+  st = HixlEngineConnect(eng, o->segment, 10000);
+  if (st != HIXL_SUCCESS) {
+    say_hixl("HixlEngineConnect", st);
+    goto out_dereg;
+  }
+
+  uint64_t t0 = bench_now_ns();
+  unsigned started = 0;
+  for (; started < o->threads; started++) {
+    w[started] = (struct worker){.o = o, .eng = eng, .local = local, .index = started, .st = HIXL_SUCCESS};
+    if (pthread_create(&w[started].tid, NULL, worker_main, &w[started]) != 0) {
+      fprintf(stderr, "hixl-peers: pthread_create: %s\n", strerror(errno));
+      break;
+    }
+  }
+  struct timespec nap = {.tv_sec = (time_t)o->duration,
+                         .tv_nsec = (long)((o->duration - (double)(time_t)o->duration) * 1e9)};
+  while (nanosleep(&nap, &nap) != 0 && errno == EINTR && !g_stop) {
+  }
+  atomic_store(&g_running, false);
+  uint64_t batches = 0;
+  bool failed = started < o->threads;
+  for (unsigned i = 0; i < started; i++) {
+    pthread_join(w[i].tid, NULL);
+    batches += w[i].batches;
+    failed |= w[i].st != HIXL_SUCCESS;
+  }
+  double secs = (double)(bench_now_ns() - t0) / 1e9;
+  if (failed) goto out_disconnect;
+
+  uint64_t bytes = batches * o->batch * o->block;
+  uint64_t checked = o->verify ? verify(o, eng, local, span) : 0;
+  printf("Test completed: duration %.2f, batch count %" PRIu64 ", throughput %.2f GB/s\n", secs, batches,
+         (double)bytes / secs / 1e9);
+  printf("RESULT tool=hixl op=%s block=%zu batch=%zu threads=%u seconds=%.4f batches=%" PRIu64
+         " bytes=%" PRIu64 " gbps=%.4f verified_bytes=%" PRIu64 " cpu_s=%.3f\n",
+         o->op == HIXL_READ ? "READ" : "WRITE", o->block, o->batch, o->threads, secs, batches, bytes,
+         (double)bytes / secs / 1e9, checked, cpu_seconds());
+  rc = (o->verify && checked == 0) ? 3 : 0;
+out_disconnect:
+  HixlEngineDisconnect(eng, o->segment, 0);
+out_dereg:
+  HixlEngineDeregisterMem(eng, mh);
+out_destroy:
+  HixlEngineDestroy(eng);
+out_unmap:
+  munmap(local, span);
+  return rc;
+}
+
+static int run_target(const struct peers_opts *o) {
+  int rc = 1;
+  HixlEngine *eng = NULL;
+  HixlMemHandle mh = NULL;
+  HixlStatus st;
+  /* Not populated: the pages a point touches fault in on its first use, as
+   * numa_alloc_onnode's do for Mooncake's target. */
+  uint8_t *buf = mmap(NULL, o->buffer_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (buf == MAP_FAILED) {
+    fprintf(stderr, "hixl-peers: mmap %zu bytes: %s\n", o->buffer_size, strerror(errno));
+    return 1;
+  }
+  HixlOption opt[] = {{.key = "Transport", .value = o->protocol}};
+  st = HixlEngineCreate(&eng);
+  if (st != HIXL_SUCCESS) {
+    say_hixl("HixlEngineCreate", st);
+    goto out_unmap;
+  }
+  st = HixlEngineInitialize(eng, o->local, opt, 1);
+  if (st != HIXL_SUCCESS) {
+    say_hixl("HixlEngineInitialize", st);
+    goto out_destroy;
+  }
+  HixlMemDesc md = {.addr = (uintptr_t)buf, .len = o->buffer_size};
+  st = HixlEngineRegisterMem(eng, &md, HIXL_MEM_HOST, &mh);
+  if (st != HIXL_SUCCESS) {
+    say_hixl("HixlEngineRegisterMem", st);
+    goto out_destroy;
+  }
+  printf("READY %s %" PRIxPTR " %zu\n", o->local, (uintptr_t)buf, o->buffer_size);
+  fflush(stdout);
+  /* Serve until stdin ends or a signal: the engine's own threads do the work. */
+  struct pollfd pfd = {.fd = 0, .events = POLLIN};
+  char sink[256];
+  while (!g_stop) {
+    int r = poll(&pfd, 1, 200);
+    if (r > 0 && read(0, sink, sizeof(sink)) <= 0) break;
+  }
+  rc = 0;
+  HixlEngineDeregisterMem(eng, mh);
+out_destroy:
+  HixlEngineDestroy(eng);
+out_unmap:
+  munmap(buf, o->buffer_size);
+  return rc;
+}
+
+/* ------------------------------------------------------------------ report */
+
+/* --mode=report --raw=FILE [--md=FILE] [--json=FILE]: the table and JSON from the raw
+ * records run_peers.sh appends, one run a line, tab-separated:
+ *   RUN round path op block batch threads tool gbps bytes seconds verified_bytes cpu_s
+ *   SKIP path tool reason
+ * Each figure is the median over rounds; the A/A column is hixl's median over its
+ * second run in the same rounds (tool "hixl-aa"), so a ratio to a peer that sits
+ * inside it says nothing. CPU s/GiB is both processes' CPU seconds over the bytes
+ * the tool counted, median over rounds. */
+
+#define REP_TOOLS  5
+#define REP_ROUNDS 64
+#define REP_POINTS 256
+#define REP_SKIPS  32
+
+static const char *const rep_tool[REP_TOOLS] = {"hixl", "hixl-aa", "mooncake", "ucx", "nixl"};
+static const char *const rep_title[REP_TOOLS] = {"hixl", "hixl A/A", "Mooncake TE", "UCX perftest",
+                                                 "NIXL (UCX)"};
+
+struct rep_point {
+  char path[16], op[8];
+  size_t block, batch, threads;
+  double gbps[REP_TOOLS][REP_ROUNDS], cpu[REP_TOOLS][REP_ROUNDS];
+  size_t n[REP_TOOLS];
+  uint64_t verified[REP_TOOLS];
+};
+
+struct rep_skip {
+  char path[16], tool[16], why[256];
+};
+
+static int rep_tool_index(const char *t) {
+  for (int i = 0; i < REP_TOOLS; i++)
+    if (strcmp(t, rep_tool[i]) == 0) return i;
+  return -1;
+}
+
+static void rep_size(size_t b, char *out, size_t cap) {
+  if (b >= (1u << 20) && b % (1u << 20) == 0)
+    snprintf(out, cap, "%zu MiB", b >> 20);
+  else if (b >= 1024 && b % 1024 == 0)
+    snprintf(out, cap, "%zu KiB", b >> 10);
+  else
+    snprintf(out, cap, "%zu B", b);
+}
+
+static const char *rep_skip_why(const struct rep_skip *sk, size_t nsk, const char *path, const char *tool) {
+  for (size_t i = 0; i < nsk; i++)
+    if (strcmp(sk[i].path, path) == 0 && strcmp(sk[i].tool, tool) == 0) return sk[i].why;
+  return NULL;
+}
+
+static int run_report(const char *raw, const char *md_path, const char *json_path) {
+  static struct rep_point pt[REP_POINTS];
+  static struct rep_skip sk[REP_SKIPS];
+  size_t npt = 0, nsk = 0;
+  char line[1024];
+  FILE *f = fopen(raw, "r");
+  if (f == NULL) {
+    fprintf(stderr, "hixl-peers: report: %s: %s\n", raw, strerror(errno));
+    return 1;
+  }
+  while (fgets(line, sizeof(line), f) != NULL) {
+    char path[16], op[8], tool[16], why[256];
+    unsigned round;
+    size_t block, batch, threads;
+    double gbps, secs, cpu;
+    unsigned long long bytes, ver;
+    line[strcspn(line, "\n")] = '\0';
+    if (sscanf(line, "SKIP\t%15[^\t]\t%15[^\t]\t%255[^\n]", path, tool, why) == 3 && nsk < REP_SKIPS) {
+      struct rep_skip *s = &sk[nsk++];
+      snprintf(s->path, sizeof(s->path), "%s", path);
+      snprintf(s->tool, sizeof(s->tool), "%s", tool);
+      snprintf(s->why, sizeof(s->why), "%s", why);
+      continue;
+    }
+    if (sscanf(line, "RUN\t%u\t%15s\t%7s\t%zu\t%zu\t%zu\t%15s\t%lf\t%llu\t%lf\t%llu\t%lf", &round, path, op,
+               &block, &batch, &threads, tool, &gbps, &bytes, &secs, &ver, &cpu) != 12)
+      continue;
+    int ti = rep_tool_index(tool);
+    if (ti < 0) continue;
+    size_t i = 0;
+    while (i < npt && !(strcmp(pt[i].path, path) == 0 && strcmp(pt[i].op, op) == 0 && pt[i].block == block &&
+                        pt[i].batch == batch && pt[i].threads == threads))
+      i++;
+    if (i == npt) {
+      if (npt == REP_POINTS) continue;
+      memset(&pt[npt], 0, sizeof(pt[npt]));
+      snprintf(pt[npt].path, sizeof(pt[npt].path), "%s", path);
+      snprintf(pt[npt].op, sizeof(pt[npt].op), "%s", op);
+      pt[npt].block = block, pt[npt].batch = batch, pt[npt].threads = threads;
+      npt++;
+    }
+    struct rep_point *p = &pt[i];
+    if (p->n[ti] == REP_ROUNDS) continue;
+    p->gbps[ti][p->n[ti]] = gbps;
+    p->cpu[ti][p->n[ti]] = bytes ? cpu / ((double)bytes / (double)(1u << 30)) : 0;
+    p->n[ti]++;
+    if (ver > p->verified[ti]) p->verified[ti] = ver;
+  }
+  fclose(f);
+
+  FILE *md = md_path ? fopen(md_path, "w") : stdout;
+  FILE *js = json_path ? fopen(json_path, "w") : NULL;
+  if (md == NULL || (json_path && js == NULL)) {
+    fprintf(stderr, "hixl-peers: report: cannot write %s\n", md == NULL ? md_path : json_path);
+    return 1;
+  }
+  const char *paths[] = {"tcp", "shm"};
+  const char *path_title[] = {"Loopback TCP (127.0.0.1)",
+                              "Same host (hixl Transport shm; UCX and NIXL: UCX's shared-memory transports)"};
+  for (int pi = 0; pi < 2; pi++) {
+    bool any = false;
+    for (size_t i = 0; i < npt; i++) any |= strcmp(pt[i].path, paths[pi]) == 0;
+    if (!any) continue;
+    fprintf(md, "### %s\n\n", path_title[pi]);
+    fprintf(
+        md,
+        "| op | block | batch x threads | hixl GB/s | A/A | Mooncake GB/s | hixl / Mooncake | UCX GB/s | "
+        "hixl / UCX | NIXL GB/s | hixl / NIXL | hixl / best peer | CPU s/GiB: hixl, Mooncake, UCX, NIXL | "
+        "verified (hixl, NIXL) |\n");
+    fprintf(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n");
+    for (size_t i = 0; i < npt; i++) {
+      struct rep_point *p = &pt[i];
+      if (strcmp(p->path, paths[pi]) != 0) continue;
+      double med[REP_TOOLS], cpu[REP_TOOLS];
+      for (int t = 0; t < REP_TOOLS; t++) {
+        med[t] = p->n[t] ? bench_median(p->gbps[t], p->n[t]) : 0;
+        cpu[t] = p->n[t] ? bench_median(p->cpu[t], p->n[t]) : 0;
+      }
+      char bs[32];
+      rep_size(p->block, bs, sizeof(bs));
+      fprintf(md, "| %s | %s | %zu x %zu |", p->op, bs, p->batch, p->threads);
+      if (med[0] > 0)
+        fprintf(md, " %.3f |", med[0]);
+      else
+        fprintf(md, " - |");
+      if (med[0] > 0 && med[1] > 0)
+        fprintf(md, " %.2fx |", med[0] / med[1]);
+      else
+        fprintf(md, " - |");
+      double best = 0;
+      const char *best_name = NULL;
+      for (int t = 2; t < REP_TOOLS; t++) {
+        if (med[t] > 0) {
+          fprintf(md, " %.3f | %.2fx |", med[t], med[0] / med[t]);
+          if (med[t] > best) best = med[t], best_name = rep_title[t];
+        } else {
+          fprintf(md, " %s | - |", rep_skip_why(sk, nsk, p->path, rep_tool[t]) ? "n/a" : "-");
+        }
+      }
+      if (best > 0 && med[0] > 0)
+        fprintf(md, " %.2fx (%s) |", med[0] / best, best_name);
+      else
+        fprintf(md, " - |");
+      fprintf(md, " ");
+      for (int t = 0; t < REP_TOOLS; t++) {
+        if (t == 1) continue;
+        if (cpu[t] > 0)
+          fprintf(md, "%.2f", cpu[t]);
+        else
+          fprintf(md, "-");
+        fprintf(md, t == REP_TOOLS - 1 ? " |" : ", ");
+      }
+      fprintf(md, " %s, %s |\n", p->verified[0] ? "yes" : (p->n[0] ? "no" : "-"),
+              p->verified[4] ? "yes" : (p->n[4] ? "no" : "-"));
+    }
+    fprintf(md, "\n");
+    for (size_t k = 0; k < nsk; k++)
+      if (strcmp(sk[k].path, paths[pi]) == 0)
+        fprintf(md, "- n/a %s: %s\n",
+                rep_title[rep_tool_index(sk[k].tool) < 0 ? 0 : rep_tool_index(sk[k].tool)], sk[k].why);
+    fprintf(md, "\n");
+  }
+
+  if (js != NULL) {
+    fprintf(js, "{\n  \"unit\": \"GB/s (10^9 bytes per second), median over rounds\",\n  \"points\": [");
+    for (size_t i = 0; i < npt; i++) {
+      struct rep_point *p = &pt[i];
+      fprintf(js,
+              "%s\n    {\"path\": \"%s\", \"op\": \"%s\", \"block\": %zu, \"batch\": %zu, \"threads\": %zu, "
+              "\"in_flight\": %zu, \"tools\": {",
+              i ? "," : "", p->path, p->op, p->block, p->batch, p->threads, p->batch * p->threads);
+      bool first = true;
+      for (int t = 0; t < REP_TOOLS; t++) {
+        if (p->n[t] == 0) continue;
+        fprintf(js,
+                "%s\"%s\": {\"gbps\": %.4f, \"cpu_s_per_gib\": %.4f, \"verified_bytes\": %llu, \"rounds\": [",
+                first ? "" : ", ", rep_tool[t], bench_median(p->gbps[t], p->n[t]),
+                bench_median(p->cpu[t], p->n[t]), (unsigned long long)p->verified[t]);
+        for (size_t r = 0; r < p->n[t]; r++) fprintf(js, "%s%.4f", r ? ", " : "", p->gbps[t][r]);
+        fprintf(js, "]}");
+        first = false;
+      }
+      fprintf(js, "}}");
+    }
+    fprintf(js, "\n  ],\n  \"skipped\": [");
+    for (size_t k = 0; k < nsk; k++) {
+      fprintf(js, "%s\n    {\"path\": \"%s\", \"tool\": \"%s\", \"reason\": \"", k ? "," : "", sk[k].path,
+              sk[k].tool);
+      for (const char *c = sk[k].why; *c; c++)
+        if (*c == '"' || *c == '\\')
+          fprintf(js, "\\%c", *c);
+        else if ((unsigned char)*c >= 0x20)
+          fputc(*c, js);
+      fprintf(js, "\"}");
+    }
+    fprintf(js, "\n  ]\n}\n");
+    fclose(js);
+  }
+  if (md != stdout) fclose(md);
+  return 0;
+}
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: hixl-peers --mode=target --protocol=tcp|shm --local_server_name=IP:PORT [--buffer_size=N]\n"
+          "       hixl-peers --mode=initiator --protocol=tcp|shm --segment_id=IP:PORT --remote_addr=HEX\n"
+          "                  --operation=read|write --threads=T --batch_size=B --block_size=S\n"
+          "                  --duration=SECONDS [--verify] [--buffer_size=N] [--local_server_name=IP]\n"
+          "       hixl-peers --mode=report --raw=FILE [--md=FILE] [--json=FILE]\n"
+          "Mooncake transfer_engine_bench's knobs and throughput formula (see the file's head).\n");
+}
+
+/* "--name=value" -> value when arg names name, else NULL. */
+static const char *flag(const char *arg, const char *name) {
+  size_t n = strlen(name);
+  if (strncmp(arg, "--", 2) != 0 || strncmp(arg + 2, name, n) != 0 || arg[2 + n] != '=') return NULL;
+  return arg + 3 + n;
+}
+
+int main(int argc, char **argv) {
+  const char *raw = NULL, *md = NULL, *json = NULL;
+  struct peers_opts o = {.protocol = "tcp",
+                         .local = NULL,
+                         .op = HIXL_READ,
+                         .threads = 12,
+                         .batch = 128,
+                         .block = 65536,
+                         .buffer_size = (size_t)1 << 30,
+                         .duration = 10};
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v;
+    uint64_t u = 0;
+    char *end = NULL;
+    if ((v = flag(a, "mode")) != NULL)
+      o.mode = v;
+    else if ((v = flag(a, "protocol")) != NULL)
+      o.protocol = v;
+    else if ((v = flag(a, "local_server_name")) != NULL)
+      o.local = v;
+    else if ((v = flag(a, "segment_id")) != NULL)
+      o.segment = v;
+    else if ((v = flag(a, "remote_addr")) != NULL)
+      o.remote_addr = (uintptr_t)strtoull(v, &end, 16);
+    else if ((v = flag(a, "operation")) != NULL && (strcmp(v, "read") == 0 || strcmp(v, "write") == 0))
+      o.op = strcmp(v, "read") == 0 ? HIXL_READ : HIXL_WRITE;
+    else if ((v = flag(a, "threads")) != NULL && bench_parse_u64(v, &u) && u >= 1 && u <= PEERS_MAX_THREADS)
+      o.threads = (unsigned)u;
+    else if ((v = flag(a, "batch_size")) != NULL && bench_parse_u64(v, &u) && u >= 1 && u <= HIXL_MAX_BATCH)
+      o.batch = (size_t)u;
+    else if ((v = flag(a, "block_size")) != NULL && bench_parse_size(v, &o.block) && o.block > 0)
+      continue;
+    else if ((v = flag(a, "buffer_size")) != NULL && bench_parse_size(v, &o.buffer_size) && o.buffer_size > 0)
+      continue;
+    else if ((v = flag(a, "duration")) != NULL && (o.duration = strtod(v, &end)) > 0 && *end == '\0')
+      continue;
+    else if ((v = flag(a, "raw")) != NULL)
+      raw = v;
+    else if ((v = flag(a, "md")) != NULL)
+      md = v;
+    else if ((v = flag(a, "json")) != NULL)
+      json = v;
+    else if (strcmp(a, "--verify") == 0)
+      o.verify = true;
+    else {
+      fprintf(stderr, "hixl-peers: bad argument %s\n", a);
+      usage();
+      return 2;
+    }
+  }
+  struct sigaction sa = {.sa_handler = on_signal};
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (o.mode != NULL && strcmp(o.mode, "report") == 0 && raw != NULL) return run_report(raw, md, json);
+  if (o.mode != NULL && strcmp(o.mode, "target") == 0 && o.local != NULL) return run_target(&o);
+  if (o.mode != NULL && strcmp(o.mode, "initiator") == 0 && o.segment != NULL && o.remote_addr != 0) {
+    if (o.local == NULL) o.local = "127.0.0.1";
+    return run_initiator(&o);
+  }
+  usage();
+  return 2;
+}
