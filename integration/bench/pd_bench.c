@@ -47,6 +47,21 @@
 #include "hixl/hixl.h"
 #include "hixl/hixl_kv_connector.h"
 
+/* Under valgrind's callgrind, each process dumps its counts at the end of every phase
+ * (raw READ, plugin pull, plugin push, the raw pushes), so a profile shows the
+ * plugin's instructions beside the raw engine's for the same op lists (issue 47):
+ * valgrind --tool=callgrind --separate-threads=yes hixl-pd-bench ...
+ * Outside valgrind a mark is a few instructions that do nothing. */
+#if defined(__has_include)
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#define PD_PHASE(name) CALLGRIND_DUMP_STATS_AT(name)
+#endif
+#endif
+#ifndef PD_PHASE
+#define PD_PHASE(name) ((void)0)
+#endif
+
 #define MAX_PROMPTS 16
 #define MAX_ROUNDS  16
 #define MAX_RUNS    (4 * MAX_ROUNDS) /* rounds of the shortest prompts */
@@ -527,6 +542,7 @@ static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
   pool_order(&decode_view, 2); /* which blocks decode allocates */
   snprintf(draw, sizeof(draw), "%s:%u", o.ip, (unsigned)(dport + 2));
   line_out(out, "ready %" PRIuPTR "\n", (uintptr_t)p.mem);
+  PD_PHASE("prefill: setup");
   static char line[1 << 16];
   static uint64_t blocks[1 << 16];
   unsigned npush = 0;
@@ -536,6 +552,7 @@ static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
     uintptr_t dbase = 0;
     int off = 0;
     line_in(in, line, sizeof(line));
+    PD_PHASE("prefill: between commands (raw READs served)");
     if (strcmp(line, "quit") == 0) break;
     if (sscanf(line, "pull %63s %" SCNu64, id, &nb) == 2) {
       for (uint64_t i = 0; i < nb; i++) blocks[i] = p.free_ids[i];
@@ -548,6 +565,7 @@ static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
       line_out(out, "params %" PRIu64 " %.*s\n", bench_now_ns(), (int)params.len, (char *)params.data);
       ops->free_buffer(&params);
       wait_finished(&pull, id, 0);
+      PD_PHASE("prefill: plugin pull");
       line_out(out, "freed\n");
     } else if (sscanf(line, "push %63s %" SCNu64 " %" SCNuPTR " %n", id, &nb, &dbase, &off) == 3 && off > 0) {
       if (!linked && HixlEngineConnect(raw, draw, 10000) != HIXL_SUCCESS)
@@ -556,6 +574,7 @@ static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
       compute = layer_write_ns(raw, draw, &p, dbase, decode_view.free_ids, nb);
       uint64_t rtt = notice_rtt_ns(raw, draw);
       uint64_t busy = notice_busy_ns(raw, draw, &p, dbase, decode_view.free_ids, nb);
+      PD_PHASE("prefill: raw layer, notice round trips");
       /* The raw engine's push (into the blocks decode holds for this request, the same
        * bytes) goes before the plugin's in every other round, after it in the rest, so
        * neither gains from the other's warm-up or drift. */
@@ -563,7 +582,9 @@ static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
       uint64_t rawp = 0, rawc = 0;
       if (raw_first) {
         rawp = raw_push_ns(raw, draw, &p, dbase, decode_view.free_ids, nb, compute, false);
+        PD_PHASE("prefill: raw push");
         rawc = raw_push_ns(raw, draw, &p, dbase, decode_view.free_ids, nb, compute, true);
+        PD_PHASE("prefill: raw push, a call per layer");
       }
       for (uint64_t i = 0; i < nb; i++) blocks[i] = p.free_ids[i];
       hixl_kv_request r = request(id, nb * o.block_tokens, line + off);
@@ -581,9 +602,12 @@ static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
       hixl_kv_buffer none = {0};
       ops->request_finished(push.sched, &r, blocks, nb, &delay, &none);
       wait_finished(&push, id, 0);
+      PD_PHASE("prefill: plugin push");
       if (!raw_first) {
         rawc = raw_push_ns(raw, draw, &p, dbase, decode_view.free_ids, nb, compute, true);
+        PD_PHASE("prefill: raw push, a call per layer");
         rawp = raw_push_ns(raw, draw, &p, dbase, decode_view.free_ids, nb, compute, false);
+        PD_PHASE("prefill: raw push");
       }
       line_out(out, "pushed %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
                t_last, compute, rtt, busy, rawp, rawc);
@@ -860,11 +884,13 @@ int main(int argc, char **argv) {
       uint64_t t0;
       for (int k = 0; k < 4; k++) {
         int pass = r % 2 ? k : 3 - k; /* 0: raw, 1: pull stepping, 2: pull woken by the fd, 3: raw again */
+        PD_PHASE("decode: between");
         if (pass == 0 || pass == 3) {
           t0 = bench_now_ns();
           if (HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000) != HIXL_SUCCESS)
             die("raw READ: %s", HixlGetLastErrorMessage());
           (pass == 0 ? t_raw : t_raw2)[r] = bench_now_ns() - t0;
+          PD_PHASE("decode: raw READ");
           continue;
         }
         /* Pull through the plugin. */
@@ -909,6 +935,8 @@ int main(int argc, char **argv) {
           t_hand[r] = t1 - t_fin;
         }
         line_in(in, line, sizeof(line)); /* freed */
+        PD_PHASE(pass == 2 ? "decode: plugin pull, host woken by the fd"
+                           : "decode: plugin pull, host stepping");
         free(params);
       }
       if (!o.push) continue;
@@ -916,6 +944,7 @@ int main(int argc, char **argv) {
        * (prefill measures it right before, layer_write_ns): the unit pipelining cannot hide. */
       snprintf(id, sizeof(id), "p%u", req);
       snprintf(did, sizeof(did), "d%u", req++);
+      PD_PHASE("decode: between");
       const char *mark = "{\"do_remote_prefill\": true}";
       hixl_kv_request q = request(did, nb * o.block_tokens, mark);
       int64_t tokens = 0;
@@ -939,11 +968,13 @@ int main(int argc, char **argv) {
         if (l + 2 == o.layers) t_prev = bench_now_ns();
       }
       uint64_t t_done = bench_now_ns(), t_last = 0;
+      PD_PHASE("decode: plugin push, to the last layer held");
       wait_finished(&push, did, 1); /* then the host learns it finished (and checks it did) */
       if (sscanf(line_in(in, line, sizeof(line)),
                  "pushed %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &t_last,
                  &t_layer[r], &t_rtt[r], &t_busy[r], &t_rawpush[r], &t_rawcall[r]) != 6)
         die("prefill: %s", line);
+      PD_PHASE("decode: push reported, the raw pushes received");
       /* How far the pusher was behind when the last layer was saved: the layer before it
        * still on its way (its notice included). Behind by a whole layer or more, the
        * pusher's pace fell below the compute's; near zero, only the last layer is left. */
