@@ -33,9 +33,11 @@ static void layout(hixl_kv_connector *c, struct kv_group *g, struct kv_plane *pl
                               .heads = HEADS};
   *g = (struct kv_group){
       .nlayers = 1, .ppl = 2, .nplanes = 2, .num_blocks = NB, .kheads = HEADS, .planes = pl};
+  static struct kv_plane_at by_base[2] = {{0, 0}, {0, 1}}; /* as kv_layout_build orders them */
   c->lay.g = g;
   c->lay.ng = 1;
   c->lay.nplanes = 2;
+  c->lay.by_base = by_base;
 }
 
 static size_t granted(HixlEngine *e) {

@@ -57,25 +57,44 @@ static size_t request_count(const hixl_kv_connector *c, const uint32_t *gn, uint
   return n;
 }
 
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
 /* The pieces of a request's blocks (every group's, one list after another, gn[g] in
  * group g) into r, request_count of them. A block's ranges are always cut the same
- * way, so requests that share a block share identical ranges. Lock held. */
+ * way, so requests that share a block share identical ranges. They come in address
+ * order (planes by base, each plane's blocks ascending) unless planes interleave (a
+ * block-major layout) or heads lie apart by more than a block: the engine merges a
+ * sorted batch into the peer's ranges as it is and sorts any other first, which for a
+ * request of 64 blocks in 64 planes cost 1.4 M instructions of the PIN's 2.7 M
+ * (issue 47). Out of memory for the sorted block ids: the request's order. Lock held. */
 static void request_ranges(const hixl_kv_connector *c, const uint64_t *blocks, const uint32_t *gn,
                            uint64_t (*r)[2]) {
   const struct kv_layout *l = &c->lay;
-  size_t k = 0, off = 0;
+  size_t total = 0, off[KV_MAX_GROUPS];
+  for (uint32_t g = 0; g < l->ng; g++) off[g] = total, total += gn[g];
+  uint64_t *sorted = malloc((total ? total : 1) * sizeof(*sorted));
+  if (sorted) {
+    memcpy(sorted, blocks, total * sizeof(*sorted));
+    for (uint32_t g = 0; g < l->ng; g++) qsort(sorted + off[g], gn[g], sizeof(*sorted), cmp_u64);
+    blocks = sorted;
+  }
+  size_t k = 0;
   uint64_t len;
-  for (uint32_t g = 0; g < l->ng; off += gn[g], g++)
-    for (uint32_t p = 0; p < l->g[g].nplanes; p++) {
-      const struct kv_plane *pl = &l->g[g].planes[p];
-      uint32_t nr = plane_ranges(pl, &len);
-      for (uint32_t j = 0; j < gn[g]; j++)
-        for (uint32_t h = 0; h < nr; h++) {
-          r[k][0] = pl->base + blocks[off + j] * pl->stride + h * pl->head_stride;
-          r[k][1] = len;
-          k++;
-        }
-    }
+  for (uint32_t i = 0; i < l->nplanes; i++) {
+    uint32_t g = l->by_base[i].group;
+    const struct kv_plane *pl = &l->g[g].planes[l->by_base[i].plane];
+    uint32_t nr = plane_ranges(pl, &len);
+    for (uint32_t j = 0; j < gn[g]; j++)
+      for (uint32_t h = 0; h < nr; h++) {
+        r[k][0] = pl->base + blocks[off[g] + j] * pl->stride + h * pl->head_stride;
+        r[k][1] = len;
+        k++;
+      }
+  }
+  free(sorted);
 }
 
 struct kv_revoke *kv_grant(hixl_kv_connector *c, const char *peer, const uint64_t *blocks, const uint32_t *gn,

@@ -112,6 +112,10 @@ struct kv_layout {
   struct {
     uint32_t group, index;
   } * map; /* per model layer */
+  struct kv_plane_at {
+    uint32_t group, plane;
+  } * by_base; /* every plane, by its base: pieces made plane by plane in this order, each plane's
+                * blocks ascending, come out ascending unless planes interleave (kv_grant, kv_ops_build) */
   char text[KV_LAYOUT_TEXT];
 };
 

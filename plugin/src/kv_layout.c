@@ -17,6 +17,14 @@
 
 /* ---- building a layout ---- */
 
+/* Planes by base (qsort_r; ctx: the layout). */
+static int cmp_by_base(const void *a, const void *b, void *ctx) {
+  const struct kv_layout *l = ctx;
+  const struct kv_plane_at *x = a, *y = b;
+  uint64_t u = l->g[x->group].planes[x->plane].base, v = l->g[y->group].planes[y->plane].base;
+  return u < v ? -1 : u > v;
+}
+
 static const char *kind_name(uint32_t kind) {
   switch (kind) {
   case HIXL_KV_GROUP_FULL_ATTENTION: return "full";
@@ -67,6 +75,7 @@ void kv_layout_free(struct kv_layout *l) {
   }
   free(l->g);
   free(l->map);
+  free(l->by_base);
   memset(l, 0, sizeof(*l));
 }
 
@@ -252,6 +261,13 @@ hixl_kv_status kv_layout_build(struct kv_layout *out, const hixl_kv_group *group
       return kv_fail(HIXL_KV_PARAM_INVALID, "%s: layer %u is in no group (layers 0 to %u must all be)", fn, i,
                      l.nlayers - 1);
     }
+  if (!(l.by_base = malloc((l.nplanes ? l.nplanes : 1) * sizeof(*l.by_base)))) {
+    kv_layout_free(&l);
+    return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  }
+  for (uint32_t gi = 0, k = 0; gi < l.ng; gi++)
+    for (uint32_t p = 0; p < l.g[gi].nplanes; p++) l.by_base[k++] = (struct kv_plane_at){gi, p};
+  qsort_r(l.by_base, l.nplanes, sizeof(*l.by_base), cmp_by_base, &l);
   layout_text(&l, world);
   *out = l;
   return HIXL_KV_SUCCESS;
