@@ -265,22 +265,23 @@ run_ucx() {
   tls=tcp
   [ "$path" = shm ] && tls=sm
   [ "$t" -gt 1 ] && mt=(-T "$t" -M multi)
+  local n
+  n=$(awk -v d="$duration" -v s="$bs" 'BEGIN { n = int(d * 1e9 / s); print n < 200 ? 200 : (n > 200000 ? 200000 : n) }')
   sf=$(mktemp) cf=$(mktemp) so=$(mktemp) co=$(mktemp)
   UCX_TLS=$tls UCX_NET_DEVICES=lo,all /usr/bin/time -f '%U %S' -o "$sf" \
     ucx_perftest -p "$port" -c 1 "${mt[@]}" >"$so" 2>&1 &
   spid=$!
   sleep 0.3
-  # No duration knob: it reports every second while it runs; it is stopped after
-  # `duration` reports and its last ones (cumulative, one per thread) are the figure.
+  # No duration knob: -n is what 1 GB/s would move in `duration` (at least 200, at most
+  # 200000 ops per thread); it reports every second while it runs and is stopped after
+  # `duration` + 4 s: its Final line, or else its last report per thread, is the figure.
   UCX_TLS=$tls UCX_NET_DEVICES=lo,all /usr/bin/time -f '%U %S' -o "$cf" stdbuf -oL \
-    ucx_perftest 127.0.0.1 -p "$port" -c 0 -t "$test" -s "$bs" -O "$b" -n 1000000000 -w 100 "${mt[@]}" \
+    ucx_perftest 127.0.0.1 -p "$port" -c 0 -t "$test" -s "$bs" -O "$b" -n "$n" -w 100 "${mt[@]}" \
     >"$co" 2>&1 &
   cpid=$!
   local want need=0 i
   want=$(awk -v d="$duration" 'BEGIN { s = int(d); if (s < d) s++; print s < 1 ? 1 : s }')
   for i in $(seq $(((want + 4) * 10))); do
-    need=$(grep -c '^\[thread 0\]' "$co" || true)
-    [ "$need" -ge "$want" ] && break
     kill -0 "$cpid" 2>/dev/null || break
     sleep 0.1
   done
@@ -288,15 +289,20 @@ run_ucx() {
   # children of /usr/bin/time (stdbuf execs it).
   stop_child "$cpid"
   stop_child "$spid"
-  if [ "$need" -lt "$want" ]; then
+  need=$(grep -c '^\[thread\|^Final' "$co" || true)
+  if [ "$need" -lt 1 ]; then
     say "UCX gave no figure at $path $op $bs x $b x $t: $(grep -v '^\[\|^|\|^+' "$co" | tail -1)"
     rm -f "$sf" "$cf" "$so" "$co"
     return 0
   fi
   # The last line of each thread: "[thread N] iters p50 avg overall MB/s-avg MB/s-overall ..." (MB = 2^20).
   local iters mibs
-  read -r iters mibs < <(grep '^\[thread' "$co" | awk '{ last[$2] = $0 }
-    END { for (k in last) { split(last[k], f, " "); n += f[3]; bw += f[8] } print n, bw }')
+  if grep -q '^Final' "$co"; then
+    read -r iters mibs < <(awk '/^Final/ { n += $2; bw += $7 } END { print n, bw }' "$co")
+  else
+    read -r iters mibs < <(grep '^\[thread' "$co" | awk '{ last[$2] = $0 }
+      END { for (k in last) { split(last[k], f, " "); n += f[3]; bw += f[8] } print n, bw }')
+  fi
   local gbps bytes secs
   gbps=$(awk -v m="$mibs" 'BEGIN { printf "%.4f", m * 1048576 / 1e9 }')
   bytes=$(awk -v n="$iters" -v s="$bs" 'BEGIN { printf "%d", n * s }')
