@@ -181,6 +181,25 @@ bool kv_layout_get_planes(struct kv_in *in, const struct kv_layout *l, uint32_t 
 hixl_kv_status kv_ops_build(struct opvec *o, const struct kv_layout *l, const struct kv_remote *r,
                             uint32_t first, uint32_t count, const struct kv_pairs *pairs,
                             const struct kv_heads *hs, char *why, size_t cap);
+/* A request's paired blocks, per group, as runs: n blocks from local here and from
+ * remote there, adjacent on both sides, sorted by local block. Built once per request
+ * (a push builds its layers' ops from them, kv_pusher.c). */
+struct kv_run {
+  uint64_t local, remote, n;
+};
+struct kv_runs {
+  struct kv_run *v[KV_MAX_GROUPS];
+  size_t n[KV_MAX_GROUPS];
+};
+/* The runs of pairs (one per group of l); PARAM_INVALID for a block past its group's
+ * count on either side, RESOURCE_EXHAUSTED (why); kv_runs_free frees them (any time). */
+hixl_kv_status kv_runs_build(struct kv_runs *out, const struct kv_layout *l, const struct kv_remote *r,
+                             const struct kv_pairs *pairs, char *why, size_t cap);
+void kv_runs_free(struct kv_runs *runs);
+/* kv_ops_build from runs checked by kv_runs_build: RESOURCE_EXHAUSTED only. */
+hixl_kv_status kv_ops_runs(struct opvec *o, const struct kv_layout *l, const struct kv_remote *r,
+                           uint32_t first, uint32_t count, const struct kv_runs *runs,
+                           const struct kv_heads *hs, char *why, size_t cap);
 /* The digest text up to its " tp=" (what two sides of any world sizes must share), and
  * the world size after it (0 when there is none). */
 size_t kv_layout_core_len(const char *text);
@@ -262,9 +281,11 @@ struct kv_push {
   struct kv_meta_entry e; /* owns its block lists; remote: that consumer rank's engine */
   uint32_t dst;           /* the consumer rank */
   struct kv_whole *whole;
-  uint64_t bytes;     /* written so far */
-  struct kv_remote r; /* the consumer's planes, from its ACCEPT answer */
-  uint64_t step;      /* the step whose save_kv_layer calls release its layers */
+  uint64_t bytes;                    /* written so far */
+  struct kv_remote r;                /* the consumer's planes, from its ACCEPT answer */
+  struct kv_runs runs;               /* its block pairs as runs, built at the ACCEPT: each layer's ops */
+  struct kv_heads hs[KV_MAX_GROUPS]; /* ... and the heads it moves per group (kv_tp.c) */
+  uint64_t step;                     /* the step whose save_kv_layer calls release its layers */
   uint64_t bound_ns;
   struct kv_push *next;
 };

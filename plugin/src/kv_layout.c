@@ -327,54 +327,127 @@ static int cmp_piece(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Plane p of both sides, blocks lb[j] here and rb[j] there: a piece per head
- * (adjacent heads join in opvec_add); whole blocks (the same bytes and heads on both),
- * or hs's heads (a head's bytes the same on both). */
-static int plane_pieces(struct opvec *o, const struct kv_plane *lp, const struct kv_plane *rp,
-                        const uint64_t *lb, const uint64_t *rb, size_t n, const struct kv_heads *hs) {
-  bool whole = !hs || hs->whole;
-  uint32_t heads = whole ? (lp->heads ? lp->heads : 1) : hs->n;
-  uint64_t len = lp->bytes / (lp->heads ? lp->heads : 1);
-  uint32_t lh = whole ? 0 : hs->local, rh = whole ? 0 : hs->remote;
-  for (size_t j = 0; j < n; j++)
-    for (uint32_t h = 0; h < heads; h++) {
-      uint64_t lo = lp->base + lb[j] * lp->stride + (lh + h) * lp->head_stride;
-      uint64_t ro = rp->base + rb[j] * rp->stride + (rh + h) * rp->head_stride;
-      if (opvec_add(o, lo, ro, len, true) < 0) return -1;
-    }
-  return 0;
+static int cmp_run(const void *a, const void *b) {
+  uint64_t x = ((const struct kv_run *)a)->local, y = ((const struct kv_run *)b)->local;
+  return x < y ? -1 : x > y;
 }
 
-hixl_kv_status kv_ops_build(struct opvec *o, const struct kv_layout *l, const struct kv_remote *r,
-                            uint32_t first, uint32_t count, const struct kv_pairs *pairs,
-                            const struct kv_heads *hs, char *why, size_t cap) {
-  uint32_t off = 0; /* group g's first plane in r->planes */
+void kv_runs_free(struct kv_runs *runs) {
+  for (uint32_t g = 0; g < KV_MAX_GROUPS; g++) {
+    free(runs->v[g]);
+    runs->v[g] = NULL;
+    runs->n[g] = 0;
+  }
+}
+
+hixl_kv_status kv_runs_build(struct kv_runs *out, const struct kv_layout *l, const struct kv_remote *r,
+                             const struct kv_pairs *pairs, char *why, size_t cap) {
+  memset(out, 0, sizeof(*out));
   for (uint32_t gi = 0; gi < l->ng; gi++) {
     const struct kv_group *g = &l->g[gi];
     const struct kv_pairs *pr = &pairs[gi];
-    for (size_t j = 0; j < pr->n; j++)
+    struct kv_run *v = pr->n ? malloc(pr->n * sizeof(*v)) : NULL;
+    if (pr->n && !v) {
+      kv_runs_free(out);
+      snprintf(why, cap, "out of memory");
+      return HIXL_KV_RESOURCE_EXHAUSTED;
+    }
+    bool sorted = true;
+    for (size_t j = 0; j < pr->n; j++) {
       if (pr->local[j] >= g->num_blocks || pr->remote[j] >= r->num_blocks[gi]) {
         snprintf(why, cap,
                  "group %u: block %" PRIu64 " here or %" PRIu64 " there is past its %" PRIu64 " or %" PRIu64
                  " blocks",
                  gi, pr->local[j], pr->remote[j], g->num_blocks, r->num_blocks[gi]);
+        free(v);
+        kv_runs_free(out);
         return HIXL_KV_PARAM_INVALID;
       }
-    bool cross = g->flags & HIXL_KV_GROUP_CROSS_LAYER;
-    for (uint32_t i = 0; i < g->nlayers && pr->n; i++) {
-      uint32_t id = g->layer_ids[i];
-      if (id < first || id - first >= count) continue;
-      if (cross && id != g->last_layer) continue; /* a cross-layer group moves whole, with its last layer */
-      uint32_t p0 = cross ? 0 : i * g->ppl;       /* cross-layer: ppl planes in all */
-      for (uint32_t p = p0; p < p0 + g->ppl; p++)
-        if (plane_pieces(o, &g->planes[p], &r->planes[off + p], pr->local, pr->remote, pr->n,
-                         hs ? &hs[gi] : NULL) < 0)
-          goto oom;
+      v[j] = (struct kv_run){pr->local[j], pr->remote[j], 1};
+      sorted = sorted && (j == 0 || v[j - 1].local <= v[j].local);
     }
-    off += g->nplanes;
+    if (!sorted) qsort(v, pr->n, sizeof(*v), cmp_run);
+    size_t k = 0; /* join blocks adjacent on both sides */
+    for (size_t j = 0; j < pr->n; j++)
+      if (k && v[k - 1].local + v[k - 1].n == v[j].local && v[k - 1].remote + v[k - 1].n == v[j].remote)
+        v[k - 1].n++;
+      else
+        v[k++] = v[j];
+    out->v[gi] = v;
+    out->n[gi] = k;
+  }
+  return HIXL_KV_SUCCESS;
+}
+
+/* Append [lo, +len) <-> [ro, +len), extending the last op where both run on (opvec_add,
+ * without its call for each piece). */
+static int piece_add(struct opvec *o, uint64_t lo, uint64_t ro, uint64_t len) {
+  HixlTransferOpDesc *last = o->n ? &o->v[o->n - 1] : NULL;
+  if (last && last->local_addr + last->len == lo && last->remote_addr + last->len == ro) {
+    last->len += (size_t)len;
+    o->bytes += len;
+    return 0;
+  }
+  return opvec_add(o, lo, ro, len, false);
+}
+
+/* Plane p of both sides over a group's runs: whole blocks (the same bytes and heads on
+ * both), or hs's heads (a head's bytes the same on both). A run is one piece where its
+ * blocks' bytes lie end to end on both sides (every head moved, heads adjacent, blocks
+ * back to back); else a piece per block per head, adjacent ones joined. */
+static int plane_pieces(struct opvec *o, const struct kv_plane *lp, const struct kv_plane *rp,
+                        const struct kv_run *runs, size_t nruns, const struct kv_heads *hs) {
+  bool whole = !hs || hs->whole;
+  uint32_t heads = whole ? (lp->heads ? lp->heads : 1) : hs->n;
+  uint64_t len = lp->bytes / (lp->heads ? lp->heads : 1);
+  uint32_t lh = whole ? 0 : hs->local, rh = whole ? 0 : hs->remote;
+  bool flat = whole && (heads == 1 || (lp->head_stride == len && rp->head_stride == len)) &&
+              lp->stride == heads * len && rp->stride == heads * len;
+  for (size_t k = 0; k < nruns; k++) {
+    const struct kv_run *u = &runs[k];
+    if (flat) {
+      if (piece_add(o, lp->base + u->local * lp->stride, rp->base + u->remote * rp->stride,
+                    u->n * heads * len) < 0)
+        return -1;
+      continue;
+    }
+    for (uint64_t j = 0; j < u->n; j++)
+      for (uint32_t h = 0; h < heads; h++) {
+        uint64_t lo = lp->base + (u->local + j) * lp->stride + (lh + h) * lp->head_stride;
+        uint64_t ro = rp->base + (u->remote + j) * rp->stride + (rh + h) * rp->head_stride;
+        if (piece_add(o, lo, ro, len) < 0) return -1;
+      }
+  }
+  return 0;
+}
+
+hixl_kv_status kv_ops_runs(struct opvec *o, const struct kv_layout *l, const struct kv_remote *r,
+                           uint32_t first, uint32_t count, const struct kv_runs *runs,
+                           const struct kv_heads *hs, char *why, size_t cap) {
+  uint32_t off[KV_MAX_GROUPS]; /* group g's first plane in r->planes */
+  for (uint32_t gi = 0, k = 0; gi < l->ng; k += l->g[gi++].nplanes) off[gi] = k;
+  /* Planes by base, each over its runs (ascending): the pieces come out ascending
+   * unless planes interleave (a block-major layout) or a plane's heads lie past its
+   * next block; only then are they sorted. */
+  bool sorted = true;
+  for (uint32_t i = 0; i < l->nplanes; i++) {
+    uint32_t gi = l->by_base[i].group, p = l->by_base[i].plane;
+    const struct kv_group *g = &l->g[gi];
+    if (!runs->n[gi]) continue;
+    bool cross = g->flags & HIXL_KV_GROUP_CROSS_LAYER;
+    uint32_t id = cross ? g->last_layer : g->layer_ids[p / g->ppl]; /* a cross-layer group moves whole, */
+    if (id < first || id - first >= count) continue;                /* with its last layer */
+    size_t before = o->n;
+    if (plane_pieces(o, &g->planes[p], &r->planes[off[gi] + p], runs->v[gi], runs->n[gi],
+                     hs ? &hs[gi] : NULL) < 0) {
+      snprintf(why, cap, "out of memory");
+      return HIXL_KV_RESOURCE_EXHAUSTED;
+    }
+    for (size_t j = before ? before : 1; j < o->n && sorted; j++)
+      sorted = o->v[j - 1].local_addr < o->v[j].local_addr;
   }
   if (o->n > 1) { /* across planes: a block-major layout's layers of one block are adjacent */
-    qsort(o->v, o->n, sizeof(*o->v), cmp_piece);
+    if (!sorted) qsort(o->v, o->n, sizeof(*o->v), cmp_piece);
     size_t k = 0;
     for (size_t j = 1; j < o->n; j++) {
       HixlTransferOpDesc *a = &o->v[k], *b = &o->v[j];
@@ -386,9 +459,16 @@ hixl_kv_status kv_ops_build(struct opvec *o, const struct kv_layout *l, const st
     o->n = k + 1;
   }
   return HIXL_KV_SUCCESS;
-oom:
-  snprintf(why, cap, "out of memory");
-  return HIXL_KV_RESOURCE_EXHAUSTED;
+}
+
+hixl_kv_status kv_ops_build(struct opvec *o, const struct kv_layout *l, const struct kv_remote *r,
+                            uint32_t first, uint32_t count, const struct kv_pairs *pairs,
+                            const struct kv_heads *hs, char *why, size_t cap) {
+  struct kv_runs runs;
+  hixl_kv_status st = kv_runs_build(&runs, l, r, pairs, why, cap);
+  if (st == HIXL_KV_SUCCESS) st = kv_ops_runs(o, l, r, first, count, &runs, hs, why, cap);
+  kv_runs_free(&runs);
+  return st;
 }
 
 /* ---- the memory behind the planes ---- */

@@ -45,6 +45,17 @@ static bool push_counts_ok(const hixl_kv_connector *c, const struct kv_meta_entr
   return true;
 }
 
+/* Push v's block pairs, per group: the producer's n blocks into the consumer's first n
+ * (a sliding-window group: its last n, the window). Each group names at least n
+ * (push_counts_ok, at the accept). */
+static void push_pairs(const hixl_kv_connector *c, const struct kv_meta_entry *e, struct kv_pairs *pairs) {
+  for (uint32_t g = 0, off = 0, roff = 0; g < e->ngroups; off += e->gn[g], roff += e->rgn[g], g++) {
+    bool tail = c->lay.g[g].kind == HIXL_KV_GROUP_SLIDING_WINDOW && e->rgn[g] > e->gn[g];
+    uint32_t skip = tail ? e->rgn[g] - e->gn[g] : 0;
+    pairs[g] = (struct kv_pairs){e->blocks + off, e->rblocks + roff + skip, e->gn[g]};
+  }
+}
+
 /* Accept on the consumer: it expects the request, with the same layout, into at
  * least as many blocks per group, and its push params name as many (push_counts_ok);
  * its planes go to p->r. */
@@ -102,7 +113,13 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
   } else {
     p->r = h->r; /* its planes: this push's */
     h->r.planes = NULL;
-    kv_obs_span(c, e->req, KV_PH_PINNED, KV_H_PIN, t_accept);
+    /* Its block pairs as runs and the heads it moves, once: each layer's ops come
+     * from them (a layer's pairs were sorted and checked again per layer). */
+    struct kv_pairs pairs[KV_MAX_GROUPS];
+    push_pairs(c, e, pairs);
+    kv_push_heads(c, p, p->hs);
+    if ((st = kv_runs_build(&p->runs, &c->lay, &p->r, pairs, why, cap)) == HIXL_SUCCESS)
+      kv_obs_span(c, e->req, KV_PH_PINNED, KV_H_PIN, t_accept);
   }
 out:
   if (h) free(h->r.planes);
@@ -136,17 +153,6 @@ struct push_note {
   uint8_t ans[256];
 };
 
-/* Push v's block pairs, per group: the producer's n blocks into the consumer's first n
- * (a sliding-window group: its last n, the window). Each group names at least n
- * (push_counts_ok, at the accept). */
-static void push_pairs(const hixl_kv_connector *c, const struct kv_meta_entry *e, struct kv_pairs *pairs) {
-  for (uint32_t g = 0, off = 0, roff = 0; g < e->ngroups; off += e->gn[g], roff += e->rgn[g], g++) {
-    bool tail = c->lay.g[g].kind == HIXL_KV_GROUP_SLIDING_WINDOW && e->rgn[g] > e->gn[g];
-    uint32_t skip = tail ? e->rgn[g] - e->gn[g] : 0;
-    pairs[g] = (struct kv_pairs){e->blocks + off, e->rblocks + roff + skip, e->gn[g]};
-  }
-}
-
 /* Start layers [k, k + count) of push v with their notice (LAYER for one, LAYERS
  * for more); why on failure. */
 static HixlStatus layer_start(hixl_kv_connector *c, struct kv_push *v, uint32_t k, uint32_t count,
@@ -154,12 +160,8 @@ static HixlStatus layer_start(hixl_kv_connector *c, struct kv_push *v, uint32_t 
   struct kv_meta_entry *e = &v->e;
   struct kv_out msg = {0};
   struct opvec o = {0};
-  struct kv_pairs pairs[KV_MAX_GROUPS];
-  push_pairs(c, e, pairs);
-  struct kv_heads hs[KV_MAX_GROUPS]; /* this rank's heads that consumer rank takes (kv_tp.c) */
-  kv_push_heads(c, v, hs);
   uint64_t t_build = kv_now_ns();
-  HixlStatus st = kv_ops_build(&o, &c->lay, &v->r, k, count, pairs, hs, why, cap);
+  HixlStatus st = kv_ops_runs(&o, &c->lay, &v->r, k, count, &v->runs, v->hs, why, cap);
   if (st != HIXL_SUCCESS) return st;
   kv_msg(c, &msg, count > 1 ? KV_SVC_LAYERS : KV_SVC_LAYER, e->rreq, &e->rcap, k, "");
   if (count > 1) kv_put_u32(&msg, count);
@@ -384,6 +386,7 @@ void *kv_pusher_main(void *arg) {
       free(v[i]->e.blocks);
       free(v[i]->e.rblocks);
       free(v[i]->r.planes);
+      kv_runs_free(&v[i]->runs);
       free(v[i]);
     }
     if (v != &one) free(v);
