@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# check_layers: core/src's files call only downward (docs/design.md, "Layers").
+# check_layers: core/src's files, and plugin/src's, call only downward (docs/design.md,
+# "Layers").
 # Reads the symbols each object file of hixl_objs defines and uses (nm), draws an
 # edge A -> B when A uses a symbol B defines, and fails on:
 #   - any cycle between files (tsort finds it);
 #   - a file calling a layer above its own (the ranks below), or one transport
 #     calling another: a transport is reached through its table only.
-# Usage: check_layers.sh OBJECT...  (hixl_objs' objects, as CMake lists them: a build
-# tree may hold stale objects of files that are gone). Each is named by its path below
-# core/src/ (the part after ".../src/").
+# Usage: check_layers.sh OBJECT...  (hixl_objs' objects, or hixl_kv_connector's, as CMake
+# lists them: a build tree may hold stale objects of files that are gone). Each is named
+# by its path below core/src/ or plugin/src/ (the part after ".../src/"); a plugin object
+# calls core through hixl's symbols, which it does not define, so only its own files are
+# checked against each other.
 set -euo pipefail
 [ $# -gt 10 ] || { echo "check_layers: only $# object files given"; exit 1; }
 declare -A path
@@ -31,6 +34,17 @@ rank() {
     engine/api.c.o | engine/api_mem.c.o | engine/api_dial.c.o | engine/api_link.c.o | engine/api_xfer.c.o | engine/api_call.c.o) echo 6 ;;
     cs/* | cache/*) echo 7 ;;
     rping/*) echo 7 ;;
+    # plugin/src: utilities and codecs; capabilities and tensor parallelism; observability,
+    # layouts and grants; the scheduler, a request's parts and calls to a peer; the KV
+    # service; the loader and pusher threads; the worker ops; the connector's life.
+    kv_util.c.o | kv_wire.c.o | kv_config.c.o | kv_test_hooks.c.o) echo 10 ;;
+    kv_cap.c.o | kv_tp.c.o) echo 11 ;;
+    kv_obs.c.o | kv_layout.c.o | kv_grant.c.o) echo 12 ;;
+    kv_sched.c.o | kv_parts.c.o | kv_peer.c.o) echo 13 ;;
+    kv_service*.c.o) echo 14 ;;
+    kv_loader.c.o | kv_pusher.c.o) echo 15 ;;
+    kv_worker.c.o) echo 16 ;;
+    kv_life.c.o) echo 17 ;;
     *) echo "?" ;;
   esac
 }

@@ -200,6 +200,8 @@ void kv_runs_free(struct kv_runs *runs);
 hixl_kv_status kv_ops_runs(struct opvec *o, const struct kv_layout *l, const struct kv_remote *r,
                            uint32_t first, uint32_t count, const struct kv_runs *runs,
                            const struct kv_heads *hs, char *why, size_t cap);
+/* Bytes a request of gn[g] blocks per group moves (every plane). */
+uint64_t kv_request_bytes(const hixl_kv_connector *c, const uint32_t *gn, uint32_t ngroups);
 /* The digest text up to its " tp=" (what two sides of any world sizes must share), and
  * the world size after it (0 when there is none). */
 size_t kv_layout_core_len(const char *text);
@@ -487,6 +489,9 @@ bool kv_copy_id(char *dst, const char *src, size_t n); /* 1 to KV_MAX_ID bytes o
 hixl_kv_status kv_worker_address(const char *base, uint32_t rank, char *out, size_t cap, uint64_t *cluster);
 /* Lock held for these. */
 void kv_efd_signal(hixl_kv_connector *c);
+/* id is finished sending (c->sending_done) or receiving (c->recving_done): the host
+ * learns it at its next get_finished, one waiting on the event fd wakes now, and its
+ * trace ends (in kv_obs.c, which kv_util.c does not call). */
 void kv_finished_add(hixl_kv_connector *c, struct kv_idset *set, const char *id);
 void kv_gone_add(hixl_kv_connector *c, const char *id);
 /* peer's last Link failed (reached false) or succeeded: c->unreach, at most KV_UNREACH_MAX. */
@@ -650,8 +655,6 @@ hixl_kv_status kv_after_alloc_groups(hixl_kv_connector *c, const hixl_kv_request
 hixl_kv_status kv_finished_groups(hixl_kv_connector *c, const hixl_kv_request *r, const hixl_kv_block_ids *g,
                                   size_t n, int32_t *delay_free, hixl_kv_buffer *params);
 hixl_kv_status kv_preemptions(hixl_kv_connector *c, const hixl_kv_ids *ids);
-/* Bytes a request of gn[g] blocks per group moves (every plane). */
-uint64_t kv_request_bytes(const hixl_kv_connector *c, const uint32_t *gn, uint32_t ngroups);
 hixl_kv_status kv_event_fd(hixl_kv_connector *c, int32_t *fd);
 
 #endif

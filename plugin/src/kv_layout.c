@@ -273,6 +273,12 @@ hixl_kv_status kv_layout_build(struct kv_layout *out, const hixl_kv_group *group
   return HIXL_KV_SUCCESS;
 }
 
+uint64_t kv_request_bytes(const hixl_kv_connector *c, const uint32_t *gn, uint32_t ngroups) {
+  uint64_t b = 0;
+  for (uint32_t g = 0; g < ngroups && g < c->lay.ng; g++) b += gn[g] * c->lay.g[g].bytes_per_block;
+  return b;
+}
+
 /* ---- the plane table a peer learns (PIN and ACCEPT answers) ---- */
 
 void kv_layout_put_planes(struct kv_out *o, const struct kv_layout *l) {

@@ -661,3 +661,11 @@ hixl_kv_status kv_render_metrics(hixl_kv_connector *c, hixl_kv_buffer *text) {
   text->len = len;
   return HIXL_KV_SUCCESS;
 }
+
+/* id is finished sending (set sending_done) or receiving (recving_done): the host
+ * learns it at its next get_finished; one waiting on the event fd wakes now. Lock held. */
+void kv_finished_add(hixl_kv_connector *c, struct kv_idset *set, const char *id) {
+  kv_obs_phase(c, id, KV_PH_DONE, NULL);
+  kv_idset_add(set, id);
+  kv_efd_signal(c);
+}

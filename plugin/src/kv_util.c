@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include "kv_int.h"
-#include "kv_obs.h"
 #include "util/log.h"
 
 static _Thread_local char kv_err[512];
@@ -266,14 +265,6 @@ void kv_efd_signal(hixl_kv_connector *c) {
     ssize_t w = write(c->efd, &one, sizeof(one)); /* fails only when the count is full: readable anyway */
     (void)w;
   }
-}
-
-/* id is finished sending (set sending_done) or receiving (recving_done): the host
- * learns it at its next get_finished; one waiting on the event fd wakes now. Lock held. */
-void kv_finished_add(hixl_kv_connector *c, struct kv_idset *set, const char *id) {
-  kv_obs_phase(c, id, KV_PH_DONE, NULL);
-  kv_idset_add(set, id);
-  kv_efd_signal(c);
 }
 
 /* id ended here: a PIN, ACCEPT or RELEASE of it answers GONE while it is among the last

@@ -53,12 +53,6 @@ static hixl_kv_status setup_groups(hixl_kv_connector *c, const hixl_kv_group *g,
   return st;
 }
 
-uint64_t kv_request_bytes(const hixl_kv_connector *c, const uint32_t *gn, uint32_t ngroups) {
-  uint64_t b = 0;
-  for (uint32_t g = 0; g < ngroups && g < c->lay.ng; g++) b += gn[g] * c->lay.g[g].bytes_per_block;
-  return b;
-}
-
 hixl_kv_status kv_register_groups(hixl_kv_connector *c, const hixl_kv_group *g, size_t n) {
   return setup_groups(c, g, n, "register_kv_groups");
 }
