@@ -4,6 +4,7 @@
  * ACCEPT, the landed LAYER(S) notices and ABORT of the pushes it expects. Every call
  * presents the capability of its request (kv_cap.c), or is refused and counted
  * (cap_refused): reaching the engine's port is not enough to act on a request. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -198,207 +199,272 @@ static HixlStatus cap_refuse(hixl_kv_connector *c, uint8_t op, const char *id, c
   return HIXL_PARAM_INVALID;
 }
 
+/* A KV service request, parsed whole (svc_parse). */
+struct svc_req {
+  uint8_t proto, op;
+  char id[KV_MAX_ID + 1];
+  char reason[KV_MAX_ID + 1];       /* ABORT: why */
+  struct kv_cap cap;                /* what it presents */
+  uint32_t world, rank;             /* the caller's (kv_tp.c) */
+  uint32_t layer, count;            /* LAYER(S): which layers landed */
+  uint64_t epoch, seq;              /* PIN, RELEASE: which hold (a consumer given hold_epoch and hold_seq) */
+  uint32_t png, pgn[KV_MAX_GROUPS]; /* ACCEPT: the blocks per group the producer writes */
+};
+
+enum svc_parsed {
+  SVC_OK,
+  SVC_OLD, /* protocol 3, before capabilities: proto, op and id only */
+  SVC_BAD, /* malformed */
+};
+
+static enum svc_parsed svc_parse(const uint8_t *req, size_t len, struct svc_req *r) {
+  struct kv_in in = {req, len, 0, false};
+  memset(r, 0, sizeof(*r));
+  r->proto = kv_get_u8(&in);
+  r->op = kv_get_u8(&in);
+  kv_get_str(&in, r->id, KV_MAX_ID);
+  if (!in.bad && r->proto == KV_SVC_PROTO_NOCAP && r->op >= KV_SVC_PIN && r->op <= KV_SVC_OP_LAST)
+    return SVC_OLD; /* a call that carries no capability, whatever follows */
+  kv_get_cap(&in, &r->cap);
+  r->world = kv_get_u32(&in);
+  r->rank = kv_get_u32(&in);
+  r->layer = r->op == KV_SVC_LAYER || r->op == KV_SVC_LAYERS ? kv_get_u32(&in) : 0;
+  r->count = r->op == KV_SVC_LAYERS ? kv_get_u32(&in) : 1;
+  if (r->op == KV_SVC_ABORT) kv_get_str(&in, r->reason, KV_MAX_ID);
+  if ((r->op == KV_SVC_PIN || r->op == KV_SVC_RELEASE) && in.off < len) {
+    r->epoch = kv_get_u64(&in);
+    r->seq = kv_get_u64(&in);
+  }
+  if (r->op == KV_SVC_ACCEPT && in.off < len) {
+    r->png = kv_get_u8(&in);
+    if (r->png > KV_MAX_GROUPS) in.bad = true;
+    for (uint32_t g = 0; g < r->png && !in.bad; g++) r->pgn[g] = kv_get_u32(&in);
+  }
+  bool bad = in.bad || in.off != len || r->proto != KV_SVC_PROTO ||
+             (r->op == KV_SVC_LAYERS && r->count < 2) || r->world == 0 || r->world > KV_TP_MAX ||
+             r->rank >= r->world;
+  return bad ? SVC_BAD : SVC_OK;
+}
+
+/* The answer GONE, and why. */
+static void put_gone(struct kv_out *out, const char *why) {
+  kv_put_u8(out, KV_PIN_GONE);
+  kv_put_str(out, why, strlen(why));
+}
+
+/* Each operation, the capability checked: its answer into out, or a status; *tp_why
+ * when the caller is a rank that has no part in it (refused). Lock held. */
+
+/* ACCEPT of an expected push (x): the producer rank is granted its blocks. */
+static HixlStatus serve_accept(hixl_kv_connector *c, const char *peer, const struct svc_req *r,
+                               struct kv_expect *x, struct kv_out *out, const char **tp_why) {
+  HixlStatus st = HIXL_SUCCESS;
+  if (!x) {
+    if (kv_idhash_has(&c->gone, r->id))
+      put_gone(out, "it already ended (loaded, failed or expired)");
+    else
+      kv_put_u8(out, KV_PIN_NOT_YET);
+    return st;
+  }
+  if (x->ptp == 0) { /* the first producer rank: which ranks write into it */
+    x->ptp = r->world;
+    x->want = c->lay.ng ? kv_tp_sources(&c->lay, r->world, c->world, c->rank) : 0;
+  }
+  if (x->ptp != r->world)
+    *tp_why = "another producer rank of it runs another world size";
+  else if (x->want && !(x->want >> r->rank & 1))
+    *tp_why = "that producer rank writes nothing into this rank (kv_tp.c)";
+  else if (peers_room(c, &x->peers, peer, tp_why)) {
+    if (!kv_peers_grant(c, &x->peers, peer, x->blocks, x->gn, x->ngroups))
+      st = HIXL_RESOURCE_EXHAUSTED;
+    else
+      kv_obs_phase(c, r->id, KV_PH_PINNED, peer);
+  }
+  for (uint32_t g = 0; g < x->ngroups; g++) /* what lands: at most what each group expects */
+    x->pgn[g] = r->png == x->ngroups && r->pgn[g] < x->gn[g] ? r->pgn[g] : x->gn[g];
+  held_answer(c, out, x->blocks, x->n, x->gn, x->ngroups);
+  return st;
+}
+
+/* LAYER(S): layers of x landed from that producer rank; the forward pass wakes once per
+ * call, and only when one of them is new. */
+static HixlStatus serve_layers(hixl_kv_connector *c, const struct svc_req *r, struct kv_expect *x,
+                               const char **tp_why) {
+  uint64_t bit = UINT64_C(1) << r->rank;
+  if (x && (x->ptp != r->world || !(x->want & bit))) {
+    *tp_why = "that producer rank did not accept it here";
+    return HIXL_SUCCESS;
+  }
+  if (!x || r->layer >= c->layers || r->count > c->layers - r->layer)
+    return x ? HIXL_PARAM_INVALID : HIXL_NOT_FOUND;
+  bool woke = false;
+  kv_obs_layer(c, r->id, r->layer, r->count);
+  for (uint32_t l = r->layer; l < r->layer + r->count && x; l++)
+    if (!(x->landed[l] & bit)) {
+      x->landed[l] |= bit;
+      woke = true;
+      if (x->landed[l] == x->want && ++x->nlanded == c->layers) kv_expect_end(c, x, NULL), x = NULL;
+    }
+  if (woke) pthread_cond_broadcast(&c->exp.landed); /* the forward pass only */
+  return HIXL_SUCCESS;
+}
+
+/* ABORT: the producer gave up on x. */
+static HixlStatus serve_abort(hixl_kv_connector *c, const char *peer, const struct svc_req *r,
+                              struct kv_expect *x) {
+  if (x) {
+    char why[KV_MAX_ID + 64];
+    snprintf(why, sizeof(why), "the producer %s gave up: %s", peer, r->reason);
+    kv_expect_end(c, x, why);
+  }
+  return HIXL_SUCCESS;
+}
+
+/* Whether r names a hold of this scheduler that was bound here (or would have been):
+ * no later step brings it. */
+static bool hold_bound(const hixl_kv_connector *c, const struct svc_req *r) {
+  return r->seq && r->epoch == c->hold.epoch && r->seq <= c->hold.bound_seq;
+}
+
+/* PIN of held h: the lease runs again, the consumer rank is granted its blocks. */
+static HixlStatus serve_pin(hixl_kv_connector *c, const char *peer, const struct svc_req *r,
+                            struct kv_held *h, struct kv_out *out, const char **tp_why) {
+  if (h) {
+    if ((*tp_why = held_rank(c, h, r->world)) || !peers_room(c, &h->peers, peer, tp_why)) return HIXL_SUCCESS;
+    h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
+    kv_obs_phase(c, r->id, KV_PH_PINNED, peer);
+    HixlStatus st = HIXL_SUCCESS;
+    if (!kv_peers_grant(c, &h->peers, peer, h->blocks, h->gn, h->ngroups)) st = HIXL_RESOURCE_EXHAUSTED;
+    held_answer(c, out, h->blocks, h->n, h->gn, h->ngroups);
+    return st;
+  }
+  if (kv_idhash_has(&c->gone, r->id))
+    put_gone(out, "it was freed, its lease expired, or it was aborted");
+  else if (hold_bound(c, r))
+    put_gone(out, "it was never held here (this worker bound every hold up to its number), or was freed "
+                  "long ago");
+  else
+    kv_put_u8(out, KV_PIN_NOT_YET);
+  return HIXL_SUCCESS;
+}
+
+/* RELEASE: a consumer rank that reads nothing of this rank's copy lets go of it: as
+ * FREE when held; else "not yet", nothing remembered (the hold may still come), or
+ * gone. */
+static HixlStatus serve_release(hixl_kv_connector *c, const char *peer, const struct svc_req *r,
+                                struct kv_held *h, struct kv_out *out, const char **tp_why) {
+  if (h) {
+    if ((*tp_why = held_rank(c, h, r->world))) return HIXL_SUCCESS;
+    h->freed |= UINT64_C(1) << r->rank;
+    kv_obs_phase(c, r->id, KV_PH_FREE, peer);
+    kv_put_u8(out, KV_PIN_HELD);
+    if ((h->freed & h->need) == h->need) held_release(c, h);
+  } else if (kv_idhash_has(&c->gone, r->id) || hold_bound(c, r)) {
+    put_gone(out, "it is no longer held here");
+  } else {
+    kv_put_u8(out, KV_PIN_NOT_YET);
+  }
+  return HIXL_SUCCESS;
+}
+
+/* FREE: one not bound yet (an abort), its capability checked: never hold it. One held:
+ * freed once every consumer rank that frees it here did (kv_tp_touchers). */
+static HixlStatus serve_free(hixl_kv_connector *c, const char *peer, const struct svc_req *r,
+                             struct kv_held *h, const char **tp_why) {
+  if (h && !(*tp_why = held_rank(c, h, r->world))) {
+    h->freed |= UINT64_C(1) << r->rank;
+    kv_obs_phase(c, r->id, KV_PH_FREE, peer);
+    if ((h->freed & h->need) == h->need) held_release(c, h);
+  } else if (!h && !kv_idhash_has(&c->gone, r->id)) {
+    kv_gone_add(c, r->id);
+  }
+  return HIXL_SUCCESS;
+}
+
+/* An answer that is a message (a refusal or an error), cut to cap. */
+static HixlStatus refuse(HixlStatus st, uint8_t *resp, size_t cap, size_t *resp_len, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static HixlStatus refuse(HixlStatus st, uint8_t *resp, size_t cap, size_t *resp_len, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf((char *)resp, cap, fmt, ap);
+  va_end(ap);
+  *resp_len = n < 0 ? 0 : (size_t)n;
+  if (*resp_len >= cap) *resp_len = cap ? cap - 1 : 0;
+  return st;
+}
+
 HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp, size_t cap,
                     size_t *resp_len) {
   hixl_kv_connector *c = ctx;
-  struct kv_in in = {req, len, 0, false};
-  if (strnlen(peer, KV_PEER_NAME_MAX + 1) > KV_PEER_NAME_MAX) {
+  if (strnlen(peer, KV_PEER_NAME_MAX + 1) > KV_PEER_NAME_MAX)
     /* Grants are made and revoked by the caller's whole name: one this worker could not
      * keep whole is refused, never cut (a cut name's grant would never be revoked). */
-    *resp_len =
-        (size_t)snprintf((char *)resp, cap,
-                         "refused: a KV service call from a peer whose name (%.64s...) is longer than "
-                         "the %u bytes a worker keeps of one; nothing was done",
-                         peer, KV_PEER_NAME_MAX);
-    if (*resp_len >= cap) *resp_len = cap ? cap - 1 : 0;
-    return HIXL_PARAM_INVALID;
-  }
-  char id[KV_MAX_ID + 1];
-  char reason[KV_MAX_ID + 1] = "";
-  uint8_t proto = kv_get_u8(&in), op = kv_get_u8(&in);
-  kv_get_str(&in, id, KV_MAX_ID);
-  struct kv_cap got = {0};
-  if (!in.bad && proto == KV_SVC_PROTO_NOCAP && op >= KV_SVC_PIN && op <= KV_SVC_OP_LAST) {
-    /* The protocol before capabilities: a call that carries none, whatever follows. */
+    return refuse(
+        HIXL_PARAM_INVALID, resp, cap, resp_len,
+        "refused: a KV service call from a peer whose name (%.64s...) is longer than the %u bytes a "
+        "worker keeps of one; nothing was done",
+        peer, KV_PEER_NAME_MAX);
+  struct svc_req r;
+  enum svc_parsed parsed = svc_parse(req, len, &r);
+  HixlStatus st = HIXL_SUCCESS;
+  if (parsed == SVC_OLD) {
     pthread_mutex_lock(&c->lock);
-    HixlStatus st = cap_refuse(c, op, id, peer, CAP_OLD, resp, cap, resp_len);
+    st = cap_refuse(c, r.op, r.id, peer, CAP_OLD, resp, cap, resp_len);
     pthread_mutex_unlock(&c->lock);
     return st;
   }
-  kv_get_cap(&in, &got);
-  uint32_t world = kv_get_u32(&in), rank = kv_get_u32(&in); /* the caller's (kv_tp.c) */
-  uint32_t layer = op == KV_SVC_LAYER || op == KV_SVC_LAYERS ? kv_get_u32(&in) : 0;
-  uint32_t count = op == KV_SVC_LAYERS ? kv_get_u32(&in) : 1;
-  if (op == KV_SVC_ABORT) kv_get_str(&in, reason, KV_MAX_ID);
-  uint64_t epoch = 0, seq = 0; /* PIN: which hold (a consumer given hold_epoch and hold_seq) */
-  if ((op == KV_SVC_PIN || op == KV_SVC_RELEASE) && in.off < len) {
-    epoch = kv_get_u64(&in);
-    seq = kv_get_u64(&in);
-  }
-  uint32_t png = 0, pgn[KV_MAX_GROUPS] = {0}; /* ACCEPT: the blocks per group the producer writes */
-  if (op == KV_SVC_ACCEPT && in.off < len) {
-    png = kv_get_u8(&in);
-    if (png > KV_MAX_GROUPS) in.bad = true;
-    for (uint32_t g = 0; g < png && !in.bad; g++) pgn[g] = kv_get_u32(&in);
-  }
+  if (parsed == SVC_BAD)
+    return refuse(HIXL_PARAM_INVALID, resp, cap, resp_len, "malformed KV service request from %s%s", peer,
+                  r.proto == 4 ? " (KV service protocol 4, before tensor parallelism: update its plugin)"
+                               : "");
   struct kv_out out = {0};
-  HixlStatus st = HIXL_SUCCESS;
-  if (in.bad || in.off != len || proto != KV_SVC_PROTO || (op == KV_SVC_LAYERS && count < 2) || world == 0 ||
-      world > KV_TP_MAX || rank >= world) {
-    *resp_len = (size_t)snprintf(
-        (char *)resp, cap, "malformed KV service request from %s%s", peer,
-        proto == 4 ? " (KV service protocol 4, before tensor parallelism: update its plugin)" : "");
-    return HIXL_PARAM_INVALID;
-  }
   pthread_mutex_lock(&c->lock);
   kv_leases_expire(c);
   kv_expects_expire(c);
-  struct kv_held *h = kv_held_find(c, id);
-  struct kv_expect *x = kv_expect_find(c, id);
-  bool held_op = op == KV_SVC_PIN || op == KV_SVC_FREE || op == KV_SVC_RELEASE;
+  bool held_op = r.op == KV_SVC_PIN || r.op == KV_SVC_FREE || r.op == KV_SVC_RELEASE;
+  struct kv_held *h = held_op ? kv_held_find(c, r.id) : NULL;
+  struct kv_expect *x = held_op ? NULL : kv_expect_find(c, r.id);
   enum cap_verdict v = CAP_OK;
-  if (op >= KV_SVC_PIN && op <= KV_SVC_OP_LAST)
-    v = cap_check(c, id, held_op ? (h ? &h->cap : NULL) : (x ? &x->cap : NULL), &got);
+  if (r.op >= KV_SVC_PIN && r.op <= KV_SVC_OP_LAST)
+    v = cap_check(c, r.id, held_op ? (h ? &h->cap : NULL) : (x ? &x->cap : NULL), &r.cap);
   /* Unchecked (nothing bound yet here) is refused only where it would change
    * something: a FREE would be remembered. PIN and ACCEPT answer "not yet", LAYER
    * "not expected", ABORT does nothing, as for any id this worker does not know. */
-  if (v == CAP_NONE || v == CAP_WRONG || (v == CAP_UNCHECKED && op == KV_SVC_FREE)) {
-    st = cap_refuse(c, op, id, peer, v, resp, cap, resp_len);
+  if (v == CAP_NONE || v == CAP_WRONG || (v == CAP_UNCHECKED && r.op == KV_SVC_FREE)) {
+    st = cap_refuse(c, r.op, r.id, peer, v, resp, cap, resp_len);
     pthread_mutex_unlock(&c->lock);
     kv_revoke_flush(c); /* what the expiries above let go */
     return st;
   }
   const char *tp_why = NULL; /* a call from a rank of another world size, or one that has no part in it */
-  if (op == KV_SVC_ACCEPT) {
-    if (x) {
-      if (x->ptp == 0) { /* the first producer rank: which ranks write into it */
-        x->ptp = world;
-        x->want = c->lay.ng ? kv_tp_sources(&c->lay, world, c->world, c->rank) : 0;
-      }
-      if (x->ptp != world)
-        tp_why = "another producer rank of it runs another world size";
-      else if (x->want && !(x->want >> rank & 1))
-        tp_why = "that producer rank writes nothing into this rank (kv_tp.c)";
-      else if (peers_room(c, &x->peers, peer, &tp_why)) {
-        if (!kv_peers_grant(c, &x->peers, peer, x->blocks, x->gn, x->ngroups))
-          st = HIXL_RESOURCE_EXHAUSTED;
-        else
-          kv_obs_phase(c, id, KV_PH_PINNED, peer);
-      }
-      for (uint32_t g = 0; g < x->ngroups; g++) /* what lands: at most what each group expects */
-        x->pgn[g] = png == x->ngroups && pgn[g] < x->gn[g] ? pgn[g] : x->gn[g];
-      held_answer(c, &out, x->blocks, x->n, x->gn, x->ngroups);
-    } else if (kv_idhash_has(&c->gone, id)) {
-      kv_put_u8(&out, KV_PIN_GONE);
-      const char *why = "it already ended (loaded, failed or expired)";
-      kv_put_str(&out, why, strlen(why));
-    } else {
-      kv_put_u8(&out, KV_PIN_NOT_YET);
-    }
-  } else if (op == KV_SVC_LAYER || op == KV_SVC_LAYERS) {
-    uint64_t bit = UINT64_C(1) << rank;
-    if (x && (x->ptp != world || !(x->want & bit))) {
-      tp_why = "that producer rank did not accept it here";
-    } else if (x && layer < c->layers && count <= c->layers - layer) {
-      bool woke = false;
-      kv_obs_layer(c, id, layer, count);
-      for (uint32_t l = layer; l < layer + count && x; l++)
-        if (!(x->landed[l] & bit)) {
-          x->landed[l] |= bit;
-          woke = true;
-          if (x->landed[l] == x->want && ++x->nlanded == c->layers) kv_expect_end(c, x, NULL), x = NULL;
-        }
-      if (woke) pthread_cond_broadcast(&c->exp.landed); /* the forward pass only */
-    } else {
-      st = x ? HIXL_PARAM_INVALID : HIXL_NOT_FOUND;
-    }
-  } else if (op == KV_SVC_ABORT) {
-    if (x) {
-      char why[KV_MAX_ID + 64];
-      snprintf(why, sizeof(why), "the producer %s gave up: %s", peer, reason);
-      kv_expect_end(c, x, why);
-    }
-  } else if (op == KV_SVC_PIN) {
-    if (h) {
-      if (!(tp_why = held_rank(c, h, world)) && peers_room(c, &h->peers, peer, &tp_why)) {
-        h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
-        kv_obs_phase(c, id, KV_PH_PINNED, peer);
-        if (!kv_peers_grant(c, &h->peers, peer, h->blocks, h->gn, h->ngroups)) st = HIXL_RESOURCE_EXHAUSTED;
-        held_answer(c, &out, h->blocks, h->n, h->gn, h->ngroups);
-      }
-    } else if (kv_idhash_has(&c->gone, id)) {
-      kv_put_u8(&out, KV_PIN_GONE);
-      const char *why = "it was freed, its lease expired, or it was aborted";
-      kv_put_str(&out, why, strlen(why));
-    } else if (seq && epoch == c->hold.epoch && seq <= c->hold.bound_seq) {
-      /* Its hold was bound here, or would have been: no later step brings it. */
-      kv_put_u8(&out, KV_PIN_GONE);
-      const char *why =
-          "it was never held here (this worker bound every hold up to its number), or was freed "
-          "long ago";
-      kv_put_str(&out, why, strlen(why));
-    } else {
-      kv_put_u8(&out, KV_PIN_NOT_YET);
-    }
-  } else if (op == KV_SVC_RELEASE) {
-    /* A consumer rank that reads nothing of this rank's copy lets go of it: as FREE when
-     * held; else "not yet", nothing remembered (the hold may still come), or gone. */
-    if (h) {
-      if (!(tp_why = held_rank(c, h, world))) {
-        h->freed |= UINT64_C(1) << rank;
-        kv_obs_phase(c, id, KV_PH_FREE, peer);
-        kv_put_u8(&out, KV_PIN_HELD);
-        if ((h->freed & h->need) == h->need) held_release(c, h);
-      }
-    } else if (kv_idhash_has(&c->gone, id) || (seq && epoch == c->hold.epoch && seq <= c->hold.bound_seq)) {
-      kv_put_u8(&out, KV_PIN_GONE);
-      const char *why = "it is no longer held here";
-      kv_put_str(&out, why, strlen(why));
-    } else {
-      kv_put_u8(&out, KV_PIN_NOT_YET);
-    }
-  } else if (op == KV_SVC_FREE) {
-    /* One not bound yet (an abort), its capability checked above: never hold it. One
-     * held: freed once every consumer rank that frees it here did (kv_tp_touchers). */
-    if (h && !(tp_why = held_rank(c, h, world))) {
-      h->freed |= UINT64_C(1) << rank;
-      kv_obs_phase(c, id, KV_PH_FREE, peer);
-      if ((h->freed & h->need) == h->need) held_release(c, h);
-    } else if (!h && !kv_idhash_has(&c->gone, id)) {
-      kv_gone_add(c, id);
-    }
-  } else {
-    st = HIXL_UNSUPPORTED;
-  }
-  if (tp_why && st == HIXL_SUCCESS) {
-    st = HIXL_PARAM_INVALID;
-    *resp_len = (size_t)snprintf((char *)resp, cap, "refused: %s of request %s from %s (rank %u of %u): %s",
-                                 op_name(op), id, peer, rank, world, tp_why);
-    if (*resp_len >= cap) *resp_len = cap ? cap - 1 : 0;
-    pthread_mutex_unlock(&c->lock);
-    kv_revoke_flush(c);
-    free(out.p);
-    return st;
+  switch (r.op) {
+  case KV_SVC_PIN: st = serve_pin(c, peer, &r, h, &out, &tp_why); break;
+  case KV_SVC_FREE: st = serve_free(c, peer, &r, h, &tp_why); break;
+  case KV_SVC_RELEASE: st = serve_release(c, peer, &r, h, &out, &tp_why); break;
+  case KV_SVC_ACCEPT: st = serve_accept(c, peer, &r, x, &out, &tp_why); break;
+  case KV_SVC_LAYER:
+  case KV_SVC_LAYERS: st = serve_layers(c, &r, x, &tp_why); break;
+  case KV_SVC_ABORT: st = serve_abort(c, peer, &r, x); break;
+  default: st = HIXL_UNSUPPORTED; break;
   }
   pthread_mutex_unlock(&c->lock);
-  kv_revoke_flush(c);
-  if (st != HIXL_SUCCESS) {
-    *resp_len = (size_t)snprintf((char *)resp, cap, "%s: KV service operation %u for request %s",
-                                 st == HIXL_NOT_FOUND            ? "not expected here"
-                                 : st == HIXL_PARAM_INVALID      ? "layers out of range"
-                                 : st == HIXL_RESOURCE_EXHAUSTED ? "out of memory"
-                                                                 : "unknown",
-                                 op, id);
-    free(out.p);
-    return st;
-  }
-  if (out.bad || out.len > cap) {
-    free(out.p);
-    *resp_len = (size_t)snprintf((char *)resp, cap, "KV service answer for %s does not fit", id);
-    return HIXL_RESOURCE_EXHAUSTED;
-  }
-  if (out.len) memcpy(resp, out.p, out.len);
-  *resp_len = out.len;
+  kv_revoke_flush(c); /* what the expiries, a FREE or an end let go */
+  if (tp_why && st == HIXL_SUCCESS)
+    st = refuse(HIXL_PARAM_INVALID, resp, cap, resp_len,
+                "refused: %s of request %s from %s (rank %u of %u): %s", op_name(r.op), r.id, peer, r.rank,
+                r.world, tp_why);
+  else if (st != HIXL_SUCCESS)
+    refuse(st, resp, cap, resp_len, "%s: KV service operation %u for request %s",
+           st == HIXL_NOT_FOUND            ? "not expected here"
+           : st == HIXL_PARAM_INVALID      ? "layers out of range"
+           : st == HIXL_RESOURCE_EXHAUSTED ? "out of memory"
+                                           : "unknown",
+           r.op, r.id);
+  else if (out.bad || out.len > cap)
+    st = refuse(HIXL_RESOURCE_EXHAUSTED, resp, cap, resp_len, "KV service answer for %s does not fit", r.id);
+  else if ((*resp_len = out.len))
+    memcpy(resp, out.p, out.len);
   free(out.p);
-  return HIXL_SUCCESS;
+  return st;
 }
