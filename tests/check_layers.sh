@@ -25,7 +25,7 @@ done
 # inside its own folder.
 rank() {
   case "$1" in
-    util/*) echo 0 ;;
+    util/* | devmem/*) echo 0 ;;
     wire/*) echo 1 ;;
     engine/options.c.o) echo 2 ;;
     engine/link.c.o | engine/link_frames.c.o | engine/link_progress.c.o | engine/xport_link.c.o | engine/xport_stub.c.o | engine/grant.c.o) echo 3 ;;

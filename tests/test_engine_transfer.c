@@ -1062,30 +1062,11 @@ static void test_transfer_then_call(void) {
 }
 
 /* A handler that holds the server's progress thread until the test lets it go. */
-struct hold_on_call {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  bool entered, release;
-};
-
-static HixlStatus hold_handler(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
-                               size_t cap, size_t *resp_len) {
-  struct hold_on_call *h = ctx;
-  (void)peer, (void)req, (void)len, (void)resp, (void)cap;
-  pthread_mutex_lock(&h->mu);
-  h->entered = true;
-  pthread_cond_broadcast(&h->cv);
-  while (!h->release) pthread_cond_wait(&h->cv, &h->mu);
-  pthread_mutex_unlock(&h->mu);
-  *resp_len = 0;
-  return HIXL_SUCCESS;
-}
-
 /* A server whose progress thread a HOLD call keeps in its handler until released,
  * with the LANDED service beside it; over tcp it then reads nothing from the link. */
 enum { HOLD = 2, LANDED = 3 }; /* 2: the KV service slot, unused here */
 struct held_peer {
-  struct hold_on_call h;
+  struct tu_hold h;
   struct landed_on_call l;
   hixl_call_t held;
   uint8_t ans[8];
@@ -1093,23 +1074,16 @@ struct held_peer {
 };
 
 static void held_peer_start(struct held_peer *p) {
-  p->h = (struct hold_on_call){PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false};
+  p->h = (struct tu_hold)TU_HOLD_INIT;
   p->l = (struct landed_on_call){.mem = g.s.mem};
-  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, HOLD, hold_handler, &p->h));
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, HOLD, tu_hold_handler, &p->h));
   TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, LANDED, landed_handler, &p->l));
   TU_ASSERT_OK_FATAL(hixl_engine_call_start(g.cli, g.srv_name, HOLD, NULL, 0, p->ans, sizeof(p->ans),
                                             &p->alen, XFER_TIMEOUT, &p->held));
-  pthread_mutex_lock(&p->h.mu);
-  while (!p->h.entered) pthread_cond_wait(&p->h.cv, &p->h.mu);
-  pthread_mutex_unlock(&p->h.mu);
+  tu_hold_entered(&p->h);
 }
 
-static void held_peer_release(struct held_peer *p) {
-  pthread_mutex_lock(&p->h.mu);
-  p->h.release = true;
-  pthread_cond_broadcast(&p->h.cv);
-  pthread_mutex_unlock(&p->h.mu);
-}
+static void held_peer_release(struct held_peer *p) { tu_hold_release(&p->h); }
 
 static void held_peer_end(void) {
   TU_ASSERT_OK(hixl_engine_set_service(g.srv, HOLD, NULL, NULL));

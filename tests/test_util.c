@@ -884,3 +884,31 @@ int tu_server_send(tu_child *child, const tu_cmd *cmd, int64_t *reply, int timeo
   if (tu_child_write(child, cmd, sizeof(*cmd)) != 0) return -1;
   return tu_child_read(child, reply, sizeof(*reply), timeout_ms);
 }
+
+/* ---- a target held ---- */
+
+HixlStatus tu_hold_handler(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                           size_t cap, size_t *resp_len) {
+  struct tu_hold *h = ctx;
+  (void)peer, (void)req, (void)len, (void)resp, (void)cap;
+  pthread_mutex_lock(&h->mu);
+  h->entered = true;
+  pthread_cond_broadcast(&h->cv);
+  while (!h->release) pthread_cond_wait(&h->cv, &h->mu);
+  pthread_mutex_unlock(&h->mu);
+  *resp_len = 0;
+  return HIXL_SUCCESS;
+}
+
+void tu_hold_entered(struct tu_hold *h) {
+  pthread_mutex_lock(&h->mu);
+  while (!h->entered) pthread_cond_wait(&h->cv, &h->mu);
+  pthread_mutex_unlock(&h->mu);
+}
+
+void tu_hold_release(struct tu_hold *h) {
+  pthread_mutex_lock(&h->mu);
+  h->release = true;
+  pthread_cond_broadcast(&h->cv);
+  pthread_mutex_unlock(&h->mu);
+}

@@ -4,6 +4,7 @@
 #ifndef HIXL_TEST_UTIL_H
 #define HIXL_TEST_UTIL_H
 
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -151,6 +152,23 @@ HixlMemHandle tu_register(HixlEngine *engine, void *addr, size_t len);
  *  passed. Returns the GetTransferStatus status; *final gets the last state seen. */
 HixlStatus tu_wait_request(HixlEngine *engine, HixlTransferReq req, int64_t deadline_ms,
                            HixlTransferStatus *final);
+
+/* ---- a target held: its progress thread kept in a service's handler ---- */
+
+/* Install with hixl_engine_set_service(target, id, tu_hold_handler, &hold) (hold from
+ * TU_HOLD_INIT); a CALL to it keeps the target's progress thread there, reading
+ * nothing, until tu_hold_release. tu_hold_entered waits until a call got there. */
+struct tu_hold {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool entered, release;
+};
+#define TU_HOLD_INIT                                                                                         \
+  { PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false, false }
+HixlStatus tu_hold_handler(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                           size_t cap, size_t *resp_len);
+void tu_hold_entered(struct tu_hold *h);
+void tu_hold_release(struct tu_hold *h);
 
 /* ---- child processes ---- */
 

@@ -223,7 +223,7 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
         wire_put_u64(&w, e.addr);
         wire_put_u64(&w, e.len);
         wire_put_u32(&w, e.rkey);
-        wire_put_u16(&w, e.tag_len);
+        wire_put_u16(&w, (uint16_t)(e.kind << 8 | e.tag_len));
         wire_put_bytes(&w, e.tag, e.tag_len);
       }
       break;
@@ -235,13 +235,13 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
         /* A tag without NUL bytes goes through the C-string builder. */
         memcpy(tag, m->u.mem.tag, m->u.mem.tag_len);
         tag[m->u.mem.tag_len] = 0;
-        wire_put_mem_entry(&w, m->u.mem.addr, m->u.mem.len, m->u.mem.rkey, tag);
+        wire_put_mem_entry_kind(&w, m->u.mem.addr, m->u.mem.len, m->u.mem.rkey, tag, m->u.mem.kind);
         break;
       }
       wire_put_u64(&w, m->u.mem.addr);
       wire_put_u64(&w, m->u.mem.len);
       wire_put_u32(&w, m->u.mem.rkey);
-      wire_put_u16(&w, m->u.mem.tag_len);
+      wire_put_u16(&w, (uint16_t)(m->u.mem.kind << 8 | m->u.mem.tag_len));
       wire_put_bytes(&w, m->u.mem.tag, m->u.mem.tag_len);
       break;
     }

@@ -88,8 +88,11 @@ HIXL_API HixlStatus HixlEngineFinalize(HixlEngine *engine);
 HIXL_API HixlStatus HixlEngineDestroy(HixlEngine *engine);
 
 /** Register [mem->addr, mem->addr + mem->len) for transfers; ranges must not overlap
- *  an existing registration. HIXL_MEM_DEVICE is UNSUPPORTED (no accelerator backend).
- *  Memory registered after Connect is usable by connected peers at once. */
+ *  an existing registration. HIXL_MEM_DEVICE takes a CUDA device pointer (the range
+ *  inside one allocation; its device found from it) and moves it over tcp links
+ *  through host buffers; it is UNSUPPORTED, saying why, where no CUDA driver is found
+ *  (docs/device-memory.md). Memory registered after Connect is usable by connected
+ *  peers at once. */
 HIXL_API HixlStatus HixlEngineRegisterMem(HixlEngine *engine, const HixlMemDesc *mem, HixlMemType type,
                                           HixlMemHandle *handle);
 

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "devmem/devmem.h"
 #include "engine/api_int.h"
 #include "util/log.h"
 #include "util/sock.h"
@@ -151,11 +152,18 @@ HixlStatus hixl_engine_register_tagged(HixlEngine *e, const HixlMemDesc *mem, Hi
             (unsigned long)mem->addr, mem->len);
   CHECK_ARG(mem->addr + mem->len > mem->addr, "HixlEngineRegisterMem: range [0x%lx, +%zu) wraps around",
             (unsigned long)mem->addr, mem->len);
-  if (type == HIXL_MEM_DEVICE)
-    return hixl_fail(
-        HIXL_UNSUPPORTED,
-        "HixlEngineRegisterMem: device memory needs an accelerator backend, and this build has none");
-  CHECK_ARG(type == HIXL_MEM_HOST, "HixlEngineRegisterMem: unknown memory type %d", (int)type);
+  CHECK_ARG(type == HIXL_MEM_HOST || type == HIXL_MEM_DEVICE, "HixlEngineRegisterMem: unknown memory type %d",
+            (int)type);
+  int device = -1;
+  if (type == HIXL_MEM_DEVICE) { /* the provider tells what it is, and which device */
+    char why[320];
+    const struct devmem_ops *dm = devmem_get(why, sizeof(why));
+    if (!dm) return hixl_fail(HIXL_UNSUPPORTED, "HixlEngineRegisterMem: device memory: %s", why);
+    HixlStatus qs = dm->query(mem->addr, mem->len, &device, why, sizeof(why));
+    if (qs != HIXL_SUCCESS)
+      return hixl_fail(qs, "HixlEngineRegisterMem: HIXL_MEM_DEVICE [0x%lx, +%zu): %s",
+                       (unsigned long)mem->addr, mem->len, why);
+  }
   HixlStatus st = api_enter(e, "HixlEngineRegisterMem");
   if (st != HIXL_SUCCESS) return st;
   struct hixl_mem_reg *r = NULL;
@@ -173,6 +181,7 @@ HixlStatus hixl_engine_register_tagged(HixlEngine *e, const HixlMemDesc *mem, Hi
   r->range.addr = mem->addr;
   r->range.len = mem->len;
   r->type = type;
+  r->device = device;
   snprintf(r->tag, sizeof(r->tag), "%s", tag ? tag : "");
   if (memtab_add(&e->regs, &r->range, &clash) < 0) {
     if (clash)

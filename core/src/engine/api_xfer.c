@@ -121,6 +121,23 @@ static HixlStatus plan_ops(HixlEngine *e, struct conn *c, const HixlTransferOpDe
     const HixlTransferOpDesc *d = &descs[i];
     lregs[i] = (struct hixl_mem_reg *)memtab_find(&e->regs, d->local_addr, d->len);
     bool rreg = rms[i] != NULL;
+    if ((lregs[i] && lregs[i]->type == HIXL_MEM_DEVICE) || (rreg && rms[i]->kind == WIRE_MEM_DEVICE)) {
+      /* Device memory moves only directly, through host buffers, on a transport that does that. */
+      if (!lregs[i] || !rreg)
+        return hixl_fail(
+            HIXL_PARAM_INVALID,
+            "%s: op %zu touches device memory, which moves only between registered ranges (its %s "
+            "range is not inside one)",
+            fn, i, lregs[i] ? "remote" : "local");
+      if (!(c->xp->flags & XPORT_DEVMEM))
+        return hixl_fail(
+            HIXL_UNSUPPORTED,
+            "%s: op %zu touches device memory, and the link to %s goes by %s, which does not move it "
+            "yet (docs/device-memory.md): Transport tcp does",
+            fn, i, remote, c->xp->name);
+      plan->ndirect += (d->len + ENGINE_TCP_CHUNK - 1) / ENGINE_TCP_CHUNK;
+      continue;
+    }
     if (lregs[i] && rreg && !(pack && d->len < threshold)) {
       plan->ndirect += (d->len + ENGINE_TCP_CHUNK - 1) / ENGINE_TCP_CHUNK;
       continue;

@@ -105,6 +105,8 @@ void link_then_cancel(struct hixl_transfer_req *r, HixlStatus st, const char *wh
 
 void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why) {
   struct hixl_transfer_req *r = ch->req;
+  free(ch->bounce);
+  ch->bounce = NULL;
   if (ch->lreg) ch->lreg->inflight--;
   if (ch->owner) ch->owner->link.chunk_end(ch);
   if (st != HIXL_SUCCESS && r->status == HIXL_SUCCESS) {
@@ -302,6 +304,8 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
            c->remote_name[0] ? c->remote_name : "(handshaking peer)", why);
   if (c->pay.reg) c->pay.reg->inflight--;
   c->pay.reg = NULL;
+  free(c->pay.bounce);
+  c->pay.bounce = NULL;
   if (c->pay_chunk) link_chunk_lost(c, c->pay_chunk, st, msg); /* READ data cut off mid-payload */
   c->pay_chunk = NULL;
   for (int i = 0; i < XPORT_MODS; i++) e->mods[i]->link.kill(c, st, msg);
@@ -468,6 +472,7 @@ void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me, int rail
     if (!(rm = calloc(1, sizeof(*rm)))) return; /* the table is a cache: a miss costs a SYNC */
     rm->range.addr = me->addr;
     rm->range.len = me->len;
+    rm->kind = me->kind;
     snprintf(rm->tag, sizeof(rm->tag), "%.*s", (int)me->tag_len, (const char *)me->tag);
     if (memtab_add(&p->rtab, &rm->range, &clash) < 0) {
       free(rm);

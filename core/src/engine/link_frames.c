@@ -233,8 +233,9 @@ void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct 
     struct wire_wr w;
     if (!buf) continue;
     wire_begin(&w, buf, cap, type);
-    wire_put_mem_entry(&w, r->range.addr, r->range.len, link_mem_key(c, r),
-                       type == WIRE_MEM_ADD ? r->tag : NULL);
+    wire_put_mem_entry_kind(&w, r->range.addr, r->range.len, link_mem_key(c, r),
+                            type == WIRE_MEM_ADD ? r->tag : NULL,
+                            r->type == HIXL_MEM_DEVICE ? WIRE_MEM_DEVICE : WIRE_MEM_HOST);
     size_t len = wire_end(&w, 0);
     if (queue_heap(c, buf, len) < 0) {
       free(buf);
@@ -269,9 +270,10 @@ static void send_hello_ack(struct conn *c, uint32_t status) {
   wire_put_bytes(&w, name, strlen(name));
   wire_put_u32(&w, ok ? (uint32_t)e->regs.count : 0);
   for (size_t i = 0; status == WIRE_HELLO_OK && i < e->regs.count; i++)
-    wire_put_mem_entry(&w, e->regs.v[i]->addr, e->regs.v[i]->len,
-                       link_mem_key(c, (struct hixl_mem_reg *)e->regs.v[i]),
-                       ((struct hixl_mem_reg *)e->regs.v[i])->tag);
+    wire_put_mem_entry_kind(
+        &w, e->regs.v[i]->addr, e->regs.v[i]->len, link_mem_key(c, (struct hixl_mem_reg *)e->regs.v[i]),
+        ((struct hixl_mem_reg *)e->regs.v[i])->tag,
+        ((struct hixl_mem_reg *)e->regs.v[i])->type == HIXL_MEM_DEVICE ? WIRE_MEM_DEVICE : WIRE_MEM_HOST);
   size_t len = wire_end(&w, 0);
   if (len == 0 || queue_heap(c, buf, len) < 0) {
     free(buf);
@@ -692,7 +694,14 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   if (ch->owner && ch->owner->link.answer(c, ch, m)) return; /* its data, its refusal (staged units) */
   if (m->hdr.type == WIRE_READ_RESP && m->hdr.payload_len > 0) {
     c->pay_chunk = ch;
-    link_pay_single(c, ch->req->cancelled ? NULL : ch->laddr, m->hdr.payload_len);
+    uint8_t *dst = ch->req->cancelled ? NULL : ch->laddr;
+    if (dst && ch->lreg && ch->lreg->type == HIXL_MEM_DEVICE && !(dst = ch->bounce = malloc(ch->len))) {
+      c->pay_chunk = NULL;
+      link_chunk_end(ch, HIXL_RESOURCE_EXHAUSTED, "out of memory for a device READ's host buffer");
+      link_pay_single(c, NULL, m->hdr.payload_len); /* its data is dropped */
+      return;
+    }
+    link_pay_single(c, dst, m->hdr.payload_len);
     return;
   }
   if (m->u.ack.status == HIXL_SUCCESS) {
@@ -717,8 +726,14 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
 static void payload_done(struct conn *c) {
   if (c->role == CONN_INITIATOR) {
     struct chunk *ch = c->pay_chunk;
+    char why[384] = "";
     c->pay_chunk = NULL;
-    link_chunk_end(ch, HIXL_SUCCESS, "");
+    if (!ch) return; /* its chunk ended first (no host buffer): the data was dropped */
+    /* a READ into device memory: from the host buffer it landed in, to the device */
+    HixlStatus st = ch->bounce && !ch->req->cancelled ? xport_devmem_in(ch->lreg, (uintptr_t)ch->laddr,
+                                                                        ch->bounce, ch->len, why, sizeof(why))
+                                                      : HIXL_SUCCESS;
+    link_chunk_end(ch, st, why);
   } else {
     const struct xport_ops *x = c->pay_module;
     c->pay_module = NULL;

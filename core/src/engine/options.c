@@ -234,7 +234,7 @@ const char *hixl_transport_name(enum hixl_transport t) { return (unsigned)t < 4 
     "a keyed link is served only when the address its initiator dialled is this engine's own, a rail's, "    \
     "or one of these (docs/security.md)",                                                                    \
     parse_aliases)                                                                                           \
-  X("AuthPayloadTag", "off", "HIXL_AUTH_PAYLOAD_TAG", "on | off",                                                               \
+  X("AuthPayloadTag", "off", "HIXL_AUTH_PAYLOAD_TAG", "on | off",                                            \
     "with AuthKeyFile: tag the data of every tcp payload too (GMAC over it, a pass over the bytes on both "  \
     "ends) and require the peer's payloads tagged; off: only frame headers and bodies are "                  \
     "(docs/security.md)",                                                                                    \

@@ -46,7 +46,13 @@ static bool target_check(struct conn *c, const struct stage_seg *s, uint32_t n, 
   *any_unreg = false;
   for (uint32_t i = 0; i < n; i++) {
     if (!link_granted(c, s[i].raddr, s[i].len, write ? "staged WRITE" : "staged READ")) return false;
-    if (memtab_find(&e->regs, s[i].raddr, s[i].len)) continue;
+    const struct hixl_mem_reg *r = (const struct hixl_mem_reg *)memtab_find(&e->regs, s[i].raddr, s[i].len);
+    if (r && r->type == HIXL_MEM_DEVICE) { /* staged data is copied by this CPU: not into device memory */
+      log_warn("refused staged %s of [0x%llx, +%u) from %s: device memory moves only by direct ops",
+               write ? "WRITE" : "READ", (unsigned long long)s[i].raddr, s[i].len, c->remote_name);
+      return false;
+    }
+    if (r) continue;
     if (!e->opts.stage_unregistered) {
       log_warn("refused staged %s of [0x%llx, +%u) from %s: not inside memory registered here, and "
                "StagingUnregistered is off",

@@ -47,6 +47,7 @@ enum xport_id { XPORT_SHM, XPORT_RDMA, XPORT_TCP, XPORT_STAGE, XPORT_MODS };
 #define XPORT_STAGE_RDMA 0x4u  /* staged units can travel by its own posts (bounce_reg, post_own) */
 #define XPORT_CPU_COPY   0x8u  /* a thread's own copy moves the data (no NIC): its drive hook copies */
 #define XPORT_IN_STREAM  0x10u /* direct chunks are frames on the link's socket, landed in order */
+#define XPORT_DEVMEM     0x20u /* moves device memory (through host bounce buffers and devmem.h) */
 
 /* The module on one engine (UCT's interface). */
 struct xport_iface_ops {

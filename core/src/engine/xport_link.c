@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "devmem/devmem.h"
 #include "engine/engine_int.h"
 
 const struct hixl_options *engine_opts(const struct HixlEngine *e) { return &e->opts; }
@@ -83,3 +84,17 @@ struct chunk *link_req_direct(struct hixl_transfer_req *r, uint32_t *n) {
 bool link_req_staged(const struct hixl_transfer_req *r) { return r->ndirect < r->nchunks; }
 uint64_t link_req_deadline(const struct hixl_transfer_req *r) { return r->deadline_ns; }
 bool link_req_cancelled(const struct hixl_transfer_req *r) { return r->cancelled; }
+
+/* ---- device memory ---- */
+
+HixlStatus xport_devmem_out(const struct hixl_mem_reg *r, uint64_t src, void *dst, size_t n, char *why,
+                            size_t cap) {
+  const struct devmem_ops *dm = devmem_get(why, cap);
+  return dm ? dm->to_host(dst, src, n, r->device, why, cap) : HIXL_UNSUPPORTED;
+}
+
+HixlStatus xport_devmem_in(const struct hixl_mem_reg *r, uint64_t dst, const void *src, size_t n, char *why,
+                           size_t cap) {
+  const struct devmem_ops *dm = devmem_get(why, cap);
+  return dm ? dm->to_device(dst, src, n, r->device, why, cap) : HIXL_UNSUPPORTED;
+}

@@ -24,6 +24,7 @@
 struct hixl_mem_reg {
   struct memtab_entry range; /* first: the memtab holds pointers to it */
   HixlMemType type;
+  int device;                 /* HIXL_MEM_DEVICE: its device's ordinal (devmem.h) */
   uint32_t inflight;          /* chunks in flight that touch the range, either role */
   char tag[WIRE_MAX_TAG + 1]; /* advertised with the range; "" when untagged */
   void *xm[XPORT_MODS];       /* each module's state for the range (rdma: the MR), or NULL */
@@ -41,6 +42,7 @@ struct remote_mem {
    * rail k's key, valid when bit k of rail_known is set (its link advertised it). */
   uint32_t rail_rkey[HIXL_RAILS_MAX];
   uint32_t rail_known;
+  uint8_t kind; /* WIRE_MEM_HOST or WIRE_MEM_DEVICE: the peer's device memory, which only its CPU moves */
   char tag[WIRE_MAX_TAG + 1];
 };
 
@@ -101,6 +103,7 @@ struct chunk {
   struct stage_unit *unit;       /* a staged unit's (CHUNK_SWRITE / CHUNK_SREAD) state: stage.c's */
   uint32_t *call_len;            /* CHUNK_CALL: where the answer's length goes (laddr, len: its buffer) */
   const struct xport_ops *owner; /* the module told of its answer and its end (staged units) */
+  uint8_t *bounce;               /* a READ into device memory: its answer lands here first (owned) */
   uint8_t answer;                /* the answer's wire type, when not the kind's usual one */
 };
 
@@ -165,6 +168,9 @@ struct link_pay {
   uint64_t seq;
   struct hixl_mem_reg *reg;
   uint32_t status;
+  uint8_t *bounce; /* a WRITE into device memory lands here first (owned; freed with the record) */
+  uint64_t dst;    /* ... and goes here, */
+  uint32_t len;    /* ... this many bytes */
 };
 /* The link's record; module (when not NULL) is the one whose payload_done hook runs. */
 struct link_pay *link_pay_of(struct conn *c, const struct xport_ops *module);
@@ -194,6 +200,14 @@ const uint8_t *peer_session(const struct peer *p);
  * engine is scoped; a refusal is counted and logged (what: "WRITE", "READ", ...). */
 bool link_granted(struct conn *c, uint64_t addr, uint64_t len, const char *what);
 const uint8_t *link_session(const struct conn *c);
+
+/* ---- device memory (devmem.h), in r, a HIXL_MEM_DEVICE registration ---- */
+/* n bytes from device address src (inside r) to host memory dst, and the reverse;
+ * done when they return; why says what failed. No lock is needed. */
+HixlStatus xport_devmem_out(const struct hixl_mem_reg *r, uint64_t src, void *dst, size_t n, char *why,
+                            size_t cap);
+HixlStatus xport_devmem_in(const struct hixl_mem_reg *r, uint64_t dst, const void *src, size_t n, char *why,
+                           size_t cap);
 
 /* ---- chunks and requests ---- */
 void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why);

@@ -94,8 +94,9 @@ static bool mem_entry_get(const uint8_t **p, size_t *left, struct wire_mem_entry
   e->addr = be_get64(*p);
   e->len = be_get64(*p + 8);
   e->rkey = be_get32(*p + 16);
-  e->tag_len = be_get16(*p + 20);
-  if (e->tag_len > WIRE_MAX_TAG || *left - WIRE_MEM_ENTRY_FIXED < e->tag_len) return false;
+  e->kind = (*p)[20];
+  e->tag_len = (*p)[21];
+  if (e->kind > WIRE_MEM_DEVICE || *left - WIRE_MEM_ENTRY_FIXED < e->tag_len) return false;
   e->tag = *p + WIRE_MEM_ENTRY_FIXED;
   *p += WIRE_MEM_ENTRY_FIXED + e->tag_len;
   *left -= WIRE_MEM_ENTRY_FIXED + e->tag_len;
@@ -381,13 +382,18 @@ void wire_put_bytes(struct wire_wr *w, const void *src, size_t n) {
   uint8_t *p = wr_room(w, n);
   if (p && n) memcpy(p, src, n);
 }
-void wire_put_mem_entry(struct wire_wr *w, uint64_t addr, uint64_t len, uint32_t rkey, const char *tag) {
+void wire_put_mem_entry_kind(struct wire_wr *w, uint64_t addr, uint64_t len, uint32_t rkey, const char *tag,
+                             uint8_t kind) {
   size_t tl = tag ? strnlen(tag, WIRE_MAX_TAG) : 0;
   wire_put_u64(w, addr);
   wire_put_u64(w, len);
   wire_put_u32(w, rkey);
-  wire_put_u16(w, (uint16_t)tl);
+  wire_put_u16(w, (uint16_t)((unsigned)kind << 8 | tl));
   wire_put_bytes(w, tag, tl);
+}
+
+void wire_put_mem_entry(struct wire_wr *w, uint64_t addr, uint64_t len, uint32_t rkey, const char *tag) {
+  wire_put_mem_entry_kind(w, addr, len, rkey, tag, WIRE_MEM_HOST);
 }
 
 void wire_put_qp_info(struct wire_wr *w, uint32_t qpn, uint32_t psn, const uint8_t gid[16], uint8_t mtu) {

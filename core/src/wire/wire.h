@@ -61,8 +61,13 @@
 #define WIRE_AUTH_BLOCK_MAX       (WIRE_AUTH_NONCE + 1u + WIRE_AUTH_ID * WIRE_AUTH_IDS_MAX + 2u + WIRE_MAX_NAME)
 #define WIRE_AUTH_CHALLENGE_FIXED (WIRE_AUTH_NONCE + WIRE_AUTH_ID + WIRE_AUTH_MAC + 2u)
 
-#define WIRE_MEM_ENTRY_FIXED 22u /* addr u64, len u64, rkey u32, tag_len u16; then the tag */
-#define WIRE_QP_INFO_LEN     25u /* qpn u32, psn u32, gid 16 bytes, mtu u8 */
+#define WIRE_MEM_ENTRY_FIXED 22u /* addr u64, len u64, rkey u32, kind u8, tag_len u8; then the tag */
+/* A memory entry's kind: host memory, or device (accelerator) memory, which only the
+ * owner's CPU moves (docs/device-memory.md). A kind 0 entry is what an engine before
+ * device memory sent (the byte was the high byte of a u16 tag length). */
+#define WIRE_MEM_HOST    0u
+#define WIRE_MEM_DEVICE  1u
+#define WIRE_QP_INFO_LEN 25u /* qpn u32, psn u32, gid 16 bytes, mtu u8 */
 
 /* SHM_HELLO / SHM_HELLO_ACK: a layout number first; layout 1 is the fields below,
  * exactly. A later layout keeps them as a prefix and appends (at most
@@ -153,6 +158,7 @@ struct wire_mem_entry {
   uint64_t addr;
   uint64_t len;
   uint32_t rkey; /* RDMA remote key, 0 without RDMA */
+  uint8_t kind;  /* WIRE_MEM_HOST or WIRE_MEM_DEVICE */
   uint16_t tag_len;
   const uint8_t *tag; /* points into the body; not NUL-terminated */
 };
@@ -295,6 +301,9 @@ void wire_put_u32(struct wire_wr *w, uint32_t v);
 void wire_put_u64(struct wire_wr *w, uint64_t v);
 void wire_put_bytes(struct wire_wr *w, const void *p, size_t n);
 void wire_put_mem_entry(struct wire_wr *w, uint64_t addr, uint64_t len, uint32_t rkey, const char *tag);
+/* ... of a kind (WIRE_MEM_*). */
+void wire_put_mem_entry_kind(struct wire_wr *w, uint64_t addr, uint64_t len, uint32_t rkey, const char *tag,
+                             uint8_t kind);
 void wire_put_qp_info(struct wire_wr *w, uint32_t qpn, uint32_t psn, const uint8_t gid[16], uint8_t mtu);
 /* The identity that opens SHM_HELLO and follows the status in SHM_HELLO_ACK, layout 1. */
 /* The identity SHM_HELLO and SHM_HELLO_ACK start with; layout: WIRE_SHM_LAYOUT, or 1

@@ -238,7 +238,9 @@ static struct erdma_mr *mrs_reg(struct erdma_engine *x, void *addr, size_t len, 
 
 static HixlStatus erdma_reg(struct HixlEngine *e, struct hixl_mem_reg *r) {
   char err[384];
-  if (!eng_of(e)) return HIXL_SUCCESS;
+  /* Device memory has no MR yet (GPUDirect through dma-buf is not built): peers get key
+   * 0, and an RDMA link refuses ops on it (docs/device-memory.md). */
+  if (!eng_of(e) || r->type == HIXL_MEM_DEVICE) return HIXL_SUCCESS;
   r->xm[XPORT_RDMA] = mrs_reg(eng_of(e), (void *)(uintptr_t)r->range.addr, r->range.len, err, sizeof(err));
   return r->xm[XPORT_RDMA] ? HIXL_SUCCESS
                            : hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineRegisterMem: %s", err);

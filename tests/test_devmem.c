@@ -1,0 +1,261 @@
+/* test_devmem: device memory (docs/device-memory.md). Run twice by CTest:
+ *   test_devmem        no provider set: on a host without a CUDA driver (or a build
+ *                      without cuda.h) HIXL_MEM_DEVICE is refused UNSUPPORTED with a
+ *                      sentence, and host memory works as before;
+ *   test_devmem_host   HIXL_TEST_DEVMEM=host: the test builds' stand-in provider treats
+ *                      host memory as device 0's, so every device path runs here: the
+ *                      memory table's kind, host bounce buffers both ways on both ends,
+ *                      multi-chunk ops, the refusals (staged, shm), a peer lost mid-transfer.
+ * Engines on 127.0.0.1, one process, Transport tcp unless a test says otherwise. */
+#include <CUnit/Basic.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "devmem/devmem.h"
+#include "engine/engine_ext.h"
+#include "hixl/hixl_engine.h"
+#include "test_util.h"
+
+#define DEV_LEN  (4u << 20) /* each engine's "device" region: several 1 MiB chunks */
+#define HOST_LEN (4u << 20) /* ... and its host region */
+
+struct side {
+  HixlEngine *e;
+  char name[TU_ADDR_LEN];
+  uint8_t *dev, *host;
+  HixlMemHandle hd, hh;
+};
+
+static bool host_provider(void) {
+  const char *t = getenv("HIXL_TEST_DEVMEM");
+  return t && strcmp(t, "host") == 0;
+}
+
+/* An engine (transport) with a device and a host region registered; shm links two
+ * engines of one process only when they authenticate: a key then. false: it could not. */
+static bool side_up(struct side *s, const char *transport) {
+  memset(s, 0, sizeof(*s));
+  tu_addr(s->name, sizeof(s->name), tu_free_port());
+  HixlOption key = {"AuthKeyFile", tu_key_file()};
+  s->e = tu_engine_start_opts(s->name, transport, &key, strcmp(transport, "shm") == 0 ? 1 : 0);
+  s->dev = tu_alloc_mem(DEV_LEN, false);
+  s->host = tu_alloc_mem(HOST_LEN, false);
+  if (!s->e || !s->dev || !s->host) return false;
+  HixlMemDesc d = {.addr = (uintptr_t)s->dev, .len = DEV_LEN},
+              h = {.addr = (uintptr_t)s->host, .len = HOST_LEN};
+  return HixlEngineRegisterMem(s->e, &d, HIXL_MEM_DEVICE, &s->hd) == HIXL_SUCCESS &&
+         HixlEngineRegisterMem(s->e, &h, HIXL_MEM_HOST, &s->hh) == HIXL_SUCCESS;
+}
+
+static void side_down(struct side *s) {
+  if (s->e) {
+    HixlEngineFinalize(s->e);
+    HixlEngineDestroy(s->e);
+  }
+  tu_free_mem(s->dev, DEV_LEN);
+  tu_free_mem(s->host, HOST_LEN);
+  memset(s, 0, sizeof(*s));
+}
+
+/* ---- no provider ---- */
+
+/* Without a driver: device memory refused with a sentence; host memory as before. */
+static void test_no_driver(void) {
+  HixlEngine *e = NULL;
+  char name[TU_ADDR_LEN];
+  uint8_t *buf = tu_alloc_mem(4096, false);
+  HixlMemHandle h = NULL;
+  tu_addr(name, sizeof(name), tu_free_port());
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+  TU_ASSERT_OK_FATAL(HixlEngineInitialize(e, name, NULL, 0));
+  HixlMemDesc d = {.addr = (uintptr_t)buf, .len = 4096};
+  TU_ASSERT_STATUS(HixlEngineRegisterMem(e, &d, HIXL_MEM_DEVICE, &h), HIXL_UNSUPPORTED);
+  const char *why = HixlGetLastErrorMessage();
+  CU_ASSERT(strstr(why, "device memory") != NULL);
+  CU_ASSERT(strstr(why, "libcuda.so.1") != NULL || strstr(why, "no accelerator backend") != NULL);
+  printf("  [%s]\n", why);
+  CU_ASSERT_PTR_NULL(h);
+  TU_ASSERT_OK(HixlEngineRegisterMem(e, &d, HIXL_MEM_HOST, &h)); /* the same range, as host memory */
+  TU_ASSERT_OK(HixlEngineDeregisterMem(e, h));
+  HixlEngineFinalize(e);
+  HixlEngineDestroy(e);
+  tu_free_mem(buf, 4096);
+}
+
+/* ---- the host stand-in: every device path ---- */
+
+static struct side a, b; /* a initiates, b is the target; both tcp */
+
+static int pair_init(void) {
+  if (!side_up(&a, "tcp") || !side_up(&b, "tcp")) return -1;
+  return HixlEngineConnect(a.e, b.name, 5000) == HIXL_SUCCESS ? 0 : -1;
+}
+
+static int pair_clean(void) {
+  side_down(&a);
+  side_down(&b);
+  return 0;
+}
+
+/* One op of a's; *out / *in get the bytes the stand-in copied to host and to device
+ * meanwhile (both engines are in this process). */
+static HixlStatus op_counted(HixlTransferOp o, const void *local, const void *remote, size_t len,
+                             uint64_t *out, uint64_t *in) {
+  uint64_t o0, i0;
+  devmem_test_counts(&o0, &i0);
+  HixlTransferOpDesc d = {.local_addr = (uintptr_t)local, .remote_addr = (uintptr_t)remote, .len = len};
+  HixlStatus st = HixlEngineTransferSync(a.e, b.name, o, &d, 1, 10000);
+  devmem_test_counts(out, in);
+  *out -= o0;
+  *in -= i0;
+  return st;
+}
+
+static HixlStatus op(HixlTransferOp o, const void *local, const void *remote, size_t len) {
+  uint64_t out, in;
+  return op_counted(o, local, remote, len, &out, &in);
+}
+
+/* Device to device, device to host and host to device, both ways, 1 byte to several
+ * chunks: every byte where it should be, and nothing beside it. */
+static void test_moves(void) {
+  static const size_t sizes[] = {1, 4096, (1u << 20) + 3, 3u << 20};
+  for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+    size_t n = sizes[k];
+    uint64_t seed = 100 + k;
+    /* WRITE: a's device -> b's device, then a's host -> b's device, a's device -> b's host */
+    uint64_t out, in;
+    tu_fill(a.dev, DEV_LEN, seed);
+    tu_fill(b.dev, DEV_LEN, 7);
+    TU_ASSERT_OK(op_counted(HIXL_WRITE, a.dev, b.dev + 5, n, &out, &in));
+    TU_ASSERT_SAME(b.dev + 5, a.dev, n, "WRITE device -> device");
+    CU_ASSERT(out == n && in == n); /* out of a's device into a host buffer, and into b's from one */
+    CU_ASSERT_EQUAL(tu_check_pattern(b.dev, 5, 7), -1);
+    tu_fill(a.host, HOST_LEN, seed + 10);
+    TU_ASSERT_OK(op(HIXL_WRITE, a.host, b.dev, n));
+    TU_ASSERT_SAME(b.dev, a.host, n, "WRITE host -> device");
+    tu_fill(b.host, HOST_LEN, 8);
+    TU_ASSERT_OK(op(HIXL_WRITE, a.dev, b.host, n));
+    TU_ASSERT_SAME(b.host, a.dev, n, "WRITE device -> host");
+    /* READ: b's device -> a's device and a's host; b's host -> a's device */
+    tu_fill(b.dev, DEV_LEN, seed + 20);
+    tu_fill(a.dev, DEV_LEN, 9);
+    TU_ASSERT_OK(op_counted(HIXL_READ, a.dev + 3, b.dev, n, &out, &in));
+    TU_ASSERT_SAME(a.dev + 3, b.dev, n, "READ device -> device");
+    CU_ASSERT(out == n && in == n);
+    CU_ASSERT_EQUAL(tu_check_pattern(a.dev, 3, 9), -1);
+    TU_ASSERT_OK(op_counted(HIXL_READ, a.host, b.dev, n, &out, &in));
+    TU_ASSERT_SAME(a.host, b.dev, n, "READ device -> host");
+    CU_ASSERT(out == n && in == 0); /* only the target's side is device memory */
+    tu_fill(b.host, HOST_LEN, seed + 30);
+    TU_ASSERT_OK(op(HIXL_READ, a.dev, b.host, n));
+    TU_ASSERT_SAME(a.dev, b.host, n, "READ host -> device");
+  }
+}
+
+/* A batch of many small ops between device ranges: moved directly (never staged),
+ * each byte for byte. */
+static void test_small_batch(void) {
+  HixlTransferOpDesc d[64];
+  for (int i = 0; i < 64; i++)
+    d[i] = (HixlTransferOpDesc){.local_addr = (uintptr_t)a.dev + (size_t)i * 8192,
+                                .remote_addr = (uintptr_t)b.dev + (size_t)i * 8192 + 11,
+                                .len = 1000};
+  tu_fill(a.dev, DEV_LEN, 201);
+  TU_ASSERT_OK(HixlEngineTransferSync(a.e, b.name, HIXL_WRITE, d, 64, 10000));
+  for (int i = 0; i < 64; i++)
+    TU_ASSERT_SAME(b.dev + (size_t)i * 8192 + 11, a.dev + (size_t)i * 8192, 1000, "small WRITE");
+  tu_fill(b.dev, DEV_LEN, 202);
+  TU_ASSERT_OK(HixlEngineTransferSync(a.e, b.name, HIXL_READ, d, 64, 10000));
+  for (int i = 0; i < 64; i++)
+    TU_ASSERT_SAME(a.dev + (size_t)i * 8192, b.dev + (size_t)i * 8192 + 11, 1000, "small READ");
+}
+
+/* The peer's table says which of its ranges are device memory: an op from memory not
+ * registered here to its device range is refused before anything moves (it would have
+ * been staged), naming device memory; its memory unchanged. */
+static void test_refusals(void) {
+  uint8_t *loose = tu_alloc_mem(8192, false);
+  tu_fill(loose, 8192, 301);
+  tu_fill(b.dev, DEV_LEN, 302);
+  TU_ASSERT_STATUS(op(HIXL_WRITE, loose, b.dev, 4096), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("device memory");
+  TU_ASSERT_STATUS(op(HIXL_READ, loose, b.dev, 4096), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(tu_check_pattern(b.dev, DEV_LEN, 302), -1);
+  CU_ASSERT_EQUAL(tu_check_pattern(loose, 8192, 301), -1);
+  tu_free_mem(loose, 8192);
+}
+
+/* Over the same-host path device memory is refused (not built yet), naming the way that works. */
+static void test_shm_refused(void) {
+  struct side x, y;
+  CU_ASSERT_FATAL(side_up(&x, "shm") && side_up(&y, "shm"));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(x.e, y.name, 5000));
+  tu_fill(y.dev, DEV_LEN, 401);
+  HixlTransferOpDesc d = {.local_addr = (uintptr_t)x.host, .remote_addr = (uintptr_t)y.dev, .len = 4096};
+  TU_ASSERT_STATUS(HixlEngineTransferSync(x.e, y.name, HIXL_WRITE, &d, 1, 10000), HIXL_UNSUPPORTED);
+  TU_ASSERT_ERRMSG_HAS("Transport tcp");
+  CU_ASSERT_EQUAL(tu_check_pattern(y.dev, DEV_LEN, 401), -1);
+  d = (HixlTransferOpDesc){.local_addr = (uintptr_t)x.host, .remote_addr = (uintptr_t)y.host, .len = 4096};
+  tu_fill(x.host, HOST_LEN, 402);
+  TU_ASSERT_OK(HixlEngineTransferSync(x.e, y.name, HIXL_WRITE, &d, 1, 10000)); /* host memory: as before */
+  TU_ASSERT_SAME(y.host, x.host, 4096, "shm WRITE of host memory");
+  side_down(&x);
+  side_down(&y);
+}
+
+/* The link is cut under an async device-to-device WRITE the target is not reading (its
+ * thread held): the request ends FAILED within its timeout, its host buffers freed
+ * (ASan), the target's half-received payload dropped when its thread goes on. */
+static void test_peer_lost(void) {
+  struct side x, y;
+  struct tu_hold h = TU_HOLD_INIT;
+  uint8_t ans[8];
+  uint32_t alen = 0;
+  hixl_call_t held;
+  size_t cut = 0;
+  CU_ASSERT_FATAL(side_up(&x, "tcp") && side_up(&y, "tcp"));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(x.e, y.name, 5000));
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(y.e, 1, tu_hold_handler, &h)); /* y then reads nothing */
+  TU_ASSERT_OK_FATAL(hixl_engine_call_start(x.e, y.name, 1, NULL, 0, ans, sizeof(ans), &alen, 10000, &held));
+  tu_hold_entered(&h);
+  tu_fill(y.dev, DEV_LEN, 501);
+  HixlTransferOpDesc d = {.local_addr = (uintptr_t)x.dev, .remote_addr = (uintptr_t)y.dev, .len = DEV_LEN};
+  HixlTransferReq req = NULL;
+  TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(x.e, y.name, HIXL_WRITE, &d, 1, 8000, NULL, &req));
+  TU_ASSERT_OK(hixl_engine_drop_peer(x.e, y.name, "the test cuts the link", &cut));
+  CU_ASSERT_EQUAL(cut, 1);
+  HixlTransferStatus fin = HIXL_TRANSFER_WAITING;
+  HixlStatus st = tu_wait_request(x.e, req, tu_now_ms() + 10000, &fin);
+  CU_ASSERT_EQUAL(fin, HIXL_TRANSFER_FAILED);
+  TU_ASSERT_OK(st);
+  printf("  [the transfer ended FAILED: %s]\n", HixlGetLastErrorMessage());
+  tu_hold_release(&h);
+  CU_ASSERT_NOT_EQUAL(hixl_engine_call_wait(x.e, y.name, held), HIXL_SUCCESS); /* its link went */
+  side_down(&x);
+  side_down(&y);
+}
+
+static CU_TestInfo none_tests[] = {
+    {"no driver: HIXL_MEM_DEVICE UNSUPPORTED with a sentence; host memory as before", test_no_driver},
+    CU_TEST_INFO_NULL,
+};
+
+static CU_TestInfo host_tests[] = {
+    {"device <-> device and host, WRITE and READ, 1 B to 3 MiB, byte for byte", test_moves},
+    {"64 small ops between device ranges: direct, byte for byte", test_small_batch},
+    {"an op from unregistered memory to a device range: refused, nothing moved", test_refusals},
+    {"device memory over shm: UNSUPPORTED, naming tcp; host memory as before", test_shm_refused},
+    {"the link cut under an async device WRITE its target is not reading: FAILED in time", test_peer_lost},
+    CU_TEST_INFO_NULL,
+};
+
+static CU_SuiteInfo none_suites[] = {{"device memory, no provider", NULL, NULL, NULL, NULL, none_tests},
+                                     CU_SUITE_INFO_NULL};
+static CU_SuiteInfo host_suites[] = {
+    {"device memory, host stand-in (tcp)", pair_init, pair_clean, NULL, NULL, host_tests},
+    CU_SUITE_INFO_NULL};
+
+int main(void) { return tu_run_suites("test_devmem", host_provider() ? host_suites : none_suites); }
