@@ -307,7 +307,7 @@ run_ucx() {
   local gbps bytes secs
   gbps=$(awk -v m="$mibs" 'BEGIN { printf "%.4f", m * 1048576 / 1e9 }')
   bytes=$(awk -v n="$iters" -v s="$bs" 'BEGIN { printf "%d", n * s }')
-  secs=$(awk -v b="$bytes" -v g="$gbps" 'BEGIN { printf "%.4f", g > 0 ? b / g / 1e9 : 0 }')
+  secs=$(awk -v b="$bytes" -v g="$gbps" 'BEGIN { printf "%.4f", (g > 0 ? b / g / 1e9 : 0) }')
   record "$r" "$path" "${op^^}" "$bs" "$b" "$t" ucx "$gbps" "$bytes" "$secs" 0 \
     "$(awk -v a="$(time_cpu "$sf")" -v b="$(time_cpu "$cf")" 'BEGIN { print a + b }')"
   rm -f "$sf" "$cf" "$so" "$co"
