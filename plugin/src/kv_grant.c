@@ -134,7 +134,9 @@ void kv_revoke_flush(hixl_kv_connector *c) {
   pthread_mutex_lock(&c->lock);
   struct kv_revoke *q = c->revq;
   c->revq = NULL;
+  if (q) c->revoking++;
   pthread_mutex_unlock(&c->lock);
+  if (!q) return;
   while (q) {
     struct kv_revoke *v = q;
     q = v->next;
@@ -142,6 +144,16 @@ void kv_revoke_flush(hixl_kv_connector *c) {
       log_error("hixl-kv: revoking %s's grant: %s", v->peer, HixlGetLastErrorMessage());
     free(v);
   }
+  pthread_mutex_lock(&c->lock);
+  if (--c->revoking == 0) pthread_cond_broadcast(&c->revoked);
+  pthread_mutex_unlock(&c->lock);
+}
+
+void kv_revoke_settle(hixl_kv_connector *c) {
+  kv_revoke_flush(c);
+  pthread_mutex_lock(&c->lock);
+  while (c->revoking) pthread_cond_wait(&c->revoked, &c->lock);
+  pthread_mutex_unlock(&c->lock);
 }
 
 void kv_revq_free(hixl_kv_connector *c) {

@@ -442,6 +442,8 @@ struct hixl_kv_connector {
   struct kv_idset drop;     /* peers to cut before reporting: producers whose expected push expired, consumers
                                that pinned a request whose lease expired */
   struct kv_revoke *revq;   /* grants to revoke without the lock, a list (kv_grant.c) */
+  uint32_t revoking;        /* kv_revoke_flush calls revoking a list they took, now (without the lock) */
+  pthread_cond_t revoked;   /* ... the last of them ended (kv_revoke_settle waits) */
   uint64_t *err_blocks;
   size_t nerr, caperr;
   int efd;                /* get_event_fd's eventfd, made at its first call; -1 until then */
@@ -569,6 +571,10 @@ struct kv_revoke *kv_grant(hixl_kv_connector *c, const char *peer, const uint64_
 void kv_revoke_later(hixl_kv_connector *c, struct kv_revoke *v);
 void kv_revoke_free(struct kv_revoke *v);
 void kv_revoke_flush(hixl_kv_connector *c);
+/* kv_revoke_flush, then wait for the revokes other threads took from the queue before:
+ * once it returns, every grant queued before the call is revoked. Without the lock;
+ * before the host hears that blocks are free (get_finished, load errors). */
+void kv_revoke_settle(hixl_kv_connector *c);
 void kv_revq_free(hixl_kv_connector *c);
 
 /* ---- kv_peer.c: calls to a peer's KV service ---- */

@@ -23,6 +23,7 @@ static void sync_destroy(hixl_kv_connector *c) {
   pthread_cond_destroy(&c->push.cond);
   pthread_cond_destroy(&c->push.saved);
   pthread_cond_destroy(&c->exp.landed);
+  pthread_cond_destroy(&c->revoked);
   pthread_mutex_destroy(&c->lock);
 }
 
@@ -73,6 +74,7 @@ hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint32_t ra
   pthread_cond_init(&c->push.cond, &ca);
   pthread_cond_init(&c->push.saved, &ca);
   pthread_cond_init(&c->exp.landed, &ca);
+  pthread_cond_init(&c->revoked, &ca);
   pthread_condattr_destroy(&ca);
   if (role == HIXL_KV_ROLE_WORKER) {
     if ((st = kv_worker_address(c->cfg.address, rank, c->engine_addr, sizeof(c->engine_addr), &c->cluster)) !=

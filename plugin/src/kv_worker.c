@@ -291,7 +291,10 @@ hixl_kv_status kv_wait_layer(hixl_kv_connector *c, uint32_t layer) {
     pthread_cond_timedwait(&c->exp.landed, &c->lock, &ts);
   }
   pthread_mutex_unlock(&c->lock);
-  kv_revoke_flush(c);
+  /* No revoke here: the forward pass waits for its layer, not for the grants of the
+   * pushes that ended (the last layer's revoke held it ~0.7 M instructions at 1024
+   * tokens, issue 47); the KV service's handler makes them, and get_finished waits for
+   * them before the host hears the blocks are free (kv_revoke_settle). */
   return st;
 }
 
@@ -325,7 +328,7 @@ static void drop_peers(hixl_kv_connector *c, struct kv_idset *d) {
     if (n) log_warn("hixl-kv: cut %zu link(s) with %s: %s", n, d->v[i], why);
   }
   kv_idset_clear(d);
-  kv_revoke_flush(c); /* the grants of what ended, as their links go */
+  kv_revoke_settle(c); /* the grants of what ended, as their links go, also those another thread revokes */
 }
 
 hixl_kv_status kv_get_finished(hixl_kv_connector *c, const hixl_kv_ids *finished, hixl_kv_ids *sending,
