@@ -6,7 +6,8 @@
  *                      host memory as device 0's, so every device path runs here: the
  *                      memory table's kind, host bounce buffers both ways on both ends,
  *                      multi-chunk ops, the refusals (staged, shm), a peer lost mid-transfer.
- * Engines on 127.0.0.1, one process, Transport tcp unless a test says otherwise. */
+ * Engines on 127.0.0.1 (the guest's rxe address there), one process, Transport tcp
+ * (rdma in the soft-RoCE guest) unless a test says otherwise. */
 #include <CUnit/Basic.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -88,8 +89,11 @@ static void test_no_driver(void) {
 
 static struct side a, b; /* a initiates, b is the target; both tcp */
 
+/* tcp here; rdma in the soft-RoCE guest (its device ops then go on the link's socket). */
+static const char *pair_transport(void) { return tu_transport() ? tu_transport() : "tcp"; }
+
 static int pair_init(void) {
-  if (!side_up(&a, "tcp") || !side_up(&b, "tcp")) return -1;
+  if (!side_up(&a, pair_transport()) || !side_up(&b, pair_transport())) return -1;
   return HixlEngineConnect(a.e, b.name, 5000) == HIXL_SUCCESS ? 0 : -1;
 }
 
@@ -188,20 +192,30 @@ static void test_refusals(void) {
   tu_free_mem(loose, 8192);
 }
 
-/* Over the same-host path device memory is refused (not built yet), naming the way that works. */
-static void test_shm_refused(void) {
+/* Over the same-host path (shm copies host memory itself) device ops go as tcp frames
+ * on the link's socket: alone, and in one batch with host ops that shm copies. */
+static void test_shm_socket(void) {
   struct side x, y;
+  uint64_t o0, i0, o1, i1;
   CU_ASSERT_FATAL(side_up(&x, "shm") && side_up(&y, "shm"));
   TU_ASSERT_OK_FATAL(HixlEngineConnect(x.e, y.name, 5000));
-  tu_fill(y.dev, DEV_LEN, 401);
-  HixlTransferOpDesc d = {.local_addr = (uintptr_t)x.host, .remote_addr = (uintptr_t)y.dev, .len = 4096};
-  TU_ASSERT_STATUS(HixlEngineTransferSync(x.e, y.name, HIXL_WRITE, &d, 1, 10000), HIXL_UNSUPPORTED);
-  TU_ASSERT_ERRMSG_HAS("Transport tcp");
-  CU_ASSERT_EQUAL(tu_check_pattern(y.dev, DEV_LEN, 401), -1);
-  d = (HixlTransferOpDesc){.local_addr = (uintptr_t)x.host, .remote_addr = (uintptr_t)y.host, .len = 4096};
+  tu_fill(x.dev, DEV_LEN, 401);
   tu_fill(x.host, HOST_LEN, 402);
-  TU_ASSERT_OK(HixlEngineTransferSync(x.e, y.name, HIXL_WRITE, &d, 1, 10000)); /* host memory: as before */
-  TU_ASSERT_SAME(y.host, x.host, 4096, "shm WRITE of host memory");
+  HixlTransferOpDesc d[3] = {
+      {.local_addr = (uintptr_t)x.dev, .remote_addr = (uintptr_t)y.dev + 1, .len = (1u << 20) + 5},
+      {.local_addr = (uintptr_t)x.host, .remote_addr = (uintptr_t)y.host, .len = 65536},
+      {.local_addr = (uintptr_t)x.host + 65536, .remote_addr = (uintptr_t)y.dev + (2u << 20), .len = 4096}};
+  devmem_test_counts(&o0, &i0);
+  TU_ASSERT_OK(HixlEngineTransferSync(x.e, y.name, HIXL_WRITE, d, 3, 10000));
+  devmem_test_counts(&o1, &i1);
+  TU_ASSERT_SAME(y.dev + 1, x.dev, (1u << 20) + 5, "shm link: a device WRITE on its socket");
+  TU_ASSERT_SAME(y.host, x.host, 65536, "shm link: a host WRITE shm copied");
+  TU_ASSERT_SAME(y.dev + (2u << 20), x.host + 65536, 4096, "shm link: host -> device on its socket");
+  CU_ASSERT_EQUAL(o1 - o0, (1u << 20) + 5);        /* out of x's device */
+  CU_ASSERT_EQUAL(i1 - i0, (1u << 20) + 5 + 4096); /* into y's device */
+  tu_fill(y.dev, DEV_LEN, 403);
+  TU_ASSERT_OK(HixlEngineTransferSync(x.e, y.name, HIXL_READ, d, 1, 10000));
+  TU_ASSERT_SAME(x.dev, y.dev + 1, (1u << 20) + 5, "shm link: a device READ on its socket");
   side_down(&x);
   side_down(&y);
 }
@@ -216,7 +230,7 @@ static void test_peer_lost(void) {
   uint32_t alen = 0;
   hixl_call_t held;
   size_t cut = 0;
-  CU_ASSERT_FATAL(side_up(&x, "tcp") && side_up(&y, "tcp"));
+  CU_ASSERT_FATAL(side_up(&x, pair_transport()) && side_up(&y, pair_transport()));
   TU_ASSERT_OK_FATAL(HixlEngineConnect(x.e, y.name, 5000));
   TU_ASSERT_OK_FATAL(hixl_engine_set_service(y.e, 1, tu_hold_handler, &h)); /* y then reads nothing */
   TU_ASSERT_OK_FATAL(hixl_engine_call_start(x.e, y.name, 1, NULL, 0, ans, sizeof(ans), &alen, 10000, &held));
@@ -247,7 +261,7 @@ static CU_TestInfo host_tests[] = {
     {"device <-> device and host, WRITE and READ, 1 B to 3 MiB, byte for byte", test_moves},
     {"64 small ops between device ranges: direct, byte for byte", test_small_batch},
     {"an op from unregistered memory to a device range: refused, nothing moved", test_refusals},
-    {"device memory over shm: UNSUPPORTED, naming tcp; host memory as before", test_shm_refused},
+    {"a shm link: device ops on its socket, beside host ops shm copies, one batch", test_shm_socket},
     {"the link cut under an async device WRITE its target is not reading: FAILED in time", test_peer_lost},
     CU_TEST_INFO_NULL,
 };
@@ -255,7 +269,6 @@ static CU_TestInfo host_tests[] = {
 static CU_SuiteInfo none_suites[] = {{"device memory, no provider", NULL, NULL, NULL, NULL, none_tests},
                                      CU_SUITE_INFO_NULL};
 static CU_SuiteInfo host_suites[] = {
-    {"device memory, host stand-in (tcp)", pair_init, pair_clean, NULL, NULL, host_tests},
-    CU_SUITE_INFO_NULL};
+    {"device memory, host stand-in", pair_init, pair_clean, NULL, NULL, host_tests}, CU_SUITE_INFO_NULL};
 
 int main(void) { return tu_run_suites("test_devmem", host_provider() ? host_suites : none_suites); }

@@ -103,8 +103,14 @@ HixlStatus api_link_sync(HixlEngine *e, struct conn *c, uint64_t deadline, const
  * ENGINE_TCP_CHUNK) and staged ops packed into units (stage.c). */
 struct xfer_plan {
   uint64_t ndirect; /* chunks */
+  uint64_t nsock;   /* chunks of device memory on the socket of a link whose transport does not move it */
   struct stage_plan stage;
 };
+
+/* Whether an op touches device memory (here, or at the peer). */
+static bool op_device(const struct hixl_mem_reg *lreg, const struct remote_mem *rm) {
+  return (lreg && lreg->type == HIXL_MEM_DEVICE) || (rm && rm->kind == WIRE_MEM_DEVICE);
+}
 
 /* Decide every op, fill lregs (NULL: staged) and the plan; nothing is sent. rms[i]:
  * the peer's registration holding op i's remote range, or NULL. An op is
@@ -121,21 +127,17 @@ static HixlStatus plan_ops(HixlEngine *e, struct conn *c, const HixlTransferOpDe
     const HixlTransferOpDesc *d = &descs[i];
     lregs[i] = (struct hixl_mem_reg *)memtab_find(&e->regs, d->local_addr, d->len);
     bool rreg = rms[i] != NULL;
-    if ((lregs[i] && lregs[i]->type == HIXL_MEM_DEVICE) || (rreg && rms[i]->kind == WIRE_MEM_DEVICE)) {
-      /* Device memory moves only directly, through host buffers, on a transport that does that. */
+    if (op_device(lregs[i], rms[i])) {
+      /* Device memory moves only directly, through host buffers: by the link's transport
+       * when it does that (tcp), else as tcp frames on the link's socket. */
       if (!lregs[i] || !rreg)
         return hixl_fail(
             HIXL_PARAM_INVALID,
             "%s: op %zu touches device memory, which moves only between registered ranges (its %s "
             "range is not inside one)",
             fn, i, lregs[i] ? "remote" : "local");
-      if (!(c->xp->flags & XPORT_DEVMEM))
-        return hixl_fail(
-            HIXL_UNSUPPORTED,
-            "%s: op %zu touches device memory, and the link to %s goes by %s, which does not move it "
-            "yet (docs/device-memory.md): Transport tcp does",
-            fn, i, remote, c->xp->name);
-      plan->ndirect += (d->len + ENGINE_TCP_CHUNK - 1) / ENGINE_TCP_CHUNK;
+      uint64_t n = (d->len + ENGINE_TCP_CHUNK - 1) / ENGINE_TCP_CHUNK;
+      *((c->xp->flags & XPORT_DEVMEM) ? &plan->ndirect : &plan->nsock) += n;
       continue;
     }
     if (lregs[i] && rreg && !(pack && d->len < threshold)) {
@@ -146,7 +148,7 @@ static HixlStatus plan_ops(HixlEngine *e, struct conn *c, const HixlTransferOpDe
       return st;
     lregs[i] = NULL;
   }
-  if (plan->ndirect + plan->stage.nunits > UINT32_MAX / 2)
+  if (plan->ndirect + plan->nsock + plan->stage.nunits > UINT32_MAX / 2)
     return hixl_fail(HIXL_PARAM_INVALID, "%s: batch is too large", fn);
   return HIXL_SUCCESS;
 }
@@ -202,9 +204,10 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
   }
   struct xfer_plan plan;
   if ((st = plan_ops(e, c, descs, count, fn, remote, rms, lregs, &plan)) != HIXL_SUCCESS) goto unlock;
-  r = api_req_new(e, plan.ndirect + plan.stage.nunits, timeout_ms);
+  r = api_req_new(e, plan.ndirect + plan.nsock + plan.stage.nunits, timeout_ms);
   if (r) {
     r->ndirect = plan.ndirect;
+    r->nsock = plan.nsock;
     if (stage_plan_fill(r, &plan.stage, c, op, descs, count, lregs) < 0) {
       r->user_holds = false;
       r->outstanding = 0;
@@ -214,7 +217,7 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
   }
   if (!r) {
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory for %llu chunks", fn,
-                   (unsigned long long)(plan.ndirect + plan.stage.nunits));
+                   (unsigned long long)(plan.ndirect + plan.nsock + plan.stage.nunits));
     goto unlock;
   }
   r->deadline_ns = deadline;
@@ -224,9 +227,27 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
   struct peer *p = c->peer;
   bool rails = p && p->n_rails > 1 && c->rail >= 0;
   bool used[HIXL_RAILS_MAX] = {false};
+  struct chunk *sch = r->chunks + r->ndirect; /* the next socket chunk (device memory) */
+  const struct xport_ops *tcp = e->mods[XPORT_TCP];
   for (size_t i = 0; i < count; i++) {
     if (!lregs[i]) continue;              /* staged */
     const struct remote_mem *rm = rms[i]; /* a direct op's: its key is there too */
+    if (r->nsock && op_device(lregs[i], rm)) {
+      for (size_t off = 0; off < descs[i].len; off += ENGINE_TCP_CHUNK, sch++) {
+        size_t len = descs[i].len - off < ENGINE_TCP_CHUNK ? descs[i].len - off : ENGINE_TCP_CHUNK;
+        sch->req = r;
+        sch->lreg = lregs[i];
+        sch->lreg->inflight++;
+        sch->laddr = (uint8_t *)(descs[i].local_addr + off);
+        sch->raddr = descs[i].remote_addr + off;
+        sch->len = (uint32_t)len;
+        sch->kind = op == HIXL_READ ? CHUNK_READ : CHUNK_WRITE;
+        sch->tx.chunk = sch;
+        sch->seq = c->next_seq++;
+        tcp->link.post(c, sch); /* a tcp frame on this link's socket, whatever moves its other data */
+      }
+      continue;
+    }
     for (size_t off = 0; off < descs[i].len; off += ENGINE_TCP_CHUNK, ch++) {
       size_t len = descs[i].len - off < ENGINE_TCP_CHUNK ? descs[i].len - off : ENGINE_TCP_CHUNK;
       ch->req = r;
@@ -252,6 +273,10 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
       ch->seq = c->next_seq++;
       c->xp->link.post(c, ch); /* a frame (tcp), a work request (rdma), or nothing yet (shm) */
     }
+  }
+  if (r->nsock > 0 && !c->dead) { /* the socket chunks' first bytes leave now; the progress thread reads */
+    tcp->link.start(c, r);
+    link_unpark(c);
   }
   if (plan.stage.nunits > 0) stage_submit(r); /* units with a free buffer go now, the rest wait in order */
   for (uint32_t k = 0; rails && k < p->n_rails; k++) {

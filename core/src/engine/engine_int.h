@@ -29,6 +29,8 @@ struct hixl_transfer_req {
   struct chunk *chunks; /* direct chunks first, then staged units */
   uint32_t nchunks;
   uint32_t ndirect;     /* chunks[0, ndirect) move by the link's transport */
+  uint32_t nsock;       /* ... then nsock chunks of device memory on the link's socket (tcp frames),
+                           where its transport does not move device memory; staged units after them */
   void *staged;         /* stage.c's: the staged units' state and ranges, one allocation */
   uint32_t outstanding; /* chunks not yet ended */
   HixlStatus status;    /* first failure, or SUCCESS */

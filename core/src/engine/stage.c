@@ -135,7 +135,7 @@ uint32_t stage_cancel(struct hixl_transfer_req *r) {
   uint32_t n = 0;
   char why[160];
   starved_why(r->eng, why, sizeof(why));
-  for (uint32_t i = r->ndirect; i < r->nchunks; i++)
+  for (uint32_t i = link_req_first_staged(r); i < r->nchunks; i++)
     if (r->chunks[i].unit->waiting) {
       n++;
       link_chunk_end(&r->chunks[i], HIXL_RESOURCE_EXHAUSTED, why);
@@ -246,11 +246,12 @@ static void stage_pump(struct HixlEngine *e) {
 
 void stage_submit(struct hixl_transfer_req *r) {
   struct stage_pool *p = &r->eng->pool;
-  for (uint32_t i = r->ndirect; i < r->nchunks; i++) stage_enqueue(&r->chunks[i]);
+  for (uint32_t i = link_req_first_staged(r); i < r->nchunks; i++) stage_enqueue(&r->chunks[i]);
   p->submitting = r;
   stage_pump(r->eng);
   p->submitting = NULL;
-  for (uint32_t i = r->ndirect; i < r->nchunks; i++) p->stats.waits += r->chunks[i].unit->waiting;
+  for (uint32_t i = link_req_first_staged(r); i < r->nchunks; i++)
+    p->stats.waits += r->chunks[i].unit->waiting;
 }
 
 static bool stage_progress(struct HixlEngine *e) {
@@ -312,7 +313,7 @@ int stage_plan_fill(struct hixl_transfer_req *r, const struct stage_plan *sp, st
     for (size_t off = 0; off < descs[i].len;) {
       size_t piece = descs[i].len - off < unit ? descs[i].len - off : unit;
       if (!ch || ch->len + piece > unit || ch->unit->nsegs == WIRE_MAX_STAGE_SEGS) {
-        ch = ch ? ch + 1 : &r->chunks[r->ndirect];
+        ch = ch ? ch + 1 : &r->chunks[link_req_first_staged(r)];
         ch->req = r;
         ch->kind = op == HIXL_READ ? CHUNK_SREAD : CHUNK_SWRITE;
         ch->unit = u++;

@@ -82,6 +82,7 @@ struct chunk *link_req_direct(struct hixl_transfer_req *r, uint32_t *n) {
   return r->chunks;
 }
 bool link_req_staged(const struct hixl_transfer_req *r) { return r->ndirect < r->nchunks; }
+uint32_t link_req_first_staged(const struct hixl_transfer_req *r) { return r->ndirect + r->nsock; }
 uint64_t link_req_deadline(const struct hixl_transfer_req *r) { return r->deadline_ns; }
 bool link_req_cancelled(const struct hixl_transfer_req *r) { return r->cancelled; }
 

@@ -219,7 +219,8 @@ void link_chunk_moved(struct conn *c, struct chunk *ch);
 void link_chunk_lost(struct conn *c, struct chunk *ch, HixlStatus st, const char *why);
 /* The chunks of r its link's transport moves (the staged units follow them). */
 struct chunk *link_req_direct(struct hixl_transfer_req *r, uint32_t *n);
-bool link_req_staged(const struct hixl_transfer_req *r); /* r has staged units too */
+bool link_req_staged(const struct hixl_transfer_req *r); /* r has staged units (or socket chunks) too */
+uint32_t link_req_first_staged(const struct hixl_transfer_req *r); /* the index of r's first staged unit */
 uint64_t link_req_deadline(const struct hixl_transfer_req *r);
 bool link_req_cancelled(const struct hixl_transfer_req *r); /* timed out: unsent chunks are dropped */
 
