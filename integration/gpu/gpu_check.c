@@ -1,0 +1,274 @@
+/* hixl-gpu-check: the GPU suite of docs/device-memory.md, for a machine with an NVIDIA
+ * GPU and its driver. Exits 77 (a skip) where libcuda.so.1 does not load or finds no
+ * device, saying so.
+ *
+ * In this process: two engines on 127.0.0.1, each with --mib MiB of cuMemAlloc'd memory
+ * registered as HIXL_MEM_DEVICE and as much pinned host memory registered as host
+ * memory. Over tcp, and over a shm link (same host: its device ops go on the link's
+ * socket): WRITE and READ, device to device and device to host, 4 KiB to --mib MiB,
+ * every byte checked by copying the far side back with cuMemcpyDtoH. Then the
+ * figures, medians of --reps runs: cuMemcpyDtoD and cuMemcpyDtoH of the whole buffer
+ * (the references), hixl's device-to-device WRITE over tcp and its host-to-host WRITE
+ * over tcp, and their ratios (goals in docs/device-memory.md: tcp staging >= 0.8x of
+ * the same transfer from host memory). Table on stdout, --json FILE.
+ *
+ *   hixl-gpu-check [--mib N] [--reps N] [--json FILE] */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "hixl/hixl.h"
+
+static struct {
+  CUresult (*init)(unsigned int);
+  CUresult (*device_get)(CUdevice *, int);
+  CUresult (*ctx_retain)(CUcontext *, CUdevice);
+  CUresult (*ctx_set)(CUcontext);
+  CUresult (*alloc)(CUdeviceptr *, size_t);
+  CUresult (*free_)(CUdeviceptr);
+  CUresult (*dtoh)(void *, CUdeviceptr, size_t);
+  CUresult (*htod)(CUdeviceptr, const void *, size_t);
+  CUresult (*dtod)(CUdeviceptr, CUdeviceptr, size_t);
+  CUresult (*alloc_host)(void **, size_t);
+  CUresult (*free_host)(void *);
+  CUresult (*name)(char *, int, CUdevice);
+} cu;
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int skip(const char *why) {
+  printf("hixl-gpu-check: SKIP: %s\n", why);
+  return 77;
+}
+
+static bool load(char *why, size_t cap) {
+  void *h = dlopen("libcuda.so.1", RTLD_NOW);
+  if (!h) {
+    snprintf(why, cap, "no CUDA driver (dlopen libcuda.so.1: %s)", dlerror());
+    return false;
+  }
+  struct {
+    void **fn;
+    const char *sym;
+  } s[] = {{(void **)&cu.init, "cuInit"},
+           {(void **)&cu.device_get, "cuDeviceGet"},
+           {(void **)&cu.ctx_retain, "cuDevicePrimaryCtxRetain"},
+           {(void **)&cu.ctx_set, "cuCtxSetCurrent"},
+           {(void **)&cu.alloc, "cuMemAlloc_v2"},
+           {(void **)&cu.free_, "cuMemFree_v2"},
+           {(void **)&cu.dtoh, "cuMemcpyDtoH_v2"},
+           {(void **)&cu.htod, "cuMemcpyHtoD_v2"},
+           {(void **)&cu.dtod, "cuMemcpyDtoD_v2"},
+           {(void **)&cu.alloc_host, "cuMemAllocHost_v2"},
+           {(void **)&cu.free_host, "cuMemFreeHost"},
+           {(void **)&cu.name, "cuDeviceGetName"}};
+  for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
+    if (!(*s[i].fn = dlsym(h, s[i].sym))) {
+      snprintf(why, cap, "libcuda.so.1 lacks %s", s[i].sym);
+      return false;
+    }
+  return true;
+}
+
+struct side {
+  HixlEngine *e;
+  char name[32];
+  CUdeviceptr dev;
+  uint8_t *host;
+};
+
+static bool side_up(struct side *s, const char *transport, uint16_t port, size_t len, const char *key) {
+  HixlOption o[2] = {{"Transport", transport}, {"AuthKeyFile", key}};
+  snprintf(s->name, sizeof(s->name), "127.0.0.1:%u", (unsigned)port);
+  HixlMemHandle h;
+  if (HixlEngineCreate(&s->e) != HIXL_SUCCESS ||
+      HixlEngineInitialize(s->e, s->name, o, key ? 2 : 1) != HIXL_SUCCESS)
+    return false;
+  HixlMemDesc d = {.addr = (uintptr_t)s->dev, .len = len}, hd = {.addr = (uintptr_t)s->host, .len = len};
+  if (HixlEngineRegisterMem(s->e, &d, HIXL_MEM_DEVICE, &h) != HIXL_SUCCESS) {
+    fprintf(stderr, "hixl-gpu-check: registering device memory: %s\n", HixlGetLastErrorMessage());
+    return false;
+  }
+  return HixlEngineRegisterMem(s->e, &hd, HIXL_MEM_HOST, &h) == HIXL_SUCCESS;
+}
+
+static void fill(uint8_t *p, size_t n, unsigned seed) {
+  for (size_t i = 0; i < n; i++) p[i] = (uint8_t)(i * 131u + seed * 7u + (i >> 12));
+}
+
+/* One op of a's to b; the far side's bytes read back and compared with want. */
+static bool check(struct side *a, struct side *b, HixlTransferOp op, bool local_dev, bool remote_dev,
+                  size_t n, uint8_t *scratch, uint8_t *want, unsigned seed) {
+  uint64_t l = local_dev ? (uint64_t)a->dev : (uintptr_t)a->host,
+           r = remote_dev ? (uint64_t)b->dev : (uintptr_t)b->host;
+  fill(want, n, seed);
+  /* the source side gets the pattern */
+  if (op == HIXL_WRITE) {
+    if (local_dev)
+      cu.htod(a->dev, want, n);
+    else
+      memcpy(a->host, want, n);
+  } else {
+    if (remote_dev)
+      cu.htod(b->dev, want, n);
+    else
+      memcpy(b->host, want, n);
+  }
+  HixlTransferOpDesc d = {.local_addr = l, .remote_addr = r, .len = n};
+  if (HixlEngineTransferSync(a->e, b->name, op, &d, 1, 60000) != HIXL_SUCCESS) {
+    fprintf(stderr, "hixl-gpu-check: %s: %s\n", op == HIXL_WRITE ? "WRITE" : "READ",
+            HixlGetLastErrorMessage());
+    return false;
+  }
+  bool dev = op == HIXL_WRITE ? remote_dev : local_dev;
+  CUdeviceptr dp = op == HIXL_WRITE ? b->dev : a->dev;
+  const uint8_t *hp = op == HIXL_WRITE ? b->host : a->host;
+  if (dev)
+    cu.dtoh(scratch, dp, n);
+  else
+    memcpy(scratch, hp, n);
+  if (memcmp(scratch, want, n) != 0) {
+    fprintf(stderr, "hixl-gpu-check: %s %s -> %s of %zu bytes: the bytes differ\n",
+            op == HIXL_WRITE ? "WRITE" : "READ", local_dev ? "device" : "host",
+            remote_dev ? "device" : "host", n);
+    return false;
+  }
+  return true;
+}
+
+static int cmp_d(const void *x, const void *y) {
+  double a = *(const double *)x, b = *(const double *)y;
+  return a < b ? -1 : a > b;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof(*v), cmp_d);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+int main(int argc, char **argv) {
+  static const struct option lo[] = {
+      {"mib", 1, 0, 'm'}, {"reps", 1, 0, 'r'}, {"json", 1, 0, 'j'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+  size_t mib = 64;
+  int reps = 9, c;
+  const char *json = NULL;
+  char why[512];
+  while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    if (c == 'm')
+      mib = strtoul(optarg, NULL, 10);
+    else if (c == 'r')
+      reps = atoi(optarg);
+    else if (c == 'j')
+      json = optarg;
+    else {
+      printf("usage: hixl-gpu-check [--mib N] [--reps N] [--json FILE]\n");
+      return c == 'h' ? 0 : 2;
+    }
+  }
+  if (mib < 1 || mib > 4096 || reps < 1 || reps > 99) {
+    fprintf(stderr, "hixl-gpu-check: --mib 1..4096, --reps 1..99\n");
+    return 2;
+  }
+  if (!load(why, sizeof(why))) return skip(why);
+  CUdevice dev;
+  CUcontext ctx;
+  char gpu[128] = "?";
+  if (cu.init(0) != CUDA_SUCCESS || cu.device_get(&dev, 0) != CUDA_SUCCESS)
+    return skip("the driver finds no GPU");
+  if (cu.ctx_retain(&ctx, dev) != CUDA_SUCCESS || cu.ctx_set(ctx) != CUDA_SUCCESS)
+    return skip("no context on GPU 0");
+  cu.name(gpu, sizeof(gpu), dev);
+  size_t len = mib << 20;
+  struct side a = {0}, b = {0}, x = {0}, y = {0};
+  uint8_t *want = malloc(len), *scratch = malloc(len);
+  if (!want || !scratch || cu.alloc(&a.dev, len) || cu.alloc(&b.dev, len) ||
+      cu.alloc_host((void **)&a.host, len) || cu.alloc_host((void **)&b.host, len)) {
+    fprintf(stderr, "hixl-gpu-check: cannot allocate %zu MiB four times\n", mib);
+    return 1;
+  }
+  x.dev = a.dev, x.host = a.host, y.dev = b.dev, y.host = b.host;
+  char keyf[] = "/tmp/hixl-gpu-key-XXXXXX";
+  int kfd = mkstemp(keyf);
+  if (kfd < 0 || write(kfd, "6b65792d666f722d7468652d6770752d636865636b2d6f6e6c792d6f6b2e2e2e\n", 65) != 65)
+    return 1;
+  close(kfd);
+  uint16_t port = (uint16_t)(20000 + getpid() % 20000);
+  if (!side_up(&a, "tcp", port, len, NULL) || !side_up(&b, "tcp", port + 1, len, NULL) ||
+      HixlEngineConnect(a.e, b.name, 10000) != HIXL_SUCCESS || !side_up(&x, "shm", port + 2, len, keyf) ||
+      !side_up(&y, "shm", port + 3, len, keyf) || HixlEngineConnect(x.e, y.name, 10000) != HIXL_SUCCESS) {
+    fprintf(stderr, "hixl-gpu-check: engines: %s\n", HixlGetLastErrorMessage());
+    unlink(keyf);
+    return 1;
+  }
+  unlink(keyf);
+  printf("# hixl-gpu-check (hixl %s): GPU 0 %s, %zu MiB buffers\n", HixlVersionString(), gpu, mib);
+  int bad = 0, checks = 0;
+  size_t sizes[] = {4096, 1u << 20, len};
+  struct side *pairs[2][2] = {{&a, &b}, {&x, &y}};
+  for (int p = 0; p < 2; p++)
+    for (size_t k = 0; k < 3; k++)
+      for (int op = 0; op < 2; op++)
+        for (int rd = 0; rd < 2; rd++, checks++)
+          bad += !check(pairs[p][0], pairs[p][1], op ? HIXL_READ : HIXL_WRITE, true, rd, sizes[k], scratch,
+                        want, (unsigned)(k * 4 + (unsigned)op * 2 + (unsigned)rd));
+  printf("byte checks: %d of %d passed (tcp and a shm link; WRITE and READ; device -> device and device <-> "
+         "host)\n",
+         checks - bad, checks);
+  /* figures */
+  double t_dtod[99], t_dtoh[99], t_hixl_dev[99], t_hixl_host[99];
+  HixlTransferOpDesc dd = {.local_addr = (uint64_t)a.dev, .remote_addr = (uint64_t)b.dev, .len = len};
+  HixlTransferOpDesc hh = {.local_addr = (uintptr_t)a.host, .remote_addr = (uintptr_t)b.host, .len = len};
+  for (int i = 0; i < reps; i++) {
+    double t0 = now_s();
+    cu.dtod(b.dev, a.dev, len);
+    double t1 = now_s();
+    cu.dtoh(scratch, a.dev, len);
+    double t2 = now_s();
+    HixlStatus s1 = HixlEngineTransferSync(a.e, b.name, HIXL_WRITE, &dd, 1, 60000);
+    double t3 = now_s();
+    HixlStatus s2 = HixlEngineTransferSync(a.e, b.name, HIXL_WRITE, &hh, 1, 60000);
+    double t4 = now_s();
+    if (s1 != HIXL_SUCCESS || s2 != HIXL_SUCCESS) bad++;
+    t_dtod[i] = t1 - t0, t_dtoh[i] = t2 - t1, t_hixl_dev[i] = t3 - t2, t_hixl_host[i] = t4 - t3;
+  }
+  double gb = (double)len / 1e9;
+  double dtod = gb / median(t_dtod, reps), dtoh = gb / median(t_dtoh, reps),
+         hdev = gb / median(t_hixl_dev, reps), hhost = gb / median(t_hixl_host, reps);
+  printf("| what | GB/s | ratio |\n|---|---:|---|\n");
+  printf("| cuMemcpyDtoD, %zu MiB | %.2f | reference |\n", mib, dtod);
+  printf("| cuMemcpyDtoH, %zu MiB | %.2f | reference |\n", mib, dtoh);
+  printf("| hixl WRITE device -> device, tcp | %.2f | %.2fx of cuMemcpyDtoH; %.2fx of host -> host over tcp "
+         "(goal >= 0.8x) |\n",
+         hdev, hdev / dtoh, hdev / hhost);
+  printf("| hixl WRITE host -> host, tcp | %.2f | the same transfer from host memory |\n", hhost);
+  if (json) {
+    FILE *f = fopen(json, "w");
+    if (f) {
+      fprintf(
+          f,
+          "{\"gpu\": \"%s\", \"mib\": %zu, \"reps\": %d, \"byte_checks\": %d, \"byte_checks_failed\": %d, "
+          "\"dtod_gbps\": %.3f, \"dtoh_gbps\": %.3f, \"hixl_dev_tcp_gbps\": %.3f, \"hixl_host_tcp_gbps\": "
+          "%.3f}\n",
+          gpu, mib, reps, checks, bad, dtod, dtoh, hdev, hhost);
+      fclose(f);
+    }
+  }
+  struct side *all[4] = {&a, &b, &x, &y};
+  for (int i = 0; i < 4; i++) {
+    HixlEngineFinalize(all[i]->e);
+    HixlEngineDestroy(all[i]->e);
+  }
+  cu.free_(a.dev), cu.free_(b.dev), cu.free_host(a.host), cu.free_host(b.host);
+  free(want), free(scratch);
+  return bad ? 1 : 0;
+}
