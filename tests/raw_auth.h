@@ -74,20 +74,26 @@ static inline bool raw_closed_silent(int fd) {
   return k == 0 || (k < 0 && errno == ECONNRESET);
 }
 
-/* One frame: its header into *h (and its bytes into hdr, when not NULL), its body into
- * body (cap bytes at most), its payload read and dropped. */
-static inline bool raw_recv_frame(int fd, struct wire_hdr *h, uint8_t *hdr, uint8_t *body, size_t cap) {
-  uint8_t hb[WIRE_HDR_LEN], sink[4096];
-  if (!hdr) hdr = hb;
-  if (!raw_recv_all(fd, hdr, WIRE_HDR_LEN) || wire_parse_hdr(hdr, h) != WIRE_OK || h->body_len > cap ||
-      !raw_recv_all(fd, body, h->body_len))
-    return false;
-  for (uint32_t left = h->payload_len; left > 0;) {
+/* Read and drop n bytes (a payload nobody looks at). */
+static inline bool raw_drain(int fd, uint32_t n) {
+  uint8_t sink[4096];
+  for (uint32_t left = n; left > 0;) {
     uint32_t k = left < sizeof(sink) ? left : (uint32_t)sizeof(sink);
     if (!raw_recv_all(fd, sink, k)) return false;
     left -= k;
   }
   return true;
+}
+
+/* One frame: its header into *h (and its bytes into hdr, when not NULL), its body into
+ * body (cap bytes at most), its payload read and dropped. */
+static inline bool raw_recv_frame(int fd, struct wire_hdr *h, uint8_t *hdr, uint8_t *body, size_t cap) {
+  uint8_t hb[WIRE_HDR_LEN];
+  if (!hdr) hdr = hb;
+  if (!raw_recv_all(fd, hdr, WIRE_HDR_LEN) || wire_parse_hdr(hdr, h) != WIRE_OK || h->body_len > cap ||
+      !raw_recv_all(fd, body, h->body_len))
+    return false;
+  return raw_drain(fd, h->payload_len);
 }
 
 typedef bool (*raw_send_fn)(int fd, const void *buf, size_t n);
@@ -196,7 +202,7 @@ static inline bool raw_auth_hello(int fd, struct raw_auth *a, raw_send_fn send_f
  * one (a frame with no tag where f is on, or a wrong tag: false). */
 static inline bool raw_recv_proven(int fd, struct auth_frames *f, struct wire_hdr *h, uint8_t *hdr,
                                    uint8_t *body, size_t cap) {
-  uint8_t tag[AUTH_TAG_LEN], sink[4096];
+  uint8_t tag[AUTH_TAG_LEN];
   if (!raw_recv_all(fd, hdr, WIRE_HDR_LEN) || wire_parse_hdr(hdr, h) != WIRE_OK || h->body_len > cap ||
       (body != hdr + WIRE_HDR_LEN) || !raw_recv_all(fd, body, h->body_len))
     return false;
@@ -205,12 +211,7 @@ static inline bool raw_recv_proven(int fd, struct auth_frames *f, struct wire_hd
       (tagged && (!raw_recv_all(fd, tag, sizeof(tag)) ||
                   !auth_check_frame(&f->rx, hdr, WIRE_HDR_LEN + h->body_len, NULL, 0, tag))))
     return false;
-  for (uint32_t left = h->payload_len; left > 0;) {
-    uint32_t k = left < sizeof(sink) ? left : (uint32_t)sizeof(sink);
-    if (!raw_recv_all(fd, sink, k)) return false;
-    left -= k;
-  }
-  return true;
+  return raw_drain(fd, h->payload_len);
 }
 
 /* Send a built frame (len bytes, its header's flags set here) tagged under f, then

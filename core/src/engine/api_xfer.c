@@ -153,6 +153,22 @@ static HixlStatus plan_ops(HixlEngine *e, struct conn *c, const HixlTransferOpDe
   return HIXL_SUCCESS;
 }
 
+/* ch becomes the chunk of op d from off on (at most ENGINE_TCP_CHUNK bytes), holding
+ * its registration; returns its length. */
+static size_t chunk_init(struct chunk *ch, struct hixl_transfer_req *r, HixlTransferOp op,
+                         struct hixl_mem_reg *lreg, const HixlTransferOpDesc *d, size_t off) {
+  size_t len = d->len - off < ENGINE_TCP_CHUNK ? d->len - off : ENGINE_TCP_CHUNK;
+  ch->req = r;
+  ch->lreg = lreg;
+  ch->lreg->inflight++;
+  ch->laddr = (uint8_t *)(d->local_addr + off);
+  ch->raddr = d->remote_addr + off;
+  ch->len = (uint32_t)len;
+  ch->kind = op == HIXL_READ ? CHUNK_READ : CHUNK_WRITE;
+  ch->tx.chunk = ch;
+  return len;
+}
+
 static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransferOp op,
                                   const HixlTransferOpDesc *descs, size_t count, int32_t timeout_ms,
                                   const char *fn, struct hixl_transfer_req **out, struct conn **out_conn) {
@@ -234,31 +250,15 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
     const struct remote_mem *rm = rms[i]; /* a direct op's: its key is there too */
     if (r->nsock && op_device(lregs[i], rm)) {
       for (size_t off = 0; off < descs[i].len; off += ENGINE_TCP_CHUNK, sch++) {
-        size_t len = descs[i].len - off < ENGINE_TCP_CHUNK ? descs[i].len - off : ENGINE_TCP_CHUNK;
-        sch->req = r;
-        sch->lreg = lregs[i];
-        sch->lreg->inflight++;
-        sch->laddr = (uint8_t *)(descs[i].local_addr + off);
-        sch->raddr = descs[i].remote_addr + off;
-        sch->len = (uint32_t)len;
-        sch->kind = op == HIXL_READ ? CHUNK_READ : CHUNK_WRITE;
-        sch->tx.chunk = sch;
+        chunk_init(sch, r, op, lregs[i], &descs[i], off);
         sch->seq = c->next_seq++;
         tcp->link.post(c, sch); /* a tcp frame on this link's socket, whatever moves its other data */
       }
       continue;
     }
     for (size_t off = 0; off < descs[i].len; off += ENGINE_TCP_CHUNK, ch++) {
-      size_t len = descs[i].len - off < ENGINE_TCP_CHUNK ? descs[i].len - off : ENGINE_TCP_CHUNK;
-      ch->req = r;
-      ch->lreg = lregs[i];
-      ch->lreg->inflight++;
-      ch->laddr = (uint8_t *)(descs[i].local_addr + off);
-      ch->raddr = descs[i].remote_addr + off;
-      ch->len = (uint32_t)len;
-      ch->kind = op == HIXL_READ ? CHUNK_READ : CHUNK_WRITE;
+      size_t len = chunk_init(ch, r, op, lregs[i], &descs[i], off);
       ch->rkey = rm->rkey;
-      ch->tx.chunk = ch;
       struct conn *to = rails ? link_rail_pick(p, NULL, rm) : c;
       if (to && to != c) {
         r->railed = true;
