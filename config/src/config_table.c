@@ -117,6 +117,15 @@ static const struct row key_rows[] = {
      NULL,
      false,
      false},
+    {{"kv_memory", HIXL_CONFIG_ENUM, "host", NULL, "host | device",
+      "what the KV caches handed to register_kv_caches / register_kv_groups are: host memory, or device "
+      "memory (CUDA; moved through host buffers: docs/device-memory.md); alloc_kv_caches and "
+      "alloc_kv_memory give host memory only"},
+     0,
+     0,
+     NULL,
+     false,
+     false},
     {{"connect_timeout_ms", HIXL_CONFIG_INT, "1000", NULL, "[1,86400000]", "linking to a peer engine"},
      1,
      MS_MAX,

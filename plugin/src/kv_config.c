@@ -51,6 +51,7 @@ hixl_kv_status kv_config_load(const char *json, size_t len, struct kv_cfg *cfg, 
   cfg->per_producer = (uint32_t)get_int(c, "loads_per_producer");
   cfg->pipelining = pipelining != 0;
   cfg->hnd = strcmp(get_str(c, "required_kv_layout"), "HND") == 0;
+  cfg->kv_device = strcmp(get_str(c, "kv_memory"), "device") == 0;
   cfg->connect_timeout_ms = (int32_t)get_int(c, "connect_timeout_ms");
   cfg->transfer_timeout_ms = (int32_t)get_int(c, "transfer_timeout_ms");
   cfg->notify_timeout_ms = (int32_t)get_int(c, "notify_timeout_ms");

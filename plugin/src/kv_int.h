@@ -67,7 +67,8 @@ struct kv_cfg {
   uint32_t max_inflight;
   uint32_t per_producer; /* loads_per_producer: pulls from one producer rank at once */
   bool pipelining;
-  bool hnd; /* required_kv_layout HND: get_required_kvcache_layout asks for it */
+  bool hnd;       /* required_kv_layout HND: get_required_kvcache_layout asks for it */
+  bool kv_device; /* kv_memory device: the KV caches are registered as HIXL_MEM_DEVICE */
   int32_t connect_timeout_ms, transfer_timeout_ms, notify_timeout_ms;
   bool metrics;         /* histograms and failure counters (kv_obs.c) */
   uint32_t trace_ring;  /* finished traces kept for drain_traces; 0: none */

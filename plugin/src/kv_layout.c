@@ -525,7 +525,8 @@ hixl_kv_status kv_layout_register(hixl_kv_connector *c, const struct kv_layout *
   }
   for (size_t j = 0; j < m; j++) {
     HixlMemDesc md = {(uintptr_t)s[j].lo, (size_t)(s[j].hi - s[j].lo)};
-    HixlStatus st = HixlEngineRegisterMem(c->eng, &md, HIXL_MEM_HOST, &h[j]);
+    HixlStatus st =
+        HixlEngineRegisterMem(c->eng, &md, c->cfg.kv_device ? HIXL_MEM_DEVICE : HIXL_MEM_HOST, &h[j]);
     if (st != HIXL_SUCCESS) {
       hixl_kv_status r = kv_fail(st, "%s: registering [0x%" PRIx64 ", +%" PRIu64 "): %s", fn, s[j].lo,
                                  s[j].hi - s[j].lo, HixlGetLastErrorMessage());

@@ -61,6 +61,10 @@ hixl_kv_status kv_alloc_memory(hixl_kv_connector *c, uint64_t bytes, uintptr_t *
   const char *fn = "alloc_kv_memory";
   CHECK_ARG(c && base && c->role == HIXL_KV_ROLE_WORKER, "%s: connector or base is NULL, or a scheduler's",
             fn);
+  CHECK_ARG(!c->cfg.kv_device,
+            "%s: kv_memory is device, and this allocates host memory: register the runtime's device memory "
+            "with register_kv_groups",
+            fn);
   CHECK_ARG(bytes > 0 && bytes <= (UINT64_C(1) << 46), "%s: %" PRIu64 " bytes; 1 to 2^46", fn, bytes);
   pthread_mutex_lock(&c->lock);
   struct kv_mem *v = realloc(c->mems, (c->nmems + 1) * sizeof(*v));
@@ -151,6 +155,11 @@ hixl_kv_status kv_register(hixl_kv_connector *c, const hixl_kv_layer *ly, size_t
 }
 
 hixl_kv_status kv_alloc_caches(hixl_kv_connector *c, hixl_kv_layer *ly, size_t n) {
+  if (c && c->cfg.kv_device)
+    return kv_fail(
+        HIXL_KV_PARAM_INVALID,
+        "alloc_kv_caches: kv_memory is device, and this allocates host memory: register the runtime's "
+        "device memory with register_kv_caches");
   return kv_setup(c, ly, n, true);
 }
 

@@ -55,6 +55,13 @@ def _field(obj: Any, name: str, default: Any = None) -> Any:
     return getattr(obj, name, default)
 
 
+def _device_type(vllm_config: Any) -> str:
+    """vLLM's device type ("cuda", "cpu", ...), or "" when it does not say."""
+    dc = getattr(vllm_config, "device_config", None)
+    t = getattr(dc, "device_type", None) or getattr(getattr(dc, "device", None), "type", None)
+    return str(t) if t else ""
+
+
 def split_config(kv_transfer_config: Any) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """vLLM's kv_transfer_config as (the document for the plugin's create, the adapter's
     options). The adapter's keys live in kv_connector_extra_config.hixl_vllm."""
@@ -252,6 +259,12 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._vllm_config = vllm_config
         self._model_config = getattr(vllm_config, "model_config", None)
         self._doc, self._opts = split_config(ktc)
+        # Where the KV caches live: a CUDA run hands CUDA tensors, which the plugin
+        # registers as device memory (docs/device-memory.md); an explicit kv_memory stays.
+        extra0 = self._doc["kv_connector_extra_config"]
+        if "kv_memory" not in extra0 and _device_type(vllm_config) == "cuda":
+            extra0["kv_memory"] = "device"
+        self._kv_device = extra0.get("kv_memory") == "device"
         self._text = json.dumps(self._doc, indent=2)
         # None: the layout is read from vLLM (register_kv_caches); a name only overrides.
         self._layout = str(self._opts["layout"]) if "layout" in self._opts else None
@@ -395,14 +408,27 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     # ---- worker side ----
 
+    def _check_memory(self, tensors) -> None:
+        """The tensors live where kv_memory says (a CUDA tensor registered as host memory
+        would be read by the CPU at its device address)."""
+        for t in tensors:
+            cuda = getattr(t, "is_cuda", False) is True
+            if cuda != self._kv_device:
+                raise HixlConfigError(
+                    f"register_kv_caches: a KV tensor is on {getattr(t, 'device', '?')} but kv_memory is "
+                    f"{'device' if self._kv_device else 'host'}: set kv_connector_extra_config.kv_memory to "
+                    f"{'device' if cuda else 'host'}")
+
     def register_kv_caches(self, kv_caches: Dict[str, Any]):
         # The layout comes from what vLLM says (specs, backends, its resolved layout, the
         # tensors); hixl_vllm.layout / axes only override, checked against it.
+        self._check_memory(list(kv_caches.values()))
         d = layout.describe_layers(kv_caches, self._layout, self._opts.get("axes"), self._kv_cache_config,
                                    self._layer_facts(kv_caches))
         self._register(d)
 
     def register_cross_layers_kv_cache(self, kv_cache: Any, attn_backend: Any):
+        self._check_memory([kv_cache])
         names = self._layer_names_of_config()
         facts = self._layer_facts({n: None for n in names}).get(names[0]) or layout.LayerFacts()
         facts.backend = attn_backend if attn_backend is not None else facts.backend

@@ -77,9 +77,9 @@ def planes_of(t: TensorInfo, axes: str, what: str) -> Tuple[List[Tuple[int, int,
     if len(axes) != len(t.shape):
         raise LayoutError(f"{what}: the layout names {len(axes)} axes ({axes}), the tensor has "
                           f"{len(t.shape)} (shape {t.shape})")
-    if t.device != "cpu":
-        raise LayoutError(f"{what}: the tensor is on {t.device}; hixl moves host memory only "
-                          "(device memory is not built yet)")
+    if t.device != "cpu" and not t.device.startswith("cuda"):
+        raise LayoutError(f"{what}: the tensor is on {t.device}; hixl moves host memory and CUDA device "
+                          "memory (docs/device-memory.md)")
     e = t.elem_size
     ib = axes.index("B")
     ic = axes.find("C")
