@@ -333,7 +333,8 @@ struct kv_sched {
   struct kv_idhash failed;  /* consumer: requests whose load failed (recompute: 0 tokens), till finished */
   struct kv_idhash allocs;  /* push consumer: a struct kv_alloc per request, for get_push_params */
   struct kv_idhash pushing; /* push producer: requests whose blocks stay until pushed, at most max_inflight */
-  struct kv_idset holding;  /* pull producer: requests held for a consumer, until finished_sending */
+  struct kv_idhash holding; /* pull producer: requests held for a consumer, until finished_sending (at most
+                               max_inflight_requests, hashed) */
   uint64_t not_held;        /* producer: requests not held (pull) or not pushed (push) at max_inflight */
   uint64_t epoch;           /* pull producer: this scheduler's, random (below 2^52: exact in any JSON) */
   uint64_t hold_seq;        /* ... and the number of the last hold it queued */

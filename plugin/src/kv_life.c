@@ -204,7 +204,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   kv_idhash_clear(&c->sched.pushing, NULL);
   kv_idset_clear(&c->load.busy);
   kv_idset_clear(&c->push.active);
-  kv_idset_clear(&c->sched.holding);
+  kv_idhash_clear(&c->sched.holding, NULL);
   kv_idset_clear(&c->drop);
   kv_idhash_clear(&c->unreach, NULL);
   free(c->push.saved_step);

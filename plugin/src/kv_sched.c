@@ -487,7 +487,7 @@ static hixl_kv_status finished(hixl_kv_connector *c, const hixl_kv_request *r, c
       log_warn("hixl-kv: %zu requests are held for consumers (max_inflight_requests); request %s and "
                "later ones beyond the bound are not held: their consumers recompute them",
                c->sched.holding.n, id);
-    else if (!full && kv_idset_add(&c->sched.holding, id) != 0)
+    else if (!full && kv_idhash_add(&c->sched.holding, id, NULL, SIZE_MAX, NULL) < 0)
       full = true;
     pthread_mutex_unlock(&c->lock);
   }
@@ -593,7 +593,7 @@ hixl_kv_status kv_update_output(hixl_kv_connector *c, const hixl_kv_ids *sending
   for (size_t i = 0; sending && i < sending->count; i++) {
     const char *id = sending->ids[i];
     if (!id) continue;
-    kv_idset_del(&c->sched.holding, id);        /* its blocks are free: room to hold more */
+    kv_idhash_del(&c->sched.holding, id, NULL); /* its blocks are free: room to hold more */
     kv_idhash_del(&c->sched.pushing, id, NULL); /* pushed before request_finished: see kv_finished */
   }
   bool first = false;
