@@ -359,7 +359,8 @@ static void test_option_unknown_key(void) {
   TU_ASSERT_STATUS(HixlEngineInitialize(e, "127.0.0.1", &o, 1), HIXL_PARAM_INVALID);
   TU_ASSERT_ERRMSG_HAS("NoSuchOption");
   /* the known keys, from the table */
-  TU_ASSERT_ERRMSG_HAS("MaxLinksPerAddress, AuthKeyFile, AuthAliases, AuthPayloadTag, Rails, RailStallMs, RailProbeMs)");
+  TU_ASSERT_ERRMSG_HAS(
+      "MaxLinksPerAddress, AuthKeyFile, AuthAliases, AuthPayloadTag, Rails, RailStallMs, RailProbeMs)");
   /* Keys are case-sensitive, as HIXL's. */
   o.key = "bufferpool";
   o.value = "4:8";
