@@ -156,6 +156,24 @@ out:
   return ok;
 }
 
+/* An engine at o->local (o->protocol) with [buf, +len) registered as host memory; NULL,
+ * said on stderr, when a step fails (nothing left behind). */
+static HixlEngine *engine_up(const struct peers_opts *o, void *buf, size_t len, HixlMemHandle *mh) {
+  HixlEngine *eng = NULL;
+  HixlOption opt[] = {{.key = "Transport", .value = o->protocol}};
+  HixlMemDesc md = {.addr = (uintptr_t)buf, .len = len};
+  HixlStatus st = HixlEngineCreate(&eng);
+  const char *what = "HixlEngineCreate";
+  if (st == HIXL_SUCCESS && (st = HixlEngineInitialize(eng, o->local, opt, 1)) != HIXL_SUCCESS)
+    what = "HixlEngineInitialize";
+  else if (st == HIXL_SUCCESS && (st = HixlEngineRegisterMem(eng, &md, HIXL_MEM_HOST, mh)) != HIXL_SUCCESS)
+    what = "HixlEngineRegisterMem";
+  if (st == HIXL_SUCCESS) return eng;
+  say_hixl(what, st);
+  if (eng) HixlEngineDestroy(eng);
+  return NULL;
+}
+
 static int run_initiator(const struct peers_opts *o) {
   int rc = 1;
   HixlEngine *eng = NULL;
@@ -174,23 +192,7 @@ static int run_initiator(const struct peers_opts *o) {
     fprintf(stderr, "hixl-peers: mmap %zu bytes: %s\n", span, strerror(errno));
     return 1;
   }
-  HixlOption opt[] = {{.key = "Transport", .value = o->protocol}};
-  st = HixlEngineCreate(&eng);
-  if (st != HIXL_SUCCESS) {
-    say_hixl("HixlEngineCreate", st);
-    goto out_unmap;
-  }
-  st = HixlEngineInitialize(eng, o->local, opt, 1);
-  if (st != HIXL_SUCCESS) {
-    say_hixl("HixlEngineInitialize", st);
-    goto out_destroy;
-  }
-  HixlMemDesc md = {.addr = (uintptr_t)local, .len = span};
-  st = HixlEngineRegisterMem(eng, &md, HIXL_MEM_HOST, &mh);
-  if (st != HIXL_SUCCESS) {
-    say_hixl("HixlEngineRegisterMem", st);
-    goto out_destroy;
-  }
+  if (!(eng = engine_up(o, local, span, &mh))) goto out_unmap;
   st = HixlEngineConnect(eng, o->segment, 10000);
   if (st != HIXL_SUCCESS) {
     say_hixl("HixlEngineConnect", st);
@@ -234,7 +236,6 @@ out_disconnect:
   HixlEngineDisconnect(eng, o->segment, 0);
 out_dereg:
   HixlEngineDeregisterMem(eng, mh);
-out_destroy:
   HixlEngineDestroy(eng);
 out_unmap:
   munmap(local, span);
@@ -245,7 +246,6 @@ static int run_target(const struct peers_opts *o) {
   int rc = 1;
   HixlEngine *eng = NULL;
   HixlMemHandle mh = NULL;
-  HixlStatus st;
   /* Not populated: the pages a point touches fault in on its first use, as
    * numa_alloc_onnode's do for Mooncake's target. */
   uint8_t *buf = mmap(NULL, o->buffer_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -253,23 +253,7 @@ static int run_target(const struct peers_opts *o) {
     fprintf(stderr, "hixl-peers: mmap %zu bytes: %s\n", o->buffer_size, strerror(errno));
     return 1;
   }
-  HixlOption opt[] = {{.key = "Transport", .value = o->protocol}};
-  st = HixlEngineCreate(&eng);
-  if (st != HIXL_SUCCESS) {
-    say_hixl("HixlEngineCreate", st);
-    goto out_unmap;
-  }
-  st = HixlEngineInitialize(eng, o->local, opt, 1);
-  if (st != HIXL_SUCCESS) {
-    say_hixl("HixlEngineInitialize", st);
-    goto out_destroy;
-  }
-  HixlMemDesc md = {.addr = (uintptr_t)buf, .len = o->buffer_size};
-  st = HixlEngineRegisterMem(eng, &md, HIXL_MEM_HOST, &mh);
-  if (st != HIXL_SUCCESS) {
-    say_hixl("HixlEngineRegisterMem", st);
-    goto out_destroy;
-  }
+  if (!(eng = engine_up(o, buf, o->buffer_size, &mh))) goto out_unmap;
   printf("READY %s %" PRIxPTR " %zu\n", o->local, (uintptr_t)buf, o->buffer_size);
   fflush(stdout);
   /* Serve until stdin ends or a signal: the engine's own threads do the work. */
@@ -281,7 +265,6 @@ static int run_target(const struct peers_opts *o) {
   }
   rc = 0;
   HixlEngineDeregisterMem(eng, mh);
-out_destroy:
   HixlEngineDestroy(eng);
 out_unmap:
   munmap(buf, o->buffer_size);
