@@ -99,7 +99,9 @@ static void check_hdr(const uint8_t *raw, enum wire_err e, const struct wire_hdr
   }
   CHECK(type_ok);
   CHECK(wire_type_name(h->type)[0] != '?');
-  int len_ok = (h->flags & ~WIRE_F_TAG) == 0 && h->reserved == 0 && h->body_len >= limits[h->type].min &&
+  int flags_ok = (h->flags & ~(WIRE_F_TAG | WIRE_F_PAYLOAD_TAG)) == 0 &&
+                 (!(h->flags & WIRE_F_PAYLOAD_TAG) || ((h->flags & WIRE_F_TAG) && h->payload_len > 0));
+  int len_ok = flags_ok && h->reserved == 0 && h->body_len >= limits[h->type].min &&
                h->body_len <= limits[h->type].max && h->payload_len <= limits[h->type].payload;
   CHECK(len_ok == (e == WIRE_OK));
 }
