@@ -29,65 +29,13 @@ hixl_kv_status hixl_kv_connector_entry(uint32_t abi_major, const hixl_kv_ops **o
 
 static const hixl_kv_ops *ops;
 
-#define ST_IS(expr, want)                                                                                    \
-  do {                                                                                                       \
-    hixl_kv_status st_ = (expr);                                                                             \
-    if (st_ != (hixl_kv_status)(want))                                                                       \
-      tu_fail(__FILE__, __LINE__, "%s: got %u, want %u (%s)", #expr, st_, (unsigned)(want),                  \
-              ops->last_error());                                                                            \
-  } while (0)
-
-/* A scheduler and a worker connector, and the worker's KV cache: LAYERS x (K, V). */
-struct inst {
-  hixl_kv_connector *sched, *worker;
-  uint8_t *mem;
-  hixl_kv_layer layers[LAYERS];
-};
+#include "kv_inst.h"
 
 static bool inst_up(struct inst *x, const char *role) {
-  char cfg[512], err[256] = "";
-  snprintf(cfg, sizeof(cfg),
-           "{\"address\": \"%s:%u\", \"role\": \"%s\", \"mode\": \"pull\", \"lease_ms\": 20000,\n"
-           " \"loads_per_producer\": 1, \"transfer_timeout_ms\": 5000, \"connect_timeout_ms\": 5000,\n"
-           " \"Transport\": \"%s\"}\n",
-           tu_ip(), (unsigned)tu_free_port(), role, tu_transport() ? tu_transport() : "auto");
-  memset(x, 0, sizeof(*x));
-  x->mem = malloc(LAYERS * 2 * BLOCKS * BLOCK_BYTES);
-  if (!x->mem) return false;
-  memset(x->mem, 0xEE, LAYERS * 2 * BLOCKS * BLOCK_BYTES);
-  for (int l = 0; l < LAYERS; l++)
-    x->layers[l] = (hixl_kv_layer){"layer",
-                                   5,
-                                   (uintptr_t)(x->mem + l * 2 * BLOCKS * BLOCK_BYTES),
-                                   BLOCKS,
-                                   BLOCK_BYTES,
-                                   BLOCKS * BLOCK_BYTES,
-                                   HIXL_KV_LAYOUT_KV_FIRST,
-                                   ELEM,
-                                   BLOCK_TOKENS};
-  if (ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &x->sched, err, sizeof(err)) !=
-          HIXL_KV_SUCCESS ||
-      ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &x->worker, err, sizeof(err)) !=
-          HIXL_KV_SUCCESS ||
-      ops->register_kv_caches(x->worker, x->layers, LAYERS) != HIXL_KV_SUCCESS) {
-    tu_fail(__FILE__, __LINE__, "a %s instance: %s%s", role, err, ops->last_error());
-    return false;
-  }
-  return true;
-}
-
-static void inst_down(struct inst *x) {
-  if (x->worker) ST_IS(ops->destroy(x->worker), HIXL_KV_SUCCESS);
-  if (x->sched) ST_IS(ops->destroy(x->sched), HIXL_KV_SUCCESS);
-  free(x->mem);
-}
-
-static void step(struct inst *x) {
-  hixl_kv_buffer m = {0};
-  ST_IS(ops->build_connector_meta(x->sched, &m), HIXL_KV_SUCCESS);
-  ST_IS(ops->bind_connector_meta(x->worker, m.data, m.len), HIXL_KV_SUCCESS);
-  ops->free_buffer(&m);
-  ST_IS(ops->start_load_kv(x->worker), HIXL_KV_SUCCESS);
+  return inst_up_with(x, role,
+                      "\"mode\": \"pull\", \"lease_ms\": 20000, \"loads_per_producer\": 1, "
+                      "\"transfer_timeout_ms\": 5000, \"connect_timeout_ms\": 5000",
+                      0xEE);
 }
 
 static uint8_t *block(struct inst *x, int layer, int v, uint64_t b) {

@@ -1,0 +1,76 @@
+/* kv_inst: a white-box plugin test's instance: a scheduler and a worker connector of
+ * hixl_kv_test (linked in), and the worker's KV cache, LAYERS x (K, V) of BLOCKS blocks
+ * of BLOCK_BYTES, kv_first. Include after defining LAYERS, BLOCKS, BLOCK_TOKENS, ELEM
+ * and BLOCK_BYTES and declaring `static const hixl_kv_ops *ops`. */
+#ifndef HIXL_TEST_KV_INST_H
+#define HIXL_TEST_KV_INST_H
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "hixl/hixl_kv_connector.h"
+#include "test_util.h"
+
+#define ST_IS(expr, want)                                                                                    \
+  do {                                                                                                       \
+    hixl_kv_status st_ = (expr);                                                                             \
+    if (st_ != (hixl_kv_status)(want))                                                                       \
+      tu_fail(__FILE__, __LINE__, "%s: got %u, want %u (%s)", #expr, st_, (unsigned)(want),                  \
+              ops->last_error());                                                                            \
+  } while (0)
+
+struct inst {
+  hixl_kv_connector *sched, *worker;
+  uint8_t *mem;
+  hixl_kv_layer layers[LAYERS];
+};
+
+/* x as role on a free port of tu_ip(), with the configuration's other members keys
+ * (JSON, after a comma: "\"mode\": \"pull\", ..."), its cache filled with fill. */
+static inline bool inst_up_with(struct inst *x, const char *role, const char *keys, int fill) {
+  char cfg[640], err[256] = "";
+  snprintf(cfg, sizeof(cfg), "{\"address\": \"%s:%u\", \"role\": \"%s\", \"Transport\": \"%s\", %s}\n",
+           tu_ip(), (unsigned)tu_free_port(), role, tu_transport() ? tu_transport() : "auto", keys);
+  memset(x, 0, sizeof(*x));
+  x->mem = malloc(LAYERS * 2 * BLOCKS * BLOCK_BYTES);
+  if (!x->mem) return false;
+  memset(x->mem, fill, LAYERS * 2 * BLOCKS * BLOCK_BYTES);
+  for (int l = 0; l < LAYERS; l++)
+    x->layers[l] = (hixl_kv_layer){"layer",
+                                   5,
+                                   (uintptr_t)(x->mem + l * 2 * BLOCKS * BLOCK_BYTES),
+                                   BLOCKS,
+                                   BLOCK_BYTES,
+                                   BLOCKS * BLOCK_BYTES,
+                                   HIXL_KV_LAYOUT_KV_FIRST,
+                                   ELEM,
+                                   BLOCK_TOKENS};
+  if (ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &x->sched, err, sizeof(err)) !=
+          HIXL_KV_SUCCESS ||
+      ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &x->worker, err, sizeof(err)) !=
+          HIXL_KV_SUCCESS ||
+      ops->register_kv_caches(x->worker, x->layers, LAYERS) != HIXL_KV_SUCCESS) {
+    tu_fail(__FILE__, __LINE__, "a %s instance: %s%s", role, err, ops->last_error());
+    return false;
+  }
+  return true;
+}
+
+static inline void inst_down(struct inst *x) {
+  if (x->worker) ST_IS(ops->destroy(x->worker), HIXL_KV_SUCCESS);
+  if (x->sched) ST_IS(ops->destroy(x->sched), HIXL_KV_SUCCESS);
+  free(x->mem);
+}
+
+/* One step: the scheduler's metadata bound to the worker, loads started. */
+static inline void step(struct inst *x) {
+  hixl_kv_buffer m = {0};
+  ST_IS(ops->build_connector_meta(x->sched, &m), HIXL_KV_SUCCESS);
+  ST_IS(ops->bind_connector_meta(x->worker, m.data, m.len), HIXL_KV_SUCCESS);
+  ops->free_buffer(&m);
+  ST_IS(ops->start_load_kv(x->worker), HIXL_KV_SUCCESS);
+}
+
+#endif
