@@ -14,27 +14,10 @@
  * one op per run of blocks adjacent on both sides, per tensor, as the cache manager
  * builds it. Raw and cache alternate which goes first. The bytes of both are checked
  * once per scenario (pulls here; the push by a digest the target computes). Prints a
- * table of medians and the ratio cache / raw, and --json FILE.
- *
- *   hixl-cache-bench [--transport auto|tcp|shm|rdma] [--ip IP] [--layers N] [--blocks N]
- *                    [--block-bytes SIZE] [--req-blocks N] [--iters N] [--json FILE]
- *                    [--no-progress] */
-#include <getopt.h>
-#include <stdarg.h>
+ * table of medians and the ratio cache / raw, and --json FILE (--help: the flags). */
 #include <inttypes.h>
-#include <signal.h>
-#include <stdbool.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <netinet/in.h>
-
-#include "bench_util.h"
-#include "hixl/hixl.h"
+#include "harness.h"
 
 #define MAX_TENSORS 512
 
@@ -44,17 +27,6 @@ static struct {
   size_t bs;
   bool progress;
 } o = {NULL, "127.0.0.1", NULL, 32, 128, 64, 15, 32768, true};
-
-static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
-static void die(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "hixl-cache-bench: ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-  exit(1);
-}
 
 static uint32_t ntensors(void) { return 2 * o.layers; }
 
@@ -68,19 +40,16 @@ static uint8_t **cache_alloc(uint64_t seed) {
   uint8_t **t = calloc(ntensors(), sizeof(*t));
   for (uint32_t i = 0; t && i < ntensors(); i++) {
     t[i] = aligned_alloc(4096, (size_t)o.blocks * o.bs);
-    if (!t[i]) die("out of memory");
+    if (!t[i]) hb_die("out of memory");
     for (size_t j = 0; j < (size_t)o.blocks * o.bs; j += 64) memset(t[i] + j, pat(seed, i, j / 64), 64);
   }
-  if (!t) die("out of memory");
+  if (!t) hb_die("out of memory");
   return t;
 }
 
 static HixlEngine *engine_up(const char *addr) {
-  HixlEngine *e;
-  HixlOption opt = {"Transport", o.transport};
-  if (HixlEngineCreate(&e) != HIXL_SUCCESS ||
-      HixlEngineInitialize(e, addr, &opt, o.transport ? 1 : 0) != HIXL_SUCCESS)
-    die("engine %s: %s", addr, HixlGetLastErrorMessage());
+  HixlEngine *e = hb_engine(addr, o.transport, NULL, 0);
+  if (!e) exit(1);
   return e;
 }
 
@@ -92,7 +61,7 @@ static uint64_t register_cache(HixlCacheManager *m, uint8_t **t, uint64_t cluste
   for (uint32_t i = 0; i < ntensors(); i++) a[i] = (uintptr_t)t[i];
   if (HixlCacheManagerRegisterBlocksCache(m, &d, a, ntensors(), &k, HIXL_CACHE_ACCESS_REMOTE, &id) !=
       HIXL_SUCCESS)
-    die("register: %s", HixlGetLastErrorMessage());
+    hb_die("register: %s", HixlGetLastErrorMessage());
   return id;
 }
 
@@ -107,28 +76,28 @@ static uint64_t digest(uint8_t **t, const uint64_t *blocks, size_t n) {
 
 /* ---- the target ---- */
 
-static void target_main(int in, int out, uint16_t port) {
+static int target_main(void *port, int fd) {
   char addr[64];
-  snprintf(addr, sizeof(addr), "%s:%u", o.ip, port);
+  snprintf(addr, sizeof(addr), "%s:%u", o.ip, *(uint16_t *)port);
   uint8_t **t = cache_alloc(7);
   HixlEngine *e = engine_up(addr);
   HixlCacheManager *m;
-  if (HixlCacheManagerCreate(e, 2, &m) != HIXL_SUCCESS) die("manager: %s", HixlGetLastErrorMessage());
+  if (HixlCacheManagerCreate(e, 2, &m) != HIXL_SUCCESS) hb_die("manager: %s", HixlGetLastErrorMessage());
   register_cache(m, t, 2);
   uint64_t addrs[MAX_TENSORS];
   for (uint32_t i = 0; i < ntensors(); i++) addrs[i] = (uintptr_t)t[i];
-  if (write(out, addrs, sizeof(uint64_t) * ntensors()) < 0) _exit(1);
+  if (write(fd, addrs, sizeof(uint64_t) * ntensors()) < 0) return 1;
   uint32_t n;
   static uint64_t list[1 << 16];
   /* "digest these blocks": a count, the blocks; 0 ends */
-  while (read(in, &n, sizeof(n)) == sizeof(n) && n > 0 && n <= (1 << 16)) {
-    if (bench_read_full(in, list, n * sizeof(uint64_t)) != 0) break;
+  while (read(fd, &n, sizeof(n)) == sizeof(n) && n > 0 && n <= (1 << 16)) {
+    if (bench_read_full(fd, list, n * sizeof(uint64_t)) != 0) break;
     uint64_t h = digest(t, list, n);
-    if (write(out, &h, sizeof(h)) < 0) break;
+    if (write(fd, &h, sizeof(h)) < 0) break;
   }
   HixlCacheManagerDestroy(m);
   HixlEngineDestroy(e);
-  _exit(0);
+  return 0;
 }
 
 /* ---- this side ---- */
@@ -147,7 +116,7 @@ static HixlCacheManager *mgr;
 static uint8_t **mine;
 static uint64_t my_id, peer_addrs[MAX_TENSORS];
 static char peer[64];
-static int to_t, from_t;
+static struct hb_peer tgt;
 
 /* The op list the cache manager builds: per tensor, one op per run of blocks adjacent
  * on both sides. */
@@ -202,7 +171,7 @@ static double run_cache(struct scen *s) {
   }
   double sec = (double)(bench_now_ns() - t0) / 1e9;
   if (st != HIXL_SUCCESS)
-    die("%s through the cache manager: %s: %s", s->name, HixlStatusName(st), HixlGetLastErrorMessage());
+    hb_die("%s through the cache manager: %s: %s", s->name, HixlStatusName(st), HixlGetLastErrorMessage());
   s->cache_ops = cache_ops() - ops0;
   return sec;
 }
@@ -212,7 +181,7 @@ static double run_raw(struct scen *s, HixlTransferOpDesc *ops, size_t n) {
   HixlStatus st = HixlEngineTransferSync(eng, peer, s->push ? HIXL_WRITE : HIXL_READ, ops, n, 60000);
   double sec = (double)(bench_now_ns() - t0) / 1e9;
   if (st != HIXL_SUCCESS)
-    die("%s, raw engine: %s: %s", s->name, HixlStatusName(st), HixlGetLastErrorMessage());
+    hb_die("%s, raw engine: %s: %s", s->name, HixlStatusName(st), HixlGetLastErrorMessage());
   s->raw_ops = n;
   return sec;
 }
@@ -233,15 +202,10 @@ static bool check_pull(const struct scen *s) {
 static bool check_push(const struct scen *s) {
   uint32_t n = o.req;
   uint64_t h = 0;
-  if (write(to_t, &n, sizeof(n)) < 0 || write(to_t, s->dst, n * sizeof(uint64_t)) < 0 ||
-      bench_read_full(from_t, &h, sizeof(h)) != 0)
+  if (write(tgt.fd, &n, sizeof(n)) < 0 || write(tgt.fd, s->dst, n * sizeof(uint64_t)) < 0 ||
+      bench_read_full(tgt.fd, &h, sizeof(h)) != 0)
     return false;
   return h == digest(mine, s->src, n);
-}
-
-static int cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
 }
 
 static void pick(uint64_t *v, size_t n, uint64_t *rng) {
@@ -255,58 +219,36 @@ static void pick(uint64_t *v, size_t n, uint64_t *rng) {
 }
 
 int main(int argc, char **argv) {
-  static const struct option lo[] = {
-      {"transport", 1, 0, 't'},   {"ip", 1, 0, 'i'},         {"layers", 1, 0, 'l'}, {"blocks", 1, 0, 'b'},
-      {"block-bytes", 1, 0, 's'}, {"req-blocks", 1, 0, 'r'}, {"iters", 1, 0, 'n'},  {"json", 1, 0, 'j'},
-      {"no-progress", 0, 0, 'q'}, {"help", 0, 0, 'h'},       {0, 0, 0, 0}};
-  int c;
-  uint64_t v;
-  while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-    if (c == 't')
-      o.transport = strcmp(optarg, "auto") == 0 ? NULL : optarg;
-    else if (c == 'i')
-      o.ip = optarg;
-    else if (c == 'j')
-      o.json = optarg;
-    else if (c == 'q')
-      o.progress = false;
-    else if (c == 's') {
-      if (!bench_parse_size(optarg, &o.bs) || o.bs == 0 || o.bs % 2) die("--block-bytes %s", optarg);
-    } else if (c == 'l' || c == 'b' || c == 'r' || c == 'n') {
-      if (!bench_parse_u64(optarg, &v) || v == 0 || v > (1 << 16)) die("bad number \"%s\"", optarg);
-      *(c == 'l' ? &o.layers : c == 'b' ? &o.blocks : c == 'r' ? &o.req : &o.iters) = (uint32_t)v;
-    } else {
-      printf("usage: hixl-cache-bench [--transport auto|tcp|shm|rdma] [--ip IP] [--layers N] [--blocks N]\n"
-             "         [--block-bytes SIZE] [--req-blocks N] [--iters N] [--json FILE] [--no-progress]\n");
-      return c == 'h' ? 0 : 2;
-    }
-  }
-  if (ntensors() > MAX_TENSORS || o.req > o.blocks)
-    die("at most %d layers, and --req-blocks <= --blocks", MAX_TENSORS / 2);
-  signal(SIGPIPE, SIG_IGN);
-  int down[2], up[2];
+  static const char *const transports[] = {"auto", "tcp", "shm", "rdma", NULL};
+  int transport = 0;
+  const struct hb_opt opts[] = {
+      {"--transport", HB_CHOICE, &transport, "NAME", "auto (default) | tcp | shm | rdma", 0, 0, transports},
+      {"--ip", HB_STR, &o.ip, "IP", "both engines' address (default 127.0.0.1)", 0, 0, NULL},
+      {"--layers", HB_U32, &o.layers, "N", "layers, each K and V (default 32)", 1, MAX_TENSORS / 2, NULL},
+      {"--blocks", HB_U32, &o.blocks, "N", "blocks per tensor (default 128)", 1, 1 << 16, NULL},
+      {"--block-bytes", HB_SIZE, &o.bs, "SIZE", "bytes of a block, even (default 32K)", 2, 1u << 30, NULL},
+      {"--req-blocks", HB_U32, &o.req, "N", "blocks a request (default 64, <= --blocks)", 1, 1 << 16, NULL},
+      {"--iters", HB_U32, &o.iters, "N", "iterations per scenario (default 15)", 1, 1 << 16, NULL},
+      {"--json", HB_STR, &o.json, "FILE", "the results as JSON", 0, 0, NULL},
+      {"--no-progress", HB_NOFLAG, &o.progress, NULL, "nothing on stderr but errors", 0, 0, NULL},
+      {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
+  hb_prog = "hixl-cache-bench";
+  hb_parse(argc, argv, opts, NULL);
+  o.transport = transport ? transports[transport] : NULL;
+  if (o.req > o.blocks || o.bs % 2) hb_die("--req-blocks <= --blocks, and an even --block-bytes");
   uint16_t port = bench_free_port();
-  if (pipe(down) || pipe(up)) die("pipe");
-  pid_t pid = fork(); /* before any engine or device is opened here */
-  if (pid == 0) {
-    close(down[1]);
-    close(up[0]);
-    target_main(down[0], up[1], port);
-  }
-  close(down[0]);
-  close(up[1]);
-  to_t = down[1];
-  from_t = up[0];
-  if (bench_read_full(from_t, peer_addrs, sizeof(uint64_t) * ntensors()) != 0)
-    die("the target did not start");
+  hb_spawn(&tgt, target_main, &port); /* before any engine or device is opened here */
+  if (bench_read_full(tgt.fd, peer_addrs, sizeof(uint64_t) * ntensors()) != 0)
+    hb_die("the target did not start");
   snprintf(peer, sizeof(peer), "%s:%u", o.ip, port);
   char me[64];
   snprintf(me, sizeof(me), "%s", o.ip);
   eng = engine_up(me);
-  if (HixlCacheManagerCreate(eng, 1, &mgr) != HIXL_SUCCESS) die("manager: %s", HixlGetLastErrorMessage());
+  if (HixlCacheManagerCreate(eng, 1, &mgr) != HIXL_SUCCESS) hb_die("manager: %s", HixlGetLastErrorMessage());
   mine = cache_alloc(0);
   my_id = register_cache(mgr, mine, 1);
-  if (HixlCacheManagerLink(mgr, 2, peer, 10000) != HIXL_SUCCESS) die("link: %s", HixlGetLastErrorMessage());
+  if (HixlCacheManagerLink(mgr, 2, peer, 10000) != HIXL_SUCCESS)
+    hb_die("link: %s", HixlGetLastErrorMessage());
 
   uint64_t rng = 0x6869786c;
   struct scen sc[3] = {{"pull-contiguous", false, NULL, NULL, 0, 0, 0, 0, 0, 0, false},
@@ -346,8 +288,8 @@ int main(int argc, char **argv) {
     bool ok_r = s->push ? check_push(s) : check_pull(s);
     s->verified = ok_c && ok_r;
     if (!s->verified)
-      die("%s: the bytes that arrived are wrong (cache %s, raw %s)", s->name, ok_c ? "ok" : "WRONG",
-          ok_r ? "ok" : "WRONG");
+      hb_die("%s: the bytes that arrived are wrong (cache %s, raw %s)", s->name, ok_c ? "ok" : "WRONG",
+             ok_r ? "ok" : "WRONG");
     for (uint32_t it = 0; it < o.iters; it++) {
       if (it % 2) {
         tr[it] = run_raw(s, ops, n);
@@ -359,8 +301,8 @@ int main(int argc, char **argv) {
       if (o.progress) fprintf(stderr, "\r%s: %u/%u", s->name, it + 1, o.iters);
     }
     if (o.progress) fprintf(stderr, "\r%*s\r", 40, "");
-    qsort(tr, o.iters, sizeof(double), cmp_d);
-    qsort(tc, o.iters, sizeof(double), cmp_d);
+    qsort(tr, o.iters, sizeof(double), bench_cmp_double);
+    qsort(tc, o.iters, sizeof(double), bench_cmp_double);
     s->raw_ms = tr[o.iters / 2] * 1e3;
     s->cache_ms = tc[o.iters / 2] * 1e3;
     s->raw_gbps = bytes / tr[o.iters / 2] / 1e9;
@@ -374,7 +316,7 @@ int main(int argc, char **argv) {
            sc[i].cache_gbps / sc[i].raw_gbps, sc[i].verified ? "yes" : "NO");
   if (o.json) {
     FILE *f = fopen(o.json, "w");
-    if (!f) die("--json %s: %s", o.json, strerror(errno));
+    if (!f) hb_die("--json %s: %s", o.json, strerror(errno));
     fprintf(f,
             "{\n  \"tool\": \"hixl-cache-bench\",\n  \"transport\": \"%s\",\n  \"layers\": %u,\n  "
             "\"blocks\": %u,\n"
@@ -393,8 +335,8 @@ int main(int argc, char **argv) {
     fclose(f);
   }
   uint32_t zero = 0;
-  if (write(to_t, &zero, sizeof(zero)) < 0) kill(pid, SIGKILL);
-  waitpid(pid, NULL, 0);
+  if (write(tgt.fd, &zero, sizeof(zero)) < 0) kill(tgt.pid, SIGKILL);
+  hb_reap(&tgt, 60);
   HixlCacheManagerDestroy(mgr);
   HixlEngineDestroy(eng);
   return 0;

@@ -14,12 +14,10 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include "bench_util.h"
+#include "harness.h"
 
 #define REF_MAX_STREAMS       64
 #define REF_ACCEPT_TIMEOUT_MS 10000
@@ -28,33 +26,17 @@
 enum ref_mode { REF_STREAM, REF_RTT };
 
 struct ref_opts {
-  enum ref_mode mode;
+  int mode;         /* enum ref_mode */
   size_t size;      /* bytes per send() (stream) or per message (rtt) */
   unsigned streams; /* connections (stream) */
   double seconds;   /* stream duration; rtt upper bound */
   uint64_t iters;   /* rtt round trips measured */
   uint64_t warmup;  /* rtt round trips not measured */
   const char *csv;  /* append a row here */
-  int cpu_sender;   /* --pin: -1 none */
-  int cpu_receiver;
+  int cpu[2];       /* --pin: sender, receiver; -1 none */
   bool quiet;
+  int lfd; /* the receiver's listening socket */
 };
-
-static const char *g_prog = "hixl-tcp-ref";
-
-static void usage(FILE *f) {
-  fprintf(f,
-          "usage: %s --mode stream|rtt [options]\n"
-          "  --size BYTES     bytes per send (stream, default 1M) or per message (rtt, default 64)\n"
-          "  --streams N      connections for stream mode (default 1, max %d)\n"
-          "  --seconds S      stream duration (default 3); rtt stops early past it (default 10)\n"
-          "  --iters N        rtt round trips measured (default 20000)\n"
-          "  --warmup N       rtt round trips before measuring (default 1000)\n"
-          "  --pin S,R        pin the sender process to CPU S and the receiver to CPU R\n"
-          "  --csv FILE       append one result row (header written when the file is new)\n"
-          "  --quiet          no human-readable line\n",
-          g_prog, REF_MAX_STREAMS);
-}
 
 static void set_sock_opts(int fd) {
   int one = 1;
@@ -90,11 +72,6 @@ static int recv_all(int fd, void *p, size_t len) {
   return 1;
 }
 
-static void *map_buffer(size_t len) {
-  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  return p == MAP_FAILED ? NULL : p;
-}
-
 /* ------------------------------------------------------------------ receiver */
 
 struct sink_arg {
@@ -106,7 +83,7 @@ struct sink_arg {
 
 static void *sink_thread(void *p) {
   struct sink_arg *a = p;
-  uint8_t *buf = map_buffer(a->size);
+  uint8_t *buf = hb_map(a->size);
   a->ok = 0;
   if (buf == NULL) return NULL;
   if (a->mode == REF_STREAM) {
@@ -143,13 +120,13 @@ static int run_receiver(const struct ref_opts *o, int lfd) {
   for (unsigned i = 0; i < n; i++) {
     struct pollfd pfd = {.fd = lfd, .events = POLLIN};
     if (poll(&pfd, 1, REF_ACCEPT_TIMEOUT_MS) <= 0) {
-      fprintf(stderr, "%s: receiver: no connection within %d ms\n", g_prog, REF_ACCEPT_TIMEOUT_MS);
+      fprintf(stderr, "%s: receiver: no connection within %d ms\n", hb_prog, REF_ACCEPT_TIMEOUT_MS);
       rc = 1;
       break;
     }
     int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) {
-      fprintf(stderr, "%s: receiver: accept: %s\n", g_prog, strerror(errno));
+      fprintf(stderr, "%s: receiver: accept: %s\n", hb_prog, strerror(errno));
       rc = 1;
       break;
     }
@@ -185,7 +162,7 @@ struct src_arg {
 
 static void *source_thread(void *p) {
   struct src_arg *a = p;
-  uint8_t *buf = map_buffer(a->size);
+  uint8_t *buf = hb_map(a->size);
   a->ok = 0;
   if (buf != NULL) memset(buf, 0xa5, a->size);
   pthread_barrier_wait(a->start);
@@ -235,7 +212,7 @@ static void csv_row(const struct ref_opts *o, uint64_t iters, uint64_t bytes, do
   FILE *f = bench_csv_open(
       o->csv, "tool,mode,streams,size,iters,bytes,seconds,gbps,avg_us,p50_us,p99_us,min_us,max_us");
   if (f == NULL) {
-    fprintf(stderr, "%s: cannot open %s: %s\n", g_prog, o->csv, strerror(errno));
+    fprintf(stderr, "%s: cannot open %s: %s\n", hb_prog, o->csv, strerror(errno));
     return;
   }
   fprintf(f, "tcp-ref,%s,%u,%zu,%" PRIu64 ",%" PRIu64 ",%.6f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
@@ -254,14 +231,14 @@ static int run_stream(const struct ref_opts *o, uint16_t port) {
   for (unsigned i = 0; i < o->streams; i++) {
     int fd = connect_loopback(port);
     if (fd < 0) {
-      fprintf(stderr, "%s: connect 127.0.0.1:%u: %s\n", g_prog, port, strerror(errno));
+      fprintf(stderr, "%s: connect 127.0.0.1:%u: %s\n", hb_prog, port, strerror(errno));
       return 1; /* no thread started yet */
     }
     args[i] = (struct src_arg){.fd = fd, .size = o->size, .start = &start};
   }
   for (unsigned i = 0; i < o->streams; i++) {
     if (pthread_create(&th[i], NULL, source_thread, &args[i]) != 0) {
-      fprintf(stderr, "%s: pthread_create failed\n", g_prog);
+      fprintf(stderr, "%s: pthread_create failed\n", hb_prog);
       return 1;
     }
     started++;
@@ -274,8 +251,8 @@ static int run_stream(const struct ref_opts *o, uint16_t port) {
     pthread_join(th[i], NULL);
     close(args[i].fd);
     if (!args[i].ok) {
-      fprintf(stderr, "%s: stream %u: sent %" PRIu64 " bytes, receiver acknowledged %" PRIu64 "\n", g_prog, i,
-              args[i].sent, args[i].acked);
+      fprintf(stderr, "%s: stream %u: sent %" PRIu64 " bytes, receiver acknowledged %" PRIu64 "\n", hb_prog,
+              i, args[i].sent, args[i].acked);
       rc = 1;
     }
     bytes += args[i].sent;
@@ -295,10 +272,10 @@ static int run_stream(const struct ref_opts *o, uint16_t port) {
 static int run_rtt(const struct ref_opts *o, uint16_t port) {
   int fd = connect_loopback(port);
   if (fd < 0) {
-    fprintf(stderr, "%s: connect 127.0.0.1:%u: %s\n", g_prog, port, strerror(errno));
+    fprintf(stderr, "%s: connect 127.0.0.1:%u: %s\n", hb_prog, port, strerror(errno));
     return 1;
   }
-  uint8_t *req = map_buffer(o->size), *resp = map_buffer(o->size);
+  uint8_t *req = hb_map(o->size), *resp = hb_map(o->size);
   uint64_t *lat = calloc(o->iters, sizeof(*lat));
   int rc = 1;
   if (req == NULL || resp == NULL || lat == NULL) goto out;
@@ -308,7 +285,7 @@ static int run_rtt(const struct ref_opts *o, uint16_t port) {
   for (uint64_t i = 0; i < o->warmup + o->iters; i++) {
     uint64_t t0 = bench_now_ns();
     if (!send_all(fd, req, o->size) || recv_all(fd, resp, o->size) != 1) {
-      fprintf(stderr, "%s: round trip %" PRIu64 " failed: %s\n", g_prog, i, strerror(errno));
+      fprintf(stderr, "%s: round trip %" PRIu64 " failed: %s\n", hb_prog, i, strerror(errno));
       goto out;
     }
     uint64_t t1 = bench_now_ns();
@@ -332,100 +309,56 @@ out:
   return rc;
 }
 
+static int receiver_main(void *arg, int fd) {
+  const struct ref_opts *o = arg;
+  (void)fd;
+  return bench_pin_cpu(o->cpu[1]) ? run_receiver(o, o->lfd) : 1;
+}
+
 int main(int argc, char **argv) {
-  struct ref_opts o = {.mode = REF_STREAM,
-                       .size = 0,
-                       .streams = 1,
-                       .seconds = -1,
-                       .iters = 20000,
-                       .warmup = 1000,
-                       .cpu_sender = -1,
-                       .cpu_receiver = -1};
-  bool mode_set = false;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    const char *v = (i + 1 < argc) ? argv[i + 1] : NULL;
-    uint64_t u = 0;
-    char *end = NULL;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      usage(stdout);
-      return 0;
-    } else if (strcmp(a, "--quiet") == 0) {
-      o.quiet = true;
-    } else if (strcmp(a, "--mode") == 0 && v != NULL && (strcmp(v, "stream") == 0 || strcmp(v, "rtt") == 0)) {
-      o.mode = strcmp(v, "stream") == 0 ? REF_STREAM : REF_RTT;
-      mode_set = true;
-      i++;
-    } else if (strcmp(a, "--size") == 0 && bench_parse_size(v, &o.size) && o.size > 0 &&
-               o.size <= (1u << 30)) {
-      i++;
-    } else if (strcmp(a, "--streams") == 0 && bench_parse_u64(v, &u) && u > 0 && u <= REF_MAX_STREAMS) {
-      o.streams = (unsigned)u;
-      i++;
-    } else if (strcmp(a, "--seconds") == 0 && v != NULL && (o.seconds = strtod(v, &end)) > 0 &&
-               o.seconds <= 3600 && *end == '\0') {
-      i++;
-    } else if (strcmp(a, "--iters") == 0 && bench_parse_u64(v, &u) && u > 0 && u <= 100000000) {
-      o.iters = u;
-      i++;
-    } else if (strcmp(a, "--warmup") == 0 && bench_parse_u64(v, &u) && u <= 100000000) {
-      o.warmup = u;
-      i++;
-    } else if (strcmp(a, "--pin") == 0 && bench_parse_pin(v, &o.cpu_sender, &o.cpu_receiver)) {
-      i++;
-    } else if (strcmp(a, "--csv") == 0 && v != NULL) {
-      o.csv = v;
-      i++;
-    } else {
-      fprintf(stderr, "%s: bad option or value: %s%s%s\n", g_prog, a, v != NULL ? " " : "",
-              v != NULL ? v : "");
-      usage(stderr);
-      return 2;
-    }
-  }
-  if (!mode_set) {
-    usage(stderr);
+  static const char *const modes[] = {"stream", "rtt", NULL};
+  struct ref_opts o = {
+      .mode = -1, .streams = 1, .seconds = -1, .iters = 20000, .warmup = 1000, .cpu = {-1, -1}};
+  const struct hb_opt opts[] = {
+      {"--mode", HB_CHOICE, &o.mode, "stream|rtt", "required", 0, 0, modes},
+      {"--size", HB_SIZE, &o.size, "BYTES",
+       "bytes per send (stream, default 1M) or per message (rtt, default 64)", 1, 1u << 30, NULL},
+      {"--streams", HB_UNS, &o.streams, "N", "connections for stream mode (default 1, max 64)", 1,
+       REF_MAX_STREAMS, NULL},
+      {"--seconds", HB_DBL, &o.seconds, "S",
+       "stream duration (default 3); rtt stops early past it (default 10)", 1e-9, 3600, NULL},
+      {"--iters", HB_U64, &o.iters, "N", "rtt round trips measured (default 20000)", 1, 1e8, NULL},
+      {"--warmup", HB_U64, &o.warmup, "N", "rtt round trips before measuring (default 1000)", 0, 1e8, NULL},
+      {"--pin", HB_PIN, o.cpu, "S,R", "pin the sender process to CPU S and the receiver to CPU R", 0, 0,
+       NULL},
+      {"--csv", HB_STR, &o.csv, "FILE", "append one result row (header written when the file is new)", 0, 0,
+       NULL},
+      {"--quiet", HB_FLAG, &o.quiet, NULL, "no human-readable line", 0, 0, NULL},
+      {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
+  hb_prog = "hixl-tcp-ref";
+  hb_parse(argc, argv, opts, NULL);
+  if (o.mode < 0) {
+    hb_usage(stderr, opts, NULL);
     return 2;
   }
   if (o.size == 0) o.size = o.mode == REF_STREAM ? (1u << 20) : 64;
   if (o.seconds <= 0) o.seconds = o.mode == REF_STREAM ? 3.0 : 10.0;
 
-  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_in sa;
-  memset(&sa, 0, sizeof(sa));
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t sl = sizeof(sa);
-  if (lfd < 0 || bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(lfd, REF_MAX_STREAMS) != 0 ||
-      getsockname(lfd, (struct sockaddr *)&sa, &sl) != 0) {
-    fprintf(stderr, "%s: cannot listen on 127.0.0.1: %s\n", g_prog, strerror(errno));
-    return 1;
-  }
-  uint16_t port = ntohs(sa.sin_port);
-  signal(SIGPIPE, SIG_IGN);
-  fflush(NULL);
-  pid_t pid = fork();
-  if (pid < 0) {
-    fprintf(stderr, "%s: fork: %s\n", g_prog, strerror(errno));
-    return 1;
-  }
-  if (pid == 0) {
-    int rc = bench_pin_cpu(o.cpu_receiver) ? run_receiver(&o, lfd) : 1;
-    close(lfd);
-    fflush(NULL);
-    _exit(rc);
-  }
-  close(lfd);
+  o.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (o.lfd < 0 || bind(o.lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+      listen(o.lfd, REF_MAX_STREAMS) != 0 || getsockname(o.lfd, (struct sockaddr *)&sa, &sl) != 0)
+    hb_die("cannot listen on 127.0.0.1: %s", strerror(errno));
+  struct hb_peer rcv;
+  hb_spawn(&rcv, receiver_main, &o);
+  close(o.lfd);
   int rc = 1;
-  if (bench_pin_cpu(o.cpu_sender)) rc = o.mode == REF_STREAM ? run_stream(&o, port) : run_rtt(&o, port);
-  if (rc != 0) {
-    /* A failed sender may leave the receiver waiting on a socket: stop it. */
-    kill(pid, SIGTERM);
-  }
-  int wst = 0;
-  waitpid(pid, &wst, 0);
-  if (rc == 0 && !(WIFEXITED(wst) && WEXITSTATUS(wst) == 0)) {
-    fprintf(stderr, "%s: receiver process failed\n", g_prog);
+  uint16_t port = ntohs(sa.sin_port);
+  if (bench_pin_cpu(o.cpu[0])) rc = o.mode == REF_STREAM ? run_stream(&o, port) : run_rtt(&o, port);
+  if (rc != 0) kill(rcv.pid, SIGTERM); /* a failed sender may leave the receiver waiting on a socket */
+  if (hb_reap(&rcv, 60) != 0 && rc == 0) {
+    hb_say("receiver process failed\n");
     rc = 1;
   }
   return rc;

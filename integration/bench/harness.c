@@ -1,0 +1,227 @@
+/* harness: the parts every benchmark shares (harness.h). */
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <sys/mman.h>
+
+#include "harness.h"
+#include "hixl/hixl_kv_connector.h"
+
+const char *hb_prog = "hixl-bench";
+
+static void vsay(const char *fmt, va_list ap) {
+  fprintf(stderr, "%s: ", hb_prog);
+  vfprintf(stderr, fmt, ap);
+}
+
+void hb_say(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsay(fmt, ap);
+  va_end(ap);
+}
+
+void hb_die(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsay(fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+  exit(1);
+}
+
+bool hb_fail(const char *what, HixlStatus st) {
+  const char *why = HixlGetLastErrorMessage();
+  hb_say("%s failed: %s%s%s\n", what, HixlStatusName(st), why && *why ? ": " : "", why ? why : "");
+  return false;
+}
+
+/* ------------------------------------------------------------- the option table */
+
+void hb_usage(FILE *f, const struct hb_opt *t, const char *head) {
+  fprintf(f, "usage: %s [options]\n%s", hb_prog, head ? head : "");
+  for (; t->name; t++) {
+    char flag[64];
+    snprintf(flag, sizeof(flag), "%s%s%s", t->name, t->arg ? " " : "", t->arg ? t->arg : "");
+    fprintf(f, "  %-24s ", flag);
+    for (const char *d = t->doc; d && *d; d++)
+      if (*d == '\n')
+        fprintf(f, "\n%27s", "");
+      else
+        fputc(*d, f);
+    fputc('\n', f);
+  }
+}
+
+static bool in_range(const struct hb_opt *t, double v) {
+  return t->hi <= t->lo || (v >= t->lo && v <= t->hi);
+}
+
+/* One value into the row's variable; false when it is not one. */
+static bool opt_set(const struct hb_opt *t, const char *v) {
+  uint64_t u = 0;
+  char *end = NULL;
+  switch (t->kind) {
+  case HB_STR: *(const char **)t->p = v; return true;
+  case HB_U32:
+  case HB_U64:
+  case HB_UNS:
+    if (!bench_parse_u64(v, &u) || !in_range(t, (double)u)) return false;
+    if (t->kind == HB_U64) *(uint64_t *)t->p = u;
+    if (t->kind == HB_U32) *(uint32_t *)t->p = (uint32_t)u;
+    if (t->kind == HB_UNS) *(unsigned *)t->p = (unsigned)u;
+    return u <= UINT32_MAX || t->kind == HB_U64;
+  case HB_INT: {
+    long l = strtol(v, &end, 10);
+    *(int *)t->p = (int)l;
+    return end != v && *end == '\0' && in_range(t, (double)l);
+  }
+  case HB_SIZE: return bench_parse_size(v, (size_t *)t->p) && in_range(t, (double)*(size_t *)t->p);
+  case HB_SIZES: {
+    size_t *n = (size_t *)t->aux, *s = t->p;
+    bool ok = bench_parse_size_list(v, s, BENCH_MAX_LIST, n);
+    for (size_t i = 0; ok && i < *n; i++) ok = in_range(t, (double)s[i]);
+    return ok;
+  }
+  case HB_DBL:
+    *(double *)t->p = strtod(v, &end);
+    return end != v && *end == '\0' && in_range(t, *(double *)t->p);
+  case HB_CHOICE:
+    for (const char *const *c = t->aux; *c; c++)
+      if (strcmp(*c, v) == 0) return *(int *)t->p = (int)(c - (const char *const *)t->aux), true;
+    return false;
+  case HB_PIN: return bench_parse_pin(v, (int *)t->p, (int *)t->p + 1);
+  case HB_FN: return ((hb_opt_fn)t->aux)(t->p, v);
+  default: return false;
+  }
+}
+
+void hb_parse(int argc, char **argv, const struct hb_opt *tab, const char *head) {
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    const struct hb_opt *t = tab;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      hb_usage(stdout, tab, head);
+      exit(0);
+    }
+    while (t->name && strcmp(t->name, a) != 0) t++;
+    bool flag = t->name && (t->kind == HB_FLAG || t->kind == HB_NOFLAG);
+    if (flag) *(bool *)t->p = t->kind == HB_FLAG;
+    if (!t->name || (!flag && (v == NULL || !opt_set(t, v)))) {
+      hb_say("bad option or value: %s%s%s\n", a, t->name && v ? " " : "", t->name && v ? v : "");
+      hb_usage(stderr, tab, head);
+      exit(2);
+    }
+    i += !flag;
+  }
+}
+
+/* ------------------------------------------------------------ engines, memory */
+
+HixlEngine *hb_engine(const char *addr, const char *transport, const HixlOption *opts, size_t n) {
+  HixlOption all[40];
+  HixlEngine *e = NULL;
+  size_t k = 0;
+  if (transport) all[k++] = (HixlOption){"Transport", transport};
+  for (size_t i = 0; i < n && k < sizeof(all) / sizeof(all[0]); i++) all[k++] = opts[i];
+  HixlStatus st = HixlEngineCreate(&e);
+  if (st != HIXL_SUCCESS) return hb_fail("HixlEngineCreate", st), NULL;
+  st = HixlEngineInitialize(e, addr, all, k);
+  if (st == HIXL_SUCCESS) return e;
+  char what[128];
+  snprintf(what, sizeof(what), "HixlEngineInitialize(%s)", addr);
+  hb_fail(what, st);
+  HixlEngineDestroy(e);
+  return NULL;
+}
+
+HixlStatus hb_reg(HixlEngine *e, const void *p, size_t len, HixlMemHandle *h) {
+  HixlMemDesc d = {(uintptr_t)p, len};
+  HixlStatus st = HixlEngineRegisterMem(e, &d, HIXL_MEM_HOST, h);
+  if (st != HIXL_SUCCESS) hb_fail("HixlEngineRegisterMem", st);
+  return st;
+}
+
+void *hb_map(size_t len) {
+  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
+/* ------------------------------------------------------------ the peer process */
+
+void hb_spawn(struct hb_peer *p, int (*fn)(void *arg, int fd), void *arg) {
+  int sp[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0) hb_die("socketpair: %s", strerror(errno));
+  signal(SIGPIPE, SIG_IGN);
+  fflush(NULL);
+  p->pid = fork();
+  if (p->pid < 0) hb_die("fork: %s", strerror(errno));
+  if (p->pid == 0) {
+    close(sp[0]);
+    int rc = fn(arg, sp[1]);
+    fflush(NULL);
+    _exit(rc);
+  }
+  close(sp[1]);
+  p->fd = sp[0];
+}
+
+int hb_reap(struct hb_peer *p, int timeout_s) {
+  bool in_time;
+  if (p->fd >= 0) close(p->fd);
+  p->fd = -1;
+  int rc = bench_wait_child(p->pid, timeout_s, &in_time);
+  if (!in_time) hb_say("the peer process %d did not exit within %d s; killed it\n", (int)p->pid, timeout_s);
+  return rc;
+}
+
+void hb_send(int fd, const char *fmt, ...) {
+  char buf[1 << 16];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  for (const char *s = buf; n > 0;) {
+    ssize_t k = send(fd, s, (size_t)n, MSG_NOSIGNAL);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) hb_die("the other process went away (send: %s)", strerror(errno));
+    s += k, n -= (int)k;
+  }
+}
+
+char *hb_recv(int fd, char *buf, size_t cap) {
+  if (bench_read_line(fd, buf, cap, 3600 * 1000) != 1) hb_die("the other process went away");
+  return buf;
+}
+
+static bool port_free(const char *ip, uint16_t port) {
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+  int fd = inet_pton(AF_INET, ip, &a.sin_addr) == 1 ? socket(AF_INET, SOCK_STREAM, 0) : -1;
+  bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+  if (fd >= 0) close(fd);
+  return ok;
+}
+
+uint16_t hb_ports(const char *ip, unsigned n) {
+  for (int t = 0; t < 200; t++) {
+    uint16_t base = bench_free_port();
+    bool ok = base && base + n < 65000;
+    for (unsigned i = 0; i < n && ok; i++) ok = port_free(ip, (uint16_t)(base + i));
+    if (ok) return base;
+  }
+  hb_die("no %u free ports in a row on %s", n, ip);
+}
+
+uint64_t hb_median_u64(uint64_t *v, size_t n) {
+  qsort(v, n, sizeof(*v), bench_cmp_u64);
+  return n ? v[n / 2] : 0;
+}
+
+const struct hixl_kv_ops *hb_plugin(const char *path) {
+  const hixl_kv_ops *ops = NULL;
+  char err[256] = "";
+  void *so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  hixl_kv_entry_fn entry = so ? (hixl_kv_entry_fn)dlsym(so, HIXL_KV_ENTRY_SYMBOL) : NULL;
+  if (!entry || entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS)
+    hb_die("%s: no usable %s (%s%s)", path, HIXL_KV_ENTRY_SYMBOL, so ? "" : dlerror(), err);
+  return ops;
+}

@@ -1,0 +1,87 @@
+/* harness: what every hixl benchmark shares, so that each bench is only its workload:
+ * one option table that parses argv and prints the usage, messages and exits, the
+ * engine and its registrations, buffers, the peer process (fork, one socketpair) and
+ * the lines it speaks, free ports, the KV plugin's entry, medians. The statistics and
+ * the data pattern stay in bench_util.h (the demo and the examples use them too). */
+#ifndef HIXL_BENCH_HARNESS_H
+#define HIXL_BENCH_HARNESS_H
+
+#include <sys/mman.h>
+
+#include "bench_util.h"
+#include "hixl/hixl.h"
+
+extern const char *hb_prog; /* message prefix: set by main */
+
+void hb_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void hb_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/* "prog: what failed: STATUS: the engine's message"; false, for `return hb_fail(...)`. */
+bool hb_fail(const char *what, HixlStatus st);
+
+/* ---- the option table: one row per flag; parses argv and prints the usage ---- */
+enum hb_kind {
+  HB_FLAG,   /* bool = true */
+  HB_NOFLAG, /* bool = false */
+  HB_STR,    /* const char * (argv's) */
+  HB_U32,    /* uint32_t, in [lo, hi] when hi > 0 */
+  HB_U64,    /* uint64_t, likewise */
+  HB_UNS,    /* unsigned, likewise */
+  HB_INT,    /* int (may be negative), likewise */
+  HB_SIZE,   /* size_t: 4096, 4K, 1M, 1G; likewise */
+  HB_SIZES,  /* size_t[BENCH_MAX_LIST] "4K,64K"; aux: its size_t count */
+  HB_DBL,    /* double, likewise */
+  HB_CHOICE, /* int: the index of the value in aux, a NULL-ended list of names */
+  HB_PIN,    /* int[2]: "--pin A,B" */
+  HB_FN,     /* aux: bool fn(void *p, const char *value) */
+};
+struct hb_opt {
+  const char *name; /* "--iters" */
+  enum hb_kind kind;
+  void *p;
+  const char *arg; /* the value's name in the usage ("N"), NULL for flags */
+  const char *doc; /* '\n' continues on the next usage line */
+  double lo, hi;
+  const void *aux;
+};
+typedef bool (*hb_opt_fn)(void *p, const char *value);
+
+/* Fill the table's variables from argv. --help prints head and the table and exits 0;
+ * a bad flag or value is said, with the usage, and exits 2. */
+void hb_parse(int argc, char **argv, const struct hb_opt *t, const char *head);
+void hb_usage(FILE *f, const struct hb_opt *t, const char *head);
+
+/* ---- engines ---- */
+/* An engine at addr (ip, or ip:port to listen): Transport first when given, then
+ * opts[n]; NULL after saying why. */
+HixlEngine *hb_engine(const char *addr, const char *transport, const HixlOption *opts, size_t n);
+/* Register [p, p + len) host memory: the status, said when it failed. */
+HixlStatus hb_reg(HixlEngine *e, const void *p, size_t len, HixlMemHandle *h);
+
+/* len bytes of private memory, populated; NULL on failure. */
+void *hb_map(size_t len);
+
+/* ---- the peer process: fork before any engine exists; one socketpair ---- */
+struct hb_peer {
+  pid_t pid;
+  int fd; /* the parent's end; the child gets the other */
+};
+/* Run fn(arg, fd) in a child process, which exits with its result. Dies on failure. */
+void hb_spawn(struct hb_peer *p, int (*fn)(void *arg, int fd), void *arg);
+/* Close the channel and wait up to timeout_s for the child (killed past it): its status. */
+int hb_reap(struct hb_peer *p, int timeout_s);
+/* A line (or any bytes) to the peer, all of it; dies when the peer is gone. */
+void hb_send(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A '\n'-ended line from the peer, without it; dies when the peer is gone. */
+char *hb_recv(int fd, char *buf, size_t cap);
+
+/* n TCP ports in a row free on ip now; dies when there are none. */
+uint16_t hb_ports(const char *ip, unsigned n);
+
+/* The median of v[0..n) (sorts it). */
+uint64_t hb_median_u64(uint64_t *v, size_t n);
+
+/* A KV connector plugin's ops table (dlopen, its one entry); dies when unusable. */
+struct hixl_kv_ops;
+const struct hixl_kv_ops *hb_plugin(const char *path);
+
+#endif /* HIXL_BENCH_HARNESS_H */
