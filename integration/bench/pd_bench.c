@@ -30,21 +30,11 @@
  * lists follow the layout as the plugin's do. The push is measured with kv_first only
  * (a cross-layer cache moves whole, after its last layer); --no-push leaves it out.
  * Progress on stderr; a table on stdout; --json FILE. */
-#include <arpa/inet.h>
-#include <dlfcn.h>
 #include <inttypes.h>
 #include <pthread.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <signal.h>
-#include <stdarg.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 
-#include "bench_util.h"
+#include "harness.h"
 #include "engine/engine_ext.h" /* the raw reference with landed calls: hixl_engine_transfer_then_call */
-#include "hixl/hixl.h"
 #include "hixl/hixl_kv_connector.h"
 
 /* Under valgrind's callgrind, each process dumps its counts at the end of every phase
@@ -102,24 +92,7 @@ static struct opts o = {.plugin = HIXL_KV_PLUGIN_DEFAULT,
 
 static const hixl_kv_ops *ops;
 
-static void die(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "hixl-pd-bench: ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-  exit(1);
-}
-
-static void load_plugin(void) {
-  void *so = dlopen(o.plugin, RTLD_NOW | RTLD_LOCAL);
-  if (!so) die("dlopen %s: %s", o.plugin, dlerror());
-  hixl_kv_entry_fn entry = (hixl_kv_entry_fn)dlsym(so, HIXL_KV_ENTRY_SYMBOL);
-  char err[256] = "";
-  if (!entry || entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS)
-    die("%s: no usable %s (%s)", o.plugin, HIXL_KV_ENTRY_SYMBOL, err);
-}
+static void load_plugin(void) { ops = hb_plugin(o.plugin); }
 
 /* ---- the KV pool: layers x (K, V) x pool_blocks blocks, one mapping ---- */
 
@@ -147,8 +120,8 @@ static void shuffle_runs(uint64_t *ids, uint64_t seed) {
 
 static void pool_init(struct pool *p, uint64_t seed) {
   p->len = (size_t)o.layers * 2 * o.pool_blocks * o.block_bytes;
-  p->mem = mmap(NULL, p->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (p->mem == MAP_FAILED) die("mmap %zu bytes: %s", p->len, strerror(errno));
+  p->mem = hb_map(p->len);
+  if (!p->mem) hb_die("mmap %zu bytes: %s", p->len, strerror(errno));
   memset(p->mem, 0x5a, p->len);
   p->layers = calloc(o.layers, sizeof(*p->layers));
   p->free_ids = malloc(o.pool_blocks * sizeof(uint64_t));
@@ -213,7 +186,7 @@ static struct plane_geo plane_geo(uint32_t l, uint32_t k) {
 static void register_groups(hixl_kv_connector *w, const struct pool *p) {
   uint32_t ppl = planes_per_layer(), np = num_planes();
   hixl_kv_plane *pl = calloc(np, sizeof(*pl));
-  if (!pl) die("out of memory");
+  if (!pl) hb_die("out of memory");
   for (uint32_t i = 0; i < np; i++) {
     struct plane_geo g = plane_geo(i / ppl, i % ppl);
     pl[i] =
@@ -231,8 +204,9 @@ static void register_groups(hixl_kv_connector *w, const struct pool *p) {
                      .elem_size = KV_ELEM,
                      .layout = name,
                      .layout_len = strlen(name)};
-  if (!HIXL_KV_HAS_OP(ops, register_kv_groups)) die("--layout %s: the plugin is older than ABI 1.3", name);
-  if (ops->register_kv_groups(w, &g, 1) != HIXL_KV_SUCCESS) die("register_kv_groups: %s", ops->last_error());
+  if (!HIXL_KV_HAS_OP(ops, register_kv_groups)) hb_die("--layout %s: the plugin is older than ABI 1.3", name);
+  if (ops->register_kv_groups(w, &g, 1) != HIXL_KV_SUCCESS)
+    hb_die("register_kv_groups: %s", ops->last_error());
   free(pl); /* the plugin keeps its own copy */
 }
 
@@ -253,11 +227,11 @@ static void conn_up(struct conn *c, uint16_t port, const char *role, const char 
           HIXL_KV_SUCCESS ||
       ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &c->worker, err, sizeof(err)) !=
           HIXL_KV_SUCCESS)
-    die("create %s %s: %s", role, mode, err);
+    hb_die("create %s %s: %s", role, mode, err);
   if (o.layout != LAYOUT_KV_FIRST)
     register_groups(c->worker, p);
   else if (ops->register_kv_caches(c->worker, p->layers, o.layers) != HIXL_KV_SUCCESS)
-    die("register_kv_caches: %s", ops->last_error());
+    hb_die("register_kv_caches: %s", ops->last_error());
 }
 
 static void step(struct conn *c) {
@@ -265,7 +239,7 @@ static void step(struct conn *c) {
   if (ops->build_connector_meta(c->sched, &m) != HIXL_KV_SUCCESS ||
       ops->bind_connector_meta(c->worker, m.data, m.len) != HIXL_KV_SUCCESS ||
       ops->start_load_kv(c->worker) != HIXL_KV_SUCCESS)
-    die("step: %s", ops->last_error());
+    hb_die("step: %s", ops->last_error());
   ops->free_buffer(&m);
 }
 
@@ -278,13 +252,13 @@ static void wait_finished_fd(struct conn *c, const char *id, int which, int efd)
     hixl_kv_ids s = {0}, r = {0};
     step(c);
     if (ops->get_finished(c->worker, NULL, &s, &r) != HIXL_KV_SUCCESS)
-      die("get_finished: %s", ops->last_error());
+      hb_die("get_finished: %s", ops->last_error());
     bool got = false;
     const hixl_kv_ids *ids = which ? &r : &s;
     for (size_t i = 0; i < ids->count; i++) got |= strcmp(ids->ids[i], id) == 0;
     /* as a runtime does: the scheduler learns what finished (it bounds what is held) */
     if ((s.count || r.count) && ops->update_connector_output(c->sched, &s, &r, NULL) != HIXL_KV_SUCCESS)
-      die("update_connector_output: %s", ops->last_error());
+      hb_die("update_connector_output: %s", ops->last_error());
     ops->free_ids(&s);
     ops->free_ids(&r);
     if (got) return;
@@ -292,14 +266,14 @@ static void wait_finished_fd(struct conn *c, const char *id, int which, int efd)
     ops->get_block_ids_with_load_errors(c->worker, &eb);
     size_t nerr = eb.count;
     ops->free_buffer(&eb.raw);
-    if (nerr) die("request %s: %zu blocks failed to load (see the plugin's message above)", id, nerr);
-    if (bench_now_ns() > end) die("request %s did not finish within 120 s", id);
+    if (nerr) hb_die("request %s: %zu blocks failed to load (see the plugin's message above)", id, nerr);
+    if (bench_now_ns() > end) hb_die("request %s did not finish within 120 s", id);
     struct timespec ts = {0, (long)o.step_us * 1000}; /* one step of the host */
     if (efd < 0) {
       nanosleep(&ts, NULL);
     } else {
       struct pollfd pf = {efd, POLLIN, 0};
-      if (ppoll(&pf, 1, &ts, NULL) < 0 && errno != EINTR) die("ppoll: %s", strerror(errno));
+      if (ppoll(&pf, 1, &ts, NULL) < 0 && errno != EINTR) hb_die("ppoll: %s", strerror(errno));
     }
   }
 }
@@ -311,28 +285,6 @@ static hixl_kv_request request(const char *id, uint64_t tokens, const char *para
 }
 
 /* ---- the prefill process ---- */
-
-static void line_out(int fd, const char *fmt, ...) {
-  char buf[1 << 16];
-  va_list ap;
-  va_start(ap, fmt);
-  int n = vsnprintf(buf, sizeof(buf), fmt, ap);
-  va_end(ap);
-  if (n < 0 || (size_t)n >= sizeof(buf) || write(fd, buf, (size_t)n) != n)
-    die("write to the other process failed");
-}
-
-static char *line_in(int fd, char *buf, size_t cap) {
-  size_t n = 0;
-  while (n + 1 < cap) {
-    ssize_t k = read(fd, buf + n, 1);
-    if (k != 1) die("the other process went away");
-    if (buf[n] == '\n') break;
-    n++;
-  }
-  buf[n] = '\0';
-  return buf;
-}
 
 /* A layer's forward pass: it runs on the accelerator, so the host CPU sleeps. */
 static void compute_ns(uint64_t ns) {
@@ -361,28 +313,19 @@ static HixlStatus raw_landed_call(void *ctx, const char *peer, const uint8_t *re
 
 static HixlEngine *raw_engine(uint16_t port, struct pool *p) {
   char addr[64];
-  HixlEngine *e;
   HixlMemHandle h;
-  HixlOption opt = {"Transport", o.transport};
   snprintf(addr, sizeof(addr), "%s:%u", o.ip, (unsigned)port);
-  HixlMemDesc m = {(uintptr_t)p->mem, p->len};
-  if (HixlEngineCreate(&e) != HIXL_SUCCESS || HixlEngineInitialize(e, addr, &opt, 1) != HIXL_SUCCESS ||
-      HixlEngineRegisterMem(e, &m, HIXL_MEM_HOST, &h) != HIXL_SUCCESS)
-    die("raw engine %s: %s", addr, HixlGetLastErrorMessage());
+  HixlEngine *e = hb_engine(addr, o.transport, NULL, 0);
+  if (!e || hb_reg(e, p->mem, p->len, &h) != HIXL_SUCCESS) hb_die("the raw engine %s failed", addr);
   return e;
 }
 
 static void pin_cpu(int cpu) {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  if (o.pin && sched_setaffinity(0, sizeof(set), &set) != 0)
-    die("sched_setaffinity CPU %d: %s", cpu, strerror(errno));
+  if (o.pin && !bench_pin_cpu(cpu)) exit(1);
 }
 
 static size_t build_ops(HixlTransferOpDesc *v, uintptr_t lbase, uintptr_t rbase, const uint64_t *lb,
                         const uint64_t *rb, size_t n, uint32_t l0, uint32_t count);
-static uint64_t median(uint64_t *v, size_t n);
 
 /* One layer's raw WRITE from prefill into decode's blocks (the transfer a push makes
  * per layer): the median of five, layers spread (a single short transfer is one noisy
@@ -395,10 +338,10 @@ static uint64_t layer_write_ns(HixlEngine *raw, const char *draw, const struct p
     size_t n = build_ops(v, (uintptr_t)p->mem, dbase, p->free_ids, dblocks, nb, j * (o.layers - 1) / 4, 1);
     uint64_t t0 = bench_now_ns();
     if (HixlEngineTransferSync(raw, draw, HIXL_WRITE, v, n, 60000) != HIXL_SUCCESS)
-      die("raw WRITE of one layer: %s", HixlGetLastErrorMessage());
+      hb_die("raw WRITE of one layer: %s", HixlGetLastErrorMessage());
     t[j] = bench_now_ns() - t0;
   }
-  return median(t, 5);
+  return hb_median_u64(t, 5);
 }
 
 /* A notice's round trip between the raw engines (HixlEngineSendNotify waits for the
@@ -411,10 +354,10 @@ static uint64_t notice_rtt_ns(HixlEngine *raw, const char *draw) {
   for (uint32_t j = 0; j < 9; j++) {
     uint64_t t0 = bench_now_ns();
     if (HixlEngineSendNotify(raw, draw, &n, 10000) != HIXL_SUCCESS)
-      die("raw notify: %s", HixlGetLastErrorMessage());
+      hb_die("raw notify: %s", HixlGetLastErrorMessage());
     t[j] = bench_now_ns() - t0;
   }
-  return median(t, 9);
+  return hb_median_u64(t, 9);
 }
 
 /* The same round trip while one layer's raw WRITE moves on the same link (the median
@@ -430,20 +373,20 @@ static uint64_t notice_busy_ns(HixlEngine *raw, const char *draw, const struct p
     HixlTransferReq rq;
     HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
     if (HixlEngineTransferAsync(raw, draw, HIXL_WRITE, v, n, 60000, NULL, &rq) != HIXL_SUCCESS)
-      die("raw async WRITE of one layer: %s", HixlGetLastErrorMessage());
+      hb_die("raw async WRITE of one layer: %s", HixlGetLastErrorMessage());
     uint64_t t0 = bench_now_ns();
     if (HixlEngineSendNotify(raw, draw, &note, 60000) != HIXL_SUCCESS)
-      die("raw notify: %s", HixlGetLastErrorMessage());
+      hb_die("raw notify: %s", HixlGetLastErrorMessage());
     t[j] = bench_now_ns() - t0;
     while (ts == HIXL_TRANSFER_WAITING) {
       if (HixlEngineGetTransferStatus(raw, rq, &ts) != HIXL_SUCCESS)
-        die("raw status: %s", HixlGetLastErrorMessage());
+        hb_die("raw status: %s", HixlGetLastErrorMessage());
       struct timespec d = {0, 20000};
       if (ts == HIXL_TRANSFER_WAITING) nanosleep(&d, NULL);
     }
-    if (ts != HIXL_TRANSFER_COMPLETED) die("raw async WRITE of one layer ended %d", (int)ts);
+    if (ts != HIXL_TRANSFER_COMPLETED) hb_die("raw async WRITE of one layer ended %d", (int)ts);
   }
-  return median(t, 3);
+  return hb_median_u64(t, 3);
 }
 
 /* The raw engine's own pipelined push, the reference of the plugin's: the same compute
@@ -489,21 +432,21 @@ static void *raw_pusher(void *arg) {
             ? hixl_engine_transfer_then_call(k->raw, k->draw, HIXL_WRITE, v, n, HIXL_SERVICE_KV, &l,
                                              sizeof(l), ans[l], sizeof(ans[l]), &alen[l], 60000, &call[l])
             : HixlEngineTransferAsync(k->raw, k->draw, HIXL_WRITE, v, n, 60000, NULL, &rq[l]);
-    if (st != HIXL_SUCCESS) die("raw async WRITE of layer %u: %s", l, HixlGetLastErrorMessage());
+    if (st != HIXL_SUCCESS) hb_die("raw async WRITE of layer %u: %s", l, HixlGetLastErrorMessage());
   }
   for (uint32_t l = 0; l < o.layers && k->calls; l++)
     if (hixl_engine_call_wait(k->raw, k->draw, call[l]) != HIXL_SUCCESS)
-      die("raw WRITE of layer %u, or its landed call: %s", l, HixlGetLastErrorMessage());
+      hb_die("raw WRITE of layer %u, or its landed call: %s", l, HixlGetLastErrorMessage());
   for (uint32_t l = 0; l < o.layers && !k->calls; l++) {
     HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
     for (;;) {
       if (HixlEngineGetTransferStatus(k->raw, rq[l], &ts) != HIXL_SUCCESS)
-        die("raw status: %s", HixlGetLastErrorMessage());
+        hb_die("raw status: %s", HixlGetLastErrorMessage());
       if (ts != HIXL_TRANSFER_WAITING) break;
       struct timespec d = {0, 50000};
       nanosleep(&d, NULL);
     }
-    if (ts != HIXL_TRANSFER_COMPLETED) die("raw async WRITE of layer %u ended %d", l, (int)ts);
+    if (ts != HIXL_TRANSFER_COMPLETED) hb_die("raw async WRITE of layer %u ended %d", l, (int)ts);
   }
   k->done_ns = bench_now_ns();
   return NULL;
@@ -514,7 +457,7 @@ static uint64_t raw_push_ns(HixlEngine *raw, const char *draw, const struct pool
   struct raw_push k = {raw, draw,  p, dbase, dblocks, nb, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
                        0,   calls, 0};
   pthread_t t;
-  if (pthread_create(&t, NULL, raw_pusher, &k) != 0) die("raw pusher thread");
+  if (pthread_create(&t, NULL, raw_pusher, &k) != 0) hb_die("raw pusher thread");
   uint64_t t_last = 0;
   for (uint32_t l = 0; l < o.layers; l++) {
     compute_ns(compute);
@@ -528,7 +471,8 @@ static uint64_t raw_push_ns(HixlEngine *raw, const char *draw, const struct pool
   return k.done_ns - t_last;
 }
 
-static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
+static int prefill_main(void *arg, int fd) {
+  uint16_t port = *(uint16_t *)arg, dport = (uint16_t)(port + 3);
   struct pool p, decode_view;
   char draw[64];
   bool linked = false;
@@ -541,7 +485,7 @@ static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
   HixlEngine *raw = raw_engine((uint16_t)(port + 2), &p);
   pool_order(&decode_view, 2); /* which blocks decode allocates */
   snprintf(draw, sizeof(draw), "%s:%u", o.ip, (unsigned)(dport + 2));
-  line_out(out, "ready %" PRIuPTR "\n", (uintptr_t)p.mem);
+  hb_send(fd, "ready %" PRIuPTR "\n", (uintptr_t)p.mem);
   PD_PHASE("prefill: setup");
   static char line[1 << 16];
   static uint64_t blocks[1 << 16];
@@ -551,7 +495,7 @@ static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
     uint64_t nb = 0, compute = 0;
     uintptr_t dbase = 0;
     int off = 0;
-    line_in(in, line, sizeof(line));
+    hb_recv(fd, line, sizeof(line));
     PD_PHASE("prefill: between commands (raw READs served)");
     if (strcmp(line, "quit") == 0) break;
     if (sscanf(line, "pull %63s %" SCNu64, id, &nb) == 2) {
@@ -560,16 +504,16 @@ static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
       int32_t delay = 0;
       hixl_kv_buffer params = {0};
       if (ops->request_finished(pull.sched, &r, blocks, nb, &delay, &params) != HIXL_KV_SUCCESS || !delay)
-        die("request_finished: %s", ops->last_error());
+        hb_die("request_finished: %s", ops->last_error());
       step(&pull);
-      line_out(out, "params %" PRIu64 " %.*s\n", bench_now_ns(), (int)params.len, (char *)params.data);
+      hb_send(fd, "params %" PRIu64 " %.*s\n", bench_now_ns(), (int)params.len, (char *)params.data);
       ops->free_buffer(&params);
       wait_finished(&pull, id, 0);
       PD_PHASE("prefill: plugin pull");
-      line_out(out, "freed\n");
+      hb_send(fd, "freed\n");
     } else if (sscanf(line, "push %63s %" SCNu64 " %" SCNuPTR " %n", id, &nb, &dbase, &off) == 3 && off > 0) {
       if (!linked && HixlEngineConnect(raw, draw, 10000) != HIXL_SUCCESS)
-        die("raw connect to %s: %s", draw, HixlGetLastErrorMessage());
+        hb_die("raw connect to %s: %s", draw, HixlGetLastErrorMessage());
       linked = true;
       compute = layer_write_ns(raw, draw, &p, dbase, decode_view.free_ids, nb);
       uint64_t rtt = notice_rtt_ns(raw, draw);
@@ -589,7 +533,7 @@ static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
       for (uint64_t i = 0; i < nb; i++) blocks[i] = p.free_ids[i];
       hixl_kv_request r = request(id, nb * o.block_tokens, line + off);
       if (ops->update_state_after_alloc(push.sched, &r, blocks, nb, 0) != HIXL_KV_SUCCESS)
-        die("update_state_after_alloc: %s", ops->last_error());
+        hb_die("update_state_after_alloc: %s", ops->last_error());
       step(&push);
       uint64_t t_last = 0;
       for (uint32_t l = 0; l < o.layers; l++) {
@@ -609,10 +553,10 @@ static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
         rawp = raw_push_ns(raw, draw, &p, dbase, decode_view.free_ids, nb, compute, false);
         PD_PHASE("prefill: raw push");
       }
-      line_out(out, "pushed %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
-               t_last, compute, rtt, busy, rawp, rawc);
+      hb_send(fd, "pushed %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", t_last,
+              compute, rtt, busy, rawp, rawc);
     } else {
-      die("prefill: unknown command \"%s\"", line);
+      hb_die("prefill: unknown command \"%s\"", line);
     }
   }
   ops->destroy(pull.worker);
@@ -622,7 +566,7 @@ static void prefill_main(int in, int out, uint16_t port, uint16_t dport) {
     ops->destroy(push.sched);
   }
   HixlEngineDestroy(raw);
-  _exit(0);
+  return 0;
 }
 
 /* ---- the decode process ---- */
@@ -671,21 +615,11 @@ static size_t count_runs(const uint64_t *lb, const uint64_t *rb, size_t n) {
   return runs;
 }
 
-static int cmp_u64(const void *a, const void *b) {
-  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-  return x < y ? -1 : x > y;
-}
-
-static uint64_t median(uint64_t *v, size_t n) {
-  qsort(v, n, sizeof(*v), cmp_u64);
-  return v[n / 2];
-}
-
 /* remote_block_ids out of prefill's params. */
 static size_t parse_blocks(const char *params, uint64_t *out, size_t cap) {
   const char *p = strstr(params, "\"remote_block_ids\":[");
   size_t n = 0;
-  if (!p) die("params without remote_block_ids: %s", params);
+  if (!p) hb_die("params without remote_block_ids: %s", params);
   p += strlen("\"remote_block_ids\":[");
   while (*p && *p != ']' && n < cap) {
     char *end;
@@ -695,29 +629,6 @@ static size_t parse_blocks(const char *params, uint64_t *out, size_t cap) {
   return n;
 }
 
-/* A port p with p, p + 1 and p + 2 free on o.ip (the pull and push connectors' engines
- * and the raw engine), other than avoid's three; 0 if none was found. */
-static uint16_t free_ports3(uint16_t avoid) {
-  for (int tries = 0; tries < 200; tries++) {
-    int fds[3] = {-1, -1, -1};
-    uint16_t base = 0;
-    bool ok = true;
-    for (int k = 0; k < 3 && ok; k++) {
-      struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(k ? (uint16_t)(base + k) : 0)};
-      socklen_t sl = sizeof(sa);
-      inet_pton(AF_INET, o.ip, &sa.sin_addr);
-      fds[k] = socket(AF_INET, SOCK_STREAM, 0);
-      ok = fds[k] >= 0 && bind(fds[k], (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-           getsockname(fds[k], (struct sockaddr *)&sa, &sl) == 0;
-      if (ok && k == 0) base = ntohs(sa.sin_port);
-    }
-    for (int k = 0; k < 3; k++)
-      if (fds[k] >= 0) close(fds[k]);
-    if (ok && base < 65000 && (avoid == 0 || base > avoid + 2 || base + 2 < avoid)) return base;
-  }
-  return 0;
-}
-
 struct row {
   uint64_t tokens, blocks, bytes, ops, runs, plugin_ops; /* ops: the raw engine's; plugin_ops: per request */
   uint32_t rounds;
@@ -725,78 +636,53 @@ struct row {
       notice_busy_ms, behind_ms, raw_push_ms, raw_call_push_ms;
 };
 
-static void usage(void) {
-  printf("usage: hixl-pd-bench [--plugin PATH] [--transport auto|tcp|shm|rdma] [--ip IP]\n"
-         "                     [--layers N] [--block-tokens N] [--block-kib N] [--prompts T1,T2,...]\n"
-         "                     [--layout kv_first|BLNHC|cross_layer] [--no-push]\n"
-         "                     [--rounds N] [--step-us N] [--json FILE] [--pin] [--obs on|off]\n"
-         "Prefill-to-decode hand-offs through the KV-connector plugin (pull, and push layer by\n"
-         "layer) against the raw engine moving the same bytes as the same op lists.\n"
-         "A block of one layer's K (or V) is --block-kib KiB, by default --block-tokens (16) x 8 KV\n"
-         "heads x 128 x 2 bytes. --layout: kv_first (per layer (2, B, ...), register_kv_caches;\n"
-         "the default), BLNHC (one buffer, all layers of a block adjacent) or cross_layer (one\n"
-         "buffer (B, L, 2, ...), one plane for every layer), both register_kv_groups (ABI 1.3);\n"
-         "they and --no-push measure the pull only.\n"
-         "--pin puts decode on CPU 0 and prefill on CPU 1, like two hosts; --step-us is how often\n"
-         "the host polls get_finished (default 200; a runtime polls once per model step).\n"
-         "--obs off: the connectors keep no histograms and no traces (\"metrics\": false,\n"
-         "\"trace_ring\": 0); on (default) as the plugin's defaults (run_obs.sh compares them).\n");
+static bool set_prompts(void *p, const char *v) {
+  (void)p;
+  char buf[256];
+  snprintf(buf, sizeof(buf), "%s", v);
+  o.nprompts = 0;
+  for (char *t = strtok(buf, ","); t && o.nprompts < MAX_PROMPTS; t = strtok(NULL, ","))
+    if (!bench_parse_u64(t, &o.prompts[o.nprompts++]) || o.prompts[o.nprompts - 1] == 0) return false;
+  return o.nprompts > 0;
 }
 
 int main(int argc, char **argv) {
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    uint64_t x;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      usage();
-      return 0;
-    }
-    if (strcmp(a, "--pin") == 0) {
-      o.pin = true;
-      continue;
-    }
-    if (strcmp(a, "--no-push") == 0) {
-      o.push = false;
-      continue;
-    }
-    if (!v) die("%s needs a value (--help)", a);
-    i++;
-    if (strcmp(a, "--obs") == 0 && (strcmp(v, "on") == 0 || strcmp(v, "off") == 0))
-      o.obs = strcmp(v, "on") == 0;
-    else if (strcmp(a, "--plugin") == 0)
-      o.plugin = v;
-    else if (strcmp(a, "--transport") == 0)
-      o.transport = v;
-    else if (strcmp(a, "--ip") == 0)
-      o.ip = v;
-    else if (strcmp(a, "--json") == 0)
-      o.json = v;
-    else if (strcmp(a, "--layout") == 0 && strcmp(v, "kv_first") == 0)
-      o.layout = LAYOUT_KV_FIRST;
-    else if (strcmp(a, "--layout") == 0 && strcmp(v, "BLNHC") == 0)
-      o.layout = LAYOUT_BLNHC;
-    else if (strcmp(a, "--layout") == 0 && strcmp(v, "cross_layer") == 0)
-      o.layout = LAYOUT_CROSS;
-    else if (strcmp(a, "--layers") == 0 && bench_parse_u64(v, &x) && x >= 1 && x <= 256)
-      o.layers = (uint32_t)x;
-    else if (strcmp(a, "--block-kib") == 0 && bench_parse_u64(v, &x) && x >= 1 && x <= 1024)
-      o.block_bytes = x << 10;
-    else if (strcmp(a, "--block-tokens") == 0 && bench_parse_u64(v, &x) && x >= 1 && x <= 1024)
-      o.block_tokens = (uint32_t)x;
-    else if (strcmp(a, "--step-us") == 0 && bench_parse_u64(v, &x) && x <= 100000)
-      o.step_us = x;
-    else if (strcmp(a, "--rounds") == 0 && bench_parse_u64(v, &x) && x >= 1 && x <= MAX_ROUNDS)
-      o.rounds = (uint32_t)x;
-    else if (strcmp(a, "--prompts") == 0) {
-      char buf[256];
-      snprintf(buf, sizeof(buf), "%s", v);
-      o.nprompts = 0;
-      for (char *t = strtok(buf, ","); t && o.nprompts < MAX_PROMPTS; t = strtok(NULL, ","))
-        if (!bench_parse_u64(t, &o.prompts[o.nprompts++]) || o.prompts[o.nprompts - 1] == 0)
-          die("--prompts: \"%s\" is not a token count", t);
-    } else
-      die("unknown or bad option %s %s (--help)", a, v);
-  }
+  static const char *const off_on[] = {"off", "on", NULL};
+  int layout = LAYOUT_KV_FIRST, obs = 1;
+  uint64_t block_kib = 0;
+  const struct hb_opt opts[] = {
+      {"--plugin", HB_STR, &o.plugin, "PATH", "the KV-connector plugin (default: this build's)", 0, 0, NULL},
+      {"--transport", HB_STR, &o.transport, "NAME", "auto (default) | tcp | shm | rdma", 0, 0, NULL},
+      {"--ip", HB_STR, &o.ip, "IP", "every engine's address (default 127.0.0.1)", 0, 0, NULL},
+      {"--layers", HB_U32, &o.layers, "N", "layers (default 32)", 1, 256, NULL},
+      {"--block-tokens", HB_U32, &o.block_tokens, "N", "tokens a block (default 16)", 1, 1024, NULL},
+      {"--block-kib", HB_U64, &block_kib, "N",
+       "KiB of one layer's K (or V) block (default: block tokens x 8 KV heads x 128 x 2 B)", 1, 1024, NULL},
+      {"--prompts", HB_FN, NULL, "T1,T2,...", "prompt lengths in tokens (default 256,1024,4096)", 0, 0,
+       set_prompts},
+      {"--layout", HB_CHOICE, &layout, "NAME",
+       "kv_first (per layer (2, B, ...), register_kv_caches; the default), BLNHC (one buffer,\n"
+       "all layers of a block adjacent) or cross_layer (one buffer (B, L, 2, ...), one plane\n"
+       "for every layer), both register_kv_groups (ABI 1.3); they measure the pull only",
+       0, 0, layout_names},
+      {"--no-push", HB_NOFLAG, &o.push, NULL, "measure the pull only", 0, 0, NULL},
+      {"--rounds", HB_U32, &o.rounds, "N", "rounds of the longest prompt (default 3)", 1, MAX_ROUNDS, NULL},
+      {"--step-us", HB_U64, &o.step_us, "N", "how often the host polls get_finished (default 200)", 0, 100000,
+       NULL},
+      {"--json", HB_STR, &o.json, "FILE", "the rows as JSON", 0, 0, NULL},
+      {"--pin", HB_FLAG, &o.pin, NULL, "decode on CPU 0, prefill on CPU 1, like two hosts", 0, 0, NULL},
+      {"--obs", HB_CHOICE, &obs, "on|off",
+       "off: the connectors keep no histograms and no traces (\"metrics\": false,\n"
+       "\"trace_ring\": 0); on (default) as the plugin's defaults (run_obs.sh compares them)",
+       0, 0, off_on},
+      {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
+  hb_prog = "hixl-pd-bench";
+  hb_parse(argc, argv, opts,
+           "Prefill-to-decode hand-offs through the KV-connector plugin (pull, and push layer by\n"
+           "layer) against the raw engine moving the same bytes as the same op lists.\n");
+  o.layout = layout;
+  o.obs = obs;
+  o.block_bytes = block_kib << 10;
   if (o.layout != LAYOUT_KV_FIRST) o.push = false; /* the push is measured with kv_first only */
   if (!o.block_bytes) o.block_bytes = (uint64_t)o.block_tokens * HEAD_BYTES_PER_TOKEN;
   uint64_t maxb = 0, maxprompt = 0;
@@ -806,24 +692,14 @@ int main(int argc, char **argv) {
     if (o.prompts[i] > maxprompt) maxprompt = o.prompts[i];
   }
   o.pool_blocks = (maxb + 15) / 8 * 8 + 8;
-  uint16_t pport = free_ports3(0), dport = free_ports3(pport);
-  if (!pport || !dport || pport == dport) die("no free ports on %s", o.ip);
-  int to_child[2], from_child[2];
-  if (pipe(to_child) || pipe(from_child)) die("pipe: %s", strerror(errno));
-  pid_t pid = fork();
-  if (pid < 0) die("fork: %s", strerror(errno));
-  if (pid == 0) {
-    close(to_child[1]);
-    close(from_child[0]);
-    prefill_main(to_child[0], from_child[1], pport, dport);
-  }
-  close(to_child[0]);
-  close(from_child[1]);
+  uint16_t pport = hb_ports(o.ip, 6), dport = (uint16_t)(pport + 3); /* pull, push and raw engines */
+  struct hb_peer prefill;
+  hb_spawn(&prefill, prefill_main, &pport);
   pin_cpu(0);
-  int in = from_child[0], out = to_child[1];
+  int fd = prefill.fd;
   static char line[1 << 16];
   uintptr_t rbase = 0;
-  if (sscanf(line_in(in, line, sizeof(line)), "ready %" SCNuPTR, &rbase) != 1) die("prefill: %s", line);
+  if (sscanf(hb_recv(fd, line, sizeof(line)), "ready %" SCNuPTR, &rbase) != 1) hb_die("prefill: %s", line);
 
   struct pool p;
   struct conn pull, push;
@@ -834,14 +710,15 @@ int main(int argc, char **argv) {
   if (o.push) conn_up(&push, (uint16_t)(dport + 1), "consumer", "push", &p);
   HixlEngine *raw = raw_engine((uint16_t)(dport + 2), &p);
   if (hixl_engine_set_service(raw, HIXL_SERVICE_KV, raw_landed_call, NULL) != HIXL_SUCCESS)
-    die("raw engine service: %s", HixlGetLastErrorMessage());
+    hb_die("raw engine service: %s", HixlGetLastErrorMessage());
   int32_t pull_fd = -1;
   if (!HIXL_KV_HAS_OP(ops, get_event_fd) || ops->get_event_fd(pull.worker, &pull_fd) != HIXL_KV_SUCCESS)
-    die("get_event_fd: %s",
-        HIXL_KV_HAS_OP(ops, get_event_fd) ? ops->last_error() : "the plugin is older than ABI 1.2");
+    hb_die("get_event_fd: %s",
+           HIXL_KV_HAS_OP(ops, get_event_fd) ? ops->last_error() : "the plugin is older than ABI 1.2");
   char praw[64];
   snprintf(praw, sizeof(praw), "%s:%u", o.ip, (unsigned)(pport + 2));
-  if (HixlEngineConnect(raw, praw, 10000) != HIXL_SUCCESS) die("raw connect: %s", HixlGetLastErrorMessage());
+  if (HixlEngineConnect(raw, praw, 10000) != HIXL_SUCCESS)
+    hb_die("raw connect: %s", HixlGetLastErrorMessage());
   size_t maxops = (size_t)o.layers * 2 * o.pool_blocks;
   HixlTransferOpDesc *opv = malloc(maxops * sizeof(*opv));
   uint64_t *rb = malloc(o.pool_blocks * sizeof(uint64_t));
@@ -888,7 +765,7 @@ int main(int argc, char **argv) {
         if (pass == 0 || pass == 3) {
           t0 = bench_now_ns();
           if (HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000) != HIXL_SUCCESS)
-            die("raw READ: %s", HixlGetLastErrorMessage());
+            hb_die("raw READ: %s", HixlGetLastErrorMessage());
           (pass == 0 ? t_raw : t_raw2)[r] = bench_now_ns() - t0;
           PD_PHASE("decode: raw READ");
           continue;
@@ -896,15 +773,15 @@ int main(int argc, char **argv) {
         /* Pull through the plugin. */
         snprintf(id, sizeof(id), "p%u", req);
         snprintf(did, sizeof(did), "d%u", req++);
-        line_out(out, "pull %s %" PRIu64 "\n", id, nb);
+        hb_send(fd, "pull %s %" PRIu64 "\n", id, nb);
         uint64_t t_fin = 0;
         int off = 0;
-        if (sscanf(line_in(in, line, sizeof(line)), "params %" SCNu64 " %n", &t_fin, &off) != 1 || !off)
-          die("prefill: %s", line);
+        if (sscanf(hb_recv(fd, line, sizeof(line)), "params %" SCNu64 " %n", &t_fin, &off) != 1 || !off)
+          hb_die("prefill: %s", line);
         char *params = strdup(line + off);
         uint64_t got[1];
         if (parse_blocks(params, got, 1) != 1 || got[0] != rb[0])
-          die("prefill allocated other blocks: %s", params);
+          hb_die("prefill allocated other blocks: %s", params);
         hixl_kv_request q = request(did, nb * o.block_tokens, params);
         int64_t tokens = 0;
         int32_t async = 0;
@@ -912,15 +789,15 @@ int main(int argc, char **argv) {
             tokens <= 0 ||
             ops->update_state_after_alloc(pull.sched, &q, p.free_ids, nb, (uint64_t)tokens) !=
                 HIXL_KV_SUCCESS)
-          die("decode scheduler: %s", ops->last_error());
+          hb_die("decode scheduler: %s", ops->last_error());
         hixl_kv_stats s0, s1;
-        if (ops->get_stats(pull.worker, &s0) != HIXL_KV_SUCCESS) die("get_stats: %s", ops->last_error());
+        if (ops->get_stats(pull.worker, &s0) != HIXL_KV_SUCCESS) hb_die("get_stats: %s", ops->last_error());
         t0 = bench_now_ns();
         wait_finished_fd(&pull, did, 1, pass == 2 ? pull_fd : -1);
         uint64_t t1 = bench_now_ns();
-        if (ops->get_stats(pull.worker, &s1) != HIXL_KV_SUCCESS) die("get_stats: %s", ops->last_error());
+        if (ops->get_stats(pull.worker, &s1) != HIXL_KV_SUCCESS) hb_die("get_stats: %s", ops->last_error());
         if (s1.loads_done != s0.loads_done + 1)
-          die("request %s: %" PRIu64 " loads done, not 1", did, s1.loads_done - s0.loads_done);
+          hb_die("request %s: %" PRIu64 " loads done, not 1", did, s1.loads_done - s0.loads_done);
         uint64_t pops = s1.engine_ops - s0.engine_ops; /* the engine ops of this one request */
         if (pops != nops && !w->plugin_ops)
           fprintf(stderr,
@@ -934,7 +811,7 @@ int main(int argc, char **argv) {
           t_plugin[r] = t1 - t0;
           t_hand[r] = t1 - t_fin;
         }
-        line_in(in, line, sizeof(line)); /* freed */
+        hb_recv(fd, line, sizeof(line)); /* freed */
         PD_PHASE(pass == 2 ? "decode: plugin pull, host woken by the fd"
                            : "decode: plugin pull, host stepping");
         free(params);
@@ -955,25 +832,25 @@ int main(int argc, char **argv) {
           ops->update_state_after_alloc(push.sched, &q, p.free_ids, nb, (uint64_t)tokens) !=
               HIXL_KV_SUCCESS ||
           ops->get_push_params(push.sched, did, strlen(did), &pp) != HIXL_KV_SUCCESS)
-        die("decode scheduler (push): %s", ops->last_error());
+        hb_die("decode scheduler (push): %s", ops->last_error());
       step(&push);
-      line_out(out, "push %s %" PRIu64 " %" PRIuPTR " %.*s\n", id, nb, (uintptr_t)p.mem, (int)pp.len,
-               (char *)pp.data);
+      hb_send(fd, "push %s %" PRIu64 " %" PRIuPTR " %.*s\n", id, nb, (uintptr_t)p.mem, (int)pp.len,
+              (char *)pp.data);
       ops->free_buffer(&pp);
       /* The forward pass of this step: each layer waited for before it is used. */
       uint64_t t_prev = 0; /* when decode held the layer before the last */
       for (uint32_t l = 0; l < o.layers; l++) {
         if (ops->wait_for_layer_load(push.worker, l) != HIXL_KV_SUCCESS)
-          die("wait_for_layer_load %u: %s", l, ops->last_error());
+          hb_die("wait_for_layer_load %u: %s", l, ops->last_error());
         if (l + 2 == o.layers) t_prev = bench_now_ns();
       }
       uint64_t t_done = bench_now_ns(), t_last = 0;
       PD_PHASE("decode: plugin push, to the last layer held");
       wait_finished(&push, did, 1); /* then the host learns it finished (and checks it did) */
-      if (sscanf(line_in(in, line, sizeof(line)),
+      if (sscanf(hb_recv(fd, line, sizeof(line)),
                  "pushed %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &t_last,
                  &t_layer[r], &t_rtt[r], &t_busy[r], &t_rawpush[r], &t_rawcall[r]) != 6)
-        die("prefill: %s", line);
+        hb_die("prefill: %s", line);
       PD_PHASE("decode: push reported, the raw pushes received");
       /* How far the pusher was behind when the last layer was saved: the layer before it
        * still on its way (its notice included). Behind by a whole layer or more, the
@@ -982,28 +859,29 @@ int main(int argc, char **argv) {
       HixlNotifyDesc *nv = NULL;
       size_t nn = 0;
       if (HixlEngineGetNotifies(raw, &nv, &nn) != HIXL_SUCCESS || nn != 12)
-        die("raw engine: %zu of prefill's 12 notices arrived: %s", nn, HixlGetLastErrorMessage());
+        hb_die("raw engine: %zu of prefill's 12 notices arrived: %s", nn, HixlGetLastErrorMessage());
       HixlEngineFreeNotifies(nv);
-      if (t_done < t_last) die("push %s: wait_for_layer_load returned before the last layer was saved", did);
+      if (t_done < t_last)
+        hb_die("push %s: wait_for_layer_load returned before the last layer was saved", did);
       t_push[r] = t_done - t_last;
     }
-    w->plugin_gbs = (double)w->bytes / (double)median(t_plugin, w->rounds);
-    w->plugin_fd_gbs = (double)w->bytes / (double)median(t_plugin_fd, w->rounds);
-    w->raw_gbs = (double)w->bytes / (double)median(t_raw, w->rounds);
-    w->raw2_gbs = (double)w->bytes / (double)median(t_raw2, w->rounds);
-    w->handoff_ms = (double)median(t_hand, w->rounds) / 1e6;
+    w->plugin_gbs = (double)w->bytes / (double)hb_median_u64(t_plugin, w->rounds);
+    w->plugin_fd_gbs = (double)w->bytes / (double)hb_median_u64(t_plugin_fd, w->rounds);
+    w->raw_gbs = (double)w->bytes / (double)hb_median_u64(t_raw, w->rounds);
+    w->raw2_gbs = (double)w->bytes / (double)hb_median_u64(t_raw2, w->rounds);
+    w->handoff_ms = (double)hb_median_u64(t_hand, w->rounds) / 1e6;
     if (!o.push) continue;
-    w->push_after_last_ms = (double)median(t_push, w->rounds) / 1e6;
-    w->layer_ms = (double)median(t_layer, w->rounds) / 1e6;
-    w->notice_ms = (double)median(t_rtt, w->rounds) / 1e6;
-    w->notice_busy_ms = (double)median(t_busy, w->rounds) / 1e6;
-    w->behind_ms = (double)median(t_behind, w->rounds) / 1e6;
-    w->raw_push_ms = (double)median(t_rawpush, w->rounds) / 1e6;
-    w->raw_call_push_ms = (double)median(t_rawcall, w->rounds) / 1e6;
+    w->push_after_last_ms = (double)hb_median_u64(t_push, w->rounds) / 1e6;
+    w->layer_ms = (double)hb_median_u64(t_layer, w->rounds) / 1e6;
+    w->notice_ms = (double)hb_median_u64(t_rtt, w->rounds) / 1e6;
+    w->notice_busy_ms = (double)hb_median_u64(t_busy, w->rounds) / 1e6;
+    w->behind_ms = (double)hb_median_u64(t_behind, w->rounds) / 1e6;
+    w->raw_push_ms = (double)hb_median_u64(t_rawpush, w->rounds) / 1e6;
+    w->raw_call_push_ms = (double)hb_median_u64(t_rawcall, w->rounds) / 1e6;
   }
   fprintf(stderr, "\r%60s\r", "");
-  line_out(out, "quit\n");
-  waitpid(pid, NULL, 0);
+  hb_send(fd, "quit\n");
+  hb_reap(&prefill, 60);
 
   /* The pull's columns, then the push's (kv_first only). */
   printf("| prompt tokens | blocks | MiB | runs of adjacent blocks | plugin engine ops per request"
@@ -1034,7 +912,7 @@ int main(int argc, char **argv) {
   }
   if (o.json) {
     FILE *f = fopen(o.json, "w");
-    if (!f) die("%s: %s", o.json, strerror(errno));
+    if (!f) hb_die("%s: %s", o.json, strerror(errno));
     fprintf(f,
             "{\"transport\": \"%s\", \"layout\": \"%s\", \"layers\": %u, \"block_tokens\": %u"
             ", \"block_bytes\": %" PRIu64 ", \"rounds\": %u, \"step_us\": %" PRIu64
