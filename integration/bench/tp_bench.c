@@ -18,16 +18,12 @@
  * engine ops per request of both, and the bytes moved against the bytes the consumer
  * ranks need (a replicated head read once). The consumer's request blocks are checked
  * against the producer's after every run. Output: a table, and JSON lines with --json. */
-#include <dlfcn.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
-#include <sched.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 
-#include "bench_util.h"
-#include "hixl/hixl.h"
+#include "harness.h"
 #include "hixl/hixl_kv_connector.h"
 
 #define MAX_TP     8
@@ -80,16 +76,6 @@ static void cpus_side(bool consumer) {
   if (rc) fprintf(stderr, "hixl-tp-bench: cannot keep the sides' threads apart: %s\n", strerror(rc));
 }
 
-static void die(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "hixl-tp-bench: ");
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
-  va_end(ap);
-  exit(1);
-}
-
 /* ---- the model ---- */
 
 static uint64_t head_bytes(void) { return (uint64_t)o.block_tokens * 2 * o.head_dim * 2; } /* (N, 2D) bf16 */
@@ -122,47 +108,26 @@ static void rank_heads(uint32_t world, uint32_t r, uint32_t *first, uint32_t *n)
   }
 }
 
-static bool port_free(uint16_t port) {
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
-  inet_pton(AF_INET, o.ip, &a.sin_addr);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-  if (fd >= 0) close(fd);
-  return ok;
-}
-
-/* n ports in a row free now, from one bench_free_port gave. */
-static uint16_t ports(uint32_t n) {
-  for (int t = 0; t < 100; t++) {
-    uint16_t base = bench_free_port();
-    bool ok = base && base + n < 65000;
-    for (uint32_t i = 1; i < n && ok; i++) ok = port_free((uint16_t)(base + i));
-    if (ok) return base;
-  }
-  die("no %u free ports in a row", n);
-  return 0;
-}
-
 static void side_up(struct side *s, uint32_t world, const char *role) {
   memset(s, 0, sizeof(*s));
   s->world = world;
-  uint16_t port = ports(world), rport = ports(world);
+  uint16_t port = hb_ports(o.ip, 2 * world), rport = (uint16_t)(port + world);
   char cfg[512], err[256] = "";
   snprintf(cfg, sizeof(cfg),
            "{\"address\": \"%s:%u\", \"role\": \"%s\", \"lease_ms\": 60000, \"transfer_timeout_ms\": 60000,"
            " \"connect_timeout_ms\": 10000, \"loads_per_producer\": %u, \"Transport\": \"%s\"}",
            o.ip, (unsigned)port, role, o.per_producer, o.transport);
   if (ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, world, &s->sched, err, sizeof(err)))
-    die("create scheduler: %s", err);
+    hb_die("create scheduler: %s", err);
   for (uint32_t i = 0; i < world; i++) {
     struct rank *k = &s->r[i];
     if (ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, i, world, &k->worker, err, sizeof(err)))
-      die("create worker %u: %s", i, err);
+      hb_die("create worker %u: %s", i, err);
     rank_heads(world, i, &k->first, &k->nheads);
     k->block = o.mla ? latent_bytes() : k->nheads * head_bytes();
     k->layer_bytes = (uint64_t)nb() * k->block;
     uint64_t len = (o.layers * k->layer_bytes + 4095) / 4096 * 4096;
-    if (!(k->mem = aligned_alloc(4096, len))) die("out of memory");
+    if (!(k->mem = aligned_alloc(4096, len))) hb_die("out of memory");
     memset(k->mem, 0, len);
     hixl_kv_plane pl[64];
     for (uint32_t l = 0; l < o.layers; l++)
@@ -182,15 +147,12 @@ static void side_up(struct side *s, uint32_t world, const char *role) {
                        .layout = o.mla ? "mla" : "packed",
                        .layout_len = o.mla ? 3 : 6,
                        .total_kv_heads = o.mla ? 0 : o.heads};
-    if (ops->register_kv_groups(k->worker, &g, 1)) die("register_kv_groups: %s", ops->last_error());
+    if (ops->register_kv_groups(k->worker, &g, 1)) hb_die("register_kv_groups: %s", ops->last_error());
     /* The raw engine on the same memory. */
-    HixlOption opt = {"Transport", o.transport};
-    HixlMemDesc m = {(uintptr_t)k->mem, len};
     HixlMemHandle h;
     snprintf(k->raw_addr, sizeof(k->raw_addr), "%s:%u", o.ip, (unsigned)(rport + i));
-    if (HixlEngineCreate(&k->raw) || HixlEngineInitialize(k->raw, k->raw_addr, &opt, 1) ||
-        HixlEngineRegisterMem(k->raw, &m, HIXL_MEM_HOST, &h))
-      die("raw engine %s: %s", k->raw_addr, HixlGetLastErrorMessage());
+    if (!(k->raw = hb_engine(k->raw_addr, o.transport, NULL, 0)) || hb_reg(k->raw, k->mem, len, &h))
+      hb_die("the raw engine %s failed", k->raw_addr);
   }
 }
 
@@ -205,10 +167,10 @@ static void side_down(struct side *s) {
 
 static void step(struct side *s) {
   hixl_kv_buffer m = {0};
-  if (ops->build_connector_meta(s->sched, &m)) die("build_connector_meta: %s", ops->last_error());
+  if (ops->build_connector_meta(s->sched, &m)) hb_die("build_connector_meta: %s", ops->last_error());
   for (uint32_t i = 0; i < s->world; i++)
     if (ops->bind_connector_meta(s->r[i].worker, m.data, m.len) || ops->start_load_kv(s->r[i].worker))
-      die("bind / start_load_kv: %s", ops->last_error());
+      hb_die("bind / start_load_kv: %s", ops->last_error());
   ops->free_buffer(&m);
 }
 
@@ -219,16 +181,16 @@ static void wait_all(struct side *s, uint32_t n, bool recving) {
     step(s);
     for (uint32_t i = 0; i < s->world; i++) {
       hixl_kv_ids a = {0}, b = {0};
-      if (ops->get_finished(s->r[i].worker, NULL, &a, &b)) die("get_finished: %s", ops->last_error());
+      if (ops->get_finished(s->r[i].worker, NULL, &a, &b)) hb_die("get_finished: %s", ops->last_error());
       got += recving ? b.count : a.count;
       ops->free_ids(&a);
       ops->free_ids(&b);
       hixl_kv_blocks e = {0};
       ops->get_block_ids_with_load_errors(s->r[i].worker, &e);
-      if (e.count) die("rank %u: %zu blocks failed to load", i, e.count);
+      if (e.count) hb_die("rank %u: %zu blocks failed to load", i, e.count);
       ops->free_buffer(&e.raw);
     }
-    if (bench_now_ns() > deadline) die("%" PRIu64 " of %" PRIu64 " reports in 120 s", got, want);
+    if (bench_now_ns() > deadline) hb_die("%" PRIu64 " of %" PRIu64 " reports in 120 s", got, want);
     if (got < want) {
       int32_t fd = -1;
       ops->get_event_fd(s->r[0].worker, &fd);
@@ -257,7 +219,7 @@ static uint64_t plugin_run(struct side *p, struct side *d, uint32_t round) {
     hixl_kv_request r = {id, strlen(id), o.prompt, NULL, 0, 0};
     int32_t delay = 0;
     hixl_kv_buffer b = {0};
-    if (ops->request_finished(p->sched, &r, pb, n, &delay, &b) || !delay) die("request_finished");
+    if (ops->request_finished(p->sched, &r, pb, n, &delay, &b) || !delay) hb_die("request_finished");
     params[q] = strndup((char *)b.data, b.len);
     ops->free_buffer(&b);
   }
@@ -271,7 +233,7 @@ static uint64_t plugin_run(struct side *p, struct side *d, uint32_t round) {
     int32_t async = 0;
     if (ops->get_num_new_matched_tokens(d->sched, &r, 0, &tokens, &async) ||
         ops->update_state_after_alloc(d->sched, &r, cb, n, (uint64_t)tokens))
-      die("consumer scheduler: %s", ops->last_error());
+      hb_die("consumer scheduler: %s", ops->last_error());
   }
   wait_all(d, o.requests, true);
   uint64_t ns = bench_now_ns() - t0;
@@ -343,7 +305,7 @@ static void *raw_main(void *arg) {
     for (size_t i = j->starts[q]; i < j->starts[q + 1]; i += HIXL_MAX_BATCH) {
       size_t k = j->starts[q + 1] - i < HIXL_MAX_BATCH ? j->starts[q + 1] - i : HIXL_MAX_BATCH;
       if (HixlEngineTransferSync(j->e, j->remote, HIXL_READ, j->v + i, k, 60000))
-        die("raw READ: %s", HixlGetLastErrorMessage());
+        hb_die("raw READ: %s", HixlGetLastErrorMessage());
     }
   return NULL;
 }
@@ -364,7 +326,7 @@ static uint64_t raw_run(struct side *p, struct side *d, uint64_t *ops_out, uint6
         continue;
       }
       HixlStatus st = HixlEngineConnect(d->r[di].raw, p->r[pi].raw_addr, 10000);
-      if (st && st != HIXL_ALREADY_CONNECTED) die("raw connect: %s", HixlGetLastErrorMessage());
+      if (st && st != HIXL_ALREADY_CONNECTED) hb_die("raw connect: %s", HixlGetLastErrorMessage());
       jobs[nj].e = d->r[di].raw;
       jobs[nj].remote = p->r[pi].raw_addr;
       jobs[nj].v = v;
@@ -456,9 +418,9 @@ static void pair_run(uint32_t np, uint32_t nd) {
       else
         raw[nraw++] = raw_run(&p, &d, &rops, &rbytes);
       if (!check(&d, np * 10 + nd))
-        die("TP %u -> %u: %s", np, nd,
-            plug ? "the consumer's blocks differ from the producer's"
-                 : "the raw reference moved other bytes");
+        hb_die("TP %u -> %u: %s", np, nd,
+               plug ? "the consumer's blocks differ from the producer's"
+                    : "the raw reference moved other bytes");
     }
     pns[k] = pn;
     rns[k] = (raw[0] + raw[1]) / 2;
@@ -525,54 +487,32 @@ static void pair_run(uint32_t np, uint32_t nd) {
   side_down(&p);
 }
 
-static void usage(void) {
-  fprintf(
-      stderr,
-      "usage: hixl-tp-bench [--pairs \"P,D P,D ...\"] [--mla] [--kv-heads N] [--layers N] [--prompt TOKENS]\n"
-      "         [--requests N] [--rounds N] [--per-producer N] [--transport tcp|auto] [--ip IP] [--plugin "
-      "PATH]\n         [--json FILE] [--cpus split|shared]\n");
-  exit(2);
-}
-
 int main(int argc, char **argv) {
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    uint64_t x = 0;
-#define U32(flag, field, lo, hi)                                                                             \
-  if (strcmp(a, flag) == 0) {                                                                                \
-    if (!bench_parse_u64(v, &x) || x < (lo) || x > (hi))                                                     \
-      die("%s: %s is not in [%d, %d]", flag, v ? v : "", lo, hi);                                            \
-    o.field = (uint32_t)x;                                                                                   \
-    i++;                                                                                                     \
-    continue;                                                                                                \
-  }
-    U32("--kv-heads", heads, 1, 64)
-    U32("--layers", layers, 1, 64)
-    U32("--prompt", prompt, 16, 65536)
-    U32("--requests", requests, 1, 256)
-    U32("--rounds", rounds, 1, MAX_ROUNDS)
-    U32("--per-producer", per_producer, 1, 8)
-    if (strcmp(a, "--mla") == 0) {
-      o.mla = true;
-      continue;
-    }
-    if (!v) usage();
-    if (strcmp(a, "--pairs") == 0)
-      snprintf(o.pairs, sizeof(o.pairs), "%s", v);
-    else if (strcmp(a, "--transport") == 0)
-      o.transport = v;
-    else if (strcmp(a, "--ip") == 0)
-      o.ip = v;
-    else if (strcmp(a, "--plugin") == 0)
-      o.plugin = v;
-    else if (strcmp(a, "--json") == 0)
-      o.json = v;
-    else if (strcmp(a, "--cpus") == 0 && (strcmp(v, "split") == 0 || strcmp(v, "shared") == 0))
-      o.shared = strcmp(v, "shared") == 0;
-    else
-      usage();
-    i++;
-  }
+  static const char *const cpus_names[] = {"split", "shared", NULL};
+  int shared = 0;
+  const char *pairs = o.pairs;
+  const struct hb_opt opts[] = {
+      {"--pairs", HB_STR, &pairs, "\"P,D ...\"", "TP sizes of prefill and decode (default all of 1, 2, 4)", 0,
+       0, NULL},
+      {"--mla", HB_FLAG, &o.mla, NULL, "an MLA model (one 576 x 2 B latent) instead of GQA", 0, 0, NULL},
+      {"--kv-heads", HB_U32, &o.heads, "N", "GQA KV heads (default 8)", 1, 64, NULL},
+      {"--layers", HB_U32, &o.layers, "N", "layers (default 8)", 1, 64, NULL},
+      {"--prompt", HB_U32, &o.prompt, "TOKENS", "tokens a request (default 1024)", 16, 65536, NULL},
+      {"--requests", HB_U32, &o.requests, "N", "requests a batch (default 8)", 1, 256, NULL},
+      {"--rounds", HB_U32, &o.rounds, "N", "measured rounds (default 3)", 1, MAX_ROUNDS, NULL},
+      {"--per-producer", HB_U32, &o.per_producer, "N", "the plugin's loads_per_producer (default 1)", 1, 8,
+       NULL},
+      {"--transport", HB_STR, &o.transport, "NAME", "tcp (default) | auto", 0, 0, NULL},
+      {"--ip", HB_STR, &o.ip, "IP", "every engine's address (default 127.0.0.1)", 0, 0, NULL},
+      {"--plugin", HB_STR, &o.plugin, "PATH", "the KV-connector plugin (default: this build's)", 0, 0, NULL},
+      {"--json", HB_STR, &o.json, "FILE", "append a JSON line per pair", 0, 0, NULL},
+      {"--cpus", HB_CHOICE, &shared, "split|shared",
+       "the two sides' threads on their own CPUs (default) or not", 0, 0, cpus_names},
+      {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
+  hb_prog = "hixl-tp-bench";
+  hb_parse(argc, argv, opts, NULL);
+  o.shared = shared;
+  snprintf(o.pairs, sizeof(o.pairs), "%s", pairs);
   char key[256];
   if (!getenv("HIXL_AUTH_KEY_FILE")) { /* both sides of this run share one key, as a deployment does */
     if (bench_key_file(key, sizeof(key), "hixl-tp-bench") != 0) return 1;
@@ -580,12 +520,8 @@ int main(int argc, char **argv) {
   } else {
     key[0] = '\0';
   }
-  void *so = dlopen(o.plugin, RTLD_NOW | RTLD_LOCAL);
-  hixl_kv_entry_fn entry = so ? (hixl_kv_entry_fn)dlsym(so, HIXL_KV_ENTRY_SYMBOL) : NULL;
-  char err[256] = "";
-  if (!entry || entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS)
-    die("%s: %s %s", o.plugin, so ? "" : dlerror(), err);
-  if (o.json && !(json = fopen(o.json, "a"))) die("%s: %s", o.json, strerror(errno));
+  ops = hb_plugin(o.plugin);
+  if (o.json && !(json = fopen(o.json, "a"))) hb_die("%s: %s", o.json, strerror(errno));
   if (sched_getaffinity(0, sizeof(cpus_all), &cpus_all) == 0) ncpus_all = CPU_COUNT(&cpus_all);
   char cpus[96];
   if (cpus_split())
@@ -605,9 +541,9 @@ int main(int argc, char **argv) {
   printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (char *s = o.pairs, *end; *s;) {
     unsigned long a = strtoul(s, &end, 10), b = 0;
-    if (*end != ',') die("--pairs: \"%s\" is not P,D", s);
+    if (*end != ',') hb_die("--pairs: \"%s\" is not P,D", s);
     b = strtoul(end + 1, &end, 10);
-    if (!a || !b || a > MAX_TP || b > MAX_TP) die("--pairs: sizes 1 to %d", MAX_TP);
+    if (!a || !b || a > MAX_TP || b > MAX_TP) hb_die("--pairs: sizes 1 to %d", MAX_TP);
     pair_run((uint32_t)a, (uint32_t)b);
     while (*end == ' ') end++;
     s = end;
