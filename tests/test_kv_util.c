@@ -1,8 +1,9 @@
 /* test_kv_util: the plugin's hashed sets of ids (plugin/src/kv_util.c, struct
  * kv_idhash), white-box: add, has, del, values, the order entries are forgotten in at a
- * bound, ids that land in one bucket, many ids; and the two lists built on them in
- * kv_util.c: the "gone" ids (KV_GONE_MAX, oldest forgotten first, an id that ended twice
- * counted twice, as the list it replaced) and the unreachable peers (KV_UNREACH_MAX). */
+ * bound, ids that land in one bucket, many ids, the table shrinking after a burst; and
+ * the two lists built on them in kv_util.c: the "gone" ids (KV_GONE_MAX, oldest
+ * forgotten first, an id that ended twice counted twice, as the list it replaced) and
+ * the unreachable peers (KV_UNREACH_MAX). */
 #include <CUnit/Basic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -155,6 +156,43 @@ static void test_many(void) {
   kv_idhash_clear(&s, NULL);
 }
 
+/* After a burst the table shrinks: a delete that leaves fewer than one entry per 8
+ * buckets halves them (never below 16), so a set that held many ids and now holds few
+ * is small again (before, it kept its largest table for good); the entries left are
+ * found, in their order, and adding grows it as before. */
+static void test_shrink(void) {
+  struct kv_idhash s = {0};
+  char id[32];
+  const unsigned n = 100000;
+  for (int round = 0; round < 3; round++) {
+    for (unsigned i = 0; i < n; i++)
+      CU_ASSERT_EQUAL(kv_idhash_add(&s, idf(id, sizeof(id), "s", i), NULL, n, NULL), 0);
+    CU_ASSERT(s.nb >= n);
+    bool tight = true; /* at most 8 buckets per entry after each delete, or the initial 16 */
+    for (unsigned i = 0; i < n; i++)
+      if (i % 64) {
+        CU_ASSERT_TRUE(kv_idhash_del(&s, idf(id, sizeof(id), "s", i), NULL));
+        tight &= s.nb <= 16 || s.n >= s.nb / 8;
+      }
+    CU_ASSERT_TRUE(tight);
+    CU_ASSERT_EQUAL(s.n, (n + 63) / 64);
+    CU_ASSERT(s.nb <= 8 * s.n);
+    unsigned found = 0;
+    for (unsigned i = 0; i < n; i++) found += kv_idhash_has(&s, idf(id, sizeof(id), "s", i)) == (i % 64 == 0);
+    CU_ASSERT_EQUAL(found, n);
+    /* The order survived the rehash: at a bound of s.n, s-0 is the oldest and goes. */
+    CU_ASSERT_EQUAL(kv_idhash_add(&s, "late", NULL, s.n, NULL), 1);
+    CU_ASSERT_FALSE(kv_idhash_has(&s, "s-0"));
+    CU_ASSERT_TRUE(kv_idhash_has(&s, "s-64"));
+    CU_ASSERT_TRUE(kv_idhash_del(&s, "late", NULL));
+    for (unsigned i = 64; i < n; i += 64)
+      CU_ASSERT_TRUE(kv_idhash_del(&s, idf(id, sizeof(id), "s", i), NULL));
+    CU_ASSERT_EQUAL(s.n, 0);
+    CU_ASSERT_EQUAL(s.nb, 16);
+  }
+  kv_idhash_clear(&s, NULL);
+}
+
 /* The "gone" ids: the last KV_GONE_MAX that ended, oldest forgotten first, as the list
  * it replaced; an id that ended twice stays until its later ending is forgotten. */
 static void test_gone(void) {
@@ -224,6 +262,7 @@ int main(void) {
                          {"at the bound: oldest first, values handed back", test_bound_order_values},
                          {"ids in one bucket", test_collisions},
                          {"many ids", test_many},
+                         {"shrinks after a burst", test_shrink},
                          {"gone ids: the last KV_GONE_MAX, oldest forgotten first", test_gone},
                          {"unreachable peers: one each, at most KV_UNREACH_MAX", test_unreach},
                          CU_TEST_INFO_NULL};

@@ -313,7 +313,8 @@ struct kv_idset {
 struct kv_idnode;
 struct kv_idhash {
   struct kv_idnode **b;              /* nb buckets, a power of 2 (none until the first add) */
-  size_t nb, n;                      /* buckets, entries */
+  size_t nb, n;                      /* buckets (doubled at one entry each, halved below one per 8, at
+                                      * least 16), entries */
   struct kv_idnode *oldest, *newest; /* the order added */
   uint64_t seed;                     /* random, per set: where an id lands is not the peer's choice */
   uint64_t evicted;                  /* entries forgotten at the bound, ever */

@@ -101,10 +101,12 @@ static uint64_t id_hash(uint64_t seed, const char *id) {
 
 uint64_t kv_idhash_hash(const struct kv_idhash *s, const char *id) { return id_hash(s->seed, id); }
 
-/* Twice the buckets (16 at first), each chain kept newer before older; -1: no memory,
- * nothing changed. */
-static int idhash_grow(struct kv_idhash *s) {
-  size_t nb = s->nb ? 2 * s->nb : 16;
+#define IDHASH_MIN_NB 16u /* buckets at the first add, and the fewest a set shrinks to */
+
+/* nb buckets (a power of 2), each chain kept newer before older; -1: no memory,
+ * nothing changed. Grown to twice the buckets at one entry per bucket, shrunk to half
+ * below one per 8 (kv_idhash_del): a burst's table does not stay. */
+static int idhash_resize(struct kv_idhash *s, size_t nb) {
   struct kv_idnode **b = calloc(nb, sizeof(*b));
   if (!b) return -1;
   if (s->nb == 0 && s->seed == 0 && getrandom(&s->seed, sizeof(s->seed), GRND_NONBLOCK) != sizeof(s->seed))
@@ -128,7 +130,8 @@ static struct kv_idnode **idhash_find(const struct kv_idhash *s, const char *id)
   return NULL;
 }
 
-/* Unlink *pp (its bucket's link to it) and free it; its value. */
+/* Unlink *pp (its bucket's link to it) and free it; its value. The buckets halve when
+ * fewer than one in 8 holds an entry (a failed shrink keeps them: no harm). */
 static void *idhash_unlink(struct kv_idhash *s, struct kv_idnode **pp) {
   struct kv_idnode *x = *pp;
   void *val = x->val;
@@ -143,6 +146,7 @@ static void *idhash_unlink(struct kv_idhash *s, struct kv_idnode **pp) {
     s->newest = x->older;
   s->n--;
   free(x);
+  if (s->nb > IDHASH_MIN_NB && s->n < s->nb / 8) idhash_resize(s, s->nb / 2);
   return val;
 }
 
@@ -150,7 +154,8 @@ bool kv_idhash_has(const struct kv_idhash *s, const char *id) { return idhash_fi
 
 int kv_idhash_add(struct kv_idhash *s, const char *id, void *val, size_t max, void **old) {
   if (old) *old = NULL;
-  if (s->n >= s->nb && idhash_grow(s) != 0 && s->nb == 0) return -1; /* else longer chains */
+  if (s->n >= s->nb && idhash_resize(s, s->nb ? 2 * s->nb : IDHASH_MIN_NB) != 0 && s->nb == 0)
+    return -1; /* else longer chains */
   size_t len = strlen(id) + 1;
   struct kv_idnode *x = malloc(sizeof(*x) + len);
   if (!x) return -1;
