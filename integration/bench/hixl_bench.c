@@ -31,23 +31,11 @@
  * "READY cs" (the initiator finds the buffer by its tag), the initiator sends "DONE"
  * at the end. In two-shell mode the target's own --unregistered decides its side;
  * an initiator whose --unregistered names remote checks the target's word. */
-#include <arpa/inet.h>
 #include <inttypes.h>
-#include <limits.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sched.h>
-#include <signal.h>
 #include <stdarg.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/utsname.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include "bench_util.h"
-#include "hixl/hixl.h"
+#include "harness.h"
 
 #define BENCH_LINE_MAX           512
 #define BENCH_READY_TIMEOUT_MS   60000   /* target start-up */
@@ -66,13 +54,15 @@ enum bench_unreg { UNREG_NONE = 0, UNREG_LOCAL = 1, UNREG_REMOTE = 2, UNREG_BOTH
 #define BENCH_CS_TAG "bench" /* tag of the target buffer in --api cs */
 
 struct bench_opts {
-  enum bench_role role;
-  enum bench_api api;
+  int role;              /* enum bench_role */
+  int api;               /* enum bench_api */
   const char *transport; /* --transport: NULL leaves the engine's default (auto) */
+  int transport_idx;     /* --transport: index in transports[], -1 none */
   char peer[128];        /* target engine "ip:port" */
-  char local[64];        /* initiator engine "ip" */
-  uint16_t ctrl_port;    /* two-shell control port; 0: engine port + 1 */
+  char local[128];       /* initiator engine "ip" */
+  uint32_t ctrl_port;    /* two-shell control port; 0: engine port + 1 */
   int ops;               /* enum bench_ops */
+  int op_idx;            /* --op: read, write, both */
   size_t blocks[BENCH_MAX_LIST];
   size_t n_blocks;
   size_t batches[BENCH_MAX_LIST];
@@ -90,11 +80,10 @@ struct bench_opts {
   const char *json;
   bool verify;
   bool progress;
-  int32_t timeout_ms; /* 0: from the batch size */
-  size_t mem;         /* 0: as needed, capped at BENCH_DEFAULT_MEM_CAP */
+  int timeout_ms; /* 0: from the batch size */
+  size_t mem;     /* 0: as needed, capped at BENCH_DEFAULT_MEM_CAP */
   uint64_t seed;
-  int cpu_initiator; /* --pin: -1 none */
-  int cpu_target;
+  int cpu[2];                                   /* --pin: initiator, target; -1 none */
   HixlOption extra[BENCH_MAX_OPTS];             /* --opt: to both engines, in order given */
   char extra_kv[BENCH_MAX_OPTS][BENCH_OPT_MAX]; /* storage of extra[]: "KEY\0VALUE" */
   size_t n_extra;
@@ -130,60 +119,12 @@ struct bench_ctx {
   size_t n_res, cap_res;
 };
 
-static const char *g_prog = "hixl-bench";
-
-static void usage(FILE *f) {
-  fprintf(f,
-          "usage: %s [options]\n"
-          "Roles (default: both, forked on 127.0.0.1):\n"
-          "  --role both|target|initiator\n"
-          "  --peer IP:PORT       target engine address (target: listen there; initiator:\n"
-          "                       connect there). Default with --role both: a free port.\n"
-          "  --ctrl-port PORT     two-shell control channel port (default: engine port + 1)\n"
-          "  --local IP           initiator engine (cs: client endpoint) address (default 127.0.0.1)\n"
-          "API and transport:\n"
-          "  --api engine|cs             HixlEngine* (default) or HIXL's client/server HixlCS*\n"
-          "  --transport NAME            auto|tcp|rdma|shm: the engines' Transport option, or the\n"
-          "                              CS endpoints' protocol (default: the library's; CS: tcp)\n"
-          "Staging (--api engine only; in two-shell mode give them on both sides):\n"
-          "  --opt KEY=VALUE             an engine option for both engines' HixlEngineInitialize,\n"
-          "                              repeatable, e.g. --opt StagingThreshold=0 --opt BufferPool=8:8\n"
-          "                              (Transport: use --transport)\n"
-          "  --unregistered local|remote|both\n"
-          "                              leave that side's buffer unregistered, so every op is\n"
-          "                              staged; remote/both run the target with\n"
-          "                              StagingUnregistered=on (unless an --opt sets it)\n"
-          "Sweep:\n"
-          "  --op read|write|both        (default both)\n"
-          "  --block-sizes LIST          e.g. 4K,64K,4M (default 4K..16M, powers of 2)\n"
-          "  --batch LIST                ops per transfer call, e.g. 1,8,32 (default 1)\n"
-          "  --total BYTES               bytes per point (default 256M), or\n"
-          "  --iters N                   iterations (transfer calls) per point\n"
-          "  --warmup N                  unmeasured iterations per point (default iters/10, 1..100)\n"
-          "  --max-seconds S             stop a point after S seconds (default 3)\n"
-          "  --async                     TransferAsync (cs: Batch*Async) with a window of\n"
-          "                              outstanding requests\n"
-          "  --window N                  outstanding async requests (default 4)\n"
-          "  --no-verify                 skip the byte-for-byte check of each point\n"
-          "Latency:\n"
-          "  --latency                   only small READ round trips (sync, batch 1)\n"
-          "  --lat-iters N               round trips (default 20000)\n"
-          "  --lat-size BYTES            bytes per READ (default 64)\n"
-          "Output and limits:\n"
-          "  --csv FILE / --json FILE    results (CSV appends; JSON is rewritten)\n"
-          "  --no-progress               no per-point progress on stderr\n"
-          "  --timeout-ms MS             per transfer call (default 10 s + 1 s per 100 MB)\n"
-          "  --mem BYTES                 registered bytes per side (default: what the sweep\n"
-          "                              needs, at most 1G; larger batches wrap around)\n"
-          "  --seed N                    pattern seed (default 1)\n"
-          "  --pin I,T                   pin the initiator process to CPU I, the target to CPU T\n",
-          g_prog);
-}
+#define g_prog hb_prog
 
 static void report_hixl(const char *who, const char *what, HixlStatus st) {
-  const char *why = HixlGetLastErrorMessage();
-  fprintf(stderr, "%s: %s: %s failed: %s (%s)%s%s\n", g_prog, who, what, HixlStatusName(st),
-          HixlStatusString(st), (why != NULL && *why != '\0') ? ": " : "", (why != NULL) ? why : "");
+  char w[160];
+  snprintf(w, sizeof(w), "%s: %s", who, what);
+  hb_fail(w, st);
 }
 
 static void progress(const struct bench_opts *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -194,11 +135,6 @@ static void progress(const struct bench_opts *o, const char *fmt, ...) {
   fprintf(stderr, "%s: ", g_prog);
   vfprintf(stderr, fmt, ap);
   va_end(ap);
-}
-
-static void *map_buffer(size_t len) {
-  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  return p == MAP_FAILED ? NULL : p;
 }
 
 /* ------------------------------------------------------------ control channel */
@@ -241,19 +177,6 @@ static bool make_sockaddr(const char *ip, uint16_t port, struct sockaddr_in *sa)
   sa->sin_family = AF_INET;
   sa->sin_port = htons(port);
   return inet_pton(AF_INET, ip, &sa->sin_addr) == 1;
-}
-
-static bool pick_port(uint16_t *port) {
-  struct sockaddr_in sa;
-  socklen_t sl = sizeof(sa);
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  make_sockaddr("127.0.0.1", 0, &sa);
-  bool ok =
-      bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && getsockname(fd, (struct sockaddr *)&sa, &sl) == 0;
-  close(fd);
-  if (ok) *port = ntohs(sa.sin_port);
-  return ok;
 }
 
 static int ctrl_listen_accept(const char *ip, uint16_t port) {
@@ -380,7 +303,7 @@ static int run_target_cs(const struct bench_opts *o, int ctrl) {
     ctrl_send(ctrl, "ERROR target: --peer %s is not IP:PORT\n", o->peer);
     return 1;
   }
-  uint8_t *buf = map_buffer(span);
+  uint8_t *buf = hb_map(span);
   if (buf == NULL) {
     ctrl_send(ctrl, "ERROR target cannot map %zu bytes: %s\n", span, strerror(errno));
     return 1;
@@ -439,24 +362,16 @@ static int run_target(const struct bench_opts *o, int ctrl) {
   size_t span = needed_span(o);
   bool reg = (o->unreg & UNREG_REMOTE) == 0; /* else StagingUnregistered serves it */
 
-  uint8_t *buf = map_buffer(span);
+  uint8_t *buf = hb_map(span);
   if (buf == NULL) {
     ctrl_send(ctrl, "ERROR target cannot map %zu bytes: %s\n", span, strerror(errno));
     return 1;
   }
   bench_pattern_fill(buf, span, o->seed ^ 0x7a7a7a7aull);
-  st = HixlEngineCreate(&eng);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("target", "HixlEngineCreate", st);
-    ctrl_send(ctrl, "ERROR HixlEngineCreate failed\n");
-    goto out_unmap;
-  }
   HixlOption opt[BENCH_ENGINE_OPTS];
-  st = HixlEngineInitialize(eng, o->peer, opt, engine_options(o, true, opt));
-  if (st != HIXL_SUCCESS) {
-    report_hixl("target", "HixlEngineInitialize", st);
-    ctrl_send(ctrl, "ERROR HixlEngineInitialize(%s) failed\n", o->peer);
-    goto out_destroy;
+  if (!(eng = hb_engine(o->peer, NULL, opt, engine_options(o, true, opt)))) {
+    ctrl_send(ctrl, "ERROR target engine on %s failed\n", o->peer);
+    goto out_unmap;
   }
   HixlMemDesc md = {.addr = (uintptr_t)buf, .len = span};
   st = reg ? HixlEngineRegisterMem(eng, &md, HIXL_MEM_HOST, &mh) : HIXL_SUCCESS;
@@ -486,7 +401,6 @@ out_finalize:
     report_hixl("target", "HixlEngineFinalize", st);
     rc = 1;
   }
-out_destroy:
   HixlEngineDestroy(eng);
 out_unmap:
   munmap(buf, span);
@@ -1041,16 +955,7 @@ static int initiator_engine(struct bench_ctx *c) {
   int rc = 1;
   bool reg = (o->unreg & UNREG_LOCAL) == 0;
 
-  st = HixlEngineCreate(&c->eng);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("initiator", "HixlEngineCreate", st);
-    return 1;
-  }
-  st = HixlEngineInitialize(c->eng, o->local, opt, engine_options(o, false, opt));
-  if (st != HIXL_SUCCESS) {
-    report_hixl("initiator", "HixlEngineInitialize", st);
-    goto out_destroy;
-  }
+  if (!(c->eng = hb_engine(o->local, NULL, opt, engine_options(o, false, opt)))) return 1;
   HixlMemDesc lmd = {.addr = (uintptr_t)c->lbuf, .len = c->span};
   HixlMemDesc vmd = {.addr = (uintptr_t)c->vbuf, .len = c->span};
   st = reg ? HixlEngineRegisterMem(c->eng, &lmd, HIXL_MEM_HOST, &lh) : HIXL_SUCCESS;
@@ -1094,7 +999,6 @@ out_finalize:
     report_hixl("initiator", "HixlEngineFinalize", st);
     rc = 1;
   }
-out_destroy:
   HixlEngineDestroy(c->eng);
   c->eng = NULL;
   return rc;
@@ -1239,8 +1143,8 @@ static int run_initiator(const struct bench_opts *o, int ctrl) {
   size_t max_batch = o->latency ? 1 : max_of(o->batches, o->n_batches);
   size_t window = o->async ? o->window : 1;
 
-  c.lbuf = map_buffer(mapped);
-  c.vbuf = map_buffer(mapped);
+  c.lbuf = hb_map(mapped);
+  c.vbuf = hb_map(mapped);
   c.descs = calloc(max_batch * window, sizeof(*c.descs));
   c.cdescs = calloc(max_batch * window, sizeof(*c.cdescs));
   if (c.lbuf == NULL || c.vbuf == NULL || c.descs == NULL || c.cdescs == NULL) {
@@ -1264,238 +1168,149 @@ out_free:
 /* -------------------------------------------------------------------- main */
 
 /* "--opt KEY=VALUE": a copy split in place; false with a message when malformed. */
-static bool add_extra(struct bench_opts *o, const char *kv) {
+static bool add_extra(void *p, const char *kv) {
+  struct bench_opts *o = p;
   const char *eq = strchr(kv, '=');
   if (o->n_extra == BENCH_MAX_OPTS || strlen(kv) >= BENCH_OPT_MAX) {
-    fprintf(stderr, "%s: --opt: at most %d options of %d bytes each\n", g_prog, BENCH_MAX_OPTS,
-            BENCH_OPT_MAX - 1);
+    hb_say("--opt: at most %d options of %d bytes each\n", BENCH_MAX_OPTS, BENCH_OPT_MAX - 1);
     return false;
   }
   if (eq == NULL || eq == kv || strpbrk(kv, "\"\\ ") != NULL) {
-    fprintf(stderr, "%s: --opt %s: expected KEY=VALUE (no spaces or quotes)\n", g_prog, kv);
+    hb_say("--opt %s: expected KEY=VALUE (no spaces or quotes)\n", kv);
     return false;
   }
   char *copy = o->extra_kv[o->n_extra];
   snprintf(copy, BENCH_OPT_MAX, "%s", kv);
   copy[eq - kv] = '\0';
   if (strcmp(copy, "Transport") == 0) {
-    fprintf(stderr, "%s: --opt %s: the transport has its own flag, --transport NAME\n", g_prog, kv);
+    hb_say("--opt %s: the transport has its own flag, --transport NAME\n", kv);
     return false;
   }
   if (extra_value(o, copy) != NULL) {
-    fprintf(stderr, "%s: --opt %s: %s given twice\n", g_prog, kv, copy);
+    hb_say("--opt %s: %s given twice\n", kv, copy);
     return false;
   }
   o->extra[o->n_extra++] = (HixlOption){.key = copy, .value = copy + (eq - kv) + 1};
   return true;
 }
 
+static bool set_addr(void *p, const char *v) { return strlen(v) < 128 && snprintf(p, 128, "%s", v) > 0; }
+
+static struct bench_opts o = {.local = "127.0.0.1",
+                              .transport_idx = -1,
+                              .op_idx = 2,
+                              .batches = {1},
+                              .n_batches = 1,
+                              .total = 256u << 20,
+                              .warmup = UINT64_MAX,
+                              .max_seconds = 3.0,
+                              .window = 4,
+                              .lat_iters = 20000,
+                              .lat_size = 64,
+                              .verify = true,
+                              .progress = true,
+                              .seed = 1,
+                              .cpu = {-1, -1}};
+static const char *const roles[] = {"both", "target", "initiator", NULL},
+                         *const apis[] = {"engine", "cs", NULL},
+                         *const transports[] = {"auto", "tcp", "rdma", "shm", NULL},
+                         *const op_names[] = {"read", "write", "both", NULL},
+                         *const unregs[] = {"none", "local", "remote", "both", NULL};
+static const struct hb_opt opts[] = {
+    {"--role", HB_CHOICE, &o.role, "both|target|initiator", "default both: two processes forked on 127.0.0.1",
+     0, 0, roles},
+    {"--peer", HB_FN, o.peer, "IP:PORT",
+     "target engine address (target: listen there; initiator: connect there);\n"
+     "default with --role both: a free port",
+     0, 0, set_addr},
+    {"--ctrl-port", HB_U32, &o.ctrl_port, "PORT", "two-shell control channel port (default: engine port + 1)",
+     1, 65535, NULL},
+    {"--local", HB_FN, o.local, "IP", "initiator engine (cs: client endpoint) address (default 127.0.0.1)", 0,
+     0, set_addr},
+    {"--api", HB_CHOICE, &o.api, "engine|cs", "HixlEngine* (default) or HIXL's client/server HixlCS*", 0, 0,
+     apis},
+    {"--transport", HB_CHOICE, &o.transport_idx, "NAME",
+     "auto|tcp|rdma|shm: the engines' Transport option, or the CS endpoints'\n"
+     "protocol (default: the library's; CS: tcp)",
+     0, 0, transports},
+    {"--opt", HB_FN, &o, "KEY=VALUE",
+     "an engine option for both engines (--api engine; repeatable; in two-shell\n"
+     "mode give it on both sides), e.g. --opt StagingThreshold=0 --opt BufferPool=8:8",
+     0, 0, add_extra},
+    {"--unregistered", HB_CHOICE, &o.unreg, "local|remote|both",
+     "leave that side's buffer unregistered, so every op is staged; remote/both\n"
+     "run the target with StagingUnregistered=on (unless an --opt sets it)",
+     0, 0, unregs},
+    {"--op", HB_CHOICE, &o.op_idx, "read|write|both", "(default both)", 0, 0, op_names},
+    {"--block-sizes", HB_SIZES, o.blocks, "LIST", "e.g. 4K,64K,4M (default 4K..16M, powers of 2)", 0, 0,
+     &o.n_blocks},
+    {"--batch", HB_SIZES, o.batches, "LIST", "ops per transfer call, e.g. 1,8,32 (default 1)", 1,
+     HIXL_MAX_BATCH, &o.n_batches},
+    {"--total", HB_SIZE, &o.total, "BYTES", "bytes per point (default 256M), or", 1, 1e18, NULL},
+    {"--iters", HB_U64, &o.iters, "N", "iterations (transfer calls) per point", 1, BENCH_MAX_ITERS, NULL},
+    {"--warmup", HB_U64, &o.warmup, "N", "unmeasured iterations per point (default iters/10, 1..100)", 0,
+     BENCH_MAX_ITERS, NULL},
+    {"--max-seconds", HB_DBL, &o.max_seconds, "S", "stop a point after S seconds (default 3)", 1e-9, 3600,
+     NULL},
+    {"--async", HB_FLAG, &o.async, NULL,
+     "TransferAsync (cs: Batch*Async) with a window of outstanding requests", 0, 0, NULL},
+    {"--window", HB_SIZE, &o.window, "N", "outstanding async requests (default 4)", 1, BENCH_MAX_WINDOW,
+     NULL},
+    {"--no-verify", HB_NOFLAG, &o.verify, NULL, "skip the byte-for-byte check of each point", 0, 0, NULL},
+    {"--latency", HB_FLAG, &o.latency, NULL, "only small READ round trips (sync, batch 1)", 0, 0, NULL},
+    {"--lat-iters", HB_U64, &o.lat_iters, "N", "round trips (default 20000)", 1, BENCH_MAX_ITERS, NULL},
+    {"--lat-size", HB_SIZE, &o.lat_size, "BYTES", "bytes per READ (default 64)", 1, 1e18, NULL},
+    {"--csv", HB_STR, &o.csv, "FILE", "results, appended", 0, 0, NULL},
+    {"--json", HB_STR, &o.json, "FILE", "results, rewritten", 0, 0, NULL},
+    {"--no-progress", HB_NOFLAG, &o.progress, NULL, "no per-point progress on stderr", 0, 0, NULL},
+    {"--timeout-ms", HB_INT, &o.timeout_ms, "MS", "per transfer call (default 10 s + 1 s per 100 MB)", 1,
+     INT32_MAX, NULL},
+    {"--mem", HB_SIZE, &o.mem, "BYTES",
+     "registered bytes per side (default: what the sweep needs, at most 1G;\n"
+     "larger batches wrap around)",
+     1, 1e18, NULL},
+    {"--seed", HB_U64, &o.seed, "N", "pattern seed (default 1)", 0, 0, NULL},
+    {"--pin", HB_PIN, o.cpu, "I,T", "pin the initiator process to CPU I, the target to CPU T", 0, 0, NULL},
+    {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
+
 /* What the engine options cannot go with; false after saying why. */
-static bool check_args(const struct bench_opts *o) {
-  if (o->api == API_CS && o->n_extra > 0) {
-    fprintf(stderr, "%s: --opt %s=%s: the CS API (--api cs) takes no engine options; use --api engine\n",
-            g_prog, o->extra[0].key, o->extra[0].value);
+static bool check_args(const struct bench_opts *c) {
+  if (c->api == API_CS && c->n_extra > 0) {
+    hb_say("--opt %s=%s: the CS API (--api cs) takes no engine options; use --api engine\n", c->extra[0].key,
+           c->extra[0].value);
     return false;
   }
-  if (o->api == API_CS && o->unreg != UNREG_NONE) {
-    fprintf(stderr, "%s: --unregistered %s needs --api engine: the CS API transfers registered memory only\n",
-            g_prog, unreg_name(o->unreg));
+  if (c->api == API_CS && c->unreg != UNREG_NONE) {
+    hb_say("--unregistered %s needs --api engine: the CS API transfers registered memory only\n",
+           unreg_name(c->unreg));
     return false;
   }
   return true;
 }
 
-static bool parse_args(int argc, char **argv, struct bench_opts *o) {
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    const char *v = (i + 1 < argc) ? argv[i + 1] : NULL;
-    uint64_t u = 0;
-    char *end = NULL;
-    bool takes = true; /* consumes v */
-    bool ok;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      usage(stdout);
-      exit(0);
-    } else if (strcmp(a, "--async") == 0) {
-      o->async = true, takes = false, ok = true;
-    } else if (strcmp(a, "--latency") == 0) {
-      o->latency = true, takes = false, ok = true;
-    } else if (strcmp(a, "--no-verify") == 0) {
-      o->verify = false, takes = false, ok = true;
-    } else if (strcmp(a, "--no-progress") == 0) {
-      o->progress = false, takes = false, ok = true;
-    } else if (v == NULL) {
-      ok = false;
-    } else if (strcmp(a, "--role") == 0) {
-      ok = true;
-      if (strcmp(v, "both") == 0)
-        o->role = ROLE_BOTH;
-      else if (strcmp(v, "target") == 0)
-        o->role = ROLE_TARGET;
-      else if (strcmp(v, "initiator") == 0)
-        o->role = ROLE_INITIATOR;
-      else
-        ok = false;
-    } else if (strcmp(a, "--api") == 0) {
-      ok = true;
-      if (strcmp(v, "engine") == 0)
-        o->api = API_ENGINE;
-      else if (strcmp(v, "cs") == 0)
-        o->api = API_CS;
-      else
-        ok = false;
-    } else if (strcmp(a, "--transport") == 0) {
-      ok = strcmp(v, "auto") == 0 || strcmp(v, "tcp") == 0 || strcmp(v, "rdma") == 0 || strcmp(v, "shm") == 0;
-      o->transport = v;
-    } else if (strcmp(a, "--peer") == 0) {
-      ok = strlen(v) < sizeof(o->peer);
-      if (ok) snprintf(o->peer, sizeof(o->peer), "%s", v);
-    } else if (strcmp(a, "--local") == 0) {
-      ok = strlen(v) < sizeof(o->local);
-      if (ok) snprintf(o->local, sizeof(o->local), "%s", v);
-    } else if (strcmp(a, "--ctrl-port") == 0) {
-      ok = bench_parse_u64(v, &u) && u > 0 && u < 65536;
-      o->ctrl_port = (uint16_t)u;
-    } else if (strcmp(a, "--op") == 0) {
-      ok = true;
-      if (strcmp(v, "read") == 0)
-        o->ops = OPS_READ;
-      else if (strcmp(v, "write") == 0)
-        o->ops = OPS_WRITE;
-      else if (strcmp(v, "both") == 0)
-        o->ops = OPS_BOTH;
-      else
-        ok = false;
-    } else if (strcmp(a, "--block-sizes") == 0) {
-      ok = bench_parse_size_list(v, o->blocks, BENCH_MAX_LIST, &o->n_blocks);
-    } else if (strcmp(a, "--batch") == 0) {
-      ok = bench_parse_size_list(v, o->batches, BENCH_MAX_LIST, &o->n_batches);
-      for (size_t k = 0; ok && k < o->n_batches; k++) ok = o->batches[k] <= HIXL_MAX_BATCH;
-    } else if (strcmp(a, "--total") == 0) {
-      ok = bench_parse_size(v, &o->total) && o->total > 0;
-    } else if (strcmp(a, "--iters") == 0) {
-      ok = bench_parse_u64(v, &o->iters) && o->iters > 0 && o->iters <= BENCH_MAX_ITERS;
-    } else if (strcmp(a, "--warmup") == 0) {
-      ok = bench_parse_u64(v, &o->warmup) && o->warmup <= BENCH_MAX_ITERS;
-    } else if (strcmp(a, "--max-seconds") == 0) {
-      o->max_seconds = strtod(v, &end);
-      ok = *end == '\0' && o->max_seconds > 0 && o->max_seconds <= 3600;
-    } else if (strcmp(a, "--window") == 0) {
-      ok = bench_parse_u64(v, &u) && u > 0 && u <= BENCH_MAX_WINDOW;
-      o->window = (size_t)u;
-    } else if (strcmp(a, "--lat-iters") == 0) {
-      ok = bench_parse_u64(v, &o->lat_iters) && o->lat_iters > 0 && o->lat_iters <= BENCH_MAX_ITERS;
-    } else if (strcmp(a, "--lat-size") == 0) {
-      ok = bench_parse_size(v, &o->lat_size) && o->lat_size > 0;
-    } else if (strcmp(a, "--csv") == 0) {
-      o->csv = v, ok = true;
-    } else if (strcmp(a, "--json") == 0) {
-      o->json = v, ok = true;
-    } else if (strcmp(a, "--timeout-ms") == 0) {
-      ok = bench_parse_u64(v, &u) && u > 0 && u <= INT32_MAX;
-      o->timeout_ms = (int32_t)u;
-    } else if (strcmp(a, "--mem") == 0) {
-      ok = bench_parse_size(v, &o->mem) && o->mem > 0;
-    } else if (strcmp(a, "--pin") == 0) {
-      ok = bench_parse_pin(v, &o->cpu_initiator, &o->cpu_target);
-    } else if (strcmp(a, "--seed") == 0) {
-      ok = bench_parse_u64(v, &o->seed);
-    } else if (strcmp(a, "--opt") == 0) {
-      if (!add_extra(o, v)) return false;
-      ok = true;
-    } else if (strcmp(a, "--unregistered") == 0) {
-      ok = true;
-      if (strcmp(v, "local") == 0)
-        o->unreg = UNREG_LOCAL;
-      else if (strcmp(v, "remote") == 0)
-        o->unreg = UNREG_REMOTE;
-      else if (strcmp(v, "both") == 0)
-        o->unreg = UNREG_BOTH;
-      else
-        ok = false;
-    } else {
-      ok = false;
-    }
-    if (!ok) {
-      fprintf(stderr, "%s: bad option or value: %s%s%s\n", g_prog, a, v != NULL ? " " : "",
-              v != NULL ? v : "");
-      return false;
-    }
-    if (takes) i++;
-  }
-  return true;
-}
-
-static int wait_child(pid_t pid, int timeout_s) {
-  bool in_time;
-  int rc = bench_wait_child(pid, timeout_s, &in_time);
-  if (!in_time)
-    fprintf(stderr, "%s: target process %d did not exit within %d s; killed it\n", g_prog, (int)pid,
-            timeout_s);
-  return rc;
+static int target_child(void *arg, int fd) {
+  const struct bench_opts *c = arg;
+  return bench_pin_cpu(c->cpu[1]) ? run_target(c, fd) : 1;
 }
 
 int main(int argc, char **argv) {
-  static struct bench_opts o;
-  o.role = ROLE_BOTH;
-  o.api = API_ENGINE;
-  snprintf(o.local, sizeof(o.local), "127.0.0.1");
-  o.ops = OPS_BOTH;
-  o.n_blocks = 0;
-  for (size_t b = 4096; b <= (16u << 20); b *= 2) o.blocks[o.n_blocks++] = b;
-  o.batches[0] = 1;
-  o.n_batches = 1;
-  o.total = 256u << 20;
-  o.warmup = UINT64_MAX;
-  o.max_seconds = 3.0;
-  o.window = 4;
-  o.lat_iters = 20000;
-  o.lat_size = 64;
-  o.verify = true;
-  o.progress = true;
-  o.seed = 1;
-  o.cpu_initiator = -1;
-  o.cpu_target = -1;
-  if (!parse_args(argc, argv, &o)) {
-    usage(stderr);
-    return 2;
-  }
+  hb_parse(argc, argv, opts,
+           "READ / WRITE bandwidth and latency between two hixl engines (or HixlCS* client and server).\n");
+  if (o.n_blocks == 0)
+    for (size_t b = 4096; b <= (16u << 20); b *= 2) o.blocks[o.n_blocks++] = b;
+  o.ops = o.op_idx + 1;
+  o.transport = o.transport_idx >= 0 ? transports[o.transport_idx] : NULL;
   if (!check_args(&o)) return 2;
   signal(SIGPIPE, SIG_IGN);
 
   if (o.role == ROLE_BOTH) {
-    uint16_t port = 0;
-    if (o.peer[0] == '\0') {
-      if (!pick_port(&port)) {
-        fprintf(stderr, "%s: no free port on 127.0.0.1: %s\n", g_prog, strerror(errno));
-        return 1;
-      }
-      snprintf(o.peer, sizeof(o.peer), "127.0.0.1:%u", (unsigned)port);
-    }
-    int sp[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0) {
-      fprintf(stderr, "%s: socketpair: %s\n", g_prog, strerror(errno));
-      return 1;
-    }
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0) {
-      fprintf(stderr, "%s: fork: %s\n", g_prog, strerror(errno));
-      return 1;
-    }
-    if (pid == 0) {
-      close(sp[0]);
-      int rc = bench_pin_cpu(o.cpu_target) ? run_target(&o, sp[1]) : 1;
-      close(sp[1]);
-      fflush(NULL);
-      _exit(rc);
-    }
-    close(sp[1]);
-    int rc = bench_pin_cpu(o.cpu_initiator) ? run_initiator(&o, sp[0]) : 1;
-    close(sp[0]);
-    int crc = wait_child(pid, 60);
+    if (o.peer[0] == '\0') snprintf(o.peer, sizeof(o.peer), "127.0.0.1:%u", (unsigned)bench_free_port());
+    struct hb_peer tgt;
+    hb_spawn(&tgt, target_child, &o);
+    int rc = bench_pin_cpu(o.cpu[0]) ? run_initiator(&o, tgt.fd) : 1;
+    int crc = hb_reap(&tgt, 60);
     if (crc != 0) {
-      fprintf(stderr, "%s: target process exited with status %d\n", g_prog, crc);
+      hb_say("target process exited with status %d\n", crc);
       rc = 1;
     }
     return rc;
@@ -1504,13 +1319,12 @@ int main(int argc, char **argv) {
   char ip[64];
   uint16_t port = 0;
   if (!split_addr(o.peer, ip, sizeof(ip), &port)) {
-    fprintf(stderr, "%s: --role %s needs --peer IP:PORT\n", g_prog,
-            o.role == ROLE_TARGET ? "target" : "initiator");
+    hb_say("--role %s needs --peer IP:PORT\n", o.role == ROLE_TARGET ? "target" : "initiator");
     return 2;
   }
-  uint16_t cport = o.ctrl_port != 0 ? o.ctrl_port : (uint16_t)(port + 1);
+  uint16_t cport = o.ctrl_port != 0 ? (uint16_t)o.ctrl_port : (uint16_t)(port + 1);
   int ctrl = o.role == ROLE_TARGET ? ctrl_listen_accept(ip, cport) : ctrl_connect(ip, cport);
-  if (ctrl < 0 || !bench_pin_cpu(o.role == ROLE_TARGET ? o.cpu_target : o.cpu_initiator)) return 1;
+  if (ctrl < 0 || !bench_pin_cpu(o.role == ROLE_TARGET ? o.cpu[1] : o.cpu[0])) return 1;
   int rc = o.role == ROLE_TARGET ? run_target(&o, ctrl) : run_initiator(&o, ctrl);
   close(ctrl);
   return rc;
