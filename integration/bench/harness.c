@@ -141,6 +141,32 @@ HixlStatus hb_reg(HixlEngine *e, const void *p, size_t len, HixlMemHandle *h) {
   return st;
 }
 
+const char *hb_extra_get(const struct hb_extra *x, const char *key) {
+  for (size_t i = 0; i < x->n; i++)
+    if (strcmp(x->v[i].key, key) == 0) return x->v[i].value;
+  return NULL;
+}
+
+bool hb_extra_add(void *p, const char *kv) {
+  struct hb_extra *x = p;
+  const char *eq = strchr(kv, '=');
+  char *copy = x->kv[x->n < HB_EXTRA_MAX ? x->n : 0];
+  if (x->n == HB_EXTRA_MAX || strlen(kv) >= sizeof(x->kv[0]) || !eq || eq == kv || strpbrk(kv, "\"\\ ")) {
+    hb_say("--opt %s: expected KEY=VALUE (no spaces or quotes), at most %d of %zu bytes\n", kv, HB_EXTRA_MAX,
+           sizeof(x->kv[0]) - 1);
+    return false;
+  }
+  snprintf(copy, sizeof(x->kv[0]), "%s", kv);
+  copy[eq - kv] = '\0';
+  if (strcmp(copy, "Transport") == 0 || hb_extra_get(x, copy)) {
+    hb_say("--opt %s: %s\n", kv,
+           hb_extra_get(x, copy) ? "given twice" : "the transport has its own flag, --transport");
+    return false;
+  }
+  x->v[x->n++] = (HixlOption){copy, copy + (eq - kv) + 1};
+  return true;
+}
+
 void *hb_map(size_t len) {
   void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   return p == MAP_FAILED ? NULL : p;

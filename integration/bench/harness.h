@@ -57,6 +57,19 @@ HixlEngine *hb_engine(const char *addr, const char *transport, const HixlOption 
 /* Register [p, p + len) host memory: the status, said when it failed. */
 HixlStatus hb_reg(HixlEngine *e, const void *p, size_t len, HixlMemHandle *h);
 
+/* --opt KEY=VALUE, repeatable: engine options with their storage. */
+#define HB_EXTRA_MAX 16
+struct hb_extra {
+  HixlOption v[HB_EXTRA_MAX];
+  char kv[HB_EXTRA_MAX][128]; /* "KEY\0VALUE" */
+  size_t n;
+};
+/* An HB_FN: "KEY=VALUE" into the struct hb_extra at p; refuses spaces, quotes, a key
+ * given twice and Transport (its own flag), saying why. */
+bool hb_extra_add(void *p, const char *kv);
+/* The value given for key, or NULL. */
+const char *hb_extra_get(const struct hb_extra *x, const char *key);
+
 /* len bytes of private memory, populated; NULL on failure. */
 void *hb_map(size_t len);
 

@@ -43,8 +43,6 @@
 #define BENCH_TARGET_MAX_WAIT_MS 3600000 /* target lives at most this long for one initiator */
 #define BENCH_MAX_ITERS          10000000ull
 #define BENCH_MAX_WINDOW         1024
-#define BENCH_MAX_OPTS           16  /* --opt KEY=VALUE entries */
-#define BENCH_OPT_MAX            128 /* bytes of one --opt KEY=VALUE */
 
 enum bench_role { ROLE_BOTH, ROLE_TARGET, ROLE_INITIATOR };
 enum bench_ops { OPS_READ = 1, OPS_WRITE = 2, OPS_BOTH = 3 };
@@ -83,11 +81,9 @@ struct bench_opts {
   int timeout_ms; /* 0: from the batch size */
   size_t mem;     /* 0: as needed, capped at BENCH_DEFAULT_MEM_CAP */
   uint64_t seed;
-  int cpu[2];                                   /* --pin: initiator, target; -1 none */
-  HixlOption extra[BENCH_MAX_OPTS];             /* --opt: to both engines, in order given */
-  char extra_kv[BENCH_MAX_OPTS][BENCH_OPT_MAX]; /* storage of extra[]: "KEY\0VALUE" */
-  size_t n_extra;
-  int unreg; /* --unregistered: enum bench_unreg bits */
+  int cpu[2];        /* --pin: initiator, target; -1 none */
+  struct hb_extra x; /* --opt: to both engines, in order given */
+  int unreg;         /* --unregistered: enum bench_unreg bits */
 };
 
 #define BENCH_DEFAULT_MEM_CAP ((size_t)1 << 30)
@@ -249,18 +245,11 @@ static int32_t call_timeout(const struct bench_opts *o, size_t bytes) {
 
 /* ------------------------------------------------------------------- target */
 
-#define BENCH_ENGINE_OPTS (BENCH_MAX_OPTS + 2) /* Transport, --opt, StagingUnregistered */
-
-/* The value an --opt gives key, or NULL. */
-static const char *extra_value(const struct bench_opts *o, const char *key) {
-  for (size_t i = 0; i < o->n_extra; i++)
-    if (strcmp(o->extra[i].key, key) == 0) return o->extra[i].value;
-  return NULL;
-}
+#define BENCH_ENGINE_OPTS (HB_EXTRA_MAX + 2) /* Transport, --opt, StagingUnregistered */
 
 /* The target serves an unregistered buffer and sets StagingUnregistered=on itself. */
 static bool target_sets_unreg(const struct bench_opts *o) {
-  return (o->unreg & UNREG_REMOTE) != 0 && extra_value(o, "StagingUnregistered") == NULL;
+  return (o->unreg & UNREG_REMOTE) != 0 && hb_extra_get(&o->x, "StagingUnregistered") == NULL;
 }
 
 /* Engine options into opt[BENCH_ENGINE_OPTS]: Transport when --transport names one,
@@ -268,7 +257,7 @@ static bool target_sets_unreg(const struct bench_opts *o) {
 static size_t engine_options(const struct bench_opts *o, bool target, HixlOption *opt) {
   size_t n = 0;
   if (o->transport != NULL) opt[n++] = (HixlOption){.key = "Transport", .value = o->transport};
-  for (size_t i = 0; i < o->n_extra; i++) opt[n++] = o->extra[i];
+  for (size_t i = 0; i < o->x.n; i++) opt[n++] = o->x.v[i];
   if (target && target_sets_unreg(o)) opt[n++] = (HixlOption){.key = "StagingUnregistered", .value = "on"};
   return n;
 }
@@ -386,7 +375,7 @@ static int run_target(const struct bench_opts *o, int ctrl) {
   if (o->role == ROLE_TARGET)
     fprintf(stderr, "%s: target: serving %zu %s bytes on %s%s%s\n", g_prog, span,
             reg ? "registered" : "unregistered", o->peer, reg ? "" : ", StagingUnregistered=",
-            reg ? "" : (target_sets_unreg(o) ? "on" : extra_value(o, "StagingUnregistered")));
+            reg ? "" : (target_sets_unreg(o) ? "on" : hb_extra_get(&o->x, "StagingUnregistered")));
   rc = serve_until_done(ctrl);
 
 out_dereg:
@@ -872,8 +861,8 @@ static int unreg_used(const struct bench_ctx *c) {
 static void options_text(const struct bench_opts *o, char *buf, size_t cap) {
   size_t n = 0;
   buf[0] = '\0';
-  for (size_t i = 0; i < o->n_extra && n < cap; i++)
-    n += (size_t)snprintf(buf + n, cap - n, "%s%s=%s", n > 0 ? " " : "", o->extra[i].key, o->extra[i].value);
+  for (size_t i = 0; i < o->x.n && n < cap; i++)
+    n += (size_t)snprintf(buf + n, cap - n, "%s%s=%s", n > 0 ? " " : "", o->x.v[i].key, o->x.v[i].value);
   if (o->role == ROLE_BOTH && target_sets_unreg(o) && n < cap)
     n += (size_t)snprintf(buf + n, cap - n, "%starget StagingUnregistered=on", n > 0 ? " " : "");
   if (n == 0) snprintf(buf, cap, "none");
@@ -894,7 +883,7 @@ static bool write_json(const struct bench_ctx *c) {
   fprintf(f, "  \"api\": \"%s\",\n  \"transport\": \"%s\",\n", api_name(c->o->api),
           c->o->transport != NULL ? c->o->transport : "default");
   if (c->o->api == API_ENGINE) {
-    char opts[BENCH_MAX_OPTS * BENCH_OPT_MAX];
+    char opts[HB_EXTRA_MAX * 128];
     options_text(c->o, opts, sizeof(opts));
     fprintf(f, "  \"engine_options\": \"%s\",\n  \"unregistered\": \"%s\",\n", opts,
             unreg_name(unreg_used(c)));
@@ -918,7 +907,7 @@ static bool write_json(const struct bench_ctx *c) {
 /* Print the run's header line, measure, write the results: 0 ok, 1 a failure. */
 static int measure(struct bench_ctx *c, uint64_t connect_ns) {
   const struct bench_opts *o = c->o;
-  char mode[48], mem[80], opts[BENCH_MAX_OPTS * BENCH_OPT_MAX + 24] = "";
+  char mode[48], mem[80], opts[HB_EXTRA_MAX * 128 + 24] = "";
   int rc;
   if (o->async)
     snprintf(mode, sizeof(mode), "async window %zu", o->window);
@@ -1167,33 +1156,6 @@ out_free:
 
 /* -------------------------------------------------------------------- main */
 
-/* "--opt KEY=VALUE": a copy split in place; false with a message when malformed. */
-static bool add_extra(void *p, const char *kv) {
-  struct bench_opts *o = p;
-  const char *eq = strchr(kv, '=');
-  if (o->n_extra == BENCH_MAX_OPTS || strlen(kv) >= BENCH_OPT_MAX) {
-    hb_say("--opt: at most %d options of %d bytes each\n", BENCH_MAX_OPTS, BENCH_OPT_MAX - 1);
-    return false;
-  }
-  if (eq == NULL || eq == kv || strpbrk(kv, "\"\\ ") != NULL) {
-    hb_say("--opt %s: expected KEY=VALUE (no spaces or quotes)\n", kv);
-    return false;
-  }
-  char *copy = o->extra_kv[o->n_extra];
-  snprintf(copy, BENCH_OPT_MAX, "%s", kv);
-  copy[eq - kv] = '\0';
-  if (strcmp(copy, "Transport") == 0) {
-    hb_say("--opt %s: the transport has its own flag, --transport NAME\n", kv);
-    return false;
-  }
-  if (extra_value(o, copy) != NULL) {
-    hb_say("--opt %s: %s given twice\n", kv, copy);
-    return false;
-  }
-  o->extra[o->n_extra++] = (HixlOption){.key = copy, .value = copy + (eq - kv) + 1};
-  return true;
-}
-
 static bool set_addr(void *p, const char *v) { return strlen(v) < 128 && snprintf(p, 128, "%s", v) > 0; }
 
 static struct bench_opts o = {.local = "127.0.0.1",
@@ -1233,10 +1195,10 @@ static const struct hb_opt opts[] = {
      "auto|tcp|rdma|shm: the engines' Transport option, or the CS endpoints'\n"
      "protocol (default: the library's; CS: tcp)",
      0, 0, transports},
-    {"--opt", HB_FN, &o, "KEY=VALUE",
+    {"--opt", HB_FN, &o.x, "KEY=VALUE",
      "an engine option for both engines (--api engine; repeatable; in two-shell\n"
      "mode give it on both sides), e.g. --opt StagingThreshold=0 --opt BufferPool=8:8",
-     0, 0, add_extra},
+     0, 0, hb_extra_add},
     {"--unregistered", HB_CHOICE, &o.unreg, "local|remote|both",
      "leave that side's buffer unregistered, so every op is staged; remote/both\n"
      "run the target with StagingUnregistered=on (unless an --opt sets it)",
@@ -1275,9 +1237,9 @@ static const struct hb_opt opts[] = {
 
 /* What the engine options cannot go with; false after saying why. */
 static bool check_args(const struct bench_opts *c) {
-  if (c->api == API_CS && c->n_extra > 0) {
-    hb_say("--opt %s=%s: the CS API (--api cs) takes no engine options; use --api engine\n", c->extra[0].key,
-           c->extra[0].value);
+  if (c->api == API_CS && c->x.n > 0) {
+    hb_say("--opt %s=%s: the CS API (--api cs) takes no engine options; use --api engine\n", c->x.v[0].key,
+           c->x.v[0].value);
     return false;
   }
   if (c->api == API_CS && c->unreg != UNREG_NONE) {

@@ -45,12 +45,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "bench_util.h"
-#include "hixl/hixl.h"
+#include "harness.h"
 #include "wire/wire.h"
 
-#define SOAK_MAX_OPTS    16
-#define SOAK_OPT_MAX     128
 #define SOAK_MAX_CLIENTS 16
 #define SOAK_MAX_FLOODS  16
 #define SOAK_LINE_MAX    512
@@ -76,7 +73,6 @@ struct soak_opts {
   const char *transport;
   unsigned clients, floods, half, idle_addrs;
   unsigned idle; /* idle connects (default: 2x the target's descriptor limit) */
-  bool idle_set;
   unsigned target_nofile;
   unsigned churn_rate;     /* connects a second */
   unsigned reconnect_rate; /* idle / half-sent connections opened again, a second */
@@ -86,12 +82,9 @@ struct soak_opts {
   int32_t op_timeout_ms;
   size_t answer_mib; /* LinkAnswerMiB the target runs with */
   const char *json;
-  HixlOption extra[SOAK_MAX_OPTS + 2];
-  char extra_kv[SOAK_MAX_OPTS][SOAK_OPT_MAX];
-  size_t n_extra;
+  struct hb_extra x; /* --opt: the target's */
 };
 
-static const char *g_prog = "hixl-soak";
 static char g_taddr[64];  /* the target engine, "127.0.0.1:port" */
 static uintptr_t g_rbase; /* its registered memory */
 static size_t g_rlen;
@@ -100,36 +93,17 @@ static atomic_bool g_clients_stop;
 
 /* ------------------------------------------------------------------ helpers */
 
-static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void say(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "%s: ", g_prog);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
+static bool set_flood_len(void *p, const char *v) {
+  size_t sz = 0;
+  bool ok = bench_parse_size(v, &sz) && sz >= 1 && sz <= WIRE_MAX_PAYLOAD;
+  *(unsigned *)p = (unsigned)sz;
+  return ok;
 }
 
 static void report_hixl(const char *who, const char *what, HixlStatus st) {
-  const char *why = HixlGetLastErrorMessage();
-  say("%s: %s failed: %s%s%s\n", who, what, HixlStatusName(st), (why != NULL && *why) ? ": " : "",
-      why != NULL ? why : "");
-}
-
-static void *map_buffer(size_t len) {
-  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  return p == MAP_FAILED ? NULL : p;
-}
-
-static bool send_line(int fd, const char *s) {
-  size_t left = strlen(s);
-  while (left > 0) {
-    ssize_t n = send(fd, s, left, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    s += n;
-    left -= (size_t)n;
-  }
-  return true;
+  char w[160];
+  snprintf(w, sizeof(w), "%s: %s", who, what);
+  hb_fail(w, st);
 }
 
 /* Bytes of a and b that differ. */
@@ -180,35 +154,16 @@ static int target_main(const struct soak_opts *o, int ctrl) {
   rl.rlim_cur = o->target_nofile;
   if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < rl.rlim_cur) rl.rlim_cur = rl.rlim_max;
   if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
-    say("target: setrlimit(RLIMIT_NOFILE, %u): %s\n", o->target_nofile, strerror(errno));
+    hb_say("target: setrlimit(RLIMIT_NOFILE, %u): %s\n", o->target_nofile, strerror(errno));
     return 1;
   }
   size_t len = SOAK_READ_AREA + (size_t)o->clients * SOAK_WRITE_AREA;
-  uint8_t *mem = map_buffer(len);
+  uint8_t *mem = hb_map(len);
   if (mem == NULL) return 1;
   bench_pattern_fill(mem, len, SOAK_SEED);
-  st = HixlEngineCreate(&e);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("target", "HixlEngineCreate", st);
-    goto out_unmap;
-  }
-  size_t n = 0;
-  HixlOption opts[SOAK_MAX_OPTS + 2];
-  opts[n++] = (HixlOption){"Transport", o->transport};
-  for (size_t i = 0; i < o->n_extra; i++) opts[n++] = o->extra[i];
-  st = HixlEngineInitialize(e, g_taddr, opts, n);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("target", "HixlEngineInitialize", st);
-    goto out_destroy;
-  }
-  HixlMemDesc d = {.addr = (uintptr_t)mem, .len = len};
-  st = HixlEngineRegisterMem(e, &d, HIXL_MEM_HOST, &h);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("target", "HixlEngineRegisterMem", st);
-    goto out_destroy;
-  }
-  snprintf(line, sizeof(line), "READY %" PRIxPTR " %zu\n", (uintptr_t)mem, len);
-  if (!send_line(ctrl, line)) goto out_destroy;
+  if (!(e = hb_engine(g_taddr, o->transport, o->x.v, o->x.n))) goto out_unmap;
+  if (hb_reg(e, mem, len, &h) != HIXL_SUCCESS) goto out_destroy;
+  hb_send(ctrl, "READY %" PRIxPTR " %zu\n", (uintptr_t)mem, len);
   for (;;) {
     int r = bench_read_line(ctrl, line, sizeof(line), INT_MAX);
     if (r == 0 || (r == 1 && strcmp(line, "QUIT") == 0)) break;
@@ -284,19 +239,8 @@ struct client {
 };
 
 static HixlEngine *client_engine(const struct soak_opts *o, const char *who) {
-  HixlEngine *e = NULL;
-  HixlOption opt = {"Transport", o->transport};
-  HixlStatus st = HixlEngineCreate(&e);
-  if (st != HIXL_SUCCESS) {
-    report_hixl(who, "HixlEngineCreate", st);
-    return NULL;
-  }
-  st = HixlEngineInitialize(e, "127.0.0.1", &opt, 1);
-  if (st != HIXL_SUCCESS) {
-    report_hixl(who, "HixlEngineInitialize", st);
-    HixlEngineDestroy(e);
-    return NULL;
-  }
+  HixlEngine *e = hb_engine("127.0.0.1", o->transport, NULL, 0);
+  if (!e) hb_say("%s: no engine\n", who);
   return e;
 }
 
@@ -326,7 +270,7 @@ static void check(struct client *c, const uint8_t *got, const uint8_t *want, siz
   uint64_t w = count_wrong(got, want, len);
   if (w == 0) return;
   atomic_fetch_add(&c->n.wrong, w);
-  if (c->errors_told++ < 5) say("client %u: %s: %" PRIu64 " of %zu bytes wrong\n", c->id, what, w, len);
+  if (c->errors_told++ < 5) hb_say("client %u: %s: %" PRIu64 " of %zu bytes wrong\n", c->id, what, w, len);
 }
 
 /* data = key_base ^ key, 8 bytes at a time: fresh for each round, cheap to make. */
@@ -387,7 +331,7 @@ static bool client_start(struct client *c) {
   char who[32];
   snprintf(who, sizeof(who), "client %u", c->id);
   c->mem_len = 3 * SOAK_BATCH_LEN + 2 * (size_t)SOAK_LARGE;
-  c->mem = map_buffer(c->mem_len);
+  c->mem = hb_map(c->mem_len);
   c->key_base = malloc(SOAK_LARGE);
   if (c->mem == NULL || c->key_base == NULL) return false;
   bench_pattern_fill(c->key_base, SOAK_LARGE, 1000 + c->id);
@@ -420,7 +364,7 @@ struct joiner {
 static void join_once(struct joiner *j) {
   int ph = atomic_load(j->phase);
   struct join_counts *n = &j->n[ph];
-  uint8_t *buf = map_buffer(SOAK_JOIN_LEN);
+  uint8_t *buf = hb_map(SOAK_JOIN_LEN);
   HixlMemHandle h;
   HixlStatus st = HIXL_FAILED;
   uint64_t t0 = bench_now_ns();
@@ -458,7 +402,7 @@ static void *joiner_main(void *arg) {
   struct itimerspec its = {.it_interval = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)}};
   its.it_value = its.it_interval;
   if (tfd < 0 || timerfd_settime(tfd, 0, &its, NULL) != 0) {
-    say("late joiner: timerfd: %s\n", strerror(errno));
+    hb_say("late joiner: timerfd: %s\n", strerror(errno));
     return NULL;
   }
   for (;;) {
@@ -723,7 +667,7 @@ static void *churn_main(void *arg) {
   its.it_value = its.it_interval;
   int tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC);
   if (tfd < 0 || timerfd_settime(tfd, 0, &its, NULL) != 0) {
-    say("churn: timerfd: %s\n", strerror(errno));
+    hb_say("churn: timerfd: %s\n", strerror(errno));
     return NULL;
   }
   for (uint64_t k = 0;;) {
@@ -771,7 +715,7 @@ static bool hostile_start(struct hostile_run *r, const struct soak_opts *o) {
   for (unsigned i = 0; i < o->floods; i++) {
     r->fl[i] = (struct flood){.h = h, .id = i, .fd = flood_link(20 + i)};
     if (r->fl[i].fd < 0) {
-      say("flood %u: no link to the target\n", i);
+      hb_say("flood %u: no link to the target\n", i);
       return false;
     }
     atomic_fetch_add(&h->n.flood_links, 1);
@@ -887,7 +831,7 @@ static bool run_phase(struct run *r, int ph, double secs) {
   int tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC);
   struct itimerspec its = {.it_interval = {1, 0}, .it_value = {1, 0}};
   if (tfd < 0 || timerfd_settime(tfd, 0, &its, NULL) != 0) {
-    say("timerfd: %s\n", strerror(errno));
+    hb_say("timerfd: %s\n", strerror(errno));
     if (hr != NULL) hostile_stop(hr);
     free(hr);
     return false;
@@ -903,8 +847,8 @@ static bool run_phase(struct run *r, int ph, double secs) {
     if (read(tfd, &v, sizeof(v)) != (ssize_t)sizeof(v)) break; /* blocks for the second */
     int wst;
     if (waitpid(r->pid, &wst, WNOHANG) == r->pid) {
-      say("FINDING: the target process ended during the %s phase (%s %d)\n", ph_name[ph],
-          WIFSIGNALED(wst) ? "signal" : "status", WIFSIGNALED(wst) ? WTERMSIG(wst) : WEXITSTATUS(wst));
+      hb_say("FINDING: the target process ended during the %s phase (%s %d)\n", ph_name[ph],
+             WIFSIGNALED(wst) ? "signal" : "status", WIFSIGNALED(wst) ? WTERMSIG(wst) : WEXITSTATUS(wst));
       r->target_died = true;
       break;
     }
@@ -927,7 +871,7 @@ static bool run_phase(struct run *r, int ph, double secs) {
     fprintf(stderr,
             "%s: [%5.0fs %-14s] legit %7.1f MB/s, %" PRIu64 " ops, %" PRIu64 " failed, %" PRIu64
             " bytes wrong | target RSS %6.1f MiB, %4d fds, CPU %3.0f%%",
-            g_prog, s.t, ph_name[ph], s.legit_mbs, l.ops - l0.ops, l.failed_ops - l0.failed_ops,
+            hb_prog, s.t, ph_name[ph], s.legit_mbs, l.ops - l0.ops, l.failed_ops - l0.failed_ops,
             l.wrong - l0.wrong, (double)now.rss_kib / 1024.0, now.fds, s.cpu_pct);
     if (hr)
       fprintf(stderr,
@@ -1071,7 +1015,7 @@ static bool write_json(const struct run *r, const struct goals *g, const char *p
   const struct soak_opts *o = r->o;
   FILE *f = fopen(path, "w");
   if (f == NULL) {
-    say("--json %s: %s\n", path, strerror(errno));
+    hb_say("--json %s: %s\n", path, strerror(errno));
     return false;
   }
   fprintf(f, "{\n  \"transport\": \"%s\", \"hostile_seconds\": %.0f, \"baseline_seconds\": %.0f,\n",
@@ -1082,8 +1026,8 @@ static bool write_json(const struct run *r, const struct goals *g, const char *p
           o->clients, o->floods, o->flood_len, o->idle, o->idle_addrs, o->half, o->churn_rate,
           o->target_nofile);
   fprintf(f, "  \"options\": {");
-  for (size_t i = 0; i < o->n_extra; i++)
-    fprintf(f, "%s\"%s\": \"%s\"", i ? ", " : "", o->extra[i].key, o->extra[i].value);
+  for (size_t i = 0; i < o->x.n; i++)
+    fprintf(f, "%s\"%s\": \"%s\"", i ? ", " : "", o->x.v[i].key, o->x.v[i].value);
   fprintf(f, "},\n  \"target_idle_rss_kib\": %" PRIu64 ", \"target_idle_fds\": %d,\n", r->idle.rss_kib,
           r->idle.fds);
   fprintf(f, "  \"phases\": [\n");
@@ -1130,134 +1074,57 @@ static bool write_json(const struct run *r, const struct goals *g, const char *p
 
 /* --------------------------------------------------------------------- main */
 
-static void usage(FILE *f) {
-  fprintf(f,
-          "usage: %s [options]\n"
-          "One target engine (its own process, under a descriptor limit) serves legitimate clients\n"
-          "during a baseline phase, a hostile phase and a second baseline; see the file's head.\n"
-          "  --seconds S            hostile phase (default 120)\n"
-          "  --baseline-seconds S   each baseline phase, before and after (default seconds / 4, >= 5)\n"
-          "  --transport NAME       tcp (default) | auto | shm | rdma: the engines' Transport\n"
-          "  --opt KEY=VALUE        a target engine option, repeatable (LinkAnswersMax, MaxLinks, ...);\n"
-          "                         LinkAnswerMiB is " SOAK_DEFAULT_ANSWER_MIB
-          " unless given (the RSS bound uses it)\n"
-          "  --clients N            legitimate client engines (default 2)\n"
-          "  --floods N             READ flood links (default 2)\n"
-          "  --flood-len BYTES      bytes of one flood READ_REQ (default 4K)\n"
-          "  --target-nofile N      the target's RLIMIT_NOFILE (default 1024)\n"
-          "  --idle N               idle connects (default 2 x the target's descriptor limit)\n"
-          "  --idle-addrs N         source addresses they come from, 127.0.0.2.. (default 8)\n"
-          "  --half N               half-sent connections (default 64)\n"
-          "  --churn-rate N         connect/close a second (default 200; 0: none)\n"
-          "  --reconnect-rate N     idle / half-sent connections opened again a second (default 500)\n"
-          "  --join-every S         a late joiner every S seconds (default 5; 0: none)\n"
-          "  --join-timeout-ms MS   its Connect and READ timeout (default 15000)\n"
-          "  --op-timeout-ms MS     a legitimate call's timeout (default 10000)\n"
-          "  --json FILE            the figures and the samples\n"
-          "Exit status: 0 all goals PASS, 3 a goal MISSed, 1 the run failed, 2 bad arguments.\n",
-          g_prog);
-}
-
-static bool add_opt(struct soak_opts *o, const char *kv) {
-  const char *eq = strchr(kv, '=');
-  if (o->n_extra == SOAK_MAX_OPTS || strlen(kv) >= SOAK_OPT_MAX || eq == NULL || eq == kv ||
-      strpbrk(kv, "\"\\ ") != NULL) {
-    say("--opt %s: expected KEY=VALUE (no spaces or quotes), at most %d\n", kv, SOAK_MAX_OPTS);
-    return false;
-  }
-  char *copy = o->extra_kv[o->n_extra];
-  snprintf(copy, SOAK_OPT_MAX, "%s", kv);
-  copy[eq - kv] = '\0';
-  if (strcmp(copy, "Transport") == 0) {
-    say("--opt %s: use --transport\n", kv);
-    return false;
-  }
-  o->extra[o->n_extra++] = (HixlOption){.key = copy, .value = copy + (eq - kv) + 1};
-  return true;
-}
-
-static bool parse_uint(const char *v, unsigned lo, unsigned hi, unsigned *out) {
-  uint64_t u = 0;
-  if (!bench_parse_u64(v, &u) || u < lo || u > hi) return false;
-  *out = (unsigned)u;
-  return true;
-}
-
-static bool parse_secs(const char *v, double lo, double *out) {
-  char *end = NULL;
-  double d = strtod(v, &end);
-  if (end == v || *end != '\0' || !(d >= lo) || d > 86400) return false;
-  *out = d;
-  return true;
-}
-
-static bool parse_args(int argc, char **argv, struct soak_opts *o) {
-  bool base_given = false;
-  for (int i = 1; i < argc; i += 2) { /* every option takes a value */
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    unsigned u = 0;
-    size_t sz = 0;
-    bool ok;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      usage(stdout);
-      exit(0);
-    }
-    if (v == NULL)
-      ok = false;
-    else if (strcmp(a, "--seconds") == 0)
-      ok = parse_secs(v, 1, &o->seconds);
-    else if (strcmp(a, "--baseline-seconds") == 0)
-      ok = parse_secs(v, 0, &o->base_seconds), base_given = true;
-    else if (strcmp(a, "--transport") == 0)
-      ok = strcmp(v, "tcp") == 0 || strcmp(v, "auto") == 0 || strcmp(v, "shm") == 0 || strcmp(v, "rdma") == 0,
-      o->transport = v;
-    else if (strcmp(a, "--opt") == 0)
-      ok = add_opt(o, v);
-    else if (strcmp(a, "--clients") == 0)
-      ok = parse_uint(v, 1, SOAK_MAX_CLIENTS, &o->clients);
-    else if (strcmp(a, "--floods") == 0)
-      ok = parse_uint(v, 0, SOAK_MAX_FLOODS, &o->floods);
-    else if (strcmp(a, "--flood-len") == 0)
-      ok = bench_parse_size(v, &sz) && sz >= 1 && sz <= WIRE_MAX_PAYLOAD, o->flood_len = (unsigned)sz;
-    else if (strcmp(a, "--target-nofile") == 0)
-      ok = parse_uint(v, 64, 1u << 20, &o->target_nofile);
-    else if (strcmp(a, "--idle") == 0)
-      ok = parse_uint(v, 0, 1u << 20, &u), o->idle = u, o->idle_set = true;
-    else if (strcmp(a, "--idle-addrs") == 0)
-      ok = parse_uint(v, 1, 8, &o->idle_addrs);
-    else if (strcmp(a, "--half") == 0)
-      ok = parse_uint(v, 0, 1u << 16, &o->half);
-    else if (strcmp(a, "--churn-rate") == 0)
-      ok = parse_uint(v, 0, 100000, &o->churn_rate);
-    else if (strcmp(a, "--reconnect-rate") == 0)
-      ok = parse_uint(v, 1, 1000000, &o->reconnect_rate);
-    else if (strcmp(a, "--join-every") == 0)
-      ok = parse_secs(v, 0, &o->join_every);
-    else if (strcmp(a, "--join-timeout-ms") == 0)
-      ok = parse_uint(v, 1, INT32_MAX, &u), o->join_timeout_ms = (int32_t)u;
-    else if (strcmp(a, "--op-timeout-ms") == 0)
-      ok = parse_uint(v, 1, INT32_MAX, &u), o->op_timeout_ms = (int32_t)u;
-    else if (strcmp(a, "--json") == 0)
-      ok = true, o->json = v;
-    else
-      ok = false;
-    if (!ok) {
-      say("bad option or value: %s%s%s\n", a, v ? " " : "", v ? v : "");
-      return false;
-    }
-  }
-  if (!base_given) o->base_seconds = o->seconds / 4 < 5 ? 5 : o->seconds / 4;
-  if (!o->idle_set) o->idle = 2 * o->target_nofile;
-  const char *mib = NULL;
-  for (size_t i = 0; i < o->n_extra; i++)
-    if (strcmp(o->extra[i].key, "LinkAnswerMiB") == 0) mib = o->extra[i].value;
-  if (mib == NULL) {
-    if (!add_opt(o, "LinkAnswerMiB=" SOAK_DEFAULT_ANSWER_MIB)) return false;
-    mib = SOAK_DEFAULT_ANSWER_MIB;
-  }
-  o->answer_mib = (size_t)strtoull(mib, NULL, 10);
-  return true;
-}
+static struct soak_opts o = {.seconds = 120,
+                             .base_seconds = -1,
+                             .transport = "tcp",
+                             .clients = 2,
+                             .floods = 2,
+                             .flood_len = SOAK_SMALL,
+                             .target_nofile = 1024,
+                             .idle = UINT32_MAX,
+                             .idle_addrs = 8,
+                             .half = 64,
+                             .churn_rate = 200,
+                             .reconnect_rate = 500,
+                             .join_every = 5,
+                             .join_timeout_ms = 15000,
+                             .op_timeout_ms = 10000};
+static const char *const transports[] = {"tcp", "auto", "shm", "rdma", NULL};
+static int transport_idx;
+static const struct hb_opt opts[] = {
+    {"--seconds", HB_DBL, &o.seconds, "S", "hostile phase (default 120)", 1, 86400, NULL},
+    {"--baseline-seconds", HB_DBL, &o.base_seconds, "S",
+     "each baseline phase, before and after (default seconds / 4, >= 5)", 0, 86400, NULL},
+    {"--transport", HB_CHOICE, &transport_idx, "NAME",
+     "tcp (default) | auto | shm | rdma: the engines' Transport", 0, 0, transports},
+    {"--opt", HB_FN, &o.x, "KEY=VALUE",
+     "a target engine option, repeatable (LinkAnswersMax, MaxLinks, ...);\n"
+     "LinkAnswerMiB is " SOAK_DEFAULT_ANSWER_MIB " unless given (the RSS bound uses it)",
+     0, 0, hb_extra_add},
+    {"--clients", HB_UNS, &o.clients, "N", "legitimate client engines (default 2)", 1, SOAK_MAX_CLIENTS,
+     NULL},
+    {"--floods", HB_UNS, &o.floods, "N", "READ flood links (default 2)", 0, SOAK_MAX_FLOODS, NULL},
+    {"--flood-len", HB_FN, &o.flood_len, "BYTES", "bytes of one flood READ_REQ (default 4K)", 0, 0,
+     set_flood_len},
+    {"--target-nofile", HB_UNS, &o.target_nofile, "N", "the target's RLIMIT_NOFILE (default 1024)", 64,
+     1u << 20, NULL},
+    {"--idle", HB_UNS, &o.idle, "N", "idle connects (default 2 x the target's descriptor limit)", 0, 1u << 20,
+     NULL},
+    {"--idle-addrs", HB_UNS, &o.idle_addrs, "N", "source addresses they come from, 127.0.0.2.. (default 8)",
+     1, 8, NULL},
+    {"--half", HB_UNS, &o.half, "N", "half-sent connections (default 64)", 0, 1u << 16, NULL},
+    {"--churn-rate", HB_UNS, &o.churn_rate, "N", "connect/close a second (default 200; 0: none)", 0, 100000,
+     NULL},
+    {"--reconnect-rate", HB_UNS, &o.reconnect_rate, "N",
+     "idle / half-sent connections opened again a second (default 500)", 1, 1000000, NULL},
+    {"--join-every", HB_DBL, &o.join_every, "S", "a late joiner every S seconds (default 5; 0: none)", 0,
+     86400, NULL},
+    {"--join-timeout-ms", HB_INT, &o.join_timeout_ms, "MS", "its Connect and READ timeout (default 15000)", 1,
+     INT32_MAX, NULL},
+    {"--op-timeout-ms", HB_INT, &o.op_timeout_ms, "MS", "a legitimate call's timeout (default 10000)", 1,
+     INT32_MAX, NULL},
+    {"--json", HB_STR, &o.json, "FILE", "the figures and the samples", 0, 0, NULL},
+    {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
 
 /* Raise this process's soft descriptor limit to its hard one; false when that is
  * still below need. */
@@ -1267,8 +1134,8 @@ static bool raise_nofile(rlim_t need) {
   rl.rlim_cur = rl.rlim_max;
   if (setrlimit(RLIMIT_NOFILE, &rl) != 0) return false;
   if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need) {
-    say("this process may open %llu descriptors (hard limit); the hostile peers need %llu: lower --idle\n",
-        (unsigned long long)rl.rlim_cur, (unsigned long long)need);
+    hb_say("this process may open %llu descriptors (hard limit); the hostile peers need %llu: lower --idle\n",
+           (unsigned long long)rl.rlim_cur, (unsigned long long)need);
     return false;
   }
   return true;
@@ -1279,62 +1146,40 @@ static int wait_target(pid_t pid, int timeout_s) {
   bool in_time;
   int rc = bench_wait_child(pid, timeout_s, &in_time);
   if (!in_time)
-    say("FINDING: the target did not exit within %d s of QUIT (HixlEngineDestroy hangs?); killed it\n",
-        timeout_s);
+    hb_say("FINDING: the target did not exit within %d s of QUIT (HixlEngineDestroy hangs?); killed it\n",
+           timeout_s);
   return rc;
 }
 
+static int target_child(void *arg, int fd) { return target_main(arg, fd); }
+
 int main(int argc, char **argv) {
-  static struct soak_opts o;
   static struct run r;
   char line[SOAK_LINE_MAX];
-  int rc = 1, sp[2];
-  o.seconds = 120;
-  o.transport = "tcp";
-  o.clients = 2;
-  o.floods = 2;
-  o.flood_len = SOAK_SMALL;
-  o.target_nofile = 1024;
-  o.idle_addrs = 8;
-  o.half = 64;
-  o.churn_rate = 200;
-  o.reconnect_rate = 500;
-  o.join_every = 5;
-  o.join_timeout_ms = 15000;
-  o.op_timeout_ms = 10000;
-  if (!parse_args(argc, argv, &o)) {
-    usage(stderr);
-    return 2;
-  }
-  signal(SIGPIPE, SIG_IGN);
+  int rc = 1;
+  hb_prog = "hixl-soak";
+  hb_parse(argc, argv, opts,
+           "One target engine (its own process, under a descriptor limit) serves legitimate clients\n"
+           "during a baseline phase, a hostile phase and a second baseline; see the file's head.\n"
+           "Exit status: 0 all goals PASS, 3 a goal MISSed, 1 the run failed, 2 bad arguments.\n");
+  o.transport = transports[transport_idx];
+  if (o.base_seconds < 0) o.base_seconds = o.seconds / 4 < 5 ? 5 : o.seconds / 4;
+  if (o.idle == UINT32_MAX) o.idle = 2 * o.target_nofile;
+  const char *mib = hb_extra_get(&o.x, "LinkAnswerMiB");
+  if (mib == NULL && !hb_extra_add(&o.x, "LinkAnswerMiB=" SOAK_DEFAULT_ANSWER_MIB)) return 2;
+  o.answer_mib = (size_t)strtoull(mib ? mib : SOAK_DEFAULT_ANSWER_MIB, NULL, 10);
   uint16_t port = bench_free_port();
-  if (port == 0) {
-    say("no free port on 127.0.0.1\n");
-    return 1;
-  }
+  if (port == 0) hb_die("no free port on 127.0.0.1");
   snprintf(g_taddr, sizeof(g_taddr), "127.0.0.1:%u", (unsigned)port);
-  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0) {
-    say("socketpair: %s\n", strerror(errno));
-    return 1;
-  }
-  fflush(NULL);
-  pid_t pid = fork(); /* before any thread */
-  if (pid < 0) {
-    say("fork: %s\n", strerror(errno));
-    return 1;
-  }
-  if (pid == 0) {
-    close(sp[0]);
-    int trc = target_main(&o, sp[1]);
-    fflush(NULL);
-    _exit(trc);
-  }
-  close(sp[1]);
+  struct hb_peer tgt;
+  hb_spawn(&tgt, target_child, &o); /* before any thread */
+  int sp0 = tgt.fd;
+  pid_t pid = tgt.pid;
   r.o = &o;
   r.pid = pid;
-  if (bench_read_line(sp[0], line, sizeof(line), 60000) != 1 ||
+  if (bench_read_line(sp0, line, sizeof(line), 60000) != 1 ||
       sscanf(line, "READY %" SCNxPTR " %zu", &g_rbase, &g_rlen) != 2) {
-    say("the target did not come up\n");
+    hb_say("the target did not come up\n");
     goto out_target;
   }
   if (!raise_nofile((rlim_t)o.idle + o.half + 1024)) goto out_target;
@@ -1347,9 +1192,10 @@ int main(int argc, char **argv) {
   uint8_t rr[WIRE_SMALL_FRAME];
   r.frame_len = (unsigned)wire_put_read_req(rr, 1, 0, 1);
   if (!sample_proc(pid, &r.idle)) goto out_target;
-  say("target %s (pid %d, Transport %s, RLIMIT_NOFILE %u): %.1f MiB RSS, %d descriptors, %zu bytes"
-      " registered\n",
-      g_taddr, (int)pid, o.transport, o.target_nofile, (double)r.idle.rss_kib / 1024.0, r.idle.fds, g_rlen);
+  hb_say("target %s (pid %d, Transport %s, RLIMIT_NOFILE %u): %.1f MiB RSS, %d descriptors, %zu bytes"
+         " registered\n",
+         g_taddr, (int)pid, o.transport, o.target_nofile, (double)r.idle.rss_kib / 1024.0, r.idle.fds,
+         g_rlen);
   r.t0_ns = bench_now_ns();
 
   unsigned started = 0;
@@ -1369,7 +1215,7 @@ int main(int argc, char **argv) {
   const double secs[PH_N] = {o.base_seconds, o.seconds, o.base_seconds};
   for (int p = 0; ran && p < PH_N; p++) {
     if (secs[p] < 1) continue;
-    say("phase %s: %.0f s%s\n", ph_name[p], secs[p], p == PH_HOSTILE ? ", hostile peers on" : "");
+    hb_say("phase %s: %.0f s%s\n", ph_name[p], secs[p], p == PH_HOSTILE ? ", hostile peers on" : "");
     ran = run_phase(&r, p, secs[p]);
   }
 
@@ -1397,14 +1243,14 @@ int main(int argc, char **argv) {
   }
 out_target:
   if (!r.target_died) {
-    send_line(sp[0], "QUIT\n");
+    (void)!send(sp0, "QUIT\n", 5, MSG_NOSIGNAL);
     int trc = wait_target(pid, 30);
     if (trc != 0) {
-      say("the target process exited with status %d\n", trc);
+      hb_say("the target process exited with status %d\n", trc);
       rc = 1;
     }
   }
-  close(sp[0]);
+  close(sp0);
   free(r.smp);
   free(r.cl);
   free(g_ref);
