@@ -32,27 +32,14 @@
  * second unless --no-progress. SIGINT or SIGTERM ends an initiator's loop: the ops in
  * flight complete and are checked, then it reports. SIGUSR1 holds it: the ops in flight
  * complete, then none is posted (the stats file's phase says "held") until SIGUSR2. */
-#include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
-#include <signal.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "bench_util.h"
+#include "harness.h"
 #include "engine/engine_ext.h"
-#include "hixl/hixl.h"
 
 #define PROG         "hixl-rails-bench"
 #define TAG_PREFIX   "hixl-rails-bench seed="
 #define PAGE         4096u
-#define MAX_OPTS     16
 #define MAX_DEPTH    64
 #define MAX_FLIGHT   256        /* ops in flight: depth x batch */
 #define MAX_REQS     (1u << 20) /* latencies kept */
@@ -61,18 +48,18 @@
 #define PROG_PERIOD  1000000000ull
 #define WRITE_SEED   0x5752495445ull /* "WRITE": the written pattern's seed is seed ^ this */
 
-enum role { ROLE_NONE, ROLE_TARGET, ROLE_INITIATOR };
+enum role { ROLE_NONE = -1, ROLE_TARGET, ROLE_INITIATOR };
 
 static struct {
-  enum role role;
+  int role; /* enum role */
   const char *listen, *connect, *local, *rails, *transport, *json, *label, *stats_file, *ready_file;
   size_t buf_size, op_size;
   uint64_t seed, ops, seconds, batch, depth, expect_rails, stall_ms, probe_ms, timeout_ms;
   int dir; /* -1 unset, else HIXL_READ or HIXL_WRITE */
-  bool progress;
-  HixlOption extra[MAX_OPTS];
-  size_t n_extra;
-} o = {.buf_size = 256u << 20,
+  bool progress, read, write;
+  struct hb_extra x; /* --opt */
+} o = {.role = ROLE_NONE,
+       .buf_size = 256u << 20,
        .op_size = 4u << 20,
        .seed = 1,
        .batch = 1,
@@ -89,137 +76,47 @@ static void on_stop(int sig) {
 }
 static void on_hold(int sig) { hold_flag = sig == SIGUSR1; }
 
-static void report(const char *what, HixlStatus st) {
-  const char *why = HixlGetLastErrorMessage();
-  fprintf(stderr, PROG ": %s failed: %s%s%s\n", what, HixlStatusName(st), why && *why ? ": " : "",
-          why ? why : "");
-}
+static void report(const char *what, HixlStatus st) { hb_fail(what, st); }
 
-static void usage(FILE *f) {
-  fprintf(f, "usage: " PROG " --role target --listen IP:PORT [--rails LIST] [--buf-size SIZE] [--seed N]\n"
-             "                        [--ready-file FILE] [engine options]\n"
-             "       " PROG " --role initiator --connect IP:PORT [--local IP] [--rails LIST] --read|--write\n"
-             "                        [--op-size SIZE] [--ops N | --seconds S] [--batch N] [--depth N]\n"
-             "                        [--expect-rails N] [--json FILE] [--label TEXT] [--stats-file FILE]\n"
-             "                        [--no-progress] [engine options]\n"
-             "  engine options: --transport NAME (default tcp; rdma rails need an RDMA device per rail), "
-             "--stall-ms N\n"
-             "  (RailStallMs), --probe-ms N (RailProbeMs), --timeout-ms N (each request's, default 30000),\n"
-             "  --opt KEY=VALUE (any other engine option; repeatable)\n"
-             "  --rails LIST: this engine's rail addresses, comma-separated, or auto (the Rails option)\n"
-             "  --expect-rails N: fail unless the link has N rails, all up, after Connect\n"
-             "Exit status: 0 when every op completed and verified, 1 otherwise, 2 for bad options.\n");
-}
+static const char *const roles[] = {"target", "initiator", NULL};
+static const struct hb_opt opts[] = {
+    {"--role", HB_CHOICE, &o.role, "target|initiator", "(required)", 0, 0, roles},
+    {"--listen", HB_STR, &o.listen, "IP:PORT", "target: its engine's address", 0, 0, NULL},
+    {"--connect", HB_STR, &o.connect, "IP:PORT", "initiator: the target's", 0, 0, NULL},
+    {"--local", HB_STR, &o.local, "IP", "initiator: its engine's address", 0, 0, NULL},
+    {"--rails", HB_STR, &o.rails, "LIST",
+     "this engine's rail addresses, comma-separated, or auto (the Rails option)", 0, 0, NULL},
+    {"--buf-size", HB_SIZE, &o.buf_size, "SIZE", "target: its buffer (default 256M)", 1, 1e18, NULL},
+    {"--seed", HB_U64, &o.seed, "N", "target: the pattern's seed (default 1)", 0, 0, NULL},
+    {"--ready-file", HB_STR, &o.ready_file, "FILE", "target: written once it serves", 0, 0, NULL},
+    {"--read", HB_FLAG, &o.read, NULL, "initiator: READ ops", 0, 0, NULL},
+    {"--write", HB_FLAG, &o.write, NULL, "initiator: WRITE ops, read back and checked", 0, 0, NULL},
+    {"--op-size", HB_SIZE, &o.op_size, "SIZE", "bytes of an op (default 4M)", 1, 1e18, NULL},
+    {"--ops", HB_U64, &o.ops, "N", "ops in all, or", 0, 0, NULL},
+    {"--seconds", HB_U64, &o.seconds, "S", "seconds of ops", 0, 0, NULL},
+    {"--batch", HB_U64, &o.batch, "N", "ops a request (default 1)", 1, MAX_FLIGHT, NULL},
+    {"--depth", HB_U64, &o.depth, "N", "requests in flight (default 4)", 1, MAX_DEPTH, NULL},
+    {"--expect-rails", HB_U64, &o.expect_rails, "N",
+     "fail unless the link has N rails, all up, after Connect", 0, 0, NULL},
+    {"--json", HB_STR, &o.json, "FILE", "the result", 0, 0, NULL},
+    {"--label", HB_STR, &o.label, "TEXT", "a label for the JSON", 0, 0, NULL},
+    {"--stats-file", HB_STR, &o.stats_file, "FILE", "the rails' counters, rewritten as they move", 0, 0,
+     NULL},
+    {"--no-progress", HB_NOFLAG, &o.progress, NULL, "nothing on stderr but errors", 0, 0, NULL},
+    {"--transport", HB_STR, &o.transport, "NAME", "default tcp; rdma rails need an RDMA device per rail", 0,
+     0, NULL},
+    {"--stall-ms", HB_U64, &o.stall_ms, "N", "RailStallMs", 0, 0, NULL},
+    {"--probe-ms", HB_U64, &o.probe_ms, "N", "RailProbeMs", 0, 0, NULL},
+    {"--timeout-ms", HB_U64, &o.timeout_ms, "N", "each request's timeout (default 30000)", 1, INT32_MAX,
+     NULL},
+    {"--opt", HB_FN, &o.x, "KEY=VALUE", "any other engine option; repeatable", 0, 0, hb_extra_add},
+    {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
 
 static int parse_opts(int argc, char **argv) {
-  enum {
-    O_ROLE = 256,
-    O_LISTEN,
-    O_CONNECT,
-    O_LOCAL,
-    O_RAILS,
-    O_BUF,
-    O_SEED,
-    O_READY,
-    O_OPSIZE,
-    O_OPS,
-    O_SECS,
-    O_BATCH,
-    O_DEPTH,
-    O_EXPECT,
-    O_JSON,
-    O_LABEL,
-    O_STATS,
-    O_NOPROG,
-    O_TRANSPORT,
-    O_STALL,
-    O_PROBE,
-    O_TIMEOUT,
-    O_OPT,
-    O_READ,
-    O_WRITE,
-    O_HELP
-  };
-  static const struct option lo[] = {{"role", 1, 0, O_ROLE},
-                                     {"listen", 1, 0, O_LISTEN},
-                                     {"connect", 1, 0, O_CONNECT},
-                                     {"local", 1, 0, O_LOCAL},
-                                     {"rails", 1, 0, O_RAILS},
-                                     {"buf-size", 1, 0, O_BUF},
-                                     {"seed", 1, 0, O_SEED},
-                                     {"ready-file", 1, 0, O_READY},
-                                     {"op-size", 1, 0, O_OPSIZE},
-                                     {"ops", 1, 0, O_OPS},
-                                     {"seconds", 1, 0, O_SECS},
-                                     {"batch", 1, 0, O_BATCH},
-                                     {"depth", 1, 0, O_DEPTH},
-                                     {"expect-rails", 1, 0, O_EXPECT},
-                                     {"json", 1, 0, O_JSON},
-                                     {"label", 1, 0, O_LABEL},
-                                     {"stats-file", 1, 0, O_STATS},
-                                     {"no-progress", 0, 0, O_NOPROG},
-                                     {"transport", 1, 0, O_TRANSPORT},
-                                     {"stall-ms", 1, 0, O_STALL},
-                                     {"probe-ms", 1, 0, O_PROBE},
-                                     {"timeout-ms", 1, 0, O_TIMEOUT},
-                                     {"opt", 1, 0, O_OPT},
-                                     {"read", 0, 0, O_READ},
-                                     {"write", 0, 0, O_WRITE},
-                                     {"help", 0, 0, O_HELP},
-                                     {0, 0, 0, 0}};
-  int c;
-  bool ok = true;
-  while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-    switch (c) {
-    case O_ROLE:
-      o.role = strcmp(optarg, "target") == 0      ? ROLE_TARGET
-               : strcmp(optarg, "initiator") == 0 ? ROLE_INITIATOR
-                                                  : ROLE_NONE;
-      ok = ok && o.role != ROLE_NONE;
-      break;
-    case O_LISTEN: o.listen = optarg; break;
-    case O_CONNECT: o.connect = optarg; break;
-    case O_LOCAL: o.local = optarg; break;
-    case O_RAILS: o.rails = optarg; break;
-    case O_BUF: ok = ok && bench_parse_size(optarg, &o.buf_size) && o.buf_size > 0; break;
-    case O_SEED: ok = ok && bench_parse_u64(optarg, &o.seed); break;
-    case O_READY: o.ready_file = optarg; break;
-    case O_OPSIZE: ok = ok && bench_parse_size(optarg, &o.op_size) && o.op_size > 0; break;
-    case O_OPS: ok = ok && bench_parse_u64(optarg, &o.ops); break;
-    case O_SECS: ok = ok && bench_parse_u64(optarg, &o.seconds); break;
-    case O_BATCH: ok = ok && bench_parse_u64(optarg, &o.batch) && o.batch > 0 && o.batch <= MAX_FLIGHT; break;
-    case O_DEPTH: ok = ok && bench_parse_u64(optarg, &o.depth) && o.depth > 0 && o.depth <= MAX_DEPTH; break;
-    case O_EXPECT: ok = ok && bench_parse_u64(optarg, &o.expect_rails); break;
-    case O_JSON: o.json = optarg; break;
-    case O_LABEL: o.label = optarg; break;
-    case O_STATS: o.stats_file = optarg; break;
-    case O_NOPROG: o.progress = false; break;
-    case O_TRANSPORT: o.transport = optarg; break;
-    case O_STALL: ok = ok && bench_parse_u64(optarg, &o.stall_ms); break;
-    case O_PROBE: ok = ok && bench_parse_u64(optarg, &o.probe_ms); break;
-    case O_TIMEOUT:
-      ok = ok && bench_parse_u64(optarg, &o.timeout_ms) && o.timeout_ms > 0 && o.timeout_ms <= INT32_MAX;
-      break;
-    case O_OPT: {
-      char *eq = strchr(optarg, '=');
-      if (!eq || eq == optarg || o.n_extra == MAX_OPTS) {
-        ok = false;
-        break;
-      }
-      *eq = '\0';
-      o.extra[o.n_extra++] = (HixlOption){optarg, eq + 1};
-      break;
-    }
-    case O_READ: o.dir = HIXL_READ; break;
-    case O_WRITE: o.dir = HIXL_WRITE; break;
-    case O_HELP: usage(stdout); exit(0);
-    default: ok = false;
-    }
-  }
-  if (!ok || optind != argc) {
-    usage(stderr);
-    return 2;
-  }
+  hb_prog = PROG;
+  hb_parse(argc, argv, opts,
+           "Exit status: 0 when every op completed and verified, 1 otherwise, 2 for bad options.\n");
+  o.dir = o.read ? HIXL_READ : o.write ? HIXL_WRITE : -1;
   const char *why = NULL;
   if (o.role == ROLE_NONE)
     why = "--role target or --role initiator";
@@ -231,6 +128,8 @@ static int parse_opts(int argc, char **argv) {
     why = "an initiator needs --read or --write";
   else if (o.role == ROLE_INITIATOR && o.ops == 0 && o.seconds == 0)
     why = "an initiator needs --ops N or --seconds S";
+  else if (o.read && o.write)
+    why = "--read or --write, not both";
   else if (o.depth * o.batch > MAX_FLIGHT)
     why = "--depth x --batch is at most 256 ops in flight";
   if (why) {
@@ -242,7 +141,7 @@ static int parse_opts(int argc, char **argv) {
 
 /* Create and initialize an engine on addr with the options given; NULL when it cannot (said). */
 static HixlEngine *engine_up(const char *addr) {
-  HixlOption opt[MAX_OPTS + 4];
+  HixlOption opt[HB_EXTRA_MAX + 4];
   char stall[24], probe[24];
   size_t n = 0;
   opt[n++] = (HixlOption){"Transport", o.transport};
@@ -255,22 +154,8 @@ static HixlEngine *engine_up(const char *addr) {
     snprintf(probe, sizeof(probe), "%" PRIu64, o.probe_ms);
     opt[n++] = (HixlOption){"RailProbeMs", probe};
   }
-  for (size_t i = 0; i < o.n_extra; i++) opt[n++] = o.extra[i];
-  HixlEngine *e = NULL;
-  HixlStatus st = HixlEngineCreate(&e);
-  if (st != HIXL_SUCCESS) {
-    report("HixlEngineCreate", st);
-    return NULL;
-  }
-  st = HixlEngineInitialize(e, addr, opt, n);
-  if (st != HIXL_SUCCESS) {
-    char what[128];
-    snprintf(what, sizeof(what), "HixlEngineInitialize(%s)", addr);
-    report(what, st);
-    HixlEngineDestroy(e);
-    return NULL;
-  }
-  return e;
+  for (size_t i = 0; i < o.x.n; i++) opt[n++] = o.x.v[i];
+  return hb_engine(addr, NULL, opt, n);
 }
 
 /* Page-aligned anonymous memory; NULL when there is none (said). */
