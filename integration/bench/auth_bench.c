@@ -18,32 +18,18 @@
  * Prints p50, p99, mean per mode and the ratios on/off (and off-b/off), on stdout and
  * as --json FILE.
  *
- *   hixl-auth-bench [--connects N] [--block N] [--warmup N] [--transports LIST] [--aa]
- *                   [--json FILE] [--no-progress]
- *
  * --frames instead measures, on one core, what proving every frame costs (issue 43)
  * and what its alternatives would: hixl's tag of a frame header and its check (GMAC,
  * util/auth_frames.c), HMAC-SHA256 of the same bytes, GMAC over a 1 MiB payload chunk
  * (tagging the data too), AES-256-GCM encryption of 1 MiB (what a TLS 1.3 record layer
  * does to every byte), each beside memcpy of the same bytes; and whether this kernel
  * offers kTLS (the "tls" TCP ULP). */
-#include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/random.h>
 #include <sys/utsname.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <openssl/evp.h>
 
-#include "bench_util.h"
-#include "hixl/hixl.h"
+#include "harness.h"
 #include "util/auth.h"
 
 #define MAX_TRANSPORTS 4
@@ -71,11 +57,7 @@ struct result {
   double disc_mean_us;     /* Disconnect, for the record */
 };
 
-static void report(const char *what, HixlStatus st) {
-  const char *why = HixlGetLastErrorMessage();
-  fprintf(stderr, "hixl-auth-bench: %s failed: %s%s%s\n", what, HixlStatusName(st), why && *why ? ": " : "",
-          why ? why : "");
-}
+static void report(const char *what, HixlStatus st) { hb_fail(what, st); }
 
 static size_t n_modes(void) { return o.aa ? MODE_COUNT : MODE_OFF_B; }
 
@@ -83,31 +65,13 @@ static size_t n_modes(void) { return o.aa ? MODE_COUNT : MODE_OFF_B; }
  * registered region as *h; NULL when it cannot (said). */
 static HixlEngine *engine_up(const char *addr, const char *transport, const char *key, void *region,
                              HixlMemHandle *h) {
-  HixlOption opt[] = {{"Transport", transport}, {"AuthKeyFile", key}};
-  HixlMemDesc md = {.addr = (uintptr_t)region, .len = REGION_BYTES};
-  HixlEngine *e = NULL;
-  char what[160];
-  HixlStatus st = HixlEngineCreate(&e);
-  if (st != HIXL_SUCCESS) {
-    report("HixlEngineCreate", st);
+  HixlOption opt = {"AuthKeyFile", key};
+  HixlEngine *e = hb_engine(addr, transport, &opt, 1);
+  if (e && hb_reg(e, region, REGION_BYTES, h) != HIXL_SUCCESS) {
+    HixlEngineDestroy(e); /* Destroy finalizes */
     return NULL;
   }
-  st = HixlEngineInitialize(e, addr, opt, sizeof(opt) / sizeof(opt[0]));
-  if (st != HIXL_SUCCESS) {
-    snprintf(what, sizeof(what), "HixlEngineInitialize(%s, Transport %s, %s)", addr, transport,
-             *key ? "a key" : "no key");
-    report(what, st);
-    goto out_destroy;
-  }
-  st = HixlEngineRegisterMem(e, &md, HIXL_MEM_HOST, h);
-  if (st != HIXL_SUCCESS) {
-    report("HixlEngineRegisterMem", st);
-    goto out_destroy; /* Destroy finalizes */
-  }
   return e;
-out_destroy:
-  HixlEngineDestroy(e);
-  return NULL;
 }
 
 static void pair_down(struct pair *p) {
@@ -436,24 +400,11 @@ static int frames_bench(void) {
   return 0;
 }
 
-static void usage(FILE *f) {
-  fprintf(f, "usage: hixl-auth-bench [options]\n"
-             "  HixlEngineConnect time with the authenticated handshake (AuthKeyFile on both engines)\n"
-             "  and without (no key on either), two engines per mode in this process on 127.0.0.1.\n"
-             "  --connects N       connects per mode and transport (default 500)\n"
-             "  --block N          connects per mode before the other mode's turn (default 50)\n"
-             "  --warmup N         unmeasured connects per mode first (default 10)\n"
-             "  --transports LIST  e.g. tcp,auto (default; auto: shm between the two engines)\n"
-             "  --aa               add mode off-b, a second keyless pair: the A/A spread\n"
-             "  --frames           instead: what proving every frame costs, and its alternatives\n"
-             "  --json FILE        the results as JSON\n"
-             "  --no-progress      nothing on stderr but errors\n");
-}
-
 /* "tcp,auto" into o.transports (the string is kept and cut in place). */
-static bool parse_transports(char *s) {
+static bool parse_transports(void *p, const char *v) {
+  (void)p;
   o.n_transports = 0;
-  for (char *save = NULL, *t = strtok_r(s, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+  for (char *save = NULL, *t = strtok_r(strdup(v), ",", &save); t; t = strtok_r(NULL, ",", &save)) {
     if (o.n_transports == MAX_TRANSPORTS || HixlEngineCheckOption("Transport", t) != HIXL_SUCCESS)
       return false;
     o.transports[o.n_transports++] = t;
@@ -462,51 +413,32 @@ static bool parse_transports(char *s) {
 }
 
 int main(int argc, char **argv) {
-  static const struct option lo[] = {
-      {"connects", 1, 0, 'n'}, {"block", 1, 0, 'b'}, {"warmup", 1, 0, 'w'},      {"transports", 1, 0, 't'},
-      {"aa", 0, 0, 'a'},       {"json", 1, 0, 'j'},  {"no-progress", 0, 0, 'q'}, {"help", 0, 0, 'h'},
-      {"frames", 0, 0, 'f'},   {0, 0, 0, 0}};
   struct result res[MAX_TRANSPORTS][MODE_COUNT];
   char key[256];
   void *region = NULL;
-  uint64_t v;
-  int c, rc = 1;
+  int rc = 1;
   bool frames = false;
-
-  while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-    if (c == 'n' || c == 'b' || c == 'w') {
-      if (!bench_parse_u64(optarg, &v) || v > 10000000 || (v == 0 && c != 'w')) {
-        fprintf(stderr, "hixl-auth-bench: bad number \"%s\"\n", optarg);
-        return 2;
-      }
-      *(c == 'n' ? &o.connects : c == 'b' ? &o.block : &o.warmup) = v;
-    } else if (c == 't') {
-      if (!parse_transports(optarg)) {
-        fprintf(stderr, "hixl-auth-bench: --transports: a list of at most %d of auto, tcp, rdma, shm\n",
-                MAX_TRANSPORTS);
-        return 2;
-      }
-    } else if (c == 'a') {
-      o.aa = true;
-    } else if (c == 'j') {
-      o.json = optarg;
-    } else if (c == 'q') {
-      o.progress = false;
-    } else if (c == 'f') {
-      frames = true;
-    } else {
-      usage(c == 'h' ? stdout : stderr);
-      return c == 'h' ? 0 : 2;
-    }
-  }
-  if (optind != argc) {
-    usage(stderr);
-    return 2;
-  }
+  const struct hb_opt opts[] = {
+      {"--connects", HB_U64, &o.connects, "N", "connects per mode and transport (default 500)", 1, 1e7, NULL},
+      {"--block", HB_U64, &o.block, "N", "connects per mode before the other mode's turn (default 50)", 1,
+       1e7, NULL},
+      {"--warmup", HB_U64, &o.warmup, "N", "unmeasured connects per mode first (default 10)", 0, 1e7, NULL},
+      {"--transports", HB_FN, NULL, "LIST", "e.g. tcp,auto (default; auto: shm between the two engines)", 0,
+       0, parse_transports},
+      {"--aa", HB_FLAG, &o.aa, NULL, "add mode off-b, a second keyless pair: the A/A spread", 0, 0, NULL},
+      {"--frames", HB_FLAG, &frames, NULL, "instead: what proving every frame costs, and its alternatives", 0,
+       0, NULL},
+      {"--json", HB_STR, &o.json, "FILE", "the results as JSON", 0, 0, NULL},
+      {"--no-progress", HB_NOFLAG, &o.progress, NULL, "nothing on stderr but errors", 0, 0, NULL},
+      {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
+  hb_prog = "hixl-auth-bench";
+  hb_parse(argc, argv, opts,
+           "HixlEngineConnect time with the authenticated handshake (AuthKeyFile on both engines)\n"
+           "and without (no key on either), two engines per mode in this process on 127.0.0.1.\n");
   if (frames) return frames_bench();
   if (bench_key_file(key, sizeof(key), "hixl-auth-bench") != 0) return 1;
   if (posix_memalign(&region, 4096, REGION_BYTES) != 0) {
-    fprintf(stderr, "hixl-auth-bench: out of memory\n");
+    hb_say("out of memory\n");
     goto out_key;
   }
   memset(region, 0, REGION_BYTES);
