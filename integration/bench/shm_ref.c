@@ -15,30 +15,15 @@
  * --kernel-refs adds two references: one process_vm_readv per 1 MiB block, and the
  * kernel's own batch, one process_vm_readv of 1024 scattered 4 KiB blocks. --csv FILE appends one row per
  * figure (its median and every round) for run_perf.sh; the printed tables stay as they are. */
-#include <arpa/inet.h>
-#include <errno.h>
-#include <netinet/in.h>
-#include <sched.h>
-#include <stdbool.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/socket.h>
 #include <sys/uio.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
-#include "bench_util.h"
-#include "hixl/hixl.h"
+#include "harness.h"
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
 
 static struct {
-  size_t span;
+  uint64_t span_mib;
   double seconds;
   int rounds;
   bool thp;
@@ -46,7 +31,8 @@ static struct {
   int cpu_init, cpu_target;
   const char *csv;  /* --csv: append one row per figure here */
   const char *only; /* --only: just the figures whose name holds this, and no goals */
-} o = {64 * MiB, 0.5, 3, false, false, 0, 1, NULL, NULL};
+  size_t span;
+} o = {64, 0.5, 3, false, false, 0, 1, NULL, NULL, 0};
 
 #define SHM_CSV_HEADER "tool,pages,span_mib,rounds,kind,op,block_size,batch,layout,gbps,round_gbps"
 
@@ -54,14 +40,6 @@ static double now_s(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static void pin(int cpu) {
-  cpu_set_t s;
-  if (cpu < 0) return; /* -1: left to the scheduler */
-  CPU_ZERO(&s);
-  CPU_SET(cpu, &s);
-  if (sched_setaffinity(0, sizeof(s), &s) != 0) perror("sched_setaffinity");
 }
 
 static unsigned char *buf_new(size_t len, unsigned char fill) {
@@ -76,9 +54,7 @@ static unsigned char *buf_new(size_t len, unsigned char fill) {
 }
 
 static void die_st(HixlStatus st, const char *what) {
-  if (st == HIXL_SUCCESS) return;
-  fprintf(stderr, "hixl-shm-ref: %s: %s: %s\n", what, HixlStatusName(st), HixlGetLastErrorMessage());
-  exit(1);
+  if (st != HIXL_SUCCESS) exit(!hb_fail(what, st));
 }
 
 /* Regions Connect mapped, from its log line; warnings and errors go to stderr. */
@@ -90,28 +66,15 @@ static void log_cb(HixlLogLevel level, const char *msg, void *ctx) {
   if (level >= HIXL_LOG_WARN) fprintf(stderr, "hixl: %s\n", msg);
 }
 
-static uint16_t free_port(void) {
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t sl = sizeof(sa);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
-      getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
-    perror("free port");
-    exit(1);
-  }
-  close(fd);
-  return ntohs(sa.sin_port);
-}
-
 /* The target: an engine with Transport shm that registers span bytes and allocates
  * span more (HixlEngineAllocMem, mapped by the initiator), and reports both addresses;
  * it serves until the pipe closes. */
-static int target_main(const char *name, int wfd, int rfd) {
+static int target_main(void *name, int fd) {
   HixlEngine *e;
   HixlMemHandle h, hm;
   HixlOption opt = {"Transport", "shm"};
   void *mapped = NULL;
-  pin(o.cpu_target);
+  if (!bench_pin_cpu(o.cpu_target)) return 1;
   unsigned char *mem = buf_new(o.span, 0x5a);
   HixlMemDesc d = {(uintptr_t)mem, o.span};
   die_st(HixlEngineCreate(&e), "target Create");
@@ -121,8 +84,8 @@ static int target_main(const char *name, int wfd, int rfd) {
   memset(mapped, 0x5a, o.span);
   uint64_t addr[2] = {(uintptr_t)mem, (uintptr_t)mapped};
   char c;
-  if (write(wfd, addr, sizeof(addr)) != sizeof(addr)) return 1;
-  while (read(rfd, &c, 1) > 0) {
+  if (write(fd, addr, sizeof(addr)) != sizeof(addr)) return 1;
+  while (read(fd, &c, 1) > 0) {
   }
   HixlEngineDestroy(e);
   return 0;
@@ -285,40 +248,27 @@ static bool write_csv(const struct fig *figs, size_t n) {
 }
 
 int main(int argc, char **argv) {
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--thp") == 0)
-      o.thp = true;
-    else if (strcmp(argv[i], "--kernel-refs") == 0)
-      o.kernel_refs = true;
-    else if (strcmp(argv[i], "--span-mib") == 0 && i + 1 < argc)
-      o.span = strtoull(argv[++i], NULL, 10) * MiB;
-    else if (strcmp(argv[i], "--seconds") == 0 && i + 1 < argc)
-      o.seconds = strtod(argv[++i], NULL);
-    else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc)
-      o.rounds = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--cpu-initiator") == 0 && i + 1 < argc)
-      o.cpu_init = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--cpu-target") == 0 && i + 1 < argc)
-      o.cpu_target = atoi(argv[++i]);
-    else if (strcmp(argv[i], "--csv") == 0 && i + 1 < argc)
-      o.csv = argv[++i];
-    else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
-      o.only = argv[++i];
-    else {
-      fprintf(stderr,
-              "usage: %s [--thp] [--kernel-refs] [--span-mib N (64)] [--seconds S (0.5)] [--rounds R (3, "
-              "odd, <= 15)]\n"
-              "          [--cpu-initiator C (0)] [--cpu-target C (1); -1 leaves a process unpinned]\n"
-              "          [--csv FILE: append one row per figure, header written when the file is new]\n"
-              "          [--only TEXT: measure only the figures whose name holds TEXT (no goals, no CSV)]\n",
-              argv[0]);
-      return 2;
-    }
-  }
-  if (o.rounds < 1 || o.rounds > 15 || o.span < 4 * MiB || o.span % (4 * MiB) != 0) {
-    fprintf(stderr, "hixl-shm-ref: need 1..15 rounds and a span that is a multiple of 4 MiB\n");
-    return 2;
-  }
+  const struct hb_opt opts[] = {
+      {"--thp", HB_FLAG, &o.thp, NULL, "back every buffer with transparent huge pages", 0, 0, NULL},
+      {"--kernel-refs", HB_FLAG, &o.kernel_refs, NULL,
+       "add process_vm_readv at 1 MiB and of a scattered batch", 0, 0, NULL},
+      {"--span-mib", HB_U64, &o.span_mib, "N", "the span walked, a multiple of 4, at least 16 (default 64)",
+       16, 1 << 20, NULL},
+      {"--seconds", HB_DBL, &o.seconds, "S", "per figure and round (default 0.5)", 1e-9, 3600, NULL},
+      {"--rounds", HB_INT, &o.rounds, "R", "rounds, each figure once in each (default 3)", 1, 15, NULL},
+      {"--cpu-initiator", HB_INT, &o.cpu_init, "C", "(default 0; -1 leaves it unpinned)", -1, CPU_SETSIZE - 1,
+       NULL},
+      {"--cpu-target", HB_INT, &o.cpu_target, "C", "(default 1; -1 leaves it unpinned)", -1, CPU_SETSIZE - 1,
+       NULL},
+      {"--csv", HB_STR, &o.csv, "FILE", "append one row per figure, header written when the file is new", 0,
+       0, NULL},
+      {"--only", HB_STR, &o.only, "TEXT", "measure only the figures whose name holds TEXT (no goals, no CSV)",
+       0, 0, NULL},
+      {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
+  hb_prog = "hixl-shm-ref";
+  hb_parse(argc, argv, opts, NULL);
+  o.span = o.span_mib * MiB;
+  if (o.span % (4 * MiB) != 0) hb_die("--span-mib: a multiple of 4");
   if (o.csv != NULL) { /* a file we cannot append to fails now, not after the measurements */
     FILE *f = bench_csv_open(o.csv, SHM_CSV_HEADER);
     if (f == NULL) {
@@ -330,27 +280,16 @@ int main(int argc, char **argv) {
   }
 
   struct ctx c;
-  int up[2], down[2];
+  struct hb_peer tgt;
   memset(&c, 0, sizeof(c));
-  snprintf(c.peer, sizeof(c.peer), "127.0.0.1:%u", (unsigned)free_port());
-  if (pipe(up) != 0 || pipe(down) != 0) return 1;
-  c.pid = fork(); /* before any thread exists here */
-  if (c.pid < 0) return 1;
-  if (c.pid == 0) {
-    close(up[0]);
-    close(down[1]);
-    _exit(target_main(c.peer, up[1], down[0]));
-  }
-  close(up[1]);
-  close(down[0]);
+  snprintf(c.peer, sizeof(c.peer), "127.0.0.1:%u", (unsigned)bench_free_port());
+  hb_spawn(&tgt, target_main, c.peer); /* before any thread exists here */
+  c.pid = tgt.pid;
   uint64_t addrs[2];
-  if (read(up[0], addrs, sizeof(addrs)) != sizeof(addrs)) {
-    fprintf(stderr, "hixl-shm-ref: the target did not start\n");
-    return 1;
-  }
+  if (bench_read_full(tgt.fd, addrs, sizeof(addrs)) != 0) hb_die("the target did not start");
   c.raddr = addrs[0];
   c.maddr = addrs[1];
-  pin(o.cpu_init);
+  if (!bench_pin_cpu(o.cpu_init)) return 1;
   c.src = buf_new(o.span, 1);
   c.dst = buf_new(o.span, 2);
   c.d = calloc(o.span / (4 * KiB), sizeof(*c.d));
@@ -477,8 +416,6 @@ int main(int argc, char **argv) {
   }
   bool csv_ok = o.csv == NULL || o.only || write_csv(figs, nf);
   HixlEngineDestroy(c.e);
-  close(down[1]);
-  int ws;
-  waitpid(c.pid, &ws, 0);
+  hb_reap(&tgt, 60);
   return csv_ok ? 0 : 1;
 }
