@@ -1,9 +1,9 @@
 /* test_kv_util: the plugin's hashed sets of ids (plugin/src/kv_util.c, struct
  * kv_idhash), white-box: add, has, del, values, the order entries are forgotten in at a
- * bound, ids that land in one bucket, many ids, the table shrinking after a burst; and
- * the two lists built on them in kv_util.c: the "gone" ids (KV_GONE_MAX, oldest
- * forgotten first, an id that ended twice counted twice, as the list it replaced) and
- * the unreachable peers (KV_UNREACH_MAX). */
+ * bound, get and touch and a walk, ids that land in one bucket, many ids, the table
+ * shrinking after a burst; and the two lists built on them in kv_util.c: the "gone" ids
+ * (KV_GONE_MAX, oldest forgotten first, an id that ended twice counted twice, as the
+ * list it replaced) and the unreachable peers (KV_UNREACH_MAX). */
 #include <CUnit/Basic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -90,6 +90,43 @@ static void test_bound_order_values(void) {
   freed = 0;
   kv_idhash_clear(&s, count_free); /* v-3, v-4, v-5 and w's NULL */
   CU_ASSERT_EQUAL(freed, 4);
+}
+
+/* get hands back the newest entry's value; touch makes an entry the newest (a renewed
+ * lease, kv_service.c), so it is forgotten last; a walk goes newest to oldest. */
+static void test_get_touch_walk(void) {
+  struct kv_idhash s = {0};
+  int v[4];
+  void *got = &got;
+  CU_ASSERT_FALSE(kv_idhash_get(&s, "a", &got));
+  CU_ASSERT_FALSE(kv_idhash_touch(&s, "a")); /* empty, no buckets yet */
+  CU_ASSERT_EQUAL(kv_idhash_add(&s, "a", &v[0], 3, NULL), 0);
+  CU_ASSERT_EQUAL(kv_idhash_add(&s, "b", &v[1], 3, NULL), 0);
+  CU_ASSERT_EQUAL(kv_idhash_add(&s, "c", &v[2], 3, NULL), 0);
+  CU_ASSERT_TRUE(kv_idhash_get(&s, "b", &got));
+  CU_ASSERT_PTR_EQUAL(got, &v[1]);
+  CU_ASSERT_FALSE(kv_idhash_get(&s, "d", &got));
+  CU_ASSERT_PTR_EQUAL(got, &v[1]);          /* written only on success */
+  CU_ASSERT_TRUE(kv_idhash_touch(&s, "a")); /* the oldest becomes the newest: b c a */
+  CU_ASSERT_TRUE(kv_idhash_touch(&s, "a")); /* the newest already */
+  CU_ASSERT_TRUE(kv_idhash_touch(&s, "c")); /* the middle: b a c */
+  CU_ASSERT_FALSE(kv_idhash_touch(&s, "d"));
+  const char *want[] = {"c", "a", "b"};
+  const int *wantv[] = {&v[2], &v[0], &v[1]};
+  unsigned i = 0;
+  for (const struct kv_idnode *x = s.newest; x; x = kv_idnode_older(x), i++) {
+    CU_ASSERT_FATAL(i < 3);
+    CU_ASSERT_STRING_EQUAL(kv_idnode_id(x), want[i]);
+    CU_ASSERT_PTR_EQUAL(kv_idnode_val(x), wantv[i]);
+  }
+  CU_ASSERT_EQUAL(i, 3);
+  CU_ASSERT_PTR_EQUAL(kv_idnode_val(s.oldest), &v[1]);
+  void *old = NULL;
+  CU_ASSERT_EQUAL(kv_idhash_add(&s, "d", &v[3], 3, &old), 1); /* at the bound: b, the oldest, goes */
+  CU_ASSERT_PTR_EQUAL(old, &v[1]);
+  CU_ASSERT_FALSE(kv_idhash_has(&s, "b"));
+  CU_ASSERT_TRUE(kv_idhash_has(&s, "a") && kv_idhash_has(&s, "c") && kv_idhash_has(&s, "d"));
+  kv_idhash_clear(&s, NULL);
 }
 
 /* Ids that share a bucket (the low 10 bits of their hash: one bucket up to 1024 of
@@ -260,6 +297,7 @@ static void test_unreach(void) {
 int main(void) {
   CU_TestInfo tests[] = {{"add, has, del", test_add_has_del},
                          {"at the bound: oldest first, values handed back", test_bound_order_values},
+                         {"get, touch, a walk newest to oldest", test_get_touch_walk},
                          {"ids in one bucket", test_collisions},
                          {"many ids", test_many},
                          {"shrinks after a burst", test_shrink},

@@ -234,7 +234,6 @@ struct kv_held {
   uint32_t ctp;          /* the consumer instance's world size, from its first PIN or FREE (0: none yet) */
   uint64_t need, freed;  /* the consumer ranks that free it here (kv_tp_touchers), and those that did */
   struct kv_cap cap;     /* what a PIN or FREE of it presents (kv_cap_make of id, with the bound key) */
-  struct kv_held *next;
 };
 
 /* What a request's parts share: a consumer rank reads it from several producer ranks
@@ -343,10 +342,14 @@ struct kv_sched {
                                     * metadata carries it to the workers */
 };
 
-/* Worker, pull producer: the requests held for consumers (kv_service.c). */
+/* Worker, pull producer: the requests held for consumers (kv_service.c), at most
+ * max_inflight_requests; one more is refused (kv_held_bind). */
 struct kv_holder {
-  struct kv_held *held;
+  struct kv_idhash held;     /* id -> struct kv_held, in the order their leases end: each lease is set to
+                              * now + lease_ms under the lock, and the request then made the newest */
   uint64_t epoch, bound_seq; /* the scheduler's epoch, and the last hold of it bound */
+  uint64_t refused;          /* holds refused at the bound (the first is logged) */
+  char full_why[128];        /* what a PIN of a refused one hears (GONE), naming the bound */
 };
 
 /* Worker, pull consumer: what one loader thread has in flight besides its pull
@@ -479,12 +482,20 @@ void kv_idset_clear(struct kv_idset *s);
 int kv_idset_take(struct kv_idset *s, hixl_kv_ids *out); /* hand to the host, emptying s; -1: no memory */
 /* kv_idhash: has, add (max: the bound; at it the oldest entry goes first, its value in
  * *old when old is not NULL; 1 when one went, 0 when not, -1 out of memory: nothing
- * changed), del (the newest entry of id, its value in *val; false: none), clear (each
- * value given to free_val, unless NULL). */
+ * changed), get (the newest entry of id's value in *val; false: none), touch (id's
+ * newest entry becomes the newest of all; false: none), del (the newest entry of id,
+ * its value in *val; false: none), clear (each value given to free_val, unless NULL).
+ * A walk, newest to oldest: x = s->newest, then kv_idnode_older(x), each
+ * kv_idnode_val(x) and kv_idnode_id(x); the oldest entry's value: kv_idnode_val(s->oldest). */
 bool kv_idhash_has(const struct kv_idhash *s, const char *id);
 int kv_idhash_add(struct kv_idhash *s, const char *id, void *val, size_t max, void **old);
+bool kv_idhash_get(const struct kv_idhash *s, const char *id, void **val);
+bool kv_idhash_touch(struct kv_idhash *s, const char *id);
 bool kv_idhash_del(struct kv_idhash *s, const char *id, void **val);
 void kv_idhash_clear(struct kv_idhash *s, void (*free_val)(void *));
+const struct kv_idnode *kv_idnode_older(const struct kv_idnode *x);
+void *kv_idnode_val(const struct kv_idnode *x);
+const char *kv_idnode_id(const struct kv_idnode *x);
 /* Where id lands: bucket kv_idhash_hash & (nb - 1). */
 uint64_t kv_idhash_hash(const struct kv_idhash *s, const char *id);
 void kv_free_ids(hixl_kv_ids *ids);
@@ -499,6 +510,9 @@ void kv_efd_signal(hixl_kv_connector *c);
  * trace ends (in kv_obs.c, which kv_util.c does not call). */
 void kv_finished_add(hixl_kv_connector *c, struct kv_idset *set, const char *id);
 void kv_gone_add(hixl_kv_connector *c, const char *id);
+/* ... and what a PIN or ACCEPT of it hears (why: text that lives as long as c; NULL: the
+ * ending's usual words). */
+void kv_gone_add_why(hixl_kv_connector *c, const char *id, const char *why);
 /* peer's last Link failed (reached false) or succeeded: c->unreach, at most KV_UNREACH_MAX. */
 void kv_unreach_note(hixl_kv_connector *c, const char *peer, bool reached);
 void kv_err_blocks_add(hixl_kv_connector *c, const uint64_t *b, size_t n);
@@ -556,6 +570,11 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
                     size_t *resp_len);
 /* Lock held for these. */
 struct kv_held *kv_held_find(hixl_kv_connector *c, const char *id);
+/* bind: a HOLD entry (its blocks taken): held, or refused at max_inflight_requests
+ * (reported finished-sending at once, its PIN answers GONE naming the bound);
+ * RESOURCE_EXHAUSTED: out of memory. */
+hixl_kv_status kv_held_bind(hixl_kv_connector *c, struct kv_meta_entry *e);
+void kv_held_free(void *h); /* a struct kv_held never released (destroy) */
 void kv_leases_expire(hixl_kv_connector *c);
 struct kv_expect *kv_expect_find(hixl_kv_connector *c, const char *id);
 void kv_expects_expire(hixl_kv_connector *c);

@@ -174,13 +174,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   free(c->regs);
   free(c->mems);
   kv_layout_free(&c->lay);
-  while (c->hold.held) {
-    struct kv_held *h = c->hold.held;
-    c->hold.held = h->next;
-    kv_peers_free(&h->peers);
-    free(h->blocks);
-    free(h);
-  }
+  kv_idhash_clear(&c->hold.held, kv_held_free);
   loads_free(c->load.bound);
   loads_free(c->load.queue);
   while (c->push.pushes) {

@@ -14,40 +14,89 @@
 #include "util/log.h"
 
 struct kv_held *kv_held_find(hixl_kv_connector *c, const char *id) {
-  for (struct kv_held *h = c->hold.held; h; h = h->next)
-    if (strcmp(h->id, id) == 0) return h;
-  return NULL;
+  void *h;
+  return kv_idhash_get(&c->hold.held, id, &h) ? h : NULL;
 }
 
-/* Unlink h, report it finished-sending, free it. Lock held. */
-static void held_release(hixl_kv_connector *c, struct kv_held *h) {
-  struct kv_held **pp = &c->hold.held;
-  while (*pp != h) pp = &(*pp)->next;
-  *pp = h->next;
-  c->stats.blocks_held -= h->n;
-  c->stats.requests_held--;
-  kv_peers_revoke(c, &h->peers);
-  kv_finished_add(c, &c->sending_done, h->id);
-  kv_gone_add(c, h->id);
+void kv_held_free(void *p) {
+  struct kv_held *h = p;
   kv_peers_free(&h->peers);
   free(h->blocks);
   free(h);
 }
 
-/* Free held requests whose lease ran out. A consumer that pinned one may still be
- * reading its blocks: its links are cut before the host hears that the blocks are
- * free (drop_peers, in get_finished), so no answer of this engine reads them after
- * the host reuses them. Lock held. */
+/* Out of the set, reported finished-sending, freed. Lock held. */
+static void held_release(hixl_kv_connector *c, struct kv_held *h) {
+  kv_idhash_del(&c->hold.held, h->id, NULL);
+  c->stats.blocks_held -= h->n;
+  c->stats.requests_held--;
+  kv_peers_revoke(c, &h->peers);
+  kv_finished_add(c, &c->sending_done, h->id);
+  kv_gone_add(c, h->id);
+  kv_held_free(h);
+}
+
+/* A hold refused at max_inflight_requests: nothing is held; the host hears it finished
+ * (frees its blocks), its consumer's PIN hears GONE and why. Lock held. */
+static void held_refuse(hixl_kv_connector *c, const char *id) {
+  if (!c->hold.full_why[0])
+    snprintf(c->hold.full_why, sizeof(c->hold.full_why),
+             "refused: the producer's worker held max_inflight_requests (%u) requests already",
+             c->cfg.max_inflight);
+  if (c->hold.refused++ == 0)
+    log_warn("hixl-kv: this worker holds %zu requests for consumers, its bound (max_inflight_requests %u): "
+             "request %s and later ones beyond it are not held; their blocks are reported free at once and "
+             "their consumers' PIN answers GONE (they recompute or fail them). A scheduler that restarted "
+             "while its predecessor's holds were still leased does this; raise max_inflight_requests to "
+             "hold more (the first such refusal)",
+             c->hold.held.n, c->cfg.max_inflight, id);
+  kv_obs_count(c, KV_CAUSE_REFUSED);
+  kv_finished_add(c, &c->sending_done, id);
+  kv_gone_add_why(c, id, c->hold.full_why);
+}
+
+hixl_kv_status kv_held_bind(hixl_kv_connector *c, struct kv_meta_entry *e) {
+  if (kv_held_find(c, e->req)) return HIXL_KV_SUCCESS;
+  if (kv_idhash_has(&c->gone, e->req)) { /* the consumer freed it already (an abort) */
+    kv_finished_add(c, &c->sending_done, e->req);
+    return HIXL_KV_SUCCESS;
+  }
+  if (c->hold.held.n >= c->cfg.max_inflight) {
+    held_refuse(c, e->req);
+    return HIXL_KV_SUCCESS;
+  }
+  struct kv_held *h = calloc(1, sizeof(*h));
+  if (!h) return HIXL_KV_RESOURCE_EXHAUSTED;
+  snprintf(h->id, sizeof(h->id), "%s", e->req);
+  if (kv_idhash_add(&c->hold.held, h->id, h, SIZE_MAX, NULL) < 0) {
+    free(h);
+    return HIXL_KV_RESOURCE_EXHAUSTED;
+  }
+  kv_cap_make(c->cap_key, h->id, &h->cap); /* what its consumer's calls present */
+  h->blocks = e->blocks;
+  h->n = e->nblocks;
+  h->ngroups = e->ngroups;
+  memcpy(h->gn, e->gn, sizeof(h->gn));
+  e->blocks = NULL;
+  h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull; /* the newest: its lease ends last */
+  kv_obs_phase(c, h->id, KV_PH_BOUND, NULL);
+  c->stats.blocks_held += h->n;
+  c->stats.requests_held++;
+  return HIXL_KV_SUCCESS;
+}
+
+/* Free held requests whose lease ran out, oldest lease first: O(1) when none has. A
+ * consumer that pinned one may still be reading its blocks: its links are cut before
+ * the host hears that the blocks are free (drop_peers, in get_finished), so no answer
+ * of this engine reads them after the host reuses them. Lock held. */
 void kv_leases_expire(hixl_kv_connector *c) {
   uint64_t now = kv_now_ns();
-  for (struct kv_held *h = c->hold.held, *next; h; h = next) {
-    next = h->next;
-    if (now >= h->expires_ns) {
-      c->stats.lease_expired++;
-      kv_obs_failed(c, h->id, KV_CAUSE_LEASE, "its lease expired before a consumer freed it");
-      kv_peers_drop(c, &h->peers);
-      held_release(c, h);
-    }
+  struct kv_held *h;
+  while (c->hold.held.oldest && now >= (h = kv_idnode_val(c->hold.held.oldest))->expires_ns) {
+    c->stats.lease_expired++;
+    kv_obs_failed(c, h->id, KV_CAUSE_LEASE, "its lease expired before a consumer freed it");
+    kv_peers_drop(c, &h->peers);
+    held_release(c, h);
   }
 }
 
@@ -252,6 +301,15 @@ static void put_gone(struct kv_out *out, const char *why) {
   kv_put_str(out, why, strlen(why));
 }
 
+/* Whether id ended lately ("gone"): why, its ending's own words when it has them (a
+ * refusal), else the caller's. Lock held. */
+static bool gone_why(const hixl_kv_connector *c, const char *id, const char **why) {
+  void *v;
+  if (!kv_idhash_get(&c->gone, id, &v)) return false;
+  if (v) *why = v;
+  return true;
+}
+
 /* Each operation, the capability checked: its answer into out, or a status; *tp_why
  * when the caller is a rank that has no part in it (refused). Lock held. */
 
@@ -332,14 +390,16 @@ static HixlStatus serve_pin(hixl_kv_connector *c, const char *peer, const struct
   if (h) {
     if ((*tp_why = held_rank(c, h, r->world)) || !peers_room(c, &h->peers, peer, tp_why)) return HIXL_SUCCESS;
     h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
+    kv_idhash_touch(&c->hold.held, h->id); /* its lease now ends last */
     kv_obs_phase(c, r->id, KV_PH_PINNED, peer);
     HixlStatus st = HIXL_SUCCESS;
     if (!kv_peers_grant(c, &h->peers, peer, h->blocks, h->gn, h->ngroups)) st = HIXL_RESOURCE_EXHAUSTED;
     held_answer(c, out, h->blocks, h->n, h->gn, h->ngroups);
     return st;
   }
-  if (kv_idhash_has(&c->gone, r->id))
-    put_gone(out, "it was freed, its lease expired, or it was aborted");
+  const char *why = "it was freed, its lease expired, or it was aborted";
+  if (gone_why(c, r->id, &why))
+    put_gone(out, why);
   else if (hold_bound(c, r))
     put_gone(out, "it was never held here (this worker bound every hold up to its number), or was freed "
                   "long ago");
@@ -353,14 +413,15 @@ static HixlStatus serve_pin(hixl_kv_connector *c, const char *peer, const struct
  * gone. */
 static HixlStatus serve_release(hixl_kv_connector *c, const char *peer, const struct svc_req *r,
                                 struct kv_held *h, struct kv_out *out, const char **tp_why) {
+  const char *why = "it is no longer held here";
   if (h) {
     if ((*tp_why = held_rank(c, h, r->world))) return HIXL_SUCCESS;
     h->freed |= UINT64_C(1) << r->rank;
     kv_obs_phase(c, r->id, KV_PH_FREE, peer);
     kv_put_u8(out, KV_PIN_HELD);
     if ((h->freed & h->need) == h->need) held_release(c, h);
-  } else if (kv_idhash_has(&c->gone, r->id) || hold_bound(c, r)) {
-    put_gone(out, "it is no longer held here");
+  } else if (gone_why(c, r->id, &why) || hold_bound(c, r)) {
+    put_gone(out, why);
   } else {
     kv_put_u8(out, KV_PIN_NOT_YET);
   }

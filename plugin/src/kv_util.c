@@ -185,6 +185,35 @@ int kv_idhash_add(struct kv_idhash *s, const char *id, void *val, size_t max, vo
   return forgot;
 }
 
+bool kv_idhash_get(const struct kv_idhash *s, const char *id, void **val) {
+  struct kv_idnode **pp = idhash_find(s, id);
+  if (!pp) return false;
+  *val = (*pp)->val;
+  return true;
+}
+
+bool kv_idhash_touch(struct kv_idhash *s, const char *id) {
+  struct kv_idnode **pp = idhash_find(s, id), *x = pp ? *pp : NULL;
+  if (!x) return false;
+  if (x == s->newest) return true;
+  if (x->older)
+    x->older->newer = x->newer;
+  else
+    s->oldest = x->newer;
+  x->newer->older = x->older; /* not the newest: it has a newer one */
+  x->older = s->newest;
+  x->newer = NULL;
+  s->newest->newer = x;
+  s->newest = x;
+  return true;
+}
+
+const struct kv_idnode *kv_idnode_older(const struct kv_idnode *x) { return x->older; }
+
+void *kv_idnode_val(const struct kv_idnode *x) { return x->val; }
+
+const char *kv_idnode_id(const struct kv_idnode *x) { return x->id; }
+
 bool kv_idhash_del(struct kv_idhash *s, const char *id, void **val) {
   struct kv_idnode **pp = idhash_find(s, id);
   if (!pp) return false;
@@ -274,8 +303,10 @@ void kv_efd_signal(hixl_kv_connector *c) {
 
 /* id ended here: a PIN, ACCEPT or RELEASE of it answers GONE while it is among the last
  * KV_GONE_MAX ids that ended (an id that ended twice counts twice). Lock held. */
-void kv_gone_add(hixl_kv_connector *c, const char *id) {
-  kv_idhash_add(&c->gone, id, NULL, KV_GONE_MAX, NULL);
+void kv_gone_add(hixl_kv_connector *c, const char *id) { kv_gone_add_why(c, id, NULL); }
+
+void kv_gone_add_why(hixl_kv_connector *c, const char *id, const char *why) {
+  kv_idhash_add(&c->gone, id, (void *)why, KV_GONE_MAX, NULL);
 }
 
 /* Lock held. */

@@ -227,29 +227,8 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
         c->hold.epoch = e->epoch;
         c->hold.bound_seq = e->seq;
       }
-      if (kv_held_find(c, e->req)) continue;
-      if (kv_idhash_has(&c->gone, e->req)) { /* the consumer freed it already (an abort) */
-        kv_finished_add(c, &c->sending_done, e->req);
-        continue;
-      }
-      struct kv_held *h = calloc(1, sizeof(*h));
-      if (!h) {
+      if (kv_held_bind(c, e) != HIXL_KV_SUCCESS)
         st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
-        continue;
-      }
-      snprintf(h->id, sizeof(h->id), "%s", e->req);
-      kv_cap_make(c->cap_key, h->id, &h->cap); /* what its consumer's calls present */
-      h->blocks = e->blocks;
-      h->n = e->nblocks;
-      h->ngroups = e->ngroups;
-      memcpy(h->gn, e->gn, sizeof(h->gn));
-      e->blocks = NULL;
-      h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
-      h->next = c->hold.held;
-      c->hold.held = h;
-      kv_obs_phase(c, h->id, KV_PH_BOUND, NULL);
-      c->stats.blocks_held += h->n;
-      c->stats.requests_held++;
     } else if (c->cfg.consumer) { /* LOAD or FREE: the loader's, one part per producer rank (kv_tp.c) */
       hixl_kv_status ls = kv_load_parts(c, e);
       if (ls != HIXL_KV_SUCCESS)
