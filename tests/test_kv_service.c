@@ -9,10 +9,11 @@
  * name is refused, naming the bound, and grants that peer nothing; once the request
  * ends every grant is revoked and the worker holds nothing.
  *
- * A worker holds (pull producer) at most max_inflight_requests requests: one more is
- * refused, its blocks reported at once and its consumer's PIN answering GONE with the
- * bound's name. A PIN costs the same among 10000 held requests as among 100 (timed, min
- * of 5 runs, within 8x; the list searched at each call was 60x). */
+ * A worker holds (pull producer) and expects (push consumer) at most
+ * max_inflight_requests requests: one more is refused, its blocks reported at once and
+ * its peer's PIN or ACCEPT answering GONE with the bound's name. A call costs the same
+ * among 10000 held or expected requests as among 100 (timed, min of 5 runs, within 8x;
+ * a list searched at each call was 60x and more). */
 #include <CUnit/Basic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -345,6 +346,88 @@ static void test_held_lookups_flat(void) {
   inst_down(&p);
 }
 
+/* sched (a push consumer's) allocates blocks for n requests prefix-0 .. prefix-(n-1)
+ * that a producer pushes: their capabilities into caps (when not NULL). */
+static void expect_n(hixl_kv_connector *sched, const char *prefix, unsigned n, struct kv_cap *caps) {
+  static const uint64_t blocks[NB] = {5, 6};
+  char id[32];
+  for (unsigned i = 0; i < n; i++) {
+    snprintf(id, sizeof(id), "%s-%u", prefix, i);
+    hixl_kv_request r = request(id, "{\"do_remote_prefill\": true}");
+    int64_t tokens = 0;
+    int32_t async = 0;
+    ST_IS(ops->get_num_new_matched_tokens(sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+    ST_IS(ops->update_state_after_alloc(sched, &r, blocks, NB, (uint64_t)tokens), HIXL_KV_SUCCESS);
+    hixl_kv_buffer params = {0};
+    ST_IS(ops->get_push_params(sched, id, strlen(id), &params), HIXL_KV_SUCCESS);
+    struct kv_cap cap;
+    CU_ASSERT(params_cap(&params, caps ? &caps[i] : &cap));
+  }
+}
+
+/* Push consumer: a worker expects at most max_inflight_requests pushes; one more is
+ * refused: its load fails at once (reported received, its blocks with the load
+ * errors), its producer's ACCEPT answers GONE naming the bound and the key that raises
+ * it, the first refusal is logged. Before, the worker expected every one. */
+static void test_expects_bounded(void) {
+  struct inst d;
+  CU_ASSERT_FATAL(inst_up_with(&d, "consumer",
+                               "\"mode\": \"push\", \"lease_ms\": 20000, \"max_inflight_requests\": 4", 0));
+  struct kv_cap cap[HELD_CAP + 1];
+  expect_n(d.sched, "e", HELD_CAP + 1, cap);
+  tu_log_watch("max_inflight_requests");
+  step(&d);
+  char line[512] = "";
+  CU_ASSERT_TRUE(tu_log_seen(line, sizeof(line)));
+  CU_ASSERT_PTR_NOT_NULL(strstr(line, "e-4"));
+  hixl_kv_ids s = {0}, rv = {0};
+  ST_IS(ops->get_finished(d.worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
+  CU_ASSERT_TRUE(ids_are(&rv, "e", HELD_CAP, 1));
+  ops->free_ids(&s);
+  ops->free_ids(&rv);
+  hixl_kv_blocks errs = {0};
+  ST_IS(ops->get_block_ids_with_load_errors(d.worker, &errs), HIXL_KV_SUCCESS);
+  CU_ASSERT(errs.count == NB && errs.ids[0] == 5 && errs.ids[1] == 6);
+  ops->free_buffer(&errs.raw);
+  gone_saying(&d, "127.0.0.1:20000", KV_SVC_ACCEPT, "e-4", &cap[HELD_CAP], "max_inflight_requests (4)");
+  CU_ASSERT_EQUAL(granted(&d, "127.0.0.1:20000"), 0);
+  uint8_t state;
+  TU_ASSERT_OK(serve(&d, "127.0.0.1:20000", KV_SVC_ACCEPT, "e-0", &cap[0], &state, NULL, 0));
+  CU_ASSERT_EQUAL(state, KV_PIN_HELD); /* those within the bound are expected */
+  inst_down(&d);
+}
+
+/* Push consumer: with MANY pushes expected (bound at an earlier step), an ACCEPT of
+ * one not expected and the forward pass's wait_for_layer_load cost what they cost
+ * with FEW; before, each walked every expected push (the lookup, the deadline check,
+ * and the wait's search for this step's). */
+static void test_expects_lookups_flat(void) {
+  struct inst d;
+  char keys[128];
+  snprintf(keys, sizeof(keys), "\"mode\": \"push\", \"lease_ms\": 600000, \"max_inflight_requests\": %u",
+           MANY);
+  CU_ASSERT_FATAL(inst_up_with(&d, "consumer", keys, 0));
+  uint64_t t[2][2]; /* [few, many][ACCEPT, wait] */
+  for (int k = 0; k < 2; k++) {
+    expect_n(d.sched, k ? "m" : "f", k ? MANY - FEW : FEW, NULL);
+    step(&d);
+    step(&d); /* a step that binds none: the wait waits for none of them */
+    struct kv_cap cap;
+    kv_cap_make(d.worker->cap_key, "not-expected", &cap);
+    t[k][0] = calls_ns(&d, KV_SVC_ACCEPT, "not-expected", &cap, CALLS);
+    t[k][1] = UINT64_MAX;
+    for (int run = 0; run < 5; run++) {
+      uint64_t t0 = kv_now_ns();
+      for (unsigned i = 0; i < 4 * CALLS; i++) ST_IS(ops->wait_for_layer_load(d.worker, 0), HIXL_KV_SUCCESS);
+      uint64_t dt = kv_now_ns() - t0;
+      if (dt < t[k][1]) t[k][1] = dt;
+    }
+  }
+  flat("ACCEPT among expected pushes", CALLS, t[0][0], t[1][0]);
+  flat("wait_for_layer_load among expected pushes", 4 * CALLS, t[0][1], t[1][1]);
+  inst_down(&d);
+}
+
 int main(void) {
   char err[256] = "";
   if (hixl_kv_connector_entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS) {
@@ -360,6 +443,10 @@ int main(void) {
       {"a worker holds at most max_inflight_requests requests; one more is refused, GONE naming it",
        test_held_bounded},
       {"PIN costs the same among 100 or 10000 held requests", test_held_lookups_flat},
+      {"a worker expects at most max_inflight_requests pushes; one more fails, GONE naming it",
+       test_expects_bounded},
+      {"ACCEPT and wait_for_layer_load cost the same among 100 or 10000 expected pushes",
+       test_expects_lookups_flat},
       CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"kv_service", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
   return tu_run_suites("test_kv_service", suites);

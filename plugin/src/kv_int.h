@@ -274,7 +274,6 @@ struct kv_expect {
   uint64_t step;               /* the step that bound it: its wait_for_layer_load waits for it */
   struct kv_peers peers;       /* the producer ranks that accepted it (they may write into the blocks) */
   struct kv_cap cap;           /* what an ACCEPT, LAYER(S) or ABORT of it presents */
-  struct kv_expect *next;
 };
 
 /* Push mode, producer worker: a request to write into a consumer rank's blocks (one
@@ -407,11 +406,15 @@ struct kv_pusher {
   pthread_t thread;
 };
 
-/* Worker, push consumer: the pushes expected (kv_service.c). */
+/* Worker, push consumer: the pushes expected (kv_service.c), at most
+ * max_inflight_requests; one more is refused (kv_expect_bind). */
 struct kv_expecter {
-  struct kv_expect *expects;
-  pthread_cond_t landed; /* a layer landed or an expected push ended (the forward pass waits in
-                          * wait_for_layer_load; CLOCK_MONOTONIC) */
+  struct kv_idhash expects; /* id -> struct kv_expect, in the order bound: so by step, and by deadline
+                             * (bind's now + lease_ms, never moved) */
+  pthread_cond_t landed;    /* a layer landed or an expected push ended (the forward pass waits in
+                             * wait_for_layer_load; CLOCK_MONOTONIC) */
+  uint64_t refused;         /* expected pushes refused at the bound (the first is logged) */
+  char full_why[128];       /* what an ACCEPT of a refused one hears (GONE), naming the bound */
 };
 
 struct hixl_kv_connector {
@@ -577,6 +580,12 @@ hixl_kv_status kv_held_bind(hixl_kv_connector *c, struct kv_meta_entry *e);
 void kv_held_free(void *h); /* a struct kv_held never released (destroy) */
 void kv_leases_expire(hixl_kv_connector *c);
 struct kv_expect *kv_expect_find(hixl_kv_connector *c, const char *id);
+/* bind: an EXPECT entry (its blocks taken) bound at now: expected, or refused at
+ * max_inflight_requests (its load fails at once: reported received, its blocks with
+ * load errors; its producer's ACCEPT answers GONE naming the bound); RESOURCE_EXHAUSTED:
+ * out of memory. */
+hixl_kv_status kv_expect_bind(hixl_kv_connector *c, struct kv_meta_entry *e, uint64_t now);
+void kv_expect_free(void *x); /* a struct kv_expect never ended (destroy) */
 void kv_expects_expire(hixl_kv_connector *c);
 /* x ends: landed whole (why NULL) or failed: reported by get_finished (and its blocks
  * by get_block_ids_with_load_errors). */

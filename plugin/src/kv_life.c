@@ -186,14 +186,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
     free(p->r.planes);
     free(p);
   }
-  while (c->exp.expects) {
-    struct kv_expect *x = c->exp.expects;
-    c->exp.expects = x->next;
-    kv_peers_free(&x->peers);
-    free(x->blocks);
-    free(x->landed);
-    free(x);
-  }
+  kv_idhash_clear(&c->exp.expects, kv_expect_free);
   kv_idhash_clear(&c->sched.allocs, kv_alloc_free);
   kv_idhash_clear(&c->sched.pushing, NULL);
   kv_idset_clear(&c->load.busy);

@@ -103,16 +103,69 @@ void kv_leases_expire(hixl_kv_connector *c) {
 /* ---- push mode: what a consumer worker expects ---- */
 
 struct kv_expect *kv_expect_find(hixl_kv_connector *c, const char *id) {
-  for (struct kv_expect *x = c->exp.expects; x; x = x->next)
-    if (strcmp(x->id, id) == 0) return x;
-  return NULL;
+  void *x;
+  return kv_idhash_get(&c->exp.expects, id, &x) ? x : NULL;
+}
+
+void kv_expect_free(void *p) {
+  struct kv_expect *x = p;
+  kv_peers_free(&x->peers);
+  free(x->blocks);
+  free(x->landed);
+  free(x);
+}
+
+/* An expected push refused at max_inflight_requests: its load fails now (its blocks
+ * reported with the load errors), its producer's ACCEPT hears GONE and why. Lock held. */
+static void expect_refuse(hixl_kv_connector *c, const struct kv_meta_entry *e) {
+  if (!c->exp.full_why[0])
+    snprintf(c->exp.full_why, sizeof(c->exp.full_why),
+             "refused: the consumer's worker expected max_inflight_requests (%u) pushes already",
+             c->cfg.max_inflight);
+  if (c->exp.refused++ == 0)
+    log_warn("hixl-kv: this worker expects %zu pushes, its bound (max_inflight_requests %u): request %s and "
+             "later ones beyond it fail to load at once (their blocks are reported with the load errors, "
+             "load_failure_policy decides) and their producers' ACCEPT answers GONE; raise "
+             "max_inflight_requests to expect more (the first such refusal)",
+             c->exp.expects.n, c->cfg.max_inflight, e->req);
+  kv_obs_count(c, KV_CAUSE_REFUSED);
+  c->stats.loads_failed++;
+  kv_err_blocks_add(c, e->blocks, e->nblocks);
+  kv_finished_add(c, &c->recving_done, e->req);
+  kv_gone_add_why(c, e->req, c->exp.full_why);
+}
+
+hixl_kv_status kv_expect_bind(hixl_kv_connector *c, struct kv_meta_entry *e, uint64_t now) {
+  if (kv_expect_find(c, e->req)) return HIXL_KV_SUCCESS;
+  if (c->exp.expects.n >= c->cfg.max_inflight) {
+    expect_refuse(c, e);
+    return HIXL_KV_SUCCESS;
+  }
+  struct kv_expect *x = calloc(1, sizeof(*x));
+  uint64_t *landed = calloc(c->layers, sizeof(*landed));
+  if (!x || !landed) goto free_both;
+  snprintf(x->id, sizeof(x->id), "%s", e->req);
+  if (kv_idhash_add(&c->exp.expects, x->id, x, SIZE_MAX, NULL) < 0) goto free_both;
+  kv_cap_make(c->cap_key, x->id, &x->cap); /* what its producer's calls present */
+  x->blocks = e->blocks;
+  x->n = e->nblocks;
+  x->ngroups = e->ngroups;
+  memcpy(x->gn, e->gn, sizeof(x->gn));
+  e->blocks = NULL;
+  x->landed = landed;
+  x->step = c->step;
+  x->deadline_ns = now + (uint64_t)c->cfg.lease_ms * 1000000ull; /* the newest: its deadline comes last */
+  kv_obs_phase(c, x->id, KV_PH_BOUND, NULL);
+  return HIXL_KV_SUCCESS;
+free_both:
+  free(x);
+  free(landed);
+  return HIXL_KV_RESOURCE_EXHAUSTED;
 }
 
 /* x ends: landed whole (why NULL) or failed. Lock held. */
 void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why) {
-  struct kv_expect **pp = &c->exp.expects;
-  while (*pp != x) pp = &(*pp)->next;
-  *pp = x->next;
+  kv_idhash_del(&c->exp.expects, x->id, NULL);
   if (why) {
     kv_obs_failed(c, x->id, KV_CAUSE_ABORTED, why); /* the cause set ahead, if any */
     c->stats.loads_failed++;
@@ -127,28 +180,24 @@ void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why) {
   kv_peers_revoke(c, &x->peers);
   kv_finished_add(c, &c->recving_done, x->id);
   kv_gone_add(c, x->id);
-  kv_peers_free(&x->peers);
-  free(x->blocks);
-  free(x->landed);
-  free(x);
+  kv_expect_free(x);
   pthread_cond_broadcast(&c->exp.landed);
 }
 
-/* Expected pushes that no producer finished within the lease fail. Lock held. */
+/* Expected pushes that no producer finished within the lease fail, oldest deadline
+ * first: O(1) when none has. Lock held. */
 void kv_expects_expire(hixl_kv_connector *c) {
   uint64_t now = kv_now_ns();
-  for (struct kv_expect *x = c->exp.expects, *next; x; x = next) {
-    next = x->next;
-    if (now >= x->deadline_ns) {
-      char why[96];
-      snprintf(why, sizeof(why), "no producer wrote all %u layers within lease_ms %u", c->layers,
-               c->cfg.lease_ms);
-      /* A producer that accepted may still be writing: its links are cut before the
-       * host hears of the failure and reuses the blocks (see drop_peers). */
-      kv_peers_drop(c, &x->peers);
-      kv_obs_cause_set(c, x->id, KV_CAUSE_LEASE);
-      kv_expect_end(c, x, why);
-    }
+  struct kv_expect *x;
+  while (c->exp.expects.oldest && now >= (x = kv_idnode_val(c->exp.expects.oldest))->deadline_ns) {
+    char why[96];
+    snprintf(why, sizeof(why), "no producer wrote all %u layers within lease_ms %u", c->layers,
+             c->cfg.lease_ms);
+    /* A producer that accepted may still be writing: its links are cut before the
+     * host hears of the failure and reuses the blocks (see drop_peers). */
+    kv_peers_drop(c, &x->peers);
+    kv_obs_cause_set(c, x->id, KV_CAUSE_LEASE);
+    kv_expect_end(c, x, why);
   }
 }
 
@@ -318,8 +367,9 @@ static HixlStatus serve_accept(hixl_kv_connector *c, const char *peer, const str
                                struct kv_expect *x, struct kv_out *out, const char **tp_why) {
   HixlStatus st = HIXL_SUCCESS;
   if (!x) {
-    if (kv_idhash_has(&c->gone, r->id))
-      put_gone(out, "it already ended (loaded, failed or expired)");
+    const char *why = "it already ended (loaded, failed or expired)";
+    if (gone_why(c, r->id, &why))
+      put_gone(out, why);
     else
       kv_put_u8(out, KV_PIN_NOT_YET);
     return st;

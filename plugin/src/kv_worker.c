@@ -196,28 +196,9 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
           st = ps;
         else
           kv_obs_phase(c, e->req, KV_PH_BOUND, e->remote);
-      } else if (e->type == KV_META_EXPECT && c->cfg.consumer && !kv_expect_find(c, e->req)) {
-        struct kv_expect *x = calloc(1, sizeof(*x));
-        uint64_t *landed = calloc(c->layers, sizeof(*landed));
-        if (!x || !landed) {
-          free(x);
-          free(landed);
-          st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
-          continue;
-        }
-        snprintf(x->id, sizeof(x->id), "%s", e->req);
-        kv_cap_make(c->cap_key, x->id, &x->cap); /* what its producer's calls present */
-        x->blocks = e->blocks;
-        x->n = e->nblocks;
-        x->ngroups = e->ngroups;
-        memcpy(x->gn, e->gn, sizeof(x->gn));
-        e->blocks = NULL;
-        x->landed = landed;
-        x->step = c->step;
-        x->deadline_ns = now + (uint64_t)c->cfg.lease_ms * 1000000ull;
-        x->next = c->exp.expects;
-        c->exp.expects = x;
-        kv_obs_phase(c, x->id, KV_PH_BOUND, NULL);
+      } else if (e->type == KV_META_EXPECT && c->cfg.consumer &&
+                 kv_expect_bind(c, e, now) != HIXL_KV_SUCCESS) {
+        st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
       }
       continue;
     }
@@ -270,9 +251,12 @@ hixl_kv_status kv_wait_layer(hixl_kv_connector *c, uint32_t layer) {
   for (;;) {
     kv_expects_expire(c);
     uint64_t first = UINT64_MAX;
-    for (struct kv_expect *x = c->exp.expects; x; x = x->next)
-      if (x->step == c->step && (!x->want || x->landed[layer] != x->want) && x->deadline_ns < first)
-        first = x->deadline_ns;
+    /* This step's are the newest (bound in order): the walk stops at the first of an earlier step. */
+    for (const struct kv_idnode *n = c->exp.expects.newest; n; n = kv_idnode_older(n)) {
+      const struct kv_expect *x = kv_idnode_val(n);
+      if (x->step != c->step) break;
+      if ((!x->want || x->landed[layer] != x->want) && x->deadline_ns < first) first = x->deadline_ns;
+    }
     if (first == UINT64_MAX || c->shut) break;
     struct timespec ts = {.tv_sec = (time_t)(first / 1000000000ull),
                           .tv_nsec = (long)(first % 1000000000ull)};
@@ -520,11 +504,9 @@ hixl_kv_status kv_preemptions(hixl_kv_connector *c, const hixl_kv_ids *ids) {
     }
   /* Pushes expected into the blocks: they end failed, and the producers that accepted
    * them are cut off before the host hears of it (as when their lease ends). */
-  for (struct kv_expect *x = c->exp.expects, *next; x; x = next) {
-    next = x->next;
-    bool hit = false;
-    for (size_t i = 0; i < ids->count && !hit; i++) hit = ids->ids[i] && strcmp(ids->ids[i], x->id) == 0;
-    if (!hit) continue;
+  for (size_t i = 0; i < ids->count; i++) {
+    struct kv_expect *x = ids->ids[i] ? kv_expect_find(c, ids->ids[i]) : NULL;
+    if (!x) continue;
     kv_peers_drop(c, &x->peers);
     kv_expect_end(c, x, "preempted (handle_preemptions)");
   }
