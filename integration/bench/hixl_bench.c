@@ -2,8 +2,7 @@
  * spirit of nixlbench and ib_write_bw. A target process registers a buffer and
  * serves; an initiator process sweeps block size x batch size x op and times each
  * HixlEngineTransferSync batch (or, with --async, a window of TransferAsync
- * requests). Both run on one machine with --role both (fork, the default) or in two
- * shells with --role target / --role initiator and --peer.
+ * requests). The initiator forks the target; --peer and --local choose the addresses.
  *
  * --api cs drives the same sweep through HIXL's client/server API instead: the
  * target is a HixlCSServer that registers its buffer with the tag "bench", the
@@ -23,14 +22,10 @@
  * is staged through the pools; when it names remote, the bench runs the target with
  * StagingUnregistered=on, since a target refuses that by default.
  *
- * The two processes share a small text control channel (a socketpair, or a TCP
- * connection on --ctrl-port in two-shell mode): the target sends
- * "READY engine <buffer address> <length> registered|unregistered" (--api engine: the
- * engine API has no way to look a peer's buffer up; the last word, absent from older
- * targets, which always register, says whether the target registered it) or
- * "READY cs" (the initiator finds the buffer by its tag), the initiator sends "DONE"
- * at the end. In two-shell mode the target's own --unregistered decides its side;
- * an initiator whose --unregistered names remote checks the target's word. */
+ * The two processes share a socketpair: the target sends "READY engine <buffer address>
+ * <length>" (--api engine: the engine API has no way to look a peer's buffer up) or
+ * "READY cs" (the initiator finds the buffer by its tag), or "ERROR ..."; the initiator
+ * sends "DONE" at the end. */
 #include <inttypes.h>
 #include <stdarg.h>
 #include <sys/utsname.h>
@@ -39,12 +34,10 @@
 
 #define BENCH_LINE_MAX           512
 #define BENCH_READY_TIMEOUT_MS   60000   /* target start-up */
-#define BENCH_CTRL_CONNECT_MS    30000   /* initiator retries the control port this long */
 #define BENCH_TARGET_MAX_WAIT_MS 3600000 /* target lives at most this long for one initiator */
 #define BENCH_MAX_ITERS          10000000ull
 #define BENCH_MAX_WINDOW         1024
 
-enum bench_role { ROLE_BOTH, ROLE_TARGET, ROLE_INITIATOR };
 enum bench_ops { OPS_READ = 1, OPS_WRITE = 2, OPS_BOTH = 3 };
 enum bench_api { API_ENGINE, API_CS };
 enum bench_unreg { UNREG_NONE = 0, UNREG_LOCAL = 1, UNREG_REMOTE = 2, UNREG_BOTH = 3 }; /* bits */
@@ -52,13 +45,11 @@ enum bench_unreg { UNREG_NONE = 0, UNREG_LOCAL = 1, UNREG_REMOTE = 2, UNREG_BOTH
 #define BENCH_CS_TAG "bench" /* tag of the target buffer in --api cs */
 
 struct bench_opts {
-  int role;              /* enum bench_role */
   int api;               /* enum bench_api */
   const char *transport; /* --transport: NULL leaves the engine's default (auto) */
   int transport_idx;     /* --transport: index in transports[], -1 none */
   char peer[128];        /* target engine "ip:port" */
   char local[128];       /* initiator engine "ip" */
-  uint32_t ctrl_port;    /* two-shell control port; 0: engine port + 1 */
   int ops;               /* enum bench_ops */
   int op_idx;            /* --op: read, write, both */
   size_t blocks[BENCH_MAX_LIST];
@@ -106,7 +97,6 @@ struct bench_ctx {
   uint8_t *lbuf, *vbuf;      /* measured and verify region, registered unless --unregistered local */
   size_t span;               /* usable bytes of lbuf, vbuf and the remote buffer */
   uintptr_t rbase;           /* remote buffer */
-  bool remote_unreg;         /* the target did not register it (READY line) */
   HixlTransferOpDesc *descs; /* window * max batch, --api engine */
   HixlOneSideOpDesc *cdescs; /* the same ops for --api cs, built beside descs */
   uint64_t *lat;             /* per-iteration latencies */
@@ -133,28 +123,6 @@ static void progress(const struct bench_opts *o, const char *fmt, ...) {
   va_end(ap);
 }
 
-/* ------------------------------------------------------------ control channel */
-
-static bool ctrl_send(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static bool ctrl_send(int fd, const char *fmt, ...) {
-  char line[BENCH_LINE_MAX];
-  va_list ap;
-  va_start(ap, fmt);
-  int len = vsnprintf(line, sizeof(line), fmt, ap);
-  va_end(ap);
-  if (len < 0 || (size_t)len >= sizeof(line)) return false;
-  const char *p = line;
-  size_t left = (size_t)len;
-  while (left > 0) {
-    ssize_t n = send(fd, p, left, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    left -= (size_t)n;
-  }
-  return true;
-}
-
 /* Split "ip:port". */
 static bool split_addr(const char *s, char *ip, size_t ip_cap, uint16_t *port) {
   const char *colon = strrchr(s, ':');
@@ -166,52 +134,6 @@ static bool split_addr(const char *s, char *ip, size_t ip_cap, uint16_t *port) {
   ip[colon - s] = '\0';
   *port = (uint16_t)p;
   return true;
-}
-
-static bool make_sockaddr(const char *ip, uint16_t port, struct sockaddr_in *sa) {
-  memset(sa, 0, sizeof(*sa));
-  sa->sin_family = AF_INET;
-  sa->sin_port = htons(port);
-  return inet_pton(AF_INET, ip, &sa->sin_addr) == 1;
-}
-
-static int ctrl_listen_accept(const char *ip, uint16_t port) {
-  struct sockaddr_in sa;
-  int one = 1;
-  if (!make_sockaddr(ip, port, &sa)) return -1;
-  int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (lfd < 0) return -1;
-  setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (bind(lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(lfd, 1) != 0) {
-    fprintf(stderr, "%s: target: control port %s:%u: %s\n", g_prog, ip, port, strerror(errno));
-    close(lfd);
-    return -1;
-  }
-  fprintf(stderr, "%s: target: waiting for an initiator on control port %s:%u\n", g_prog, ip, port);
-  struct pollfd pfd = {.fd = lfd, .events = POLLIN};
-  int fd = -1;
-  if (poll(&pfd, 1, BENCH_TARGET_MAX_WAIT_MS) == 1)
-    fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-  else
-    fprintf(stderr, "%s: target: no initiator within %d s\n", g_prog, BENCH_TARGET_MAX_WAIT_MS / 1000);
-  close(lfd);
-  return fd;
-}
-
-static int ctrl_connect(const char *ip, uint16_t port) {
-  struct sockaddr_in sa;
-  if (!make_sockaddr(ip, port, &sa)) return -1;
-  uint64_t deadline = bench_now_ns() + (uint64_t)BENCH_CTRL_CONNECT_MS * 1000000ull;
-  while (bench_now_ns() < deadline) {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return -1;
-    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) return fd;
-    close(fd);
-    poll(NULL, 0, 100); /* the target is not up yet: retry, bounded by the deadline */
-  }
-  fprintf(stderr, "%s: initiator: no target control port at %s:%u within %d s\n", g_prog, ip, port,
-          BENCH_CTRL_CONNECT_MS / 1000);
-  return -1;
 }
 
 /* ------------------------------------------------------------------- sizing */
@@ -289,12 +211,12 @@ static int run_target_cs(const struct bench_opts *o, int ctrl) {
   uint16_t port = 0;
 
   if (!split_addr(o->peer, ip, sizeof(ip), &port)) {
-    ctrl_send(ctrl, "ERROR target: --peer %s is not IP:PORT\n", o->peer);
+    hb_send(ctrl, "ERROR target: --peer %s is not IP:PORT\n", o->peer);
     return 1;
   }
   uint8_t *buf = hb_map(span);
   if (buf == NULL) {
-    ctrl_send(ctrl, "ERROR target cannot map %zu bytes: %s\n", span, strerror(errno));
+    hb_send(ctrl, "ERROR target cannot map %zu bytes: %s\n", span, strerror(errno));
     return 1;
   }
   bench_pattern_fill(buf, span, o->seed ^ 0x7a7a7a7aull);
@@ -303,26 +225,23 @@ static int run_target_cs(const struct bench_opts *o, int ctrl) {
   st = HixlCSServerCreate(&sd, NULL, &srv);
   if (st != HIXL_SUCCESS) {
     report_hixl("target", "HixlCSServerCreate", st);
-    ctrl_send(ctrl, "ERROR HixlCSServerCreate(%s) failed\n", o->peer);
+    hb_send(ctrl, "ERROR HixlCSServerCreate(%s) failed\n", o->peer);
     goto out_unmap;
   }
   HcommMem mem = {.type = HCCL_MEM_TYPE_HOST, .addr = buf, .size = span};
   st = HixlCSServerRegMem(srv, BENCH_CS_TAG, &mem, &mh);
   if (st != HIXL_SUCCESS) {
     report_hixl("target", "HixlCSServerRegMem", st);
-    ctrl_send(ctrl, "ERROR HixlCSServerRegMem(%zu bytes) failed\n", span);
+    hb_send(ctrl, "ERROR HixlCSServerRegMem(%zu bytes) failed\n", span);
     goto out_destroy;
   }
   st = HixlCSServerListen(srv, 0);
   if (st != HIXL_SUCCESS) {
     report_hixl("target", "HixlCSServerListen", st);
-    ctrl_send(ctrl, "ERROR HixlCSServerListen(%s) failed\n", o->peer);
+    hb_send(ctrl, "ERROR HixlCSServerListen(%s) failed\n", o->peer);
     goto out_unreg;
   }
-  if (!ctrl_send(ctrl, "READY cs\n")) goto out_unreg;
-  if (o->role == ROLE_TARGET)
-    fprintf(stderr, "%s: target: CS server on %s serving %zu bytes tagged \"%s\"\n", g_prog, o->peer, span,
-            BENCH_CS_TAG);
+  hb_send(ctrl, "READY cs\n");
   rc = serve_until_done(ctrl);
 
 out_unreg:
@@ -353,32 +272,25 @@ static int run_target(const struct bench_opts *o, int ctrl) {
 
   uint8_t *buf = hb_map(span);
   if (buf == NULL) {
-    ctrl_send(ctrl, "ERROR target cannot map %zu bytes: %s\n", span, strerror(errno));
+    hb_send(ctrl, "ERROR target cannot map %zu bytes: %s\n", span, strerror(errno));
     return 1;
   }
   bench_pattern_fill(buf, span, o->seed ^ 0x7a7a7a7aull);
   HixlOption opt[BENCH_ENGINE_OPTS];
   if (!(eng = hb_engine(o->peer, NULL, opt, engine_options(o, true, opt)))) {
-    ctrl_send(ctrl, "ERROR target engine on %s failed\n", o->peer);
+    hb_send(ctrl, "ERROR target engine on %s failed\n", o->peer);
     goto out_unmap;
   }
   HixlMemDesc md = {.addr = (uintptr_t)buf, .len = span};
   st = reg ? HixlEngineRegisterMem(eng, &md, HIXL_MEM_HOST, &mh) : HIXL_SUCCESS;
   if (st != HIXL_SUCCESS) {
     report_hixl("target", "HixlEngineRegisterMem", st);
-    ctrl_send(ctrl, "ERROR HixlEngineRegisterMem(%zu bytes) failed\n", span);
+    hb_send(ctrl, "ERROR HixlEngineRegisterMem(%zu bytes) failed\n", span);
     goto out_finalize;
   }
-  if (!ctrl_send(ctrl, "READY engine %" PRIxPTR " %zu %s\n", (uintptr_t)buf, span,
-                 reg ? "registered" : "unregistered"))
-    goto out_dereg;
-  if (o->role == ROLE_TARGET)
-    fprintf(stderr, "%s: target: serving %zu %s bytes on %s%s%s\n", g_prog, span,
-            reg ? "registered" : "unregistered", o->peer, reg ? "" : ", StagingUnregistered=",
-            reg ? "" : (target_sets_unreg(o) ? "on" : hb_extra_get(&o->x, "StagingUnregistered")));
+  hb_send(ctrl, "READY engine %" PRIxPTR " %zu\n", (uintptr_t)buf, span);
   rc = serve_until_done(ctrl);
 
-out_dereg:
   st = reg ? HixlEngineDeregisterMem(eng, mh) : HIXL_SUCCESS;
   if (st != HIXL_SUCCESS) {
     report_hixl("target", "HixlEngineDeregisterMem", st);
@@ -851,19 +763,14 @@ static const char *unreg_name(int unreg) {
   return names[unreg & UNREG_BOTH];
 }
 
-/* Which sides are unregistered: the initiator's from its flag, the target's from READY. */
-static int unreg_used(const struct bench_ctx *c) {
-  return (c->o->unreg & UNREG_LOCAL) | (c->remote_unreg ? UNREG_REMOTE : 0);
-}
-
-/* The engine options beyond Transport, "K=V K=V" ("none"); with --role both also the
- * one the bench adds on the target (in two-shell mode the target prints its own). */
+/* The engine options beyond Transport, "K=V K=V" ("none"), and the one the bench adds on
+ * the target. */
 static void options_text(const struct bench_opts *o, char *buf, size_t cap) {
   size_t n = 0;
   buf[0] = '\0';
   for (size_t i = 0; i < o->x.n && n < cap; i++)
     n += (size_t)snprintf(buf + n, cap - n, "%s%s=%s", n > 0 ? " " : "", o->x.v[i].key, o->x.v[i].value);
-  if (o->role == ROLE_BOTH && target_sets_unreg(o) && n < cap)
+  if (target_sets_unreg(o) && n < cap)
     n += (size_t)snprintf(buf + n, cap - n, "%starget StagingUnregistered=on", n > 0 ? " " : "");
   if (n == 0) snprintf(buf, cap, "none");
 }
@@ -885,8 +792,7 @@ static bool write_json(const struct bench_ctx *c) {
   if (c->o->api == API_ENGINE) {
     char opts[HB_EXTRA_MAX * 128];
     options_text(c->o, opts, sizeof(opts));
-    fprintf(f, "  \"engine_options\": \"%s\",\n  \"unregistered\": \"%s\",\n", opts,
-            unreg_name(unreg_used(c)));
+    fprintf(f, "  \"engine_options\": \"%s\",\n  \"unregistered\": \"%s\",\n", opts, unreg_name(c->o->unreg));
   }
   fprintf(f, "  \"peer\": \"%s\",\n  \"registered_bytes\": %zu,\n  \"results\": [\n", c->o->peer, c->span);
   for (size_t i = 0; i < c->n_res; i++) {
@@ -913,11 +819,11 @@ static int measure(struct bench_ctx *c, uint64_t connect_ns) {
     snprintf(mode, sizeof(mode), "async window %zu", o->window);
   else
     snprintf(mode, sizeof(mode), "sync");
-  if (unreg_used(c) == UNREG_NONE)
+  if (c->o->unreg == UNREG_NONE)
     snprintf(mem, sizeof(mem), "%zu registered bytes per side", c->span);
   else
     snprintf(mem, sizeof(mem), "%zu bytes per side, unregistered %s (staged)", c->span,
-             unreg_name(unreg_used(c)));
+             unreg_name(c->o->unreg));
   if (o->api == API_ENGINE) {
     snprintf(opts, sizeof(opts), ", engine options ");
     options_text(o, opts + strlen(opts), sizeof(opts) - strlen(opts));
@@ -1094,34 +1000,17 @@ static int run_initiator(const struct bench_opts *o, int ctrl) {
   if (o->csv != NULL) { /* a file we cannot append to fails now, not after the sweep */
     FILE *f = csv_open(o->csv);
     if (f == NULL || fclose(f) != 0) {
-      ctrl_send(ctrl, "DONE\n");
+      hb_send(ctrl, "DONE\n");
       return 1;
     }
   }
   int r = bench_read_line(ctrl, line, sizeof(line), BENCH_READY_TIMEOUT_MS);
-  bool ready = false;
-  char reg[16] = "registered"; /* older targets send no word: they always register */
-  if (r == 1 && o->api == API_ENGINE) {
-    int got = sscanf(line, "READY engine %" SCNxPTR " %zu %15s", &c.rbase, &rlen, reg);
-    ready = got == 2 || (got == 3 && (strcmp(reg, "registered") == 0 || strcmp(reg, "unregistered") == 0));
-  } else if (r == 1) {
-    ready = strcmp(line, "READY cs") == 0;
-  }
+  bool ready =
+      r == 1 && (o->api == API_ENGINE ? sscanf(line, "READY engine %" SCNxPTR " %zu", &c.rbase, &rlen) == 2
+                                      : strcmp(line, "READY cs") == 0);
   if (!ready) {
-    const char *other = o->api == API_CS ? "READY engine " : "READY cs";
-    fprintf(stderr, "%s: initiator: target not ready: %s%s\n", g_prog,
-            r == 1 ? line : (r == 0 ? "it closed the control channel" : "no answer in 60 s"),
-            r == 1 && strncmp(line, other, strlen(other)) == 0 ? " (start both sides with the same --api)"
-                                                               : "");
-    return 1;
-  }
-  c.remote_unreg = strcmp(reg, "unregistered") == 0;
-  if ((o->unreg & UNREG_REMOTE) != 0 && !c.remote_unreg) {
-    fprintf(stderr,
-            "%s: initiator: --unregistered %s, but the target registered its buffer: start the "
-            "target with --unregistered remote (or both) too\n",
-            g_prog, o->unreg == UNREG_BOTH ? "both" : "remote");
-    ctrl_send(ctrl, "DONE\n");
+    fprintf(stderr, "%s: initiator: target not ready: %s\n", g_prog,
+            r == 1 ? line : (r == 0 ? "it closed the control channel" : "no answer in 60 s"));
     return 1;
   }
   /* The CS target's length comes with its tag, after connecting: map what the sweep
@@ -1144,7 +1033,7 @@ static int run_initiator(const struct bench_opts *o, int ctrl) {
   rc = o->api == API_CS ? initiator_cs(&c) : initiator_engine(&c);
 
 out_free:
-  ctrl_send(ctrl, "DONE\n");
+  hb_send(ctrl, "DONE\n");
   free(c.descs);
   free(c.cdescs);
   free(c.lat);
@@ -1173,20 +1062,13 @@ static struct bench_opts o = {.local = "127.0.0.1",
                               .progress = true,
                               .seed = 1,
                               .cpu = {-1, -1}};
-static const char *const roles[] = {"both", "target", "initiator", NULL},
-                         *const apis[] = {"engine", "cs", NULL},
+static const char *const apis[] = {"engine", "cs", NULL},
                          *const transports[] = {"auto", "tcp", "rdma", "shm", NULL},
                          *const op_names[] = {"read", "write", "both", NULL},
                          *const unregs[] = {"none", "local", "remote", "both", NULL};
 static const struct hb_opt opts[] = {
-    {"--role", HB_CHOICE, &o.role, "both|target|initiator", "default both: two processes forked on 127.0.0.1",
-     0, 0, roles},
-    {"--peer", HB_FN, o.peer, "IP:PORT",
-     "target engine address (target: listen there; initiator: connect there);\n"
-     "default with --role both: a free port",
-     0, 0, set_addr},
-    {"--ctrl-port", HB_U32, &o.ctrl_port, "PORT", "two-shell control channel port (default: engine port + 1)",
-     1, 65535, NULL},
+    {"--peer", HB_FN, o.peer, "IP:PORT", "the target engine's address (default: a free port on 127.0.0.1)", 0,
+     0, set_addr},
     {"--local", HB_FN, o.local, "IP", "initiator engine (cs: client endpoint) address (default 127.0.0.1)", 0,
      0, set_addr},
     {"--api", HB_CHOICE, &o.api, "engine|cs", "HixlEngine* (default) or HIXL's client/server HixlCS*", 0, 0,
@@ -1265,29 +1147,14 @@ int main(int argc, char **argv) {
   if (!check_args(&o)) return 2;
   signal(SIGPIPE, SIG_IGN);
 
-  if (o.role == ROLE_BOTH) {
-    if (o.peer[0] == '\0') snprintf(o.peer, sizeof(o.peer), "127.0.0.1:%u", (unsigned)bench_free_port());
-    struct hb_peer tgt;
-    hb_spawn(&tgt, target_child, &o);
-    int rc = bench_pin_cpu(o.cpu[0]) ? run_initiator(&o, tgt.fd) : 1;
-    int crc = hb_reap(&tgt, 60);
-    if (crc != 0) {
-      hb_say("target process exited with status %d\n", crc);
-      rc = 1;
-    }
-    return rc;
+  if (o.peer[0] == '\0') snprintf(o.peer, sizeof(o.peer), "127.0.0.1:%u", (unsigned)bench_free_port());
+  struct hb_peer tgt;
+  hb_spawn(&tgt, target_child, &o);
+  int rc = bench_pin_cpu(o.cpu[0]) ? run_initiator(&o, tgt.fd) : 1;
+  int crc = hb_reap(&tgt, 60);
+  if (crc != 0) {
+    hb_say("target process exited with status %d\n", crc);
+    rc = 1;
   }
-
-  char ip[64];
-  uint16_t port = 0;
-  if (!split_addr(o.peer, ip, sizeof(ip), &port)) {
-    hb_say("--role %s needs --peer IP:PORT\n", o.role == ROLE_TARGET ? "target" : "initiator");
-    return 2;
-  }
-  uint16_t cport = o.ctrl_port != 0 ? (uint16_t)o.ctrl_port : (uint16_t)(port + 1);
-  int ctrl = o.role == ROLE_TARGET ? ctrl_listen_accept(ip, cport) : ctrl_connect(ip, cport);
-  if (ctrl < 0 || !bench_pin_cpu(o.role == ROLE_TARGET ? o.cpu[1] : o.cpu[0])) return 1;
-  int rc = o.role == ROLE_TARGET ? run_target(&o, ctrl) : run_initiator(&o, ctrl);
-  close(ctrl);
   return rc;
 }
