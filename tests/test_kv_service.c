@@ -13,7 +13,8 @@
  * max_inflight_requests requests: one more is refused, its blocks reported at once and
  * its peer's PIN or ACCEPT answering GONE with the bound's name. A call costs the same
  * among 10000 held or expected requests as among 100 (timed, min of 5 runs, within 8x;
- * a list searched at each call was 60x and more). */
+ * a list searched at each call was 60x and more), and so does adding a peer to those to
+ * cut (c->drop). */
 #include <CUnit/Basic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -428,6 +429,52 @@ static void test_expects_lookups_flat(void) {
   inst_down(&d);
 }
 
+/* Each of prefix-first .. prefix-(first + n - 1) (peer names) into c->drop, 64 at a
+ * time as the peers of a request whose lease ran out; how long it took (ns). */
+static uint64_t drop_names(hixl_kv_connector *c, const char *prefix, unsigned first, unsigned n) {
+  uint64_t spent = 0;
+  for (unsigned i = 0; i < n; i += KV_PEERS_MAX) {
+    struct kv_peers s = {0};
+    char name[48];
+    for (unsigned k = i; k < i + KV_PEERS_MAX && k < n; k++) {
+      snprintf(name, sizeof(name), "%s-%u:7000", prefix, first + k);
+      CU_ASSERT_PTR_NOT_NULL(kv_peers_add(&s, name));
+    }
+    uint64_t t0 = kv_now_ns();
+    kv_peers_drop(c, &s);
+    spent += kv_now_ns() - t0;
+    kv_peers_free(&s);
+  }
+  return spent;
+}
+
+/* The peers to cut before reporting (c->drop): one entry per name however many
+ * requests name it, and adding ADDS more costs the same among MANY as among FEW;
+ * before, each add searched the whole list for a duplicate (64 names a request). */
+static void test_drop_flat(void) {
+  enum { ADDS = 16 * KV_PEERS_MAX, RUNS = 7 };
+  hixl_kv_connector *c = calloc(1, sizeof(*c));
+  CU_ASSERT_PTR_NOT_NULL_FATAL(c);
+  drop_names(c, "few", 0, FEW);
+  drop_names(c, "few", 0, FEW); /* the same peers again: nothing new */
+  CU_ASSERT_EQUAL(c->drop.n, FEW);
+  uint64_t t[2] = {UINT64_MAX, UINT64_MAX}; /* among FEW, among MANY */
+  for (int k = 0; k < 2; k++) {
+    unsigned base = k ? MANY : FEW;
+    const char *prefix = k ? "many" : "few";
+    for (int run = 0; run < RUNS; run++) { /* base names, then ADDS new ones timed */
+      kv_idhash_clear(&c->drop, NULL);
+      drop_names(c, prefix, 0, base);
+      uint64_t dt = drop_names(c, "new", (unsigned)run * ADDS, ADDS);
+      if (dt < t[k]) t[k] = dt;
+      CU_ASSERT_EQUAL(c->drop.n, base + ADDS);
+    }
+  }
+  flat("a peer into the peers to cut", ADDS, t[0], t[1]);
+  kv_idhash_clear(&c->drop, NULL);
+  free(c);
+}
+
 int main(void) {
   char err[256] = "";
   if (hixl_kv_connector_entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS) {
@@ -447,6 +494,7 @@ int main(void) {
        test_expects_bounded},
       {"ACCEPT and wait_for_layer_load cost the same among 100 or 10000 expected pushes",
        test_expects_lookups_flat},
+      {"the peers to cut: one entry a name, an add costs the same among 100 or 10000", test_drop_flat},
       CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"kv_service", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
   return tu_run_suites("test_kv_service", suites);

@@ -448,8 +448,10 @@ struct hixl_kv_connector {
   struct kv_idset sending_done;
   struct kv_idset recving_done;
   struct kv_idhash unreach; /* peers the last Link to failed (kv_tell links again only to others) */
-  struct kv_idset drop;     /* peers to cut before reporting: producers whose expected push expired, consumers
-                               that pinned a request whose lease expired */
+  struct kv_idhash drop;    /* peers to cut before reporting: producers whose expected push expired, consumers
+                             * that pinned a request whose lease expired; one entry a name, none forgotten (a
+                             * peer not cut might touch blocks the host reuses): at most KV_PEERS_MAX a request
+                             * held or expected, emptied by each get_finished */
   struct kv_revoke *revq;   /* grants to revoke without the lock, a list (kv_grant.c) */
   uint32_t revoking;        /* kv_revoke_flush calls revoking a list they took, now (without the lock) */
   pthread_cond_t revoked;   /* ... the last of them ended (kv_revoke_settle waits) */
@@ -540,7 +542,7 @@ bool kv_peers_has(const struct kv_peers *s, const char *name);
  * or s holds KV_PEERS_MAX others. */
 struct kv_peer_ref *kv_peers_add(struct kv_peers *s, const char *name);
 void kv_peers_free(struct kv_peers *s);
-/* Each of s's peers into c->drop (cut before the host reuses the blocks). */
+/* Each of s's peers into c->drop (cut before the host reuses the blocks), once. */
 void kv_peers_drop(hixl_kv_connector *c, const struct kv_peers *s);
 /* The request's blocks go to peer (a PIN's consumer rank, an ACCEPT's producer rank):
  * granted once to it, as to each other rank of its instance that moves them (a grant

@@ -192,7 +192,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   kv_idset_clear(&c->load.busy);
   kv_idset_clear(&c->push.active);
   kv_idhash_clear(&c->sched.holding, NULL);
-  kv_idset_clear(&c->drop);
+  kv_idhash_clear(&c->drop, NULL);
   kv_idhash_clear(&c->unreach, NULL);
   free(c->push.saved_step);
   kv_idhash_clear(&c->sched.failed, NULL);

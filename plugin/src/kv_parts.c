@@ -40,7 +40,7 @@ void kv_peers_free(struct kv_peers *s) {
 
 void kv_peers_drop(hixl_kv_connector *c, const struct kv_peers *s) {
   for (uint32_t i = 0; i < s->n; i++)
-    if (!kv_idset_has(&c->drop, s->v[i].name)) kv_idset_add(&c->drop, s->v[i].name);
+    if (!kv_idhash_has(&c->drop, s->v[i].name)) kv_idhash_add(&c->drop, s->v[i].name, NULL, SIZE_MAX, NULL);
 }
 
 bool kv_peers_grant(hixl_kv_connector *c, struct kv_peers *s, const char *peer, const uint64_t *blocks,

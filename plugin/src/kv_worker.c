@@ -292,14 +292,14 @@ hixl_kv_status kv_wait_save(hixl_kv_connector *c) {
  * here. Over tcp and rdma nothing more of theirs lands, and no answer of ours reads
  * those blocks, once this returns; so the host may reuse the blocks get_finished and
  * get_block_ids_with_load_errors report. Called without the lock, before either reports. */
-static void drop_peers(hixl_kv_connector *c, struct kv_idset *d) {
+static void drop_peers(hixl_kv_connector *c, struct kv_idhash *d) {
   const char *why = "a request between us expired here (a lease it pinned, or a push it accepted)";
-  for (size_t i = 0; i < d->n; i++) {
+  for (const struct kv_idnode *x = d->newest; x; x = kv_idnode_older(x)) {
     size_t n = 0;
-    hixl_engine_drop_peer(c->eng, d->v[i], why, &n);
-    if (n) log_warn("hixl-kv: cut %zu link(s) with %s: %s", n, d->v[i], why);
+    hixl_engine_drop_peer(c->eng, kv_idnode_id(x), why, &n);
+    if (n) log_warn("hixl-kv: cut %zu link(s) with %s: %s", n, kv_idnode_id(x), why);
   }
-  kv_idset_clear(d);
+  kv_idhash_clear(d, NULL);
   kv_revoke_settle(c); /* the grants of what ended, as their links go, also those another thread revokes */
 }
 
@@ -311,7 +311,7 @@ hixl_kv_status kv_get_finished(hixl_kv_connector *c, const hixl_kv_ids *finished
   pthread_mutex_lock(&c->lock);
   kv_leases_expire(c);
   kv_expects_expire(c);
-  struct kv_idset drop = c->drop;
+  struct kv_idhash drop = c->drop;
   memset(&c->drop, 0, sizeof(c->drop));
   hixl_kv_ids s = {0}, r = {0};
   int rc = kv_idset_take(&c->sending_done, &s);
@@ -343,7 +343,7 @@ hixl_kv_status kv_load_errors(hixl_kv_connector *c, hixl_kv_blocks *out) {
   size_t n = c->nerr;
   c->err_blocks = NULL;
   c->nerr = c->caperr = 0;
-  struct kv_idset drop = c->drop;
+  struct kv_idhash drop = c->drop;
   memset(&c->drop, 0, sizeof(c->drop));
   pthread_mutex_unlock(&c->lock);
   drop_peers(c, &drop);
@@ -519,7 +519,7 @@ hixl_kv_status kv_preemptions(hixl_kv_connector *c, const hixl_kv_ids *ids) {
     running = running_mark(c, ids);
   }
   while (ids_any(&c->push.active, ids)) pthread_cond_wait(&c->push.cond, &c->lock);
-  struct kv_idset drop = c->drop;
+  struct kv_idhash drop = c->drop;
   memset(&c->drop, 0, sizeof(c->drop));
   pthread_mutex_unlock(&c->lock);
   drop_peers(c, &drop);
