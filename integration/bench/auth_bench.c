@@ -25,7 +25,6 @@
  * does to every byte), each beside memcpy of the same bytes; and whether this kernel
  * offers kTLS (the "tls" TCP ULP). */
 #include <inttypes.h>
-#include <sys/utsname.h>
 
 #include <openssl/evp.h>
 
@@ -220,19 +219,11 @@ static void print_table(struct result (*res)[MODE_COUNT]) {
 }
 
 static int write_json(struct result (*res)[MODE_COUNT]) {
-  struct utsname u;
-  FILE *f = fopen(o.json, "w");
-  if (!f) {
-    fprintf(stderr, "hixl-auth-bench: --json %s: %s\n", o.json, strerror(errno));
-    return -1;
-  }
-  if (uname(&u) != 0) snprintf(u.release, sizeof(u.release), "?");
+  FILE *f = hb_json_open(o.json, "hixl-auth-bench");
   fprintf(f,
-          "{\n  \"tool\": \"hixl-auth-bench\",\n  \"hixl_version\": \"%s\",\n  \"time\": %lld,\n"
-          "  \"kernel\": \"%s\",\n  \"cpus\": %ld,\n  \"connects\": %" PRIu64 ",\n  \"block\": %" PRIu64
-          ",\n  \"warmup\": %" PRIu64 ",\n  \"results\": [\n",
-          HixlVersionString(), (long long)time(NULL), u.release, sysconf(_SC_NPROCESSORS_ONLN), o.connects,
-          o.block, o.warmup);
+          "  \"connects\": %" PRIu64 ",\n  \"block\": %" PRIu64 ",\n  \"warmup\": %" PRIu64
+          ",\n  \"results\": [\n",
+          o.connects, o.block, o.warmup);
   for (size_t t = 0; t < o.n_transports; t++)
     for (size_t m = 0; m < n_modes(); m++) {
       const struct bench_stats *s = &res[t][m].conn;

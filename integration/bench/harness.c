@@ -1,7 +1,9 @@
 /* harness: the parts every benchmark shares (harness.h). */
 #include <dlfcn.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <sys/mman.h>
+#include <sys/utsname.h>
 
 #include "harness.h"
 #include "hixl/hixl_kv_connector.h"
@@ -235,6 +237,58 @@ uint16_t hb_ports(const char *ip, unsigned n) {
     if (ok) return base;
   }
   hb_die("no %u free ports in a row on %s", n, ip);
+}
+
+/* ----------------------------------------------------------------- the reporter */
+
+static bool in_out(enum hb_out how, const struct hb_field *x) {
+  return how == HB_MD ? x->head != NULL : x->key != NULL;
+}
+
+void hb_head(FILE *f, enum hb_out how, const struct hb_field *r, size_t n) {
+  for (size_t i = 0, k = 0; i < n; i++) {
+    if (!in_out(how, &r[i])) continue;
+    if (how == HB_MD)
+      fprintf(f, "| %s ", r[i].head);
+    else
+      fprintf(f, "%s%s", k++ ? "," : "", r[i].key);
+  }
+  if (how == HB_MD) {
+    fputs("|\n", f);
+    for (size_t i = 0; i < n; i++)
+      if (r[i].head) fputs("|---", f);
+  }
+  fputs(how == HB_MD ? "|\n" : "\n", f);
+}
+
+void hb_row(FILE *f, enum hb_out how, const struct hb_field *r, size_t n) {
+  const char *sep = how == HB_MD ? "| " : how == HB_CSV ? "" : "{";
+  for (size_t i = 0; i < n; i++) {
+    const struct hb_field *x = &r[i];
+    if (!in_out(how, x)) continue;
+    fputs(sep, f);
+    if (how == HB_JSON) fprintf(f, "\"%s\": ", x->key);
+    if (x->s)
+      fprintf(f, how == HB_JSON ? "\"%s\"" : "%s", x->s);
+    else if (x->fmt)
+      fprintf(f, how == HB_MD && x->tfmt ? x->tfmt : x->fmt, x->d);
+    else
+      fprintf(f, "%" PRIu64, x->u);
+    sep = how == HB_MD ? " | " : how == HB_CSV ? "," : ", ";
+  }
+  fputs(how == HB_MD ? " |" : how == HB_CSV ? "" : "}", f);
+}
+
+FILE *hb_json_open(const char *path, const char *tool) {
+  struct utsname u;
+  FILE *f = fopen(path, "w");
+  if (f == NULL) hb_die("--json %s: %s", path, strerror(errno));
+  if (uname(&u) != 0) snprintf(u.release, sizeof(u.release), "?");
+  fprintf(f,
+          "{\n  \"tool\": \"%s\",\n  \"hixl_version\": \"%s\",\n  \"time\": %lld,\n  \"kernel\": \"%s\",\n  "
+          "\"cpus\": %ld,\n",
+          tool, HixlVersionString(), (long long)time(NULL), u.release, sysconf(_SC_NPROCESSORS_ONLN));
+  return f;
 }
 
 uint64_t hb_median_u64(uint64_t *v, size_t n) {

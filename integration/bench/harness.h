@@ -90,6 +90,33 @@ char *hb_recv(int fd, char *buf, size_t cap);
 /* n TCP ports in a row free on ip now; dies when there are none. */
 uint16_t hb_ports(const char *ip, unsigned n);
 
+/* ---- the reporter: a result record's fields, each described once, written as a
+ * markdown table row, a CSV line or a JSON object ---- */
+struct hb_field {
+  const char *key;  /* JSON key and CSV column; NULL: the table's alone */
+  const char *head; /* the table's column; NULL: not in the table */
+  const char *fmt;  /* a double's format in JSON and CSV ("%.4f"); NULL: u or s */
+  const char *tfmt; /* its format in the table; NULL: fmt */
+  uint64_t u;
+  double d;
+  const char *s; /* a string (quoted in JSON), when not NULL */
+};
+#define HB_FU(key, head, v)                                                                                  \
+  { key, head, NULL, NULL, (uint64_t)(v), 0, NULL }
+#define HB_FD(key, head, fmt, tfmt, v)                                                                       \
+  { key, head, fmt, tfmt, 0, (double)(v), NULL }
+#define HB_FS(key, head, v)                                                                                  \
+  { key, head, NULL, NULL, 0, 0, (v) }
+#define HB_NF(rec) (sizeof(rec) / sizeof((rec)[0]))
+enum hb_out { HB_MD, HB_CSV, HB_JSON };
+/* The header of a markdown table (its two lines) or of a CSV file (its line). */
+void hb_head(FILE *f, enum hb_out how, const struct hb_field *r, size_t n);
+/* One record: "| a | b |", "a,b" or {"k": a, "k2": b}, without a newline. */
+void hb_row(FILE *f, enum hb_out how, const struct hb_field *r, size_t n);
+/* A JSON file opened for writing, begun with what every bench records: "{\n  "tool",
+ * "hixl_version", "time", "kernel", "cpus" (each a line, with its comma); dies on failure. */
+FILE *hb_json_open(const char *path, const char *tool);
+
 /* The median of v[0..n) (sorts it). */
 uint64_t hb_median_u64(uint64_t *v, size_t n);
 

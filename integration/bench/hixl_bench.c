@@ -28,7 +28,6 @@
  * sends "DONE" at the end. */
 #include <inttypes.h>
 #include <stdarg.h>
-#include <sys/utsname.h>
 
 #include "harness.h"
 
@@ -776,17 +775,7 @@ static void options_text(const struct bench_opts *o, char *buf, size_t cap) {
 }
 
 static bool write_json(const struct bench_ctx *c) {
-  FILE *f = fopen(c->o->json, "w");
-  if (f == NULL) {
-    fprintf(stderr, "%s: cannot open %s: %s\n", g_prog, c->o->json, strerror(errno));
-    return false;
-  }
-  struct utsname un;
-  memset(&un, 0, sizeof(un));
-  uname(&un);
-  fprintf(f, "{\n  \"tool\": \"hixl-bench\",\n  \"hixl_version\": \"%s\",\n", HixlVersionString());
-  fprintf(f, "  \"time\": %lld,\n  \"kernel\": \"%s\",\n  \"cpus\": %ld,\n", (long long)time(NULL),
-          un.release, sysconf(_SC_NPROCESSORS_ONLN));
+  FILE *f = hb_json_open(c->o->json, "hixl-bench");
   fprintf(f, "  \"api\": \"%s\",\n  \"transport\": \"%s\",\n", api_name(c->o->api),
           c->o->transport != NULL ? c->o->transport : "default");
   if (c->o->api == API_ENGINE) {

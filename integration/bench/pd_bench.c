@@ -636,6 +636,43 @@ struct row {
       notice_busy_ms, behind_ms, raw_push_ms, raw_call_push_ms;
 };
 
+/* A row's fields: the pull's columns, then the push's (kv_first only); the JSON's keys. */
+#define PD_PULL_FIELDS 16
+static void row_fields(const struct row *w, struct hb_field *f) {
+  const double l = w->layer_ms;
+  const struct hb_field r[] = {
+      HB_FU("tokens", "prompt tokens", w->tokens),
+      HB_FU("blocks", "blocks", w->blocks),
+      HB_FU("bytes", NULL, w->bytes),
+      HB_FD(NULL, "MiB", "%.1f", NULL, (double)w->bytes / 1048576.0),
+      HB_FU("runs", "runs of adjacent blocks", w->runs),
+      HB_FU("plugin_engine_ops", "plugin engine ops per request", w->plugin_ops),
+      HB_FU("engine_ops", "raw engine ops", w->ops),
+      HB_FU("rounds", "rounds", w->rounds),
+      HB_FD("raw_gbs", "raw engine GB/s", "%.4f", "%.2f", w->raw_gbs),
+      HB_FD("plugin_fd_gbs", "plugin pull GB/s, host woken by the fd", "%.4f", "%.2f", w->plugin_fd_gbs),
+      HB_FD("ratio", "ratio (goal >= 0.9)", "%.4f", "%.2f", w->plugin_fd_gbs / w->raw_gbs),
+      HB_FD("raw2_gbs", NULL, "%.4f", NULL, w->raw2_gbs),
+      HB_FD("aa_ratio", "raw engine again / raw engine (A/A: the noise)", "%.4f", "%.2f",
+            w->raw2_gbs / w->raw_gbs),
+      HB_FD("plugin_gbs", "plugin pull GB/s, host stepping", "%.4f", "%.2f", w->plugin_gbs),
+      HB_FD("ratio_stepping", "ratio", "%.4f", "%.2f", w->plugin_gbs / w->raw_gbs),
+      HB_FD("handoff_ms", "hand-off ms (pull, stepping)", "%.4f", "%.2f", w->handoff_ms),
+      HB_FD("push_after_last_ms", "push: after last layer ms", "%.4f", "%.2f", w->push_after_last_ms),
+      HB_FD("layer_ms", "one layer ms", "%.4f", "%.2f", l),
+      HB_FD("push_ratio", "ratio (goal <= 1.5)", "%.4f", "%.2f", w->push_after_last_ms / l),
+      HB_FD("notice_rtt_ms", "notice round trip ms", "%.4f", "%.3f", w->notice_ms),
+      HB_FD("push_floor", "floor: (layer + notice) / layer", "%.4f", "%.2f", (l + w->notice_ms) / l),
+      HB_FD("notice_busy_ms", "notice while a layer moves ms", "%.4f", "%.3f", w->notice_busy_ms),
+      HB_FD("behind_ms", "pusher behind at the last save ms", "%.4f", "%.2f", w->behind_ms),
+      HB_FD("raw_push_ms", "raw engine push: after last layer ms", "%.4f", "%.2f", w->raw_push_ms),
+      HB_FD("raw_push_ratio", "ratio", "%.4f", "%.2f", w->raw_push_ms / l),
+      HB_FD("raw_call_push_ms", "raw engine push, a call per layer: after last layer ms", "%.4f", "%.2f",
+            w->raw_call_push_ms),
+      HB_FD("raw_call_push_ratio", "ratio", "%.4f", "%.2f", w->raw_call_push_ms / l)};
+  memcpy(f, r, sizeof(r));
+}
+
 static bool set_prompts(void *p, const char *v) {
   (void)p;
   char buf[256];
@@ -883,68 +920,25 @@ int main(int argc, char **argv) {
   hb_send(fd, "quit\n");
   hb_reap(&prefill, 60);
 
-  /* The pull's columns, then the push's (kv_first only). */
-  printf("| prompt tokens | blocks | MiB | runs of adjacent blocks | plugin engine ops per request"
-         " | raw engine ops | rounds | raw engine GB/s"
-         " | plugin pull GB/s, host woken by the fd | ratio (goal >= 0.9)"
-         " | raw engine again / raw engine (A/A: the noise)"
-         " | plugin pull GB/s, host stepping | ratio | hand-off ms (pull, stepping) |");
-  if (o.push)
-    printf(" push: after last layer ms | one layer ms | ratio (goal <= 1.5)"
-           " | notice round trip ms | floor: (layer + notice) / layer | notice while a layer moves ms"
-           " | pusher behind at the last save ms | raw engine push: after last layer ms | ratio"
-           " | raw engine push, a call per layer: after last layer ms | ratio |");
-  printf("\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n",
-         o.push ? "---|---|---|---|---|---|---|---|---|---|---|" : "");
-  for (size_t i = 0; i < o.nprompts; i++) {
-    struct row *w = &rows[i];
-    printf("| %" PRIu64 " | %" PRIu64 " | %.1f | %" PRIu64 " | %" PRIu64 " | %" PRIu64
-           " | %u | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |",
-           w->tokens, w->blocks, (double)w->bytes / 1048576.0, w->runs, w->plugin_ops, w->ops, w->rounds,
-           w->raw_gbs, w->plugin_fd_gbs, w->plugin_fd_gbs / w->raw_gbs, w->raw2_gbs / w->raw_gbs,
-           w->plugin_gbs, w->plugin_gbs / w->raw_gbs, w->handoff_ms);
-    if (o.push)
-      printf(" %.2f | %.2f | %.2f | %.3f | %.2f | %.3f | %.2f | %.2f | %.2f | %.2f | %.2f |",
-             w->push_after_last_ms, w->layer_ms, w->push_after_last_ms / w->layer_ms, w->notice_ms,
-             (w->layer_ms + w->notice_ms) / w->layer_ms, w->notice_busy_ms, w->behind_ms, w->raw_push_ms,
-             w->raw_push_ms / w->layer_ms, w->raw_call_push_ms, w->raw_call_push_ms / w->layer_ms);
-    printf("\n");
-  }
-  if (o.json) {
-    FILE *f = fopen(o.json, "w");
-    if (!f) hb_die("%s: %s", o.json, strerror(errno));
+  struct hb_field rec[PD_PULL_FIELDS + 11];
+  size_t nf = o.push ? HB_NF(rec) : PD_PULL_FIELDS;
+  FILE *f = o.json ? fopen(o.json, "w") : NULL;
+  if (o.json && !f) hb_die("%s: %s", o.json, strerror(errno));
+  if (f)
     fprintf(f,
             "{\"transport\": \"%s\", \"layout\": \"%s\", \"layers\": %u, \"block_tokens\": %u"
             ", \"block_bytes\": %" PRIu64 ", \"rounds\": %u, \"step_us\": %" PRIu64
             ", \"push\": %s, \"obs\": %s, \"rows\": [",
             o.transport, layout_names[o.layout], o.layers, o.block_tokens, o.block_bytes, o.rounds, o.step_us,
             o.push ? "true" : "false", o.obs ? "true" : "false");
-    for (size_t i = 0; i < o.nprompts; i++) {
-      struct row *w = &rows[i];
-      fprintf(f,
-              "%s\n {\"tokens\": %" PRIu64 ", \"blocks\": %" PRIu64 ", \"bytes\": %" PRIu64
-              ", \"runs\": %" PRIu64 ", \"plugin_engine_ops\": %" PRIu64 ", \"engine_ops\": %" PRIu64
-              ", \"rounds\": %u, \"raw_gbs\": %.4f, \"plugin_fd_gbs\": %.4f, \"ratio\": %.4f"
-              ", \"plugin_gbs\": %.4f, \"ratio_stepping\": %.4f, \"handoff_ms\": %.4f"
-              ", \"raw2_gbs\": %.4f, \"aa_ratio\": %.4f",
-              i ? "," : "", w->tokens, w->blocks, w->bytes, w->runs, w->plugin_ops, w->ops, w->rounds,
-              w->raw_gbs, w->plugin_fd_gbs, w->plugin_fd_gbs / w->raw_gbs, w->plugin_gbs,
-              w->plugin_gbs / w->raw_gbs, w->handoff_ms, w->raw2_gbs, w->raw2_gbs / w->raw_gbs);
-      if (o.push)
-        fprintf(
-            f,
-            ", \"push_after_last_ms\": %.4f, \"layer_ms\": %.4f, \"push_ratio\": %.4f"
-            ", \"notice_rtt_ms\": %.4f, \"push_floor\": %.4f, \"notice_busy_ms\": %.4f, \"behind_ms\": %.4f"
-            ", \"raw_push_ms\": %.4f, \"raw_push_ratio\": %.4f, \"raw_call_push_ms\": %.4f"
-            ", \"raw_call_push_ratio\": %.4f",
-            w->push_after_last_ms, w->layer_ms, w->push_after_last_ms / w->layer_ms, w->notice_ms,
-            (w->layer_ms + w->notice_ms) / w->layer_ms, w->notice_busy_ms, w->behind_ms, w->raw_push_ms,
-            w->raw_push_ms / w->layer_ms, w->raw_call_push_ms, w->raw_call_push_ms / w->layer_ms);
-      fprintf(f, "}");
-    }
-    fprintf(f, "\n]}\n");
-    fclose(f);
+  for (size_t i = 0; i < o.nprompts; i++) {
+    row_fields(&rows[i], rec);
+    if (i == 0) hb_head(stdout, HB_MD, rec, nf);
+    hb_row(stdout, HB_MD, rec, nf);
+    putchar('\n');
+    if (f) fputs(i ? ",\n " : "\n ", f), hb_row(f, HB_JSON, rec, nf);
   }
+  if (f) fprintf(f, "\n]}\n"), fclose(f);
   ops->destroy(pull.worker);
   ops->destroy(pull.sched);
   if (o.push) {
