@@ -69,156 +69,7 @@ layouts() {
     done
   fi
   ls "$RES"/layouts-*.json >/dev/null 2>&1 || die "no layout results in $RES"
-  python3 - "$RES" "$LOUT" "$LROUNDS" "$(nproc)" "$(uname -r)" "$(date -u +%Y-%m-%d)" \
-    "$(cut -d' ' -f1-3 /proc/loadavg)" <<'EOF' || die "the layouts page could not be written"
-import glob, json, os, statistics, sys
-
-res, out, rounds, ncpu, kernel, day, load = sys.argv[1:8]
-runs = {}  # (transport, layout, block tokens) -> [run's json]
-for f in sorted(glob.glob(os.path.join(res, "layouts-*.json"))):
-    j = json.load(open(f))
-    runs.setdefault((j["transport"], j["layout"], j["block_tokens"]), []).append(j)
-LAYOUTS = ["kv_first", "BLNHC", "cross_layer"]
-BLOCK_MAJOR = ["BLNHC", "cross_layer"]
-NAMES = {"tcp": "tcp", "auto": "shm (Transport auto between two processes of one host)"}
-rows, aa_runs = [], []
-for (t, lay, bt), js in runs.items():
-    for i, r0 in enumerate(js[0]["rows"]):
-        rs = [j["rows"][i] for j in js]
-        if len({(r["plugin_engine_ops"], r["engine_ops"], r["runs"]) for r in rs}) != 1:
-            print("run_pd: %s %s %d-token blocks, %d tokens: op counts differ between runs" %
-                  (t, lay, bt, r0["tokens"]), file=sys.stderr)
-        med = lambda k: statistics.median(r[k] for r in rs)
-        aa_runs += [r["aa_ratio"] for r in rs]
-        rows.append({"transport": t, "layout": lay, "block_tokens": bt, "tokens": r0["tokens"],
-                     "blocks": r0["blocks"], "bytes": r0["bytes"], "runs": r0["runs"],
-                     "plugin_engine_ops": max(r["plugin_engine_ops"] for r in rs),
-                     "engine_ops": r0["engine_ops"], "repeats": len(rs),
-                     "rounds": sum(r["rounds"] for r in rs),
-                     "plugin_fd_gbs": med("plugin_fd_gbs"), "raw_gbs": med("raw_gbs"),
-                     "raw2_gbs": med("raw2_gbs")})
-for r in rows:
-    r["ratio"] = r["plugin_fd_gbs"] / r["raw_gbs"]
-    r["aa_ratio"] = r["raw2_gbs"] / r["raw_gbs"]
-key = lambda r: (r["transport"] != "tcp", LAYOUTS.index(r["layout"]), r["block_tokens"], r["tokens"])
-rows.sort(key=key)
-transports = [t for t in ("tcp", "auto") if any(r["transport"] == t for r in rows)]
-find = lambda t, lay, bt, tok: next((r for r in rows if (r["transport"], r["layout"], r["block_tokens"],
-                                                           r["tokens"]) == (t, lay, bt, tok)), None)
-longest = max(r["tokens"] for r in rows)
-
-# Goal 1: block-major layouts, the longest request: engine ops <= runs of adjacent blocks.
-g1 = [r for r in rows if r["layout"] in BLOCK_MAJOR and r["tokens"] == longest]
-g1_pass = bool(g1) and all(r["plugin_engine_ops"] <= r["runs"] for r in g1)
-# Goal 2: 16-token blocks at >= 0.9x 64-token blocks' throughput, the same bytes.
-g2 = []
-for t in transports:
-    for lay in LAYOUTS:
-        for tok in sorted({r["tokens"] for r in rows}):
-            a, b = find(t, lay, 16, tok), find(t, lay, 64, tok)
-            if a and b:
-                g2.append({"transport": t, "layout": lay, "tokens": tok, "judged": lay in BLOCK_MAJOR,
-                           "plugin": a["plugin_fd_gbs"] / b["plugin_fd_gbs"],
-                           "raw": a["raw_gbs"] / b["raw_gbs"]})
-judged = [g for g in g2 if g["judged"]]
-g2_pass = bool(judged) and all(g["plugin"] >= 0.9 for g in judged)
-
-json.dump({"date": day, "cpus": int(ncpu), "kernel": kernel, "rounds": int(rounds), "rows": rows,
-           "block_tokens_ratio": g2,
-           "goals": {"ops_le_runs": "PASS" if g1_pass else "MISS",
-                     "16_over_64": "PASS" if g2_pass else "MISS"}},
-          open(os.path.join(res, "pd-layouts.json"), "w"), indent=1)
-
-def verdicts(t):
-    out = []
-    mine = [r for r in g1 if r["transport"] == t]
-    kv = {r["block_tokens"]: r for r in rows
-          if r["transport"] == t and r["layout"] == "kv_first" and r["tokens"] == longest}
-    ok = all(r["plugin_engine_ops"] <= r["runs"] for r in mine)
-    out.append("engine ops per %d-token request, block-major layouts, <= its runs of adjacent blocks: %s (%s)" %
-               (longest, "PASS" if ok and mine else "MISS",
-                "; ".join("%s %d-token blocks: %d ops for %d runs (kv_first: %s)" %
-                          (r["layout"], r["block_tokens"], r["plugin_engine_ops"], r["runs"],
-                           kv[r["block_tokens"]]["plugin_engine_ops"] if r["block_tokens"] in kv else "-")
-                          for r in mine)))
-    mine = [g for g in judged if g["transport"] == t]
-    miss = [g for g in mine if g["plugin"] < 0.9]
-    out.append("16-token blocks / 64-token blocks, plugin pull GB/s, the same bytes, block-major layouts:"
-               " %.2f-%.2fx (goal >= 0.9): %s" %
-               (min(g["plugin"] for g in mine), max(g["plugin"] for g in mine), "PASS" if not miss else
-                "MISS at %s" % ", ".join("%s %d tokens (%.2fx; the raw engine's: %.2fx)" %
-                                         (g["layout"], g["tokens"], g["plugin"], g["raw"]) for g in miss))
-               if mine else "no pairs measured: MISS")
-    for lay in LAYOUTS:
-        v = [g for g in g2 if g["transport"] == t and g["layout"] == lay]
-        if v:
-            out.append("%s, 16 / 64-token blocks by prompt (%s tokens): plugin %s; raw engine %s" %
-                       (lay, ", ".join(str(g["tokens"]) for g in v),
-                        ", ".join("%.2fx" % g["plugin"] for g in v), ", ".join("%.2fx" % g["raw"] for g in v)))
-    aa = [r["aa_ratio"] for r in rows if r["transport"] == t]
-    out.append("the raw engine against itself in the same rounds (A/A, the noise of the ratios): %.2f-%.2fx" %
-               (min(aa), max(aa)))
-    return out
-
-with open(out, "w") as f:
-    w = lambda s="": f.write(s + "\n")
-    w("# Descriptor economy: the pull per KV cache layout")
-    w()
-    w("Generated by `integration/bench/run_pd.sh` (`PD_LAYOUTS`) on %s (%s CPUs, %s);" % (day, ncpu, kernel))
-    w("do not edit by hand. Results: `pd-results/pd-layouts.json` in the build directory.")
-    w()
-    w("`hixl-pd-bench --layout L --block-tokens N --no-push` runs a prefill and a decode process, each")
-    w("loading `libhixl_kv_connector.so` by dlopen, on 127.0.0.1 (decode pinned to CPU 0, prefill")
-    w("to CPU 1), and measures the pull of one request (Llama-8B-like: 32 layers, 8 KV heads x")
-    w("128 x 2 bytes, so 32 KiB of K and 32 KiB of V per layer per 16 tokens; 64-token blocks")
-    w("hold 128 KiB each, so a prompt moves the same bytes with either) in three layouts:")
-    w("*kv_first* (per layer (2, B, N, H, D), `register_kv_caches`: two planes per layer),")
-    w("*BLNHC* (one buffer (B, L, N, H, C = 2D): a strided plane per layer, all layers of a")
-    w("block adjacent) and *cross_layer* (one buffer (B, L, 2, N, H, D): one plane holding every")
-    w("layer, `HIXL_KV_GROUP_CROSS_LAYER`), the last two with `register_kv_groups` (ABI 1.3).")
-    w("Each side's blocks come off a free list shuffled in runs of 8 adjacent blocks, so a")
-    w("request's blocks form *runs of adjacent blocks* (adjacent on both sides). *Plugin engine")
-    w("ops per request* is the consumer's `engine_ops` counter over one load; *raw engine ops*")
-    w("is the op list the bench builds as the plugin does (a piece per block per plane, sorted")
-    w("by local address, merged where both sides are contiguous) and READs with one")
-    w("`HixlEngineTransferSync` between two plain engines on the same memory. *Plugin GB/s* is")
-    w("the request's bytes over `start_load_kv` to `get_finished` (the host woken by the event")
-    w("fd); *ratio* is plugin over raw; *A/A* is the raw READ run a second time at the other end")
-    reps = max(r["repeats"] for r in rows)
-    w("of each round over the first: the noise any ratio here carries. Each case ran %d time%s," %
-      (reps, "" if reps == 1 else "s"))
-    w("interleaved (16- and 64-token blocks taking turns to go first), with %s round%s per run" %
-      (rounds, "" if rounds == "1" else "s"))
-    w("(shorter prompts more, as in `performance-pd.md`); the figures are the medians over the")
-    w("runs of each run's median. The machine is a VM with %s CPUs shared with other work (load" % ncpu)
-    w("average %s when the page was written), so throughput swings from run to run; over" % load)
-    w("every run the A/A ratio spread %.2f-%.2fx. Op counts do not depend on the machine." %
-      (min(aa_runs), max(aa_runs)))
-    w()
-    w("## Goals")
-    w()
-    w("- engine ops per %d-token request with BLNHC or cross_layer <= the request's runs of" % longest)
-    w("  adjacent blocks (instead of one per run per plane with kv_first): **%s**" % ("PASS" if g1_pass else "MISS"))
-    w("- 16-token blocks move at >= 0.9x the throughput of 64-token blocks for the same bytes")
-    w("  (plugin pull GB/s, BLNHC and cross_layer, every prompt and transport): **%s**%s" %
-      ("PASS" if g2_pass else "MISS", " (min %.2fx)" % min(g["plugin"] for g in judged) if judged else ""))
-    for t in transports:
-        w()
-        w("## %s" % NAMES[t])
-        w()
-        w("| layout | block tokens | prompt tokens | runs of adjacent blocks | plugin engine ops per request"
-          " | raw engine ops | plugin GB/s | raw engine GB/s | ratio | A/A |")
-        w("|---|---|---|---|---|---|---|---|---|---|")
-        for r in rows:
-            if r["transport"] == t:
-                w("| %s | %d | %d | %d | %d | %d | %.2f | %.2f | %.2f | %.2f |" %
-                  (r["layout"], r["block_tokens"], r["tokens"], r["runs"], r["plugin_engine_ops"],
-                   r["engine_ops"], r["plugin_fd_gbs"], r["raw_gbs"], r["ratio"], r["aa_ratio"]))
-        w()
-        for v in verdicts(t):
-            w("- " + v)
-print("run_pd: wrote %s and %s" % (out, os.path.join(res, "pd-layouts.json")), file=sys.stderr)
-EOF
+  python3 "$SRC/integration/bench/report.py" layouts "$RES" "$LOUT" "$LROUNDS" || die "the layouts page could not be written"
 }
 
 [ "$LAYOUTS" != only ] || { layouts; exit 0; }
@@ -252,13 +103,7 @@ elif [ "$RDMA" != 0 ]; then
 fi
 
 # JSON rows -> "tokens handoff_ms push_after_last_ms layer_ms" for gnuplot.
-for t in tcp auto; do
-  python3 - "$RES/pd-$t.json" >"$RES/pd-$t.dat" <<'EOF'
-import json, sys
-for r in json.load(open(sys.argv[1]))["rows"]:
-    print(r["tokens"], r["handoff_ms"], r["push_after_last_ms"], r["layer_ms"])
-EOF
-done
+for t in tcp auto; do python3 "$SRC/integration/bench/report.py" pd_dat "$RES/pd-$t.json" >"$RES/pd-$t.dat"; done
 gnuplot <<EOF || die "gnuplot failed"
 set terminal pngcairo size 900,520 noenhanced
 set output "$PNG"
@@ -276,45 +121,6 @@ plot "$RES/pd-tcp.dat" using 1:2 with linespoints title "tcp, pull (prefill fini
      "$RES/pd-auto.dat" using 1:4 with lines dashtype 2 title "shm, one layer's raw transfer"
 EOF
 
-verdict() { # verdict JSON: PASS/MISS per goal, over the rows
-  python3 - "$1" <<'EOF'
-import json, sys
-rows = json.load(open(sys.argv[1]))["rows"]
-pull = [r["ratio"] for r in rows]
-step = [r["ratio_stepping"] for r in rows]
-push = [r["push_ratio"] for r in rows]
-print("pull through the plugin / raw engine, host woken by the event fd: %.2f-%.2fx (goal >= 0.9): %s" %
-      (min(pull), max(pull), "PASS" if min(pull) >= 0.9 else "MISS at %s tokens" %
-       ", ".join(str(r["tokens"]) for r in rows if r["ratio"] < 0.9)))
-aa = [r["aa_ratio"] for r in rows if "aa_ratio" in r]  # results older than the A/A column lack it
-if aa:
-    print("the raw engine against itself in the same rounds (A/A, the noise of these ratios): %.2f-%.2fx" %
-          (min(aa), max(aa)))
-print("the same pull, host stepping: %.2f-%.2fx (up to one host step more; not the goal's measure)" %
-      (min(step), max(step)))
-miss = [r for r in rows if r["push_ratio"] > 1.5]
-print("push, after the last layer / one layer's transfer: %.2f-%.2fx (goal <= 1.5): %s" %
-      (min(push), max(push), "PASS" if not miss else "MISS at %s" %
-       ", ".join("%d tokens (%.2fx; the floor there, one layer plus one notice round trip: %.2fx; the pusher"
-                 " was %.2f ms behind at the last save; the raw engine's own push: %.2fx, with a call per"
-                 " layer: %.2fx)" %
-                 (r["tokens"], r["push_ratio"], r["push_floor"], r["behind_ms"], r["raw_push_ratio"],
-                  r["raw_call_push_ratio"])
-                 for r in miss)))
-# The like-for-like reference is the raw engine's push with a landed call per layer (the
-# plugin's protocol without the plugin); the one without calls polls its requests.
-ceil = [r for r in miss if r["raw_call_push_ratio"] > 1.5]
-if ceil:
-    print("where the push missed, the raw engine's own push with a call per layer was above 1.5x too at %s:"
-          " the machine's ceiling in this run" % ", ".join("%d tokens" % r["tokens"] for r in ceil))
-raw = [r["raw_push_ratio"] for r in rows]
-print("the raw engine's own pipelined push, after the last layer / one layer: %.2f-%.2fx (it learns each"
-      " layer landed by polling, 50 us apart, and from the answer, a one-way trip after decode holds it)" %
-      (min(raw), max(raw)))
-rawc = [r["raw_call_push_ratio"] for r in rows]
-print("the same with a landed call behind each layer, as the plugin's notice: %.2f-%.2fx" % (min(rawc), max(rawc)))
-EOF
-}
 
 {
   echo "# Prefill-to-decode hand-offs through the plugin"
@@ -373,13 +179,13 @@ EOF
   echo
   cat "$RES/pd-tcp.md"
   echo
-  verdict "$RES/pd-tcp.json" | sed 's/^/- /'
+  python3 "$SRC/integration/bench/report.py" pd_verdict "$RES/pd-tcp.json"
   echo
   echo "## shm (Transport auto between two processes of one host)"
   echo
   cat "$RES/pd-auto.md"
   echo
-  verdict "$RES/pd-auto.json" | sed 's/^/- /'
+  python3 "$SRC/integration/bench/report.py" pd_verdict "$RES/pd-auto.json"
   echo
   if [ "$RDMA" != 0 ]; then
     echo "## rdma (soft-RoCE guest)"
@@ -391,7 +197,7 @@ EOF
     echo
     cat "$RES/pd-rdma.md"
     echo
-    verdict "$RES/pd-rdma.json" | sed 's/^/- /'
+    python3 "$SRC/integration/bench/report.py" pd_verdict "$RES/pd-rdma.json"
     echo
   fi
   echo "## Hand-off latency against prompt length"
