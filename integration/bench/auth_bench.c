@@ -56,8 +56,6 @@ struct result {
   double disc_mean_us;     /* Disconnect, for the record */
 };
 
-static void report(const char *what, HixlStatus st) { hb_fail(what, st); }
-
 static size_t n_modes(void) { return o.aa ? MODE_COUNT : MODE_OFF_B; }
 
 /* An engine on addr with Transport transport and AuthKeyFile key ("" none) that has
@@ -113,7 +111,7 @@ static int cycle(struct pair *p, const char *transport, int mode, uint64_t *conn
   if (st != HIXL_SUCCESS) {
     snprintf(what, sizeof(what), "HixlEngineConnect(%s), transport %s, mode %s", p->peer, transport,
              mode_names[mode]);
-    report(what, st);
+    hb_fail(what, st);
     return -1;
   }
   st = HixlEngineDisconnect(p->ini, p->peer, 5000);
@@ -121,7 +119,7 @@ static int cycle(struct pair *p, const char *transport, int mode, uint64_t *conn
   if (st != HIXL_SUCCESS) {
     snprintf(what, sizeof(what), "HixlEngineDisconnect(%s), transport %s, mode %s", p->peer, transport,
              mode_names[mode]);
-    report(what, st);
+    hb_fail(what, st);
     return -1;
   }
   *conn_ns = t1 - t0;

@@ -37,6 +37,8 @@ bool hb_fail(const char *what, HixlStatus st) {
   return false;
 }
 
+bool hb_ok(HixlStatus st, const char *what) { return st == HIXL_SUCCESS || hb_fail(what, st); }
+
 /* ------------------------------------------------------------- the option table */
 
 void hb_usage(FILE *f, const struct hb_opt *t, const char *head) {

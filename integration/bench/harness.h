@@ -17,6 +17,8 @@ void hb_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void hb_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 /* "prog: what failed: STATUS: the engine's message"; false, for `return hb_fail(...)`. */
 bool hb_fail(const char *what, HixlStatus st);
+/* True when st is HIXL_SUCCESS; else hb_fail(what, st). */
+bool hb_ok(HixlStatus st, const char *what);
 
 /* ---- the option table: one row per flag; parses argv and prints the usage ---- */
 enum hb_kind {

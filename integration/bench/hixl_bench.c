@@ -106,10 +106,12 @@ struct bench_ctx {
 
 #define g_prog hb_prog
 
-static void report_hixl(const char *who, const char *what, HixlStatus st) {
+/* True when st is HIXL_SUCCESS; else "prog: who: what failed: ..." is said. */
+static bool st_ok(HixlStatus st, const char *who, const char *what) {
   char w[160];
+  if (st == HIXL_SUCCESS) return true;
   snprintf(w, sizeof(w), "%s: %s", who, what);
-  hb_fail(w, st);
+  return hb_fail(w, st);
 }
 
 static void progress(const struct bench_opts *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -204,7 +206,6 @@ static int run_target_cs(const struct bench_opts *o, int ctrl) {
   int rc = 1;
   HixlServerHandle srv = NULL;
   MemHandle mh = NULL;
-  HixlStatus st;
   size_t span = needed_span(o);
   char ip[64];
   uint16_t port = 0;
@@ -221,22 +222,16 @@ static int run_target_cs(const struct bench_opts *o, int ctrl) {
   bench_pattern_fill(buf, span, o->seed ^ 0x7a7a7a7aull);
   EndpointDesc ep = {.protocol = cs_protocol(o), .address = NULL, .device = NULL};
   HixlServerDesc sd = {.server_ip = ip, .server_port = port, .endpoint_list = &ep, .endpoint_list_num = 1};
-  st = HixlCSServerCreate(&sd, NULL, &srv);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("target", "HixlCSServerCreate", st);
+  if (!st_ok(HixlCSServerCreate(&sd, NULL, &srv), "target", "HixlCSServerCreate")) {
     hb_send(ctrl, "ERROR HixlCSServerCreate(%s) failed\n", o->peer);
     goto out_unmap;
   }
   HcommMem mem = {.type = HCCL_MEM_TYPE_HOST, .addr = buf, .size = span};
-  st = HixlCSServerRegMem(srv, BENCH_CS_TAG, &mem, &mh);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("target", "HixlCSServerRegMem", st);
+  if (!st_ok(HixlCSServerRegMem(srv, BENCH_CS_TAG, &mem, &mh), "target", "HixlCSServerRegMem")) {
     hb_send(ctrl, "ERROR HixlCSServerRegMem(%zu bytes) failed\n", span);
     goto out_destroy;
   }
-  st = HixlCSServerListen(srv, 0);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("target", "HixlCSServerListen", st);
+  if (!st_ok(HixlCSServerListen(srv, 0), "target", "HixlCSServerListen")) {
     hb_send(ctrl, "ERROR HixlCSServerListen(%s) failed\n", o->peer);
     goto out_unreg;
   }
@@ -244,17 +239,9 @@ static int run_target_cs(const struct bench_opts *o, int ctrl) {
   rc = serve_until_done(ctrl);
 
 out_unreg:
-  st = HixlCSServerUnregMem(srv, mh);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("target", "HixlCSServerUnregMem", st);
-    rc = 1;
-  }
+  if (!st_ok(HixlCSServerUnregMem(srv, mh), "target", "HixlCSServerUnregMem")) rc = 1;
 out_destroy:
-  st = HixlCSServerDestroy(srv);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("target", "HixlCSServerDestroy", st);
-    rc = 1;
-  }
+  if (!st_ok(HixlCSServerDestroy(srv), "target", "HixlCSServerDestroy")) rc = 1;
 out_unmap:
   munmap(buf, span);
   return rc;
@@ -265,7 +252,6 @@ static int run_target(const struct bench_opts *o, int ctrl) {
   int rc = 1;
   HixlEngine *eng = NULL;
   HixlMemHandle mh = NULL;
-  HixlStatus st;
   size_t span = needed_span(o);
   bool reg = (o->unreg & UNREG_REMOTE) == 0; /* else StagingUnregistered serves it */
 
@@ -281,26 +267,18 @@ static int run_target(const struct bench_opts *o, int ctrl) {
     goto out_unmap;
   }
   HixlMemDesc md = {.addr = (uintptr_t)buf, .len = span};
-  st = reg ? HixlEngineRegisterMem(eng, &md, HIXL_MEM_HOST, &mh) : HIXL_SUCCESS;
-  if (st != HIXL_SUCCESS) {
-    report_hixl("target", "HixlEngineRegisterMem", st);
+  if (!st_ok(reg ? HixlEngineRegisterMem(eng, &md, HIXL_MEM_HOST, &mh) : HIXL_SUCCESS, "target",
+             "HixlEngineRegisterMem")) {
     hb_send(ctrl, "ERROR HixlEngineRegisterMem(%zu bytes) failed\n", span);
     goto out_finalize;
   }
   hb_send(ctrl, "READY engine %" PRIxPTR " %zu\n", (uintptr_t)buf, span);
   rc = serve_until_done(ctrl);
 
-  st = reg ? HixlEngineDeregisterMem(eng, mh) : HIXL_SUCCESS;
-  if (st != HIXL_SUCCESS) {
-    report_hixl("target", "HixlEngineDeregisterMem", st);
+  if (!st_ok(reg ? HixlEngineDeregisterMem(eng, mh) : HIXL_SUCCESS, "target", "HixlEngineDeregisterMem"))
     rc = 1;
-  }
 out_finalize:
-  st = HixlEngineFinalize(eng);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("target", "HixlEngineFinalize", st);
-    rc = 1;
-  }
+  if (!st_ok(HixlEngineFinalize(eng), "target", "HixlEngineFinalize")) rc = 1;
   HixlEngineDestroy(eng);
 out_unmap:
   munmap(buf, span);
@@ -386,13 +364,9 @@ static HixlStatus xfer_status(struct bench_ctx *c, void *handle, HixlTransferSta
 static bool sync_xfer(struct bench_ctx *c, HixlTransferOp op, size_t first, size_t n, size_t bytes,
                       const char *what) {
   HixlStatus st = xfer_sync(c, op, first, n, call_timeout(c->o, bytes));
-  if (st != HIXL_SUCCESS) {
-    char w[96];
-    snprintf(w, sizeof(w), "%s(%s, %s)", xfer_fn(c, op, false), op_name(op), what);
-    report_hixl("initiator", w, st);
-    return false;
-  }
-  return true;
+  char w[96] = "";
+  if (st != HIXL_SUCCESS) snprintf(w, sizeof(w), "%s(%s, %s)", xfer_fn(c, op, false), op_name(op), what);
+  return st_ok(st, "initiator", w);
 }
 
 /* Check a point's data path: a fresh pattern goes out by WRITE and comes back by READ,
@@ -484,8 +458,7 @@ static bool run_sync_point(struct bench_ctx *c, HixlTransferOp op, size_t block,
     if (st != HIXL_SUCCESS) {
       char w[96];
       snprintf(w, sizeof(w), "%s(%s)", xfer_fn(c, op, false), op_name(op));
-      report_hixl("initiator", w, st);
-      return false;
+      return st_ok(st, "initiator", w);
     }
     c->lat[n++] = t_end - t0;
     if (t_end > limit) break;
@@ -528,8 +501,7 @@ static bool run_async_phase(struct bench_ctx *c, HixlTransferOp op, size_t block
       void *ud = (void *)(uintptr_t)(w + 1);
       slots[w].t_submit = bench_now_ns();
       HixlStatus st = xfer_async(c, op, w * batch, batch, tmo, ud, &req);
-      if (st != HIXL_SUCCESS) {
-        report_hixl("initiator", xfer_fn(c, op, true), st);
+      if (!st_ok(st, "initiator", xfer_fn(c, op, true))) {
         ok = false;
         break;
       }
@@ -554,10 +526,8 @@ static bool run_async_phase(struct bench_ctx *c, HixlTransferOp op, size_t block
       if (!slots[w].busy) continue;
       HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
       HixlStatus st = xfer_status(c, slots[w].req, &ts);
-      if (st != HIXL_SUCCESS) {
-        report_hixl("initiator",
-                    c->o->api == API_CS ? "HixlCSClientQueryCompleteStatus" : "HixlEngineGetTransferStatus",
-                    st);
+      if (!st_ok(st, "initiator",
+                 c->o->api == API_CS ? "HixlCSClientQueryCompleteStatus" : "HixlEngineGetTransferStatus")) {
         slots[w].busy = false; /* unknown state: do not poll it again */
         busy--;
         ok = false;
@@ -709,11 +679,9 @@ static int run_latency(struct bench_ctx *c) {
     uint64_t t0 = bench_now_ns();
     HixlStatus st = xfer_sync(c, HIXL_READ, 0, 1, tmo);
     uint64_t t1 = bench_now_ns();
-    if (st != HIXL_SUCCESS) {
-      report_hixl("initiator", o->api == API_CS ? "HixlCSClientBatchGetSync" : "HixlEngineTransferSync(READ)",
-                  st);
+    if (!st_ok(st, "initiator",
+               o->api == API_CS ? "HixlCSClientBatchGetSync" : "HixlEngineTransferSync(READ)"))
       return 1;
-    }
     c->lat[n++] = t1 - t0;
     sum += t1 - t0;
     if (t1 > limit) break;
@@ -835,54 +803,33 @@ static int initiator_engine(struct bench_ctx *c) {
   const struct bench_opts *o = c->o;
   HixlMemHandle lh = NULL, vh = NULL;
   HixlOption opt[BENCH_ENGINE_OPTS];
-  HixlStatus st;
   int rc = 1;
   bool reg = (o->unreg & UNREG_LOCAL) == 0;
 
   if (!(c->eng = hb_engine(o->local, NULL, opt, engine_options(o, false, opt)))) return 1;
   HixlMemDesc lmd = {.addr = (uintptr_t)c->lbuf, .len = c->span};
   HixlMemDesc vmd = {.addr = (uintptr_t)c->vbuf, .len = c->span};
-  st = reg ? HixlEngineRegisterMem(c->eng, &lmd, HIXL_MEM_HOST, &lh) : HIXL_SUCCESS;
-  if (st != HIXL_SUCCESS) {
-    report_hixl("initiator", "HixlEngineRegisterMem", st);
+  if (!st_ok(reg ? HixlEngineRegisterMem(c->eng, &lmd, HIXL_MEM_HOST, &lh) : HIXL_SUCCESS, "initiator",
+             "HixlEngineRegisterMem"))
     goto out_finalize;
-  }
-  st = reg ? HixlEngineRegisterMem(c->eng, &vmd, HIXL_MEM_HOST, &vh) : HIXL_SUCCESS;
-  if (st != HIXL_SUCCESS) {
-    report_hixl("initiator", "HixlEngineRegisterMem(verify region)", st);
+  if (!st_ok(reg ? HixlEngineRegisterMem(c->eng, &vmd, HIXL_MEM_HOST, &vh) : HIXL_SUCCESS, "initiator",
+             "HixlEngineRegisterMem(verify region)"))
     goto out_dereg_l;
-  }
   uint64_t t0 = bench_now_ns();
-  st = HixlEngineConnect(c->eng, o->peer, 10000);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("initiator", "HixlEngineConnect", st);
-    goto out_dereg_v;
-  }
+  if (!st_ok(HixlEngineConnect(c->eng, o->peer, 10000), "initiator", "HixlEngineConnect")) goto out_dereg_v;
   rc = measure(c, bench_now_ns() - t0);
 
-  st = HixlEngineDisconnect(c->eng, o->peer, 5000);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("initiator", "HixlEngineDisconnect", st);
-    rc = 1;
-  }
+  if (!st_ok(HixlEngineDisconnect(c->eng, o->peer, 5000), "initiator", "HixlEngineDisconnect")) rc = 1;
 out_dereg_v:
-  st = reg ? HixlEngineDeregisterMem(c->eng, vh) : HIXL_SUCCESS;
-  if (st != HIXL_SUCCESS) {
-    report_hixl("initiator", "HixlEngineDeregisterMem", st);
+  if (!st_ok(reg ? HixlEngineDeregisterMem(c->eng, vh) : HIXL_SUCCESS, "initiator",
+             "HixlEngineDeregisterMem"))
     rc = 1;
-  }
 out_dereg_l:
-  st = reg ? HixlEngineDeregisterMem(c->eng, lh) : HIXL_SUCCESS;
-  if (st != HIXL_SUCCESS) {
-    report_hixl("initiator", "HixlEngineDeregisterMem", st);
+  if (!st_ok(reg ? HixlEngineDeregisterMem(c->eng, lh) : HIXL_SUCCESS, "initiator",
+             "HixlEngineDeregisterMem"))
     rc = 1;
-  }
 out_finalize:
-  st = HixlEngineFinalize(c->eng);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("initiator", "HixlEngineFinalize", st);
-    rc = 1;
-  }
+  if (!st_ok(HixlEngineFinalize(c->eng), "initiator", "HixlEngineFinalize")) rc = 1;
   HixlEngineDestroy(c->eng);
   c->eng = NULL;
   return rc;
@@ -893,11 +840,9 @@ static bool cs_find_target(struct bench_ctx *c, size_t *len) {
   HcommMem *mems = NULL;
   char **tags = NULL;
   uint32_t n = 0;
-  HixlStatus st = HixlCSClientGetRemoteMem(c->cli, &mems, &tags, &n, 10000);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("initiator", "HixlCSClientGetRemoteMem", st);
+  if (!st_ok(HixlCSClientGetRemoteMem(c->cli, &mems, &tags, &n, 10000), "initiator",
+             "HixlCSClientGetRemoteMem"))
     return false;
-  }
   for (uint32_t i = 0; i < n; i++) {
     if (tags[i] == NULL || strcmp(tags[i], BENCH_CS_TAG) != 0) continue;
     if (mems[i].type != HCCL_MEM_TYPE_HOST || mems[i].size > SIZE_MAX) break;
@@ -915,7 +860,6 @@ static bool cs_find_target(struct bench_ctx *c, size_t *len) {
 static int initiator_cs(struct bench_ctx *c) {
   const struct bench_opts *o = c->o;
   MemHandle lh = NULL, vh = NULL;
-  HixlStatus st;
   int rc = 1;
   char ip[64];
   uint16_t port = 0;
@@ -928,52 +872,26 @@ static int initiator_cs(struct bench_ctx *c) {
   EndpointDesc lep = {.protocol = cs_protocol(o), .address = o->local, .device = NULL};
   EndpointDesc rep = {.protocol = cs_protocol(o), .address = NULL, .device = NULL};
   HixlClientDesc cd = {.server_ip = ip, .server_port = port, .local_endpoint = &lep, .remote_endpoint = &rep};
-  st = HixlCSClientCreate(&cd, NULL, &c->cli);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("initiator", "HixlCSClientCreate", st);
-    return 1;
-  }
+  if (!st_ok(HixlCSClientCreate(&cd, NULL, &c->cli), "initiator", "HixlCSClientCreate")) return 1;
   HcommMem lmem = {.type = HCCL_MEM_TYPE_HOST, .addr = c->lbuf, .size = c->span};
   HcommMem vmem = {.type = HCCL_MEM_TYPE_HOST, .addr = c->vbuf, .size = c->span};
-  st = HixlCSClientRegMem(c->cli, NULL, &lmem, &lh);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("initiator", "HixlCSClientRegMem", st);
+  if (!st_ok(HixlCSClientRegMem(c->cli, NULL, &lmem, &lh), "initiator", "HixlCSClientRegMem"))
     goto out_destroy;
-  }
-  st = HixlCSClientRegMem(c->cli, NULL, &vmem, &vh);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("initiator", "HixlCSClientRegMem(verify region)", st);
+  if (!st_ok(HixlCSClientRegMem(c->cli, NULL, &vmem, &vh), "initiator", "HixlCSClientRegMem(verify region)"))
     goto out_unreg_l;
-  }
   uint64_t t0 = bench_now_ns();
-  st = HixlCSClientConnect(c->cli, 10000);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("initiator", "HixlCSClientConnect", st);
-    goto out_unreg_v;
-  }
+  if (!st_ok(HixlCSClientConnect(c->cli, 10000), "initiator", "HixlCSClientConnect")) goto out_unreg_v;
   uint64_t connect_ns = bench_now_ns() - t0;
   if (!cs_find_target(c, &rlen)) goto out_unreg_v;
   if (rlen < c->span) c->span = rlen;
   rc = measure(c, connect_ns);
 
 out_unreg_v:
-  st = HixlCSClientUnregMem(c->cli, vh);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("initiator", "HixlCSClientUnregMem", st);
-    rc = 1;
-  }
+  if (!st_ok(HixlCSClientUnregMem(c->cli, vh), "initiator", "HixlCSClientUnregMem")) rc = 1;
 out_unreg_l:
-  st = HixlCSClientUnregMem(c->cli, lh);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("initiator", "HixlCSClientUnregMem", st);
-    rc = 1;
-  }
+  if (!st_ok(HixlCSClientUnregMem(c->cli, lh), "initiator", "HixlCSClientUnregMem")) rc = 1;
 out_destroy:
-  st = HixlCSClientDestroy(c->cli);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("initiator", "HixlCSClientDestroy", st);
-    rc = 1;
-  }
+  if (!st_ok(HixlCSClientDestroy(c->cli), "initiator", "HixlCSClientDestroy")) rc = 1;
   c->cli = NULL;
   return rc;
 }

@@ -76,8 +76,6 @@ static void on_stop(int sig) {
 }
 static void on_hold(int sig) { hold_flag = sig == SIGUSR1; }
 
-static void report(const char *what, HixlStatus st) { hb_fail(what, st); }
-
 static const char *const roles[] = {"target", "initiator", NULL};
 static const struct hb_opt opts[] = {
     {"--role", HB_CHOICE, &o.role, "target|initiator", "(required)", 0, 0, roles},
@@ -193,11 +191,8 @@ static int run_target(void) {
   bench_pattern_fill(buf, o.buf_size, o.seed);
   snprintf(tag, sizeof(tag), TAG_PREFIX "%" PRIu64, o.seed);
   HixlMemDesc md = {.addr = (uintptr_t)buf, .len = o.buf_size};
-  HixlStatus st = hixl_engine_register_tagged(e, &md, HIXL_MEM_HOST, tag, &h);
-  if (st != HIXL_SUCCESS) {
-    report("registering the target's buffer", st);
+  if (!hb_ok(hixl_engine_register_tagged(e, &md, HIXL_MEM_HOST, tag, &h), "registering the target's buffer"))
     goto out_buf;
-  }
   printf(PROG ": target ready on %s (rails %s), %zu bytes, seed %" PRIu64 "\n", o.listen,
          o.rails ? o.rails : "none", o.buf_size, o.seed);
   fflush(stdout);
@@ -291,11 +286,7 @@ static bool write_ok(const struct run *r, uint64_t op, const uint8_t *got, size_
 
 static int rails_now(const struct run *r, struct hixl_rail_info *ri, size_t *n) {
   size_t got = 0;
-  HixlStatus st = hixl_engine_rails(r->e, o.connect, ri, RAILS_CAP, &got);
-  if (st != HIXL_SUCCESS) {
-    report("hixl_engine_rails", st);
-    return -1;
-  }
+  if (!hb_ok(hixl_engine_rails(r->e, o.connect, ri, RAILS_CAP, &got), "hixl_engine_rails")) return -1;
   *n = got < RAILS_CAP ? got : RAILS_CAP;
   return 0;
 }
@@ -391,7 +382,7 @@ static int post(struct run *r, size_t s, uint64_t first) {
                                           (int32_t)o.timeout_ms, NULL, &r->req[s].req);
   if (st != HIXL_SUCCESS) {
     r->req[s].req = NULL;
-    report("HixlEngineTransferAsync", st);
+    hb_fail("HixlEngineTransferAsync", st);
     return -1;
   }
   return 0;
@@ -429,7 +420,7 @@ static int wait_req(struct run *r, size_t s) {
     HixlStatus st = HixlEngineGetTransferStatus(r->e, r->req[s].req, &ts);
     if (st != HIXL_SUCCESS) {
       r->req[s].req = NULL;
-      report("HixlEngineGetTransferStatus", st);
+      hb_fail("HixlEngineGetTransferStatus", st);
       return -1;
     }
     if (ts == HIXL_TRANSFER_COMPLETED) return complete(r, s, bench_now_ns());
@@ -460,11 +451,9 @@ static int write_check(struct run *r) {
                                   .remote_addr = (uintptr_t)(r->remote + idx[i] * o.op_size),
                                   .len = o.op_size};
     }
-    HixlStatus st = HixlEngineTransferSync(r->e, o.connect, HIXL_READ, d, nb, (int32_t)o.timeout_ms);
-    if (st != HIXL_SUCCESS) {
-      report("reading back the written slots", st);
+    if (!hb_ok(HixlEngineTransferSync(r->e, o.connect, HIXL_READ, d, nb, (int32_t)o.timeout_ms),
+               "reading back the written slots"))
       return -1;
-    }
     for (size_t i = 0; i < nb; i++) {
       size_t bad = 0;
       uint64_t op = r->last_writer[idx[i]] - 1;
@@ -546,11 +535,9 @@ static int loop(struct run *r) {
 static int find_remote(struct run *r) {
   struct hixl_remote_mem *m = NULL;
   size_t n = 0;
-  HixlStatus st = hixl_engine_remote_mems(r->e, o.connect, (int32_t)o.timeout_ms, &m, &n);
-  if (st != HIXL_SUCCESS) {
-    report("hixl_engine_remote_mems", st);
+  if (!hb_ok(hixl_engine_remote_mems(r->e, o.connect, (int32_t)o.timeout_ms, &m, &n),
+             "hixl_engine_remote_mems"))
     return -1;
-  }
   int rc = -1;
   for (size_t i = 0; i < n; i++) {
     if (!m[i].tag || strncmp(m[i].tag, TAG_PREFIX, strlen(TAG_PREFIX)) != 0) continue;
@@ -643,16 +630,8 @@ static int run_initiator(void) {
   if (!(r.e = engine_up(local))) return 1;
   if (!(r.local = buf_new(lbytes, "the initiator's slots"))) goto out_engine;
   HixlMemDesc md = {.addr = (uintptr_t)r.local, .len = lbytes};
-  HixlStatus st = HixlEngineRegisterMem(r.e, &md, HIXL_MEM_HOST, &r.lh);
-  if (st != HIXL_SUCCESS) {
-    report("HixlEngineRegisterMem", st);
-    goto out_local;
-  }
-  st = HixlEngineConnect(r.e, o.connect, 20000);
-  if (st != HIXL_SUCCESS) {
-    report("HixlEngineConnect", st);
-    goto out_dereg;
-  }
+  if (!hb_ok(HixlEngineRegisterMem(r.e, &md, HIXL_MEM_HOST, &r.lh), "HixlEngineRegisterMem")) goto out_local;
+  if (!hb_ok(HixlEngineConnect(r.e, o.connect, 20000), "HixlEngineConnect")) goto out_dereg;
   if (find_remote(&r) < 0 || (o.expect_rails && expect_rails(&r) < 0)) goto out_disconnect;
   r.nslots = r.remote_len / o.op_size;
   if (r.nslots < o.depth * o.batch) {
@@ -672,10 +651,8 @@ static int run_initiator(void) {
   HixlMemHandle bh = NULL;
   if (r.back) {
     HixlMemDesc bd = {.addr = (uintptr_t)r.back, .len = lbytes};
-    if ((st = HixlEngineRegisterMem(r.e, &bd, HIXL_MEM_HOST, &bh)) != HIXL_SUCCESS) {
-      report("HixlEngineRegisterMem (read-backs)", st);
+    if (!hb_ok(HixlEngineRegisterMem(r.e, &bd, HIXL_MEM_HOST, &bh), "HixlEngineRegisterMem (read-backs)"))
       goto out_ref;
-    }
   }
   if (!(r.lat = malloc(MAX_REQS * sizeof(*r.lat)))) goto out_back;
   install_stop();
