@@ -234,6 +234,15 @@ static void conn_up(struct conn *c, uint16_t port, const char *role, const char 
     hb_die("register_kv_caches: %s", ops->last_error());
 }
 
+/* Both processes end alike: their connectors, then the raw engine; 0. */
+static int conns_down(struct conn *pull, struct conn *push, HixlEngine *raw) {
+  ops->destroy(pull->worker);
+  ops->destroy(pull->sched);
+  if (o.push) ops->destroy(push->worker), ops->destroy(push->sched);
+  HixlEngineDestroy(raw);
+  return 0;
+}
+
 static void step(struct conn *c) {
   hixl_kv_buffer m = {0};
   if (ops->build_connector_meta(c->sched, &m) != HIXL_KV_SUCCESS ||
@@ -559,14 +568,7 @@ static int prefill_main(void *arg, int fd) {
       hb_die("prefill: unknown command \"%s\"", line);
     }
   }
-  ops->destroy(pull.worker);
-  ops->destroy(pull.sched);
-  if (o.push) {
-    ops->destroy(push.worker);
-    ops->destroy(push.sched);
-  }
-  HixlEngineDestroy(raw);
-  return 0;
+  return conns_down(&pull, &push, raw);
 }
 
 /* ---- the decode process ---- */
@@ -939,12 +941,5 @@ int main(int argc, char **argv) {
     if (f) fputs(i ? ",\n " : "\n ", f), hb_row(f, HB_JSON, rec, nf);
   }
   if (f) fprintf(f, "\n]}\n"), fclose(f);
-  ops->destroy(pull.worker);
-  ops->destroy(pull.sched);
-  if (o.push) {
-    ops->destroy(push.worker);
-    ops->destroy(push.sched);
-  }
-  HixlEngineDestroy(raw);
-  return 0;
+  return conns_down(&pull, &push, raw);
 }
