@@ -181,9 +181,10 @@ static void test_hdr_type(void) {
   CU_ASSERT_EQUAL(hdr_of(WIRE_SHM_UNMAP_ACK, 16, 0), WIRE_OK);
   CU_ASSERT_EQUAL(hdr_of(WIRE_CALL_AFTER, 18, 0), WIRE_OK);
   CU_ASSERT_EQUAL(hdr_of(WIRE_AUTH_PROOF, 32, 0), WIRE_OK);
-  CU_ASSERT_EQUAL(hdr_of(WIRE_RAILS_ACK, 18, 0), WIRE_OK); /* the last type */
-  CU_ASSERT_EQUAL(hdr_of(33, 36, 0), WIRE_ETYPE);
-  CU_ASSERT_EQUAL(hdr_of(33, 32, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_RAILS_ACK, 18, 0), WIRE_OK);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_WIN_DEL, 20, 0), WIRE_OK); /* the last type */
+  CU_ASSERT_EQUAL(hdr_of(35, 36, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(35, 32, 0), WIRE_ETYPE);
 }
 
 static void test_hdr_flags_reserved(void) {
@@ -249,6 +250,8 @@ static const struct {
     {WIRE_AUTH_PROOF, 32, 32, 0},
     {WIRE_RAILS, 8, 8, 0},
     {WIRE_RAILS_ACK, 18, 60, 0},
+    {WIRE_WIN_ADD, 24, 4 + 20 * 4096, 0},
+    {WIRE_WIN_DEL, 20, 4 + 16 * 4096, 0},
 };
 #define NLIMITS (sizeof(limits) / sizeof(limits[0]))
 
@@ -304,7 +307,10 @@ static void test_constants(void) {
   CU_ASSERT_EQUAL(WIRE_AUTH_PROOF, 30);
   CU_ASSERT_EQUAL(WIRE_RAILS, 31);
   CU_ASSERT_EQUAL(WIRE_RAILS_ACK, 32);
-  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 32);
+  CU_ASSERT_EQUAL(WIRE_WIN_ADD, 33);
+  CU_ASSERT_EQUAL(WIRE_WIN_DEL, 34);
+  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 34);
+  CU_ASSERT_EQUAL(WIRE_CAP_WIN, 0x800u);
   CU_ASSERT_EQUAL(WIRE_CAP_RAILS, 0x200u);
   CU_ASSERT_EQUAL(WIRE_CAP_AUTH, 0x100);
   CU_ASSERT_EQUAL(WIRE_SHM_LAYOUT, 2);
@@ -357,6 +363,45 @@ static void test_rails_ack(void) {
   CU_ASSERT_EQUAL(m.u.rails.seq, 9);
 }
 
+/* WIN_ADD / WIN_DEL: built, decoded, and refused when a count disagrees with the
+ * body, is 0, or an entry is empty or wraps. */
+static void test_wins(void) {
+  uint8_t b[WIRE_HDR_LEN + 4 + 3 * WIRE_WIN_LEN];
+  const uint64_t r[3][2] = {{0x1000, 0x100}, {0x2000, 0x2000}, {0xffff0000, 0x10000}};
+  const uint32_t key[3] = {0x11, 0x2233, 0xdeadbeef};
+  struct wire_hdr h;
+  struct wire_msg m;
+  CU_ASSERT_EQUAL(wire_put_wins(b, sizeof(b), r, key, 0), 0);
+  CU_ASSERT_EQUAL(wire_put_wins(b, WIRE_HDR_LEN + 4 + 2 * WIRE_WIN_LEN, r, key, 3), 0);
+  for (int add = 1; add >= 0; add--) {
+    size_t each = add ? WIRE_WIN_LEN : WIRE_WIN_DEL_LEN;
+    size_t len = wire_put_wins(b, sizeof(b), r, add ? key : NULL, 3);
+    CU_ASSERT_EQUAL_FATAL(len, WIRE_HDR_LEN + 4 + 3 * each);
+    CU_ASSERT_EQUAL_FATAL(wire_parse_hdr(b, &h), WIRE_OK);
+    CU_ASSERT_EQUAL(h.type, add ? WIRE_WIN_ADD : WIRE_WIN_DEL);
+    CU_ASSERT_EQUAL_FATAL(wire_decode(&h, b + WIRE_HDR_LEN, &m), WIRE_OK);
+    CU_ASSERT_EQUAL_FATAL(m.u.win.count, 3);
+    for (uint32_t i = 0; i < 3; i++) {
+      uint64_t a, l;
+      uint32_t k;
+      wire_win(&m, i, &a, &l, &k);
+      CU_ASSERT_EQUAL(a, r[i][0]);
+      CU_ASSERT_EQUAL(l, r[i][1]);
+      CU_ASSERT_EQUAL(k, add ? key[i] : 0);
+    }
+    put32(b + WIRE_HDR_LEN, 2); /* a count that disagrees with the body */
+    CU_ASSERT_EQUAL(wire_decode(&h, b + WIRE_HDR_LEN, &m), WIRE_EBODY);
+    put32(b + WIRE_HDR_LEN, 0);
+    CU_ASSERT_EQUAL(wire_decode(&h, b + WIRE_HDR_LEN, &m), WIRE_EBODY);
+    put32(b + WIRE_HDR_LEN, 3);
+    memset(b + WIRE_HDR_LEN + 4 + each + 8, 0, 8); /* the second entry empty */
+    CU_ASSERT_EQUAL(wire_decode(&h, b + WIRE_HDR_LEN, &m), WIRE_EBODY);
+    wire_put_wins(b, sizeof(b), r, add ? key : NULL, 3);
+    memset(b + WIRE_HDR_LEN + 4 + 2 * each, 0xff, 8); /* the third wraps */
+    CU_ASSERT_EQUAL(wire_decode(&h, b + WIRE_HDR_LEN, &m), WIRE_EBODY);
+  }
+}
+
 static void test_names(void) {
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_HELLO), "HELLO");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_READ_RESP), "READ_RESP");
@@ -378,7 +423,9 @@ static void test_names(void) {
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_AUTH_PROOF), "AUTH_PROOF");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_RAILS), "RAILS");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_RAILS_ACK), "RAILS_ACK");
-  CU_ASSERT_STRING_EQUAL(wire_type_name(33), "?");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_WIN_ADD), "WIN_ADD");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_WIN_DEL), "WIN_DEL");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(35), "?");
   /* Every type has its own name. */
   for (unsigned t = 1; t <= WIRE_TYPE_MAX_; t++) {
     CU_ASSERT_STRING_NOT_EQUAL(wire_type_name(t), "?");
@@ -1767,6 +1814,7 @@ static CU_TestInfo hdr_tests[] = {
     {"constants", test_constants},
     {"names", test_names},
     {"rails ack", test_rails_ack},
+    {"memory windows", test_wins},
     CU_TEST_INFO_NULL,
 };
 static CU_TestInfo rt_tests[] = {

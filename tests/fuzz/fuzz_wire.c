@@ -72,6 +72,8 @@ static const struct {
     [WIRE_AUTH_PROOF] = {32, 32, 0},
     [WIRE_RAILS] = {8, 8, 0},
     [WIRE_RAILS_ACK] = {12 + 6, 12 + 6 * 8, 0},
+    [WIRE_WIN_ADD] = {4 + 20, 4 + 20 * 4096, 0},
+    [WIRE_WIN_DEL] = {4 + 16, 4 + 16 * 4096, 0},
 };
 
 /* Whatever wire_parse_hdr says must agree with the raw bytes. */
@@ -145,6 +147,21 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
     CHECK(m->u.rails.count >= 1 && m->u.rails.count <= WIRE_MAX_RAILS);
     for (uint32_t i = 0; i < m->u.rails.count; i++) wire_rail_at(m, i, &addr[i], &port[i]);
     got = wire_put_rails_ack(buf, len, m->u.rails.seq, addr, port, m->u.rails.count);
+    break;
+  }
+  case WIRE_WIN_ADD:
+  case WIRE_WIN_DEL: {
+    uint32_t n = m->u.win.count;
+    uint64_t(*r)[2] = malloc(n * sizeof(*r));
+    uint32_t *key = malloc(n * sizeof(*key));
+    CHECK(n >= 1 && n <= WIRE_MAX_WINS && r && key && h->payload_len == 0);
+    for (uint32_t i = 0; i < n; i++) {
+      wire_win(m, i, &r[i][0], &r[i][1], &key[i]);
+      CHECK(r[i][1] > 0 && r[i][0] + r[i][1] > r[i][0]); /* never empty, never wraps */
+    }
+    got = wire_put_wins(buf, len, (const uint64_t(*)[2])r, h->type == WIRE_WIN_ADD ? key : NULL, n);
+    free(r);
+    free(key);
     break;
   }
   case WIRE_WRITE_ACK:
@@ -435,6 +452,27 @@ static void check_msg(enum wire_err e, const struct wire_hdr *h, const uint8_t *
       uint16_t port;
       wire_rail_at(m, i, &a, &port);
       CHECK(a == get32(b + 12 + 6 * i) && port == get16(b + 16 + 6 * i));
+    }
+    break;
+  }
+  case WIRE_WIN_ADD:
+  case WIRE_WIN_DEL: {
+    uint32_t count = get32(b), each = h->type == WIRE_WIN_ADD ? 20 : 16;
+    int ok = count >= 1 && count <= 4096 && n == 4 + (size_t)each * count;
+    for (uint32_t i = 0; ok && i < count; i++) {
+      uint64_t a = get64(b + 4 + each * i), l = get64(b + 12 + each * i);
+      ok = l > 0 && a + l > a;
+    }
+    CHECK((e == WIRE_OK) == ok);
+    CHECK(null_or_inside(m->u.win.ents, b, n));
+    if (e != WIRE_OK) break;
+    CHECK(m->u.win.count == count && m->u.win.ents == b + 4);
+    for (uint32_t i = 0; i < count; i++) {
+      uint64_t a, l;
+      uint32_t k;
+      wire_win(m, i, &a, &l, &k);
+      CHECK(a == get64(b + 4 + each * i) && l == get64(b + 12 + each * i));
+      CHECK(k == (h->type == WIRE_WIN_ADD ? get32(b + 20 + each * i) : 0));
     }
     break;
   }

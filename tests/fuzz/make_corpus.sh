@@ -30,7 +30,7 @@ HELLO=1 HELLO_ACK=2 MEM_ADD=3 MEM_DEL=4 WRITE_REQ=5 WRITE_ACK=6 READ_REQ=7
 READ_RESP=8 NOTIFY=9 NOTIFY_ACK=10 SYNC=11 SYNC_ACK=12 RDMA_CONNECT=13 RDMA_CONNECT_ACK=14
 SHM_HELLO=15 SHM_HELLO_ACK=16 STAGE_WRITE=17 STAGE_READ=18 STAGE_PULL=19 STAGE_PUSH=20
 CALL=21 CALL_RESP=22 SHM_MAP_HELLO=23 SHM_MAP=24 SHM_MAP_ACK=25 SHM_UNMAP=26 SHM_UNMAP_ACK=27 CALL_AFTER=28
-AUTH_CHALLENGE=29 AUTH_PROOF=30 RAILS=31 RAILS_ACK=32
+AUTH_CHALLENGE=29 AUTH_PROOF=30 RAILS=31 RAILS_ACK=32 WIN_ADD=33 WIN_DEL=34
 seg() { u64 "$1"; u32 "$2"; } # seg ADDR LEN: one STAGE range
 # stage_rdma TYPE BODY_LEN PAYLOAD_LEN BUF COUNT: a STAGE_PULL / STAGE_PUSH up to its ranges
 stage_rdma() { hdr "$1" "$2" "$3"; u64 10; u64 "$4"; u32 0xc0ffee; u32 "$5"; }
@@ -185,5 +185,10 @@ write_ack_stage() { hdr $WRITE_ACK 12 0; u64 10; u32 0; } # what ends either
 { hdr $RAILS_ACK 24 0; u64 1; u32 3; u32 0x0a580001; u16 5000; u32 0x0a580101; u16 5000; } >"$out/bad_rails_ack_count"
 { hdr $RAILS_ACK 18 0; u64 1; u32 0; u32 0x0a580001; u16 5000; } >"$out/bad_rails_ack_count_0"
 { hdr $RAILS_ACK 66 0; u64 1; u32 9; fill 54 R; } >"$out/bad_rails_ack_long"
+{ hdr $WIN_ADD 44 0; u32 2; u64 4096; u64 4096; u32 0x11; u64 65536; u64 8192; u32 0x22; } >"$out/ok_win_add"
+{ hdr $WIN_DEL 20 0; u32 1; u64 4096; u64 4096; } >"$out/ok_win_del"
+{ hdr $WIN_ADD 44 0; u32 3; u64 4096; u64 4096; u32 0x11; u64 65536; u64 8192; u32 0x22; } >"$out/bad_win_add_count"
+{ hdr $WIN_ADD 24 0; u32 1; u64 4096; u64 0; u32 0x11; } >"$out/bad_win_add_empty"
+{ hdr $WIN_DEL 20 0; u32 1; u64 0xffffffffffff0000; u64 0x20000; } >"$out/bad_win_del_wraps"
 head -c 10 "$out/ok_hello" >"$out/bad_truncated_header"
 head -c 25 "$out/ok_hello" >"$out/bad_truncated_body"

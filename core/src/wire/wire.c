@@ -24,7 +24,7 @@ const char *wire_type_name(unsigned type) {
       "SYNC_ACK",   "RDMA_CONNECT", "RDMA_CONNECT_ACK", "SHM_HELLO",     "SHM_HELLO_ACK", "STAGE_WRITE",
       "STAGE_READ", "STAGE_PULL",   "STAGE_PUSH",       "CALL",          "CALL_RESP",     "SHM_MAP_HELLO",
       "SHM_MAP",    "SHM_MAP_ACK",  "SHM_UNMAP",        "SHM_UNMAP_ACK", "CALL_AFTER",    "AUTH_CHALLENGE",
-      "AUTH_PROOF", "RAILS",        "RAILS_ACK"};
+      "AUTH_PROOF", "RAILS",        "RAILS_ACK",        "WIN_ADD",       "WIN_DEL"};
   return type <= WIRE_TYPE_MAX_ ? names[type] : "?";
 }
 
@@ -66,6 +66,8 @@ static const struct {
     [WIRE_AUTH_PROOF] = {WIRE_AUTH_MAC, WIRE_AUTH_MAC, 0},
     [WIRE_RAILS] = {8, 8, 0},
     [WIRE_RAILS_ACK] = {12 + WIRE_RAIL_LEN, 12 + WIRE_RAIL_LEN *WIRE_MAX_RAILS, 0},
+    [WIRE_WIN_ADD] = {4 + WIRE_WIN_LEN, 4 + WIRE_WIN_LEN *WIRE_MAX_WINS, 0},
+    [WIRE_WIN_DEL] = {4 + WIRE_WIN_DEL_LEN, 4 + WIRE_WIN_DEL_LEN *WIRE_MAX_WINS, 0},
 };
 
 enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *hdr) {
@@ -241,6 +243,19 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     return WIRE_OK;
   case WIRE_SYNC: m->u.ack.seq = be_get64(b); return WIRE_OK;
   case WIRE_RAILS: m->u.rails.seq = be_get64(b); return WIRE_OK;
+  case WIRE_WIN_ADD:
+  case WIRE_WIN_DEL: {
+    size_t each = hdr->type == WIRE_WIN_ADD ? WIRE_WIN_LEN : WIRE_WIN_DEL_LEN;
+    m->u.win.count = be_get32(b);
+    m->u.win.ents = b + 4;
+    if (m->u.win.count < 1 || m->u.win.count > WIRE_MAX_WINS || hdr->body_len != 4 + each * m->u.win.count)
+      return WIRE_EBODY;
+    for (uint32_t i = 0; i < m->u.win.count; i++) {
+      uint64_t addr = be_get64(b + 4 + each * i), len = be_get64(b + 12 + each * i);
+      if (len == 0 || addr + len < addr) return WIRE_EBODY; /* a window is never empty and never wraps */
+    }
+    return WIRE_OK;
+  }
   case WIRE_RAILS_ACK:
     m->u.rails.seq = be_get64(b);
     m->u.rails.count = be_get32(b + 8);
@@ -476,6 +491,28 @@ size_t wire_put_rails_ack(uint8_t *buf, size_t cap, uint64_t seq, const uint32_t
     be_put16(b + 16 + WIRE_RAIL_LEN * i, port[i]);
   }
   return WIRE_HDR_LEN + body;
+}
+
+size_t wire_put_wins(uint8_t *buf, size_t cap, const uint64_t (*range)[2], const uint32_t *rkey, uint32_t n) {
+  size_t each = rkey ? WIRE_WIN_LEN : WIRE_WIN_DEL_LEN, body = 4 + each * n;
+  if (n < 1 || n > WIRE_MAX_WINS || cap < WIRE_HDR_LEN + body) return 0;
+  put_hdr(buf, rkey ? WIRE_WIN_ADD : WIRE_WIN_DEL, (uint32_t)body, 0);
+  uint8_t *b = buf + WIRE_HDR_LEN;
+  be_put32(b, n);
+  for (uint32_t i = 0; i < n; i++) {
+    be_put64(b + 4 + each * i, range[i][0]);
+    be_put64(b + 12 + each * i, range[i][1]);
+    if (rkey) be_put32(b + 20 + each * i, rkey[i]);
+  }
+  return WIRE_HDR_LEN + body;
+}
+
+void wire_win(const struct wire_msg *m, uint32_t i, uint64_t *addr, uint64_t *len, uint32_t *rkey) {
+  size_t each = m->hdr.type == WIRE_WIN_ADD ? WIRE_WIN_LEN : WIRE_WIN_DEL_LEN;
+  const uint8_t *e = m->u.win.ents + each * i;
+  *addr = be_get64(e);
+  *len = be_get64(e + 8);
+  *rkey = m->hdr.type == WIRE_WIN_ADD ? be_get32(e + 16) : 0;
 }
 
 void wire_rail_at(const struct wire_msg *m, uint32_t i, uint32_t *addr, uint16_t *port) {

@@ -36,6 +36,7 @@
 #define WIRE_CAP_AUTH       0x100u /* HELLO: the auth block follows the name (a key is to be proven) */
 #define WIRE_CAP_RAILS      0x200u /* answers RAILS: the addresses it accepts links on (Rails) */
 #define WIRE_CAP_PROVEN     0x400u /* keyed HELLO: every frame after AUTH_PROOF carries a tag (WIRE_F_TAG) */
+#define WIRE_CAP_WIN        0x800u /* HELLO: takes WIN_ADD / WIN_DEL (a scoped target's RDMA windows) */
 
 /* Header flags. WIRE_F_TAG: the frame is proven: WIRE_TAG_LEN bytes follow its body
  * (before any payload), the tag over its header and body (util/auth.h). On an
@@ -122,7 +123,10 @@ enum wire_type {
   WIRE_AUTH_PROOF = 30,       /* initiator -> target: proof */
   WIRE_RAILS = 31,            /* initiator -> target: seq: which addresses do you accept links on? */
   WIRE_RAILS_ACK = 32,        /* seq, count u32, count x (IPv4 address u32, port u16) */
-  WIRE_TYPE_MAX_ = 32,
+  WIRE_WIN_ADD = 33, /* target -> initiator: count u32, count x (addr, len, rkey): RDMA windows on this
+                        link's QP over ranges granted to the peer (scoped memory) */
+  WIRE_WIN_DEL = 34, /* target -> initiator: count u32, count x (addr, len): those windows are gone */
+  WIRE_TYPE_MAX_ = 34,
 };
 
 /* HELLO_ACK status values. */
@@ -199,6 +203,10 @@ struct wire_msg {
       uint32_t count;       /* 1..WIRE_MAX_RAILS */
       const uint8_t *addrs; /* count x WIRE_RAIL_LEN: address (network order as sent), port */
     } rails;
+    struct {
+      uint32_t count;      /* 1..WIRE_MAX_WINS, each checked: len >= 1, no wrap */
+      const uint8_t *ents; /* walk with wire_win */
+    } win;
     struct {
       uint32_t status; /* RDMA_CONNECT_ACK only */
       uint32_t qpn;
@@ -318,6 +326,14 @@ size_t wire_put_sync(uint8_t *buf, uint64_t seq);
 /* RAILS (seq) and its answer: n (1..WIRE_MAX_RAILS) IPv4 addresses (host order) and ports. */
 #define WIRE_MAX_RAILS 8
 #define WIRE_RAIL_LEN  6
+/* WIN_ADD / WIN_DEL entries; a frame holds at most WIRE_MAX_WINS. */
+#define WIRE_WIN_LEN     20u /* addr u64, len u64, rkey u32 */
+#define WIRE_WIN_DEL_LEN 16u /* addr u64, len u64 */
+#define WIRE_MAX_WINS    4096u
+/* Build a WIN_ADD (rkey non-NULL) or WIN_DEL frame of n entries into buf; 0 when cap is too small. */
+size_t wire_put_wins(uint8_t *buf, size_t cap, const uint64_t (*range)[2], const uint32_t *rkey, uint32_t n);
+/* Entry i of a decoded WIN_ADD / WIN_DEL (i < count; rkey 0 for WIN_DEL). */
+void wire_win(const struct wire_msg *m, uint32_t i, uint64_t *addr, uint64_t *len, uint32_t *rkey);
 size_t wire_put_rails(uint8_t *buf, uint64_t seq);
 size_t wire_put_rails_ack(uint8_t *buf, size_t cap, uint64_t seq, const uint32_t *addr, const uint16_t *port,
                           uint32_t n);
