@@ -282,7 +282,7 @@ static HixlEngine *hostile_up(const char *target) {
 static bool scoped_here(HixlEngine *e, const char *target) {
   struct hixl_link_info info;
   TU_ASSERT_OK_FATAL(hixl_engine_link_info(e, target, &info));
-  return strcmp(info.transport, "tcp") == 0;
+  return strcmp(info.transport, "shm") != 0; /* tcp: the producer's CPU; rdma: its windows */
 }
 
 /* How a call presents the request's capability. */
@@ -586,8 +586,8 @@ static void test_pin_without_cap(void) {
   CU_ASSERT_NOT_EQUAL(HixlEngineTransferSync(cons, p.addr, HIXL_READ, &d, 1, 5000), HIXL_SUCCESS);
   /* The hostile peer is not the consumer: its link was not cut (it is answered)... */
   REFUSED(call(h, p.addr, KV_SVC_PIN, "req-pin", P_NONE, NULL, NULL, ans, &n), P_NONE);
-  /* ... and the blocks were never granted to it: the producer refuses its READ where
-   * it serves one (tcp); an rdma or same-host copy is not scoped (docs/security.md). */
+  /* ... and the blocks were never granted to it: the producer refuses its READ (tcp:
+   * its CPU; rdma: no window); a same-host copy is not scoped (docs/security.md). */
   TU_ASSERT_STATUS(HixlEngineTransferSync(h, p.addr, HIXL_READ, &hd, 1, 5000),
                    scoped_here(h, p.addr) ? HIXL_FAILED : HIXL_SUCCESS);
   HixlEngineDestroy(h);

@@ -516,10 +516,10 @@ static void test_scoped_target_allocates_nothing(void) {
   HixlTransferOpDesc op;
 
   CU_ASSERT_PTR_NOT_NULL_FATAL(ru);
+  if (tgt) TU_ASSERT_OK(hixl_engine_set_scoped(tgt, true)); /* before it registers: rdma keys depend on it */
   if (!ini || !connect_to(ini, tname) || !area_open(&rr, alen, tgt) || !area_open(&src, alen, NULL) ||
       !area_open(&back, alen, NULL))
     goto close;
-  TU_ASSERT_OK(hixl_engine_set_scoped(tgt, true));
   unsigned char *remote[2] = {rr.mem, ru};
   tu_fill(src.mem, alen, 300);
   memset(rr.mem, 0xEE, alen);

@@ -6,8 +6,9 @@
  * ends. A grant is each block's pieces in each plane: one per head, or one per plane
  * when its heads are adjacent (the ops built from them, kv_layout.c, join adjacent
  * heads too), so requests that share a block share identical, counted ranges. The
- * engine enforces grants where its CPU serves an op (tcp, staged ops); an rdma or
- * same-host peer is not scoped (the engine says so).
+ * engine enforces grants where its CPU serves an op (tcp, staged ops) and over RDMA
+ * through a memory window per range on the peer's QP; a same-host peer is not scoped
+ * (the engine says so).
  *
  * Locks: a grant is made inside the KV service's handler (kv_serve, on the engine's
  * progress thread, the engine lock held: the engine lets its handler grant). A revoke

@@ -297,6 +297,17 @@ HixlStatus hixl_engine_set_scoped(HixlEngine *e, bool on) {
   bool took;
   HixlStatus st = grant_enter(e, "hixl_engine_set_scoped", &took);
   if (st != HIXL_SUCCESS) return st;
+  /* With an RDMA device a registration's keys depend on it (scoped: none that reaches
+   * anything from the wire, windows per grant instead): it is chosen before any. */
+  if (on != e->scoped && engine_xe(e, XPORT_RDMA) && engine_reg_count(e) > 0) {
+    st = hixl_fail(HIXL_PARAM_INVALID,
+                   "hixl_engine_set_scoped: engine %s has an RDMA device and %zu registrations already: "
+                   "scope it before registering memory (a registration made %s carries %s)",
+                   e->local_name, engine_reg_count(e), e->scoped ? "scoped" : "unscoped",
+                   e->scoped ? "no remote key" : "a remote key its peers hold");
+    if (took) pthread_mutex_unlock(&e->lock);
+    return st;
+  }
   e->scoped = on;
   if (took) pthread_mutex_unlock(&e->lock);
   return HIXL_SUCCESS;

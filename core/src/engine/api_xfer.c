@@ -112,6 +112,15 @@ static bool op_device(const struct hixl_mem_reg *lreg, const struct remote_mem *
   return (lreg && lreg->type == HIXL_MEM_DEVICE) || (rm && rm->kind == WIRE_MEM_DEVICE);
 }
 
+/* Whether a direct op goes as tcp frames on c's socket, whatever moves c's other data:
+ * device memory on a link whose transport does not move it, or a range c's transport
+ * cannot reach by itself (a scoped peer's memory outside the windows it opened). */
+static bool op_on_socket(const struct conn *c, const struct hixl_mem_reg *lreg, const struct remote_mem *rm,
+                         const HixlTransferOpDesc *d) {
+  if (op_device(lreg, rm)) return !(c->xp->flags & XPORT_DEVMEM);
+  return !c->xp->link.reach(c, rm, d->remote_addr, d->len);
+}
+
 /* Decide every op, fill lregs (NULL: staged) and the plan; nothing is sent. rms[i]:
  * the peer's registration holding op i's remote range, or NULL. An op is
  * staged when its local or remote range is not registered, or when it is short
@@ -137,11 +146,12 @@ static HixlStatus plan_ops(HixlEngine *e, struct conn *c, const HixlTransferOpDe
             "range is not inside one)",
             fn, i, lregs[i] ? "remote" : "local");
       uint64_t n = (d->len + ENGINE_TCP_CHUNK - 1) / ENGINE_TCP_CHUNK;
-      *((c->xp->flags & XPORT_DEVMEM) ? &plan->ndirect : &plan->nsock) += n;
+      *(op_on_socket(c, lregs[i], rms[i], d) ? &plan->nsock : &plan->ndirect) += n;
       continue;
     }
     if (lregs[i] && rreg && !(pack && d->len < threshold)) {
-      plan->ndirect += (d->len + ENGINE_TCP_CHUNK - 1) / ENGINE_TCP_CHUNK;
+      uint64_t n = (d->len + ENGINE_TCP_CHUNK - 1) / ENGINE_TCP_CHUNK;
+      *(op_on_socket(c, lregs[i], rms[i], d) ? &plan->nsock : &plan->ndirect) += n;
       continue;
     }
     if ((st = stage_plan_op(c, &plan->stage, d, i, lregs[i] != NULL, rreg, fn, remote)) != HIXL_SUCCESS)
@@ -248,7 +258,7 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
   for (size_t i = 0; i < count; i++) {
     if (!lregs[i]) continue;              /* staged */
     const struct remote_mem *rm = rms[i]; /* a direct op's: its key is there too */
-    if (r->nsock && op_device(lregs[i], rm)) {
+    if (r->nsock && op_on_socket(c, lregs[i], rm, &descs[i])) {
       for (size_t off = 0; off < descs[i].len; off += ENGINE_TCP_CHUNK, sch++) {
         chunk_init(sch, r, op, lregs[i], &descs[i], off);
         sch->seq = c->next_seq++;
@@ -260,6 +270,9 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
       size_t len = chunk_init(ch, r, op, lregs[i], &descs[i], off);
       ch->rkey = rm->rkey;
       struct conn *to = rails ? link_rail_pick(p, NULL, rm) : c;
+      /* A scoped peer's windows (rdma, no key) are each QP's own: another rail takes the
+       * chunk only where the peer opened windows over it on that rail too. */
+      if (to && to != c && rm->rkey == 0 && !to->xp->link.reach(to, rm, ch->raddr, len)) to = c;
       if (to && to != c) {
         r->railed = true;
         used[to->rail] = true;

@@ -48,6 +48,8 @@ struct hixl_link_info {
   uint64_t map_ops;      /* ... ops (pieces of large ones) moved by memcpy on them since Connect */
   uint64_t peer_gen;     /* shm, a mapping link: the target's count of withdrawals and cut links, as
                           * its shared page says now (a transfer reads the socket when it moved) */
+  uint32_t windows;      /* rdma, a scoped target: the windows it opened to this engine on the link's QP */
+  uint64_t win_ops;      /* ... and the chunks posted inside them since Connect */
 };
 HixlStatus hixl_engine_link_info(HixlEngine *e, const char *remote, struct hixl_link_info *info);
 
@@ -80,6 +82,19 @@ struct hixl_stage_stats {
   uint64_t target_regs;      /* target: bounce buffers registered with a transport (STAGE_PULL / PUSH) */
 };
 HixlStatus hixl_engine_stage_stats(HixlEngine *e, struct hixl_stage_stats *out);
+
+/* A scoped engine's RDMA windows (docs/security.md, "Scoped memory over RDMA"): each
+ * range granted to a peer linked over RDMA gets a type 2 memory window on each of that
+ * peer's QPs, over an MR of its own, closed at the revoke. All zero without RDMA. */
+struct hixl_window_stats {
+  uint64_t open;    /* windows bound now, over every link */
+  uint64_t bound;   /* ... bound since Initialize */
+  uint64_t closed;  /* ... closed since (revoked, or their link ended) */
+  uint64_t refused; /* granted ranges that got no window (the device has no type 2 windows, it ran out,
+                     * the range is not inside one host registration): the peer's ops on them go as tcp
+                     * frames on the link's socket, where this engine's CPU checks the grant */
+};
+HixlStatus hixl_engine_window_stats(HixlEngine *e, struct hixl_window_stats *out);
 
 /* ---- scoped memory (docs/security.md) ---- */
 

@@ -76,6 +76,7 @@ struct conn {
   const struct xport_ops *xp; /* the transport moving its data (tcp until a handshake says more) */
   void *xs[XPORT_MODS];       /* each module's state for this link, or NULL */
   char remote_name[WIRE_MAX_NAME + 1];
+  uint32_t hello_caps; /* target: WIRE_CAP_* of the peer's HELLO */
   /* receive */
   uint8_t *rxbuf;
   size_t rx_start, rx_end;
@@ -197,11 +198,12 @@ struct HixlEngine {
   uint64_t accept_resume;   /* accepting paused (out of descriptors) until then, CLOCK_MONOTONIC ns; 0: not */
   uint64_t accept_refusals; /* links refused or deferred since the last log line about it */
   uint64_t accept_logged;   /* when that line was written */
-  struct auth auth;         /* AuthKeyFile's keys; none: anyone is accepted */
-  bool scoped;              /* scoped memory: a target serves a peer only inside its grants */
-  struct grant_set *grants; /* ... one set per peer name (grant.c) */
-  uint64_t grant_refusals;  /* ops refused for want of a grant */
-  uint64_t auth_refusals;   /* handshakes refused since the last log line about them */
+  struct hixl_window_stats wstats; /* scoped memory's RDMA windows (transport/rdma/rdma_win.c) */
+  struct auth auth;                /* AuthKeyFile's keys; none: anyone is accepted */
+  bool scoped;                     /* scoped memory: a target serves a peer only inside its grants */
+  struct grant_set *grants;        /* ... one set per peer name (grant.c) */
+  uint64_t grant_refusals;         /* ops refused for want of a grant */
+  uint64_t auth_refusals;          /* handshakes refused since the last log line about them */
   /* The nonces of this engine's own keyed handshakes in flight (link_nonce_hold): a
    * HELLO that carries one is that handshake reflected back to this engine. */
   pthread_mutex_t nonce_lock;

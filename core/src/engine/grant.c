@@ -14,6 +14,7 @@
 struct grant_range {
   uint64_t addr, len;
   uint32_t refs;
+  bool fresh; /* grant_add: not granted before this batch (told to the modules) */
 };
 
 struct grant_set {
@@ -74,6 +75,25 @@ bool grant_covers(const struct grant_set *g, uint64_t addr, uint64_t len) {
   return false;
 }
 
+/* The modules hear of the ranges marked fresh (add) or left with no count (!add), in
+ * batches, and the marks are cleared. Only a scoped engine's: an unscoped one's peers
+ * reach every registration anyway. */
+static void grant_tell(struct HixlEngine *e, const char *peer, struct grant_range *v, size_t n, bool add) {
+  uint64_t batch[256][2];
+  size_t k = 0;
+  for (size_t i = 0; i <= n; i++) {
+    if (k == 256 || (i == n && k > 0)) {
+      for (int m = 0; m < XPORT_MODS; m++)
+        e->mods[m]->iface.grant(e, peer, (const uint64_t(*)[2])batch, k, add);
+      k = 0;
+    }
+    if (i == n) break;
+    bool tell = add ? v[i].fresh : v[i].refs == 0;
+    v[i].fresh = false;
+    if (tell && e->scoped) batch[k][0] = v[i].addr, batch[k++][1] = v[i].len;
+  }
+}
+
 HixlStatus grant_add(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n) {
   struct grant_set *g = grant_set_of(e, peer, true);
   if (!g) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "hixl_engine_grant: out of memory");
@@ -86,7 +106,7 @@ HixlStatus grant_add(struct HixlEngine *e, const char *peer, const uint64_t (*ra
   }
   bool sorted = true; /* a request's blocks usually come in order: no sort then */
   for (size_t i = 0; i < n; i++) {
-    add[i] = (struct grant_range){ranges[i][0], ranges[i][1], 1};
+    add[i] = (struct grant_range){ranges[i][0], ranges[i][1], 1, true};
     sorted = sorted && (i == 0 || by_addr(&add[i - 1], &add[i]) <= 0);
   }
   if (!sorted) qsort(add, n, sizeof(*add), by_addr);
@@ -96,6 +116,7 @@ HixlStatus grant_add(struct HixlEngine *e, const char *peer, const uint64_t (*ra
     struct grant_range next = b == n || (a < g->n && by_addr(&g->v[a], &add[b]) <= 0) ? g->v[a++] : add[b++];
     if (k > 0 && out[k - 1].addr == next.addr && out[k - 1].len == next.len) {
       out[k - 1].refs += next.refs;
+      out[k - 1].fresh = out[k - 1].fresh && next.fresh;
       continue;
     }
     if (k > 0 && out[k - 1].addr + out[k - 1].len > next.addr) {
@@ -115,6 +136,7 @@ HixlStatus grant_add(struct HixlEngine *e, const char *peer, const uint64_t (*ra
   free(g->v);
   g->v = out;
   g->n = k;
+  grant_tell(e, peer, g->v, g->n, true);
   return HIXL_SUCCESS;
 }
 
@@ -150,6 +172,7 @@ HixlStatus grant_remove(struct HixlEngine *e, const char *peer, const uint64_t (
     else
       missing++;
   }
+  if (g) grant_tell(e, peer, g->v, g->n, false); /* the ranges no count holds any more */
   size_t k = 0;
   for (size_t i = 0; g && i < g->n; i++)
     if (g->v[i].refs > 0) g->v[k++] = g->v[i];

@@ -395,6 +395,7 @@ static void target_hello(struct conn *c, const struct wire_msg *m) {
   struct auth_ring ring;
   const struct auth_key *k = NULL;
   log_escape(c->remote_name, sizeof(c->remote_name), m->u.hello.name, m->u.hello.name_len);
+  c->hello_caps = m->u.hello.caps;
   auth_current(&e->auth, &ring); /* no keys (n 0): anyone is served */
   if (ring.n == 0) {
     c->role = CONN_TARGET;

@@ -402,7 +402,8 @@ const struct xport_ops xport_stage = {
               .caps = stage_caps,
               .event_fd = xport_no_event_fd,
               .on_event = xport_no_engine,
-              .progress = stage_progress},
+              .progress = stage_progress,
+              .grant = xport_no_grant},
     .mem = XPORT_MEM_NONE,
     .link = {.connect = xport_no_connect, /* it takes no link: units ride on the link's transport */
              .attach = xport_no_attach,
@@ -415,6 +416,7 @@ const struct xport_ops xport_stage = {
              .free = stage_free,
              .info = xport_no_info,
              .table_current = xport_no_table_current,
+             .reach = xport_reach_all,
              .post = xport_no_post,
              .start = xport_no_req,
              .async = link_async_unpark,

@@ -35,6 +35,7 @@ struct peer;
 struct hixl_mem_reg;
 struct hixl_transfer_req;
 struct hixl_link_info;
+struct remote_mem;
 struct wire_msg;
 
 /* Module ids, also the order Connect tries transports in (shm, then rdma, then tcp,
@@ -60,6 +61,10 @@ struct xport_iface_ops {
   int (*event_fd)(const struct HixlEngine *e);  /* a descriptor the progress thread watches, or -1 */
   void (*on_event)(struct HixlEngine *e);       /* ... it fired */
   bool (*progress)(struct HixlEngine *e);       /* progress thread, after each batch; true: work is left */
+  /* A scoped engine granted peer ranges it did not hold (add), or revoked the last
+   * count of ranges (!add): the module opens or closes what reaches them without the
+   * engine's CPU (rdma: memory windows on that peer's QPs). */
+  void (*grant)(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n, bool add);
 };
 
 /* Memory (UCT's memory domain). */
@@ -109,6 +114,10 @@ struct xport_link_ops {
    * registration since the last call that said false (the link then skips reading
    * the frames waiting on its socket first). false: not known. */
   bool (*table_current)(struct conn *c);
+  /* Whether the link moves [raddr, raddr + len) of the peer's registration rm directly
+   * (rdma: with the registration's key, or inside windows the peer opened to it);
+   * false: the op goes as tcp frames on the link's socket, where the peer's CPU checks it. */
+  bool (*reach)(const struct conn *c, const struct remote_mem *rm, uint64_t raddr, uint64_t len);
   void (*post)(struct conn *c, struct chunk *ch);             /* queue a direct chunk */
   void (*start)(struct conn *c, struct hixl_transfer_req *r); /* its chunks are queued: begin */
   void (*async)(struct conn *c, struct hixl_transfer_req *r); /* ... and nobody waits in a call */
@@ -145,12 +154,12 @@ struct xport_ops {
 /* clang-format off */
 #define XPORT_SLOTS(X)                                                                                       \
   X(iface.open) X(iface.quiesce) X(iface.close) X(iface.caps) X(iface.event_fd) X(iface.on_event)             \
-  X(iface.progress)                                                                                          \
+  X(iface.progress) X(iface.grant)                                                                           \
   X(mem.reg) X(mem.dereg) X(mem.key) X(mem.share) X(mem.unshare) X(mem.peer_drop) X(mem.bounce_reg)          \
   X(mem.bounce_dereg) X(mem.bounce_key)                                                                      \
   X(link.connect) X(link.attach) X(link.discard) X(link.target_frame) X(link.initiator_frame)                \
   X(link.payload_done) X(link.kill) X(link.closed) X(link.free) X(link.info) X(link.table_current)           \
-  X(link.post) X(link.start) X(link.async) X(link.drive) X(link.req_timeout) X(link.answer)                  \
+  X(link.reach) X(link.post) X(link.start) X(link.async) X(link.drive) X(link.req_timeout) X(link.answer)                  \
   X(link.chunk_end) X(link.post_own)
 /* clang-format on */
 
@@ -158,11 +167,12 @@ struct xport_ops {
 HixlStatus xport_check(const struct xport_ops *x);
 
 /* Stubs for a module with nothing to do in a slot. */
-HixlStatus xport_no_open(struct HixlEngine *e);                            /* SUCCESS: nothing opened */
-void xport_no_engine(struct HixlEngine *e);                                /* quiesce, close, on_event */
-uint32_t xport_no_caps(const struct HixlEngine *e);                        /* 0 */
-int xport_no_event_fd(const struct HixlEngine *e);                         /* -1 */
-bool xport_no_progress(struct HixlEngine *e);                              /* false: no work left */
+HixlStatus xport_no_open(struct HixlEngine *e);     /* SUCCESS: nothing opened */
+void xport_no_engine(struct HixlEngine *e);         /* quiesce, close, on_event */
+uint32_t xport_no_caps(const struct HixlEngine *e); /* 0 */
+int xport_no_event_fd(const struct HixlEngine *e);  /* -1 */
+bool xport_no_progress(struct HixlEngine *e);       /* false: no work left */
+void xport_no_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n, bool add);
 HixlStatus xport_no_reg(struct HixlEngine *e, struct hixl_mem_reg *r);     /* SUCCESS: nothing to register */
 void xport_no_mem(struct HixlEngine *e, struct hixl_mem_reg *r);           /* dereg, share */
 uint32_t xport_no_key(const struct conn *c, const struct hixl_mem_reg *r); /* 0 */
@@ -179,8 +189,10 @@ void xport_no_discard(void *link);
 void xport_no_frame(struct conn *c, const struct wire_msg *m); /* never called: it owns no frames */
 void xport_no_link(struct conn *c);                            /* payload_done, closed, free */
 void xport_no_kill(struct conn *c, HixlStatus st, const char *why);
-HixlStatus xport_no_info(const struct conn *c, struct hixl_link_info *info);  /* SUCCESS, nothing added */
-bool xport_no_table_current(struct conn *c);                                  /* false: not known */
+HixlStatus xport_no_info(const struct conn *c, struct hixl_link_info *info); /* SUCCESS, nothing added */
+bool xport_no_table_current(struct conn *c);                                 /* false: not known */
+bool xport_reach_all(const struct conn *c, const struct remote_mem *rm, uint64_t raddr,
+                     uint64_t len);                                           /* true */
 void xport_no_post(struct conn *c, struct chunk *ch);                         /* ends the chunk UNSUPPORTED */
 void xport_no_req(struct conn *c, struct hixl_transfer_req *r);               /* start */
 bool xport_no_req_timeout(struct HixlEngine *e, struct hixl_transfer_req *r); /* false */

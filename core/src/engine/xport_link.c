@@ -49,6 +49,11 @@ void link_set_xs(struct conn *c, enum xport_id id, void *state) { c->xs[id] = st
 void link_use(struct conn *c, const struct xport_ops *xp) { c->xp = xp; }
 const struct xport_ops *link_transport(const struct conn *c) { return c->xp; }
 uint32_t link_peer_caps(const struct conn *c) { return c->peer ? c->peer->caps : 0; }
+uint32_t link_hello_caps(const struct conn *c) { return c->peer ? 0 : c->hello_caps; }
+bool engine_scoped(const struct HixlEngine *e) { return e->scoped; }
+struct hixl_window_stats *engine_win_stats(struct HixlEngine *e) {
+  return &e->wstats;
+}
 uint32_t peer_caps(const struct peer *p) { return p->caps; }
 uint32_t link_local_ip(const struct conn *c) {
   struct sockaddr_in sa;
@@ -61,7 +66,10 @@ const uint8_t *link_session(const struct conn *c) {
   if (c->peer) return peer_session(c->peer);
   return c->authed ? c->session : NULL;
 }
-void link_read_always(struct conn *c) { c->always_read = true; }
+void link_read_always(struct conn *c) {
+  c->always_read = true;
+  link_unpark(c); /* a link made parked is read from now on */
+}
 
 void link_peer_forget(struct conn *c, uint64_t addr, uint64_t len) {
   struct memtab_entry *ent = c->peer ? memtab_find_exact(&c->peer->rtab, addr, len) : NULL;

@@ -96,7 +96,8 @@ struct chunk {
   struct hixl_mem_reg *lreg; /* NULL for notify */
   uint8_t *laddr;
   uint64_t raddr;
-  uint32_t rkey; /* RDMA: the remote registration's key */
+  uint32_t rkey; /* RDMA: the remote registration's key; 0: inside windows (scoped memory) */
+  uint32_t nwr;  /* RDMA: the work requests it was posted as */
   uint32_t len;
   uint64_t seq;
   enum chunk_kind kind;
@@ -134,7 +135,10 @@ void *link_xs(const struct conn *c, enum xport_id id); /* a module's link state 
 void link_set_xs(struct conn *c, enum xport_id id, void *state);
 void link_use(struct conn *c, const struct xport_ops *xp); /* its data moves by xp from now on */
 const struct xport_ops *link_transport(const struct conn *c);
-uint32_t link_peer_caps(const struct conn *c); /* initiator: WIRE_CAP_* of its HELLO_ACK; 0 else */
+uint32_t link_peer_caps(const struct conn *c);  /* initiator: WIRE_CAP_* of its HELLO_ACK; 0 else */
+uint32_t link_hello_caps(const struct conn *c); /* target: WIRE_CAP_* of the peer's HELLO; 0 else */
+bool engine_scoped(const struct HixlEngine *e); /* hixl_engine_set_scoped */
+struct hixl_window_stats *engine_win_stats(struct HixlEngine *e); /* counted by the module that opens them */
 /* The IPv4 address (network order) of c's end of its socket: which local interface,
  * and so which rail's device, the link leaves by; 0 when the kernel cannot say. */
 uint32_t link_local_ip(const struct conn *c);

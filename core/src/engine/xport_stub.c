@@ -69,6 +69,15 @@ HixlStatus xport_no_info(const struct conn *c, struct hixl_link_info *info) {
   (void)c, (void)info;
   return HIXL_SUCCESS;
 }
+void xport_no_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n, bool add) {
+  (void)e, (void)peer, (void)ranges, (void)n, (void)add;
+}
+
+bool xport_reach_all(const struct conn *c, const struct remote_mem *rm, uint64_t raddr, uint64_t len) {
+  (void)c, (void)rm, (void)raddr, (void)len;
+  return true;
+}
+
 bool xport_no_table_current(struct conn *c) {
   (void)c;
   return false;

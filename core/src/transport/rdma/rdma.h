@@ -15,6 +15,7 @@ struct ibv_cq;
 struct ibv_comp_channel;
 struct ibv_qp;
 struct ibv_mr;
+struct ibv_mw;
 struct ibv_wc;
 
 struct rdma_dev {
@@ -29,6 +30,7 @@ struct rdma_dev {
   uint32_t max_qp_wr; /* send queue depth used for every QP */
   uint32_t max_rd_atom;
   uint64_t max_msg_sz;
+  bool mw2; /* binds type 2 memory windows (a QP's own windows: scoped memory) */
   char name[64];
 };
 
@@ -52,8 +54,25 @@ int rdma_dev_open(struct rdma_dev *d, const struct sockaddr_in *ip, const char *
                   char *err, size_t errlen);
 void rdma_dev_close(struct rdma_dev *d);
 
-/* Register [addr, addr+len) for local write and remote read/write. */
-struct ibv_mr *rdma_reg(struct rdma_dev *d, void *addr, size_t len, char *err, size_t errlen);
+/* Register [addr, addr+len) for local write, and remote read/write when remote. */
+struct ibv_mr *rdma_reg(struct rdma_dev *d, void *addr, size_t len, bool remote, char *err, size_t errlen);
+/* Register [addr, addr+len) for local write and for binding windows, no remote access
+ * of its own: its key reaches nothing from the wire. */
+struct ibv_mr *rdma_reg_window(struct rdma_dev *d, void *addr, size_t len, char *err, size_t errlen);
+/* A type 2 memory window on d (NULL with err), bound by rdma_post_binds on one QP:
+ * only that QP's peer reaches it, only inside its range, until rdma_mw_free. */
+struct ibv_mw *rdma_mw_new(struct rdma_dev *d, char *err, size_t errlen);
+void rdma_mw_free(struct ibv_mw *mw); /* invalidates it at once */
+/* One bind: window mw over [addr, addr+len) of mr; rkey: the key the peer will use. */
+struct rdma_bind {
+  struct ibv_mw *mw;
+  struct ibv_mr *mr;
+  uint64_t addr, len;
+  uint32_t rkey; /* out */
+};
+/* Post n binds on qp in one call (remote read and write), the last one signaled with
+ * wr_id. 0, or -1 with errno set (then none was posted, or the QP is broken). */
+int rdma_post_binds(struct ibv_qp *qp, struct rdma_bind *b, size_t n, uint64_t wr_id);
 void rdma_dereg(struct ibv_mr *mr);
 uint32_t rdma_mr_lkey(const struct ibv_mr *mr);
 uint32_t rdma_mr_rkey(const struct ibv_mr *mr);
@@ -108,6 +127,7 @@ int rdma_async_get(struct rdma_dev *d, struct rdma_async *out);
 struct rdma_wc {
   uint64_t wr_id;
   uint32_t qpn;
+  bool bind; /* a window's bind */
   int ok;
   const char *status; /* ibv_wc_status_str */
 };

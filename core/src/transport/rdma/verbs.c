@@ -119,6 +119,7 @@ int rdma_dev_open(struct rdma_dev *d, const struct sockaddr_in *ip, const char *
   d->max_qp_wr = da.max_qp_wr < 1024 ? (uint32_t)da.max_qp_wr : 1024;
   d->max_rd_atom = da.max_qp_rd_atom < 16 ? (uint32_t)da.max_qp_rd_atom : 16;
   d->max_msg_sz = pa.max_msg_sz;
+  d->mw2 = (da.device_cap_flags & (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0;
   d->pd = ibv_alloc_pd(d->ctx);
   if (!d->pd) {
     snprintf(err, errlen, "%s: ibv_alloc_pd: %s", d->name, strerror(errno));
@@ -175,9 +176,52 @@ static struct ibv_mr *reg_access(struct rdma_dev *d, void *addr, size_t len, int
   return NULL;
 }
 
-struct ibv_mr *rdma_reg(struct rdma_dev *d, void *addr, size_t len, char *err, size_t errlen) {
-  return reg_access(d, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+struct ibv_mr *rdma_reg(struct rdma_dev *d, void *addr, size_t len, bool remote, char *err, size_t errlen) {
+  return reg_access(d, addr, len,
+                    IBV_ACCESS_LOCAL_WRITE | (remote ? IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ : 0),
                     err, errlen);
+}
+
+struct ibv_mr *rdma_reg_window(struct rdma_dev *d, void *addr, size_t len, char *err, size_t errlen) {
+  return reg_access(d, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, err, errlen);
+}
+
+struct ibv_mw *rdma_mw_new(struct rdma_dev *d, char *err, size_t errlen) {
+  struct ibv_mw *mw = ibv_alloc_mw(d->pd, IBV_MW_TYPE_2);
+  if (!mw) snprintf(err, errlen, "%s: ibv_alloc_mw(type 2): %s", d->name, strerror(errno));
+  return mw;
+}
+
+void rdma_mw_free(struct ibv_mw *mw) {
+  if (mw && ibv_dealloc_mw(mw) != 0) log_error("rdma: ibv_dealloc_mw: %s", strerror(errno));
+}
+
+int rdma_post_binds(struct ibv_qp *qp, struct rdma_bind *b, size_t n, uint64_t wr_id) {
+  struct ibv_send_wr *wr = calloc(n ? n : 1, sizeof(*wr)), *bad;
+  if (!wr) {
+    errno = ENOMEM;
+    return -1;
+  }
+  for (size_t i = 0; i < n; i++) {
+    wr[i].wr_id = wr_id;
+    wr[i].opcode = IBV_WR_BIND_MW;
+    wr[i].send_flags = i + 1 == n ? IBV_SEND_SIGNALED : 0;
+    wr[i].next = i + 1 < n ? &wr[i + 1] : NULL;
+    wr[i].bind_mw.mw = b[i].mw;
+    wr[i].bind_mw.rkey = ibv_inc_rkey(b[i].mw->rkey); /* a new key each bind: an old one reaches nothing */
+    wr[i].bind_mw.bind_info.mr = b[i].mr;
+    wr[i].bind_mw.bind_info.addr = b[i].addr;
+    wr[i].bind_mw.bind_info.length = b[i].len;
+    wr[i].bind_mw.bind_info.mw_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE;
+    b[i].rkey = wr[i].bind_mw.rkey;
+  }
+  int rc = n ? ibv_post_send(qp, wr, &bad) : 0;
+  free(wr);
+  if (rc != 0) {
+    errno = rc;
+    return -1;
+  }
+  return 0;
 }
 
 void rdma_dereg(struct ibv_mr *mr) {
@@ -343,6 +387,7 @@ int rdma_cq_poll(struct rdma_dev *d, struct rdma_wc *out, int max) {
     out[i].wr_id = wc[i].wr_id;
     out[i].qpn = wc[i].qp_num;
     out[i].ok = wc[i].status == IBV_WC_SUCCESS;
+    out[i].bind = out[i].ok && wc[i].opcode == IBV_WC_BIND_MW;
     out[i].status = ibv_wc_status_str(wc[i].status);
   }
   return n;

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "engine/xport_link.h"
+#include "transport/rdma/erdma.h"
 #include "transport/rdma/rdma.h"
 #include "transport/rdma/xport_rdma.h"
 #include "util/log.h"
@@ -28,38 +29,6 @@
 
 #define ERDMA_CALLER_POST (4u << 20)  /* bytes a submitting thread posts itself */
 #define ERDMA_STEP        (64u << 20) /* bytes posted per completion event */
-
-#define ERDMA_DEVS (HIXL_RAILS_MAX + 1) /* the engine's own, and one per other rail address */
-
-struct erdma_link;
-struct erdma_engine {              /* engine_xe(e, XPORT_RDMA), while the engine has a device */
-  struct rdma_dev dev[ERDMA_DEVS]; /* [0]: the engine's address (or RdmaDevice); then rail addresses' */
-  uint32_t ip[ERDMA_DEVS];         /* the IPv4 address each was opened for, network order */
-  int n;
-  int epfd;                      /* event_fd: every device's completion channel and async events */
-  _Atomic bool down[ERDMA_DEVS]; /* its port went down (async event), until it is active again */
-  struct erdma_link *links;      /* those with a QP, for completions and timeouts */
-};
-
-/* epoll data: a device's index, plus this for its async event fd */
-#define ERDMA_EV_ASYNC 0x100u
-
-/* A range's memory regions (r->xm[XPORT_RDMA], a bounce buffer's handle): one per device. */
-struct erdma_mr {
-  struct ibv_mr *mr[ERDMA_DEVS];
-};
-
-struct erdma_link {                      /* link_xs(c, XPORT_RDMA) (initiator: posts; target: holds the QP) */
-  struct ibv_qp *qp;                     /* NULL once the link died */
-  int dev;                               /* its device: the engine's dev[dev] */
-  struct conn *conn;                     /* while in the engine's list (qp set) */
-  struct erdma_link *prev, *next;        /* ... that list */
-  struct chunk *rq_head, *rq_tail;       /* waiting for a send-queue slot */
-  struct chunk *rpend_head, *rpend_tail; /* posted, in completion order */
-  uint32_t sq_used;                      /* WRs posted and not yet completed */
-  uint32_t unsignaled;                   /* WRs posted since the last signaled one */
-  void (*own_done)(struct conn *c, bool ok, const char *status); /* a target's own WR */
-};
 
 static struct erdma_engine *eng_of(const struct HixlEngine *e) { return engine_xe(e, XPORT_RDMA); }
 static struct erdma_link *link_of(const struct conn *c) { return link_xs(c, XPORT_RDMA); }
@@ -202,12 +171,13 @@ static void erdma_close(struct HixlEngine *e) {
   struct erdma_engine *x = eng_of(e);
   if (!x) return;
   erdma_devs_close(x);
+  for (int i = 0; i < ERDMA_DEVS; i++) free(x->stash[i].v);
   free(x);
   engine_set_xe(e, XPORT_RDMA, NULL);
 }
 
 static uint32_t erdma_caps(const struct HixlEngine *e) {
-  return eng_of(e) ? WIRE_CAP_RDMA | WIRE_CAP_STAGE_RDMA : 0;
+  return eng_of(e) ? WIRE_CAP_RDMA | WIRE_CAP_STAGE_RDMA | WIRE_CAP_WIN : 0;
 }
 
 static int erdma_event_fd(const struct HixlEngine *e) {
@@ -222,14 +192,15 @@ static void mrs_free(struct erdma_mr *m) {
 }
 
 /* [addr, addr + len) registered on every device; NULL with err. */
-static struct erdma_mr *mrs_reg(struct erdma_engine *x, void *addr, size_t len, char *err, size_t errlen) {
+static struct erdma_mr *mrs_reg(struct erdma_engine *x, void *addr, size_t len, bool remote, char *err,
+                                size_t errlen) {
   struct erdma_mr *m = calloc(1, sizeof(*m));
   if (!m) {
     snprintf(err, errlen, "out of memory");
     return NULL;
   }
   for (int i = 0; i < x->n; i++)
-    if (!(m->mr[i] = rdma_reg(&x->dev[i], addr, len, err, errlen))) {
+    if (!(m->mr[i] = rdma_reg(&x->dev[i], addr, len, remote, err, errlen))) {
       mrs_free(m);
       return NULL;
     }
@@ -241,7 +212,10 @@ static HixlStatus erdma_reg(struct HixlEngine *e, struct hixl_mem_reg *r) {
   /* Device memory has no MR yet (GPUDirect through dma-buf is not built): peers get key
    * 0, and an RDMA link refuses ops on it (docs/device-memory.md). */
   if (!eng_of(e) || r->type == HIXL_MEM_DEVICE) return HIXL_SUCCESS;
-  r->xm[XPORT_RDMA] = mrs_reg(eng_of(e), (void *)(uintptr_t)r->range.addr, r->range.len, err, sizeof(err));
+  /* Scoped: no remote access of its own; peers reach what they were granted through
+   * windows (rdma_win.c). */
+  r->xm[XPORT_RDMA] =
+      mrs_reg(eng_of(e), (void *)(uintptr_t)r->range.addr, r->range.len, !engine_scoped(e), err, sizeof(err));
   return r->xm[XPORT_RDMA] ? HIXL_SUCCESS
                            : hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineRegisterMem: %s", err);
 }
@@ -252,10 +226,10 @@ static void erdma_dereg(struct HixlEngine *e, struct hixl_mem_reg *r) {
   r->xm[XPORT_RDMA] = NULL;
 }
 
-/* The key of r on the device of c's rail. */
+/* The key of r on the device of c's rail; none on a scoped engine (windows instead). */
 static uint32_t erdma_rkey(const struct conn *c, const struct hixl_mem_reg *r) {
   const struct erdma_mr *m = r->xm[XPORT_RDMA];
-  return m ? rdma_mr_rkey(m->mr[dev_of_conn(c)]) : 0;
+  return m && !engine_scoped(link_engine(c)) ? rdma_mr_rkey(m->mr[dev_of_conn(c)]) : 0;
 }
 
 static uint32_t mr_lkey(const void *h, int dev) {
@@ -359,7 +333,11 @@ free_qp:
 }
 
 static void erdma_attach(struct conn *c, void *link) {
-  if (link) links_add(c, link);
+  if (!link) return;
+  links_add(c, link);
+  /* A scoped target sends WIN_ADD / WIN_DEL on its own, on every rail's link: read it
+   * even while nothing is pending here. */
+  link_read_always(c);
 }
 
 static void erdma_discard(void *link) {
@@ -419,17 +397,44 @@ static void erdma_post(struct conn *c, size_t budget) {
   uint32_t max_wr = eng_of(link_engine(c))->dev[l->dev].max_qp_wr;
   size_t posted = 0;
   while (l->rq_head && !link_dead(c) && l->sq_used < max_wr && posted < budget) {
-    struct chunk *ch = fifo_pop(&l->rq_head, &l->rq_tail);
+    struct chunk *ch = l->rq_head;
     if (link_req_cancelled(ch->req)) { /* timed out before it reached the wire */
+      fifo_pop(&l->rq_head, &l->rq_tail);
       link_chunk_end(ch, HIXL_TIMEOUT, "request timed out before it was posted");
       continue;
     }
+    /* With the registration's key, one WR; inside windows (key 0), one per window. */
+    ch->nwr = ch->rkey ? 1 : erdma_wins_pieces(l, ch->raddr, ch->len);
+    if (ch->nwr == 0) {
+      fifo_pop(&l->rq_head, &l->rq_tail);
+      link_chunk_end(
+          ch, HIXL_FAILED,
+          "the peer closed the memory window over it (its grant was revoked) before it was posted");
+      continue;
+    }
+    if (l->sq_used + ch->nwr > max_wr && l->sq_used > 0) break; /* room comes back with completions */
+    fifo_pop(&l->rq_head, &l->rq_tail);
     posted += ch->len;
-    bool last = !l->rq_head || l->sq_used + 1 == max_wr || posted >= budget;
-    bool signaled = last || l->unsignaled + 1 >= RDMA_SIGNAL_EVERY;
-    int rc = rdma_post(l->qp, ch->kind == CHUNK_WRITE, ch->laddr, ch->len,
-                       mr_lkey(ch->lreg->xm[XPORT_RDMA], l->dev), ch->raddr, ch->rkey,
-                       (uint64_t)(uintptr_t)ch, signaled);
+    bool last = !l->rq_head || l->sq_used + ch->nwr >= max_wr || posted >= budget;
+    bool signaled = last || l->unsignaled + ch->nwr >= RDMA_SIGNAL_EVERY;
+    uint32_t lkey = mr_lkey(ch->lreg->xm[XPORT_RDMA], l->dev);
+    int rc = 0;
+    if (ch->rkey) {
+      rc = rdma_post(l->qp, ch->kind == CHUNK_WRITE, ch->laddr, ch->len, lkey, ch->raddr, ch->rkey,
+                     (uint64_t)(uintptr_t)ch, signaled);
+    } else { /* the last piece carries the chunk (and the signal): RC completes in order */
+      uint64_t pos = ch->raddr, end = ch->raddr + ch->len;
+      size_t w = erdma_wins_at(&l->wins, pos);
+      for (uint32_t p = 0; p < ch->nwr && rc == 0; p++, w++) {
+        const struct erdma_win *win = &l->wins.v[w];
+        uint64_t stop = win->addr + win->len < end ? win->addr + win->len : end;
+        bool lastp = p + 1 == ch->nwr;
+        rc = rdma_post(l->qp, ch->kind == CHUNK_WRITE, ch->laddr + (pos - ch->raddr), (uint32_t)(stop - pos),
+                       lkey, pos, win->rkey, lastp ? (uint64_t)(uintptr_t)ch : 0, lastp && signaled);
+        pos = stop;
+      }
+      l->win_ops++;
+    }
     if (rc != 0) {
       char why[192];
       fifo_push(&l->rpend_head, &l->rpend_tail, ch); /* ended by the kill below */
@@ -438,8 +443,8 @@ static void erdma_post(struct conn *c, size_t budget) {
       return;
     }
     fifo_push(&l->rpend_head, &l->rpend_tail, ch);
-    l->sq_used++;
-    l->unsignaled = signaled ? 0 : l->unsignaled + 1;
+    l->sq_used += ch->nwr;
+    l->unsignaled = signaled ? 0 : l->unsignaled + ch->nwr;
   }
 }
 
@@ -461,7 +466,7 @@ static void *erdma_bounce_reg(struct HixlEngine *e, void *addr, size_t len, char
     if (errlen) err[0] = '\0';
     return NULL;
   }
-  return mrs_reg(eng_of(e), addr, len, err, errlen);
+  return mrs_reg(eng_of(e), addr, len, true, err, errlen);
 }
 static void erdma_bounce_dereg(void *h) { mrs_free(h); }
 static uint32_t erdma_bounce_key(const struct conn *c, const void *h) {
@@ -475,49 +480,66 @@ static struct conn *conn_of_qpn(struct HixlEngine *e, int dev, uint32_t qpn) {
   return NULL; /* a link already killed: its chunks were ended then */
 }
 
-/* Progress thread: device dev's completion channel fired. */
+/* One completion of device dev (progress thread, or a drain of the completions a
+ * granting thread kept). */
+static void wc_handle(struct HixlEngine *e, int dev, const struct rdma_wc *w) {
+  struct conn *c = conn_of_qpn(e, dev, w->qpn);
+  if (!c || link_dead(c)) return;
+  struct erdma_link *l = link_of(c);
+  if (link_is_target(c)) { /* a target's own WR (a staged unit), or a window's bind */
+    if (w->wr_id == ERDMA_WR_BIND) {
+      if (!w->ok) {
+        char why[192];
+        snprintf(why, sizeof(why), "binding a memory window on QP 0x%x failed: %s", w->qpn, w->status);
+        link_conn_kill(c, HIXL_FAILED, why);
+      }
+      return;
+    }
+    void (*done)(struct conn *, bool, const char *) = l->own_done;
+    l->own_done = NULL;
+    if (done) done(c, w->ok, w->status);
+    return;
+  }
+  if (!w->ok) {
+    char why[256];
+    struct chunk *ch = (struct chunk *)(uintptr_t)w->wr_id;
+    bool known = false;
+    for (struct chunk *p = l->rpend_head; p && !known; p = p->next_pending) known = p == ch;
+    snprintf(why, sizeof(why), "RDMA %s failed: %s (QP 0x%x)",
+             known ? (ch->kind == CHUNK_WRITE ? "WRITE" : "READ") : "work request", w->status, w->qpn);
+    link_conn_kill(c, HIXL_FAILED, why); /* a QP in error is a broken link */
+    return;
+  }
+  /* RC completes in order: this ends every chunk posted up to it. */
+  struct chunk *target = (struct chunk *)(uintptr_t)w->wr_id, *ch;
+  do {
+    ch = fifo_pop(&l->rpend_head, &l->rpend_tail);
+    if (!ch) break;
+    l->sq_used -= ch->nwr;
+    link_chunk_moved(c, ch);
+    link_chunk_end(ch, HIXL_SUCCESS, "");
+  } while (ch != target);
+  /* Frames those ends released (a call held behind its transfer) leave before the
+   * next posts: where the provider moves the bytes inside ibv_post_send (rxe), a
+   * step of posts takes that long, and the call would wait behind it. */
+  if (link_unsent(c)) link_flush(c); /* a send failing kills c: erdma_post then posts nothing */
+  erdma_post(c, ERDMA_STEP);
+}
+
+/* Progress thread: device dev's completion channel fired. Completions a granting
+ * thread kept come first: they are older than any still on the CQ. */
 static void erdma_on_dev_cq(struct HixlEngine *e, int dev) {
   struct rdma_dev *d = &eng_of(e)->dev[dev];
   struct rdma_wc wc[32];
-  int n;
   rdma_cq_rearm(d);
-  while ((n = rdma_cq_poll(d, wc, 32)) > 0) {
-    for (int i = 0; i < n; i++) {
-      struct conn *c = conn_of_qpn(e, dev, wc[i].qpn);
-      if (!c || link_dead(c)) continue;
-      struct erdma_link *l = link_of(c);
-      if (link_is_target(c)) { /* a target's own WR (a staged unit) */
-        void (*done)(struct conn *, bool, const char *) = l->own_done;
-        l->own_done = NULL;
-        if (done) done(c, wc[i].ok, wc[i].status);
-        continue;
-      }
-      if (!wc[i].ok) {
-        char why[256];
-        struct chunk *ch = (struct chunk *)(uintptr_t)wc[i].wr_id;
-        bool known = false;
-        for (struct chunk *p = l->rpend_head; p && !known; p = p->next_pending) known = p == ch;
-        snprintf(why, sizeof(why), "RDMA %s failed: %s (QP 0x%x)",
-                 known ? (ch->kind == CHUNK_WRITE ? "WRITE" : "READ") : "work request", wc[i].status,
-                 wc[i].qpn);
-        link_conn_kill(c, HIXL_FAILED, why); /* a QP in error is a broken link */
-        continue;
-      }
-      /* RC completes in order: this ends every chunk posted up to it. */
-      struct chunk *target = (struct chunk *)(uintptr_t)wc[i].wr_id, *ch;
-      do {
-        ch = fifo_pop(&l->rpend_head, &l->rpend_tail);
-        if (!ch) break;
-        l->sq_used--;
-        link_chunk_moved(c, ch);
-        link_chunk_end(ch, HIXL_SUCCESS, "");
-      } while (ch != target);
-      /* Frames those ends released (a call held behind its transfer) leave before the
-       * next posts: where the provider moves the bytes inside ibv_post_send (rxe), a
-       * step of posts takes that long, and the call would wait behind it. */
-      if (link_unsent(c)) link_flush(c); /* a send failing kills c: erdma_post then posts nothing */
-      erdma_post(c, ERDMA_STEP);
+  for (;;) {
+    if (eng_of(e)->stash[dev].n > eng_of(e)->stash[dev].head) {
+      erdma_stash_drain(e, dev, wc_handle);
+      continue;
     }
+    int n = rdma_cq_poll(d, wc, 32);
+    if (n <= 0) break;
+    for (int i = 0; i < n; i++) wc_handle(e, dev, &wc[i]); /* a grant in one stashes what it meets */
   }
 }
 
@@ -620,6 +642,7 @@ static void erdma_kill(struct conn *c, HixlStatus st, const char *msg) {
   struct chunk *ch;
   if (!l) return;
   links_remove(c, l);
+  erdma_wins_free(link_engine(c), l); /* before the QP they are bound on */
   if (l->qp) rdma_qp_free(l->qp);
   l->qp = NULL;
   l->own_done = NULL;
@@ -633,6 +656,7 @@ static void erdma_free(struct conn *c) {
   struct erdma_link *l = link_of(c);
   if (!l) return;
   links_remove(c, l);
+  erdma_wins_free(link_engine(c), l);
   free(l);
   link_set_xs(c, XPORT_RDMA, NULL);
 }
@@ -652,6 +676,8 @@ static HixlStatus erdma_info(const struct conn *c, struct hixl_link_info *info) 
   info->sl_queried = q.sl;
   info->timeout_queried = q.timeout;
   info->retry_queried = q.retry;
+  info->windows = (uint32_t)link_of(c)->wins.n;
+  info->win_ops = link_of(c)->win_ops;
   return HIXL_SUCCESS;
 }
 
@@ -671,6 +697,8 @@ static void erdma_start(struct conn *c, struct hixl_transfer_req *r) {
  * rail that died, link_chunk_lost) have no completion to post them: post them now. */
 static bool erdma_progress(struct HixlEngine *e) {
   struct erdma_engine *x = eng_of(e);
+  for (int i = 0; x && i < x->n; i++)
+    if (x->stash[i].n > x->stash[i].head) erdma_stash_drain(e, i, wc_handle); /* kept by a grant */
   for (struct erdma_link *l = x ? x->links : NULL, *next; l; l = next) {
     next = l->next; /* a failed post kills the link: it leaves the list */
     if (l->rq_head && l->sq_used == 0 && !link_dead(l->conn)) erdma_post(l->conn, ERDMA_STEP);
@@ -678,8 +706,16 @@ static bool erdma_progress(struct HixlEngine *e) {
   return false;
 }
 
+/* Whether c moves [raddr, +len) of rm directly: with the registration's key, or inside
+ * windows the peer opened to this engine (a scoped peer's key is 0). */
+static bool erdma_reach(const struct conn *c, const struct remote_mem *rm, uint64_t raddr, uint64_t len) {
+  const struct erdma_link *l = link_of(c);
+  return rm->rkey != 0 || (l && l->qp && erdma_wins_cover(l, raddr, len));
+}
+
 /* Data completes on the CQ (progress thread); frames (staged units) still need a reader. */
 static const uint8_t erdma_frames[] = {WIRE_RDMA_CONNECT, 0};
+static const uint8_t erdma_init_frames[] = {WIRE_WIN_ADD, WIRE_WIN_DEL, 0};
 
 const struct xport_ops xport_rdma = {
     .name = "rdma",
@@ -687,13 +723,15 @@ const struct xport_ops xport_rdma = {
     .flags = XPORT_ONE_SIDED | XPORT_STAGE_RDMA,
     .stage_threshold = STAGE_AUTO_RDMA,
     .frames = erdma_frames,
+    .init_frames = erdma_init_frames,
     .iface = {.open = erdma_open,
               .quiesce = xport_no_engine,
               .close = erdma_close,
               .caps = erdma_caps,
               .event_fd = erdma_event_fd,
               .on_event = erdma_on_event,
-              .progress = erdma_progress},
+              .progress = erdma_progress,
+              .grant = erdma_win_grant},
     .mem = {.reg = erdma_reg,
             .dereg = erdma_dereg,
             .key = erdma_rkey,
@@ -707,13 +745,14 @@ const struct xport_ops xport_rdma = {
              .attach = erdma_attach,
              .discard = erdma_discard,
              .target_frame = erdma_target_connect,
-             .initiator_frame = xport_no_frame,
+             .initiator_frame = erdma_win_frame,
              .payload_done = xport_no_link,
              .kill = erdma_kill,
              .closed = xport_no_link,
              .free = erdma_free,
              .info = erdma_info,
              .table_current = xport_no_table_current,
+             .reach = erdma_reach,
              .post = erdma_queue,
              .start = erdma_start,
              .async = link_async_unpark,

@@ -1,0 +1,93 @@
+/* erdma: the RDMA transport's own records, shared by its files: xport_rdma.c (links,
+ * posts, completions) and rdma_win.c (scoped memory: a peer's windows). Nothing
+ * outside transport/rdma includes this. Lock: the engine's, for every field. */
+#ifndef HIXL_ERDMA_H
+#define HIXL_ERDMA_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/xport_link.h"
+#include "transport/rdma/rdma.h"
+
+#define ERDMA_DEVS (HIXL_RAILS_MAX + 1) /* the engine's own, and one per other rail address */
+
+/* Completions taken off a device's CQ by a thread waiting for its own (a window's
+ * bind), kept in order for the progress thread. */
+struct erdma_stash {
+  struct rdma_wc *v;
+  size_t head, n, cap;
+};
+
+struct erdma_link;
+struct erdma_engine {              /* engine_xe(e, XPORT_RDMA), while the engine has a device */
+  struct rdma_dev dev[ERDMA_DEVS]; /* [0]: the engine's address (or RdmaDevice); then rail addresses' */
+  uint32_t ip[ERDMA_DEVS];         /* the IPv4 address each was opened for, network order */
+  int n;
+  int epfd;                      /* event_fd: every device's completion channel and async events */
+  _Atomic bool down[ERDMA_DEVS]; /* its port went down (async event), until it is active again */
+  struct erdma_link *links;      /* those with a QP, for completions and timeouts */
+  struct erdma_stash stash[ERDMA_DEVS];
+  bool win_refusal_logged; /* a range got no window: said once */
+};
+
+/* epoll data: a device's index, plus this for its async event fd */
+#define ERDMA_EV_ASYNC 0x100u
+
+/* wr_id of a window's bind: never a chunk's or a link's address. */
+#define ERDMA_WR_BIND 1u
+
+/* A range's memory regions (r->xm[XPORT_RDMA], a bounce buffer's handle): one per device. */
+struct erdma_mr {
+  struct ibv_mr *mr[ERDMA_DEVS];
+};
+
+/* A window: on a target's link, bound on its QP over its own MR (mr, mw); on an
+ * initiator's, what WIN_ADD said (mr and mw NULL). */
+struct erdma_win {
+  uint64_t addr, len;
+  uint32_t rkey;
+  struct ibv_mr *mr;
+  struct ibv_mw *mw;
+};
+struct erdma_wins { /* sorted by addr, disjoint */
+  struct erdma_win *v;
+  size_t n, cap;
+};
+
+struct erdma_link {                      /* link_xs(c, XPORT_RDMA) (initiator: posts; target: holds the QP) */
+  struct ibv_qp *qp;                     /* NULL once the link died */
+  int dev;                               /* its device: the engine's dev[dev] */
+  struct conn *conn;                     /* while in the engine's list (qp set) */
+  struct erdma_link *prev, *next;        /* ... that list */
+  struct chunk *rq_head, *rq_tail;       /* waiting for a send-queue slot */
+  struct chunk *rpend_head, *rpend_tail; /* posted, in completion order */
+  uint32_t sq_used;                      /* WRs posted and not yet completed */
+  uint32_t unsignaled;                   /* WRs posted since the last signaled one */
+  void (*own_done)(struct conn *c, bool ok, const char *status); /* a target's own WR */
+  struct erdma_wins wins; /* scoped memory: the windows of this link's QP */
+  uint64_t win_ops;       /* initiator: chunks posted inside windows */
+};
+
+/* ---- rdma_win.c ---- */
+
+/* xport_ops.iface.grant: open (add) or close windows over ranges on peer's links. */
+void erdma_win_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n, bool add);
+/* xport_ops.link.initiator_frame: WIN_ADD / WIN_DEL. */
+void erdma_win_frame(struct conn *c, const struct wire_msg *m);
+/* The link dies (its QP goes after this) or is freed: its windows go. */
+void erdma_wins_free(struct HixlEngine *e, struct erdma_link *l);
+/* Initiator: whether windows of l cover [addr, addr + len). */
+bool erdma_wins_cover(const struct erdma_link *l, uint64_t addr, uint64_t len);
+/* Index of the last window starting at or before addr, or n when none does. */
+size_t erdma_wins_at(const struct erdma_wins *w, uint64_t addr);
+/* The work requests a chunk of [addr, addr + len) takes inside l's windows: one per
+ * window it spans; 0 when they do not cover it (closed since it was planned). */
+uint32_t erdma_wins_pieces(const struct erdma_link *l, uint64_t addr, uint64_t len);
+/* Completions kept by a waiting thread: handed to the progress thread's handler. */
+void erdma_stash_drain(struct HixlEngine *e, int dev,
+                       void (*handle)(struct HixlEngine *e, int dev, const struct rdma_wc *w));
+
+#endif

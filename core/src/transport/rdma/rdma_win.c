@@ -1,0 +1,381 @@
+/* rdma_win: scoped memory over RDMA (docs/security.md, "Scoped memory over RDMA").
+ *
+ * A scoped engine registers its memory with no remote access: the keys it advertises
+ * are 0, and an MR's own key reaches nothing from the wire. What a peer was granted
+ * (hixl_engine_grant) it reaches through windows: for each range, on each of that
+ * peer's QPs, a type 2 memory window bound on that QP over an MR of the range's own.
+ * Only that QP's peer can use the window's key, only inside the range (the window's
+ * bounds, and the MR's: soft-RoCE in Linux 6.1 checks only the MR's, measured in the
+ * guest), and only until the revoke closes it (ibv_dealloc_mw: at once). The target
+ * binds the windows before hixl_engine_grant returns and tells the peer their keys
+ * (WIN_ADD) on the link's socket, ahead of whatever the grant's caller answers next;
+ * WIN_DEL after a revoke. An initiator posts an op inside windows with their keys
+ * (one work request per window it spans), and sends any other op on an unkeyed
+ * registration as tcp frames, which the target's CPU checks.
+ *
+ * A bind completes on the CQ the progress thread reads; the granting thread (any,
+ * the engine lock held) takes it off the CQ itself and keeps the completions it meets
+ * on the way, in order, for the progress thread (struct erdma_stash). */
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "transport/rdma/erdma.h"
+#include "util/log.h"
+#include "util/sock.h"
+
+#define WIN_BIND_WAIT_NS (5ull * 1000000000ull) /* a bind not complete by then resets the link */
+
+/* ---- the sorted vector ---- */
+
+size_t erdma_wins_at(const struct erdma_wins *w, uint64_t addr) {
+  size_t lo = 0, hi = w->n; /* the answer is lo - 1 */
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (w->v[mid].addr <= addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo == 0 ? w->n : lo - 1;
+}
+
+uint32_t erdma_wins_pieces(const struct erdma_link *l, uint64_t addr, uint64_t len) {
+  uint64_t pos = addr, end = addr + len;
+  uint32_t k = 0;
+  for (size_t i = erdma_wins_at(&l->wins, pos); i < l->wins.n && pos < end; i++, k++) {
+    const struct erdma_win *w = &l->wins.v[i];
+    if (pos < w->addr || pos >= w->addr + w->len) return 0; /* a gap */
+    pos = w->addr + w->len;
+  }
+  return pos >= end ? k : 0;
+}
+
+bool erdma_wins_cover(const struct erdma_link *l, uint64_t addr, uint64_t len) {
+  return len > 0 && erdma_wins_pieces(l, addr, len) > 0;
+}
+
+static int by_addr(const void *a, const void *b) {
+  const struct erdma_win *x = a, *y = b;
+  return x->addr < y->addr ? -1 : x->addr > y->addr;
+}
+
+/* Add n windows (sorted here) to w. -1: out of memory (w unchanged), -2: one overlaps
+ * another (w unchanged). */
+static int wins_add(struct erdma_wins *w, struct erdma_win *add, size_t n) {
+  qsort(add, n, sizeof(*add), by_addr);
+  struct erdma_win *out = malloc((w->n + n ? w->n + n : 1) * sizeof(*out));
+  if (!out) return -1;
+  size_t a = 0, b = 0, k = 0;
+  while (a < w->n || b < n) {
+    struct erdma_win next = b == n || (a < w->n && w->v[a].addr <= add[b].addr) ? w->v[a++] : add[b++];
+    if (k > 0 && out[k - 1].addr + out[k - 1].len > next.addr) {
+      free(out);
+      return -2;
+    }
+    out[k++] = next;
+  }
+  free(w->v);
+  w->v = out;
+  w->n = w->cap = k;
+  return 0;
+}
+
+/* Take the window that is exactly [addr, addr + len) out of w into *out: false when
+ * there is none. The vector is compacted by the caller (wins_compact). */
+static bool wins_take(struct erdma_wins *w, uint64_t addr, uint64_t len, struct erdma_win *out) {
+  size_t i = erdma_wins_at(w, addr);
+  if (i >= w->n || w->v[i].addr != addr || w->v[i].len != len) return false;
+  *out = w->v[i];
+  w->v[i].len = 0; /* marked: gone at the compaction */
+  return true;
+}
+
+static void wins_compact(struct erdma_wins *w) {
+  size_t k = 0;
+  for (size_t i = 0; i < w->n; i++)
+    if (w->v[i].len) w->v[k++] = w->v[i];
+  w->n = k;
+}
+
+static void win_close(struct HixlEngine *e, struct erdma_win *w) {
+  if (!w->mw) return;  /* an initiator's: a key, nothing bound here */
+  rdma_mw_free(w->mw); /* first: the MR is bound under it */
+  rdma_dereg(w->mr);
+  w->mw = NULL;
+  w->mr = NULL;
+  struct hixl_window_stats *s = engine_win_stats(e);
+  s->open--;
+  s->closed++;
+}
+
+void erdma_wins_free(struct HixlEngine *e, struct erdma_link *l) {
+  for (size_t i = 0; i < l->wins.n; i++) win_close(e, &l->wins.v[i]);
+  free(l->wins.v);
+  l->wins = (struct erdma_wins){0};
+}
+
+/* ---- completions kept for the progress thread ---- */
+
+static int stash_put(struct erdma_stash *s, const struct rdma_wc *w) {
+  if (s->head > 0 && s->n == s->cap) {
+    memmove(s->v, s->v + s->head, (s->n - s->head) * sizeof(*s->v));
+    s->n -= s->head;
+    s->head = 0;
+  }
+  if (s->n == s->cap) {
+    size_t cap = s->cap ? 2 * s->cap : 256;
+    struct rdma_wc *v = realloc(s->v, cap * sizeof(*v));
+    if (!v) return -1;
+    s->v = v;
+    s->cap = cap;
+  }
+  s->v[s->n++] = *w;
+  return 0;
+}
+
+void erdma_stash_drain(struct HixlEngine *e, int dev,
+                       void (*handle)(struct HixlEngine *e, int dev, const struct rdma_wc *w)) {
+  struct erdma_engine *x = engine_xe(e, XPORT_RDMA);
+  struct erdma_stash *s = &x->stash[dev];
+  while (s->head < s->n) {
+    struct rdma_wc w = s->v[s->head++];
+    handle(e, dev, &w); /* may grant, and stash more behind */
+  }
+  s->head = s->n = 0;
+}
+
+/* Wait until the signaled bind posted last on QP qpn of device dev completes. 0, or -1
+ * with why (the link is then reset by the caller). */
+static int bind_wait(struct HixlEngine *e, int dev, uint32_t qpn, char *why, size_t whylen) {
+  struct erdma_engine *x = engine_xe(e, XPORT_RDMA);
+  uint64_t deadline = hixl_now_ns() + WIN_BIND_WAIT_NS;
+  for (;;) {
+    struct rdma_wc wc[32];
+    int n = rdma_cq_poll(&x->dev[dev], wc, 32);
+    bool done = false;
+    for (int i = 0; i < n; i++) {
+      if (wc[i].qpn == qpn && wc[i].wr_id == ERDMA_WR_BIND) {
+        if (!wc[i].ok) {
+          snprintf(why, whylen, "binding a memory window on QP 0x%x failed: %s", qpn, wc[i].status);
+          for (int j = i + 1; j < n; j++) stash_put(&x->stash[dev], &wc[j]);
+          return -1;
+        }
+        done = true;
+        continue;
+      }
+      if (stash_put(&x->stash[dev], &wc[i]) != 0) {
+        snprintf(why, whylen, "out of memory keeping completions while binding memory windows on QP 0x%x",
+                 qpn);
+        return -1;
+      }
+    }
+    if (done) return 0;
+    if (n < 0) {
+      snprintf(why, whylen, "ibv_poll_cq failed while binding memory windows on QP 0x%x", qpn);
+      return -1;
+    }
+    if (hixl_now_ns() > deadline) {
+      snprintf(why, whylen, "binding memory windows on QP 0x%x did not complete within %llu s", qpn,
+               WIN_BIND_WAIT_NS / 1000000000ull);
+      return -1;
+    }
+    if (n == 0) sched_yield();
+  }
+}
+
+/* ---- a target opens and closes a peer's windows ---- */
+
+static void refused(struct HixlEngine *e, size_t n, const char *peer, const char *why) {
+  struct erdma_engine *x = engine_xe(e, XPORT_RDMA);
+  engine_win_stats(e)->refused += n;
+  if (x->win_refusal_logged) return;
+  x->win_refusal_logged = true;
+  log_warn("engine %s: %zu range(s) granted to %s get no RDMA window (%s): its ops on them go as tcp frames, "
+           "checked here (said once)",
+           engine_name(e), n, peer, why);
+}
+
+/* Send the windows' keys (add) or their end to the peer, WIRE_MAX_WINS a frame. */
+static void wins_tell(struct conn *c, const struct erdma_win *w, size_t n, bool add) {
+  for (size_t off = 0; off < n && !link_dead(c); off += WIRE_MAX_WINS) {
+    uint32_t k = (uint32_t)(n - off < WIRE_MAX_WINS ? n - off : WIRE_MAX_WINS);
+    size_t cap = WIRE_HDR_LEN + 4 + (size_t)WIRE_WIN_LEN * k;
+    uint8_t *buf = malloc(cap);
+    uint64_t(*r)[2] = malloc(k * sizeof(*r));
+    uint32_t *keys = malloc(k * sizeof(*keys));
+    if (!buf || !r || !keys) {
+      free(buf), free(r), free(keys);
+      link_conn_kill(c, HIXL_RESOURCE_EXHAUSTED, "out of memory telling the peer its memory windows");
+      return;
+    }
+    for (uint32_t i = 0; i < k; i++) {
+      r[i][0] = w[off + i].addr;
+      r[i][1] = w[off + i].len;
+      keys[i] = w[off + i].rkey;
+    }
+    size_t len = wire_put_wins(buf, cap, (const uint64_t(*)[2])r, add ? keys : NULL, k);
+    link_queue_copy(c, buf, len);
+    free(buf), free(r), free(keys);
+  }
+  link_flush(c);
+}
+
+/* Bind a window over each of ranges on c's QP and tell the peer. */
+static void wins_open(struct HixlEngine *e, struct conn *c, struct erdma_link *l, const uint64_t (*ranges)[2],
+                      size_t n) {
+  struct erdma_engine *x = engine_xe(e, XPORT_RDMA);
+  struct rdma_dev *d = &x->dev[l->dev];
+  char err[384];
+  if (!(link_hello_caps(c) & WIRE_CAP_WIN)) {
+    refused(e, n, link_remote(c), "the peer does not take windows (an older hixl)");
+    return;
+  }
+  if (!d->mw2) {
+    refused(e, n, link_remote(c), "the device binds no type 2 memory windows");
+    return;
+  }
+  struct erdma_win *nw = calloc(n, sizeof(*nw));
+  if (!nw) {
+    refused(e, n, link_remote(c), "out of memory");
+    return;
+  }
+  size_t k = 0, skipped = 0;
+  const char *why = NULL;
+  for (size_t i = 0; i < n; i++) { /* first each window's MR and window */
+    struct hixl_mem_reg *reg = engine_reg_find(e, ranges[i][0], ranges[i][1]);
+    struct erdma_win w = {.addr = ranges[i][0], .len = ranges[i][1]};
+    if (!reg || reg->type == HIXL_MEM_DEVICE) {
+      skipped++;
+      why = "a range not inside one host registration";
+      continue;
+    }
+    if (!(w.mr = rdma_reg_window(d, (void *)(uintptr_t)w.addr, w.len, err, sizeof(err))) ||
+        !(w.mw = rdma_mw_new(d, err, sizeof(err)))) {
+      rdma_dereg(w.mr);
+      skipped++;
+      why = "the device refused an MR or a window: see the log";
+      log_warn("engine %s: no window over [0x%llx, +%llu) for %s: %s", engine_name(e),
+               (unsigned long long)w.addr, (unsigned long long)w.len, link_remote(c), err);
+      continue;
+    }
+    nw[k++] = w;
+    engine_win_stats(e)->open++;
+    engine_win_stats(e)->bound++;
+  }
+  /* Then the binds: work requests on the QP's send queue, posted in one call per round
+   * of at most max_qp_wr - 2 (a staged unit's own WR may be there), the last of each
+   * signaled and waited for. */
+  size_t round = d->max_qp_wr > 2 ? d->max_qp_wr - 2 : 1;
+  struct rdma_bind *b = calloc(k < round ? (k ? k : 1) : round, sizeof(*b));
+  if (!b) {
+    snprintf(err, sizeof(err), "out of memory binding memory windows");
+    goto reset;
+  }
+  for (size_t off = 0; off < k; off += round) {
+    size_t m = k - off < round ? k - off : round;
+    for (size_t i = 0; i < m; i++)
+      b[i] = (struct rdma_bind){
+          .mw = nw[off + i].mw, .mr = nw[off + i].mr, .addr = nw[off + i].addr, .len = nw[off + i].len};
+    if (rdma_post_binds(l->qp, b, m, ERDMA_WR_BIND) != 0) {
+      snprintf(err, sizeof(err), "ibv_post_send of %zu windows' binds on QP 0x%x: %s", m, rdma_qp_num(l->qp),
+               strerror(errno));
+      free(b);
+      goto reset;
+    }
+    for (size_t i = 0; i < m; i++) nw[off + i].rkey = b[i].rkey;
+    if (bind_wait(e, l->dev, rdma_qp_num(l->qp), err, sizeof(err)) != 0) {
+      free(b);
+      goto reset;
+    }
+  }
+  free(b);
+  if (skipped) refused(e, skipped, link_remote(c), why);
+  if (k == 0) {
+    free(nw);
+    return;
+  }
+  int rc = wins_add(&l->wins, nw, k);
+  if (rc != 0) {
+    snprintf(err, sizeof(err), "%s",
+             rc == -1 ? "out of memory for its windows" : "a window overlaps another");
+    goto reset;
+  }
+  wins_tell(c, nw, k, true);
+  free(nw);
+  return;
+reset:
+  for (size_t i = 0; i < k; i++) win_close(e, &nw[i]);
+  free(nw);
+  log_error("engine %s: link from %s: %s; the link is reset", engine_name(e), link_remote(c), err);
+  link_conn_kill(c, HIXL_FAILED, err);
+}
+
+/* Close the windows over ranges on c's QP (at once) and tell the peer. */
+static void wins_shut(struct HixlEngine *e, struct conn *c, struct erdma_link *l, const uint64_t (*ranges)[2],
+                      size_t n) {
+  struct erdma_win *gone = malloc((n ? n : 1) * sizeof(*gone));
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    struct erdma_win w;
+    if (!wins_take(&l->wins, ranges[i][0], ranges[i][1], &w)) continue; /* it got none */
+    win_close(e, &w);
+    if (gone) gone[k++] = w;
+  }
+  wins_compact(&l->wins);
+  if (!gone) { /* closed all the same: the peer's posts on them fail, which ends its link */
+    link_conn_kill(c, HIXL_RESOURCE_EXHAUSTED, "out of memory telling the peer its windows closed");
+    return;
+  }
+  if (k) wins_tell(c, gone, k, false);
+  free(gone);
+}
+
+void erdma_win_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n,
+                     bool add) {
+  struct erdma_engine *x = engine_xe(e, XPORT_RDMA);
+  if (!x || n == 0) return;
+  for (struct erdma_link *l = x->links, *next; l; l = next) {
+    next = l->next; /* a reset takes l off the list */
+    struct conn *c = l->conn;
+    if (!link_is_target(c) || link_dead(c) || !l->qp || strcmp(link_remote(c), peer) != 0) continue;
+    if (add)
+      wins_open(e, c, l, ranges, n);
+    else
+      wins_shut(e, c, l, ranges, n);
+  }
+}
+
+/* ---- an initiator learns its windows ---- */
+
+void erdma_win_frame(struct conn *c, const struct wire_msg *m) {
+  struct erdma_link *l = link_xs(c, XPORT_RDMA);
+  if (!l || link_is_target(c)) {
+    link_conn_kill(c, HIXL_FAILED, "protocol error: memory windows on a link without a QP");
+    return;
+  }
+  uint32_t n = m->u.win.count;
+  if (m->hdr.type == WIRE_WIN_DEL) {
+    for (uint32_t i = 0; i < n; i++) {
+      struct erdma_win w;
+      uint64_t addr, len;
+      uint32_t key;
+      wire_win(m, i, &addr, &len, &key);
+      wins_take(&l->wins, addr, len, &w); /* one it never had: nothing to forget */
+    }
+    wins_compact(&l->wins);
+    return;
+  }
+  struct erdma_win *add = calloc(n, sizeof(*add));
+  if (!add) {
+    link_conn_kill(c, HIXL_RESOURCE_EXHAUSTED, "out of memory for the peer's memory windows");
+    return;
+  }
+  for (uint32_t i = 0; i < n; i++) wire_win(m, i, &add[i].addr, &add[i].len, &add[i].rkey);
+  int rc = wins_add(&l->wins, add, n);
+  free(add);
+  if (rc == -1) link_conn_kill(c, HIXL_RESOURCE_EXHAUSTED, "out of memory for the peer's memory windows");
+  if (rc == -2) link_conn_kill(c, HIXL_FAILED, "protocol error: WIN_ADD overlaps a window the link has");
+}

@@ -1,0 +1,308 @@
+/* Scoped memory over RDMA (docs/security.md, "Scoped memory over RDMA"): a scoped
+ * target's registrations carry no key, and each range granted to a peer gets a type 2
+ * memory window on that peer's QP. Checked on a real verbs device (soft-RoCE in the
+ * project's QEMU guest), byte for byte on both sides:
+ *   - nothing granted: ops go as tcp frames, the target refuses them, nothing moves;
+ *   - granted: READ and WRITE go by RDMA inside the windows (across two adjacent ones
+ *     too), and an op running past a window is refused by the target's CPU;
+ *   - forged keys (white-box: a window the initiator was never sent): the window of
+ *     another range, the MR's own key, another peer's window, a window after its
+ *     revoke. Each fails at the NIC (the QP goes to error, the link ends), and the
+ *     target's memory and the initiator's buffer are unchanged;
+ *   - revoke closes the windows at once, on both sides.
+ * Skips (77) where no RDMA device exists; HIXL_REQUIRE_RDMA=1 (the guest) fails then. */
+#include <CUnit/Basic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/engine_ext.h"
+#include "engine/engine_int.h"
+#include "test_util.h"
+#include "transport/rdma/erdma.h"
+#include "transport/rdma/rdma.h"
+
+#define MEM   (4u << 20)
+#define WIN   (64u << 10) /* one granted range */
+#define A_OFF (1u << 20)  /* two adjacent ranges granted from here */
+#define B_OFF (3u << 20)  /* one range granted to J only */
+
+static struct {
+  HixlEngine *t, *i, *j; /* the scoped target; two initiators */
+  uint8_t *tmem, *imem, *jmem;
+  char t_name[TU_ADDR_LEN], i_name[TU_ADDR_LEN], j_name[TU_ADDR_LEN];
+} g;
+
+static HixlEngine *engine_at(char *name, bool scoped) {
+  static const HixlOption o[] = {{"Transport", "rdma"}};
+  HixlEngine *e = NULL;
+  snprintf(name, TU_ADDR_LEN, "%s:%u", tu_ip(), (unsigned)tu_free_port());
+  if (HixlEngineCreate(&e) != HIXL_SUCCESS) return NULL;
+  if (HixlEngineInitialize(e, name, o, 1) != HIXL_SUCCESS ||
+      (scoped && hixl_engine_set_scoped(e, true) != HIXL_SUCCESS)) {
+    fprintf(stderr, "engine %s: %s\n", name, HixlGetLastErrorMessage());
+    HixlEngineDestroy(e);
+    return NULL;
+  }
+  return e;
+}
+
+static int suite_init(void) {
+  g.tmem = tu_alloc_mem(MEM, false);
+  g.imem = tu_alloc_mem(MEM, false);
+  g.jmem = tu_alloc_mem(MEM, false);
+  g.t = engine_at(g.t_name, true);
+  g.i = engine_at(g.i_name, false);
+  g.j = engine_at(g.j_name, false);
+  if (!g.tmem || !g.imem || !g.jmem || !g.t || !g.i || !g.j) return -1;
+  if (!tu_register(g.t, g.tmem, MEM) || !tu_register(g.i, g.imem, MEM) || !tu_register(g.j, g.jmem, MEM))
+    return -1;
+  if (HixlEngineConnect(g.i, g.t_name, 10000) != HIXL_SUCCESS ||
+      HixlEngineConnect(g.j, g.t_name, 10000) != HIXL_SUCCESS)
+    return -1;
+  return 0;
+}
+
+static int suite_cleanup(void) {
+  HixlEngineDestroy(g.i);
+  HixlEngineDestroy(g.j);
+  HixlEngineDestroy(g.t);
+  tu_free_mem(g.tmem, MEM);
+  tu_free_mem(g.imem, MEM);
+  tu_free_mem(g.jmem, MEM);
+  return 0;
+}
+
+static HixlTransferOpDesc op(uint8_t *local, size_t loff, size_t roff, size_t len) {
+  return (HixlTransferOpDesc){(uintptr_t)local + loff, (uintptr_t)g.tmem + roff, len};
+}
+
+static struct hixl_link_info info(HixlEngine *e) {
+  struct hixl_link_info li;
+  memset(&li, 0, sizeof(li));
+  TU_ASSERT_OK(hixl_engine_link_info(e, g.t_name, &li));
+  return li;
+}
+
+static uint64_t refusals(void) {
+  uint64_t r = 0;
+  TU_ASSERT_OK(hixl_engine_grant_stats(g.t, g.i_name, NULL, &r));
+  return r;
+}
+
+static struct hixl_window_stats wstats(void) {
+  struct hixl_window_stats s;
+  memset(&s, 0, sizeof(s));
+  TU_ASSERT_OK(hixl_engine_window_stats(g.t, &s));
+  return s;
+}
+
+/* White-box: e's RDMA link to the target (NULL when there is none). */
+static struct erdma_link *rdma_link_of(HixlEngine *e) {
+  struct erdma_link *l = NULL;
+  pthread_mutex_lock(&e->lock);
+  for (struct peer *p = e->peers; p && !l; p = p->next)
+    if (strcmp(p->name, g.t_name) == 0 && p->conn) l = p->conn->xs[XPORT_RDMA];
+  pthread_mutex_unlock(&e->lock);
+  return l;
+}
+
+/* White-box: the key of e's window starting at addr (0: none). */
+static uint32_t window_key(HixlEngine *e, uint64_t addr) {
+  uint32_t key = 0;
+  struct erdma_link *l = rdma_link_of(e);
+  pthread_mutex_lock(&e->lock);
+  for (size_t k = 0; l && k < l->wins.n; k++)
+    if (l->wins.v[k].addr == addr) key = l->wins.v[k].rkey;
+  pthread_mutex_unlock(&e->lock);
+  return key;
+}
+
+/* White-box: give e a window the target never sent it. */
+static void forge(HixlEngine *e, uint64_t addr, uint64_t len, uint32_t rkey) {
+  struct erdma_link *l = rdma_link_of(e);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(l);
+  pthread_mutex_lock(&e->lock);
+  struct erdma_win *v = realloc(l->wins.v, (l->wins.n + 1) * sizeof(*v));
+  CU_ASSERT_PTR_NOT_NULL_FATAL(v);
+  size_t k = erdma_wins_at(&(struct erdma_wins){v, l->wins.n, l->wins.n}, addr);
+  k = k == l->wins.n ? 0 : k + 1; /* after the last one starting at or before addr */
+  memmove(v + k + 1, v + k, (l->wins.n - k) * sizeof(*v));
+  v[k] = (struct erdma_win){.addr = addr, .len = len, .rkey = rkey};
+  l->wins.v = v;
+  l->wins.n++;
+  l->wins.cap = l->wins.n;
+  pthread_mutex_unlock(&e->lock);
+}
+
+static void grant(const char *peer, const uint64_t (*r)[2], size_t n, bool add) {
+  TU_ASSERT_OK(add ? hixl_engine_grant(g.t, peer, r, n) : hixl_engine_revoke(g.t, peer, r, n));
+}
+
+static uint64_t at(size_t off) { return (uintptr_t)g.tmem + off; }
+
+/* A READ of [roff, +len) into imem at loff must fail and leave both sides as they were. */
+static void read_refused(HixlEngine *e, uint8_t *local, size_t loff, size_t roff, size_t len) {
+  memset(local + loff, 0x5a, len);
+  HixlTransferOpDesc d = op(local, loff, roff, len);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(e, g.t_name, HIXL_READ, &d, 1, 10000), HIXL_FAILED);
+  CU_ASSERT_EQUAL(tu_check_byte(local + loff, len, 0x5a), -1);
+}
+
+static void test_link_and_keys(void) {
+  struct hixl_link_info li = info(g.i);
+  CU_ASSERT_EQUAL_FATAL(li.rdma, 1);
+  CU_ASSERT_EQUAL(li.windows, 0);
+  /* The target advertised its registration with no key. */
+  pthread_mutex_lock(&g.i->lock);
+  const struct remote_mem *rm = NULL;
+  for (struct peer *p = g.i->peers; p && !rm; p = p->next)
+    if (strcmp(p->name, g.t_name) == 0) rm = (const struct remote_mem *)memtab_find(&p->rtab, at(0), 1);
+  CU_ASSERT_PTR_NOT_NULL(rm);
+  if (rm) CU_ASSERT_EQUAL(rm->rkey, 0);
+  pthread_mutex_unlock(&g.i->lock);
+  /* Scoping is chosen before any registration. */
+  TU_ASSERT_STATUS(hixl_engine_set_scoped(g.t, false), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("before registering memory");
+}
+
+static void test_nothing_granted(void) {
+  tu_fill(g.tmem, MEM, 1);
+  uint64_t before = refusals();
+  read_refused(g.i, g.imem, 0, A_OFF, WIN);
+  CU_ASSERT_EQUAL(refusals(), before + 1); /* the target's CPU saw it */
+  HixlTransferOpDesc w = op(g.imem, 0, A_OFF, 4096);
+  memset(g.imem, 0x33, 4096);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.i, g.t_name, HIXL_WRITE, &w, 1, 10000), HIXL_FAILED);
+  TU_ASSERT_PATTERN(g.tmem, MEM, 1, "target after refused ops");
+  CU_ASSERT_EQUAL(info(g.i).win_ops, 0);
+}
+
+static void test_granted_by_rdma(void) {
+  const uint64_t r[3][2] = {{at(A_OFF), WIN}, {at(A_OFF + WIN), WIN}, {at(A_OFF + 4 * WIN), 4096}};
+  struct hixl_window_stats s0 = wstats();
+  grant(g.i_name, r, 3, true);
+  struct hixl_window_stats s1 = wstats();
+  CU_ASSERT_EQUAL(s1.open, s0.open + 3);
+  CU_ASSERT_EQUAL(s1.bound, s0.bound + 3);
+  CU_ASSERT_EQUAL(s1.refused, s0.refused);
+  tu_fill(g.tmem, MEM, 2);
+  uint64_t before = refusals();
+  /* One READ inside the first window, one across the two adjacent ones (two WRs). */
+  HixlTransferOpDesc d[2] = {op(g.imem, 0, A_OFF + 512, 4096), op(g.imem, 8192, A_OFF + 4096, WIN)};
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, d, 2, 10000));
+  TU_ASSERT_SAME(g.imem, g.tmem + A_OFF + 512, 4096, "READ inside a window");
+  TU_ASSERT_SAME(g.imem + 8192, g.tmem + A_OFF + 4096, WIN, "READ across two windows");
+  struct hixl_link_info li = info(g.i);
+  CU_ASSERT_EQUAL(li.windows, 3);
+  CU_ASSERT_EQUAL(li.win_ops, 2); /* by RDMA, not the target's CPU */
+  CU_ASSERT_EQUAL(refusals(), before);
+  /* WRITE into the small window. */
+  tu_fill(g.imem, 4096, 3);
+  HixlTransferOpDesc w = op(g.imem, 0, A_OFF + 4 * WIN, 4096);
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.t_name, HIXL_WRITE, &w, 1, 10000));
+  TU_ASSERT_PATTERN(g.tmem + A_OFF + 4 * WIN, 4096, 3, "target after a WRITE in a window");
+  CU_ASSERT_EQUAL(info(g.i).win_ops, 3);
+  /* Past a window's end: the target's CPU refuses it; nothing moves. */
+  read_refused(g.i, g.imem, 0, A_OFF + 2 * WIN - 4096, 8192);
+  CU_ASSERT_EQUAL(refusals(), before + 1);
+  CU_ASSERT_EQUAL(info(g.i).win_ops, 3);
+}
+
+/* A forged window ends the link at the NIC; both sides unchanged; Connect again. */
+static void forged(HixlEngine *e, uint8_t *local, uint64_t raddr_off, uint64_t len, uint32_t key, bool write,
+                   const char *what) {
+  tu_fill(g.tmem, MEM, 4);
+  memset(local, 0x5a, len);
+  forge(e, at(raddr_off), len, key);
+  HixlTransferOpDesc d = op(local, 0, raddr_off, len);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(e, g.t_name, write ? HIXL_WRITE : HIXL_READ, &d, 1, 10000),
+                   HIXL_FAILED);
+  TU_ASSERT_ERRMSG_HAS("RDMA"); /* the NIC refused it: the QP went to error */
+  CU_ASSERT_EQUAL(tu_check_byte(local, len, 0x5a), -1);
+  TU_ASSERT_PATTERN(g.tmem, MEM, 4, what);
+  TU_ASSERT_OK(HixlEngineConnect(e, g.t_name, 10000));
+}
+
+static void test_forged_keys(void) {
+  uint32_t key_a = window_key(g.i, at(A_OFF));
+  CU_ASSERT_NOT_EQUAL_FATAL(key_a, 0);
+  /* Window A's key over the range after the granted ones. */
+  forged(g.i, g.imem, A_OFF + 2 * WIN, WIN, key_a, false, "READ with another range's window key");
+  /* The new link got no windows (granted before it was made): its ops go by the socket. */
+  CU_ASSERT_EQUAL(info(g.i).windows, 0);
+  /* The MR's own key (no remote access: 0 on rxe, refused by any NIC). */
+  pthread_mutex_lock(&g.t->lock);
+  const struct hixl_mem_reg *reg = (const struct hixl_mem_reg *)memtab_find(&g.t->regs, at(0), 1);
+  const struct erdma_mr *m = reg ? reg->xm[XPORT_RDMA] : NULL;
+  uint32_t mr_key = m ? rdma_mr_rkey(m->mr[0]) : 0;
+  pthread_mutex_unlock(&g.t->lock);
+  CU_ASSERT_PTR_NOT_NULL(m);
+  forged(g.i, g.imem, 0, 4096, mr_key, true, "WRITE with the registration's own key");
+  /* J's window, used by I. */
+  const uint64_t b[1][2] = {{at(B_OFF), WIN}};
+  grant(g.j_name, b, 1, true);
+  tu_fill(g.tmem, MEM, 5);
+  HixlTransferOpDesc jd = op(g.jmem, 0, B_OFF, WIN);
+  TU_ASSERT_OK(HixlEngineTransferSync(g.j, g.t_name, HIXL_READ, &jd, 1, 10000));
+  TU_ASSERT_SAME(g.jmem, g.tmem + B_OFF, WIN, "J's READ in its window");
+  CU_ASSERT_EQUAL(info(g.j).win_ops, 1);
+  uint32_t key_j = window_key(g.j, at(B_OFF));
+  CU_ASSERT_NOT_EQUAL_FATAL(key_j, 0);
+  forged(g.i, g.imem, B_OFF, WIN, key_j, false, "READ with another peer's window key");
+  grant(g.j_name, b, 1, false);
+}
+
+static void test_revoke(void) {
+  const uint64_t r[1][2] = {{at(A_OFF + 8 * WIN), WIN}};
+  grant(g.i_name, r, 1, true);
+  tu_fill(g.tmem, MEM, 6);
+  HixlTransferOpDesc d = op(g.imem, 0, A_OFF + 8 * WIN, WIN);
+  uint64_t ops0 = info(g.i).win_ops;
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, &d, 1, 10000));
+  TU_ASSERT_SAME(g.imem, g.tmem + A_OFF + 8 * WIN, WIN, "READ in a window");
+  CU_ASSERT_EQUAL(info(g.i).win_ops, ops0 + 1);
+  uint32_t key = window_key(g.i, r[0][0]);
+  CU_ASSERT_NOT_EQUAL_FATAL(key, 0);
+  struct hixl_window_stats s0 = wstats();
+  grant(g.i_name, r, 1, false);
+  struct hixl_window_stats s1 = wstats();
+  CU_ASSERT_EQUAL(s1.open, s0.open - 1);
+  CU_ASSERT_EQUAL(s1.closed, s0.closed + 1);
+  /* The initiator forgets it (WIN_DEL) before its next op, which the target refuses. */
+  read_refused(g.i, g.imem, 0, A_OFF + 8 * WIN, WIN);
+  CU_ASSERT_EQUAL(window_key(g.i, r[0][0]), 0);
+  /* The old key, kept by a peer that ignores WIN_DEL: the NIC refuses it. */
+  forged(g.i, g.imem, A_OFF + 8 * WIN, WIN, key, false, "READ with a revoked window's key");
+}
+
+/* Every window closes with its link, and the engine's count comes back to what the
+ * grants still hold open (none here once revoked). */
+static void test_windows_drain(void) {
+  const uint64_t r[3][2] = {{at(A_OFF), WIN}, {at(A_OFF + WIN), WIN}, {at(A_OFF + 4 * WIN), 4096}};
+  grant(g.i_name, r, 3, false);
+  CU_ASSERT_EQUAL(wstats().open, 0);
+  struct hixl_window_stats s = wstats();
+  CU_ASSERT_EQUAL(s.bound, s.closed);
+}
+
+int main(int argc, char **argv) {
+  int rc = tu_child_main(argc, argv);
+  if (rc >= 0) return rc;
+  if (!tu_key_file() || setenv("HIXL_AUTH_KEY_FILE", tu_key_file(), 1) != 0) return 1;
+  bool required = getenv("HIXL_REQUIRE_RDMA") != NULL;
+  if (!rdma_available() || !getenv("HIXL_TEST_IP")) {
+    fprintf(stderr, "test_rdma_scope: %s\n",
+            !rdma_available() ? "no RDMA device on this host" : "HIXL_TEST_IP does not name an RDMA address");
+    return required ? 1 : 77; /* skipped here; run for real in the soft-RoCE guest */
+  }
+  if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+  CU_pSuite s = CU_add_suite("scoped memory over rdma", suite_init, suite_cleanup);
+  CU_add_test(s, "no key advertised; scoping fixed once registered", test_link_and_keys);
+  CU_add_test(s, "nothing granted: refused by the target's CPU, untouched", test_nothing_granted);
+  CU_add_test(s, "granted: READ and WRITE by RDMA inside windows", test_granted_by_rdma);
+  CU_add_test(s, "forged keys fail at the NIC, untouched", test_forged_keys);
+  CU_add_test(s, "revoke closes the window at once", test_revoke);
+  CU_add_test(s, "windows closed: bound == closed", test_windows_drain);
+  return tu_run_registry();
+}
