@@ -9,6 +9,7 @@
 
 #include "engine/engine_int.h"
 #include "util/log.h"
+#include "util/memtab.h"
 #include "util/status_int.h"
 
 struct grant_range {
@@ -53,14 +54,7 @@ void grant_free_all(struct HixlEngine *e) {
 
 /* Index of the last range starting at or before addr, or n when none does. */
 static size_t last_at_or_before(const struct grant_set *g, uint64_t addr) {
-  size_t lo = 0, hi = g->n; /* the answer is lo - 1 */
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (g->v[mid].addr <= addr)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
+  size_t lo = memtab_upper(g->v, g->n, sizeof(*g->v), addr);
   return lo == 0 ? g->n : lo - 1;
 }
 

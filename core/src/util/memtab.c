@@ -17,6 +17,20 @@ static size_t upper_bound(const struct memtab *t, uint64_t key) {
   return lo;
 }
 
+size_t memtab_upper(const void *base, size_t n, size_t stride, uint64_t key) {
+  size_t lo = 0, hi = n;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    uint64_t addr;
+    memcpy(&addr, (const uint8_t *)base + mid * stride, sizeof(addr));
+    if (addr <= key)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
 int memtab_add(struct memtab *t, struct memtab_entry *e, struct memtab_entry **clash) {
   size_t i = upper_bound(t, e->addr);
   *clash = NULL;

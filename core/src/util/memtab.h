@@ -26,4 +26,8 @@ struct memtab_entry *memtab_find_exact(const struct memtab *t, uint64_t addr, ui
 bool memtab_remove(struct memtab *t, struct memtab_entry *e);
 void memtab_free(struct memtab *t); /* frees the array, not the entries */
 
+/* In an array of n records of stride bytes, sorted by a uint64_t address at their
+ * start (grants, RDMA windows): the index of the first whose address is > key. */
+size_t memtab_upper(const void *base, size_t n, size_t stride, uint64_t key);
+
 #endif

@@ -24,6 +24,7 @@
 
 #include "transport/rdma/erdma.h"
 #include "util/log.h"
+#include "util/memtab.h"
 #include "util/sock.h"
 
 #define WIN_BIND_WAIT_NS (5ull * 1000000000ull) /* a bind not complete by then resets the link */
@@ -31,14 +32,7 @@
 /* ---- the sorted vector ---- */
 
 size_t erdma_wins_at(const struct erdma_wins *w, uint64_t addr) {
-  size_t lo = 0, hi = w->n; /* the answer is lo - 1 */
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (w->v[mid].addr <= addr)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
+  size_t lo = memtab_upper(w->v, w->n, sizeof(*w->v), addr);
   return lo == 0 ? w->n : lo - 1;
 }
 
