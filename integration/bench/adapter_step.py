@@ -88,8 +88,8 @@ def main() -> int:
     kcc = fv.KVCacheConfig(64 * a.blocks, [fv.KVCacheGroupSpec(names, fv.FullAttentionSpec(block_size=16))])
     timers = []
 
-    def connector(vc, role):
-        c = HixlKVConnector(vc, role, kcc)
+    def connector(vc, role, kc=kcc):
+        c = HixlKVConnector(vc, role, kc)
         t = CTimer(c._plugin.ops)
         c._plugin.ops = t
         if hasattr(c, "_bind_ops"):
@@ -99,7 +99,11 @@ def main() -> int:
 
     P, pt = connector(config("prefill"), KVConnectorRole.SCHEDULER)
     D, dt = connector(config("decode"), KVConnectorRole.SCHEDULER)
-    W, wt = connector(config("decode"), KVConnectorRole.WORKER)
+    # The worker's own cache: 64 blocks of 4 tokens, 2 heads of 16 (vLLM's CPU shape, K
+    # rows then V rows), told to it as vLLM tells a worker, so it derives the layout.
+    wkcc = fv.KVCacheConfig(64, [fv.KVCacheGroupSpec(names, fv.FullAttentionSpec(
+        block_size=4, num_kv_heads=2, head_size=16, head_size_v=16))])
+    W, wt = connector(config("decode"), KVConnectorRole.WORKER, wkcc)
     W.register_kv_caches({n: torch.zeros(64, 2, 4, 32, dtype=torch.float16) for n in names})
     blocks = [list(range(i * a.blocks, (i + 1) * a.blocks)) for i in range(64)]
     out = {"producer scheduler": [], "consumer scheduler": [], "worker": []}

@@ -48,13 +48,16 @@ while [ $# -gt 0 ]; do
   esac
 done
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
-PY=/usr/bin/python3
+# The venv integration/vllm/install.sh makes holds torch (pip install torch==2.13.0);
+# HIXL_PY names another interpreter.
+venv_py=${HIXL_VLLM_VENV:-/opt/hixl/vllm-venv}/bin/python
+PY=${HIXL_PY:-$([ -x "$venv_py" ] && echo "$venv_py" || echo /usr/bin/python3)}
 CHOST=$BUILD/integration/mock-host/hixl-mock-host
 PYHOST=$SRC/integration/py-host/hixl-py-host
 PLUGIN=$BUILD/plugin/libhixl_kv_connector.so
 [ -x "$CHOST" ] || die "build hixl-mock-host first ($CHOST)"
 [ -f "$PLUGIN" ] || die "build hixl_kv_connector first ($PLUGIN)"
-"$PY" -c 'import torch' 2>/dev/null || die "$PY cannot import torch: install Debian's python3-torch"
+"$PY" -c 'import torch' 2>/dev/null || die "$PY cannot import torch: run integration/vllm/install.sh (a venv with torch), or name one with HIXL_PY"
 MODES=${ADAPTER_MODES:-pull push}
 TRANSPORTS=${ADAPTER_TRANSPORTS:-tcp}
 KV_MIB=${ADAPTER_KV_MIB:-2048}
