@@ -86,8 +86,9 @@ static const struct row key_rows[] = {
      false,
      false},
     {{"max_inflight_requests", HIXL_CONFIG_INT, "1024", NULL, "[1,1048576]",
-      "a producer holds at most this many requests for consumers; beyond that a finished "
-      "request's blocks are freed at once and its consumer recomputes"},
+      "a producer holds at most this many requests for consumers, and a worker holds (pull) or "
+      "expects (push) at most as many; beyond that a finished request's blocks are freed at once, "
+      "or a push is refused, and its consumer recomputes"},
      1,
      1048576,
      NULL,
