@@ -29,6 +29,8 @@ struct side {
   HixlMemHandle hd, hh;
 };
 
+static void assert_pool_back(const char *what);
+
 static bool host_provider(void) {
   const char *t = getenv("HIXL_TEST_DEVMEM");
   return t && strcmp(t, "host") == 0;
@@ -157,6 +159,7 @@ static void test_moves(void) {
     TU_ASSERT_OK(op(HIXL_READ, a.dev, b.host, n));
     TU_ASSERT_SAME(a.dev, b.host, n, "READ host -> device");
   }
+  assert_pool_back("moves");
 }
 
 /* A batch of many small ops between device ranges: moved directly (never staged),
@@ -252,6 +255,123 @@ static void test_peer_lost(void) {
   side_down(&y);
 }
 
+/* ---- the pool of pinned host buffers, copies without the lock ---- */
+
+/* Every pool buffer of the process is back (none handed out). */
+static void assert_pool_back(const char *what) {
+  uint64_t out, pinned, waits;
+  devmem_test_pool(&out, &pinned, &waits);
+  if (out != 0) printf("  [%s: %llu pool buffer(s) not back]\n", what, (unsigned long long)out);
+  CU_ASSERT_EQUAL(out, 0);
+}
+
+/* Many async device ops at once, more than the pool holds (16 MiB an engine), each
+ * byte for byte: the initiator's chunks wait for buffers in order, the target stops
+ * reading while its pool is empty; nothing fails, every buffer comes back, and the
+ * buffers pinned stay within the bound. */
+static void test_many_async(void) {
+  enum { N = 24 };
+  HixlTransferReq req[2 * N];
+  uint64_t out0, pin0, waits0, out1, pin1, waits1;
+  const size_t len = (1u << 20) + 4097; /* two chunks each, across the boundary */
+  devmem_test_pool(&out0, &pin0, &waits0);
+  tu_fill(a.dev, DEV_LEN, 601);
+  tu_fill(b.dev, DEV_LEN, 602);
+  tu_fill(a.host, HOST_LEN, 603);
+  tu_fill(b.host, HOST_LEN, 604);
+  uint8_t *want = malloc(DEV_LEN);
+  CU_ASSERT_FATAL(want != NULL);
+  memcpy(want, b.dev, DEV_LEN); /* the READs take b.dev, which nothing writes meanwhile */
+  for (int i = 0; i < N; i++) { /* WRITE a.dev -> b.host, READ b.dev -> a.host: disjoint ranges */
+    HixlTransferOpDesc w = {.local_addr = (uintptr_t)a.dev + (size_t)(i % 2) * len,
+                            .remote_addr = (uintptr_t)b.host + (size_t)(i % 2) * len,
+                            .len = len};
+    HixlTransferOpDesc r = {.local_addr = (uintptr_t)a.host + (size_t)(i % 2) * len,
+                            .remote_addr = (uintptr_t)b.dev + (size_t)(i % 2) * len,
+                            .len = len};
+    TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(a.e, b.name, HIXL_WRITE, &w, 1, 20000, NULL, &req[2 * i]));
+    TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(a.e, b.name, HIXL_READ, &r, 1, 20000, NULL, &req[2 * i + 1]));
+  }
+  for (int i = 0; i < 2 * N; i++) {
+    HixlTransferStatus fin = HIXL_TRANSFER_WAITING;
+    TU_ASSERT_OK(tu_wait_request(a.e, req[i], tu_now_ms() + 30000, &fin));
+    CU_ASSERT_EQUAL(fin, HIXL_TRANSFER_COMPLETED);
+  }
+  TU_ASSERT_SAME(b.host, a.dev, 2 * len, "async device WRITEs");
+  TU_ASSERT_SAME(a.host, want, 2 * len, "async device READs");
+  devmem_test_pool(&out1, &pin1, &waits1);
+  CU_ASSERT_EQUAL(out1, 0);
+  CU_ASSERT(pin1 <= 2 * 16);  /* two engines, 16 buffers each at most */
+  CU_ASSERT(waits1 > waits0); /* more chunks than buffers: some waited for one */
+  printf("  [%llu pinned buffers, %llu waits for one]\n", (unsigned long long)pin1,
+         (unsigned long long)(waits1 - waits0));
+  /* and sync, device to device, after all that */
+  TU_ASSERT_OK(op(HIXL_WRITE, a.dev, b.dev + 1, 3u << 20));
+  TU_ASSERT_SAME(b.dev + 1, a.dev, 3u << 20, "sync WRITE device -> device after the async ones");
+  assert_pool_back("many async ops");
+  free(want);
+}
+
+/* The link cut while device copies are queued and running on both sides (many async
+ * ops, both ways): each request ends, FAILED or COMPLETED, within its timeout; no
+ * crash, no hang; every pool buffer comes back. */
+static void test_cut_in_flight(void) {
+  enum { N = 16 };
+  struct side x, y;
+  HixlTransferReq req[2 * N];
+  size_t cut = 0;
+  CU_ASSERT_FATAL(side_up(&x, pair_transport()) && side_up(&y, pair_transport()));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(x.e, y.name, 5000));
+  for (int i = 0; i < N; i++) {
+    HixlTransferOpDesc w = {.local_addr = (uintptr_t)x.dev, .remote_addr = (uintptr_t)y.dev, .len = 2u << 20};
+    HixlTransferOpDesc r = {.local_addr = (uintptr_t)x.dev + (2u << 20),
+                            .remote_addr = (uintptr_t)y.dev + (2u << 20),
+                            .len = 2u << 20};
+    TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(x.e, y.name, HIXL_WRITE, &w, 1, 8000, NULL, &req[2 * i]));
+    TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(x.e, y.name, HIXL_READ, &r, 1, 8000, NULL, &req[2 * i + 1]));
+  }
+  TU_ASSERT_OK(hixl_engine_drop_peer(x.e, y.name, "the test cuts the link", &cut));
+  int failed = 0;
+  for (int i = 0; i < 2 * N; i++) {
+    HixlTransferStatus fin = HIXL_TRANSFER_WAITING;
+    TU_ASSERT_OK(tu_wait_request(x.e, req[i], tu_now_ms() + 10000, &fin));
+    CU_ASSERT(fin == HIXL_TRANSFER_FAILED || fin == HIXL_TRANSFER_COMPLETED);
+    failed += fin == HIXL_TRANSFER_FAILED;
+  }
+  CU_ASSERT(failed > 0);
+  printf("  [%d of %d requests FAILED with the link]\n", failed, 2 * N);
+  side_down(&x);
+  side_down(&y);
+  assert_pool_back("a link cut in flight");
+}
+
+/* Finalize while async device ops are queued and copying: it returns, their requests
+ * end with the engine, the pool is freed (its buffers unpinned), the peer goes on. */
+static void test_finalize_in_flight(void) {
+  enum { N = 16 };
+  struct side x, y;
+  HixlTransferReq req[N];
+  uint64_t out, pin0, pin1, waits;
+  devmem_test_pool(&out, &pin0, &waits);
+  CU_ASSERT_FATAL(side_up(&x, pair_transport()) && side_up(&y, pair_transport()));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(x.e, y.name, 5000));
+  for (int i = 0; i < N; i++) {
+    HixlTransferOpDesc d = {.local_addr = (uintptr_t)x.dev, .remote_addr = (uintptr_t)y.dev, .len = DEV_LEN};
+    TU_ASSERT_OK_FATAL(
+        HixlEngineTransferAsync(x.e, y.name, i % 2 ? HIXL_READ : HIXL_WRITE, &d, 1, 8000, NULL, &req[i]));
+  }
+  TU_ASSERT_OK(HixlEngineFinalize(x.e)); /* the requests end with it; Destroy frees them */
+  devmem_test_pool(&out, &pin1, &waits);
+  CU_ASSERT(pin1 <= pin0 + 16); /* x's buffers unpinned; y may still hold its own */
+  HixlEngineDestroy(x.e);
+  x.e = NULL;
+  side_down(&x);
+  side_down(&y);
+  devmem_test_pool(&out, &pin1, &waits);
+  CU_ASSERT_EQUAL(out, 0);
+  CU_ASSERT_EQUAL(pin1, pin0); /* both pools freed at Finalize */
+}
+
 static CU_TestInfo none_tests[] = {
     {"no driver: HIXL_MEM_DEVICE UNSUPPORTED with a sentence; host memory as before", test_no_driver},
     CU_TEST_INFO_NULL,
@@ -263,6 +383,9 @@ static CU_TestInfo host_tests[] = {
     {"an op from unregistered memory to a device range: refused, nothing moved", test_refusals},
     {"a shm link: device ops on its socket, beside host ops shm copies, one batch", test_shm_socket},
     {"the link cut under an async device WRITE its target is not reading: FAILED in time", test_peer_lost},
+    {"48 async device ops at once, more than the pool: they wait, all land, buffers back", test_many_async},
+    {"the link cut with device copies queued and running: requests end, buffers back", test_cut_in_flight},
+    {"Finalize with device copies in flight: returns, pools freed and unpinned", test_finalize_in_flight},
     CU_TEST_INFO_NULL,
 };
 

@@ -22,6 +22,8 @@ static struct {
   CUresult (*ctx_pop)(CUcontext *);
   CUresult (*dtoh)(void *, CUdeviceptr, size_t);
   CUresult (*htod)(CUdeviceptr, const void *, size_t);
+  CUresult (*host_register)(void *, size_t, unsigned int);
+  CUresult (*host_unregister)(void *);
   CUresult (*err_string)(CUresult, const char **);
 } cu;
 
@@ -52,6 +54,8 @@ static bool cu_load(char *why, size_t cap) {
               {(void **)&cu.ctx_pop, "cuCtxPopCurrent_v2"},
               {(void **)&cu.dtoh, "cuMemcpyDtoH_v2"},
               {(void **)&cu.htod, "cuMemcpyHtoD_v2"},
+              {(void **)&cu.host_register, "cuMemHostRegister_v2"},
+              {(void **)&cu.host_unregister, "cuMemHostUnregister"},
               {(void **)&cu.err_string, "cuGetErrorString"}};
   for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++)
     if (!(*syms[i].fn = dlsym(h, syms[i].name))) {
@@ -134,8 +138,29 @@ static HixlStatus cu_to_device(uint64_t dst, const void *src, size_t n, int devi
   return r == CUDA_SUCCESS ? HIXL_SUCCESS : HIXL_FAILED;
 }
 
-static const struct devmem_ops cuda_ops = {
-    .name = "cuda", .query = cu_query, .to_host = cu_to_host, .to_device = cu_to_device};
+static HixlStatus cu_host_pin(void *p, size_t n, int device, char *why, size_t cap) {
+  if (!cu_enter(device, why, cap)) return HIXL_FAILED;
+  CUresult r = cu.host_register(p, n, CU_MEMHOSTREGISTER_PORTABLE);
+  cu_leave();
+  if (r != CUDA_SUCCESS)
+    snprintf(why, cap, "cuMemHostRegister of %zu bytes on device %d: %s", n, device, cu_err(r));
+  return r == CUDA_SUCCESS ? HIXL_SUCCESS : HIXL_RESOURCE_EXHAUSTED;
+}
+
+static void cu_host_unpin(void *p, size_t n, int device) {
+  char why[128];
+  (void)n;
+  if (!cu_enter(device, why, sizeof(why))) return;
+  cu.host_unregister(p);
+  cu_leave();
+}
+
+static const struct devmem_ops cuda_ops = {.name = "cuda",
+                                           .query = cu_query,
+                                           .to_host = cu_to_host,
+                                           .to_device = cu_to_device,
+                                           .host_pin = cu_host_pin,
+                                           .host_unpin = cu_host_unpin};
 #endif /* HIXL_HAVE_CUDA_H */
 
 #ifdef HIXL_DEVMEM_TEST
@@ -160,12 +185,112 @@ static HixlStatus ht_to_device(uint64_t dst, const void *src, size_t n, int devi
   return HIXL_SUCCESS;
 }
 
+static uint64_t ht_pinned; /* buffers pinned now */
+static HixlStatus ht_host_pin(void *p, size_t n, int device, char *why, size_t cap) {
+  (void)p, (void)n, (void)device, (void)why, (void)cap;
+  __atomic_add_fetch(&ht_pinned, 1, __ATOMIC_RELAXED);
+  return HIXL_SUCCESS;
+}
+static void ht_host_unpin(void *p, size_t n, int device) {
+  (void)p, (void)n, (void)device;
+  __atomic_sub_fetch(&ht_pinned, 1, __ATOMIC_RELAXED);
+}
+
 void devmem_test_counts(uint64_t *to_host, uint64_t *to_device) {
   *to_host = __atomic_load_n(&ht_out, __ATOMIC_RELAXED);
   *to_device = __atomic_load_n(&ht_in, __ATOMIC_RELAXED);
 }
-static const struct devmem_ops host_test_ops = {
-    .name = "host-test", .query = ht_query, .to_host = ht_to_host, .to_device = ht_to_device};
+static const struct devmem_ops host_test_ops = {.name = "host-test",
+                                                .query = ht_query,
+                                                .to_host = ht_to_host,
+                                                .to_device = ht_to_device,
+                                                .host_pin = ht_host_pin,
+                                                .host_unpin = ht_host_unpin};
+#endif
+
+/* ---- the pool of pinned host buffers ---- */
+
+struct devmem_pool {
+  const struct devmem_ops *dm;
+  int device; /* the context the buffers were pinned in (portable: every device copies with them) */
+  size_t size;
+  uint32_t max, made; /* made: buffers allocated and pinned so far, at most max */
+  uint32_t nfree;
+  void **free; /* made - (handed out) of them, a stack */
+  void **all;  /* every buffer made, to unpin and free them at the end */
+};
+
+static uint64_t pool_out, pool_waits; /* every pool of the process: handed out now; gets that found none */
+
+struct devmem_pool *devmem_pool_new(const struct devmem_ops *dm, int device, size_t size, uint32_t max) {
+  struct devmem_pool *p = calloc(1, sizeof(*p));
+  if (!p) goto err;
+  p->free = calloc(max, sizeof(*p->free));
+  if (!p->free) goto free_pool;
+  p->all = calloc(max, sizeof(*p->all));
+  if (!p->all) goto free_stack;
+  p->dm = dm;
+  p->device = device;
+  p->size = size;
+  p->max = max;
+  return p;
+free_stack:
+  free(p->free);
+free_pool:
+  free(p);
+err:
+  return NULL;
+}
+
+void *devmem_pool_get(struct devmem_pool *p, char *why, size_t cap) {
+  void *b = NULL;
+  if (p->nfree > 0) {
+    b = p->free[--p->nfree];
+  } else if (p->made < p->max) {
+    b = aligned_alloc(4096, p->size);
+    if (!b) {
+      snprintf(why, cap, "out of memory for a %zu-byte host buffer", p->size);
+      return NULL;
+    }
+    if (p->dm->host_pin(b, p->size, p->device, why, cap) != HIXL_SUCCESS) {
+      free(b);
+      return NULL;
+    }
+    p->all[p->made++] = b;
+  } else {
+    snprintf(why, cap, "all %u host buffers of %zu bytes are in use", p->max, p->size);
+    __atomic_add_fetch(&pool_waits, 1, __ATOMIC_RELAXED);
+    return NULL;
+  }
+  __atomic_add_fetch(&pool_out, 1, __ATOMIC_RELAXED);
+  return b;
+}
+
+void devmem_pool_put(struct devmem_pool *p, void *buf) {
+  if (!buf) return;
+  p->free[p->nfree++] = buf;
+  __atomic_sub_fetch(&pool_out, 1, __ATOMIC_RELAXED);
+}
+
+bool devmem_pool_empty(const struct devmem_pool *p) { return p->nfree == 0 && p->made == p->max; }
+
+void devmem_pool_free(struct devmem_pool *p) {
+  if (!p) return;
+  for (uint32_t i = 0; i < p->made; i++) {
+    p->dm->host_unpin(p->all[i], p->size, p->device);
+    free(p->all[i]);
+  }
+  free(p->all);
+  free(p->free);
+  free(p);
+}
+
+#ifdef HIXL_DEVMEM_TEST
+void devmem_test_pool(uint64_t *out, uint64_t *pinned, uint64_t *waits) {
+  *out = __atomic_load_n(&pool_out, __ATOMIC_RELAXED);
+  *pinned = __atomic_load_n(&ht_pinned, __ATOMIC_RELAXED);
+  *waits = __atomic_load_n(&pool_waits, __ATOMIC_RELAXED);
+}
 #endif
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;

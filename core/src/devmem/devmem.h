@@ -10,6 +10,7 @@
 #ifndef HIXL_DEVMEM_H
 #define HIXL_DEVMEM_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,11 +24,30 @@ struct devmem_ops {
   /* Copies between device memory (on device) and host memory; done when they return. */
   HixlStatus (*to_host)(void *dst, uint64_t src, size_t n, int device, char *why, size_t cap);
   HixlStatus (*to_device)(uint64_t dst, const void *src, size_t n, int device, char *why, size_t cap);
+  /* Page-lock n bytes of host memory at p for device's copies (cuda: cuMemHostRegister,
+   * portable; host-test: counted), and undo it. */
+  HixlStatus (*host_pin)(void *p, size_t n, int device, char *why, size_t cap);
+  void (*host_unpin)(void *p, size_t n, int device);
 };
 
 /* The provider of this process (found once), or NULL with why: no driver, no device,
  * or a build without CUDA headers. */
 const struct devmem_ops *devmem_get(char *why, size_t cap);
+
+/* A pool of pinned host buffers of size bytes each, at most max of them, made as first
+ * needed and kept until devmem_pool_free: the host side of device copies (an engine
+ * has one). The caller serializes calls (the engine lock). */
+struct devmem_pool;
+struct devmem_pool *devmem_pool_new(const struct devmem_ops *dm, int device, size_t size, uint32_t max);
+/* A buffer, or NULL when max are out (counted: a wait) or one cannot be made (why). */
+void *devmem_pool_get(struct devmem_pool *p, char *why, size_t cap);
+void devmem_pool_put(struct devmem_pool *p, void *buf);
+bool devmem_pool_empty(const struct devmem_pool *p); /* the next get would wait */
+void devmem_pool_free(struct devmem_pool *p);        /* every buffer back: unpinned and freed */
+
+/* Test builds: what every pool of this process holds now: buffers handed out, buffers
+ * pinned (the host stand-in's count), and gets that found none free so far. */
+void devmem_test_pool(uint64_t *out, uint64_t *pinned, uint64_t *waits);
 
 /* Test builds: bytes the host stand-in copied to host and to "device" memory so far
  * (a test tells the device paths ran, not only that the bytes arrived). */

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "devmem/devmem.h"
 #include "engine/engine_ext.h"
 #include "engine/options.h"
 #include "engine/xport.h"
@@ -61,6 +62,7 @@ struct peer;
 #define LINK_STALL_MODULE  0x1 /* a module paused it (a target's RDMA staged unit is on the QP) */
 #define LINK_STALL_FENCE   0x2 /* a CALL waits until every answer queued before it was sent */
 #define LINK_STALL_BACKLOG 0x4 /* it owes its peer more answers than the bound (issue 28) */
+#define LINK_STALL_DEVMEM  0x8 /* the engine's device buffers are all in use: reads once one is back */
 
 struct conn {
   struct HixlEngine *eng;
@@ -122,6 +124,7 @@ struct conn {
   int rail;
   uint64_t rail_load;
   uint64_t last_io_ns;
+  uint32_t devjobs; /* device copies of its queued on the engine's devq (waiting or running) */
 };
 
 /* One rail to a peer: a tcp link from a local address to one of the peer's. */
@@ -170,6 +173,45 @@ struct stage_pool {
   struct chunk *wait_head, *wait_tail;
   struct hixl_transfer_req *submitting; /* inside stage_submit: the request being submitted */
   struct hixl_stage_stats stats;
+};
+
+/* A device copy (docs/device-memory.md) between a registration's device memory and a
+ * buffer of the engine's pool, queued on e->devq, done with the lock released by the
+ * progress thread or by the sync caller driving its link. */
+enum devjob_kind {
+  DJ_SEND,   /* initiator WRITE: device -> buffer, then its frame (ch->tx) goes */
+  DJ_ASK,    /* initiator READ: a buffer for its answer, then its frame goes (no copy) */
+  DJ_LAND,   /* initiator READ answered: buffer (ch->bounce) -> device, then ch ends */
+  DJ_T_LAND, /* target WRITE landed: buffer -> device, then its ACK (it) goes */
+  DJ_T_READ  /* target READ: device -> buffer, then its READ_RESP (it) goes with it */
+};
+struct devjob {
+  struct devjob *next;
+  struct conn *c;
+  enum devjob_kind kind;
+  struct chunk *ch;         /* initiator kinds */
+  struct txitem *it;        /* the frame it readies: &ch->tx, or the target's answer (owned) */
+  struct hixl_mem_reg *reg; /* the device registration (target kinds hold it: inflight) */
+  uint64_t dev;             /* device address */
+  uint8_t *buf;             /* its pool buffer; NULL while it waits for one */
+  uint32_t len;
+  uint64_t seq;   /* target kinds: the frame answered */
+  bool needs_buf; /* waiting for a pool buffer (counted in devq.waiting) */
+  bool running;   /* being copied, the lock released: nobody else touches it */
+  bool lost;      /* its link died meanwhile: st and why say how */
+  HixlStatus st;
+  char why[256];
+};
+/* The engine's device copies and the pool of pinned host buffers they use, made at the
+ * first device op and freed at Finalize. Lock held for every field. */
+#define ENGINE_DEV_BUFS 16 /* buffers of ENGINE_TCP_CHUNK: 16 MiB pinned at most */
+struct devq {
+  struct devmem_pool *pool;
+  struct devjob *head, *tail; /* in order: a job waiting for a buffer holds back those behind */
+  uint32_t waiting;           /* jobs in it waiting for a buffer */
+  uint32_t stalls;            /* target links stalled on the pool (LINK_STALL_DEVMEM) */
+  uint32_t copying;           /* threads copying now, the lock released (Finalize waits for them) */
+  bool resume;                /* a buffer came back: target links stalled on the pool read again */
 };
 
 struct notify_item {
@@ -239,6 +281,7 @@ struct HixlEngine {
   pthread_t rail_thread;
   pthread_cond_t rail_cond;
   void (*rail_stop)(struct HixlEngine *e);
+  struct devq devq;          /* device copies and their buffers (link_progress.c) */
   uint8_t scratch[64 << 10]; /* sink for discarded payload */
 };
 
@@ -291,6 +334,17 @@ void link_then_cancel(struct hixl_transfer_req *r, HixlStatus st, const char *wh
 void link_drive(struct conn *c, struct hixl_transfer_req *r);
 void link_take_pending(struct conn *c);
 void link_free_graveyard(struct HixlEngine *e);
+/* Device copies (link.c: the queue and the pool; link_progress.c: running them). */
+void *link_devbuf_get(struct HixlEngine *e, int device, char *why, size_t cap); /* NULL: none free */
+void link_devbuf_put(struct HixlEngine *e, void *buf);
+void link_devq_add(struct HixlEngine *e, struct devjob *j);
+void link_devq_drop(struct HixlEngine *e, struct devjob *j);         /* unqueued and freed, its buffer back */
+void link_devq_kill(struct conn *c, HixlStatus st, const char *why); /* c dies: its jobs go or are lost */
+void link_devq_land(struct conn *c,
+                    struct chunk *ch); /* ch's READ answer landed in ch->bounce: to the device */
+bool link_devq_step(struct HixlEngine *e, struct conn *only); /* true: more can run now */
+void link_devq_fini(struct HixlEngine *e);                    /* Finalize, links gone */
+void link_txq_unlink(struct conn *c, struct txitem *it);      /* out of c's send queue, wherever it is */
 /* Rails: the live rail of p least loaded, other than except (ties: p->conn), or NULL.
  * rm (NULL: any): a one-sided rail (rdma) only when it knows rm's key for that rail. */
 struct conn *link_rail_pick(struct peer *p, const struct conn *except, const struct remote_mem *rm);

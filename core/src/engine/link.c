@@ -105,7 +105,8 @@ void link_then_cancel(struct hixl_transfer_req *r, HixlStatus st, const char *wh
 
 void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why) {
   struct hixl_transfer_req *r = ch->req;
-  free(ch->bounce);
+  if (ch->dj && !ch->dj->running) link_devq_drop(r->eng, ch->dj); /* its copy had not begun */
+  link_devbuf_put(r->eng, ch->bounce);
   ch->bounce = NULL;
   if (ch->lreg) ch->lreg->inflight--;
   if (ch->owner) ch->owner->link.chunk_end(ch);
@@ -157,8 +158,12 @@ void link_txitem_done(struct conn *c, struct txitem *it) {
   c->answers_items -= it->owed;
   it->queued = 0;
   it->owed = false;
-  free(it->own_payload);
+  if (it->pool_payload)
+    link_devbuf_put(c->eng, it->own_payload);
+  else
+    free(it->own_payload);
   it->own_payload = NULL;
+  it->pool_payload = false;
   for (uint32_t i = 0; i < it->n_own_regs; i++) it->own_regs[i]->inflight--;
   it->n_own_regs = 0;
   free(it->own_block);
@@ -304,8 +309,11 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
            c->remote_name[0] ? c->remote_name : "(handshaking peer)", why);
   if (c->pay.reg) c->pay.reg->inflight--;
   c->pay.reg = NULL;
-  free(c->pay.bounce);
+  link_devbuf_put(e, c->pay.bounce);
   c->pay.bounce = NULL;
+  link_devq_kill(c, st, msg); /* its device copies: dropped, or ended by their copier */
+  if (c->stall & LINK_STALL_DEVMEM) e->devq.stalls--;
+  c->stall &= (uint8_t)~LINK_STALL_DEVMEM;
   if (c->pay_chunk) link_chunk_lost(c, c->pay_chunk, st, msg); /* READ data cut off mid-payload */
   c->pay_chunk = NULL;
   for (int i = 0; i < XPORT_MODS; i++) e->mods[i]->link.kill(c, st, msg);
@@ -350,6 +358,118 @@ void link_free_graveyard(struct HixlEngine *e) {
     free(c->rxbuf);
     free(c);
   }
+}
+
+/* ---- device copies: their queue and the pool (link_progress.c runs them) ---- */
+
+void *link_devbuf_get(struct HixlEngine *e, int device, char *why, size_t cap) {
+  struct devq *q = &e->devq;
+  if (!q->pool) { /* the first device op: the pool, its buffers made as they are needed */
+    const struct devmem_ops *dm = devmem_get(why, cap);
+    if (!dm) return NULL;
+    q->pool = devmem_pool_new(dm, device, ENGINE_TCP_CHUNK, ENGINE_DEV_BUFS);
+    if (!q->pool) {
+      snprintf(why, cap, "out of memory for the device buffer pool");
+      return NULL;
+    }
+  }
+  return devmem_pool_get(q->pool, why, cap);
+}
+
+void link_devbuf_put(struct HixlEngine *e, void *buf) {
+  if (!buf) return;
+  devmem_pool_put(e->devq.pool, buf);
+  if (e->devq.waiting || e->devq.stalls) { /* jobs or stalled links wait for it */
+    e->devq.resume = e->devq.stalls > 0;
+    link_wake(e);
+  }
+}
+
+void link_devq_add(struct HixlEngine *e, struct devjob *j) {
+  struct devq *q = &e->devq;
+  j->next = NULL;
+  if (q->tail)
+    q->tail->next = j;
+  else
+    q->head = j;
+  q->tail = j;
+  j->c->devjobs++;
+  j->needs_buf = !j->buf;
+  q->waiting += j->needs_buf;
+}
+
+static void devq_unlink(struct HixlEngine *e, struct devjob *j) {
+  struct devq *q = &e->devq;
+  struct devjob *prev = NULL;
+  for (struct devjob *x = q->head; x && x != j; x = x->next) prev = x;
+  if (prev)
+    prev->next = j->next;
+  else
+    q->head = j->next;
+  if (q->tail == j) q->tail = prev;
+  j->c->devjobs--;
+  q->waiting -= j->needs_buf;
+}
+
+void link_devq_drop(struct HixlEngine *e, struct devjob *j) {
+  devq_unlink(e, j);
+  if (j->ch) j->ch->dj = NULL;
+  if (j->kind != DJ_LAND) link_devbuf_put(e, j->buf); /* a LAND's is its chunk's bounce */
+  if (j->kind == DJ_T_LAND) j->reg->inflight--;
+  free(j);
+}
+
+/* Take it out of c's send queue (its copy ends it, not the link's death). */
+void link_txq_unlink(struct conn *c, struct txitem *it) {
+  struct txitem *prev = NULL;
+  for (struct txitem *x = c->txq_head; x && x != it; x = x->next) prev = x;
+  if (prev)
+    prev->next = it->next;
+  else if (c->txq_head == it)
+    c->txq_head = it->next;
+  else
+    return;
+  if (c->txq_tail == it) c->txq_tail = prev;
+}
+
+void link_devq_kill(struct conn *c, HixlStatus st, const char *why) {
+  struct HixlEngine *e = c->eng;
+again: /* ending a chunk may end others' links and their jobs: the walk starts over */
+  for (struct devjob *j = e->devq.head, *next; j && c->devjobs > 0; j = next) {
+    next = j->next;
+    if (j->c != c || j->lost) continue;
+    if (j->running) { /* its copier ends it; the link's walk must not */
+      j->lost = true;
+      j->st = st;
+      snprintf(j->why, sizeof(j->why), "%s", why);
+      if (j->kind != DJ_LAND) link_txq_unlink(c, j->it);
+      continue;
+    }
+    struct chunk *ch = j->kind == DJ_LAND ? j->ch : NULL;
+    link_devq_drop(e, j); /* a frame of its stays queued: the link's walk ends it */
+    if (ch) {
+      link_chunk_end(ch, st, why);
+      goto again;
+    }
+  }
+}
+
+void link_devq_land(struct conn *c, struct chunk *ch) {
+  struct devjob *j = calloc(1, sizeof(*j));
+  if (!j) {
+    link_chunk_end(ch, HIXL_RESOURCE_EXHAUSTED, "out of memory for a device READ's copy");
+    return;
+  }
+  *j = (struct devjob){.c = c,
+                       .kind = DJ_LAND,
+                       .ch = ch,
+                       .reg = ch->lreg,
+                       .dev = (uintptr_t)ch->laddr,
+                       .buf = ch->bounce,
+                       .len = ch->len};
+  ch->dj = j;
+  link_devq_add(c->eng, j);
+  link_wake(c->eng);
 }
 
 void link_enqueue(struct conn *c, struct txitem *it) {

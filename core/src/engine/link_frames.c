@@ -35,7 +35,8 @@ static void unseal_unsent(struct conn *c) {
 static bool drop_if_cancelled(struct conn *c) {
   struct txitem *it = c->txq_head;
   if (!it->chunk || it->sent || !it->chunk->req->cancelled) return false;
-  if (it->sealed) unseal_unsent(c); /* the next frame out takes its count */
+  if (it->chunk->dj && it->chunk->dj->running) return false; /* its copier ends it */
+  if (it->sealed) unseal_unsent(c);                          /* the next frame out takes its count */
   struct chunk *ch = it->chunk;
   c->txq_head = it->next;
   if (!c->txq_head) c->txq_tail = NULL;
@@ -101,7 +102,9 @@ void link_flush_some(struct conn *c, size_t budget) {
     int n = 0;
     size_t bytes = 0;
     if (drop_if_cancelled(c)) continue;
-    for (struct txitem *it = c->txq_head; it && n + 5 <= LINK_IOV_MAX && bytes < budget; it = it->next) {
+    if (c->txq_head->unready) break; /* a device copy fills it: it and what follows wait */
+    for (struct txitem *it = c->txq_head; it && !it->unready && n + 5 <= LINK_IOV_MAX && bytes < budget;
+         it = it->next) {
       if (!it->sealed) item_seal(c, it);
       n = item_iov(it, iov, n, budget, &bytes);
       if (it->gather) break; /* its ranges may fill the vector: one such item per call */
@@ -141,7 +144,7 @@ void link_flush_some(struct conn *c, size_t budget) {
       }
     }
   }
-  if (!c->dead) link_set_want_out(c, c->txq_head != NULL);
+  if (!c->dead) link_set_want_out(c, c->txq_head && !c->txq_head->unready);
   if (!c->dead && (c->stall & (LINK_STALL_FENCE | LINK_STALL_BACKLOG))) stall_release(c);
 }
 
@@ -696,12 +699,7 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   if (m->hdr.type == WIRE_READ_RESP && m->hdr.payload_len > 0) {
     c->pay_chunk = ch;
     uint8_t *dst = ch->req->cancelled ? NULL : ch->laddr;
-    if (dst && ch->lreg && ch->lreg->type == HIXL_MEM_DEVICE && !(dst = ch->bounce = malloc(ch->len))) {
-      c->pay_chunk = NULL;
-      link_chunk_end(ch, HIXL_RESOURCE_EXHAUSTED, "out of memory for a device READ's host buffer");
-      link_pay_single(c, NULL, m->hdr.payload_len); /* its data is dropped */
-      return;
-    }
+    if (dst && ch->bounce) dst = ch->bounce; /* device memory: into its pool buffer, copied in after */
     link_pay_single(c, dst, m->hdr.payload_len);
     return;
   }
@@ -729,12 +727,12 @@ static void payload_done(struct conn *c) {
     struct chunk *ch = c->pay_chunk;
     char why[384] = "";
     c->pay_chunk = NULL;
-    if (!ch) return; /* its chunk ended first (no host buffer): the data was dropped */
-    /* a READ into device memory: from the host buffer it landed in, to the device */
-    HixlStatus st = ch->bounce && !ch->req->cancelled ? xport_devmem_in(ch->lreg, (uintptr_t)ch->laddr,
-                                                                        ch->bounce, ch->len, why, sizeof(why))
-                                                      : HIXL_SUCCESS;
-    link_chunk_end(ch, st, why);
+    if (!ch) return;                         /* its chunk ended first: the data was dropped */
+    if (ch->bounce && !ch->req->cancelled) { /* a READ into device memory: copied in by the devq */
+      link_devq_land(c, ch);
+      return;
+    }
+    link_chunk_end(ch, HIXL_SUCCESS, why);
   } else {
     const struct xport_ops *x = c->pay_module;
     c->pay_module = NULL;

@@ -126,6 +126,274 @@ bool link_alive(struct conn *c) {
   return !c->dead;
 }
 
+/* ---- device copies (docs/device-memory.md) ---- */
+
+#define DEVQ_STEP_JOBS 8 /* copies per step (8 MiB at most), then events get a turn */
+
+/* A target job's answer, ready to go (with buf, its payload, from the pool). */
+static void devq_answer(struct conn *c, struct txitem *it, enum wire_type type, uint64_t seq, uint32_t st,
+                        uint8_t *buf, uint32_t len) {
+  it->hdr_len = (uint32_t)wire_put_ack(it->hdr, type, seq, st, buf ? len : 0);
+  if (buf) {
+    it->payload = it->own_payload = buf;
+    it->payload_len = len;
+    it->pool_payload = true;
+    it->queued += len; /* what the link owes counts its payload too */
+    c->answers_queued += len;
+  }
+  it->unready = false;
+}
+
+/* A job that got no buffer (no memory, pinning failed) ends with st. */
+static void devq_fail(struct HixlEngine *e, struct devjob *j, HixlStatus st, const char *why) {
+  struct conn *c = j->c;
+  struct chunk *ch = j->ch;
+  if (j->kind == DJ_T_READ) {
+    log_warn("READ of device memory [0x%llx, +%u) for %s failed: %s", (unsigned long long)j->dev, j->len,
+             c->remote_name, why);
+    devq_answer(c, j->it, WIRE_READ_RESP, j->seq, HIXL_FAILED, NULL, 0);
+    link_devq_drop(e, j);
+    link_flush(c);
+    return;
+  }
+  link_txq_unlink(c, &ch->tx); /* its frame never leaves */
+  link_devq_drop(e, j);
+  link_chunk_end(ch, st, why);
+}
+
+/* Buffers for the jobs waiting for one, in order: the first that finds none holds back
+ * the rest. An initiator READ's frame then goes (nothing to copy first). A flush here
+ * may kill a link, and with it jobs: the walk starts again from the head. */
+static void devq_feed(struct HixlEngine *e) {
+  struct devq *q = &e->devq;
+again:
+  for (struct devjob *j = q->head; j && q->waiting > 0; j = j->next) {
+    if (!j->needs_buf) continue;
+    char why[256] = "";
+    uint8_t *b = link_devbuf_get(e, j->reg->device, why, sizeof(why));
+    if (!b && q->pool && devmem_pool_empty(q->pool)) return; /* all in use: it waits */
+    if (!b) {
+      devq_fail(e, j, HIXL_RESOURCE_EXHAUSTED, why);
+      goto again;
+    }
+    j->buf = b;
+    j->needs_buf = false;
+    q->waiting--;
+    if (j->kind == DJ_ASK) { /* the buffer is its chunk's now, its frame can go */
+      struct conn *c = j->c;
+      j->ch->bounce = b;
+      j->ch->tx.unready = false;
+      j->buf = NULL;
+      link_devq_drop(e, j);
+      link_flush(c);
+      goto again;
+    }
+  }
+}
+
+/* A copy made with the lock released has returned (cst, cwhy): its frame goes, or its
+ * chunk ends; a job whose link died meanwhile (lost) ends as the link did. */
+static void devq_done(struct HixlEngine *e, struct devjob *j, HixlStatus cst, const char *cwhy) {
+  struct conn *c = j->c;
+  struct chunk *ch = j->ch;
+  struct txitem *it = j->it;
+  bool ok = cst == HIXL_SUCCESS, lost = j->lost;
+  HixlStatus st = lost ? j->st : cst;
+  char why[256];
+  snprintf(why, sizeof(why), "%s", lost ? j->why : cwhy);
+  j->running = false;
+  switch (j->kind) {
+  case DJ_SEND:
+    if (!lost && ok) {
+      ch->tx.payload = ch->tx.own_payload = j->buf;
+      ch->tx.pool_payload = true;
+      ch->tx.unready = false;
+      j->buf = NULL;
+      link_devq_drop(e, j);
+      link_flush(c);
+      return;
+    }
+    if (!lost) link_txq_unlink(c, &ch->tx);
+    link_devq_drop(e, j);
+    link_chunk_end(ch, st, why);
+    return;
+  case DJ_LAND:
+    link_devq_drop(e, j);
+    link_chunk_end(ch, cst, cwhy); /* the bytes are in device memory even if the link went since */
+    return;
+  case DJ_T_LAND:
+  case DJ_T_READ:
+    if (!lost && !ok)
+      log_warn("%s device memory [0x%llx, +%u) for %s failed: %s",
+               j->kind == DJ_T_LAND ? "WRITE into" : "READ of", (unsigned long long)j->dev, j->len,
+               c->remote_name, cwhy);
+    if (!lost && j->kind == DJ_T_LAND) {
+      if (!ok) link_write_refused(c, j->seq);
+      devq_answer(c, it, WIRE_WRITE_ACK, j->seq, ok ? HIXL_SUCCESS : HIXL_FAILED, NULL, 0);
+    } else if (!lost) {
+      devq_answer(c, it, WIRE_READ_RESP, j->seq, ok ? HIXL_SUCCESS : HIXL_FAILED, ok ? j->buf : NULL, j->len);
+      if (ok) j->buf = NULL; /* the answer's until sent */
+    }
+    link_devq_drop(e, j);
+    if (lost)
+      link_txitem_done(c, it);
+    else
+      link_flush(c);
+    return;
+  case DJ_ASK: return; /* never copied */
+  }
+}
+
+/* Target links stalled while the pool was empty read again, while it has buffers. */
+static void devq_resume(struct HixlEngine *e) {
+  struct devq *q = &e->devq;
+  q->resume = false;
+  uint32_t walk = ++e->walks;
+  for (struct conn *c; q->stalls > 0 && !devmem_pool_empty(q->pool) && (c = link_next(e, walk));) {
+    if (!(c->stall & LINK_STALL_DEVMEM)) continue;
+    c->stall &= (uint8_t)~LINK_STALL_DEVMEM;
+    q->stalls--;
+    link_resume(c);
+  }
+}
+
+/* Target link c took a buffer: with none left it reads no more frames until one is back. */
+static void devq_pause(struct conn *c) {
+  struct devq *q = &c->eng->devq;
+  if (c->dead || (c->stall & LINK_STALL_DEVMEM) || !q->pool || !devmem_pool_empty(q->pool)) return;
+  c->stall |= LINK_STALL_DEVMEM;
+  q->stalls++;
+  link_conn_arm(c);
+}
+
+bool link_devq_step(struct HixlEngine *e, struct conn *only) {
+  struct devq *q = &e->devq;
+  struct devjob *mine[DEVQ_STEP_JOBS];
+  size_t n = 0;
+  devq_feed(e);
+  for (struct devjob *j = q->head; j && n < DEVQ_STEP_JOBS; j = j->next)
+    if (!j->running && j->buf && (only ? j->c == only : j->c->rx != RX_CALLER)) {
+      j->running = true;
+      mine[n++] = j;
+    }
+  if (n > 0) {
+    HixlStatus st[DEVQ_STEP_JOBS];
+    char why[DEVQ_STEP_JOBS][256];
+    q->copying++;
+    pthread_mutex_unlock(&e->lock); /* the jobs are this thread's; their links may die meanwhile */
+    for (size_t k = 0; k < n; k++) {
+      struct devjob *j = mine[k];
+      why[k][0] = '\0';
+      if (j->kind == DJ_SEND || j->kind == DJ_T_READ)
+        st[k] = xport_devmem_out(j->reg, j->dev, j->buf, j->len, why[k], sizeof(why[k]));
+      else
+        st[k] = xport_devmem_in(j->reg, j->dev, j->buf, j->len, why[k], sizeof(why[k]));
+    }
+    pthread_mutex_lock(&e->lock);
+    for (size_t k = 0; k < n; k++) devq_done(e, mine[k], st[k], why[k]);
+    if (--q->copying == 0) pthread_cond_broadcast(&e->cond);
+  }
+  if (q->resume) devq_resume(e);
+  for (struct devjob *j = q->head; j; j = j->next)
+    if (!j->running && j->buf && (only ? j->c == only : j->c->rx != RX_CALLER)) return true;
+  return false;
+}
+
+void link_devq_fini(struct HixlEngine *e) {
+  struct devq *q = &e->devq;
+  while (q->copying > 0) pthread_cond_wait(&e->cond, &e->lock); /* a sync caller's copy returns first */
+  while (q->head) link_devq_drop(e, q->head); /* none: every link is gone, and its jobs with it */
+  devmem_pool_free(q->pool);
+  q->pool = NULL;
+}
+
+void link_dev_post(struct conn *c, struct chunk *ch) {
+  struct HixlEngine *e = c->eng;
+  struct devjob *j = calloc(1, sizeof(*j));
+  if (!j) {
+    link_chunk_end(ch, HIXL_RESOURCE_EXHAUSTED, "out of memory for a device op's copy");
+    return;
+  }
+  *j = (struct devjob){.c = c,
+                       .kind = ch->kind == CHUNK_WRITE ? DJ_SEND : DJ_ASK,
+                       .ch = ch,
+                       .it = &ch->tx,
+                       .reg = ch->lreg,
+                       .dev = (uintptr_t)ch->laddr,
+                       .len = ch->len};
+  ch->dj = j;
+  link_enqueue(c, &ch->tx);
+  ch->tx.unready = true;
+  link_devq_add(e, j);
+  if (j->kind == DJ_ASK &&
+      (ch->bounce || (e->devq.waiting == 1 && (!e->devq.pool || !devmem_pool_empty(e->devq.pool))))) {
+    char why[256] = "";
+    uint8_t *b = ch->bounce ? ch->bounce : link_devbuf_get(e, ch->lreg->device, why, sizeof(why));
+    if (b) { /* its frame can go now (a chunk posted again on a rail keeps its buffer): the submitter sends it
+              */
+      ch->bounce = b;
+      ch->tx.unready = false;
+      link_devq_drop(e, j);
+      return;
+    }
+  }
+  link_wake(e); /* the progress thread, or the caller driving c, copies it */
+}
+
+uint8_t *link_dev_landing(struct conn *c, const struct hixl_mem_reg *r) {
+  char why[256] = "";
+  uint8_t *b = link_devbuf_get(c->eng, r->device, why, sizeof(why));
+  if (!b) log_warn("a WRITE into device memory from %s is refused: %s", c->remote_name, why);
+  return b;
+}
+
+void link_dev_landed(struct conn *c, struct link_pay *pay) {
+  struct HixlEngine *e = c->eng;
+  struct devjob *j = calloc(1, sizeof(*j));
+  struct txitem *it = j ? calloc(1, sizeof(*it)) : NULL;
+  if (!it) {
+    free(j);
+    link_conn_kill(c, HIXL_FAILED, "out of memory"); /* it releases what pay holds */
+    return;
+  }
+  *j = (struct devjob){.c = c,
+                       .kind = DJ_T_LAND,
+                       .it = it,
+                       .reg = pay->reg, /* held until copied */
+                       .dev = pay->dst,
+                       .buf = pay->bounce,
+                       .len = pay->len,
+                       .seq = pay->seq};
+  pay->reg = NULL;
+  pay->bounce = NULL;
+  it->hdr_len = (uint32_t)wire_put_ack(it->hdr, WIRE_WRITE_ACK, j->seq, HIXL_SUCCESS, 0);
+  link_enqueue(c, it);
+  it->unready = true; /* answers behind it wait: they keep their order */
+  link_devq_add(e, j);
+  devq_pause(c);
+  link_wake(e);
+}
+
+void link_dev_read(struct conn *c, struct hixl_mem_reg *r, uint64_t seq, uint64_t raddr, uint32_t len) {
+  struct HixlEngine *e = c->eng;
+  struct devjob *j = calloc(1, sizeof(*j));
+  struct txitem *it = j ? calloc(1, sizeof(*it)) : NULL;
+  if (!it) {
+    free(j);
+    link_conn_kill(c, HIXL_FAILED, "out of memory");
+    return;
+  }
+  *j = (struct devjob){.c = c, .kind = DJ_T_READ, .it = it, .reg = r, .dev = raddr, .len = len, .seq = seq};
+  it->hdr_len = (uint32_t)wire_put_ack(it->hdr, WIRE_READ_RESP, seq, HIXL_FAILED, 0);
+  it->reg = r; /* held until its answer is sent */
+  r->inflight++;
+  link_enqueue(c, it);
+  it->unready = true;
+  link_devq_add(e, j);
+  devq_pause(c);
+  link_wake(e);
+}
+
 /* ---- a sync caller receiving its own answers ---- */
 
 /* A sync caller waits for r on c: a data transfer goes to its transport's drive hook
@@ -153,9 +421,15 @@ void link_drive_socket(struct conn *c, struct hixl_transfer_req *r) {
   while (r->outstanding > 0 && !c->dead) {
     uint64_t now = hixl_now_ns();
     if (now >= r->deadline_ns) break;
+    if (c->devjobs > 0) { /* its device copies, the lock released meanwhile */
+      bool more = link_devq_step(e, c);
+      if (more || r->outstanding == 0 || c->dead) continue;
+    }
     int ms = (int)((r->deadline_ns - now + 999999) / 1000000);
     if (c->rail >= 0 && ms > 10) ms = 10; /* a rail that fails moves r's chunks to others: look again soon */
-    struct pollfd p = {.fd = c->fd, .events = (short)(POLLIN | (c->txq_head ? POLLOUT : 0))};
+    if (c->devjobs > 0 && ms > 1) ms = 1; /* copies another thread runs, or buffers awaited */
+    bool out = c->txq_head && !c->txq_head->unready;
+    struct pollfd p = {.fd = c->fd, .events = (short)(POLLIN | (out ? POLLOUT : 0))};
     pthread_mutex_unlock(&e->lock);
     int n = poll(&p, 1, ms);
     pthread_mutex_lock(&e->lock);
@@ -172,6 +446,7 @@ void link_drive_socket(struct conn *c, struct hixl_transfer_req *r) {
   /* Park when nothing is owed to anyone; otherwise the progress thread reads on. */
   c->rx = c->pend_head || c->pay_left || c->txq_head || c->always_read ? RX_PROGRESS : RX_PARKED;
   if (c->rx == RX_PROGRESS) link_conn_arm(c);
+  if (c->devjobs > 0) link_wake(e); /* copies of other requests on c: the progress thread's now */
 }
 
 /* ---- progress thread ---- */
@@ -374,6 +649,7 @@ static void *progress_main(void *arg) {
     }
     bool more = false; /* one step per link, then events get a turn */
     for (int m = 0; m < XPORT_MODS; m++) more |= e->mods[m]->iface.progress(e);
+    if (e->devq.head || e->devq.resume) more |= link_devq_step(e, NULL);
     wait_ms = more ? 0 : -1;
     link_free_graveyard(e);
     pthread_mutex_unlock(&e->lock);
@@ -445,6 +721,7 @@ void link_stop(struct HixlEngine *e) {
   pthread_join(e->thread, NULL);
   pthread_mutex_lock(&e->lock);
   while (e->conns) link_conn_kill(e->conns, HIXL_FAILED, "local engine finalized");
+  link_devq_fini(e);
   link_free_graveyard(e);
   pthread_mutex_unlock(&e->lock);
   close(e->evfd);

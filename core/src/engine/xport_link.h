@@ -77,6 +77,8 @@ struct txitem {
   size_t sent;              /* bytes of hdr, heap, tag and payload sent so far */
   struct chunk *chunk;      /* initiator: awaits a response once sent */
   struct hixl_mem_reg *reg; /* target READ_RESP: inflight released once sent */
+  bool unready;             /* a device copy still fills it: the queue stops here until it is done */
+  bool pool_payload;        /* own_payload is a buffer of the engine's device pool */
 };
 
 enum chunk_kind { CHUNK_WRITE, CHUNK_READ, CHUNK_NOTIFY, CHUNK_SYNC, CHUNK_SWRITE, CHUNK_SREAD, CHUNK_CALL };
@@ -104,7 +106,8 @@ struct chunk {
   struct stage_unit *unit;       /* a staged unit's (CHUNK_SWRITE / CHUNK_SREAD) state: stage.c's */
   uint32_t *call_len;            /* CHUNK_CALL: where the answer's length goes (laddr, len: its buffer) */
   const struct xport_ops *owner; /* the module told of its answer and its end (staged units) */
-  uint8_t *bounce;               /* a READ into device memory: its answer lands here first (owned) */
+  uint8_t *bounce;               /* a READ into device memory: its answer lands here first (a pool buffer) */
+  struct devjob *dj;             /* its device copy while one is queued or running (engine_int.h) */
   uint8_t answer;                /* the answer's wire type, when not the kind's usual one */
 };
 
@@ -172,7 +175,7 @@ struct link_pay {
   uint64_t seq;
   struct hixl_mem_reg *reg;
   uint32_t status;
-  uint8_t *bounce; /* a WRITE into device memory lands here first (owned; freed with the record) */
+  uint8_t *bounce; /* a WRITE into device memory lands here first (a pool buffer, back with the record) */
   uint64_t dst;    /* ... and goes here, */
   uint32_t len;    /* ... this many bytes */
 };
@@ -212,6 +215,18 @@ HixlStatus xport_devmem_out(const struct hixl_mem_reg *r, uint64_t src, void *ds
                             size_t cap);
 HixlStatus xport_devmem_in(const struct hixl_mem_reg *r, uint64_t dst, const void *src, size_t n, char *why,
                            size_t cap);
+
+/* Device memory over a link's socket, through the engine's pool of pinned host buffers,
+ * copied with the lock released (link_progress.c). Initiator: ch, a WRITE or READ
+ * chunk of a device registration, queued on c; its frame leaves once its buffer (and a
+ * WRITE's copy) is ready, frames behind it wait. Target: the buffer a WRITE of len
+ * bytes into r lands in, or NULL (pool empty: refuse it); the link stops reading while
+ * the pool is empty. Once landed (pay), the copy to the device, then the ACK. A READ of
+ * r: copied out, then answered; the answers keep their order. */
+void link_dev_post(struct conn *c, struct chunk *ch);
+uint8_t *link_dev_landing(struct conn *c, const struct hixl_mem_reg *r);
+void link_dev_landed(struct conn *c, struct link_pay *pay);
+void link_dev_read(struct conn *c, struct hixl_mem_reg *r, uint64_t seq, uint64_t raddr, uint32_t len);
 
 /* ---- chunks and requests ---- */
 void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why);

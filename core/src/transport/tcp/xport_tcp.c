@@ -2,8 +2,9 @@
  * socket: WRITE_REQ with the data after it, answered by WRITE_ACK; READ_REQ,
  * answered by READ_RESP with the data. The target checks every range against its
  * registrations before a byte lands or leaves, and holds the registration while the
- * payload streams straight between the socket and it. The link layer frames, sends,
- * streams and matches answers; this module builds the requests and serves them. */
+ * payload streams straight between the socket and it. Device memory goes through the
+ * engine's pool of pinned host buffers, copied by the link layer without the lock. The link layer frames,
+ * sends, streams and matches answers; this module builds the requests and serves them. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,40 +36,14 @@ static struct hixl_mem_reg *target_range(struct conn *c, uint64_t addr, uint64_t
   return r && link_granted(c, addr, len, what) ? r : NULL;
 }
 
-/* READ_REQ of device memory: copied to a host buffer, which the answer owns. */
-static void device_read(struct conn *c, const struct wire_msg *m, struct hixl_mem_reg *r) {
-  char why[384];
-  uint32_t len = m->u.read_req.len;
-  struct txitem *it = calloc(1, sizeof(*it));
-  uint8_t *buf = it ? malloc(len) : NULL;
-  HixlStatus st =
-      buf ? xport_devmem_out(r, m->u.read_req.raddr, buf, len, why, sizeof(why)) : HIXL_RESOURCE_EXHAUSTED;
-  if (!it) {
-    link_conn_kill(c, HIXL_FAILED, "out of memory");
-    return;
-  }
-  if (st != HIXL_SUCCESS) {
-    log_warn("READ of device memory [0x%llx, +%u) for %s failed: %s", (unsigned long long)m->u.read_req.raddr,
-             len, link_remote(c), buf ? why : "out of memory for its host buffer");
-    free(buf);
-    buf = NULL;
-  }
-  it->hdr_len = (uint32_t)wire_put_ack(it->hdr, WIRE_READ_RESP, m->u.read_req.seq,
-                                       st == HIXL_SUCCESS ? HIXL_SUCCESS : HIXL_FAILED, buf ? len : 0);
-  it->payload = buf;
-  it->payload_len = buf ? len : 0;
-  it->own_payload = buf;
-  link_enqueue(c, it);
-}
-
 static void tcp_target_frame(struct conn *c, const struct wire_msg *m) {
   if (m->hdr.type == WIRE_WRITE_REQ) {
     struct hixl_mem_reg *r = target_range(c, m->u.write_req.raddr, m->hdr.payload_len, "WRITE");
     struct link_pay *pay = link_pay_of(c, &xport_tcp);
     uint8_t *dst = r ? (uint8_t *)(uintptr_t)m->u.write_req.raddr : NULL, *bounce = NULL;
     uint32_t st = r ? HIXL_SUCCESS : HIXL_FAILED;
-    if (r && r->type == HIXL_MEM_DEVICE && !(dst = bounce = malloc(m->hdr.payload_len)))
-      st = HIXL_RESOURCE_EXHAUSTED; /* device memory: lands in host memory first; none: dropped */
+    if (r && r->type == HIXL_MEM_DEVICE && !(dst = bounce = link_dev_landing(c, r)))
+      st = HIXL_RESOURCE_EXHAUSTED; /* device memory: lands in a pool buffer first; none free: dropped */
     link_pay_single(c, dst, m->hdr.payload_len);
     *pay = (struct link_pay){.seq = m->u.write_req.seq,
                              .reg = r,
@@ -82,8 +57,8 @@ static void tcp_target_frame(struct conn *c, const struct wire_msg *m) {
   /* READ_REQ: answered from where the range lies, the registration held until sent */
   uint8_t frame[WIRE_SMALL_FRAME];
   struct hixl_mem_reg *r = target_range(c, m->u.read_req.raddr, m->u.read_req.len, "READ");
-  if (r && r->type == HIXL_MEM_DEVICE) {
-    device_read(c, m, r);
+  if (r && r->type == HIXL_MEM_DEVICE) { /* copied out into a pool buffer, then answered */
+    link_dev_read(c, r, m->u.read_req.seq, m->u.read_req.raddr, m->u.read_req.len);
     return;
   }
   size_t len = wire_put_ack(frame, WIRE_READ_RESP, m->u.read_req.seq, r ? HIXL_SUCCESS : HIXL_FAILED,
@@ -99,17 +74,10 @@ static void tcp_target_frame(struct conn *c, const struct wire_msg *m) {
 /* A WRITE_REQ's payload has been received (or dropped, when refused). */
 static void tcp_payload_done(struct conn *c) {
   uint8_t frame[WIRE_SMALL_FRAME];
-  char why[384];
   struct link_pay *pay = link_pay_of(c, NULL);
-  if (pay->bounce) { /* a WRITE into device memory: from the host buffer to the device */
-    if (pay->status == HIXL_SUCCESS &&
-        xport_devmem_in(pay->reg, pay->dst, pay->bounce, pay->len, why, sizeof(why)) != HIXL_SUCCESS) {
-      log_warn("WRITE into device memory [0x%llx, +%u) from %s failed: %s", (unsigned long long)pay->dst,
-               pay->len, link_remote(c), why);
-      pay->status = HIXL_FAILED;
-    }
-    free(pay->bounce);
-    pay->bounce = NULL;
+  if (pay->bounce) { /* a WRITE into device memory: copied in, then acknowledged, in order */
+    link_dev_landed(c, pay);
+    return;
   }
   if (pay->reg) pay->reg->inflight--;
   pay->reg = NULL;
@@ -123,20 +91,12 @@ static void tcp_post(struct conn *c, struct chunk *ch) {
     ch->tx.hdr_len = (uint32_t)wire_put_write_req(ch->tx.hdr, ch->seq, ch->raddr, ch->len);
     ch->tx.payload = ch->laddr;
     ch->tx.payload_len = ch->len;
-    if (ch->lreg && ch->lreg->type == HIXL_MEM_DEVICE) { /* sent from a host copy, which the frame owns */
-      char why[384];
-      uint8_t *b = malloc(ch->len);
-      HixlStatus st = b ? xport_devmem_out(ch->lreg, (uintptr_t)ch->laddr, b, ch->len, why, sizeof(why))
-                        : HIXL_RESOURCE_EXHAUSTED;
-      if (st != HIXL_SUCCESS) {
-        free(b);
-        link_chunk_end(ch, st, b ? why : "out of memory for a device WRITE's host buffer");
-        return;
-      }
-      ch->tx.payload = ch->tx.own_payload = b;
-    }
   } else {
     ch->tx.hdr_len = (uint32_t)wire_put_read_req(ch->tx.hdr, ch->seq, ch->raddr, ch->len);
+  }
+  if (ch->lreg && ch->lreg->type == HIXL_MEM_DEVICE) { /* through a pool buffer, copied without the lock */
+    link_dev_post(c, ch);
+    return;
   }
   link_enqueue(c, &ch->tx);
 }
