@@ -312,6 +312,79 @@ static void test_many_async(void) {
   free(want);
 }
 
+/* The pool itself: max buffers, then NULL (a wait) from get, a buffer of its own from
+ * spill; every one put back, the spilled one freed, the pool's reused. */
+static void test_pool_spill(void) {
+  char why[256] = "";
+  const struct devmem_ops *dm = devmem_get(why, sizeof(why));
+  CU_ASSERT_PTR_NOT_NULL_FATAL(dm);
+  struct devmem_pool *p = devmem_pool_new(dm, 0, 4096, 2);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+  uint64_t out0, pin0, waits0, out1, pin1, waits1, spills0 = devmem_test_spills();
+  devmem_test_pool(&out0, &pin0, &waits0);
+  void *b0 = devmem_pool_get(p, why, sizeof(why)), *b1 = devmem_pool_get(p, why, sizeof(why));
+  CU_ASSERT(b0 && b1 && b0 != b1);
+  CU_ASSERT_TRUE(devmem_pool_empty(p));
+  CU_ASSERT_PTR_NULL(devmem_pool_get(p, why, sizeof(why))); /* a wait */
+  CU_ASSERT_PTR_NOT_NULL(strstr(why, "in use"));
+  void *s0 = devmem_pool_spill(p, why, sizeof(why));
+  CU_ASSERT(s0 && s0 != b0 && s0 != b1);
+  memset(s0, 0xab, 4096); /* a whole buffer (ASan: its size) */
+  CU_ASSERT_EQUAL(devmem_test_spills(), spills0 + 1);
+  devmem_test_pool(&out1, &pin1, &waits1);
+  CU_ASSERT_EQUAL(out1, out0 + 3);
+  CU_ASSERT_EQUAL(waits1, waits0 + 1);
+  devmem_pool_put(p, s0); /* freed, not kept */
+  devmem_pool_put(p, b1);
+  CU_ASSERT_FALSE(devmem_pool_empty(p));
+  void *again = devmem_pool_spill(p, why, sizeof(why)); /* one is free: the pool's, no spill */
+  CU_ASSERT_PTR_EQUAL(again, b1);
+  CU_ASSERT_EQUAL(devmem_test_spills(), spills0 + 1);
+  devmem_pool_put(p, again);
+  devmem_pool_put(p, b0);
+  devmem_test_pool(&out1, &pin1, &waits1);
+  CU_ASSERT_EQUAL(out1, out0);
+  devmem_pool_free(p);
+}
+
+/* Two initiators WRITE into one target's device memory at once, more chunks than its
+ * pool holds: a target lands a WRITE in a buffer beyond its pool when the pool is out
+ * (this link then stalls until one is back), so no WRITE of either link is refused
+ * RESOURCE_EXHAUSTED; every byte lands and every buffer comes back. */
+static void test_two_links_write(void) {
+  enum { N = 12 };
+  struct side t, x, y;
+  HixlTransferReq req[2 * N];
+  const size_t len = 2u << 20; /* two chunks; x writes the first half of t.dev, y the second */
+  CU_ASSERT_FATAL(side_up(&t, pair_transport()) && side_up(&x, pair_transport()) &&
+                  side_up(&y, pair_transport()));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(x.e, t.name, 5000));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(y.e, t.name, 5000));
+  tu_fill(x.dev, DEV_LEN, 701);
+  tu_fill(y.dev, DEV_LEN, 702);
+  uint64_t spills0 = devmem_test_spills();
+  for (int i = 0; i < N; i++) {
+    HixlTransferOpDesc wx = {.local_addr = (uintptr_t)x.dev, .remote_addr = (uintptr_t)t.dev, .len = len};
+    HixlTransferOpDesc wy = {
+        .local_addr = (uintptr_t)y.dev, .remote_addr = (uintptr_t)t.dev + len, .len = len};
+    TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(x.e, t.name, HIXL_WRITE, &wx, 1, 20000, NULL, &req[2 * i]));
+    TU_ASSERT_OK_FATAL(
+        HixlEngineTransferAsync(y.e, t.name, HIXL_WRITE, &wy, 1, 20000, NULL, &req[2 * i + 1]));
+  }
+  for (int i = 0; i < 2 * N; i++) {
+    HixlTransferStatus fin = HIXL_TRANSFER_WAITING;
+    TU_ASSERT_OK(tu_wait_request(i % 2 ? y.e : x.e, req[i], tu_now_ms() + 30000, &fin));
+    CU_ASSERT_EQUAL(fin, HIXL_TRANSFER_COMPLETED);
+  }
+  TU_ASSERT_SAME(t.dev, x.dev, len, "x's device WRITEs");
+  TU_ASSERT_SAME(t.dev + len, y.dev, len, "y's device WRITEs");
+  printf("  [%llu buffers beyond the pool]\n", (unsigned long long)(devmem_test_spills() - spills0));
+  side_down(&x);
+  side_down(&y);
+  side_down(&t);
+  assert_pool_back("two links writing");
+}
+
 /* The link cut while device copies are queued and running on both sides (many async
  * ops, both ways): each request ends, FAILED or COMPLETED, within its timeout; no
  * crash, no hang; every pool buffer comes back. */
@@ -384,6 +457,9 @@ static CU_TestInfo host_tests[] = {
     {"a shm link: device ops on its socket, beside host ops shm copies, one batch", test_shm_socket},
     {"the link cut under an async device WRITE its target is not reading: FAILED in time", test_peer_lost},
     {"48 async device ops at once, more than the pool: they wait, all land, buffers back", test_many_async},
+    {"the pool: a wait when out, a buffer of its own from spill, freed when put back", test_pool_spill},
+    {"two links WRITE into one target beyond its pool: none refused, all land, buffers back",
+     test_two_links_write},
     {"the link cut with device copies queued and running: requests end, buffers back", test_cut_in_flight},
     {"Finalize with device copies in flight: returns, pools freed and unpinned", test_finalize_in_flight},
     CU_TEST_INFO_NULL,

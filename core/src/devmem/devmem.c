@@ -220,7 +220,8 @@ struct devmem_pool {
   void **all;  /* every buffer made, to unpin and free them at the end */
 };
 
-static uint64_t pool_out, pool_waits; /* every pool of the process: handed out now; gets that found none */
+static uint64_t pool_out, pool_waits, pool_spills; /* every pool of the process: handed out now; gets that
+                                                      found none; buffers made beyond a pool */
 
 struct devmem_pool *devmem_pool_new(const struct devmem_ops *dm, int device, size_t size, uint32_t max) {
   struct devmem_pool *p = calloc(1, sizeof(*p));
@@ -266,10 +267,27 @@ void *devmem_pool_get(struct devmem_pool *p, char *why, size_t cap) {
   return b;
 }
 
+void *devmem_pool_spill(struct devmem_pool *p, char *why, size_t cap) {
+  if (!devmem_pool_empty(p)) return devmem_pool_get(p, why, cap);
+  void *b = aligned_alloc(4096, p->size);
+  if (!b) {
+    snprintf(why, cap, "out of memory for a %zu-byte host buffer beyond the pool's %u", p->size, p->max);
+    return NULL;
+  }
+  __atomic_add_fetch(&pool_spills, 1, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&pool_out, 1, __ATOMIC_RELAXED);
+  return b;
+}
+
 void devmem_pool_put(struct devmem_pool *p, void *buf) {
   if (!buf) return;
-  p->free[p->nfree++] = buf;
   __atomic_sub_fetch(&pool_out, 1, __ATOMIC_RELAXED);
+  for (uint32_t i = 0; i < p->made; i++)
+    if (p->all[i] == buf) {
+      p->free[p->nfree++] = buf;
+      return;
+    }
+  free(buf); /* spilled: not the pool's */
 }
 
 bool devmem_pool_empty(const struct devmem_pool *p) { return p->nfree == 0 && p->made == p->max; }
@@ -286,6 +304,8 @@ void devmem_pool_free(struct devmem_pool *p) {
 }
 
 #ifdef HIXL_DEVMEM_TEST
+uint64_t devmem_test_spills(void) { return __atomic_load_n(&pool_spills, __ATOMIC_RELAXED); }
+
 void devmem_test_pool(uint64_t *out, uint64_t *pinned, uint64_t *waits) {
   *out = __atomic_load_n(&pool_out, __ATOMIC_RELAXED);
   *pinned = __atomic_load_n(&ht_pinned, __ATOMIC_RELAXED);

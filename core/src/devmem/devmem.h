@@ -41,13 +41,18 @@ struct devmem_pool;
 struct devmem_pool *devmem_pool_new(const struct devmem_ops *dm, int device, size_t size, uint32_t max);
 /* A buffer, or NULL when max are out (counted: a wait) or one cannot be made (why). */
 void *devmem_pool_get(struct devmem_pool *p, char *why, size_t cap);
-void devmem_pool_put(struct devmem_pool *p, void *buf);
-bool devmem_pool_empty(const struct devmem_pool *p); /* the next get would wait */
-void devmem_pool_free(struct devmem_pool *p);        /* every buffer back: unpinned and freed */
+/* A buffer even when max are out: then one of its own, unpinned, freed when put back
+ * (counted: a spill). NULL only when memory runs out. For a target landing a peer's
+ * WRITE, which cannot wait without stalling every link behind the pool. */
+void *devmem_pool_spill(struct devmem_pool *p, char *why, size_t cap);
+void devmem_pool_put(struct devmem_pool *p, void *buf); /* a spilled buffer is freed */
+bool devmem_pool_empty(const struct devmem_pool *p);    /* the next get would wait */
+void devmem_pool_free(struct devmem_pool *p);           /* every buffer back: unpinned and freed */
 
 /* Test builds: what every pool of this process holds now: buffers handed out, buffers
  * pinned (the host stand-in's count), and gets that found none free so far. */
 void devmem_test_pool(uint64_t *out, uint64_t *pinned, uint64_t *waits);
+uint64_t devmem_test_spills(void); /* buffers devmem_pool_spill made beyond the pool */
 
 /* Test builds: bytes the host stand-in copied to host and to "device" memory so far
  * (a test tells the device paths ran, not only that the bytes arrived). */

@@ -335,7 +335,8 @@ void link_drive(struct conn *c, struct hixl_transfer_req *r);
 void link_take_pending(struct conn *c);
 void link_free_graveyard(struct HixlEngine *e);
 /* Device copies (link.c: the queue and the pool; link_progress.c: running them). */
-void *link_devbuf_get(struct HixlEngine *e, int device, char *why, size_t cap); /* NULL: none free */
+/* A pool buffer; NULL: none free (spill: one beyond the pool then, NULL only without memory). */
+void *link_devbuf_get(struct HixlEngine *e, int device, bool spill, char *why, size_t cap);
 void link_devbuf_put(struct HixlEngine *e, void *buf);
 void link_devq_add(struct HixlEngine *e, struct devjob *j);
 void link_devq_drop(struct HixlEngine *e, struct devjob *j);         /* unqueued and freed, its buffer back */

@@ -362,7 +362,7 @@ void link_free_graveyard(struct HixlEngine *e) {
 
 /* ---- device copies: their queue and the pool (link_progress.c runs them) ---- */
 
-void *link_devbuf_get(struct HixlEngine *e, int device, char *why, size_t cap) {
+void *link_devbuf_get(struct HixlEngine *e, int device, bool spill, char *why, size_t cap) {
   struct devq *q = &e->devq;
   if (!q->pool) { /* the first device op: the pool, its buffers made as they are needed */
     const struct devmem_ops *dm = devmem_get(why, cap);
@@ -373,7 +373,7 @@ void *link_devbuf_get(struct HixlEngine *e, int device, char *why, size_t cap) {
       return NULL;
     }
   }
-  return devmem_pool_get(q->pool, why, cap);
+  return spill ? devmem_pool_spill(q->pool, why, cap) : devmem_pool_get(q->pool, why, cap);
 }
 
 void link_devbuf_put(struct HixlEngine *e, void *buf) {

@@ -170,7 +170,7 @@ again:
   for (struct devjob *j = q->head; j && q->waiting > 0; j = j->next) {
     if (!j->needs_buf) continue;
     char why[256] = "";
-    uint8_t *b = link_devbuf_get(e, j->reg->device, why, sizeof(why));
+    uint8_t *b = link_devbuf_get(e, j->reg->device, false, why, sizeof(why));
     if (!b && q->pool && devmem_pool_empty(q->pool)) return; /* all in use: it waits */
     if (!b) {
       devq_fail(e, j, HIXL_RESOURCE_EXHAUSTED, why);
@@ -328,7 +328,7 @@ void link_dev_post(struct conn *c, struct chunk *ch) {
   if (j->kind == DJ_ASK &&
       (ch->bounce || (e->devq.waiting == 1 && (!e->devq.pool || !devmem_pool_empty(e->devq.pool))))) {
     char why[256] = "";
-    uint8_t *b = ch->bounce ? ch->bounce : link_devbuf_get(e, ch->lreg->device, why, sizeof(why));
+    uint8_t *b = ch->bounce ? ch->bounce : link_devbuf_get(e, ch->lreg->device, false, why, sizeof(why));
     if (b) { /* its frame can go now (a chunk posted again on a rail keeps its buffer): the submitter sends it
               */
       ch->bounce = b;
@@ -342,7 +342,9 @@ void link_dev_post(struct conn *c, struct chunk *ch) {
 
 uint8_t *link_dev_landing(struct conn *c, const struct hixl_mem_reg *r) {
   char why[256] = "";
-  uint8_t *b = link_devbuf_get(c->eng, r->device, why, sizeof(why));
+  /* Never refused for want of a pool buffer: one beyond the pool (this link then stalls
+   * until the pool has one again, devq_pause), so another link's WRITE does not fail. */
+  uint8_t *b = link_devbuf_get(c->eng, r->device, true, why, sizeof(why));
   if (!b) log_warn("a WRITE into device memory from %s is refused: %s", c->remote_name, why);
   return b;
 }

@@ -43,7 +43,7 @@ static void tcp_target_frame(struct conn *c, const struct wire_msg *m) {
     uint8_t *dst = r ? (uint8_t *)(uintptr_t)m->u.write_req.raddr : NULL, *bounce = NULL;
     uint32_t st = r ? HIXL_SUCCESS : HIXL_FAILED;
     if (r && r->type == HIXL_MEM_DEVICE && !(dst = bounce = link_dev_landing(c, r)))
-      st = HIXL_RESOURCE_EXHAUSTED; /* device memory: lands in a pool buffer first; none free: dropped */
+      st = HIXL_RESOURCE_EXHAUSTED; /* device memory lands in a host buffer first; no memory: dropped */
     link_pay_single(c, dst, m->hdr.payload_len);
     *pay = (struct link_pay){.seq = m->u.write_req.seq,
                              .reg = r,
