@@ -276,6 +276,39 @@ static void test_revoke(void) {
   forged(g.i, g.imem, A_OFF + 8 * WIN, WIN, key, false, "READ with a revoked window's key");
 }
 
+/* A registration withdrawn closes the windows inside it at once (each window's own MR
+ * pins the pages: left open, it would outlive the memory): the count drops, and the
+ * peer forgets the key before its next op, which fails. */
+static void test_dereg_closes(void) {
+  uint8_t *x = tu_alloc_mem(WIN, false);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(x);
+  HixlMemHandle h = tu_register(g.t, x, WIN);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(h);
+  const uint64_t r[1][2] = {{(uintptr_t)x, WIN}};
+  grant(g.i_name, r, 1, true);
+  tu_fill(x, WIN, 7);
+  HixlTransferOpDesc d = {(uintptr_t)g.imem, (uintptr_t)x, WIN};
+  uint64_t ops0 = info(g.i).win_ops;
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, &d, 1, 10000));
+  TU_ASSERT_SAME(g.imem, x, WIN, "READ in the window over the extra registration");
+  CU_ASSERT_EQUAL(info(g.i).win_ops, ops0 + 1);
+  uint32_t key = window_key(g.i, (uintptr_t)x);
+  CU_ASSERT_NOT_EQUAL_FATAL(key, 0);
+  struct hixl_window_stats s0 = wstats();
+  TU_ASSERT_OK(HixlEngineDeregisterMem(g.t, h));
+  struct hixl_window_stats s1 = wstats();
+  CU_ASSERT_EQUAL(s1.open, s0.open - 1);
+  CU_ASSERT_EQUAL(s1.closed, s0.closed + 1);
+  /* The peer hears of both (MEM_DEL, WIN_DEL) before its next op, which fails. */
+  memset(g.imem, 0x5a, WIN);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, &d, 1, 10000), HIXL_FAILED);
+  CU_ASSERT_EQUAL(tu_check_byte(g.imem, WIN, 0x5a), -1);
+  CU_ASSERT_EQUAL(window_key(g.i, (uintptr_t)x), 0);
+  /* (A closed window's key failing at the NIC: test_revoke; the same close.) */
+  grant(g.i_name, r, 1, false);
+  tu_free_mem(x, WIN);
+}
+
 /* Every window closes with its link, and the engine's count comes back to what the
  * grants still hold open (none here once revoked). */
 static void test_windows_drain(void) {
@@ -303,6 +336,7 @@ int main(int argc, char **argv) {
   CU_add_test(s, "granted: READ and WRITE by RDMA inside windows", test_granted_by_rdma);
   CU_add_test(s, "forged keys fail at the NIC, untouched", test_forged_keys);
   CU_add_test(s, "revoke closes the window at once", test_revoke);
+  CU_add_test(s, "a registration withdrawn closes its windows", test_dereg_closes);
   CU_add_test(s, "windows closed: bound == closed", test_windows_drain);
   return tu_run_registry();
 }

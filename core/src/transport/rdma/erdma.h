@@ -77,6 +77,9 @@ struct erdma_link {                      /* link_xs(c, XPORT_RDMA) (initiator: p
 void erdma_win_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n, bool add);
 /* xport_ops.link.initiator_frame: WIN_ADD / WIN_DEL. */
 void erdma_win_frame(struct conn *c, const struct wire_msg *m);
+/* Registration [addr, addr + len) is withdrawn: every window inside it closes (the
+ * range's own MR pins its pages: left open, a window would outlive the memory). */
+void erdma_wins_dereg(struct HixlEngine *e, uint64_t addr, uint64_t len);
 /* The link dies (its QP goes after this) or is freed: its windows go. */
 void erdma_wins_free(struct HixlEngine *e, struct erdma_link *l);
 /* Initiator: whether windows of l cover [addr, addr + len). */

@@ -327,6 +327,30 @@ static void wins_shut(struct HixlEngine *e, struct conn *c, struct erdma_link *l
   free(gone);
 }
 
+void erdma_wins_dereg(struct HixlEngine *e, uint64_t addr, uint64_t len) {
+  struct erdma_engine *x = engine_xe(e, XPORT_RDMA);
+  for (struct erdma_link *l = x ? x->links : NULL, *next; l; l = next) {
+    next = l->next; /* a kill (no memory to tell the peer) takes l off the list */
+    struct conn *c = l->conn;
+    if (!link_is_target(c) || l->wins.n == 0) continue;
+    struct erdma_win *gone = malloc(l->wins.n * sizeof(*gone));
+    size_t k = 0;
+    for (size_t i = 0; i < l->wins.n; i++) {
+      struct erdma_win *w = &l->wins.v[i];
+      if (w->addr + w->len <= addr || w->addr >= addr + len) continue;
+      win_close(e, w); /* at once: the memory may be freed as soon as this returns */
+      if (gone) gone[k++] = *w;
+      w->len = 0;
+    }
+    wins_compact(&l->wins);
+    if (!gone)
+      link_conn_kill(c, HIXL_RESOURCE_EXHAUSTED, "out of memory telling the peer its windows closed");
+    else if (k && !link_dead(c))
+      wins_tell(c, gone, k, false);
+    free(gone);
+  }
+}
+
 void erdma_win_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n,
                      bool add) {
   struct erdma_engine *x = engine_xe(e, XPORT_RDMA);

@@ -221,7 +221,7 @@ static HixlStatus erdma_reg(struct HixlEngine *e, struct hixl_mem_reg *r) {
 }
 
 static void erdma_dereg(struct HixlEngine *e, struct hixl_mem_reg *r) {
-  (void)e;
+  erdma_wins_dereg(e, r->range.addr, r->range.len); /* scoped: the peers' windows inside it */
   mrs_free(r->xm[XPORT_RDMA]);
   r->xm[XPORT_RDMA] = NULL;
 }
