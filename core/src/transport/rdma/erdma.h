@@ -51,6 +51,7 @@ struct erdma_win {
   uint32_t rkey;
   struct ibv_mr *mr;
   struct ibv_mw *mw;
+  bool closing; /* a target's, marked to close (rdma_win.c, wins_close_marked) */
 };
 struct erdma_wins { /* sorted by addr, disjoint */
   struct erdma_win *v;

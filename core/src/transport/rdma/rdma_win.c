@@ -307,47 +307,49 @@ reset:
   link_conn_kill(c, HIXL_FAILED, err);
 }
 
-/* Close the windows over ranges on c's QP (at once) and tell the peer. */
+/* Close l's windows marked closing (at once: the memory may be freed as soon as the
+ * caller returns), take them out, and tell the peer (WIN_DEL). */
+static void wins_close_marked(struct HixlEngine *e, struct conn *c, struct erdma_link *l) {
+  struct erdma_win *gone = malloc((l->wins.n ? l->wins.n : 1) * sizeof(*gone));
+  size_t k = 0, kept = 0;
+  for (size_t i = 0; i < l->wins.n; i++) {
+    struct erdma_win *w = &l->wins.v[i];
+    if (!w->closing) {
+      l->wins.v[kept++] = *w;
+      continue;
+    }
+    win_close(e, w);
+    if (gone) gone[k++] = *w;
+  }
+  l->wins.n = kept;
+  if (!gone) /* closed all the same: the peer's posts on them fail, which ends its link */
+    link_conn_kill(c, HIXL_RESOURCE_EXHAUSTED, "out of memory telling the peer its windows closed");
+  else if (k && !link_dead(c))
+    wins_tell(c, gone, k, false);
+  free(gone);
+}
+
+/* Close the windows over ranges on c's QP and tell the peer. */
 static void wins_shut(struct HixlEngine *e, struct conn *c, struct erdma_link *l, const uint64_t (*ranges)[2],
                       size_t n) {
-  struct erdma_win *gone = malloc((n ? n : 1) * sizeof(*gone));
-  size_t k = 0;
-  for (size_t i = 0; i < n; i++) {
-    struct erdma_win w;
-    if (!wins_take(&l->wins, ranges[i][0], ranges[i][1], &w)) continue; /* it got none */
-    win_close(e, &w);
-    if (gone) gone[k++] = w;
+  for (size_t i = 0; i < n; i++) { /* a range that got no window has none to close */
+    size_t at = erdma_wins_at(&l->wins, ranges[i][0]);
+    if (at < l->wins.n && l->wins.v[at].addr == ranges[i][0] && l->wins.v[at].len == ranges[i][1])
+      l->wins.v[at].closing = true;
   }
-  wins_compact(&l->wins);
-  if (!gone) { /* closed all the same: the peer's posts on them fail, which ends its link */
-    link_conn_kill(c, HIXL_RESOURCE_EXHAUSTED, "out of memory telling the peer its windows closed");
-    return;
-  }
-  if (k) wins_tell(c, gone, k, false);
-  free(gone);
+  wins_close_marked(e, c, l);
 }
 
 void erdma_wins_dereg(struct HixlEngine *e, uint64_t addr, uint64_t len) {
   struct erdma_engine *x = engine_xe(e, XPORT_RDMA);
   for (struct erdma_link *l = x ? x->links : NULL, *next; l; l = next) {
     next = l->next; /* a kill (no memory to tell the peer) takes l off the list */
-    struct conn *c = l->conn;
-    if (!link_is_target(c) || l->wins.n == 0) continue;
-    struct erdma_win *gone = malloc(l->wins.n * sizeof(*gone));
-    size_t k = 0;
+    if (!link_is_target(l->conn) || l->wins.n == 0) continue;
     for (size_t i = 0; i < l->wins.n; i++) {
-      struct erdma_win *w = &l->wins.v[i];
-      if (w->addr + w->len <= addr || w->addr >= addr + len) continue;
-      win_close(e, w); /* at once: the memory may be freed as soon as this returns */
-      if (gone) gone[k++] = *w;
-      w->len = 0;
+      const struct erdma_win *w = &l->wins.v[i];
+      l->wins.v[i].closing = w->addr < addr + len && addr < w->addr + w->len;
     }
-    wins_compact(&l->wins);
-    if (!gone)
-      link_conn_kill(c, HIXL_RESOURCE_EXHAUSTED, "out of memory telling the peer its windows closed");
-    else if (k && !link_dead(c))
-      wins_tell(c, gone, k, false);
-    free(gone);
+    wins_close_marked(e, l->conn, l);
   }
 }
 
