@@ -459,8 +459,9 @@ HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, Hix
     (void)api_req_wait(e, c, r, fn, remote);
     pthread_mutex_unlock(&e->lock);
     st = hixl_fail(HIXL_UNSUPPORTED, "%s: %s speaks an older protocol without service calls", fn, remote);
-  } else if (st == HIXL_SUCCESS && op == HIXL_WRITE && (c->xp->flags & XPORT_IN_STREAM) && !r->railed &&
-             r->ndirect == r->nchunks && (c->peer->caps & WIRE_CAP_CALL_AFTER)) {
+  } else if (st == HIXL_SUCCESS && !c->dead && op == HIXL_WRITE && (c->xp->flags & XPORT_IN_STREAM) &&
+             !r->railed && r->ndirect == r->nchunks && (c->peer->caps & WIRE_CAP_CALL_AFTER)) {
+    /* (A dead link has let go of its peer: it takes the branch below, which ends the call.) */
     /* Every WRITE is a frame queued on the link's stream already: the call follows them
      * at once, and the target serves it once they have all landed, unless one was
      * refused. Waiting for their answers first would add a round trip. */
