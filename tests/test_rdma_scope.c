@@ -309,6 +309,31 @@ static void test_dereg_closes(void) {
   tu_free_mem(x, WIN);
 }
 
+/* A target cannot grow an initiator's windows without bound: a WIN_ADD past
+ * ERDMA_WINS_MAX ends the link (white-box: the link holds that many already). */
+static void test_wins_bounded(void) {
+  struct erdma_link *l = rdma_link_of(g.i);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(l);
+  uint8_t b[WIRE_HDR_LEN + 4 + WIRE_WIN_LEN];
+  const uint64_t r[1][2] = {{at(0), 4096}};
+  const uint32_t key[1] = {0x1234};
+  struct wire_hdr h;
+  struct wire_msg m;
+  CU_ASSERT_FATAL(wire_put_wins(b, sizeof(b), r, key, 1) > 0);
+  CU_ASSERT_FATAL(wire_parse_hdr(b, &h) == WIRE_OK && wire_decode(&h, b + WIRE_HDR_LEN, &m) == WIRE_OK);
+  struct erdma_win *full = calloc(ERDMA_WINS_MAX, sizeof(*full));
+  CU_ASSERT_PTR_NOT_NULL_FATAL(full);
+  pthread_mutex_lock(&g.i->lock);
+  struct conn *c = l->conn;
+  free(l->wins.v);
+  l->wins = (struct erdma_wins){full, ERDMA_WINS_MAX, ERDMA_WINS_MAX};
+  erdma_win_frame(c, &m);
+  bool dead = c->dead;
+  pthread_mutex_unlock(&g.i->lock);
+  CU_ASSERT_TRUE(dead);
+  TU_ASSERT_OK(HixlEngineConnect(g.i, g.t_name, 10000));
+}
+
 /* Every window closes with its link, and the engine's count comes back to what the
  * grants still hold open (none here once revoked). */
 static void test_windows_drain(void) {
@@ -337,6 +362,7 @@ int main(int argc, char **argv) {
   CU_add_test(s, "forged keys fail at the NIC, untouched", test_forged_keys);
   CU_add_test(s, "revoke closes the window at once", test_revoke);
   CU_add_test(s, "a registration withdrawn closes its windows", test_dereg_closes);
+  CU_add_test(s, "a WIN_ADD past the bound ends the link", test_wins_bounded);
   CU_add_test(s, "windows closed: bound == closed", test_windows_drain);
   return tu_run_registry();
 }

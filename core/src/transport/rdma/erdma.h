@@ -53,6 +53,9 @@ struct erdma_win {
   struct ibv_mw *mw;
   bool closing; /* a target's, marked to close (rdma_win.c, wins_close_marked) */
 };
+/* Windows one initiator link takes from its target at most: past it, WIN_ADD ends the link. */
+#define ERDMA_WINS_MAX (1u << 20)
+
 struct erdma_wins { /* sorted by addr, disjoint */
   struct erdma_win *v;
   size_t n, cap;

@@ -388,6 +388,10 @@ void erdma_win_frame(struct conn *c, const struct wire_msg *m) {
     wins_compact(&l->wins);
     return;
   }
+  if (l->wins.n + n > ERDMA_WINS_MAX) { /* a target holds no more grants than that for one peer */
+    link_conn_kill(c, HIXL_FAILED, "protocol error: WIN_ADD past the bound of windows a link holds");
+    return;
+  }
   struct erdma_win *add = calloc(n, sizeof(*add));
   if (!add) {
     link_conn_kill(c, HIXL_RESOURCE_EXHAUSTED, "out of memory for the peer's memory windows");
