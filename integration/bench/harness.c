@@ -223,6 +223,14 @@ char *hb_recv(int fd, char *buf, size_t cap) {
   return buf;
 }
 
+uint64_t hb_cpu_ns(pid_t pid) {
+  clockid_t c = CLOCK_PROCESS_CPUTIME_ID;
+  struct timespec ts;
+  if ((pid && clock_getcpuclockid(pid, &c) != 0) || clock_gettime(c, &ts) != 0)
+    hb_die("the CPU time of process %d: %s", (int)pid, strerror(errno));
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 static bool port_free(const char *ip, uint16_t port) {
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
   int fd = inet_pton(AF_INET, ip, &a.sin_addr) == 1 ? socket(AF_INET, SOCK_STREAM, 0) : -1;

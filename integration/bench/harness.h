@@ -89,6 +89,11 @@ void hb_send(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)))
 /* A '\n'-ended line from the peer, without it; dies when the peer is gone. */
 char *hb_recv(int fd, char *buf, size_t cap);
 
+/* The CPU time, user + system, of every thread of process pid (0: this one) so far, in
+ * ns: its process CPU-time clock (clock_getcpuclockid), which reads another process
+ * too, at the scheduler's resolution (getrusage's of a child waits for its exit). */
+uint64_t hb_cpu_ns(pid_t pid);
+
 /* n TCP ports in a row free on ip now; dies when there are none. */
 uint16_t hb_ports(const char *ip, unsigned n);
 

@@ -29,7 +29,9 @@
  * holding every layer), the last two with register_kv_groups (ABI 1.3); the raw op
  * lists follow the layout as the plugin's do. The push is measured with kv_first only
  * (a cross-layer cache moves whole, after its last layer); --no-push leaves it out.
- * Progress on stderr; a table on stdout; --json FILE. */
+ * CPU s per GiB: the CPU time (user + system) of both processes over the fd-woken pull
+ * and over the raw READ (hb_cpu_ns), per GiB moved, medians, and plugin / raw (issue 47).
+ * Progress on stderr; a table on stdout; --json FILE, --csv FILE. */
 #include <inttypes.h>
 #include <pthread.h>
 
@@ -63,7 +65,7 @@ enum layout { LAYOUT_KV_FIRST, LAYOUT_BLNHC, LAYOUT_CROSS };
 static const char *const layout_names[] = {"kv_first", "BLNHC", "cross_layer"};
 
 struct opts {
-  const char *plugin, *transport, *ip, *json;
+  const char *plugin, *transport, *ip, *json, *csv;
   bool pin;  /* decode on CPU 0, prefill on CPU 1, like two hosts */
   bool push; /* measure the push too (kv_first only) */
   bool obs;  /* the connectors keep histograms and traces (the plugin's default); --obs off: neither */
@@ -634,12 +636,13 @@ static size_t parse_blocks(const char *params, uint64_t *out, size_t cap) {
 struct row {
   uint64_t tokens, blocks, bytes, ops, runs, plugin_ops; /* ops: the raw engine's; plugin_ops: per request */
   uint32_t rounds;
+  double cpu_plugin, cpu_raw; /* CPU s per GiB, both processes: the fd-woken pull, the raw READ */
   double plugin_gbs, plugin_fd_gbs, raw_gbs, raw2_gbs, handoff_ms, push_after_last_ms, layer_ms, notice_ms,
       notice_busy_ms, behind_ms, raw_push_ms, raw_call_push_ms;
 };
 
 /* A row's fields: the pull's columns, then the push's (kv_first only); the JSON's keys. */
-#define PD_PULL_FIELDS 16
+#define PD_PULL_FIELDS 19
 static void row_fields(const struct row *w, struct hb_field *f) {
   const double l = w->layer_ms;
   const struct hb_field r[] = {
@@ -660,6 +663,9 @@ static void row_fields(const struct row *w, struct hb_field *f) {
       HB_FD("plugin_gbs", "plugin pull GB/s, host stepping", "%.4f", "%.2f", w->plugin_gbs),
       HB_FD("ratio_stepping", "ratio", "%.4f", "%.2f", w->plugin_gbs / w->raw_gbs),
       HB_FD("handoff_ms", "hand-off ms (pull, stepping)", "%.4f", "%.2f", w->handoff_ms),
+      HB_FD("cpu_s_per_gib_plugin", "CPU s/GiB, plugin pull (both processes)", "%.4f", "%.3f", w->cpu_plugin),
+      HB_FD("cpu_s_per_gib_raw", "CPU s/GiB, raw engine", "%.4f", "%.3f", w->cpu_raw),
+      HB_FD("cpu_ratio", "CPU ratio plugin / raw", "%.4f", "%.2f", w->cpu_plugin / w->cpu_raw),
       HB_FD("push_after_last_ms", "push: after last layer ms", "%.4f", "%.2f", w->push_after_last_ms),
       HB_FD("layer_ms", "one layer ms", "%.4f", "%.2f", l),
       HB_FD("push_ratio", "ratio (goal <= 1.5)", "%.4f", "%.2f", w->push_after_last_ms / l),
@@ -709,6 +715,7 @@ int main(int argc, char **argv) {
       {"--step-us", HB_U64, &o.step_us, "N", "how often the host polls get_finished (default 200)", 0, 100000,
        NULL},
       {"--json", HB_STR, &o.json, "FILE", "the rows as JSON", 0, 0, NULL},
+      {"--csv", HB_STR, &o.csv, "FILE", "the rows as CSV (the JSON's keys as its columns)", 0, 0, NULL},
       {"--pin", HB_FLAG, &o.pin, NULL, "decode on CPU 0, prefill on CPU 1, like two hosts", 0, 0, NULL},
       {"--obs", HB_CHOICE, &obs, "on|off",
        "off: the connectors keep no histograms and no traces (\"metrics\": false,\n"
@@ -773,7 +780,7 @@ int main(int argc, char **argv) {
     uint64_t nb = (o.prompts[pi] + o.block_tokens - 1) / o.block_tokens;
     uint64_t t_plugin[MAX_RUNS], t_plugin_fd[MAX_RUNS], t_raw[MAX_RUNS], t_hand[MAX_RUNS], t_push[MAX_RUNS],
         t_layer[MAX_RUNS], t_rtt[MAX_RUNS], t_busy[MAX_RUNS], t_behind[MAX_RUNS], t_rawpush[MAX_RUNS],
-        t_rawcall[MAX_RUNS], t_raw2[MAX_RUNS];
+        t_rawcall[MAX_RUNS], t_raw2[MAX_RUNS], c_plugin[MAX_RUNS], c_raw[MAX_RUNS];
     memset(w, 0, sizeof(*w));
     w->tokens = o.prompts[pi];
     w->blocks = nb;
@@ -802,10 +809,12 @@ int main(int argc, char **argv) {
         int pass = r % 2 ? k : 3 - k; /* 0: raw, 1: pull stepping, 2: pull woken by the fd, 3: raw again */
         PD_PHASE("decode: between");
         if (pass == 0 || pass == 3) {
+          uint64_t c0 = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid);
           t0 = bench_now_ns();
           if (HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000) != HIXL_SUCCESS)
             hb_die("raw READ: %s", HixlGetLastErrorMessage());
           (pass == 0 ? t_raw : t_raw2)[r] = bench_now_ns() - t0;
+          if (pass == 0) c_raw[r] = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid) - c0;
           PD_PHASE("decode: raw READ");
           continue;
         }
@@ -831,9 +840,11 @@ int main(int argc, char **argv) {
           hb_die("decode scheduler: %s", ops->last_error());
         hixl_kv_stats s0, s1;
         if (ops->get_stats(pull.worker, &s0) != HIXL_KV_SUCCESS) hb_die("get_stats: %s", ops->last_error());
+        uint64_t c0 = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid);
         t0 = bench_now_ns();
         wait_finished_fd(&pull, did, 1, pass == 2 ? pull_fd : -1);
         uint64_t t1 = bench_now_ns();
+        if (pass == 2) c_plugin[r] = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid) - c0;
         if (ops->get_stats(pull.worker, &s1) != HIXL_KV_SUCCESS) hb_die("get_stats: %s", ops->last_error());
         if (s1.loads_done != s0.loads_done + 1)
           hb_die("request %s: %" PRIu64 " loads done, not 1", did, s1.loads_done - s0.loads_done);
@@ -909,6 +920,9 @@ int main(int argc, char **argv) {
     w->raw_gbs = (double)w->bytes / (double)hb_median_u64(t_raw, w->rounds);
     w->raw2_gbs = (double)w->bytes / (double)hb_median_u64(t_raw2, w->rounds);
     w->handoff_ms = (double)hb_median_u64(t_hand, w->rounds) / 1e6;
+    const double gib = (double)w->bytes / (double)(1u << 30);
+    w->cpu_plugin = (double)hb_median_u64(c_plugin, w->rounds) / 1e9 / gib;
+    w->cpu_raw = (double)hb_median_u64(c_raw, w->rounds) / 1e9 / gib;
     if (!o.push) continue;
     w->push_after_last_ms = (double)hb_median_u64(t_push, w->rounds) / 1e6;
     w->layer_ms = (double)hb_median_u64(t_layer, w->rounds) / 1e6;
@@ -925,7 +939,8 @@ int main(int argc, char **argv) {
   struct hb_field rec[PD_PULL_FIELDS + 11];
   size_t nf = o.push ? HB_NF(rec) : PD_PULL_FIELDS;
   FILE *f = o.json ? fopen(o.json, "w") : NULL;
-  if (o.json && !f) hb_die("%s: %s", o.json, strerror(errno));
+  FILE *csv = o.csv ? fopen(o.csv, "w") : NULL;
+  if ((o.json && !f) || (o.csv && !csv)) hb_die("%s: %s", o.json && !f ? o.json : o.csv, strerror(errno));
   if (f)
     fprintf(f,
             "{\"transport\": \"%s\", \"layout\": \"%s\", \"layers\": %u, \"block_tokens\": %u"
@@ -936,10 +951,13 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < o.nprompts; i++) {
     row_fields(&rows[i], rec);
     if (i == 0) hb_head(stdout, HB_MD, rec, nf);
+    if (i == 0 && csv) hb_head(csv, HB_CSV, rec, nf);
+    if (csv) hb_row(csv, HB_CSV, rec, nf), fputc('\n', csv);
     hb_row(stdout, HB_MD, rec, nf);
     putchar('\n');
     if (f) fputs(i ? ",\n " : "\n ", f), hb_row(f, HB_JSON, rec, nf);
   }
   if (f) fprintf(f, "\n]}\n"), fclose(f);
+  if (csv) fclose(csv);
   return conns_down(&pull, &push, raw);
 }
