@@ -33,4 +33,4 @@ for t in tcp auto; do
   done
 done
 
-python3 "$SRC/integration/bench/report.py" cache "$RES" "$OUT" "$RUNS" "$ITERS" || die "the page could not be written"
+python3 "$SRC/integration/bench/report.py" cache "$RES" "$OUT" "$RUNS" "$ITERS" "$SRC/docs/performance-cache.md" || die "the page could not be written"
