@@ -385,6 +385,66 @@ static void test_two_links_write(void) {
   assert_pool_back("two links writing");
 }
 
+/* The pool bound per link: x queues many async device WRITEs on a link to y, whose
+ * thread is held (it reads nothing, so x's buffers on that link stay out while its
+ * frames wait for the socket), then WRITEs device memory to z on another link. That op
+ * completes while every op to y still waits: the first link holds at most its share of
+ * x's pool (ENGINE_DEV_LINK_BUFS, 4 of 16), so the second finds buffers. Without the
+ * bound the first link takes all 16 and the op to z waits until it times out. Then y
+ * goes on and every byte of both links lands. */
+static void test_link_share(void) {
+  enum { N = 24, SHARE = 4 };
+  struct side x, y, z;
+  struct tu_hold h = TU_HOLD_INIT;
+  uint8_t ans[8];
+  uint32_t alen = 0;
+  hixl_call_t held;
+  HixlTransferReq req[N];
+  const size_t len = 1u << 20;
+  CU_ASSERT_FATAL(side_up(&x, pair_transport()) && side_up(&y, pair_transport()) &&
+                  side_up(&z, pair_transport()));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(x.e, y.name, 5000));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(x.e, z.name, 5000));
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(y.e, 1, tu_hold_handler, &h));
+  TU_ASSERT_OK_FATAL(hixl_engine_call_start(x.e, y.name, 1, NULL, 0, ans, sizeof(ans), &alen, 30000, &held));
+  tu_hold_entered(&h); /* y reads nothing from here on */
+  tu_fill(x.dev, DEV_LEN, 801);
+  memset(y.host, 0, HOST_LEN);
+  memset(z.host, 0, HOST_LEN);
+  for (int i = 0; i < N; i++) { /* 24 MiB: more than x's pool and the socket's buffers hold */
+    HixlTransferOpDesc w = {.local_addr = (uintptr_t)x.dev + (size_t)(i % 4) * len,
+                            .remote_addr = (uintptr_t)y.host + (size_t)(i % 4) * len,
+                            .len = len};
+    TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(x.e, y.name, HIXL_WRITE, &w, 1, 30000, NULL, &req[i]));
+  }
+  HixlTransferOpDesc wz = {.local_addr = (uintptr_t)x.dev, .remote_addr = (uintptr_t)z.host, .len = 2 * len};
+  TU_ASSERT_OK(HixlEngineTransferSync(x.e, z.name, HIXL_WRITE, &wz, 1, 10000));
+  TU_ASSERT_SAME(z.host, x.dev, 2 * len, "the other link's device WRITE");
+  uint64_t out, pinned, waits;
+  devmem_test_pool(&out, &pinned, &waits); /* y and z land in host memory: only x holds buffers */
+  printf("  [the held link holds %llu pool buffer(s)]\n", (unsigned long long)out);
+  CU_ASSERT(out >= 1 && out <= SHARE);
+  int waiting = 0;
+  for (int i = 0; i < N; i++) {
+    HixlTransferStatus s = HIXL_TRANSFER_FAILED;
+    TU_ASSERT_OK(HixlEngineGetTransferStatus(x.e, req[i], &s));
+    waiting += s == HIXL_TRANSFER_WAITING;
+  }
+  CU_ASSERT_EQUAL(waiting, N); /* y answered none: not one op to it ended */
+  tu_hold_release(&h);
+  TU_ASSERT_OK(hixl_engine_call_wait(x.e, y.name, held));
+  for (int i = 0; i < N; i++) {
+    HixlTransferStatus fin = HIXL_TRANSFER_WAITING;
+    TU_ASSERT_OK(tu_wait_request(x.e, req[i], tu_now_ms() + 30000, &fin));
+    CU_ASSERT_EQUAL(fin, HIXL_TRANSFER_COMPLETED);
+  }
+  TU_ASSERT_SAME(y.host, x.dev, 4 * len, "the held link's device WRITEs, once it went on");
+  side_down(&x);
+  side_down(&y);
+  side_down(&z);
+  assert_pool_back("a link's share");
+}
+
 /* The link cut while device copies are queued and running on both sides (many async
  * ops, both ways): each request ends, FAILED or COMPLETED, within its timeout; no
  * crash, no hang; every pool buffer comes back. */
@@ -460,6 +520,8 @@ static CU_TestInfo host_tests[] = {
     {"the pool: a wait when out, a buffer of its own from spill, freed when put back", test_pool_spill},
     {"two links WRITE into one target beyond its pool: none refused, all land, buffers back",
      test_two_links_write},
+    {"a link with many ops held holds at most its share of the pool: another link's op completes",
+     test_link_share},
     {"the link cut with device copies queued and running: requests end, buffers back", test_cut_in_flight},
     {"Finalize with device copies in flight: returns, pools freed and unpinned", test_finalize_in_flight},
     CU_TEST_INFO_NULL,

@@ -267,8 +267,11 @@ void *devmem_pool_get(struct devmem_pool *p, char *why, size_t cap) {
   return b;
 }
 
-void *devmem_pool_spill(struct devmem_pool *p, char *why, size_t cap) {
-  if (!devmem_pool_empty(p)) return devmem_pool_get(p, why, cap);
+void *devmem_pool_extra(struct devmem_pool *p, char *why, size_t cap) {
+  if (!p) {
+    snprintf(why, cap, "no pool to spill beyond");
+    return NULL;
+  }
   void *b = aligned_alloc(4096, p->size);
   if (!b) {
     snprintf(why, cap, "out of memory for a %zu-byte host buffer beyond the pool's %u", p->size, p->max);
@@ -277,6 +280,23 @@ void *devmem_pool_spill(struct devmem_pool *p, char *why, size_t cap) {
   __atomic_add_fetch(&pool_spills, 1, __ATOMIC_RELAXED);
   __atomic_add_fetch(&pool_out, 1, __ATOMIC_RELAXED);
   return b;
+}
+
+void *devmem_pool_spill(struct devmem_pool *p, char *why, size_t cap) {
+  if (!devmem_pool_empty(p)) return devmem_pool_get(p, why, cap);
+  return devmem_pool_extra(p, why, cap);
+}
+
+bool devmem_pool_owns(const struct devmem_pool *p, const void *buf) {
+  if (!p || !buf) return false;
+  for (uint32_t i = 0; i < p->made; i++)
+    if (p->all[i] == buf) return true;
+  return false;
+}
+
+void devmem_pool_waited(struct devmem_pool *p) {
+  (void)p;
+  __atomic_add_fetch(&pool_waits, 1, __ATOMIC_RELAXED);
 }
 
 void devmem_pool_put(struct devmem_pool *p, void *buf) {

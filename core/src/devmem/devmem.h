@@ -45,12 +45,19 @@ void *devmem_pool_get(struct devmem_pool *p, char *why, size_t cap);
  * (counted: a spill). NULL only when memory runs out. For a target landing a peer's
  * WRITE, which cannot wait without stalling every link behind the pool. */
 void *devmem_pool_spill(struct devmem_pool *p, char *why, size_t cap);
+/* A buffer of its own beyond the pool even when the pool has one free (counted: a
+ * spill): a target's link that holds its share of the pool lands a WRITE there. */
+void *devmem_pool_extra(struct devmem_pool *p, char *why, size_t cap);
+bool devmem_pool_owns(const struct devmem_pool *p, const void *buf); /* one of its max, not a spill */
+void devmem_pool_waited(
+    struct devmem_pool *p); /* a get its caller did not make (a link's share held): a wait */
 void devmem_pool_put(struct devmem_pool *p, void *buf); /* a spilled buffer is freed */
 bool devmem_pool_empty(const struct devmem_pool *p);    /* the next get would wait */
 void devmem_pool_free(struct devmem_pool *p);           /* every buffer back: unpinned and freed */
 
 /* Test builds: what every pool of this process holds now: buffers handed out, buffers
- * pinned (the host stand-in's count), and gets that found none free so far. */
+ * pinned (the host stand-in's count), and gets that found none free so far (the pool
+ * out, or the link asking holding its share: devmem_pool_waited). */
 void devmem_test_pool(uint64_t *out, uint64_t *pinned, uint64_t *waits);
 uint64_t devmem_test_spills(void); /* buffers devmem_pool_spill made beyond the pool */
 

@@ -125,6 +125,7 @@ struct conn {
   uint64_t rail_load;
   uint64_t last_io_ns;
   uint32_t devjobs; /* device copies of its queued on the engine's devq (waiting or running) */
+  uint32_t devbufs; /* pool buffers it holds now (at most ENGINE_DEV_LINK_BUFS but for a target's spill) */
 };
 
 /* One rail to a peer: a tcp link from a local address to one of the peer's. */
@@ -205,6 +206,11 @@ struct devjob {
 /* The engine's device copies and the pool of pinned host buffers they use, made at the
  * first device op and freed at Finalize. Lock held for every field. */
 #define ENGINE_DEV_BUFS 16 /* buffers of ENGINE_TCP_CHUNK: 16 MiB pinned at most */
+/* Pool buffers one link holds at once: max(2, ENGINE_DEV_BUFS / 4). Two let a link's
+ * copy of one chunk overlap the wire of the one before; a quarter of the pool keeps
+ * four links at that depth and more together, so one link with many ops queued (or a
+ * peer that stops reading) cannot take every buffer and hold the others' ops behind. */
+#define ENGINE_DEV_LINK_BUFS (ENGINE_DEV_BUFS / 4 > 2 ? ENGINE_DEV_BUFS / 4 : 2)
 struct devq {
   struct devmem_pool *pool;
   struct devjob *head, *tail; /* in order: a job waiting for a buffer holds back those behind */
@@ -212,6 +218,9 @@ struct devq {
   uint32_t stalls;            /* target links stalled on the pool (LINK_STALL_DEVMEM) */
   uint32_t copying;           /* threads copying now, the lock released (Finalize waits for them) */
   bool resume;                /* a buffer came back: target links stalled on the pool read again */
+
+  void *held[ENGINE_DEV_BUFS];           /* the pool's buffers handed out ... */
+  struct conn *held_by[ENGINE_DEV_BUFS]; /* ... and the link each is charged to (NULL: none, or freed) */
 };
 
 struct notify_item {
@@ -335,9 +344,13 @@ void link_drive(struct conn *c, struct hixl_transfer_req *r);
 void link_take_pending(struct conn *c);
 void link_free_graveyard(struct HixlEngine *e);
 /* Device copies (link.c: the queue and the pool; link_progress.c: running them). */
-/* A pool buffer; NULL: none free (spill: one beyond the pool then, NULL only without memory). */
-void *link_devbuf_get(struct HixlEngine *e, int device, bool spill, char *why, size_t cap);
+/* A pool buffer charged to link c; NULL: none free (spill: one beyond the pool then, or
+ * when c holds its share, NULL only without memory). A get that is not a spill first
+ * checks link_devbuf_capped. */
+void *link_devbuf_get(struct conn *c, int device, bool spill, char *why, size_t cap);
 void link_devbuf_put(struct HixlEngine *e, void *buf);
+bool link_devbuf_capped(const struct conn *c); /* c holds ENGINE_DEV_LINK_BUFS pool buffers */
+void link_devbuf_disown(struct conn *c);       /* c is freed: buffers still charged to it are no one's */
 void link_devq_add(struct HixlEngine *e, struct devjob *j);
 void link_devq_drop(struct HixlEngine *e, struct devjob *j);         /* unqueued and freed, its buffer back */
 void link_devq_kill(struct conn *c, HixlStatus st, const char *why); /* c dies: its jobs go or are lost */

@@ -353,6 +353,7 @@ void link_free_graveyard(struct HixlEngine *e) {
   while (e->graveyard) {
     struct conn *c = e->graveyard;
     e->graveyard = c->next;
+    link_devbuf_disown(c); /* a chunk still holding a buffer it took on c puts it back later */
     for (int i = 0; i < XPORT_MODS; i++) e->mods[i]->link.free(c);
     auth_frames_free(&c->proof);
     free(c->rxbuf);
@@ -362,7 +363,8 @@ void link_free_graveyard(struct HixlEngine *e) {
 
 /* ---- device copies: their queue and the pool (link_progress.c runs them) ---- */
 
-void *link_devbuf_get(struct HixlEngine *e, int device, bool spill, char *why, size_t cap) {
+void *link_devbuf_get(struct conn *c, int device, bool spill, char *why, size_t cap) {
+  struct HixlEngine *e = c->eng;
   struct devq *q = &e->devq;
   if (!q->pool) { /* the first device op: the pool, its buffers made as they are needed */
     const struct devmem_ops *dm = devmem_get(why, cap);
@@ -373,14 +375,46 @@ void *link_devbuf_get(struct HixlEngine *e, int device, bool spill, char *why, s
       return NULL;
     }
   }
-  return spill ? devmem_pool_spill(q->pool, why, cap) : devmem_pool_get(q->pool, why, cap);
+  if (!spill && link_devbuf_capped(c)) {
+    snprintf(why, cap, "the link holds its %d device buffers", ENGINE_DEV_LINK_BUFS);
+    return NULL;
+  }
+  void *b = spill && link_devbuf_capped(c) ? devmem_pool_extra(q->pool, why, cap)
+            : spill                        ? devmem_pool_spill(q->pool, why, cap)
+                                           : devmem_pool_get(q->pool, why, cap);
+  if (!b || !devmem_pool_owns(q->pool, b)) return b; /* a spill is charged to no link */
+  for (int i = 0; i < ENGINE_DEV_BUFS; i++)
+    if (!q->held[i]) {
+      q->held[i] = b;
+      q->held_by[i] = c;
+      c->devbufs++;
+      break;
+    }
+  return b;
+}
+
+bool link_devbuf_capped(const struct conn *c) { return c->devbufs >= ENGINE_DEV_LINK_BUFS; }
+
+void link_devbuf_disown(struct conn *c) {
+  struct devq *q = &c->eng->devq;
+  for (int i = 0; i < ENGINE_DEV_BUFS; i++)
+    if (q->held_by[i] == c) q->held_by[i] = NULL;
+  c->devbufs = 0;
 }
 
 void link_devbuf_put(struct HixlEngine *e, void *buf) {
+  struct devq *q = &e->devq;
   if (!buf) return;
-  devmem_pool_put(e->devq.pool, buf);
-  if (e->devq.waiting || e->devq.stalls) { /* jobs or stalled links wait for it */
-    e->devq.resume = e->devq.stalls > 0;
+  for (int i = 0; i < ENGINE_DEV_BUFS; i++)
+    if (q->held[i] == buf) {
+      if (q->held_by[i]) q->held_by[i]->devbufs--;
+      q->held[i] = NULL;
+      q->held_by[i] = NULL;
+      break;
+    }
+  devmem_pool_put(q->pool, buf);
+  if (q->waiting || q->stalls) { /* jobs or stalled links wait for it */
+    q->resume = q->stalls > 0;
     link_wake(e);
   }
 }

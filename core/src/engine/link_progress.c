@@ -169,8 +169,12 @@ static void devq_feed(struct HixlEngine *e) {
 again:
   for (struct devjob *j = q->head; j && q->waiting > 0; j = j->next) {
     if (!j->needs_buf) continue;
+    if (link_devbuf_capped(j->c)) { /* its link holds its share: others' jobs go on */
+      devmem_pool_waited(q->pool);
+      continue;
+    }
     char why[256] = "";
-    uint8_t *b = link_devbuf_get(e, j->reg->device, false, why, sizeof(why));
+    uint8_t *b = link_devbuf_get(j->c, j->reg->device, false, why, sizeof(why));
     if (!b && q->pool && devmem_pool_empty(q->pool)) return; /* all in use: it waits */
     if (!b) {
       devq_fail(e, j, HIXL_RESOURCE_EXHAUSTED, why);
@@ -250,17 +254,19 @@ static void devq_resume(struct HixlEngine *e) {
   q->resume = false;
   uint32_t walk = ++e->walks;
   for (struct conn *c; q->stalls > 0 && !devmem_pool_empty(q->pool) && (c = link_next(e, walk));) {
-    if (!(c->stall & LINK_STALL_DEVMEM)) continue;
+    if (!(c->stall & LINK_STALL_DEVMEM) || link_devbuf_capped(c)) continue;
     c->stall &= (uint8_t)~LINK_STALL_DEVMEM;
     q->stalls--;
     link_resume(c);
   }
 }
 
-/* Target link c took a buffer: with none left it reads no more frames until one is back. */
+/* Target link c took a buffer: with none left in the pool, or its share of them held,
+ * it reads no more frames until one is back. */
 static void devq_pause(struct conn *c) {
   struct devq *q = &c->eng->devq;
-  if (c->dead || (c->stall & LINK_STALL_DEVMEM) || !q->pool || !devmem_pool_empty(q->pool)) return;
+  if (c->dead || (c->stall & LINK_STALL_DEVMEM) || !q->pool) return;
+  if (!devmem_pool_empty(q->pool) && !link_devbuf_capped(c)) return;
   c->stall |= LINK_STALL_DEVMEM;
   q->stalls++;
   link_conn_arm(c);
@@ -325,10 +331,10 @@ void link_dev_post(struct conn *c, struct chunk *ch) {
   link_enqueue(c, &ch->tx);
   ch->tx.unready = true;
   link_devq_add(e, j);
-  if (j->kind == DJ_ASK &&
-      (ch->bounce || (e->devq.waiting == 1 && (!e->devq.pool || !devmem_pool_empty(e->devq.pool))))) {
+  if (j->kind == DJ_ASK && (ch->bounce || (e->devq.waiting == 1 && !link_devbuf_capped(c) &&
+                                           (!e->devq.pool || !devmem_pool_empty(e->devq.pool))))) {
     char why[256] = "";
-    uint8_t *b = ch->bounce ? ch->bounce : link_devbuf_get(e, ch->lreg->device, false, why, sizeof(why));
+    uint8_t *b = ch->bounce ? ch->bounce : link_devbuf_get(c, ch->lreg->device, false, why, sizeof(why));
     if (b) { /* its frame can go now (a chunk posted again on a rail keeps its buffer): the submitter sends it
               */
       ch->bounce = b;
@@ -342,9 +348,10 @@ void link_dev_post(struct conn *c, struct chunk *ch) {
 
 uint8_t *link_dev_landing(struct conn *c, const struct hixl_mem_reg *r) {
   char why[256] = "";
-  /* Never refused for want of a pool buffer: one beyond the pool (this link then stalls
-   * until the pool has one again, devq_pause), so another link's WRITE does not fail. */
-  uint8_t *b = link_devbuf_get(c->eng, r->device, true, why, sizeof(why));
+  /* Never refused for want of a pool buffer: one beyond the pool when it is out or this
+   * link holds its share (the link then stalls until one is back, devq_pause), so no
+   * link's WRITE fails and none takes more than its share of the pool. */
+  uint8_t *b = link_devbuf_get(c, r->device, true, why, sizeof(why));
   if (!b) log_warn("a WRITE into device memory from %s is refused: %s", c->remote_name, why);
   return b;
 }
