@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "devmem/devmem.h"
 #include "engine/engine_ext.h"
@@ -86,6 +87,104 @@ static void test_no_driver(void) {
   HixlEngineDestroy(e);
   tu_free_mem(buf, 4096);
 }
+
+/* ---- the provider's IPC (same host, two processes), host stand-in ---- */
+
+#define IPC_LEN (1u << 20)
+
+/* The child: "device" memory from the stand-in's IPC allocator, filled (seed 901), a
+ * handle for [4096, IPC_LEN - 4096) of it sent up; on 'c' it answers whether the first
+ * 4096 bytes of that range now hold the parent's (seed 902). */
+static int ipc_child(void *arg, int ready_fd, int ctl_fd) {
+  (void)arg;
+  char why[256] = "", cmd = 0, ok = 0;
+  struct devmem_ipc h;
+  const struct devmem_ops *dm = devmem_get(why, sizeof(why));
+  uint8_t *d = devmem_test_alloc(IPC_LEN), *want = malloc(4096);
+  if (!dm || !d || !want) return 2;
+  tu_fill(d, IPC_LEN, 901);
+  tu_fill(want, 4096, 902);
+  if (dm->ipc_export((uintptr_t)d + 4096, IPC_LEN - 8192, 0, &h, why, sizeof(why)) != HIXL_SUCCESS) return 3;
+  if (write(ready_fd, &h, sizeof(h)) != (ssize_t)sizeof(h)) return 4;
+  if (read(ctl_fd, &cmd, 1) != 1 || cmd != 'c') return 5;
+  ok = memcmp(d + 4096, want, 4096) == 0 ? 'y' : 'n';
+  if (write(ready_fd, &ok, 1) != 1) return 6;
+  if (read(ctl_fd, &cmd, 1) != 0) return 7; /* EOF: quit */
+  devmem_test_free(d);
+  free(want);
+  return 0;
+}
+
+/* Another process's "device" memory opened by its handle, read and written device to
+ * device byte for byte (the d2d count says that path ran), the mapping closed; forged
+ * handles (a range past the allocation, an allocation longer than what it names, not
+ * the stand-in's, a descriptor that is not there) refused; memory from elsewhere is not
+ * exported. */
+static void test_ipc_provider(void) {
+  char why[256] = "";
+  const struct devmem_ops *dm = devmem_get(why, sizeof(why));
+  CU_ASSERT_PTR_NOT_NULL_FATAL(dm);
+  tu_child ch;
+  struct devmem_ipc h, f;
+  uint64_t base = 0, d0, m0, d1, m1;
+  uint8_t *mine = devmem_test_alloc(IPC_LEN), *want = malloc(IPC_LEN);
+  CU_ASSERT_FATAL(mine != NULL && want != NULL);
+  CU_ASSERT_EQUAL_FATAL(tu_child_start(&ch, ipc_child, NULL), 0);
+  CU_ASSERT_EQUAL_FATAL(tu_child_read(&ch, &h, sizeof(h), 10000), 0);
+  CU_ASSERT_EQUAL(h.alloc_len, IPC_LEN);
+  CU_ASSERT_EQUAL(h.offset, 4096);
+  CU_ASSERT_EQUAL(h.len, IPC_LEN - 8192);
+  devmem_test_d2d(&d0, &m0);
+  TU_ASSERT_OK_FATAL(dm->ipc_open(&h, 0, &base, why, sizeof(why)));
+  devmem_test_d2d(&d1, &m1);
+  CU_ASSERT_EQUAL(m1, m0 + 1);
+  TU_ASSERT_OK(dm->d2d((uintptr_t)mine, 0, base + h.offset, 0, h.len, why, sizeof(why)));
+  tu_fill(want, IPC_LEN, 901);
+  TU_ASSERT_SAME(mine, want + 4096, h.len, "the peer's device memory read device to device");
+  tu_fill(mine, 4096, 902);
+  TU_ASSERT_OK(dm->d2d(base + h.offset, 0, (uintptr_t)mine, 0, 4096, why, sizeof(why)));
+  char cmd = 'c', ok = 0;
+  CU_ASSERT_EQUAL(tu_child_write(&ch, &cmd, 1), 0);
+  CU_ASSERT_EQUAL(tu_child_read(&ch, &ok, 1, 10000), 0);
+  CU_ASSERT_EQUAL(ok, 'y'); /* the child sees the parent's bytes in its own memory */
+  devmem_test_d2d(&d1, &m1);
+  CU_ASSERT_EQUAL(d1 - d0, h.len + 4096);
+  dm->ipc_close(base, h.alloc_len, 0);
+  devmem_test_d2d(&d1, &m1);
+  CU_ASSERT_EQUAL(m1, m0);
+  /* forged handles: refused before anything is mapped */
+  f = h, f.offset = h.alloc_len;
+  TU_ASSERT_STATUS(dm->ipc_open(&f, 0, &base, why, sizeof(why)), HIXL_PARAM_INVALID);
+  printf("  [%s]\n", why);
+  f = h, f.len = h.alloc_len; /* offset 4096 + the whole allocation */
+  TU_ASSERT_STATUS(dm->ipc_open(&f, 0, &base, why, sizeof(why)), HIXL_PARAM_INVALID);
+  f = h, f.offset = UINT64_MAX - 10, f.len = 20; /* wraps */
+  TU_ASSERT_STATUS(dm->ipc_open(&f, 0, &base, why, sizeof(why)), HIXL_PARAM_INVALID);
+  f = h, f.alloc_len = 2 * h.alloc_len, f.len = h.alloc_len; /* more than the memfd holds */
+  TU_ASSERT_STATUS(dm->ipc_open(&f, 0, &base, why, sizeof(why)), HIXL_PARAM_INVALID);
+  printf("  [%s]\n", why);
+  f = h, f.blob[0] ^= 0xff; /* not the stand-in's */
+  TU_ASSERT_STATUS(dm->ipc_open(&f, 0, &base, why, sizeof(why)), HIXL_PARAM_INVALID);
+  f = h, f.blob[12] = 0x7f; /* a descriptor it does not have */
+  CU_ASSERT_NOT_EQUAL(dm->ipc_open(&f, 0, &base, why, sizeof(why)), HIXL_SUCCESS);
+  devmem_test_d2d(&d1, &m1);
+  CU_ASSERT_EQUAL(m1, m0); /* nothing left mapped */
+  /* memory not from an IPC-able allocation is not exported */
+  TU_ASSERT_STATUS(dm->ipc_export((uintptr_t)want, 4096, 0, &f, why, sizeof(why)), HIXL_UNSUPPORTED);
+  printf("  [%s]\n", why);
+  TU_ASSERT_STATUS(dm->ipc_export((uintptr_t)mine + IPC_LEN - 10, 20, 0, &f, why, sizeof(why)),
+                   HIXL_UNSUPPORTED); /* runs past its allocation */
+  TU_ASSERT_STATUS(dm->ipc_export((uintptr_t)mine, 0, 0, &f, why, sizeof(why)), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(tu_child_stop(&ch, 10000), 0);
+  devmem_test_free(mine);
+  free(want);
+}
+
+static CU_TestInfo ipc_tests[] = {
+    {"IPC: a peer's device memory opened by handle, D2D both ways; forged handles refused",
+     test_ipc_provider},
+    CU_TEST_INFO_NULL,
+};
 
 /* ---- the host stand-in: every device path ---- */
 
@@ -530,6 +629,8 @@ static CU_TestInfo host_tests[] = {
 static CU_SuiteInfo none_suites[] = {{"device memory, no provider", NULL, NULL, NULL, NULL, none_tests},
                                      CU_SUITE_INFO_NULL};
 static CU_SuiteInfo host_suites[] = {
-    {"device memory, host stand-in", pair_init, pair_clean, NULL, NULL, host_tests}, CU_SUITE_INFO_NULL};
+    {"device memory IPC, host stand-in (no engine: it forks)", NULL, NULL, NULL, NULL, ipc_tests},
+    {"device memory, host stand-in", pair_init, pair_clean, NULL, NULL, host_tests},
+    CU_SUITE_INFO_NULL};
 
 int main(void) { return tu_run_suites("test_devmem", host_provider() ? host_suites : none_suites); }

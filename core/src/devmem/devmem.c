@@ -1,13 +1,32 @@
 /* devmem: the provider of this process (devmem.h): the CUDA driver API loaded at run
  * time, or in test builds the host-memory stand-in. */
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "devmem/devmem.h"
+#include "util/be.h"
+
+HixlStatus devmem_ipc_valid(const struct devmem_ipc *h, char *why, size_t cap) {
+  if (!h) {
+    snprintf(why, cap, "no IPC handle");
+    return HIXL_PARAM_INVALID;
+  }
+  if (h->alloc_len == 0 || h->len == 0 || h->offset > h->alloc_len || h->len > h->alloc_len - h->offset) {
+    snprintf(why, cap, "IPC handle: range [+%llu, +%llu) is not inside its allocation of %llu bytes",
+             (unsigned long long)h->offset, (unsigned long long)h->len, (unsigned long long)h->alloc_len);
+    return HIXL_PARAM_INVALID;
+  }
+  return HIXL_SUCCESS;
+}
 
 #ifdef HIXL_HAVE_CUDA_H
 #include <cuda.h>
@@ -25,6 +44,11 @@ static struct {
   CUresult (*host_register)(void *, size_t, unsigned int);
   CUresult (*host_unregister)(void *);
   CUresult (*err_string)(CUresult, const char **);
+  CUresult (*ipc_get)(CUipcMemHandle *, CUdeviceptr);
+  CUresult (*ipc_open)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+  CUresult (*ipc_close)(CUdeviceptr);
+  CUresult (*dtod)(CUdeviceptr, CUdeviceptr, size_t);
+  CUresult (*peer)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t);
 } cu;
 
 #define CU_DEVICES_MAX 64
@@ -56,7 +80,12 @@ static bool cu_load(char *why, size_t cap) {
               {(void **)&cu.htod, "cuMemcpyHtoD_v2"},
               {(void **)&cu.host_register, "cuMemHostRegister_v2"},
               {(void **)&cu.host_unregister, "cuMemHostUnregister"},
-              {(void **)&cu.err_string, "cuGetErrorString"}};
+              {(void **)&cu.err_string, "cuGetErrorString"},
+              {(void **)&cu.ipc_get, "cuIpcGetMemHandle"},
+              {(void **)&cu.ipc_open, "cuIpcOpenMemHandle_v2"},
+              {(void **)&cu.ipc_close, "cuIpcCloseMemHandle"},
+              {(void **)&cu.dtod, "cuMemcpyDtoD_v2"},
+              {(void **)&cu.peer, "cuMemcpyPeer"}};
   for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++)
     if (!(*syms[i].fn = dlsym(h, syms[i].name))) {
       snprintf(why, cap, "libcuda.so.1 lacks %s: a driver older than this build's CUDA", syms[i].name);
@@ -155,12 +184,113 @@ static void cu_host_unpin(void *p, size_t n, int device) {
   cu_leave();
 }
 
+_Static_assert(sizeof(CUipcMemHandle) == DEVMEM_IPC_BLOB, "a CUipcMemHandle fills devmem_ipc.blob");
+
+/* The handle names the whole allocation (cuIpcGetMemHandle takes its base), the range
+ * its offset in it. */
+static HixlStatus cu_ipc_export(uint64_t addr, uint64_t len, int device, struct devmem_ipc *out, char *why,
+                                size_t cap) {
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  CUipcMemHandle h;
+  CUresult r;
+  if (len == 0 || !out) {
+    snprintf(why, cap, "ipc_export: %s", len == 0 ? "an empty range" : "no handle to fill");
+    return HIXL_PARAM_INVALID;
+  }
+  if (!cu_enter(device, why, cap)) return HIXL_FAILED;
+  if ((r = cu.pointer_attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)addr)) ==
+          CUDA_SUCCESS &&
+      (r = cu.pointer_attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, (CUdeviceptr)addr)) == CUDA_SUCCESS)
+    r = cu.ipc_get(&h, start);
+  cu_leave();
+  if (r != CUDA_SUCCESS) {
+    snprintf(why, cap, "[0x%llx, +%llu) on device %d cannot be shared (cuIpcGetMemHandle: %s)",
+             (unsigned long long)addr, (unsigned long long)len, device, cu_err(r));
+    return HIXL_UNSUPPORTED;
+  }
+  if (addr < (uint64_t)start || addr - (uint64_t)start > size || len > size - (addr - (uint64_t)start)) {
+    snprintf(why, cap, "[0x%llx, +%llu) runs past its allocation [0x%llx, +%zu)", (unsigned long long)addr,
+             (unsigned long long)len, (unsigned long long)start, size);
+    return HIXL_PARAM_INVALID;
+  }
+  memset(out, 0, sizeof(*out));
+  memcpy(out->blob, &h, sizeof(h));
+  out->alloc_len = size;
+  out->offset = addr - (uint64_t)start;
+  out->len = len;
+  return HIXL_SUCCESS;
+}
+
+/* Opened with lazy peer access (the allocation may be on another device than ours);
+ * the mapping must be as long as the handle says. */
+static HixlStatus cu_ipc_open(const struct devmem_ipc *hd, int device, uint64_t *base, char *why,
+                              size_t cap) {
+  CUipcMemHandle h;
+  CUdeviceptr p = 0;
+  size_t size = 0;
+  HixlStatus st = devmem_ipc_valid(hd, why, cap);
+  if (st != HIXL_SUCCESS) return st;
+  if (!base) {
+    snprintf(why, cap, "ipc_open: nowhere to put the base");
+    return HIXL_PARAM_INVALID;
+  }
+  memcpy(&h, hd->blob, sizeof(h));
+  if (!cu_enter(device, why, cap)) return HIXL_FAILED;
+  CUresult r = cu.ipc_open(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  if (r != CUDA_SUCCESS) {
+    cu_leave();
+    snprintf(why, cap, "cuIpcOpenMemHandle on device %d: %s", device, cu_err(r));
+    return HIXL_FAILED;
+  }
+  r = cu.pointer_attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p);
+  if (r != CUDA_SUCCESS || size < hd->alloc_len) {
+    cu.ipc_close(p);
+    cu_leave();
+    snprintf(why, cap, "IPC handle says %llu bytes; the allocation it opens has %zu (%s)",
+             (unsigned long long)hd->alloc_len, size, r != CUDA_SUCCESS ? cu_err(r) : "shorter");
+    return HIXL_PARAM_INVALID;
+  }
+  cu_leave();
+  *base = (uint64_t)p;
+  return HIXL_SUCCESS;
+}
+
+static void cu_ipc_close(uint64_t base, uint64_t alloc_len, int device) {
+  char why[128];
+  (void)alloc_len;
+  if (!cu_enter(device, why, sizeof(why))) return;
+  cu.ipc_close((CUdeviceptr)base);
+  cu_leave();
+}
+
+static HixlStatus cu_d2d(uint64_t dst, int ddev, uint64_t src, int sdev, size_t n, char *why, size_t cap) {
+  CUresult r;
+  if (!cu_enter(ddev, why, cap)) return HIXL_FAILED;
+  if (ddev == sdev) {
+    r = cu.dtod((CUdeviceptr)dst, (CUdeviceptr)src, n);
+  } else {
+    cu_leave();
+    if (!cu_enter(sdev, why, cap)) return HIXL_FAILED; /* both contexts retained */
+    r = cu.peer((CUdeviceptr)dst, cu_ctx[ddev], (CUdeviceptr)src, cu_ctx[sdev], n);
+  }
+  cu_leave();
+  if (r != CUDA_SUCCESS)
+    snprintf(why, cap, "%s of %zu bytes, device %d to %d: %s", ddev == sdev ? "cuMemcpyDtoD" : "cuMemcpyPeer",
+             n, sdev, ddev, cu_err(r));
+  return r == CUDA_SUCCESS ? HIXL_SUCCESS : HIXL_FAILED;
+}
+
 static const struct devmem_ops cuda_ops = {.name = "cuda",
                                            .query = cu_query,
                                            .to_host = cu_to_host,
                                            .to_device = cu_to_device,
                                            .host_pin = cu_host_pin,
-                                           .host_unpin = cu_host_unpin};
+                                           .host_unpin = cu_host_unpin,
+                                           .ipc_export = cu_ipc_export,
+                                           .ipc_open = cu_ipc_open,
+                                           .ipc_close = cu_ipc_close,
+                                           .d2d = cu_d2d};
 #endif /* HIXL_HAVE_CUDA_H */
 
 #ifdef HIXL_DEVMEM_TEST
@@ -200,12 +330,149 @@ void devmem_test_counts(uint64_t *to_host, uint64_t *to_device) {
   *to_host = __atomic_load_n(&ht_out, __ATOMIC_RELAXED);
   *to_device = __atomic_load_n(&ht_in, __ATOMIC_RELAXED);
 }
+/* The stand-in's IPC: "device" memory from devmem_test_alloc is a memfd mapped shared;
+ * its handle names the owner's pid and descriptor, and a peer of the same host (and
+ * user) maps /proc/<pid>/fd/<fd>. */
+#define HT_ALLOCS 64
+#define HT_MAGIC  "hixl-ht1"
+static struct {
+  uint8_t *base;
+  size_t len;
+  int fd;
+} ht_alloc[HT_ALLOCS];
+static pthread_mutex_t ht_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t ht_d2d_bytes, ht_maps; /* bytes copied device to device; peer mappings open */
+
+void *devmem_test_alloc(size_t len) {
+  void *p = MAP_FAILED;
+  int fd = len ? memfd_create("hixl-test-dev", MFD_CLOEXEC) : -1;
+  if (fd < 0) goto err;
+  if (ftruncate(fd, (off_t)len) < 0) goto close_fd;
+  p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) goto close_fd;
+  pthread_mutex_lock(&ht_lock);
+  for (int i = 0; i < HT_ALLOCS; i++)
+    if (!ht_alloc[i].base) {
+      ht_alloc[i].base = p;
+      ht_alloc[i].len = len;
+      ht_alloc[i].fd = fd;
+      pthread_mutex_unlock(&ht_lock);
+      return p;
+    }
+  pthread_mutex_unlock(&ht_lock);
+  munmap(p, len);
+close_fd:
+  close(fd);
+err:
+  return NULL;
+}
+
+void devmem_test_free(void *p) {
+  if (!p) return;
+  pthread_mutex_lock(&ht_lock);
+  for (int i = 0; i < HT_ALLOCS; i++)
+    if (ht_alloc[i].base == p) {
+      munmap(p, ht_alloc[i].len);
+      close(ht_alloc[i].fd);
+      ht_alloc[i].base = NULL;
+      break;
+    }
+  pthread_mutex_unlock(&ht_lock);
+}
+
+static HixlStatus ht_ipc_export(uint64_t addr, uint64_t len, int device, struct devmem_ipc *out, char *why,
+                                size_t cap) {
+  (void)device;
+  if (len == 0 || !out) {
+    snprintf(why, cap, "ipc_export: %s", len == 0 ? "an empty range" : "no handle to fill");
+    return HIXL_PARAM_INVALID;
+  }
+  pthread_mutex_lock(&ht_lock);
+  for (int i = 0; i < HT_ALLOCS; i++) {
+    uint64_t b = (uint64_t)(uintptr_t)ht_alloc[i].base;
+    if (!b || addr < b || addr - b >= ht_alloc[i].len) continue;
+    if (len > ht_alloc[i].len - (addr - b)) break;
+    memset(out, 0, sizeof(*out));
+    memcpy(out->blob, HT_MAGIC, 8);
+    be_put32(out->blob + 8, (uint32_t)getpid());
+    be_put32(out->blob + 12, (uint32_t)ht_alloc[i].fd);
+    out->alloc_len = ht_alloc[i].len;
+    out->offset = addr - b;
+    out->len = len;
+    pthread_mutex_unlock(&ht_lock);
+    return HIXL_SUCCESS;
+  }
+  pthread_mutex_unlock(&ht_lock);
+  snprintf(why, cap, "[0x%llx, +%llu) is not inside one IPC-able allocation (devmem_test_alloc)",
+           (unsigned long long)addr, (unsigned long long)len);
+  return HIXL_UNSUPPORTED;
+}
+
+static HixlStatus ht_ipc_open(const struct devmem_ipc *h, int device, uint64_t *base, char *why, size_t cap) {
+  char path[64];
+  struct stat st;
+  (void)device;
+  HixlStatus s = devmem_ipc_valid(h, why, cap);
+  if (s != HIXL_SUCCESS) return s;
+  if (!base) {
+    snprintf(why, cap, "ipc_open: nowhere to put the base");
+    return HIXL_PARAM_INVALID;
+  }
+  uint32_t pid = be_get32(h->blob + 8), fdn = be_get32(h->blob + 12);
+  if (memcmp(h->blob, HT_MAGIC, 8) != 0 || pid == 0 || fdn > INT32_MAX || h->alloc_len > SIZE_MAX) {
+    snprintf(why, cap, "IPC handle: not the host stand-in's (pid %u, fd %u)", pid, fdn);
+    return HIXL_PARAM_INVALID;
+  }
+  snprintf(path, sizeof(path), "/proc/%u/fd/%u", pid, fdn);
+  int fd = open(path, O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    snprintf(why, cap, "IPC handle: cannot open %s: %s", path, strerror(errno));
+    return HIXL_FAILED;
+  }
+  if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size < h->alloc_len) {
+    close(fd);
+    snprintf(why, cap, "IPC handle: %s is not a memfd of %llu bytes", path, (unsigned long long)h->alloc_len);
+    return HIXL_PARAM_INVALID;
+  }
+  void *p = mmap(NULL, (size_t)h->alloc_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) {
+    snprintf(why, cap, "IPC handle: cannot map %s: %s", path, strerror(errno));
+    return HIXL_FAILED;
+  }
+  __atomic_add_fetch(&ht_maps, 1, __ATOMIC_RELAXED);
+  *base = (uint64_t)(uintptr_t)p;
+  return HIXL_SUCCESS;
+}
+
+static void ht_ipc_close(uint64_t base, uint64_t alloc_len, int device) {
+  (void)device;
+  if (munmap((void *)(uintptr_t)base, (size_t)alloc_len) == 0)
+    __atomic_sub_fetch(&ht_maps, 1, __ATOMIC_RELAXED);
+}
+
+static HixlStatus ht_d2d(uint64_t dst, int ddev, uint64_t src, int sdev, size_t n, char *why, size_t cap) {
+  (void)ddev, (void)sdev, (void)why, (void)cap;
+  memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+  __atomic_add_fetch(&ht_d2d_bytes, n, __ATOMIC_RELAXED);
+  return HIXL_SUCCESS;
+}
+
+void devmem_test_d2d(uint64_t *bytes, uint64_t *open_maps) {
+  *bytes = __atomic_load_n(&ht_d2d_bytes, __ATOMIC_RELAXED);
+  *open_maps = __atomic_load_n(&ht_maps, __ATOMIC_RELAXED);
+}
+
 static const struct devmem_ops host_test_ops = {.name = "host-test",
                                                 .query = ht_query,
                                                 .to_host = ht_to_host,
                                                 .to_device = ht_to_device,
                                                 .host_pin = ht_host_pin,
-                                                .host_unpin = ht_host_unpin};
+                                                .host_unpin = ht_host_unpin,
+                                                .ipc_export = ht_ipc_export,
+                                                .ipc_open = ht_ipc_open,
+                                                .ipc_close = ht_ipc_close,
+                                                .d2d = ht_d2d};
 #endif
 
 /* ---- the pool of pinned host buffers ---- */

@@ -16,6 +16,18 @@
 
 #include "hixl/hixl_status.h"
 
+/* Same host: a peer process's device allocation, named so that another process can map
+ * it (cuda: a CUipcMemHandle; host-test: the owner's pid and memfd), and the range of
+ * it exported. Travels between processes as opaque bytes; every field is checked by
+ * the opening side (devmem_ipc_valid, then the provider against what it maps). */
+#define DEVMEM_IPC_BLOB 64 /* CU_IPC_HANDLE_SIZE */
+struct devmem_ipc {
+  uint8_t blob[DEVMEM_IPC_BLOB]; /* the provider's handle of the whole allocation */
+  uint64_t alloc_len;            /* the allocation's bytes */
+  uint64_t offset;               /* the exported range: its start within the allocation ... */
+  uint64_t len;                  /* ... and its bytes */
+};
+
 struct devmem_ops {
   const char *name;
   /* Whether [addr, addr + len) lies in one allocation of device memory; its device
@@ -28,7 +40,25 @@ struct devmem_ops {
    * portable; host-test: counted), and undo it. */
   HixlStatus (*host_pin)(void *p, size_t n, int device, char *why, size_t cap);
   void (*host_unpin)(void *p, size_t n, int device);
+  /* A handle another process of this host can open for [addr, addr + len) of device
+   * memory on device. UNSUPPORTED (why says so) where it cannot be shared: a provider
+   * without IPC, memory not from an IPC-able allocation. */
+  HixlStatus (*ipc_export)(uint64_t addr, uint64_t len, int device, struct devmem_ipc *out, char *why,
+                           size_t cap);
+  /* Map the allocation h names into this process, for copies on device; *base: its
+   * start here (the range is at *base + h->offset). PARAM_INVALID: h is malformed or
+   * names less memory than it says; FAILED: it cannot be opened (the owner is gone).
+   * Each open is undone by one ipc_close(*base, h->alloc_len, device). */
+  HixlStatus (*ipc_open)(const struct devmem_ipc *h, int device, uint64_t *base, char *why, size_t cap);
+  void (*ipc_close)(uint64_t base, uint64_t alloc_len, int device);
+  /* n bytes from device memory src (on sdev) to device memory dst (on ddev), done when
+   * it returns (cuda: cuMemcpyDtoD, cuMemcpyPeer across devices). */
+  HixlStatus (*d2d)(uint64_t dst, int ddev, uint64_t src, int sdev, size_t n, char *why, size_t cap);
 };
+
+/* Whether h's numbers hold together (a range inside its allocation, not empty, no
+ * wrap); PARAM_INVALID with why naming them. Every ipc_open checks it first. */
+HixlStatus devmem_ipc_valid(const struct devmem_ipc *h, char *why, size_t cap);
 
 /* The provider of this process (found once), or NULL with why: no driver, no device,
  * or a build without CUDA headers. */
@@ -64,5 +94,12 @@ uint64_t devmem_test_spills(void); /* buffers devmem_pool_spill made beyond the 
 /* Test builds: bytes the host stand-in copied to host and to "device" memory so far
  * (a test tells the device paths ran, not only that the bytes arrived). */
 void devmem_test_counts(uint64_t *to_host, uint64_t *to_device);
+/* Test builds: bytes the host stand-in copied device to device (d2d), and its peer
+ * mappings open now (ipc_open not yet closed). */
+void devmem_test_d2d(uint64_t *bytes, uint64_t *open_maps);
+/* Test builds: "device" memory the host stand-in can export (ipc_export): len bytes of
+ * a memfd mapped shared, NULL when it cannot be made; devmem_test_free undoes it. */
+void *devmem_test_alloc(size_t len);
+void devmem_test_free(void *p);
 
 #endif
