@@ -49,8 +49,7 @@ static uint8_t **cache_alloc(uint64_t seed) {
 
 static HixlEngine *engine_up(const char *addr) {
   HixlEngine *e = hb_engine(addr, o.transport, NULL, 0);
-  if (!e) exit(1);
-  return e;
+  return e ? e : (exit(1), NULL);
 }
 
 static uint64_t register_cache(HixlCacheManager *m, uint8_t **t, uint64_t cluster) {
@@ -59,9 +58,8 @@ static uint64_t register_cache(HixlCacheManager *m, uint8_t **t, uint64_t cluste
   uintptr_t a[MAX_TENSORS];
   uint64_t id;
   for (uint32_t i = 0; i < ntensors(); i++) a[i] = (uintptr_t)t[i];
-  if (HixlCacheManagerRegisterBlocksCache(m, &d, a, ntensors(), &k, HIXL_CACHE_ACCESS_REMOTE, &id) !=
-      HIXL_SUCCESS)
-    hb_die("register: %s", HixlGetLastErrorMessage());
+  hb_check(HixlCacheManagerRegisterBlocksCache(m, &d, a, ntensors(), &k, HIXL_CACHE_ACCESS_REMOTE, &id),
+           "register");
   return id;
 }
 
@@ -82,7 +80,7 @@ static int target_main(void *port, int fd) {
   uint8_t **t = cache_alloc(7);
   HixlEngine *e = engine_up(addr);
   HixlCacheManager *m;
-  if (HixlCacheManagerCreate(e, 2, &m) != HIXL_SUCCESS) hb_die("manager: %s", HixlGetLastErrorMessage());
+  hb_check(HixlCacheManagerCreate(e, 2, &m), "manager");
   register_cache(m, t, 2);
   uint64_t addrs[MAX_TENSORS];
   for (uint32_t i = 0; i < ntensors(); i++) addrs[i] = (uintptr_t)t[i];
@@ -170,8 +168,7 @@ static double run_cache(struct scen *s) {
     }
   }
   double sec = (double)(bench_now_ns() - t0) / 1e9;
-  if (st != HIXL_SUCCESS)
-    hb_die("%s through the cache manager: %s: %s", s->name, HixlStatusName(st), HixlGetLastErrorMessage());
+  hb_check(st, "%s through the cache manager", s->name);
   s->cache_ops = cache_ops() - ops0;
   return sec;
 }
@@ -180,8 +177,7 @@ static double run_raw(struct scen *s, HixlTransferOpDesc *ops, size_t n) {
   uint64_t t0 = bench_now_ns();
   HixlStatus st = HixlEngineTransferSync(eng, peer, s->push ? HIXL_WRITE : HIXL_READ, ops, n, 60000);
   double sec = (double)(bench_now_ns() - t0) / 1e9;
-  if (st != HIXL_SUCCESS)
-    hb_die("%s, raw engine: %s: %s", s->name, HixlStatusName(st), HixlGetLastErrorMessage());
+  hb_check(st, "%s, raw engine", s->name);
   s->raw_ops = n;
   return sec;
 }
@@ -244,11 +240,10 @@ int main(int argc, char **argv) {
   char me[64];
   snprintf(me, sizeof(me), "%s", o.ip);
   eng = engine_up(me);
-  if (HixlCacheManagerCreate(eng, 1, &mgr) != HIXL_SUCCESS) hb_die("manager: %s", HixlGetLastErrorMessage());
+  hb_check(HixlCacheManagerCreate(eng, 1, &mgr), "manager");
   mine = cache_alloc(0);
   my_id = register_cache(mgr, mine, 1);
-  if (HixlCacheManagerLink(mgr, 2, peer, 10000) != HIXL_SUCCESS)
-    hb_die("link: %s", HixlGetLastErrorMessage());
+  hb_check(HixlCacheManagerLink(mgr, 2, peer, 10000), "link");
 
   uint64_t rng = 0x6869786c;
   struct scen sc[3] = {{"pull-contiguous", false, NULL, NULL, 0, 0, 0, 0, 0, 0, false},
@@ -308,32 +303,32 @@ int main(int argc, char **argv) {
     s->raw_gbps = bytes / tr[o.iters / 2] / 1e9;
     s->cache_gbps = bytes / tc[o.iters / 2] / 1e9;
   }
-  printf("%-16s %10s %10s %10s %10s %8s %8s %7s %s\n", "scenario", "raw GB/s", "cache GB/s", "raw ms",
-         "cache ms", "raw ops", "cache ops", "ratio", "verified");
-  for (int i = 0; i < 3; i++)
-    printf("%-16s %10.2f %10.2f %10.3f %10.3f %8" PRIu64 " %8" PRIu64 " %6.2fx %s\n", sc[i].name,
-           sc[i].raw_gbps, sc[i].cache_gbps, sc[i].raw_ms, sc[i].cache_ms, sc[i].raw_ops, sc[i].cache_ops,
-           sc[i].cache_gbps / sc[i].raw_gbps, sc[i].verified ? "yes" : "NO");
-  if (o.json) {
-    FILE *f = fopen(o.json, "w");
-    if (!f) hb_die("--json %s: %s", o.json, strerror(errno));
+  FILE *f = o.json ? fopen(o.json, "w") : NULL;
+  if (o.json && !f) hb_die("--json %s: %s", o.json, strerror(errno));
+  if (f)
     fprintf(f,
             "{\n  \"tool\": \"hixl-cache-bench\",\n  \"transport\": \"%s\",\n  \"layers\": %u,\n  "
             "\"blocks\": %u,\n"
             "  \"block_bytes\": %zu,\n  \"req_blocks\": %u,\n  \"iters\": %u,\n  \"results\": [\n",
             o.transport ? o.transport : "auto", o.layers, o.blocks, o.bs, o.req, o.iters);
-    for (int i = 0; i < 3; i++)
-      fprintf(f,
-              "    {\"scenario\": \"%s\", \"raw_gbps\": %.4f, \"cache_gbps\": %.4f, \"raw_ms\": %.4f, "
-              "\"cache_ms\": "
-              "%.4f, \"raw_ops\": %" PRIu64 ", \"cache_ops\": %" PRIu64
-              ", \"ratio\": %.4f, \"verified\": %s}%s\n",
-              sc[i].name, sc[i].raw_gbps, sc[i].cache_gbps, sc[i].raw_ms, sc[i].cache_ms, sc[i].raw_ops,
-              sc[i].cache_ops, sc[i].cache_gbps / sc[i].raw_gbps, sc[i].verified ? "true" : "false",
-              i < 2 ? "," : "");
-    fprintf(f, "  ]\n}\n");
-    fclose(f);
+  for (int i = 0; i < 3; i++) {
+    const struct scen *c = &sc[i];
+    const struct hb_field rec[] = {HB_FS("scenario", "scenario", c->name),
+                                   HB_FD("raw_gbps", "raw GB/s", "%.4f", "%.2f", c->raw_gbps),
+                                   HB_FD("cache_gbps", "cache GB/s", "%.4f", "%.2f", c->cache_gbps),
+                                   HB_FD("raw_ms", "raw ms", "%.4f", "%.3f", c->raw_ms),
+                                   HB_FD("cache_ms", "cache ms", "%.4f", "%.3f", c->cache_ms),
+                                   HB_FU("raw_ops", "raw ops", c->raw_ops),
+                                   HB_FU("cache_ops", "cache ops", c->cache_ops),
+                                   HB_FD("ratio", "ratio", "%.4f", "%.2fx", c->cache_gbps / c->raw_gbps),
+                                   HB_FR("verified", NULL, c->verified ? "true" : "false"),
+                                   HB_FS(NULL, "verified", c->verified ? "yes" : "NO")};
+    if (i == 0) hb_head(stdout, HB_MD, rec, HB_NF(rec));
+    hb_row(stdout, HB_MD, rec, HB_NF(rec));
+    putchar('\n');
+    if (f) hb_json_item(f, (size_t)i, 3, rec, HB_NF(rec));
   }
+  if (f) fprintf(f, "  ]\n}\n"), fclose(f);
   uint32_t zero = 0;
   if (write(tgt.fd, &zero, sizeof(zero)) < 0) kill(tgt.pid, SIGKILL);
   hb_reap(&tgt, 60);

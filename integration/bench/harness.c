@@ -39,6 +39,17 @@ bool hb_fail(const char *what, HixlStatus st) {
 
 bool hb_ok(HixlStatus st, const char *what) { return st == HIXL_SUCCESS || hb_fail(what, st); }
 
+void hb_check(HixlStatus st, const char *fmt, ...) {
+  char what[256];
+  va_list ap;
+  if (st == HIXL_SUCCESS) return;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof(what), fmt, ap);
+  va_end(ap);
+  hb_fail(what, st);
+  exit(1);
+}
+
 /* ------------------------------------------------------------- the option table */
 
 void hb_usage(FILE *f, const struct hb_opt *t, const char *head) {
@@ -279,7 +290,7 @@ void hb_row(FILE *f, enum hb_out how, const struct hb_field *r, size_t n) {
     fputs(sep, f);
     if (how == HB_JSON) fprintf(f, "\"%s\": ", x->key);
     if (x->s)
-      fprintf(f, how == HB_JSON ? "\"%s\"" : "%s", x->s);
+      fprintf(f, how == HB_JSON && !x->raw ? "\"%s\"" : "%s", x->s);
     else if (x->fmt)
       fprintf(f, how == HB_MD && x->tfmt ? x->tfmt : x->fmt, x->d);
     else
@@ -287,6 +298,22 @@ void hb_row(FILE *f, enum hb_out how, const struct hb_field *r, size_t n) {
     sep = how == HB_MD ? " | " : how == HB_CSV ? "," : ", ";
   }
   fputs(how == HB_MD ? " |" : how == HB_CSV ? "" : "}", f);
+}
+
+void hb_json_item(FILE *f, size_t i, size_t n, const struct hb_field *r, size_t nf) {
+  fputs("    ", f);
+  hb_row(f, HB_JSON, r, nf);
+  fputs(i + 1 < n ? ",\n" : "\n", f);
+}
+
+FILE *hb_csv(const char *path, const char *header) {
+  FILE *f = bench_csv_open(path, header);
+  if (f == NULL)
+    hb_say("cannot append to %s: %s\n", path,
+           errno == EINVAL
+               ? "it starts with another header (another tool's or an older one's); use a new file"
+               : strerror(errno));
+  return f;
 }
 
 FILE *hb_json_open(const char *path, const char *tool) {

@@ -19,6 +19,8 @@ void hb_die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn)
 bool hb_fail(const char *what, HixlStatus st);
 /* True when st is HIXL_SUCCESS; else hb_fail(what, st). */
 bool hb_ok(HixlStatus st, const char *what);
+/* Nothing when st is HIXL_SUCCESS; else says "what failed: STATUS: message" and exits 1. */
+void hb_check(HixlStatus st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- the option table: one row per flag; parses argv and prints the usage ---- */
 enum hb_kind {
@@ -107,19 +109,27 @@ struct hb_field {
   uint64_t u;
   double d;
   const char *s; /* a string (quoted in JSON), when not NULL */
+  bool raw;      /* s is a JSON literal (true, [1, 2]): not quoted */
 };
 #define HB_FU(key, head, v)                                                                                  \
-  { key, head, NULL, NULL, (uint64_t)(v), 0, NULL }
+  { key, head, NULL, NULL, (uint64_t)(v), 0, NULL, false }
 #define HB_FD(key, head, fmt, tfmt, v)                                                                       \
-  { key, head, fmt, tfmt, 0, (double)(v), NULL }
+  { key, head, fmt, tfmt, 0, (double)(v), NULL, false }
 #define HB_FS(key, head, v)                                                                                  \
-  { key, head, NULL, NULL, 0, 0, (v) }
+  { key, head, NULL, NULL, 0, 0, (v), false }
+#define HB_FR(key, head, v)                                                                                  \
+  { key, head, NULL, NULL, 0, 0, (v), true }
 #define HB_NF(rec) (sizeof(rec) / sizeof((rec)[0]))
 enum hb_out { HB_MD, HB_CSV, HB_JSON };
 /* The header of a markdown table (its two lines) or of a CSV file (its line). */
 void hb_head(FILE *f, enum hb_out how, const struct hb_field *r, size_t n);
 /* One record: "| a | b |", "a,b" or {"k": a, "k2": b}, without a newline. */
 void hb_row(FILE *f, enum hb_out how, const struct hb_field *r, size_t n);
+/* Item i of n of a JSON array: "    {...}" and ",\n", or "\n" after the last. */
+void hb_json_item(FILE *f, size_t i, size_t n, const struct hb_field *r, size_t nf);
+/* A CSV file opened for appending, its header written when new (bench_csv_open); NULL
+ * after saying why (EINVAL: it starts with another header). */
+FILE *hb_csv(const char *path, const char *header);
 /* A JSON file opened for writing, begun with what every bench records: "{\n  "tool",
  * "hixl_version", "time", "kernel", "cpus" (each a line, with its comma); dies on failure. */
 FILE *hb_json_open(const char *path, const char *tool);

@@ -702,27 +702,37 @@ static int run_latency(struct bench_ctx *c) {
   "tool,mode,op,block_size,batch,window,iters,bytes,seconds,gbps,avg_us,p50_us,p99_us,min_us,max_us,"        \
   "verified,api"
 
-/* The CSV file, opened for appending; NULL after saying why. */
-static FILE *csv_open(const char *path) {
-  FILE *f = bench_csv_open(path, BENCH_CSV_HEADER);
-  if (f == NULL)
-    fprintf(stderr, "%s: cannot append to %s: %s\n", g_prog, path,
-            errno == EINVAL ? "it starts with another header (an older hixl-bench?); use a new file"
-                            : strerror(errno));
-  return f;
+/* A point's fields in the CSV's order (tool first, api last); the JSON's without tool. */
+static size_t point_fields(const struct point_result *r, struct hb_field *f) {
+  const struct hb_field v[] = {HB_FS("tool", NULL, "hixl-bench"),
+                               HB_FS("mode", NULL, r->mode),
+                               HB_FS("op", NULL, r->op),
+                               HB_FU("block_size", NULL, r->block),
+                               HB_FU("batch", NULL, r->batch),
+                               HB_FU("window", NULL, r->window),
+                               HB_FU("iters", NULL, r->iters),
+                               HB_FU("bytes", NULL, r->bytes),
+                               HB_FD("seconds", NULL, "%.6f", NULL, r->seconds),
+                               HB_FD("gbps", NULL, "%.4f", NULL, r->gbps),
+                               HB_FD("avg_us", NULL, "%.3f", NULL, r->st.avg_us),
+                               HB_FD("p50_us", NULL, "%.3f", NULL, r->st.p50_us),
+                               HB_FD("p99_us", NULL, "%.3f", NULL, r->st.p99_us),
+                               HB_FD("min_us", NULL, "%.3f", NULL, r->st.min_us),
+                               HB_FD("max_us", NULL, "%.3f", NULL, r->st.max_us),
+                               HB_FS("verified", NULL, r->verified),
+                               HB_FS("api", NULL, r->api)};
+  memcpy(f, v, sizeof(v));
+  return HB_NF(v);
 }
 
 static bool write_csv(const struct bench_ctx *c) {
-  FILE *f = csv_open(c->o->csv);
-  if (f == NULL) return false;
-  for (size_t i = 0; i < c->n_res; i++) {
-    const struct point_result *r = &c->res[i];
-    fprintf(f,
-            "hixl-bench,%s,%s,%zu,%zu,%zu,%" PRIu64 ",%" PRIu64 ",%.6f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%s\n",
-            r->mode, r->op, r->block, r->batch, r->window, r->iters, r->bytes, r->seconds, r->gbps,
-            r->st.avg_us, r->st.p50_us, r->st.p99_us, r->st.min_us, r->st.max_us, r->verified, r->api);
+  struct hb_field rec[24];
+  FILE *f = hb_csv(c->o->csv, BENCH_CSV_HEADER);
+  for (size_t i = 0; f && i < c->n_res; i++) {
+    hb_row(f, HB_CSV, rec, point_fields(&c->res[i], rec));
+    fputc('\n', f);
   }
-  return fclose(f) == 0;
+  return f && fclose(f) == 0;
 }
 
 static const char *unreg_name(int unreg) {
@@ -752,17 +762,9 @@ static bool write_json(const struct bench_ctx *c) {
     fprintf(f, "  \"engine_options\": \"%s\",\n  \"unregistered\": \"%s\",\n", opts, unreg_name(c->o->unreg));
   }
   fprintf(f, "  \"peer\": \"%s\",\n  \"registered_bytes\": %zu,\n  \"results\": [\n", c->o->peer, c->span);
-  for (size_t i = 0; i < c->n_res; i++) {
-    const struct point_result *r = &c->res[i];
-    fprintf(f,
-            "    {\"api\": \"%s\", \"mode\": \"%s\", \"op\": \"%s\", \"block_size\": %zu, \"batch\": %zu, "
-            "\"window\": %zu, \"iters\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"seconds\": %.6f, "
-            "\"gbps\": %.4f, \"avg_us\": %.3f, \"p50_us\": %.3f, \"p99_us\": %.3f, "
-            "\"min_us\": %.3f, \"max_us\": %.3f, \"verified\": \"%s\"}%s\n",
-            r->api, r->mode, r->op, r->block, r->batch, r->window, r->iters, r->bytes, r->seconds, r->gbps,
-            r->st.avg_us, r->st.p50_us, r->st.p99_us, r->st.min_us, r->st.max_us, r->verified,
-            i + 1 < c->n_res ? "," : "");
-  }
+  struct hb_field rec[24];
+  for (size_t i = 0; i < c->n_res; i++)
+    hb_json_item(f, i, c->n_res, rec + 1, point_fields(&c->res[i], rec) - 1);
   fprintf(f, "  ]\n}\n");
   return fclose(f) == 0;
 }
@@ -905,7 +907,7 @@ static int run_initiator(const struct bench_opts *o, int ctrl) {
   c.o = o;
 
   if (o->csv != NULL) { /* a file we cannot append to fails now, not after the sweep */
-    FILE *f = csv_open(o->csv);
+    FILE *f = hb_csv(o->csv, BENCH_CSV_HEADER);
     if (f == NULL || fclose(f) != 0) {
       hb_send(ctrl, "DONE\n");
       return 1;

@@ -348,8 +348,7 @@ static uint64_t layer_write_ns(HixlEngine *raw, const char *draw, const struct p
   for (uint32_t j = 0; j < 5; j++) {
     size_t n = build_ops(v, (uintptr_t)p->mem, dbase, p->free_ids, dblocks, nb, j * (o.layers - 1) / 4, 1);
     uint64_t t0 = bench_now_ns();
-    if (HixlEngineTransferSync(raw, draw, HIXL_WRITE, v, n, 60000) != HIXL_SUCCESS)
-      hb_die("raw WRITE of one layer: %s", HixlGetLastErrorMessage());
+    hb_check(HixlEngineTransferSync(raw, draw, HIXL_WRITE, v, n, 60000), "raw WRITE of one layer");
     t[j] = bench_now_ns() - t0;
   }
   return hb_median_u64(t, 5);
@@ -364,8 +363,7 @@ static uint64_t notice_rtt_ns(HixlEngine *raw, const char *draw) {
   HixlNotifyDesc n = {"pd-bench", "layer", NULL};
   for (uint32_t j = 0; j < 9; j++) {
     uint64_t t0 = bench_now_ns();
-    if (HixlEngineSendNotify(raw, draw, &n, 10000) != HIXL_SUCCESS)
-      hb_die("raw notify: %s", HixlGetLastErrorMessage());
+    hb_check(HixlEngineSendNotify(raw, draw, &n, 10000), "raw notify");
     t[j] = bench_now_ns() - t0;
   }
   return hb_median_u64(t, 9);
@@ -383,15 +381,13 @@ static uint64_t notice_busy_ns(HixlEngine *raw, const char *draw, const struct p
     size_t n = build_ops(v, (uintptr_t)p->mem, dbase, p->free_ids, dblocks, nb, j * (o.layers - 1) / 2, 1);
     HixlTransferReq rq;
     HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
-    if (HixlEngineTransferAsync(raw, draw, HIXL_WRITE, v, n, 60000, NULL, &rq) != HIXL_SUCCESS)
-      hb_die("raw async WRITE of one layer: %s", HixlGetLastErrorMessage());
+    hb_check(HixlEngineTransferAsync(raw, draw, HIXL_WRITE, v, n, 60000, NULL, &rq),
+             "raw async WRITE of one layer");
     uint64_t t0 = bench_now_ns();
-    if (HixlEngineSendNotify(raw, draw, &note, 60000) != HIXL_SUCCESS)
-      hb_die("raw notify: %s", HixlGetLastErrorMessage());
+    hb_check(HixlEngineSendNotify(raw, draw, &note, 60000), "raw notify");
     t[j] = bench_now_ns() - t0;
     while (ts == HIXL_TRANSFER_WAITING) {
-      if (HixlEngineGetTransferStatus(raw, rq, &ts) != HIXL_SUCCESS)
-        hb_die("raw status: %s", HixlGetLastErrorMessage());
+      hb_check(HixlEngineGetTransferStatus(raw, rq, &ts), "raw status");
       struct timespec d = {0, 20000};
       if (ts == HIXL_TRANSFER_WAITING) nanosleep(&d, NULL);
     }
@@ -443,16 +439,14 @@ static void *raw_pusher(void *arg) {
             ? hixl_engine_transfer_then_call(k->raw, k->draw, HIXL_WRITE, v, n, HIXL_SERVICE_KV, &l,
                                              sizeof(l), ans[l], sizeof(ans[l]), &alen[l], 60000, &call[l])
             : HixlEngineTransferAsync(k->raw, k->draw, HIXL_WRITE, v, n, 60000, NULL, &rq[l]);
-    if (st != HIXL_SUCCESS) hb_die("raw async WRITE of layer %u: %s", l, HixlGetLastErrorMessage());
+    hb_check(st, "raw async WRITE of layer %u", l);
   }
   for (uint32_t l = 0; l < o.layers && k->calls; l++)
-    if (hixl_engine_call_wait(k->raw, k->draw, call[l]) != HIXL_SUCCESS)
-      hb_die("raw WRITE of layer %u, or its landed call: %s", l, HixlGetLastErrorMessage());
+    hb_check(hixl_engine_call_wait(k->raw, k->draw, call[l]), "raw WRITE of layer %u, or its landed call", l);
   for (uint32_t l = 0; l < o.layers && !k->calls; l++) {
     HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
     for (;;) {
-      if (HixlEngineGetTransferStatus(k->raw, rq[l], &ts) != HIXL_SUCCESS)
-        hb_die("raw status: %s", HixlGetLastErrorMessage());
+      hb_check(HixlEngineGetTransferStatus(k->raw, rq[l], &ts), "raw status");
       if (ts != HIXL_TRANSFER_WAITING) break;
       struct timespec d = {0, 50000};
       nanosleep(&d, NULL);
@@ -523,8 +517,7 @@ static int prefill_main(void *arg, int fd) {
       PD_PHASE("prefill: plugin pull");
       hb_send(fd, "freed\n");
     } else if (sscanf(line, "push %63s %" SCNu64 " %" SCNuPTR " %n", id, &nb, &dbase, &off) == 3 && off > 0) {
-      if (!linked && HixlEngineConnect(raw, draw, 10000) != HIXL_SUCCESS)
-        hb_die("raw connect to %s: %s", draw, HixlGetLastErrorMessage());
+      hb_check(linked ? HIXL_SUCCESS : HixlEngineConnect(raw, draw, 10000), "raw connect to %s", draw);
       linked = true;
       compute = layer_write_ns(raw, draw, &p, dbase, decode_view.free_ids, nb);
       uint64_t rtt = notice_rtt_ns(raw, draw);
@@ -755,16 +748,14 @@ int main(int argc, char **argv) {
   conn_up(&pull, dport, "consumer", "pull", &p);
   if (o.push) conn_up(&push, (uint16_t)(dport + 1), "consumer", "push", &p);
   HixlEngine *raw = raw_engine((uint16_t)(dport + 2), &p);
-  if (hixl_engine_set_service(raw, HIXL_SERVICE_KV, raw_landed_call, NULL) != HIXL_SUCCESS)
-    hb_die("raw engine service: %s", HixlGetLastErrorMessage());
+  hb_check(hixl_engine_set_service(raw, HIXL_SERVICE_KV, raw_landed_call, NULL), "raw engine service");
   int32_t pull_fd = -1;
   if (!HIXL_KV_HAS_OP(ops, get_event_fd) || ops->get_event_fd(pull.worker, &pull_fd) != HIXL_KV_SUCCESS)
     hb_die("get_event_fd: %s",
            HIXL_KV_HAS_OP(ops, get_event_fd) ? ops->last_error() : "the plugin is older than ABI 1.2");
   char praw[64];
   snprintf(praw, sizeof(praw), "%s:%u", o.ip, (unsigned)(pport + 2));
-  if (HixlEngineConnect(raw, praw, 10000) != HIXL_SUCCESS)
-    hb_die("raw connect: %s", HixlGetLastErrorMessage());
+  hb_check(HixlEngineConnect(raw, praw, 10000), "raw connect");
   size_t maxops = (size_t)o.layers * 2 * o.pool_blocks;
   HixlTransferOpDesc *opv = malloc(maxops * sizeof(*opv));
   uint64_t *rb = malloc(o.pool_blocks * sizeof(uint64_t));
@@ -811,8 +802,7 @@ int main(int argc, char **argv) {
         if (pass == 0 || pass == 3) {
           uint64_t c0 = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid);
           t0 = bench_now_ns();
-          if (HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000) != HIXL_SUCCESS)
-            hb_die("raw READ: %s", HixlGetLastErrorMessage());
+          hb_check(HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000), "raw READ");
           (pass == 0 ? t_raw : t_raw2)[r] = bench_now_ns() - t0;
           if (pass == 0) c_raw[r] = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid) - c0;
           PD_PHASE("decode: raw READ");

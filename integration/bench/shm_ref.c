@@ -36,11 +36,7 @@ static struct {
 
 #define SHM_CSV_HEADER "tool,pages,span_mib,rounds,kind,op,block_size,batch,layout,gbps,round_gbps"
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
+static double now_s(void) { return (double)bench_now_ns() * 1e-9; }
 
 static unsigned char *buf_new(size_t len, unsigned char fill) {
   unsigned char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -51,10 +47,6 @@ static unsigned char *buf_new(size_t len, unsigned char fill) {
   if (o.thp && madvise(p, len, MADV_HUGEPAGE) != 0) perror("madvise(MADV_HUGEPAGE)");
   memset(p, fill, len);
   return p;
-}
-
-static void die_st(HixlStatus st, const char *what) {
-  if (st != HIXL_SUCCESS) exit(!hb_fail(what, st));
 }
 
 /* Regions Connect mapped, from its log line; warnings and errors go to stderr. */
@@ -77,10 +69,10 @@ static int target_main(void *name, int fd) {
   if (!bench_pin_cpu(o.cpu_target)) return 1;
   unsigned char *mem = buf_new(o.span, 0x5a);
   HixlMemDesc d = {(uintptr_t)mem, o.span};
-  die_st(HixlEngineCreate(&e), "target Create");
-  die_st(HixlEngineInitialize(e, name, &opt, 1), "target Initialize");
-  die_st(HixlEngineRegisterMem(e, &d, HIXL_MEM_HOST, &h), "target RegisterMem");
-  die_st(HixlEngineAllocMem(e, o.span, &mapped, &hm), "target AllocMem");
+  hb_check(HixlEngineCreate(&e), "target Create");
+  hb_check(HixlEngineInitialize(e, name, &opt, 1), "target Initialize");
+  hb_check(HixlEngineRegisterMem(e, &d, HIXL_MEM_HOST, &h), "target RegisterMem");
+  hb_check(HixlEngineAllocMem(e, o.span, &mapped, &hm), "target AllocMem");
   memset(mapped, 0x5a, o.span);
   uint64_t addr[2] = {(uintptr_t)mem, (uintptr_t)mapped};
   char c;
@@ -162,8 +154,8 @@ static double run_fig(struct ctx *c, struct fig *f) {
           c->d[i].remote_addr = base + rb * f->block;
           c->d[i].len = f->block;
         }
-        die_st(HixlEngineTransferSync(c->e, c->peer, w ? HIXL_WRITE : HIXL_READ, c->d, f->batch, 60000),
-               f->name);
+        hb_check(HixlEngineTransferSync(c->e, c->peer, w ? HIXL_WRITE : HIXL_READ, c->d, f->batch, 60000),
+                 "%s", f->name);
         first = (first + f->batch) % nblk;
         done += f->block * f->batch;
       }
@@ -186,7 +178,7 @@ static void move_span(struct ctx *c, uint64_t raddr, HixlTransferOp op, size_t b
       c->d[i].remote_addr = raddr + rb * block;
       c->d[i].len = block;
     }
-    die_st(HixlEngineTransferSync(c->e, c->peer, op, c->d, batch, 60000), "data check");
+    hb_check(HixlEngineTransferSync(c->e, c->peer, op, c->d, batch, 60000), "data check");
   }
 }
 
@@ -228,11 +220,8 @@ static double median(const struct fig *f) {
 static bool write_csv(const struct fig *figs, size_t n) {
   static const char *const kinds[] = {"memcpy", "process_vm_readv", "shm", "shm", "process_vm_readv"};
   static const char *const ops[] = {"copy", "READ", "WRITE", "READ", "READ"};
-  FILE *f = bench_csv_open(o.csv, SHM_CSV_HEADER);
-  if (f == NULL) {
-    fprintf(stderr, "hixl-shm-ref: cannot append to %s: %s\n", o.csv, strerror(errno));
-    return false;
-  }
+  FILE *f = hb_csv(o.csv, SHM_CSV_HEADER);
+  if (f == NULL) return false;
   for (size_t i = 0; i < n; i++) {
     fprintf(f, "hixl-shm-ref,%s,%zu,%d,%s,%s,%zu,%zu,%s,%.4f,", o.thp ? "thp" : "4k", o.span / MiB, o.rounds,
             figs[i].mapped ? "shm-mapped" : kinds[figs[i].kind], ops[figs[i].kind], figs[i].block,
@@ -270,12 +259,8 @@ int main(int argc, char **argv) {
   o.span = o.span_mib * MiB;
   if (o.span % (4 * MiB) != 0) hb_die("--span-mib: a multiple of 4");
   if (o.csv != NULL) { /* a file we cannot append to fails now, not after the measurements */
-    FILE *f = bench_csv_open(o.csv, SHM_CSV_HEADER);
-    if (f == NULL) {
-      fprintf(stderr, "hixl-shm-ref: cannot append to %s: %s\n", o.csv,
-              errno == EINVAL ? "its header is not hixl-shm-ref's" : strerror(errno));
-      return 2;
-    }
+    FILE *f = hb_csv(o.csv, SHM_CSV_HEADER);
+    if (f == NULL) return 2;
     fclose(f);
   }
 
@@ -311,11 +296,11 @@ int main(int argc, char **argv) {
   HixlSetLogCallback(log_cb, NULL); /* Connect logs how many regions it mapped */
   HixlSetLogLevel(HIXL_LOG_INFO);
   HixlMemDesc ds = {(uintptr_t)c.src, o.span}, dd = {(uintptr_t)c.dst, o.span};
-  die_st(HixlEngineCreate(&c.e), "Create");
-  die_st(HixlEngineInitialize(c.e, "127.0.0.1", &opt, 1), "Initialize");
-  die_st(HixlEngineRegisterMem(c.e, &ds, HIXL_MEM_HOST, &hs), "RegisterMem");
-  die_st(HixlEngineRegisterMem(c.e, &dd, HIXL_MEM_HOST, &hd), "RegisterMem");
-  die_st(HixlEngineConnect(c.e, c.peer, 10000), "Connect (Transport shm)");
+  hb_check(HixlEngineCreate(&c.e), "Create");
+  hb_check(HixlEngineInitialize(c.e, "127.0.0.1", &opt, 1), "Initialize");
+  hb_check(HixlEngineRegisterMem(c.e, &ds, HIXL_MEM_HOST, &hs), "RegisterMem");
+  hb_check(HixlEngineRegisterMem(c.e, &dd, HIXL_MEM_HOST, &hd), "RegisterMem");
+  hb_check(HixlEngineConnect(c.e, c.peer, 10000), "Connect (Transport shm)");
   HixlSetLogLevel(HIXL_LOG_WARN);
   verify(&c, "before");
   if (g_mapped != 1)

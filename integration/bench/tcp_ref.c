@@ -209,12 +209,9 @@ static int connect_loopback(uint16_t port) {
 static void csv_row(const struct ref_opts *o, uint64_t iters, uint64_t bytes, double secs, double gbps,
                     const struct bench_stats *s) {
   if (o->csv == NULL) return;
-  FILE *f = bench_csv_open(
-      o->csv, "tool,mode,streams,size,iters,bytes,seconds,gbps,avg_us,p50_us,p99_us,min_us,max_us");
-  if (f == NULL) {
-    fprintf(stderr, "%s: cannot open %s: %s\n", hb_prog, o->csv, strerror(errno));
-    return;
-  }
+  FILE *f =
+      hb_csv(o->csv, "tool,mode,streams,size,iters,bytes,seconds,gbps,avg_us,p50_us,p99_us,min_us,max_us");
+  if (f == NULL) return;
   fprintf(f, "tcp-ref,%s,%u,%zu,%" PRIu64 ",%" PRIu64 ",%.6f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
           o->mode == REF_STREAM ? "stream" : "rtt", o->mode == REF_STREAM ? o->streams : 1, o->size, iters,
           bytes, secs, gbps, s->avg_us, s->p50_us, s->p99_us, s->min_us, s->max_us);

@@ -304,8 +304,7 @@ static void *raw_main(void *arg) {
   for (uint32_t q; (q = atomic_fetch_add(&j->next, 1)) < o.requests;)
     for (size_t i = j->starts[q]; i < j->starts[q + 1]; i += HIXL_MAX_BATCH) {
       size_t k = j->starts[q + 1] - i < HIXL_MAX_BATCH ? j->starts[q + 1] - i : HIXL_MAX_BATCH;
-      if (HixlEngineTransferSync(j->e, j->remote, HIXL_READ, j->v + i, k, 60000))
-        hb_die("raw READ: %s", HixlGetLastErrorMessage());
+      hb_check(HixlEngineTransferSync(j->e, j->remote, HIXL_READ, j->v + i, k, 60000), "raw READ");
     }
   return NULL;
 }
@@ -326,7 +325,7 @@ static uint64_t raw_run(struct side *p, struct side *d, uint64_t *ops_out, uint6
         continue;
       }
       HixlStatus st = HixlEngineConnect(d->r[di].raw, p->r[pi].raw_addr, 10000);
-      if (st && st != HIXL_ALREADY_CONNECTED) hb_die("raw connect: %s", HixlGetLastErrorMessage());
+      hb_check(st == HIXL_ALREADY_CONNECTED ? HIXL_SUCCESS : st, "raw connect");
       jobs[nj].e = d->r[di].raw;
       jobs[nj].remote = p->r[pi].raw_addr;
       jobs[nj].v = v;
