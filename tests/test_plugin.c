@@ -866,6 +866,118 @@ static void test_producer_death(void) {
   free(params);
 }
 
+/* load_in_forward: a pull consumer whose loads are the runtime's synchronous ones. */
+static char *config_in_forward(char *buf, size_t cap, uint16_t port, int timeout_ms) {
+  char base[512];
+  config(base, sizeof(base), port, "consumer", 30000, "fail", timeout_ms);
+  snprintf(buf, cap, "{\"load_in_forward\": true, %s", base + 1);
+  return buf;
+}
+
+/* Match and allocate as a runtime does for a synchronous load: async 0, every prompt
+ * token but the last loaded (all n blocks). */
+static void decode_alloc_sync(struct inst *d, const char *id, const char *params, const uint64_t *blocks,
+                              size_t n) {
+  hixl_kv_request r = request(id, n * BLOCK_TOKENS, params);
+  int64_t tokens = 0;
+  int32_t async = 1;
+  ST_IS(ops->get_num_new_matched_tokens(d->sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(tokens, (int64_t)(n * BLOCK_TOKENS) - 1); /* the step computes the last token */
+  CU_ASSERT_EQUAL(async, 0);
+  ST_IS(ops->update_state_after_alloc(d->sched, &r, blocks, n, (uint64_t)tokens), HIXL_KV_SUCCESS);
+}
+
+/* Whether id shows in the worker's finished lists now (one get_finished). */
+static bool reported_now(struct inst *x, const char *id) {
+  hixl_kv_ids s = {0}, r = {0};
+  ST_IS(ops->get_finished(x->worker, NULL, &s, &r), HIXL_KV_SUCCESS);
+  bool seen = ids_have(&s, id) || ids_have(&r, id);
+  ops->free_ids(&s);
+  ops->free_ids(&r);
+  return seen;
+}
+
+/* load_in_forward: get_num_new_matched_tokens says the load is synchronous; the step's
+ * start_load_kv returns with every byte there (no get_finished between: the forward
+ * pass writes the new token's KV into these blocks next), wait_for_layer_load at once;
+ * get_finished never reports the request; the producer frees it. */
+static void test_load_in_forward(void) {
+  struct prefill_args a = {free_port(), 30000, 47, 8};
+  struct child ch;
+  char line[4096], cfg[600];
+  CU_ASSERT_EQUAL_FATAL(child_start(&ch, "pull", &a), 0);
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  CU_ASSERT_EQUAL_FATAL(strncmp(line, "params ", 7), 0);
+  struct inst d;
+  config_in_forward(cfg, sizeof(cfg), free_port(), 3000);
+  ST_IS(inst_up(&d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+  decode_alloc_sync(&d, "dec-f", line + 7, decode_blocks, 8);
+  step(&d); /* bind, start_load_kv */
+  CU_ASSERT_EQUAL(kv_verify(&d.kv, 47, decode_blocks, 8), -1);
+  CU_ASSERT_TRUE(others_untouched(&d.kv, decode_blocks, 8, 0xEE));
+  for (uint32_t l = 0; l < LAYERS; l++) ST_IS(ops->wait_for_layer_load(d.worker, l), HIXL_KV_SUCCESS);
+  uint64_t errs[16];
+  CU_ASSERT_EQUAL(load_errors(&d, errs, 16), 0);
+  CU_ASSERT_FALSE(reported_now(&d, "dec-f"));
+  hixl_kv_stats st;
+  ST_IS(ops->get_stats(d.worker, &st), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(st.loads_done, 1);
+  CU_ASSERT_EQUAL(st.loads_failed, 0);
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  CU_ASSERT_STRING_EQUAL(line, "freed 1 held 0 expired 0");
+  /* The next step has no load: its forward pass does not wait. */
+  step(&d);
+  ST_IS(ops->wait_for_layer_load(d.worker, 0), HIXL_KV_SUCCESS);
+  CU_ASSERT_FALSE(reported_now(&d, "dec-f"));
+  child_end(&ch);
+  inst_down(&d);
+}
+
+/* load_in_forward, the producer dead: start_load_kv's wait ends within the load's
+ * timeouts, the blocks are load errors (the runtime recomputes or fails the request),
+ * nothing is written, and get_finished does not report it. */
+static void test_load_in_forward_producer_death(void) {
+  struct prefill_args a = {free_port(), 30000, 48, 4};
+  struct child ch;
+  char line[4096], cfg[600];
+  CU_ASSERT_EQUAL_FATAL(child_start(&ch, "pull", &a), 0);
+  CU_ASSERT_FATAL(read_line(ch.from_child, line, sizeof(line), 20000));
+  char *params = strdup(line + 7);
+  kill(ch.pid, SIGKILL);
+  waitpid(ch.pid, NULL, 0);
+  struct inst d;
+  config_in_forward(cfg, sizeof(cfg), free_port(), 1500);
+  ST_IS(inst_up(&d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+  decode_alloc_sync(&d, "dec-fd", params, decode_blocks, 4);
+  step(&d); /* start_load_kv returns once the load failed */
+  ST_IS(ops->wait_for_layer_load(d.worker, 0), HIXL_KV_SUCCESS);
+  CU_ASSERT_TRUE(load_errors_are(&d, decode_blocks, 4));
+  CU_ASSERT_EQUAL(count_byte(&d.kv, 0xEE), d.kv.len);
+  CU_ASSERT_FALSE(reported_now(&d, "dec-fd"));
+  hixl_kv_stats st;
+  ST_IS(ops->get_stats(d.worker, &st), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(st.loads_failed, 1);
+  close(ch.to_child);
+  close(ch.from_child);
+  inst_down(&d);
+  free(params);
+}
+
+/* load_in_forward belongs to pull mode: with mode push, create refuses it, naming it. */
+static void test_load_in_forward_push_refused(void) {
+  char base[512], cfg[600], err[256] = "";
+  hixl_kv_connector *w = NULL;
+  config(base, sizeof(base), free_port(), "consumer", 30000, "fail", 1000);
+  char *pull = strstr(base, "\"pull\"");
+  CU_ASSERT_PTR_NOT_NULL_FATAL(pull);
+  snprintf(cfg, sizeof(cfg), "{\"load_in_forward\": true, %.*s\"push\"%s", (int)(pull - base - 1), base + 1,
+           pull + 6);
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &w, err, sizeof(err)),
+        HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_PTR_NULL(w);
+  CU_ASSERT_PTR_NOT_NULL(strstr(err, "load_in_forward"));
+}
+
 /* A consumer whose blocks are another size: the load fails naming both layouts and
  * moves nothing; the producer is told to free. */
 static void mismatch_case(uint64_t seed, const char *id, uint64_t block_bytes, uint32_t world) {
@@ -1563,6 +1675,9 @@ static CU_TestInfo pd_tests[] = {
     {"push: blocks freed once, request_finished before or after finished_sending", test_push_freed_once},
     {"pull: a producer that refuses connections stalls no other load", test_dead_producer_no_stall},
     {"pull: a request id the producer never held fails at once", test_never_held_fails_at_once},
+    {"load_in_forward: loaded before the forward pass reads it, never in get_finished", test_load_in_forward},
+    {"load_in_forward: the producer dead, the blocks are load errors", test_load_in_forward_producer_death},
+    {"load_in_forward: refused in push mode", test_load_in_forward_push_refused},
     CU_TEST_INFO_NULL,
 };
 static CU_SuiteInfo suites[] = {

@@ -110,6 +110,15 @@ static const struct row key_rows[] = {
      NULL,
      false,
      false},
+    {{"load_in_forward", HIXL_CONFIG_BOOL, "false", NULL, "true | false",
+      "pull mode: a consumer loads each request in the forward pass that computes it (the runtime's "
+      "synchronous load): the request runs in the step that loads it, not steps after the load ends, "
+      "while that forward pass, and every request in it, waits for the transfer (docs/vllm.md)"},
+     0,
+     0,
+     NULL,
+     false,
+     false},
     {{"required_kv_layout", HIXL_CONFIG_ENUM, "any", NULL, "any | HND",
       "what get_required_kvcache_layout asks of the runtime: HND (each head's tokens together) lets "
       "instances of different tensor-parallel sizes hand KV over (docs/plugin.md)"},

@@ -52,8 +52,8 @@ from proxy import Upstream, stream_completion  # noqa: E402
 
 # The consumer's transfer-time histogram of each connector (seconds) and its counter of
 # failed loads (a failed load is recomputed: the tokens stay right, the figure not).
-XFER = {"hixl": "vllm:hixl_transfer_seconds", "nixl": "vllm:nixl_xfer_time_seconds"}
-FAILED = {"hixl": "hixl_loads_failed", "nixl": "nixl_num_failed_transfers"}
+XFER = {"hixl": "vllm:hixl_transfer_seconds", "hixl-fwd": "vllm:hixl_transfer_seconds", "nixl": "vllm:nixl_xfer_time_seconds"}
+FAILED = {"hixl": "hixl_loads_failed", "hixl-fwd": "hixl_loads_failed", "nixl": "nixl_num_failed_transfers"}
 
 
 def prompt(vocab: int, rnd_key: str, n: int) -> list:

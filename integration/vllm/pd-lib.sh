@@ -7,7 +7,7 @@
 
 # mooncake is vLLM's MooncakeConnector behind mooncake_cpu_shim.py (the stock class
 # cannot start on a CPU-only torch); mooncake-stock is the stock class, to show that.
-pd_connectors="hixl nixl mooncake mooncake-stock"
+pd_connectors="hixl hixl-fwd nixl mooncake mooncake-stock"
 
 # The environment every instance shares. One CPU's worth of threads each (two cores).
 pd_export_env() {
@@ -44,9 +44,13 @@ pd_kvcfg() {  # connector role kv_port
   local policy=
   [ "$2" = kv_consumer ] && policy='"kv_load_failure_policy": "recompute", '
   case $1 in
-    hixl)
-      printf '{"kv_connector": "HixlKVConnector", "kv_connector_module_path": "hixl_vllm", "kv_role": "%s", %s"kv_connector_extra_config": {"address": "127.0.0.1:%s", "mode": "pull", "lease_ms": 30000, "transfer_timeout_ms": 10000}}' \
-        "$2" "$policy" "$3" ;;
+    hixl|hixl-fwd)
+      # hixl-fwd: the consumer loads in the forward pass (load_in_forward, vLLM's
+      # synchronous load); the producer is hixl's usual one.
+      local fwd=
+      [ "$1" = hixl-fwd ] && [ "$2" = kv_consumer ] && fwd=', "load_in_forward": true'
+      printf '{"kv_connector": "HixlKVConnector", "kv_connector_module_path": "hixl_vllm", "kv_role": "%s", %s"kv_connector_extra_config": {"address": "127.0.0.1:%s", "mode": "pull", "lease_ms": 30000, "transfer_timeout_ms": 10000%s}}' \
+        "$2" "$policy" "$3" "$fwd" ;;
     nixl)
       # The CPU platform registers vLLM's own KV cache as DRAM (no host buffer);
       # kv_buffer_device must say "cpu" (_NIXL_SUPPORTED_DEVICE["cpu"]).
@@ -64,7 +68,7 @@ pd_kvcfg() {  # connector role kv_port
 # Environment of one side of a pair (as NAME=VALUE words for env(1)).
 pd_kvenv() {  # connector kv_port
   case $1 in
-    hixl) ;;
+    hixl|hixl-fwd) ;;
     # The side channel the consumer dials for the producer's agent metadata; each
     # instance listens on its own (both default to 5600).
     nixl) echo "VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1 VLLM_NIXL_SIDE_CHANNEL_PORT=$2" ;;

@@ -93,7 +93,7 @@ def counter(m: dict, name: str) -> float:
 def loads(m: dict, connector: str) -> tuple:
     """(bytes loaded, loads done, loads failed) from the consumer's /metrics; None where
     the connector exports no such figure."""
-    if connector == "hixl":
+    if connector.startswith("hixl"):
         return counter(m, "hixl_bytes_loaded"), counter(m, "hixl_loads_done"), counter(m, "hixl_loads_failed")
     if connector == "nixl":
         return (m.get("vllm:nixl_bytes_transferred_sum", 0.0), m.get("vllm:nixl_bytes_transferred_count", 0.0),
@@ -170,7 +170,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--kill-producer", type=int, default=0)
     ap.add_argument("--label", default="hixl")
-    ap.add_argument("--connector", default="hixl", choices=["hixl", "nixl", "mooncake", "mooncake-stock"])
+    ap.add_argument("--connector", default="hixl", choices=["hixl", "hixl-fwd", "nixl", "mooncake", "mooncake-stock"])
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     with open(os.path.join(a.model, "config.json")) as f:
@@ -205,7 +205,7 @@ def main() -> int:
     end = wait_settled({"prefill": a.prefill, "decode": a.decode}, 30)
     md = metrics(a.decode)
     fault = None
-    if a.kill_producer and a.connector != "hixl":
+    if a.kill_producer and not a.connector.startswith("hixl"):
         ap.error("--kill-producer counts hixl's failed loads: hixl only")
     if a.kill_producer:
         p = prompts(a.requests + 1, vocab, a.seed + 1)[-1][:200]
@@ -250,7 +250,7 @@ def main() -> int:
           f"{summary['handoff_ms_p99']:.1f} ms; bytes moved {na(bytes_loaded)}; loads {na(loads_done)}, failed "
           f"{na(loads_failed)}")
     for side, h in end.items():
-        blocks = f"{h['hixl_blocks_held']} hixl blocks, " if a.connector == "hixl" else ""
+        blocks = f"{h['hixl_blocks_held']} hixl blocks, " if a.connector.startswith("hixl") else ""
         print(f"{a.label}: {side} holds {blocks}KV cache usage {h['kv_cache_usage_perc']}, "
               f"running {h['running']}, waiting {h['waiting']}")
     if fault:

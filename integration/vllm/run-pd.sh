@@ -48,7 +48,7 @@ if [ -z "$out" ]; then
 fi
 mkdir -p "$out"
 peers=()
-[ "$connector" = hixl ] || peers=(--peers)
+case $connector in hixl*) ;; *) peers=(--peers) ;; esac
 venv=$(bash "$here/install.sh" "${peers[@]}" | tail -1)
 vpy=$venv/bin/python
 model=${HIXL_VLLM_MODEL:-$out/model}
@@ -85,7 +85,7 @@ args=(--plain "http://127.0.0.1:$plain_port" --proxy "http://127.0.0.1:$proxy_po
       --prefill "http://127.0.0.1:$p_port" --decode "http://127.0.0.1:$d_port" --model "$model"
       --requests "$requests" --json "${json:-$out/pd.json}")
 [ "$connector" = hixl ] || args+=(--connector "$connector" --label "$connector")
-if [ $fault = 1 ] && [ "$connector" = hixl ]; then
+if [ $fault = 1 ] && [[ $connector == hixl* ]]; then
   args+=(--kill-producer "$prefill_pid")
 elif [ $fault = 1 ]; then
   echo "run-pd: the producer-killed fault case is hixl's (it counts hixl's failed loads): skipped for $connector"

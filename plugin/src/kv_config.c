@@ -34,8 +34,9 @@ hixl_kv_status kv_config_load(const char *json, size_t len, struct kv_cfg *cfg, 
              nerr > 1 ? " (and more: `hixl-config check` lists them all)" : "");
     return HIXL_KV_PARAM_INVALID;
   }
-  int pipelining = 1, metrics = 1;
+  int pipelining = 1, metrics = 1, in_forward = 0;
   HixlConfigGetBool(c, "layer_pipelining", &pipelining);
+  HixlConfigGetBool(c, "load_in_forward", &in_forward);
   HixlConfigGetBool(c, "metrics", &metrics);
   cfg->metrics = metrics != 0;
   cfg->trace_ring = (uint32_t)get_int(c, "trace_ring");
@@ -50,11 +51,19 @@ hixl_kv_status kv_config_load(const char *json, size_t len, struct kv_cfg *cfg, 
   cfg->max_inflight = (uint32_t)get_int(c, "max_inflight_requests");
   cfg->per_producer = (uint32_t)get_int(c, "loads_per_producer");
   cfg->pipelining = pipelining != 0;
+  cfg->load_in_forward = in_forward != 0;
   cfg->hnd = strcmp(get_str(c, "required_kv_layout"), "HND") == 0;
   cfg->kv_device = strcmp(get_str(c, "kv_memory"), "device") == 0;
   cfg->connect_timeout_ms = (int32_t)get_int(c, "connect_timeout_ms");
   cfg->transfer_timeout_ms = (int32_t)get_int(c, "transfer_timeout_ms");
   cfg->notify_timeout_ms = (int32_t)get_int(c, "notify_timeout_ms");
+  if (cfg->push && cfg->load_in_forward) {
+    HixlConfigFree(c);
+    snprintf(err, cap,
+             "configuration load_in_forward: for mode pull only (a push lands each layer while the "
+             "forward pass runs already)");
+    return HIXL_KV_PARAM_INVALID;
+  }
   const HixlOption *opts = NULL;
   HixlConfigEngineOptions(c, &opts, &cfg->nopts);
   cfg->opts = (HixlOption *)opts;

@@ -67,8 +67,9 @@ struct kv_cfg {
   uint32_t max_inflight;
   uint32_t per_producer; /* loads_per_producer: pulls from one producer rank at once */
   bool pipelining;
-  bool hnd;       /* required_kv_layout HND: get_required_kvcache_layout asks for it */
-  bool kv_device; /* kv_memory device: the KV caches are registered as HIXL_MEM_DEVICE */
+  bool load_in_forward; /* pull consumer: loads are the runtime's sync loads (load_kv_async false) */
+  bool hnd;             /* required_kv_layout HND: get_required_kvcache_layout asks for it */
+  bool kv_device;       /* kv_memory device: the KV caches are registered as HIXL_MEM_DEVICE */
   int32_t connect_timeout_ms, transfer_timeout_ms, notify_timeout_ms;
   bool metrics;         /* histograms and failure counters (kv_obs.c) */
   uint32_t trace_ring;  /* finished traces kept for drain_traces; 0: none */
@@ -242,6 +243,8 @@ struct kv_held {
 struct kv_whole {
   uint32_t left; /* parts not ended */
   bool failed;
+  bool in_forward; /* load_in_forward: the step's forward pass waits for it (kv_wait_layer), and
+                    * it is not reported by get_finished (the runtime never waited for it there) */
 };
 
 /* A load a consumer worker owes: a request from one producer rank (its part: the
@@ -388,8 +391,10 @@ struct kv_loader {
   uint32_t npulling;
   pthread_cond_t cond;  /* a load queued, a producer no longer busy, or shut: idle loader threads wait
                          * (CLOCK_MONOTONIC) */
-  pthread_cond_t ended; /* a load ended: handle_preemptions waits (CLOCK_MONOTONIC) */
-  pthread_t renewer;    /* pins the loads being pulled again every half lease */
+  pthread_cond_t ended; /* a load ended: handle_preemptions and kv_wait_layer wait (CLOCK_MONOTONIC) */
+  uint32_t in_forward;  /* load_in_forward: requests bound and not ended; the forward pass waits for 0 */
+  struct kv_idset forward_done; /* ... those ended, for their traces (kv_obs_reported, without the lock) */
+  pthread_t renewer;            /* pins the loads being pulled again every half lease */
   bool renewer_on;
   bool renewer_idle;    /* it waits for a load to be queued or pulled */
   pthread_cond_t renew; /* loads queued, a pull started while it was idle, or shut (CLOCK_MONOTONIC) */

@@ -199,6 +199,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   kv_idhash_clear(&c->gone, NULL);
   kv_idset_clear(&c->sending_done);
   kv_idset_clear(&c->recving_done);
+  kv_idset_clear(&c->load.forward_done);
   free(c->err_blocks);
   kv_revq_free(c);
   free(c->sched.meta.p);

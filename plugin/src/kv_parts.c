@@ -88,6 +88,7 @@ hixl_kv_status kv_load_parts(hixl_kv_connector *c, struct kv_meta_entry *e) {
   if (e->type == KV_META_FREE) reads = 0; /* an abort: only told */
   struct kv_whole *w = reads ? calloc(1, sizeof(*w)) : NULL;
   if (reads && !w) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "bind_connector_meta: out of memory");
+  if (w) w->in_forward = c->cfg.load_in_forward;
   struct kv_load *first = NULL, **tail = &first;
   bool ok = true;
   for (uint32_t p = 0; p < np && ok; p++) {
@@ -137,6 +138,7 @@ hixl_kv_status kv_load_parts(hixl_kv_connector *c, struct kv_meta_entry *e) {
   else
     c->load.bound = first;
   for (struct kv_load *l = first; l; l = l->next) c->load.bound_tail = l;
+  if (w && w->in_forward) c->load.in_forward++;
   return HIXL_KV_SUCCESS;
 }
 
@@ -156,7 +158,14 @@ void kv_load_part_end(hixl_kv_connector *c, struct kv_load *l, HixlStatus st, co
   } else {
     c->stats.loads_done++;
   }
-  kv_finished_add(c, &c->recving_done, l->e.req); /* the host may use the blocks now */
+  if (w->in_forward) { /* the forward pass waiting in kv_wait_layer goes on; get_finished says nothing */
+    kv_obs_phase(c, l->e.req, KV_PH_DONE, NULL);
+    kv_idset_add(&c->load.forward_done, l->e.req); /* out of memory: its trace is dropped later */
+    if (c->load.in_forward) c->load.in_forward--;
+    pthread_cond_broadcast(&c->load.ended);
+  } else {
+    kv_finished_add(c, &c->recving_done, l->e.req); /* the host may use the blocks now */
+  }
   free(w);
 }
 

@@ -231,9 +231,13 @@ hixl_kv_status kv_matched(hixl_kv_connector *c, const hixl_kv_request *r, uint64
                      "(load_failure_policy fail)",
                      id);
     if (!failed && r->num_prompt_tokens > computed) n = (int64_t)(r->num_prompt_tokens - computed);
+    /* A synchronous load's step computes at least one token (the last prompt token, which
+     * samples the first output): the runtime takes no hit of the whole prompt then. Its
+     * block is loaded all the same; the forward pass writes that token's KV again. */
+    if (c->cfg.load_in_forward && n > 0) n--;
   }
   *tokens = n;
-  *load_async = n > 0;
+  *load_async = n > 0 && !c->cfg.load_in_forward; /* load_in_forward: loaded in the step that runs it */
   return HIXL_KV_SUCCESS;
 }
 

@@ -228,6 +228,32 @@ hixl_kv_status kv_clear(hixl_kv_connector *c) {
   return HIXL_KV_SUCCESS;
 }
 
+/* load_in_forward: every load of the step ended, before the forward pass reads their
+ * blocks (whole requests, not layer by layer). They end within their own timeouts
+ * (link, PIN, transfer), as handle_preemptions counts on; a failed one's blocks go to
+ * get_block_ids_with_load_errors, read after this forward pass, so the runtime
+ * recomputes or fails the request (its sampled token dropped). */
+static hixl_kv_status forward_loads_wait(hixl_kv_connector *c, const char *fn) {
+  pthread_mutex_lock(&c->lock);
+  if (c->load.in_forward && c->load.nthreads == 0 && !c->shut) {
+    uint32_t n = c->load.in_forward;
+    pthread_mutex_unlock(&c->lock);
+    return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED,
+                   "%s: %u load(s) of this step have no loader thread to run them "
+                   "(start_load_kv failed to start one)",
+                   fn, n);
+  }
+  while (c->load.in_forward && !c->shut) pthread_cond_wait(&c->load.ended, &c->lock);
+  hixl_kv_ids done = {0};
+  int rc = c->load.forward_done.n ? kv_idset_take(&c->load.forward_done, &done) : 0;
+  pthread_mutex_unlock(&c->lock);
+  if (rc == 0 && done.count) { /* their traces end, as get_finished's reports end the others' */
+    kv_obs_reported(c, &done);
+    kv_free_ids(&done);
+  }
+  return HIXL_KV_SUCCESS;
+}
+
 hixl_kv_status kv_start_load(hixl_kv_connector *c) {
   CHECK_ARG(c && c->role == HIXL_KV_ROLE_WORKER, "start_load_kv: connector is NULL or a scheduler's");
   pthread_mutex_lock(&c->lock);
@@ -237,13 +263,20 @@ hixl_kv_status kv_start_load(hixl_kv_connector *c) {
   }
   hixl_kv_status st = kv_loader_submit(c);
   pthread_mutex_unlock(&c->lock);
+  /* load_in_forward: the runtime calls this before the forward pass (vLLM: for a step
+   * with synchronous loads), which writes the new tokens' KV into these blocks before
+   * its attention waits (wait_for_layer_load): the blocks must be whole by then. */
+  if (st == HIXL_KV_SUCCESS && c->cfg.load_in_forward) st = forward_loads_wait(c, "start_load_kv");
   return st;
 }
 
 hixl_kv_status kv_wait_layer(hixl_kv_connector *c, uint32_t layer) {
   CHECK_ARG(c && c->role == HIXL_KV_ROLE_WORKER, "wait_for_layer_load: connector is NULL or a scheduler's");
   CHECK_ARG(c->lay.ng == 0 || layer < c->layers, "wait_for_layer_load: layer %u of %u", layer, c->layers);
-  if (!c->cfg.push) return HIXL_KV_SUCCESS; /* pull loads are asynchronous: they end in get_finished */
+  /* Pull: loads are asynchronous, they end in get_finished; load_in_forward ones ended in
+   * start_load_kv (here only if it failed to wait). */
+  if (!c->cfg.push)
+    return c->cfg.load_in_forward ? forward_loads_wait(c, "wait_for_layer_load") : HIXL_KV_SUCCESS;
   /* Push: until layer has landed for every request this step bound (the forward pass
    * about to use it), or one's lease ends. Earlier ones end in get_finished. */
   pthread_mutex_lock(&c->lock);

@@ -307,6 +307,15 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._times: list = []
         self._failed: set = set()
         self._multi_group = len(groups) > 1
+        # load_in_forward: vLLM's synchronous loads (the request runs in the step that loads
+        # it). Their failures come back as block ids only, which name no request once there
+        # are several KV cache groups (each numbers its own blocks).
+        self._in_forward = extra.get("load_in_forward") is True
+        self._local_hit: Dict[str, int] = {}  # load_in_forward: request -> tokens cached here (block-aligned)
+        if self._in_forward and self._multi_group:
+            raise HixlConfigError("load_in_forward: this model has %d KV cache groups; a load in the forward "
+                                  "pass reports its failures as block ids, which name no request across "
+                                  "groups: leave load_in_forward out for hybrid models" % len(groups))
         self._traces_off = int(self._doc["kv_connector_extra_config"].get("trace_ring", 1)) == 0
         # Worker: layer names -> layer ids, the description registered, the last counters.
         self._kv: Optional[layout.KVDescription] = None
@@ -663,6 +672,8 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
             return None, False
         if n.value > 0 and self._remote_mismatch(request):
             return 0, False  # computed here; update_state_after_alloc with 0 frees the producer's hold
+        if self._in_forward and n.value > 0:
+            self._local_hit[str(request.request_id)] = int(num_computed_tokens)
         return int(n.value), bool(is_async.value) and n.value > 0
 
     def _remote_mismatch(self, request: Any) -> bool:
@@ -698,7 +709,14 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
             # vLLM's second call, once the load is done (or failed and is recomputed): the
             # load already freed the producer's blocks, so no FREE either.
             return
-        groups = self._windowed(_block_groups(blocks, unhashed=num_external_tokens > 0), request)
+        if self._in_forward and num_external_tokens > 0:
+            # vLLM caches (hashes) a synchronous load's full blocks as it allocates them, so
+            # "unhashed" would leave them out: the load fills every block after the local hit.
+            skip = self._local_hit.pop(rid, 0) // (self._spec_block_size or self._block_size or 1)
+            groups = tuple(list(g)[skip:] for g in _block_groups(blocks, unhashed=False))
+        else:
+            groups = _block_groups(blocks, unhashed=num_external_tokens > 0)
+        groups = self._windowed(groups, request)
         r, keep = self._req(request)
         if len(groups) == 1:
             p, n, a = _abi.u64_buffer(groups[0])
@@ -707,7 +725,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
             arr, n, k2 = _abi.block_groups(groups)
             self._call("update_state_after_alloc_groups", ctypes.byref(r), arr, n, int(num_external_tokens))
         del keep
-        if num_external_tokens > 0:
+        if num_external_tokens > 0 and not self._in_forward:  # a load in the forward pass: vLLM's own
             self._loading[rid] = groups  # looked into only when vLLM reports invalid blocks
             self._load_queued.add(rid)
         params = getattr(request, "kv_transfer_params", None)
@@ -747,6 +765,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._enc.pop(rid, None)
         self._mismatched.discard(rid)
         self._load_queued.discard(rid)
+        self._local_hit.pop(rid, None)
         # A load still under way (the request aborted, or failed by vLLM on invalid blocks)
         # keeps its entry: vLLM holds its blocks until finished_recving, which drops it.
         if self._push and delay.value:

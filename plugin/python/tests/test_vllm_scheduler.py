@@ -62,10 +62,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def make_scheduler(model_dir, role, num_blocks=64, policy="recompute", prefix_caching=True):
+def make_scheduler(model_dir, role, num_blocks=64, policy="recompute", prefix_caching=True, keys=None):
     """vLLM's Scheduler with HixlKVConnector as its connector; num_blocks counts vLLM's
-    null block, so num_blocks - 1 are usable."""
-    extra = {"address": f"127.0.0.1:{free_port()}", "mode": "pull"}
+    null block, so num_blocks - 1 are usable; keys: more of hixl's configuration."""
+    extra = {"address": f"127.0.0.1:{free_port()}", "mode": "pull", **(keys or {})}
     if role == "kv_producer":
         extra["lease_ms"] = 30000
     vc = VllmConfig(
@@ -491,4 +491,93 @@ def test_load_failure_fail(model_dir):
     step(c, recving={"cons-f2"})
     assert_empty(c)
     assert not c.connector._invalid
+    c.shutdown()
+
+
+# ---- 6. load_in_forward: vLLM's synchronous load, the request runs in the step that loads it ----
+
+def loaded_blocks(c):
+    """The block lists the adapter hands the plugin's update_state_after_alloc (what the
+    LOAD fills), recorded from now on."""
+    seen, real = [], c.connector._call
+
+    def rec(name, *args):
+        if name == "update_state_after_alloc":
+            seen.append(list(args[1][:args[2]]) if args[2] else [])
+        return real(name, *args)
+
+    c.connector._call = rec
+    return seen
+
+
+def test_load_in_forward_runs_in_the_loading_step(model_dir):
+    params = producer_params(model_dir)
+    c = make_scheduler(model_dir, "kv_consumer", keys={"load_in_forward": True})
+    seen = loaded_blocks(c)
+    start = free(c)
+    r = make_request("cons-s", dict(params), 2)
+    c.add_request(r)
+    so, outs = step(c)  # loaded and run in one step: only the last prompt token computed
+    # Every block: vLLM caches a synchronous load's full blocks as it allocates them.
+    assert seen == [list(c.kv_cache_manager.get_block_ids("cons-s")[0])] and len(seen[0]) == PROMPT_BLOCKS
+    assert so.has_sync_kv_loads
+    assert so.num_scheduled_tokens == {"cons-s": 1}
+    assert so.scheduled_new_reqs[0].num_computed_tokens == PROMPT - 1
+    assert meta(so) == (1, ("LOAD", "cons-s"))
+    assert calls(c, "get_num_new_matched_tokens", "cons-s") == [((0,), (PROMPT - 1, False))]
+    assert [a[1] for a, _ in calls(c, "update_state_after_alloc", "cons-s")] == [PROMPT - 1]
+    assert r.status == RequestStatus.RUNNING and list(r.output_token_ids) == [TOKEN]
+    assert free(c) == start - PROMPT_BLOCKS
+    assert not c.finished_recving_kv_req_ids and not c.connector._loading and not c.connector._load_queued
+    so, outs = step(c)
+    assert r.status == RequestStatus.FINISHED_LENGTH_CAPPED and outs["cons-s"].finish_reason == FinishReason.LENGTH
+    assert list(r.output_token_ids) == [TOKEN] * 2
+    assert_empty(c)
+    c.shutdown()
+
+
+def test_load_in_forward_loads_only_blocks_not_cached_locally(model_dir):
+    params = producer_params(model_dir)
+    c = make_scheduler(model_dir, "kv_consumer", keys={"load_in_forward": True})
+    start = free(c)
+    c.add_request(make_request("local", None, 1))  # leaves its two full blocks in the prefix cache
+    step(c)
+    seen = loaded_blocks(c)
+    r = make_request("cons-s2", dict(params), 1)
+    c.add_request(r)
+    so, outs = step(c)
+    assert calls(c, "get_num_new_matched_tokens", "cons-s2") == [((2 * BLOCK,), (PROMPT - 2 * BLOCK - 1, False))]
+    assert so.num_scheduled_tokens == {"cons-s2": 1}
+    assert r.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    assert len(seen) == 1 and len(seen[0]) == 1  # only the block not cached here is loaded
+    assert_empty(c)
+    assert free(c) == start
+    c.shutdown()
+
+
+def test_load_in_forward_failure_recomputes(model_dir):
+    """The step's load failed (its blocks in invalid_block_ids of the same step's output):
+    vLLM drops the sampled token and recomputes from the first failed block."""
+    params = producer_params(model_dir)
+    c = make_scheduler(model_dir, "kv_consumer", policy="recompute", keys={"load_in_forward": True})
+    start = free(c)
+    r = make_request("cons-sf", dict(params), 2)
+    c.add_request(r)
+    so = c.schedule()
+    assert so.has_sync_kv_loads and so.num_scheduled_tokens == {"cons-sf": 1}
+    (blocks,) = c.kv_cache_manager.get_block_ids("cons-sf")
+    kvo = KVConnectorOutput(finished_sending=set(), finished_recving=set(), invalid_block_ids={blocks[1]})
+    mro = ModelRunnerOutput(req_ids=["cons-sf"], req_id_to_index={"cons-sf": 0}, sampled_token_ids=[[TOKEN]],
+                            kv_connector_output=kvo)
+    c.update_from_output(so, mro)
+    assert r.status == RequestStatus.RUNNING and list(r.output_token_ids) == []
+    assert r.num_computed_tokens == BLOCK  # cut at the failed block
+    so, outs = step(c)  # recomputes from the cut, no second load
+    assert so.num_scheduled_tokens == {"cons-sf": PROMPT - BLOCK} and meta(so) == (0, None)
+    assert len(calls(c, "get_num_new_matched_tokens", "cons-sf")) == 1
+    assert list(r.output_token_ids) == [TOKEN]
+    so, outs = step(c)
+    assert r.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    assert free(c) == start
+    assert_empty(c)
     c.shutdown()
