@@ -4,7 +4,8 @@
 #  1b. the vLLM adapter's pytest suite (plugin/python) against that build's plugin;
 #  1c. real vLLM on the CPU (integration/vllm, its own venv from PyPI): the adapter's
 #     tests that use vLLM's classes, vLLM's Scheduler with hixl's connector, and
-#     prefill -> decode vLLM instances handing off through hixl (run-pd.sh);
+#     prefill -> decode vLLM instances handing off through hixl (run-pd.sh), with
+#     asynchronous loads and with loads in the forward pass (load_in_forward);
 #  2. the same suite built with AddressSanitizer + UBSan (zero errors, zero leaks);
 #  2b. the same suite built with ThreadSanitizer: zero reports, from any process the
 #     tests start (TSan writes each process's reports to build-tsan/tsan/);
@@ -41,6 +42,7 @@ vvenv=$(bash "$top/integration/vllm/install.sh" | tail -1)
   plugin/python/tests/test_signatures.py plugin/python/tests/test_factory.py plugin/python/tests/test_stats.py \
   plugin/python/tests/test_layout.py plugin/python/tests/test_binding.py plugin/python/tests/test_vllm_scheduler.py)
 HIXL_VLLM_VENV=$vvenv bash "$top/integration/vllm/run-pd.sh" --requests 20
+HIXL_VLLM_VENV=$vvenv bash "$top/integration/vllm/run-pd.sh" --requests 20 --connector hixl-fwd
 
 echo "== ASan + UBSan build and test"
 cmake -S "$top" -B "$top/build-asan" -DCMAKE_BUILD_TYPE=Debug -DHIXL_WERROR=ON -DHIXL_SANITIZE=ON >/dev/null
