@@ -182,5 +182,5 @@ BUILT=$(date -u -r "${LIB:-$BENCH}" +"%Y-%m-%d %H:%M UTC")
 AUTH_CPU="$CPU" AUTH_NCPU=$(nproc) AUTH_KERNEL=$(uname -r) AUTH_DATE=$(date -u +"%Y-%m-%d %H:%M UTC") \
   AUTH_HEAD=$HEAD AUTH_DIRTY=$DIRTY AUTH_BUILT="$BUILT" AUTH_WHERE="$WHERE" AUTH_CAP_SRC=$CAP_SRC AUTH_CAP_BIN=$CAP_BIN AUTH_REQUESTS_N=$REQUESTS \
   AUTH_SECS=$SECS AUTH_CONNECTS_N=$CONNECTS AUTH_BUILD=$BUILD \
-  python3 "$SRC/integration/bench/report.py" auth "$RES" "$OUT" || die "the page could not be written"
+  python3 "$SRC/integration/bench/report.py" auth "$RES" "$OUT" "$SRC/docs/performance-auth.md" || die "the page could not be written"
 log "wrote $OUT and $RES/auth.json"
