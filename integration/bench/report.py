@@ -1202,19 +1202,28 @@ def pd_dat(path):
         print(r["tokens"], r["handoff_ms"], r["push_after_last_ms"], r["layer_ms"])
 
 
+def tp(res, out, template, cpus, mla_layers, shown_res):
+    """docs/performance-tp.md from run_tp.sh's RES (gqa.md, mla.md, mla-shared.md, tp.json), into the blocks
+    of TEMPLATE (the page itself); SHOWN_RES: RES as the page names it."""
+    fill(template, out, {"run": "%s (%s CPUs, %s)" % (time.strftime("%Y-%m-%d", time.gmtime()), os.cpu_count(),
+                                                      platform.release()),
+                         "cpus": cpus, "mla_layers": mla_layers, "goal": tp_goal(os.path.join(res, "tp.json")),
+                         "gqa": read(os.path.join(res, "gqa.md")), "mla": read(os.path.join(res, "mla.md")),
+                         "mla_shared": read(os.path.join(res, "mla-shared.md")), "json": f"{shown_res}/tp.json"})
+
+
 def tp_goal(path):
-    """run_tp.sh's goal lines from hixl-tp-bench's JSON lines."""
+    """The goal lines from hixl-tp-bench's JSON lines."""
     text = read(path)
     rows = [json.loads(l) for l in text.splitlines()]
     ratios = sorted(re.findall(r'"ratio": ([0-9.]*)', text), key=float)
     lo, hi = (ratios[0], ratios[-1]) if ratios else ("", "")
     ok = sum(1 for r in rows if round(r["bytes_moved_per_request"]) == r["bytes_needed_per_request"])
-    print("Goal: plugin >= 0.9x the raw engine for every pair: **%s** (ratios %s to %s);" %
-          ("PASS" if ratios and float(lo) >= 0.9 else "FAIL", lo, hi))
-    print("rows whose 95%% interval lies wholly below 0.9x (a gap the noise does not explain): %d;" %
-          sum(1 for r in rows if r["ratio_ci95"][1] < 0.9))
-    print("bytes moved = bytes needed (a replicated head read once): %d of %d rows." % (ok, len(rows)))
-
+    return ("Goal: plugin >= 0.9x the raw engine for every pair: **%s** (ratios %s to %s);\n" %
+            ("PASS" if ratios and float(lo) >= 0.9 else "FAIL", lo, hi) +
+            "rows whose 95%% interval lies wholly below 0.9x (a gap the noise does not explain): %d;\n" %
+            sum(1 for r in rows if r["ratio_ci95"][1] < 0.9) +
+            "bytes moved = bytes needed (a replicated head read once): %d of %d rows." % (ok, len(rows)))
 
 if __name__ == "__main__":
     globals()[sys.argv[1]](*sys.argv[2:])
