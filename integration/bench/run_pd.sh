@@ -69,7 +69,7 @@ layouts() {
     done
   fi
   ls "$RES"/layouts-*.json >/dev/null 2>&1 || die "no layout results in $RES"
-  python3 "$SRC/integration/bench/report.py" layouts "$RES" "$LOUT" "$LROUNDS" || die "the layouts page could not be written"
+  python3 "$SRC/integration/bench/report.py" layouts "$RES" "$LOUT" "$LROUNDS" "$SRC/docs/performance-layouts.md" || die "the layouts page could not be written"
 }
 
 [ "$LAYOUTS" != only ] || { layouts; exit 0; }
