@@ -491,8 +491,9 @@ def cache(res, out, runs, iters, template=None):
 
 # ------------------------------------------------------------------------- obs
 
-def obs(res, out, cycles, rounds, transport):
-    """docs/performance-obs.md from run_obs.sh's results (RES OUT CYCLES ROUNDS TRANSPORT)"""
+def obs(res, out, cycles, rounds, transport, template=None):
+    """docs/performance-obs.md from run_obs.sh's results (RES OUT CYCLES ROUNDS TRANSPORT [TEMPLATE]), into the
+    blocks of TEMPLATE (default: OUT, the page itself)."""
     ncpu, kernel, day, load = hostinfo()
     # runs[cycle][k] = (mode, json): k 1 and 4 off, 2 and 3 on (A B B A)
     runs = {}
@@ -534,35 +535,13 @@ def obs(res, out, cycles, rounds, transport):
     summary = ("overall (geometric mean of the %d cells) %.3f, A/A %.3f; every cell >= 0.98" % (len(cells), overall, overall_aa)
                if worst >= 0.98 else
                "overall (geometric mean of the %d cells) %.3f, A/A %.3f; lowest cell %.3f" % (len(cells), overall, overall_aa, worst))
-    page = f"""# What observing costs the hand-off (issue 30)
-
-`integration/bench/run_obs.sh build` ({day}): `hixl-pd-bench` with the connectors'
-histograms and traces **on** (the plugin's defaults: `metrics` true, `trace_ring` 1024;
-the host drains nothing, so the ring stays full and drops its oldest, the steady state)
-against **off** (`"metrics": false, "trace_ring": 0`: `c->obs` is NULL and every mark is
-one test of it), in one run: {len(runs)} cycles of off, on, on, off, each a whole
-`hixl-pd-bench --pin --prompts ... --rounds {rounds} --transport {transport}` (Llama-8B-like:
-32 layers x K, V, 16-token blocks of 32 KiB; decode on CPU 0, prefill on CPU 1). Each
-run reports its median over rounds; per cycle, "on" is the geometric mean of its two on
-runs and "off" of its two off runs, and their ratio is the cycle's; a cell is the median
-over cycles (the range over cycles beside it). A/A is each cycle's last "off" run against
-its first: the noise of this machine ({ncpu} CPUs shared with other work, load {load}
-at the end, kernel {kernel}).
-
-Ratios: pull GB/s on / off, push ms off / on (goal >= 0.98 each): **{summary}**.
-
-| prompt tokens | pull GB/s, host woken by the fd: off | on | ratio | A/A | ratio over cycles | pull GB/s, host stepping: off | on | ratio | A/A | ratio over cycles | push: after last layer ms: off | on | ratio | A/A | ratio over cycles |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
-""" + "\n".join(lines) + """
-
-What "on" adds per request: a handful of phase marks (each a lookup in the connector's
-table of requests under way, under its own mutex, a leaf below the connector's lock),
-the histograms' relaxed atomic adds, and at `get_finished` the JSON line of the trace
-(and the engine's link info for its transport). Nothing is added per engine op, and no
-lock is taken on the engine's data path. See docs/observability.md.
-"""
-    open(out, "w").write(page)
-    print(page)
+    head = ("| prompt tokens | pull GB/s, host woken by the fd: off | on | ratio | A/A | ratio over cycles | pull GB/s, "
+            "host stepping: off | on | ratio | A/A | ratio over cycles | push: after last layer ms: off | on | ratio | "
+            "A/A | ratio over cycles |\n" + "|---" * 16 + "|\n")
+    fill(template or out, out, {"day": day, "cycles": len(runs), "rounds": rounds, "transport": transport,
+                                "ncpu": ncpu, "load": load, "kernel": kernel, "summary": summary,
+                                "table": head + "\n".join(lines)})
+    print(open(out).read())
 
 
 # --------------------------------------------------------------------- adapter

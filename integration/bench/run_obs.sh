@@ -43,5 +43,5 @@ if [ "${OBS_REPORT_ONLY:-0}" != 1 ]; then
   done
 fi
 
-python3 "$SRC/integration/bench/report.py" obs "$RES" "$OUT" "$CYCLES" "$ROUNDS" "$TRANSPORT" ||
+python3 "$SRC/integration/bench/report.py" obs "$RES" "$OUT" "$CYCLES" "$ROUNDS" "$TRANSPORT" "$SRC/docs/performance-obs.md" ||
   die "the page could not be written"
