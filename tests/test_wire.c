@@ -182,9 +182,11 @@ static void test_hdr_type(void) {
   CU_ASSERT_EQUAL(hdr_of(WIRE_CALL_AFTER, 18, 0), WIRE_OK);
   CU_ASSERT_EQUAL(hdr_of(WIRE_AUTH_PROOF, 32, 0), WIRE_OK);
   CU_ASSERT_EQUAL(hdr_of(WIRE_RAILS_ACK, 18, 0), WIRE_OK);
-  CU_ASSERT_EQUAL(hdr_of(WIRE_WIN_DEL, 20, 0), WIRE_OK); /* the last type */
-  CU_ASSERT_EQUAL(hdr_of(35, 36, 0), WIRE_ETYPE);
-  CU_ASSERT_EQUAL(hdr_of(35, 32, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_WIN_DEL, 20, 0), WIRE_OK);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_SHM_DEV_MAP, 96, 0), WIRE_OK); /* the last type */
+  CU_ASSERT_EQUAL(hdr_of(WIRE_SHM_DEV_MAP, 95, 0), WIRE_ELEN);
+  CU_ASSERT_EQUAL(hdr_of(36, 36, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(36, 32, 0), WIRE_ETYPE);
 }
 
 static void test_hdr_flags_reserved(void) {
@@ -252,6 +254,7 @@ static const struct {
     {WIRE_RAILS_ACK, 18, 60, 0},
     {WIRE_WIN_ADD, 24, 4 + 20 * 4096, 0},
     {WIRE_WIN_DEL, 20, 4 + 16 * 4096, 0},
+    {WIRE_SHM_DEV_MAP, 96, 96, 0},
 };
 #define NLIMITS (sizeof(limits) / sizeof(limits[0]))
 
@@ -309,7 +312,9 @@ static void test_constants(void) {
   CU_ASSERT_EQUAL(WIRE_RAILS_ACK, 32);
   CU_ASSERT_EQUAL(WIRE_WIN_ADD, 33);
   CU_ASSERT_EQUAL(WIRE_WIN_DEL, 34);
-  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 34);
+  CU_ASSERT_EQUAL(WIRE_SHM_DEV_MAP, 35);
+  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 35);
+  CU_ASSERT_EQUAL(WIRE_SHM_F_DEVMAP, 0x2u);
   CU_ASSERT_EQUAL(WIRE_CAP_WIN, 0x800u);
   CU_ASSERT_EQUAL(WIRE_CAP_RAILS, 0x200u);
   CU_ASSERT_EQUAL(WIRE_CAP_AUTH, 0x100);
@@ -425,7 +430,8 @@ static void test_names(void) {
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_RAILS_ACK), "RAILS_ACK");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_WIN_ADD), "WIN_ADD");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_WIN_DEL), "WIN_DEL");
-  CU_ASSERT_STRING_EQUAL(wire_type_name(35), "?");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SHM_DEV_MAP), "SHM_DEV_MAP");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(36), "?");
   /* Every type has its own name. */
   for (unsigned t = 1; t <= WIRE_TYPE_MAX_; t++) {
     CU_ASSERT_STRING_NOT_EQUAL(wire_type_name(t), "?");
@@ -846,6 +852,42 @@ static void test_rt_shm_map(void) {
     bool ok = status == WIRE_HELLO_OK || status == WIRE_HELLO_REFUSED;
     CU_ASSERT_EQUAL(parse_frame(buf, len, &m), ok ? WIRE_OK : WIRE_EBODY);
     if (ok) CU_ASSERT(m.u.map.text_len == 9 && memcmp(m.u.map.text, "uid 65534", 9) == 0);
+  }
+}
+
+/* SHM_DEV_MAP: fields by value, the handle pointing into the body; an empty or wrapping
+ * region, or one past its allocation (offset, length), refused. */
+static void test_rt_shm_dev_map(void) {
+  uint8_t buf[WIRE_HDR_LEN + WIRE_SHM_DEV_MAP_LEN], blob[WIRE_SHM_IPC_BLOB];
+  struct wire_msg m;
+  struct wire_wr w;
+  static const struct {
+    uint64_t addr, len, alloc_len, offset;
+    enum wire_err want;
+  } cases[] = {{0x7f0000400000ull, 4096, 65536, 8192, WIRE_OK},
+               {0x1000, 65536, 65536, 0, WIRE_OK},
+               {0x1000, 0, 65536, 0, WIRE_EBODY},
+               {UINT64_MAX - 10, 4096, 65536, 0, WIRE_EBODY},
+               {0x1000, 4096, 65536, 65000, WIRE_EBODY},
+               {0x1000, 4096, 4096, UINT64_MAX, WIRE_EBODY},
+               {0x1000, 65537, 65536, 0, WIRE_EBODY}};
+  for (size_t k = 0; k < sizeof(blob); k++) blob[k] = (uint8_t)(k * 7 + 1);
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    wire_begin(&w, buf, sizeof(buf), WIRE_SHM_DEV_MAP);
+    wire_put_u64(&w, cases[i].addr);
+    wire_put_u64(&w, cases[i].len);
+    wire_put_u64(&w, cases[i].alloc_len);
+    wire_put_u64(&w, cases[i].offset);
+    wire_put_bytes(&w, blob, sizeof(blob));
+    size_t len = wire_end(&w, 0);
+    CU_ASSERT_EQUAL_FATAL(len, sizeof(buf));
+    CU_ASSERT_EQUAL(parse_frame(buf, len, &m), cases[i].want);
+    if (cases[i].want != WIRE_OK) continue;
+    CU_ASSERT_EQUAL(m.u.map.addr, cases[i].addr);
+    CU_ASSERT_EQUAL(m.u.map.len, cases[i].len);
+    CU_ASSERT_EQUAL(m.u.map.alloc_len, cases[i].alloc_len);
+    CU_ASSERT_EQUAL(m.u.map.offset, cases[i].offset);
+    CU_ASSERT(memcmp(m.u.map.blob, blob, sizeof(blob)) == 0);
   }
 }
 
@@ -1831,6 +1873,7 @@ static CU_TestInfo rt_tests[] = {
     {"shm hello and ack", test_rt_shm},
     {"shm hello and ack, layout 2", test_rt_shm_layout2},
     {"shm map, unmap and their acks", test_rt_shm_map},
+    {"shm device map: fields, the handle, refused ranges", test_rt_shm_dev_map},
     {"notify", test_rt_notify},
     {"call and call_resp", test_rt_call},
     {"call_after", test_rt_call_after},

@@ -74,6 +74,7 @@ static const struct {
     [WIRE_RAILS_ACK] = {12 + 6, 12 + 6 * 8, 0},
     [WIRE_WIN_ADD] = {4 + 20, 4 + 20 * 4096, 0},
     [WIRE_WIN_DEL] = {4 + 16, 4 + 16 * 4096, 0},
+    [WIRE_SHM_DEV_MAP] = {96, 96, 0},
 };
 
 /* Whatever wire_parse_hdr says must agree with the raw bytes. */
@@ -307,6 +308,13 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
       wire_put_u64(&w, m->u.map.len);
       if (h->type == WIRE_SHM_MAP) wire_put_u64(&w, m->u.map.map_len);
       break;
+    case WIRE_SHM_DEV_MAP:
+      wire_put_u64(&w, m->u.map.addr);
+      wire_put_u64(&w, m->u.map.len);
+      wire_put_u64(&w, m->u.map.alloc_len);
+      wire_put_u64(&w, m->u.map.offset);
+      wire_put_bytes(&w, m->u.map.blob, WIRE_SHM_IPC_BLOB);
+      break;
     case WIRE_SHM_MAP_ACK:
       wire_put_u32(&w, m->u.map.status);
       wire_put_bytes(&w, m->u.map.text, m->u.map.text_len);
@@ -483,6 +491,14 @@ static void check_msg(enum wire_err e, const struct wire_hdr *h, const uint8_t *
     uint64_t addr = get64(b), len = get64(b + 8), map_len = h->type == WIRE_SHM_MAP ? get64(b + 16) : len;
     CHECK((e == WIRE_OK) == (len > 0 && addr <= UINT64_MAX - len && map_len >= len));
     if (e == WIRE_OK) CHECK(m->u.map.addr == addr && m->u.map.len == len && m->u.map.map_len == map_len);
+    break;
+  }
+  case WIRE_SHM_DEV_MAP: {
+    uint64_t addr = get64(b), len = get64(b + 8), alen = get64(b + 16), off = get64(b + 24);
+    CHECK((e == WIRE_OK) == (len > 0 && addr <= UINT64_MAX - len && off <= alen && len <= alen - off));
+    if (e == WIRE_OK)
+      CHECK(m->u.map.addr == addr && m->u.map.len == len && m->u.map.alloc_len == alen &&
+            m->u.map.offset == off && m->u.map.blob == b + 32);
     break;
   }
   case WIRE_SHM_MAP_ACK:

@@ -30,7 +30,7 @@ HELLO=1 HELLO_ACK=2 MEM_ADD=3 MEM_DEL=4 WRITE_REQ=5 WRITE_ACK=6 READ_REQ=7
 READ_RESP=8 NOTIFY=9 NOTIFY_ACK=10 SYNC=11 SYNC_ACK=12 RDMA_CONNECT=13 RDMA_CONNECT_ACK=14
 SHM_HELLO=15 SHM_HELLO_ACK=16 STAGE_WRITE=17 STAGE_READ=18 STAGE_PULL=19 STAGE_PUSH=20
 CALL=21 CALL_RESP=22 SHM_MAP_HELLO=23 SHM_MAP=24 SHM_MAP_ACK=25 SHM_UNMAP=26 SHM_UNMAP_ACK=27 CALL_AFTER=28
-AUTH_CHALLENGE=29 AUTH_PROOF=30 RAILS=31 RAILS_ACK=32 WIN_ADD=33 WIN_DEL=34
+AUTH_CHALLENGE=29 AUTH_PROOF=30 RAILS=31 RAILS_ACK=32 WIN_ADD=33 WIN_DEL=34 SHM_DEV_MAP=35
 seg() { u64 "$1"; u32 "$2"; } # seg ADDR LEN: one STAGE range
 # stage_rdma TYPE BODY_LEN PAYLOAD_LEN BUF COUNT: a STAGE_PULL / STAGE_PUSH up to its ranges
 stage_rdma() { hdr "$1" "$2" "$3"; u64 10; u64 "$4"; u32 0xc0ffee; u32 "$5"; }
@@ -91,6 +91,7 @@ notify_ack >"$out/ok_notify_ack"
 { hdr $SHM_MAP_ACK 13 0; u32 2; str "uid 65534"; } >"$out/ok_shm_map_ack_refused"
 { hdr $SHM_UNMAP 16 0; u64 0x7f0000000000; u64 4096; } >"$out/ok_shm_unmap"
 { hdr $SHM_UNMAP_ACK 16 0; u64 0x7f0000000000; u64 4096; } >"$out/ok_shm_unmap_ack"
+{ hdr $SHM_DEV_MAP 96 0; u64 0x7f0000400000; u64 4096; u64 65536; u64 8192; fill 64 H; } >"$out/ok_shm_dev_map"
 { hello; read_req; write_req; notify_ack; } >"$out/ok_stream"
 stage_write() {
   hdr $STAGE_WRITE 48 30; u64 6; u32 3
@@ -152,6 +153,9 @@ write_ack_stage() { hdr $WRITE_ACK 12 0; u64 10; u32 0; } # what ends either
 { hdr $SHM_MAP 24 0; u64 0x1000; u64 8192; u64 4096; } >"$out/bad_shm_map_short_mapping"
 { hdr $SHM_MAP_ACK 4 0; u32 1; } >"$out/bad_shm_map_ack_status"
 { hdr $SHM_UNMAP 16 0; u64 0xfffffffffffff000; u64 8192; } >"$out/bad_shm_unmap_wrap"
+{ hdr $SHM_DEV_MAP 96 0; u64 0x7f0000400000; u64 4096; u64 65536; u64 65000; fill 64 H; } >"$out/bad_shm_dev_map_past_alloc"
+{ hdr $SHM_DEV_MAP 96 0; u64 0x7f0000400000; u64 0; u64 65536; u64 0; fill 64 H; } >"$out/bad_shm_dev_map_empty"
+{ hdr $SHM_DEV_MAP 64 0; u64 0x7f0000400000; u64 4096; u64 65536; u64 8192; fill 32 H; } >"$out/bad_shm_dev_map_short"
 { hdr $SHM_HELLO_ACK 53 0; u32 0; shm_id 1; u64 0x1000; fill 15 N; } >"$out/bad_shm_hello_ack_short"
 { hdr 21 36 0; u64 1; u64 0x1000; u32 1; u32 1; seg 0x2000 10; } >"$out/bad_type_21"
 { hdr $STAGE_READ 24 0; u64 1; u32 0; seg 0x1000 10; } >"$out/bad_stage_count_0"

@@ -202,6 +202,8 @@ HixlStatus hixl_engine_register_tagged(HixlEngine *e, const HixlMemDesc *mem, Hi
     goto unlock;
   }
   link_broadcast_mem(e, WIRE_MEM_ADD, r);
+  /* Device memory is offered to same-host peers (shm: an IPC handle), after its MEM_ADD. */
+  for (int k = 0; type == HIXL_MEM_DEVICE && k < XPORT_MODS; k++) e->mods[k]->mem.share(e, r);
   *handle = r;
 unlock:
   pthread_mutex_unlock(&e->lock);
@@ -222,8 +224,20 @@ HixlStatus HixlEngineDeregisterMem(HixlEngine *e, HixlMemHandle handle) {
         "HixlEngineDeregisterMem: handle %p is memory HixlEngineAllocMem allocated; release it with "
         "HixlEngineFreeMem",
         (void *)handle);
+  } else if (r->freeing) {
+    st = hixl_fail(HIXL_FAILED, "HixlEngineDeregisterMem: another call is deregistering [0x%llx, +%llu)",
+                   (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
   } else if ((st = reg_idle(r, "HixlEngineDeregisterMem", "wait for them or Disconnect the peer first")) ==
-             HIXL_SUCCESS) {
+                 HIXL_SUCCESS &&
+             r->type == HIXL_MEM_DEVICE) {
+    /* Peers that opened it by IPC handle close it first (a round trip; silent ones are cut off). */
+    uint64_t deadline = hixl_now_ns() + (uint64_t)HIXL_DEFAULT_TIMEOUT_MS * 1000000u;
+    r->freeing = true; /* the hooks may release the lock while they wait */
+    for (int k = 0; k < XPORT_MODS; k++) e->mods[k]->mem.unshare(e, r, deadline);
+    r->freeing = false;
+    /* A transfer may have started on it while the peers answered (lock released). */
+    if ((st = reg_idle(r, "HixlEngineDeregisterMem", "nothing was released")) == HIXL_SUCCESS) reg_drop(e, r);
+  } else if (st == HIXL_SUCCESS) {
     reg_drop(e, r);
   }
   pthread_mutex_unlock(&e->lock);

@@ -113,11 +113,13 @@ static bool op_device(const struct hixl_mem_reg *lreg, const struct remote_mem *
 }
 
 /* Whether a direct op goes as tcp frames on c's socket, whatever moves c's other data:
- * device memory on a link whose transport does not move it, or a range c's transport
- * cannot reach by itself (a scoped peer's memory outside the windows it opened). */
-static bool op_on_socket(const struct conn *c, const struct hixl_mem_reg *lreg, const struct remote_mem *rm,
+ * device memory on a link whose transport neither moves it through host buffers nor
+ * copies it itself (shm: mapped by IPC handle), or a range c's transport cannot reach
+ * by itself (a scoped peer's memory outside the windows it opened). */
+static bool op_on_socket(struct conn *c, const struct hixl_mem_reg *lreg, const struct remote_mem *rm,
                          const HixlTransferOpDesc *d) {
-  if (op_device(lreg, rm)) return !(c->xp->flags & XPORT_DEVMEM);
+  if (op_device(lreg, rm))
+    return !(c->xp->flags & XPORT_DEVMEM) && !c->xp->link.dev_reach(c, lreg, rm, d->remote_addr, d->len);
   return !c->xp->link.reach(c, rm, d->remote_addr, d->len);
 }
 
@@ -137,8 +139,9 @@ static HixlStatus plan_ops(HixlEngine *e, struct conn *c, const HixlTransferOpDe
     lregs[i] = (struct hixl_mem_reg *)memtab_find(&e->regs, d->local_addr, d->len);
     bool rreg = rms[i] != NULL;
     if (op_device(lregs[i], rms[i])) {
-      /* Device memory moves only directly, through host buffers: by the link's transport
-       * when it does that (tcp), else as tcp frames on the link's socket. */
+      /* Device memory moves only directly: through host buffers by the link's transport
+       * when it does that (tcp), by the transport's own copies where it reaches the range
+       * (shm: mapped by IPC handle), else as tcp frames on the link's socket. */
       if (!lregs[i] || !rreg)
         return hixl_fail(
             HIXL_PARAM_INVALID,

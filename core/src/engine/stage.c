@@ -424,7 +424,8 @@ const struct xport_ops xport_stage = {
              .req_timeout = xport_no_req_timeout,
              .answer = stage_answer,
              .chunk_end = stage_chunk_end,
-             .post_own = xport_no_post_own},
+             .post_own = xport_no_post_own,
+             .dev_reach = xport_no_dev_reach},
 };
 
 HixlStatus hixl_engine_stage_stats(HixlEngine *e, struct hixl_stage_stats *out) {

@@ -135,6 +135,12 @@ struct xport_link_ops {
    * then kills the link). */
   int (*post_own)(struct conn *c, bool write, void *buf, uint32_t len, void *h, uint64_t raddr, uint32_t rkey,
                   void (*done)(struct conn *c, bool ok, const char *status));
+  /* Whether the link moves an op touching device memory (lreg here, or the peer's rm)
+   * directly, by its own copies (shm: the peer's range is mapped here, device memory
+   * by IPC handle); false: it goes as tcp frames on the link's socket. Transports with
+   * XPORT_DEVMEM are not asked. */
+  bool (*dev_reach)(struct conn *c, const struct hixl_mem_reg *lreg, const struct remote_mem *rm,
+                    uint64_t raddr, uint64_t len);
 };
 
 struct xport_ops {
@@ -160,7 +166,7 @@ struct xport_ops {
   X(link.connect) X(link.attach) X(link.discard) X(link.target_frame) X(link.initiator_frame)                \
   X(link.payload_done) X(link.kill) X(link.closed) X(link.free) X(link.info) X(link.table_current)           \
   X(link.reach) X(link.post) X(link.start) X(link.async) X(link.drive) X(link.req_timeout) X(link.answer)                  \
-  X(link.chunk_end) X(link.post_own)
+  X(link.chunk_end) X(link.post_own) X(link.dev_reach)
 /* clang-format on */
 
 /* PARAM_INVALID naming the module and the first empty slot, or SUCCESS. */
@@ -201,6 +207,8 @@ void xport_no_chunk_end(struct chunk *ch);
 int xport_no_post_own(struct conn *c, bool write, void *buf, uint32_t len, void *h, uint64_t raddr,
                       uint32_t rkey,
                       void (*done)(struct conn *c, bool ok, const char *status)); /* -1, ENOSYS */
+bool xport_no_dev_reach(struct conn *c, const struct hixl_mem_reg *lreg, const struct remote_mem *rm,
+                        uint64_t raddr, uint64_t len); /* false: device ops go as tcp frames */
 /* The memory slots of a module that registers nothing (tcp: its frames carry the
  * data; staging: it asks the link's transport). */
 #define XPORT_MEM_NONE                                                                                       \

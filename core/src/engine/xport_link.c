@@ -71,6 +71,14 @@ void link_read_always(struct conn *c) {
   link_unpark(c); /* a link made parked is read from now on */
 }
 
+const struct remote_mem *peer_remote_find(const struct peer *p, uint64_t addr, uint64_t len) {
+  return p ? (const struct remote_mem *)memtab_find(&p->rtab, addr, len) : NULL;
+}
+const struct remote_mem *link_remote_find(const struct conn *c, uint64_t addr, uint64_t len) {
+  return peer_remote_find(c->peer, addr, len);
+}
+bool link_grant_covers(struct conn *c, uint64_t addr, uint64_t len) { return link_grant_ok(c, addr, len); }
+
 void link_peer_forget(struct conn *c, uint64_t addr, uint64_t len) {
   struct memtab_entry *ent = c->peer ? memtab_find_exact(&c->peer->rtab, addr, len) : NULL;
   if (ent && memtab_remove(&c->peer->rtab, ent)) free(ent);

@@ -31,7 +31,7 @@ struct hixl_mem_reg {
   int memfd;                  /* HixlEngineAllocMem's memory: its memfd (-1: the caller's memory) */
   size_t map_len;             /* ... and the length of its mapping */
   bool sealed;                /* ... sealed against shrinking and growing: peers may map it */
-  bool freeing;               /* ... HixlEngineFreeMem is under way (api.c): a second one is refused */
+  bool freeing;               /* ... FreeMem or a device DeregisterMem waits: a second one is refused */
 };
 
 /* A peer's registration as it advertised it. */
@@ -147,6 +147,13 @@ struct hixl_window_stats *engine_win_stats(struct HixlEngine *e); /* counted by 
 uint32_t link_local_ip(const struct conn *c);
 /* Initiator: forget the peer's advertised range [addr, addr + len) (it was withdrawn). */
 void link_peer_forget(struct conn *c, uint64_t addr, uint64_t len);
+/* Initiator: the peer's advertised registration holding [addr, addr + len), or NULL;
+ * during Connect from its struct peer, afterwards from the link. */
+const struct remote_mem *peer_remote_find(const struct peer *p, uint64_t addr, uint64_t len);
+const struct remote_mem *link_remote_find(const struct conn *c, uint64_t addr, uint64_t len);
+/* Target: whether c's peer may reach all of [addr, addr + len) (always, unless the
+ * engine is scoped); nothing counted or logged. */
+bool link_grant_covers(struct conn *c, uint64_t addr, uint64_t len);
 /* Initiator: the target sends frames on its own: never park the link. */
 void link_read_always(struct conn *c);
 

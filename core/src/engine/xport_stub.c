@@ -103,6 +103,12 @@ int xport_no_post_own(struct conn *c, bool write, void *buf, uint32_t len, void 
   return -1;
 }
 
+bool xport_no_dev_reach(struct conn *c, const struct hixl_mem_reg *lreg, const struct remote_mem *rm,
+                        uint64_t raddr, uint64_t len) {
+  (void)c, (void)lreg, (void)rm, (void)raddr, (void)len;
+  return false;
+}
+
 HixlStatus xport_check(const struct xport_ops *x) {
   if (!x || !x->name) return hixl_fail(HIXL_PARAM_INVALID, "a module's table is NULL or has no name");
 #define CHECK_SLOT(slot)                                                                                     \

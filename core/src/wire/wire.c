@@ -24,7 +24,7 @@ const char *wire_type_name(unsigned type) {
       "SYNC_ACK",   "RDMA_CONNECT", "RDMA_CONNECT_ACK", "SHM_HELLO",     "SHM_HELLO_ACK", "STAGE_WRITE",
       "STAGE_READ", "STAGE_PULL",   "STAGE_PUSH",       "CALL",          "CALL_RESP",     "SHM_MAP_HELLO",
       "SHM_MAP",    "SHM_MAP_ACK",  "SHM_UNMAP",        "SHM_UNMAP_ACK", "CALL_AFTER",    "AUTH_CHALLENGE",
-      "AUTH_PROOF", "RAILS",        "RAILS_ACK",        "WIN_ADD",       "WIN_DEL"};
+      "AUTH_PROOF", "RAILS",        "RAILS_ACK",        "WIN_ADD",       "WIN_DEL",       "SHM_DEV_MAP"};
   return type <= WIRE_TYPE_MAX_ ? names[type] : "?";
 }
 
@@ -68,6 +68,7 @@ static const struct {
     [WIRE_RAILS_ACK] = {12 + WIRE_RAIL_LEN, 12 + WIRE_RAIL_LEN *WIRE_MAX_RAILS, 0},
     [WIRE_WIN_ADD] = {4 + WIRE_WIN_LEN, 4 + WIRE_WIN_LEN *WIRE_MAX_WINS, 0},
     [WIRE_WIN_DEL] = {4 + WIRE_WIN_DEL_LEN, 4 + WIRE_WIN_DEL_LEN *WIRE_MAX_WINS, 0},
+    [WIRE_SHM_DEV_MAP] = {WIRE_SHM_DEV_MAP_LEN, WIRE_SHM_DEV_MAP_LEN, 0},
 };
 
 enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *hdr) {
@@ -274,6 +275,18 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     m->u.map.map_len = hdr->type == WIRE_SHM_MAP ? be_get64(b + 16) : m->u.map.len;
     /* A region is never empty, never wraps, and its mapping holds all of it. */
     if (m->u.map.len == 0 || m->u.map.addr + m->u.map.len < m->u.map.addr || m->u.map.map_len < m->u.map.len)
+      return WIRE_EBODY;
+    return WIRE_OK;
+  case WIRE_SHM_DEV_MAP:
+    m->u.map.addr = be_get64(b);
+    m->u.map.len = be_get64(b + 8);
+    m->u.map.map_len = m->u.map.len;
+    m->u.map.alloc_len = be_get64(b + 16);
+    m->u.map.offset = be_get64(b + 24);
+    m->u.map.blob = b + 32;
+    /* A region never empty, never wrapping, inside its allocation (the opener checks it again). */
+    if (m->u.map.len == 0 || m->u.map.addr + m->u.map.len < m->u.map.addr ||
+        m->u.map.offset > m->u.map.alloc_len || m->u.map.len > m->u.map.alloc_len - m->u.map.offset)
       return WIRE_EBODY;
     return WIRE_OK;
   case WIRE_SHM_MAP_ACK:

@@ -80,10 +80,14 @@
  * its leading NUL), always offered: it proves the target's pid (SO_PEERCRED), is bound
  * to the link on a keyed one, and hands the initiator memfd regions to map (SHM_MAP).
  * Length 0: none, and then no same-host copies. */
-#define WIRE_SHM_F_MAP         0x1u /* SHM_HELLO: the initiator maps memfd regions a target offers */
-#define WIRE_SHM_SOCK_MAX      100u /* bytes of that socket name: sun_path is 108, one is the NUL */
-#define WIRE_SHM_MAP_LEN       24u  /* SHM_MAP: addr u64, len u64, map_len u64 */
-#define WIRE_SHM_UNMAP_LEN     16u  /* SHM_UNMAP, SHM_UNMAP_ACK: addr u64, len u64 */
+#define WIRE_SHM_F_MAP     0x1u /* SHM_HELLO: the initiator maps memfd regions a target offers */
+#define WIRE_SHM_F_DEVMAP  0x2u /* SHM_HELLO: ... and opens device memory by IPC handle (SHM_DEV_MAP) */
+#define WIRE_SHM_SOCK_MAX  100u /* bytes of that socket name: sun_path is 108, one is the NUL */
+#define WIRE_SHM_MAP_LEN   24u  /* SHM_MAP: addr u64, len u64, map_len u64 */
+#define WIRE_SHM_UNMAP_LEN 16u  /* SHM_UNMAP, SHM_UNMAP_ACK: addr u64, len u64 */
+#define WIRE_SHM_IPC_BLOB  64u  /* SHM_DEV_MAP: the provider's handle (devmem.h DEVMEM_IPC_BLOB) */
+/* SHM_DEV_MAP: addr u64, len u64, alloc_len u64, offset u64, the handle's 64 bytes */
+#define WIRE_SHM_DEV_MAP_LEN   (32u + WIRE_SHM_IPC_BLOB)
 #define WIRE_SHM_REASON_MAX    256u /* SHM_MAP_ACK's reason text */
 #define WIRE_SHM_HELLO_LEN     WIRE_SHM_ID_LEN
 #define WIRE_SHM_HELLO_ACK_LEN (4u + WIRE_SHM_ID_LEN + 8u + 16u) /* status, id, probe addr, nonce */
@@ -123,10 +127,13 @@ enum wire_type {
   WIRE_AUTH_PROOF = 30,       /* initiator -> target: proof */
   WIRE_RAILS = 31,            /* initiator -> target: seq: which addresses do you accept links on? */
   WIRE_RAILS_ACK = 32,        /* seq, count u32, count x (IPv4 address u32, port u16) */
-  WIRE_WIN_ADD = 33, /* target -> initiator: count u32, count x (addr, len, rkey): RDMA windows on this
-                        link's QP over ranges granted to the peer (scoped memory) */
-  WIRE_WIN_DEL = 34, /* target -> initiator: count u32, count x (addr, len): those windows are gone */
-  WIRE_TYPE_MAX_ = 34,
+  WIRE_WIN_ADD = 33,     /* target -> initiator: count u32, count x (addr, len, rkey): RDMA windows on this
+                            link's QP over ranges granted to the peer (scoped memory) */
+  WIRE_WIN_DEL = 34,     /* target -> initiator: count u32, count x (addr, len): those windows are gone */
+  WIRE_SHM_DEV_MAP = 35, /* target -> initiator: addr, len, alloc_len, offset, IPC handle: a device
+                            registration to open (only to an initiator that set WIRE_SHM_F_DEVMAP);
+                            taken back with SHM_UNMAP */
+  WIRE_TYPE_MAX_ = 35,
 };
 
 /* HELLO_ACK status values. */
@@ -229,8 +236,11 @@ struct wire_msg {
       uint16_t sock_len;   /* 0: none */
     } shm;
     struct {
-      uint64_t addr, len;  /* SHM_MAP, SHM_UNMAP, SHM_UNMAP_ACK: the target's region */
+      uint64_t addr, len;  /* SHM_MAP, SHM_UNMAP, SHM_UNMAP_ACK, SHM_DEV_MAP: the target's region */
       uint64_t map_len;    /* SHM_MAP: bytes to map from the memfd; >= len */
+      uint64_t alloc_len;  /* SHM_DEV_MAP: the device allocation's bytes ... */
+      uint64_t offset;     /* ... and where the region starts in it (offset + len <= alloc_len) */
+      const uint8_t *blob; /* SHM_DEV_MAP: the provider's handle, WIRE_SHM_IPC_BLOB bytes */
       uint32_t status;     /* SHM_MAP_ACK: WIRE_HELLO_OK or WIRE_HELLO_REFUSED */
       uint32_t flags;      /* SHM_MAP_HELLO */
       const uint8_t *text; /* SHM_MAP_ACK: why it refused (text_len bytes) */

@@ -760,5 +760,6 @@ const struct xport_ops xport_rdma = {
              .req_timeout = erdma_req_timeout,
              .answer = xport_no_answer,
              .chunk_end = xport_no_chunk_end,
-             .post_own = erdma_post_own},
+             .post_own = erdma_post_own,
+             .dev_reach = xport_no_dev_reach},
 };

@@ -16,21 +16,53 @@ static struct shm_map *map_of(struct shm_peer *s, uint64_t addr, uint64_t len) {
   return s->maps.count ? (struct shm_map *)memtab_find(&s->maps, addr, len) : NULL;
 }
 
-/* memcpy v[0..n), all inside mp, with the lock released; the chunks end SUCCESS, or
- * FAILED when the peer process is found gone afterwards (its pages outlive it:
- * nothing faults, but nobody is there to read them). Lock held on entry and return. */
+/* One op where device memory is on either side, mp mapped here: by the provider, device
+ * to device (both), or between device memory and the host memory on the other side. */
+static HixlStatus dev_copy(const struct devmem_ops *dm, const struct shm_map *mp, const struct chunk *ch,
+                           uint8_t *remote, bool write, char *why, size_t cap) {
+  uint64_t rem = (uint64_t)(uintptr_t)remote, loc = (uint64_t)(uintptr_t)ch->laddr;
+  int rdev = mp->dev ? mp->ipc->device : -1, ldev = ch->lreg->type == HIXL_MEM_DEVICE ? ch->lreg->device : -1;
+  if (!dm) {
+    snprintf(why, cap, "no device-memory provider in this process");
+    return HIXL_UNSUPPORTED;
+  }
+  if (rdev >= 0 && ldev >= 0)
+    return write ? dm->d2d(rem, rdev, loc, ldev, ch->len, why, cap)
+                 : dm->d2d(loc, ldev, rem, rdev, ch->len, why, cap);
+  if (rdev >= 0) /* the peer's device memory, host memory here */
+    return write ? dm->to_device(rem, ch->laddr, ch->len, rdev, why, cap)
+                 : dm->to_host(ch->laddr, rem, ch->len, rdev, why, cap);
+  /* device memory here, the peer's host memory mapped */
+  return write ? dm->to_host(remote, loc, ch->len, ldev, why, cap)
+               : dm->to_device(loc, remote, ch->len, ldev, why, cap);
+}
+
+/* memcpy v[0..n), all inside mp, with the lock released (device memory on either side:
+ * the provider copies); the chunks end SUCCESS, or FAILED when the peer process is
+ * found gone afterwards (its pages outlive it: nothing faults, but nobody is there to
+ * read them), or a device copy failed. Lock held on entry and return. */
 static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *mp, struct chunk *const *v,
                      const struct cma_seg *segs, size_t n, bool write) {
   struct eshm_engine *x = eng_of(e);
+  HixlStatus fst = HIXL_SUCCESS;
+  char dwhy[256] = "";
+  size_t bad = n; /* the first op whose device copy failed */
+  const struct devmem_ops *dm = NULL;
   mp->refs++;
   x->copying++;
   engine_unlock(e);
   for (size_t k = 0; k < n; k++) {
     uint8_t *remote = mp->base + (segs[k].remote - mp->range.addr);
-    if (write)
+    if (mp->dev || v[k]->lreg->type == HIXL_MEM_DEVICE) {
+      if (!dm) dm = devmem_get(dwhy, sizeof(dwhy));
+      HixlStatus st = dev_copy(dm, mp, v[k], remote, write, dwhy, sizeof(dwhy));
+      if (st != HIXL_SUCCESS && bad == n) bad = k, fst = st;
+      if (st != HIXL_SUCCESS) break;
+    } else if (write) {
       memcpy(remote, segs[k].local, segs[k].len);
-    else
+    } else {
       memcpy(segs[k].local, remote, segs[k].len);
+    }
   }
   bool gone = cma_pid_exited(s->pidfd); /* after: a peer that died meanwhile read nothing */
   engine_lock(e);
@@ -42,9 +74,22 @@ static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *m
     if (s->conn) link_conn_kill(s->conn, HIXL_FAILED, why);
     snprintf(msg, sizeof(msg), "link to %s: %s", s->name, why);
   } else {
-    s->map_ops += n;
+    s->map_ops += bad;
   }
-  for (size_t k = 0; k < n; k++) link_chunk_end(v[k], gone ? HIXL_FAILED : HIXL_SUCCESS, msg);
+  char dmsg[sizeof(dwhy) + sizeof(s->name) + 96] = "";
+  if (!gone && bad < n) {
+    snprintf(dmsg, sizeof(dmsg), "link to %s: device copy of [0x%llx, +%u) %s the peer: %s", s->name,
+             (unsigned long long)segs[bad].remote, v[bad]->len, write ? "to" : "from", dwhy);
+    log_warn("%s", dmsg);
+  }
+  for (size_t k = 0; k < n; k++) {
+    if (gone)
+      link_chunk_end(v[k], HIXL_FAILED, msg);
+    else if (k >= bad) /* the one that failed, and those not tried after it */
+      link_chunk_end(v[k], k == bad ? fst : HIXL_FAILED, dmsg);
+    else
+      link_chunk_end(v[k], HIXL_SUCCESS, "");
+  }
 }
 
 /* Copy v[0..n) (chunks of one kind) to or from s's process with the lock released,
@@ -70,7 +115,9 @@ static void shm_copy(struct HixlEngine *e, struct shm_peer *s, struct chunk *con
     /* A run of ops inside one mapping, or a run of ops outside every mapping. */
     struct shm_map *mp = map_of(s, segs[pos].remote, segs[pos].len);
     size_t end = pos + 1;
-    while (end < n && map_of(s, segs[end].remote, segs[end].len) == mp) end++;
+    while (end < n && map_of(s, segs[end].remote, segs[end].len) == mp &&
+           (mp || v[end]->lreg->type != HIXL_MEM_DEVICE))
+      end++;
     if (mp && mp->revoked) {
       char why[384];
       snprintf(why, sizeof(why), "%s freed [0x%llx, +%llu) (SHM_UNMAP): ops into it fail", s->name,
@@ -81,6 +128,14 @@ static void shm_copy(struct HixlEngine *e, struct shm_peer *s, struct chunk *con
     if (mp) {
       map_copy(e, s, mp, v + pos, segs + pos, end - pos, write);
       pos = end;
+      continue;
+    }
+    if (v[pos]->lreg->type == HIXL_MEM_DEVICE) { /* process_vm_* cannot reach device memory */
+      char why[384];
+      snprintf(why, sizeof(why),
+               "%s's [0x%llx, +%u) is not mapped here: device memory moves only into mappings", s->name,
+               (unsigned long long)v[pos]->raddr, v[pos]->len);
+      link_chunk_end(v[pos++], HIXL_FAILED, why); /* a run of one: device chunks end runs */
       continue;
     }
     x->copying++;
@@ -233,4 +288,21 @@ bool eshm_progress(struct HixlEngine *e) {
 
 void eshm_post(struct conn *c, struct chunk *ch) {
   (void)c, (void)ch; /* copied from the request's chunks by drive or async: no frame, no queue yet */
+}
+
+bool eshm_dev_reach(struct conn *c, const struct hixl_mem_reg *lreg, const struct remote_mem *rm,
+                    uint64_t raddr, uint64_t len) {
+  struct eshm_link *l = link_of(c);
+  struct shm_map *mp = l && l->peer ? map_of(l->peer, raddr, len) : NULL;
+  /* The peer's range mapped here: its device memory by IPC handle (any local side), or its
+   * memfd with device memory on this side. */
+  if (mp && !mp->revoked && (mp->dev || (lreg && lreg->type == HIXL_MEM_DEVICE))) return true;
+  if (l && !l->dev_told) {
+    l->dev_told = true;
+    log_info("link to %s: device ops on [0x%llx, +%llu) go as tcp frames on its socket: %s", link_remote(c),
+             (unsigned long long)raddr, (unsigned long long)len,
+             rm && rm->kind == WIRE_MEM_DEVICE ? "the peer did not hand that device memory over by IPC handle"
+                                               : "the peer's host memory there is not mapped here");
+  }
+  return false;
 }

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "devmem/devmem.h"
 #include "engine/xport_link.h"
 #include "util/auth.h"
 #include "util/cma.h"
@@ -40,14 +41,27 @@ struct eshm_engine {       /* engine_xe(e, XPORT_SHM), while same-host copies ar
                             * bind request); the progress thread watches it (event_fd) */
 };
 
-/* Initiator: a target's region mapped into this process. */
+/* Initiator: a target's device allocation opened here by its IPC handle (SHM_DEV_MAP),
+ * once per allocation however many of its registrations were handed over. */
+struct shm_ipc {
+  struct shm_ipc *next; /* the peer's list */
+  struct devmem_ipc h;  /* the handle it was opened by (blob and alloc_len identify it) */
+  int device;           /* the device it was opened on */
+  uint64_t base;        /* its start here */
+  uint32_t maps;        /* struct shm_map using it; closed at 0 */
+};
+
+/* Initiator: a target's region mapped into this process: a memfd (SHM_MAP) or, dev,
+ * device memory opened by IPC handle (SHM_DEV_MAP). */
 struct shm_map {
   struct memtab_entry range; /* first: the target's [addr, addr + len), in the peer's maps */
-  uint8_t *base;             /* this process's mapping of the region's memfd */
+  uint8_t *base;             /* this process's mapping of the region (dev: of its first byte) */
   size_t map_len;
-  uint32_t refs; /* copies using it, lock released */
-  bool revoked;  /* the target wants it back (SHM_UNMAP) or the link died: no new copy */
-  bool ack_owed; /* ... SHM_UNMAP_ACK goes once the last copy ends */
+  uint32_t refs;       /* copies using it, lock released */
+  bool revoked;        /* the target wants it back (SHM_UNMAP) or the link died: no new copy */
+  bool ack_owed;       /* ... SHM_UNMAP_ACK goes once the last copy ends */
+  bool dev;            /* device memory: copied by the provider (d2d, to_host, to_device) */
+  struct shm_ipc *ipc; /* dev: the allocation opened, NULL once let go */
 };
 
 /* Target: a region whose memfd a link's initiator was given. */
@@ -61,18 +75,21 @@ struct shm_grant {
 struct shm_reg {
   bool unsharing;        /* FreeMem waits for peers to unmap it: no new grant */
   uint32_t unshare_wait; /* peers that still have to answer SHM_UNMAP */
+  bool ipc_ok;           /* HIXL_MEM_DEVICE: the provider exported ipc (SHM_DEV_MAP) */
+  struct devmem_ipc ipc;
 };
 
 /* The peer process an initiator link copies to and from. Copies run without the
  * engine lock and hold a reference, so a link that dies meanwhile cannot take this
  * away from under them. Lock held for every field. */
 struct shm_peer {
-  uint32_t refs;      /* the link's, plus one per copy in progress */
-  uint32_t pid, uid;  /* the target process, as it named itself and the probe proved */
-  int pidfd;          /* -1 where pidfd_open is missing */
-  struct conn *conn;  /* NULL once the link died */
-  struct memtab maps; /* the target's regions mapped here (struct shm_map) */
-  uint64_t map_ops;   /* ops moved by memcpy on them */
+  uint32_t refs;        /* the link's, plus one per copy in progress */
+  uint32_t pid, uid;    /* the target process, as it named itself and the probe proved */
+  int pidfd;            /* -1 where pidfd_open is missing */
+  struct conn *conn;    /* NULL once the link died */
+  struct memtab maps;   /* the target's regions mapped here (struct shm_map) */
+  struct shm_ipc *ipcs; /* the target's device allocations opened here */
+  uint64_t map_ops;     /* ops moved by memcpy on them */
   char name[WIRE_MAX_NAME + 1];
   char why[384]; /* why the link died, once it did */
 };
@@ -91,6 +108,8 @@ struct eshm_link {                 /* link_xs(c, XPORT_SHM) */
   uint32_t hello_pid;       /* target: the pid the initiator's SHM_HELLO named */
   uint32_t peer_uid;        /* target: the uid the connected initiator runs as (SO_PEERCRED) */
   bool want_map;            /* target: the initiator maps memory (WIRE_SHM_F_MAP) */
+  bool want_devmap;         /* target: ... and opens device memory by IPC handle (WIRE_SHM_F_DEVMAP) */
+  bool dev_told;            /* initiator: a device op went as tcp frames (logged once a link) */
   bool watched;             /* target: lfd (before accept) or ufd (until its bind request) is in epfd */
   bool bound;               /* target: the binding was answered, or the link has no key to bind with */
   bool mapping;             /* target: SHM_MAP_HELLO was taken: regions go to ufd (grants) */
@@ -140,6 +159,15 @@ void eshm_map_retire(struct shm_peer *s, struct shm_map *mp);
 void eshm_map_put(struct shm_peer *s, struct shm_map *mp);
 HixlStatus eshm_map_connect(int fd, uint64_t deadline, struct peer *p, struct eshm_link *l, uint8_t *buf,
                             size_t cap);
+/* Initiator: open the device registration an SHM_DEV_MAP m hands over; rm: the peer's
+ * advertised registration at its address (NULL: none). FAILED with why: a protocol
+ * error (the link dies); a handle this process cannot open is logged and its ops stay
+ * on tcp frames. Lock held (or Connect's thread). */
+HixlStatus eshm_dev_map_take(struct shm_peer *s, const struct remote_mem *rm, const struct wire_msg *m,
+                             char *why, size_t cap);
+/* Target, a scoped engine's grants changed for peer: device registrations newly
+ * covered are handed over, those no longer covered recalled (not waited for). */
+void eshm_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n, bool add);
 void eshm_target_map_hello(struct conn *c);
 void eshm_target_unmap_ack(struct conn *c, const struct wire_msg *m);
 void eshm_grant_drop(struct HixlEngine *e, struct eshm_link *l, uint32_t i);
@@ -152,6 +180,8 @@ void eshm_peer_drop(struct HixlEngine *e, const char *name, uint64_t deadline);
 
 /* ---- shm_copy.c: the data path ---- */
 void eshm_post(struct conn *c, struct chunk *ch);
+bool eshm_dev_reach(struct conn *c, const struct hixl_mem_reg *lreg, const struct remote_mem *rm,
+                    uint64_t raddr, uint64_t len);
 void eshm_async(struct conn *c, struct hixl_transfer_req *r);
 void eshm_drive(struct conn *c, struct hixl_transfer_req *r);
 bool eshm_progress(struct HixlEngine *e);

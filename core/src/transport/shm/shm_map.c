@@ -153,8 +153,32 @@ static bool gen_take(struct eshm_link *l, int timeout_ms, char *why, size_t cap)
   return true;
 }
 
-static void map_free(struct shm_map *mp) {
-  if (mp->base) munmap(mp->base, mp->map_len);
+/* A device allocation one mapping less: closed when none uses it. Lock held. */
+static void ipc_drop(struct shm_peer *s, struct shm_ipc *o) {
+  if (--o->maps > 0) return;
+  for (struct shm_ipc **pp = &s->ipcs; *pp; pp = &(*pp)->next)
+    if (*pp == o) {
+      *pp = o->next;
+      break;
+    }
+  char why[128];
+  const struct devmem_ops *dm = devmem_get(why, sizeof(why)); /* it opened o */
+  if (dm) dm->ipc_close(o->base, o->h.alloc_len, o->device);
+  free(o);
+}
+
+/* mp's pages let go of: a memfd unmapped, a device allocation one user less. */
+static void map_unmap(struct shm_peer *s, struct shm_map *mp) {
+  if (mp->dev && mp->ipc)
+    ipc_drop(s, mp->ipc);
+  else if (!mp->dev && mp->base)
+    munmap(mp->base, mp->map_len);
+  mp->ipc = NULL;
+  mp->base = NULL;
+}
+
+static void map_free(struct shm_peer *s, struct shm_map *mp) {
+  map_unmap(s, mp);
   free(mp);
 }
 
@@ -175,8 +199,7 @@ static void send_unmap_ack(struct conn *c, uint64_t addr, uint64_t len) {
 void eshm_map_retire(struct shm_peer *s, struct shm_map *mp) {
   mp->revoked = true;
   if (mp->refs > 0) return;
-  if (mp->base) munmap(mp->base, mp->map_len);
-  mp->base = NULL;
+  map_unmap(s, mp);
   if (mp->ack_owed && s->conn && !link_dead(s->conn)) send_unmap_ack(s->conn, mp->range.addr, mp->range.len);
   mp->ack_owed = false;
 }
@@ -193,13 +216,14 @@ static void map_bury(struct shm_peer *s, uint64_t addr, uint64_t len) {
     if (mp->base || mp->refs > 0 || mp->range.addr >= addr + len || mp->range.addr + mp->range.len <= addr)
       continue;
     memtab_remove(&s->maps, &mp->range);
-    map_free(mp);
+    map_free(s, mp);
   }
 }
 
 void eshm_peer_put(struct shm_peer *s) {
   if (!s || --s->refs > 0) return;
-  for (size_t i = 0; i < s->maps.count; i++) map_free((struct shm_map *)s->maps.v[i]); /* no copy is left */
+  for (size_t i = 0; i < s->maps.count; i++)
+    map_free(s, (struct shm_map *)s->maps.v[i]); /* no copy is left */
   memtab_free(&s->maps);
   if (s->pidfd >= 0) close(s->pidfd);
   free(s);
@@ -265,7 +289,7 @@ static HixlStatus map_take(struct shm_peer *s, int ufd, const struct wire_msg *m
     /* A child forked later must not keep the target's pages alive, nor write them. */
     if (madvise(p, mp->map_len, MADV_DONTFORK) < 0 || memtab_add(&s->maps, &mp->range, &clash) < 0) {
       err = errno;
-      map_free(mp);
+      map_free(s, mp);
       mp = NULL;
       p = MAP_FAILED;
     }
@@ -281,6 +305,86 @@ static HixlStatus map_take(struct shm_peer *s, int ufd, const struct wire_msg *m
   }
   log_info("link to %s: mapped the peer's [0x%llx, +%llu) at %p", s->name, (unsigned long long)m->u.map.addr,
            (unsigned long long)m->u.map.len, (void *)mp->base);
+  return HIXL_SUCCESS;
+}
+
+HixlStatus eshm_dev_map_take(struct shm_peer *s, const struct remote_mem *rm, const struct wire_msg *m,
+                             char *why, size_t cap) {
+  uint64_t addr = m->u.map.addr, len = m->u.map.len, base = 0;
+  struct devmem_ipc h;
+  struct memtab_entry *clash;
+  char dwhy[256] = "";
+  memcpy(h.blob, m->u.map.blob, sizeof(h.blob));
+  h.alloc_len = m->u.map.alloc_len;
+  h.offset = m->u.map.offset;
+  h.len = len;
+  /* Only what the target advertised as device memory, exactly that registration. */
+  if (!rm || rm->kind != WIRE_MEM_DEVICE || rm->range.addr != addr || rm->range.len != len) {
+    snprintf(why, cap,
+             "protocol error: SHM_DEV_MAP of [0x%llx, +%llu) is not a device registration it advertised",
+             (unsigned long long)addr, (unsigned long long)len);
+    return HIXL_FAILED;
+  }
+  if (devmem_ipc_valid(&h, dwhy, sizeof(dwhy)) != HIXL_SUCCESS) {
+    snprintf(why, cap, "protocol error: SHM_DEV_MAP of [0x%llx, +%llu): %s", (unsigned long long)addr,
+             (unsigned long long)len, dwhy);
+    return HIXL_FAILED;
+  }
+  map_bury(s, addr, len); /* a range freed before, handed over anew */
+  if (memtab_find(&s->maps, addr, 1) || memtab_find(&s->maps, addr + len - 1, 1)) {
+    snprintf(why, cap, "protocol error: SHM_DEV_MAP of [0x%llx, +%llu) overlaps a region already mapped",
+             (unsigned long long)addr, (unsigned long long)len);
+    return HIXL_FAILED;
+  }
+  const struct devmem_ops *dm = devmem_get(dwhy, sizeof(dwhy));
+  struct shm_ipc *o = s->ipcs;
+  while (o && (o->h.alloc_len != h.alloc_len || memcmp(o->h.blob, h.blob, sizeof(h.blob)) != 0)) o = o->next;
+  if (!o && dm) { /* the allocation's first registration handed over: opened once */
+    HixlStatus st = dm->ipc_open(&h, 0, &base, dwhy, sizeof(dwhy));
+    if (st == HIXL_PARAM_INVALID) { /* it names less memory than it says: forged */
+      snprintf(why, cap, "protocol error: SHM_DEV_MAP of [0x%llx, +%llu): %s", (unsigned long long)addr,
+               (unsigned long long)len, dwhy);
+      return HIXL_FAILED;
+    }
+    if (st == HIXL_SUCCESS && !(o = calloc(1, sizeof(*o)))) {
+      dm->ipc_close(base, h.alloc_len, 0);
+      snprintf(dwhy, sizeof(dwhy), "out of memory");
+    }
+    if (o) {
+      o->h = h;
+      o->base = base;
+      o->next = s->ipcs;
+      s->ipcs = o;
+    }
+  }
+  struct shm_map *mp = o ? calloc(1, sizeof(*mp)) : NULL;
+  if (mp) {
+    o->maps++;
+    mp->range.addr = addr;
+    mp->range.len = len;
+    mp->base = (uint8_t *)(uintptr_t)(o->base + h.offset);
+    mp->map_len = (size_t)len;
+    mp->dev = true;
+    mp->ipc = o;
+    if (memtab_add(&s->maps, &mp->range, &clash) < 0) {
+      map_free(s, mp);
+      mp = NULL;
+      snprintf(dwhy, sizeof(dwhy), "out of memory");
+    }
+  } else if (o && o->maps == 0) { /* opened just now for nothing */
+    o->maps = 1;
+    ipc_drop(s, o);
+  }
+  if (!mp) {
+    log_warn(
+        "link to %s: cannot open the peer's device memory [0x%llx, +%llu) by its IPC handle (%s): its ops go "
+        "as tcp frames",
+        s->name, (unsigned long long)addr, (unsigned long long)len,
+        dm ? dwhy : "no device-memory provider here");
+    return HIXL_SUCCESS;
+  }
+  log_info("link to %s: opened the peer's device memory [0x%llx, +%llu) by IPC handle", s->name,
+           (unsigned long long)addr, (unsigned long long)len);
   return HIXL_SUCCESS;
 }
 
@@ -301,15 +405,21 @@ HixlStatus eshm_map_connect(int fd, uint64_t deadline, struct peer *p, struct es
   if ((st = link_handshake_send(fd, p, buf, wire_end(&w, 0), deadline)) != HIXL_SUCCESS) return st;
   for (;;) {
     if ((st = link_handshake_recv(fd, deadline, p, buf, cap, &h)) != HIXL_SUCCESS) return st;
-    if ((h.type != WIRE_SHM_MAP && h.type != WIRE_SHM_MAP_ACK) ||
+    if ((h.type != WIRE_SHM_MAP && h.type != WIRE_SHM_DEV_MAP && h.type != WIRE_SHM_MAP_ACK) ||
         wire_decode(&h, buf + WIRE_HDR_LEN, &m) != WIRE_OK)
       return hixl_fail(HIXL_FAILED, "answered SHM_MAP_HELLO with a malformed %s", wire_type_name(h.type));
     uint64_t now = hixl_now_ns();
     int ms = now < deadline ? (int)((deadline - now + 999999) / 1000000) : 0;
     /* The target's page comes first on the socket, when it hands anything over. */
-    bool ok = h.type == WIRE_SHM_MAP || m.u.map.status == WIRE_HELLO_OK;
+    bool ok = h.type != WIRE_SHM_MAP_ACK || m.u.map.status == WIRE_HELLO_OK;
     if (ok && !l->gen && !gen_take(l, ms, why, sizeof(why))) return hixl_fail(HIXL_FAILED, "%s", why);
     if (h.type == WIRE_SHM_MAP_ACK) break;
+    if (h.type == WIRE_SHM_DEV_MAP) {
+      if (eshm_dev_map_take(s, peer_remote_find(p, m.u.map.addr, m.u.map.len), &m, why, sizeof(why)) !=
+          HIXL_SUCCESS)
+        return hixl_fail(HIXL_FAILED, "%s", why);
+      continue;
+    }
     if (map_take(s, l->ufd, &m, ms, why, sizeof(why)) != HIXL_SUCCESS)
       return hixl_fail(HIXL_FAILED, "%s", why);
   }
@@ -337,6 +447,14 @@ void eshm_initiator_frame(struct conn *c, const struct wire_msg *m) {
     if (map_take(s, l->ufd, m, 0, why, sizeof(why)) != HIXL_SUCCESS) link_conn_kill(c, HIXL_FAILED, why);
     return;
   }
+  if (m->hdr.type == WIRE_SHM_DEV_MAP) {
+    if (eshm_dev_map_take(s, link_remote_find(c, m->u.map.addr, m->u.map.len), m, why, sizeof(why)) !=
+        HIXL_SUCCESS) {
+      log_warn("link to %s: %s", s->name, why);
+      link_conn_kill(c, HIXL_FAILED, why);
+    }
+    return;
+  }
   if (m->hdr.type == WIRE_SHM_UNMAP) {
     struct shm_map *mp = (struct shm_map *)memtab_find_exact(&s->maps, m->u.map.addr, m->u.map.len);
     /* Ops submitted from now on fail at once: the region leaves the peer's table. */
@@ -355,11 +473,32 @@ void eshm_initiator_frame(struct conn *c, const struct wire_msg *m) {
 
 /* ---- target: grants ---- */
 
-/* Target: hand r's memfd to c's initiator (the descriptor on the unix socket first,
- * then SHM_MAP on the link, so it is there when the frame is read). Lock held. */
+/* Target: SHM_DEV_MAP of device registration r, its IPC handle exported at share. */
+static size_t dev_map_frame(const struct hixl_mem_reg *r, uint8_t *buf, size_t cap) {
+  struct devmem_ipc h = reg_of(r)->ipc;
+  uint64_t addr = r->range.addr;
+  struct wire_wr w;
+#ifdef HIXL_DEVMEM_TEST
+  /* Test builds: a forged handover, to see the initiator refuse it (test_devmem). */
+  const char *forge = getenv("HIXL_TEST_SHM_FORGE");
+  if (forge && strcmp(forge, "alloc") == 0) h.alloc_len += 1u << 20; /* more than the memfd holds */
+  if (forge && strcmp(forge, "addr") == 0) addr += 4096;             /* not the registration */
+#endif
+  wire_begin(&w, buf, cap, WIRE_SHM_DEV_MAP);
+  wire_put_u64(&w, addr);
+  wire_put_u64(&w, r->range.len);
+  wire_put_u64(&w, h.alloc_len);
+  wire_put_u64(&w, h.offset);
+  wire_put_bytes(&w, h.blob, sizeof(h.blob));
+  return wire_end(&w, 0);
+}
+
+/* Target: hand r to c's initiator: a memfd (the descriptor on the unix socket first,
+ * then SHM_MAP on the link, so it is there when the frame is read), or device memory's
+ * IPC handle (SHM_DEV_MAP). Lock held. */
 static void grant(struct conn *c, struct hixl_mem_reg *r) {
   struct eshm_link *l = link_of(c);
-  uint8_t buf[WIRE_HDR_LEN + WIRE_SHM_MAP_LEN];
+  uint8_t buf[WIRE_HDR_LEN + WIRE_SHM_DEV_MAP_LEN];
   struct wire_wr w;
   if (l->ngrants == l->cap_grants) {
     uint32_t cap = l->cap_grants ? 2 * l->cap_grants : 8;
@@ -371,6 +510,12 @@ static void grant(struct conn *c, struct hixl_mem_reg *r) {
     }
     l->grants = g;
     l->cap_grants = cap;
+  }
+  if (r->type == HIXL_MEM_DEVICE) {
+    size_t n = dev_map_frame(r, buf, sizeof(buf));
+    l->grants[l->ngrants++] = (struct shm_grant){r, false};
+    link_queue_copy(c, buf, n);
+    return;
   }
   wire_begin(&w, buf, sizeof(buf), WIRE_SHM_MAP);
   wire_put_u64(&w, r->range.addr);
@@ -387,10 +532,23 @@ static void grant(struct conn *c, struct hixl_mem_reg *r) {
   link_queue_copy(c, buf, len);
 }
 
-/* Whether r can be handed to peers: HixlEngineAllocMem's, sealed (offered: it has its
- * shm state), not being freed. */
-static bool grantable(const struct hixl_mem_reg *r) {
-  return r->memfd >= 0 && r->sealed && reg_of(r) && !reg_of(r)->unsharing;
+/* Whether r can be handed to c's initiator: HixlEngineAllocMem's, sealed (offered: it
+ * has its shm state), not being freed; or device memory the provider exported, to an
+ * initiator that opens it (WIRE_SHM_F_DEVMAP), and on a scoped engine only where the
+ * peer's grants cover the whole allocation the handle opens (it maps all of it). */
+static bool grantable(struct conn *c, const struct hixl_mem_reg *r) {
+  const struct shm_reg *sr = reg_of(r);
+  if (!sr || sr->unsharing) return false;
+  if (r->type != HIXL_MEM_DEVICE) return r->memfd >= 0 && r->sealed;
+  return sr->ipc_ok && link_of(c)->want_devmap &&
+         link_grant_covers(c, r->range.addr - sr->ipc.offset, sr->ipc.alloc_len);
+}
+
+/* Whether c's initiator holds a grant of r (being recalled or not). */
+static bool granted(const struct eshm_link *l, const struct hixl_mem_reg *r) {
+  for (uint32_t i = 0; i < l->ngrants; i++)
+    if (l->grants[i].reg == r) return true;
+  return false;
 }
 
 /* Target, SHM_MAP_HELLO: the initiator says it connected to the link's socket. The
@@ -428,7 +586,7 @@ void eshm_target_map_hello(struct conn *c) {
     l->mapping = true;
     for (size_t i = 0; i < engine_reg_count(e) && !link_dead(c); i++) {
       struct hixl_mem_reg *r = engine_reg_at(e, i);
-      if (grantable(r)) grant(c, r);
+      if (grantable(c, r)) grant(c, r);
     }
     if (link_dead(c)) return;
     log_info("link from %s: %u regions handed over to map", link_remote(c), l->ngrants);
@@ -479,20 +637,37 @@ void eshm_mem_dereg(struct HixlEngine *e, struct hixl_mem_reg *r) {
   r->xm[XPORT_SHM] = NULL;
 }
 
-/* HixlEngineAllocMem made r: hand it to every link whose initiator maps memory. */
+/* HixlEngineAllocMem made r, or RegisterMem registered device memory r: hand it to every
+ * link whose initiator maps memory (device memory: by its IPC handle, when the provider
+ * exports one). */
 void eshm_mem_share(struct HixlEngine *e, struct hixl_mem_reg *r) {
   struct eshm_engine *x = eng_of(e);
-  if (!x || r->memfd < 0 || !r->sealed) return;
+  bool dev = r->type == HIXL_MEM_DEVICE;
+  if (!x || (!dev && (r->memfd < 0 || !r->sealed))) return;
   if (!reg_of(r) && !(r->xm[XPORT_SHM] = calloc(1, sizeof(struct shm_reg)))) {
-    log_warn(
-        "engine %s: out of memory: [0x%llx, +%llu) is not offered to peers to map: process_vm_* copies it",
-        engine_name(e), (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
+    log_warn("engine %s: out of memory: [0x%llx, +%llu) is not offered to same-host peers to map: %s",
+             engine_name(e), (unsigned long long)r->range.addr, (unsigned long long)r->range.len,
+             dev ? "they move it as tcp frames" : "process_vm_* copies it");
     return;
+  }
+  if (dev) {
+    char why[256] = "";
+    const struct devmem_ops *dm = devmem_get(why, sizeof(why));
+    struct devmem_ipc h;
+    if (dm && dm->ipc_export(r->range.addr, r->range.len, r->device, &h, why, sizeof(why)) == HIXL_SUCCESS) {
+      reg_of(r)->ipc = h;
+      reg_of(r)->ipc_ok = true;
+    } else {
+      log_info("engine %s: device memory [0x%llx, +%llu) is not offered by IPC handle (%s): same-host peers "
+               "move it as tcp frames",
+               engine_name(e), (unsigned long long)r->range.addr, (unsigned long long)r->range.len, why);
+      return;
+    }
   }
   uint32_t walk = ++x->walks;
   for (struct eshm_link *l; (l = eshm_next(x, walk));) {
     struct conn *c = l->conn;
-    if (!link_is_target(c) || !l->mapping) continue;
+    if (!link_is_target(c) || !l->mapping || !grantable(c, r)) continue;
     grant(c, r);
     if (!link_dead(c)) link_flush(c);
   }
@@ -533,8 +708,8 @@ static bool reg_pending(struct HixlEngine *e, const void *r) {
 void eshm_mem_unshare(struct HixlEngine *e, struct hixl_mem_reg *r, uint64_t deadline) {
   struct eshm_engine *x = eng_of(e);
   struct shm_reg *sr = reg_of(r);
-  if (!x || r->memfd < 0 || !sr) return; /* never offered: no link has it */
-  sr->unsharing = true;                  /* no new grant from here on */
+  if (!x || !sr) return; /* never offered: no link has it */
+  sr->unsharing = true;  /* no new grant from here on */
   uint32_t walk = ++x->walks;
   for (struct eshm_link *l; (l = eshm_next(x, walk));) {
     struct conn *c = l->conn;
@@ -595,4 +770,40 @@ void eshm_peer_drop(struct HixlEngine *e, const char *name, uint64_t deadline) {
   if (peer_pending(e, name))
     log_warn("engine %s: %s did not unmap this engine's memory in time: its links are cut anyway",
              engine_name(e), name);
+}
+
+/* Whether [addr, addr + len) meets one of ranges[0..n). */
+static bool meets(uint64_t addr, uint64_t len, const uint64_t (*ranges)[2], size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (ranges[i][0] < addr + len && addr < ranges[i][0] + ranges[i][1]) return true;
+  return false;
+}
+
+/* A scoped engine's grants for peer changed: its links get the device registrations
+ * now covered whole (grantable), and are asked for those whose allocation meets a
+ * range revoked back (SHM_UNMAP; not waited for: this may run in the service handler;
+ * the peer stops new copies as it reads the frame; FreeMem and drop_peer still wait). */
+void eshm_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n, bool add) {
+  struct eshm_engine *x = eng_of(e);
+  if (!x) return;
+  uint32_t walk = ++x->walks;
+  for (struct eshm_link *l; (l = eshm_next(x, walk));) {
+    struct conn *c = l->conn;
+    if (!link_is_target(c) || !l->mapping || !l->want_devmap || strcmp(link_remote(c), peer) != 0) continue;
+    if (add) {
+      for (size_t i = 0; i < engine_reg_count(e) && !link_dead(c); i++) {
+        struct hixl_mem_reg *r = engine_reg_at(e, i);
+        if (r->type == HIXL_MEM_DEVICE && !granted(l, r) && grantable(c, r)) grant(c, r);
+      }
+    } else {
+      for (uint32_t i = 0; i < l->ngrants && !link_dead(c); i++) {
+        struct shm_grant *g = &l->grants[i];
+        const struct shm_reg *sr = reg_of(g->reg);
+        if (g->reg->type == HIXL_MEM_DEVICE && !g->unmapping &&
+            meets(g->reg->range.addr - sr->ipc.offset, sr->ipc.alloc_len, ranges, n))
+          grant_recall(c, i);
+      }
+    }
+    if (!link_dead(c)) link_flush(c);
+  }
 }

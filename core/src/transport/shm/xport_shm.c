@@ -47,7 +47,16 @@
  * else keeps process_vm_*. Freeing such memory is a round trip: the target sends
  * SHM_UNMAP to every link that has it and waits; the initiator stops new copies into
  * it, unmaps it once the copies running end, and answers SHM_UNMAP_ACK; a link that
- * does not answer in time is cut. A link that dies unmaps what it had. */
+ * does not answer in time is cut. A link that dies unmaps what it had.
+ *
+ * Device memory: an initiator with a device-memory provider says so (WIRE_SHM_F_DEVMAP);
+ * the target then hands over each device registration the provider can export as its
+ * IPC handle (SHM_DEV_MAP, on the link after its MEM_ADD; a scoped target only where the
+ * peer's grants cover the whole allocation the handle opens). The initiator checks it
+ * against the registration advertised, opens each allocation once, and copies device
+ * ops inside it with the provider (d2d; to_host / to_device against host memory);
+ * recalled like memfd regions (SHM_UNMAP) at DeregisterMem, revoke and link death.
+ * Device ops outside such mappings go as tcp frames on the link's socket. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -281,9 +290,12 @@ static HixlStatus eshm_connect(struct HixlEngine *e, int fd, uint64_t deadline, 
     return HIXL_SUCCESS;
   }
   const struct cma_self *self = &eng_of(e)->self;
+  /* Device memory by IPC handle only where this process has a provider to open it. */
+  bool devmap = devmem_get(why, sizeof(why)) != NULL;
+  why[0] = '\0';
   wire_begin(&w, buf, sizeof(buf), WIRE_SHM_HELLO);
   wire_put_shm_id(&w, WIRE_SHM_LAYOUT, self->boot_id, self->pid, self->uid);
-  wire_put_u32(&w, WIRE_SHM_F_MAP);
+  wire_put_u32(&w, WIRE_SHM_F_MAP | (devmap ? WIRE_SHM_F_DEVMAP : 0));
   if ((st = link_handshake_send(fd, p, buf, wire_end(&w, 0), deadline)) != HIXL_SUCCESS ||
       (st = link_handshake_recv(fd, deadline, p, buf, sizeof(buf), &h)) != HIXL_SUCCESS)
     return hixl_fail(st, "HixlEngineConnect: shm handshake with %s: %s", remote, HixlGetLastErrorMessage());
@@ -403,6 +415,7 @@ static void eshm_target_hello(struct conn *c, const struct wire_msg *m) {
     if (status == WIRE_HELLO_OK && layout2 && first) {
       l->hello_pid = m->u.shm.pid;
       l->want_map = (m->u.shm.flags & WIRE_SHM_F_MAP) != 0;
+      l->want_devmap = l->want_map && (m->u.shm.flags & WIRE_SHM_F_DEVMAP) != 0;
       if ((l->lfd = uds_listen(sock, sizeof(sock))) < 0 || !eshm_unix_watch(x, l)) {
         log_warn("link from %s: no same-host copies: cannot make and watch a unix socket to prove this "
                  "process's pid with: %s",
@@ -512,7 +525,7 @@ static HixlStatus eshm_info(const struct conn *c, struct hixl_link_info *info) {
 }
 
 static const uint8_t eshm_frames[] = {WIRE_SHM_HELLO, WIRE_SHM_MAP_HELLO, WIRE_SHM_UNMAP_ACK, 0};
-static const uint8_t eshm_init_frames[] = {WIRE_SHM_MAP, WIRE_SHM_UNMAP, 0};
+static const uint8_t eshm_init_frames[] = {WIRE_SHM_MAP, WIRE_SHM_UNMAP, WIRE_SHM_DEV_MAP, 0};
 
 const struct xport_ops xport_shm = {
     .name = "shm",
@@ -528,7 +541,7 @@ const struct xport_ops xport_shm = {
               .event_fd = eshm_event_fd,
               .on_event = eshm_on_event,
               .progress = eshm_progress,
-              .grant = xport_no_grant},
+              .grant = eshm_grant},
     .mem = {.reg = xport_no_reg,
             .dereg = eshm_mem_dereg,
             .key = xport_no_key,
@@ -557,5 +570,6 @@ const struct xport_ops xport_shm = {
              .req_timeout = xport_no_req_timeout,
              .answer = xport_no_answer,
              .chunk_end = xport_no_chunk_end,
-             .post_own = xport_no_post_own},
+             .post_own = xport_no_post_own,
+             .dev_reach = eshm_dev_reach},
 };

@@ -143,5 +143,6 @@ const struct xport_ops xport_tcp = {
              .req_timeout = xport_no_req_timeout,
              .answer = xport_no_answer,
              .chunk_end = xport_no_chunk_end,
-             .post_own = xport_no_post_own},
+             .post_own = xport_no_post_own,
+             .dev_reach = xport_no_dev_reach},
 };

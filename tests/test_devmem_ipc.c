@@ -1,0 +1,361 @@
+/* test_devmem_ipc: device memory over the same-host path by IPC handle
+ * (docs/device-memory.md), with the host stand-in provider (HIXL_TEST_DEVMEM=host, set
+ * here): a forked child is the target, with "device" memory from devmem_test_alloc
+ * (a memfd the stand-in exports); this process connects over shm, opens it by the
+ * handle the child hands over on the link (SHM_DEV_MAP) and moves device ops by d2d
+ * copies. The child is forked before this process starts an engine (no threads yet),
+ * and is this process's descendant, so Yama's ptrace_scope 1 lets the stand-in open
+ * /proc/<child>/fd and shm's probe read it. */
+#include <CUnit/Basic.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "devmem/devmem.h"
+#include "engine/engine_ext.h"
+#include "hixl/hixl_engine.h"
+#include "test_util.h"
+
+#define DEV_LEN  (4u << 20)  /* the child's device allocation, registered whole */
+#define BIG_LEN  (64u << 20) /* ... for the test that kills it mid-transfer */
+#define HOST_LEN (1u << 20)
+#define WAIT_MS  20000
+
+/* What the child says once its engine is up. */
+struct child_info {
+  char name[TU_ADDR_LEN];
+  uint64_t dev, host, dev_len;
+};
+
+struct child_arg {
+  size_t dev_len;
+  bool scoped;       /* a scoped engine: nothing granted until told */
+  const char *forge; /* HIXL_TEST_SHM_FORGE: a handover forged on the wire */
+};
+
+/* The child: a shm engine with DEV_LEN (or dev_len) of stand-in device memory and
+ * HOST_LEN of host memory registered. Commands on ctl_fd: 'f' seed (u32): fill the
+ * device memory, answer 'k'; 'v' seed: answer 'y' when it holds that fill, else 'n';
+ * 'd': deregister the device memory, answer its status (u32) once the call returned;
+ * 'g' / 'r' name (TU_ADDR_LEN): grant / revoke the whole allocation to that peer,
+ * answer the status. EOF: finalize and quit. */
+static int child_main(void *argp, int ready_fd, int ctl_fd) {
+  const struct child_arg *a = argp;
+  struct child_info info;
+  memset(&info, 0, sizeof(info));
+  if (a->forge) setenv("HIXL_TEST_SHM_FORGE", a->forge, 1);
+  tu_addr(info.name, sizeof(info.name), tu_free_port());
+  HixlEngine *e = tu_engine_start_opts(info.name, "shm", NULL, 0);
+  uint8_t *dev = devmem_test_alloc(a->dev_len), *host = malloc(HOST_LEN), *want = malloc(a->dev_len);
+  HixlMemHandle hd = NULL, hh = NULL;
+  if (!e || !dev || !host || !want) return 2;
+  if (a->scoped && hixl_engine_set_scoped(e, true) != HIXL_SUCCESS) return 3;
+  HixlMemDesc d = {.addr = (uintptr_t)dev, .len = a->dev_len}, h = {.addr = (uintptr_t)host, .len = HOST_LEN};
+  if (HixlEngineRegisterMem(e, &d, HIXL_MEM_DEVICE, &hd) != HIXL_SUCCESS ||
+      HixlEngineRegisterMem(e, &h, HIXL_MEM_HOST, &hh) != HIXL_SUCCESS)
+    return 4;
+  info.dev = (uintptr_t)dev;
+  info.host = (uintptr_t)host;
+  info.dev_len = a->dev_len;
+  if (write(ready_fd, &info, sizeof(info)) != (ssize_t)sizeof(info)) return 5;
+  for (;;) {
+    char cmd;
+    uint32_t seed, st;
+    char peer[TU_ADDR_LEN];
+    uint64_t range[1][2] = {{(uintptr_t)dev, a->dev_len}};
+    if (read(ctl_fd, &cmd, 1) != 1) break;
+    switch (cmd) {
+    case 'f':
+    case 'v':
+      if (read(ctl_fd, &seed, 4) != 4) return 6;
+      if (cmd == 'f') tu_fill(dev, a->dev_len, seed);
+      if (cmd == 'v') tu_fill(want, a->dev_len, seed);
+      cmd = cmd == 'f' ? 'k' : memcmp(dev, want, a->dev_len) == 0 ? 'y' : 'n';
+      if (write(ready_fd, &cmd, 1) != 1) return 7;
+      break;
+    case 'd':
+      st = (uint32_t)HixlEngineDeregisterMem(e, hd);
+      if (write(ready_fd, &st, 4) != 4) return 8;
+      break;
+    case 'g':
+    case 'r':
+      if (read(ctl_fd, peer, sizeof(peer)) != (ssize_t)sizeof(peer)) return 9;
+      peer[sizeof(peer) - 1] = '\0';
+      st = (uint32_t)(cmd == 'g' ? hixl_engine_grant(e, peer, (const uint64_t(*)[2])range, 1)
+                                 : hixl_engine_revoke(e, peer, (const uint64_t(*)[2])range, 1));
+      if (write(ready_fd, &st, 4) != 4) return 10;
+      break;
+    default: return 11;
+    }
+  }
+  HixlEngineFinalize(e);
+  HixlEngineDestroy(e);
+  devmem_test_free(dev);
+  free(host);
+  free(want);
+  return 0;
+}
+
+/* This process's side: the child, then an engine with its own device and host memory. */
+struct pair {
+  tu_child ch;
+  struct child_info ci;
+  HixlEngine *e;
+  char name[TU_ADDR_LEN];
+  uint8_t *dev, *host, *want;
+  size_t len;
+};
+
+static bool pair_up(struct pair *p, const struct child_arg *a) {
+  memset(p, 0, sizeof(*p));
+  p->len = a->dev_len;
+  if (tu_child_start(&p->ch, child_main, (void *)a) != 0) return false;
+  if (tu_child_read(&p->ch, &p->ci, sizeof(p->ci), WAIT_MS) != 0) return false;
+  tu_addr(p->name, sizeof(p->name), tu_free_port());
+  p->e = tu_engine_start_opts(p->name, "shm", NULL, 0);
+  p->dev = devmem_test_alloc(p->len);
+  p->host = malloc(HOST_LEN);
+  p->want = malloc(p->len);
+  HixlMemHandle hd, hh;
+  if (!p->e || !p->dev || !p->host || !p->want) return false;
+  HixlMemDesc d = {.addr = (uintptr_t)p->dev, .len = p->len},
+              h = {.addr = (uintptr_t)p->host, .len = HOST_LEN};
+  return HixlEngineRegisterMem(p->e, &d, HIXL_MEM_DEVICE, &hd) == HIXL_SUCCESS &&
+         HixlEngineRegisterMem(p->e, &h, HIXL_MEM_HOST, &hh) == HIXL_SUCCESS;
+}
+
+static void pair_down(struct pair *p) {
+  if (p->e) {
+    HixlEngineFinalize(p->e);
+    HixlEngineDestroy(p->e);
+  }
+  if (p->ch.pid) CU_ASSERT_EQUAL(tu_child_stop(&p->ch, WAIT_MS), 0);
+  devmem_test_free(p->dev);
+  free(p->host);
+  free(p->want);
+  memset(p, 0, sizeof(*p));
+}
+
+/* A command with a seed to the child, and its one-byte answer. */
+static char child_seed(struct pair *p, char cmd, uint32_t seed) {
+  char ans = 0;
+  CU_ASSERT_EQUAL(tu_child_write(&p->ch, &cmd, 1), 0);
+  CU_ASSERT_EQUAL(tu_child_write(&p->ch, &seed, 4), 0);
+  CU_ASSERT_EQUAL(tu_child_read(&p->ch, &ans, 1, WAIT_MS), 0);
+  return ans;
+}
+
+/* A command (with this engine's name for 'g' and 'r') and the child's status. */
+static HixlStatus child_call(struct pair *p, char cmd) {
+  uint32_t st = UINT32_MAX;
+  CU_ASSERT_EQUAL(tu_child_write(&p->ch, &cmd, 1), 0);
+  if (cmd == 'g' || cmd == 'r') CU_ASSERT_EQUAL(tu_child_write(&p->ch, p->name, sizeof(p->name)), 0);
+  CU_ASSERT_EQUAL(tu_child_read(&p->ch, &st, 4, WAIT_MS), 0);
+  return (HixlStatus)st;
+}
+
+static HixlStatus xfer(struct pair *p, HixlTransferOp op, const void *local, uint64_t remote, size_t len) {
+  HixlTransferOpDesc d = {.local_addr = (uintptr_t)local, .remote_addr = remote, .len = len};
+  return HixlEngineTransferSync(p->e, p->ci.name, op, &d, 1, WAIT_MS);
+}
+
+static uint32_t mapped(struct pair *p) {
+  struct hixl_link_info li;
+  memset(&li, 0, sizeof(li));
+  TU_ASSERT_OK(hixl_engine_link_info(p->e, p->ci.name, &li));
+  CU_ASSERT_STRING_EQUAL(li.transport, "shm");
+  return li.mapped;
+}
+
+/* Pull and push device memory between two processes over shm: opened once by its IPC
+ * handle, moved by d2d (its count grows by every byte), the tcp-frame path's host
+ * copies and pool untouched; device <-> host by the provider against the mapping. */
+static void test_pull_push(void) {
+  struct child_arg a = {.dev_len = DEV_LEN};
+  struct pair p;
+  uint64_t d0, m0, d1, m1, o0, i0, o1, i1, po0, pp0, pw0, po1, pp1, pw1;
+  devmem_test_d2d(&d0, &m0);
+  CU_ASSERT_FATAL(pair_up(&p, &a));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(p.e, p.ci.name, WAIT_MS));
+  devmem_test_d2d(&d1, &m1);
+  CU_ASSERT_EQUAL(m1, m0 + 1); /* its allocation, opened once in Connect */
+  CU_ASSERT_EQUAL(mapped(&p), 1);
+  devmem_test_counts(&o0, &i0);
+  devmem_test_pool(&po0, &pp0, &pw0);
+  /* pull: 3 MiB + 5 from an odd offset, over chunk boundaries */
+  size_t len = (3u << 20) + 5;
+  CU_ASSERT_EQUAL(child_seed(&p, 'f', 61), 'k');
+  TU_ASSERT_OK(xfer(&p, HIXL_READ, p.dev + 3, p.ci.dev + 7, len));
+  tu_fill(p.want, p.len, 61);
+  TU_ASSERT_SAME(p.dev + 3, p.want + 7, len, "pull: the peer's device memory read by d2d");
+  devmem_test_d2d(&d1, &m1);
+  CU_ASSERT_EQUAL(d1 - d0, len);
+  /* push: the whole allocation */
+  tu_fill(p.dev, p.len, 62);
+  TU_ASSERT_OK(xfer(&p, HIXL_WRITE, p.dev, p.ci.dev, p.len));
+  CU_ASSERT_EQUAL(child_seed(&p, 'v', 62), 'y');
+  devmem_test_d2d(&d1, &m1);
+  CU_ASSERT_EQUAL(d1 - d0, len + p.len);
+  CU_ASSERT_EQUAL(m1, m0 + 1); /* still the one mapping */
+  devmem_test_counts(&o1, &i1);
+  devmem_test_pool(&po1, &pp1, &pw1);
+  CU_ASSERT_EQUAL(o1, o0); /* nothing through host buffers: the tcp-frame path did not run */
+  CU_ASSERT_EQUAL(i1, i0);
+  CU_ASSERT_EQUAL(pp1, pp0);
+  CU_ASSERT_EQUAL(pw1, pw0);
+  /* host memory here <-> the peer's device memory: to_device / to_host on the mapping */
+  struct hixl_link_info li0, li1;
+  TU_ASSERT_OK(hixl_engine_link_info(p.e, p.ci.name, &li0));
+  tu_fill(p.host, HOST_LEN, 63);
+  TU_ASSERT_OK(xfer(&p, HIXL_WRITE, p.host, p.ci.dev, HOST_LEN));
+  memset(p.host, 0, HOST_LEN);
+  TU_ASSERT_OK(xfer(&p, HIXL_READ, p.host, p.ci.dev, HOST_LEN));
+  tu_fill(p.want, HOST_LEN, 63);
+  TU_ASSERT_SAME(p.host, p.want, HOST_LEN, "host <-> the peer's device memory, both ways");
+  TU_ASSERT_OK(hixl_engine_link_info(p.e, p.ci.name, &li1));
+  CU_ASSERT_EQUAL(li1.map_ops - li0.map_ops, 2); /* one chunk each way, on the mapping */
+  devmem_test_counts(&o1, &i1);
+  CU_ASSERT_EQUAL(o1 - o0, HOST_LEN);
+  CU_ASSERT_EQUAL(i1 - i0, HOST_LEN);
+  devmem_test_pool(&po1, &pp1, &pw1);
+  CU_ASSERT_EQUAL(pp1, pp0); /* no pool buffer pinned: no tcp frames */
+  pair_down(&p);
+  devmem_test_d2d(&d1, &m1);
+  CU_ASSERT_EQUAL(m1, m0); /* closed at Finalize */
+}
+
+/* The child deregisters its device memory while this process has it open: the
+ * mapping is closed before DeregisterMem returns there; ops on it fail after. */
+static void test_dereg_while_mapped(void) {
+  struct child_arg a = {.dev_len = DEV_LEN};
+  struct pair p;
+  uint64_t d0, m0, d1, m1;
+  devmem_test_d2d(&d0, &m0);
+  CU_ASSERT_FATAL(pair_up(&p, &a));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(p.e, p.ci.name, WAIT_MS));
+  TU_ASSERT_OK(xfer(&p, HIXL_READ, p.dev, p.ci.dev, 4096));
+  devmem_test_d2d(&d1, &m1);
+  CU_ASSERT_EQUAL(m1, m0 + 1);
+  TU_ASSERT_OK(child_call(&p, 'd'));
+  devmem_test_d2d(&d1, &m1);
+  CU_ASSERT_EQUAL(m1, m0); /* closed here before the child's DeregisterMem returned */
+  HixlStatus st = xfer(&p, HIXL_READ, p.dev, p.ci.dev, 4096);
+  CU_ASSERT_NOT_EQUAL(st, HIXL_SUCCESS);
+  printf("  [after the deregistration: %s]\n", HixlGetLastErrorMessage());
+  CU_ASSERT_EQUAL(mapped(&p), 0);
+  pair_down(&p);
+}
+
+/* The child is killed while a large pull runs: the request ends (SUCCESS with every
+ * byte, or FAILED / TIMEOUT) within its timeout, the next op fails, the mapping goes. */
+static void test_peer_killed(void) {
+  struct child_arg a = {.dev_len = BIG_LEN};
+  struct pair p;
+  uint64_t d0, m0, d1, m1;
+  devmem_test_d2d(&d0, &m0);
+  CU_ASSERT_FATAL(pair_up(&p, &a));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(p.e, p.ci.name, WAIT_MS));
+  CU_ASSERT_EQUAL(child_seed(&p, 'f', 71), 'k');
+  HixlTransferOpDesc d = {.local_addr = (uintptr_t)p.dev, .remote_addr = p.ci.dev, .len = p.len};
+  HixlTransferReq req = NULL;
+  TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(p.e, p.ci.name, HIXL_READ, &d, 1, 10000, NULL, &req));
+  tu_child_kill(&p.ch, SIGKILL);
+  CU_ASSERT_NOT_EQUAL(tu_child_wait(&p.ch, WAIT_MS), 0); /* reaped: killed, not exited 0 */
+  HixlTransferStatus fin = HIXL_TRANSFER_WAITING;
+  int64_t deadline = tu_now_ms() + 15000;
+  tu_wait_request(p.e, req, deadline, &fin);
+  CU_ASSERT(fin == HIXL_TRANSFER_COMPLETED || fin == HIXL_TRANSFER_FAILED || fin == HIXL_TRANSFER_TIMEOUT);
+  CU_ASSERT(tu_now_ms() <= deadline);
+  if (fin == HIXL_TRANSFER_COMPLETED) { /* it was all copied before the child died */
+    tu_fill(p.want, p.len, 71);
+    TU_ASSERT_SAME(p.dev, p.want, p.len, "a pull that completed before the kill");
+  }
+  printf("  [the pull ended %d]\n", (int)fin);
+  CU_ASSERT_NOT_EQUAL(xfer(&p, HIXL_READ, p.dev, p.ci.dev, 4096), HIXL_SUCCESS);
+  devmem_test_d2d(&d1, &m1);
+  CU_ASSERT_EQUAL(m1, m0); /* the dead link closed it */
+  memset(&p.ch, 0, sizeof(p.ch));
+  pair_down(&p);
+}
+
+/* A handover forged on the wire is refused: a handle naming more memory than its
+ * allocation holds, or a handle for a range that is not the registration the target
+ * advertised. Connect (Transport shm) fails saying why; nothing stays open. */
+static void test_forged(void) {
+  static const char *forge[] = {"alloc", "addr"};
+  for (int k = 0; k < 2; k++) {
+    struct child_arg a = {.dev_len = DEV_LEN, .forge = forge[k]};
+    struct pair p;
+    uint64_t d0, m0, d1, m1;
+    devmem_test_d2d(&d0, &m0);
+    CU_ASSERT_FATAL(pair_up(&p, &a));
+    HixlStatus st = HixlEngineConnect(p.e, p.ci.name, WAIT_MS);
+    CU_ASSERT_NOT_EQUAL(st, HIXL_SUCCESS);
+    const char *why = HixlGetLastErrorMessage();
+    CU_ASSERT(strstr(why, "SHM_DEV_MAP") != NULL);
+    printf("  [%s: %s]\n", forge[k], why);
+    devmem_test_d2d(&d1, &m1);
+    CU_ASSERT_EQUAL(m1, m0);
+    CU_ASSERT_EQUAL(d1, d0);
+    pair_down(&p);
+  }
+}
+
+/* A scoped target hands its device memory over only once this engine is granted all of
+ * the allocation: before, nothing is opened and a READ is refused (its CPU checks the
+ * grant on tcp frames); after the grant it is opened and read by d2d; revoked, it is
+ * taken back. */
+static void test_scoped(void) {
+  struct child_arg a = {.dev_len = DEV_LEN, .scoped = true};
+  struct pair p;
+  uint64_t d0, m0, d1, m1;
+  struct hixl_remote_mem *rms = NULL;
+  size_t n = 0;
+  devmem_test_d2d(&d0, &m0);
+  CU_ASSERT_FATAL(pair_up(&p, &a));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(p.e, p.ci.name, WAIT_MS));
+  CU_ASSERT_EQUAL(mapped(&p), 0);
+  CU_ASSERT_NOT_EQUAL(xfer(&p, HIXL_READ, p.dev, p.ci.dev, 4096), HIXL_SUCCESS);
+  devmem_test_d2d(&d1, &m1);
+  CU_ASSERT_EQUAL(m1, m0);
+  CU_ASSERT_EQUAL(d1, d0);
+  TU_ASSERT_OK(child_call(&p, 'g'));
+  /* One round trip: the handover the grant sent is read before its answer. */
+  TU_ASSERT_OK(hixl_engine_remote_mems(p.e, p.ci.name, WAIT_MS, &rms, &n));
+  free(rms);
+  CU_ASSERT_EQUAL(mapped(&p), 1);
+  CU_ASSERT_EQUAL(child_seed(&p, 'f', 81), 'k');
+  TU_ASSERT_OK(xfer(&p, HIXL_READ, p.dev, p.ci.dev, p.len));
+  tu_fill(p.want, p.len, 81);
+  TU_ASSERT_SAME(p.dev, p.want, p.len, "scoped: a granted allocation read by d2d");
+  devmem_test_d2d(&d1, &m1);
+  CU_ASSERT_EQUAL(d1 - d0, p.len);
+  CU_ASSERT_EQUAL(m1, m0 + 1);
+  TU_ASSERT_OK(child_call(&p, 'r'));
+  TU_ASSERT_OK(hixl_engine_remote_mems(p.e, p.ci.name, WAIT_MS, &rms, &n));
+  free(rms);
+  devmem_test_d2d(&d1, &m1);
+  CU_ASSERT_EQUAL(m1, m0); /* taken back */
+  CU_ASSERT_NOT_EQUAL(xfer(&p, HIXL_READ, p.dev, p.ci.dev, 4096), HIXL_SUCCESS);
+  pair_down(&p);
+}
+
+static CU_TestInfo tests[] = {
+    {"pull and push device memory between processes over shm by IPC handle: d2d, byte for byte",
+     test_pull_push},
+    {"the target deregisters device memory mapped here: closed before its call returns",
+     test_dereg_while_mapped},
+    {"the target killed mid-pull: the request ends in time, the next op fails, the mapping closes",
+     test_peer_killed},
+    {"a forged handover (handle past its allocation, range not the registration): refused", test_forged},
+    {"a scoped target hands over only a granted allocation, and takes it back on revoke", test_scoped},
+    CU_TEST_INFO_NULL};
+static CU_SuiteInfo suites[] = {
+    {"device memory over shm by IPC, host stand-in", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
+
+int main(void) {
+  setenv("HIXL_TEST_DEVMEM", "host", 1); /* before the provider is first looked for */
+  return tu_run_suites("test_devmem_ipc", suites);
+}
