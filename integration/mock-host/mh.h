@@ -103,6 +103,21 @@ struct mh_view {
 
 #define MH_MAX_GROUPS 2
 
+/* Where the KV caches live (mh_devmem.c): host memory, or device memory the plugin
+ * registers as such (kv_memory device) while the host computes and checks a copy. */
+enum mh_dev {
+  MH_DEV_NONE, /* host memory */
+  MH_DEV_SIM,  /* device-sim: a second host buffer, registered through HIXL_TEST_DEVMEM=host */
+  MH_DEV_CUDA, /* cuda: cuMemAlloc'd, the CUDA driver loaded at run time */
+};
+/* Whether kind can be used here (cuda: a driver and device 0, tried in a child process,
+ * so the caller may fork after); -1 with why. */
+int mh_dev_probe(enum mh_dev kind, char *err, size_t cap);
+uintptr_t mh_dev_alloc(enum mh_dev kind, size_t len, char *err, size_t cap); /* 0 with why */
+void mh_dev_free(enum mh_dev kind, uintptr_t p);
+/* n bytes between device memory at dev and host memory at host; -1 with why. */
+int mh_dev_copy(enum mh_dev kind, uintptr_t dev, void *host, size_t n, bool to_device, char *err, size_t cap);
+
 /* One instance's KV cache: the layers' memory and its description (ABI 1.0's layers,
  * or 1.3's groups of planes), a free list and each block's owner, as a runtime's
  * block manager keeps them. Block ids are one pool shared by every group. */
@@ -120,6 +135,8 @@ struct mh_cache {
   uint64_t *free_list;
   uint64_t nfree;
   uint32_t *owner; /* per block: request index + 1, 0 when free */
+  enum mh_dev dev; /* device memory: the plugin has dev_base, mem is the host's copy */
+  uintptr_t dev_base;
 };
 
 /* The block allocator and the layers' shapes; no memory yet (mh_cache_attach). */
@@ -130,7 +147,12 @@ void mh_cache_fini(struct mh_cache *c);
  * (alloc_kv_memory, else the host's, then register_kv_groups); host_memory skips the
  * plugin's allocation. 0, or -1 with why in err. */
 int mh_cache_attach(struct mh_cache *c, const hixl_kv_ops *ops, hixl_kv_connector *worker, bool host_memory,
-                    const char *who, char *err, size_t cap);
+                    enum mh_dev dev, const char *who, char *err, size_t cap);
+/* Device memory: a request's blocks of layers [first, first + n), from the host's copy
+ * to the device (after computing them) or back (before checking them); 0 without
+ * device memory; -1 with why. */
+int mh_cache_mirror(const struct mh_cache *c, const uint64_t *blocks, uint64_t tokens, uint32_t first,
+                    uint32_t n, bool to_device, char *err, size_t cap);
 /* What mh_cache_attach registered, on stderr (--verbose). */
 void mh_cache_describe(const struct mh_cache *c, const char *who);
 /* Where K (v = 0) or V of head h of the token at position n of block b of layer l
@@ -288,6 +310,7 @@ struct mh_inst_args {
   uint32_t fault_at; /* the request (count, from 1) at which this instance dies */
   uint32_t drain_ms; /* after MH_EXIT, how long to wait for held requests */
   bool host_memory;  /* the host allocates the KV caches (register_kv_caches); else alloc_kv_caches */
+  enum mh_dev dev;   /* ... in device memory (--kv-memory cuda | device-sim) */
   bool metrics;      /* send render_metrics's text to the router (--metrics-port) */
   bool verbose;
   uint32_t tp; /* this instance's worker ranks (tensor-parallel size) */
@@ -351,7 +374,8 @@ int mh_rank_main(const struct mh_inst_args *a, uint32_t rank, int fd);
 /* The command line, every default filled in. */
 struct mh_opts {
   const char *plugin, *config, *json, *transport, *policy, *model_name, *mode, *layout;
-  const char *kv_memory; /* "hixl" (alloc_kv_caches) or "host" (the host's, register_kv_caches) */
+  const char *kv_memory; /* "hixl" (alloc_kv_caches), "host" (the host's, register_kv_caches), "cuda" or
+                          * "device-sim" (device memory, mh_devmem.c) */
   const char *prefill_addr, *decode_addr;
   const char *netns[2]; /* --prefill-netns, --decode-netns: the instance's network namespace, or NULL */
   const char *auth_key; /* --auth-key: a key file, "none", or NULL: one made for the run */
@@ -376,6 +400,8 @@ struct mh_opts {
 /* The options into o, the model's shape settled: 0, or the exit status for bad options
  * (2; said on stderr). --help prints the usage and exits 0. */
 int mh_parse_opts(int argc, char **argv, struct mh_opts *o);
+/* Where --kv-memory puts the KV caches (MH_DEV_NONE: host memory, the plugin's or the host's). */
+enum mh_dev mh_opts_dev(const struct mh_opts *o);
 const char *mh_fault_name(enum mh_fault f); /* as --fault spells it */
 
 /* ---- the plugin's traces and metrics (mh_obs.c, mh_metrics.c) ---- */

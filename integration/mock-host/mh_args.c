@@ -35,8 +35,12 @@ static void usage(FILE *f) {
       "                           cross_layer\n"
       "  --layers N --kv-heads N --head-dim N --elem-size N --block-tokens N --num-blocks N\n"
       "  --kv-mib N               KV cache per instance, sets --num-blocks (llama8b default 512)\n"
-      "  --kv-memory hixl|host    who allocates the KV caches: the plugin (alloc_kv_caches, or\n"
-      "                           alloc_kv_memory: memory a same-host peer maps; default) or the host\n"
+      "  --kv-memory hixl|host|cuda|device-sim  who allocates the KV caches: the plugin\n"
+      "                           (alloc_kv_caches, or alloc_kv_memory: memory a same-host peer maps;\n"
+      "                           default), the host, or the host in device memory (kv_memory device):\n"
+      "                           cuda (cuMemAlloc; exits 77 where no driver or device is found) or\n"
+      "                           device-sim (a second host buffer, run with HIXL_TEST_DEVMEM=host);\n"
+      "                           the host computes and checks a copy, moved to and from the device\n"
       "  --requests N             (default 16)       --concurrency N (default 4)\n"
       "  --min-prompt N --max-prompt N   prompt tokens, uniform (default 16 .. 4096, tiny 16 .. 64)\n"
       "  --seed N                 prompts and KV content (default 1)\n"
@@ -208,8 +212,9 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
     case O_LAYOUT: o->layout = optarg; break;
     case O_TRACE: o->trace = optarg; break;
     case O_KVMEM:
-      if (strcmp(optarg, "hixl") != 0 && strcmp(optarg, "host") != 0) {
-        fprintf(stderr, "hixl-mock-host: --kv-memory %s: want hixl or host\n", optarg);
+      if (strcmp(optarg, "hixl") != 0 && strcmp(optarg, "host") != 0 && strcmp(optarg, "cuda") != 0 &&
+          strcmp(optarg, "device-sim") != 0) {
+        fprintf(stderr, "hixl-mock-host: --kv-memory %s: want hixl, host, cuda or device-sim\n", optarg);
         return 2;
       }
       o->kv_memory = optarg;
@@ -378,5 +383,24 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
     fprintf(stderr, "hixl-mock-host: --on-load-failure %s: want fail or recompute\n", o->policy);
     return 2;
   }
+  if (mh_opts_dev(o) != MH_DEV_NONE) {
+    if (!mh_layout_v10(m)) {
+      fprintf(stderr, "hixl-mock-host: --kv-memory %s: layout kv_first only\n", o->kv_memory);
+      return 2;
+    }
+    if (o->nset == sizeof(o->set) / sizeof(o->set[0])) {
+      fprintf(stderr, "hixl-mock-host: --kv-memory %s sets kv_memory=device: at most 15 --set then\n",
+              o->kv_memory);
+      return 2;
+    }
+    o->set_who[o->nset] = 0; /* both instances register device memory */
+    o->set[o->nset++] = "kv_memory=device";
+  }
   return 0;
+}
+
+enum mh_dev mh_opts_dev(const struct mh_opts *o) {
+  return strcmp(o->kv_memory, "cuda") == 0         ? MH_DEV_CUDA
+         : strcmp(o->kv_memory, "device-sim") == 0 ? MH_DEV_SIM
+                                                   : MH_DEV_NONE;
 }

@@ -294,11 +294,11 @@ static bool has_op(const hixl_kv_ops *ops, size_t off, size_t size) { return ops
 
 /* ABI 1.0: alloc_kv_caches, else the host's memory and register_kv_caches. */
 static int attach_v10(struct mh_cache *c, const hixl_kv_ops *ops, hixl_kv_connector *w, bool host_memory,
-                      const char *who, char *err, size_t cap) {
+                      enum mh_dev dev, const char *who, char *err, size_t cap) {
   const struct mh_model *m = &c->m;
   uint64_t per_layer_bytes = 2 * m->num_blocks * mh_block_bytes(m);
   hixl_kv_status st = HIXL_KV_SUCCESS;
-  host_memory = host_memory || !HAS(ops, alloc_kv_caches);
+  host_memory = host_memory || dev != MH_DEV_NONE || !HAS(ops, alloc_kv_caches);
   if (!host_memory && (st = ops->alloc_kv_caches(w, c->layers, m->layers)) != HIXL_KV_SUCCESS) {
     /* As a runtime would: say why, then allocate the caches itself. */
     fprintf(stderr, "mock-host: %s: alloc_kv_caches failed (%s): %s; allocating the KV caches here instead\n",
@@ -312,8 +312,18 @@ static int attach_v10(struct mh_cache *c, const hixl_kv_ops *ops, hixl_kv_connec
                c->len, m->num_blocks);
       return -1;
     }
+    /* Device memory: the plugin gets the device's layers (zeroed as the host's copy is,
+     * so both start alike); the host computes and checks in its copy (views below). */
+    uintptr_t base = (uintptr_t)c->mem;
+    if (dev != MH_DEV_NONE) {
+      if (!(c->dev_base = mh_dev_alloc(dev, c->len, err, cap)) ||
+          mh_dev_copy(dev, c->dev_base, c->mem, c->len, true, err, cap) < 0)
+        return -1;
+      c->dev = dev;
+      base = c->dev_base;
+    }
     for (uint32_t l = 0; l < m->layers; l++) {
-      c->layers[l].base = (uintptr_t)(c->mem + l * per_layer_bytes);
+      c->layers[l].base = base + l * per_layer_bytes;
       c->layers[l].v_offset = m->num_blocks * mh_block_bytes(m);
     }
     st = ops->register_kv_caches(w, c->layers, m->layers);
@@ -329,6 +339,23 @@ static int attach_v10(struct mh_cache *c, const hixl_kv_ops *ops, hixl_kv_connec
     return -1;
   }
   views_v10(c);
+  for (uint32_t l = 0; c->dev != MH_DEV_NONE && l < m->layers; l++)
+    c->views[l].base = (uintptr_t)c->mem + l * per_layer_bytes; /* the host's copy */
+  return 0;
+}
+
+int mh_cache_mirror(const struct mh_cache *c, const uint64_t *blocks, uint64_t tokens, uint32_t first,
+                    uint32_t n, bool to_device, char *err, size_t cap) {
+  if (c->dev == MH_DEV_NONE) return 0;
+  const struct mh_model *m = &c->m;
+  uint64_t bb = mh_block_bytes(m), per_layer = 2 * m->num_blocks * bb;
+  uint64_t nb = (tokens + m->block_tokens - 1) / m->block_tokens;
+  for (uint32_t l = first; l < first + n && l < m->layers; l++)
+    for (uint64_t i = 0; i < nb; i++)
+      for (int v = 0; v < 2; v++) { /* K's block, then V's, v_offset after it */
+        uint64_t off = l * per_layer + (uint64_t)v * m->num_blocks * bb + blocks[i] * bb;
+        if (mh_dev_copy(c->dev, c->dev_base + off, c->mem + off, bb, to_device, err, cap) < 0) return -1;
+      }
   return 0;
 }
 
@@ -375,9 +402,13 @@ static int attach_groups(struct mh_cache *c, const hixl_kv_ops *ops, hixl_kv_con
 }
 
 int mh_cache_attach(struct mh_cache *c, const hixl_kv_ops *ops, hixl_kv_connector *worker, bool host_memory,
-                    const char *who, char *err, size_t cap) {
+                    enum mh_dev dev, const char *who, char *err, size_t cap) {
   if (!mh_layout_check(&c->m, err, cap)) return -1;
-  return mh_layout_v10(&c->m) ? attach_v10(c, ops, worker, host_memory, who, err, cap)
+  if (dev != MH_DEV_NONE && !mh_layout_v10(&c->m)) {
+    snprintf(err, cap, "KV caches in device memory: layout kv_first only (this host's copy follows it)");
+    return -1;
+  }
+  return mh_layout_v10(&c->m) ? attach_v10(c, ops, worker, host_memory, dev, who, err, cap)
                               : attach_groups(c, ops, worker, host_memory, who, err, cap);
 }
 

@@ -280,6 +280,11 @@ int main(int argc, char **argv) {
   int rc = mh_parse_opts(argc, argv, &o);
   if (rc) return rc;
   signal(SIGPIPE, SIG_IGN);
+  char dev_why[256] = "";
+  if (mh_dev_probe(mh_opts_dev(&o), dev_why, sizeof(dev_why)) < 0) {
+    fprintf(stderr, "hixl-mock-host: --kv-memory %s: %s: skipped\n", o.kv_memory, dev_why);
+    return 77; /* CTest's skip */
+  }
   char pbuf[PATH_MAX];
   const char *plugin = plugin_path(o.plugin, pbuf, sizeof(pbuf));
   const hixl_kv_ops *ops;

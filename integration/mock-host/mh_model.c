@@ -207,6 +207,7 @@ void mh_cache_fini(struct mh_cache *c) {
   free(c->names);
   free(c->layers);
   free(c->mem);
+  if (c->dev_base) mh_dev_free(c->dev, c->dev_base);
   memset(c, 0, sizeof(*c));
 }
 

@@ -60,7 +60,7 @@ int mh_rank_open(struct mh_rank *k, const struct mh_inst_args *a, uint32_t rank,
     mh_cache_fini(&k->cache);
     return -1;
   }
-  if (mh_cache_attach(&k->cache, k->ops, k->worker, a->host_memory, k->who, why, sizeof(why)) < 0) {
+  if (mh_cache_attach(&k->cache, k->ops, k->worker, a->host_memory, a->dev, k->who, why, sizeof(why)) < 0) {
     snprintf(err, cap, "%s: %s", k->who, why);
     k->ops->destroy(k->worker); /* before the memory it registered goes */
     mh_cache_fini(&k->cache);
@@ -98,7 +98,12 @@ uint64_t mh_rank_forward(struct mh_rank *k, const struct mh_work *w, size_t n) {
     hixl_kv_status ws = k->ops->wait_for_layer_load(k->worker, l); /* as every forward pass does */
     if (ws != HIXL_KV_SUCCESS)
       say(k, "wait_for_layer_load(%u) failed (%s): %s", l, mh_status_name(ws), k->ops->last_error());
-    for (size_t i = 0; i < n; i++) mh_compute_layer(&k->cache, w[i].seed, l, w[i].blocks, w[i].prompt);
+    for (size_t i = 0; i < n; i++) {
+      char why[256];
+      mh_compute_layer(&k->cache, w[i].seed, l, w[i].blocks, w[i].prompt);
+      if (mh_cache_mirror(&k->cache, w[i].blocks, w[i].prompt, l, 1, true, why, sizeof(why)) < 0)
+        say(k, "layer %u to device memory: %s", l, why);
+    }
     if (k->a->compute_us_per_token) sleep_us((uint64_t)k->a->compute_us_per_token * batch_tokens);
     hixl_kv_status st = k->ops->save_kv_layer(k->worker, l);
     if (st != HIXL_KV_SUCCESS)
@@ -160,6 +165,10 @@ uint64_t mh_rank_verify(struct mh_rank *k, const struct mh_work *w, uint32_t fir
                         bool compute, char *where, size_t cap) {
   for (uint32_t l = first; compute && l < first + nlayers && l < k->cache.m.layers; l++)
     mh_compute_layer(&k->cache, w->seed, l, w->blocks, w->prompt);
+  /* Device memory: what the plugin loaded there (or what was computed here, as a
+   * runtime's kernels write it) is what is checked. */
+  if (mh_cache_mirror(&k->cache, w->blocks, w->prompt, first, nlayers, compute, where, cap) < 0)
+    return 1; /* where says why */
   return mh_verify(&k->cache, w->seed, w->blocks, w->prompt, first, nlayers, where, cap);
 }
 

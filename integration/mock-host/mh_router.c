@@ -319,6 +319,7 @@ static int start_instance(struct mh_router *rt, int k, const hixl_kv_ops *ops, c
                              .fault_at = o->fault_at,
                              .drain_ms = drain_ms,
                              .host_memory = strcmp(o->kv_memory, "host") == 0,
+                             .dev = mh_opts_dev(o),
                              .metrics = o->metrics_port != 0,
                              .verbose = o->verbose,
                              .tp = o->tp[k]};
