@@ -291,6 +291,58 @@ static void wait_finished_fd(struct conn *c, const char *id, int which, int efd)
 
 static void wait_finished(struct conn *c, const char *id, int which) { wait_finished_fd(c, id, which, -1); }
 
+/* A host stepping its idle connector every step (as it does while a pull is under
+ * way), beside a raw READ: what the plugin's pull shares its CPU with, given to the raw
+ * engine too (--pin puts each process's threads on one CPU, where a real host's
+ * stepping and its loader threads would run on different cores). */
+struct stepper {
+  struct conn *c;
+  pthread_t t;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool stop;
+};
+
+static void *stepper_main(void *arg) {
+  struct stepper *h = arg;
+  pthread_mutex_lock(&h->mu);
+  while (!h->stop) {
+    pthread_mutex_unlock(&h->mu);
+    hixl_kv_ids s = {0}, r = {0};
+    step(h->c);
+    if (ops->get_finished(h->c->worker, NULL, &s, &r) != HIXL_KV_SUCCESS)
+      hb_die("get_finished: %s", ops->last_error());
+    ops->free_ids(&s);
+    ops->free_ids(&r);
+    hixl_kv_blocks eb = {0};
+    ops->get_block_ids_with_load_errors(h->c->worker, &eb);
+    ops->free_buffer(&eb.raw);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += (long)o.step_us * 1000;
+    ts.tv_sec += ts.tv_nsec / 1000000000;
+    ts.tv_nsec %= 1000000000;
+    pthread_mutex_lock(&h->mu);
+    if (!h->stop) pthread_cond_timedwait(&h->cv, &h->mu, &ts); /* one step, or told to stop */
+  }
+  pthread_mutex_unlock(&h->mu);
+  return NULL;
+}
+
+static void stepper_start(struct stepper *h, struct conn *c) {
+  *h = (struct stepper){.c = c, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+  if (pthread_create(&h->t, NULL, stepper_main, h) != 0)
+    hb_die("the stepping host's thread: cannot start it");
+}
+
+static void stepper_stop(struct stepper *h) {
+  pthread_mutex_lock(&h->mu);
+  h->stop = true;
+  pthread_cond_signal(&h->cv);
+  pthread_mutex_unlock(&h->mu);
+  pthread_join(h->t, NULL);
+}
+
 static hixl_kv_request request(const char *id, uint64_t tokens, const char *params) {
   return (hixl_kv_request){id, strlen(id), tokens, params, params ? strlen(params) : 0, 0};
 }
@@ -503,6 +555,15 @@ static int prefill_main(void *arg, int fd) {
     hb_recv(fd, line, sizeof(line));
     PD_PHASE("prefill: between commands (raw READs served)");
     if (strcmp(line, "quit") == 0) break;
+    if (strcmp(line, "step") == 0) { /* the host steps its pull connector until "rest" */
+      struct stepper h;
+      stepper_start(&h, &pull);
+      hb_send(fd, "stepping\n");
+      if (strcmp(hb_recv(fd, line, sizeof(line)), "rest") != 0) hb_die("prefill: want rest, got %s", line);
+      stepper_stop(&h);
+      hb_send(fd, "resting\n");
+      continue;
+    }
     if (sscanf(line, "pull %63s %" SCNu64, id, &nb) == 2) {
       for (uint64_t i = 0; i < nb; i++) blocks[i] = p.free_ids[i];
       hixl_kv_request r = request(id, nb * o.block_tokens, NULL);
@@ -630,12 +691,12 @@ struct row {
   uint64_t tokens, blocks, bytes, ops, runs, plugin_ops; /* ops: the raw engine's; plugin_ops: per request */
   uint32_t rounds;
   double cpu_plugin, cpu_raw; /* CPU s per GiB, both processes: the fd-woken pull, the raw READ */
-  double plugin_gbs, plugin_fd_gbs, raw_gbs, raw2_gbs, handoff_ms, push_after_last_ms, layer_ms, notice_ms,
-      notice_busy_ms, behind_ms, raw_push_ms, raw_call_push_ms;
+  double plugin_gbs, plugin_fd_gbs, raw_gbs, raw2_gbs, raw_host_gbs, handoff_ms, push_after_last_ms, layer_ms,
+      notice_ms, notice_busy_ms, behind_ms, raw_push_ms, raw_call_push_ms;
 };
 
 /* A row's fields: the pull's columns, then the push's (kv_first only); the JSON's keys. */
-#define PD_PULL_FIELDS 19
+#define PD_PULL_FIELDS 21
 static void row_fields(const struct row *w, struct hb_field *f) {
   const double l = w->layer_ms;
   const struct hb_field r[] = {
@@ -653,6 +714,9 @@ static void row_fields(const struct row *w, struct hb_field *f) {
       HB_FD("raw2_gbs", NULL, "%.4f", NULL, w->raw2_gbs),
       HB_FD("aa_ratio", "raw engine again / raw engine (A/A: the noise)", "%.4f", "%.2f",
             w->raw2_gbs / w->raw_gbs),
+      HB_FD("raw_host_gbs", "raw engine GB/s, both hosts stepping beside it", "%.4f", "%.2f",
+            w->raw_host_gbs),
+      HB_FD("ratio_host", "fd-woken pull / that", "%.4f", "%.2f", w->plugin_fd_gbs / w->raw_host_gbs),
       HB_FD("plugin_gbs", "plugin pull GB/s, host stepping", "%.4f", "%.2f", w->plugin_gbs),
       HB_FD("ratio_stepping", "ratio", "%.4f", "%.2f", w->plugin_gbs / w->raw_gbs),
       HB_FD("handoff_ms", "hand-off ms (pull, stepping)", "%.4f", "%.2f", w->handoff_ms),
@@ -771,7 +835,7 @@ int main(int argc, char **argv) {
     uint64_t nb = (o.prompts[pi] + o.block_tokens - 1) / o.block_tokens;
     uint64_t t_plugin[MAX_RUNS], t_plugin_fd[MAX_RUNS], t_raw[MAX_RUNS], t_hand[MAX_RUNS], t_push[MAX_RUNS],
         t_layer[MAX_RUNS], t_rtt[MAX_RUNS], t_busy[MAX_RUNS], t_behind[MAX_RUNS], t_rawpush[MAX_RUNS],
-        t_rawcall[MAX_RUNS], t_raw2[MAX_RUNS], c_plugin[MAX_RUNS], c_raw[MAX_RUNS];
+        t_rawcall[MAX_RUNS], t_raw2[MAX_RUNS], t_rawhost[MAX_RUNS], c_plugin[MAX_RUNS], c_raw[MAX_RUNS];
     memset(w, 0, sizeof(*w));
     w->tokens = o.prompts[pi];
     w->blocks = nb;
@@ -796,9 +860,26 @@ int main(int argc, char **argv) {
       w->ops = nops;
       w->runs = count_runs(p.free_ids, rb, nrb);
       uint64_t t0;
-      for (int k = 0; k < 4; k++) {
-        int pass = r % 2 ? k : 3 - k; /* 0: raw, 1: pull stepping, 2: pull woken by the fd, 3: raw again */
+      for (int k = 0; k < 5; k++) {
+        /* 0: raw, 1: pull stepping, 2: pull woken by the fd, 3: raw again, 4: raw with both
+         * hosts stepping beside it, as they do during the pulls */
+        int pass = r % 2 ? k : 4 - k;
         PD_PHASE("decode: between");
+        if (pass == 4) {
+          struct stepper h;
+          hb_send(fd, "step\n");
+          if (strcmp(hb_recv(fd, line, sizeof(line)), "stepping") != 0) hb_die("prefill: %s", line);
+          stepper_start(&h, &pull);
+          t0 = bench_now_ns();
+          hb_check(HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000),
+                   "raw READ, hosts stepping");
+          t_rawhost[r] = bench_now_ns() - t0;
+          stepper_stop(&h);
+          hb_send(fd, "rest\n");
+          if (strcmp(hb_recv(fd, line, sizeof(line)), "resting") != 0) hb_die("prefill: %s", line);
+          PD_PHASE("decode: raw READ, hosts stepping");
+          continue;
+        }
         if (pass == 0 || pass == 3) {
           uint64_t c0 = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid);
           t0 = bench_now_ns();
@@ -909,6 +990,7 @@ int main(int argc, char **argv) {
     w->plugin_fd_gbs = (double)w->bytes / (double)hb_median_u64(t_plugin_fd, w->rounds);
     w->raw_gbs = (double)w->bytes / (double)hb_median_u64(t_raw, w->rounds);
     w->raw2_gbs = (double)w->bytes / (double)hb_median_u64(t_raw2, w->rounds);
+    w->raw_host_gbs = (double)w->bytes / (double)hb_median_u64(t_rawhost, w->rounds);
     w->handoff_ms = (double)hb_median_u64(t_hand, w->rounds) / 1e6;
     const double gib = (double)w->bytes / (double)(1u << 30);
     w->cpu_plugin = (double)hb_median_u64(c_plugin, w->rounds) / 1e9 / gib;

@@ -1103,6 +1103,13 @@ def pd_verdict(path):
     if aa:
         P("the raw engine against itself in the same rounds (A/A, the noise of these ratios): %.2f-%.2fx" %
               (min(aa), max(aa)))
+    host = [r for r in rows if "ratio_host" in r]  # results older than the column lack it
+    if host:
+        low = [r for r in host if r["ratio_host"] < 0.95]
+        P("the fd-woken pull / the raw READ with both hosts stepping beside it, as they do during the pull (on"
+          " decode's CPU, which its loader shares under --pin): %.2f-%.2fx (goal >= 0.95): %s" %
+          (min(r["ratio_host"] for r in host), max(r["ratio_host"] for r in host),
+           "PASS" if not low else "MISS at %s tokens" % ", ".join(str(r["tokens"]) for r in low)))
     P("the same pull, host stepping: %.2f-%.2fx (up to one host step more; not the goal's measure)" %
           (min(step), max(step)))
     miss = [r for r in rows if r["push_ratio"] > 1.5]
