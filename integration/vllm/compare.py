@@ -256,15 +256,16 @@ def main() -> int:
         for c in conns:
             res[c][L]["handoff_minus_floor_ms"] = res[c][L]["handoff_ms_p50"] - res_floor[L]["first_token_ms_p50"]
     ratios = {}
-    if "hixl" in conns:
+    # Each hixl variant (hixl, hixl-fwd: load_in_forward) over each peer, and hixl over its variants.
+    for mine in [c for c in conns if c.startswith("hixl")]:
         for peer in conns:
-            if peer == "hixl":
+            if peer == mine or (peer.startswith("hixl") and mine != "hixl"):
                 continue
-            ratios[f"hixl/{peer}"] = {}
+            ratios[f"{mine}/{peer}"] = {}
             for L in lengths:
-                h, p = res["hixl"][L], res[peer][L]
+                h, p = res[mine][L], res[peer][L]
                 paired = [x / y for x, y in zip(h["handoff_ms_p50_per_round"], p["handoff_ms_p50_per_round"]) if y > 0]
-                ratios[f"hixl/{peer}"][L] = {
+                ratios[f"{mine}/{peer}"][L] = {
                     "handoff_p50": h["handoff_ms_p50"] / p["handoff_ms_p50"] if p["handoff_ms_p50"] > 0 else None,
                     "ttft_p50": h["ttft_ms_p50"] / p["ttft_ms_p50"] if p["ttft_ms_p50"] > 0 else None,
                     "handoff_per_round": paired,
