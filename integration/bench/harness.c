@@ -234,6 +234,14 @@ char *hb_recv(int fd, char *buf, size_t cap) {
   return buf;
 }
 
+int hb_serve(int fd, const char *word, int timeout_ms) {
+  char line[512];
+  int r;
+  while ((r = bench_read_line(fd, line, sizeof(line), timeout_ms)) == 1)
+    if (strcmp(line, word) == 0) return 0;
+  return r == 0 ? 0 : 1;
+}
+
 uint64_t hb_cpu_ns(pid_t pid) {
   clockid_t c = CLOCK_PROCESS_CPUTIME_ID;
   struct timespec ts;

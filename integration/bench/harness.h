@@ -90,6 +90,9 @@ int hb_reap(struct hb_peer *p, int timeout_s);
 void hb_send(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A '\n'-ended line from the peer, without it; dies when the peer is gone. */
 char *hb_recv(int fd, char *buf, size_t cap);
+/* Serve (the engines' threads do) until the peer sends the line word or closes: 0; 1 when
+ * no such line came within timeout_ms. */
+int hb_serve(int fd, const char *word, int timeout_ms);
 
 /* The CPU time, user + system, of every thread of process pid (0: this one) so far, in
  * ns: its process CPU-time clock (clock_getcpuclockid), which reads another process

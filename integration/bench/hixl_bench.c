@@ -27,15 +27,19 @@
  * "READY cs" (the initiator finds the buffer by its tag), or "ERROR ..."; the initiator
  * sends "DONE" at the end. */
 #include <inttypes.h>
-#include <stdarg.h>
 
 #include "harness.h"
 
-#define BENCH_LINE_MAX           512
 #define BENCH_READY_TIMEOUT_MS   60000   /* target start-up */
 #define BENCH_TARGET_MAX_WAIT_MS 3600000 /* target lives at most this long for one initiator */
 #define BENCH_MAX_ITERS          10000000ull
 #define BENCH_MAX_WINDOW         1024
+#define BENCH_DEFAULT_MEM_CAP    ((size_t)1 << 30)
+
+/* api is the last column so that readers of the older columns by position still work. */
+#define BENCH_CSV_HEADER                                                                                     \
+  "tool,mode,op,block_size,batch,window,iters,bytes,seconds,gbps,avg_us,p50_us,p99_us,min_us,max_us,"        \
+  "verified,api"
 
 enum bench_ops { OPS_READ = 1, OPS_WRITE = 2, OPS_BOTH = 3 };
 enum bench_api { API_ENGINE, API_CS };
@@ -76,8 +80,6 @@ struct bench_opts {
   int unreg;         /* --unregistered: enum bench_unreg bits */
 };
 
-#define BENCH_DEFAULT_MEM_CAP ((size_t)1 << 30)
-
 struct point_result {
   const char *api;  /* "engine" / "cs" */
   const char *op;   /* "READ" / "WRITE" */
@@ -98,31 +100,10 @@ struct bench_ctx {
   uintptr_t rbase;           /* remote buffer */
   HixlTransferOpDesc *descs; /* window * max batch, --api engine */
   HixlOneSideOpDesc *cdescs; /* the same ops for --api cs, built beside descs */
-  uint64_t *lat;             /* per-iteration latencies */
-  size_t lat_cap;
-  struct point_result *res;
-  size_t n_res, cap_res;
+  uint64_t *lat;             /* per-iteration latencies, as many as the longest point's */
+  struct point_result *res;  /* as many as the points */
+  size_t n_res;
 };
-
-#define g_prog hb_prog
-
-/* True when st is HIXL_SUCCESS; else "prog: who: what failed: ..." is said. */
-static bool st_ok(HixlStatus st, const char *who, const char *what) {
-  char w[160];
-  if (st == HIXL_SUCCESS) return true;
-  snprintf(w, sizeof(w), "%s: %s", who, what);
-  return hb_fail(w, st);
-}
-
-static void progress(const struct bench_opts *o, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void progress(const struct bench_opts *o, const char *fmt, ...) {
-  if (!o->progress) return;
-  va_list ap;
-  va_start(ap, fmt);
-  fprintf(stderr, "%s: ", g_prog);
-  vfprintf(stderr, fmt, ap);
-  va_end(ap);
-}
 
 /* Split "ip:port". */
 static bool split_addr(const char *s, char *ip, size_t ip_cap, uint16_t *port) {
@@ -192,95 +173,75 @@ static HixlEndpointProtocol cs_protocol(const struct bench_opts *o) {
   return HIXL_EP_PROTOCOL_TCP;
 }
 
-/* Serve until the initiator says DONE or goes away (bounded): 0, or 1 on a timeout. */
-static int serve_until_done(int ctrl) {
-  char line[BENCH_LINE_MAX];
-  int r;
-  while ((r = bench_read_line(ctrl, line, sizeof(line), BENCH_TARGET_MAX_WAIT_MS)) == 1)
-    if (strcmp(line, "DONE") == 0) return 0;
-  return r == 0 ? 0 : 1; /* the initiator closed the channel; its own status tells the story */
-}
-
 /* --api cs: a HixlCSServer on --peer whose one registration is the buffer, tagged "bench". */
-static int run_target_cs(const struct bench_opts *o, int ctrl) {
-  int rc = 1;
+static int target_cs(const struct bench_opts *o, int ctrl, uint8_t *buf, size_t span) {
   HixlServerHandle srv = NULL;
   MemHandle mh = NULL;
-  size_t span = needed_span(o);
   char ip[64];
   uint16_t port = 0;
-
+  int rc = 1;
   if (!split_addr(o->peer, ip, sizeof(ip), &port)) {
     hb_send(ctrl, "ERROR target: --peer %s is not IP:PORT\n", o->peer);
     return 1;
   }
-  uint8_t *buf = hb_map(span);
-  if (buf == NULL) {
-    hb_send(ctrl, "ERROR target cannot map %zu bytes: %s\n", span, strerror(errno));
+  EndpointDesc ep = {.protocol = cs_protocol(o)};
+  HixlServerDesc sd = {.server_ip = ip, .server_port = port, .endpoint_list = &ep, .endpoint_list_num = 1};
+  HcommMem mem = {.type = HCCL_MEM_TYPE_HOST, .addr = buf, .size = span};
+  if (!hb_ok(HixlCSServerCreate(&sd, NULL, &srv), "target: HixlCSServerCreate")) {
+    hb_send(ctrl, "ERROR HixlCSServerCreate(%s) failed\n", o->peer);
     return 1;
   }
-  bench_pattern_fill(buf, span, o->seed ^ 0x7a7a7a7aull);
-  EndpointDesc ep = {.protocol = cs_protocol(o), .address = NULL, .device = NULL};
-  HixlServerDesc sd = {.server_ip = ip, .server_port = port, .endpoint_list = &ep, .endpoint_list_num = 1};
-  if (!st_ok(HixlCSServerCreate(&sd, NULL, &srv), "target", "HixlCSServerCreate")) {
-    hb_send(ctrl, "ERROR HixlCSServerCreate(%s) failed\n", o->peer);
-    goto out_unmap;
-  }
-  HcommMem mem = {.type = HCCL_MEM_TYPE_HOST, .addr = buf, .size = span};
-  if (!st_ok(HixlCSServerRegMem(srv, BENCH_CS_TAG, &mem, &mh), "target", "HixlCSServerRegMem")) {
+  if (!hb_ok(HixlCSServerRegMem(srv, BENCH_CS_TAG, &mem, &mh), "target: HixlCSServerRegMem")) {
     hb_send(ctrl, "ERROR HixlCSServerRegMem(%zu bytes) failed\n", span);
     goto out_destroy;
   }
-  if (!st_ok(HixlCSServerListen(srv, 0), "target", "HixlCSServerListen")) {
+  if (!hb_ok(HixlCSServerListen(srv, 0), "target: HixlCSServerListen")) {
     hb_send(ctrl, "ERROR HixlCSServerListen(%s) failed\n", o->peer);
     goto out_unreg;
   }
   hb_send(ctrl, "READY cs\n");
-  rc = serve_until_done(ctrl);
-
+  rc = hb_serve(ctrl, "DONE", BENCH_TARGET_MAX_WAIT_MS);
 out_unreg:
-  if (!st_ok(HixlCSServerUnregMem(srv, mh), "target", "HixlCSServerUnregMem")) rc = 1;
+  if (!hb_ok(HixlCSServerUnregMem(srv, mh), "target: HixlCSServerUnregMem")) rc = 1;
 out_destroy:
-  if (!st_ok(HixlCSServerDestroy(srv), "target", "HixlCSServerDestroy")) rc = 1;
-out_unmap:
-  munmap(buf, span);
+  if (!hb_ok(HixlCSServerDestroy(srv), "target: HixlCSServerDestroy")) rc = 1;
   return rc;
 }
 
-static int run_target(const struct bench_opts *o, int ctrl) {
-  if (o->api == API_CS) return run_target_cs(o, ctrl);
-  int rc = 1;
-  HixlEngine *eng = NULL;
+/* --api engine: an engine on --peer with the buffer registered (unless --unregistered
+ * remote: StagingUnregistered serves it). */
+static int target_engine(const struct bench_opts *o, int ctrl, uint8_t *buf, size_t span) {
+  HixlOption opt[BENCH_ENGINE_OPTS];
   HixlMemHandle mh = NULL;
-  size_t span = needed_span(o);
-  bool reg = (o->unreg & UNREG_REMOTE) == 0; /* else StagingUnregistered serves it */
+  bool reg = (o->unreg & UNREG_REMOTE) == 0;
+  int rc = 1;
+  HixlEngine *eng = hb_engine(o->peer, NULL, opt, engine_options(o, true, opt));
+  if (eng == NULL) {
+    hb_send(ctrl, "ERROR target engine on %s failed\n", o->peer);
+    return 1;
+  }
+  if (reg && hb_reg(eng, buf, span, &mh) != HIXL_SUCCESS) {
+    hb_send(ctrl, "ERROR HixlEngineRegisterMem(%zu bytes) failed\n", span);
+  } else {
+    hb_send(ctrl, "READY engine %" PRIxPTR " %zu\n", (uintptr_t)buf, span);
+    rc = hb_serve(ctrl, "DONE", BENCH_TARGET_MAX_WAIT_MS);
+    if (reg && !hb_ok(HixlEngineDeregisterMem(eng, mh), "target: HixlEngineDeregisterMem")) rc = 1;
+  }
+  if (!hb_ok(HixlEngineFinalize(eng), "target: HixlEngineFinalize")) rc = 1;
+  HixlEngineDestroy(eng);
+  return rc;
+}
 
+/* The target: its buffer holds the pattern; served until the initiator says DONE. */
+static int run_target(const struct bench_opts *o, int ctrl) {
+  size_t span = needed_span(o);
   uint8_t *buf = hb_map(span);
   if (buf == NULL) {
     hb_send(ctrl, "ERROR target cannot map %zu bytes: %s\n", span, strerror(errno));
     return 1;
   }
   bench_pattern_fill(buf, span, o->seed ^ 0x7a7a7a7aull);
-  HixlOption opt[BENCH_ENGINE_OPTS];
-  if (!(eng = hb_engine(o->peer, NULL, opt, engine_options(o, true, opt)))) {
-    hb_send(ctrl, "ERROR target engine on %s failed\n", o->peer);
-    goto out_unmap;
-  }
-  HixlMemDesc md = {.addr = (uintptr_t)buf, .len = span};
-  if (!st_ok(reg ? HixlEngineRegisterMem(eng, &md, HIXL_MEM_HOST, &mh) : HIXL_SUCCESS, "target",
-             "HixlEngineRegisterMem")) {
-    hb_send(ctrl, "ERROR HixlEngineRegisterMem(%zu bytes) failed\n", span);
-    goto out_finalize;
-  }
-  hb_send(ctrl, "READY engine %" PRIxPTR " %zu\n", (uintptr_t)buf, span);
-  rc = serve_until_done(ctrl);
-
-  if (!st_ok(reg ? HixlEngineDeregisterMem(eng, mh) : HIXL_SUCCESS, "target", "HixlEngineDeregisterMem"))
-    rc = 1;
-out_finalize:
-  if (!st_ok(HixlEngineFinalize(eng), "target", "HixlEngineFinalize")) rc = 1;
-  HixlEngineDestroy(eng);
-out_unmap:
+  int rc = o->api == API_CS ? target_cs(o, ctrl, buf, span) : target_engine(o, ctrl, buf, span);
   munmap(buf, span);
   return rc;
 }
@@ -366,7 +327,7 @@ static bool sync_xfer(struct bench_ctx *c, HixlTransferOp op, size_t first, size
   HixlStatus st = xfer_sync(c, op, first, n, call_timeout(c->o, bytes));
   char w[96] = "";
   if (st != HIXL_SUCCESS) snprintf(w, sizeof(w), "%s(%s, %s)", xfer_fn(c, op, false), op_name(op), what);
-  return st_ok(st, "initiator", w);
+  return hb_ok(st, w);
 }
 
 /* Check a point's data path: a fresh pattern goes out by WRITE and comes back by READ,
@@ -393,10 +354,9 @@ static int verify_point(struct bench_ctx *c, HixlTransferOp op, size_t block, si
   }
   size_t bad = 0;
   if (!bench_same(src, dst, used, &bad)) {
-    fprintf(stderr,
-            "%s: VERIFY FAILED: %s block %zu batch %zu: byte %zu (slot %zu, offset %zu in the "
-            "op) is 0x%02x, expected 0x%02x\n",
-            g_prog, op_name(op), block, batch, bad, bad / block, bad % block, dst[bad], src[bad]);
+    hb_say("VERIFY FAILED: %s block %zu batch %zu: byte %zu (slot %zu, offset %zu in the op) is 0x%02x, "
+           "expected 0x%02x\n",
+           op_name(op), block, batch, bad, bad / block, bad % block, dst[bad], src[bad]);
     return 0;
   }
   return 1;
@@ -415,27 +375,6 @@ static uint64_t point_warmup(const struct bench_opts *o, uint64_t iters) {
   if (o->warmup != UINT64_MAX) return o->warmup;
   uint64_t w = iters / 10;
   return w < 1 ? 1 : (w > 100 ? 100 : w);
-}
-
-static bool add_result(struct bench_ctx *c, const struct point_result *r) {
-  if (c->n_res == c->cap_res) {
-    size_t cap = c->cap_res == 0 ? 64 : c->cap_res * 2;
-    struct point_result *p = realloc(c->res, cap * sizeof(*p));
-    if (p == NULL) return false;
-    c->res = p;
-    c->cap_res = cap;
-  }
-  c->res[c->n_res++] = *r;
-  return true;
-}
-
-static bool ensure_lat(struct bench_ctx *c, uint64_t n) {
-  if (n <= c->lat_cap) return true;
-  uint64_t *p = realloc(c->lat, n * sizeof(*p));
-  if (p == NULL) return false;
-  c->lat = p;
-  c->lat_cap = n;
-  return true;
 }
 
 /* Sync: one TransferSync (cs: Batch{Put,Get}Sync) per iteration, the same batch each
@@ -458,7 +397,7 @@ static bool run_sync_point(struct bench_ctx *c, HixlTransferOp op, size_t block,
     if (st != HIXL_SUCCESS) {
       char w[96];
       snprintf(w, sizeof(w), "%s(%s)", xfer_fn(c, op, false), op_name(op));
-      return st_ok(st, "initiator", w);
+      return hb_ok(st, w);
     }
     c->lat[n++] = t_end - t0;
     if (t_end > limit) break;
@@ -501,7 +440,7 @@ static bool run_async_phase(struct bench_ctx *c, HixlTransferOp op, size_t block
       void *ud = (void *)(uintptr_t)(w + 1);
       slots[w].t_submit = bench_now_ns();
       HixlStatus st = xfer_async(c, op, w * batch, batch, tmo, ud, &req);
-      if (!st_ok(st, "initiator", xfer_fn(c, op, true))) {
+      if (!hb_ok(st, xfer_fn(c, op, true))) {
         ok = false;
         break;
       }
@@ -509,8 +448,7 @@ static bool run_async_phase(struct bench_ctx *c, HixlTransferOp op, size_t block
         void *back = NULL;
         st = HixlEngineGetTransferUserData(c->eng, req, &back);
         if (st != HIXL_SUCCESS || back != ud) {
-          fprintf(stderr, "%s: HixlEngineGetTransferUserData gave %p (%s), expected %p\n", g_prog, back,
-                  HixlStatusName(st), ud);
+          hb_say("HixlEngineGetTransferUserData gave %p (%s), expected %p\n", back, HixlStatusName(st), ud);
           ok = false;
         }
       }
@@ -526,7 +464,7 @@ static bool run_async_phase(struct bench_ctx *c, HixlTransferOp op, size_t block
       if (!slots[w].busy) continue;
       HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
       HixlStatus st = xfer_status(c, slots[w].req, &ts);
-      if (!st_ok(st, "initiator",
+      if (!hb_ok(st,
                  c->o->api == API_CS ? "HixlCSClientQueryCompleteStatus" : "HixlEngineGetTransferStatus")) {
         slots[w].busy = false; /* unknown state: do not poll it again */
         busy--;
@@ -539,8 +477,8 @@ static bool run_async_phase(struct bench_ctx *c, HixlTransferOp op, size_t block
       busy--;
       progressed = true;
       if (ts != HIXL_TRANSFER_COMPLETED) {
-        fprintf(stderr, "%s: async %s %s request ended %s (%s)\n", g_prog, api_name(c->o->api), op_name(op),
-                ts == HIXL_TRANSFER_TIMEOUT ? "TIMEOUT" : "FAILED", HixlGetLastErrorMessage());
+        hb_say("async %s %s request ended %s (%s)\n", api_name(c->o->api), op_name(op),
+               ts == HIXL_TRANSFER_TIMEOUT ? "TIMEOUT" : "FAILED", HixlGetLastErrorMessage());
         ok = false;
         continue;
       }
@@ -549,7 +487,7 @@ static bool run_async_phase(struct bench_ctx *c, HixlTransferOp op, size_t block
     }
     if (!progressed) {
       if (bench_now_ns() > hard) {
-        fprintf(stderr, "%s: %zu async requests still WAITING past their timeout; giving up\n", g_prog, busy);
+        hb_say("%zu async requests still WAITING past their timeout; giving up\n", busy);
         return false; /* leaves requests behind; the caller exits */
       }
       sched_yield();
@@ -575,11 +513,6 @@ static bool run_async_point(struct bench_ctx *c, HixlTransferOp op, size_t block
   return true;
 }
 
-static void print_header(void) {
-  printf("%-6s %10s %6s %9s %9s %10s %10s %10s  %s\n", "op", "block", "batch", "iters", "GB/s", "avg_us",
-         "p50_us", "p99_us", "verified");
-}
-
 static void print_result(const struct point_result *r) {
   printf("%-6s %10zu %6zu %9" PRIu64 " %9.3f %10.2f %10.2f %10.2f  %s\n", r->op, r->block, r->batch, r->iters,
          r->gbps, r->st.avg_us, r->st.p50_us, r->st.p99_us, r->verified);
@@ -597,7 +530,8 @@ static int run_sweep(struct bench_ctx *c) {
   size_t total_points = o->n_blocks * o->n_batches * n_ops, point = 0;
   uint64_t sweep_t0 = bench_now_ns();
   int rc = 0;
-  print_header();
+  printf("%-6s %10s %6s %9s %9s %10s %10s %10s  %s\n", "op", "block", "batch", "iters", "GB/s", "avg_us",
+         "p50_us", "p99_us", "verified");
   for (size_t bi = 0; bi < o->n_blocks; bi++) {
     for (size_t ni = 0; ni < o->n_batches; ni++) {
       for (size_t oi = 0; oi < n_ops; oi++) {
@@ -605,19 +539,16 @@ static int run_sweep(struct bench_ctx *c) {
         HixlTransferOp op = opv[oi];
         point++;
         if (block > c->span) {
-          fprintf(stderr, "%s: skipping %s block %zu: larger than the %zu registered bytes (--mem)\n", g_prog,
-                  op_name(op), block, c->span);
+          hb_say("skipping %s block %zu: larger than the %zu registered bytes (--mem)\n", op_name(op), block,
+                 c->span);
           continue;
         }
         uint64_t iters = point_iters(o, block * batch);
         uint64_t warmup = point_warmup(o, iters);
-        progress(o, "[%zu/%zu] %s block %zu batch %zu%s: up to %" PRIu64 " iterations (%.1f s so far)\n",
-                 point, total_points, op_name(op), block, batch, o->async ? " async" : "", iters,
+        if (o->progress)
+          hb_say("[%zu/%zu] %s block %zu batch %zu%s: up to %" PRIu64 " iterations (%.1f s so far)\n", point,
+                 total_points, op_name(op), block, batch, o->async ? " async" : "", iters,
                  (double)(bench_now_ns() - sweep_t0) / 1e9);
-        if (!ensure_lat(c, iters)) {
-          fprintf(stderr, "%s: out of memory for %" PRIu64 " latencies\n", g_prog, iters);
-          return 1;
-        }
         struct point_result r = {.api = api_name(o->api),
                                  .op = op_name(op),
                                  .mode = o->async ? "async" : "sync",
@@ -635,72 +566,43 @@ static int run_sweep(struct bench_ctx *c) {
                            : run_sync_point(c, op, block, batch, iters, warmup, &r);
         if (!ok) return 1;
         print_result(&r);
-        if (!add_result(c, &r)) return 1;
+        c->res[c->n_res++] = r;
       }
     }
   }
-  progress(o, "sweep of %zu points done in %.1f s\n", total_points,
-           (double)(bench_now_ns() - sweep_t0) / 1e9);
+  if (o->progress)
+    hb_say("sweep of %zu points done in %.1f s\n", total_points, (double)(bench_now_ns() - sweep_t0) / 1e9);
   return rc;
 }
 
-/* Small READ round trips, one TransferSync (cs: BatchGetSync) of one op each. */
+/* Small READ round trips, one TransferSync (cs: BatchGetSync) of one op each: a sync
+ * point of --lat-size, batch 1 (its seconds: the round trips' wall time). */
 static int run_latency(struct bench_ctx *c) {
   const struct bench_opts *o = c->o;
   size_t size = o->lat_size;
+  uint64_t warmup = o->warmup != UINT64_MAX ? o->warmup : 1000;
   struct point_result r = {.api = api_name(o->api),
                            .op = "READ",
                            .mode = "latency",
                            .block = size,
                            .batch = 1,
                            .window = 1,
-                           .verified = "skipped"};
+                           .verified = o->verify ? "yes" : "skipped"};
   if (size > c->span) {
-    fprintf(stderr, "%s: --lat-size %zu is larger than the %zu registered bytes\n", g_prog, size, c->span);
+    hb_say("--lat-size %zu is larger than the %zu registered bytes\n", size, c->span);
     return 1;
   }
-  if (o->verify) {
-    int v = verify_point(c, HIXL_READ, size, 1, 1, o->seed);
-    if (v < 0) return 1;
-    r.verified = v == 1 ? "yes" : "no";
-    if (v == 0) return 1;
-  }
-  uint64_t warmup = o->warmup != UINT64_MAX ? o->warmup : 1000;
-  if (!ensure_lat(c, o->lat_iters)) return 1;
-  progress(o, "latency: %" PRIu64 " READ round trips of %zu B after %" PRIu64 " warm-up\n", o->lat_iters,
-           size, warmup);
-  build_descs(c, 0, (uintptr_t)c->lbuf, size, 1, 0);
-  int32_t tmo = call_timeout(o, size);
-  for (uint64_t i = 0; i < warmup; i++)
-    if (!sync_xfer(c, HIXL_READ, 0, 1, size, "warm-up")) return 1;
-  uint64_t n = 0, sum = 0;
-  uint64_t limit = bench_now_ns() + (uint64_t)(o->max_seconds * 1e9);
-  while (n < o->lat_iters) {
-    uint64_t t0 = bench_now_ns();
-    HixlStatus st = xfer_sync(c, HIXL_READ, 0, 1, tmo);
-    uint64_t t1 = bench_now_ns();
-    if (!st_ok(st, "initiator",
-               o->api == API_CS ? "HixlCSClientBatchGetSync" : "HixlEngineTransferSync(READ)"))
-      return 1;
-    c->lat[n++] = t1 - t0;
-    sum += t1 - t0;
-    if (t1 > limit) break;
-  }
-  r.iters = n;
-  r.bytes = n * size;
-  r.seconds = (double)sum / 1e9;
-  r.gbps = r.seconds > 0 ? (double)r.bytes / r.seconds / 1e9 : 0;
-  r.st = bench_stats_ns(c->lat, n);
+  if (o->verify && verify_point(c, HIXL_READ, size, 1, 1, o->seed) != 1) return 1;
+  if (o->progress)
+    hb_say("latency: %" PRIu64 " READ round trips of %zu B after %" PRIu64 " warm-up\n", o->lat_iters, size,
+           warmup);
+  if (!run_sync_point(c, HIXL_READ, size, 1, o->lat_iters, warmup, &r)) return 1;
   printf("latency: %zu B READ round trip (api %s), %" PRIu64 " iterations: avg %.2f us, p50 %.2f us, "
          "p99 %.2f us, min %.2f us, max %.2f us (verified: %s)\n",
-         size, r.api, n, r.st.avg_us, r.st.p50_us, r.st.p99_us, r.st.min_us, r.st.max_us, r.verified);
-  return add_result(c, &r) ? 0 : 1;
+         size, r.api, r.iters, r.st.avg_us, r.st.p50_us, r.st.p99_us, r.st.min_us, r.st.max_us, r.verified);
+  c->res[c->n_res++] = r;
+  return 0;
 }
-
-/* api is the last column so that readers of the older columns by position still work. */
-#define BENCH_CSV_HEADER                                                                                     \
-  "tool,mode,op,block_size,batch,window,iters,bytes,seconds,gbps,avg_us,p50_us,p99_us,min_us,max_us,"        \
-  "verified,api"
 
 /* A point's fields in the CSV's order (tool first, api last); the JSON's without tool. */
 static size_t point_fields(const struct point_result *r, struct hb_field *f) {
@@ -803,35 +705,22 @@ static int measure(struct bench_ctx *c, uint64_t connect_ns) {
  * control channel. */
 static int initiator_engine(struct bench_ctx *c) {
   const struct bench_opts *o = c->o;
-  HixlMemHandle lh = NULL, vh = NULL;
+  uint8_t *bufs[2] = {c->lbuf, c->vbuf};
+  HixlMemHandle h[2];
   HixlOption opt[BENCH_ENGINE_OPTS];
+  size_t nreg = 0, want = (o->unreg & UNREG_LOCAL) ? 0 : 2;
   int rc = 1;
-  bool reg = (o->unreg & UNREG_LOCAL) == 0;
 
   if (!(c->eng = hb_engine(o->local, NULL, opt, engine_options(o, false, opt)))) return 1;
-  HixlMemDesc lmd = {.addr = (uintptr_t)c->lbuf, .len = c->span};
-  HixlMemDesc vmd = {.addr = (uintptr_t)c->vbuf, .len = c->span};
-  if (!st_ok(reg ? HixlEngineRegisterMem(c->eng, &lmd, HIXL_MEM_HOST, &lh) : HIXL_SUCCESS, "initiator",
-             "HixlEngineRegisterMem"))
-    goto out_finalize;
-  if (!st_ok(reg ? HixlEngineRegisterMem(c->eng, &vmd, HIXL_MEM_HOST, &vh) : HIXL_SUCCESS, "initiator",
-             "HixlEngineRegisterMem(verify region)"))
-    goto out_dereg_l;
+  while (nreg < want && hb_reg(c->eng, bufs[nreg], c->span, &h[nreg]) == HIXL_SUCCESS) nreg++;
   uint64_t t0 = bench_now_ns();
-  if (!st_ok(HixlEngineConnect(c->eng, o->peer, 10000), "initiator", "HixlEngineConnect")) goto out_dereg_v;
-  rc = measure(c, bench_now_ns() - t0);
-
-  if (!st_ok(HixlEngineDisconnect(c->eng, o->peer, 5000), "initiator", "HixlEngineDisconnect")) rc = 1;
-out_dereg_v:
-  if (!st_ok(reg ? HixlEngineDeregisterMem(c->eng, vh) : HIXL_SUCCESS, "initiator",
-             "HixlEngineDeregisterMem"))
-    rc = 1;
-out_dereg_l:
-  if (!st_ok(reg ? HixlEngineDeregisterMem(c->eng, lh) : HIXL_SUCCESS, "initiator",
-             "HixlEngineDeregisterMem"))
-    rc = 1;
-out_finalize:
-  if (!st_ok(HixlEngineFinalize(c->eng), "initiator", "HixlEngineFinalize")) rc = 1;
+  if (nreg == want && hb_ok(HixlEngineConnect(c->eng, o->peer, 10000), "HixlEngineConnect")) {
+    rc = measure(c, bench_now_ns() - t0);
+    if (!hb_ok(HixlEngineDisconnect(c->eng, o->peer, 5000), "HixlEngineDisconnect")) rc = 1;
+  }
+  while (nreg > 0) /* in reverse */
+    if (!hb_ok(HixlEngineDeregisterMem(c->eng, h[--nreg]), "HixlEngineDeregisterMem")) rc = 1;
+  if (!hb_ok(HixlEngineFinalize(c->eng), "HixlEngineFinalize")) rc = 1;
   HixlEngineDestroy(c->eng);
   c->eng = NULL;
   return rc;
@@ -842,8 +731,7 @@ static bool cs_find_target(struct bench_ctx *c, size_t *len) {
   HcommMem *mems = NULL;
   char **tags = NULL;
   uint32_t n = 0;
-  if (!st_ok(HixlCSClientGetRemoteMem(c->cli, &mems, &tags, &n, 10000), "initiator",
-             "HixlCSClientGetRemoteMem"))
+  if (!hb_ok(HixlCSClientGetRemoteMem(c->cli, &mems, &tags, &n, 10000), "HixlCSClientGetRemoteMem"))
     return false;
   for (uint32_t i = 0; i < n; i++) {
     if (tags[i] == NULL || strcmp(tags[i], BENCH_CS_TAG) != 0) continue;
@@ -852,8 +740,8 @@ static bool cs_find_target(struct bench_ctx *c, size_t *len) {
     *len = (size_t)mems[i].size;
     return true;
   }
-  fprintf(stderr, "%s: initiator: the server at %s has no host memory tagged \"%s\" (%u registrations)\n",
-          g_prog, c->o->peer, BENCH_CS_TAG, n);
+  hb_say("the server at %s has no host memory tagged \"%s\" (%u registrations)\n", c->o->peer, BENCH_CS_TAG,
+         n);
   return false;
 }
 
@@ -861,45 +749,40 @@ static bool cs_find_target(struct bench_ctx *c, size_t *len) {
  * server, which holds the buffer found by its tag. Shrinks c->span to that buffer. */
 static int initiator_cs(struct bench_ctx *c) {
   const struct bench_opts *o = c->o;
-  MemHandle lh = NULL, vh = NULL;
-  int rc = 1;
+  HcommMem mem[2] = {{.type = HCCL_MEM_TYPE_HOST, .addr = c->lbuf, .size = c->span},
+                     {.type = HCCL_MEM_TYPE_HOST, .addr = c->vbuf, .size = c->span}};
+  MemHandle h[2];
+  size_t nreg = 0, rlen = 0;
   char ip[64];
   uint16_t port = 0;
-  size_t rlen = 0;
+  int rc = 1;
 
   if (!split_addr(o->peer, ip, sizeof(ip), &port)) {
-    fprintf(stderr, "%s: initiator: --peer %s is not IP:PORT\n", g_prog, o->peer);
+    hb_say("--peer %s is not IP:PORT\n", o->peer);
     return 1;
   }
-  EndpointDesc lep = {.protocol = cs_protocol(o), .address = o->local, .device = NULL};
-  EndpointDesc rep = {.protocol = cs_protocol(o), .address = NULL, .device = NULL};
+  EndpointDesc lep = {.protocol = cs_protocol(o), .address = o->local}, rep = {.protocol = cs_protocol(o)};
   HixlClientDesc cd = {.server_ip = ip, .server_port = port, .local_endpoint = &lep, .remote_endpoint = &rep};
-  if (!st_ok(HixlCSClientCreate(&cd, NULL, &c->cli), "initiator", "HixlCSClientCreate")) return 1;
-  HcommMem lmem = {.type = HCCL_MEM_TYPE_HOST, .addr = c->lbuf, .size = c->span};
-  HcommMem vmem = {.type = HCCL_MEM_TYPE_HOST, .addr = c->vbuf, .size = c->span};
-  if (!st_ok(HixlCSClientRegMem(c->cli, NULL, &lmem, &lh), "initiator", "HixlCSClientRegMem"))
-    goto out_destroy;
-  if (!st_ok(HixlCSClientRegMem(c->cli, NULL, &vmem, &vh), "initiator", "HixlCSClientRegMem(verify region)"))
-    goto out_unreg_l;
+  if (!hb_ok(HixlCSClientCreate(&cd, NULL, &c->cli), "HixlCSClientCreate")) return 1;
+  while (nreg < 2 && hb_ok(HixlCSClientRegMem(c->cli, NULL, &mem[nreg], &h[nreg]), "HixlCSClientRegMem"))
+    nreg++;
   uint64_t t0 = bench_now_ns();
-  if (!st_ok(HixlCSClientConnect(c->cli, 10000), "initiator", "HixlCSClientConnect")) goto out_unreg_v;
-  uint64_t connect_ns = bench_now_ns() - t0;
-  if (!cs_find_target(c, &rlen)) goto out_unreg_v;
-  if (rlen < c->span) c->span = rlen;
-  rc = measure(c, connect_ns);
-
-out_unreg_v:
-  if (!st_ok(HixlCSClientUnregMem(c->cli, vh), "initiator", "HixlCSClientUnregMem")) rc = 1;
-out_unreg_l:
-  if (!st_ok(HixlCSClientUnregMem(c->cli, lh), "initiator", "HixlCSClientUnregMem")) rc = 1;
-out_destroy:
-  if (!st_ok(HixlCSClientDestroy(c->cli), "initiator", "HixlCSClientDestroy")) rc = 1;
+  if (nreg == 2 && hb_ok(HixlCSClientConnect(c->cli, 10000), "HixlCSClientConnect")) {
+    uint64_t connect_ns = bench_now_ns() - t0;
+    if (cs_find_target(c, &rlen)) {
+      if (rlen < c->span) c->span = rlen;
+      rc = measure(c, connect_ns);
+    }
+  }
+  while (nreg > 0) /* in reverse */
+    if (!hb_ok(HixlCSClientUnregMem(c->cli, h[--nreg]), "HixlCSClientUnregMem")) rc = 1;
+  if (!hb_ok(HixlCSClientDestroy(c->cli), "HixlCSClientDestroy")) rc = 1;
   c->cli = NULL;
   return rc;
 }
 
 static int run_initiator(const struct bench_opts *o, int ctrl) {
-  char line[BENCH_LINE_MAX];
+  char line[512];
   struct bench_ctx c;
   int rc = 1;
   size_t rlen = 0, mapped;
@@ -918,8 +801,8 @@ static int run_initiator(const struct bench_opts *o, int ctrl) {
       r == 1 && (o->api == API_ENGINE ? sscanf(line, "READY engine %" SCNxPTR " %zu", &c.rbase, &rlen) == 2
                                       : strcmp(line, "READY cs") == 0);
   if (!ready) {
-    fprintf(stderr, "%s: initiator: target not ready: %s\n", g_prog,
-            r == 1 ? line : (r == 0 ? "it closed the control channel" : "no answer in 60 s"));
+    hb_say("target not ready: %s\n",
+           r == 1 ? line : (r == 0 ? "it closed the control channel" : "no answer in 60 s"));
     return 1;
   }
   /* The CS target's length comes with its tag, after connecting: map what the sweep
@@ -929,13 +812,21 @@ static int run_initiator(const struct bench_opts *o, int ctrl) {
   mapped = c.span;
   size_t max_batch = o->latency ? 1 : max_of(o->batches, o->n_batches);
   size_t window = o->async ? o->window : 1;
+  uint64_t nlat = o->latency ? o->lat_iters : 0; /* the longest point's */
+  for (size_t bi = 0; bi < o->n_blocks && !o->latency; bi++)
+    for (size_t ni = 0; ni < o->n_batches; ni++) {
+      uint64_t n = point_iters(o, o->blocks[bi] * o->batches[ni]);
+      nlat = n > nlat ? n : nlat;
+    }
 
   c.lbuf = hb_map(mapped);
   c.vbuf = hb_map(mapped);
   c.descs = calloc(max_batch * window, sizeof(*c.descs));
   c.cdescs = calloc(max_batch * window, sizeof(*c.cdescs));
-  if (c.lbuf == NULL || c.vbuf == NULL || c.descs == NULL || c.cdescs == NULL) {
-    fprintf(stderr, "%s: initiator: cannot allocate 2 x %zu bytes\n", g_prog, mapped);
+  c.lat = calloc(nlat, sizeof(*c.lat));
+  c.res = calloc(o->latency ? 1 : o->n_blocks * o->n_batches * 2, sizeof(*c.res));
+  if (!c.lbuf || !c.vbuf || !c.descs || !c.cdescs || !c.lat || !c.res) {
+    hb_say("cannot allocate 2 x %zu bytes\n", mapped);
     goto out_free;
   }
   memset(c.lbuf, 0x11, mapped);
