@@ -341,7 +341,7 @@ uint64_t hb_median_u64(uint64_t *v, size_t n) {
   return n ? v[n / 2] : 0;
 }
 
-const struct hixl_kv_ops *hb_plugin(const char *path) {
+const hixl_kv_ops *hb_plugin(const char *path) {
   const hixl_kv_ops *ops = NULL;
   char err[256] = "";
   void *so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -349,4 +349,45 @@ const struct hixl_kv_ops *hb_plugin(const char *path) {
   if (!entry || entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS)
     hb_die("%s: no usable %s (%s%s)", path, HIXL_KV_ENTRY_SYMBOL, so ? "" : dlerror(), err);
   return ops;
+}
+
+void hb_kv_step(const hixl_kv_ops *ops, hixl_kv_connector *sched, hixl_kv_connector *const *w, size_t n) {
+  hixl_kv_buffer m = {0};
+  if (ops->build_connector_meta(sched, &m) != HIXL_KV_SUCCESS)
+    hb_die("build_connector_meta: %s", ops->last_error());
+  for (size_t i = 0; i < n; i++)
+    if (ops->bind_connector_meta(w[i], m.data, m.len) != HIXL_KV_SUCCESS ||
+        ops->start_load_kv(w[i]) != HIXL_KV_SUCCESS)
+      hb_die("bind_connector_meta / start_load_kv of worker %zu: %s", i, ops->last_error());
+  ops->free_buffer(&m);
+}
+
+bool hb_kv_poll(const hixl_kv_ops *ops, hixl_kv_connector *sched, hixl_kv_connector *worker, const char *id,
+                int which, size_t *sent, size_t *recvd) {
+  hixl_kv_ids s = {0}, r = {0};
+  hixl_kv_blocks eb = {0};
+  bool got = false;
+  if (ops->get_finished(worker, NULL, &s, &r) != HIXL_KV_SUCCESS)
+    hb_die("get_finished: %s", ops->last_error());
+  const hixl_kv_ids *ids = which ? &r : &s;
+  for (size_t i = 0; id && i < ids->count; i++) got |= strcmp(ids->ids[i], id) == 0;
+  if (sched && (s.count || r.count) && ops->update_connector_output(sched, &s, &r, NULL) != HIXL_KV_SUCCESS)
+    hb_die("update_connector_output: %s", ops->last_error());
+  if (sent) *sent = s.count;
+  if (recvd) *recvd = r.count;
+  ops->free_ids(&s);
+  ops->free_ids(&r);
+  ops->get_block_ids_with_load_errors(worker, &eb);
+  size_t nerr = eb.count;
+  ops->free_buffer(&eb.raw);
+  if (nerr) hb_die("%zu blocks failed to load (see the plugin's message above)", nerr);
+  return got;
+}
+
+HixlStatus hb_wait_xfer(HixlEngine *e, HixlTransferReq r, HixlTransferStatus *ts) {
+  struct timespec d = {0, 20000};
+  HixlStatus st;
+  while ((st = HixlEngineGetTransferStatus(e, r, ts)) == HIXL_SUCCESS && *ts == HIXL_TRANSFER_WAITING)
+    nanosleep(&d, NULL);
+  return st;
 }

@@ -140,8 +140,24 @@ FILE *hb_json_open(const char *path, const char *tool);
 /* The median of v[0..n) (sorts it). */
 uint64_t hb_median_u64(uint64_t *v, size_t n);
 
-/* A KV connector plugin's ops table (dlopen, its one entry); dies when unusable. */
+/* Poll request r until it is no longer WAITING (a request has no descriptor): the
+ * status of the last poll, its state into *ts. */
+HixlStatus hb_wait_xfer(HixlEngine *e, HixlTransferReq r, HixlTransferStatus *ts);
+
+/* ---- a KV-connector host (hixl_kv_connector.h): what a runtime does each step ---- */
 struct hixl_kv_ops;
+struct hixl_kv_connector;
+/* A KV connector plugin's ops table (dlopen, its one entry); dies when unusable. */
 const struct hixl_kv_ops *hb_plugin(const char *path);
+/* A step: the scheduler's metadata bound to each of the n workers, their loads started;
+ * dies on failure. */
+void hb_kv_step(const struct hixl_kv_ops *ops, struct hixl_kv_connector *sched,
+                struct hixl_kv_connector *const *w, size_t n);
+/* One get_finished of worker: how many requests finished sending and receiving into
+ * *sent and *recvd (when not NULL), and whether id (when not NULL) is among those of
+ * `which` (0 sending, 1 receiving); with sched, the scheduler learns them
+ * (update_connector_output, as a runtime's does). Dies when a block failed to load. */
+bool hb_kv_poll(const struct hixl_kv_ops *ops, struct hixl_kv_connector *sched,
+                struct hixl_kv_connector *worker, const char *id, int which, size_t *sent, size_t *recvd);
 
 #endif /* HIXL_BENCH_HARNESS_H */

@@ -245,39 +245,14 @@ static int conns_down(struct conn *pull, struct conn *push, HixlEngine *raw) {
   return 0;
 }
 
-static void step(struct conn *c) {
-  hixl_kv_buffer m = {0};
-  if (ops->build_connector_meta(c->sched, &m) != HIXL_KV_SUCCESS ||
-      ops->bind_connector_meta(c->worker, m.data, m.len) != HIXL_KV_SUCCESS ||
-      ops->start_load_kv(c->worker) != HIXL_KV_SUCCESS)
-    hb_die("step: %s", ops->last_error());
-  ops->free_buffer(&m);
-}
+static void step(struct conn *c) { hb_kv_step(ops, c->sched, &c->worker, 1); }
 
 /* Step until id is finished sending (which 0) or receiving (1). Between steps the host
  * sleeps one step, or, efd >= 0 (an idle host), waits on the connector's event fd for
  * at most one step. */
 static void wait_finished_fd(struct conn *c, const char *id, int which, int efd) {
   uint64_t end = bench_now_ns() + 120ull * 1000000000ull;
-  for (;;) {
-    hixl_kv_ids s = {0}, r = {0};
-    step(c);
-    if (ops->get_finished(c->worker, NULL, &s, &r) != HIXL_KV_SUCCESS)
-      hb_die("get_finished: %s", ops->last_error());
-    bool got = false;
-    const hixl_kv_ids *ids = which ? &r : &s;
-    for (size_t i = 0; i < ids->count; i++) got |= strcmp(ids->ids[i], id) == 0;
-    /* as a runtime does: the scheduler learns what finished (it bounds what is held) */
-    if ((s.count || r.count) && ops->update_connector_output(c->sched, &s, &r, NULL) != HIXL_KV_SUCCESS)
-      hb_die("update_connector_output: %s", ops->last_error());
-    ops->free_ids(&s);
-    ops->free_ids(&r);
-    if (got) return;
-    hixl_kv_blocks eb = {0};
-    ops->get_block_ids_with_load_errors(c->worker, &eb);
-    size_t nerr = eb.count;
-    ops->free_buffer(&eb.raw);
-    if (nerr) hb_die("request %s: %zu blocks failed to load (see the plugin's message above)", id, nerr);
+  for (step(c); !hb_kv_poll(ops, c->sched, c->worker, id, which, NULL, NULL); step(c)) {
     if (bench_now_ns() > end) hb_die("request %s did not finish within 120 s", id);
     struct timespec ts = {0, (long)o.step_us * 1000}; /* one step of the host */
     if (efd < 0) {
@@ -308,15 +283,8 @@ static void *stepper_main(void *arg) {
   pthread_mutex_lock(&h->mu);
   while (!h->stop) {
     pthread_mutex_unlock(&h->mu);
-    hixl_kv_ids s = {0}, r = {0};
     step(h->c);
-    if (ops->get_finished(h->c->worker, NULL, &s, &r) != HIXL_KV_SUCCESS)
-      hb_die("get_finished: %s", ops->last_error());
-    ops->free_ids(&s);
-    ops->free_ids(&r);
-    hixl_kv_blocks eb = {0};
-    ops->get_block_ids_with_load_errors(h->c->worker, &eb);
-    ops->free_buffer(&eb.raw);
+    hb_kv_poll(ops, NULL, h->c->worker, NULL, 0, NULL, NULL);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_nsec += (long)o.step_us * 1000;
@@ -432,17 +400,13 @@ static uint64_t notice_busy_ns(HixlEngine *raw, const char *draw, const struct p
   for (uint32_t j = 0; j < 3; j++) {
     size_t n = build_ops(v, (uintptr_t)p->mem, dbase, p->free_ids, dblocks, nb, j * (o.layers - 1) / 2, 1);
     HixlTransferReq rq;
-    HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
+    HixlTransferStatus ts;
     hb_check(HixlEngineTransferAsync(raw, draw, HIXL_WRITE, v, n, 60000, NULL, &rq),
              "raw async WRITE of one layer");
     uint64_t t0 = bench_now_ns();
     hb_check(HixlEngineSendNotify(raw, draw, &note, 60000), "raw notify");
     t[j] = bench_now_ns() - t0;
-    while (ts == HIXL_TRANSFER_WAITING) {
-      hb_check(HixlEngineGetTransferStatus(raw, rq, &ts), "raw status");
-      struct timespec d = {0, 20000};
-      if (ts == HIXL_TRANSFER_WAITING) nanosleep(&d, NULL);
-    }
+    hb_check(hb_wait_xfer(raw, rq, &ts), "raw status");
     if (ts != HIXL_TRANSFER_COMPLETED) hb_die("raw async WRITE of one layer ended %d", (int)ts);
   }
   return hb_median_u64(t, 3);
@@ -497,12 +461,7 @@ static void *raw_pusher(void *arg) {
     hb_check(hixl_engine_call_wait(k->raw, k->draw, call[l]), "raw WRITE of layer %u, or its landed call", l);
   for (uint32_t l = 0; l < o.layers && !k->calls; l++) {
     HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
-    for (;;) {
-      hb_check(HixlEngineGetTransferStatus(k->raw, rq[l], &ts), "raw status");
-      if (ts != HIXL_TRANSFER_WAITING) break;
-      struct timespec d = {0, 50000};
-      nanosleep(&d, NULL);
-    }
+    hb_check(hb_wait_xfer(k->raw, rq[l], &ts), "raw status");
     if (ts != HIXL_TRANSFER_COMPLETED) hb_die("raw async WRITE of layer %u ended %d", l, (int)ts);
   }
   k->done_ns = bench_now_ns();

@@ -94,7 +94,7 @@ struct rank {
 
 struct side {
   uint32_t world;
-  hixl_kv_connector *sched;
+  hixl_kv_connector *sched, *w[MAX_TP]; /* w[i]: r[i].worker */
   struct rank r[MAX_TP];
 };
 
@@ -123,6 +123,7 @@ static void side_up(struct side *s, uint32_t world, const char *role) {
     struct rank *k = &s->r[i];
     if (ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, i, world, &k->worker, err, sizeof(err)))
       hb_die("create worker %u: %s", i, err);
+    s->w[i] = k->worker;
     rank_heads(world, i, &k->first, &k->nheads);
     k->block = o.mla ? latent_bytes() : k->nheads * head_bytes();
     k->layer_bytes = (uint64_t)nb() * k->block;
@@ -165,14 +166,7 @@ static void side_down(struct side *s) {
   ops->destroy(s->sched);
 }
 
-static void step(struct side *s) {
-  hixl_kv_buffer m = {0};
-  if (ops->build_connector_meta(s->sched, &m)) hb_die("build_connector_meta: %s", ops->last_error());
-  for (uint32_t i = 0; i < s->world; i++)
-    if (ops->bind_connector_meta(s->r[i].worker, m.data, m.len) || ops->start_load_kv(s->r[i].worker))
-      hb_die("bind / start_load_kv: %s", ops->last_error());
-  ops->free_buffer(&m);
-}
+static void step(struct side *s) { hb_kv_step(ops, s->sched, s->w, s->world); }
 
 /* Steps s until every rank reported each of the n requests (sending or receiving). */
 static void wait_all(struct side *s, uint32_t n, bool recving) {
@@ -180,20 +174,14 @@ static void wait_all(struct side *s, uint32_t n, bool recving) {
   while (got < want) {
     step(s);
     for (uint32_t i = 0; i < s->world; i++) {
-      hixl_kv_ids a = {0}, b = {0};
-      if (ops->get_finished(s->r[i].worker, NULL, &a, &b)) hb_die("get_finished: %s", ops->last_error());
-      got += recving ? b.count : a.count;
-      ops->free_ids(&a);
-      ops->free_ids(&b);
-      hixl_kv_blocks e = {0};
-      ops->get_block_ids_with_load_errors(s->r[i].worker, &e);
-      if (e.count) hb_die("rank %u: %zu blocks failed to load", i, e.count);
-      ops->free_buffer(&e.raw);
+      size_t sent = 0, recvd = 0;
+      hb_kv_poll(ops, NULL, s->w[i], NULL, 0, &sent, &recvd);
+      got += recving ? recvd : sent;
     }
     if (bench_now_ns() > deadline) hb_die("%" PRIu64 " of %" PRIu64 " reports in 120 s", got, want);
     if (got < want) {
       int32_t fd = -1;
-      ops->get_event_fd(s->r[0].worker, &fd);
+      ops->get_event_fd(s->w[0], &fd);
       struct pollfd p = {.fd = fd, .events = POLLIN};
       poll(&p, 1, 1);
     }
