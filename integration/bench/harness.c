@@ -184,6 +184,7 @@ bool hb_extra_add(void *p, const char *kv) {
 
 void *hb_map(size_t len) {
   void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) hb_say("mmap of %zu bytes: %s\n", len, strerror(errno));
   return p == MAP_FAILED ? NULL : p;
 }
 

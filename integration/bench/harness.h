@@ -74,7 +74,7 @@ bool hb_extra_add(void *p, const char *kv);
 /* The value given for key, or NULL. */
 const char *hb_extra_get(const struct hb_extra *x, const char *key);
 
-/* len bytes of private memory, populated; NULL on failure. */
+/* len bytes of private memory, populated; NULL on failure (said). */
 void *hb_map(size_t len);
 
 /* ---- the peer process: fork before any engine exists; one socketpair ---- */

@@ -131,7 +131,7 @@ static int parse_opts(int argc, char **argv) {
   else if (o.depth * o.batch > MAX_FLIGHT)
     why = "--depth x --batch is at most 256 ops in flight";
   if (why) {
-    fprintf(stderr, PROG ": %s\n", why);
+    hb_say("%s\n", why);
     return 2;
   }
   return 0;
@@ -156,16 +156,6 @@ static HixlEngine *engine_up(const char *addr) {
   return hb_engine(addr, NULL, opt, n);
 }
 
-/* Page-aligned anonymous memory; NULL when there is none (said). */
-static uint8_t *buf_new(size_t len, const char *what) {
-  void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    fprintf(stderr, PROG ": mmap of %zu bytes for %s: %s\n", len, what, strerror(errno));
-    return NULL;
-  }
-  return p;
-}
-
 static void install_stop(void) {
   struct sigaction sa = {.sa_handler = on_stop};
   sigemptyset(&sa.sa_mask);
@@ -186,7 +176,7 @@ static int run_target(void) {
   HixlMemHandle h = NULL;
   HixlEngine *e = engine_up(o.listen);
   if (!e) return 1;
-  uint8_t *buf = buf_new(o.buf_size, "the target's buffer");
+  uint8_t *buf = hb_map(o.buf_size);
   if (!buf) goto out_engine;
   bench_pattern_fill(buf, o.buf_size, o.seed);
   snprintf(tag, sizeof(tag), TAG_PREFIX "%" PRIu64, o.seed);
@@ -199,7 +189,7 @@ static int run_target(void) {
   if (o.ready_file) {
     FILE *f = fopen(o.ready_file, "w");
     if (!f || fprintf(f, "ready %s\n", o.listen) < 0 || fclose(f) != 0) {
-      fprintf(stderr, PROG ": --ready-file %s: %s\n", o.ready_file, strerror(errno));
+      hb_say("--ready-file %s: %s\n", o.ready_file, strerror(errno));
       goto out_dereg;
     }
   }
@@ -350,9 +340,9 @@ static void progress(struct run *r, uint64_t now) {
   struct hixl_rail_info ri[RAILS_CAP];
   size_t n = 0;
   uint64_t tn = timed_now(r, now), dn = r->done - r->last_prog_done, dt = tn - r->prog_ns_at;
-  fprintf(stderr, PROG ": %.1f s: %" PRIu64 " ops, %.2f Gbit/s (last second %.2f), max %.1f ms",
-          (double)(now - r->t_start) / 1e9, r->done, gbps_of(r->done * o.op_size, tn),
-          gbps_of(dn * o.op_size, dt), (double)r->max_ns / 1e6);
+  hb_say("%.1f s: %" PRIu64 " ops, %.2f Gbit/s (last second %.2f), max %.1f ms",
+         (double)(now - r->t_start) / 1e9, r->done, gbps_of(r->done * o.op_size, tn),
+         gbps_of(dn * o.op_size, dt), (double)r->max_ns / 1e6);
   if (rails_now(r, ri, &n) == 0)
     for (size_t k = 0; k < n; k++)
       fprintf(stderr, "; rail %zu %s %" PRIu64 " MiB", k, ri[k].state, ri[k].bytes >> 20);
@@ -400,8 +390,7 @@ static int complete(struct run *r, size_t s, uint64_t now) {
       size_t bad = 0;
       uint64_t off = rslot(r, op) * o.op_size;
       if (!bench_same(r->local + slot_off(op), r->ref + off, o.op_size, &bad)) {
-        fprintf(stderr, PROG ": READ op %" PRIu64 " (remote offset %" PRIu64 "): byte %zu is wrong\n", op,
-                off, bad);
+        hb_say("READ op %" PRIu64 " (remote offset %" PRIu64 "): byte %zu is wrong\n", op, off, bad);
         return -1;
       }
       r->verified_bytes += o.op_size;
@@ -413,28 +402,17 @@ static int complete(struct run *r, size_t s, uint64_t now) {
   return 0;
 }
 
-/* Wait for request slot s (polls: a request has no descriptor); 0, or -1 (said). */
+/* Wait for request slot s; 0, or -1 (said). */
 static int wait_req(struct run *r, size_t s) {
-  for (;;) {
-    HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
-    HixlStatus st = HixlEngineGetTransferStatus(r->e, r->req[s].req, &ts);
-    if (st != HIXL_SUCCESS) {
-      r->req[s].req = NULL;
-      hb_fail("HixlEngineGetTransferStatus", st);
-      return -1;
-    }
-    if (ts == HIXL_TRANSFER_COMPLETED) return complete(r, s, bench_now_ns());
-    if (ts != HIXL_TRANSFER_WAITING) {
-      r->req[s].req = NULL;
-      fprintf(stderr, PROG ": request of ops %" PRIu64 "..%" PRIu64 " ended %s after %.1f ms: %s\n",
-              r->req[s].first_op, r->req[s].first_op + o.batch - 1,
-              ts == HIXL_TRANSFER_TIMEOUT ? "TIMEOUT" : "FAILED",
-              (double)(bench_now_ns() - r->req[s].t0) / 1e6, HixlGetLastErrorMessage());
-      return -1;
-    }
-    struct timespec ts_sleep = {0, 50000};
-    nanosleep(&ts_sleep, NULL);
-  }
+  HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
+  HixlStatus st = hb_wait_xfer(r->e, r->req[s].req, &ts);
+  if (st == HIXL_SUCCESS && ts == HIXL_TRANSFER_COMPLETED) return complete(r, s, bench_now_ns());
+  r->req[s].req = NULL;
+  if (st != HIXL_SUCCESS) return hb_fail("HixlEngineGetTransferStatus", st), -1;
+  hb_say("request of ops %" PRIu64 "..%" PRIu64 " ended %s after %.1f ms: %s\n", r->req[s].first_op,
+         r->req[s].first_op + o.batch - 1, ts == HIXL_TRANSFER_TIMEOUT ? "TIMEOUT" : "FAILED",
+         (double)(bench_now_ns() - r->req[s].t0) / 1e6, HixlGetLastErrorMessage());
+  return -1;
 }
 
 /* WRITE: read back every remote slot written since the last check and compare. Untimed. */
@@ -458,9 +436,8 @@ static int write_check(struct run *r) {
       size_t bad = 0;
       uint64_t op = r->last_writer[idx[i]] - 1;
       if (!write_ok(r, op, r->back + i * o.op_size, &bad)) {
-        fprintf(stderr,
-                PROG ": WRITE op %" PRIu64 " (remote offset %" PRIu64 "): byte %zu reads back wrong\n", op,
-                idx[i] * o.op_size, bad);
+        hb_say("WRITE op %" PRIu64 " (remote offset %" PRIu64 "): byte %zu reads back wrong\n", op,
+               idx[i] * o.op_size, bad);
         return -1;
       }
       r->verified_bytes += o.op_size;
@@ -548,7 +525,7 @@ static int find_remote(struct run *r) {
     break;
   }
   free(m);
-  if (rc < 0) fprintf(stderr, PROG ": %s registered no buffer tagged \"" TAG_PREFIX "N\"\n", o.connect);
+  if (rc < 0) hb_say("%s registered no buffer tagged \"" TAG_PREFIX "N\"\n", o.connect);
   return rc;
 }
 
@@ -565,8 +542,8 @@ static int expect_rails(const struct run *r) {
     if (o.expect_rails <= 1 && n == 0) return 0; /* one rail: the link itself */
     poll(NULL, 0, 20);
   } while (bench_now_ns() < deadline);
-  fprintf(stderr, PROG ": --expect-rails %" PRIu64 ": the link to %s has %zu rails, %zu up\n", o.expect_rails,
-          o.connect, n, up);
+  hb_say("--expect-rails %" PRIu64 ": the link to %s has %zu rails, %zu up\n", o.expect_rails, o.connect, n,
+         up);
   return -1;
 }
 
@@ -598,7 +575,7 @@ static void print_result(const struct run *r, bool pass) {
   if (!o.json) return;
   FILE *f = fopen(o.json, "a");
   if (!f) {
-    fprintf(stderr, PROG ": --json %s: %s\n", o.json, strerror(errno));
+    hb_say("--json %s: %s\n", o.json, strerror(errno));
     return;
   }
   fprintf(f,
@@ -628,22 +605,21 @@ static int run_initiator(void) {
     snprintf(local, sizeof(local), "0.0.0.0");
   }
   if (!(r.e = engine_up(local))) return 1;
-  if (!(r.local = buf_new(lbytes, "the initiator's slots"))) goto out_engine;
+  if (!(r.local = hb_map(lbytes))) goto out_engine;
   HixlMemDesc md = {.addr = (uintptr_t)r.local, .len = lbytes};
   if (!hb_ok(HixlEngineRegisterMem(r.e, &md, HIXL_MEM_HOST, &r.lh), "HixlEngineRegisterMem")) goto out_local;
   if (!hb_ok(HixlEngineConnect(r.e, o.connect, 20000), "HixlEngineConnect")) goto out_dereg;
   if (find_remote(&r) < 0 || (o.expect_rails && expect_rails(&r) < 0)) goto out_disconnect;
   r.nslots = r.remote_len / o.op_size;
   if (r.nslots < o.depth * o.batch) {
-    fprintf(stderr,
-            PROG ": the target's %" PRIu64 " bytes hold %" PRIu64 " ops of %zu, fewer than depth x batch\n",
-            r.remote_len, r.nslots, o.op_size);
+    hb_say("the target's %" PRIu64 " bytes hold %" PRIu64 " ops of %zu, fewer than depth x batch\n",
+           r.remote_len, r.nslots, o.op_size);
     goto out_disconnect;
   }
-  if (!(r.ref = buf_new(r.nslots * o.op_size, "the reference"))) goto out_disconnect;
+  if (!(r.ref = hb_map(r.nslots * o.op_size))) goto out_disconnect;
   bench_pattern_fill(r.ref, r.nslots * o.op_size, o.dir == HIXL_READ ? r.seed : r.seed ^ WRITE_SEED);
   if (o.dir == HIXL_WRITE) {
-    r.back = buf_new(lbytes, "read-backs");
+    r.back = hb_map(lbytes);
     r.last_writer = calloc(r.nslots, sizeof(*r.last_writer));
     if (!r.back || !r.last_writer) goto out_ref;
     /* the read-backs land here: registered as well */
@@ -657,13 +633,9 @@ static int run_initiator(void) {
   if (!(r.lat = malloc(MAX_REQS * sizeof(*r.lat)))) goto out_back;
   install_stop();
   int lr = loop(&r);
+  HixlTransferStatus ts;
   for (size_t s = 0; lr < 0 && s < o.depth; s++) /* after a failure: let the others end */
-    if (r.req[s].req) {
-      HixlTransferStatus ts;
-      while (HixlEngineGetTransferStatus(r.e, r.req[s].req, &ts) == HIXL_SUCCESS &&
-             ts == HIXL_TRANSFER_WAITING)
-        poll(NULL, 0, 1);
-    }
+    if (r.req[s].req) hb_wait_xfer(r.e, r.req[s].req, &ts);
   if (o.stats_file) stats_write(&r, lr == 0 ? "done" : "failed");
   print_result(&r, lr == 0);
   rc = lr == 0 ? 0 : 1;
