@@ -222,12 +222,18 @@ void hb_send(int fd, const char *fmt, ...) {
   va_start(ap, fmt);
   int n = vsnprintf(buf, sizeof(buf), fmt, ap);
   va_end(ap);
-  for (const char *s = buf; n > 0;) {
-    ssize_t k = send(fd, s, (size_t)n, MSG_NOSIGNAL);
+  if (n > 0 && !hb_write_all(fd, buf, (size_t)n))
+    hb_die("the other process went away (send: %s)", strerror(errno));
+}
+
+bool hb_write_all(int fd, const void *p, size_t len) {
+  for (const char *s = p; len > 0;) {
+    ssize_t k = send(fd, s, len, MSG_NOSIGNAL);
     if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) hb_die("the other process went away (send: %s)", strerror(errno));
-    s += k, n -= (int)k;
+    if (k <= 0) return false;
+    s += k, len -= (size_t)k;
   }
+  return true;
 }
 
 char *hb_recv(int fd, char *buf, size_t cap) {
@@ -339,6 +345,11 @@ FILE *hb_json_open(const char *path, const char *tool) {
 
 uint64_t hb_median_u64(uint64_t *v, size_t n) {
   qsort(v, n, sizeof(*v), bench_cmp_u64);
+  return n ? v[n / 2] : 0;
+}
+
+double hb_median_dbl(double *v, size_t n) {
+  qsort(v, n, sizeof(*v), bench_cmp_double);
   return n ? v[n / 2] : 0;
 }
 

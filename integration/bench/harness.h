@@ -86,6 +86,8 @@ struct hb_peer {
 void hb_spawn(struct hb_peer *p, int (*fn)(void *arg, int fd), void *arg);
 /* Close the channel and wait up to timeout_s for the child (killed past it): its status. */
 int hb_reap(struct hb_peer *p, int timeout_s);
+/* All len bytes to a socket (EINTR retried, no SIGPIPE): false when it failed. */
+bool hb_write_all(int fd, const void *p, size_t len);
 /* A line (or any bytes) to the peer, all of it; dies when the peer is gone. */
 void hb_send(int fd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A '\n'-ended line from the peer, without it; dies when the peer is gone. */
@@ -137,8 +139,9 @@ FILE *hb_csv(const char *path, const char *header);
  * "hixl_version", "time", "kernel", "cpus" (each a line, with its comma); dies on failure. */
 FILE *hb_json_open(const char *path, const char *tool);
 
-/* The median of v[0..n) (sorts it). */
+/* The median of v[0..n), the upper one when n is even (sorts it). */
 uint64_t hb_median_u64(uint64_t *v, size_t n);
+double hb_median_dbl(double *v, size_t n);
 
 /* Poll request r until it is no longer WAITING (a request has no descriptor): the
  * status of the last poll, its state into *ts. */

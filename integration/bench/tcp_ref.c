@@ -46,18 +46,6 @@ static void set_sock_opts(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
-static bool send_all(int fd, const void *p, size_t len) {
-  const uint8_t *b = p;
-  while (len > 0) {
-    ssize_t n = send(fd, b, len, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    b += n;
-    len -= (size_t)n;
-  }
-  return true;
-}
-
 /* 1: got len bytes; 0: EOF before any byte; -1: error or EOF mid-message. */
 static int recv_all(int fd, void *p, size_t len) {
   uint8_t *b = p;
@@ -97,12 +85,12 @@ static void *sink_thread(void *p) {
     }
     uint8_t ack[8];
     for (int i = 0; i < 8; i++) ack[i] = (uint8_t)(total >> (56 - 8 * i));
-    a->ok = send_all(a->fd, ack, sizeof(ack));
+    a->ok = hb_write_all(a->fd, ack, sizeof(ack));
   } else {
     for (;;) {
       int r = recv_all(a->fd, buf, a->size);
       if (r == 0) break;
-      if (r < 0 || !send_all(a->fd, buf, a->size)) goto out;
+      if (r < 0 || !hb_write_all(a->fd, buf, a->size)) goto out;
     }
     a->ok = 1;
   }
@@ -120,13 +108,13 @@ static int run_receiver(const struct ref_opts *o, int lfd) {
   for (unsigned i = 0; i < n; i++) {
     struct pollfd pfd = {.fd = lfd, .events = POLLIN};
     if (poll(&pfd, 1, REF_ACCEPT_TIMEOUT_MS) <= 0) {
-      fprintf(stderr, "%s: receiver: no connection within %d ms\n", hb_prog, REF_ACCEPT_TIMEOUT_MS);
+      hb_say("receiver: no connection within %d ms\n", REF_ACCEPT_TIMEOUT_MS);
       rc = 1;
       break;
     }
     int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0) {
-      fprintf(stderr, "%s: receiver: accept: %s\n", hb_prog, strerror(errno));
+      hb_say("receiver: accept: %s\n", strerror(errno));
       rc = 1;
       break;
     }
@@ -170,7 +158,7 @@ static void *source_thread(void *p) {
   uint64_t sent = 0;
   bool failed = false;
   while (bench_now_ns() < a->deadline_ns) {
-    if (!send_all(a->fd, buf, a->size)) {
+    if (!hb_write_all(a->fd, buf, a->size)) {
       failed = true;
       break;
     }
@@ -190,20 +178,15 @@ static void *source_thread(void *p) {
   return NULL;
 }
 
+/* A connection to 127.0.0.1:port; -1 (said). */
 static int connect_loopback(uint16_t port) {
+  struct sockaddr_in sa = {
+      .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  struct sockaddr_in sa;
-  memset(&sa, 0, sizeof(sa));
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(port);
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-    close(fd);
-    return -1;
-  }
-  set_sock_opts(fd);
-  return fd;
+  if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) return set_sock_opts(fd), fd;
+  hb_say("connect 127.0.0.1:%u: %s\n", port, strerror(errno));
+  if (fd >= 0) close(fd);
+  return -1;
 }
 
 static void csv_row(const struct ref_opts *o, uint64_t iters, uint64_t bytes, double secs, double gbps,
@@ -227,17 +210,12 @@ static int run_stream(const struct ref_opts *o, uint16_t port) {
   pthread_barrier_init(&start, NULL, o->streams + 1);
   for (unsigned i = 0; i < o->streams; i++) {
     int fd = connect_loopback(port);
-    if (fd < 0) {
-      fprintf(stderr, "%s: connect 127.0.0.1:%u: %s\n", hb_prog, port, strerror(errno));
-      return 1; /* no thread started yet */
-    }
+    if (fd < 0) return 1; /* no thread started yet */
     args[i] = (struct src_arg){.fd = fd, .size = o->size, .start = &start};
   }
   for (unsigned i = 0; i < o->streams; i++) {
-    if (pthread_create(&th[i], NULL, source_thread, &args[i]) != 0) {
-      fprintf(stderr, "%s: pthread_create failed\n", hb_prog);
-      return 1;
-    }
+    if (pthread_create(&th[i], NULL, source_thread, &args[i]) != 0)
+      return hb_say("pthread_create failed\n"), 1;
     started++;
   }
   uint64_t t0 = bench_now_ns();
@@ -248,8 +226,8 @@ static int run_stream(const struct ref_opts *o, uint16_t port) {
     pthread_join(th[i], NULL);
     close(args[i].fd);
     if (!args[i].ok) {
-      fprintf(stderr, "%s: stream %u: sent %" PRIu64 " bytes, receiver acknowledged %" PRIu64 "\n", hb_prog,
-              i, args[i].sent, args[i].acked);
+      hb_say("stream %u: sent %" PRIu64 " bytes, receiver acknowledged %" PRIu64 "\n", i, args[i].sent,
+             args[i].acked);
       rc = 1;
     }
     bytes += args[i].sent;
@@ -268,10 +246,7 @@ static int run_stream(const struct ref_opts *o, uint16_t port) {
 
 static int run_rtt(const struct ref_opts *o, uint16_t port) {
   int fd = connect_loopback(port);
-  if (fd < 0) {
-    fprintf(stderr, "%s: connect 127.0.0.1:%u: %s\n", hb_prog, port, strerror(errno));
-    return 1;
-  }
+  if (fd < 0) return 1;
   uint8_t *req = hb_map(o->size), *resp = hb_map(o->size);
   uint64_t *lat = calloc(o->iters, sizeof(*lat));
   int rc = 1;
@@ -281,8 +256,8 @@ static int run_rtt(const struct ref_opts *o, uint16_t port) {
   uint64_t n = 0;
   for (uint64_t i = 0; i < o->warmup + o->iters; i++) {
     uint64_t t0 = bench_now_ns();
-    if (!send_all(fd, req, o->size) || recv_all(fd, resp, o->size) != 1) {
-      fprintf(stderr, "%s: round trip %" PRIu64 " failed: %s\n", hb_prog, i, strerror(errno));
+    if (!hb_write_all(fd, req, o->size) || recv_all(fd, resp, o->size) != 1) {
+      hb_say("round trip %" PRIu64 " failed: %s\n", i, strerror(errno));
       goto out;
     }
     uint64_t t1 = bench_now_ns();
