@@ -47,11 +47,6 @@ static uint8_t **cache_alloc(uint64_t seed) {
   return t;
 }
 
-static HixlEngine *engine_up(const char *addr) {
-  HixlEngine *e = hb_engine(addr, o.transport, NULL, 0);
-  return e ? e : (exit(1), NULL);
-}
-
 static uint64_t register_cache(HixlCacheManager *m, uint8_t **t, uint64_t cluster) {
   HixlCacheDesc d = {ntensors(), 2, 2, {o.blocks, o.bs / 2}, HIXL_CACHE_HOST};
   HixlBlocksCacheKey k = {cluster, 0};
@@ -78,7 +73,8 @@ static int target_main(void *port, int fd) {
   char addr[64];
   snprintf(addr, sizeof(addr), "%s:%u", o.ip, *(uint16_t *)port);
   uint8_t **t = cache_alloc(7);
-  HixlEngine *e = engine_up(addr);
+  HixlEngine *e = hb_engine(addr, o.transport, NULL, 0);
+  if (!e) return 1;
   HixlCacheManager *m;
   hb_check(HixlCacheManagerCreate(e, 2, &m), "manager");
   register_cache(m, t, 2);
@@ -237,18 +233,16 @@ int main(int argc, char **argv) {
   if (bench_read_full(tgt.fd, peer_addrs, sizeof(uint64_t) * ntensors()) != 0)
     hb_die("the target did not start");
   snprintf(peer, sizeof(peer), "%s:%u", o.ip, port);
-  char me[64];
-  snprintf(me, sizeof(me), "%s", o.ip);
-  eng = engine_up(me);
+  const char *me = o.ip;
+  if (!(eng = hb_engine(me, o.transport, NULL, 0))) return 1;
   hb_check(HixlCacheManagerCreate(eng, 1, &mgr), "manager");
   mine = cache_alloc(0);
   my_id = register_cache(mgr, mine, 1);
   hb_check(HixlCacheManagerLink(mgr, 2, peer, 10000), "link");
 
   uint64_t rng = 0x6869786c;
-  struct scen sc[3] = {{"pull-contiguous", false, NULL, NULL, 0, 0, 0, 0, 0, 0, false},
-                       {"pull-scattered", false, NULL, NULL, 0, 0, 0, 0, 0, 0, false},
-                       {"push-async", true, NULL, NULL, 0, 0, 0, 0, 0, 0, false}};
+  struct scen sc[3] = {
+      {.name = "pull-contiguous"}, {.name = "pull-scattered"}, {.name = "push-async", .push = true}};
   for (int i = 0; i < 3; i++) {
     sc[i].src = calloc(o.req, sizeof(uint64_t));
     sc[i].dst = calloc(o.req, sizeof(uint64_t));
@@ -296,12 +290,9 @@ int main(int argc, char **argv) {
       if (o.progress) fprintf(stderr, "\r%s: %u/%u", s->name, it + 1, o.iters);
     }
     if (o.progress) fprintf(stderr, "\r%*s\r", 40, "");
-    qsort(tr, o.iters, sizeof(double), bench_cmp_double);
-    qsort(tc, o.iters, sizeof(double), bench_cmp_double);
-    s->raw_ms = tr[o.iters / 2] * 1e3;
-    s->cache_ms = tc[o.iters / 2] * 1e3;
-    s->raw_gbps = bytes / tr[o.iters / 2] / 1e9;
-    s->cache_gbps = bytes / tc[o.iters / 2] / 1e9;
+    double mr = hb_median_dbl(tr, o.iters), mc = hb_median_dbl(tc, o.iters);
+    s->raw_ms = mr * 1e3, s->cache_ms = mc * 1e3;
+    s->raw_gbps = bytes / mr / 1e9, s->cache_gbps = bytes / mc / 1e9;
   }
   FILE *f = o.json ? fopen(o.json, "w") : NULL;
   if (o.json && !f) hb_die("--json %s: %s", o.json, strerror(errno));
