@@ -85,13 +85,8 @@ static void pair_down(struct pair *p) {
 
 /* A target on a free port of 127.0.0.1 and an initiator, both with key; 0 or -1 (said). */
 static int pair_up(struct pair *p, const char *transport, const char *key, void *region) {
-  uint16_t port = bench_free_port();
   memset(p, 0, sizeof(*p));
-  if (port == 0) {
-    fprintf(stderr, "hixl-auth-bench: no free port on 127.0.0.1\n");
-    return -1;
-  }
-  snprintf(p->peer, sizeof(p->peer), "127.0.0.1:%u", port);
+  snprintf(p->peer, sizeof(p->peer), "127.0.0.1:%u", hb_ports("127.0.0.1", 1));
   p->tgt = engine_up(p->peer, transport, key, region, &p->tgt_h);
   if (!p->tgt) return -1;
   p->ini = engine_up("127.0.0.1", transport, key, region, &p->ini_h);
@@ -108,19 +103,12 @@ static int cycle(struct pair *p, const char *transport, int mode, uint64_t *conn
   uint64_t t0 = bench_now_ns();
   HixlStatus st = HixlEngineConnect(p->ini, p->peer, 10000);
   uint64_t t1 = bench_now_ns();
-  if (st != HIXL_SUCCESS) {
-    snprintf(what, sizeof(what), "HixlEngineConnect(%s), transport %s, mode %s", p->peer, transport,
-             mode_names[mode]);
-    hb_fail(what, st);
-    return -1;
-  }
-  st = HixlEngineDisconnect(p->ini, p->peer, 5000);
+  HixlStatus dst = st == HIXL_SUCCESS ? HixlEngineDisconnect(p->ini, p->peer, 5000) : st;
   uint64_t t2 = bench_now_ns();
-  if (st != HIXL_SUCCESS) {
-    snprintf(what, sizeof(what), "HixlEngineDisconnect(%s), transport %s, mode %s", p->peer, transport,
-             mode_names[mode]);
-    hb_fail(what, st);
-    return -1;
+  if (dst != HIXL_SUCCESS) {
+    snprintf(what, sizeof(what), "HixlEngine%s(%s), transport %s, mode %s",
+             st != HIXL_SUCCESS ? "Connect" : "Disconnect", p->peer, transport, mode_names[mode]);
+    return hb_fail(what, dst), -1;
   }
   *conn_ns = t1 - t0;
   *disc_ns = t2 - t1;
@@ -135,10 +123,9 @@ static int check_refused(const struct pair *on, const char *transport, void *reg
   HixlStatus st = HixlEngineConnect(e, on->peer, 2000);
   int rc = 0;
   if (st == HIXL_SUCCESS) {
-    fprintf(stderr,
-            "hixl-auth-bench: a keyless engine connected to the keyed target %s (transport %s): mode \"on\" "
-            "does not authenticate, nothing to measure\n",
-            on->peer, transport);
+    hb_say("a keyless engine connected to the keyed target %s (transport %s): mode \"on\" does not "
+           "authenticate, nothing to measure\n",
+           on->peer, transport);
     HixlEngineDisconnect(e, on->peer, 1000);
     rc = -1;
   }
@@ -158,10 +145,7 @@ static int measure(const char *transport, const char *key, void *region, struct 
   for (m = 0; m < nm; m++) {
     if (pair_up(&pairs[m], transport, m == MODE_ON ? key : "", region) != 0) goto out_pairs;
     conn[m] = calloc(o.connects, sizeof(uint64_t));
-    if (!conn[m]) {
-      fprintf(stderr, "hixl-auth-bench: out of memory\n");
-      goto out_pairs;
-    }
+    if (!conn[m]) goto out_pairs;
   }
   if (check_refused(&pairs[MODE_ON], transport, region) != 0) goto out_pairs;
   for (m = 0; m < nm; m++) /* first links cost more (threads, pages): not measured */
@@ -179,8 +163,8 @@ static int measure(const char *transport, const char *key, void *region, struct 
     }
     uint64_t now = bench_now_ns();
     if (o.progress && (now - last > 1000000000ull || done[MODE_ON] == o.connects)) {
-      fprintf(stderr, "hixl-auth-bench: transport %s: %" PRIu64 "/%" PRIu64 " connects per mode, %.1f s\n",
-              transport, done[MODE_ON], o.connects, (double)(now - t_start) / 1e9);
+      hb_say("transport %s: %" PRIu64 "/%" PRIu64 " connects per mode, %.1f s\n", transport, done[MODE_ON],
+             o.connects, (double)(now - t_start) / 1e9);
       last = now;
     }
   }
@@ -247,11 +231,7 @@ static int write_json(struct result (*res)[MODE_COUNT]) {
     fprintf(f, "}%s\n", t + 1 == o.n_transports ? "" : ",");
   }
   fprintf(f, "  ]\n}\n");
-  if (fclose(f) != 0) {
-    fprintf(stderr, "hixl-auth-bench: --json %s: %s\n", o.json, strerror(errno));
-    return -1;
-  }
-  return 0;
+  return fclose(f) == 0 ? 0 : (hb_say("--json %s: %s\n", o.json, strerror(errno)), -1);
 }
 
 /* ---- --frames: the per-frame proof against its alternatives ---- */
@@ -323,7 +303,7 @@ static int frames_bench(void) {
   if (!c.a || !c.b || !c.gcm || !auth_frames_init(&c.f, session, true) ||
       !auth_frames_init(&c.peer, session, false) ||
       EVP_EncryptInit_ex(c.gcm, EVP_aes_256_gcm(), NULL, key, NULL) != 1) {
-    fprintf(stderr, "hixl-auth-bench: --frames: out of memory or no AES-256-GCM\n");
+    hb_say("--frames: out of memory or no AES-256-GCM\n");
     return 1;
   }
   bench_pattern_fill(c.a, chunk, 7);
@@ -335,7 +315,7 @@ static int frames_bench(void) {
   p_seal(&c); /* frame 0, which every check then takes */
   pr[n++] = (struct prim){"check a frame header's tag (hixl)", hdr, time_ns(p_check, &c, 20000)};
   if (c.ok != 9 * 20000u) {
-    fprintf(stderr, "hixl-auth-bench: --frames: %" PRIu64 " of %u checks passed\n", c.ok, 9 * 20000u);
+    hb_say("--frames: %" PRIu64 " of %u checks passed\n", c.ok, 9 * 20000u);
     return 1;
   }
   pr[n++] = (struct prim){"HMAC-SHA256 of a frame header", hdr, time_ns(p_hmac, &c, 20000)};
@@ -368,10 +348,7 @@ static int frames_bench(void) {
   printf("kTLS (TCP ULP \"tls\"): %s (tcp_available_ulp: \"%s\")\n", ktls ? "offered" : "not offered", ulp);
   if (o.json) {
     FILE *j = fopen(o.json, "w");
-    if (!j) {
-      fprintf(stderr, "hixl-auth-bench: cannot write %s: %s\n", o.json, strerror(errno));
-      return 1;
-    }
+    if (!j) hb_die("cannot write %s: %s", o.json, strerror(errno));
     fprintf(j,
             "{\n  \"version\": \"%s\",\n  \"ktls\": %s,\n  \"tcp_available_ulp\": \"%s\",\n  \"frames\": [\n",
             HixlVersionString(), ktls ? "true" : "false", ulp);
