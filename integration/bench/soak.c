@@ -146,8 +146,6 @@ static int target_main(const struct soak_opts *o, int ctrl) {
   struct rlimit rl;
   HixlEngine *e = NULL;
   HixlMemHandle h;
-  HixlStatus st;
-  char line[SOAK_LINE_MAX];
   int rc = 1;
 
   if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 1;
@@ -164,17 +162,10 @@ static int target_main(const struct soak_opts *o, int ctrl) {
   if (!(e = hb_engine(g_taddr, o->transport, o->x.v, o->x.n))) goto out_unmap;
   if (hb_reg(e, mem, len, &h) != HIXL_SUCCESS) goto out_destroy;
   hb_send(ctrl, "READY %" PRIxPTR " %zu\n", (uintptr_t)mem, len);
-  for (;;) {
-    int r = bench_read_line(ctrl, line, sizeof(line), INT_MAX);
-    if (r == 0 || (r == 1 && strcmp(line, "QUIT") == 0)) break;
-  }
+  hb_serve(ctrl, "QUIT", INT_MAX);
   rc = 0;
 out_destroy:
-  st = HixlEngineDestroy(e);
-  if (st != HIXL_SUCCESS) {
-    report_hixl("target", "HixlEngineDestroy", st);
-    rc = 1;
-  }
+  if (!hb_ok(HixlEngineDestroy(e), "target: HixlEngineDestroy")) rc = 1;
 out_unmap:
   munmap(mem, len);
   return rc;
@@ -237,12 +228,6 @@ struct client {
   pthread_t th;
   unsigned errors_told;
 };
-
-static HixlEngine *client_engine(const struct soak_opts *o, const char *who) {
-  HixlEngine *e = hb_engine("127.0.0.1", o->transport, NULL, 0);
-  if (!e) hb_say("%s: no engine\n", who);
-  return e;
-}
 
 /* One sync call, counted; false when it failed (said once per client up to 5 times). */
 static bool legit_call(struct client *c, HixlTransferOp op, const HixlTransferOpDesc *d, size_t n) {
@@ -328,21 +313,15 @@ static void *client_main(void *arg) {
 
 static bool client_start(struct client *c) {
   HixlMemHandle h;
-  char who[32];
-  snprintf(who, sizeof(who), "client %u", c->id);
   c->mem_len = 3 * SOAK_BATCH_LEN + 2 * (size_t)SOAK_LARGE;
   c->mem = hb_map(c->mem_len);
   c->key_base = malloc(SOAK_LARGE);
   if (c->mem == NULL || c->key_base == NULL) return false;
   bench_pattern_fill(c->key_base, SOAK_LARGE, 1000 + c->id);
-  if ((c->eng = client_engine(c->o, who)) == NULL) return false;
-  HixlMemDesc d = {(uintptr_t)c->mem, c->mem_len};
-  HixlStatus st = HixlEngineRegisterMem(c->eng, &d, HIXL_MEM_HOST, &h);
-  if (st == HIXL_SUCCESS) st = HixlEngineConnect(c->eng, g_taddr, 10000);
-  if (st != HIXL_SUCCESS) {
-    report_hixl(who, "HixlEngineRegisterMem / Connect", st);
+  if (!(c->eng = hb_engine("127.0.0.1", c->o->transport, NULL, 0)) ||
+      hb_reg(c->eng, c->mem, c->mem_len, &h) != HIXL_SUCCESS ||
+      !hb_ok(HixlEngineConnect(c->eng, g_taddr, 10000), "a client's HixlEngineConnect"))
     return false;
-  }
   return pthread_create(&c->th, NULL, client_main, c) == 0;
 }
 
@@ -369,10 +348,9 @@ static void join_once(struct joiner *j) {
   HixlStatus st = HIXL_FAILED;
   uint64_t t0 = bench_now_ns();
   atomic_fetch_add(&n->tries, 1);
-  HixlEngine *e = buf != NULL ? client_engine(j->o, "late joiner") : NULL;
+  HixlEngine *e = buf != NULL ? hb_engine("127.0.0.1", j->o->transport, NULL, 0) : NULL;
   if (e != NULL) {
-    HixlMemDesc d = {(uintptr_t)buf, SOAK_JOIN_LEN};
-    st = HixlEngineRegisterMem(e, &d, HIXL_MEM_HOST, &h);
+    st = hb_reg(e, buf, SOAK_JOIN_LEN, &h);
     if (st == HIXL_SUCCESS) st = HixlEngineConnect(e, g_taddr, j->o->join_timeout_ms);
     if (st == HIXL_SUCCESS) {
       HixlTransferOpDesc op = {(uintptr_t)buf, g_rbase + SOAK_LARGE, SOAK_JOIN_LEN};
@@ -1014,10 +992,7 @@ static void print_report(const struct run *r, const struct goals *g) {
 static bool write_json(const struct run *r, const struct goals *g, const char *path) {
   const struct soak_opts *o = r->o;
   FILE *f = fopen(path, "w");
-  if (f == NULL) {
-    hb_say("--json %s: %s\n", path, strerror(errno));
-    return false;
-  }
+  if (f == NULL) return hb_say("--json %s: %s\n", path, strerror(errno)), false;
   fprintf(f, "{\n  \"transport\": \"%s\", \"hostile_seconds\": %.0f, \"baseline_seconds\": %.0f,\n",
           o->transport, o->seconds, o->base_seconds);
   fprintf(f,
@@ -1168,9 +1143,7 @@ int main(int argc, char **argv) {
   const char *mib = hb_extra_get(&o.x, "LinkAnswerMiB");
   if (mib == NULL && !hb_extra_add(&o.x, "LinkAnswerMiB=" SOAK_DEFAULT_ANSWER_MIB)) return 2;
   o.answer_mib = (size_t)strtoull(mib ? mib : SOAK_DEFAULT_ANSWER_MIB, NULL, 10);
-  uint16_t port = bench_free_port();
-  if (port == 0) hb_die("no free port on 127.0.0.1");
-  snprintf(g_taddr, sizeof(g_taddr), "127.0.0.1:%u", (unsigned)port);
+  snprintf(g_taddr, sizeof(g_taddr), "127.0.0.1:%u", (unsigned)hb_ports("127.0.0.1", 1));
   struct hb_peer tgt;
   hb_spawn(&tgt, target_child, &o); /* before any thread */
   int sp0 = tgt.fd;
