@@ -1,8 +1,9 @@
 /* harness: what every hixl benchmark shares, so that each bench is only its workload:
  * one option table that parses argv and prints the usage, messages and exits, the
- * engine and its registrations, buffers, the peer process (fork, one socketpair) and
- * the lines it speaks, free ports, the KV plugin's entry, medians. The statistics and
- * the data pattern stay in bench_util.h (the demo and the examples use them too). */
+ * engine and its registrations, waits on its requests, buffers, the peer process (fork,
+ * one socketpair) and the lines it speaks, free ports, the reporter, medians, the KV
+ * plugin's entry and a KV host's step. The statistics and the data pattern stay in
+ * bench_util.h (the demo and the examples use them too). */
 #ifndef HIXL_BENCH_HARNESS_H
 #define HIXL_BENCH_HARNESS_H
 
