@@ -23,7 +23,7 @@
  * util/auth_frames.c), HMAC-SHA256 of the same bytes, GMAC over a 1 MiB payload chunk
  * (tagging the data too), AES-256-GCM encryption of 1 MiB (what a TLS 1.3 record layer
  * does to every byte), each beside memcpy of the same bytes; and whether this kernel
- * offers kTLS (the "tls" TCP ULP). */
+ * offers kTLS (the "tls" TCP ULP). `hixl-perf auth` (hixl-auth-bench): a test in one process. */
 #include <inttypes.h>
 
 #include <openssl/evp.h>
@@ -378,29 +378,27 @@ static bool parse_transports(void *p, const char *v) {
   return o.n_transports > 0;
 }
 
-int main(int argc, char **argv) {
+static bool frames;
+static const struct hb_opt opts[] = {
+    {"--connects", HB_U64, &o.connects, "N", "connects per mode and transport (default 500)", 1, 1e7, NULL},
+    {"--block", HB_U64, &o.block, "N", "connects per mode before the other mode's turn (default 50)", 1, 1e7,
+     NULL},
+    {"--warmup", HB_U64, &o.warmup, "N", "unmeasured connects per mode first (default 10)", 0, 1e7, NULL},
+    {"--transports", HB_FN, NULL, "LIST", "e.g. tcp,auto (default; auto: shm between the two engines)", 0, 0,
+     parse_transports},
+    {"--aa", HB_FLAG, &o.aa, NULL, "add mode off-b, a second keyless pair: the A/A spread", 0, 0, NULL},
+    {"--frames", HB_FLAG, &frames, NULL, "instead: what proving every frame costs, and its alternatives", 0,
+     0, NULL},
+    {"--json", HB_STR, &o.json, "FILE", "the results as JSON", 0, 0, NULL},
+    {"--no-progress", HB_NOFLAG, &o.progress, NULL, "nothing on stderr but errors", 0, 0, NULL},
+    {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
+
+static int run(struct hb_peer *none) {
   struct result res[MAX_TRANSPORTS][MODE_COUNT];
   char key[256];
   void *region = NULL;
   int rc = 1;
-  bool frames = false;
-  const struct hb_opt opts[] = {
-      {"--connects", HB_U64, &o.connects, "N", "connects per mode and transport (default 500)", 1, 1e7, NULL},
-      {"--block", HB_U64, &o.block, "N", "connects per mode before the other mode's turn (default 50)", 1,
-       1e7, NULL},
-      {"--warmup", HB_U64, &o.warmup, "N", "unmeasured connects per mode first (default 10)", 0, 1e7, NULL},
-      {"--transports", HB_FN, NULL, "LIST", "e.g. tcp,auto (default; auto: shm between the two engines)", 0,
-       0, parse_transports},
-      {"--aa", HB_FLAG, &o.aa, NULL, "add mode off-b, a second keyless pair: the A/A spread", 0, 0, NULL},
-      {"--frames", HB_FLAG, &frames, NULL, "instead: what proving every frame costs, and its alternatives", 0,
-       0, NULL},
-      {"--json", HB_STR, &o.json, "FILE", "the results as JSON", 0, 0, NULL},
-      {"--no-progress", HB_NOFLAG, &o.progress, NULL, "nothing on stderr but errors", 0, 0, NULL},
-      {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
-  hb_prog = "hixl-auth-bench";
-  hb_parse(argc, argv, opts,
-           "HixlEngineConnect time with the authenticated handshake (AuthKeyFile on both engines)\n"
-           "and without (no key on either), two engines per mode in this process on 127.0.0.1.\n");
+  (void)none;
   if (frames) return frames_bench();
   if (bench_key_file(key, sizeof(key), "hixl-auth-bench") != 0) return 1;
   if (posix_memalign(&region, 4096, REGION_BYTES) != 0) {
@@ -423,3 +421,14 @@ out_key:
   unlink(key);
   return rc;
 }
+
+const struct hb_test hb_test_auth = {
+    "auth",
+    "hixl-auth-bench",
+    "Connect with the authenticated handshake against none; --frames: a frame's proof",
+    "HixlEngineConnect time with the authenticated handshake (AuthKeyFile on both engines)\n"
+    "and without (no key on either), two engines per mode in this process on 127.0.0.1.\n",
+    opts,
+    NULL,
+    NULL,
+    run};

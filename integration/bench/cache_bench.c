@@ -14,7 +14,8 @@
  * one op per run of blocks adjacent on both sides, per tensor, as the cache manager
  * builds it. Raw and cache alternate which goes first. The bytes of both are checked
  * once per scenario (pulls here; the push by a digest the target computes). Prints a
- * table of medians and the ratio cache / raw, and --json FILE (--help: the flags). */
+ * table of medians and the ratio cache / raw, and --json FILE (--help: the flags).
+ * `hixl-perf cache` (hixl-cache-bench): the target is the test's server. */
 #include <inttypes.h>
 
 #include "harness.h"
@@ -69,21 +70,20 @@ static uint64_t digest(uint8_t **t, const uint64_t *blocks, size_t n) {
 
 /* ---- the target ---- */
 
-static int target_main(void *port, int fd) {
-  char addr[64];
-  snprintf(addr, sizeof(addr), "%s:%u", o.ip, *(uint16_t *)port);
+static char peer[64]; /* the target's address */
+static int target(int fd) {
   uint8_t **t = cache_alloc(7);
-  HixlEngine *e = hb_engine(addr, o.transport, NULL, 0);
+  HixlEngine *e = hb_engine(peer, o.transport, NULL, 0);
   if (!e) return 1;
   HixlCacheManager *m;
   hb_check(HixlCacheManagerCreate(e, 2, &m), "manager");
   register_cache(m, t, 2);
   uint64_t addrs[MAX_TENSORS];
   for (uint32_t i = 0; i < ntensors(); i++) addrs[i] = (uintptr_t)t[i];
-  if (write(fd, addrs, sizeof(uint64_t) * ntensors()) < 0) return 1;
+  if (!hb_ready(fd, addrs, ntensors())) return 1;
   uint32_t n;
   static uint64_t list[1 << 16];
-  /* "digest these blocks": a count, the blocks; 0 ends */
+  /* "digest these blocks": a count, the blocks; until the channel closes */
   while (read(fd, &n, sizeof(n)) == sizeof(n) && n > 0 && n <= (1 << 16)) {
     if (bench_read_full(fd, list, n * sizeof(uint64_t)) != 0) break;
     uint64_t h = digest(t, list, n);
@@ -109,8 +109,7 @@ static HixlEngine *eng;
 static HixlCacheManager *mgr;
 static uint8_t **mine;
 static uint64_t my_id, peer_addrs[MAX_TENSORS];
-static char peer[64];
-static struct hb_peer tgt;
+static struct hb_peer *tgt;
 
 /* The op list the cache manager builds: per tensor, one op per run of blocks adjacent
  * on both sides. */
@@ -194,8 +193,8 @@ static bool check_pull(const struct scen *s) {
 static bool check_push(const struct scen *s) {
   uint32_t n = o.req;
   uint64_t h = 0;
-  if (write(tgt.fd, &n, sizeof(n)) < 0 || write(tgt.fd, s->dst, n * sizeof(uint64_t)) < 0 ||
-      bench_read_full(tgt.fd, &h, sizeof(h)) != 0)
+  if (write(tgt->fd, &n, sizeof(n)) < 0 || write(tgt->fd, s->dst, n * sizeof(uint64_t)) < 0 ||
+      bench_read_full(tgt->fd, &h, sizeof(h)) != 0)
     return false;
   return h == digest(mine, s->src, n);
 }
@@ -210,29 +209,30 @@ static void pick(uint64_t *v, size_t n, uint64_t *rng) {
   }
 }
 
-int main(int argc, char **argv) {
-  static const char *const transports[] = {"auto", "tcp", "shm", "rdma", NULL};
-  int transport = 0;
-  const struct hb_opt opts[] = {
-      {"--transport", HB_CHOICE, &transport, "NAME", "auto (default) | tcp | shm | rdma", 0, 0, transports},
-      {"--ip", HB_STR, &o.ip, "IP", "both engines' address (default 127.0.0.1)", 0, 0, NULL},
-      {"--layers", HB_U32, &o.layers, "N", "layers, each K and V (default 32)", 1, MAX_TENSORS / 2, NULL},
-      {"--blocks", HB_U32, &o.blocks, "N", "blocks per tensor (default 128)", 1, 1 << 16, NULL},
-      {"--block-bytes", HB_SIZE, &o.bs, "SIZE", "bytes of a block, even (default 32K)", 2, 1u << 30, NULL},
-      {"--req-blocks", HB_U32, &o.req, "N", "blocks a request (default 64, <= --blocks)", 1, 1 << 16, NULL},
-      {"--iters", HB_U32, &o.iters, "N", "iterations per scenario (default 15)", 1, 1 << 16, NULL},
-      {"--json", HB_STR, &o.json, "FILE", "the results as JSON", 0, 0, NULL},
-      {"--no-progress", HB_NOFLAG, &o.progress, NULL, "nothing on stderr but errors", 0, 0, NULL},
-      {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
-  hb_prog = "hixl-cache-bench";
-  hb_parse(argc, argv, opts, NULL);
+static const char *const transports[] = {"auto", "tcp", "shm", "rdma", NULL};
+static int transport;
+static const struct hb_opt opts[] = {
+    {"--transport", HB_CHOICE, &transport, "NAME", "auto (default) | tcp | shm | rdma", 0, 0, transports},
+    {"--ip", HB_STR, &o.ip, "IP", "both engines' address (default 127.0.0.1)", 0, 0, NULL},
+    {"--layers", HB_U32, &o.layers, "N", "layers, each K and V (default 32)", 1, MAX_TENSORS / 2, NULL},
+    {"--blocks", HB_U32, &o.blocks, "N", "blocks per tensor (default 128)", 1, 1 << 16, NULL},
+    {"--block-bytes", HB_SIZE, &o.bs, "SIZE", "bytes of a block, even (default 32K)", 2, 1u << 30, NULL},
+    {"--req-blocks", HB_U32, &o.req, "N", "blocks a request (default 64, <= --blocks)", 1, 1 << 16, NULL},
+    {"--iters", HB_U32, &o.iters, "N", "iterations per scenario (default 15)", 1, 1 << 16, NULL},
+    {"--json", HB_STR, &o.json, "FILE", "the results as JSON", 0, 0, NULL},
+    {"--no-progress", HB_NOFLAG, &o.progress, NULL, "nothing on stderr but errors", 0, 0, NULL},
+    {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
+
+static int setup(void) {
   o.transport = transport ? transports[transport] : NULL;
   if (o.req > o.blocks || o.bs % 2) hb_die("--req-blocks <= --blocks, and an even --block-bytes");
-  uint16_t port = bench_free_port();
-  hb_spawn(&tgt, target_main, &port); /* before any engine or device is opened here */
-  if (bench_read_full(tgt.fd, peer_addrs, sizeof(uint64_t) * ntensors()) != 0)
-    hb_die("the target did not start");
-  snprintf(peer, sizeof(peer), "%s:%u", o.ip, port);
+  snprintf(peer, sizeof(peer), "%s:%u", o.ip, bench_free_port());
+  return 0;
+}
+
+static int initiator(struct hb_peer *p) {
+  tgt = p;
+  hb_wait_ready(tgt->fd, peer_addrs, ntensors());
   const char *me = o.ip;
   if (!(eng = hb_engine(me, o.transport, NULL, 0))) return 1;
   hb_check(HixlCacheManagerCreate(eng, 1, &mgr), "manager");
@@ -320,10 +320,16 @@ int main(int argc, char **argv) {
     if (f) hb_json_item(f, (size_t)i, 3, rec, HB_NF(rec));
   }
   if (f) fprintf(f, "  ]\n}\n"), fclose(f);
-  uint32_t zero = 0;
-  if (write(tgt.fd, &zero, sizeof(zero)) < 0) kill(tgt.pid, SIGKILL);
-  hb_reap(&tgt, 60);
   HixlCacheManagerDestroy(mgr);
   HixlEngineDestroy(eng);
   return 0;
 }
+
+const struct hb_test hb_test_cache = {"cache",
+                                      "hixl-cache-bench",
+                                      "the cache manager's pulls and push against the raw engine's op lists",
+                                      NULL,
+                                      opts,
+                                      setup,
+                                      target,
+                                      initiator};

@@ -249,6 +249,14 @@ int hb_serve(int fd, const char *word, int timeout_ms) {
   return r == 0 ? 0 : 1;
 }
 
+bool hb_ready(int fd, const uint64_t *v, size_t n) { return hb_write_all(fd, v, n * sizeof(*v)); }
+
+void hb_wait_ready(int fd, uint64_t *v, size_t n) {
+  struct pollfd pfd = {.fd = fd, .events = POLLIN};
+  if (poll(&pfd, 1, 60000) != 1 || bench_read_full(fd, v, n * sizeof(*v)) != 0)
+    hb_die("the server process did not start (its message, if any, is above)");
+}
+
 uint64_t hb_cpu_ns(pid_t pid) {
   clockid_t c = CLOCK_PROCESS_CPUTIME_ID;
   struct timespec ts;

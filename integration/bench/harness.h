@@ -97,6 +97,28 @@ char *hb_recv(int fd, char *buf, size_t cap);
  * no such line came within timeout_ms. */
 int hb_serve(int fd, const char *word, int timeout_ms);
 
+/* The server's start: n 64-bit words (addresses, lengths) to the client; false when the
+ * client is gone. */
+bool hb_ready(int fd, const uint64_t *v, size_t n);
+/* The client's wait for them, at most 60 s; dies when the server failed to start (it says
+ * why itself) or went away. */
+void hb_wait_ready(int fd, uint64_t *v, size_t n);
+
+/* ---- hixl-perf: one binary, each test a row of perf.c's table (ucx_perftest's shape).
+ * `hixl-perf NAME [options]`, or the test's own program name (a link to hixl-perf): its
+ * options parsed into its parameters, its setup run, its server forked (before any
+ * engine; the fork hands it the parameters), its client run, the server reaped. ---- */
+struct hb_test {
+  const char *name;                 /* hixl-perf NAME */
+  const char *prog;                 /* its program name (a link) and its messages' prefix */
+  const char *doc;                  /* a line of hixl-perf's list */
+  const char *head;                 /* the usage's lines above the options */
+  const struct hb_opt *opts;        /* its options, a NULL name last */
+  int (*setup)(void);               /* after parsing, before the fork: 0, or the exit status */
+  int (*server)(int fd);            /* the peer process; NULL: the test runs in one */
+  int (*client)(struct hb_peer *p); /* the measurement (p NULL without a server): the exit status */
+};
+
 /* The CPU time, user + system, of every thread of process pid (0: this one) so far, in
  * ns: its process CPU-time clock (clock_getcpuclockid), which reads another process
  * too, at the scheduler's resolution (getrusage's of a child waits for its exit). */

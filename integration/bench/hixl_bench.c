@@ -22,15 +22,14 @@
  * is staged through the pools; when it names remote, the bench runs the target with
  * StagingUnregistered=on, since a target refuses that by default.
  *
- * The two processes share a socketpair: the target sends "READY engine <buffer address>
- * <length>" (--api engine: the engine API has no way to look a peer's buffer up) or
- * "READY cs" (the initiator finds the buffer by its tag), or "ERROR ..."; the initiator
- * sends "DONE" at the end. */
+ * `hixl-perf bench` (hixl-bench): the target is the test's server; it starts by telling
+ * the initiator its buffer's address and length (--api engine: the engine API has no way
+ * to look a peer's buffer up; cs: the initiator finds it by its tag) and serves until the
+ * initiator is done. */
 #include <inttypes.h>
 
 #include "harness.h"
 
-#define BENCH_READY_TIMEOUT_MS   60000   /* target start-up */
 #define BENCH_TARGET_MAX_WAIT_MS 3600000 /* target lives at most this long for one initiator */
 #define BENCH_MAX_ITERS          10000000ull
 #define BENCH_MAX_WINDOW         1024
@@ -180,27 +179,15 @@ static int target_cs(const struct bench_opts *o, int ctrl, uint8_t *buf, size_t 
   char ip[64];
   uint16_t port = 0;
   int rc = 1;
-  if (!split_addr(o->peer, ip, sizeof(ip), &port)) {
-    hb_send(ctrl, "ERROR target: --peer %s is not IP:PORT\n", o->peer);
-    return 1;
-  }
+  if (!split_addr(o->peer, ip, sizeof(ip), &port)) return hb_say("--peer %s is not IP:PORT\n", o->peer), 1;
   EndpointDesc ep = {.protocol = cs_protocol(o)};
   HixlServerDesc sd = {.server_ip = ip, .server_port = port, .endpoint_list = &ep, .endpoint_list_num = 1};
   HcommMem mem = {.type = HCCL_MEM_TYPE_HOST, .addr = buf, .size = span};
-  if (!hb_ok(HixlCSServerCreate(&sd, NULL, &srv), "target: HixlCSServerCreate")) {
-    hb_send(ctrl, "ERROR HixlCSServerCreate(%s) failed\n", o->peer);
-    return 1;
-  }
-  if (!hb_ok(HixlCSServerRegMem(srv, BENCH_CS_TAG, &mem, &mh), "target: HixlCSServerRegMem")) {
-    hb_send(ctrl, "ERROR HixlCSServerRegMem(%zu bytes) failed\n", span);
+  if (!hb_ok(HixlCSServerCreate(&sd, NULL, &srv), "target: HixlCSServerCreate")) return 1;
+  if (!hb_ok(HixlCSServerRegMem(srv, BENCH_CS_TAG, &mem, &mh), "target: HixlCSServerRegMem"))
     goto out_destroy;
-  }
-  if (!hb_ok(HixlCSServerListen(srv, 0), "target: HixlCSServerListen")) {
-    hb_send(ctrl, "ERROR HixlCSServerListen(%s) failed\n", o->peer);
-    goto out_unreg;
-  }
-  hb_send(ctrl, "READY cs\n");
-  rc = hb_serve(ctrl, "DONE", BENCH_TARGET_MAX_WAIT_MS);
+  if (!hb_ok(HixlCSServerListen(srv, 0), "target: HixlCSServerListen")) goto out_unreg;
+  if (hb_ready(ctrl, (uint64_t[]){0, span}, 2)) rc = hb_serve(ctrl, "DONE", BENCH_TARGET_MAX_WAIT_MS);
 out_unreg:
   if (!hb_ok(HixlCSServerUnregMem(srv, mh), "target: HixlCSServerUnregMem")) rc = 1;
 out_destroy:
@@ -216,15 +203,10 @@ static int target_engine(const struct bench_opts *o, int ctrl, uint8_t *buf, siz
   bool reg = (o->unreg & UNREG_REMOTE) == 0;
   int rc = 1;
   HixlEngine *eng = hb_engine(o->peer, NULL, opt, engine_options(o, true, opt));
-  if (eng == NULL) {
-    hb_send(ctrl, "ERROR target engine on %s failed\n", o->peer);
-    return 1;
-  }
-  if (reg && hb_reg(eng, buf, span, &mh) != HIXL_SUCCESS) {
-    hb_send(ctrl, "ERROR HixlEngineRegisterMem(%zu bytes) failed\n", span);
-  } else {
-    hb_send(ctrl, "READY engine %" PRIxPTR " %zu\n", (uintptr_t)buf, span);
-    rc = hb_serve(ctrl, "DONE", BENCH_TARGET_MAX_WAIT_MS);
+  if (eng == NULL) return 1;
+  if (!reg || hb_reg(eng, buf, span, &mh) == HIXL_SUCCESS) {
+    if (hb_ready(ctrl, (uint64_t[]){(uintptr_t)buf, span}, 2))
+      rc = hb_serve(ctrl, "DONE", BENCH_TARGET_MAX_WAIT_MS);
     if (reg && !hb_ok(HixlEngineDeregisterMem(eng, mh), "target: HixlEngineDeregisterMem")) rc = 1;
   }
   if (!hb_ok(HixlEngineFinalize(eng), "target: HixlEngineFinalize")) rc = 1;
@@ -232,14 +214,11 @@ static int target_engine(const struct bench_opts *o, int ctrl, uint8_t *buf, siz
   return rc;
 }
 
-/* The target: its buffer holds the pattern; served until the initiator says DONE. */
+/* The target: its buffer holds the pattern; served until the initiator is done. */
 static int run_target(const struct bench_opts *o, int ctrl) {
   size_t span = needed_span(o);
   uint8_t *buf = hb_map(span);
-  if (buf == NULL) {
-    hb_send(ctrl, "ERROR target cannot map %zu bytes: %s\n", span, strerror(errno));
-    return 1;
-  }
+  if (buf == NULL) return 1;
   bench_pattern_fill(buf, span, o->seed ^ 0x7a7a7a7aull);
   int rc = o->api == API_CS ? target_cs(o, ctrl, buf, span) : target_engine(o, ctrl, buf, span);
   munmap(buf, span);
@@ -782,29 +761,17 @@ static int initiator_cs(struct bench_ctx *c) {
 }
 
 static int run_initiator(const struct bench_opts *o, int ctrl) {
-  char line[512];
-  struct bench_ctx c;
+  struct bench_ctx c = {.o = o};
+  uint64_t ready[2]; /* the target's buffer: address (cs: 0), length */
   int rc = 1;
-  size_t rlen = 0, mapped;
-  memset(&c, 0, sizeof(c));
-  c.o = o;
+  size_t rlen, mapped;
 
   if (o->csv != NULL) { /* a file we cannot append to fails now, not after the sweep */
     FILE *f = hb_csv(o->csv, BENCH_CSV_HEADER);
-    if (f == NULL || fclose(f) != 0) {
-      hb_send(ctrl, "DONE\n");
-      return 1;
-    }
+    if (f == NULL || fclose(f) != 0) return 1;
   }
-  int r = bench_read_line(ctrl, line, sizeof(line), BENCH_READY_TIMEOUT_MS);
-  bool ready =
-      r == 1 && (o->api == API_ENGINE ? sscanf(line, "READY engine %" SCNxPTR " %zu", &c.rbase, &rlen) == 2
-                                      : strcmp(line, "READY cs") == 0);
-  if (!ready) {
-    hb_say("target not ready: %s\n",
-           r == 1 ? line : (r == 0 ? "it closed the control channel" : "no answer in 60 s"));
-    return 1;
-  }
+  hb_wait_ready(ctrl, ready, 2);
+  c.rbase = (uintptr_t)ready[0], rlen = (size_t)ready[1];
   /* The CS target's length comes with its tag, after connecting: map what the sweep
    * needs, and use no more than the target has. */
   c.span = needed_span(o);
@@ -833,7 +800,6 @@ static int run_initiator(const struct bench_opts *o, int ctrl) {
   rc = o->api == API_CS ? initiator_cs(&c) : initiator_engine(&c);
 
 out_free:
-  hb_send(ctrl, "DONE\n");
   free(c.descs);
   free(c.cdescs);
   free(c.lat);
@@ -932,29 +898,25 @@ static bool check_args(const struct bench_opts *c) {
   return true;
 }
 
-static int target_child(void *arg, int fd) {
-  const struct bench_opts *c = arg;
-  return bench_pin_cpu(c->cpu[1]) ? run_target(c, fd) : 1;
-}
-
-int main(int argc, char **argv) {
-  hb_parse(argc, argv, opts,
-           "READ / WRITE bandwidth and latency between two hixl engines (or HixlCS* client and server).\n");
+static int setup(void) {
   if (o.n_blocks == 0)
     for (size_t b = 4096; b <= (16u << 20); b *= 2) o.blocks[o.n_blocks++] = b;
   o.ops = o.op_idx + 1;
   o.transport = o.transport_idx >= 0 ? transports[o.transport_idx] : NULL;
   if (!check_args(&o)) return 2;
-  signal(SIGPIPE, SIG_IGN);
-
   if (o.peer[0] == '\0') snprintf(o.peer, sizeof(o.peer), "127.0.0.1:%u", (unsigned)bench_free_port());
-  struct hb_peer tgt;
-  hb_spawn(&tgt, target_child, &o);
-  int rc = bench_pin_cpu(o.cpu[0]) ? run_initiator(&o, tgt.fd) : 1;
-  int crc = hb_reap(&tgt, 60);
-  if (crc != 0) {
-    hb_say("target process exited with status %d\n", crc);
-    rc = 1;
-  }
-  return rc;
+  return 0;
 }
+
+static int target(int fd) { return bench_pin_cpu(o.cpu[1]) ? run_target(&o, fd) : 1; }
+static int initiator(struct hb_peer *p) { return bench_pin_cpu(o.cpu[0]) ? run_initiator(&o, p->fd) : 1; }
+
+const struct hb_test hb_test_bench = {
+    "bench",
+    "hixl-bench",
+    "READ / WRITE bandwidth and latency sweeps between two engines (or CS API)",
+    "READ / WRITE bandwidth and latency between two hixl engines (or HixlCS* client and server).\n",
+    opts,
+    setup,
+    target,
+    initiator};

@@ -14,7 +14,8 @@
  * The data is checked byte for byte once before and once after the measurements.
  * --kernel-refs adds two references: one process_vm_readv per 1 MiB block, and the
  * kernel's own batch, one process_vm_readv of 1024 scattered 4 KiB blocks. --csv FILE appends one row per
- * figure (its median and every round) for run_perf.sh; the printed tables stay as they are. */
+ * figure (its median and every round) for run_perf.sh; the printed tables stay as they are.
+ * `hixl-perf shm-ref` (hixl-shm-ref): the target is the test's server. */
 #include <sys/uio.h>
 
 #include "harness.h"
@@ -61,27 +62,23 @@ static void log_cb(HixlLogLevel level, const char *msg, void *ctx) {
 /* The target: an engine with Transport shm that registers span bytes and allocates
  * span more (HixlEngineAllocMem, mapped by the initiator), and reports both addresses;
  * it serves until the pipe closes. */
-static int target_main(void *name, int fd) {
+static char peer[32]; /* the target's address */
+static int target(int fd) {
   HixlMemHandle h, hm;
   void *mapped = NULL;
   if (!bench_pin_cpu(o.cpu_target)) return 1;
   unsigned char *mem = buf_new(o.span, 0x5a);
-  HixlEngine *e = hb_engine(name, "shm", NULL, 0);
+  HixlEngine *e = hb_engine(peer, "shm", NULL, 0);
   if (!e || hb_reg(e, mem, o.span, &h) != HIXL_SUCCESS) return 1;
   hb_check(HixlEngineAllocMem(e, o.span, &mapped, &hm), "target AllocMem");
   memset(mapped, 0x5a, o.span);
-  uint64_t addr[2] = {(uintptr_t)mem, (uintptr_t)mapped};
-  char c;
-  if (write(fd, addr, sizeof(addr)) != sizeof(addr)) return 1;
-  while (read(fd, &c, 1) > 0) {
-  }
+  if (hb_ready(fd, (uint64_t[]){(uintptr_t)mem, (uintptr_t)mapped}, 2)) hb_serve(fd, "DONE", 3600 * 1000);
   HixlEngineDestroy(e);
   return 0;
 }
 
 struct ctx {
   HixlEngine *e;
-  char peer[32];
   pid_t pid;
   uint64_t raddr; /* the target's registered memory */
   uint64_t maddr; /* ... and its AllocMem memory, mapped here */
@@ -150,8 +147,8 @@ static double run_fig(struct ctx *c, struct fig *f) {
           c->d[i].remote_addr = base + rb * f->block;
           c->d[i].len = f->block;
         }
-        hb_check(HixlEngineTransferSync(c->e, c->peer, w ? HIXL_WRITE : HIXL_READ, c->d, f->batch, 60000),
-                 "%s", f->name);
+        hb_check(HixlEngineTransferSync(c->e, peer, w ? HIXL_WRITE : HIXL_READ, c->d, f->batch, 60000), "%s",
+                 f->name);
         first = (first + f->batch) % nblk;
         done += f->block * f->batch;
       }
@@ -174,7 +171,7 @@ static void move_span(struct ctx *c, uint64_t raddr, HixlTransferOp op, size_t b
       c->d[i].remote_addr = raddr + rb * block;
       c->d[i].len = block;
     }
-    hb_check(HixlEngineTransferSync(c->e, c->peer, op, c->d, batch, 60000), "data check");
+    hb_check(HixlEngineTransferSync(c->e, peer, op, c->d, batch, 60000), "data check");
   }
 }
 
@@ -231,26 +228,25 @@ static bool write_csv(const struct fig *figs, size_t n) {
   return true;
 }
 
-int main(int argc, char **argv) {
-  const struct hb_opt opts[] = {
-      {"--thp", HB_FLAG, &o.thp, NULL, "back every buffer with transparent huge pages", 0, 0, NULL},
-      {"--kernel-refs", HB_FLAG, &o.kernel_refs, NULL,
-       "add process_vm_readv at 1 MiB and of a scattered batch", 0, 0, NULL},
-      {"--span-mib", HB_U64, &o.span_mib, "N", "the span walked, a multiple of 4, at least 16 (default 64)",
-       16, 1 << 20, NULL},
-      {"--seconds", HB_DBL, &o.seconds, "S", "per figure and round (default 0.5)", 1e-9, 3600, NULL},
-      {"--rounds", HB_INT, &o.rounds, "R", "rounds, each figure once in each (default 3)", 1, 15, NULL},
-      {"--cpu-initiator", HB_INT, &o.cpu_init, "C", "(default 0; -1 leaves it unpinned)", -1, CPU_SETSIZE - 1,
-       NULL},
-      {"--cpu-target", HB_INT, &o.cpu_target, "C", "(default 1; -1 leaves it unpinned)", -1, CPU_SETSIZE - 1,
-       NULL},
-      {"--csv", HB_STR, &o.csv, "FILE", "append one row per figure, header written when the file is new", 0,
-       0, NULL},
-      {"--only", HB_STR, &o.only, "TEXT", "measure only the figures whose name holds TEXT (no goals, no CSV)",
-       0, 0, NULL},
-      {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
-  hb_prog = "hixl-shm-ref";
-  hb_parse(argc, argv, opts, NULL);
+static const struct hb_opt opts[] = {
+    {"--thp", HB_FLAG, &o.thp, NULL, "back every buffer with transparent huge pages", 0, 0, NULL},
+    {"--kernel-refs", HB_FLAG, &o.kernel_refs, NULL, "add process_vm_readv at 1 MiB and of a scattered batch",
+     0, 0, NULL},
+    {"--span-mib", HB_U64, &o.span_mib, "N", "the span walked, a multiple of 4, at least 16 (default 64)", 16,
+     1 << 20, NULL},
+    {"--seconds", HB_DBL, &o.seconds, "S", "per figure and round (default 0.5)", 1e-9, 3600, NULL},
+    {"--rounds", HB_INT, &o.rounds, "R", "rounds, each figure once in each (default 3)", 1, 15, NULL},
+    {"--cpu-initiator", HB_INT, &o.cpu_init, "C", "(default 0; -1 leaves it unpinned)", -1, CPU_SETSIZE - 1,
+     NULL},
+    {"--cpu-target", HB_INT, &o.cpu_target, "C", "(default 1; -1 leaves it unpinned)", -1, CPU_SETSIZE - 1,
+     NULL},
+    {"--csv", HB_STR, &o.csv, "FILE", "append one row per figure, header written when the file is new", 0, 0,
+     NULL},
+    {"--only", HB_STR, &o.only, "TEXT", "measure only the figures whose name holds TEXT (no goals, no CSV)",
+     0, 0, NULL},
+    {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
+
+static int setup(void) {
   o.span = o.span_mib * MiB;
   if (o.span % (4 * MiB) != 0) hb_die("--span-mib: a multiple of 4");
   if (o.csv != NULL) { /* a file we cannot append to fails now, not after the measurements */
@@ -258,15 +254,14 @@ int main(int argc, char **argv) {
     if (f == NULL) return 2;
     fclose(f);
   }
+  snprintf(peer, sizeof(peer), "127.0.0.1:%u", (unsigned)bench_free_port());
+  return 0;
+}
 
-  struct ctx c;
-  struct hb_peer tgt;
-  memset(&c, 0, sizeof(c));
-  snprintf(c.peer, sizeof(c.peer), "127.0.0.1:%u", (unsigned)bench_free_port());
-  hb_spawn(&tgt, target_main, c.peer); /* before any thread exists here */
-  c.pid = tgt.pid;
+static int initiator(struct hb_peer *tgt) {
+  struct ctx c = {.pid = tgt->pid};
   uint64_t addrs[2];
-  if (bench_read_full(tgt.fd, addrs, sizeof(addrs)) != 0) hb_die("the target did not start");
+  hb_wait_ready(tgt->fd, addrs, 2);
   c.raddr = addrs[0];
   c.maddr = addrs[1];
   if (!bench_pin_cpu(o.cpu_init)) return 1;
@@ -292,7 +287,7 @@ int main(int argc, char **argv) {
   if (!(c.e = hb_engine("127.0.0.1", "shm", NULL, 0)) || hb_reg(c.e, c.src, o.span, &hs) != HIXL_SUCCESS ||
       hb_reg(c.e, c.dst, o.span, &hd) != HIXL_SUCCESS)
     return 1;
-  hb_check(HixlEngineConnect(c.e, c.peer, 10000), "Connect (Transport shm)");
+  hb_check(HixlEngineConnect(c.e, peer, 10000), "Connect (Transport shm)");
   HixlSetLogLevel(HIXL_LOG_WARN);
   verify(&c, "before");
   if (g_mapped != 1)
@@ -375,6 +370,10 @@ int main(int argc, char **argv) {
   }
   bool csv_ok = o.csv == NULL || o.only || write_csv(figs, nf);
   HixlEngineDestroy(c.e);
-  hb_reap(&tgt, 60);
   return csv_ok ? 0 : 1;
 }
+
+const struct hb_test hb_test_shm_ref = {
+    "shm-ref", "hixl-shm-ref", "Transport shm beside memcpy and process_vm_readv, interleaved rounds",
+    NULL,      opts,           setup,
+    target,    initiator};

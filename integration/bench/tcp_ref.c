@@ -6,7 +6,8 @@
  *     drain. Reports GB/s (10^9 bytes/s) over all streams.
  *   --mode rtt: one connection, blocking --size byte request and --size byte response,
  *     repeated --iters times (bounded by --seconds); avg / p50 / p99 microseconds.
- * TCP_NODELAY on every socket. */
+ * TCP_NODELAY on every socket. `hixl-perf tcp-ref` (hixl-tcp-ref): the receiver is the
+ * test's server. */
 #include <arpa/inet.h>
 #include <inttypes.h>
 #include <netinet/in.h>
@@ -281,57 +282,55 @@ out:
   return rc;
 }
 
-static int receiver_main(void *arg, int fd) {
-  const struct ref_opts *o = arg;
-  (void)fd;
-  return bench_pin_cpu(o->cpu[1]) ? run_receiver(o, o->lfd) : 1;
-}
+static struct ref_opts o = {
+    .mode = -1, .streams = 1, .seconds = -1, .iters = 20000, .warmup = 1000, .cpu = {-1, -1}};
+static const char *const modes[] = {"stream", "rtt", NULL};
+static const struct hb_opt opts[] = {
+    {"--mode", HB_CHOICE, &o.mode, "stream|rtt", "required", 0, 0, modes},
+    {"--size", HB_SIZE, &o.size, "BYTES",
+     "bytes per send (stream, default 1M) or per message (rtt, default 64)", 1, 1u << 30, NULL},
+    {"--streams", HB_UNS, &o.streams, "N", "connections for stream mode (default 1, max 64)", 1,
+     REF_MAX_STREAMS, NULL},
+    {"--seconds", HB_DBL, &o.seconds, "S",
+     "stream duration (default 3); rtt stops early past it (default 10)", 1e-9, 3600, NULL},
+    {"--iters", HB_U64, &o.iters, "N", "rtt round trips measured (default 20000)", 1, 1e8, NULL},
+    {"--warmup", HB_U64, &o.warmup, "N", "rtt round trips before measuring (default 1000)", 0, 1e8, NULL},
+    {"--pin", HB_PIN, o.cpu, "S,R", "pin the sender process to CPU S and the receiver to CPU R", 0, 0, NULL},
+    {"--csv", HB_STR, &o.csv, "FILE", "append one result row (header written when the file is new)", 0, 0,
+     NULL},
+    {"--quiet", HB_FLAG, &o.quiet, NULL, "no human-readable line", 0, 0, NULL},
+    {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
+static struct sockaddr_in sa = {.sin_family = AF_INET}; /* the receiver's */
 
-int main(int argc, char **argv) {
-  static const char *const modes[] = {"stream", "rtt", NULL};
-  struct ref_opts o = {
-      .mode = -1, .streams = 1, .seconds = -1, .iters = 20000, .warmup = 1000, .cpu = {-1, -1}};
-  const struct hb_opt opts[] = {
-      {"--mode", HB_CHOICE, &o.mode, "stream|rtt", "required", 0, 0, modes},
-      {"--size", HB_SIZE, &o.size, "BYTES",
-       "bytes per send (stream, default 1M) or per message (rtt, default 64)", 1, 1u << 30, NULL},
-      {"--streams", HB_UNS, &o.streams, "N", "connections for stream mode (default 1, max 64)", 1,
-       REF_MAX_STREAMS, NULL},
-      {"--seconds", HB_DBL, &o.seconds, "S",
-       "stream duration (default 3); rtt stops early past it (default 10)", 1e-9, 3600, NULL},
-      {"--iters", HB_U64, &o.iters, "N", "rtt round trips measured (default 20000)", 1, 1e8, NULL},
-      {"--warmup", HB_U64, &o.warmup, "N", "rtt round trips before measuring (default 1000)", 0, 1e8, NULL},
-      {"--pin", HB_PIN, o.cpu, "S,R", "pin the sender process to CPU S and the receiver to CPU R", 0, 0,
-       NULL},
-      {"--csv", HB_STR, &o.csv, "FILE", "append one result row (header written when the file is new)", 0, 0,
-       NULL},
-      {"--quiet", HB_FLAG, &o.quiet, NULL, "no human-readable line", 0, 0, NULL},
-      {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
-  hb_prog = "hixl-tcp-ref";
-  hb_parse(argc, argv, opts, NULL);
-  if (o.mode < 0) {
-    hb_usage(stderr, opts, NULL);
-    return 2;
-  }
+/* The defaults of the mode, and the receiver's socket listening before the fork. */
+static int setup(void) {
+  socklen_t sl = sizeof(sa);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (o.mode < 0) return hb_usage(stderr, opts, NULL), 2;
   if (o.size == 0) o.size = o.mode == REF_STREAM ? (1u << 20) : 64;
   if (o.seconds <= 0) o.seconds = o.mode == REF_STREAM ? 3.0 : 10.0;
-
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t sl = sizeof(sa);
   o.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (o.lfd < 0 || bind(o.lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
       listen(o.lfd, REF_MAX_STREAMS) != 0 || getsockname(o.lfd, (struct sockaddr *)&sa, &sl) != 0)
     hb_die("cannot listen on 127.0.0.1: %s", strerror(errno));
-  struct hb_peer rcv;
-  hb_spawn(&rcv, receiver_main, &o);
-  close(o.lfd);
+  return 0;
+}
+
+static int receiver(int fd) {
+  (void)fd;
+  return bench_pin_cpu(o.cpu[1]) ? run_receiver(&o, o.lfd) : 1;
+}
+
+static int sender(struct hb_peer *p) {
   int rc = 1;
-  uint16_t port = ntohs(sa.sin_port);
-  if (bench_pin_cpu(o.cpu[0])) rc = o.mode == REF_STREAM ? run_stream(&o, port) : run_rtt(&o, port);
-  if (rc != 0) kill(rcv.pid, SIGTERM); /* a failed sender may leave the receiver waiting on a socket */
-  if (hb_reap(&rcv, 60) != 0 && rc == 0) {
-    hb_say("receiver process failed\n");
-    rc = 1;
-  }
+  close(o.lfd);
+  if (bench_pin_cpu(o.cpu[0]))
+    rc = o.mode == REF_STREAM ? run_stream(&o, ntohs(sa.sin_port)) : run_rtt(&o, ntohs(sa.sin_port));
+  if (rc != 0) kill(p->pid, SIGTERM); /* a failed sender may leave the receiver waiting on a socket */
   return rc;
 }
+
+const struct hb_test hb_test_tcp_ref = {
+    "tcp-ref", "hixl-tcp-ref", "the plain TCP reference: stream GB/s and round trips on 127.0.0.1",
+    NULL,      opts,           setup,
+    receiver,  sender};
