@@ -183,55 +183,60 @@ out_pairs:
 
 static double ratio(double a, double b) { return b > 0 ? a / b : 0; }
 
-static void print_table(struct result (*res)[MODE_COUNT]) {
-  printf("%-10s %-6s %9s %9s %9s %9s %9s %12s\n", "transport", "mode", "connects", "p50_us", "p99_us",
-         "mean_us", "min_us", "disc_mean_us");
-  for (size_t t = 0; t < o.n_transports; t++) {
-    for (size_t m = 0; m < n_modes(); m++) {
-      const struct bench_stats *s = &res[t][m].conn;
-      printf("%-10s %-6s %9" PRIu64 " %9.1f %9.1f %9.1f %9.1f %12.1f\n", o.transports[t], mode_names[m],
-             o.connects, s->p50_us, s->p99_us, s->avg_us, s->min_us, res[t][m].disc_mean_us);
-    }
-    for (size_t m = MODE_ON; m < n_modes(); m += 2) { /* on/off, then off-b/off */
-      const struct bench_stats *a = &res[t][m].conn, *b = &res[t][MODE_OFF].conn;
-      printf("%-10s %-6s %9s %8.2fx %8.2fx %8.2fx\n", o.transports[t], m == MODE_ON ? "on/off" : "A/A", "",
-             ratio(a->p50_us, b->p50_us), ratio(a->p99_us, b->p99_us), ratio(a->avg_us, b->avg_us));
-    }
-  }
+/* A mode's figures (when m < MODE_COUNT), or a transport's ratios on/off and off-b/off. */
+static size_t fields(struct result (*res)[MODE_COUNT], size_t t, size_t m, struct hb_field *f) {
+  size_t k = m % MODE_COUNT;
+  const struct bench_stats *s = &res[t][k].conn, *on = &res[t][MODE_ON].conn, *off = &res[t][MODE_OFF].conn,
+                           *b = &res[t][MODE_OFF_B].conn;
+  const struct hb_field v[] = {HB_FS("transport", "transport", o.transports[t]),
+                               HB_FS("mode", "mode", mode_names[k]),
+                               HB_FU("connects", "connects", o.connects),
+                               HB_FD("p50_us", "p50_us", "%.3f", "%.1f", s->p50_us),
+                               HB_FD("p99_us", "p99_us", "%.3f", "%.1f", s->p99_us),
+                               HB_FD("mean_us", "mean_us", "%.3f", "%.1f", s->avg_us),
+                               HB_FD("min_us", "min_us", "%.3f", "%.1f", s->min_us),
+                               HB_FD("max_us", NULL, "%.3f", NULL, s->max_us),
+                               HB_FD("disc_mean_us", "disc_mean_us", "%.3f", "%.1f", res[t][k].disc_mean_us)},
+                        r[] = {HB_FS("transport", "transport", o.transports[t]),
+                               HB_FD("on_off_p50", "p50 on/off", "%.4f", "%.2fx",
+                                     ratio(on->p50_us, off->p50_us)),
+                               HB_FD("on_off_p99", "p99 on/off", "%.4f", "%.2fx",
+                                     ratio(on->p99_us, off->p99_us)),
+                               HB_FD("on_off_mean", "mean on/off", "%.4f", "%.2fx",
+                                     ratio(on->avg_us, off->avg_us)),
+                               HB_FD("aa_p50", "p50 A/A", "%.4f", "%.2fx", ratio(b->p50_us, off->p50_us)),
+                               HB_FD("aa_p99", "p99 A/A", "%.4f", "%.2fx", ratio(b->p99_us, off->p99_us)),
+                               HB_FD("aa_mean", "mean A/A", "%.4f", "%.2fx", ratio(b->avg_us, off->avg_us))};
+  if (m == MODE_COUNT) return memcpy(f, r, sizeof(r)), HB_NF(r) - (o.aa ? 0 : 3);
+  return memcpy(f, v, sizeof(v)), HB_NF(v);
 }
 
-static int write_json(struct result (*res)[MODE_COUNT]) {
-  FILE *f = hb_json_open(o.json, "hixl-auth-bench");
-  fprintf(f,
-          "  \"connects\": %" PRIu64 ",\n  \"block\": %" PRIu64 ",\n  \"warmup\": %" PRIu64
-          ",\n  \"results\": [\n",
-          o.connects, o.block, o.warmup);
-  for (size_t t = 0; t < o.n_transports; t++)
-    for (size_t m = 0; m < n_modes(); m++) {
-      const struct bench_stats *s = &res[t][m].conn;
-      fprintf(f,
-              "    {\"transport\": \"%s\", \"mode\": \"%s\", \"connects\": %" PRIu64
-              ", \"p50_us\": %.3f, \"p99_us\": %.3f, \"mean_us\": %.3f, \"min_us\": %.3f, \"max_us\": %.3f, "
-              "\"disc_mean_us\": %.3f}%s\n",
-              o.transports[t], mode_names[m], o.connects, s->p50_us, s->p99_us, s->avg_us, s->min_us,
-              s->max_us, res[t][m].disc_mean_us, t + 1 == o.n_transports && m + 1 == n_modes() ? "" : ",");
-    }
-  fprintf(f, "  ],\n  \"ratios\": [\n");
-  for (size_t t = 0; t < o.n_transports; t++) {
-    const struct bench_stats *on = &res[t][MODE_ON].conn, *off = &res[t][MODE_OFF].conn;
-    fprintf(f,
-            "    {\"transport\": \"%s\", \"on_off_p50\": %.4f, \"on_off_p99\": %.4f, \"on_off_mean\": %.4f",
-            o.transports[t], ratio(on->p50_us, off->p50_us), ratio(on->p99_us, off->p99_us),
-            ratio(on->avg_us, off->avg_us));
-    if (o.aa) {
-      const struct bench_stats *b = &res[t][MODE_OFF_B].conn;
-      fprintf(f, ", \"aa_p50\": %.4f, \"aa_p99\": %.4f, \"aa_mean\": %.4f", ratio(b->p50_us, off->p50_us),
-              ratio(b->p99_us, off->p99_us), ratio(b->avg_us, off->avg_us));
-    }
-    fprintf(f, "}%s\n", t + 1 == o.n_transports ? "" : ",");
+/* The table on stdout, and --json FILE: a mode's figures each, then each transport's ratios. */
+static int report(struct result (*res)[MODE_COUNT]) {
+  struct hb_field f[16];
+  size_t nm = n_modes(), nt = o.n_transports;
+  FILE *j = o.json ? hb_json_open(o.json, "hixl-auth-bench") : NULL;
+  if (j)
+    fprintf(j,
+            "  \"connects\": %" PRIu64 ",\n  \"block\": %" PRIu64 ",\n  \"warmup\": %" PRIu64
+            ",\n  \"results\": [\n",
+            o.connects, o.block, o.warmup);
+  for (size_t i = 0; i < nt * nm; i++) {
+    size_t n = fields(res, i / nm, i % nm, f);
+    if (i == 0) hb_head(stdout, HB_MD, f, n);
+    hb_row(stdout, HB_MD, f, n), putchar('\n');
+    if (j) hb_json_item(j, i, nt * nm, f, n);
   }
-  fprintf(f, "  ]\n}\n");
-  return fclose(f) == 0 ? 0 : (hb_say("--json %s: %s\n", o.json, strerror(errno)), -1);
+  if (j) fprintf(j, "  ],\n  \"ratios\": [\n");
+  for (size_t t = 0; t < nt; t++) {
+    size_t n = fields(res, t, MODE_COUNT, f);
+    if (t == 0) putchar('\n'), hb_head(stdout, HB_MD, f, n);
+    hb_row(stdout, HB_MD, f, n), putchar('\n');
+    if (j) hb_json_item(j, t, nt, f, n);
+  }
+  if (j && (fprintf(j, "  ]\n}\n"), fclose(j)) != 0)
+    return hb_say("--json %s: %s\n", o.json, strerror(errno)), -1;
+  return 0;
 }
 
 /* ---- --frames: the per-frame proof against its alternatives ---- */
@@ -412,8 +417,7 @@ static int run(struct hb_peer *none) {
          HixlVersionString(), o.connects, o.block, o.warmup);
   for (size_t t = 0; t < o.n_transports; t++)
     if (measure(o.transports[t], key, region, res[t]) != 0) goto out_region;
-  print_table(res);
-  if (o.json && write_json(res) != 0) goto out_region;
+  if (report(res) != 0) goto out_region;
   rc = 0;
 out_region:
   free(region);
