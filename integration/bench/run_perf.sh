@@ -130,38 +130,34 @@ SNAP_START=$(cpu_snap)
 T0=$(date +%s)
 
 # ------------------------------------------------------------ one-shot tools
+run() { # LOG TIMEOUT TOOL ARGS...: one run of a tool, its output appended to $RES/LOG
+  local out=$RES/$1 t=$2
+  shift 2
+  timeout "$t" "$@" >>"$out" 2>&1 || log "${1##*/} ${*:2} failed (see $out)"
+}
 tcp_stream() { # STREAMS SIZE CSV [PIN] -> runs hixl-tcp-ref, appends to CSV
-  timeout 30 "$TCPREF" --mode stream --streams "$1" --size "$2" --seconds 3 --csv "$3" \
-    ${4:+--pin "$4"} >>"$RES/tcp_ref.log" 2>&1 || log "hixl-tcp-ref stream $1 x $2 failed (see $RES/tcp_ref.log)"
+  run tcp_ref.log 30 "$TCPREF" --mode stream --streams "$1" --size "$2" --seconds 3 --csv "$3" ${4:+--pin "$4"}
 }
 tcp_rtt() { # CSV [PIN]
-  timeout 60 "$TCPREF" --mode rtt --size 64 --iters 10000 --warmup 1000 --seconds 20 --csv "$1" \
-    ${2:+--pin "$2"} >>"$RES/tcp_ref.log" 2>&1 || log "hixl-tcp-ref rtt failed (see $RES/tcp_ref.log)"
+  run tcp_ref.log 60 "$TCPREF" --mode rtt --size 64 --iters 10000 --warmup 1000 --seconds 20 --csv "$1" ${2:+--pin "$2"}
 }
-hixl_lat() { # CSV [PIN]
-  timeout 60 "$BENCH" --transport tcp --latency --lat-size 64 --lat-iters 10000 --max-seconds 20 --csv "$1" \
-    --no-progress ${2:+--pin "$2"} >>"$RES/hixl_latency.log" 2>&1 ||
-    log "hixl-bench latency failed (see $RES/hixl_latency.log)"
+hixl_lat() { # LOG CSV [PIN] [extra args]: 64 B READ round trips, appended to CSV
+  local log=$1 csv=$2 pin=${3:-}
+  shift $(($# < 3 ? $# : 3))
+  run "$log" 60 "$BENCH" --transport tcp --latency --lat-size 64 --lat-iters 10000 --max-seconds 20 --csv "$csv" \
+    --no-progress ${pin:+--pin "$pin"} "$@"
 }
-hixl_4m() { # CSV [extra args]
-  local csv=$1
-  shift
-  timeout 120 "$BENCH" --transport tcp --op both --block-sizes 4M --batch 1 --total 16G --max-seconds 3 \
-    --csv "$csv" --no-progress ${PIN:+--pin "$PIN"} "$@" >>"$RES/hixl_4m.log" 2>&1 ||
-    log "hixl-bench 4 MiB $* failed (see $RES/hixl_4m.log)"
+hixl_4m() { # LOG CSV [extra args]: 4 MiB WRITE and READ, pinned, appended to CSV
+  local log=$1 csv=$2
+  shift 2
+  run "$log" 120 "$BENCH" --transport tcp --op both --block-sizes 4M --batch 1 --total 16G --max-seconds 3 \
+    --csv "$csv" --no-progress ${PIN:+--pin "$PIN"} "$@"
 }
 # The CS-vs-engine comparison: both APIs with --transport tcp, pinned.
 hixl_cmp() { # CSV API sync|async -> 4 MiB WRITE (put) and READ (get), appended to CSV
-  local csv=$1 api=$2 extra=()
+  local extra=()
   [ "$3" = async ] && extra=(--async --window 4)
-  timeout 120 "$BENCH" --api "$api" --transport tcp --op both --block-sizes 4M --batch 1 --total 16G \
-    --max-seconds 3 --csv "$csv" --no-progress ${PIN:+--pin "$PIN"} "${extra[@]}" >>"$RES/hixl_cs.log" 2>&1 ||
-    log "hixl-bench --api $api 4 MiB $3 failed (see $RES/hixl_cs.log)"
-}
-hixl_cmp_lat() { # CSV API -> 64 B READ (get) round trips, appended to CSV
-  timeout 60 "$BENCH" --api "$2" --transport tcp --latency --lat-size 64 --lat-iters 10000 --max-seconds 20 \
-    --csv "$1" --no-progress ${PIN:+--pin "$PIN"} >>"$RES/hixl_cs.log" 2>&1 ||
-    log "hixl-bench --api $2 latency failed (see $RES/hixl_cs.log)"
+  hixl_4m hixl_cs.log "$1" --api "$2" "${extra[@]}"
 }
 # Staging over tcp: the same sync sweep with engine options (--opt) or with the
 # initiator's memory unregistered. Every run is named; its CSV is round<R>_st_<name>.csv.
@@ -178,9 +174,8 @@ hixl_stage() { # NAME -> the staging run NAME of round $r, WRITE and READ
     registered) args=("${ST_BIG[@]}") ;;
     unregistered) args=("${ST_BIG[@]}" --unregistered local) ;;
   esac
-  timeout 120 "$BENCH" --transport tcp --op both --total 4G --max-seconds 1 --csv "$csv" --no-progress \
-    ${PIN:+--pin "$PIN"} "${args[@]}" >>"$RES/hixl_staging.log" 2>&1 ||
-    log "hixl-bench staging run $1 (${args[*]}) failed (see $RES/hixl_staging.log)"
+  run hixl_staging.log 120 "$BENCH" --transport tcp --op both --total 4G --max-seconds 1 --csv "$csv" --no-progress \
+    ${PIN:+--pin "$PIN"} "${args[@]}"
 }
 UCX_NOTE=""
 ucx_put() { # sets UCX_LAST to GB/s or n/a, and UCX_NOTE on failure
@@ -220,15 +215,15 @@ for ((r = 1; r <= ROUNDS; r++)); do
   tcp_stream 1 4M "$RES/round${r}_tcp.csv" "$PIN"
   ucx_put
   echo "$UCX_LAST" >"$RES/round${r}_ucx.txt"
-  hixl_4m "$csv"
+  hixl_4m hixl_4m.log "$csv"
   tcp_rtt "$RES/round${r}_rtt.csv" "$PIN"
-  hixl_lat "$RES/round${r}_lat.csv" "$PIN"
+  hixl_lat hixl_latency.log "$RES/round${r}_lat.csv" "$PIN"
   log "round $r/$ROUNDS: CS API vs engine over tcp: 4 MiB sync and async window 4, 64 B round trips"
   ccsv=$RES/round${r}_cs.csv
   if ((r % 2)); then apis=(engine cs); else apis=(cs engine); fi
   for api in "${apis[@]}"; do hixl_cmp "$ccsv" "$api" sync; done
   for api in "${apis[@]}"; do hixl_cmp "$ccsv" "$api" async; done
-  for api in "${apis[@]}"; do hixl_cmp_lat "$RES/round${r}_cs_lat.csv" "$api"; done
+  for api in "${apis[@]}"; do hixl_lat hixl_cs.log "$RES/round${r}_cs_lat.csv" "$PIN" --api "$api"; done
   log "round $r/$ROUNDS: staging over tcp: 64 B..16 KiB x 1024 coalesced or direct, unregistered memory"
   if ((r % 2)); then runs=(default direct coalesced registered unregistered); else
     runs=(unregistered registered coalesced direct default); fi
@@ -248,9 +243,9 @@ tcp_stream 2 4M "$ONCE" ""
 tcp_stream 2 4K "$ONCE" ""
 log "64 B round trips unpinned and with both processes on CPU 0"
 tcp_rtt "$RES/rtt_free.csv" ""
-hixl_lat "$RES/lat_free.csv" ""
+hixl_lat hixl_latency.log "$RES/lat_free.csv" ""
 tcp_rtt "$RES/rtt_same.csv" "0,0"
-hixl_lat "$RES/lat_same.csv" "0,0"
+hixl_lat hixl_latency.log "$RES/lat_same.csv" "0,0"
 IPERF_NOTE=""
 if command -v iperf3 >/dev/null 2>&1; then
   for streams in 1 2; do
@@ -272,7 +267,7 @@ else
 fi
 
 log "hixl-bench 4 MiB with TransferAsync, window 4"
-hixl_4m "$RES/hixl_async.csv" --async --window 4
+hixl_4m hixl_4m.log "$RES/hixl_async.csv" --async --window 4
 
 log "hixl-bench sweep"
 timeout 300 "$BENCH" --transport tcp --op both --block-sizes 4K,64K,1M,4M,16M --batch 1,8 --total 512M --max-seconds 2 \
