@@ -44,6 +44,13 @@ def ratio(a, b):
     return "%.2f" % (float(a) / float(b))
 
 
+def md(head, align, rows):
+    """A markdown table: HEAD its columns joined by " | ", ALIGN an l or r a column
+    ("---|" or "---:|"), ROWS each a list of cells or the cells already joined by " | "."""
+    return "\n".join([f"| {head} |", "|" + "".join("---:|" if a == "r" else "---|" for a in align)] +
+                     ["| " + (r if isinstance(r, str) else " | ".join(map(str, r))) + " |" for r in rows])
+
+
 def verdict(r, op, goal):
     if r == "n/a":
         return "NOT MEASURED"
@@ -240,46 +247,35 @@ def perf(res, out, src):
         rows = csv_rows(R("hixl_sweep.csv"))
         if not rows:
             return "(the sweep did not run; see perf-results/hixl_sweep.err)"
-        L = ["| op | block | batch | iters | GB/s | avg us | p50 us | p99 us | verified |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-        for x in rows:
-            L.append("| %s | %s | %s | %s | %.2f | %.1f | %.1f | %.1f | %s |" % (
+        return md("op | block | batch | iters | GB/s | avg us | p50 us | p99 us | verified", "lrrrrrrrl", [
+            "%s | %s | %s | %s | %.2f | %.1f | %.1f | %.1f | %s" % (
                 x["op"], x["block_size"], x["batch"], x["iters"], float(x["gbps"]), float(x["avg_us"]),
-                float(x["p50_us"]), float(x["p99_us"]), x["verified"]))
-        return "\n".join(L)
+                float(x["p50_us"]), float(x["p99_us"]), x["verified"]) for x in rows])
 
     def coalesce_table():  # every small block at batch 1024: direct, default, all coalesced
-        L = [f"| block x 1024 | op | direct (0) | default ({ST_DEF_TEXT}) | default / direct | coalesced ({ST_ALL}) "
-             "| coalesced / direct |", "|---:|---|---:|---:|---:|---:|---:|"]
+        L = []
         for b in ST_SMALL_B:
             for op in ("WRITE", "READ"):
                 d, df, al = (st_median(n, op, b, 1024) for n in ("direct", "default", "coalesced"))
                 how = (" (coalesced)" if b < int(ST_DEF) else " (direct)") if ST_DEF else ""
-                L.append(f"| {b} B | {op} | {gbps(d)} | {gbps(df)}{how} | {rx(df, d)} | {gbps(al)} | {rx(al, d)} |")
-        return "\n".join(L)
+                L.append([f"{b} B", op, gbps(d), gbps(df) + how, rx(df, d), gbps(al), rx(al, d)])
+        return md(f"block x 1024 | op | direct (0) | default ({ST_DEF_TEXT}) | default / direct | coalesced ({ST_ALL}) "
+                  "| coalesced / direct", "rlrrrrr", L)
 
     def unreg_table():
-        L = ["| block x 64 | op | registered | unregistered local (staged) | unregistered / registered |",
-             "|---:|---|---:|---:|---:|"]
-        for b in (65536, 4194304):
-            for op in ("WRITE", "READ"):
-                reg, un = st_median("registered", op, b, 64), st_median("unregistered", op, b, 64)
-                L.append(f"| {b // 1024} KiB | {op} | {gbps(reg)} | {gbps(un)} | {rx(un, reg)} |")
-        return "\n".join(L)
+        L = [[f"{b // 1024} KiB", op, gbps(reg), gbps(un), rx(un, reg)] for b in (65536, 4194304)
+             for op in ("WRITE", "READ") for reg, un in [(st_median("registered", op, b, 64),
+                                                          st_median("unregistered", op, b, 64))]]
+        return md("block x 64 | op | registered | unregistered local (staged) | unregistered / registered", "rlrrr", L)
 
     def stage_rounds_table():  # per-round GB/s of every staging figure
         st_all = lambda *a: r2all(st_rounds(*a))
-        L = [f"| figure | op | direct (0) | default | coalesced ({ST_ALL}) |", "|---|---|---|---|---|"]
-        for b in ST_SMALL_B:
-            for op in ("WRITE", "READ"):
-                L.append(f"| {b} B x 1024 | {op} | {st_all('direct', op, b, 1024)} | {st_all('default', op, b, 1024)} "
-                         f"| {st_all('coalesced', op, b, 1024)} |")
-        L += ["", "| figure | op | registered | unregistered local |", "|---|---|---|---|"]
-        for b in (65536, 4194304):
-            for op in ("WRITE", "READ"):
-                L.append(f"| {b // 1024} KiB x 64 | {op} | {st_all('registered', op, b, 64)} | "
-                         f"{st_all('unregistered', op, b, 64)} |")
-        return "\n".join(L)
+        return md(f"figure | op | direct (0) | default | coalesced ({ST_ALL})", "lllll", [
+            [f"{b} B x 1024", op] + [st_all(n, op, b, 1024) for n in ("direct", "default", "coalesced")]
+            for b in ST_SMALL_B for op in ("WRITE", "READ")]) + "\n\n" + md(
+            "figure | op | registered | unregistered local", "llll", [
+                [f"{b // 1024} KiB x 64", op, st_all("registered", op, b, 64), st_all("unregistered", op, b, 64)]
+                for b in (65536, 4194304) for op in ("WRITE", "READ")])
 
     # ----- the shm section. A figure is KIND:OP:BLOCK:BATCH:LAYOUT, as in hixl-shm-ref's CSV.
     SHM_CSV = R("shm.csv")
@@ -327,26 +323,20 @@ def perf(res, out, src):
         return r
 
     def shm_target_table():
-        L = ["| target (ratio of medians) | goal | 4 KiB pages | kernel's ceiling | result | huge pages | "
-             "kernel's ceiling | result |", "|---|---:|---:|---:|---|---:|---:|---|"]
+        L = []
         for label, goal, f, ref, k in targets:
-            line = f"| {label} | >= {goal}x |"
+            L.append([label, f">= {goal}x"])
             for p in ("4k", "thp"):
                 v, c = shm_ratio(p, f, ref), shm_ratio(p, k, ref)
-                line += f" {xr(v)} | {xr(c)} | {shm_result(v, c, goal)} |"
-            L.append(line)
-        return "\n".join(L)
+                L[-1] += [xr(v), xr(c), shm_result(v, c, goal)]
+        return md("target (ratio of medians) | goal | 4 KiB pages | kernel's ceiling | result | huge pages | "
+                  "kernel's ceiling | result", "lrrrlrrl", L)
 
     def shm_map_table():
-        L = ["| target (ratio of medians) | goal | 4 KiB pages | result | huge pages | result |",
-             "|---|---:|---:|---|---:|---|"]
-        for label, goal, f, ref in map_targets:
-            line = f"| {label} | >= {goal}x |"
-            for p in ("4k", "thp"):
-                v = shm_ratio(p, f, ref)
-                line += f" {xr(v)} | {verdict(v, 'ge', float(goal))} |"
-            L.append(line)
-        return "\n".join(L)
+        return md("target (ratio of medians) | goal | 4 KiB pages | result | huge pages | result", "lrrlrl", [
+            [label, f">= {goal}x"] + [x for p in ("4k", "thp") for v in [shm_ratio(p, f, ref)]
+                                     for x in (xr(v), verdict(v, "ge", float(goal)))]
+            for label, goal, f, ref in map_targets])
 
     def shm_summary(p, name):  # how many targets pass, whose the misses are, hixl against the bare call
         res_ = [shm_result(shm_ratio(p, f, ref), shm_ratio(p, k, ref), goal) for _, goal, f, ref, k in targets]
@@ -392,9 +382,8 @@ def perf(res, out, src):
             rnd[x["pages"], name] = "/".join("%.2f" % float(v) for v in x["round_gbps"].split("/"))
         groups[1].sort(key=lambda y: y[1])  # kernel calls by batch, then block
         cell = lambda p, name: f"{med[p, name]} | {rnd[p, name]}" if (p, name) in med else "n/a | n/a"
-        L = ["| figure (GB/s) | 4 KiB pages | rounds | huge pages | rounds |", "|---|---:|---|---:|---|"]
-        L += [f"| {name} | {cell('4k', name)} | {cell('thp', name)} |" for g in groups for name, _ in g]
-        return "\n".join(L)
+        return md("figure (GB/s) | 4 KiB pages | rounds | huge pages | rounds", "lrlrl",
+                  [f"{name} | {cell('4k', name)} | {cell('thp', name)}" for g in groups for name, _ in g])
 
     SHM_SPAN = get(SHM_CSV, "span_mib", tool="hixl-shm-ref")
     SHM_ROUNDS = get(SHM_CSV, "rounds", tool="hixl-shm-ref")
@@ -472,8 +461,7 @@ def cache(res, out, runs, iters, template=None):
     v = {"machine": f"{machine()[0] or '?'}, {os.cpu_count()} CPUs, Linux {platform.release()}", "iters": iters}
     for t in ("tcp", "auto"):
         rs = [json.load(open(f)) for f in sorted(glob.glob(f"{res}/{t}-*.json"))]
-        L = ["| scenario | raw GB/s | cache GB/s | raw ops | cache ops | ratio per run | median ratio | goal | verified |",
-             "|---|---|---|---|---|---|---|---|---|"]
+        L = []
         for i, sc in enumerate(rs[0]["results"] if rs else []):
             name = sc["scenario"]
             ratios = [r["results"][i]["ratio"] for r in rs]
@@ -482,9 +470,10 @@ def cache(res, out, runs, iters, template=None):
             med = statistics.median(ratios)
             goal = ("met" if med >= 0.95 else "missed") if name.startswith("pull") else "(none)"
             ok = all(r["results"][i]["verified"] for r in rs)
-            L.append(f"| {name} | {raw:.2f} | {cache:.2f} | {sc['raw_ops']} | {sc['cache_ops']} | "
-                     + ", ".join(f"{x:.2f}x" for x in ratios) + f" | {med:.2f}x | {goal} | {'yes' if ok else 'NO'} |")
-        v[t] = "\n".join(L) if rs else "(not measured in this run)"
+            L.append(f"{name} | {raw:.2f} | {cache:.2f} | {sc['raw_ops']} | {sc['cache_ops']} | "
+                     + ", ".join(f"{x:.2f}x" for x in ratios) + f" | {med:.2f}x | {goal} | {'yes' if ok else 'NO'}")
+        v[t] = md("scenario | raw GB/s | cache GB/s | raw ops | cache ops | ratio per run | median ratio | goal | "
+                  "verified", "l" * 9, L) if rs else "(not measured in this run)"
     fill(template or out, out, v)
     print(f"run_cache: wrote {out}", file=sys.stderr)
 
@@ -702,9 +691,7 @@ def ab(raw, out):
       f"StagingThreshold=0, --pin 0,1; {E['AB_ELAPSED']} s; load average {E['AB_LOAD']}")
     P("- GB/s: median over rounds. A/A: OLD's max/min over its rounds (n/a with one round). "
       "REGRESSION?: NEW/OLD < 0.9 and below 1/A/A; with one round, below 0.9 says no more than that.\n")
-    P("| transport | batch | op | block | OLD GB/s | NEW GB/s | NEW/OLD | A/A | REGRESSION? |")
-    P("|---|---:|---|---:|---:|---:|---:|---:|---|")
-    jp = []
+    jp, L = [], []
     for k in sorted(pts):
         s = summary(pts[k])
         low = s["ratio"] is not None and s["ratio"] < 0.9
@@ -712,32 +699,32 @@ def ab(raw, out):
         flagged += bad
         unsure += low and s["aa"] is None
         flag = "REGRESSION?" if bad else "below 0.9, no A/A" if low and s["aa"] is None else ""
-        P(f"| {k[0]} | {k[1]} | {k[2]} | {size(k[3])} | {s['old']:.2f} | {s['new']:.2f} | "
-          f"{f2(s['ratio'])} | {f2(s['aa'])} | {flag} |")
+        L.append(f"{k[0]} | {k[1]} | {k[2]} | {size(k[3])} | {s['old']:.2f} | {s['new']:.2f} | "
+                 f"{f2(s['ratio'])} | {f2(s['aa'])} | {flag}")
         jp.append(dict(transport=k[0], batch=k[1], op=k[2], block_size=k[3], gbps=s, regression=bool(bad)))
+    P(md("transport | batch | op | block | OLD GB/s | NEW GB/s | NEW/OLD | A/A | REGRESSION?", "lrlrrrrrl", L))
     P("\nCPU seconds (user + system, initiator and target, whole run) per GiB measured, per group; "
       "MORE CPU?: NEW/OLD > 1.1 and above A/A.\n")
-    P("| transport | batch | op | OLD s/GiB | NEW s/GiB | NEW/OLD | A/A | MORE CPU? |")
-    P("|---|---:|---|---:|---:|---:|---:|---|")
-    jg = []
+    jg, L = [], []
     for k in sorted(grp):
         s = summary(grp[k])
         bad = s["ratio"] is not None and s["ratio"] > 1.1 and s["aa"] is not None and s["ratio"] > s["aa"]
         cpu_flagged += bad
-        P(f"| {k[0]} | {k[1]} | {k[2]} | {s['old']:.3f} | {s['new']:.3f} | {f2(s['ratio'])} | "
-          f"{f2(s['aa'])} | {'MORE CPU?' if bad else ''} |")
+        L.append([k[0], k[1], k[2], f"{s['old']:.3f}", f"{s['new']:.3f}", f2(s["ratio"]), f2(s["aa"]),
+                  "MORE CPU?" if bad else ""])
         jg.append(dict(transport=k[0], batch=k[1], op=k[2], cpu_s_per_gib=s, more_cpu=bool(bad)))
+    P(md("transport | batch | op | OLD s/GiB | NEW s/GiB | NEW/OLD | A/A | MORE CPU?", "lrlrrrrl", L))
     rs = [p["gbps"]["ratio"] for p in jp if p["gbps"]["ratio"]]
     aas = [p["gbps"]["aa"] for p in jp if p["gbps"]["aa"]]
     P(f"\nNEW/OLD GB/s {min(rs):.2f}-{max(rs):.2f}x over {len(jp)} points"
       + (f", A/A {min(aas):.2f}-{max(aas):.2f}x" if aas else ", no A/A (one round)")
       + f"; {flagged} flagged REGRESSION?, {cpu_flagged} groups MORE CPU?"
       + (f", {unsure} points below 0.9 with no A/A to judge them by." if unsure else "."))
-    md = "\n".join(lines) + "\n"
-    open(f"{out}/ab.md", "w").write(md)
+    text = "\n".join(lines) + "\n"
+    open(f"{out}/ab.md", "w").write(text)
     meta = {k[3:].lower(): v for k, v in E.items() if k.startswith("AB_")}
     json.dump(dict(meta=meta, points=jp, groups=jg), open(f"{out}/ab.json", "w"), indent=1)
-    sys.stdout.write(md)
+    sys.stdout.write(text)
 
 
 # ------------------------------------------------------------------------ auth
@@ -864,10 +851,7 @@ def auth(res, out, template=None):
          "ops": [], "pd": [], "connect": [], "goals": {}}
     J["meta"]["capability_check_in_plugin"] = E["AUTH_CAP_BIN"] == "yes"
 
-    L = ["| transport | op | on GB/s | off GB/s | off-b GB/s | A/B on/off (min / **med** / max) | A/A off-b/off | "
-         "on / all keyless | verdict (>= 0.95x) | on + AuthPayloadTag GB/s | its A/B on+tag/off |",
-         "|---|---|---:|---:|---:|---|---|---:|---|---:|---|"]
-    ops_ok = True
+    L, ops_ok = [], True
     for (t, op) in sorted(ops, key=lambda k: (k[0] != "tcp", k[1] != "WRITE")):
         d = ops[(t, op)]
         ab, aa = spread(pair(d, "on", "off")), spread(pair(d, "offb", "off"))
@@ -876,16 +860,14 @@ def auth(res, out, template=None):
         g = {k: med(d[k].values()) for k in d}
         pl = pooled(d)
         abp = spread(pair(d, "onp", "off"))
-        L.append(f"| {t} | {op} | {g.get('on', 0):.2f} | {g.get('off', 0):.2f} | {g.get('offb', 0):.2f} | {fx(ab)} | "
-                 f"{fx(aa)} | {fp(pl)} | **{vd}**{': ' + why if why else ''} | {g.get('onp', 0):.2f} | {fx(abp)} |")
+        L.append(f"{t} | {op} | {g.get('on', 0):.2f} | {g.get('off', 0):.2f} | {g.get('offb', 0):.2f} | {fx(ab)} | "
+                 f"{fx(aa)} | {fp(pl)} | **{vd}**{': ' + why if why else ''} | {g.get('onp', 0):.2f} | {fx(abp)}")
         J["ops"].append({"transport": t, "op": op, "gbps_median": g, "gbps_rounds": d, "ab": ab, "aa": aa,
                          "on_over_all_keyless": pl, "verdict": vd, "note": why})
-    v["ops"] = "\n".join(L)
-
-    L = ["| transport | on GB/s | off GB/s | off-b GB/s | A/B GB/s on/off | A/A GB/s off-b/off | GB/s on / all keyless | "
-         "verdict (>= 0.95x) | hand-off p50 ms on / off / off-b | A/B p50 on/off | A/A p50 off-b/off | "
-         "on + AuthPayloadTag GB/s | its A/B |", "|---|---:|---:|---:|---|---|---:|---|---|---|---|---:|---|"]
-    pd_ok = True
+    v["ops"] = md("transport | op | on GB/s | off GB/s | off-b GB/s | A/B on/off (min / **med** / max) | A/A off-b/off | "
+                  "on / all keyless | verdict (>= 0.95x) | on + AuthPayloadTag GB/s | its A/B on+tag/off",
+                  "llrrrllrlrl", L)
+    L, pd_ok = [], True
     for t in sorted(pd, key=lambda k: k != "tcp"):
         d = pd[t]
         ab, aa = spread(pair(d, "on", "off", "gbs")), spread(pair(d, "offb", "off", "gbs"))
@@ -894,36 +876,34 @@ def auth(res, out, template=None):
         pd_ok &= vd == "PASS"
         g = {k: med(x["gbs"] for x in d[k].values()) for k in d}
         l = {k: med(x["p50"] for x in d[k].values()) for k in d}
-        L.append(f"| {t} | {g.get('on', 0):.3f} | {g.get('off', 0):.3f} | {g.get('offb', 0):.3f} | {fx(ab)} | {fx(aa)} | "
+        L.append(f"{t} | {g.get('on', 0):.3f} | {g.get('off', 0):.3f} | {g.get('offb', 0):.3f} | {fx(ab)} | {fx(aa)} | "
                  f"{fp(pooled(d, 'gbs'))} | **{vd}**{': ' + why if why else ''} | "
                  f"{l.get('on', 0):.1f} / {l.get('off', 0):.1f} / {l.get('offb', 0):.1f} | {fx(lab)} | {fx(laa)} | "
-                 f"{g.get('onp', 0):.3f} | {fx(spread(pair(d, 'onp', 'off', 'gbs')))} |")
+                 f"{g.get('onp', 0):.3f} | {fx(spread(pair(d, 'onp', 'off', 'gbs')))}")
         J["pd"].append({"transport": t, "gbps_median": g, "handoff_p50_ms_median": l, "rounds": d, "ab_gbps": ab,
                         "aa_gbps": aa, "on_over_all_keyless_gbps": pooled(d, "gbs"), "ab_handoff_p50": lab,
                         "aa_handoff_p50": laa, "verdict": vd, "note": why})
-    v["pd"] = "\n".join(L)
-
-    L = ["| case | transport | on s/GiB | off s/GiB | off-b s/GiB | A/B on/off (min / **med** / max) | A/A off-b/off | "
-         "on + AuthPayloadTag s/GiB | its A/B |", "|---|---|---:|---:|---:|---|---|---:|---|"]
-    J["cpu_s_per_gib"] = []
+    v["pd"] = md("transport | on GB/s | off GB/s | off-b GB/s | A/B GB/s on/off | A/A GB/s off-b/off | GB/s on / all "
+                 "keyless | verdict (>= 0.95x) | hand-off p50 ms on / off / off-b | A/B p50 on/off | A/A p50 off-b/off | "
+                 "on + AuthPayloadTag GB/s | its A/B", "lrrrllrllllrl", L)
+    L, J["cpu_s_per_gib"] = [], []
     for (kind, t) in sorted(cpu, key=lambda k: (k[0] != "ops", k[1] != "tcp")):
         d = cpu[(kind, t)]
         g = {k: med(d[k].values()) for k in d}
         ab, aa = spread(pair(d, "on", "off")), spread(pair(d, "offb", "off"))
-        L.append(f"| {'4 MiB ops' if kind == 'ops' else 'P/D hand-off'} | {t} | {g.get('on', 0):.3f} | "
+        L.append(f"{'4 MiB ops' if kind == 'ops' else 'P/D hand-off'} | {t} | {g.get('on', 0):.3f} | "
                  f"{g.get('off', 0):.3f} | {g.get('offb', 0):.3f} | {fx(ab)} | {fx(aa)} | {g.get('onp', 0):.3f} | "
-                 f"{fx(spread(pair(d, 'onp', 'off')))} |")
+                 f"{fx(spread(pair(d, 'onp', 'off')))}")
         J["cpu_s_per_gib"].append({"kind": kind, "transport": t, "median": g, "rounds": d, "ab": ab, "aa": aa})
-    v["cpu"] = "\n".join(L)
+    v["cpu"] = md("case | transport | on s/GiB | off s/GiB | off-b s/GiB | A/B on/off (min / **med** / max) | A/A "
+                  "off-b/off | on + AuthPayloadTag s/GiB | its A/B", "llrrrllrl", L)
 
     try:
         v["frames"] = open(os.path.join(res, "frames.out")).read().split("\n", 1)[1].strip()
     except (OSError, IndexError):
         v["frames"] = "(not measured in this run)"
 
-    L = ["| transport | p50 us on / off / off-b | p99 us on / off / off-b | mean us on / off / off-b | "
-         "added p50 us | A/B p50 on/off | A/A p50 off-b/off | A/B mean on/off | A/A mean off-b/off |",
-         "|---|---|---|---|---:|---|---|---|---|"]
+    L = []
     for t in sorted(conn, key=lambda k: k != "tcp"):
         d = conn[t]
         m3 = lambda key: " / ".join(f"{med(x[key] for x in d[w].values()):.0f}" for w in ("on", "off", "offb") if w in d)
@@ -931,23 +911,24 @@ def auth(res, out, template=None):
         s = {name: spread(pair(d, a, b, key)) for name, (a, b, key) in
              {"ab_p50": ("on", "off", "p50_us"), "aa_p50": ("offb", "off", "p50_us"),
               "ab_mean": ("on", "off", "mean_us"), "aa_mean": ("offb", "off", "mean_us")}.items()}
-        L.append(f"| {t} | {m3('p50_us')} | {m3('p99_us')} | {m3('mean_us')} | {added:.0f} | {fx(s['ab_p50'])} | "
-                 f"{fx(s['aa_p50'])} | {fx(s['ab_mean'])} | {fx(s['aa_mean'])} |")
+        L.append(f"{t} | {m3('p50_us')} | {m3('p99_us')} | {m3('mean_us')} | {added:.0f} | {fx(s['ab_p50'])} | "
+                 f"{fx(s['aa_p50'])} | {fx(s['ab_mean'])} | {fx(s['aa_mean'])}")
         J["connect"].append({"transport": t, "rounds": d, "added_p50_us": added, **s})
-    v["connect"] = "\n".join(L)
-
-    L = ["| case | variant | " + " | ".join(f"round {r}" for r in rounds) + " |", "|---|---|" + "---:|" * n]
+    v["connect"] = md("transport | p50 us on / off / off-b | p99 us on / off / off-b | mean us on / off / off-b | "
+                      "added p50 us | A/B p50 on/off | A/A p50 off-b/off | A/B mean on/off | A/A mean off-b/off",
+                      "llllrllll", L)
+    L = []
     vname = {"onp": "on + AuthPayloadTag", "on": "on", "off": "off", "offb": "off-b"}
     for (t, op) in sorted(ops, key=lambda k: (k[0] != "tcp", k[1] != "WRITE")):
         for w in ("onp", "on", "off", "offb"):
             d = ops[(t, op)].get(w, {})
-            L.append(f"| 4 MiB {op} {t} | {vname[w]} | " + " | ".join(f"{d[r]:.2f}" if r in d else "-" for r in rounds) + " |")
+            L.append([f"4 MiB {op} {t}", vname[w]] + [f"{d[r]:.2f}" if r in d else "-" for r in rounds])
     for t in sorted(pd, key=lambda k: k != "tcp"):
         for w in ("onp", "on", "off", "offb"):
             d = pd[t].get(w, {})
-            L.append(f"| P/D {t} | {vname[w]} | " +
-                     " | ".join(f"{d[r]['gbs']:.3f} ({d[r]['p50']:.0f} ms)" if r in d else "-" for r in rounds) + " |")
-    v["rounds"] = "\n".join(L)
+            L.append([f"P/D {t}", vname[w]] + [f"{d[r]['gbs']:.3f} ({d[r]['p50']:.0f} ms)" if r in d else "-"
+                                                for r in rounds])
+    v["rounds"] = md("case | variant | " + " | ".join(f"round {r}" for r in rounds), "ll" + "r" * n, L)
 
     J["goals"] = {"ops_4mib_on_off_ge_0.95": "PASS" if ops_ok else "MISS",
                   "pd_on_off_ge_0.95": "PASS" if pd_ok else "MISS"}
@@ -1083,8 +1064,8 @@ def pd(res, out, template, rounds, step_us, rdma_rounds):
                                           platform.release()),
          "rounds": rounds, "step_us": step_us, "rdma_rounds": rdma_rounds}
     for t in ("tcp", "auto", "rdma"):
-        md = None if t == "rdma" and rdma_rounds == "-" else read(os.path.join(res, f"pd-{t}.md"), None)
-        v[t] = (md + "\n\n" + pd_verdict(os.path.join(res, f"pd-{t}.json"))) if md else "(not measured in this run)"
+        page = None if t == "rdma" and rdma_rounds == "-" else read(os.path.join(res, f"pd-{t}.md"), None)
+        v[t] = (page + "\n\n" + pd_verdict(os.path.join(res, f"pd-{t}.json"))) if page else "(not measured in this run)"
     fill(template, out, v)
 
 
