@@ -32,6 +32,7 @@ struct child_info {
 struct child_arg {
   size_t dev_len;
   bool scoped;       /* a scoped engine: nothing granted until told */
+  bool devmap_whole; /* ... that hands device memory to same-host peers whole all the same */
   const char *forge; /* HIXL_TEST_SHM_FORGE: a handover forged on the wire */
 };
 
@@ -52,6 +53,7 @@ static int child_main(void *argp, int ready_fd, int ctl_fd) {
   HixlMemHandle hd = NULL, hh = NULL;
   if (!e || !dev || !host || !want) return 2;
   if (a->scoped && hixl_engine_set_scoped(e, true) != HIXL_SUCCESS) return 3;
+  if (a->devmap_whole && hixl_engine_set_devmap_scoped(e, false) != HIXL_SUCCESS) return 3;
   HixlMemDesc d = {.addr = (uintptr_t)dev, .len = a->dev_len}, h = {.addr = (uintptr_t)host, .len = HOST_LEN};
   if (HixlEngineRegisterMem(e, &d, HIXL_MEM_DEVICE, &hd) != HIXL_SUCCESS ||
       HixlEngineRegisterMem(e, &h, HIXL_MEM_HOST, &hh) != HIXL_SUCCESS)
@@ -161,6 +163,12 @@ static HixlStatus xfer(struct pair *p, HixlTransferOp op, const void *local, uin
   return HixlEngineTransferSync(p->e, p->ci.name, op, &d, 1, WAIT_MS);
 }
 
+static uint64_t ipc_bytes(HixlEngine *e) {
+  struct hixl_devmem_stats ds = {0};
+  TU_ASSERT_OK(hixl_engine_devmem_stats(e, &ds));
+  return ds.ipc_bytes;
+}
+
 static uint32_t mapped(struct pair *p) {
   struct hixl_link_info li;
   memset(&li, 0, sizeof(li));
@@ -179,6 +187,7 @@ static void test_pull_push(void) {
   devmem_test_d2d(&d0, &m0);
   CU_ASSERT_FATAL(pair_up(&p, &a));
   TU_ASSERT_OK_FATAL(HixlEngineConnect(p.e, p.ci.name, WAIT_MS));
+  CU_ASSERT_EQUAL(ipc_bytes(p.e), 0);
   devmem_test_d2d(&d1, &m1);
   CU_ASSERT_EQUAL(m1, m0 + 1); /* its allocation, opened once in Connect */
   CU_ASSERT_EQUAL(mapped(&p), 1);
@@ -220,7 +229,8 @@ static void test_pull_push(void) {
   CU_ASSERT_EQUAL(o1 - o0, HOST_LEN);
   CU_ASSERT_EQUAL(i1 - i0, HOST_LEN);
   devmem_test_pool(&po1, &pp1, &pw1);
-  CU_ASSERT_EQUAL(pp1, pp0); /* no pool buffer pinned: no tcp frames */
+  CU_ASSERT_EQUAL(pp1, pp0);                                   /* no pool buffer pinned: no tcp frames */
+  CU_ASSERT_EQUAL(ipc_bytes(p.e), len + p.len + 2 * HOST_LEN); /* every byte on the mapping, counted */
   pair_down(&p);
   devmem_test_d2d(&d1, &m1);
   CU_ASSERT_EQUAL(m1, m0); /* closed at Finalize */
@@ -342,6 +352,35 @@ static void test_scoped(void) {
   pair_down(&p);
 }
 
+/* A scoped target told to hand device memory to same-host peers whole (as the plugin
+ * does: same-host peers are not scoped) hands it over at Connect with nothing granted;
+ * it is read and written by d2d, every byte counted in hixl_engine_devmem_stats. The
+ * choice is made before registering memory, and refused after. */
+static void test_scoped_devmap_whole(void) {
+  struct child_arg a = {.dev_len = DEV_LEN, .scoped = true, .devmap_whole = true};
+  struct pair p;
+  uint64_t d0, m0, d1, m1;
+  devmem_test_d2d(&d0, &m0);
+  CU_ASSERT_FATAL(pair_up(&p, &a));
+  CU_ASSERT_EQUAL(hixl_engine_set_devmap_scoped(p.e, false), HIXL_PARAM_INVALID); /* registered already */
+  printf("  [%s]\n", HixlGetLastErrorMessage());
+  CU_ASSERT_EQUAL(hixl_engine_devmem_stats(p.e, NULL), HIXL_PARAM_INVALID);
+  CU_ASSERT_NOT_EQUAL(hixl_engine_set_devmap_scoped(NULL, false), HIXL_SUCCESS);
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(p.e, p.ci.name, WAIT_MS));
+  CU_ASSERT_EQUAL(mapped(&p), 1); /* nothing granted, handed over all the same */
+  CU_ASSERT_EQUAL(child_seed(&p, 'f', 91), 'k');
+  TU_ASSERT_OK(xfer(&p, HIXL_READ, p.dev, p.ci.dev, p.len));
+  tu_fill(p.want, p.len, 91);
+  TU_ASSERT_SAME(p.dev, p.want, p.len, "unscoped handover: read by d2d");
+  tu_fill(p.dev, 4096, 92);
+  TU_ASSERT_OK(xfer(&p, HIXL_WRITE, p.dev, p.ci.dev, 4096));
+  devmem_test_d2d(&d1, &m1);
+  CU_ASSERT_EQUAL(d1 - d0, p.len + 4096);
+  CU_ASSERT_EQUAL(m1, m0 + 1);
+  CU_ASSERT_EQUAL(ipc_bytes(p.e), p.len + 4096);
+  pair_down(&p);
+}
+
 static CU_TestInfo tests[] = {
     {"pull and push device memory between processes over shm by IPC handle: d2d, byte for byte",
      test_pull_push},
@@ -351,6 +390,8 @@ static CU_TestInfo tests[] = {
      test_peer_killed},
     {"a forged handover (handle past its allocation, range not the registration): refused", test_forged},
     {"a scoped target hands over only a granted allocation, and takes it back on revoke", test_scoped},
+    {"a scoped target with device memory unscoped for same-host peers hands it over at Connect",
+     test_scoped_devmap_whole},
     CU_TEST_INFO_NULL};
 static CU_SuiteInfo suites[] = {
     {"device memory over shm by IPC, host stand-in", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};

@@ -9,8 +9,9 @@
 # on cuMemAlloc'd buffers, every byte read back, then cuMemcpy DtoD / DtoH beside hixl's
 # device WRITE as ratios), the provider's tests (test_devmem*, which find the driver
 # this time) and the mock host's hand-offs with cuMemAlloc'd KV caches in both
-# processes (mock_host_cuda*: pull and push over tcp, pull over the same-host link),
-# every byte copied back and checked. A test that skips (77) here
+# processes (mock_host_cuda*: pull and push over tcp, pull and push over the same-host
+# link by CUDA IPC, device to device, which --expect-device-ipc checks), every byte
+# copied back and checked. A test that skips (77) here
 # says why: no driver or no device is a failure of this run, not a pass.
 # Output: OUT_DIR/gpu-checks.txt (default ./gpu-checks), the whole log.
 set -uo pipefail

@@ -39,8 +39,11 @@ static void usage(FILE *f) {
       "                           (alloc_kv_caches, or alloc_kv_memory: memory a same-host peer maps;\n"
       "                           default), the host, or the host in device memory (kv_memory device):\n"
       "                           cuda (cuMemAlloc; exits 77 where no driver or device is found) or\n"
-      "                           device-sim (a second host buffer, run with HIXL_TEST_DEVMEM=host);\n"
+      "                           device-sim (a memfd mapped shared, run with HIXL_TEST_DEVMEM=host);\n"
       "                           the host computes and checks a copy, moved to and from the device\n"
+      "  --expect-device-ipc      pass only if the side that moves the KV (pull: decode, push: prefill)\n"
+      "                           moved all of it on the peer's device memory opened by IPC handle\n"
+      "                           (same host: --transport shm or auto), the other side none\n"
       "  --requests N             (default 16)       --concurrency N (default 4)\n"
       "  --min-prompt N --max-prompt N   prompt tokens, uniform (default 16 .. 4096, tiny 16 .. 64)\n"
       "  --seed N                 prompts and KV content (default 1)\n"
@@ -136,6 +139,7 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
     O_TRACE,
     O_MPORT,
     O_MLINGER,
+    O_EXPIPC,
     O_HELP
   };
   static const struct option lo[] = {{"plugin", 1, 0, O_PLUGIN},
@@ -179,6 +183,7 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
                                      {"trace", 1, 0, O_TRACE},
                                      {"metrics-port", 1, 0, O_MPORT},
                                      {"metrics-linger", 1, 0, O_MLINGER},
+                                     {"expect-device-ipc", 0, 0, O_EXPIPC},
                                      {"help", 0, 0, O_HELP},
                                      {0, 0, 0, 0}};
   uint64_t set[O_HELP + 1] = {0}, v = 0;
@@ -235,6 +240,7 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
       break;
     case O_NOPROG: o->progress = false; break;
     case O_VERBOSE: o->verbose = true; break;
+    case O_EXPIPC: o->expect_ipc = true; break;
     case O_HELP: usage(stdout); exit(0);
     case O_FAULT: {
       size_t k = 0;
@@ -344,6 +350,17 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
   o->metrics_linger = (uint32_t)set[O_MLINGER];
   if (o->metrics_linger && !o->metrics_port) {
     fprintf(stderr, "hixl-mock-host: --metrics-linger needs --metrics-port\n");
+    return 2;
+  }
+  if (o->expect_ipc && o->fault != MH_FAULT_NONE) {
+    fprintf(stderr, "hixl-mock-host: --expect-device-ipc is checked on a run without --fault\n");
+    return 2;
+  }
+  if (o->expect_ipc && (o->tp[0] > 1 || o->tp[1] > 1 ||
+                        (strcmp(o->kv_memory, "cuda") != 0 && strcmp(o->kv_memory, "device-sim") != 0))) {
+    fprintf(stderr,
+            "hixl-mock-host: --expect-device-ipc needs --kv-memory cuda or device-sim, and one rank a "
+            "side (the ranks' counters are gathered from an instance's one worker)\n");
     return 2;
   }
   if ((o->metrics_port || o->trace) && (o->tp[0] > 1 || o->tp[1] > 1)) {

@@ -7,15 +7,18 @@
  * cuda: the CUDA driver API, loaded at run time (dlopen("libcuda.so.1")), its own few
  * declarations here so the mock host builds without the toolkit; each rank process
  * initializes it (CUDA does not survive fork). device-sim: a second host buffer
- * standing for the device, copied with memcpy, registered as device memory through the
- * test builds' host stand-in (HIXL_TEST_DEVMEM=host): every path the cuda kind takes,
- * run where there is no GPU. */
+ * standing for the device (a memfd mapped shared, so that the host stand-in can hand
+ * it to a same-host peer by IPC handle, as CUDA does cuMemAlloc'd memory), copied with
+ * memcpy, registered as device memory through the test builds' host stand-in
+ * (HIXL_TEST_DEVMEM=host): every path the cuda kind takes, run where there is no GPU. */
 #include <dlfcn.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -109,12 +112,50 @@ int mh_dev_probe(enum mh_dev kind, char *err, size_t cap) {
   return 0;
 }
 
-uintptr_t mh_dev_alloc(enum mh_dev kind, size_t len, char *err, size_t cap) {
-  if (kind == MH_DEV_SIM) {
-    void *p = calloc(1, len);
-    if (!p) snprintf(err, cap, "cannot allocate %zu bytes standing for device memory", len);
-    return (uintptr_t)p;
+/* device-sim's allocations: a memfd mapped shared, its descriptor kept open while it
+ * lives, which the host stand-in exports by IPC handle (a same-host peer maps it), as
+ * CUDA exports what cuMemAlloc gave. */
+#define SIM_ALLOCS 16
+static struct {
+  void *p;
+  size_t len;
+  int fd;
+} sim[SIM_ALLOCS];
+
+static uintptr_t sim_alloc(size_t len, char *err, size_t cap) {
+  int i = 0;
+  while (i < SIM_ALLOCS && sim[i].p) i++;
+  if (i == SIM_ALLOCS) {
+    snprintf(err, cap, "more than %d allocations standing for device memory", SIM_ALLOCS);
+    return 0;
   }
+  int fd = memfd_create("mh-device-sim", MFD_CLOEXEC);
+  void *p = MAP_FAILED;
+  if (fd < 0 || ftruncate(fd, (off_t)len) < 0 ||
+      (p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+    snprintf(err, cap, "cannot make %zu bytes standing for device memory (a memfd mapped shared): %s", len,
+             strerror(errno));
+    if (fd >= 0) close(fd);
+    return 0;
+  }
+  sim[i].p = p;
+  sim[i].len = len;
+  sim[i].fd = fd;
+  return (uintptr_t)p;
+}
+
+static void sim_free(uintptr_t p) {
+  for (int i = 0; i < SIM_ALLOCS; i++)
+    if (sim[i].p && (uintptr_t)sim[i].p == p) {
+      munmap(sim[i].p, sim[i].len);
+      close(sim[i].fd);
+      sim[i].p = NULL;
+      return;
+    }
+}
+
+uintptr_t mh_dev_alloc(enum mh_dev kind, size_t len, char *err, size_t cap) {
+  if (kind == MH_DEV_SIM) return sim_alloc(len, err, cap);
   cu_ptr d = 0;
   cu_result r;
   if (cu_open(0, err, cap) < 0) return 0;
@@ -127,7 +168,7 @@ uintptr_t mh_dev_alloc(enum mh_dev kind, size_t len, char *err, size_t cap) {
 
 void mh_dev_free(enum mh_dev kind, uintptr_t p) {
   if (kind == MH_DEV_SIM)
-    free((void *)p);
+    sim_free(p);
   else if (p && cu.ctx && cu.ctx_set(cu.ctx) == 0)
     cu.free((cu_ptr)p);
 }

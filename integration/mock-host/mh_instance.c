@@ -868,6 +868,7 @@ static void side_report(struct inst *x) {
     s.rk[0].stats_ok = mh_rank_stats(&x->local, &s.rk[0].ks);
     mh_obs_tick(x->ops, x->local.worker, x->conn.fd, x->a->metrics,
                 true); /* before the report: the router has them */
+    s.ipc_bytes = mh_obs_ipc_bytes(x->ops, x->local.worker);
   } else {
     for (uint32_t r = 0; r < x->tp; r++) {
       struct mh_out o = {0};

@@ -57,6 +57,24 @@ void mh_obs_tick(const hixl_kv_ops *ops, hixl_kv_connector *worker, int fd, bool
   }
 }
 
+uint64_t mh_obs_ipc_bytes(const hixl_kv_ops *ops, hixl_kv_connector *worker) {
+  static const char fam[] = "hixl_kv_device_ipc_bytes_total{";
+  hixl_kv_buffer b = {0};
+  uint64_t sum = 0;
+  if (!HAS_OP(ops, render_metrics) || ops->render_metrics(worker, &b) != HIXL_KV_SUCCESS) return 0;
+  for (size_t off = 0; off < b.len;) { /* a sample: NAME{labels} VALUE\n */
+    const char *line = (const char *)b.data + off;
+    const char *nl = memchr(line, '\n', b.len - off);
+    size_t n = nl ? (size_t)(nl - line) : b.len - off;
+    const char *sp =
+        n > sizeof(fam) - 1 && memcmp(line, fam, sizeof(fam) - 1) == 0 ? memrchr(line, ' ', n) : NULL;
+    if (sp) sum += strtoull(sp + 1, NULL, 10);
+    off += n + 1;
+  }
+  ops->free_buffer(&b);
+  return sum;
+}
+
 /* ---- router side ---- */
 
 struct mh_obs {

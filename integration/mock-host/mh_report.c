@@ -125,6 +125,16 @@ static bool ranks_alive(const struct mh_child *c) {
   return c->s.tp > 0;
 }
 
+/* --expect-device-ipc: the side that moves the KV moved every byte decode loaded on the
+ * peer's device memory opened by IPC handle, and the other side moved none that way. */
+static bool ipc_moved(const struct mh_router *rt) {
+  const struct mh_child *mover = &rt->side[rt->push ? 0 : 1], *other = &rt->side[rt->push ? 1 : 0];
+  const struct mh_child *D = &rt->side[1];
+  if (!rt->o->expect_ipc) return true;
+  return D->stats_in && mover->stats_in && other->stats_in && D->s.stats_ok && D->s.ks.bytes_loaded > 0 &&
+         mover->s.ipc_bytes == D->s.ks.bytes_loaded && other->s.ipc_bytes == 0;
+}
+
 bool mh_verdict(const struct mh_router *rt) {
   const struct mh_opts *o = rt->o;
   const struct mh_child *P = &rt->side[0], *D = &rt->side[1];
@@ -145,7 +155,8 @@ bool mh_verdict(const struct mh_router *rt) {
    * (a producer rank no consumer rank reads included: one of them frees it). */
   bool tp_freed = !o->model.tp || (P->s.stats_ok && P->s.ks.lease_expired == 0);
   if (o->fault == MH_FAULT_NONE)
-    return base && rt->nverified == o->requests && p_clean && d_clean && tp_bytes && tp_freed;
+    return base && rt->nverified == o->requests && p_clean && d_clean && tp_bytes && tp_freed &&
+           ipc_moved(rt);
   if (o->fault == MH_FAULT_INTRUDER) /* nothing let in, nothing learned, the hand-off untouched */
     return base && rt->nverified == o->requests && p_clean && d_clean && rt->intruder_in &&
            rt->intrusion.attempts > 0 && rt->intrusion.admitted == 0 && rt->intrusion.entries_seen == 0 &&
@@ -266,6 +277,10 @@ int mh_report(const struct mh_router *rt, const struct mh_model *md, bool pass) 
   if (m->tp)
     printf("  %-28s %" PRIu64 " moved (decode bytes_loaded, every rank's), %" PRIu64 " needed\n",
            "KV bytes moved / needed", rt->side[1].s.ks.bytes_loaded, tp_bytes_needed(rt, md));
+  if (o->expect_ipc)
+    printf("  %-28s prefill %" PRIu64 ", decode %" PRIu64 " (decode bytes_loaded %" PRIu64 ")\n",
+           "KV bytes by IPC handle", rt->side[0].s.ipc_bytes, rt->side[1].s.ipc_bytes,
+           rt->side[1].s.ks.bytes_loaded);
   printf("  %-28s %u\n", "requests", o->requests);
   printf("  %-28s %" PRIu64 "\n", "prompt tokens", f.tokens);
   char hb[32];

@@ -8,7 +8,8 @@
  * heads too), so requests that share a block share identical, counted ranges. The
  * engine enforces grants where its CPU serves an op (tcp, staged ops) and over RDMA
  * through a memory window per range on the peer's QP; a same-host peer is not scoped
- * (the engine says so).
+ * (the engine says so), its device memory included (hixl_engine_set_devmap_scoped off:
+ * the KV caches go to it whole by IPC handle).
  *
  * Locks: a grant is made inside the KV service's handler (kv_serve, on the engine's
  * progress thread, the engine lock held: the engine lets its handler grant). A revoke

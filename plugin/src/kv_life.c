@@ -88,8 +88,13 @@ hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint32_t ra
       kv_fail(st, "create: engine %s: %s", c->engine_addr, HixlGetLastErrorMessage());
       goto fail_engine;
     }
-    /* Scoped: a peer reaches only the blocks of the requests granted to it (kv_grant.c). */
-    if ((st = hixl_engine_set_scoped(c->eng, true)) != HIXL_SUCCESS) {
+    /* Scoped: a peer reaches only the blocks of the requests granted to it (kv_grant.c).
+     * A same-host peer is not scoped (it reaches host memory by its own copies): it gets
+     * the KV caches in device memory by IPC handle whole, opened once per link, so its
+     * pulls and pushes go device to device instead of as tcp frames through host
+     * buffers (a grant per request never covers a whole allocation). */
+    if ((st = hixl_engine_set_scoped(c->eng, true)) != HIXL_SUCCESS ||
+        (st = hixl_engine_set_devmap_scoped(c->eng, false)) != HIXL_SUCCESS) {
       kv_fail(st, "create: %s", HixlGetLastErrorMessage());
       goto fail_engine;
     }

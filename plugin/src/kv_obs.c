@@ -652,6 +652,16 @@ hixl_kv_status kv_render_metrics(hixl_kv_connector *c, hixl_kv_buffer *text) {
               ps->bytes);
     }
     pthread_mutex_unlock(&o->lock);
+    struct hixl_devmem_stats ds; /* asked of the engine with no lock held */
+    if (c->eng && hixl_engine_devmem_stats(c->eng, &ds) == HIXL_SUCCESS) {
+      family(
+          f, "hixl_kv_device_ipc_bytes_total", "counter",
+          "Bytes this worker moved on same-host peers' device memory opened by IPC handle (device to device, "
+          "or to and from host memory)");
+      fputs("hixl_kv_device_ipc_bytes_total{", f);
+      labels(f, c, role);
+      fprintf(f, "} %" PRIu64 "\n", ds.ipc_bytes);
+    }
   }
   if (fclose(f) != 0) {
     free(p);

@@ -1,5 +1,6 @@
 /* devmem: the provider of this process (devmem.h): the CUDA driver API loaded at run
  * time, or in test builds the host-memory stand-in. */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -10,6 +11,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "devmem/devmem.h"
@@ -380,31 +382,84 @@ void devmem_test_free(void *p) {
   pthread_mutex_unlock(&ht_lock);
 }
 
+/* A shared mapping of a whole memfd holding addr, made by someone else in this process
+ * (a host's "device" memory: hixl-mock-host --kv-memory device-sim, which links nothing
+ * of hixl), as the CUDA driver exports memory any caller got from it: its start and
+ * length from /proc/self/maps, and a descriptor of this process open on the same memfd
+ * (its owner keeps one while the memory is registered). false when there is none. */
+static bool ht_adopt(uint64_t addr, uint64_t *base, uint64_t *len, int *fd) {
+  char line[512];
+  unsigned long long start = 0, end = 0, off = 0, ino = 0;
+  unsigned maj = 0, min = 0;
+  bool found = false;
+  FILE *f = fopen("/proc/self/maps", "re");
+  if (!f) return false;
+  while (!found && fgets(line, sizeof(line), f)) {
+    char perms[5];
+    int path = 0;
+    if (sscanf(line, "%llx-%llx %4s %llx %x:%x %llu %n", &start, &end, perms, &off, &maj, &min, &ino, &path) <
+        7)
+      continue;
+    found = addr >= start && addr < end && perms[3] == 's' && off == 0 && path > 0 &&
+            strncmp(line + path, "/memfd:", 7) == 0;
+  }
+  fclose(f);
+  if (!found) return false;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return false;
+  found = false;
+  for (struct dirent *de; !found && (de = readdir(d));) {
+    struct stat st;
+    char *e;
+    long n = strtol(de->d_name, &e, 10);
+    if (*e || e == de->d_name || n < 0 || n > INT32_MAX || n == dirfd(d)) continue;
+    found = fstat((int)n, &st) == 0 && S_ISREG(st.st_mode) && st.st_ino == (ino_t)ino &&
+            st.st_dev == makedev(maj, min) && (uint64_t)st.st_size >= end - start;
+    if (found) *fd = (int)n;
+  }
+  closedir(d);
+  *base = start;
+  *len = end - start;
+  return found;
+}
+
+static void ht_handle(struct devmem_ipc *out, int fd, uint64_t alloc_len, uint64_t offset, uint64_t len) {
+  memset(out, 0, sizeof(*out));
+  memcpy(out->blob, HT_MAGIC, 8);
+  be_put32(out->blob + 8, (uint32_t)getpid());
+  be_put32(out->blob + 12, (uint32_t)fd);
+  out->alloc_len = alloc_len;
+  out->offset = offset;
+  out->len = len;
+}
+
 static HixlStatus ht_ipc_export(uint64_t addr, uint64_t len, int device, struct devmem_ipc *out, char *why,
                                 size_t cap) {
+  uint64_t b = 0, blen = 0;
+  int fd = -1;
   (void)device;
   if (len == 0 || !out) {
     snprintf(why, cap, "ipc_export: %s", len == 0 ? "an empty range" : "no handle to fill");
     return HIXL_PARAM_INVALID;
   }
   pthread_mutex_lock(&ht_lock);
-  for (int i = 0; i < HT_ALLOCS; i++) {
-    uint64_t b = (uint64_t)(uintptr_t)ht_alloc[i].base;
+  for (int i = 0; i < HT_ALLOCS && fd < 0; i++) {
+    b = (uint64_t)(uintptr_t)ht_alloc[i].base;
     if (!b || addr < b || addr - b >= ht_alloc[i].len) continue;
-    if (len > ht_alloc[i].len - (addr - b)) break;
-    memset(out, 0, sizeof(*out));
-    memcpy(out->blob, HT_MAGIC, 8);
-    be_put32(out->blob + 8, (uint32_t)getpid());
-    be_put32(out->blob + 12, (uint32_t)ht_alloc[i].fd);
-    out->alloc_len = ht_alloc[i].len;
-    out->offset = addr - b;
-    out->len = len;
-    pthread_mutex_unlock(&ht_lock);
-    return HIXL_SUCCESS;
+    blen = ht_alloc[i].len;
+    fd = ht_alloc[i].fd;
   }
   pthread_mutex_unlock(&ht_lock);
-  snprintf(why, cap, "[0x%llx, +%llu) is not inside one IPC-able allocation (devmem_test_alloc)",
-           (unsigned long long)addr, (unsigned long long)len);
+  if (fd < 0 && !ht_adopt(addr, &b, &blen, &fd)) fd = -1;
+  if (fd >= 0 && len <= blen - (addr - b)) {
+    ht_handle(out, fd, blen, addr - b, len);
+    return HIXL_SUCCESS;
+  }
+  snprintf(
+      why, cap,
+      "[0x%llx, +%llu) is not inside one IPC-able allocation (devmem_test_alloc, or a whole memfd mapped "
+      "shared with a descriptor open)",
+      (unsigned long long)addr, (unsigned long long)len);
   return HIXL_UNSUPPORTED;
 }
 

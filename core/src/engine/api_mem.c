@@ -327,6 +327,34 @@ HixlStatus hixl_engine_set_scoped(HixlEngine *e, bool on) {
   return HIXL_SUCCESS;
 }
 
+HixlStatus hixl_engine_set_devmap_scoped(HixlEngine *e, bool on) {
+  bool took;
+  HixlStatus st = grant_enter(e, "hixl_engine_set_devmap_scoped", &took);
+  if (st != HIXL_SUCCESS) return st;
+  /* Handovers already made follow the choice they were made under: chosen before any. */
+  if (on == e->devmap_unscoped && engine_reg_count(e) > 0) {
+    st =
+        hixl_fail(HIXL_PARAM_INVALID,
+                  "hixl_engine_set_devmap_scoped: engine %s has %zu registrations already: choose how device "
+                  "memory goes to same-host peers before registering memory",
+                  e->local_name, engine_reg_count(e));
+    if (took) pthread_mutex_unlock(&e->lock);
+    return st;
+  }
+  e->devmap_unscoped = !on;
+  if (took) pthread_mutex_unlock(&e->lock);
+  return HIXL_SUCCESS;
+}
+
+HixlStatus hixl_engine_devmem_stats(HixlEngine *e, struct hixl_devmem_stats *out) {
+  if (!out) return hixl_fail(HIXL_PARAM_INVALID, "hixl_engine_devmem_stats: out is NULL");
+  HixlStatus st = api_enter(e, "hixl_engine_devmem_stats");
+  if (st != HIXL_SUCCESS) return st;
+  *out = e->dstats;
+  pthread_mutex_unlock(&e->lock);
+  return HIXL_SUCCESS;
+}
+
 static HixlStatus grant_call(HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n,
                              bool add) {
   const char *fn = add ? "hixl_engine_grant" : "hixl_engine_revoke";

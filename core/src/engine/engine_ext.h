@@ -105,6 +105,22 @@ HixlStatus hixl_engine_window_stats(HixlEngine *e, struct hixl_window_stats *out
  * (the peer's NIC holds rkeys) and same-host copies (the peer's own process_vm_* and
  * mappings) do not pass through this engine's CPU and are not scoped. */
 HixlStatus hixl_engine_set_scoped(HixlEngine *e, bool on);
+/* Device memory and same-host peers on a scoped engine. On (the default), a device
+ * allocation goes to a same-host peer by IPC handle (which opens all of it) only once
+ * that peer's grants cover all of it, and a revoke recalls it; the peer's other device
+ * ops go as tcp frames this engine's CPU checks. Off: every device allocation the
+ * provider exports goes to every same-host peer that opens device memory, whatever it
+ * was granted, as host memory does (same-host copies are not scoped, docs/security.md:
+ * such a peer can already reach all of this process); grants still scope tcp, RDMA and
+ * staged ops. Chosen before registering memory (PARAM_INVALID after). */
+HixlStatus hixl_engine_set_devmap_scoped(HixlEngine *e, bool on);
+/* What this engine moved on device memory by same-host IPC since Initialize. */
+struct hixl_devmem_stats {
+  uint64_t ipc_bytes; /* bytes of ops on a same-host peer's device memory opened here by IPC handle
+                       * (SHM_DEV_MAP), moved by the device-memory provider: device to device, or to
+                       * and from host memory here */
+};
+HixlStatus hixl_engine_devmem_stats(HixlEngine *e, struct hixl_devmem_stats *out);
 /* Grant peer the n ranges {addr, len}, or revoke them. Grants count: a range granted
  * twice needs two revokes. A range must be identical to, or disjoint from, every range
  * granted to that peer (PARAM_INVALID, nothing granted). A revoke of a range not

@@ -250,8 +250,11 @@ struct HixlEngine {
   uint64_t accept_refusals; /* links refused or deferred since the last log line about it */
   uint64_t accept_logged;   /* when that line was written */
   struct hixl_window_stats wstats; /* scoped memory's RDMA windows (transport/rdma/rdma_win.c) */
+  struct hixl_devmem_stats dstats; /* device memory by same-host IPC (transport/shm/shm_copy.c) */
   struct auth auth;                /* AuthKeyFile's keys; none: anyone is accepted */
   bool scoped;                     /* scoped memory: a target serves a peer only inside its grants */
+  bool devmap_unscoped;            /* ... but hands same-host peers device allocations by IPC handle
+                                    * whatever they were granted (hixl_engine_set_devmap_scoped) */
   struct grant_set *grants;        /* ... one set per peer name (grant.c) */
   uint64_t grant_refusals;         /* ops refused for want of a grant */
   uint64_t auth_refusals;          /* handshakes refused since the last log line about them */

@@ -51,8 +51,12 @@ const struct xport_ops *link_transport(const struct conn *c) { return c->xp; }
 uint32_t link_peer_caps(const struct conn *c) { return c->peer ? c->peer->caps : 0; }
 uint32_t link_hello_caps(const struct conn *c) { return c->peer ? 0 : c->hello_caps; }
 bool engine_scoped(const struct HixlEngine *e) { return e->scoped; }
+bool engine_devmap_scoped(const struct HixlEngine *e) { return e->scoped && !e->devmap_unscoped; }
 struct hixl_window_stats *engine_win_stats(struct HixlEngine *e) {
   return &e->wstats;
+}
+struct hixl_devmem_stats *engine_dev_stats(struct HixlEngine *e) {
+  return &e->dstats;
 }
 uint32_t peer_caps(const struct peer *p) { return p->caps; }
 uint32_t link_local_ip(const struct conn *c) {

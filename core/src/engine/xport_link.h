@@ -141,7 +141,10 @@ const struct xport_ops *link_transport(const struct conn *c);
 uint32_t link_peer_caps(const struct conn *c);  /* initiator: WIRE_CAP_* of its HELLO_ACK; 0 else */
 uint32_t link_hello_caps(const struct conn *c); /* target: WIRE_CAP_* of the peer's HELLO; 0 else */
 bool engine_scoped(const struct HixlEngine *e); /* hixl_engine_set_scoped */
+/* Whether same-host device handovers follow grants (hixl_engine_set_devmap_scoped). */
+bool engine_devmap_scoped(const struct HixlEngine *e);
 struct hixl_window_stats *engine_win_stats(struct HixlEngine *e); /* counted by the module that opens them */
+struct hixl_devmem_stats *engine_dev_stats(struct HixlEngine *e); /* counted by the module that copies */
 /* The IPv4 address (network order) of c's end of its socket: which local interface,
  * and so which rail's device, the link leaves by; 0 when the kernel cannot say. */
 uint32_t link_local_ip(const struct conn *c);

@@ -47,6 +47,7 @@ static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *m
   HixlStatus fst = HIXL_SUCCESS;
   char dwhy[256] = "";
   size_t bad = n; /* the first op whose device copy failed */
+  uint64_t dev_bytes = 0;
   const struct devmem_ops *dm = NULL;
   mp->refs++;
   x->copying++;
@@ -58,6 +59,7 @@ static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *m
       HixlStatus st = dev_copy(dm, mp, v[k], remote, write, dwhy, sizeof(dwhy));
       if (st != HIXL_SUCCESS && bad == n) bad = k, fst = st;
       if (st != HIXL_SUCCESS) break;
+      dev_bytes += v[k]->len;
     } else if (write) {
       memcpy(remote, segs[k].local, segs[k].len);
     } else {
@@ -75,6 +77,7 @@ static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *m
     snprintf(msg, sizeof(msg), "link to %s: %s", s->name, why);
   } else {
     s->map_ops += bad;
+    if (mp->dev) engine_dev_stats(e)->ipc_bytes += dev_bytes;
   }
   char dmsg[sizeof(dwhy) + sizeof(s->name) + 96] = "";
   if (!gone && bad < n) {

@@ -535,13 +535,15 @@ static void grant(struct conn *c, struct hixl_mem_reg *r) {
 /* Whether r can be handed to c's initiator: HixlEngineAllocMem's, sealed (offered: it
  * has its shm state), not being freed; or device memory the provider exported, to an
  * initiator that opens it (WIRE_SHM_F_DEVMAP), and on a scoped engine only where the
- * peer's grants cover the whole allocation the handle opens (it maps all of it). */
+ * peer's grants cover the whole allocation the handle opens (it maps all of it), unless
+ * the engine hands device memory over as host memory (hixl_engine_set_devmap_scoped). */
 static bool grantable(struct conn *c, const struct hixl_mem_reg *r) {
   const struct shm_reg *sr = reg_of(r);
   if (!sr || sr->unsharing) return false;
   if (r->type != HIXL_MEM_DEVICE) return r->memfd >= 0 && r->sealed;
   return sr->ipc_ok && link_of(c)->want_devmap &&
-         link_grant_covers(c, r->range.addr - sr->ipc.offset, sr->ipc.alloc_len);
+         (!engine_devmap_scoped(link_engine(c)) ||
+          link_grant_covers(c, r->range.addr - sr->ipc.offset, sr->ipc.alloc_len));
 }
 
 /* Whether c's initiator holds a grant of r (being recalled or not). */
@@ -785,7 +787,7 @@ static bool meets(uint64_t addr, uint64_t len, const uint64_t (*ranges)[2], size
  * the peer stops new copies as it reads the frame; FreeMem and drop_peer still wait). */
 void eshm_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n, bool add) {
   struct eshm_engine *x = eng_of(e);
-  if (!x) return;
+  if (!x || !engine_devmap_scoped(e)) return; /* handovers do not follow grants */
   uint32_t walk = ++x->walks;
   for (struct eshm_link *l; (l = eshm_next(x, walk));) {
     struct conn *c = l->conn;
