@@ -3,12 +3,17 @@
  * both, and UCX and NIXL, on the same points).
  *
  *   hixl-peers --mode=target --protocol=tcp|shm --local_server_name=IP:PORT
- *              [--buffer_size=BYTES]
+ *              [--buffer_size=BYTES] [--alloc]
  *     registers one buffer and prints "READY <engine> <address hex> <length>" on stdout,
- *     then serves until stdin ends (or SIGTERM / SIGINT).
+ *     then serves until stdin ends (or SIGTERM / SIGINT). The buffer is plain anonymous
+ *     memory registered with HixlEngineRegisterMem, or with --alloc memory from
+ *     HixlEngineAllocMem: a same-host initiator (Transport shm) maps that and moves its
+ *     ops with memcpy, as UCX's sm transports copy into a segment ucp_mem_map
+ *     allocated; on plain memory its ops are process_vm_readv / writev calls.
  *   hixl-peers --mode=initiator --protocol=tcp|shm --segment_id=IP:PORT
  *              --remote_addr=HEX --operation=read|write --threads=T --batch_size=B
  *              --block_size=S --duration=SECONDS [--verify] [--buffer_size=BYTES]
+ *              [--one_buffer]
  *
  * The initiator is Mooncake's method (mooncake-transfer-engine/example/
  * transfer_engine_bench.cpp, initiatorWorker): T threads share one engine; thread t
@@ -20,6 +25,13 @@
  * bytes, as Mooncake prints it. --duration takes a fraction (Mooncake's is whole
  * seconds). Then, outside the timed region, --verify writes a fresh pattern through the
  * same descriptors, reads it back into a zeroed buffer and compares every byte.
+ *
+ * --one_buffer is ucx_perftest's shape instead (openucx/ucx src/tools/perf/lib/
+ * ucp_tests.cc, run_stream_uni: every put or get of a thread moves the same message
+ * buffer to the same remote address; libperf_memory.c allocates block x threads bytes
+ * a side): all B ops of thread t are S bytes at offset S * t on both sides, so the
+ * thread moves one block again and again, B at a time, and the data stays in the cache.
+ * The count and the clock are as above.
  *
  * Output, one line on stdout:
  *   RESULT tool=hixl op=... block=... batch=... threads=... seconds=... batches=...
@@ -53,6 +65,8 @@ struct peers_opts {
   size_t batch, block, buffer_size;
   double duration;
   bool verify;
+  bool alloc;      /* target: the buffer from HixlEngineAllocMem, not registered mmap */
+  bool one_buffer; /* initiator: ucx_perftest's shape, one block a thread (file head) */
 };
 
 struct worker {
@@ -86,10 +100,11 @@ static double cpu_seconds(void) {
          (double)ru.ru_stime.tv_usec / 1e6;
 }
 
-/* The B ops of thread t, Mooncake's layout: op i at S * (i * T + t) on both sides. */
+/* The B ops of thread t, Mooncake's layout: op i at S * (i * T + t) on both sides; with
+ * --one_buffer all at S * t, ucx_perftest's one message buffer a thread. */
 static void fill_descs(const struct peers_opts *o, unsigned t, uintptr_t local, HixlTransferOpDesc *d) {
   for (size_t i = 0; i < o->batch; i++) {
-    size_t off = o->block * (i * o->threads + t);
+    size_t off = o->block * (o->one_buffer ? t : i * o->threads + t);
     d[i] =
         (HixlTransferOpDesc){.local_addr = local + off, .remote_addr = o->remote_addr + off, .len = o->block};
   }
@@ -156,17 +171,22 @@ out:
   return ok;
 }
 
-/* An engine at o->local (o->protocol) with [buf, +len) registered as host memory; NULL,
- * said on stderr, when a step fails (nothing left behind). */
-static HixlEngine *engine_up(const struct peers_opts *o, void *buf, size_t len, HixlMemHandle *mh) {
+/* An engine at o->local (o->protocol) with len bytes of host memory registered: *buf
+ * itself, or with alloc len bytes from HixlEngineAllocMem, *buf set to them. NULL, said
+ * on stderr, when a step fails (nothing left behind). */
+static HixlEngine *engine_up(const struct peers_opts *o, void **buf, size_t len, bool alloc,
+                             HixlMemHandle *mh) {
   HixlEngine *eng = NULL;
   HixlOption opt[] = {{.key = "Transport", .value = o->protocol}};
-  HixlMemDesc md = {.addr = (uintptr_t)buf, .len = len};
+  HixlMemDesc md = {.addr = (uintptr_t)*buf, .len = len};
   HixlStatus st = HixlEngineCreate(&eng);
   const char *what = "HixlEngineCreate";
   if (st == HIXL_SUCCESS && (st = HixlEngineInitialize(eng, o->local, opt, 1)) != HIXL_SUCCESS)
     what = "HixlEngineInitialize";
-  else if (st == HIXL_SUCCESS && (st = HixlEngineRegisterMem(eng, &md, HIXL_MEM_HOST, mh)) != HIXL_SUCCESS)
+  else if (st == HIXL_SUCCESS && alloc && (st = HixlEngineAllocMem(eng, len, buf, mh)) != HIXL_SUCCESS)
+    what = "HixlEngineAllocMem";
+  else if (st == HIXL_SUCCESS && !alloc &&
+           (st = HixlEngineRegisterMem(eng, &md, HIXL_MEM_HOST, mh)) != HIXL_SUCCESS)
     what = "HixlEngineRegisterMem";
   if (st == HIXL_SUCCESS) return eng;
   say_hixl(what, st);
@@ -180,7 +200,7 @@ static int run_initiator(const struct peers_opts *o) {
   HixlMemHandle mh = NULL;
   HixlStatus st;
   struct worker w[PEERS_MAX_THREADS];
-  size_t span = o->block * o->batch * o->threads;
+  size_t span = o->block * (o->one_buffer ? 1 : o->batch) * o->threads;
   if (span > o->buffer_size) {
     fprintf(stderr, "hixl-peers: %zu x %zu x %u bytes do not fit --buffer_size=%zu\n", o->block, o->batch,
             o->threads, o->buffer_size);
@@ -192,7 +212,8 @@ static int run_initiator(const struct peers_opts *o) {
     fprintf(stderr, "hixl-peers: mmap %zu bytes: %s\n", span, strerror(errno));
     return 1;
   }
-  if (!(eng = engine_up(o, local, span, &mh))) goto out_unmap;
+  void *mem = local;
+  if (!(eng = engine_up(o, &mem, span, false, &mh))) goto out_unmap;
   st = HixlEngineConnect(eng, o->segment, 10000);
   if (st != HIXL_SUCCESS) {
     say_hixl("HixlEngineConnect", st);
@@ -227,10 +248,11 @@ static int run_initiator(const struct peers_opts *o) {
   uint64_t checked = o->verify ? verify(o, eng, local, span) : 0;
   printf("Test completed: duration %.2f, batch count %" PRIu64 ", throughput %.2f GB/s\n", secs, batches,
          (double)bytes / secs / 1e9);
-  printf("RESULT tool=hixl op=%s block=%zu batch=%zu threads=%u seconds=%.4f batches=%" PRIu64
+  printf("RESULT tool=hixl op=%s block=%zu batch=%zu threads=%u shape=%s seconds=%.4f batches=%" PRIu64
          " bytes=%" PRIu64 " gbps=%.4f verified_bytes=%" PRIu64 " cpu_s=%.3f\n",
-         o->op == HIXL_READ ? "READ" : "WRITE", o->block, o->batch, o->threads, secs, batches, bytes,
-         (double)bytes / secs / 1e9, checked, cpu_seconds());
+         o->op == HIXL_READ ? "READ" : "WRITE", o->block, o->batch, o->threads,
+         o->one_buffer ? "one_buffer" : "blocks", secs, batches, bytes, (double)bytes / secs / 1e9, checked,
+         cpu_seconds());
   rc = (o->verify && checked == 0) ? 3 : 0;
 out_disconnect:
   HixlEngineDisconnect(eng, o->segment, 0);
@@ -246,14 +268,17 @@ static int run_target(const struct peers_opts *o) {
   int rc = 1;
   HixlEngine *eng = NULL;
   HixlMemHandle mh = NULL;
+  void *buf = NULL;
   /* Not populated: the pages a point touches fault in on its first use, as
-   * numa_alloc_onnode's do for Mooncake's target. */
-  uint8_t *buf = mmap(NULL, o->buffer_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (buf == MAP_FAILED) {
-    fprintf(stderr, "hixl-peers: mmap %zu bytes: %s\n", o->buffer_size, strerror(errno));
-    return 1;
+   * numa_alloc_onnode's do for Mooncake's target (and as a fresh memfd's do). */
+  if (!o->alloc) {
+    buf = mmap(NULL, o->buffer_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED) {
+      fprintf(stderr, "hixl-peers: mmap %zu bytes: %s\n", o->buffer_size, strerror(errno));
+      return 1;
+    }
   }
-  if (!(eng = engine_up(o, buf, o->buffer_size, &mh))) goto out_unmap;
+  if (!(eng = engine_up(o, &buf, o->buffer_size, o->alloc, &mh))) goto out_unmap;
   printf("READY %s %" PRIxPTR " %zu\n", o->local, (uintptr_t)buf, o->buffer_size);
   fflush(stdout);
   /* Serve until stdin ends or a signal: the engine's own threads do the work. */
@@ -264,10 +289,13 @@ static int run_target(const struct peers_opts *o) {
     if (r > 0 && read(0, sink, sizeof(sink)) <= 0) break;
   }
   rc = 0;
-  HixlEngineDeregisterMem(eng, mh);
+  if (o->alloc)
+    HixlEngineFreeMem(eng, mh);
+  else
+    HixlEngineDeregisterMem(eng, mh);
   HixlEngineDestroy(eng);
 out_unmap:
-  munmap(buf, o->buffer_size);
+  if (!o->alloc) munmap(buf, o->buffer_size);
   return rc;
 }
 
@@ -277,19 +305,49 @@ out_unmap:
  * records run_peers.sh appends, one run a line, tab-separated:
  *   RUN round path op block batch threads tool gbps bytes seconds verified_bytes cpu_s
  *   SKIP path tool reason
- * Each figure is the median over rounds; the A/A column is hixl's median over its
- * second run in the same rounds (tool "hixl-aa"), so a ratio to a peer that sits
- * inside it says nothing. CPU s/GiB is both processes' CPU seconds over the bytes
- * the tool counted, median over rounds. */
+ * Each figure is the median over rounds. Each peer is set against the hixl run of the
+ * same workload (rep_peer): Mooncake and NIXL against hixl on distinct blocks, UCX
+ * against hixl in ucx_perftest's shape (hixl-1buf; on the same host into memory from
+ * HixlEngineAllocMem, as UCX's segment is ucp_mem_map's). Each of those hixl runs has
+ * its A/A beside it: its median over a second run in the same rounds (hixl-aa,
+ * hixl-1buf-aa), so a ratio to a peer that sits inside it says nothing. hixl-alloc
+ * (same host: distinct blocks into allocated memory) is shown without a peer. CPU s/GiB
+ * is both processes' CPU seconds over the bytes the tool counted, median over rounds. */
 
-#define REP_TOOLS  5
+enum { T_HIXL, T_HIXL_AA, T_ALLOC, T_1BUF, T_1BUF_AA, T_MOONCAKE, T_UCX, T_NIXL, REP_TOOLS };
 #define REP_ROUNDS 64
 #define REP_POINTS 256
 #define REP_SKIPS  32
 
-static const char *const rep_tool[REP_TOOLS] = {"hixl", "hixl-aa", "mooncake", "ucx", "nixl"};
-static const char *const rep_title[REP_TOOLS] = {"hixl", "hixl A/A", "Mooncake TE", "UCX perftest",
-                                                 "NIXL (UCX)"};
+static const struct {
+  const char *name, *title, *what;
+} rep_tool[REP_TOOLS] = {
+    [T_HIXL] = {"hixl", "hixl",
+                "hixl-peers, Mooncake's layout: batch x threads distinct blocks, the target's "
+                "buffer plain memory registered with HixlEngineRegisterMem"},
+    [T_HIXL_AA] = {"hixl-aa", "hixl A/A", "hixl again, a second run in the same round (its A/A)"},
+    [T_ALLOC] = {"hixl-alloc", "hixl alloc",
+                 "as hixl, the target's buffer from HixlEngineAllocMem (same host: memcpy into the mapping)"},
+    [T_1BUF] =
+        {"hixl-1buf", "hixl 1-buf",
+         "hixl-peers --one_buffer, ucx_perftest's shape: one block a thread moved again and again, batch "
+         "at a time; on the same host into HixlEngineAllocMem memory"},
+    [T_1BUF_AA] = {"hixl-1buf-aa", "hixl 1-buf A/A", "hixl-1buf again, a second run in the same round"},
+    [T_MOONCAKE] = {"mooncake", "Mooncake TE", "transfer_engine_bench, TCP transport"},
+    [T_UCX] = {"ucx", "UCX perftest", "ucx_perftest ucp_put_bw / ucp_get, one message buffer a thread"},
+    [T_NIXL] = {"nixl", "NIXL (UCX)",
+                "nixl_peer.py, NIXL's Python agent with its UCX backend, distinct blocks"},
+};
+
+/* Each peer, the hixl run of the same workload, and that run's A/A. */
+static const struct {
+  int peer, hixl, aa;
+} rep_peer[] = {
+    {T_MOONCAKE, T_HIXL, T_HIXL_AA},
+    {T_UCX, T_1BUF, T_1BUF_AA},
+    {T_NIXL, T_HIXL, T_HIXL_AA},
+};
+#define REP_PEERS (sizeof(rep_peer) / sizeof(rep_peer[0]))
 
 struct rep_point {
   char path[16], op[8];
@@ -305,7 +363,7 @@ struct rep_skip {
 
 static int rep_tool_index(const char *t) {
   for (int i = 0; i < REP_TOOLS; i++)
-    if (strcmp(t, rep_tool[i]) == 0) return i;
+    if (strcmp(t, rep_tool[i].name) == 0) return i;
   return -1;
 }
 
@@ -322,6 +380,149 @@ static const char *rep_skip_why(const struct rep_skip *sk, size_t nsk, const cha
   for (size_t i = 0; i < nsk; i++)
     if (strcmp(sk[i].path, path) == 0 && strcmp(sk[i].tool, tool) == 0) return sk[i].why;
   return NULL;
+}
+
+static void rep_gbps(FILE *md, double v) {
+  if (v > 0)
+    fprintf(md, " %.3f |", v);
+  else
+    fprintf(md, " - |");
+}
+
+static void rep_ratio(FILE *md, double a, double b) {
+  if (a > 0 && b > 0)
+    fprintf(md, " %.2fx |", a / b);
+  else
+    fprintf(md, " - |");
+}
+
+/* One path's table; alloc: whether it has the hixl-alloc column. */
+static void rep_table(FILE *md, struct rep_point *pt, size_t npt, const struct rep_skip *sk, size_t nsk,
+                      const char *path, bool alloc) {
+  /* the hixl runs in the CPU and verified cells, in order */
+  int cpu_tools[REP_TOOLS], ver_tools[REP_TOOLS];
+  size_t ncpu = 0, nver = 0;
+  cpu_tools[ncpu++] = T_HIXL, ver_tools[nver++] = T_HIXL;
+  if (alloc) cpu_tools[ncpu++] = T_ALLOC, ver_tools[nver++] = T_ALLOC;
+  cpu_tools[ncpu++] = T_1BUF, ver_tools[nver++] = T_1BUF;
+  for (size_t k = 0; k < REP_PEERS; k++) cpu_tools[ncpu++] = rep_peer[k].peer;
+  ver_tools[nver++] = T_NIXL;
+
+  fprintf(md, "| op | block | batch x threads | hixl GB/s | A/A |%s hixl 1-buf GB/s | A/A 1-buf |",
+          alloc ? " hixl alloc GB/s |" : "");
+  for (size_t k = 0; k < REP_PEERS; k++)
+    fprintf(md, " %s GB/s | %s / %s |", rep_tool[rep_peer[k].peer].title, rep_tool[rep_peer[k].hixl].title,
+            rep_tool[rep_peer[k].peer].title);
+  fprintf(md, " hixl / best peer | CPU s/GiB:");
+  for (size_t k = 0; k < ncpu; k++) fprintf(md, "%s %s", k ? "," : "", rep_tool[cpu_tools[k]].title);
+  fprintf(md, " | verified:");
+  for (size_t k = 0; k < nver; k++) fprintf(md, "%s %s", k ? "," : "", rep_tool[ver_tools[k]].title);
+  fprintf(md, " |\n|---|---:|---:|---:|---:|%s---:|---:|", alloc ? "---:|" : "");
+  for (size_t k = 0; k < REP_PEERS; k++) fprintf(md, "---:|---:|");
+  fprintf(md, "---:|---|---|\n");
+
+  for (size_t i = 0; i < npt; i++) {
+    struct rep_point *p = &pt[i];
+    if (strcmp(p->path, path) != 0) continue;
+    double med[REP_TOOLS], cpu[REP_TOOLS];
+    for (int t = 0; t < REP_TOOLS; t++) {
+      med[t] = p->n[t] ? bench_median(p->gbps[t], p->n[t]) : 0;
+      cpu[t] = p->n[t] ? bench_median(p->cpu[t], p->n[t]) : 0;
+    }
+    char bs[32];
+    rep_size(p->block, bs, sizeof(bs));
+    fprintf(md, "| %s | %s | %zu x %zu |", p->op, bs, p->batch, p->threads);
+    rep_gbps(md, med[T_HIXL]);
+    rep_ratio(md, med[T_HIXL], med[T_HIXL_AA]);
+    if (alloc) rep_gbps(md, med[T_ALLOC]);
+    rep_gbps(md, med[T_1BUF]);
+    rep_ratio(md, med[T_1BUF], med[T_1BUF_AA]);
+    double worst = 0;
+    const char *worst_name = NULL;
+    for (size_t k = 0; k < REP_PEERS; k++) {
+      int peer = rep_peer[k].peer, h = rep_peer[k].hixl;
+      if (med[peer] > 0)
+        fprintf(md, " %.3f |", med[peer]);
+      else
+        fprintf(md, " %s |", rep_skip_why(sk, nsk, p->path, rep_tool[peer].name) ? "n/a" : "-");
+      rep_ratio(md, med[h], med[peer]);
+      if (med[h] > 0 && med[peer] > 0 && (worst_name == NULL || med[h] / med[peer] < worst))
+        worst = med[h] / med[peer], worst_name = rep_tool[peer].title;
+    }
+    if (worst_name != NULL)
+      fprintf(md, " %.2fx (%s) |", worst, worst_name);
+    else
+      fprintf(md, " - |");
+    for (size_t k = 0; k < ncpu; k++) {
+      if (cpu[cpu_tools[k]] > 0)
+        fprintf(md, "%s%.2f", k ? ", " : " ", cpu[cpu_tools[k]]);
+      else
+        fprintf(md, "%s-", k ? ", " : " ");
+    }
+    fprintf(md, " |");
+    for (size_t k = 0; k < nver; k++) {
+      int t = ver_tools[k];
+      fprintf(md, "%s%s", k ? ", " : " ", p->verified[t] ? "yes" : (p->n[t] ? "no" : "-"));
+    }
+    fprintf(md, " |\n");
+  }
+  fprintf(md, "\n");
+  for (size_t k = 0; k < nsk; k++)
+    if (strcmp(sk[k].path, path) == 0) {
+      int t = rep_tool_index(sk[k].tool);
+      fprintf(md, "- n/a %s: %s\n", t < 0 ? sk[k].tool : rep_tool[t].title, sk[k].why);
+    }
+  fprintf(md, "\n");
+}
+
+static void rep_json_string(FILE *js, const char *s) {
+  fputc('"', js);
+  for (const char *c = s; *c; c++)
+    if (*c == '"' || *c == '\\')
+      fprintf(js, "\\%c", *c);
+    else if ((unsigned char)*c >= 0x20)
+      fputc(*c, js);
+  fputc('"', js);
+}
+
+static void rep_json(FILE *js, struct rep_point *pt, size_t npt, const struct rep_skip *sk, size_t nsk) {
+  fprintf(js, "{\n  \"unit\": \"GB/s (10^9 bytes per second), median over rounds\",\n  \"tools\": {");
+  for (int t = 0; t < REP_TOOLS; t++) {
+    fprintf(js, "%s\n    \"%s\": ", t ? "," : "", rep_tool[t].name);
+    rep_json_string(js, rep_tool[t].what);
+  }
+  fprintf(js, "\n  },\n  \"compared\": {");
+  for (size_t k = 0; k < REP_PEERS; k++)
+    fprintf(js, "%s\"%s\": {\"hixl\": \"%s\", \"aa\": \"%s\"}", k ? ", " : "",
+            rep_tool[rep_peer[k].peer].name, rep_tool[rep_peer[k].hixl].name, rep_tool[rep_peer[k].aa].name);
+  fprintf(js, "},\n  \"points\": [");
+  for (size_t i = 0; i < npt; i++) {
+    struct rep_point *p = &pt[i];
+    fprintf(js,
+            "%s\n    {\"path\": \"%s\", \"op\": \"%s\", \"block\": %zu, \"batch\": %zu, \"threads\": %zu, "
+            "\"in_flight\": %zu, \"tools\": {",
+            i ? "," : "", p->path, p->op, p->block, p->batch, p->threads, p->batch * p->threads);
+    bool first = true;
+    for (int t = 0; t < REP_TOOLS; t++) {
+      if (p->n[t] == 0) continue;
+      fprintf(js,
+              "%s\"%s\": {\"gbps\": %.4f, \"cpu_s_per_gib\": %.4f, \"verified_bytes\": %llu, \"rounds\": [",
+              first ? "" : ", ", rep_tool[t].name, bench_median(p->gbps[t], p->n[t]),
+              bench_median(p->cpu[t], p->n[t]), (unsigned long long)p->verified[t]);
+      for (size_t r = 0; r < p->n[t]; r++) fprintf(js, "%s%.4f", r ? ", " : "", p->gbps[t][r]);
+      fprintf(js, "]}");
+      first = false;
+    }
+    fprintf(js, "}}");
+  }
+  fprintf(js, "\n  ],\n  \"skipped\": [");
+  for (size_t k = 0; k < nsk; k++) {
+    fprintf(js, "%s\n    {\"path\": \"%s\", \"tool\": \"%s\", \"reason\": ", k ? "," : "", sk[k].path,
+            sk[k].tool);
+    rep_json_string(js, sk[k].why);
+    fprintf(js, "}");
+  }
+  fprintf(js, "\n  ]\n}\n");
 }
 
 static int run_report(const char *raw, const char *md_path, const char *json_path) {
@@ -378,108 +579,25 @@ static int run_report(const char *raw, const char *md_path, const char *json_pat
   FILE *js = json_path ? fopen(json_path, "w") : NULL;
   if (md == NULL || (json_path && js == NULL)) {
     fprintf(stderr, "hixl-peers: report: cannot write %s\n", md == NULL ? md_path : json_path);
+    if (md != NULL && md != stdout) fclose(md);
     return 1;
   }
-  const char *paths[] = {"tcp", "shm"};
-  const char *path_title[] = {"Loopback TCP (127.0.0.1)",
-                              "Same host (hixl Transport shm; UCX and NIXL: UCX's shared-memory transports)"};
-  for (int pi = 0; pi < 2; pi++) {
-    bool any = false;
-    for (size_t i = 0; i < npt; i++) any |= strcmp(pt[i].path, paths[pi]) == 0;
+  static const struct {
+    const char *path, *title;
+  } paths[] = {
+      {"tcp", "Loopback TCP (127.0.0.1)"},
+      {"shm", "Same host (hixl Transport shm; UCX and NIXL: UCX's shared-memory transports)"},
+  };
+  for (size_t pi = 0; pi < sizeof(paths) / sizeof(paths[0]); pi++) {
+    bool any = false, alloc = false;
+    for (size_t i = 0; i < npt; i++)
+      if (strcmp(pt[i].path, paths[pi].path) == 0) any = true, alloc |= pt[i].n[T_ALLOC] > 0;
     if (!any) continue;
-    fprintf(md, "### %s\n\n", path_title[pi]);
-    fprintf(
-        md,
-        "| op | block | batch x threads | hixl GB/s | A/A | Mooncake GB/s | hixl / Mooncake | UCX GB/s | "
-        "hixl / UCX | NIXL GB/s | hixl / NIXL | hixl / best peer | CPU s/GiB: hixl, Mooncake, UCX, NIXL | "
-        "verified (hixl, NIXL) |\n");
-    fprintf(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n");
-    for (size_t i = 0; i < npt; i++) {
-      struct rep_point *p = &pt[i];
-      if (strcmp(p->path, paths[pi]) != 0) continue;
-      double med[REP_TOOLS], cpu[REP_TOOLS];
-      for (int t = 0; t < REP_TOOLS; t++) {
-        med[t] = p->n[t] ? bench_median(p->gbps[t], p->n[t]) : 0;
-        cpu[t] = p->n[t] ? bench_median(p->cpu[t], p->n[t]) : 0;
-      }
-      char bs[32];
-      rep_size(p->block, bs, sizeof(bs));
-      fprintf(md, "| %s | %s | %zu x %zu |", p->op, bs, p->batch, p->threads);
-      if (med[0] > 0)
-        fprintf(md, " %.3f |", med[0]);
-      else
-        fprintf(md, " - |");
-      if (med[0] > 0 && med[1] > 0)
-        fprintf(md, " %.2fx |", med[0] / med[1]);
-      else
-        fprintf(md, " - |");
-      double best = 0;
-      const char *best_name = NULL;
-      for (int t = 2; t < REP_TOOLS; t++) {
-        if (med[t] > 0) {
-          fprintf(md, " %.3f | %.2fx |", med[t], med[0] / med[t]);
-          if (med[t] > best) best = med[t], best_name = rep_title[t];
-        } else {
-          fprintf(md, " %s | - |", rep_skip_why(sk, nsk, p->path, rep_tool[t]) ? "n/a" : "-");
-        }
-      }
-      if (best > 0 && med[0] > 0)
-        fprintf(md, " %.2fx (%s) |", med[0] / best, best_name);
-      else
-        fprintf(md, " - |");
-      fprintf(md, " ");
-      for (int t = 0; t < REP_TOOLS; t++) {
-        if (t == 1) continue;
-        if (cpu[t] > 0)
-          fprintf(md, "%.2f", cpu[t]);
-        else
-          fprintf(md, "-");
-        fprintf(md, t == REP_TOOLS - 1 ? " |" : ", ");
-      }
-      fprintf(md, " %s, %s |\n", p->verified[0] ? "yes" : (p->n[0] ? "no" : "-"),
-              p->verified[4] ? "yes" : (p->n[4] ? "no" : "-"));
-    }
-    fprintf(md, "\n");
-    for (size_t k = 0; k < nsk; k++)
-      if (strcmp(sk[k].path, paths[pi]) == 0)
-        fprintf(md, "- n/a %s: %s\n",
-                rep_title[rep_tool_index(sk[k].tool) < 0 ? 0 : rep_tool_index(sk[k].tool)], sk[k].why);
-    fprintf(md, "\n");
+    fprintf(md, "### %s\n\n", paths[pi].title);
+    rep_table(md, pt, npt, sk, nsk, paths[pi].path, alloc);
   }
-
   if (js != NULL) {
-    fprintf(js, "{\n  \"unit\": \"GB/s (10^9 bytes per second), median over rounds\",\n  \"points\": [");
-    for (size_t i = 0; i < npt; i++) {
-      struct rep_point *p = &pt[i];
-      fprintf(js,
-              "%s\n    {\"path\": \"%s\", \"op\": \"%s\", \"block\": %zu, \"batch\": %zu, \"threads\": %zu, "
-              "\"in_flight\": %zu, \"tools\": {",
-              i ? "," : "", p->path, p->op, p->block, p->batch, p->threads, p->batch * p->threads);
-      bool first = true;
-      for (int t = 0; t < REP_TOOLS; t++) {
-        if (p->n[t] == 0) continue;
-        fprintf(js,
-                "%s\"%s\": {\"gbps\": %.4f, \"cpu_s_per_gib\": %.4f, \"verified_bytes\": %llu, \"rounds\": [",
-                first ? "" : ", ", rep_tool[t], bench_median(p->gbps[t], p->n[t]),
-                bench_median(p->cpu[t], p->n[t]), (unsigned long long)p->verified[t]);
-        for (size_t r = 0; r < p->n[t]; r++) fprintf(js, "%s%.4f", r ? ", " : "", p->gbps[t][r]);
-        fprintf(js, "]}");
-        first = false;
-      }
-      fprintf(js, "}}");
-    }
-    fprintf(js, "\n  ],\n  \"skipped\": [");
-    for (size_t k = 0; k < nsk; k++) {
-      fprintf(js, "%s\n    {\"path\": \"%s\", \"tool\": \"%s\", \"reason\": \"", k ? "," : "", sk[k].path,
-              sk[k].tool);
-      for (const char *c = sk[k].why; *c; c++)
-        if (*c == '"' || *c == '\\')
-          fprintf(js, "\\%c", *c);
-        else if ((unsigned char)*c >= 0x20)
-          fputc(*c, js);
-      fprintf(js, "\"}");
-    }
-    fprintf(js, "\n  ]\n}\n");
+    rep_json(js, pt, npt, sk, nsk);
     fclose(js);
   }
   if (md != stdout) fclose(md);
@@ -489,9 +607,11 @@ static int run_report(const char *raw, const char *md_path, const char *json_pat
 static void usage(void) {
   fprintf(stderr,
           "usage: hixl-peers --mode=target --protocol=tcp|shm --local_server_name=IP:PORT [--buffer_size=N]\n"
+          "                  [--alloc]\n"
           "       hixl-peers --mode=initiator --protocol=tcp|shm --segment_id=IP:PORT --remote_addr=HEX\n"
           "                  --operation=read|write --threads=T --batch_size=B --block_size=S\n"
           "                  --duration=SECONDS [--verify] [--buffer_size=N] [--local_server_name=IP]\n"
+          "                  [--one_buffer]\n"
           "       hixl-peers --mode=report --raw=FILE [--md=FILE] [--json=FILE]\n"
           "Mooncake transfer_engine_bench's knobs and throughput formula (see the file's head).\n");
 }
@@ -547,6 +667,10 @@ int main(int argc, char **argv) {
       json = v;
     else if (strcmp(a, "--verify") == 0)
       o.verify = true;
+    else if (strcmp(a, "--alloc") == 0)
+      o.alloc = true;
+    else if (strcmp(a, "--one_buffer") == 0)
+      o.one_buffer = true;
     else {
       fprintf(stderr, "hixl-peers: bad argument %s\n", a);
       usage();
