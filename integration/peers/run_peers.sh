@@ -10,17 +10,34 @@
 #       [--batches 1,128] [--threads 1,8] [--buffer BYTES]
 #
 # Every point (path x op x block x batch x threads) runs every tool for --duration
-# seconds per round, the tools' order rotated from round to round, hixl twice (its
-# second run is the A/A column). Each tool keeps batch x threads ops in flight: hixl
-# and Mooncake with `threads` threads each waiting on one batch of `batch` ops; NIXL
-# with `threads` requests of `batch` descriptors posted from one thread; ucx_perftest
-# with -T threads and -O batch outstanding ops per thread. Points whose
-# block x batch x threads exceeds --buffer (default 1 GiB, Mooncake's default
-# buffer_size) are left out and listed.
+# seconds per round, the tools' order rotated from round to round. Each tool keeps
+# batch x threads ops in flight: hixl and Mooncake with `threads` threads each waiting
+# on one batch of `batch` ops; NIXL with `threads` requests of `batch` descriptors
+# posted from one thread; ucx_perftest with -T threads and -O batch outstanding ops per
+# thread. Points whose block x batch x threads exceeds --buffer (default 1 GiB,
+# Mooncake's default buffer_size) are left out and listed.
 #
-# Processes: initiators on CPU 0, targets on CPU 1 (as run_perf.sh). hixl's, Mooncake's
-# and NIXL's targets (and NIXL's initiator) stay up for one path of one round; the
-# others start per point. CPU seconds are both processes' user + system time from the
+# hixl runs in the shape of each peer it is set against, each shape twice a round (the
+# second run is that shape's A/A):
+#   hixl        Mooncake's layout, batch x threads distinct blocks on both sides, into
+#               plain memory the target registered (on the same host every op is one
+#               process_vm_readv / writev); set against Mooncake and NIXL, whose
+#               targets register plain memory too.
+#   hixl-1buf   ucx_perftest's shape (hixl-peers --one_buffer): each thread moves one
+#               block at one offset again and again, `batch` at a time, as
+#               ucx_perftest's run_stream_uni puts or gets one message buffer a thread
+#               (openucx/ucx src/tools/perf/lib/ucp_tests.cc); on the same host into
+#               memory the target took from HixlEngineAllocMem (--alloc: the initiator
+#               maps it and copies with memcpy), as UCX's sm transports copy into the
+#               segment ucx_perftest allocated with ucp_mem_map. Set against UCX.
+#   hixl-alloc  same host only: hixl's distinct blocks into HixlEngineAllocMem memory
+#               (what allocating buys at the same workload; no peer column).
+# Both hixl targets' data is checked byte for byte after each point of round 1.
+#
+# Processes: initiators on CPU 0, targets on CPU 1 (as run_perf.sh). hixl's targets (one
+# on plain memory, on the same host a second with --alloc), Mooncake's and NIXL's
+# targets (and NIXL's initiator) stay up for one path of one round; the others start
+# per point. CPU seconds are both processes' user + system time from the
 # point's start to its result (/usr/bin/time for processes started for the point,
 # /proc/PID/stat deltas for the ones kept up), over the bytes the tool counted.
 #
@@ -113,27 +130,38 @@ record() { # round path op block batch threads tool gbps bytes seconds verified 
 }
 
 # ------------------------------------------------------------------ targets kept up
-fifos= hixl_tgt_pid= hixl_tgt_addr= hixl_tgt_eng=
+fifos=
+declare -A tgt_pid=() tgt_eng=() tgt_addr=() tgt_in=() # hixl's targets by kind: plain, alloc
 mc_tgt_pid= mc_seg=
 nixl_dir= nixl_tgt_pid= nixl_ini_pid=
 
-start_targets() { # path
-  local path=$1 port ready
-  fifos=$(mktemp -d)
-  mkfifo "$fifos/hixl-in" "$fifos/nixl-in" "$fifos/nixl-out"
+start_hixl_target() { # path kind: plain (RegisterMem on mmap) or alloc (HixlEngineAllocMem)
+  local path=$1 kind=$2 port ready eng addr fd flag=()
+  [ "$kind" = alloc ] && flag=(--alloc)
+  mkfifo "$fifos/hixl-$kind-in"
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   # The target serves until its stdin ends: this script holds the fifo's write end.
   taskset -c 1 "$hp" --mode=target --protocol="$path" --local_server_name=127.0.0.1:"$port" \
-    --buffer_size="$buffer" <"$fifos/hixl-in" >"$fifos/hixl-ready" 2>>"$log" &
-  hixl_tgt_pid=$!
-  exec {hixl_tgt_in}>"$fifos/hixl-in"
+    --buffer_size="$buffer" "${flag[@]}" <"$fifos/hixl-$kind-in" >"$fifos/hixl-$kind-ready" 2>>"$log" &
+  tgt_pid[$kind]=$!
+  exec {fd}>"$fifos/hixl-$kind-in"
+  tgt_in[$kind]=$fd
   for _ in $(seq 300); do
-    read -r ready hixl_tgt_eng hixl_tgt_addr _ <"$fifos/hixl-ready" 2>/dev/null || true
+    read -r ready eng addr _ <"$fifos/hixl-$kind-ready" 2>/dev/null || true
     [ "${ready:-}" = READY ] && break
-    kill -0 "$hixl_tgt_pid" 2>/dev/null || break
+    kill -0 "${tgt_pid[$kind]}" 2>/dev/null || break
     sleep 0.1
   done
-  [ "${ready:-}" = READY ] || { say "hixl target did not start (see $log)"; exit 1; }
+  [ "${ready:-}" = READY ] || { say "hixl's $kind target did not start (see $log)"; exit 1; }
+  tgt_eng[$kind]=$eng tgt_addr[$kind]=$addr
+}
+
+start_targets() { # path
+  local path=$1
+  fifos=$(mktemp -d)
+  mkfifo "$fifos/nixl-in" "$fifos/nixl-out"
+  start_hixl_target "$path" plain
+  [ "$path" = shm ] && start_hixl_target "$path" alloc
   if [ "$path" = tcp ] && [ $have_mooncake = 1 ]; then
     taskset -c 1 "$teb" --mode=target --protocol=tcp --metadata_server=P2PHANDSHAKE \
       --local_server_name=127.0.0.1 --buffer_size="$buffer" >"$out/mooncake-target.log" 2>&1 &
@@ -179,10 +207,15 @@ wait_or_kill() { # pid seconds: wait for a process we started, TERM then KILL it
 }
 
 stop_targets() {
+  local kind fd
   # Children started later hold the fifo's write end too: the target is told by TERM.
-  kill -TERM "$hixl_tgt_pid" 2>/dev/null || true
-  exec {hixl_tgt_in}>&-
-  wait_or_kill "$hixl_tgt_pid" 5
+  for kind in "${!tgt_pid[@]}"; do
+    kill -TERM "${tgt_pid[$kind]}" 2>/dev/null || true
+    fd=${tgt_in[$kind]}
+    exec {fd}>&-
+    wait_or_kill "${tgt_pid[$kind]}" 5
+  done
+  tgt_pid=() tgt_eng=() tgt_addr=() tgt_in=()
   if [ -n "$mc_tgt_pid" ]; then
     kill -TERM "$mc_tgt_pid" 2>/dev/null || true
     wait_or_kill "$mc_tgt_pid" 5
@@ -220,15 +253,19 @@ stop_child() { # the child of a /usr/bin/time we started: TERM, then KILL after 
 
 # ------------------------------------------------------------------ one run per tool
 # Each: round path op block batch threads [verify]; appends a RUN record, or says why not.
-run_hixl() { # ... tool-name
-  local r=$1 path=$2 op=$3 bs=$4 b=$5 t=$6 tool=$7 verify=$8 c0 c1 res tf
+run_hixl() { # ... tool-name verify: hixl, hixl-aa, hixl-alloc, hixl-1buf or hixl-1buf-aa (head)
+  local r=$1 path=$2 op=$3 bs=$4 b=$5 t=$6 tool=$7 verify=$8 c0 c1 res tf kind=plain shape=()
+  case $tool in
+    hixl-alloc) kind=alloc ;;
+    hixl-1buf*) shape=(--one_buffer); [ "$path" = shm ] && kind=alloc ;;
+  esac
   tf=$(mktemp)
-  c0=$(cpu_ticks "$hixl_tgt_pid")
+  c0=$(cpu_ticks "${tgt_pid[$kind]}")
   res=$(/usr/bin/time -f '%U %S' -o "$tf" taskset -c 0 "$hp" --mode=initiator --protocol="$path" \
-    --segment_id="$hixl_tgt_eng" --remote_addr="$hixl_tgt_addr" --operation="$op" --threads="$t" \
-    --batch_size="$b" --block_size="$bs" --duration="$duration" --buffer_size="$buffer" $verify 2>>"$log" |
-    grep '^RESULT') || { say "hixl failed at $path $op $bs x $b x $t (see $log)"; rm -f "$tf"; return 0; }
-  c1=$(cpu_ticks "$hixl_tgt_pid")
+    --segment_id="${tgt_eng[$kind]}" --remote_addr="${tgt_addr[$kind]}" --operation="$op" --threads="$t" \
+    --batch_size="$b" --block_size="$bs" --duration="$duration" --buffer_size="$buffer" "${shape[@]}" $verify \
+    2>>"$log" | grep '^RESULT') || { say "$tool failed at $path $op $bs x $b x $t (see $log)"; rm -f "$tf"; return 0; }
+  c1=$(cpu_ticks "${tgt_pid[$kind]}")
   record "$r" "$path" "${op^^}" "$bs" "$b" "$t" "$tool" "$(kv gbps "$res")" "$(kv bytes "$res")" \
     "$(kv seconds "$res")" "$(kv verified_bytes "$res")" \
     "$(awk -v a="$(time_cpu "$tf")" -v d=$((c1 - c0)) -v hz="$hz" 'BEGIN { print a + d / hz }')"
@@ -366,14 +403,18 @@ for r in $(seq "$rounds"); do
       read -r op bs b t <<<"${points[$i]}"
       verify=
       [ "$r" = 1 ] && verify=--verify
-      tools=(hixl mooncake hixl-aa ucx nixl)
+      if [ "$path" = shm ]; then
+        tools=(hixl hixl-alloc hixl-aa hixl-1buf ucx hixl-1buf-aa nixl)
+      else
+        tools=(hixl mooncake hixl-aa hixl-1buf ucx hixl-1buf-aa nixl)
+      fi
       # rotate the order by round and point, so no tool always runs first
       k=$(((r + i) % ${#tools[@]}))
       tools=("${tools[@]:$k}" "${tools[@]:0:$k}")
       for tool in "${tools[@]}"; do
         case $tool in
-          hixl) run_hixl "$r" "$path" "$op" "$bs" "$b" "$t" hixl "$verify" ;;
-          hixl-aa) run_hixl "$r" "$path" "$op" "$bs" "$b" "$t" hixl-aa "" ;;
+          hixl | hixl-alloc | hixl-1buf) run_hixl "$r" "$path" "$op" "$bs" "$b" "$t" "$tool" "$verify" ;;
+          hixl-aa | hixl-1buf-aa) run_hixl "$r" "$path" "$op" "$bs" "$b" "$t" "$tool" "" ;;
           mooncake) if [ "$path" = tcp ]; then run_mooncake "$r" "$path" "$op" "$bs" "$b" "$t"; fi ;;
           ucx) if [ $have_ucx = 1 ]; then run_ucx "$r" "$path" "$op" "$bs" "$b" "$t"; fi ;;
           nixl) run_nixl "$r" "$path" "$op" "$bs" "$b" "$t" $verify ;;
