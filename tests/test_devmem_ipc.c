@@ -36,12 +36,30 @@ struct child_arg {
   const char *forge; /* HIXL_TEST_SHM_FORGE: a handover forged on the wire */
 };
 
+/* The child's service SVC_REVOKE: revoke the caller's grant of the whole allocation from
+ * inside the handler (the progress thread, the lock held), answering its status. */
+#define SVC_REVOKE 3
+struct revoke_ctx {
+  HixlEngine *e;
+  uint64_t range[1][2];
+};
+static HixlStatus revoke_handler(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                                 size_t cap, size_t *resp_len) {
+  struct revoke_ctx *x = ctx;
+  (void)req, (void)len, (void)cap;
+  uint32_t st = (uint32_t)hixl_engine_revoke(x->e, peer, (const uint64_t(*)[2])x->range, 1);
+  memcpy(resp, &st, 4);
+  *resp_len = 4;
+  return HIXL_SUCCESS;
+}
+
 /* The child: a shm engine with DEV_LEN (or dev_len) of stand-in device memory and
  * HOST_LEN of host memory registered. Commands on ctl_fd: 'f' seed (u32): fill the
  * device memory, answer 'k'; 'v' seed: answer 'y' when it holds that fill, else 'n';
  * 'd': deregister the device memory, answer its status (u32) once the call returned;
  * 'g' / 'r' name (TU_ADDR_LEN): grant / revoke the whole allocation to that peer,
- * answer the status. EOF: finalize and quit. */
+ * answer the status once the call returned. A scoped child also serves SVC_REVOKE.
+ * EOF: finalize and quit. */
 static int child_main(void *argp, int ready_fd, int ctl_fd) {
   const struct child_arg *a = argp;
   struct child_info info;
@@ -58,6 +76,8 @@ static int child_main(void *argp, int ready_fd, int ctl_fd) {
   if (HixlEngineRegisterMem(e, &d, HIXL_MEM_DEVICE, &hd) != HIXL_SUCCESS ||
       HixlEngineRegisterMem(e, &h, HIXL_MEM_HOST, &hh) != HIXL_SUCCESS)
     return 4;
+  struct revoke_ctx rx = {e, {{(uintptr_t)dev, a->dev_len}}};
+  if (a->scoped && hixl_engine_set_service(e, SVC_REVOKE, revoke_handler, &rx) != HIXL_SUCCESS) return 4;
   info.dev = (uintptr_t)dev;
   info.host = (uintptr_t)host;
   info.dev_len = a->dev_len;
@@ -343,11 +363,37 @@ static void test_scoped(void) {
   devmem_test_d2d(&d1, &m1);
   CU_ASSERT_EQUAL(d1 - d0, p.len);
   CU_ASSERT_EQUAL(m1, m0 + 1);
+  /* The revoke returns only once this process closed the mapping (no round trip
+   * first), its copy running ended: a READ of the whole allocation is in flight. */
+  HixlTransferOpDesc d = {.local_addr = (uintptr_t)p.dev, .remote_addr = p.ci.dev, .len = p.len};
+  HixlTransferReq req = NULL;
+  TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(p.e, p.ci.name, HIXL_READ, &d, 1, WAIT_MS, NULL, &req));
   TU_ASSERT_OK(child_call(&p, 'r'));
+  devmem_test_d2d(&d1, &m1);
+  CU_ASSERT_EQUAL(m1, m0); /* taken back before the revoke returned */
+  HixlTransferStatus fin = HIXL_TRANSFER_WAITING;
+  tu_wait_request(p.e, req, tu_now_ms() + WAIT_MS, &fin);
+  CU_ASSERT(fin == HIXL_TRANSFER_COMPLETED || fin == HIXL_TRANSFER_FAILED); /* copied whole, or refused */
+  if (fin == HIXL_TRANSFER_COMPLETED)
+    TU_ASSERT_SAME(p.dev, p.want, p.len, "a READ that ended before the revoke");
+  printf("  [the READ in flight at the revoke ended %d]\n", (int)fin);
+  CU_ASSERT_NOT_EQUAL(xfer(&p, HIXL_READ, p.dev, p.ci.dev, 4096), HIXL_SUCCESS);
+  /* Granted again, and revoked from inside the child's service handler: it cannot wait
+   * there (the progress thread reads the answer) and does not deadlock; the recall is
+   * on the link ahead of the call's answer, so the mapping is closed here by then. */
+  TU_ASSERT_OK(child_call(&p, 'g'));
+  rms = NULL;
   TU_ASSERT_OK(hixl_engine_remote_mems(p.e, p.ci.name, WAIT_MS, &rms, &n));
   free(rms);
   devmem_test_d2d(&d1, &m1);
-  CU_ASSERT_EQUAL(m1, m0); /* taken back */
+  CU_ASSERT_EQUAL(m1, m0 + 1);
+  uint32_t rst = UINT32_MAX;
+  size_t rlen = 0;
+  TU_ASSERT_OK(hixl_engine_call(p.e, p.ci.name, SVC_REVOKE, "r", 1, &rst, sizeof(rst), &rlen, WAIT_MS));
+  CU_ASSERT_EQUAL(rlen, 4);
+  CU_ASSERT_EQUAL(rst, HIXL_SUCCESS);
+  devmem_test_d2d(&d1, &m1);
+  CU_ASSERT_EQUAL(m1, m0);
   CU_ASSERT_NOT_EQUAL(xfer(&p, HIXL_READ, p.dev, p.ci.dev, 4096), HIXL_SUCCESS);
   pair_down(&p);
 }
@@ -389,7 +435,9 @@ static CU_TestInfo tests[] = {
     {"the target killed mid-pull: the request ends in time, the next op fails, the mapping closes",
      test_peer_killed},
     {"a forged handover (handle past its allocation, range not the registration): refused", test_forged},
-    {"a scoped target hands over only a granted allocation, and takes it back on revoke", test_scoped},
+    {"a scoped target hands over only a granted allocation; a revoke returns once it is closed here (from "
+     "a service handler: sent, no deadlock)",
+     test_scoped},
     {"a scoped target with device memory unscoped for same-host peers hands it over at Connect",
      test_scoped_devmap_whole},
     CU_TEST_INFO_NULL};

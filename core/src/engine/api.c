@@ -242,10 +242,12 @@ HixlStatus HixlEngineFinalize(HixlEngine *e) {
   HixlStatus st = api_enter(e, "HixlEngineFinalize");
   if (st != HIXL_SUCCESS) return st;
   e->initialized = false; /* new calls are refused from here on */
+  engine_signal(e);       /* a revoke waiting for its recalls stops waiting */
   pthread_mutex_unlock(&e->lock);
   if (e->rail_stop) e->rail_stop(e); /* the rail prober, if a railed Connect started it */
   link_stop(e);
   pthread_mutex_lock(&e->lock);
+  while (e->revoke_waiters > 0) engine_wait(e, 0);
   /* Work still running without the lock (an shm copy) ends before what it holds goes. */
   for (int i = 0; i < XPORT_MODS; i++) e->mods[i]->iface.quiesce(e);
   link_free_graveyard(e);

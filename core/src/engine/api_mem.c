@@ -355,6 +355,34 @@ HixlStatus hixl_engine_devmem_stats(HixlEngine *e, struct hixl_devmem_stats *out
   return HIXL_SUCCESS;
 }
 
+/* Whether a live link of peer still has recalls of a revoke unanswered. Lock held. */
+static bool recalls_pending(HixlEngine *e, const char *peer) {
+  for (struct conn *c = e->conns; c; c = c->next)
+    if (!c->dead && c->recalls > 0 && strcmp(c->remote_name, peer) == 0) return true;
+  return false;
+}
+
+/* A revoke's end: what the modules asked peer to let go of (a same-host peer's device
+ * mapping) is let go of, its copies running ended, before the revoke returns; up to
+ * HIXL_DEFAULT_TIMEOUT_MS, lock released, then the links that did not answer are cut
+ * (as FreeMem does). Lock held on entry and return. */
+static void revoke_wait(HixlEngine *e, const char *peer) {
+  uint64_t deadline = hixl_now_ns() + (uint64_t)HIXL_DEFAULT_TIMEOUT_MS * 1000000u;
+  if (!recalls_pending(e, peer)) return;
+  e->revoke_waiters++;
+  while (e->initialized && recalls_pending(e, peer) && hixl_now_ns() < deadline) engine_wait(e, deadline);
+  uint32_t walk = ++e->walks;
+  for (struct conn *c; e->initialized && (c = link_next(e, walk));) {
+    if (c->dead || c->recalls == 0 || strcmp(c->remote_name, peer) != 0) continue;
+    char why[160];
+    snprintf(why, sizeof(why), "it did not let go of memory a revoke took back within %u ms: cut off",
+             (unsigned)HIXL_DEFAULT_TIMEOUT_MS);
+    log_warn("link from %s: %s", c->remote_name, why);
+    link_conn_kill(c, HIXL_TIMEOUT, why);
+  }
+  if (--e->revoke_waiters == 0) engine_signal(e);
+}
+
 static HixlStatus grant_call(HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n,
                              bool add) {
   const char *fn = add ? "hixl_engine_grant" : "hixl_engine_revoke";
@@ -369,6 +397,10 @@ static HixlStatus grant_call(HixlEngine *e, const char *peer, const uint64_t (*r
   HixlStatus st = grant_enter(e, fn, &took);
   if (st != HIXL_SUCCESS) return st;
   st = add ? grant_add(e, peer, ranges, n) : grant_remove(e, peer, ranges, n);
+  /* A service handler runs on the progress thread, which reads the answers: it cannot
+   * wait for them (the recalls are sent, and the peer starts no copy there once it has
+   * read them; a copy already running may still end after). */
+  if (!add && took) revoke_wait(e, peer);
   if (took) pthread_mutex_unlock(&e->lock);
   return st;
 }

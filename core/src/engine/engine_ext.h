@@ -125,7 +125,12 @@ HixlStatus hixl_engine_devmem_stats(HixlEngine *e, struct hixl_devmem_stats *out
  * twice needs two revokes. A range must be identical to, or disjoint from, every range
  * granted to that peer (PARAM_INVALID, nothing granted). A revoke of a range not
  * granted is PARAM_INVALID (the others are revoked). Callable from a service handler
- * (on the progress thread, the lock held: they see it is theirs). */
+ * (on the progress thread, the lock held: they see it is theirs). A revoke that takes
+ * back a same-host peer's device mapping (hixl_engine_set_devmap_scoped on) returns
+ * once the peer closed it, its copies running ended (up to HIXL_DEFAULT_TIMEOUT_MS,
+ * lock released; a peer that does not answer is cut off); from a service handler it
+ * cannot wait (the progress thread reads the answer): the recall is sent, the peer
+ * starts no copy there once it has read it, and one already running may still end. */
 HixlStatus hixl_engine_grant(HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n);
 HixlStatus hixl_engine_revoke(HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n);
 /* Ranges granted to peer now, and ops refused for want of a grant since Initialize. */

@@ -99,6 +99,8 @@ struct conn {
   uint8_t stall;          /* why the link reads no frames now (LINK_STALL_*), 0: it reads */
   bool in_fence;          /* releasing a stall (no recursion) */
   bool always_read;       /* initiator: the target sends frames on its own (shm SHM_UNMAP): never parked */
+  uint32_t recalls;       /* target: what a revoke took back from the peer and it has not let go of yet
+                           * (link_recall_begin / _end: shm's device mappings); the revoke waits */
   size_t answers_queued;  /* target: bytes of answers queued, not yet sent (txitem.queued) */
   uint32_t answers_items; /* ... and how many: past LinkAnswersMax or LinkAnswerBytesMax the link
                              stops reading frames until they are down to half (LINK_STALL_BACKLOG) */
@@ -255,6 +257,7 @@ struct HixlEngine {
   bool scoped;                     /* scoped memory: a target serves a peer only inside its grants */
   bool devmap_unscoped;            /* ... but hands same-host peers device allocations by IPC handle
                                     * whatever they were granted (hixl_engine_set_devmap_scoped) */
+  uint32_t revoke_waiters;         /* revokes waiting for recalls (lock released): Finalize waits */
   struct grant_set *grants;        /* ... one set per peer name (grant.c) */
   uint64_t grant_refusals;         /* ops refused for want of a grant */
   uint64_t auth_refusals;          /* handshakes refused since the last log line about them */

@@ -52,6 +52,10 @@ uint32_t link_peer_caps(const struct conn *c) { return c->peer ? c->peer->caps :
 uint32_t link_hello_caps(const struct conn *c) { return c->peer ? 0 : c->hello_caps; }
 bool engine_scoped(const struct HixlEngine *e) { return e->scoped; }
 bool engine_devmap_scoped(const struct HixlEngine *e) { return e->scoped && !e->devmap_unscoped; }
+void link_recall_begin(struct conn *c) { c->recalls++; }
+void link_recall_end(struct conn *c) {
+  if (c->recalls > 0 && --c->recalls == 0) engine_signal(c->eng);
+}
 struct hixl_window_stats *engine_win_stats(struct HixlEngine *e) {
   return &e->wstats;
 }

@@ -143,6 +143,11 @@ uint32_t link_hello_caps(const struct conn *c); /* target: WIRE_CAP_* of the pee
 bool engine_scoped(const struct HixlEngine *e); /* hixl_engine_set_scoped */
 /* Whether same-host device handovers follow grants (hixl_engine_set_devmap_scoped). */
 bool engine_devmap_scoped(const struct HixlEngine *e);
+/* Target: a revoke asked c's peer to let go of something it reaches without this
+ * engine's CPU (shm: a device mapping), and the peer has (or c died). The revoke
+ * returns once c has none outstanding. Lock held. */
+void link_recall_begin(struct conn *c);
+void link_recall_end(struct conn *c);
 struct hixl_window_stats *engine_win_stats(struct HixlEngine *e); /* counted by the module that opens them */
 struct hixl_devmem_stats *engine_dev_stats(struct HixlEngine *e); /* counted by the module that copies */
 /* The IPv4 address (network order) of c's end of its socket: which local interface,

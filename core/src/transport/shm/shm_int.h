@@ -68,6 +68,7 @@ struct shm_map {
 struct shm_grant {
   struct hixl_mem_reg *reg;
   bool unmapping; /* SHM_UNMAP sent; FreeMem waits for the answer */
+  bool revoking;  /* ... for a revoke, which waits too (link_recall_begin) */
 };
 
 /* Target: r->xm[XPORT_SHM] of a region HixlEngineAllocMem made, from its mem_share
@@ -166,11 +167,12 @@ HixlStatus eshm_map_connect(int fd, uint64_t deadline, struct peer *p, struct es
 HixlStatus eshm_dev_map_take(struct shm_peer *s, const struct remote_mem *rm, const struct wire_msg *m,
                              char *why, size_t cap);
 /* Target, a scoped engine's grants changed for peer: device registrations newly
- * covered are handed over, those no longer covered recalled (not waited for). */
+ * covered are handed over, those no longer covered recalled (the revoke waits for the
+ * answers: link_recall_begin). */
 void eshm_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n, bool add);
 void eshm_target_map_hello(struct conn *c);
 void eshm_target_unmap_ack(struct conn *c, const struct wire_msg *m);
-void eshm_grant_drop(struct HixlEngine *e, struct eshm_link *l, uint32_t i);
+void eshm_grant_drop(struct conn *c, struct eshm_link *l, uint32_t i);
 void eshm_initiator_frame(struct conn *c, const struct wire_msg *m);
 void eshm_gen_bump(struct HixlEngine *e);
 void eshm_mem_dereg(struct HixlEngine *e, struct hixl_mem_reg *r);

@@ -457,8 +457,14 @@ void eshm_initiator_frame(struct conn *c, const struct wire_msg *m) {
   }
   if (m->hdr.type == WIRE_SHM_UNMAP) {
     struct shm_map *mp = (struct shm_map *)memtab_find_exact(&s->maps, m->u.map.addr, m->u.map.len);
-    /* Ops submitted from now on fail at once: the region leaves the peer's table. */
-    link_peer_forget(c, m->u.map.addr, m->u.map.len);
+    const struct remote_mem *rm = link_remote_find(c, m->u.map.addr, m->u.map.len);
+    /* A memfd is being freed: ops submitted from now on fail at once, the region leaves
+     * the peer's table. Device memory may stay registered (a revoke takes back only the
+     * mapping, and may hand it over again): its ops go as tcp frames from now on, where
+     * the target's CPU checks them, until a MEM_DEL withdraws it. */
+    if (!rm || rm->kind != WIRE_MEM_DEVICE || rm->range.addr != m->u.map.addr ||
+        rm->range.len != m->u.map.len)
+      link_peer_forget(c, m->u.map.addr, m->u.map.len);
     if (!mp) { /* never mapped here (it could not be): nothing to wait for */
       send_unmap_ack(c, m->u.map.addr, m->u.map.len);
       return;
@@ -513,7 +519,7 @@ static void grant(struct conn *c, struct hixl_mem_reg *r) {
   }
   if (r->type == HIXL_MEM_DEVICE) {
     size_t n = dev_map_frame(r, buf, sizeof(buf));
-    l->grants[l->ngrants++] = (struct shm_grant){r, false};
+    l->grants[l->ngrants++] = (struct shm_grant){.reg = r};
     link_queue_copy(c, buf, n);
     return;
   }
@@ -528,7 +534,7 @@ static void grant(struct conn *c, struct hixl_mem_reg *r) {
              strerror(errno));
     return;
   }
-  l->grants[l->ngrants++] = (struct shm_grant){r, false};
+  l->grants[l->ngrants++] = (struct shm_grant){.reg = r};
   link_queue_copy(c, buf, len);
 }
 
@@ -602,14 +608,15 @@ void eshm_target_map_hello(struct conn *c) {
   link_queue_copy(c, buf, wire_end(&w, 0));
 }
 
-/* Target: forget the grant at i; a FreeMem waiting for it is told. Lock held. */
-void eshm_grant_drop(struct HixlEngine *e, struct eshm_link *l, uint32_t i) {
+/* Target: forget c's grant at i; a FreeMem or revoke waiting for it is told. Lock held. */
+void eshm_grant_drop(struct conn *c, struct eshm_link *l, uint32_t i) {
   struct shm_grant g = l->grants[i];
   l->grants[i] = l->grants[--l->ngrants];
   if (g.unmapping) { /* FreeMem waits for the region's count, drop_peer for the link's grants */
     reg_of(g.reg)->unshare_wait--;
-    engine_signal(e);
+    engine_signal(link_engine(c));
   }
+  if (g.revoking) link_recall_end(c);
 }
 
 /* Target, SHM_UNMAP_ACK: the initiator let go of a region. */
@@ -617,7 +624,7 @@ void eshm_target_unmap_ack(struct conn *c, const struct wire_msg *m) {
   struct eshm_link *l = link_of(c);
   for (uint32_t i = 0; l && i < l->ngrants; i++)
     if (l->grants[i].reg->range.addr == m->u.map.addr && l->grants[i].reg->range.len == m->u.map.len) {
-      eshm_grant_drop(link_engine(c), l, i);
+      eshm_grant_drop(c, l, i);
       return;
     }
 }
@@ -783,8 +790,9 @@ static bool meets(uint64_t addr, uint64_t len, const uint64_t (*ranges)[2], size
 
 /* A scoped engine's grants for peer changed: its links get the device registrations
  * now covered whole (grantable), and are asked for those whose allocation meets a
- * range revoked back (SHM_UNMAP; not waited for: this may run in the service handler;
- * the peer stops new copies as it reads the frame; FreeMem and drop_peer still wait). */
+ * range revoked back (SHM_UNMAP). This runs inside the grant's bookkeeping (lock held,
+ * it must not be released here): the revoke waits for the answers once that is done
+ * (link_recall_begin; api_mem.c's revoke_wait), unless it runs in a service handler. */
 void eshm_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n, bool add) {
   struct eshm_engine *x = eng_of(e);
   if (!x || !engine_devmap_scoped(e)) return; /* handovers do not follow grants */
@@ -801,9 +809,13 @@ void eshm_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)
       for (uint32_t i = 0; i < l->ngrants && !link_dead(c); i++) {
         struct shm_grant *g = &l->grants[i];
         const struct shm_reg *sr = reg_of(g->reg);
-        if (g->reg->type == HIXL_MEM_DEVICE && !g->unmapping &&
-            meets(g->reg->range.addr - sr->ipc.offset, sr->ipc.alloc_len, ranges, n))
-          grant_recall(c, i);
+        if (g->reg->type != HIXL_MEM_DEVICE || g->revoking ||
+            !meets(g->reg->range.addr - sr->ipc.offset, sr->ipc.alloc_len, ranges, n))
+          continue;
+        if (!g->unmapping) grant_recall(c, i); /* else a FreeMem asked already: wait all the same */
+        if (link_dead(c)) break;               /* its grants went with it */
+        g->revoking = true;
+        link_recall_begin(c);
       }
     }
     if (!link_dead(c)) link_flush(c);

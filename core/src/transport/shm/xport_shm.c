@@ -478,7 +478,7 @@ static void eshm_kill(struct conn *c, HixlStatus st, const char *msg) {
     eshm_peer_put(s);
     l->peer = NULL;
   }
-  while (l->ngrants > 0) eshm_grant_drop(link_engine(c), l, l->ngrants - 1);
+  while (l->ngrants > 0) eshm_grant_drop(c, l, l->ngrants - 1);
   eshm_unix_close(eng_of(link_engine(c)), l); /* an initiator's ufd is never watched */
 }
 
