@@ -65,6 +65,7 @@ static int child_main(void *argp, int ready_fd, int ctl_fd) {
   struct child_info info;
   memset(&info, 0, sizeof(info));
   if (a->forge) setenv("HIXL_TEST_SHM_FORGE", a->forge, 1);
+  unsetenv("HIXL_TEST_DEVMEM_DEVICE"); /* its memory is device 0's, whatever this process's is */
   tu_addr(info.name, sizeof(info.name), tu_free_port());
   HixlEngine *e = tu_engine_start_opts(info.name, "shm", NULL, 0);
   uint8_t *dev = devmem_test_alloc(a->dev_len), *host = malloc(HOST_LEN), *want = malloc(a->dev_len);
@@ -210,6 +211,9 @@ static void test_pull_push(void) {
   CU_ASSERT_EQUAL(ipc_bytes(p.e), 0);
   devmem_test_d2d(&d1, &m1);
   CU_ASSERT_EQUAL(m1, m0 + 1); /* its allocation, opened once in Connect */
+  int od = -2, cd = -2;
+  devmem_test_ipc_devices(&od, &cd);
+  CU_ASSERT_EQUAL(od, 0); /* in device 0's context: this side's device memory is there */
   CU_ASSERT_EQUAL(mapped(&p), 1);
   devmem_test_counts(&o0, &i0);
   devmem_test_pool(&po0, &pp0, &pw0);
@@ -427,6 +431,27 @@ static void test_scoped_devmap_whole(void) {
   pair_down(&p);
 }
 
+/* The peer's allocation is opened (and closed) in the context of the device this side's
+ * device memory is on (3 here, the peer's on 0), not device 0's; copies run there. */
+static void test_local_device(void) {
+  struct child_arg a = {.dev_len = DEV_LEN};
+  struct pair p;
+  int od = -2, cd = -2;
+  setenv("HIXL_TEST_DEVMEM_DEVICE", "3", 1); /* no engine thread runs yet */
+  CU_ASSERT_FATAL(pair_up(&p, &a));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(p.e, p.ci.name, WAIT_MS));
+  devmem_test_ipc_devices(&od, &cd);
+  CU_ASSERT_EQUAL(od, 3);
+  CU_ASSERT_EQUAL(child_seed(&p, 'f', 95), 'k');
+  TU_ASSERT_OK(xfer(&p, HIXL_READ, p.dev, p.ci.dev, p.len));
+  tu_fill(p.want, p.len, 95);
+  TU_ASSERT_SAME(p.dev, p.want, p.len, "read by d2d on device 3");
+  pair_down(&p);
+  devmem_test_ipc_devices(&od, &cd);
+  CU_ASSERT_EQUAL(cd, 3); /* closed in the context it was opened in */
+  unsetenv("HIXL_TEST_DEVMEM_DEVICE");
+}
+
 static CU_TestInfo tests[] = {
     {"pull and push device memory between processes over shm by IPC handle: d2d, byte for byte",
      test_pull_push},
@@ -440,6 +465,7 @@ static CU_TestInfo tests[] = {
      test_scoped},
     {"a scoped target with device memory unscoped for same-host peers hands it over at Connect",
      test_scoped_devmap_whole},
+    {"the peer's allocation opened in the context of this side's device, not device 0's", test_local_device},
     CU_TEST_INFO_NULL};
 static CU_SuiteInfo suites[] = {
     {"device memory over shm by IPC, host stand-in", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};

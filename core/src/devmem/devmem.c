@@ -296,11 +296,13 @@ static const struct devmem_ops cuda_ops = {.name = "cuda",
 #endif /* HIXL_HAVE_CUDA_H */
 
 #ifdef HIXL_DEVMEM_TEST
-/* host-test: any host range is "device 0" memory; copies are memcpy. Only for tests:
- * it lets every device path (bounces, copies, the memory table's kind) run here. */
+/* host-test: any host range is "device 0" memory (or device HIXL_TEST_DEVMEM_DEVICE's, as
+ * asked when it is registered); copies are memcpy. Only for tests: it lets every device
+ * path (bounces, copies, the memory table's kind) run here. */
 static HixlStatus ht_query(uint64_t addr, uint64_t len, int *device, char *why, size_t cap) {
+  const char *d = getenv("HIXL_TEST_DEVMEM_DEVICE");
   (void)addr, (void)len, (void)why, (void)cap;
-  *device = 0;
+  *device = d ? atoi(d) : 0;
   return HIXL_SUCCESS;
 }
 static uint64_t ht_out, ht_in; /* bytes copied each way */
@@ -343,7 +345,8 @@ static struct {
   int fd;
 } ht_alloc[HT_ALLOCS];
 static pthread_mutex_t ht_lock = PTHREAD_MUTEX_INITIALIZER;
-static uint64_t ht_d2d_bytes, ht_maps; /* bytes copied device to device; peer mappings open */
+static uint64_t ht_d2d_bytes, ht_maps;          /* bytes copied device to device; peer mappings open */
+static int ht_open_dev = -1, ht_close_dev = -1; /* the device the last ipc_open, ipc_close was asked for */
 
 void *devmem_test_alloc(size_t len) {
   void *p = MAP_FAILED;
@@ -466,7 +469,7 @@ static HixlStatus ht_ipc_export(uint64_t addr, uint64_t len, int device, struct 
 static HixlStatus ht_ipc_open(const struct devmem_ipc *h, int device, uint64_t *base, char *why, size_t cap) {
   char path[64];
   struct stat st;
-  (void)device;
+  __atomic_store_n(&ht_open_dev, device, __ATOMIC_RELAXED);
   HixlStatus s = devmem_ipc_valid(h, why, cap);
   if (s != HIXL_SUCCESS) return s;
   if (!base) {
@@ -501,7 +504,7 @@ static HixlStatus ht_ipc_open(const struct devmem_ipc *h, int device, uint64_t *
 }
 
 static void ht_ipc_close(uint64_t base, uint64_t alloc_len, int device) {
-  (void)device;
+  __atomic_store_n(&ht_close_dev, device, __ATOMIC_RELAXED);
   if (munmap((void *)(uintptr_t)base, (size_t)alloc_len) == 0)
     __atomic_sub_fetch(&ht_maps, 1, __ATOMIC_RELAXED);
 }
@@ -516,6 +519,11 @@ static HixlStatus ht_d2d(uint64_t dst, int ddev, uint64_t src, int sdev, size_t 
 void devmem_test_d2d(uint64_t *bytes, uint64_t *open_maps) {
   *bytes = __atomic_load_n(&ht_d2d_bytes, __ATOMIC_RELAXED);
   *open_maps = __atomic_load_n(&ht_maps, __ATOMIC_RELAXED);
+}
+
+void devmem_test_ipc_devices(int *opened, int *closed) {
+  *opened = __atomic_load_n(&ht_open_dev, __ATOMIC_RELAXED);
+  *closed = __atomic_load_n(&ht_close_dev, __ATOMIC_RELAXED);
 }
 
 static const struct devmem_ops host_test_ops = {.name = "host-test",

@@ -97,6 +97,10 @@ void devmem_test_counts(uint64_t *to_host, uint64_t *to_device);
 /* Test builds: bytes the host stand-in copied device to device (d2d), and its peer
  * mappings open now (ipc_open not yet closed). */
 void devmem_test_d2d(uint64_t *bytes, uint64_t *open_maps);
+/* Test builds: the device ordinal the host stand-in's last ipc_open and ipc_close were
+ * asked for (-1: none yet). Its "device" memory is device 0's, or that of
+ * HIXL_TEST_DEVMEM_DEVICE as its registration finds it. */
+void devmem_test_ipc_devices(int *opened, int *closed);
 /* Test builds: "device" memory the host stand-in can export (ipc_export): len bytes of
  * a memfd mapped shared, NULL when it cannot be made; devmem_test_free undoes it. */
 void *devmem_test_alloc(size_t len);

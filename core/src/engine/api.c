@@ -257,6 +257,7 @@ HixlStatus HixlEngineFinalize(HixlEngine *e) {
   }
   memtab_free(&e->regs);
   grant_free_all(e);
+  __atomic_store_n(&e->dev_local, 0, __ATOMIC_RELAXED);
   e->scoped = false;
   e->grant_refusals = 0;
   mods_close(e, XPORT_MODS);

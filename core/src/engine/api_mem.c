@@ -194,6 +194,8 @@ HixlStatus hixl_engine_register_tagged(HixlEngine *e, const HixlMemDesc *mem, Hi
     free(r);
     goto unlock;
   }
+  if (device >= 0 && __atomic_load_n(&e->dev_local, __ATOMIC_RELAXED) == 0)
+    __atomic_store_n(&e->dev_local, device + 1, __ATOMIC_RELAXED); /* the first: this side's device */
   for (int k = 0; k < XPORT_MODS; k++) {
     if ((st = e->mods[k]->mem.reg(e, r)) == HIXL_SUCCESS) continue;
     while (k-- > 0) e->mods[k]->mem.dereg(e, r);

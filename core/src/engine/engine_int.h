@@ -258,6 +258,9 @@ struct HixlEngine {
   bool devmap_unscoped;            /* ... but hands same-host peers device allocations by IPC handle
                                     * whatever they were granted (hixl_engine_set_devmap_scoped) */
   uint32_t revoke_waiters;         /* revokes waiting for recalls (lock released): Finalize waits */
+  int dev_local;                   /* 1 + the device of the first device memory registered, 0 before:
+                                    * where peers' device memory is opened (atomic: Connect reads it
+                                    * without the lock) */
   struct grant_set *grants;        /* ... one set per peer name (grant.c) */
   uint64_t grant_refusals;         /* ops refused for want of a grant */
   uint64_t auth_refusals;          /* handshakes refused since the last log line about them */

@@ -62,6 +62,10 @@ struct hixl_window_stats *engine_win_stats(struct HixlEngine *e) {
 struct hixl_devmem_stats *engine_dev_stats(struct HixlEngine *e) {
   return &e->dstats;
 }
+int engine_local_device(const struct HixlEngine *e) {
+  int d = __atomic_load_n(&e->dev_local, __ATOMIC_RELAXED);
+  return d > 0 ? d - 1 : 0;
+}
 uint32_t peer_caps(const struct peer *p) { return p->caps; }
 uint32_t link_local_ip(const struct conn *c) {
   struct sockaddr_in sa;

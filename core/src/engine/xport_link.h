@@ -150,6 +150,9 @@ void link_recall_begin(struct conn *c);
 void link_recall_end(struct conn *c);
 struct hixl_window_stats *engine_win_stats(struct HixlEngine *e); /* counted by the module that opens them */
 struct hixl_devmem_stats *engine_dev_stats(struct HixlEngine *e); /* counted by the module that copies */
+/* The device this engine's side uses: that of the first device memory it registered (0
+ * before any). Callable without the lock. */
+int engine_local_device(const struct HixlEngine *e);
 /* The IPv4 address (network order) of c's end of its socket: which local interface,
  * and so which rail's device, the link leaves by; 0 when the kernel cannot say. */
 uint32_t link_local_ip(const struct conn *c);

@@ -89,7 +89,8 @@ struct shm_peer {
   int pidfd;            /* -1 where pidfd_open is missing */
   struct conn *conn;    /* NULL once the link died */
   struct memtab maps;   /* the target's regions mapped here (struct shm_map) */
-  struct shm_ipc *ipcs; /* the target's device allocations opened here */
+  struct shm_ipc *ipcs; /* the target's device allocations opened here ... */
+  int device;           /* ... in the context of this device: the one this engine's side uses */
   uint64_t map_ops;     /* ops moved by memcpy on them */
   char name[WIRE_MAX_NAME + 1];
   char why[384]; /* why the link died, once it did */

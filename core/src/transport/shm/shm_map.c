@@ -339,19 +339,21 @@ HixlStatus eshm_dev_map_take(struct shm_peer *s, const struct remote_mem *rm, co
   const struct devmem_ops *dm = devmem_get(dwhy, sizeof(dwhy));
   struct shm_ipc *o = s->ipcs;
   while (o && (o->h.alloc_len != h.alloc_len || memcmp(o->h.blob, h.blob, sizeof(h.blob)) != 0)) o = o->next;
-  if (!o && dm) { /* the allocation's first registration handed over: opened once */
-    HixlStatus st = dm->ipc_open(&h, 0, &base, dwhy, sizeof(dwhy));
+  if (!o && dm) { /* the allocation's first registration handed over: opened once, in the context of
+                   * the device this side uses (its copies run there; another device's by peer access) */
+    HixlStatus st = dm->ipc_open(&h, s->device, &base, dwhy, sizeof(dwhy));
     if (st == HIXL_PARAM_INVALID) { /* it names less memory than it says: forged */
       snprintf(why, cap, "protocol error: SHM_DEV_MAP of [0x%llx, +%llu): %s", (unsigned long long)addr,
                (unsigned long long)len, dwhy);
       return HIXL_FAILED;
     }
     if (st == HIXL_SUCCESS && !(o = calloc(1, sizeof(*o)))) {
-      dm->ipc_close(base, h.alloc_len, 0);
+      dm->ipc_close(base, h.alloc_len, s->device);
       snprintf(dwhy, sizeof(dwhy), "out of memory");
     }
     if (o) {
       o->h = h;
+      o->device = s->device;
       o->base = base;
       o->next = s->ipcs;
       s->ipcs = o;
@@ -448,6 +450,7 @@ void eshm_initiator_frame(struct conn *c, const struct wire_msg *m) {
     return;
   }
   if (m->hdr.type == WIRE_SHM_DEV_MAP) {
+    s->device = engine_local_device(link_engine(c)); /* device memory registered since Connect */
     if (eshm_dev_map_take(s, link_remote_find(c, m->u.map.addr, m->u.map.len), m, why, sizeof(why)) !=
         HIXL_SUCCESS) {
       log_warn("link to %s: %s", s->name, why);

@@ -355,6 +355,7 @@ static HixlStatus eshm_connect(struct HixlEngine *e, int fd, uint64_t deadline, 
   s->pid = m.u.shm.pid;
   s->uid = m.u.shm.uid;
   s->pidfd = pidfd;
+  s->device = engine_local_device(e);
   snprintf(s->name, sizeof(s->name), "%s", remote);
   log_info("link to %s: shm, one copy to and from pid %u (uid %u; proven by SO_PEERCRED%s)", remote, s->pid,
            s->uid, peer_session(p) ? ", bound to the link" : "");
