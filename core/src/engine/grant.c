@@ -69,21 +69,14 @@ bool grant_covers(const struct grant_set *g, uint64_t addr, uint64_t len) {
   return false;
 }
 
-/* The modules hear of the ranges marked fresh (add) or left with no count (!add), and
- * the marks are cleared. Only a scoped engine's: an unscoped one's peers reach every
- * registration anyway. All of one grant or revoke in one call, sorted by address (the
- * rdma module makes one window of each run of adjacent ranges, and on a revoke reopens
- * what a window held besides: it must see the whole revoke at once); in batches only
- * when there is no memory for the list. */
+/* The modules hear of the ranges marked fresh (add) or left with no count (!add), in
+ * batches, and the marks are cleared. Only a scoped engine's: an unscoped one's peers
+ * reach every registration anyway. */
 static void grant_tell(struct HixlEngine *e, const char *peer, struct grant_range *v, size_t n, bool add) {
-  uint64_t stack[256][2];
-  size_t told = 0;
-  for (size_t i = 0; i < n; i++) told += e->scoped && (add ? v[i].fresh : v[i].refs == 0);
-  uint64_t(*batch)[2] = told > 256 ? malloc(told * sizeof(*batch)) : NULL;
-  size_t cap = batch ? told : 256, k = 0;
-  if (!batch) batch = stack;
+  uint64_t batch[256][2];
+  size_t k = 0;
   for (size_t i = 0; i <= n; i++) {
-    if (k == cap || (i == n && k > 0)) {
+    if (k == 256 || (i == n && k > 0)) {
       for (int m = 0; m < XPORT_MODS; m++)
         e->mods[m]->iface.grant(e, peer, (const uint64_t(*)[2])batch, k, add);
       k = 0;
@@ -93,7 +86,6 @@ static void grant_tell(struct HixlEngine *e, const char *peer, struct grant_rang
     v[i].fresh = false;
     if (tell && e->scoped) batch[k][0] = v[i].addr, batch[k++][1] = v[i].len;
   }
-  if (batch != stack) free(batch);
 }
 
 HixlStatus grant_add(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n) {

@@ -63,8 +63,7 @@ struct xport_iface_ops {
   bool (*progress)(struct HixlEngine *e);       /* progress thread, after each batch; true: work is left */
   /* A scoped engine granted peer ranges it did not hold (add), or revoked the last
    * count of ranges (!add): the module opens or closes what reaches them without the
-   * engine's CPU (rdma: memory windows on that peer's QPs). ranges: sorted by address,
-   * disjoint, all of one grant or revoke (grant.c, grant_tell). */
+   * engine's CPU (rdma: memory windows on that peer's QPs). */
   void (*grant)(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n, bool add);
 };
 

@@ -2,13 +2,11 @@
  *
  * A scoped engine registers its memory with no remote access: the keys it advertises
  * are 0, and an MR's own key reaches nothing from the wire. What a peer was granted
- * (hixl_engine_grant) it reaches through windows: for each run of adjacent ranges one
- * grant added inside one registration, on each of that peer's QPs, a type 2 memory
- * window bound on that QP over an MR of the run's own. Only that QP's peer can use the
- * window's key, only inside the run (the window's bounds, and the MR's: soft-RoCE in
- * Linux 6.1 checks only the MR's, measured in the guest), and only until a revoke of
- * any range in it closes it (ibv_dealloc_mw: at once; the rest of the run, still
- * granted, gets windows again: wins_shut). The target
+ * (hixl_engine_grant) it reaches through windows: for each range, on each of that
+ * peer's QPs, a type 2 memory window bound on that QP over an MR of the range's own.
+ * Only that QP's peer can use the window's key, only inside the range (the window's
+ * bounds, and the MR's: soft-RoCE in Linux 6.1 checks only the MR's, measured in the
+ * guest), and only until the revoke closes it (ibv_dealloc_mw: at once). The target
  * binds the windows before hixl_engine_grant returns and tells the peer their keys
  * (WIN_ADD) on the link's socket, ahead of whatever the grant's caller answers next;
  * WIN_DEL after a revoke. An initiator posts an op inside windows with their keys
@@ -240,25 +238,18 @@ static void wins_open(struct HixlEngine *e, struct conn *c, struct erdma_link *l
   }
   size_t k = 0, skipped = 0;
   const char *why = NULL;
-  for (size_t i = 0, j; i < n; i = j) { /* first each window's MR and window */
+  for (size_t i = 0; i < n; i++) { /* first each window's MR and window */
     struct hixl_mem_reg *reg = engine_reg_find(e, ranges[i][0], ranges[i][1]);
     struct erdma_win w = {.addr = ranges[i][0], .len = ranges[i][1]};
-    /* One window over each run of adjacent ranges inside one registration: a request's
-     * blocks, granted together, are mostly such runs (thousands of ranges, a few
-     * windows, each an MR the kernel pins and a bind on the QP). */
-    for (j = i + 1; reg && j < n && ranges[j][0] == w.addr + w.len &&
-                    ranges[j][0] + ranges[j][1] <= reg->range.addr + reg->range.len;
-         j++)
-      w.len += ranges[j][1];
     if (!reg || reg->type == HIXL_MEM_DEVICE) {
-      skipped += j - i;
+      skipped++;
       why = "a range not inside one host registration";
       continue;
     }
     if (!(w.mr = rdma_reg_window(d, (void *)(uintptr_t)w.addr, w.len, err, sizeof(err))) ||
         !(w.mw = rdma_mw_new(d, err, sizeof(err)))) {
       rdma_dereg(w.mr);
-      skipped += j - i;
+      skipped++;
       why = "the device refused an MR or a window: see the log";
       log_warn("engine %s: no window over [0x%llx, +%llu) for %s: %s", engine_name(e),
                (unsigned long long)w.addr, (unsigned long long)w.len, link_remote(c), err);
@@ -338,63 +329,15 @@ static void wins_close_marked(struct HixlEngine *e, struct conn *c, struct erdma
   free(gone);
 }
 
-static int by_start(const void *a, const void *b) {
-  const uint64_t *x = a, *y = b;
-  return x[0] < y[0] ? -1 : x[0] > y[0];
-}
-
-/* Close the windows holding ranges on c's QP and tell the peer. A window over a run of
- * ranges closes whole when any of them is revoked: what it held besides (still
- * granted) gets windows of its own again, after. A peer's op in flight there with the
- * old key fails, and its link resets: the plugin revokes a request's blocks together,
- * so this is a block shared by two requests, revoked for one while the other reads it. */
+/* Close the windows over ranges on c's QP and tell the peer. */
 static void wins_shut(struct HixlEngine *e, struct conn *c, struct erdma_link *l, const uint64_t (*ranges)[2],
                       size_t n) {
-  uint64_t(*sorted)[2] = NULL;
-  for (size_t i = 1; i < n && !sorted; i++)
-    if (ranges[i][0] < ranges[i - 1][0]) { /* grant_tell's come sorted */
-      if (!(sorted = malloc(n * sizeof(*sorted)))) {
-        link_conn_kill(c, HIXL_RESOURCE_EXHAUSTED, "out of memory closing memory windows");
-        return; /* the link's death closes every window of it */
-      }
-      memcpy(sorted, ranges, n * sizeof(*sorted));
-      qsort(sorted, n, sizeof(*sorted), by_start);
-      ranges = (const uint64_t(*)[2])sorted;
-    }
-  uint64_t(*keep)[2] = NULL;
-  size_t nkeep = 0, cap = 0;
-  bool oom = false;
-  for (size_t i = 0; i < n;) {
+  for (size_t i = 0; i < n; i++) { /* a range that got no window has none to close */
     size_t at = erdma_wins_at(&l->wins, ranges[i][0]);
-    struct erdma_win *w = at < l->wins.n ? &l->wins.v[at] : NULL;
-    uint64_t end = w ? w->addr + w->len : 0;
-    if (!w || ranges[i][0] + ranges[i][1] > end) { /* a range that got no window has none to close */
-      i++;
-      continue;
-    }
-    w->closing = true;
-    uint64_t pos = w->addr;
-    for (; i <= n; i++) { /* the gaps between the window's revoked ranges are kept */
-      uint64_t upto = i < n && ranges[i][0] < end ? ranges[i][0] : end;
-      if (upto > pos && !oom && nkeep == cap) {
-        size_t ncap = cap ? 2 * cap : 16;
-        uint64_t(*v)[2] = realloc(keep, ncap * sizeof(*v));
-        if (v)
-          keep = v, cap = ncap;
-        else
-          oom = true;
-      }
-      if (upto > pos && !oom) keep[nkeep][0] = pos, keep[nkeep++][1] = upto - pos;
-      if (i == n || ranges[i][0] >= end) break;
-      pos = ranges[i][0] + ranges[i][1];
-    }
+    if (at < l->wins.n && l->wins.v[at].addr == ranges[i][0] && l->wins.v[at].len == ranges[i][1])
+      l->wins.v[at].closing = true;
   }
-  free(sorted);
   wins_close_marked(e, c, l);
-  if (oom) /* what stays granted is left without a window: its ops go as tcp frames, checked here */
-    refused(e, 1, link_remote(c), "out of memory reopening the rest of a window after a revoke");
-  if (nkeep && !oom && !link_dead(c)) wins_open(e, c, l, (const uint64_t(*)[2])keep, nkeep);
-  free(keep);
 }
 
 void erdma_wins_dereg(struct HixlEngine *e, uint64_t addr, uint64_t len) {
