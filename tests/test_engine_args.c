@@ -9,6 +9,7 @@
 
 #include <CUnit/Basic.h>
 
+#include "engine/engine_ext.h"
 #include "test_util.h"
 #include "util/log.h"
 
@@ -662,6 +663,13 @@ static void test_connect_args(void) {
   }
   /* The link survived all of that. */
   TU_ASSERT_STATUS(HixlEngineConnect(g.cli, g.srv_name, 1000), HIXL_ALREADY_CONNECTED);
+  /* The link's description: a place to write it, and a well-formed name. */
+  struct hixl_link_info li;
+  TU_ASSERT_STATUS(hixl_engine_link_info(g.cli, g.srv_name, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("info is NULL");
+  TU_ASSERT_STATUS(hixl_engine_link_info(g.cli, NULL, &li), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(hixl_engine_link_info(g.cli, "abc", &li), HIXL_PARAM_INVALID);
+  TU_ASSERT_OK(hixl_engine_link_info(g.cli, g.srv_name, &li));
 }
 
 static void test_disconnect_args(void) {

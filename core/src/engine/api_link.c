@@ -120,7 +120,10 @@ HixlStatus hixl_engine_window_stats(HixlEngine *e, struct hixl_window_stats *out
 }
 
 HixlStatus hixl_engine_link_info(HixlEngine *e, const char *remote, struct hixl_link_info *info) {
-  HixlStatus st = api_enter(e, "hixl_engine_link_info");
+  CHECK_ARG(info, "hixl_engine_link_info: info is NULL");
+  HixlStatus st = api_check_remote(remote, "hixl_engine_link_info", &(struct sockaddr_in){0});
+  if (st != HIXL_SUCCESS) return st;
+  st = api_enter(e, "hixl_engine_link_info");
   if (st != HIXL_SUCCESS) return st;
   struct conn *c = api_link_for(e, remote, "hixl_engine_link_info", &st);
   if (c) {
