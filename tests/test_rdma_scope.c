@@ -5,6 +5,12 @@
  *   - nothing granted: ops go as tcp frames, the target refuses them, nothing moves;
  *   - granted: READ and WRITE go by RDMA inside the windows (across two adjacent ones
  *     too), and an op running past a window is refused by the target's CPU;
+ *   - adjacent ranges granted together share one window; revoking one of them closes
+ *     it, the rest gets windows again (new keys), the old key fails at the NIC;
+ *   - a range of such a run granted again (a block two requests share) splits the run:
+ *     its window stays open until the first grant is revoked (ops in flight with its key
+ *     still land), the peer uses new windows, and the shared range stays reachable by
+ *     RDMA after the first grant is revoked;
  *   - forged keys (white-box: a window the initiator was never sent): the window of
  *     another range, the MR's own key, another peer's window, a window after its
  *     revoke. Each fails at the NIC (the QP goes to error, the link ends), and the
@@ -23,9 +29,11 @@
 #include "transport/rdma/rdma.h"
 
 #define MEM   (4u << 20)
-#define WIN   (64u << 10) /* one granted range */
-#define A_OFF (1u << 20)  /* two adjacent ranges granted from here */
-#define B_OFF (3u << 20)  /* one range granted to J only */
+#define WIN   (64u << 10)   /* one granted range */
+#define A_OFF (1u << 20)    /* two adjacent ranges granted from here */
+#define B_OFF (3u << 20)    /* one range granted to J only */
+#define C_OFF (2u << 20)    /* a run of four adjacent ranges, granted together */
+#define D_OFF (2560u << 10) /* another run of four, one of them then granted again */
 
 static struct {
   HixlEngine *t, *i, *j; /* the scoped target; two initiators */
@@ -118,6 +126,17 @@ static uint32_t window_key(HixlEngine *e, uint64_t addr) {
   return key;
 }
 
+/* White-box: the length of e's window starting at addr (0: none). */
+static uint64_t window_len(HixlEngine *e, uint64_t addr) {
+  uint64_t len = 0;
+  struct erdma_link *l = rdma_link_of(e);
+  pthread_mutex_lock(&e->lock);
+  for (size_t k = 0; l && k < l->wins.n; k++)
+    if (l->wins.v[k].addr == addr) len = l->wins.v[k].len;
+  pthread_mutex_unlock(&e->lock);
+  return len;
+}
+
 /* White-box: give e a window the target never sent it. */
 static void forge(HixlEngine *e, uint64_t addr, uint64_t len, uint32_t rkey) {
   struct erdma_link *l = rdma_link_of(e);
@@ -179,9 +198,10 @@ static void test_nothing_granted(void) {
 }
 
 static void test_granted_by_rdma(void) {
-  const uint64_t r[3][2] = {{at(A_OFF), WIN}, {at(A_OFF + WIN), WIN}, {at(A_OFF + 4 * WIN), 4096}};
+  const uint64_t r[3][2] = {{at(A_OFF), WIN}, {at(A_OFF + 4 * WIN), 4096}, {at(A_OFF + WIN), WIN}};
   struct hixl_window_stats s0 = wstats();
-  grant(g.i_name, r, 3, true);
+  grant(g.i_name, r, 2, true);
+  grant(g.i_name, r + 2, 1, true); /* adjacent to the first, granted apart: a window of its own */
   struct hixl_window_stats s1 = wstats();
   CU_ASSERT_EQUAL(s1.open, s0.open + 3);
   CU_ASSERT_EQUAL(s1.bound, s0.bound + 3);
@@ -276,6 +296,127 @@ static void test_revoke(void) {
   forged(g.i, g.imem, A_OFF + 8 * WIN, WIN, key, false, "READ with a revoked window's key");
 }
 
+/* Four adjacent ranges granted together: one window. Revoking the second closes it at
+ * once, and the first and the last two (still granted) get windows again, with new
+ * keys; the old key fails at the NIC. */
+static void test_run_and_partial_revoke(void) {
+  uint64_t r[4][2];
+  for (int k = 0; k < 4; k++) r[k][0] = at(C_OFF + k * WIN), r[k][1] = WIN;
+  struct hixl_window_stats s0 = wstats();
+  grant(g.i_name, (const uint64_t(*)[2])r, 4, true);
+  struct hixl_window_stats s1 = wstats();
+  CU_ASSERT_EQUAL(s1.open, s0.open + 1);
+  CU_ASSERT_EQUAL(s1.bound, s0.bound + 1);
+  tu_fill(g.tmem, MEM, 8);
+  uint64_t ops0 = info(g.i).win_ops, before = refusals();
+  HixlTransferOpDesc all = op(g.imem, 0, C_OFF, 4 * WIN); /* the initiator has read WIN_ADD first */
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, &all, 1, 10000));
+  TU_ASSERT_SAME(g.imem, g.tmem + C_OFF, 4 * WIN, "READ of the whole run");
+  CU_ASSERT_EQUAL(info(g.i).win_ops, ops0 + 1);
+  CU_ASSERT_EQUAL(window_len(g.i, at(C_OFF)), 4 * WIN);
+  uint32_t old_key = window_key(g.i, at(C_OFF));
+  CU_ASSERT_NOT_EQUAL_FATAL(old_key, 0);
+  /* Revoke the second. */
+  grant(g.i_name, (const uint64_t(*)[2])(r + 1), 1, false);
+  struct hixl_window_stats s2 = wstats();
+  CU_ASSERT_EQUAL(s2.closed, s1.closed + 1);
+  CU_ASSERT_EQUAL(s2.bound, s1.bound + 2);
+  CU_ASSERT_EQUAL(s2.open, s1.open + 1);
+  CU_ASSERT_EQUAL(s2.refused, s1.refused);
+  /* The initiator hears WIN_DEL and WIN_ADD before the answer to its next op. */
+  tu_fill(g.tmem, MEM, 9);
+  HixlTransferOpDesc d[2] = {op(g.imem, 0, C_OFF, WIN), op(g.imem, WIN, C_OFF + 2 * WIN, 2 * WIN)};
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, d, 2, 10000));
+  TU_ASSERT_SAME(g.imem, g.tmem + C_OFF, WIN, "READ of the first, still granted");
+  TU_ASSERT_SAME(g.imem + WIN, g.tmem + C_OFF + 2 * WIN, 2 * WIN, "READ of the last two, still granted");
+  CU_ASSERT_EQUAL(info(g.i).win_ops, ops0 + 3); /* by RDMA, in the new windows */
+  CU_ASSERT_EQUAL(window_len(g.i, at(C_OFF)), WIN);
+  CU_ASSERT_EQUAL(window_len(g.i, at(C_OFF + WIN)), 0);
+  CU_ASSERT_EQUAL(window_len(g.i, at(C_OFF + 2 * WIN)), 2 * WIN);
+  uint32_t new_key = window_key(g.i, at(C_OFF));
+  CU_ASSERT_NOT_EQUAL(new_key, 0);
+  CU_ASSERT_NOT_EQUAL(new_key, old_key);
+  CU_ASSERT_EQUAL(refusals(), before);
+  /* The revoked one: refused by the target's CPU. */
+  read_refused(g.i, g.imem, 0, C_OFF + WIN, WIN);
+  CU_ASSERT_EQUAL(refusals(), before + 1);
+  const uint64_t rest[3][2] = {{r[0][0], WIN}, {r[2][0], WIN}, {r[3][0], WIN}};
+  grant(g.i_name, rest, 3, false);
+  CU_ASSERT_EQUAL(wstats().open, s0.open);
+  /* The closed window's key, over the revoked range: the NIC refuses it. */
+  forged(g.i, g.imem, C_OFF + WIN, WIN, old_key, false, "READ with the closed run's key");
+}
+
+/* A run of four granted together; then the third granted again (a second grant: a block
+ * two requests share). The run's window is split, not closed: it stays open (its key
+ * still reaches the run at the target), the peer forgets it for four windows of the
+ * pieces. Revoking the first grant closes the run's window and the pieces of the
+ * ranges no longer granted; the third stays reachable by RDMA through its own window,
+ * whose key never changed since the split. */
+static void test_shared_range_splits(void) {
+  uint64_t r[4][2];
+  for (int k = 0; k < 4; k++) r[k][0] = at(D_OFF + k * WIN), r[k][1] = WIN;
+  struct hixl_window_stats s0 = wstats();
+  grant(g.i_name, (const uint64_t(*)[2])r, 4, true);
+  tu_fill(g.tmem, MEM, 10);
+  HixlTransferOpDesc all = op(g.imem, 0, D_OFF, 4 * WIN); /* the initiator has read WIN_ADD first */
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, &all, 1, 10000));
+  TU_ASSERT_SAME(g.imem, g.tmem + D_OFF, 4 * WIN, "READ of the run");
+  CU_ASSERT_EQUAL(window_len(g.i, at(D_OFF)), 4 * WIN);
+  uint32_t run_key = window_key(g.i, at(D_OFF));
+  CU_ASSERT_NOT_EQUAL_FATAL(run_key, 0);
+  grant(g.i_name, (const uint64_t(*)[2])(r + 2), 1, true); /* the second grant */
+  struct hixl_window_stats s1 = wstats();
+  CU_ASSERT_EQUAL(s1.split, s0.split + 1);
+  CU_ASSERT_EQUAL(s1.bound, s0.bound + 1 + 3); /* the run, then [0, 2), [2], [3] */
+  CU_ASSERT_EQUAL(s1.open, s0.open + 1 + 3);   /* the run's still open, retired */
+  CU_ASSERT_EQUAL(s1.closed, s0.closed);
+  tu_fill(g.tmem, MEM, 13);
+  uint64_t ops0 = info(g.i).win_ops; /* three windows now */
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, &all, 1, 10000));
+  TU_ASSERT_SAME(g.imem, g.tmem + D_OFF, 4 * WIN, "READ of the run after the split");
+  CU_ASSERT_EQUAL(info(g.i).win_ops, ops0 + 1);
+  CU_ASSERT_EQUAL(window_len(g.i, at(D_OFF)), 2 * WIN);
+  CU_ASSERT_EQUAL(window_len(g.i, at(D_OFF + 2 * WIN)), WIN);
+  CU_ASSERT_EQUAL(window_len(g.i, at(D_OFF + 3 * WIN)), WIN);
+  uint32_t third_key = window_key(g.i, at(D_OFF + 2 * WIN));
+  CU_ASSERT_NOT_EQUAL(third_key, 0);
+  CU_ASSERT_NOT_EQUAL(window_key(g.i, at(D_OFF)), run_key);
+  /* The retired run's key still reaches the run at the target: an op the peer had in
+   * flight with it lands (white-box: planted again over the fourth, as such an op would
+   * have been posted). */
+  struct erdma_link *l = rdma_link_of(g.i);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(l);
+  pthread_mutex_lock(&g.i->lock);
+  for (size_t k = 0; k < l->wins.n; k++)
+    if (l->wins.v[k].addr == at(D_OFF + 3 * WIN)) l->wins.v[k].rkey = run_key;
+  pthread_mutex_unlock(&g.i->lock);
+  tu_fill(g.tmem, MEM, 11);
+  HixlTransferOpDesc fourth = op(g.imem, 0, D_OFF + 3 * WIN, WIN);
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, &fourth, 1, 10000));
+  TU_ASSERT_SAME(g.imem, g.tmem + D_OFF + 3 * WIN, WIN, "READ with the retired run's key");
+  /* The first grant revoked: the run's window and the pieces of [0, 2) and [3] close;
+   * the third keeps its window (and its key). */
+  uint64_t before = refusals();
+  grant(g.i_name, (const uint64_t(*)[2])r, 4, false);
+  struct hixl_window_stats s2 = wstats();
+  CU_ASSERT_EQUAL(s2.closed, s1.closed + 3);
+  CU_ASSERT_EQUAL(s2.open, s0.open + 1);
+  tu_fill(g.tmem, MEM, 12);
+  HixlTransferOpDesc third = op(g.imem, 0, D_OFF + 2 * WIN, WIN);
+  ops0 = info(g.i).win_ops;
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, &third, 1, 10000));
+  TU_ASSERT_SAME(g.imem, g.tmem + D_OFF + 2 * WIN, WIN, "READ of the range still granted");
+  CU_ASSERT_EQUAL(info(g.i).win_ops, ops0 + 1);
+  CU_ASSERT_EQUAL(window_key(g.i, at(D_OFF + 2 * WIN)), third_key);
+  read_refused(g.i, g.imem, 0, D_OFF, WIN);
+  CU_ASSERT_EQUAL(refusals(), before + 1);
+  grant(g.i_name, (const uint64_t(*)[2])(r + 2), 1, false);
+  CU_ASSERT_EQUAL(wstats().open, s0.open);
+  /* The run's old key, over the first range (no longer granted): the NIC refuses it. */
+  forged(g.i, g.imem, D_OFF, WIN, run_key, false, "READ with the closed run's key");
+}
+
 /* A registration withdrawn closes the windows inside it at once (each window's own MR
  * pins the pages: left open, it would outlive the memory): the count drops, and the
  * peer forgets the key before its next op, which fails. */
@@ -361,6 +502,8 @@ int main(int argc, char **argv) {
   CU_add_test(s, "granted: READ and WRITE by RDMA inside windows", test_granted_by_rdma);
   CU_add_test(s, "forged keys fail at the NIC, untouched", test_forged_keys);
   CU_add_test(s, "revoke closes the window at once", test_revoke);
+  CU_add_test(s, "a run shares a window; revoking part of it", test_run_and_partial_revoke);
+  CU_add_test(s, "a range of a run granted again splits it", test_shared_range_splits);
   CU_add_test(s, "a registration withdrawn closes its windows", test_dereg_closes);
   CU_add_test(s, "a WIN_ADD past the bound ends the link", test_wins_bounded);
   CU_add_test(s, "windows closed: bound == closed", test_windows_drain);

@@ -93,6 +93,8 @@ struct hixl_window_stats {
   uint64_t refused; /* granted ranges that got no window (the device has no type 2 windows, it ran out,
                      * the range is not inside one host registration): the peer's ops on them go as tcp
                      * frames on the link's socket, where this engine's CPU checks the grant */
+  uint64_t split;   /* windows over a run of ranges split since, a range in them granted again (each
+                     * left open until the first of its ranges is revoked) */
 };
 HixlStatus hixl_engine_window_stats(HixlEngine *e, struct hixl_window_stats *out);
 

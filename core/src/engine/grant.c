@@ -15,7 +15,8 @@
 struct grant_range {
   uint64_t addr, len;
   uint32_t refs;
-  bool fresh; /* grant_add: not granted before this batch (told to the modules) */
+  bool fresh;  /* grant_add: not granted before this batch (told to the modules) */
+  bool shared; /* grant_add: granted before and again by this batch (told too) */
 };
 
 struct grant_set {
@@ -69,23 +70,40 @@ bool grant_covers(const struct grant_set *g, uint64_t addr, uint64_t len) {
   return false;
 }
 
-/* The modules hear of the ranges marked fresh (add) or left with no count (!add), in
- * batches, and the marks are cleared. Only a scoped engine's: an unscoped one's peers
- * reach every registration anyway. */
-static void grant_tell(struct HixlEngine *e, const char *peer, struct grant_range *v, size_t n, bool add) {
-  uint64_t batch[256][2];
-  size_t k = 0;
+/* The modules hear of the ranges a grant added (marked fresh: XPORT_GRANTED) or granted
+ * again (marked shared: XPORT_SHARED), or a revoke left with no count (!add:
+ * XPORT_REVOKED), and the marks are cleared. Only a scoped engine's: an unscoped one's
+ * peers reach every registration anyway. Each kind of one grant or revoke in one call,
+ * sorted by address (the rdma module makes one window of each run of adjacent ranges,
+ * and on a revoke reopens what a window held besides: it must see the whole of it at
+ * once); in batches only when there is no memory for the list. */
+static void tell_kind(struct HixlEngine *e, const char *peer, struct grant_range *v, size_t n,
+                      enum xport_grant how) {
+  uint64_t stack[256][2];
+  size_t told = 0;
+#define TOLD(r) (how == XPORT_GRANTED ? (r).fresh : how == XPORT_SHARED ? (r).shared : (r).refs == 0)
+  for (size_t i = 0; i < n; i++) told += TOLD(v[i]);
+  uint64_t(*batch)[2] = told > 256 ? malloc(told * sizeof(*batch)) : NULL;
+  size_t cap = batch ? told : 256, k = 0;
+  if (!batch) batch = stack;
   for (size_t i = 0; i <= n; i++) {
-    if (k == 256 || (i == n && k > 0)) {
+    if (k == cap || (i == n && k > 0)) {
       for (int m = 0; m < XPORT_MODS; m++)
-        e->mods[m]->iface.grant(e, peer, (const uint64_t(*)[2])batch, k, add);
+        e->mods[m]->iface.grant(e, peer, (const uint64_t(*)[2])batch, k, how);
       k = 0;
     }
-    if (i == n) break;
-    bool tell = add ? v[i].fresh : v[i].refs == 0;
-    v[i].fresh = false;
-    if (tell && e->scoped) batch[k][0] = v[i].addr, batch[k++][1] = v[i].len;
+    if (i < n && TOLD(v[i])) batch[k][0] = v[i].addr, batch[k++][1] = v[i].len;
   }
+#undef TOLD
+  if (batch != stack) free(batch);
+}
+
+static void grant_tell(struct HixlEngine *e, const char *peer, struct grant_range *v, size_t n, bool add) {
+  if (e->scoped) {
+    if (add) tell_kind(e, peer, v, n, XPORT_SHARED); /* first: a window split before new ones open */
+    tell_kind(e, peer, v, n, add ? XPORT_GRANTED : XPORT_REVOKED);
+  }
+  for (size_t i = 0; i < n; i++) v[i].fresh = v[i].shared = false;
 }
 
 HixlStatus grant_add(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n) {
@@ -100,7 +118,7 @@ HixlStatus grant_add(struct HixlEngine *e, const char *peer, const uint64_t (*ra
   }
   bool sorted = true; /* a request's blocks usually come in order: no sort then */
   for (size_t i = 0; i < n; i++) {
-    add[i] = (struct grant_range){ranges[i][0], ranges[i][1], 1, true};
+    add[i] = (struct grant_range){ranges[i][0], ranges[i][1], 1, true, false};
     sorted = sorted && (i == 0 || by_addr(&add[i - 1], &add[i]) <= 0);
   }
   if (!sorted) qsort(add, n, sizeof(*add), by_addr);
@@ -110,6 +128,7 @@ HixlStatus grant_add(struct HixlEngine *e, const char *peer, const uint64_t (*ra
     struct grant_range next = b == n || (a < g->n && by_addr(&g->v[a], &add[b]) <= 0) ? g->v[a++] : add[b++];
     if (k > 0 && out[k - 1].addr == next.addr && out[k - 1].len == next.len) {
       out[k - 1].refs += next.refs;
+      out[k - 1].shared = out[k - 1].shared || out[k - 1].fresh != next.fresh; /* held, and granted again */
       out[k - 1].fresh = out[k - 1].fresh && next.fresh;
       continue;
     }

@@ -51,6 +51,9 @@ enum xport_id { XPORT_SHM, XPORT_RDMA, XPORT_TCP, XPORT_STAGE, XPORT_MODS };
 #define XPORT_DEVMEM     0x20u /* moves device memory (through host bounce buffers and devmem.h) */
 
 /* The module on one engine (UCT's interface). */
+/* What a grant did to the ranges it tells a module of (iface.grant). */
+enum xport_grant { XPORT_REVOKED, XPORT_GRANTED, XPORT_SHARED };
+
 struct xport_iface_ops {
   /* Initialize: set up engine_xe(e, id); a transport this host cannot offer stays off
    * (logged) unless Transport asks for it, which fails Initialize with the reason. */
@@ -61,10 +64,14 @@ struct xport_iface_ops {
   int (*event_fd)(const struct HixlEngine *e);  /* a descriptor the progress thread watches, or -1 */
   void (*on_event)(struct HixlEngine *e);       /* ... it fired */
   bool (*progress)(struct HixlEngine *e);       /* progress thread, after each batch; true: work is left */
-  /* A scoped engine granted peer ranges it did not hold (add), or revoked the last
-   * count of ranges (!add): the module opens or closes what reaches them without the
-   * engine's CPU (rdma: memory windows on that peer's QPs). */
-  void (*grant)(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n, bool add);
+  /* A scoped engine granted peer ranges it did not hold (XPORT_GRANTED), granted again
+   * ranges it held (XPORT_SHARED: another count, e.g. a block two requests share), or
+   * revoked the last count of ranges (XPORT_REVOKED): the module opens or closes what
+   * reaches them without the engine's CPU (rdma: memory windows on that peer's QPs).
+   * ranges: sorted by address, disjoint, all of one kind of one grant or revoke
+   * (grant.c, grant_tell). */
+  void (*grant)(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n,
+                enum xport_grant how);
 };
 
 /* Memory (UCT's memory domain). */
@@ -178,7 +185,8 @@ void xport_no_engine(struct HixlEngine *e);         /* quiesce, close, on_event 
 uint32_t xport_no_caps(const struct HixlEngine *e); /* 0 */
 int xport_no_event_fd(const struct HixlEngine *e);  /* -1 */
 bool xport_no_progress(struct HixlEngine *e);       /* false: no work left */
-void xport_no_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n, bool add);
+void xport_no_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n,
+                    enum xport_grant how);
 HixlStatus xport_no_reg(struct HixlEngine *e, struct hixl_mem_reg *r);     /* SUCCESS: nothing to register */
 void xport_no_mem(struct HixlEngine *e, struct hixl_mem_reg *r);           /* dereg, share */
 uint32_t xport_no_key(const struct conn *c, const struct hixl_mem_reg *r); /* 0 */

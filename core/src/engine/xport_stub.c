@@ -69,8 +69,9 @@ HixlStatus xport_no_info(const struct conn *c, struct hixl_link_info *info) {
   (void)c, (void)info;
   return HIXL_SUCCESS;
 }
-void xport_no_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n, bool add) {
-  (void)e, (void)peer, (void)ranges, (void)n, (void)add;
+void xport_no_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n,
+                    enum xport_grant how) {
+  (void)e, (void)peer, (void)ranges, (void)n, (void)how;
 }
 
 bool xport_reach_all(const struct conn *c, const struct remote_mem *rm, uint64_t raddr, uint64_t len) {

@@ -37,6 +37,8 @@
 #define WIRE_CAP_RAILS      0x200u /* answers RAILS: the addresses it accepts links on (Rails) */
 #define WIRE_CAP_PROVEN     0x400u /* keyed HELLO: every frame after AUTH_PROOF carries a tag (WIRE_F_TAG) */
 #define WIRE_CAP_WIN        0x800u /* HELLO: takes WIN_ADD / WIN_DEL (a scoped target's RDMA windows) */
+#define WIRE_CAP_WIN_RUNS                                                                                    \
+  0x1000u /* HELLO: a WIN_ADD over windows it holds replaces them (windows per run, split) */
 
 /* Header flags. WIRE_F_TAG: the frame is proven: WIRE_TAG_LEN bytes follow its body
  * (before any payload), the tag over its header and body (util/auth.h). On an

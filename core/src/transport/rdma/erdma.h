@@ -72,13 +72,17 @@ struct erdma_link {                      /* link_xs(c, XPORT_RDMA) (initiator: p
   uint32_t unsignaled;                   /* WRs posted since the last signaled one */
   void (*own_done)(struct conn *c, bool ok, const char *status); /* a target's own WR */
   struct erdma_wins wins; /* scoped memory: the windows of this link's QP */
-  uint64_t win_ops;       /* initiator: chunks posted inside windows */
+  /* A target's windows split since (a range in them shared by a later grant): still
+   * open, all their ranges still granted, no longer the peer's; unsorted, may overlap. */
+  struct erdma_wins retired;
+  uint64_t win_ops; /* initiator: chunks posted inside windows */
 };
 
 /* ---- rdma_win.c ---- */
 
-/* xport_ops.iface.grant: open (add) or close windows over ranges on peer's links. */
-void erdma_win_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n, bool add);
+/* xport_ops.iface.grant: open, split or close windows over ranges on peer's links. */
+void erdma_win_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n,
+                     enum xport_grant how);
 /* xport_ops.link.initiator_frame: WIN_ADD / WIN_DEL. */
 void erdma_win_frame(struct conn *c, const struct wire_msg *m);
 /* Registration [addr, addr + len) is withdrawn: every window inside it closes (the

@@ -2,11 +2,13 @@
  *
  * A scoped engine registers its memory with no remote access: the keys it advertises
  * are 0, and an MR's own key reaches nothing from the wire. What a peer was granted
- * (hixl_engine_grant) it reaches through windows: for each range, on each of that
- * peer's QPs, a type 2 memory window bound on that QP over an MR of the range's own.
- * Only that QP's peer can use the window's key, only inside the range (the window's
- * bounds, and the MR's: soft-RoCE in Linux 6.1 checks only the MR's, measured in the
- * guest), and only until the revoke closes it (ibv_dealloc_mw: at once). The target
+ * (hixl_engine_grant) it reaches through windows: for each run of adjacent ranges one
+ * grant added inside one registration, on each of that peer's QPs, a type 2 memory
+ * window bound on that QP over an MR of the run's own. Only that QP's peer can use the
+ * window's key, only inside the run (the window's bounds, and the MR's: soft-RoCE in
+ * Linux 6.1 checks only the MR's, measured in the guest), and only until a revoke of
+ * any range in it closes it (ibv_dealloc_mw: at once; the rest of the run, still
+ * granted, gets windows again: wins_shut). The target
  * binds the windows before hixl_engine_grant returns and tells the peer their keys
  * (WIN_ADD) on the link's socket, ahead of whatever the grant's caller answers next;
  * WIN_DEL after a revoke. An initiator posts an op inside windows with their keys
@@ -56,14 +58,32 @@ static int by_addr(const void *a, const void *b) {
   return x->addr < y->addr ? -1 : x->addr > y->addr;
 }
 
-/* Add n windows (sorted here) to w. -1: out of memory (w unchanged), -2: one overlaps
- * another (w unchanged). */
-static int wins_add(struct erdma_wins *w, struct erdma_win *add, size_t n) {
+/* Whether a window of add (sorted, n) overlaps [addr, addr + len). */
+static bool overlaps_any(const struct erdma_win *add, size_t n, uint64_t addr, uint64_t len) {
+  size_t lo = 0, hi = n; /* the first window of add ending after addr */
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (add[mid].addr + add[mid].len <= addr)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo < n && add[lo].addr < addr + len;
+}
+
+/* Add n windows (sorted here) to w; replace: first drop those of w they overlap (an
+ * initiator told of a split, WIRE_CAP_WIN_RUNS). -1: out of memory (w unchanged), -2:
+ * one overlaps another (w unchanged). */
+static int wins_add(struct erdma_wins *w, struct erdma_win *add, size_t n, bool replace) {
   qsort(add, n, sizeof(*add), by_addr);
   struct erdma_win *out = malloc((w->n + n ? w->n + n : 1) * sizeof(*out));
   if (!out) return -1;
   size_t a = 0, b = 0, k = 0;
   while (a < w->n || b < n) {
+    if (replace && a < w->n && overlaps_any(add, n, w->v[a].addr, w->v[a].len)) {
+      a++; /* replaced */
+      continue;
+    }
     struct erdma_win next = b == n || (a < w->n && w->v[a].addr <= add[b].addr) ? w->v[a++] : add[b++];
     if (k > 0 && out[k - 1].addr + out[k - 1].len > next.addr) {
       free(out);
@@ -107,8 +127,40 @@ static void win_close(struct HixlEngine *e, struct erdma_win *w) {
 
 void erdma_wins_free(struct HixlEngine *e, struct erdma_link *l) {
   for (size_t i = 0; i < l->wins.n; i++) win_close(e, &l->wins.v[i]);
+  for (size_t i = 0; i < l->retired.n; i++) win_close(e, &l->retired.v[i]);
   free(l->wins.v);
-  l->wins = (struct erdma_wins){0};
+  free(l->retired.v);
+  l->wins = l->retired = (struct erdma_wins){0};
+}
+
+/* Close l's retired windows that overlap one of ranges (sorted), or all of them that
+ * overlap [addr, addr + len) when ranges is NULL. The peer was never told of their end:
+ * it let go of them when told of the windows that replaced them. */
+static void retired_close(struct HixlEngine *e, struct erdma_link *l, const uint64_t (*ranges)[2], size_t n,
+                          uint64_t addr, uint64_t len) {
+  size_t k = 0;
+  for (size_t i = 0; i < l->retired.n; i++) {
+    struct erdma_win *w = &l->retired.v[i];
+    bool hit = false;
+    if (!ranges) {
+      hit = w->addr < addr + len && addr < w->addr + w->len;
+    } else {
+      size_t lo = 0, hi = n; /* the first range ending after the window's start */
+      while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (ranges[mid][0] + ranges[mid][1] <= w->addr)
+          lo = mid + 1;
+        else
+          hi = mid;
+      }
+      hit = lo < n && ranges[lo][0] < w->addr + w->len;
+    }
+    if (hit)
+      win_close(e, w);
+    else
+      l->retired.v[k++] = *w;
+  }
+  l->retired.n = k;
 }
 
 /* ---- completions kept for the progress thread ---- */
@@ -217,9 +269,10 @@ static void wins_tell(struct conn *c, const struct erdma_win *w, size_t n, bool 
   link_flush(c);
 }
 
-/* Bind a window over each of ranges on c's QP and tell the peer. */
+/* Bind a window over each of ranges on c's QP and tell the peer; merge (and a peer
+ * that takes splits): one over each run of adjacent ranges instead. */
 static void wins_open(struct HixlEngine *e, struct conn *c, struct erdma_link *l, const uint64_t (*ranges)[2],
-                      size_t n) {
+                      size_t n, bool merge) {
   struct erdma_engine *x = engine_xe(e, XPORT_RDMA);
   struct rdma_dev *d = &x->dev[l->dev];
   char err[384];
@@ -238,18 +291,25 @@ static void wins_open(struct HixlEngine *e, struct conn *c, struct erdma_link *l
   }
   size_t k = 0, skipped = 0;
   const char *why = NULL;
-  for (size_t i = 0; i < n; i++) { /* first each window's MR and window */
+  for (size_t i = 0, j; i < n; i = j) { /* first each window's MR and window */
     struct hixl_mem_reg *reg = engine_reg_find(e, ranges[i][0], ranges[i][1]);
     struct erdma_win w = {.addr = ranges[i][0], .len = ranges[i][1]};
+    /* One window over each run of adjacent ranges one grant adds inside one
+     * registration: a request's blocks are mostly such runs (thousands of ranges, a few
+     * windows, each an MR the kernel pins and a bind on the QP). */
+    for (j = i + 1; merge && reg && j < n && ranges[j][0] == w.addr + w.len &&
+                    ranges[j][0] + ranges[j][1] <= reg->range.addr + reg->range.len;
+         j++)
+      w.len += ranges[j][1];
     if (!reg || reg->type == HIXL_MEM_DEVICE) {
-      skipped++;
+      skipped += j - i;
       why = "a range not inside one host registration";
       continue;
     }
     if (!(w.mr = rdma_reg_window(d, (void *)(uintptr_t)w.addr, w.len, err, sizeof(err))) ||
         !(w.mw = rdma_mw_new(d, err, sizeof(err)))) {
       rdma_dereg(w.mr);
-      skipped++;
+      skipped += j - i;
       why = "the device refused an MR or a window: see the log";
       log_warn("engine %s: no window over [0x%llx, +%llu) for %s: %s", engine_name(e),
                (unsigned long long)w.addr, (unsigned long long)w.len, link_remote(c), err);
@@ -291,7 +351,7 @@ static void wins_open(struct HixlEngine *e, struct conn *c, struct erdma_link *l
     free(nw);
     return;
   }
-  int rc = wins_add(&l->wins, nw, k);
+  int rc = wins_add(&l->wins, nw, k, false);
   if (rc != 0) {
     snprintf(err, sizeof(err), "%s",
              rc == -1 ? "out of memory for its windows" : "a window overlaps another");
@@ -329,22 +389,137 @@ static void wins_close_marked(struct HixlEngine *e, struct conn *c, struct erdma
   free(gone);
 }
 
-/* Close the windows over ranges on c's QP and tell the peer. */
+static int by_start(const void *a, const void *b) {
+  const uint64_t *x = a, *y = b;
+  return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* Close the windows holding ranges on c's QP and tell the peer. A window over a run of
+ * ranges closes whole when any of them is revoked: what it held besides (still
+ * granted) gets windows of its own again, after. A peer's op in flight there with the
+ * old key fails, and its link resets: the plugin revokes a request's blocks together,
+ * so this is a block shared by two requests, revoked for one while the other reads it. */
 static void wins_shut(struct HixlEngine *e, struct conn *c, struct erdma_link *l, const uint64_t (*ranges)[2],
                       size_t n) {
-  for (size_t i = 0; i < n; i++) { /* a range that got no window has none to close */
+  uint64_t(*sorted)[2] = NULL;
+  for (size_t i = 1; i < n && !sorted; i++)
+    if (ranges[i][0] < ranges[i - 1][0]) { /* grant_tell's come sorted */
+      if (!(sorted = malloc(n * sizeof(*sorted)))) {
+        link_conn_kill(c, HIXL_RESOURCE_EXHAUSTED, "out of memory closing memory windows");
+        return; /* the link's death closes every window of it */
+      }
+      memcpy(sorted, ranges, n * sizeof(*sorted));
+      qsort(sorted, n, sizeof(*sorted), by_start);
+      ranges = (const uint64_t(*)[2])sorted;
+    }
+  uint64_t(*keep)[2] = NULL;
+  size_t nkeep = 0, cap = 0;
+  bool oom = false;
+  retired_close(e, l, ranges, n, 0, 0); /* split windows holding a range revoked */
+  for (size_t i = 0; i < n;) {
     size_t at = erdma_wins_at(&l->wins, ranges[i][0]);
-    if (at < l->wins.n && l->wins.v[at].addr == ranges[i][0] && l->wins.v[at].len == ranges[i][1])
-      l->wins.v[at].closing = true;
+    struct erdma_win *w = at < l->wins.n ? &l->wins.v[at] : NULL;
+    uint64_t end = w ? w->addr + w->len : 0;
+    if (!w || ranges[i][0] + ranges[i][1] > end) { /* a range that got no window has none to close */
+      i++;
+      continue;
+    }
+    w->closing = true;
+    uint64_t pos = w->addr;
+    for (; i <= n; i++) { /* the gaps between the window's revoked ranges are kept */
+      uint64_t upto = i < n && ranges[i][0] < end ? ranges[i][0] : end;
+      if (upto > pos && !oom && nkeep == cap) {
+        size_t ncap = cap ? 2 * cap : 16;
+        uint64_t(*v)[2] = realloc(keep, ncap * sizeof(*v));
+        if (v)
+          keep = v, cap = ncap;
+        else
+          oom = true;
+      }
+      if (upto > pos && !oom) keep[nkeep][0] = pos, keep[nkeep++][1] = upto - pos;
+      if (i == n || ranges[i][0] >= end) break;
+      pos = ranges[i][0] + ranges[i][1];
+    }
   }
+  free(sorted);
   wins_close_marked(e, c, l);
+  if (oom) /* what stays granted is left without a window: its ops go as tcp frames, checked here */
+    refused(e, 1, link_remote(c), "out of memory reopening the rest of a window after a revoke");
+  if (nkeep && !oom && !link_dead(c)) wins_open(e, c, l, (const uint64_t(*)[2])keep, nkeep, true);
+  free(keep);
+}
+
+/* Ranges a later grant names again (XPORT_SHARED): each gets a window of its own, so that
+ * its window lives exactly as long as its last count. One inside a window over a run
+ * (of ranges one earlier grant added) splits it: that window is retired, left open
+ * (every range in it is still granted, and the peer's ops in flight on it end there),
+ * and the range and the runs beside it get windows of their own, which replace it at
+ * the peer (a WIN_ADD over a window it holds: WIRE_CAP_WIN_RUNS). A retired window
+ * closes with the first of its ranges revoked, when only its own grant's ops, ended,
+ * used it. A shared range with no window yet (granted before this link was made) gets
+ * one of its own. */
+static void wins_share(struct HixlEngine *e, struct conn *c, struct erdma_link *l,
+                       const uint64_t (*ranges)[2], size_t n) {
+  uint64_t(*want)[2] = malloc((3 * n + 1) * sizeof(*want)); /* a range and a run on each side at most */
+  if (!want) {
+    link_conn_kill(c, HIXL_RESOURCE_EXHAUSTED, "out of memory splitting memory windows");
+    return;
+  }
+  size_t k = 0, split = 0;
+  for (size_t i = 0; i < n;) {
+    size_t at = erdma_wins_at(&l->wins, ranges[i][0]);
+    struct erdma_win *w = at < l->wins.n ? &l->wins.v[at] : NULL;
+    uint64_t end = w ? w->addr + w->len : 0;
+    if (!w || ranges[i][0] + ranges[i][1] > end) { /* no window yet */
+      want[k][0] = ranges[i][0], want[k++][1] = ranges[i][1], i++;
+      continue;
+    }
+    if (w->addr == ranges[i][0] && w->len == ranges[i][1]) { /* its own already */
+      i++;
+      continue;
+    }
+    uint64_t pos = w->addr;
+    for (; i < n && ranges[i][0] < end; i++) {
+      if (ranges[i][0] > pos) want[k][0] = pos, want[k++][1] = ranges[i][0] - pos; /* the run before it */
+      want[k][0] = ranges[i][0], want[k++][1] = ranges[i][1];
+      pos = ranges[i][0] + ranges[i][1];
+    }
+    if (pos < end) want[k][0] = pos, want[k++][1] = end - pos;
+    w->closing = true; /* retired below */
+    split++;
+  }
+  if (split) { /* out of the link's windows, into its retired ones, still open */
+    struct erdma_win *v = realloc(l->retired.v, (l->retired.n + split) * sizeof(*v));
+    if (!v) {
+      free(want);
+      link_conn_kill(c, HIXL_RESOURCE_EXHAUSTED, "out of memory splitting memory windows");
+      return;
+    }
+    l->retired.v = v;
+    size_t kept = 0;
+    for (size_t i = 0; i < l->wins.n; i++) {
+      struct erdma_win w = l->wins.v[i];
+      if (!w.closing) {
+        l->wins.v[kept++] = w;
+        continue;
+      }
+      w.closing = false;
+      l->retired.v[l->retired.n++] = w;
+    }
+    l->wins.n = kept;
+    engine_win_stats(e)->split += split;
+  }
+  if (k) wins_open(e, c, l, (const uint64_t(*)[2])want, k, false);
+  free(want);
 }
 
 void erdma_wins_dereg(struct HixlEngine *e, uint64_t addr, uint64_t len) {
   struct erdma_engine *x = engine_xe(e, XPORT_RDMA);
   for (struct erdma_link *l = x ? x->links : NULL, *next; l; l = next) {
     next = l->next; /* a kill (no memory to tell the peer) takes l off the list */
-    if (!link_is_target(l->conn) || l->wins.n == 0) continue;
+    if (!link_is_target(l->conn)) continue;
+    retired_close(e, l, NULL, 0, addr, len);
+    if (l->wins.n == 0) continue;
     for (size_t i = 0; i < l->wins.n; i++) {
       const struct erdma_win *w = &l->wins.v[i];
       l->wins.v[i].closing = w->addr < addr + len && addr < w->addr + w->len;
@@ -354,15 +529,17 @@ void erdma_wins_dereg(struct HixlEngine *e, uint64_t addr, uint64_t len) {
 }
 
 void erdma_win_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n,
-                     bool add) {
+                     enum xport_grant how) {
   struct erdma_engine *x = engine_xe(e, XPORT_RDMA);
   if (!x || n == 0) return;
   for (struct erdma_link *l = x->links, *next; l; l = next) {
     next = l->next; /* a reset takes l off the list */
     struct conn *c = l->conn;
     if (!link_is_target(c) || link_dead(c) || !l->qp || strcmp(link_remote(c), peer) != 0) continue;
-    if (add)
-      wins_open(e, c, l, ranges, n);
+    if (how == XPORT_GRANTED)
+      wins_open(e, c, l, ranges, n, true);
+    else if (how == XPORT_SHARED)
+      wins_share(e, c, l, ranges, n);
     else
       wins_shut(e, c, l, ranges, n);
   }
@@ -398,7 +575,7 @@ void erdma_win_frame(struct conn *c, const struct wire_msg *m) {
     return;
   }
   for (uint32_t i = 0; i < n; i++) wire_win(m, i, &add[i].addr, &add[i].len, &add[i].rkey);
-  int rc = wins_add(&l->wins, add, n);
+  int rc = wins_add(&l->wins, add, n, true); /* a split's windows replace the one split */
   free(add);
   if (rc == -1) link_conn_kill(c, HIXL_RESOURCE_EXHAUSTED, "out of memory for the peer's memory windows");
   if (rc == -2) link_conn_kill(c, HIXL_FAILED, "protocol error: WIN_ADD overlaps a window the link has");

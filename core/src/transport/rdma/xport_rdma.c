@@ -177,7 +177,7 @@ static void erdma_close(struct HixlEngine *e) {
 }
 
 static uint32_t erdma_caps(const struct HixlEngine *e) {
-  return eng_of(e) ? WIRE_CAP_RDMA | WIRE_CAP_STAGE_RDMA | WIRE_CAP_WIN : 0;
+  return eng_of(e) ? WIRE_CAP_RDMA | WIRE_CAP_STAGE_RDMA | WIRE_CAP_WIN | WIRE_CAP_WIN_RUNS : 0;
 }
 
 static int erdma_event_fd(const struct HixlEngine *e) {

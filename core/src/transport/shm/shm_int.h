@@ -170,7 +170,8 @@ HixlStatus eshm_dev_map_take(struct shm_peer *s, const struct remote_mem *rm, co
 /* Target, a scoped engine's grants changed for peer: device registrations newly
  * covered are handed over, those no longer covered recalled (the revoke waits for the
  * answers: link_recall_begin). */
-void eshm_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n, bool add);
+void eshm_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n,
+                enum xport_grant how);
 void eshm_target_map_hello(struct conn *c);
 void eshm_target_unmap_ack(struct conn *c, const struct wire_msg *m);
 void eshm_grant_drop(struct conn *c, struct eshm_link *l, uint32_t i);

@@ -796,9 +796,11 @@ static bool meets(uint64_t addr, uint64_t len, const uint64_t (*ranges)[2], size
  * range revoked back (SHM_UNMAP). This runs inside the grant's bookkeeping (lock held,
  * it must not be released here): the revoke waits for the answers once that is done
  * (link_recall_begin; api_mem.c's revoke_wait), unless it runs in a service handler. */
-void eshm_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n, bool add) {
+void eshm_grant(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n,
+                enum xport_grant how) {
   struct eshm_engine *x = eng_of(e);
-  if (!x || !engine_devmap_scoped(e)) return; /* handovers do not follow grants */
+  if (!x || !engine_devmap_scoped(e) || how == XPORT_SHARED) return; /* handovers follow whole coverage */
+  bool add = how == XPORT_GRANTED;
   uint32_t walk = ++x->walks;
   for (struct eshm_link *l; (l = eshm_next(x, walk));) {
     struct conn *c = l->conn;
