@@ -289,7 +289,7 @@ run_mooncake() {
   dur=$(echo "$line" | sed -n 's/.*duration \([0-9.]*\),.*/\1/p')
   cnt=$(echo "$line" | sed -n 's/.*batch count \([0-9]*\),.*/\1/p')
   # Its own formula, batches x batch x block / duration, with more places than its 2.
-  gbps=$(awk -v c="$cnt" -v b="$b" -v s="$bs" -v d="$dur" 'BEGIN { printf "%.4f", d > 0 ? c * b * s / d / 1e9 : 0 }')
+  gbps=$(awk -v c="$cnt" -v b="$b" -v s="$bs" -v d="$dur" 'BEGIN { printf "%.4f", (d > 0 ? c * b * s / d / 1e9 : 0) }')
   record "$r" "$path" "${op^^}" "$bs" "$b" "$t" mooncake "$gbps" $((cnt * b * bs)) "$dur" 0 \
     "$(awk -v a="$(time_cpu "$tf")" -v d=$((c1 - c0)) -v hz="$hz" 'BEGIN { print a + d / hz }')"
   rm -f "$tf"
