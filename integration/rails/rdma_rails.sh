@@ -88,10 +88,15 @@ list() { local i out=; for ((i = 0; i < $2; i++)); do out+=${out:+,}10.77.2$i.$(
 modprobe veth
 sysctl -qw net.core.netdev_max_backlog=65536 # see tos-on-wire.sh: no drops in the veth's backlog
 sysctl -qw net.ipv4.conf.all.accept_local=1 net.ipv4.conf.all.rp_filter=0
-ip rule show | grep -q '^1000:' || ip rule add pref 1000 lookup local
+# The rules read once into a variable: `ip rule show | grep -q` under pipefail fails when
+# grep has matched and gone before ip's next write (SIGPIPE; ip flushes each rule), and
+# the rule that exists is then added again: "RTNETLINK answers: File exists" (a CI run).
+rules=$(ip rule show)
+grep -q '^1000:' <<<"$rules" || ip rule add pref 1000 lookup local
 ip rule del pref 0 2>/dev/null || true
-ip rule show | grep -q '^20:.*127.0.0.0/8' || ip rule add pref 20 to 127.0.0.0/8 lookup local
-ip rule show | grep -q '^30:.*lookup 100' || ip rule add pref 30 lookup 100
+rules=$(ip rule show)
+grep -q '^20:.*127.0.0.0/8' <<<"$rules" || ip rule add pref 20 to 127.0.0.0/8 lookup local
+grep -q '^30:.*lookup 100' <<<"$rules" || ip rule add pref 30 lookup 100
 for ((i = 0; i < 8; i++)); do # a bed left by an earlier run in this guest goes first
   ip link show rxr${i}a >/dev/null 2>&1 || continue
   rdma link delete rxr${i}a 2>/dev/null || true

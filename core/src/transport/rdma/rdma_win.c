@@ -578,5 +578,5 @@ void erdma_win_frame(struct conn *c, const struct wire_msg *m) {
   int rc = wins_add(&l->wins, add, n, true); /* a split's windows replace the one split */
   free(add);
   if (rc == -1) link_conn_kill(c, HIXL_RESOURCE_EXHAUSTED, "out of memory for the peer's memory windows");
-  if (rc == -2) link_conn_kill(c, HIXL_FAILED, "protocol error: WIN_ADD overlaps a window the link has");
+  if (rc == -2) link_conn_kill(c, HIXL_FAILED, "protocol error: the windows of one WIN_ADD overlap");
 }
