@@ -115,27 +115,19 @@ static struct erdma_link *rdma_link_of(HixlEngine *e) {
   return l;
 }
 
-/* White-box: the key of e's window starting at addr (0: none). */
-static uint32_t window_key(HixlEngine *e, uint64_t addr) {
-  uint32_t key = 0;
+/* White-box: e's window starting at addr (all zero: none). */
+static struct erdma_win window_at(HixlEngine *e, uint64_t addr) {
+  struct erdma_win w = {0};
   struct erdma_link *l = rdma_link_of(e);
   pthread_mutex_lock(&e->lock);
   for (size_t k = 0; l && k < l->wins.n; k++)
-    if (l->wins.v[k].addr == addr) key = l->wins.v[k].rkey;
+    if (l->wins.v[k].addr == addr) w = l->wins.v[k];
   pthread_mutex_unlock(&e->lock);
-  return key;
+  return w;
 }
 
-/* White-box: the length of e's window starting at addr (0: none). */
-static uint64_t window_len(HixlEngine *e, uint64_t addr) {
-  uint64_t len = 0;
-  struct erdma_link *l = rdma_link_of(e);
-  pthread_mutex_lock(&e->lock);
-  for (size_t k = 0; l && k < l->wins.n; k++)
-    if (l->wins.v[k].addr == addr) len = l->wins.v[k].len;
-  pthread_mutex_unlock(&e->lock);
-  return len;
-}
+static uint32_t window_key(HixlEngine *e, uint64_t addr) { return window_at(e, addr).rkey; }
+static uint64_t window_len(HixlEngine *e, uint64_t addr) { return window_at(e, addr).len; }
 
 /* White-box: give e a window the target never sent it. */
 static void forge(HixlEngine *e, uint64_t addr, uint64_t len, uint32_t rkey) {
