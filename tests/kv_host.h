@@ -38,19 +38,37 @@ static inline const char *test_ip(void) {
   return ip && *ip ? ip : "127.0.0.1";
 }
 
-/* A TCP port free on test_ip() now (0 if none was found). */
-static inline uint16_t free_port(void) {
-  struct sockaddr_in sa = {.sin_family = AF_INET};
+/* Holds ip:port (port 0: one the kernel picks) for the rest of this process: a socket
+ * bound there with SO_REUSEADDR, never listening, never closed. No other bind(:0) or
+ * connect() takes the port while it is held, and an engine (which sets SO_REUSEADDR)
+ * still listens on it; a port only probed and closed could be taken by a parallel
+ * test's bind(:0) before the engine listened ("Address already in use"). The port
+ * held, or 0. */
+static inline uint16_t hold_port(const char *ip, uint16_t port) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
   socklen_t sl = sizeof(sa);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  inet_pton(AF_INET, test_ip(), &sa.sin_addr);
-  uint16_t port = 0;
-  if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-      getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
-    port = ntohs(sa.sin_port);
-  if (fd >= 0) close(fd);
-  return port;
+  int one = 1;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  inet_pton(AF_INET, ip, &sa.sin_addr);
+  if (port) { /* a port named: nobody may hold it already (SO_REUSEADDR binds would share) */
+    int probe = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    bool taken = probe < 0 || bind(probe, (struct sockaddr *)&sa, sizeof(sa)) != 0;
+    if (probe >= 0) close(probe);
+    if (taken) {
+      if (fd >= 0) close(fd);
+      return 0;
+    }
+  }
+  uint16_t held = 0;
+  if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
+      bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
+    held = ntohs(sa.sin_port);
+  if (fd >= 0 && !held) close(fd);
+  return held;
 }
+
+/* A TCP port on test_ip() held for this process (hold_port); 0 if none was found. */
+static inline uint16_t free_port(void) { return hold_port(test_ip(), 0); }
 
 /* One step of metadata from a scheduler to its worker, and the step's loads started. */
 static inline void kv_host_step(const hixl_kv_ops *ops, hixl_kv_connector *sched, hixl_kv_connector *worker) {

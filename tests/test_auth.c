@@ -419,6 +419,8 @@ static void mitm_up(struct mitm *x, struct eng *v, struct eng *z, char *via, uin
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(r->port)};
   inet_pton(AF_INET, tu_ip(), &sa.sin_addr);
   r->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int one = 1; /* the port is held by tu_free_port's socket, also SO_REUSEADDR */
+  setsockopt(r->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   CU_ASSERT_FATAL(r->lfd >= 0 && bind(r->lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
                   listen(r->lfd, 4) == 0 && pipe(p) == 0);
   r->done_r = p[0];

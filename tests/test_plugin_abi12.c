@@ -50,15 +50,18 @@ static int64_t now_ms(void) {
 }
 
 /* A TCP port free on the loopback now (0 if none was found). */
+/* A port on 127.0.0.1 held for this process: bound with SO_REUSEADDR, never listening,
+ * never closed, so no parallel test's bind(:0) takes it before the engine listens. */
 static uint16_t free_port(void) {
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t sl = sizeof(sa);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   uint16_t port = 0;
-  if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-      getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
+  if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
+      bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
     port = ntohs(sa.sin_port);
-  if (fd >= 0) close(fd);
+  if (fd >= 0 && !port) close(fd);
   return port;
 }
 

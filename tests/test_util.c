@@ -73,8 +73,10 @@ uint16_t tu_free_port(void) {
   struct sockaddr_in sa;
   socklen_t sl = sizeof(sa);
   uint16_t port = 0;
+  int one = 1;
   int fd;
 
+  /* Held, not probed and closed: see tu_free_port in test_util.h. */
   fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     fprintf(stderr, "tu_free_port: socket: %m\n");
@@ -84,7 +86,8 @@ uint16_t tu_free_port(void) {
   sa.sin_family = AF_INET;
   inet_pton(AF_INET, tu_ip(), &sa.sin_addr);
   sa.sin_port = 0;
-  if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+      bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
     fprintf(stderr, "tu_free_port: bind %s:0: %m\n", tu_ip());
     goto close_fd;
   }
@@ -92,7 +95,7 @@ uint16_t tu_free_port(void) {
     fprintf(stderr, "tu_free_port: getsockname: %m\n");
     goto close_fd;
   }
-  port = ntohs(sa.sin_port);
+  return ntohs(sa.sin_port); /* fd stays open: the port is held until exit */
 close_fd:
   close(fd);
   return port;

