@@ -284,7 +284,6 @@ HixlStatus HixlEngineDestroy(HixlEngine *e) {
   for (size_t i = 0; i < e->reqs.cap; i++) {
     struct hixl_transfer_req *r = e->reqs.slots[i];
     if (r) {
-      free(r->chunks);
       free(r->staged);
       free(r);
     }

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "engine/api_int.h"
+#include "util/sock.h"
 #include "util/status_int.h"
 
 /* ---- notifications ---- */
@@ -25,7 +26,7 @@ HixlStatus HixlEngineSendNotify(HixlEngine *e, const char *remote, const HixlNot
     return st;
   }
   struct conn *c = api_link_for(e, remote, "HixlEngineSendNotify", &st);
-  struct hixl_transfer_req *r = c ? api_req_new(e, 1, timeout_ms) : NULL;
+  struct hixl_transfer_req *r = c ? api_req_new(e, 1, hixl_deadline_ns(timeout_ms)) : NULL;
   if (!r) {
     if (c) st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineSendNotify: out of memory");
     free(frame);
@@ -126,7 +127,7 @@ static HixlStatus call_send(HixlEngine *e, const char *remote, uint16_t service,
   struct hixl_transfer_req *r = NULL;
   if (c && !(c->peer->caps & WIRE_CAP_CALL))
     st = hixl_fail(HIXL_UNSUPPORTED, "%s: %s speaks an older protocol without service calls", fn, remote);
-  else if (c && !(r = api_req_new(e, 1, timeout_ms)))
+  else if (c && !(r = api_req_new(e, 1, hixl_deadline_ns(timeout_ms))))
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
   if (!r) {
     free(frame);

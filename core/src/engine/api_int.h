@@ -39,7 +39,7 @@ void api_rails_up(HixlEngine *e, struct peer *p, struct conn *c, uint64_t deadli
 struct conn *api_link_for(HixlEngine *e, const char *remote, const char *fn, HixlStatus *st);
 
 /* api_xfer.c */
-struct hixl_transfer_req *api_req_new(HixlEngine *e, uint32_t nchunks, int32_t timeout_ms);
+struct hixl_transfer_req *api_req_new(HixlEngine *e, uint32_t nchunks, uint64_t deadline_ns);
 /* Wait for a request the caller holds, then let go of it. Lock held. */
 HixlStatus api_req_wait(HixlEngine *e, struct conn *c, struct hixl_transfer_req *r, const char *fn,
                         const char *remote);

@@ -12,24 +12,27 @@
 /* ---- transfers ---- */
 
 /* Whether a request timing out had to reset a link (RDMA work requests posted). */
+/* Batches of at most this many ops plan on the stack (transfer_submit). */
+#define SMALL_BATCH 16
+
 static bool mods_req_timeout(HixlEngine *e, struct hixl_transfer_req *r) {
   bool reset = false;
   for (int i = 0; i < XPORT_MODS; i++) reset |= e->mods[i]->link.req_timeout(e, r);
   return reset;
 }
 
-struct hixl_transfer_req *api_req_new(HixlEngine *e, uint32_t nchunks, int32_t timeout_ms) {
-  struct hixl_transfer_req *r = calloc(1, sizeof(*r));
+struct hixl_transfer_req *api_req_new(HixlEngine *e, uint32_t nchunks, uint64_t deadline_ns) {
+  /* The request and its chunks in one allocation (one calloc a TransferSync, not two). */
+  size_t head = (sizeof(struct hixl_transfer_req) + _Alignof(struct chunk) - 1) / _Alignof(struct chunk) *
+                _Alignof(struct chunk);
+  if (nchunks > (SIZE_MAX - head) / sizeof(struct chunk)) return NULL;
+  struct hixl_transfer_req *r = calloc(1, head + (size_t)nchunks * sizeof(struct chunk));
   if (!r) return NULL;
-  r->chunks = calloc(nchunks, sizeof(*r->chunks));
-  if (!r->chunks) {
-    free(r);
-    return NULL;
-  }
+  r->chunks = (struct chunk *)((char *)r + head);
   r->eng = e;
   r->nchunks = r->outstanding = r->ndirect = nchunks;
   r->user_holds = true;
-  r->deadline_ns = hixl_deadline_ns(timeout_ms);
+  r->deadline_ns = deadline_ns;
   return r;
 }
 
@@ -85,10 +88,9 @@ static size_t remote_lookup(struct conn *c, const HixlTransferOpDesc *descs, siz
  * before answering has been applied. Lock held; released while waiting. */
 HixlStatus api_link_sync(HixlEngine *e, struct conn *c, uint64_t deadline, const char *fn,
                          const char *remote) {
-  struct hixl_transfer_req *r = api_req_new(e, 1, 0);
+  struct hixl_transfer_req *r = api_req_new(e, 1, deadline);
   if (!r) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
   struct chunk *ch = r->chunks;
-  r->deadline_ns = deadline;
   ch->req = r;
   ch->kind = CHUNK_SYNC;
   ch->seq = c->next_seq++;
@@ -185,9 +187,11 @@ static size_t chunk_init(struct chunk *ch, struct hixl_transfer_req *r, HixlTran
 static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransferOp op,
                                   const HixlTransferOpDesc *descs, size_t count, int32_t timeout_ms,
                                   const char *fn, struct hixl_transfer_req **out, struct conn **out_conn) {
-  struct sockaddr_in sa;
   HixlStatus st;
-  if ((st = api_check_remote(remote, fn, &sa)) != HIXL_SUCCESS) return st;
+  /* The name is parsed only when no peer has it (below): a peer's name was checked at
+   * HixlEngineConnect, and the lookup compares the caller's string with it. */
+  CHECK_ARG(remote && strnlen(remote, ENGINE_NAME_MAX) < ENGINE_NAME_MAX,
+            "%s: remote_engine is NULL or too long", fn);
   CHECK_ARG(op == HIXL_READ || op == HIXL_WRITE, "%s: op %d is neither HIXL_READ nor HIXL_WRITE", fn,
             (int)op);
   CHECK_ARG(descs && count > 0 && count <= HIXL_MAX_BATCH, "%s: need 1 to %d op descriptors, got %zu%s", fn,
@@ -205,9 +209,13 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
   uint64_t deadline = hixl_deadline_ns(timeout_ms);
   if ((st = api_enter(e, fn)) != HIXL_SUCCESS) return st;
   struct conn *c = api_link_for(e, remote, fn, &st);
-  struct hixl_mem_reg **lregs = NULL;
+  struct hixl_mem_reg **lregs = NULL, *small[2 * SMALL_BATCH];
   struct hixl_transfer_req *r = NULL;
-  if (!c) goto unlock;
+  if (!c) {
+    HixlStatus bad = api_check_remote(remote, fn, &(struct sockaddr_in){0}); /* a malformed name says so */
+    if (bad != HIXL_SUCCESS) st = bad;
+    goto unlock;
+  }
   /* An op moves directly only when its remote range lies in one registration the
    * peer advertised; otherwise it is staged (the peer checks it) or refused whole
    * before anything is sent (plan_ops). On a miss, one SYNC round trip first brings
@@ -220,7 +228,8 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
     if (!c->xp->link.table_current(c)) link_take_pending(c);
     if (!(c = api_link_for(e, remote, fn, &st))) goto unlock;
   }
-  lregs = malloc(count * (sizeof(*lregs) + sizeof(struct remote_mem *)));
+  /* Small batches (a TransferSync of one op, the common case) keep these on the stack. */
+  lregs = count <= SMALL_BATCH ? small : malloc(count * (sizeof(*lregs) + sizeof(struct remote_mem *)));
   if (!lregs) {
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
     goto unlock;
@@ -233,7 +242,7 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
   }
   struct xfer_plan plan;
   if ((st = plan_ops(e, c, descs, count, fn, remote, rms, lregs, &plan)) != HIXL_SUCCESS) goto unlock;
-  r = api_req_new(e, plan.ndirect + plan.nsock + plan.stage.nunits, timeout_ms);
+  r = api_req_new(e, plan.ndirect + plan.nsock + plan.stage.nunits, deadline);
   if (r) {
     r->ndirect = plan.ndirect;
     r->nsock = plan.nsock;
@@ -249,7 +258,6 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
                    (unsigned long long)(plan.ndirect + plan.nsock + plan.stage.nunits));
     goto unlock;
   }
-  r->deadline_ns = deadline;
   struct chunk *ch = r->chunks;
   /* Rails: each chunk goes on the least loaded rail (ties: c, which a sync caller reads
    * itself); a request that went on others too is read by the progress thread. */
@@ -313,7 +321,7 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
   *out = r;
   *out_conn = c;
 unlock:
-  free(lregs);
+  if (lregs != small) free(lregs);
   if (st != HIXL_SUCCESS) pthread_mutex_unlock(&e->lock);
   return st; /* on success the lock is still held */
 }

@@ -32,8 +32,7 @@
 void link_req_maybe_free(struct hixl_transfer_req *r) {
   if (r->outstanding == 0 && !r->user_holds) {
     free(r->then);
-    free(r->chunks);
-    free(r->staged);
+    free(r->staged); /* r->chunks is inside r's allocation (api_req_new) */
     free(r);
   }
 }
