@@ -26,9 +26,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
 now() { date +%s; }
 fail() {
   echo "test_prometheus: FAIL: $*" >&2
@@ -36,9 +33,20 @@ fail() {
   exit 1
 }
 
-pport=$(free_port)
-mport_pull=$(free_port)
-mport_push=$(free_port)
+# Three ports held until this script ends: a process keeps them bound (SO_REUSEADDR,
+# never listening), so no parallel test's bind(:0) takes one before Prometheus or a
+# mock host (both SO_REUSEADDR) listens there; a port probed and closed could go first.
+coproc HOLD {
+  python3 -c 'import socket, sys
+ss = [socket.socket() for _ in range(3)]
+for s in ss:
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in ss), flush=True)
+sys.stdin.read()'
+}
+pids+=("$HOLD_PID")
+read -r pport mport_pull mport_push <&"${HOLD[0]}" || fail "no ports to hold"
 cat >"$tmp/prom.yml" <<EOF
 global:
   scrape_interval: 500ms
