@@ -135,9 +135,25 @@ static int bind_port(uint16_t port, uint16_t *got) {
   return -1;
 }
 
+/* Holds 127.0.0.1:port for the rest of this process: a socket bound there with
+ * SO_REUSEADDR that never listens and is never closed, so no other bind(:0) or connect()
+ * on the machine takes the port before the instance's engine (SO_REUSEADDR too)
+ * listens there; a port found free and closed could go to a parallel job first. */
+static void hold_port(uint16_t port) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+  int one = 1;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
+      bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+    return; /* kept open: the hold */
+  if (fd >= 0) close(fd);
+}
+
 /* For each instance a run of n[k] free ports from base[k] (rank r's engine listens on
  * base + r), the two runs apart: the sockets that found them stay bound until both are
- * found. 0 when no run was found (the kernel's pick then, as before). */
+ * found, and each is then held for good (hold_port). 0 when no run was found (the
+ * kernel's pick then, as before). */
 static void free_ports(const uint32_t n[2], uint16_t base[2]) {
   int held[2 * MH_MAX_TP];
   uint32_t nh = 0;
@@ -158,6 +174,8 @@ static void free_ports(const uint32_t n[2], uint16_t base[2]) {
     }
   }
   while (nh) close(held[--nh]);
+  for (int k = 0; k < 2; k++)
+    for (uint32_t i = 0; base[k] && i < n[k]; i++) hold_port((uint16_t)(base[k] + i));
 }
 
 /* The base document with this instance's address and role (and the flags' overrides). */
