@@ -118,11 +118,16 @@ static void *map_buffer(size_t len) {
   return p == MAP_FAILED ? NULL : p;
 }
 
-/* Bind 127.0.0.1:0 and keep the port the kernel chose (freed again at once; a port
- * taken in between shows up as a clear Initialize failure). */
+/* Bind 127.0.0.1:0 and keep the port the kernel chose, held until this program exits:
+ * the socket stays bound with SO_REUSEADDR and never listens, so nobody else takes the
+ * port before the target's engine (SO_REUSEADDR too) listens there. */
 static bool pick_port(uint16_t *port) {
+  int one = 1;
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
+  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0) {
+    if (fd >= 0) close(fd);
+    return false;
+  }
   struct sockaddr_in sa;
   memset(&sa, 0, sizeof(sa));
   sa.sin_family = AF_INET;
@@ -130,7 +135,7 @@ static bool pick_port(uint16_t *port) {
   socklen_t sl = sizeof(sa);
   bool ok =
       bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && getsockname(fd, (struct sockaddr *)&sa, &sl) == 0;
-  close(fd);
+  if (!ok) close(fd); /* else kept open: the hold */
   if (ok) *port = ntohs(sa.sin_port);
   return ok;
 }

@@ -30,14 +30,17 @@
     }                                                                                                        \
   } while (0)
 
+/* A port on 127.0.0.1 held until this program exits: its socket stays bound (with
+ * SO_REUSEADDR, never listening), so no other program takes the port before the
+ * server (SO_REUSEADDR too) listens there. */
 static uint16_t free_port(void) {
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   socklen_t len = sizeof(sa);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
-      getsockname(fd, (struct sockaddr *)&sa, &len))
+  int one = 1;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+      bind(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 || getsockname(fd, (struct sockaddr *)&sa, &len))
     exit(1);
-  close(fd);
   return ntohs(sa.sin_port);
 }
 
