@@ -698,6 +698,22 @@ static void test_transfer_sync_args(void) {
   TU_ASSERT_STATUS(HixlEngineTransferSync(NULL, g.srv_name, HIXL_WRITE, &d, 1, 1000), HIXL_PARAM_INVALID);
   TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, NULL, HIXL_WRITE, &d, 1, 1000), HIXL_PARAM_INVALID);
   TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, "", HIXL_WRITE, &d, 1, 1000), HIXL_PARAM_INVALID);
+  /* The name is parsed only when no peer has it: a malformed one still says what is
+   * wrong with it, a well-formed one nobody connected to says so. */
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, "127.0.0.1", HIXL_WRITE, &d, 1, 1000), HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(HixlGetLastErrorMessage(), "needs a port"));
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, "not-an-ip:80", HIXL_WRITE, &d, 1, 1000),
+                   HIXL_PARAM_INVALID);
+  char unknown[TU_ADDR_LEN], longname[300];
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, tu_addr(unknown, sizeof(unknown), tu_free_port()),
+                                          HIXL_WRITE, &d, 1, 1000),
+                   HIXL_NOT_CONNECTED);
+  CU_ASSERT_PTR_NOT_NULL(strstr(HixlGetLastErrorMessage(), "not connected to"));
+  memset(longname, '1', sizeof(longname) - 1);
+  longname[sizeof(longname) - 1] = '\0';
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, longname, HIXL_WRITE, &d, 1, 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_OK(
+      HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 1000)); /* nothing of that stuck */
   TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, NULL, 1, 1000), HIXL_PARAM_INVALID);
   TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &d, 0, 1000), HIXL_PARAM_INVALID);
   TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, (HixlTransferOp)2, &d, 1, 1000),
