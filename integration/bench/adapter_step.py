@@ -36,18 +36,10 @@ import time
 HERE = os.path.dirname(os.path.realpath(__file__))
 
 
-_HELD = []  # sockets holding the ports free_port gave, open until this process exits
-
-
 def free_port() -> int:
-    """A port on 127.0.0.1 held for this process: bound with SO_REUSEADDR, never
-    listening, so no parallel test's bind(:0) takes it before the engine (which sets
-    SO_REUSEADDR too) listens there."""
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("127.0.0.1", 0))
-    _HELD.append(s)
-    return s.getsockname()[1]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 class CTimer:
