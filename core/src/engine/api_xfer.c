@@ -11,10 +11,10 @@
 
 /* ---- transfers ---- */
 
-/* Whether a request timing out had to reset a link (RDMA work requests posted). */
 /* Batches of at most this many ops plan on the stack (transfer_submit). */
 #define SMALL_BATCH 16
 
+/* Whether a request timing out had to reset a link (RDMA work requests posted). */
 static bool mods_req_timeout(HixlEngine *e, struct hixl_transfer_req *r) {
   bool reset = false;
   for (int i = 0; i < XPORT_MODS; i++) reset |= e->mods[i]->link.req_timeout(e, r);
