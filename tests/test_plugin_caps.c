@@ -554,14 +554,16 @@ static void test_pin_without_cap(void) {
   enum { LEASE_MS = 600 };
   struct side p;
   CU_ASSERT_FATAL(side_up(&p, "producer", "pull", LEASE_MS));
-  const uint64_t pb[2] = {2, 3};
-  char *params = produce(&p, "req-pin", pb, 2, 41);
-  struct kv_cap cap = params_cap(params);
-  step(&p);
+  /* Both peers linked before the hold is bound: the lease runs from the bind, and
+   * linking (QPs in the soft-RoCE guest) may take longer than the lease. */
   HixlEngine *cons = hostile_up(p.addr), *h = hostile_up(p.addr);
   uint8_t ans[4096], *dst = tu_alloc_mem(BLOCK_BYTES, false), *hdst = tu_alloc_mem(BLOCK_BYTES, false);
   size_t n = 0;
   CU_ASSERT_FATAL(dst && hdst && tu_register(cons, dst, BLOCK_BYTES) && tu_register(h, hdst, BLOCK_BYTES));
+  const uint64_t pb[2] = {2, 3};
+  char *params = produce(&p, "req-pin", pb, 2, 41);
+  struct kv_cap cap = params_cap(params);
+  step(&p);
   int64_t pinned = tu_now_ms(); /* at most when the PIN set the lease running */
   TU_ASSERT_OK_FATAL(call(cons, p.addr, KV_SVC_PIN, "req-pin", P_RIGHT, &cap, NULL, ans, &n));
   CU_ASSERT_FATAL(n >= 1 && ans[0] == KV_PIN_HELD);
