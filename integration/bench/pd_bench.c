@@ -23,17 +23,17 @@
  *    and with a landed call behind each layer (the engine's then-call), as references.
  * Short prompts are dominated by fixed costs that swing more from round to round, so
  * they get more rounds: rounds x (longest prompt / prompt), at most 4 x rounds.
- * --layout lays the KV cache out as kv_first (per layer (2, B, N, H, D), registered
- * with register_kv_caches: the default), BLNHC (one buffer (B, L, N, H, C = 2D), a
- * strided plane per layer) or cross_layer (one buffer (B, L, 2, N, H, D), one plane
- * holding every layer), the last two with register_kv_groups (ABI 1.3); the raw op
- * lists follow the layout as the plugin's do. The push is measured with kv_first only
- * (a cross-layer cache moves whole, after its last layer); --no-push leaves it out.
+ * --layout lays the KV cache out as kv_first (the default, register_kv_caches), BLNHC
+ * or cross_layer (register_kv_groups, ABI 1.3), their shapes in the layout section
+ * below; the raw op lists follow the layout as the plugin's do. The push is measured
+ * with kv_first only (a cross-layer cache moves whole, after its last layer); --no-push
+ * leaves it out.
  * CPU s per GiB: the CPU time (user + system) of both processes over the fd-woken pull
  * and over the raw READ (hb_cpu_ns), per GiB moved, medians, and plugin / raw (issue 47).
  * Progress on stderr; a table on stdout; --json FILE, --csv FILE. */
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "harness.h"
 #include "engine/engine_ext.h" /* the raw reference with landed calls: hixl_engine_transfer_then_call */
@@ -66,10 +66,10 @@ static const char *const layout_names[] = {"kv_first", "BLNHC", "cross_layer"};
 
 struct opts {
   const char *plugin, *transport, *ip, *json, *csv;
-  bool pin;  /* decode on CPU 0, prefill on CPU 1, like two hosts */
-  bool push; /* measure the push too (kv_first only) */
-  bool obs;  /* the connectors keep histograms and traces (the plugin's default); --obs off: neither */
-  enum layout layout;
+  bool pin;         /* decode on CPU 0, prefill on CPU 1, like two hosts */
+  bool push;        /* measure the push too (kv_first only) */
+  int obs;          /* the connectors keep histograms and traces (the plugin's default); --obs off: neither */
+  int layout;       /* enum layout */
   uint64_t step_us; /* the host's step: it polls get_finished once a step */
   uint32_t layers, block_tokens, rounds;
   uint64_t block_bytes, pool_blocks; /* block_bytes: one block of K (or V) of one layer */
@@ -82,19 +82,15 @@ static struct opts o = {.plugin = HIXL_KV_PLUGIN_DEFAULT,
                         .ip = "127.0.0.1",
                         .layers = 32,
                         .push = true,
-                        .obs = true,
-                        .layout = LAYOUT_KV_FIRST,
+                        .obs = 1,
                         .block_tokens = 16,
                         .rounds = 3,
                         .step_us = 200,
-                        .block_bytes = 0, /* 0: block_tokens x HEAD_BYTES_PER_TOKEN */
-                        .pool_blocks = 0,
                         .prompts = {256, 1024, 4096},
                         .nprompts = 3};
 
 static const hixl_kv_ops *ops;
-
-static void load_plugin(void) { ops = hb_plugin(o.plugin); }
+static char line[1 << 16]; /* the last line from the other process */
 
 /* ---- the KV pool: layers x (K, V) x pool_blocks blocks, one mapping ---- */
 
@@ -102,13 +98,15 @@ struct pool {
   uint8_t *mem;
   size_t len;
   hixl_kv_layer *layers;
-  uint64_t *free_ids; /* a shuffled free list: allocations come out scattered */
-  size_t nfree;
+  uint64_t *ids; /* a shuffled free list (block_order): allocations come out scattered */
 };
 
-/* Runs of 8 adjacent blocks in random order, as a busy allocator hands them out. */
-static void shuffle_runs(uint64_t *ids, uint64_t seed) {
-  uint64_t s = seed;
+/* The free list of a pool of seed: runs of 8 adjacent blocks in random order, as a busy
+ * allocator hands them out. Each side knows the other's (no memory behind it). */
+static uint64_t *block_order(uint64_t seed) {
+  uint64_t *ids = malloc(o.pool_blocks * sizeof(*ids)), s = seed;
+  if (!ids) hb_die("out of memory");
+  for (uint64_t i = 0; i < o.pool_blocks; i++) ids[i] = i;
   for (uint64_t i = 0; i + 8 < o.pool_blocks; i += 8) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
     uint64_t j = (s >> 33) % ((o.pool_blocks - i) / 8) * 8 + i;
@@ -118,6 +116,11 @@ static void shuffle_runs(uint64_t *ids, uint64_t seed) {
       ids[j + k] = t;
     }
   }
+  return ids;
+}
+
+static uint64_t tensor_off(uint32_t l, uint32_t v) {
+  return ((uint64_t)l * 2 + v) * o.pool_blocks * o.block_bytes;
 }
 
 static void pool_init(struct pool *p, uint64_t seed) {
@@ -126,33 +129,17 @@ static void pool_init(struct pool *p, uint64_t seed) {
   if (!p->mem) hb_die("mmap %zu bytes: %s", p->len, strerror(errno));
   memset(p->mem, 0x5a, p->len);
   p->layers = calloc(o.layers, sizeof(*p->layers));
-  p->free_ids = malloc(o.pool_blocks * sizeof(uint64_t));
   for (uint32_t l = 0; l < o.layers; l++)
     p->layers[l] = (hixl_kv_layer){"layer",
                                    5,
-                                   (uintptr_t)(p->mem + (size_t)l * 2 * o.pool_blocks * o.block_bytes),
+                                   (uintptr_t)(p->mem + tensor_off(l, 0)),
                                    o.pool_blocks,
                                    o.block_bytes,
                                    o.pool_blocks * o.block_bytes,
                                    HIXL_KV_LAYOUT_KV_FIRST,
                                    KV_ELEM,
                                    o.block_tokens};
-  for (uint64_t i = 0; i < o.pool_blocks; i++) p->free_ids[i] = i;
-  shuffle_runs(p->free_ids, seed);
-  p->nfree = o.pool_blocks;
-}
-
-/* Only the free list a pool of seed would have (no memory). */
-static struct pool prefill_view;
-static void pool_order(struct pool *p, uint64_t seed) {
-  p->free_ids = malloc(o.pool_blocks * sizeof(uint64_t));
-  for (uint64_t i = 0; i < o.pool_blocks; i++) p->free_ids[i] = i;
-  shuffle_runs(p->free_ids, seed);
-  p->nfree = o.pool_blocks;
-}
-
-static uint64_t tensor_off(uint32_t l, uint32_t v) {
-  return ((uint64_t)l * 2 + v) * o.pool_blocks * o.block_bytes;
+  p->ids = block_order(seed);
 }
 
 /* ---- the layout: where each plane lies in the pool ----
@@ -182,6 +169,50 @@ static struct plane_geo plane_geo(uint32_t l, uint32_t k) {
   case LAYOUT_CROSS: return (struct plane_geo){0, all, all};
   default: return (struct plane_geo){tensor_off(l, k), bb, bb};
   }
+}
+
+static int cmp_op(const void *a, const void *b) {
+  uintptr_t x = ((const HixlTransferOpDesc *)a)->local_addr, y = ((const HixlTransferOpDesc *)b)->local_addr;
+  return x < y ? -1 : x > y;
+}
+
+/* The op list the plugin issues (kv_layout.c's kv_ops_build) for layers l0..l0+count-1:
+ * a piece per block per plane (a cross-layer plane with its last layer), joined while
+ * both sides run on; then sorted by local address and merged where both sides are
+ * contiguous, so a block-major layout's layers of one block, and its runs of adjacent
+ * blocks, are one op. */
+static size_t build_ops(HixlTransferOpDesc *v, uintptr_t lbase, uintptr_t rbase, const uint64_t *lb,
+                        const uint64_t *rb, size_t n, uint32_t l0, uint32_t count) {
+  size_t k = 0;
+  for (uint32_t l = l0; l < l0 + count; l++) {
+    if (o.layout == LAYOUT_CROSS && l != o.layers - 1) continue;
+    for (uint32_t pk = 0; pk < planes_per_layer(); pk++) {
+      struct plane_geo g = plane_geo(l, pk);
+      for (size_t j = 0; j < n; j++) {
+        uintptr_t lo = lbase + g.off + lb[j] * g.stride, ro = rbase + g.off + rb[j] * g.stride;
+        if (k && v[k - 1].local_addr + v[k - 1].len == lo && v[k - 1].remote_addr + v[k - 1].len == ro)
+          v[k - 1].len += g.bytes;
+        else
+          v[k++] = (HixlTransferOpDesc){lo, ro, g.bytes};
+      }
+    }
+  }
+  if (k < 2) return k;
+  qsort(v, k, sizeof(*v), cmp_op);
+  size_t m = 0;
+  for (size_t j = 1; j < k; j++)
+    if (v[m].local_addr + v[m].len == v[j].local_addr && v[m].remote_addr + v[m].len == v[j].remote_addr)
+      v[m].len += v[j].len;
+    else
+      v[++m] = v[j];
+  return m + 1;
+}
+
+/* Runs of blocks adjacent on both sides: what one op can move per plane at most. */
+static size_t count_runs(const uint64_t *lb, const uint64_t *rb, size_t n) {
+  size_t runs = n ? 1 : 0;
+  for (size_t j = 1; j < n; j++) runs += lb[j] != lb[j - 1] + 1 || rb[j] != rb[j - 1] + 1;
+  return runs;
 }
 
 /* The one group of planes a BLNHC or cross_layer pool is (register_kv_groups). */
@@ -250,7 +281,7 @@ static void step(struct conn *c) { hb_kv_step(ops, c->sched, &c->worker, 1); }
 /* Step until id is finished sending (which 0) or receiving (1). Between steps the host
  * sleeps one step, or, efd >= 0 (an idle host), waits on the connector's event fd for
  * at most one step. */
-static void wait_finished_fd(struct conn *c, const char *id, int which, int efd) {
+static void wait_finished(struct conn *c, const char *id, int which, int efd) {
   uint64_t end = bench_now_ns() + 120ull * 1000000000ull;
   for (step(c); !hb_kv_poll(ops, c->sched, c->worker, id, which, NULL, NULL); step(c)) {
     if (bench_now_ns() > end) hb_die("request %s did not finish within 120 s", id);
@@ -264,55 +295,60 @@ static void wait_finished_fd(struct conn *c, const char *id, int which, int efd)
   }
 }
 
-static void wait_finished(struct conn *c, const char *id, int which) { wait_finished_fd(c, id, which, -1); }
-
 /* A host stepping its idle connector every step (as it does while a pull is under
  * way), beside a raw READ: what the plugin's pull shares its CPU with, given to the raw
  * engine too (--pin puts each process's threads on one CPU, where a real host's
- * stepping and its loader threads would run on different cores). */
+ * stepping and its loader threads would run on different cores). Told to stop, it ends
+ * within a step: after the READ it stepped beside was timed. */
 struct stepper {
   struct conn *c;
   pthread_t t;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  bool stop;
+  atomic_bool stop;
 };
 
 static void *stepper_main(void *arg) {
   struct stepper *h = arg;
-  pthread_mutex_lock(&h->mu);
-  while (!h->stop) {
-    pthread_mutex_unlock(&h->mu);
+  struct timespec ts = {0, (long)o.step_us * 1000};
+  while (!atomic_load(&h->stop)) {
     step(h->c);
     hb_kv_poll(ops, NULL, h->c->worker, NULL, 0, NULL, NULL);
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += (long)o.step_us * 1000;
-    ts.tv_sec += ts.tv_nsec / 1000000000;
-    ts.tv_nsec %= 1000000000;
-    pthread_mutex_lock(&h->mu);
-    if (!h->stop) pthread_cond_timedwait(&h->cv, &h->mu, &ts); /* one step, or told to stop */
+    nanosleep(&ts, NULL);
   }
-  pthread_mutex_unlock(&h->mu);
   return NULL;
 }
 
 static void stepper_start(struct stepper *h, struct conn *c) {
-  *h = (struct stepper){.c = c, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+  h->c = c;
+  atomic_init(&h->stop, false);
   if (pthread_create(&h->t, NULL, stepper_main, h) != 0)
     hb_die("the stepping host's thread: cannot start it");
 }
 
 static void stepper_stop(struct stepper *h) {
-  pthread_mutex_lock(&h->mu);
-  h->stop = true;
-  pthread_cond_signal(&h->cv);
-  pthread_mutex_unlock(&h->mu);
+  atomic_store(&h->stop, true);
   pthread_join(h->t, NULL);
+}
+
+/* The next line from the other process, which must be want. */
+static void expect(int fd, const char *want) {
+  if (strcmp(hb_recv(fd, line, sizeof(line)), want) != 0) hb_die("want \"%s\", got \"%s\"", want, line);
 }
 
 static hixl_kv_request request(const char *id, uint64_t tokens, const char *params) {
   return (hixl_kv_request){id, strlen(id), tokens, params, params ? strlen(params) : 0, 0};
+}
+
+static HixlEngine *raw_engine(uint16_t port, struct pool *p) {
+  char addr[64];
+  HixlMemHandle h;
+  snprintf(addr, sizeof(addr), "%s:%u", o.ip, (unsigned)port);
+  HixlEngine *e = hb_engine(addr, o.transport, NULL, 0);
+  if (!e || hb_reg(e, p->mem, p->len, &h) != HIXL_SUCCESS) hb_die("the raw engine %s failed", addr);
+  return e;
+}
+
+static void pin_cpu(int cpu) {
+  if (o.pin && !bench_pin_cpu(cpu)) exit(1);
 }
 
 /* ---- the prefill process ---- */
@@ -342,74 +378,59 @@ static HixlStatus raw_landed_call(void *ctx, const char *peer, const uint8_t *re
   return HIXL_SUCCESS;
 }
 
-static HixlEngine *raw_engine(uint16_t port, struct pool *p) {
-  char addr[64];
-  HixlMemHandle h;
-  snprintf(addr, sizeof(addr), "%s:%u", o.ip, (unsigned)port);
-  HixlEngine *e = hb_engine(addr, o.transport, NULL, 0);
-  if (!e || hb_reg(e, p->mem, p->len, &h) != HIXL_SUCCESS) hb_die("the raw engine %s failed", addr);
-  return e;
+/* Where prefill's raw engine writes a push's layers: the blocks decode holds for the
+ * request (the same bytes as the plugin's push). */
+struct dest {
+  HixlEngine *raw;
+  const char *draw; /* decode's raw engine */
+  const struct pool *p;
+  uintptr_t dbase;
+  const uint64_t *dblocks;
+  uint64_t nb;
+};
+
+static size_t layer_ops(HixlTransferOpDesc *v, const struct dest *d, uint32_t l) {
+  return build_ops(v, (uintptr_t)d->p->mem, d->dbase, d->p->ids, d->dblocks, d->nb, l, 1);
 }
 
-static void pin_cpu(int cpu) {
-  if (o.pin && !bench_pin_cpu(cpu)) exit(1);
-}
+/* What prefill measures right before a push, each the median of a few samples (a single
+ * short transfer is one noisy sample), layers spread:
+ *  - PROBE_LAYER: one layer's raw WRITE into decode's blocks (the transfer a push makes
+ *    per layer), the median of five;
+ *  - PROBE_NOTICE: a notice's round trip between the raw engines (HixlEngineSendNotify
+ *    waits for the receipt), the median of nine: about what a push adds to its last
+ *    layer's transfer at the least (the pusher's wake-up, the layer-landed notice's
+ *    one-way trip, the wake-up of decode's forward pass);
+ *  - PROBE_BUSY: the same round trip while one layer's raw WRITE moves on the same link,
+ *    the median of three: what the layer-landed notices meet in a push, whose next layer
+ *    is always on its way. Where the CPUs move the bytes (soft-RoCE) the notice waits. */
+enum probe { PROBE_LAYER, PROBE_NOTICE, PROBE_BUSY };
 
-static size_t build_ops(HixlTransferOpDesc *v, uintptr_t lbase, uintptr_t rbase, const uint64_t *lb,
-                        const uint64_t *rb, size_t n, uint32_t l0, uint32_t count);
-
-/* One layer's raw WRITE from prefill into decode's blocks (the transfer a push makes
- * per layer): the median of five, layers spread (a single short transfer is one noisy
- * sample). */
-static uint64_t layer_write_ns(HixlEngine *raw, const char *draw, const struct pool *p, uintptr_t dbase,
-                               const uint64_t *dblocks, uint64_t nb) {
+static uint64_t probe_ns(const struct dest *d, enum probe what) {
   static HixlTransferOpDesc v[1 << 16];
-  uint64_t t[5];
-  for (uint32_t j = 0; j < 5; j++) {
-    size_t n = build_ops(v, (uintptr_t)p->mem, dbase, p->free_ids, dblocks, nb, j * (o.layers - 1) / 4, 1);
-    uint64_t t0 = bench_now_ns();
-    hb_check(HixlEngineTransferSync(raw, draw, HIXL_WRITE, v, n, 60000), "raw WRITE of one layer");
-    t[j] = bench_now_ns() - t0;
-  }
-  return hb_median_u64(t, 5);
-}
-
-/* A notice's round trip between the raw engines (HixlEngineSendNotify waits for the
- * receipt), the median of nine: about what a push adds to its last layer's transfer at
- * the least (the pusher's wake-up, the layer-landed notice's one-way trip, the wake-up
- * of decode's forward pass). */
-static uint64_t notice_rtt_ns(HixlEngine *raw, const char *draw) {
-  uint64_t t[9];
-  HixlNotifyDesc n = {"pd-bench", "layer", NULL};
-  for (uint32_t j = 0; j < 9; j++) {
-    uint64_t t0 = bench_now_ns();
-    hb_check(HixlEngineSendNotify(raw, draw, &n, 10000), "raw notify");
-    t[j] = bench_now_ns() - t0;
-  }
-  return hb_median_u64(t, 9);
-}
-
-/* The same round trip while one layer's raw WRITE moves on the same link (the median
- * of three): what the layer-landed notices meet in a push, whose next layer is always
- * on its way. Where the CPUs move the bytes (soft-RoCE) the notice waits for them. */
-static uint64_t notice_busy_ns(HixlEngine *raw, const char *draw, const struct pool *p, uintptr_t dbase,
-                               const uint64_t *dblocks, uint64_t nb) {
-  static HixlTransferOpDesc v[1 << 16];
-  uint64_t t[3];
+  static const uint32_t samples[] = {5, 9, 3};
   HixlNotifyDesc note = {"pd-bench", "layer", NULL};
-  for (uint32_t j = 0; j < 3; j++) {
-    size_t n = build_ops(v, (uintptr_t)p->mem, dbase, p->free_ids, dblocks, nb, j * (o.layers - 1) / 2, 1);
+  uint64_t t[9];
+  uint32_t n = samples[what];
+  for (uint32_t j = 0; j < n; j++) {
+    size_t nv = what == PROBE_NOTICE ? 0 : layer_ops(v, d, j * (o.layers - 1) / (n - 1));
     HixlTransferReq rq;
     HixlTransferStatus ts;
-    hb_check(HixlEngineTransferAsync(raw, draw, HIXL_WRITE, v, n, 60000, NULL, &rq),
-             "raw async WRITE of one layer");
+    if (what == PROBE_BUSY)
+      hb_check(HixlEngineTransferAsync(d->raw, d->draw, HIXL_WRITE, v, nv, 60000, NULL, &rq),
+               "raw async WRITE of one layer");
     uint64_t t0 = bench_now_ns();
-    hb_check(HixlEngineSendNotify(raw, draw, &note, 60000), "raw notify");
+    if (what == PROBE_LAYER)
+      hb_check(HixlEngineTransferSync(d->raw, d->draw, HIXL_WRITE, v, nv, 60000), "raw WRITE of one layer");
+    else
+      hb_check(HixlEngineSendNotify(d->raw, d->draw, &note, what == PROBE_BUSY ? 60000 : 10000),
+               "raw notify");
     t[j] = bench_now_ns() - t0;
-    hb_check(hb_wait_xfer(raw, rq, &ts), "raw status");
+    if (what != PROBE_BUSY) continue;
+    hb_check(hb_wait_xfer(d->raw, rq, &ts), "raw status");
     if (ts != HIXL_TRANSFER_COMPLETED) hb_die("raw async WRITE of one layer ended %d", (int)ts);
   }
-  return hb_median_u64(t, 3);
+  return hb_median_u64(t, n);
 }
 
 /* The raw engine's own pipelined push, the reference of the plugin's: the same compute
@@ -425,12 +446,7 @@ static uint64_t notice_busy_ns(HixlEngine *raw, const char *draw, const struct p
  * call's answer is back (the plugin's ends a half round trip earlier, when decode holds
  * the layer). */
 struct raw_push {
-  HixlEngine *raw;
-  const char *draw;
-  const struct pool *p;
-  uintptr_t dbase;
-  const uint64_t *dblocks;
-  uint64_t nb;
+  const struct dest *d;
   pthread_mutex_t mu;
   pthread_cond_t cv;
   uint32_t saved;
@@ -440,6 +456,7 @@ struct raw_push {
 
 static void *raw_pusher(void *arg) {
   struct raw_push *k = arg;
+  const struct dest *d = k->d;
   static HixlTransferOpDesc v[1 << 16];
   static HixlTransferReq rq[256];
   static hixl_call_t call[256];
@@ -449,29 +466,29 @@ static void *raw_pusher(void *arg) {
     pthread_mutex_lock(&k->mu);
     while (k->saved <= l) pthread_cond_wait(&k->cv, &k->mu);
     pthread_mutex_unlock(&k->mu);
-    size_t n = build_ops(v, (uintptr_t)k->p->mem, k->dbase, k->p->free_ids, k->dblocks, k->nb, l, 1);
+    size_t n = layer_ops(v, d, l);
     HixlStatus st =
         k->calls
-            ? hixl_engine_transfer_then_call(k->raw, k->draw, HIXL_WRITE, v, n, HIXL_SERVICE_KV, &l,
+            ? hixl_engine_transfer_then_call(d->raw, d->draw, HIXL_WRITE, v, n, HIXL_SERVICE_KV, &l,
                                              sizeof(l), ans[l], sizeof(ans[l]), &alen[l], 60000, &call[l])
-            : HixlEngineTransferAsync(k->raw, k->draw, HIXL_WRITE, v, n, 60000, NULL, &rq[l]);
+            : HixlEngineTransferAsync(d->raw, d->draw, HIXL_WRITE, v, n, 60000, NULL, &rq[l]);
     hb_check(st, "raw async WRITE of layer %u", l);
   }
-  for (uint32_t l = 0; l < o.layers && k->calls; l++)
-    hb_check(hixl_engine_call_wait(k->raw, k->draw, call[l]), "raw WRITE of layer %u, or its landed call", l);
-  for (uint32_t l = 0; l < o.layers && !k->calls; l++) {
-    HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
-    hb_check(hb_wait_xfer(k->raw, rq[l], &ts), "raw status");
+  for (uint32_t l = 0; l < o.layers; l++) {
+    HixlTransferStatus ts = HIXL_TRANSFER_COMPLETED;
+    if (k->calls)
+      hb_check(hixl_engine_call_wait(d->raw, d->draw, call[l]), "raw WRITE of layer %u, or its landed call",
+               l);
+    else
+      hb_check(hb_wait_xfer(d->raw, rq[l], &ts), "raw status");
     if (ts != HIXL_TRANSFER_COMPLETED) hb_die("raw async WRITE of layer %u ended %d", l, (int)ts);
   }
   k->done_ns = bench_now_ns();
   return NULL;
 }
 
-static uint64_t raw_push_ns(HixlEngine *raw, const char *draw, const struct pool *p, uintptr_t dbase,
-                            const uint64_t *dblocks, uint64_t nb, uint64_t compute, bool calls) {
-  struct raw_push k = {raw, draw,  p, dbase, dblocks, nb, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-                       0,   calls, 0};
+static uint64_t raw_push_ns(const struct dest *d, uint64_t compute, bool calls) {
+  struct raw_push k = {d, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, calls, 0};
   pthread_t t;
   if (pthread_create(&t, NULL, raw_pusher, &k) != 0) hb_die("raw pusher thread");
   uint64_t t_last = 0;
@@ -487,28 +504,36 @@ static uint64_t raw_push_ns(HixlEngine *raw, const char *draw, const struct pool
   return k.done_ns - t_last;
 }
 
+/* The raw engine's two pushes, the one without calls first when it goes first in its
+ * round (before the plugin's push), last when it goes last: ns[0] without, ns[1] with. */
+static void raw_pushes(const struct dest *d, uint64_t compute, bool plain_first, uint64_t ns[2]) {
+  for (int i = 0; i < 2; i++) {
+    bool calls = (i == 0) != plain_first;
+    ns[calls] = raw_push_ns(d, compute, calls);
+    PD_PHASE(calls ? "prefill: raw push, a call per layer" : "prefill: raw push");
+  }
+}
+
 static int prefill_main(void *arg, int fd) {
   uint16_t port = *(uint16_t *)arg, dport = (uint16_t)(port + 3);
-  struct pool p, decode_view;
+  struct pool p;
   char draw[64];
   bool linked = false;
   pin_cpu(1);
   struct conn pull, push;
   pool_init(&p, 1);
-  load_plugin();
+  ops = hb_plugin(o.plugin);
   conn_up(&pull, port, "producer", "pull", &p);
   if (o.push) conn_up(&push, (uint16_t)(port + 1), "producer", "push", &p);
   HixlEngine *raw = raw_engine((uint16_t)(port + 2), &p);
-  pool_order(&decode_view, 2); /* which blocks decode allocates */
+  const uint64_t *decode_ids = block_order(2); /* which blocks decode allocates */
   snprintf(draw, sizeof(draw), "%s:%u", o.ip, (unsigned)(dport + 2));
   hb_send(fd, "ready %" PRIuPTR "\n", (uintptr_t)p.mem);
   PD_PHASE("prefill: setup");
-  static char line[1 << 16];
-  static uint64_t blocks[1 << 16];
   unsigned npush = 0;
   for (;;) {
     char id[64];
-    uint64_t nb = 0, compute = 0;
+    uint64_t nb = 0;
     uintptr_t dbase = 0;
     int off = 0;
     hb_recv(fd, line, sizeof(line));
@@ -518,45 +543,38 @@ static int prefill_main(void *arg, int fd) {
       struct stepper h;
       stepper_start(&h, &pull);
       hb_send(fd, "stepping\n");
-      if (strcmp(hb_recv(fd, line, sizeof(line)), "rest") != 0) hb_die("prefill: want rest, got %s", line);
+      expect(fd, "rest");
       stepper_stop(&h);
       hb_send(fd, "resting\n");
       continue;
     }
     if (sscanf(line, "pull %63s %" SCNu64, id, &nb) == 2) {
-      for (uint64_t i = 0; i < nb; i++) blocks[i] = p.free_ids[i];
       hixl_kv_request r = request(id, nb * o.block_tokens, NULL);
       int32_t delay = 0;
       hixl_kv_buffer params = {0};
-      if (ops->request_finished(pull.sched, &r, blocks, nb, &delay, &params) != HIXL_KV_SUCCESS || !delay)
+      if (ops->request_finished(pull.sched, &r, p.ids, nb, &delay, &params) != HIXL_KV_SUCCESS || !delay)
         hb_die("request_finished: %s", ops->last_error());
       step(&pull);
       hb_send(fd, "params %" PRIu64 " %.*s\n", bench_now_ns(), (int)params.len, (char *)params.data);
       ops->free_buffer(&params);
-      wait_finished(&pull, id, 0);
+      wait_finished(&pull, id, 0, -1);
       PD_PHASE("prefill: plugin pull");
       hb_send(fd, "freed\n");
     } else if (sscanf(line, "push %63s %" SCNu64 " %" SCNuPTR " %n", id, &nb, &dbase, &off) == 3 && off > 0) {
       hb_check(linked ? HIXL_SUCCESS : HixlEngineConnect(raw, draw, 10000), "raw connect to %s", draw);
       linked = true;
-      compute = layer_write_ns(raw, draw, &p, dbase, decode_view.free_ids, nb);
-      uint64_t rtt = notice_rtt_ns(raw, draw);
-      uint64_t busy = notice_busy_ns(raw, draw, &p, dbase, decode_view.free_ids, nb);
+      const struct dest d = {raw, draw, &p, dbase, decode_ids, nb};
+      /* Each layer's compute as long as one layer's raw WRITE: the unit pipelining cannot hide. */
+      uint64_t compute = probe_ns(&d, PROBE_LAYER), rtt = probe_ns(&d, PROBE_NOTICE);
+      uint64_t busy = probe_ns(&d, PROBE_BUSY), rawp[2] = {0, 0};
       PD_PHASE("prefill: raw layer, notice round trips");
       /* The raw engine's push (into the blocks decode holds for this request, the same
        * bytes) goes before the plugin's in every other round, after it in the rest, so
        * neither gains from the other's warm-up or drift. */
       bool raw_first = npush++ % 2 == 1;
-      uint64_t rawp = 0, rawc = 0;
-      if (raw_first) {
-        rawp = raw_push_ns(raw, draw, &p, dbase, decode_view.free_ids, nb, compute, false);
-        PD_PHASE("prefill: raw push");
-        rawc = raw_push_ns(raw, draw, &p, dbase, decode_view.free_ids, nb, compute, true);
-        PD_PHASE("prefill: raw push, a call per layer");
-      }
-      for (uint64_t i = 0; i < nb; i++) blocks[i] = p.free_ids[i];
+      if (raw_first) raw_pushes(&d, compute, true, rawp);
       hixl_kv_request r = request(id, nb * o.block_tokens, line + off);
-      if (ops->update_state_after_alloc(push.sched, &r, blocks, nb, 0) != HIXL_KV_SUCCESS)
+      if (ops->update_state_after_alloc(push.sched, &r, p.ids, nb, 0) != HIXL_KV_SUCCESS)
         hb_die("update_state_after_alloc: %s", ops->last_error());
       step(&push);
       uint64_t t_last = 0;
@@ -568,17 +586,12 @@ static int prefill_main(void *arg, int fd) {
       ops->wait_for_save(push.worker);
       int32_t delay = 0;
       hixl_kv_buffer none = {0};
-      ops->request_finished(push.sched, &r, blocks, nb, &delay, &none);
-      wait_finished(&push, id, 0);
+      ops->request_finished(push.sched, &r, p.ids, nb, &delay, &none);
+      wait_finished(&push, id, 0, -1);
       PD_PHASE("prefill: plugin push");
-      if (!raw_first) {
-        rawc = raw_push_ns(raw, draw, &p, dbase, decode_view.free_ids, nb, compute, true);
-        PD_PHASE("prefill: raw push, a call per layer");
-        rawp = raw_push_ns(raw, draw, &p, dbase, decode_view.free_ids, nb, compute, false);
-        PD_PHASE("prefill: raw push");
-      }
+      if (!raw_first) raw_pushes(&d, compute, false, rawp);
       hb_send(fd, "pushed %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", t_last,
-              compute, rtt, busy, rawp, rawc);
+              compute, rtt, busy, rawp[0], rawp[1]);
     } else {
       hb_die("prefill: unknown command \"%s\"", line);
     }
@@ -588,76 +601,64 @@ static int prefill_main(void *arg, int fd) {
 
 /* ---- the decode process ---- */
 
-static int cmp_op(const void *a, const void *b) {
-  uintptr_t x = ((const HixlTransferOpDesc *)a)->local_addr, y = ((const HixlTransferOpDesc *)b)->local_addr;
-  return x < y ? -1 : x > y;
-}
-
-/* The op list the plugin issues (kv_layout.c's kv_ops_build) for layers l0..l0+count-1:
- * a piece per block per plane (a cross-layer plane with its last layer), joined while
- * both sides run on; then sorted by local address and merged where both sides are
- * contiguous, so a block-major layout's layers of one block, and its runs of adjacent
- * blocks, are one op. */
-static size_t build_ops(HixlTransferOpDesc *v, uintptr_t lbase, uintptr_t rbase, const uint64_t *lb,
-                        const uint64_t *rb, size_t n, uint32_t l0, uint32_t count) {
-  size_t k = 0;
-  for (uint32_t l = l0; l < l0 + count; l++) {
-    if (o.layout == LAYOUT_CROSS && l != o.layers - 1) continue;
-    for (uint32_t pk = 0; pk < planes_per_layer(); pk++) {
-      struct plane_geo g = plane_geo(l, pk);
-      for (size_t j = 0; j < n; j++) {
-        uintptr_t lo = lbase + g.off + lb[j] * g.stride, ro = rbase + g.off + rb[j] * g.stride;
-        if (k && v[k - 1].local_addr + v[k - 1].len == lo && v[k - 1].remote_addr + v[k - 1].len == ro)
-          v[k - 1].len += g.bytes;
-        else
-          v[k++] = (HixlTransferOpDesc){lo, ro, g.bytes};
-      }
-    }
-  }
-  if (k < 2) return k;
-  qsort(v, k, sizeof(*v), cmp_op);
-  size_t m = 0;
-  for (size_t j = 1; j < k; j++)
-    if (v[m].local_addr + v[m].len == v[j].local_addr && v[m].remote_addr + v[m].len == v[j].remote_addr)
-      v[m].len += v[j].len;
-    else
-      v[++m] = v[j];
-  return m + 1;
-}
-
-/* Runs of blocks adjacent on both sides: what one op can move per plane at most. */
-static size_t count_runs(const uint64_t *lb, const uint64_t *rb, size_t n) {
-  size_t runs = n ? 1 : 0;
-  for (size_t j = 1; j < n; j++) runs += lb[j] != lb[j - 1] + 1 || rb[j] != rb[j - 1] + 1;
-  return runs;
-}
-
-/* remote_block_ids out of prefill's params. */
-static size_t parse_blocks(const char *params, uint64_t *out, size_t cap) {
+/* The first of remote_block_ids in prefill's params. */
+static uint64_t first_block(const char *params) {
   const char *p = strstr(params, "\"remote_block_ids\":[");
-  size_t n = 0;
+  char *end;
   if (!p) hb_die("params without remote_block_ids: %s", params);
   p += strlen("\"remote_block_ids\":[");
-  while (*p && *p != ']' && n < cap) {
-    char *end;
-    out[n++] = strtoull(p, &end, 10);
-    p = *end == ',' ? end + 1 : end;
-  }
-  return n;
+  uint64_t b = strtoull(p, &end, 10);
+  return end == p ? UINT64_MAX : b;
 }
+
+/* Decode's scheduler: the request q matched and its nb blocks allocated. */
+static void sched_alloc(struct conn *c, const hixl_kv_request *q, const uint64_t *ids, uint64_t nb,
+                        const char *what) {
+  int64_t tokens = 0;
+  int32_t async = 0;
+  if (ops->get_num_new_matched_tokens(c->sched, q, 0, &tokens, &async) != HIXL_KV_SUCCESS || tokens <= 0 ||
+      ops->update_state_after_alloc(c->sched, q, ids, nb, (uint64_t)tokens) != HIXL_KV_SUCCESS)
+    hb_die("%s: %s", what, ops->last_error());
+}
+
+/* Each round's samples (ns), whose medians a row reports: the pull's, then the push's. */
+enum sample {
+  S_PLUGIN,          /* plugin pull, host stepping */
+  S_PLUGIN_FD,       /* plugin pull, host woken by the fd */
+  S_RAW,             /* raw READ */
+  S_RAW2,            /* raw READ again (A/A) */
+  S_RAW_HOST,        /* raw READ, both hosts stepping */
+  S_HANDOFF,         /* prefill finished -> decode holds it (stepping pull) */
+  S_CPU_PLUGIN,      /* CPU ns of both processes over the fd-woken pull */
+  S_CPU_RAW,         /* over the raw READ */
+  S_PULL_N,          /* the pull's count */
+  S_PUSH = S_PULL_N, /* last layer saved -> decode's wait for it returned */
+  S_LAYER,           /* one layer's raw WRITE */
+  S_RTT,             /* a notice's round trip */
+  S_BUSY,            /* a notice while a layer moves */
+  S_BEHIND,          /* the pusher behind at the last save */
+  S_RAW_PUSH,        /* the raw engine's push, after the last layer */
+  S_RAW_CALL_PUSH,   /* the same with a call per layer */
+  S_N
+};
 
 struct row {
   uint64_t tokens, blocks, bytes, ops, runs, plugin_ops; /* ops: the raw engine's; plugin_ops: per request */
   uint32_t rounds;
-  double cpu_plugin, cpu_raw; /* CPU s per GiB, both processes: the fd-woken pull, the raw READ */
-  double plugin_gbs, plugin_fd_gbs, raw_gbs, raw2_gbs, raw_host_gbs, handoff_ms, push_after_last_ms, layer_ms,
-      notice_ms, notice_busy_ms, behind_ms, raw_push_ms, raw_call_push_ms;
+  uint64_t med[S_N]; /* each sample's median over the rounds */
 };
+
+static double gbs(const struct row *w, enum sample s) { return (double)w->bytes / (double)w->med[s]; }
+static double ms(const struct row *w, enum sample s) { return (double)w->med[s] / 1e6; }
+/* CPU s per GiB, both processes */
+static double cpu(const struct row *w, enum sample s) {
+  return (double)w->med[s] / 1e9 / ((double)w->bytes / (double)(1u << 30));
+}
 
 /* A row's fields: the pull's columns, then the push's (kv_first only); the JSON's keys. */
 #define PD_PULL_FIELDS 21
 static void row_fields(const struct row *w, struct hb_field *f) {
-  const double l = w->layer_ms;
+  const double l = ms(w, S_LAYER);
   const struct hb_field r[] = {
       HB_FU("tokens", "prompt tokens", w->tokens),
       HB_FU("blocks", "blocks", w->blocks),
@@ -667,33 +668,34 @@ static void row_fields(const struct row *w, struct hb_field *f) {
       HB_FU("plugin_engine_ops", "plugin engine ops per request", w->plugin_ops),
       HB_FU("engine_ops", "raw engine ops", w->ops),
       HB_FU("rounds", "rounds", w->rounds),
-      HB_FD("raw_gbs", "raw engine GB/s", "%.4f", "%.2f", w->raw_gbs),
-      HB_FD("plugin_fd_gbs", "plugin pull GB/s, host woken by the fd", "%.4f", "%.2f", w->plugin_fd_gbs),
-      HB_FD("ratio", "ratio (goal >= 0.9)", "%.4f", "%.2f", w->plugin_fd_gbs / w->raw_gbs),
-      HB_FD("raw2_gbs", NULL, "%.4f", NULL, w->raw2_gbs),
+      HB_FD("raw_gbs", "raw engine GB/s", "%.4f", "%.2f", gbs(w, S_RAW)),
+      HB_FD("plugin_fd_gbs", "plugin pull GB/s, host woken by the fd", "%.4f", "%.2f", gbs(w, S_PLUGIN_FD)),
+      HB_FD("ratio", "ratio (goal >= 0.9)", "%.4f", "%.2f", gbs(w, S_PLUGIN_FD) / gbs(w, S_RAW)),
+      HB_FD("raw2_gbs", NULL, "%.4f", NULL, gbs(w, S_RAW2)),
       HB_FD("aa_ratio", "raw engine again / raw engine (A/A: the noise)", "%.4f", "%.2f",
-            w->raw2_gbs / w->raw_gbs),
+            gbs(w, S_RAW2) / gbs(w, S_RAW)),
       HB_FD("raw_host_gbs", "raw engine GB/s, both hosts stepping beside it", "%.4f", "%.2f",
-            w->raw_host_gbs),
-      HB_FD("ratio_host", "fd-woken pull / that", "%.4f", "%.2f", w->plugin_fd_gbs / w->raw_host_gbs),
-      HB_FD("plugin_gbs", "plugin pull GB/s, host stepping", "%.4f", "%.2f", w->plugin_gbs),
-      HB_FD("ratio_stepping", "ratio", "%.4f", "%.2f", w->plugin_gbs / w->raw_gbs),
-      HB_FD("handoff_ms", "hand-off ms (pull, stepping)", "%.4f", "%.2f", w->handoff_ms),
-      HB_FD("cpu_s_per_gib_plugin", "CPU s/GiB, plugin pull (both processes)", "%.4f", "%.3f", w->cpu_plugin),
-      HB_FD("cpu_s_per_gib_raw", "CPU s/GiB, raw engine", "%.4f", "%.3f", w->cpu_raw),
-      HB_FD("cpu_ratio", "CPU ratio plugin / raw", "%.4f", "%.2f", w->cpu_plugin / w->cpu_raw),
-      HB_FD("push_after_last_ms", "push: after last layer ms", "%.4f", "%.2f", w->push_after_last_ms),
+            gbs(w, S_RAW_HOST)),
+      HB_FD("ratio_host", "fd-woken pull / that", "%.4f", "%.2f", gbs(w, S_PLUGIN_FD) / gbs(w, S_RAW_HOST)),
+      HB_FD("plugin_gbs", "plugin pull GB/s, host stepping", "%.4f", "%.2f", gbs(w, S_PLUGIN)),
+      HB_FD("ratio_stepping", "ratio", "%.4f", "%.2f", gbs(w, S_PLUGIN) / gbs(w, S_RAW)),
+      HB_FD("handoff_ms", "hand-off ms (pull, stepping)", "%.4f", "%.2f", ms(w, S_HANDOFF)),
+      HB_FD("cpu_s_per_gib_plugin", "CPU s/GiB, plugin pull (both processes)", "%.4f", "%.3f",
+            cpu(w, S_CPU_PLUGIN)),
+      HB_FD("cpu_s_per_gib_raw", "CPU s/GiB, raw engine", "%.4f", "%.3f", cpu(w, S_CPU_RAW)),
+      HB_FD("cpu_ratio", "CPU ratio plugin / raw", "%.4f", "%.2f", cpu(w, S_CPU_PLUGIN) / cpu(w, S_CPU_RAW)),
+      HB_FD("push_after_last_ms", "push: after last layer ms", "%.4f", "%.2f", ms(w, S_PUSH)),
       HB_FD("layer_ms", "one layer ms", "%.4f", "%.2f", l),
-      HB_FD("push_ratio", "ratio (goal <= 1.5)", "%.4f", "%.2f", w->push_after_last_ms / l),
-      HB_FD("notice_rtt_ms", "notice round trip ms", "%.4f", "%.3f", w->notice_ms),
-      HB_FD("push_floor", "floor: (layer + notice) / layer", "%.4f", "%.2f", (l + w->notice_ms) / l),
-      HB_FD("notice_busy_ms", "notice while a layer moves ms", "%.4f", "%.3f", w->notice_busy_ms),
-      HB_FD("behind_ms", "pusher behind at the last save ms", "%.4f", "%.2f", w->behind_ms),
-      HB_FD("raw_push_ms", "raw engine push: after last layer ms", "%.4f", "%.2f", w->raw_push_ms),
-      HB_FD("raw_push_ratio", "ratio", "%.4f", "%.2f", w->raw_push_ms / l),
+      HB_FD("push_ratio", "ratio (goal <= 1.5)", "%.4f", "%.2f", ms(w, S_PUSH) / l),
+      HB_FD("notice_rtt_ms", "notice round trip ms", "%.4f", "%.3f", ms(w, S_RTT)),
+      HB_FD("push_floor", "floor: (layer + notice) / layer", "%.4f", "%.2f", (l + ms(w, S_RTT)) / l),
+      HB_FD("notice_busy_ms", "notice while a layer moves ms", "%.4f", "%.3f", ms(w, S_BUSY)),
+      HB_FD("behind_ms", "pusher behind at the last save ms", "%.4f", "%.2f", ms(w, S_BEHIND)),
+      HB_FD("raw_push_ms", "raw engine push: after last layer ms", "%.4f", "%.2f", ms(w, S_RAW_PUSH)),
+      HB_FD("raw_push_ratio", "ratio", "%.4f", "%.2f", ms(w, S_RAW_PUSH) / l),
       HB_FD("raw_call_push_ms", "raw engine push, a call per layer: after last layer ms", "%.4f", "%.2f",
-            w->raw_call_push_ms),
-      HB_FD("raw_call_push_ratio", "ratio", "%.4f", "%.2f", w->raw_call_push_ms / l)};
+            ms(w, S_RAW_CALL_PUSH)),
+      HB_FD("raw_call_push_ratio", "ratio", "%.4f", "%.2f", ms(w, S_RAW_CALL_PUSH) / l)};
   memcpy(f, r, sizeof(r));
 }
 
@@ -709,7 +711,6 @@ static bool set_prompts(void *p, const char *v) {
 
 int main(int argc, char **argv) {
   static const char *const off_on[] = {"off", "on", NULL};
-  int layout = LAYOUT_KV_FIRST, obs = 1;
   uint64_t block_kib = 0;
   const struct hb_opt opts[] = {
       {"--plugin", HB_STR, &o.plugin, "PATH", "the KV-connector plugin (default: this build's)", 0, 0, NULL},
@@ -721,7 +722,7 @@ int main(int argc, char **argv) {
        "KiB of one layer's K (or V) block (default: block tokens x 8 KV heads x 128 x 2 B)", 1, 1024, NULL},
       {"--prompts", HB_FN, NULL, "T1,T2,...", "prompt lengths in tokens (default 256,1024,4096)", 0, 0,
        set_prompts},
-      {"--layout", HB_CHOICE, &layout, "NAME",
+      {"--layout", HB_CHOICE, &o.layout, "NAME",
        "kv_first (per layer (2, B, ...), register_kv_caches; the default), BLNHC (one buffer,\n"
        "all layers of a block adjacent) or cross_layer (one buffer (B, L, 2, ...), one plane\n"
        "for every layer), both register_kv_groups (ABI 1.3); they measure the pull only",
@@ -733,7 +734,7 @@ int main(int argc, char **argv) {
       {"--json", HB_STR, &o.json, "FILE", "the rows as JSON", 0, 0, NULL},
       {"--csv", HB_STR, &o.csv, "FILE", "the rows as CSV (the JSON's keys as its columns)", 0, 0, NULL},
       {"--pin", HB_FLAG, &o.pin, NULL, "decode on CPU 0, prefill on CPU 1, like two hosts", 0, 0, NULL},
-      {"--obs", HB_CHOICE, &obs, "on|off",
+      {"--obs", HB_CHOICE, &o.obs, "on|off",
        "off: the connectors keep no histograms and no traces (\"metrics\": false,\n"
        "\"trace_ring\": 0); on (default) as the plugin's defaults (run_obs.sh compares them)",
        0, 0, off_on},
@@ -742,8 +743,6 @@ int main(int argc, char **argv) {
   hb_parse(argc, argv, opts,
            "Prefill-to-decode hand-offs through the KV-connector plugin (pull, and push layer by\n"
            "layer) against the raw engine moving the same bytes as the same op lists.\n");
-  o.layout = layout;
-  o.obs = obs;
   o.block_bytes = block_kib << 10;
   if (o.layout != LAYOUT_KV_FIRST) o.push = false; /* the push is measured with kv_first only */
   if (!o.block_bytes) o.block_bytes = (uint64_t)o.block_tokens * HEAD_BYTES_PER_TOKEN;
@@ -759,15 +758,14 @@ int main(int argc, char **argv) {
   hb_spawn(&prefill, prefill_main, &pport);
   pin_cpu(0);
   int fd = prefill.fd;
-  static char line[1 << 16];
   uintptr_t rbase = 0;
   if (sscanf(hb_recv(fd, line, sizeof(line)), "ready %" SCNuPTR, &rbase) != 1) hb_die("prefill: %s", line);
 
   struct pool p;
   struct conn pull, push;
   pool_init(&p, 2);
-  pool_order(&prefill_view, 1); /* which blocks prefill allocates */
-  load_plugin();
+  const uint64_t *prefill_ids = block_order(1); /* which blocks prefill allocates: the head of its list */
+  ops = hb_plugin(o.plugin);
   conn_up(&pull, dport, "consumer", "pull", &p);
   if (o.push) conn_up(&push, (uint16_t)(dport + 1), "consumer", "push", &p);
   HixlEngine *raw = raw_engine((uint16_t)(dport + 2), &p);
@@ -779,9 +777,7 @@ int main(int argc, char **argv) {
   char praw[64];
   snprintf(praw, sizeof(praw), "%s:%u", o.ip, (unsigned)(pport + 2));
   hb_check(HixlEngineConnect(raw, praw, 10000), "raw connect");
-  size_t maxops = (size_t)o.layers * 2 * o.pool_blocks;
-  HixlTransferOpDesc *opv = malloc(maxops * sizeof(*opv));
-  uint64_t *rb = malloc(o.pool_blocks * sizeof(uint64_t));
+  HixlTransferOpDesc *opv = malloc((size_t)o.layers * 2 * o.pool_blocks * sizeof(*opv));
   struct row rows[MAX_PROMPTS];
   fprintf(stderr,
           "hixl-pd-bench: %u layers x (K, V), %" PRIu64
@@ -791,10 +787,7 @@ int main(int argc, char **argv) {
   unsigned req = 0;
   for (size_t pi = 0; pi < o.nprompts; pi++) {
     struct row *w = &rows[pi];
-    uint64_t nb = (o.prompts[pi] + o.block_tokens - 1) / o.block_tokens;
-    uint64_t t_plugin[MAX_RUNS], t_plugin_fd[MAX_RUNS], t_raw[MAX_RUNS], t_hand[MAX_RUNS], t_push[MAX_RUNS],
-        t_layer[MAX_RUNS], t_rtt[MAX_RUNS], t_busy[MAX_RUNS], t_behind[MAX_RUNS], t_rawpush[MAX_RUNS],
-        t_rawcall[MAX_RUNS], t_raw2[MAX_RUNS], t_rawhost[MAX_RUNS], c_plugin[MAX_RUNS], c_raw[MAX_RUNS];
+    uint64_t nb = (o.prompts[pi] + o.block_tokens - 1) / o.block_tokens, t[S_N][MAX_RUNS];
     memset(w, 0, sizeof(*w));
     w->tokens = o.prompts[pi];
     w->blocks = nb;
@@ -803,49 +796,41 @@ int main(int argc, char **argv) {
     w->rounds = (uint32_t)(scaled < o.rounds          ? o.rounds
                            : scaled > 4ull * o.rounds ? 4ull * o.rounds
                                                       : scaled);
+    /* The raw engine READs the same op list as the plugin's pulls. */
+    size_t nops = build_ops(opv, (uintptr_t)p.mem, rbase, p.ids, prefill_ids, nb, 0, o.layers);
+    w->ops = nops;
+    w->runs = count_runs(p.ids, prefill_ids, nb);
     for (uint32_t r = 0; r < w->rounds; r++) {
       char id[64], did[64];
       fprintf(stderr, "\r  prompt %" PRIu64 " tokens: round %u/%u ", o.prompts[pi], r + 1, w->rounds);
-      /* The raw engine READs the same op list as the plugin's pulls: first in odd
-       * rounds, last in even ones, so none gains from another's warm-up; the stepping
-       * pull and the fd-woken one swap places likewise. The raw READ runs a second time
-       * at the other end of the round: raw against raw (A/A) is how far two runs of the
-       * same transfer differ here, the noise any ratio of this round carries.
-       * Prefill's blocks are the head of its free list (seed 1), as it allocates them. */
-      struct pool *pp0 = &prefill_view;
-      size_t nrb = nb;
-      memcpy(rb, pp0->free_ids, nb * sizeof(*rb));
-      size_t nops = build_ops(opv, (uintptr_t)p.mem, rbase, p.free_ids, rb, nrb, 0, o.layers);
-      w->ops = nops;
-      w->runs = count_runs(p.free_ids, rb, nrb);
-      uint64_t t0;
+      /* The raw READ goes first in odd rounds, last in even ones, so none gains from
+       * another's warm-up; the stepping pull and the fd-woken one swap places likewise.
+       * The raw READ runs a second time at the other end of the round: raw against raw
+       * (A/A) is how far two runs of the same transfer differ here, the noise any ratio
+       * of this round carries. */
       for (int k = 0; k < 5; k++) {
         /* 0: raw, 1: pull stepping, 2: pull woken by the fd, 3: raw again, 4: raw with both
          * hosts stepping beside it, as they do during the pulls */
         int pass = r % 2 ? k : 4 - k;
         PD_PHASE("decode: between");
-        if (pass == 4) {
+        if (pass == 0 || pass == 3 || pass == 4) {
           struct stepper h;
-          hb_send(fd, "step\n");
-          if (strcmp(hb_recv(fd, line, sizeof(line)), "stepping") != 0) hb_die("prefill: %s", line);
-          stepper_start(&h, &pull);
-          t0 = bench_now_ns();
-          hb_check(HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000),
-                   "raw READ, hosts stepping");
-          t_rawhost[r] = bench_now_ns() - t0;
-          stepper_stop(&h);
-          hb_send(fd, "rest\n");
-          if (strcmp(hb_recv(fd, line, sizeof(line)), "resting") != 0) hb_die("prefill: %s", line);
-          PD_PHASE("decode: raw READ, hosts stepping");
-          continue;
-        }
-        if (pass == 0 || pass == 3) {
-          uint64_t c0 = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid);
-          t0 = bench_now_ns();
-          hb_check(HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000), "raw READ");
-          (pass == 0 ? t_raw : t_raw2)[r] = bench_now_ns() - t0;
-          if (pass == 0) c_raw[r] = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid) - c0;
-          PD_PHASE("decode: raw READ");
+          if (pass == 4) {
+            hb_send(fd, "step\n");
+            expect(fd, "stepping");
+            stepper_start(&h, &pull);
+          }
+          uint64_t c0 = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid), t0 = bench_now_ns();
+          hb_check(HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000), "raw READ%s",
+                   pass == 4 ? ", hosts stepping" : "");
+          t[pass == 0 ? S_RAW : pass == 3 ? S_RAW2 : S_RAW_HOST][r] = bench_now_ns() - t0;
+          if (pass == 0) t[S_CPU_RAW][r] = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid) - c0;
+          if (pass == 4) {
+            stepper_stop(&h);
+            hb_send(fd, "rest\n");
+            expect(fd, "resting");
+          }
+          PD_PHASE(pass == 4 ? "decode: raw READ, hosts stepping" : "decode: raw READ");
           continue;
         }
         /* Pull through the plugin. */
@@ -857,24 +842,15 @@ int main(int argc, char **argv) {
         if (sscanf(hb_recv(fd, line, sizeof(line)), "params %" SCNu64 " %n", &t_fin, &off) != 1 || !off)
           hb_die("prefill: %s", line);
         char *params = strdup(line + off);
-        uint64_t got[1];
-        if (parse_blocks(params, got, 1) != 1 || got[0] != rb[0])
-          hb_die("prefill allocated other blocks: %s", params);
+        if (first_block(params) != prefill_ids[0]) hb_die("prefill allocated other blocks: %s", params);
         hixl_kv_request q = request(did, nb * o.block_tokens, params);
-        int64_t tokens = 0;
-        int32_t async = 0;
-        if (ops->get_num_new_matched_tokens(pull.sched, &q, 0, &tokens, &async) != HIXL_KV_SUCCESS ||
-            tokens <= 0 ||
-            ops->update_state_after_alloc(pull.sched, &q, p.free_ids, nb, (uint64_t)tokens) !=
-                HIXL_KV_SUCCESS)
-          hb_die("decode scheduler: %s", ops->last_error());
+        sched_alloc(&pull, &q, p.ids, nb, "decode scheduler");
         hixl_kv_stats s0, s1;
         if (ops->get_stats(pull.worker, &s0) != HIXL_KV_SUCCESS) hb_die("get_stats: %s", ops->last_error());
-        uint64_t c0 = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid);
-        t0 = bench_now_ns();
-        wait_finished_fd(&pull, did, 1, pass == 2 ? pull_fd : -1);
+        uint64_t c0 = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid), t0 = bench_now_ns();
+        wait_finished(&pull, did, 1, pass == 2 ? pull_fd : -1);
         uint64_t t1 = bench_now_ns();
-        if (pass == 2) c_plugin[r] = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid) - c0;
+        if (pass == 2) t[S_CPU_PLUGIN][r] = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid) - c0;
         if (ops->get_stats(pull.worker, &s1) != HIXL_KV_SUCCESS) hb_die("get_stats: %s", ops->last_error());
         if (s1.loads_done != s0.loads_done + 1)
           hb_die("request %s: %" PRIu64 " loads done, not 1", did, s1.loads_done - s0.loads_done);
@@ -885,12 +861,8 @@ int main(int argc, char **argv) {
                   " engine ops, the raw engine's mirror of its op list has %zu\n",
                   layout_names[o.layout], o.prompts[pi], pops, nops);
         if (pops > w->plugin_ops) w->plugin_ops = pops;
-        if (pass == 2) {
-          t_plugin_fd[r] = t1 - t0;
-        } else {
-          t_plugin[r] = t1 - t0;
-          t_hand[r] = t1 - t_fin;
-        }
+        t[pass == 2 ? S_PLUGIN_FD : S_PLUGIN][r] = t1 - t0;
+        if (pass == 1) t[S_HANDOFF][r] = t1 - t_fin;
         hb_recv(fd, line, sizeof(line)); /* freed */
         PD_PHASE(pass == 2 ? "decode: plugin pull, host woken by the fd"
                            : "decode: plugin pull, host stepping");
@@ -898,20 +870,14 @@ int main(int argc, char **argv) {
       }
       if (!o.push) continue;
       /* Push, layer by layer, each layer's compute as long as one layer's raw WRITE
-       * (prefill measures it right before, layer_write_ns): the unit pipelining cannot hide. */
+       * (prefill measures it right before, probe_ns): the unit pipelining cannot hide. */
       snprintf(id, sizeof(id), "p%u", req);
       snprintf(did, sizeof(did), "d%u", req++);
       PD_PHASE("decode: between");
-      const char *mark = "{\"do_remote_prefill\": true}";
-      hixl_kv_request q = request(did, nb * o.block_tokens, mark);
-      int64_t tokens = 0;
-      int32_t async = 0;
+      hixl_kv_request q = request(did, nb * o.block_tokens, "{\"do_remote_prefill\": true}");
       hixl_kv_buffer pp = {0};
-      if (ops->get_num_new_matched_tokens(push.sched, &q, 0, &tokens, &async) != HIXL_KV_SUCCESS ||
-          tokens <= 0 ||
-          ops->update_state_after_alloc(push.sched, &q, p.free_ids, nb, (uint64_t)tokens) !=
-              HIXL_KV_SUCCESS ||
-          ops->get_push_params(push.sched, did, strlen(did), &pp) != HIXL_KV_SUCCESS)
+      sched_alloc(&push, &q, p.ids, nb, "decode scheduler (push)");
+      if (ops->get_push_params(push.sched, did, strlen(did), &pp) != HIXL_KV_SUCCESS)
         hb_die("decode scheduler (push): %s", ops->last_error());
       step(&push);
       hb_send(fd, "push %s %" PRIu64 " %" PRIuPTR " %.*s\n", id, nb, (uintptr_t)p.mem, (int)pp.len,
@@ -926,16 +892,16 @@ int main(int argc, char **argv) {
       }
       uint64_t t_done = bench_now_ns(), t_last = 0;
       PD_PHASE("decode: plugin push, to the last layer held");
-      wait_finished(&push, did, 1); /* then the host learns it finished (and checks it did) */
+      wait_finished(&push, did, 1, -1); /* then the host learns it finished (and checks it did) */
       if (sscanf(hb_recv(fd, line, sizeof(line)),
                  "pushed %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &t_last,
-                 &t_layer[r], &t_rtt[r], &t_busy[r], &t_rawpush[r], &t_rawcall[r]) != 6)
+                 &t[S_LAYER][r], &t[S_RTT][r], &t[S_BUSY][r], &t[S_RAW_PUSH][r], &t[S_RAW_CALL_PUSH][r]) != 6)
         hb_die("prefill: %s", line);
       PD_PHASE("decode: push reported, the raw pushes received");
       /* How far the pusher was behind when the last layer was saved: the layer before it
        * still on its way (its notice included). Behind by a whole layer or more, the
        * pusher's pace fell below the compute's; near zero, only the last layer is left. */
-      t_behind[r] = t_prev > t_last ? t_prev - t_last : 0;
+      t[S_BEHIND][r] = t_prev > t_last ? t_prev - t_last : 0;
       HixlNotifyDesc *nv = NULL;
       size_t nn = 0;
       if (HixlEngineGetNotifies(raw, &nv, &nn) != HIXL_SUCCESS || nn != 12)
@@ -943,25 +909,9 @@ int main(int argc, char **argv) {
       HixlEngineFreeNotifies(nv);
       if (t_done < t_last)
         hb_die("push %s: wait_for_layer_load returned before the last layer was saved", did);
-      t_push[r] = t_done - t_last;
+      t[S_PUSH][r] = t_done - t_last;
     }
-    w->plugin_gbs = (double)w->bytes / (double)hb_median_u64(t_plugin, w->rounds);
-    w->plugin_fd_gbs = (double)w->bytes / (double)hb_median_u64(t_plugin_fd, w->rounds);
-    w->raw_gbs = (double)w->bytes / (double)hb_median_u64(t_raw, w->rounds);
-    w->raw2_gbs = (double)w->bytes / (double)hb_median_u64(t_raw2, w->rounds);
-    w->raw_host_gbs = (double)w->bytes / (double)hb_median_u64(t_rawhost, w->rounds);
-    w->handoff_ms = (double)hb_median_u64(t_hand, w->rounds) / 1e6;
-    const double gib = (double)w->bytes / (double)(1u << 30);
-    w->cpu_plugin = (double)hb_median_u64(c_plugin, w->rounds) / 1e9 / gib;
-    w->cpu_raw = (double)hb_median_u64(c_raw, w->rounds) / 1e9 / gib;
-    if (!o.push) continue;
-    w->push_after_last_ms = (double)hb_median_u64(t_push, w->rounds) / 1e6;
-    w->layer_ms = (double)hb_median_u64(t_layer, w->rounds) / 1e6;
-    w->notice_ms = (double)hb_median_u64(t_rtt, w->rounds) / 1e6;
-    w->notice_busy_ms = (double)hb_median_u64(t_busy, w->rounds) / 1e6;
-    w->behind_ms = (double)hb_median_u64(t_behind, w->rounds) / 1e6;
-    w->raw_push_ms = (double)hb_median_u64(t_rawpush, w->rounds) / 1e6;
-    w->raw_call_push_ms = (double)hb_median_u64(t_rawcall, w->rounds) / 1e6;
+    for (int s = 0; s < (o.push ? S_N : S_PULL_N); s++) w->med[s] = hb_median_u64(t[s], w->rounds);
   }
   fprintf(stderr, "\r%60s\r", "");
   hb_send(fd, "quit\n");

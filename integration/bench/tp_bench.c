@@ -32,8 +32,9 @@
 static struct {
   const char *plugin, *ip, *transport, *json;
   uint32_t layers, heads, head_dim, block_tokens, prompt, requests, rounds, per_producer;
-  bool mla, shared; /* shared: every thread on every CPU (--cpus shared) */
-  char pairs[128];
+  int shared; /* every thread on every CPU (--cpus shared) */
+  bool mla;
+  const char *pairs;
 } o = {.plugin = HIXL_KV_PLUGIN_DEFAULT,
        .ip = "127.0.0.1",
        .transport = "tcp",
@@ -279,7 +280,6 @@ struct raw_job {
   HixlEngine *e;
   const char *remote;
   HixlTransferOpDesc *v;
-  size_t n;
   size_t *starts;        /* request q's ops: [starts[q], starts[q + 1]) */
   _Atomic uint32_t next; /* the next request a thread of this job takes */
 };
@@ -314,11 +314,7 @@ static uint64_t raw_run(struct side *p, struct side *d, uint64_t *ops_out, uint6
       }
       HixlStatus st = HixlEngineConnect(d->r[di].raw, p->r[pi].raw_addr, 10000);
       hb_check(st == HIXL_ALREADY_CONNECTED ? HIXL_SUCCESS : st, "raw connect");
-      jobs[nj].e = d->r[di].raw;
-      jobs[nj].remote = p->r[pi].raw_addr;
-      jobs[nj].v = v;
-      jobs[nj].n = n;
-      jobs[nj].starts = starts;
+      jobs[nj] = (struct raw_job){.e = d->r[di].raw, .remote = p->r[pi].raw_addr, .v = v, .starts = starts};
       atomic_init(&jobs[nj].next, 0);
       *ops_out += n;
       for (size_t i = 0; i < n; i++) *bytes_out += v[i].len;
@@ -337,16 +333,18 @@ static uint64_t raw_run(struct side *p, struct side *d, uint64_t *ops_out, uint6
 
 /* ---- data ---- */
 
+/* Byte in of block b of layer l of rank k: head h's bytes are the same on every rank
+ * that holds it. */
+static uint8_t pattern(uint32_t seed, const struct rank *k, uint64_t l, uint64_t b, uint64_t in) {
+  uint64_t h = o.mla ? 0 : k->first + in / head_bytes(), z = o.mla ? in : in % head_bytes();
+  return (uint8_t)(seed * 31 + l * 7 + b * 13 + h * 101 + z * 3);
+}
+
 static void fill(struct side *p, uint32_t seed) {
   for (uint32_t i = 0; i < p->world; i++) {
     struct rank *k = &p->r[i];
-    uint64_t len = o.layers * k->layer_bytes;
-    for (uint64_t y = 0; y < len; y++) {
-      /* head h of block b of layer l: the same bytes on every rank that holds it */
-      uint64_t l = y / k->layer_bytes, b = (y % k->layer_bytes) / k->block, in = y % k->block;
-      uint64_t h = o.mla ? 0 : k->first + in / head_bytes(), z = o.mla ? in : in % head_bytes();
-      k->mem[y] = (uint8_t)(seed * 31 + l * 7 + b * 13 + h * 101 + z * 3);
-    }
+    for (uint64_t y = 0; y < o.layers * k->layer_bytes; y++)
+      k->mem[y] = pattern(seed, k, y / k->layer_bytes, (y % k->layer_bytes) / k->block, y % k->block);
   }
 }
 
@@ -363,8 +361,7 @@ static bool check(struct side *d, uint32_t seed) {
         for (uint32_t j = 0; j < nblocks_req(); j++) {
           const uint8_t *got = k->mem + l * k->layer_bytes + cblock(q, j) * k->block;
           for (uint64_t in = 0; in < k->block; in++) {
-            uint64_t h = o.mla ? 0 : k->first + in / head_bytes(), z = o.mla ? in : in % head_bytes();
-            uint8_t want = (uint8_t)(seed * 31 + l * 7 + pblock(q, j) * 13 + h * 101 + z * 3);
+            uint8_t want = pattern(seed, k, l, pblock(q, j), in);
             if (got[in] != want) {
               fprintf(stderr, "rank %u request %u layer %u block %u byte %" PRIu64 ": 0x%02x, want 0x%02x\n",
                       di, q, l, j, in, got[in], want);
@@ -456,16 +453,11 @@ static void pair_run(uint32_t np, uint32_t nd) {
         json,
         "{\"prefill_tp\": %u, \"decode_tp\": %u, \"model\": \"%s\", \"kv_heads\": %u, \"layers\": %u, "
         "\"prompt\": %u, \"requests\": %u, \"rounds\": %u, \"per_producer\": %u, \"transport\": \"%s\", "
-        "\"cpus\": \"%s\", "
-        "\"plugin_gbps\": %.3f, "
-        "\"raw_gbps\": %.3f, \"ratio\": %.3f, \"ratio_ci95\": [%.3f, %.3f], \"ratio_by_place\": [%.3f, %.3f, "
-        "%.3f], "
-        "\"ratio_rounds\": %s, "
+        "\"cpus\": \"%s\", \"plugin_gbps\": %.3f, \"raw_gbps\": %.3f, \"ratio\": %.3f, "
+        "\"ratio_ci95\": [%.3f, %.3f], \"ratio_by_place\": [%.3f, %.3f, %.3f], \"ratio_rounds\": %s, "
         "\"raw_aa_median\": %.3f, \"raw_aa_ci95\": [%.3f, %.3f], \"raw_aa_lo\": %.3f, \"raw_aa_hi\": %.3f, "
-        "\"plugin_ops_per_request\": %.1f, \"raw_ops_per_request\": "
-        "%.1f, "
-        "\"bytes_moved_per_request\": %.0f, \"bytes_needed_per_request\": %" PRIu64
-        ", \"prefill_blocks_held\": %" PRIu64 "}\n",
+        "\"plugin_ops_per_request\": %.1f, \"raw_ops_per_request\": %.1f, \"bytes_moved_per_request\": "
+        "%.0f, \"bytes_needed_per_request\": %" PRIu64 ", \"prefill_blocks_held\": %" PRIu64 "}\n",
         np, nd, o.mla ? "mla" : "gqa", o.heads, o.layers, o.prompt, o.requests, nr, o.per_producer,
         o.transport, cpus_split() ? "split" : "shared", pg, rg, rat, rat_lo, rat_hi, by_place[0], by_place[1],
         by_place[2], rounds_json, aam, aa_lo, aa_hi, aa[0], aa[nr - 1], preq, rreq, moved, need, held);
@@ -476,11 +468,9 @@ static void pair_run(uint32_t np, uint32_t nd) {
 
 int main(int argc, char **argv) {
   static const char *const cpus_names[] = {"split", "shared", NULL};
-  int shared = 0;
-  const char *pairs = o.pairs;
   const struct hb_opt opts[] = {
-      {"--pairs", HB_STR, &pairs, "\"P,D ...\"", "TP sizes of prefill and decode (default all of 1, 2, 4)", 0,
-       0, NULL},
+      {"--pairs", HB_STR, &o.pairs, "\"P,D ...\"", "TP sizes of prefill and decode (default all of 1, 2, 4)",
+       0, 0, NULL},
       {"--mla", HB_FLAG, &o.mla, NULL, "an MLA model (one 576 x 2 B latent) instead of GQA", 0, 0, NULL},
       {"--kv-heads", HB_U32, &o.heads, "N", "GQA KV heads (default 8)", 1, 64, NULL},
       {"--layers", HB_U32, &o.layers, "N", "layers (default 8)", 1, 64, NULL},
@@ -493,19 +483,15 @@ int main(int argc, char **argv) {
       {"--ip", HB_STR, &o.ip, "IP", "every engine's address (default 127.0.0.1)", 0, 0, NULL},
       {"--plugin", HB_STR, &o.plugin, "PATH", "the KV-connector plugin (default: this build's)", 0, 0, NULL},
       {"--json", HB_STR, &o.json, "FILE", "append a JSON line per pair", 0, 0, NULL},
-      {"--cpus", HB_CHOICE, &shared, "split|shared",
+      {"--cpus", HB_CHOICE, &o.shared, "split|shared",
        "the two sides' threads on their own CPUs (default) or not", 0, 0, cpus_names},
       {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
   hb_prog = "hixl-tp-bench";
   hb_parse(argc, argv, opts, NULL);
-  o.shared = shared;
-  snprintf(o.pairs, sizeof(o.pairs), "%s", pairs);
-  char key[256];
+  char key[256] = "";
   if (!getenv("HIXL_AUTH_KEY_FILE")) { /* both sides of this run share one key, as a deployment does */
     if (bench_key_file(key, sizeof(key), "hixl-tp-bench") != 0) return 1;
     setenv("HIXL_AUTH_KEY_FILE", key, 1);
-  } else {
-    key[0] = '\0';
   }
   ops = hb_plugin(o.plugin);
   if (o.json && !(json = fopen(o.json, "a"))) hb_die("%s: %s", o.json, strerror(errno));
@@ -523,10 +509,10 @@ int main(int argc, char **argv) {
          o.prompt, o.rounds, o.transport, o.per_producer, cpus);
   printf("| TP P -> D | model | plugin GB/s | raw engine GB/s | plugin / raw (95%% CI) | raw A/A (95%% CI; "
          "range) | plugin ops/request | raw ops/request | bytes moved/request | bytes needed/request | "
-         "prefill blocks held "
-         "after |\n");
+         "prefill blocks held after |\n");
   printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
-  for (char *s = o.pairs, *end; *s;) {
+  for (const char *s = o.pairs; *s;) {
+    char *end;
     unsigned long a = strtoul(s, &end, 10), b = 0;
     if (*end != ',') hb_die("--pairs: \"%s\" is not P,D", s);
     b = strtoul(end + 1, &end, 10);
