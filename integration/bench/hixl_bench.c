@@ -1,14 +1,11 @@
 /* hixl-bench: READ / WRITE bandwidth and latency between two hixl engines, in the
- * spirit of nixlbench and ib_write_bw. A target process registers a buffer and
- * serves; an initiator process sweeps block size x batch size x op and times each
- * HixlEngineTransferSync batch (or, with --async, a window of TransferAsync
- * requests). The initiator forks the target; --peer and --local choose the addresses.
- *
- * --api cs drives the same sweep through HIXL's client/server API instead: the
- * target is a HixlCSServer that registers its buffer with the tag "bench", the
- * initiator a HixlCSClient that finds that buffer with HixlCSClientGetRemoteMem and
- * times HixlCSClientBatchPutSync / GetSync (WRITE / READ), or with --async a window
- * of BatchPutAsync / GetAsync polled with HixlCSClientQueryCompleteStatus.
+ * spirit of nixlbench and ib_write_bw. The target (the test's server) registers a buffer
+ * and serves; the initiator sweeps block size x batch size x op and times each
+ * HixlEngineTransferSync batch (or, with --async, a window of TransferAsync requests).
+ * --api cs drives the same sweep through HIXL's client/server API: the target is a
+ * HixlCSServer whose buffer is tagged "bench", found by HixlCSClientGetRemoteMem and moved
+ * by HixlCSClientBatch{Put,Get}{Sync,Async}. The target starts by sending the initiator
+ * its buffer's address (the engine API cannot look a peer's buffer up) and length.
  *
  * Every point: the first iteration is verified (the data is checked byte for byte
  * through a WRITE and a READ of a fresh pattern), then warm-up, then the measured
@@ -16,16 +13,10 @@
  * GB/s means 10^9 bytes per second of payload. Latency is per batch, in us.
  *
  * Staging (--api engine only): --opt KEY=VALUE hands extra options (BufferPool,
- * StagingThreshold, ...) to both engines' HixlEngineInitialize, so the same sweep
- * runs with small ops coalesced or not. --unregistered local|remote|both leaves the
- * named side's buffer unregistered (mapped, filled and verified as ever), so every op
- * is staged through the pools; when it names remote, the bench runs the target with
- * StagingUnregistered=on, since a target refuses that by default.
- *
- * `hixl-perf bench` (hixl-bench): the target is the test's server; it starts by telling
- * the initiator its buffer's address and length (--api engine: the engine API has no way
- * to look a peer's buffer up; cs: the initiator finds it by its tag) and serves until the
- * initiator is done. */
+ * StagingThreshold, ...) to both engines, so the same sweep runs with small ops
+ * coalesced or not. --unregistered local|remote|both leaves that side's buffer
+ * unregistered, so every op is staged through the pools; with remote, the target runs
+ * with StagingUnregistered=on, since a target refuses that by default. */
 #include <inttypes.h>
 
 #include "harness.h"
@@ -34,26 +25,29 @@
 #define BENCH_MAX_ITERS          10000000ull
 #define BENCH_MAX_WINDOW         1024
 #define BENCH_DEFAULT_MEM_CAP    ((size_t)1 << 30)
+#define BENCH_CS_TAG             "bench" /* tag of the target buffer in --api cs */
 
 /* api is the last column so that readers of the older columns by position still work. */
 #define BENCH_CSV_HEADER                                                                                     \
   "tool,mode,op,block_size,batch,window,iters,bytes,seconds,gbps,avg_us,p50_us,p99_us,min_us,max_us,"        \
   "verified,api"
 
-enum bench_ops { OPS_READ = 1, OPS_WRITE = 2, OPS_BOTH = 3 };
 enum bench_api { API_ENGINE, API_CS };
 enum bench_unreg { UNREG_NONE = 0, UNREG_LOCAL = 1, UNREG_REMOTE = 2, UNREG_BOTH = 3 }; /* bits */
 
-#define BENCH_CS_TAG "bench" /* tag of the target buffer in --api cs */
+static const char *const apis[] = {"engine", "cs", NULL};
+static const char *const transports[] = {"auto", "tcp", "rdma", "shm", NULL};
+static const char *const op_choices[] = {"read", "write", "both", NULL}; /* HIXL_READ, HIXL_WRITE, both */
+static const char *const op_names[] = {"READ", "WRITE"};
+static const char *const unregs[] = {"none", "local", "remote", "both", NULL};
 
-struct bench_opts {
+static struct {
   int api;               /* enum bench_api */
   const char *transport; /* --transport: NULL leaves the engine's default (auto) */
   int transport_idx;     /* --transport: index in transports[], -1 none */
   char peer[128];        /* target engine "ip:port" */
   char local[128];       /* initiator engine "ip" */
-  int ops;               /* enum bench_ops */
-  int op_idx;            /* --op: read, write, both */
+  int op_idx;            /* --op: index in op_choices[] */
   size_t blocks[BENCH_MAX_LIST];
   size_t n_blocks;
   size_t batches[BENCH_MAX_LIST];
@@ -77,7 +71,23 @@ struct bench_opts {
   int cpu[2];        /* --pin: initiator, target; -1 none */
   struct hb_extra x; /* --opt: to both engines, in order given */
   int unreg;         /* --unregistered: enum bench_unreg bits */
-};
+  char peer_ip[64];  /* --api cs: --peer split */
+  uint16_t peer_port;
+} o = {.local = "127.0.0.1",
+       .transport_idx = -1,
+       .op_idx = 2,
+       .batches = {1},
+       .n_batches = 1,
+       .total = 256u << 20,
+       .warmup = UINT64_MAX,
+       .max_seconds = 3.0,
+       .window = 4,
+       .lat_iters = 20000,
+       .lat_size = 64,
+       .verify = true,
+       .progress = true,
+       .seed = 1,
+       .cpu = {-1, -1}};
 
 struct point_result {
   const char *api;  /* "engine" / "cs" */
@@ -91,7 +101,6 @@ struct point_result {
 };
 
 struct bench_ctx {
-  const struct bench_opts *o;
   HixlEngine *eng;           /* --api engine */
   HixlClientHandle cli;      /* --api cs */
   uint8_t *lbuf, *vbuf;      /* measured and verify region, registered unless --unregistered local */
@@ -104,46 +113,39 @@ struct bench_ctx {
   size_t n_res;
 };
 
-/* Split "ip:port". */
-static bool split_addr(const char *s, char *ip, size_t ip_cap, uint16_t *port) {
-  const char *colon = strrchr(s, ':');
-  uint64_t p = 0;
-  if (colon == NULL || (size_t)(colon - s) >= ip_cap || colon == s || !bench_parse_u64(colon + 1, &p) ||
-      p == 0 || p > 65535)
-    return false;
-  memcpy(ip, s, (size_t)(colon - s));
-  ip[colon - s] = '\0';
-  *port = (uint16_t)p;
-  return true;
-}
-
 /* ------------------------------------------------------------------- sizing */
 
 static size_t max_of(const size_t *v, size_t n) {
   size_t m = 0;
-  for (size_t i = 0; i < n; i++)
-    if (v[i] > m) m = v[i];
+  for (size_t i = 0; i < n; i++) m = v[i] > m ? v[i] : m;
   return m;
 }
 
-/* Bytes each side registers: enough for the largest point, capped. */
-static size_t needed_span(const struct bench_opts *o) {
-  if (o->mem != 0) return o->mem;
-  if (o->latency) return o->lat_size < 4096 ? 4096 : o->lat_size;
-  size_t maxb = max_of(o->blocks, o->n_blocks), maxn = max_of(o->batches, o->n_batches);
-  size_t win = o->async ? o->window : 1;
-  size_t cap = BENCH_DEFAULT_MEM_CAP;
-  size_t need = cap;
-  if (maxn <= SIZE_MAX / win && maxn * win <= cap / maxb) need = maxb * maxn * win;
-  if (need < maxb) /* one block larger than the cap still fits */
-    need = maxb;
-  return need;
+/* Bytes each side registers: enough for the largest point, capped; one block larger
+ * than the cap still fits. */
+static size_t needed_span(void) {
+  if (o.mem != 0) return o.mem;
+  if (o.latency) return o.lat_size < 4096 ? 4096 : o.lat_size;
+  size_t maxb = max_of(o.blocks, o.n_blocks), maxn = max_of(o.batches, o.n_batches);
+  size_t win = o.async ? o.window : 1, need = BENCH_DEFAULT_MEM_CAP;
+  if (maxn <= SIZE_MAX / win && maxn * win <= need / maxb) need = maxb * maxn * win;
+  return need < maxb ? maxb : need;
 }
 
-static int32_t call_timeout(const struct bench_opts *o, size_t bytes) {
-  if (o->timeout_ms > 0) return o->timeout_ms;
-  uint64_t ms = 10000u + bytes / 100000u;
+static int32_t call_timeout(size_t bytes) {
+  uint64_t ms = o.timeout_ms > 0 ? (uint64_t)o.timeout_ms : 10000u + bytes / 100000u;
   return ms > INT32_MAX ? INT32_MAX : (int32_t)ms;
+}
+
+static uint64_t point_iters(size_t bytes_per_iter) {
+  uint64_t n = o.iters ? o.iters : (o.total + bytes_per_iter - 1) / bytes_per_iter;
+  n = o.iters || n >= 20 ? n : 20;
+  return n > BENCH_MAX_ITERS ? BENCH_MAX_ITERS : n;
+}
+
+static uint64_t point_warmup(uint64_t iters) {
+  if (o.warmup != UINT64_MAX) return o.warmup;
+  return iters < 10 ? 1 : (iters > 1000 ? 100 : iters / 10);
 }
 
 /* ------------------------------------------------------------------- target */
@@ -151,37 +153,35 @@ static int32_t call_timeout(const struct bench_opts *o, size_t bytes) {
 #define BENCH_ENGINE_OPTS (HB_EXTRA_MAX + 2) /* Transport, --opt, StagingUnregistered */
 
 /* The target serves an unregistered buffer and sets StagingUnregistered=on itself. */
-static bool target_sets_unreg(const struct bench_opts *o) {
-  return (o->unreg & UNREG_REMOTE) != 0 && hb_extra_get(&o->x, "StagingUnregistered") == NULL;
+static bool target_sets_unreg(void) {
+  return (o.unreg & UNREG_REMOTE) != 0 && hb_extra_get(&o.x, "StagingUnregistered") == NULL;
 }
 
 /* Engine options into opt[BENCH_ENGINE_OPTS]: Transport when --transport names one,
  * every --opt, and for a target serving unregistered memory StagingUnregistered=on. */
-static size_t engine_options(const struct bench_opts *o, bool target, HixlOption *opt) {
+static size_t engine_options(bool target, HixlOption *opt) {
   size_t n = 0;
-  if (o->transport != NULL) opt[n++] = (HixlOption){.key = "Transport", .value = o->transport};
-  for (size_t i = 0; i < o->x.n; i++) opt[n++] = o->x.v[i];
-  if (target && target_sets_unreg(o)) opt[n++] = (HixlOption){.key = "StagingUnregistered", .value = "on"};
+  if (o.transport != NULL) opt[n++] = (HixlOption){.key = "Transport", .value = o.transport};
+  for (size_t i = 0; i < o.x.n; i++) opt[n++] = o.x.v[i];
+  if (target && target_sets_unreg()) opt[n++] = (HixlOption){.key = "StagingUnregistered", .value = "on"};
   return n;
 }
 
 /* The CS endpoint protocol for --transport; the CS API has no "auto": tcp. */
-static HixlEndpointProtocol cs_protocol(const struct bench_opts *o) {
-  if (o->transport != NULL && strcmp(o->transport, "rdma") == 0) return HIXL_EP_PROTOCOL_RDMA;
-  if (o->transport != NULL && strcmp(o->transport, "shm") == 0) return HIXL_EP_PROTOCOL_SHM;
+static HixlEndpointProtocol cs_protocol(void) {
+  if (o.transport != NULL && strcmp(o.transport, "rdma") == 0) return HIXL_EP_PROTOCOL_RDMA;
+  if (o.transport != NULL && strcmp(o.transport, "shm") == 0) return HIXL_EP_PROTOCOL_SHM;
   return HIXL_EP_PROTOCOL_TCP;
 }
 
 /* --api cs: a HixlCSServer on --peer whose one registration is the buffer, tagged "bench". */
-static int target_cs(const struct bench_opts *o, int ctrl, uint8_t *buf, size_t span) {
+static int target_cs(int ctrl, uint8_t *buf, size_t span) {
   HixlServerHandle srv = NULL;
   MemHandle mh = NULL;
-  char ip[64];
-  uint16_t port = 0;
   int rc = 1;
-  if (!split_addr(o->peer, ip, sizeof(ip), &port)) return hb_say("--peer %s is not IP:PORT\n", o->peer), 1;
-  EndpointDesc ep = {.protocol = cs_protocol(o)};
-  HixlServerDesc sd = {.server_ip = ip, .server_port = port, .endpoint_list = &ep, .endpoint_list_num = 1};
+  EndpointDesc ep = {.protocol = cs_protocol()};
+  HixlServerDesc sd = {
+      .server_ip = o.peer_ip, .server_port = o.peer_port, .endpoint_list = &ep, .endpoint_list_num = 1};
   HcommMem mem = {.type = HCCL_MEM_TYPE_HOST, .addr = buf, .size = span};
   if (!hb_ok(HixlCSServerCreate(&sd, NULL, &srv), "target: HixlCSServerCreate")) return 1;
   if (!hb_ok(HixlCSServerRegMem(srv, BENCH_CS_TAG, &mem, &mh), "target: HixlCSServerRegMem"))
@@ -197,12 +197,12 @@ out_destroy:
 
 /* --api engine: an engine on --peer with the buffer registered (unless --unregistered
  * remote: StagingUnregistered serves it). */
-static int target_engine(const struct bench_opts *o, int ctrl, uint8_t *buf, size_t span) {
+static int target_engine(int ctrl, uint8_t *buf, size_t span) {
   HixlOption opt[BENCH_ENGINE_OPTS];
   HixlMemHandle mh = NULL;
-  bool reg = (o->unreg & UNREG_REMOTE) == 0;
+  bool reg = (o.unreg & UNREG_REMOTE) == 0;
   int rc = 1;
-  HixlEngine *eng = hb_engine(o->peer, NULL, opt, engine_options(o, true, opt));
+  HixlEngine *eng = hb_engine(o.peer, NULL, opt, engine_options(true, opt));
   if (eng == NULL) return 1;
   if (!reg || hb_reg(eng, buf, span, &mh) == HIXL_SUCCESS) {
     if (hb_ready(ctrl, (uint64_t[]){(uintptr_t)buf, span}, 2))
@@ -215,29 +215,17 @@ static int target_engine(const struct bench_opts *o, int ctrl, uint8_t *buf, siz
 }
 
 /* The target: its buffer holds the pattern; served until the initiator is done. */
-static int run_target(const struct bench_opts *o, int ctrl) {
-  size_t span = needed_span(o);
-  uint8_t *buf = hb_map(span);
+static int target(int ctrl) {
+  size_t span = needed_span();
+  uint8_t *buf = bench_pin_cpu(o.cpu[1]) ? hb_map(span) : NULL;
   if (buf == NULL) return 1;
-  bench_pattern_fill(buf, span, o->seed ^ 0x7a7a7a7aull);
-  int rc = o->api == API_CS ? target_cs(o, ctrl, buf, span) : target_engine(o, ctrl, buf, span);
+  bench_pattern_fill(buf, span, o.seed ^ 0x7a7a7a7aull);
+  int rc = o.api == API_CS ? target_cs(ctrl, buf, span) : target_engine(ctrl, buf, span);
   munmap(buf, span);
   return rc;
 }
 
-/* ---------------------------------------------------------------- initiator */
-
-static const char *op_name(HixlTransferOp op) { return op == HIXL_READ ? "READ" : "WRITE"; }
-static const char *api_name(enum bench_api api) { return api == API_CS ? "cs" : "engine"; }
-
-/* The call that moves data, for messages. */
-static const char *xfer_fn(const struct bench_ctx *c, HixlTransferOp op, bool async) {
-  if (c->o->api == API_CS) {
-    if (async) return op == HIXL_READ ? "HixlCSClientBatchGetAsync" : "HixlCSClientBatchPutAsync";
-    return op == HIXL_READ ? "HixlCSClientBatchGetSync" : "HixlCSClientBatchPutSync";
-  }
-  return async ? "HixlEngineTransferAsync" : "HixlEngineTransferSync";
-}
+/* ---------------------------------------------------------------- transfers */
 
 /* Descriptors for request w of a point, at index first of the descriptor arrays:
  * slots (w * batch + k) mod nslots. Both APIs' forms are built here, outside the
@@ -248,65 +236,58 @@ static void build_descs(const struct bench_ctx *c, size_t first, uintptr_t local
   for (size_t k = 0; k < batch; k++) {
     size_t off = ((w * batch + k) % nslots) * block;
     HixlTransferOpDesc *d = &c->descs[first + k];
-    HixlOneSideOpDesc *cd = &c->cdescs[first + k];
-    d->local_addr = local_base + off;
-    d->remote_addr = c->rbase + off;
-    d->len = block;
-    cd->local_buf = (void *)d->local_addr;
-    cd->remote_buf = (void *)d->remote_addr;
-    cd->len = block;
+    *d = (HixlTransferOpDesc){.local_addr = local_base + off, .remote_addr = c->rbase + off, .len = block};
+    c->cdescs[first + k] = (HixlOneSideOpDesc){
+        .local_buf = (void *)d->local_addr, .remote_buf = (void *)d->remote_addr, .len = block};
   }
+}
+
+/* True when st is success; else says which call failed ("HixlEngineTransferSync(READ,
+ * verify)") and false. */
+static bool xfer_ok(HixlStatus st, HixlTransferOp op, bool async, const char *what) {
+  char w[96];
+  if (st == HIXL_SUCCESS) return true;
+  int n = o.api == API_CS ? snprintf(w, sizeof(w), "HixlCSClientBatch%s%s", op == HIXL_READ ? "Get" : "Put",
+                                     async ? "Async" : "Sync")
+                          : snprintf(w, sizeof(w), "HixlEngineTransfer%s", async ? "Async" : "Sync");
+  if (!async)
+    snprintf(w + n, sizeof(w) - (size_t)n, "(%s%s%s)", op_names[op], what ? ", " : "", what ? what : "");
+  return hb_fail(w, st);
 }
 
 /* One synchronous batch of the n ops at index first: TransferSync or Batch{Put,Get}Sync. */
 static HixlStatus xfer_sync(struct bench_ctx *c, HixlTransferOp op, size_t first, size_t n, int32_t tmo) {
-  if (c->o->api == API_CS) {
-    const HixlOneSideOpDesc *cd = &c->cdescs[first];
-    return op == HIXL_READ ? HixlCSClientBatchGetSync(c->cli, (uint32_t)n, cd, (uint32_t)tmo)
-                           : HixlCSClientBatchPutSync(c->cli, (uint32_t)n, cd, (uint32_t)tmo);
-  }
-  return HixlEngineTransferSync(c->eng, c->o->peer, op, &c->descs[first], n, tmo);
+  const HixlOneSideOpDesc *cd = &c->cdescs[first];
+  if (o.api == API_ENGINE) return HixlEngineTransferSync(c->eng, o.peer, op, &c->descs[first], n, tmo);
+  return op == HIXL_READ ? HixlCSClientBatchGetSync(c->cli, (uint32_t)n, cd, (uint32_t)tmo)
+                         : HixlCSClientBatchPutSync(c->cli, (uint32_t)n, cd, (uint32_t)tmo);
 }
 
 /* Start one asynchronous batch; *handle is a HixlTransferReq or a CompleteHandle. The CS
  * API has no per-batch timeout: its batches end TIMEOUT after HIXL_CS_BATCH_TIMEOUT_MS. */
 static HixlStatus xfer_async(struct bench_ctx *c, HixlTransferOp op, size_t first, size_t n, int32_t tmo,
                              void *user_data, void **handle) {
-  if (c->o->api == API_CS) {
-    const HixlOneSideOpDesc *cd = &c->cdescs[first];
-    CompleteHandle h = NULL;
-    HixlStatus st = op == HIXL_READ ? HixlCSClientBatchGetAsync(c->cli, (uint32_t)n, cd, &h)
-                                    : HixlCSClientBatchPutAsync(c->cli, (uint32_t)n, cd, &h);
-    if (st == HIXL_SUCCESS) *handle = h;
+  const HixlOneSideOpDesc *cd = &c->cdescs[first];
+  HixlTransferReq req = NULL;
+  if (o.api == API_ENGINE) {
+    HixlStatus st = HixlEngineTransferAsync(c->eng, o.peer, op, &c->descs[first], n, tmo, user_data, &req);
+    *handle = req;
     return st;
   }
-  HixlTransferReq req = NULL;
-  HixlStatus st = HixlEngineTransferAsync(c->eng, c->o->peer, op, &c->descs[first], n, tmo, user_data, &req);
-  if (st == HIXL_SUCCESS) *handle = req;
-  return st;
+  return op == HIXL_READ ? HixlCSClientBatchGetAsync(c->cli, (uint32_t)n, cd, handle)
+                         : HixlCSClientBatchPutAsync(c->cli, (uint32_t)n, cd, handle);
 }
 
 /* Where an asynchronous batch stands, in the engine's terms. */
 static HixlStatus xfer_status(struct bench_ctx *c, void *handle, HixlTransferStatus *ts) {
-  if (c->o->api == API_CS) {
-    HixlCompleteStatus cs = HIXL_COMPLETE_STATUS_WAITING;
-    HixlStatus st = HixlCSClientQueryCompleteStatus(c->cli, handle, &cs);
-    if (st != HIXL_SUCCESS) return st;
-    *ts = cs == HIXL_COMPLETE_STATUS_WAITING     ? HIXL_TRANSFER_WAITING
-          : cs == HIXL_COMPLETE_STATUS_COMPLETED ? HIXL_TRANSFER_COMPLETED
-          : cs == HIXL_COMPLETE_STATUS_TIMEOUT   ? HIXL_TRANSFER_TIMEOUT
-                                                 : HIXL_TRANSFER_FAILED;
-    return HIXL_SUCCESS;
-  }
-  return HixlEngineGetTransferStatus(c->eng, handle, ts);
-}
-
-static bool sync_xfer(struct bench_ctx *c, HixlTransferOp op, size_t first, size_t n, size_t bytes,
-                      const char *what) {
-  HixlStatus st = xfer_sync(c, op, first, n, call_timeout(c->o, bytes));
-  char w[96] = "";
-  if (st != HIXL_SUCCESS) snprintf(w, sizeof(w), "%s(%s, %s)", xfer_fn(c, op, false), op_name(op), what);
-  return hb_ok(st, w);
+  HixlCompleteStatus cs = HIXL_COMPLETE_STATUS_WAITING;
+  if (o.api == API_ENGINE) return HixlEngineGetTransferStatus(c->eng, handle, ts);
+  HixlStatus st = HixlCSClientQueryCompleteStatus(c->cli, handle, &cs);
+  *ts = cs == HIXL_COMPLETE_STATUS_WAITING     ? HIXL_TRANSFER_WAITING
+        : cs == HIXL_COMPLETE_STATUS_COMPLETED ? HIXL_TRANSFER_COMPLETED
+        : cs == HIXL_COMPLETE_STATUS_TIMEOUT   ? HIXL_TRANSFER_TIMEOUT
+                                               : HIXL_TRANSFER_FAILED;
+  return st;
 }
 
 /* Check a point's data path: a fresh pattern goes out by WRITE and comes back by READ,
@@ -315,241 +296,163 @@ static bool sync_xfer(struct bench_ctx *c, HixlTransferOp op, size_t first, size
 static int verify_point(struct bench_ctx *c, HixlTransferOp op, size_t block, size_t batch, size_t window,
                         uint64_t seed) {
   size_t nslots = c->span / block;
-  size_t used_slots = batch * window < nslots ? batch * window : nslots;
-  size_t used = used_slots * block;
+  size_t used = (batch * window < nslots ? batch * window : nslots) * block;
   /* src holds the pattern, dst receives it back; for WRITE the measured region
    * is the source, for READ it is the destination. */
-  uint8_t *src = op == HIXL_WRITE ? c->lbuf : c->vbuf;
-  uint8_t *dst = op == HIXL_WRITE ? c->vbuf : c->lbuf;
+  uint8_t *src = op == HIXL_WRITE ? c->lbuf : c->vbuf, *dst = op == HIXL_WRITE ? c->vbuf : c->lbuf;
   bench_pattern_fill(src, used, seed);
   memset(dst, 0, used);
-  for (size_t w = 0; w < window; w++) {
-    build_descs(c, 0, (uintptr_t)src, block, batch, w);
-    if (!sync_xfer(c, HIXL_WRITE, 0, batch, block * batch, "verify")) return -1;
-  }
-  for (size_t w = 0; w < window; w++) {
-    build_descs(c, 0, (uintptr_t)dst, block, batch, w);
-    if (!sync_xfer(c, HIXL_READ, 0, batch, block * batch, "verify")) return -1;
+  for (size_t w = 0; w < 2 * window; w++) { /* every request's slots: WRITE from src, then READ into dst */
+    HixlTransferOp d = w < window ? HIXL_WRITE : HIXL_READ;
+    build_descs(c, 0, (uintptr_t)(d == HIXL_WRITE ? src : dst), block, batch, w % window);
+    if (!xfer_ok(xfer_sync(c, d, 0, batch, call_timeout(block * batch)), d, false, "verify")) return -1;
   }
   size_t bad = 0;
   if (!bench_same(src, dst, used, &bad)) {
     hb_say("VERIFY FAILED: %s block %zu batch %zu: byte %zu (slot %zu, offset %zu in the op) is 0x%02x, "
            "expected 0x%02x\n",
-           op_name(op), block, batch, bad, bad / block, bad % block, dst[bad], src[bad]);
+           op_names[op], block, batch, bad, bad / block, bad % block, dst[bad], src[bad]);
     return 0;
   }
   return 1;
 }
 
-static uint64_t point_iters(const struct bench_opts *o, size_t bytes_per_iter) {
-  uint64_t n = o->iters;
-  if (n == 0) {
-    n = (o->total + bytes_per_iter - 1) / bytes_per_iter;
-    if (n < 20) n = 20;
-  }
-  return n > BENCH_MAX_ITERS ? BENCH_MAX_ITERS : n;
-}
-
-static uint64_t point_warmup(const struct bench_opts *o, uint64_t iters) {
-  if (o->warmup != UINT64_MAX) return o->warmup;
-  uint64_t w = iters / 10;
-  return w < 1 ? 1 : (w > 100 ? 100 : w);
-}
-
-/* Sync: one TransferSync (cs: Batch{Put,Get}Sync) per iteration, the same batch each
- * time (like ib_write_bw). */
-static bool run_sync_point(struct bench_ctx *c, HixlTransferOp op, size_t block, size_t batch, uint64_t iters,
-                           uint64_t warmup, struct point_result *r) {
-  build_descs(c, 0, (uintptr_t)c->lbuf, block, batch, 0);
-  size_t bytes = block * batch;
-  int32_t tmo = call_timeout(c->o, bytes);
-  for (uint64_t i = 0; i < warmup; i++)
-    if (!sync_xfer(c, op, 0, batch, bytes, "warm-up")) return false;
-  uint64_t n = 0;
-  uint64_t t_start = bench_now_ns();
-  uint64_t limit = t_start + (uint64_t)(c->o->max_seconds * 1e9);
-  uint64_t t_end = t_start;
-  while (n < iters) {
+/* count batches of op, each timed from its call to its completion into lat (when not
+ * NULL: not a warm-up), stopping early past limit_ns (0: never); the number done into *done_out. Sync:
+ * one call at a time, the same batch each time (like ib_write_bw); async: `window`
+ * requests in flight, each on its own slots. */
+static bool run_phase(struct bench_ctx *c, bool async, HixlTransferOp op, size_t block, size_t batch,
+                      uint64_t count, uint64_t *lat, uint64_t limit_ns, uint64_t *done_out) {
+  struct {
+    void *req; /* HixlTransferReq, or CompleteHandle with --api cs */
+    uint64_t t_submit;
+    bool busy;
+  } s[BENCH_MAX_WINDOW] = {0};
+  size_t window = async ? o.window : 1, busy = 0;
+  int32_t tmo = call_timeout(block * batch);
+  uint64_t submitted = 0, done = 0;
+  bool ok = true;
+  for (size_t w = 0; w < window; w++) build_descs(c, w * batch, (uintptr_t)c->lbuf, block, batch, w);
+  while (!async && done < count) {
     uint64_t t0 = bench_now_ns();
     HixlStatus st = xfer_sync(c, op, 0, batch, tmo);
-    t_end = bench_now_ns();
-    if (st != HIXL_SUCCESS) {
-      char w[96];
-      snprintf(w, sizeof(w), "%s(%s)", xfer_fn(c, op, false), op_name(op));
-      return hb_ok(st, w);
-    }
-    c->lat[n++] = t_end - t0;
-    if (t_end > limit) break;
+    uint64_t t = bench_now_ns();
+    if (!xfer_ok(st, op, false, lat ? NULL : "warm-up")) return false;
+    if (lat) lat[done] = t - t0;
+    done++;
+    if (limit_ns != 0 && t > limit_ns) break;
   }
-  r->iters = n;
-  r->bytes = n * bytes;
-  r->seconds = (double)(t_end - t_start) / 1e9;
-  r->gbps = r->seconds > 0 ? (double)r->bytes / r->seconds / 1e9 : 0;
-  r->st = bench_stats_ns(c->lat, n);
-  return true;
-}
-
-struct async_slot {
-  void *req; /* HixlTransferReq, or CompleteHandle with --api cs */
-  uint64_t t_submit;
-  bool busy;
-};
-
-/* Async: keep `window` TransferAsync requests (cs: Batch{Put,Get}Async batches) in
- * flight, each on its own slots. */
-static bool run_async_phase(struct bench_ctx *c, HixlTransferOp op, size_t block, size_t batch,
-                            uint64_t count, bool record, uint64_t limit_ns, uint64_t *done_out) {
-  size_t window = c->o->window;
-  struct async_slot slots[BENCH_MAX_WINDOW];
-  size_t bytes = block * batch;
-  int32_t tmo = call_timeout(c->o, bytes);
-  uint64_t submitted = 0, done = 0;
-  size_t busy = 0;
-  bool ok = true;
-  memset(slots, 0, sizeof(slots));
-  for (size_t w = 0; w < window; w++) build_descs(c, w * batch, (uintptr_t)c->lbuf, block, batch, w);
-  /* Bound the whole phase: the time limit plus one timeout for the stragglers. */
+  if (!async) {
+    *done_out = done;
+    return true;
+  }
+  /* Bound an async phase: the time limit plus one timeout for the stragglers. */
   uint64_t hard =
-      (limit_ns != 0 ? limit_ns : bench_now_ns() + 3600ull * 1000000000ull) + (uint64_t)tmo * 2000000ull;
+      (limit_ns ? limit_ns : bench_now_ns() + 3600ull * 1000000000ull) + (uint64_t)tmo * 2000000ull;
   for (;;) {
-    bool stop_submitting = !ok || submitted >= count || (limit_ns != 0 && bench_now_ns() > limit_ns);
-    for (size_t w = 0; w < window && !stop_submitting; w++) {
-      if (slots[w].busy) continue;
-      void *req = NULL;
-      void *ud = (void *)(uintptr_t)(w + 1);
-      slots[w].t_submit = bench_now_ns();
-      HixlStatus st = xfer_async(c, op, w * batch, batch, tmo, ud, &req);
-      if (!hb_ok(st, xfer_fn(c, op, true))) {
-        ok = false;
-        break;
-      }
-      if (submitted == 0 && c->o->api == API_ENGINE) {
-        void *back = NULL;
-        st = HixlEngineGetTransferUserData(c->eng, req, &back);
+    bool submit = limit_ns == 0 || bench_now_ns() <= limit_ns;
+    for (size_t w = 0; w < window && submit && ok && submitted < count; w++) {
+      void *ud = (void *)(uintptr_t)(w + 1), *back = NULL;
+      if (s[w].busy) continue;
+      s[w].t_submit = bench_now_ns();
+      if (!(ok = xfer_ok(xfer_async(c, op, w * batch, batch, tmo, ud, &s[w].req), op, true, NULL))) break;
+      if (submitted++ == 0 && o.api == API_ENGINE) { /* the user data comes back */
+        HixlStatus st = HixlEngineGetTransferUserData(c->eng, s[w].req, &back);
         if (st != HIXL_SUCCESS || back != ud) {
           hb_say("HixlEngineGetTransferUserData gave %p (%s), expected %p\n", back, HixlStatusName(st), ud);
           ok = false;
         }
       }
-      slots[w].req = req;
-      slots[w].busy = true;
+      s[w].busy = true;
       busy++;
-      submitted++;
-      stop_submitting = submitted >= count;
     }
     if (busy == 0) break;
     bool progressed = false;
     for (size_t w = 0; w < window; w++) {
-      if (!slots[w].busy) continue;
       HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
-      HixlStatus st = xfer_status(c, slots[w].req, &ts);
-      if (!hb_ok(st,
-                 c->o->api == API_CS ? "HixlCSClientQueryCompleteStatus" : "HixlEngineGetTransferStatus")) {
-        slots[w].busy = false; /* unknown state: do not poll it again */
-        busy--;
-        ok = false;
-        continue;
-      }
-      if (ts == HIXL_TRANSFER_WAITING) continue;
-      uint64_t t = bench_now_ns();
-      slots[w].busy = false;
+      if (!s[w].busy) continue;
+      HixlStatus st = xfer_status(c, s[w].req, &ts);
+      if (st == HIXL_SUCCESS && ts == HIXL_TRANSFER_WAITING) continue;
+      s[w].busy = false; /* an unknown state is not polled again */
       busy--;
       progressed = true;
-      if (ts != HIXL_TRANSFER_COMPLETED) {
-        hb_say("async %s %s request ended %s (%s)\n", api_name(c->o->api), op_name(op),
+      if (!hb_ok(st, o.api == API_CS ? "HixlCSClientQueryCompleteStatus" : "HixlEngineGetTransferStatus")) {
+        ok = false;
+      } else if (ts != HIXL_TRANSFER_COMPLETED) {
+        hb_say("async %s %s request ended %s (%s)\n", apis[o.api], op_names[op],
                ts == HIXL_TRANSFER_TIMEOUT ? "TIMEOUT" : "FAILED", HixlGetLastErrorMessage());
         ok = false;
-        continue;
+      } else {
+        if (lat) lat[done] = bench_now_ns() - s[w].t_submit;
+        done++;
       }
-      if (record) c->lat[done] = t - slots[w].t_submit;
-      done++;
     }
-    if (!progressed) {
-      if (bench_now_ns() > hard) {
-        hb_say("%zu async requests still WAITING past their timeout; giving up\n", busy);
-        return false; /* leaves requests behind; the caller exits */
-      }
-      sched_yield();
+    if (!progressed && bench_now_ns() > hard) {
+      hb_say("%zu async requests still WAITING past their timeout; giving up\n", busy);
+      return false; /* leaves requests behind; the caller exits */
     }
+    if (!progressed) sched_yield();
   }
   *done_out = done;
   return ok;
 }
 
-static bool run_async_point(struct bench_ctx *c, HixlTransferOp op, size_t block, size_t batch,
-                            uint64_t iters, uint64_t warmup, struct point_result *r) {
+/* A point: warm-up, then the measured phase, its figures into r. */
+static bool run_point(struct bench_ctx *c, bool async, HixlTransferOp op, size_t block, size_t batch,
+                      uint64_t iters, uint64_t warmup, struct point_result *r) {
   uint64_t done = 0;
-  if (warmup > 0 && !run_async_phase(c, op, block, batch, warmup, false, 0, &done)) return false;
-  uint64_t t_start = bench_now_ns();
-  uint64_t limit = t_start + (uint64_t)(c->o->max_seconds * 1e9);
-  if (!run_async_phase(c, op, block, batch, iters, true, limit, &done)) return false;
-  uint64_t t_end = bench_now_ns();
+  if (warmup > 0 && !run_phase(c, async, op, block, batch, warmup, NULL, 0, &done)) return false;
+  uint64_t t0 = bench_now_ns();
+  if (!run_phase(c, async, op, block, batch, iters, c->lat, t0 + (uint64_t)(o.max_seconds * 1e9), &done))
+    return false;
+  r->seconds = (double)(bench_now_ns() - t0) / 1e9;
   r->iters = done;
   r->bytes = done * block * batch;
-  r->seconds = (double)(t_end - t_start) / 1e9;
   r->gbps = r->seconds > 0 ? (double)r->bytes / r->seconds / 1e9 : 0;
   r->st = bench_stats_ns(c->lat, done);
   return true;
 }
 
-static void print_result(const struct point_result *r) {
-  printf("%-6s %10zu %6zu %9" PRIu64 " %9.3f %10.2f %10.2f %10.2f  %s\n", r->op, r->block, r->batch, r->iters,
-         r->gbps, r->st.avg_us, r->st.p50_us, r->st.p99_us, r->verified);
-  fflush(stdout);
-}
+/* --------------------------------------------------------------------- runs */
 
-/* The sweep: block sizes x batch sizes x ops. Returns 0 ok, 1 verify or transfer failure. */
+/* The sweep: block sizes x batch sizes x ops (WRITE before READ). Returns 0 ok, 1 verify
+ * or transfer failure. */
 static int run_sweep(struct bench_ctx *c) {
-  const struct bench_opts *o = c->o;
-  HixlTransferOp opv[2];
-  size_t n_ops = 0;
-  if (o->ops & OPS_WRITE) opv[n_ops++] = HIXL_WRITE;
-  if (o->ops & OPS_READ) opv[n_ops++] = HIXL_READ;
-  size_t window = o->async ? o->window : 1;
-  size_t total_points = o->n_blocks * o->n_batches * n_ops, point = 0;
+  static const HixlTransferOp opv[] = {HIXL_WRITE, HIXL_READ};
+  size_t op0 = o.op_idx == HIXL_READ, n_ops = o.op_idx == 2 ? 2 : 1;
+  size_t window = o.async ? o.window : 1, total_points = o.n_blocks * o.n_batches * n_ops;
   uint64_t sweep_t0 = bench_now_ns();
   int rc = 0;
   printf("%-6s %10s %6s %9s %9s %10s %10s %10s  %s\n", "op", "block", "batch", "iters", "GB/s", "avg_us",
          "p50_us", "p99_us", "verified");
-  for (size_t bi = 0; bi < o->n_blocks; bi++) {
-    for (size_t ni = 0; ni < o->n_batches; ni++) {
-      for (size_t oi = 0; oi < n_ops; oi++) {
-        size_t block = o->blocks[bi], batch = o->batches[ni];
-        HixlTransferOp op = opv[oi];
-        point++;
-        if (block > c->span) {
-          hb_say("skipping %s block %zu: larger than the %zu registered bytes (--mem)\n", op_name(op), block,
-                 c->span);
-          continue;
-        }
-        uint64_t iters = point_iters(o, block * batch);
-        uint64_t warmup = point_warmup(o, iters);
-        if (o->progress)
-          hb_say("[%zu/%zu] %s block %zu batch %zu%s: up to %" PRIu64 " iterations (%.1f s so far)\n", point,
-                 total_points, op_name(op), block, batch, o->async ? " async" : "", iters,
-                 (double)(bench_now_ns() - sweep_t0) / 1e9);
-        struct point_result r = {.api = api_name(o->api),
-                                 .op = op_name(op),
-                                 .mode = o->async ? "async" : "sync",
-                                 .block = block,
-                                 .batch = batch,
-                                 .window = window,
-                                 .verified = "skipped"};
-        if (o->verify) {
-          int v = verify_point(c, op, block, batch, window, o->seed + point);
-          if (v < 0) return 1;
-          r.verified = v == 1 ? "yes" : "no";
-          if (v == 0) rc = 1;
-        }
-        bool ok = o->async ? run_async_point(c, op, block, batch, iters, warmup, &r)
-                           : run_sync_point(c, op, block, batch, iters, warmup, &r);
-        if (!ok) return 1;
-        print_result(&r);
-        c->res[c->n_res++] = r;
-      }
+  for (size_t p = 0; p < total_points; p++) {
+    size_t block = o.blocks[p / (o.n_batches * n_ops)], batch = o.batches[p / n_ops % o.n_batches];
+    HixlTransferOp op = opv[op0 + p % n_ops];
+    if (block > c->span) {
+      hb_say("skipping %s block %zu: larger than the %zu registered bytes (--mem)\n", op_names[op], block,
+             c->span);
+      continue;
     }
+    uint64_t iters = point_iters(block * batch);
+    if (o.progress)
+      hb_say("[%zu/%zu] %s block %zu batch %zu%s: up to %" PRIu64 " iterations (%.1f s so far)\n", p + 1,
+             total_points, op_names[op], block, batch, o.async ? " async" : "", iters,
+             (double)(bench_now_ns() - sweep_t0) / 1e9);
+    struct point_result r = {apis[o.api], op_names[op], o.async ? "async" : "sync", block,
+                             batch,       window,       .verified = "skipped"};
+    if (o.verify) {
+      int v = verify_point(c, op, block, batch, window, o.seed + p + 1);
+      if (v < 0) return 1;
+      r.verified = v == 1 ? "yes" : "no";
+      rc |= v == 0;
+    }
+    if (!run_point(c, o.async, op, block, batch, iters, point_warmup(iters), &r)) return 1;
+    printf("%-6s %10zu %6zu %9" PRIu64 " %9.3f %10.2f %10.2f %10.2f  %s\n", r.op, r.block, r.batch, r.iters,
+           r.gbps, r.st.avg_us, r.st.p50_us, r.st.p99_us, r.verified);
+    fflush(stdout);
+    c->res[c->n_res++] = r;
   }
-  if (o->progress)
+  if (o.progress)
     hb_say("sweep of %zu points done in %.1f s\n", total_points, (double)(bench_now_ns() - sweep_t0) / 1e9);
   return rc;
 }
@@ -557,25 +460,19 @@ static int run_sweep(struct bench_ctx *c) {
 /* Small READ round trips, one TransferSync (cs: BatchGetSync) of one op each: a sync
  * point of --lat-size, batch 1 (its seconds: the round trips' wall time). */
 static int run_latency(struct bench_ctx *c) {
-  const struct bench_opts *o = c->o;
-  size_t size = o->lat_size;
-  uint64_t warmup = o->warmup != UINT64_MAX ? o->warmup : 1000;
-  struct point_result r = {.api = api_name(o->api),
-                           .op = "READ",
-                           .mode = "latency",
-                           .block = size,
-                           .batch = 1,
-                           .window = 1,
-                           .verified = o->verify ? "yes" : "skipped"};
+  size_t size = o.lat_size;
+  uint64_t warmup = o.warmup != UINT64_MAX ? o.warmup : 1000;
+  struct point_result r = {
+      apis[o.api], "READ", "latency", size, 1, 1, .verified = o.verify ? "yes" : "skipped"};
   if (size > c->span) {
     hb_say("--lat-size %zu is larger than the %zu registered bytes\n", size, c->span);
     return 1;
   }
-  if (o->verify && verify_point(c, HIXL_READ, size, 1, 1, o->seed) != 1) return 1;
-  if (o->progress)
-    hb_say("latency: %" PRIu64 " READ round trips of %zu B after %" PRIu64 " warm-up\n", o->lat_iters, size,
+  if (o.verify && verify_point(c, HIXL_READ, size, 1, 1, o.seed) != 1) return 1;
+  if (o.progress)
+    hb_say("latency: %" PRIu64 " READ round trips of %zu B after %" PRIu64 " warm-up\n", o.lat_iters, size,
            warmup);
-  if (!run_sync_point(c, HIXL_READ, size, 1, o->lat_iters, warmup, &r)) return 1;
+  if (!run_point(c, false, HIXL_READ, size, 1, o.lat_iters, warmup, &r)) return 1;
   printf("latency: %zu B READ round trip (api %s), %" PRIu64 " iterations: avg %.2f us, p50 %.2f us, "
          "p99 %.2f us, min %.2f us, max %.2f us (verified: %s)\n",
          size, r.api, r.iters, r.st.avg_us, r.st.p50_us, r.st.p99_us, r.st.min_us, r.st.max_us, r.verified);
@@ -606,9 +503,21 @@ static size_t point_fields(const struct point_result *r, struct hb_field *f) {
   return HB_NF(v);
 }
 
+/* The engine options beyond Transport, "K=V K=V" ("none"), and the one the bench adds on
+ * the target. */
+static const char *options_text(char *buf, size_t cap) {
+  size_t n = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; i < o.x.n && n < cap; i++)
+    n += (size_t)snprintf(buf + n, cap - n, "%s%s=%s", n > 0 ? " " : "", o.x.v[i].key, o.x.v[i].value);
+  if (target_sets_unreg() && n < cap)
+    n += (size_t)snprintf(buf + n, cap - n, "%starget StagingUnregistered=on", n > 0 ? " " : "");
+  return n ? buf : "none";
+}
+
 static bool write_csv(const struct bench_ctx *c) {
   struct hb_field rec[24];
-  FILE *f = hb_csv(c->o->csv, BENCH_CSV_HEADER);
+  FILE *f = hb_csv(o.csv, BENCH_CSV_HEADER);
   for (size_t i = 0; f && i < c->n_res; i++) {
     hb_row(f, HB_CSV, rec, point_fields(&c->res[i], rec));
     fputc('\n', f);
@@ -616,34 +525,16 @@ static bool write_csv(const struct bench_ctx *c) {
   return f && fclose(f) == 0;
 }
 
-static const char *unreg_name(int unreg) {
-  static const char *const names[] = {"none", "local", "remote", "both"};
-  return names[unreg & UNREG_BOTH];
-}
-
-/* The engine options beyond Transport, "K=V K=V" ("none"), and the one the bench adds on
- * the target. */
-static void options_text(const struct bench_opts *o, char *buf, size_t cap) {
-  size_t n = 0;
-  buf[0] = '\0';
-  for (size_t i = 0; i < o->x.n && n < cap; i++)
-    n += (size_t)snprintf(buf + n, cap - n, "%s%s=%s", n > 0 ? " " : "", o->x.v[i].key, o->x.v[i].value);
-  if (target_sets_unreg(o) && n < cap)
-    n += (size_t)snprintf(buf + n, cap - n, "%starget StagingUnregistered=on", n > 0 ? " " : "");
-  if (n == 0) snprintf(buf, cap, "none");
-}
-
 static bool write_json(const struct bench_ctx *c) {
-  FILE *f = hb_json_open(c->o->json, "hixl-bench");
-  fprintf(f, "  \"api\": \"%s\",\n  \"transport\": \"%s\",\n", api_name(c->o->api),
-          c->o->transport != NULL ? c->o->transport : "default");
-  if (c->o->api == API_ENGINE) {
-    char opts[HB_EXTRA_MAX * 128];
-    options_text(c->o, opts, sizeof(opts));
-    fprintf(f, "  \"engine_options\": \"%s\",\n  \"unregistered\": \"%s\",\n", opts, unreg_name(c->o->unreg));
-  }
-  fprintf(f, "  \"peer\": \"%s\",\n  \"registered_bytes\": %zu,\n  \"results\": [\n", c->o->peer, c->span);
   struct hb_field rec[24];
+  char opts[HB_EXTRA_MAX * 128];
+  FILE *f = hb_json_open(o.json, "hixl-bench");
+  fprintf(f, "  \"api\": \"%s\",\n  \"transport\": \"%s\",\n", apis[o.api],
+          o.transport ? o.transport : "default");
+  if (o.api == API_ENGINE)
+    fprintf(f, "  \"engine_options\": \"%s\",\n  \"unregistered\": \"%s\",\n",
+            options_text(opts, sizeof(opts)), unregs[o.unreg]);
+  fprintf(f, "  \"peer\": \"%s\",\n  \"registered_bytes\": %zu,\n  \"results\": [\n", o.peer, c->span);
   for (size_t i = 0; i < c->n_res; i++)
     hb_json_item(f, i, c->n_res, rec + 1, point_fields(&c->res[i], rec) - 1);
   fprintf(f, "  ]\n}\n");
@@ -652,30 +543,22 @@ static bool write_json(const struct bench_ctx *c) {
 
 /* Print the run's header line, measure, write the results: 0 ok, 1 a failure. */
 static int measure(struct bench_ctx *c, uint64_t connect_ns) {
-  const struct bench_opts *o = c->o;
-  char mode[48], mem[80], opts[HB_EXTRA_MAX * 128 + 24] = "";
-  int rc;
-  if (o->async)
-    snprintf(mode, sizeof(mode), "async window %zu", o->window);
+  char opts[HB_EXTRA_MAX * 128];
+  printf("# hixl-bench (hixl %s): initiator %s -> target %s, api %s, transport %s, ", HixlVersionString(),
+         o.local, o.peer, apis[o.api], o.transport ? o.transport : (o.api == API_CS ? "tcp" : "default"));
+  if (o.async)
+    printf("async window %zu, ", o.window);
   else
-    snprintf(mode, sizeof(mode), "sync");
-  if (c->o->unreg == UNREG_NONE)
-    snprintf(mem, sizeof(mem), "%zu registered bytes per side", c->span);
+    printf("sync, ");
+  if (o.unreg == UNREG_NONE)
+    printf("%zu registered bytes per side", c->span);
   else
-    snprintf(mem, sizeof(mem), "%zu bytes per side, unregistered %s (staged)", c->span,
-             unreg_name(c->o->unreg));
-  if (o->api == API_ENGINE) {
-    snprintf(opts, sizeof(opts), ", engine options ");
-    options_text(o, opts + strlen(opts), sizeof(opts) - strlen(opts));
-  }
-  printf("# hixl-bench (hixl %s): initiator %s -> target %s, api %s, transport %s, %s, %s%s, verify %s, "
-         "connect %.2f ms\n",
-         HixlVersionString(), o->local, o->peer, api_name(o->api),
-         o->transport != NULL ? o->transport : (o->api == API_CS ? "tcp" : "default"), mode, mem, opts,
-         o->verify ? "on" : "off", (double)connect_ns / 1e6);
-  rc = o->latency ? run_latency(c) : run_sweep(c);
-  if (o->csv != NULL && c->n_res > 0 && !write_csv(c)) rc = 1;
-  if (o->json != NULL && !write_json(c)) rc = 1;
+    printf("%zu bytes per side, unregistered %s (staged)", c->span, unregs[o.unreg]);
+  if (o.api == API_ENGINE) printf(", engine options %s", options_text(opts, sizeof(opts)));
+  printf(", verify %s, connect %.2f ms\n", o.verify ? "on" : "off", (double)connect_ns / 1e6);
+  int rc = o.latency ? run_latency(c) : run_sweep(c);
+  if (o.csv != NULL && c->n_res > 0 && !write_csv(c)) rc = 1;
+  if (o.json != NULL && !write_json(c)) rc = 1;
   return rc;
 }
 
@@ -683,25 +566,22 @@ static int measure(struct bench_ctx *c, uint64_t connect_ns) {
  * --unregistered local), linked to the target whose buffer address came over the
  * control channel. */
 static int initiator_engine(struct bench_ctx *c) {
-  const struct bench_opts *o = c->o;
   uint8_t *bufs[2] = {c->lbuf, c->vbuf};
   HixlMemHandle h[2];
   HixlOption opt[BENCH_ENGINE_OPTS];
-  size_t nreg = 0, want = (o->unreg & UNREG_LOCAL) ? 0 : 2;
+  size_t nreg = 0, want = (o.unreg & UNREG_LOCAL) ? 0 : 2;
   int rc = 1;
-
-  if (!(c->eng = hb_engine(o->local, NULL, opt, engine_options(o, false, opt)))) return 1;
+  if (!(c->eng = hb_engine(o.local, NULL, opt, engine_options(false, opt)))) return 1;
   while (nreg < want && hb_reg(c->eng, bufs[nreg], c->span, &h[nreg]) == HIXL_SUCCESS) nreg++;
   uint64_t t0 = bench_now_ns();
-  if (nreg == want && hb_ok(HixlEngineConnect(c->eng, o->peer, 10000), "HixlEngineConnect")) {
+  if (nreg == want && hb_ok(HixlEngineConnect(c->eng, o.peer, 10000), "HixlEngineConnect")) {
     rc = measure(c, bench_now_ns() - t0);
-    if (!hb_ok(HixlEngineDisconnect(c->eng, o->peer, 5000), "HixlEngineDisconnect")) rc = 1;
+    if (!hb_ok(HixlEngineDisconnect(c->eng, o.peer, 5000), "HixlEngineDisconnect")) rc = 1;
   }
   while (nreg > 0) /* in reverse */
     if (!hb_ok(HixlEngineDeregisterMem(c->eng, h[--nreg]), "HixlEngineDeregisterMem")) rc = 1;
   if (!hb_ok(HixlEngineFinalize(c->eng), "HixlEngineFinalize")) rc = 1;
   HixlEngineDestroy(c->eng);
-  c->eng = NULL;
   return rc;
 }
 
@@ -719,29 +599,21 @@ static bool cs_find_target(struct bench_ctx *c, size_t *len) {
     *len = (size_t)mems[i].size;
     return true;
   }
-  hb_say("the server at %s has no host memory tagged \"%s\" (%u registrations)\n", c->o->peer, BENCH_CS_TAG,
-         n);
+  hb_say("the server at %s has no host memory tagged \"%s\" (%u registrations)\n", o.peer, BENCH_CS_TAG, n);
   return false;
 }
 
 /* --api cs: a CS client with both regions registered, connected to the target's CS
  * server, which holds the buffer found by its tag. Shrinks c->span to that buffer. */
 static int initiator_cs(struct bench_ctx *c) {
-  const struct bench_opts *o = c->o;
   HcommMem mem[2] = {{.type = HCCL_MEM_TYPE_HOST, .addr = c->lbuf, .size = c->span},
                      {.type = HCCL_MEM_TYPE_HOST, .addr = c->vbuf, .size = c->span}};
   MemHandle h[2];
   size_t nreg = 0, rlen = 0;
-  char ip[64];
-  uint16_t port = 0;
   int rc = 1;
-
-  if (!split_addr(o->peer, ip, sizeof(ip), &port)) {
-    hb_say("--peer %s is not IP:PORT\n", o->peer);
-    return 1;
-  }
-  EndpointDesc lep = {.protocol = cs_protocol(o), .address = o->local}, rep = {.protocol = cs_protocol(o)};
-  HixlClientDesc cd = {.server_ip = ip, .server_port = port, .local_endpoint = &lep, .remote_endpoint = &rep};
+  EndpointDesc lep = {.protocol = cs_protocol(), .address = o.local}, rep = {.protocol = cs_protocol()};
+  HixlClientDesc cd = {
+      .server_ip = o.peer_ip, .server_port = o.peer_port, .local_endpoint = &lep, .remote_endpoint = &rep};
   if (!hb_ok(HixlCSClientCreate(&cd, NULL, &c->cli), "HixlCSClientCreate")) return 1;
   while (nreg < 2 && hb_ok(HixlCSClientRegMem(c->cli, NULL, &mem[nreg], &h[nreg]), "HixlCSClientRegMem"))
     nreg++;
@@ -749,57 +621,51 @@ static int initiator_cs(struct bench_ctx *c) {
   if (nreg == 2 && hb_ok(HixlCSClientConnect(c->cli, 10000), "HixlCSClientConnect")) {
     uint64_t connect_ns = bench_now_ns() - t0;
     if (cs_find_target(c, &rlen)) {
-      if (rlen < c->span) c->span = rlen;
+      c->span = rlen < c->span ? rlen : c->span;
       rc = measure(c, connect_ns);
     }
   }
   while (nreg > 0) /* in reverse */
     if (!hb_ok(HixlCSClientUnregMem(c->cli, h[--nreg]), "HixlCSClientUnregMem")) rc = 1;
   if (!hb_ok(HixlCSClientDestroy(c->cli), "HixlCSClientDestroy")) rc = 1;
-  c->cli = NULL;
   return rc;
 }
 
-static int run_initiator(const struct bench_opts *o, int ctrl) {
-  struct bench_ctx c = {.o = o};
+static int initiator(struct hb_peer *peer) {
+  struct bench_ctx c = {0};
   uint64_t ready[2]; /* the target's buffer: address (cs: 0), length */
   int rc = 1;
-  size_t rlen, mapped;
-
-  if (o->csv != NULL) { /* a file we cannot append to fails now, not after the sweep */
-    FILE *f = hb_csv(o->csv, BENCH_CSV_HEADER);
+  if (!bench_pin_cpu(o.cpu[0])) return 1;
+  if (o.csv != NULL) { /* a file we cannot append to fails now, not after the sweep */
+    FILE *f = hb_csv(o.csv, BENCH_CSV_HEADER);
     if (f == NULL || fclose(f) != 0) return 1;
   }
-  hb_wait_ready(ctrl, ready, 2);
-  c.rbase = (uintptr_t)ready[0], rlen = (size_t)ready[1];
+  hb_wait_ready(peer->fd, ready, 2);
   /* The CS target's length comes with its tag, after connecting: map what the sweep
    * needs, and use no more than the target has. */
-  c.span = needed_span(o);
-  if (o->api == API_ENGINE && rlen < c.span) c.span = rlen;
-  mapped = c.span;
-  size_t max_batch = o->latency ? 1 : max_of(o->batches, o->n_batches);
-  size_t window = o->async ? o->window : 1;
-  uint64_t nlat = o->latency ? o->lat_iters : 0; /* the longest point's */
-  for (size_t bi = 0; bi < o->n_blocks && !o->latency; bi++)
-    for (size_t ni = 0; ni < o->n_batches; ni++) {
-      uint64_t n = point_iters(o, o->blocks[bi] * o->batches[ni]);
-      nlat = n > nlat ? n : nlat;
-    }
-
+  c.rbase = (uintptr_t)ready[0];
+  c.span = needed_span();
+  if (o.api == API_ENGINE && ready[1] < c.span) c.span = (size_t)ready[1];
+  size_t mapped = c.span, window = o.async ? o.window : 1;
+  size_t max_batch = o.latency ? 1 : max_of(o.batches, o.n_batches);
+  /* Room for the longest point's latencies. */
+  uint64_t nlat = o.latency ? o.lat_iters : 0;
+  for (size_t p = 0; p < o.n_blocks * o.n_batches && !o.latency; p++) {
+    uint64_t n = point_iters(o.blocks[p / o.n_batches] * o.batches[p % o.n_batches]);
+    nlat = n > nlat ? n : nlat;
+  }
   c.lbuf = hb_map(mapped);
   c.vbuf = hb_map(mapped);
   c.descs = calloc(max_batch * window, sizeof(*c.descs));
   c.cdescs = calloc(max_batch * window, sizeof(*c.cdescs));
   c.lat = calloc(nlat, sizeof(*c.lat));
-  c.res = calloc(o->latency ? 1 : o->n_blocks * o->n_batches * 2, sizeof(*c.res));
-  if (!c.lbuf || !c.vbuf || !c.descs || !c.cdescs || !c.lat || !c.res) {
+  c.res = calloc(o.latency ? 1 : o.n_blocks * o.n_batches * 2, sizeof(*c.res));
+  if (c.lbuf && c.vbuf && c.descs && c.cdescs && c.lat && c.res) {
+    memset(c.lbuf, 0x11, mapped);
+    rc = o.api == API_CS ? initiator_cs(&c) : initiator_engine(&c);
+  } else {
     hb_say("cannot allocate 2 x %zu bytes\n", mapped);
-    goto out_free;
   }
-  memset(c.lbuf, 0x11, mapped);
-  rc = o->api == API_CS ? initiator_cs(&c) : initiator_engine(&c);
-
-out_free:
   free(c.descs);
   free(c.cdescs);
   free(c.lat);
@@ -813,25 +679,6 @@ out_free:
 
 static bool set_addr(void *p, const char *v) { return strlen(v) < 128 && snprintf(p, 128, "%s", v) > 0; }
 
-static struct bench_opts o = {.local = "127.0.0.1",
-                              .transport_idx = -1,
-                              .op_idx = 2,
-                              .batches = {1},
-                              .n_batches = 1,
-                              .total = 256u << 20,
-                              .warmup = UINT64_MAX,
-                              .max_seconds = 3.0,
-                              .window = 4,
-                              .lat_iters = 20000,
-                              .lat_size = 64,
-                              .verify = true,
-                              .progress = true,
-                              .seed = 1,
-                              .cpu = {-1, -1}};
-static const char *const apis[] = {"engine", "cs", NULL},
-                         *const transports[] = {"auto", "tcp", "rdma", "shm", NULL},
-                         *const op_names[] = {"read", "write", "both", NULL},
-                         *const unregs[] = {"none", "local", "remote", "both", NULL};
 static const struct hb_opt opts[] = {
     {"--peer", HB_FN, o.peer, "IP:PORT", "the target engine's address (default: a free port on 127.0.0.1)", 0,
      0, set_addr},
@@ -844,14 +691,14 @@ static const struct hb_opt opts[] = {
      "protocol (default: the library's; CS: tcp)",
      0, 0, transports},
     {"--opt", HB_FN, &o.x, "KEY=VALUE",
-     "an engine option for both engines (--api engine; repeatable; in two-shell\n"
-     "mode give it on both sides), e.g. --opt StagingThreshold=0 --opt BufferPool=8:8",
+     "an engine option for both engines (--api engine; repeatable), e.g.\n"
+     "--opt StagingThreshold=0 --opt BufferPool=8:8",
      0, 0, hb_extra_add},
     {"--unregistered", HB_CHOICE, &o.unreg, "local|remote|both",
      "leave that side's buffer unregistered, so every op is staged; remote/both\n"
      "run the target with StagingUnregistered=on (unless an --opt sets it)",
      0, 0, unregs},
-    {"--op", HB_CHOICE, &o.op_idx, "read|write|both", "(default both)", 0, 0, op_names},
+    {"--op", HB_CHOICE, &o.op_idx, "read|write|both", "(default both)", 0, 0, op_choices},
     {"--block-sizes", HB_SIZES, o.blocks, "LIST", "e.g. 4K,64K,4M (default 4K..16M, powers of 2)", 0, 0,
      &o.n_blocks},
     {"--batch", HB_SIZES, o.batches, "LIST", "ops per transfer call, e.g. 1,8,32 (default 1)", 1,
@@ -883,33 +730,38 @@ static const struct hb_opt opts[] = {
     {"--pin", HB_PIN, o.cpu, "I,T", "pin the initiator process to CPU I, the target to CPU T", 0, 0, NULL},
     {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
 
-/* What the engine options cannot go with; false after saying why. */
-static bool check_args(const struct bench_opts *c) {
-  if (c->api == API_CS && c->x.n > 0) {
-    hb_say("--opt %s=%s: the CS API (--api cs) takes no engine options; use --api engine\n", c->x.v[0].key,
-           c->x.v[0].value);
+/* --peer into peer_ip and peer_port (the CS API takes them apart). */
+static bool split_peer(void) {
+  const char *colon = strrchr(o.peer, ':');
+  uint64_t port = 0;
+  if (colon == NULL || colon == o.peer || (size_t)(colon - o.peer) >= sizeof(o.peer_ip) ||
+      !bench_parse_u64(colon + 1, &port) || port == 0 || port > 65535)
     return false;
-  }
-  if (c->api == API_CS && c->unreg != UNREG_NONE) {
-    hb_say("--unregistered %s needs --api engine: the CS API transfers registered memory only\n",
-           unreg_name(c->unreg));
-    return false;
-  }
+  snprintf(o.peer_ip, sizeof(o.peer_ip), "%.*s", (int)(colon - o.peer), o.peer);
+  o.peer_port = (uint16_t)port;
   return true;
 }
 
+/* Defaults that depend on other flags; 2 after saying what the CS API cannot go with. */
 static int setup(void) {
   if (o.n_blocks == 0)
     for (size_t b = 4096; b <= (16u << 20); b *= 2) o.blocks[o.n_blocks++] = b;
-  o.ops = o.op_idx + 1;
   o.transport = o.transport_idx >= 0 ? transports[o.transport_idx] : NULL;
-  if (!check_args(&o)) return 2;
   if (o.peer[0] == '\0') snprintf(o.peer, sizeof(o.peer), "127.0.0.1:%u", (unsigned)bench_free_port());
-  return 0;
+  if (o.api == API_ENGINE)
+    return 0;
+  else if (o.x.n > 0)
+    hb_say("--opt %s=%s: the CS API (--api cs) takes no engine options; use --api engine\n", o.x.v[0].key,
+           o.x.v[0].value);
+  else if (o.unreg != UNREG_NONE)
+    hb_say("--unregistered %s needs --api engine: the CS API transfers registered memory only\n",
+           unregs[o.unreg]);
+  else if (!split_peer())
+    hb_say("--peer %s is not IP:PORT\n", o.peer);
+  else
+    return 0;
+  return 2;
 }
-
-static int target(int fd) { return bench_pin_cpu(o.cpu[1]) ? run_target(&o, fd) : 1; }
-static int initiator(struct hb_peer *p) { return bench_pin_cpu(o.cpu[0]) ? run_initiator(&o, p->fd) : 1; }
 
 const struct hb_test hb_test_bench = {
     "bench",

@@ -41,10 +41,7 @@ static double now_s(void) { return (double)bench_now_ns() * 1e-9; }
 
 static unsigned char *buf_new(size_t len, unsigned char fill) {
   unsigned char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    perror("mmap");
-    exit(1);
-  }
+  if (p == MAP_FAILED) hb_die("mmap: %s", strerror(errno));
   if (o.thp && madvise(p, len, MADV_HUGEPAGE) != 0) perror("madvise(MADV_HUGEPAGE)");
   memset(p, fill, len);
   return p;
@@ -84,13 +81,13 @@ struct ctx {
   uint64_t maddr; /* ... and its AllocMem memory, mapped here */
   unsigned char *src, *dst;
   HixlTransferOpDesc *d;
-  struct iovec *riov; /* remote ranges of one K_READVN call */
+  struct iovec *riov; /* remote ranges of one process_vm_readv call */
   size_t *perm;       /* block order for scattered batches */
 };
 
-/* K_READV1: one process_vm_readv per block; K_READVN: one per batch of blocks, local
- * side one range (the span is a multiple of a batch), remote side a range per block. */
-enum kind { K_MEMCPY, K_READV1, K_WRITE, K_READ, K_READVN };
+/* K_READV: one process_vm_readv per batch of blocks, local side one range (the span is a
+ * multiple of a batch), remote side a range per block. */
+enum kind { K_MEMCPY, K_READV, K_WRITE, K_READ };
 struct fig {
   const char *name;
   enum kind kind;
@@ -100,59 +97,43 @@ struct fig {
   bool mapped; /* K_WRITE / K_READ into the target's AllocMem memory */
 };
 
-/* One call's worth of blocks starting at block index first (mod the span). */
+/* One TransferSync of op: batch blocks from block index first (mod the span), to or from
+ * the target's memory at raddr, in the scattered order or not. */
+static void shm_call(struct ctx *c, uint64_t raddr, HixlTransferOp op, size_t first, size_t block,
+                     size_t batch, bool scattered, const char *what) {
+  size_t nblk = o.span / block;
+  for (size_t i = 0; i < batch; i++) {
+    size_t b = (first + i) % nblk, rb = scattered ? c->perm[b] : b;
+    c->d[i] = (HixlTransferOpDesc){.local_addr = (uintptr_t)(op == HIXL_WRITE ? c->src : c->dst) + b * block,
+                                   .remote_addr = raddr + rb * block,
+                                   .len = block};
+  }
+  hb_check(HixlEngineTransferSync(c->e, peer, op, c->d, batch, 60000), "%s", what);
+}
+
+/* A figure's GB/s: its calls, each on the batch after the last (mod the span), for
+ * --seconds. */
 static double run_fig(struct ctx *c, struct fig *f) {
-  size_t nblk = o.span / f->block, done = 0, first = 0;
+  size_t nblk = o.span / f->block, done = 0, first = 0, len = f->block * f->batch;
   double t0 = now_s(), t;
   do {
     for (size_t k = 0; k < 64; k++) { /* check the clock every 64 calls */
-      switch (f->kind) {
-      case K_MEMCPY:
-        memcpy(c->dst + first * f->block, c->src + first * f->block, f->block);
-        first = (first + 1) % nblk;
-        done += f->block;
-        break;
-      case K_READV1: {
-        struct iovec l = {c->dst + first * f->block, f->block};
-        struct iovec r = {(void *)(uintptr_t)(c->raddr + first * f->block), f->block};
-        if (process_vm_readv(c->pid, &l, 1, &r, 1, 0) != (ssize_t)f->block) {
-          perror("process_vm_readv");
-          exit(1);
-        }
-        first = (first + 1) % nblk;
-        done += f->block;
-        break;
-      }
-      case K_READVN: {
-        struct iovec l = {c->dst + first * f->block, f->block * f->batch};
+      if (f->kind == K_MEMCPY) {
+        memcpy(c->dst + first * f->block, c->src + first * f->block, len);
+      } else if (f->kind == K_READV) {
+        struct iovec l = {c->dst + first * f->block, len};
         for (size_t i = 0; i < f->batch; i++) {
-          size_t b = first + i, rb = f->scattered ? c->perm[b] : b;
-          c->riov[i].iov_base = (void *)(uintptr_t)(c->raddr + rb * f->block);
-          c->riov[i].iov_len = f->block;
+          size_t rb = f->scattered ? c->perm[first + i] : first + i;
+          c->riov[i] = (struct iovec){(void *)(uintptr_t)(c->raddr + rb * f->block), f->block};
         }
-        if (process_vm_readv(c->pid, &l, 1, c->riov, f->batch, 0) != (ssize_t)l.iov_len) {
-          perror("process_vm_readv");
-          exit(1);
-        }
-        first = (first + f->batch) % nblk;
-        done += l.iov_len;
-        break;
+        if (process_vm_readv(c->pid, &l, 1, c->riov, f->batch, 0) != (ssize_t)len)
+          hb_die("process_vm_readv: %s", strerror(errno));
+      } else {
+        shm_call(c, f->mapped ? c->maddr : c->raddr, f->kind == K_WRITE ? HIXL_WRITE : HIXL_READ, first,
+                 f->block, f->batch, f->scattered, f->name);
       }
-      default: {
-        bool w = f->kind == K_WRITE;
-        uint64_t base = f->mapped ? c->maddr : c->raddr;
-        for (size_t i = 0; i < f->batch; i++) {
-          size_t b = (first + i) % nblk, rb = f->scattered ? c->perm[b] : b;
-          c->d[i].local_addr = (uintptr_t)(w ? c->src : c->dst) + b * f->block;
-          c->d[i].remote_addr = base + rb * f->block;
-          c->d[i].len = f->block;
-        }
-        hb_check(HixlEngineTransferSync(c->e, peer, w ? HIXL_WRITE : HIXL_READ, c->d, f->batch, 60000), "%s",
-                 f->name);
-        first = (first + f->batch) % nblk;
-        done += f->block * f->batch;
-      }
-      }
+      first = (first + f->batch) % nblk;
+      done += len;
     }
     t = now_s() - t0;
   } while (t < o.seconds);
@@ -163,16 +144,8 @@ static double run_fig(struct ctx *c, struct fig *f) {
  * the scattered order or not. */
 static void move_span(struct ctx *c, uint64_t raddr, HixlTransferOp op, size_t block, size_t batch,
                       bool scattered) {
-  size_t nblk = o.span / block;
-  for (size_t first = 0; first < nblk; first += batch) {
-    for (size_t i = 0; i < batch; i++) {
-      size_t b = first + i, rb = scattered ? c->perm[b] : b;
-      c->d[i].local_addr = (uintptr_t)(op == HIXL_WRITE ? c->src : c->dst) + b * block;
-      c->d[i].remote_addr = raddr + rb * block;
-      c->d[i].len = block;
-    }
-    hb_check(HixlEngineTransferSync(c->e, peer, op, c->d, batch, 60000), "data check");
-  }
+  for (size_t first = 0; first < o.span / block; first += batch)
+    shm_call(c, raddr, op, first, block, batch, scattered, "data check");
 }
 
 /* The measured paths move the right bytes: scattered 4 KiB batches out and back,
@@ -193,11 +166,9 @@ static void verify(struct ctx *c, const char *when) {
       move_span(c, raddr, HIXL_WRITE, 4 * MiB, 1, false);
       move_span(c, raddr, HIXL_READ, 256 * KiB, 1, false);
     }
-    if (memcmp(c->src, c->dst, o.span) != 0) {
-      fprintf(stderr, "hixl-shm-ref: data check %s the measurements FAILED (pass %d, %s memory)\n", when,
-              pass, pass < 2 ? "registered" : "mapped");
-      exit(1);
-    }
+    if (memcmp(c->src, c->dst, o.span) != 0)
+      hb_die("data check %s the measurements FAILED (pass %d, %s memory)", when, pass,
+             pass < 2 ? "registered" : "mapped");
   }
 }
 
@@ -210,8 +181,8 @@ static double median(const struct fig *f) {
 /* One CSV row per figure: kind memcpy | process_vm_readv | shm, op copy | READ | WRITE,
  * the median GB/s and every round's, joined by '/'. */
 static bool write_csv(const struct fig *figs, size_t n) {
-  static const char *const kinds[] = {"memcpy", "process_vm_readv", "shm", "shm", "process_vm_readv"};
-  static const char *const ops[] = {"copy", "READ", "WRITE", "READ", "READ"};
+  static const char *const kinds[] = {"memcpy", "process_vm_readv", "shm", "shm"};
+  static const char *const ops[] = {"copy", "READ", "WRITE", "READ"};
   FILE *f = hb_csv(o.csv, SHM_CSV_HEADER);
   if (f == NULL) return false;
   for (size_t i = 0; i < n; i++) {
@@ -221,11 +192,9 @@ static bool write_csv(const struct fig *figs, size_t n) {
     for (int r = 0; r < o.rounds; r++) fprintf(f, "%s%.4f", r ? "/" : "", figs[i].gbps[r]);
     fputc('\n', f);
   }
-  if (fclose(f) != 0) {
-    fprintf(stderr, "hixl-shm-ref: writing %s: %s\n", o.csv, strerror(errno));
-    return false;
-  }
-  return true;
+  if (fclose(f) == 0) return true;
+  hb_say("writing %s: %s\n", o.csv, strerror(errno));
+  return false;
 }
 
 static const struct hb_opt opts[] = {
@@ -301,9 +270,9 @@ static int initiator(struct hb_peer *tgt) {
       {"memcpy 256 KiB", K_MEMCPY, 256 * KiB, 1, false, {0}, false},
       {"memcpy 1 MiB", K_MEMCPY, MiB, 1, false, {0}, false},
       {"memcpy 4 MiB", K_MEMCPY, 4 * MiB, 1, false, {0}, false},
-      {"process_vm_readv 4 KiB, one call per block", K_READV1, 4 * KiB, 1, false, {0}, false},
-      {"process_vm_readv 256 KiB, one call per block", K_READV1, 256 * KiB, 1, false, {0}, false},
-      {"process_vm_readv 4 MiB, one call per block", K_READV1, 4 * MiB, 1, false, {0}, false},
+      {"process_vm_readv 4 KiB, one call per block", K_READV, 4 * KiB, 1, false, {0}, false},
+      {"process_vm_readv 256 KiB, one call per block", K_READV, 256 * KiB, 1, false, {0}, false},
+      {"process_vm_readv 4 MiB, one call per block", K_READV, 4 * MiB, 1, false, {0}, false},
       {"shm WRITE 256 KiB x1", K_WRITE, 256 * KiB, 1, false, {0}, false},
       {"shm READ 256 KiB x1", K_READ, 256 * KiB, 1, false, {0}, false},
       {"shm WRITE 1 MiB x1", K_WRITE, MiB, 1, false, {0}, false},
@@ -330,8 +299,8 @@ static int initiator(struct hb_peer *tgt) {
       {"shm mapped WRITE 4 KiB x1024, scattered", K_WRITE, 4 * KiB, 1024, true, {0}, true},
       {"shm mapped READ 4 KiB x1024, scattered", K_READ, 4 * KiB, 1024, true, {0}, true},
       /* the last N_KREFS: only with --kernel-refs */
-      {"process_vm_readv 1 MiB, one call per block", K_READV1, MiB, 1, false, {0}, false},
-      {"process_vm_readv 4 KiB x1024 in one call, scattered", K_READVN, 4 * KiB, 1024, true, {0}, false},
+      {"process_vm_readv 1 MiB, one call per block", K_READV, MiB, 1, false, {0}, false},
+      {"process_vm_readv 4 KiB x1024 in one call, scattered", K_READV, 4 * KiB, 1024, true, {0}, false},
   };
   enum { NF = sizeof(figs) / sizeof(figs[0]), N_KREFS = 2 };
   size_t nf = o.kernel_refs ? NF : NF - N_KREFS;

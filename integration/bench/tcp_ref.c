@@ -7,16 +7,11 @@
  *   --mode rtt: one connection, blocking --size byte request and --size byte response,
  *     repeated --iters times (bounded by --seconds); avg / p50 / p99 microseconds.
  * TCP_NODELAY on every socket. `hixl-perf tcp-ref` (hixl-tcp-ref): the receiver is the
- * test's server. */
-#include <arpa/inet.h>
+ * test's server. Both processes run on one host: the acknowledged count goes in host
+ * byte order. */
 #include <inttypes.h>
-#include <netinet/in.h>
 #include <netinet/tcp.h>
-#include <poll.h>
 #include <pthread.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "harness.h"
 
@@ -26,7 +21,7 @@
 
 enum ref_mode { REF_STREAM, REF_RTT };
 
-struct ref_opts {
+static struct {
   int mode;         /* enum ref_mode */
   size_t size;      /* bytes per send() (stream) or per message (rtt) */
   unsigned streams; /* connections (stream) */
@@ -36,7 +31,18 @@ struct ref_opts {
   const char *csv;  /* append a row here */
   int cpu[2];       /* --pin: sender, receiver; -1 none */
   bool quiet;
-  int lfd; /* the receiver's listening socket */
+  int lfd;               /* the receiver's listening socket */
+  struct sockaddr_in sa; /* ... and its address */
+} o = {.mode = -1, .streams = 1, .seconds = -1, .iters = 20000, .warmup = 1000, .cpu = {-1, -1}};
+
+/* One connection, each side's thread: its socket and what it measured. */
+struct conn {
+  int fd;
+  uint64_t deadline_ns; /* sender: set by the main thread before the barrier opens */
+  pthread_barrier_t *start;
+  uint64_t sent, acked, end_ns; /* stream */
+  uint64_t *lat, n;             /* rtt: the round trips measured */
+  bool ok;
 };
 
 static void set_sock_opts(int fd) {
@@ -47,243 +53,164 @@ static void set_sock_opts(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
-/* 1: got len bytes; 0: EOF before any byte; -1: error or EOF mid-message. */
-static int recv_all(int fd, void *p, size_t len) {
-  uint8_t *b = p;
-  size_t got = 0;
-  while (got < len) {
-    ssize_t n = recv(fd, b + got, len - got, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return -1;
-    if (n == 0) return got == 0 ? 0 : -1;
-    got += (size_t)n;
-  }
-  return 1;
-}
+/* len bytes, all of them (blocking socket: short only on error, timeout or EOF). */
+static bool recv_all(int fd, void *p, size_t len) { return recv(fd, p, len, MSG_WAITALL) == (ssize_t)len; }
 
-/* ------------------------------------------------------------------ receiver */
-
-struct sink_arg {
-  int fd;
-  size_t size;
-  enum ref_mode mode;
-  int ok;
-};
-
+/* The receiver's side of a connection: stream: drain to EOF and acknowledge the byte
+ * count; rtt: echo each message until EOF. */
 static void *sink_thread(void *p) {
-  struct sink_arg *a = p;
-  uint8_t *buf = hb_map(a->size);
-  a->ok = 0;
+  struct conn *a = p;
+  uint8_t *buf = hb_map(o.size);
+  ssize_t n;
   if (buf == NULL) return NULL;
-  if (a->mode == REF_STREAM) {
-    uint64_t total = 0;
-    for (;;) {
-      ssize_t n = recv(a->fd, buf, a->size, 0);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) goto out;
-      if (n == 0) break;
-      total += (uint64_t)n;
+  if (o.mode == REF_STREAM) {
+    while ((n = recv(a->fd, buf, o.size, 0)) != 0) {
+      if (n < 0 && errno != EINTR) goto out;
+      a->acked += n > 0 ? (uint64_t)n : 0;
     }
-    uint8_t ack[8];
-    for (int i = 0; i < 8; i++) ack[i] = (uint8_t)(total >> (56 - 8 * i));
-    a->ok = hb_write_all(a->fd, ack, sizeof(ack));
+    a->ok = hb_write_all(a->fd, &a->acked, sizeof(a->acked));
   } else {
-    for (;;) {
-      int r = recv_all(a->fd, buf, a->size);
-      if (r == 0) break;
-      if (r < 0 || !hb_write_all(a->fd, buf, a->size)) goto out;
-    }
-    a->ok = 1;
+    while ((n = recv(a->fd, buf, o.size, MSG_WAITALL)) == (ssize_t)o.size)
+      if (!hb_write_all(a->fd, buf, o.size)) goto out;
+    a->ok = n == 0; /* the sender closed between two messages */
   }
 out:
-  munmap(buf, a->size);
+  munmap(buf, o.size);
   return NULL;
 }
 
-static int run_receiver(const struct ref_opts *o, int lfd) {
-  unsigned n = o->mode == REF_STREAM ? o->streams : 1;
-  struct sink_arg args[REF_MAX_STREAMS];
+static int receiver(int ctrl) {
+  unsigned n = o.mode == REF_STREAM ? o.streams : 1, started = 0;
+  struct conn a[REF_MAX_STREAMS];
   pthread_t th[REF_MAX_STREAMS];
-  unsigned started = 0;
-  int rc = 0;
-  for (unsigned i = 0; i < n; i++) {
-    struct pollfd pfd = {.fd = lfd, .events = POLLIN};
-    if (poll(&pfd, 1, REF_ACCEPT_TIMEOUT_MS) <= 0) {
-      hb_say("receiver: no connection within %d ms\n", REF_ACCEPT_TIMEOUT_MS);
-      rc = 1;
-      break;
+  int rc = bench_pin_cpu(o.cpu[1]) ? 0 : 1;
+  (void)ctrl;
+  for (; started < n && rc == 0; started++) {
+    struct pollfd pfd = {.fd = o.lfd, .events = POLLIN};
+    int r = poll(&pfd, 1, REF_ACCEPT_TIMEOUT_MS);
+    a[started] = (struct conn){.fd = r > 0 ? accept4(o.lfd, NULL, NULL, SOCK_CLOEXEC) : -1};
+    if (a[started].fd < 0) {
+      if (r > 0)
+        hb_say("receiver: accept: %s\n", strerror(errno));
+      else
+        hb_say("receiver: no connection within %d ms\n", REF_ACCEPT_TIMEOUT_MS);
+      return 1; /* the threads started are in recv(); _exit ends them */
     }
-    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-    if (fd < 0) {
-      hb_say("receiver: accept: %s\n", strerror(errno));
-      rc = 1;
-      break;
-    }
-    set_sock_opts(fd);
-    args[i] = (struct sink_arg){.fd = fd, .size = o->size, .mode = o->mode, .ok = 0};
-    if (pthread_create(&th[i], NULL, sink_thread, &args[i]) != 0) {
-      close(fd);
-      rc = 1;
-      break;
-    }
-    started++;
+    set_sock_opts(a[started].fd);
+    if (pthread_create(&th[started], NULL, sink_thread, &a[started]) != 0) return 1;
   }
   for (unsigned i = 0; i < started; i++) {
     pthread_join(th[i], NULL);
-    close(args[i].fd);
-    if (!args[i].ok) rc = 1;
+    close(a[i].fd);
+    rc |= !a[i].ok;
   }
   return rc;
 }
 
-/* -------------------------------------------------------------------- sender */
-
-struct src_arg {
-  int fd;
-  size_t size;
-  uint64_t deadline_ns; /* set by the main thread before the barrier opens */
-  pthread_barrier_t *start;
-  uint64_t sent;
-  uint64_t acked;
-  uint64_t end_ns;
-  int ok;
-};
-
+/* The sender's side: stream: send until the deadline, then wait for the receiver's
+ * count; rtt: warm-up and measured round trips, until the deadline at most. */
 static void *source_thread(void *p) {
-  struct src_arg *a = p;
-  uint8_t *buf = hb_map(a->size);
-  a->ok = 0;
-  if (buf != NULL) memset(buf, 0xa5, a->size);
+  struct conn *a = p;
+  uint8_t *buf = hb_map(o.size);
+  if (buf != NULL) memset(buf, o.mode == REF_STREAM ? 0xa5 : 0x5a, o.size);
   pthread_barrier_wait(a->start);
   if (buf == NULL) return NULL;
-  uint64_t sent = 0;
-  bool failed = false;
-  while (bench_now_ns() < a->deadline_ns) {
-    if (!hb_write_all(a->fd, buf, a->size)) {
-      failed = true;
-      break;
+  if (o.mode == REF_STREAM) {
+    bool sent_all = true;
+    while (bench_now_ns() < a->deadline_ns && (sent_all = hb_write_all(a->fd, buf, o.size)))
+      a->sent += o.size;
+    shutdown(a->fd, SHUT_WR);
+    a->ok = sent_all && recv_all(a->fd, &a->acked, sizeof(a->acked)) && a->acked == a->sent;
+  } else {
+    for (uint64_t i = 0; i < o.warmup + o.iters; i++) {
+      uint64_t t0 = bench_now_ns();
+      if (!hb_write_all(a->fd, buf, o.size) || !recv_all(a->fd, buf, o.size)) {
+        hb_say("round trip %" PRIu64 " failed: %s\n", i, strerror(errno));
+        goto out;
+      }
+      uint64_t t1 = bench_now_ns();
+      if (i >= o.warmup) a->lat[a->n++] = t1 - t0;
+      if (t1 > a->deadline_ns) break;
     }
-    sent += a->size;
+    a->ok = a->n > 0;
   }
-  a->sent = sent;
-  shutdown(a->fd, SHUT_WR);
-  uint8_t ack[8];
-  if (!failed && recv_all(a->fd, ack, sizeof(ack)) == 1) {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v = (v << 8) | ack[i];
-    a->acked = v;
-    a->ok = v == sent;
-  }
+out:
   a->end_ns = bench_now_ns();
-  munmap(buf, a->size);
+  munmap(buf, o.size);
   return NULL;
 }
 
-/* A connection to 127.0.0.1:port; -1 (said). */
-static int connect_loopback(uint16_t port) {
-  struct sockaddr_in sa = {
-      .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+/* A connection to the receiver; -1 (said). */
+static int connect_receiver(void) {
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) return set_sock_opts(fd), fd;
-  hb_say("connect 127.0.0.1:%u: %s\n", port, strerror(errno));
+  if (fd >= 0 && connect(fd, (struct sockaddr *)&o.sa, sizeof(o.sa)) == 0) return set_sock_opts(fd), fd;
+  hb_say("connect 127.0.0.1:%u: %s\n", ntohs(o.sa.sin_port), strerror(errno));
   if (fd >= 0) close(fd);
   return -1;
 }
 
-static void csv_row(const struct ref_opts *o, uint64_t iters, uint64_t bytes, double secs, double gbps,
-                    const struct bench_stats *s) {
-  if (o->csv == NULL) return;
-  FILE *f =
-      hb_csv(o->csv, "tool,mode,streams,size,iters,bytes,seconds,gbps,avg_us,p50_us,p99_us,min_us,max_us");
+/* The human line and the CSV row of the run. */
+static void report(unsigned n, uint64_t iters, uint64_t bytes, double secs, const struct bench_stats *s) {
+  double gbps = o.mode == REF_STREAM && secs > 0 ? (double)bytes / secs / 1e9 : 0;
+  if (!o.quiet && o.mode == REF_STREAM)
+    printf("tcp stream: %u connection%s, %zu B writes: %" PRIu64 " bytes in %.3f s = %.3f GB/s\n", n,
+           n == 1 ? "" : "s", o.size, bytes, secs, gbps);
+  if (!o.quiet && o.mode == REF_RTT)
+    printf("tcp rtt: %zu B request + %zu B response, %" PRIu64
+           " round trips: avg %.2f us, p50 %.2f us, p99 %.2f us, min %.2f us, max %.2f us\n",
+           o.size, o.size, iters, s->avg_us, s->p50_us, s->p99_us, s->min_us, s->max_us);
+  FILE *f = o.csv ? hb_csv(o.csv, "tool,mode,streams,size,iters,bytes,seconds,gbps,avg_us,p50_us,p99_us,"
+                                  "min_us,max_us")
+                  : NULL;
   if (f == NULL) return;
   fprintf(f, "tcp-ref,%s,%u,%zu,%" PRIu64 ",%" PRIu64 ",%.6f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
-          o->mode == REF_STREAM ? "stream" : "rtt", o->mode == REF_STREAM ? o->streams : 1, o->size, iters,
-          bytes, secs, gbps, s->avg_us, s->p50_us, s->p99_us, s->min_us, s->max_us);
+          o.mode == REF_STREAM ? "stream" : "rtt", n, o.size, iters, bytes, secs, gbps, s->avg_us, s->p50_us,
+          s->p99_us, s->min_us, s->max_us);
   fclose(f);
 }
 
-static int run_stream(const struct ref_opts *o, uint16_t port) {
-  struct src_arg args[REF_MAX_STREAMS];
+static int sender(struct hb_peer *p) {
+  unsigned n = o.mode == REF_STREAM ? o.streams : 1, started = 0;
+  struct conn a[REF_MAX_STREAMS];
   pthread_t th[REF_MAX_STREAMS];
   pthread_barrier_t start;
-  unsigned started = 0;
-  int rc = 0;
-  pthread_barrier_init(&start, NULL, o->streams + 1);
-  for (unsigned i = 0; i < o->streams; i++) {
-    int fd = connect_loopback(port);
-    if (fd < 0) return 1; /* no thread started yet */
-    args[i] = (struct src_arg){.fd = fd, .size = o->size, .start = &start};
+  uint64_t *lat = calloc(o.mode == REF_RTT ? o.iters : 1, sizeof(*lat)), bytes = 0, sum = 0;
+  int rc = lat && bench_pin_cpu(o.cpu[0]) ? 0 : 1;
+  close(o.lfd);
+  pthread_barrier_init(&start, NULL, n + 1);
+  for (unsigned i = 0; i < n && rc == 0; i++) {
+    a[i] = (struct conn){.fd = connect_receiver(), .start = &start, .lat = lat};
+    rc = a[i].fd < 0;
   }
-  for (unsigned i = 0; i < o->streams; i++) {
-    if (pthread_create(&th[i], NULL, source_thread, &args[i]) != 0)
-      return hb_say("pthread_create failed\n"), 1;
-    started++;
-  }
-  uint64_t t0 = bench_now_ns();
-  for (unsigned i = 0; i < o->streams; i++) args[i].deadline_ns = t0 + (uint64_t)(o->seconds * 1e9);
-  pthread_barrier_wait(&start);
-  uint64_t bytes = 0, t_end = t0;
-  for (unsigned i = 0; i < started; i++) {
-    pthread_join(th[i], NULL);
-    close(args[i].fd);
-    if (!args[i].ok) {
-      hb_say("stream %u: sent %" PRIu64 " bytes, receiver acknowledged %" PRIu64 "\n", i, args[i].sent,
-             args[i].acked);
-      rc = 1;
+  for (; started < n && rc == 0; started++)
+    if (pthread_create(&th[started], NULL, source_thread, &a[started]) != 0) {
+      hb_say("pthread_create failed\n");
+      rc = 1; /* those started wait at the barrier; the exit ends them */
     }
-    bytes += args[i].sent;
-    if (args[i].end_ns > t_end) t_end = args[i].end_ns;
-  }
-  pthread_barrier_destroy(&start);
-  double secs = (double)(t_end - t0) / 1e9;
-  double gbps = secs > 0 ? (double)bytes / secs / 1e9 : 0;
-  if (!o->quiet)
-    printf("tcp stream: %u connection%s, %zu B writes: %" PRIu64 " bytes in %.3f s = %.3f GB/s\n", o->streams,
-           o->streams == 1 ? "" : "s", o->size, bytes, secs, gbps);
-  struct bench_stats none = {0, 0, 0, 0, 0};
-  if (rc == 0) csv_row(o, bytes / o->size, bytes, secs, gbps, &none);
-  return rc;
-}
-
-static int run_rtt(const struct ref_opts *o, uint16_t port) {
-  int fd = connect_loopback(port);
-  if (fd < 0) return 1;
-  uint8_t *req = hb_map(o->size), *resp = hb_map(o->size);
-  uint64_t *lat = calloc(o->iters, sizeof(*lat));
-  int rc = 1;
-  if (req == NULL || resp == NULL || lat == NULL) goto out;
-  memset(req, 0x5a, o->size);
-  uint64_t limit = bench_now_ns() + (uint64_t)(o->seconds * 1e9);
-  uint64_t n = 0;
-  for (uint64_t i = 0; i < o->warmup + o->iters; i++) {
-    uint64_t t0 = bench_now_ns();
-    if (!hb_write_all(fd, req, o->size) || recv_all(fd, resp, o->size) != 1) {
-      hb_say("round trip %" PRIu64 " failed: %s\n", i, strerror(errno));
-      goto out;
+  if (rc == 0) {
+    uint64_t t0 = bench_now_ns(), t_end = t0;
+    for (unsigned i = 0; i < n; i++) a[i].deadline_ns = t0 + (uint64_t)(o.seconds * 1e9);
+    pthread_barrier_wait(&start);
+    for (unsigned i = 0; i < n; i++) {
+      pthread_join(th[i], NULL);
+      close(a[i].fd);
+      if (!a[i].ok && o.mode == REF_STREAM)
+        hb_say("stream %u: sent %" PRIu64 " bytes, receiver acknowledged %" PRIu64 "\n", i, a[i].sent,
+               a[i].acked);
+      rc |= !a[i].ok;
+      bytes += a[i].sent;
+      t_end = a[i].end_ns > t_end ? a[i].end_ns : t_end;
     }
-    uint64_t t1 = bench_now_ns();
-    if (i >= o->warmup) lat[n++] = t1 - t0;
-    if (t1 > limit) break;
+    for (uint64_t i = 0; i < a[0].n; i++) sum += lat[i];
+    struct bench_stats s = bench_stats_ns(lat, a[0].n);
+    if (rc == 0 && o.mode == REF_STREAM) report(n, bytes / o.size, bytes, (double)(t_end - t0) / 1e9, &s);
+    if (rc == 0 && o.mode == REF_RTT) report(n, a[0].n, a[0].n * o.size * 2, (double)sum / 1e9, &s);
   }
-  uint64_t sum = 0;
-  for (uint64_t i = 0; i < n; i++) sum += lat[i];
-  struct bench_stats s = bench_stats_ns(lat, n);
-  if (!o->quiet)
-    printf("tcp rtt: %zu B request + %zu B response, %" PRIu64
-           " round trips: avg %.2f us, p50 %.2f us, p99 %.2f us, min %.2f us, max %.2f us\n",
-           o->size, o->size, n, s.avg_us, s.p50_us, s.p99_us, s.min_us, s.max_us);
-  csv_row(o, n, n * o->size * 2, (double)sum / 1e9, 0.0, &s);
-  rc = n > 0 ? 0 : 1;
-out:
-  close(fd);
+  if (rc != 0) kill(p->pid, SIGTERM); /* a failed sender may leave the receiver waiting on a socket */
   free(lat);
-  if (req != NULL) munmap(req, o->size);
-  if (resp != NULL) munmap(resp, o->size);
   return rc;
 }
 
-static struct ref_opts o = {
-    .mode = -1, .streams = 1, .seconds = -1, .iters = 20000, .warmup = 1000, .cpu = {-1, -1}};
 static const char *const modes[] = {"stream", "rtt", NULL};
 static const struct hb_opt opts[] = {
     {"--mode", HB_CHOICE, &o.mode, "stream|rtt", "required", 0, 0, modes},
@@ -300,34 +227,19 @@ static const struct hb_opt opts[] = {
      NULL},
     {"--quiet", HB_FLAG, &o.quiet, NULL, "no human-readable line", 0, 0, NULL},
     {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
-static struct sockaddr_in sa = {.sin_family = AF_INET}; /* the receiver's */
 
 /* The defaults of the mode, and the receiver's socket listening before the fork. */
 static int setup(void) {
-  socklen_t sl = sizeof(sa);
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t sl = sizeof(o.sa);
+  o.sa = (struct sockaddr_in){.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   if (o.mode < 0) return hb_usage(stderr, opts, NULL), 2;
   if (o.size == 0) o.size = o.mode == REF_STREAM ? (1u << 20) : 64;
   if (o.seconds <= 0) o.seconds = o.mode == REF_STREAM ? 3.0 : 10.0;
   o.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (o.lfd < 0 || bind(o.lfd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
-      listen(o.lfd, REF_MAX_STREAMS) != 0 || getsockname(o.lfd, (struct sockaddr *)&sa, &sl) != 0)
+  if (o.lfd < 0 || bind(o.lfd, (struct sockaddr *)&o.sa, sizeof(o.sa)) != 0 ||
+      listen(o.lfd, REF_MAX_STREAMS) != 0 || getsockname(o.lfd, (struct sockaddr *)&o.sa, &sl) != 0)
     hb_die("cannot listen on 127.0.0.1: %s", strerror(errno));
   return 0;
-}
-
-static int receiver(int fd) {
-  (void)fd;
-  return bench_pin_cpu(o.cpu[1]) ? run_receiver(&o, o.lfd) : 1;
-}
-
-static int sender(struct hb_peer *p) {
-  int rc = 1;
-  close(o.lfd);
-  if (bench_pin_cpu(o.cpu[0]))
-    rc = o.mode == REF_STREAM ? run_stream(&o, ntohs(sa.sin_port)) : run_rtt(&o, ntohs(sa.sin_port));
-  if (rc != 0) kill(p->pid, SIGTERM); /* a failed sender may leave the receiver waiting on a socket */
-  return rc;
 }
 
 const struct hb_test hb_test_tcp_ref = {
