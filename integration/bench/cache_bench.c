@@ -31,40 +31,37 @@ static struct {
 
 static uint32_t ntensors(void) { return 2 * o.layers; }
 
-static uint8_t pat(uint64_t seed, uint32_t t, uint64_t j) {
-  uint64_t x = (seed << 52) ^ ((uint64_t)t << 40) ^ j;
-  x *= 0x9E3779B97F4A7C15ull;
-  return (uint8_t)(x >> 56);
-}
-
-static uint8_t **cache_alloc(uint64_t seed) {
-  uint8_t **t = calloc(ntensors(), sizeof(*t));
-  for (uint32_t i = 0; t && i < ntensors(); i++) {
-    t[i] = aligned_alloc(4096, (size_t)o.blocks * o.bs);
-    if (!t[i]) hb_die("out of memory");
-    for (size_t j = 0; j < (size_t)o.blocks * o.bs; j += 64) memset(t[i] + j, pat(seed, i, j / 64), 64);
-  }
-  if (!t) hb_die("out of memory");
-  return t;
-}
-
-static uint64_t register_cache(HixlCacheManager *m, uint8_t **t, uint64_t cluster) {
+/* A cache manager on e for cluster c with its cache registered, each tensor a pattern of
+ * its own (c, tensor): the manager, the tensors into *t, the cache's id into *id. Dies
+ * on failure. */
+static HixlCacheManager *cache_up(HixlEngine *e, uint64_t c, uint8_t ***t, uint64_t *id) {
+  HixlCacheManager *m;
   HixlCacheDesc d = {ntensors(), 2, 2, {o.blocks, o.bs / 2}, HIXL_CACHE_HOST};
-  HixlBlocksCacheKey k = {cluster, 0};
+  HixlBlocksCacheKey k = {c, 0};
   uintptr_t a[MAX_TENSORS];
-  uint64_t id;
-  for (uint32_t i = 0; i < ntensors(); i++) a[i] = (uintptr_t)t[i];
-  hb_check(HixlCacheManagerRegisterBlocksCache(m, &d, a, ntensors(), &k, HIXL_CACHE_ACCESS_REMOTE, &id),
+  size_t len = (size_t)o.blocks * o.bs;
+  hb_check(HixlCacheManagerCreate(e, c, &m), "manager");
+  if (!(*t = calloc(ntensors(), sizeof(**t)))) hb_die("out of memory");
+  for (uint32_t i = 0; i < ntensors(); i++) {
+    if (!((*t)[i] = aligned_alloc(4096, len))) hb_die("out of memory");
+    bench_pattern_fill((*t)[i], len, c << 32 | i);
+    a[i] = (uintptr_t)(*t)[i];
+  }
+  hb_check(HixlCacheManagerRegisterBlocksCache(m, &d, a, ntensors(), &k, HIXL_CACHE_ACCESS_REMOTE, id),
            "register");
-  return id;
+  return m;
 }
 
-/* FNV-1a of blocks[] of every tensor, in order. */
+/* FNV-1a, a word at a time, of blocks[] of every tensor, in order. */
 static uint64_t digest(uint8_t **t, const uint64_t *blocks, size_t n) {
   uint64_t h = 0xcbf29ce484222325ull;
   for (uint32_t i = 0; i < ntensors(); i++)
     for (size_t b = 0; b < n; b++)
-      for (size_t j = 0; j < o.bs; j++) h = (h ^ t[i][blocks[b] * o.bs + j]) * 0x100000001b3ull;
+      for (size_t j = 0; j < o.bs; j += 8) {
+        uint64_t w = 0;
+        memcpy(&w, t[i] + blocks[b] * o.bs + j, o.bs - j < 8 ? o.bs - j : 8);
+        h = (h ^ w) * 0x100000001b3ull;
+      }
   return h;
 }
 
@@ -72,13 +69,11 @@ static uint64_t digest(uint8_t **t, const uint64_t *blocks, size_t n) {
 
 static char peer[64]; /* the target's address */
 static int target(int fd) {
-  uint8_t **t = cache_alloc(7);
+  uint8_t **t;
+  uint64_t id, addrs[MAX_TENSORS];
   HixlEngine *e = hb_engine(peer, o.transport, NULL, 0);
   if (!e) return 1;
-  HixlCacheManager *m;
-  hb_check(HixlCacheManagerCreate(e, 2, &m), "manager");
-  register_cache(m, t, 2);
-  uint64_t addrs[MAX_TENSORS];
+  HixlCacheManager *m = cache_up(e, 2, &t, &id);
   for (uint32_t i = 0; i < ntensors(); i++) addrs[i] = (uintptr_t)t[i];
   if (!hb_ready(fd, addrs, ntensors())) return 1;
   uint32_t n;
@@ -99,10 +94,9 @@ static int target(int fd) {
 struct scen {
   const char *name;
   bool push;
-  uint64_t *src, *dst; /* req blocks each */
-  double raw_gbps, cache_gbps, raw_ms, cache_ms;
-  uint64_t raw_ops, cache_ops;
-  bool verified;
+  uint64_t *src, *dst;   /* req blocks each */
+  double gbps[2], ms[2]; /* medians: [0] through the cache manager, [1] raw */
+  uint64_t ops[2];       /* engine ops of a move, likewise */
 };
 
 static HixlEngine *eng;
@@ -139,15 +133,17 @@ static uint64_t cache_ops(void) {
   return st.engine_ops;
 }
 
-static double run_cache(struct scen *s) {
-  HixlBlocksCacheKey pk = {2, 0};
-  HixlCacheAnyKey k = {.kind = HIXL_CACHE_KEY_BLOCKS};
-  k.u.blocks = pk;
+/* One move of scenario s, through the cache manager or (raw) the engine's op list ops[n]:
+ * its seconds; its engine ops into s. Dies on failure. */
+static double run_one(struct scen *s, bool raw, const HixlTransferOpDesc *ops, size_t n) {
+  HixlCacheAnyKey k = {.kind = HIXL_CACHE_KEY_BLOCKS, .u.blocks = {2, 0}};
   HixlCacheTransferArgs a = HIXL_CACHE_TRANSFER_ARGS_INIT;
   a.timeout_ms = 60000;
   uint64_t ops0 = cache_ops(), t0 = bench_now_ns();
   HixlStatus st;
-  if (!s->push) {
+  if (raw) {
+    st = HixlEngineTransferSync(eng, peer, s->push ? HIXL_WRITE : HIXL_READ, ops, n, 60000);
+  } else if (!s->push) {
     st = HixlCacheManagerPullBlocks(mgr, &k, my_id, s->src, o.req, s->dst, o.req, &a);
   } else {
     uintptr_t dst[MAX_TENSORS];
@@ -163,40 +159,32 @@ static double run_cache(struct scen *s) {
     }
   }
   double sec = (double)(bench_now_ns() - t0) / 1e9;
-  hb_check(st, "%s through the cache manager", s->name);
-  s->cache_ops = cache_ops() - ops0;
+  hb_check(st, "%s%s", s->name, raw ? ", raw engine" : " through the cache manager");
+  s->ops[raw] = raw ? n : cache_ops() - ops0;
   return sec;
 }
 
-static double run_raw(struct scen *s, HixlTransferOpDesc *ops, size_t n) {
-  uint64_t t0 = bench_now_ns();
-  HixlStatus st = HixlEngineTransferSync(eng, peer, s->push ? HIXL_WRITE : HIXL_READ, ops, n, 60000);
-  double sec = (double)(bench_now_ns() - t0) / 1e9;
-  hb_check(st, "%s, raw engine", s->name);
-  s->raw_ops = n;
-  return sec;
-}
-
-static void clear_dst(const struct scen *s) {
-  for (uint32_t t = 0; t < ntensors(); t++)
-    for (size_t i = 0; i < o.req; i++) memset(mine[t] + s->dst[i] * o.bs, 0, o.bs);
-}
-
-static bool check_pull(const struct scen *s) {
+/* Before a checked move: a pull's destination blocks zeroed, a byte of a push's source
+ * blocks changed, so that only a move that lands makes them agree. */
+static void prepare(const struct scen *s) {
   for (uint32_t t = 0; t < ntensors(); t++)
     for (size_t i = 0; i < o.req; i++)
-      for (size_t j = 0; j < o.bs; j += 64)
-        if (mine[t][s->dst[i] * o.bs + j] != pat(7, t, (s->src[i] * o.bs + j) / 64)) return false;
-  return true;
+      if (s->push)
+        mine[t][s->src[i] * o.bs] ^= 0x5a;
+      else
+        memset(mine[t] + s->dst[i] * o.bs, 0, o.bs);
 }
 
-static bool check_push(const struct scen *s) {
+/* Whether the blocks moved arrived: the digest of their far side, which the target
+ * computes, against this side's. */
+static bool arrived(const struct scen *s) {
   uint32_t n = o.req;
   uint64_t h = 0;
-  if (write(tgt->fd, &n, sizeof(n)) < 0 || write(tgt->fd, s->dst, n * sizeof(uint64_t)) < 0 ||
+  const uint64_t *far = s->push ? s->dst : s->src, *near = s->push ? s->src : s->dst;
+  if (write(tgt->fd, &n, sizeof(n)) < 0 || write(tgt->fd, far, n * sizeof(uint64_t)) < 0 ||
       bench_read_full(tgt->fd, &h, sizeof(h)) != 0)
     return false;
-  return h == digest(mine, s->src, n);
+  return h == digest(mine, near, n);
 }
 
 static void pick(uint64_t *v, size_t n, uint64_t *rng) {
@@ -235,9 +223,7 @@ static int initiator(struct hb_peer *p) {
   hb_wait_ready(tgt->fd, peer_addrs, ntensors());
   const char *me = o.ip;
   if (!(eng = hb_engine(me, o.transport, NULL, 0))) return 1;
-  hb_check(HixlCacheManagerCreate(eng, 1, &mgr), "manager");
-  mine = cache_alloc(0);
-  my_id = register_cache(mgr, mine, 1);
+  mgr = cache_up(eng, 1, &mine, &my_id);
   hb_check(HixlCacheManagerLink(mgr, 2, peer, 10000), "link");
 
   uint64_t rng = 0x6869786c;
@@ -254,7 +240,7 @@ static int initiator(struct hb_peer *p) {
     }
   }
   HixlTransferOpDesc *ops = calloc((size_t)ntensors() * o.req, sizeof(*ops));
-  double *tr = calloc(o.iters, sizeof(double)), *tc = calloc(o.iters, sizeof(double));
+  double *t[2] = {calloc(o.iters, sizeof(double)), calloc(o.iters, sizeof(double))};
   double bytes = (double)ntensors() * o.req * o.bs;
   printf(
       "# hixl-cache-bench (hixl %s): %s -> %s, transport %s, %u layers x K,V, %u blocks of %zu B per tensor,"
@@ -264,56 +250,44 @@ static int initiator(struct hb_peer *p) {
   for (int i = 0; i < 3; i++) {
     struct scen *s = &sc[i];
     size_t n = build_ops(s, ops);
-    /* once each, checked */
-    if (!s->push) clear_dst(s);
-    run_cache(s);
-    bool ok_c = s->push ? check_push(s) : check_pull(s);
-    if (!s->push) clear_dst(s);
-    if (s->push) { /* the raw WRITE of other bytes must be what lands */
-      for (uint32_t t = 0; t < ntensors(); t++)
-        for (size_t j = 0; j < o.req; j++) mine[t][s->src[j] * o.bs] ^= 0x5a;
+    bool ok[2];
+    for (int raw = 0; raw < 2; raw++) { /* once each, checked */
+      prepare(s);
+      run_one(s, raw, ops, n);
+      ok[raw] = arrived(s);
     }
-    run_raw(s, ops, n);
-    bool ok_r = s->push ? check_push(s) : check_pull(s);
-    s->verified = ok_c && ok_r;
-    if (!s->verified)
-      hb_die("%s: the bytes that arrived are wrong (cache %s, raw %s)", s->name, ok_c ? "ok" : "WRONG",
-             ok_r ? "ok" : "WRONG");
+    if (!ok[0] || !ok[1])
+      hb_die("%s: the bytes that arrived are wrong (cache %s, raw %s)", s->name, ok[0] ? "ok" : "WRONG",
+             ok[1] ? "ok" : "WRONG");
     for (uint32_t it = 0; it < o.iters; it++) {
-      if (it % 2) {
-        tr[it] = run_raw(s, ops, n);
-        tc[it] = run_cache(s);
-      } else {
-        tc[it] = run_cache(s);
-        tr[it] = run_raw(s, ops, n);
-      }
+      for (uint32_t k = 0; k < 2; k++) /* the cache manager first in even iterations, raw in odd */
+        t[(it + k) % 2][it] = run_one(s, (it + k) % 2, ops, n);
       if (o.progress) fprintf(stderr, "\r%s: %u/%u", s->name, it + 1, o.iters);
     }
     if (o.progress) fprintf(stderr, "\r%*s\r", 40, "");
-    double mr = hb_median_dbl(tr, o.iters), mc = hb_median_dbl(tc, o.iters);
-    s->raw_ms = mr * 1e3, s->cache_ms = mc * 1e3;
-    s->raw_gbps = bytes / mr / 1e9, s->cache_gbps = bytes / mc / 1e9;
+    for (int raw = 0; raw < 2; raw++) {
+      double m = hb_median_dbl(t[raw], o.iters);
+      s->ms[raw] = m * 1e3, s->gbps[raw] = bytes / m / 1e9;
+    }
   }
-  FILE *f = o.json ? fopen(o.json, "w") : NULL;
-  if (o.json && !f) hb_die("--json %s: %s", o.json, strerror(errno));
+  FILE *f = o.json ? hb_json_open(o.json, "hixl-cache-bench") : NULL;
   if (f)
     fprintf(f,
-            "{\n  \"tool\": \"hixl-cache-bench\",\n  \"transport\": \"%s\",\n  \"layers\": %u,\n  "
-            "\"blocks\": %u,\n"
-            "  \"block_bytes\": %zu,\n  \"req_blocks\": %u,\n  \"iters\": %u,\n  \"results\": [\n",
+            "  \"transport\": \"%s\",\n  \"layers\": %u,\n  \"blocks\": %u,\n  \"block_bytes\": %zu,\n  "
+            "\"req_blocks\": %u,\n  \"iters\": %u,\n  \"results\": [\n",
             o.transport ? o.transport : "auto", o.layers, o.blocks, o.bs, o.req, o.iters);
   for (int i = 0; i < 3; i++) {
     const struct scen *c = &sc[i];
     const struct hb_field rec[] = {HB_FS("scenario", "scenario", c->name),
-                                   HB_FD("raw_gbps", "raw GB/s", "%.4f", "%.2f", c->raw_gbps),
-                                   HB_FD("cache_gbps", "cache GB/s", "%.4f", "%.2f", c->cache_gbps),
-                                   HB_FD("raw_ms", "raw ms", "%.4f", "%.3f", c->raw_ms),
-                                   HB_FD("cache_ms", "cache ms", "%.4f", "%.3f", c->cache_ms),
-                                   HB_FU("raw_ops", "raw ops", c->raw_ops),
-                                   HB_FU("cache_ops", "cache ops", c->cache_ops),
-                                   HB_FD("ratio", "ratio", "%.4f", "%.2fx", c->cache_gbps / c->raw_gbps),
-                                   HB_FR("verified", NULL, c->verified ? "true" : "false"),
-                                   HB_FS(NULL, "verified", c->verified ? "yes" : "NO")};
+                                   HB_FD("raw_gbps", "raw GB/s", "%.4f", "%.2f", c->gbps[1]),
+                                   HB_FD("cache_gbps", "cache GB/s", "%.4f", "%.2f", c->gbps[0]),
+                                   HB_FD("raw_ms", "raw ms", "%.4f", "%.3f", c->ms[1]),
+                                   HB_FD("cache_ms", "cache ms", "%.4f", "%.3f", c->ms[0]),
+                                   HB_FU("raw_ops", "raw ops", c->ops[1]),
+                                   HB_FU("cache_ops", "cache ops", c->ops[0]),
+                                   HB_FD("ratio", "ratio", "%.4f", "%.2fx", c->gbps[0] / c->gbps[1]),
+                                   HB_FR("verified", NULL, "true"), /* a wrong byte ends the run */
+                                   HB_FS(NULL, "verified", "yes")};
     if (i == 0) hb_head(stdout, HB_MD, rec, HB_NF(rec));
     hb_row(stdout, HB_MD, rec, HB_NF(rec));
     putchar('\n');

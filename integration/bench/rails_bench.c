@@ -1,14 +1,6 @@
 /* hixl-rails-bench: large READ or WRITE ops over an engine's rails (issue 31), one role
- * per process, so the two ends can live in two network namespaces (integration/rails/).
- *
- *   hixl-rails-bench --role target --listen IP:PORT [--rails LIST] [--buf-size SIZE]
- *                    [--seed N] [--ready-file FILE] [engine options]
- *   hixl-rails-bench --role initiator --connect IP:PORT [--local IP] [--rails LIST]
- *                    --read|--write [--op-size SIZE] [--ops N | --seconds S] [--batch N]
- *                    [--depth N] [--expect-rails N] [--json FILE] [--label TEXT]
- *                    [--stats-file FILE] [--no-progress] [engine options]
- *   engine options: [--transport NAME] [--stall-ms N] [--probe-ms N] [--timeout-ms N]
- *                   [--opt KEY=VALUE]...
+ * per process, so the two ends can live in two network namespaces (integration/rails/);
+ * --help lists the options of each role.
  *
  * The target registers --buf-size bytes (default 256 MiB) filled with a pattern from
  * --seed, tagged "hixl-rails-bench seed=N" so the initiator finds the range and the
@@ -69,12 +61,22 @@ static struct {
        .dir = -1,
        .progress = true};
 
+/* SIGINT, SIGTERM: stop; SIGUSR1: hold; SIGUSR2: go on. */
 static volatile sig_atomic_t stop_flag, hold_flag;
-static void on_stop(int sig) {
-  (void)sig;
-  stop_flag = 1;
+static void on_signal(int sig) {
+  if (sig == SIGUSR1 || sig == SIGUSR2)
+    hold_flag = sig == SIGUSR1;
+  else
+    stop_flag = 1;
 }
-static void on_hold(int sig) { hold_flag = sig == SIGUSR1; }
+
+static void install_signals(void) {
+  static const int sigs[] = {SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+  struct sigaction sa = {.sa_handler = on_signal};
+  sigemptyset(&sa.sa_mask);
+  for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) sigaction(sigs[i], &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+}
 
 static const char *const roles[] = {"target", "initiator", NULL};
 static const struct hb_opt opts[] = {
@@ -110,62 +112,43 @@ static const struct hb_opt opts[] = {
     {"--opt", HB_FN, &o.x, "KEY=VALUE", "any other engine option; repeatable", 0, 0, hb_extra_add},
     {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
 
+/* The options, then what the role needs: 0, or 2 (said) for the first thing missing. */
 static int parse_opts(int argc, char **argv) {
   hb_prog = PROG;
   hb_parse(argc, argv, opts,
            "Exit status: 0 when every op completed and verified, 1 otherwise, 2 for bad options.\n");
   o.dir = o.read ? HIXL_READ : o.write ? HIXL_WRITE : -1;
-  const char *why = NULL;
-  if (o.role == ROLE_NONE)
-    why = "--role target or --role initiator";
-  else if (o.role == ROLE_TARGET && !o.listen)
-    why = "a target needs --listen IP:PORT";
-  else if (o.role == ROLE_INITIATOR && !o.connect)
-    why = "an initiator needs --connect IP:PORT";
-  else if (o.role == ROLE_INITIATOR && o.dir < 0)
-    why = "an initiator needs --read or --write";
-  else if (o.role == ROLE_INITIATOR && o.ops == 0 && o.seconds == 0)
-    why = "an initiator needs --ops N or --seconds S";
-  else if (o.read && o.write)
-    why = "--read or --write, not both";
-  else if (o.depth * o.batch > MAX_FLIGHT)
-    why = "--depth x --batch is at most 256 ops in flight";
-  if (why) {
-    hb_say("%s\n", why);
-    return 2;
-  }
+  bool ini = o.role == ROLE_INITIATOR;
+  const struct {
+    bool bad;
+    const char *why;
+  } need[] = {{o.role == ROLE_NONE, "--role target or --role initiator"},
+              {o.role == ROLE_TARGET && !o.listen, "a target needs --listen IP:PORT"},
+              {ini && !o.connect, "an initiator needs --connect IP:PORT"},
+              {ini && o.dir < 0, "an initiator needs --read or --write"},
+              {ini && o.ops == 0 && o.seconds == 0, "an initiator needs --ops N or --seconds S"},
+              {o.read && o.write, "--read or --write, not both"},
+              {o.depth * o.batch > MAX_FLIGHT, "--depth x --batch is at most 256 ops in flight"}};
+  for (size_t i = 0; i < sizeof(need) / sizeof(need[0]); i++)
+    if (need[i].bad) return hb_say("%s\n", need[i].why), 2;
   return 0;
 }
 
-/* Create and initialize an engine on addr with the options given; NULL when it cannot (said). */
+/* An engine on addr with the options given; NULL when it cannot (said). */
 static HixlEngine *engine_up(const char *addr) {
-  HixlOption opt[HB_EXTRA_MAX + 4];
-  char stall[24], probe[24];
+  HixlOption opt[HB_EXTRA_MAX + 3];
+  const char *key[] = {"RailStallMs", "RailProbeMs"};
+  uint64_t ms[] = {o.stall_ms, o.probe_ms};
+  char val[2][24];
   size_t n = 0;
-  opt[n++] = (HixlOption){"Transport", o.transport};
   if (o.rails) opt[n++] = (HixlOption){"Rails", o.rails};
-  if (o.stall_ms) {
-    snprintf(stall, sizeof(stall), "%" PRIu64, o.stall_ms);
-    opt[n++] = (HixlOption){"RailStallMs", stall};
-  }
-  if (o.probe_ms) {
-    snprintf(probe, sizeof(probe), "%" PRIu64, o.probe_ms);
-    opt[n++] = (HixlOption){"RailProbeMs", probe};
-  }
-  for (size_t i = 0; i < o.x.n; i++) opt[n++] = o.x.v[i];
-  return hb_engine(addr, NULL, opt, n);
-}
-
-static void install_stop(void) {
-  struct sigaction sa = {.sa_handler = on_stop};
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
-  struct sigaction hs = {.sa_handler = on_hold};
-  sigemptyset(&hs.sa_mask);
-  sigaction(SIGUSR1, &hs, NULL);
-  sigaction(SIGUSR2, &hs, NULL);
-  signal(SIGPIPE, SIG_IGN);
+  for (size_t i = 0; i < 2; i++)
+    if (ms[i]) {
+      snprintf(val[i], sizeof(val[i]), "%" PRIu64, ms[i]);
+      opt[n++] = (HixlOption){key[i], val[i]};
+    }
+  memcpy(opt + n, o.x.v, o.x.n * sizeof(o.x.v[0]));
+  return hb_engine(addr, o.transport, opt, n + o.x.n);
 }
 
 /* ---- target ---- */
@@ -174,6 +157,7 @@ static int run_target(void) {
   int rc = 1;
   char tag[64];
   HixlMemHandle h = NULL;
+  install_signals();
   HixlEngine *e = engine_up(o.listen);
   if (!e) return 1;
   uint8_t *buf = hb_map(o.buf_size);
@@ -215,110 +199,83 @@ struct slot {
 struct run {
   HixlEngine *e;
   HixlMemHandle lh;
-  uint8_t *local; /* depth x batch op-sized slots */
-  uint8_t *ref;   /* the target's buffer as it should read (READ) or the written pattern (WRITE) */
-  uint8_t *back;  /* read-backs (WRITE) */
+  uint8_t *local;   /* depth x batch op-sized slots; WRITE's read-backs land there too */
+  uint8_t *ref;     /* the target's buffer as it should read (READ) or the written pattern (WRITE) */
+  uint8_t *scratch; /* WRITE: what a slot should read back, one op */
   uint64_t remote, remote_len, seed, nslots;
-  uint64_t *last_writer; /* WRITE: op number + 1 that wrote each remote slot in this pass, 0 none */
   struct slot req[MAX_DEPTH];
   uint64_t *lat;
   size_t nlat;
-  uint64_t submitted, done, verified_bytes, timed_ns, t_start, max_ns;
+  uint64_t submitted, done, checked, verified_bytes, timed_ns, t_start, max_ns; /* checked: WRITEs to here */
   uint64_t next_stats, next_prog, last_prog_done;
-  uint64_t prog_ns_at; /* timed time at the last progress line */
-  uint64_t t_phase;    /* the timed phase under way began here */
+  uint64_t prog_ns_at;                 /* timed time at the last progress line */
+  uint64_t t_phase;                    /* the timed phase under way began here */
+  struct hixl_rail_info ri[RAILS_CAP]; /* the rails as last read */
+  size_t nri;
 };
 
 /* Timed time so far, the phase under way included. */
 static uint64_t timed_now(const struct run *r, uint64_t now) { return r->timed_ns + (now - r->t_phase); }
 
-static uint64_t slot_off(uint64_t op) { return (op % (o.depth * o.batch)) * o.op_size; }
+static double gbps_of(uint64_t bytes, uint64_t ns) { return ns ? (double)bytes * 8.0 / (double)ns : 0.0; }
+
+/* The local slot op k uses. */
+static uint8_t *lslot(const struct run *r, uint64_t op) {
+  return r->local + (op % (o.depth * o.batch)) * o.op_size;
+}
 
 /* The remote slot op k uses. */
 static uint64_t rslot(const struct run *r, uint64_t op) { return op % r->nslots; }
 
-/* The 8-byte stamp WRITE op k puts at the start of page p of its data. */
-static uint64_t stamp(uint64_t op, uint64_t page) {
-  return bench_pattern_word(WRITE_SEED, op) ^ (page * 0x9e3779b97f4a7c15ull);
+/* The op between lp and remote slot sl; a READ's destination is poisoned first, so that a
+ * read that moves nothing cannot pass. */
+static HixlTransferOpDesc op_at(const struct run *r, uint8_t *lp, uint64_t sl, bool read) {
+  if (read) memset(lp, 0xA5, o.op_size);
+  return (HixlTransferOpDesc){
+      .local_addr = (uintptr_t)lp, .remote_addr = (uintptr_t)(r->remote + sl * o.op_size), .len = o.op_size};
 }
 
-/* The data WRITE op k carries, into dst: the written pattern of its remote slot, stamped. */
+/* The data WRITE op k carries, into dst: the written pattern of its remote slot with the
+ * op's own 8-byte stamp at the start of every page. */
 static void write_data(const struct run *r, uint64_t op, uint8_t *dst) {
-  const uint8_t *src = r->ref + rslot(r, op) * o.op_size;
-  memcpy(dst, src, o.op_size);
+  memcpy(dst, r->ref + rslot(r, op) * o.op_size, o.op_size);
   for (uint64_t p = 0; p * PAGE + 8 <= o.op_size; p++) {
-    uint64_t s = stamp(op, p);
+    uint64_t s = bench_pattern_word(WRITE_SEED, op) ^ (p * 0x9e3779b97f4a7c15ull);
     memcpy(dst + p * PAGE, &s, 8);
   }
 }
 
-/* Whether got holds what WRITE op k wrote; *bad the first wrong offset otherwise. */
-static bool write_ok(const struct run *r, uint64_t op, const uint8_t *got, size_t *bad) {
-  const uint8_t *want = r->ref + rslot(r, op) * o.op_size;
-  for (uint64_t p = 0; p * PAGE < o.op_size; p++) {
-    uint64_t at = p * PAGE, len = o.op_size - at < PAGE ? o.op_size - at : PAGE, head = 0;
-    if (len >= 8) {
-      uint64_t s = stamp(op, p);
-      if (memcmp(got + at, &s, 8) != 0) {
-        *bad = at;
-        return false;
-      }
-      head = 8;
-    }
-    size_t b = 0;
-    if (!bench_same(got + at + head, want + at + head, len - head, &b)) {
-      *bad = at + head + b;
-      return false;
-    }
-  }
-  return true;
-}
-
-static int rails_now(const struct run *r, struct hixl_rail_info *ri, size_t *n) {
+/* The rails of the link now, into r->ri (none when they cannot be read: said). */
+static int rails_read(struct run *r) {
   size_t got = 0;
-  if (!hb_ok(hixl_engine_rails(r->e, o.connect, ri, RAILS_CAP, &got), "hixl_engine_rails")) return -1;
-  *n = got < RAILS_CAP ? got : RAILS_CAP;
+  r->nri = 0;
+  if (!hb_ok(hixl_engine_rails(r->e, o.connect, r->ri, RAILS_CAP, &got), "hixl_engine_rails")) return -1;
+  r->nri = got < RAILS_CAP ? got : RAILS_CAP;
   return 0;
 }
 
-/* s as a JSON string, quotes included */
-static void json_string(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    unsigned char ch = (unsigned char)*s;
-    if (ch == '"' || ch == '\\')
-      fprintf(f, "\\%c", ch);
-    else if (ch < 0x20)
-      fprintf(f, "\\u%04x", ch);
-    else
-      fputc(ch, f);
-  }
-  fputc('"', f);
-}
-
-static void rails_json(FILE *f, const struct hixl_rail_info *ri, size_t n) {
+/* The rails as last read, as a JSON array. */
+static void rails_json(FILE *f, const struct run *r) {
   fprintf(f, "[");
-  for (size_t k = 0; k < n; k++) {
+  for (size_t k = 0; k < r->nri; k++) {
+    const struct hixl_rail_info *x = &r->ri[k];
     fprintf(f,
             "%s{\"rail\": %zu, \"local\": \"%s\", \"remote\": \"%s\", \"state\": \"%s\", \"bytes\": %" PRIu64
             ", \"ops\": %" PRIu64 ", \"failures\": %" PRIu64 ", \"retried\": %" PRIu64
-            ", \"control\": %d, \"last_down\": ",
-            k ? ", " : "", k, ri[k].local, ri[k].remote, ri[k].state, ri[k].bytes, ri[k].ops, ri[k].failures,
-            ri[k].retried, ri[k].control);
-    json_string(f, ri[k].last_down);
-    fprintf(f, "}");
+            ", \"control\": %d, \"last_down\": \"",
+            k ? ", " : "", k, x->local, x->remote, x->state, x->bytes, x->ops, x->failures, x->retried,
+            x->control);
+    for (const char *c = x->last_down; *c; c++) /* a message: escaped */
+      fprintf(f, *c == '"' || *c == '\\' ? "\\%c" : (unsigned char)*c < 0x20 ? "\\u%04x" : "%c", *c);
+    fprintf(f, "\"}");
   }
   fprintf(f, "]");
 }
 
-static double gbps_of(uint64_t bytes, uint64_t ns) { return ns ? (double)bytes * 8.0 / (double)ns : 0.0; }
-
 /* --stats-file: the state now, written whole then renamed over the file. */
-static void stats_write(const struct run *r, const char *phase) {
-  struct hixl_rail_info ri[RAILS_CAP];
-  size_t n = 0;
+static void stats_write(struct run *r, const char *phase) {
   char tmp[4096];
-  if (rails_now(r, ri, &n) < 0) n = 0;
+  rails_read(r);
   snprintf(tmp, sizeof(tmp), "%s.tmp", o.stats_file);
   FILE *f = fopen(tmp, "w");
   if (!f) return;
@@ -326,26 +283,25 @@ static void stats_write(const struct run *r, const char *phase) {
           "{\"phase\": \"%s\", \"ops\": %" PRIu64 ", \"verified_bytes\": %" PRIu64 ", \"max_ms\": %.3f, "
           "\"rails\": ",
           phase, r->done, r->verified_bytes, (double)r->max_ns / 1e6);
-  rails_json(f, ri, n);
+  rails_json(f, r);
   fprintf(f, "}\n");
   if (fclose(f) == 0) rename(tmp, o.stats_file);
 }
 
+/* The stats file every STATS_PERIOD, a progress line every PROG_PERIOD. */
 static void progress(struct run *r, uint64_t now) {
   if (o.stats_file && now >= r->next_stats) {
     stats_write(r, "running");
     r->next_stats = now + STATS_PERIOD;
   }
   if (!o.progress || now < r->next_prog) return;
-  struct hixl_rail_info ri[RAILS_CAP];
-  size_t n = 0;
   uint64_t tn = timed_now(r, now), dn = r->done - r->last_prog_done, dt = tn - r->prog_ns_at;
   hb_say("%.1f s: %" PRIu64 " ops, %.2f Gbit/s (last second %.2f), max %.1f ms",
          (double)(now - r->t_start) / 1e9, r->done, gbps_of(r->done * o.op_size, tn),
          gbps_of(dn * o.op_size, dt), (double)r->max_ns / 1e6);
-  if (rails_now(r, ri, &n) == 0)
-    for (size_t k = 0; k < n; k++)
-      fprintf(stderr, "; rail %zu %s %" PRIu64 " MiB", k, ri[k].state, ri[k].bytes >> 20);
+  rails_read(r);
+  for (size_t k = 0; k < r->nri; k++)
+    fprintf(stderr, "; rail %zu %s %" PRIu64 " MiB", k, r->ri[k].state, r->ri[k].bytes >> 20);
   fprintf(stderr, "\n");
   r->last_prog_done = r->done;
   r->prog_ns_at = tn;
@@ -357,14 +313,8 @@ static int post(struct run *r, size_t s, uint64_t first) {
   HixlTransferOpDesc d[MAX_FLIGHT];
   for (uint64_t i = 0; i < o.batch; i++) {
     uint64_t op = first + i;
-    uint8_t *lp = r->local + slot_off(op);
-    if (o.dir == HIXL_READ)
-      memset(lp, 0xA5, o.op_size); /* poison: a read that moves nothing cannot pass */
-    else
-      write_data(r, op, lp);
-    d[i] = (HixlTransferOpDesc){.local_addr = (uintptr_t)lp,
-                                .remote_addr = (uintptr_t)(r->remote + rslot(r, op) * o.op_size),
-                                .len = o.op_size};
+    if (o.dir == HIXL_WRITE) write_data(r, op, lslot(r, op));
+    d[i] = op_at(r, lslot(r, op), rslot(r, op), o.dir == HIXL_READ);
   }
   r->req[s].first_op = first;
   r->req[s].t0 = bench_now_ns();
@@ -378,73 +328,56 @@ static int post(struct run *r, size_t s, uint64_t first) {
   return 0;
 }
 
-/* Request slot s completed: check it (READ), note the writers (WRITE). 0, or -1 (said). */
-static int complete(struct run *r, size_t s, uint64_t now) {
-  uint64_t first = r->req[s].first_op, ns = now - r->req[s].t0;
+/* Wait for request slot s; a READ's data is checked. 0, or -1 (said). */
+static int wait_req(struct run *r, size_t s) {
+  HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
+  HixlStatus st = hb_wait_xfer(r->e, r->req[s].req, &ts);
+  uint64_t first = r->req[s].first_op, ns = bench_now_ns() - r->req[s].t0;
   r->req[s].req = NULL;
+  if (st != HIXL_SUCCESS) return hb_fail("HixlEngineGetTransferStatus", st), -1;
+  if (ts != HIXL_TRANSFER_COMPLETED) {
+    hb_say("request of ops %" PRIu64 "..%" PRIu64 " ended %s after %.1f ms: %s\n", first, first + o.batch - 1,
+           ts == HIXL_TRANSFER_TIMEOUT ? "TIMEOUT" : "FAILED", (double)ns / 1e6, HixlGetLastErrorMessage());
+    return -1;
+  }
   if (r->nlat < MAX_REQS) r->lat[r->nlat++] = ns;
   if (ns > r->max_ns) r->max_ns = ns;
-  for (uint64_t i = 0; i < o.batch; i++) {
-    uint64_t op = first + i;
-    if (o.dir == HIXL_READ) {
-      size_t bad = 0;
-      uint64_t off = rslot(r, op) * o.op_size;
-      if (!bench_same(r->local + slot_off(op), r->ref + off, o.op_size, &bad)) {
-        hb_say("READ op %" PRIu64 " (remote offset %" PRIu64 "): byte %zu is wrong\n", op, off, bad);
-        return -1;
-      }
-      r->verified_bytes += o.op_size;
-    } else {
-      r->last_writer[rslot(r, op)] = op + 1;
+  for (uint64_t op = first; o.dir == HIXL_READ && op < first + o.batch; op++) {
+    size_t bad = 0;
+    uint64_t off = rslot(r, op) * o.op_size;
+    if (!bench_same(lslot(r, op), r->ref + off, o.op_size, &bad)) {
+      hb_say("READ op %" PRIu64 " (remote offset %" PRIu64 "): byte %zu is wrong\n", op, off, bad);
+      return -1;
     }
+    r->verified_bytes += o.op_size;
   }
   r->done += o.batch;
   return 0;
 }
 
-/* Wait for request slot s; 0, or -1 (said). */
-static int wait_req(struct run *r, size_t s) {
-  HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
-  HixlStatus st = hb_wait_xfer(r->e, r->req[s].req, &ts);
-  if (st == HIXL_SUCCESS && ts == HIXL_TRANSFER_COMPLETED) return complete(r, s, bench_now_ns());
-  r->req[s].req = NULL;
-  if (st != HIXL_SUCCESS) return hb_fail("HixlEngineGetTransferStatus", st), -1;
-  hb_say("request of ops %" PRIu64 "..%" PRIu64 " ended %s after %.1f ms: %s\n", r->req[s].first_op,
-         r->req[s].first_op + o.batch - 1, ts == HIXL_TRANSFER_TIMEOUT ? "TIMEOUT" : "FAILED",
-         (double)(bench_now_ns() - r->req[s].t0) / 1e6, HixlGetLastErrorMessage());
-  return -1;
-}
-
-/* WRITE: read back every remote slot written since the last check and compare. Untimed. */
+/* WRITE: read back the slots of every op since the last check, depth x batch at a time
+ * into the local slots (nothing is in flight), and compare. Untimed. 0, or -1 (said). */
 static int write_check(struct run *r) {
-  size_t chunk = (size_t)(o.depth * o.batch), nb = 0;
-  uint64_t idx[MAX_FLIGHT];
-  for (uint64_t sl = 0; sl <= r->nslots; sl++) {
-    if (sl < r->nslots && r->last_writer[sl] != 0) idx[nb++] = sl;
-    if (nb == 0 || (nb < chunk && sl < r->nslots)) continue;
-    HixlTransferOpDesc d[MAX_FLIGHT];
-    for (size_t i = 0; i < nb; i++) {
-      memset(r->back + i * o.op_size, 0xA5, o.op_size);
-      d[i] = (HixlTransferOpDesc){.local_addr = (uintptr_t)(r->back + i * o.op_size),
-                                  .remote_addr = (uintptr_t)(r->remote + idx[i] * o.op_size),
-                                  .len = o.op_size};
-    }
+  HixlTransferOpDesc d[MAX_FLIGHT];
+  uint64_t chunk = o.depth * o.batch;
+  for (uint64_t first = r->checked; first < r->submitted; first += chunk) {
+    uint64_t nb = r->submitted - first < chunk ? r->submitted - first : chunk;
+    for (uint64_t i = 0; i < nb; i++) d[i] = op_at(r, r->local + i * o.op_size, rslot(r, first + i), true);
     if (!hb_ok(HixlEngineTransferSync(r->e, o.connect, HIXL_READ, d, nb, (int32_t)o.timeout_ms),
                "reading back the written slots"))
       return -1;
-    for (size_t i = 0; i < nb; i++) {
+    for (uint64_t i = 0, op = first; i < nb; i++, op++) {
       size_t bad = 0;
-      uint64_t op = r->last_writer[idx[i]] - 1;
-      if (!write_ok(r, op, r->back + i * o.op_size, &bad)) {
+      write_data(r, op, r->scratch);
+      if (!bench_same(r->local + i * o.op_size, r->scratch, o.op_size, &bad)) {
         hb_say("WRITE op %" PRIu64 " (remote offset %" PRIu64 "): byte %zu reads back wrong\n", op,
-               idx[i] * o.op_size, bad);
+               rslot(r, op) * o.op_size, bad);
         return -1;
       }
       r->verified_bytes += o.op_size;
-      r->last_writer[idx[i]] = 0;
     }
-    nb = 0;
   }
+  r->checked = r->submitted;
   return 0;
 }
 
@@ -454,27 +387,16 @@ static bool more(const struct run *r, uint64_t now) {
   return now - r->t_start < o.seconds * 1000000000ull;
 }
 
-/* Whether the next request would write a remote slot written since the last check. */
-static bool pass_full(const struct run *r) {
-  for (uint64_t i = 0; i < o.batch; i++)
-    if (r->last_writer[rslot(r, r->submitted + i)] != 0) return true;
-  for (size_t s = 0; s < o.depth; s++) /* ... or one still in flight */
-    if (r->req[s].req)
-      for (uint64_t i = 0; i < o.batch; i++)
-        for (uint64_t j = 0; j < o.batch; j++)
-          if (rslot(r, r->req[s].first_op + j) == rslot(r, r->submitted + i)) return true;
-  return false;
-}
-
 /* The loop: keep depth requests in flight; 0, or -1 at the first failure (said). */
 static int loop(struct run *r) {
   size_t s = 0; /* requests complete in order of slots: the oldest is waited for first */
   r->t_phase = r->t_start = bench_now_ns();
   r->next_prog = r->t_start + PROG_PERIOD;
   for (;;) {
-    uint64_t now = bench_now_ns();
-    bool go = more(r, now);
-    if (go && o.dir == HIXL_WRITE && pass_full(r)) go = false; /* drain, then check */
+    bool go = more(r, bench_now_ns());
+    /* WRITE: the ops since the last check are consecutive, so the next request would
+     * write a slot one of them wrote once they span more than the buffer: drain, check */
+    if (go && o.dir == HIXL_WRITE && r->submitted + o.batch - r->checked > r->nslots) go = false;
     if (go && !r->req[s].req) {
       if (post(r, s, r->submitted) < 0) return -1;
       r->submitted += o.batch;
@@ -511,66 +433,56 @@ static int loop(struct run *r) {
 /* The target's buffer from its memory table: its tag gives the seed. 0, or -1 (said). */
 static int find_remote(struct run *r) {
   struct hixl_remote_mem *m = NULL;
-  size_t n = 0;
+  size_t n = 0, lp = strlen(TAG_PREFIX);
+  int rc = -1;
   if (!hb_ok(hixl_engine_remote_mems(r->e, o.connect, (int32_t)o.timeout_ms, &m, &n),
              "hixl_engine_remote_mems"))
     return -1;
-  int rc = -1;
-  for (size_t i = 0; i < n; i++) {
-    if (!m[i].tag || strncmp(m[i].tag, TAG_PREFIX, strlen(TAG_PREFIX)) != 0) continue;
-    if (!bench_parse_u64(m[i].tag + strlen(TAG_PREFIX), &r->seed)) continue;
-    r->remote = m[i].addr;
-    r->remote_len = m[i].len;
-    rc = 0;
-    break;
-  }
+  for (size_t i = 0; rc < 0 && i < n; i++)
+    if (m[i].tag && strncmp(m[i].tag, TAG_PREFIX, lp) == 0 && bench_parse_u64(m[i].tag + lp, &r->seed)) {
+      r->remote = m[i].addr;
+      r->remote_len = m[i].len;
+      rc = 0;
+    }
   free(m);
   if (rc < 0) hb_say("%s registered no buffer tagged \"" TAG_PREFIX "N\"\n", o.connect);
   return rc;
 }
 
 /* --expect-rails N: wait (a deadline, polling) until the link has N rails, all up. */
-static int expect_rails(const struct run *r) {
-  struct hixl_rail_info ri[RAILS_CAP];
-  size_t n = 0, up = 0;
+static int expect_rails(struct run *r) {
+  size_t up = 0;
   uint64_t deadline = bench_now_ns() + 10000000000ull;
   do {
-    if (rails_now(r, ri, &n) < 0) return -1;
+    if (rails_read(r) < 0) return -1;
     up = 0;
-    for (size_t k = 0; k < n; k++) up += strcmp(ri[k].state, "up") == 0;
-    if (n == o.expect_rails && up == n) return 0;
-    if (o.expect_rails <= 1 && n == 0) return 0; /* one rail: the link itself */
+    for (size_t k = 0; k < r->nri; k++) up += strcmp(r->ri[k].state, "up") == 0;
+    if (r->nri == o.expect_rails && up == r->nri) return 0;
+    if (o.expect_rails <= 1 && r->nri == 0) return 0; /* one rail: the link itself */
     poll(NULL, 0, 20);
   } while (bench_now_ns() < deadline);
-  hb_say("--expect-rails %" PRIu64 ": the link to %s has %zu rails, %zu up\n", o.expect_rails, o.connect, n,
-         up);
+  hb_say("--expect-rails %" PRIu64 ": the link to %s has %zu rails, %zu up\n", o.expect_rails, o.connect,
+         r->nri, up);
   return -1;
 }
 
-static void print_result(const struct run *r, bool pass) {
-  struct hixl_rail_info ri[RAILS_CAP];
-  size_t n = 0;
-  if (rails_now(r, ri, &n) < 0) n = 0;
-  uint64_t bytes = r->done * o.op_size;
-  double gbit = gbps_of(bytes, r->timed_ns), secs = (double)r->timed_ns / 1e9;
-  uint64_t *lat = malloc((r->nlat ? r->nlat : 1) * sizeof(*lat));
-  struct bench_stats ls = {0, 0, 0, 0, 0};
-  if (lat) {
-    memcpy(lat, r->lat, r->nlat * sizeof(*lat));
-    ls = bench_stats_ns(lat, r->nlat);
-    free(lat);
-  }
+static void print_result(struct run *r, bool pass) {
+  rails_read(r);
+  double gbit = gbps_of(r->done * o.op_size, r->timed_ns), secs = (double)r->timed_ns / 1e9;
+  struct bench_stats ls = bench_stats_ns(r->lat, r->nlat); /* sorts them: the run is over */
   const char *dir = o.dir == HIXL_READ ? "read" : "write";
   printf(PROG ": %s %" PRIu64 " ops of %zu bytes (batch %" PRIu64 ", depth %" PRIu64 ") to %s: %s\n", dir,
          r->done, o.op_size, o.batch, o.depth, o.connect, pass ? "every byte verified" : "FAILED");
   printf("  %.3f GB/s = %.3f Gbit/s over %.2f s; request latency p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
          gbit / 8.0, gbit, secs, ls.p50_us / 1e3, ls.p99_us / 1e3, ls.max_us / 1e3);
-  if (n == 0) printf("  one link (no rails)\n");
-  for (size_t k = 0; k < n; k++)
+  if (r->nri == 0) printf("  one link (no rails)\n");
+  for (size_t k = 0; k < r->nri; k++) {
+    const struct hixl_rail_info *x = &r->ri[k];
     printf("  rail %zu %s -> %s %s%s: %" PRIu64 " bytes, %" PRIu64 " ops, %" PRIu64 " failures, %" PRIu64
            " retried\n",
-           k, ri[k].local[0] ? ri[k].local : "*", ri[k].remote, ri[k].state,
-           ri[k].control ? " (control)" : "", ri[k].bytes, ri[k].ops, ri[k].failures, ri[k].retried);
+           k, x->local[0] ? x->local : "*", x->remote, x->state, x->control ? " (control)" : "", x->bytes,
+           x->ops, x->failures, x->retried);
+  }
   fflush(stdout);
   if (!o.json) return;
   FILE *f = fopen(o.json, "a");
@@ -587,7 +499,7 @@ static void print_result(const struct run *r, bool pass) {
           o.label ? o.label : "", dir, o.rails ? o.rails : "", pass ? "true" : "false", o.op_size, r->done,
           o.batch, o.depth, secs, gbit, gbit / 8.0, ls.p50_us / 1e3, ls.p99_us / 1e3, ls.max_us / 1e3,
           r->verified_bytes);
-  rails_json(f, ri, n);
+  rails_json(f, r);
   fprintf(f, "}\n");
   fclose(f);
 }
@@ -597,17 +509,12 @@ static int run_initiator(void) {
   struct run r = {0};
   char local[64];
   size_t lbytes = (size_t)(o.depth * o.batch) * o.op_size;
-  if (o.local) {
-    snprintf(local, sizeof(local), "%s", o.local);
-  } else if (o.rails && strcmp(o.rails, "auto") != 0) {
-    snprintf(local, sizeof(local), "%.*s", (int)strcspn(o.rails, ","), o.rails);
-  } else {
-    snprintf(local, sizeof(local), "0.0.0.0");
-  }
+  /* --local, else the first of --rails, else any */
+  const char *at = o.local ? o.local : o.rails && strcmp(o.rails, "auto") != 0 ? o.rails : "0.0.0.0";
+  snprintf(local, sizeof(local), "%.*s", (int)strcspn(at, o.local ? "" : ","), at);
   if (!(r.e = engine_up(local))) return 1;
   if (!(r.local = hb_map(lbytes))) goto out_engine;
-  HixlMemDesc md = {.addr = (uintptr_t)r.local, .len = lbytes};
-  if (!hb_ok(HixlEngineRegisterMem(r.e, &md, HIXL_MEM_HOST, &r.lh), "HixlEngineRegisterMem")) goto out_local;
+  if (hb_reg(r.e, r.local, lbytes, &r.lh) != HIXL_SUCCESS) goto out_local;
   if (!hb_ok(HixlEngineConnect(r.e, o.connect, 20000), "HixlEngineConnect")) goto out_dereg;
   if (find_remote(&r) < 0 || (o.expect_rails && expect_rails(&r) < 0)) goto out_disconnect;
   r.nslots = r.remote_len / o.op_size;
@@ -618,20 +525,13 @@ static int run_initiator(void) {
   }
   if (!(r.ref = hb_map(r.nslots * o.op_size))) goto out_disconnect;
   bench_pattern_fill(r.ref, r.nslots * o.op_size, o.dir == HIXL_READ ? r.seed : r.seed ^ WRITE_SEED);
-  if (o.dir == HIXL_WRITE) {
-    r.back = hb_map(lbytes);
-    r.last_writer = calloc(r.nslots, sizeof(*r.last_writer));
-    if (!r.back || !r.last_writer) goto out_ref;
-    /* the read-backs land here: registered as well */
+  r.lat = malloc(MAX_REQS * sizeof(*r.lat));
+  r.scratch = o.dir == HIXL_WRITE ? malloc(o.op_size) : NULL;
+  if (!r.lat || (o.dir == HIXL_WRITE && !r.scratch)) {
+    hb_say("out of memory\n");
+    goto out_ref;
   }
-  HixlMemHandle bh = NULL;
-  if (r.back) {
-    HixlMemDesc bd = {.addr = (uintptr_t)r.back, .len = lbytes};
-    if (!hb_ok(HixlEngineRegisterMem(r.e, &bd, HIXL_MEM_HOST, &bh), "HixlEngineRegisterMem (read-backs)"))
-      goto out_ref;
-  }
-  if (!(r.lat = malloc(MAX_REQS * sizeof(*r.lat)))) goto out_back;
-  install_stop();
+  install_signals();
   int lr = loop(&r);
   HixlTransferStatus ts;
   for (size_t s = 0; lr < 0 && s < o.depth; s++) /* after a failure: let the others end */
@@ -639,12 +539,9 @@ static int run_initiator(void) {
   if (o.stats_file) stats_write(&r, lr == 0 ? "done" : "failed");
   print_result(&r, lr == 0);
   rc = lr == 0 ? 0 : 1;
-  free(r.lat);
-out_back:
-  if (bh) HixlEngineDeregisterMem(r.e, bh);
 out_ref:
-  free(r.last_writer);
-  if (r.back) munmap(r.back, lbytes);
+  free(r.lat);
+  free(r.scratch);
   munmap(r.ref, r.nslots * o.op_size);
 out_disconnect:
   HixlEngineDisconnect(r.e, o.connect, 1000);
@@ -660,9 +557,5 @@ out_engine:
 int main(int argc, char **argv) {
   int rc = parse_opts(argc, argv);
   if (rc) return rc;
-  if (o.role == ROLE_TARGET) {
-    install_stop();
-    return run_target();
-  }
-  return run_initiator();
+  return o.role == ROLE_TARGET ? run_target() : run_initiator();
 }
