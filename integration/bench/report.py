@@ -15,11 +15,6 @@ import csv, glob, json, math, os, platform, re, statistics, subprocess, sys, tex
 NUM = re.compile(r"^[0-9.]+$")
 
 
-def num(v):
-    """A figure as the tools wrote it, or n/a."""
-    return v if v not in (None, "") else "n/a"
-
-
 def r2(v):
     return "n/a" if v == "n/a" else "%.2f" % float(v)
 
@@ -35,6 +30,11 @@ def median(vs):
     if not v:
         return "n/a"
     return v[len(v) // 2] if len(v) % 2 else "%.4f" % ((float(v[len(v) // 2 - 1]) + float(v[len(v) // 2])) / 2)
+
+
+def span(vs):
+    """The least and the greatest of VS, as 0.00-0.00x."""
+    return "%.2f-%.2fx" % (min(vs), max(vs))
 
 
 def ratio(a, b):
@@ -69,7 +69,7 @@ def get(path, col, **conds):
     """COLUMN of the first row of a CSV file matching every KEY=VALUE, or n/a."""
     for row in csv_rows(path):
         if all(row.get(k) == str(v) for k, v in conds.items()):
-            return num(row.get(col))
+            return row.get(col) or "n/a"
     return "n/a"
 
 
@@ -101,6 +101,20 @@ def hostinfo():
     """CPUs this process may use (as nproc), kernel, UTC day, load average (1, 5, 15 min)."""
     return (str(len(os.sched_getaffinity(0))), platform.release(), time.strftime("%Y-%m-%d", time.gmtime()),
             " ".join(read("/proc/loadavg").split()[:3]))
+
+
+def run_on():
+    """UTC day, CPUs (os.cpu_count), kernel: where a page's figures were measured."""
+    return "%s (%s CPUs, %s)" % (time.strftime("%Y-%m-%d", time.gmtime()), os.cpu_count(), platform.release())
+
+
+def cpu_seconds(json_path):
+    """User + system CPU seconds of a run (every process), from the .time file beside its JSON; None if absent."""
+    try:
+        u, s, _ = read(json_path[:-5] + ".time").split()[-3:]
+        return float(u) + float(s)
+    except ValueError:
+        return None
 
 
 def machine():
@@ -144,39 +158,51 @@ def fill(template, out, values):
 
 def perf(res, out, src):
     M = meta(res)
-    ROUNDS, PIN, ST_ALL, UCX_ENV = int(M["rounds"]), M["pin"], M["st_all"], M["ucx_env"]
-    START, BUSY, ELAPSED, OTHERS, COMMIT = M["start"], M["busy"], M["elapsed"], M["others"], M["commit"]
-    UCX_NOTE, IPERF_NOTE, SHM_NOTE, SHM_OTHERS = M["ucx_note"], M["iperf_note"], M["shm_note"], M["shm_others"]
-    V_OTHERS = M.get("others_r", [])
-    NPROC = hostinfo()[0]
-    CPU, MEM, KERNEL, OS = machine()
+    ROUNDS, PIN, ST_ALL, OPS = int(M["rounds"]), M["pin"], M["st_all"], ("WRITE", "READ")
     R = lambda name: os.path.join(res, name)
-    rounds = range(1, ROUNDS + 1)
-    per = lambda f: [f(r) for r in rounds]
+    per = lambda f: [f(r) for r in range(1, ROUNDS + 1)]
+    # Every round's COLUMN of the row matching CONDS in round<R><SUFFIX>.csv.
+    fig = lambda suffix, col, **conds: per(lambda r: get(R(f"round{r}{suffix}.csv"), col, **conds))
+    v = {k: M[k] for k in ("elapsed", "start", "busy", "others", "commit", "ucx_env", "st_all", "shm_others")}
+    v["nproc"], (v["cpu"], v["mem"], v["kernel"], v["os"]) = hostinfo()[0], machine()
+    v["others_rounds"], v["rounds"] = "/".join(M.get("others_r", [])), ROUNDS
 
-    # The targeted figures, every round, and their medians.
-    V_TCP4M = per(lambda r: get(R(f"round{r}_tcp.csv"), "gbps", mode="stream", streams=1, size=4194304))
-    V_UCX = per(lambda r: read(R(f"round{r}_ucx.txt"), "n/a"))
-    V_HW = per(lambda r: get(R(f"round{r}.csv"), "gbps", mode="sync", op="WRITE", block_size=4194304))
-    V_HR = per(lambda r: get(R(f"round{r}.csv"), "gbps", mode="sync", op="READ", block_size=4194304))
-    V_TRTT = per(lambda r: get(R(f"round{r}_rtt.csv"), "avg_us", mode="rtt"))
-    V_TRTT99 = per(lambda r: get(R(f"round{r}_rtt.csv"), "p99_us", mode="rtt"))
-    V_HRTT = per(lambda r: get(R(f"round{r}_lat.csv"), "avg_us", mode="latency"))
-    V_HRTT99 = per(lambda r: get(R(f"round{r}_lat.csv"), "p99_us", mode="latency"))
-    TCP_4M, UCX_BW, H_W4M, H_R4M = median(V_TCP4M), median(V_UCX), median(V_HW), median(V_HR)
-    TCP_RTT, H_RTT, TCP_RTT99, H_RTT99 = median(V_TRTT), median(V_HRTT), median(V_TRTT99), median(V_HRTT99)
-    # CS vs engine: C[api, figure], figures SW SR (sync) AW AR (async window 4) L L99 (64 B).
-    C, M_ = {}, {}
-    for api in ("cs", "engine"):
-        for fig, (mode, op) in {"SW": ("sync", "WRITE"), "SR": ("sync", "READ"), "AW": ("async", "WRITE"),
-                                "AR": ("async", "READ")}.items():
-            C[api, fig] = per(lambda r: get(R(f"round{r}_cs.csv"), "gbps", api=api, mode=mode, op=op,
-                                            block_size=4194304))
-        for fig, col in (("L", "avg_us"), ("L99", "p99_us")):
-            C[api, fig] = per(lambda r: get(R(f"round{r}_cs_lat.csv"), col, api=api, mode="latency"))
-    for k, v in C.items():
-        M_[k] = median(v)
-    RC = {f: ratio(M_["cs", f], M_["engine", f]) for f in ("SW", "SR", "AW", "AR", "L", "L99")}
+    def goal(name, r, *op_goal, show=True):  # a ratio's block (unless not SHOW), and its verdict's if it has a goal
+        if show:
+            v[name] = r
+        if op_goal:
+            op, g = op_goal
+            v[f"verdict_{name}_{op}_{g}".replace(".", "_")] = verdict(r, op, float(g))
+
+    # The targeted figures, every round (block r2all_v_NAME), and their medians (block r2_MEDIAN).
+    Med = {}
+    for name, median_name, rounds_ in (
+            ("tcp4m", "tcp_4m", fig("_tcp", "gbps", mode="stream", streams=1, size=4194304)),
+            ("ucx", "ucx_bw", per(lambda r: read(R(f"round{r}_ucx.txt"), "n/a"))),
+            ("hw", "h_w4m", fig("", "gbps", mode="sync", op="WRITE", block_size=4194304)),
+            ("hr", "h_r4m", fig("", "gbps", mode="sync", op="READ", block_size=4194304)),
+            ("trtt", "tcp_rtt", fig("_rtt", "avg_us", mode="rtt")),
+            ("trtt99", "tcp_rtt99", fig("_rtt", "p99_us", mode="rtt")),
+            ("hrtt", "h_rtt", fig("_lat", "avg_us", mode="latency")),
+            ("hrtt99", "h_rtt99", fig("_lat", "p99_us", mode="latency"))):
+        Med[name] = median(rounds_)
+        v[f"r2all_v_{name}"], v[f"r2_{median_name}"] = r2all(rounds_), r2(Med[name])
+    for name, a, b, *g in (("r_w_tcp", "hw", "tcp4m", "ge", "0.8"), ("r_r_tcp", "hr", "tcp4m", "ge", "0.8"),
+                           ("r_w_ucx", "hw", "ucx", "ge", "3"), ("r_r_ucx", "hr", "ucx", "ge", "3"),
+                           ("r_rtt", "hrtt", "trtt", "le", "1.3"), ("r_rtt99", "hrtt99", "trtt99")):
+        goal(name, ratio(Med[a], Med[b]), *g)
+    # CS vs engine, figures sw sr (sync) aw ar (async window 4) l l99 (64 B).
+    for f, suffix, col, conds in [(m[0] + op[0].lower(), "_cs", "gbps", dict(mode=m, op=op, block_size=4194304))
+                                  for m in ("sync", "async") for op in OPS] + [
+                                     ("l", "_cs_lat", "avg_us", dict(mode="latency")),
+                                     ("l99", "_cs_lat", "p99_us", dict(mode="latency"))]:
+        m = {}
+        for api in ("cs", "engine"):
+            rounds_ = fig(suffix, col, api=api, **conds)
+            m[api], v[f"r2all_c_{api}_{f}"] = median(rounds_), r2all(rounds_)
+            v[f"r2_m_{api}_{f}"] = r2(m[api])
+        # The latencies have no goal.
+        goal(f"rc_{f}", ratio(m["cs"], m["engine"]), *(() if f.startswith("l") else ("ge", "0.95")))
 
     def verified_of(*patterns):
         n = bad = 0
@@ -187,17 +213,23 @@ def perf(res, out, src):
                         n, bad = n + 1, bad + (row.get("verified") != "yes")
         return "nothing ran" if n == 0 else f"{bad} of {n} points NOT verified" if bad else f"all {n} points verified"
 
-    H_VERIFIED = verified_of("round[0-9].csv", "round[0-9]_lat.csv")
-    CS_VERIFIED = verified_of("round[0-9]_cs.csv", "round[0-9]_cs_lat.csv")
-    ST_VERIFIED = verified_of("round[0-9]_st_*.csv")
+    v["h_verified"] = verified_of("round[0-9].csv", "round[0-9]_lat.csv")
+    v["cs_verified"] = verified_of("round[0-9]_cs.csv", "round[0-9]_cs_lat.csv")
+    v["st_verified"] = verified_of("round[0-9]_st_*.csv")
 
+    gbps = lambda x: "n/a" if x == "n/a" else f"{r2(x)} GB/s"
+    rx = lambda a, b: "n/a" if ratio(a, b) == "n/a" else f"{ratio(a, b)}x"
+    xr = lambda x: "n/a" if x == "n/a" else f"{x}x"
     # Staging: round<R>_st_<name>.csv.
-    st_rounds = lambda name, op, b, n: per(lambda r: get(R(f"round{r}_st_{name}.csv"), "gbps", mode="sync", op=op,
-                                                         block_size=b, batch=n))
+    st_rounds = lambda name, op, b, n: fig(f"_st_{name}", "gbps", mode="sync", op=op, block_size=b, batch=n)
     st_median = lambda *a: median(st_rounds(*a))
-    ST_W16K, ST_R16K = st_median("default", "WRITE", 16384, 1024), st_median("default", "READ", 16384, 1024)
-    R_ST_W, R_ST_R = ratio(ST_W16K, H_W4M), ratio(ST_R16K, H_R4M)
-    ST_SMALL_B = (64, 512, 1024, 2048, 4096, 16384)
+    for op in OPS:  # 16 KiB blocks x 1024 against 4 MiB ones
+        w = op[0].lower()
+        st, h = st_median("default", op, 16384, 1024), Med["h" + w]
+        v[f"gbps_st_{w}16k"], v[f"gbps_h_{w}4m"], v[f"rx_st_{w}16k_h_{w}4m"] = gbps(st), gbps(h), rx(st, h)
+        goal(f"r_st_{w}", ratio(st, h), "ge", "0.7", show=False)
+    SMALL = [(b, op) for b in (64, 512, 1024, 2048, 4096, 16384) for op in OPS]  # blocks x 1024
+    UNREG = [(b, op) for b in (65536, 4194304) for op in OPS]  # blocks x 64
     # The default StagingThreshold, from the option table (auto: the tcp-link value).
     m = re.search(r'\{"StagingThreshold", *"([^"]*)"', read(os.path.join(src, "core/src/engine/options.c")))
     ST_DEF = m[1] if m else ""
@@ -205,77 +237,53 @@ def perf(res, out, src):
         m = re.search(r"#define STAGE_AUTO_TCP\s+(\d+)u?", read(os.path.join(src, "core/src/engine/options.h")))
         ST_DEF = m[1] if m else ""
     ST_DEF = ST_DEF if ST_DEF.isdigit() else ""
-    ST_DEF_TEXT = ST_DEF or "the default"
+    v["st_def_text"] = ST_DEF or "the default"
 
     # Measured once.
-    ONCE = R("tcp_once.csv")
-    TCP_1M = get(ONCE, "gbps", mode="stream", streams=1, size=1048576)
-    TCP_4K = get(ONCE, "gbps", mode="stream", streams=1, size=4096)
-    TCP_2x4M = get(ONCE, "gbps", mode="stream", streams=2, size=4194304)
-    TCP_2x4K = get(ONCE, "gbps", mode="stream", streams=2, size=4096)
-    rtt_of = lambda f, mode: f"{r2(get(R(f), 'avg_us', mode=mode))} / {r2(get(R(f), 'p99_us', mode=mode))}"
-    TCP_RTT_FREE, H_RTT_FREE = rtt_of("rtt_free.csv", "rtt"), rtt_of("lat_free.csv", "latency")
-    TCP_RTT_SAME, H_RTT_SAME = rtt_of("rtt_same.csv", "rtt"), rtt_of("lat_same.csv", "latency")
-
-    def iperf_gbps(streams):  # the last "receiver" summary line -> GB/s (10^9 bytes/s)
-        v = ""
-        for line in read(R(f"iperf3_{streams}.log")).splitlines():
-            w = line.split()
-            if "receiver" in line:
-                for i in range(1, len(w)):
-                    if w[i].endswith("bits/sec"):
-                        mult = {"G": 1e9, "M": 1e6, "K": 1e3}.get(w[i][0], 1)
-                        v = "%.3f" % (float(w[i - 1]) * mult / 8 / 1e9)
-        return num(v)
-
-    IPERF_1, IPERF_2 = iperf_gbps(1), iperf_gbps(2)
-    IPERF_VER, UCX_VER = sh(["iperf3", "--version"]), re.sub(r"^# *", "", sh(["ucx_info", "-v"]))
-    HA_W4M = get(R("hixl_async.csv"), "gbps", mode="async", op="WRITE")
-    HA_R4M = get(R("hixl_async.csv"), "gbps", mode="async", op="READ")
+    for name, streams, size in (("1m", 1, 1048576), ("4k", 1, 4096), ("2x4m", 2, 4194304), ("2x4k", 2, 4096)):
+        v[f"r2_tcp_{name}"] = r2(get(R("tcp_once.csv"), "gbps", mode="stream", streams=streams, size=size))
+    for where in ("free", "same"):
+        for who, prefix, mode in (("tcp", "rtt", "rtt"), ("h", "lat", "latency")):
+            path = R(f"{prefix}_{where}.csv")
+            v[f"{who}_rtt_{where}"] = f"{r2(get(path, 'avg_us', mode=mode))} / {r2(get(path, 'p99_us', mode=mode))}"
+    for streams in (1, 2):  # the last "receiver" summary line's rate -> GB/s (10^9 bytes/s)
+        rates = [(float(n), {"G": 1e9, "M": 1e6, "K": 1e3}.get(unit[0], 1))
+                 for line in read(R(f"iperf3_{streams}.log")).splitlines() if "receiver" in line
+                 for n, unit in re.findall(r"(\S+)\s+(\S*bits/sec)(?!\S)", line)]
+        v[f"r2_iperf_{streams}"] = r2("%.3f" % (rates[-1][0] * rates[-1][1] / 8 / 1e9) if rates else "n/a")
+    v["iperf_version"] = sh(["iperf3", "--version"]) or "iperf3 not found"
+    v["ucx_version"] = re.sub(r"^# *", "", sh(["ucx_info", "-v"])) or "not found"
+    for op in OPS:
+        v[f"r2_ha_{op[0].lower()}4m"] = r2(get(R("hixl_async.csv"), "gbps", mode="async", op=op))
     m = re.search(r"^# hixl-bench.*?hixl ([^)]*)\):", read(R("hixl_4m.log")), re.M)
-    HIXL_VER = m[1] if m else ""
-    R_W_TCP, R_R_TCP = ratio(H_W4M, TCP_4M), ratio(H_R4M, TCP_4M)
-    R_W_UCX, R_R_UCX = ratio(H_W4M, UCX_BW), ratio(H_R4M, UCX_BW)
-    R_RTT, R_RTT99 = ratio(H_RTT, TCP_RTT), ratio(H_RTT99, TCP_RTT99)
-    PIN_TEXT = ("one process per CPU: initiator / client / sender on CPU 0, target / server / receiver on CPU 1 "
-                "(like two hosts)") if PIN else "not pinned (one CPU only)"
-    gbps = lambda v: "n/a" if v == "n/a" else f"{r2(v)} GB/s"
-    rx = lambda a, b: "n/a" if ratio(a, b) == "n/a" else f"{ratio(a, b)}x"
-    xr = lambda v: "n/a" if v == "n/a" else f"{v}x"
+    v["hixl_version"] = m[1] if m and m[1] else "?"
+    v["pin_text"] = ("one process per CPU: initiator / client / sender on CPU 0, target / server / receiver on CPU 1 "
+                     "(like two hosts)") if PIN else "not pinned (one CPU only)"
 
-    def sweep_table():
-        rows = csv_rows(R("hixl_sweep.csv"))
-        if not rows:
-            return "(the sweep did not run; see perf-results/hixl_sweep.err)"
-        return md("op | block | batch | iters | GB/s | avg us | p50 us | p99 us | verified", "lrrrrrrrl", [
-            "%s | %s | %s | %s | %.2f | %.1f | %.1f | %.1f | %s" % (
-                x["op"], x["block_size"], x["batch"], x["iters"], float(x["gbps"]), float(x["avg_us"]),
-                float(x["p50_us"]), float(x["p99_us"]), x["verified"]) for x in rows])
-
-    def coalesce_table():  # every small block at batch 1024: direct, default, all coalesced
-        L = []
-        for b in ST_SMALL_B:
-            for op in ("WRITE", "READ"):
-                d, df, al = (st_median(n, op, b, 1024) for n in ("direct", "default", "coalesced"))
-                how = (" (coalesced)" if b < int(ST_DEF) else " (direct)") if ST_DEF else ""
-                L.append([f"{b} B", op, gbps(d), gbps(df) + how, rx(df, d), gbps(al), rx(al, d)])
-        return md(f"block x 1024 | op | direct (0) | default ({ST_DEF_TEXT}) | default / direct | coalesced ({ST_ALL}) "
-                  "| coalesced / direct", "rlrrrrr", L)
-
-    def unreg_table():
-        L = [[f"{b // 1024} KiB", op, gbps(reg), gbps(un), rx(un, reg)] for b in (65536, 4194304)
-             for op in ("WRITE", "READ") for reg, un in [(st_median("registered", op, b, 64),
-                                                          st_median("unregistered", op, b, 64))]]
-        return md("block x 64 | op | registered | unregistered local (staged) | unregistered / registered", "rlrrr", L)
-
-    def stage_rounds_table():  # per-round GB/s of every staging figure
-        st_all = lambda *a: r2all(st_rounds(*a))
-        return md(f"figure | op | direct (0) | default | coalesced ({ST_ALL})", "lllll", [
-            [f"{b} B x 1024", op] + [st_all(n, op, b, 1024) for n in ("direct", "default", "coalesced")]
-            for b in ST_SMALL_B for op in ("WRITE", "READ")]) + "\n\n" + md(
-            "figure | op | registered | unregistered local", "llll", [
-                [f"{b // 1024} KiB x 64", op, st_all("registered", op, b, 64), st_all("unregistered", op, b, 64)]
-                for b in (65536, 4194304) for op in ("WRITE", "READ")])
+    rows = csv_rows(R("hixl_sweep.csv"))
+    v["sweep_table"] = md("op | block | batch | iters | GB/s | avg us | p50 us | p99 us | verified", "lrrrrrrrl", [
+        "%s | %s | %s | %s | %.2f | %.1f | %.1f | %.1f | %s" % (
+            x["op"], x["block_size"], x["batch"], x["iters"], float(x["gbps"]), float(x["avg_us"]),
+            float(x["p50_us"]), float(x["p99_us"]), x["verified"]) for x in rows]) if rows else \
+        "(the sweep did not run; see perf-results/hixl_sweep.err)"
+    L = []  # every small block at batch 1024: direct, default, all coalesced
+    for b, op in SMALL:
+        d, df, al = (st_median(n, op, b, 1024) for n in ("direct", "default", "coalesced"))
+        how = (" (coalesced)" if b < int(ST_DEF) else " (direct)") if ST_DEF else ""
+        L.append([f"{b} B", op, gbps(d), gbps(df) + how, rx(df, d), gbps(al), rx(al, d)])
+    v["coalesce_table"] = md(f"block x 1024 | op | direct (0) | default ({v['st_def_text']}) | default / direct | "
+                             f"coalesced ({ST_ALL}) | coalesced / direct", "rlrrrrr", L)
+    v["unreg_table"] = md(
+        "block x 64 | op | registered | unregistered local (staged) | unregistered / registered", "rlrrr",
+        [[f"{b // 1024} KiB", op, gbps(reg), gbps(un), rx(un, reg)] for b, op in UNREG
+         for reg, un in [(st_median("registered", op, b, 64), st_median("unregistered", op, b, 64))]])
+    st_all = lambda *a: r2all(st_rounds(*a))  # per-round GB/s of every staging figure
+    v["stage_rounds_table"] = md(f"figure | op | direct (0) | default | coalesced ({ST_ALL})", "lllll", [
+        [f"{b} B x 1024", op] + [st_all(n, op, b, 1024) for n in ("direct", "default", "coalesced")]
+        for b, op in SMALL]) + "\n\n" + md(
+        "figure | op | registered | unregistered local", "llll",
+        [[f"{b // 1024} KiB x 64", op, st_all("registered", op, b, 64), st_all("unregistered", op, b, 64)]
+         for b, op in UNREG])
 
     # ----- the shm section. A figure is KIND:OP:BLOCK:BATCH:LAYOUT, as in hixl-shm-ref's CSV.
     SHM_CSV = R("shm.csv")
@@ -287,28 +295,20 @@ def perf(res, out, src):
     # replaced by bare process_vm_readv calls of the same blocks. For adjacent 4 KiB
     # batches that is one call per 256 KiB (the best a batch of 4 KiB ops could reach);
     # for scattered ones, the kernel's own scattered batch.
-    targets = []
-    for b, name in ((262144, "256 KiB"), (1048576, "1 MiB"), (4194304, "4 MiB")):
-        for op in ("WRITE", "READ"):
-            targets.append((f"shm {op} {name}, 1 op per call / memcpy {name}", "0.8", f"shm:{op}:{b}:1:adjacent",
-                            MC[b], RV[b]))
-    for op in ("WRITE", "READ"):
-        targets.append((f"shm {op} 16 x 256 KiB per call / memcpy 256 KiB", "0.8", f"shm:{op}:262144:16:adjacent",
-                        MC[262144], RV[262144]))
-    for lay, kern in (("adjacent", RV[262144]), ("scattered", RVS)):
-        for op in ("WRITE", "READ"):
-            targets.append((f"shm {op} 1024 x 4 KiB per call, {lay} / one process_vm_readv per 4 KiB", "2",
-                            f"shm:{op}:4096:1024:{lay}", RV[4096], kern))
+    targets = [(f"shm {op} {name}, 1 op per call / memcpy {name}", "0.8", f"shm:{op}:{b}:1:adjacent", MC[b], RV[b])
+               for b, name in ((262144, "256 KiB"), (1048576, "1 MiB"), (4194304, "4 MiB")) for op in OPS]
+    targets += [(f"shm {op} 16 x 256 KiB per call / memcpy 256 KiB", "0.8", f"shm:{op}:262144:16:adjacent",
+                 MC[262144], RV[262144]) for op in OPS]
+    targets += [(f"shm {op} 1024 x 4 KiB per call, {lay} / one process_vm_readv per 4 KiB", "2",
+                 f"shm:{op}:4096:1024:{lay}", RV[4096], kern)
+                for lay, kern in (("adjacent", RV[262144]), ("scattered", RVS)) for op in OPS]
     # Issue 15: memory the target allocated (HixlEngineAllocMem), mapped into the
     # initiator and copied with memcpy. (LABEL, GOAL, FIGURE, REFERENCE)
-    map_targets = []
-    for b, name in ((262144, "256 KiB"), (1048576, "1 MiB"), (4194304, "4 MiB"), (16777216, "16 MiB")):
-        for op in ("WRITE", "READ"):
-            map_targets.append((f"mapped {op} {name}, 1 op per call / memcpy {name}", "0.9",
-                                f"shm-mapped:{op}:{b}:1:adjacent", MC[b]))
-    for op in ("WRITE", "READ"):
-        map_targets.append((f"mapped {op} 1024 x 4 KiB per call, scattered / one process_vm_readv per 4 KiB", "3",
-                            f"shm-mapped:{op}:4096:1024:scattered", RV[4096]))
+    map_targets = [(f"mapped {op} {name}, 1 op per call / memcpy {name}", "0.9", f"shm-mapped:{op}:{b}:1:adjacent",
+                    MC[b]) for b, name in ((262144, "256 KiB"), (1048576, "1 MiB"), (4194304, "4 MiB"),
+                                           (16777216, "16 MiB")) for op in OPS]
+    map_targets += [(f"mapped {op} 1024 x 4 KiB per call, scattered / one process_vm_readv per 4 KiB", "3",
+                     f"shm-mapped:{op}:4096:1024:scattered", RV[4096]) for op in OPS]
 
     def shm_fig(pages, fig):  # its median GB/s, or n/a
         k, op, b, n, lay = fig.split(":")
@@ -316,141 +316,87 @@ def perf(res, out, src):
 
     shm_ratio = lambda p, f, ref: ratio(shm_fig(p, f), shm_fig(p, ref))
 
-    def shm_result(v, ceiling, goal):  # PASS, or whose the MISS is
-        r = verdict(v, "ge", float(goal))
+    def shm_result(p, goal, f, ref, k):  # PASS, or whose the MISS is
+        r = verdict(shm_ratio(p, f, ref), "ge", float(goal))
         if r == "MISS":
-            return {"MISS": "MISS, the kernel's too", "PASS": "MISS, hixl's"}.get(verdict(ceiling, "ge", float(goal)), r)
+            return {"MISS": "MISS, the kernel's too", "PASS": "MISS, hixl's"}.get(
+                verdict(shm_ratio(p, k, ref), "ge", float(goal)), r)
         return r
 
-    def shm_target_table():
-        L = []
-        for label, goal, f, ref, k in targets:
-            L.append([label, f">= {goal}x"])
-            for p in ("4k", "thp"):
-                v, c = shm_ratio(p, f, ref), shm_ratio(p, k, ref)
-                L[-1] += [xr(v), xr(c), shm_result(v, c, goal)]
-        return md("target (ratio of medians) | goal | 4 KiB pages | kernel's ceiling | result | huge pages | "
-                  "kernel's ceiling | result", "lrrrlrrl", L)
+    v["shm_target_table"] = md(
+        "target (ratio of medians) | goal | 4 KiB pages | kernel's ceiling | result | huge pages | kernel's ceiling | "
+        "result", "lrrrlrrl", [[label, f">= {t[0]}x"] + [x for p in ("4k", "thp") for x in (
+            xr(shm_ratio(p, t[1], t[2])), xr(shm_ratio(p, t[3], t[2])), shm_result(p, *t))]
+            for label, *t in targets])
+    v["shm_map_table"] = md("target (ratio of medians) | goal | 4 KiB pages | result | huge pages | result", "lrrlrl", [
+        [label, f">= {goal}x"] + [x for p in ("4k", "thp") for r in [shm_ratio(p, f, ref)]
+                                 for x in (xr(r), verdict(r, "ge", float(goal)))]
+        for label, goal, f, ref in map_targets]) + (f"\n- hixl-shm-ref note: {M['shm_note']}." if M["shm_note"] else "")
 
-    def shm_map_table():
-        return md("target (ratio of medians) | goal | 4 KiB pages | result | huge pages | result", "lrrlrl", [
-            [label, f">= {goal}x"] + [x for p in ("4k", "thp") for v in [shm_ratio(p, f, ref)]
-                                     for x in (xr(v), verdict(v, "ge", float(goal)))]
-            for label, goal, f, ref in map_targets])
-
-    def shm_summary(p, name):  # how many targets pass, whose the misses are, hixl against the bare call
-        res_ = [shm_result(shm_ratio(p, f, ref), shm_ratio(p, k, ref), goal) for _, goal, f, ref, k in targets]
+    for p, name in (("4k", "4 KiB pages"), ("thp", "Huge pages")):
+        # How many targets pass, whose the misses are, hixl against the bare call.
+        res_ = [shm_result(p, *t) for _, *t in targets]
         n = [res_.count(x) for x in ("PASS", "MISS, the kernel's too", "MISS, hixl's")]
-        if sum(n) == 0:
-            return f"- {name}: not measured."
         eff = sorted((x for x in (shm_ratio(p, f, k) for _, _, f, _, k in targets) if NUM.match(x)), key=float)
         lo, hi = (xr(eff[0]), xr(eff[-1])) if eff else ("n/a", "n/a")
         text = (f"- {name}: {n[0]} of {len(targets)} targets PASS; {n[1]} MISS where the bare kernel call misses "
                 f"the goal too (the kernel's limit), {n[2]} where it does not (hixl's). Across the {len(targets)} "
                 f"targets hixl moves {lo} to {hi} of the bare kernel call's rate.")
         lines = textwrap.wrap(text, 87, break_long_words=False, break_on_hyphens=False)
-        return "\n".join(lines[:1] + ["  " + l for l in lines[1:]])
-
-    def shm_op_cost(p):  # one 4 KiB READ per sync call over one bare process_vm_readv, in us
+        v[f"shm_summary_{p}_{name.lower().replace(' ', '_')}"] = "\n".join(lines[:1] + ["  " + l for l in lines[1:]]) \
+            if sum(n) else f"- {name}: not measured."
+        # One 4 KiB READ per sync call over one bare process_vm_readv, in us.
         s, k = shm_fig(p, "shm:READ:4096:1:adjacent"), shm_fig(p, RV[4096])
-        if "n/a" in (s, k) or float(s) <= 0 or float(k) <= 0:
-            return "n/a"
-        return "%.1f us" % (4.096 / float(s) - 4.096 / float(k))
+        v[f"shm_op_cost_{p}"] = "n/a" if "n/a" in (s, k) or float(s) <= 0 or float(k) <= 0 else \
+            "%.1f us" % (4.096 / float(s) - 4.096 / float(k))
+    v["r2_shm_fig_4k_shm_read_4096_1_adjacent"] = r2(shm_fig("4k", "shm:READ:4096:1:adjacent"))
+    v["r2_shm_fig_4k_rv_4096"] = r2(shm_fig("4k", RV[4096]))
 
-    def shm_figure_table():
-        rows = csv_rows(SHM_CSV)
-        if not rows:
-            return f"(hixl-shm-ref did not run: {SHM_NOTE or 'see perf-results/shm_ref_*.log'})"
-        sz = lambda b: "%g MiB" % (b / 1048576) if b >= 1048576 else "%g KiB" % (b / 1024)
-        groups, med, rnd = ([], [], [], []), {}, {}
-        for x in rows:
-            k, b, n, op, lay = x["kind"], int(x["block_size"]), int(x["batch"]), x["op"], x["layout"]
-            shm = "shm mapped " if k == "shm-mapped" else "shm "
-            if k == "memcpy":
-                name = f"memcpy {sz(b)}"
-            elif k == "process_vm_readv":
-                name = (f"process_vm_readv {n} x {sz(b)} in one call, {lay}" if n > 1 else
-                        f"process_vm_readv {sz(b)}, one call per block")
-            elif n == 1:
-                name = f"{shm}{op} {sz(b)}, 1 op per call"
-            else:
-                name = f"{shm}{op} {n} x {sz(b)} per call" + (f", {lay}" if b == 4096 else "")
-            g = {"memcpy": 0, "process_vm_readv": 1, "shm": 2}.get(k, 3)  # rows grouped by kind, in CSV order
-            if all(name != y for y, _ in groups[g]):
-                groups[g].append((name, n * 1e10 + b))
-            med[x["pages"], name] = "%.2f" % float(x["gbps"])
-            rnd[x["pages"], name] = "/".join("%.2f" % float(v) for v in x["round_gbps"].split("/"))
-        groups[1].sort(key=lambda y: y[1])  # kernel calls by batch, then block
-        cell = lambda p, name: f"{med[p, name]} | {rnd[p, name]}" if (p, name) in med else "n/a | n/a"
-        return md("figure (GB/s) | 4 KiB pages | rounds | huge pages | rounds", "lrlrl",
-                  [f"{name} | {cell('4k', name)} | {cell('thp', name)}" for g in groups for name, _ in g])
+    rows = csv_rows(SHM_CSV)
+    sz = lambda b: "%g MiB" % (b / 1048576) if b >= 1048576 else "%g KiB" % (b / 1024)
+    groups, med, rnd = ([], [], [], []), {}, {}
+    for x in rows:
+        k, b, n, op, lay = x["kind"], int(x["block_size"]), int(x["batch"]), x["op"], x["layout"]
+        shm = "shm mapped " if k == "shm-mapped" else "shm "
+        if k == "memcpy":
+            name = f"memcpy {sz(b)}"
+        elif k == "process_vm_readv":
+            name = (f"process_vm_readv {n} x {sz(b)} in one call, {lay}" if n > 1 else
+                    f"process_vm_readv {sz(b)}, one call per block")
+        elif n == 1:
+            name = f"{shm}{op} {sz(b)}, 1 op per call"
+        else:
+            name = f"{shm}{op} {n} x {sz(b)} per call" + (f", {lay}" if b == 4096 else "")
+        g = {"memcpy": 0, "process_vm_readv": 1, "shm": 2}.get(k, 3)  # rows grouped by kind, in CSV order
+        if all(name != y for y, _ in groups[g]):
+            groups[g].append((name, n * 1e10 + b))
+        med[x["pages"], name] = "%.2f" % float(x["gbps"])
+        rnd[x["pages"], name] = "/".join("%.2f" % float(r) for r in x["round_gbps"].split("/"))
+    groups[1].sort(key=lambda y: y[1])  # kernel calls by batch, then block
+    cell = lambda p, name: f"{med[p, name]} | {rnd[p, name]}" if (p, name) in med else "n/a | n/a"
+    v["shm_figure_table"] = md("figure (GB/s) | 4 KiB pages | rounds | huge pages | rounds", "lrlrl", [
+        f"{name} | {cell('4k', name)} | {cell('thp', name)}" for g in groups for name, _ in g]) if rows else \
+        f"(hixl-shm-ref did not run: {M['shm_note'] or 'see perf-results/shm_ref_*.log'})"
 
-    SHM_SPAN = get(SHM_CSV, "span_mib", tool="hixl-shm-ref")
-    SHM_ROUNDS = get(SHM_CSV, "rounds", tool="hixl-shm-ref")
-    SHM_PIN_TEXT = "the initiator on CPU 0, the target process on CPU 1" if PIN else "not pinned (one CPU only)"
-    SHM_CPUS = "--cpu-initiator 0 --cpu-target 1" if PIN else "--cpu-initiator -1 --cpu-target -1"
+    v["shm_span"] = get(SHM_CSV, "span_mib", tool="hixl-shm-ref")
+    v["shm_rounds"] = get(SHM_CSV, "rounds", tool="hixl-shm-ref")
+    v["shm_pin_text"] = "the initiator on CPU 0, the target process on CPU 1" if PIN else "not pinned (one CPU only)"
+    v["shm_cpus"] = "--cpu-initiator 0 --cpu-target 1" if PIN else "--cpu-initiator -1 --cpu-target -1"
     ran = " and ".join(n for p, n in (("4k", "4 KiB pages"), ("thp", "huge pages")) if shm_fig(p, MC[262144]) != "n/a")
-    SHM_CHECK = f"passed with {ran}" if ran else "no run finished"
+    v["shm_check"] = f"passed with {ran}" if ran else "no run finished"
     m = re.search(r"\[(.*)\]", read("/sys/kernel/mm/transparent_hugepage/enabled"))
     THP_MODE = m[1] if m else "unknown"
-    THP_TEXT = ("transparent huge pages are off on this kernel (`never`), so the huge-page column is 4 KiB pages too"
-                if THP_MODE == "never" else f"this kernel's transparent_hugepage setting: `{THP_MODE}`")
+    v["thp_text"] = ("transparent huge pages are off on this kernel (`never`), so the huge-page column is 4 KiB pages "
+                     "too" if THP_MODE == "never" else f"this kernel's transparent_hugepage setting: `{THP_MODE}`")
 
     # The page is docs/performance.md itself; these are its blocks. It leads with the
     # peers' table: docs/performance-peers.md (run_peers.sh) from its "## " heading on.
     peers = read(os.path.join(src, "docs/performance-peers.md"))
     m = re.search(r"^## ", peers, re.M)
-    peers = peers[m.start():] if m else "(no docs/performance-peers.md: integration/peers/run_peers.sh writes it)"
-    v = {
-         "elapsed": ELAPSED, "start": START, "nproc": NPROC, "cpu": CPU, "mem": MEM, "kernel": KERNEL, "os": OS,
-         "busy": BUSY, "others": OTHERS, "others_rounds": '/'.join(V_OTHERS), "hixl_version": HIXL_VER or '?',
-         "commit": COMMIT, "iperf_version": IPERF_VER or 'iperf3 not found', "ucx_version": UCX_VER or 'not found',
-         "rounds": ROUNDS, "pin_text": PIN_TEXT, "r2_h_w4m": r2(H_W4M), "r2_tcp_4m": r2(TCP_4M), "r_w_tcp": R_W_TCP,
-         "verdict_r_w_tcp_ge_0_8": verdict(R_W_TCP, 'ge', 0.8), "r2_h_r4m": r2(H_R4M), "r_r_tcp": R_R_TCP,
-         "verdict_r_r_tcp_ge_0_8": verdict(R_R_TCP, 'ge', 0.8), "r2_ucx_bw": r2(UCX_BW), "r_w_ucx": R_W_UCX,
-         "verdict_r_w_ucx_ge_3": verdict(R_W_UCX, 'ge', 3), "r_r_ucx": R_R_UCX,
-         "verdict_r_r_ucx_ge_3": verdict(R_R_UCX, 'ge', 3), "r2_h_rtt": r2(H_RTT), "r2_tcp_rtt": r2(TCP_RTT),
-         "r_rtt": R_RTT, "verdict_r_rtt_le_1_3": verdict(R_RTT, 'le', 1.3), "h_verified": H_VERIFIED,
-         "ucx_env": UCX_ENV, "r2_h_rtt99": r2(H_RTT99), "r2_tcp_rtt99": r2(TCP_RTT99), "r_rtt99": R_RTT99,
-         "r2_m_cs_sw": r2(M_['cs', 'SW']), "r2_m_engine_sw": r2(M_['engine', 'SW']), "rc_sw": RC['SW'],
-         "verdict_rc_sw_ge_0_95": verdict(RC['SW'], 'ge', 0.95), "r2_m_cs_sr": r2(M_['cs', 'SR']),
-         "r2_m_engine_sr": r2(M_['engine', 'SR']), "rc_sr": RC['SR'],
-         "verdict_rc_sr_ge_0_95": verdict(RC['SR'], 'ge', 0.95), "r2_m_cs_aw": r2(M_['cs', 'AW']),
-         "r2_m_engine_aw": r2(M_['engine', 'AW']), "rc_aw": RC['AW'],
-         "verdict_rc_aw_ge_0_95": verdict(RC['AW'], 'ge', 0.95), "r2_m_cs_ar": r2(M_['cs', 'AR']),
-         "r2_m_engine_ar": r2(M_['engine', 'AR']), "rc_ar": RC['AR'],
-         "verdict_rc_ar_ge_0_95": verdict(RC['AR'], 'ge', 0.95), "r2_m_cs_l": r2(M_['cs', 'L']),
-         "r2_m_engine_l": r2(M_['engine', 'L']), "rc_l": RC['L'], "r2_m_cs_l99": r2(M_['cs', 'L99']),
-         "r2_m_engine_l99": r2(M_['engine', 'L99']), "rc_l99": RC['L99'], "cs_verified": CS_VERIFIED,
-         "st_def_text": ST_DEF_TEXT, "st_verified": ST_VERIFIED, "gbps_st_w16k": gbps(ST_W16K),
-         "gbps_h_w4m": gbps(H_W4M), "rx_st_w16k_h_w4m": rx(ST_W16K, H_W4M),
-         "verdict_r_st_w_ge_0_7": verdict(R_ST_W, 'ge', 0.7), "gbps_st_r16k": gbps(ST_R16K),
-         "gbps_h_r4m": gbps(H_R4M), "rx_st_r16k_h_r4m": rx(ST_R16K, H_R4M),
-         "verdict_r_st_r_ge_0_7": verdict(R_ST_R, 'ge', 0.7), "st_all": ST_ALL, "coalesce_table": coalesce_table(),
-         "unreg_table": unreg_table(), "stage_rounds_table": stage_rounds_table(), "thp_text": THP_TEXT,
-         "shm_rounds": SHM_ROUNDS, "shm_span": SHM_SPAN, "shm_pin_text": SHM_PIN_TEXT, "shm_check": SHM_CHECK,
-         "shm_others": SHM_OTHERS, "shm_target_table": shm_target_table(),
-         "shm_summary_4k_4_kib_pages": shm_summary('4k', '4 KiB pages'),
-         "shm_summary_thp_huge_pages": shm_summary('thp', 'Huge pages'), "shm_op_cost_4k": shm_op_cost('4k'),
-         "r2_shm_fig_4k_shm_read_4096_1_adjacent": r2(shm_fig('4k', 'shm:READ:4096:1:adjacent')),
-         "r2_shm_fig_4k_rv_4096": r2(shm_fig('4k', RV[4096])), "shm_op_cost_thp": shm_op_cost('thp'),
-         "shm_map_table": shm_map_table() + (f"\n- hixl-shm-ref note: {SHM_NOTE}." if SHM_NOTE else ""), "shm_figure_table": shm_figure_table(), "r2all_v_tcp4m": r2all(V_TCP4M),
-         "r2all_v_ucx": r2all(V_UCX), "r2all_v_hw": r2all(V_HW), "r2all_v_hr": r2all(V_HR),
-         "r2all_v_trtt": r2all(V_TRTT), "r2all_v_hrtt": r2all(V_HRTT), "r2all_v_trtt99": r2all(V_TRTT99),
-         "r2all_v_hrtt99": r2all(V_HRTT99), "r2all_c_cs_sw": r2all(C['cs', 'SW']),
-         "r2all_c_engine_sw": r2all(C['engine', 'SW']), "r2all_c_cs_sr": r2all(C['cs', 'SR']),
-         "r2all_c_engine_sr": r2all(C['engine', 'SR']), "r2all_c_cs_aw": r2all(C['cs', 'AW']),
-         "r2all_c_engine_aw": r2all(C['engine', 'AW']), "r2all_c_cs_ar": r2all(C['cs', 'AR']),
-         "r2all_c_engine_ar": r2all(C['engine', 'AR']), "r2all_c_cs_l": r2all(C['cs', 'L']),
-         "r2all_c_cs_l99": r2all(C['cs', 'L99']), "r2all_c_engine_l": r2all(C['engine', 'L']),
-         "r2all_c_engine_l99": r2all(C['engine', 'L99']), "r2_tcp_1m": r2(TCP_1M), "r2_tcp_4k": r2(TCP_4K),
-         "r2_tcp_2x4m": r2(TCP_2x4M), "r2_tcp_2x4k": r2(TCP_2x4K), "r2_iperf_1": r2(IPERF_1),
-         "r2_iperf_2": r2(IPERF_2), "r2_ha_w4m": r2(HA_W4M), "r2_ha_r4m": r2(HA_R4M), "tcp_rtt_free": TCP_RTT_FREE,
-         "h_rtt_free": H_RTT_FREE, "tcp_rtt_same": TCP_RTT_SAME, "h_rtt_same": H_RTT_SAME,
-         "sweep_table": sweep_table(), "shm_cpus": SHM_CPUS}
-    v["peers"] = peers
-    v["ucx_note"] = f"\n- UCX note: {UCX_NOTE}. UCX ratios are reported as not measured rather than guessed." if UCX_NOTE else ""
-    v["iperf_note"] = f"\n- iperf3 note: {IPERF_NOTE}." if IPERF_NOTE else ""
+    v["peers"] = peers[m.start():] if m else "(no docs/performance-peers.md: integration/peers/run_peers.sh writes it)"
+    v["ucx_note"] = (f"\n- UCX note: {M['ucx_note']}. UCX ratios are reported as not measured rather than guessed."
+                     if M["ucx_note"] else "")
+    v["iperf_note"] = f"\n- iperf3 note: {M['iperf_note']}." if M["iperf_note"] else ""
     fill(os.path.join(src, "docs/performance.md"), out, v)
 
 # ----------------------------------------------------------------------- cache
@@ -460,18 +406,17 @@ def cache(res, out, runs, iters, template=None):
     into the blocks of TEMPLATE (default: OUT, the page itself)."""
     v = {"machine": f"{machine()[0] or '?'}, {os.cpu_count()} CPUs, Linux {platform.release()}", "iters": iters}
     for t in ("tcp", "auto"):
-        rs = [json.load(open(f)) for f in sorted(glob.glob(f"{res}/{t}-*.json"))]
+        rs = [json.load(open(f))["results"] for f in sorted(glob.glob(f"{res}/{t}-*.json"))]
         L = []
-        for i, sc in enumerate(rs[0]["results"] if rs else []):
-            name = sc["scenario"]
-            ratios = [r["results"][i]["ratio"] for r in rs]
-            raw = statistics.median(r["results"][i]["raw_gbps"] for r in rs)
-            cache = statistics.median(r["results"][i]["cache_gbps"] for r in rs)
+        for i, sc in enumerate(rs[0] if rs else []):
+            x = [r[i] for r in rs]  # this scenario in every run
+            ratios = [y["ratio"] for y in x]
             med = statistics.median(ratios)
-            goal = ("met" if med >= 0.95 else "missed") if name.startswith("pull") else "(none)"
-            ok = all(r["results"][i]["verified"] for r in rs)
-            L.append(f"{name} | {raw:.2f} | {cache:.2f} | {sc['raw_ops']} | {sc['cache_ops']} | "
-                     + ", ".join(f"{x:.2f}x" for x in ratios) + f" | {med:.2f}x | {goal} | {'yes' if ok else 'NO'}")
+            goal = ("met" if med >= 0.95 else "missed") if sc["scenario"].startswith("pull") else "(none)"
+            L.append(f"{sc['scenario']} | {statistics.median(y['raw_gbps'] for y in x):.2f} | "
+                     f"{statistics.median(y['cache_gbps'] for y in x):.2f} | {sc['raw_ops']} | {sc['cache_ops']} | "
+                     + ", ".join(f"{y:.2f}x" for y in ratios)
+                     + f" | {med:.2f}x | {goal} | {'yes' if all(y['verified'] for y in x) else 'NO'}")
         v[t] = md("scenario | raw GB/s | cache GB/s | raw ops | cache ops | ratio per run | median ratio | goal | "
                   "verified", "l" * 9, L) if rs else "(not measured in this run)"
     fill(template or out, out, v)
@@ -484,52 +429,37 @@ def obs(res, out, cycles, rounds, transport, template=None):
     """docs/performance-obs.md from run_obs.sh's results (RES OUT CYCLES ROUNDS TRANSPORT [TEMPLATE]), into the
     blocks of TEMPLATE (default: OUT, the page itself)."""
     ncpu, kernel, day, load = hostinfo()
-    # runs[cycle][k] = (mode, json): k 1 and 4 off, 2 and 3 on (A B B A)
-    runs = {}
+    runs = {}  # runs[cycle][k] = its rows: k 1 and 4 off, 2 and 3 on (A B B A)
     for f in sorted(glob.glob(os.path.join(res, "obs-*.json"))):
-        c, k, mode = os.path.basename(f)[4:-5].split("-")
-        runs.setdefault(int(c), {})[int(k)] = (mode, json.load(open(f)))
-
-    def val(j, tokens, key):
-        return next(r[key] for r in j["rows"] if r["tokens"] == tokens)
-
-    def gmean(v):
-        return math.exp(sum(math.log(x) for x in v) / len(v))
+        c, k, _ = os.path.basename(f)[4:-5].split("-")
+        runs.setdefault(int(c), {})[int(k)] = json.load(open(f))["rows"]
+    gmean = lambda v: math.exp(sum(math.log(x) for x in v) / len(v))
 
     # Per cycle, on against off, each the geometric mean of its two runs (A B B A: drift
     # falls on both alike); a cell is the median over cycles. A/A: a cycle's last off run
     # against its first.
-    tokens = [r["tokens"] for r in runs[min(runs)][2][1]["rows"]]
-    lines, cells, aas = [], [], []
-    for t in tokens:
+    L, cells, aas = [], [], []
+    for t in [r["tokens"] for r in runs[min(runs)][2]]:
         row = [str(t)]
         for key, higher in (("plugin_fd_gbs", True), ("plugin_gbs", True), ("push_after_last_ms", False)):
-            ratio, aa, on_v, off_v = [], [], [], []
-            for c, r in sorted(runs.items()):
-                off = gmean([val(r[1][1], t, key), val(r[4][1], t, key)])
-                on = gmean([val(r[2][1], t, key), val(r[3][1], t, key)])
-                on_v.append(on)
-                off_v.append(off)
-                ratio.append(on / off if higher else off / on)
-                a1, a4 = val(r[1][1], t, key), val(r[4][1], t, key)
-                aa.append(a4 / a1 if higher else a1 / a4)
-            m, a = statistics.median(ratio), statistics.median(aa)
+            better = (lambda a, b: a / b) if higher else (lambda a, b: b / a)  # above 1: A beats B
+            x = [{k: next(r[key] for r in rows if r["tokens"] == t) for k, rows in cyc.items()}
+                 for _, cyc in sorted(runs.items())]  # every cycle's runs' figures
+            off, on = [gmean([y[1], y[4]]) for y in x], [gmean([y[2], y[3]]) for y in x]
+            ratio = [better(a, b) for a, b in zip(on, off)]
+            m, a = statistics.median(ratio), statistics.median(better(y[4], y[1]) for y in x)
             cells.append(m)
             aas.append(a)
-            row += ["%.2f" % statistics.median(off_v), "%.2f" % statistics.median(on_v), "%.3f" % m,
+            row += ["%.2f" % statistics.median(off), "%.2f" % statistics.median(on), "%.3f" % m,
                     "%.3f" % a, "%.3f..%.3f" % (min(ratio), max(ratio))]
-        lines.append("| " + " | ".join(row) + " |")
-    overall, overall_aa = gmean(cells), gmean(aas)
-    worst = min(cells)
-    summary = ("overall (geometric mean of the %d cells) %.3f, A/A %.3f; every cell >= 0.98" % (len(cells), overall, overall_aa)
-               if worst >= 0.98 else
-               "overall (geometric mean of the %d cells) %.3f, A/A %.3f; lowest cell %.3f" % (len(cells), overall, overall_aa, worst))
-    head = ("| prompt tokens | pull GB/s, host woken by the fd: off | on | ratio | A/A | ratio over cycles | pull GB/s, "
-            "host stepping: off | on | ratio | A/A | ratio over cycles | push: after last layer ms: off | on | ratio | "
-            "A/A | ratio over cycles |\n" + "|---" * 16 + "|\n")
+        L.append(row)
+    summary = "overall (geometric mean of the %d cells) %.3f, A/A %.3f; " % (len(cells), gmean(cells), gmean(aas)) + (
+        "every cell >= 0.98" if min(cells) >= 0.98 else "lowest cell %.3f" % min(cells))
     fill(template or out, out, {"day": day, "cycles": len(runs), "rounds": rounds, "transport": transport,
-                                "ncpu": ncpu, "load": load, "kernel": kernel, "summary": summary,
-                                "table": head + "\n".join(lines)})
+                                "ncpu": ncpu, "load": load, "summary": summary, "kernel": kernel, "table": md(
+        "prompt tokens | pull GB/s, host woken by the fd: off | on | ratio | A/A | ratio over cycles | pull GB/s, "
+        "host stepping: off | on | ratio | A/A | ratio over cycles | push: after last layer ms: off | on | ratio | "
+        "A/A | ratio over cycles", "l" * 16, L)})
     print(open(out).read())
 
 
@@ -542,21 +472,19 @@ def adapter(res, repeats, requests, kv_mib, out=""):
     for f in sorted(glob.glob(os.path.join(res, "hand-*.json"))):
         host, t, m = os.path.basename(f).split("-")[1:4]
         runs.setdefault((t, m, host), []).append(json.load(open(f)))
-    med = lambda js, k: statistics.median(j[k] for j in js)
     rows = []
     for (t, m) in sorted({(t, m) for t, m, _ in runs}, key=lambda x: (x[0], x[1] != "pull")):
-        c, p = runs[(t, m, "c")], runs[(t, m, "py")]
-        rows.append({"transport": t, "mode": m, "runs": len(c), "c_gbs": med(c, "gb_per_s"), "py_gbs": med(p, "gb_per_s"),
-                     "c_gbs_runs": [j["gb_per_s"] for j in c], "py_gbs_runs": [j["gb_per_s"] for j in p],
-                     "c_handoff_ms_p50": med(c, "handoff_ms_p50"), "py_handoff_ms_p50": med(p, "handoff_ms_p50"),
-                     "c_handoff_p50_runs": [j["handoff_ms_p50"] for j in c],
-                     "py_handoff_p50_runs": [j["handoff_ms_p50"] for j in p],
-                     "c_hgbs": med(c, "handoff_gb_per_s"), "py_hgbs": med(p, "handoff_gb_per_s"),
-                     "c_hgbs_runs": [j["handoff_gb_per_s"] for j in c], "py_hgbs_runs": [j["handoff_gb_per_s"] for j in p],
-                     "all_verified": all(j["pass"] for j in c + p)})
-    for r in rows:
+        hosts = (("c", runs[(t, m, "c")]), ("py", runs[(t, m, "py")]))
+        r = {"transport": t, "mode": m, "runs": len(hosts[0][1])}
+        for name, runs_name, key in (("gbs", "gbs_runs", "gb_per_s"), ("handoff_ms_p50", "handoff_p50_runs",
+                                                                       "handoff_ms_p50"),
+                                     ("hgbs", "hgbs_runs", "handoff_gb_per_s")):
+            r.update({f"{h}_{name}": statistics.median(j[key] for j in js) for h, js in hosts})
+            r.update({f"{h}_{runs_name}": [j[key] for j in js] for h, js in hosts})
+        r["all_verified"] = all(j["pass"] for _, js in hosts for j in js)
         r["ratio"] = r["py_gbs"] / r["c_gbs"] if r["c_gbs"] else 0.0  # over the wall: each host's own work in it
         r["handoff_ratio"] = r["py_hgbs"] / r["c_hgbs"] if r["c_hgbs"] else 0.0
+        rows.append(r)
     steps = []
     for f in sorted(glob.glob(os.path.join(res, "step-*.json"))):
         j = json.load(open(f))
@@ -567,26 +495,24 @@ def adapter(res, repeats, requests, kv_mib, out=""):
                               "all": {k: v for k, v in s.items() if k != "at_full"}, "at_64": s["at_full"]})
     pulls = [r for r in rows if r["mode"] == "pull"]
     goal = bool(pulls) and all(r["handoff_ratio"] >= 0.95 for r in pulls)
-    spread = lambda v: "%.2f-%.2f" % (min(v), max(v))
-    print("# Hand-offs through the Python adapter against the C mock host")
-    print()
+    # "TRANSPORT MODE WHAT" of every row, joined by "; "
+    each = lambda what: "; ".join("%s %s %s" % (r["transport"], r["mode"], what(r)) for r in rows)
+    spread = lambda k: each(lambda r: "%.2f-%.2f" % (min(r[k]), max(r[k])))
+    print("# Hand-offs through the Python adapter against the C mock host\n")
     print("run_adapter.sh on %s (%s CPUs, %s, load average %s): llama8b-like shape (32 layers, 8 KV heads x 128 x"
           " 2 B, 16-token blocks), packed layout, KV in the host's memory (%s MiB per instance), %s requests of 4096"
           " tokens, concurrency 4; medians of %s runs per host, interleaved. Hand-off = prefill's last layer saved"
           " to decode holding the KV; over the hand-offs = the verified KV over the time at least one hand-off was under"
           " way (the same interval on both hosts, without their own fill and check); over the wall = verified KV /"
-          " wall from the first request (each host's own work in it)." %
+          " wall from the first request (each host's own work in it).\n" %
           (day, ncpu, kernel, load, kv_mib, requests, repeats))
-    print()
-    print("| transport | mode | C: GB/s over the hand-offs | adapter: GB/s over the hand-offs | adapter / C"
-          " | C hand-off p50 ms | adapter hand-off p50 ms | C GB/s over the wall | adapter GB/s over the wall"
-          " | every request verified |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print("| %s | %s | %.2f | %.2f | %.2fx | %.1f | %.1f | %.2f | %.2f | %s |" %
-              (r["transport"], r["mode"], r["c_hgbs"], r["py_hgbs"], r["handoff_ratio"], r["c_handoff_ms_p50"],
-               r["py_handoff_ms_p50"], r["c_gbs"], r["py_gbs"], "yes" if r["all_verified"] else "NO"))
-    print()
+    print(md("transport | mode | C: GB/s over the hand-offs | adapter: GB/s over the hand-offs | adapter / C"
+             " | C hand-off p50 ms | adapter hand-off p50 ms | C GB/s over the wall | adapter GB/s over the wall"
+             " | every request verified", "l" * 10, [
+                 "%s | %s | %.2f | %.2f | %.2fx | %.1f | %.1f | %.2f | %.2f | %s" %
+                 (r["transport"], r["mode"], r["c_hgbs"], r["py_hgbs"], r["handoff_ratio"], r["c_handoff_ms_p50"],
+                  r["py_handoff_ms_p50"], r["c_gbs"], r["py_gbs"], "yes" if r["all_verified"] else "NO")
+                 for r in rows]) + "\n")
     print("- adapter / C, GB/s over the hand-offs, 4096-token requests, pull (the whole transfer inside the"
           " hand-off): %s (goal >= 0.95x): %s" %
           (", ".join("%s %.2fx" % (r["transport"], r["handoff_ratio"]) for r in pulls), "PASS" if goal else "MISS"))
@@ -594,11 +520,8 @@ def adapter(res, repeats, requests, kv_mib, out=""):
           " last layer; compare its hand-off p50 (its GB/s over the hand-offs counts the whole request's bytes over"
           " that tail, and is not a transfer rate)")
     print("- spread over the %s runs (min-max): GB/s over the hand-offs, C: %s; adapter: %s; hand-off p50 ms, C: %s;"
-          " adapter: %s" % (repeats,
-          "; ".join("%s %s %s" % (r["transport"], r["mode"], spread(r["c_hgbs_runs"])) for r in rows),
-          "; ".join("%s %s %s" % (r["transport"], r["mode"], spread(r["py_hgbs_runs"])) for r in rows),
-          "; ".join("%s %s %s" % (r["transport"], r["mode"], spread(r["c_handoff_p50_runs"])) for r in rows),
-          "; ".join("%s %s %s" % (r["transport"], r["mode"], spread(r["py_handoff_p50_runs"])) for r in rows)))
+          " adapter: %s" % (repeats, spread("c_hgbs_runs"), spread("py_hgbs_runs"), spread("c_handoff_p50_runs"),
+                            spread("py_handoff_p50_runs")))
     print("- hand-off p50, C / adapter (above 1: the adapter's is shorter): %s" %
           ", ".join("%s %s %.2fx" % (r["transport"], r["mode"], r["c_handoff_ms_p50"] / r["py_handoff_ms_p50"])
                     for r in rows if r["py_handoff_ms_p50"]))
@@ -606,44 +529,33 @@ def adapter(res, repeats, requests, kv_mib, out=""):
           " of KV with a mix64 hash and checks them the same way; the Python host copies a window of a random table"
           " into the blocks and compares bytes with torch.equal (int64 views); that ratio holds that difference, not"
           " the adapter's cost." % ", ".join("%s %s %.2fx" % (r["transport"], r["mode"], r["ratio"]) for r in rows))
-    print("- runs' GB/s over the wall, C: %s; adapter: %s" %
-          ("; ".join("%s %s %s" % (r["transport"], r["mode"], " ".join("%.2f" % g for g in r["c_gbs_runs"])) for r in rows),
-           "; ".join("%s %s %s" % (r["transport"], r["mode"], " ".join("%.2f" % g for g in r["py_gbs_runs"])) for r in rows)))
-    print()
-    print("## Python overhead per step")
-    print()
+    print("- runs' GB/s over the wall, C: %s; adapter: %s\n" %
+          tuple(each(lambda r: " ".join("%.2f" % g for g in r[k])) for k in ("c_gbs_runs", "py_gbs_runs")))
+    print("## Python overhead per step\n")
     print("hixl-py-host, %s layers of tiny blocks (2 KV heads x 16, 4-token blocks), concurrency 64, tcp: the time"
           " each step spends in the connector's hooks (time.perf_counter_ns around each call: the adapter, ctypes and"
-          " the plugin's C; push mode's worker hooks also wait for the push), over the steps with requests in flight." %
-          (steps[0]["layers"] if steps else "?"))
-    print()
-    print("| mode | side | steps | requests in flight | scheduler step: us, of it in C | its Python, CPU us"
-          " | worker step: us, of it in C | its Python, CPU us |")
-    print("|---|---|---|---|---|---|---|---|")
+          " the plugin's C; push mode's worker hooks also wait for the push), over the steps with requests in flight.\n"
+          % (steps[0]["layers"] if steps else "?"))
     cell = lambda f, k: "%.0f, %.0f | %.0f" % (f[k + "_us"], f[k + "_c_us"], f[k + "_cpu_us"] - f[k + "_c_cpu_us"])
-    for s in steps:
-        for what, f in (("64", s["at_64"]), ("any, mean %.1f" % s["all"]["inflight_mean"], s["all"])):
-            if f:
-                print("| %s | %s | %d | %s | %s | %s |" % (s["mode"], s["side"], f["steps"], what, cell(f, "scheduler"),
-                                                         cell(f, "worker")))
-    print()
+    print(md("mode | side | steps | requests in flight | scheduler step: us, of it in C | its Python, CPU us"
+             " | worker step: us, of it in C | its Python, CPU us", "l" * 8, [
+                 "%s | %s | %d | %s | %s | %s" % (s["mode"], s["side"], f["steps"], what, cell(f, "scheduler"),
+                                                  cell(f, "worker"))
+                 for s in steps for what, f in (("64", s["at_64"]), ("any, mean %.1f" % s["all"]["inflight_mean"],
+                                                                     s["all"])) if f]) + "\n")
     print("*us*: wall time in the hooks (time.perf_counter_ns), *in C*: inside the plugin's ops (ctypes' marshalling"
           " included); *its Python, CPU us*: the hooks' CPU time outside the plugin's ops (time.thread_time_ns: the"
           " adapter's own work and this driver's timing wrappers, and not inflated when the machine takes the CPU"
-          " away mid-hook).")
+          " away mid-hook).\n")
     astep = json.load(open(os.path.join(res, "adapter-step.json")))
-    print()
-    print("## The adapter's CPU per step, 64 requests in flight")
-    print()
+    print("## The adapter's CPU per step, 64 requests in flight\n")
     print("integration/bench/adapter_step.py: the hooks through hixl_vllm into the plugin without a peer (no KV moves),"
-          " 64 requests of %d blocks, %d layers; this thread's CPU time (time.thread_time_ns), median of %d steps." %
+          " 64 requests of %d blocks, %d layers; this thread's CPU time (time.thread_time_ns), median of %d steps.\n" %
           (astep["blocks_per_request"], astep["layers"], astep["steps"]))
-    print()
-    print("| step | CPU us | of it in the plugin's C ops | Python | per request |")
-    print("|---|---|---|---|---|")
-    for k, v in astep["per_step"].items():
-        print("| %s | %.0f | %.0f | %.0f | %s |" % (k, v["us"], v["c_us"], v["us"] - v["c_us"],
-                                                   "-" if k == "worker" else "%.1f" % (v["us"] / 64)))
+    print(md("step | CPU us | of it in the plugin's C ops | Python | per request", "lllll", [
+        "%s | %.0f | %.0f | %.0f | %s" % (k, x["us"], x["c_us"], x["us"] - x["c_us"],
+                                          "-" if k == "worker" else "%.1f" % (x["us"] / 64))
+        for k, x in astep["per_step"].items()]))
     if out:
         json.dump({"date": day, "cpus": int(ncpu), "kernel": kernel, "load": load, "requests": int(requests),
                    "repeats": int(repeats), "kv_mib": int(kv_mib), "prompt_tokens": 4096, "rows": rows,
@@ -662,10 +574,8 @@ def ab(raw, out):
     for path in sorted(glob.glob(f"{raw}/r*.json")):
         r, who, t, b, op = re.match(r".*/r(\d+)-(old|new)-(\w+)-b(\d+)-(\w+)\.json$", path).groups()
         res = json.load(open(path))["results"]
-        user, sys_, _ = open(path[:-5] + ".time").read().split()[-3:]
-        gib = sum(p["bytes"] for p in res) / 2**30
         g = grp.setdefault((t, int(b), op.upper()), {"old": {}, "new": {}})
-        g[who][int(r)] = (float(user) + float(sys_)) / gib
+        g[who][int(r)] = cpu_seconds(path) / (sum(p["bytes"] for p in res) / 2**30)
         for p in res:
             k = (t, p["batch"], p["op"], p["block_size"])
             pts.setdefault(k, {"old": {}, "new": {}})[who][int(r)] = p["gbps"]
@@ -677,21 +587,14 @@ def ab(raw, out):
         return {"old": mo, "new": mn, "ratio": mn / mo if mo > 0 else None, "aa": aa,
                 "old_rounds": o, "new_rounds": n}
 
-    def size(b):
-        return f"{b >> 20} MiB" if b >= 1 << 20 else f"{b >> 10} KiB"
-
-    def f2(x):
-        return "n/a" if x is None else f"{x:.2f}x"
-
-    lines, flagged, cpu_flagged, unsure = [], 0, 0, 0
-    P = lambda s: lines.append(s)
-    P(f"# A/B: hixl-bench, OLD vs NEW\n\n- OLD: {E['AB_OLD']}\n- NEW: {E['AB_NEW']}")
+    f2 = lambda x: "n/a" if x is None else f"{x:.2f}x"
     n = int(E["AB_ROUNDS"])
-    P(f"- {n} round{'s' * (n > 1)} interleaved (OLD first in odd rounds), {E['AB_SECS']} s a point, "
-      f"StagingThreshold=0, --pin 0,1; {E['AB_ELAPSED']} s; load average {E['AB_LOAD']}")
-    P("- GB/s: median over rounds. A/A: OLD's max/min over its rounds (n/a with one round). "
-      "REGRESSION?: NEW/OLD < 0.9 and below 1/A/A; with one round, below 0.9 says no more than that.\n")
-    jp, L = [], []
+    lines = [f"# A/B: hixl-bench, OLD vs NEW\n\n- OLD: {E['AB_OLD']}\n- NEW: {E['AB_NEW']}",
+             f"- {n} round{'s' * (n > 1)} interleaved (OLD first in odd rounds), {E['AB_SECS']} s a point, "
+             f"StagingThreshold=0, --pin 0,1; {E['AB_ELAPSED']} s; load average {E['AB_LOAD']}",
+             "- GB/s: median over rounds. A/A: OLD's max/min over its rounds (n/a with one round). "
+             "REGRESSION?: NEW/OLD < 0.9 and below 1/A/A; with one round, below 0.9 says no more than that.\n"]
+    jp, L, flagged, unsure = [], [], 0, 0
     for k in sorted(pts):
         s = summary(pts[k])
         low = s["ratio"] is not None and s["ratio"] < 0.9
@@ -699,13 +602,14 @@ def ab(raw, out):
         flagged += bad
         unsure += low and s["aa"] is None
         flag = "REGRESSION?" if bad else "below 0.9, no A/A" if low and s["aa"] is None else ""
-        L.append(f"{k[0]} | {k[1]} | {k[2]} | {size(k[3])} | {s['old']:.2f} | {s['new']:.2f} | "
+        size = f"{k[3] >> 20} MiB" if k[3] >= 1 << 20 else f"{k[3] >> 10} KiB"
+        L.append(f"{k[0]} | {k[1]} | {k[2]} | {size} | {s['old']:.2f} | {s['new']:.2f} | "
                  f"{f2(s['ratio'])} | {f2(s['aa'])} | {flag}")
         jp.append(dict(transport=k[0], batch=k[1], op=k[2], block_size=k[3], gbps=s, regression=bool(bad)))
-    P(md("transport | batch | op | block | OLD GB/s | NEW GB/s | NEW/OLD | A/A | REGRESSION?", "lrlrrrrrl", L))
-    P("\nCPU seconds (user + system, initiator and target, whole run) per GiB measured, per group; "
-      "MORE CPU?: NEW/OLD > 1.1 and above A/A.\n")
-    jg, L = [], []
+    lines.append(md("transport | batch | op | block | OLD GB/s | NEW GB/s | NEW/OLD | A/A | REGRESSION?", "lrlrrrrrl", L))
+    lines.append("\nCPU seconds (user + system, initiator and target, whole run) per GiB measured, per group; "
+                 "MORE CPU?: NEW/OLD > 1.1 and above A/A.\n")
+    jg, L, cpu_flagged = [], [], 0
     for k in sorted(grp):
         s = summary(grp[k])
         bad = s["ratio"] is not None and s["ratio"] > 1.1 and s["aa"] is not None and s["ratio"] > s["aa"]
@@ -713,13 +617,13 @@ def ab(raw, out):
         L.append([k[0], k[1], k[2], f"{s['old']:.3f}", f"{s['new']:.3f}", f2(s["ratio"]), f2(s["aa"]),
                   "MORE CPU?" if bad else ""])
         jg.append(dict(transport=k[0], batch=k[1], op=k[2], cpu_s_per_gib=s, more_cpu=bool(bad)))
-    P(md("transport | batch | op | OLD s/GiB | NEW s/GiB | NEW/OLD | A/A | MORE CPU?", "lrlrrrrl", L))
+    lines.append(md("transport | batch | op | OLD s/GiB | NEW s/GiB | NEW/OLD | A/A | MORE CPU?", "lrlrrrrl", L))
     rs = [p["gbps"]["ratio"] for p in jp if p["gbps"]["ratio"]]
     aas = [p["gbps"]["aa"] for p in jp if p["gbps"]["aa"]]
-    P(f"\nNEW/OLD GB/s {min(rs):.2f}-{max(rs):.2f}x over {len(jp)} points"
-      + (f", A/A {min(aas):.2f}-{max(aas):.2f}x" if aas else ", no A/A (one round)")
-      + f"; {flagged} flagged REGRESSION?, {cpu_flagged} groups MORE CPU?"
-      + (f", {unsure} points below 0.9 with no A/A to judge them by." if unsure else "."))
+    lines.append(f"\nNEW/OLD GB/s {min(rs):.2f}-{max(rs):.2f}x over {len(jp)} points"
+                 + (f", A/A {min(aas):.2f}-{max(aas):.2f}x" if aas else ", no A/A (one round)")
+                 + f"; {flagged} flagged REGRESSION?, {cpu_flagged} groups MORE CPU?"
+                 + (f", {unsure} points below 0.9 with no A/A to judge them by." if unsure else "."))
     text = "\n".join(lines) + "\n"
     open(f"{out}/ab.md", "w").write(text)
     meta = {k[3:].lower(): v for k, v in E.items() if k.startswith("AB_")}
@@ -732,80 +636,66 @@ def ab(raw, out):
 def auth(res, out, template=None):
     """docs/performance-auth.md and RES/auth.json from run_auth.sh's results (RES OUT [TEMPLATE]; the AUTH_*
     environment), into the blocks of TEMPLATE (default: OUT, the page itself)."""
-    E = os.environ
-    raw = os.path.join(res, "raw")
-    med = statistics.median
+    E, med = os.environ, statistics.median
     GOAL, NOISE = 0.95, 0.05
-
-    def load(p):
-        return json.load(open(p))
-
-    def cpu_of(p):
-        """User + system CPU seconds of a run (every process), from its .time file; None if absent."""
-        try:
-            u, s_, _ = open(p[:-5] + ".time").read().split()[-3:]
-            return float(u) + float(s_)
-        except (OSError, ValueError):
-            return None
-
-    # ops[(t, op)][variant][round] = GB/s; pd[t][variant][round] = {gbs, p50}
+    # ops[(t, op)][variant][round] = GB/s; pd[t][variant][round] = {gbs, p50, p99}; conn[t][variant][round] = its row;
     # cpu[(kind, t)][variant][round] = CPU seconds per GiB moved (ops: READ and WRITE of one run together)
     ops, pd, conn, cpu = {}, {}, {}, {}
     rounds = set()
-    for p in glob.glob(os.path.join(raw, "r*-*.json")):
-        m = re.match(r"r(\d+)-(ops|pd)-(\w+)-(onp|on|off|offb)\.json$", os.path.basename(p))
-        if m:
-            r, kind, t, v = int(m[1]), m[2], m[3], m[4]
-            rounds.add(r)
-            j = load(p)
-            c = cpu_of(p)
-            if kind == "ops":
-                for x in j["results"]:
-                    ops.setdefault((t, x["op"]), {}).setdefault(v, {})[r] = x["gbps"]
-                moved = sum(x.get("bytes", 0) for x in j["results"])
-            else:
-                moved = j.get("kv_bytes_verified", 0)
-            if c is not None and moved > 0:
-                cpu.setdefault((kind, t), {}).setdefault(v, {})[r] = c / (moved / 2**30)
-            if kind != "ops":
-                if not j.get("pass"):
-                    sys.exit(f"run_auth: {p}: the mock host's run did not pass")
-                pd.setdefault(t, {}).setdefault(v, {})[r] = {"gbs": j["gb_per_s"], "p50": j["handoff_ms_p50"],
-                                                              "p99": j["handoff_ms_p99"]}
+    for p in glob.glob(os.path.join(res, "raw", "r*-*.json")):
+        m = re.match(r"r(\d+)-(?:(ops|pd)-(\w+)-(onp|on|off|offb)|conn)\.json$", os.path.basename(p))
+        if not m:
             continue
-        m = re.match(r"r(\d+)-conn\.json$", os.path.basename(p))
-        if m:
-            r = int(m[1])
-            for x in load(p)["results"]:
+        r, kind, t, v = int(m[1]), m[2], m[3], m[4]
+        j = json.load(open(p))
+        if not kind:  # the connects
+            for x in j["results"]:
                 conn.setdefault(x["transport"], {}).setdefault(x["mode"].replace("-", ""), {})[r] = x
+            continue
+        rounds.add(r)
+        if kind == "ops":
+            for x in j["results"]:
+                ops.setdefault((t, x["op"]), {}).setdefault(v, {})[r] = x["gbps"]
+            moved = sum(x.get("bytes", 0) for x in j["results"])
+        else:
+            moved = j.get("kv_bytes_verified", 0)
+        c = cpu_seconds(p)
+        if c is not None and moved > 0:
+            cpu.setdefault((kind, t), {}).setdefault(v, {})[r] = c / (moved / 2**30)
+        if kind == "pd":
+            if not j.get("pass"):
+                sys.exit(f"run_auth: {p}: the mock host's run did not pass")
+            pd.setdefault(t, {}).setdefault(v, {})[r] = {"gbs": j["gb_per_s"], "p50": j["handoff_ms_p50"],
+                                                          "p99": j["handoff_ms_p99"]}
     rounds = sorted(rounds)
     n = len(rounds)
 
+    at = lambda x, key: x if key is None else x[key]  # a round's figure: the value, or its KEY
+
     def pair(d, a, b, key=None):
         """Per-round ratios d[a][r] / d[b][r] over the rounds both ran."""
-        g = (lambda x: x) if key is None else (lambda x: x[key])
-        return [g(d[a][r]) / g(d[b][r]) for r in rounds if r in d.get(a, {}) and r in d.get(b, {}) and g(d[b][r]) > 0]
+        return [at(d[a][r], key) / at(d[b][r], key) for r in rounds
+                if r in d.get(a, {}) and r in d.get(b, {}) and at(d[b][r], key) > 0]
 
     def pooled(d, key=None):
         """median(on) / median(every keyless run, off and off-b): twice the reference runs."""
-        g = (lambda x: x) if key is None else (lambda x: x[key])
-        on = [g(x) for x in d.get("on", {}).values()]
-        offs = [g(x) for v in ("off", "offb") for x in d.get(v, {}).values()]
+        on = [at(x, key) for x in d.get("on", {}).values()]
+        offs = [at(x, key) for v in ("off", "offb") for x in d.get(v, {}).values()]
         return med(on) / med(offs) if on and offs and med(offs) > 0 else None
-
-    def fp(x):
-        return "n/a" if x is None else f"{x:.3f}"
 
     def spread(v):
         return {"min": min(v), "median": med(v), "max": max(v)} if v else None
 
-    def fx(s):
-        return "n/a" if s is None else f"{s['min']:.3f} / **{s['median']:.3f}** / {s['max']:.3f}"
+    def abaa(d, key=None):  # A/B on/off, A/A off-b/off and A/B on+tag/off, each over the rounds
+        return [spread(pair(d, a, "off", key)) for a in ("on", "offb", "onp")]
 
-    def aa_width(s):  # how far the A/A ratio strays from 1, either way
-        return None if s is None else max(abs(s["max"] - 1), abs(1 - s["min"]))
+    fp = lambda x: "n/a" if x is None else f"{x:.3f}"
+    fx = lambda s: "n/a" if s is None else f"{s['min']:.3f} / **{s['median']:.3f}** / {s['max']:.3f}"
+    aa_width = lambda s: None if s is None else max(abs(s["max"] - 1), abs(1 - s["min"]))  # from 1, either way
+    # The medians of on, off and off-b, as FORMAT, joined by JOIN.
+    three = lambda g, form, join=" | ": join.join(format(g.get(w, 0), form) for w in ("on", "off", "offb"))
 
-    def verdict(ab, aa):
+    def verdict(ab, aa):  # PASS or MISS, and why the A/A makes it unsure
         if ab is None:
             return "n/a", ""
         w = aa_width(aa)
@@ -817,69 +707,55 @@ def auth(res, out, template=None):
             notes.append(f"A/A strays {w * 100:.1f}% from 1, more than the 5% the goal resolves")
         return ("PASS" if ok else "MISS"), "; ".join(notes)
 
-    try:
-        measured = open(os.path.join(res, "date")).read().strip()
-    except OSError:
-        measured = "?"
-    try:
-        head0 = open(os.path.join(res, "head")).read().strip()
-    except OSError:
-        head0 = "?"
     cap = ("**included**: the plugin's KV service checks a per-request capability (`cap_check` in "
            "`plugin/src/kv_service.c`, `kv_cap_make` in the built plugin)") if E["AUTH_CAP_BIN"] == "yes" else \
           "**not included**: the built plugin has no per-request capability check (no `kv_cap_make`)"
     if E["AUTH_CAP_SRC"] != E["AUTH_CAP_BIN"]:
         cap += f" (the source at report time: {'has' if E['AUTH_CAP_SRC'] == 'yes' else 'has no'} `cap_check`)"
-    try:
-        elapsed = open(os.path.join(res, "elapsed")).read().strip()
-        loadtxt = "; ".join(l.strip() for l in open(os.path.join(res, "load")))
-    except OSError:
-        elapsed, loadtxt = "?", "?"
-    notes = open(os.path.join(res, "notes")).read().splitlines() if os.path.exists(os.path.join(res, "notes")) else []
-    notes = [f"- Note: {x}." for x in sorted(set(notes))]
+    elapsed, load = read(os.path.join(res, "elapsed"), None), read(os.path.join(res, "load"), None)
+    if None in (elapsed, load):
+        elapsed, load = "?", "?"
+    notes = [f"- Note: {x}." for x in sorted(set(read(os.path.join(res, "notes")).splitlines()))]
     if not any("ci.lock" in x for x in notes):
         notes.append("- `/tmp/ci.lock` was not seen before any run of the measurement.")
-    v = {"measured": measured, "written": E["AUTH_DATE"],
+    v = {"measured": read(os.path.join(res, "date"), "?"), "written": E["AUTH_DATE"],
          "machine": f"{E['AUTH_CPU']}, {E['AUTH_NCPU']} CPUs, Linux {E['AUTH_KERNEL']}",
-         "tree": f"HEAD {head0} when the measurement started, {E['AUTH_HEAD']} with {E['AUTH_DIRTY']} uncommitted "
-                 f"changed files when this page was written ({E['AUTH_WHERE'] or 'none'}); binaries in "
-                 f"`{E['AUTH_BUILD']}` built {E['AUTH_BUILT']}",
-         "cap": cap, "load": f"{n} rounds, {elapsed} s of measurement; load average (1, 5, 15 min) {loadtxt}",
-         "notes": "\n".join(notes), "secs": E["AUTH_SECS"], "requests": E["AUTH_REQUESTS_N"],
-         "connects": E["AUTH_CONNECTS_N"]}
+         "tree": f"HEAD {read(os.path.join(res, 'head'), '?')} when the measurement started, {E['AUTH_HEAD']} with "
+                 f"{E['AUTH_DIRTY']} uncommitted changed files when this page was written ({E['AUTH_WHERE'] or 'none'}); "
+                 f"binaries in `{E['AUTH_BUILD']}` built {E['AUTH_BUILT']}",
+         "cap": cap, "notes": "\n".join(notes), "secs": E["AUTH_SECS"], "requests": E["AUTH_REQUESTS_N"],
+         "load": f"{n} rounds, {elapsed} s of measurement; load average (1, 5, 15 min) "
+                 + "; ".join(l.strip() for l in load.splitlines()), "connects": E["AUTH_CONNECTS_N"]}
     J = {"meta": {k[5:].lower(): v for k, v in E.items() if k.startswith("AUTH_")}, "rounds": rounds,
          "ops": [], "pd": [], "connect": [], "goals": {}}
     J["meta"]["capability_check_in_plugin"] = E["AUTH_CAP_BIN"] == "yes"
+    OPS = sorted(ops, key=lambda k: (k[0] != "tcp", k[1] != "WRITE"))
+    PD = sorted(pd, key=lambda k: k != "tcp")
 
     L, ops_ok = [], True
-    for (t, op) in sorted(ops, key=lambda k: (k[0] != "tcp", k[1] != "WRITE")):
+    for (t, op) in OPS:
         d = ops[(t, op)]
-        ab, aa = spread(pair(d, "on", "off")), spread(pair(d, "offb", "off"))
+        (ab, aa, abp), g, pl = abaa(d), {k: med(d[k].values()) for k in d}, pooled(d)
         vd, why = verdict(ab, aa)
         ops_ok &= vd == "PASS"
-        g = {k: med(d[k].values()) for k in d}
-        pl = pooled(d)
-        abp = spread(pair(d, "onp", "off"))
-        L.append(f"{t} | {op} | {g.get('on', 0):.2f} | {g.get('off', 0):.2f} | {g.get('offb', 0):.2f} | {fx(ab)} | "
-                 f"{fx(aa)} | {fp(pl)} | **{vd}**{': ' + why if why else ''} | {g.get('onp', 0):.2f} | {fx(abp)}")
+        L.append(f"{t} | {op} | {three(g, '.2f')} | {fx(ab)} | {fx(aa)} | {fp(pl)} | "
+                 f"**{vd}**{': ' + why if why else ''} | {g.get('onp', 0):.2f} | {fx(abp)}")
         J["ops"].append({"transport": t, "op": op, "gbps_median": g, "gbps_rounds": d, "ab": ab, "aa": aa,
                          "on_over_all_keyless": pl, "verdict": vd, "note": why})
     v["ops"] = md("transport | op | on GB/s | off GB/s | off-b GB/s | A/B on/off (min / **med** / max) | A/A off-b/off | "
                   "on / all keyless | verdict (>= 0.95x) | on + AuthPayloadTag GB/s | its A/B on+tag/off",
                   "llrrrllrlrl", L)
     L, pd_ok = [], True
-    for t in sorted(pd, key=lambda k: k != "tcp"):
+    for t in PD:
         d = pd[t]
-        ab, aa = spread(pair(d, "on", "off", "gbs")), spread(pair(d, "offb", "off", "gbs"))
-        lab, laa = spread(pair(d, "on", "off", "p50")), spread(pair(d, "offb", "off", "p50"))
+        (ab, aa, abp), (lab, laa, _) = abaa(d, "gbs"), abaa(d, "p50")
         vd, why = verdict(ab, aa)
         pd_ok &= vd == "PASS"
         g = {k: med(x["gbs"] for x in d[k].values()) for k in d}
         l = {k: med(x["p50"] for x in d[k].values()) for k in d}
-        L.append(f"{t} | {g.get('on', 0):.3f} | {g.get('off', 0):.3f} | {g.get('offb', 0):.3f} | {fx(ab)} | {fx(aa)} | "
-                 f"{fp(pooled(d, 'gbs'))} | **{vd}**{': ' + why if why else ''} | "
-                 f"{l.get('on', 0):.1f} / {l.get('off', 0):.1f} / {l.get('offb', 0):.1f} | {fx(lab)} | {fx(laa)} | "
-                 f"{g.get('onp', 0):.3f} | {fx(spread(pair(d, 'onp', 'off', 'gbs')))}")
+        L.append(f"{t} | {three(g, '.3f')} | {fx(ab)} | {fx(aa)} | {fp(pooled(d, 'gbs'))} | "
+                 f"**{vd}**{': ' + why if why else ''} | {three(l, '.1f', ' / ')} | {fx(lab)} | {fx(laa)} | "
+                 f"{g.get('onp', 0):.3f} | {fx(abp)}")
         J["pd"].append({"transport": t, "gbps_median": g, "handoff_p50_ms_median": l, "rounds": d, "ab_gbps": ab,
                         "aa_gbps": aa, "on_over_all_keyless_gbps": pooled(d, "gbs"), "ab_handoff_p50": lab,
                         "aa_handoff_p50": laa, "verdict": vd, "note": why})
@@ -889,11 +765,9 @@ def auth(res, out, template=None):
     L, J["cpu_s_per_gib"] = [], []
     for (kind, t) in sorted(cpu, key=lambda k: (k[0] != "ops", k[1] != "tcp")):
         d = cpu[(kind, t)]
-        g = {k: med(d[k].values()) for k in d}
-        ab, aa = spread(pair(d, "on", "off")), spread(pair(d, "offb", "off"))
-        L.append(f"{'4 MiB ops' if kind == 'ops' else 'P/D hand-off'} | {t} | {g.get('on', 0):.3f} | "
-                 f"{g.get('off', 0):.3f} | {g.get('offb', 0):.3f} | {fx(ab)} | {fx(aa)} | {g.get('onp', 0):.3f} | "
-                 f"{fx(spread(pair(d, 'onp', 'off')))}")
+        (ab, aa, abp), g = abaa(d), {k: med(d[k].values()) for k in d}
+        L.append(f"{'4 MiB ops' if kind == 'ops' else 'P/D hand-off'} | {t} | {three(g, '.3f')} | {fx(ab)} | "
+                 f"{fx(aa)} | {g.get('onp', 0):.3f} | {fx(abp)}")
         J["cpu_s_per_gib"].append({"kind": kind, "transport": t, "median": g, "rounds": d, "ab": ab, "aa": aa})
     v["cpu"] = md("case | transport | on s/GiB | off s/GiB | off-b s/GiB | A/B on/off (min / **med** / max) | A/A "
                   "off-b/off | on + AuthPayloadTag s/GiB | its A/B", "llrrrllrl", L)
@@ -917,17 +791,11 @@ def auth(res, out, template=None):
     v["connect"] = md("transport | p50 us on / off / off-b | p99 us on / off / off-b | mean us on / off / off-b | "
                       "added p50 us | A/B p50 on/off | A/A p50 off-b/off | A/B mean on/off | A/A mean off-b/off",
                       "llllrllll", L)
-    L = []
-    vname = {"onp": "on + AuthPayloadTag", "on": "on", "off": "off", "offb": "off-b"}
-    for (t, op) in sorted(ops, key=lambda k: (k[0] != "tcp", k[1] != "WRITE")):
-        for w in ("onp", "on", "off", "offb"):
-            d = ops[(t, op)].get(w, {})
-            L.append([f"4 MiB {op} {t}", vname[w]] + [f"{d[r]:.2f}" if r in d else "-" for r in rounds])
-    for t in sorted(pd, key=lambda k: k != "tcp"):
-        for w in ("onp", "on", "off", "offb"):
-            d = pd[t].get(w, {})
-            L.append([f"P/D {t}", vname[w]] + [f"{d[r]['gbs']:.3f} ({d[r]['p50']:.0f} ms)" if r in d else "-"
-                                                for r in rounds])
+    VARIANTS = {"onp": "on + AuthPayloadTag", "on": "on", "off": "off", "offb": "off-b"}
+    L = [[f"4 MiB {op} {t}", name] + [f"{d[r]:.2f}" if r in d else "-" for r in rounds]
+         for t, op in OPS for w, name in VARIANTS.items() for d in [ops[(t, op)].get(w, {})]]
+    L += [[f"P/D {t}", name] + [f"{d[r]['gbs']:.3f} ({d[r]['p50']:.0f} ms)" if r in d else "-" for r in rounds]
+          for t in PD for w, name in VARIANTS.items() for d in [pd[t].get(w, {})]]
     v["rounds"] = md("case | variant | " + " | ".join(f"round {r}" for r in rounds), "ll" + "r" * n, L)
 
     J["goals"] = {"ops_4mib_on_off_ge_0.95": "PASS" if ops_ok else "MISS",
@@ -973,11 +841,9 @@ def layouts(res, out, rounds, template=None):
                          "rounds": sum(r["rounds"] for r in rs),
                          "plugin_fd_gbs": med("plugin_fd_gbs"), "raw_gbs": med("raw_gbs"),
                          "raw2_gbs": med("raw2_gbs")})
-    for r in rows:
-        r["ratio"] = r["plugin_fd_gbs"] / r["raw_gbs"]
-        r["aa_ratio"] = r["raw2_gbs"] / r["raw_gbs"]
-    key = lambda r: (r["transport"] != "tcp", LAYOUTS.index(r["layout"]), r["block_tokens"], r["tokens"])
-    rows.sort(key=key)
+            rows[-1]["ratio"] = rows[-1]["plugin_fd_gbs"] / rows[-1]["raw_gbs"]
+            rows[-1]["aa_ratio"] = rows[-1]["raw2_gbs"] / rows[-1]["raw_gbs"]
+    rows.sort(key=lambda r: (r["transport"] != "tcp", LAYOUTS.index(r["layout"]), r["block_tokens"], r["tokens"]))
     transports = [t for t in ("tcp", "auto") if any(r["transport"] == t for r in rows)]
     find = lambda t, lay, bt, tok: next((r for r in rows if (r["transport"], r["layout"], r["block_tokens"],
                                                                r["tokens"]) == (t, lay, bt, tok)), None)
@@ -987,15 +853,10 @@ def layouts(res, out, rounds, template=None):
     g1 = [r for r in rows if r["layout"] in BLOCK_MAJOR and r["tokens"] == longest]
     g1_pass = bool(g1) and all(r["plugin_engine_ops"] <= r["runs"] for r in g1)
     # Goal 2: 16-token blocks at >= 0.9x 64-token blocks' throughput, the same bytes.
-    g2 = []
-    for t in transports:
-        for lay in LAYOUTS:
-            for tok in sorted({r["tokens"] for r in rows}):
-                a, b = find(t, lay, 16, tok), find(t, lay, 64, tok)
-                if a and b:
-                    g2.append({"transport": t, "layout": lay, "tokens": tok, "judged": lay in BLOCK_MAJOR,
-                               "plugin": a["plugin_fd_gbs"] / b["plugin_fd_gbs"],
-                               "raw": a["raw_gbs"] / b["raw_gbs"]})
+    g2 = [{"transport": t, "layout": lay, "tokens": tok, "judged": lay in BLOCK_MAJOR,
+           "plugin": a["plugin_fd_gbs"] / b["plugin_fd_gbs"], "raw": a["raw_gbs"] / b["raw_gbs"]}
+          for t in transports for lay in LAYOUTS for tok in sorted({r["tokens"] for r in rows})
+          for a, b in [(find(t, lay, 16, tok), find(t, lay, 64, tok))] if a and b]
     judged = [g for g in g2 if g["judged"]]
     g2_pass = bool(judged) and all(g["plugin"] >= 0.9 for g in judged)
 
@@ -1006,22 +867,20 @@ def layouts(res, out, rounds, template=None):
               open(os.path.join(res, "pd-layouts.json"), "w"), indent=1)
 
     def verdicts(t):
-        out = []
         mine = [r for r in g1 if r["transport"] == t]
         kv = {r["block_tokens"]: r for r in rows
               if r["transport"] == t and r["layout"] == "kv_first" and r["tokens"] == longest}
         ok = all(r["plugin_engine_ops"] <= r["runs"] for r in mine)
-        out.append("engine ops per %d-token request, block-major layouts, <= its runs of adjacent blocks: %s (%s)" %
-                   (longest, "PASS" if ok and mine else "MISS",
-                    "; ".join("%s %d-token blocks: %d ops for %d runs (kv_first: %s)" %
-                              (r["layout"], r["block_tokens"], r["plugin_engine_ops"], r["runs"],
-                               kv[r["block_tokens"]]["plugin_engine_ops"] if r["block_tokens"] in kv else "-")
-                              for r in mine)))
+        out = ["engine ops per %d-token request, block-major layouts, <= its runs of adjacent blocks: %s (%s)" %
+               (longest, "PASS" if ok and mine else "MISS",
+                "; ".join("%s %d-token blocks: %d ops for %d runs (kv_first: %s)" %
+                          (r["layout"], r["block_tokens"], r["plugin_engine_ops"], r["runs"],
+                           kv[r["block_tokens"]]["plugin_engine_ops"] if r["block_tokens"] in kv else "-")
+                          for r in mine))]
         mine = [g for g in judged if g["transport"] == t]
         miss = [g for g in mine if g["plugin"] < 0.9]
         out.append("16-token blocks / 64-token blocks, plugin pull GB/s, the same bytes, block-major layouts:"
-                   " %.2f-%.2fx (goal >= 0.9): %s" %
-                   (min(g["plugin"] for g in mine), max(g["plugin"] for g in mine), "PASS" if not miss else
+                   " %s (goal >= 0.9): %s" % (span([g["plugin"] for g in mine]), "PASS" if not miss else
                     "MISS at %s" % ", ".join("%s %d tokens (%.2fx; the raw engine's: %.2fx)" %
                                              (g["layout"], g["tokens"], g["plugin"], g["raw"]) for g in miss))
                    if mine else "no pairs measured: MISS")
@@ -1031,25 +890,24 @@ def layouts(res, out, rounds, template=None):
                 out.append("%s, 16 / 64-token blocks by prompt (%s tokens): plugin %s; raw engine %s" %
                            (lay, ", ".join(str(g["tokens"]) for g in v),
                             ", ".join("%.2fx" % g["plugin"] for g in v), ", ".join("%.2fx" % g["raw"] for g in v)))
-        aa = [r["aa_ratio"] for r in rows if r["transport"] == t]
-        out.append("the raw engine against itself in the same rounds (A/A, the noise of the ratios): %.2f-%.2fx" %
-                   (min(aa), max(aa)))
+        out.append("the raw engine against itself in the same rounds (A/A, the noise of the ratios): %s" %
+                   span([r["aa_ratio"] for r in rows if r["transport"] == t]))
         return out
 
     reps = max(r["repeats"] for r in rows)
     L = []
     for t in transports:
-        L += ["## %s" % NAMES[t], "", "| layout | block tokens | prompt tokens | runs of adjacent blocks | plugin engine "
-              "ops per request | raw engine ops | plugin GB/s | raw engine GB/s | ratio | A/A |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
-        L += ["| %s | %d | %d | %d | %d | %d | %.2f | %.2f | %.2f | %.2f |" %
-              (r["layout"], r["block_tokens"], r["tokens"], r["runs"], r["plugin_engine_ops"], r["engine_ops"],
-               r["plugin_fd_gbs"], r["raw_gbs"], r["ratio"], r["aa_ratio"]) for r in rows if r["transport"] == t]
-        L += [""] + ["- " + v for v in verdicts(t)] + [""]
+        L += ["## %s" % NAMES[t], "", md(
+            "layout | block tokens | prompt tokens | runs of adjacent blocks | plugin engine ops per request | raw "
+            "engine ops | plugin GB/s | raw engine GB/s | ratio | A/A", "l" * 10,
+            ["%s | %d | %d | %d | %d | %d | %.2f | %.2f | %.2f | %.2f" %
+             (r["layout"], r["block_tokens"], r["tokens"], r["runs"], r["plugin_engine_ops"], r["engine_ops"],
+              r["plugin_fd_gbs"], r["raw_gbs"], r["ratio"], r["aa_ratio"]) for r in rows if r["transport"] == t]), ""]
+        L += ["- " + v for v in verdicts(t)] + [""]
     fill(template or out, out, {
         "run": "%s (%s CPUs, %s)" % (day, ncpu, kernel), "times": "%d time%s" % (reps, "" if reps == 1 else "s"),
         "rounds": "%s round%s" % (rounds, "" if rounds == "1" else "s"), "ncpu": ncpu, "load": load,
-        "aa": "%.2f-%.2fx" % (min(aa_runs), max(aa_runs)), "longest": longest,
+        "aa": span(aa_runs), "longest": longest,
         "goal_ops": "PASS" if g1_pass else "MISS", "goal_bt": "PASS" if g2_pass else "MISS",
         "goal_bt_min": " (min %.2fx)" % min(g["plugin"] for g in judged) if judged else "", "tables": "\n".join(L)})
     print("run_pd: wrote %s and %s" % (out, os.path.join(res, "pd-layouts.json")), file=sys.stderr)
@@ -1060,9 +918,7 @@ def layouts(res, out, rounds, template=None):
 def pd(res, out, template, rounds, step_us, rdma_rounds):
     """docs/performance-pd.md from run_pd.sh's RES (pd-TRANSPORT.md and .json; rdma unless
     RDMA_ROUNDS is -), into the blocks of TEMPLATE (the page itself)."""
-    v = {"run": "on %s (%s CPUs, %s)" % (time.strftime("%Y-%m-%d", time.gmtime()), os.cpu_count(),
-                                          platform.release()),
-         "rounds": rounds, "step_us": step_us, "rdma_rounds": rdma_rounds}
+    v = {"run": "on " + run_on(), "rounds": rounds, "step_us": step_us, "rdma_rounds": rdma_rounds}
     for t in ("tcp", "auto", "rdma"):
         page = None if t == "rdma" and rdma_rounds == "-" else read(os.path.join(res, f"pd-{t}.md"), None)
         v[t] = (page + "\n\n" + pd_verdict(os.path.join(res, f"pd-{t}.json"))) if page else "(not measured in this run)"
@@ -1074,52 +930,45 @@ def pd_verdict(path):
     L = []
     P = lambda s: L.append("- " + s)
     rows = json.load(open(path))["rows"]
-    pull = [r["ratio"] for r in rows]
-    step = [r["ratio_stepping"] for r in rows]
-    push = [r["push_ratio"] for r in rows]
-    P("pull through the plugin / raw engine, host woken by the event fd: %.2f-%.2fx (goal >= 0.9): %s" %
-          (min(pull), max(pull), "PASS" if min(pull) >= 0.9 else "MISS at %s tokens" %
-           ", ".join(str(r["tokens"]) for r in rows if r["ratio"] < 0.9)))
-    aa = [r["aa_ratio"] for r in rows if "aa_ratio" in r]  # results older than the A/A column lack it
+    col = lambda k, rs=rows: span([r[k] for r in rs])  # K's span over RS
+    tokens = lambda rs: ", ".join(str(r["tokens"]) for r in rs)
+    low = [r for r in rows if r["ratio"] < 0.9]
+    P("pull through the plugin / raw engine, host woken by the event fd: %s (goal >= 0.9): %s" %
+      (col("ratio"), "MISS at %s tokens" % tokens(low) if low else "PASS"))
+    aa = [r for r in rows if "aa_ratio" in r]  # results older than the A/A column lack it
     if aa:
-        P("the raw engine against itself in the same rounds (A/A, the noise of these ratios): %.2f-%.2fx" %
-              (min(aa), max(aa)))
+        P("the raw engine against itself in the same rounds (A/A, the noise of these ratios): %s" % col("aa_ratio", aa))
     host = [r for r in rows if "ratio_host" in r]  # results older than the column lack it
     if host:
         low = [r for r in host if r["ratio_host"] < 0.95]
         P("the fd-woken pull / the raw READ with both hosts stepping beside it, as they do during the pull (on"
-          " decode's CPU, which its loader shares under --pin): %.2f-%.2fx (goal >= 0.95): %s" %
-          (min(r["ratio_host"] for r in host), max(r["ratio_host"] for r in host),
-           "PASS" if not low else "MISS at %s tokens" % ", ".join(str(r["tokens"]) for r in low)))
-    P("the same pull, host stepping: %.2f-%.2fx (up to one host step more; not the goal's measure)" %
-          (min(step), max(step)))
+          " decode's CPU, which its loader shares under --pin): %s (goal >= 0.95): %s" %
+          (col("ratio_host", host), "MISS at %s tokens" % tokens(low) if low else "PASS"))
+    P("the same pull, host stepping: %s (up to one host step more; not the goal's measure)" % col("ratio_stepping"))
     miss = [r for r in rows if r["push_ratio"] > 1.5]
-    P("push, after the last layer / one layer's transfer: %.2f-%.2fx (goal <= 1.5): %s" %
-          (min(push), max(push), "PASS" if not miss else "MISS at %s" %
-           ", ".join("%d tokens (%.2fx; the floor there, one layer plus one notice round trip: %.2fx; the pusher"
-                     " was %.2f ms behind at the last save; the raw engine's own push: %.2fx, with a call per"
-                     " layer: %.2fx)" %
-                     (r["tokens"], r["push_ratio"], r["push_floor"], r["behind_ms"], r["raw_push_ratio"],
-                      r["raw_call_push_ratio"])
-                     for r in miss)))
+    P("push, after the last layer / one layer's transfer: %s (goal <= 1.5): %s" %
+      (col("push_ratio"), "PASS" if not miss else "MISS at %s" %
+       ", ".join("%d tokens (%.2fx; the floor there, one layer plus one notice round trip: %.2fx; the pusher"
+                 " was %.2f ms behind at the last save; the raw engine's own push: %.2fx, with a call per"
+                 " layer: %.2fx)" %
+                 (r["tokens"], r["push_ratio"], r["push_floor"], r["behind_ms"], r["raw_push_ratio"],
+                  r["raw_call_push_ratio"])
+                 for r in miss)))
     # The like-for-like reference is the raw engine's push with a landed call per layer (the
     # plugin's protocol without the plugin); the one without calls polls its requests.
     ceil = [r for r in miss if r["raw_call_push_ratio"] > 1.5]
     if ceil:
         P("where the push missed, the raw engine's own push with a call per layer was above 1.5x too at %s:"
-              " the machine's ceiling in this run" % ", ".join("%d tokens" % r["tokens"] for r in ceil))
-    raw = [r["raw_push_ratio"] for r in rows]
-    P("the raw engine's own pipelined push, after the last layer / one layer: %.2f-%.2fx (it learns each"
-          " layer landed by polling, 50 us apart, and from the answer, a one-way trip after decode holds it)" %
-          (min(raw), max(raw)))
-    rawc = [r["raw_call_push_ratio"] for r in rows]
-    P("the same with a landed call behind each layer, as the plugin's notice: %.2f-%.2fx" % (min(rawc), max(rawc)))
+          " the machine's ceiling in this run" % ", ".join("%d tokens" % r["tokens"] for r in ceil))
+    P("the raw engine's own pipelined push, after the last layer / one layer: %s (it learns each"
+      " layer landed by polling, 50 us apart, and from the answer, a one-way trip after decode holds it)" %
+      col("raw_push_ratio"))
+    P("the same with a landed call behind each layer, as the plugin's notice: %s" % col("raw_call_push_ratio"))
     cpu = [r for r in rows if "cpu_ratio" in r]  # results older than the CPU columns lack them
     if cpu:
-        P("CPU seconds per GiB of both processes, the pull through the plugin / the raw engine: %.2f-%.2fx (%s)" %
-          (min(r["cpu_ratio"] for r in cpu), max(r["cpu_ratio"] for r in cpu),
-           ", ".join("%d tokens %.3f / %.3f s" % (r["tokens"], r["cpu_s_per_gib_plugin"], r["cpu_s_per_gib_raw"])
-                     for r in cpu)))
+        P("CPU seconds per GiB of both processes, the pull through the plugin / the raw engine: %s (%s)" %
+          (col("cpu_ratio", cpu), ", ".join("%d tokens %.3f / %.3f s" % (r["tokens"], r["cpu_s_per_gib_plugin"],
+                                                                          r["cpu_s_per_gib_raw"]) for r in cpu)))
     return "\n".join(L)
 
 
@@ -1132,11 +981,10 @@ def pd_dat(path):
 def tp(res, out, template, cpus, mla_layers, shown_res):
     """docs/performance-tp.md from run_tp.sh's RES (gqa.md, mla.md, mla-shared.md, tp.json), into the blocks
     of TEMPLATE (the page itself); SHOWN_RES: RES as the page names it."""
-    fill(template, out, {"run": "%s (%s CPUs, %s)" % (time.strftime("%Y-%m-%d", time.gmtime()), os.cpu_count(),
-                                                      platform.release()),
-                         "cpus": cpus, "mla_layers": mla_layers, "goal": tp_goal(os.path.join(res, "tp.json")),
-                         "gqa": read(os.path.join(res, "gqa.md")), "mla": read(os.path.join(res, "mla.md")),
-                         "mla_shared": read(os.path.join(res, "mla-shared.md")), "json": f"{shown_res}/tp.json"})
+    fill(template, out, {"run": run_on(), "cpus": cpus, "mla_layers": mla_layers,
+                         "goal": tp_goal(os.path.join(res, "tp.json")), "gqa": read(os.path.join(res, "gqa.md")),
+                         "mla": read(os.path.join(res, "mla.md")), "mla_shared": read(os.path.join(res, "mla-shared.md")),
+                         "json": f"{shown_res}/tp.json"})
 
 
 def tp_goal(path):
@@ -1151,6 +999,7 @@ def tp_goal(path):
             "rows whose 95%% interval lies wholly below 0.9x (a gap the noise does not explain): %d;\n" %
             sum(1 for r in rows if r["ratio_ci95"][1] < 0.9) +
             "bytes moved = bytes needed (a replicated head read once): %d of %d rows." % (ok, len(rows)))
+
 
 if __name__ == "__main__":
     globals()[sys.argv[1]](*sys.argv[2:])
