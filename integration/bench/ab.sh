@@ -9,11 +9,9 @@
 # Sweep: transports tcp and shm x batch 1 and 64 x blocks 4K..4M x READ and WRITE,
 # StagingThreshold=0 (every op direct), initiator on CPU 0 and target on CPU 1.
 # One hixl-bench run per (transport, batch, op) group; ROUNDS rounds, each group run
-# OLD then NEW, the order swapped every other round. Reported per point: the median
-# GB/s of each and NEW/OLD, beside the A/A spread (max/min of OLD's own rounds);
-# per group: CPU seconds (user + system of both processes, the whole run: start-up,
-# verify and warm-up included) per GiB measured, which moves far less than wall-clock
-# on a shared machine. A point is flagged when NEW/OLD < 0.9 and below 1/A/A.
+# OLD then NEW, the order swapped every other round, its CPU seconds kept beside it (per
+# GiB they move far less than wall-clock on a shared machine). ab.md says what each
+# figure is, and flags a point when NEW/OLD < 0.9 and below 1/A/A.
 #
 # Revisions get detached worktrees OUT_DIR/wt-<sha> (built in <wt>/build), removed at
 # the end unless they were there before (then reused) or AB_KEEP=1. WORKTREE builds
@@ -24,13 +22,13 @@
 # AB_TIMEOUT (seconds per hixl-bench run, default 300), AB_KEEP=1, AB_QUICK=1 (tcp,
 # 16K and 1M, one round unless AB_ROUNDS, 0.5 s a point: to try the script, not to
 # decide).
-set -euo pipefail
-
-die() { echo "ab: $*" >&2; exit 1; }
-log() { echo "ab: $(date +%T) $*" >&2; }
+NAME=ab
+# shellcheck source-path=SCRIPTDIR source=common.sh
+. "$(dirname "$0")/common.sh"
+set -e
 
 (($# == 2 || $# == 3)) || die "usage: $0 OLD NEW [OUT_DIR]  (git revisions; NEW may be WORKTREE)"
-SRC=$(git -C "$(dirname "$0")" rev-parse --show-toplevel 2>/dev/null) || die "$0 is not inside a git checkout"
+git -C "$SRC" rev-parse --git-dir >/dev/null 2>&1 || die "$0 is not inside a git checkout"
 OUT=${3:-$SRC/build-ab}
 mkdir -p "$OUT" || die "cannot create $OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -98,17 +96,14 @@ mkdir -p "$RAW"
 
 # run ROUND LABEL TRANSPORT BATCH OP: one group, its CPU time beside its JSON.
 run() {
-  local base=$RAW/r$1-$2-$3-b$4-$5 st=0
-  timeout -k 10 "$TIMEOUT" /usr/bin/time -f "%U %S %e" -o "$base.time" \
-    "${BIN[$2]}" --transport "$3" --batch "$4" --op "$5" --block-sizes "$SIZES" --pin 0,1 \
-    --opt StagingThreshold=0 --max-seconds "$SECS" --total "$TOTAL" --no-progress \
-    --json "$base.json" >"$base.out" 2>"$base.err" || st=$?
-  [ "$st" = 0 ] || die "$2 ($3 batch $4 $5, round $1) failed with status $st$([ "$st" = 124 ] &&
-    echo ": timed out after $TIMEOUT s"); see $base.err"
+  local base=$RAW/r$1-$2-$3-b$4-$5
+  timed "$base" "$TIMEOUT" "$2 ($3 batch $4 $5, round $1)" "${BIN[$2]}" --transport "$3" --batch "$4" --op "$5" \
+    --block-sizes "$SIZES" --pin 0,1 --opt StagingThreshold=0 --max-seconds "$SECS" --total "$TOTAL" --no-progress \
+    --json "$base.json"
 }
 
 NGROUPS=$((${#TRANSPORTS[@]} * ${#BATCHES[@]} * ${#OPS[@]}))
-LOAD0=$(cut -d' ' -f1-3 /proc/loadavg)
+LOAD0=$(load)
 T0=$SECONDS
 log "sweep: ${TRANSPORTS[*]} x batch ${BATCHES[*]} x $SIZES x ${OPS[*]}, rounds: $ROUNDS, $SECS s a point; load $LOAD0"
 awk '$1 > 0.5 { exit 1 }' /proc/loadavg || log "other processes keep the CPUs busy: expect a wide A/A spread"
@@ -131,6 +126,6 @@ for ((r = 1; r <= ROUNDS; r++)); do
 done
 
 AB_OLD=${DESC[old]} AB_NEW=${DESC[new]} AB_ROUNDS=$ROUNDS AB_SECS=$SECS AB_SIZES=$SIZES \
-  AB_LOAD="$LOAD0 before, $(cut -d' ' -f1-3 /proc/loadavg) after" AB_ELAPSED=$((SECONDS - T0)) \
-  python3 "$SRC/integration/bench/report.py" ab "$RAW" "$OUT"
+  AB_LOAD="$LOAD0 before, $(load) after" AB_ELAPSED=$((SECONDS - T0)) \
+  report ab "$RAW" "$OUT"
 log "wrote $OUT/ab.md and $OUT/ab.json"

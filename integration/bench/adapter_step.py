@@ -5,18 +5,11 @@ The adapter's own cost per step, in this thread's CPU time (time.thread_time_ns,
 another process taking the CPU does not inflate), with 64 requests in flight: the hooks
 vLLM's scheduler and model runner call, through hixl_vllm into the plugin, without a peer
 and without KV moving (the plugin answers from its own state), so what is measured is
-the adapter, ctypes and the plugin's bookkeeping:
+the adapter, ctypes and the plugin's bookkeeping.
 
-- producer scheduler step: 64 requests finish their prefill: update_state_after_alloc,
-  request_finished (kv_transfer_params out, a dict), build_connector_meta, then the next
-  step's update_connector_output with the 64 sent;
-- consumer scheduler step: 64 requests with a producer's kv_transfer_params (N remote
-  block ids each): get_num_new_matched_tokens, update_state_after_alloc (N blocks),
-  build_connector_meta, update_connector_output with 64 received, the second
-  update_state_after_alloc (0 tokens), request_finished;
-- worker step: bind_connector_metadata, start_load_kv, per layer wait_for_layer_load and
-  save_kv_layer, wait_for_save, get_finished, get_block_ids_with_load_errors,
-  clear_connector_metadata.
+Three steps: a producer's and a consumer's scheduler step (64 requests finishing their
+prefill, and 64 loading theirs from a producer's kv_transfer_params) and a worker step
+(every layer), each the hooks vLLM calls in that step, as main() lists them.
 
 Each step's µs, and of it the plugin's C ops (ctypes' call included), as medians over
 --steps steps. --tree takes hixl_vllm from another checkout (A/B). Needs torch only for
@@ -143,9 +136,9 @@ def main() -> int:
             return meta
         timed("consumer scheduler", dt, consumer)
 
+        meta = D.build_connector_meta(fv.SchedulerOutput())  # (not timed: the scheduler's)
+
         def worker():
-            meta = D.build_connector_meta(fv.SchedulerOutput())  # (not timed: the scheduler's)
-            c0, t0 = wt.ns, time.thread_time_ns()
             W.bind_connector_metadata(meta)
             W.start_load_kv(fv.ForwardContext(attn_metadata={}))
             for n in names:
@@ -155,8 +148,7 @@ def main() -> int:
             W.get_finished(set())
             W.get_block_ids_with_load_errors()
             W.clear_connector_metadata()
-            return time.thread_time_ns() - t0, wt.ns - c0
-        out["worker"].append(worker())
+        timed("worker", wt, worker)
     res = {}
     for key, v in out.items():
         v = v[5:]  # warm-up
