@@ -403,9 +403,8 @@ static int loop(struct run *r) {
       s = (s + 1) % o.depth;
       continue;
     }
-    if (r->req[s].req) {
+    if (r->req[s].req) { /* the oldest: once it is done, its slot takes the next request */
       if (wait_req(r, s) < 0) return -1;
-      s = (s + 1) % o.depth;
       progress(r, bench_now_ns());
       continue;
     }
