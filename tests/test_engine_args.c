@@ -1,11 +1,14 @@
 /* Bad arguments to every public engine function, option and env parsing, and the
  * status names and strings. Uses loopback engines only where an argument check
  * needs a live link (so that only the argument under test is wrong). */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include <CUnit/Basic.h>
 
@@ -361,7 +364,8 @@ static void test_option_unknown_key(void) {
   TU_ASSERT_ERRMSG_HAS("NoSuchOption");
   /* the known keys, from the table */
   TU_ASSERT_ERRMSG_HAS(
-      "MaxLinksPerAddress, AuthKeyFile, AuthAliases, AuthPayloadTag, Rails, RailStallMs, RailProbeMs)");
+      "MaxLinksPerAddress, AuthKeyFile, AuthAliases, AuthPayloadTag, Rails, RailStallMs, RailProbeMs, "
+      "SocketBufferKiB)");
   /* Keys are case-sensitive, as HIXL's. */
   o.key = "bufferpool";
   o.value = "4:8";
@@ -428,6 +432,61 @@ static void test_option_rdma_timeout_retry(void) {
   EXPECT_OPTION("RdmaRetryCount", "8", HIXL_PARAM_INVALID);
   EXPECT_OPTION("RdmaRetryCount", "1", HIXL_SUCCESS);
   EXPECT_OPTION("RdmaRetryCount", "7", HIXL_SUCCESS);
+}
+
+/* The SO_RCVBUF and SO_SNDBUF (as the kernel reports them: twice what was asked) of
+ * this process's TCP sockets between two engines, the one listening on port and its
+ * peer: the link's both ends, into rcv[2] and snd[2]; how many were found. */
+static int link_buffers(uint16_t port, int rcv[2], int snd[2]) {
+  int n = 0;
+  for (int fd = 3; fd < 4096 && n < 2; fd++) {
+    struct sockaddr_in me, peer;
+    socklen_t l1 = sizeof(me), l2 = sizeof(peer), il = sizeof(int);
+    if (getsockname(fd, (struct sockaddr *)&me, &l1) != 0 || me.sin_family != AF_INET ||
+        getpeername(fd, (struct sockaddr *)&peer, &l2) != 0)
+      continue; /* not a socket, not IPv4, or not connected (the listener) */
+    if (ntohs(me.sin_port) != port && ntohs(peer.sin_port) != port) continue;
+    getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcv[n], &il);
+    il = sizeof(int);
+    getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &snd[n], &il);
+    n++;
+  }
+  return n;
+}
+
+static void test_option_socket_buffer(void) {
+  EXPECT_OPTION("SocketBufferKiB", "63", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("SocketBufferKiB", "65537", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("SocketBufferKiB", "-1", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("SocketBufferKiB", "2M", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("SocketBufferKiB", "", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("SocketBufferKiB", "auto", HIXL_SUCCESS);
+  EXPECT_OPTION("SocketBufferKiB", "0", HIXL_SUCCESS);
+  EXPECT_OPTION("SocketBufferKiB", "64", HIXL_SUCCESS);
+  EXPECT_OPTION("SocketBufferKiB", "65536", HIXL_SUCCESS);
+  /* Both ends of a link, the dialled one and the one that dialled, get the size each
+   * engine was given: 128 and 192 KiB, under the stock kernel's cap (208 KiB). */
+  const char *kib[2] = {"128", "192"};
+  for (int k = 0; k < 2; k++) {
+    char name[64];
+    uint16_t port = tu_free_port();
+    HixlOption o = {.key = "SocketBufferKiB", .value = kib[k]};
+    HixlEngine *srv = NULL, *cli = NULL;
+    int rcv[2] = {0, 0}, snd[2] = {0, 0}, want = 2 * 1024 * atoi(kib[k]);
+    TU_ASSERT_OK_FATAL(HixlEngineCreate(&srv));
+    TU_ASSERT_OK_FATAL(HixlEngineCreate(&cli));
+    TU_ASSERT_OK_FATAL(HixlEngineInitialize(srv, tu_addr(name, sizeof(name), port), &o, 1));
+    TU_ASSERT_OK_FATAL(HixlEngineInitialize(cli, "127.0.0.1", &o, 1));
+    TU_ASSERT_OK_FATAL(HixlEngineConnect(cli, name, 5000));
+    CU_ASSERT_EQUAL(link_buffers(port, rcv, snd), 2);
+    for (int i = 0; i < 2; i++)
+      if (rcv[i] != want || snd[i] != want)
+        tu_fail(__FILE__, __LINE__,
+                "SocketBufferKiB %s: end %d of the link has SO_RCVBUF %d, SO_SNDBUF %d, want %d", kib[k], i,
+                rcv[i], snd[i], want);
+    TU_ASSERT_OK(HixlEngineDestroy(cli));
+    TU_ASSERT_OK(HixlEngineDestroy(srv));
+  }
 }
 
 static void test_option_transport(void) {
@@ -895,6 +954,7 @@ int main(void) {
   CU_add_test(s, "RdmaTrafficClass", test_option_traffic_class);
   CU_add_test(s, "RdmaServiceLevel", test_option_service_level);
   CU_add_test(s, "RdmaTimeout and RdmaRetryCount", test_option_rdma_timeout_retry);
+  CU_add_test(s, "SocketBufferKiB: parsed, and both ends of a link get it", test_option_socket_buffer);
   CU_add_test(s, "Transport", test_option_transport);
   CU_add_test(s, "several options", test_option_several);
   CU_add_test(s, "env HCCL_RDMA_TC/SL and precedence", test_env_precedence);

@@ -276,6 +276,7 @@ static HixlStatus rail_dial(HixlEngine *e, const char *want_name, const struct r
   addr_str(&rl->remote, to, sizeof(to));
   int fd = sock_connect_from(&rl->remote, rl->local.sin_addr.s_addr ? &rl->local : NULL, deadline, &st);
   if (fd < 0) return st;
+  sock_set_buffers(fd, (size_t)e->opts.sockbuf_kib << 10);
   struct peer *tmp = calloc(1, sizeof(*tmp));
   if (!tmp) {
     close(fd);

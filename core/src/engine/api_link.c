@@ -29,6 +29,7 @@ HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_
   snprintf(p->name, sizeof(p->name), "%s", remote);
   int fd = sock_connect(&sa, deadline, &st);
   if (fd < 0) goto free_peer;
+  sock_set_buffers(fd, (size_t)e->opts.sockbuf_kib << 10);
   const struct xport_ops *xp = NULL;
   void *link = NULL;
   st = api_handshake(e, fd, remote, deadline, p, false, &xp, &link);

@@ -570,6 +570,7 @@ static void accept_all(struct HixlEngine *e, int lfd) {
       continue;
     }
     sock_tune(fd);
+    sock_set_buffers(fd, (size_t)e->opts.sockbuf_kib << 10);
     struct conn *c = link_conn_new(e, fd, CONN_TARGET_HELLO);
     if (c) {
       c->from = sa.sin_addr;

@@ -166,6 +166,18 @@ static bool parse_rail_probe(const char *s, struct hixl_options *o) {
   return parse_u32(s, 50, 600000, &o->rail_probe_ms);
 }
 
+static bool parse_sockbuf(const char *s, struct hixl_options *o) {
+  uint32_t v;
+  o->sockbuf_auto = s && strcmp(s, "auto") == 0;
+  if (o->sockbuf_auto) {
+    o->sockbuf_kib = SOCKBUF_AUTO_KIB;
+    return true;
+  }
+  if (!parse_u32(s, 0, 65536, &v) || (v > 0 && v < 64)) return false;
+  o->sockbuf_kib = v;
+  return true;
+}
+
 static const char *const transport_names[] = {"auto", "tcp", "rdma", "shm"};
 
 static bool parse_transport(const char *s, struct hixl_options *o) {
@@ -251,7 +263,12 @@ const char *hixl_transport_name(enum hixl_transport t) { return (unsigned)t < 4 
     parse_rail_stall)                                                                                        \
   X("RailProbeMs", "500", NULL, "[50,600000] ms",                                                            \
     "with Rails: how often a rail that is down is dialled again; it carries traffic once it answers",        \
-    parse_rail_probe)
+    parse_rail_probe)                                                                                        \
+  X("SocketBufferKiB", "auto", NULL, "auto, 0, or [64,65536] KiB",                                           \
+    "send and receive buffer of every link's TCP socket, fixed (SO_SNDBUF, SO_RCVBUF); 0: the kernel "       \
+    "autotunes each; auto: 2048 where net.core.rmem_max and wmem_max allow it, else 0 (a path of long "      \
+    "round trips, beyond a data centre, may want 0)",                                                        \
+    parse_sockbuf)
 
 #define OPTION_INFO(name, def, env, range, doc, parse)  {name, def, env, range, doc},
 #define OPTION_PARSE(name, def, env, range, doc, parse) parse,

@@ -17,6 +17,11 @@ enum hixl_transport { HIXL_TRANSPORT_AUTO, HIXL_TRANSPORT_TCP, HIXL_TRANSPORT_RD
 #define STAGE_AUTO_TCP  4096u
 #define STAGE_AUTO_RDMA 4096u
 
+/* SocketBufferKiB "auto": each link's socket buffers fixed at this where the kernel lets
+ * them be that large (docs/performance-pd.md: autotuned buffers gave each tcp link the
+ * size its own history grew, 0.8 to 1.4 MB here, and its throughput with it). */
+#define SOCKBUF_AUTO_KIB 2048u
+
 struct hixl_options {
   uint32_t pool_num;     /* BufferPool: staging buffers */
   uint32_t pool_size_mb; /* BufferPool: MiB each */
@@ -47,6 +52,8 @@ struct hixl_options {
   uint32_t rail_addr[HIXL_RAILS_MAX]; /* ... its IPv4 addresses, network order */
   uint32_t rail_stall_ms;             /* RailStallMs: a rail with work and no bytes moved this long is out */
   uint32_t rail_probe_ms;             /* RailProbeMs: how often a down rail is dialled again */
+  uint32_t sockbuf_kib; /* SocketBufferKiB: SO_SNDBUF and SO_RCVBUF of every link's socket; 0 autotuned */
+  bool sockbuf_auto;    /* "auto": SOCKBUF_AUTO_KIB where the kernel allows it, else 0 (hixl_engine init) */
 };
 
 /* One row per key: the same table drives parsing, validation and the docs. */

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <limits.h>
 #include <net/if.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -84,6 +85,27 @@ void sock_tune(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+}
+
+static size_t read_sysctl(const char *path) {
+  char buf[32] = "";
+  FILE *f = fopen(path, "re");
+  if (!f) return 0;
+  bool ok = fgets(buf, sizeof(buf), f) != NULL;
+  fclose(f);
+  return ok ? (size_t)strtoull(buf, NULL, 10) : 0;
+}
+
+size_t sock_buf_cap(void) {
+  size_t r = read_sysctl("/proc/sys/net/core/rmem_max"), w = read_sysctl("/proc/sys/net/core/wmem_max");
+  return r < w ? r : w;
+}
+
+void sock_set_buffers(int fd, size_t bytes) {
+  int b = bytes > INT_MAX ? INT_MAX : (int)bytes;
+  if (b <= 0) return;
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &b, sizeof(b));
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &b, sizeof(b));
 }
 
 void sock_tune_rail(int fd, uint32_t stall_ms) {

@@ -21,7 +21,13 @@ int sock_connect_from(const struct sockaddr_in *sa, const struct sockaddr_in *fr
 /* Send or receive exactly n bytes on a blocking fd before deadline_ns. */
 HixlStatus sock_send_all(int fd, const void *buf, size_t n, uint64_t deadline_ns);
 HixlStatus sock_recv_all(int fd, void *buf, size_t n, uint64_t deadline_ns);
-void sock_tune(int fd); /* TCP_NODELAY, buffer sizes, keepalive */
+void sock_tune(int fd); /* TCP_NODELAY, keepalive */
+/* The largest send and receive buffer a socket may ask for: the smaller of
+ * net.core.wmem_max and rmem_max, in bytes; 0 when they cannot be read. */
+size_t sock_buf_cap(void);
+/* Fix fd's send and receive buffers at bytes each (0: leave them to the kernel's
+ * autotuning). The kernel caps them at sock_buf_cap(). */
+void sock_set_buffers(int fd, size_t bytes);
 /* A rail's socket (after sock_tune): data unacknowledged for stall_ms closes it
  * (TCP_USER_TIMEOUT), and keepalive probes an idle one after about stall_ms. */
 void sock_tune_rail(int fd, uint32_t stall_ms);
