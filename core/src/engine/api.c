@@ -198,13 +198,14 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
     return hixl_fail(st, "HixlEngineInitialize: %s", HixlGetLastErrorMessage());
   }
   e->opts = opts;
-  if (opts.sockbuf_kib > 0 && sock_buf_cap() < (size_t)opts.sockbuf_kib << 10) {
+  size_t sockbuf_cap = opts.sockbuf_kib > 0 ? sock_buf_cap() : 0;
+  if (opts.sockbuf_kib > 0 && sockbuf_cap < (size_t)opts.sockbuf_kib << 10) {
     if (opts.sockbuf_auto) /* capped, a fixed buffer would be smaller than what autotuning reaches */
       e->opts.sockbuf_kib = 0;
     else
       log_warn("SocketBufferKiB %u: the kernel caps a socket's buffers at %zu KiB (net.core.rmem_max, "
                "wmem_max): each link of %s gets that, fixed",
-               opts.sockbuf_kib, sock_buf_cap() >> 10, local_engine);
+               opts.sockbuf_kib, sockbuf_cap >> 10, local_engine);
   }
   e->local_addr = sa;
   e->stopping = false;
