@@ -12,7 +12,8 @@
  *    this suite also runs under ASan); Disconnect unmaps, Connect maps again;
  *  - a target in a child process: mapped, byte-checked by the child; a process forked
  *    here afterwards holds none of its pages (MADV_DONTFORK); the child's FreeMem
- *    takes the mapping out of this process; a killed child: ops FAILED, unmapped;
+ *    takes the mapping out of this process; a killed child: ops FAILED, unmapped
+ *    (while it lived, the link's peer_life named its hixl-shm-life thread);
  *  - refusals: a target running as another user does not hand its memory to this
  *    process (SO_PEERCRED; data still moves by process_vm_*); an initiator that does
  *    not answer SHM_UNMAP (stopped) is cut off when FreeMem's timeout passes, and so
@@ -532,6 +533,17 @@ static void test_child_killed(void) {
   struct side x;
   if (!side_up(&x, 0)) goto out;
   CU_ASSERT_EQUAL(link_of(x.e, x.name).mapped, 1);
+  /* Its life word (shm_life.c) names the child's hixl-shm-life thread: alive. */
+  uint32_t w = link_of(x.e, x.name).peer_life;
+  char path[64], comm[32] = "";
+  snprintf(path, sizeof(path), "/proc/%d/task/%u/comm", (int)x.c.pid, w & 0x3fffffffu);
+  FILE *f = w ? fopen(path, "r") : NULL;
+  if (f) {
+    if (!fgets(comm, sizeof(comm), f)) comm[0] = '\0';
+    fclose(f);
+  }
+  CU_ASSERT(w != 0 && (w & 0x40000000u) == 0); /* FUTEX_OWNER_DIED clear */
+  CU_ASSERT_STRING_EQUAL(comm, "hixl-shm-life\n");
   tu_child_kill(&x.c, SIGKILL);
   tu_child_wait(&x.c, 10000);
   HixlStatus st = side_xfer(&x, HIXL_WRITE, 0, 16 * MiB);

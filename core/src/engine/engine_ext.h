@@ -48,6 +48,8 @@ struct hixl_link_info {
   uint64_t map_ops;      /* ... ops (pieces of large ones) moved by memcpy on them since Connect */
   uint64_t peer_gen;     /* shm, a mapping link: the target's count of withdrawals and cut links, as
                           * its shared page says now (a transfer reads the socket when it moved) */
+  uint32_t peer_life;    /* shm, a mapping link: the target's life word as read now (its life thread's
+                          * id; FUTEX_OWNER_DIED once that ended); 0: none, its pidfd is asked */
   uint32_t windows;      /* rdma, a scoped target: the windows it opened to this engine on the link's QP */
   uint64_t win_ops;      /* ... and the chunks posted inside them since Connect */
 };

@@ -66,7 +66,7 @@ static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *m
       memcpy(segs[k].local, remote, segs[k].len);
     }
   }
-  bool gone = cma_pid_exited(s->pidfd); /* after: a peer that died meanwhile read nothing */
+  bool gone = eshm_peer_gone(s); /* after: a peer that died meanwhile read nothing */
   engine_lock(e);
   if (--x->copying == 0) engine_signal(e);
   eshm_map_put(s, mp);
@@ -143,7 +143,7 @@ static void shm_copy(struct HixlEngine *e, struct shm_peer *s, struct chunk *con
     }
     x->copying++;
     engine_unlock(e);
-    if (cma_pid_exited(s->pidfd))
+    if (eshm_peer_gone(s))
       err = ESRCH;
     else
       bytes = cma_copy(s->pid, write, segs + pos, end - pos, &err);

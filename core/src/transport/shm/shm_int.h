@@ -16,8 +16,9 @@
 #define ESHM_STEP_CHUNKS 1024u       /* chunks per progress-thread step */
 #define ESHM_CALLER_COPY (64u << 10) /* an async request this small is copied by its caller */
 
-#define ESHM_GEN_LEN 4096u
-#define ESHM_GEN_MSG "hixl-gen" /* the page's message on the unix socket (8 bytes) */
+#define ESHM_GEN_LEN  4096u
+#define ESHM_GEN_MSG  "hixl-gen" /* the page's message on the unix socket (8 bytes) */
+#define ESHM_LIFE_OFF 64u        /* the life word's offset in that page (shm_life.c) */
 
 /* The binding of a link's unix socket to the link (authenticated links): the
  * initiator sends a fresh nonce on the socket, the target answers
@@ -26,6 +27,7 @@
 #define ESHM_BIND_NONCE_LEN 32u
 
 struct eshm_link;
+struct eshm_life;
 
 struct eshm_engine {       /* engine_xe(e, XPORT_SHM), while same-host copies are on */
   struct cma_self self;    /* boot id, pid and uid told to shm peers */
@@ -39,6 +41,8 @@ struct eshm_engine {       /* engine_xe(e, XPORT_SHM), while same-host copies ar
   uint64_t *gen;           /* ... its first 8 bytes count withdrawn registrations; NULL: no mapping */
   int epfd;                /* target: links' unix sockets awaiting their initiator (accept, then its
                             * bind request); the progress thread watches it (event_fd) */
+  bool gen_sealed;         /* the page is sealed against writes from anyone else (F_SEAL_FUTURE_WRITE) */
+  struct eshm_life *life;  /* target: the thread keeping the life word, once a peer maps; NULL before */
 };
 
 /* Initiator: a target's device allocation opened here by its IPC handle (SHM_DEV_MAP),
@@ -87,6 +91,8 @@ struct shm_peer {
   uint32_t refs;        /* the link's, plus one per copy in progress */
   uint32_t pid, uid;    /* the target process, as it named itself and the probe proved */
   int pidfd;            /* -1 where pidfd_open is missing */
+  const uint32_t *life; /* the target's life word (its page, mapped here), or NULL: the pidfd tells */
+  void *life_page;      /* ... that mapping, the peer's own (the link's may go first) */
   struct conn *conn;    /* NULL once the link died */
   struct memtab maps;   /* the target's regions mapped here (struct shm_map) */
   struct shm_ipc *ipcs; /* the target's device allocations opened here ... */
@@ -181,6 +187,16 @@ void eshm_mem_dereg(struct HixlEngine *e, struct hixl_mem_reg *r);
 void eshm_mem_share(struct HixlEngine *e, struct hixl_mem_reg *r);
 void eshm_mem_unshare(struct HixlEngine *e, struct hixl_mem_reg *r, uint64_t deadline);
 void eshm_peer_drop(struct HixlEngine *e, const char *name, uint64_t deadline);
+
+/* ---- shm_life.c: whether the target process is still there, without a syscall ---- */
+/* Target: start the thread that keeps x's life word (once; lock held). False where
+ * the page is not sealed or the thread cannot start: the word stays 0 and the
+ * initiators ask the pidfd instead. */
+bool eshm_life_start(struct eshm_engine *x);
+/* Target, Finalize: the word back to 0 and the thread ended. */
+void eshm_life_stop(struct eshm_engine *x);
+/* Initiator: whether s's process has exited: its life word, else its pidfd. */
+bool eshm_peer_gone(const struct shm_peer *s);
 
 /* ---- shm_copy.c: the data path ---- */
 void eshm_post(struct conn *c, struct chunk *ch);

@@ -143,13 +143,24 @@ static bool gen_take(struct eshm_link *l, int timeout_ms, char *why, size_t cap)
   void *p = MAP_FAILED;
   if (fstat(fd, &st) == 0 && st.st_size >= ESHM_GEN_LEN && seals >= 0 && (seals & F_SEAL_SHRINK))
     p = mmap(NULL, ESHM_GEN_LEN, PROT_READ, MAP_SHARED, fd, 0);
-  close(fd);
   if (p == MAP_FAILED) {
+    close(fd);
     snprintf(why, cap, "protocol error: the target's page is not a sealed memfd of %u bytes", ESHM_GEN_LEN);
     return false;
   }
   (void)madvise(p, ESHM_GEN_LEN, MADV_DONTFORK);
   l->gen = p;
+  /* The life word only from a page nobody but the target can write (shm_life.c); the
+   * peer's own mapping, as copies may outlive the link. */
+  if ((seals & F_SEAL_FUTURE_WRITE) && !l->peer->life_page) {
+    void *q = mmap(NULL, ESHM_GEN_LEN, PROT_READ, MAP_SHARED, fd, 0);
+    if (q != MAP_FAILED) {
+      (void)madvise(q, ESHM_GEN_LEN, MADV_DONTFORK);
+      l->peer->life_page = q;
+      l->peer->life = (const uint32_t *)((const char *)q + ESHM_LIFE_OFF);
+    }
+  }
+  close(fd);
   return true;
 }
 
@@ -225,6 +236,7 @@ void eshm_peer_put(struct shm_peer *s) {
   for (size_t i = 0; i < s->maps.count; i++)
     map_free(s, (struct shm_map *)s->maps.v[i]); /* no copy is left */
   memtab_free(&s->maps);
+  if (s->life_page) munmap(s->life_page, ESHM_GEN_LEN);
   if (s->pidfd >= 0) close(s->pidfd);
   free(s);
 }
@@ -590,7 +602,7 @@ void eshm_target_map_hello(struct conn *c) {
     snprintf(why, sizeof(why), "%s",
              !l->want_map ? "the initiator's SHM_HELLO did not ask to map memory"
                           : "this engine offers no memory to map (it could not make its page)");
-  } else if (uds_send_fd(l->ufd, ESHM_GEN_MSG, 8, x->gen_fd) < 0) {
+  } else if ((void)eshm_life_start(x), uds_send_fd(l->ufd, ESHM_GEN_MSG, 8, x->gen_fd) < 0) {
     snprintf(why, sizeof(why), "cannot hand over its page on the unix socket: %s", strerror(errno));
   }
   if (!why[0]) {

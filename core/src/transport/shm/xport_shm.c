@@ -36,7 +36,7 @@
  * Data: a sync transfer is copied by its caller's thread, an async one by the
  * progress thread in steps of ESHM_STEP bytes (small ones by the submitter), both
  * with the engine lock released during the copy. A copy that finds the peer gone
- * (ESRCH, or its pidfd says it exited) breaks the link.
+ * (ESRCH, or it exited: its life word, shm_life.c, else its pidfd) breaks the link.
  *
  * Mapped memory: memory the target got from HixlEngineAllocMem is a sealed memfd.
  * Once the socket is proven (and bound), the initiator says it maps (SHM_MAP_HELLO);
@@ -141,10 +141,19 @@ static HixlStatus eshm_open(struct HixlEngine *e) {
   }
   /* The withdrawal page: without it no memory is offered to map (logged). */
   x->gen_fd = memfd_create("hixl-gen", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (x->gen_fd >= 0 && ftruncate(x->gen_fd, ESHM_GEN_LEN) == 0 &&
-      fcntl(x->gen_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0) {
+  if (x->gen_fd >= 0 && ftruncate(x->gen_fd, ESHM_GEN_LEN) == 0) {
     void *p = mmap(NULL, ESHM_GEN_LEN, PROT_READ | PROT_WRITE, MAP_SHARED, x->gen_fd, 0);
     x->gen = p != MAP_FAILED ? p : NULL;
+  }
+  /* Sealed once this process's writable mapping exists: nobody else can write it (a
+   * kernel before 5.1 has no F_SEAL_FUTURE_WRITE: then no life word, shm_life.c). */
+  if (x->gen) {
+    int base = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+    x->gen_sealed = fcntl(x->gen_fd, F_ADD_SEALS, base | F_SEAL_FUTURE_WRITE) == 0;
+    if (!x->gen_sealed && fcntl(x->gen_fd, F_ADD_SEALS, base) != 0) {
+      munmap(x->gen, ESHM_GEN_LEN);
+      x->gen = NULL;
+    }
   }
   if (!x->gen) {
     log_info("engine %s: no memory offered to same-host peers to map (its page: %s)", engine_name(e),
@@ -164,6 +173,7 @@ static void eshm_quiesce(struct HixlEngine *e) {
 
 static void eshm_close(struct HixlEngine *e) {
   struct eshm_engine *x = eng_of(e);
+  if (x) eshm_life_stop(x);
   if (x && x->gen) munmap(x->gen, ESHM_GEN_LEN);
   if (x && x->gen_fd >= 0) close(x->gen_fd);
   if (x) close(x->epfd);
@@ -522,6 +532,7 @@ static HixlStatus eshm_info(const struct conn *c, struct hixl_link_info *info) {
   }
   info->map_ops = l->peer->map_ops;
   if (l->gen) info->peer_gen = __atomic_load_n(l->gen, __ATOMIC_ACQUIRE);
+  if (l->peer->life) info->peer_life = __atomic_load_n(l->peer->life, __ATOMIC_ACQUIRE);
   return HIXL_SUCCESS;
 }
 
