@@ -725,7 +725,8 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
 static void payload_done(struct conn *c) {
   if (c->role == CONN_INITIATOR) {
     struct chunk *ch = c->pay_chunk;
-    char why[384] = "";
+    char why[384];
+    why[0] = '\0';
     c->pay_chunk = NULL;
     if (!ch) return;                         /* its chunk ended first: the data was dropped */
     if (ch->bounce && !ch->req->cancelled) { /* a READ into device memory: copied in by the devq */

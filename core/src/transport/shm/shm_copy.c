@@ -45,7 +45,8 @@ static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *m
                      const struct cma_seg *segs, size_t n, bool write) {
   struct eshm_engine *x = eng_of(e);
   HixlStatus fst = HIXL_SUCCESS;
-  char dwhy[256] = "";
+  char dwhy[256]; /* these three: their first byte only (zeroing them took 8% of a 4 KiB op) */
+  dwhy[0] = '\0';
   size_t bad = n; /* the first op whose device copy failed */
   uint64_t dev_bytes = 0;
   const struct devmem_ops *dm = NULL;
@@ -70,7 +71,8 @@ static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *m
   engine_lock(e);
   if (--x->copying == 0) engine_signal(e);
   eshm_map_put(s, mp);
-  char why[64], msg[sizeof(why) + sizeof(s->name) + 16] = "";
+  char why[64], msg[sizeof(why) + sizeof(s->name) + 16];
+  msg[0] = '\0';
   if (gone) {
     snprintf(why, sizeof(why), "the peer process (pid %u) has exited", s->pid);
     if (s->conn) link_conn_kill(s->conn, HIXL_FAILED, why);
@@ -79,7 +81,8 @@ static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *m
     s->map_ops += bad;
     if (mp->dev) engine_dev_stats(e)->ipc_bytes += dev_bytes;
   }
-  char dmsg[sizeof(dwhy) + sizeof(s->name) + 96] = "";
+  char dmsg[sizeof(dwhy) + sizeof(s->name) + 96];
+  dmsg[0] = '\0';
   if (!gone && bad < n) {
     snprintf(dmsg, sizeof(dmsg), "link to %s: device copy of [0x%llx, +%u) %s the peer: %s", s->name,
              (unsigned long long)segs[bad].remote, v[bad]->len, write ? "to" : "from", dwhy);
