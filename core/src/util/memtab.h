@@ -21,6 +21,16 @@ struct memtab {
 int memtab_add(struct memtab *t, struct memtab_entry *e, struct memtab_entry **clash);
 /* The entry holding all of [addr, addr+len), or NULL. */
 struct memtab_entry *memtab_find(const struct memtab *t, uint64_t addr, uint64_t len);
+/* memtab_find, trying hint first (an entry of t: the one the op before found, as a
+ * batch's ops mostly fall in one registration; entries never overlap, so an entry
+ * holding the range is the one memtab_find would return). */
+static inline struct memtab_entry *memtab_find_near(const struct memtab *t, const struct memtab_entry *hint,
+                                                    uint64_t addr, uint64_t len) {
+  /* memtab_find's own arithmetic, so both answer alike even at 2^64 */
+  if (hint && len > 0 && addr + len > addr && addr >= hint->addr && addr + len <= hint->addr + hint->len)
+    return (struct memtab_entry *)hint;
+  return memtab_find(t, addr, len);
+}
 /* The entry that starts at addr with length len exactly, or NULL. */
 struct memtab_entry *memtab_find_exact(const struct memtab *t, uint64_t addr, uint64_t len);
 bool memtab_remove(struct memtab *t, struct memtab_entry *e);

@@ -121,7 +121,9 @@ static void shm_copy(struct HixlEngine *e, struct shm_peer *s, struct chunk *con
     /* A run of ops inside one mapping, or a run of ops outside every mapping. */
     struct shm_map *mp = map_of(s, segs[pos].remote, segs[pos].len);
     size_t end = pos + 1;
-    while (end < n && map_of(s, segs[end].remote, segs[end].len) == mp &&
+    while (end < n &&
+           (mp ? memtab_find_near(&s->maps, &mp->range, segs[end].remote, segs[end].len) == &mp->range
+               : map_of(s, segs[end].remote, segs[end].len) == NULL) &&
            (mp || v[end]->lreg->type != HIXL_MEM_DEVICE))
       end++;
     if (mp && mp->revoked) {

@@ -1,0 +1,74 @@
+/* test_memtab: util/memtab, the sorted table of non-overlapping ranges every transfer
+ * looks its ops up in: add (overlaps refused), find (the whole range inside one entry,
+ * ranges across two entries, at the edges, of length 0, wrapping past 2^64), and
+ * memtab_find_near, which tries the previous op's entry first and must answer exactly
+ * as memtab_find does for every hint, inside or not, on every range tried. */
+#include "util/memtab.h"
+
+#include "test_util.h"
+
+#include <CUnit/Basic.h>
+#include <stdlib.h>
+
+#define N 5
+
+static struct memtab_entry ents[N] = {
+    {0x1000, 0x1000}, {0x2000, 0x1000}, {0x8000, 0x100}, {~0ull - 0x1ff, 0x100}, {~0ull - 0xff, 0x100}};
+
+static void table_up(struct memtab *t) {
+  struct memtab_entry *clash;
+  *t = (struct memtab){0};
+  for (int i = N - 1; i >= 0; i--) CU_ASSERT_EQUAL(memtab_add(t, &ents[i], &clash), 0);
+}
+
+static void test_add_find(void) {
+  struct memtab t;
+  struct memtab_entry over = {0x1800, 0x1000}, *clash = NULL;
+  table_up(&t);
+  CU_ASSERT_EQUAL(t.count, N);
+  CU_ASSERT_EQUAL(memtab_add(&t, &over, &clash), -1);
+  CU_ASSERT_PTR_EQUAL(clash, &ents[0]);
+  CU_ASSERT_PTR_EQUAL(memtab_find(&t, 0x1000, 0x1000), &ents[0]);
+  CU_ASSERT_PTR_EQUAL(memtab_find(&t, 0x1fff, 1), &ents[0]);
+  CU_ASSERT_PTR_EQUAL(memtab_find(&t, 0x2000, 1), &ents[1]);
+  CU_ASSERT_PTR_NULL(memtab_find(&t, 0x1fff, 2)); /* across two entries, adjacent as they are */
+  CU_ASSERT_PTR_NULL(memtab_find(&t, 0x1000, 0));
+  CU_ASSERT_PTR_NULL(memtab_find(&t, 0xfff, 2));
+  CU_ASSERT_PTR_NULL(memtab_find(&t, 0x8000, 0x101));
+  CU_ASSERT_PTR_EQUAL(memtab_find(&t, ~0ull - 0x1ff, 0x100), &ents[3]);
+  CU_ASSERT_PTR_NULL(memtab_find(&t, ~0ull, 2));           /* wraps */
+  CU_ASSERT_PTR_NULL(memtab_find(&t, ~0ull - 0xff, 0x10)); /* an entry ending at 2^64: its end wraps */
+  memtab_free(&t);
+}
+
+/* Every hint (none, each entry) against ranges at and around every entry's edges. */
+static void test_near_agrees(void) {
+  struct memtab t;
+  uint64_t lens[] = {0, 1, 2, 0xff, 0x100, 0x101, 0x1000, 0x1001, 0x2000, ~0ull};
+  size_t tried = 0, hits = 0;
+  table_up(&t);
+  for (int h = -1; h < N; h++)
+    for (int i = 0; i < N; i++)
+      for (int64_t d = -2; d <= 2; d++)
+        for (int end = 0; end < 2; end++)
+          for (size_t k = 0; k < sizeof(lens) / sizeof(lens[0]); k++) {
+            uint64_t addr = (end ? ents[i].addr + ents[i].len : ents[i].addr) + (uint64_t)d;
+            struct memtab_entry *want = memtab_find(&t, addr, lens[k]);
+            struct memtab_entry *got = memtab_find_near(&t, h < 0 ? NULL : &ents[h], addr, lens[k]);
+            CU_ASSERT_PTR_EQUAL(got, want);
+            tried++;
+            hits += want != NULL;
+          }
+  CU_ASSERT(hits > 0 && hits < tried);
+  memtab_free(&t);
+}
+
+int main(void) {
+  static CU_TestInfo tests[] = {
+      {"add refuses overlaps; find at the edges", test_add_find},
+      {"find_near answers as find, whatever the hint", test_near_agrees},
+      CU_TEST_INFO_NULL,
+  };
+  CU_SuiteInfo suites[] = {{"memtab", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
+  return tu_run_suites("test_memtab", suites);
+}
