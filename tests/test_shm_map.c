@@ -19,6 +19,7 @@
  *    not answer SHM_UNMAP (stopped) is cut off when FreeMem's timeout passes, and so
  *    are two of them (cutting the first does not end the walk over the links). */
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -536,13 +537,13 @@ static void test_child_killed(void) {
   /* Its life word (shm_life.c) names the child's hixl-shm-life thread: alive. */
   uint32_t w = link_of(x.e, x.name).peer_life;
   char path[64], comm[32] = "";
-  snprintf(path, sizeof(path), "/proc/%d/task/%u/comm", (int)x.c.pid, w & 0x3fffffffu);
+  snprintf(path, sizeof(path), "/proc/%d/task/%u/comm", (int)x.c.pid, w & FUTEX_TID_MASK);
   FILE *f = w ? fopen(path, "r") : NULL;
   if (f) {
     if (!fgets(comm, sizeof(comm), f)) comm[0] = '\0';
     fclose(f);
   }
-  CU_ASSERT(w != 0 && (w & 0x40000000u) == 0); /* FUTEX_OWNER_DIED clear */
+  CU_ASSERT(w != 0 && (w & FUTEX_OWNER_DIED) == 0);
   CU_ASSERT_STRING_EQUAL(comm, "hixl-shm-life\n");
   tu_child_kill(&x.c, SIGKILL);
   tu_child_wait(&x.c, 10000);
