@@ -495,10 +495,12 @@ HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, Hix
       /* nothing left to move: the call ended failed when attached */
     } else if (c->xp->flags & XPORT_CPU_COPY) {
       /* A copy: this thread makes it now (handing it to the progress thread would cost
-       * a wake-up and gain nothing), then sends the call its end released. */
+       * a wake-up and gain nothing), then sends the call its end released, before the
+       * progress thread is woken for the answer: woken first, it would run ahead of this
+       * thread where the two share a CPU (about 6 us a call over shm). */
+      r->then_caller = true;
       c->xp->link.drive(c, r); /* c may be gone afterwards */
-      struct peer *p = api_find_peer(e, remote);
-      if (p && p->conn && !p->conn->dead && p->conn->txq_head) link_flush(p->conn);
+      link_then_flush(r);
     } else {
       c->xp->link.async(c, r); /* nobody waits in a call yet: the progress thread ends it */
     }

@@ -51,6 +51,10 @@ struct hixl_transfer_req {
   enum { THEN_NONE, THEN_HELD, THEN_SENT, THEN_ENDED } then_state;
   uint16_t then_service;
   uint32_t then_len; /* request bytes, at WIRE_CALL_REQ_AT of then->tx.heap */
+  /* The caller copies the transfer itself (a CPU-copy transport) and sends the CALL
+   * right after (link_then_flush): a release meanwhile only queues it, so that the
+   * progress thread is not woken to send it first (on the caller's CPU, ahead of it). */
+  bool then_caller;
 };
 
 /* A target link: HELLO awaited, then (with a key) AUTH_PROOF awaited, then served. */
@@ -347,6 +351,12 @@ void link_then_attach(struct hixl_transfer_req *r, struct conn *c, struct chunk 
  * the target serves only if none of them was refused there. */
 void link_then_behind(struct hixl_transfer_req *r, struct conn *c, struct chunk *th, uint16_t service,
                       uint32_t len);
+/* After the caller's own copy of r (then_caller, now cleared): send r's CALL if it was
+ * released meanwhile, and leave the link to the progress thread for its answer and for
+ * what the socket did not take (lock held). */
+void link_then_flush(struct hixl_transfer_req *r);
+/* The link r's CALL goes on, if it is still in the engine's list (only compared), else NULL. */
+struct conn *link_then_conn(struct hixl_transfer_req *r);
 /* r gave up (its deadline): a CALL still held ends with st, why. */
 void link_then_cancel(struct hixl_transfer_req *r, HixlStatus st, const char *why);
 void link_drive(struct conn *c, struct hixl_transfer_req *r);

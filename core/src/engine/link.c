@@ -37,16 +37,21 @@ void link_req_maybe_free(struct hixl_transfer_req *r) {
   }
 }
 
+struct conn *link_then_conn(struct hixl_transfer_req *r) {
+  struct conn *c = NULL;
+  for (struct conn *k = r->eng->conns; k && !c; k = k->next) c = k == r->then_conn ? k : NULL;
+  return c;
+}
+
 /* r's transfer, which its CALL waited for, has ended: send the CALL on the link the
  * transfer went on when every chunk landed; else end it with their failure. Lock
  * held. */
 static void then_release(struct hixl_transfer_req *r) {
   struct chunk *th = r->then;
-  struct conn *c = NULL;
   char why[384];
   /* Only a link still in the engine's list: a caller's copy (shm) runs unlocked, and a
    * link killed meanwhile may have been freed since. */
-  for (struct conn *k = r->eng->conns; k && !c; k = k->next) c = k == r->then_conn ? k : NULL;
+  struct conn *c = link_then_conn(r);
   HixlStatus st = r->status;
   if (st != HIXL_SUCCESS) {
     snprintf(why, sizeof(why), "the transfer before it failed: %s", r->err);
@@ -68,6 +73,7 @@ static void then_release(struct hixl_transfer_req *r) {
   th->seq = c->next_seq++;
   th->tx.heap_len = wire_put_call(th->tx.heap, WIRE_CALL, th->seq, r->then_service, r->then_len);
   link_enqueue(c, &th->tx);
+  if (r->then_caller) return; /* the caller sends it once its copy is done: link_then_flush */
   /* The progress thread sends it (EPOLLOUT) and reads the answer: this may run inside
    * a transport's completion loop, which a send failing (the link killed) must not
    * disturb. */

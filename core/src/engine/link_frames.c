@@ -150,6 +150,16 @@ void link_flush_some(struct conn *c, size_t budget) {
 
 void link_flush(struct conn *c) { link_flush_some(c, SIZE_MAX); }
 
+void link_then_flush(struct hixl_transfer_req *r) {
+  r->then_caller = false;
+  struct conn *c = r->then_state == THEN_SENT ? link_then_conn(r) : NULL;
+  if (!c || c->dead) return; /* not released yet (the progress thread will), or ended with its link */
+  link_flush(c); /* outside any completion loop: a send failing kills the link, which ends the CALL */
+  if (c->dead) return;
+  link_unpark(c); /* the answer needs a reader */
+  if (c->txq_head) link_set_want_out(c, true);
+}
+
 /* Whether target link c owes its peer more than the bound / div (LinkAnswersMax items,
  * LinkAnswerBytesMax bytes): 1 to stall, 2 to read again (hysteresis). */
 static bool link_backlogged(const struct conn *c, uint32_t div) {
