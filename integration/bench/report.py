@@ -932,8 +932,9 @@ def pd_verdict(path):
     rows = json.load(open(path))["rows"]
     col = lambda k, rs=rows: span([r[k] for r in rs])  # K's span over RS
     tokens = lambda rs: ", ".join(str(r["tokens"]) for r in rs)
-    low = [r for r in rows if r["ratio"] < 0.9]
-    P("pull through the plugin / raw engine, host woken by the event fd: %s (goal >= 0.9): %s" %
+    # The goals are issue 47's: pull >= 0.95x, push <= 1.25x or within 0.05x of its floor, CPU <= 1.1x.
+    low = [r for r in rows if r["ratio"] < 0.95]
+    P("pull through the plugin / raw engine, host woken by the event fd: %s (goal >= 0.95): %s" %
       (col("ratio"), "MISS at %s tokens" % tokens(low) if low else "PASS"))
     aa = [r for r in rows if "aa_ratio" in r]  # results older than the A/A column lack it
     if aa:
@@ -945,8 +946,8 @@ def pd_verdict(path):
           " decode's CPU, which its loader shares under --pin): %s (goal >= 0.95): %s" %
           (col("ratio_host", host), "MISS at %s tokens" % tokens(low) if low else "PASS"))
     P("the same pull, host stepping: %s (up to one host step more; not the goal's measure)" % col("ratio_stepping"))
-    miss = [r for r in rows if r["push_ratio"] > 1.5]
-    P("push, after the last layer / one layer's transfer: %s (goal <= 1.5): %s" %
+    miss = [r for r in rows if r["push_ratio"] > 1.25 and r["push_ratio"] > r["push_floor"] + 0.05]
+    P("push, after the last layer / one layer's transfer: %s (goal <= 1.25, or within 0.05 of the floor): %s" %
       (col("push_ratio"), "PASS" if not miss else "MISS at %s" %
        ", ".join("%d tokens (%.2fx; the floor there, one layer plus one notice round trip: %.2fx; the pusher"
                  " was %.2f ms behind at the last save; the raw engine's own push: %.2fx, with a call per"
@@ -956,9 +957,9 @@ def pd_verdict(path):
                  for r in miss)))
     # The like-for-like reference is the raw engine's push with a landed call per layer (the
     # plugin's protocol without the plugin); the one without calls polls its requests.
-    ceil = [r for r in miss if r["raw_call_push_ratio"] > 1.5]
+    ceil = [r for r in miss if r["raw_call_push_ratio"] >= r["push_ratio"] - 0.05]
     if ceil:
-        P("where the push missed, the raw engine's own push with a call per layer was above 1.5x too at %s:"
+        P("where the push missed, the raw engine's own push with a call per layer was as slow (within 0.05x) at %s:"
           " the machine's ceiling in this run" % ", ".join("%d tokens" % r["tokens"] for r in ceil))
     P("the raw engine's own pipelined push, after the last layer / one layer: %s (it learns each"
       " layer landed by polling, 50 us apart, and from the answer, a one-way trip after decode holds it)" %
@@ -966,9 +967,11 @@ def pd_verdict(path):
     P("the same with a landed call behind each layer, as the plugin's notice: %s" % col("raw_call_push_ratio"))
     cpu = [r for r in rows if "cpu_ratio" in r]  # results older than the CPU columns lack them
     if cpu:
-        P("CPU seconds per GiB of both processes, the pull through the plugin / the raw engine: %s (%s)" %
-          (col("cpu_ratio", cpu), ", ".join("%d tokens %.3f / %.3f s" % (r["tokens"], r["cpu_s_per_gib_plugin"],
-                                                                          r["cpu_s_per_gib_raw"]) for r in cpu)))
+        high = [r for r in cpu if r["cpu_ratio"] > 1.1]
+        P("CPU seconds per GiB of both processes, the pull through the plugin / the raw engine: %s (goal <= 1.1): %s"
+          " (%s)" % (col("cpu_ratio", cpu), "MISS at %s tokens" % tokens(high) if high else "PASS",
+                     ", ".join("%d tokens %.3f / %.3f s" % (r["tokens"], r["cpu_s_per_gib_plugin"],
+                                                           r["cpu_s_per_gib_raw"]) for r in cpu)))
     return "\n".join(L)
 
 
