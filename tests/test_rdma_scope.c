@@ -15,7 +15,15 @@
  *     another range, the MR's own key, another peer's window, a window after its
  *     revoke. Each fails at the NIC (the QP goes to error, the link ends), and the
  *     target's memory and the initiator's buffer are unchanged;
- *   - revoke closes the windows at once, on both sides.
+ *   - revoke closes the windows at once, on both sides;
+ *   - the device was asked whether it holds a window's key to the window, and the
+ *     windows are bound over the registration's own MR where it does, over an MR of
+ *     their own where it does not (soft-RoCE in Linux 6.1: the forged key above would
+ *     reach past its window otherwise). Run again with HIXL_TEST_RDMA_MW_BOUNDS=held
+ *     (test_rdma_scope_mr_shared): every window over the registration's MR whatever
+ *     the device does, for that path's grants, splits, revokes and withdrawals; the
+ *     one forged key that only the device's bounds can stop is then not tried where
+ *     the device does not hold them.
  * Skips (77) where no RDMA device exists; HIXL_REQUIRE_RDMA=1 (the guest) fails then. */
 #include <CUnit/Basic.h>
 #include <stdio.h>
@@ -36,6 +44,8 @@
 #define D_OFF (2560u << 10) /* another run of four, one of them then granted again */
 
 static struct {
+  int bounds;            /* what the target's device answered rdma_probe_mw_bounds: 1, 0 */
+  bool shared;           /* the target binds windows over its registrations' MRs */
   HixlEngine *t, *i, *j; /* the scoped target; two initiators */
   uint8_t *tmem, *imem, *jmem;
   char t_name[TU_ADDR_LEN], i_name[TU_ADDR_LEN], j_name[TU_ADDR_LEN];
@@ -160,6 +170,62 @@ static void read_refused(HixlEngine *e, uint8_t *local, size_t loff, size_t roff
   CU_ASSERT_EQUAL(tu_check_byte(local + loff, len, 0x5a), -1);
 }
 
+/* White-box: the target's device (its engine's own address). */
+static struct rdma_dev *target_dev(void) {
+  struct erdma_engine *x = engine_xe(g.t, XPORT_RDMA);
+  return x ? &x->dev[0] : NULL;
+}
+
+/* The target's scoped registration asked its device (or a test build was told), once;
+ * asked again here directly, the device answers the same, and a remote access error
+ * or a READ that went through, nothing else. */
+static void test_mw_bounds(void) {
+  struct rdma_dev *d = target_dev();
+  CU_ASSERT_PTR_NOT_NULL_FATAL(d);
+  CU_ASSERT_TRUE_FATAL(d->mw2);
+  char why[256] = "";
+  g.bounds = rdma_probe_mw_bounds(d, why, sizeof(why));
+  if (g.bounds < 0) fprintf(stderr, "rdma_probe_mw_bounds: %s\n", why);
+  CU_ASSERT_TRUE_FATAL(g.bounds == 0 || g.bounds == 1);
+  const char *forced = getenv("HIXL_TEST_RDMA_MW_BOUNDS");
+  int want = forced && strcmp(forced, "held") == 0 ? RDMA_MWB_HELD
+             : forced && strcmp(forced, "mr") == 0 ? RDMA_MWB_MR
+             : g.bounds                            ? RDMA_MWB_HELD
+                                                   : RDMA_MWB_MR;
+  pthread_mutex_lock(&g.t->lock);
+  int got = d->mw_bounds;
+  pthread_mutex_unlock(&g.t->lock);
+  CU_ASSERT_EQUAL(got, want);
+  g.shared = got == RDMA_MWB_HELD;
+  fprintf(stderr, "test_rdma_scope: %s %s a window's key to the window; windows bound over %s\n", d->name,
+          g.bounds ? "holds" : "does not hold", g.shared ? "the registration's MR" : "MRs of their own");
+}
+
+/* A window over a run, the whole of another registration: bound over an MR of its own
+ * where the device does not hold its key to it, else over the registration's. */
+static void test_window_mr(void) {
+  uint8_t *x = tu_alloc_mem(WIN, false);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(x);
+  HixlMemHandle h = tu_register(g.t, x, WIN);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(h);
+  const uint64_t r[2][2] = {{(uintptr_t)x, WIN / 2}, {(uintptr_t)x + WIN / 2, WIN / 2}};
+  struct hixl_window_stats s0 = wstats();
+  grant(g.i_name, r, 2, true);
+  struct hixl_window_stats s1 = wstats();
+  CU_ASSERT_EQUAL(s1.bound, s0.bound + 1); /* one run */
+  CU_ASSERT_EQUAL(s1.own_mrs, s0.own_mrs + (g.shared ? 0 : 1));
+  tu_fill(x, WIN, 8);
+  HixlTransferOpDesc d1 = {(uintptr_t)g.imem, (uintptr_t)x, WIN};
+  uint64_t ops0 = info(g.i).win_ops;
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, &d1, 1, 10000));
+  TU_ASSERT_SAME(g.imem, x, WIN, "READ in a window over the run");
+  CU_ASSERT_EQUAL(info(g.i).win_ops, ops0 + 1);
+  grant(g.i_name, r, 2, false);
+  CU_ASSERT_EQUAL(wstats().open, s0.open);
+  TU_ASSERT_OK(HixlEngineDeregisterMem(g.t, h));
+  tu_free_mem(x, WIN);
+}
+
 static void test_link_and_keys(void) {
   struct hixl_link_info li = info(g.i);
   CU_ASSERT_EQUAL_FATAL(li.rdma, 1);
@@ -239,10 +305,18 @@ static void forged(HixlEngine *e, uint8_t *local, uint64_t raddr_off, uint64_t l
 static void test_forged_keys(void) {
   uint32_t key_a = window_key(g.i, at(A_OFF));
   CU_ASSERT_NOT_EQUAL_FATAL(key_a, 0);
-  /* Window A's key over the range after the granted ones. */
-  forged(g.i, g.imem, A_OFF + 2 * WIN, WIN, key_a, false, "READ with another range's window key");
-  /* The new link got no windows (granted before it was made): its ops go by the socket. */
-  CU_ASSERT_EQUAL(info(g.i).windows, 0);
+  /* Window A's key over the range after the granted ones: the window's bounds, or its
+   * own MR's, stop it; neither where a test build binds over the registration's MR on
+   * a device that does not hold them. */
+  if (g.shared && !g.bounds) {
+    fprintf(stderr,
+            "test_rdma_scope: another range's key not tried: this device does not hold a window's "
+            "key to the window, and HIXL_TEST_RDMA_MW_BOUNDS=held binds over the registration's MR\n");
+  } else {
+    forged(g.i, g.imem, A_OFF + 2 * WIN, WIN, key_a, false, "READ with another range's window key");
+    /* The new link got no windows (granted before it was made): its ops go by the socket. */
+    CU_ASSERT_EQUAL(info(g.i).windows, 0);
+  }
   /* The MR's own key (no remote access: 0 on rxe, refused by any NIC). */
   pthread_mutex_lock(&g.t->lock);
   const struct hixl_mem_reg *reg = (const struct hixl_mem_reg *)memtab_find(&g.t->regs, at(0), 1);
@@ -489,6 +563,7 @@ int main(int argc, char **argv) {
   }
   if (CU_initialize_registry() != CUE_SUCCESS) return 1;
   CU_pSuite s = CU_add_suite("scoped memory over rdma", suite_init, suite_cleanup);
+  CU_add_test(s, "the device asked whether it holds a window's key to the window", test_mw_bounds);
   CU_add_test(s, "no key advertised; scoping fixed once registered", test_link_and_keys);
   CU_add_test(s, "nothing granted: refused by the target's CPU, untouched", test_nothing_granted);
   CU_add_test(s, "granted: READ and WRITE by RDMA inside windows", test_granted_by_rdma);
@@ -498,6 +573,7 @@ int main(int argc, char **argv) {
   CU_add_test(s, "a range of a run granted again splits it", test_shared_range_splits);
   CU_add_test(s, "a registration withdrawn closes its windows", test_dereg_closes);
   CU_add_test(s, "a WIN_ADD past the bound ends the link", test_wins_bounded);
+  CU_add_test(s, "a window's MR: its own, or the registration's", test_window_mr);
   CU_add_test(s, "windows closed: bound == closed", test_windows_drain);
   return tu_run_registry();
 }

@@ -97,6 +97,9 @@ struct hixl_window_stats {
                      * frames on the link's socket, where this engine's CPU checks the grant */
   uint64_t split;   /* windows over a run of ranges split since, a range in them granted again (each
                      * left open until the first of its ranges is revoked) */
+  uint64_t own_mrs; /* windows bound since over an MR of their own, registered with them (the device
+                     * lets a window's key reach its whole MR, or could not tell: rdma_probe_mw_bounds);
+                     * the others are bound over their registration's MR */
 };
 HixlStatus hixl_engine_window_stats(HixlEngine *e, struct hixl_window_stats *out);
 

@@ -44,13 +44,15 @@ struct erdma_mr {
   struct ibv_mr *mr[ERDMA_DEVS];
 };
 
-/* A window: on a target's link, bound on its QP over its own MR (mr, mw); on an
+/* A window: on a target's link, bound on its QP (mw) over an MR: the registration's
+ * where the device holds the key to the window, else one of its own (own_mr); on an
  * initiator's, what WIN_ADD said (mr and mw NULL). */
 struct erdma_win {
   uint64_t addr, len;
   uint32_t rkey;
   struct ibv_mr *mr;
   struct ibv_mw *mw;
+  bool own_mr;  /* mr is the window's: deregistered when it closes */
   bool closing; /* a target's, marked to close (rdma_win.c, wins_close_marked) */
 };
 /* Windows one initiator link takes from its target at most: past it, WIN_ADD ends the link. */

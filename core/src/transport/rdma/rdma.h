@@ -30,7 +30,8 @@ struct rdma_dev {
   uint32_t max_qp_wr; /* send queue depth used for every QP */
   uint32_t max_rd_atom;
   uint64_t max_msg_sz;
-  bool mw2; /* binds type 2 memory windows (a QP's own windows: scoped memory) */
+  bool mw2;      /* binds type 2 memory windows (a QP's own windows: scoped memory) */
+  int mw_bounds; /* enum rdma_mw_bounds: whether a window's key is held to the window */
   char name[64];
 };
 
@@ -73,6 +74,18 @@ struct rdma_bind {
 /* Post n binds on qp in one call (remote read and write), the last one signaled with
  * wr_id. 0, or -1 with errno set (then none was posted, or the QP is broken). */
 int rdma_post_binds(struct ibv_qp *qp, struct rdma_bind *b, size_t n, uint64_t wr_id);
+/* Whether d holds a type 2 window's key to the window, or lets it reach the whole MR
+ * the window is bound over (soft-RoCE in Linux 6.1 checks only the MR's bounds). Asked
+ * of the device itself: a window over one page of a two-page MR on a loopback pair of
+ * QPs, read inside it (that must work), then on the other page. */
+enum rdma_mw_bounds {
+  RDMA_MWB_UNKNOWN = 0, /* not asked yet */
+  RDMA_MWB_HELD,        /* the READ outside the window failed: remote access error */
+  RDMA_MWB_MR,          /* it read the page: only the MR's bounds hold */
+  RDMA_MWB_UNTOLD       /* the probe could not tell (no loopback, ...): taken as RDMA_MWB_MR */
+};
+/* 1: held (a remote access error), 0: the MR's bounds only, -1: could not tell (why). */
+int rdma_probe_mw_bounds(struct rdma_dev *d, char *why, size_t cap);
 void rdma_dereg(struct ibv_mr *mr);
 uint32_t rdma_mr_lkey(const struct ibv_mr *mr);
 uint32_t rdma_mr_rkey(const struct ibv_mr *mr);

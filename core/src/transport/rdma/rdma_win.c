@@ -117,7 +117,7 @@ static void wins_compact(struct erdma_wins *w) {
 static void win_close(struct HixlEngine *e, struct erdma_win *w) {
   if (!w->mw) return;  /* an initiator's: a key, nothing bound here */
   rdma_mw_free(w->mw); /* first: the MR is bound under it */
-  rdma_dereg(w->mr);
+  if (w->own_mr) rdma_dereg(w->mr);
   w->mw = NULL;
   w->mr = NULL;
   struct hixl_window_stats *s = engine_win_stats(e);
@@ -306,9 +306,17 @@ static void wins_open(struct HixlEngine *e, struct conn *c, struct erdma_link *l
       why = "a range not inside one host registration";
       continue;
     }
-    if (!(w.mr = rdma_reg_window(d, (void *)(uintptr_t)w.addr, w.len, err, sizeof(err))) ||
+    /* Over the registration's MR where the device holds the key to the window; else an
+     * MR of the run's own, so that the key reaches the run alone (its pages pinned once
+     * more, at each grant: the cost of scoped memory on such a device). */
+    const struct erdma_mr *rm = reg->xm[XPORT_RDMA];
+    if (d->mw_bounds == RDMA_MWB_HELD && rm && rm->mr[l->dev])
+      w.mr = rm->mr[l->dev];
+    else
+      w.own_mr = true;
+    if ((w.own_mr && !(w.mr = rdma_reg_window(d, (void *)(uintptr_t)w.addr, w.len, err, sizeof(err)))) ||
         !(w.mw = rdma_mw_new(d, err, sizeof(err)))) {
-      rdma_dereg(w.mr);
+      if (w.own_mr) rdma_dereg(w.mr);
       skipped += j - i;
       why = "the device refused an MR or a window: see the log";
       log_warn("engine %s: no window over [0x%llx, +%llu) for %s: %s", engine_name(e),
@@ -318,6 +326,7 @@ static void wins_open(struct HixlEngine *e, struct conn *c, struct erdma_link *l
     nw[k++] = w;
     engine_win_stats(e)->open++;
     engine_win_stats(e)->bound++;
+    engine_win_stats(e)->own_mrs += w.own_mr;
   }
   /* Then the binds: work requests on the QP's send queue, posted in one call per round
    * of at most max_qp_wr - 2 (a staged unit's own WR may be there), the last of each

@@ -6,10 +6,13 @@
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "util/log.h"
 
@@ -177,9 +180,12 @@ static struct ibv_mr *reg_access(struct rdma_dev *d, void *addr, size_t len, int
 }
 
 struct ibv_mr *rdma_reg(struct rdma_dev *d, void *addr, size_t len, bool remote, char *err, size_t errlen) {
-  return reg_access(d, addr, len,
-                    IBV_ACCESS_LOCAL_WRITE | (remote ? IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ : 0),
-                    err, errlen);
+  int access = IBV_ACCESS_LOCAL_WRITE;
+  if (remote)
+    access |= IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  else if (d->mw2)
+    access |= IBV_ACCESS_MW_BIND; /* no remote access of its own: windows over it (scoped memory) */
+  return reg_access(d, addr, len, access, err, errlen);
 }
 
 struct ibv_mr *rdma_reg_window(struct rdma_dev *d, void *addr, size_t len, char *err, size_t errlen) {
@@ -225,15 +231,17 @@ int rdma_post_binds(struct ibv_qp *qp, struct rdma_bind *b, size_t n, uint64_t w
 }
 
 void rdma_dereg(struct ibv_mr *mr) {
-  if (mr) ibv_dereg_mr(mr);
+  int rc = mr ? ibv_dereg_mr(mr) : 0;
+  if (rc != 0) log_error("rdma: ibv_dereg_mr: %s (the MR stays registered)", strerror(rc));
 }
 uint32_t rdma_mr_lkey(const struct ibv_mr *mr) { return mr->lkey; }
 uint32_t rdma_mr_rkey(const struct ibv_mr *mr) { return mr->rkey; }
 
-struct ibv_qp *rdma_qp_new(struct rdma_dev *d, struct rdma_qp_info *local, char *err, size_t errlen) {
+static struct ibv_qp *qp_new_on(struct rdma_dev *d, struct ibv_cq *cq, struct rdma_qp_info *local, char *err,
+                                size_t errlen) {
   struct ibv_qp_init_attr ia = {
-      .send_cq = d->cq,
-      .recv_cq = d->cq,
+      .send_cq = cq,
+      .recv_cq = cq,
       .cap = {.max_send_wr = d->max_qp_wr, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1},
       .qp_type = IBV_QPT_RC,
       .sq_sig_all = 0};
@@ -257,6 +265,10 @@ struct ibv_qp *rdma_qp_new(struct rdma_dev *d, struct rdma_qp_info *local, char 
   memcpy(local->gid, d->gid, 16);
   local->mtu = (uint8_t)d->mtu;
   return qp;
+}
+
+struct ibv_qp *rdma_qp_new(struct rdma_dev *d, struct rdma_qp_info *local, char *err, size_t errlen) {
+  return qp_new_on(d, d->cq, local, err, errlen);
 }
 
 int rdma_qp_connect(struct rdma_dev *d, struct ibv_qp *qp, const struct rdma_qp_info *local,
@@ -327,6 +339,106 @@ int rdma_post(struct ibv_qp *qp, bool write, void *laddr, uint32_t len, uint32_t
   if (rc == 0) return 0;
   errno = rc;
   return -1;
+}
+
+/* ---- whether a window's key is held to the window ---- */
+
+#define PROBE_WAIT_NS (2ull * 1000000000ull)
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The next completion on cq within PROBE_WAIT_NS: 0 with its status, or -1. */
+static int probe_wait(struct ibv_cq *cq, enum ibv_wc_status *st) {
+  uint64_t end = mono_ns() + PROBE_WAIT_NS;
+  struct ibv_wc wc;
+  for (;;) {
+    int n = ibv_poll_cq(cq, 1, &wc);
+    if (n < 0) return -1;
+    if (n == 1) {
+      *st = wc.status;
+      return 0;
+    }
+    if (mono_ns() > end) return -1;
+    sched_yield();
+  }
+}
+
+/* READ 8 bytes at raddr through rkey on qa, into lbuf: the completion's status, or -1
+ * with why. */
+static int probe_read(struct ibv_qp *qa, struct ibv_cq *cq, void *lbuf, uint32_t lkey, uint64_t raddr,
+                      uint32_t rkey, enum ibv_wc_status *st) {
+  if (rdma_post(qa, false, lbuf, 8, lkey, raddr, rkey, 2, true) != 0) return -1;
+  return probe_wait(cq, st);
+}
+
+int rdma_probe_mw_bounds(struct rdma_dev *d, char *why, size_t cap) {
+  long page = sysconf(_SC_PAGESIZE);
+  size_t pg = page > 0 ? (size_t)page : 4096;
+  int rc = -1;
+  struct ibv_cq *cq = NULL;
+  struct ibv_qp *qa = NULL, *qb = NULL;
+  struct ibv_mr *mr = NULL, *lmr = NULL;
+  struct ibv_mw *mw = NULL;
+  uint8_t *buf = aligned_alloc(pg, 3 * pg); /* pages 0 and 1: the MR; 2: where the READs land */
+  if (!buf) {
+    snprintf(why, cap, "out of memory");
+    return -1;
+  }
+  memset(buf, 0x5a, 3 * pg);
+  struct rdma_qp_info ia, ib;
+  const struct rdma_qp_params qp = {.tc = 0, .sl = 0, .timeout = 14, .retry = 1}; /* ~67 ms, one retry */
+  char err[256] = "";
+  enum ibv_wc_status st = IBV_WC_GENERAL_ERR;
+  if (!(cq = ibv_create_cq(d->ctx, 8, NULL, NULL, 0))) {
+    snprintf(why, cap, "ibv_create_cq: %s", strerror(errno));
+    goto out;
+  }
+  if (!(qa = qp_new_on(d, cq, &ia, err, sizeof(err))) || !(qb = qp_new_on(d, cq, &ib, err, sizeof(err))) ||
+      rdma_qp_connect(d, qa, &ia, &ib, &qp, err, sizeof(err)) != 0 ||
+      rdma_qp_connect(d, qb, &ib, &ia, &qp, err, sizeof(err)) != 0) {
+    snprintf(why, cap, "a loopback pair of QPs: %s", err);
+    goto out;
+  }
+  if (!(mr = reg_access(d, buf, 2 * pg, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, err, sizeof(err))) ||
+      !(lmr = reg_access(d, buf + 2 * pg, pg, IBV_ACCESS_LOCAL_WRITE, err, sizeof(err))) ||
+      !(mw = rdma_mw_new(d, err, sizeof(err)))) {
+    snprintf(why, cap, "%s", err);
+    goto out;
+  }
+  /* A window over page 0 bound on qb, read through by its peer qa. */
+  struct rdma_bind b = {.mw = mw, .mr = mr, .addr = (uintptr_t)buf, .len = pg};
+  if (rdma_post_binds(qb, &b, 1, 1) != 0 || probe_wait(cq, &st) != 0 || st != IBV_WC_SUCCESS) {
+    snprintf(why, cap, "binding a window on a loopback QP failed or did not complete");
+    goto out;
+  }
+  if (probe_read(qa, cq, buf + 2 * pg, lmr->lkey, (uintptr_t)buf, b.rkey, &st) != 0 || st != IBV_WC_SUCCESS) {
+    snprintf(why, cap, "a loopback READ inside the window did not complete (%s)", ibv_wc_status_str(st));
+    goto out;
+  }
+  /* Then page 1: inside the MR, outside the window. */
+  if (probe_read(qa, cq, buf + 2 * pg, lmr->lkey, (uintptr_t)buf + pg, b.rkey, &st) != 0) {
+    snprintf(why, cap, "a loopback READ outside the window got no completion");
+    goto out;
+  }
+  if (st == IBV_WC_SUCCESS)
+    rc = 0;
+  else if (st == IBV_WC_REM_ACCESS_ERR)
+    rc = 1;
+  else
+    snprintf(why, cap, "a loopback READ outside the window ended %s", ibv_wc_status_str(st));
+out:
+  if (qa) ibv_destroy_qp(qa); /* first: nothing moves after */
+  if (qb) ibv_destroy_qp(qb);
+  rdma_mw_free(mw);
+  rdma_dereg(lmr);
+  rdma_dereg(mr);
+  if (cq) ibv_destroy_cq(cq);
+  free(buf);
+  return rc;
 }
 
 int rdma_chan_fd(const struct rdma_dev *d) { return d->chan->fd; }

@@ -207,13 +207,48 @@ static struct erdma_mr *mrs_reg(struct erdma_engine *x, void *addr, size_t len, 
   return m;
 }
 
+/* Whether d holds a window's key to the window (rdma_probe_mw_bounds), once; said in the
+ * log. Test builds may say it instead (HIXL_TEST_RDMA_MW_BOUNDS=held|mr): "held" on a
+ * device that does not hold it opens the whole registration to a window's key, which
+ * only a benchmark of the cost should do. */
+static void mw_bounds_ask(struct rdma_dev *d) {
+  if (!d->mw2 || d->mw_bounds != RDMA_MWB_UNKNOWN) return;
+#ifdef HIXL_DEVMEM_TEST
+  const char *t = getenv("HIXL_TEST_RDMA_MW_BOUNDS");
+  if (t && (strcmp(t, "held") == 0 || strcmp(t, "mr") == 0)) {
+    d->mw_bounds = t[0] == 'h' ? RDMA_MWB_HELD : RDMA_MWB_MR;
+    log_warn("rdma: %s: taken as %s (HIXL_TEST_RDMA_MW_BOUNDS, a test build)", d->name,
+             t[0] == 'h' ? "holding a window's key to the window" : "holding it to the MR only");
+    return;
+  }
+#endif
+  char why[256] = "";
+  int rc = rdma_probe_mw_bounds(d, why, sizeof(why));
+  d->mw_bounds = rc == 1 ? RDMA_MWB_HELD : rc == 0 ? RDMA_MWB_MR : RDMA_MWB_UNTOLD;
+  if (rc == 1)
+    log_info("rdma: %s holds a memory window's key to the window: a grant binds windows over the "
+             "registration's own MR",
+             d->name);
+  else if (rc == 0)
+    log_info("rdma: %s lets a memory window's key reach the whole MR it is bound over (Linux 6.1's "
+             "soft-RoCE does): each window gets an MR of its own, registered at each grant",
+             d->name);
+  else
+    log_warn("rdma: %s: could not tell whether a memory window's key is held to the window (%s): each "
+             "window gets an MR of its own, registered at each grant",
+             d->name, why);
+}
+
 static HixlStatus erdma_reg(struct HixlEngine *e, struct hixl_mem_reg *r) {
   char err[384];
   /* Device memory has no MR yet (GPUDirect through dma-buf is not built): peers get key
    * 0, and an RDMA link refuses ops on it (docs/device-memory.md). */
   if (!eng_of(e) || r->type == HIXL_MEM_DEVICE) return HIXL_SUCCESS;
   /* Scoped: no remote access of its own; peers reach what they were granted through
-   * windows (rdma_win.c). */
+   * windows (rdma_win.c), over this registration's own MR where the device holds a
+   * window's key to the window, asked once per device here. */
+  if (engine_scoped(e))
+    for (int i = 0; i < eng_of(e)->n; i++) mw_bounds_ask(&eng_of(e)->dev[i]);
   r->xm[XPORT_RDMA] =
       mrs_reg(eng_of(e), (void *)(uintptr_t)r->range.addr, r->range.len, !engine_scoped(e), err, sizeof(err));
   return r->xm[XPORT_RDMA] ? HIXL_SUCCESS
