@@ -431,9 +431,11 @@ int rdma_probe_mw_bounds(struct rdma_dev *d, char *why, size_t cap) {
   else
     snprintf(why, cap, "a loopback READ outside the window ended %s", ibv_wc_status_str(st));
 out:
-  if (qa) ibv_destroy_qp(qa); /* first: nothing moves after */
-  if (qb) ibv_destroy_qp(qb);
+  /* The window first: bound, it holds qb (soft-RoCE's destroy of qb would wait for it,
+   * seconds at a time), and nothing is in flight by now. */
   rdma_mw_free(mw);
+  if (qa) ibv_destroy_qp(qa);
+  if (qb) ibv_destroy_qp(qb);
   rdma_dereg(lmr);
   rdma_dereg(mr);
   if (cq) ibv_destroy_cq(cq);
