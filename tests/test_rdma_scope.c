@@ -170,6 +170,17 @@ static void read_refused(HixlEngine *e, uint8_t *local, size_t loff, size_t roff
   CU_ASSERT_EQUAL(tu_check_byte(local + loff, len, 0x5a), -1);
 }
 
+/* I READs the WIN bytes at x (the target's, filled with pattern) by RDMA, in one op
+ * inside its windows: every byte arrives. */
+static void read_by_rdma(uint8_t *x, int pattern, const char *what) {
+  tu_fill(x, WIN, pattern);
+  HixlTransferOpDesc d = {(uintptr_t)g.imem, (uintptr_t)x, WIN};
+  uint64_t ops0 = info(g.i).win_ops;
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, &d, 1, 10000));
+  TU_ASSERT_SAME(g.imem, x, WIN, what);
+  CU_ASSERT_EQUAL(info(g.i).win_ops, ops0 + 1);
+}
+
 /* White-box: the target's device (its engine's own address). */
 static struct rdma_dev *target_dev(void) {
   struct erdma_engine *x = engine_xe(g.t, XPORT_RDMA);
@@ -214,12 +225,7 @@ static void test_window_mr(void) {
   struct hixl_window_stats s1 = wstats();
   CU_ASSERT_EQUAL(s1.bound, s0.bound + 1); /* one run */
   CU_ASSERT_EQUAL(s1.own_mrs, s0.own_mrs + (g.shared ? 0 : 1));
-  tu_fill(x, WIN, 8);
-  HixlTransferOpDesc d1 = {(uintptr_t)g.imem, (uintptr_t)x, WIN};
-  uint64_t ops0 = info(g.i).win_ops;
-  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, &d1, 1, 10000));
-  TU_ASSERT_SAME(g.imem, x, WIN, "READ in a window over the run");
-  CU_ASSERT_EQUAL(info(g.i).win_ops, ops0 + 1);
+  read_by_rdma(x, 8, "READ in a window over the run");
   grant(g.i_name, r, 2, false);
   CU_ASSERT_EQUAL(wstats().open, s0.open);
   TU_ASSERT_OK(HixlEngineDeregisterMem(g.t, h));
@@ -493,12 +499,8 @@ static void test_dereg_closes(void) {
   CU_ASSERT_PTR_NOT_NULL_FATAL(h);
   const uint64_t r[1][2] = {{(uintptr_t)x, WIN}};
   grant(g.i_name, r, 1, true);
-  tu_fill(x, WIN, 7);
+  read_by_rdma(x, 7, "READ in the window over the extra registration");
   HixlTransferOpDesc d = {(uintptr_t)g.imem, (uintptr_t)x, WIN};
-  uint64_t ops0 = info(g.i).win_ops;
-  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, &d, 1, 10000));
-  TU_ASSERT_SAME(g.imem, x, WIN, "READ in the window over the extra registration");
-  CU_ASSERT_EQUAL(info(g.i).win_ops, ops0 + 1);
   uint32_t key = window_key(g.i, (uintptr_t)x);
   CU_ASSERT_NOT_EQUAL_FATAL(key, 0);
   struct hixl_window_stats s0 = wstats();
