@@ -11,10 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "util/log.h"
+#include "util/sock.h"
 
 bool rdma_available(void) {
   int n = 0;
@@ -345,15 +345,9 @@ int rdma_post(struct ibv_qp *qp, bool write, void *laddr, uint32_t len, uint32_t
 
 #define PROBE_WAIT_NS (2ull * 1000000000ull)
 
-static uint64_t mono_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 /* The next completion on cq within PROBE_WAIT_NS: 0 with its status, or -1. */
 static int probe_wait(struct ibv_cq *cq, enum ibv_wc_status *st) {
-  uint64_t end = mono_ns() + PROBE_WAIT_NS;
+  uint64_t end = hixl_now_ns() + PROBE_WAIT_NS;
   struct ibv_wc wc;
   for (;;) {
     int n = ibv_poll_cq(cq, 1, &wc);
@@ -362,13 +356,13 @@ static int probe_wait(struct ibv_cq *cq, enum ibv_wc_status *st) {
       *st = wc.status;
       return 0;
     }
-    if (mono_ns() > end) return -1;
+    if (hixl_now_ns() > end) return -1;
     sched_yield();
   }
 }
 
-/* READ 8 bytes at raddr through rkey on qa, into lbuf: the completion's status, or -1
- * with why. */
+/* READ 8 bytes at raddr through rkey on qa, into lbuf: 0 with the completion's status,
+ * or -1 (not posted, or no completion in time). */
 static int probe_read(struct ibv_qp *qa, struct ibv_cq *cq, void *lbuf, uint32_t lkey, uint64_t raddr,
                       uint32_t rkey, enum ibv_wc_status *st) {
   if (rdma_post(qa, false, lbuf, 8, lkey, raddr, rkey, 2, true) != 0) return -1;
