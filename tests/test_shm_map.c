@@ -269,6 +269,61 @@ static void test_one_batch(void) {
   tu_free_mem(want, (size_t)N * SLOT);
 }
 
+/* A sync call's WRITE then READ of n scattered ops of len bytes at r1 + base and
+ * behind; the target checks what landed (each op's slot) and what came back is
+ * compared: the ops went by memcpy (map_ops), copied in the call (now_ops) or not. */
+static void now_batch(HixlTransferOpDesc *d, size_t n, size_t len, uint64_t base, unsigned seed, bool now) {
+  struct hixl_link_info li0 = link_of(g.i, g.tname);
+  for (size_t k = 0; k < n; k++) {
+    d[k] = (HixlTransferOpDesc){(uintptr_t)(g.loc + k * len), base + (n - 1 - k) * 2 * len, len};
+    tu_fill(g.loc + k * len, len, seed + k);
+  }
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.tname, HIXL_WRITE, d, n, XFER_TIMEOUT));
+  for (size_t k = 0; k < n; k++) CU_ASSERT_EQUAL(agent(A_CHECK, d[k].remote_addr, len, seed + k), -1);
+  memset(g.loc, 0, n * len);
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.tname, HIXL_READ, d, n, XFER_TIMEOUT));
+  for (size_t k = 0; k < n; k++) TU_ASSERT_PATTERN(g.loc + k * len, len, seed + k, "an op read back");
+  struct hixl_link_info li = link_of(g.i, g.tname);
+  uint64_t pieces = 2 * n * ((len + MiB - 1) / MiB);
+  CU_ASSERT_EQUAL(li.map_ops, li0.map_ops + pieces);
+  CU_ASSERT_EQUAL(li.now_ops, li0.now_ops + (now ? 2 * n : 0));
+}
+
+/* Up to 16 ops of at most 1 MiB inside one mapping: copied in the call with no request
+ * (eshm_copy_now); 17 ops, an op of 1 MiB + 1 (two pieces) or ops in two mappings go
+ * by a request as before; all byte for byte. */
+static void test_one_now(void) {
+  HixlTransferOpDesc d[17];
+  now_batch(d, 1, 4 * KiB, g.r1 + MiB, 110, true);
+  now_batch(d, 16, 4 * KiB, g.r1 + MiB, 120, true);
+  now_batch(d, 2, MiB, g.r1, 140, true);
+  now_batch(d, 17, 4 * KiB, g.r1 + MiB, 150, false);
+  now_batch(d, 1, MiB + 1, g.r1, 170, false);
+  int64_t at = agent(A_ALLOC, 0, MiB, 0); /* a second mapping */
+  CU_ASSERT_FATAL(at > 0);
+  round_trip(g.i, g.tname);
+  CU_ASSERT_EQUAL_FATAL(link_of(g.i, g.tname).mapped, 2);
+  struct hixl_link_info li0 = link_of(g.i, g.tname);
+  tu_fill(g.loc, 8 * KiB, 180);
+  HixlTransferOpDesc two[2] = {{(uintptr_t)g.loc, g.r1 + 3 * MiB, 4 * KiB},
+                               {(uintptr_t)(g.loc + 4 * KiB), (uint64_t)at + 4 * KiB, 4 * KiB}};
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.tname, HIXL_WRITE, two, 2, XFER_TIMEOUT));
+  CU_ASSERT_EQUAL(agent(A_CHECK, g.r1 + 3 * MiB, 4 * KiB, 180), -1);
+  CU_ASSERT_EQUAL(link_of(g.i, g.tname).map_ops, li0.map_ops + 2);
+  CU_ASSERT_EQUAL(link_of(g.i, g.tname).now_ops, li0.now_ops);
+  unsigned char want[4 * KiB];
+  memcpy(want, g.loc + 4 * KiB, sizeof(want));
+  memset(g.loc + 4 * KiB, 0, sizeof(want));
+  two[0].len = 0; /* refused whole before anything moves */
+  CU_ASSERT_EQUAL(HixlEngineTransferSync(g.i, g.tname, HIXL_READ, two, 2, XFER_TIMEOUT), HIXL_PARAM_INVALID);
+  two[0].len = 4 * KiB;
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.tname, HIXL_READ, &two[1], 1, XFER_TIMEOUT));
+  TU_ASSERT_SAME(g.loc + 4 * KiB, want, sizeof(want), "the second mapping read back");
+  CU_ASSERT_EQUAL(agent(A_FREE, (uint64_t)at, 0, 0), HIXL_SUCCESS);
+  CU_ASSERT_NOT_EQUAL(HixlEngineTransferSync(g.i, g.tname, HIXL_READ, &two[1], 1, XFER_TIMEOUT),
+                      HIXL_SUCCESS);
+}
+
 /* Async requests, small (copied by the caller) and large (by the progress thread). */
 static void test_one_async(void) {
   static const size_t lens[] = {4 * KiB, 32 * MiB};
@@ -529,8 +584,9 @@ out:
 }
 
 /* A killed target: ops into its memory FAIL (its pages outlive it, nobody reads them),
- * the link goes, the mapping with it. */
-static void test_child_killed(void) {
+ * the link goes, the mapping with it: a 4 KiB op (copied in the call, copy_now) and a
+ * 16 MiB one (a request of 16 pieces), each against a child of its own. */
+static void killed_case(size_t len) {
   struct side x;
   if (!side_up(&x, 0)) goto out;
   CU_ASSERT_EQUAL(link_of(x.e, x.name).mapped, 1);
@@ -547,12 +603,19 @@ static void test_child_killed(void) {
   CU_ASSERT_STRING_EQUAL(comm, "hixl-shm-life\n");
   tu_child_kill(&x.c, SIGKILL);
   tu_child_wait(&x.c, 10000);
-  HixlStatus st = side_xfer(&x, HIXL_WRITE, 0, 16 * MiB);
+  HixlStatus st = side_xfer(&x, HIXL_WRITE, 0, len);
   CU_ASSERT(st == HIXL_FAILED || st == HIXL_NOT_CONNECTED);
-  printf("  [WRITE to a killed target: %s: %s]\n", HixlStatusName(st), HixlGetLastErrorMessage());
+  if (st == HIXL_FAILED) CU_ASSERT_PTR_NOT_NULL(strstr(HixlGetLastErrorMessage(), "has exited"));
+  printf("  [WRITE of %zu B to a killed target: %s: %s]\n", len, HixlStatusName(st),
+         HixlGetLastErrorMessage());
   CU_ASSERT_EQUAL(tu_memfd_maps(0), 0);
 out:
   side_down(&x);
+}
+
+static void test_child_killed(void) {
+  killed_case(4 * KiB);
+  killed_case(16 * MiB);
 }
 
 /* A target of another user hands nothing over (root copies its memory anyway). */
@@ -686,6 +749,7 @@ int main(int argc, char **argv) {
   CU_add_test(s, "async: small and large", test_one_async);
   CU_add_test(s, "registered after Connect: process_vm_*; deregistered: refused",
               test_one_registered_not_mapped);
+  CU_add_test(s, "up to 16 ops in one mapping: copied in the call, no request", test_one_now);
   CU_add_test(s, "allocated after Connect: mapped; FreeMem unmaps both sides first",
               test_one_alloc_free_after_connect);
   CU_add_test(s, "FreeMem while a copy runs: waits for it, then frees", test_one_free_while_copying);

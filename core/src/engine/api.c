@@ -59,7 +59,8 @@ HixlStatus api_check_timeout(int32_t timeout_ms, const char *fn) {
 HixlStatus api_check_remote(const char *remote, const char *fn, struct sockaddr_in *sa) {
   bool has_port;
   HixlStatus st;
-  CHECK_ARG(remote && strlen(remote) < ENGINE_NAME_MAX, "%s: remote_engine is NULL or too long", fn);
+  CHECK_ARG(remote && strnlen(remote, ENGINE_NAME_MAX) < ENGINE_NAME_MAX,
+            "%s: remote_engine is NULL or too long", fn);
   if ((st = sock_parse_endpoint(remote, "remote_engine", sa, &has_port)) != HIXL_SUCCESS)
     return hixl_fail(st, "%s: %s", fn, HixlGetLastErrorMessage());
   CHECK_ARG(has_port, "%s: remote_engine \"%s\" needs a port (\"ip:port\")", fn, remote);

@@ -97,6 +97,10 @@ HixlStatus HixlEngineDisconnect(HixlEngine *e, const char *remote, int32_t timeo
 /* The live link to remote, or NULL with the reason recorded. Lock held. */
 struct conn *api_link_for(HixlEngine *e, const char *remote, const char *fn, HixlStatus *st) {
   struct peer *p = api_find_peer(e, remote);
+  if (!p && strnlen(remote, ENGINE_NAME_MAX) >= ENGINE_NAME_MAX) { /* said before it is printed */
+    *st = hixl_fail(HIXL_PARAM_INVALID, "%s: remote_engine is too long", fn);
+    return NULL;
+  }
   if (!p) {
     *st = hixl_fail(HIXL_NOT_CONNECTED, "%s: not connected to %s; call HixlEngineConnect first", fn, remote);
     return NULL;

@@ -46,6 +46,7 @@ struct hixl_link_info {
   uint32_t mapped;       /* shm: the target's regions mapped here (its HixlEngineAllocMem memory) */
   uint64_t mapped_bytes; /* ... their bytes */
   uint64_t map_ops;      /* ... ops (pieces of large ones) moved by memcpy on them since Connect */
+  uint64_t now_ops;      /* ... of them, those a sync call copied itself with no request (copy_now) */
   uint64_t peer_gen;     /* shm, a mapping link: the target's count of withdrawals and cut links, as
                           * its shared page says now (a transfer reads the socket when it moved) */
   uint32_t peer_life;    /* shm, a mapping link: the target's life word as read now (its life thread's

@@ -425,7 +425,8 @@ const struct xport_ops xport_stage = {
              .answer = stage_answer,
              .chunk_end = stage_chunk_end,
              .post_own = xport_no_post_own,
-             .dev_reach = xport_no_dev_reach},
+             .dev_reach = xport_no_dev_reach,
+             .copy_now = xport_no_copy_now},
 };
 
 HixlStatus hixl_engine_stage_stats(HixlEngine *e, struct hixl_stage_stats *out) {

@@ -148,6 +148,13 @@ struct xport_link_ops {
    * XPORT_DEVMEM are not asked. */
   bool (*dev_reach)(struct conn *c, const struct hixl_mem_reg *lreg, const struct remote_mem *rm,
                     uint64_t raddr, uint64_t len);
+  /* A sync call's ops, planned (each direct, in one piece, host memory at lregs[i]) and
+   * nothing posted: copy them now in the calling thread, with no request, where the
+   * transport can (shm: all inside one live mapping of the peer's memory). true: done,
+   * the result in *st and, when it failed, why; c may be gone. false: nothing was
+   * done, the request path moves them. Lock held (released during the copy). */
+  bool (*copy_now)(struct conn *c, HixlTransferOp op, const HixlTransferOpDesc *descs, size_t n,
+                   struct hixl_mem_reg *const *lregs, HixlStatus *st, char *why, size_t cap);
 };
 
 struct xport_ops {
@@ -172,8 +179,8 @@ struct xport_ops {
   X(mem.bounce_dereg) X(mem.bounce_key)                                                                      \
   X(link.connect) X(link.attach) X(link.discard) X(link.target_frame) X(link.initiator_frame)                \
   X(link.payload_done) X(link.kill) X(link.closed) X(link.free) X(link.info) X(link.table_current)           \
-  X(link.reach) X(link.post) X(link.start) X(link.async) X(link.drive) X(link.req_timeout) X(link.answer)                  \
-  X(link.chunk_end) X(link.post_own) X(link.dev_reach)
+  X(link.reach) X(link.post) X(link.start) X(link.async) X(link.drive) X(link.req_timeout) X(link.answer)    \
+  X(link.chunk_end) X(link.post_own) X(link.dev_reach) X(link.copy_now)
 /* clang-format on */
 
 /* PARAM_INVALID naming the module and the first empty slot, or SUCCESS. */
@@ -217,6 +224,8 @@ int xport_no_post_own(struct conn *c, bool write, void *buf, uint32_t len, void 
                       void (*done)(struct conn *c, bool ok, const char *status)); /* -1, ENOSYS */
 bool xport_no_dev_reach(struct conn *c, const struct hixl_mem_reg *lreg, const struct remote_mem *rm,
                         uint64_t raddr, uint64_t len); /* false: device ops go as tcp frames */
+bool xport_no_copy_now(struct conn *c, HixlTransferOp op, const HixlTransferOpDesc *descs, size_t n,
+                       struct hixl_mem_reg *const *lregs, HixlStatus *st, char *why, size_t cap); /* false */
 /* The memory slots of a module that registers nothing (tcp: its frames carry the
  * data; staging: it asks the link's transport). */
 #define XPORT_MEM_NONE                                                                                       \

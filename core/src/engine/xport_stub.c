@@ -110,6 +110,12 @@ bool xport_no_dev_reach(struct conn *c, const struct hixl_mem_reg *lreg, const s
   return false;
 }
 
+bool xport_no_copy_now(struct conn *c, HixlTransferOp op, const HixlTransferOpDesc *descs, size_t n,
+                       struct hixl_mem_reg *const *lregs, HixlStatus *st, char *why, size_t cap) {
+  (void)c, (void)op, (void)descs, (void)n, (void)lregs, (void)st, (void)why, (void)cap;
+  return false;
+}
+
 HixlStatus xport_check(const struct xport_ops *x) {
   if (!x || !x->name) return hixl_fail(HIXL_PARAM_INVALID, "a module's table is NULL or has no name");
 #define CHECK_SLOT(slot)                                                                                     \

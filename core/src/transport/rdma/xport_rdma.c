@@ -796,5 +796,6 @@ const struct xport_ops xport_rdma = {
              .answer = xport_no_answer,
              .chunk_end = xport_no_chunk_end,
              .post_own = erdma_post_own,
-             .dev_reach = xport_no_dev_reach},
+             .dev_reach = xport_no_dev_reach,
+             .copy_now = xport_no_copy_now},
 };

@@ -37,22 +37,45 @@ static HixlStatus dev_copy(const struct devmem_ops *dm, const struct shm_map *mp
                : dm->to_device(loc, remote, ch->len, ldev, why, cap);
 }
 
+/* A copy inside mp begins: the mapping held, the lock released (Finalize waits for the
+ * copies to end). Lock held on entry. */
+static void map_begin(struct HixlEngine *e, struct shm_map *mp) {
+  mp->refs++;
+  eng_of(e)->copying++;
+  engine_unlock(e);
+}
+
+/* ... and ends: the lock taken back, the mapping let go. Returns whether the peer
+ * process is found gone afterwards (its pages outlive it: nothing faulted, but nobody
+ * is there to read them); then its link is killed and msg says so. */
+static bool map_end(struct HixlEngine *e, struct shm_peer *s, struct shm_map *mp, char *msg, size_t cap) {
+  struct eshm_engine *x = eng_of(e);
+  bool gone = eshm_peer_gone(s); /* after: a peer that died meanwhile read nothing */
+  engine_lock(e);
+  if (--x->copying == 0) engine_signal(e);
+  eshm_map_put(s, mp);
+  if (gone) {
+    char why[64];
+    snprintf(why, sizeof(why), "the peer process (pid %u) has exited", s->pid);
+    if (s->conn) link_conn_kill(s->conn, HIXL_FAILED, why);
+    snprintf(msg, cap, "link to %s: %s", s->name, why);
+  }
+  return gone;
+}
+
 /* memcpy v[0..n), all inside mp, with the lock released (device memory on either side:
  * the provider copies); the chunks end SUCCESS, or FAILED when the peer process is
- * found gone afterwards (its pages outlive it: nothing faults, but nobody is there to
- * read them), or a device copy failed. Lock held on entry and return. */
+ * found gone afterwards (map_end), or a device copy failed. Lock held on entry and
+ * return. */
 static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *mp, struct chunk *const *v,
                      const struct cma_seg *segs, size_t n, bool write) {
-  struct eshm_engine *x = eng_of(e);
   HixlStatus fst = HIXL_SUCCESS;
   char dwhy[256]; /* these three: their first byte only (zeroing them took 8% of a 4 KiB op) */
   dwhy[0] = '\0';
   size_t bad = n; /* the first op whose device copy failed */
   uint64_t dev_bytes = 0;
   const struct devmem_ops *dm = NULL;
-  mp->refs++;
-  x->copying++;
-  engine_unlock(e);
+  map_begin(e, mp);
   for (size_t k = 0; k < n; k++) {
     uint8_t *remote = mp->base + (segs[k].remote - mp->range.addr);
     if (mp->dev || v[k]->lreg->type == HIXL_MEM_DEVICE) {
@@ -67,17 +90,10 @@ static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *m
       memcpy(segs[k].local, remote, segs[k].len);
     }
   }
-  bool gone = eshm_peer_gone(s); /* after: a peer that died meanwhile read nothing */
-  engine_lock(e);
-  if (--x->copying == 0) engine_signal(e);
-  eshm_map_put(s, mp);
-  char why[64], msg[sizeof(why) + sizeof(s->name) + 16];
+  char msg[64 + sizeof(s->name) + 16];
   msg[0] = '\0';
-  if (gone) {
-    snprintf(why, sizeof(why), "the peer process (pid %u) has exited", s->pid);
-    if (s->conn) link_conn_kill(s->conn, HIXL_FAILED, why);
-    snprintf(msg, sizeof(msg), "link to %s: %s", s->name, why);
-  } else {
+  bool gone = map_end(e, s, mp, msg, sizeof(msg));
+  if (!gone) {
     s->map_ops += bad;
     if (mp->dev) engine_dev_stats(e)->ipc_bytes += dev_bytes;
   }
@@ -221,6 +237,45 @@ static void eshm_run_sync(struct conn *c, struct hixl_transfer_req *r) {
     free(v);
     free(segs);
   }
+}
+
+/* At most this many ops a sync call copies with no request (eshm_copy_now). */
+#define ESHM_NOW_OPS 16u
+
+/* A sync call's ops (each at most ENGINE_TCP_CHUNK, host memory here) copied right here,
+ * with no request, chunk or clock, when they all lie inside one live mapping of the
+ * peer's host memory: a memcpy each with the lock released, as map_copy's. Else false
+ * and nothing done (process_vm_*, device memory, a revoked mapping, several mappings:
+ * the request path, which splits them into runs). Lock held. */
+bool eshm_copy_now(struct conn *c, HixlTransferOp op, const HixlTransferOpDesc *descs, size_t n,
+                   struct hixl_mem_reg *const *lregs, HixlStatus *st, char *why, size_t cap) {
+  struct eshm_link *l = link_of(c);
+  struct shm_peer *s = l ? l->peer : NULL;
+  if (n > ESHM_NOW_OPS || !s || !s->conn || link_dead(c)) return false;
+  struct shm_map *mp = map_of(s, descs[0].remote_addr, descs[0].len);
+  if (!mp || mp->revoked || mp->dev) return false;
+  for (size_t i = 0; i < n; i++)
+    if (lregs[i]->type == HIXL_MEM_DEVICE ||
+        (i > 0 && memtab_find_near(&s->maps, &mp->range, descs[i].remote_addr, descs[i].len) != &mp->range))
+      return false;
+  struct HixlEngine *e = link_engine(c);
+  for (size_t i = 0; i < n; i++) lregs[i]->inflight++; /* not deregistered meanwhile */
+  s->refs++;
+  map_begin(e, mp);
+  for (size_t i = 0; i < n; i++) {
+    uint8_t *remote = mp->base + (descs[i].remote_addr - mp->range.addr);
+    void *local = (void *)(uintptr_t)descs[i].local_addr;
+    if (op == HIXL_WRITE)
+      memcpy(remote, local, descs[i].len);
+    else
+      memcpy(local, remote, descs[i].len);
+  }
+  bool gone = map_end(e, s, mp, why, cap);
+  for (size_t i = 0; i < n; i++) lregs[i]->inflight--;
+  if (!gone) s->map_ops += n, s->now_ops += n;
+  eshm_peer_put(s);
+  *st = gone ? HIXL_FAILED : HIXL_SUCCESS;
+  return true;
 }
 
 /* An async request on an shm link: copied here when small and nothing waits before

@@ -98,6 +98,7 @@ struct shm_peer {
   struct shm_ipc *ipcs; /* the target's device allocations opened here ... */
   int device;           /* ... in the context of this device: the one this engine's side uses */
   uint64_t map_ops;     /* ops moved by memcpy on them */
+  uint64_t now_ops;     /* ... of them copied by a sync call with no request (eshm_copy_now) */
   char name[WIRE_MAX_NAME + 1];
   char why[384]; /* why the link died, once it did */
 };
@@ -204,6 +205,8 @@ bool eshm_dev_reach(struct conn *c, const struct hixl_mem_reg *lreg, const struc
                     uint64_t raddr, uint64_t len);
 void eshm_async(struct conn *c, struct hixl_transfer_req *r);
 void eshm_drive(struct conn *c, struct hixl_transfer_req *r);
+bool eshm_copy_now(struct conn *c, HixlTransferOp op, const HixlTransferOpDesc *descs, size_t n,
+                   struct hixl_mem_reg *const *lregs, HixlStatus *st, char *why, size_t cap);
 bool eshm_progress(struct HixlEngine *e);
 
 #endif

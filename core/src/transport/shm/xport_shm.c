@@ -531,6 +531,7 @@ static HixlStatus eshm_info(const struct conn *c, struct hixl_link_info *info) {
     info->mapped_bytes += mp->range.len;
   }
   info->map_ops = l->peer->map_ops;
+  info->now_ops = l->peer->now_ops;
   if (l->gen) info->peer_gen = __atomic_load_n(l->gen, __ATOMIC_ACQUIRE);
   if (l->peer->life) info->peer_life = __atomic_load_n(l->peer->life, __ATOMIC_ACQUIRE);
   return HIXL_SUCCESS;
@@ -583,5 +584,6 @@ const struct xport_ops xport_shm = {
              .answer = xport_no_answer,
              .chunk_end = xport_no_chunk_end,
              .post_own = xport_no_post_own,
-             .dev_reach = eshm_dev_reach},
+             .dev_reach = eshm_dev_reach,
+             .copy_now = eshm_copy_now},
 };

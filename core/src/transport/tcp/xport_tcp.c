@@ -144,5 +144,6 @@ const struct xport_ops xport_tcp = {
              .answer = xport_no_answer,
              .chunk_end = xport_no_chunk_end,
              .post_own = xport_no_post_own,
-             .dev_reach = xport_no_dev_reach},
+             .dev_reach = xport_no_dev_reach,
+             .copy_now = xport_no_copy_now},
 };
