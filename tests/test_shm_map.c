@@ -585,10 +585,17 @@ out:
 
 /* A killed target: ops into its memory FAIL (its pages outlive it, nobody reads them),
  * the link goes, the mapping with it: a 4 KiB op (copied in the call, copy_now) and a
- * 16 MiB one (a request of 16 pieces), each against a child of its own. */
-static void killed_case(size_t len) {
+ * 16 MiB one (a request of 16 pieces), each against a child of its own. held: a process
+ * the child forked keeps its sockets open, so the link is still up when the op runs and
+ * only the copy's own check (the life word) can tell: FAILED, "has exited". */
+static void killed_case(size_t len, bool held) {
   struct side x;
+  int64_t holder = -1;
   if (!side_up(&x, 0)) goto out;
+  if (held) {
+    holder = child_cmd(&x.c, TU_CMD_HOLD, (uint64_t)getpid(), 0, 0);
+    CU_ASSERT_FATAL(holder > 0);
+  }
   CU_ASSERT_EQUAL(link_of(x.e, x.name).mapped, 1);
   /* Its life word (shm_life.c) names the child's hixl-shm-life thread: alive. */
   uint32_t w = link_of(x.e, x.name).peer_life;
@@ -604,18 +611,25 @@ static void killed_case(size_t len) {
   tu_child_kill(&x.c, SIGKILL);
   tu_child_wait(&x.c, 10000);
   HixlStatus st = side_xfer(&x, HIXL_WRITE, 0, len);
-  CU_ASSERT(st == HIXL_FAILED || st == HIXL_NOT_CONNECTED);
+  if (held) { /* the link is up: only the copy's own check can tell */
+    CU_ASSERT_EQUAL(st, HIXL_FAILED);
+  } else {
+    CU_ASSERT(st == HIXL_FAILED || st == HIXL_NOT_CONNECTED);
+  }
   if (st == HIXL_FAILED) CU_ASSERT_PTR_NOT_NULL(strstr(HixlGetLastErrorMessage(), "has exited"));
-  printf("  [WRITE of %zu B to a killed target: %s: %s]\n", len, HixlStatusName(st),
-         HixlGetLastErrorMessage());
-  CU_ASSERT_EQUAL(tu_memfd_maps(0), 0);
+  printf("  [WRITE of %zu B to a killed target%s: %s: %s]\n", len, held ? ", its sockets held" : "",
+         HixlStatusName(st), HixlGetLastErrorMessage());
+  CU_ASSERT_EQUAL(tu_memfd_maps(0), 0); /* the link went, with the copy's finding when held */
 out:
+  if (holder > 0) kill((pid_t)holder, SIGKILL);
   side_down(&x);
 }
 
 static void test_child_killed(void) {
-  killed_case(4 * KiB);
-  killed_case(16 * MiB);
+  killed_case(4 * KiB, false);
+  killed_case(16 * MiB, false);
+  killed_case(4 * KiB, true);
+  killed_case(16 * MiB, true);
 }
 
 /* A target of another user hands nothing over (root copies its memory anyway). */

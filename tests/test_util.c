@@ -736,6 +736,16 @@ report:
     if (cmd.op == TU_CMD_FREE) {
       reply = cfg->alloc && h ? (int64_t)HixlEngineFreeMem(e, h) : -3;
       if (reply == HIXL_SUCCESS) h = NULL;
+    } else if (cmd.op == TU_CMD_HOLD) {
+      int watch = (int)syscall(SYS_pidfd_open, (pid_t)cmd.seed, 0);
+      pid_t holder = watch < 0 ? -1 : fork();
+      if (holder == 0) { /* async-signal-safe calls only: the test's end ends it */
+        struct pollfd pfd = {.fd = watch, .events = POLLIN};
+        while (poll(&pfd, 1, -1) < 0 && errno == EINTR) continue;
+        _exit(0);
+      }
+      if (watch >= 0) close(watch);
+      reply = holder;
     } else if (cmd.op == TU_CMD_DROP) {
       char peer[TU_ADDR_LEN];
       size_t n = 0;

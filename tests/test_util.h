@@ -256,6 +256,9 @@ enum tu_server_cmd_op {
   TU_CMD_QUIT = 3,  /* finalize the engine and exit 0; reply 0 first */
   TU_CMD_FREE = 4,  /* alloc: HixlEngineFreeMem the memory; reply its HixlStatus */
   TU_CMD_DROP = 5,  /* hixl_engine_drop_peer the engine at tu_ip():seed; reply the links cut */
+  TU_CMD_HOLD = 6,  /* fork a process that keeps every descriptor of this one open (its links'
+                     * sockets stay up when this one dies) until it is killed or process seed
+                     * exits; reply its pid */
 };
 
 typedef struct {
