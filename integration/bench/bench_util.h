@@ -1,5 +1,5 @@
 /* bench_util: small helpers shared by hixl-bench, hixl-tcp-ref and the other benches and
- * examples (clock, argument parsing, latency statistics, data pattern, CSV, a key
+ * examples (clock, number and size parsing, latency statistics, data pattern, a key
  * file). Header-only, static inline. */
 #ifndef HIXL_BENCH_UTIL_H
 #define HIXL_BENCH_UTIL_H
@@ -93,23 +93,6 @@ static inline bool bench_parse_size(const char *s, size_t *out) {
   size_t v = 0;
   if (!bench_parse_size_prefix(s, &v, &end) || *end != '\0') return false;
   *out = v;
-  return true;
-}
-
-/* "4K,64K,4M" -> sizes; at most cap entries, each > 0. */
-static inline bool bench_parse_size_list(const char *s, size_t *out, size_t cap, size_t *n_out) {
-  size_t n = 0;
-  if (s == NULL || *s == '\0') return false;
-  for (;;) {
-    const char *end = NULL;
-    size_t v = 0;
-    if (n == cap || !bench_parse_size_prefix(s, &v, &end) || v == 0) return false;
-    out[n++] = v;
-    if (*end == '\0') break;
-    if (*end != ',') return false;
-    s = end + 1;
-  }
-  *n_out = n;
   return true;
 }
 
@@ -248,42 +231,6 @@ static inline bool bench_same(const uint8_t *a, const uint8_t *b, size_t len, si
       *bad = i;
       return false;
     }
-  return true;
-}
-
-/* Open a CSV file for appending; writes header when the file is new or empty. A file
- * that starts with another header is refused (NULL, errno EINVAL): rows appended
- * under it would land in the wrong columns. */
-static inline FILE *bench_csv_open(const char *path, const char *header) {
-  char first[1024];
-  FILE *f = fopen(path, "a+");
-  if (f == NULL) return NULL;
-  struct stat st;
-  bool empty = fstat(fileno(f), &st) == 0 && st.st_size == 0;
-  if (!empty) {
-    if (fgets(first, sizeof(first), f) == NULL) first[0] = '\0';
-    first[strcspn(first, "\r\n")] = '\0';
-    if (strcmp(first, header) != 0) {
-      fclose(f);
-      errno = EINVAL;
-      return NULL;
-    }
-  }
-  fseek(f, 0, SEEK_END); /* a read must not be followed by a write without a seek */
-  if (empty) fprintf(f, "%s\n", header);
-  return f;
-}
-
-/* "--pin I,T": CPU for the initiator (sender) and for the target (receiver); -1 none. */
-static inline bool bench_parse_pin(const char *s, int *ini, int *tgt) {
-  char *end = NULL;
-  if (s == NULL || *s < '0' || *s > '9') return false;
-  long a = strtol(s, &end, 10);
-  if (*end != ',' || end[1] < '0' || end[1] > '9') return false;
-  long b = strtol(end + 1, &end, 10);
-  if (*end != '\0' || a >= CPU_SETSIZE || b >= CPU_SETSIZE) return false;
-  *ini = (int)a;
-  *tgt = (int)b;
   return true;
 }
 

@@ -91,11 +91,17 @@ static bool opt_set(const struct hb_opt *t, const char *v) {
     return end != v && *end == '\0' && in_range(t, (double)l);
   }
   case HB_SIZE: return bench_parse_size(v, (size_t *)t->p) && in_range(t, (double)*(size_t *)t->p);
-  case HB_SIZES: {
-    size_t *n = (size_t *)t->aux, *s = t->p;
-    bool ok = bench_parse_size_list(v, s, BENCH_MAX_LIST, n);
-    for (size_t i = 0; ok && i < *n; i++) ok = in_range(t, (double)s[i]);
-    return ok;
+  case HB_SIZES: { /* "4K,64K,4M": at most BENCH_MAX_LIST sizes, each > 0 */
+    size_t *s = t->p, k = 0;
+    for (const char *rest = NULL;; v = rest + 1) {
+      if (k == BENCH_MAX_LIST || !bench_parse_size_prefix(v, &s[k], &rest) || s[k] == 0 ||
+          !in_range(t, (double)s[k]))
+        return false;
+      k++;
+      if (*rest == ',') continue;
+      *(size_t *)t->aux = k;
+      return *rest == '\0';
+    }
   }
   case HB_DBL:
     *(double *)t->p = strtod(v, &end);
@@ -104,7 +110,13 @@ static bool opt_set(const struct hb_opt *t, const char *v) {
     for (const char *const *c = t->aux; *c; c++)
       if (strcmp(*c, v) == 0) return *(int *)t->p = (int)(c - (const char *const *)t->aux), true;
     return false;
-  case HB_PIN: return bench_parse_pin(v, (int *)t->p, (int *)t->p + 1);
+  case HB_PIN: /* "I,T": two CPUs (the initiator's or sender's, the target's or receiver's) */
+    for (int k = 0; k < 2; k++, v = end + 1) {
+      long cpu = *v >= '0' && *v <= '9' ? strtol(v, &end, 10) : -1;
+      if (cpu < 0 || cpu >= CPU_SETSIZE || *end != (k ? '\0' : ',')) return false;
+      ((int *)t->p)[k] = (int)cpu;
+    }
+    return true;
   case HB_FN: return ((hb_opt_fn)t->aux)(t->p, v);
   default: return false;
   }
@@ -330,12 +342,22 @@ void hb_json_item(FILE *f, size_t i, size_t n, const struct hb_field *r, size_t 
 }
 
 FILE *hb_csv(const char *path, const char *header) {
-  FILE *f = bench_csv_open(path, header);
-  if (f == NULL)
-    hb_say("cannot append to %s: %s\n", path,
-           errno == EINVAL
-               ? "it starts with another header (another tool's or an older one's); use a new file"
-               : strerror(errno));
+  char first[1024] = "";
+  struct stat st;
+  FILE *f = fopen(path, "a+");
+  if (f == NULL) return hb_say("cannot append to %s: %s\n", path, strerror(errno)), NULL;
+  bool empty = fstat(fileno(f), &st) == 0 && st.st_size == 0;
+  if (!empty && fgets(first, sizeof(first), f) == NULL) first[0] = '\0';
+  first[strcspn(first, "\r\n")] = '\0';
+  if (!empty && strcmp(first, header) != 0) { /* rows under it would land in the wrong columns */
+    fclose(f);
+    hb_say("cannot append to %s: it starts with another header (another tool's or an older one's); use a "
+           "new file\n",
+           path);
+    return NULL;
+  }
+  fseek(f, 0, SEEK_END); /* a read must not be followed by a write without a seek */
+  if (empty) fprintf(f, "%s\n", header);
   return f;
 }
 
