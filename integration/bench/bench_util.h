@@ -285,19 +285,6 @@ static inline int bench_read_full(int fd, void *buf, size_t len) {
   return 0;
 }
 
-/* A TCP port free on 127.0.0.1 now (bind :0, read it, close); 0 on error. */
-static inline uint16_t bench_free_port(void) {
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t l = sizeof(a);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  uint16_t port = 0;
-  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &l) == 0)
-    port = ntohs(a.sin_port);
-  if (fd >= 0) close(fd);
-  return port;
-}
-
 /* A key file for AuthKeyFile that only this user reads (mkstemp in $TMPDIR or /tmp, mode
  * 0600): 32 random bytes as 64 hex digits and a newline; its path in path. 0, or -1
  * (said on stderr, prog first). The caller unlinks it. */

@@ -277,19 +277,22 @@ uint64_t hb_cpu_ns(pid_t pid) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static bool port_free(const char *ip, uint16_t port) {
+/* Bind ip:port (0: any free one) and close: the port it bound; 0 when it could not. */
+static uint16_t port_bind(const char *ip, uint16_t port) {
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+  socklen_t l = sizeof(a);
   int fd = inet_pton(AF_INET, ip, &a.sin_addr) == 1 ? socket(AF_INET, SOCK_STREAM, 0) : -1;
-  bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+  bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+            getsockname(fd, (struct sockaddr *)&a, &l) == 0;
   if (fd >= 0) close(fd);
-  return ok;
+  return ok ? ntohs(a.sin_port) : 0;
 }
 
 uint16_t hb_ports(const char *ip, unsigned n) {
   for (int t = 0; t < 200; t++) {
-    uint16_t base = bench_free_port();
+    uint16_t base = port_bind(ip, 0);
     bool ok = base && base + n < 65000;
-    for (unsigned i = 0; i < n && ok; i++) ok = port_free(ip, (uint16_t)(base + i));
+    for (unsigned i = 1; i < n && ok; i++) ok = port_bind(ip, (uint16_t)(base + i)) != 0;
     if (ok) return base;
   }
   hb_die("no %u free ports in a row on %s", n, ip);
