@@ -1,5 +1,5 @@
 /* bench_util: small helpers shared by hixl-bench, hixl-tcp-ref and the other benches and
- * examples (clock, argument parsing, latency statistics, data pattern, CSV, a key
+ * examples (clock, number and size parsing, latency statistics, data pattern, a key
  * file). Header-only, static inline. */
 #ifndef HIXL_BENCH_UTIL_H
 #define HIXL_BENCH_UTIL_H
@@ -93,23 +93,6 @@ static inline bool bench_parse_size(const char *s, size_t *out) {
   size_t v = 0;
   if (!bench_parse_size_prefix(s, &v, &end) || *end != '\0') return false;
   *out = v;
-  return true;
-}
-
-/* "4K,64K,4M" -> sizes; at most cap entries, each > 0. */
-static inline bool bench_parse_size_list(const char *s, size_t *out, size_t cap, size_t *n_out) {
-  size_t n = 0;
-  if (s == NULL || *s == '\0') return false;
-  for (;;) {
-    const char *end = NULL;
-    size_t v = 0;
-    if (n == cap || !bench_parse_size_prefix(s, &v, &end) || v == 0) return false;
-    out[n++] = v;
-    if (*end == '\0') break;
-    if (*end != ',') return false;
-    s = end + 1;
-  }
-  *n_out = n;
   return true;
 }
 
@@ -251,42 +234,6 @@ static inline bool bench_same(const uint8_t *a, const uint8_t *b, size_t len, si
   return true;
 }
 
-/* Open a CSV file for appending; writes header when the file is new or empty. A file
- * that starts with another header is refused (NULL, errno EINVAL): rows appended
- * under it would land in the wrong columns. */
-static inline FILE *bench_csv_open(const char *path, const char *header) {
-  char first[1024];
-  FILE *f = fopen(path, "a+");
-  if (f == NULL) return NULL;
-  struct stat st;
-  bool empty = fstat(fileno(f), &st) == 0 && st.st_size == 0;
-  if (!empty) {
-    if (fgets(first, sizeof(first), f) == NULL) first[0] = '\0';
-    first[strcspn(first, "\r\n")] = '\0';
-    if (strcmp(first, header) != 0) {
-      fclose(f);
-      errno = EINVAL;
-      return NULL;
-    }
-  }
-  fseek(f, 0, SEEK_END); /* a read must not be followed by a write without a seek */
-  if (empty) fprintf(f, "%s\n", header);
-  return f;
-}
-
-/* "--pin I,T": CPU for the initiator (sender) and for the target (receiver); -1 none. */
-static inline bool bench_parse_pin(const char *s, int *ini, int *tgt) {
-  char *end = NULL;
-  if (s == NULL || *s < '0' || *s > '9') return false;
-  long a = strtol(s, &end, 10);
-  if (*end != ',' || end[1] < '0' || end[1] > '9') return false;
-  long b = strtol(end + 1, &end, 10);
-  if (*end != '\0' || a >= CPU_SETSIZE || b >= CPU_SETSIZE) return false;
-  *ini = (int)a;
-  *tgt = (int)b;
-  return true;
-}
-
 /* Pin the calling thread (and the threads it creates later) to one CPU. */
 static inline bool bench_pin_cpu(int cpu) {
   if (cpu < 0) return true;
@@ -336,19 +283,6 @@ static inline int bench_read_full(int fd, void *buf, size_t len) {
     len -= (size_t)n;
   }
   return 0;
-}
-
-/* A TCP port free on 127.0.0.1 now (bind :0, read it, close); 0 on error. */
-static inline uint16_t bench_free_port(void) {
-  struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t l = sizeof(a);
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  uint16_t port = 0;
-  if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-      getsockname(fd, (struct sockaddr *)&a, &l) == 0)
-    port = ntohs(a.sin_port);
-  if (fd >= 0) close(fd);
-  return port;
 }
 
 /* A key file for AuthKeyFile that only this user reads (mkstemp in $TMPDIR or /tmp, mode

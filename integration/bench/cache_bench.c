@@ -214,7 +214,7 @@ static const struct hb_opt opts[] = {
 static int setup(void) {
   o.transport = transport ? transports[transport] : NULL;
   if (o.req > o.blocks || o.bs % 2) hb_die("--req-blocks <= --blocks, and an even --block-bytes");
-  snprintf(peer, sizeof(peer), "%s:%u", o.ip, bench_free_port());
+  snprintf(peer, sizeof(peer), "%s:%u", o.ip, hb_ports(o.ip, 1));
   return 0;
 }
 

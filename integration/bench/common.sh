@@ -16,6 +16,19 @@ start() {
   BIN=$BUILD/integration/bench
 }
 
+# page DOC TOOL DIR ARGS...: the start of a script that writes one page from one tool's runs,
+# called with its own ARGS (BUILD_DIR [OUTPUT_MD]): OUT is OUTPUT_MD (default docs/DOC of this
+# tree), BENCH the tool TOOL (built), RES the results dir DIR.
+page() {
+  local doc=$1 tool=$2 dir=$3
+  shift 3
+  start "BUILD_DIR [OUTPUT_MD]" "$@"
+  OUT=${2:-$SRC/docs/$doc}
+  BENCH=$BIN/$tool
+  need "$BENCH"
+  results "$dir"
+}
+
 # need FILE...: dies unless each was built.
 need() {
   local f

@@ -91,11 +91,17 @@ static bool opt_set(const struct hb_opt *t, const char *v) {
     return end != v && *end == '\0' && in_range(t, (double)l);
   }
   case HB_SIZE: return bench_parse_size(v, (size_t *)t->p) && in_range(t, (double)*(size_t *)t->p);
-  case HB_SIZES: {
-    size_t *n = (size_t *)t->aux, *s = t->p;
-    bool ok = bench_parse_size_list(v, s, BENCH_MAX_LIST, n);
-    for (size_t i = 0; ok && i < *n; i++) ok = in_range(t, (double)s[i]);
-    return ok;
+  case HB_SIZES: { /* "4K,64K,4M": at most BENCH_MAX_LIST sizes, each > 0 */
+    size_t *s = t->p, k = 0;
+    for (const char *rest = NULL;; v = rest + 1) {
+      if (k == BENCH_MAX_LIST || !bench_parse_size_prefix(v, &s[k], &rest) || s[k] == 0 ||
+          !in_range(t, (double)s[k]))
+        return false;
+      k++;
+      if (*rest == ',') continue;
+      *(size_t *)t->aux = k;
+      return *rest == '\0';
+    }
   }
   case HB_DBL:
     *(double *)t->p = strtod(v, &end);
@@ -104,7 +110,13 @@ static bool opt_set(const struct hb_opt *t, const char *v) {
     for (const char *const *c = t->aux; *c; c++)
       if (strcmp(*c, v) == 0) return *(int *)t->p = (int)(c - (const char *const *)t->aux), true;
     return false;
-  case HB_PIN: return bench_parse_pin(v, (int *)t->p, (int *)t->p + 1);
+  case HB_PIN: /* "I,T": two CPUs (the initiator's or sender's, the target's or receiver's) */
+    for (int k = 0; k < 2; k++, v = end + 1) {
+      long cpu = *v >= '0' && *v <= '9' ? strtol(v, &end, 10) : -1;
+      if (cpu < 0 || cpu >= CPU_SETSIZE || *end != (k ? '\0' : ',')) return false;
+      ((int *)t->p)[k] = (int)cpu;
+    }
+    return true;
   case HB_FN: return ((hb_opt_fn)t->aux)(t->p, v);
   default: return false;
   }
@@ -265,19 +277,22 @@ uint64_t hb_cpu_ns(pid_t pid) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static bool port_free(const char *ip, uint16_t port) {
+/* Bind ip:port (0: any free one) and close: the port it bound; 0 when it could not. */
+static uint16_t port_bind(const char *ip, uint16_t port) {
   struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+  socklen_t l = sizeof(a);
   int fd = inet_pton(AF_INET, ip, &a.sin_addr) == 1 ? socket(AF_INET, SOCK_STREAM, 0) : -1;
-  bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+  bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+            getsockname(fd, (struct sockaddr *)&a, &l) == 0;
   if (fd >= 0) close(fd);
-  return ok;
+  return ok ? ntohs(a.sin_port) : 0;
 }
 
 uint16_t hb_ports(const char *ip, unsigned n) {
   for (int t = 0; t < 200; t++) {
-    uint16_t base = bench_free_port();
+    uint16_t base = port_bind(ip, 0);
     bool ok = base && base + n < 65000;
-    for (unsigned i = 0; i < n && ok; i++) ok = port_free(ip, (uint16_t)(base + i));
+    for (unsigned i = 1; i < n && ok; i++) ok = port_bind(ip, (uint16_t)(base + i)) != 0;
     if (ok) return base;
   }
   hb_die("no %u free ports in a row on %s", n, ip);
@@ -330,12 +345,22 @@ void hb_json_item(FILE *f, size_t i, size_t n, const struct hb_field *r, size_t 
 }
 
 FILE *hb_csv(const char *path, const char *header) {
-  FILE *f = bench_csv_open(path, header);
-  if (f == NULL)
-    hb_say("cannot append to %s: %s\n", path,
-           errno == EINVAL
-               ? "it starts with another header (another tool's or an older one's); use a new file"
-               : strerror(errno));
+  char first[1024] = "";
+  struct stat st;
+  FILE *f = fopen(path, "a+");
+  if (f == NULL) return hb_say("cannot append to %s: %s\n", path, strerror(errno)), NULL;
+  bool empty = fstat(fileno(f), &st) == 0 && st.st_size == 0;
+  if (!empty && fgets(first, sizeof(first), f) == NULL) first[0] = '\0';
+  first[strcspn(first, "\r\n")] = '\0';
+  if (!empty && strcmp(first, header) != 0) { /* rows under it would land in the wrong columns */
+    fclose(f);
+    hb_say("cannot append to %s: it starts with another header (another tool's or an older one's); use a "
+           "new file\n",
+           path);
+    return NULL;
+  }
+  fseek(f, 0, SEEK_END); /* a read must not be followed by a write without a seek */
+  if (empty) fprintf(f, "%s\n", header);
   return f;
 }
 

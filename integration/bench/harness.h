@@ -155,8 +155,8 @@ void hb_head(FILE *f, enum hb_out how, const struct hb_field *r, size_t n);
 void hb_row(FILE *f, enum hb_out how, const struct hb_field *r, size_t n);
 /* Item i of n of a JSON array: "    {...}" and ",\n", or "\n" after the last. */
 void hb_json_item(FILE *f, size_t i, size_t n, const struct hb_field *r, size_t nf);
-/* A CSV file opened for appending, its header written when new (bench_csv_open); NULL
- * after saying why (EINVAL: it starts with another header). */
+/* A CSV file opened for appending, its header written when new or empty; NULL after
+ * saying why (it cannot be opened, or it starts with another header). */
 FILE *hb_csv(const char *path, const char *header);
 /* A JSON file opened for writing, begun with what every bench records: "{\n  "tool",
  * "hixl_version", "time", "kernel", "cpus" (each a line, with its comma); dies on failure. */

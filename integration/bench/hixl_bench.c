@@ -150,18 +150,17 @@ static uint64_t point_warmup(uint64_t iters) {
 
 /* ------------------------------------------------------------------- target */
 
-#define BENCH_ENGINE_OPTS (HB_EXTRA_MAX + 2) /* Transport, --opt, StagingUnregistered */
+#define BENCH_ENGINE_OPTS (HB_EXTRA_MAX + 1) /* --opt, StagingUnregistered */
 
 /* The target serves an unregistered buffer and sets StagingUnregistered=on itself. */
 static bool target_sets_unreg(void) {
   return (o.unreg & UNREG_REMOTE) != 0 && hb_extra_get(&o.x, "StagingUnregistered") == NULL;
 }
 
-/* Engine options into opt[BENCH_ENGINE_OPTS]: Transport when --transport names one,
- * every --opt, and for a target serving unregistered memory StagingUnregistered=on. */
+/* Engine options beyond Transport into opt[BENCH_ENGINE_OPTS]: every --opt, and for a
+ * target serving unregistered memory StagingUnregistered=on. */
 static size_t engine_options(bool target, HixlOption *opt) {
   size_t n = 0;
-  if (o.transport != NULL) opt[n++] = (HixlOption){.key = "Transport", .value = o.transport};
   for (size_t i = 0; i < o.x.n; i++) opt[n++] = o.x.v[i];
   if (target && target_sets_unreg()) opt[n++] = (HixlOption){.key = "StagingUnregistered", .value = "on"};
   return n;
@@ -202,7 +201,7 @@ static int target_engine(int ctrl, uint8_t *buf, size_t span) {
   HixlMemHandle mh = NULL;
   bool reg = (o.unreg & UNREG_REMOTE) == 0;
   int rc = 1;
-  HixlEngine *eng = hb_engine(o.peer, NULL, opt, engine_options(true, opt));
+  HixlEngine *eng = hb_engine(o.peer, o.transport, opt, engine_options(true, opt));
   if (eng == NULL) return 1;
   if (!reg || hb_reg(eng, buf, span, &mh) == HIXL_SUCCESS) {
     if (hb_ready(ctrl, (uint64_t[]){(uintptr_t)buf, span}, 2))
@@ -571,7 +570,7 @@ static int initiator_engine(struct bench_ctx *c) {
   HixlOption opt[BENCH_ENGINE_OPTS];
   size_t nreg = 0, want = (o.unreg & UNREG_LOCAL) ? 0 : 2;
   int rc = 1;
-  if (!(c->eng = hb_engine(o.local, NULL, opt, engine_options(false, opt)))) return 1;
+  if (!(c->eng = hb_engine(o.local, o.transport, opt, engine_options(false, opt)))) return 1;
   while (nreg < want && hb_reg(c->eng, bufs[nreg], c->span, &h[nreg]) == HIXL_SUCCESS) nreg++;
   uint64_t t0 = bench_now_ns();
   if (nreg == want && hb_ok(HixlEngineConnect(c->eng, o.peer, 10000), "HixlEngineConnect")) {
@@ -747,7 +746,7 @@ static int setup(void) {
   if (o.n_blocks == 0)
     for (size_t b = 4096; b <= (16u << 20); b *= 2) o.blocks[o.n_blocks++] = b;
   o.transport = o.transport_idx >= 0 ? transports[o.transport_idx] : NULL;
-  if (o.peer[0] == '\0') snprintf(o.peer, sizeof(o.peer), "127.0.0.1:%u", (unsigned)bench_free_port());
+  if (o.peer[0] == '\0') snprintf(o.peer, sizeof(o.peer), "127.0.0.1:%u", (unsigned)hb_ports("127.0.0.1", 1));
   if (o.api == API_ENGINE)
     return 0;
   else if (o.x.n > 0)

@@ -58,10 +58,9 @@
 #define PD_PHASE(name) ((void)0)
 #endif
 
-#define MAX_PROMPTS 16
-#define MAX_ROUNDS  16
-#define MAX_RUNS    (4 * MAX_ROUNDS) /* rounds of the shortest prompts */
-#define KV_ELEM     2                /* bytes of the data type (bf16) */
+#define MAX_ROUNDS 16
+#define MAX_RUNS   (4 * MAX_ROUNDS) /* rounds of the shortest prompts */
+#define KV_ELEM    2                /* bytes of the data type (bf16) */
 /* K (or V) bytes of one token of one layer: 8 KV heads x 128 x 2 bytes (Llama-8B) */
 #define HEAD_BYTES_PER_TOKEN (8 * 128 * KV_ELEM)
 
@@ -77,7 +76,7 @@ struct opts {
   uint64_t step_us; /* the host's step: it polls get_finished once a step */
   uint32_t layers, block_tokens, rounds;
   uint64_t block_bytes, pool_blocks; /* block_bytes: one block of K (or V) of one layer */
-  uint64_t prompts[MAX_PROMPTS];
+  size_t prompts[BENCH_MAX_LIST];
   size_t nprompts;
 };
 
@@ -708,16 +707,6 @@ static void row_fields(const struct row *w, struct hb_field *f) {
   memcpy(f, r, sizeof(r));
 }
 
-static bool set_prompts(void *p, const char *v) {
-  (void)p;
-  char buf[256];
-  snprintf(buf, sizeof(buf), "%s", v);
-  o.nprompts = 0;
-  for (char *t = strtok(buf, ","); t && o.nprompts < MAX_PROMPTS; t = strtok(NULL, ","))
-    if (!bench_parse_u64(t, &o.prompts[o.nprompts++]) || o.prompts[o.nprompts - 1] == 0) return false;
-  return o.nprompts > 0;
-}
-
 int main(int argc, char **argv) {
   static const char *const off_on[] = {"off", "on", NULL};
   uint64_t block_kib = 0;
@@ -729,8 +718,8 @@ int main(int argc, char **argv) {
       {"--block-tokens", HB_U32, &o.block_tokens, "N", "tokens a block (default 16)", 1, 1024, NULL},
       {"--block-kib", HB_U64, &block_kib, "N",
        "KiB of one layer's K (or V) block (default: block tokens x 8 KV heads x 128 x 2 B)", 1, 1024, NULL},
-      {"--prompts", HB_FN, NULL, "T1,T2,...", "prompt lengths in tokens (default 256,1024,4096)", 0, 0,
-       set_prompts},
+      {"--prompts", HB_SIZES, o.prompts, "T1,T2,...", "prompt lengths in tokens (default 256,1024,4096)", 0,
+       0, &o.nprompts},
       {"--layout", HB_CHOICE, &o.layout, "NAME",
        "kv_first (per layer (2, B, ...), register_kv_caches; the default), BLNHC (one buffer,\n"
        "all layers of a block adjacent) or cross_layer (one buffer (B, L, 2, ...), one plane\n"
@@ -787,7 +776,7 @@ int main(int argc, char **argv) {
   snprintf(praw, sizeof(praw), "%s:%u", o.ip, (unsigned)(pport + 2));
   hb_check(HixlEngineConnect(raw, praw, 10000), "raw connect");
   HixlTransferOpDesc *opv = malloc((size_t)o.layers * 2 * o.pool_blocks * sizeof(*opv));
-  struct row rows[MAX_PROMPTS];
+  struct row rows[BENCH_MAX_LIST];
   fprintf(stderr,
           "hixl-pd-bench: %u layers x (K, V), %" PRIu64
           " KiB blocks of %u tokens, layout %s, transport %s%s\n",
@@ -811,7 +800,7 @@ int main(int argc, char **argv) {
     w->runs = count_runs(p.ids, prefill_ids, nb);
     for (uint32_t r = 0; r < w->rounds; r++) {
       char id[64], did[64];
-      fprintf(stderr, "\r  prompt %" PRIu64 " tokens: round %u/%u ", o.prompts[pi], r + 1, w->rounds);
+      fprintf(stderr, "\r  prompt %" PRIu64 " tokens: round %u/%u ", w->tokens, r + 1, w->rounds);
       /* The raw READ goes first in odd rounds, last in even ones, so none gains from
        * another's warm-up; the stepping pull and the fd-woken one swap places likewise.
        * The raw READ runs a second time at the other end of the round: raw against raw
@@ -869,7 +858,7 @@ int main(int argc, char **argv) {
           fprintf(stderr,
                   "\nhixl-pd-bench: %s, %" PRIu64 " tokens: the plugin issued %" PRIu64
                   " engine ops, the raw engine's mirror of its op list has %zu\n",
-                  layout_names[o.layout], o.prompts[pi], pops, nops);
+                  layout_names[o.layout], w->tokens, pops, nops);
         if (pops > w->plugin_ops) w->plugin_ops = pops;
         t[pass == 2 ? S_PLUGIN_FD : S_PLUGIN][r] = t1 - t0;
         if (pass == 1) t[S_HANDOFF][r] = t1 - t_fin;

@@ -58,11 +58,7 @@ def verdict(r, op, goal):
 
 
 def csv_rows(path):
-    try:
-        with open(path) as f:
-            return list(csv.DictReader(f))
-    except OSError:
-        return []
+    return list(csv.DictReader(read(path).splitlines()))
 
 
 def get(path, col, **conds):

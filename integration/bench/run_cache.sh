@@ -9,13 +9,9 @@
 NAME=run_cache
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"
-start "BUILD_DIR [OUTPUT_MD]" "$@"
-OUT=${2:-$SRC/docs/performance-cache.md}
-BENCH=$BIN/hixl-cache-bench
-need "$BENCH"
+page performance-cache.md hixl-cache-bench cache-results "$@"
 RUNS=${CACHE_RUNS:-3}
 ITERS=${CACHE_ITERS:-15}
-results cache-results
 rm -f "$RES"/*.json
 
 for t in tcp auto; do

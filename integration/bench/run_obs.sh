@@ -11,15 +11,11 @@
 NAME=run_obs
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"
-start "BUILD_DIR [OUTPUT_MD]" "$@"
-OUT=${2:-$SRC/docs/performance-obs.md}
-BENCH=$BIN/hixl-pd-bench
-need "$BENCH"
+page performance-obs.md hixl-pd-bench obs-results "$@"
 CYCLES=${OBS_CYCLES:-4}
 PROMPTS=${OBS_PROMPTS:-256,1024,4096}
 ROUNDS=${OBS_ROUNDS:-3}
 TRANSPORT=${OBS_TRANSPORT:-auto}
-results obs-results
 if [ "${OBS_REPORT_ONLY:-0}" != 1 ]; then
   rm -f "$RES"/obs-*.json
   for c in $(seq 1 "$CYCLES"); do

@@ -22,15 +22,11 @@
 NAME=run_pd
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"
-start "BUILD_DIR [OUTPUT_MD]" "$@"
-OUT=${2:-$SRC/docs/performance-pd.md}
+page performance-pd.md hixl-pd-bench pd-results "$@"
 PNG=${OUT%.md}.png
-BENCH=$BIN/hixl-pd-bench
-need "$BENCH"
 ROUNDS=${PD_ROUNDS:-5}
 PROMPTS=${PD_PROMPTS:-256,512,1024,2048,4096}
 STEP_US=${PD_STEP_US:-500}
-results pd-results
 REPORT_ONLY=${PD_REPORT_ONLY:-0}
 LAYOUTS=${PD_LAYOUTS:-1}
 LPROMPTS=${PD_LAYOUT_PROMPTS:-256,1024,4096}

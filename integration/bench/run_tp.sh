@@ -14,11 +14,7 @@
 NAME=run_tp
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"
-start "BUILD_DIR [OUTPUT_MD]" "$@"
-OUT=${2:-$SRC/docs/performance-tp.md}
-BENCH=$BIN/hixl-tp-bench
-need "$BENCH"
-results tp-results
+page performance-tp.md hixl-tp-bench tp-results "$@"
 rm -f "$RES/tp.json" "$RES/tp-shared.json"
 CPUS=${TP_CPUS:-split}
 MLA=(--mla --layers "${TP_MLA_LAYERS:-27}")

@@ -37,8 +37,6 @@ static struct {
 
 #define SHM_CSV_HEADER "tool,pages,span_mib,rounds,kind,op,block_size,batch,layout,gbps,round_gbps"
 
-static double now_s(void) { return (double)bench_now_ns() * 1e-9; }
-
 static unsigned char *buf_new(size_t len, unsigned char fill) {
   unsigned char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) hb_die("mmap: %s", strerror(errno));
@@ -115,7 +113,8 @@ static void shm_call(struct ctx *c, uint64_t raddr, HixlTransferOp op, size_t fi
  * --seconds. */
 static double run_fig(struct ctx *c, struct fig *f) {
   size_t nblk = o.span / f->block, done = 0, first = 0, len = f->block * f->batch;
-  double t0 = now_s(), t;
+  uint64_t t0 = bench_now_ns();
+  double t;
   do {
     for (size_t k = 0; k < 64; k++) { /* check the clock every 64 calls */
       if (f->kind == K_MEMCPY) {
@@ -135,7 +134,7 @@ static double run_fig(struct ctx *c, struct fig *f) {
       first = (first + f->batch) % nblk;
       done += len;
     }
-    t = now_s() - t0;
+    t = (double)(bench_now_ns() - t0) / 1e9;
   } while (t < o.seconds);
   return (double)done / t / 1e9;
 }
@@ -223,7 +222,7 @@ static int setup(void) {
     if (f == NULL) return 2;
     fclose(f);
   }
-  snprintf(peer, sizeof(peer), "127.0.0.1:%u", (unsigned)bench_free_port());
+  snprintf(peer, sizeof(peer), "127.0.0.1:%u", (unsigned)hb_ports("127.0.0.1", 1));
   return 0;
 }
 

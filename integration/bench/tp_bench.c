@@ -89,7 +89,7 @@ struct rank {
   HixlEngine *raw;
   char raw_addr[64];
   uint8_t *mem;
-  uint64_t layer_bytes, block;
+  uint64_t layer_bytes, block, len; /* len: mem's */
   uint32_t nheads, first;
 };
 
@@ -128,9 +128,8 @@ static void side_up(struct side *s, uint32_t world, const char *role) {
     rank_heads(world, i, &k->first, &k->nheads);
     k->block = o.mla ? latent_bytes() : k->nheads * head_bytes();
     k->layer_bytes = (uint64_t)nb() * k->block;
-    uint64_t len = (o.layers * k->layer_bytes + 4095) / 4096 * 4096;
-    if (!(k->mem = aligned_alloc(4096, len))) hb_die("out of memory");
-    memset(k->mem, 0, len);
+    k->len = (o.layers * k->layer_bytes + 4095) / 4096 * 4096;
+    if (!(k->mem = hb_map(k->len))) exit(1);
     hixl_kv_plane pl[64];
     for (uint32_t l = 0; l < o.layers; l++)
       pl[l] = (hixl_kv_plane){.base = (uintptr_t)(k->mem + l * k->layer_bytes),
@@ -153,7 +152,7 @@ static void side_up(struct side *s, uint32_t world, const char *role) {
     /* The raw engine on the same memory. */
     HixlMemHandle h;
     snprintf(k->raw_addr, sizeof(k->raw_addr), "%s:%u", o.ip, (unsigned)(rport + i));
-    if (!(k->raw = hb_engine(k->raw_addr, o.transport, NULL, 0)) || hb_reg(k->raw, k->mem, len, &h))
+    if (!(k->raw = hb_engine(k->raw_addr, o.transport, NULL, 0)) || hb_reg(k->raw, k->mem, k->len, &h))
       hb_die("the raw engine %s failed", k->raw_addr);
   }
 }
@@ -162,7 +161,7 @@ static void side_down(struct side *s) {
   for (uint32_t i = 0; i < s->world; i++) {
     ops->destroy(s->r[i].worker);
     HixlEngineDestroy(s->r[i].raw);
-    free(s->r[i].mem);
+    munmap(s->r[i].mem, s->r[i].len);
   }
   ops->destroy(s->sched);
 }
@@ -436,9 +435,7 @@ static void pair_run(uint32_t np, uint32_t nd) {
   double rat_lo, rat_hi, by_place[3] = {0, 0, 0};
   double rat = bench_places_median(ratio, nr, 3, 2000, &rat_lo, &rat_hi, by_place);
   qsort(aa, nr, sizeof(*aa), bench_cmp_double);
-  qsort(pns, nr, sizeof(*pns), bench_cmp_u64);
-  qsort(rns, nr, sizeof(*rns), bench_cmp_u64);
-  uint64_t pm = pns[nr / 2], rm = rns[nr / 2], total = need * o.requests;
+  uint64_t pm = hb_median_u64(pns, nr), rm = hb_median_u64(rns, nr), total = need * o.requests;
   double pg = (double)total / (double)pm, rg = (double)total / (double)rm;
   double preq = (double)ops0 / ((double)o.requests * (nr + 1)), rreq = (double)rops / o.requests;
   double moved = (double)bytes0 / ((double)o.requests * (nr + 1));
