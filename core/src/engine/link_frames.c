@@ -679,6 +679,7 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
     if (!p) return;
     if (m->hdr.type == WIRE_MEM_ADD) {
       link_peer_add_mem(p, &m->u.mem, c->rail);
+      c->xp->link.mem_added(c, m->u.mem.addr, m->u.mem.len);
     } else {
       struct memtab_entry *ent = memtab_find_exact(&p->rtab, m->u.mem.addr, m->u.mem.len);
       if (ent && memtab_remove(&p->rtab, ent)) free(ent);

@@ -426,7 +426,8 @@ const struct xport_ops xport_stage = {
              .chunk_end = stage_chunk_end,
              .post_own = xport_no_post_own,
              .dev_reach = xport_no_dev_reach,
-             .copy_now = xport_no_copy_now},
+             .copy_now = xport_no_copy_now,
+             .mem_added = xport_no_mem_added},
 };
 
 HixlStatus hixl_engine_stage_stats(HixlEngine *e, struct hixl_stage_stats *out) {

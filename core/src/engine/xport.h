@@ -155,6 +155,9 @@ struct xport_link_ops {
    * done, the request path moves them. Lock held (released during the copy). */
   bool (*copy_now)(struct conn *c, HixlTransferOp op, const HixlTransferOpDesc *descs, size_t n,
                    struct hixl_mem_reg *const *lregs, HixlStatus *st, char *why, size_t cap);
+  /* Initiator: the peer advertised [addr, addr + len) on c (MEM_ADD), now in its table
+   * (shm: a freed range's tombstone there goes; the memory is new). Lock held. */
+  void (*mem_added)(struct conn *c, uint64_t addr, uint64_t len);
 };
 
 struct xport_ops {
@@ -180,7 +183,7 @@ struct xport_ops {
   X(link.connect) X(link.attach) X(link.discard) X(link.target_frame) X(link.initiator_frame)                \
   X(link.payload_done) X(link.kill) X(link.closed) X(link.free) X(link.info) X(link.table_current)           \
   X(link.reach) X(link.post) X(link.start) X(link.async) X(link.drive) X(link.req_timeout) X(link.answer)    \
-  X(link.chunk_end) X(link.post_own) X(link.dev_reach) X(link.copy_now)
+  X(link.chunk_end) X(link.post_own) X(link.dev_reach) X(link.copy_now) X(link.mem_added)
 /* clang-format on */
 
 /* PARAM_INVALID naming the module and the first empty slot, or SUCCESS. */
@@ -226,6 +229,7 @@ bool xport_no_dev_reach(struct conn *c, const struct hixl_mem_reg *lreg, const s
                         uint64_t raddr, uint64_t len); /* false: device ops go as tcp frames */
 bool xport_no_copy_now(struct conn *c, HixlTransferOp op, const HixlTransferOpDesc *descs, size_t n,
                        struct hixl_mem_reg *const *lregs, HixlStatus *st, char *why, size_t cap); /* false */
+void xport_no_mem_added(struct conn *c, uint64_t addr, uint64_t len);
 /* The memory slots of a module that registers nothing (tcp: its frames carry the
  * data; staging: it asks the link's transport). */
 #define XPORT_MEM_NONE                                                                                       \

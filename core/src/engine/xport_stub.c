@@ -116,6 +116,8 @@ bool xport_no_copy_now(struct conn *c, HixlTransferOp op, const HixlTransferOpDe
   return false;
 }
 
+void xport_no_mem_added(struct conn *c, uint64_t addr, uint64_t len) { (void)c, (void)addr, (void)len; }
+
 HixlStatus xport_check(const struct xport_ops *x) {
   if (!x || !x->name) return hixl_fail(HIXL_PARAM_INVALID, "a module's table is NULL or has no name");
 #define CHECK_SLOT(slot)                                                                                     \

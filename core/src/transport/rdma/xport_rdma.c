@@ -797,5 +797,6 @@ const struct xport_ops xport_rdma = {
              .chunk_end = xport_no_chunk_end,
              .post_own = erdma_post_own,
              .dev_reach = xport_no_dev_reach,
-             .copy_now = xport_no_copy_now},
+             .copy_now = xport_no_copy_now,
+             .mem_added = xport_no_mem_added},
 };

@@ -183,6 +183,9 @@ void eshm_target_map_hello(struct conn *c);
 void eshm_target_unmap_ack(struct conn *c, const struct wire_msg *m);
 void eshm_grant_drop(struct conn *c, struct eshm_link *l, uint32_t i);
 void eshm_initiator_frame(struct conn *c, const struct wire_msg *m);
+/* Initiator: the target advertised [addr, addr + len) (MEM_ADD): tombstones of regions it
+ * freed there go (it registered memory anew where one was mapped; map_bury). */
+void eshm_mem_added(struct conn *c, uint64_t addr, uint64_t len);
 void eshm_gen_bump(struct HixlEngine *e);
 void eshm_mem_dereg(struct HixlEngine *e, struct hixl_mem_reg *r);
 void eshm_mem_share(struct HixlEngine *e, struct hixl_mem_reg *r);

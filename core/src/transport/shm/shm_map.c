@@ -231,6 +231,11 @@ static void map_bury(struct shm_peer *s, uint64_t addr, uint64_t len) {
   }
 }
 
+void eshm_mem_added(struct conn *c, uint64_t addr, uint64_t len) {
+  struct eshm_link *l = link_of(c);
+  if (l && l->peer) map_bury(l->peer, addr, len);
+}
+
 void eshm_peer_put(struct shm_peer *s) {
   if (!s || --s->refs > 0) return;
   for (size_t i = 0; i < s->maps.count; i++)

@@ -585,5 +585,6 @@ const struct xport_ops xport_shm = {
              .chunk_end = xport_no_chunk_end,
              .post_own = xport_no_post_own,
              .dev_reach = eshm_dev_reach,
-             .copy_now = eshm_copy_now},
+             .copy_now = eshm_copy_now,
+             .mem_added = eshm_mem_added},
 };

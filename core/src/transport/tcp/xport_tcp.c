@@ -145,5 +145,6 @@ const struct xport_ops xport_tcp = {
              .chunk_end = xport_no_chunk_end,
              .post_own = xport_no_post_own,
              .dev_reach = xport_no_dev_reach,
-             .copy_now = xport_no_copy_now},
+             .copy_now = xport_no_copy_now,
+             .mem_added = xport_no_mem_added},
 };
