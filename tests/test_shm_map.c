@@ -339,19 +339,26 @@ static void test_one_async(void) {
   }
 }
 
+/* A WRITE of 1 MiB into the target's registered (not mapped) memory at m and a READ
+ * back, byte for byte, both by process_vm_* (no op by memcpy). */
+static void unmapped_round(uint64_t m, unsigned seed, const char *what) {
+  uint64_t ops0 = link_of(g.i, g.tname).map_ops;
+  tu_fill(g.loc, MiB, seed);
+  TU_ASSERT_OK(xfer(HIXL_WRITE, g.loc, m, MiB));
+  CU_ASSERT_EQUAL(agent(A_CHECK, m, MiB, seed), -1);
+  memset(g.loc + BIG, 0, MiB);
+  TU_ASSERT_OK(xfer(HIXL_READ, g.loc + BIG, m, MiB));
+  TU_ASSERT_PATTERN(g.loc + BIG, MiB, seed, what);
+  CU_ASSERT_EQUAL(link_of(g.i, g.tname).map_ops, ops0);
+}
+
 /* Memory the target only registered, after Connect, keeps process_vm_*: usable at
  * once (the first op misses the table and SYNCs); deregistered, refused and untouched. */
 static void test_one_registered_not_mapped(void) {
   int64_t at = agent(A_REG, 0, MiB, 0);
   CU_ASSERT_FATAL(at > 0);
-  uint64_t m = (uint64_t)at, ops0 = link_of(g.i, g.tname).map_ops;
-  tu_fill(g.loc, MiB, 41);
-  TU_ASSERT_OK(xfer(HIXL_WRITE, g.loc, m, MiB));
-  CU_ASSERT_EQUAL(agent(A_CHECK, m, MiB, 41), -1);
-  memset(g.loc + BIG, 0, MiB);
-  TU_ASSERT_OK(xfer(HIXL_READ, g.loc + BIG, m, MiB));
-  TU_ASSERT_PATTERN(g.loc + BIG, MiB, 41, "registered target memory read by process_vm_readv");
-  CU_ASSERT_EQUAL(link_of(g.i, g.tname).map_ops, ops0);
+  uint64_t m = (uint64_t)at;
+  unmapped_round(m, 41, "registered target memory read by process_vm_readv");
   CU_ASSERT_EQUAL(link_of(g.i, g.tname).mapped, 1);
   CU_ASSERT_EQUAL(agent(A_DEREG, m, 0, 0), HIXL_SUCCESS);
   CU_ASSERT_EQUAL(agent(A_FILL, m, MiB, 42), 0);
@@ -378,14 +385,7 @@ static void test_one_registered_where_freed(void) {
   } else {
     printf("  [registered at 0x%llx over the freed 0x%llx]\n", (unsigned long long)r, (unsigned long long)a);
   }
-  uint64_t ops0 = link_of(g.i, g.tname).map_ops;
-  tu_fill(g.loc, MiB, 191);
-  TU_ASSERT_OK(xfer(HIXL_WRITE, g.loc, r, MiB));
-  CU_ASSERT_EQUAL(agent(A_CHECK, r, MiB, 191), -1);
-  memset(g.loc + BIG, 0, MiB);
-  TU_ASSERT_OK(xfer(HIXL_READ, g.loc + BIG, r, MiB));
-  TU_ASSERT_PATTERN(g.loc + BIG, MiB, 191, "memory registered where a freed region lay");
-  CU_ASSERT_EQUAL(link_of(g.i, g.tname).map_ops, ops0); /* by process_vm_*, not a stale mapping */
+  unmapped_round(r, 191, "memory registered where a freed region lay"); /* not a stale mapping */
   CU_ASSERT_EQUAL(agent(A_DEREG, r, 0, 0), HIXL_SUCCESS);
 }
 
