@@ -132,6 +132,7 @@ static void pool_init(struct pool *p, uint64_t seed) {
   if (!p->mem) hb_die("mmap %zu bytes: %s", p->len, strerror(errno));
   memset(p->mem, 0x5a, p->len);
   p->layers = calloc(o.layers, sizeof(*p->layers));
+  if (!p->layers) hb_die("out of memory for %u layers", o.layers);
   for (uint32_t l = 0; l < o.layers; l++)
     p->layers[l] = (hixl_kv_layer){"layer",
                                    5,

@@ -180,8 +180,8 @@ static void wait_all(struct side *s, uint32_t n, bool recving) {
     }
     if (bench_now_ns() > deadline) hb_die("%" PRIu64 " of %" PRIu64 " reports in 120 s", got, want);
     if (got < want) {
-      int32_t fd = -1;
-      ops->get_event_fd(s->w[0], &fd);
+      int32_t fd = -1; /* none (a plugin older than ABI 1.2): poll only waits its 1 ms */
+      if (HIXL_KV_HAS_OP(ops, get_event_fd)) ops->get_event_fd(s->w[0], &fd);
       struct pollfd p = {.fd = fd, .events = POLLIN};
       poll(&p, 1, 1);
     }
@@ -200,6 +200,7 @@ static uint64_t plugin_run(struct side *p, struct side *d, uint32_t round) {
   uint32_t n = nblocks_req();
   uint64_t *pb = malloc(n * sizeof(*pb)), *cb = malloc(n * sizeof(*cb));
   char **params = calloc(o.requests, sizeof(*params));
+  if (!pb || !cb || !params) hb_die("out of memory for %u requests of %u blocks", o.requests, n);
   char id[64];
   for (uint32_t q = 0; q < o.requests; q++) {
     for (uint32_t j = 0; j < n; j++) pb[j] = pblock(q, j);
@@ -210,6 +211,7 @@ static uint64_t plugin_run(struct side *p, struct side *d, uint32_t round) {
     if (ops->request_finished(p->sched, &r, pb, n, &delay, &b) || !delay) hb_die("request_finished");
     params[q] = strndup((char *)b.data, b.len);
     ops->free_buffer(&b);
+    if (!params[q]) hb_die("out of memory for request %u's parameters", q);
   }
   step(p);
   uint64_t t0 = bench_now_ns();
