@@ -638,7 +638,7 @@ def auth(res, out, template=None):
     # cpu[(kind, t)][variant][round] = CPU seconds per GiB moved (ops: READ and WRITE of one run together)
     ops, pd, conn, cpu = {}, {}, {}, {}
     rounds = set()
-    for p in glob.glob(os.path.join(res, "raw", "r*-*.json")):
+    for p in sorted(glob.glob(os.path.join(res, "raw", "r*-*.json"))):  # the JSON keys in one order
         m = re.match(r"r(\d+)-(?:(ops|pd)-(\w+)-(onp|on|off|offb)|conn)\.json$", os.path.basename(p))
         if not m:
             continue
