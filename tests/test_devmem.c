@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "devmem/devmem.h"
@@ -180,9 +181,48 @@ static void test_ipc_provider(void) {
   free(want);
 }
 
+/* The stand-in's dma-buf (what an RDMA device registers for GPUDirect): made by the
+ * kernel's udmabuf over its memfd, whole pages around the range, *offset the range's
+ * first byte in it, which the dma-buf's own mapping shows (where /dev/udmabuf is; else
+ * UNSUPPORTED saying so); memory not from devmem_test_alloc is refused. */
+static void test_dmabuf_provider(void) {
+  char why[256] = "";
+  const struct devmem_ops *dm = devmem_get(why, sizeof(why));
+  CU_ASSERT_PTR_NOT_NULL_FATAL(dm);
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  uint8_t *mine = devmem_test_alloc(IPC_LEN), *plain = malloc(IPC_LEN);
+  CU_ASSERT_FATAL(mine != NULL && plain != NULL);
+  tu_fill(mine, IPC_LEN, 911);
+  int fd = -1;
+  uint64_t off = 0, made = devmem_test_dmabufs();
+  HixlStatus st = dm->dmabuf((uintptr_t)mine + pg + 100, 3 * pg, 0, &fd, &off, why, sizeof(why));
+  if (access("/dev/udmabuf", R_OK | W_OK) != 0) {
+    TU_ASSERT_STATUS(st, HIXL_UNSUPPORTED);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "/dev/udmabuf"));
+    CU_ASSERT_EQUAL(devmem_test_dmabufs(), made);
+    printf("  [no udmabuf here: %s]\n", why);
+  } else {
+    TU_ASSERT_OK_FATAL(st);
+    CU_ASSERT_EQUAL(off, 100);
+    CU_ASSERT_EQUAL(devmem_test_dmabufs(), made + 1);
+    uint8_t *v = mmap(NULL, 4 * pg, PROT_READ, MAP_SHARED, fd, 0); /* 3 pages + 100 bytes: 4 pages */
+    CU_ASSERT_FATAL(v != MAP_FAILED);
+    TU_ASSERT_SAME(v + off, mine + pg + 100, 3 * pg, "the dma-buf's bytes at its offset");
+    munmap(v, 4 * pg);
+    close(fd);
+  }
+  TU_ASSERT_STATUS(dm->dmabuf((uintptr_t)plain, 4096, 0, &fd, &off, why, sizeof(why)), HIXL_UNSUPPORTED);
+  printf("  [%s]\n", why);
+  TU_ASSERT_STATUS(dm->dmabuf((uintptr_t)mine + IPC_LEN - 10, 20, 0, &fd, &off, why, sizeof(why)),
+                   HIXL_UNSUPPORTED); /* runs past its allocation */
+  devmem_test_free(mine);
+  free(plain);
+}
+
 static CU_TestInfo ipc_tests[] = {
     {"IPC: a peer's device memory opened by handle, D2D both ways; forged handles refused",
      test_ipc_provider},
+    {"dma-buf: the stand-in's memory exported for an RDMA device, or UNSUPPORTED", test_dmabuf_provider},
     CU_TEST_INFO_NULL,
 };
 

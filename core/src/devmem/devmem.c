@@ -9,10 +9,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
+
+#include <linux/udmabuf.h>
 
 #include "devmem/devmem.h"
 #include "util/be.h"
@@ -29,6 +32,18 @@ HixlStatus devmem_ipc_valid(const struct devmem_ipc *h, char *why, size_t cap) {
   }
   return HIXL_SUCCESS;
 }
+
+#if defined(HIXL_HAVE_CUDA_H) || defined(HIXL_DEVMEM_TEST)
+/* The host pages around [addr, addr + len) inside its allocation [start, start + size):
+ * *lo and *hi; false when they reach past it. */
+static bool page_span(uint64_t addr, uint64_t len, uint64_t start, uint64_t size, uint64_t *lo,
+                      uint64_t *hi) {
+  uint64_t pg = (uint64_t)sysconf(_SC_PAGESIZE);
+  *lo = addr & ~(pg - 1);
+  *hi = (addr + len + pg - 1) & ~(pg - 1);
+  return *lo >= start && *hi <= start + size;
+}
+#endif
 
 #ifdef HIXL_HAVE_CUDA_H
 #include <cuda.h>
@@ -51,6 +66,9 @@ static struct {
   CUresult (*ipc_close)(CUdeviceptr);
   CUresult (*dtod)(CUdeviceptr, CUdeviceptr, size_t);
   CUresult (*peer)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t);
+  /* Optional: a driver before CUDA 11.7 has no dma-buf export (GPUDirect then falls back). */
+  CUresult (*dev_attr)(int *, CUdevice_attribute, CUdevice);
+  CUresult (*range_handle)(void *, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
 } cu;
 
 #define CU_DEVICES_MAX 64
@@ -93,6 +111,9 @@ static bool cu_load(char *why, size_t cap) {
       snprintf(why, cap, "libcuda.so.1 lacks %s: a driver older than this build's CUDA", syms[i].name);
       return false;
     }
+  cu.dev_attr = (CUresult(*)(int *, CUdevice_attribute, CUdevice))dlsym(h, "cuDeviceGetAttribute");
+  cu.range_handle = (CUresult(*)(void *, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long))dlsym(
+      h, "cuMemGetHandleForAddressRange");
   CUresult r = cu.init(0);
   if (r != CUDA_SUCCESS) {
     snprintf(why, cap, "the CUDA driver does not start: cuInit: %s", cu_err(r));
@@ -283,6 +304,46 @@ static HixlStatus cu_d2d(uint64_t dst, int ddev, uint64_t src, int sdev, size_t 
   return r == CUDA_SUCCESS ? HIXL_SUCCESS : HIXL_FAILED;
 }
 
+/* cuMemGetHandleForAddressRange over the host pages around the range (it takes nothing
+ * finer), where the device says it exports dma-bufs. */
+static HixlStatus cu_dmabuf(uint64_t addr, uint64_t len, int device, int *fd, uint64_t *offset, char *why,
+                            size_t cap) {
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  CUdevice d;
+  int ok = 0, h = -1;
+  uint64_t lo = 0, hi = 0;
+  if (!cu.dev_attr || !cu.range_handle) {
+    snprintf(why, cap, "libcuda.so.1 lacks cuMemGetHandleForAddressRange (a driver before CUDA 11.7)");
+    return HIXL_UNSUPPORTED;
+  }
+  if (!cu_enter(device, why, cap)) return HIXL_FAILED;
+  CUresult r = cu.device_get(&d, device);
+  if (r == CUDA_SUCCESS) r = cu.dev_attr(&ok, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, d);
+  if (r == CUDA_SUCCESS && ok &&
+      (r = cu.pointer_attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)addr)) ==
+          CUDA_SUCCESS &&
+      (r = cu.pointer_attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, (CUdeviceptr)addr)) == CUDA_SUCCESS &&
+      page_span(addr, len, start, size, &lo, &hi))
+    r = cu.range_handle(&h, (CUdeviceptr)lo, hi - lo, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+  cu_leave();
+  if (r != CUDA_SUCCESS || !ok || h < 0) {
+    if (r != CUDA_SUCCESS)
+      snprintf(why, cap, "[0x%llx, +%llu) on device %d: no dma-buf (cuMemGetHandleForAddressRange: %s)",
+               (unsigned long long)addr, (unsigned long long)len, device, cu_err(r));
+    else if (!ok)
+      snprintf(why, cap, "device %d exports no dma-bufs (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED is 0)",
+               device);
+    else
+      snprintf(why, cap, "[0x%llx, +%llu): its host pages reach past its allocation [0x%llx, +%zu)",
+               (unsigned long long)addr, (unsigned long long)len, (unsigned long long)start, size);
+    return HIXL_UNSUPPORTED;
+  }
+  *fd = h;
+  *offset = addr - lo;
+  return HIXL_SUCCESS;
+}
+
 static const struct devmem_ops cuda_ops = {.name = "cuda",
                                            .query = cu_query,
                                            .to_host = cu_to_host,
@@ -292,7 +353,8 @@ static const struct devmem_ops cuda_ops = {.name = "cuda",
                                            .ipc_export = cu_ipc_export,
                                            .ipc_open = cu_ipc_open,
                                            .ipc_close = cu_ipc_close,
-                                           .d2d = cu_d2d};
+                                           .d2d = cu_d2d,
+                                           .dmabuf = cu_dmabuf};
 #endif /* HIXL_HAVE_CUDA_H */
 
 #ifdef HIXL_DEVMEM_TEST
@@ -350,9 +412,10 @@ static int ht_open_dev = -1, ht_close_dev = -1; /* the device the last ipc_open,
 
 void *devmem_test_alloc(size_t len) {
   void *p = MAP_FAILED;
-  int fd = len ? memfd_create("hixl-test-dev", MFD_CLOEXEC) : -1;
+  int fd = len ? memfd_create("hixl-test-dev", MFD_CLOEXEC | MFD_ALLOW_SEALING) : -1;
   if (fd < 0) goto err;
-  if (ftruncate(fd, (off_t)len) < 0) goto close_fd;
+  /* Its size sealed, as the kernel's udmabuf asks of a memfd it exports (ht_dmabuf). */
+  if (ftruncate(fd, (off_t)len) < 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) < 0) goto close_fd;
   p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) goto close_fd;
   pthread_mutex_lock(&ht_lock);
@@ -383,6 +446,23 @@ void devmem_test_free(void *p) {
       break;
     }
   pthread_mutex_unlock(&ht_lock);
+}
+
+/* The devmem_test_alloc allocation holding addr: its start, length and memfd; false
+ * when none does. */
+static bool ht_find(uint64_t addr, uint64_t *base, uint64_t *len, int *fd) {
+  bool found = false;
+  pthread_mutex_lock(&ht_lock);
+  for (int i = 0; i < HT_ALLOCS && !found; i++) {
+    uint64_t b = (uint64_t)(uintptr_t)ht_alloc[i].base;
+    if (!b || addr < b || addr - b >= ht_alloc[i].len) continue;
+    *base = b;
+    *len = ht_alloc[i].len;
+    *fd = ht_alloc[i].fd;
+    found = true;
+  }
+  pthread_mutex_unlock(&ht_lock);
+  return found;
 }
 
 /* A shared mapping of a whole memfd holding addr, made by someone else in this process
@@ -445,15 +525,7 @@ static HixlStatus ht_ipc_export(uint64_t addr, uint64_t len, int device, struct 
     snprintf(why, cap, "ipc_export: %s", len == 0 ? "an empty range" : "no handle to fill");
     return HIXL_PARAM_INVALID;
   }
-  pthread_mutex_lock(&ht_lock);
-  for (int i = 0; i < HT_ALLOCS && fd < 0; i++) {
-    b = (uint64_t)(uintptr_t)ht_alloc[i].base;
-    if (!b || addr < b || addr - b >= ht_alloc[i].len) continue;
-    blen = ht_alloc[i].len;
-    fd = ht_alloc[i].fd;
-  }
-  pthread_mutex_unlock(&ht_lock);
-  if (fd < 0 && !ht_adopt(addr, &b, &blen, &fd)) fd = -1;
+  if (!ht_find(addr, &b, &blen, &fd) && !ht_adopt(addr, &b, &blen, &fd)) fd = -1;
   if (fd >= 0 && len <= blen - (addr - b)) {
     ht_handle(out, fd, blen, addr - b, len);
     return HIXL_SUCCESS;
@@ -521,6 +593,43 @@ void devmem_test_d2d(uint64_t *bytes, uint64_t *open_maps) {
   *open_maps = __atomic_load_n(&ht_maps, __ATOMIC_RELAXED);
 }
 
+/* A dma-buf of the stand-in's memfd, made by the kernel's udmabuf (/dev/udmabuf, root or
+ * the group that owns it): what an RDMA device registers as it would a GPU's. */
+static uint64_t ht_dmabufs;
+static HixlStatus ht_dmabuf(uint64_t addr, uint64_t len, int device, int *fd, uint64_t *offset, char *why,
+                            size_t cap) {
+  uint64_t b = 0, blen = 0, lo = 0, hi = 0;
+  int mfd = -1;
+  (void)device;
+  if (!ht_find(addr, &b, &blen, &mfd) || len == 0 || len > blen - (addr - b) ||
+      !page_span(addr - b, len, 0, blen, &lo, &hi)) {
+    snprintf(why, cap, "[0x%llx, +%llu) is not whole host pages of one devmem_test_alloc allocation",
+             (unsigned long long)addr, (unsigned long long)len);
+    return HIXL_UNSUPPORTED;
+  }
+  int u = open("/dev/udmabuf", O_RDWR | O_CLOEXEC);
+  if (u < 0) {
+    snprintf(why, cap, "the host stand-in makes dma-bufs with the kernel's udmabuf: /dev/udmabuf: %s",
+             strerror(errno));
+    return HIXL_UNSUPPORTED;
+  }
+  struct udmabuf_create c = {
+      .memfd = (uint32_t)mfd, .flags = UDMABUF_FLAGS_CLOEXEC, .offset = lo, .size = hi - lo};
+  int d = ioctl(u, UDMABUF_CREATE, &c);
+  int e = errno;
+  close(u);
+  if (d < 0) {
+    snprintf(why, cap, "UDMABUF_CREATE of %llu bytes: %s", (unsigned long long)(hi - lo), strerror(e));
+    return HIXL_UNSUPPORTED;
+  }
+  __atomic_add_fetch(&ht_dmabufs, 1, __ATOMIC_RELAXED);
+  *fd = d;
+  *offset = addr - b - lo;
+  return HIXL_SUCCESS;
+}
+
+uint64_t devmem_test_dmabufs(void) { return __atomic_load_n(&ht_dmabufs, __ATOMIC_RELAXED); }
+
 void devmem_test_ipc_devices(int *opened, int *closed) {
   *opened = __atomic_load_n(&ht_open_dev, __ATOMIC_RELAXED);
   *closed = __atomic_load_n(&ht_close_dev, __ATOMIC_RELAXED);
@@ -535,7 +644,8 @@ static const struct devmem_ops host_test_ops = {.name = "host-test",
                                                 .ipc_export = ht_ipc_export,
                                                 .ipc_open = ht_ipc_open,
                                                 .ipc_close = ht_ipc_close,
-                                                .d2d = ht_d2d};
+                                                .d2d = ht_d2d,
+                                                .dmabuf = ht_dmabuf};
 #endif
 
 /* ---- the pool of pinned host buffers ---- */

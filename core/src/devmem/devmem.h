@@ -54,6 +54,13 @@ struct devmem_ops {
   /* n bytes from device memory src (on sdev) to device memory dst (on ddev), done when
    * it returns (cuda: cuMemcpyDtoD, cuMemcpyPeer across devices). */
   HixlStatus (*d2d)(uint64_t dst, int ddev, uint64_t src, int sdev, size_t n, char *why, size_t cap);
+  /* A dma-buf of the device memory holding [addr, addr + len) on device, for an RDMA
+   * device to register (ibv_reg_dmabuf_mr: GPUDirect). *fd (the caller closes it) spans
+   * the whole host pages around the range; *offset: addr's byte in it. UNSUPPORTED (why
+   * says so) where the provider, the device or the allocation cannot export one (cuda:
+   * cuMemGetHandleForAddressRange; host-test: the kernel's udmabuf over its memfd). */
+  HixlStatus (*dmabuf)(uint64_t addr, uint64_t len, int device, int *fd, uint64_t *offset, char *why,
+                       size_t cap);
 };
 
 /* Whether h's numbers hold together (a range inside its allocation, not empty, no
@@ -105,5 +112,7 @@ void devmem_test_ipc_devices(int *opened, int *closed);
  * a memfd mapped shared, NULL when it cannot be made; devmem_test_free undoes it. */
 void *devmem_test_alloc(size_t len);
 void devmem_test_free(void *p);
+/* Test builds: dma-bufs the host stand-in made so far (dmabuf). */
+uint64_t devmem_test_dmabufs(void);
 
 #endif

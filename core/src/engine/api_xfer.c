@@ -303,6 +303,7 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
     for (size_t off = 0; off < descs[i].len; off += ENGINE_TCP_CHUNK, ch++) {
       size_t len = chunk_init(ch, r, op, lregs[i], &descs[i], off);
       ch->rkey = rm->rkey;
+      ch->dev = op_device(lregs[i], rm);
       struct conn *to = rails ? link_rail_pick(p, NULL, rm) : c;
       /* A scoped peer's windows (rdma, no key) are each QP's own: another rail takes the
        * chunk only where the peer opened windows over it on that rail too. */

@@ -94,8 +94,9 @@ struct hixl_window_stats {
   uint64_t bound;   /* ... bound since Initialize */
   uint64_t closed;  /* ... closed since (revoked, or their link ended) */
   uint64_t refused; /* granted ranges that got no window (the device has no type 2 windows, it ran out,
-                     * the range is not inside one host registration): the peer's ops on them go as tcp
-                     * frames on the link's socket, where this engine's CPU checks the grant */
+                     * the range is not inside one registration, or is device memory with no MR): the
+                     * peer's ops on them go as tcp frames on the link's socket, where this engine's
+                     * CPU checks the grant */
   uint64_t split;   /* windows over a run of ranges split since, a range in them granted again (each
                      * left open until the first of its ranges is revoked) */
   uint64_t own_mrs; /* windows bound since over an MR of their own, registered with them (the device
@@ -124,9 +125,14 @@ HixlStatus hixl_engine_set_scoped(HixlEngine *e, bool on);
 HixlStatus hixl_engine_set_devmap_scoped(HixlEngine *e, bool on);
 /* What this engine moved on device memory by same-host IPC since Initialize. */
 struct hixl_devmem_stats {
-  uint64_t ipc_bytes; /* bytes of ops on a same-host peer's device memory opened here by IPC handle
-                       * (SHM_DEV_MAP), moved by the device-memory provider: device to device, or to
-                       * and from host memory here */
+  uint64_t ipc_bytes;    /* bytes of ops on a same-host peer's device memory opened here by IPC handle
+                          * (SHM_DEV_MAP), moved by the device-memory provider: device to device, or to
+                          * and from host memory here */
+  uint64_t rdma_bytes;   /* bytes of ops on device memory (here or at the peer) that RDMA moved directly
+                          * (GPUDirect: an MR over the memory's dma-buf on both sides), as they completed */
+  uint32_t rdma_regs;    /* device registrations here with such an MR on every RDMA device, now */
+  uint32_t rdma_refused; /* device registrations that got none since Initialize (the provider, the GPU,
+                          * the NIC or the kernel could not): their ops go as tcp frames */
 };
 HixlStatus hixl_engine_devmem_stats(HixlEngine *e, struct hixl_devmem_stats *out);
 /* Grant peer the n ranges {addr, len}, or revoke them. Grants count: a range granted

@@ -30,7 +30,8 @@ struct erdma_engine {              /* engine_xe(e, XPORT_RDMA), while the engine
   _Atomic bool down[ERDMA_DEVS]; /* its port went down (async event), until it is active again */
   struct erdma_link *links;      /* those with a QP, for completions and timeouts */
   struct erdma_stash stash[ERDMA_DEVS];
-  bool win_refusal_logged; /* a range got no window: said once */
+  bool win_refusal_logged;    /* a range got no window: said once */
+  bool dmabuf_refusal_logged; /* device memory got no MR (GPUDirect): said once at info */
 };
 
 /* epoll data: a device's index, plus this for its async event fd */
@@ -42,6 +43,8 @@ struct erdma_engine {              /* engine_xe(e, XPORT_RDMA), while the engine
 /* A range's memory regions (r->xm[XPORT_RDMA], a bounce buffer's handle): one per device. */
 struct erdma_mr {
   struct ibv_mr *mr[ERDMA_DEVS];
+  bool dmabuf;           /* over device memory's dma-buf (GPUDirect): db.fd open until freed, */
+  struct rdma_dmabuf db; /* for the windows' own MRs over parts of it (rdma_win.c) */
 };
 
 /* A window: on a target's link, bound on its QP (mw) over an MR: the registration's

@@ -55,11 +55,21 @@ int rdma_dev_open(struct rdma_dev *d, const struct sockaddr_in *ip, const char *
                   char *err, size_t errlen);
 void rdma_dev_close(struct rdma_dev *d);
 
-/* Register [addr, addr+len) for local write, and remote read/write when remote. */
-struct ibv_mr *rdma_reg(struct rdma_dev *d, void *addr, size_t len, bool remote, char *err, size_t errlen);
+/* Where an MR's memory is when it is not host memory at its address: a dma-buf (device
+ * memory, GPUDirect), whose byte off is the MR's first; the MR's addresses (iova) stay
+ * the range's own, so work requests name it as they name host memory. */
+struct rdma_dmabuf {
+  int fd;
+  uint64_t off;
+};
+/* Register [addr, addr+len) for local write, and remote read/write when remote: host
+ * memory (db NULL; ibv_reg_mr), or db's (ibv_reg_dmabuf_mr). */
+struct ibv_mr *rdma_reg(struct rdma_dev *d, void *addr, size_t len, bool remote, const struct rdma_dmabuf *db,
+                        char *err, size_t errlen);
 /* Register [addr, addr+len) for local write and for binding windows, no remote access
- * of its own: its key reaches nothing from the wire. */
-struct ibv_mr *rdma_reg_window(struct rdma_dev *d, void *addr, size_t len, char *err, size_t errlen);
+ * of its own: its key reaches nothing from the wire. db as rdma_reg's. */
+struct ibv_mr *rdma_reg_window(struct rdma_dev *d, void *addr, size_t len, const struct rdma_dmabuf *db,
+                               char *err, size_t errlen);
 /* A type 2 memory window on d (NULL with err), bound by rdma_post_binds on one QP:
  * only that QP's peer reaches it, only inside its range, until rdma_mw_free. */
 struct ibv_mw *rdma_mw_new(struct rdma_dev *d, char *err, size_t errlen);

@@ -269,6 +269,17 @@ static void wins_tell(struct conn *c, const struct erdma_win *w, size_t n, bool 
   link_flush(c);
 }
 
+/* An MR of a window's own over [addr, addr + len) of the registration at reg_addr whose
+ * MRs are m: host memory, or over m's dma-buf at the run's offset (device memory). The
+ * dma-buf spans whole pages, so a run's offset in it is its offset in the registration
+ * plus the registration's own. */
+static struct ibv_mr *win_own_mr(struct rdma_dev *d, const struct erdma_mr *m, uint64_t reg_addr,
+                                 uint64_t addr, uint64_t len, char *err, size_t errlen) {
+  if (!m || !m->dmabuf) return rdma_reg_window(d, (void *)(uintptr_t)addr, len, NULL, err, errlen);
+  struct rdma_dmabuf db = {.fd = m->db.fd, .off = m->db.off + (addr - reg_addr)};
+  return rdma_reg_window(d, (void *)(uintptr_t)addr, len, &db, err, errlen);
+}
+
 /* Bind a window over each of ranges on c's QP and tell the peer; merge (and a peer
  * that takes splits): one over each run of adjacent ranges instead. */
 static void wins_open(struct HixlEngine *e, struct conn *c, struct erdma_link *l, const uint64_t (*ranges)[2],
@@ -301,20 +312,24 @@ static void wins_open(struct HixlEngine *e, struct conn *c, struct erdma_link *l
                     ranges[j][0] + ranges[j][1] <= reg->range.addr + reg->range.len;
          j++)
       w.len += ranges[j][1];
-    if (!reg || reg->type == HIXL_MEM_DEVICE) {
+    /* Device memory has windows where it has an MR (GPUDirect); else its ops go as tcp
+     * frames, which the grant checks. */
+    const struct erdma_mr *rm = reg ? reg->xm[XPORT_RDMA] : NULL;
+    if (!reg || (reg->type == HIXL_MEM_DEVICE && !rm)) {
       skipped += j - i;
-      why = "a range not inside one host registration";
+      why = reg ? "device memory this device has no MR over (no GPUDirect)"
+                : "a range not inside one registration";
       continue;
     }
     /* Over the registration's MR where the device holds the key to the window; else an
-     * MR of the run's own, so that the key reaches the run alone (its pages pinned once
-     * more, at each grant: the cost of scoped memory on such a device). */
-    const struct erdma_mr *rm = reg->xm[XPORT_RDMA];
+     * MR of the run's own (over the dma-buf of device memory), so that the key reaches
+     * the run alone (its pages pinned once more, at each grant: the cost of scoped memory
+     * on such a device). */
     if (d->mw_bounds == RDMA_MWB_HELD && rm && rm->mr[l->dev])
       w.mr = rm->mr[l->dev];
     else
       w.own_mr = true;
-    if ((w.own_mr && !(w.mr = rdma_reg_window(d, (void *)(uintptr_t)w.addr, w.len, err, sizeof(err)))) ||
+    if ((w.own_mr && !(w.mr = win_own_mr(d, rm, reg->range.addr, w.addr, w.len, err, sizeof(err)))) ||
         !(w.mw = rdma_mw_new(d, err, sizeof(err)))) {
       if (w.own_mr) rdma_dereg(w.mr);
       skipped += j - i;

@@ -161,11 +161,16 @@ void rdma_dev_close(struct rdma_dev *d) {
   memset(d, 0, sizeof(*d));
 }
 
-static struct ibv_mr *reg_access(struct rdma_dev *d, void *addr, size_t len, int access, char *err,
-                                 size_t errlen) {
-  struct ibv_mr *mr = ibv_reg_mr(d->pd, addr, len, access);
+static struct ibv_mr *reg_access(struct rdma_dev *d, void *addr, size_t len, int access,
+                                 const struct rdma_dmabuf *db, char *err, size_t errlen) {
+  struct ibv_mr *mr = db ? ibv_reg_dmabuf_mr(d->pd, db->off, len, (uintptr_t)addr, db->fd, access)
+                         : ibv_reg_mr(d->pd, addr, len, access);
   if (mr) return mr;
   int e = errno;
+  if (db) { /* nothing of host memory is pinned: the device, its driver or the kernel refused */
+    snprintf(err, errlen, "ibv_reg_dmabuf_mr of %zu bytes on %s failed: %s", len, d->name, strerror(e));
+    return NULL;
+  }
   struct rlimit rl;
   if ((e == ENOMEM || e == EPERM || e == EFAULT) && getrlimit(RLIMIT_MEMLOCK, &rl) == 0 &&
       rl.rlim_cur != RLIM_INFINITY)
@@ -179,17 +184,19 @@ static struct ibv_mr *reg_access(struct rdma_dev *d, void *addr, size_t len, int
   return NULL;
 }
 
-struct ibv_mr *rdma_reg(struct rdma_dev *d, void *addr, size_t len, bool remote, char *err, size_t errlen) {
+struct ibv_mr *rdma_reg(struct rdma_dev *d, void *addr, size_t len, bool remote, const struct rdma_dmabuf *db,
+                        char *err, size_t errlen) {
   int access = IBV_ACCESS_LOCAL_WRITE;
   if (remote)
     access |= IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
   else if (d->mw2)
     access |= IBV_ACCESS_MW_BIND; /* no remote access of its own: windows over it (scoped memory) */
-  return reg_access(d, addr, len, access, err, errlen);
+  return reg_access(d, addr, len, access, db, err, errlen);
 }
 
-struct ibv_mr *rdma_reg_window(struct rdma_dev *d, void *addr, size_t len, char *err, size_t errlen) {
-  return reg_access(d, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, err, errlen);
+struct ibv_mr *rdma_reg_window(struct rdma_dev *d, void *addr, size_t len, const struct rdma_dmabuf *db,
+                               char *err, size_t errlen) {
+  return reg_access(d, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, db, err, errlen);
 }
 
 struct ibv_mw *rdma_mw_new(struct rdma_dev *d, char *err, size_t errlen) {
@@ -397,8 +404,9 @@ int rdma_probe_mw_bounds(struct rdma_dev *d, char *why, size_t cap) {
     snprintf(why, cap, "a loopback pair of QPs: %s", err);
     goto out;
   }
-  if (!(mr = reg_access(d, buf, 2 * pg, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, err, sizeof(err))) ||
-      !(lmr = reg_access(d, buf + 2 * pg, pg, IBV_ACCESS_LOCAL_WRITE, err, sizeof(err))) ||
+  if (!(mr = reg_access(d, buf, 2 * pg, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_MW_BIND, NULL, err,
+                        sizeof(err))) ||
+      !(lmr = reg_access(d, buf + 2 * pg, pg, IBV_ACCESS_LOCAL_WRITE, NULL, err, sizeof(err))) ||
       !(mw = rdma_mw_new(d, err, sizeof(err)))) {
     snprintf(why, cap, "%s", err);
     goto out;
@@ -517,7 +525,7 @@ bool rdma_ip_has_device(const struct sockaddr_in *ip) {
 uint32_t rdma_mtu_bytes(const struct rdma_dev *d) { return 128u << d->mtu; /* IBV_MTU_256 is 1 */ }
 
 struct ibv_mr *rdma_reg_local(struct rdma_dev *d, void *addr, size_t len, char *err, size_t errlen) {
-  return reg_access(d, addr, len, IBV_ACCESS_LOCAL_WRITE, err, errlen);
+  return reg_access(d, addr, len, IBV_ACCESS_LOCAL_WRITE, NULL, err, errlen);
 }
 
 int rdma_ud_open(struct rdma_dev *d, struct rdma_ud *u, uint32_t qkey, uint32_t max_send, uint32_t max_recv,

@@ -19,6 +19,7 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+#include "devmem/devmem.h"
 #include "engine/xport_link.h"
 #include "transport/rdma/erdma.h"
 #include "transport/rdma/rdma.h"
@@ -188,23 +189,88 @@ static int erdma_event_fd(const struct HixlEngine *e) {
 static void mrs_free(struct erdma_mr *m) {
   if (!m) return;
   for (int i = 0; i < ERDMA_DEVS; i++) rdma_dereg(m->mr[i]);
+  if (m->dmabuf) close(m->db.fd);
   free(m);
 }
 
-/* [addr, addr + len) registered on every device; NULL with err. */
-static struct erdma_mr *mrs_reg(struct erdma_engine *x, void *addr, size_t len, bool remote, char *err,
-                                size_t errlen) {
+/* [addr, addr + len) registered on every device: host memory (db NULL), or db's dma-buf,
+ * which the MRs then hold (closed with them, even when registering fails); NULL with err. */
+static struct erdma_mr *mrs_reg(struct erdma_engine *x, void *addr, size_t len, bool remote,
+                                const struct rdma_dmabuf *db, char *err, size_t errlen) {
   struct erdma_mr *m = calloc(1, sizeof(*m));
   if (!m) {
     snprintf(err, errlen, "out of memory");
+    if (db) close(db->fd);
     return NULL;
   }
+  if (db) {
+    m->dmabuf = true;
+    m->db = *db;
+  }
   for (int i = 0; i < x->n; i++)
-    if (!(m->mr[i] = rdma_reg(&x->dev[i], addr, len, remote, err, errlen))) {
+    if (!(m->mr[i] = rdma_reg(&x->dev[i], addr, len, remote, db, err, errlen))) {
       mrs_free(m);
       return NULL;
     }
   return m;
+}
+
+#ifdef HIXL_DEVMEM_TEST
+/* Test builds: HIXL_TEST_RDMA_DMABUF=plain registers the host stand-in's "device" memory
+ * as the host memory it is, as if its dma-buf had been: every GPUDirect path but the
+ * ibv_reg_dmabuf_mr call runs on a device (soft-RoCE) that takes no dma-buf; =refuse:
+ * no MR, as on a NIC without GPUDirect. 'p', 'r' or 0. */
+static char dmabuf_test(void) {
+  const char *t = getenv("HIXL_TEST_RDMA_DMABUF");
+  return !t ? 0 : strcmp(t, "plain") == 0 ? 'p' : strcmp(t, "refuse") == 0 ? 'r' : 0;
+}
+#endif
+
+/* Device memory (GPUDirect): an MR over the dma-buf its provider exports, on every
+ * device. Where the provider, the GPU, the NIC or the kernel cannot, none: peers see key
+ * 0 and its ops go as tcp frames through host buffers on the link's socket
+ * (docs/device-memory.md), said once at info, then at debug. */
+static void erdma_dev_reg(struct HixlEngine *e, struct hixl_mem_reg *r, bool remote) {
+  struct erdma_engine *x = eng_of(e);
+  char why[384] = "";
+  struct rdma_dmabuf db = {.fd = -1};
+  void *addr = (void *)(uintptr_t)r->range.addr;
+  struct erdma_mr *m = NULL;
+#ifdef HIXL_DEVMEM_TEST
+  char t = dmabuf_test();
+  if (t == 'p') {
+    log_warn(
+        "engine %s: device memory [0x%llx, +%llu) registered as host memory (HIXL_TEST_RDMA_DMABUF=plain, "
+        "a test build)",
+        engine_name(e), (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
+    m = mrs_reg(x, addr, r->range.len, remote, NULL, why, sizeof(why));
+    goto done;
+  }
+  if (t == 'r') {
+    snprintf(why, sizeof(why), "refused by HIXL_TEST_RDMA_DMABUF=refuse (a test build)");
+    goto done;
+  }
+#endif
+  const struct devmem_ops *dm = devmem_get(why, sizeof(why));
+  if (dm &&
+      dm->dmabuf(r->range.addr, r->range.len, r->device, &db.fd, &db.off, why, sizeof(why)) == HIXL_SUCCESS)
+    m = mrs_reg(x, addr, r->range.len, remote, &db, why, sizeof(why));
+#ifdef HIXL_DEVMEM_TEST
+done:
+#endif
+  if (!m) {
+    engine_dev_stats(e)->rdma_refused++;
+    HixlLogLevel lvl = x->dmabuf_refusal_logged ? HIXL_LOG_DEBUG : HIXL_LOG_INFO;
+    x->dmabuf_refusal_logged = true;
+    HIXL_LOG(lvl,
+             "engine %s: device memory [0x%llx, +%llu) on device %d: no RDMA memory region (GPUDirect): %s; "
+             "its ops go as tcp frames through host buffers",
+             engine_name(e), (unsigned long long)r->range.addr, (unsigned long long)r->range.len, r->device,
+             why);
+    return;
+  }
+  engine_dev_stats(e)->rdma_regs++;
+  r->xm[XPORT_RDMA] = m;
 }
 
 /* Whether d holds a window's key to the window (rdma_probe_mw_bounds), once; said in the
@@ -241,22 +307,25 @@ static void mw_bounds_ask(struct rdma_dev *d) {
 
 static HixlStatus erdma_reg(struct HixlEngine *e, struct hixl_mem_reg *r) {
   char err[384];
-  /* Device memory has no MR yet (GPUDirect through dma-buf is not built): peers get key
-   * 0, and an RDMA link refuses ops on it (docs/device-memory.md). */
-  if (!eng_of(e) || r->type == HIXL_MEM_DEVICE) return HIXL_SUCCESS;
+  if (!eng_of(e)) return HIXL_SUCCESS;
   /* Scoped: no remote access of its own; peers reach what they were granted through
    * windows (rdma_win.c), over this registration's own MR where the device holds a
    * window's key to the window, asked once per device here. */
   if (engine_scoped(e))
     for (int i = 0; i < eng_of(e)->n; i++) mw_bounds_ask(&eng_of(e)->dev[i]);
-  r->xm[XPORT_RDMA] =
-      mrs_reg(eng_of(e), (void *)(uintptr_t)r->range.addr, r->range.len, !engine_scoped(e), err, sizeof(err));
+  if (r->type == HIXL_MEM_DEVICE) { /* never refused: without an MR it moves as frames */
+    erdma_dev_reg(e, r, !engine_scoped(e));
+    return HIXL_SUCCESS;
+  }
+  r->xm[XPORT_RDMA] = mrs_reg(eng_of(e), (void *)(uintptr_t)r->range.addr, r->range.len, !engine_scoped(e),
+                              NULL, err, sizeof(err));
   return r->xm[XPORT_RDMA] ? HIXL_SUCCESS
                            : hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineRegisterMem: %s", err);
 }
 
 static void erdma_dereg(struct HixlEngine *e, struct hixl_mem_reg *r) {
   erdma_wins_dereg(e, r->range.addr, r->range.len); /* scoped: the peers' windows inside it */
+  if (r->type == HIXL_MEM_DEVICE && r->xm[XPORT_RDMA]) engine_dev_stats(e)->rdma_regs--;
   mrs_free(r->xm[XPORT_RDMA]);
   r->xm[XPORT_RDMA] = NULL;
 }
@@ -501,7 +570,7 @@ static void *erdma_bounce_reg(struct HixlEngine *e, void *addr, size_t len, char
     if (errlen) err[0] = '\0';
     return NULL;
   }
-  return mrs_reg(eng_of(e), addr, len, true, err, errlen);
+  return mrs_reg(eng_of(e), addr, len, true, NULL, err, errlen);
 }
 static void erdma_bounce_dereg(void *h) { mrs_free(h); }
 static uint32_t erdma_bounce_key(const struct conn *c, const void *h) {
@@ -551,6 +620,7 @@ static void wc_handle(struct HixlEngine *e, int dev, const struct rdma_wc *w) {
     ch = fifo_pop(&l->rpend_head, &l->rpend_tail);
     if (!ch) break;
     l->sq_used -= ch->nwr;
+    if (ch->dev) engine_dev_stats(e)->rdma_bytes += ch->len;
     link_chunk_moved(c, ch);
     link_chunk_end(ch, HIXL_SUCCESS, "");
   } while (ch != target);
@@ -748,6 +818,15 @@ static bool erdma_reach(const struct conn *c, const struct remote_mem *rm, uint6
   return rm->rkey != 0 || (l && l->qp && erdma_wins_cover(l, raddr, len));
 }
 
+/* Device memory moves by RDMA where both sides have an MR over it (GPUDirect): this
+ * side's registration (erdma_dev_reg; host memory always has one) and the peer's range,
+ * keyed or inside its windows. Else as tcp frames through host buffers. */
+static bool erdma_dev_reach(struct conn *c, const struct hixl_mem_reg *lreg, const struct remote_mem *rm,
+                            uint64_t raddr, uint64_t len) {
+  const struct erdma_link *l = link_of(c);
+  return l && l->qp && lreg && lreg->xm[XPORT_RDMA] && rm && erdma_reach(c, rm, raddr, len);
+}
+
 /* Data completes on the CQ (progress thread); frames (staged units) still need a reader. */
 static const uint8_t erdma_frames[] = {WIRE_RDMA_CONNECT, 0};
 static const uint8_t erdma_init_frames[] = {WIRE_WIN_ADD, WIRE_WIN_DEL, 0};
@@ -796,7 +875,7 @@ const struct xport_ops xport_rdma = {
              .answer = xport_no_answer,
              .chunk_end = xport_no_chunk_end,
              .post_own = erdma_post_own,
-             .dev_reach = xport_no_dev_reach,
+             .dev_reach = erdma_dev_reach,
              .copy_now = xport_no_copy_now,
              .mem_added = xport_no_mem_added},
 };
