@@ -276,8 +276,10 @@ struct mh_side {
   uint32_t tp;            /* its ranks */
   uint32_t twice;         /* reports of a request finished by a rank that had reported it already */
   struct mh_side_rank rk[MH_MAX_TP];
-  uint64_t ipc_bytes; /* TP 1: bytes its worker moved on peers' device memory opened by IPC handle
-                       * (render_metrics' hixl_kv_device_ipc_bytes_total) */
+  uint64_t ipc_bytes;  /* TP 1: bytes its worker moved on peers' device memory opened by IPC handle
+                        * (render_metrics' hixl_kv_device_ipc_bytes_total) */
+  uint64_t rdma_bytes; /* TP 1: bytes of device memory its worker moved by RDMA directly (GPUDirect;
+                        * hixl_kv_device_rdma_bytes_total) */
 };
 void mh_put_stats(struct mh_out *o, const hixl_kv_stats *s);
 void mh_get_stats(struct mh_in *in, hixl_kv_stats *s);
@@ -396,8 +398,10 @@ struct mh_opts {
   uint16_t metrics_port;   /* --metrics-port N: /metrics on 127.0.0.1:N; 0 none */
   uint32_t metrics_linger; /* --metrics-linger S: serve S s more after the summary (SIGTERM ends it) */
   bool progress, verbose;
-  bool expect_ipc; /* --expect-device-ipc */
-  uint32_t tp[2];  /* --prefill-tp, --decode-tp */
+  bool expect_ipc;  /* --expect-device-ipc */
+  bool expect_rdma; /* --expect-device-rdma */
+  const char *ip;   /* --ip: the instances' address when --prefill-addr / --decode-addr are not given */
+  uint32_t tp[2];   /* --prefill-tp, --decode-tp */
 };
 
 /* The options into o, the model's shape settled: 0, or the exit status for bad options
@@ -425,8 +429,9 @@ enum mh_tphase {
 /* Instance: drain the worker's traces and send them (MH_TRACE); with metrics, its
  * render_metrics text every 250 ms (MH_METRICS); final: both now. */
 void mh_obs_tick(const hixl_kv_ops *ops, hixl_kv_connector *worker, int fd, bool metrics, bool final);
-/* The worker's hixl_kv_device_ipc_bytes_total (0 without render_metrics or the line). */
-uint64_t mh_obs_ipc_bytes(const hixl_kv_ops *ops, hixl_kv_connector *worker);
+/* The worker's counter family (its name and "{", e.g. "hixl_kv_device_ipc_bytes_total{"),
+ * summed over its samples (0 without render_metrics or the line). */
+uint64_t mh_obs_counter(const hixl_kv_ops *ops, hixl_kv_connector *worker, const char *family);
 
 /* pull: NEW -> PREFILL -> DECODE -> DONE; push: NEW -> ALLOC (decode allocates) -> PUSH
  * (prefill computes and writes into decode's blocks) -> DONE. */

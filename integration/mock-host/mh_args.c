@@ -1,5 +1,6 @@
 /* hixl-mock-host: the router's options: the usage text and the command line's
  * parsing, with each option's check and default. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -44,6 +45,7 @@ static void usage(FILE *f) {
       "  --expect-device-ipc      pass only if the side that moves the KV (pull: decode, push: prefill)\n"
       "                           moved all of it on the peer's device memory opened by IPC handle\n"
       "                           (same host: --transport shm or auto), the other side none\n"
+      "  --expect-device-rdma     the same, moved by RDMA directly (GPUDirect: --transport rdma)\n"
       "  --requests N             (default 16)       --concurrency N (default 4)\n"
       "  --min-prompt N --max-prompt N   prompt tokens, uniform (default 16 .. 4096, tiny 16 .. 64)\n"
       "  --seed N                 prompts and KV content (default 1)\n"
@@ -53,7 +55,8 @@ static void usage(FILE *f) {
       "                           writes each layer into it as soon as it is computed)\n"
       "  --lease-ms N             sets the config's lease_ms\n"
       "  --on-load-failure fail|recompute   sets the config's load_failure_policy\n"
-      "  --prefill-addr IP:PORT --decode-addr IP:PORT   (default 127.0.0.1 and free ports)\n"
+      "  --prefill-addr IP:PORT --decode-addr IP:PORT   (default --ip and free ports)\n"
+      "  --ip IP                  the instances' address (default 127.0.0.1)\n"
       "  --prefill-netns NAME --decode-netns NAME   run the instance (and its ranks) in the network\n"
       "                           namespace NAME (ip netns; root): two hosts on one machine, e.g.\n"
       "                           integration/rails/bed.sh's; give the addresses inside them too\n"
@@ -140,6 +143,8 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
     O_MPORT,
     O_MLINGER,
     O_EXPIPC,
+    O_EXPRDMA,
+    O_IP,
     O_HELP
   };
   static const struct option lo[] = {{"plugin", 1, 0, O_PLUGIN},
@@ -184,6 +189,8 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
                                      {"metrics-port", 1, 0, O_MPORT},
                                      {"metrics-linger", 1, 0, O_MLINGER},
                                      {"expect-device-ipc", 0, 0, O_EXPIPC},
+                                     {"expect-device-rdma", 0, 0, O_EXPRDMA},
+                                     {"ip", 1, 0, O_IP},
                                      {"help", 0, 0, O_HELP},
                                      {0, 0, 0, 0}};
   uint64_t set[O_HELP + 1] = {0}, v = 0;
@@ -241,6 +248,8 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
     case O_NOPROG: o->progress = false; break;
     case O_VERBOSE: o->verbose = true; break;
     case O_EXPIPC: o->expect_ipc = true; break;
+    case O_EXPRDMA: o->expect_rdma = true; break;
+    case O_IP: o->ip = optarg; break;
     case O_HELP: usage(stdout); exit(0);
     case O_FAULT: {
       size_t k = 0;
@@ -352,15 +361,27 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
     fprintf(stderr, "hixl-mock-host: --metrics-linger needs --metrics-port\n");
     return 2;
   }
-  if (o->expect_ipc && o->fault != MH_FAULT_NONE) {
-    fprintf(stderr, "hixl-mock-host: --expect-device-ipc is checked on a run without --fault\n");
+  struct in_addr ip;
+  if (o->ip && inet_pton(AF_INET, o->ip, &ip) != 1) {
+    fprintf(stderr, "hixl-mock-host: --ip %s: not an IPv4 address\n", o->ip);
     return 2;
   }
-  if (o->expect_ipc && (o->tp[0] > 1 || o->tp[1] > 1 ||
-                        (strcmp(o->kv_memory, "cuda") != 0 && strcmp(o->kv_memory, "device-sim") != 0))) {
+  const char *exp = o->expect_ipc ? "--expect-device-ipc" : "--expect-device-rdma";
+  if (o->expect_ipc && o->expect_rdma) {
+    fprintf(stderr, "hixl-mock-host: --expect-device-ipc and --expect-device-rdma: one of them\n");
+    return 2;
+  }
+  if ((o->expect_ipc || o->expect_rdma) && o->fault != MH_FAULT_NONE) {
+    fprintf(stderr, "hixl-mock-host: %s is checked on a run without --fault\n", exp);
+    return 2;
+  }
+  if ((o->expect_ipc || o->expect_rdma) &&
+      (o->tp[0] > 1 || o->tp[1] > 1 ||
+       (strcmp(o->kv_memory, "cuda") != 0 && strcmp(o->kv_memory, "device-sim") != 0))) {
     fprintf(stderr,
-            "hixl-mock-host: --expect-device-ipc needs --kv-memory cuda or device-sim, and one rank a "
-            "side (the ranks' counters are gathered from an instance's one worker)\n");
+            "hixl-mock-host: %s needs --kv-memory cuda or device-sim, and one rank a "
+            "side (the ranks' counters are gathered from an instance's one worker)\n",
+            exp);
     return 2;
   }
   if ((o->metrics_port || o->trace) && (o->tp[0] > 1 || o->tp[1] > 1)) {

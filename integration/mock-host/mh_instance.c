@@ -868,7 +868,8 @@ static void side_report(struct inst *x) {
     s.rk[0].stats_ok = mh_rank_stats(&x->local, &s.rk[0].ks);
     mh_obs_tick(x->ops, x->local.worker, x->conn.fd, x->a->metrics,
                 true); /* before the report: the router has them */
-    s.ipc_bytes = mh_obs_ipc_bytes(x->ops, x->local.worker);
+    s.ipc_bytes = mh_obs_counter(x->ops, x->local.worker, "hixl_kv_device_ipc_bytes_total{");
+    s.rdma_bytes = mh_obs_counter(x->ops, x->local.worker, "hixl_kv_device_rdma_bytes_total{");
   } else {
     for (uint32_t r = 0; r < x->tp; r++) {
       struct mh_out o = {0};

@@ -119,13 +119,16 @@ static const char *plugin_path(const char *given, char *buf, size_t cap) {
 
 /* ---- per-instance configuration ---- */
 
-/* A socket bound to 127.0.0.1:port (0: one the kernel picks), and the port; -1 when
- * it is taken. */
+/* The instances' address (--ip): where free ports are found and held. */
+static const char *inst_ip = "127.0.0.1";
+
+/* A socket bound to inst_ip:port (0: one the kernel picks), and the port; -1 when it is
+ * taken. */
 static int bind_port(uint16_t port, uint16_t *got) {
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
   socklen_t sl = sizeof(sa);
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  inet_pton(AF_INET, inst_ip, &sa.sin_addr);
   if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
       getsockname(fd, (struct sockaddr *)&sa, &sl) == 0) {
     *got = ntohs(sa.sin_port);
@@ -135,7 +138,7 @@ static int bind_port(uint16_t port, uint16_t *got) {
   return -1;
 }
 
-/* Holds 127.0.0.1:port for the rest of this process: a socket bound there with
+/* Holds inst_ip:port for the rest of this process: a socket bound there with
  * SO_REUSEADDR that never listens and is never closed, so no other bind(:0) or connect()
  * on the machine takes the port before the instance's engine (SO_REUSEADDR too)
  * listens there; a port found free and closed could go to a parallel job first. */
@@ -143,7 +146,7 @@ static void hold_port(uint16_t port) {
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
   int one = 1;
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  inet_pton(AF_INET, inst_ip, &sa.sin_addr);
   if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
       bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
     return; /* kept open: the hold */
@@ -193,7 +196,7 @@ static char *instance_config(const struct mh_opts *o, const char *path, const ch
   if (given)
     snprintf(addr, sizeof(addr), "%s", given);
   else
-    snprintf(addr, sizeof(addr), "127.0.0.1:%u", (unsigned)port);
+    snprintf(addr, sizeof(addr), "%s:%u", inst_ip, (unsigned)port);
   json_object_object_add(doc, "address", json_object_new_string(addr));
   json_object_object_add(doc, "role", json_object_new_string(prefill ? "producer" : "consumer"));
   if (o->transport) json_object_object_add(doc, "Transport", json_object_new_string(o->transport));
@@ -317,6 +320,7 @@ int main(int argc, char **argv) {
   if (key && !*key) return 1;
   rt.key_file = key;
   uint16_t ports[2];
+  if (o.ip) inst_ip = o.ip;
   free_ports(o.tp, ports);
   char *cfg_p = instance_config(&o, cfg_path, key, true, ports[0], &lease_p, &push);
   char *cfg_d = cfg_p ? instance_config(&o, cfg_path, key, false, ports[1], &lease_d, &push) : NULL;

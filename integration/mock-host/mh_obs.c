@@ -57,8 +57,8 @@ void mh_obs_tick(const hixl_kv_ops *ops, hixl_kv_connector *worker, int fd, bool
   }
 }
 
-uint64_t mh_obs_ipc_bytes(const hixl_kv_ops *ops, hixl_kv_connector *worker) {
-  static const char fam[] = "hixl_kv_device_ipc_bytes_total{";
+uint64_t mh_obs_counter(const hixl_kv_ops *ops, hixl_kv_connector *worker, const char *fam) {
+  size_t flen = strlen(fam);
   hixl_kv_buffer b = {0};
   uint64_t sum = 0;
   if (!HAS_OP(ops, render_metrics) || ops->render_metrics(worker, &b) != HIXL_KV_SUCCESS) return 0;
@@ -66,8 +66,7 @@ uint64_t mh_obs_ipc_bytes(const hixl_kv_ops *ops, hixl_kv_connector *worker) {
     const char *line = (const char *)b.data + off;
     const char *nl = memchr(line, '\n', b.len - off);
     size_t n = nl ? (size_t)(nl - line) : b.len - off;
-    const char *sp =
-        n > sizeof(fam) - 1 && memcmp(line, fam, sizeof(fam) - 1) == 0 ? memrchr(line, ' ', n) : NULL;
+    const char *sp = n > flen && memcmp(line, fam, flen) == 0 ? memrchr(line, ' ', n) : NULL;
     if (sp) sum += strtoull(sp + 1, NULL, 10);
     off += n + 1;
   }

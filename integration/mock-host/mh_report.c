@@ -125,14 +125,18 @@ static bool ranks_alive(const struct mh_child *c) {
   return c->s.tp > 0;
 }
 
-/* --expect-device-ipc: the side that moves the KV moved every byte decode loaded on the
- * peer's device memory opened by IPC handle, and the other side moved none that way. */
-static bool ipc_moved(const struct mh_router *rt) {
+/* --expect-device-ipc (--expect-device-rdma): the side that moves the KV moved every byte
+ * decode loaded on the peer's device memory opened by IPC handle (by RDMA directly), and
+ * the other side moved none that way. */
+static bool dev_moved(const struct mh_router *rt) {
   const struct mh_child *mover = &rt->side[rt->push ? 0 : 1], *other = &rt->side[rt->push ? 1 : 0];
   const struct mh_child *D = &rt->side[1];
-  if (!rt->o->expect_ipc) return true;
+  bool ipc = rt->o->expect_ipc;
+  if (!ipc && !rt->o->expect_rdma) return true;
+  uint64_t moved = ipc ? mover->s.ipc_bytes : mover->s.rdma_bytes,
+           idle = ipc ? other->s.ipc_bytes : other->s.rdma_bytes;
   return D->stats_in && mover->stats_in && other->stats_in && D->s.stats_ok && D->s.ks.bytes_loaded > 0 &&
-         mover->s.ipc_bytes == D->s.ks.bytes_loaded && other->s.ipc_bytes == 0;
+         moved == D->s.ks.bytes_loaded && idle == 0;
 }
 
 bool mh_verdict(const struct mh_router *rt) {
@@ -156,7 +160,7 @@ bool mh_verdict(const struct mh_router *rt) {
   bool tp_freed = !o->model.tp || (P->s.stats_ok && P->s.ks.lease_expired == 0);
   if (o->fault == MH_FAULT_NONE)
     return base && rt->nverified == o->requests && p_clean && d_clean && tp_bytes && tp_freed &&
-           ipc_moved(rt);
+           dev_moved(rt);
   if (o->fault == MH_FAULT_INTRUDER) /* nothing let in, nothing learned, the hand-off untouched */
     return base && rt->nverified == o->requests && p_clean && d_clean && rt->intruder_in &&
            rt->intrusion.attempts > 0 && rt->intrusion.admitted == 0 && rt->intrusion.entries_seen == 0 &&
@@ -277,10 +281,11 @@ int mh_report(const struct mh_router *rt, const struct mh_model *md, bool pass) 
   if (m->tp)
     printf("  %-28s %" PRIu64 " moved (decode bytes_loaded, every rank's), %" PRIu64 " needed\n",
            "KV bytes moved / needed", rt->side[1].s.ks.bytes_loaded, tp_bytes_needed(rt, md));
-  if (o->expect_ipc)
+  if (o->expect_ipc || o->expect_rdma)
     printf("  %-28s prefill %" PRIu64 ", decode %" PRIu64 " (decode bytes_loaded %" PRIu64 ")\n",
-           "KV bytes by IPC handle", rt->side[0].s.ipc_bytes, rt->side[1].s.ipc_bytes,
-           rt->side[1].s.ks.bytes_loaded);
+           o->expect_ipc ? "KV bytes by IPC handle" : "KV bytes by RDMA (GPUDirect)",
+           o->expect_ipc ? rt->side[0].s.ipc_bytes : rt->side[0].s.rdma_bytes,
+           o->expect_ipc ? rt->side[1].s.ipc_bytes : rt->side[1].s.rdma_bytes, rt->side[1].s.ks.bytes_loaded);
   printf("  %-28s %u\n", "requests", o->requests);
   printf("  %-28s %" PRIu64 "\n", "prompt tokens", f.tokens);
   char hb[32];

@@ -289,6 +289,7 @@ void mh_put_side(struct mh_out *o, const struct mh_side *s) {
     mh_put_stats(o, &s->rk[r].ks);
   }
   mh_put_u64(o, s->ipc_bytes);
+  mh_put_u64(o, s->rdma_bytes);
 }
 
 void mh_get_side(struct mh_in *in, struct mh_side *s) {
@@ -310,6 +311,7 @@ void mh_get_side(struct mh_in *in, struct mh_side *s) {
     mh_get_stats(in, &s->rk[r].ks);
   }
   s->ipc_bytes = mh_get_u64(in);
+  s->rdma_bytes = mh_get_u64(in);
 }
 
 void mh_put_work(struct mh_out *o, const struct mh_work *w) {

@@ -661,6 +661,12 @@ hixl_kv_status kv_render_metrics(hixl_kv_connector *c, hixl_kv_buffer *text) {
       fputs("hixl_kv_device_ipc_bytes_total{", f);
       labels(f, c, role);
       fprintf(f, "} %" PRIu64 "\n", ds.ipc_bytes);
+      family(f, "hixl_kv_device_rdma_bytes_total", "counter",
+             "Bytes of ops on device memory (here or at the peer) this worker's engine moved by RDMA "
+             "directly (GPUDirect: an MR over the memory's dma-buf on both sides)");
+      fputs("hixl_kv_device_rdma_bytes_total{", f);
+      labels(f, c, role);
+      fprintf(f, "} %" PRIu64 "\n", ds.rdma_bytes);
     }
   }
   if (fclose(f) != 0) {
