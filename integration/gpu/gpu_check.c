@@ -10,7 +10,15 @@
  * figures, medians of --reps runs: cuMemcpyDtoD and cuMemcpyDtoH of the whole buffer
  * (the references), hixl's device-to-device WRITE over tcp and its host-to-host WRITE
  * over tcp, and their ratios (goals in docs/device-memory.md: tcp staging >= 0.8x of
- * the same transfer from host memory). Table on stdout, --json FILE.
+ * the same transfer from host memory).
+ *
+ * Across processes (same host, CUDA IPC): a child forked before either process starts
+ * CUDA holds --mib MiB of its own cuMemAlloc'd memory, filled with a pattern, registered
+ * as device memory in its engine (Transport shm, a key). This process READs all of it
+ * into its device memory over a shm link, which opens the child's allocation by its IPC
+ * handle and copies device to device; every byte checked, then timed beside
+ * cuMemcpyDtoD of the same bytes in this process (goal: >= 0.8x). Table on stdout,
+ * --json FILE.
  *
  *   hixl-gpu-check [--mib N] [--reps N] [--json FILE] */
 #include <cuda.h>
@@ -20,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -156,6 +165,75 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* The child of the IPC pass: its own CUDA, len bytes of device memory holding fill(,, 77)
+ * registered in an engine at name (Transport shm, key); the memory's address on ready_fd
+ * once it is up, then it waits for EOF on ctl_fd. Exit status 0 when all went well. */
+static int ipc_child(const char *name, const char *key, size_t len, int ready_fd, int ctl_fd) {
+  CUdevice dev;
+  CUcontext ctx;
+  CUdeviceptr d = 0;
+  HixlEngine *e = NULL;
+  HixlMemHandle h;
+  HixlOption o[2] = {{"Transport", "shm"}, {"AuthKeyFile", key}};
+  uint8_t *pat = malloc(len);
+  char c = 0;
+  if (!pat || cu.init(0) != CUDA_SUCCESS || cu.device_get(&dev, 0) != CUDA_SUCCESS ||
+      cu.ctx_retain(&ctx, dev) != CUDA_SUCCESS || cu.ctx_set(ctx) != CUDA_SUCCESS || cu.alloc(&d, len))
+    return 3;
+  fill(pat, len, 77);
+  HixlMemDesc md = {.addr = (uint64_t)d, .len = len};
+  if (cu.htod(d, pat, len) != CUDA_SUCCESS || HixlEngineCreate(&e) != HIXL_SUCCESS ||
+      HixlEngineInitialize(e, name, o, 2) != HIXL_SUCCESS ||
+      HixlEngineRegisterMem(e, &md, HIXL_MEM_DEVICE, &h) != HIXL_SUCCESS) {
+    fprintf(stderr, "hixl-gpu-check: the IPC child: %s\n", HixlGetLastErrorMessage());
+    return 4;
+  }
+  uint64_t at = (uint64_t)d;
+  if (write(ready_fd, &at, sizeof(at)) != (ssize_t)sizeof(at)) return 5;
+  while (read(ctl_fd, &c, 1) > 0) {
+  }
+  HixlEngineFinalize(e);
+  HixlEngineDestroy(e);
+  cu.free_(d);
+  free(pat);
+  return 0;
+}
+
+struct ipc_peer {
+  pid_t pid;
+  int ready, ctl; /* our ends of the pipes: its memory's address, and the EOF that ends it */
+};
+
+/* Fork the IPC pass's child (before this process starts CUDA: a forked CUDA context is
+ * unusable); false when it cannot be. */
+static bool ipc_fork(struct ipc_peer *p, const char *name, const char *key, size_t len) {
+  int up[2], down[2];
+  if (pipe(up) != 0) return false;
+  if (pipe(down) != 0) {
+    close(up[0]), close(up[1]);
+    return false;
+  }
+  p->pid = fork();
+  if (p->pid == 0) {
+    close(up[0]), close(down[1]);
+    _exit(ipc_child(name, key, len, up[1], down[0]));
+  }
+  close(up[1]), close(down[0]);
+  p->ready = up[0], p->ctl = down[1];
+  return p->pid > 0;
+}
+
+/* End the child: EOF, then its exit status (0: it went well). */
+static int ipc_end(struct ipc_peer *p) {
+  int st = 0;
+  if (p->pid <= 0) return -1;
+  close(p->ctl);
+  close(p->ready);
+  if (waitpid(p->pid, &st, 0) != p->pid) return -1;
+  p->pid = 0;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
 int main(int argc, char **argv) {
   static const struct option lo[] = {
       {"mib", 1, 0, 'm'}, {"reps", 1, 0, 'r'}, {"json", 1, 0, 'j'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
@@ -180,29 +258,48 @@ int main(int argc, char **argv) {
     return 2;
   }
   if (!load(why, sizeof(why))) return skip(why);
-  CUdevice dev;
-  CUcontext ctx;
-  char gpu[128] = "?";
-  if (cu.init(0) != CUDA_SUCCESS || cu.device_get(&dev, 0) != CUDA_SUCCESS)
-    return skip("the driver finds no GPU");
-  if (cu.ctx_retain(&ctx, dev) != CUDA_SUCCESS || cu.ctx_set(ctx) != CUDA_SUCCESS)
-    return skip("no context on GPU 0");
-  cu.name(gpu, sizeof(gpu), dev);
   size_t len = mib << 20;
-  struct side a = {0}, b = {0}, x = {0}, y = {0};
-  uint8_t *want = malloc(len), *scratch = malloc(len);
-  if (!want || !scratch || cu.alloc(&a.dev, len) || cu.alloc(&b.dev, len) ||
-      cu.alloc_host((void **)&a.host, len) || cu.alloc_host((void **)&b.host, len)) {
-    fprintf(stderr, "hixl-gpu-check: cannot allocate %zu MiB four times\n", mib);
-    return 1;
-  }
-  x.dev = a.dev, x.host = a.host, y.dev = b.dev, y.host = b.host;
   char keyf[] = "/tmp/hixl-gpu-key-XXXXXX";
   int kfd = mkstemp(keyf);
   if (kfd < 0 || write(kfd, "6b65792d666f722d7468652d6770752d636865636b2d6f6e6c792d6f6b2e2e2e\n", 65) != 65)
     return 1;
   close(kfd);
   uint16_t port = (uint16_t)(20000 + getpid() % 20000);
+  char child_name[32];
+  snprintf(child_name, sizeof(child_name), "127.0.0.1:%u", (unsigned)(port + 4));
+  struct ipc_peer peer = {0};
+  if (!ipc_fork(&peer, child_name, keyf, len)) {
+    fprintf(stderr, "hixl-gpu-check: cannot fork the IPC pass's child\n");
+    unlink(keyf);
+    return 1;
+  }
+  CUdevice dev;
+  CUcontext ctx;
+  char gpu[128] = "?";
+  if (cu.init(0) != CUDA_SUCCESS || cu.device_get(&dev, 0) != CUDA_SUCCESS) {
+    ipc_end(&peer), unlink(keyf);
+    return skip("the driver finds no GPU");
+  }
+  if (cu.ctx_retain(&ctx, dev) != CUDA_SUCCESS || cu.ctx_set(ctx) != CUDA_SUCCESS) {
+    ipc_end(&peer), unlink(keyf);
+    return skip("no context on GPU 0");
+  }
+  cu.name(gpu, sizeof(gpu), dev);
+  struct side a = {0}, b = {0}, x = {0}, y = {0};
+  uint8_t *want = malloc(len), *scratch = malloc(len);
+  if (!want || !scratch || cu.alloc(&a.dev, len) || cu.alloc(&b.dev, len) ||
+      cu.alloc_host((void **)&a.host, len) || cu.alloc_host((void **)&b.host, len)) {
+    fprintf(stderr, "hixl-gpu-check: cannot allocate %zu MiB four times\n", mib);
+    ipc_end(&peer), unlink(keyf);
+    return 1;
+  }
+  x.dev = a.dev, x.host = a.host, y.dev = b.dev, y.host = b.host;
+  uint64_t child_dev = 0;
+  if (read(peer.ready, &child_dev, sizeof(child_dev)) != (ssize_t)sizeof(child_dev)) { /* its engine is up */
+    fprintf(stderr, "hixl-gpu-check: the IPC pass's child did not come up (exit %d)\n", ipc_end(&peer));
+    unlink(keyf);
+    return 1;
+  }
   if (!side_up(&a, "tcp", port, len, NULL) || !side_up(&b, "tcp", port + 1, len, NULL) ||
       HixlEngineConnect(a.e, b.name, 10000) != HIXL_SUCCESS || !side_up(&x, "shm", port + 2, len, keyf) ||
       !side_up(&y, "shm", port + 3, len, keyf) || HixlEngineConnect(x.e, y.name, 10000) != HIXL_SUCCESS) {
@@ -241,6 +338,42 @@ int main(int argc, char **argv) {
     if (s1 != HIXL_SUCCESS || s2 != HIXL_SUCCESS) bad++;
     t_dtod[i] = t1 - t0, t_dtoh[i] = t2 - t1, t_hixl_dev[i] = t3 - t2, t_hixl_host[i] = t4 - t3;
   }
+  /* Across processes: x READs the child's device memory over a shm link (CUDA IPC). */
+  double t_ipc[99];
+  int ipc_bad = 0;
+  HixlTransferOpDesc id = {.local_addr = (uint64_t)x.dev, .remote_addr = child_dev, .len = len};
+  if (HixlEngineConnect(x.e, child_name, 10000) != HIXL_SUCCESS) {
+    fprintf(stderr, "hixl-gpu-check: connecting to the IPC pass's child: %s\n", HixlGetLastErrorMessage());
+    ipc_bad = 1;
+  }
+  for (int i = 0; !ipc_bad && i < reps; i++) {
+    cu.htod(x.dev, want, 4096); /* not the pattern: the READ must bring it */
+    double t0 = now_s();
+    HixlStatus st = HixlEngineTransferSync(x.e, child_name, HIXL_READ, &id, 1, 60000);
+    t_ipc[i] = now_s() - t0;
+    if (st != HIXL_SUCCESS) {
+      fprintf(stderr, "hixl-gpu-check: READ of the child's device memory: %s\n", HixlGetLastErrorMessage());
+      ipc_bad = 1;
+      break;
+    }
+    if (i == 0) {
+      fill(want, len, 77);
+      cu.dtoh(scratch, x.dev, len);
+      if (memcmp(scratch, want, len) != 0) {
+        fprintf(stderr, "hixl-gpu-check: READ of the child's device memory: the bytes differ\n");
+        ipc_bad = 1;
+      }
+    }
+  }
+  HixlEngineDisconnect(x.e, child_name, 5000);
+  int child_rc = ipc_end(&peer);
+  if (child_rc != 0) {
+    fprintf(stderr, "hixl-gpu-check: the IPC pass's child exited %d\n", child_rc);
+    ipc_bad = 1;
+  }
+  printf("byte check across processes (READ of another process's device memory over shm, CUDA IPC): %s\n",
+         ipc_bad ? "FAILED" : "passed");
+  bad += ipc_bad;
   double gb = (double)len / 1e9;
   double dtod = gb / median(t_dtod, reps), dtoh = gb / median(t_dtoh, reps),
          hdev = gb / median(t_hixl_dev, reps), hhost = gb / median(t_hixl_host, reps);
@@ -251,6 +384,11 @@ int main(int argc, char **argv) {
          "(goal >= 0.8x) |\n",
          hdev, hdev / dtoh, hdev / hhost);
   printf("| hixl WRITE host -> host, tcp | %.2f | the same transfer from host memory |\n", hhost);
+  double ipc = ipc_bad ? 0 : gb / median(t_ipc, reps);
+  printf(
+      "| hixl READ device -> device, another process, shm (CUDA IPC) | %.2f | %.2fx of cuMemcpyDtoD (goal >= "
+      "0.8x) |\n",
+      ipc, ipc / dtod);
   if (json) {
     FILE *f = fopen(json, "w");
     if (f) {
@@ -258,8 +396,8 @@ int main(int argc, char **argv) {
           f,
           "{\"gpu\": \"%s\", \"mib\": %zu, \"reps\": %d, \"byte_checks\": %d, \"byte_checks_failed\": %d, "
           "\"dtod_gbps\": %.3f, \"dtoh_gbps\": %.3f, \"hixl_dev_tcp_gbps\": %.3f, \"hixl_host_tcp_gbps\": "
-          "%.3f}\n",
-          gpu, mib, reps, checks, bad, dtod, dtoh, hdev, hhost);
+          "%.3f, \"hixl_ipc_read_gbps\": %.3f, \"ipc_ok\": %s}\n",
+          gpu, mib, reps, checks, bad, dtod, dtoh, hdev, hhost, ipc, ipc_bad ? "false" : "true");
       fclose(f);
     }
   }
