@@ -695,7 +695,8 @@ static const struct hb_opt opts[] = {
      0, 0, hb_extra_add},
     {"--unregistered", HB_CHOICE, &o.unreg, "local|remote|both",
      "leave that side's buffer unregistered, so every op is staged; remote/both\n"
-     "run the target with StagingUnregistered=on (unless an --opt sets it)",
+     "run the target with StagingUnregistered=on (unless an --opt sets it), which\n"
+     "needs a key: --opt AuthKeyFile=FILE (or HIXL_AUTH_KEY_FILE)",
      0, 0, unregs},
     {"--op", HB_CHOICE, &o.op_idx, "read|write|both", "(default both)", 0, 0, op_choices},
     {"--block-sizes", HB_SIZES, o.blocks, "LIST", "e.g. 4K,64K,4M (default 4K..16M, powers of 2)", 0, 0,
