@@ -644,6 +644,37 @@ static void test_finalize_in_flight(void) {
   CU_ASSERT_EQUAL(pin1, pin0); /* both pools freed at Finalize */
 }
 
+/* A device copy that takes its time (the stand-in's gate held closed) holds up no wire:
+ * while b's copy of a's WRITE into its device memory waits, another engine's WRITE into
+ * b's host memory is answered (b's progress thread reads on: the copier waits, not it);
+ * once the gate opens, a's WRITE lands too, every byte. */
+static void test_copy_beside_wire(void) {
+  struct side x;
+  CU_ASSERT_FATAL(side_up(&x, pair_transport()));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(x.e, b.name, 5000));
+  tu_fill(a.host, 1u << 20, 801);
+  tu_fill(x.host, 65536, 802);
+  memset(b.dev, 0, 1u << 20);
+  memset(b.host, 0, 65536);
+  devmem_test_gate(true);
+  HixlTransferOpDesc w = {(uintptr_t)a.host, (uintptr_t)b.dev, 1u << 20};
+  HixlTransferReq req = NULL;
+  TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(a.e, b.name, HIXL_WRITE, &w, 1, 20000, NULL, &req));
+  bool held = devmem_test_gate_wait(1, 10000); /* b's copy into its device memory waits */
+  CU_ASSERT_TRUE(held);
+  HixlTransferOpDesc h = {(uintptr_t)x.host, (uintptr_t)b.host, 65536};
+  HixlStatus st = HixlEngineTransferSync(x.e, b.name, HIXL_WRITE, &h, 1, 5000);
+  devmem_test_gate(false);
+  TU_ASSERT_OK(st);
+  TU_ASSERT_SAME(b.host, x.host, 65536, "a host WRITE beside a device copy that waits");
+  HixlTransferStatus fin = HIXL_TRANSFER_WAITING;
+  TU_ASSERT_OK(tu_wait_request(a.e, req, tu_now_ms() + 20000, &fin));
+  CU_ASSERT_EQUAL(fin, HIXL_TRANSFER_COMPLETED);
+  TU_ASSERT_SAME(b.dev, a.host, 1u << 20, "the device WRITE, once its copy went on");
+  side_down(&x);
+  assert_pool_back("after the copy beside the wire");
+}
+
 static CU_TestInfo none_tests[] = {
     {"no driver: HIXL_MEM_DEVICE UNSUPPORTED with a sentence; host memory as before", test_no_driver},
     CU_TEST_INFO_NULL,
@@ -663,6 +694,8 @@ static CU_TestInfo host_tests[] = {
      test_link_share},
     {"the link cut with device copies queued and running: requests end, buffers back", test_cut_in_flight},
     {"Finalize with device copies in flight: returns, pools freed and unpinned", test_finalize_in_flight},
+    {"a device copy that waits holds up no wire: another link's WRITE answered meanwhile",
+     test_copy_beside_wire},
     CU_TEST_INFO_NULL,
 };
 

@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <linux/udmabuf.h>
@@ -368,14 +369,54 @@ static HixlStatus ht_query(uint64_t addr, uint64_t len, int *device, char *why, 
   return HIXL_SUCCESS;
 }
 static uint64_t ht_out, ht_in; /* bytes copied each way */
+
+/* The gate copies to and from "device" memory wait at while a test holds it closed (a
+ * device's DMA that takes its time), and how many wait there now. */
+static pthread_mutex_t ht_gate_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ht_gate_cv = PTHREAD_COND_INITIALIZER;
+static bool ht_gate_closed;
+static uint32_t ht_gate_waiting;
+
+static void ht_gate_pass(void) {
+  pthread_mutex_lock(&ht_gate_lock);
+  ht_gate_waiting++;
+  pthread_cond_broadcast(&ht_gate_cv);
+  while (ht_gate_closed) pthread_cond_wait(&ht_gate_cv, &ht_gate_lock);
+  ht_gate_waiting--;
+  pthread_mutex_unlock(&ht_gate_lock);
+}
+
+void devmem_test_gate(bool closed) {
+  pthread_mutex_lock(&ht_gate_lock);
+  ht_gate_closed = closed;
+  pthread_cond_broadcast(&ht_gate_cv);
+  pthread_mutex_unlock(&ht_gate_lock);
+}
+
+bool devmem_test_gate_wait(uint32_t n, int ms) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += ms / 1000;
+  until.tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  pthread_mutex_lock(&ht_gate_lock);
+  int rc = 0;
+  while (ht_gate_waiting < n && rc == 0) rc = pthread_cond_timedwait(&ht_gate_cv, &ht_gate_lock, &until);
+  bool ok = ht_gate_waiting >= n;
+  pthread_mutex_unlock(&ht_gate_lock);
+  return ok;
+}
+
 static HixlStatus ht_to_host(void *dst, uint64_t src, size_t n, int device, char *why, size_t cap) {
   (void)device, (void)why, (void)cap;
+  ht_gate_pass();
   memcpy(dst, (const void *)(uintptr_t)src, n);
   __atomic_add_fetch(&ht_out, n, __ATOMIC_RELAXED);
   return HIXL_SUCCESS;
 }
 static HixlStatus ht_to_device(uint64_t dst, const void *src, size_t n, int device, char *why, size_t cap) {
   (void)device, (void)why, (void)cap;
+  ht_gate_pass();
   memcpy((void *)(uintptr_t)dst, src, n);
   __atomic_add_fetch(&ht_in, n, __ATOMIC_RELAXED);
   return HIXL_SUCCESS;

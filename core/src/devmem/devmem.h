@@ -112,6 +112,11 @@ void devmem_test_ipc_devices(int *opened, int *closed);
  * a memfd mapped shared, NULL when it cannot be made; devmem_test_free undoes it. */
 void *devmem_test_alloc(size_t len);
 void devmem_test_free(void *p);
+/* Test builds: close (true) or open the gate the host stand-in's copies to and from
+ * "device" memory wait at (a device's copy that takes its time); gate_wait waits at most
+ * ms for n copies to wait there, and says whether they do. */
+void devmem_test_gate(bool closed);
+bool devmem_test_gate_wait(uint32_t n, int ms);
 /* Test builds: dma-bufs the host stand-in made so far (dmabuf). */
 uint64_t devmem_test_dmabufs(void);
 

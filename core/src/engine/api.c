@@ -106,6 +106,7 @@ HixlStatus HixlEngineCreate(HixlEngine **engine) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&e->cond, &ca);
   pthread_cond_init(&e->rail_cond, &ca);
+  pthread_cond_init(&e->devq.copier_cv, &ca);
   pthread_condattr_destroy(&ca);
   e->listen_fd = e->epfd = e->evfd = -1;
   for (int k = 0; k < HIXL_RAILS_MAX; k++) e->rail_fds[k] = -1;
@@ -303,6 +304,7 @@ HixlStatus HixlEngineDestroy(HixlEngine *e) {
   auth_destroy(&e->auth);
   pthread_cond_destroy(&e->cond);
   pthread_cond_destroy(&e->rail_cond);
+  pthread_cond_destroy(&e->devq.copier_cv);
   pthread_mutex_destroy(&e->nonce_lock);
   pthread_mutex_destroy(&e->req_lock);
   pthread_mutex_destroy(&e->lock);

@@ -224,6 +224,13 @@ struct devq {
   uint32_t stalls;            /* target links stalled on the pool (LINK_STALL_DEVMEM) */
   uint32_t copying;           /* threads copying now, the lock released (Finalize waits for them) */
   bool resume;                /* a buffer came back: target links stalled on the pool read again */
+  /* The copier: the thread that runs the copies of links the progress thread reads,
+   * so that a copy (a device's DMA, waited for) never holds up the wire: started at
+   * the first device job, woken by the progress thread (link_devq_kick), stopped and
+   * joined at Finalize. A sync caller still copies its own link's jobs itself. */
+  pthread_t copier;
+  pthread_cond_t copier_cv;
+  bool copier_up, copier_stop;
 
   void *held[ENGINE_DEV_BUFS];           /* the pool's buffers handed out ... */
   struct conn *held_by[ENGINE_DEV_BUFS]; /* ... and the link each is charged to (NULL: none, or freed) */
@@ -376,8 +383,9 @@ void link_devq_kill(struct conn *c, HixlStatus st, const char *why); /* c dies: 
 void link_devq_land(struct conn *c,
                     struct chunk *ch); /* ch's READ answer landed in ch->bounce: to the device */
 bool link_devq_step(struct HixlEngine *e, struct conn *only); /* true: more can run now */
-void link_devq_fini(struct HixlEngine *e);                    /* Finalize, links gone */
-void link_txq_unlink(struct conn *c, struct txitem *it);      /* out of c's send queue, wherever it is */
+void link_devq_kick(struct HixlEngine *e); /* progress thread: jobs or a buffer came: the copier runs */
+void link_devq_fini(struct HixlEngine *e); /* Finalize, links gone */
+void link_txq_unlink(struct conn *c, struct txitem *it); /* out of c's send queue, wherever it is */
 /* Rails: the live rail of p least loaded, other than except (ties: p->conn), or NULL.
  * rm (NULL: any): a one-sided rail (rdma) only when it knows rm's key for that rail. */
 struct conn *link_rail_pick(struct peer *p, const struct conn *except, const struct remote_mem *rm);

@@ -355,9 +355,13 @@ void link_conn_kill(struct conn *c, HixlStatus st, const char *why) {
 }
 
 void link_free_graveyard(struct HixlEngine *e) {
-  while (e->graveyard) {
-    struct conn *c = e->graveyard;
-    e->graveyard = c->next;
+  for (struct conn **pc = &e->graveyard; *pc;) {
+    struct conn *c = *pc;
+    if (c->devjobs > 0) { /* a job of its the copier runs still reads it: freed after */
+      pc = &c->next;
+      continue;
+    }
+    *pc = c->next;
     link_devbuf_disown(c); /* a chunk still holding a buffer it took on c puts it back later */
     for (int i = 0; i < XPORT_MODS; i++) e->mods[i]->link.free(c);
     auth_frames_free(&c->proof);

@@ -299,14 +299,54 @@ bool link_devq_step(struct HixlEngine *e, struct conn *only) {
     for (size_t k = 0; k < n; k++) devq_done(e, mine[k], st[k], why[k]);
     if (--q->copying == 0) pthread_cond_broadcast(&e->cond);
   }
-  if (q->resume) devq_resume(e);
+  /* Stalled target links read again where frames may be parsed: by the progress thread
+   * (link_devq_kick's caller), or a sync caller; never the copier. */
+  if (q->resume && only) devq_resume(e);
+  if (q->resume && !only) link_wake(e);
   for (struct devjob *j = q->head; j; j = j->next)
     if (!j->running && j->buf && (only ? j->c == only : j->c->rx != RX_CALLER)) return true;
   return false;
 }
 
+/* The copier: steps while jobs can run, then waits to be kicked. */
+static void *devq_copier_main(void *arg) {
+  struct HixlEngine *e = arg;
+  struct devq *q = &e->devq;
+  pthread_mutex_lock(&e->lock);
+  while (!q->copier_stop)
+    if (!link_devq_step(e, NULL)) pthread_cond_wait(&q->copier_cv, &e->lock);
+  pthread_mutex_unlock(&e->lock);
+  return NULL;
+}
+
+void link_devq_kick(struct HixlEngine *e) {
+  struct devq *q = &e->devq;
+  if (q->resume) devq_resume(e); /* frames waiting on stalled links parsed here, not by the copier */
+  if (q->copier_stop || !q->head) return;
+  if (!q->copier_up) {
+    int rc = pthread_create(&q->copier, NULL, devq_copier_main, e);
+    if (rc != 0) { /* the progress thread copies, as it can */
+      log_warn("engine %s: no thread for device copies (%s): the progress thread runs them", engine_name(e),
+               strerror(rc));
+      link_devq_step(e, NULL);
+      return;
+    }
+    q->copier_up = true;
+    thread_name(q->copier, "hixl-devcopy");
+  }
+  pthread_cond_signal(&q->copier_cv);
+}
+
 void link_devq_fini(struct HixlEngine *e) {
   struct devq *q = &e->devq;
+  q->copier_stop = true;
+  if (q->copier_up) { /* its step ends (the jobs of links killed since end as lost), then it sees stop */
+    pthread_cond_signal(&q->copier_cv);
+    pthread_mutex_unlock(&e->lock);
+    pthread_join(q->copier, NULL);
+    pthread_mutex_lock(&e->lock);
+    q->copier_up = false;
+  }
   while (q->copying > 0) pthread_cond_wait(&e->cond, &e->lock); /* a sync caller's copy returns first */
   while (q->head) link_devq_drop(e, q->head); /* none: every link is gone, and its jobs with it */
   devmem_pool_free(q->pool);
@@ -659,7 +699,7 @@ static void *progress_main(void *arg) {
     }
     bool more = false; /* one step per link, then events get a turn */
     for (int m = 0; m < XPORT_MODS; m++) more |= e->mods[m]->iface.progress(e);
-    if (e->devq.head || e->devq.resume) more |= link_devq_step(e, NULL);
+    if (e->devq.head || e->devq.resume) link_devq_kick(e); /* the copier runs them, the wire goes on */
     wait_ms = more ? 0 : -1;
     link_free_graveyard(e);
     pthread_mutex_unlock(&e->lock);
@@ -691,6 +731,7 @@ int link_start(struct HixlEngine *e, HixlStatus *st) {
   if (e->epfd < 0) goto err;
   e->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (e->evfd < 0) goto close_ep;
+  e->devq.copier_stop = e->devq.copier_up = false;
   ev.data.ptr = &e->evfd;
   if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->evfd, &ev) < 0) goto close_ev;
   e->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
