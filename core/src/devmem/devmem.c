@@ -394,11 +394,10 @@ void devmem_test_gate(bool closed) {
 }
 
 bool devmem_test_gate_wait(uint32_t n, int ms) {
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += ms / 1000;
-  until.tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  struct timespec now; /* the condition variable's clock: CLOCK_REALTIME */
+  clock_gettime(CLOCK_REALTIME, &now);
+  uint64_t t = (uint64_t)now.tv_sec * 1000000000u + (uint64_t)now.tv_nsec + (uint64_t)ms * 1000000u;
+  struct timespec until = {.tv_sec = (time_t)(t / 1000000000u), .tv_nsec = (long)(t % 1000000000u)};
   pthread_mutex_lock(&ht_gate_lock);
   int rc = 0;
   while (ht_gate_waiting < n && rc == 0) rc = pthread_cond_timedwait(&ht_gate_cv, &ht_gate_lock, &until);
