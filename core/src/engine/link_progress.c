@@ -313,8 +313,8 @@ static void *devq_copier_main(void *arg) {
   struct HixlEngine *e = arg;
   struct devq *q = &e->devq;
   pthread_mutex_lock(&e->lock);
-  while (!q->copier_stop)
-    if (!link_devq_step(e, NULL)) pthread_cond_wait(&q->copier_cv, &e->lock);
+  while (!q->copier_stop) /* a step releases the lock: stop may have come meanwhile, its signal gone */
+    if (!link_devq_step(e, NULL) && !q->copier_stop) pthread_cond_wait(&q->copier_cv, &e->lock);
   pthread_mutex_unlock(&e->lock);
   return NULL;
 }
