@@ -299,10 +299,9 @@ bool link_devq_step(struct HixlEngine *e, struct conn *only) {
     for (size_t k = 0; k < n; k++) devq_done(e, mine[k], st[k], why[k]);
     if (--q->copying == 0) pthread_cond_broadcast(&e->cond);
   }
-  /* Stalled target links read again where frames may be parsed: by the progress thread
-   * (link_devq_kick's caller), or a sync caller; never the copier. */
+  /* Stalled target links read again where frames may be parsed: a sync caller here, the
+   * progress thread in link_devq_kick (link_devbuf_put woke it); never the copier. */
   if (q->resume && only) devq_resume(e);
-  if (q->resume && !only) link_wake(e);
   for (struct devjob *j = q->head; j; j = j->next)
     if (!j->running && j->buf && (only ? j->c == only : j->c->rx != RX_CALLER)) return true;
   return false;
