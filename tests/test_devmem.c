@@ -5,7 +5,10 @@
  *   test_devmem_host   HIXL_TEST_DEVMEM=host: the test builds' stand-in provider treats
  *                      host memory as device 0's, so every device path runs here: the
  *                      memory table's kind, host bounce buffers both ways on both ends,
- *                      multi-chunk ops, the refusals (staged, shm), a peer lost mid-transfer.
+ *                      multi-chunk ops, the refusals (staged, shm), a peer lost mid-transfer;
+ *                      its copies asynchronous, on a stream per link;
+ *   test_devmem_host_sync  the same with HIXL_TEST_DEVMEM_ASYNC=0: a provider without
+ *                      streams, whose copies the engine makes one after another.
  * Engines on 127.0.0.1 (the guest's rxe address there), one process, Transport tcp
  * (rdma in the soft-RoCE guest) unless a test says otherwise. */
 #include <CUnit/Basic.h>
@@ -696,6 +699,69 @@ static void test_copy_beside_wire(void) {
   assert_pool_back("after the copy beside the wire");
 }
 
+static bool async_provider(void) {
+  const char *v = getenv("HIXL_TEST_DEVMEM_ASYNC");
+  return !(v && strcmp(v, "0") == 0);
+}
+
+/* Device copies on a stream per link: while the copy of x's WRITE into t's device
+ * memory is held (the stand-in's gate, closed on that range alone), y's WRITE into the
+ * next range of t's device memory lands and is answered: t copies for its two links at
+ * once, where one copier thread would wait behind the held copy (y's WRITE then times
+ * out: HIXL_TEST_DEVMEM_ASYNC=0, the provider without streams, skips this). Then x's
+ * lands too, every byte; a sync caller's device-to-device READ copies on its own link's
+ * stream; the streams go with their links. */
+static void test_streams_per_link(void) {
+  const size_t len = 1u << 20;
+  struct side t, x, y;
+  uint64_t made0, live0, copies0, made1, live1, copies1;
+  if (!async_provider()) {
+    printf("  [skipped: HIXL_TEST_DEVMEM_ASYNC=0, the provider has no streams]\n");
+    return;
+  }
+  devmem_test_streams(&made0, &live0, &copies0);
+  CU_ASSERT_FATAL(side_up(&t, pair_transport()) && side_up(&x, pair_transport()) &&
+                  side_up(&y, pair_transport()));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(x.e, t.name, 5000));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(y.e, t.name, 5000));
+  tu_fill(x.host, len, 811);
+  tu_fill(y.host, len, 812);
+  memset(t.dev, 0, 2 * len);
+  devmem_test_gate_range((uintptr_t)t.dev, len);
+  devmem_test_gate(true);
+  HixlTransferOpDesc wx = {(uintptr_t)x.host, (uintptr_t)t.dev, len};
+  HixlTransferReq req = NULL;
+  TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(x.e, t.name, HIXL_WRITE, &wx, 1, 20000, NULL, &req));
+  CU_ASSERT_TRUE(devmem_test_gate_wait(1, 10000)); /* t's copy of x's WRITE waits */
+  HixlTransferOpDesc wy = {(uintptr_t)y.host, (uintptr_t)t.dev + len, len};
+  HixlStatus st = HixlEngineTransferSync(y.e, t.name, HIXL_WRITE, &wy, 1, 5000);
+  HixlTransferStatus fin = HIXL_TRANSFER_WAITING;
+  HixlStatus xst = HixlEngineGetTransferStatus(x.e, req, &fin);
+  devmem_test_gate(false);
+  devmem_test_gate_range(0, 0);
+  TU_ASSERT_OK(st);
+  TU_ASSERT_SAME(t.dev + len, y.host, len, "y's WRITE, landed while x's copy was held");
+  TU_ASSERT_OK(xst);
+  CU_ASSERT_EQUAL(fin, HIXL_TRANSFER_WAITING); /* x's was still held then */
+  TU_ASSERT_OK(tu_wait_request(x.e, req, tu_now_ms() + 20000, &fin));
+  CU_ASSERT_EQUAL(fin, HIXL_TRANSFER_COMPLETED);
+  TU_ASSERT_SAME(t.dev, x.host, len, "x's WRITE, once its copy went on");
+  /* A sync caller's device READ: t copies out on its stream, x copies in on its own. */
+  memset(x.dev, 0, 2 * len);
+  HixlTransferOpDesc r = {(uintptr_t)x.dev + 3, (uintptr_t)t.dev + 5, 2 * len - 5};
+  TU_ASSERT_OK(HixlEngineTransferSync(x.e, t.name, HIXL_READ, &r, 1, 10000));
+  TU_ASSERT_SAME(x.dev + 3, t.dev + 5, 2 * len - 5, "a sync device-to-device READ");
+  devmem_test_streams(&made1, &live1, &copies1);
+  CU_ASSERT(made1 - made0 >= 3);             /* t: x's link and y's; x: its link to t */
+  CU_ASSERT(copies1 - copies0 >= 2 + 2 * 2); /* 2 WRITEs landed; the READ's 2 chunks out and in */
+  side_down(&x);
+  side_down(&y);
+  side_down(&t);
+  devmem_test_streams(&made1, &live1, &copies1);
+  CU_ASSERT_EQUAL(live1, live0); /* freed with their links */
+  assert_pool_back("after copies on streams");
+}
+
 static CU_TestInfo none_tests[] = {
     {"no driver: HIXL_MEM_DEVICE UNSUPPORTED with a sentence; host memory as before", test_no_driver},
     CU_TEST_INFO_NULL,
@@ -717,6 +783,8 @@ static CU_TestInfo host_tests[] = {
     {"Finalize with device copies in flight: returns, pools freed and unpinned", test_finalize_in_flight},
     {"a device copy that waits holds up no wire: another link's WRITE answered meanwhile",
      test_copy_beside_wire},
+    {"copies on a stream per link: one link's copy held, another link's WRITE lands meanwhile",
+     test_streams_per_link},
     CU_TEST_INFO_NULL,
 };
 

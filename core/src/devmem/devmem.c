@@ -67,6 +67,12 @@ static struct {
   CUresult (*ipc_close)(CUdeviceptr);
   CUresult (*dtod)(CUdeviceptr, CUdeviceptr, size_t);
   CUresult (*peer)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t);
+  CUresult (*stream_create)(CUstream *, unsigned int);
+  CUresult (*stream_destroy)(CUstream);
+  CUresult (*stream_sync)(CUstream);
+  CUresult (*stream_callback)(CUstream, CUstreamCallback, void *, unsigned int);
+  CUresult (*dtoh_async)(void *, CUdeviceptr, size_t, CUstream);
+  CUresult (*htod_async)(CUdeviceptr, const void *, size_t, CUstream);
   /* Optional: a driver before CUDA 11.7 has no dma-buf export (GPUDirect then falls back). */
   CUresult (*dev_attr)(int *, CUdevice_attribute, CUdevice);
   CUresult (*range_handle)(void *, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
@@ -106,7 +112,13 @@ static bool cu_load(char *why, size_t cap) {
               {(void **)&cu.ipc_open, "cuIpcOpenMemHandle_v2"},
               {(void **)&cu.ipc_close, "cuIpcCloseMemHandle"},
               {(void **)&cu.dtod, "cuMemcpyDtoD_v2"},
-              {(void **)&cu.peer, "cuMemcpyPeer"}};
+              {(void **)&cu.peer, "cuMemcpyPeer"},
+              {(void **)&cu.stream_create, "cuStreamCreate"},
+              {(void **)&cu.stream_destroy, "cuStreamDestroy_v2"},
+              {(void **)&cu.stream_sync, "cuStreamSynchronize"},
+              {(void **)&cu.stream_callback, "cuStreamAddCallback"},
+              {(void **)&cu.dtoh_async, "cuMemcpyDtoHAsync_v2"},
+              {(void **)&cu.htod_async, "cuMemcpyHtoDAsync_v2"}};
   for (size_t i = 0; i < sizeof(syms) / sizeof(syms[0]); i++)
     if (!(*syms[i].fn = dlsym(h, syms[i].name))) {
       snprintf(why, cap, "libcuda.so.1 lacks %s: a driver older than this build's CUDA", syms[i].name);
@@ -345,6 +357,79 @@ static HixlStatus cu_dmabuf(uint64_t addr, uint64_t len, int device, int *fd, ui
   return HIXL_SUCCESS;
 }
 
+static HixlStatus cu_stream_new(int device, void **stream, char *why, size_t cap) {
+  CUstream st = NULL;
+  if (!cu_enter(device, why, cap)) return HIXL_FAILED;
+  CUresult r = cu.stream_create(&st, CU_STREAM_NON_BLOCKING);
+  cu_leave();
+  if (r != CUDA_SUCCESS) {
+    snprintf(why, cap, "cuStreamCreate on device %d: %s", device, cu_err(r));
+    return HIXL_RESOURCE_EXHAUSTED;
+  }
+  *stream = st;
+  return HIXL_SUCCESS;
+}
+
+static void cu_stream_free(void *stream, int device) {
+  char why[128];
+  if (!cu_enter(device, why, sizeof(why))) return;
+  cu.stream_destroy((CUstream)stream);
+  cu_leave();
+}
+
+struct cu_done {
+  devmem_done_fn done;
+  void *arg;
+};
+
+/* On the driver's thread, once the copy before it on the stream ended: no CUDA call
+ * here (the driver forbids it), so a failure is named by its number. */
+static void CUDA_CB cu_copied(CUstream s, CUresult r, void *ud) {
+  struct cu_done d = *(struct cu_done *)ud;
+  char why[96] = "";
+  (void)s;
+  free(ud);
+  if (r != CUDA_SUCCESS)
+    snprintf(why, sizeof(why), "an asynchronous device copy failed: CUDA error %d", (int)r);
+  d.done(d.arg, r == CUDA_SUCCESS ? HIXL_SUCCESS : HIXL_FAILED, why);
+}
+
+/* cuMemcpyHtoDAsync / DtoHAsync on the stream, then a callback behind it. */
+static HixlStatus cu_copy_async(void *stream, int device, bool to_dev, uint64_t dev, void *host, size_t n,
+                                devmem_done_fn done, void *arg, char *why, size_t cap) {
+  struct cu_done *d = malloc(sizeof(*d));
+  if (!d) {
+    snprintf(why, cap, "out of memory for a device copy");
+    return HIXL_RESOURCE_EXHAUSTED;
+  }
+  *d = (struct cu_done){done, arg};
+  if (!cu_enter(device, why, cap)) {
+    free(d);
+    return HIXL_FAILED;
+  }
+  CUstream s = (CUstream)stream;
+  CUresult r =
+      to_dev ? cu.htod_async((CUdeviceptr)dev, host, n, s) : cu.dtoh_async(host, (CUdeviceptr)dev, n, s);
+  if (r != CUDA_SUCCESS) {
+    cu_leave();
+    free(d);
+    snprintf(why, cap, "%s of %zu bytes on device %d: %s", to_dev ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync",
+             n, device, cu_err(r));
+    return HIXL_FAILED;
+  }
+  r = cu.stream_callback(s, cu_copied, d, 0);
+  if (r != CUDA_SUCCESS) { /* the copy is under way with nothing behind it to say so: wait here */
+    CUresult w = cu.stream_sync(s);
+    cu_leave();
+    free(d);
+    snprintf(why, cap, "cuStreamAddCallback on device %d: %s", device, cu_err(r));
+    done(arg, w == CUDA_SUCCESS ? HIXL_SUCCESS : HIXL_FAILED, w == CUDA_SUCCESS ? "" : why);
+    return HIXL_SUCCESS;
+  }
+  cu_leave();
+  return HIXL_SUCCESS;
+}
+
 static const struct devmem_ops cuda_ops = {.name = "cuda",
                                            .query = cu_query,
                                            .to_host = cu_to_host,
@@ -355,7 +440,10 @@ static const struct devmem_ops cuda_ops = {.name = "cuda",
                                            .ipc_open = cu_ipc_open,
                                            .ipc_close = cu_ipc_close,
                                            .d2d = cu_d2d,
-                                           .dmabuf = cu_dmabuf};
+                                           .dmabuf = cu_dmabuf,
+                                           .stream_new = cu_stream_new,
+                                           .stream_free = cu_stream_free,
+                                           .copy_async = cu_copy_async};
 #endif /* HIXL_HAVE_CUDA_H */
 
 #ifdef HIXL_DEVMEM_TEST
@@ -376,13 +464,23 @@ static pthread_mutex_t ht_gate_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t ht_gate_cv = PTHREAD_COND_INITIALIZER;
 static bool ht_gate_closed;
 static uint32_t ht_gate_waiting;
+static uint64_t ht_gate_lo, ht_gate_len; /* the copies it holds: those touching this range (len 0: all) */
 
-static void ht_gate_pass(void) {
+static void ht_gate_pass(uint64_t dev, size_t n) {
   pthread_mutex_lock(&ht_gate_lock);
-  ht_gate_waiting++;
-  pthread_cond_broadcast(&ht_gate_cv);
-  while (ht_gate_closed) pthread_cond_wait(&ht_gate_cv, &ht_gate_lock);
-  ht_gate_waiting--;
+  if (ht_gate_closed && (ht_gate_len == 0 || (dev < ht_gate_lo + ht_gate_len && ht_gate_lo < dev + n))) {
+    ht_gate_waiting++;
+    pthread_cond_broadcast(&ht_gate_cv);
+    while (ht_gate_closed) pthread_cond_wait(&ht_gate_cv, &ht_gate_lock);
+    ht_gate_waiting--;
+  }
+  pthread_mutex_unlock(&ht_gate_lock);
+}
+
+void devmem_test_gate_range(uint64_t addr, uint64_t len) {
+  pthread_mutex_lock(&ht_gate_lock);
+  ht_gate_lo = addr;
+  ht_gate_len = len;
   pthread_mutex_unlock(&ht_gate_lock);
 }
 
@@ -408,14 +506,14 @@ bool devmem_test_gate_wait(uint32_t n, int ms) {
 
 static HixlStatus ht_to_host(void *dst, uint64_t src, size_t n, int device, char *why, size_t cap) {
   (void)device, (void)why, (void)cap;
-  ht_gate_pass();
+  ht_gate_pass(src, n);
   memcpy(dst, (const void *)(uintptr_t)src, n);
   __atomic_add_fetch(&ht_out, n, __ATOMIC_RELAXED);
   return HIXL_SUCCESS;
 }
 static HixlStatus ht_to_device(uint64_t dst, const void *src, size_t n, int device, char *why, size_t cap) {
   (void)device, (void)why, (void)cap;
-  ht_gate_pass();
+  ht_gate_pass(dst, n);
   memcpy((void *)(uintptr_t)dst, src, n);
   __atomic_add_fetch(&ht_in, n, __ATOMIC_RELAXED);
   return HIXL_SUCCESS;
@@ -675,17 +773,124 @@ void devmem_test_ipc_devices(int *opened, int *closed) {
   *closed = __atomic_load_n(&ht_close_dev, __ATOMIC_RELAXED);
 }
 
+/* The stand-in's streams: a thread each, running the copies started on it in order
+ * (through the gate, as the synchronous ones), then their done. */
+struct ht_copy {
+  struct ht_copy *next;
+  bool to_dev;
+  uint64_t dev;
+  void *host;
+  size_t n;
+  int device;
+  devmem_done_fn done;
+  void *arg;
+};
+struct ht_stream {
+  pthread_t thread;
+  pthread_mutex_t lock;
+  pthread_cond_t cv;
+  struct ht_copy *head, *tail;
+  bool stop;
+};
+static uint64_t ht_streams_made, ht_streams_live, ht_async;
+
+static void *ht_stream_main(void *arg) {
+  struct ht_stream *s = arg;
+  pthread_mutex_lock(&s->lock);
+  for (;;) {
+    while (!s->head && !s->stop) pthread_cond_wait(&s->cv, &s->lock);
+    struct ht_copy *c = s->head;
+    if (!c) break; /* stopped with nothing left */
+    s->head = c->next;
+    if (!s->head) s->tail = NULL;
+    pthread_mutex_unlock(&s->lock);
+    char why[128] = "";
+    HixlStatus st = c->to_dev ? ht_to_device(c->dev, c->host, c->n, c->device, why, sizeof(why))
+                              : ht_to_host(c->host, c->dev, c->n, c->device, why, sizeof(why));
+    c->done(c->arg, st, why);
+    free(c);
+    pthread_mutex_lock(&s->lock);
+  }
+  pthread_mutex_unlock(&s->lock);
+  return NULL;
+}
+
+static HixlStatus ht_stream_new(int device, void **stream, char *why, size_t cap) {
+  struct ht_stream *s = calloc(1, sizeof(*s));
+  (void)device;
+  if (!s) {
+    snprintf(why, cap, "out of memory for a stream");
+    return HIXL_RESOURCE_EXHAUSTED;
+  }
+  pthread_mutex_init(&s->lock, NULL);
+  pthread_cond_init(&s->cv, NULL);
+  int rc = pthread_create(&s->thread, NULL, ht_stream_main, s);
+  if (rc != 0) {
+    snprintf(why, cap, "no thread for a stream: %s", strerror(rc));
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+    return HIXL_RESOURCE_EXHAUSTED;
+  }
+  __atomic_add_fetch(&ht_streams_made, 1, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&ht_streams_live, 1, __ATOMIC_RELAXED);
+  *stream = s;
+  return HIXL_SUCCESS;
+}
+
+static void ht_stream_free(void *stream, int device) {
+  struct ht_stream *s = stream;
+  (void)device;
+  pthread_mutex_lock(&s->lock);
+  s->stop = true;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->lock);
+  pthread_join(s->thread, NULL);
+  pthread_cond_destroy(&s->cv);
+  pthread_mutex_destroy(&s->lock);
+  free(s);
+  __atomic_sub_fetch(&ht_streams_live, 1, __ATOMIC_RELAXED);
+}
+
+static HixlStatus ht_copy_async(void *stream, int device, bool to_dev, uint64_t dev, void *host, size_t n,
+                                devmem_done_fn done, void *arg, char *why, size_t cap) {
+  struct ht_stream *s = stream;
+  struct ht_copy *c = malloc(sizeof(*c));
+  if (!c) {
+    snprintf(why, cap, "out of memory for a device copy");
+    return HIXL_RESOURCE_EXHAUSTED;
+  }
+  *c = (struct ht_copy){
+      .to_dev = to_dev, .dev = dev, .host = host, .n = n, .device = device, .done = done, .arg = arg};
+  pthread_mutex_lock(&s->lock);
+  if (s->tail)
+    s->tail->next = c;
+  else
+    s->head = c;
+  s->tail = c;
+  pthread_cond_signal(&s->cv);
+  pthread_mutex_unlock(&s->lock);
+  __atomic_add_fetch(&ht_async, 1, __ATOMIC_RELAXED);
+  return HIXL_SUCCESS;
+}
+
+void devmem_test_streams(uint64_t *made, uint64_t *live, uint64_t *copies) {
+  *made = __atomic_load_n(&ht_streams_made, __ATOMIC_RELAXED);
+  *live = __atomic_load_n(&ht_streams_live, __ATOMIC_RELAXED);
+  *copies = __atomic_load_n(&ht_async, __ATOMIC_RELAXED);
+}
+
+#define HT_OPS                                                                                               \
+  .query = ht_query, .to_host = ht_to_host, .to_device = ht_to_device, .host_pin = ht_host_pin,              \
+  .host_unpin = ht_host_unpin, .ipc_export = ht_ipc_export, .ipc_open = ht_ipc_open,                         \
+  .ipc_close = ht_ipc_close, .d2d = ht_d2d, .dmabuf = ht_dmabuf
 static const struct devmem_ops host_test_ops = {.name = "host-test",
-                                                .query = ht_query,
-                                                .to_host = ht_to_host,
-                                                .to_device = ht_to_device,
-                                                .host_pin = ht_host_pin,
-                                                .host_unpin = ht_host_unpin,
-                                                .ipc_export = ht_ipc_export,
-                                                .ipc_open = ht_ipc_open,
-                                                .ipc_close = ht_ipc_close,
-                                                .d2d = ht_d2d,
-                                                .dmabuf = ht_dmabuf};
+                                                HT_OPS,
+                                                .stream_new = ht_stream_new,
+                                                .stream_free = ht_stream_free,
+                                                .copy_async = ht_copy_async};
+/* HIXL_TEST_DEVMEM_ASYNC=0: without streams, as a provider that has none. */
+static const struct devmem_ops host_test_sync_ops = {.name = "host-test", HT_OPS};
 #endif
 
 /* ---- the pool of pinned host buffers ---- */
@@ -821,7 +1026,8 @@ static void devmem_find(void) {
 #ifdef HIXL_DEVMEM_TEST
   const char *t = getenv("HIXL_TEST_DEVMEM");
   if (t && strcmp(t, "host") == 0) {
-    provider = &host_test_ops;
+    const char *a = getenv("HIXL_TEST_DEVMEM_ASYNC");
+    provider = a && strcmp(a, "0") == 0 ? &host_test_sync_ops : &host_test_ops;
     return;
   }
 #endif

@@ -28,6 +28,11 @@ struct devmem_ipc {
   uint64_t len;                  /* ... and its bytes */
 };
 
+/* The end of an asynchronous copy (copy_async): st, and why it failed when it did.
+ * Called once, on a thread of the provider's, which it holds back meanwhile (the
+ * stream's next copy waits): it must be short and must not call the provider. */
+typedef void (*devmem_done_fn)(void *arg, HixlStatus st, const char *why);
+
 struct devmem_ops {
   const char *name;
   /* Whether [addr, addr + len) lies in one allocation of device memory; its device
@@ -61,6 +66,20 @@ struct devmem_ops {
    * cuMemGetHandleForAddressRange; host-test: the kernel's udmabuf over its memfd). */
   HixlStatus (*dmabuf)(uint64_t addr, uint64_t len, int device, int *fd, uint64_t *offset, char *why,
                        size_t cap);
+  /* Asynchronous copies, in order on a stream of device's (cuda: a CUstream made
+   * non-blocking; host-test: a thread of its own). A provider without them leaves the
+   * three NULL and the engine copies with to_host / to_device. stream_free: after every
+   * copy on it has ended (its done called); cuda's returns at once. */
+  HixlStatus (*stream_new)(int device, void **stream, char *why, size_t cap);
+  void (*stream_free)(void *stream, int device);
+  /* Start a copy of n bytes on stream, behind those started on it before: to_dev, host
+   * memory at host into device memory at dev; else device memory at dev to host. done
+   * (arg, ...) is called once when it has ended, possibly before this returns; host
+   * memory a device copies from asynchronously is pinned (host_pin), or the copy may
+   * hold the caller until it ended (cuda). Not SUCCESS: nothing started, done is never
+   * called. */
+  HixlStatus (*copy_async)(void *stream, int device, bool to_dev, uint64_t dev, void *host, size_t n,
+                           devmem_done_fn done, void *arg, char *why, size_t cap);
 };
 
 /* Whether h's numbers hold together (a range inside its allocation, not empty, no
@@ -117,6 +136,13 @@ void devmem_test_free(void *p);
  * ms for n copies to wait there, and says whether they do. */
 void devmem_test_gate(bool closed);
 bool devmem_test_gate_wait(uint32_t n, int ms);
+/* Test builds: hold at the closed gate only the copies touching [addr, addr + len) of
+ * "device" memory (len 0: every copy, the default). */
+void devmem_test_gate_range(uint64_t addr, uint64_t len);
+/* Test builds: the host stand-in's streams: made so far, alive now, and the copies
+ * started on them so far. HIXL_TEST_DEVMEM_ASYNC=0 gives a stand-in without streams
+ * (the engine's synchronous copies), read when the provider is first found. */
+void devmem_test_streams(uint64_t *made, uint64_t *live, uint64_t *copies);
 /* Test builds: dma-bufs the host stand-in made so far (dmabuf). */
 uint64_t devmem_test_dmabufs(void);
 

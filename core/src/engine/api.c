@@ -102,13 +102,14 @@ HixlStatus HixlEngineCreate(HixlEngine **engine) {
   pthread_mutex_init(&e->lock, NULL);
   pthread_mutex_init(&e->req_lock, NULL);
   pthread_mutex_init(&e->nonce_lock, NULL);
+  pthread_mutex_init(&e->devq.stream_lock, NULL);
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&e->cond, &ca);
   pthread_cond_init(&e->rail_cond, &ca);
   pthread_cond_init(&e->devq.copier_cv, &ca);
   pthread_condattr_destroy(&ca);
-  e->listen_fd = e->epfd = e->evfd = -1;
+  e->listen_fd = e->epfd = e->evfd = e->devq.evfd = -1;
   for (int k = 0; k < HIXL_RAILS_MAX; k++) e->rail_fds[k] = -1;
   auth_init(&e->auth);
   *engine = e;
@@ -306,6 +307,7 @@ HixlStatus HixlEngineDestroy(HixlEngine *e) {
   pthread_cond_destroy(&e->rail_cond);
   pthread_cond_destroy(&e->devq.copier_cv);
   pthread_mutex_destroy(&e->nonce_lock);
+  pthread_mutex_destroy(&e->devq.stream_lock);
   pthread_mutex_destroy(&e->req_lock);
   pthread_mutex_destroy(&e->lock);
   free(e);

@@ -68,6 +68,7 @@ struct peer;
 #define LINK_STALL_BACKLOG 0x4 /* it owes its peer more answers than the bound (issue 28) */
 #define LINK_STALL_DEVMEM  0x8 /* the engine's device buffers are all in use: reads once one is back */
 
+#define LINK_DEV_STREAMS 2 /* devices a link copies on asynchronously; a third's copies are synchronous */
 struct conn {
   struct HixlEngine *eng;
   struct conn *next; /* engine's list of live connections */
@@ -132,6 +133,14 @@ struct conn {
   uint64_t last_io_ns;
   uint32_t devjobs; /* device copies of its queued on the engine's devq (waiting or running) */
   uint32_t devbufs; /* pool buffers it holds now (at most ENGINE_DEV_LINK_BUFS but for a target's spill) */
+  /* Its device copies' streams, one per device, made at its first asynchronous copy
+   * there (stream NULL: none could be made, its copies are synchronous); under
+   * devq.stream_lock, freed with the link. */
+  struct {
+    int device;
+    void *stream;
+  } devstream[LINK_DEV_STREAMS];
+  uint32_t ndevstreams;
 };
 
 /* One rail to a peer: a tcp link from a local address to one of the peer's. */
@@ -204,10 +213,11 @@ struct devjob {
   uint32_t len;
   uint64_t seq;   /* target kinds: the frame answered */
   bool needs_buf; /* waiting for a pool buffer (counted in devq.waiting) */
-  bool running;   /* being copied, the lock released: nobody else touches it */
+  bool running;   /* being copied (by a thread, the lock released, or on a stream): nobody else touches it */
+  bool copied;    /* its asynchronous copy ended (cst, cwhy): the thread that reaps its link's ends it */
   bool lost;      /* its link died meanwhile: st and why say how */
-  HixlStatus st;
-  char why[256];
+  HixlStatus st, cst;
+  char why[256], cwhy[128];
 };
 /* The engine's device copies and the pool of pinned host buffers they use, made at the
  * first device op and freed at Finalize. Lock held for every field. */
@@ -223,7 +233,13 @@ struct devq {
   uint32_t waiting;           /* jobs in it waiting for a buffer */
   uint32_t stalls;            /* target links stalled on the pool (LINK_STALL_DEVMEM) */
   uint32_t copying;           /* threads copying now, the lock released (Finalize waits for them) */
-  bool resume;                /* a buffer came back: target links stalled on the pool read again */
+  uint32_t inflight;          /* copies started on streams and not yet ended (Finalize waits for them) */
+  /* A stream's copy that ended wakes whoever reaps its link: the copier (copier_cv),
+   * the progress thread when there is no copier, a sync caller driving the link (this
+   * eventfd, which it polls beside the socket and drains). */
+  int evfd;
+  pthread_mutex_t stream_lock; /* the links' devstream: taken without the engine lock */
+  bool resume;                 /* a buffer came back: target links stalled on the pool read again */
   /* The copier: the thread that runs the copies of links the progress thread reads,
    * so that a copy (a device's DMA, waited for) never holds up the wire: started at
    * the first device job, woken by the progress thread (link_devq_kick), stopped and
@@ -383,8 +399,9 @@ void link_devq_kill(struct conn *c, HixlStatus st, const char *why); /* c dies: 
 void link_devq_land(struct conn *c,
                     struct chunk *ch); /* ch's READ answer landed in ch->bounce: to the device */
 bool link_devq_step(struct HixlEngine *e, struct conn *only); /* true: more can run now */
-void link_devq_kick(struct HixlEngine *e); /* progress thread: jobs or a buffer came: the copier runs */
-void link_devq_fini(struct HixlEngine *e); /* Finalize, links gone */
+void link_devq_kick(struct HixlEngine *e);   /* progress thread: jobs or a buffer came: the copier runs */
+void link_devq_fini(struct HixlEngine *e);   /* Finalize, links gone */
+void link_devq_streams_free(struct conn *c); /* c is freed: no copy of its is under way */
 void link_txq_unlink(struct conn *c, struct txitem *it); /* out of c's send queue, wherever it is */
 /* Rails: the live rail of p least loaded, other than except (ties: p->conn), or NULL.
  * rm (NULL: any): a one-sided rail (rdma) only when it knows rm's key for that rail. */

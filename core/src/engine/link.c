@@ -363,6 +363,7 @@ void link_free_graveyard(struct HixlEngine *e) {
     }
     *pc = c->next;
     link_devbuf_disown(c); /* a chunk still holding a buffer it took on c puts it back later */
+    link_devq_streams_free(c);
     for (int i = 0; i < XPORT_MODS; i++) e->mods[i]->link.free(c);
     auth_frames_free(&c->proof);
     free(c->rxbuf);
@@ -426,6 +427,13 @@ void link_devbuf_put(struct HixlEngine *e, void *buf) {
     q->resume = q->stalls > 0;
     link_wake(e);
   }
+}
+
+void link_devq_streams_free(struct conn *c) {
+  const struct devmem_ops *dm = c->ndevstreams ? devmem_get(NULL, 0) : NULL;
+  for (uint32_t i = 0; i < c->ndevstreams; i++)
+    if (dm && c->devstream[i].stream) dm->stream_free(c->devstream[i].stream, c->devstream[i].device);
+  c->ndevstreams = 0;
 }
 
 void link_devq_add(struct HixlEngine *e, struct devjob *j) {

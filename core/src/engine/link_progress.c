@@ -272,38 +272,123 @@ static void devq_pause(struct conn *c) {
   link_conn_arm(c);
 }
 
+/* Whether the thread reaping for only (a sync caller's link; NULL: the copier or the
+ * progress thread, for the links no caller drives) runs or ends j. A lost job's link
+ * is dead: anyone ends it. */
+static bool devq_ours(const struct devjob *j, const struct conn *only) {
+  return only ? j->c == only : j->lost || j->c->rx != RX_CALLER;
+}
+
+/* The stream c copies on for device, made at its first asynchronous copy there; NULL:
+ * none could be made (said once), and its copies there are synchronous. Without the
+ * engine lock (a stream is made by a thread copying with it released). */
+static void *devq_stream(struct HixlEngine *e, const struct devmem_ops *dm, struct conn *c, int device) {
+  void *s = NULL;
+  pthread_mutex_lock(&e->devq.stream_lock);
+  uint32_t i = 0;
+  while (i < c->ndevstreams && c->devstream[i].device != device) i++;
+  if (i < c->ndevstreams) {
+    s = c->devstream[i].stream;
+  } else if (i < LINK_DEV_STREAMS) {
+    char why[256] = "";
+    if (dm->stream_new(device, &s, why, sizeof(why)) != HIXL_SUCCESS) {
+      s = NULL;
+      log_warn("engine %s: no stream for device %d on the link to %s (%s): its copies there are synchronous",
+               engine_name(e), device, c->remote_name, why);
+    }
+    c->devstream[i].device = device;
+    c->devstream[i].stream = s;
+    c->ndevstreams++;
+  }
+  pthread_mutex_unlock(&e->devq.stream_lock);
+  return s;
+}
+
+/* A stream's copy ended (on the provider's thread): its job waits for the thread that
+ * reaps its link, which this wakes. */
+static void devq_copied(void *arg, HixlStatus st, const char *why) {
+  struct devjob *j = arg;
+  struct HixlEngine *e = j->c->eng;
+  struct devq *q = &e->devq;
+  uint64_t one = 1;
+  pthread_mutex_lock(&e->lock);
+  j->cst = st;
+  snprintf(j->cwhy, sizeof(j->cwhy), "%s", why ? why : "");
+  j->copied = true;
+  if (--q->inflight == 0) pthread_cond_broadcast(&e->cond); /* Finalize may wait for it */
+  if (!devq_ours(j, NULL))
+    (void)!write(q->evfd, &one, sizeof(one)); /* the caller driving its link */
+  else if (q->copier_up)
+    pthread_cond_signal(&q->copier_cv);
+  else
+    link_wake(e); /* the progress thread starts the copier */
+  pthread_mutex_unlock(&e->lock);
+}
+
+/* The jobs of only's (as devq_ours) whose stream copy ended: their frames go, their
+ * chunks end. Ending one may end links and jobs: the walk starts again each time. */
+static void devq_reap(struct HixlEngine *e, struct conn *only) {
+again:
+  for (struct devjob *j = e->devq.head; j; j = j->next)
+    if (j->copied && devq_ours(j, only)) {
+      j->copied = false;
+      devq_done(e, j, j->cst, j->cwhy);
+      goto again;
+    }
+}
+
+/* Up to DEVQ_STEP_JOBS copies of only's jobs (as devq_ours), the lock released: started
+ * on the link's stream where the provider has streams (a stream per link and device,
+ * so links' copies run at once and each link's in order; their ends are reaped later),
+ * else made here, one after another. Then the copies that ended are reaped. */
 bool link_devq_step(struct HixlEngine *e, struct conn *only) {
   struct devq *q = &e->devq;
   struct devjob *mine[DEVQ_STEP_JOBS];
   size_t n = 0;
   devq_feed(e);
   for (struct devjob *j = q->head; j && n < DEVQ_STEP_JOBS; j = j->next)
-    if (!j->running && j->buf && (only ? j->c == only : j->c->rx != RX_CALLER)) {
+    if (!j->running && j->buf && devq_ours(j, only) && !j->lost) {
       j->running = true;
       mine[n++] = j;
     }
   if (n > 0) {
     HixlStatus st[DEVQ_STEP_JOBS];
     char why[DEVQ_STEP_JOBS][256];
+    bool started[DEVQ_STEP_JOBS];
+    const struct devmem_ops *dm = devmem_get(NULL, 0);
+    bool async = dm && dm->copy_async;
     q->copying++;
-    pthread_mutex_unlock(&e->lock); /* the jobs are this thread's; their links may die meanwhile */
+    if (async) q->inflight += (uint32_t)n; /* so none reaches 0 before those not started are taken off */
+    pthread_mutex_unlock(&e->lock);        /* the jobs are this thread's; their links may die meanwhile */
     for (size_t k = 0; k < n; k++) {
       struct devjob *j = mine[k];
+      bool out = j->kind == DJ_SEND || j->kind == DJ_T_READ;
+      void *s = async ? devq_stream(e, dm, j->c, j->reg->device) : NULL;
       why[k][0] = '\0';
-      if (j->kind == DJ_SEND || j->kind == DJ_T_READ)
+      started[k] = s && dm->copy_async(s, j->reg->device, !out, j->dev, j->buf, j->len, devq_copied, j,
+                                       why[k], sizeof(why[k])) == HIXL_SUCCESS;
+      if (started[k]) continue; /* j is its stream's now: not touched here again */
+      if (s) log_debug("a device copy did not start on its stream (%s): made here", why[k]);
+      why[k][0] = '\0';
+      if (out)
         st[k] = xport_devmem_out(j->reg, j->dev, j->buf, j->len, why[k], sizeof(why[k]));
       else
         st[k] = xport_devmem_in(j->reg, j->dev, j->buf, j->len, why[k], sizeof(why[k]));
     }
     pthread_mutex_lock(&e->lock);
-    for (size_t k = 0; k < n; k++) devq_done(e, mine[k], st[k], why[k]);
-    if (--q->copying == 0) pthread_cond_broadcast(&e->cond);
+    for (size_t k = 0; k < n; k++)
+      if (!started[k]) {
+        if (async) q->inflight--;
+        devq_done(e, mine[k], st[k], why[k]);
+      }
+    if (--q->copying == 0 || q->inflight == 0) pthread_cond_broadcast(&e->cond);
   }
+  devq_reap(e, only);
   /* Stalled target links read again where frames may be parsed: a sync caller here, the
    * progress thread in link_devq_kick (link_devbuf_put woke it); never the copier. */
   if (q->resume && only) devq_resume(e);
   for (struct devjob *j = q->head; j; j = j->next)
-    if (!j->running && j->buf && (only ? j->c == only : j->c->rx != RX_CALLER)) return true;
+    if (!j->running && j->buf && devq_ours(j, only) && !j->lost) return true;
   return false;
 }
 
@@ -346,7 +431,10 @@ void link_devq_fini(struct HixlEngine *e) {
     pthread_mutex_lock(&e->lock);
     q->copier_up = false;
   }
-  while (q->copying > 0) pthread_cond_wait(&e->cond, &e->lock); /* a sync caller's copy returns first */
+  /* A sync caller's copy returns first, and the streams' copies end (their links are
+   * dead: the jobs are lost, and end here as their links did). */
+  while (q->copying > 0 || q->inflight > 0) pthread_cond_wait(&e->cond, &e->lock);
+  devq_reap(e, NULL);
   while (q->head) link_devq_drop(e, q->head); /* none: every link is gone, and its jobs with it */
   devmem_pool_free(q->pool);
   q->pool = NULL;
@@ -477,13 +565,20 @@ void link_drive_socket(struct conn *c, struct hixl_transfer_req *r) {
     if (c->rail >= 0 && ms > 10) ms = 10; /* a rail that fails moves r's chunks to others: look again soon */
     if (c->devjobs > 0 && ms > 1) ms = 1; /* copies another thread runs, or buffers awaited */
     bool out = c->txq_head && !c->txq_head->unready;
-    struct pollfd p = {.fd = c->fd, .events = (short)(POLLIN | (out ? POLLOUT : 0))};
+    /* The socket, and where copies run on streams the eventfd their ends ring. */
+    struct pollfd p[2] = {{.fd = c->fd, .events = (short)(POLLIN | (out ? POLLOUT : 0))},
+                          {.fd = e->devq.evfd, .events = POLLIN}};
+    nfds_t np = c->devjobs > 0 && e->devq.inflight > 0 ? 2 : 1;
     pthread_mutex_unlock(&e->lock);
-    int n = poll(&p, 1, ms);
+    int n = poll(p, np, ms);
     pthread_mutex_lock(&e->lock);
+    if (np == 2 && (p[1].revents & POLLIN)) {
+      uint64_t v;
+      (void)!read(e->devq.evfd, &v, sizeof(v)); /* its jobs are reaped at the loop's top */
+    }
     if (n <= 0 || c->dead) continue;
-    if (p.revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL)) conn_on_readable(c);
-    if (!c->dead && (p.revents & POLLOUT)) link_flush(c);
+    if (p[0].revents & (POLLIN | POLLERR | POLLHUP | POLLNVAL)) conn_on_readable(c);
+    if (!c->dead && (p[0].revents & POLLOUT)) link_flush(c);
     const struct xport_ops *sx = e->mods[XPORT_STAGE];
     sx->iface.progress(e); /* buffers our answers freed go to the next units at once */
   }
@@ -730,6 +825,8 @@ int link_start(struct HixlEngine *e, HixlStatus *st) {
   if (e->epfd < 0) goto err;
   e->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (e->evfd < 0) goto close_ep;
+  e->devq.evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (e->devq.evfd < 0) goto close_ev;
   e->devq.copier_stop = e->devq.copier_up = false;
   ev.data.ptr = &e->evfd;
   if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->evfd, &ev) < 0) goto close_ev;
@@ -752,6 +849,8 @@ int link_start(struct HixlEngine *e, HixlStatus *st) {
 close_ev:
   if (e->tfd >= 0) close(e->tfd);
   e->tfd = -1;
+  if (e->devq.evfd >= 0) close(e->devq.evfd);
+  e->devq.evfd = -1;
   close(e->evfd);
   e->evfd = -1;
 close_ep:
@@ -775,7 +874,8 @@ void link_stop(struct HixlEngine *e) {
   link_free_graveyard(e);
   pthread_mutex_unlock(&e->lock);
   close(e->evfd);
+  close(e->devq.evfd);
   close(e->epfd);
   if (e->tfd >= 0) close(e->tfd);
-  e->evfd = e->epfd = e->tfd = -1;
+  e->evfd = e->devq.evfd = e->epfd = e->tfd = -1;
 }
