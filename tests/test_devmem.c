@@ -22,6 +22,8 @@
 
 #include "devmem/devmem.h"
 #include "engine/engine_ext.h"
+#include "hixl/hixl_cache.h"
+#include "hixl/hixl_cs.h"
 #include "hixl/hixl_engine.h"
 #include "test_util.h"
 
@@ -86,6 +88,17 @@ static void test_no_driver(void) {
   CU_ASSERT(strstr(why, "libcuda.so.1") != NULL || strstr(why, "no accelerator backend") != NULL);
   printf("  [%s]\n", why);
   CU_ASSERT_PTR_NULL(h);
+  /* The cache manager's device placement likewise. */
+  HixlCacheManager *m = NULL;
+  uint64_t id = 0;
+  uintptr_t addr = (uintptr_t)buf;
+  HixlCacheDesc cd = {
+      .num_tensors = 1, .elem_size = 1, .num_dims = 1, .shape = {4}, .placement = HIXL_CACHE_DEVICE};
+  TU_ASSERT_OK_FATAL(HixlCacheManagerCreate(e, 7, &m));
+  TU_ASSERT_STATUS(HixlCacheManagerRegisterCache(m, &cd, &addr, 1, NULL, 0, HIXL_CACHE_ACCESS_DEFAULT, &id),
+                   HIXL_UNSUPPORTED);
+  CU_ASSERT(strstr(HixlGetLastErrorMessage(), "device memory") != NULL);
+  TU_ASSERT_OK(HixlCacheManagerDestroy(m));
   TU_ASSERT_OK(HixlEngineRegisterMem(e, &d, HIXL_MEM_HOST, &h)); /* the same range, as host memory */
   TU_ASSERT_OK(HixlEngineDeregisterMem(e, h));
   HixlEngineFinalize(e);
@@ -762,6 +775,146 @@ static void test_streams_per_link(void) {
   assert_pool_back("after copies on streams");
 }
 
+/* ---- the CS API and the cache manager with device memory ---- */
+
+/* HCCL_MEM_TYPE_DEVICE through the CS API: the server's device memory registered as
+ * such (GetRemoteMem says so); the client puts from its device memory into it and gets
+ * it back into its host memory, byte for byte at odd offsets, through the stand-in's
+ * copies. Without a provider (test_devmem) RegMem refuses it UNSUPPORTED. */
+static void test_cs_device(void) {
+  const size_t len = 3u << 20;
+  uint16_t port = tu_free_port();
+  uint8_t *sdev = tu_alloc_mem(len, false), *cdev = tu_alloc_mem(len, false),
+          *chost = tu_alloc_mem(len, false);
+  HixlServerHandle srv = NULL;
+  HixlClientHandle cli = NULL;
+  MemHandle sm = NULL, cm = NULL, ch = NULL;
+  HcommMem *rl = NULL;
+  char **tags = NULL;
+  uint32_t n = 0;
+  uint64_t o0, i0, o1, i1;
+  CU_ASSERT_FATAL(sdev && cdev && chost);
+  HixlServerDesc sd = {.server_ip = tu_ip(), .server_port = port};
+  TU_ASSERT_OK_FATAL(HixlCSServerCreate(&sd, NULL, &srv));
+  HcommMem m = {HCCL_MEM_TYPE_DEVICE, sdev, len};
+  TU_ASSERT_OK_FATAL(HixlCSServerRegMem(srv, "kv-device", &m, &sm));
+  TU_ASSERT_OK_FATAL(HixlCSServerListen(srv, 0));
+  HixlClientDesc cd = {.server_ip = tu_ip(), .server_port = port};
+  TU_ASSERT_OK_FATAL(HixlCSClientCreate(&cd, NULL, &cli));
+  m = (HcommMem){HCCL_MEM_TYPE_DEVICE, cdev, len};
+  TU_ASSERT_OK_FATAL(HixlCSClientRegMem(cli, NULL, &m, &cm));
+  m = (HcommMem){HCCL_MEM_TYPE_HOST, chost, len};
+  TU_ASSERT_OK_FATAL(HixlCSClientRegMem(cli, NULL, &m, &ch));
+  TU_ASSERT_OK_FATAL(HixlCSClientConnect(cli, 5000));
+  TU_ASSERT_OK(HixlCSClientGetRemoteMem(cli, &rl, &tags, &n, 5000));
+  bool found = false;
+  for (uint32_t i = 0; i < n; i++)
+    if (rl[i].addr == sdev) {
+      found = true;
+      CU_ASSERT_EQUAL(rl[i].type, HCCL_MEM_TYPE_DEVICE);
+      CU_ASSERT_EQUAL(rl[i].size, len);
+      CU_ASSERT_STRING_EQUAL(tags[i], "kv-device");
+    }
+  CU_ASSERT_TRUE(found);
+  tu_fill(cdev, len, 821);
+  memset(sdev, 0, len);
+  memset(chost, 0, len);
+  devmem_test_counts(&o0, &i0);
+  HixlOneSideOpDesc put = {sdev + 7, cdev + 7, len - 7};
+  TU_ASSERT_OK(HixlCSClientBatchPutSync(cli, 1, &put, 10000));
+  TU_ASSERT_SAME(sdev + 7, cdev + 7, len - 7, "a CS put, device to device");
+  HixlOneSideOpDesc get = {sdev + 7, chost, len - 7};
+  TU_ASSERT_OK(HixlCSClientBatchGetSync(cli, 1, &get, 10000));
+  TU_ASSERT_SAME(chost, cdev + 7, len - 7, "a CS get, device into host memory");
+  devmem_test_counts(&o1, &i1);
+  CU_ASSERT(o1 - o0 >= 2 * (len - 7)); /* out of the client's device (put), the server's (get) */
+  CU_ASSERT(i1 - i0 >= len - 7);       /* into the server's device (put) */
+  TU_ASSERT_OK(HixlCSClientDestroy(cli));
+  TU_ASSERT_OK(HixlCSServerDestroy(srv));
+  tu_free_mem(sdev, len);
+  tu_free_mem(cdev, len);
+  tu_free_mem(chost, len);
+  assert_pool_back("after the CS API");
+}
+
+#define CD_TENSORS 4 /* 2 layers x (K, V) */
+#define CD_BLOCKS  8
+#define CD_BLOCK   (64u << 10)
+
+static void cd_check_blocks(const uint8_t *dst, const uint8_t *src, const uint64_t *db, const uint64_t *sb,
+                            size_t n, const char *what) {
+  const size_t tb = (size_t)CD_BLOCKS * CD_BLOCK;
+  for (size_t t = 0; t < CD_TENSORS; t++)
+    for (size_t k = 0; k < n; k++)
+      TU_ASSERT_SAME(dst + t * tb + db[k] * CD_BLOCK, src + t * tb + sb[k] * CD_BLOCK, CD_BLOCK, what);
+}
+
+/* HIXL_CACHE_DEVICE through the cache manager: a blocks cache in device memory on each
+ * of two managers, registered as device memory and remotely accessible by default;
+ * decode pulls prefill's blocks and prefill pushes others, byte for byte through the
+ * stand-in's copies. Allocating device memory, and a device cache peers may not
+ * reach, are refused UNSUPPORTED with a sentence. */
+static void test_cache_device(void) {
+  const size_t tb = (size_t)CD_BLOCKS * CD_BLOCK, all = CD_TENSORS * tb;
+  char pn[TU_ADDR_LEN], dn[TU_ADDR_LEN];
+  HixlEngine *pe = tu_engine_start_opts(tu_addr(pn, sizeof(pn), tu_free_port()), pair_transport(), NULL, 0);
+  HixlEngine *de = tu_engine_start_opts(tu_addr(dn, sizeof(dn), tu_free_port()), pair_transport(), NULL, 0);
+  uint8_t *pdev = tu_alloc_mem(all, false), *ddev = tu_alloc_mem(all, false);
+  HixlCacheManager *pm = NULL, *dm = NULL;
+  uintptr_t pa[CD_TENSORS], da[CD_TENSORS];
+  uint64_t pid = 0, did = 0, id = 0, o0, i0, o1, i1;
+  CU_ASSERT_FATAL(pe && de && pdev && ddev);
+  for (size_t t = 0; t < CD_TENSORS; t++) {
+    pa[t] = (uintptr_t)pdev + t * tb;
+    da[t] = (uintptr_t)ddev + t * tb;
+  }
+  HixlCacheDesc desc = {.num_tensors = CD_TENSORS,
+                        .elem_size = 2,
+                        .num_dims = 4,
+                        .shape = {CD_BLOCKS, 64, 8, 64}, /* 64 KiB blocks */
+                        .placement = HIXL_CACHE_DEVICE};
+  HixlBlocksCacheKey pk = {1, 0}, dk = {2, 0};
+  TU_ASSERT_OK_FATAL(HixlCacheManagerCreate(pe, 1, &pm));
+  TU_ASSERT_OK_FATAL(HixlCacheManagerCreate(de, 2, &dm));
+  TU_ASSERT_OK_FATAL(
+      HixlCacheManagerRegisterBlocksCache(pm, &desc, pa, CD_TENSORS, &pk, HIXL_CACHE_ACCESS_DEFAULT, &pid));
+  TU_ASSERT_OK_FATAL(
+      HixlCacheManagerRegisterBlocksCache(dm, &desc, da, CD_TENSORS, &dk, HIXL_CACHE_ACCESS_DEFAULT, &did));
+  TU_ASSERT_OK_FATAL(HixlCacheManagerLink(dm, 1, pn, 5000));
+  TU_ASSERT_OK_FATAL(HixlCacheManagerLink(pm, 2, dn, 5000));
+  tu_fill(pdev, all, 831);
+  memset(ddev, 0, all);
+  devmem_test_counts(&o0, &i0);
+  const uint64_t sb[] = {1, 3, 5}, db[] = {0, 2, 7};
+  HixlCacheAnyKey src = {.kind = HIXL_CACHE_KEY_BLOCKS, .u.blocks = pk};
+  TU_ASSERT_OK(HixlCacheManagerPullBlocks(dm, &src, did, sb, 3, db, 3, NULL));
+  cd_check_blocks(ddev, pdev, db, sb, 3, "blocks pulled into device memory");
+  const uint64_t psb[] = {6, 0}, pdb[] = {4, 6};
+  TU_ASSERT_OK(HixlCacheManagerPushBlocks(pm, &dk, pid, psb, 2, pdb, 2, NULL));
+  cd_check_blocks(ddev, pdev, pdb, psb, 2, "blocks pushed into device memory");
+  devmem_test_counts(&o1, &i1);
+  CU_ASSERT(o1 - o0 >= 5 * CD_TENSORS * CD_BLOCK); /* every block out of prefill's device */
+  CU_ASSERT(i1 - i0 >= 5 * CD_TENSORS * CD_BLOCK); /* ... and into decode's */
+  /* Refused: allocating device memory; a device cache peers may not reach. */
+  uintptr_t na[CD_TENSORS];
+  TU_ASSERT_STATUS(HixlCacheManagerAllocateBlocksCache(dm, &desc, NULL, na, CD_TENSORS, &id),
+                   HIXL_UNSUPPORTED);
+  CU_ASSERT(strstr(HixlGetLastErrorMessage(), "does not allocate device memory") != NULL);
+  TU_ASSERT_STATUS(
+      HixlCacheManagerRegisterBlocksCache(pm, &desc, pa, CD_TENSORS, NULL, HIXL_CACHE_ACCESS_LOCAL, &id),
+      HIXL_UNSUPPORTED);
+  CU_ASSERT(strstr(HixlGetLastErrorMessage(), "staging pool") != NULL);
+  TU_ASSERT_OK(HixlCacheManagerDestroy(pm));
+  TU_ASSERT_OK(HixlCacheManagerDestroy(dm));
+  HixlEngineFinalize(pe);
+  HixlEngineDestroy(pe);
+  HixlEngineFinalize(de);
+  HixlEngineDestroy(de);
+  tu_free_mem(pdev, all);
+  tu_free_mem(ddev, all);
+  assert_pool_back("after the cache manager");
+}
+
 static CU_TestInfo none_tests[] = {
     {"no driver: HIXL_MEM_DEVICE UNSUPPORTED with a sentence; host memory as before", test_no_driver},
     CU_TEST_INFO_NULL,
@@ -785,6 +938,8 @@ static CU_TestInfo host_tests[] = {
      test_copy_beside_wire},
     {"copies on a stream per link: one link's copy held, another link's WRITE lands meanwhile",
      test_streams_per_link},
+    {"the CS API: device memory registered, reported, put and got byte for byte", test_cs_device},
+    {"the cache manager: device blocks caches pulled and pushed byte for byte; refusals", test_cache_device},
     CU_TEST_INFO_NULL,
 };
 

@@ -25,8 +25,8 @@ typedef struct HixlCacheTask HixlCacheTask;       /* opaque, from TransferCacheA
 typedef enum { HIXL_CACHE_HOST = 0, HIXL_CACHE_DEVICE = 1 } HixlCachePlacement;
 
 /* remote_accessible of the seed: DEFAULT is its default for the placement (host:
- * no). A cache peers may reach is registered with the engine; one they may not is
- * only recorded, and the engine stages its bytes through its BufferPool. */
+ * no; device: yes). A cache peers may reach is registered with the engine; one they
+ * may not is only recorded, and the engine stages its bytes through its BufferPool. */
 typedef enum {
   HIXL_CACHE_ACCESS_DEFAULT = 0,
   HIXL_CACHE_ACCESS_LOCAL = 1,
@@ -42,7 +42,11 @@ typedef struct {
   uint32_t elem_size; /* bytes of one element (the data type's size) */
   uint32_t num_dims;  /* in [1, HIXL_CACHE_MAX_DIMS] */
   uint64_t shape[HIXL_CACHE_MAX_DIMS];
-  HixlCachePlacement placement; /* HIXL_CACHE_DEVICE is UNSUPPORTED (no device memory backend) */
+  /* HIXL_CACHE_DEVICE: the tensors are CUDA device memory (docs/device-memory.md),
+   * registered as such, remotely accessible (the seed's default for device memory;
+   * LOCAL is UNSUPPORTED, and so is allocating it: the runtime allocates device
+   * memory). UNSUPPORTED with a sentence where no CUDA driver is found. */
+  HixlCachePlacement placement;
 } HixlCacheDesc;
 
 /* Keys, as the seed defines them. cluster_id names the manager holding the cache. */

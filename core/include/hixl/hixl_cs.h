@@ -25,7 +25,8 @@ typedef void *MemHandle;
 
 /* hixl's memory description (HIXL takes it from hcomm). */
 typedef enum {
-  HCCL_MEM_TYPE_DEVICE = 0, /* accelerator memory: UNSUPPORTED in this build */
+  HCCL_MEM_TYPE_DEVICE = 0, /* accelerator memory: a CUDA device pointer (docs/device-memory.md);
+                               UNSUPPORTED, with a sentence, where no CUDA driver is found */
   HCCL_MEM_TYPE_HOST = 1,   /* host memory */
 } HcommMemType;
 

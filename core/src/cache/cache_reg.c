@@ -39,10 +39,8 @@ HixlStatus cache_deregister(HixlCacheManager *m, struct cm_cache *c, const char 
 
 static HixlStatus cm_check_desc(const HixlCacheDesc *d, const char *fn, uint64_t *tensor_bytes) {
   CHECK_ARG(d, "%s: cache_desc is NULL", fn);
-  if (d->placement == HIXL_CACHE_DEVICE)
-    return hixl_fail(HIXL_UNSUPPORTED,
-                     "%s: device placement needs a device memory backend, which hixl does not have", fn);
-  CHECK_ARG(d->placement == HIXL_CACHE_HOST, "%s: placement %d is unknown", fn, (int)d->placement);
+  CHECK_ARG(d->placement == HIXL_CACHE_HOST || d->placement == HIXL_CACHE_DEVICE,
+            "%s: placement %d is unknown", fn, (int)d->placement);
   CHECK_ARG(d->num_tensors >= 1 && d->num_tensors <= HIXL_CACHE_MAX_ADDRS,
             "%s: num_tensors %u is not in [1, %d]", fn, d->num_tensors, HIXL_CACHE_MAX_ADDRS);
   CHECK_ARG(d->elem_size >= 1, "%s: elem_size is 0", fn);
@@ -106,6 +104,21 @@ static HixlStatus cm_register(HixlCacheManager *m, bool blocks, bool alloc, cons
   CHECK_ARG(num_keys <= desc->shape[0], "%s: %zu keys for a batch of %" PRIu64, fn, num_keys, desc->shape[0]);
   CHECK_ARG(access >= HIXL_CACHE_ACCESS_DEFAULT && access <= HIXL_CACHE_ACCESS_REMOTE,
             "%s: remote_accessible %d is unknown", fn, (int)access);
+  /* Device memory moves only registered with the engine, which knows it is device
+   * memory; the staging pool copies with memcpy, which device memory is not for. */
+  bool device = desc->placement == HIXL_CACHE_DEVICE;
+  if (device && alloc)
+    return hixl_fail(
+        HIXL_UNSUPPORTED,
+        "%s: device placement: hixl does not allocate device memory (the runtime does); register "
+        "it with RegisterCache or RegisterBlocksCache",
+        fn);
+  if (device && access == HIXL_CACHE_ACCESS_LOCAL)
+    return hixl_fail(
+        HIXL_UNSUPPORTED,
+        "%s: a device cache peers may not reach would move through the staging pool, which copies "
+        "host memory only; register it remotely accessible (the default for device placement)",
+        fn);
   for (size_t i = 0; i < num_addrs && !alloc; i++)
     CHECK_ARG(addrs[i] != 0 && addrs[i] + tb > addrs[i], "%s: tensor %zu's address 0x%" PRIxPTR " is invalid",
               fn, i, addrs[i]);
@@ -141,8 +154,8 @@ static HixlStatus cm_register(HixlCacheManager *m, bool blocks, bool alloc, cons
   if (num_keys) memcpy(c->keys, keys, num_keys * sizeof(*keys));
   c->nkeys = num_keys;
   c->blocks = blocks;
-  c->remote =
-      alloc || access == HIXL_CACHE_ACCESS_REMOTE; /* host default: not remotely accessible, as the seed */
+  /* The seed's defaults: host memory not remotely accessible, device memory so. */
+  c->remote = alloc || device || access == HIXL_CACHE_ACCESS_REMOTE;
   c->allocated = alloc;
   c->desc = *desc;
   c->tensor_bytes = tb;
@@ -183,15 +196,18 @@ static HixlStatus cm_register(HixlCacheManager *m, bool blocks, bool alloc, cons
     memcpy(addrs, c->addrs, num_addrs * sizeof(*addrs)); /* nothing fails from here on */
   } else if (c->remote) {
     /* Tensors adjacent in memory (a runtime's layers in one pool) go as one registration
-     * (one MR over rdma), its handle kept at the span's first tensor. */
+     * (one MR over rdma), its handle kept at the span's first tensor. Device tensors go
+     * one by one: two allocations may lie side by side, and a registration of device
+     * memory must lie inside one. */
     char tag[CM_TAG_LEN];
     cm_tag_of(tag, m->nonce, c->id);
     for (size_t i = 0, j; i < num_addrs; i = j) {
-      for (j = i + 1; j < num_addrs && sorted[j] == sorted[j - 1] + tb;) j++;
+      for (j = i + 1; !device && j < num_addrs && sorted[j] == sorted[j - 1] + tb;) j++;
       uint32_t t = 0;
       while (c->addrs[t] != sorted[i]) t++;
       HixlMemDesc md = {sorted[i], (size_t)(tb * (j - i))};
-      st = hixl_engine_register_tagged(m->eng, &md, HIXL_MEM_HOST, tag, &c->handles[t]);
+      st = hixl_engine_register_tagged(m->eng, &md, device ? HIXL_MEM_DEVICE : HIXL_MEM_HOST, tag,
+                                       &c->handles[t]);
       if (st != HIXL_SUCCESS) {
         st = hixl_fail(st, "%s: tensors %u and the %zu after it in memory [0x%" PRIxPTR ", +%" PRIu64 "): %s",
                        fn, t, j - i - 1, sorted[i], tb * (j - i), HixlGetLastErrorMessage());

@@ -122,8 +122,10 @@ static HixlStatus engine_new(const char *local, const char *transport, const cha
   return HIXL_SUCCESS;
 }
 
-/* Server and client RegMem alike: mem (host memory) registered with eng under tag; fn
- * names the public call in errors. */
+/* Server and client RegMem alike: mem registered with eng under tag, host memory or
+ * device memory (a CUDA device pointer: the engine's provider finds its device, and
+ * refuses it UNSUPPORTED with a sentence where there is none); fn names the public
+ * call in errors. */
 static HixlStatus reg_mem(HixlEngine *eng, const char *tag, const HcommMem *mem, const char *fn,
                           MemHandle *mem_handle) {
   HixlMemHandle h;
@@ -131,12 +133,11 @@ static HixlStatus reg_mem(HixlEngine *eng, const char *tag, const HcommMem *mem,
   CHECK_ARG(mem, "%s: mem is NULL", fn);
   CHECK_ARG(!tag || strlen(tag) <= HIXL_CS_MAX_TAG_LEN, "%s: mem_tag is longer than %d bytes", fn,
             HIXL_CS_MAX_TAG_LEN);
-  if (mem->type == HCCL_MEM_TYPE_DEVICE)
-    return hixl_fail(HIXL_UNSUPPORTED,
-                     "%s: device memory needs an accelerator backend, and this build has none", fn);
-  CHECK_ARG(mem->type == HCCL_MEM_TYPE_HOST, "%s: memory type %d is unknown", fn, (int)mem->type);
+  CHECK_ARG(mem->type == HCCL_MEM_TYPE_HOST || mem->type == HCCL_MEM_TYPE_DEVICE,
+            "%s: memory type %d is unknown", fn, (int)mem->type);
   HixlMemDesc d = {.addr = (uintptr_t)mem->addr, .len = (size_t)mem->size};
-  HixlStatus st = hixl_engine_register_tagged(eng, &d, HIXL_MEM_HOST, tag, &h);
+  HixlStatus st = hixl_engine_register_tagged(
+      eng, &d, mem->type == HCCL_MEM_TYPE_DEVICE ? HIXL_MEM_DEVICE : HIXL_MEM_HOST, tag, &h);
   if (st == HIXL_SUCCESS) *mem_handle = h;
   return st;
 }
@@ -302,7 +303,7 @@ static HixlStatus get_remote_mem(struct cs_client *c, HcommMem **remote_mem_list
     return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlCSClientGetRemoteMem: out of memory");
   }
   for (size_t i = 0; i < n; i++) {
-    mems[i].type = HCCL_MEM_TYPE_HOST;
+    mems[i].type = snap[i].device ? HCCL_MEM_TYPE_DEVICE : HCCL_MEM_TYPE_HOST;
     mems[i].addr = (void *)(uintptr_t)snap[i].addr;
     mems[i].size = snap[i].len;
     tags[i] = (char *)snap[i].tag;

@@ -275,6 +275,7 @@ HixlStatus hixl_engine_remote_mems(HixlEngine *e, const char *remote, int32_t ti
     v[i].addr = rm->range.addr;
     v[i].len = rm->range.len;
     v[i].tag = memcpy(s, rm->tag, l);
+    v[i].device = rm->kind == WIRE_MEM_DEVICE;
     s += l;
   }
   *out = v;

@@ -23,6 +23,7 @@ struct hixl_remote_mem {
   uint64_t addr;
   uint64_t len;
   const char *tag; /* points into the same allocation */
+  bool device;     /* the peer registered it as device memory */
 };
 
 /* The registrations remote advertised, brought up to date by one round trip. *out is
