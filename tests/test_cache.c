@@ -284,9 +284,9 @@ static void test_args(void) {
   TU_ASSERT_STATUS(HixlCacheManagerRegisterBlocksCache(mgr, &bad, a, B_TENSORS, NULL, 0, &id),
                    HIXL_PARAM_INVALID);
   bad = d;
-  bad.placement = HIXL_CACHE_DEVICE;
+  bad.placement = HIXL_CACHE_DEVICE; /* host memory said to be device memory */
   TU_ASSERT_STATUS(HixlCacheManagerRegisterBlocksCache(mgr, &bad, a, B_TENSORS, NULL, 0, &id),
-                   HIXL_UNSUPPORTED);
+                   tu_device_refusal());
   TU_ASSERT_STATUS(HixlCacheManagerUnregisterCache(mgr, 999999), HIXL_PARAM_INVALID);
   TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(NULL, &k, my_b, sb, 1, db, 1, NULL), HIXL_PARAM_INVALID);
   TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, NULL, my_b, sb, 1, db, 1, NULL), HIXL_PARAM_INVALID);

@@ -1187,8 +1187,8 @@ static void regmem_args(bool server_side) {
   TU_ASSERT_STATUS(REG("t", &m, NULL), HIXL_PARAM_INVALID);
   TU_ASSERT_STATUS(REG(tag256, &m, &mh), HIXL_PARAM_INVALID);
   TU_ASSERT_ERRMSG_HAS("255");
-  m.type = HCCL_MEM_TYPE_DEVICE;
-  TU_ASSERT_STATUS(REG("t", &m, &mh), HIXL_UNSUPPORTED);
+  m.type = HCCL_MEM_TYPE_DEVICE; /* host memory said to be device memory */
+  TU_ASSERT_STATUS(REG("t", &m, &mh), tu_device_refusal());
   m.type = (HcommMemType)9;
   TU_ASSERT_STATUS(REG("t", &m, &mh), HIXL_PARAM_INVALID);
   m = host_mem(NULL, 64 * KiB);

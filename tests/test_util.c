@@ -1,6 +1,7 @@
 /* Helpers shared by the hixl test programs; see test_util.h. */
 #include "test_util.h"
 
+#include "devmem/devmem.h"
 #include "engine/engine_ext.h"
 
 #include <arpa/inet.h>
@@ -364,6 +365,8 @@ const char *tu_key_file(void) {
   atexit(key_remove);
   return key_path;
 }
+
+HixlStatus tu_device_refusal(void) { return devmem_get(NULL, 0) ? HIXL_PARAM_INVALID : HIXL_UNSUPPORTED; }
 
 const char *tu_transport(void) {
   const char *t = getenv("HIXL_TEST_TRANSPORT");

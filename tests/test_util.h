@@ -126,6 +126,11 @@ int tu_run_suites(const char *name, CU_SuiteInfo *suites);
  *  and that run exists for rdma; else NULL: no option, which means auto. */
 const char *tu_transport(void);
 
+/** What registering host memory as device memory gets here: UNSUPPORTED where no
+ *  device-memory provider is found (no CUDA driver: the build machines), PARAM_INVALID
+ *  where one is (a GPU host: the driver says it is not device memory). */
+HixlStatus tu_device_refusal(void);
+
 /** Capture the library's log: from here on every line at level or above goes to
  *  the callback (echoed to stderr when echo), and the first that holds the needle
  *  given to tu_log_watch is kept; tu_log_seen copies it out (true when one came) and
