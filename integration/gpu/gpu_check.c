@@ -47,6 +47,7 @@ static struct {
   CUresult (*alloc_host)(void **, size_t);
   CUresult (*free_host)(void *);
   CUresult (*name)(char *, int, CUdevice);
+  CUresult (*sync)(void);
 } cu;
 
 static double now_s(void) {
@@ -80,7 +81,8 @@ static bool load(char *why, size_t cap) {
            {(void **)&cu.dtod, "cuMemcpyDtoD_v2"},
            {(void **)&cu.alloc_host, "cuMemAllocHost_v2"},
            {(void **)&cu.free_host, "cuMemFreeHost"},
-           {(void **)&cu.name, "cuDeviceGetName"}};
+           {(void **)&cu.name, "cuDeviceGetName"},
+           {(void **)&cu.sync, "cuCtxSynchronize"}};
   for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++)
     if (!(*s[i].fn = dlsym(h, s[i].sym))) {
       snprintf(why, cap, "libcuda.so.1 lacks %s", s[i].sym);
@@ -121,7 +123,7 @@ static bool check(struct side *a, struct side *b, HixlTransferOp op, bool local_
   uint64_t l = local_dev ? (uint64_t)a->dev : (uintptr_t)a->host,
            r = remote_dev ? (uint64_t)b->dev : (uintptr_t)b->host;
   fill(want, n, seed);
-  /* the source side gets the pattern */
+  /* the source side gets the pattern (a pageable HtoD may return before its DMA ends) */
   if (op == HIXL_WRITE) {
     if (local_dev)
       cu.htod(a->dev, want, n);
@@ -133,6 +135,7 @@ static bool check(struct side *a, struct side *b, HixlTransferOp op, bool local_
     else
       memcpy(b->host, want, n);
   }
+  cu.sync();
   HixlTransferOpDesc d = {.local_addr = l, .remote_addr = r, .len = n};
   if (HixlEngineTransferSync(a->e, b->name, op, &d, 1, 60000) != HIXL_SUCCESS) {
     fprintf(stderr, "hixl-gpu-check: %s: %s\n", op == HIXL_WRITE ? "WRITE" : "READ",
@@ -182,8 +185,8 @@ static int ipc_child(const char *name, const char *key, size_t len, int ready_fd
     return 3;
   fill(pat, len, 77);
   HixlMemDesc md = {.addr = (uint64_t)d, .len = len};
-  if (cu.htod(d, pat, len) != CUDA_SUCCESS || HixlEngineCreate(&e) != HIXL_SUCCESS ||
-      HixlEngineInitialize(e, name, o, 2) != HIXL_SUCCESS ||
+  if (cu.htod(d, pat, len) != CUDA_SUCCESS || cu.sync() != CUDA_SUCCESS ||
+      HixlEngineCreate(&e) != HIXL_SUCCESS || HixlEngineInitialize(e, name, o, 2) != HIXL_SUCCESS ||
       HixlEngineRegisterMem(e, &md, HIXL_MEM_DEVICE, &h) != HIXL_SUCCESS) {
     fprintf(stderr, "hixl-gpu-check: the IPC child: %s\n", HixlGetLastErrorMessage());
     return 4;
@@ -327,7 +330,8 @@ int main(int argc, char **argv) {
   HixlTransferOpDesc hh = {.local_addr = (uintptr_t)a.host, .remote_addr = (uintptr_t)b.host, .len = len};
   for (int i = 0; i < reps; i++) {
     double t0 = now_s();
-    cu.dtod(b.dev, a.dev, len);
+    cu.dtod(b.dev, a.dev, len); /* returns before the copy ends (no host synchronization DtoD) */
+    cu.sync();
     double t1 = now_s();
     cu.dtoh(scratch, a.dev, len);
     double t2 = now_s();
@@ -348,6 +352,7 @@ int main(int argc, char **argv) {
   }
   for (int i = 0; !ipc_bad && i < reps; i++) {
     cu.htod(x.dev, want, 4096); /* not the pattern: the READ must bring it */
+    cu.sync();
     double t0 = now_s();
     HixlStatus st = HixlEngineTransferSync(x.e, child_name, HIXL_READ, &id, 1, 60000);
     t_ipc[i] = now_s() - t0;

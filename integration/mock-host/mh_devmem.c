@@ -40,6 +40,7 @@ static struct {
   cu_result (*free)(cu_ptr);
   cu_result (*htod)(cu_ptr, const void *, size_t);
   cu_result (*dtoh)(void *, cu_ptr, size_t);
+  cu_result (*sync)(void);
   cu_result (*err_string)(cu_result, const char **);
 } cu;
 
@@ -67,6 +68,7 @@ static int cu_open(int ordinal, char *err, size_t cap) {
               {(void **)&cu.free, "cuMemFree_v2"},
               {(void **)&cu.htod, "cuMemcpyHtoD_v2"},
               {(void **)&cu.dtoh, "cuMemcpyDtoH_v2"},
+              {(void **)&cu.sync, "cuCtxSynchronize"},
               {(void **)&cu.err_string, "cuGetErrorString"}};
   for (size_t i = 0; i < sizeof(need) / sizeof(need[0]); i++)
     if (!(*need[i].fn = dlsym(cu.so, need[i].name))) {
@@ -184,6 +186,10 @@ int mh_dev_copy(enum mh_dev kind, uintptr_t dev, void *host, size_t n, bool to_d
   }
   cu_result r = cu.ctx_set(cu.ctx);
   if (r == 0) r = to_device ? cu.htod((cu_ptr)dev, host, n) : cu.dtoh(host, (cu_ptr)dev, n);
+  /* From pageable memory cuMemcpyHtoD may return before its DMA ends: the layer is
+   * there only once the context is idle, as a runtime waits for its stream before it
+   * says a layer is saved. */
+  if (r == 0 && to_device) r = cu.sync();
   if (r != 0) {
     snprintf(err, cap, "%s of %zu bytes at 0x%" PRIxPTR ": %s", to_device ? "cuMemcpyHtoD" : "cuMemcpyDtoH",
              n, dev, cu_err(r));

@@ -57,16 +57,14 @@ static struct {
   CUresult (*ctx_retain)(CUcontext *, CUdevice);
   CUresult (*ctx_push)(CUcontext);
   CUresult (*ctx_pop)(CUcontext *);
-  CUresult (*dtoh)(void *, CUdeviceptr, size_t);
-  CUresult (*htod)(CUdeviceptr, const void *, size_t);
   CUresult (*host_register)(void *, size_t, unsigned int);
   CUresult (*host_unregister)(void *);
   CUresult (*err_string)(CUresult, const char **);
   CUresult (*ipc_get)(CUipcMemHandle *, CUdeviceptr);
   CUresult (*ipc_open)(CUdeviceptr *, CUipcMemHandle, unsigned int);
   CUresult (*ipc_close)(CUdeviceptr);
-  CUresult (*dtod)(CUdeviceptr, CUdeviceptr, size_t);
-  CUresult (*peer)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t);
+  CUresult (*dtod_async)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+  CUresult (*peer_async)(CUdeviceptr, CUcontext, CUdeviceptr, CUcontext, size_t, CUstream);
   CUresult (*stream_create)(CUstream *, unsigned int);
   CUresult (*stream_destroy)(CUstream);
   CUresult (*stream_sync)(CUstream);
@@ -103,16 +101,14 @@ static bool cu_load(char *why, size_t cap) {
               {(void **)&cu.ctx_retain, "cuDevicePrimaryCtxRetain"},
               {(void **)&cu.ctx_push, "cuCtxPushCurrent_v2"},
               {(void **)&cu.ctx_pop, "cuCtxPopCurrent_v2"},
-              {(void **)&cu.dtoh, "cuMemcpyDtoH_v2"},
-              {(void **)&cu.htod, "cuMemcpyHtoD_v2"},
               {(void **)&cu.host_register, "cuMemHostRegister_v2"},
               {(void **)&cu.host_unregister, "cuMemHostUnregister"},
               {(void **)&cu.err_string, "cuGetErrorString"},
               {(void **)&cu.ipc_get, "cuIpcGetMemHandle"},
               {(void **)&cu.ipc_open, "cuIpcOpenMemHandle_v2"},
               {(void **)&cu.ipc_close, "cuIpcCloseMemHandle"},
-              {(void **)&cu.dtod, "cuMemcpyDtoD_v2"},
-              {(void **)&cu.peer, "cuMemcpyPeer"},
+              {(void **)&cu.dtod_async, "cuMemcpyDtoDAsync_v2"},
+              {(void **)&cu.peer_async, "cuMemcpyPeerAsync"},
               {(void **)&cu.stream_create, "cuStreamCreate"},
               {(void **)&cu.stream_destroy, "cuStreamDestroy_v2"},
               {(void **)&cu.stream_sync, "cuStreamSynchronize"},
@@ -185,21 +181,77 @@ static HixlStatus cu_query(uint64_t addr, uint64_t len, int *device, char *why, 
   return HIXL_SUCCESS;
 }
 
+/* The synchronous copies run on streams of their own, waited for: the plain calls
+ * (cuMemcpyHtoD, cuMemcpyDtoD, cuMemcpyPeer) may return before their copy ends (from
+ * pageable memory, or device to device), and they go on the legacy default stream,
+ * which waits for every blocking stream of the context (the runtime's compute). A few
+ * non-blocking streams per device are kept for them. */
+#define CU_SPARE_STREAMS 8
+static struct {
+  CUstream s[CU_SPARE_STREAMS];
+  int n;
+} cu_spare[CU_DEVICES_MAX]; /* cu_lock */
+
+/* Run copy on a stream of dev's (its context current), then wait for it. */
+static CUresult cu_copy_wait(int dev, CUresult (*copy)(CUstream, const void *), const void *arg) {
+  CUstream s = NULL;
+  CUresult r = CUDA_SUCCESS;
+  pthread_mutex_lock(&cu_lock);
+  if (cu_spare[dev].n > 0) s = cu_spare[dev].s[--cu_spare[dev].n];
+  pthread_mutex_unlock(&cu_lock);
+  if (!s && (r = cu.stream_create(&s, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) return r;
+  r = copy(s, arg);
+  CUresult w = cu.stream_sync(s); /* also after a failed start: nothing of it may be left running */
+  if (r == CUDA_SUCCESS) r = w;
+  pthread_mutex_lock(&cu_lock);
+  if (w == CUDA_SUCCESS && cu_spare[dev].n < CU_SPARE_STREAMS) {
+    cu_spare[dev].s[cu_spare[dev].n++] = s;
+    s = NULL;
+  }
+  pthread_mutex_unlock(&cu_lock);
+  if (s) cu.stream_destroy(s);
+  return r;
+}
+
+struct cu_copy {
+  uint64_t dst, src;
+  size_t n;
+  CUcontext dctx, sctx;
+};
+static CUresult cu_dtoh_on(CUstream s, const void *a) {
+  const struct cu_copy *c = a;
+  return cu.dtoh_async((void *)(uintptr_t)c->dst, (CUdeviceptr)c->src, c->n, s);
+}
+static CUresult cu_htod_on(CUstream s, const void *a) {
+  const struct cu_copy *c = a;
+  return cu.htod_async((CUdeviceptr)c->dst, (const void *)(uintptr_t)c->src, c->n, s);
+}
+static CUresult cu_dtod_on(CUstream s, const void *a) {
+  const struct cu_copy *c = a;
+  return cu.dtod_async((CUdeviceptr)c->dst, (CUdeviceptr)c->src, c->n, s);
+}
+static CUresult cu_peer_on(CUstream s, const void *a) {
+  const struct cu_copy *c = a;
+  return cu.peer_async((CUdeviceptr)c->dst, c->dctx, (CUdeviceptr)c->src, c->sctx, c->n, s);
+}
+
 static HixlStatus cu_to_host(void *dst, uint64_t src, size_t n, int device, char *why, size_t cap) {
   if (!cu_enter(device, why, cap)) return HIXL_FAILED;
-  CUresult r = cu.dtoh(dst, (CUdeviceptr)src, n);
+  struct cu_copy c = {.dst = (uintptr_t)dst, .src = src, .n = n};
+  CUresult r = cu_copy_wait(device, cu_dtoh_on, &c);
   cu_leave();
   if (r != CUDA_SUCCESS)
-    snprintf(why, cap, "cuMemcpyDtoH of %zu bytes on device %d: %s", n, device, cu_err(r));
+    snprintf(why, cap, "cuMemcpyDtoHAsync of %zu bytes on device %d: %s", n, device, cu_err(r));
   return r == CUDA_SUCCESS ? HIXL_SUCCESS : HIXL_FAILED;
 }
 
 static HixlStatus cu_to_device(uint64_t dst, const void *src, size_t n, int device, char *why, size_t cap) {
   if (!cu_enter(device, why, cap)) return HIXL_FAILED;
-  CUresult r = cu.htod((CUdeviceptr)dst, src, n);
+  struct cu_copy c = {.dst = dst, .src = (uintptr_t)src, .n = n};
+  CUresult r = cu_copy_wait(device, cu_htod_on, &c);
   cu_leave();
   if (r != CUDA_SUCCESS)
-    snprintf(why, cap, "cuMemcpyHtoD of %zu bytes on device %d: %s", n, device, cu_err(r));
+    snprintf(why, cap, "cuMemcpyHtoDAsync of %zu bytes on device %d: %s", n, device, cu_err(r));
   return r == CUDA_SUCCESS ? HIXL_SUCCESS : HIXL_FAILED;
 }
 
@@ -302,18 +354,21 @@ static void cu_ipc_close(uint64_t base, uint64_t alloc_len, int device) {
 
 static HixlStatus cu_d2d(uint64_t dst, int ddev, uint64_t src, int sdev, size_t n, char *why, size_t cap) {
   CUresult r;
+  struct cu_copy c = {.dst = dst, .src = src, .n = n};
   if (!cu_enter(ddev, why, cap)) return HIXL_FAILED;
   if (ddev == sdev) {
-    r = cu.dtod((CUdeviceptr)dst, (CUdeviceptr)src, n);
+    r = cu_copy_wait(ddev, cu_dtod_on, &c);
   } else {
     cu_leave();
     if (!cu_enter(sdev, why, cap)) return HIXL_FAILED; /* both contexts retained */
-    r = cu.peer((CUdeviceptr)dst, cu_ctx[ddev], (CUdeviceptr)src, cu_ctx[sdev], n);
+    c.dctx = cu_ctx[ddev];
+    c.sctx = cu_ctx[sdev];
+    r = cu_copy_wait(sdev, cu_peer_on, &c); /* on a stream of the current (source) context */
   }
   cu_leave();
   if (r != CUDA_SUCCESS)
-    snprintf(why, cap, "%s of %zu bytes, device %d to %d: %s", ddev == sdev ? "cuMemcpyDtoD" : "cuMemcpyPeer",
-             n, sdev, ddev, cu_err(r));
+    snprintf(why, cap, "%s of %zu bytes, device %d to %d: %s",
+             ddev == sdev ? "cuMemcpyDtoDAsync" : "cuMemcpyPeerAsync", n, sdev, ddev, cu_err(r));
   return r == CUDA_SUCCESS ? HIXL_SUCCESS : HIXL_FAILED;
 }
 
