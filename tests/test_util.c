@@ -42,7 +42,7 @@ int64_t tu_now_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-int tu_threads_named(const char *name) {
+int tu_thread_ids_named(const char *name, int *tids, int cap) {
   DIR *d = opendir("/proc/self/task");
   if (!d) return -1;
   int n = 0;
@@ -54,11 +54,15 @@ int tu_threads_named(const char *name) {
     if (!f) continue; /* the thread ended meanwhile */
     if (fgets(comm, sizeof(comm), f)) comm[strcspn(comm, "\n")] = '\0';
     fclose(f);
-    n += strcmp(comm, name) == 0;
+    if (strcmp(comm, name) != 0) continue;
+    if (n < cap) tids[n] = atoi(t->d_name);
+    n++;
   }
   closedir(d);
   return n;
 }
+
+int tu_threads_named(const char *name) { return tu_thread_ids_named(name, NULL, 0); }
 
 /* Milliseconds left until deadline, clamped to [0, INT32_MAX]. */
 static int ms_left(int64_t deadline) {

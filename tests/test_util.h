@@ -28,6 +28,10 @@ int64_t tu_now_ms(void);
 /* How many of this process's threads are named name (their comm); -1 when /proc cannot
  * be read. */
 int tu_threads_named(const char *name);
+/* The ids of this process's threads named name, at most cap into tids: how many there
+ * are (-1: /proc cannot be read). A thread joined a moment ago may still be listed
+ * (the kernel reaps it after pthread_join returned). */
+int tu_thread_ids_named(const char *name, int *tids, int cap);
 
 /* ---- loopback addresses ---- */
 

@@ -16,8 +16,9 @@
  * CUDA holds --mib MiB of its own cuMemAlloc'd memory, filled with a pattern, registered
  * as device memory in its engine (Transport shm, a key). This process READs all of it
  * into its device memory over a shm link, which opens the child's allocation by its IPC
- * handle and copies device to device; every byte checked, then timed beside
- * cuMemcpyDtoD of the same bytes in this process (goal: >= 0.8x). Table on stdout,
+ * handle and copies device to device; every byte checked, every byte moved by IPC
+ * (hixl_engine_devmem_stats: none as tcp frames), then timed beside cuMemcpyDtoD of
+ * the same bytes in this process (goal: >= 0.8x). Table on stdout,
  * --json FILE.
  *
  *   hixl-gpu-check [--mib N] [--reps N] [--json FILE] */
@@ -32,6 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/engine_ext.h"
 #include "hixl/hixl.h"
 
 static struct {
@@ -369,6 +371,16 @@ int main(int argc, char **argv) {
         ipc_bad = 1;
       }
     }
+  }
+  struct hixl_devmem_stats ds = {0};
+  if (!ipc_bad &&
+      (hixl_engine_devmem_stats(x.e, &ds) != HIXL_SUCCESS || ds.ipc_bytes < (uint64_t)len * reps)) {
+    fprintf(
+        stderr,
+        "hixl-gpu-check: READ of the child's device memory: %llu of %llu bytes went by CUDA IPC (the rest "
+        "as tcp frames)\n",
+        (unsigned long long)ds.ipc_bytes, (unsigned long long)len * (unsigned long long)reps);
+    ipc_bad = 1;
   }
   HixlEngineDisconnect(x.e, child_name, 5000);
   int child_rc = ipc_end(&peer);

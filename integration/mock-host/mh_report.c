@@ -265,7 +265,10 @@ int mh_report(const struct mh_router *rt, const struct mh_model *md, bool pass) 
          "mode, KV in %s memory\n",
          m->name, m->layers, mh_kv_parts(m) == 1 ? "a latent" : "K and V", m->kv_heads, m->head_dim,
          m->elem_size, m->block_tokens, mh_layout_name(m->layout), rt->push ? "push" : "pull",
-         strcmp(o->kv_memory, "host") == 0 ? "the host's" : "hixl's");
+         strcmp(o->kv_memory, "host") == 0         ? "the host's"
+         : strcmp(o->kv_memory, "cuda") == 0       ? "CUDA device (cuMemAlloc'd)"
+         : strcmp(o->kv_memory, "device-sim") == 0 ? "simulated device"
+                                                   : "hixl's");
   printf("  prefill %" PRIu64 " blocks, decode %" PRIu64 " blocks%s%s, %u requests of %" PRIu64 "..%" PRIu64
          " tokens, concurrency %u\n",
          m->num_blocks, md->num_blocks, o->fault ? ", fault " : "", o->fault ? fault : "", o->requests,
