@@ -256,7 +256,9 @@ struct fstream {
   pthread_cond_t cv;
   struct op *head, *tail;
   bool busy, stop;
+  struct fstream *next; /* the live streams (lock), which cuCtxSynchronize waits for */
 };
+static struct fstream *streams;
 
 static void *stream_main(void *arg) {
   struct fstream *s = arg;
@@ -294,6 +296,10 @@ FAKE_API CUresult cuStreamCreate(CUstream *out, unsigned int flags) {
     free(s);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
+  pthread_mutex_lock(&lock);
+  s->next = streams;
+  streams = s;
+  pthread_mutex_unlock(&lock);
   *out = (CUstream)s;
   return CUDA_SUCCESS;
 }
@@ -311,6 +317,13 @@ FAKE_API CUresult cuStreamSynchronize(CUstream st) {
 FAKE_API CUresult cuStreamDestroy(CUstream st) {
   struct fstream *s = (struct fstream *)st;
   if (!s) return CUDA_ERROR_INVALID_HANDLE;
+  pthread_mutex_lock(&lock);
+  for (struct fstream **pp = &streams; *pp; pp = &(*pp)->next)
+    if (*pp == s) {
+      *pp = s->next;
+      break;
+    }
+  pthread_mutex_unlock(&lock);
   pthread_mutex_lock(&s->m);
   s->stop = true;
   pthread_cond_broadcast(&s->cv);
@@ -350,7 +363,20 @@ FAKE_API CUresult cuStreamAddCallback(CUstream st, CUstreamCallback cb, void *ud
   return enqueue(st, NULL, NULL, 0, cb, ud);
 }
 
-FAKE_API CUresult cuCtxSynchronize(void) { return need_ctx(); /* every copy on the legacy stream is done */ }
+/* Every stream's work done (the legacy stream's copies were made inline). Not for a
+ * stream destroyed meanwhile, nor from a callback (CUDA forbids both). */
+FAKE_API CUresult cuCtxSynchronize(void) {
+  CUresult r = need_ctx();
+  if (r != CUDA_SUCCESS) return r;
+  pthread_mutex_lock(&lock);
+  for (struct fstream *s = streams; s; s = s->next) {
+    pthread_mutex_lock(&s->m);
+    while (s->head || s->busy) pthread_cond_wait(&s->cv, &s->m);
+    pthread_mutex_unlock(&s->m);
+  }
+  pthread_mutex_unlock(&lock);
+  return CUDA_SUCCESS;
+}
 
 /* A copy whose device side(s) must be device memory this process knows. */
 static CUresult copy(void *dst, const void *src, size_t n, bool dst_dev, bool src_dev, CUstream st) {
