@@ -107,9 +107,8 @@ HixlStatus HixlEngineCreate(HixlEngine **engine) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&e->cond, &ca);
   pthread_cond_init(&e->rail_cond, &ca);
-  pthread_cond_init(&e->devq.copier_cv, &ca);
   pthread_condattr_destroy(&ca);
-  e->listen_fd = e->epfd = e->evfd = e->devq.evfd = -1;
+  e->listen_fd = e->epfd = e->evfd = e->devq.evfd = e->devq.copier_fd = -1;
   for (int k = 0; k < HIXL_RAILS_MAX; k++) e->rail_fds[k] = -1;
   auth_init(&e->auth);
   *engine = e;
@@ -305,7 +304,6 @@ HixlStatus HixlEngineDestroy(HixlEngine *e) {
   auth_destroy(&e->auth);
   pthread_cond_destroy(&e->cond);
   pthread_cond_destroy(&e->rail_cond);
-  pthread_cond_destroy(&e->devq.copier_cv);
   pthread_mutex_destroy(&e->nonce_lock);
   pthread_mutex_destroy(&e->devq.stream_lock);
   pthread_mutex_destroy(&e->req_lock);

@@ -218,6 +218,7 @@ struct devjob {
   bool lost;      /* its link died meanwhile: st and why say how */
   HixlStatus st, cst;
   char why[256], cwhy[128];
+  struct devjob *copied_next; /* on devq.copied, once its copy ended */
 };
 /* The engine's device copies and the pool of pinned host buffers they use, made at the
  * first device op and freed at Finalize. Lock held for every field. */
@@ -233,19 +234,24 @@ struct devq {
   uint32_t waiting;           /* jobs in it waiting for a buffer */
   uint32_t stalls;            /* target links stalled on the pool (LINK_STALL_DEVMEM) */
   uint32_t copying;           /* threads copying now, the lock released (Finalize waits for them) */
-  uint32_t inflight;          /* copies started on streams and not yet ended (Finalize waits for them) */
-  /* A stream's copy that ended wakes whoever reaps its link: the copier (copier_cv),
-   * the progress thread when there is no copier, a sync caller driving the link (this
-   * eventfd, which it polls beside the socket and drains). */
-  int evfd;
+  /* Copies on streams: their ends come on the provider's thread, which takes no lock
+   * (CUDA forbids a callback to wait on anything that may wait on device work): it
+   * pushes the job on copied (a stack, atomic), rings copier_fd and evfd (and the
+   * progress thread when there is no copier), then takes one off inflight (atomic), its
+   * last touch of the engine. A reaper, lock held, takes the stack and ends the jobs of
+   * its links: the copier (woken by copier_fd), or a sync caller driving the link (it
+   * polls evfd beside its socket). Finalize waits for inflight to reach 0. */
+  uint32_t inflight;
+  struct devjob *copied;
+  int evfd, copier_fd;
   pthread_mutex_t stream_lock; /* the links' devstream: taken without the engine lock */
   bool resume;                 /* a buffer came back: target links stalled on the pool read again */
   /* The copier: the thread that runs the copies of links the progress thread reads,
    * so that a copy (a device's DMA, waited for) never holds up the wire: started at
-   * the first device job, woken by the progress thread (link_devq_kick), stopped and
-   * joined at Finalize. A sync caller still copies its own link's jobs itself. */
+   * the first device job, woken by the progress thread (link_devq_kick: copier_fd),
+   * stopped and joined at Finalize. A sync caller still copies its own link's jobs
+   * itself. copier_up is read by the providers' threads (atomic). */
   pthread_t copier;
-  pthread_cond_t copier_cv;
   bool copier_up, copier_stop;
 
   void *held[ENGINE_DEV_BUFS];           /* the pool's buffers handed out ... */

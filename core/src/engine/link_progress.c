@@ -304,30 +304,31 @@ static void *devq_stream(struct HixlEngine *e, const struct devmem_ops *dm, stru
   return s;
 }
 
-/* A stream's copy ended (on the provider's thread): its job waits for the thread that
- * reaps its link, which this wakes. */
+/* A stream's copy ended, on the provider's thread: no lock taken here (a callback must
+ * not wait on anything that may wait on device work). j goes on the copied stack for
+ * its reaper; the copier and sync callers are rung; inflight drops last. */
 static void devq_copied(void *arg, HixlStatus st, const char *why) {
   struct devjob *j = arg;
   struct HixlEngine *e = j->c->eng;
   struct devq *q = &e->devq;
   uint64_t one = 1;
-  pthread_mutex_lock(&e->lock);
   j->cst = st;
   snprintf(j->cwhy, sizeof(j->cwhy), "%s", why ? why : "");
-  j->copied = true;
-  if (--q->inflight == 0) pthread_cond_broadcast(&e->cond); /* Finalize may wait for it */
-  if (!devq_ours(j, NULL))
-    (void)!write(q->evfd, &one, sizeof(one)); /* the caller driving its link */
-  else if (q->copier_up)
-    pthread_cond_signal(&q->copier_cv);
-  else
-    link_wake(e); /* the progress thread starts the copier */
-  pthread_mutex_unlock(&e->lock);
+  struct devjob *h = __atomic_load_n(&q->copied, __ATOMIC_RELAXED);
+  do j->copied_next = h;
+  while (!__atomic_compare_exchange_n(&q->copied, &h, j, true, __ATOMIC_RELEASE, __ATOMIC_RELAXED));
+  /* j is its reaper's from here on */
+  (void)!write(q->copier_fd, &one, sizeof(one));
+  (void)!write(q->evfd, &one, sizeof(one));
+  if (!__atomic_load_n(&q->copier_up, __ATOMIC_ACQUIRE)) link_wake(e); /* the progress thread starts it */
+  __atomic_sub_fetch(&q->inflight, 1, __ATOMIC_RELEASE); /* the last touch: Finalize may end the engine */
 }
 
 /* The jobs of only's (as devq_ours) whose stream copy ended: their frames go, their
  * chunks end. Ending one may end links and jobs: the walk starts again each time. */
 static void devq_reap(struct HixlEngine *e, struct conn *only) {
+  for (struct devjob *j = __atomic_exchange_n(&e->devq.copied, NULL, __ATOMIC_ACQUIRE); j; j = j->copied_next)
+    j->copied = true; /* each reaper ends its own links' below; the others wait for theirs */
 again:
   for (struct devjob *j = e->devq.head; j; j = j->next)
     if (j->copied && devq_ours(j, only)) {
@@ -358,8 +359,9 @@ bool link_devq_step(struct HixlEngine *e, struct conn *only) {
     const struct devmem_ops *dm = devmem_get(NULL, 0);
     bool async = dm && dm->copy_async;
     q->copying++;
-    if (async) q->inflight += (uint32_t)n; /* so none reaches 0 before those not started are taken off */
-    pthread_mutex_unlock(&e->lock);        /* the jobs are this thread's; their links may die meanwhile */
+    if (async)
+      __atomic_add_fetch(&q->inflight, (uint32_t)n, __ATOMIC_RELAXED); /* those not started come off below */
+    pthread_mutex_unlock(&e->lock); /* the jobs are this thread's; their links may die meanwhile */
     for (size_t k = 0; k < n; k++) {
       struct devjob *j = mine[k];
       bool out = j->kind == DJ_SEND || j->kind == DJ_T_READ;
@@ -378,10 +380,10 @@ bool link_devq_step(struct HixlEngine *e, struct conn *only) {
     pthread_mutex_lock(&e->lock);
     for (size_t k = 0; k < n; k++)
       if (!started[k]) {
-        if (async) q->inflight--;
+        if (async) __atomic_sub_fetch(&q->inflight, 1, __ATOMIC_RELAXED);
         devq_done(e, mine[k], st[k], why[k]);
       }
-    if (--q->copying == 0 || q->inflight == 0) pthread_cond_broadcast(&e->cond);
+    if (--q->copying == 0) pthread_cond_broadcast(&e->cond);
   }
   devq_reap(e, only);
   /* Stalled target links read again where frames may be parsed: a sync caller here, the
@@ -392,15 +394,30 @@ bool link_devq_step(struct HixlEngine *e, struct conn *only) {
   return false;
 }
 
-/* The copier: steps while jobs can run, then waits to be kicked. */
+/* Wait, the engine lock released, until copier_fd rings (at most ms; -1: no bound),
+ * and take its rings. */
+static void devq_wait_ring(struct HixlEngine *e, int ms) {
+  struct pollfd p = {.fd = e->devq.copier_fd, .events = POLLIN};
+  uint64_t v;
+  pthread_mutex_unlock(&e->lock);
+  if (poll(&p, 1, ms) > 0) (void)!read(e->devq.copier_fd, &v, sizeof(v));
+  pthread_mutex_lock(&e->lock);
+}
+
+/* The copier: steps while jobs can run, then waits to be rung (a kick, a copy's end). */
 static void *devq_copier_main(void *arg) {
   struct HixlEngine *e = arg;
   struct devq *q = &e->devq;
   pthread_mutex_lock(&e->lock);
-  while (!q->copier_stop) /* a step releases the lock: stop may have come meanwhile, its signal gone */
-    if (!link_devq_step(e, NULL) && !q->copier_stop) pthread_cond_wait(&q->copier_cv, &e->lock);
+  while (!q->copier_stop) /* a step releases the lock: stop may have come meanwhile (it rings too) */
+    if (!link_devq_step(e, NULL) && !q->copier_stop) devq_wait_ring(e, -1);
   pthread_mutex_unlock(&e->lock);
   return NULL;
+}
+
+static void devq_ring(struct devq *q) {
+  uint64_t one = 1;
+  (void)!write(q->copier_fd, &one, sizeof(one));
 }
 
 void link_devq_kick(struct HixlEngine *e) {
@@ -415,25 +432,26 @@ void link_devq_kick(struct HixlEngine *e) {
       link_devq_step(e, NULL);
       return;
     }
-    q->copier_up = true;
+    __atomic_store_n(&q->copier_up, true, __ATOMIC_RELEASE);
     thread_name(q->copier, "hixl-devcopy");
   }
-  pthread_cond_signal(&q->copier_cv);
+  devq_ring(q);
 }
 
 void link_devq_fini(struct HixlEngine *e) {
   struct devq *q = &e->devq;
   q->copier_stop = true;
   if (q->copier_up) { /* its step ends (the jobs of links killed since end as lost), then it sees stop */
-    pthread_cond_signal(&q->copier_cv);
+    devq_ring(q);
     pthread_mutex_unlock(&e->lock);
     pthread_join(q->copier, NULL);
     pthread_mutex_lock(&e->lock);
-    q->copier_up = false;
+    __atomic_store_n(&q->copier_up, false, __ATOMIC_RELEASE);
   }
-  /* A sync caller's copy returns first, and the streams' copies end (their links are
-   * dead: the jobs are lost, and end here as their links did). */
-  while (q->copying > 0 || q->inflight > 0) pthread_cond_wait(&e->cond, &e->lock);
+  while (q->copying > 0) pthread_cond_wait(&e->cond, &e->lock); /* a sync caller's copy returns first */
+  /* The streams' copies end (a device's copy always does), each ringing copier_fd; their
+   * links are dead: the jobs are lost, and end here as their links did. */
+  while (__atomic_load_n(&q->inflight, __ATOMIC_ACQUIRE) > 0) devq_wait_ring(e, 100);
   devq_reap(e, NULL);
   while (q->head) link_devq_drop(e, q->head); /* none: every link is gone, and its jobs with it */
   devmem_pool_free(q->pool);
@@ -568,7 +586,7 @@ void link_drive_socket(struct conn *c, struct hixl_transfer_req *r) {
     /* The socket, and where copies run on streams the eventfd their ends ring. */
     struct pollfd p[2] = {{.fd = c->fd, .events = (short)(POLLIN | (out ? POLLOUT : 0))},
                           {.fd = e->devq.evfd, .events = POLLIN}};
-    nfds_t np = c->devjobs > 0 && e->devq.inflight > 0 ? 2 : 1;
+    nfds_t np = c->devjobs > 0 && __atomic_load_n(&e->devq.inflight, __ATOMIC_RELAXED) > 0 ? 2 : 1;
     pthread_mutex_unlock(&e->lock);
     int n = poll(p, np, ms);
     pthread_mutex_lock(&e->lock);
@@ -826,7 +844,8 @@ int link_start(struct HixlEngine *e, HixlStatus *st) {
   e->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (e->evfd < 0) goto close_ep;
   e->devq.evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (e->devq.evfd < 0) goto close_ev;
+  e->devq.copier_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (e->devq.evfd < 0 || e->devq.copier_fd < 0) goto close_ev;
   e->devq.copier_stop = e->devq.copier_up = false;
   ev.data.ptr = &e->evfd;
   if (epoll_ctl(e->epfd, EPOLL_CTL_ADD, e->evfd, &ev) < 0) goto close_ev;
@@ -850,7 +869,8 @@ close_ev:
   if (e->tfd >= 0) close(e->tfd);
   e->tfd = -1;
   if (e->devq.evfd >= 0) close(e->devq.evfd);
-  e->devq.evfd = -1;
+  if (e->devq.copier_fd >= 0) close(e->devq.copier_fd);
+  e->devq.evfd = e->devq.copier_fd = -1;
   close(e->evfd);
   e->evfd = -1;
 close_ep:
@@ -875,7 +895,8 @@ void link_stop(struct HixlEngine *e) {
   pthread_mutex_unlock(&e->lock);
   close(e->evfd);
   close(e->devq.evfd);
+  close(e->devq.copier_fd);
   close(e->epfd);
   if (e->tfd >= 0) close(e->tfd);
-  e->evfd = e->devq.evfd = e->epfd = e->tfd = -1;
+  e->evfd = e->devq.evfd = e->devq.copier_fd = e->epfd = e->tfd = -1;
 }
