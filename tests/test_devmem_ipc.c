@@ -37,7 +37,8 @@ struct child_arg {
 };
 
 /* The child's service SVC_REVOKE: revoke the caller's grant of the whole allocation from
- * inside the handler (the progress thread, the lock held), answering its status. */
+ * inside the handler (the progress thread, the lock held), answering its status; asked
+ * "b", grant it back at once too (while the recall is still on its way). */
 #define SVC_REVOKE 3
 struct revoke_ctx {
   HixlEngine *e;
@@ -46,8 +47,10 @@ struct revoke_ctx {
 static HixlStatus revoke_handler(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
                                  size_t cap, size_t *resp_len) {
   struct revoke_ctx *x = ctx;
-  (void)req, (void)len, (void)cap;
+  (void)cap;
   uint32_t st = (uint32_t)hixl_engine_revoke(x->e, peer, (const uint64_t(*)[2])x->range, 1);
+  if (st == HIXL_SUCCESS && len == 1 && req[0] == 'b')
+    st = (uint32_t)hixl_engine_grant(x->e, peer, (const uint64_t(*)[2])x->range, 1);
   memcpy(resp, &st, 4);
   *resp_len = 4;
   return HIXL_SUCCESS;
@@ -399,6 +402,29 @@ static void test_scoped(void) {
   devmem_test_d2d(&d1, &m1);
   CU_ASSERT_EQUAL(m1, m0);
   CU_ASSERT_NOT_EQUAL(xfer(&p, HIXL_READ, p.dev, p.ci.dev, 4096), HIXL_SUCCESS);
+  /* Revoked and granted back at once in the handler: the grant comes while this process
+   * still holds the recalled mapping; once it let go, the allocation is handed over
+   * again (one round trip: its handover is read before the answer), and read by d2d. */
+  TU_ASSERT_OK(child_call(&p, 'g'));
+  rms = NULL;
+  TU_ASSERT_OK(hixl_engine_remote_mems(p.e, p.ci.name, WAIT_MS, &rms, &n));
+  free(rms);
+  CU_ASSERT_EQUAL(mapped(&p), 1);
+  rst = UINT32_MAX;
+  TU_ASSERT_OK(hixl_engine_call(p.e, p.ci.name, SVC_REVOKE, "b", 1, &rst, sizeof(rst), &rlen, WAIT_MS));
+  CU_ASSERT_EQUAL(rst, HIXL_SUCCESS);
+  rms = NULL;
+  TU_ASSERT_OK(hixl_engine_remote_mems(p.e, p.ci.name, WAIT_MS, &rms, &n));
+  free(rms);
+  CU_ASSERT_EQUAL(mapped(&p), 1);
+  CU_ASSERT_EQUAL(child_seed(&p, 'f', 83), 'k');
+  uint64_t d2;
+  devmem_test_d2d(&d1, &m1);
+  TU_ASSERT_OK(xfer(&p, HIXL_READ, p.dev, p.ci.dev, p.len));
+  tu_fill(p.want, p.len, 83);
+  TU_ASSERT_SAME(p.dev, p.want, p.len, "scoped: granted back during its recall, read by d2d");
+  devmem_test_d2d(&d2, &m1);
+  CU_ASSERT_EQUAL(d2 - d1, p.len);
   pair_down(&p);
 }
 

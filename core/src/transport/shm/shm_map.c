@@ -639,12 +639,19 @@ void eshm_grant_drop(struct conn *c, struct eshm_link *l, uint32_t i) {
   if (g.revoking) link_recall_end(c);
 }
 
-/* Target, SHM_UNMAP_ACK: the initiator let go of a region. */
+/* Target, SHM_UNMAP_ACK: the initiator let go of a region. Device memory whose
+ * allocation the peer's grants cover whole again (granted while the recall was on its
+ * way, from a service handler that could not wait for it) is handed over anew. */
 void eshm_target_unmap_ack(struct conn *c, const struct wire_msg *m) {
   struct eshm_link *l = link_of(c);
   for (uint32_t i = 0; l && i < l->ngrants; i++)
     if (l->grants[i].reg->range.addr == m->u.map.addr && l->grants[i].reg->range.len == m->u.map.len) {
+      struct hixl_mem_reg *r = l->grants[i].reg; /* a FreeMem of it waits for the lock held here */
       eshm_grant_drop(c, l, i);
+      if (r->type == HIXL_MEM_DEVICE && !granted(l, r) && grantable(c, r)) {
+        grant(c, r);
+        if (!link_dead(c)) link_flush(c);
+      }
       return;
     }
 }
