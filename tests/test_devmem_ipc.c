@@ -7,6 +7,8 @@
  * and is this process's descendant, so Yama's ptrace_scope 1 lets the stand-in open
  * /proc/<child>/fd and shm's probe read it. */
 #include <CUnit/Basic.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -478,6 +480,141 @@ static void test_local_device(void) {
   unsetenv("HIXL_TEST_DEVMEM_DEVICE");
 }
 
+/* ---- the other way round: this process the scoped target, the child maps its memory ---- */
+
+/* The child as an initiator: a shm engine with host memory. Ready: its name. Commands:
+ * 'm' name (TU_ADDR_LEN): connect to that engine, answer the status (u32); 'c': one
+ * round trip to it, answer the peer mappings open in this process (u32); 'x' addr
+ * (u64): READ 4096 bytes of the target's memory there, answer the status (u32). */
+static int initiator_main(void *argp, int ready_fd, int ctl_fd) {
+  char name[TU_ADDR_LEN], peer[TU_ADDR_LEN] = "";
+  (void)argp;
+  tu_addr(name, sizeof(name), tu_free_port());
+  HixlEngine *e = tu_engine_start_opts(name, "shm", NULL, 0);
+  uint8_t *host = malloc(HOST_LEN);
+  HixlMemHandle hh = NULL;
+  HixlMemDesc h = {.addr = (uintptr_t)host, .len = HOST_LEN};
+  if (!e || !host || HixlEngineRegisterMem(e, &h, HIXL_MEM_HOST, &hh) != HIXL_SUCCESS) return 2;
+  if (write(ready_fd, name, sizeof(name)) != (ssize_t)sizeof(name)) return 3;
+  for (char cmd; read(ctl_fd, &cmd, 1) == 1;) {
+    uint32_t st = UINT32_MAX;
+    uint64_t at = 0, bytes = 0, maps = 0;
+    struct hixl_remote_mem *rms = NULL;
+    size_t n = 0;
+    if (cmd == 'm') {
+      if (read(ctl_fd, peer, sizeof(peer)) != (ssize_t)sizeof(peer)) return 4;
+      peer[sizeof(peer) - 1] = '\0';
+      st = (uint32_t)HixlEngineConnect(e, peer, WAIT_MS);
+    } else if (cmd == 'c') {
+      if (hixl_engine_remote_mems(e, peer, WAIT_MS, &rms, &n) == HIXL_SUCCESS) free(rms);
+      devmem_test_d2d(&bytes, &maps);
+      st = (uint32_t)maps;
+    } else if (cmd == 'x') {
+      if (read(ctl_fd, &at, 8) != 8) return 5;
+      HixlTransferOpDesc d = {.local_addr = (uintptr_t)host, .remote_addr = at, .len = 4096};
+      st = (uint32_t)HixlEngineTransferSync(e, peer, HIXL_READ, &d, 1, WAIT_MS);
+    } else {
+      return 6;
+    }
+    if (write(ready_fd, &st, 4) != 4) return 7;
+  }
+  HixlEngineFinalize(e);
+  HixlEngineDestroy(e);
+  free(host);
+  return 0;
+}
+
+static uint32_t initiator_cmd(tu_child *ch, char cmd, const void *arg, size_t len) {
+  uint32_t st = UINT32_MAX;
+  CU_ASSERT_EQUAL(tu_child_write(ch, &cmd, 1), 0);
+  if (len) CU_ASSERT_EQUAL(tu_child_write(ch, arg, len), 0);
+  CU_ASSERT_EQUAL(tu_child_read(ch, &st, 4, WAIT_MS), 0);
+  return st;
+}
+
+/* The child connects to the target t (named tname) and is granted all of its device
+ * memory [dev, +len): it maps it (one mapping open there). */
+static void initiator_maps(tu_child *ch, HixlEngine *t, const char *tname, const char *cname,
+                           const uint64_t (*range)[2]) {
+  TU_ASSERT_OK((HixlStatus)initiator_cmd(ch, 'm', tname, TU_ADDR_LEN));
+  TU_ASSERT_OK(hixl_engine_grant(t, cname, range, 1));
+  CU_ASSERT_EQUAL(initiator_cmd(ch, 'c', NULL, 0), 1);
+}
+
+struct revoker {
+  HixlEngine *e;
+  const char *peer;
+  const uint64_t (*range)[2];
+  int started; /* atomic: the revoke is about to be called */
+  HixlStatus st;
+  int64_t ms; /* how long it took */
+};
+
+static void *revoker_main(void *arg) {
+  struct revoker *r = arg;
+  int64_t t0 = tu_now_ms();
+  __atomic_store_n(&r->started, 1, __ATOMIC_RELEASE);
+  r->st = hixl_engine_revoke(r->e, r->peer, r->range, 1);
+  r->ms = tu_now_ms() - t0;
+  return NULL;
+}
+
+/* A peer that never answers a revoke's recall (stopped with SIGSTOP while it maps the
+ * allocation): the revoke waits for it at most HIXL_DEFAULT_TIMEOUT_MS, then cuts it
+ * off and returns; the peer's next op fails. And Finalize while a revoke waits so: both
+ * return, neither hangs. */
+static void test_recall_unanswered(void) {
+  tu_child ch;
+  char cname[TU_ADDR_LEN], tname[TU_ADDR_LEN];
+  CU_ASSERT_FATAL(tu_child_start(&ch, initiator_main, NULL) == 0);
+  CU_ASSERT_FATAL(tu_child_read(&ch, cname, sizeof(cname), WAIT_MS) == 0);
+  cname[sizeof(cname) - 1] = '\0';
+  tu_addr(tname, sizeof(tname), tu_free_port());
+  HixlEngine *t = tu_engine_start_opts(tname, "shm", NULL, 0);
+  uint8_t *dev = devmem_test_alloc(DEV_LEN);
+  HixlMemHandle hd = NULL;
+  HixlMemDesc d = {.addr = (uintptr_t)dev, .len = DEV_LEN};
+  CU_ASSERT_FATAL(t && dev);
+  TU_ASSERT_OK_FATAL(hixl_engine_set_scoped(t, true));
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(t, &d, HIXL_MEM_DEVICE, &hd));
+  const uint64_t range[1][2] = {{(uintptr_t)dev, DEV_LEN}};
+  initiator_maps(&ch, t, tname, cname, range);
+
+  tu_child_kill(&ch, SIGSTOP);
+  CU_ASSERT_FATAL(tu_child_wait_stopped(&ch, WAIT_MS) == 0);
+  int64_t t0 = tu_now_ms();
+  TU_ASSERT_OK(hixl_engine_revoke(t, cname, range, 1));
+  int64_t took = tu_now_ms() - t0;
+  printf("  [the revoke returned after %lld ms, the peer cut off]\n", (long long)took);
+  CU_ASSERT(took >= HIXL_DEFAULT_TIMEOUT_MS - 50);  /* it waited for the answer that did not come ... */
+  CU_ASSERT(took < HIXL_DEFAULT_TIMEOUT_MS + 4000); /* ... and no longer than its bound */
+  tu_child_kill(&ch, SIGCONT);
+  uint64_t at = (uintptr_t)dev;
+  CU_ASSERT_NOT_EQUAL(initiator_cmd(&ch, 'x', &at, 8), HIXL_SUCCESS); /* its link was cut */
+
+  /* Mapped again (a new link), stopped again; Finalize while a revoke waits for it. */
+  initiator_maps(&ch, t, tname, cname, range);
+  tu_child_kill(&ch, SIGSTOP);
+  CU_ASSERT_FATAL(tu_child_wait_stopped(&ch, WAIT_MS) == 0);
+  struct revoker rv = {.e = t, .peer = cname, .range = range, .st = HIXL_FAILED};
+  pthread_t th;
+  CU_ASSERT_FATAL(pthread_create(&th, NULL, revoker_main, &rv) == 0);
+  while (!__atomic_load_n(&rv.started, __ATOMIC_ACQUIRE)) sched_yield();
+  t0 = tu_now_ms();
+  TU_ASSERT_OK(HixlEngineFinalize(t)); /* the revoke waits a second for the stopped peer: this lands inside */
+  took = tu_now_ms() - t0;
+  pthread_join(th, NULL);
+  printf("  [Finalize returned after %lld ms, the revoke after %lld ms: %s]\n", (long long)took,
+         (long long)rv.ms, HixlStatusName(rv.st));
+  CU_ASSERT(took < HIXL_DEFAULT_TIMEOUT_MS + 4000);
+  CU_ASSERT(rv.ms < HIXL_DEFAULT_TIMEOUT_MS + 4000);
+  CU_ASSERT(rv.st == HIXL_SUCCESS || rv.st == HIXL_NOT_CONNECTED || rv.st == HIXL_FAILED);
+  tu_child_kill(&ch, SIGCONT);
+  CU_ASSERT_EQUAL(tu_child_stop(&ch, WAIT_MS), 0);
+  HixlEngineDestroy(t);
+  devmem_test_free(dev);
+}
+
 static CU_TestInfo tests[] = {
     {"pull and push device memory between processes over shm by IPC handle: d2d, byte for byte",
      test_pull_push},
@@ -492,6 +629,8 @@ static CU_TestInfo tests[] = {
     {"a scoped target with device memory unscoped for same-host peers hands it over at Connect",
      test_scoped_devmap_whole},
     {"the peer's allocation opened in the context of this side's device, not device 0's", test_local_device},
+    {"a peer that never answers a revoke's recall is cut off in time; Finalize while a revoke waits",
+     test_recall_unanswered},
     CU_TEST_INFO_NULL};
 static CU_SuiteInfo suites[] = {
     {"device memory over shm by IPC, host stand-in", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
