@@ -265,6 +265,87 @@ static void test_pull_push(void) {
   CU_ASSERT_EQUAL(m1, m0); /* closed at Finalize */
 }
 
+static struct hixl_devmem_stats dstats(HixlEngine *e) {
+  struct hixl_devmem_stats ds;
+  memset(&ds, 0, sizeof(ds));
+  TU_ASSERT_OK(hixl_engine_devmem_stats(e, &ds));
+  return ds;
+}
+
+/* Many ops of one call on the peer's device memory: started together and waited for
+ * once per 64 (copy_many), not once each; a provider without copy_many
+ * (HIXL_TEST_DEVMEM_ASYNC=0) waits once each. A copy that fails fails its op and
+ * those after it, uncopied; the ones before it landed. */
+#define MANY_OPS 100
+static void test_many_ops(void) {
+  struct child_arg a = {.dev_len = DEV_LEN};
+  struct pair p;
+  const char *as = getenv("HIXL_TEST_DEVMEM_ASYNC");
+  bool batches = !(as && strcmp(as, "0") == 0);
+  HixlTransferOpDesc d[MANY_OPS];
+  const size_t stride = 8192, olen = 4096 + 3;
+  CU_ASSERT_FATAL(pair_up(&p, &a));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(p.e, p.ci.name, WAIT_MS));
+  CU_ASSERT_EQUAL(child_seed(&p, 'f', 71), 'k');
+  tu_fill(p.want, p.len, 71);
+  for (size_t i = 0; i < MANY_OPS; i++) /* op i: the peer's [i * stride + 1, +olen) to here, backwards */
+    d[i] = (HixlTransferOpDesc){.local_addr = (uintptr_t)p.dev + (MANY_OPS - 1 - i) * stride,
+                                .remote_addr = p.ci.dev + i * stride + 1,
+                                .len = olen};
+  memset(p.dev, 0, p.len);
+  struct hixl_devmem_stats s0 = dstats(p.e), s1;
+  uint64_t b0 = devmem_test_batches();
+  TU_ASSERT_OK(HixlEngineTransferSync(p.e, p.ci.name, HIXL_READ, d, MANY_OPS, WAIT_MS));
+  for (size_t i = 0; i < MANY_OPS; i++)
+    TU_ASSERT_SAME((uint8_t *)(uintptr_t)d[i].local_addr, p.want + i * stride + 1, olen, "READ op by op");
+  s1 = dstats(p.e);
+  CU_ASSERT_EQUAL(s1.ipc_ops - s0.ipc_ops, MANY_OPS);
+  CU_ASSERT_EQUAL(s1.ipc_bytes - s0.ipc_bytes, MANY_OPS * olen);
+  CU_ASSERT_EQUAL(s1.ipc_waits - s0.ipc_waits, batches ? 2u : MANY_OPS); /* 64 + 36 */
+  CU_ASSERT_EQUAL(devmem_test_batches() - b0, batches ? 2u : 0u);
+  /* WRITE back: the same ops the other way, every byte checked by the child */
+  for (size_t i = 0; i < MANY_OPS; i++) d[i].remote_addr = p.ci.dev + i * stride;
+  tu_fill(p.dev, p.len, 72);
+  TU_ASSERT_OK(HixlEngineTransferSync(p.e, p.ci.name, HIXL_WRITE, d, MANY_OPS, WAIT_MS));
+  tu_fill(p.want, p.len, 71); /* what the child holds now: its fill, with the ops' bytes over it */
+  for (size_t i = 0; i < MANY_OPS; i++)
+    memcpy(p.want + i * stride, p.dev + (MANY_OPS - 1 - i) * stride, olen);
+  uint8_t *back = devmem_test_alloc(p.len);
+  CU_ASSERT_FATAL(back != NULL);
+  HixlMemHandle hb = NULL;
+  HixlMemDesc bd = {.addr = (uintptr_t)back, .len = p.len};
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(p.e, &bd, HIXL_MEM_DEVICE, &hb));
+  TU_ASSERT_OK(xfer(&p, HIXL_READ, back, p.ci.dev, p.len));
+  TU_ASSERT_SAME(back, p.want, p.len, "WRITE op by op, read back whole");
+  /* op 70 fails: 0..69 landed, 70..99 not copied, the call FAILED with the provider's why */
+  for (size_t i = 0; i < MANY_OPS; i++) d[i].remote_addr = p.ci.dev + i * stride + 1;
+  memset(p.dev, 0, p.len);
+  s0 = dstats(p.e);
+  devmem_test_fail_range(d[70].local_addr, 1); /* its side here: the peer's is mapped at another address */
+  CU_ASSERT_EQUAL(HixlEngineTransferSync(p.e, p.ci.name, HIXL_READ, d, MANY_OPS, WAIT_MS), HIXL_FAILED);
+  devmem_test_fail_range(0, 0);
+  CU_ASSERT_PTR_NOT_NULL(strstr(HixlGetLastErrorMessage(), "the stand-in fails copies"));
+  /* p.want: what the child holds since the WRITE */
+  for (size_t i = 0; i < MANY_OPS; i++) {
+    const uint8_t *got = (const uint8_t *)(uintptr_t)d[i].local_addr;
+    if (i < 70)
+      TU_ASSERT_SAME(got, p.want + i * stride + 1, olen, "the ops before the failed one landed");
+    else
+      CU_ASSERT_TRUE(got[0] == 0 && memcmp(got, got + 1, olen - 1) == 0); /* not copied: still 0 */
+  }
+  s1 = dstats(p.e);
+  CU_ASSERT_EQUAL(s1.ipc_ops - s0.ipc_ops, 70);
+  CU_ASSERT_EQUAL(s1.ipc_bytes - s0.ipc_bytes, 70 * olen);
+  /* and the link goes on */
+  memset(p.dev, 0, p.len);
+  TU_ASSERT_OK(HixlEngineTransferSync(p.e, p.ci.name, HIXL_READ, d, MANY_OPS, WAIT_MS));
+  for (size_t i = 0; i < MANY_OPS; i++)
+    TU_ASSERT_SAME((uint8_t *)(uintptr_t)d[i].local_addr, p.want + i * stride + 1, olen, "READ after");
+  TU_ASSERT_OK(HixlEngineDeregisterMem(p.e, hb));
+  pair_down(&p);
+  devmem_test_free(back);
+}
+
 /* The child deregisters its device memory while this process has it open: the
  * mapping is closed before DeregisterMem returns there; ops on it fail after. */
 static void test_dereg_while_mapped(void) {
@@ -618,6 +699,9 @@ static void test_recall_unanswered(void) {
 static CU_TestInfo tests[] = {
     {"pull and push device memory between processes over shm by IPC handle: d2d, byte for byte",
      test_pull_push},
+    {"100 ops of one call on the peer's device memory: waited for once per 64 (copy_many); a failed copy "
+     "fails its op and those after it, the ones before landed",
+     test_many_ops},
     {"the target deregisters device memory mapped here: closed before its call returns",
      test_dereg_while_mapped},
     {"the target killed mid-pull: the request ends in time, the next op fails, the mapping closes",

@@ -18,7 +18,9 @@
  * into its device memory over a shm link, which opens the child's allocation by its IPC
  * handle and copies device to device; every byte checked, every byte moved by IPC
  * (hixl_engine_devmem_stats: none as tcp frames), then timed beside cuMemcpyDtoD of
- * the same bytes in this process (goal: >= 0.8x). Table on stdout,
+ * the same bytes in this process (goal: >= 0.8x); then the same bytes as ops of 256 KiB
+ * in one call (KV's shape), every byte checked and the waits for the device counted.
+ * Table on stdout,
  * --json FILE.
  *
  *   hixl-gpu-check [--mib N] [--reps N] [--json FILE] */
@@ -35,6 +37,9 @@
 
 #include "engine/engine_ext.h"
 #include "hixl/hixl.h"
+
+#define IPC_OP    (256u << 10) /* the KV-shaped IPC pass's ops: a run of 8 blocks of 32 KiB */
+#define IPC_BATCH 64           /* ops the shm path starts before it waits (MAP_DEV_BATCH) */
 
 static struct {
   CUresult (*init)(unsigned int);
@@ -382,6 +387,53 @@ int main(int argc, char **argv) {
         (unsigned long long)ds.ipc_bytes, (unsigned long long)len * (unsigned long long)reps);
     ipc_bad = 1;
   }
+  /* The same bytes in KV's shape: ops of a run of 8 blocks (256 KiB) each, in reverse
+   * order, one call; started together and waited for once per 64 ops (copy_many). */
+  double t_ops[99];
+  size_t nops = len / IPC_OP;
+  HixlTransferOpDesc *od = calloc(nops ? nops : 1, sizeof(*od));
+  struct hixl_devmem_stats ds0 = ds;
+  if (!od) ipc_bad = 1;
+  for (size_t k = 0; od && k < nops; k++)
+    od[k] = (HixlTransferOpDesc){.local_addr = (uint64_t)x.dev + (nops - 1 - k) * IPC_OP,
+                                 .remote_addr = child_dev + k * IPC_OP,
+                                 .len = IPC_OP};
+  for (int i = 0; !ipc_bad && i < reps; i++) {
+    cu.htod(x.dev, want + IPC_OP, 4096); /* not the pattern's bytes there: the READ must bring them */
+    cu.sync();
+    double t0 = now_s();
+    HixlStatus st = HixlEngineTransferSync(x.e, child_name, HIXL_READ, od, nops, 60000);
+    t_ops[i] = now_s() - t0;
+    if (st != HIXL_SUCCESS) {
+      fprintf(stderr, "hixl-gpu-check: READ of the child's device memory in %zu ops: %s\n", nops,
+              HixlGetLastErrorMessage());
+      ipc_bad = 1;
+      break;
+    }
+    if (i == 0) {
+      fill(want, len, 77);
+      cu.dtoh(scratch, x.dev, len);
+      for (size_t k = 0; k < nops; k++)
+        if (memcmp(scratch + (nops - 1 - k) * IPC_OP, want + k * IPC_OP, IPC_OP) != 0) {
+          fprintf(stderr, "hixl-gpu-check: READ in %zu ops: op %zu's bytes differ\n", nops, k);
+          ipc_bad = 1;
+          break;
+        }
+    }
+  }
+  uint64_t want_waits = (uint64_t)reps * ((nops + IPC_BATCH - 1) / IPC_BATCH);
+  if (!ipc_bad &&
+      (hixl_engine_devmem_stats(x.e, &ds) != HIXL_SUCCESS ||
+       ds.ipc_ops - ds0.ipc_ops != (uint64_t)nops * reps || ds.ipc_waits - ds0.ipc_waits != want_waits)) {
+    fprintf(stderr,
+            "hixl-gpu-check: READ in %zu ops, %d times: %llu ops by CUDA IPC with %llu waits for the device "
+            "(want %llu and %llu: started together, waited for once per %d)\n",
+            nops, reps, (unsigned long long)(ds.ipc_ops - ds0.ipc_ops),
+            (unsigned long long)(ds.ipc_waits - ds0.ipc_waits), (unsigned long long)nops * reps,
+            (unsigned long long)want_waits, IPC_BATCH);
+    ipc_bad = 1;
+  }
+  free(od);
   HixlEngineDisconnect(x.e, child_name, 5000);
   int child_rc = ipc_end(&peer);
   if (child_rc != 0) {
@@ -401,11 +453,13 @@ int main(int argc, char **argv) {
          "(goal >= 0.8x) |\n",
          hdev, hdev / dtoh, hdev / hhost);
   printf("| hixl WRITE host -> host, tcp | %.2f | the same transfer from host memory |\n", hhost);
-  double ipc = ipc_bad ? 0 : gb / median(t_ipc, reps);
+  double ipc = ipc_bad ? 0 : gb / median(t_ipc, reps), ipc_ops = ipc_bad ? 0 : gb / median(t_ops, reps);
   printf(
       "| hixl READ device -> device, another process, shm (CUDA IPC) | %.2f | %.2fx of cuMemcpyDtoD (goal >= "
       "0.8x) |\n",
       ipc, ipc / dtod);
+  printf("| the same READ as %zu ops of 256 KiB (KV's shape), one call | %.2f | %.2fx of cuMemcpyDtoD |\n",
+         nops, ipc_ops, ipc_ops / dtod);
   if (json) {
     FILE *f = fopen(json, "w");
     if (f) {
@@ -413,8 +467,10 @@ int main(int argc, char **argv) {
           f,
           "{\"gpu\": \"%s\", \"mib\": %zu, \"reps\": %d, \"byte_checks\": %d, \"byte_checks_failed\": %d, "
           "\"dtod_gbps\": %.3f, \"dtoh_gbps\": %.3f, \"hixl_dev_tcp_gbps\": %.3f, \"hixl_host_tcp_gbps\": "
-          "%.3f, \"hixl_ipc_read_gbps\": %.3f, \"ipc_ok\": %s}\n",
-          gpu, mib, reps, checks, bad, dtod, dtoh, hdev, hhost, ipc, ipc_bad ? "false" : "true");
+          "%.3f, \"hixl_ipc_read_gbps\": %.3f, \"hixl_ipc_read_ops\": %zu, \"hixl_ipc_read_ops_gbps\": %.3f, "
+          "\"ipc_ok\": %s}\n",
+          gpu, mib, reps, checks, bad, dtod, dtoh, hdev, hhost, ipc, nops, ipc_ops,
+          ipc_bad ? "false" : "true");
       fclose(f);
     }
   }

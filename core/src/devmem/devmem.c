@@ -34,6 +34,30 @@ HixlStatus devmem_ipc_valid(const struct devmem_ipc *h, char *why, size_t cap) {
   return HIXL_SUCCESS;
 }
 
+/* v[0..n) one at a time by dm's d2d, to_host and to_device (each waits: *waits counts
+ * them), up to the first that fails (*bad; n when none did). */
+static HixlStatus copy_each(const struct devmem_ops *dm, const struct devmem_copy *v, size_t n, size_t *bad,
+                            uint32_t *waits, char *why, size_t cap) {
+  *bad = n;
+  *waits = 0;
+  for (size_t k = 0; k < n; k++) {
+    const struct devmem_copy *c = &v[k];
+    HixlStatus st;
+    if (c->ddev >= 0 && c->sdev >= 0)
+      st = dm->d2d(c->dst, c->ddev, c->src, c->sdev, c->n, why, cap);
+    else if (c->ddev >= 0)
+      st = dm->to_device(c->dst, (const void *)(uintptr_t)c->src, c->n, c->ddev, why, cap);
+    else
+      st = dm->to_host((void *)(uintptr_t)c->dst, c->src, c->n, c->sdev, why, cap);
+    (*waits)++;
+    if (st != HIXL_SUCCESS) {
+      *bad = k;
+      return st;
+    }
+  }
+  return HIXL_SUCCESS;
+}
+
 #if defined(HIXL_HAVE_CUDA_H) || defined(HIXL_DEVMEM_TEST)
 /* The host pages around [addr, addr + len) inside its allocation [start, start + size):
  * *lo and *hi; false when they reach past it. */
@@ -192,17 +216,19 @@ static struct {
   int n;
 } cu_spare[CU_DEVICES_MAX]; /* cu_lock */
 
-/* Run copy on a stream of dev's (its context current), then wait for it. */
-static CUresult cu_copy_wait(int dev, CUresult (*copy)(CUstream, const void *), const void *arg) {
-  CUstream s = NULL;
-  CUresult r = CUDA_SUCCESS;
+/* A spare stream of dev's (its context current), made when none is spare. */
+static CUresult cu_spare_get(int dev, CUstream *s) {
+  *s = NULL;
   pthread_mutex_lock(&cu_lock);
-  if (cu_spare[dev].n > 0) s = cu_spare[dev].s[--cu_spare[dev].n];
+  if (cu_spare[dev].n > 0) *s = cu_spare[dev].s[--cu_spare[dev].n];
   pthread_mutex_unlock(&cu_lock);
-  if (!s && (r = cu.stream_create(&s, CU_STREAM_NON_BLOCKING)) != CUDA_SUCCESS) return r;
-  r = copy(s, arg);
+  return *s ? CUDA_SUCCESS : cu.stream_create(s, CU_STREAM_NON_BLOCKING);
+}
+
+/* Wait for everything on s, then keep it spare (destroyed when its wait failed or
+ * enough are spare): the wait's result. */
+static CUresult cu_spare_put(int dev, CUstream s) {
   CUresult w = cu.stream_sync(s); /* also after a failed start: nothing of it may be left running */
-  if (r == CUDA_SUCCESS) r = w;
   pthread_mutex_lock(&cu_lock);
   if (w == CUDA_SUCCESS && cu_spare[dev].n < CU_SPARE_STREAMS) {
     cu_spare[dev].s[cu_spare[dev].n++] = s;
@@ -210,7 +236,17 @@ static CUresult cu_copy_wait(int dev, CUresult (*copy)(CUstream, const void *), 
   }
   pthread_mutex_unlock(&cu_lock);
   if (s) cu.stream_destroy(s);
-  return r;
+  return w;
+}
+
+/* Run copy on a stream of dev's (its context current), then wait for it. */
+static CUresult cu_copy_wait(int dev, CUresult (*copy)(CUstream, const void *), const void *arg) {
+  CUstream s;
+  CUresult r = cu_spare_get(dev, &s);
+  if (r != CUDA_SUCCESS) return r;
+  r = copy(s, arg);
+  CUresult w = cu_spare_put(dev, s);
+  return r == CUDA_SUCCESS ? w : r;
 }
 
 struct cu_copy {
@@ -372,6 +408,112 @@ static HixlStatus cu_d2d(uint64_t dst, int ddev, uint64_t src, int sdev, size_t 
   return r == CUDA_SUCCESS ? HIXL_SUCCESS : HIXL_FAILED;
 }
 
+/* copy_many: each copy started on a spare stream of the device d2d, to_host or
+ * to_device would run it on (a peer copy: the source's), with that device's context
+ * current; then each stream waited for once. At most CU_MANY_DEVS devices' streams at
+ * once: a copy on another device first waits for those. */
+#define CU_MANY_DEVS 4
+struct cu_many {
+  int dev[CU_MANY_DEVS];
+  CUstream s[CU_MANY_DEVS];
+  size_t n;
+  uint32_t waits;
+};
+
+/* Wait for every stream of m (each with its context current); the first failure. */
+static CUresult cu_many_wait(struct cu_many *m) {
+  CUresult r = CUDA_SUCCESS;
+  char why[128];
+  for (size_t i = 0; i < m->n; i++) {
+    CUresult w = CUDA_ERROR_INVALID_CONTEXT;
+    if (cu_enter(m->dev[i], why, sizeof(why))) { /* entered once before: cannot fail now */
+      w = cu_spare_put(m->dev[i], m->s[i]);
+      cu_leave();
+    }
+    m->waits++;
+    if (r == CUDA_SUCCESS) r = w;
+  }
+  m->n = 0;
+  return r;
+}
+
+/* Start c on a stream of dev's (dev's context current); its name for messages. */
+static CUresult cu_many_start(struct cu_many *m, int dev, const struct devmem_copy *c, const char **what) {
+  size_t i = 0;
+  while (i < m->n && m->dev[i] != dev) i++;
+  if (i == m->n) {
+    CUresult r = cu_spare_get(dev, &m->s[i]);
+    *what = "cuStreamCreate";
+    if (r != CUDA_SUCCESS) return r;
+    m->dev[i] = dev;
+    m->n++;
+  }
+  CUstream s = m->s[i];
+  if (c->ddev >= 0 && c->sdev >= 0 && c->ddev == c->sdev) {
+    *what = "cuMemcpyDtoDAsync";
+    return cu.dtod_async((CUdeviceptr)c->dst, (CUdeviceptr)c->src, c->n, s);
+  }
+  if (c->ddev >= 0 && c->sdev >= 0) {
+    *what = "cuMemcpyPeerAsync";
+    return cu.peer_async((CUdeviceptr)c->dst, cu_ctx[c->ddev], (CUdeviceptr)c->src, cu_ctx[c->sdev], c->n, s);
+  }
+  if (c->ddev >= 0) {
+    *what = "cuMemcpyHtoDAsync";
+    return cu.htod_async((CUdeviceptr)c->dst, (const void *)(uintptr_t)c->src, c->n, s);
+  }
+  *what = "cuMemcpyDtoHAsync";
+  return cu.dtoh_async((void *)(uintptr_t)c->dst, (CUdeviceptr)c->src, c->n, s);
+}
+
+static HixlStatus cu_copy_many(const struct devmem_copy *v, size_t n, size_t *bad, uint32_t *waits, char *why,
+                               size_t cap) {
+  struct cu_many m = {.n = 0, .waits = 0};
+  CUresult r = CUDA_SUCCESS;
+  const char *what = "";
+  *bad = n;
+  for (size_t k = 0; k < n; k++) {
+    const struct devmem_copy *c = &v[k];
+    int dev = c->sdev >= 0 ? c->sdev : c->ddev; /* a peer copy on the source's, as cu_d2d's */
+    if (dev < 0) {
+      snprintf(why, cap, "copy %zu of %zu: neither side is device memory", k, n);
+      *bad = k;
+      break;
+    }
+    bool known = false;
+    for (size_t i = 0; i < m.n; i++) known |= m.dev[i] == dev;
+    if (!known && m.n == CU_MANY_DEVS && (r = cu_many_wait(&m)) != CUDA_SUCCESS) {
+      snprintf(why, cap, "cuStreamSynchronize: %s", cu_err(r));
+      *bad = 0; /* which of those ended cannot be told */
+      break;
+    }
+    /* A peer copy names both contexts: the destination's retained too (cu_enter). */
+    if (c->ddev >= 0 && c->sdev >= 0 && c->ddev != c->sdev) {
+      if (!cu_enter(c->ddev, why, cap)) {
+        *bad = k;
+        break;
+      }
+      cu_leave();
+    }
+    if (!cu_enter(dev, why, cap)) {
+      *bad = k;
+      break;
+    }
+    r = cu_many_start(&m, dev, c, &what);
+    cu_leave();
+    if (r != CUDA_SUCCESS) {
+      snprintf(why, cap, "%s of %zu bytes, device %d to %d: %s", what, c->n, c->sdev, c->ddev, cu_err(r));
+      *bad = k;
+      break;
+    }
+  }
+  if ((r = cu_many_wait(&m)) != CUDA_SUCCESS && *bad == n) {
+    snprintf(why, cap, "cuStreamSynchronize after %zu copies: %s", n, cu_err(r));
+    *bad = 0;
+  }
+  *waits = m.waits;
+  return *bad == n ? HIXL_SUCCESS : HIXL_FAILED;
+}
+
 /* cuMemGetHandleForAddressRange over the host pages around the range (it takes nothing
  * finer), where the device says it exports dma-bufs. */
 static HixlStatus cu_dmabuf(uint64_t addr, uint64_t len, int device, int *fd, uint64_t *offset, char *why,
@@ -498,7 +640,8 @@ static const struct devmem_ops cuda_ops = {.name = "cuda",
                                            .dmabuf = cu_dmabuf,
                                            .stream_new = cu_stream_new,
                                            .stream_free = cu_stream_free,
-                                           .copy_async = cu_copy_async};
+                                           .copy_async = cu_copy_async,
+                                           .copy_many = cu_copy_many};
 #endif /* HIXL_HAVE_CUDA_H */
 
 #ifdef HIXL_DEVMEM_TEST
@@ -559,15 +702,37 @@ bool devmem_test_gate_wait(uint32_t n, int ms) {
   return ok;
 }
 
+/* The copies the stand-in fails: those touching [lo, lo + len) of either side (len 0:
+ * none), as a device fails a copy (an address fault). */
+static uint64_t ht_fail_lo, ht_fail_len;
+void devmem_test_fail_range(uint64_t addr, uint64_t len) {
+  pthread_mutex_lock(&ht_gate_lock);
+  ht_fail_lo = addr;
+  ht_fail_len = len;
+  pthread_mutex_unlock(&ht_gate_lock);
+}
+static bool ht_fails(uint64_t a, uint64_t b, size_t n, char *why, size_t cap) {
+  pthread_mutex_lock(&ht_gate_lock);
+  uint64_t lo = ht_fail_lo, len = ht_fail_len;
+  pthread_mutex_unlock(&ht_gate_lock);
+  bool hit = len && ((a < lo + len && lo < a + n) || (b < lo + len && lo < b + n));
+  if (hit)
+    snprintf(why, cap, "the stand-in fails copies touching [0x%llx, +%llu) (test)", (unsigned long long)lo,
+             (unsigned long long)len);
+  return hit;
+}
+
 static HixlStatus ht_to_host(void *dst, uint64_t src, size_t n, int device, char *why, size_t cap) {
-  (void)device, (void)why, (void)cap;
+  (void)device;
+  if (ht_fails((uintptr_t)dst, src, n, why, cap)) return HIXL_FAILED;
   ht_gate_pass(src, n);
   memcpy(dst, (const void *)(uintptr_t)src, n);
   __atomic_add_fetch(&ht_out, n, __ATOMIC_RELAXED);
   return HIXL_SUCCESS;
 }
 static HixlStatus ht_to_device(uint64_t dst, const void *src, size_t n, int device, char *why, size_t cap) {
-  (void)device, (void)why, (void)cap;
+  (void)device;
+  if (ht_fails(dst, (uintptr_t)src, n, why, cap)) return HIXL_FAILED;
   ht_gate_pass(dst, n);
   memcpy((void *)(uintptr_t)dst, src, n);
   __atomic_add_fetch(&ht_in, n, __ATOMIC_RELAXED);
@@ -775,7 +940,8 @@ static void ht_ipc_close(uint64_t base, uint64_t alloc_len, int device) {
 }
 
 static HixlStatus ht_d2d(uint64_t dst, int ddev, uint64_t src, int sdev, size_t n, char *why, size_t cap) {
-  (void)ddev, (void)sdev, (void)why, (void)cap;
+  (void)ddev, (void)sdev;
+  if (ht_fails(dst, src, n, why, cap)) return HIXL_FAILED;
   memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
   __atomic_add_fetch(&ht_d2d_bytes, n, __ATOMIC_RELAXED);
   return HIXL_SUCCESS;
@@ -935,6 +1101,20 @@ void devmem_test_streams(uint64_t *made, uint64_t *live, uint64_t *copies) {
   *copies = __atomic_load_n(&ht_async, __ATOMIC_RELAXED);
 }
 
+/* copy_many: the copies made in turn as d2d, to_host and to_device make them, counted
+ * as one wait (a batch, for the tests to tell from copies made one at a time). */
+static const struct devmem_ops host_test_ops;
+static uint64_t ht_batches;
+static HixlStatus ht_copy_many(const struct devmem_copy *v, size_t n, size_t *bad, uint32_t *waits, char *why,
+                               size_t cap) {
+  HixlStatus st = copy_each(&host_test_ops, v, n, bad, waits, why, cap);
+  *waits = n ? 1 : 0;
+  __atomic_add_fetch(&ht_batches, *waits, __ATOMIC_RELAXED);
+  return st;
+}
+
+uint64_t devmem_test_batches(void) { return __atomic_load_n(&ht_batches, __ATOMIC_RELAXED); }
+
 #define HT_OPS                                                                                               \
   .query = ht_query, .to_host = ht_to_host, .to_device = ht_to_device, .host_pin = ht_host_pin,              \
   .host_unpin = ht_host_unpin, .ipc_export = ht_ipc_export, .ipc_open = ht_ipc_open,                         \
@@ -943,8 +1123,10 @@ static const struct devmem_ops host_test_ops = {.name = "host-test",
                                                 HT_OPS,
                                                 .stream_new = ht_stream_new,
                                                 .stream_free = ht_stream_free,
-                                                .copy_async = ht_copy_async};
-/* HIXL_TEST_DEVMEM_ASYNC=0: without streams, as a provider that has none. */
+                                                .copy_async = ht_copy_async,
+                                                .copy_many = ht_copy_many};
+/* HIXL_TEST_DEVMEM_ASYNC=0: without streams or copy_many, as a provider that has
+ * neither. */
 static const struct devmem_ops host_test_sync_ops = {.name = "host-test", HT_OPS};
 #endif
 
@@ -1098,4 +1280,10 @@ const struct devmem_ops *devmem_get(char *why, size_t cap) {
   pthread_once(&once, devmem_find);
   if (!provider && why) snprintf(why, cap, "%s", provider_why);
   return provider;
+}
+
+HixlStatus devmem_copy_many(const struct devmem_ops *dm, const struct devmem_copy *v, size_t n, size_t *bad,
+                            uint32_t *waits, char *why, size_t cap) {
+  if (dm->copy_many) return dm->copy_many(v, n, bad, waits, why, cap);
+  return copy_each(dm, v, n, bad, waits, why, cap);
 }

@@ -28,6 +28,14 @@ struct devmem_ipc {
   uint64_t len;                  /* ... and its bytes */
 };
 
+/* One copy of copy_many: n bytes from src to dst, each on device sdev / ddev (device
+ * memory) or -1 (host memory, pageable or pinned); one side at least is a device's. */
+struct devmem_copy {
+  uint64_t dst, src;
+  size_t n;
+  int ddev, sdev;
+};
+
 /* The end of an asynchronous copy (copy_async): st, and why it failed when it did.
  * Called once, on a thread of the provider's, which it holds back meanwhile (the
  * stream's next copy waits): it must be short and must not call the provider. */
@@ -80,6 +88,15 @@ struct devmem_ops {
    * called. */
   HixlStatus (*copy_async)(void *stream, int device, bool to_dev, uint64_t dev, void *host, size_t n,
                            devmem_done_fn done, void *arg, char *why, size_t cap);
+  /* v[0..n) (independent ranges) copied, done when it returns: all started, then waited
+   * for once per device they ran on (cuda: each on a spare non-blocking stream of the
+   * device d2d, to_host or to_device would run it on, then cuStreamSynchronize), not
+   * once each. *bad: the first that failed, n when none did; those from it on may not
+   * have run, those before it all ran (a copy that fails only when waited for fails
+   * them all: *bad 0). *waits: the waits it made. Optional: NULL, the caller copies
+   * one at a time with d2d, to_host and to_device. */
+  HixlStatus (*copy_many)(const struct devmem_copy *v, size_t n, size_t *bad, uint32_t *waits, char *why,
+                          size_t cap);
 };
 
 /* Whether h's numbers hold together (a range inside its allocation, not empty, no
@@ -89,6 +106,11 @@ HixlStatus devmem_ipc_valid(const struct devmem_ipc *h, char *why, size_t cap);
 /* The provider of this process (found once), or NULL with why: no driver, no device,
  * or a build without CUDA headers. */
 const struct devmem_ops *devmem_get(char *why, size_t cap);
+
+/* v[0..n) copied by dm: by its copy_many, or one at a time (d2d, to_host, to_device: a
+ * wait each) where it has none; *bad and *waits as copy_many's. */
+HixlStatus devmem_copy_many(const struct devmem_ops *dm, const struct devmem_copy *v, size_t n, size_t *bad,
+                            uint32_t *waits, char *why, size_t cap);
 
 /* A pool of pinned host buffers of size bytes each, at most max of them, made as first
  * needed and kept until devmem_pool_free: the host side of device copies (an engine
@@ -143,6 +165,12 @@ void devmem_test_gate_range(uint64_t addr, uint64_t len);
  * started on them so far. HIXL_TEST_DEVMEM_ASYNC=0 gives a stand-in without streams
  * (the engine's synchronous copies), read when the provider is first found. */
 void devmem_test_streams(uint64_t *made, uint64_t *live, uint64_t *copies);
+/* Test builds: the stand-in fails its copies touching [addr, addr + len) on either side
+ * (len 0: none, the default), saying so. */
+void devmem_test_fail_range(uint64_t addr, uint64_t len);
+/* Test builds: the stand-in's copy_many calls that copied anything so far (each one
+ * wait, however many copies it made). */
+uint64_t devmem_test_batches(void);
 /* Test builds: dma-bufs the host stand-in made so far (dmabuf). */
 uint64_t devmem_test_dmabufs(void);
 

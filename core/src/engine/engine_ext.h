@@ -134,6 +134,10 @@ struct hixl_devmem_stats {
   uint32_t rdma_regs;    /* device registrations here with such an MR on every RDMA device, now */
   uint32_t rdma_refused; /* device registrations that got none since Initialize (the provider, the GPU,
                           * the NIC or the kernel could not): their ops go as tcp frames */
+  uint64_t ipc_ops;      /* the ops (pieces of ops) of ipc_bytes ... */
+  uint64_t ipc_waits;    /* ... and the waits for the device they took: one per run of up to 64 of
+                          * them inside one mapping where the provider starts many copies at once
+                          * (copy_many), one each otherwise */
 };
 HixlStatus hixl_engine_devmem_stats(HixlEngine *e, struct hixl_devmem_stats *out);
 /* Grant peer the n ranges {addr, len}, or revoke them. Grants count: a range granted

@@ -16,27 +16,48 @@ static struct shm_map *map_of(struct shm_peer *s, uint64_t addr, uint64_t len) {
   return s->maps.count ? (struct shm_map *)memtab_find(&s->maps, addr, len) : NULL;
 }
 
-/* One op where device memory is on either side, mp mapped here: by the provider, device
- * to device (both), or between device memory and the host memory on the other side. */
-static HixlStatus dev_copy(const struct devmem_ops *dm, const struct shm_map *mp, const struct chunk *ch,
-                           uint8_t *remote, bool write, char *why, size_t cap) {
+/* The copy of one op where device memory is on either side, mp mapped here: by the
+ * provider, device to device (both), or between device memory and the host memory on
+ * the other side. */
+static struct devmem_copy dev_desc(const struct shm_map *mp, const struct chunk *ch, const uint8_t *remote,
+                                   bool write) {
   uint64_t rem = (uint64_t)(uintptr_t)remote, loc = (uint64_t)(uintptr_t)ch->laddr;
   int rdev = mp->dev ? mp->ipc->device : -1, ldev = ch->lreg->type == HIXL_MEM_DEVICE ? ch->lreg->device : -1;
-  if (!dm) {
-    snprintf(why, cap, "no device-memory provider in this process");
-    return HIXL_UNSUPPORTED;
-  }
-  if (rdev >= 0 && ldev >= 0)
-    return write ? dm->d2d(rem, rdev, loc, ldev, ch->len, why, cap)
-                 : dm->d2d(loc, ldev, rem, rdev, ch->len, why, cap);
-  if (rdev >= 0) /* the peer's device memory, host memory here */
-    return write ? dm->to_device(rem, ch->laddr, ch->len, rdev, why, cap)
-                 : dm->to_host(ch->laddr, rem, ch->len, rdev, why, cap);
-  /* device memory here, the peer's host memory mapped */
-  return write ? dm->to_host(remote, loc, ch->len, ldev, why, cap)
-               : dm->to_device(loc, remote, ch->len, ldev, why, cap);
+  return write ? (struct devmem_copy){.dst = rem, .src = loc, .n = ch->len, .ddev = rdev, .sdev = ldev}
+               : (struct devmem_copy){.dst = loc, .src = rem, .n = ch->len, .ddev = ldev, .sdev = rdev};
 }
 
+/* Device copies map_copy starts together, then waits for once (copy_many). */
+#define MAP_DEV_BATCH 64
+struct dev_batch {
+  struct devmem_copy c[MAP_DEV_BATCH];
+  size_t at[MAP_DEV_BATCH]; /* each one's op */
+  size_t n;
+  const struct devmem_ops *dm;
+  uint64_t ops, bytes; /* copied */
+  uint32_t waits;
+};
+
+/* Copy b's ops; the first that failed (*bad, its status *fst, why), else *bad stays. */
+static void dev_flush(struct dev_batch *b, size_t *bad, HixlStatus *fst, char *why, size_t cap) {
+  size_t first = b->n;
+  uint32_t waits = 0;
+  HixlStatus st = HIXL_SUCCESS;
+  if (b->n == 0) return;
+  if (!b->dm) b->dm = devmem_get(why, cap);
+  if (!b->dm)
+    first = 0, st = HIXL_UNSUPPORTED;
+  else
+    st = devmem_copy_many(b->dm, b->c, b->n, &first, &waits, why, cap);
+  b->waits += waits;
+  for (size_t i = 0; i < first; i++) b->bytes += b->c[i].n;
+  b->ops += first;
+  if (first < b->n && b->at[first] < *bad) {
+    *bad = b->at[first];
+    *fst = st;
+  }
+  b->n = 0;
+}
 /* A copy inside mp begins: the mapping held, the lock released (Finalize waits for the
  * copies to end). Lock held on entry. */
 static void map_begin(struct HixlEngine *e, struct shm_map *mp) {
@@ -72,30 +93,34 @@ static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *m
   HixlStatus fst = HIXL_SUCCESS;
   char dwhy[256]; /* these three: their first byte only (zeroing them took 8% of a 4 KiB op) */
   dwhy[0] = '\0';
-  size_t bad = n; /* the first op whose device copy failed */
-  uint64_t dev_bytes = 0;
-  const struct devmem_ops *dm = NULL;
+  size_t bad = n; /* the first op whose device copy failed: it and those after it fail */
+  struct dev_batch b;
+  b.n = 0, b.dm = NULL, b.ops = b.bytes = 0, b.waits = 0;
   map_begin(e, mp);
-  for (size_t k = 0; k < n; k++) {
+  for (size_t k = 0; k < n && bad == n; k++) {
     uint8_t *remote = mp->base + (segs[k].remote - mp->range.addr);
     if (mp->dev || v[k]->lreg->type == HIXL_MEM_DEVICE) {
-      if (!dm) dm = devmem_get(dwhy, sizeof(dwhy));
-      HixlStatus st = dev_copy(dm, mp, v[k], remote, write, dwhy, sizeof(dwhy));
-      if (st != HIXL_SUCCESS && bad == n) bad = k, fst = st;
-      if (st != HIXL_SUCCESS) break;
-      dev_bytes += v[k]->len;
+      b.c[b.n] = dev_desc(mp, v[k], remote, write);
+      b.at[b.n++] = k;
+      if (b.n == MAP_DEV_BATCH) dev_flush(&b, &bad, &fst, dwhy, sizeof(dwhy));
     } else if (write) {
       memcpy(remote, segs[k].local, segs[k].len);
     } else {
       memcpy(segs[k].local, remote, segs[k].len);
     }
   }
+  if (bad == n) dev_flush(&b, &bad, &fst, dwhy, sizeof(dwhy));
   char msg[64 + sizeof(s->name) + 16];
   msg[0] = '\0';
   bool gone = map_end(e, s, mp, msg, sizeof(msg));
   if (!gone) {
     s->map_ops += bad;
-    if (mp->dev) engine_dev_stats(e)->ipc_bytes += dev_bytes;
+    if (mp->dev) {
+      struct hixl_devmem_stats *ds = engine_dev_stats(e);
+      ds->ipc_bytes += b.bytes;
+      ds->ipc_ops += b.ops;
+      ds->ipc_waits += b.waits;
+    }
   }
   char dmsg[sizeof(dwhy) + sizeof(s->name) + 96];
   dmsg[0] = '\0';
@@ -107,7 +132,7 @@ static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *m
   for (size_t k = 0; k < n; k++) {
     if (gone)
       link_chunk_end(v[k], HIXL_FAILED, msg);
-    else if (k >= bad) /* the one that failed, and those not tried after it */
+    else if (k >= bad) /* the one that failed, and those after it (not all tried) */
       link_chunk_end(v[k], k == bad ? fst : HIXL_FAILED, dmsg);
     else
       link_chunk_end(v[k], HIXL_SUCCESS, "");
