@@ -246,6 +246,11 @@ struct devq {
   int evfd, copier_fd;
   pthread_mutex_t stream_lock; /* the links' devstream: taken without the engine lock */
   bool resume;                 /* a buffer came back: target links stalled on the pool read again */
+  /* A job was queued, a buffer came back (or a link's share of them), or a sync caller
+   * left its link's jobs to the copier, since the progress thread last rang the copier:
+   * link_devq_kick rings it only then (the copier steps on while it has work, and the
+   * copies' ends ring it themselves). */
+  bool news;
   /* The copier: the thread that runs the copies of links the progress thread reads,
    * so that a copy (a device's DMA, waited for) never holds up the wire: started at
    * the first device job, woken by the progress thread (link_devq_kick: copier_fd),

@@ -410,6 +410,7 @@ void link_devbuf_disown(struct conn *c) {
   for (int i = 0; i < ENGINE_DEV_BUFS; i++)
     if (q->held_by[i] == c) q->held_by[i] = NULL;
   c->devbufs = 0;
+  q->news = true;
 }
 
 void link_devbuf_put(struct HixlEngine *e, void *buf) {
@@ -423,6 +424,7 @@ void link_devbuf_put(struct HixlEngine *e, void *buf) {
       break;
     }
   devmem_pool_put(q->pool, buf);
+  q->news = true;
   if (q->waiting || q->stalls) { /* jobs or stalled links wait for it */
     q->resume = q->stalls > 0;
     link_wake(e);
@@ -447,6 +449,7 @@ void link_devq_add(struct HixlEngine *e, struct devjob *j) {
   j->c->devjobs++;
   j->needs_buf = !j->buf;
   q->waiting += j->needs_buf;
+  q->news = true;
 }
 
 static void devq_unlink(struct HixlEngine *e, struct devjob *j) {

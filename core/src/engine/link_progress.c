@@ -435,6 +435,8 @@ void link_devq_kick(struct HixlEngine *e) {
     __atomic_store_n(&q->copier_up, true, __ATOMIC_RELEASE);
     thread_name(q->copier, "hixl-devcopy");
   }
+  if (!q->news) return; /* nothing it has not seen: it steps on, or a copy's end wakes it */
+  q->news = false;
   devq_ring(q);
 }
 
@@ -607,7 +609,10 @@ void link_drive_socket(struct conn *c, struct hixl_transfer_req *r) {
   /* Park when nothing is owed to anyone; otherwise the progress thread reads on. */
   c->rx = c->pend_head || c->pay_left || c->txq_head || c->always_read ? RX_PROGRESS : RX_PARKED;
   if (c->rx == RX_PROGRESS) link_conn_arm(c);
-  if (c->devjobs > 0) link_wake(e); /* copies of other requests on c: the progress thread's now */
+  if (c->devjobs > 0) { /* copies of other requests on c: the copier's now */
+    e->devq.news = true;
+    link_wake(e);
+  }
 }
 
 /* ---- progress thread ---- */
