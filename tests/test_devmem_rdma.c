@@ -56,16 +56,20 @@ static bool side_up(struct side *s, bool scoped) {
 }
 
 /* Register s's device and host memory; dmabuf: HIXL_TEST_RDMA_DMABUF's value for the
- * device registration (NULL: the real attempt). */
+ * device registration (NULL: the real attempt; "peermem": the real attempt with the
+ * stand-in saying a peer-memory client is loaded, HIXL_TEST_DEVMEM_PEERMEM=1). */
 static bool side_reg(struct side *s, const char *dmabuf) {
   HixlMemDesc d = {.addr = (uintptr_t)s->dev, .len = DEV_LEN},
               h = {.addr = (uintptr_t)s->host, .len = HOST_LEN};
-  if (dmabuf)
+  bool peermem = dmabuf && strcmp(dmabuf, "peermem") == 0;
+  if (dmabuf && !peermem)
     setenv("HIXL_TEST_RDMA_DMABUF", dmabuf, 1);
   else
     unsetenv("HIXL_TEST_RDMA_DMABUF");
+  if (peermem) setenv("HIXL_TEST_DEVMEM_PEERMEM", "1", 1);
   HixlStatus st = HixlEngineRegisterMem(s->e, &d, HIXL_MEM_DEVICE, &s->hd);
   unsetenv("HIXL_TEST_RDMA_DMABUF");
+  unsetenv("HIXL_TEST_DEVMEM_PEERMEM");
   if (st != HIXL_SUCCESS) fprintf(stderr, "RegisterMem (device): %s\n", HixlGetLastErrorMessage());
   return st == HIXL_SUCCESS && HixlEngineRegisterMem(s->e, &h, HIXL_MEM_HOST, &s->hh) == HIXL_SUCCESS;
 }
@@ -98,9 +102,10 @@ static void pair_up(struct side *a, struct side *b, bool b_scoped, const char *a
   for (int k = 0; k < 2; k++) {
     if (!db[k]) continue;
     struct hixl_devmem_stats st = dstats(s[k]->e);
-    bool mr = strcmp(db[k], "plain") == 0;
+    bool peermem = strcmp(db[k], "peermem") == 0, mr = peermem || strcmp(db[k], "plain") == 0;
     CU_ASSERT_EQUAL(st.rdma_regs, mr ? 1 : 0);
     CU_ASSERT_EQUAL(st.rdma_refused, mr ? 0 : 1);
+    CU_ASSERT_EQUAL(st.rdma_peermem, peermem ? 1 : 0); /* by address: no dma-buf MR here (soft-RoCE) */
   }
   TU_ASSERT_OK_FATAL(HixlEngineConnect(a->e, b->name, 10000));
   struct hixl_link_info li;
@@ -236,9 +241,9 @@ static void test_one_side(void) {
 /* A scoped target: its device memory registered with an MR but no remote access of
  * its own; a granted range gets a window (over an MR of its own), the rest is refused
  * by the target's CPU, and so is the range after the revoke. */
-static void test_scoped(void) {
+static void scoped_with(const char *db) {
   struct side a, t;
-  pair_up(&a, &t, true, "plain", "plain");
+  pair_up(&a, &t, true, db, db);
   struct moved m;
   tu_fill(t.dev, DEV_LEN, 61);
   memset(a.dev, 0x5a, WIN);
@@ -276,6 +281,22 @@ static void test_scoped(void) {
   pair_down(&a, &t);
 }
 
+static void test_scoped(void) { scoped_with("plain"); }
+
+/* GPUDirect without dma-buf: no dma-buf MR (soft-RoCE takes none), but a peer-memory
+ * client loaded (the stand-in says so): an MR by the memory's address, and every path
+ * by RDMA as with a dma-buf's, a scoped target's windows too. */
+static void test_peermem(void) {
+  struct side a, b;
+  pair_up(&a, &b, false, "peermem", "peermem");
+  round_trip(&a, a.dev, 7, &b, b.dev, 11, (3u << 20) + 5, 71, true, 2, "device to device, by address");
+  round_trip(&a, a.host, 5, &b, b.dev, 4096, (1u << 20) + 1, 72, true, 1, "host to device, by address");
+  round_trip(&a, a.dev, 4096, &b, b.host, 3, 4096, 73, true, 1, "device to host, by address");
+  assert_no_pool();
+  pair_down(&a, &b);
+  scoped_with("peermem");
+}
+
 int main(int argc, char **argv) {
   int rc = tu_child_main(argc, argv);
   if (rc >= 0) return rc;
@@ -292,5 +313,6 @@ int main(int argc, char **argv) {
   CU_add_test(s, "GPUDirect's paths: by RDMA, nothing through host buffers", test_direct);
   CU_add_test(s, "a target without an MR: frames", test_one_side);
   CU_add_test(s, "a scoped target: windows over device memory", test_scoped);
+  CU_add_test(s, "no dma-buf MR, a peer-memory client: an MR by address, by RDMA", test_peermem);
   return tu_run_registry();
 }

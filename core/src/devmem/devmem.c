@@ -514,6 +514,21 @@ static HixlStatus cu_copy_many(const struct devmem_copy *v, size_t n, size_t *ba
   return *bad == n ? HIXL_SUCCESS : HIXL_FAILED;
 }
 
+/* A GPUDirect peer-memory client, found as NCCL, UCX and NVSHMEM find it: its sysfs
+ * files (nvidia-peermem of the driver since 470, or MLNX_OFED's nv_peer_mem). With
+ * one loaded, ibv_reg_mr pins device memory by its address. */
+static bool cu_peer_mem(char *why, size_t cap) {
+  static const char *const files[] = {
+      "/sys/kernel/mm/memory_peers/nv_mem/version", "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
+      "/sys/module/nvidia_peermem/version", "/sys/module/nv_peer_mem/version"};
+  for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++)
+    if (access(files[i], F_OK) == 0) return true;
+  snprintf(why, cap,
+           "no GPUDirect peer-memory client is loaded (nvidia-peermem: `modprobe nvidia-peermem`; none of "
+           "/sys/kernel/mm/memory_peers/nv_mem*, /sys/module/nvidia_peermem, /sys/module/nv_peer_mem)");
+  return false;
+}
+
 /* cuMemGetHandleForAddressRange over the host pages around the range (it takes nothing
  * finer), where the device says it exports dma-bufs. */
 static HixlStatus cu_dmabuf(uint64_t addr, uint64_t len, int device, int *fd, uint64_t *offset, char *why,
@@ -638,6 +653,7 @@ static const struct devmem_ops cuda_ops = {.name = "cuda",
                                            .ipc_close = cu_ipc_close,
                                            .d2d = cu_d2d,
                                            .dmabuf = cu_dmabuf,
+                                           .peer_mem = cu_peer_mem,
                                            .stream_new = cu_stream_new,
                                            .stream_free = cu_stream_free,
                                            .copy_async = cu_copy_async,
@@ -1101,6 +1117,15 @@ void devmem_test_streams(uint64_t *made, uint64_t *live, uint64_t *copies) {
   *copies = __atomic_load_n(&ht_async, __ATOMIC_RELAXED);
 }
 
+/* peer_mem: the stand-in's "device" memory is host memory, which ibv_reg_mr takes;
+ * HIXL_TEST_DEVMEM_PEERMEM=1 says so, as a host with a peer-memory client would. */
+static bool ht_peer_mem(char *why, size_t cap) {
+  const char *t = getenv("HIXL_TEST_DEVMEM_PEERMEM");
+  if (t && strcmp(t, "1") == 0) return true;
+  snprintf(why, cap, "the host stand-in has no peer-memory client (HIXL_TEST_DEVMEM_PEERMEM=1 pretends one)");
+  return false;
+}
+
 /* copy_many: the copies made in turn as d2d, to_host and to_device make them, counted
  * as one wait (a batch, for the tests to tell from copies made one at a time). */
 static const struct devmem_ops host_test_ops;
@@ -1118,7 +1143,7 @@ uint64_t devmem_test_batches(void) { return __atomic_load_n(&ht_batches, __ATOMI
 #define HT_OPS                                                                                               \
   .query = ht_query, .to_host = ht_to_host, .to_device = ht_to_device, .host_pin = ht_host_pin,              \
   .host_unpin = ht_host_unpin, .ipc_export = ht_ipc_export, .ipc_open = ht_ipc_open,                         \
-  .ipc_close = ht_ipc_close, .d2d = ht_d2d, .dmabuf = ht_dmabuf
+  .ipc_close = ht_ipc_close, .d2d = ht_d2d, .dmabuf = ht_dmabuf, .peer_mem = ht_peer_mem
 static const struct devmem_ops host_test_ops = {.name = "host-test",
                                                 HT_OPS,
                                                 .stream_new = ht_stream_new,

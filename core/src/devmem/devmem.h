@@ -74,6 +74,11 @@ struct devmem_ops {
    * cuMemGetHandleForAddressRange; host-test: the kernel's udmabuf over its memfd). */
   HixlStatus (*dmabuf)(uint64_t addr, uint64_t len, int device, int *fd, uint64_t *offset, char *why,
                        size_t cap);
+  /* Whether this host's RDMA drivers register the provider's device memory by its
+   * address (plain ibv_reg_mr): a peer-memory client is loaded (cuda: nvidia-peermem,
+   * or the older nv_peer_mem: GPUDirect without dma-buf). false with why. Optional:
+   * NULL, never. */
+  bool (*peer_mem)(char *why, size_t cap);
   /* Asynchronous copies, in order on a stream of device's (cuda: a CUstream made
    * non-blocking; host-test: a thread of its own). A provider without them leaves the
    * three NULL and the engine copies with to_host / to_device. stream_free: after every

@@ -134,6 +134,9 @@ struct hixl_devmem_stats {
   uint32_t rdma_regs;    /* device registrations here with such an MR on every RDMA device, now */
   uint32_t rdma_refused; /* device registrations that got none since Initialize (the provider, the GPU,
                           * the NIC or the kernel could not): their ops go as tcp frames */
+  uint32_t rdma_peermem; /* device registrations since Initialize whose MRs were made by the memory's
+                          * address through a peer-memory client (nvidia-peermem), where no dma-buf
+                          * MR could be made: GPUDirect all the same */
   uint64_t ipc_ops;      /* the ops (pieces of ops) of ipc_bytes ... */
   uint64_t ipc_waits;    /* ... and the waits for the device they took: one per run of up to 64 of
                           * them inside one mapping where the provider starts many copies at once

@@ -32,6 +32,7 @@ struct erdma_engine {              /* engine_xe(e, XPORT_RDMA), while the engine
   struct erdma_stash stash[ERDMA_DEVS];
   bool win_refusal_logged;    /* a range got no window: said once */
   bool dmabuf_refusal_logged; /* device memory got no MR (GPUDirect): said once at info */
+  bool peermem_logged;        /* ... got one by address (a peer-memory client): said once */
 };
 
 /* epoll data: a device's index, plus this for its async event fd */

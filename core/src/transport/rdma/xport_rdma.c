@@ -227,9 +227,10 @@ static char dmabuf_test(void) {
 #endif
 
 /* Device memory (GPUDirect): an MR over the dma-buf its provider exports, on every
- * device. Where the provider, the GPU, the NIC or the kernel cannot, none: peers see key
- * 0 and its ops go as tcp frames through host buffers on the link's socket
- * (docs/device-memory.md), said once at info, then at debug. */
+ * device; where that cannot be made, an MR by the memory's address where a peer-memory
+ * client is loaded (nvidia-peermem: NCCL's and UCX's other way). Where neither, none:
+ * peers see key 0 and its ops go as tcp frames through host buffers on the link's
+ * socket (docs/device-memory.md), said once at info, then at debug. */
 static void erdma_dev_reg(struct HixlEngine *e, struct hixl_mem_reg *r, bool remote) {
   struct erdma_engine *x = eng_of(e);
   char why[384] = "";
@@ -255,6 +256,23 @@ static void erdma_dev_reg(struct HixlEngine *e, struct hixl_mem_reg *r, bool rem
   if (dm &&
       dm->dmabuf(r->range.addr, r->range.len, r->device, &db.fd, &db.off, why, sizeof(why)) == HIXL_SUCCESS)
     m = mrs_reg(x, addr, r->range.len, remote, &db, why, sizeof(why));
+  if (!m && dm && dm->peer_mem) { /* GPUDirect without dma-buf */
+    size_t at = strlen(why);
+    char pwhy[256] = "";
+    if (dm->peer_mem(pwhy, sizeof(pwhy)) &&
+        (m = mrs_reg(x, addr, r->range.len, remote, NULL, pwhy, sizeof(pwhy))) != NULL) {
+      engine_dev_stats(e)->rdma_peermem++;
+      if (!x->peermem_logged)
+        log_info(
+            "engine %s: device memory [0x%llx, +%llu) on device %d registered by its address through the "
+            "peer-memory client (no dma-buf MR: %s)",
+            engine_name(e), (unsigned long long)r->range.addr, (unsigned long long)r->range.len, r->device,
+            why);
+      x->peermem_logged = true;
+    } else if (at + 3 < sizeof(why)) {
+      snprintf(why + at, sizeof(why) - at, "; by address: %s", pwhy);
+    }
+  }
 #ifdef HIXL_DEVMEM_TEST
 done:
 #endif
