@@ -208,6 +208,21 @@ static void test_mw_bounds(void) {
   pthread_mutex_unlock(&g.t->lock);
   CU_ASSERT_EQUAL(got, want);
   g.shared = got == RDMA_MWB_HELD;
+  /* Another scoped engine of this process on the same device: the answer is the
+   * process's, not probed again. */
+  uint32_t probes = erdma_mw_probes();
+  char name[TU_ADDR_LEN];
+  HixlEngine *e2 = engine_at(name, true);
+  uint8_t *m2 = tu_alloc_mem(WIN, false);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(e2);
+  CU_ASSERT_PTR_NOT_NULL(tu_register(e2, m2, WIN)); /* its first scoped registration asks */
+  struct erdma_engine *x2 = engine_xe(e2, XPORT_RDMA);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(x2);
+  CU_ASSERT_EQUAL(x2->dev[0].mw_bounds, got);
+  CU_ASSERT_EQUAL(erdma_mw_probes(), probes);
+  HixlEngineFinalize(e2);
+  HixlEngineDestroy(e2);
+  tu_free_mem(m2, WIN);
   fprintf(stderr, "test_rdma_scope: %s %s a window's key to the window; windows bound over %s\n", d->name,
           g.bounds ? "holds" : "does not hold", g.shared ? "the registration's MR" : "MRs of their own");
 }

@@ -107,4 +107,8 @@ uint32_t erdma_wins_pieces(const struct erdma_link *l, uint64_t addr, uint64_t l
 void erdma_stash_drain(struct HixlEngine *e, int dev,
                        void (*handle)(struct HixlEngine *e, int dev, const struct rdma_wc *w));
 
+/* Devices this process probed for whether they hold a window's key to the window (an
+ * answer is kept per device for the process: mw_bounds_ask). */
+uint32_t erdma_mw_probes(void);
+
 #endif

@@ -96,6 +96,8 @@ enum rdma_mw_bounds {
 };
 /* 1: held (a remote access error), 0: the MR's bounds only, -1: could not tell (why). */
 int rdma_probe_mw_bounds(struct rdma_dev *d, char *why, size_t cap);
+/* d's node GUID (ibv_get_device_guid), as the device reports it (network order). */
+uint64_t rdma_dev_guid(const struct rdma_dev *d);
 void rdma_dereg(struct ibv_mr *mr);
 uint32_t rdma_mr_lkey(const struct ibv_mr *mr);
 uint32_t rdma_mr_rkey(const struct ibv_mr *mr);

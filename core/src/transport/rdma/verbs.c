@@ -376,6 +376,10 @@ static int probe_read(struct ibv_qp *qa, struct ibv_cq *cq, void *lbuf, uint32_t
   return probe_wait(cq, st);
 }
 
+uint64_t rdma_dev_guid(const struct rdma_dev *d) {
+  return d->ctx ? (uint64_t)ibv_get_device_guid(d->ctx->device) : 0;
+}
+
 int rdma_probe_mw_bounds(struct rdma_dev *d, char *why, size_t cap) {
   long page = sysconf(_SC_PAGESIZE);
   size_t pg = page > 0 ? (size_t)page : 4096;

@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -291,10 +292,32 @@ done:
   r->xm[XPORT_RDMA] = m;
 }
 
-/* Whether d holds a window's key to the window (rdma_probe_mw_bounds), once; said in the
- * log. Test builds may say it instead (HIXL_TEST_RDMA_MW_BOUNDS=held|mr): "held" on a
- * device that does not hold it opens the whole registration to a window's key, which
- * only a benchmark of the cost should do. */
+/* Each device's answer, kept for the process (by its name and node GUID): a device is
+ * probed once, whichever engine opened it first (the plugin runs several scoped engines
+ * a process; a probe is a loopback pair of QPs and two MRs). An answer of "could not
+ * tell" is not kept. mwb_lock is held across a probe, so two engines opening the same
+ * device at once probe it once; it is a leaf (a probe takes no other lock). */
+#define MWB_KNOWN 16
+static struct {
+  char name[64];
+  uint64_t guid;
+  int answer; /* RDMA_MWB_HELD or RDMA_MWB_MR */
+} mwb_known[MWB_KNOWN];
+static size_t mwb_n;
+static uint32_t mwb_probes;
+static pthread_mutex_t mwb_lock = PTHREAD_MUTEX_INITIALIZER;
+
+uint32_t erdma_mw_probes(void) {
+  pthread_mutex_lock(&mwb_lock);
+  uint32_t n = mwb_probes;
+  pthread_mutex_unlock(&mwb_lock);
+  return n;
+}
+
+/* Whether d holds a window's key to the window (rdma_probe_mw_bounds), once per device
+ * and process; said in the log. Test builds may say it instead
+ * (HIXL_TEST_RDMA_MW_BOUNDS=held|mr): "held" on a device that does not hold it opens the
+ * whole registration to a window's key, which only a benchmark of the cost should do. */
 static void mw_bounds_ask(struct rdma_dev *d) {
   if (!d->mw2 || d->mw_bounds != RDMA_MWB_UNKNOWN) return;
 #ifdef HIXL_DEVMEM_TEST
@@ -307,8 +330,23 @@ static void mw_bounds_ask(struct rdma_dev *d) {
   }
 #endif
   char why[256] = "";
+  uint64_t guid = rdma_dev_guid(d);
+  pthread_mutex_lock(&mwb_lock);
+  for (size_t i = 0; i < mwb_n; i++)
+    if (mwb_known[i].guid == guid && strcmp(mwb_known[i].name, d->name) == 0) {
+      d->mw_bounds = mwb_known[i].answer;
+      pthread_mutex_unlock(&mwb_lock);
+      return; /* said when it was probed */
+    }
   int rc = rdma_probe_mw_bounds(d, why, sizeof(why));
+  mwb_probes++;
   d->mw_bounds = rc == 1 ? RDMA_MWB_HELD : rc == 0 ? RDMA_MWB_MR : RDMA_MWB_UNTOLD;
+  if (rc >= 0 && mwb_n < MWB_KNOWN) {
+    snprintf(mwb_known[mwb_n].name, sizeof(mwb_known[mwb_n].name), "%s", d->name);
+    mwb_known[mwb_n].guid = guid;
+    mwb_known[mwb_n++].answer = d->mw_bounds;
+  }
+  pthread_mutex_unlock(&mwb_lock);
   if (rc == 1)
     log_info("rdma: %s holds a memory window's key to the window: a grant binds windows over the "
              "registration's own MR",
