@@ -239,175 +239,6 @@ static CUresult cu_spare_put(int dev, CUstream s) {
   return w;
 }
 
-/* Run copy on a stream of dev's (its context current), then wait for it. */
-static CUresult cu_copy_wait(int dev, CUresult (*copy)(CUstream, const void *), const void *arg) {
-  CUstream s;
-  CUresult r = cu_spare_get(dev, &s);
-  if (r != CUDA_SUCCESS) return r;
-  r = copy(s, arg);
-  CUresult w = cu_spare_put(dev, s);
-  return r == CUDA_SUCCESS ? w : r;
-}
-
-struct cu_copy {
-  uint64_t dst, src;
-  size_t n;
-  CUcontext dctx, sctx;
-};
-static CUresult cu_dtoh_on(CUstream s, const void *a) {
-  const struct cu_copy *c = a;
-  return cu.dtoh_async((void *)(uintptr_t)c->dst, (CUdeviceptr)c->src, c->n, s);
-}
-static CUresult cu_htod_on(CUstream s, const void *a) {
-  const struct cu_copy *c = a;
-  return cu.htod_async((CUdeviceptr)c->dst, (const void *)(uintptr_t)c->src, c->n, s);
-}
-static CUresult cu_dtod_on(CUstream s, const void *a) {
-  const struct cu_copy *c = a;
-  return cu.dtod_async((CUdeviceptr)c->dst, (CUdeviceptr)c->src, c->n, s);
-}
-static CUresult cu_peer_on(CUstream s, const void *a) {
-  const struct cu_copy *c = a;
-  return cu.peer_async((CUdeviceptr)c->dst, c->dctx, (CUdeviceptr)c->src, c->sctx, c->n, s);
-}
-
-static HixlStatus cu_to_host(void *dst, uint64_t src, size_t n, int device, char *why, size_t cap) {
-  if (!cu_enter(device, why, cap)) return HIXL_FAILED;
-  struct cu_copy c = {.dst = (uintptr_t)dst, .src = src, .n = n};
-  CUresult r = cu_copy_wait(device, cu_dtoh_on, &c);
-  cu_leave();
-  if (r != CUDA_SUCCESS)
-    snprintf(why, cap, "cuMemcpyDtoHAsync of %zu bytes on device %d: %s", n, device, cu_err(r));
-  return r == CUDA_SUCCESS ? HIXL_SUCCESS : HIXL_FAILED;
-}
-
-static HixlStatus cu_to_device(uint64_t dst, const void *src, size_t n, int device, char *why, size_t cap) {
-  if (!cu_enter(device, why, cap)) return HIXL_FAILED;
-  struct cu_copy c = {.dst = dst, .src = (uintptr_t)src, .n = n};
-  CUresult r = cu_copy_wait(device, cu_htod_on, &c);
-  cu_leave();
-  if (r != CUDA_SUCCESS)
-    snprintf(why, cap, "cuMemcpyHtoDAsync of %zu bytes on device %d: %s", n, device, cu_err(r));
-  return r == CUDA_SUCCESS ? HIXL_SUCCESS : HIXL_FAILED;
-}
-
-static HixlStatus cu_host_pin(void *p, size_t n, int device, char *why, size_t cap) {
-  if (!cu_enter(device, why, cap)) return HIXL_FAILED;
-  CUresult r = cu.host_register(p, n, CU_MEMHOSTREGISTER_PORTABLE);
-  cu_leave();
-  if (r != CUDA_SUCCESS)
-    snprintf(why, cap, "cuMemHostRegister of %zu bytes on device %d: %s", n, device, cu_err(r));
-  return r == CUDA_SUCCESS ? HIXL_SUCCESS : HIXL_RESOURCE_EXHAUSTED;
-}
-
-static void cu_host_unpin(void *p, size_t n, int device) {
-  char why[128];
-  (void)n;
-  if (!cu_enter(device, why, sizeof(why))) return;
-  cu.host_unregister(p);
-  cu_leave();
-}
-
-_Static_assert(sizeof(CUipcMemHandle) == DEVMEM_IPC_BLOB, "a CUipcMemHandle fills devmem_ipc.blob");
-
-/* The handle names the whole allocation (cuIpcGetMemHandle takes its base), the range
- * its offset in it. */
-static HixlStatus cu_ipc_export(uint64_t addr, uint64_t len, int device, struct devmem_ipc *out, char *why,
-                                size_t cap) {
-  CUdeviceptr start = 0;
-  size_t size = 0;
-  CUipcMemHandle h;
-  CUresult r;
-  if (len == 0 || !out) {
-    snprintf(why, cap, "ipc_export: %s", len == 0 ? "an empty range" : "no handle to fill");
-    return HIXL_PARAM_INVALID;
-  }
-  if (!cu_enter(device, why, cap)) return HIXL_FAILED;
-  if ((r = cu.pointer_attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)addr)) ==
-          CUDA_SUCCESS &&
-      (r = cu.pointer_attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, (CUdeviceptr)addr)) == CUDA_SUCCESS)
-    r = cu.ipc_get(&h, start);
-  cu_leave();
-  if (r != CUDA_SUCCESS) {
-    snprintf(why, cap, "[0x%llx, +%llu) on device %d cannot be shared (cuIpcGetMemHandle: %s)",
-             (unsigned long long)addr, (unsigned long long)len, device, cu_err(r));
-    return HIXL_UNSUPPORTED;
-  }
-  if (addr < (uint64_t)start || addr - (uint64_t)start > size || len > size - (addr - (uint64_t)start)) {
-    snprintf(why, cap, "[0x%llx, +%llu) runs past its allocation [0x%llx, +%zu)", (unsigned long long)addr,
-             (unsigned long long)len, (unsigned long long)start, size);
-    return HIXL_PARAM_INVALID;
-  }
-  memset(out, 0, sizeof(*out));
-  memcpy(out->blob, &h, sizeof(h));
-  out->alloc_len = size;
-  out->offset = addr - (uint64_t)start;
-  out->len = len;
-  return HIXL_SUCCESS;
-}
-
-/* Opened with lazy peer access (the allocation may be on another device than ours);
- * the mapping must be as long as the handle says. */
-static HixlStatus cu_ipc_open(const struct devmem_ipc *hd, int device, uint64_t *base, char *why,
-                              size_t cap) {
-  CUipcMemHandle h;
-  CUdeviceptr p = 0;
-  size_t size = 0;
-  HixlStatus st = devmem_ipc_valid(hd, why, cap);
-  if (st != HIXL_SUCCESS) return st;
-  if (!base) {
-    snprintf(why, cap, "ipc_open: nowhere to put the base");
-    return HIXL_PARAM_INVALID;
-  }
-  memcpy(&h, hd->blob, sizeof(h));
-  if (!cu_enter(device, why, cap)) return HIXL_FAILED;
-  CUresult r = cu.ipc_open(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-  if (r != CUDA_SUCCESS) {
-    cu_leave();
-    snprintf(why, cap, "cuIpcOpenMemHandle on device %d: %s", device, cu_err(r));
-    return HIXL_FAILED;
-  }
-  r = cu.pointer_attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p);
-  if (r != CUDA_SUCCESS || size < hd->alloc_len) {
-    cu.ipc_close(p);
-    cu_leave();
-    snprintf(why, cap, "IPC handle says %llu bytes; the allocation it opens has %zu (%s)",
-             (unsigned long long)hd->alloc_len, size, r != CUDA_SUCCESS ? cu_err(r) : "shorter");
-    return HIXL_PARAM_INVALID;
-  }
-  cu_leave();
-  *base = (uint64_t)p;
-  return HIXL_SUCCESS;
-}
-
-static void cu_ipc_close(uint64_t base, uint64_t alloc_len, int device) {
-  char why[128];
-  (void)alloc_len;
-  if (!cu_enter(device, why, sizeof(why))) return;
-  cu.ipc_close((CUdeviceptr)base);
-  cu_leave();
-}
-
-static HixlStatus cu_d2d(uint64_t dst, int ddev, uint64_t src, int sdev, size_t n, char *why, size_t cap) {
-  CUresult r;
-  struct cu_copy c = {.dst = dst, .src = src, .n = n};
-  if (!cu_enter(ddev, why, cap)) return HIXL_FAILED;
-  if (ddev == sdev) {
-    r = cu_copy_wait(ddev, cu_dtod_on, &c);
-  } else {
-    cu_leave();
-    if (!cu_enter(sdev, why, cap)) return HIXL_FAILED; /* both contexts retained */
-    c.dctx = cu_ctx[ddev];
-    c.sctx = cu_ctx[sdev];
-    r = cu_copy_wait(sdev, cu_peer_on, &c); /* on a stream of the current (source) context */
-  }
-  cu_leave();
-  if (r != CUDA_SUCCESS)
-    snprintf(why, cap, "%s of %zu bytes, device %d to %d: %s",
-             ddev == sdev ? "cuMemcpyDtoDAsync" : "cuMemcpyPeerAsync", n, sdev, ddev, cu_err(r));
-  return r == CUDA_SUCCESS ? HIXL_SUCCESS : HIXL_FAILED;
-}
-
 /* copy_many: each copy started on a spare stream of the device d2d, to_host or
  * to_device would run it on (a peer copy: the source's), with that device's context
  * current; then each stream waited for once. At most CU_MANY_DEVS devices' streams at
@@ -512,6 +343,125 @@ static HixlStatus cu_copy_many(const struct devmem_copy *v, size_t n, size_t *ba
   }
   *waits = m.waits;
   return *bad == n ? HIXL_SUCCESS : HIXL_FAILED;
+}
+
+/* One copy, waited for: copy_many of one. */
+static HixlStatus cu_copy_one(struct devmem_copy c, char *why, size_t cap) {
+  size_t bad;
+  uint32_t waits;
+  return cu_copy_many(&c, 1, &bad, &waits, why, cap);
+}
+
+static HixlStatus cu_to_host(void *dst, uint64_t src, size_t n, int device, char *why, size_t cap) {
+  return cu_copy_one(
+      (struct devmem_copy){.dst = (uintptr_t)dst, .src = src, .n = n, .ddev = -1, .sdev = device}, why, cap);
+}
+
+static HixlStatus cu_to_device(uint64_t dst, const void *src, size_t n, int device, char *why, size_t cap) {
+  return cu_copy_one(
+      (struct devmem_copy){.dst = dst, .src = (uintptr_t)src, .n = n, .ddev = device, .sdev = -1}, why, cap);
+}
+
+static HixlStatus cu_host_pin(void *p, size_t n, int device, char *why, size_t cap) {
+  if (!cu_enter(device, why, cap)) return HIXL_FAILED;
+  CUresult r = cu.host_register(p, n, CU_MEMHOSTREGISTER_PORTABLE);
+  cu_leave();
+  if (r != CUDA_SUCCESS)
+    snprintf(why, cap, "cuMemHostRegister of %zu bytes on device %d: %s", n, device, cu_err(r));
+  return r == CUDA_SUCCESS ? HIXL_SUCCESS : HIXL_RESOURCE_EXHAUSTED;
+}
+
+static void cu_host_unpin(void *p, size_t n, int device) {
+  char why[128];
+  (void)n;
+  if (!cu_enter(device, why, sizeof(why))) return;
+  cu.host_unregister(p);
+  cu_leave();
+}
+
+_Static_assert(sizeof(CUipcMemHandle) == DEVMEM_IPC_BLOB, "a CUipcMemHandle fills devmem_ipc.blob");
+
+/* The handle names the whole allocation (cuIpcGetMemHandle takes its base), the range
+ * its offset in it. */
+static HixlStatus cu_ipc_export(uint64_t addr, uint64_t len, int device, struct devmem_ipc *out, char *why,
+                                size_t cap) {
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  CUipcMemHandle h;
+  CUresult r;
+  if (len == 0 || !out) {
+    snprintf(why, cap, "ipc_export: %s", len == 0 ? "an empty range" : "no handle to fill");
+    return HIXL_PARAM_INVALID;
+  }
+  if (!cu_enter(device, why, cap)) return HIXL_FAILED;
+  if ((r = cu.pointer_attr(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, (CUdeviceptr)addr)) ==
+          CUDA_SUCCESS &&
+      (r = cu.pointer_attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, (CUdeviceptr)addr)) == CUDA_SUCCESS)
+    r = cu.ipc_get(&h, start);
+  cu_leave();
+  if (r != CUDA_SUCCESS) {
+    snprintf(why, cap, "[0x%llx, +%llu) on device %d cannot be shared (cuIpcGetMemHandle: %s)",
+             (unsigned long long)addr, (unsigned long long)len, device, cu_err(r));
+    return HIXL_UNSUPPORTED;
+  }
+  if (addr < (uint64_t)start || addr - (uint64_t)start > size || len > size - (addr - (uint64_t)start)) {
+    snprintf(why, cap, "[0x%llx, +%llu) runs past its allocation [0x%llx, +%zu)", (unsigned long long)addr,
+             (unsigned long long)len, (unsigned long long)start, size);
+    return HIXL_PARAM_INVALID;
+  }
+  memset(out, 0, sizeof(*out));
+  memcpy(out->blob, &h, sizeof(h));
+  out->alloc_len = size;
+  out->offset = addr - (uint64_t)start;
+  out->len = len;
+  return HIXL_SUCCESS;
+}
+
+/* Opened with lazy peer access (the allocation may be on another device than ours);
+ * the mapping must be as long as the handle says. */
+static HixlStatus cu_ipc_open(const struct devmem_ipc *hd, int device, uint64_t *base, char *why,
+                              size_t cap) {
+  CUipcMemHandle h;
+  CUdeviceptr p = 0;
+  size_t size = 0;
+  HixlStatus st = devmem_ipc_valid(hd, why, cap);
+  if (st != HIXL_SUCCESS) return st;
+  if (!base) {
+    snprintf(why, cap, "ipc_open: nowhere to put the base");
+    return HIXL_PARAM_INVALID;
+  }
+  memcpy(&h, hd->blob, sizeof(h));
+  if (!cu_enter(device, why, cap)) return HIXL_FAILED;
+  CUresult r = cu.ipc_open(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  if (r != CUDA_SUCCESS) {
+    cu_leave();
+    snprintf(why, cap, "cuIpcOpenMemHandle on device %d: %s", device, cu_err(r));
+    return HIXL_FAILED;
+  }
+  r = cu.pointer_attr(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, p);
+  if (r != CUDA_SUCCESS || size < hd->alloc_len) {
+    cu.ipc_close(p);
+    cu_leave();
+    snprintf(why, cap, "IPC handle says %llu bytes; the allocation it opens has %zu (%s)",
+             (unsigned long long)hd->alloc_len, size, r != CUDA_SUCCESS ? cu_err(r) : "shorter");
+    return HIXL_PARAM_INVALID;
+  }
+  cu_leave();
+  *base = (uint64_t)p;
+  return HIXL_SUCCESS;
+}
+
+static void cu_ipc_close(uint64_t base, uint64_t alloc_len, int device) {
+  char why[128];
+  (void)alloc_len;
+  if (!cu_enter(device, why, sizeof(why))) return;
+  cu.ipc_close((CUdeviceptr)base);
+  cu_leave();
+}
+
+static HixlStatus cu_d2d(uint64_t dst, int ddev, uint64_t src, int sdev, size_t n, char *why, size_t cap) {
+  return cu_copy_one((struct devmem_copy){.dst = dst, .src = src, .n = n, .ddev = ddev, .sdev = sdev}, why,
+                     cap);
 }
 
 /* A GPUDirect peer-memory client, found as NCCL, UCX and NVSHMEM find it: its sysfs
