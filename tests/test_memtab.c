@@ -2,7 +2,9 @@
  * looks its ops up in: add (overlaps refused), find (the whole range inside one entry,
  * ranges across two entries, at the edges, of length 0, wrapping past 2^64), and
  * memtab_find_near, which tries the previous op's entry first and must answer exactly
- * as memtab_find does for every hint, inside or not, on every range tried. */
+ * as memtab_find does for every hint, inside or not, on every range tried, and
+ * memtab_hot, which tries the entry it found last: the same answers, and never an
+ * entry removed since, even at the address it was found at. */
 #include "util/memtab.h"
 
 #include "test_util.h"
@@ -63,10 +65,44 @@ static void test_near_agrees(void) {
   memtab_free(&t);
 }
 
+/* After each find of every range of test_near_agrees, in turn: the same answer as
+ * memtab_find, the last hit kept; then each entry removed while it is the one kept. */
+static void test_hot(void) {
+  struct memtab t;
+  uint64_t lens[] = {0, 1, 2, 0xff, 0x100, 0x101, 0x1000, 0x1001, 0x2000, ~0ull};
+  size_t hits = 0;
+  table_up(&t);
+  CU_ASSERT_PTR_NULL(t.last);
+  for (int i = 0; i < N; i++)
+    for (int64_t d = -2; d <= 2; d++)
+      for (int end = 0; end < 2; end++)
+        for (size_t k = 0; k < sizeof(lens) / sizeof(lens[0]); k++) {
+          uint64_t addr = (end ? ents[i].addr + ents[i].len : ents[i].addr) + (uint64_t)d;
+          struct memtab_entry *was = t.last, *want = memtab_find(&t, addr, lens[k]);
+          CU_ASSERT_PTR_EQUAL(memtab_hot(&t, addr, lens[k]), want);
+          CU_ASSERT_PTR_EQUAL(t.last, want ? want : was); /* a miss keeps the last hit */
+          hits += want != NULL;
+        }
+  CU_ASSERT(hits > 0);
+  int kept = 0;
+  for (int i = 0; i < N; i++) { /* (the last entry ends at 2^64: found by neither) */
+    struct memtab_entry *want = memtab_find(&t, ents[i].addr, 1);
+    CU_ASSERT_PTR_EQUAL(memtab_hot(&t, ents[i].addr, 1), want);
+    kept += want && t.last == &ents[i];
+    CU_ASSERT(memtab_remove(&t, &ents[i]));
+    CU_ASSERT_PTR_NULL(memtab_hot(&t, ents[i].addr, 1)); /* gone, though it was the one kept */
+    CU_ASSERT_PTR_NULL(memtab_find(&t, ents[i].addr, 1));
+  }
+  CU_ASSERT_EQUAL(kept, N - 1);
+  CU_ASSERT_EQUAL(t.count, 0);
+  memtab_free(&t);
+}
+
 int main(void) {
   static CU_TestInfo tests[] = {
       {"add refuses overlaps; find at the edges", test_add_find},
       {"find_near answers as find, whatever the hint", test_near_agrees},
+      {"hot answers as find, and forgets a removed entry", test_hot},
       CU_TEST_INFO_NULL,
   };
   CU_SuiteInfo suites[] = {{"memtab", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};

@@ -77,8 +77,12 @@ static size_t remote_lookup(struct conn *c, const HixlTransferOpDesc *descs, siz
                             const struct remote_mem **rms) {
   size_t miss = 0;
   for (size_t i = 0; i < count; i++) {
-    rms[i] = (const struct remote_mem *)memtab_find_near(
-        &c->peer->rtab, i && rms[i - 1] ? &rms[i - 1]->range : NULL, descs[i].remote_addr, descs[i].len);
+    struct memtab *t = &c->peer->rtab; /* the first op tries where the call before's fell */
+    if (i == 0)
+      rms[i] = (const struct remote_mem *)memtab_hot(t, descs[i].remote_addr, descs[i].len);
+    else
+      rms[i] = (const struct remote_mem *)memtab_find_near(t, rms[i - 1] ? &rms[i - 1]->range : NULL,
+                                                           descs[i].remote_addr, descs[i].len);
     if (rms[i] && !link_rail_keyed(c, rms[i])) rms[i] = NULL; /* only another rail's link told its key */
     miss += !rms[i];
   }
@@ -139,8 +143,11 @@ static HixlStatus plan_ops(HixlEngine *e, struct conn *c, const HixlTransferOpDe
   memset(plan, 0, sizeof(*plan));
   for (size_t i = 0; i < count; i++) {
     const HixlTransferOpDesc *d = &descs[i];
-    lregs[i] = (struct hixl_mem_reg *)memtab_find_near(
-        &e->regs, i && lregs[i - 1] ? &lregs[i - 1]->range : NULL, d->local_addr, d->len);
+    if (i == 0) /* where the call before's fell, first */
+      lregs[i] = (struct hixl_mem_reg *)memtab_hot(&e->regs, d->local_addr, d->len);
+    else
+      lregs[i] = (struct hixl_mem_reg *)memtab_find_near(&e->regs, lregs[i - 1] ? &lregs[i - 1]->range : NULL,
+                                                         d->local_addr, d->len);
     bool rreg = rms[i] != NULL;
     if (op_device(lregs[i], rms[i])) {
       /* Device memory moves only directly: through host buffers by the link's transport

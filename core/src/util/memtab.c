@@ -72,6 +72,7 @@ struct memtab_entry *memtab_find_exact(const struct memtab *t, uint64_t addr, ui
 bool memtab_remove(struct memtab *t, struct memtab_entry *e) {
   size_t i = upper_bound(t, e->addr);
   if (i == 0 || t->v[i - 1] != e) return false;
+  if (t->last == e) t->last = NULL;
   memmove(&t->v[i - 1], &t->v[i], (t->count - i) * sizeof(*t->v));
   t->count--;
   return true;

@@ -15,6 +15,7 @@ struct memtab {
   struct memtab_entry **v; /* sorted by addr; entries owned by the caller */
   size_t count;
   size_t cap;
+  struct memtab_entry *last; /* what memtab_hot found last (an entry of v), or NULL */
 };
 
 /* 0, or -1 when e overlaps an entry (*clash set) or memory runs out (*clash NULL). */
@@ -30,6 +31,14 @@ static inline struct memtab_entry *memtab_find_near(const struct memtab *t, cons
   if (hint && len > 0 && addr + len > addr && addr >= hint->addr && addr + len <= hint->addr + hint->len)
     return (struct memtab_entry *)hint;
   return memtab_find(t, addr, len);
+}
+/* memtab_find, trying first the entry the last memtab_hot on t found: a call's op mostly
+ * falls where the call before's did (~5% of a same-host 4 KiB op, the table searched
+ * three times a call). It writes t: only for tables whose finds one lock serializes. */
+static inline struct memtab_entry *memtab_hot(struct memtab *t, uint64_t addr, uint64_t len) {
+  struct memtab_entry *e = memtab_find_near(t, t->last, addr, len);
+  if (e) t->last = e;
+  return e;
 }
 /* The entry that starts at addr with length len exactly, or NULL. */
 struct memtab_entry *memtab_find_exact(const struct memtab *t, uint64_t addr, uint64_t len);
