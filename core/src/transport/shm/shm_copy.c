@@ -58,6 +58,7 @@ static void dev_flush(struct dev_batch *b, size_t *bad, HixlStatus *fst, char *w
   }
   b->n = 0;
 }
+
 /* The peer process was found gone after a copy: its link dies, msg says so. Lock held. */
 static void peer_died(struct shm_peer *s, char *msg, size_t cap) {
   char why[64];
