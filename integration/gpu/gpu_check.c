@@ -24,6 +24,7 @@
  * --json FILE.
  *
  *   hixl-gpu-check [--mib N] [--reps N] [--json FILE] */
+#include <arpa/inet.h>
 #include <cuda.h>
 #include <dlfcn.h>
 #include <getopt.h>
@@ -31,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -165,6 +167,25 @@ static bool check(struct side *a, struct side *b, HixlTransferOp op, bool local_
   return true;
 }
 
+/* A TCP port on 127.0.0.1 held for the rest of the process (and its child): a socket
+ * bound there with SO_REUSEADDR that never listens, so no parallel test's bind(:0) or
+ * connect takes it, while an engine (SO_REUSEADDR too) listens on it; as the tests'
+ * tu_free_port. A port chosen by pid and not held was taken by another test's
+ * connection in a CI run ("Address already in use"). 0 when none. */
+static uint16_t held_port(void) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = 0};
+  socklen_t sl = sizeof(sa);
+  int one = 1, fd = socket(AF_INET, SOCK_STREAM, 0);
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+      bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+      getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
+    if (fd >= 0) close(fd);
+    return 0;
+  }
+  return ntohs(sa.sin_port); /* fd stays open: the port is held until exit */
+}
+
 static int cmp_d(const void *x, const void *y) {
   double a = *(const double *)x, b = *(const double *)y;
   return a < b ? -1 : a > b;
@@ -274,9 +295,15 @@ int main(int argc, char **argv) {
   if (kfd < 0 || write(kfd, "6b65792d666f722d7468652d6770752d636865636b2d6f6e6c792d6f6b2e2e2e\n", 65) != 65)
     return 1;
   close(kfd);
-  uint16_t port = (uint16_t)(20000 + getpid() % 20000);
+  uint16_t port[5]; /* a, b, x, y and the IPC child's */
+  for (int i = 0; i < 5; i++)
+    if ((port[i] = held_port()) == 0) {
+      fprintf(stderr, "hixl-gpu-check: no free TCP port on 127.0.0.1\n");
+      unlink(keyf);
+      return 1;
+    }
   char child_name[32];
-  snprintf(child_name, sizeof(child_name), "127.0.0.1:%u", (unsigned)(port + 4));
+  snprintf(child_name, sizeof(child_name), "127.0.0.1:%u", (unsigned)port[4]);
   struct ipc_peer peer = {0};
   if (!ipc_fork(&peer, child_name, keyf, len)) {
     fprintf(stderr, "hixl-gpu-check: cannot fork the IPC pass's child\n");
@@ -310,9 +337,9 @@ int main(int argc, char **argv) {
     unlink(keyf);
     return 1;
   }
-  if (!side_up(&a, "tcp", port, len, NULL) || !side_up(&b, "tcp", port + 1, len, NULL) ||
-      HixlEngineConnect(a.e, b.name, 10000) != HIXL_SUCCESS || !side_up(&x, "shm", port + 2, len, keyf) ||
-      !side_up(&y, "shm", port + 3, len, keyf) || HixlEngineConnect(x.e, y.name, 10000) != HIXL_SUCCESS) {
+  if (!side_up(&a, "tcp", port[0], len, NULL) || !side_up(&b, "tcp", port[1], len, NULL) ||
+      HixlEngineConnect(a.e, b.name, 10000) != HIXL_SUCCESS || !side_up(&x, "shm", port[2], len, keyf) ||
+      !side_up(&y, "shm", port[3], len, keyf) || HixlEngineConnect(x.e, y.name, 10000) != HIXL_SUCCESS) {
     fprintf(stderr, "hixl-gpu-check: engines: %s\n", HixlGetLastErrorMessage());
     unlink(keyf);
     return 1;
