@@ -17,6 +17,14 @@
 static struct memtab_entry ents[N] = {
     {0x1000, 0x1000}, {0x2000, 0x1000}, {0x8000, 0x100}, {~0ull - 0x1ff, 0x100}, {~0ull - 0xff, 0x100}};
 
+/* The lengths and the addresses the sweeps try: each entry's start and end, 2 either side. */
+static const uint64_t lens[] = {0, 1, 2, 0xff, 0x100, 0x101, 0x1000, 0x1001, 0x2000, ~0ull};
+#define NLENS (sizeof(lens) / sizeof(lens[0]))
+
+static uint64_t sweep_addr(int i, int64_t d, int end) {
+  return (end ? ents[i].addr + ents[i].len : ents[i].addr) + (uint64_t)d;
+}
+
 static void table_up(struct memtab *t) {
   struct memtab_entry *clash;
   *t = (struct memtab){0};
@@ -46,15 +54,14 @@ static void test_add_find(void) {
 /* Every hint (none, each entry) against ranges at and around every entry's edges. */
 static void test_near_agrees(void) {
   struct memtab t;
-  uint64_t lens[] = {0, 1, 2, 0xff, 0x100, 0x101, 0x1000, 0x1001, 0x2000, ~0ull};
   size_t tried = 0, hits = 0;
   table_up(&t);
   for (int h = -1; h < N; h++)
     for (int i = 0; i < N; i++)
       for (int64_t d = -2; d <= 2; d++)
         for (int end = 0; end < 2; end++)
-          for (size_t k = 0; k < sizeof(lens) / sizeof(lens[0]); k++) {
-            uint64_t addr = (end ? ents[i].addr + ents[i].len : ents[i].addr) + (uint64_t)d;
+          for (size_t k = 0; k < NLENS; k++) {
+            uint64_t addr = sweep_addr(i, d, end);
             struct memtab_entry *want = memtab_find(&t, addr, lens[k]);
             struct memtab_entry *got = memtab_find_near(&t, h < 0 ? NULL : &ents[h], addr, lens[k]);
             CU_ASSERT_PTR_EQUAL(got, want);
@@ -69,15 +76,14 @@ static void test_near_agrees(void) {
  * memtab_find, the last hit kept; then each entry removed while it is the one kept. */
 static void test_hot(void) {
   struct memtab t;
-  uint64_t lens[] = {0, 1, 2, 0xff, 0x100, 0x101, 0x1000, 0x1001, 0x2000, ~0ull};
   size_t hits = 0;
   table_up(&t);
   CU_ASSERT_PTR_NULL(t.last);
   for (int i = 0; i < N; i++)
     for (int64_t d = -2; d <= 2; d++)
       for (int end = 0; end < 2; end++)
-        for (size_t k = 0; k < sizeof(lens) / sizeof(lens[0]); k++) {
-          uint64_t addr = (end ? ents[i].addr + ents[i].len : ents[i].addr) + (uint64_t)d;
+        for (size_t k = 0; k < NLENS; k++) {
+          uint64_t addr = sweep_addr(i, d, end);
           struct memtab_entry *was = t.last, *want = memtab_find(&t, addr, lens[k]);
           CU_ASSERT_PTR_EQUAL(memtab_hot(&t, addr, lens[k]), want);
           CU_ASSERT_PTR_EQUAL(t.last, want ? want : was); /* a miss keeps the last hit */
