@@ -415,6 +415,42 @@ FAKE_API CUresult cuMemcpyPeerAsync(CUdeviceptr d, CUcontext dc, CUdeviceptr s, 
   return copy(DP(d), DP(s), n, true, true, st);
 }
 
+/* CUDA 13's batch: each copy checked as cuMemcpy checks its pointers (device memory
+ * this process knows, else host memory), the attributes as CUDA documents them, then
+ * all queued in order (CUDA leaves their order open), or none. FAKECUDA_NO_BATCH=1:
+ * refused as a driver that cannot (CUDA_ERROR_NOT_SUPPORTED), for the caller's
+ * fallback. */
+FAKE_API CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                                     CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs,
+                                     CUstream st) {
+  const char *off = getenv("FAKECUDA_NO_BATCH");
+  if (off && strcmp(off, "1") == 0) return CUDA_ERROR_NOT_SUPPORTED;
+  CUresult r = need_ctx();
+  if (r != CUDA_SUCCESS) return r;
+  if (!st || !dsts || !srcs || !sizes || count == 0 || !attrs || !attrsIdxs || numAttrs == 0 ||
+      numAttrs > count || attrsIdxs[0] != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < numAttrs; i++) {
+    CUmemcpySrcAccessOrder o = attrs[i].srcAccessOrder;
+    if ((i > 0 && attrsIdxs[i] <= attrsIdxs[i - 1]) || attrsIdxs[i] >= count ||
+        (o != CU_MEMCPY_SRC_ACCESS_ORDER_STREAM && o != CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL &&
+         o != CU_MEMCPY_SRC_ACCESS_ORDER_ANY))
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  pthread_mutex_lock(&lock);
+  bool ok = true;
+  for (size_t i = 0; i < count && ok; i++) {
+    struct range *d = range_of((uintptr_t)dsts[i]), *s = range_of((uintptr_t)srcs[i]);
+    ok = (!d || dsts[i] + sizes[i] <= d->base + d->len) && (!s || srcs[i] + sizes[i] <= s->base + s->len) &&
+         (d || s);
+  }
+  pthread_mutex_unlock(&lock);
+  if (!ok) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < count; i++)
+    if ((r = enqueue(st, DP(dsts[i]), DP(srcs[i]), sizes[i], NULL, NULL)) != CUDA_SUCCESS) return r;
+  return CUDA_SUCCESS;
+}
+
 /* ---- IPC: a handle names the owner's pid, the memfd and its length ---- */
 #define IPC_MAGIC "fakecuda"
 

@@ -224,8 +224,13 @@ static void test_pull_push(void) {
   devmem_test_pool(&po0, &pp0, &pw0);
   /* pull: 3 MiB + 5 from an odd offset, over chunk boundaries */
   size_t len = (3u << 20) + 5;
+  struct hixl_devmem_stats s0, s1;
+  TU_ASSERT_OK(hixl_engine_devmem_stats(p.e, &s0));
   CU_ASSERT_EQUAL(child_seed(&p, 'f', 61), 'k');
   TU_ASSERT_OK(xfer(&p, HIXL_READ, p.dev + 3, p.ci.dev + 7, len));
+  TU_ASSERT_OK(hixl_engine_devmem_stats(p.e, &s1));
+  CU_ASSERT_EQUAL(s1.ipc_ops - s0.ipc_ops, 1); /* its 4 chunks follow each other on both sides: one copy */
+  CU_ASSERT_EQUAL(s1.ipc_waits - s0.ipc_waits, 1);
   tu_fill(p.want, p.len, 61);
   TU_ASSERT_SAME(p.dev + 3, p.want + 7, len, "pull: the peer's device memory read by d2d");
   devmem_test_d2d(&d1, &m1);
@@ -273,10 +278,11 @@ static struct hixl_devmem_stats dstats(HixlEngine *e) {
 }
 
 /* Many ops of one call on the peer's device memory: started together and waited for
- * once per 64 (copy_many), not once each; a provider without copy_many
+ * once per 256 (copy_many), not once each; a provider without copy_many
  * (HIXL_TEST_DEVMEM_ASYNC=0) waits once each. A copy that fails fails its op and
  * those after it, uncopied; the ones before it landed. */
-#define MANY_OPS 100
+#define MANY_OPS 300
+#define MANY_BAD 270 /* in the second run of 256 */
 static void test_many_ops(void) {
   struct child_arg a = {.dev_len = DEV_LEN};
   struct pair p;
@@ -301,7 +307,7 @@ static void test_many_ops(void) {
   s1 = dstats(p.e);
   CU_ASSERT_EQUAL(s1.ipc_ops - s0.ipc_ops, MANY_OPS);
   CU_ASSERT_EQUAL(s1.ipc_bytes - s0.ipc_bytes, MANY_OPS * olen);
-  CU_ASSERT_EQUAL(s1.ipc_waits - s0.ipc_waits, batches ? 2u : MANY_OPS); /* 64 + 36 */
+  CU_ASSERT_EQUAL(s1.ipc_waits - s0.ipc_waits, batches ? 2u : MANY_OPS); /* 256 + 44 */
   CU_ASSERT_EQUAL(devmem_test_batches() - b0, batches ? 2u : 0u);
   /* WRITE back: the same ops the other way, every byte checked by the child */
   for (size_t i = 0; i < MANY_OPS; i++) d[i].remote_addr = p.ci.dev + i * stride;
@@ -317,25 +323,27 @@ static void test_many_ops(void) {
   TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(p.e, &bd, HIXL_MEM_DEVICE, &hb));
   TU_ASSERT_OK(xfer(&p, HIXL_READ, back, p.ci.dev, p.len));
   TU_ASSERT_SAME(back, p.want, p.len, "WRITE op by op, read back whole");
-  /* op 70 fails: 0..69 landed, 70..99 not copied, the call FAILED with the provider's why */
+  /* op MANY_BAD fails: those before it landed, it and those after it not copied, the call FAILED with the
+   * provider's why */
   for (size_t i = 0; i < MANY_OPS; i++) d[i].remote_addr = p.ci.dev + i * stride + 1;
   memset(p.dev, 0, p.len);
   s0 = dstats(p.e);
-  devmem_test_fail_range(d[70].local_addr, 1); /* its side here: the peer's is mapped at another address */
+  devmem_test_fail_range(d[MANY_BAD].local_addr,
+                         1); /* its side here: the peer's is mapped at another address */
   CU_ASSERT_EQUAL(HixlEngineTransferSync(p.e, p.ci.name, HIXL_READ, d, MANY_OPS, WAIT_MS), HIXL_FAILED);
   devmem_test_fail_range(0, 0);
   CU_ASSERT_PTR_NOT_NULL(strstr(HixlGetLastErrorMessage(), "the stand-in fails copies"));
   /* p.want: what the child holds since the WRITE */
   for (size_t i = 0; i < MANY_OPS; i++) {
     const uint8_t *got = (const uint8_t *)(uintptr_t)d[i].local_addr;
-    if (i < 70)
+    if (i < MANY_BAD)
       TU_ASSERT_SAME(got, p.want + i * stride + 1, olen, "the ops before the failed one landed");
     else
       CU_ASSERT_TRUE(got[0] == 0 && memcmp(got, got + 1, olen - 1) == 0); /* not copied: still 0 */
   }
   s1 = dstats(p.e);
-  CU_ASSERT_EQUAL(s1.ipc_ops - s0.ipc_ops, 70);
-  CU_ASSERT_EQUAL(s1.ipc_bytes - s0.ipc_bytes, 70 * olen);
+  CU_ASSERT_EQUAL(s1.ipc_ops - s0.ipc_ops, MANY_BAD);
+  CU_ASSERT_EQUAL(s1.ipc_bytes - s0.ipc_bytes, MANY_BAD * olen);
   /* and the link goes on */
   memset(p.dev, 0, p.len);
   TU_ASSERT_OK(HixlEngineTransferSync(p.e, p.ci.name, HIXL_READ, d, MANY_OPS, WAIT_MS));
@@ -696,12 +704,41 @@ static void test_recall_unanswered(void) {
   devmem_test_free(dev);
 }
 
+/* One op of BIG_LEN (64 MiB) on the peer's device memory, device memory here: its 64
+ * chunks are one copy, in one step (a device op counts for a sixteenth of its bytes
+ * against a step's 16 MiB: ESHM_DEV_WEIGHT), waited for once; every byte checked both
+ * ways. */
+static void test_big_op(void) {
+  struct child_arg a = {.dev_len = BIG_LEN};
+  struct pair p;
+  CU_ASSERT_FATAL(pair_up(&p, &a));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(p.e, p.ci.name, WAIT_MS));
+  CU_ASSERT_EQUAL(child_seed(&p, 'f', 81), 'k');
+  tu_fill(p.want, p.len, 81);
+  memset(p.dev, 0, p.len);
+  struct hixl_devmem_stats s0 = dstats(p.e), s1;
+  TU_ASSERT_OK(xfer(&p, HIXL_READ, p.dev, p.ci.dev, p.len));
+  TU_ASSERT_SAME(p.dev, p.want, p.len, "one 64 MiB READ");
+  s1 = dstats(p.e);
+  CU_ASSERT_EQUAL(s1.ipc_bytes - s0.ipc_bytes, BIG_LEN);
+  CU_ASSERT_EQUAL(s1.ipc_ops - s0.ipc_ops, 1);
+  CU_ASSERT_EQUAL(s1.ipc_waits - s0.ipc_waits, 1);
+  tu_fill(p.dev, p.len, 82);
+  TU_ASSERT_OK(xfer(&p, HIXL_WRITE, p.dev, p.ci.dev, p.len));
+  CU_ASSERT_EQUAL(child_seed(&p, 'v', 82), 'y'); /* the child checks every byte */
+  s0 = dstats(p.e);
+  CU_ASSERT_EQUAL(s0.ipc_ops - s1.ipc_ops, 1);
+  CU_ASSERT_EQUAL(s0.ipc_waits - s1.ipc_waits, 1);
+  pair_down(&p);
+}
+
 static CU_TestInfo tests[] = {
     {"pull and push device memory between processes over shm by IPC handle: d2d, byte for byte",
      test_pull_push},
-    {"100 ops of one call on the peer's device memory: waited for once per 64 (copy_many); a failed copy "
+    {"300 ops of one call on the peer's device memory: waited for once per 256 (copy_many); a failed copy "
      "fails its op and those after it, the ones before landed",
      test_many_ops},
+    {"one op of 64 MiB: its chunks one copy, one step, one wait; byte for byte both ways", test_big_op},
     {"the target deregisters device memory mapped here: closed before its call returns",
      test_dereg_while_mapped},
     {"the target killed mid-pull: the request ends in time, the next op fails, the mapping closes",

@@ -34,12 +34,12 @@ HixlStatus devmem_ipc_valid(const struct devmem_ipc *h, char *why, size_t cap) {
   return HIXL_SUCCESS;
 }
 
-/* v[0..n) one at a time by dm's d2d, to_host and to_device (each waits: *waits counts
- * them), up to the first that fails (*bad; n when none did). */
+/* v[0..n) one at a time by dm's d2d, to_host and to_device (each waits: st->waits
+ * counts them), up to the first that fails (*bad; n when none did). */
 static HixlStatus copy_each(const struct devmem_ops *dm, const struct devmem_copy *v, size_t n, size_t *bad,
-                            uint32_t *waits, char *why, size_t cap) {
+                            struct devmem_many *ms, char *why, size_t cap) {
   *bad = n;
-  *waits = 0;
+  *ms = (struct devmem_many){0, 0};
   for (size_t k = 0; k < n; k++) {
     const struct devmem_copy *c = &v[k];
     HixlStatus st;
@@ -49,7 +49,7 @@ static HixlStatus copy_each(const struct devmem_ops *dm, const struct devmem_cop
       st = dm->to_device(c->dst, (const void *)(uintptr_t)c->src, c->n, c->ddev, why, cap);
     else
       st = dm->to_host((void *)(uintptr_t)c->dst, c->src, c->n, c->sdev, why, cap);
-    (*waits)++;
+    ms->waits++;
     if (st != HIXL_SUCCESS) {
       *bad = k;
       return st;
@@ -98,7 +98,11 @@ static struct {
   /* Optional: a driver before CUDA 11.7 has no dma-buf export (GPUDirect then falls back). */
   CUresult (*dev_attr)(int *, CUdevice_attribute, CUdevice);
   CUresult (*range_handle)(void *, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long);
+  /* Optional: CUDA 13's batch of copies in one call (a driver before it: a call each). */
+  CUresult (*batch)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUmemcpyAttributes *, size_t *, size_t,
+                    CUstream);
 } cu;
+static bool cu_batch_off; /* atomic: the driver refused a batch once; a call each from then on */
 
 #define CU_DEVICES_MAX 64
 static CUcontext cu_ctx[CU_DEVICES_MAX]; /* each device's primary context, retained once */
@@ -147,6 +151,8 @@ static bool cu_load(char *why, size_t cap) {
   cu.dev_attr = (CUresult(*)(int *, CUdevice_attribute, CUdevice))dlsym(h, "cuDeviceGetAttribute");
   cu.range_handle = (CUresult(*)(void *, CUdeviceptr, size_t, CUmemRangeHandleType, unsigned long long))dlsym(
       h, "cuMemGetHandleForAddressRange");
+  cu.batch = (CUresult(*)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUmemcpyAttributes *, size_t *,
+                          size_t, CUstream))dlsym(h, "cuMemcpyBatchAsync_v2");
   CUresult r = cu.init(0);
   if (r != CUDA_SUCCESS) {
     snprintf(why, cap, "the CUDA driver does not start: cuInit: %s", cu_err(r));
@@ -241,14 +247,18 @@ static CUresult cu_spare_put(int dev, CUstream s) {
 
 /* copy_many: each copy started on a spare stream of the device d2d, to_host or
  * to_device would run it on (a peer copy: the source's), with that device's context
- * current; then each stream waited for once. At most CU_MANY_DEVS devices' streams at
- * once: a copy on another device first waits for those. */
+ * current; then each stream waited for once. Copies inside one device's memory next to
+ * each other in v start by one cuMemcpyBatchAsync each CU_BATCH where the driver has it
+ * (CUDA 13): a call costs about what a 256 KiB copy takes, so a KV pull of many runs of
+ * blocks spent its time calling. At most CU_MANY_DEVS devices' streams at once: a copy
+ * on another device first waits for those. */
 #define CU_MANY_DEVS 4
+#define CU_BATCH     128
 struct cu_many {
   int dev[CU_MANY_DEVS];
   CUstream s[CU_MANY_DEVS];
   size_t n;
-  uint32_t waits;
+  uint32_t waits, batched;
 };
 
 /* Wait for every stream of m (each with its context current); the first failure. */
@@ -268,18 +278,22 @@ static CUresult cu_many_wait(struct cu_many *m) {
   return r;
 }
 
-/* Start c on a stream of dev's (dev's context current); its name for messages. */
-static CUresult cu_many_start(struct cu_many *m, int dev, const struct devmem_copy *c, const char **what) {
+/* m's stream of dev (dev's context current), taken when m has none yet. */
+static CUresult cu_many_stream(struct cu_many *m, int dev, CUstream *s) {
   size_t i = 0;
   while (i < m->n && m->dev[i] != dev) i++;
   if (i == m->n) {
     CUresult r = cu_spare_get(dev, &m->s[i]);
-    *what = "cuStreamCreate";
     if (r != CUDA_SUCCESS) return r;
     m->dev[i] = dev;
     m->n++;
   }
-  CUstream s = m->s[i];
+  *s = m->s[i];
+  return CUDA_SUCCESS;
+}
+
+/* Start c on s (its device's context current); its name for messages. */
+static CUresult cu_start(CUstream s, const struct devmem_copy *c, const char **what) {
   if (c->ddev >= 0 && c->sdev >= 0 && c->ddev == c->sdev) {
     *what = "cuMemcpyDtoDAsync";
     return cu.dtod_async((CUdeviceptr)c->dst, (CUdeviceptr)c->src, c->n, s);
@@ -296,13 +310,48 @@ static CUresult cu_many_start(struct cu_many *m, int dev, const struct devmem_co
   return cu.dtoh_async((void *)(uintptr_t)c->dst, (CUdeviceptr)c->src, c->n, s);
 }
 
-static HixlStatus cu_copy_many(const struct devmem_copy *v, size_t n, size_t *bad, uint32_t *waits, char *why,
-                               size_t cap) {
-  struct cu_many m = {.n = 0, .waits = 0};
+/* Whether c copies inside one device's memory (what a batch call takes here). */
+static bool cu_in_device(const struct devmem_copy *c) { return c->ddev >= 0 && c->ddev == c->sdev; }
+
+/* v[0..n) (n <= CU_BATCH, each inside dev's memory) started on s by one batch call.
+ * A driver that refuses it: whatever it started is waited for, then each is started
+ * alone; if they all start so, batches are off for good (the driver's, not the
+ * copies'). *started: how many started before the one that failed. */
+static CUresult cu_start_batch(struct cu_many *m, CUstream s, const struct devmem_copy *v, size_t n,
+                               size_t *started, const char **what) {
+  CUdeviceptr dst[CU_BATCH], src[CU_BATCH];
+  size_t len[CU_BATCH], at0 = 0;
+  CUmemcpyAttributes attr;
+  memset(&attr, 0, sizeof(attr));
+  attr.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+  for (size_t i = 0; i < n; i++)
+    dst[i] = (CUdeviceptr)v[i].dst, src[i] = (CUdeviceptr)v[i].src, len[i] = v[i].n;
+  *started = 0;
+  *what = "cuMemcpyBatchAsync";
+  CUresult r = cu.batch(dst, src, len, n, &attr, &at0, 1, s);
+  if (r == CUDA_SUCCESS) {
+    *started = n;
+    m->batched += (uint32_t)n;
+    return r;
+  }
+  if ((r = cu.stream_sync(s)) != CUDA_SUCCESS) {
+    *what = "cuStreamSynchronize after a refused cuMemcpyBatchAsync";
+    return r;
+  }
+  for (; *started < n; (*started)++)
+    if ((r = cu_start(s, &v[*started], what)) != CUDA_SUCCESS) return r;
+  __atomic_store_n(&cu_batch_off, true, __ATOMIC_RELAXED);
+  return CUDA_SUCCESS;
+}
+
+static HixlStatus cu_copy_many(const struct devmem_copy *v, size_t n, size_t *bad, struct devmem_many *ms,
+                               char *why, size_t cap) {
+  struct cu_many m = {.n = 0, .waits = 0, .batched = 0};
   CUresult r = CUDA_SUCCESS;
   const char *what = "";
+  bool batch = cu.batch && !__atomic_load_n(&cu_batch_off, __ATOMIC_RELAXED);
   *bad = n;
-  for (size_t k = 0; k < n; k++) {
+  for (size_t k = 0; k < n;) {
     const struct devmem_copy *c = &v[k];
     int dev = c->sdev >= 0 ? c->sdev : c->ddev; /* a peer copy on the source's, as cu_d2d's */
     if (dev < 0) {
@@ -329,27 +378,39 @@ static HixlStatus cu_copy_many(const struct devmem_copy *v, size_t n, size_t *ba
       *bad = k;
       break;
     }
-    r = cu_many_start(&m, dev, c, &what);
+    /* The copies from k on that one batch call takes, or k alone. */
+    size_t j = k + 1, started = 0;
+    if (batch && cu_in_device(c))
+      while (j < n && j - k < CU_BATCH && cu_in_device(&v[j]) && v[j].sdev == dev) j++;
+    CUstream s = NULL;
+    what = "cuStreamCreate";
+    r = cu_many_stream(&m, dev, &s);
+    if (r == CUDA_SUCCESS && j - k > 1)
+      r = cu_start_batch(&m, s, c, j - k, &started, &what);
+    else if (r == CUDA_SUCCESS)
+      r = cu_start(s, c, &what);
     cu_leave();
     if (r != CUDA_SUCCESS) {
+      c = &v[k + started];
       snprintf(why, cap, "%s of %zu bytes, device %d to %d: %s", what, c->n, c->sdev, c->ddev, cu_err(r));
-      *bad = k;
+      *bad = k + started;
       break;
     }
+    k = j;
   }
   if ((r = cu_many_wait(&m)) != CUDA_SUCCESS && *bad == n) {
     snprintf(why, cap, "cuStreamSynchronize after %zu copies: %s", n, cu_err(r));
     *bad = 0;
   }
-  *waits = m.waits;
+  *ms = (struct devmem_many){.waits = m.waits, .batched = m.batched};
   return *bad == n ? HIXL_SUCCESS : HIXL_FAILED;
 }
 
 /* One copy, waited for: copy_many of one. */
 static HixlStatus cu_copy_one(struct devmem_copy c, char *why, size_t cap) {
   size_t bad;
-  uint32_t waits;
-  return cu_copy_many(&c, 1, &bad, &waits, why, cap);
+  struct devmem_many ms;
+  return cu_copy_many(&c, 1, &bad, &ms, why, cap);
 }
 
 static HixlStatus cu_to_host(void *dst, uint64_t src, size_t n, int device, char *why, size_t cap) {
@@ -1080,11 +1141,11 @@ static bool ht_peer_mem(char *why, size_t cap) {
  * as one wait (a batch, for the tests to tell from copies made one at a time). */
 static const struct devmem_ops host_test_ops;
 static uint64_t ht_batches;
-static HixlStatus ht_copy_many(const struct devmem_copy *v, size_t n, size_t *bad, uint32_t *waits, char *why,
-                               size_t cap) {
-  HixlStatus st = copy_each(&host_test_ops, v, n, bad, waits, why, cap);
-  *waits = n ? 1 : 0;
-  __atomic_add_fetch(&ht_batches, *waits, __ATOMIC_RELAXED);
+static HixlStatus ht_copy_many(const struct devmem_copy *v, size_t n, size_t *bad, struct devmem_many *ms,
+                               char *why, size_t cap) {
+  HixlStatus st = copy_each(&host_test_ops, v, n, bad, ms, why, cap);
+  ms->waits = n ? 1 : 0;
+  __atomic_add_fetch(&ht_batches, ms->waits, __ATOMIC_RELAXED);
   return st;
 }
 
@@ -1258,7 +1319,7 @@ const struct devmem_ops *devmem_get(char *why, size_t cap) {
 }
 
 HixlStatus devmem_copy_many(const struct devmem_ops *dm, const struct devmem_copy *v, size_t n, size_t *bad,
-                            uint32_t *waits, char *why, size_t cap) {
-  if (dm->copy_many) return dm->copy_many(v, n, bad, waits, why, cap);
-  return copy_each(dm, v, n, bad, waits, why, cap);
+                            struct devmem_many *ms, char *why, size_t cap) {
+  if (dm->copy_many) return dm->copy_many(v, n, bad, ms, why, cap);
+  return copy_each(dm, v, n, bad, ms, why, cap);
 }

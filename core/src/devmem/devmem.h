@@ -36,6 +36,14 @@ struct devmem_copy {
   int ddev, sdev;
 };
 
+/* What a copy_many did: the waits for a device it made, and how many of its copies it
+ * started by one call of the driver for many (cuda: cuMemcpyBatchAsync) rather than a
+ * call each. */
+struct devmem_many {
+  uint32_t waits;
+  uint32_t batched;
+};
+
 /* The end of an asynchronous copy (copy_async): st, and why it failed when it did.
  * Called once, on a thread of the provider's, which it holds back meanwhile (the
  * stream's next copy waits): it must be short and must not call the provider. */
@@ -96,12 +104,13 @@ struct devmem_ops {
   /* v[0..n) (independent ranges) copied, done when it returns: all started, then waited
    * for once per device they ran on (cuda: each on a spare non-blocking stream of the
    * device d2d, to_host or to_device would run it on, then cuStreamSynchronize), not
-   * once each. *bad: the first that failed, n when none did; those from it on may not
-   * have run, those before it all ran (a copy that fails only when waited for fails
-   * them all: *bad 0). *waits: the waits it made. Optional: NULL, the caller copies
-   * one at a time with d2d, to_host and to_device. */
-  HixlStatus (*copy_many)(const struct devmem_copy *v, size_t n, size_t *bad, uint32_t *waits, char *why,
-                          size_t cap);
+   * once each; copies inside one device's memory next to each other in v started by
+   * one batch call where the driver has it. *bad: the first that failed, n when none
+   * did; those from it on may not have run, those before it all ran (a copy that fails
+   * only when waited for fails them all: *bad 0). *st: what it did. Optional: NULL, the
+   * caller copies one at a time with d2d, to_host and to_device. */
+  HixlStatus (*copy_many)(const struct devmem_copy *v, size_t n, size_t *bad, struct devmem_many *st,
+                          char *why, size_t cap);
 };
 
 /* Whether h's numbers hold together (a range inside its allocation, not empty, no
@@ -113,9 +122,9 @@ HixlStatus devmem_ipc_valid(const struct devmem_ipc *h, char *why, size_t cap);
 const struct devmem_ops *devmem_get(char *why, size_t cap);
 
 /* v[0..n) copied by dm: by its copy_many, or one at a time (d2d, to_host, to_device: a
- * wait each) where it has none; *bad and *waits as copy_many's. */
+ * wait each) where it has none; *bad and *st as copy_many's. */
 HixlStatus devmem_copy_many(const struct devmem_ops *dm, const struct devmem_copy *v, size_t n, size_t *bad,
-                            uint32_t *waits, char *why, size_t cap);
+                            struct devmem_many *st, char *why, size_t cap);
 
 /* A pool of pinned host buffers of size bytes each, at most max of them, made as first
  * needed and kept until devmem_pool_free: the host side of device copies (an engine

@@ -137,10 +137,13 @@ struct hixl_devmem_stats {
   uint32_t rdma_peermem; /* device registrations since Initialize whose MRs were made by the memory's
                           * address through a peer-memory client (nvidia-peermem), where no dma-buf
                           * MR could be made: GPUDirect all the same */
-  uint64_t ipc_ops;      /* the ops (pieces of ops) of ipc_bytes ... */
-  uint64_t ipc_waits;    /* ... and the waits for the device they took: one per run of up to 64 of
+  uint64_t ipc_ops;      /* the copies of ipc_bytes (ops next to each other on both sides, and the
+                          * chunks of one op, are one copy) ... */
+  uint64_t ipc_waits;    /* ... and the waits for the device they took: one per run of up to 256 of
                           * them inside one mapping where the provider starts many copies at once
-                          * (copy_many), one each otherwise */
+                          * (copy_many), one each otherwise ... */
+  uint64_t ipc_batched;  /* ... and those of them the driver started many to a call (cuda:
+                          * cuMemcpyBatchAsync, CUDA 13), not a call each */
 };
 HixlStatus hixl_engine_devmem_stats(HixlEngine *e, struct hixl_devmem_stats *out);
 /* Grant peer the n ranges {addr, len}, or revoke them. Grants count: a range granted

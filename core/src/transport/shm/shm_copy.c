@@ -27,29 +27,43 @@ static struct devmem_copy dev_desc(const struct shm_map *mp, const struct chunk 
                : (struct devmem_copy){.dst = loc, .src = rem, .n = ch->len, .ddev = ldev, .sdev = rdev};
 }
 
-/* Device copies map_copy starts together, then waits for once (copy_many). */
-#define MAP_DEV_BATCH 64
+/* Device copies map_copy starts together, then waits for once (copy_many): ops next
+ * to each other on both sides (an op split into chunks, runs of blocks that follow
+ * each other) as one copy. */
+#define MAP_DEV_BATCH 256
 struct dev_batch {
   struct devmem_copy c[MAP_DEV_BATCH];
-  size_t at[MAP_DEV_BATCH]; /* each one's op */
+  size_t at[MAP_DEV_BATCH]; /* each one's first op */
   size_t n;
   const struct devmem_ops *dm;
   uint64_t ops, bytes; /* copied */
-  uint32_t waits;
+  uint32_t waits, batched;
 };
+
+/* c added to b: onto its last copy where c continues it on both sides. */
+static void dev_add(struct dev_batch *b, struct devmem_copy c, size_t k) {
+  struct devmem_copy *p = b->n ? &b->c[b->n - 1] : NULL;
+  if (p && p->ddev == c.ddev && p->sdev == c.sdev && p->dst + p->n == c.dst && p->src + p->n == c.src) {
+    p->n += c.n;
+    return;
+  }
+  b->c[b->n] = c;
+  b->at[b->n++] = k;
+}
 
 /* Copy b's ops; the first that failed (*bad, its status *fst, why), else *bad stays. */
 static void dev_flush(struct dev_batch *b, size_t *bad, HixlStatus *fst, char *why, size_t cap) {
   size_t first = b->n;
-  uint32_t waits = 0;
+  struct devmem_many ms = {0, 0};
   HixlStatus st = HIXL_SUCCESS;
   if (b->n == 0) return;
   if (!b->dm) b->dm = devmem_get(why, cap);
   if (!b->dm)
     first = 0, st = HIXL_UNSUPPORTED;
   else
-    st = devmem_copy_many(b->dm, b->c, b->n, &first, &waits, why, cap);
-  b->waits += waits;
+    st = devmem_copy_many(b->dm, b->c, b->n, &first, &ms, why, cap);
+  b->waits += ms.waits;
+  b->batched += ms.batched;
   for (size_t i = 0; i < first; i++) b->bytes += b->c[i].n;
   b->ops += first;
   if (first < b->n && b->at[first] < *bad) {
@@ -99,14 +113,13 @@ static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *m
   dwhy[0] = '\0';
   size_t bad = n; /* the first op whose device copy failed: it and those after it fail */
   struct dev_batch b;
-  b.n = 0, b.dm = NULL, b.ops = b.bytes = 0, b.waits = 0;
+  b.n = 0, b.dm = NULL, b.ops = b.bytes = 0, b.waits = b.batched = 0;
   map_begin(e, mp);
   for (size_t k = 0; k < n && bad == n; k++) {
     uint8_t *remote = mp->base + (segs[k].remote - mp->range.addr);
     if (mp->dev || v[k]->lreg->type == HIXL_MEM_DEVICE) {
-      b.c[b.n] = dev_desc(mp, v[k], remote, write);
-      b.at[b.n++] = k;
       if (b.n == MAP_DEV_BATCH) dev_flush(&b, &bad, &fst, dwhy, sizeof(dwhy));
+      if (bad == n) dev_add(&b, dev_desc(mp, v[k], remote, write), k);
     } else if (write) {
       memcpy(remote, segs[k].local, segs[k].len);
     } else {
@@ -124,6 +137,7 @@ static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *m
       ds->ipc_bytes += b.bytes;
       ds->ipc_ops += b.ops;
       ds->ipc_waits += b.waits;
+      ds->ipc_batched += b.batched;
     }
   }
   char dmsg[sizeof(dwhy) + sizeof(s->name) + 96];
@@ -227,6 +241,11 @@ static void shm_copy(struct HixlEngine *e, struct shm_peer *s, struct chunk *con
   eshm_peer_put(s);
 }
 
+/* What ch counts for against a step's ESHM_STEP bytes. */
+static size_t step_cost(const struct chunk *ch) {
+  return ch->lreg && ch->lreg->type == HIXL_MEM_DEVICE ? ch->len / ESHM_DEV_WEIGHT : ch->len;
+}
+
 /* A sync request on an shm link: its caller copies it, step by step. Lock held. */
 static void eshm_run_sync(struct conn *c, struct hixl_transfer_req *r) {
   struct HixlEngine *e = link_engine(c);
@@ -254,9 +273,9 @@ static void eshm_run_sync(struct conn *c, struct hixl_transfer_req *r) {
       while (i < n) link_chunk_end(&chunks[i++], HIXL_TIMEOUT, "request timed out before it was copied");
       break;
     }
-    for (; j < n && (j == i || bytes + chunks[j].len <= ESHM_STEP); j++) {
+    for (; j < n && (j == i || bytes + step_cost(&chunks[j]) <= ESHM_STEP); j++) {
       v[j - i] = &chunks[j];
-      bytes += chunks[j].len;
+      bytes += step_cost(&chunks[j]);
     }
     shm_copy(e, s, v, j - i, segs);
     i = j;
@@ -387,7 +406,7 @@ bool eshm_progress(struct HixlEngine *e) {
         continue;
       }
       v[n++] = ch;
-      bytes += ch->len;
+      bytes += step_cost(ch);
     }
     if (n > 0) shm_copy(e, l->peer, v, n, segs);
   }

@@ -12,7 +12,11 @@
 #include "util/cma.h"
 #include "util/memtab.h"
 
-#define ESHM_STEP        (16u << 20) /* bytes per copy step: deadlines are checked between steps */
+#define ESHM_STEP (16u << 20) /* bytes per copy step: deadlines are checked between steps */
+#define ESHM_DEV_WEIGHT                                                                                      \
+  16u                                /* ... where an op's local side is device memory, 16 times its bytes:   \
+                                      * a device copies them about that much faster, and each step           \
+                                      * waits for the device once */
 #define ESHM_STEP_CHUNKS 1024u       /* chunks per progress-thread step */
 #define ESHM_CALLER_COPY (64u << 10) /* an async request this small is copied by its caller */
 
