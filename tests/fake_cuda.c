@@ -451,6 +451,61 @@ FAKE_API CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_
   return CUDA_SUCCESS;
 }
 
+/* ---- the copy kernel (core/src/devmem/gather.cu): a module made of its PTX ----
+ * cuModuleLoadData takes PTX that defines hixl_gather_copy with a 3072-byte parameter
+ * (gather.cu's struct, which the provider mirrors), nothing else; cuLaunchKernel of it
+ * queues the copies its parameter names, in order, each checked as cuMemcpy checks
+ * one, the launch's shape as CUDA bounds it. FAKECUDA_NO_KERNEL=1: the module refused
+ * (CUDA_ERROR_NOT_SUPPORTED), as by a driver too old for its PTX. */
+#define GATHER_MAX 128
+struct gather_param {
+  unsigned long long dst[GATHER_MAX], src[GATHER_MAX], len[GATHER_MAX];
+};
+static int gather_module, gather_fn; /* their addresses are the handles */
+
+FAKE_API CUresult cuModuleLoadData(CUmodule *mod, const void *image) {
+  const char *off = getenv("FAKECUDA_NO_KERNEL");
+  if (off && strcmp(off, "1") == 0) return CUDA_ERROR_NOT_SUPPORTED;
+  CUresult r = need_ctx();
+  if (r != CUDA_SUCCESS) return r;
+  if (!mod || !image) return CUDA_ERROR_INVALID_VALUE;
+  const char *ptx = image;
+  if (strncmp(ptx, ".version ", 9) != 0 || !strstr(ptx, ".visible .entry hixl_gather_copy(") ||
+      !strstr(ptx, ".param .align 8 .b8 hixl_gather_copy_param_0[3072]"))
+    return CUDA_ERROR_INVALID_PTX;
+  *mod = (CUmodule)&gather_module;
+  return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuModuleGetFunction(CUfunction *f, CUmodule mod, const char *name) {
+  if (!f || mod != (CUmodule)&gather_module || !name) return CUDA_ERROR_INVALID_VALUE;
+  if (strcmp(name, "hixl_gather_copy") != 0) return CUDA_ERROR_NOT_FOUND;
+  *f = (CUfunction)&gather_fn;
+  return CUDA_SUCCESS;
+}
+
+FAKE_API CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                 unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+                                 CUstream st, void **params, void **extra) {
+  CUresult r = need_ctx();
+  if (r != CUDA_SUCCESS) return r;
+  if (f != (CUfunction)&gather_fn || gx == 0 || gx > 65535 || gy == 0 || gy > GATHER_MAX || gz != 1 ||
+      bx == 0 || bx > 1024 || by != 1 || bz != 1 || shmem != 0 || !params || !params[0] || extra)
+    return CUDA_ERROR_INVALID_VALUE;
+  const struct gather_param *g = params[0]; /* read now, as CUDA copies the parameters at launch */
+  pthread_mutex_lock(&lock);
+  bool ok = true;
+  for (unsigned i = 0; i < gy && ok; i++) {
+    struct range *d = range_of((uintptr_t)g->dst[i]), *s = range_of((uintptr_t)g->src[i]);
+    ok = d && s && g->dst[i] + g->len[i] <= d->base + d->len && g->src[i] + g->len[i] <= s->base + s->len;
+  }
+  pthread_mutex_unlock(&lock);
+  if (!ok) return CUDA_ERROR_INVALID_VALUE; /* a GPU would fault in the kernel: CUDA_ERROR_ILLEGAL_ADDRESS */
+  for (unsigned i = 0; i < gy; i++)
+    if ((r = enqueue(st, DP(g->dst[i]), DP(g->src[i]), g->len[i], NULL, NULL)) != CUDA_SUCCESS) return r;
+  return CUDA_SUCCESS;
+}
+
 /* ---- IPC: a handle names the owner's pid, the memfd and its length ---- */
 #define IPC_MAGIC "fakecuda"
 

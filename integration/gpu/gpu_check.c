@@ -18,7 +18,7 @@
  * into its device memory over a shm link, which opens the child's allocation by its IPC
  * handle and copies device to device; every byte checked, every byte moved by IPC
  * (hixl_engine_devmem_stats: none as tcp frames), then timed beside cuMemcpyDtoD of
- * the same bytes in this process (goal: >= 0.8x); then the same bytes as ops of 256 KiB
+ * the same bytes in this process (goal: >= 0.8x); then the same bytes as ops of --op-kib (256 KiB)
  * in one call (KV's shape), every byte checked and the waits for the device counted.
  * Table on stdout,
  * --json FILE.
@@ -40,8 +40,7 @@
 #include "engine/engine_ext.h"
 #include "hixl/hixl.h"
 
-#define IPC_OP    (256u << 10) /* the KV-shaped IPC pass's ops: a run of 8 blocks of 32 KiB */
-#define IPC_BATCH 256          /* copies the shm path starts before it waits (MAP_DEV_BATCH) */
+#define IPC_BATCH 256 /* copies the shm path starts before it waits (MAP_DEV_BATCH) */
 #define IPC_STEP                                                                                             \
   (256u << 20) /* device bytes of one shm step (ESHM_STEP x ESHM_DEV_WEIGHT): one                            \
                 * op's chunks are one copy a step */
@@ -67,6 +66,7 @@ static struct {
   CUresult (*stream_create)(CUstream *, unsigned int);
   CUresult (*stream_sync)(CUstream);
   CUresult (*stream_destroy)(CUstream);
+  bool kernel; /* the driver can load hixl's copy kernel (cuModuleLoadData), and it is not turned off */
 } cu;
 
 static double now_s(void) {
@@ -113,6 +113,8 @@ static bool load(char *why, size_t cap) {
   cu.stream_sync = (CUresult(*)(CUstream))dlsym(h, "cuStreamSynchronize");
   cu.stream_destroy = (CUresult(*)(CUstream))dlsym(h, "cuStreamDestroy_v2");
   if (!cu.stream_create || !cu.stream_sync || !cu.stream_destroy) cu.batch = NULL;
+  const char *k = getenv("HIXL_DEVMEM_COPY_KERNEL");
+  cu.kernel = dlsym(h, "cuModuleLoadData") && dlsym(h, "cuLaunchKernel") && !(k && strcmp(k, "0") == 0);
   return true;
 }
 
@@ -282,9 +284,9 @@ static int ipc_end(struct ipc_peer *p) {
 }
 
 int main(int argc, char **argv) {
-  static const struct option lo[] = {
-      {"mib", 1, 0, 'm'}, {"reps", 1, 0, 'r'}, {"json", 1, 0, 'j'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-  size_t mib = 64;
+  static const struct option lo[] = {{"mib", 1, 0, 'm'},  {"reps", 1, 0, 'r'}, {"op-kib", 1, 0, 'o'},
+                                     {"json", 1, 0, 'j'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+  size_t mib = 64, op_kib = 256; /* the KV-shaped pass's ops: by default a run of 8 blocks of 32 KiB */
   int reps = 9, c;
   const char *json = NULL;
   char why[512];
@@ -293,17 +295,23 @@ int main(int argc, char **argv) {
       mib = strtoul(optarg, NULL, 10);
     else if (c == 'r')
       reps = atoi(optarg);
+    else if (c == 'o')
+      op_kib = strtoul(optarg, NULL, 10);
     else if (c == 'j')
       json = optarg;
     else {
-      printf("usage: hixl-gpu-check [--mib N] [--reps N] [--json FILE]\n");
+      printf("usage: hixl-gpu-check [--mib N] [--reps N] [--op-kib N] [--json FILE]\n");
       return c == 'h' ? 0 : 2;
     }
   }
-  if (mib < 1 || mib > 4096 || reps < 1 || reps > 99) {
-    fprintf(stderr, "hixl-gpu-check: --mib 1..4096, --reps 1..99\n");
+  /* A power of two up to 1 MiB: a shm step's ops are then a whole number of runs of IPC_BATCH */
+  if (mib < 1 || mib > 4096 || reps < 1 || reps > 99 || op_kib < 4 || op_kib > 1024 ||
+      (op_kib & (op_kib - 1)) || op_kib > mib << 10) {
+    fprintf(stderr,
+            "hixl-gpu-check: --mib 1..4096, --reps 1..99, --op-kib a power of two, 4..1024, at most --mib\n");
     return 2;
   }
+  const size_t ipc_op = op_kib << 10;
   if (!load(why, sizeof(why))) return skip(why);
   size_t len = mib << 20;
   char keyf[] = "/tmp/hixl-gpu-key-XXXXXX";
@@ -435,21 +443,21 @@ int main(int argc, char **argv) {
         (unsigned long long)one_copies, IPC_STEP >> 20);
     ipc_bad = 1;
   }
-  /* The same bytes in KV's shape: ops of a run of 8 blocks (256 KiB) each, in reverse
+  /* The same bytes in KV's shape: ops of ipc_op each (256 KiB: a run of 8 blocks), in reverse
    * order (no two next to each other on both sides), one call; started together (by
    * the driver's batch call where it has one) and waited for once per IPC_BATCH ops
    * (copy_many). */
   double t_ops[99];
-  size_t nops = len / IPC_OP;
+  size_t nops = len / ipc_op;
   HixlTransferOpDesc *od = calloc(nops ? nops : 1, sizeof(*od));
   struct hixl_devmem_stats ds0 = ds;
   if (!od) ipc_bad = 1;
   for (size_t k = 0; od && k < nops; k++)
-    od[k] = (HixlTransferOpDesc){.local_addr = (uint64_t)x.dev + (nops - 1 - k) * IPC_OP,
-                                 .remote_addr = child_dev + k * IPC_OP,
-                                 .len = IPC_OP};
+    od[k] = (HixlTransferOpDesc){.local_addr = (uint64_t)x.dev + (nops - 1 - k) * ipc_op,
+                                 .remote_addr = child_dev + k * ipc_op,
+                                 .len = ipc_op};
   for (int i = 0; !ipc_bad && i < reps; i++) {
-    cu.htod(x.dev, want + IPC_OP, 4096); /* not the pattern's bytes there: the READ must bring them */
+    cu.htod(x.dev, want + ipc_op, 4096); /* not the pattern's bytes there: the READ must bring them */
     cu.sync();
     double t0 = now_s();
     HixlStatus st = HixlEngineTransferSync(x.e, child_name, HIXL_READ, od, nops, 60000);
@@ -464,32 +472,34 @@ int main(int argc, char **argv) {
       fill(want, len, 77);
       cu.dtoh(scratch, x.dev, len);
       for (size_t k = 0; k < nops; k++)
-        if (memcmp(scratch + (nops - 1 - k) * IPC_OP, want + k * IPC_OP, IPC_OP) != 0) {
+        if (memcmp(scratch + (nops - 1 - k) * ipc_op, want + k * ipc_op, ipc_op) != 0) {
           fprintf(stderr, "hixl-gpu-check: READ in %zu ops: op %zu's bytes differ\n", nops, k);
           ipc_bad = 1;
           break;
         }
     }
   }
+  /* Started many at a time: by hixl's copy kernel, else by the driver's batch call,
+   * where the driver has either (a refused kernel falls back to the batch). */
   uint64_t want_waits = (uint64_t)reps * ((nops + IPC_BATCH - 1) / IPC_BATCH);
-  uint64_t want_batched = cu.batch ? (uint64_t)nops * reps : 0;
-  if (!ipc_bad &&
-      (hixl_engine_devmem_stats(x.e, &ds) != HIXL_SUCCESS ||
-       ds.ipc_ops - ds0.ipc_ops != (uint64_t)nops * reps || ds.ipc_waits - ds0.ipc_waits != want_waits ||
-       ds.ipc_batched - ds0.ipc_batched != want_batched)) {
+  uint64_t want_many = cu.batch || cu.kernel ? (uint64_t)nops * reps : 0;
+  uint64_t gathered = 0, batched = 0;
+  if (!ipc_bad && hixl_engine_devmem_stats(x.e, &ds) == HIXL_SUCCESS)
+    gathered = ds.ipc_gathered - ds0.ipc_gathered, batched = ds.ipc_batched - ds0.ipc_batched;
+  if (!ipc_bad && (ds.ipc_ops - ds0.ipc_ops != (uint64_t)nops * reps ||
+                   ds.ipc_waits - ds0.ipc_waits != want_waits || gathered + batched != want_many)) {
     fprintf(
         stderr,
         "hixl-gpu-check: READ in %zu ops, %d times: %llu ops by CUDA IPC with %llu waits for the device, "
-        "%llu started by batch calls (want %llu, %llu and %llu: started together, %s, waited for once per "
-        "%d)\n",
+        "%llu started by the copy kernel and %llu by batch calls (want %llu, %llu and %llu in all: started "
+        "together, waited for once per %d)\n",
         nops, reps, (unsigned long long)(ds.ipc_ops - ds0.ipc_ops),
-        (unsigned long long)(ds.ipc_waits - ds0.ipc_waits),
-        (unsigned long long)(ds.ipc_batched - ds0.ipc_batched), (unsigned long long)nops * reps,
-        (unsigned long long)want_waits, (unsigned long long)want_batched,
-        cu.batch ? "by cuMemcpyBatchAsync" : "a call each (the driver has no cuMemcpyBatchAsync_v2)",
-        IPC_BATCH);
+        (unsigned long long)(ds.ipc_waits - ds0.ipc_waits), (unsigned long long)gathered,
+        (unsigned long long)batched, (unsigned long long)nops * reps, (unsigned long long)want_waits,
+        (unsigned long long)want_many, IPC_BATCH);
     ipc_bad = 1;
   }
+  const char *how = gathered ? "hixl's copy kernel" : batched ? "cuMemcpyBatchAsync" : "a call each";
   /* The driver's best at that shape, in this process: the same ops device to device by
    * cuMemcpyBatchAsync (128 a call, as hixl's provider), one stream, waited for once. */
   double t_ref[99], ref_ops = 0;
@@ -506,7 +516,7 @@ int main(int argc, char **argv) {
       for (size_t k = 0; ok && k < nops; k += 128) {
         size_t m = nops - k < 128 ? nops - k : 128;
         for (size_t j = 0; j < m; j++)
-          rd[j] = b.dev + (nops - 1 - (k + j)) * IPC_OP, rsrc[j] = a.dev + (k + j) * IPC_OP, rl[j] = IPC_OP;
+          rd[j] = b.dev + (nops - 1 - (k + j)) * ipc_op, rsrc[j] = a.dev + (k + j) * ipc_op, rl[j] = ipc_op;
         ok = cu.batch(rd, rsrc, rl, m, &attr, &at0, 1, rs) == CUDA_SUCCESS;
       }
       ok = ok && cu.stream_sync(rs) == CUDA_SUCCESS;
@@ -541,9 +551,9 @@ int main(int argc, char **argv) {
       "0.8x) |\n",
       ipc, ipc / dtod);
   printf(
-      "| the same READ as %zu ops of 256 KiB (KV's shape), one call | %.2f | %.2fx of cuMemcpyDtoD; %.2fx of "
-      "the driver's batch below |\n",
-      nops, ipc_ops, ipc_ops / dtod, ref_ops > 0 ? ipc_ops / ref_ops : 0.0);
+      "| the same READ as %zu ops of %zu KiB (KV's shape), one call, by %s | %.2f | %.2fx of cuMemcpyDtoD; "
+      "%.2fx of the driver's batch below |\n",
+      nops, op_kib, how, ipc_ops, ipc_ops / dtod, ref_ops > 0 ? ipc_ops / ref_ops : 0.0);
   if (ref_ops > 0)
     printf("| the same %zu copies in this process, cuMemcpyBatchAsync | %.2f | %.2fx of cuMemcpyDtoD (the "
            "driver's best at that shape) |\n",
@@ -557,10 +567,11 @@ int main(int argc, char **argv) {
           f,
           "{\"gpu\": \"%s\", \"mib\": %zu, \"reps\": %d, \"byte_checks\": %d, \"byte_checks_failed\": %d, "
           "\"dtod_gbps\": %.3f, \"dtoh_gbps\": %.3f, \"hixl_dev_tcp_gbps\": %.3f, \"hixl_host_tcp_gbps\": "
-          "%.3f, \"hixl_ipc_read_gbps\": %.3f, \"hixl_ipc_read_ops\": %zu, \"hixl_ipc_read_ops_gbps\": %.3f, "
-          "\"batch_ref_ops_gbps\": %.3f, \"ipc_batched\": %llu, \"ipc_ok\": %s}\n",
-          gpu, mib, reps, checks, bad, dtod, dtoh, hdev, hhost, ipc, nops, ipc_ops, ref_ops,
-          (unsigned long long)(ds.ipc_batched - ds0.ipc_batched), ipc_bad ? "false" : "true");
+          "%.3f, \"hixl_ipc_read_gbps\": %.3f, \"hixl_ipc_read_ops\": %zu, \"ipc_op_kib\": %zu, "
+          "\"hixl_ipc_read_ops_gbps\": %.3f, "
+          "\"batch_ref_ops_gbps\": %.3f, \"ipc_batched\": %llu, \"ipc_gathered\": %llu, \"ipc_ok\": %s}\n",
+          gpu, mib, reps, checks, bad, dtod, dtoh, hdev, hhost, ipc, nops, op_kib, ipc_ops, ref_ops,
+          (unsigned long long)batched, (unsigned long long)gathered, ipc_bad ? "false" : "true");
       fclose(f);
     }
   }

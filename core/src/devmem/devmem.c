@@ -39,7 +39,7 @@ HixlStatus devmem_ipc_valid(const struct devmem_ipc *h, char *why, size_t cap) {
 static HixlStatus copy_each(const struct devmem_ops *dm, const struct devmem_copy *v, size_t n, size_t *bad,
                             struct devmem_many *ms, char *why, size_t cap) {
   *bad = n;
-  *ms = (struct devmem_many){0, 0};
+  *ms = (struct devmem_many){0, 0, 0};
   for (size_t k = 0; k < n; k++) {
     const struct devmem_copy *c = &v[k];
     HixlStatus st;
@@ -101,6 +101,11 @@ static struct {
   /* Optional: CUDA 13's batch of copies in one call (a driver before it: a call each). */
   CUresult (*batch)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUmemcpyAttributes *, size_t *, size_t,
                     CUstream);
+  /* Optional: the copy kernel's module and launch (gather.cu). */
+  CUresult (*module_load)(CUmodule *, const void *);
+  CUresult (*module_fn)(CUfunction *, CUmodule, const char *);
+  CUresult (*launch)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+                     unsigned int, unsigned int, CUstream, void **, void **);
 } cu;
 static bool cu_batch_off; /* atomic: the driver refused a batch once; a call each from then on */
 
@@ -153,6 +158,14 @@ static bool cu_load(char *why, size_t cap) {
       h, "cuMemGetHandleForAddressRange");
   cu.batch = (CUresult(*)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUmemcpyAttributes *, size_t *,
                           size_t, CUstream))dlsym(h, "cuMemcpyBatchAsync_v2");
+  const char *k = getenv("HIXL_DEVMEM_COPY_KERNEL");
+  if (!k || strcmp(k, "0") != 0) {
+    cu.module_load = (CUresult(*)(CUmodule *, const void *))dlsym(h, "cuModuleLoadData");
+    cu.module_fn = (CUresult(*)(CUfunction *, CUmodule, const char *))dlsym(h, "cuModuleGetFunction");
+    cu.launch =
+        (CUresult(*)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+                     unsigned int, unsigned int, CUstream, void **, void **))dlsym(h, "cuLaunchKernel");
+  }
   CUresult r = cu.init(0);
   if (r != CUDA_SUCCESS) {
     snprintf(why, cap, "the CUDA driver does not start: cuInit: %s", cu_err(r));
@@ -258,7 +271,7 @@ struct cu_many {
   int dev[CU_MANY_DEVS];
   CUstream s[CU_MANY_DEVS];
   size_t n;
-  uint32_t waits, batched;
+  uint32_t waits, batched, gathered;
 };
 
 /* Wait for every stream of m (each with its context current); the first failure. */
@@ -313,6 +326,63 @@ static CUresult cu_start(CUstream s, const struct devmem_copy *c, const char **w
 /* Whether c copies inside one device's memory (what a batch call takes here). */
 static bool cu_in_device(const struct devmem_copy *c) { return c->ddev >= 0 && c->ddev == c->sdev; }
 
+/* The copy kernel (gather.cu, its PTX in gather_ptx.h): one launch copies up to
+ * CU_GATHER ranges inside one device, each of at most CU_GATHER_LEN bytes (larger ones
+ * go to the copy engines, a call each, where a call's cost is small beside the copy).
+ * Loaded once per device, in its primary context, at its first use; a device whose
+ * driver cannot load it (a driver before CUDA 11.0 takes no PTX 7.0), or a launch
+ * refused, turns it off for that device: batch calls or a call each then.
+ * HIXL_DEVMEM_COPY_KERNEL=0 leaves it unused (copies by the copy engines alone, as a
+ * runtime that keeps its SMs to itself may want). */
+#include "devmem/gather_ptx.h"
+#define CU_GATHER     128
+#define CU_GATHER_LEN (4u << 20)
+#define CU_GATHER_THR 256 /* threads a block */
+struct cu_gather {        /* gather.cu's struct hixl_gather, passed by value */
+  unsigned long long dst[CU_GATHER], src[CU_GATHER], len[CU_GATHER];
+};
+_Static_assert(sizeof(struct cu_gather) == 3072, "gather.cu's parameter is 3072 bytes");
+static CUfunction cu_gather_fn[CU_DEVICES_MAX];  /* cu_lock */
+static signed char cu_gather_st[CU_DEVICES_MAX]; /* cu_lock: 0 not tried, 1 loaded, -1 off */
+
+/* dev's copy kernel (its context current), or NULL: none, or it could not be loaded. */
+static CUfunction cu_gather_get(int dev) {
+  CUfunction f = NULL;
+  if (!cu.module_load || !cu.module_fn || !cu.launch) return NULL;
+  pthread_mutex_lock(&cu_lock);
+  if (cu_gather_st[dev] == 0) {
+    CUmodule mod;
+    bool ok = cu.module_load(&mod, hixl_gather_ptx) == CUDA_SUCCESS &&
+              cu.module_fn(&cu_gather_fn[dev], mod, "hixl_gather_copy") == CUDA_SUCCESS;
+    cu_gather_st[dev] = ok ? 1 : -1; /* the module stays loaded with the context */
+  }
+  if (cu_gather_st[dev] == 1) f = cu_gather_fn[dev];
+  pthread_mutex_unlock(&cu_lock);
+  return f;
+}
+
+/* v[0..n) (n <= CU_GATHER, each inside dev's memory, at most CU_GATHER_LEN) started on
+ * s by one launch of f. Refused: nothing started, the kernel off for dev. */
+static CUresult cu_start_gather(CUfunction f, int dev, CUstream s, const struct devmem_copy *v, size_t n) {
+  struct cu_gather g;
+  size_t most = 0;
+  for (size_t i = 0; i < n; i++) {
+    g.dst[i] = v[i].dst, g.src[i] = v[i].src, g.len[i] = v[i].n;
+    if (v[i].n > most) most = v[i].n;
+  }
+  /* blocks a range: one per 64 KiB of the longest (16 bytes a thread, 16 loads each), 1 to 64 */
+  size_t bx = most / (64u << 10);
+  bx = bx < 1 ? 1 : bx > 64 ? 64 : bx;
+  void *args[] = {&g};
+  CUresult r = cu.launch(f, (unsigned)bx, (unsigned)n, 1, CU_GATHER_THR, 1, 1, 0, s, args, NULL);
+  if (r != CUDA_SUCCESS) {
+    pthread_mutex_lock(&cu_lock);
+    cu_gather_st[dev] = -1;
+    pthread_mutex_unlock(&cu_lock);
+  }
+  return r;
+}
+
 /* v[0..n) (n <= CU_BATCH, each inside dev's memory) started on s by one batch call.
  * A driver that refuses it: whatever it started is waited for, then each is started
  * alone; if they all start so, batches are off for good (the driver's, not the
@@ -346,7 +416,7 @@ static CUresult cu_start_batch(struct cu_many *m, CUstream s, const struct devme
 
 static HixlStatus cu_copy_many(const struct devmem_copy *v, size_t n, size_t *bad, struct devmem_many *ms,
                                char *why, size_t cap) {
-  struct cu_many m = {.n = 0, .waits = 0, .batched = 0};
+  struct cu_many m = {.n = 0, .waits = 0, .batched = 0, .gathered = 0};
   CUresult r = CUDA_SUCCESS;
   const char *what = "";
   bool batch = cu.batch && !__atomic_load_n(&cu_batch_off, __ATOMIC_RELAXED);
@@ -378,13 +448,26 @@ static HixlStatus cu_copy_many(const struct devmem_copy *v, size_t n, size_t *ba
       *bad = k;
       break;
     }
-    /* The copies from k on that one batch call takes, or k alone. */
+    /* The copies from k on that one launch of the copy kernel takes, else one batch
+     * call, else k alone. */
     size_t j = k + 1, started = 0;
-    if (batch && cu_in_device(c))
-      while (j < n && j - k < CU_BATCH && cu_in_device(&v[j]) && v[j].sdev == dev) j++;
     CUstream s = NULL;
     what = "cuStreamCreate";
     r = cu_many_stream(&m, dev, &s);
+    CUfunction f = r == CUDA_SUCCESS && cu_in_device(c) && c->n <= CU_GATHER_LEN ? cu_gather_get(dev) : NULL;
+    if (f) {
+      while (j < n && j - k < CU_GATHER && cu_in_device(&v[j]) && v[j].sdev == dev && v[j].n <= CU_GATHER_LEN)
+        j++;
+      if (cu_start_gather(f, dev, s, c, j - k) == CUDA_SUCCESS) {
+        m.gathered += (uint32_t)(j - k);
+        cu_leave();
+        k = j;
+        continue;
+      }
+      j = k + 1; /* refused: nothing started; as if there were no kernel */
+    }
+    if (batch && cu_in_device(c))
+      while (j < n && j - k < CU_BATCH && cu_in_device(&v[j]) && v[j].sdev == dev) j++;
     if (r == CUDA_SUCCESS && j - k > 1)
       r = cu_start_batch(&m, s, c, j - k, &started, &what);
     else if (r == CUDA_SUCCESS)
@@ -402,7 +485,7 @@ static HixlStatus cu_copy_many(const struct devmem_copy *v, size_t n, size_t *ba
     snprintf(why, cap, "cuStreamSynchronize after %zu copies: %s", n, cu_err(r));
     *bad = 0;
   }
-  *ms = (struct devmem_many){.waits = m.waits, .batched = m.batched};
+  *ms = (struct devmem_many){.waits = m.waits, .batched = m.batched, .gathered = m.gathered};
   return *bad == n ? HIXL_SUCCESS : HIXL_FAILED;
 }
 

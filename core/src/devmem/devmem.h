@@ -37,11 +37,12 @@ struct devmem_copy {
 };
 
 /* What a copy_many did: the waits for a device it made, and how many of its copies it
- * started by one call of the driver for many (cuda: cuMemcpyBatchAsync) rather than a
- * call each. */
+ * started by one call of the driver for many (cuda: cuMemcpyBatchAsync) or by one
+ * launch of a copy kernel for many (cuda: gather.cu) rather than a call each. */
 struct devmem_many {
   uint32_t waits;
   uint32_t batched;
+  uint32_t gathered;
 };
 
 /* The end of an asynchronous copy (copy_async): st, and why it failed when it did.

@@ -143,7 +143,8 @@ struct hixl_devmem_stats {
                           * them inside one mapping where the provider starts many copies at once
                           * (copy_many), one each otherwise ... */
   uint64_t ipc_batched;  /* ... and those of them the driver started many to a call (cuda:
-                          * cuMemcpyBatchAsync, CUDA 13), not a call each */
+                          * cuMemcpyBatchAsync, CUDA 13), not a call each ... */
+  uint64_t ipc_gathered; /* ... or a copy kernel many to a launch (cuda: gather.cu) */
 };
 HixlStatus hixl_engine_devmem_stats(HixlEngine *e, struct hixl_devmem_stats *out);
 /* Grant peer the n ranges {addr, len}, or revoke them. Grants count: a range granted

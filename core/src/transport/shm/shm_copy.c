@@ -37,7 +37,7 @@ struct dev_batch {
   size_t n;
   const struct devmem_ops *dm;
   uint64_t ops, bytes; /* copied */
-  uint32_t waits, batched;
+  uint32_t waits, batched, gathered;
 };
 
 /* c added to b: onto its last copy where c continues it on both sides. */
@@ -54,7 +54,7 @@ static void dev_add(struct dev_batch *b, struct devmem_copy c, size_t k) {
 /* Copy b's ops; the first that failed (*bad, its status *fst, why), else *bad stays. */
 static void dev_flush(struct dev_batch *b, size_t *bad, HixlStatus *fst, char *why, size_t cap) {
   size_t first = b->n;
-  struct devmem_many ms = {0, 0};
+  struct devmem_many ms = {0, 0, 0};
   HixlStatus st = HIXL_SUCCESS;
   if (b->n == 0) return;
   if (!b->dm) b->dm = devmem_get(why, cap);
@@ -64,6 +64,7 @@ static void dev_flush(struct dev_batch *b, size_t *bad, HixlStatus *fst, char *w
     st = devmem_copy_many(b->dm, b->c, b->n, &first, &ms, why, cap);
   b->waits += ms.waits;
   b->batched += ms.batched;
+  b->gathered += ms.gathered;
   for (size_t i = 0; i < first; i++) b->bytes += b->c[i].n;
   b->ops += first;
   if (first < b->n && b->at[first] < *bad) {
@@ -113,7 +114,7 @@ static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *m
   dwhy[0] = '\0';
   size_t bad = n; /* the first op whose device copy failed: it and those after it fail */
   struct dev_batch b;
-  b.n = 0, b.dm = NULL, b.ops = b.bytes = 0, b.waits = b.batched = 0;
+  b.n = 0, b.dm = NULL, b.ops = b.bytes = 0, b.waits = b.batched = b.gathered = 0;
   map_begin(e, mp);
   for (size_t k = 0; k < n && bad == n; k++) {
     uint8_t *remote = mp->base + (segs[k].remote - mp->range.addr);
@@ -138,6 +139,7 @@ static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *m
       ds->ipc_ops += b.ops;
       ds->ipc_waits += b.waits;
       ds->ipc_batched += b.batched;
+      ds->ipc_gathered += b.gathered;
     }
   }
   char dmsg[sizeof(dwhy) + sizeof(s->name) + 96];
