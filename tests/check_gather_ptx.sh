@@ -5,7 +5,7 @@
 set -euo pipefail
 dir=${1:?usage: check_gather_ptx.sh SRC_DIR}/core/src/devmem
 want=$(sha256sum "$dir/gather.cu" | cut -c1-64)
-have=$(sed -n '1s/.*(sha256 \([0-9a-f]\{64\}\)).*/\1/p' "$dir/gather_ptx.h")
+have=$(sed -n 's/^ \* gather\.cu sha256 \([0-9a-f]\{64\}\)$/\1/p' "$dir/gather_ptx.h")
 if [ "$want" != "$have" ]; then
   echo "check_gather_ptx: gather_ptx.h was made from another gather.cu ($have, now $want): run gen_gather_ptx.sh" >&2
   exit 1

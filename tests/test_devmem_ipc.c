@@ -278,18 +278,18 @@ static struct hixl_devmem_stats dstats(HixlEngine *e) {
 }
 
 /* Many ops of one call on the peer's device memory: started together and waited for
- * once per 256 (copy_many), not once each; a provider without copy_many
+ * once per 1024 (copy_many), not once each; a provider without copy_many
  * (HIXL_TEST_DEVMEM_ASYNC=0) waits once each. A copy that fails fails its op and
  * those after it, uncopied; the ones before it landed. */
-#define MANY_OPS 300
-#define MANY_BAD 270 /* in the second run of 256 */
+#define MANY_OPS 1100
+#define MANY_BAD 1050 /* in the second run of 1024 */
 static void test_many_ops(void) {
-  struct child_arg a = {.dev_len = DEV_LEN};
+  struct child_arg a = {.dev_len = 2 * DEV_LEN};
   struct pair p;
   const char *as = getenv("HIXL_TEST_DEVMEM_ASYNC");
   bool batches = !(as && strcmp(as, "0") == 0);
   HixlTransferOpDesc d[MANY_OPS];
-  const size_t stride = 8192, olen = 4096 + 3;
+  const size_t stride = 4352, olen = 4096 + 3; /* MANY_OPS * stride inside 2 * DEV_LEN */
   CU_ASSERT_FATAL(pair_up(&p, &a));
   TU_ASSERT_OK_FATAL(HixlEngineConnect(p.e, p.ci.name, WAIT_MS));
   CU_ASSERT_EQUAL(child_seed(&p, 'f', 71), 'k');
@@ -307,7 +307,7 @@ static void test_many_ops(void) {
   s1 = dstats(p.e);
   CU_ASSERT_EQUAL(s1.ipc_ops - s0.ipc_ops, MANY_OPS);
   CU_ASSERT_EQUAL(s1.ipc_bytes - s0.ipc_bytes, MANY_OPS * olen);
-  CU_ASSERT_EQUAL(s1.ipc_waits - s0.ipc_waits, batches ? 2u : MANY_OPS); /* 256 + 44 */
+  CU_ASSERT_EQUAL(s1.ipc_waits - s0.ipc_waits, batches ? 2u : MANY_OPS); /* 1024 + 76 */
   CU_ASSERT_EQUAL(devmem_test_batches() - b0, batches ? 2u : 0u);
   /* WRITE back: the same ops the other way, every byte checked by the child */
   for (size_t i = 0; i < MANY_OPS; i++) d[i].remote_addr = p.ci.dev + i * stride;
@@ -735,7 +735,7 @@ static void test_big_op(void) {
 static CU_TestInfo tests[] = {
     {"pull and push device memory between processes over shm by IPC handle: d2d, byte for byte",
      test_pull_push},
-    {"300 ops of one call on the peer's device memory: waited for once per 256 (copy_many); a failed copy "
+    {"1100 ops of one call on the peer's device memory: waited for once per 1024 (copy_many); a failed copy "
      "fails its op and those after it, the ones before landed",
      test_many_ops},
     {"one op of 64 MiB: its chunks one copy, one step, one wait; byte for byte both ways", test_big_op},

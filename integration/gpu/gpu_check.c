@@ -40,7 +40,7 @@
 #include "engine/engine_ext.h"
 #include "hixl/hixl.h"
 
-#define IPC_BATCH 256 /* copies the shm path starts before it waits (MAP_DEV_BATCH) */
+#define IPC_BATCH 1024 /* copies the shm path starts before it waits (MAP_DEV_BATCH) */
 #define IPC_STEP                                                                                             \
   (256u << 20) /* device bytes of one shm step (ESHM_STEP x ESHM_DEV_WEIGHT): one                            \
                 * op's chunks are one copy a step */
@@ -304,11 +304,12 @@ int main(int argc, char **argv) {
       return c == 'h' ? 0 : 2;
     }
   }
-  /* A power of two up to 1 MiB: a shm step's ops are then a whole number of runs of IPC_BATCH */
+  /* A power of two up to 1 MiB: a whole number of ops a shm step */
   if (mib < 1 || mib > 4096 || reps < 1 || reps > 99 || op_kib < 4 || op_kib > 1024 ||
-      (op_kib & (op_kib - 1)) || op_kib > mib << 10) {
+      (op_kib & (op_kib - 1)) || op_kib > mib << 10 || (mib << 10) / op_kib > 65536) {
     fprintf(stderr,
-            "hixl-gpu-check: --mib 1..4096, --reps 1..99, --op-kib a power of two, 4..1024, at most --mib\n");
+            "hixl-gpu-check: --mib 1..4096, --reps 1..99, --op-kib a power of two, 4..1024, at most --mib "
+            "and at least --mib / 65536 (a call's most ops)\n");
     return 2;
   }
   const size_t ipc_op = op_kib << 10;
@@ -481,7 +482,10 @@ int main(int argc, char **argv) {
   }
   /* Started many at a time: by hixl's copy kernel, else by the driver's batch call,
    * where the driver has either (a refused kernel falls back to the batch). */
-  uint64_t want_waits = (uint64_t)reps * ((nops + IPC_BATCH - 1) / IPC_BATCH);
+  /* A wait per IPC_BATCH copies of a step, a step IPC_STEP device bytes of ops */
+  size_t step_ops = IPC_STEP / ipc_op, rem_ops = nops % step_ops;
+  uint64_t want_waits = (uint64_t)reps * ((nops / step_ops) * ((step_ops + IPC_BATCH - 1) / IPC_BATCH) +
+                                          (rem_ops + IPC_BATCH - 1) / IPC_BATCH);
   uint64_t want_many = cu.batch || cu.kernel ? (uint64_t)nops * reps : 0;
   uint64_t gathered = 0, batched = 0;
   if (!ipc_bad && hixl_engine_devmem_stats(x.e, &ds) == HIXL_SUCCESS)

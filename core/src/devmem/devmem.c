@@ -370,8 +370,9 @@ static CUresult cu_start_gather(CUfunction f, int dev, CUstream s, const struct 
     g.dst[i] = v[i].dst, g.src[i] = v[i].src, g.len[i] = v[i].n;
     if (v[i].n > most) most = v[i].n;
   }
-  /* blocks a range: one per 64 KiB of the longest (16 bytes a thread, 16 loads each), 1 to 64 */
-  size_t bx = most / (64u << 10);
+  /* blocks a range: one per 8 KiB of the longest (16 bytes a thread, 2 loads each), 1 to 64:
+   * enough blocks in flight that each SM has loads outstanding */
+  size_t bx = most / (8u << 10);
   bx = bx < 1 ? 1 : bx > 64 ? 64 : bx;
   void *args[] = {&g};
   CUresult r = cu.launch(f, (unsigned)bx, (unsigned)n, 1, CU_GATHER_THR, 1, 1, 0, s, args, NULL);

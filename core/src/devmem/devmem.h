@@ -105,11 +105,12 @@ struct devmem_ops {
   /* v[0..n) (independent ranges) copied, done when it returns: all started, then waited
    * for once per device they ran on (cuda: each on a spare non-blocking stream of the
    * device d2d, to_host or to_device would run it on, then cuStreamSynchronize), not
-   * once each; copies inside one device's memory next to each other in v started by
-   * one batch call where the driver has it. *bad: the first that failed, n when none
-   * did; those from it on may not have run, those before it all ran (a copy that fails
-   * only when waited for fails them all: *bad 0). *st: what it did. Optional: NULL, the
-   * caller copies one at a time with d2d, to_host and to_device. */
+   * once each; copies inside one device's memory next to each other in v started many
+   * at a time (cuda: a launch of its copy kernel, else a batch call) where it can.
+   * *bad: the first that failed, n when none did; those from it on may not have run,
+   * those before it all ran (a copy that fails only when waited for fails them all:
+   * *bad 0). *st: what it did. Optional: NULL, the caller copies one at a time with
+   * d2d, to_host and to_device. */
   HixlStatus (*copy_many)(const struct devmem_copy *v, size_t n, size_t *bad, struct devmem_many *st,
                           char *why, size_t cap);
 };

@@ -139,7 +139,7 @@ struct hixl_devmem_stats {
                           * MR could be made: GPUDirect all the same */
   uint64_t ipc_ops;      /* the copies of ipc_bytes (ops next to each other on both sides, and the
                           * chunks of one op, are one copy) ... */
-  uint64_t ipc_waits;    /* ... and the waits for the device they took: one per run of up to 256 of
+  uint64_t ipc_waits;    /* ... and the waits for the device they took: one per run of up to 1024 of
                           * them inside one mapping where the provider starts many copies at once
                           * (copy_many), one each otherwise ... */
   uint64_t ipc_batched;  /* ... and those of them the driver started many to a call (cuda:

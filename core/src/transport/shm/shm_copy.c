@@ -29,12 +29,17 @@ static struct devmem_copy dev_desc(const struct shm_map *mp, const struct chunk 
 
 /* Device copies map_copy starts together, then waits for once (copy_many): ops next
  * to each other on both sides (an op split into chunks, runs of blocks that follow
- * each other) as one copy. */
-#define MAP_DEV_BATCH 256
+ * each other) as one copy. Up to MAP_DEV_BATCH a wait, in arrays allocated for a run
+ * of more than MAP_DEV_STACK ops (each wait costs a GPU tens of us, as much as copying
+ * a few MiB), else (or out of memory) on the stack. */
+#define MAP_DEV_BATCH 1024
+#define MAP_DEV_STACK 64
 struct dev_batch {
-  struct devmem_copy c[MAP_DEV_BATCH];
-  size_t at[MAP_DEV_BATCH]; /* each one's first op */
-  size_t n;
+  struct devmem_copy *c;
+  size_t *at; /* each one's first op */
+  size_t n, cap;
+  struct devmem_copy sc[MAP_DEV_STACK];
+  size_t sat[MAP_DEV_STACK];
   const struct devmem_ops *dm;
   uint64_t ops, bytes; /* copied */
   uint32_t waits, batched, gathered;
@@ -115,11 +120,21 @@ static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *m
   size_t bad = n; /* the first op whose device copy failed: it and those after it fail */
   struct dev_batch b;
   b.n = 0, b.dm = NULL, b.ops = b.bytes = 0, b.waits = b.batched = b.gathered = 0;
+  b.c = b.sc, b.at = b.sat, b.cap = MAP_DEV_STACK;
+  if (n > MAP_DEV_STACK && (mp->dev || v[0]->lreg->type == HIXL_MEM_DEVICE)) {
+    size_t cap = n < MAP_DEV_BATCH ? n : MAP_DEV_BATCH;
+    struct devmem_copy *c = malloc(cap * sizeof(*c));
+    size_t *at = malloc(cap * sizeof(*at));
+    if (c && at)
+      b.c = c, b.at = at, b.cap = cap;
+    else
+      free(c), free(at);
+  }
   map_begin(e, mp);
   for (size_t k = 0; k < n && bad == n; k++) {
     uint8_t *remote = mp->base + (segs[k].remote - mp->range.addr);
     if (mp->dev || v[k]->lreg->type == HIXL_MEM_DEVICE) {
-      if (b.n == MAP_DEV_BATCH) dev_flush(&b, &bad, &fst, dwhy, sizeof(dwhy));
+      if (b.n == b.cap) dev_flush(&b, &bad, &fst, dwhy, sizeof(dwhy));
       if (bad == n) dev_add(&b, dev_desc(mp, v[k], remote, write), k);
     } else if (write) {
       memcpy(remote, segs[k].local, segs[k].len);
@@ -128,6 +143,10 @@ static void map_copy(struct HixlEngine *e, struct shm_peer *s, struct shm_map *m
     }
   }
   if (bad == n) dev_flush(&b, &bad, &fst, dwhy, sizeof(dwhy));
+  if (b.c != b.sc) {
+    free(b.c);
+    free(b.at);
+  }
   char msg[64 + sizeof(s->name) + 16];
   msg[0] = '\0';
   bool gone = map_end(e, s, mp, msg, sizeof(msg));
