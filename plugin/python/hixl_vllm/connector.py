@@ -55,6 +55,21 @@ def _field(obj: Any, name: str, default: Any = None) -> Any:
     return getattr(obj, name, default)
 
 
+def _stream_sync(t: Any):
+    """A call that waits until the work queued so far on the current CUDA stream of t's
+    device has run (the layer's KV written), or None where torch has no CUDA (stand-in
+    tensors). The forward pass's CPU thread waits for its GPU there: correct, not free;
+    a push that waits on an event in the plugin's own stream instead is not built."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return None
+        dev = t.device
+    except (ImportError, AttributeError):
+        return None
+    return lambda: torch.cuda.current_stream(dev).synchronize()
+
+
 def _device_type(vllm_config: Any) -> str:
     """vLLM's device type ("cuda", "cpu", ...), or "" when it does not say."""
     dc = getattr(vllm_config, "device_config", None)
@@ -265,6 +280,10 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         if "kv_memory" not in extra0 and _device_type(vllm_config) == "cuda":
             extra0["kv_memory"] = "device"
         self._kv_device = extra0.get("kv_memory") == "device"
+        # Push from CUDA tensors: what save_kv_layer calls first, so that the layer's KV,
+        # written by kernels still queued on the forward pass's stream, is there before the
+        # plugin starts moving it (_check_memory sets it; None: nothing to wait for).
+        self._layer_sync = None
         self._text = json.dumps(self._doc, indent=2)
         # None: the layout is read from vLLM (register_kv_caches); a name only overrides.
         self._layout = str(self._opts["layout"]) if "layout" in self._opts else None
@@ -427,6 +446,8 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
                     f"register_kv_caches: a KV tensor is on {getattr(t, 'device', '?')} but kv_memory is "
                     f"{'device' if self._kv_device else 'host'}: set kv_connector_extra_config.kv_memory to "
                     f"{'device' if cuda else 'host'}")
+            if cuda and self._push and self._layer_sync is None:
+                self._layer_sync = _stream_sync(t)
 
     def register_kv_caches(self, kv_caches: Dict[str, Any]):
         # The layout comes from what vLLM says (specs, backends, its resolved layout, the
@@ -544,6 +565,8 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
     def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
         lid = self._lids[layer_name] if layer_name in self._lids else self._layer(layer_name)
         if lid is not None:
+            if self._layer_sync is not None:
+                self._layer_sync()
             st = self._f_save_layer(self._c, lid)
             if st:
                 self._plugin.check("save_kv_layer", st)

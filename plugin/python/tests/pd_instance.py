@@ -32,6 +32,7 @@ import signal
 import sys
 import time
 import traceback
+from types import SimpleNamespace
 
 import torch
 
@@ -70,8 +71,10 @@ class Model:
     (seed, layer) (distinct for every layer of a request). Writing a layer and checking
     it are then one copy and one bitwise compare per layer, not a generator per token."""
 
-    def __init__(self, layout, layers, heads, block_tokens, head_dim, num_blocks, max_tokens=0, window=0):
+    def __init__(self, layout, layers, heads, block_tokens, head_dim, num_blocks, max_tokens=0, window=0,
+                 device="cpu"):
         self.layout, self.L, self.H, self.N, self.D, self.B = layout, layers, heads, block_tokens, head_dim, num_blocks
+        self.device = device  # "cuda": the KV cache and the table in device memory, as on a GPU
         self.names = [f"model.layers.{l}.self_attn.attn" for l in range(layers)]
         # Hybrid (window > 0): layer l is in group l % 2 (1: the sliding window), and layers
         # 2j and 2j+1 share one tensor, as vLLM's hybrid allocator shares each KV cache
@@ -86,27 +89,27 @@ class Model:
         if layout == "packed":  # per layer (B, H, N, 2D)
             for l, n in enumerate(self.names):
                 t = self.kv[self.names[l - 1]] if window and l % 2 else \
-                    torch.zeros(num_blocks, heads, block_tokens, C, dtype=DTYPE)
+                    torch.zeros(num_blocks, heads, block_tokens, C, dtype=DTYPE, device=device)
                 self.kv[n] = t
                 canon.append(t.permute(0, 2, 1, 3))
         elif layout == "mla":  # per layer (B, N, D_latent)
             for n in self.names:
-                t = torch.zeros(num_blocks, block_tokens, C, dtype=DTYPE)
+                t = torch.zeros(num_blocks, block_tokens, C, dtype=DTYPE, device=device)
                 self.kv[n] = t
                 canon.append(t.unsqueeze(2))
         elif layout in ("LBNHC", "BLNHC"):  # one buffer, each layer a strided view (B, N, H, C)
             if layout == "LBNHC":
-                whole = torch.zeros(layers, num_blocks, block_tokens, heads, C, dtype=DTYPE)
+                whole = torch.zeros(layers, num_blocks, block_tokens, heads, C, dtype=DTYPE, device=device)
                 views = [whole[l] for l in range(layers)]
             else:
-                whole = torch.zeros(num_blocks, layers, block_tokens, heads, C, dtype=DTYPE)
+                whole = torch.zeros(num_blocks, layers, block_tokens, heads, C, dtype=DTYPE, device=device)
                 views = [whole[:, l] for l in range(layers)]
             self.whole = whole
             for n, v in zip(self.names, views):
                 self.kv[n] = v
                 canon.append(v)
         elif layout == "cross_layer":  # (B, L, N, H, C) registered whole: K|V packed in C
-            whole = torch.zeros(num_blocks, layers, block_tokens, heads, C, dtype=DTYPE)
+            whole = torch.zeros(num_blocks, layers, block_tokens, heads, C, dtype=DTYPE, device=device)
             self.whole = whole
             for l, n in enumerate(self.names):
                 self.kv[n] = whole[:, l]
@@ -117,7 +120,7 @@ class Model:
         cap = -(-(max_tokens or num_blocks * block_tokens) // block_tokens) * block_tokens
         g = torch.Generator().manual_seed(0x6869786C)
         self.table = torch.randint(-32768, 32768, (cap * self.heads_of_canon() * C + SPREAD,), generator=g,
-                                   dtype=torch.int16)
+                                   dtype=torch.int16).to(device)
 
     def heads_of_canon(self):
         return 1 if self.layout == "mla" else self.H
@@ -151,7 +154,7 @@ class Model:
         blocks, first = self.held(groups, layer, tokens)
         nb = len(blocks)
         v = self.values(seed, layer, first + nb * self.N)[first:].view(nb, self.N, self.heads_of_canon(), self.C)
-        self.canon[layer].index_copy_(0, torch.tensor(blocks, dtype=torch.long), v)
+        self.canon[layer].index_copy_(0, torch.tensor(blocks, dtype=torch.long, device=self.device), v)
 
     def layer_bytes(self, groups, layer, tokens):
         return (tokens - self.held(groups, layer, tokens)[1]) * self.token_bytes()
@@ -164,7 +167,7 @@ class Model:
         for l in (range(self.L) if layers is None else layers):
             blocks, first = self.held(groups, l, tokens)
             nb = len(blocks)
-            idx = torch.tensor(blocks, dtype=torch.long)
+            idx = torch.tensor(blocks, dtype=torch.long, device=self.device)
             got = self.canon[l].index_select(0, idx).view(nb * self.N, self.heads_of_canon(), self.C)[:tokens - first]
             want = self.values(seed, l, tokens)[first:]
             if not torch.equal(bits(got), bits(want)):
@@ -242,8 +245,10 @@ class Instance:
         self.prefill = a.role == "prefill"
         cfg = json.loads(a.config)
         self.push = cfg["kv_connector_extra_config"].get("mode") == "push"
-        self.m = Model(a.layout, a.layers, a.heads, a.block_tokens, a.head_dim, a.num_blocks, a.max_prompt, a.window)
+        self.m = Model(a.layout, a.layers, a.heads, a.block_tokens, a.head_dim, a.num_blocks, a.max_prompt, a.window,
+                       a.device)
         vc = fv.VllmConfig(fv.KVTransferConfig.from_dict(cfg))
+        vc.device_config = SimpleNamespace(device_type=a.device)  # the adapter's kv_memory follows it
         spec = fv.MLAAttentionSpec(block_size=a.block_tokens) if a.layout == "mla" else \
             fv.FullAttentionSpec(block_size=a.block_tokens)
         if a.window:  # hybrid: vLLM's KV cache groups, full attention and sliding window
@@ -347,6 +352,8 @@ class Instance:
         self.finished_ids = set()
         errors = w.get_block_ids_with_load_errors()
         w.clear_connector_metadata()
+        if batch and self.m.device != "cpu":
+            torch.cuda.synchronize()  # the step's end: vLLM waits for its sampled tokens
         return fv.KVConnectorOutput(finished_sending=sending, finished_recving=recving, invalid_block_ids=errors)
 
     def step(self):
@@ -584,6 +591,7 @@ def main():
     p.add_argument("--role", choices=["prefill", "decode"], required=True)
     p.add_argument("--config", required=True, help="the --kv-transfer-config JSON")
     p.add_argument("--layout", default="packed")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where the KV cache lives")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--block-tokens", type=int, default=16)

@@ -96,7 +96,8 @@ class Result:
 
 def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_prompt: int = 16, max_prompt: int = 300,
         seed: int = 1, timeout: float = 90.0, prefill_args=(), decode_args=(), extra=None, concurrency: int = 4,
-        stop_after_fault: bool = False, on_done: Optional[Callable[[str, str], None]] = None) -> Result:
+        stop_after_fault: bool = False, on_done: Optional[Callable[[str, str], None]] = None,
+        device: str = "cpu") -> Result:
     """Runs the hand-off of `requests` requests (prompts uniform in min_prompt..max_prompt
     tokens, seeded) with at most `concurrency` in flight; on_done(request, outcome) is
     called as each ends."""
@@ -107,7 +108,7 @@ def run(mode: str = "pull", layout: str = "packed", requests: int = 8, min_promp
     for name, port, args in (("prefill", pp, prefill_args), ("decode", dp, decode_args)):
         cfg = kv_transfer_config(name, port, mode, layout, **extra.get(name, {}))
         cmd = [PY, os.path.join(HERE, "pd_instance.py"), "--role", name, "--config", json.dumps(cfg),
-               "--layout", layout, *args]
+               "--layout", layout, "--device", device, *args]
         p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         sides[name] = Side(name, p)
     rng = random.Random(seed)

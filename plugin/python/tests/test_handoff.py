@@ -136,3 +136,22 @@ def test_handoff_hybrid(plugin_path, mode):
     assert moved == res.blocks_checked * 16 * token_bytes  # whole blocks: the window's, not the skipped ones
     if mode == "push":
         assert res.prefill["plugin"]["pushes_done"] == 8
+
+
+@pytest.mark.parametrize("mode", ["pull", "push"])
+def test_handoff_cuda(plugin_path, mode):
+    """The KV caches in CUDA memory in both processes (torch tensors on cuda:0, so the
+    adapter registers them as device memory and, pushing, waits for each layer's kernels
+    before saving it), the hand-off as above over tcp (through each engine's pinned pool,
+    as between hosts), every block checked on the GPU. Skipped where torch sees no GPU;
+    run on a lent one as docs/device-memory.md says."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU here")
+    res = pd_router.run(mode=mode, layout="packed", requests=8, timeout=120, device="cuda")
+    print(f"cuda {mode}: {res.summary()} in {res.seconds:.1f} s")
+    assert res.prefill_rc == 0 and res.decode_rc == 0, res.logs
+    assert len(res.outcomes) == 8 and set(res.outcomes.values()) == {"verified"}, res.whys
+    assert res.blocks_checked == sum(-(-n // 16) for n in pd_router_prompts(8)) * LAYERS
+    check_clean(res)
+    assert res.decode["plugin"]["loads_done"] == 8 and res.decode["plugin"]["loads_failed"] == 0
