@@ -261,10 +261,11 @@ static CUresult cu_spare_put(int dev, CUstream s) {
 /* copy_many: each copy started on a spare stream of the device d2d, to_host or
  * to_device would run it on (a peer copy: the source's), with that device's context
  * current; then each stream waited for once. Copies inside one device's memory next to
- * each other in v start by one cuMemcpyBatchAsync each CU_BATCH where the driver has it
- * (CUDA 13): a call costs about what a 256 KiB copy takes, so a KV pull of many runs of
- * blocks spent its time calling. At most CU_MANY_DEVS devices' streams at once: a copy
- * on another device first waits for those. */
+ * each other in v start CU_GATHER to a launch of the copy kernel (below), else
+ * CU_BATCH to a cuMemcpyBatchAsync where the driver has it (CUDA 13): a call costs
+ * about what a 256 KiB copy takes, so a KV pull of many runs of blocks spent its time
+ * calling. At most CU_MANY_DEVS devices' streams at once: a copy on another device
+ * first waits for those. */
 #define CU_MANY_DEVS 4
 #define CU_BATCH     128
 struct cu_many {
@@ -325,6 +326,14 @@ static CUresult cu_start(CUstream s, const struct devmem_copy *c, const char **w
 
 /* Whether c copies inside one device's memory (what a batch call takes here). */
 static bool cu_in_device(const struct devmem_copy *c) { return c->ddev >= 0 && c->ddev == c->sdev; }
+
+/* The end of the run from v[k] (inside dev's memory) that one call takes: at most most
+ * copies, each inside dev's memory and of at most len bytes. */
+static size_t cu_run_end(const struct devmem_copy *v, size_t k, size_t n, int dev, size_t most, size_t len) {
+  size_t j = k + 1;
+  while (j < n && j - k < most && cu_in_device(&v[j]) && v[j].sdev == dev && v[j].n <= len) j++;
+  return j;
+}
 
 /* The copy kernel (gather.cu, its PTX in gather_ptx.h): one launch copies up to
  * CU_GATHER ranges inside one device, each of at most CU_GATHER_LEN bytes (larger ones
@@ -457,8 +466,7 @@ static HixlStatus cu_copy_many(const struct devmem_copy *v, size_t n, size_t *ba
     r = cu_many_stream(&m, dev, &s);
     CUfunction f = r == CUDA_SUCCESS && cu_in_device(c) && c->n <= CU_GATHER_LEN ? cu_gather_get(dev) : NULL;
     if (f) {
-      while (j < n && j - k < CU_GATHER && cu_in_device(&v[j]) && v[j].sdev == dev && v[j].n <= CU_GATHER_LEN)
-        j++;
+      j = cu_run_end(v, k, n, dev, CU_GATHER, CU_GATHER_LEN);
       if (cu_start_gather(f, dev, s, c, j - k) == CUDA_SUCCESS) {
         m.gathered += (uint32_t)(j - k);
         cu_leave();
@@ -467,8 +475,7 @@ static HixlStatus cu_copy_many(const struct devmem_copy *v, size_t n, size_t *ba
       }
       j = k + 1; /* refused: nothing started; as if there were no kernel */
     }
-    if (batch && cu_in_device(c))
-      while (j < n && j - k < CU_BATCH && cu_in_device(&v[j]) && v[j].sdev == dev) j++;
+    if (batch && cu_in_device(c)) j = cu_run_end(v, k, n, dev, CU_BATCH, SIZE_MAX);
     if (r == CUDA_SUCCESS && j - k > 1)
       r = cu_start_batch(&m, s, c, j - k, &started, &what);
     else if (r == CUDA_SUCCESS)
