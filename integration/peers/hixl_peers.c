@@ -13,7 +13,7 @@
  *   hixl-peers --mode=initiator --protocol=tcp|shm --segment_id=IP:PORT
  *              --remote_addr=HEX --operation=read|write --threads=T --batch_size=B
  *              --block_size=S --duration=SECONDS [--verify] [--buffer_size=BYTES]
- *              [--one_buffer]
+ *              [--one_buffer] [--window=W]
  *
  * The initiator is Mooncake's method (mooncake-transfer-engine/example/
  * transfer_engine_bench.cpp, initiatorWorker): T threads share one engine; thread t
@@ -33,6 +33,13 @@
  * thread moves one block again and again, B at a time, and the data stays in the cache.
  * The count and the clock are as above.
  *
+ * --window=W keeps W batches a thread in flight instead of one: each a
+ * HixlEngineTransferAsync of the thread's B ops, the next posted as soon as one
+ * completes. ucx_perftest's ucp_put_bw is such a window: over TCP a put is done once UCX
+ * has taken it locally (into the socket), so with -O 1 its puts still stream, as many in
+ * flight as the socket takes, where a hixl batch is done when the target has it. A batch
+ * counts when it completed; the W requests move the same blocks.
+ *
  * Output, one line on stdout:
  *   RESULT tool=hixl op=... block=... batch=... threads=... seconds=... batches=...
  *          bytes=... gbps=... verified_bytes=... cpu_s=...
@@ -43,6 +50,7 @@
  * (run_report below). */
 #include <inttypes.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
@@ -53,6 +61,7 @@
 
 #define PEERS_CALL_TIMEOUT_MS 30000
 #define PEERS_MAX_THREADS     64
+#define PEERS_MAX_WINDOW      1024
 
 struct peers_opts {
   const char *mode;      /* "target" / "initiator" */
@@ -67,6 +76,7 @@ struct peers_opts {
   bool verify;
   bool alloc;      /* target: the buffer from HixlEngineAllocMem, not registered mmap */
   bool one_buffer; /* initiator: ucx_perftest's shape, one block a thread (file head) */
+  unsigned window; /* initiator: batches in flight a thread (1: TransferSync; file head) */
 };
 
 struct worker {
@@ -110,6 +120,53 @@ static void fill_descs(const struct peers_opts *o, unsigned t, uintptr_t local, 
   }
 }
 
+/* --window=W: W batches of the thread's B ops in flight at once, each a
+ * HixlEngineTransferAsync, a new one posted as soon as one completes (a batch counts
+ * when it completed); the W requests move the same blocks. The poll yields the CPU only
+ * when no request ended. */
+static HixlStatus stream(struct worker *w, const HixlTransferOpDesc *d) {
+  const struct peers_opts *o = w->o;
+  HixlTransferReq req[PEERS_MAX_WINDOW] = {0};
+  HixlStatus st = HIXL_SUCCESS;
+  unsigned busy = 0;
+  for (;;) {
+    bool running = atomic_load_explicit(&g_running, memory_order_relaxed) && st == HIXL_SUCCESS;
+    for (unsigned k = 0; k < o->window && running; k++) {
+      if (req[k] != NULL) continue;
+      st = HixlEngineTransferAsync(w->eng, o->segment, o->op, d, o->batch, PEERS_CALL_TIMEOUT_MS, NULL,
+                                   &req[k]);
+      if (st != HIXL_SUCCESS) {
+        say_hixl("HixlEngineTransferAsync", st);
+        req[k] = NULL;
+        break;
+      }
+      busy++;
+    }
+    if (busy == 0) return st;
+    bool ended = false;
+    for (unsigned k = 0; k < o->window; k++) {
+      HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
+      if (req[k] == NULL) continue;
+      HixlStatus ps = HixlEngineGetTransferStatus(w->eng, req[k], &ts);
+      if (ps == HIXL_SUCCESS && ts == HIXL_TRANSFER_WAITING) continue;
+      req[k] = NULL; /* ended, whatever the state: not polled again */
+      busy--;
+      ended = true;
+      if (ps != HIXL_SUCCESS || ts != HIXL_TRANSFER_COMPLETED) {
+        if (ps != HIXL_SUCCESS)
+          say_hixl("HixlEngineGetTransferStatus", ps);
+        else
+          fprintf(stderr, "hixl-peers: a request ended %s\n",
+                  ts == HIXL_TRANSFER_TIMEOUT ? "TIMEOUT" : "FAILED");
+        if (st == HIXL_SUCCESS) st = ps != HIXL_SUCCESS ? ps : HIXL_FAILED;
+      } else if (st == HIXL_SUCCESS) {
+        w->batches++;
+      }
+    }
+    if (!ended) sched_yield();
+  }
+}
+
 static void *worker_main(void *arg) {
   struct worker *w = arg;
   const struct peers_opts *o = w->o;
@@ -119,6 +176,11 @@ static void *worker_main(void *arg) {
     return NULL;
   }
   fill_descs(o, w->index, (uintptr_t)w->local, d);
+  if (o->window > 1) {
+    w->st = stream(w, d);
+    free(d);
+    return NULL;
+  }
   while (atomic_load_explicit(&g_running, memory_order_relaxed)) {
     HixlStatus st = HixlEngineTransferSync(w->eng, o->segment, o->op, d, o->batch, PEERS_CALL_TIMEOUT_MS);
     if (st != HIXL_SUCCESS) {
@@ -248,11 +310,12 @@ static int run_initiator(const struct peers_opts *o) {
   uint64_t checked = o->verify ? verify(o, eng, local, span) : 0;
   printf("Test completed: duration %.2f, batch count %" PRIu64 ", throughput %.2f GB/s\n", secs, batches,
          (double)bytes / secs / 1e9);
-  printf("RESULT tool=hixl op=%s block=%zu batch=%zu threads=%u shape=%s seconds=%.4f batches=%" PRIu64
-         " bytes=%" PRIu64 " gbps=%.4f verified_bytes=%" PRIu64 " cpu_s=%.3f\n",
-         o->op == HIXL_READ ? "READ" : "WRITE", o->block, o->batch, o->threads,
-         o->one_buffer ? "one_buffer" : "blocks", secs, batches, bytes, (double)bytes / secs / 1e9, checked,
-         cpu_seconds());
+  printf(
+      "RESULT tool=hixl op=%s block=%zu batch=%zu threads=%u shape=%s window=%u seconds=%.4f batches=%" PRIu64
+      " bytes=%" PRIu64 " gbps=%.4f verified_bytes=%" PRIu64 " cpu_s=%.3f\n",
+      o->op == HIXL_READ ? "READ" : "WRITE", o->block, o->batch, o->threads,
+      o->one_buffer ? "one_buffer" : "blocks", o->window, secs, batches, bytes, (double)bytes / secs / 1e9,
+      checked, cpu_seconds());
   rc = (o->verify && checked == 0) ? 3 : 0;
 out_disconnect:
   HixlEngineDisconnect(eng, o->segment, 0);
@@ -331,7 +394,8 @@ static const struct {
     [T_1BUF] =
         {"hixl-1buf", "hixl 1-buf",
          "hixl-peers --one_buffer, ucx_perftest's shape: one block a thread moved again and again, batch "
-         "at a time; on the same host into HixlEngineAllocMem memory"},
+         "at a time; on the same host into HixlEngineAllocMem memory; over TCP, WRITE with UCX's window "
+         "(--window)"},
     [T_1BUF_AA] = {"hixl-1buf-aa", "hixl 1-buf A/A", "hixl-1buf again, a second run in the same round"},
     [T_MOONCAKE] = {"mooncake", "Mooncake TE", "transfer_engine_bench, TCP transport"},
     [T_UCX] = {"ucx", "UCX perftest", "ucx_perftest ucp_put_bw / ucp_get, one message buffer a thread"},
@@ -355,6 +419,8 @@ struct rep_point {
   double gbps[REP_TOOLS][REP_ROUNDS], cpu[REP_TOOLS][REP_ROUNDS];
   size_t n[REP_TOOLS];
   uint64_t verified[REP_TOOLS];
+  unsigned window;              /* hixl-1buf's batches in flight a thread (0: one, sync) */
+  unsigned long long ucx_bytes; /* what UCX's sockets held at that point (its window) */
 };
 
 struct rep_skip {
@@ -467,6 +533,15 @@ static void rep_table(FILE *md, struct rep_point *pt, size_t npt, const struct r
     fprintf(md, " |\n");
   }
   fprintf(md, "\n");
+  for (size_t i = 0; i < npt; i++) {
+    char bs[32];
+    if (strcmp(pt[i].path, path) != 0 || pt[i].window == 0) continue;
+    rep_size(pt[i].block, bs, sizeof(bs));
+    fprintf(md,
+            "- %s %s x %zu x %zu: hixl 1-buf kept %u batches a thread in flight (--window), UCX's window: "
+            "%llu bytes in its sockets\n",
+            pt[i].op, bs, pt[i].batch, pt[i].threads, pt[i].window, pt[i].ucx_bytes);
+  }
   for (size_t k = 0; k < nsk; k++)
     if (strcmp(sk[k].path, path) == 0) {
       int t = rep_tool_index(sk[k].tool);
@@ -500,8 +575,11 @@ static void rep_json(FILE *js, struct rep_point *pt, size_t npt, const struct re
     struct rep_point *p = &pt[i];
     fprintf(js,
             "%s\n    {\"path\": \"%s\", \"op\": \"%s\", \"block\": %zu, \"batch\": %zu, \"threads\": %zu, "
-            "\"in_flight\": %zu, \"tools\": {",
+            "\"in_flight\": %zu, ",
             i ? "," : "", p->path, p->op, p->block, p->batch, p->threads, p->batch * p->threads);
+    if (p->window)
+      fprintf(js, "\"hixl_1buf_window\": %u, \"ucx_socket_bytes\": %llu, ", p->window, p->ucx_bytes);
+    fprintf(js, "\"tools\": {");
     bool first = true;
     for (int t = 0; t < REP_TOOLS; t++) {
       if (p->n[t] == 0) continue;
@@ -549,11 +627,14 @@ static int run_report(const char *raw, const char *md_path, const char *json_pat
       snprintf(s->why, sizeof(s->why), "%s", why);
       continue;
     }
-    if (sscanf(line, "RUN\t%u\t%15s\t%7s\t%zu\t%zu\t%zu\t%15s\t%lf\t%llu\t%lf\t%llu\t%lf", &round, path, op,
-               &block, &batch, &threads, tool, &gbps, &bytes, &secs, &ver, &cpu) != 12)
+    unsigned window = 0;
+    int ti = -1;
+    if (sscanf(line, "WINDOW\t%15s\t%7s\t%zu\t%zu\t%zu\t%u\t%llu", path, op, &block, &batch, &threads,
+               &window, &bytes) != 7 &&
+        (sscanf(line, "RUN\t%u\t%15s\t%7s\t%zu\t%zu\t%zu\t%15s\t%lf\t%llu\t%lf\t%llu\t%lf", &round, path, op,
+                &block, &batch, &threads, tool, &gbps, &bytes, &secs, &ver, &cpu) != 12 ||
+         (ti = rep_tool_index(tool)) < 0))
       continue;
-    int ti = rep_tool_index(tool);
-    if (ti < 0) continue;
     size_t i = 0;
     while (i < npt && !(strcmp(pt[i].path, path) == 0 && strcmp(pt[i].op, op) == 0 && pt[i].block == block &&
                         pt[i].batch == batch && pt[i].threads == threads))
@@ -567,6 +648,10 @@ static int run_report(const char *raw, const char *md_path, const char *json_pat
       npt++;
     }
     struct rep_point *p = &pt[i];
+    if (ti < 0) {
+      p->window = window, p->ucx_bytes = bytes;
+      continue;
+    }
     if (p->n[ti] == REP_ROUNDS) continue;
     p->gbps[ti][p->n[ti]] = gbps;
     p->cpu[ti][p->n[ti]] = bytes ? cpu / ((double)bytes / (double)(1u << 30)) : 0;
@@ -611,7 +696,7 @@ static void usage(void) {
           "       hixl-peers --mode=initiator --protocol=tcp|shm --segment_id=IP:PORT --remote_addr=HEX\n"
           "                  --operation=read|write --threads=T --batch_size=B --block_size=S\n"
           "                  --duration=SECONDS [--verify] [--buffer_size=N] [--local_server_name=IP]\n"
-          "                  [--one_buffer]\n"
+          "                  [--one_buffer] [--window=W]\n"
           "       hixl-peers --mode=report --raw=FILE [--md=FILE] [--json=FILE]\n"
           "Mooncake transfer_engine_bench's knobs and throughput formula (see the file's head).\n");
 }
@@ -632,7 +717,8 @@ int main(int argc, char **argv) {
                          .batch = 128,
                          .block = 65536,
                          .buffer_size = (size_t)1 << 30,
-                         .duration = 10};
+                         .duration = 10,
+                         .window = 1};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v;
     uint64_t u = 0;
@@ -671,6 +757,8 @@ int main(int argc, char **argv) {
       o.alloc = true;
     else if (strcmp(a, "--one_buffer") == 0)
       o.one_buffer = true;
+    else if ((v = flag(a, "window")) != NULL && bench_parse_u64(v, &u) && u >= 1 && u <= PEERS_MAX_WINDOW)
+      o.window = (unsigned)u;
     else {
       fprintf(stderr, "hixl-peers: bad argument %s\n", a);
       usage();

@@ -14,7 +14,8 @@
 # batch x threads ops in flight: hixl and Mooncake with `threads` threads each waiting
 # on one batch of `batch` ops; NIXL with `threads` requests of `batch` descriptors
 # posted from one thread; ucx_perftest with -T threads and -O batch outstanding ops per
-# thread. Points whose block x batch x threads exceeds --buffer (default 1 GiB,
+# thread (over TCP a put is done once UCX has it, so hixl-1buf gets UCX's measured window
+# on TCP WRITE: below). Points whose block x batch x threads exceeds --buffer (default 1 GiB,
 # Mooncake's default buffer_size) are left out and listed.
 #
 # hixl runs in the shape of each peer it is set against, each shape twice a round (the
@@ -259,6 +260,8 @@ run_hixl() { # ... tool-name verify: hixl, hixl-aa, hixl-alloc, hixl-1buf or hix
     hixl-alloc) kind=alloc ;;
     hixl-1buf*) shape=(--one_buffer); [ "$path" = shm ] && kind=alloc ;;
   esac
+  [ "${shape[*]}" = --one_buffer ] && [ -n "${win["$bs $b $t"]:-}" ] && [ "$path $op" = "tcp write" ] &&
+    shape+=(--window="${win["$bs $b $t"]}")
   tf=$(mktemp)
   c0=$(cpu_ticks "${tgt_pid[$kind]}")
   res=$(/usr/bin/time -f '%U %S' -o "$tf" taskset -c 0 "$hp" --mode=initiator --protocol="$path" \
@@ -295,8 +298,8 @@ run_mooncake() {
   rm -f "$tf"
 }
 
-run_ucx() {
-  local r=$1 path=$2 op=$3 bs=$4 b=$5 t=$6 port test tls sf cf so co spid cpid mt=()
+run_ucx() { # ... [probe]: with probe, no record: prints the bytes its sockets held (below)
+  local r=$1 path=$2 op=$3 bs=$4 b=$5 t=$6 probe=${7:-} port test tls sf cf so co spid cpid mt=() q=()
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   test=ucp_put_bw
   [ "$op" = read ] && test=ucp_get
@@ -321,12 +324,20 @@ run_ucx() {
   want=$(awk -v d="$duration" 'BEGIN { s = int(d); if (s < d) s++; print s < 1 ? 1 : s }')
   for i in $(seq $(((want + 4) * 10))); do
     kill -0 "$cpid" 2>/dev/null || break
+    # probe: from 0.5 s on, what both processes' TCP sockets hold (send and receive
+    # queues): the puts UCX has counted done that the target has not taken yet
+    [ -n "$probe" ] && [ "$i" -gt 5 ] && q+=("$(sock_bytes "$(pgrep -P "$cpid")" "$(pgrep -P "$spid")")")
     sleep 0.1
   done
   # SIGTERM: this shell's background jobs ignore SIGINT. The pids are ucx_perftest's,
   # children of /usr/bin/time (stdbuf execs it).
   stop_child "$cpid"
   stop_child "$spid"
+  if [ -n "$probe" ]; then
+    rm -f "$sf" "$cf" "$so" "$co"
+    printf '%s\n' "${q[@]}" | sort -n | awk '{ v[NR] = $1 } END { print NR ? v[int((NR + 1) / 2)] : 0 }'
+    return 0
+  fi
   need=$(grep -c '^\[thread\|^Final' "$co" || true)
   if [ "$need" -lt 1 ]; then
     say "UCX gave no figure at $path $op $bs x $b x $t: $(grep -v '^\[\|^|\|^+' "$co" | tail -1)"
@@ -348,6 +359,12 @@ run_ucx() {
   record "$r" "$path" "${op^^}" "$bs" "$b" "$t" ucx "$gbps" "$bytes" "$secs" 0 \
     "$(awk -v a="$(time_cpu "$sf")" -v b="$(time_cpu "$cf")" 'BEGIN { print a + b }')"
   rm -f "$sf" "$cf" "$so" "$co"
+}
+
+sock_bytes() { # pid...: the bytes in the send and receive queues of their TCP sockets
+  local pids
+  pids=$(printf 'pid=%s,|' "$@")
+  ss -tnpH state established 2>/dev/null | grep -E "${pids%|}" | awk '{ n += $1 + $2 } END { print n + 0 }'
 }
 
 run_nixl() {
@@ -392,6 +409,27 @@ for path in ${paths//,/ }; do
   if [ $have_ucx = 0 ]; then skip "$path" ucx "$why_ucx"; fi
   if [ $have_nixl = 0 ]; then skip "$path" nixl "$why_nixl"; fi
 done
+
+# UCX's window over TCP. A ucp_put_bw put is done once UCX has taken it (into a socket):
+# however small -O, its puts stream, as many in flight as its sockets hold. hixl-1buf
+# (set against UCX) gets the same in flight, measured: one probe run of ucx_perftest per
+# TCP WRITE point samples its sockets' queues (ss), and hixl-1buf and its A/A keep
+# ceil(median bytes / (block x batch x threads)) batches a thread in flight
+# (hixl-peers --window, at most 1024). A get waits for its data, so READ keeps -O batch,
+# as hixl does; on the same host a put is a copy into the target's memory, done when it
+# returns, as hixl's.
+declare -A win=()
+if [ $have_ucx = 1 ] && [[ ,$paths, == *,tcp,* ]]; then
+  for pt in "${points[@]}"; do
+    read -r op bs b t <<<"$pt"
+    [ "$op" = write ] || continue
+    q=$(run_ucx 0 tcp write "$bs" "$b" "$t" probe)
+    w=$(awk -v q="$q" -v s=$((bs * b * t)) 'BEGIN { w = int((q + s - 1) / s); print w < 1 ? 1 : (w > 1024 ? 1024 : w) }')
+    win["$bs $b $t"]=$w
+    printf 'WINDOW\ttcp\tWRITE\t%s\t%s\t%s\t%s\t%s\n' "$bs" "$b" "$t" "$w" "$q" >>"$raw"
+    say "UCX's window at WRITE $bs x $b x $t: $q bytes in its sockets, hixl-1buf keeps $w batches a thread"
+  done
+fi
 
 t_start=$(date +%s)
 total=$((${#points[@]} * rounds * $(echo "${paths//,/ }" | wc -w)))
