@@ -1,18 +1,8 @@
-/* hixl-soak (issue 28; docs/performance-soak.md): one target engine, in its own process
- * under a descriptor limit (1024 by default), serves legitimate HixlEngine clients while
- * hostile peers press on it: READ floods (links that say HELLO, then pipeline READ_REQs
- * of registered memory and never read an answer), idle connects (2x the descriptor limit,
- * from 127.0.0.2-9, never a HELLO, opened again whenever the target closes them),
- * half-sent frames (part of a HELLO header, or a HELLO and then a READ_REQ header without
- * its body) and connect/close churn (plainly, after a HELLO, or by a reset).
- *
- * The legitimate clients (threads of this process, each its own engine) READ and WRITE
- * batches of 200 x 4 KiB and every fourth round a 4 MiB WRITE, every byte checked; a
- * late joiner, a fresh engine, connects every few seconds and READs 64 KiB, to see that
- * a newcomer is not locked out. Phases: baseline, hostile, baseline again (goal: the
- * throughput with hostile peers >= 0.8x the baselines'). The target's RSS (VmRSS),
- * descriptors and CPU time are sampled each second. Nothing waits by sleeping: the churn
- * and the reconnects are paced by timers (a rate, not a synchronisation). */
+/* hixl-soak (issue 28): one target engine, in its own process under a descriptor limit,
+ * serves legitimate HixlEngine clients, every byte checked, while hostile peers press on
+ * it, through a baseline, a hostile phase and a baseline again; what each peer does, what
+ * is sampled and the goals: docs/performance-soak.md. Nothing waits by sleeping: the
+ * churn and the reconnects are paced by timers (a rate, not a synchronisation). */
 #include <dirent.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -27,9 +17,7 @@
 #include "harness.h"
 #include "wire/wire.h"
 
-#define SOAK_MAX_CLIENTS 16
-#define SOAK_MAX_FLOODS  16
-
+#define SOAK_MAX        16                        /* clients, and flood links */
 #define SOAK_SMALL      4096u                     /* one small op */
 #define SOAK_BATCH      200u                      /* small ops per call */
 #define SOAK_BATCH_LEN  (SOAK_SMALL * SOAK_BATCH) /* 800 KiB */
@@ -45,39 +33,15 @@
 enum { PH_BASE1, PH_HOSTILE, PH_BASE2, PH_N };
 static const char *const ph_name[PH_N] = {"baseline", "hostile", "baseline-after"};
 
-struct soak_opts {
-  double seconds;      /* hostile phase */
-  double base_seconds; /* each baseline phase */
-  const char *transport;
-  unsigned clients, floods, half, idle_addrs;
-  unsigned idle; /* idle connects (default: 2x the target's descriptor limit) */
-  unsigned target_nofile;
-  unsigned churn_rate;     /* connects a second */
-  unsigned reconnect_rate; /* idle / half-sent connections opened again, a second */
-  size_t flood_len;        /* bytes of one flood READ_REQ */
-  double join_every;       /* seconds between late joiners; 0: none */
-  int32_t join_timeout_ms;
-  int32_t op_timeout_ms;
-  size_t answer_mib; /* LinkAnswerMiB the target runs with */
-  const char *json;
-  struct hb_extra x; /* --opt: the target's */
-};
-
-static struct soak_opts o = {.seconds = 120,
-                             .base_seconds = -1,
-                             .transport = "tcp",
-                             .clients = 2,
-                             .floods = 2,
-                             .flood_len = SOAK_SMALL,
-                             .target_nofile = 1024,
-                             .idle = UINT32_MAX,
-                             .idle_addrs = 8,
-                             .half = 64,
-                             .churn_rate = 200,
-                             .reconnect_rate = 500,
-                             .join_every = 5,
-                             .join_timeout_ms = 15000,
-                             .op_timeout_ms = 10000};
+/* The options (their table, defaults and docs are at main), in the initializer's order. */
+static struct {
+  double seconds, base_seconds, join_every; /* the hostile phase, each baseline, between late joiners */
+  const char *transport, *json;
+  unsigned clients, floods, half, idle_addrs, idle, target_nofile, churn_rate, reconnect_rate;
+  size_t flood_len, answer_mib; /* answer_mib: the target's LinkAnswerMiB */
+  int join_timeout_ms, op_timeout_ms;
+} o = {120, -1, 5, "tcp", NULL, 2, 2, 64, 8, UINT32_MAX, 1024, 200, 500, SOAK_SMALL, 0, 15000, 10000};
+static struct hb_extra g_topts; /* --opt: the target engine's */
 
 static char g_taddr[64];              /* the target engine, "127.0.0.1:port" */
 static struct sockaddr_in g_tsa;      /* the same, for the raw sockets */
@@ -85,29 +49,28 @@ static uintptr_t g_rbase;             /* its registered memory */
 static uint8_t g_ref[SOAK_READ_AREA]; /* the read area's expected content */
 static atomic_bool g_clients_stop;
 
-/* ------------------------------------------------------------------ helpers */
-
 /* Bytes of a and b that differ. */
 static uint64_t count_wrong(const uint8_t *a, const uint8_t *b, size_t len) {
   uint64_t n = 0;
-  if (memcmp(a, b, len) == 0) return 0;
-  for (size_t i = 0; i < len; i++) n += a[i] != b[i];
+  if (memcmp(a, b, len) != 0)
+    for (size_t i = 0; i < len; i++) n += a[i] != b[i];
   return n;
 }
 
-/* A socket bound to 127.0.0.<host> (the port chosen at connect, so sources of
- * TIME_WAIT do not run out of ports); -1 on error. */
-static int socket_from(unsigned host, bool nonblock) {
+/* A TCP connection to the target from 127.0.0.<host> (the port chosen at connect, so
+ * sources of TIME_WAIT do not run out of ports), made, or begun when nonblock; rcvbuf > 0
+ * is its SO_RCVBUF, set before connect so that it stays small. -1 on error. */
+static int connect_from(unsigned host, bool nonblock, int rcvbuf) {
   struct sockaddr_in me = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000000u | (host & 0xffu))};
-  int one = 1;
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0), 0);
+  int one = 1, fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0), 0);
   if (fd < 0) return -1;
   setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one));
-  if (bind(fd, (struct sockaddr *)&me, sizeof(me)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
+  if (rcvbuf > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
+  if (bind(fd, (struct sockaddr *)&me, sizeof(me)) == 0 &&
+      (connect(fd, (struct sockaddr *)&g_tsa, sizeof(g_tsa)) == 0 || (nonblock && errno == EINPROGRESS)))
+    return fd;
+  close(fd);
+  return -1;
 }
 
 /* A timerfd that fires every ns; -1 after saying why (who first). */
@@ -122,8 +85,8 @@ static int ticker(uint64_t ns, const char *who) {
 }
 
 /* A thread that calls fn(arg) on each tick of a timer, at most burst times a wake
- * (ticks it missed beyond those are dropped, not caught up), until stopfd is
- * readable: the churn and the late joiner. */
+ * (ticks it missed beyond those are dropped, not caught up), until stopfd (an eventfd)
+ * is readable: the churn and the late joiner. */
 struct pacer {
   uint64_t ns; /* the period */
   unsigned burst;
@@ -146,12 +109,6 @@ static void *pacer_main(void *arg) {
   return NULL;
 }
 
-/* Wake a thread that polls the eventfd fd. */
-static void stop(int fd) {
-  uint64_t one = 1;
-  if (fd >= 0) (void)!write(fd, &one, sizeof(one));
-}
-
 /* Set this process's soft descriptor limit to want, or to its hard limit when that is
  * lower: the limit now, 0 when it could not be set. */
 static rlim_t set_nofile(rlim_t want) {
@@ -161,34 +118,29 @@ static rlim_t set_nofile(rlim_t want) {
   return setrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.rlim_cur : 0;
 }
 
-/* ------------------------------------------------------------------- target */
-
 /* The target process: its descriptor limit, one engine, the registered memory (the
  * read area holds the pattern), its address and length on ctrl, then serve until ctrl
  * says QUIT or closes. */
 static int target_main(void *arg, int ctrl) {
-  (void)arg;
-  HixlEngine *e = NULL;
+  size_t len = SOAK_READ_AREA + (size_t)o.clients * SOAK_WRITE_AREA;
   HixlMemHandle h;
+  HixlEngine *e;
+  uint8_t *mem;
   int rc = 1;
-
+  (void)arg;
   if (set_nofile(o.target_nofile) == 0) {
     hb_say("target: setrlimit(RLIMIT_NOFILE, %u): %s\n", o.target_nofile, strerror(errno));
     return 1;
   }
-  size_t len = SOAK_READ_AREA + (size_t)o.clients * SOAK_WRITE_AREA;
-  uint8_t *mem = hb_map(len);
-  if (mem == NULL) return 1;
+  if ((mem = hb_map(len)) == NULL) return 1;
   bench_pattern_fill(mem, len, SOAK_SEED);
-  if (!(e = hb_engine(g_taddr, o.transport, o.x.v, o.x.n))) goto out_unmap;
-  if (hb_reg(e, mem, len, &h) != HIXL_SUCCESS) goto out_destroy;
-  if (hb_ready(ctrl, (uint64_t[]){(uintptr_t)mem, len}, 2)) {
-    hb_serve(ctrl, "QUIT", INT_MAX);
-    rc = 0;
+  if ((e = hb_engine(g_taddr, o.transport, g_topts.v, g_topts.n)) != NULL) {
+    if (hb_reg(e, mem, len, &h) == HIXL_SUCCESS && hb_ready(ctrl, (uint64_t[]){(uintptr_t)mem, len}, 2)) {
+      hb_serve(ctrl, "QUIT", INT_MAX);
+      rc = 0;
+    }
+    if (!hb_ok(HixlEngineDestroy(e), "target: HixlEngineDestroy")) rc = 1;
   }
-out_destroy:
-  if (!hb_ok(HixlEngineDestroy(e), "target: HixlEngineDestroy")) rc = 1;
-out_unmap:
   munmap(mem, len);
   return rc;
 }
@@ -204,43 +156,37 @@ static bool sample_proc(pid_t pid, struct proc_sample *s) {
   snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
   FILE *f = fopen(path, "r");
   if (f == NULL) return false;
-  s->rss_kib = 0;
-  while (fgets(buf, sizeof(buf), f) != NULL)
+  for (s->rss_kib = 0; fgets(buf, sizeof(buf), f) != NULL;)
     if (strncmp(buf, "VmRSS:", 6) == 0) s->rss_kib = strtoull(buf + 6, NULL, 10);
   fclose(f);
   snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
   DIR *dir = opendir(path);
   if (dir == NULL) return false;
   s->fds = 0;
-  for (struct dirent *de; (de = readdir(dir)) != NULL;)
-    if (de->d_name[0] != '.') s->fds++;
+  for (struct dirent *de; (de = readdir(dir)) != NULL;) s->fds += de->d_name[0] != '.';
   closedir(dir);
   s->cpu_ns = hb_cpu_ns(pid); /* an unreaped target still has its clock */
   return true;
 }
 
-/* ------------------------------------------------------- legitimate clients */
-
 enum { L_BYTES, L_OPS, L_CALLS, L_FAILED_OPS, L_FAILED_CALLS, L_WRONG, L_N }; /* a client's counts */
 
 struct client {
-  unsigned id;
+  unsigned id, errors_told;
   HixlEngine *eng;
-  uint8_t *mem; /* rd | wr | back | large | large_back | key_base */
+  uint8_t *mem; /* rd | wr | back | large | large_back | key_base (the pattern WRITE data comes from) */
   size_t mem_len;
-  uint8_t *key_base; /* the pattern WRITE data is derived from (SOAK_LARGE bytes) */
   atomic_uint_least64_t n[L_N];
   pthread_t th;
-  unsigned errors_told;
 };
 
 /* One sync call, counted; false when it failed (said once per client up to 5 times). */
 static bool legit_call(struct client *c, HixlTransferOp op, const HixlTransferOpDesc *d, size_t n) {
   HixlStatus st = HixlEngineTransferSync(c->eng, g_taddr, op, d, n, o.op_timeout_ms);
+  size_t bytes = 0;
   atomic_fetch_add(&c->n[L_CALLS], 1);
   atomic_fetch_add(&c->n[L_OPS], n);
   if (st == HIXL_SUCCESS) {
-    size_t bytes = 0;
     for (size_t i = 0; i < n; i++) bytes += d[i].len;
     atomic_fetch_add(&c->n[L_BYTES], bytes);
     return true;
@@ -273,11 +219,20 @@ static void keyed(uint8_t *out, const uint8_t *base, size_t len, uint64_t key) {
   }
 }
 
+/* The WRITE d[0..n) of src, then its len bytes at at read back into back in one op, checked. */
+static void write_back(struct client *c, HixlTransferOpDesc *d, size_t n, const uint8_t *src, uint8_t *back,
+                       uintptr_t at, size_t len, const char *what) {
+  if (!legit_call(c, HIXL_WRITE, d, n)) return;
+  d[0] = (HixlTransferOpDesc){(uintptr_t)back, at, len};
+  if (legit_call(c, HIXL_READ, d, 1)) check(c, back, src, len, what);
+}
+
 static void *client_main(void *arg) {
   struct client *c = arg;
   HixlTransferOpDesc d[SOAK_BATCH];
   uint8_t *rd = c->mem, *wr = rd + SOAK_BATCH_LEN, *back = wr + SOAK_BATCH_LEN;
-  uint8_t *large = back + SOAK_BATCH_LEN, *large_back = large + SOAK_LARGE;
+  uint8_t *large = back + SOAK_BATCH_LEN, *large_back = large + SOAK_LARGE,
+          *key_base = large_back + SOAK_LARGE;
   uintptr_t warea = g_rbase + SOAK_READ_AREA + (uintptr_t)c->id * SOAK_WRITE_AREA;
   const uint32_t slots = SOAK_READ_AREA / SOAK_SMALL;
 
@@ -292,26 +247,17 @@ static void *client_main(void *arg) {
       for (uint32_t i = 0; i < SOAK_BATCH; i++)
         check(c, rd + i * SOAK_SMALL, g_ref + (d[i].remote_addr - g_rbase), SOAK_SMALL, "READ");
 
-    /* 200 x 4 KiB WRITEs of fresh data, read back in one op, checked. */
+    /* 200 x 4 KiB WRITEs of fresh data, read back; every fourth round a 4 MiB one too. */
     uint64_t key = bench_pattern_word(c->id + 1, k);
     uintptr_t at = warea + (uintptr_t)(k % 4) * (1u << 20);
-    keyed(wr, c->key_base, SOAK_BATCH_LEN, key);
+    keyed(wr, key_base, SOAK_BATCH_LEN, key);
     for (uint32_t i = 0; i < SOAK_BATCH; i++)
       d[i] = (HixlTransferOpDesc){(uintptr_t)wr + i * SOAK_SMALL, at + i * SOAK_SMALL, SOAK_SMALL};
-    if (legit_call(c, HIXL_WRITE, d, SOAK_BATCH)) {
-      d[0] = (HixlTransferOpDesc){(uintptr_t)back, at, SOAK_BATCH_LEN};
-      if (legit_call(c, HIXL_READ, d, 1)) check(c, back, wr, SOAK_BATCH_LEN, "WRITE read back");
-    }
-
-    /* Every fourth round a 4 MiB WRITE, read back, checked. */
-    if (k % 4 == 3) {
-      keyed(large, c->key_base, SOAK_LARGE, ~key);
-      d[0] = (HixlTransferOpDesc){(uintptr_t)large, warea + (SOAK_WRITE_AREA / 2), SOAK_LARGE};
-      if (legit_call(c, HIXL_WRITE, d, 1)) {
-        d[0].local_addr = (uintptr_t)large_back;
-        if (legit_call(c, HIXL_READ, d, 1)) check(c, large_back, large, SOAK_LARGE, "large WRITE read back");
-      }
-    }
+    write_back(c, d, SOAK_BATCH, wr, back, at, SOAK_BATCH_LEN, "WRITE read back");
+    if (k % 4 != 3) continue;
+    keyed(large, key_base, SOAK_LARGE, ~key);
+    d[0] = (HixlTransferOpDesc){(uintptr_t)large, warea + (SOAK_WRITE_AREA / 2), SOAK_LARGE};
+    write_back(c, d, 1, large, large_back, d[0].remote_addr, SOAK_LARGE, "large WRITE read back");
   }
   return NULL;
 }
@@ -321,8 +267,7 @@ static bool client_start(struct client *c, unsigned id) {
   c->id = id;
   c->mem_len = 3 * SOAK_BATCH_LEN + 3 * (size_t)SOAK_LARGE;
   if ((c->mem = hb_map(c->mem_len)) == NULL) return false;
-  c->key_base = c->mem + c->mem_len - SOAK_LARGE;
-  bench_pattern_fill(c->key_base, SOAK_LARGE, 1000 + c->id);
+  bench_pattern_fill(c->mem + c->mem_len - SOAK_LARGE, SOAK_LARGE, 1000 + c->id); /* key_base */
   if (!(c->eng = hb_engine("127.0.0.1", o.transport, NULL, 0)) ||
       hb_reg(c->eng, c->mem, c->mem_len, &h) != HIXL_SUCCESS ||
       !hb_ok(HixlEngineConnect(c->eng, g_taddr, 10000), "a client's HixlEngineConnect"))
@@ -336,8 +281,6 @@ static void legit_total(struct client *c, unsigned n, uint64_t s[L_N]) {
   for (unsigned i = 0; i < n; i++)
     for (int k = 0; k < L_N; k++) s[k] += atomic_load(&c[i].n[k]);
 }
-
-/* --------------------------------------------------------------- late joiner */
 
 struct join_counts {
   atomic_uint_least64_t tries, ok, late, wrong, max_ms; /* late: served after the phase */
@@ -357,20 +300,16 @@ static void join_once(void *arg) {
   int ph = atomic_load(&j->phase);
   struct join_counts *n = &j->n[ph];
   uint8_t *buf = hb_map(SOAK_JOIN_LEN);
+  HixlTransferOpDesc op = {(uintptr_t)buf, g_rbase + SOAK_LARGE, SOAK_JOIN_LEN};
   HixlMemHandle h;
   HixlStatus st = HIXL_FAILED;
   uint64_t t0 = bench_now_ns();
   atomic_fetch_add(&n->tries, 1);
   HixlEngine *e = buf != NULL ? hb_engine("127.0.0.1", o.transport, NULL, 0) : NULL;
-  if (e != NULL) {
-    st = hb_reg(e, buf, SOAK_JOIN_LEN, &h);
-    if (st == HIXL_SUCCESS) st = HixlEngineConnect(e, g_taddr, o.join_timeout_ms);
-    if (st == HIXL_SUCCESS) {
-      HixlTransferOpDesc op = {(uintptr_t)buf, g_rbase + SOAK_LARGE, SOAK_JOIN_LEN};
-      st = HixlEngineTransferSync(e, g_taddr, HIXL_READ, &op, 1, o.join_timeout_ms);
-    }
-    if (st != HIXL_SUCCESS) hb_fail("late joiner: Connect / READ", st);
-  }
+  if (e != NULL && (st = hb_reg(e, buf, SOAK_JOIN_LEN, &h)) == HIXL_SUCCESS &&
+      (st = HixlEngineConnect(e, g_taddr, o.join_timeout_ms)) == HIXL_SUCCESS)
+    st = HixlEngineTransferSync(e, g_taddr, HIXL_READ, &op, 1, o.join_timeout_ms);
+  if (e != NULL && st != HIXL_SUCCESS) hb_fail("late joiner: Connect / READ", st);
   uint64_t ms = (bench_now_ns() - t0) / 1000000u;
   if (st == HIXL_SUCCESS) {
     atomic_fetch_add(atomic_load(&j->phase) == ph ? &n->ok : &n->late, 1);
@@ -381,8 +320,6 @@ static void join_once(void *arg) {
   if (buf != NULL) munmap(buf, SOAK_JOIN_LEN);
 }
 
-/* ------------------------------------------------------------ hostile peers */
-
 enum { H_FLOOD_BYTES, H_FLOOD_LOST, H_HERD_CONNECTED, H_HERD_CLOSED, H_CHURN, H_CHURN_ERRORS, H_N };
 
 enum herd_kind { HERD_IDLE, HERD_HALF_PRE, HERD_HALF_POST };
@@ -392,20 +329,13 @@ struct herd_slot {
   bool connected;
 };
 
-struct hostile;
-struct flood {
-  struct hostile *h;
-  unsigned id;
-  int fd; /* linked by hostile_start, before the other hostile peers begin */
-};
-
 /* The hostile phase's peers; they stop when stopfd is written. */
-struct hostile {
+static struct hostile {
   int stopfd;
   atomic_uint_least64_t n[H_N];
   atomic_int_least64_t herd_open; /* idle / half-sent connections up now */
-  struct flood fl[SOAK_MAX_FLOODS];
-  pthread_t th[SOAK_MAX_FLOODS + 2]; /* the floods', the herd's, the churn's */
+  int fl_fd[SOAK_MAX];            /* the floods' links, made before the other hostile peers begin */
+  pthread_t th[SOAK_MAX + 2];     /* the floods', the herd's, the churn's */
   unsigned n_th;
   /* the herd: idle and half-sent connections, all in one epoll set */
   int ep;
@@ -413,52 +343,45 @@ struct hostile {
   size_t n_herd, next; /* next: where the ticks' walk for closed slots goes on */
   struct pacer churn;
   uint64_t churn_k; /* connections churned so far */
-};
+} g_h;
 
 /* A raw link from 127.0.0.<host> that said HELLO and got its HELLO_ACK (status OK),
  * non-blocking from then on; -1 if not. */
 static int flood_link(unsigned host) {
-  uint8_t hello[512], hb[WIRE_HDR_LEN];
+  uint8_t hello[512], hb[WIRE_HDR_LEN], *body = NULL; /* body: the memory table */
   struct timeval tv = {.tv_sec = 10};
-  int rcvbuf = 64 << 10;
   struct wire_hdr h;
   struct wire_msg m;
-  int fd = socket_from(host, false);
+  int fl, fd = connect_from(host, false, 64 << 10);
   if (fd < 0) return -1;
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)); /* before connect: it stays small */
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));       /* bounds the handshake */
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)); /* bounds the handshake */
   size_t n = wire_put_hello(hello, sizeof(hello), WIRE_CAP_TCP_DATA, "soak-flood");
-  bool ok = connect(fd, (struct sockaddr *)&g_tsa, sizeof(g_tsa)) == 0 &&
-            send(fd, hello, n, MSG_NOSIGNAL) == (ssize_t)n && bench_read_full(fd, hb, sizeof(hb)) == 0 &&
-            wire_parse_hdr(hb, &h) == WIRE_OK && h.type == WIRE_HELLO_ACK;
-  uint8_t *body = ok ? malloc(h.body_len + 1u) : NULL; /* the memory table */
-  ok = body != NULL && bench_read_full(fd, body, h.body_len) == 0 && wire_decode(&h, body, &m) == WIRE_OK &&
-       m.u.hello_ack.status == WIRE_HELLO_OK;
+  bool ok = send(fd, hello, n, MSG_NOSIGNAL) == (ssize_t)n && bench_read_full(fd, hb, sizeof(hb)) == 0 &&
+            wire_parse_hdr(hb, &h) == WIRE_OK && h.type == WIRE_HELLO_ACK &&
+            (body = malloc(h.body_len + 1u)) != NULL && bench_read_full(fd, body, h.body_len) == 0 &&
+            wire_decode(&h, body, &m) == WIRE_OK && m.u.hello_ack.status == WIRE_HELLO_OK;
   free(body);
-  int fl = fcntl(fd, F_GETFL);
-  if (!ok || fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
+  if (ok && (fl = fcntl(fd, F_GETFL)) >= 0 && fcntl(fd, F_SETFL, fl | O_NONBLOCK) == 0) return fd;
+  close(fd);
+  return -1;
 }
 
-/* Pipelines READ_REQs on its link as fast as the target takes them, never reading an
- * answer; links again (at most ten times a second) if the target closes it. */
+/* Flood arg (its index): pipelines READ_REQs on its link as fast as the target takes
+ * them, never reading an answer; links again (at most ten times a second) if the target
+ * closes it. */
 static void *flood_main(void *arg) {
-  struct flood *f = arg;
-  struct hostile *h = f->h;
+  unsigned id = (unsigned)(uintptr_t)arg;
   const size_t len = o.flood_len;
   const uint64_t slots = SOAK_READ_AREA / len;
   uint8_t chunk[256 * WIRE_SMALL_FRAME];
   size_t have = 0, off = 0;
   uint64_t seq = 1;
-  int fd = f->fd;
+  int fd = g_h.fl_fd[id];
   for (;;) {
-    struct pollfd p[2] = {{.fd = fd, .events = POLLOUT}, {.fd = h->stopfd, .events = POLLIN}};
+    struct pollfd p[2] = {{.fd = fd, .events = POLLOUT}, {.fd = g_h.stopfd, .events = POLLIN}};
     if (fd < 0) { /* the target closed it: link again, paced */
       if (poll(p + 1, 1, 100) != 0) break;
-      fd = flood_link(20 + f->id);
+      fd = flood_link(20 + id);
       have = off = 0;
       continue;
     }
@@ -467,14 +390,13 @@ static void *flood_main(void *arg) {
       for (unsigned i = 0; i < 256; i++, seq++)
         have += wire_put_read_req(chunk + have, seq, g_rbase + (seq % slots) * len, (uint32_t)len);
     }
-    if (poll(p, 2, -1) < 0 && errno != EINTR) break;
-    if (p[1].revents) break;
+    if ((poll(p, 2, -1) < 0 && errno != EINTR) || p[1].revents) break;
     ssize_t k = p[0].revents ? send(fd, chunk + off, have - off, MSG_NOSIGNAL) : 0;
     if (k > 0) {
       off += (size_t)k;
-      atomic_fetch_add(&h->n[H_FLOOD_BYTES], (uint64_t)k); /* / frame length when reported */
+      atomic_fetch_add(&g_h.n[H_FLOOD_BYTES], (uint64_t)k); /* / frame length when reported */
     } else if ((p[0].revents & (POLLERR | POLLHUP)) || (k < 0 && errno != EAGAIN && errno != EINTR)) {
-      atomic_fetch_add(&h->n[H_FLOOD_LOST], 1);
+      atomic_fetch_add(&g_h.n[H_FLOOD_LOST], 1);
       close(fd);
       fd = -1;
     }
@@ -483,66 +405,48 @@ static void *flood_main(void *arg) {
   return NULL;
 }
 
-static void herd_open(struct hostile *h, uint32_t i) {
-  struct herd_slot *s = &h->s[i];
-  struct epoll_event ev = {.events = EPOLLOUT | EPOLLRDHUP, .data.u32 = i};
-  s->fd = socket_from(s->kind == HERD_IDLE ? 2 + i % o.idle_addrs : 11, true);
-  if (s->fd >= 0 && (connect(s->fd, (struct sockaddr *)&g_tsa, sizeof(g_tsa)) == 0 || errno == EINPROGRESS) &&
-      epoll_ctl(h->ep, EPOLL_CTL_ADD, s->fd, &ev) == 0)
-    return;
-  if (s->fd >= 0) close(s->fd);
-  s->fd = -1; /* opened again on a tick */
-}
-
-/* Slot i's connection ended (closed by the target when it was up); it is opened again
- * on a tick. */
-static void herd_drop(struct hostile *h, uint32_t i) {
-  struct herd_slot *s = &h->s[i];
-  epoll_ctl(h->ep, EPOLL_CTL_DEL, s->fd, NULL);
-  close(s->fd);
-  s->fd = -1;
-  if (s->connected) {
-    atomic_fetch_sub(&h->herd_open, 1);
-    atomic_fetch_add(&h->n[H_HERD_CLOSED], 1);
+/* Slot i connects (edge-triggered: an event says it is up, sent something or ended). */
+static void herd_open(uint32_t i) {
+  struct herd_slot *s = &g_h.s[i];
+  struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.u32 = i};
+  s->fd = connect_from(s->kind == HERD_IDLE ? 2 + i % o.idle_addrs : 11, true, 0);
+  if (s->fd >= 0 && epoll_ctl(g_h.ep, EPOLL_CTL_ADD, s->fd, &ev) != 0) {
+    close(s->fd);
+    s->fd = -1; /* opened again on a tick */
   }
-  s->connected = false;
 }
 
 /* Slot i's event. Once connected, idle sends nothing; half-sent sends 10 bytes of a
- * HELLO header, or a HELLO and then a READ_REQ's header without its body. */
-static void herd_event(struct hostile *h, uint32_t i, uint32_t events) {
-  struct herd_slot *s = &h->s[i];
+ * HELLO header, or a HELLO and then a READ_REQ's header without its body. What comes
+ * (a half-sent link's HELLO_ACK) is discarded; when the connection ends (closed by the
+ * target when it was up), the slot is opened again on a tick. */
+static void herd_event(uint32_t i, uint32_t events) {
+  struct herd_slot *s = &g_h.s[i];
   uint8_t buf[4096], rr[WIRE_SMALL_FRAME];
   size_t n = 0;
-  int err = 0;
-  socklen_t l = sizeof(err);
-  if (s->connected) {
-    for (;;) { /* a half-sent link gets its HELLO_ACK: discarded */
-      ssize_t k = recv(s->fd, buf, sizeof(buf), 0);
-      if (k > 0) continue;
-      if (k == 0 || (errno != EAGAIN && errno != EINTR)) herd_drop(h, i);
-      return;
+  ssize_t k;
+  if (!s->connected && (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) == EPOLLOUT) {
+    s->connected = true;
+    atomic_fetch_add(&g_h.herd_open, 1);
+    atomic_fetch_add(&g_h.n[H_HERD_CONNECTED], 1);
+    if (s->kind != HERD_IDLE) n = wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "soak-half");
+    if (s->kind == HERD_HALF_PRE) n = 10;
+    if (s->kind == HERD_HALF_POST) {
+      wire_put_read_req(rr, 1, g_rbase, SOAK_SMALL);
+      memcpy(buf + n, rr, WIRE_HDR_LEN);
+      n += WIRE_HDR_LEN;
     }
+    if (n > 0) (void)!send(s->fd, buf, n, MSG_NOSIGNAL); /* a few bytes into an empty socket */
   }
-  if ((events & (EPOLLERR | EPOLLHUP)) || getsockopt(s->fd, SOL_SOCKET, SO_ERROR, &err, &l) != 0 ||
-      err != 0) {
-    herd_drop(h, i);
-    return;
+  while ((k = recv(s->fd, buf, sizeof(buf), 0)) > 0) continue;
+  if (!(events & (EPOLLERR | EPOLLHUP)) && k < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  close(s->fd); /* which takes it out of the epoll set */
+  s->fd = -1;
+  if (s->connected) {
+    atomic_fetch_sub(&g_h.herd_open, 1);
+    atomic_fetch_add(&g_h.n[H_HERD_CLOSED], 1);
   }
-  if (!(events & EPOLLOUT)) return;
-  s->connected = true;
-  atomic_fetch_add(&h->herd_open, 1);
-  atomic_fetch_add(&h->n[H_HERD_CONNECTED], 1);
-  if (s->kind != HERD_IDLE) n = wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "soak-half");
-  if (s->kind == HERD_HALF_PRE) n = 10;
-  if (s->kind == HERD_HALF_POST) {
-    wire_put_read_req(rr, 1, g_rbase, SOAK_SMALL);
-    memcpy(buf + n, rr, WIRE_HDR_LEN);
-    n += WIRE_HDR_LEN;
-  }
-  if (n > 0) (void)!send(s->fd, buf, n, MSG_NOSIGNAL); /* a few bytes into an empty socket */
-  struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP, .data.u32 = i};
-  epoll_ctl(h->ep, EPOLL_CTL_MOD, s->fd, &ev);
+  s->connected = false;
 }
 
 #define HERD_TICK_NS 10000000ull /* reconnects are paced per 10 ms */
@@ -550,37 +454,35 @@ static void herd_event(struct hostile *h, uint32_t i, uint32_t events) {
 /* Idle and half-sent connections, all in one epoll set; each opened again when it
  * ends, at most reconnect_rate a second. */
 static void *herd_main(void *arg) {
-  struct hostile *h = arg;
   struct epoll_event evs[256], ev = {.events = EPOLLIN, .data.u32 = UINT32_MAX};
-  int tfd = ticker(HERD_TICK_NS, "idle connects");
-  if (tfd < 0 || epoll_ctl(h->ep, EPOLL_CTL_ADD, h->stopfd, &ev) != 0) goto out;
-  ev.data.u32 = UINT32_MAX - 1;
-  if (epoll_ctl(h->ep, EPOLL_CTL_ADD, tfd, &ev) != 0) goto out;
-  for (uint32_t i = 0; i < h->n_herd; i++) herd_open(h, i);
   size_t budget = o.reconnect_rate / 100 > 0 ? o.reconnect_rate / 100 : 1;
-  for (;;) {
-    int k = epoll_wait(h->ep, evs, 256, -1);
-    if (k < 0 && errno != EINTR) break;
+  int k, tfd = ticker(HERD_TICK_NS, "idle connects");
+  uint64_t v;
+  (void)arg;
+  if (tfd < 0 || epoll_ctl(g_h.ep, EPOLL_CTL_ADD, g_h.stopfd, &ev) != 0) goto out;
+  ev.data.u32 = UINT32_MAX - 1;
+  if (epoll_ctl(g_h.ep, EPOLL_CTL_ADD, tfd, &ev) != 0) goto out;
+  for (uint32_t i = 0; i < g_h.n_herd; i++) herd_open(i);
+  while ((k = epoll_wait(g_h.ep, evs, 256, -1)) >= 0 || errno == EINTR) {
     for (int j = 0; j < k; j++) {
       uint32_t i = evs[j].data.u32;
-      uint64_t v;
       if (i == UINT32_MAX) goto out;
-      if (i == UINT32_MAX - 1) {
-        (void)!read(tfd, &v, sizeof(v));
-        for (size_t seen = 0, opened = 0; seen < h->n_herd && opened < budget; seen++) {
-          uint32_t q = (uint32_t)(h->next++ % h->n_herd);
-          if (h->s[q].fd >= 0) continue;
-          herd_open(h, q);
-          opened++;
-        }
-      } else if (h->s[i].fd >= 0) {
-        herd_event(h, i, evs[j].events);
+      if (i != UINT32_MAX - 1) {
+        if (g_h.s[i].fd >= 0) herd_event(i, evs[j].events);
+        continue;
+      }
+      (void)!read(tfd, &v, sizeof(v));
+      for (size_t seen = 0, opened = 0; seen < g_h.n_herd && opened < budget; seen++) {
+        uint32_t q = (uint32_t)(g_h.next++ % g_h.n_herd);
+        if (g_h.s[q].fd >= 0) continue;
+        herd_open(q);
+        opened++;
       }
     }
   }
 out:
-  for (uint32_t i = 0; i < h->n_herd; i++)
-    if (h->s[i].fd >= 0) close(h->s[i].fd);
+  for (uint32_t i = 0; i < g_h.n_herd; i++)
+    if (g_h.s[i].fd >= 0) close(g_h.s[i].fd);
   if (tfd >= 0) close(tfd);
   return NULL;
 }
@@ -588,69 +490,60 @@ out:
 /* One connection opened and closed at once, from 127.0.0.12-15: in turn closed
  * plainly, closed after a HELLO, and reset. */
 static void churn_once(void *arg) {
-  struct hostile *h = arg;
-  uint64_t k = h->churn_k++;
+  uint64_t k = g_h.churn_k++;
   uint8_t hello[512];
-  int fd = socket_from(12 + (unsigned)(k % 4), true);
-  if (fd < 0 || (connect(fd, (struct sockaddr *)&g_tsa, sizeof(g_tsa)) != 0 && errno != EINPROGRESS)) {
-    atomic_fetch_add(&h->n[H_CHURN_ERRORS], 1);
-    if (fd >= 0) close(fd);
+  struct linger lg = {.l_onoff = 1, .l_linger = 0};
+  int fd = connect_from(12 + (unsigned)(k % 4), true, 0);
+  (void)arg;
+  if (fd < 0) {
+    atomic_fetch_add(&g_h.n[H_CHURN_ERRORS], 1);
     return;
   }
   if (k % 3 == 1)
     (void)!send(fd, hello, wire_put_hello(hello, sizeof(hello), WIRE_CAP_TCP_DATA, "soak-churn"),
                 MSG_NOSIGNAL);
-  if (k % 3 == 2) {
-    struct linger lg = {.l_onoff = 1, .l_linger = 0};
-    setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
-  }
+  if (k % 3 == 2) setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
   close(fd);
-  atomic_fetch_add(&h->n[H_CHURN], 1);
+  atomic_fetch_add(&g_h.n[H_CHURN], 1);
 }
 
 /* One more hostile thread, fn(arg); false when it did not start. */
-static bool hostile_thread(struct hostile *h, void *(*fn)(void *), void *arg) {
-  if (pthread_create(&h->th[h->n_th], NULL, fn, arg) != 0) return false;
-  h->n_th++;
+static bool hostile_thread(void *(*fn)(void *), void *arg) {
+  if (pthread_create(&g_h.th[g_h.n_th], NULL, fn, arg) != 0) return false;
+  g_h.n_th++;
   return true;
 }
 
 /* The flood links first (the target has descriptors then), then the rest; false when
  * one did not start (hostile_stop undoes what did). */
-static bool hostile_start(struct hostile *h) {
-  memset(h, 0, sizeof(*h));
-  h->stopfd = eventfd(0, EFD_CLOEXEC);
-  h->ep = epoll_create1(EPOLL_CLOEXEC);
-  h->n_herd = (size_t)o.idle + o.half;
-  h->s = calloc(h->n_herd, sizeof(*h->s));
-  if (h->stopfd < 0 || h->ep < 0 || h->s == NULL) return false;
+static bool hostile_start(void) {
+  memset(&g_h, 0, sizeof(g_h));
+  g_h.stopfd = eventfd(0, EFD_CLOEXEC);
+  g_h.ep = epoll_create1(EPOLL_CLOEXEC);
+  g_h.n_herd = (size_t)o.idle + o.half;
+  g_h.s = calloc(g_h.n_herd, sizeof(*g_h.s));
+  if (g_h.stopfd < 0 || g_h.ep < 0 || g_h.s == NULL) return false;
   for (unsigned i = 0; i < o.floods; i++) {
-    h->fl[i] = (struct flood){.h = h, .id = i, .fd = flood_link(20 + i)};
-    if (h->fl[i].fd < 0) {
-      hb_say("flood %u: no link to the target\n", i);
-      return false;
-    }
-    if (!hostile_thread(h, flood_main, &h->fl[i])) return false;
+    if ((g_h.fl_fd[i] = flood_link(20 + i)) < 0) hb_say("flood %u: no link to the target\n", i);
+    if (g_h.fl_fd[i] < 0 || !hostile_thread(flood_main, (void *)(uintptr_t)i)) return false;
   }
-  for (size_t i = 0; i < h->n_herd; i++) {
-    h->s[i].fd = -1;
-    h->s[i].kind = i < o.idle ? HERD_IDLE : ((i - o.idle) % 2 ? HERD_HALF_POST : HERD_HALF_PRE);
+  for (size_t i = 0; i < g_h.n_herd; i++) {
+    g_h.s[i].fd = -1;
+    g_h.s[i].kind = i < o.idle ? HERD_IDLE : ((i - o.idle) % 2 ? HERD_HALF_POST : HERD_HALF_PRE);
   }
-  if (h->n_herd > 0 && !hostile_thread(h, herd_main, h)) return false;
+  if (g_h.n_herd > 0 && !hostile_thread(herd_main, NULL)) return false;
   if (o.churn_rate == 0) return true;
-  h->churn = (struct pacer){1000000000ull / o.churn_rate, 16, h->stopfd, churn_once, h, "churn"};
-  return hostile_thread(h, pacer_main, &h->churn);
+  g_h.churn = (struct pacer){1000000000ull / o.churn_rate, 16, g_h.stopfd, churn_once, NULL, "churn"};
+  return hostile_thread(pacer_main, &g_h.churn);
 }
 
-static void hostile_stop(struct hostile *h) {
-  stop(h->stopfd);
-  for (unsigned i = 0; i < h->n_th; i++) pthread_join(h->th[i], NULL);
-  if (h->ep >= 0) close(h->ep);
-  free(h->s);
-  if (h->stopfd >= 0) close(h->stopfd);
+static void hostile_stop(void) {
+  if (g_h.stopfd >= 0) eventfd_write(g_h.stopfd, 1);
+  for (unsigned i = 0; i < g_h.n_th; i++) pthread_join(g_h.th[i], NULL);
+  if (g_h.ep >= 0) close(g_h.ep);
+  free(g_h.s);
+  if (g_h.stopfd >= 0) close(g_h.stopfd);
 }
-
-/* ------------------------------------------------------------------- phases */
 
 struct phase_res {
   bool ran;
@@ -664,9 +557,8 @@ struct phase_res {
 
 struct run {
   pid_t pid;
-  struct client cl[SOAK_MAX_CLIENTS];
+  struct client cl[SOAK_MAX];
   struct joiner jn;
-  struct hostile h; /* the hostile phase's peers */
   struct phase_res ph[PH_N];
   struct hb_field (*smp)[SAMPLE_NF];
   size_t n_smp, cap_smp;
@@ -676,27 +568,24 @@ struct run {
   unsigned frame_len; /* one flood READ_REQ */
 };
 
-/* One phase: secs seconds, a sample every second. */
+/* One phase: secs seconds, a sample every second, each said on stderr. */
 static bool run_phase(struct run *r, int ph, double secs) {
   struct phase_res *res = &r->ph[ph];
-  struct hostile *hr = ph == PH_HOSTILE ? &r->h : NULL;
+  struct hostile *hr = ph == PH_HOSTILE ? &g_h : NULL;
   struct join_counts *jc = &r->jn.n[ph];
   struct proc_sample prev, now;
-  uint64_t l0[L_N], l[L_N];
-  int tfd = -1;
-  if ((hr && !hostile_start(hr)) || (tfd = ticker(1000000000ull, "phase")) < 0) {
-    if (hr) hostile_stop(hr);
+  uint64_t l0[L_N], l[L_N], v;
+  int tfd = -1, wst;
+  if ((hr && !hostile_start()) || (tfd = ticker(1000000000ull, "phase")) < 0) {
+    if (hr) hostile_stop();
     return false;
   }
   atomic_store(&r->jn.phase, ph);
   if (!sample_proc(r->pid, &prev)) prev = r->idle;
   legit_total(r->cl, o.clients, l0);
   uint64_t start = bench_now_ns(), tprev = start, cpu0 = prev.cpu_ns, bprev = l0[L_BYTES];
-  unsigned ticks = (unsigned)(secs + 0.5);
   res->ran = true;
-  for (unsigned tick = 1; tick <= ticks; tick++) {
-    uint64_t v;
-    int wst;
+  for (unsigned tick = 1; tick <= (unsigned)(secs + 0.5); tick++) {
     if (read(tfd, &v, sizeof(v)) != (ssize_t)sizeof(v)) break; /* blocks for the second */
     if (waitpid(r->pid, &wst, WNOHANG) == r->pid) {
       hb_say("FINDING: the target process ended during the %s phase (%s %d)\n", ph_name[ph],
@@ -740,19 +629,14 @@ static bool run_phase(struct run *r, int ph, double secs) {
     tprev = tn;
   }
   close(tfd);
-  uint64_t end = bench_now_ns();
+  res->secs = (double)(bench_now_ns() - start) / 1e9;
   legit_total(r->cl, o.clients, l);
-  res->secs = (double)(end - start) / 1e9;
   for (int k = 0; k < L_N; k++) res->legit[k] = l[k] - l0[k];
   if (tprev > start) res->cpu_pct = 100.0 * (double)(prev.cpu_ns - cpu0) / (double)(tprev - start);
-  if (hr) {
-    for (int k = 0; k < H_N; k++) res->hostile[k] = atomic_load(&hr->n[k]);
-    hostile_stop(hr);
-  }
+  for (int k = 0; hr && k < H_N; k++) res->hostile[k] = atomic_load(&hr->n[k]);
+  if (hr) hostile_stop();
   return !r->target_died;
 }
-
-/* ------------------------------------------------------------------- report */
 
 static const char *pm(bool pass) { return pass ? "PASS" : "MISS"; }
 
@@ -856,9 +740,7 @@ static int report(struct run *r) {
          o.join_timeout_ms, joins_ok, joins, (uint64_t)atomic_load(&hj->late), pm(pass[G_JOIN]));
   if (r->target_died) printf("- the target process ended during the run: see the FINDING line on stderr\n");
   fflush(stdout);
-  int rc = 0;
-  for (int g = 0; g < G_N; g++)
-    if (!pass[g]) rc = 3;
+  int rc = memchr(pass, false, sizeof(pass)) ? 3 : 0; /* a goal missed */
   if (o.json == NULL) return rc;
 
   FILE *f = hb_json_open(o.json, "hixl-soak");
@@ -869,8 +751,8 @@ static int report(struct run *r) {
           " \"half_sent\": %u, \"churn_rate\": %u, \"target_nofile\": %u,\n",
           o.clients, o.floods, o.flood_len, o.idle, o.idle_addrs, o.half, o.churn_rate, o.target_nofile);
   fprintf(f, "  \"options\": {");
-  for (size_t i = 0; i < o.x.n; i++)
-    fprintf(f, "%s\"%s\": \"%s\"", i ? ", " : "", o.x.v[i].key, o.x.v[i].value);
+  for (size_t i = 0; i < g_topts.n; i++)
+    fprintf(f, "%s\"%s\": \"%s\"", i ? ", " : "", g_topts.v[i].key, g_topts.v[i].value);
   fprintf(f, "},\n  \"target_idle_rss_kib\": %" PRIu64 ", \"target_idle_fds\": %d,\n  \"phases\": [\n",
           r->idle.rss_kib, r->idle.fds);
   for (size_t p = 0, i = 0; p < PH_N; p++)
@@ -890,8 +772,6 @@ static int report(struct run *r) {
   return fclose(f) == 0 ? rc : 1;
 }
 
-/* --------------------------------------------------------------------- main */
-
 static const char *const transports[] = {"tcp", "auto", "shm", "rdma", NULL};
 static int transport_idx;
 static const struct hb_opt opts[] = {
@@ -900,13 +780,12 @@ static const struct hb_opt opts[] = {
      "each baseline phase, before and after (default seconds / 4, >= 5)", 0, 86400, NULL},
     {"--transport", HB_CHOICE, &transport_idx, "NAME",
      "tcp (default) | auto | shm | rdma: the engines' Transport", 0, 0, transports},
-    {"--opt", HB_FN, &o.x, "KEY=VALUE",
+    {"--opt", HB_FN, &g_topts, "KEY=VALUE",
      "a target engine option, repeatable (LinkAnswersMax, MaxLinks, ...);\n"
      "LinkAnswerMiB is " SOAK_DEFAULT_ANSWER_MIB " unless given (the RSS bound uses it)",
      0, 0, hb_extra_add},
-    {"--clients", HB_UNS, &o.clients, "N", "legitimate client engines (default 2)", 1, SOAK_MAX_CLIENTS,
-     NULL},
-    {"--floods", HB_UNS, &o.floods, "N", "READ flood links (default 2)", 0, SOAK_MAX_FLOODS, NULL},
+    {"--clients", HB_UNS, &o.clients, "N", "legitimate client engines (default 2)", 1, SOAK_MAX, NULL},
+    {"--floods", HB_UNS, &o.floods, "N", "READ flood links (default 2)", 0, SOAK_MAX, NULL},
     {"--flood-len", HB_SIZE, &o.flood_len, "BYTES", "bytes of one flood READ_REQ (default 4K)", 1,
      WIRE_MAX_PAYLOAD, NULL},
     {"--target-nofile", HB_UNS, &o.target_nofile, "N", "the target's RLIMIT_NOFILE (default 1024)", 64,
@@ -933,7 +812,9 @@ int main(int argc, char **argv) {
   static struct run r;
   struct hb_peer tgt;
   uint64_t ready[2]; /* the target's registered memory: address, length */
-  bool in_time;
+  uint8_t rr[WIRE_SMALL_FRAME];
+  unsigned started = 0;
+  bool in_time, ran = false;
   int rc = 1;
   hb_prog = "hixl-soak";
   hb_parse(argc, argv, opts,
@@ -943,8 +824,8 @@ int main(int argc, char **argv) {
   o.transport = transports[transport_idx];
   if (o.base_seconds < 0) o.base_seconds = o.seconds / 4 < 5 ? 5 : o.seconds / 4;
   if (o.idle == UINT32_MAX) o.idle = 2 * o.target_nofile;
-  const char *mib = hb_extra_get(&o.x, "LinkAnswerMiB");
-  if (mib == NULL && !hb_extra_add(&o.x, "LinkAnswerMiB=" SOAK_DEFAULT_ANSWER_MIB)) return 2;
+  const char *mib = hb_extra_get(&g_topts, "LinkAnswerMiB");
+  if (mib == NULL && !hb_extra_add(&g_topts, "LinkAnswerMiB=" SOAK_DEFAULT_ANSWER_MIB)) return 2;
   o.answer_mib = (size_t)strtoull(mib ? mib : SOAK_DEFAULT_ANSWER_MIB, NULL, 10);
   uint16_t port = hb_ports("127.0.0.1", 1);
   snprintf(g_taddr, sizeof(g_taddr), "127.0.0.1:%u", (unsigned)port);
@@ -962,34 +843,28 @@ int main(int argc, char **argv) {
     goto out_target;
   }
   r.cap_smp = (size_t)(o.seconds + 2 * o.base_seconds) + 16;
-  r.smp = calloc(r.cap_smp, sizeof(*r.smp));
-  if (r.smp == NULL) goto out_target;
+  if ((r.smp = calloc(r.cap_smp, sizeof(*r.smp))) == NULL || !sample_proc(r.pid, &r.idle)) goto out_target;
   bench_pattern_fill(g_ref, SOAK_READ_AREA, SOAK_SEED); /* the target filled its region alike */
-  uint8_t rr[WIRE_SMALL_FRAME];
   r.frame_len = (unsigned)wire_put_read_req(rr, 1, 0, 1);
-  if (!sample_proc(r.pid, &r.idle)) goto out_target;
   hb_say("target %s (pid %d, Transport %s, RLIMIT_NOFILE %u): %.1f MiB RSS, %d descriptors, %zu bytes"
          " registered\n",
          g_taddr, (int)r.pid, o.transport, o.target_nofile, (double)r.idle.rss_kib / 1024.0, r.idle.fds,
          (size_t)ready[1]);
   r.t0_ns = bench_now_ns();
-
-  unsigned started = 0;
   while (started < o.clients && client_start(&r.cl[started], started)) started++;
   if (started == o.clients && o.join_every > 0) {
     r.jn.pace.stopfd = eventfd(0, EFD_CLOEXEC);
     r.jn.up = r.jn.pace.stopfd >= 0 && pthread_create(&r.jn.th, NULL, pacer_main, &r.jn.pace) == 0;
   }
-  bool ran = started == o.clients && (o.join_every <= 0 || r.jn.up);
+  ran = started == o.clients && (o.join_every <= 0 || r.jn.up);
   const double secs[PH_N] = {o.base_seconds, o.seconds, o.base_seconds};
   for (int p = 0; ran && p < PH_N; p++) {
     if (secs[p] < 1) continue;
     hb_say("phase %s: %.0f s%s\n", ph_name[p], secs[p], p == PH_HOSTILE ? ", hostile peers on" : "");
     ran = run_phase(&r, p, secs[p]);
   }
-
   atomic_store(&g_clients_stop, true);
-  stop(r.jn.pace.stopfd);
+  if (r.jn.pace.stopfd >= 0) eventfd_write(r.jn.pace.stopfd, 1);
   if (r.jn.up) pthread_join(r.jn.th, NULL);
   for (unsigned i = 0; i < o.clients; i++) {
     if (i < started) pthread_join(r.cl[i].th, NULL);
