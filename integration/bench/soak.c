@@ -118,9 +118,8 @@ static rlim_t set_nofile(rlim_t want) {
   return setrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.rlim_cur : 0;
 }
 
-/* The target process: its descriptor limit, one engine, the registered memory (the
- * read area holds the pattern), its address and length on ctrl, then serve until ctrl
- * says QUIT or closes. */
+/* The target process: its descriptor limit, one engine, its memory registered (the read
+ * area holds the pattern) and said on ctrl; it serves until ctrl says QUIT or closes. */
 static int target_main(void *arg, int ctrl) {
   size_t len = SOAK_READ_AREA + (size_t)o.clients * SOAK_WRITE_AREA;
   HixlMemHandle h;
@@ -169,14 +168,14 @@ static bool sample_proc(pid_t pid, struct proc_sample *s) {
   return true;
 }
 
-enum { L_BYTES, L_OPS, L_CALLS, L_FAILED_OPS, L_FAILED_CALLS, L_WRONG, L_N }; /* a client's counts */
+enum { L_BYTES, L_OPS, L_CALLS, L_FAILED_OPS, L_FAILED_CALLS, L_WRONG, L_N };
+static atomic_uint_least64_t g_legit[L_N]; /* the clients' counts, summed */
 
 struct client {
   unsigned id, errors_told;
   HixlEngine *eng;
   uint8_t *mem; /* rd | wr | back | large | large_back | key_base (the pattern WRITE data comes from) */
   size_t mem_len;
-  atomic_uint_least64_t n[L_N];
   pthread_t th;
 };
 
@@ -184,15 +183,15 @@ struct client {
 static bool legit_call(struct client *c, HixlTransferOp op, const HixlTransferOpDesc *d, size_t n) {
   HixlStatus st = HixlEngineTransferSync(c->eng, g_taddr, op, d, n, o.op_timeout_ms);
   size_t bytes = 0;
-  atomic_fetch_add(&c->n[L_CALLS], 1);
-  atomic_fetch_add(&c->n[L_OPS], n);
+  atomic_fetch_add(&g_legit[L_CALLS], 1);
+  atomic_fetch_add(&g_legit[L_OPS], n);
   if (st == HIXL_SUCCESS) {
     for (size_t i = 0; i < n; i++) bytes += d[i].len;
-    atomic_fetch_add(&c->n[L_BYTES], bytes);
+    atomic_fetch_add(&g_legit[L_BYTES], bytes);
     return true;
   }
-  atomic_fetch_add(&c->n[L_FAILED_CALLS], 1);
-  atomic_fetch_add(&c->n[L_FAILED_OPS], n);
+  atomic_fetch_add(&g_legit[L_FAILED_CALLS], 1);
+  atomic_fetch_add(&g_legit[L_FAILED_OPS], n);
   if (c->errors_told++ < 5) {
     char what[64];
     snprintf(what, sizeof(what), "client %u: a %s batch", c->id, op == HIXL_READ ? "READ" : "WRITE");
@@ -205,7 +204,7 @@ static bool legit_call(struct client *c, HixlTransferOp op, const HixlTransferOp
 static void check(struct client *c, const uint8_t *got, const uint8_t *want, size_t len, const char *what) {
   uint64_t w = count_wrong(got, want, len);
   if (w == 0) return;
-  atomic_fetch_add(&c->n[L_WRONG], w);
+  atomic_fetch_add(&g_legit[L_WRONG], w);
   if (c->errors_told++ < 5) hb_say("client %u: %s: %" PRIu64 " of %zu bytes wrong\n", c->id, what, w, len);
 }
 
@@ -275,11 +274,9 @@ static bool client_start(struct client *c, unsigned id) {
   return pthread_create(&c->th, NULL, client_main, c) == 0;
 }
 
-/* The counts of the n clients, summed. */
-static void legit_total(struct client *c, unsigned n, uint64_t s[L_N]) {
-  memset(s, 0, L_N * sizeof(*s));
-  for (unsigned i = 0; i < n; i++)
-    for (int k = 0; k < L_N; k++) s[k] += atomic_load(&c[i].n[k]);
+/* The clients' counts now. */
+static void legit_now(uint64_t s[L_N]) {
+  for (int k = 0; k < L_N; k++) s[k] = atomic_load(&g_legit[k]);
 }
 
 struct join_counts {
@@ -416,10 +413,9 @@ static void herd_open(uint32_t i) {
   }
 }
 
-/* Slot i's event. Once connected, idle sends nothing; half-sent sends 10 bytes of a
- * HELLO header, or a HELLO and then a READ_REQ's header without its body. What comes
- * (a half-sent link's HELLO_ACK) is discarded; when the connection ends (closed by the
- * target when it was up), the slot is opened again on a tick. */
+/* Slot i's event. Once connected, idle sends nothing; half-sent 10 bytes of a HELLO header,
+ * or a HELLO and a READ_REQ's header without its body. What comes (a HELLO_ACK) is dropped;
+ * a connection that ended (closed by the target when it was up) is opened again on a tick. */
 static void herd_event(uint32_t i, uint32_t events) {
   struct herd_slot *s = &g_h.s[i];
   uint8_t buf[4096], rr[WIRE_SMALL_FRAME];
@@ -582,7 +578,7 @@ static bool run_phase(struct run *r, int ph, double secs) {
   }
   atomic_store(&r->jn.phase, ph);
   if (!sample_proc(r->pid, &prev)) prev = r->idle;
-  legit_total(r->cl, o.clients, l0);
+  legit_now(l0);
   uint64_t start = bench_now_ns(), tprev = start, cpu0 = prev.cpu_ns, bprev = l0[L_BYTES];
   res->ran = true;
   for (unsigned tick = 1; tick <= (unsigned)(secs + 0.5); tick++) {
@@ -595,7 +591,7 @@ static bool run_phase(struct run *r, int ph, double secs) {
     }
     uint64_t tn = bench_now_ns();
     if (!sample_proc(r->pid, &now)) continue;
-    legit_total(r->cl, o.clients, l);
+    legit_now(l);
     double t = (double)(tn - r->t0_ns) / 1e9, dt = (double)(tn - tprev) / 1e9;
     double cpu = 100.0 * (double)(now.cpu_ns - prev.cpu_ns) / 1e9 / dt;
     double mbs = (double)(l[L_BYTES] - bprev) / 1e6 / dt;
@@ -630,7 +626,7 @@ static bool run_phase(struct run *r, int ph, double secs) {
   }
   close(tfd);
   res->secs = (double)(bench_now_ns() - start) / 1e9;
-  legit_total(r->cl, o.clients, l);
+  legit_now(l);
   for (int k = 0; k < L_N; k++) res->legit[k] = l[k] - l0[k];
   if (tprev > start) res->cpu_pct = 100.0 * (double)(prev.cpu_ns - cpu0) / (double)(tprev - start);
   for (int k = 0; hr && k < H_N; k++) res->hostile[k] = atomic_load(&hr->n[k]);
@@ -644,9 +640,8 @@ static double gbs(const struct phase_res *x) {
   return x->secs > 0 ? (double)x->legit[L_BYTES] / x->secs / 1e9 : 0.0;
 }
 
-/* The table, the hostile peers' tally and the goals on stdout, and with --json the
- * figures and the samples: 0 when every goal passed, 3 when one was missed, 1 when the
- * JSON file could not be written. */
+/* The table, the hostile peers' tally and the goals on stdout, with --json the figures and
+ * the samples: 0 when every goal passed, 3 when one was missed, 1 when the JSON was not written. */
 static int report(struct run *r) {
   enum { PHASE_NF = 23 };
   const struct phase_res *h = &r->ph[PH_HOSTILE];
@@ -819,7 +814,7 @@ int main(int argc, char **argv) {
   hb_prog = "hixl-soak";
   hb_parse(argc, argv, opts,
            "One target engine (its own process, under a descriptor limit) serves legitimate clients\n"
-           "during a baseline phase, a hostile phase and a second baseline; see the file's head.\n"
+           "during a baseline phase, a hostile phase and a second baseline; docs/performance-soak.md.\n"
            "Exit status: 0 all goals PASS, 3 a goal MISSed, 1 the run failed, 2 bad arguments.\n");
   o.transport = transports[transport_idx];
   if (o.base_seconds < 0) o.base_seconds = o.seconds / 4 < 5 ? 5 : o.seconds / 4;
