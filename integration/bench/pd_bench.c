@@ -1,40 +1,13 @@
 /* hixl-pd-bench: the prefill-to-decode KV hand-off through the plugin, against the raw
- * engine moving the same bytes as the same op lists, in one run.
- *
- * A prefill process (child) and a decode process (parent) each load
- * libhixl_kv_connector.so twice (a pull connector and a push connector) and run a
- * raw HixlEngine beside them on the same KV memory. Per prompt length and round:
- *  - pull: prefill finishes a request; decode loads it through the plugin (time from
- *    start_load_kv to get_finished), twice: once as a busy host polls get_finished
- *    once per step, once as an idle host does, waiting on the connector's event fd
- *    (get_event_fd) between steps; the raw engine READs the same block runs (one op per
- *    run of blocks adjacent on both sides, per tensor) with one HixlEngineTransferSync;
- *    the ratios are plugin GB/s over raw GB/s;
- *  - push: decode allocates, prefill "computes" each layer for as long as one layer's
- *    raw WRITE into decode's blocks takes and saves it; decode's forward pass waits for
- *    each layer in turn (wait_for_layer_load, which blocks until the layer has landed);
- *    the latency from the last save to that wait returning for the last layer is
- *    compared with one layer's raw WRITE (the median of five, measured by prefill right
- *    before; pipelining hides every layer but the last), and with the floor this
- *    machine allows: one layer plus one notice round trip between the raw engines; and
- *    how far the pusher was behind when the last layer was saved (the layer before it
- *    still on its way): the part of the latency that is not the last layer's own; and
- *    beside it the raw engine's own pipelined push of the same layers, without notices
- *    and with a landed call behind each layer (the engine's then-call), as references.
- * Short prompts are dominated by fixed costs that swing more from round to round, so
- * they get more rounds: rounds x (longest prompt / prompt), at most 4 x rounds.
- * --layout lays the KV cache out as kv_first (the default, register_kv_caches), BLNHC
- * or cross_layer (register_kv_groups, ABI 1.3), their shapes in the layout section
- * below; the raw op lists follow the layout as the plugin's do. The push is measured
- * with kv_first only (a cross-layer cache moves whole, after its last layer); --no-push
- * leaves it out.
- * CPU s per GiB: the CPU time (user + system) of both processes over the fd-woken pull,
- * over the raw READ, and over the raw READ with both hosts stepping beside it
- * (hb_cpu_ns), per GiB moved, medians; plugin / raw, and plugin / raw with the hosts
- * stepping (issue 47's measure: during the pull both hosts step, decode's at most a
- * step apart while it waits on the fd, and a step costs CPU in proportion to the time
- * the pull takes, not to its bytes).
- * Progress on stderr; a table on stdout; --json FILE, --csv FILE. */
+ * engine moving the same bytes as the same op lists, in one run. A prefill process (child)
+ * and a decode process (parent) each dlopen the plugin twice (a pull and a push connector)
+ * beside a raw HixlEngine on the same KV memory. Per prompt length and round: the pull
+ * (a stepping host, and an idle one woken by get_event_fd) against one raw READ of the
+ * same op list (run twice for A/A, and once with both hosts stepping beside it), the CPU
+ * time of both processes over each; and the layer-by-layer push (kv_first only) against
+ * one layer's raw WRITE, the notice round trip and the raw engine's own pipelined pushes.
+ * What each column means and why: docs/performance-pd.md; the layouts (--layout):
+ * docs/performance-layouts.md. Progress on stderr; a table on stdout; --json, --csv. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -43,11 +16,9 @@
 #include "engine/engine_ext.h" /* the raw reference with landed calls: hixl_engine_transfer_then_call */
 #include "hixl/hixl_kv_connector.h"
 
-/* Under valgrind's callgrind, each process dumps its counts at the end of every phase
- * (raw READ, plugin pull, plugin push, the raw pushes), so a profile shows the
- * plugin's instructions beside the raw engine's for the same op lists (issue 47):
- * valgrind --tool=callgrind --separate-threads=yes hixl-pd-bench ...
- * Outside valgrind a mark is a few instructions that do nothing. */
+/* Under callgrind (--separate-threads=yes) each process dumps its counts at the end of
+ * every phase, so a profile shows the plugin's instructions beside the raw engine's for
+ * the same op lists (issue 47). Outside valgrind a mark does nothing. */
 #if defined(__has_include)
 #if __has_include(<valgrind/callgrind.h>)
 #include <valgrind/callgrind.h>
@@ -65,9 +36,9 @@
 #define HEAD_BYTES_PER_TOKEN (8 * 128 * KV_ELEM)
 
 enum layout { LAYOUT_KV_FIRST, LAYOUT_BLNHC, LAYOUT_CROSS };
-static const char *const layout_names[] = {"kv_first", "BLNHC", "cross_layer"};
+static const char *const layout_names[] = {"kv_first", "BLNHC", "cross_layer", NULL};
 
-struct opts {
+static struct {
   const char *plugin, *transport, *ip, *json, *csv;
   bool pin;         /* decode on CPU 0, prefill on CPU 1, like two hosts */
   bool push;        /* measure the push too (kv_first only) */
@@ -78,19 +49,17 @@ struct opts {
   uint64_t block_bytes, pool_blocks; /* block_bytes: one block of K (or V) of one layer */
   size_t prompts[BENCH_MAX_LIST];
   size_t nprompts;
-};
-
-static struct opts o = {.plugin = HIXL_KV_PLUGIN_DEFAULT,
-                        .transport = "auto",
-                        .ip = "127.0.0.1",
-                        .layers = 32,
-                        .push = true,
-                        .obs = 1,
-                        .block_tokens = 16,
-                        .rounds = 3,
-                        .step_us = 200,
-                        .prompts = {256, 1024, 4096},
-                        .nprompts = 3};
+} o = {.plugin = HIXL_KV_PLUGIN_DEFAULT,
+       .transport = "auto",
+       .ip = "127.0.0.1",
+       .layers = 32,
+       .push = true,
+       .obs = 1,
+       .block_tokens = 16,
+       .rounds = 3,
+       .step_us = 200,
+       .prompts = {256, 1024, 4096},
+       .nprompts = 3};
 
 static const hixl_kv_ops *ops;
 static char line[1 << 16]; /* the last line from the other process */
@@ -100,7 +69,6 @@ static char line[1 << 16]; /* the last line from the other process */
 struct pool {
   uint8_t *mem;
   size_t len;
-  hixl_kv_layer *layers;
   uint64_t *ids; /* a shuffled free list (block_order): allocations come out scattered */
 };
 
@@ -122,56 +90,30 @@ static uint64_t *block_order(uint64_t seed) {
   return ids;
 }
 
-static uint64_t tensor_off(uint32_t l, uint32_t v) {
-  return ((uint64_t)l * 2 + v) * o.pool_blocks * o.block_bytes;
-}
-
 static void pool_init(struct pool *p, uint64_t seed) {
   p->len = (size_t)o.layers * 2 * o.pool_blocks * o.block_bytes;
-  p->mem = hb_map(p->len);
-  if (!p->mem) hb_die("mmap %zu bytes: %s", p->len, strerror(errno));
+  if (!(p->mem = hb_map(p->len))) hb_die("mmap %zu bytes: %s", p->len, strerror(errno));
   memset(p->mem, 0x5a, p->len);
-  p->layers = calloc(o.layers, sizeof(*p->layers));
-  if (!p->layers) hb_die("out of memory for %u layers", o.layers);
-  for (uint32_t l = 0; l < o.layers; l++)
-    p->layers[l] = (hixl_kv_layer){"layer",
-                                   5,
-                                   (uintptr_t)(p->mem + tensor_off(l, 0)),
-                                   o.pool_blocks,
-                                   o.block_bytes,
-                                   o.pool_blocks * o.block_bytes,
-                                   HIXL_KV_LAYOUT_KV_FIRST,
-                                   KV_ELEM,
-                                   o.block_tokens};
   p->ids = block_order(seed);
 }
 
 /* ---- the layout: where each plane lies in the pool ----
- *
- * A plane is a strided view of the pool: block b of it is `bytes` at off + b * stride.
- * As tests/test_plugin_layouts.c derives them from a tensor's shape and strides
- * (plane_of), with every dim but the block dim (and the fixed layer or K/V index)
- * inside a block and dense here, so a block is one run (no head dimension):
- *  - kv_first, per layer (2, B, N, H, D): K and V planes, stride = bytes = N*H*D*elem;
- *  - BLNHC, one buffer (B, L, N, H, C = 2D, K|V packed): layer l's plane at
- *    l * N*H*C*elem, stride L*N*H*C*elem, N*H*C*elem bytes;
- *  - cross_layer, one buffer (B, L, 2, N, H, D): one plane for every layer, stride =
- *    bytes = L*2*N*H*D*elem, moved whole with the last layer.
- * The planes the plugin gets and the raw engine's op lists both come from here. */
+ * Block b of a plane is `bytes` at off + b * stride; every dim but the block dim (and the
+ * layer or K/V index) lies inside a block, dense, so a block is one run. The planes the
+ * plugin gets and the raw engine's op lists both come from here (the shapes:
+ * docs/performance-layouts.md; derived as tests/test_plugin_layouts.c's plane_of does). */
 struct plane_geo {
   uint64_t off, stride, bytes;
 };
 
 static uint32_t planes_per_layer(void) { return o.layout == LAYOUT_KV_FIRST ? 2 : 1; }
 
-static uint32_t num_planes(void) { return o.layout == LAYOUT_CROSS ? 1 : o.layers * planes_per_layer(); }
-
 static struct plane_geo plane_geo(uint32_t l, uint32_t k) {
   uint64_t bb = o.block_bytes, all = (uint64_t)o.layers * 2 * bb;
   switch (o.layout) {
   case LAYOUT_BLNHC: return (struct plane_geo){(uint64_t)l * 2 * bb, all, 2 * bb};
   case LAYOUT_CROSS: return (struct plane_geo){0, all, all};
-  default: return (struct plane_geo){tensor_off(l, k), bb, bb};
+  default: return (struct plane_geo){((uint64_t)l * 2 + k) * o.pool_blocks * bb, bb, bb};
   }
 }
 
@@ -212,24 +154,33 @@ static size_t build_ops(HixlTransferOpDesc *v, uintptr_t lbase, uintptr_t rbase,
   return m + 1;
 }
 
-/* Runs of blocks adjacent on both sides: what one op can move per plane at most. */
-static size_t count_runs(const uint64_t *lb, const uint64_t *rb, size_t n) {
-  size_t runs = n ? 1 : 0;
-  for (size_t j = 1; j < n; j++) runs += lb[j] != lb[j - 1] + 1 || rb[j] != rb[j - 1] + 1;
-  return runs;
-}
-
-/* The one group of planes a BLNHC or cross_layer pool is (register_kv_groups). */
-static void register_groups(hixl_kv_connector *w, const struct pool *p) {
-  uint32_t ppl = planes_per_layer(), np = num_planes();
-  hixl_kv_plane *pl = calloc(np, sizeof(*pl));
-  if (!pl) hb_die("out of memory");
+/* The worker's KV cache: kv_first as register_kv_caches' layers; BLNHC and cross_layer
+ * as the one group of planes they are (register_kv_groups, ABI 1.3). The plugin copies. */
+static void register_kv(hixl_kv_connector *w, const struct pool *p) {
+  static hixl_kv_layer ly[256];
+  static hixl_kv_plane pl[512];
+  uint32_t ppl = planes_per_layer(), np = o.layout == LAYOUT_CROSS ? 1 : o.layers * ppl;
+  const char *name = layout_names[o.layout];
+  if (o.layout == LAYOUT_KV_FIRST) {
+    for (uint32_t l = 0; l < o.layers; l++)
+      ly[l] = (hixl_kv_layer){"layer",
+                              5,
+                              (uintptr_t)p->mem + plane_geo(l, 0).off,
+                              o.pool_blocks,
+                              o.block_bytes,
+                              o.pool_blocks * o.block_bytes,
+                              HIXL_KV_LAYOUT_KV_FIRST,
+                              KV_ELEM,
+                              o.block_tokens};
+    if (ops->register_kv_caches(w, ly, o.layers) != HIXL_KV_SUCCESS)
+      hb_die("register_kv_caches: %s", ops->last_error());
+    return;
+  }
   for (uint32_t i = 0; i < np; i++) {
     struct plane_geo g = plane_geo(i / ppl, i % ppl);
     pl[i] =
         (hixl_kv_plane){.base = (uintptr_t)p->mem + g.off, .block_stride = g.stride, .block_bytes = g.bytes};
   }
-  const char *name = layout_names[o.layout];
   hixl_kv_group g = {.size = sizeof(g),
                      .kind = HIXL_KV_GROUP_FULL_ATTENTION,
                      .flags = o.layout == LAYOUT_CROSS ? HIXL_KV_GROUP_CROSS_LAYER : 0,
@@ -244,7 +195,6 @@ static void register_groups(hixl_kv_connector *w, const struct pool *p) {
   if (!HIXL_KV_HAS_OP(ops, register_kv_groups)) hb_die("--layout %s: the plugin is older than ABI 1.3", name);
   if (ops->register_kv_groups(w, &g, 1) != HIXL_KV_SUCCESS)
     hb_die("register_kv_groups: %s", ops->last_error());
-  free(pl); /* the plugin keeps its own copy */
 }
 
 /* ---- a connector pair (scheduler, worker) ---- */
@@ -265,10 +215,7 @@ static void conn_up(struct conn *c, uint16_t port, const char *role, const char 
       ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &c->worker, err, sizeof(err)) !=
           HIXL_KV_SUCCESS)
     hb_die("create %s %s: %s", role, mode, err);
-  if (o.layout != LAYOUT_KV_FIRST)
-    register_groups(c->worker, p);
-  else if (ops->register_kv_caches(c->worker, p->layers, o.layers) != HIXL_KV_SUCCESS)
-    hb_die("register_kv_caches: %s", ops->last_error());
+  register_kv(c->worker, p);
 }
 
 /* Both processes end alike: their connectors, then the raw engine; 0. */
@@ -284,18 +231,14 @@ static void step(struct conn *c) { hb_kv_step(ops, c->sched, &c->worker, 1); }
 
 /* Step until id is finished sending (which 0) or receiving (1). Between steps the host
  * sleeps one step, or, efd >= 0 (an idle host), waits on the connector's event fd for
- * at most one step. */
+ * at most one step (ppoll ignores a negative fd: then it only sleeps). */
 static void wait_finished(struct conn *c, const char *id, int which, int efd) {
   uint64_t end = bench_now_ns() + 120ull * 1000000000ull;
   for (step(c); !hb_kv_poll(ops, c->sched, c->worker, id, which, NULL, NULL); step(c)) {
     if (bench_now_ns() > end) hb_die("request %s did not finish within 120 s", id);
     struct timespec ts = {0, (long)o.step_us * 1000}; /* one step of the host */
-    if (efd < 0) {
-      nanosleep(&ts, NULL);
-    } else {
-      struct pollfd pf = {efd, POLLIN, 0};
-      if (ppoll(&pf, 1, &ts, NULL) < 0 && errno != EINTR) hb_die("ppoll: %s", strerror(errno));
-    }
+    struct pollfd pf = {efd, POLLIN, 0};
+    if (ppoll(&pf, 1, &ts, NULL) < 0 && errno != EINTR) hb_die("ppoll: %s", strerror(errno));
   }
 }
 
@@ -363,7 +306,8 @@ static void compute_ns(uint64_t ns) {
   nanosleep(&ts, NULL);
 }
 
-/* Decode's raw engine: a layer-landed call of the reference push (raw_push_ns with calls). */
+/* Decode's raw engine: a layer-landed call of the reference push (raw_push_ns with calls),
+ * served as the plugin's consumer serves its notice: under a lock, marks it, broadcasts. */
 static struct {
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -398,16 +342,11 @@ static size_t layer_ops(HixlTransferOpDesc *v, const struct dest *d, uint32_t l)
 }
 
 /* What prefill measures right before a push, each the median of a few samples (a single
- * short transfer is one noisy sample), layers spread:
- *  - PROBE_LAYER: one layer's raw WRITE into decode's blocks (the transfer a push makes
- *    per layer), the median of five;
- *  - PROBE_NOTICE: a notice's round trip between the raw engines (HixlEngineSendNotify
- *    waits for the receipt), the median of nine: about what a push adds to its last
- *    layer's transfer at the least (the pusher's wake-up, the layer-landed notice's
- *    one-way trip, the wake-up of decode's forward pass);
- *  - PROBE_BUSY: the same round trip while one layer's raw WRITE moves on the same link,
- *    the median of three: what the layer-landed notices meet in a push, whose next layer
- *    is always on its way. Where the CPUs move the bytes (soft-RoCE) the notice waits. */
+ * short transfer is one noisy sample), layers spread: one layer's raw WRITE (five), a
+ * notice's round trip (HixlEngineSendNotify waits for the receipt; nine) and the same
+ * while one layer's raw WRITE moves on the link (three), as the layer-landed notices of a
+ * push meet it, whose next layer is always on its way (where the CPUs move the bytes,
+ * soft-RoCE, the notice waits). */
 enum probe { PROBE_LAYER, PROBE_NOTICE, PROBE_BUSY };
 
 static uint64_t probe_ns(const struct dest *d, enum probe what) {
@@ -437,18 +376,12 @@ static uint64_t probe_ns(const struct dest *d, enum probe what) {
   return hb_median_u64(t, n);
 }
 
-/* The raw engine's own pipelined push, the reference of the plugin's: the same compute
- * per layer on this thread; a second thread, as the plugin's pusher, starts each
- * layer's WRITE (async) as soon as it is "saved" and waits for all of them at the end.
- * Returns the time from the last layer's compute ending to all of them having landed.
- * Where the CPUs move the bytes in the thread that posts them (soft-RoCE) the
- * starting thread is busy for about a layer per layer, as the pusher is.
- * With calls, each layer's WRITE carries a call behind it, as the plugin's landed
- * notice (hixl_engine_transfer_then_call; decode's raw engine serves it as the plugin's
- * consumer does: under a lock, marks the layer and broadcasts): the engine's cost of a
- * notice per layer, without the plugin and the cache manager; it ends when the last
- * call's answer is back (the plugin's ends a half round trip earlier, when decode holds
- * the layer). */
+/* The raw engine's own pipelined push, the plugin's reference: the same compute per layer
+ * on this thread; a second thread, as the plugin's pusher, starts each layer's WRITE
+ * (async; with calls, a then-call behind it, as the plugin's landed notice) as soon as it
+ * is "saved" and waits for all at the end (where the CPUs move the bytes in the posting
+ * thread, soft-RoCE, it is busy a layer per layer, as the pusher is). The time from the
+ * last compute's end to all of them landed (with calls: the last answer back). */
 struct raw_push {
   const struct dest *d;
   pthread_mutex_t mu;
@@ -540,6 +473,7 @@ static int prefill_main(void *arg, int fd) {
     uint64_t nb = 0;
     uintptr_t dbase = 0;
     int off = 0;
+    int32_t delay = 0;
     hb_recv(fd, line, sizeof(line));
     PD_PHASE("prefill: between commands (raw READs served)");
     if (strcmp(line, "quit") == 0) break;
@@ -550,11 +484,8 @@ static int prefill_main(void *arg, int fd) {
       expect(fd, "rest");
       stepper_stop(&h);
       hb_send(fd, "resting\n");
-      continue;
-    }
-    if (sscanf(line, "pull %63s %" SCNu64, id, &nb) == 2) {
+    } else if (sscanf(line, "pull %63s %" SCNu64, id, &nb) == 2) {
       hixl_kv_request r = request(id, nb * o.block_tokens, NULL);
-      int32_t delay = 0;
       hixl_kv_buffer params = {0};
       if (ops->request_finished(pull.sched, &r, p.ids, nb, &delay, &params) != HIXL_KV_SUCCESS || !delay)
         hb_die("request_finished: %s", ops->last_error());
@@ -570,25 +501,22 @@ static int prefill_main(void *arg, int fd) {
       const struct dest d = {raw, draw, &p, dbase, decode_ids, nb};
       /* Each layer's compute as long as one layer's raw WRITE: the unit pipelining cannot hide. */
       uint64_t compute = probe_ns(&d, PROBE_LAYER), rtt = probe_ns(&d, PROBE_NOTICE);
-      uint64_t busy = probe_ns(&d, PROBE_BUSY), rawp[2] = {0, 0};
+      uint64_t busy = probe_ns(&d, PROBE_BUSY), rawp[2] = {0, 0}, t_last = 0;
       PD_PHASE("prefill: raw layer, notice round trips");
-      /* The raw engine's push (into the blocks decode holds for this request, the same
-       * bytes) goes before the plugin's in every other round, after it in the rest, so
-       * neither gains from the other's warm-up or drift. */
+      /* The raw engine's push goes before the plugin's in every other round, after it in
+       * the rest, so neither gains from the other's warm-up or drift. */
       bool raw_first = npush++ % 2 == 1;
       if (raw_first) raw_pushes(&d, compute, true, rawp);
       hixl_kv_request r = request(id, nb * o.block_tokens, line + off);
       if (ops->update_state_after_alloc(push.sched, &r, p.ids, nb, 0) != HIXL_KV_SUCCESS)
         hb_die("update_state_after_alloc: %s", ops->last_error());
       step(&push);
-      uint64_t t_last = 0;
       for (uint32_t l = 0; l < o.layers; l++) {
         compute_ns(compute);     /* the layer's "forward pass" */
         t_last = bench_now_ns(); /* before the call: the pusher it wakes may run first on this CPU */
         ops->save_kv_layer(push.worker, l);
       }
       ops->wait_for_save(push.worker);
-      int32_t delay = 0;
       hixl_kv_buffer none = {0};
       ops->request_finished(push.sched, &r, p.ids, nb, &delay, &none);
       wait_finished(&push, id, 0, -1);
@@ -661,9 +589,11 @@ static double cpu(const struct row *w, enum sample s) {
 }
 
 /* A row's fields: the pull's columns, then the push's (kv_first only); the JSON's keys. */
-#define PD_PULL_FIELDS 23
+#define PD_PULL_FIELDS   23
+#define F2(key, head, v) HB_FD(key, head, "%.4f", "%.2f", v)
+#define F3(key, head, v) HB_FD(key, head, "%.4f", "%.3f", v)
 static void row_fields(const struct row *w, struct hb_field *f) {
-  const double l = ms(w, S_LAYER);
+  const double l = ms(w, S_LAYER), fd = gbs(w, S_PLUGIN_FD), cp = cpu(w, S_CPU_PLUGIN);
   const struct hb_field r[] = {
       HB_FU("tokens", "prompt tokens", w->tokens),
       HB_FU("blocks", "blocks", w->blocks),
@@ -673,38 +603,33 @@ static void row_fields(const struct row *w, struct hb_field *f) {
       HB_FU("plugin_engine_ops", "plugin engine ops per request", w->plugin_ops),
       HB_FU("engine_ops", "raw engine ops", w->ops),
       HB_FU("rounds", "rounds", w->rounds),
-      HB_FD("raw_gbs", "raw engine GB/s", "%.4f", "%.2f", gbs(w, S_RAW)),
-      HB_FD("plugin_fd_gbs", "plugin pull GB/s, host woken by the fd", "%.4f", "%.2f", gbs(w, S_PLUGIN_FD)),
-      HB_FD("ratio", "ratio (goal >= 0.95)", "%.4f", "%.2f", gbs(w, S_PLUGIN_FD) / gbs(w, S_RAW)),
+      F2("raw_gbs", "raw engine GB/s", gbs(w, S_RAW)),
+      F2("plugin_fd_gbs", "plugin pull GB/s, host woken by the fd", fd),
+      F2("ratio", "ratio (goal >= 0.95)", fd / gbs(w, S_RAW)),
       HB_FD("raw2_gbs", NULL, "%.4f", NULL, gbs(w, S_RAW2)),
-      HB_FD("aa_ratio", "raw engine again / raw engine (A/A: the noise)", "%.4f", "%.2f",
-            gbs(w, S_RAW2) / gbs(w, S_RAW)),
-      HB_FD("raw_host_gbs", "raw engine GB/s, both hosts stepping beside it", "%.4f", "%.2f",
-            gbs(w, S_RAW_HOST)),
-      HB_FD("ratio_host", "fd-woken pull / that", "%.4f", "%.2f", gbs(w, S_PLUGIN_FD) / gbs(w, S_RAW_HOST)),
-      HB_FD("plugin_gbs", "plugin pull GB/s, host stepping", "%.4f", "%.2f", gbs(w, S_PLUGIN)),
-      HB_FD("ratio_stepping", "ratio", "%.4f", "%.2f", gbs(w, S_PLUGIN) / gbs(w, S_RAW)),
-      HB_FD("handoff_ms", "hand-off ms (pull, stepping)", "%.4f", "%.2f", ms(w, S_HANDOFF)),
-      HB_FD("cpu_s_per_gib_plugin", "CPU s/GiB, plugin pull (both processes)", "%.4f", "%.3f",
-            cpu(w, S_CPU_PLUGIN)),
-      HB_FD("cpu_s_per_gib_raw", "CPU s/GiB, raw engine", "%.4f", "%.3f", cpu(w, S_CPU_RAW)),
-      HB_FD("cpu_ratio", "CPU ratio plugin / raw", "%.4f", "%.2f", cpu(w, S_CPU_PLUGIN) / cpu(w, S_CPU_RAW)),
-      HB_FD("cpu_s_per_gib_raw_host", "CPU s/GiB, raw engine, both hosts stepping", "%.4f", "%.3f",
-            cpu(w, S_CPU_RAW_HOST)),
-      HB_FD("cpu_ratio_host", "CPU ratio plugin / that (goal <= 1.1)", "%.4f", "%.2f",
-            cpu(w, S_CPU_PLUGIN) / cpu(w, S_CPU_RAW_HOST)),
-      HB_FD("push_after_last_ms", "push: after last layer ms", "%.4f", "%.2f", ms(w, S_PUSH)),
-      HB_FD("layer_ms", "one layer ms", "%.4f", "%.2f", l),
-      HB_FD("push_ratio", "ratio (goal <= 1.25)", "%.4f", "%.2f", ms(w, S_PUSH) / l),
-      HB_FD("notice_rtt_ms", "notice round trip ms", "%.4f", "%.3f", ms(w, S_RTT)),
-      HB_FD("push_floor", "floor: (layer + notice) / layer", "%.4f", "%.2f", (l + ms(w, S_RTT)) / l),
-      HB_FD("notice_busy_ms", "notice while a layer moves ms", "%.4f", "%.3f", ms(w, S_BUSY)),
-      HB_FD("behind_ms", "pusher behind at the last save ms", "%.4f", "%.2f", ms(w, S_BEHIND)),
-      HB_FD("raw_push_ms", "raw engine push: after last layer ms", "%.4f", "%.2f", ms(w, S_RAW_PUSH)),
-      HB_FD("raw_push_ratio", "ratio", "%.4f", "%.2f", ms(w, S_RAW_PUSH) / l),
-      HB_FD("raw_call_push_ms", "raw engine push, a call per layer: after last layer ms", "%.4f", "%.2f",
-            ms(w, S_RAW_CALL_PUSH)),
-      HB_FD("raw_call_push_ratio", "ratio", "%.4f", "%.2f", ms(w, S_RAW_CALL_PUSH) / l)};
+      F2("aa_ratio", "raw engine again / raw engine (A/A: the noise)", gbs(w, S_RAW2) / gbs(w, S_RAW)),
+      F2("raw_host_gbs", "raw engine GB/s, both hosts stepping beside it", gbs(w, S_RAW_HOST)),
+      F2("ratio_host", "fd-woken pull / that", fd / gbs(w, S_RAW_HOST)),
+      F2("plugin_gbs", "plugin pull GB/s, host stepping", gbs(w, S_PLUGIN)),
+      F2("ratio_stepping", "ratio", gbs(w, S_PLUGIN) / gbs(w, S_RAW)),
+      F2("handoff_ms", "hand-off ms (pull, stepping)", ms(w, S_HANDOFF)),
+      F3("cpu_s_per_gib_plugin", "CPU s/GiB, plugin pull (both processes)", cp),
+      F3("cpu_s_per_gib_raw", "CPU s/GiB, raw engine", cpu(w, S_CPU_RAW)),
+      F2("cpu_ratio", "CPU ratio plugin / raw", cp / cpu(w, S_CPU_RAW)),
+      F3("cpu_s_per_gib_raw_host", "CPU s/GiB, raw engine, both hosts stepping", cpu(w, S_CPU_RAW_HOST)),
+      F2("cpu_ratio_host", "CPU ratio plugin / that (goal <= 1.1)", cp / cpu(w, S_CPU_RAW_HOST)),
+      F2("push_after_last_ms", "push: after last layer ms", ms(w, S_PUSH)),
+      F2("layer_ms", "one layer ms", l),
+      F2("push_ratio", "ratio (goal <= 1.25)", ms(w, S_PUSH) / l),
+      F3("notice_rtt_ms", "notice round trip ms", ms(w, S_RTT)),
+      F2("push_floor", "floor: (layer + notice) / layer", (l + ms(w, S_RTT)) / l),
+      F3("notice_busy_ms", "notice while a layer moves ms", ms(w, S_BUSY)),
+      F2("behind_ms", "pusher behind at the last save ms", ms(w, S_BEHIND)),
+      F2("raw_push_ms", "raw engine push: after last layer ms", ms(w, S_RAW_PUSH)),
+      F2("raw_push_ratio", "ratio", ms(w, S_RAW_PUSH) / l),
+      F2("raw_call_push_ms", "raw engine push, a call per layer: after last layer ms",
+         ms(w, S_RAW_CALL_PUSH)),
+      F2("raw_call_push_ratio", "ratio", ms(w, S_RAW_CALL_PUSH) / l)};
   memcpy(f, r, sizeof(r));
 }
 
@@ -743,7 +668,7 @@ int main(int argc, char **argv) {
            "Prefill-to-decode hand-offs through the KV-connector plugin (pull, and push layer by\n"
            "layer) against the raw engine moving the same bytes as the same op lists.\n");
   o.block_bytes = block_kib << 10;
-  if (o.layout != LAYOUT_KV_FIRST) o.push = false; /* the push is measured with kv_first only */
+  if (o.layout != LAYOUT_KV_FIRST) o.push = false; /* a cross-layer cache moves whole, after its last layer */
   if (!o.block_bytes) o.block_bytes = (uint64_t)o.block_tokens * HEAD_BYTES_PER_TOKEN;
   uint64_t maxb = 0, maxprompt = 0;
   for (size_t i = 0; i < o.nprompts; i++) {
@@ -783,6 +708,17 @@ int main(int argc, char **argv) {
           " KiB blocks of %u tokens, layout %s, transport %s%s\n",
           o.layers, o.block_bytes >> 10, o.block_tokens, layout_names[o.layout], o.transport,
           o.push ? "" : ", pull only");
+  /* A round's passes, in this order in odd rounds and the reverse in even ones, so none
+   * gains from another's warm-up: the raw READ, the pull with the host stepping, the pull
+   * woken by the fd, the raw READ again at the other end of the round (A/A: how far two
+   * runs of the same transfer differ here, the noise any ratio of the round carries), the
+   * raw READ with both hosts stepping beside it, as during the pulls. Each pass's time
+   * sample and CPU sample (-1: none). */
+  static const int pass_s[5][2] = {{S_RAW, S_CPU_RAW},
+                                   {S_PLUGIN, -1},
+                                   {S_PLUGIN_FD, S_CPU_PLUGIN},
+                                   {S_RAW2, -1},
+                                   {S_RAW_HOST, S_CPU_RAW_HOST}};
   unsigned req = 0;
   for (size_t pi = 0; pi < o.nprompts; pi++) {
     struct row *w = &rows[pi];
@@ -791,6 +727,7 @@ int main(int argc, char **argv) {
     w->tokens = o.prompts[pi];
     w->blocks = nb;
     w->bytes = nb * o.block_bytes * 2 * o.layers;
+    /* Short prompts' fixed costs swing more from round to round: more rounds, at most 4x. */
     uint64_t scaled = (uint64_t)o.rounds * maxprompt / o.prompts[pi];
     w->rounds = (uint32_t)(scaled < o.rounds          ? o.rounds
                            : scaled > 4ull * o.rounds ? 4ull * o.rounds
@@ -798,59 +735,56 @@ int main(int argc, char **argv) {
     /* The raw engine READs the same op list as the plugin's pulls. */
     size_t nops = build_ops(opv, (uintptr_t)p.mem, rbase, p.ids, prefill_ids, nb, 0, o.layers);
     w->ops = nops;
-    w->runs = count_runs(p.ids, prefill_ids, nb);
+    w->runs = nb ? 1 : 0; /* runs of blocks adjacent on both sides: what one op moves per plane at most */
+    for (size_t j = 1; j < nb; j++)
+      w->runs += p.ids[j] != p.ids[j - 1] + 1 || prefill_ids[j] != prefill_ids[j - 1] + 1;
     for (uint32_t r = 0; r < w->rounds; r++) {
       char id[64], did[64];
       fprintf(stderr, "\r  prompt %" PRIu64 " tokens: round %u/%u ", w->tokens, r + 1, w->rounds);
-      /* The raw READ goes first in odd rounds, last in even ones, so none gains from
-       * another's warm-up; the stepping pull and the fd-woken one swap places likewise.
-       * The raw READ runs a second time at the other end of the round: raw against raw
-       * (A/A) is how far two runs of the same transfer differ here, the noise any ratio
-       * of this round carries. */
       for (int k = 0; k < 5; k++) {
-        /* 0: raw, 1: pull stepping, 2: pull woken by the fd, 3: raw again, 4: raw with both
-         * hosts stepping beside it, as they do during the pulls */
         int pass = r % 2 ? k : 4 - k;
+        bool plug = pass == 1 || pass == 2;
+        uint64_t t_fin = 0;
+        char *params = NULL;
+        hixl_kv_stats s0, s1;
+        struct stepper h;
         PD_PHASE("decode: between");
-        if (pass == 0 || pass == 3 || pass == 4) {
-          struct stepper h;
-          if (pass == 4) {
-            hb_send(fd, "step\n");
-            expect(fd, "stepping");
-            stepper_start(&h, &pull);
-          }
-          uint64_t c0 = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid), t0 = bench_now_ns();
+        if (pass == 4) {
+          hb_send(fd, "step\n");
+          expect(fd, "stepping");
+          stepper_start(&h, &pull);
+        }
+        if (plug) { /* prefill finishes a request; decode matches it and allocates */
+          snprintf(id, sizeof(id), "p%u", req);
+          snprintf(did, sizeof(did), "d%u", req++);
+          hb_send(fd, "pull %s %" PRIu64 "\n", id, nb);
+          int off = 0;
+          if (sscanf(hb_recv(fd, line, sizeof(line)), "params %" SCNu64 " %n", &t_fin, &off) != 1 || !off)
+            hb_die("prefill: %s", line);
+          params = strdup(line + off);
+          if (first_block(params) != prefill_ids[0]) hb_die("prefill allocated other blocks: %s", params);
+          hixl_kv_request q = request(did, nb * o.block_tokens, params);
+          sched_alloc(&pull, &q, p.ids, nb, "decode scheduler");
+          if (ops->get_stats(pull.worker, &s0) != HIXL_KV_SUCCESS) hb_die("get_stats: %s", ops->last_error());
+        }
+        uint64_t c0 = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid), t0 = bench_now_ns();
+        if (plug)
+          wait_finished(&pull, did, 1, pass == 2 ? pull_fd : -1);
+        else
           hb_check(HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000), "raw READ%s",
                    pass == 4 ? ", hosts stepping" : "");
-          t[pass == 0 ? S_RAW : pass == 3 ? S_RAW2 : S_RAW_HOST][r] = bench_now_ns() - t0;
-          if (pass == 0 || pass == 4)
-            t[pass == 0 ? S_CPU_RAW : S_CPU_RAW_HOST][r] = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid) - c0;
-          if (pass == 4) {
-            stepper_stop(&h);
-            hb_send(fd, "rest\n");
-            expect(fd, "resting");
-          }
+        uint64_t t1 = bench_now_ns();
+        t[pass_s[pass][0]][r] = t1 - t0;
+        if (pass_s[pass][1] >= 0) t[pass_s[pass][1]][r] = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid) - c0;
+        if (pass == 4) {
+          stepper_stop(&h);
+          hb_send(fd, "rest\n");
+          expect(fd, "resting");
+        }
+        if (!plug) {
           PD_PHASE(pass == 4 ? "decode: raw READ, hosts stepping" : "decode: raw READ");
           continue;
         }
-        /* Pull through the plugin. */
-        snprintf(id, sizeof(id), "p%u", req);
-        snprintf(did, sizeof(did), "d%u", req++);
-        hb_send(fd, "pull %s %" PRIu64 "\n", id, nb);
-        uint64_t t_fin = 0;
-        int off = 0;
-        if (sscanf(hb_recv(fd, line, sizeof(line)), "params %" SCNu64 " %n", &t_fin, &off) != 1 || !off)
-          hb_die("prefill: %s", line);
-        char *params = strdup(line + off);
-        if (first_block(params) != prefill_ids[0]) hb_die("prefill allocated other blocks: %s", params);
-        hixl_kv_request q = request(did, nb * o.block_tokens, params);
-        sched_alloc(&pull, &q, p.ids, nb, "decode scheduler");
-        hixl_kv_stats s0, s1;
-        if (ops->get_stats(pull.worker, &s0) != HIXL_KV_SUCCESS) hb_die("get_stats: %s", ops->last_error());
-        uint64_t c0 = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid), t0 = bench_now_ns();
-        wait_finished(&pull, did, 1, pass == 2 ? pull_fd : -1);
-        uint64_t t1 = bench_now_ns();
-        if (pass == 2) t[S_CPU_PLUGIN][r] = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid) - c0;
         if (ops->get_stats(pull.worker, &s1) != HIXL_KV_SUCCESS) hb_die("get_stats: %s", ops->last_error());
         if (s1.loads_done != s0.loads_done + 1)
           hb_die("request %s: %" PRIu64 " loads done, not 1", did, s1.loads_done - s0.loads_done);
@@ -861,7 +795,6 @@ int main(int argc, char **argv) {
                   " engine ops, the raw engine's mirror of its op list has %zu\n",
                   layout_names[o.layout], w->tokens, pops, nops);
         if (pops > w->plugin_ops) w->plugin_ops = pops;
-        t[pass == 2 ? S_PLUGIN_FD : S_PLUGIN][r] = t1 - t0;
         if (pass == 1) t[S_HANDOFF][r] = t1 - t_fin;
         hb_recv(fd, line, sizeof(line)); /* freed */
         PD_PHASE(pass == 2 ? "decode: plugin pull, host woken by the fd"
