@@ -1,23 +1,11 @@
 /* hixl-tp-bench: the prefill-to-decode hand-off between instances of different
  * tensor-parallel sizes through the KV-connector plugin (dlopened), against the raw
- * engine moving the same byte ranges, in one run (issue 29). For each pair (P, D) one
- * process holds P producer ranks and D consumer ranks (each a worker connector with its
- * own engine and KV memory of its heads, as vLLM's ranks are; one scheduler per side),
- * and raw engines on the same memory. A batch of requests is pulled (every consumer
- * rank reads its heads from the producer ranks that hold them), and the raw engine
- * moves the same pieces (per consumer rank and producer rank it reads, as many threads
- * as the plugin's loader has on it (--per-producer, its loads_per_producer), taking the
- * requests in turn, one sync call per request as the loader does: the ratio is what the
- * plugin's control plane costs, its PIN and FREE per request and its steps). After a
- * warm-up round, each round runs the plugin once and the raw engine twice (A/A), the
- * plugin first, second and third in turn. Printed per pair: the median throughput of
- * both, the plugin / raw ratio (each round's plugin against the mean of its two raw
- * runs; the geometric mean of the medians of the rounds where the plugin ran first,
- * second and third) with a 95% bootstrap interval (goal >= 0.9x), the A/A median with
- * its interval (order statistics) and range,
- * engine ops per request of both, and the bytes moved against the bytes the consumer
- * ranks need (a replicated head read once). The consumer's request blocks are checked
- * against the producer's after every run. Output: a table, and JSON lines with --json. */
+ * engine moving the same byte ranges, in one run (issue 29). Per pair (P, D) one process
+ * holds P producer and D consumer ranks (each a worker connector with its own engine and
+ * KV memory of its heads; one scheduler per side) and raw engines on the same memory.
+ * The method (the raw engine's threads, the rounds and the plugin's place in them, the
+ * ratio's interval, raw A/A): docs/performance-tp.md. Every consumer byte is checked
+ * after every run. A table on stdout; --json FILE appends a JSON line per pair. */
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
@@ -51,14 +39,12 @@ static struct {
 static const hixl_kv_ops *ops;
 static FILE *json;
 
-/* --cpus split (the default with 2 CPUs or more): the producer ranks' threads run on the
- * first half of the CPUs this process may use, the consumer ranks' (and the host's loop)
- * on the rest, as on two hosts; the plugin and the raw engine alike, since each side's
- * engines and connectors are made on that side's CPUs and their threads inherit them.
- * Without it, the kernel's wake-affine placement of loopback TCP wakeups can put a
- * long-lived receiving thread (a plugin loader) on its sender's CPU while the other CPU
- * idles, which a raw reference thread made fresh each run escapes: one process on 2
- * CPUs measured that, not the plugin (docs/performance-tp.md). */
+/* --cpus split (the default with 2 CPUs or more): the producer ranks' engines and
+ * connectors (so their threads) on the first half of this process's CPUs, the consumer
+ * ranks' and the host's loop on the rest, as on two hosts. Shared, the kernel's
+ * wake-affine placement of loopback TCP wakeups can keep the plugin's long-lived loader
+ * on its sender's CPU while another idles, which the raw engine's fresh threads escape:
+ * that measured the placement, not the plugin (docs/performance-tp.md). */
 static cpu_set_t cpus_all;
 static int ncpus_all;
 
@@ -85,7 +71,6 @@ static uint32_t nblocks_req(void) { return (o.prompt + o.block_tokens - 1) / o.b
 static uint32_t nb(void) { return nblocks_req() * o.requests + 1; } /* every rank's blocks; 0 unused */
 
 struct rank {
-  hixl_kv_connector *worker;
   HixlEngine *raw;
   char raw_addr[64];
   uint8_t *mem;
@@ -95,19 +80,9 @@ struct rank {
 
 struct side {
   uint32_t world;
-  hixl_kv_connector *sched, *w[MAX_TP]; /* w[i]: r[i].worker */
+  hixl_kv_connector *sched, *w[MAX_TP]; /* w[i]: rank i's worker */
   struct rank r[MAX_TP];
 };
-
-static void rank_heads(uint32_t world, uint32_t r, uint32_t *first, uint32_t *n) {
-  if (world <= o.heads) {
-    *n = o.heads / world;
-    *first = r * *n;
-  } else {
-    *n = 1;
-    *first = r / (world / o.heads);
-  }
-}
 
 static void side_up(struct side *s, uint32_t world, const char *role) {
   memset(s, 0, sizeof(*s));
@@ -122,10 +97,10 @@ static void side_up(struct side *s, uint32_t world, const char *role) {
     hb_die("create scheduler: %s", err);
   for (uint32_t i = 0; i < world; i++) {
     struct rank *k = &s->r[i];
-    if (ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, i, world, &k->worker, err, sizeof(err)))
+    if (ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, i, world, &s->w[i], err, sizeof(err)))
       hb_die("create worker %u: %s", i, err);
-    s->w[i] = k->worker;
-    rank_heads(world, i, &k->first, &k->nheads);
+    k->nheads = world <= o.heads ? o.heads / world : 1; /* its heads: first .. first + nheads - 1 */
+    k->first = world <= o.heads ? i * k->nheads : i / (world / o.heads);
     k->block = o.mla ? latent_bytes() : k->nheads * head_bytes();
     k->layer_bytes = (uint64_t)nb() * k->block;
     k->len = (o.layers * k->layer_bytes + 4095) / 4096 * 4096;
@@ -148,7 +123,7 @@ static void side_up(struct side *s, uint32_t world, const char *role) {
                        .layout = o.mla ? "mla" : "packed",
                        .layout_len = o.mla ? 3 : 6,
                        .total_kv_heads = o.mla ? 0 : o.heads};
-    if (ops->register_kv_groups(k->worker, &g, 1)) hb_die("register_kv_groups: %s", ops->last_error());
+    if (ops->register_kv_groups(s->w[i], &g, 1)) hb_die("register_kv_groups: %s", ops->last_error());
     /* The raw engine on the same memory. */
     HixlMemHandle h;
     snprintf(k->raw_addr, sizeof(k->raw_addr), "%s:%u", o.ip, (unsigned)(rport + i));
@@ -159,7 +134,7 @@ static void side_up(struct side *s, uint32_t world, const char *role) {
 
 static void side_down(struct side *s) {
   for (uint32_t i = 0; i < s->world; i++) {
-    ops->destroy(s->r[i].worker);
+    ops->destroy(s->w[i]);
     HixlEngineDestroy(s->r[i].raw);
     munmap(s->r[i].mem, s->r[i].len);
   }
@@ -197,11 +172,9 @@ static uint64_t cblock(uint32_t q, uint32_t j) {
 /* ---- the plugin's pull ---- */
 
 static uint64_t plugin_run(struct side *p, struct side *d, uint32_t round) {
-  uint32_t n = nblocks_req();
-  uint64_t *pb = malloc(n * sizeof(*pb)), *cb = malloc(n * sizeof(*cb));
-  char **params = calloc(o.requests, sizeof(*params));
-  if (!pb || !cb || !params) hb_die("out of memory for %u requests of %u blocks", o.requests, n);
-  char id[64];
+  uint32_t n = nblocks_req(); /* at most 65536 / 16 */
+  uint64_t pb[4096], cb[4096];
+  char *params[256], id[64]; /* --requests: at most 256 */
   for (uint32_t q = 0; q < o.requests; q++) {
     for (uint32_t j = 0; j < n; j++) pb[j] = pblock(q, j);
     snprintf(id, sizeof(id), "r%u-%u", round, q);
@@ -229,18 +202,24 @@ static uint64_t plugin_run(struct side *p, struct side *d, uint32_t round) {
   uint64_t ns = bench_now_ns() - t0;
   wait_all(p, o.requests, false);
   for (uint32_t q = 0; q < o.requests; q++) free(params[q]);
-  free(params);
-  free(pb);
-  free(cb);
   return ns;
 }
 
 /* ---- the same pieces by the raw engine ---- */
 
-/* The pieces consumer rank d reads of producer rank p: per request, block and layer,
- * its heads' run (MLA: the latent) when p is the rank it reads them from. */
+struct raw_job {
+  HixlEngine *e;
+  const char *remote;
+  HixlTransferOpDesc *v;
+  size_t *starts;        /* request q's ops: [starts[q], starts[q + 1]) */
+  _Atomic uint32_t next; /* the next request a thread of this job takes */
+};
+
+/* The pieces consumer rank d reads of producer rank p into out: per request, block and
+ * layer, its heads' run (MLA: the latent) when p is the rank it reads them from; 0 when
+ * it reads none there (out untouched). */
 static size_t pieces(const struct side *ps, const struct side *ds, uint32_t p, uint32_t d,
-                     HixlTransferOpDesc **out, size_t *starts) {
+                     struct raw_job *out) {
   const struct rank *pr = &ps->r[p], *dr = &ds->r[d];
   uint32_t np = ps->world, ndr = ds->world;
   uint64_t off_p = 0, off_d = 0, len = 0;
@@ -257,7 +236,8 @@ static size_t pieces(const struct side *ps, const struct side *ds, uint32_t p, u
     off_d = (lo - dr->first) * head_bytes();
     len = (hi - lo) * head_bytes();
   }
-  size_t n = (size_t)o.requests * nblocks_req() * o.layers, k = 0;
+  size_t n = (size_t)o.requests * nblocks_req() * o.layers, k = 0,
+         *starts = calloc(o.requests + 1, sizeof(*starts));
   HixlTransferOpDesc *v = malloc(n * sizeof(*v));
   for (uint32_t q = 0; q < o.requests; q++) {
     starts[q] = k; /* request q's ops start here (never merged with the one before) */
@@ -273,17 +253,10 @@ static size_t pieces(const struct side *ps, const struct side *ds, uint32_t p, u
       }
   }
   starts[o.requests] = k;
-  *out = v;
+  *out = (struct raw_job){.e = dr->raw, .remote = pr->raw_addr, .v = v, .starts = starts};
+  atomic_init(&out->next, 0);
   return k;
 }
-
-struct raw_job {
-  HixlEngine *e;
-  const char *remote;
-  HixlTransferOpDesc *v;
-  size_t *starts;        /* request q's ops: [starts[q], starts[q + 1]) */
-  _Atomic uint32_t next; /* the next request a thread of this job takes */
-};
 
 /* One of a consumer rank's threads reading one producer rank: the job's requests in
  * turn, one after another as the plugin's loader threads take them (a hand-off is a
@@ -305,20 +278,12 @@ static uint64_t raw_run(struct side *p, struct side *d, uint64_t *ops_out, uint6
   *ops_out = *bytes_out = 0;
   for (uint32_t di = 0; di < d->world; di++)
     for (uint32_t pi = 0; pi < p->world; pi++) {
-      HixlTransferOpDesc *v = NULL;
-      size_t *starts = calloc(o.requests + 1, sizeof(*starts));
-      size_t n = pieces(p, d, pi, di, &v, starts);
-      if (!n) {
-        free(v);
-        free(starts);
-        continue;
-      }
+      size_t n = pieces(p, d, pi, di, &jobs[nj]);
+      if (!n) continue;
       HixlStatus st = HixlEngineConnect(d->r[di].raw, p->r[pi].raw_addr, 10000);
       hb_check(st == HIXL_ALREADY_CONNECTED ? HIXL_SUCCESS : st, "raw connect");
-      jobs[nj] = (struct raw_job){.e = d->r[di].raw, .remote = p->r[pi].raw_addr, .v = v, .starts = starts};
-      atomic_init(&jobs[nj].next, 0);
       *ops_out += n;
-      for (size_t i = 0; i < n; i++) *bytes_out += v[i].len;
+      for (size_t i = 0; i < n; i++) *bytes_out += jobs[nj].v[i].len;
       nj++;
     }
   uint64_t t0 = bench_now_ns();
@@ -381,16 +346,12 @@ static void pair_run(uint32_t np, uint32_t nd) {
   cpus_side(true); /* the consumer's, and this thread: the host's loop, the raw threads */
   side_up(&d, nd, "consumer");
   fill(&p, np * 10 + nd);
-  uint64_t pns[MAX_ROUNDS], rns[MAX_ROUNDS], rops = 0, rbytes = 0;
+  uint64_t pns[MAX_ROUNDS], rns[MAX_ROUNDS], rops = 0, rbytes = 0, ops0 = 0, bytes0 = 0, held = 0, need = 0;
   double aa[MAX_ROUNDS], ratio[MAX_ROUNDS];
-  uint64_t ops0 = 0, bytes0 = 0;
   uint32_t nr = o.rounds < MAX_ROUNDS ? o.rounds : MAX_ROUNDS;
-  /* A warm-up round first (links made, pages touched), not counted. Then each round runs
-   * the plugin once and the raw engine twice, the plugin first, second and third in
-   * turn, so that neither gains from a run's place in its round or from what ran before
-   * it (the raw engine's two runs, one always beside the plugin and one at the round's
-   * edge, differed by up to 15% in their medians). The plugin is paired with the mean of
-   * its round's two raw runs. */
+  /* A warm-up round (links made, pages touched), not counted; then each round runs the
+   * plugin once and the raw engine twice, the plugin first, second and third in turn: a
+   * run's place in its round moved the raw engine's medians by up to 15%. */
   for (uint32_t r = 0; r <= nr; r++) {
     uint32_t k = r ? r - 1 : 0;
     fprintf(stderr, "  TP %u -> %u: %s %u of %u\r", np, nd, r ? "round" : "warm-up", k + 1, r ? nr : 1);
@@ -415,18 +376,16 @@ static void pair_run(uint32_t np, uint32_t nd) {
   fprintf(stderr, "%60s\r", "");
   for (uint32_t i = 0; i < nd; i++) {
     hixl_kv_stats_ex s = {.size = sizeof(s)};
-    ops->get_stats_ex(d.r[i].worker, &s);
+    ops->get_stats_ex(d.w[i], &s);
     ops0 += s.engine_ops;
     bytes0 += s.bytes_loaded;
+    need += (uint64_t)o.layers * nblocks_req() * d.r[i].block;
   }
-  uint64_t held = 0;
   for (uint32_t i = 0; i < np; i++) {
     hixl_kv_stats_ex s = {.size = sizeof(s)};
-    ops->get_stats_ex(p.r[i].worker, &s);
+    ops->get_stats_ex(p.w[i], &s);
     held += s.blocks_held;
   }
-  uint64_t need = 0;
-  for (uint32_t i = 0; i < nd; i++) need += (uint64_t)o.layers * nblocks_req() * d.r[i].block;
   char rounds_json[MAX_ROUNDS * 8 + 2] = "[";
   for (uint32_t i = 0; i < nr; i++)
     snprintf(rounds_json + strlen(rounds_json), sizeof(rounds_json) - strlen(rounds_json), "%s%.3f",
