@@ -64,12 +64,19 @@ static struct {
 static const hixl_kv_ops *ops;
 static char line[1 << 16]; /* the last line from the other process */
 
-/* ---- the KV pool: layers x (K, V) x pool_blocks blocks, one mapping ---- */
+/* ---- a process's side: its KV pool, its connectors (pull, push) and raw engine ---- */
 
-struct pool {
-  uint8_t *mem;
+struct conn {
+  hixl_kv_connector *sched, *worker;
+};
+
+struct host {
+  uint8_t *mem; /* the KV pool: layers x (K, V) x pool_blocks blocks, one mapping */
   size_t len;
-  uint64_t *ids; /* a shuffled free list (block_order): allocations come out scattered */
+  uint64_t *ids;            /* a shuffled free list (block_order): allocations come out scattered */
+  const uint64_t *peer_ids; /* the other side's: which blocks it allocates (the head of it) */
+  struct conn pull, push;
+  HixlEngine *raw;
 };
 
 /* The free list of a pool of seed: runs of 8 adjacent blocks in random order, as a busy
@@ -90,18 +97,9 @@ static uint64_t *block_order(uint64_t seed) {
   return ids;
 }
 
-static void pool_init(struct pool *p, uint64_t seed) {
-  p->len = (size_t)o.layers * 2 * o.pool_blocks * o.block_bytes;
-  if (!(p->mem = hb_map(p->len))) hb_die("mmap %zu bytes: %s", p->len, strerror(errno));
-  memset(p->mem, 0x5a, p->len);
-  p->ids = block_order(seed);
-}
-
-/* ---- the layout: where each plane lies in the pool ----
- * Block b of a plane is `bytes` at off + b * stride; every dim but the block dim (and the
- * layer or K/V index) lies inside a block, dense, so a block is one run. The planes the
- * plugin gets and the raw engine's op lists both come from here (the shapes:
- * docs/performance-layouts.md; derived as tests/test_plugin_layouts.c's plane_of does). */
+/* ---- the layout (docs/performance-layouts.md): where each plane lies in the pool ----
+ * Block b of a plane is `bytes` at off + b * stride, one run (as test_plugin_layouts.c's
+ * plane_of derives them); the plugin's planes and the raw op lists both come from here. */
 struct plane_geo {
   uint64_t off, stride, bytes;
 };
@@ -124,9 +122,7 @@ static int cmp_op(const void *a, const void *b) {
 
 /* The op list the plugin issues (kv_layout.c's kv_ops_build) for layers l0..l0+count-1:
  * a piece per block per plane (a cross-layer plane with its last layer), joined while
- * both sides run on; then sorted by local address and merged where both sides are
- * contiguous, so a block-major layout's layers of one block, and its runs of adjacent
- * blocks, are one op. */
+ * both sides run on, then sorted by local address and merged where both are contiguous. */
 static size_t build_ops(HixlTransferOpDesc *v, uintptr_t lbase, uintptr_t rbase, const uint64_t *lb,
                         const uint64_t *rb, size_t n, uint32_t l0, uint32_t count) {
   size_t k = 0;
@@ -156,7 +152,7 @@ static size_t build_ops(HixlTransferOpDesc *v, uintptr_t lbase, uintptr_t rbase,
 
 /* The worker's KV cache: kv_first as register_kv_caches' layers; BLNHC and cross_layer
  * as the one group of planes they are (register_kv_groups, ABI 1.3). The plugin copies. */
-static void register_kv(hixl_kv_connector *w, const struct pool *p) {
+static void register_kv(hixl_kv_connector *w, const struct host *p) {
   static hixl_kv_layer ly[256];
   static hixl_kv_plane pl[512];
   uint32_t ppl = planes_per_layer(), np = o.layout == LAYOUT_CROSS ? 1 : o.layers * ppl;
@@ -197,13 +193,7 @@ static void register_kv(hixl_kv_connector *w, const struct pool *p) {
     hb_die("register_kv_groups: %s", ops->last_error());
 }
 
-/* ---- a connector pair (scheduler, worker) ---- */
-
-struct conn {
-  hixl_kv_connector *sched, *worker;
-};
-
-static void conn_up(struct conn *c, uint16_t port, const char *role, const char *mode, struct pool *p) {
+static void conn_up(struct conn *c, uint16_t port, const char *role, const char *mode, struct host *p) {
   char cfg[512], err[256] = "";
   snprintf(cfg, sizeof(cfg),
            "{\"address\": \"%s:%u\", \"role\": \"%s\", \"mode\": \"%s\", \"lease_ms\": 60000,"
@@ -218,12 +208,32 @@ static void conn_up(struct conn *c, uint16_t port, const char *role, const char 
   register_kv(c->worker, p);
 }
 
-/* Both processes end alike: their connectors, then the raw engine; 0. */
-static int conns_down(struct conn *pull, struct conn *push, HixlEngine *raw) {
-  ops->destroy(pull->worker);
-  ops->destroy(pull->sched);
-  if (o.push) ops->destroy(push->worker), ops->destroy(push->sched);
-  HixlEngineDestroy(raw);
+/* Both processes start alike (pinned, the plugin loaded): the pool of seed, the pull and
+ * push connectors on port and the one after, the raw engine on the next. */
+static void host_up(struct host *h, uint64_t seed, uint16_t port, const char *role, int cpu) {
+  char addr[64];
+  HixlMemHandle mh;
+  if (o.pin && !bench_pin_cpu(cpu)) exit(1);
+  h->len = (size_t)o.layers * 2 * o.pool_blocks * o.block_bytes;
+  if (!(h->mem = hb_map(h->len))) hb_die("mmap %zu bytes: %s", h->len, strerror(errno));
+  memset(h->mem, 0x5a, h->len);
+  h->ids = block_order(seed);
+  h->peer_ids = block_order(3 - seed);
+  ops = hb_plugin(o.plugin);
+  conn_up(&h->pull, port, role, "pull", h);
+  if (o.push) conn_up(&h->push, (uint16_t)(port + 1), role, "push", h);
+  snprintf(addr, sizeof(addr), "%s:%u", o.ip, (unsigned)port + 2);
+  if (!(h->raw = hb_engine(addr, o.transport, NULL, 0)) ||
+      hb_reg(h->raw, h->mem, h->len, &mh) != HIXL_SUCCESS)
+    hb_die("the raw engine %s failed", addr);
+}
+
+/* ... and end alike: their connectors, then the raw engine; 0. */
+static int host_down(struct host *h) {
+  ops->destroy(h->pull.worker);
+  ops->destroy(h->pull.sched);
+  if (o.push) ops->destroy(h->push.worker), ops->destroy(h->push.sched);
+  HixlEngineDestroy(h->raw);
   return 0;
 }
 
@@ -242,11 +252,9 @@ static void wait_finished(struct conn *c, const char *id, int which, int efd) {
   }
 }
 
-/* A host stepping its idle connector every step (as it does while a pull is under
- * way), beside a raw READ: what the plugin's pull shares its CPU with, given to the raw
- * engine too (--pin puts each process's threads on one CPU, where a real host's
- * stepping and its loader threads would run on different cores). Told to stop, it ends
- * within a step: after the READ it stepped beside was timed. */
+/* A host stepping its idle connector every step beside a raw READ, as it does while a
+ * pull is under way (docs/performance-pd.md: why). Told to stop, it ends within a step,
+ * after the READ it stepped beside was timed. */
 struct stepper {
   struct conn *c;
   pthread_t t;
@@ -285,19 +293,6 @@ static hixl_kv_request request(const char *id, uint64_t tokens, const char *para
   return (hixl_kv_request){id, strlen(id), tokens, params, params ? strlen(params) : 0, 0};
 }
 
-static HixlEngine *raw_engine(uint16_t port, struct pool *p) {
-  char addr[64];
-  HixlMemHandle h;
-  snprintf(addr, sizeof(addr), "%s:%u", o.ip, (unsigned)port);
-  HixlEngine *e = hb_engine(addr, o.transport, NULL, 0);
-  if (!e || hb_reg(e, p->mem, p->len, &h) != HIXL_SUCCESS) hb_die("the raw engine %s failed", addr);
-  return e;
-}
-
-static void pin_cpu(int cpu) {
-  if (o.pin && !bench_pin_cpu(cpu)) exit(1);
-}
-
 /* ---- the prefill process ---- */
 
 /* A layer's forward pass: it runs on the accelerator, so the host CPU sleeps. */
@@ -331,14 +326,13 @@ static HixlStatus raw_landed_call(void *ctx, const char *peer, const uint8_t *re
 struct dest {
   HixlEngine *raw;
   const char *draw; /* decode's raw engine */
-  const struct pool *p;
+  const struct host *p;
   uintptr_t dbase;
-  const uint64_t *dblocks;
   uint64_t nb;
 };
 
 static size_t layer_ops(HixlTransferOpDesc *v, const struct dest *d, uint32_t l) {
-  return build_ops(v, (uintptr_t)d->p->mem, d->dbase, d->p->ids, d->dblocks, d->nb, l, 1);
+  return build_ops(v, (uintptr_t)d->p->mem, d->dbase, d->p->ids, d->p->peer_ids, d->nb, l, 1);
 }
 
 /* What prefill measures right before a push, each the median of a few samples (a single
@@ -453,17 +447,10 @@ static void raw_pushes(const struct dest *d, uint64_t compute, bool plain_first,
 
 static int prefill_main(void *arg, int fd) {
   uint16_t port = *(uint16_t *)arg, dport = (uint16_t)(port + 3);
-  struct pool p;
+  struct host p;
   char draw[64];
   bool linked = false;
-  pin_cpu(1);
-  struct conn pull, push;
-  pool_init(&p, 1);
-  ops = hb_plugin(o.plugin);
-  conn_up(&pull, port, "producer", "pull", &p);
-  if (o.push) conn_up(&push, (uint16_t)(port + 1), "producer", "push", &p);
-  HixlEngine *raw = raw_engine((uint16_t)(port + 2), &p);
-  const uint64_t *decode_ids = block_order(2); /* which blocks decode allocates */
+  host_up(&p, 1, port, "producer", 1);
   snprintf(draw, sizeof(draw), "%s:%u", o.ip, (unsigned)(dport + 2));
   hb_send(fd, "ready %" PRIuPTR "\n", (uintptr_t)p.mem);
   PD_PHASE("prefill: setup");
@@ -479,7 +466,7 @@ static int prefill_main(void *arg, int fd) {
     if (strcmp(line, "quit") == 0) break;
     if (strcmp(line, "step") == 0) { /* the host steps its pull connector until "rest" */
       struct stepper h;
-      stepper_start(&h, &pull);
+      stepper_start(&h, &p.pull);
       hb_send(fd, "stepping\n");
       expect(fd, "rest");
       stepper_stop(&h);
@@ -487,18 +474,18 @@ static int prefill_main(void *arg, int fd) {
     } else if (sscanf(line, "pull %63s %" SCNu64, id, &nb) == 2) {
       hixl_kv_request r = request(id, nb * o.block_tokens, NULL);
       hixl_kv_buffer params = {0};
-      if (ops->request_finished(pull.sched, &r, p.ids, nb, &delay, &params) != HIXL_KV_SUCCESS || !delay)
+      if (ops->request_finished(p.pull.sched, &r, p.ids, nb, &delay, &params) != HIXL_KV_SUCCESS || !delay)
         hb_die("request_finished: %s", ops->last_error());
-      step(&pull);
+      step(&p.pull);
       hb_send(fd, "params %" PRIu64 " %.*s\n", bench_now_ns(), (int)params.len, (char *)params.data);
       ops->free_buffer(&params);
-      wait_finished(&pull, id, 0, -1);
+      wait_finished(&p.pull, id, 0, -1);
       PD_PHASE("prefill: plugin pull");
       hb_send(fd, "freed\n");
     } else if (sscanf(line, "push %63s %" SCNu64 " %" SCNuPTR " %n", id, &nb, &dbase, &off) == 3 && off > 0) {
-      hb_check(linked ? HIXL_SUCCESS : HixlEngineConnect(raw, draw, 10000), "raw connect to %s", draw);
+      hb_check(linked ? HIXL_SUCCESS : HixlEngineConnect(p.raw, draw, 10000), "raw connect to %s", draw);
       linked = true;
-      const struct dest d = {raw, draw, &p, dbase, decode_ids, nb};
+      const struct dest d = {p.raw, draw, &p, dbase, nb};
       /* Each layer's compute as long as one layer's raw WRITE: the unit pipelining cannot hide. */
       uint64_t compute = probe_ns(&d, PROBE_LAYER), rtt = probe_ns(&d, PROBE_NOTICE);
       uint64_t busy = probe_ns(&d, PROBE_BUSY), rawp[2] = {0, 0}, t_last = 0;
@@ -508,18 +495,18 @@ static int prefill_main(void *arg, int fd) {
       bool raw_first = npush++ % 2 == 1;
       if (raw_first) raw_pushes(&d, compute, true, rawp);
       hixl_kv_request r = request(id, nb * o.block_tokens, line + off);
-      if (ops->update_state_after_alloc(push.sched, &r, p.ids, nb, 0) != HIXL_KV_SUCCESS)
+      if (ops->update_state_after_alloc(p.push.sched, &r, p.ids, nb, 0) != HIXL_KV_SUCCESS)
         hb_die("update_state_after_alloc: %s", ops->last_error());
-      step(&push);
+      step(&p.push);
       for (uint32_t l = 0; l < o.layers; l++) {
         compute_ns(compute);     /* the layer's "forward pass" */
         t_last = bench_now_ns(); /* before the call: the pusher it wakes may run first on this CPU */
-        ops->save_kv_layer(push.worker, l);
+        ops->save_kv_layer(p.push.worker, l);
       }
-      ops->wait_for_save(push.worker);
+      ops->wait_for_save(p.push.worker);
       hixl_kv_buffer none = {0};
-      ops->request_finished(push.sched, &r, p.ids, nb, &delay, &none);
-      wait_finished(&push, id, 0, -1);
+      ops->request_finished(p.push.sched, &r, p.ids, nb, &delay, &none);
+      wait_finished(&p.push, id, 0, -1);
       PD_PHASE("prefill: plugin push");
       if (!raw_first) raw_pushes(&d, compute, false, rawp);
       hb_send(fd, "pushed %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n", t_last,
@@ -528,7 +515,7 @@ static int prefill_main(void *arg, int fd) {
       hb_die("prefill: unknown command \"%s\"", line);
     }
   }
-  return conns_down(&pull, &push, raw);
+  return host_down(&p);
 }
 
 /* ---- the decode process ---- */
@@ -536,11 +523,9 @@ static int prefill_main(void *arg, int fd) {
 /* The first of remote_block_ids in prefill's params. */
 static uint64_t first_block(const char *params) {
   const char *p = strstr(params, "\"remote_block_ids\":[");
-  char *end;
+  uint64_t b = UINT64_MAX;
   if (!p) hb_die("params without remote_block_ids: %s", params);
-  p += strlen("\"remote_block_ids\":[");
-  uint64_t b = strtoull(p, &end, 10);
-  return end == p ? UINT64_MAX : b;
+  return sscanf(p + strlen("\"remote_block_ids\":["), "%" SCNu64, &b) == 1 ? b : UINT64_MAX;
 }
 
 /* Decode's scheduler: the request q matched and its nb blocks allocated. */
@@ -670,32 +655,23 @@ int main(int argc, char **argv) {
   o.block_bytes = block_kib << 10;
   if (o.layout != LAYOUT_KV_FIRST) o.push = false; /* a cross-layer cache moves whole, after its last layer */
   if (!o.block_bytes) o.block_bytes = (uint64_t)o.block_tokens * HEAD_BYTES_PER_TOKEN;
-  uint64_t maxb = 0, maxprompt = 0;
-  for (size_t i = 0; i < o.nprompts; i++) {
-    uint64_t b = (o.prompts[i] + o.block_tokens - 1) / o.block_tokens;
-    if (b > maxb) maxb = b;
-    if (o.prompts[i] > maxprompt) maxprompt = o.prompts[i];
-  }
-  o.pool_blocks = (maxb + 15) / 8 * 8 + 8;
+  uint64_t maxprompt = 0;
+  for (size_t i = 0; i < o.nprompts; i++) maxprompt = o.prompts[i] > maxprompt ? o.prompts[i] : maxprompt;
+  o.pool_blocks = ((maxprompt + o.block_tokens - 1) / o.block_tokens + 15) / 8 * 8 + 8;
   uint16_t pport = hb_ports(o.ip, 6), dport = (uint16_t)(pport + 3); /* pull, push and raw engines */
   struct hb_peer prefill;
   hb_spawn(&prefill, prefill_main, &pport);
-  pin_cpu(0);
   int fd = prefill.fd;
   uintptr_t rbase = 0;
   if (sscanf(hb_recv(fd, line, sizeof(line)), "ready %" SCNuPTR, &rbase) != 1) hb_die("prefill: %s", line);
 
-  struct pool p;
-  struct conn pull, push;
-  pool_init(&p, 2);
-  const uint64_t *prefill_ids = block_order(1); /* which blocks prefill allocates: the head of its list */
-  ops = hb_plugin(o.plugin);
-  conn_up(&pull, dport, "consumer", "pull", &p);
-  if (o.push) conn_up(&push, (uint16_t)(dport + 1), "consumer", "push", &p);
-  HixlEngine *raw = raw_engine((uint16_t)(dport + 2), &p);
+  struct host p;
+  host_up(&p, 2, dport, "consumer", 0);
+  const uint64_t *prefill_ids = p.peer_ids;
+  HixlEngine *raw = p.raw;
   hb_check(hixl_engine_set_service(raw, HIXL_SERVICE_KV, raw_landed_call, NULL), "raw engine service");
   int32_t pull_fd = -1;
-  if (!HIXL_KV_HAS_OP(ops, get_event_fd) || ops->get_event_fd(pull.worker, &pull_fd) != HIXL_KV_SUCCESS)
+  if (!HIXL_KV_HAS_OP(ops, get_event_fd) || ops->get_event_fd(p.pull.worker, &pull_fd) != HIXL_KV_SUCCESS)
     hb_die("get_event_fd: %s",
            HIXL_KV_HAS_OP(ops, get_event_fd) ? ops->last_error() : "the plugin is older than ABI 1.2");
   char praw[64];
@@ -703,11 +679,9 @@ int main(int argc, char **argv) {
   hb_check(HixlEngineConnect(raw, praw, 10000), "raw connect");
   HixlTransferOpDesc *opv = malloc((size_t)o.layers * 2 * o.pool_blocks * sizeof(*opv));
   struct row rows[BENCH_MAX_LIST];
-  fprintf(stderr,
-          "hixl-pd-bench: %u layers x (K, V), %" PRIu64
-          " KiB blocks of %u tokens, layout %s, transport %s%s\n",
-          o.layers, o.block_bytes >> 10, o.block_tokens, layout_names[o.layout], o.transport,
-          o.push ? "" : ", pull only");
+  hb_say("%u layers x (K, V), %" PRIu64 " KiB blocks of %u tokens, layout %s, transport %s%s\n", o.layers,
+         o.block_bytes >> 10, o.block_tokens, layout_names[o.layout], o.transport,
+         o.push ? "" : ", pull only");
   /* A round's passes, in this order in odd rounds and the reverse in even ones, so none
    * gains from another's warm-up: the raw READ, the pull with the host stepping, the pull
    * woken by the fd, the raw READ again at the other end of the round (A/A: how far two
@@ -728,10 +702,8 @@ int main(int argc, char **argv) {
     w->blocks = nb;
     w->bytes = nb * o.block_bytes * 2 * o.layers;
     /* Short prompts' fixed costs swing more from round to round: more rounds, at most 4x. */
-    uint64_t scaled = (uint64_t)o.rounds * maxprompt / o.prompts[pi];
-    w->rounds = (uint32_t)(scaled < o.rounds          ? o.rounds
-                           : scaled > 4ull * o.rounds ? 4ull * o.rounds
-                                                      : scaled);
+    uint64_t scaled = (uint64_t)o.rounds * maxprompt / o.prompts[pi]; /* >= rounds */
+    w->rounds = (uint32_t)(scaled > 4ull * o.rounds ? 4ull * o.rounds : scaled);
     /* The raw engine READs the same op list as the plugin's pulls. */
     size_t nops = build_ops(opv, (uintptr_t)p.mem, rbase, p.ids, prefill_ids, nb, 0, o.layers);
     w->ops = nops;
@@ -752,7 +724,7 @@ int main(int argc, char **argv) {
         if (pass == 4) {
           hb_send(fd, "step\n");
           expect(fd, "stepping");
-          stepper_start(&h, &pull);
+          stepper_start(&h, &p.pull);
         }
         if (plug) { /* prefill finishes a request; decode matches it and allocates */
           snprintf(id, sizeof(id), "p%u", req);
@@ -764,12 +736,13 @@ int main(int argc, char **argv) {
           params = strdup(line + off);
           if (first_block(params) != prefill_ids[0]) hb_die("prefill allocated other blocks: %s", params);
           hixl_kv_request q = request(did, nb * o.block_tokens, params);
-          sched_alloc(&pull, &q, p.ids, nb, "decode scheduler");
-          if (ops->get_stats(pull.worker, &s0) != HIXL_KV_SUCCESS) hb_die("get_stats: %s", ops->last_error());
+          sched_alloc(&p.pull, &q, p.ids, nb, "decode scheduler");
+          if (ops->get_stats(p.pull.worker, &s0) != HIXL_KV_SUCCESS)
+            hb_die("get_stats: %s", ops->last_error());
         }
         uint64_t c0 = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid), t0 = bench_now_ns();
         if (plug)
-          wait_finished(&pull, did, 1, pass == 2 ? pull_fd : -1);
+          wait_finished(&p.pull, did, 1, pass == 2 ? pull_fd : -1);
         else
           hb_check(HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000), "raw READ%s",
                    pass == 4 ? ", hosts stepping" : "");
@@ -785,7 +758,7 @@ int main(int argc, char **argv) {
           PD_PHASE(pass == 4 ? "decode: raw READ, hosts stepping" : "decode: raw READ");
           continue;
         }
-        if (ops->get_stats(pull.worker, &s1) != HIXL_KV_SUCCESS) hb_die("get_stats: %s", ops->last_error());
+        if (ops->get_stats(p.pull.worker, &s1) != HIXL_KV_SUCCESS) hb_die("get_stats: %s", ops->last_error());
         if (s1.loads_done != s0.loads_done + 1)
           hb_die("request %s: %" PRIu64 " loads done, not 1", did, s1.loads_done - s0.loads_done);
         uint64_t pops = s1.engine_ops - s0.engine_ops; /* the engine ops of this one request */
@@ -809,31 +782,29 @@ int main(int argc, char **argv) {
       PD_PHASE("decode: between");
       hixl_kv_request q = request(did, nb * o.block_tokens, "{\"do_remote_prefill\": true}");
       hixl_kv_buffer pp = {0};
-      sched_alloc(&push, &q, p.ids, nb, "decode scheduler (push)");
-      if (ops->get_push_params(push.sched, did, strlen(did), &pp) != HIXL_KV_SUCCESS)
+      sched_alloc(&p.push, &q, p.ids, nb, "decode scheduler (push)");
+      if (ops->get_push_params(p.push.sched, did, strlen(did), &pp) != HIXL_KV_SUCCESS)
         hb_die("decode scheduler (push): %s", ops->last_error());
-      step(&push);
+      step(&p.push);
       hb_send(fd, "push %s %" PRIu64 " %" PRIuPTR " %.*s\n", id, nb, (uintptr_t)p.mem, (int)pp.len,
               (char *)pp.data);
       ops->free_buffer(&pp);
       /* The forward pass of this step: each layer waited for before it is used. */
       uint64_t t_prev = 0; /* when decode held the layer before the last */
       for (uint32_t l = 0; l < o.layers; l++) {
-        if (ops->wait_for_layer_load(push.worker, l) != HIXL_KV_SUCCESS)
+        if (ops->wait_for_layer_load(p.push.worker, l) != HIXL_KV_SUCCESS)
           hb_die("wait_for_layer_load %u: %s", l, ops->last_error());
         if (l + 2 == o.layers) t_prev = bench_now_ns();
       }
       uint64_t t_done = bench_now_ns(), t_last = 0;
       PD_PHASE("decode: plugin push, to the last layer held");
-      wait_finished(&push, did, 1, -1); /* then the host learns it finished (and checks it did) */
+      wait_finished(&p.push, did, 1, -1); /* then the host learns it finished (and checks it did) */
       if (sscanf(hb_recv(fd, line, sizeof(line)),
                  "pushed %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64 " %" SCNu64, &t_last,
                  &t[S_LAYER][r], &t[S_RTT][r], &t[S_BUSY][r], &t[S_RAW_PUSH][r], &t[S_RAW_CALL_PUSH][r]) != 6)
         hb_die("prefill: %s", line);
       PD_PHASE("decode: push reported, the raw pushes received");
-      /* How far the pusher was behind when the last layer was saved: the layer before it
-       * still on its way (its notice included). Behind by a whole layer or more, the
-       * pusher's pace fell below the compute's; near zero, only the last layer is left. */
+      /* How far the pusher was behind at the last save: the layer before it on its way. */
       t[S_BEHIND][r] = t_prev > t_last ? t_prev - t_last : 0;
       HixlNotifyDesc *nv = NULL;
       size_t nn = 0;
@@ -873,5 +844,5 @@ int main(int argc, char **argv) {
   }
   if (f) fprintf(f, "\n]}\n"), fclose(f);
   if (csv) fclose(csv);
-  return conns_down(&pull, &push, raw);
+  return host_down(&p);
 }
