@@ -1,24 +1,15 @@
 #!/usr/bin/env bash
-# run_pd.sh BUILD_DIR [OUTPUT_MD]
-#
-# Prefill-to-decode KV hand-offs through the KV-connector plugin against the raw engine
-# moving the same bytes as the same op lists (hixl-pd-bench), one run per transport (tcp,
-# and auto = shm between two processes of this host), decode pinned to CPU 0 and prefill
-# to CPU 1 like two hosts. Writes OUTPUT_MD (default docs/performance-pd.md; the shape,
-# the method and the goals are on it) and a plot of hand-off latency against prompt
-# length (gnuplot, installed from Debian when missing) beside it as .png.
-# Environment: PD_ROUNDS (default 5), PD_PROMPTS (default 256,512,1024,2048,4096),
-# PD_STEP_US (default 500: the host polls get_finished once per step, as a runtime does),
-# PD_REPORT_ONLY=1 (write the page again from the last run's results, measuring nothing).
-# RDMA: the same benchmark inside the soft-RoCE guest (integration/rxe-vm/, on rxe0 at
-# 10.77.0.1), pinned in the same way, PD_RDMA_PROMPTS (default 256,1024,4096) and
-# PD_RDMA_ROUNDS (default 5); PD_RDMA=0 leaves it out.
-# Layouts (docs/performance-layouts.md, results in pd-results/pd-layouts.json): the pull
-# with the KV cache laid out kv_first, BLNHC and cross_layer, each with 16- and 64-token
-# blocks, over tcp and auto. PD_LAYOUTS=1 (default) runs it after the rest, 0 leaves it
-# out, only runs it alone (performance-pd.md untouched); PD_LAYOUT_PROMPTS (default
-# 256,1024,4096), PD_LAYOUT_ROUNDS (default 3), PD_LAYOUT_REPEATS (default 2: each case
-# runs that many times, interleaved, 16- and 64-token blocks in turn first).
+# run_pd.sh BUILD_DIR [OUTPUT_MD]: hixl-pd-bench over tcp, auto (shm between two processes)
+# and rdma (the soft-RoCE guest, integration/rxe-vm/, rxe0 at 10.77.0.1), decode on CPU 0 and
+# prefill on CPU 1 like two hosts: OUTPUT_MD (default docs/performance-pd.md: the method and
+# the goals) and a plot of hand-off latency against prompt length beside it (.png,
+# gnuplot-nox installed from Debian when missing); then the pull per layout for
+# docs/performance-layouts.md (and pd-results/pd-layouts.json). Environment (defaults
+# below): PD_ROUNDS, PD_PROMPTS, PD_STEP_US (the host polls get_finished once per step, as a
+# runtime does), PD_REPORT_ONLY=1 (the pages from the last run's results, measuring nothing),
+# PD_RDMA=0 (no rdma), PD_RDMA_PROMPTS, PD_RDMA_ROUNDS, PD_LAYOUTS (1: after the rest, 0: not,
+# only: alone, performance-pd.md untouched), PD_LAYOUT_PROMPTS, PD_LAYOUT_ROUNDS,
+# PD_LAYOUT_REPEATS (each case runs that many times).
 NAME=run_pd
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"
@@ -28,6 +19,9 @@ ROUNDS=${PD_ROUNDS:-5}
 PROMPTS=${PD_PROMPTS:-256,512,1024,2048,4096}
 STEP_US=${PD_STEP_US:-500}
 REPORT_ONLY=${PD_REPORT_ONLY:-0}
+RDMA=${PD_RDMA:-1}
+RP=${PD_RDMA_PROMPTS:-256,1024,4096}
+RR=${PD_RDMA_ROUNDS:-5}
 LAYOUTS=${PD_LAYOUTS:-1}
 LPROMPTS=${PD_LAYOUT_PROMPTS:-256,1024,4096}
 LROUNDS=${PD_LAYOUT_ROUNDS:-3}
@@ -42,8 +36,7 @@ layouts() {
     rm -f "$RES"/layouts-*.json
     for t in tcp auto; do
       for rep in $(seq 1 "$LREPEATS"); do
-        order="16 64"
-        [ $((rep % 2)) = 1 ] || order="64 16"
+        order=$([ $((rep % 2)) = 1 ] && echo "16 64" || echo "64 16")
         for lay in kv_first BLNHC cross_layer; do
           for bt in $order; do
             log "layouts: transport $t, $lay, $bt-token blocks, run $rep of $LREPEATS"
@@ -75,9 +68,6 @@ for t in tcp auto; do
     --json "$RES/pd-$t.json" >"$RES/pd-$t.md" || die "hixl-pd-bench --transport $t failed"
 done
 
-RDMA=${PD_RDMA:-1}
-RP=${PD_RDMA_PROMPTS:-256,1024,4096}
-RR=${PD_RDMA_ROUNDS:-5}
 if [ "$RDMA" != 0 ] && [ "$REPORT_ONLY" != 0 ]; then
   [ -s "$RES/pd-rdma.json" ] || die "PD_REPORT_ONLY: no $RES/pd-rdma.json"
 elif [ "$RDMA" != 0 ]; then

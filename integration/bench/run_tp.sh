@@ -1,15 +1,11 @@
 #!/usr/bin/env bash
-# run_tp.sh BUILD_DIR [OUTPUT_MD]
-#
-# The hand-off between prefill and decode instances of different tensor-parallel sizes
-# (issue 29; the method is on the page, OUTPUT_MD, default docs/performance-tp.md):
-# hixl-tp-bench over the pairs (1,2) (2,1) (2,4) (4,2) (1,4) (4,1) (2,2), a GQA model and
-# an MLA model, then the MLA pairs again with shared CPUs for reference; the JSON lines in
+# run_tp.sh BUILD_DIR [OUTPUT_MD]: hixl-tp-bench over the pairs (1,2) (2,1) (2,4) (4,2)
+# (1,4) (4,1) (2,2), a GQA and an MLA model, then MLA again with shared CPUs for reference:
+# OUTPUT_MD (default docs/performance-tp.md, the method on it), the JSON lines in
 # BUILD_DIR/tp-results/tp.json. Environment: TP_ROUNDS (default 45, a multiple of 3: the
-# plugin takes each place in a round equally often), TP_REQUESTS (default 8), TP_PROMPT
-# (default 1024), TP_LAYERS (GQA, default 8), TP_MLA_LAYERS (default 27, DeepSeek-V2-Lite's:
-# a request then carries about the bytes of a GQA one), TP_TRANSPORT (default tcp), TP_CPUS
-# (split, the default: producer ranks on half the CPUs, consumer ranks on the other, as on
+# plugin takes each place in a round equally often), TP_REQUESTS (8), TP_PROMPT (1024),
+# TP_LAYERS (GQA, 8), TP_MLA_LAYERS (27, DeepSeek-V2-Lite's: a request then carries about
+# a GQA one's bytes), TP_TRANSPORT (tcp), TP_CPUS (split, the sides on their own CPUs as on
 # two hosts; or shared).
 NAME=run_tp
 # shellcheck source-path=SCRIPTDIR source=common.sh
