@@ -1,13 +1,8 @@
-/* hixl-pd-bench: the prefill-to-decode KV hand-off through the plugin, against the raw
- * engine moving the same bytes as the same op lists, in one run. A prefill process (child)
- * and a decode process (parent) each dlopen the plugin twice (a pull and a push connector)
- * beside a raw HixlEngine on the same KV memory. Per prompt length and round: the pull
- * (a stepping host, and an idle one woken by get_event_fd) against one raw READ of the
- * same op list (run twice for A/A, and once with both hosts stepping beside it), the CPU
- * time of both processes over each; and the layer-by-layer push (kv_first only) against
- * one layer's raw WRITE, the notice round trip and the raw engine's own pipelined pushes.
- * What each column means and why: docs/performance-pd.md; the layouts (--layout):
- * docs/performance-layouts.md. Progress on stderr; a table on stdout; --json, --csv. */
+/* hixl-pd-bench: the prefill-to-decode KV hand-off through the plugin (pull, and push
+ * layer by layer), against the raw engine moving the same bytes as the same op lists, in
+ * one run: a prefill process (child) and a decode process each dlopen the plugin twice (a
+ * pull and a push connector) beside a raw HixlEngine on the same KV memory. What each
+ * round measures and why: docs/performance-pd.md; the layouts: performance-layouts.md. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -200,11 +195,10 @@ static void conn_up(struct conn *c, uint16_t port, const char *role, const char 
            " \"transfer_timeout_ms\": 60000, \"connect_timeout_ms\": 10000, \"Transport\": \"%s\"%s}",
            o.ip, (unsigned)port, role, mode, o.transport,
            o.obs ? "" : ", \"metrics\": false, \"trace_ring\": 0");
-  if (ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &c->sched, err, sizeof(err)) !=
-          HIXL_KV_SUCCESS ||
-      ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &c->worker, err, sizeof(err)) !=
-          HIXL_KV_SUCCESS)
-    hb_die("create %s %s: %s", role, mode, err);
+  for (int r = 0; r < 2; r++) /* the scheduler, then the worker */
+    if (ops->create(cfg, strlen(cfg), r ? HIXL_KV_ROLE_WORKER : HIXL_KV_ROLE_SCHEDULER, 0, 1,
+                    r ? &c->worker : &c->sched, err, sizeof(err)) != HIXL_KV_SUCCESS)
+      hb_die("create %s %s: %s", role, mode, err);
   register_kv(c->worker, p);
 }
 
@@ -335,12 +329,10 @@ static size_t layer_ops(HixlTransferOpDesc *v, const struct dest *d, uint32_t l)
   return build_ops(v, (uintptr_t)d->p->mem, d->dbase, d->p->ids, d->p->peer_ids, d->nb, l, 1);
 }
 
-/* What prefill measures right before a push, each the median of a few samples (a single
- * short transfer is one noisy sample), layers spread: one layer's raw WRITE (five), a
- * notice's round trip (HixlEngineSendNotify waits for the receipt; nine) and the same
- * while one layer's raw WRITE moves on the link (three), as the layer-landed notices of a
- * push meet it, whose next layer is always on its way (where the CPUs move the bytes,
- * soft-RoCE, the notice waits). */
+/* What prefill measures right before a push (docs/performance-pd.md), each the median of
+ * a few samples, layers spread: a single short transfer is one noisy sample. BUSY: a
+ * notice while a layer's WRITE moves, as a push's landed notices meet the next layer
+ * (where the CPUs move the bytes, soft-RoCE, the notice waits for it). */
 enum probe { PROBE_LAYER, PROBE_NOTICE, PROBE_BUSY };
 
 static uint64_t probe_ns(const struct dest *d, enum probe what) {
@@ -370,12 +362,11 @@ static uint64_t probe_ns(const struct dest *d, enum probe what) {
   return hb_median_u64(t, n);
 }
 
-/* The raw engine's own pipelined push, the plugin's reference: the same compute per layer
- * on this thread; a second thread, as the plugin's pusher, starts each layer's WRITE
- * (async; with calls, a then-call behind it, as the plugin's landed notice) as soon as it
- * is "saved" and waits for all at the end (where the CPUs move the bytes in the posting
- * thread, soft-RoCE, it is busy a layer per layer, as the pusher is). The time from the
- * last compute's end to all of them landed (with calls: the last answer back). */
+/* The raw engine's own pipelined push (docs/performance-pd.md): the compute on this
+ * thread, each layer's WRITE (with calls, a then-call behind it) started by a second one,
+ * as the plugin's pusher (where the CPUs move the bytes in the posting thread, soft-RoCE,
+ * it is busy a layer per layer, as the pusher is); the time from the last compute's end
+ * to all of them landed (with calls: the last answer back). */
 struct raw_push {
   const struct dest *d;
   pthread_mutex_t mu;
@@ -684,10 +675,8 @@ int main(int argc, char **argv) {
          o.push ? "" : ", pull only");
   /* A round's passes, in this order in odd rounds and the reverse in even ones, so none
    * gains from another's warm-up: the raw READ, the pull with the host stepping, the pull
-   * woken by the fd, the raw READ again at the other end of the round (A/A: how far two
-   * runs of the same transfer differ here, the noise any ratio of the round carries), the
-   * raw READ with both hosts stepping beside it, as during the pulls. Each pass's time
-   * sample and CPU sample (-1: none). */
+   * woken by the fd, the raw READ again at the round's other end (A/A: the noise), the raw
+   * READ with both hosts stepping; each one's time and CPU sample (-1: none). */
   static const int pass_s[5][2] = {{S_RAW, S_CPU_RAW},
                                    {S_PLUGIN, -1},
                                    {S_PLUGIN_FD, S_CPU_PLUGIN},

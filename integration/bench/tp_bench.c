@@ -146,7 +146,9 @@ static void step(struct side *s) { hb_kv_step(ops, s->sched, s->w, s->world); }
 /* Steps s until every rank reported each of the n requests (sending or receiving). */
 static void wait_all(struct side *s, uint32_t n, bool recving) {
   uint64_t want = (uint64_t)n * s->world, got = 0, deadline = bench_now_ns() + 120000000000ull;
-  while (got < want) {
+  int32_t fd = -1; /* none (a plugin older than ABI 1.2): poll only waits its 1 ms */
+  if (HIXL_KV_HAS_OP(ops, get_event_fd)) ops->get_event_fd(s->w[0], &fd);
+  for (;;) {
     step(s);
     for (uint32_t i = 0; i < s->world; i++) {
       size_t sent = 0, recvd = 0;
@@ -154,12 +156,8 @@ static void wait_all(struct side *s, uint32_t n, bool recving) {
       got += recving ? recvd : sent;
     }
     if (bench_now_ns() > deadline) hb_die("%" PRIu64 " of %" PRIu64 " reports in 120 s", got, want);
-    if (got < want) {
-      int32_t fd = -1; /* none (a plugin older than ABI 1.2): poll only waits its 1 ms */
-      if (HIXL_KV_HAS_OP(ops, get_event_fd)) ops->get_event_fd(s->w[0], &fd);
-      struct pollfd p = {.fd = fd, .events = POLLIN};
-      poll(&p, 1, 1);
-    }
+    if (got >= want) return;
+    poll(&(struct pollfd){.fd = fd, .events = POLLIN}, 1, 1);
   }
 }
 
