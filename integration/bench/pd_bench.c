@@ -247,35 +247,29 @@ static void wait_finished(struct conn *c, const char *id, int which, int efd) {
 }
 
 /* A host stepping its idle connector every step beside a raw READ, as it does while a
- * pull is under way (docs/performance-pd.md: why). Told to stop, it ends within a step,
- * after the READ it stepped beside was timed. */
-struct stepper {
-  struct conn *c;
-  pthread_t t;
-  atomic_bool stop;
-};
+ * pull is under way (docs/performance-pd.md: why): a thread, one a process at a time.
+ * Told to stop, it ends within a step, after the READ it stepped beside was timed. */
+static pthread_t stepper;
+static atomic_bool stepping;
 
 static void *stepper_main(void *arg) {
-  struct stepper *h = arg;
+  struct conn *c = arg;
   struct timespec ts = {0, (long)o.step_us * 1000};
-  while (!atomic_load(&h->stop)) {
-    step(h->c);
-    hb_kv_poll(ops, NULL, h->c->worker, NULL, 0, NULL, NULL);
+  while (atomic_load(&stepping)) {
+    step(c);
+    hb_kv_poll(ops, NULL, c->worker, NULL, 0, NULL, NULL);
     nanosleep(&ts, NULL);
   }
   return NULL;
 }
 
-static void stepper_start(struct stepper *h, struct conn *c) {
-  h->c = c;
-  atomic_init(&h->stop, false);
-  if (pthread_create(&h->t, NULL, stepper_main, h) != 0)
+/* The stepping host on c, or (c NULL) off. */
+static void stepper_set(struct conn *c) {
+  atomic_store(&stepping, c != NULL);
+  if (!c)
+    pthread_join(stepper, NULL);
+  else if (pthread_create(&stepper, NULL, stepper_main, c) != 0)
     hb_die("the stepping host's thread: cannot start it");
-}
-
-static void stepper_stop(struct stepper *h) {
-  atomic_store(&h->stop, true);
-  pthread_join(h->t, NULL);
 }
 
 /* The next line from the other process, which must be want. */
@@ -456,11 +450,10 @@ static int prefill_main(void *arg, int fd) {
     PD_PHASE("prefill: between commands (raw READs served)");
     if (strcmp(line, "quit") == 0) break;
     if (strcmp(line, "step") == 0) { /* the host steps its pull connector until "rest" */
-      struct stepper h;
-      stepper_start(&h, &p.pull);
+      stepper_set(&p.pull);
       hb_send(fd, "stepping\n");
       expect(fd, "rest");
-      stepper_stop(&h);
+      stepper_set(NULL);
       hb_send(fd, "resting\n");
     } else if (sscanf(line, "pull %63s %" SCNu64, id, &nb) == 2) {
       hixl_kv_request r = request(id, nb * o.block_tokens, NULL);
@@ -644,7 +637,7 @@ int main(int argc, char **argv) {
            "Prefill-to-decode hand-offs through the KV-connector plugin (pull, and push layer by\n"
            "layer) against the raw engine moving the same bytes as the same op lists.\n");
   o.block_bytes = block_kib << 10;
-  if (o.layout != LAYOUT_KV_FIRST) o.push = false; /* a cross-layer cache moves whole, after its last layer */
+  if (o.layout != LAYOUT_KV_FIRST) o.push = false; /* the push is measured with kv_first only */
   if (!o.block_bytes) o.block_bytes = (uint64_t)o.block_tokens * HEAD_BYTES_PER_TOKEN;
   uint64_t maxprompt = 0;
   for (size_t i = 0; i < o.nprompts; i++) maxprompt = o.prompts[i] > maxprompt ? o.prompts[i] : maxprompt;
@@ -708,12 +701,11 @@ int main(int argc, char **argv) {
         uint64_t t_fin = 0;
         char *params = NULL;
         hixl_kv_stats s0, s1;
-        struct stepper h;
         PD_PHASE("decode: between");
         if (pass == 4) {
           hb_send(fd, "step\n");
           expect(fd, "stepping");
-          stepper_start(&h, &p.pull);
+          stepper_set(&p.pull);
         }
         if (plug) { /* prefill finishes a request; decode matches it and allocates */
           snprintf(id, sizeof(id), "p%u", req);
@@ -739,7 +731,7 @@ int main(int argc, char **argv) {
         t[pass_s[pass][0]][r] = t1 - t0;
         if (pass_s[pass][1] >= 0) t[pass_s[pass][1]][r] = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid) - c0;
         if (pass == 4) {
-          stepper_stop(&h);
+          stepper_set(NULL);
           hb_send(fd, "rest\n");
           expect(fd, "resting");
         }
