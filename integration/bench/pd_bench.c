@@ -670,19 +670,13 @@ int main(int argc, char **argv) {
    * gains from another's warm-up: the raw READ, the pull with the host stepping, the pull
    * woken by the fd, the raw READ again at the round's other end (A/A: the noise), the raw
    * READ with both hosts stepping; each one's time and CPU sample (-1: none). */
-  static const int pass_s[5][2] = {{S_RAW, S_CPU_RAW},
-                                   {S_PLUGIN, -1},
-                                   {S_PLUGIN_FD, S_CPU_PLUGIN},
-                                   {S_RAW2, -1},
-                                   {S_RAW_HOST, S_CPU_RAW_HOST}};
+  static const int pass_t[5] = {S_RAW, S_PLUGIN, S_PLUGIN_FD, S_RAW2, S_RAW_HOST},
+                   pass_c[5] = {S_CPU_RAW, -1, S_CPU_PLUGIN, -1, S_CPU_RAW_HOST};
   unsigned req = 0;
   for (size_t pi = 0; pi < o.nprompts; pi++) {
     struct row *w = &rows[pi];
     uint64_t nb = (o.prompts[pi] + o.block_tokens - 1) / o.block_tokens, t[S_N][MAX_RUNS];
-    memset(w, 0, sizeof(*w));
-    w->tokens = o.prompts[pi];
-    w->blocks = nb;
-    w->bytes = nb * o.block_bytes * 2 * o.layers;
+    *w = (struct row){.tokens = o.prompts[pi], .blocks = nb, .bytes = nb * o.block_bytes * 2 * o.layers};
     /* Short prompts' fixed costs swing more from round to round: more rounds, at most 4x. */
     uint64_t scaled = (uint64_t)o.rounds * maxprompt / o.prompts[pi]; /* >= rounds */
     w->rounds = (uint32_t)(scaled > 4ull * o.rounds ? 4ull * o.rounds : scaled);
@@ -728,8 +722,8 @@ int main(int argc, char **argv) {
           hb_check(HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000), "raw READ%s",
                    pass == 4 ? ", hosts stepping" : "");
         uint64_t t1 = bench_now_ns();
-        t[pass_s[pass][0]][r] = t1 - t0;
-        if (pass_s[pass][1] >= 0) t[pass_s[pass][1]][r] = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid) - c0;
+        t[pass_t[pass]][r] = t1 - t0;
+        if (pass_c[pass] >= 0) t[pass_c[pass]][r] = hb_cpu_ns(0) + hb_cpu_ns(prefill.pid) - c0;
         if (pass == 4) {
           stepper_set(NULL);
           hb_send(fd, "rest\n");
