@@ -1,22 +1,8 @@
-/* hixl-bench: READ / WRITE bandwidth and latency between two hixl engines, in the
- * spirit of nixlbench and ib_write_bw. The target (the test's server) registers a buffer
- * and serves; the initiator sweeps block size x batch size x op and times each
- * HixlEngineTransferSync batch (or, with --async, a window of TransferAsync requests).
- * --api cs drives the same sweep through HIXL's client/server API: the target is a
- * HixlCSServer whose buffer is tagged "bench", found by HixlCSClientGetRemoteMem and moved
- * by HixlCSClientBatch{Put,Get}{Sync,Async}. The target starts by sending the initiator
- * its buffer's address (the engine API cannot look a peer's buffer up) and length.
- *
- * Every point: the first iteration is verified (the data is checked byte for byte
- * through a WRITE and a READ of a fresh pattern), then warm-up, then the measured
- * iterations, bounded by --iters / --total and by --max-seconds.
- * GB/s means 10^9 bytes per second of payload. Latency is per batch, in us.
- *
- * Staging (--api engine only): --opt KEY=VALUE hands extra options (BufferPool,
- * StagingThreshold, ...) to both engines, so the same sweep runs with small ops
- * coalesced or not. --unregistered local|remote|both leaves that side's buffer
- * unregistered, so every op is staged through the pools; with remote, the target runs
- * with StagingUnregistered=on, since a target refuses that by default. */
+/* hixl-bench: READ / WRITE bandwidth and latency sweeps between two hixl engines (or HIXL's
+ * HixlCS* client and server). The target (the test's server) registers a buffer, sends the
+ * initiator its address (the engine API cannot look a peer's buffer up) and length, and
+ * serves; the initiator sweeps block x batch x op. Each point: its first iteration checked
+ * byte for byte, warm-up, then measured; method, units and staging: docs/performance.md. */
 #include <inttypes.h>
 
 #include "harness.h"
@@ -48,30 +34,23 @@ static struct {
   char peer[128];        /* target engine "ip:port" */
   char local[128];       /* initiator engine "ip" */
   int op_idx;            /* --op: index in op_choices[] */
-  size_t blocks[BENCH_MAX_LIST];
-  size_t n_blocks;
-  size_t batches[BENCH_MAX_LIST];
-  size_t n_batches;
-  size_t total;       /* bytes per point, when iters is 0 */
-  uint64_t iters;     /* iterations per point; 0: from total */
-  uint64_t warmup;    /* UINT64_MAX: automatic */
-  double max_seconds; /* per point */
-  bool async;
-  size_t window; /* outstanding async requests */
-  bool latency;  /* only the small READ round trip test */
-  uint64_t lat_iters;
-  size_t lat_size;
-  const char *csv;
-  const char *json;
-  bool verify;
-  bool progress;
-  int timeout_ms; /* 0: from the batch size */
-  size_t mem;     /* 0: as needed, capped at BENCH_DEFAULT_MEM_CAP */
-  uint64_t seed;
-  int cpu[2];        /* --pin: initiator, target; -1 none */
-  struct hb_extra x; /* --opt: to both engines, in order given */
-  int unreg;         /* --unregistered: enum bench_unreg bits */
-  char peer_ip[64];  /* --api cs: --peer split */
+  size_t blocks[BENCH_MAX_LIST], n_blocks, batches[BENCH_MAX_LIST], n_batches;
+  size_t total;             /* bytes per point, when iters is 0 */
+  uint64_t iters;           /* iterations per point; 0: from total */
+  uint64_t warmup;          /* UINT64_MAX: automatic */
+  double max_seconds;       /* per point */
+  bool async, latency;      /* latency: only the small READ round trip test */
+  size_t window;            /* outstanding async requests */
+  uint64_t lat_iters, seed; /* seed: of the data pattern */
+  size_t lat_size;          /* bytes per latency READ */
+  const char *csv, *json;   /* result files */
+  bool verify, progress;    /* a byte-for-byte check per point; progress lines on stderr */
+  int timeout_ms;           /* 0: from the batch size */
+  size_t mem;               /* 0: as needed, capped at BENCH_DEFAULT_MEM_CAP */
+  int cpu[2];               /* --pin: initiator, target; -1 none */
+  struct hb_extra x;        /* --opt: to both engines, in order given */
+  int unreg;                /* --unregistered: enum bench_unreg bits */
+  char peer_ip[64];         /* --api cs: --peer split */
   uint16_t peer_port;
 } o = {.local = "127.0.0.1",
        .transport_idx = -1,
@@ -166,11 +145,11 @@ static size_t engine_options(bool target, HixlOption *opt) {
   return n;
 }
 
-/* The CS endpoint protocol for --transport; the CS API has no "auto": tcp. */
+/* The CS endpoint protocol for --transport (transports[]'s order); the CS API has no "auto": tcp. */
 static HixlEndpointProtocol cs_protocol(void) {
-  if (o.transport != NULL && strcmp(o.transport, "rdma") == 0) return HIXL_EP_PROTOCOL_RDMA;
-  if (o.transport != NULL && strcmp(o.transport, "shm") == 0) return HIXL_EP_PROTOCOL_SHM;
-  return HIXL_EP_PROTOCOL_TCP;
+  static const HixlEndpointProtocol p[] = {HIXL_EP_PROTOCOL_TCP, HIXL_EP_PROTOCOL_TCP, HIXL_EP_PROTOCOL_RDMA,
+                                           HIXL_EP_PROTOCOL_SHM};
+  return o.transport_idx >= 0 ? p[o.transport_idx] : HIXL_EP_PROTOCOL_TCP;
 }
 
 /* --api cs: a HixlCSServer on --peer whose one registration is the buffer, tagged "bench". */
@@ -545,14 +524,9 @@ static int measure(struct bench_ctx *c, uint64_t connect_ns) {
   char opts[HB_EXTRA_MAX * 128];
   printf("# hixl-bench (hixl %s): initiator %s -> target %s, api %s, transport %s, ", HixlVersionString(),
          o.local, o.peer, apis[o.api], o.transport ? o.transport : (o.api == API_CS ? "tcp" : "default"));
-  if (o.async)
-    printf("async window %zu, ", o.window);
-  else
-    printf("sync, ");
-  if (o.unreg == UNREG_NONE)
-    printf("%zu registered bytes per side", c->span);
-  else
-    printf("%zu bytes per side, unregistered %s (staged)", c->span, unregs[o.unreg]);
+  o.async ? printf("async window %zu, ", o.window) : printf("sync, ");
+  o.unreg ? printf("%zu bytes per side, unregistered %s (staged)", c->span, unregs[o.unreg])
+          : printf("%zu registered bytes per side", c->span);
   if (o.api == API_ENGINE) printf(", engine options %s", options_text(opts, sizeof(opts)));
   printf(", verify %s, connect %.2f ms\n", o.verify ? "on" : "off", (double)connect_ns / 1e6);
   int rc = o.latency ? run_latency(c) : run_sweep(c);
@@ -679,15 +653,12 @@ static int initiator(struct hb_peer *peer) {
 static bool set_addr(void *p, const char *v) { return strlen(v) < 128 && snprintf(p, 128, "%s", v) > 0; }
 
 static const struct hb_opt opts[] = {
-    {"--peer", HB_FN, o.peer, "IP:PORT", "the target engine's address (default: a free port on 127.0.0.1)", 0,
-     0, set_addr},
-    {"--local", HB_FN, o.local, "IP", "initiator engine (cs: client endpoint) address (default 127.0.0.1)", 0,
-     0, set_addr},
-    {"--api", HB_CHOICE, &o.api, "engine|cs", "HixlEngine* (default) or HIXL's client/server HixlCS*", 0, 0,
-     apis},
+    {"--peer", HB_FN, o.peer, "IP:PORT", "the target (default: a free port on 127.0.0.1)", 0, 0, set_addr},
+    {"--local", HB_FN, o.local, "IP", "the initiator (cs: client) (default 127.0.0.1)", 0, 0, set_addr},
+    {"--api", HB_CHOICE, &o.api, "engine|cs", "HixlEngine* (default) or client/server HixlCS*", 0, 0, apis},
     {"--transport", HB_CHOICE, &o.transport_idx, "NAME",
-     "auto|tcp|rdma|shm: the engines' Transport option, or the CS endpoints'\n"
-     "protocol (default: the library's; CS: tcp)",
+     "auto|tcp|rdma|shm: the engines' Transport, or the CS endpoints' protocol\n"
+     "(default: the library's; CS: tcp)",
      0, 0, transports},
     {"--opt", HB_FN, &o.x, "KEY=VALUE",
      "an engine option for both engines (--api engine; repeatable), e.g.\n"
@@ -705,14 +676,10 @@ static const struct hb_opt opts[] = {
      HIXL_MAX_BATCH, &o.n_batches},
     {"--total", HB_SIZE, &o.total, "BYTES", "bytes per point (default 256M), or", 1, 1e18, NULL},
     {"--iters", HB_U64, &o.iters, "N", "iterations (transfer calls) per point", 1, BENCH_MAX_ITERS, NULL},
-    {"--warmup", HB_U64, &o.warmup, "N", "unmeasured iterations per point (default iters/10, 1..100)", 0,
-     BENCH_MAX_ITERS, NULL},
-    {"--max-seconds", HB_DBL, &o.max_seconds, "S", "stop a point after S seconds (default 3)", 1e-9, 3600,
-     NULL},
-    {"--async", HB_FLAG, &o.async, NULL,
-     "TransferAsync (cs: Batch*Async) with a window of outstanding requests", 0, 0, NULL},
-    {"--window", HB_SIZE, &o.window, "N", "outstanding async requests (default 4)", 1, BENCH_MAX_WINDOW,
-     NULL},
+    {"--warmup", HB_U64, &o.warmup, "N", "unmeasured iterations (default iters/10, 1..100)", 0, 1e7, NULL},
+    {"--max-seconds", HB_DBL, &o.max_seconds, "S", "a point's time limit (default 3)", 1e-9, 3600, NULL},
+    {"--async", HB_FLAG, &o.async, NULL, "TransferAsync (cs: Batch*Async), --window requests", 0, 0, NULL},
+    {"--window", HB_SIZE, &o.window, "N", "async requests in flight (default 4)", 1, BENCH_MAX_WINDOW, NULL},
     {"--no-verify", HB_NOFLAG, &o.verify, NULL, "skip the byte-for-byte check of each point", 0, 0, NULL},
     {"--latency", HB_FLAG, &o.latency, NULL, "only small READ round trips (sync, batch 1)", 0, 0, NULL},
     {"--lat-iters", HB_U64, &o.lat_iters, "N", "round trips (default 20000)", 1, BENCH_MAX_ITERS, NULL},
@@ -720,8 +687,7 @@ static const struct hb_opt opts[] = {
     {"--csv", HB_STR, &o.csv, "FILE", "results, appended", 0, 0, NULL},
     {"--json", HB_STR, &o.json, "FILE", "results, rewritten", 0, 0, NULL},
     {"--no-progress", HB_NOFLAG, &o.progress, NULL, "no per-point progress on stderr", 0, 0, NULL},
-    {"--timeout-ms", HB_INT, &o.timeout_ms, "MS", "per transfer call (default 10 s + 1 s per 100 MB)", 1,
-     INT32_MAX, NULL},
+    {"--timeout-ms", HB_INT, &o.timeout_ms, "MS", "per call (default 10 s + 1 s/100 MB)", 1, INT32_MAX, NULL},
     {"--mem", HB_SIZE, &o.mem, "BYTES",
      "registered bytes per side (default: what the sweep needs, at most 1G;\n"
      "larger batches wrap around)",
