@@ -1,21 +1,10 @@
-/* hixl-shm-ref: the same-host (Transport shm) figures of issue 4 and their references,
- * measured in one run on one machine:
- *   - single-thread memcpy between two buffers of this process, block by block;
- *   - one process_vm_readv call per block from a second process (the reference the
- *     issue names for small blocks);
- *   - hixl WRITE and READ over Transport shm (HixlEngineTransferSync), one op per call
- *     and batches, from this process to an engine in the second process: into memory
- *     the target registered (process_vm_*), and into memory it got from
- *     HixlEngineAllocMem, which this process maps ("mapped": memcpy, issue 15).
- * Every figure walks the same span of memory block by block and is the median of
- * --rounds rounds, all figures interleaved in each round. The initiator runs on CPU
- * --cpu-initiator, the target on --cpu-target. --thp backs every buffer with
- * transparent huge pages (madvise MADV_HUGEPAGE). GB/s is 10^9 bytes per second.
- * The data is checked byte for byte once before and once after the measurements.
- * --kernel-refs adds two references: one process_vm_readv per 1 MiB block, and the
- * kernel's own batch, one process_vm_readv of 1024 scattered 4 KiB blocks. --csv FILE appends one row per
- * figure (its median and every round) for run_perf.sh; the printed tables stay as they are.
- * `hixl-perf shm-ref` (hixl-shm-ref): the target is the test's server. */
+/* hixl-shm-ref: issue 4's same-host (Transport shm) figures beside their references, in one
+ * run: single-thread memcpy, one process_vm_readv per block from a second process, and hixl
+ * WRITE / READ (HixlEngineTransferSync) into memory the target registered and into its
+ * HixlEngineAllocMem memory mapped here ("mapped", issue 15). Each figure: the median of
+ * --rounds rounds, all interleaved in each round; the data checked byte for byte before and
+ * after. What each figure and goal is: docs/performance.md, the shm section. The target is
+ * the test's server (`hixl-perf shm-ref`). */
 #include <sys/uio.h>
 
 #include "harness.h"
@@ -27,11 +16,9 @@ static struct {
   uint64_t span_mib;
   double seconds;
   int rounds;
-  bool thp;
-  bool kernel_refs; /* --kernel-refs: also time the kernel call at 1 MiB and per scattered batch */
+  bool thp, kernel_refs; /* kernel_refs: also time the kernel call at 1 MiB and per scattered batch */
   int cpu_init, cpu_target;
-  const char *csv;  /* --csv: append one row per figure here */
-  const char *only; /* --only: just the figures whose name holds this, and no goals */
+  const char *csv, *only; /* only: just the figures whose name holds this, and no goals */
   size_t span;
 } o = {64, 0.5, 3, false, false, 0, 1, NULL, NULL, 0};
 
@@ -158,13 +145,9 @@ static void verify(struct ctx *c, const char *when) {
       memcpy(c->src + i, &v, 8);
     }
     memset(c->dst, 0, o.span);
-    if (pass % 2 == 0) {
-      move_span(c, raddr, HIXL_WRITE, 4 * KiB, 512, true);
-      move_span(c, raddr, HIXL_READ, 4 * KiB, 512, true);
-    } else {
-      move_span(c, raddr, HIXL_WRITE, 4 * MiB, 1, false);
-      move_span(c, raddr, HIXL_READ, 256 * KiB, 1, false);
-    }
+    bool small = pass % 2 == 0; /* scattered 4 KiB x512 both ways, else 4 MiB out, 256 KiB back */
+    move_span(c, raddr, HIXL_WRITE, small ? 4 * KiB : 4 * MiB, small ? 512 : 1, small);
+    move_span(c, raddr, HIXL_READ, small ? 4 * KiB : 256 * KiB, small ? 512 : 1, small);
     if (memcmp(c->src, c->dst, o.span) != 0)
       hb_die("data check %s the measurements FAILED (pass %d, %s memory)", when, pass,
              pass < 2 ? "registered" : "mapped");
@@ -198,20 +181,14 @@ static bool write_csv(const struct fig *figs, size_t n) {
 
 static const struct hb_opt opts[] = {
     {"--thp", HB_FLAG, &o.thp, NULL, "back every buffer with transparent huge pages", 0, 0, NULL},
-    {"--kernel-refs", HB_FLAG, &o.kernel_refs, NULL, "add process_vm_readv at 1 MiB and of a scattered batch",
-     0, 0, NULL},
-    {"--span-mib", HB_U64, &o.span_mib, "N", "the span walked, a multiple of 4, at least 16 (default 64)", 16,
-     1 << 20, NULL},
+    {"--kernel-refs", HB_FLAG, &o.kernel_refs, NULL, "add readv at 1 MiB, of a scattered batch", 0, 0, NULL},
+    {"--span-mib", HB_U64, &o.span_mib, "N", "a multiple of 4, >= 16 (default 64)", 16, 1 << 20, NULL},
     {"--seconds", HB_DBL, &o.seconds, "S", "per figure and round (default 0.5)", 1e-9, 3600, NULL},
     {"--rounds", HB_INT, &o.rounds, "R", "rounds, each figure once in each (default 3)", 1, 15, NULL},
-    {"--cpu-initiator", HB_INT, &o.cpu_init, "C", "(default 0; -1 leaves it unpinned)", -1, CPU_SETSIZE - 1,
-     NULL},
-    {"--cpu-target", HB_INT, &o.cpu_target, "C", "(default 1; -1 leaves it unpinned)", -1, CPU_SETSIZE - 1,
-     NULL},
-    {"--csv", HB_STR, &o.csv, "FILE", "append one row per figure, header written when the file is new", 0, 0,
-     NULL},
-    {"--only", HB_STR, &o.only, "TEXT", "measure only the figures whose name holds TEXT (no goals, no CSV)",
-     0, 0, NULL},
+    {"--cpu-initiator", HB_INT, &o.cpu_init, "C", "(default 0; -1 unpinned)", -1, CPU_SETSIZE - 1, NULL},
+    {"--cpu-target", HB_INT, &o.cpu_target, "C", "(default 1; -1 unpinned)", -1, CPU_SETSIZE - 1, NULL},
+    {"--csv", HB_STR, &o.csv, "FILE", "append one row per figure (a new file: its header first)", 0, 0, NULL},
+    {"--only", HB_STR, &o.only, "TEXT", "only figures whose name holds TEXT (no goals or CSV)", 0, 0, NULL},
     {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
 
 static int setup(void) {
@@ -330,8 +307,7 @@ static int initiator(struct hb_peer *tgt) {
       if (figs[k].kind == K_MEMCPY && figs[k].block == f->block) ref = &figs[k];
     double goal = small ? (f->mapped ? 3.0 : 2.0) : (f->mapped ? 0.9 : 0.8), ratio = median(f) / median(ref);
     char what[96];
-    snprintf(what, sizeof(what), "%s",
-             f->name + (f->mapped ? 4 : 0)); /* "mapped ...", not "shm mapped ..." */
+    snprintf(what, sizeof(what), "%s", f->name + (f->mapped ? 4 : 0)); /* "mapped ...", not "shm mapped" */
     if (strchr(what, ',')) memmove(strchr(what, ','), strchr(what, ',') + 1, strlen(strchr(what, ',')));
     printf("| %s / %s | %.2fx | >= %.1fx | %s |\n", what, small ? "readv one call per 4 KiB" : ref->name,
            ratio, goal, ratio >= goal ? "PASS" : "FAIL");
