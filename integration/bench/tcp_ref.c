@@ -1,14 +1,8 @@
-/* hixl-tcp-ref: the plain TCP reference hixl-bench is compared with, measured in the
- * same run on 127.0.0.1. Two processes (fork): a receiver and a sender.
- *   --mode stream: N connections (--streams), each a thread doing blocking send() of
- *     --size bytes from one buffer for --seconds; the receiver recv()s into a buffer of
- *     the same size and acknowledges the byte count at EOF, so the time includes the
- *     drain. Reports GB/s (10^9 bytes/s) over all streams.
- *   --mode rtt: one connection, blocking --size byte request and --size byte response,
- *     repeated --iters times (bounded by --seconds); avg / p50 / p99 microseconds.
- * TCP_NODELAY on every socket. `hixl-perf tcp-ref` (hixl-tcp-ref): the receiver is the
- * test's server. Both processes run on one host: the acknowledged count goes in host
- * byte order. */
+/* hixl-tcp-ref: the plain TCP reference hixl-bench is compared with, on 127.0.0.1 in the same
+ * run (docs/performance.md): --mode stream, --streams threads each send()ing --size bytes for
+ * --seconds (GB/s over all; the receiver acknowledges the byte count at EOF, so the time
+ * includes the drain), or --mode rtt, --size byte request and response (latency). TCP_NODELAY
+ * on every socket. The receiver is the test's server; one host: the count goes in host order. */
 #include <inttypes.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -90,10 +84,8 @@ static int receiver(int ctrl) {
     int r = poll(&pfd, 1, REF_ACCEPT_TIMEOUT_MS);
     a[started] = (struct conn){.fd = r > 0 ? accept4(o.lfd, NULL, NULL, SOCK_CLOEXEC) : -1};
     if (a[started].fd < 0) {
-      if (r > 0)
-        hb_say("receiver: accept: %s\n", strerror(errno));
-      else
-        hb_say("receiver: no connection within %d ms\n", REF_ACCEPT_TIMEOUT_MS);
+      r > 0 ? hb_say("receiver: accept: %s\n", strerror(errno))
+            : hb_say("receiver: no connection within %d ms\n", REF_ACCEPT_TIMEOUT_MS);
       return 1; /* the threads started are in recv(); _exit ends them */
     }
     set_sock_opts(a[started].fd);
@@ -214,17 +206,13 @@ static int sender(struct hb_peer *p) {
 static const char *const modes[] = {"stream", "rtt", NULL};
 static const struct hb_opt opts[] = {
     {"--mode", HB_CHOICE, &o.mode, "stream|rtt", "required", 0, 0, modes},
-    {"--size", HB_SIZE, &o.size, "BYTES",
-     "bytes per send (stream, default 1M) or per message (rtt, default 64)", 1, 1u << 30, NULL},
-    {"--streams", HB_UNS, &o.streams, "N", "connections for stream mode (default 1, max 64)", 1,
-     REF_MAX_STREAMS, NULL},
-    {"--seconds", HB_DBL, &o.seconds, "S",
-     "stream duration (default 3); rtt stops early past it (default 10)", 1e-9, 3600, NULL},
+    {"--size", HB_SIZE, &o.size, "BYTES", "per send (stream, default 1M) or message (64)", 1, 1 << 30, NULL},
+    {"--streams", HB_UNS, &o.streams, "N", "connections (default 1, max 64)", 1, REF_MAX_STREAMS, NULL},
+    {"--seconds", HB_DBL, &o.seconds, "S", "stream duration (default 3); rtt's limit (10)", 1e-9, 3600, NULL},
     {"--iters", HB_U64, &o.iters, "N", "rtt round trips measured (default 20000)", 1, 1e8, NULL},
     {"--warmup", HB_U64, &o.warmup, "N", "rtt round trips before measuring (default 1000)", 0, 1e8, NULL},
     {"--pin", HB_PIN, o.cpu, "S,R", "pin the sender process to CPU S and the receiver to CPU R", 0, 0, NULL},
-    {"--csv", HB_STR, &o.csv, "FILE", "append one result row (header written when the file is new)", 0, 0,
-     NULL},
+    {"--csv", HB_STR, &o.csv, "FILE", "append one result row (a new file: its header first)", 0, 0, NULL},
     {"--quiet", HB_FLAG, &o.quiet, NULL, "no human-readable line", 0, 0, NULL},
     {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
 
