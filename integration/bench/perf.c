@@ -1,11 +1,7 @@
-/* hixl-perf: the two-process benchmarks as the tests of one program, ucx_perftest's
- * shape. A test is a row below (struct hb_test in harness.h): its options, a setup, a
- * server and a client; it has no main of its own. `hixl-perf TEST [options]` runs one;
- * so does its old program name (hixl-bench, hixl-tcp-ref, hixl-shm-ref, hixl-cache-bench,
- * hixl-auth-bench: links to this program, which CMake makes), so every caller of those
- * works as before. The runtime: parse the test's options into its parameters, run its
- * setup, fork its server before any engine exists (the fork hands it the parameters: the
- * server takes no arguments of its own), run the client beside it, reap the server. */
+/* hixl-perf: the two-process benchmarks as the tests of one program, ucx_perftest's shape:
+ * each a row below (struct hb_test, harness.h), run as `hixl-perf TEST [options]` or by its
+ * old program name (a link CMake makes, so every caller works as before). The server is
+ * forked before any engine exists and gets the parsed parameters with the fork. */
 #include "harness.h"
 
 extern const struct hb_test hb_test_bench, hb_test_tcp_ref, hb_test_shm_ref, hb_test_cache, hb_test_auth;
