@@ -1,27 +1,16 @@
 #!/usr/bin/env bash
 # run_perf.sh BUILD_DIR [OUTPUT_MD]
 #
-# Measures, in one run on 127.0.0.1 only, hixl-bench beside its references (hixl-tcp-ref,
-# iperf3, ucx_perftest over tcp), HIXL's client/server API against the engine API, the
-# staging pool, and the same-host transport (hixl-shm-ref, 4 KiB pages and transparent
-# huge pages); then report.py writes OUTPUT_MD (default docs/performance.md of this tree,
-# which says what each figure is) with the targets, PASS or MISS each. Builds nothing:
-# BUILD_DIR must hold the built tools.
-#
-# Loopback figures on a small VM swing by 20-50% from one run to the next, so the
-# figures behind the targets are taken PERF_ROUNDS times (default 3), hixl and its
-# reference interleaved, and the median is compared. Every two-process measurement
-# pins one process per CPU (initiator/client/sender on CPU 0, target/server/receiver
-# on CPU 1), like two hosts: unpinned, the scheduler puts both on one CPU or on two
-# at random, which flips small-op latency between ~8 and ~55 us (a cross-CPU wake-up
-# on this kind of VM costs ~45 us) and large-op bandwidth between ~2.7 and ~5 GB/s.
-# The CS-vs-engine pairs, and the staging runs after them, alternate their order between
-# rounds. hixl-shm-ref interleaves its own 3 rounds and runs once per page size at the end.
-#
-# Environment: PERF_ROUNDS=N (1..9); PERF_WAIT_IDLE=SECONDS waits, bounded, for
-# other processes to leave the CPUs idle first; PERF_REPORT_ONLY=1 writes the page again
-# from the last run's raw outputs (BUILD_DIR/perf-results), measuring nothing. Every step
-# runs under `timeout`.
+# Runs hixl-bench, hixl-tcp-ref and hixl-shm-ref beside iperf3 and ucx_perftest on 127.0.0.1
+# (built tools only); report.py writes OUTPUT_MD (default docs/performance.md, which says what
+# each figure is). Loopback figures on a small VM swing by 20-50% from run to run, so the
+# targeted ones are taken PERF_ROUNDS times (1..9, default 3), hixl and its reference
+# interleaved (pairs alternating their order), and medians compared. Every two-process run
+# pins one process per CPU (client side on 0, server side on 1), like two hosts: unpinned,
+# the scheduler puts both on one CPU or on two at random, which flips small-op latency
+# between ~8 and ~55 us (a cross-CPU wake-up on this kind of VM costs ~45 us) and large-op
+# bandwidth between ~2.7 and ~5 GB/s. PERF_WAIT_IDLE=SECONDS waits, bounded, for the CPUs to
+# go idle first; PERF_REPORT_ONLY=1 rewrites the page from BUILD_DIR/perf-results.
 NAME=run_perf
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"
@@ -70,17 +59,18 @@ free_port() {
   done
   return 1
 }
-
-# Wait (at most $2 seconds) until something listens on port $1. Reads
-# /proc/net/tcp rather than connecting: a probe would count as a client.
-wait_listen() {
-  local hex i
-  hex=$(printf '%04X' "$1")
-  for ((i = 0; i < $2 * 20; i++)); do
-    if awk -v h="$hex" 'NR > 1 { split($2, a, ":"); if (a[2] == h && $4 == "0A") f = 1 } END { exit !f }' \
-      /proc/net/tcp /proc/net/tcp6 2>/dev/null; then
-      return 0
-    fi
+# serve LOG PORT CMD...: starts server CMD (stopped on exit; its output appended to LOG) and
+# waits up to 10 s for it to listen on PORT. Reads /proc/net/tcp rather than connecting: a
+# probe would count as a client.
+serve() {
+  local log=$1 hex i
+  hex=$(printf '%04X' "$2")
+  shift 2
+  "$@" >>"$log" 2>&1 &
+  BG_PIDS+=($!)
+  for ((i = 0; i < 200; i++)); do
+    awk -v h="$hex" 'NR > 1 { split($2, a, ":"); if (a[2] == h && $4 == "0A") f = 1 } END { exit !f }' \
+      /proc/net/tcp /proc/net/tcp6 2>/dev/null && return 0
     sleep 0.05
   done
   return 1
@@ -168,9 +158,7 @@ ucx_put() { # sets UCX_LAST to GB/s or n/a, and UCX_NOTE on failure
     return
   fi
   port=$(free_port 13337) || { UCX_NOTE="no free port"; return; }
-  env "${UCX_ENV[@]}" timeout 60 "${ON_SERVER[@]}" ucx_perftest -p "$port" >>"$RES/ucx_server.log" 2>&1 &
-  BG_PIDS+=($!)
-  if wait_listen "$port" 10; then
+  if serve "$RES/ucx_server.log" "$port" env "${UCX_ENV[@]}" timeout 60 "${ON_SERVER[@]}" ucx_perftest -p "$port"; then
     env "${UCX_ENV[@]}" timeout 60 "${ON_CLIENT[@]}" ucx_perftest 127.0.0.1 -p "$port" -t ucp_put_bw -s 4194304 -n 750 \
       >"$RES/ucx_client.tmp" 2>&1 || UCX_NOTE="ucx_perftest client failed: $(tail -1 "$RES/ucx_client.tmp")"
     cat "$RES/ucx_client.tmp" >>"$RES/ucx_client.log"
@@ -231,9 +219,7 @@ if command -v iperf3 >/dev/null 2>&1; then
   for streams in 1 2; do
     log "iperf3 -P $streams on 127.0.0.1"
     port=$(free_port 15201) || { IPERF_NOTE="no free port"; break; }
-    timeout 30 "${ON_SERVER[@]}" iperf3 -s -B 127.0.0.1 -p "$port" -1 >"$RES/iperf3_server_$streams.log" 2>&1 &
-    BG_PIDS+=($!)
-    if wait_listen "$port" 10; then
+    if serve "$RES/iperf3_server_$streams.log" "$port" timeout 30 "${ON_SERVER[@]}" iperf3 -s -B 127.0.0.1 -p "$port" -1; then
       timeout 30 "${ON_CLIENT[@]}" iperf3 -c 127.0.0.1 -p "$port" -t 3 -P "$streams" -f g >"$RES/iperf3_$streams.log" 2>&1 ||
         log "iperf3 client failed (see $RES/iperf3_$streams.log)"
     else
