@@ -524,9 +524,10 @@ static int measure(struct bench_ctx *c, uint64_t connect_ns) {
   char opts[HB_EXTRA_MAX * 128];
   printf("# hixl-bench (hixl %s): initiator %s -> target %s, api %s, transport %s, ", HixlVersionString(),
          o.local, o.peer, apis[o.api], o.transport ? o.transport : (o.api == API_CS ? "tcp" : "default"));
-  o.async ? printf("async window %zu, ", o.window) : printf("sync, ");
-  o.unreg ? printf("%zu bytes per side, unregistered %s (staged)", c->span, unregs[o.unreg])
-          : printf("%zu registered bytes per side", c->span);
+  if (o.async) printf("async window %zu, ", o.window);
+  if (!o.async) printf("sync, ");
+  if (o.unreg) printf("%zu bytes per side, unregistered %s (staged)", c->span, unregs[o.unreg]);
+  if (!o.unreg) printf("%zu registered bytes per side", c->span);
   if (o.api == API_ENGINE) printf(", engine options %s", options_text(opts, sizeof(opts)));
   printf(", verify %s, connect %.2f ms\n", o.verify ? "on" : "off", (double)connect_ns / 1e6);
   int rc = o.latency ? run_latency(c) : run_sweep(c);

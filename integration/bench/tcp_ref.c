@@ -84,8 +84,8 @@ static int receiver(int ctrl) {
     int r = poll(&pfd, 1, REF_ACCEPT_TIMEOUT_MS);
     a[started] = (struct conn){.fd = r > 0 ? accept4(o.lfd, NULL, NULL, SOCK_CLOEXEC) : -1};
     if (a[started].fd < 0) {
-      r > 0 ? hb_say("receiver: accept: %s\n", strerror(errno))
-            : hb_say("receiver: no connection within %d ms\n", REF_ACCEPT_TIMEOUT_MS);
+      if (r > 0) hb_say("receiver: accept: %s\n", strerror(errno));
+      if (r <= 0) hb_say("receiver: no connection within %d ms\n", REF_ACCEPT_TIMEOUT_MS);
       return 1; /* the threads started are in recv(); _exit ends them */
     }
     set_sock_opts(a[started].fd);
