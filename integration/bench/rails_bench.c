@@ -1,29 +1,10 @@
 /* hixl-rails-bench: large READ or WRITE ops over an engine's rails (issue 31), one role
- * per process, so the two ends can live in two network namespaces (integration/rails/);
- * --help lists the options of each role.
- *
- * The target registers --buf-size bytes (default 256 MiB) filled with a pattern from
- * --seed, tagged "hixl-rails-bench seed=N" so the initiator finds the range and the
- * seed in the target's memory table; it says "ready" (stdout, and --ready-file) and
- * serves until SIGINT or SIGTERM.
- *
- * The initiator keeps --depth requests of --batch ops each in flight
- * (HixlEngineTransferAsync); op k uses the target's slot k mod (buffer / op size).
- * READ: each op's destination is poisoned before it is posted and compared with the
- * pattern when it completes. WRITE: op k writes the pattern of a second seed with its
- * own stamp (k) in every 4 KiB page; before a slot is written a second time (a pass
- * over the buffer) and at the end, the pipeline is drained and every slot written is
- * read back and compared, stamps included, so each write is checked byte for byte;
- * the read-backs are not timed. Any failed or wrong op ends the run, exit status 1.
- *
- * Prints GB/s and Gbit/s, the latency of the requests (submit to completion; max
- * included: a bound on a failover), the rails' counters (hixl_engine_rails), and with
- * --json FILE appends one JSON line. --stats-file FILE is rewritten (a rename, so a
- * reader never sees half of it) every 200 ms with ops, failures and the rails, for
- * scripts that act when a condition holds (the fault tests). Progress on stderr every
- * second unless --no-progress. SIGINT or SIGTERM ends an initiator's loop: the ops in
- * flight complete and are checked, then it reports. SIGUSR1 holds it: the ops in flight
- * complete, then none is posted (the stats file's phase says "held") until SIGUSR2. */
+ * per process, so the two ends can live in two network namespaces (integration/rails/).
+ * What each role does, checks, prints and writes (--json, --stats-file): docs/rails.md,
+ * "The benchmark"; --help lists the options. SIGINT or SIGTERM ends an initiator's loop
+ * (the ops in flight complete and are checked, then it reports); SIGUSR1 holds it (the
+ * ops in flight complete, then none is posted; the stats file's phase says "held") until
+ * SIGUSR2. */
 #include <inttypes.h>
 
 #include "harness.h"
@@ -214,17 +195,12 @@ struct run {
   size_t nri;
 };
 
-/* Timed time so far, the phase under way included. */
-static uint64_t timed_now(const struct run *r, uint64_t now) { return r->timed_ns + (now - r->t_phase); }
-
 static double gbps_of(uint64_t bytes, uint64_t ns) { return ns ? (double)bytes * 8.0 / (double)ns : 0.0; }
 
-/* The local slot op k uses. */
+/* The local and the remote slot op k uses. */
 static uint8_t *lslot(const struct run *r, uint64_t op) {
   return r->local + (op % (o.depth * o.batch)) * o.op_size;
 }
-
-/* The remote slot op k uses. */
 static uint64_t rslot(const struct run *r, uint64_t op) { return op % r->nslots; }
 
 /* The op between lp and remote slot sl; a READ's destination is poisoned first, so that a
@@ -288,14 +264,18 @@ static void stats_write(struct run *r, const char *phase) {
   if (fclose(f) == 0) rename(tmp, o.stats_file);
 }
 
+/* The stats file, phase phase, every STATS_PERIOD. */
+static void stats_tick(struct run *r, uint64_t now, const char *phase) {
+  if (!o.stats_file || now < r->next_stats) return;
+  stats_write(r, phase);
+  r->next_stats = now + STATS_PERIOD;
+}
+
 /* The stats file every STATS_PERIOD, a progress line every PROG_PERIOD. */
 static void progress(struct run *r, uint64_t now) {
-  if (o.stats_file && now >= r->next_stats) {
-    stats_write(r, "running");
-    r->next_stats = now + STATS_PERIOD;
-  }
+  stats_tick(r, now, "running");
   if (!o.progress || now < r->next_prog) return;
-  uint64_t tn = timed_now(r, now), dn = r->done - r->last_prog_done, dt = tn - r->prog_ns_at;
+  uint64_t tn = r->timed_ns + (now - r->t_phase), dn = r->done - r->last_prog_done, dt = tn - r->prog_ns_at;
   hb_say("%.1f s: %" PRIu64 " ops, %.2f Gbit/s (last second %.2f), max %.1f ms",
          (double)(now - r->t_start) / 1e9, r->done, gbps_of(r->done * o.op_size, tn),
          gbps_of(dn * o.op_size, dt), (double)r->max_ns / 1e6);
@@ -306,6 +286,17 @@ static void progress(struct run *r, uint64_t now) {
   r->last_prog_done = r->done;
   r->prog_ns_at = tn;
   r->next_prog = now + PROG_PERIOD;
+}
+
+/* Op op's bytes at got against want (and counted verified): false after saying which
+ * byte is wrong. */
+static bool check(struct run *r, uint64_t op, const uint8_t *got, const uint8_t *want) {
+  size_t bad = 0;
+  bool read = o.dir == HIXL_READ;
+  if (bench_same(got, want, o.op_size, &bad)) return r->verified_bytes += o.op_size, true;
+  hb_say("%s op %" PRIu64 " (remote offset %" PRIu64 "): byte %zu %s\n", read ? "READ" : "WRITE", op,
+         rslot(r, op) * o.op_size, bad, read ? "is wrong" : "reads back wrong");
+  return false;
 }
 
 /* Post request slot s: batch ops from op number first. 0, or -1 (said). */
@@ -342,15 +333,8 @@ static int wait_req(struct run *r, size_t s) {
   }
   if (r->nlat < MAX_REQS) r->lat[r->nlat++] = ns;
   if (ns > r->max_ns) r->max_ns = ns;
-  for (uint64_t op = first; o.dir == HIXL_READ && op < first + o.batch; op++) {
-    size_t bad = 0;
-    uint64_t off = rslot(r, op) * o.op_size;
-    if (!bench_same(lslot(r, op), r->ref + off, o.op_size, &bad)) {
-      hb_say("READ op %" PRIu64 " (remote offset %" PRIu64 "): byte %zu is wrong\n", op, off, bad);
-      return -1;
-    }
-    r->verified_bytes += o.op_size;
-  }
+  for (uint64_t op = first; o.dir == HIXL_READ && op < first + o.batch; op++)
+    if (!check(r, op, lslot(r, op), r->ref + rslot(r, op) * o.op_size)) return -1;
   r->done += o.batch;
   return 0;
 }
@@ -366,25 +350,19 @@ static int write_check(struct run *r) {
     if (!hb_ok(HixlEngineTransferSync(r->e, o.connect, HIXL_READ, d, nb, (int32_t)o.timeout_ms),
                "reading back the written slots"))
       return -1;
-    for (uint64_t i = 0, op = first; i < nb; i++, op++) {
-      size_t bad = 0;
-      write_data(r, op, r->scratch);
-      if (!bench_same(r->local + i * o.op_size, r->scratch, o.op_size, &bad)) {
-        hb_say("WRITE op %" PRIu64 " (remote offset %" PRIu64 "): byte %zu reads back wrong\n", op,
-               rslot(r, op) * o.op_size, bad);
-        return -1;
-      }
-      r->verified_bytes += o.op_size;
+    for (uint64_t i = 0; i < nb; i++) {
+      write_data(r, first + i, r->scratch);
+      if (!check(r, first + i, r->local + i * o.op_size, r->scratch)) return -1;
     }
   }
   r->checked = r->submitted;
   return 0;
 }
 
+/* Whether to post more: not stopped or held, and ops or seconds left. */
 static bool more(const struct run *r, uint64_t now) {
-  if (stop_flag || hold_flag) return false;
-  if (o.ops) return r->submitted < o.ops;
-  return now - r->t_start < o.seconds * 1000000000ull;
+  return !stop_flag && !hold_flag &&
+         (o.ops ? r->submitted < o.ops : now - r->t_start < o.seconds * 1000000000ull);
 }
 
 /* The loop: keep depth requests in flight; 0, or -1 at the first failure (said). */
@@ -417,11 +395,7 @@ static int loop(struct run *r) {
     r->timed_ns += bench_now_ns() - r->t_phase; /* nothing in flight: the timed phase ends */
     if (o.dir == HIXL_WRITE && write_check(r) < 0) return -1;
     while (hold_flag && !stop_flag) { /* SIGUSR1: nothing in flight until SIGUSR2 */
-      uint64_t t = bench_now_ns();
-      if (o.stats_file && t >= r->next_stats) {
-        stats_write(r, "held");
-        r->next_stats = t + STATS_PERIOD;
-      }
+      stats_tick(r, bench_now_ns(), "held");
       poll(NULL, 0, 20);
     }
     if (!more(r, bench_now_ns())) return 0;
