@@ -1,29 +1,9 @@
-/* hixl-auth-bench: what the authenticated handshake (issue 27) adds to HixlEngineConnect.
- *
- * In this process, on 127.0.0.1, one pair of engines per mode: a target with a port
- * and a client-only initiator, each registering one 1 MiB region (the table a Connect
- * fetches has one entry). Mode "on": both with AuthKeyFile, a key this program writes
- * (mkstemp, 0600, removed at the end), so Connect runs HELLO with a nonce,
- * AUTH_CHALLENGE, AUTH_PROOF, HELLO_ACK. Mode "off": both with AuthKeyFile "" (the
- * environment's HIXL_AUTH_KEY_FILE is overridden), HELLO / HELLO_ACK. --aa adds
- * "off-b", a second keyless pair, so the same run shows what two identical modes
- * differ by (the A/A spread).
- *
- * Per transport (--transports, default tcp,auto; auto is shm between two engines of
- * one host) the modes take turns in blocks of --block connects (default 50), the
- * order reversed every turn (on off, off on, ...) so drift from other load falls on
- * each mode alike; each connect is HixlEngineConnect, timed with CLOCK_MONOTONIC, then
- * HixlEngineDisconnect (timed apart, for the record). Before measuring, a keyless
- * engine must be refused by the "on" target, so "on" is known to authenticate.
- * Prints p50, p99, mean per mode and the ratios on/off (and off-b/off), on stdout and
- * as --json FILE.
- *
- * --frames instead measures, on one core, what proving every frame costs (issue 43)
- * and what its alternatives would: hixl's tag of a frame header and its check (GMAC,
- * util/auth_frames.c), HMAC-SHA256 of the same bytes, GMAC over a 1 MiB payload chunk
- * (tagging the data too), AES-256-GCM encryption of 1 MiB (what a TLS 1.3 record layer
- * does to every byte), each beside memcpy of the same bytes; and whether this kernel
- * offers kTLS (the "tls" TCP ULP). `hixl-perf auth` (hixl-auth-bench): a test in one process. */
+/* hixl-auth-bench (`hixl-perf auth`, a test in one process): what the authenticated
+ * handshake (issue 27) adds to HixlEngineConnect, mode "on" (AuthKeyFile, a key this
+ * program writes, on both engines) against "off" (AuthKeyFile "" on both, overriding
+ * HIXL_AUTH_KEY_FILE) and with --aa "off-b" (off again: the A/A spread); with --frames,
+ * what proving every frame (issue 43) costs on one core against its alternatives. How
+ * each is measured: docs/performance-auth.md ("Connect"; "What proving a frame costs"). */
 #include <inttypes.h>
 
 #include <openssl/evp.h>
@@ -45,10 +25,11 @@ static struct {
   const char *json;
 } o = {500, 50, 10, {"tcp", "auto"}, 2, false, true, NULL};
 
+enum { TGT, INI }; /* a pair's target (listens) and initiator (client-only) */
 struct pair {
-  HixlEngine *tgt, *ini;      /* target (listens) and initiator (client-only) */
-  HixlMemHandle tgt_h, ini_h; /* their registrations of the shared region */
-  char peer[32];              /* the target's "127.0.0.1:port" */
+  HixlEngine *e[2];   /* [TGT], [INI] */
+  HixlMemHandle h[2]; /* their registrations of the shared region */
+  char peer[32];      /* the target's "127.0.0.1:port" */
 };
 
 struct result {
@@ -58,48 +39,36 @@ struct result {
 
 static size_t n_modes(void) { return o.aa ? MODE_COUNT : MODE_OFF_B; }
 
-/* An engine on addr with Transport transport and AuthKeyFile key ("" none) that has
- * registered region as *h; NULL when it cannot (said). */
-static HixlEngine *engine_up(const char *addr, const char *transport, const char *key, void *region,
-                             HixlMemHandle *h) {
-  HixlOption opt = {"AuthKeyFile", key};
-  HixlEngine *e = hb_engine(addr, transport, &opt, 1);
-  if (e && hb_reg(e, region, REGION_BYTES, h) != HIXL_SUCCESS) {
-    HixlEngineDestroy(e); /* Destroy finalizes */
-    return NULL;
-  }
-  return e;
-}
-
 static void pair_down(struct pair *p) {
-  if (p->ini) {
-    HixlEngineDeregisterMem(p->ini, p->ini_h);
-    HixlEngineDestroy(p->ini);
-  }
-  if (p->tgt) {
-    HixlEngineDeregisterMem(p->tgt, p->tgt_h);
-    HixlEngineDestroy(p->tgt);
+  for (int i = INI; i >= TGT; i--) {
+    if (p->h[i]) HixlEngineDeregisterMem(p->e[i], p->h[i]);
+    if (p->e[i]) HixlEngineDestroy(p->e[i]);
   }
   memset(p, 0, sizeof(*p));
 }
 
-/* A target on a free port of 127.0.0.1 and an initiator, both with key; 0 or -1 (said). */
+/* A target on a free port of 127.0.0.1 and an initiator, both with Transport transport
+ * and AuthKeyFile key ("" none), each with region registered; 0 or -1 (said). */
 static int pair_up(struct pair *p, const char *transport, const char *key, void *region) {
+  HixlOption opt = {"AuthKeyFile", key};
   memset(p, 0, sizeof(*p));
   snprintf(p->peer, sizeof(p->peer), "127.0.0.1:%u", hb_ports("127.0.0.1", 1));
-  p->tgt = engine_up(p->peer, transport, key, region, &p->tgt_h);
-  if (p->tgt && (p->ini = engine_up("127.0.0.1", transport, key, region, &p->ini_h))) return 0;
-  pair_down(p);
-  return -1;
+  for (int i = TGT; i <= INI; i++)
+    if (!(p->e[i] = hb_engine(i == TGT ? p->peer : "127.0.0.1", transport, &opt, 1)) ||
+        hb_reg(p->e[i], region, REGION_BYTES, &p->h[i]) != HIXL_SUCCESS) {
+      pair_down(p);
+      return -1;
+    }
+  return 0;
 }
 
 /* One Connect and Disconnect of pair p, each timed; 0 or -1 (said). */
 static int cycle(struct pair *p, const char *transport, int mode, uint64_t *conn_ns, uint64_t *disc_ns) {
   char what[160];
   uint64_t t0 = bench_now_ns();
-  HixlStatus st = HixlEngineConnect(p->ini, p->peer, 10000);
+  HixlStatus st = HixlEngineConnect(p->e[INI], p->peer, 10000);
   uint64_t t1 = bench_now_ns();
-  HixlStatus dst = st == HIXL_SUCCESS ? HixlEngineDisconnect(p->ini, p->peer, 5000) : st;
+  HixlStatus dst = st == HIXL_SUCCESS ? HixlEngineDisconnect(p->e[INI], p->peer, 5000) : st;
   uint64_t t2 = bench_now_ns();
   if (dst != HIXL_SUCCESS) {
     snprintf(what, sizeof(what), "HixlEngine%s(%s), transport %s, mode %s",
@@ -114,11 +83,11 @@ static int cycle(struct pair *p, const char *transport, int mode, uint64_t *conn
 /* A keyless initiator (mode off's) must not get through to the keyed target: 0, or -1
  * (said). */
 static int check_refused(const struct pair *p, const char *transport) {
-  if (HixlEngineConnect(p[MODE_OFF].ini, p[MODE_ON].peer, 2000) != HIXL_SUCCESS) return 0;
+  if (HixlEngineConnect(p[MODE_OFF].e[INI], p[MODE_ON].peer, 2000) != HIXL_SUCCESS) return 0;
   hb_say("a keyless engine connected to the keyed target %s (transport %s): mode \"on\" does not "
          "authenticate, nothing to measure\n",
          p[MODE_ON].peer, transport);
-  HixlEngineDisconnect(p[MODE_OFF].ini, p[MODE_ON].peer, 1000);
+  HixlEngineDisconnect(p[MODE_OFF].e[INI], p[MODE_ON].peer, 1000);
   return -1;
 }
 
@@ -320,11 +289,9 @@ static int frames_bench(void) {
   }
   char ulp[256] = "";
   FILE *f = fopen("/proc/sys/net/ipv4/tcp_available_ulp", "r");
-  if (f) {
-    if (!fgets(ulp, sizeof(ulp), f)) ulp[0] = '\0';
-    fclose(f);
-    ulp[strcspn(ulp, "\n")] = '\0';
-  }
+  if (f && !fgets(ulp, sizeof(ulp), f)) ulp[0] = '\0';
+  if (f) fclose(f);
+  ulp[strcspn(ulp, "\n")] = '\0';
   bool ktls = strstr(ulp, "tls") != NULL;
   FILE *j = o.json ? fopen(o.json, "w") : NULL;
   if (o.json && !j) hb_die("cannot write %s: %s", o.json, strerror(errno));
