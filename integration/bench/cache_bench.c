@@ -1,21 +1,9 @@
-/* hixl-cache-bench: the cache manager against the raw engine moving the same bytes.
- *
- * A target process (forked before any engine exists) registers a paged KV cache
- * shaped like a model (default 32 layers x K,V, 128 blocks of 32 KiB per tensor:
- * 16-token blocks of 8 heads x 128 x 2 bytes) under cluster 2. This process, cluster
- * 1, has the same cache and, per scenario and iteration, moves one request's blocks:
- *
- *   pull-contiguous   HixlCacheManagerPullBlocks of blocks 0..R-1 into 0..R-1
- *   pull-scattered    ... of R random blocks into R other random blocks (seeded)
- *   push-async        HixlCacheManagerTransferCacheAsync of R scattered blocks, layer by
- *                     layer (a synchronizer that is always ready)
- *
- * against HixlEngineTransferSync (READ, or WRITE for the push) of the same op list:
- * one op per run of blocks adjacent on both sides, per tensor, as the cache manager
- * builds it. Raw and cache alternate which goes first. The bytes of both are checked
- * once per scenario (pulls here; the push by a digest the target computes). Prints a
- * table of medians and the ratio cache / raw, and --json FILE (--help: the flags).
- * `hixl-perf cache` (hixl-cache-bench): the target is the test's server. */
+/* hixl-cache-bench (`hixl-perf cache`): the cache manager against the raw engine moving
+ * the same bytes. The target, the test's server (forked before any engine exists),
+ * registers a paged KV cache shaped like a model under cluster 2; this process, cluster
+ * 1, moves one request's blocks per scenario and iteration through the cache manager
+ * and, as HixlEngineTransferSync of the op list it builds, raw. The shape, the
+ * scenarios and the method: docs/performance-cache.md; --help: the flags. */
 #include <inttypes.h>
 
 #include "harness.h"
