@@ -311,12 +311,7 @@ static int post(struct run *r, size_t s, uint64_t first) {
   r->req[s].t0 = bench_now_ns();
   HixlStatus st = HixlEngineTransferAsync(r->e, o.connect, (HixlTransferOp)o.dir, d, o.batch,
                                           (int32_t)o.timeout_ms, NULL, &r->req[s].req);
-  if (st != HIXL_SUCCESS) {
-    r->req[s].req = NULL;
-    hb_fail("HixlEngineTransferAsync", st);
-    return -1;
-  }
-  return 0;
+  return hb_ok(st, "HixlEngineTransferAsync") ? 0 : -1; /* the slot's req is set only on success */
 }
 
 /* Wait for request slot s; a READ's data is checked. 0, or -1 (said). */
@@ -457,12 +452,9 @@ static void print_result(struct run *r, bool pass) {
            x->ops, x->failures, x->retried);
   }
   fflush(stdout);
-  if (!o.json) return;
-  FILE *f = fopen(o.json, "a");
-  if (!f) {
-    hb_say("--json %s: %s\n", o.json, strerror(errno));
-    return;
-  }
+  FILE *f = o.json ? fopen(o.json, "a") : NULL;
+  if (o.json && !f) hb_say("--json %s: %s\n", o.json, strerror(errno));
+  if (!f) return;
   fprintf(f,
           "{\"bench\": \"rails\", \"label\": \"%s\", \"dir\": \"%s\", \"rails_configured\": \"%s\", "
           "\"pass\": %s, "
