@@ -1,24 +1,12 @@
 #!/usr/bin/env bash
 # run_auth.sh BUILD_DIR [OUTPUT_MD]
 #
-# What authenticated links cost (issue 27: an HMAC-SHA256 challenge-response at HELLO;
-# issue 43: then a GMAC tag on every frame), on against off, on this machine: 4 MiB ops
-# (hixl-bench), the P/D hand-off (hixl-mock-host) and connect time (hixl-auth-bench --aa),
-# over tcp and auto. AUTH_ROUNDS rounds; in each, every case runs onp (on, with
-# HIXL_AUTH_PAYLOAD_TAG=on: tcp payloads tagged too), on, off and offb (off again) back to
-# back, reversed in even rounds, so on and off are always neighbours, and so are off and
-# offb: on/off is the A/B ratio, offb/off the A/A ratio, what the same case differs by
-# from one run to the next here. The method and the goals are on the page.
-#
-# Writes OUTPUT_MD (default docs/performance-auth.md; also on stdout) and
-# BUILD_DIR/auth-results/auth.json; raw runs in BUILD_DIR/auth-results/raw; progress on
-# stderr. Environment: AUTH_ROUNDS (1..20, default 5), AUTH_REQUESTS (default 32),
-# AUTH_SECONDS (hixl-bench seconds per op, default 1), AUTH_CONNECTS (hixl-auth-bench
-# connects per mode, default 500), AUTH_REPORT_ONLY=1 (write the page again from the
-# last run's raw results, measuring nothing), AUTH_LOCK=0 (see below).
-# On a shared machine the measurement waits while /tmp/ci.lock or /tmp/bench.lock
-# exists, holds /tmp/bench.lock while it runs and removes it on any exit; AUTH_LOCK=0
-# does neither. About 8 minutes on 2 cores with the defaults.
+# What authenticated links cost (issues 27 and 43), on against off: 4 MiB ops (hixl-bench),
+# the P/D hand-off (hixl-mock-host) and connect time (hixl-auth-bench --aa), over tcp and
+# auto, each case as onp (on with HIXL_AUTH_PAYLOAD_TAG=on), on, off and offb back to back,
+# reversed in even rounds. The method, the knobs (AUTH_ROUNDS, AUTH_REQUESTS, AUTH_SECONDS,
+# AUTH_CONNECTS, AUTH_REPORT_ONLY=1, AUTH_LOCK=0) and the outputs: OUTPUT_MD (default
+# docs/performance-auth.md; also on stdout), "Re-running". About 8 minutes on 2 cores.
 #
 # Build first: cmake --build BUILD_DIR --target hixl-bench hixl-auth-bench hixl-mock-host hixl_kv_connector
 NAME=run_auth
@@ -91,7 +79,8 @@ measure() {
   mkdir -p "$RAW"
   KEYDIR=$(mktemp -d /tmp/hixl-run-auth-XXXXXX) || die "mktemp -d failed"
   (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$KEYDIR/key") || die "cannot write the key"
-  chmod 600 "$KEYDIR/key"
+  # on a shared machine: wait while /tmp/ci.lock or /tmp/bench.lock exists, then hold
+  # /tmp/bench.lock (cleanup removes it on any exit)
   if [ "${AUTH_LOCK:-1}" != 0 ]; then
     while [ -e /tmp/ci.lock ] || [ -e /tmp/bench.lock ]; do
       log "waiting for /tmp/ci.lock and /tmp/bench.lock to go away"
