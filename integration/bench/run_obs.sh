@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # run_obs.sh BUILD_DIR [OUTPUT_MD]
 #
-# What observing costs the P/D hand-off (issue 30; the method is on the page, OUTPUT_MD,
-# default docs/performance-obs.md): hixl-pd-bench with the connectors' histograms and
-# traces on against off, interleaved off on on off per cycle, so drift falls on both alike
-# and the two off runs (A/A) show the noise. Results in BUILD_DIR/obs-results/.
+# What observing costs the P/D hand-off (issue 30): hixl-pd-bench with the connectors'
+# histograms and traces on against off, cycles of off on on off; the method is on the page,
+# OUTPUT_MD (default docs/performance-obs.md). Results in BUILD_DIR/obs-results/.
 # Environment: OBS_CYCLES (default 4), OBS_PROMPTS (default 256,1024,4096), OBS_ROUNDS
 # (default 3), OBS_TRANSPORT (default auto: shm between the two processes; tcp too),
 # OBS_REPORT_ONLY=1 (write the page again from the last run's results, measuring nothing).
@@ -19,9 +18,8 @@ TRANSPORT=${OBS_TRANSPORT:-auto}
 if [ "${OBS_REPORT_ONLY:-0}" != 1 ]; then
   rm -f "$RES"/obs-*.json
   for c in $(seq 1 "$CYCLES"); do
-    k=0
-    for mode in off on on off; do
-      k=$((k + 1))
+    for run in 1-off 2-on 3-on 4-off; do
+      k=${run%-*} mode=${run#*-}
       log "cycle $c of $CYCLES, run $k: --obs $mode"
       timeout 900 "$BENCH" --transport "$TRANSPORT" --prompts "$PROMPTS" --rounds "$ROUNDS" --pin --obs "$mode" \
         --json "$RES/obs-$c-$k-$mode.json" >/dev/null 2>"$RES/obs-$c-$k-$mode.log" ||
