@@ -1,18 +1,14 @@
 #!/usr/bin/env python3
-"""report.py PAGE ARGS...: the pages the run_*.sh scripts write, from their tools' raw
-outputs. The scripts run the tools (interleaved rounds, pinning, time limits); this file
-holds what they compute (medians, ratios, A/A, verdicts) and the pages' text.
-
-  report.py perf RES OUT SRC    docs/performance.md from run_perf.sh's RES (perf-results)
-  report.py cache|obs|adapter|ab|auth|layouts|pd ARGS: the page of that script (see each)
-
-A page converted to a template is its docs page itself: the prose is written there, once,
-and report.py rewrites only the blocks marked <!-- hixl:begin NAME --> ... <!-- hixl:end
-NAME --> (fill).
+"""report.py PAGE ARGS...: the pages the run_*.sh scripts write, from their tools' raw outputs (PAGE: perf,
+cache, obs, adapter, ab, auth, layouts, pd, pd_dat, tp; each one's docstring names its ARGS). The scripts run
+the tools (interleaved rounds, pinning, time limits); this file holds what they compute (medians, ratios, A/A,
+verdicts) and the pages' text. A page that is a template is its docs page itself: the prose is written there,
+once, and report.py rewrites only its blocks marked <!-- hixl:begin NAME --> ... <!-- hixl:end NAME --> (fill).
 """
 import csv, glob, json, math, os, platform, re, statistics, subprocess, sys, textwrap, time
 
 NUM = re.compile(r"^[0-9.]+$")
+MARK = re.compile(r"<!-- hixl:begin ([\w.-]+) -->(.*?)<!-- hixl:end \1 -->", re.S)
 
 
 def r2(v):
@@ -20,16 +16,19 @@ def r2(v):
 
 
 def r2all(vs):
-    return "/".join(r2(v) for v in vs)
+    return "/".join(map(r2, vs))
+
+
+def pm(ok):
+    return "PASS" if ok else "MISS"
 
 
 def median(vs):
     """The median of the values that are numbers, as text: the middle one as written,
     or the mean of the two middle ones to 4 places; n/a when none is a number."""
     v = sorted((x for x in vs if NUM.match(x)), key=float)
-    if not v:
-        return "n/a"
-    return v[len(v) // 2] if len(v) % 2 else "%.4f" % ((float(v[len(v) // 2 - 1]) + float(v[len(v) // 2])) / 2)
+    h = len(v) // 2
+    return "n/a" if not v else v[h] if len(v) % 2 else "%.4f" % ((float(v[h - 1]) + float(v[h])) / 2)
 
 
 def span(vs):
@@ -39,9 +38,7 @@ def span(vs):
 
 def ratio(a, b):
     """a / b to 2 places, or n/a."""
-    if "n/a" in (a, b) or float(b) == 0:
-        return "n/a"
-    return "%.2f" % (float(a) / float(b))
+    return "n/a" if "n/a" in (a, b) or float(b) == 0 else "%.2f" % (float(a) / float(b))
 
 
 def md(head, align, rows):
@@ -54,19 +51,7 @@ def md(head, align, rows):
 def verdict(r, op, goal):
     if r == "n/a":
         return "NOT MEASURED"
-    return "PASS" if (float(r) >= goal if op == "ge" else float(r) <= goal) else "MISS"
-
-
-def csv_rows(path):
-    return list(csv.DictReader(read(path).splitlines()))
-
-
-def get(path, col, **conds):
-    """COLUMN of the first row of a CSV file matching every KEY=VALUE, or n/a."""
-    for row in csv_rows(path):
-        if all(row.get(k) == str(v) for k, v in conds.items()):
-            return row.get(col) or "n/a"
-    return "n/a"
+    return pm(float(r) >= goal if op == "ge" else float(r) <= goal)
 
 
 def read(path, default=""):
@@ -75,6 +60,16 @@ def read(path, default=""):
             return f.read().strip()
     except OSError:
         return default
+
+
+def csv_rows(path):
+    return list(csv.DictReader(read(path).splitlines()))
+
+
+def get(path, col, **conds):
+    """COLUMN of the first row of a CSV file matching every KEY=VALUE, or n/a."""
+    row = next((r for r in csv_rows(path) if all(r.get(k) == str(v) for k, v in conds.items())), None)
+    return "n/a" if row is None else row.get(col) or "n/a"
 
 
 def meta(res):
@@ -120,9 +115,6 @@ def machine():
     os_name = next((l.split("=", 1)[1].strip('"') for l in read("/etc/os-release").splitlines()
                     if l.startswith("PRETTY_NAME=")), "unknown")
     return cpu, "%.1f GiB" % (kib / 1048576), platform.release(), os_name
-
-
-MARK = re.compile(r"<!-- hixl:begin ([\w.-]+) -->(.*?)<!-- hixl:end \1 -->", re.S)
 
 
 def fill(template, out, values):
@@ -397,22 +389,20 @@ def perf(res, out, src):
 
 # ----------------------------------------------------------------------- cache
 
-def cache(res, out, runs, iters, template=None):
-    """docs/performance-cache.md from run_cache.sh's results (RES OUT RUNS ITERS [TEMPLATE]),
-    into the blocks of TEMPLATE (default: OUT, the page itself)."""
+def cache(res, out, _runs, iters, template=None):
+    """docs/performance-cache.md from run_cache.sh's results (RES OUT RUNS ITERS [TEMPLATE]; the runs are RES's
+    JSON files), into the blocks of TEMPLATE (default: OUT, the page itself)."""
     v = {"machine": f"{machine()[0] or '?'}, {os.cpu_count()} CPUs, Linux {platform.release()}", "iters": iters}
     for t in ("tcp", "auto"):
         rs = [json.load(open(f))["results"] for f in sorted(glob.glob(f"{res}/{t}-*.json"))]
         L = []
         for i, sc in enumerate(rs[0] if rs else []):
             x = [r[i] for r in rs]  # this scenario in every run
-            ratios = [y["ratio"] for y in x]
-            med = statistics.median(ratios)
-            goal = ("met" if med >= 0.95 else "missed") if sc["scenario"].startswith("pull") else "(none)"
-            L.append(f"{sc['scenario']} | {statistics.median(y['raw_gbps'] for y in x):.2f} | "
-                     f"{statistics.median(y['cache_gbps'] for y in x):.2f} | {sc['raw_ops']} | {sc['cache_ops']} | "
-                     + ", ".join(f"{y:.2f}x" for y in ratios)
-                     + f" | {med:.2f}x | {goal} | {'yes' if all(y['verified'] for y in x) else 'NO'}")
+            m = lambda k: statistics.median(y[k] for y in x)
+            goal = ("met" if m("ratio") >= 0.95 else "missed") if sc["scenario"].startswith("pull") else "(none)"
+            L.append([sc["scenario"], f"{m('raw_gbps'):.2f}", f"{m('cache_gbps'):.2f}", sc["raw_ops"], sc["cache_ops"],
+                      ", ".join(f"{y['ratio']:.2f}x" for y in x), f"{m('ratio'):.2f}x", goal,
+                      "yes" if all(y["verified"] for y in x) else "NO"])
         v[t] = md("scenario | raw GB/s | cache GB/s | raw ops | cache ops | ratio per run | median ratio | goal | "
                   "verified", "l" * 9, L) if rs else "(not measured in this run)"
     fill(template or out, out, v)
@@ -421,9 +411,9 @@ def cache(res, out, runs, iters, template=None):
 
 # ------------------------------------------------------------------------- obs
 
-def obs(res, out, cycles, rounds, transport, template=None):
-    """docs/performance-obs.md from run_obs.sh's results (RES OUT CYCLES ROUNDS TRANSPORT [TEMPLATE]), into the
-    blocks of TEMPLATE (default: OUT, the page itself)."""
+def obs(res, out, _cycles, rounds, transport, template=None):
+    """docs/performance-obs.md from run_obs.sh's results (RES OUT CYCLES ROUNDS TRANSPORT [TEMPLATE]; the cycles
+    are RES's), into the blocks of TEMPLATE (default: OUT, the page itself)."""
     ncpu, kernel, day, load = hostinfo()
     runs = {}  # runs[cycle][k] = its rows: k 1 and 4 off, 2 and 3 on (A B B A)
     for f in sorted(glob.glob(os.path.join(res, "obs-*.json"))):
@@ -443,11 +433,10 @@ def obs(res, out, cycles, rounds, transport, template=None):
                  for _, cyc in sorted(runs.items())]  # every cycle's runs' figures
             off, on = [gmean([y[1], y[4]]) for y in x], [gmean([y[2], y[3]]) for y in x]
             ratio = [better(a, b) for a, b in zip(on, off)]
-            m, a = statistics.median(ratio), statistics.median(better(y[4], y[1]) for y in x)
-            cells.append(m)
-            aas.append(a)
-            row += ["%.2f" % statistics.median(off), "%.2f" % statistics.median(on), "%.3f" % m,
-                    "%.3f" % a, "%.3f..%.3f" % (min(ratio), max(ratio))]
+            cells.append(statistics.median(ratio))
+            aas.append(statistics.median(better(y[4], y[1]) for y in x))
+            row += ["%.2f" % statistics.median(off), "%.2f" % statistics.median(on), "%.3f" % cells[-1],
+                    "%.3f" % aas[-1], "%.3f..%.3f" % (min(ratio), max(ratio))]
         L.append(row)
     summary = "overall (geometric mean of the %d cells) %.3f, A/A %.3f; " % (len(cells), gmean(cells), gmean(aas)) + (
         "every cell >= 0.98" if min(cells) >= 0.98 else "lowest cell %.3f" % min(cells))
