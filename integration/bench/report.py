@@ -798,8 +798,7 @@ def layouts(res, out, rounds, template=None):
     for f in sorted(glob.glob(os.path.join(res, "layouts-*.json"))):
         j = json.load(open(f))
         runs.setdefault((j["transport"], j["layout"], j["block_tokens"]), []).append(j)
-    LAYOUTS = ["kv_first", "BLNHC", "cross_layer"]
-    BLOCK_MAJOR = ["BLNHC", "cross_layer"]
+    LAYOUTS, BLOCK_MAJOR = ["kv_first", "BLNHC", "cross_layer"], ["BLNHC", "cross_layer"]
     NAMES = {"tcp": "tcp", "auto": "shm (Transport auto between two processes of one host)"}
     rows, aa_runs = [], []
     for (t, lay, bt), js in runs.items():
@@ -808,17 +807,13 @@ def layouts(res, out, rounds, template=None):
             if len({(r["plugin_engine_ops"], r["engine_ops"], r["runs"]) for r in rs}) != 1:
                 print("run_pd: %s %s %d-token blocks, %d tokens: op counts differ between runs" %
                       (t, lay, bt, r0["tokens"]), file=sys.stderr)
-            med = lambda k: statistics.median(r[k] for r in rs)
             aa_runs += [r["aa_ratio"] for r in rs]
-            rows.append({"transport": t, "layout": lay, "block_tokens": bt, "tokens": r0["tokens"],
-                         "blocks": r0["blocks"], "bytes": r0["bytes"], "runs": r0["runs"],
-                         "plugin_engine_ops": max(r["plugin_engine_ops"] for r in rs),
-                         "engine_ops": r0["engine_ops"], "repeats": len(rs),
-                         "rounds": sum(r["rounds"] for r in rs),
-                         "plugin_fd_gbs": med("plugin_fd_gbs"), "raw_gbs": med("raw_gbs"),
-                         "raw2_gbs": med("raw2_gbs")})
-            rows[-1]["ratio"] = rows[-1]["plugin_fd_gbs"] / rows[-1]["raw_gbs"]
-            rows[-1]["aa_ratio"] = rows[-1]["raw2_gbs"] / rows[-1]["raw_gbs"]
+            row = {"transport": t, "layout": lay, "block_tokens": bt,
+                   **{k: r0[k] for k in ("tokens", "blocks", "bytes", "runs")},
+                   "plugin_engine_ops": max(r["plugin_engine_ops"] for r in rs), "engine_ops": r0["engine_ops"],
+                   "repeats": len(rs), "rounds": sum(r["rounds"] for r in rs),
+                   **{k: statistics.median(r[k] for r in rs) for k in ("plugin_fd_gbs", "raw_gbs", "raw2_gbs")}}
+            rows.append(dict(row, ratio=row["plugin_fd_gbs"] / row["raw_gbs"], aa_ratio=row["raw2_gbs"] / row["raw_gbs"]))
     rows.sort(key=lambda r: (r["transport"] != "tcp", LAYOUTS.index(r["layout"]), r["block_tokens"], r["tokens"]))
     transports = [t for t in ("tcp", "auto") if any(r["transport"] == t for r in rows)]
     find = lambda t, lay, bt, tok: next((r for r in rows if (r["transport"], r["layout"], r["block_tokens"],
@@ -837,22 +832,18 @@ def layouts(res, out, rounds, template=None):
     g2_pass = bool(judged) and all(g["plugin"] >= 0.9 for g in judged)
 
     json.dump({"date": day, "cpus": int(ncpu), "kernel": kernel, "rounds": int(rounds), "rows": rows,
-               "block_tokens_ratio": g2,
-               "goals": {"ops_le_runs": "PASS" if g1_pass else "MISS",
-                         "16_over_64": "PASS" if g2_pass else "MISS"}},
+               "block_tokens_ratio": g2, "goals": {"ops_le_runs": pm(g1_pass), "16_over_64": pm(g2_pass)}},
               open(os.path.join(res, "pd-layouts.json"), "w"), indent=1)
 
     def verdicts(t):
         mine = [r for r in g1 if r["transport"] == t]
-        kv = {r["block_tokens"]: r for r in rows
+        kv = {r["block_tokens"]: r["plugin_engine_ops"] for r in rows
               if r["transport"] == t and r["layout"] == "kv_first" and r["tokens"] == longest}
-        ok = all(r["plugin_engine_ops"] <= r["runs"] for r in mine)
         out = ["engine ops per %d-token request, block-major layouts, <= its runs of adjacent blocks: %s (%s)" %
-               (longest, "PASS" if ok and mine else "MISS",
-                "; ".join("%s %d-token blocks: %d ops for %d runs (kv_first: %s)" %
-                          (r["layout"], r["block_tokens"], r["plugin_engine_ops"], r["runs"],
-                           kv[r["block_tokens"]]["plugin_engine_ops"] if r["block_tokens"] in kv else "-")
-                          for r in mine))]
+               (longest, pm(mine and all(r["plugin_engine_ops"] <= r["runs"] for r in mine)),
+                "; ".join("%s %d-token blocks: %d ops for %d runs (kv_first: %s)" % (
+                    r["layout"], r["block_tokens"], r["plugin_engine_ops"], r["runs"], kv.get(r["block_tokens"], "-"))
+                    for r in mine))]
         mine = [g for g in judged if g["transport"] == t]
         miss = [g for g in mine if g["plugin"] < 0.9]
         out.append("16-token blocks / 64-token blocks, plugin pull GB/s, the same bytes, block-major layouts:"
@@ -860,15 +851,13 @@ def layouts(res, out, rounds, template=None):
                     "MISS at %s" % ", ".join("%s %d tokens (%.2fx; the raw engine's: %.2fx)" %
                                              (g["layout"], g["tokens"], g["plugin"], g["raw"]) for g in miss))
                    if mine else "no pairs measured: MISS")
-        for lay in LAYOUTS:
-            v = [g for g in g2 if g["transport"] == t and g["layout"] == lay]
+        for v in ([g for g in g2 if g["transport"] == t and g["layout"] == lay] for lay in LAYOUTS):
             if v:
                 out.append("%s, 16 / 64-token blocks by prompt (%s tokens): plugin %s; raw engine %s" %
-                           (lay, ", ".join(str(g["tokens"]) for g in v),
+                           (v[0]["layout"], ", ".join(str(g["tokens"]) for g in v),
                             ", ".join("%.2fx" % g["plugin"] for g in v), ", ".join("%.2fx" % g["raw"] for g in v)))
-        out.append("the raw engine against itself in the same rounds (A/A, the noise of the ratios): %s" %
-                   span([r["aa_ratio"] for r in rows if r["transport"] == t]))
-        return out
+        return out + ["the raw engine against itself in the same rounds (A/A, the noise of the ratios): %s" %
+                      span([r["aa_ratio"] for r in rows if r["transport"] == t])]
 
     reps = max(r["repeats"] for r in rows)
     L = []
@@ -883,8 +872,7 @@ def layouts(res, out, rounds, template=None):
     fill(template or out, out, {
         "run": "%s (%s CPUs, %s)" % (day, ncpu, kernel), "times": "%d time%s" % (reps, "" if reps == 1 else "s"),
         "rounds": "%s round%s" % (rounds, "" if rounds == "1" else "s"), "ncpu": ncpu, "load": load,
-        "aa": span(aa_runs), "longest": longest,
-        "goal_ops": "PASS" if g1_pass else "MISS", "goal_bt": "PASS" if g2_pass else "MISS",
+        "aa": span(aa_runs), "longest": longest, "goal_ops": pm(g1_pass), "goal_bt": pm(g2_pass),
         "goal_bt_min": " (min %.2fx)" % min(g["plugin"] for g in judged) if judged else "", "tables": "\n".join(L)})
     print("run_pd: wrote %s and %s" % (out, os.path.join(res, "pd-layouts.json")), file=sys.stderr)
 
@@ -907,20 +895,20 @@ def pd_verdict(path):
     P = lambda s: L.append("- " + s)
     rows = json.load(open(path))["rows"]
     col = lambda k, rs=rows: span([r[k] for r in rs])  # K's span over RS
-    tokens = lambda rs: ", ".join(str(r["tokens"]) for r in rs)
+    # PASS, or MISS at the rows of RS where BAD holds
+    miss_at = lambda rs, bad: "MISS at %s tokens" % ", ".join(str(r["tokens"]) for r in rs if bad(r)) \
+        if any(bad(r) for r in rs) else "PASS"
     # The goals are issue 47's: pull >= 0.95x, push <= 1.25x or within 0.05x of its floor, CPU <= 1.1x.
-    low = [r for r in rows if r["ratio"] < 0.95]
     P("pull through the plugin / raw engine, host woken by the event fd: %s (goal >= 0.95): %s" %
-      (col("ratio"), "MISS at %s tokens" % tokens(low) if low else "PASS"))
+      (col("ratio"), miss_at(rows, lambda r: r["ratio"] < 0.95)))
     aa = [r for r in rows if "aa_ratio" in r]  # results older than the A/A column lack it
     if aa:
         P("the raw engine against itself in the same rounds (A/A, the noise of these ratios): %s" % col("aa_ratio", aa))
     host = [r for r in rows if "ratio_host" in r]  # results older than the column lack it
     if host:
-        low = [r for r in host if r["ratio_host"] < 0.95]
         P("the fd-woken pull / the raw READ with both hosts stepping beside it, as they do during the pull (on"
           " decode's CPU, which its loader shares under --pin): %s (goal >= 0.95): %s" %
-          (col("ratio_host", host), "MISS at %s tokens" % tokens(low) if low else "PASS"))
+          (col("ratio_host", host), miss_at(host, lambda r: r["ratio_host"] < 0.95)))
     P("the same pull, host stepping: %s (up to one host step more; not the goal's measure)" % col("ratio_stepping"))
     miss = [r for r in rows if r["push_ratio"] > 1.25 and r["push_ratio"] > r["push_floor"] + 0.05]
     P("push, after the last layer / one layer's transfer: %s (goal <= 1.25, or within 0.05 of the floor): %s" %
@@ -943,24 +931,20 @@ def pd_verdict(path):
     P("the same with a landed call behind each layer, as the plugin's notice: %s" % col("raw_call_push_ratio"))
     cpu = [r for r in rows if "cpu_ratio" in r]  # results older than the CPU columns lack them
     host = [r for r in cpu if "cpu_ratio_host" in r]
+    # Issue 47's measure: like for like, the raw READ with both hosts stepping beside it, as
+    # they do during the pull (a step's CPU grows with the pull's time, not its bytes); older
+    # results have only the bare raw engine's.
+    key, raw, what = ("cpu_ratio_host", "cpu_s_per_gib_raw_host", "the fd-woken pull through the plugin / the raw "
+                      "READ with both hosts stepping beside it") if host else \
+        ("cpu_ratio", "cpu_s_per_gib_raw", "the pull through the plugin / the raw engine")
+    if cpu:
+        P("CPU seconds per GiB of both processes, %s: %s (goal <= 1.1): %s (%s)" %
+          (what, col(key, host or cpu), miss_at(host or cpu, lambda r: r[key] > 1.1),
+           ", ".join("%d tokens %.3f / %.3f s" % (r["tokens"], r["cpu_s_per_gib_plugin"], r[raw]) for r in host or cpu)))
     if host:
-        # Issue 47's measure: like for like, the raw READ with both hosts stepping beside it, as
-        # they do during the pull (a step's CPU grows with the pull's time, not its bytes).
-        high = [r for r in host if r["cpu_ratio_host"] > 1.1]
-        P("CPU seconds per GiB of both processes, the fd-woken pull through the plugin / the raw READ with both"
-          " hosts stepping beside it: %s (goal <= 1.1): %s (%s)" %
-          (col("cpu_ratio_host", host), "MISS at %s tokens" % tokens(high) if high else "PASS",
-           ", ".join("%d tokens %.3f / %.3f s" % (r["tokens"], r["cpu_s_per_gib_plugin"],
-                                                 r["cpu_s_per_gib_raw_host"]) for r in host)))
         P("the same pull / the bare raw READ, no host stepping beside it: %s (%s)" %
           (col("cpu_ratio", host), ", ".join("%d tokens %.3f s" % (r["tokens"], r["cpu_s_per_gib_raw"])
                                              for r in host)))
-    elif cpu:
-        high = [r for r in cpu if r["cpu_ratio"] > 1.1]
-        P("CPU seconds per GiB of both processes, the pull through the plugin / the raw engine: %s (goal <= 1.1): %s"
-          " (%s)" % (col("cpu_ratio", cpu), "MISS at %s tokens" % tokens(high) if high else "PASS",
-                     ", ".join("%d tokens %.3f / %.3f s" % (r["tokens"], r["cpu_s_per_gib_plugin"],
-                                                           r["cpu_s_per_gib_raw"]) for r in cpu)))
     return "\n".join(L)
 
 
