@@ -145,6 +145,8 @@ def fill(template, out, values):
 # ---------------------------------------------------------------- docs/performance.md
 
 def perf(res, out, src):
+    """docs/performance.md from run_perf.sh's results (RES OUT SRC: RES/meta and the tools' outputs beside it; SRC
+    the source tree, whose docs/performance.md is the template)."""
     M = meta(res)
     ROUNDS, PIN, ST_ALL, OPS = int(M["rounds"]), M["pin"], M["st_all"], ("WRITE", "READ")
     R = lambda name: os.path.join(res, name)
@@ -193,12 +195,9 @@ def perf(res, out, src):
         goal(f"rc_{f}", ratio(m["cs"], m["engine"]), *(() if f.startswith("l") else ("ge", "0.95")))
 
     def verified_of(*patterns):
-        n = bad = 0
-        for p in patterns:
-            for f in glob.glob(R(p)):
-                for row in csv_rows(f):
-                    if row.get("tool") == "hixl-bench":
-                        n, bad = n + 1, bad + (row.get("verified") != "yes")
+        ok = [row.get("verified") == "yes" for p in patterns for f in glob.glob(R(p)) for row in csv_rows(f)
+              if row.get("tool") == "hixl-bench"]
+        n, bad = len(ok), ok.count(False)
         return "nothing ran" if n == 0 else f"{bad} of {n} points NOT verified" if bad else f"all {n} points verified"
 
     v["h_verified"] = verified_of("round[0-9].csv", "round[0-9]_lat.csv")
@@ -306,10 +305,8 @@ def perf(res, out, src):
 
     def shm_result(p, goal, f, ref, k):  # PASS, or whose the MISS is
         r = verdict(shm_ratio(p, f, ref), "ge", float(goal))
-        if r == "MISS":
-            return {"MISS": "MISS, the kernel's too", "PASS": "MISS, hixl's"}.get(
-                verdict(shm_ratio(p, k, ref), "ge", float(goal)), r)
-        return r
+        return r if r != "MISS" else {"MISS": "MISS, the kernel's too", "PASS": "MISS, hixl's"}.get(
+            verdict(shm_ratio(p, k, ref), "ge", float(goal)), r)
 
     v["shm_target_table"] = md(
         "target (ratio of medians) | goal | 4 KiB pages | kernel's ceiling | result | huge pages | kernel's ceiling | "
@@ -575,12 +572,11 @@ def ab(raw, out):
              f"StagingThreshold=0, --pin 0,1; {E['AB_ELAPSED']} s; load average {E['AB_LOAD']}",
              "- GB/s: median over rounds. A/A: OLD's max/min over its rounds (n/a with one round). "
              "REGRESSION?: NEW/OLD < 0.9 and below 1/A/A; with one round, below 0.9 says no more than that.\n"]
-    jp, L, flagged, unsure = [], [], 0, 0
+    jp, L, unsure = [], [], 0
     for k in sorted(pts):
         s = summary(pts[k])
         low = s["ratio"] is not None and s["ratio"] < 0.9
         bad = low and s["aa"] is not None and s["ratio"] < 1 / s["aa"]
-        flagged += bad
         unsure += low and s["aa"] is None
         flag = "REGRESSION?" if bad else "below 0.9, no A/A" if low and s["aa"] is None else ""
         size = f"{k[3] >> 20} MiB" if k[3] >= 1 << 20 else f"{k[3] >> 10} KiB"
@@ -590,20 +586,18 @@ def ab(raw, out):
     lines.append(md("transport | batch | op | block | OLD GB/s | NEW GB/s | NEW/OLD | A/A | REGRESSION?", "lrlrrrrrl", L))
     lines.append("\nCPU seconds (user + system, initiator and target, whole run) per GiB measured, per group; "
                  "MORE CPU?: NEW/OLD > 1.1 and above A/A.\n")
-    jg, L, cpu_flagged = [], [], 0
+    jg, L = [], []
     for k in sorted(grp):
         s = summary(grp[k])
         bad = s["ratio"] is not None and s["ratio"] > 1.1 and s["aa"] is not None and s["ratio"] > s["aa"]
-        cpu_flagged += bad
-        L.append([k[0], k[1], k[2], f"{s['old']:.3f}", f"{s['new']:.3f}", f2(s["ratio"]), f2(s["aa"]),
-                  "MORE CPU?" if bad else ""])
+        L.append([*k, f"{s['old']:.3f}", f"{s['new']:.3f}", f2(s["ratio"]), f2(s["aa"]), "MORE CPU?" if bad else ""])
         jg.append(dict(transport=k[0], batch=k[1], op=k[2], cpu_s_per_gib=s, more_cpu=bool(bad)))
     lines.append(md("transport | batch | op | OLD s/GiB | NEW s/GiB | NEW/OLD | A/A | MORE CPU?", "lrlrrrrl", L))
     rs = [p["gbps"]["ratio"] for p in jp if p["gbps"]["ratio"]]
     aas = [p["gbps"]["aa"] for p in jp if p["gbps"]["aa"]]
     lines.append(f"\nNEW/OLD GB/s {min(rs):.2f}-{max(rs):.2f}x over {len(jp)} points"
                  + (f", A/A {min(aas):.2f}-{max(aas):.2f}x" if aas else ", no A/A (one round)")
-                 + f"; {flagged} flagged REGRESSION?, {cpu_flagged} groups MORE CPU?"
+                 + f"; {sum(p['regression'] for p in jp)} flagged REGRESSION?, {sum(g['more_cpu'] for g in jg)} groups MORE CPU?"
                  + (f", {unsure} points below 0.9 with no A/A to judge them by." if unsure else "."))
     text = "\n".join(lines) + "\n"
     open(f"{out}/ab.md", "w").write(text)
