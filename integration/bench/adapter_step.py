@@ -1,19 +1,15 @@
 #!/usr/bin/python3
 """adapter_step.py [--tree DIR] [--blocks N] [--layers N] [--steps N] [--json FILE]
 
-The adapter's own cost per step, in this thread's CPU time (time.thread_time_ns, which
-another process taking the CPU does not inflate), with 64 requests in flight: the hooks
-vLLM's scheduler and model runner call, through hixl_vllm into the plugin, without a peer
-and without KV moving (the plugin answers from its own state), so what is measured is
-the adapter, ctypes and the plugin's bookkeeping.
+The adapter's own CPU per step (this thread's, time.thread_time_ns: another process taking
+the CPU does not inflate it), 64 requests in flight, through hixl_vllm into the plugin
+without a peer or KV moving (the plugin answers from its own state), so what is measured is
+the adapter, ctypes and the plugin's bookkeeping: a producer's and a consumer's scheduler
+step and a worker step (every layer), each the hooks vLLM calls in it.
 
-Three steps: a producer's and a consumer's scheduler step (64 requests finishing their
-prefill, and 64 loading theirs from a producer's kv_transfer_params) and a worker step
-(every layer), each the hooks vLLM calls in that step, as main() lists them.
-
-Each step's µs, and of it the plugin's C ops (ctypes' call included), as medians over
---steps steps. --tree takes hixl_vllm from another checkout (A/B). Needs torch only for
-the worker's tensors (tiny: 64 blocks of 4 tokens per layer).
+Medians over --steps steps, with the plugin's C ops' share (ctypes' call included); main()
+lists the hooks, docs/vllm.md the figures. --tree takes hixl_vllm from another checkout
+(A/B). Needs torch only for the worker's tensors (64 blocks of 4 tokens per layer).
 """
 
 from __future__ import annotations
