@@ -1,13 +1,10 @@
 #!/usr/bin/env bash
-# run_adapter.sh BUILD_DIR [--requests N] [--repeats N] [--json FILE]
-#
-# The prefill-to-decode hand-off through the Python adapter (integration/py-host/
-# hixl-py-host) against the same hand-off through the C mock host (hixl-mock-host), each
-# case --repeats times interleaved (which goes first alternates); then the Python
-# overhead per step (a py-host run with 64 requests in flight on tiny blocks) and the
-# adapter's own CPU per step without a peer (adapter_step.py). docs/vllm.md gives the
-# method and why the figure of record is GB/s over the hand-offs. Prints progress lines
-# on stderr, the tables on stdout, and with --json FILE the results.
+# run_adapter.sh BUILD_DIR [--requests N] [--repeats N] [--json FILE]: the prefill-to-decode
+# hand-off through the Python adapter (integration/py-host/hixl-py-host) against the C mock
+# host, each case --repeats times interleaved (which goes first alternates); then the Python
+# overhead per step and adapter_step.py's CPU per step. docs/vllm.md gives the method and why
+# the figure of record is GB/s over the hand-offs. Progress on stderr, the tables on stdout,
+# with --json FILE the results.
 # Environment: ADAPTER_MODES (default "pull push"), ADAPTER_TRANSPORTS (default tcp),
 # ADAPTER_KV_MIB (default 2048: the four 4096-token requests in flight fit on each side, so
 # no hand-off waits for blocks the other host's check still holds), ADAPTER_STEP_REQUESTS
@@ -18,9 +15,7 @@ NAME=run_adapter
 usage="BUILD_DIR [--requests N] [--repeats N] [--json FILE]"
 start "$usage" "$@"
 shift
-REQUESTS=16
-REPEATS=3
-JSON=
+REQUESTS=16 REPEATS=3 JSON=
 while [ $# -gt 0 ]; do
   case "$1" in
     --requests) REQUESTS=${2:?}; shift 2 ;;
