@@ -142,8 +142,6 @@ def fill(template, out, values):
         f.write(text)
 
 
-# ---------------------------------------------------------------- docs/performance.md
-
 def perf(res, out, src):
     """docs/performance.md from run_perf.sh's results (RES OUT SRC: RES/meta and the tools' outputs beside it; SRC
     the source tree, whose docs/performance.md is the template)."""
@@ -384,7 +382,6 @@ def perf(res, out, src):
     v["iperf_note"] = f"\n- iperf3 note: {M['iperf_note']}." if M["iperf_note"] else ""
     fill(os.path.join(src, "docs/performance.md"), out, v)
 
-# ----------------------------------------------------------------------- cache
 
 def cache(res, out, _runs, iters, template=None):
     """docs/performance-cache.md from run_cache.sh's results (RES OUT RUNS ITERS [TEMPLATE]; the runs are RES's
@@ -405,8 +402,6 @@ def cache(res, out, _runs, iters, template=None):
     fill(template or out, out, v)
     print(f"run_cache: wrote {out}", file=sys.stderr)
 
-
-# ------------------------------------------------------------------------- obs
 
 def obs(res, out, _cycles, rounds, transport, template=None):
     """docs/performance-obs.md from run_obs.sh's results (RES OUT CYCLES ROUNDS TRANSPORT [TEMPLATE]; the cycles
@@ -444,8 +439,6 @@ def obs(res, out, _cycles, rounds, transport, template=None):
         "A/A | ratio over cycles", "l" * 16, L)})
     print(open(out).read())
 
-
-# --------------------------------------------------------------------- adapter
 
 def adapter(res, repeats, requests, kv_mib, out=""):
     """run_adapter.sh's tables on stdout, its JSON in OUT when given (RES REPEATS REQUESTS KV_MIB [OUT])"""
@@ -543,8 +536,6 @@ def adapter(res, repeats, requests, kv_mib, out=""):
         print("run_adapter: wrote %s" % out, file=sys.stderr)
 
 
-# -------------------------------------------------------------------------- ab
-
 def ab(raw, out):
     """ab.sh's OUT/ab.md and OUT/ab.json from its raw runs (RAW OUT; the AB_* environment)"""
     E = os.environ
@@ -606,8 +597,6 @@ def ab(raw, out):
     sys.stdout.write(text)
 
 
-# ------------------------------------------------------------------------ auth
-
 def auth(res, out, template=None):
     """docs/performance-auth.md and RES/auth.json from run_auth.sh's results (RES OUT [TEMPLATE]; the AUTH_*
     environment), into the blocks of TEMPLATE (default: OUT, the page itself)."""
@@ -616,8 +605,11 @@ def auth(res, out, template=None):
     # ops[(t, op)][variant][round] = GB/s; pd[t][variant][round] = {gbs, p50, p99}; conn[t][variant][round] = its row;
     # cpu[(kind, t)][variant][round] = CPU seconds per GiB moved (ops: READ and WRITE of one run together)
     ops, pd, conn, cpu = {}, {}, {}, {}
-    put = lambda d, key, variant, r, x: d.setdefault(key, {}).setdefault(variant, {}).__setitem__(r, x)
     rounds = set()
+
+    def put(d, key, variant, r, x):
+        d.setdefault(key, {}).setdefault(variant, {})[r] = x
+
     for p in sorted(glob.glob(os.path.join(res, "raw", "r*-*.json"))):  # the JSON keys in one order
         m = re.match(r"r(\d+)-(?:(ops|pd)-(\w+)-(onp|on|off|offb)|conn)\.json$", os.path.basename(p))
         if not m:
@@ -629,8 +621,9 @@ def auth(res, out, template=None):
                 put(conn, x["transport"], x["mode"].replace("-", ""), r, x)
             continue
         rounds.add(r)
-        for x in j["results"] if kind == "ops" else []:
-            put(ops, (t, x["op"]), v, r, x["gbps"])
+        if kind == "ops":
+            for x in j["results"]:
+                put(ops, (t, x["op"]), v, r, x["gbps"])
         moved = sum(x.get("bytes", 0) for x in j["results"]) if kind == "ops" else j.get("kv_bytes_verified", 0)
         c = cpu_seconds(p)
         if c is not None and moved > 0:
@@ -658,7 +651,7 @@ def auth(res, out, template=None):
     spread = lambda v: {"min": min(v), "median": med(v), "max": max(v)} if v else None
     # A/B on/off, A/A off-b/off and A/B on+tag/off, each over the rounds
     abaa = lambda d, key=None: [spread(pair(d, a, "off", key)) for a in ("on", "offb", "onp")]
-    meds = lambda d, f=lambda x: x: {k: med(f(x) for x in d[k].values()) for k in d}  # each variant's median
+    meds = lambda d, key=None: {k: med(at(x, key) for x in d[k].values()) for k in d}  # each variant's median
     fp = lambda x: "n/a" if x is None else f"{x:.3f}"
     fx = lambda s: "n/a" if s is None else f"{s['min']:.3f} / **{s['median']:.3f}** / {s['max']:.3f}"
     aa_width = lambda s: None if s is None else max(abs(s["max"] - 1), abs(1 - s["min"]))  # from 1, either way
@@ -718,7 +711,7 @@ def auth(res, out, template=None):
         d = pd[t]
         (ab, aa, abp), (lab, laa, _) = abaa(d, "gbs"), abaa(d, "p50")
         vd, why = verdict(ab, aa)
-        g, l = meds(d, lambda x: x["gbs"]), meds(d, lambda x: x["p50"])
+        g, l = meds(d, "gbs"), meds(d, "p50")
         L.append(f"{t} | {three(g, '.3f')} | {fx(ab)} | {fx(aa)} | {fp(pooled(d, 'gbs'))} | "
                  f"**{vd}**{': ' + why if why else ''} | {three(l, '.1f', ' / ')} | {fx(lab)} | {fx(laa)} | "
                  f"{g.get('onp', 0):.3f} | {fx(abp)}")
@@ -777,8 +770,6 @@ def auth(res, out, template=None):
     json.dump(J, open(os.path.join(res, "auth.json"), "w"), indent=1)
     sys.stdout.write(open(out).read())
 
-
-# --------------------------------------------------------------------- layouts
 
 def layouts(res, out, rounds, template=None):
     """docs/performance-layouts.md and RES/pd-layouts.json from run_pd.sh's layout runs (RES OUT ROUNDS
@@ -866,8 +857,6 @@ def layouts(res, out, rounds, template=None):
         "goal_bt_min": " (min %.2fx)" % min(g["plugin"] for g in judged) if judged else "", "tables": "\n".join(L)})
     print("run_pd: wrote %s and %s" % (out, os.path.join(res, "pd-layouts.json")), file=sys.stderr)
 
-
-# ------------------------------------------------------------------------------ pd
 
 def pd(res, out, template, rounds, step_us, rdma_rounds):
     """docs/performance-pd.md from run_pd.sh's RES (pd-TRANSPORT.md and .json; rdma unless
