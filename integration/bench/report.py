@@ -588,7 +588,8 @@ def ab(raw, out):
     aas = [p["gbps"]["aa"] for p in jp if p["gbps"]["aa"]]
     lines.append(f"\nNEW/OLD GB/s {min(rs):.2f}-{max(rs):.2f}x over {len(jp)} points"
                  + (f", A/A {min(aas):.2f}-{max(aas):.2f}x" if aas else ", no A/A (one round)")
-                 + f"; {sum(p['regression'] for p in jp)} flagged REGRESSION?, {sum(g['more_cpu'] for g in jg)} groups MORE CPU?"
+                 + f"; {sum(p['regression'] for p in jp)} flagged REGRESSION?, "
+                 f"{sum(g['more_cpu'] for g in jg)} groups MORE CPU?"
                  + (f", {unsure} points below 0.9 with no A/A to judge them by." if unsure else "."))
     text = "\n".join(lines) + "\n"
     open(f"{out}/ab.md", "w").write(text)
@@ -832,10 +833,11 @@ def layouts(res, out, rounds, template=None):
                     "MISS at %s" % ", ".join("%s %d tokens (%.2fx; the raw engine's: %.2fx)" %
                                              (g["layout"], g["tokens"], g["plugin"], g["raw"]) for g in miss))
                    if mine else "no pairs measured: MISS")
-        for v in ([g for g in g2 if g["transport"] == t and g["layout"] == lay] for lay in LAYOUTS):
+        for lay in LAYOUTS:
+            v = [g for g in g2 if g["transport"] == t and g["layout"] == lay]
             if v:
                 out.append("%s, 16 / 64-token blocks by prompt (%s tokens): plugin %s; raw engine %s" %
-                           (v[0]["layout"], ", ".join(str(g["tokens"]) for g in v),
+                           (lay, ", ".join(str(g["tokens"]) for g in v),
                             ", ".join("%.2fx" % g["plugin"] for g in v), ", ".join("%.2fx" % g["raw"] for g in v)))
         return out + ["the raw engine against itself in the same rounds (A/A, the noise of the ratios): %s" %
                       span([r["aa_ratio"] for r in rows if r["transport"] == t])]
@@ -916,10 +918,11 @@ def pd_verdict(path):
     key, raw, what = ("cpu_ratio_host", "cpu_s_per_gib_raw_host", "the fd-woken pull through the plugin / the raw "
                       "READ with both hosts stepping beside it") if host else \
         ("cpu_ratio", "cpu_s_per_gib_raw", "the pull through the plugin / the raw engine")
-    if cpu:
+    rs = host or cpu
+    if rs:
         P("CPU seconds per GiB of both processes, %s: %s (goal <= 1.1): %s (%s)" %
-          (what, col(key, host or cpu), miss_at(host or cpu, lambda r: r[key] > 1.1),
-           ", ".join("%d tokens %.3f / %.3f s" % (r["tokens"], r["cpu_s_per_gib_plugin"], r[raw]) for r in host or cpu)))
+          (what, col(key, rs), miss_at(rs, lambda r: r[key] > 1.1),
+           ", ".join("%d tokens %.3f / %.3f s" % (r["tokens"], r["cpu_s_per_gib_plugin"], r[raw]) for r in rs)))
     if host:
         P("the same pull / the bare raw READ, no host stepping beside it: %s (%s)" %
           (col("cpu_ratio", host), ", ".join("%d tokens %.3f s" % (r["tokens"], r["cpu_s_per_gib_raw"])
