@@ -389,7 +389,7 @@ static void test_option_unknown_key(void) {
   /* the known keys, from the table */
   TU_ASSERT_ERRMSG_HAS(
       "MaxLinksPerAddress, AuthKeyFile, AuthAliases, AuthPayloadTag, Rails, RailStallMs, RailProbeMs, "
-      "SocketBufferKiB)");
+      "SocketBufferKiB, PollUs)");
   /* Keys are case-sensitive, as HIXL's. */
   o.key = "bufferpool";
   o.value = "4:8";
@@ -511,6 +511,59 @@ static void test_option_socket_buffer(void) {
     TU_ASSERT_OK(HixlEngineDestroy(cli));
     TU_ASSERT_OK(HixlEngineDestroy(srv));
   }
+}
+
+/* PollUs: parsed; with it, the target's progress thread takes a client's back-to-back
+ * requests while it polls (counted as polled, not woken), every byte still right; with
+ * 0 it never polls. 200 ms is far longer than the gap between two sync READs. */
+static void test_option_poll(void) {
+  EXPECT_OPTION("PollUs", "-1", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("PollUs", "1000001", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("PollUs", "5ms", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("PollUs", "", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("PollUs", "0", HIXL_SUCCESS);
+  EXPECT_OPTION("PollUs", "1000000", HIXL_SUCCESS);
+  const char *us[2] = {"200000", "0"};
+  enum { OPS = 64, LEN = 4096 };
+  static unsigned char src[OPS * LEN], dst[OPS * LEN];
+  for (int k = 0; k < 2; k++) {
+    char name[64];
+    HixlOption o = {.key = "PollUs", .value = us[k]};
+    HixlEngine *srv = NULL, *cli = NULL;
+    HixlMemHandle hs = NULL, hc = NULL;
+    struct hixl_poll_stats ps = {0, 0};
+    TU_ASSERT_OK_FATAL(HixlEngineCreate(&srv));
+    TU_ASSERT_OK_FATAL(HixlEngineCreate(&cli));
+    TU_ASSERT_OK_FATAL(HixlEngineInitialize(srv, tu_addr(name, sizeof(name), tu_free_port()), &o, 1));
+    TU_ASSERT_OK_FATAL(HixlEngineInitialize(cli, "127.0.0.1", &o, 1));
+    tu_fill(src, sizeof(src), 0x9011 + (uint64_t)k);
+    memset(dst, 0, sizeof(dst));
+    HixlMemDesc ms = {.addr = (uintptr_t)src, .len = sizeof(src)},
+                mc = {.addr = (uintptr_t)dst, .len = sizeof(dst)};
+    TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(srv, &ms, HIXL_MEM_HOST, &hs));
+    TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(cli, &mc, HIXL_MEM_HOST, &hc));
+    TU_ASSERT_OK_FATAL(HixlEngineConnect(cli, name, 5000));
+    TU_ASSERT_OK(hixl_engine_poll_stats(srv, &ps));
+    uint64_t before = ps.polled;
+    for (int i = 0; i < OPS; i++) {
+      HixlTransferOpDesc d = {.local_addr = (uintptr_t)dst + (uintptr_t)i * LEN,
+                              .remote_addr = (uintptr_t)src + (uintptr_t)i * LEN,
+                              .len = LEN};
+      TU_ASSERT_OK(HixlEngineTransferSync(cli, name, HIXL_READ, &d, 1, 5000));
+    }
+    TU_ASSERT_SAME(dst, src, sizeof(dst), "PollUs READs");
+    TU_ASSERT_OK(hixl_engine_poll_stats(srv, &ps));
+    if (k == 0 && ps.polled - before < OPS / 2)
+      tu_fail(__FILE__, __LINE__, "PollUs %s: the target polled up %llu of %d requests, want at least %d",
+              us[k], (unsigned long long)(ps.polled - before), OPS, OPS / 2);
+    if (k == 1 && ps.polled != 0)
+      tu_fail(__FILE__, __LINE__, "PollUs 0: the target polled up %llu rounds, want none",
+              (unsigned long long)ps.polled);
+    CU_ASSERT(ps.woken > 0); /* the link's HELLO at least came to a sleeping thread */
+    TU_ASSERT_OK(HixlEngineDestroy(cli));
+    TU_ASSERT_OK(HixlEngineDestroy(srv));
+  }
+  TU_ASSERT_STATUS(hixl_engine_poll_stats(NULL, NULL), HIXL_PARAM_INVALID);
 }
 
 static void test_option_transport(void) {
@@ -979,6 +1032,7 @@ int main(void) {
   CU_add_test(s, "RdmaServiceLevel", test_option_service_level);
   CU_add_test(s, "RdmaTimeout and RdmaRetryCount", test_option_rdma_timeout_retry);
   CU_add_test(s, "SocketBufferKiB: parsed, and both ends of a link get it", test_option_socket_buffer);
+  CU_add_test(s, "PollUs: parsed; the target takes back-to-back requests while it polls", test_option_poll);
   CU_add_test(s, "Transport", test_option_transport);
   CU_add_test(s, "several options", test_option_several);
   CU_add_test(s, "env HCCL_RDMA_TC/SL and precedence", test_env_precedence);

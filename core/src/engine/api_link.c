@@ -115,6 +115,15 @@ struct conn *api_link_for(HixlEngine *e, const char *remote, const char *fn, Hix
 
 /* ---- for the HixlCS* layer (engine_ext.h) ---- */
 
+HixlStatus hixl_engine_poll_stats(HixlEngine *e, struct hixl_poll_stats *out) {
+  if (!out) return hixl_fail(HIXL_PARAM_INVALID, "hixl_engine_poll_stats: out is NULL");
+  HixlStatus st = api_enter(e, "hixl_engine_poll_stats");
+  if (st != HIXL_SUCCESS) return st;
+  *out = e->pstats;
+  pthread_mutex_unlock(&e->lock);
+  return HIXL_SUCCESS;
+}
+
 HixlStatus hixl_engine_window_stats(HixlEngine *e, struct hixl_window_stats *out) {
   if (!out) return hixl_fail(HIXL_PARAM_INVALID, "hixl_engine_window_stats: out is NULL");
   HixlStatus st = api_enter(e, "hixl_engine_window_stats");

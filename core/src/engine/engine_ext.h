@@ -106,6 +106,15 @@ struct hixl_window_stats {
 };
 HixlStatus hixl_engine_window_stats(HixlEngine *e, struct hixl_window_stats *out);
 
+/* The progress thread's rounds that found events, since Initialize: after it slept
+ * (woken: the kernel woke it), or while it went on polling for PollUs after an event
+ * (polled: no wake-up). */
+struct hixl_poll_stats {
+  uint64_t woken;
+  uint64_t polled;
+};
+HixlStatus hixl_engine_poll_stats(HixlEngine *e, struct hixl_poll_stats *out);
+
 /* ---- scoped memory (docs/security.md) ---- */
 
 /* Off (the default), a peer that linked reaches every registration of this engine.

@@ -290,6 +290,7 @@ struct HixlEngine {
   uint64_t accept_refusals; /* links refused or deferred since the last log line about it */
   uint64_t accept_logged;   /* when that line was written */
   struct hixl_window_stats wstats; /* scoped memory's RDMA windows (transport/rdma/rdma_win.c) */
+  struct hixl_poll_stats pstats;   /* the progress thread's wake-ups and polls (PollUs) */
   struct hixl_devmem_stats dstats; /* device memory by same-host IPC (transport/shm/shm_copy.c) */
   struct auth auth;                /* AuthKeyFile's keys; none: anyone is accepted */
   bool scoped;                     /* scoped memory: a target serves a peer only inside its grants */

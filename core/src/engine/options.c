@@ -178,6 +178,10 @@ static bool parse_sockbuf(const char *s, struct hixl_options *o) {
   return true;
 }
 
+static bool parse_poll(const char *s, struct hixl_options *o) {
+  return parse_u32(s, 0, 1000000, &o->poll_us);
+}
+
 static const char *const transport_names[] = {"auto", "tcp", "rdma", "shm"};
 
 static bool parse_transport(const char *s, struct hixl_options *o) {
@@ -268,7 +272,12 @@ const char *hixl_transport_name(enum hixl_transport t) { return (unsigned)t < 4 
     "send and receive buffer of every link's TCP socket, fixed (SO_SNDBUF, SO_RCVBUF); 0: the kernel "       \
     "autotunes each; auto: 2048 where net.core.rmem_max and wmem_max allow it, else 0 (a path of long "      \
     "round trips, beyond a data centre, may want 0)",                                                        \
-    parse_sockbuf)
+    parse_sockbuf)                                                                                           \
+  X("PollUs", "0", "HIXL_POLL_US", "[0,1000000] us",                                                         \
+    "the progress thread goes on polling its sockets (no wait, the CPU yielded between polls) this long "    \
+    "after its last event before it sleeps: a request or answer that comes meanwhile is taken without a "    \
+    "wake-up, at the cost of a CPU kept busy that long after each; 0: it sleeps at once (docs/design.md)",   \
+    parse_poll)
 
 #define OPTION_INFO(name, def, env, range, doc, parse)  {name, def, env, range, doc},
 #define OPTION_PARSE(name, def, env, range, doc, parse) parse,

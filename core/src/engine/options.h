@@ -54,6 +54,7 @@ struct hixl_options {
   uint32_t rail_probe_ms;             /* RailProbeMs: how often a down rail is dialled again */
   uint32_t sockbuf_kib; /* SocketBufferKiB: SO_SNDBUF and SO_RCVBUF of every link's socket; 0 autotuned */
   bool sockbuf_auto;    /* "auto": SOCKBUF_AUTO_KIB where the kernel allows it, else 0 (hixl_engine init) */
+  uint32_t poll_us;     /* PollUs: the progress thread polls this long after its last event; 0 sleeps */
 };
 
 /* One row per key: the same table drives parsing, validation and the docs. */
