@@ -7,7 +7,7 @@
 #
 #   integration/peers/run_peers.sh [--quick] [--build DIR] [--out DIR] [--rounds N]
 #       [--duration S] [--paths tcp,shm] [--ops read,write] [--blocks 4K,64K,4M]
-#       [--batches 1,128] [--threads 1,8] [--buffer BYTES]
+#       [--batches 1,128] [--threads 1,8] [--buffer BYTES] [--poll-us US]
 #
 # Every point (path x op x block x batch x threads) runs every tool for --duration
 # seconds per round, the tools' order rotated from round to round. Each tool keeps
@@ -42,6 +42,11 @@
 # point's start to its result (/usr/bin/time for processes started for the point,
 # /proc/PID/stat deltas for the ones kept up), over the bytes the tool counted.
 #
+# --poll-us US runs every hixl engine (targets and initiators) with PollUs US (env
+# HIXL_POLL_US; default 0, hixl's default): its progress thread, and a sync caller, poll
+# for that long after an event instead of sleeping at once, as NIXL's UCX progress
+# thread polls all the time. The page says which.
+#
 # Output: OUT/raw.tsv (one record a run), OUT/peers.md (the tables), OUT/peers.json;
 # progress on stderr. A tool that cannot run here gets a line saying why (a SKIP
 # record). --quick: two points per path, one round, 1 s each (a smoke test).
@@ -58,6 +63,7 @@ blocks=4K,64K,4M
 batches=1,128
 threads=1,8
 buffer=$((1 << 30))
+poll_us=0
 quick=0
 venv=${HIXL_VLLM_VENV:-/opt/hixl/vllm-venv}
 while [ $# -gt 0 ]; do
@@ -73,6 +79,7 @@ while [ $# -gt 0 ]; do
     --batches) batches=$2; shift ;;
     --threads) threads=$2; shift ;;
     --buffer) buffer=$2; shift ;;
+    --poll-us) poll_us=$2; shift ;;
     -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "run_peers.sh: unknown option $1" >&2; exit 2 ;;
   esac
@@ -81,6 +88,8 @@ done
 if [ $quick = 1 ]; then
   rounds=1 duration=1 ops=read blocks=4K,64K batches=128 threads=1
 fi
+[[ $poll_us =~ ^[0-9]+$ ]] && [ "$poll_us" -le 1000000 ] || { echo "run_peers.sh: --poll-us takes 0 to 1000000" >&2; exit 2; }
+export HIXL_POLL_US=$poll_us # read by hixl's engines only
 out=${out:-$build/peers-results}
 mkdir -p "$out"
 raw=$out/raw.tsv
@@ -324,9 +333,10 @@ run_ucx() { # ... [probe]: with probe, no record: prints the bytes its sockets h
   want=$(awk -v d="$duration" 'BEGIN { s = int(d); if (s < d) s++; print s < 1 ? 1 : s }')
   for i in $(seq $(((want + 4) * 10))); do
     kill -0 "$cpid" 2>/dev/null || break
-    # probe: from 0.5 s on, what both processes' TCP sockets hold (send and receive
-    # queues): the puts UCX has counted done that the target has not taken yet
-    [ -n "$probe" ] && [ "$i" -gt 5 ] && q+=("$(sock_bytes "$(pgrep -P "$cpid")" "$(pgrep -P "$spid")")")
+    # probe: what both processes' TCP sockets hold (send and receive queues), the puts
+    # UCX has counted done that the target has not taken yet; a sample of 0 (before the
+    # puts start, after they end) is not one of the window's
+    [ -n "$probe" ] && q+=("$(sock_bytes "$(pgrep -P "$cpid")" "$(pgrep -P "$spid")")")
     sleep 0.1
   done
   # SIGTERM: this shell's background jobs ignore SIGINT. The pids are ucx_perftest's,
@@ -335,7 +345,7 @@ run_ucx() { # ... [probe]: with probe, no record: prints the bytes its sockets h
   stop_child "$spid"
   if [ -n "$probe" ]; then
     rm -f "$sf" "$cf" "$so" "$co"
-    printf '%s\n' "${q[@]}" | sort -n | awk '{ v[NR] = $1 } END { print NR ? v[int((NR + 1) / 2)] : 0 }'
+    printf '%s\n' "${q[@]}" | awk '$1 > 0' | sort -n | awk '{ v[NR] = $1 } END { print NR ? v[int((NR + 1) / 2)] : 0 }'
     return 0
   fi
   need=$(grep -c '^\[thread\|^Final' "$co" || true)
@@ -468,7 +478,7 @@ done
 elapsed=$(($(date +%s) - t_start))
 "$hp" --mode=report --raw="$raw" --md="$out/peers.md" --json="$out/peers.json"
 {
-  echo "- $rounds round(s), $duration s per run; $elapsed s in all; $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "- $rounds round(s), $duration s per run; $elapsed s in all; $(date -u '+%Y-%m-%d %H:%M UTC'); hixl's PollUs $poll_us"
   [ ${#cut[@]} -eq 0 ] || echo "- left out (block x batch x threads over $buffer bytes, the buffers' size): ${cut[*]}"
 } >>"$out/peers.md"
 cat "$out/peers.md"
