@@ -478,6 +478,16 @@ static int link_buffers(uint16_t port, int rcv[2], int snd[2]) {
   return n;
 }
 
+/* A server at 127.0.0.1:port (its name into name) and a client, both initialized
+ * with option o. */
+static void pair_with(const HixlOption *o, uint16_t port, char *name, size_t cap, HixlEngine **srv,
+                      HixlEngine **cli) {
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(srv));
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(cli));
+  TU_ASSERT_OK_FATAL(HixlEngineInitialize(*srv, tu_addr(name, cap, port), o, 1));
+  TU_ASSERT_OK_FATAL(HixlEngineInitialize(*cli, "127.0.0.1", o, 1));
+}
+
 static void test_option_socket_buffer(void) {
   EXPECT_OPTION("SocketBufferKiB", "63", HIXL_PARAM_INVALID);
   EXPECT_OPTION("SocketBufferKiB", "65537", HIXL_PARAM_INVALID);
@@ -497,10 +507,7 @@ static void test_option_socket_buffer(void) {
     HixlOption o = {.key = "SocketBufferKiB", .value = kib[k]};
     HixlEngine *srv = NULL, *cli = NULL;
     int rcv[2] = {0, 0}, snd[2] = {0, 0}, want = 2 * 1024 * atoi(kib[k]);
-    TU_ASSERT_OK_FATAL(HixlEngineCreate(&srv));
-    TU_ASSERT_OK_FATAL(HixlEngineCreate(&cli));
-    TU_ASSERT_OK_FATAL(HixlEngineInitialize(srv, tu_addr(name, sizeof(name), port), &o, 1));
-    TU_ASSERT_OK_FATAL(HixlEngineInitialize(cli, "127.0.0.1", &o, 1));
+    pair_with(&o, port, name, sizeof(name), &srv, &cli);
     TU_ASSERT_OK_FATAL(HixlEngineConnect(cli, name, 5000));
     CU_ASSERT_EQUAL(link_buffers(port, rcv, snd), 2);
     for (int i = 0; i < 2; i++)
@@ -532,10 +539,7 @@ static void test_option_poll(void) {
     HixlEngine *srv = NULL, *cli = NULL;
     HixlMemHandle hs = NULL, hc = NULL;
     struct hixl_poll_stats ps = {0, 0};
-    TU_ASSERT_OK_FATAL(HixlEngineCreate(&srv));
-    TU_ASSERT_OK_FATAL(HixlEngineCreate(&cli));
-    TU_ASSERT_OK_FATAL(HixlEngineInitialize(srv, tu_addr(name, sizeof(name), tu_free_port()), &o, 1));
-    TU_ASSERT_OK_FATAL(HixlEngineInitialize(cli, "127.0.0.1", &o, 1));
+    pair_with(&o, tu_free_port(), name, sizeof(name), &srv, &cli);
     tu_fill(src, sizeof(src), 0x9011 + (uint64_t)k);
     memset(dst, 0, sizeof(dst));
     HixlMemDesc ms = {.addr = (uintptr_t)src, .len = sizeof(src)},
