@@ -70,13 +70,9 @@ static inline bool bench_parse_size_prefix(const char *s, size_t *out, const cha
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
   if (errno != 0 || end == s) return false;
-  unsigned shift = 0;
-  if (*end == 'k' || *end == 'K')
-    shift = 10;
-  else if (*end == 'm' || *end == 'M')
-    shift = 20;
-  else if (*end == 'g' || *end == 'G')
-    shift = 30;
+  static const char units[] = "kKmMgG";
+  const char *u = *end ? strchr(units, *end) : NULL;
+  unsigned shift = u ? 10 * (unsigned)((u - units) / 2 + 1) : 0;
   if (shift != 0) {
     end++;
     if (*end == 'i' || *end == 'I') end++;
@@ -177,7 +173,7 @@ static inline double bench_places_median(const double *v, size_t n, unsigned pla
   if (resamples) {
     qsort(est, resamples, sizeof(*est), bench_cmp_double);
     *lo = est[(size_t)(0.025 * resamples)];
-    *hi = est[(size_t)(0.975 * resamples) < resamples ? (size_t)(0.975 * resamples) : resamples - 1];
+    *hi = est[(size_t)(0.975 * resamples)]; /* < resamples, as 0.975 < 1 */
   }
   return exp(point / used);
 }
@@ -225,13 +221,11 @@ static inline void bench_pattern_fill(uint8_t *buf, size_t len, uint64_t seed) {
 
 /* True when a and b agree; otherwise *bad is the first differing offset. */
 static inline bool bench_same(const uint8_t *a, const uint8_t *b, size_t len, size_t *bad) {
+  size_t i = 0;
   if (memcmp(a, b, len) == 0) return true;
-  for (size_t i = 0; i < len; i++)
-    if (a[i] != b[i]) {
-      *bad = i;
-      return false;
-    }
-  return true;
+  while (a[i] == b[i]) i++;
+  *bad = i;
+  return false;
 }
 
 /* Pin the calling thread (and the threads it creates later) to one CPU. */
@@ -292,7 +286,6 @@ static inline int bench_key_file(char *path, size_t cap, const char *prog) {
   uint8_t key[32];
   char hex[2 * sizeof(key) + 1];
   const char *dir = getenv("TMPDIR");
-  int rc = -1;
   snprintf(path, cap, "%s/hixl-key-XXXXXX", dir && *dir ? dir : "/tmp");
   if (getrandom(key, sizeof(key), 0) != (ssize_t)sizeof(key)) {
     fprintf(stderr, "%s: getrandom for the key: %s\n", prog, strerror(errno));
@@ -300,23 +293,16 @@ static inline int bench_key_file(char *path, size_t cap, const char *prog) {
   }
   for (size_t i = 0; i < sizeof(key); i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
   hex[2 * sizeof(key)] = '\n';
-  int fd = mkstemp(path); /* O_EXCL, mode 0600 */
-  if (fd < 0) {
-    fprintf(stderr, "%s: mkstemp %s: %s\n", prog, path, strerror(errno));
-    goto out_wipe;
-  }
-  if (fchmod(fd, 0600) != 0 || write(fd, hex, sizeof(hex)) != (ssize_t)sizeof(hex)) {
-    fprintf(stderr, "%s: writing the key file %s: %s\n", prog, path, strerror(errno));
-    close(fd);
-    unlink(path);
-    goto out_wipe;
-  }
-  close(fd);
-  rc = 0;
-out_wipe:
+  int fd = mkstemp(path); /* O_EXCL, mode 0600 (umask can only take bits away) */
+  bool ok = fd >= 0 && write(fd, hex, sizeof(hex)) == (ssize_t)sizeof(hex);
+  if (!ok)
+    fprintf(stderr, "%s: %s %s: %s\n", prog, fd < 0 ? "mkstemp" : "writing the key file", path,
+            strerror(errno));
+  if (fd >= 0) close(fd);
+  if (fd >= 0 && !ok) unlink(path);
   memset(key, 0, sizeof(key));
   memset(hex, 0, sizeof(hex));
-  return rc;
+  return ok ? 0 : -1;
 }
 
 #endif /* HIXL_BENCH_UTIL_H */
