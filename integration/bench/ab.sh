@@ -1,27 +1,18 @@
 #!/usr/bin/env bash
-# ab.sh OLD NEW [OUT_DIR]
+# ab.sh OLD NEW [OUT_DIR]: a data-path change measured A/B (README.md, "Layout", says what it
+# sweeps; ab.md what each figure is and when a point is flagged): hixl-bench built at git
+# revision OLD against NEW (a revision, or WORKTREE: the uncommitted tree of this checkout),
+# the two interleaved on this machine. The sweep has batch 1 and batched because 476b89a
+# halved tcp batches of 16 KiB ops when only batch 1 was measured; each run's CPU seconds are
+# kept beside it because per GiB they move far less than wall-clock on a shared machine.
 #
-# Measures a data-path change A/B: hixl-bench built at git revision OLD against
-# NEW (a revision, or WORKTREE: the uncommitted tree of this checkout), over one
-# fixed sweep, the two interleaved on this machine. 476b89a halved tcp batches of
-# 16 KiB ops because only batch 1 was measured; this sweep has both.
-#
-# Sweep: transports tcp and shm x batch 1 and 64 x blocks 4K..4M x READ and WRITE,
-# StagingThreshold=0 (every op direct), initiator on CPU 0 and target on CPU 1.
-# One hixl-bench run per (transport, batch, op) group; ROUNDS rounds, each group run
-# OLD then NEW, the order swapped every other round, its CPU seconds kept beside it (per
-# GiB they move far less than wall-clock on a shared machine). ab.md says what each
-# figure is, and flags a point when NEW/OLD < 0.9 and below 1/A/A.
-#
-# Revisions get detached worktrees OUT_DIR/wt-<sha> (built in <wt>/build), removed at
-# the end unless they were there before (then reused) or AB_KEEP=1. WORKTREE builds
-# this checkout into OUT_DIR/new-build. Writes OUT_DIR/ab.md (also on stdout),
-# OUT_DIR/ab.json and the raw runs in OUT_DIR/raw; progress goes to stderr.
-#
-# Environment: AB_ROUNDS (1..9, default 3), AB_SECONDS (per point, default 1),
-# AB_TIMEOUT (seconds per hixl-bench run, default 300), AB_KEEP=1, AB_QUICK=1 (tcp,
-# 16K and 1M, one round unless AB_ROUNDS, 0.5 s a point: to try the script, not to
-# decide).
+# Revisions get detached worktrees OUT_DIR/wt-<sha> (built in <wt>/build), removed at the end
+# unless they were there before (then reused) or AB_KEEP=1; WORKTREE builds into
+# OUT_DIR/new-build. Writes OUT_DIR/ab.md (also on stdout), ab.json and the raw runs in raw/;
+# progress goes to stderr.
+# Environment: AB_ROUNDS (1..9, default 3), AB_SECONDS (per point, default 1), AB_TIMEOUT
+# (seconds per hixl-bench run, default 300), AB_KEEP=1, AB_QUICK=1 (tcp, 16K and 1M, one round
+# unless AB_ROUNDS, 0.5 s a point: to try the script, not to decide).
 NAME=ab
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"
@@ -37,9 +28,7 @@ OUT=$(cd "$OUT" && pwd)
 for c in cmake python3 timeout taskset; do command -v "$c" >/dev/null || die "$c is missing"; done
 [ "$(nproc)" -ge 2 ] || die "needs 2 CPUs: initiator and target are pinned to CPUs 0 and 1"
 
-ROUNDS=${AB_ROUNDS:-3}
-SECS=${AB_SECONDS:-1}
-TIMEOUT=${AB_TIMEOUT:-300}
+ROUNDS=${AB_ROUNDS:-3} SECS=${AB_SECONDS:-1} TIMEOUT=${AB_TIMEOUT:-300}
 TRANSPORTS=(tcp shm) BATCHES=(1 64) OPS=(read write) SIZES=4K,16K,64K,256K,1M,4M
 if [ "${AB_QUICK:-0}" = 1 ]; then
   TRANSPORTS=(tcp) SIZES=16K,1M ROUNDS=${AB_ROUNDS:-1} SECS=0.5
@@ -94,14 +83,6 @@ RAW=$OUT/raw
 rm -rf "$RAW"
 mkdir -p "$RAW"
 
-# run ROUND LABEL TRANSPORT BATCH OP: one group, its CPU time beside its JSON.
-run() {
-  local base=$RAW/r$1-$2-$3-b$4-$5
-  timed "$base" "$TIMEOUT" "$2 ($3 batch $4 $5, round $1)" "${BIN[$2]}" --transport "$3" --batch "$4" --op "$5" \
-    --block-sizes "$SIZES" --pin 0,1 --opt StagingThreshold=0 --max-seconds "$SECS" --total "$TOTAL" --no-progress \
-    --json "$base.json"
-}
-
 NGROUPS=$((${#TRANSPORTS[@]} * ${#BATCHES[@]} * ${#OPS[@]}))
 LOAD0=$(load)
 T0=$SECONDS
@@ -117,7 +98,10 @@ for ((r = 1; r <= ROUNDS; r++)); do
         g=$((g + 1))
         for who in "${order[@]}"; do
           log "round $r/$ROUNDS group $g/$NGROUPS: $who $t batch $b $op"
-          run "$r" "$who" "$t" "$b" "$op"
+          base=$RAW/r$r-$who-$t-b$b-$op # one group, its CPU time (timed's BASE.time) beside its JSON
+          timed "$base" "$TIMEOUT" "$who ($t batch $b $op, round $r)" "${BIN[$who]}" --transport "$t" --batch "$b" \
+            --op "$op" --block-sizes "$SIZES" --pin 0,1 --opt StagingThreshold=0 --max-seconds "$SECS" \
+            --total "$TOTAL" --no-progress --json "$base.json"
         done
       done
     done
