@@ -20,13 +20,10 @@ start() {
 # called with its own ARGS (BUILD_DIR [OUTPUT_MD]): OUT is OUTPUT_MD (default docs/DOC of this
 # tree), BENCH the tool TOOL (built), RES the results dir DIR.
 page() {
-  local doc=$1 tool=$2 dir=$3
-  shift 3
-  start "BUILD_DIR [OUTPUT_MD]" "$@"
-  OUT=${2:-$SRC/docs/$doc}
-  BENCH=$BIN/$tool
+  start "BUILD_DIR [OUTPUT_MD]" "${@:4}"
+  OUT=${5:-$SRC/docs/$1} BENCH=$BIN/$2
   need "$BENCH"
-  results "$dir"
+  results "$3"
 }
 
 # need FILE...: dies unless each was built.
@@ -50,7 +47,6 @@ report() {
 # the user, system and wall seconds of all its processes in BASE.time; dies if it fails.
 timed() {
   local base=$1 limit=$2 what=$3 st=0
-  shift 3
-  timeout -k 10 "$limit" /usr/bin/time -f "%U %S %e" -o "$base.time" "$@" >"$base.out" 2>"$base.err" || st=$?
+  timeout -k 10 "$limit" /usr/bin/time -f "%U %S %e" -o "$base.time" "${@:4}" >"$base.out" 2>"$base.err" || st=$?
   [ "$st" = 0 ] || die "$what failed with status $st$([ "$st" = 124 ] && echo ": timed out after $limit s"); see $base.err"
 }
