@@ -1,10 +1,9 @@
-/* hixl-rails-bench: large READ or WRITE ops over an engine's rails (issue 31), one role
- * per process, so the two ends can live in two network namespaces (integration/rails/).
- * What each role does, checks, prints and writes (--json, --stats-file): docs/rails.md,
- * "The benchmark"; --help lists the options. SIGINT or SIGTERM ends an initiator's loop
- * (the ops in flight complete and are checked, then it reports); SIGUSR1 holds it (the
- * ops in flight complete, then none is posted; the stats file's phase says "held") until
- * SIGUSR2. */
+/* hixl-rails-bench: large READ or WRITE ops over an engine's rails (issue 31), one role per
+ * process, so the two ends can live in two network namespaces (integration/rails/). What each
+ * role does, checks, prints and writes: docs/rails.md, "The benchmark". SIGINT or SIGTERM ends
+ * an initiator's loop (the ops in flight complete and are checked, then it reports); SIGUSR1
+ * holds it (the ops in flight complete, then none is posted; the stats file's phase says
+ * "held") until SIGUSR2. */
 #include <inttypes.h>
 
 #include "harness.h"
@@ -28,7 +27,7 @@ static struct {
   const char *listen, *connect, *local, *rails, *transport, *json, *label, *stats_file, *ready_file;
   size_t buf_size, op_size;
   uint64_t seed, ops, seconds, batch, depth, expect_rails, stall_ms, probe_ms, timeout_ms;
-  int dir; /* -1 unset, else HIXL_READ or HIXL_WRITE */
+  int dir; /* -1 unset, else HIXL_READ or HIXL_WRITE (from read, write) */
   bool progress, read, write;
   struct hb_extra x; /* --opt */
 } o = {.role = ROLE_NONE,
@@ -39,16 +38,13 @@ static struct {
        .depth = 4,
        .timeout_ms = 30000,
        .transport = "tcp",
-       .dir = -1,
        .progress = true};
 
 /* SIGINT, SIGTERM: stop; SIGUSR1: hold; SIGUSR2: go on. */
 static volatile sig_atomic_t stop_flag, hold_flag;
 static void on_signal(int sig) {
-  if (sig == SIGUSR1 || sig == SIGUSR2)
-    hold_flag = sig == SIGUSR1;
-  else
-    stop_flag = 1;
+  if (sig == SIGUSR1 || sig == SIGUSR2) hold_flag = sig == SIGUSR1;
+  if (sig == SIGINT || sig == SIGTERM) stop_flag = 1;
 }
 
 static void install_signals(void) {
@@ -65,8 +61,7 @@ static const struct hb_opt opts[] = {
     {"--listen", HB_STR, &o.listen, "IP:PORT", "target: its engine's address", 0, 0, NULL},
     {"--connect", HB_STR, &o.connect, "IP:PORT", "initiator: the target's", 0, 0, NULL},
     {"--local", HB_STR, &o.local, "IP", "initiator: its engine's address", 0, 0, NULL},
-    {"--rails", HB_STR, &o.rails, "LIST",
-     "this engine's rail addresses, comma-separated, or auto (the Rails option)", 0, 0, NULL},
+    {"--rails", HB_STR, &o.rails, "LIST", "Rails: this engine's addresses, a,b,... or auto", 0, 0, NULL},
     {"--buf-size", HB_SIZE, &o.buf_size, "SIZE", "target: its buffer (default 256M)", 1, 1e18, NULL},
     {"--seed", HB_U64, &o.seed, "N", "target: the pattern's seed (default 1)", 0, 0, NULL},
     {"--ready-file", HB_STR, &o.ready_file, "FILE", "target: written once it serves", 0, 0, NULL},
@@ -77,19 +72,15 @@ static const struct hb_opt opts[] = {
     {"--seconds", HB_U64, &o.seconds, "S", "seconds of ops", 0, 0, NULL},
     {"--batch", HB_U64, &o.batch, "N", "ops a request (default 1)", 1, MAX_FLIGHT, NULL},
     {"--depth", HB_U64, &o.depth, "N", "requests in flight (default 4)", 1, MAX_DEPTH, NULL},
-    {"--expect-rails", HB_U64, &o.expect_rails, "N",
-     "fail unless the link has N rails, all up, after Connect", 0, 0, NULL},
+    {"--expect-rails", HB_U64, &o.expect_rails, "N", "fail unless N rails are up after Connect", 0, 0, NULL},
     {"--json", HB_STR, &o.json, "FILE", "the result", 0, 0, NULL},
     {"--label", HB_STR, &o.label, "TEXT", "a label for the JSON", 0, 0, NULL},
-    {"--stats-file", HB_STR, &o.stats_file, "FILE", "the rails' counters, rewritten as they move", 0, 0,
-     NULL},
+    {"--stats-file", HB_STR, &o.stats_file, "FILE", "the rails' counters, kept up to date", 0, 0, NULL},
     {"--no-progress", HB_NOFLAG, &o.progress, NULL, "nothing on stderr but errors", 0, 0, NULL},
-    {"--transport", HB_STR, &o.transport, "NAME", "default tcp; rdma rails need an RDMA device per rail", 0,
-     0, NULL},
+    {"--transport", HB_STR, &o.transport, "NAME", "default tcp (rdma: a device per rail)", 0, 0, NULL},
     {"--stall-ms", HB_U64, &o.stall_ms, "N", "RailStallMs", 0, 0, NULL},
     {"--probe-ms", HB_U64, &o.probe_ms, "N", "RailProbeMs", 0, 0, NULL},
-    {"--timeout-ms", HB_U64, &o.timeout_ms, "N", "each request's timeout (default 30000)", 1, INT32_MAX,
-     NULL},
+    {"--timeout-ms", HB_U64, &o.timeout_ms, "N", "a request's timeout (default 30000)", 1, INT32_MAX, NULL},
     {"--opt", HB_FN, &o.x, "KEY=VALUE", "any other engine option; repeatable", 0, 0, hb_extra_add},
     {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
 
@@ -177,15 +168,16 @@ struct slot {
   uint64_t t0;         /* submitted at */
 };
 
+static uint64_t lat[MAX_REQS]; /* the requests' latencies, ns */
+
 struct run {
   HixlEngine *e;
   HixlMemHandle lh;
-  uint8_t *local;   /* depth x batch op-sized slots; WRITE's read-backs land there too */
+  uint8_t *local;   /* depth x batch op-sized slots (WRITE's read-backs land there too), then scratch */
   uint8_t *ref;     /* the target's buffer as it should read (READ) or the written pattern (WRITE) */
   uint8_t *scratch; /* WRITE: what a slot should read back, one op */
   uint64_t remote, remote_len, seed, nslots;
   struct slot req[MAX_DEPTH];
-  uint64_t *lat;
   size_t nlat;
   uint64_t submitted, done, checked, verified_bytes, timed_ns, t_start, max_ns; /* checked: WRITEs to here */
   uint64_t next_stats, next_prog, last_prog_done;
@@ -326,7 +318,7 @@ static int wait_req(struct run *r, size_t s) {
            ts == HIXL_TRANSFER_TIMEOUT ? "TIMEOUT" : "FAILED", (double)ns / 1e6, HixlGetLastErrorMessage());
     return -1;
   }
-  if (r->nlat < MAX_REQS) r->lat[r->nlat++] = ns;
+  if (r->nlat < MAX_REQS) lat[r->nlat++] = ns;
   if (ns > r->max_ns) r->max_ns = ns;
   for (uint64_t op = first; o.dir == HIXL_READ && op < first + o.batch; op++)
     if (!check(r, op, lslot(r, op), r->ref + rslot(r, op) * o.op_size)) return -1;
@@ -381,9 +373,7 @@ static int loop(struct run *r) {
       progress(r, bench_now_ns());
       continue;
     }
-    bool idle = true;
-    for (size_t k = 0; k < o.depth; k++) idle = idle && !r->req[k].req;
-    if (!idle) {
+    if (r->done != r->submitted) { /* another request in flight (done counts those ended well) */
       s = (s + 1) % o.depth;
       continue;
     }
@@ -437,7 +427,7 @@ static int expect_rails(struct run *r) {
 static void print_result(struct run *r, bool pass) {
   rails_read(r);
   double gbit = gbps_of(r->done * o.op_size, r->timed_ns), secs = (double)r->timed_ns / 1e9;
-  struct bench_stats ls = bench_stats_ns(r->lat, r->nlat); /* sorts them: the run is over */
+  struct bench_stats ls = bench_stats_ns(lat, r->nlat); /* sorts them: the run is over */
   const char *dir = o.dir == HIXL_READ ? "read" : "write";
   printf(PROG ": %s %" PRIu64 " ops of %zu bytes (batch %" PRIu64 ", depth %" PRIu64 ") to %s: %s\n", dir,
          r->done, o.op_size, o.batch, o.depth, o.connect, pass ? "every byte verified" : "FAILED");
@@ -457,8 +447,7 @@ static void print_result(struct run *r, bool pass) {
   if (!f) return;
   fprintf(f,
           "{\"bench\": \"rails\", \"label\": \"%s\", \"dir\": \"%s\", \"rails_configured\": \"%s\", "
-          "\"pass\": %s, "
-          "\"op_bytes\": %zu, \"ops\": %" PRIu64 ", \"batch\": %" PRIu64 ", \"depth\": %" PRIu64
+          "\"pass\": %s, \"op_bytes\": %zu, \"ops\": %" PRIu64 ", \"batch\": %" PRIu64 ", \"depth\": %" PRIu64
           ", \"secs\": %.4f, \"gbps\": %.4f, \"GBps\": %.4f, \"lat_ms_p50\": %.3f, \"lat_ms_p99\": %.3f, "
           "\"lat_ms_max\": %.3f, \"verified_bytes\": %" PRIu64 ", \"rails\": ",
           o.label ? o.label : "", dir, o.rails ? o.rails : "", pass ? "true" : "false", o.op_size, r->done,
@@ -473,7 +462,7 @@ static int run_initiator(void) {
   int rc = 1;
   struct run r = {0};
   char local[64];
-  size_t lbytes = (size_t)(o.depth * o.batch) * o.op_size;
+  size_t lbytes = (size_t)(o.depth * o.batch + 1) * o.op_size;
   /* --local, else the first of --rails, else any */
   const char *at = o.local ? o.local : o.rails && strcmp(o.rails, "auto") != 0 ? o.rails : "0.0.0.0";
   snprintf(local, sizeof(local), "%.*s", (int)strcspn(at, o.local ? "" : ","), at);
@@ -490,12 +479,7 @@ static int run_initiator(void) {
   }
   if (!(r.ref = hb_map(r.nslots * o.op_size))) goto out_disconnect;
   bench_pattern_fill(r.ref, r.nslots * o.op_size, o.dir == HIXL_READ ? r.seed : r.seed ^ WRITE_SEED);
-  r.lat = malloc(MAX_REQS * sizeof(*r.lat));
-  r.scratch = o.dir == HIXL_WRITE ? malloc(o.op_size) : NULL;
-  if (!r.lat || (o.dir == HIXL_WRITE && !r.scratch)) {
-    hb_say("out of memory\n");
-    goto out_ref;
-  }
+  r.scratch = r.local + lbytes - o.op_size;
   install_signals();
   int lr = loop(&r);
   HixlTransferStatus ts;
@@ -504,9 +488,6 @@ static int run_initiator(void) {
   if (o.stats_file) stats_write(&r, lr == 0 ? "done" : "failed");
   print_result(&r, lr == 0);
   rc = lr == 0 ? 0 : 1;
-out_ref:
-  free(r.lat);
-  free(r.scratch);
   munmap(r.ref, r.nslots * o.op_size);
 out_disconnect:
   HixlEngineDisconnect(r.e, o.connect, 1000);
