@@ -135,13 +135,11 @@ static inline double bench_median(const double *v, size_t n) {
 }
 
 /* The geometric mean of the medians of `places` groups, v[i] in group i % places (the
- * place a measured run took in its round; a rotation puts each run in each place
- * equally often), and a 95% bootstrap interval for it (`resamples` draws, each group
- * resampled within itself, a fixed seed: the same data give the same interval). A plain
- * median over all rounds is not neutral when one place is slow: with places 1, 1 and
- * 0.7 it lands in the majority. This is, as a mean of the groups' log medians. Groups
- * with no value are left out (their median, into medians[p] when medians is not NULL, is
- * 0); n at most 256, places 1 to BENCH_PLACES_MAX. */
+ * place a run took in its round), and a 95% bootstrap interval for it (`resamples` draws,
+ * each group resampled within itself, a fixed seed: the same data, the same interval).
+ * Neutral where a plain median is not, when one place is slow (docs/performance-tp.md).
+ * Groups with no value are left out (their median, into medians[p] when medians is not
+ * NULL, is 0); n at most 256, places 1 to BENCH_PLACES_MAX. */
 static inline double bench_places_median(const double *v, size_t n, unsigned places, unsigned resamples,
                                          double *lo, double *hi, double *medians) {
   double g[BENCH_PLACES_MAX][256], w[256], est[4096];
@@ -182,20 +180,15 @@ struct bench_stats {
   double avg_us, p50_us, p99_us, min_us, max_us;
 };
 
-/* Sorts v in place; nearest-rank percentiles. */
+/* Sorts v in place; nearest-rank percentiles (the ceil(n p / 100)-th value). */
 static inline struct bench_stats bench_stats_ns(uint64_t *v, size_t n) {
-  struct bench_stats s = {0, 0, 0, 0, 0};
-  if (n == 0) return s;
-  qsort(v, n, sizeof(*v), bench_cmp_u64);
   long double sum = 0;
+  if (n == 0) return (struct bench_stats){0, 0, 0, 0, 0};
+  qsort(v, n, sizeof(*v), bench_cmp_u64);
   for (size_t i = 0; i < n; i++) sum += (long double)v[i];
-  size_t i50 = (n * 50 + 99) / 100, i99 = (n * 99 + 99) / 100;
-  s.avg_us = (double)(sum / (long double)n) / 1e3;
-  s.p50_us = (double)v[i50 > 0 ? i50 - 1 : 0] / 1e3;
-  s.p99_us = (double)v[i99 > 0 ? i99 - 1 : 0] / 1e3;
-  s.min_us = (double)v[0] / 1e3;
-  s.max_us = (double)v[n - 1] / 1e3;
-  return s;
+  return (struct bench_stats){(double)(sum / (long double)n) / 1e3, (double)v[(n * 50 + 99) / 100 - 1] / 1e3,
+                              (double)v[(n * 99 + 99) / 100 - 1] / 1e3, (double)v[0] / 1e3,
+                              (double)v[n - 1] / 1e3};
 }
 
 /* Pattern word i depends only on (seed, i): any side regenerates or checks any range. */
