@@ -162,12 +162,6 @@ out_engine:
 
 /* ---- initiator ---- */
 
-struct slot {
-  HixlTransferReq req; /* NULL: free */
-  uint64_t first_op;   /* op number of its first op */
-  uint64_t t0;         /* submitted at */
-};
-
 static uint64_t lat[MAX_REQS]; /* the requests' latencies, ns */
 
 struct run {
@@ -177,7 +171,8 @@ struct run {
   uint8_t *ref;     /* the target's buffer as it should read (READ) or the written pattern (WRITE) */
   uint8_t *scratch; /* WRITE: what a slot should read back, one op */
   uint64_t remote, remote_len, seed, nslots;
-  struct slot req[MAX_DEPTH];
+  HixlTransferReq req[MAX_DEPTH]; /* the requests in flight, NULL: a free slot */
+  uint64_t t0[MAX_DEPTH];         /* ... posted at */
   size_t nlat;
   uint64_t submitted, done, checked, verified_bytes, timed_ns, t_start, max_ns; /* checked: WRITEs to here */
   uint64_t next_stats, next_prog, last_prog_done;
@@ -248,8 +243,8 @@ static void stats_write(struct run *r, const char *phase) {
   FILE *f = fopen(tmp, "w");
   if (!f) return;
   fprintf(f,
-          "{\"phase\": \"%s\", \"ops\": %" PRIu64 ", \"verified_bytes\": %" PRIu64 ", \"max_ms\": %.3f, "
-          "\"rails\": ",
+          "{\"phase\": \"%s\", \"ops\": %" PRIu64 ", \"verified_bytes\": %" PRIu64
+          ", \"max_ms\": %.3f, \"rails\": ",
           phase, r->done, r->verified_bytes, (double)r->max_ns / 1e6);
   rails_json(f, r);
   fprintf(f, "}\n");
@@ -299,19 +294,19 @@ static int post(struct run *r, size_t s, uint64_t first) {
     if (o.dir == HIXL_WRITE) write_data(r, op, lslot(r, op));
     d[i] = op_at(r, lslot(r, op), rslot(r, op), o.dir == HIXL_READ);
   }
-  r->req[s].first_op = first;
-  r->req[s].t0 = bench_now_ns();
+  r->t0[s] = bench_now_ns();
   HixlStatus st = HixlEngineTransferAsync(r->e, o.connect, (HixlTransferOp)o.dir, d, o.batch,
-                                          (int32_t)o.timeout_ms, NULL, &r->req[s].req);
+                                          (int32_t)o.timeout_ms, NULL, &r->req[s]);
   return hb_ok(st, "HixlEngineTransferAsync") ? 0 : -1; /* the slot's req is set only on success */
 }
 
-/* Wait for request slot s; a READ's data is checked. 0, or -1 (said). */
+/* Wait for request slot s, the oldest in flight (so its first op is op done); a READ's data
+ * is checked. 0, or -1 (said). */
 static int wait_req(struct run *r, size_t s) {
   HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
-  HixlStatus st = hb_wait_xfer(r->e, r->req[s].req, &ts);
-  uint64_t first = r->req[s].first_op, ns = bench_now_ns() - r->req[s].t0;
-  r->req[s].req = NULL;
+  HixlStatus st = hb_wait_xfer(r->e, r->req[s], &ts);
+  uint64_t first = r->done, ns = bench_now_ns() - r->t0[s];
+  r->req[s] = NULL;
   if (st != HIXL_SUCCESS) return hb_fail("HixlEngineGetTransferStatus", st), -1;
   if (ts != HIXL_TRANSFER_COMPLETED) {
     hb_say("request of ops %" PRIu64 "..%" PRIu64 " ended %s after %.1f ms: %s\n", first, first + o.batch - 1,
@@ -362,13 +357,13 @@ static int loop(struct run *r) {
     /* WRITE: the ops since the last check are consecutive, so the next request would
      * write a slot one of them wrote once they span more than the buffer: drain, check */
     if (go && o.dir == HIXL_WRITE && r->submitted + o.batch - r->checked > r->nslots) go = false;
-    if (go && !r->req[s].req) {
+    if (go && !r->req[s]) {
       if (post(r, s, r->submitted) < 0) return -1;
       r->submitted += o.batch;
       s = (s + 1) % o.depth;
       continue;
     }
-    if (r->req[s].req) { /* the oldest: once it is done, its slot takes the next request */
+    if (r->req[s]) { /* the oldest: once it is done, its slot takes the next request */
       if (wait_req(r, s) < 0) return -1;
       progress(r, bench_now_ns());
       continue;
@@ -484,7 +479,7 @@ static int run_initiator(void) {
   int lr = loop(&r);
   HixlTransferStatus ts;
   for (size_t s = 0; lr < 0 && s < o.depth; s++) /* after a failure: let the others end */
-    if (r.req[s].req) hb_wait_xfer(r.e, r.req[s].req, &ts);
+    if (r.req[s]) hb_wait_xfer(r.e, r.req[s], &ts);
   if (o.stats_file) stats_write(&r, lr == 0 ? "done" : "failed");
   print_result(&r, lr == 0);
   rc = lr == 0 ? 0 : 1;
