@@ -227,11 +227,9 @@ static inline bool bench_pin_cpu(int cpu) {
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(cpu, &set);
-  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
-    fprintf(stderr, "cannot pin to CPU %d: %s\n", cpu, strerror(errno));
-    return false;
-  }
-  return true;
+  if (sched_setaffinity(0, sizeof(set), &set) == 0) return true;
+  fprintf(stderr, "cannot pin to CPU %d: %s\n", cpu, strerror(errno));
+  return false;
 }
 
 /* One '\n'-terminated line from a pipe or socket within timeout_ms: 1 a line, 0 end of
@@ -261,13 +259,11 @@ static inline int bench_read_line(int fd, char *line, size_t cap, int timeout_ms
 
 /* Read exactly len bytes from fd (EINTR retried); 0, or -1 on error or end of file. */
 static inline int bench_read_full(int fd, void *buf, size_t len) {
-  uint8_t *p = buf;
-  while (len > 0) {
+  for (uint8_t *p = buf; len > 0;) {
     ssize_t n = read(fd, p, len);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return -1;
-    p += n;
-    len -= (size_t)n;
+    p += n, len -= (size_t)n;
   }
   return 0;
 }
