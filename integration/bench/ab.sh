@@ -1,15 +1,12 @@
 #!/usr/bin/env bash
-# ab.sh OLD NEW [OUT_DIR]: a data-path change measured A/B (README.md, "Layout", says what it
-# sweeps; ab.md what each figure is and when a point is flagged): hixl-bench built at git
-# revision OLD against NEW (a revision, or WORKTREE: the uncommitted tree of this checkout),
-# the two interleaved on this machine. The sweep has batch 1 and batched because 476b89a
-# halved tcp batches of 16 KiB ops when only batch 1 was measured; each run's CPU seconds are
-# kept beside it because per GiB they move far less than wall-clock on a shared machine.
-#
-# Revisions get detached worktrees OUT_DIR/wt-<sha> (built in <wt>/build), removed at the end
-# unless they were there before (then reused) or AB_KEEP=1; WORKTREE builds into
-# OUT_DIR/new-build. Writes OUT_DIR/ab.md (also on stdout), ab.json and the raw runs in raw/;
-# progress goes to stderr.
+# ab.sh OLD NEW [OUT_DIR]: hixl-bench built at git revision OLD against NEW (a revision, or
+# WORKTREE: this checkout's uncommitted tree), interleaved on this machine over one sweep (README.md,
+# "Layout", says which; ab.md what each figure is and when a point is flagged). The sweep has batch
+# 1 and batched because 476b89a halved tcp batches of 16 KiB ops when only batch 1 was measured;
+# each run's CPU seconds are kept beside it because per GiB they move far less than wall-clock on a
+# shared machine. Revisions get detached worktrees OUT_DIR/wt-<sha> (built in <wt>/build), removed
+# at the end unless they were there before (then reused) or AB_KEEP=1; WORKTREE builds into
+# OUT_DIR/new-build. Writes OUT_DIR/ab.md (also on stdout), ab.json and the raw runs in raw/.
 # Environment: AB_ROUNDS (1..9, default 3), AB_SECONDS (per point, default 1), AB_TIMEOUT
 # (seconds per hixl-bench run, default 300), AB_KEEP=1, AB_QUICK=1 (tcp, 16K and 1M, one round
 # unless AB_ROUNDS, 0.5 s a point: to try the script, not to decide).
