@@ -91,18 +91,13 @@ static int parse_opts(int argc, char **argv) {
            "Exit status: 0 when every op completed and verified, 1 otherwise, 2 for bad options.\n");
   o.dir = o.read ? HIXL_READ : o.write ? HIXL_WRITE : -1;
   bool ini = o.role == ROLE_INITIATOR;
-  const struct {
-    bool bad;
-    const char *why;
-  } need[] = {{o.role == ROLE_NONE, "--role target or --role initiator"},
-              {o.role == ROLE_TARGET && !o.listen, "a target needs --listen IP:PORT"},
-              {ini && !o.connect, "an initiator needs --connect IP:PORT"},
-              {ini && o.dir < 0, "an initiator needs --read or --write"},
-              {ini && o.ops == 0 && o.seconds == 0, "an initiator needs --ops N or --seconds S"},
-              {o.read && o.write, "--read or --write, not both"},
-              {o.depth * o.batch > MAX_FLIGHT, "--depth x --batch is at most 256 ops in flight"}};
-  for (size_t i = 0; i < sizeof(need) / sizeof(need[0]); i++)
-    if (need[i].bad) return hb_say("%s\n", need[i].why), 2;
+  if (o.role == ROLE_NONE) return hb_say("--role target or --role initiator\n"), 2;
+  if (o.role == ROLE_TARGET && !o.listen) return hb_say("a target needs --listen IP:PORT\n"), 2;
+  if (ini && !o.connect) return hb_say("an initiator needs --connect IP:PORT\n"), 2;
+  if (ini && o.dir < 0) return hb_say("an initiator needs --read or --write\n"), 2;
+  if (ini && o.ops == 0 && o.seconds == 0) return hb_say("an initiator needs --ops N or --seconds S\n"), 2;
+  if (o.read && o.write) return hb_say("--read or --write, not both\n"), 2;
+  if (o.depth * o.batch > MAX_FLIGHT) return hb_say("--depth x --batch is at most 256 ops in flight\n"), 2;
   return 0;
 }
 
