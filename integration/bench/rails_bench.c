@@ -104,16 +104,13 @@ static int parse_opts(int argc, char **argv) {
 /* An engine on addr with the options given; NULL when it cannot (said). */
 static HixlEngine *engine_up(const char *addr) {
   HixlOption opt[HB_EXTRA_MAX + 3];
-  const char *key[] = {"RailStallMs", "RailProbeMs"};
-  uint64_t ms[] = {o.stall_ms, o.probe_ms};
-  char val[2][24];
+  char stall[24], probe[24];
   size_t n = 0;
+  snprintf(stall, sizeof(stall), "%" PRIu64, o.stall_ms);
+  snprintf(probe, sizeof(probe), "%" PRIu64, o.probe_ms);
   if (o.rails) opt[n++] = (HixlOption){"Rails", o.rails};
-  for (size_t i = 0; i < 2; i++)
-    if (ms[i]) {
-      snprintf(val[i], sizeof(val[i]), "%" PRIu64, ms[i]);
-      opt[n++] = (HixlOption){key[i], val[i]};
-    }
+  if (o.stall_ms) opt[n++] = (HixlOption){"RailStallMs", stall};
+  if (o.probe_ms) opt[n++] = (HixlOption){"RailProbeMs", probe};
   memcpy(opt + n, o.x.v, o.x.n * sizeof(o.x.v[0]));
   return hb_engine(addr, o.transport, opt, n + o.x.n);
 }
