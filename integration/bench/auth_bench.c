@@ -178,22 +178,12 @@ static int report(struct result (*res)[MODE_COUNT]) {
             "  \"connects\": %" PRIu64 ",\n  \"block\": %" PRIu64 ",\n  \"warmup\": %" PRIu64
             ",\n  \"results\": [\n",
             o.connects, o.block, o.warmup);
-  for (size_t i = 0; i < nt * nm; i++) {
-    size_t n = fields(res, i / nm, i % nm, f);
-    if (i == 0) hb_head(stdout, HB_MD, f, n);
-    hb_row(stdout, HB_MD, f, n), putchar('\n');
-    if (j) hb_json_item(j, i, nt * nm, f, n);
-  }
+  for (size_t i = 0; i < nt * nm; i++)
+    hb_emit(stdout, j, NULL, i, nt * nm, f, fields(res, i / nm, i % nm, f));
   if (j) fprintf(j, "  ],\n  \"ratios\": [\n");
-  for (size_t t = 0; t < nt; t++) {
-    size_t n = fields(res, t, MODE_COUNT, f);
-    if (t == 0) putchar('\n'), hb_head(stdout, HB_MD, f, n);
-    hb_row(stdout, HB_MD, f, n), putchar('\n');
-    if (j) hb_json_item(j, t, nt, f, n);
-  }
-  if (j && (fprintf(j, "  ]\n}\n"), fclose(j)) != 0)
-    return hb_say("--json %s: %s\n", o.json, strerror(errno)), -1;
-  return 0;
+  putchar('\n');
+  for (size_t t = 0; t < nt; t++) hb_emit(stdout, j, NULL, t, nt, f, fields(res, t, MODE_COUNT, f));
+  return j && !hb_json_end(j, o.json) ? -1 : 0;
 }
 
 /* ---- --frames: the per-frame proof against its alternatives ---- */
@@ -316,7 +306,7 @@ static int frames_bench(void) {
       "\nper 4 MiB op over tcp (4 chunks, a tagged request and answer each, tagged and checked): %.2f us\n",
       4 * 2 * (ns[0] + ns[1]) / 1000);
   printf("kTLS (TCP ULP \"tls\"): %s (tcp_available_ulp: \"%s\")\n", ktls ? "offered" : "not offered", ulp);
-  if (j) fprintf(j, "  ]\n}\n"), fclose(j);
+  if (j) hb_json_end(j, o.json);
   auth_frames_free(&c.f);
   auth_frames_free(&c.peer);
   EVP_CIPHER_CTX_free(c.gcm);

@@ -215,18 +215,12 @@ static int initiator(struct hb_peer *p) {
   hb_check(HixlCacheManagerLink(mgr, 2, peer, 10000), "link");
 
   uint64_t rng = 0x6869786c;
-  struct scen sc[3] = {
-      {.name = "pull-contiguous"}, {.name = "pull-scattered"}, {.name = "push-async", .push = true}};
-  for (int i = 0; i < 3; i++) {
-    sc[i].src = calloc(o.req, sizeof(uint64_t));
-    sc[i].dst = calloc(o.req, sizeof(uint64_t));
-    if (i == 0)
-      for (size_t j = 0; j < o.req; j++) sc[i].src[j] = sc[i].dst[j] = j;
-    else {
-      pick(sc[i].src, o.req, &rng);
-      pick(sc[i].dst, o.req, &rng);
-    }
-  }
+  static uint64_t blk[3][2][1 << 16]; /* each scenario's source and destination blocks */
+  struct scen sc[3] = {{"pull-contiguous", false, blk[0][0], blk[0][1], {0}, {0}, {0}},
+                       {"pull-scattered", false, blk[1][0], blk[1][1], {0}, {0}, {0}},
+                       {"push-async", true, blk[2][0], blk[2][1], {0}, {0}, {0}}};
+  for (size_t j = 0; j < o.req; j++) blk[0][0][j] = blk[0][1][j] = j;
+  for (int i = 2; i < 6; i++) pick(blk[i / 2][i % 2], o.req, &rng);
   HixlTransferOpDesc *ops = calloc((size_t)ntensors() * o.req, sizeof(*ops));
   double *t[2] = {calloc(o.iters, sizeof(double)), calloc(o.iters, sizeof(double))};
   double bytes = (double)ntensors() * o.req * o.bs;
@@ -276,12 +270,9 @@ static int initiator(struct hb_peer *p) {
                                    HB_FD("ratio", "ratio", "%.4f", "%.2fx", c->gbps[0] / c->gbps[1]),
                                    HB_FR("verified", NULL, "true"), /* a wrong byte ends the run */
                                    HB_FS(NULL, "verified", "yes")};
-    if (i == 0) hb_head(stdout, HB_MD, rec, HB_NF(rec));
-    hb_row(stdout, HB_MD, rec, HB_NF(rec));
-    putchar('\n');
-    if (f) hb_json_item(f, (size_t)i, 3, rec, HB_NF(rec));
+    hb_emit(stdout, f, NULL, (size_t)i, 3, rec, HB_NF(rec));
   }
-  if (f) fprintf(f, "  ]\n}\n"), fclose(f);
+  if (f) hb_json_end(f, o.json);
   HixlCacheManagerDestroy(mgr);
   HixlEngineDestroy(eng);
   return 0;

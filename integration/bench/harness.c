@@ -436,3 +436,24 @@ HixlStatus hb_wait_xfer(HixlEngine *e, HixlTransferReq r, HixlTransferStatus *ts
     nanosleep(&d, NULL);
   return st;
 }
+
+/* ---- group H1: one writer for every record a bench prints or keeps ---- */
+
+void hb_emit(FILE *md, FILE *json, FILE *csv, size_t i, size_t n, const struct hb_field *r, size_t nf) {
+  if (md && i == 0) hb_head(md, HB_MD, r, nf);
+  if (md) hb_row(md, HB_MD, r, nf), fputc('\n', md);
+  if (json) hb_json_item(json, i, n, r, nf);
+  if (csv) hb_row(csv, HB_CSV, r, nf), fputc('\n', csv);
+}
+
+bool hb_json_end(FILE *f, const char *path) {
+  fputs("  ]\n}\n", f);
+  if (fclose(f) == 0) return true;
+  hb_say("--json %s: %s\n", path, strerror(errno));
+  return false;
+}
+
+bool hb_csv_ready(const char *path, const char *header) {
+  FILE *f = hb_csv(path, header);
+  return f && fclose(f) == 0;
+}

@@ -186,4 +186,13 @@ void hb_kv_step(const struct hixl_kv_ops *ops, struct hixl_kv_connector *sched,
 bool hb_kv_poll(const struct hixl_kv_ops *ops, struct hixl_kv_connector *sched,
                 struct hixl_kv_connector *worker, const char *id, int which, size_t *sent, size_t *recvd);
 
+/* ---- group H1: one writer for every record a bench prints or keeps ---- */
+/* Record i of n to each output given (NULL: none): md, a markdown table (its head before
+ * record 0; a row a line); json, an item of hb_json_open's array; csv, a line. */
+void hb_emit(FILE *md, FILE *json, FILE *csv, size_t i, size_t n, const struct hb_field *r, size_t nf);
+/* Close the array a JSON file ends with and the file: false after saying why. */
+bool hb_json_end(FILE *f, const char *path);
+/* Whether path can take rows under header (hb_csv), checked before measuring. */
+bool hb_csv_ready(const char *path, const char *header);
+
 #endif /* HIXL_BENCH_HARNESS_H */

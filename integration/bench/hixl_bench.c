@@ -100,6 +100,12 @@ static size_t max_of(const size_t *v, size_t n) {
   return m;
 }
 
+static size_t min_of(const size_t *v, size_t n) {
+  size_t m = SIZE_MAX;
+  for (size_t i = 0; i < n; i++) m = v[i] < m ? v[i] : m;
+  return m;
+}
+
 /* Bytes each side registers: enough for the largest point, capped; one block larger
  * than the cap still fits. */
 static size_t needed_span(void) {
@@ -493,20 +499,16 @@ static const char *options_text(char *buf, size_t cap) {
   return n ? buf : "none";
 }
 
-static bool write_csv(const struct bench_ctx *c) {
-  struct hb_field rec[24];
-  FILE *f = hb_csv(o.csv, BENCH_CSV_HEADER);
-  for (size_t i = 0; f && i < c->n_res; i++) {
-    hb_row(f, HB_CSV, rec, point_fields(&c->res[i], rec));
-    fputc('\n', f);
-  }
-  return f && fclose(f) == 0;
-}
-
-static bool write_json(const struct bench_ctx *c) {
+/* The points as CSV rows (--csv, appended) and as --json's results (without tool). */
+static bool write_results(const struct bench_ctx *c) {
   struct hb_field rec[24];
   char opts[HB_EXTRA_MAX * 128];
-  FILE *f = hb_json_open(o.json, "hixl-bench");
+  FILE *f = o.csv && c->n_res ? hb_csv(o.csv, BENCH_CSV_HEADER) : NULL;
+  for (size_t i = 0; f && i < c->n_res; i++)
+    hb_emit(NULL, NULL, f, i, c->n_res, rec, point_fields(&c->res[i], rec));
+  bool ok = !(o.csv && c->n_res) || (f && fclose(f) == 0);
+  if (!o.json) return ok;
+  f = hb_json_open(o.json, "hixl-bench");
   fprintf(f, "  \"api\": \"%s\",\n  \"transport\": \"%s\",\n", apis[o.api],
           o.transport ? o.transport : "default");
   if (o.api == API_ENGINE)
@@ -514,9 +516,8 @@ static bool write_json(const struct bench_ctx *c) {
             options_text(opts, sizeof(opts)), unregs[o.unreg]);
   fprintf(f, "  \"peer\": \"%s\",\n  \"registered_bytes\": %zu,\n  \"results\": [\n", o.peer, c->span);
   for (size_t i = 0; i < c->n_res; i++)
-    hb_json_item(f, i, c->n_res, rec + 1, point_fields(&c->res[i], rec) - 1);
-  fprintf(f, "  ]\n}\n");
-  return fclose(f) == 0;
+    hb_emit(NULL, f, NULL, i, c->n_res, rec + 1, point_fields(&c->res[i], rec) - 1);
+  return hb_json_end(f, o.json) && ok;
 }
 
 /* Print the run's header line, measure, write the results: 0 ok, 1 a failure. */
@@ -531,9 +532,7 @@ static int measure(struct bench_ctx *c, uint64_t connect_ns) {
   if (o.api == API_ENGINE) printf(", engine options %s", options_text(opts, sizeof(opts)));
   printf(", verify %s, connect %.2f ms\n", o.verify ? "on" : "off", (double)connect_ns / 1e6);
   int rc = o.latency ? run_latency(c) : run_sweep(c);
-  if (o.csv != NULL && c->n_res > 0 && !write_csv(c)) rc = 1;
-  if (o.json != NULL && !write_json(c)) rc = 1;
-  return rc;
+  return write_results(c) ? rc : 1;
 }
 
 /* --api engine: an engine on --local, both regions registered (none with
@@ -610,10 +609,7 @@ static int initiator(struct hb_peer *peer) {
   uint64_t ready[2]; /* the target's buffer: address (cs: 0), length */
   int rc = 1;
   if (!bench_pin_cpu(o.cpu[0])) return 1;
-  if (o.csv != NULL) { /* a file we cannot append to fails now, not after the sweep */
-    FILE *f = hb_csv(o.csv, BENCH_CSV_HEADER);
-    if (f == NULL || fclose(f) != 0) return 1;
-  }
+  if (o.csv && !hb_csv_ready(o.csv, BENCH_CSV_HEADER)) return 1; /* fails now, not after the sweep */
   hb_wait_ready(peer->fd, ready, 2);
   /* The CS target's length comes with its tag, after connecting: map what the sweep
    * needs, and use no more than the target has. */
@@ -622,12 +618,9 @@ static int initiator(struct hb_peer *peer) {
   if (o.api == API_ENGINE && ready[1] < c.span) c.span = (size_t)ready[1];
   size_t mapped = c.span, window = o.async ? o.window : 1;
   size_t max_batch = o.latency ? 1 : max_of(o.batches, o.n_batches);
-  /* Room for the longest point's latencies. */
-  uint64_t nlat = o.latency ? o.lat_iters : 0;
-  for (size_t p = 0; p < o.n_blocks * o.n_batches && !o.latency; p++) {
-    uint64_t n = point_iters(o.blocks[p / o.n_batches] * o.batches[p % o.n_batches]);
-    nlat = n > nlat ? n : nlat;
-  }
+  /* Room for the longest point's latencies: the point moving the fewest bytes a call. */
+  uint64_t nlat =
+      o.latency ? o.lat_iters : point_iters(min_of(o.blocks, o.n_blocks) * min_of(o.batches, o.n_batches));
   c.lbuf = hb_map(mapped);
   c.vbuf = hb_map(mapped);
   c.descs = calloc(max_batch * window, sizeof(*c.descs));

@@ -194,11 +194,7 @@ static const struct hb_opt opts[] = {
 static int setup(void) {
   o.span = o.span_mib * MiB;
   if (o.span % (4 * MiB) != 0) hb_die("--span-mib: a multiple of 4");
-  if (o.csv != NULL) { /* a file we cannot append to fails now, not after the measurements */
-    FILE *f = hb_csv(o.csv, SHM_CSV_HEADER);
-    if (f == NULL) return 2;
-    fclose(f);
-  }
+  if (o.csv && !hb_csv_ready(o.csv, SHM_CSV_HEADER)) return 2; /* fails now, not after measuring */
   snprintf(peer, sizeof(peer), "127.0.0.1:%u", (unsigned)hb_ports("127.0.0.1", 1));
   return 0;
 }
@@ -241,6 +237,11 @@ static int initiator(struct hb_peer *tgt) {
             "figures below are process_vm_* copies\n",
             g_mapped);
 
+/* A shm figure's WRITE and READ: "shm [mapped ]WRITE|READ SIZE xBATCH[, LAYOUT]". */
+#define SHM_WR(mapped, size, block, batch, layout, scattered)                                                \
+  {"shm " mapped "WRITE " size layout, K_WRITE, block, batch, scattered, {0}, sizeof(mapped) > 1}, {         \
+    "shm " mapped "READ " size layout, K_READ, block, batch, scattered, {0}, sizeof(mapped) > 1              \
+  }
   struct fig figs[] = {
       {"memcpy 4 KiB", K_MEMCPY, 4 * KiB, 1, false, {0}, false},
       {"memcpy 256 KiB", K_MEMCPY, 256 * KiB, 1, false, {0}, false},
@@ -249,31 +250,19 @@ static int initiator(struct hb_peer *tgt) {
       {"process_vm_readv 4 KiB, one call per block", K_READV, 4 * KiB, 1, false, {0}, false},
       {"process_vm_readv 256 KiB, one call per block", K_READV, 256 * KiB, 1, false, {0}, false},
       {"process_vm_readv 4 MiB, one call per block", K_READV, 4 * MiB, 1, false, {0}, false},
-      {"shm WRITE 256 KiB x1", K_WRITE, 256 * KiB, 1, false, {0}, false},
-      {"shm READ 256 KiB x1", K_READ, 256 * KiB, 1, false, {0}, false},
-      {"shm WRITE 1 MiB x1", K_WRITE, MiB, 1, false, {0}, false},
-      {"shm READ 1 MiB x1", K_READ, MiB, 1, false, {0}, false},
-      {"shm WRITE 4 MiB x1", K_WRITE, 4 * MiB, 1, false, {0}, false},
-      {"shm READ 4 MiB x1", K_READ, 4 * MiB, 1, false, {0}, false},
-      {"shm WRITE 256 KiB x16", K_WRITE, 256 * KiB, 16, false, {0}, false},
-      {"shm READ 256 KiB x16", K_READ, 256 * KiB, 16, false, {0}, false},
-      {"shm WRITE 4 KiB x1", K_WRITE, 4 * KiB, 1, false, {0}, false},
-      {"shm READ 4 KiB x1", K_READ, 4 * KiB, 1, false, {0}, false},
-      {"shm WRITE 4 KiB x1024, adjacent", K_WRITE, 4 * KiB, 1024, false, {0}, false},
-      {"shm READ 4 KiB x1024, adjacent", K_READ, 4 * KiB, 1024, false, {0}, false},
-      {"shm WRITE 4 KiB x1024, scattered", K_WRITE, 4 * KiB, 1024, true, {0}, false},
-      {"shm READ 4 KiB x1024, scattered", K_READ, 4 * KiB, 1024, true, {0}, false},
+      SHM_WR("", "256 KiB x1", 256 * KiB, 1, "", false),
+      SHM_WR("", "1 MiB x1", MiB, 1, "", false),
+      SHM_WR("", "4 MiB x1", 4 * MiB, 1, "", false),
+      SHM_WR("", "256 KiB x16", 256 * KiB, 16, "", false),
+      SHM_WR("", "4 KiB x1", 4 * KiB, 1, "", false),
+      SHM_WR("", "4 KiB x1024", 4 * KiB, 1024, ", adjacent", false),
+      SHM_WR("", "4 KiB x1024", 4 * KiB, 1024, ", scattered", true),
       {"memcpy 16 MiB", K_MEMCPY, 16 * MiB, 1, false, {0}, false},
-      {"shm mapped WRITE 256 KiB x1", K_WRITE, 256 * KiB, 1, false, {0}, true},
-      {"shm mapped READ 256 KiB x1", K_READ, 256 * KiB, 1, false, {0}, true},
-      {"shm mapped WRITE 1 MiB x1", K_WRITE, MiB, 1, false, {0}, true},
-      {"shm mapped READ 1 MiB x1", K_READ, MiB, 1, false, {0}, true},
-      {"shm mapped WRITE 4 MiB x1", K_WRITE, 4 * MiB, 1, false, {0}, true},
-      {"shm mapped READ 4 MiB x1", K_READ, 4 * MiB, 1, false, {0}, true},
-      {"shm mapped WRITE 16 MiB x1", K_WRITE, 16 * MiB, 1, false, {0}, true},
-      {"shm mapped READ 16 MiB x1", K_READ, 16 * MiB, 1, false, {0}, true},
-      {"shm mapped WRITE 4 KiB x1024, scattered", K_WRITE, 4 * KiB, 1024, true, {0}, true},
-      {"shm mapped READ 4 KiB x1024, scattered", K_READ, 4 * KiB, 1024, true, {0}, true},
+      SHM_WR("mapped ", "256 KiB x1", 256 * KiB, 1, "", false),
+      SHM_WR("mapped ", "1 MiB x1", MiB, 1, "", false),
+      SHM_WR("mapped ", "4 MiB x1", 4 * MiB, 1, "", false),
+      SHM_WR("mapped ", "16 MiB x1", 16 * MiB, 1, "", false),
+      SHM_WR("mapped ", "4 KiB x1024", 4 * KiB, 1024, ", scattered", true),
       /* the last N_KREFS: only with --kernel-refs */
       {"process_vm_readv 1 MiB, one call per block", K_READV, MiB, 1, false, {0}, false},
       {"process_vm_readv 4 KiB x1024 in one call, scattered", K_READV, 4 * KiB, 1024, true, {0}, false},
