@@ -160,23 +160,20 @@ static double median(const struct fig *f) {
   return hb_median_dbl(v, (size_t)o.rounds);
 }
 
-/* One CSV row per figure: kind memcpy | process_vm_readv | shm, op copy | READ | WRITE,
- * the median GB/s and every round's, joined by '/'. */
-static bool write_csv(const struct fig *figs, size_t n) {
+/* A figure's row: the table's (2 decimals), or with csv the CSV's (kind memcpy |
+ * process_vm_readv | shm | shm-mapped, op copy | READ | WRITE, 4 decimals): the median GB/s
+ * and every round's, joined by '/'. */
+static void put_fig(FILE *out, bool csv, const struct fig *f) {
   static const char *const kinds[] = {"memcpy", "process_vm_readv", "shm", "shm"};
   static const char *const ops[] = {"copy", "READ", "WRITE", "READ"};
-  FILE *f = hb_csv(o.csv, SHM_CSV_HEADER);
-  if (f == NULL) return false;
-  for (size_t i = 0; i < n; i++) {
-    fprintf(f, "hixl-shm-ref,%s,%zu,%d,%s,%s,%zu,%zu,%s,%.4f,", o.thp ? "thp" : "4k", o.span / MiB, o.rounds,
-            figs[i].mapped ? "shm-mapped" : kinds[figs[i].kind], ops[figs[i].kind], figs[i].block,
-            figs[i].batch, figs[i].scattered ? "scattered" : "adjacent", median(&figs[i]));
-    for (int r = 0; r < o.rounds; r++) fprintf(f, "%s%.4f", r ? "/" : "", figs[i].gbps[r]);
-    fputc('\n', f);
-  }
-  if (fclose(f) == 0) return true;
-  hb_say("writing %s: %s\n", o.csv, strerror(errno));
-  return false;
+  if (csv)
+    fprintf(out, "hixl-shm-ref,%s,%zu,%d,%s,%s,%zu,%zu,%s,%.4f,", o.thp ? "thp" : "4k", o.span / MiB,
+            o.rounds, f->mapped ? "shm-mapped" : kinds[f->kind], ops[f->kind], f->block, f->batch,
+            f->scattered ? "scattered" : "adjacent", median(f));
+  else
+    fprintf(out, "| %s | %.2f | ", f->name, median(f));
+  for (int r = 0; r < o.rounds; r++) fprintf(out, csv ? "%s%.4f" : "%s%.2f", r ? "/" : "", f->gbps[r]);
+  fputs(csv ? "\n" : " |\n", out);
 }
 
 static const struct hb_opt opts[] = {
@@ -278,12 +275,8 @@ static int initiator(struct hb_peer *tgt) {
          "%d\n\n",
          o.span / MiB, o.thp ? "transparent huge" : "4 KiB", o.rounds, o.seconds, o.cpu_init, o.cpu_target);
   printf("| figure | median GB/s | rounds |\n|---|---:|---|\n");
-  for (size_t i = 0; i < nf; i++) {
-    if (o.only && !strstr(figs[i].name, o.only)) continue;
-    printf("| %s | %.2f |", figs[i].name, median(&figs[i]));
-    for (int r = 0; r < o.rounds; r++) printf("%s%.2f", r ? "/" : " ", figs[i].gbps[r]);
-    printf(" |\n");
-  }
+  for (size_t i = 0; i < nf; i++)
+    if (!o.only || strstr(figs[i].name, o.only)) put_fig(stdout, false, &figs[i]);
   /* The issue's targets, as ratios of the medians above: each shm figure over memcpy of
    * its block (goal 0.8x; mapped, issue 15: 0.9x), 4 KiB x1024 over one process_vm_readv
    * call per 4 KiB (2x; mapped 3x); 4 KiB x1 has none. */
@@ -301,7 +294,10 @@ static int initiator(struct hb_peer *tgt) {
     printf("| %s / %s | %.2fx | >= %.1fx | %s |\n", what, small ? "readv one call per 4 KiB" : ref->name,
            ratio, goal, ratio >= goal ? "PASS" : "FAIL");
   }
-  bool csv_ok = o.csv == NULL || o.only || write_csv(figs, nf);
+  FILE *csv = o.csv && !o.only ? hb_csv(o.csv, SHM_CSV_HEADER) : NULL;
+  for (size_t i = 0; csv && i < nf; i++) put_fig(csv, true, &figs[i]);
+  bool csv_ok = !o.csv || o.only || (csv && fclose(csv) == 0);
+  if (csv && !csv_ok) hb_say("writing %s: %s\n", o.csv, strerror(errno));
   HixlEngineDestroy(c.e);
   return csv_ok ? 0 : 1;
 }
