@@ -1,9 +1,7 @@
-/* hixl-auth-bench (`hixl-perf auth`, a test in one process): what the authenticated
- * handshake (issue 27) adds to HixlEngineConnect, mode "on" (AuthKeyFile, a key this
- * program writes, on both engines) against "off" (AuthKeyFile "" on both, overriding
- * HIXL_AUTH_KEY_FILE) and with --aa "off-b" (off again: the A/A spread); with --frames,
- * what proving every frame (issue 43) costs on one core against its alternatives. How
- * each is measured: docs/performance-auth.md ("Connect"; "What proving a frame costs"). */
+/* hixl-auth-bench (`hixl-perf auth`, one process): what the authenticated handshake (issue 27)
+ * adds to HixlEngineConnect, on against off (with --aa off-b too: the A/A spread); --frames:
+ * what proving every frame (issue 43) costs on one core against its alternatives. The modes
+ * and the method: docs/performance-auth.md ("Connect"; "What proving a frame costs"). */
 #include <inttypes.h>
 
 #include <openssl/evp.h>

@@ -1,10 +1,6 @@
-/* hixl-shm-ref: issue 4's same-host (Transport shm) figures beside their references, in one
- * run: single-thread memcpy, one process_vm_readv per block from a second process, and hixl
- * WRITE / READ (HixlEngineTransferSync) into memory the target registered and into its
- * HixlEngineAllocMem memory mapped here ("mapped", issue 15). Each figure: the median of
- * --rounds rounds, all interleaved in each round; the data checked byte for byte before and
- * after. What each figure and goal is: docs/performance.md, the shm section. The target is
- * the test's server (`hixl-perf shm-ref`). */
+/* hixl-shm-ref (`hixl-perf shm-ref`, the target its server): issue 4's same-host (Transport
+ * shm) figures beside memcpy and process_vm_readv, in interleaved rounds; what each figure
+ * and goal is and how it is checked: docs/performance.md, "Same-host transport (shm)". */
 #include <sys/uio.h>
 
 #include "harness.h"
