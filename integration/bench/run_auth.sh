@@ -15,17 +15,12 @@ NAME=run_auth
 (($# == 1 || $# == 2)) || die "usage: $0 BUILD_DIR [OUTPUT_MD]"
 start "BUILD_DIR [OUTPUT_MD]" "$@"
 OUT=${2:-$SRC/docs/performance-auth.md}
-BENCH=$BIN/hixl-bench
-ABENCH=$BIN/hixl-auth-bench
-MHOST=$BUILD/integration/mock-host/hixl-mock-host
-PLUGIN=$BUILD/plugin/libhixl_kv_connector.so
+BENCH=$BIN/hixl-bench ABENCH=$BIN/hixl-auth-bench
+MHOST=$BUILD/integration/mock-host/hixl-mock-host PLUGIN=$BUILD/plugin/libhixl_kv_connector.so
 need "$BENCH" "$ABENCH" "$MHOST" "$PLUGIN"
 for c in python3 timeout; do command -v "$c" >/dev/null || die "$c is missing"; done
 [ -x /usr/bin/time ] || die "/usr/bin/time is missing (Debian: apt-get install time)"
-ROUNDS=${AUTH_ROUNDS:-5}
-REQUESTS=${AUTH_REQUESTS:-32}
-SECS=${AUTH_SECONDS:-1}
-CONNECTS=${AUTH_CONNECTS:-500}
+ROUNDS=${AUTH_ROUNDS:-5} REQUESTS=${AUTH_REQUESTS:-32} SECS=${AUTH_SECONDS:-1} CONNECTS=${AUTH_CONNECTS:-500}
 [[ "$ROUNDS" =~ ^[1-9][0-9]?$ && "$ROUNDS" -le 20 ]] || die "AUTH_ROUNDS must be 1..20"
 [[ "$REQUESTS" =~ ^[1-9][0-9]*$ ]] || die "AUTH_REQUESTS must be a whole number"
 [[ "$CONNECTS" =~ ^[1-9][0-9]*$ ]] || die "AUTH_CONNECTS must be a whole number"

@@ -10,8 +10,7 @@ NAME=run_cache
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"
 page performance-cache.md hixl-cache-bench cache-results "$@"
-RUNS=${CACHE_RUNS:-3}
-ITERS=${CACHE_ITERS:-15}
+RUNS=${CACHE_RUNS:-3} ITERS=${CACHE_ITERS:-15}
 rm -f "$RES"/*.json
 
 for t in tcp auto; do

@@ -1,24 +1,20 @@
 #!/usr/bin/env bash
 # run_perf.sh BUILD_DIR [OUTPUT_MD]
 #
-# Runs hixl-bench, hixl-tcp-ref and hixl-shm-ref beside iperf3 and ucx_perftest on 127.0.0.1
-# (built tools only); report.py writes OUTPUT_MD (default docs/performance.md, which says what
-# each figure is). Loopback figures on a small VM swing by 20-50% from run to run, so the
-# targeted ones are taken PERF_ROUNDS times (1..9, default 3), hixl and its reference
-# interleaved (pairs alternating their order), and medians compared. Every two-process run
-# pins one process per CPU (client side on 0, server side on 1), like two hosts: unpinned,
-# the scheduler puts both on one CPU or on two at random, which flips small-op latency
-# between ~8 and ~55 us (a cross-CPU wake-up on this kind of VM costs ~45 us) and large-op
-# bandwidth between ~2.7 and ~5 GB/s. PERF_WAIT_IDLE=SECONDS waits, bounded, for the CPUs to
-# go idle first; PERF_REPORT_ONLY=1 rewrites the page from BUILD_DIR/perf-results.
+# hixl-bench, hixl-tcp-ref and hixl-shm-ref beside iperf3 and ucx_perftest on 127.0.0.1; report.py
+# writes OUTPUT_MD (default docs/performance.md: each figure, and under "Reproduce" what runs).
+# Loopback figures on a small VM swing by 20-50% from run to run: the targeted ones are taken
+# PERF_ROUNDS times (1..9, default 3), hixl and its reference interleaved, medians compared.
+# One process per CPU (client 0, server 1), like two hosts: unpinned, the scheduler's choice of
+# one CPU or two flips small-op latency between ~8 and ~55 us (a cross-CPU wake-up here costs
+# ~45 us) and large-op bandwidth between ~2.7 and ~5 GB/s. PERF_WAIT_IDLE=SECONDS waits, bounded,
+# for idle CPUs; PERF_REPORT_ONLY=1 rewrites the page from BUILD_DIR/perf-results.
 NAME=run_perf
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"
 start "BUILD_DIR [OUTPUT_MD]" "$@"
 OUT=${2:-$SRC/docs/performance.md}
-BENCH=$BIN/hixl-bench
-TCPREF=$BIN/hixl-tcp-ref
-SHMREF=$BIN/hixl-shm-ref
+BENCH=$BIN/hixl-bench TCPREF=$BIN/hixl-tcp-ref SHMREF=$BIN/hixl-shm-ref
 RES=$BUILD/perf-results
 ROUNDS=${PERF_ROUNDS:-3}
 [[ "$ROUNDS" =~ ^[1-9]$ ]] || die "PERF_ROUNDS must be 1..9"
@@ -241,10 +237,8 @@ timeout 300 "$BENCH" --transport tcp --op both --block-sizes 4K,64K,1M,4M,16M --
 cat "$RES/hixl_sweep.log" >&2
 
 # ----------------------------------- once: the same-host transport (shm), issue 4
-# hixl-shm-ref takes 3 rounds of every figure itself (about 35 s a run) and appends
-# their medians to one CSV, a row per figure; pages=4k or thp tells the runs apart.
-# --kernel-refs adds the kernel's call at 1 MiB and its own scattered batch, so that
-# every target has the kernel's ceiling beside it.
+# hixl-shm-ref takes its rounds itself (about 35 s a run), a CSV row per figure (pages=4k
+# or thp); --kernel-refs: every target has the kernel's ceiling beside it.
 SHM_NOTE="" SHM_OTHERS=n/a
 SHM_CPUS=(--cpu-initiator -1 --cpu-target -1)
 [ -n "$PIN" ] && SHM_CPUS=(--cpu-initiator 0 --cpu-target 1)
