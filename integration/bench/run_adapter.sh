@@ -1,14 +1,11 @@
 #!/usr/bin/env bash
-# run_adapter.sh BUILD_DIR [--requests N] [--repeats N] [--json FILE]: the prefill-to-decode
-# hand-off through the Python adapter (integration/py-host/hixl-py-host) against the C mock
-# host, each case --repeats times interleaved (which goes first alternates); then the Python
-# overhead per step and adapter_step.py's CPU per step. docs/vllm.md gives the method and why
-# the figure of record is GB/s over the hand-offs. Progress on stderr, the tables on stdout,
-# with --json FILE the results.
-# Environment: ADAPTER_MODES (default "pull push"), ADAPTER_TRANSPORTS (default tcp),
-# ADAPTER_KV_MIB (default 2048: the four 4096-token requests in flight fit on each side, so
-# no hand-off waits for blocks the other host's check still holds), ADAPTER_STEP_REQUESTS
-# (default 512: requests of the overhead run).
+# run_adapter.sh BUILD_DIR [--requests N] [--repeats N] [--json FILE]: the prefill-to-decode hand-off through the
+# Python adapter (integration/py-host/hixl-py-host) against the C mock host, each case --repeats times interleaved
+# (which goes first alternates); then the Python overhead per step and adapter_step.py's CPU per step. docs/vllm.md
+# gives the method and why the figure of record is GB/s over the hand-offs. Progress on stderr, the tables on
+# stdout, with --json FILE the results. Environment (defaults below): ADAPTER_MODES, ADAPTER_TRANSPORTS,
+# ADAPTER_KV_MIB (2048: the four 4096-token requests in flight fit on each side, so no hand-off waits for blocks
+# the other host's check still holds), ADAPTER_STEP_REQUESTS (the overhead run's requests).
 NAME=run_adapter
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"
@@ -24,8 +21,7 @@ while [ $# -gt 0 ]; do
     *) die "usage: $0 $usage" ;;
   esac
 done
-# The venv integration/vllm/install.sh makes holds torch (pip install torch==2.13.0);
-# HIXL_PY names another interpreter.
+# PY: HIXL_PY, else the venv integration/vllm/install.sh makes (it holds torch==2.13.0), else /usr/bin/python3.
 venv_py=${HIXL_VLLM_VENV:-/opt/hixl/vllm-venv}/bin/python
 PY=${HIXL_PY:-$([ -x "$venv_py" ] && echo "$venv_py" || echo /usr/bin/python3)}
 CHOST=$BUILD/integration/mock-host/hixl-mock-host
@@ -33,10 +29,8 @@ PYHOST=$SRC/integration/py-host/hixl-py-host
 PLUGIN=$BUILD/plugin/libhixl_kv_connector.so
 need "$CHOST" "$PLUGIN"
 "$PY" -c 'import torch' 2>/dev/null || die "$PY cannot import torch: run integration/vllm/install.sh (a venv with torch), or name one with HIXL_PY"
-MODES=${ADAPTER_MODES:-pull push}
-TRANSPORTS=${ADAPTER_TRANSPORTS:-tcp}
-KV_MIB=${ADAPTER_KV_MIB:-2048}
-STEP_REQUESTS=${ADAPTER_STEP_REQUESTS:-512}
+MODES=${ADAPTER_MODES:-pull push} TRANSPORTS=${ADAPTER_TRANSPORTS:-tcp}
+KV_MIB=${ADAPTER_KV_MIB:-2048} STEP_REQUESTS=${ADAPTER_STEP_REQUESTS:-512}
 results adapter-results
 rm -f "$RES"/hand-*.json "$RES"/step-*.json "$RES"/adapter-step.json
 export HIXL_KV_PLUGIN=$PLUGIN
