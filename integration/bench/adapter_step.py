@@ -15,6 +15,7 @@ lists the hooks, docs/vllm.md the figures. --tree takes hixl_vllm from another c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -59,8 +60,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--json")
     a = p.parse_args()
-    tests = os.path.join(a.tree, "plugin", "python", "tests")
-    sys.path[:0] = [os.path.join(a.tree, "plugin", "python"), tests]
+    sys.path[:0] = [os.path.join(a.tree, "plugin", "python"), os.path.join(a.tree, "plugin", "python", "tests")]
     import torch
     import fakevllm as fv
     from hixl_vllm import HixlKVConnector
@@ -75,7 +75,6 @@ def main() -> int:
 
     names = [f"model.layers.{l}.self_attn.attn" for l in range(a.layers)]
     kcc = fv.KVCacheConfig(64 * a.blocks, [fv.KVCacheGroupSpec(names, fv.FullAttentionSpec(block_size=16))])
-    timers = []
 
     def connector(vc, role, kc=kcc):
         c = HixlKVConnector(vc, role, kc)
@@ -83,7 +82,6 @@ def main() -> int:
         c._plugin.ops = t
         if hasattr(c, "_bind_ops"):
             c._bind_ops()
-        timers.append(t)
         return c, t
 
     P, pt = connector(config("prefill"), KVConnectorRole.SCHEDULER)
@@ -97,17 +95,16 @@ def main() -> int:
     blocks = [list(range(i * a.blocks, (i + 1) * a.blocks)) for i in range(64)]
     out = {"producer scheduler": [], "consumer scheduler": [], "worker": []}
 
-    def timed(key, timer, f):
+    @contextlib.contextmanager
+    def timed(key, timer):  # this thread's CPU time in the block, and of it the plugin's C calls
         c0, t0 = timer.ns, time.thread_time_ns()
-        r = f()
+        yield
         out[key].append((time.thread_time_ns() - t0, timer.ns - c0))
-        return r
 
     for k in range(a.steps + 5):
         reqs = [fv.Request(f"s{k}-{i}", a.blocks * 16) for i in range(64)]
-
-        def producer():
-            params = {}
+        params = {}
+        with timed("producer scheduler", pt):
             for r, b in zip(reqs, blocks):
                 P.update_state_after_alloc(r, fv.KVCacheBlocks([b]), 0)
             for r, b in zip(reqs, blocks):
@@ -115,26 +112,19 @@ def main() -> int:
                 params[r.request_id] = P.request_finished(r, b)[1]
             P.build_connector_meta(fv.SchedulerOutput())
             P.update_connector_output(fv.KVConnectorOutput(finished_sending={r.request_id for r in reqs}))
-            return params
-        params = timed("producer scheduler", pt, producer)
         dreqs = [fv.Request(r.request_id, a.blocks * 16, params[r.request_id]) for r in reqs]
-
-        def consumer():
+        with timed("consumer scheduler", dt):
             for r, b in zip(dreqs, blocks):
                 n, _ = D.get_num_new_matched_tokens(r, 0)
                 D.update_state_after_alloc(r, fv.KVCacheBlocks([b]), n)
-            meta = D.build_connector_meta(fv.SchedulerOutput())
+            D.build_connector_meta(fv.SchedulerOutput())
             D.update_connector_output(fv.KVConnectorOutput(finished_recving={r.request_id for r in dreqs}))
             for r, b in zip(dreqs, blocks):
                 D.update_state_after_alloc(r, fv.KVCacheBlocks([b]), 0)
                 r.status = fv.RequestStatus.FINISHED_LENGTH_CAPPED
                 D.request_finished(r, b)
-            return meta
-        timed("consumer scheduler", dt, consumer)
-
         meta = D.build_connector_meta(fv.SchedulerOutput())  # (not timed: the scheduler's)
-
-        def worker():
+        with timed("worker", wt):
             W.bind_connector_metadata(meta)
             W.start_load_kv(fv.ForwardContext(attn_metadata={}))
             for n in names:
@@ -144,12 +134,8 @@ def main() -> int:
             W.get_finished(set())
             W.get_block_ids_with_load_errors()
             W.clear_connector_metadata()
-        timed("worker", wt, worker)
-    res = {}
-    for key, v in out.items():
-        v = v[5:]  # warm-up
-        res[key] = {"us": statistics.median(x for x, _ in v) / 1e3, "c_us": statistics.median(c for _, c in v) / 1e3,
-                    "steps": len(v)}
+    med = lambda v, i: statistics.median(x[i] for x in v[5:]) / 1e3  # the first 5 steps warm up
+    res = {key: {"us": med(v, 0), "c_us": med(v, 1), "steps": len(v) - 5} for key, v in out.items()}
     for c in (P, D, W):
         c.shutdown()
     print(f"adapter_step: 64 requests in flight, {a.blocks} blocks each, {a.layers} layers; CPU µs per step "
