@@ -11,16 +11,27 @@ NUM = re.compile(r"^[0-9.]+$")
 MARK = re.compile(r"<!-- hixl:begin ([\w.-]+) -->(.*?)<!-- hixl:end \1 -->", re.S)
 
 
-def r2(v):
-    return "n/a" if v == "n/a" else "%.2f" % float(v)
-
-
-def r2all(vs):
-    return "/".join(map(r2, vs))
-
-
-def pm(ok):
-    return "PASS" if ok else "MISS"
+# One-line helpers. r2: a figure to 2 places, or n/a; r2all: every round's so; span: the least and the
+# greatest of VS, as 0.00-0.00x; ratio: a / b to 2 places, or n/a; verdict: R against GOAL (OP ge or le).
+r2 = lambda v: "n/a" if v == "n/a" else "%.2f" % float(v)
+r2all = lambda vs: "/".join(map(r2, vs))
+pm = lambda ok: "PASS" if ok else "MISS"
+span = lambda vs: "%.2f-%.2fx" % (min(vs), max(vs))
+x2 = lambda r: "n/a" if r in (None, "n/a") else "%.2fx" % float(r)  # a ratio as 0.00x, or n/a
+ratio = lambda a, b: "n/a" if "n/a" in (a, b) or float(b) == 0 else "%.2f" % (float(a) / float(b))
+verdict = lambda r, op, goal: "NOT MEASURED" if r == "n/a" else pm(float(r) >= goal if op == "ge" else float(r) <= goal)
+# md() of ROWS (dicts), each row FORM.format_map(row)
+tab = lambda head, align, form, rows: md(head, align, [form.format_map(r) for r in rows])
+# (path, its JSON) of every file the glob os.path.join(*PARTS) names, in path order
+jsons = lambda *parts: [(f, json.load(open(f))) for f in sorted(glob.glob(os.path.join(*parts)))]
+csv_rows = lambda path: list(csv.DictReader(read(path).splitlines()))
+# group 1 of PATTERN's first match in the file PATH, or ""
+grep = lambda pattern, path, flags=0: (re.search(pattern, read(path), flags) or [None, ""])[1]
+# CPUs this process may use (as nproc), kernel, UTC day, load average (1, 5, 15 min)
+hostinfo = lambda: (str(len(os.sched_getaffinity(0))), platform.release(), time.strftime("%Y-%m-%d", time.gmtime()),
+                    " ".join(read("/proc/loadavg").split()[:3]))
+# UTC day, CPUs (os.cpu_count), kernel: where a page's figures were measured
+run_on = lambda: "%s (%s CPUs, %s)" % (time.strftime("%Y-%m-%d", time.gmtime()), os.cpu_count(), platform.release())
 
 
 def median(vs):
@@ -31,27 +42,11 @@ def median(vs):
     return "n/a" if not v else v[h] if len(v) % 2 else "%.4f" % ((float(v[h - 1]) + float(v[h])) / 2)
 
 
-def span(vs):
-    """The least and the greatest of VS, as 0.00-0.00x."""
-    return "%.2f-%.2fx" % (min(vs), max(vs))
-
-
-def ratio(a, b):
-    """a / b to 2 places, or n/a."""
-    return "n/a" if "n/a" in (a, b) or float(b) == 0 else "%.2f" % (float(a) / float(b))
-
-
 def md(head, align, rows):
     """A markdown table: HEAD its columns joined by " | ", ALIGN an l or r a column
     ("---|" or "---:|"), ROWS each a list of cells or the cells already joined by " | "."""
     return "\n".join([f"| {head} |", "|" + "".join("---:|" if a == "r" else "---|" for a in align)] +
                      ["| " + (r if isinstance(r, str) else " | ".join(map(str, r))) + " |" for r in rows])
-
-
-def verdict(r, op, goal):
-    if r == "n/a":
-        return "NOT MEASURED"
-    return pm(float(r) >= goal if op == "ge" else float(r) <= goal)
 
 
 def read(path, default=""):
@@ -62,14 +57,9 @@ def read(path, default=""):
         return default
 
 
-def csv_rows(path):
-    return list(csv.DictReader(read(path).splitlines()))
-
-
 def get(path, col, **conds):
     """COLUMN of the first row of a CSV file matching every KEY=VALUE, or n/a."""
-    row = next((r for r in csv_rows(path) if all(r.get(k) == str(v) for k, v in conds.items())), None)
-    return "n/a" if row is None else row.get(col) or "n/a"
+    return next((r.get(col) or "n/a" for r in csv_rows(path) if all(r.get(k) == str(v) for k, v in conds.items())), "n/a")
 
 
 def meta(res):
@@ -86,17 +76,6 @@ def sh(cmd):
         return subprocess.run(cmd, capture_output=True, text=True).stdout.splitlines()[0].strip()
     except (OSError, IndexError):
         return ""
-
-
-def hostinfo():
-    """CPUs this process may use (as nproc), kernel, UTC day, load average (1, 5, 15 min)."""
-    return (str(len(os.sched_getaffinity(0))), platform.release(), time.strftime("%Y-%m-%d", time.gmtime()),
-            " ".join(read("/proc/loadavg").split()[:3]))
-
-
-def run_on():
-    """UTC day, CPUs (os.cpu_count), kernel: where a page's figures were measured."""
-    return "%s (%s CPUs, %s)" % (time.strftime("%Y-%m-%d", time.gmtime()), os.cpu_count(), platform.release())
 
 
 def cpu_seconds(json_path):
@@ -121,10 +100,9 @@ def fill(template, out, values):
     """Write OUT: the page TEMPLATE (a docs page) with each marked block holding
     values[NAME]; a block whose markers stand on lines of their own keeps them. A block
     without a value, or a value without a block, is an error that names it."""
-    text = read(template, None)
+    text, seen = read(template, None), set()
     if text is None:
         sys.exit(f"report.py: no page template {template}")
-    seen = set()
 
     def one(m):
         name, old = m[1], m[2]
@@ -192,35 +170,28 @@ def perf(res, out, src):
         # The latencies have no goal.
         goal(f"rc_{f}", ratio(m["cs"], m["engine"]), *(() if f.startswith("l") else ("ge", "0.95")))
 
-    def verified_of(*patterns):
-        ok = [row.get("verified") == "yes" for p in patterns for f in glob.glob(R(p)) for row in csv_rows(f)
-              if row.get("tool") == "hixl-bench"]
+    for k, patterns in (("h", ("", "_lat")), ("cs", ("_cs", "_cs_lat")), ("st", ("_st_*",))):
+        ok = [row.get("verified") == "yes" for p in patterns for f in glob.glob(R(f"round[0-9]{p}.csv"))
+              for row in csv_rows(f) if row.get("tool") == "hixl-bench"]
         n, bad = len(ok), ok.count(False)
-        return "nothing ran" if n == 0 else f"{bad} of {n} points NOT verified" if bad else f"all {n} points verified"
-
-    v["h_verified"] = verified_of("round[0-9].csv", "round[0-9]_lat.csv")
-    v["cs_verified"] = verified_of("round[0-9]_cs.csv", "round[0-9]_cs_lat.csv")
-    v["st_verified"] = verified_of("round[0-9]_st_*.csv")
+        v[f"{k}_verified"] = "nothing ran" if n == 0 else f"{bad} of {n} points NOT verified" if bad else \
+            f"all {n} points verified"
 
     gbps = lambda x: "n/a" if x == "n/a" else f"{r2(x)} GB/s"
-    rx = lambda a, b: "n/a" if ratio(a, b) == "n/a" else f"{ratio(a, b)}x"
-    xr = lambda x: "n/a" if x == "n/a" else f"{x}x"
     # Staging: round<R>_st_<name>.csv.
     st_rounds = lambda name, op, b, n: fig(f"_st_{name}", "gbps", mode="sync", op=op, block_size=b, batch=n)
     st_median = lambda *a: median(st_rounds(*a))
     for op in OPS:  # 16 KiB blocks x 1024 against 4 MiB ones
         w = op[0].lower()
         st, h = st_median("default", op, 16384, 1024), Med["h" + w]
-        v[f"gbps_st_{w}16k"], v[f"gbps_h_{w}4m"], v[f"rx_st_{w}16k_h_{w}4m"] = gbps(st), gbps(h), rx(st, h)
+        v[f"gbps_st_{w}16k"], v[f"gbps_h_{w}4m"], v[f"rx_st_{w}16k_h_{w}4m"] = gbps(st), gbps(h), x2(ratio(st, h))
         goal(f"r_st_{w}", ratio(st, h), "ge", "0.7", show=False)
     SMALL = [(b, op) for b in (64, 512, 1024, 2048, 4096, 16384) for op in OPS]  # blocks x 1024
     UNREG = [(b, op) for b in (65536, 4194304) for op in OPS]  # blocks x 64
     # The default StagingThreshold, from the option table (auto: the tcp-link value).
-    m = re.search(r'\{"StagingThreshold", *"([^"]*)"', read(os.path.join(src, "core/src/engine/options.c")))
-    ST_DEF = m[1] if m else ""
+    ST_DEF = grep(r'\{"StagingThreshold", *"([^"]*)"', os.path.join(src, "core/src/engine/options.c"))
     if ST_DEF == "auto":
-        m = re.search(r"#define STAGE_AUTO_TCP\s+(\d+)u?", read(os.path.join(src, "core/src/engine/options.h")))
-        ST_DEF = m[1] if m else ""
+        ST_DEF = grep(r"#define STAGE_AUTO_TCP\s+(\d+)u?", os.path.join(src, "core/src/engine/options.h"))
     ST_DEF = ST_DEF if ST_DEF.isdigit() else ""
     v["st_def_text"] = ST_DEF or "the default"
 
@@ -240,8 +211,7 @@ def perf(res, out, src):
     v["ucx_version"] = re.sub(r"^# *", "", sh(["ucx_info", "-v"])) or "not found"
     for op in OPS:
         v[f"r2_ha_{op[0].lower()}4m"] = r2(get(R("hixl_async.csv"), "gbps", mode="async", op=op))
-    m = re.search(r"^# hixl-bench.*?hixl ([^)]*)\):", read(R("hixl_4m.log")), re.M)
-    v["hixl_version"] = m[1] if m and m[1] else "?"
+    v["hixl_version"] = grep(r"^# hixl-bench.*?hixl ([^)]*)\):", R("hixl_4m.log"), re.M) or "?"
     v["pin_text"] = ("one process per CPU: initiator / client / sender on CPU 0, target / server / receiver on CPU 1 "
                      "(like two hosts)") if PIN else "not pinned (one CPU only)"
 
@@ -255,12 +225,12 @@ def perf(res, out, src):
     for b, op in SMALL:
         d, df, al = (st_median(n, op, b, 1024) for n in ("direct", "default", "coalesced"))
         how = (" (coalesced)" if b < int(ST_DEF) else " (direct)") if ST_DEF else ""
-        L.append([f"{b} B", op, gbps(d), gbps(df) + how, rx(df, d), gbps(al), rx(al, d)])
+        L.append([f"{b} B", op, gbps(d), gbps(df) + how, x2(ratio(df, d)), gbps(al), x2(ratio(al, d))])
     v["coalesce_table"] = md(f"block x 1024 | op | direct (0) | default ({v['st_def_text']}) | default / direct | "
                              f"coalesced ({ST_ALL}) | coalesced / direct", "rlrrrrr", L)
     v["unreg_table"] = md(
         "block x 64 | op | registered | unregistered local (staged) | unregistered / registered", "rlrrr",
-        [[f"{b // 1024} KiB", op, gbps(reg), gbps(un), rx(un, reg)] for b, op in UNREG
+        [[f"{b // 1024} KiB", op, gbps(reg), gbps(un), x2(ratio(un, reg))] for b, op in UNREG
          for reg, un in [(st_median("registered", op, b, 64), st_median("unregistered", op, b, 64))]])
     st_all = lambda *a: r2all(st_rounds(*a))  # per-round GB/s of every staging figure
     v["stage_rounds_table"] = md(f"figure | op | direct (0) | default | coalesced ({ST_ALL})", "lllll", [
@@ -309,11 +279,11 @@ def perf(res, out, src):
     v["shm_target_table"] = md(
         "target (ratio of medians) | goal | 4 KiB pages | kernel's ceiling | result | huge pages | kernel's ceiling | "
         "result", "lrrrlrrl", [[label, f">= {t[0]}x"] + [x for p in ("4k", "thp") for x in (
-            xr(shm_ratio(p, t[1], t[2])), xr(shm_ratio(p, t[3], t[2])), shm_result(p, *t))]
+            x2(shm_ratio(p, t[1], t[2])), x2(shm_ratio(p, t[3], t[2])), shm_result(p, *t))]
             for label, *t in targets])
     v["shm_map_table"] = md("target (ratio of medians) | goal | 4 KiB pages | result | huge pages | result", "lrrlrl", [
         [label, f">= {goal}x"] + [x for p in ("4k", "thp") for r in [shm_ratio(p, f, ref)]
-                                 for x in (xr(r), verdict(r, "ge", float(goal)))]
+                                 for x in (x2(r), verdict(r, "ge", float(goal)))]
         for label, goal, f, ref in map_targets]) + (f"\n- hixl-shm-ref note: {M['shm_note']}." if M["shm_note"] else "")
 
     for p, name in (("4k", "4 KiB pages"), ("thp", "Huge pages")):
@@ -321,7 +291,7 @@ def perf(res, out, src):
         res_ = [shm_result(p, *t) for _, *t in targets]
         n = [res_.count(x) for x in ("PASS", "MISS, the kernel's too", "MISS, hixl's")]
         eff = sorted((x for x in (shm_ratio(p, f, k) for _, _, f, _, k in targets) if NUM.match(x)), key=float)
-        lo, hi = (xr(eff[0]), xr(eff[-1])) if eff else ("n/a", "n/a")
+        lo, hi = (x2(eff[0]), x2(eff[-1])) if eff else ("n/a", "n/a")
         text = (f"- {name}: {n[0]} of {len(targets)} targets PASS; {n[1]} MISS where the bare kernel call misses "
                 f"the goal too (the kernel's limit), {n[2]} where it does not (hixl's). Across the {len(targets)} "
                 f"targets hixl moves {lo} to {hi} of the bare kernel call's rate.")
@@ -367,8 +337,7 @@ def perf(res, out, src):
     v["shm_cpus"] = "--cpu-initiator 0 --cpu-target 1" if PIN else "--cpu-initiator -1 --cpu-target -1"
     ran = " and ".join(n for p, n in (("4k", "4 KiB pages"), ("thp", "huge pages")) if shm_fig(p, MC[262144]) != "n/a")
     v["shm_check"] = f"passed with {ran}" if ran else "no run finished"
-    m = re.search(r"\[(.*)\]", read("/sys/kernel/mm/transparent_hugepage/enabled"))
-    THP_MODE = m[1] if m else "unknown"
+    THP_MODE = grep(r"\[(.*)\]", "/sys/kernel/mm/transparent_hugepage/enabled") or "unknown"
     v["thp_text"] = ("transparent huge pages are off on this kernel (`never`), so the huge-page column is 4 KiB pages "
                      "too" if THP_MODE == "never" else f"this kernel's transparent_hugepage setting: `{THP_MODE}`")
 
@@ -388,7 +357,7 @@ def cache(res, out, _runs, iters, template=None):
     JSON files), into the blocks of TEMPLATE (default: OUT, the page itself)."""
     v = {"machine": f"{machine()[0] or '?'}, {os.cpu_count()} CPUs, Linux {platform.release()}", "iters": iters}
     for t in ("tcp", "auto"):
-        rs = [json.load(open(f))["results"] for f in sorted(glob.glob(f"{res}/{t}-*.json"))]
+        rs = [j["results"] for _, j in jsons(res, f"{t}-*.json")]
         L = []
         for i, sc in enumerate(rs[0] if rs else []):
             x = [r[i] for r in rs]  # this scenario in every run
@@ -408,9 +377,9 @@ def obs(res, out, _cycles, rounds, transport, template=None):
     are RES's), into the blocks of TEMPLATE (default: OUT, the page itself)."""
     ncpu, kernel, day, load = hostinfo()
     runs = {}  # runs[cycle][k] = its rows: k 1 and 4 off, 2 and 3 on (A B B A)
-    for f in sorted(glob.glob(os.path.join(res, "obs-*.json"))):
+    for f, j in jsons(res, "obs-*.json"):
         c, k, _ = os.path.basename(f)[4:-5].split("-")
-        runs.setdefault(int(c), {})[int(k)] = json.load(open(f))["rows"]
+        runs.setdefault(int(c), {})[int(k)] = j["rows"]
     gmean = lambda v: math.exp(sum(math.log(x) for x in v) / len(v))
 
     # Per cycle, on against off, each the geometric mean of its two runs (A B B A: drift
@@ -444,9 +413,9 @@ def adapter(res, repeats, requests, kv_mib, out=""):
     """run_adapter.sh's tables on stdout, its JSON in OUT when given (RES REPEATS REQUESTS KV_MIB [OUT])"""
     ncpu, kernel, day, load = hostinfo()
     runs = {}  # (transport, mode, host) -> [run's json]
-    for f in sorted(glob.glob(os.path.join(res, "hand-*.json"))):
+    for f, j in jsons(res, "hand-*.json"):
         host, t, m = os.path.basename(f).split("-")[1:4]
-        runs.setdefault((t, m, host), []).append(json.load(open(f)))
+        runs.setdefault((t, m, host), []).append(j)
     rows = []
     for (t, m) in sorted({(t, m) for t, m, _ in runs}, key=lambda x: (x[0], x[1] != "pull")):
         hosts = (("c", runs[(t, m, "c")]), ("py", runs[(t, m, "py")]))
@@ -459,12 +428,10 @@ def adapter(res, repeats, requests, kv_mib, out=""):
         r["ratio"] = r["py_gbs"] / r["c_gbs"] if r["c_gbs"] else 0.0  # over the wall: each host's own work in it
         r["handoff_ratio"] = r["py_hgbs"] / r["c_hgbs"] if r["c_hgbs"] else 0.0
         rows.append(r)
-    steps = []
-    for f in sorted(glob.glob(os.path.join(res, "step-*.json"))):
-        j = json.load(open(f))
-        steps += [{"mode": j["mode"], "side": side, "layers": j["layers"], "concurrency": j["concurrency"],
-                   "all": {k: v for k, v in s.items() if k != "at_full"}, "at_64": s["at_full"]}
-                  for side in ("prefill", "decode") for s in [j["connector_step_us"][side]] if s]
+    steps = [{"mode": j["mode"], "side": side, "layers": j["layers"], "concurrency": j["concurrency"],
+              "all": {k: v for k, v in s.items() if k != "at_full"}, "at_64": s["at_full"]}
+             for _, j in jsons(res, "step-*.json") for side in ("prefill", "decode")
+             for s in [j["connector_step_us"][side]] if s]
     pulls = [r for r in rows if r["mode"] == "pull"]
     goal = pm(pulls and all(r["handoff_ratio"] >= 0.95 for r in pulls))
     # "TRANSPORT MODE WHAT" of every row in RS, joined by JOIN
@@ -478,13 +445,11 @@ def adapter(res, repeats, requests, kv_mib, out=""):
           " way (the same interval on both hosts, without their own fill and check); over the wall = verified KV /"
           " wall from the first request (each host's own work in it).\n" %
           (day, ncpu, kernel, load, kv_mib, requests, repeats))
-    print(md("transport | mode | C: GB/s over the hand-offs | adapter: GB/s over the hand-offs | adapter / C"
-             " | C hand-off p50 ms | adapter hand-off p50 ms | C GB/s over the wall | adapter GB/s over the wall"
-             " | every request verified", "l" * 10, [
-                 "%s | %s | %.2f | %.2f | %.2fx | %.1f | %.1f | %.2f | %.2f | %s" %
-                 (r["transport"], r["mode"], r["c_hgbs"], r["py_hgbs"], r["handoff_ratio"], r["c_handoff_ms_p50"],
-                  r["py_handoff_ms_p50"], r["c_gbs"], r["py_gbs"], "yes" if r["all_verified"] else "NO")
-                 for r in rows]) + "\n")
+    print(tab("transport | mode | C: GB/s over the hand-offs | adapter: GB/s over the hand-offs | adapter / C"
+              " | C hand-off p50 ms | adapter hand-off p50 ms | C GB/s over the wall | adapter GB/s over the wall"
+              " | every request verified", "l" * 10, "{transport} | {mode} | {c_hgbs:.2f} | {py_hgbs:.2f} | "
+              "{handoff_ratio:.2f}x | {c_handoff_ms_p50:.1f} | {py_handoff_ms_p50:.1f} | {c_gbs:.2f} | "
+              "{py_gbs:.2f} | {ok}", [dict(r, ok="yes" if r["all_verified"] else "NO") for r in rows]) + "\n")
     print("- adapter / C, GB/s over the hand-offs, 4096-token requests, pull (the whole transfer inside the"
           " hand-off): %s (goal >= 0.95x): %s" %
           (", ".join("%s %.2fx" % (r["transport"], r["handoff_ratio"]) for r in pulls), goal))
@@ -540,23 +505,19 @@ def ab(raw, out):
     """ab.sh's OUT/ab.md and OUT/ab.json from its raw runs (RAW OUT; the AB_* environment)"""
     E = os.environ
     pts, grp = {}, {}  # (t, batch, op[, block]) -> {"old": {round: value}, "new": ...}
-    for path in sorted(glob.glob(f"{raw}/r*.json")):
+    for path, j in jsons(raw, "r*.json"):
         r, who, t, b, op = re.match(r".*/r(\d+)-(old|new)-(\w+)-b(\d+)-(\w+)\.json$", path).groups()
-        res = json.load(open(path))["results"]
         g = grp.setdefault((t, int(b), op.upper()), {"old": {}, "new": {}})
-        g[who][int(r)] = cpu_seconds(path) / (sum(p["bytes"] for p in res) / 2**30)
-        for p in res:
-            k = (t, p["batch"], p["op"], p["block_size"])
-            pts.setdefault(k, {"old": {}, "new": {}})[who][int(r)] = p["gbps"]
+        g[who][int(r)] = cpu_seconds(path) / (sum(p["bytes"] for p in j["results"]) / 2**30)
+        for p in j["results"]:
+            pts.setdefault((t, p["batch"], p["op"], p["block_size"]), {"old": {}, "new": {}})[who][int(r)] = p["gbps"]
 
     def summary(d):
         o, n = list(d["old"].values()), list(d["new"].values())
         mo, mn = statistics.median(o), statistics.median(n)
         aa = max(o) / min(o) if len(o) > 1 and min(o) > 0 else None
-        return {"old": mo, "new": mn, "ratio": mn / mo if mo > 0 else None, "aa": aa,
-                "old_rounds": o, "new_rounds": n}
+        return {"old": mo, "new": mn, "ratio": mn / mo if mo > 0 else None, "aa": aa, "old_rounds": o, "new_rounds": n}
 
-    f2 = lambda x: "n/a" if x is None else f"{x:.2f}x"
     n = int(E["AB_ROUNDS"])
     lines = [f"# A/B: hixl-bench, OLD vs NEW\n\n- OLD: {E['AB_OLD']}\n- NEW: {E['AB_NEW']}",
              f"- {n} round{'s' * (n > 1)} interleaved (OLD first in odd rounds), {E['AB_SECS']} s a point, "
@@ -571,8 +532,7 @@ def ab(raw, out):
         unsure += low and s["aa"] is None
         flag = "REGRESSION?" if bad else "below 0.9, no A/A" if low and s["aa"] is None else ""
         size = f"{k[3] >> 20} MiB" if k[3] >= 1 << 20 else f"{k[3] >> 10} KiB"
-        L.append(f"{k[0]} | {k[1]} | {k[2]} | {size} | {s['old']:.2f} | {s['new']:.2f} | "
-                 f"{f2(s['ratio'])} | {f2(s['aa'])} | {flag}")
+        L.append([*k[:3], size, f"{s['old']:.2f}", f"{s['new']:.2f}", x2(s["ratio"]), x2(s["aa"]), flag])
         jp.append(dict(transport=k[0], batch=k[1], op=k[2], block_size=k[3], gbps=s, regression=bool(bad)))
     lines.append(md("transport | batch | op | block | OLD GB/s | NEW GB/s | NEW/OLD | A/A | REGRESSION?", "lrlrrrrrl", L))
     lines.append("\nCPU seconds (user + system, initiator and target, whole run) per GiB measured, per group; "
@@ -581,7 +541,7 @@ def ab(raw, out):
     for k in sorted(grp):
         s = summary(grp[k])
         bad = s["ratio"] is not None and s["ratio"] > 1.1 and s["aa"] is not None and s["ratio"] > s["aa"]
-        L.append([*k, f"{s['old']:.3f}", f"{s['new']:.3f}", f2(s["ratio"]), f2(s["aa"]), "MORE CPU?" if bad else ""])
+        L.append([*k, f"{s['old']:.3f}", f"{s['new']:.3f}", x2(s["ratio"]), x2(s["aa"]), "MORE CPU?" if bad else ""])
         jg.append(dict(transport=k[0], batch=k[1], op=k[2], cpu_s_per_gib=s, more_cpu=bool(bad)))
     lines.append(md("transport | batch | op | OLD s/GiB | NEW s/GiB | NEW/OLD | A/A | MORE CPU?", "lrlrrrrl", L))
     rs = [p["gbps"]["ratio"] for p in jp if p["gbps"]["ratio"]]
@@ -593,8 +553,8 @@ def ab(raw, out):
                  + (f", {unsure} points below 0.9 with no A/A to judge them by." if unsure else "."))
     text = "\n".join(lines) + "\n"
     open(f"{out}/ab.md", "w").write(text)
-    meta = {k[3:].lower(): v for k, v in E.items() if k.startswith("AB_")}
-    json.dump(dict(meta=meta, points=jp, groups=jg), open(f"{out}/ab.json", "w"), indent=1)
+    json.dump(dict(meta={k[3:].lower(): v for k, v in E.items() if k.startswith("AB_")}, points=jp, groups=jg),
+              open(f"{out}/ab.json", "w"), indent=1)
     sys.stdout.write(text)
 
 
@@ -605,8 +565,7 @@ def auth(res, out, template=None):
     GOAL, NOISE = 0.95, 0.05
     # ops[(t, op)][variant][round] = GB/s; pd[t][variant][round] = {gbs, p50, p99}; conn[t][variant][round] = its row;
     # cpu[(kind, t)][variant][round] = CPU seconds per GiB moved (ops: READ and WRITE of one run together)
-    ops, pd, conn, cpu = {}, {}, {}, {}
-    rounds = set()
+    ops, pd, conn, cpu, rounds = {}, {}, {}, {}, set()
 
     def put(d, key, variant, r, x):
         d.setdefault(key, {}).setdefault(variant, {})[r] = x
@@ -758,11 +717,10 @@ def auth(res, out, template=None):
           for t in PD for w, name in VARIANTS.items() for d in [pd[t].get(w, {})]]
     v["rounds"] = md("case | variant | " + " | ".join(f"round {r}" for r in rounds), "ll" + "r" * n, L)
 
-    J["goals"] = {"ops_4mib_on_off_ge_0.95": pm(all(x["verdict"] == "PASS" for x in J["ops"])),
-                  "pd_on_off_ge_0.95": pm(all(x["verdict"] == "PASS" for x in J["pd"]))}
-    v["goal_ops"], v["goal_pd"] = J["goals"]["ops_4mib_on_off_ge_0.95"], J["goals"]["pd_on_off_ge_0.95"]
-    wide = [f"ops {x['transport']} {x['op']}" for x in J["ops"] if aa_width(x["aa"]) and aa_width(x["aa"]) > NOISE] + \
-           [f"P/D {x['transport']}" for x in J["pd"] if aa_width(x["aa_gbps"]) and aa_width(x["aa_gbps"]) > NOISE]
+    v["goal_ops"], v["goal_pd"] = (pm(all(x["verdict"] == "PASS" for x in J[k])) for k in ("ops", "pd"))
+    J["goals"] = {"ops_4mib_on_off_ge_0.95": v["goal_ops"], "pd_on_off_ge_0.95": v["goal_pd"]}
+    wide = [f"ops {x['transport']} {x['op']}" for x in J["ops"] if (aa_width(x["aa"]) or 0) > NOISE] + \
+           [f"P/D {x['transport']}" for x in J["pd"] if (aa_width(x["aa_gbps"]) or 0) > NOISE]
     v["noise"] = (f"the A/A ratio strayed more than 5% from 1 for {', '.join(wide)}. There the machine's run-to-run "
                   "spread is as large as or larger than the effect the goal bounds; a PASS says the median A/B ratio "
                   "met the bound, not that a 5% loss is ruled out, and a MISS within the A/A range is not a measured "
@@ -777,8 +735,7 @@ def layouts(res, out, rounds, template=None):
     [TEMPLATE]), into the blocks of TEMPLATE (default: OUT, the page itself)."""
     ncpu, kernel, day, load = hostinfo()
     runs = {}  # (transport, layout, block tokens) -> [run's json]
-    for f in sorted(glob.glob(os.path.join(res, "layouts-*.json"))):
-        j = json.load(open(f))
+    for _, j in jsons(res, "layouts-*.json"):
         runs.setdefault((j["transport"], j["layout"], j["block_tokens"]), []).append(j)
     LAYOUTS, BLOCK_MAJOR = ["kv_first", "BLNHC", "cross_layer"], ["BLNHC", "cross_layer"]
     NAMES = {"tcp": "tcp", "auto": "shm (Transport auto between two processes of one host)"}
@@ -845,12 +802,11 @@ def layouts(res, out, rounds, template=None):
     reps = max(r["repeats"] for r in rows)
     L = []
     for t in transports:
-        L += ["## %s" % NAMES[t], "", md(
+        L += ["## %s" % NAMES[t], "", tab(
             "layout | block tokens | prompt tokens | runs of adjacent blocks | plugin engine ops per request | raw "
-            "engine ops | plugin GB/s | raw engine GB/s | ratio | A/A", "l" * 10,
-            ["%s | %d | %d | %d | %d | %d | %.2f | %.2f | %.2f | %.2f" %
-             (r["layout"], r["block_tokens"], r["tokens"], r["runs"], r["plugin_engine_ops"], r["engine_ops"],
-              r["plugin_fd_gbs"], r["raw_gbs"], r["ratio"], r["aa_ratio"]) for r in rows if r["transport"] == t]), ""]
+            "engine ops | plugin GB/s | raw engine GB/s | ratio | A/A", "l" * 10, "{layout} | {block_tokens} | {tokens}"
+            " | {runs} | {plugin_engine_ops} | {engine_ops} | {plugin_fd_gbs:.2f} | {raw_gbs:.2f} | {ratio:.2f} | "
+            "{aa_ratio:.2f}", [r for r in rows if r["transport"] == t]), ""]
         L += ["- " + v for v in verdicts(t)] + [""]
     fill(template or out, out, {
         "run": "%s (%s CPUs, %s)" % (day, ncpu, kernel), "times": "%d time%s" % (reps, "" if reps == 1 else "s"),
@@ -937,26 +893,22 @@ def pd_dat(path):
 
 
 def tp(res, out, template, cpus, mla_layers, shown_res):
-    """docs/performance-tp.md from run_tp.sh's RES (gqa.md, mla.md, mla-shared.md, tp.json), into the blocks
-    of TEMPLATE (the page itself); SHOWN_RES: RES as the page names it."""
-    fill(template, out, {"run": run_on(), "cpus": cpus, "mla_layers": mla_layers,
-                         "goal": tp_goal(os.path.join(res, "tp.json")), "gqa": read(os.path.join(res, "gqa.md")),
-                         "mla": read(os.path.join(res, "mla.md")), "mla_shared": read(os.path.join(res, "mla-shared.md")),
-                         "json": f"{shown_res}/tp.json"})
-
-
-def tp_goal(path):
-    """The goal lines from hixl-tp-bench's JSON lines."""
-    text = read(path)
+    """docs/performance-tp.md from run_tp.sh's RES (gqa.md, mla.md, mla-shared.md, tp.json: hixl-tp-bench's JSON
+    lines, whose goal lines it writes), into the blocks of TEMPLATE (the page itself); SHOWN_RES: RES as the page
+    names it."""
+    text = read(os.path.join(res, "tp.json"))
     rows = [json.loads(l) for l in text.splitlines()]
     ratios = sorted(re.findall(r'"ratio": ([0-9.]*)', text), key=float)
     lo, hi = (ratios[0], ratios[-1]) if ratios else ("", "")
     ok = sum(1 for r in rows if round(r["bytes_moved_per_request"]) == r["bytes_needed_per_request"])
-    return ("Goal: plugin >= 0.9x the raw engine for every pair: **%s** (ratios %s to %s);\n" %
+    goal = ("Goal: plugin >= 0.9x the raw engine for every pair: **%s** (ratios %s to %s);\n" %
             ("PASS" if ratios and float(lo) >= 0.9 else "FAIL", lo, hi) +
             "rows whose 95%% interval lies wholly below 0.9x (a gap the noise does not explain): %d;\n" %
             sum(1 for r in rows if r["ratio_ci95"][1] < 0.9) +
             "bytes moved = bytes needed (a replicated head read once): %d of %d rows." % (ok, len(rows)))
+    fill(template, out, {"run": run_on(), "cpus": cpus, "mla_layers": mla_layers, "goal": goal,
+                         "json": f"{shown_res}/tp.json", **{k: read(os.path.join(res, k.replace("_", "-") + ".md"))
+                                                            for k in ("gqa", "mla", "mla_shared")}})
 
 
 if __name__ == "__main__":
