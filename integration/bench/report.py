@@ -475,11 +475,9 @@ def adapter(res, repeats, requests, kv_mib, out=""):
           % (steps[0]["layers"] if steps else "?"))
     cell = lambda f, k: "%.0f, %.0f | %.0f" % (f[k + "_us"], f[k + "_c_us"], f[k + "_cpu_us"] - f[k + "_c_cpu_us"])
     print(md("mode | side | steps | requests in flight | scheduler step: us, of it in C | its Python, CPU us"
-             " | worker step: us, of it in C | its Python, CPU us", "l" * 8, [
-                 "%s | %s | %d | %s | %s | %s" % (s["mode"], s["side"], f["steps"], what, cell(f, "scheduler"),
-                                                  cell(f, "worker"))
-                 for s in steps for what, f in (("64", s["at_64"]), ("any, mean %.1f" % s["all"]["inflight_mean"],
-                                                                     s["all"])) if f]) + "\n")
+             " | worker step: us, of it in C | its Python, CPU us", "l" * 8,
+             [[s["mode"], s["side"], f["steps"], what, cell(f, "scheduler"), cell(f, "worker")] for s in steps
+              for what, f in (("64", s["at_64"]), ("any, mean %.1f" % s["all"]["inflight_mean"], s["all"])) if f]) + "\n")
     print("*us*: wall time in the hooks (time.perf_counter_ns), *in C*: inside the plugin's ops (ctypes' marshalling"
           " included); *its Python, CPU us*: the hooks' CPU time outside the plugin's ops (time.thread_time_ns: the"
           " adapter's own work and this driver's timing wrappers, and not inflated when the machine takes the CPU"
