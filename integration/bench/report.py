@@ -595,11 +595,9 @@ def auth(res, out, template=None):
 
     at = lambda x, key: x if key is None else x[key]  # a round's figure: the value, or its KEY
 
-    def pair(d, a, b, key=None):
-        """Per-round ratios d[a][r] / d[b][r] over the rounds both ran."""
-        return [at(d[a][r], key) / at(d[b][r], key) for r in rounds
-                if r in d.get(a, {}) and r in d.get(b, {}) and at(d[b][r], key) > 0]
-
+    # Per-round ratios d[a][r] / d[b][r] over the rounds both ran.
+    pair = lambda d, a, b, key=None: [at(d[a][r], key) / at(d[b][r], key) for r in rounds
+                                      if r in d.get(a, {}) and r in d.get(b, {}) and at(d[b][r], key) > 0]
     def pooled(d, key=None):
         """median(on) / median(every keyless run, off and off-b): twice the reference runs."""
         on = [at(x, key) for x in d.get("on", {}).values()]
