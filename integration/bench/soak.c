@@ -85,8 +85,10 @@ static int ticker(uint64_t ns, const char *who) {
 }
 
 /* A thread that calls fn(arg) on each tick of a timer, at most burst times a wake
- * (ticks it missed beyond those are dropped, not caught up), until stopfd (an eventfd)
- * is readable: the churn and the late joiner. */
+ * (ticks it missed beyond those are dropped, not caught up), and ready(arg, revents) when
+ * fd has one of events, until stopfd (an eventfd) is readable: the one body of every
+ * hostile peer (the floods, the herd of idle and half-sent connections, the churn) and
+ * of the late joiner. */
 struct pacer {
   uint64_t ns; /* the period */
   unsigned burst;
@@ -94,16 +96,20 @@ struct pacer {
   void (*fn)(void *arg);
   void *arg;
   const char *who; /* its messages' prefix */
+  int fd;          /* -1: none now (fn and ready may change it) */
+  short events;
+  void (*ready)(void *arg, short revents);
 };
 
 static void *pacer_main(void *arg) {
   struct pacer *p = arg;
   int tfd = ticker(p->ns, p->who);
   for (uint64_t v; tfd >= 0;) {
-    struct pollfd pf[2] = {{.fd = tfd, .events = POLLIN}, {.fd = p->stopfd, .events = POLLIN}};
-    if ((poll(pf, 2, -1) < 0 && errno != EINTR) || pf[1].revents) break;
+    struct pollfd pf[3] = {{tfd, POLLIN, 0}, {p->stopfd, POLLIN, 0}, {p->fd, p->events, 0}};
+    if ((poll(pf, 3, -1) < 0 && errno != EINTR) || pf[1].revents) break;
     if (pf[0].revents && read(tfd, &v, sizeof(v)) == (ssize_t)sizeof(v))
       for (uint64_t j = 0; j < v && j < p->burst; j++) p->fn(p->arg);
+    if (pf[2].revents) p->ready(p->arg, pf[2].revents);
   }
   if (tfd >= 0) close(tfd);
   return NULL;
@@ -331,14 +337,18 @@ static struct hostile {
   int stopfd;
   atomic_uint_least64_t n[H_N];
   atomic_int_least64_t herd_open; /* idle / half-sent connections up now */
-  int fl_fd[SOAK_MAX];            /* the floods' links, made before the other hostile peers begin */
-  pthread_t th[SOAK_MAX + 2];     /* the floods', the herd's, the churn's */
+  struct flood {
+    struct pacer pace; /* fd: its link, made before the other hostile peers begin */
+    size_t have, off;  /* chunk: READ_REQs, sent up to off */
+    uint64_t seq;
+    uint8_t chunk[256 * WIRE_SMALL_FRAME];
+  } fl[SOAK_MAX];
+  pthread_t th[SOAK_MAX + 2]; /* the floods', the herd's, the churn's */
   unsigned n_th;
-  /* the herd: idle and half-sent connections, all in one epoll set */
-  int ep;
+  /* the herd: idle and half-sent connections, all in one epoll set (its pacer's fd) */
   struct herd_slot *s;
   size_t n_herd, next; /* next: where the ticks' walk for closed slots goes on */
-  struct pacer churn;
+  struct pacer herd, churn;
   uint64_t churn_k; /* connections churned so far */
 } g_h;
 
@@ -363,43 +373,35 @@ static int flood_link(unsigned host) {
   return -1;
 }
 
-/* Flood arg (its index): pipelines READ_REQs on its link as fast as the target takes
- * them, never reading an answer; links again (at most ten times a second) if the target
- * closes it. */
-static void *flood_main(void *arg) {
-  unsigned id = (unsigned)(uintptr_t)arg;
+/* A flood whose link the target closed links again, on a tick (at most ten a second). */
+static void flood_relink(void *arg) {
+  struct flood *f = arg;
+  if (f->pace.fd >= 0) return;
+  f->have = f->off = 0;
+  f->pace.fd = flood_link(20 + (unsigned)(f - g_h.fl));
+}
+
+/* A flood pipelines READ_REQs on its link as fast as the target takes them, never reading
+ * an answer. */
+static void flood_send(void *arg, short revents) {
+  struct flood *f = arg;
   const size_t len = o.flood_len;
   const uint64_t slots = SOAK_READ_AREA / len;
-  uint8_t chunk[256 * WIRE_SMALL_FRAME];
-  size_t have = 0, off = 0;
-  uint64_t seq = 1;
-  int fd = g_h.fl_fd[id];
-  for (;;) {
-    struct pollfd p[2] = {{.fd = fd, .events = POLLOUT}, {.fd = g_h.stopfd, .events = POLLIN}};
-    if (fd < 0) { /* the target closed it: link again, paced */
-      if (poll(p + 1, 1, 100) != 0) break;
-      fd = flood_link(20 + id);
-      have = off = 0;
-      continue;
-    }
-    if (off == have) {
-      have = off = 0;
-      for (unsigned i = 0; i < 256; i++, seq++)
-        have += wire_put_read_req(chunk + have, seq, g_rbase + (seq % slots) * len, (uint32_t)len);
-    }
-    if ((poll(p, 2, -1) < 0 && errno != EINTR) || p[1].revents) break;
-    ssize_t k = p[0].revents ? send(fd, chunk + off, have - off, MSG_NOSIGNAL) : 0;
-    if (k > 0) {
-      off += (size_t)k;
-      atomic_fetch_add(&g_h.n[H_FLOOD_BYTES], (uint64_t)k); /* / frame length when reported */
-    } else if ((p[0].revents & (POLLERR | POLLHUP)) || (k < 0 && errno != EAGAIN && errno != EINTR)) {
-      atomic_fetch_add(&g_h.n[H_FLOOD_LOST], 1);
-      close(fd);
-      fd = -1;
-    }
+  if (f->off == f->have) {
+    f->have = f->off = 0;
+    for (unsigned i = 0; i < 256; i++, f->seq++)
+      f->have +=
+          wire_put_read_req(f->chunk + f->have, f->seq, g_rbase + (f->seq % slots) * len, (uint32_t)len);
   }
-  if (fd >= 0) close(fd);
-  return NULL;
+  ssize_t k = send(f->pace.fd, f->chunk + f->off, f->have - f->off, MSG_NOSIGNAL);
+  if (k > 0) {
+    f->off += (size_t)k;
+    atomic_fetch_add(&g_h.n[H_FLOOD_BYTES], (uint64_t)k); /* / frame length when reported */
+  } else if ((revents & (POLLERR | POLLHUP)) || (k < 0 && errno != EAGAIN && errno != EINTR)) {
+    atomic_fetch_add(&g_h.n[H_FLOOD_LOST], 1);
+    close(f->pace.fd);
+    f->pace.fd = -1;
+  }
 }
 
 /* Slot i connects (edge-triggered: an event says it is up, sent something or ended). */
@@ -407,7 +409,7 @@ static void herd_open(uint32_t i) {
   struct herd_slot *s = &g_h.s[i];
   struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.u32 = i};
   s->fd = connect_from(s->kind == HERD_IDLE ? 2 + i % o.idle_addrs : 11, true, 0);
-  if (s->fd >= 0 && epoll_ctl(g_h.ep, EPOLL_CTL_ADD, s->fd, &ev) != 0) {
+  if (s->fd >= 0 && epoll_ctl(g_h.herd.fd, EPOLL_CTL_ADD, s->fd, &ev) != 0) {
     close(s->fd);
     s->fd = -1; /* opened again on a tick */
   }
@@ -445,42 +447,26 @@ static void herd_event(uint32_t i, uint32_t events) {
   s->connected = false;
 }
 
-#define HERD_TICK_NS 10000000ull /* reconnects are paced per 10 ms */
-
-/* Idle and half-sent connections, all in one epoll set; each opened again when it
- * ends, at most reconnect_rate a second. */
-static void *herd_main(void *arg) {
-  struct epoll_event evs[256], ev = {.events = EPOLLIN, .data.u32 = UINT32_MAX};
-  size_t budget = o.reconnect_rate / 100 > 0 ? o.reconnect_rate / 100 : 1;
-  int k, tfd = ticker(HERD_TICK_NS, "idle connects");
-  uint64_t v;
+/* What the herd's epoll set has now. */
+static void herd_ready(void *arg, short revents) {
+  struct epoll_event evs[256];
+  int k = epoll_wait(g_h.herd.fd, evs, 256, 0);
   (void)arg;
-  if (tfd < 0 || epoll_ctl(g_h.ep, EPOLL_CTL_ADD, g_h.stopfd, &ev) != 0) goto out;
-  ev.data.u32 = UINT32_MAX - 1;
-  if (epoll_ctl(g_h.ep, EPOLL_CTL_ADD, tfd, &ev) != 0) goto out;
-  for (uint32_t i = 0; i < g_h.n_herd; i++) herd_open(i);
-  while ((k = epoll_wait(g_h.ep, evs, 256, -1)) >= 0 || errno == EINTR) {
-    for (int j = 0; j < k; j++) {
-      uint32_t i = evs[j].data.u32;
-      if (i == UINT32_MAX) goto out;
-      if (i != UINT32_MAX - 1) {
-        if (g_h.s[i].fd >= 0) herd_event(i, evs[j].events);
-        continue;
-      }
-      (void)!read(tfd, &v, sizeof(v));
-      for (size_t seen = 0, opened = 0; seen < g_h.n_herd && opened < budget; seen++) {
-        uint32_t q = (uint32_t)(g_h.next++ % g_h.n_herd);
-        if (g_h.s[q].fd >= 0) continue;
-        herd_open(q);
-        opened++;
-      }
-    }
+  (void)revents;
+  for (int j = 0; j < k; j++)
+    if (g_h.s[evs[j].data.u32].fd >= 0) herd_event(evs[j].data.u32, evs[j].events);
+}
+
+/* A tick (every 10 ms): the slots that ended opened again, at most reconnect_rate a second. */
+static void herd_tick(void *arg) {
+  size_t budget = o.reconnect_rate / 100 > 0 ? o.reconnect_rate / 100 : 1;
+  (void)arg;
+  for (size_t seen = 0, opened = 0; seen < g_h.n_herd && opened < budget; seen++) {
+    uint32_t q = (uint32_t)(g_h.next++ % g_h.n_herd);
+    if (g_h.s[q].fd >= 0) continue;
+    herd_open(q);
+    opened++;
   }
-out:
-  for (uint32_t i = 0; i < g_h.n_herd; i++)
-    if (g_h.s[i].fd >= 0) close(g_h.s[i].fd);
-  if (tfd >= 0) close(tfd);
-  return NULL;
 }
 
 /* One connection opened and closed at once, from 127.0.0.12-15: in turn closed
@@ -503,9 +489,9 @@ static void churn_once(void *arg) {
   atomic_fetch_add(&g_h.n[H_CHURN], 1);
 }
 
-/* One more hostile thread, fn(arg); false when it did not start. */
-static bool hostile_thread(void *(*fn)(void *), void *arg) {
-  if (pthread_create(&g_h.th[g_h.n_th], NULL, fn, arg) != 0) return false;
+/* One more hostile peer, p's thread; false when it did not start. */
+static bool hostile_thread(struct pacer *p) {
+  if (pthread_create(&g_h.th[g_h.n_th], NULL, pacer_main, p) != 0) return false;
   g_h.n_th++;
   return true;
 }
@@ -514,29 +500,41 @@ static bool hostile_thread(void *(*fn)(void *), void *arg) {
  * one did not start (hostile_stop undoes what did). */
 static bool hostile_start(void) {
   memset(&g_h, 0, sizeof(g_h));
+  for (unsigned i = 0; i < SOAK_MAX; i++) g_h.fl[i].pace.fd = -1;
   g_h.stopfd = eventfd(0, EFD_CLOEXEC);
-  g_h.ep = epoll_create1(EPOLL_CLOEXEC);
+  g_h.herd =
+      (struct pacer){10000000u, 1, g_h.stopfd, herd_tick, NULL, "idle connects", -1, POLLIN, herd_ready};
+  g_h.herd.fd = epoll_create1(EPOLL_CLOEXEC);
   g_h.n_herd = (size_t)o.idle + o.half;
   g_h.s = calloc(g_h.n_herd, sizeof(*g_h.s));
-  if (g_h.stopfd < 0 || g_h.ep < 0 || g_h.s == NULL) return false;
+  if (g_h.stopfd < 0 || g_h.herd.fd < 0 || g_h.s == NULL) return false;
   for (unsigned i = 0; i < o.floods; i++) {
-    if ((g_h.fl_fd[i] = flood_link(20 + i)) < 0) hb_say("flood %u: no link to the target\n", i);
-    if (g_h.fl_fd[i] < 0 || !hostile_thread(flood_main, (void *)(uintptr_t)i)) return false;
+    struct flood *f = &g_h.fl[i];
+    f->pace = (struct pacer){100000000u,         1,       g_h.stopfd, flood_relink, f, "flood",
+                             flood_link(20 + i), POLLOUT, flood_send};
+    f->seq = 1;
+    if (f->pace.fd < 0) hb_say("flood %u: no link to the target\n", i);
+    if (f->pace.fd < 0 || !hostile_thread(&f->pace)) return false;
   }
   for (size_t i = 0; i < g_h.n_herd; i++) {
-    g_h.s[i].fd = -1;
     g_h.s[i].kind = i < o.idle ? HERD_IDLE : ((i - o.idle) % 2 ? HERD_HALF_POST : HERD_HALF_PRE);
+    herd_open((uint32_t)i);
   }
-  if (g_h.n_herd > 0 && !hostile_thread(herd_main, NULL)) return false;
+  if (g_h.n_herd > 0 && !hostile_thread(&g_h.herd)) return false;
   if (o.churn_rate == 0) return true;
-  g_h.churn = (struct pacer){1000000000ull / o.churn_rate, 16, g_h.stopfd, churn_once, NULL, "churn"};
-  return hostile_thread(pacer_main, &g_h.churn);
+  g_h.churn =
+      (struct pacer){1000000000ull / o.churn_rate, 16, g_h.stopfd, churn_once, NULL, "churn", -1, 0, NULL};
+  return hostile_thread(&g_h.churn);
 }
 
 static void hostile_stop(void) {
   if (g_h.stopfd >= 0) eventfd_write(g_h.stopfd, 1);
   for (unsigned i = 0; i < g_h.n_th; i++) pthread_join(g_h.th[i], NULL);
-  if (g_h.ep >= 0) close(g_h.ep);
+  for (unsigned i = 0; i < o.floods; i++)
+    if (g_h.fl[i].pace.fd >= 0) close(g_h.fl[i].pace.fd);
+  for (size_t i = 0; g_h.s != NULL && i < g_h.n_herd; i++)
+    if (g_h.s[i].fd >= 0) close(g_h.s[i].fd);
+  if (g_h.herd.fd >= 0) close(g_h.herd.fd);
   free(g_h.s);
   if (g_h.stopfd >= 0) close(g_h.stopfd);
 }
@@ -830,7 +828,8 @@ int main(int argc, char **argv) {
   hb_wait_ready(tgt.fd, ready, 2);
   g_rbase = (uintptr_t)ready[0];
   r.pid = tgt.pid;
-  r.jn.pace = (struct pacer){(uint64_t)(o.join_every * 1e9), 1, -1, join_once, &r.jn, "late joiner"};
+  r.jn.pace =
+      (struct pacer){(uint64_t)(o.join_every * 1e9), 1, -1, join_once, &r.jn, "late joiner", -1, 0, NULL};
   rlim_t nofile = set_nofile(RLIM_INFINITY), need = (rlim_t)o.idle + o.half + 1024; /* up to the hard limit */
   if (nofile != RLIM_INFINITY && nofile < need) {
     hb_say("this process may open %llu descriptors (hard limit); the hostile peers need %llu: lower --idle\n",
