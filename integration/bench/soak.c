@@ -216,8 +216,7 @@ static void check(struct client *c, const uint8_t *got, const uint8_t *want, siz
 
 /* data = key_base ^ key, 8 bytes at a time: fresh for each round, cheap to make. */
 static void keyed(uint8_t *out, const uint8_t *base, size_t len, uint64_t key) {
-  for (size_t i = 0; i + 8 <= len; i += 8) {
-    uint64_t v;
+  for (uint64_t i = 0, v; i + 8 <= len; i += 8) {
     memcpy(&v, base + i, 8);
     v ^= key;
     memcpy(out + i, &v, 8);
@@ -768,36 +767,25 @@ static int report(struct run *r) {
 static const char *const transports[] = {"tcp", "auto", "shm", "rdma", NULL};
 static int transport_idx;
 static const struct hb_opt opts[] = {
-    {"--seconds", HB_DBL, &o.seconds, "S", "hostile phase (default 120)", 1, 86400, NULL},
-    {"--baseline-seconds", HB_DBL, &o.base_seconds, "S",
-     "each baseline phase, before and after (default seconds / 4, >= 5)", 0, 86400, NULL},
-    {"--transport", HB_CHOICE, &transport_idx, "NAME",
-     "tcp (default) | auto | shm | rdma: the engines' Transport", 0, 0, transports},
+    {"--seconds", HB_DBL, &o.seconds, "S", "the hostile phase (120)", 1, 86400, NULL},
+    {"--baseline-seconds", HB_DBL, &o.base_seconds, "S", "each baseline (S / 4, >= 5)", 0, 86400, NULL},
+    {"--transport", HB_CHOICE, &transport_idx, "NAME", "tcp (default) | auto | shm | rdma", 0, 0, transports},
     {"--opt", HB_FN, &g_topts, "KEY=VALUE",
-     "a target engine option, repeatable (LinkAnswersMax, MaxLinks, ...);\n"
+     "a target engine option, repeatable (MaxLinks, ...);\n"
      "LinkAnswerMiB is " SOAK_DEFAULT_ANSWER_MIB " unless given (the RSS bound uses it)",
      0, 0, hb_extra_add},
-    {"--clients", HB_UNS, &o.clients, "N", "legitimate client engines (default 2)", 1, SOAK_MAX, NULL},
-    {"--floods", HB_UNS, &o.floods, "N", "READ flood links (default 2)", 0, SOAK_MAX, NULL},
-    {"--flood-len", HB_SIZE, &o.flood_len, "BYTES", "bytes of one flood READ_REQ (default 4K)", 1,
-     WIRE_MAX_PAYLOAD, NULL},
-    {"--target-nofile", HB_UNS, &o.target_nofile, "N", "the target's RLIMIT_NOFILE (default 1024)", 64,
-     1u << 20, NULL},
-    {"--idle", HB_UNS, &o.idle, "N", "idle connects (default 2 x the target's descriptor limit)", 0, 1u << 20,
-     NULL},
-    {"--idle-addrs", HB_UNS, &o.idle_addrs, "N", "source addresses they come from, 127.0.0.2.. (default 8)",
-     1, 8, NULL},
-    {"--half", HB_UNS, &o.half, "N", "half-sent connections (default 64)", 0, 1u << 16, NULL},
-    {"--churn-rate", HB_UNS, &o.churn_rate, "N", "connect/close a second (default 200; 0: none)", 0, 100000,
-     NULL},
-    {"--reconnect-rate", HB_UNS, &o.reconnect_rate, "N",
-     "idle / half-sent connections opened again a second (default 500)", 1, 1000000, NULL},
-    {"--join-every", HB_DBL, &o.join_every, "S", "a late joiner every S seconds (default 5; 0: none)", 0,
-     86400, NULL},
-    {"--join-timeout-ms", HB_INT, &o.join_timeout_ms, "MS", "its Connect and READ timeout (default 15000)", 1,
-     INT32_MAX, NULL},
-    {"--op-timeout-ms", HB_INT, &o.op_timeout_ms, "MS", "a legitimate call's timeout (default 10000)", 1,
-     INT32_MAX, NULL},
+    {"--clients", HB_UNS, &o.clients, "N", "legitimate client engines (2)", 1, SOAK_MAX, NULL},
+    {"--floods", HB_UNS, &o.floods, "N", "READ flood links (2)", 0, SOAK_MAX, NULL},
+    {"--flood-len", HB_SIZE, &o.flood_len, "BYTES", "flood READ_REQ length (4K)", 1, WIRE_MAX_PAYLOAD, NULL},
+    {"--target-nofile", HB_UNS, &o.target_nofile, "N", "target's RLIMIT_NOFILE (1024)", 64, 1u << 20, NULL},
+    {"--idle", HB_UNS, &o.idle, "N", "idle connects (2 x --target-nofile)", 0, 1u << 20, NULL},
+    {"--idle-addrs", HB_UNS, &o.idle_addrs, "N", "their source addresses, 127.0.0.2.. (8)", 1, 8, NULL},
+    {"--half", HB_UNS, &o.half, "N", "half-sent connections (64)", 0, 1u << 16, NULL},
+    {"--churn-rate", HB_UNS, &o.churn_rate, "N", "connect/close a second (200; 0: none)", 0, 100000, NULL},
+    {"--reconnect-rate", HB_UNS, &o.reconnect_rate, "N", "idle/half-sent reopens/s (500)", 1, 1000000, NULL},
+    {"--join-every", HB_DBL, &o.join_every, "S", "a late joiner every S s (5; 0: none)", 0, 86400, NULL},
+    {"--join-timeout-ms", HB_INT, &o.join_timeout_ms, "MS", "joiner timeouts (15000)", 1, INT32_MAX, NULL},
+    {"--op-timeout-ms", HB_INT, &o.op_timeout_ms, "MS", "client call timeout (10000)", 1, INT32_MAX, NULL},
     {"--json", HB_STR, &o.json, "FILE", "the figures and the samples", 0, 0, NULL},
     {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
 
@@ -813,6 +801,7 @@ int main(int argc, char **argv) {
   hb_parse(argc, argv, opts,
            "One target engine (its own process, under a descriptor limit) serves legitimate clients\n"
            "during a baseline phase, a hostile phase and a second baseline; docs/performance-soak.md.\n"
+           "Defaults in parentheses.\n"
            "Exit status: 0 all goals PASS, 3 a goal MISSed, 1 the run failed, 2 bad arguments.\n");
   o.transport = transports[transport_idx];
   if (o.base_seconds < 0) o.base_seconds = o.seconds / 4 < 5 ? 5 : o.seconds / 4;
