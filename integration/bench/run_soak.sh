@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# run_soak.sh BUILD_DIR [SECONDS] [-- hixl-soak options...]: hixl-soak (docs/performance-soak.md)
-# with SECONDS of hostile phase (default 120), at low priority; BUILD_DIR/soak-results/ keeps
-# soak.md (the table and the goals), soak.log (the per-second lines) and soak.json (the
-# figures and every sample). Exit status: hixl-soak's (0 every goal passed, 3 one missed, 1 failed).
+# run_soak.sh BUILD_DIR [SECONDS] [-- hixl-soak options...]: hixl-soak (docs/performance-soak.md) with
+# SECONDS of hostile phase (default 120), at low priority, into BUILD_DIR/soak-results/: soak.md (the table,
+# the goals), soak.log (the per-second lines), soak.json (the figures, every sample). Exit: hixl-soak's.
 NAME=run_soak
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"
