@@ -116,8 +116,9 @@ static int cmp_op(const void *a, const void *b) {
 }
 
 /* The op list the plugin issues (kv_layout.c's kv_ops_build) for layers l0..l0+count-1:
- * a piece per block per plane (a cross-layer plane with its last layer), joined while
- * both sides run on, then sorted by local address and merged where both are contiguous. */
+ * a piece per block per plane (a cross-layer plane with its last layer), sorted by local
+ * address and merged where both sides are contiguous (the plugin joins pieces as it
+ * builds too, which ends in the same list). */
 static size_t build_ops(HixlTransferOpDesc *v, uintptr_t lbase, uintptr_t rbase, const uint64_t *lb,
                         const uint64_t *rb, size_t n, uint32_t l0, uint32_t count) {
   size_t k = 0;
@@ -125,13 +126,9 @@ static size_t build_ops(HixlTransferOpDesc *v, uintptr_t lbase, uintptr_t rbase,
     if (o.layout == LAYOUT_CROSS && l != o.layers - 1) continue;
     for (uint32_t pk = 0; pk < planes_per_layer(); pk++) {
       struct plane_geo g = plane_geo(l, pk);
-      for (size_t j = 0; j < n; j++) {
-        uintptr_t lo = lbase + g.off + lb[j] * g.stride, ro = rbase + g.off + rb[j] * g.stride;
-        if (k && v[k - 1].local_addr + v[k - 1].len == lo && v[k - 1].remote_addr + v[k - 1].len == ro)
-          v[k - 1].len += g.bytes;
-        else
-          v[k++] = (HixlTransferOpDesc){lo, ro, g.bytes};
-      }
+      for (size_t j = 0; j < n; j++)
+        v[k++] =
+            (HixlTransferOpDesc){lbase + g.off + lb[j] * g.stride, rbase + g.off + rb[j] * g.stride, g.bytes};
     }
   }
   if (k < 2) return k;
@@ -611,26 +608,17 @@ int main(int argc, char **argv) {
       {"--ip", HB_STR, &o.ip, "IP", "every engine's address (default 127.0.0.1)", 0, 0, NULL},
       {"--layers", HB_U32, &o.layers, "N", "layers (default 32)", 1, 256, NULL},
       {"--block-tokens", HB_U32, &o.block_tokens, "N", "tokens a block (default 16)", 1, 1024, NULL},
-      {"--block-kib", HB_U64, &block_kib, "N",
-       "KiB of one layer's K (or V) block (default: block tokens x 8 KV heads x 128 x 2 B)", 1, 1024, NULL},
-      {"--prompts", HB_SIZES, o.prompts, "T1,T2,...", "prompt lengths in tokens (default 256,1024,4096)", 0,
-       0, &o.nprompts},
+      {"--block-kib", HB_U64, &block_kib, "N", "a K block's KiB (default: 2 x block tokens)", 1, 1024, NULL},
+      {"--prompts", HB_SIZES, o.prompts, "T1,T2", "prompt tokens (default 256,1024,4096)", 0, 0, &o.nprompts},
       {"--layout", HB_CHOICE, &o.layout, "NAME",
-       "kv_first (per layer (2, B, ...), register_kv_caches; the default), BLNHC (one buffer,\n"
-       "all layers of a block adjacent) or cross_layer (one buffer (B, L, 2, ...), one plane\n"
-       "for every layer), both register_kv_groups (ABI 1.3); they measure the pull only",
-       0, 0, layout_names},
+       "kv_first (default), BLNHC or cross_layer (these two: the pull only)", 0, 0, layout_names},
       {"--no-push", HB_NOFLAG, &o.push, NULL, "measure the pull only", 0, 0, NULL},
       {"--rounds", HB_U32, &o.rounds, "N", "rounds of the longest prompt (default 3)", 1, MAX_ROUNDS, NULL},
-      {"--step-us", HB_U64, &o.step_us, "N", "how often the host polls get_finished (default 200)", 0, 100000,
-       NULL},
+      {"--step-us", HB_U64, &o.step_us, "N", "get_finished every N us (default 200)", 0, 100000, NULL},
       {"--json", HB_STR, &o.json, "FILE", "the rows as JSON", 0, 0, NULL},
       {"--csv", HB_STR, &o.csv, "FILE", "the rows as CSV (the JSON's keys as its columns)", 0, 0, NULL},
       {"--pin", HB_FLAG, &o.pin, NULL, "decode on CPU 0, prefill on CPU 1, like two hosts", 0, 0, NULL},
-      {"--obs", HB_CHOICE, &o.obs, "on|off",
-       "off: the connectors keep no histograms and no traces (\"metrics\": false,\n"
-       "\"trace_ring\": 0); on (default) as the plugin's defaults (run_obs.sh compares them)",
-       0, 0, off_on},
+      {"--obs", HB_CHOICE, &o.obs, "on|off", "off: no metrics, trace_ring 0 (default on)", 0, 0, off_on},
       {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
   hb_prog = "hixl-pd-bench";
   hb_parse(argc, argv, opts,
@@ -651,16 +639,14 @@ int main(int argc, char **argv) {
 
   struct host p;
   host_up(&p, 2, dport, "consumer", 0);
-  const uint64_t *prefill_ids = p.peer_ids;
-  HixlEngine *raw = p.raw;
-  hb_check(hixl_engine_set_service(raw, HIXL_SERVICE_KV, raw_landed_call, NULL), "raw engine service");
+  hb_check(hixl_engine_set_service(p.raw, HIXL_SERVICE_KV, raw_landed_call, NULL), "raw engine service");
   int32_t pull_fd = -1;
-  if (!HIXL_KV_HAS_OP(ops, get_event_fd) || ops->get_event_fd(p.pull.worker, &pull_fd) != HIXL_KV_SUCCESS)
-    hb_die("get_event_fd: %s",
-           HIXL_KV_HAS_OP(ops, get_event_fd) ? ops->last_error() : "the plugin is older than ABI 1.2");
+  if (!HIXL_KV_HAS_OP(ops, get_event_fd)) hb_die("get_event_fd: the plugin is older than ABI 1.2");
+  if (ops->get_event_fd(p.pull.worker, &pull_fd) != HIXL_KV_SUCCESS)
+    hb_die("get_event_fd: %s", ops->last_error());
   char praw[64];
   snprintf(praw, sizeof(praw), "%s:%u", o.ip, (unsigned)(pport + 2));
-  hb_check(HixlEngineConnect(raw, praw, 10000), "raw connect");
+  hb_check(HixlEngineConnect(p.raw, praw, 10000), "raw connect");
   HixlTransferOpDesc *opv = malloc((size_t)o.layers * 2 * o.pool_blocks * sizeof(*opv));
   struct row rows[BENCH_MAX_LIST];
   hb_say("%u layers x (K, V), %" PRIu64 " KiB blocks of %u tokens, layout %s, transport %s%s\n", o.layers,
@@ -681,11 +667,11 @@ int main(int argc, char **argv) {
     uint64_t scaled = (uint64_t)o.rounds * maxprompt / o.prompts[pi]; /* >= rounds */
     w->rounds = (uint32_t)(scaled > 4ull * o.rounds ? 4ull * o.rounds : scaled);
     /* The raw engine READs the same op list as the plugin's pulls. */
-    size_t nops = build_ops(opv, (uintptr_t)p.mem, rbase, p.ids, prefill_ids, nb, 0, o.layers);
+    size_t nops = build_ops(opv, (uintptr_t)p.mem, rbase, p.ids, p.peer_ids, nb, 0, o.layers);
     w->ops = nops;
     w->runs = nb ? 1 : 0; /* runs of blocks adjacent on both sides: what one op moves per plane at most */
     for (size_t j = 1; j < nb; j++)
-      w->runs += p.ids[j] != p.ids[j - 1] + 1 || prefill_ids[j] != prefill_ids[j - 1] + 1;
+      w->runs += p.ids[j] != p.ids[j - 1] + 1 || p.peer_ids[j] != p.peer_ids[j - 1] + 1;
     for (uint32_t r = 0; r < w->rounds; r++) {
       char id[64], did[64];
       fprintf(stderr, "\r  prompt %" PRIu64 " tokens: round %u/%u ", w->tokens, r + 1, w->rounds);
@@ -709,7 +695,7 @@ int main(int argc, char **argv) {
           if (sscanf(hb_recv(fd, line, sizeof(line)), "params %" SCNu64 " %n", &t_fin, &off) != 1 || !off)
             hb_die("prefill: %s", line);
           params = strdup(line + off);
-          if (first_block(params) != prefill_ids[0]) hb_die("prefill allocated other blocks: %s", params);
+          if (first_block(params) != p.peer_ids[0]) hb_die("prefill allocated other blocks: %s", params);
           hixl_kv_request q = request(did, nb * o.block_tokens, params);
           sched_alloc(&p.pull, &q, p.ids, nb, "decode scheduler");
           if (ops->get_stats(p.pull.worker, &s0) != HIXL_KV_SUCCESS)
@@ -719,7 +705,7 @@ int main(int argc, char **argv) {
         if (plug)
           wait_finished(&p.pull, did, 1, pass == 2 ? pull_fd : -1);
         else
-          hb_check(HixlEngineTransferSync(raw, praw, HIXL_READ, opv, nops, 60000), "raw READ%s",
+          hb_check(HixlEngineTransferSync(p.raw, praw, HIXL_READ, opv, nops, 60000), "raw READ%s",
                    pass == 4 ? ", hosts stepping" : "");
         uint64_t t1 = bench_now_ns();
         t[pass_t[pass]][r] = t1 - t0;
@@ -783,7 +769,7 @@ int main(int argc, char **argv) {
       t[S_BEHIND][r] = t_prev > t_last ? t_prev - t_last : 0;
       HixlNotifyDesc *nv = NULL;
       size_t nn = 0;
-      if (HixlEngineGetNotifies(raw, &nv, &nn) != HIXL_SUCCESS || nn != 12)
+      if (HixlEngineGetNotifies(p.raw, &nv, &nn) != HIXL_SUCCESS || nn != 12)
         hb_die("raw engine: %zu of prefill's 12 notices arrived: %s", nn, HixlGetLastErrorMessage());
       HixlEngineFreeNotifies(nv);
       if (t_done < t_last)
