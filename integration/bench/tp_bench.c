@@ -1,11 +1,9 @@
 /* hixl-tp-bench: the prefill-to-decode hand-off between instances of different
  * tensor-parallel sizes through the KV-connector plugin (dlopened), against the raw
- * engine moving the same byte ranges, in one run (issue 29). Per pair (P, D) one process
- * holds P producer and D consumer ranks (each a worker connector with its own engine and
- * KV memory of its heads; one scheduler per side) and raw engines on the same memory.
- * The method (the raw engine's threads, the rounds and the plugin's place in them, the
- * ratio's interval, raw A/A): docs/performance-tp.md. Every consumer byte is checked
- * after every run. A table on stdout; --json FILE appends a JSON line per pair. */
+ * engine moving the same byte ranges (issue 29). Per pair (P, D) one process holds P
+ * producer and D consumer ranks (each a worker connector with its own engine and KV
+ * memory of its heads) and raw engines on the same memory. The method:
+ * docs/performance-tp.md. Every consumer byte is checked after every run. */
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
@@ -312,10 +310,6 @@ static void fill(struct side *p, uint32_t seed) {
   }
 }
 
-static void zero(struct side *d) {
-  for (uint32_t i = 0; i < d->world; i++) memset(d->r[i].mem, 0, o.layers * d->r[i].layer_bytes);
-}
-
 /* Every consumer rank's request blocks hold its heads as the producer has them. */
 static bool check(struct side *d, uint32_t seed) {
   for (uint32_t di = 0; di < d->world; di++) {
@@ -356,7 +350,7 @@ static void pair_run(uint32_t np, uint32_t nd) {
     uint64_t pn = 0, raw[2] = {0, 0};
     for (uint32_t part = 0, nraw = 0; part < 3; part++) {
       bool plug = part == k % 3;
-      zero(&d);
+      for (uint32_t i = 0; i < nd; i++) memset(d.r[i].mem, 0, o.layers * d.r[i].layer_bytes);
       if (plug)
         pn = plugin_run(&p, &d, r);
       else
@@ -425,22 +419,19 @@ static void pair_run(uint32_t np, uint32_t nd) {
 int main(int argc, char **argv) {
   static const char *const cpus_names[] = {"split", "shared", NULL};
   const struct hb_opt opts[] = {
-      {"--pairs", HB_STR, &o.pairs, "\"P,D ...\"", "TP sizes of prefill and decode (default all of 1, 2, 4)",
-       0, 0, NULL},
+      {"--pairs", HB_STR, &o.pairs, "\"P,D ...\"", "TP sizes (default: pairs of 1, 2, 4)", 0, 0, NULL},
       {"--mla", HB_FLAG, &o.mla, NULL, "an MLA model (one 576 x 2 B latent) instead of GQA", 0, 0, NULL},
       {"--kv-heads", HB_U32, &o.heads, "N", "GQA KV heads (default 8)", 1, 64, NULL},
       {"--layers", HB_U32, &o.layers, "N", "layers (default 8)", 1, 64, NULL},
       {"--prompt", HB_U32, &o.prompt, "TOKENS", "tokens a request (default 1024)", 16, 65536, NULL},
       {"--requests", HB_U32, &o.requests, "N", "requests a batch (default 8)", 1, 256, NULL},
       {"--rounds", HB_U32, &o.rounds, "N", "measured rounds (default 3)", 1, MAX_ROUNDS, NULL},
-      {"--per-producer", HB_U32, &o.per_producer, "N", "the plugin's loads_per_producer (default 1)", 1, 8,
-       NULL},
+      {"--per-producer", HB_U32, &o.per_producer, "N", "loads_per_producer (default 1)", 1, 8, NULL},
       {"--transport", HB_STR, &o.transport, "NAME", "tcp (default) | auto", 0, 0, NULL},
       {"--ip", HB_STR, &o.ip, "IP", "every engine's address (default 127.0.0.1)", 0, 0, NULL},
       {"--plugin", HB_STR, &o.plugin, "PATH", "the KV-connector plugin (default: this build's)", 0, 0, NULL},
       {"--json", HB_STR, &o.json, "FILE", "append a JSON line per pair", 0, 0, NULL},
-      {"--cpus", HB_CHOICE, &o.shared, "split|shared",
-       "the two sides' threads on their own CPUs (default) or not", 0, 0, cpus_names},
+      {"--cpus", HB_CHOICE, &o.shared, "split|shared", "split: the sides apart (default)", 0, 0, cpus_names},
       {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
   hb_prog = "hixl-tp-bench";
   hb_parse(argc, argv, opts, NULL);
