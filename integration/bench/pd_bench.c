@@ -243,9 +243,8 @@ static void wait_finished(struct conn *c, const char *id, int which, int efd) {
   }
 }
 
-/* A host stepping its idle connector every step beside a raw READ, as it does while a
- * pull is under way (docs/performance-pd.md: why): a thread, one a process at a time.
- * Told to stop, it ends within a step, after the READ it stepped beside was timed. */
+/* A host stepping its idle connector beside a raw READ (docs/performance-pd.md: why): a
+ * thread, one a process. Told to stop, it ends within a step, after the READ was timed. */
 static pthread_t stepper;
 static atomic_bool stepping;
 
@@ -286,8 +285,8 @@ static void compute_ns(uint64_t ns) {
   nanosleep(&ts, NULL);
 }
 
-/* Decode's raw engine: a layer-landed call of the reference push (raw_push_ns with calls),
- * served as the plugin's consumer serves its notice: under a lock, marks it, broadcasts. */
+/* Decode's raw engine serves a layer-landed call (raw_push_ns with calls) as the plugin's
+ * consumer serves its notice (docs/performance-pd.md). */
 static struct {
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -322,8 +321,7 @@ static size_t layer_ops(HixlTransferOpDesc *v, const struct dest *d, uint32_t l)
 
 /* What prefill measures right before a push (docs/performance-pd.md), each the median of
  * a few samples, layers spread: a single short transfer is one noisy sample. BUSY: a
- * notice while a layer's WRITE moves, as a push's landed notices meet the next layer
- * (where the CPUs move the bytes, soft-RoCE, the notice waits for it). */
+ * notice while a layer's WRITE moves (where the CPUs move the bytes, it waits for it). */
 enum probe { PROBE_LAYER, PROBE_NOTICE, PROBE_BUSY };
 
 static uint64_t probe_ns(const struct dest *d, enum probe what) {
@@ -353,11 +351,10 @@ static uint64_t probe_ns(const struct dest *d, enum probe what) {
   return hb_median_u64(t, n);
 }
 
-/* The raw engine's own pipelined push (docs/performance-pd.md): the compute on this
- * thread, each layer's WRITE (with calls, a then-call behind it) started by a second one,
- * as the plugin's pusher (where the CPUs move the bytes in the posting thread, soft-RoCE,
- * it is busy a layer per layer, as the pusher is); the time from the last compute's end
- * to all of them landed (with calls: the last answer back). */
+/* The raw engine's own pipelined push (docs/performance-pd.md): each layer's WRITE (with
+ * calls, a then-call behind it) started by a second thread, as by the plugin's pusher (where
+ * the CPUs move the bytes in the posting thread, both are busy a layer per layer); the time
+ * from the last compute's end to all landed (with calls: the last answer back). */
 struct raw_push {
   const struct dest *d;
   pthread_mutex_t mu;
@@ -736,8 +733,7 @@ int main(int argc, char **argv) {
         free(params);
       }
       if (!o.push) continue;
-      /* Push, layer by layer, each layer's compute as long as one layer's raw WRITE
-       * (prefill measures it right before, probe_ns): the unit pipelining cannot hide. */
+      /* Push, layer by layer (prefill's compute per layer: its probe_ns right before). */
       snprintf(id, sizeof(id), "p%u", req);
       snprintf(did, sizeof(did), "d%u", req++);
       PD_PHASE("decode: between");
