@@ -37,12 +37,9 @@ static struct {
 static const hixl_kv_ops *ops;
 static FILE *json;
 
-/* --cpus split (the default with 2 CPUs or more): the producer ranks' engines and
- * connectors (so their threads) on the first half of this process's CPUs, the consumer
- * ranks' and the host's loop on the rest, as on two hosts. Shared, the kernel's
- * wake-affine placement of loopback TCP wakeups can keep the plugin's long-lived loader
- * on its sender's CPU while another idles, which the raw engine's fresh threads escape:
- * that measured the placement, not the plugin (docs/performance-tp.md). */
+/* --cpus split (the default with 2 CPUs or more): the producer ranks' threads on the first
+ * half of this process's CPUs, the consumer ranks' and the host's loop on the rest, as on
+ * two hosts; shared measured the kernel's wake-affine placement (docs/performance-tp.md). */
 static cpu_set_t cpus_all;
 static int ncpus_all;
 
@@ -342,8 +339,7 @@ static void pair_run(uint32_t np, uint32_t nd) {
   double aa[MAX_ROUNDS], ratio[MAX_ROUNDS];
   uint32_t nr = o.rounds < MAX_ROUNDS ? o.rounds : MAX_ROUNDS;
   /* A warm-up round (links made, pages touched), not counted; then each round runs the
-   * plugin once and the raw engine twice, the plugin first, second and third in turn: a
-   * run's place in its round moved the raw engine's medians by up to 15%. */
+   * plugin once and the raw engine twice, the plugin's place in turn (performance-tp.md). */
   for (uint32_t r = 0; r <= nr; r++) {
     uint32_t k = r ? r - 1 : 0;
     fprintf(stderr, "  TP %u -> %u: %s %u of %u\r", np, nd, r ? "round" : "warm-up", k + 1, r ? nr : 1);
@@ -443,30 +439,26 @@ int main(int argc, char **argv) {
   ops = hb_plugin(o.plugin);
   if (o.json && !(json = fopen(o.json, "a"))) hb_die("%s: %s", o.json, strerror(errno));
   if (sched_getaffinity(0, sizeof(cpus_all), &cpus_all) == 0) ncpus_all = CPU_COUNT(&cpus_all);
-  char cpus[96];
-  if (cpus_split())
-    snprintf(cpus, sizeof(cpus), "CPUs split: %d producer, %d consumer", ncpus_all / 2,
-             ncpus_all - ncpus_all / 2);
-  else
-    snprintf(cpus, sizeof(cpus), "CPUs shared (%d)", ncpus_all);
   printf("hixl-tp-bench: %s, %u layers, %u KV heads x %u x 2 B, %u-token blocks, %u requests of %u tokens, "
          "%u rounds (median), transport %s, HND (packed) layout, loads_per_producer %u (raw: as many threads "
-         "per producer rank), %s\n\n",
+         "per producer rank), ",
          o.mla ? "MLA (576 x 2 B latent)" : "GQA", o.layers, o.heads, o.head_dim, o.block_tokens, o.requests,
-         o.prompt, o.rounds, o.transport, o.per_producer, cpus);
+         o.prompt, o.rounds, o.transport, o.per_producer);
+  if (cpus_split())
+    printf("CPUs split: %d producer, %d consumer\n\n", ncpus_all / 2, ncpus_all - ncpus_all / 2);
+  else
+    printf("CPUs shared (%d)\n\n", ncpus_all);
   printf("| TP P -> D | model | plugin GB/s | raw engine GB/s | plugin / raw (95%% CI) | raw A/A (95%% CI; "
          "range) | plugin ops/request | raw ops/request | bytes moved/request | bytes needed/request | "
          "prefill blocks held after |\n");
   printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const char *s = o.pairs; *s;) {
-    char *end;
+  char *end;
+  for (const char *s = o.pairs; *s; s = end + strspn(end, " ")) {
     unsigned long a = strtoul(s, &end, 10), b = 0;
     if (*end != ',') hb_die("--pairs: \"%s\" is not P,D", s);
     b = strtoul(end + 1, &end, 10);
     if (!a || !b || a > MAX_TP || b > MAX_TP) hb_die("--pairs: sizes 1 to %d", MAX_TP);
     pair_run((uint32_t)a, (uint32_t)b);
-    while (*end == ' ') end++;
-    s = end;
   }
   if (json) fclose(json);
   if (key[0]) unlink(key);
