@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
 # run_pd.sh BUILD_DIR [OUTPUT_MD]: hixl-pd-bench over tcp, auto (shm between two processes)
 # and rdma (the soft-RoCE guest, integration/rxe-vm/, rxe0 at 10.77.0.1), decode on CPU 0 and
-# prefill on CPU 1 like two hosts: OUTPUT_MD (default docs/performance-pd.md: the method and
-# the goals) and a plot of hand-off latency against prompt length beside it (.png,
-# gnuplot-nox installed from Debian when missing); then the pull per layout for
-# docs/performance-layouts.md (and pd-results/pd-layouts.json). Environment (defaults
-# below): PD_ROUNDS, PD_PROMPTS, PD_STEP_US (the host polls get_finished once per step, as a
-# runtime does), PD_REPORT_ONLY=1 (the pages from the last run's results, measuring nothing),
-# PD_RDMA=0 (no rdma), PD_RDMA_PROMPTS, PD_RDMA_ROUNDS, PD_LAYOUTS (1: after the rest, 0: not,
-# only: alone, performance-pd.md untouched), PD_LAYOUT_PROMPTS, PD_LAYOUT_ROUNDS,
-# PD_LAYOUT_REPEATS (each case runs that many times).
+# prefill on CPU 1 like two hosts: OUTPUT_MD (default docs/performance-pd.md, the method and
+# the goals on it) and beside it a plot of hand-off latency against prompt length (.png;
+# gnuplot-nox installed when missing); then the pull per layout for docs/performance-layouts.md
+# (and pd-results/pd-layouts.json). Environment: the PD_* below, their defaults there; PD_STEP_US:
+# the host polls get_finished once a step, as a runtime does; PD_REPORT_ONLY=1: the pages from
+# the last results, measuring nothing; PD_RDMA=0: no rdma; PD_LAYOUTS: 1 after the rest, 0 not,
+# only: alone (performance-pd.md untouched); PD_LAYOUT_REPEATS: the runs of each case.
 NAME=run_pd
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"
