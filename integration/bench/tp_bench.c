@@ -264,11 +264,11 @@ static void *raw_main(void *arg) {
   return NULL;
 }
 
-static uint64_t raw_run(struct side *p, struct side *d, uint64_t *ops_out, uint64_t *bytes_out) {
+static uint64_t raw_run(struct side *p, struct side *d, uint64_t *ops_out) {
   struct raw_job jobs[MAX_TP * MAX_TP];
   pthread_t th[MAX_TP * MAX_TP * 8];
   size_t nj = 0;
-  *ops_out = *bytes_out = 0;
+  *ops_out = 0;
   for (uint32_t di = 0; di < d->world; di++)
     for (uint32_t pi = 0; pi < p->world; pi++) {
       size_t n = pieces(p, d, pi, di, &jobs[nj]);
@@ -276,7 +276,6 @@ static uint64_t raw_run(struct side *p, struct side *d, uint64_t *ops_out, uint6
       HixlStatus st = HixlEngineConnect(d->r[di].raw, p->r[pi].raw_addr, 10000);
       hb_check(st == HIXL_ALREADY_CONNECTED ? HIXL_SUCCESS : st, "raw connect");
       *ops_out += n;
-      for (size_t i = 0; i < n; i++) *bytes_out += jobs[nj].v[i].len;
       nj++;
     }
   uint64_t t0 = bench_now_ns();
@@ -335,7 +334,7 @@ static void pair_run(uint32_t np, uint32_t nd) {
   cpus_side(true); /* the consumer's, and this thread: the host's loop, the raw threads */
   side_up(&d, nd, "consumer");
   fill(&p, np * 10 + nd);
-  uint64_t pns[MAX_ROUNDS], rns[MAX_ROUNDS], rops = 0, rbytes = 0, ops0 = 0, bytes0 = 0, held = 0, need = 0;
+  uint64_t pns[MAX_ROUNDS], rns[MAX_ROUNDS], rops = 0, ops0 = 0, bytes0 = 0, held = 0, need = 0;
   double aa[MAX_ROUNDS], ratio[MAX_ROUNDS];
   uint32_t nr = o.rounds < MAX_ROUNDS ? o.rounds : MAX_ROUNDS;
   /* A warm-up round (links made, pages touched), not counted; then each round runs the
@@ -350,7 +349,7 @@ static void pair_run(uint32_t np, uint32_t nd) {
       if (plug)
         pn = plugin_run(&p, &d, r);
       else
-        raw[nraw++] = raw_run(&p, &d, &rops, &rbytes);
+        raw[nraw++] = raw_run(&p, &d, &rops);
       if (!check(&d, np * 10 + nd))
         hb_die("TP %u -> %u: %s", np, nd,
                plug ? "the consumer's blocks differ from the producer's"
