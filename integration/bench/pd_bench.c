@@ -116,9 +116,8 @@ static int cmp_op(const void *a, const void *b) {
 }
 
 /* The op list the plugin issues (kv_layout.c's kv_ops_build) for layers l0..l0+count-1:
- * a piece per block per plane (a cross-layer plane with its last layer), sorted by local
- * address and merged where both sides are contiguous (the plugin joins pieces as it
- * builds too, which ends in the same list). */
+ * a piece per block per plane (a cross-layer plane with its last layer), joined while
+ * both sides run on, then sorted by local address and merged where both are contiguous. */
 static size_t build_ops(HixlTransferOpDesc *v, uintptr_t lbase, uintptr_t rbase, const uint64_t *lb,
                         const uint64_t *rb, size_t n, uint32_t l0, uint32_t count) {
   size_t k = 0;
@@ -126,9 +125,13 @@ static size_t build_ops(HixlTransferOpDesc *v, uintptr_t lbase, uintptr_t rbase,
     if (o.layout == LAYOUT_CROSS && l != o.layers - 1) continue;
     for (uint32_t pk = 0; pk < planes_per_layer(); pk++) {
       struct plane_geo g = plane_geo(l, pk);
-      for (size_t j = 0; j < n; j++)
-        v[k++] =
-            (HixlTransferOpDesc){lbase + g.off + lb[j] * g.stride, rbase + g.off + rb[j] * g.stride, g.bytes};
+      for (size_t j = 0; j < n; j++) {
+        uintptr_t lo = lbase + g.off + lb[j] * g.stride, ro = rbase + g.off + rb[j] * g.stride;
+        if (k && v[k - 1].local_addr + v[k - 1].len == lo && v[k - 1].remote_addr + v[k - 1].len == ro)
+          v[k - 1].len += g.bytes;
+        else
+          v[k++] = (HixlTransferOpDesc){lo, ro, g.bytes};
+      }
     }
   }
   if (k < 2) return k;
