@@ -2,7 +2,7 @@
  * confidence interval of a median from order statistics, against published ranks and
  * against the binomial distribution summed here another way (lgamma); the ratio of runs
  * rotated through the places of a round (bench_places_median); nearest-rank percentiles
- * of bench_stats_ns. */
+ * of bench_stats_ns; bench_read_line's lines. */
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <stdio.h>
@@ -120,6 +120,26 @@ static void test_stats_nearest_rank(void) {
   CU_ASSERT_DOUBLE_EQUAL(s.avg_us, 50.5, 1e-9);
 }
 
+/* A line is NUL-terminated whether it ended with '\n' or at the end of file (a peer
+ * that wrote its last line without one); too long a line is cut at cap - 1 bytes. */
+static void test_read_line(void) {
+  int fds[2];
+  char line[8];
+  CU_ASSERT_FATAL(pipe(fds) == 0);
+  CU_ASSERT_FATAL(write(fds[1], "ab\ncdefghijk\nxyz", 16) == 16); /* no NUL */
+  close(fds[1]);
+  memset(line, 'Q', sizeof(line));
+  CU_ASSERT_EQUAL(bench_read_line(fds[0], line, sizeof(line), 1000), 1);
+  CU_ASSERT_STRING_EQUAL(line, "ab");
+  CU_ASSERT_EQUAL(bench_read_line(fds[0], line, sizeof(line), 1000), 1);
+  CU_ASSERT_STRING_EQUAL(line, "cdefghi");
+  memset(line, 'Q', sizeof(line));
+  CU_ASSERT_EQUAL(bench_read_line(fds[0], line, sizeof(line), 1000), 1);
+  CU_ASSERT_STRING_EQUAL(line, "xyz");
+  CU_ASSERT_EQUAL(bench_read_line(fds[0], line, sizeof(line), 1000), 0);
+  close(fds[0]);
+}
+
 int main(void) {
   CU_TestInfo tests[] = {{"median CI: published ranks", test_median_ci_published_ranks},
                          {"median CI: the binomial tail for every n to 300", test_median_ci_every_n},
@@ -127,6 +147,7 @@ int main(void) {
                          {"places: a slow place counts once", test_places_slow_place_counts_once},
                          {"places: medians, a fixed interval, empty places", test_places_median_and_interval},
                          {"stats: nearest-rank percentiles", test_stats_nearest_rank},
+                         {"read_line: lines with and without a last newline", test_read_line},
                          CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"bench_util", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
   return tu_run_suites("test_bench_util", suites);

@@ -232,8 +232,9 @@ static inline bool bench_pin_cpu(int cpu) {
   return false;
 }
 
-/* One '\n'-terminated line from a pipe or socket within timeout_ms: 1 a line, 0 end of
- * file, -1 timeout or error. Byte by byte: control channels carry a few short lines. */
+/* One '\n'-terminated line from a pipe or socket within timeout_ms, NUL-terminated
+ * without its '\n' (cap at least 1): 1 a line, 0 end of file, -1 timeout or error.
+ * Byte by byte: control channels carry a few short lines. */
 static inline int bench_read_line(int fd, char *line, size_t cap, int timeout_ms) {
   size_t n = 0;
   uint64_t deadline = bench_now_ns() + (uint64_t)timeout_ms * 1000000ull;
@@ -248,10 +249,9 @@ static inline int bench_read_line(int fd, char *line, size_t cap, int timeout_ms
     ssize_t got = read(fd, &c, 1);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) return -1;
-    if (got == 0) return n > 0 ? 1 : 0;
-    if (c == '\n') {
+    if (got == 0 || c == '\n') { /* a last line may end at the end of file, with no '\n' */
       line[n] = '\0';
-      return 1;
+      return got == 0 && n == 0 ? 0 : 1;
     }
     if (n + 1 < cap) line[n++] = c;
   }
@@ -263,7 +263,8 @@ static inline int bench_read_full(int fd, void *buf, size_t len) {
     ssize_t n = read(fd, p, len);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return -1;
-    p += n, len -= (size_t)n;
+    p += n;
+    len -= (size_t)n;
   }
   return 0;
 }
