@@ -189,7 +189,7 @@ def perf(res, out, src):
     SMALL = [(b, op) for b in (64, 512, 1024, 2048, 4096, 16384) for op in OPS]  # blocks x 1024
     UNREG = [(b, op) for b in (65536, 4194304) for op in OPS]  # blocks x 64
     # The default StagingThreshold, from the option table (auto: the tcp-link value).
-    ST_DEF = grep(r'\{"StagingThreshold", *"([^"]*)"', os.path.join(src, "core/src/engine/options.c"))
+    ST_DEF = grep(r'(?:\{|X\()"StagingThreshold", *"([^"]*)"', os.path.join(src, "core/src/engine/options.c"))
     if ST_DEF == "auto":
         ST_DEF = grep(r"#define STAGE_AUTO_TCP\s+(\d+)u?", os.path.join(src, "core/src/engine/options.h"))
     ST_DEF = ST_DEF if ST_DEF.isdigit() else ""
