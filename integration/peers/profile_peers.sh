@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# Where each tool's time goes at the TCP points where hixl is below a peer (issue 46):
+# every process counted by `perf stat` (its system calls by tracepoint, its context
+# switches and CPU time), each count divided by the ops the tool reports, so the tools
+# compare per op whatever the machine's load. The points, as run_peers.sh runs them:
+#   WRITE 4 KiB x 1 x 1  hixl-peers --one_buffer with UCX's window (--window) and PollUs
+#                        50, and with window 1024 and PollUs 0; ucx_perftest ucp_put_bw -O 1
+#   READ 4 KiB x 1 x 1   hixl-peers sync with PollUs 0 (the default) and 50; NIXL's agent
+#                        (nixl_peer.py, UCX backend)
+# and, for the same-host points, copy_lock.c: a memcpy of 4 KiB and of 64 KiB with and
+# without a mutex around it (OUT/copy_lock.txt).
+#
+#   integration/peers/profile_peers.sh [--build DIR] [--out DIR] [--duration S] [--window W]
+#
+# --build: a build with hixl-peers (run_peers.sh compiles it; default build-peers);
+# --window: hixl's window at WRITE (default 53, what run_peers.sh measured for UCX on
+# 2026-12-04). Initiators on CPU 0, targets on CPU 1. Output: OUT/profile.md (a table),
+# OUT/profile.json, OUT/*.stat (perf's own output). Needs perf with the syscalls
+# tracepoints (root, or perf_event_paranoid <= 1); a tool that is missing is said and
+# left out.
+set -euo pipefail
+top=$(cd "$(dirname "$0")/../.." && pwd)
+build=$top/build-peers
+out=
+duration=2
+window=53
+venv=${HIXL_VLLM_VENV:-/opt/hixl/vllm-venv}
+while [ $# -gt 0 ]; do
+  case $1 in
+    --build) build=$(cd "$2" && pwd); shift ;;
+    --out) out=$2; shift ;;
+    --duration) duration=$2; shift ;;
+    --window) window=$2; shift ;;
+    -h|--help) sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "profile_peers.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+say() { echo "profile: $*" >&2; }
+hp=$build/hixl-peers
+[ -x "$hp" ] || { say "no $hp (run integration/peers/run_peers.sh --quick once to build it)"; exit 1; }
+command -v perf >/dev/null || { say "perf is missing (apt-get install linux-perf)"; exit 1; }
+perf stat -e syscalls:sys_enter_read true 2>/dev/null ||
+  { say "perf cannot count the syscalls tracepoints here (root, or perf_event_paranoid <= 1)"; exit 1; }
+out=${out:-$build/profile-results}
+mkdir -p "$out"
+ev=context-switches,task-clock
+for s in sendmsg sendto recvfrom recvmsg epoll_wait poll futex sched_yield; do
+  ev+=,syscalls:sys_enter_$s
+done
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+# hixl TAG OP POLLUS WINDOW: a target and an initiator of hixl-peers, each under perf stat.
+hixl() {
+  local tag=$1 op=$2 pu=$3 port fifo rd= eng addr tp w=()
+  port=$(free_port)
+  [ "$4" -gt 1 ] && w=(--window="$4")
+  fifo=$(mktemp -u) && mkfifo "$fifo"
+  # The target serves until its stdin ends: this shell holds the fifo's write end.
+  HIXL_POLL_US=$pu taskset -c 1 perf stat -x, -e "$ev" -o "$out/$tag.tgt.stat" "$hp" --mode=target --protocol=tcp \
+    --local_server_name=127.0.0.1:"$port" --buffer_size=64M <"$fifo" >"$out/$tag.ready" 2>>"$out/log" &
+  tp=$!
+  exec 9>"$fifo"
+  for _ in $(seq 100); do
+    read -r rd eng addr _ <"$out/$tag.ready" 2>/dev/null || true
+    [ "$rd" = READY ] && break
+    sleep 0.1
+  done
+  HIXL_POLL_US=$pu taskset -c 0 perf stat -x, -e "$ev" -o "$out/$tag.ini.stat" "$hp" --mode=initiator --protocol=tcp \
+    --segment_id="$eng" --remote_addr="$addr" --operation="$op" --threads=1 --batch_size=1 --block_size=4096 \
+    --duration="$duration" --buffer_size=64M --one_buffer "${w[@]}" 2>>"$out/log" | grep '^RESULT' >"$out/$tag.res" ||
+    say "$tag failed (see $out/log)"
+  exec 9>&-
+  wait "$tp" || true
+  rm -f "$fifo"
+  sed -n 's/.* batches=\([0-9]*\) .* gbps=\([0-9.]*\) .*/\1 \2/p' "$out/$tag.res" >"$out/$tag.ops"
+}
+
+ucx() { # TAG: ucp_put_bw, 4 KiB, -O 1; GB/s from its MB/s (2^20 bytes)
+  local tag=$1 port tp n=200000
+  command -v ucx_perftest >/dev/null || { say "ucx_perftest is missing (apt-get install ucx-utils)"; return 0; }
+  port=$(free_port)
+  UCX_TLS=tcp UCX_NET_DEVICES=lo,all taskset -c 1 perf stat -x, -e "$ev" -o "$out/$tag.tgt.stat" \
+    ucx_perftest -p "$port" -c 1 >>"$out/log" 2>&1 &
+  tp=$!
+  sleep 0.5 # its server has no ready line
+  UCX_TLS=tcp UCX_NET_DEVICES=lo,all taskset -c 0 perf stat -x, -e "$ev" -o "$out/$tag.ini.stat" ucx_perftest \
+    127.0.0.1 -p "$port" -c 0 -t ucp_put_bw -s 4096 -O 1 -n $n -w 100 >"$out/$tag.res" 2>&1 || say "$tag failed"
+  wait "$tp" || true
+  awk -v n=$n '/^Final/ { printf "%d %.4f\n", n, $7 * 1048576 / 1e9 }' "$out/$tag.res" >"$out/$tag.ops"
+}
+
+nixl() { # TAG: its target and one initiator point, each under perf stat
+  local tag=$1 dir tp
+  [ -x "$venv/bin/python" ] && "$venv/bin/python" -c 'import nixl' 2>/dev/null ||
+    { say "NIXL is missing (bash integration/vllm/install.sh --peers)"; return 0; }
+  dir=$(mktemp -d)
+  UCX_TLS=tcp UCX_KEEPALIVE_INTERVAL=inf taskset -c 1 perf stat -x, -e "$ev" -o "$out/$tag.tgt.stat" \
+    "$venv/bin/python" "$top/integration/peers/nixl_peer.py" --mode=target --dir="$dir" --buffer_size=67108864 \
+    >>"$out/log" 2>&1 &
+  tp=$!
+  UCX_TLS=tcp UCX_KEEPALIVE_INTERVAL=inf taskset -c 0 perf stat -x, -e "$ev" -o "$out/$tag.ini.stat" \
+    "$venv/bin/python" "$top/integration/peers/nixl_peer.py" --mode=initiator --dir="$dir" --buffer_size=67108864 \
+    --point --operation=read --threads=1 --batch_size=1 --block_size=4096 --duration="$duration" 2>>"$out/log" |
+    grep '^RESULT' >"$out/$tag.res" || say "$tag failed (see $out/log)"
+  touch "$dir/done"
+  wait "$tp" || true
+  rm -rf "$dir"
+  sed -n 's/.* batches=\([0-9]*\) .* gbps=\([0-9.]*\) .*/\1 \2/p' "$out/$tag.res" >"$out/$tag.ops"
+}
+
+runs=("write-ucx:UCX ucp_put_bw -O 1" "write-hixl-p50:hixl PollUs 50 window $window"
+  "write-hixl-p0:hixl PollUs 0 window 1024" "read-nixl:NIXL (UCX backend)" "read-hixl-p0:hixl PollUs 0 (default), sync"
+  "read-hixl-p50:hixl PollUs 50, sync")
+say "WRITE 4 KiB x 1 x 1"
+ucx write-ucx
+hixl write-hixl-p50 write 50 "$window"
+hixl write-hixl-p0 write 0 1024
+say "READ 4 KiB x 1 x 1"
+nixl read-nixl
+hixl read-hixl-p0 read 0 1
+hixl read-hixl-p50 read 50 1
+
+# One row per tool and process: GB/s, us per op, then each count per op.
+{
+  echo "| point | tool | GB/s | us an op | process | CPU us an op | context switches | socket sends | socket receives | epoll_wait + poll | sched_yield | futex |"
+  echo "|---|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+  for r in "${runs[@]}"; do
+    tag=${r%%:*}
+    [ -s "$out/$tag.ops" ] || continue
+    read -r ops gbps <"$out/$tag.ops"
+    for side in ini tgt; do
+      awk -F, -v ops="$ops" -v gbps="$gbps" -v tag="$tag" -v what="${r#*:}" -v side=$side -v dur="$duration" '
+        { n = $3; sub(/syscalls:sys_enter_/, "", n); v[n] = $1 + 0 }
+        END {
+          split(tag, t, "-")
+          printf "| %s 4 KiB x 1 x 1 | %s | %.3f | %.2f | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n",
+            toupper(t[1]), what, gbps, 4096 / (gbps * 1e3), side == "ini" ? "initiator" : "target",
+            v["task-clock"] * 1e3 / ops, v["context-switches"] / ops, (v["sendmsg"] + v["sendto"]) / ops,
+            (v["recvfrom"] + v["recvmsg"]) / ops, (v["epoll_wait"] + v["poll"]) / ops,
+            v["sched_yield"] / ops, v["futex"] / ops
+        }' "$out/$tag.$side.stat"
+    done
+  done
+} >"$out/profile.md"
+# The same rows as JSON, from the table.
+awk -F' *\\| *' 'NR > 2 {
+    printf "%s  {\"point\": \"%s\", \"tool\": \"%s\", \"gbps\": %s, \"us_per_op\": %s, \"process\": \"%s\", ", (n++ ? ",\n" : "[\n"), $2, $3, $4, $5, $6
+    printf "\"cpu_us_per_op\": %s, \"switches_per_op\": %s, \"sends_per_op\": %s, \"receives_per_op\": %s, ", $7, $8, $9, $10
+    printf "\"polls_per_op\": %s, \"yields_per_op\": %s, \"futex_per_op\": %s}", $11, $12, $13 }
+  END { print (n ? "\n]" : "[]") }' "$out/profile.md" >"$out/profile.json"
+cat "$out/profile.md"
+cc -std=c11 -O2 -Wall -Wextra -Werror -D_GNU_SOURCE -o "$out/copy_lock" "$top/integration/peers/copy_lock.c" -lpthread
+for size in 4096 65536; do
+  taskset -c 0 "$out/copy_lock" "$size" $((8 * 1024 * 1024 * 1024 / size / 4)) 5
+done | tee "$out/copy_lock.txt"
+python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$out/profile.json"
