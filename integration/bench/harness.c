@@ -437,13 +437,19 @@ HixlStatus hb_wait_xfer(HixlEngine *e, HixlTransferReq r, HixlTransferStatus *ts
   return st;
 }
 
-/* ---- group H1: one writer for every record a bench prints or keeps ---- */
+/* ---- one writer for every record a bench prints or keeps ---- */
 
 void hb_emit(FILE *md, FILE *json, FILE *csv, size_t i, size_t n, const struct hb_field *r, size_t nf) {
   if (md && i == 0) hb_head(md, HB_MD, r, nf);
-  if (md) hb_row(md, HB_MD, r, nf), fputc('\n', md);
+  if (md) {
+    hb_row(md, HB_MD, r, nf);
+    fputc('\n', md);
+  }
   if (json) hb_json_item(json, i, n, r, nf);
-  if (csv) hb_row(csv, HB_CSV, r, nf), fputc('\n', csv);
+  if (csv) {
+    hb_row(csv, HB_CSV, r, nf);
+    fputc('\n', csv);
+  }
 }
 
 bool hb_json_end(FILE *f, const char *path) {

@@ -186,7 +186,7 @@ void hb_kv_step(const struct hixl_kv_ops *ops, struct hixl_kv_connector *sched,
 bool hb_kv_poll(const struct hixl_kv_ops *ops, struct hixl_kv_connector *sched,
                 struct hixl_kv_connector *worker, const char *id, int which, size_t *sent, size_t *recvd);
 
-/* ---- group H1: one writer for every record a bench prints or keeps ---- */
+/* ---- one writer for every record a bench prints or keeps ---- */
 /* Record i of n to each output given (NULL: none): md, a markdown table (its head before
  * record 0; a row a line); json, an item of hb_json_open's array; csv, a line. */
 void hb_emit(FILE *md, FILE *json, FILE *csv, size_t i, size_t n, const struct hb_field *r, size_t nf);
