@@ -223,6 +223,7 @@ static int initiator(struct hb_peer *p) {
   for (int i = 2; i < 6; i++) pick(blk[i / 2][i % 2], o.req, &rng);
   HixlTransferOpDesc *ops = calloc((size_t)ntensors() * o.req, sizeof(*ops));
   double *t[2] = {calloc(o.iters, sizeof(double)), calloc(o.iters, sizeof(double))};
+  if (!ops || !t[0] || !t[1]) hb_die("out of memory");
   double bytes = (double)ntensors() * o.req * o.bs;
   printf(
       "# hixl-cache-bench (hixl %s): %s -> %s, transport %s, %u layers x K,V, %u blocks of %zu B per tensor,"

@@ -24,9 +24,10 @@
 #define PD_PHASE(name) ((void)0)
 #endif
 
-#define MAX_ROUNDS 16
-#define MAX_RUNS   (4 * MAX_ROUNDS) /* rounds of the shortest prompts */
-#define KV_ELEM    2                /* bytes of the data type (bf16) */
+#define MAX_ROUNDS   16
+#define MAX_RUNS     (4 * MAX_ROUNDS) /* rounds of the shortest prompts */
+#define PD_LAYER_OPS (1u << 16)       /* ops in one layer's list (probe_ns, raw_pusher) */
+#define KV_ELEM      2                /* bytes of the data type (bf16) */
 /* K (or V) bytes of one token of one layer: 8 KV heads x 128 x 2 bytes (Llama-8B) */
 #define HEAD_BYTES_PER_TOKEN (8 * 128 * KV_ELEM)
 
@@ -328,7 +329,7 @@ static size_t layer_ops(HixlTransferOpDesc *v, const struct dest *d, uint32_t l)
 enum probe { PROBE_LAYER, PROBE_NOTICE, PROBE_BUSY };
 
 static uint64_t probe_ns(const struct dest *d, enum probe what) {
-  static HixlTransferOpDesc v[1 << 16];
+  static HixlTransferOpDesc v[PD_LAYER_OPS];
   static const uint32_t samples[] = {5, 9, 3};
   HixlNotifyDesc note = {"pd-bench", "layer", NULL};
   uint64_t t[9];
@@ -370,7 +371,7 @@ struct raw_push {
 static void *raw_pusher(void *arg) {
   struct raw_push *k = arg;
   const struct dest *d = k->d;
-  static HixlTransferOpDesc v[1 << 16];
+  static HixlTransferOpDesc v[PD_LAYER_OPS];
   static HixlTransferReq rq[256];
   static hixl_call_t call[256];
   static uint8_t ans[256][16];
@@ -630,6 +631,11 @@ int main(int argc, char **argv) {
   uint64_t maxprompt = 0;
   for (size_t i = 0; i < o.nprompts; i++) maxprompt = o.prompts[i] > maxprompt ? o.prompts[i] : maxprompt;
   o.pool_blocks = ((maxprompt + o.block_tokens - 1) / o.block_tokens + 15) / 8 * 8 + 8;
+  /* A layer's op list (probe_ns, raw_pusher) holds at most PD_LAYER_OPS ops: a piece per
+   * block per plane when no two blocks are adjacent. */
+  if ((maxprompt + o.block_tokens - 1) / o.block_tokens * planes_per_layer() > PD_LAYER_OPS)
+    hb_die("--prompts: %" PRIu64 " tokens of %u a block is more than %u blocks a layer", maxprompt,
+           o.block_tokens, PD_LAYER_OPS / planes_per_layer());
   uint16_t pport = hb_ports(o.ip, 6), dport = (uint16_t)(pport + 3); /* pull, push and raw engines */
   struct hb_peer prefill;
   hb_spawn(&prefill, prefill_main, &pport);
@@ -648,6 +654,7 @@ int main(int argc, char **argv) {
   snprintf(praw, sizeof(praw), "%s:%u", o.ip, (unsigned)(pport + 2));
   hb_check(HixlEngineConnect(p.raw, praw, 10000), "raw connect");
   HixlTransferOpDesc *opv = malloc((size_t)o.layers * 2 * o.pool_blocks * sizeof(*opv));
+  if (!opv) hb_die("out of memory for the raw engine's op list");
   struct row rows[BENCH_MAX_LIST];
   hb_say("%u layers x (K, V), %" PRIu64 " KiB blocks of %u tokens, layout %s, transport %s%s\n", o.layers,
          o.block_bytes >> 10, o.block_tokens, layout_names[o.layout], o.transport,

@@ -232,6 +232,7 @@ static size_t pieces(const struct side *ps, const struct side *ds, uint32_t p, u
   size_t n = (size_t)o.requests * nblocks_req() * o.layers, k = 0,
          *starts = calloc(o.requests + 1, sizeof(*starts));
   HixlTransferOpDesc *v = malloc(n * sizeof(*v));
+  if (!starts || !v) hb_die("out of memory for %zu ops", n);
   for (uint32_t q = 0; q < o.requests; q++) {
     starts[q] = k; /* request q's ops start here (never merged with the one before) */
     for (uint32_t l = 0; l < o.layers; l++)
