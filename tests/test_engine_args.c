@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/socket.h>
 
 #include <CUnit/Basic.h>
@@ -538,7 +539,7 @@ static void test_option_poll(void) {
     HixlOption o = {.key = "PollUs", .value = us[k]};
     HixlEngine *srv = NULL, *cli = NULL;
     HixlMemHandle hs = NULL, hc = NULL;
-    struct hixl_poll_stats ps = {0, 0};
+    struct hixl_poll_stats ps = {0};
     pair_with(&o, tu_free_port(), name, sizeof(name), &srv, &cli);
     tu_fill(src, sizeof(src), 0x9011 + (uint64_t)k);
     memset(dst, 0, sizeof(dst));
@@ -568,6 +569,47 @@ static void test_option_poll(void) {
     TU_ASSERT_OK(HixlEngineDestroy(srv));
   }
   TU_ASSERT_STATUS(hixl_engine_poll_stats(NULL, NULL), HIXL_PARAM_INVALID);
+}
+
+/* PollUs back-off: sparse traffic. The client READs once every 5 ms, so each of the
+ * target's 0.2 ms windows ends with nothing come; after each miss the target skips twice
+ * as many windows (1, 3, 7, ... 64), so 32 READs open about 5, not 32. The pause shapes
+ * the traffic only: every READ is synchronous and checked whatever the timing. A window
+ * that does catch a request (its thread held off the CPU for the whole gap, say) starts
+ * the doubling again, hence the margin. */
+static void test_option_poll_backoff(void) {
+  enum { OPS = 32, LEN = 4096 };
+  static unsigned char src[LEN], dst[LEN];
+  char name[64];
+  HixlOption o = {.key = "PollUs", .value = "200"};
+  HixlEngine *srv = NULL, *cli = NULL;
+  HixlMemHandle hs = NULL, hc = NULL;
+  struct hixl_poll_stats before = {0}, after = {0};
+  pair_with(&o, tu_free_port(), name, sizeof(name), &srv, &cli);
+  HixlMemDesc ms = {.addr = (uintptr_t)src, .len = sizeof(src)},
+              mc = {.addr = (uintptr_t)dst, .len = sizeof(dst)};
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(srv, &ms, HIXL_MEM_HOST, &hs));
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(cli, &mc, HIXL_MEM_HOST, &hc));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(cli, name, 5000));
+  TU_ASSERT_OK(hixl_engine_poll_stats(srv, &before));
+  for (int i = 0; i < OPS; i++) {
+    tu_fill(src, sizeof(src), 0xb0ff + (uint64_t)i);
+    HixlTransferOpDesc d = {.local_addr = (uintptr_t)dst, .remote_addr = (uintptr_t)src, .len = LEN};
+    TU_ASSERT_OK(HixlEngineTransferSync(cli, name, HIXL_READ, &d, 1, 5000));
+    TU_ASSERT_SAME(dst, src, sizeof(dst), "PollUs 200 READ");
+    struct timespec gap = {0, 5000000};
+    nanosleep(&gap, NULL);
+  }
+  TU_ASSERT_OK(hixl_engine_poll_stats(srv, &after));
+  uint64_t missed = after.missed - before.missed,
+           events = after.woken + after.polled - before.woken - before.polled;
+  if (events < OPS || missed == 0 || missed > OPS / 3)
+    tu_fail(__FILE__, __LINE__,
+            "PollUs 200, a READ every 5 ms: %llu rounds with events, %llu windows missed; "
+            "want at least %d and 1 to %d",
+            (unsigned long long)events, (unsigned long long)missed, OPS, OPS / 3);
+  TU_ASSERT_OK(HixlEngineDestroy(cli));
+  TU_ASSERT_OK(HixlEngineDestroy(srv));
 }
 
 static void test_option_transport(void) {
@@ -1037,6 +1079,7 @@ int main(void) {
   CU_add_test(s, "RdmaTimeout and RdmaRetryCount", test_option_rdma_timeout_retry);
   CU_add_test(s, "SocketBufferKiB: parsed, and both ends of a link get it", test_option_socket_buffer);
   CU_add_test(s, "PollUs: parsed; the target takes back-to-back requests while it polls", test_option_poll);
+  CU_add_test(s, "PollUs: windows that catch nothing are skipped, doubling", test_option_poll_backoff);
   CU_add_test(s, "Transport", test_option_transport);
   CU_add_test(s, "several options", test_option_several);
   CU_add_test(s, "env HCCL_RDMA_TC/SL and precedence", test_env_precedence);

@@ -108,10 +108,12 @@ HixlStatus hixl_engine_window_stats(HixlEngine *e, struct hixl_window_stats *out
 
 /* The progress thread's rounds that found events, since Initialize: after it slept
  * (woken: the kernel woke it), or while it went on polling for PollUs after an event
- * (polled: no wake-up). */
+ * (polled: no wake-up); and its PollUs windows that ended with nothing come (missed:
+ * the CPU spent for nothing, after which the thread skips windows, docs/design.md). */
 struct hixl_poll_stats {
   uint64_t woken;
   uint64_t polled;
+  uint64_t missed;
 };
 HixlStatus hixl_engine_poll_stats(HixlEngine *e, struct hixl_poll_stats *out);
 

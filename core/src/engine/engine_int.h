@@ -131,7 +131,8 @@ struct conn {
   int rail;
   uint64_t rail_load;
   uint64_t last_io_ns;
-  uint32_t devjobs; /* device copies of its queued on the engine's devq (waiting or running) */
+  uint32_t devjobs;              /* device copies of its queued on the engine's devq (waiting or running) */
+  uint32_t spin_skip, spin_left; /* PollUs back-off of a caller driving it (link_drive_socket) */
   uint32_t devbufs; /* pool buffers it holds now (at most ENGINE_DEV_LINK_BUFS but for a target's spill) */
   /* Its device copies' streams, one per device, made at its first asynchronous copy
    * there (stream NULL: none could be made, its copies are synchronous); under
@@ -291,6 +292,7 @@ struct HixlEngine {
   uint64_t accept_logged;   /* when that line was written */
   struct hixl_window_stats wstats; /* scoped memory's RDMA windows (transport/rdma/rdma_win.c) */
   struct hixl_poll_stats pstats;   /* the progress thread's wake-ups and polls (PollUs) */
+  bool prog_busy;                  /* the progress thread has steps left (copies queued on it) */
   struct hixl_devmem_stats dstats; /* device memory by same-host IPC (transport/shm/shm_copy.c) */
   struct auth auth;                /* AuthKeyFile's keys; none: anyone is accepted */
   bool scoped;                     /* scoped memory: a target serves a peer only inside its grants */

@@ -565,6 +565,16 @@ void link_drive(struct conn *c, struct hixl_transfer_req *r) {
     link_drive_socket(c, r);
 }
 
+#define POLL_SKIP_MAX 64u /* PollUs back-off: at most this many sleeps between two polls */
+
+/* PollUs back-off, after a poll window (HIT: what was awaited came within it). A miss
+ * doubles the windows skipped (1, 3, 7, ... POLL_SKIP_MAX), so sparse traffic, whose
+ * windows only burn the CPU, soon opens one in 64 at most; a hit opens the next. */
+static void poll_backoff(uint32_t *skip, uint32_t *left, bool hit) {
+  *skip = hit ? 0 : *skip * 2u + 1u < POLL_SKIP_MAX ? *skip * 2u + 1u : POLL_SKIP_MAX;
+  *left = *skip;
+}
+
 /* Receive on c from the calling thread until r ends, c dies or r's deadline passes.
  * The answer then wakes the caller directly instead of the progress thread, which
  * would have to wake the caller in turn. Lock held; released while polling. Only one
@@ -576,8 +586,16 @@ void link_drive_socket(struct conn *c, struct hixl_transfer_req *r) {
   c->rx = RX_CALLER;
   if (was_progress) link_conn_arm(c); /* a parked link needs no epoll change */
   /* PollUs: for that long the caller polls its socket with no wait, yielding the CPU
-   * between polls, so that an answer within it finds the caller awake (no wake-up). */
-  uint64_t poll_end = e->opts.poll_us ? hixl_now_ns() + (uint64_t)e->opts.poll_us * 1000u : 0;
+   * between polls, so that an answer within it finds the caller awake (no wake-up). Not
+   * while this engine's progress thread or copier has copies to run (the answer waits
+   * for them, and they may need this CPU), nor for the next spin_left calls after
+   * answers that came too late for it (the back-off doubles at each, up to
+   * POLL_SKIP_MAX calls; an answer within it clears it). */
+  uint64_t poll_end = 0;
+  if (e->opts.poll_us && c->spin_left > 0)
+    c->spin_left--;
+  else if (e->opts.poll_us)
+    poll_end = hixl_now_ns() + (uint64_t)e->opts.poll_us * 1000u;
   while (r->outstanding > 0 && !c->dead) {
     uint64_t now = hixl_now_ns();
     if (now >= r->deadline_ns) break;
@@ -593,7 +611,7 @@ void link_drive_socket(struct conn *c, struct hixl_transfer_req *r) {
     struct pollfd p[2] = {{.fd = c->fd, .events = (short)(POLLIN | (out ? POLLOUT : 0))},
                           {.fd = e->devq.evfd, .events = POLLIN}};
     nfds_t np = c->devjobs > 0 && __atomic_load_n(&e->devq.inflight, __ATOMIC_RELAXED) > 0 ? 2 : 1;
-    bool spin = now < poll_end;
+    bool spin = now < poll_end && !e->prog_busy && c->devjobs == 0;
     pthread_mutex_unlock(&e->lock);
     int n = poll(p, np, spin ? 0 : ms);
     if (n == 0 && spin) sched_yield();
@@ -612,6 +630,7 @@ void link_drive_socket(struct conn *c, struct hixl_transfer_req *r) {
     link_conn_bury(c);
     return;
   }
+  if (poll_end && r->outstanding == 0) poll_backoff(&c->spin_skip, &c->spin_left, hixl_now_ns() < poll_end);
   /* Park when nothing is owed to anyone; otherwise the progress thread reads on. */
   c->rx = c->pend_head || c->pay_left || c->txq_head || c->always_read ? RX_PROGRESS : RX_PARKED;
   if (c->rx == RX_PROGRESS) link_conn_arm(c);
@@ -793,7 +812,8 @@ static void *progress_main(void *arg) {
   struct epoll_event evs[64];
   int wait_ms = -1; /* 0 while async shm copies are queued, or while polling */
   bool more = false;
-  uint64_t poll_ns = (uint64_t)e->opts.poll_us * 1000u, poll_end = 0;
+  uint64_t poll_ns = (uint64_t)e->opts.poll_us * 1000u, poll_end = 0, missed = 0;
+  uint32_t skip = 0, left = 0; /* poll_backoff's */
   for (;;) {
     int n = epoll_wait(e->epfd, evs, 64, wait_ms);
     if (n < 0 && errno != EINTR) {
@@ -802,11 +822,18 @@ static void *progress_main(void *arg) {
     }
     bool polling = wait_ms == 0 && !more;
     if (poll_ns && n <= 0 && polling) {
-      if (hixl_now_ns() >= poll_end) wait_ms = -1; /* nothing came for poll_us: sleep */
+      if (hixl_now_ns() >= poll_end) { /* nothing came for poll_us: sleep */
+        wait_ms = -1;
+        missed++;
+        poll_backoff(&skip, &left, false);
+      }
       sched_yield();
       continue;
     }
     pthread_mutex_lock(&e->lock);
+    e->pstats.missed += missed;
+    missed = 0;
+    bool open = false; /* events came: a window opens once they are handled */
     if (e->stopping) {
       pthread_mutex_unlock(&e->lock);
       break;
@@ -834,17 +861,24 @@ static void *progress_main(void *arg) {
         if (!c->dead && (ev & EPOLLOUT)) link_flush(c);
       }
     }
-    if (n > 0) { /* events: counted, and with PollUs the thread polls on */
+    if (n > 0) { /* events: counted, and with PollUs the thread polls on (unless backing off) */
       if (polling)
         e->pstats.polled++;
       else
         e->pstats.woken += wait_ms != 0;
-      if (poll_ns) poll_end = hixl_now_ns() + poll_ns;
+      if (polling && poll_ns) poll_backoff(&skip, &left, true);
+      if (poll_ns && left > 0 && wait_ms != 0)
+        left--; /* woken: this window is one the back-off skips */
+      else
+        open = poll_ns != 0;
     }
     more = false; /* one step per link, then events get a turn */
     for (int m = 0; m < XPORT_MODS; m++) more |= e->mods[m]->iface.progress(e);
     if (e->devq.head || e->devq.resume) link_devq_kick(e); /* the copier runs them, the wire goes on */
-    wait_ms = more || (poll_ns && hixl_now_ns() < poll_end) ? 0 : -1;
+    e->prog_busy = more;
+    uint64_t now = hixl_now_ns();
+    if (open) poll_end = now + poll_ns; /* from the end of this round's work */
+    wait_ms = more || now < poll_end ? 0 : -1;
     link_free_graveyard(e);
     pthread_mutex_unlock(&e->lock);
   }
