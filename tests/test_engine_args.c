@@ -521,6 +521,19 @@ static void test_option_socket_buffer(void) {
   }
 }
 
+/* An engine pair with PollUs US: src (LEN bytes) registered on the target, dst on the
+ * client, linked; the target's name in NAME. */
+static void poll_pair(const char *us, void *src, void *dst, size_t len, char *name, size_t cap,
+                      HixlEngine **srv, HixlEngine **cli) {
+  HixlOption o = {.key = "PollUs", .value = us};
+  HixlMemHandle hs = NULL, hc = NULL;
+  pair_with(&o, tu_free_port(), name, cap, srv, cli);
+  HixlMemDesc ms = {.addr = (uintptr_t)src, .len = len}, mc = {.addr = (uintptr_t)dst, .len = len};
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(*srv, &ms, HIXL_MEM_HOST, &hs));
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(*cli, &mc, HIXL_MEM_HOST, &hc));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(*cli, name, 5000));
+}
+
 /* PollUs: parsed; with it, the target's progress thread takes a client's back-to-back
  * requests while it polls (counted as polled, not woken), every byte still right; with
  * 0 it never polls. 200 ms is far longer than the gap between two sync READs. */
@@ -536,18 +549,11 @@ static void test_option_poll(void) {
   static unsigned char src[OPS * LEN], dst[OPS * LEN];
   for (int k = 0; k < 2; k++) {
     char name[64];
-    HixlOption o = {.key = "PollUs", .value = us[k]};
     HixlEngine *srv = NULL, *cli = NULL;
-    HixlMemHandle hs = NULL, hc = NULL;
     struct hixl_poll_stats ps = {0};
-    pair_with(&o, tu_free_port(), name, sizeof(name), &srv, &cli);
     tu_fill(src, sizeof(src), 0x9011 + (uint64_t)k);
     memset(dst, 0, sizeof(dst));
-    HixlMemDesc ms = {.addr = (uintptr_t)src, .len = sizeof(src)},
-                mc = {.addr = (uintptr_t)dst, .len = sizeof(dst)};
-    TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(srv, &ms, HIXL_MEM_HOST, &hs));
-    TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(cli, &mc, HIXL_MEM_HOST, &hc));
-    TU_ASSERT_OK_FATAL(HixlEngineConnect(cli, name, 5000));
+    poll_pair(us[k], src, dst, sizeof(src), name, sizeof(name), &srv, &cli);
     TU_ASSERT_OK(hixl_engine_poll_stats(srv, &ps));
     uint64_t before = ps.polled;
     for (int i = 0; i < OPS; i++) {
@@ -581,16 +587,9 @@ static void test_option_poll_backoff(void) {
   enum { OPS = 32, LEN = 4096 };
   static unsigned char src[LEN], dst[LEN];
   char name[64];
-  HixlOption o = {.key = "PollUs", .value = "200"};
   HixlEngine *srv = NULL, *cli = NULL;
-  HixlMemHandle hs = NULL, hc = NULL;
   struct hixl_poll_stats before = {0}, after = {0};
-  pair_with(&o, tu_free_port(), name, sizeof(name), &srv, &cli);
-  HixlMemDesc ms = {.addr = (uintptr_t)src, .len = sizeof(src)},
-              mc = {.addr = (uintptr_t)dst, .len = sizeof(dst)};
-  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(srv, &ms, HIXL_MEM_HOST, &hs));
-  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(cli, &mc, HIXL_MEM_HOST, &hc));
-  TU_ASSERT_OK_FATAL(HixlEngineConnect(cli, name, 5000));
+  poll_pair("200", src, dst, sizeof(src), name, sizeof(name), &srv, &cli);
   TU_ASSERT_OK(hixl_engine_poll_stats(srv, &before));
   for (int i = 0; i < OPS; i++) {
     tu_fill(src, sizeof(src), 0xb0ff + (uint64_t)i);
