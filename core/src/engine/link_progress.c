@@ -866,8 +866,8 @@ static void *progress_main(void *arg) {
         e->pstats.polled++;
       else
         e->pstats.woken += wait_ms != 0;
-      if (polling && poll_ns) poll_backoff(&skip, &left, true);
-      if (poll_ns && left > 0 && wait_ms != 0)
+      if (polling) poll_backoff(&skip, &left, true); /* polling: a window was open (PollUs set) */
+      if (left > 0 && wait_ms != 0)
         left--; /* woken: this window is one the back-off skips */
       else
         open = poll_ns != 0;
