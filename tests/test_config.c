@@ -131,6 +131,24 @@ static void test_obs_keys(void) {
   char doc[400];
   snprintf(doc, sizeof(doc), "{\"trace_file\": \"/%0300d\"}", 0);
   ONE_ERROR(doc, 1, 16, "trace_file", "at most 255");
+  /* HIXL_KV_TRACE_FILE turns a host's traces on without its document: below the document. */
+  const char *env = NULL;
+  CU_ASSERT_EQUAL_FATAL(setenv("HIXL_KV_TRACE_FILE", "/tmp/env-traces.jsonl", 1), 0);
+  c = NULL;
+  CU_ASSERT_EQUAL_FATAL(parse("{\"role\": \"consumer\"}", &c), HIXL_SUCCESS);
+  CU_ASSERT_STRING_EQUAL(str_of(c, "trace_file"), "/tmp/env-traces.jsonl");
+  CU_ASSERT_EQUAL(src_of(c, "trace_file", &env), HIXL_CONFIG_FROM_ENV);
+  CU_ASSERT_STRING_EQUAL(env ? env : "", "HIXL_KV_TRACE_FILE");
+  HixlConfigFree(c);
+  c = NULL;
+  CU_ASSERT_EQUAL_FATAL(parse("{\"trace_file\": \"/tmp/doc.jsonl\"}", &c), HIXL_SUCCESS);
+  CU_ASSERT_STRING_EQUAL(str_of(c, "trace_file"), "/tmp/doc.jsonl");
+  CU_ASSERT_EQUAL(src_of(c, "trace_file", NULL), HIXL_CONFIG_FROM_DOCUMENT);
+  HixlConfigFree(c);
+  snprintf(doc, sizeof(doc), "/%0300d", 0);
+  CU_ASSERT_EQUAL_FATAL(setenv("HIXL_KV_TRACE_FILE", doc, 1), 0);
+  ONE_ERROR("{}", 0, 0, "trace_file", "environment HIXL_KV_TRACE_FILE=");
+  unsetenv("HIXL_KV_TRACE_FILE");
 }
 
 static void test_values(void) {

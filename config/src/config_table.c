@@ -172,8 +172,9 @@ static const struct row key_rows[] = {
      NULL,
      false,
      false},
-    {{"trace_file", HIXL_CONFIG_STRING, "", NULL, "a path; \"\" none",
-      "worker: finished traces are also appended to this file, one JSON line each (needs trace_ring > 0)"},
+    {{"trace_file", HIXL_CONFIG_STRING, "", "HIXL_KV_TRACE_FILE", "a path; \"\" none",
+      "worker: finished traces are also appended to this file, one JSON line each (needs trace_ring > 0); "
+      "several processes may share it"},
      0,
      0,
      check_path,
