@@ -8,7 +8,12 @@
 #   READ 4 KiB x 1 x 1   hixl-peers sync with PollUs 0 and 50 (the default); NIXL's agent
 #                        (nixl_peer.py, UCX backend)
 # and, for the same-host points, copy_lock.c: a memcpy of 4 KiB and of 64 KiB with and
-# without a mutex around it (OUT/copy_lock.txt).
+# without a mutex around it (OUT/copy_lock.txt). Last, the three points below UCX
+# (loopback WRITE 4 KiB, same-host READ 4 KiB and 64 KiB, x 1 x 1) with UCX's worker in
+# both its thread modes, 3 rounds interleaved, GB/s only (OUT/thread_mode.md, .json):
+# ucx_perftest's one-thread default, -M single, takes no lock (only the master thread may
+# call it), where hixl's API takes the engine's lock in every call; -M multi (any thread
+# may call it, as hixl's) is the like-for-like one.
 #
 #   integration/peers/profile_peers.sh [--build DIR] [--out DIR] [--duration S] [--window W]
 #
@@ -155,3 +160,71 @@ for size in 4096 65536; do
   taskset -c 0 "$out/copy_lock" "$size" $((8 * 1024 * 1024 * 1024 / size / 4)) 5
 done | tee "$out/copy_lock.txt"
 python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$out/profile.json"
+
+# ---- UCX's thread modes beside hixl 1-buf: PATH OP BLOCK, 3 rounds, GB/s only ----
+# tm_hixl PATH OP BLOCK: hixl-peers --one_buffer against a target of its own (same host:
+# --alloc, as run_peers.sh's hixl-1buf); prints GB/s.
+tm_hixl() {
+  local path=$1 op=$2 bs=$3 port fifo rd= eng addr tp w=() a=()
+  port=$(free_port)
+  [ "$path" = shm ] && a=(--alloc)
+  [ "$path $op" = "tcp write" ] && w=(--window="$window")
+  fifo=$(mktemp -u) && mkfifo "$fifo"
+  taskset -c 1 "$hp" --mode=target --protocol="$path" --local_server_name=127.0.0.1:"$port" --buffer_size=64M \
+    "${a[@]}" <"$fifo" >"$out/tm.ready" 2>>"$out/log" &
+  tp=$!
+  exec 9>"$fifo"
+  for _ in $(seq 100); do
+    read -r rd eng addr _ <"$out/tm.ready" 2>/dev/null || true
+    [ "$rd" = READY ] && break
+    sleep 0.1
+  done
+  taskset -c 0 "$hp" --mode=initiator --protocol="$path" --segment_id="$eng" --remote_addr="$addr" \
+    --operation="$op" --threads=1 --batch_size=1 --block_size="$bs" --duration="$duration" --buffer_size=64M \
+    --one_buffer "${w[@]}" 2>>"$out/log" | sed -n 's/^RESULT.* gbps=\([0-9.]*\).*/\1/p'
+  exec 9>&-
+  wait "$tp" || true
+  rm -f "$fifo"
+}
+# tm_ucx PATH OP BLOCK MODE: ucx_perftest -M MODE, -O 1, about `duration` seconds; GB/s.
+tm_ucx() {
+  local tls=tcp test=ucp_put_bw port n
+  [ "$1" = shm ] && tls=sm
+  [ "$2" = read ] && test=ucp_get
+  port=$(free_port)
+  n=$(awk -v d="$duration" -v s="$3" -v p="$1" 'BEGIN { print int(d * (p == "shm" ? 50e9 : 1.5e9) / s) }')
+  UCX_TLS=$tls UCX_NET_DEVICES=lo,all taskset -c 1 ucx_perftest -p "$port" -c 1 -M "$4" >/dev/null 2>&1 &
+  sleep 0.3
+  UCX_TLS=$tls UCX_NET_DEVICES=lo,all taskset -c 0 ucx_perftest 127.0.0.1 -p "$port" -c 0 -t "$test" -s "$3" \
+    -O 1 -n "$n" -w 1000 -M "$4" 2>>"$out/log" | awk '/^Final/ { printf "%.4f\n", $7 * 1048576 / 1e9 }'
+  wait || true
+}
+if command -v ucx_perftest >/dev/null; then
+  say "UCX's thread modes beside hixl 1-buf"
+  for r in 1 2 3; do
+    for pt in "tcp write 4096" "shm read 4096" "shm read 65536"; do
+      set -- $pt
+      echo "$r $1 $2 $3 $(tm_hixl "$1" "$2" "$3") $(tm_ucx "$1" "$2" "$3" single) $(tm_ucx "$1" "$2" "$3" multi)"
+    done
+  done >"$out/thread_mode.txt"
+  # Medians over the rounds, and the ratios of medians.
+  awk '{ k = $2 " " $3 " " $4; h[k] = h[k] " " $5; s[k] = s[k] " " $6; m[k] = m[k] " " $7; if (!(k in seen)) { seen[k]; o[++n] = k } }
+    function med(l,  v, c, i, j, t) { # mawk has no asort
+      c = split(l, v, " ")
+      for (i = 2; i <= c; i++) for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+      return v[int((c + 1) / 2)]
+    }
+    END {
+      print "| point | hixl 1-buf GB/s | UCX -M single GB/s | UCX -M multi GB/s | hixl / single | hixl / multi | multi / single |"
+      print "|---|---:|---:|---:|---:|---:|---:|"
+      for (i = 1; i <= n; i++) {
+        split(o[i], q, " "); a = med(h[o[i]]); b = med(s[o[i]]); c = med(m[o[i]])
+        printf "| %s %s %d KiB x 1 x 1 | %.2f | %.2f | %.2f | %.2fx | %.2fx | %.2fx |\n", q[1] == "shm" ? "same host" : "loopback TCP",
+          toupper(q[2]), q[3] / 1024, a, b, c, a / b, a / c, c / b
+      }
+    }' "$out/thread_mode.txt" >"$out/thread_mode.md"
+  awk -F' *\\| *' 'NR > 2 { printf "%s  {\"point\": \"%s\", \"hixl_gbps\": %s, \"ucx_single_gbps\": %s, \"ucx_multi_gbps\": %s}", (n++ ? ",\n" : "[\n"), $2, $3, $4, $5 }
+    END { print (n ? "\n]" : "[]") }' "$out/thread_mode.md" >"$out/thread_mode.json"
+  cat "$out/thread_mode.md"
+  python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$out/thread_mode.json"
+fi
