@@ -611,6 +611,56 @@ static void test_option_poll_backoff(void) {
   TU_ASSERT_OK(HixlEngineDestroy(srv));
 }
 
+/* PollUs beside a CPU-bound thread on the same CPU: a poller that yields hands it that
+ * CPU until its time slice ends (milliseconds), and an event that comes meanwhile waits
+ * for it, where a thread asleep is woken ahead of it (a 4 KiB READ over loopback with a
+ * CPU hog beside the target: 0.001 GB/s polling, 0.049 sleeping). So a yield that lasted
+ * 1 ms or more stops polling for 100 ms. This thread, both engines' threads and the hog
+ * share one CPU; the READs go on until that was seen (at most 200 of them, each checked). */
+static atomic_bool hog_stop;
+static void *hog_main(void *arg) {
+  (void)arg;
+  while (!atomic_load_explicit(&hog_stop, memory_order_relaxed)) {
+  }
+  return NULL;
+}
+
+static void test_option_poll_contended(void) {
+  enum { LEN = 4096, MAX_OPS = 200 };
+  static unsigned char src[LEN], dst[LEN];
+  cpu_set_t was, one;
+  CU_ASSERT_EQUAL_FATAL(pthread_getaffinity_np(pthread_self(), sizeof(was), &was), 0);
+  CPU_ZERO(&one);
+  CPU_SET(sched_getcpu(), &one);
+  CU_ASSERT_EQUAL_FATAL(pthread_setaffinity_np(pthread_self(), sizeof(one), &one),
+                        0); /* engines' threads inherit it */
+  char name[64];
+  HixlEngine *srv = NULL, *cli = NULL;
+  struct hixl_poll_stats ps = {0}, pc = {0};
+  poll_pair("200000", src, dst, sizeof(src), name, sizeof(name), &srv, &cli);
+  pthread_t hog;
+  atomic_store(&hog_stop, false);
+  CU_ASSERT_EQUAL_FATAL(pthread_create(&hog, NULL, hog_main, NULL), 0);
+  int i = 0;
+  for (; i < MAX_OPS && ps.contended + pc.contended == 0; i++) {
+    tu_fill(src, sizeof(src), 0xc0de + (uint64_t)i);
+    HixlTransferOpDesc d = {.local_addr = (uintptr_t)dst, .remote_addr = (uintptr_t)src, .len = LEN};
+    TU_ASSERT_OK(HixlEngineTransferSync(cli, name, HIXL_READ, &d, 1, 5000));
+    TU_ASSERT_SAME(dst, src, sizeof(dst), "PollUs READ beside a CPU hog");
+    TU_ASSERT_OK(hixl_engine_poll_stats(srv, &ps));
+    TU_ASSERT_OK(hixl_engine_poll_stats(cli, &pc));
+  }
+  atomic_store(&hog_stop, true);
+  pthread_join(hog, NULL);
+  if (ps.contended + pc.contended == 0)
+    tu_fail(__FILE__, __LINE__,
+            "PollUs beside a CPU hog: no poller stopped in %d READs (target %llu, client %llu)", i,
+            (unsigned long long)ps.contended, (unsigned long long)pc.contended);
+  TU_ASSERT_OK(HixlEngineDestroy(cli));
+  TU_ASSERT_OK(HixlEngineDestroy(srv));
+  CU_ASSERT_EQUAL(pthread_setaffinity_np(pthread_self(), sizeof(was), &was), 0);
+}
+
 static void test_option_transport(void) {
   HixlOption o = {.key = "Transport", .value = "rdma"};
   HixlEngine *e = NULL;
@@ -1079,6 +1129,8 @@ int main(void) {
   CU_add_test(s, "SocketBufferKiB: parsed, and both ends of a link get it", test_option_socket_buffer);
   CU_add_test(s, "PollUs: parsed; the target takes back-to-back requests while it polls", test_option_poll);
   CU_add_test(s, "PollUs: windows that catch nothing are skipped, doubling", test_option_poll_backoff);
+  CU_add_test(s, "PollUs: a yield that another thread took the CPU in stops polling",
+              test_option_poll_contended);
   CU_add_test(s, "Transport", test_option_transport);
   CU_add_test(s, "several options", test_option_several);
   CU_add_test(s, "env HCCL_RDMA_TC/SL and precedence", test_env_precedence);

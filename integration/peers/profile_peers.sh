@@ -55,31 +55,40 @@ for s in sendmsg sendto recvfrom recvmsg epoll_wait poll futex sched_yield; do
 done
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
-# hixl TAG OP POLLUS WINDOW: a target and an initiator of hixl-peers, each under perf stat.
-hixl() {
-  local tag=$1 op=$2 pu=$3 port fifo rd= eng addr tp w=()
+# hixl_run PATH OP BLOCK POLLUS WINDOW [TAG]: a target (same host: --alloc, as run_peers.sh's
+# hixl-1buf) and an initiator of hixl-peers --one_buffer; with TAG each under perf stat
+# (OUT/TAG.*), without it the GB/s on stdout.
+hixl_run() {
+  local path=$1 op=$2 bs=$3 pu=$4 tag=${6:-} port fifo rd= eng addr tp res w=() a=() ps=() pi=()
   port=$(free_port)
-  [ "$4" -gt 1 ] && w=(--window="$4")
+  [ "$5" -gt 1 ] && w=(--window="$5")
+  [ "$path" = shm ] && a=(--alloc)
+  [ -n "$tag" ] && ps=(perf stat -x, -e "$ev" -o "$out/$tag.tgt.stat") pi=(perf stat -x, -e "$ev" -o "$out/$tag.ini.stat")
   fifo=$(mktemp -u) && mkfifo "$fifo"
   # The target serves until its stdin ends: this shell holds the fifo's write end.
-  HIXL_POLL_US=$pu taskset -c 1 perf stat -x, -e "$ev" -o "$out/$tag.tgt.stat" "$hp" --mode=target --protocol=tcp \
-    --local_server_name=127.0.0.1:"$port" --buffer_size=64M <"$fifo" >"$out/$tag.ready" 2>>"$out/log" &
+  HIXL_POLL_US=$pu taskset -c 1 "${ps[@]}" "$hp" --mode=target --protocol="$path" \
+    --local_server_name=127.0.0.1:"$port" --buffer_size=64M "${a[@]}" <"$fifo" >"$out/${tag:-run}.ready" 2>>"$out/log" &
   tp=$!
   exec 9>"$fifo"
   for _ in $(seq 100); do
-    read -r rd eng addr _ <"$out/$tag.ready" 2>/dev/null || true
+    read -r rd eng addr _ <"$out/${tag:-run}.ready" 2>/dev/null || true
     [ "$rd" = READY ] && break
     sleep 0.1
   done
-  HIXL_POLL_US=$pu taskset -c 0 perf stat -x, -e "$ev" -o "$out/$tag.ini.stat" "$hp" --mode=initiator --protocol=tcp \
-    --segment_id="$eng" --remote_addr="$addr" --operation="$op" --threads=1 --batch_size=1 --block_size=4096 \
-    --duration="$duration" --buffer_size=64M --one_buffer "${w[@]}" 2>>"$out/log" | grep '^RESULT' >"$out/$tag.res" ||
-    say "$tag failed (see $out/log)"
+  res=$(HIXL_POLL_US=$pu taskset -c 0 "${pi[@]}" "$hp" --mode=initiator --protocol="$path" --segment_id="$eng" \
+    --remote_addr="$addr" --operation="$op" --threads=1 --batch_size=1 --block_size="$bs" --duration="$duration" \
+    --buffer_size=64M --one_buffer "${w[@]}" 2>>"$out/log" | grep '^RESULT') || say "hixl ${tag:-$path $op $bs} failed (see $out/log)"
   exec 9>&-
   wait "$tp" || true
   rm -f "$fifo"
+  if [ -z "$tag" ]; then
+    echo "$res" | sed -n 's/.* gbps=\([0-9.]*\).*/\1/p'
+    return 0
+  fi
+  echo "$res" >"$out/$tag.res"
   sed -n 's/.* batches=\([0-9]*\) .* gbps=\([0-9.]*\) .*/\1 \2/p' "$out/$tag.res" >"$out/$tag.ops"
 }
+hixl() { hixl_run tcp "$2" 4096 "$3" "$4" "$1"; } # TAG OP POLLUS WINDOW: a TCP point under perf stat
 
 ucx() { # TAG: ucp_put_bw, 4 KiB, -O 1; GB/s from its MB/s (2^20 bytes)
   local tag=$1 port tp n=200000
@@ -162,30 +171,6 @@ done | tee "$out/copy_lock.txt"
 python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$out/profile.json"
 
 # ---- UCX's thread modes beside hixl 1-buf: PATH OP BLOCK, 3 rounds, GB/s only ----
-# tm_hixl PATH OP BLOCK: hixl-peers --one_buffer against a target of its own (same host:
-# --alloc, as run_peers.sh's hixl-1buf); prints GB/s.
-tm_hixl() {
-  local path=$1 op=$2 bs=$3 port fifo rd= eng addr tp w=() a=()
-  port=$(free_port)
-  [ "$path" = shm ] && a=(--alloc)
-  [ "$path $op" = "tcp write" ] && w=(--window="$window")
-  fifo=$(mktemp -u) && mkfifo "$fifo"
-  taskset -c 1 "$hp" --mode=target --protocol="$path" --local_server_name=127.0.0.1:"$port" --buffer_size=64M \
-    "${a[@]}" <"$fifo" >"$out/tm.ready" 2>>"$out/log" &
-  tp=$!
-  exec 9>"$fifo"
-  for _ in $(seq 100); do
-    read -r rd eng addr _ <"$out/tm.ready" 2>/dev/null || true
-    [ "$rd" = READY ] && break
-    sleep 0.1
-  done
-  taskset -c 0 "$hp" --mode=initiator --protocol="$path" --segment_id="$eng" --remote_addr="$addr" \
-    --operation="$op" --threads=1 --batch_size=1 --block_size="$bs" --duration="$duration" --buffer_size=64M \
-    --one_buffer "${w[@]}" 2>>"$out/log" | sed -n 's/^RESULT.* gbps=\([0-9.]*\).*/\1/p'
-  exec 9>&-
-  wait "$tp" || true
-  rm -f "$fifo"
-}
 # tm_ucx PATH OP BLOCK MODE: ucx_perftest -M MODE, -O 1, about `duration` seconds; GB/s.
 tm_ucx() {
   local tls=tcp test=ucp_put_bw port n
@@ -204,7 +189,9 @@ if command -v ucx_perftest >/dev/null; then
   for r in 1 2 3; do
     for pt in "tcp write 4096" "shm read 4096" "shm read 65536"; do
       set -- $pt
-      echo "$r $1 $2 $3 $(tm_hixl "$1" "$2" "$3") $(tm_ucx "$1" "$2" "$3" single) $(tm_ucx "$1" "$2" "$3" multi)"
+      w=1
+      [ "$1 $2" = "tcp write" ] && w=$window # UCX's window over TCP, as above; a sync call on the same host
+      echo "$r $1 $2 $3 $(hixl_run "$1" "$2" "$3" 50 "$w") $(tm_ucx "$1" "$2" "$3" single) $(tm_ucx "$1" "$2" "$3" multi)"
     done
   done >"$out/thread_mode.txt"
   # Medians over the rounds, and the ratios of medians.

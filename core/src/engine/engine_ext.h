@@ -114,6 +114,7 @@ struct hixl_poll_stats {
   uint64_t woken;
   uint64_t polled;
   uint64_t missed;
+  uint64_t contended; /* polling stopped: a yield gave the CPU to another task (then none for 100 ms) */
 };
 HixlStatus hixl_engine_poll_stats(HixlEngine *e, struct hixl_poll_stats *out);
 

@@ -133,6 +133,7 @@ struct conn {
   uint64_t last_io_ns;
   uint32_t devjobs;              /* device copies of its queued on the engine's devq (waiting or running) */
   uint32_t spin_skip, spin_left; /* PollUs back-off of a caller driving it (link_drive_socket) */
+  uint64_t spin_quiet;           /* ... and no spinning before this: another task wanted the CPU */
   uint32_t devbufs; /* pool buffers it holds now (at most ENGINE_DEV_LINK_BUFS but for a target's spill) */
   /* Its device copies' streams, one per device, made at its first asynchronous copy
    * there (stream NULL: none could be made, its copies are synchronous); under

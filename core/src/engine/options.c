@@ -278,7 +278,8 @@ const char *hixl_transport_name(enum hixl_transport t) { return (unsigned)t < 4 
     "after its last event before it sleeps, and a sync caller this long for its answer: what comes "         \
     "meanwhile is taken without a wake-up. A window that catches nothing makes the next ones rarer (1, 3, "  \
     "7, ... 64 skipped), so sparse traffic costs little CPU; a caller does not poll while its engine's "     \
-    "copies run. 0: both sleep at once, for hosts whose CPUs are all busy (docs/design.md)",                 \
+    "copies run, and none polls for 100 ms after a yield that another task held the CPU through (1 ms "      \
+    "or more). 0: both sleep at once, for hosts whose CPUs are all busy (docs/design.md)",                   \
     parse_poll)
 
 #define OPTION_INFO(name, def, env, range, doc, parse)  {name, def, env, range, doc},
