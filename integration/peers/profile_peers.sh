@@ -5,7 +5,7 @@
 # compare per op whatever the machine's load. The points, as run_peers.sh runs them:
 #   WRITE 4 KiB x 1 x 1  hixl-peers --one_buffer with UCX's window (--window) and PollUs
 #                        50, and with window 1024 and PollUs 0; ucx_perftest ucp_put_bw -O 1
-#   READ 4 KiB x 1 x 1   hixl-peers sync with PollUs 0 and 50 (the default); NIXL's agent
+#   READ 4 KiB x 1 x 1   hixl-peers sync with PollUs 0 (the default) and 50; NIXL's agent
 #                        (nixl_peer.py, UCX backend)
 # and, for the same-host points, copy_lock.c: a memcpy of 4 KiB and of 64 KiB with and
 # without a mutex around it (OUT/copy_lock.txt). Last, the three points below UCX
@@ -124,8 +124,8 @@ nixl() { # TAG: its target and one initiator point, each under perf stat
 }
 
 runs=("write-ucx:UCX ucp_put_bw -O 1" "write-hixl-p50:hixl PollUs 50 window $window"
-  "write-hixl-p0:hixl PollUs 0 window 1024" "read-nixl:NIXL (UCX backend)" "read-hixl-p0:hixl PollUs 0, sync"
-  "read-hixl-p50:hixl PollUs 50 (default), sync")
+  "write-hixl-p0:hixl PollUs 0 window 1024" "read-nixl:NIXL (UCX backend)" "read-hixl-p0:hixl PollUs 0 (default), sync"
+  "read-hixl-p50:hixl PollUs 50, sync")
 say "WRITE 4 KiB x 1 x 1"
 ucx write-ucx
 hixl write-hixl-p50 write 50 "$window"

@@ -43,9 +43,9 @@
 # /proc/PID/stat deltas for the ones kept up), over the bytes the tool counted.
 #
 # --poll-us US runs every hixl engine (targets and initiators) with PollUs US (env
-# HIXL_POLL_US; default 50, hixl's default): its progress thread, and a sync caller,
-# poll for that long after an event instead of sleeping at once (0), as NIXL's UCX
-# progress thread polls all the time. The page says which.
+# HIXL_POLL_US; default 50 here, where hixl's own default is 0): its progress thread, and
+# a sync caller, poll for that long after an event instead of sleeping at once (0), as
+# NIXL's UCX progress thread polls all the time. The page says which.
 #
 # Output: OUT/raw.tsv (one record a run), OUT/peers.md (the tables), OUT/peers.json;
 # progress on stderr. A tool that cannot run here gets a line saying why (a SKIP

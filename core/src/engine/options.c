@@ -273,13 +273,14 @@ const char *hixl_transport_name(enum hixl_transport t) { return (unsigned)t < 4 
     "autotunes each; auto: 2048 where net.core.rmem_max and wmem_max allow it, else 0 (a path of long "      \
     "round trips, beyond a data centre, may want 0)",                                                        \
     parse_sockbuf)                                                                                           \
-  X("PollUs", "50", "HIXL_POLL_US", "[0,1000000] us",                                                        \
+  X("PollUs", "0", "HIXL_POLL_US", "[0,1000000] us",                                                         \
     "the progress thread goes on polling its sockets (no wait, the CPU yielded between polls) this long "    \
     "after its last event before it sleeps, and a sync caller this long for its answer: what comes "         \
     "meanwhile is taken without a wake-up. A window that catches nothing makes the next ones rarer (1, 3, "  \
     "7, ... 64 skipped), so sparse traffic costs little CPU; a caller does not poll while its engine's "     \
     "copies run, and none polls for 100 ms after a yield that another task held the CPU through (1 ms "      \
-    "or more). 0: both sleep at once, for hosts whose CPUs are all busy (docs/design.md)",                   \
+    "or more). 0 (the default): both sleep at once. For hosts with a CPU to spare for it, as UCX's and "     \
+    "NIXL's polling progress threads take one: beside a CPU-bound task it can be slower (docs/design.md)",   \
     parse_poll)
 
 #define OPTION_INFO(name, def, env, range, doc, parse)  {name, def, env, range, doc},
