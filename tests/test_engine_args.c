@@ -632,8 +632,8 @@ static void test_option_poll_contended(void) {
   CU_ASSERT_EQUAL_FATAL(pthread_getaffinity_np(pthread_self(), sizeof(was), &was), 0);
   CPU_ZERO(&one);
   CPU_SET(sched_getcpu(), &one);
-  CU_ASSERT_EQUAL_FATAL(pthread_setaffinity_np(pthread_self(), sizeof(one), &one),
-                        0); /* engines' threads inherit it */
+  /* The engines' threads, made below, inherit it. */
+  CU_ASSERT_EQUAL_FATAL(pthread_setaffinity_np(pthread_self(), sizeof(one), &one), 0);
   char name[64];
   HixlEngine *srv = NULL, *cli = NULL;
   struct hixl_poll_stats ps = {0}, pc = {0};

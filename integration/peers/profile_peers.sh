@@ -90,19 +90,31 @@ hixl_run() {
 }
 hixl() { hixl_run tcp "$2" 4096 "$3" "$4" "$1"; } # TAG OP POLLUS WINDOW: a TCP point under perf stat
 
-ucx() { # TAG: ucp_put_bw, 4 KiB, -O 1; GB/s from its MB/s (2^20 bytes)
-  local tag=$1 port tp n=200000
+# ucx_run PATH OP BLOCK MODE N [TAG]: ucx_perftest -M MODE -O 1, N ops (100 warm-up ones
+# first), target on CPU 1 and initiator on CPU 0; with TAG each under perf stat (OUT/TAG.*,
+# its output in OUT/TAG.res, "N GB/s" in OUT/TAG.ops), without it the GB/s on stdout (from
+# its MB/s, 2^20 bytes).
+ucx_run() {
+  local tls=tcp test=ucp_put_bw tag=${6:-} port tp ps=() pi=() res
   command -v ucx_perftest >/dev/null || { say "ucx_perftest is missing (apt-get install ucx-utils)"; return 0; }
+  [ "$1" = shm ] && tls=sm
+  [ "$2" = read ] && test=ucp_get
+  [ -n "$tag" ] && ps=(perf stat -x, -e "$ev" -o "$out/$tag.tgt.stat") pi=(perf stat -x, -e "$ev" -o "$out/$tag.ini.stat")
   port=$(free_port)
-  UCX_TLS=tcp UCX_NET_DEVICES=lo,all taskset -c 1 perf stat -x, -e "$ev" -o "$out/$tag.tgt.stat" \
-    ucx_perftest -p "$port" -c 1 >>"$out/log" 2>&1 &
+  UCX_TLS=$tls UCX_NET_DEVICES=lo,all taskset -c 1 "${ps[@]}" ucx_perftest -p "$port" -c 1 -M "$4" >>"$out/log" 2>&1 &
   tp=$!
   sleep 0.5 # its server has no ready line
-  UCX_TLS=tcp UCX_NET_DEVICES=lo,all taskset -c 0 perf stat -x, -e "$ev" -o "$out/$tag.ini.stat" ucx_perftest \
-    127.0.0.1 -p "$port" -c 0 -t ucp_put_bw -s 4096 -O 1 -n $n -w 100 >"$out/$tag.res" 2>&1 || say "$tag failed"
+  res=$(UCX_TLS=$tls UCX_NET_DEVICES=lo,all taskset -c 0 "${pi[@]}" ucx_perftest 127.0.0.1 -p "$port" -c 0 -t "$test" \
+    -s "$3" -O 1 -n "$5" -w 100 -M "$4" 2>&1) || say "ucx ${tag:-$1 $2 $3 $4} failed"
   wait "$tp" || true
-  awk -v n=$n '/^Final/ { printf "%d %.4f\n", n, $7 * 1048576 / 1e9 }' "$out/$tag.res" >"$out/$tag.ops"
+  if [ -z "$tag" ]; then
+    echo "$res" | awk '/^Final/ { printf "%.4f\n", $7 * 1048576 / 1e9 }'
+    return 0
+  fi
+  echo "$res" >"$out/$tag.res"
+  awk -v n="$5" '/^Final/ { printf "%d %.4f\n", n, $7 * 1048576 / 1e9 }' "$out/$tag.res" >"$out/$tag.ops"
 }
+ucx() { ucx_run tcp write 4096 single 200000 "$1"; } # TAG: ucp_put_bw, 4 KiB, under perf stat
 
 nixl() { # TAG: its target and one initiator point, each under perf stat
   local tag=$1 dir tp
@@ -171,19 +183,6 @@ done | tee "$out/copy_lock.txt"
 python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$out/profile.json"
 
 # ---- UCX's thread modes beside hixl 1-buf: PATH OP BLOCK, 3 rounds, GB/s only ----
-# tm_ucx PATH OP BLOCK MODE: ucx_perftest -M MODE, -O 1, about `duration` seconds; GB/s.
-tm_ucx() {
-  local tls=tcp test=ucp_put_bw port n
-  [ "$1" = shm ] && tls=sm
-  [ "$2" = read ] && test=ucp_get
-  port=$(free_port)
-  n=$(awk -v d="$duration" -v s="$3" -v p="$1" 'BEGIN { print int(d * (p == "shm" ? 50e9 : 1.5e9) / s) }')
-  UCX_TLS=$tls UCX_NET_DEVICES=lo,all taskset -c 1 ucx_perftest -p "$port" -c 1 -M "$4" >/dev/null 2>&1 &
-  sleep 0.3
-  UCX_TLS=$tls UCX_NET_DEVICES=lo,all taskset -c 0 ucx_perftest 127.0.0.1 -p "$port" -c 0 -t "$test" -s "$3" \
-    -O 1 -n "$n" -w 1000 -M "$4" 2>>"$out/log" | awk '/^Final/ { printf "%.4f\n", $7 * 1048576 / 1e9 }'
-  wait || true
-}
 if command -v ucx_perftest >/dev/null; then
   say "UCX's thread modes beside hixl 1-buf"
   for r in 1 2 3; do
@@ -191,7 +190,8 @@ if command -v ucx_perftest >/dev/null; then
       set -- $pt
       w=1
       [ "$1 $2" = "tcp write" ] && w=$window # UCX's window over TCP, as above; a sync call on the same host
-      echo "$r $1 $2 $3 $(hixl_run "$1" "$2" "$3" 50 "$w") $(tm_ucx "$1" "$2" "$3" single) $(tm_ucx "$1" "$2" "$3" multi)"
+      n=$(awk -v d="$duration" -v s="$3" -v p="$1" 'BEGIN { print int(d * (p == "shm" ? 50e9 : 1.5e9) / s) }')
+      echo "$r $1 $2 $3 $(hixl_run "$1" "$2" "$3" 50 "$w") $(ucx_run "$1" "$2" "$3" single "$n") $(ucx_run "$1" "$2" "$3" multi "$n")"
     done
   done >"$out/thread_mode.txt"
   # Medians over the rounds, and the ratios of medians.

@@ -610,11 +610,11 @@ void link_drive_socket(struct conn *c, struct hixl_transfer_req *r) {
    * answers that came too late for it (the back-off doubles at each, up to
    * POLL_SKIP_MAX calls; an answer within it clears it), nor while another task wants
    * this CPU (poll_yield: the link's spin_quiet). */
-  uint64_t poll_end = 0;
+  uint64_t poll_end = 0, t0 = e->opts.poll_us ? hixl_now_ns() : 0;
   if (e->opts.poll_us && c->spin_left > 0)
     c->spin_left--;
-  else if (e->opts.poll_us && hixl_now_ns() >= c->spin_quiet)
-    poll_end = hixl_now_ns() + (uint64_t)e->opts.poll_us * 1000u;
+  else if (e->opts.poll_us && t0 >= c->spin_quiet)
+    poll_end = t0 + (uint64_t)e->opts.poll_us * 1000u;
   while (r->outstanding > 0 && !c->dead) {
     uint64_t now = hixl_now_ns();
     if (now >= r->deadline_ns) break;
@@ -829,9 +829,9 @@ void link_tick_start(struct HixlEngine *e) { timer_set(e, true); }
 /* PollUs: after a round that found events the thread goes on polling (epoll with no
  * wait, the CPU yielded between polls, the lock not taken for an empty poll) until
  * nothing came for poll_us, then sleeps; not at all for POLL_CONTENDED after a yield
- * that another task took the CPU in (poll_yield). A request or answer that comes meanwhile is
- * taken at once: no wake-up of a sleeping thread, which on a VM's idle vCPU costs tens
- * of microseconds. Anything that would wake the thread (a socket, the event fd the API
+ * that another task took the CPU in (poll_yield). A request or answer that comes
+ * meanwhile is taken at once: no wake-up of a sleeping thread, which on a VM's idle
+ * vCPU costs tens of microseconds. Anything that would wake the thread (a socket, the event fd the API
  * writes, the timer) is an event of the same epoll, so an empty poll has nothing to do. */
 static void *progress_main(void *arg) {
   struct HixlEngine *e = arg;
