@@ -938,13 +938,31 @@ static void test_scoped_revoke_and_counts(void) {
   TU_ASSERT_OK(sop(HIXL_READ, 131072, 4096)); /* the other one stays */
   TU_ASSERT_OK(hixl_engine_revoke(st.e, si.name, g2, 1));
   TU_ASSERT_STATUS(sop(HIXL_READ, 131072, 4096), HIXL_FAILED);
-  /* A revoke of what is not granted, a grant that overlaps: refused. */
+  /* A revoke of what is not granted: refused. */
   TU_ASSERT_STATUS(hixl_engine_revoke(st.e, si.name, g, 1), HIXL_PARAM_INVALID);
-  const uint64_t a[1][2] = {{base, 8192}}, b[1][2] = {{base + 4096, 8192}};
+  /* Grants that overlap (runs of blocks two requests share in part): each byte is held
+   * while a grant holding it is; a revoke names a range granted, not a piece of one. */
+  const uint64_t a[1][2] = {{base, 8192}}, b[1][2] = {{base + 4096, 8192}}, mid[1][2] = {{base + 2048, 4096}};
+  size_t n;
   TU_ASSERT_OK(hixl_engine_grant(st.e, si.name, a, 1));
-  TU_ASSERT_STATUS(hixl_engine_grant(st.e, si.name, b, 1), HIXL_PARAM_INVALID);
-  TU_ASSERT_ERRMSG_HAS("overlaps");
+  TU_ASSERT_OK(hixl_engine_grant(st.e, si.name, b, 1));
+  TU_ASSERT_OK(hixl_engine_grant_stats(st.e, si.name, &n, NULL));
+  CU_ASSERT_EQUAL(n, 3); /* [0, 4 KiB) held once, [4, 8) twice, [8, 12) once */
+  tu_fill(sbuf, MEM, 12);
+  TU_ASSERT_OK(sop(HIXL_READ, 0, 12288));
+  TU_ASSERT_SAME(sbuf, st.mem, 12288, "a READ across two overlapping grants");
+  TU_ASSERT_STATUS(hixl_engine_revoke(st.e, si.name, mid, 1), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("not granted");
   TU_ASSERT_OK(hixl_engine_revoke(st.e, si.name, a, 1));
+  TU_ASSERT_STATUS(sop(HIXL_READ, 0, 4096), HIXL_FAILED); /* a's alone: gone */
+  tu_fill(sbuf, MEM, 13);
+  TU_ASSERT_OK(sop(HIXL_READ, 4096, 8192)); /* b's, the part a shared included: still held */
+  TU_ASSERT_SAME(sbuf + 4096, st.mem + 4096, 8192, "a READ inside the grant left");
+  TU_ASSERT_STATUS(hixl_engine_revoke(st.e, si.name, a, 1), HIXL_PARAM_INVALID); /* not twice */
+  TU_ASSERT_OK(hixl_engine_revoke(st.e, si.name, b, 1));
+  TU_ASSERT_STATUS(sop(HIXL_READ, 4096, 4096), HIXL_FAILED);
+  TU_ASSERT_OK(hixl_engine_grant_stats(st.e, si.name, &n, NULL));
+  CU_ASSERT_EQUAL(n, 0);
   /* Granted to another name: no help to this peer. */
   TU_ASSERT_OK(hixl_engine_grant(st.e, "127.0.0.1:1", g, 1));
   TU_ASSERT_STATUS(sop(HIXL_READ, 65536, 4096), HIXL_FAILED);
@@ -1030,7 +1048,8 @@ static void test_scoped_sets_freed(void) {
 static CU_TestInfo scoped_tests[] = {
     {"nothing granted: WRITE, READ, staged ops FAILED, nothing moved", test_scoped_nothing_granted},
     {"inside the grants served byte for byte; across their edges FAILED", test_scoped_inside_and_outside},
-    {"grants count; revoke; overlaps and other names refused", test_scoped_revoke_and_counts},
+    {"grants count; revoke; overlapping grants held byte by byte; other names refused",
+     test_scoped_revoke_and_counts},
     {"a raw authenticated peer READs outside its grant: no data", test_scoped_raw_read_outside},
     {"1000 peers granted then revoked: no set left; a link's set freed and found again",
      test_scoped_sets_freed},

@@ -1,10 +1,12 @@
 /* test_kv_grant: the plugin's grants (plugin/src/kv_grant.c), white-box, on a real
- * engine: a request's blocks are granted as one range per block and plane when the
- * plane's heads are adjacent (a PIN grants every range on the producer's progress
- * thread, between the reads it serves), one per head when they are not; the revoke
- * takes back exactly what was granted, and two requests that share a block count it
- * twice, one of them given out of order; an allocation that fails grants nothing or
- * still revokes (the allocation failures of hixl_kv_test, KV_ALLOC). */
+ * engine: a request's blocks are granted as one range per run of adjacent blocks and
+ * plane when the plane's heads are adjacent (a PIN grants every range on the producer's
+ * progress thread, between the reads it serves), one per block and head when they are
+ * not; the revoke takes back exactly what was granted, and two requests that share a
+ * block (inside one's run) count it twice, one of them given out of order; an
+ * allocation that fails grants nothing or still revokes (the allocation failures of
+ * hixl_kv_test, KV_ALLOC). The engine's count is of pieces: where any grant starts or
+ * ends cuts them. */
 #include <CUnit/Basic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -77,9 +79,9 @@ static void revoke(hixl_kv_connector *c, struct kv_peers *s) {
   kv_revoke_flush(c);
 }
 
-/* Grant two requests' blocks (block 5 in both), then revoke them: want ranges per
- * block and plane while both are granted. */
-static void grant_and_revoke(uint64_t head_stride, size_t per_block) {
+/* Grant two requests' blocks (block 5 in both, at the end of a's run 3..5), then revoke
+ * them: want the engine's pieces after a's grant, after b's and after a's revoke. */
+static void grant_and_revoke(uint64_t head_stride, size_t after_a, size_t after_b, size_t after_revoke_a) {
   struct kv_group g;
   struct kv_plane pl[2];
   hixl_kv_connector *c = connector_up(&g, pl, head_stride);
@@ -87,11 +89,11 @@ static void grant_and_revoke(uint64_t head_stride, size_t per_block) {
   const uint32_t na = 3, nb = 2;
   struct kv_peers sa = {0}, sb = {0}; /* each request's peers */
   CU_ASSERT_TRUE(kv_peers_grant(c, &sa, PEER, a, &na, 1));
-  CU_ASSERT_EQUAL(granted(c->eng), 3 * 2 * per_block);
+  CU_ASSERT_EQUAL(granted(c->eng), after_a);
   CU_ASSERT_TRUE(kv_peers_grant(c, &sb, PEER, b, &nb, 1));
-  CU_ASSERT_EQUAL(granted(c->eng), 4 * 2 * per_block); /* block 5's ranges are the same ones, counted twice */
+  CU_ASSERT_EQUAL(granted(c->eng), after_b); /* block 5's pieces cut out of a's run, counted twice */
   revoke(c, &sa);
-  CU_ASSERT_EQUAL(granted(c->eng), 2 * 2 * per_block); /* b's blocks, 5 and 9 */
+  CU_ASSERT_EQUAL(granted(c->eng), after_revoke_a); /* b's blocks, 5 and 9 */
   revoke(c, &sb);
   CU_ASSERT_EQUAL(granted(c->eng), 0);
   kv_peers_free(&sa);
@@ -99,11 +101,14 @@ static void grant_and_revoke(uint64_t head_stride, size_t per_block) {
   connector_down(c);
 }
 
-/* Adjacent heads (HND, packed): one range per block and plane, not one per head. */
-static void test_adjacent_heads_one_range(void) { grant_and_revoke(HEAD_LEN, 1); }
+/* Adjacent heads (HND, packed): one range per run and plane (a: 3..5 in each of the two
+ * planes; with b: 3..4, 5, 9; after a's revoke: 5, 9), not one per block or head. */
+static void test_adjacent_heads_one_range(void) { grant_and_revoke(HEAD_LEN, 2, 3 * 2, 2 * 2); }
 
-/* Heads apart (another rank's heads between them): one range per head. */
-static void test_strided_heads_per_head(void) { grant_and_revoke(2 * HEAD_LEN, HEADS); }
+/* Heads apart (another rank's heads between them): one range per block and head. */
+static void test_strided_heads_per_head(void) {
+  grant_and_revoke(2 * HEAD_LEN, 3 * 2 * HEADS, 4 * 2 * HEADS, 2 * 2 * HEADS);
+}
 
 /* Each allocation of a grant, then of its revoke, fails in turn (issue 43). A grant
  * that cannot be made grants nothing; a grant made is revoked at its FREE whatever
@@ -124,14 +129,14 @@ static void test_allocation_fails(void) {
     CU_ASSERT_TRUE(kv_peers_grant(c, &s, PEER, a, &na, 1));
     kv_test_fail_nth(KV_TEST_GRANT, 0);
     bool failed = kv_test_failed(KV_TEST_GRANT) > failed0;
-    CU_ASSERT_EQUAL(granted(c->eng), failed ? 0 : 3 * 2);
+    CU_ASSERT_EQUAL(granted(c->eng), failed ? 0 : 2); /* blocks 3..5: a run in each plane */
     revoke(c, &s);
     CU_ASSERT_EQUAL(granted(c->eng), 0);
     kv_peers_free(&s);
     /* At the revoke: it is made all the same. */
     s = (struct kv_peers){0};
     CU_ASSERT_TRUE(kv_peers_grant(c, &s, PEER, a, &na, 1));
-    CU_ASSERT_EQUAL_FATAL(granted(c->eng), 3 * 2);
+    CU_ASSERT_EQUAL_FATAL(granted(c->eng), 2);
     failed0 = kv_test_failed(KV_TEST_GRANT);
     kv_test_fail_nth(KV_TEST_GRANT, nth);
     revoke(c, &s);
@@ -150,8 +155,9 @@ static void test_allocation_fails(void) {
 
 int main(void) {
   CU_TestInfo tests[] = {
-      {"adjacent heads: one range per block and plane; revoked exactly", test_adjacent_heads_one_range},
-      {"heads apart: one range per head; revoked exactly", test_strided_heads_per_head},
+      {"adjacent heads: one range per run and plane; a shared block counted twice; revoked exactly",
+       test_adjacent_heads_one_range},
+      {"heads apart: one range per block and head; revoked exactly", test_strided_heads_per_head},
       {"allocations of a grant and of its revoke fail: nothing granted, or revoked all the same",
        test_allocation_fails},
       CU_TEST_INFO_NULL};

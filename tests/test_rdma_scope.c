@@ -7,6 +7,9 @@
  *     too), and an op running past a window is refused by the target's CPU;
  *   - adjacent ranges granted together share one window; revoking one of them closes
  *     it, the rest gets windows again (new keys), the old key fails at the NIC;
+ *   - two runs granted apart that overlap in part (two requests' runs of blocks sharing
+ *     some): the shared part is counted twice, every byte is read by RDMA, each revoke
+ *     closes what only its run held;
  *   - a range of such a run granted again (a block two requests share) splits the run:
  *     its window stays open until the first grant is revoked (ops in flight with its key
  *     still land), the peer uses new windows, and the shared range stays reachable by
@@ -42,6 +45,7 @@
 #define B_OFF (3u << 20)    /* one range granted to J only */
 #define C_OFF (2u << 20)    /* a run of four adjacent ranges, granted together */
 #define D_OFF (2560u << 10) /* another run of four, one of them then granted again */
+#define E_OFF (3328u << 10) /* two runs of four overlapping by two (the plugin's runs of blocks) */
 
 static struct {
   int bounds;            /* what the target's device answered rdma_probe_mw_bounds: 1, 0 */
@@ -504,6 +508,40 @@ static void test_shared_range_splits(void) {
   forged(g.i, g.imem, D_OFF, WIN, run_key, false, "READ with the closed run's key");
 }
 
+/* Runs [0, 4) and [2, 6) (in WIN) granted apart: the second splits the first's window
+ * where they overlap. The six read by RDMA; the first revoked, [0, 2) is refused and [2, 6)
+ * still read by RDMA; the second revoked, nothing is open that was not before. */
+static void test_overlapping_runs(void) {
+  const uint64_t a[1][2] = {{at(E_OFF), 4 * WIN}}, b[1][2] = {{at(E_OFF + 2 * WIN), 4 * WIN}};
+  struct hixl_window_stats s0 = wstats();
+  size_t pieces0 = 0, pieces = 0; /* what earlier tests left granted to I elsewhere, then with these */
+  TU_ASSERT_OK(hixl_engine_grant_stats(g.t, g.i_name, &pieces0, NULL));
+  grant(g.i_name, a, 1, true);
+  grant(g.i_name, b, 1, true);
+  TU_ASSERT_OK(hixl_engine_grant_stats(g.t, g.i_name, &pieces, NULL));
+  CU_ASSERT_EQUAL(pieces, pieces0 + 3); /* [0, 2) once, [2, 4) twice, [4, 6) once */
+  CU_ASSERT_EQUAL(wstats().split, s0.split + 1);
+  tu_fill(g.tmem, MEM, 14);
+  uint64_t ops0 = info(g.i).win_ops, before = refusals();
+  HixlTransferOpDesc all = op(g.imem, 0, E_OFF, 6 * WIN);
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, &all, 1, 10000));
+  TU_ASSERT_SAME(g.imem, g.tmem + E_OFF, 6 * WIN, "READ across two overlapping runs");
+  CU_ASSERT_EQUAL(info(g.i).win_ops, ops0 + 1);
+  grant(g.i_name, a, 1, false);
+  read_refused(g.i, g.imem, 0, E_OFF, WIN);
+  read_refused(g.i, g.imem, 0, E_OFF + WIN, WIN);
+  CU_ASSERT_EQUAL(refusals(), before + 2);
+  tu_fill(g.tmem, MEM, 15);
+  HixlTransferOpDesc rest = op(g.imem, 0, E_OFF + 2 * WIN, 4 * WIN);
+  ops0 = info(g.i).win_ops;
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, &rest, 1, 10000));
+  TU_ASSERT_SAME(g.imem, g.tmem + E_OFF + 2 * WIN, 4 * WIN, "READ of the second run, its shared part too");
+  CU_ASSERT_EQUAL(info(g.i).win_ops, ops0 + 1);
+  grant(g.i_name, b, 1, false);
+  read_refused(g.i, g.imem, 0, E_OFF + 3 * WIN, WIN);
+  CU_ASSERT_EQUAL(wstats().open, s0.open);
+}
+
 /* A registration withdrawn closes the windows inside it at once (each window's own MR
  * pins the pages: left open, it would outlive the memory): the count drops, and the
  * peer forgets the key before its next op, which fails. */
@@ -588,6 +626,8 @@ int main(int argc, char **argv) {
   CU_add_test(s, "revoke closes the window at once", test_revoke);
   CU_add_test(s, "a run shares a window; revoking part of it", test_run_and_partial_revoke);
   CU_add_test(s, "a range of a run granted again splits it", test_shared_range_splits);
+  CU_add_test(s, "two runs overlapping in part: shared bytes held until both are revoked",
+              test_overlapping_runs);
   CU_add_test(s, "a registration withdrawn closes its windows", test_dereg_closes);
   CU_add_test(s, "a WIN_ADD past the bound ends the link", test_wins_bounded);
   CU_add_test(s, "a window's MR: its own, or the registration's", test_window_mr);

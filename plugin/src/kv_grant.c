@@ -5,9 +5,11 @@
  * grants the producer that ACCEPTs a request the blocks it expects, until the push
  * ends. A grant is each block's pieces in each plane: one per head, or one per plane
  * when its heads are adjacent (the ops built from them, kv_layout.c, join adjacent
- * heads too), so requests that share a block share identical, counted ranges. The
- * engine enforces grants where its CPU serves an op (tcp, staged ops) and over RDMA
- * through a memory window per range on the peer's QP; a same-host peer is not scoped
+ * heads too), and pieces adjacent in address order one range (a run of blocks); the
+ * engine counts each byte by the grants holding it, so requests that share blocks, or
+ * part of a run, each hold them until their own revoke. The engine enforces grants
+ * where its CPU serves an op (tcp, staged ops) and over RDMA through memory windows
+ * over the granted runs on the peer's QP; a same-host peer is not scoped
  * (the engine says so), its device memory included (hixl_engine_set_devmap_scoped off:
  * the KV caches go to it whole by IPC handle).
  *
@@ -65,8 +67,7 @@ static int cmp_u64(const void *a, const void *b) {
 }
 
 /* The pieces of a request's blocks (every group's, one list after another, gn[g] in
- * group g) into r, request_count of them. A block's ranges are always cut the same
- * way, so requests that share a block share identical ranges. They come in address
+ * group g) into r, request_count of them. They come in address
  * order (planes by base, each plane's blocks ascending) unless planes interleave (a
  * block-major layout) or heads lie apart by more than a block: the engine merges a
  * sorted batch into the peer's ranges as it is and sorts any other first, which for a
@@ -99,6 +100,22 @@ static void request_ranges(const hixl_kv_connector *c, const uint64_t *blocks, c
   free(sorted);
 }
 
+/* r[0..n) with each range that starts where the one before it ends joined to it: a run of
+ * blocks adjacent in a plane is one range (the engine's grants may overlap: a request sharing
+ * part of a run with another counts the shared part twice). Returns how many are left. A
+ * PIN of a 4096-token request granted 16,384 ranges, one per block and plane, in ~0.6 ms
+ * on the producer's progress thread; in runs of 8 blocks, 2,048 (issue 47). */
+static size_t runs(uint64_t (*r)[2], size_t n) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (k > 0 && r[k - 1][0] + r[k - 1][1] == r[i][0])
+      r[k - 1][1] += r[i][1];
+    else
+      r[k][0] = r[i][0], r[k++][1] = r[i][1];
+  }
+  return k;
+}
+
 struct kv_revoke *kv_grant(hixl_kv_connector *c, const char *peer, const uint64_t *blocks, const uint32_t *gn,
                            uint32_t ngroups) {
   size_t n = request_count(c, gn, ngroups);
@@ -113,12 +130,12 @@ struct kv_revoke *kv_grant(hixl_kv_connector *c, const char *peer, const uint64_
   }
   v->next = NULL;
   snprintf(v->peer, sizeof(v->peer), "%s", peer);
-  v->n = n;
   request_ranges(c, blocks, gn, v->r);
-  if (hixl_engine_grant(c->eng, peer, (const uint64_t(*)[2])v->r, n) != HIXL_SUCCESS) {
+  v->n = runs(v->r, n);
+  if (hixl_engine_grant(c->eng, peer, (const uint64_t(*)[2])v->r, v->n) != HIXL_SUCCESS) {
     log_error(
         "hixl-kv: cannot grant %s the blocks of a request (%zu ranges): %s; its transfers will be refused",
-        peer, n, HixlGetLastErrorMessage());
+        peer, v->n, HixlGetLastErrorMessage());
     free(v);
     return NULL;
   }

@@ -159,10 +159,11 @@ struct hixl_devmem_stats {
   uint64_t ipc_gathered; /* ... or a copy kernel many to a launch (cuda: gather.cu) */
 };
 HixlStatus hixl_engine_devmem_stats(HixlEngine *e, struct hixl_devmem_stats *out);
-/* Grant peer the n ranges {addr, len}, or revoke them. Grants count: a range granted
- * twice needs two revokes. A range must be identical to, or disjoint from, every range
- * granted to that peer (PARAM_INVALID, nothing granted). A revoke of a range not
- * granted is PARAM_INVALID (the others are revoked). Callable from a service handler
+/* Grant peer the n ranges {addr, len}, or revoke them. Grants count, byte by byte: ranges
+ * may overlap each other and what the peer holds, and a byte stays granted while a grant
+ * holding it is not revoked (a range granted twice needs two revokes). A revoke names a
+ * range granted before; one that is not (part of one, or one spanning a gap) is
+ * PARAM_INVALID and changes nothing (the others are revoked). Callable from a service handler
  * (on the progress thread, the lock held: they see it is theirs). A revoke that takes
  * back a same-host peer's device mapping (hixl_engine_set_devmap_scoped on) returns
  * once the peer closed it, its copies running ended (up to HIXL_DEFAULT_TIMEOUT_MS,
@@ -171,7 +172,8 @@ HixlStatus hixl_engine_devmem_stats(HixlEngine *e, struct hixl_devmem_stats *out
  * starts no copy there once it has read it, and one already running may still end. */
 HixlStatus hixl_engine_grant(HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n);
 HixlStatus hixl_engine_revoke(HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n);
-/* Ranges granted to peer now, and ops refused for want of a grant since Initialize. */
+/* The disjoint pieces peer's grants hold now (cut where any grant starts or ends), and ops
+ * refused for want of a grant since Initialize. */
 HixlStatus hixl_engine_grant_stats(HixlEngine *e, const char *peer, size_t *granted, uint64_t *refused);
 /* How many peer names hold at least one range now (a name whose last range was revoked
  * leaves nothing behind). */

@@ -1,8 +1,13 @@
 /* grant: scoped memory, the ranges each peer may reach on a target (engine_ext.h,
- * docs/security.md). One set per peer name holding a grant (freed with its last
- * range), a sorted vector of disjoint ranges, each counted (granted twice, revoked twice). A batch is sorted
- * and merged in, O(n + m log m); a check is a binary search and a walk over the ranges it spans. Lock held
- * for all of it. */
+ * docs/security.md). One set per peer name holding a grant (freed with its last range):
+ * a sorted vector of disjoint pieces, each with how many grants hold it. A grant may name
+ * any ranges, overlapping each other or what is held (a run of blocks one request shares in
+ * part with another): each of its ranges cuts the pieces where it starts and ends and counts
+ * every piece it spans once more; pieces are never joined again, so a revoke of a range
+ * granted before finds a piece starting and one ending where it does, counts them down in
+ * place, and needs no memory. A grant is one merge of the set's boundaries with the batch's,
+ * O(n + m log m); a revoke a binary search per range and one compaction; a check a binary
+ * search and a walk over the pieces it spans. Lock held for all of it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,23 +18,20 @@
 #include "util/status_int.h"
 
 struct grant_range {
-  uint64_t addr, len;
+  uint64_t addr, len; /* first: memtab_upper reads addr at a record's start */
   uint32_t refs;
-  bool fresh;  /* grant_add: not granted before this batch (told to the modules) */
-  bool shared; /* grant_add: granted before and again by this batch (told too) */
 };
 
 struct grant_set {
   struct grant_set *next;
   char name[WIRE_MAX_NAME + 1];
   struct grant_range *v;
-  size_t n; /* ranges in v, which each grant rebuilds */
+  size_t n; /* pieces in v, which each grant rebuilds */
 };
 
-static int by_addr(const void *a, const void *b) {
-  const struct grant_range *x = a, *y = b;
-  if (x->addr != y->addr) return x->addr < y->addr ? -1 : 1;
-  return x->len < y->len ? -1 : x->len > y->len;
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
 }
 
 struct grant_set *grant_set_of(struct HixlEngine *e, const char *peer, bool make) {
@@ -53,7 +55,7 @@ void grant_free_all(struct HixlEngine *e) {
   }
 }
 
-/* Index of the last range starting at or before addr, or n when none does. */
+/* Index of the last piece starting at or before addr, or n when none does. */
 static size_t last_at_or_before(const struct grant_set *g, uint64_t addr) {
   size_t lo = memtab_upper(g->v, g->n, sizeof(*g->v), addr);
   return lo == 0 ? g->n : lo - 1;
@@ -64,93 +66,22 @@ bool grant_covers(const struct grant_set *g, uint64_t addr, uint64_t len) {
   size_t i = last_at_or_before(g, addr);
   uint64_t pos = addr, end = addr + len;
   for (; i < g->n && g->v[i].addr <= pos && pos < g->v[i].addr + g->v[i].len; i++) {
-    pos = g->v[i].addr + g->v[i].len; /* the next must start exactly here: ranges are disjoint */
+    pos = g->v[i].addr + g->v[i].len; /* the next must start exactly here: pieces are disjoint */
     if (pos >= end) return true;
   }
   return false;
 }
 
-/* The modules hear of the ranges a grant added (marked fresh: XPORT_GRANTED) or granted
- * again (marked shared: XPORT_SHARED), or a revoke left with no count (!add:
- * XPORT_REVOKED), and the marks are cleared. Only a scoped engine's: an unscoped one's
- * peers reach every registration anyway. Each kind of one grant or revoke in one call,
- * sorted by address (the rdma module makes one window of each run of adjacent ranges,
- * and on a revoke reopens what a window held besides: it must see the whole of it at
- * once); in batches only when there is no memory for the list. */
-static void tell_kind(struct HixlEngine *e, const char *peer, struct grant_range *v, size_t n,
-                      enum xport_grant how) {
-  uint64_t stack[256][2];
-  size_t told = 0;
-#define TOLD(r) (how == XPORT_GRANTED ? (r).fresh : how == XPORT_SHARED ? (r).shared : (r).refs == 0)
-  for (size_t i = 0; i < n; i++) told += TOLD(v[i]);
-  uint64_t(*batch)[2] = told > 256 ? malloc(told * sizeof(*batch)) : NULL;
-  size_t cap = batch ? told : 256, k = 0;
-  if (!batch) batch = stack;
-  for (size_t i = 0; i <= n; i++) {
-    if (k == cap || (i == n && k > 0)) {
-      for (int m = 0; m < XPORT_MODS; m++)
-        e->mods[m]->iface.grant(e, peer, (const uint64_t(*)[2])batch, k, how);
-      k = 0;
-    }
-    if (i < n && TOLD(v[i])) batch[k][0] = v[i].addr, batch[k++][1] = v[i].len;
-  }
-#undef TOLD
-  if (batch != stack) free(batch);
-}
-
-static void grant_tell(struct HixlEngine *e, const char *peer, struct grant_range *v, size_t n, bool add) {
-  if (e->scoped) {
-    if (add) tell_kind(e, peer, v, n, XPORT_SHARED); /* first: a window split before new ones open */
-    tell_kind(e, peer, v, n, add ? XPORT_GRANTED : XPORT_REVOKED);
-  }
-  for (size_t i = 0; i < n; i++) v[i].fresh = v[i].shared = false;
-}
-
-HixlStatus grant_add(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n) {
-  struct grant_set *g = grant_set_of(e, peer, true);
-  if (!g) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "hixl_engine_grant: out of memory");
-  struct grant_range *add = malloc((n ? n : 1) * sizeof(*add));
-  struct grant_range *out = malloc((g->n + n ? g->n + n : 1) * sizeof(*out));
-  if (!add || !out) {
-    free(add);
-    free(out);
-    return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "hixl_engine_grant: out of memory");
-  }
-  bool sorted = true; /* a request's blocks usually come in order: no sort then */
-  for (size_t i = 0; i < n; i++) {
-    add[i] = (struct grant_range){ranges[i][0], ranges[i][1], 1, true, false};
-    sorted = sorted && (i == 0 || by_addr(&add[i - 1], &add[i]) <= 0);
-  }
-  if (!sorted) qsort(add, n, sizeof(*add), by_addr);
-  /* Merge the two sorted runs, counting identical ranges once. */
-  size_t a = 0, b = 0, k = 0;
-  while (a < g->n || b < n) {
-    struct grant_range next = b == n || (a < g->n && by_addr(&g->v[a], &add[b]) <= 0) ? g->v[a++] : add[b++];
-    if (k > 0 && out[k - 1].addr == next.addr && out[k - 1].len == next.len) {
-      out[k - 1].refs += next.refs;
-      out[k - 1].shared = out[k - 1].shared || out[k - 1].fresh != next.fresh; /* held, and granted again */
-      out[k - 1].fresh = out[k - 1].fresh && next.fresh;
-      continue;
-    }
-    if (k > 0 && out[k - 1].addr + out[k - 1].len > next.addr) {
-      HixlStatus st =
-          hixl_fail(HIXL_PARAM_INVALID,
-                    "hixl_engine_grant: [0x%llx, +%llu) overlaps [0x%llx, +%llu) granted to %s: "
-                    "grants are identical or disjoint",
-                    (unsigned long long)next.addr, (unsigned long long)next.len,
-                    (unsigned long long)out[k - 1].addr, (unsigned long long)out[k - 1].len, peer);
-      free(add);
-      free(out);
-      return st;
-    }
-    out[k++] = next;
-  }
-  free(add);
-  free(g->v);
-  g->v = out;
-  g->n = k;
-  grant_tell(e, peer, g->v, g->n, true);
-  return HIXL_SUCCESS;
+/* The modules hear of what a grant added (held by no grant before: XPORT_GRANTED) or
+ * counted again (held: XPORT_SHARED), or what a revoke left with no count
+ * (XPORT_REVOKED): each kind of one grant or revoke in one call, sorted by address (the
+ * rdma module makes one window of each run of adjacent ranges, and on a revoke reopens
+ * what a window held besides: it must see the whole of it at once). Only a scoped
+ * engine's: an unscoped one's peers reach every registration anyway. */
+static void tell(struct HixlEngine *e, const char *peer, const uint64_t (*v)[2], size_t n,
+                 enum xport_grant how) {
+  if (!e->scoped || n == 0) return;
+  for (int m = 0; m < XPORT_MODS; m++) e->mods[m]->iface.grant(e, peer, v, n, how);
 }
 
 /* The set g, now empty, goes: out of the engine's list and out of every link that
@@ -169,28 +100,144 @@ static void set_free(struct HixlEngine *e, struct grant_set *g) {
   free(g);
 }
 
+HixlStatus grant_add(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n) {
+  struct grant_set *g = grant_set_of(e, peer, true);
+  if (!g) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "hixl_engine_grant: out of memory");
+  /* One sweep in address order over three sorted streams of boundaries: the set's pieces,
+   * the batch's starts and its ends (each sorted here unless in order already, as a
+   * request's runs come). Between two boundaries in a row lies a piece of the new set,
+   * held by the set's count there plus the batch's ranges over it. */
+  size_t cap = 2 * g->n + 2 * n + 1; /* pieces between boundaries, at most one fewer than these */
+  uint64_t *starts = malloc((2 * n + 1) * sizeof(*starts));
+  struct grant_range *out = malloc(cap * sizeof(*out));
+  uint64_t(*told)[2] =
+      e->scoped ? malloc(cap * sizeof(*told)) : NULL; /* GRANTED at the front, SHARED at the back */
+  HixlStatus st = HIXL_SUCCESS;
+  if (!starts || !out || (e->scoped && !told)) {
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "hixl_engine_grant: out of memory");
+    goto done;
+  }
+  uint64_t *ends = starts + n;
+  bool s_sorted = true, e_sorted = true;
+  for (size_t i = 0; i < n; i++) {
+    starts[i] = ranges[i][0], ends[i] = ranges[i][0] + ranges[i][1];
+    s_sorted = s_sorted && (i == 0 || starts[i - 1] <= starts[i]);
+    e_sorted = e_sorted && (i == 0 || ends[i - 1] <= ends[i]);
+  }
+  if (!s_sorted) qsort(starts, n, sizeof(*starts), cmp_u64);
+  if (!e_sorted) qsort(ends, n, sizeof(*ends), cmp_u64);
+  const struct grant_range *v = g->v;
+  size_t i = 0, is = 0, ie = 0, k = 0, ngr = 0, nsh = 0;
+  uint32_t cover = 0;
+  uint64_t x = g->n ? v[0].addr : UINT64_MAX; /* the first boundary of all */
+  if (n && starts[0] < x) x = starts[0];
+  for (;;) {
+    if (cover == 0 && (i == g->n || v[i].addr >= x)) {
+      /* No range of the batch over x: the set's pieces before its next start go over whole. */
+      uint64_t nx = is < n ? starts[is] : UINT64_MAX;
+      size_t j = i;
+      while (j < g->n && v[j].addr + v[j].len <= nx) j++;
+      memcpy(out + k, v + i, (j - i) * sizeof(*out));
+      k += j - i;
+      i = j;
+      x = j < g->n && v[j].addr < nx ? v[j].addr : nx;
+      if (x == UINT64_MAX) break;
+    }
+    while (is < n && starts[is] == x) cover++, is++;
+    while (ie < n && ends[ie] == x) cover--, ie++;
+    while (i < g->n && v[i].addr + v[i].len <= x) i++;
+    bool in = i < g->n && v[i].addr <= x, more = false;
+    uint64_t y = UINT64_MAX; /* the next boundary */
+    if (i < g->n) y = in ? v[i].addr + v[i].len : v[i].addr, more = true;
+    if (is < n && starts[is] < y) y = starts[is], more = true;
+    if (ie < n && ends[ie] < y) y = ends[ie], more = true;
+    if (!more) break;
+    uint32_t held = in ? v[i].refs : 0;
+    if (held || cover) out[k++] = (struct grant_range){x, y - x, held + cover};
+    if (cover && told) {
+      size_t t = held ? cap - ++nsh : ngr++;
+      told[t][0] = x, told[t][1] = y - x;
+    }
+    x = y;
+  }
+  free(g->v);
+  g->v = out;
+  g->n = k;
+  out = NULL;
+  if (told) {
+    /* SHARED first: a window split before new ones open. The back of told holds them last first. */
+    for (size_t a = cap - nsh, b = cap - 1; nsh > 1 && a < b; a++, b--) {
+      uint64_t t0 = told[a][0], t1 = told[a][1];
+      told[a][0] = told[b][0], told[a][1] = told[b][1];
+      told[b][0] = t0, told[b][1] = t1;
+    }
+    tell(e, peer, (const uint64_t(*)[2])(told + cap - nsh), nsh, XPORT_SHARED);
+    tell(e, peer, (const uint64_t(*)[2])told, ngr, XPORT_GRANTED);
+  }
+done:
+  free(starts);
+  free(out);
+  free(told);
+  if (g->n == 0) set_free(e, g); /* made for this grant, which failed or named nothing */
+  return st;
+}
+
 size_t grant_peers(const struct HixlEngine *e) {
   size_t n = 0;
   for (const struct grant_set *g = e->grants; g; g = g->next) n++;
   return n;
 }
 
+/* Whether [addr, +len) starts and ends at piece boundaries with every piece between held
+ * (as a range granted and not yet revoked does): the index of its first piece, or n. */
+static size_t granted_span(const struct grant_set *g, uint64_t addr, uint64_t len) {
+  size_t i = last_at_or_before(g, addr);
+  if (i == g->n || g->v[i].addr != addr) return g->n;
+  uint64_t pos = addr, end = addr + len;
+  for (size_t k = i; k < g->n && g->v[k].addr == pos && g->v[k].refs > 0; k++) {
+    pos += g->v[k].len;
+    if (pos == end) return i;
+    if (pos > end) break;
+  }
+  return g->n;
+}
+
 HixlStatus grant_remove(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n) {
   struct grant_set *g = grant_set_of(e, peer, false);
   size_t missing = 0;
   for (size_t i = 0; i < n; i++) {
-    size_t j = g ? last_at_or_before(g, ranges[i][0]) : 0;
-    if (g && j < g->n && g->v[j].addr == ranges[i][0] && g->v[j].len == ranges[i][1] && g->v[j].refs > 0)
-      g->v[j].refs--;
-    else
+    size_t k = g ? granted_span(g, ranges[i][0], ranges[i][1]) : 0;
+    if (!g || k == g->n) {
       missing++;
+      continue;
+    }
+    for (uint64_t end = ranges[i][0] + ranges[i][1]; k < g->n && g->v[k].addr < end; k++) g->v[k].refs--;
   }
-  if (g) grant_tell(e, peer, g->v, g->n, false); /* the ranges no count holds any more */
-  size_t k = 0;
-  for (size_t i = 0; g && i < g->n; i++)
-    if (g->v[i].refs > 0) g->v[k++] = g->v[i];
-  if (g) g->n = k;
-  if (g && k == 0) set_free(e, g); /* a peer that holds nothing leaves nothing behind */
+  if (g && e->scoped) {
+    /* The pieces left with no count, told while they are still in g (in batches only
+     * when there is no memory for the list). */
+    uint64_t stack[256][2], (*v)[2] = NULL;
+    size_t zero = 0, cap, m = 0;
+    for (size_t i = 0; i < g->n; i++) zero += g->v[i].refs == 0;
+    if (zero > 256) v = malloc(zero * sizeof(*v));
+    cap = v ? zero : 256;
+    if (!v) v = stack;
+    for (size_t i = 0; i <= g->n; i++) {
+      if (m == cap || (i == g->n && m > 0)) {
+        tell(e, peer, (const uint64_t(*)[2])v, m, XPORT_REVOKED);
+        m = 0;
+      }
+      if (i < g->n && g->v[i].refs == 0) v[m][0] = g->v[i].addr, v[m++][1] = g->v[i].len;
+    }
+    if (v != stack) free(v);
+  }
+  if (g) { /* then out */
+    size_t k = 0;
+    for (size_t i = 0; i < g->n; i++)
+      if (g->v[i].refs > 0) g->v[k++] = g->v[i];
+    g->n = k;
+    if (k == 0) set_free(e, g); /* a peer that holds nothing leaves nothing behind */
+  }
   if (missing)
     return hixl_fail(HIXL_PARAM_INVALID, "hixl_engine_revoke: %zu of %zu ranges were not granted to %s",
                      missing, n, peer);
