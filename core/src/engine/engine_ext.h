@@ -161,9 +161,11 @@ struct hixl_devmem_stats {
 HixlStatus hixl_engine_devmem_stats(HixlEngine *e, struct hixl_devmem_stats *out);
 /* Grant peer the n ranges {addr, len}, or revoke them. Grants count, byte by byte: ranges
  * may overlap each other and what the peer holds, and a byte stays granted while a grant
- * holding it is not revoked (a range granted twice needs two revokes). A revoke names a
- * range granted before; one that is not (part of one, or one spanning a gap) is
- * PARAM_INVALID and changes nothing (the others are revoked). Callable from a service handler
+ * holding it is not revoked (a range granted twice needs two revokes). A revoke names
+ * ranges granted before, each counted down once: one that does not start and end where
+ * grants did, or spans a byte no grant holds (part of a grant, a gap), is PARAM_INVALID
+ * and changes nothing (the others are revoked; the engine keeps counts, not who granted
+ * what, so two adjacent grants may go as one range). Callable from a service handler
  * (on the progress thread, the lock held: they see it is theirs). A revoke that takes
  * back a same-host peer's device mapping (hixl_engine_set_devmap_scoped on) returns
  * once the peer closed it, its copies running ended (up to HIXL_DEFAULT_TIMEOUT_MS,
