@@ -137,7 +137,7 @@ HixlStatus grant_add(struct HixlEngine *e, const char *peer, const uint64_t (*ra
       uint64_t nx = is < n ? starts[is] : UINT64_MAX;
       size_t j = i;
       while (j < g->n && v[j].addr + v[j].len <= nx) j++;
-      memcpy(out + k, v + i, (j - i) * sizeof(*out));
+      if (j > i) memcpy(out + k, v + i, (j - i) * sizeof(*out)); /* v is NULL in a new set */
       k += j - i;
       i = j;
       x = j < g->n && v[j].addr < nx ? v[j].addr : nx;
