@@ -166,6 +166,21 @@ static void test_range_over_gaps(void) {
   CU_ASSERT_EQUAL(pieces(), 0);
 }
 
+/* A range that ends at the last byte of the address space (2^64 - 1): granted, covered,
+ * revoked like any other. */
+static void test_top_of_memory(void) {
+  const uint64_t top[1][2] = {{UINT64_MAX - 2 * UNIT, 2 * UNIT}}, half[1][2] = {{UINT64_MAX - UNIT, UNIT}};
+  TU_ASSERT_OK(hixl_engine_grant(e, PEER, top, 1));
+  TU_ASSERT_OK(hixl_engine_grant(e, PEER, half, 1));
+  CU_ASSERT_EQUAL(pieces(), 2);
+  pthread_mutex_lock(&e->lock);
+  CU_ASSERT_TRUE(grant_covers(grant_set_of(e, PEER, false), UINT64_MAX - 2 * UNIT, 2 * UNIT));
+  pthread_mutex_unlock(&e->lock);
+  TU_ASSERT_OK(hixl_engine_revoke(e, PEER, top, 1));
+  TU_ASSERT_OK(hixl_engine_revoke(e, PEER, half, 1));
+  CU_ASSERT_EQUAL(pieces(), 0);
+}
+
 static int suite_up(void) {
   char addr[64];
   e = tu_engine_start(tu_addr(addr, sizeof(addr), tu_free_port()));
@@ -180,6 +195,7 @@ static int suite_down(void) {
 int main(void) {
   CU_TestInfo tests[] = {
       {"one range over three pieces and the gaps between", test_range_over_gaps},
+      {"a range ending at the last byte of the address space", test_top_of_memory},
       {"two runs sharing blocks: pieces, revokes of what was granted", test_runs_shared},
       {"4000 random overlapping grants and revokes against a count per unit", test_random_against_model},
       CU_TEST_INFO_NULL};

@@ -147,10 +147,17 @@ HixlStatus grant_add(struct HixlEngine *e, const char *peer, const uint64_t (*ra
     while (ie < n && ends[ie] == x) cover--, ie++;
     while (i < g->n && v[i].addr + v[i].len <= x) i++;
     bool in = i < g->n && v[i].addr <= x, more = false;
-    uint64_t y = UINT64_MAX; /* the next boundary */
-    if (i < g->n) y = in ? v[i].addr + v[i].len : v[i].addr, more = true;
-    if (is < n && starts[is] < y) y = starts[is], more = true;
-    if (ie < n && ends[ie] < y) y = ends[ie], more = true;
+    uint64_t y = 0; /* the next boundary (a range may end at 2^64 - 1) */
+#define NEXT(b)                                                                                              \
+  do {                                                                                                       \
+    uint64_t b_ = (b);                                                                                       \
+    if (!more || b_ < y) y = b_;                                                                             \
+    more = true;                                                                                             \
+  } while (0)
+    if (i < g->n) NEXT(in ? v[i].addr + v[i].len : v[i].addr);
+    if (is < n) NEXT(starts[is]);
+    if (ie < n) NEXT(ends[ie]);
+#undef NEXT
     if (!more) break;
     uint32_t held = in ? v[i].refs : 0;
     if (held || cover) out[k++] = (struct grant_range){x, y - x, held + cover};
