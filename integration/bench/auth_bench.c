@@ -1,11 +1,13 @@
 /* hixl-auth-bench (`hixl-perf auth`, one process): what the authenticated handshake (issue 27)
  * adds to HixlEngineConnect, on against off (with --aa off-b too: the A/A spread); --frames:
- * what proving every frame (issue 43) costs on one core against its alternatives. The modes
+ * what proving every frame (issue 43) costs on one core against its alternatives; --grants:
+ * what a scoped engine's grant and revoke cost as one peer's grants grow. The modes
  * and the method: docs/performance-auth.md ("Connect"; "What proving a frame costs"). */
 #include <inttypes.h>
 
 #include <openssl/evp.h>
 
+#include "engine/engine_ext.h"
 #include "harness.h"
 #include "util/auth.h"
 
@@ -313,6 +315,66 @@ static int frames_bench(void) {
   return 0;
 }
 
+/* ---- --grants: a grant's cost against what the peer holds ---- */
+
+/* One peer granted 64 requests of n ranges in turn, then each revoked: request q's range i
+ * at slot i * 64 + q (interleaved in address, as blocks from one free list are; 32 KiB
+ * each, 64 KiB apart). ms[0..2]: the first grant's, the 64th's and the mean revoke's, each
+ * the median of 3 runs. */
+static int grants_one(size_t n, double *ms) {
+  enum { REQS = 64, RUNS = 3 };
+  double t[3][RUNS] = {{0}};
+  uint64_t(*r)[2] = malloc(n * sizeof(*r));
+  HixlStatus st = r ? HIXL_SUCCESS : HIXL_RESOURCE_EXHAUSTED;
+  for (int run = 0; run < RUNS && st == HIXL_SUCCESS; run++) {
+    HixlEngine *e = NULL;
+    if ((st = HixlEngineCreate(&e)) == HIXL_SUCCESS &&
+        (st = HixlEngineInitialize(e, "127.0.0.1", NULL, 0)) == 0)
+      st = hixl_engine_set_scoped(e, true);
+    for (int pass = 0; pass < 2 && st == HIXL_SUCCESS; pass++)
+      for (uint64_t q = 0; q < REQS && st == HIXL_SUCCESS; q++) {
+        for (size_t i = 0; i < n; i++) r[i][0] = (1ull << 40) + (i * REQS + q) * 65536, r[i][1] = 32768;
+        uint64_t t0 = bench_now_ns();
+        st = (pass ? hixl_engine_revoke : hixl_engine_grant)(e, "10.0.0.2:1", (const uint64_t(*)[2])r, n);
+        double d = (double)(bench_now_ns() - t0) / 1e6;
+        if (pass)
+          t[2][run] += d / REQS;
+        else if (q == 0 || q == REQS - 1)
+          t[q ? 1 : 0][run] = d;
+      }
+    HixlEngineDestroy(e);
+  }
+  free(r);
+  if (st != HIXL_SUCCESS) return hb_say("--grants: %s\n", HixlGetLastErrorMessage()), 1;
+  for (int k = 0; k < 3; k++) ms[k] = hb_median_dbl(t[k], RUNS);
+  return 0;
+}
+
+static int grants_bench(void) {
+  static const size_t sizes[] = {16384, 2048}; /* 4096 tokens of 32 layers: a range per block; per run of 8 */
+  FILE *j = o.json ? fopen(o.json, "w") : NULL;
+  if (o.json && !j) hb_die("cannot write %s: %s", o.json, strerror(errno));
+  if (j) fprintf(j, "{\n  \"version\": \"%s\",\n  \"grants\": [\n", HixlVersionString());
+  printf("# hixl-auth-bench --grants (hixl %s): one peer, 64 requests granted in turn, interleaved in "
+         "address, then revoked; medians of 3 runs\n",
+         HixlVersionString());
+  printf("| ranges a request | first grant ms | 64th grant ms | / first | revoke ms (mean) |\n"
+         "|---:|---:|---:|---:|---:|\n");
+  for (size_t k = 0; k < 2; k++) {
+    double ms[3];
+    if (grants_one(sizes[k], ms)) return 1;
+    const struct hb_field rec[] = {HB_FU("ranges", "ranges a request", sizes[k]),
+                                   HB_FD("first_grant_ms", "first grant ms", "%.3f", NULL, ms[0]),
+                                   HB_FD("last_grant_ms", "64th grant ms", "%.3f", NULL, ms[1]),
+                                   HB_FD(NULL, "/ first", "%.1fx", NULL, ms[1] / ms[0]),
+                                   HB_FD("revoke_ms", "revoke ms", "%.3f", NULL, ms[2])};
+    hb_row(stdout, HB_MD, rec, HB_NF(rec));
+    putchar('\n');
+    if (j) hb_json_item(j, k, 2, rec, HB_NF(rec));
+  }
+  return j && !hb_json_end(j, o.json);
+}
+
 /* "tcp,auto" into o.transports (the string is kept and cut in place). */
 static bool parse_transports(void *p, const char *v) {
   (void)p;
@@ -325,7 +387,7 @@ static bool parse_transports(void *p, const char *v) {
   return o.n_transports > 0;
 }
 
-static bool frames;
+static bool frames, grants;
 static const struct hb_opt opts[] = {
     {"--connects", HB_U64, &o.connects, "N", "connects per mode and transport (default 500)", 1, 1e7, NULL},
     {"--block", HB_U64, &o.block, "N", "connects per mode before the other mode's turn (default 50)", 1, 1e7,
@@ -336,6 +398,8 @@ static const struct hb_opt opts[] = {
     {"--aa", HB_FLAG, &o.aa, NULL, "add mode off-b, a second keyless pair: the A/A spread", 0, 0, NULL},
     {"--frames", HB_FLAG, &frames, NULL, "instead: what proving every frame costs, and its alternatives", 0,
      0, NULL},
+    {"--grants", HB_FLAG, &grants, NULL, "instead: what a grant and a revoke cost as one peer's grants grow",
+     0, 0, NULL},
     {"--json", HB_STR, &o.json, "FILE", "the results as JSON", 0, 0, NULL},
     {"--no-progress", HB_NOFLAG, &o.progress, NULL, "nothing on stderr but errors", 0, 0, NULL},
     {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
@@ -347,6 +411,7 @@ static int run(struct hb_peer *none) {
   int rc = 1;
   (void)none;
   if (frames) return frames_bench();
+  if (grants) return grants_bench();
   if (bench_key_file(key, sizeof(key), "hixl-auth-bench") != 0) return 1;
   if (!(region = hb_map(REGION_BYTES))) goto out_key;
   printf("# hixl-auth-bench (hixl %s): 127.0.0.1, %" PRIu64
@@ -367,7 +432,8 @@ out_key:
 const struct hb_test hb_test_auth = {
     "auth",
     "hixl-auth-bench",
-    "Connect with the authenticated handshake against none; --frames: a frame's proof",
+    "Connect with the authenticated handshake against none; --frames: a frame's proof; --grants: scoped "
+    "grants",
     "HixlEngineConnect time with the authenticated handshake (AuthKeyFile on both engines)\n"
     "and without (no key on either), two engines per mode in this process on 127.0.0.1.\n",
     opts,
