@@ -329,7 +329,7 @@ static int grants_one(size_t n, double *ms) {
   for (int run = 0; run < RUNS && st == HIXL_SUCCESS; run++) {
     HixlEngine *e = NULL;
     if ((st = HixlEngineCreate(&e)) == HIXL_SUCCESS &&
-        (st = HixlEngineInitialize(e, "127.0.0.1", NULL, 0)) == 0)
+        (st = HixlEngineInitialize(e, "127.0.0.1", NULL, 0)) == HIXL_SUCCESS)
       st = hixl_engine_set_scoped(e, true);
     for (int pass = 0; pass < 2 && st == HIXL_SUCCESS; pass++)
       for (uint64_t q = 0; q < REQS && st == HIXL_SUCCESS; q++) {

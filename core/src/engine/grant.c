@@ -211,16 +211,17 @@ static size_t granted_span(const struct grant_set *g, uint64_t addr, uint64_t le
 
 HixlStatus grant_remove(struct HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n) {
   struct grant_set *g = grant_set_of(e, peer, false);
-  size_t missing = 0;
+  size_t missing = 0, zeroed = 0;
   for (size_t i = 0; i < n; i++) {
     size_t k = g ? granted_span(g, ranges[i][0], ranges[i][1]) : 0;
     if (!g || k == g->n) {
       missing++;
       continue;
     }
-    for (uint64_t end = ranges[i][0] + ranges[i][1]; k < g->n && g->v[k].addr < end; k++) g->v[k].refs--;
+    for (uint64_t end = ranges[i][0] + ranges[i][1]; k < g->n && g->v[k].addr < end; k++)
+      zeroed += --g->v[k].refs == 0;
   }
-  if (g && e->scoped) {
+  if (zeroed && e->scoped) { /* nothing to tell or take out when every piece is still held */
     /* The pieces left with no count, told while they are still in g (in batches only
      * when there is no memory for the list). */
     uint64_t stack[256][2], (*v)[2] = NULL;
@@ -238,7 +239,7 @@ HixlStatus grant_remove(struct HixlEngine *e, const char *peer, const uint64_t (
     }
     if (v != stack) free(v);
   }
-  if (g) { /* then out */
+  if (zeroed) { /* then out */
     size_t k = 0;
     for (size_t i = 0; i < g->n; i++)
       if (g->v[i].refs > 0) g->v[k++] = g->v[i];
