@@ -18,7 +18,7 @@ PROMPTS=${PD_PROMPTS:-256,512,1024,2048,4096}
 STEP_US=${PD_STEP_US:-500}
 REPORT_ONLY=${PD_REPORT_ONLY:-0}
 RDMA=${PD_RDMA:-1}
-RP=${PD_RDMA_PROMPTS:-256,1024,4096}
+RP=${PD_RDMA_PROMPTS:-$PROMPTS}
 RR=${PD_RDMA_ROUNDS:-5}
 LAYOUTS=${PD_LAYOUTS:-1}
 LPROMPTS=${PD_LAYOUT_PROMPTS:-256,1024,4096}
@@ -71,7 +71,7 @@ if [ "$RDMA" != 0 ] && [ "$REPORT_ONLY" != 0 ]; then
 elif [ "$RDMA" != 0 ]; then
   log "transport rdma in the soft-RoCE guest, prompts $RP, $RR rounds"
   rm -f "$RES/pd-rdma.json" "$RES/pd-rdma.md"
-  RXE_VM_RW_DIR="$BUILD" RXE_VM_TIMEOUT=1800 bash "$SRC/integration/rxe-vm/run-in-rxe-vm.sh" \
+  RXE_VM_RW_DIR="$BUILD" RXE_VM_TIMEOUT=3600 bash "$SRC/integration/rxe-vm/run-in-rxe-vm.sh" \
     "$BENCH --transport rdma --ip 10.77.0.1 --prompts $RP --rounds $RR --step-us $STEP_US --pin \
      --json $RES/pd-rdma.json > $RES/pd-rdma.md" >"$RES/pd-rdma.log" 2>&1 ||
     die "hixl-pd-bench in the soft-RoCE guest failed (see $RES/pd-rdma.log)"
