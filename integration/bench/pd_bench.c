@@ -73,6 +73,7 @@ struct host {
   const uint64_t *peer_ids; /* the other side's: which blocks it allocates (the head of it) */
   struct conn pull, push;
   HixlEngine *raw;
+  char peer_raw[64]; /* the other side's raw engine */
 };
 
 /* The free list of a pool of seed: runs of 8 adjacent blocks in random order, as a busy
@@ -204,8 +205,8 @@ static void conn_up(struct conn *c, uint16_t port, const char *role, const char 
 }
 
 /* Both processes start alike (pinned, the plugin loaded): the pool of seed, the pull and
- * push connectors on port and the one after, the raw engine on the next. */
-static void host_up(struct host *h, uint64_t seed, uint16_t port, const char *role, int cpu) {
+ * push connectors on port and the one after, the raw engine on the next (the other side's: peer + 2). */
+static void host_up(struct host *h, uint64_t seed, uint16_t port, uint16_t peer, const char *role, int cpu) {
   char addr[64];
   HixlMemHandle mh;
   if (o.pin && !bench_pin_cpu(cpu)) exit(1);
@@ -221,9 +222,9 @@ static void host_up(struct host *h, uint64_t seed, uint16_t port, const char *ro
   if (!(h->raw = hb_engine(addr, o.transport, NULL, 0)) ||
       hb_reg(h->raw, h->mem, h->len, &mh) != HIXL_SUCCESS)
     hb_die("the raw engine %s failed", addr);
+  snprintf(h->peer_raw, sizeof(h->peer_raw), "%s:%u", o.ip, (unsigned)peer + 2);
 }
 
-/* ... and end alike: their connectors, then the raw engine; 0. */
 static int host_down(struct host *h) {
   ops->destroy(h->pull.worker);
   ops->destroy(h->pull.sched);
@@ -312,9 +313,7 @@ static HixlStatus raw_landed_call(void *ctx, const char *peer, const uint8_t *re
 /* Where prefill's raw engine writes a push's layers: the blocks decode holds for the
  * request (the same bytes as the plugin's push). */
 struct dest {
-  HixlEngine *raw;
-  const char *draw; /* decode's raw engine */
-  const struct host *p;
+  const struct host *p; /* prefill's: its raw engine writes to peer_raw */
   uintptr_t dbase;
   uint64_t nb;
 };
@@ -339,17 +338,18 @@ static uint64_t probe_ns(const struct dest *d, enum probe what) {
     HixlTransferReq rq;
     HixlTransferStatus ts;
     if (what == PROBE_BUSY)
-      hb_check(HixlEngineTransferAsync(d->raw, d->draw, HIXL_WRITE, v, nv, 60000, NULL, &rq),
+      hb_check(HixlEngineTransferAsync(d->p->raw, d->p->peer_raw, HIXL_WRITE, v, nv, 60000, NULL, &rq),
                "raw async WRITE of one layer");
     uint64_t t0 = bench_now_ns();
     if (what == PROBE_LAYER)
-      hb_check(HixlEngineTransferSync(d->raw, d->draw, HIXL_WRITE, v, nv, 60000), "raw WRITE of one layer");
+      hb_check(HixlEngineTransferSync(d->p->raw, d->p->peer_raw, HIXL_WRITE, v, nv, 60000),
+               "raw WRITE of one layer");
     else
-      hb_check(HixlEngineSendNotify(d->raw, d->draw, &note, what == PROBE_BUSY ? 60000 : 10000),
+      hb_check(HixlEngineSendNotify(d->p->raw, d->p->peer_raw, &note, what == PROBE_BUSY ? 60000 : 10000),
                "raw notify");
     t[j] = bench_now_ns() - t0;
     if (what != PROBE_BUSY) continue;
-    hb_check(hb_wait_xfer(d->raw, rq, &ts), "raw status");
+    hb_check(hb_wait_xfer(d->p->raw, rq, &ts), "raw status");
     if (ts != HIXL_TRANSFER_COMPLETED) hb_die("raw async WRITE of one layer ended %d", (int)ts);
   }
   return hb_median_u64(t, n);
@@ -383,18 +383,18 @@ static void *raw_pusher(void *arg) {
     size_t n = layer_ops(v, d, l);
     HixlStatus st =
         k->calls
-            ? hixl_engine_transfer_then_call(d->raw, d->draw, HIXL_WRITE, v, n, HIXL_SERVICE_KV, &l,
+            ? hixl_engine_transfer_then_call(d->p->raw, d->p->peer_raw, HIXL_WRITE, v, n, HIXL_SERVICE_KV, &l,
                                              sizeof(l), ans[l], sizeof(ans[l]), &alen[l], 60000, &call[l])
-            : HixlEngineTransferAsync(d->raw, d->draw, HIXL_WRITE, v, n, 60000, NULL, &rq[l]);
+            : HixlEngineTransferAsync(d->p->raw, d->p->peer_raw, HIXL_WRITE, v, n, 60000, NULL, &rq[l]);
     hb_check(st, "raw async WRITE of layer %u", l);
   }
   for (uint32_t l = 0; l < o.layers; l++) {
     HixlTransferStatus ts = HIXL_TRANSFER_COMPLETED;
     if (k->calls)
-      hb_check(hixl_engine_call_wait(d->raw, d->draw, call[l]), "raw WRITE of layer %u, or its landed call",
-               l);
+      hb_check(hixl_engine_call_wait(d->p->raw, d->p->peer_raw, call[l]),
+               "raw WRITE of layer %u, or its landed call", l);
     else
-      hb_check(hb_wait_xfer(d->raw, rq[l], &ts), "raw status");
+      hb_check(hb_wait_xfer(d->p->raw, rq[l], &ts), "raw status");
     if (ts != HIXL_TRANSFER_COMPLETED) hb_die("raw async WRITE of layer %u ended %d", l, (int)ts);
   }
   k->done_ns = bench_now_ns();
@@ -429,12 +429,10 @@ static void raw_pushes(const struct dest *d, uint64_t compute, bool plain_first,
 }
 
 static int prefill_main(void *arg, int fd) {
-  uint16_t port = *(uint16_t *)arg, dport = (uint16_t)(port + 3);
+  uint16_t port = *(uint16_t *)arg;
   struct host p;
-  char draw[64];
   bool linked = false;
-  host_up(&p, 1, port, "producer", 1);
-  snprintf(draw, sizeof(draw), "%s:%u", o.ip, (unsigned)(dport + 2));
+  host_up(&p, 1, port, (uint16_t)(port + 3), "producer", 1);
   hb_send(fd, "ready %" PRIuPTR "\n", (uintptr_t)p.mem);
   PD_PHASE("prefill: setup");
   unsigned npush = 0;
@@ -465,9 +463,10 @@ static int prefill_main(void *arg, int fd) {
       PD_PHASE("prefill: plugin pull");
       hb_send(fd, "freed\n");
     } else if (sscanf(line, "push %63s %" SCNu64 " %" SCNuPTR " %n", id, &nb, &dbase, &off) == 3 && off > 0) {
-      hb_check(linked ? HIXL_SUCCESS : HixlEngineConnect(p.raw, draw, 10000), "raw connect to %s", draw);
+      hb_check(linked ? HIXL_SUCCESS : HixlEngineConnect(p.raw, p.peer_raw, 10000), "raw connect to %s",
+               p.peer_raw);
       linked = true;
-      const struct dest d = {p.raw, draw, &p, dbase, nb};
+      const struct dest d = {&p, dbase, nb};
       /* Each layer's compute as long as one layer's raw WRITE: the unit pipelining cannot hide. */
       uint64_t compute = probe_ns(&d, PROBE_LAYER), rtt = probe_ns(&d, PROBE_NOTICE);
       uint64_t busy = probe_ns(&d, PROBE_BUSY), rawp[2] = {0, 0}, t_last = 0;
@@ -555,11 +554,12 @@ static double cpu(const struct row *w, enum sample s) {
   return (double)w->med[s] / 1e9 / ((double)w->bytes / (double)(1u << 30));
 }
 
-/* A row's fields: the pull's columns, then the push's (kv_first only); the JSON's keys. */
+/* Row i's fields, the pull's columns, then the push's (kv_first only), to stdout as a markdown
+ * table, csv and json (when open; the JSON's keys are the CSV's columns). */
 #define PD_PULL_FIELDS   23
 #define F2(key, head, v) HB_FD(key, head, "%.4f", "%.2f", v)
 #define F3(key, head, v) HB_FD(key, head, "%.4f", "%.3f", v)
-static void row_fields(const struct row *w, struct hb_field *f) {
+static void row_out(const struct row *w, size_t i, FILE *json, FILE *csv) {
   const double l = ms(w, S_LAYER), fd = gbs(w, S_PLUGIN_FD), cp = cpu(w, S_CPU_PLUGIN);
   const struct hb_field r[] = {
       HB_FU("tokens", "prompt tokens", w->tokens),
@@ -597,7 +597,13 @@ static void row_fields(const struct row *w, struct hb_field *f) {
       F2("raw_call_push_ms", "raw engine push, a call per layer: after last layer ms",
          ms(w, S_RAW_CALL_PUSH)),
       F2("raw_call_push_ratio", "ratio", ms(w, S_RAW_CALL_PUSH) / l)};
-  memcpy(f, r, sizeof(r));
+  size_t nf = o.push ? HB_NF(r) : PD_PULL_FIELDS;
+  if (i == 0 && csv) hb_head(csv, HB_CSV, r, nf);
+  hb_emit(stdout, NULL, csv, i, o.nprompts, r, nf);
+  if (json) {
+    fputs(i ? ",\n " : "\n ", json);
+    hb_row(json, HB_JSON, r, nf);
+  }
 }
 
 int main(int argc, char **argv) {
@@ -625,9 +631,8 @@ int main(int argc, char **argv) {
   hb_parse(argc, argv, opts,
            "Prefill-to-decode hand-offs through the KV-connector plugin (pull, and push layer by\n"
            "layer) against the raw engine moving the same bytes as the same op lists.\n");
-  o.block_bytes = block_kib << 10;
+  o.block_bytes = block_kib ? block_kib << 10 : (uint64_t)o.block_tokens * HEAD_BYTES_PER_TOKEN;
   if (o.layout != LAYOUT_KV_FIRST) o.push = false; /* the push is measured with kv_first only */
-  if (!o.block_bytes) o.block_bytes = (uint64_t)o.block_tokens * HEAD_BYTES_PER_TOKEN;
   uint64_t maxprompt = 0;
   for (size_t i = 0; i < o.nprompts; i++) maxprompt = o.prompts[i] > maxprompt ? o.prompts[i] : maxprompt;
   o.pool_blocks = ((maxprompt + o.block_tokens - 1) / o.block_tokens + 15) / 8 * 8 + 8;
@@ -644,15 +649,13 @@ int main(int argc, char **argv) {
   if (sscanf(hb_recv(fd, line, sizeof(line)), "ready %" SCNuPTR, &rbase) != 1) hb_die("prefill: %s", line);
 
   struct host p;
-  host_up(&p, 2, dport, "consumer", 0);
+  host_up(&p, 2, dport, pport, "consumer", 0);
   hb_check(hixl_engine_set_service(p.raw, HIXL_SERVICE_KV, raw_landed_call, NULL), "raw engine service");
   int32_t pull_fd = -1;
   if (!HIXL_KV_HAS_OP(ops, get_event_fd)) hb_die("get_event_fd: the plugin is older than ABI 1.2");
   if (ops->get_event_fd(p.pull.worker, &pull_fd) != HIXL_KV_SUCCESS)
     hb_die("get_event_fd: %s", ops->last_error());
-  char praw[64];
-  snprintf(praw, sizeof(praw), "%s:%u", o.ip, (unsigned)(pport + 2));
-  hb_check(HixlEngineConnect(p.raw, praw, 10000), "raw connect");
+  hb_check(HixlEngineConnect(p.raw, p.peer_raw, 10000), "raw connect");
   HixlTransferOpDesc *opv = malloc((size_t)o.layers * 2 * o.pool_blocks * sizeof(*opv));
   if (!opv) hb_die("out of memory for the raw engine's op list");
   struct row rows[BENCH_MAX_LIST];
@@ -674,8 +677,7 @@ int main(int argc, char **argv) {
     uint64_t scaled = (uint64_t)o.rounds * maxprompt / o.prompts[pi]; /* >= rounds */
     w->rounds = (uint32_t)(scaled > 4ull * o.rounds ? 4ull * o.rounds : scaled);
     /* The raw engine READs the same op list as the plugin's pulls. */
-    size_t nops = build_ops(opv, (uintptr_t)p.mem, rbase, p.ids, p.peer_ids, nb, 0, o.layers);
-    w->ops = nops;
+    w->ops = build_ops(opv, (uintptr_t)p.mem, rbase, p.ids, p.peer_ids, nb, 0, o.layers);
     w->runs = nb ? 1 : 0; /* runs of blocks adjacent on both sides: what one op moves per plane at most */
     for (size_t j = 1; j < nb; j++)
       w->runs += p.ids[j] != p.ids[j - 1] + 1 || p.peer_ids[j] != p.peer_ids[j - 1] + 1;
@@ -712,7 +714,7 @@ int main(int argc, char **argv) {
         if (plug)
           wait_finished(&p.pull, did, 1, pass == 2 ? pull_fd : -1);
         else
-          hb_check(HixlEngineTransferSync(p.raw, praw, HIXL_READ, opv, nops, 60000), "raw READ%s",
+          hb_check(HixlEngineTransferSync(p.raw, p.peer_raw, HIXL_READ, opv, w->ops, 60000), "raw READ%s",
                    pass == 4 ? ", hosts stepping" : "");
         uint64_t t1 = bench_now_ns();
         t[pass_t[pass]][r] = t1 - t0;
@@ -730,11 +732,11 @@ int main(int argc, char **argv) {
         if (s1.loads_done != s0.loads_done + 1)
           hb_die("request %s: %" PRIu64 " loads done, not 1", did, s1.loads_done - s0.loads_done);
         uint64_t pops = s1.engine_ops - s0.engine_ops; /* the engine ops of this one request */
-        if (pops != nops && !w->plugin_ops)
+        if (pops != w->ops && !w->plugin_ops)
           fprintf(stderr,
                   "\nhixl-pd-bench: %s, %" PRIu64 " tokens: the plugin issued %" PRIu64
-                  " engine ops, the raw engine's mirror of its op list has %zu\n",
-                  layout_names[o.layout], w->tokens, pops, nops);
+                  " engine ops, the raw engine's mirror of its op list has %" PRIu64 "\n",
+                  layout_names[o.layout], w->tokens, pops, w->ops);
         if (pops > w->plugin_ops) w->plugin_ops = pops;
         if (pass == 1) t[S_HANDOFF][r] = t1 - t_fin;
         hb_recv(fd, line, sizeof(line)); /* freed */
@@ -788,8 +790,6 @@ int main(int argc, char **argv) {
   hb_send(fd, "quit\n");
   hb_reap(&prefill, 60);
 
-  struct hb_field rec[PD_PULL_FIELDS + 11];
-  size_t nf = o.push ? HB_NF(rec) : PD_PULL_FIELDS;
   FILE *f = o.json ? fopen(o.json, "w") : NULL;
   FILE *csv = o.csv ? fopen(o.csv, "w") : NULL;
   if ((o.json && !f) || (o.csv && !csv)) hb_die("%s: %s", o.json && !f ? o.json : o.csv, strerror(errno));
@@ -800,15 +800,7 @@ int main(int argc, char **argv) {
             ", \"push\": %s, \"obs\": %s, \"rows\": [",
             o.transport, layout_names[o.layout], o.layers, o.block_tokens, o.block_bytes, o.rounds, o.step_us,
             o.push ? "true" : "false", o.obs ? "true" : "false");
-  for (size_t i = 0; i < o.nprompts; i++) {
-    row_fields(&rows[i], rec);
-    if (i == 0) hb_head(stdout, HB_MD, rec, nf);
-    if (i == 0 && csv) hb_head(csv, HB_CSV, rec, nf);
-    if (csv) hb_row(csv, HB_CSV, rec, nf), fputc('\n', csv);
-    hb_row(stdout, HB_MD, rec, nf);
-    putchar('\n');
-    if (f) fputs(i ? ",\n " : "\n ", f), hb_row(f, HB_JSON, rec, nf);
-  }
+  for (size_t i = 0; i < o.nprompts; i++) row_out(&rows[i], i, f, csv);
   if (f) fprintf(f, "\n]}\n"), fclose(f);
   if (csv) fclose(csv);
   return host_down(&p);

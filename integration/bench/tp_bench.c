@@ -119,7 +119,6 @@ static void side_up(struct side *s, uint32_t world, const char *role) {
                        .layout_len = o.mla ? 3 : 6,
                        .total_kv_heads = o.mla ? 0 : o.heads};
     if (ops->register_kv_groups(s->w[i], &g, 1)) hb_die("register_kv_groups: %s", ops->last_error());
-    /* The raw engine on the same memory. */
     HixlMemHandle h;
     snprintf(k->raw_addr, sizeof(k->raw_addr), "%s:%u", o.ip, (unsigned)(rport + i));
     if (!(k->raw = hb_engine(k->raw_addr, o.transport, NULL, 0)) || hb_reg(k->raw, k->mem, k->len, &h))
@@ -374,11 +373,6 @@ static void pair_run(uint32_t np, uint32_t nd) {
     ops->get_stats_ex(p.w[i], &s);
     held += s.blocks_held;
   }
-  char rounds_json[MAX_ROUNDS * 8 + 2] = "[";
-  for (uint32_t i = 0; i < nr; i++)
-    snprintf(rounds_json + strlen(rounds_json), sizeof(rounds_json) - strlen(rounds_json), "%s%.3f",
-             i ? "," : "", ratio[i]);
-  strcat(rounds_json, "]");
   /* The plugin took each place in a round in turn: its ratio is the geometric mean of the
    * three places' medians, so that a slow place counts once, not as a majority. */
   double rat_lo, rat_hi, by_place[3] = {0, 0, 0};
@@ -394,19 +388,23 @@ static void pair_run(uint32_t np, uint32_t nd) {
       "| %" PRIu64 " | %" PRIu64 " |\n",
       np, nd, o.mla ? "MLA" : "GQA", pg, rg, rat, rat_lo, rat_hi, aam, aa_lo, aa_hi, aa[0], aa[nr - 1], preq,
       rreq, moved, need, held);
-  if (json)
-    fprintf(
-        json,
-        "{\"prefill_tp\": %u, \"decode_tp\": %u, \"model\": \"%s\", \"kv_heads\": %u, \"layers\": %u, "
-        "\"prompt\": %u, \"requests\": %u, \"rounds\": %u, \"per_producer\": %u, \"transport\": \"%s\", "
-        "\"cpus\": \"%s\", \"plugin_gbps\": %.3f, \"raw_gbps\": %.3f, \"ratio\": %.3f, "
-        "\"ratio_ci95\": [%.3f, %.3f], \"ratio_by_place\": [%.3f, %.3f, %.3f], \"ratio_rounds\": %s, "
-        "\"raw_aa_median\": %.3f, \"raw_aa_ci95\": [%.3f, %.3f], \"raw_aa_lo\": %.3f, \"raw_aa_hi\": %.3f, "
-        "\"plugin_ops_per_request\": %.1f, \"raw_ops_per_request\": %.1f, \"bytes_moved_per_request\": "
-        "%.0f, \"bytes_needed_per_request\": %" PRIu64 ", \"prefill_blocks_held\": %" PRIu64 "}\n",
-        np, nd, o.mla ? "mla" : "gqa", o.heads, o.layers, o.prompt, o.requests, nr, o.per_producer,
-        o.transport, cpus_split() ? "split" : "shared", pg, rg, rat, rat_lo, rat_hi, by_place[0], by_place[1],
-        by_place[2], rounds_json, aam, aa_lo, aa_hi, aa[0], aa[nr - 1], preq, rreq, moved, need, held);
+  if (json) {
+    fprintf(json,
+            "{\"prefill_tp\": %u, \"decode_tp\": %u, \"model\": \"%s\", \"kv_heads\": %u, \"layers\": %u, "
+            "\"prompt\": %u, \"requests\": %u, \"rounds\": %u, \"per_producer\": %u, \"transport\": \"%s\", "
+            "\"cpus\": \"%s\", \"plugin_gbps\": %.3f, \"raw_gbps\": %.3f, \"ratio\": %.3f, "
+            "\"ratio_ci95\": [%.3f, %.3f], \"ratio_by_place\": [%.3f, %.3f, %.3f], \"ratio_rounds\": [",
+            np, nd, o.mla ? "mla" : "gqa", o.heads, o.layers, o.prompt, o.requests, nr, o.per_producer,
+            o.transport, cpus_split() ? "split" : "shared", pg, rg, rat, rat_lo, rat_hi, by_place[0],
+            by_place[1], by_place[2]);
+    for (uint32_t i = 0; i < nr; i++) fprintf(json, "%s%.3f", i ? "," : "", ratio[i]);
+    fprintf(json,
+            "], \"raw_aa_median\": %.3f, \"raw_aa_ci95\": [%.3f, %.3f], \"raw_aa_lo\": %.3f, "
+            "\"raw_aa_hi\": %.3f, \"plugin_ops_per_request\": %.1f, \"raw_ops_per_request\": %.1f, "
+            "\"bytes_moved_per_request\": %.0f, \"bytes_needed_per_request\": %" PRIu64
+            ", \"prefill_blocks_held\": %" PRIu64 "}\n",
+            aam, aa_lo, aa_hi, aa[0], aa[nr - 1], preq, rreq, moved, need, held);
+  }
   fflush(stdout);
   side_down(&d);
   side_down(&p);
