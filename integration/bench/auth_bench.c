@@ -238,18 +238,17 @@ static void p_memcpy(void *x) {
 }
 
 /* What --frames times, in the table's order: a frame header's bytes, or a 1 MiB chunk's. */
-#define N_PRIMS 7
 static const struct {
   const char *name;
   void (*fn)(void *);
   bool chunk;
-} prims[N_PRIMS] = {{"tag a frame header (hixl: GMAC)", p_seal, false},
-                    {"check a frame header's tag (hixl)", p_check, false},
-                    {"HMAC-SHA256 of a frame header", p_hmac, false},
-                    {"memcpy of a frame header", p_memcpy, false},
-                    {"GMAC over a 1 MiB payload (tagging the data too)", p_seal, true},
-                    {"AES-256-GCM encrypt 1 MiB (a TLS 1.3 record layer)", p_encrypt, true},
-                    {"memcpy 1 MiB (the reference: a copy of the data)", p_memcpy, true}};
+} prims[] = {{"tag a frame header (hixl: GMAC)", p_seal, false},
+             {"check a frame header's tag (hixl)", p_check, false},
+             {"HMAC-SHA256 of a frame header", p_hmac, false},
+             {"memcpy of a frame header", p_memcpy, false},
+             {"GMAC over a 1 MiB payload (tagging the data too)", p_seal, true},
+             {"AES-256-GCM encrypt 1 MiB (a TLS 1.3 record layer)", p_encrypt, true},
+             {"memcpy 1 MiB (the reference: a copy of the data)", p_memcpy, true}};
 
 static int frames_bench(void) {
   static const uint8_t session[AUTH_MAC_LEN] = {1, 2, 3};
@@ -268,8 +267,8 @@ static int frames_bench(void) {
   }
   bench_pattern_fill(c.a, chunk, 7);
   auth_seal_frame(&c.f.tx, c.a, hdr, NULL, 0, c.tag0); /* frame 0, which every check then takes */
-  double ns[N_PRIMS];
-  for (int i = 0; i < N_PRIMS; i++) {
+  double ns[HB_NF(prims)];
+  for (size_t i = 0; i < HB_NF(prims); i++) {
     c.n = prims[i].chunk ? chunk : hdr;
     ns[i] = time_ns(prims[i].fn, &c, prims[i].chunk ? 20 : 20000);
   }
@@ -292,7 +291,7 @@ static int frames_bench(void) {
   printf("# hixl-auth-bench --frames (hixl %s): one core, median of 9 runs\n", HixlVersionString());
   /* the head by hand: hb_head aligns no column right */
   printf("| what | bytes | ns per op | GB/s | / memcpy of the same bytes |\n|---|---:|---:|---:|---:|\n");
-  for (int i = 0; i < N_PRIMS; i++) {
+  for (size_t i = 0; i < HB_NF(prims); i++) {
     size_t bytes = prims[i].chunk ? chunk : hdr;
     const struct hb_field rec[] = {
         HB_FS("what", "what", prims[i].name), HB_FU("bytes", "bytes", bytes),
@@ -300,7 +299,7 @@ static int frames_bench(void) {
         HB_FD(NULL, "/ memcpy of the same bytes", "%.2fx", NULL, ns[i] / ns[prims[i].chunk ? 6 : 3])};
     hb_row(stdout, HB_MD, rec, HB_NF(rec));
     putchar('\n');
-    if (j) hb_json_item(j, (size_t)i, N_PRIMS, rec, HB_NF(rec));
+    if (j) hb_json_item(j, i, HB_NF(prims), rec, HB_NF(rec));
   }
   printf(
       "\nper 4 MiB op over tcp (4 chunks, a tagged request and answer each, tagged and checked): %.2f us\n",

@@ -65,11 +65,9 @@ static struct {
        .progress = true,
        .cpu = {-1, -1}};
 
-struct point_result {
-  const char *api;  /* "engine" / "cs" */
-  const char *op;   /* "READ" / "WRITE" */
-  const char *mode; /* "sync" / "async" / "latency" */
-  size_t block, batch, window;
+struct point_result { /* a point's own figures; its api, mode and window are the run's */
+  const char *op;     /* "READ" / "WRITE" */
+  size_t block, batch;
   uint64_t iters, bytes;
   double seconds, gbps;
   struct bench_stats st;
@@ -126,20 +124,9 @@ static uint64_t point_warmup(uint64_t iters) {
 
 /* ------------------------------------------------------------------- target */
 
-#define BENCH_ENGINE_OPTS (HB_EXTRA_MAX + 1) /* --opt, StagingUnregistered */
-
 /* The target serves an unregistered buffer and sets StagingUnregistered=on itself. */
 static bool target_sets_unreg(void) {
   return (o.unreg & UNREG_REMOTE) != 0 && hb_extra_get(&o.x, "StagingUnregistered") == NULL;
-}
-
-/* Engine options beyond Transport into opt[BENCH_ENGINE_OPTS]: every --opt, and for a
- * target serving unregistered memory StagingUnregistered=on. */
-static size_t engine_options(bool target, HixlOption *opt) {
-  size_t n = 0;
-  for (size_t i = 0; i < o.x.n; i++) opt[n++] = o.x.v[i];
-  if (target && target_sets_unreg()) opt[n++] = (HixlOption){.key = "StagingUnregistered", .value = "on"};
-  return n;
 }
 
 /* The CS endpoint protocol for --transport (transports[]'s order); the CS API has no "auto": tcp. */
@@ -171,13 +158,16 @@ out_destroy:
 }
 
 /* --api engine: an engine on --peer with the buffer registered (unless --unregistered
- * remote: StagingUnregistered serves it). */
+ * remote: StagingUnregistered serves it), its options every --opt and that one. */
 static int target_engine(int ctrl, uint8_t *buf, size_t span) {
-  HixlOption opt[BENCH_ENGINE_OPTS];
+  HixlOption opt[HB_EXTRA_MAX + 1];
   HixlMemHandle mh = NULL;
   bool reg = (o.unreg & UNREG_REMOTE) == 0;
+  size_t n = o.x.n;
   int rc = 1;
-  HixlEngine *eng = hb_engine(o.peer, o.transport, opt, engine_options(true, opt));
+  memcpy(opt, o.x.v, n * sizeof(*opt));
+  if (target_sets_unreg()) opt[n++] = (HixlOption){.key = "StagingUnregistered", .value = "on"};
+  HixlEngine *eng = hb_engine(o.peer, o.transport, opt, n);
   if (eng == NULL) return 1;
   if (!reg || hb_reg(eng, buf, span, &mh) == HIXL_SUCCESS) {
     if (hb_ready(ctrl, (uint64_t[]){(uintptr_t)buf, span}, 2))
@@ -217,40 +207,34 @@ static void build_descs(const struct bench_ctx *c, size_t first, uintptr_t local
   }
 }
 
-/* True when st is success; else says which call failed ("HixlEngineTransferSync(READ,
- * verify)") and false. */
-static bool xfer_ok(HixlStatus st, HixlTransferOp op, bool async, const char *what) {
-  char w[96];
-  if (st == HIXL_SUCCESS) return true;
-  int n = o.api == API_CS ? snprintf(w, sizeof(w), "HixlCSClientBatch%s%s", op == HIXL_READ ? "Get" : "Put",
-                                     async ? "Async" : "Sync")
-                          : snprintf(w, sizeof(w), "HixlEngineTransfer%s", async ? "Async" : "Sync");
-  if (!async)
-    snprintf(w + n, sizeof(w) - (size_t)n, "(%s%s%s)", op_names[op], what ? ", " : "", what ? what : "");
-  return hb_fail(w, st);
-}
-
-/* One synchronous batch of the n ops at index first: TransferSync or Batch{Put,Get}Sync. */
-static HixlStatus xfer_sync(struct bench_ctx *c, HixlTransferOp op, size_t first, size_t n, int32_t tmo) {
-  const HixlOneSideOpDesc *cd = &c->cdescs[first];
-  if (o.api == API_ENGINE) return HixlEngineTransferSync(c->eng, o.peer, op, &c->descs[first], n, tmo);
-  return op == HIXL_READ ? HixlCSClientBatchGetSync(c->cli, (uint32_t)n, cd, (uint32_t)tmo)
-                         : HixlCSClientBatchPutSync(c->cli, (uint32_t)n, cd, (uint32_t)tmo);
-}
-
-/* Start one asynchronous batch; *handle is a HixlTransferReq or a CompleteHandle. The CS
- * API has no per-batch timeout: its batches end TIMEOUT after HIXL_CS_BATCH_TIMEOUT_MS. */
-static HixlStatus xfer_async(struct bench_ctx *c, HixlTransferOp op, size_t first, size_t n, int32_t tmo,
-                             void *user_data, void **handle) {
+/* One batch of the n ops at index first: synchronous without handle (TransferSync or
+ * Batch{Put,Get}Sync), else started, *handle its HixlTransferReq or CompleteHandle (the CS
+ * API has no per-batch timeout: its batches end TIMEOUT after HIXL_CS_BATCH_TIMEOUT_MS).
+ * False after saying which call failed ("HixlEngineTransferSync(READ, verify)"). */
+static bool xfer(struct bench_ctx *c, HixlTransferOp op, size_t first, size_t n, int32_t tmo, void *user_data,
+                 void **handle, const char *what) {
   const HixlOneSideOpDesc *cd = &c->cdescs[first];
   HixlTransferReq req = NULL;
-  if (o.api == API_ENGINE) {
-    HixlStatus st = HixlEngineTransferAsync(c->eng, o.peer, op, &c->descs[first], n, tmo, user_data, &req);
-    *handle = req;
-    return st;
-  }
-  return op == HIXL_READ ? HixlCSClientBatchGetAsync(c->cli, (uint32_t)n, cd, handle)
+  HixlStatus st;
+  char w[96];
+  if (o.api == API_ENGINE && handle == NULL)
+    st = HixlEngineTransferSync(c->eng, o.peer, op, &c->descs[first], n, tmo);
+  else if (o.api == API_ENGINE)
+    st = HixlEngineTransferAsync(c->eng, o.peer, op, &c->descs[first], n, tmo, user_data, &req);
+  else if (handle == NULL)
+    st = op == HIXL_READ ? HixlCSClientBatchGetSync(c->cli, (uint32_t)n, cd, (uint32_t)tmo)
+                         : HixlCSClientBatchPutSync(c->cli, (uint32_t)n, cd, (uint32_t)tmo);
+  else
+    st = op == HIXL_READ ? HixlCSClientBatchGetAsync(c->cli, (uint32_t)n, cd, handle)
                          : HixlCSClientBatchPutAsync(c->cli, (uint32_t)n, cd, handle);
+  if (o.api == API_ENGINE && handle) *handle = req;
+  if (st == HIXL_SUCCESS) return true;
+  int k = o.api == API_CS ? snprintf(w, sizeof(w), "HixlCSClientBatch%s%s", op == HIXL_READ ? "Get" : "Put",
+                                     handle ? "Async" : "Sync")
+                          : snprintf(w, sizeof(w), "HixlEngineTransfer%s", handle ? "Async" : "Sync");
+  if (!handle)
+    snprintf(w + k, sizeof(w) - (size_t)k, "(%s%s%s)", op_names[op], what ? ", " : "", what ? what : "");
+  return hb_fail(w, st);
 }
 
 /* Where an asynchronous batch stands, in the engine's terms. */
@@ -280,7 +264,7 @@ static int verify_point(struct bench_ctx *c, HixlTransferOp op, size_t block, si
   for (size_t w = 0; w < 2 * window; w++) { /* every request's slots: WRITE from src, then READ into dst */
     HixlTransferOp d = w < window ? HIXL_WRITE : HIXL_READ;
     build_descs(c, 0, (uintptr_t)(d == HIXL_WRITE ? src : dst), block, batch, w % window);
-    if (!xfer_ok(xfer_sync(c, d, 0, batch, call_timeout(block * batch)), d, false, "verify")) return -1;
+    if (!xfer(c, d, 0, batch, call_timeout(block * batch), NULL, NULL, "verify")) return -1;
   }
   size_t bad = 0;
   if (!bench_same(src, dst, used, &bad)) {
@@ -293,11 +277,11 @@ static int verify_point(struct bench_ctx *c, HixlTransferOp op, size_t block, si
 }
 
 /* count batches of op, each timed from its call to its completion into lat (when not
- * NULL: not a warm-up), stopping early past limit_ns (0: never); the number done into *done_out. Sync:
+ * NULL: not a warm-up), stopping early past limit_ns (0: never); the number done into *done. Sync:
  * one call at a time, the same batch each time (like ib_write_bw); async: `window`
  * requests in flight, each on its own slots. */
 static bool run_phase(struct bench_ctx *c, bool async, HixlTransferOp op, size_t block, size_t batch,
-                      uint64_t count, uint64_t *lat, uint64_t limit_ns, uint64_t *done_out) {
+                      uint64_t count, uint64_t *lat, uint64_t limit_ns, uint64_t *done) {
   struct {
     void *req; /* HixlTransferReq, or CompleteHandle with --api cs */
     uint64_t t_submit;
@@ -305,22 +289,18 @@ static bool run_phase(struct bench_ctx *c, bool async, HixlTransferOp op, size_t
   } s[BENCH_MAX_WINDOW] = {0};
   size_t window = async ? o.window : 1, busy = 0;
   int32_t tmo = call_timeout(block * batch);
-  uint64_t submitted = 0, done = 0;
+  uint64_t submitted = 0;
   bool ok = true;
   for (size_t w = 0; w < window; w++) build_descs(c, w * batch, (uintptr_t)c->lbuf, block, batch, w);
-  while (!async && done < count) {
+  for (*done = 0; !async && *done < count;) {
     uint64_t t0 = bench_now_ns();
-    HixlStatus st = xfer_sync(c, op, 0, batch, tmo);
+    if (!xfer(c, op, 0, batch, tmo, NULL, NULL, lat ? NULL : "warm-up")) return false;
     uint64_t t = bench_now_ns();
-    if (!xfer_ok(st, op, false, lat ? NULL : "warm-up")) return false;
-    if (lat) lat[done] = t - t0;
-    done++;
+    if (lat) lat[*done] = t - t0;
+    ++*done;
     if (limit_ns != 0 && t > limit_ns) break;
   }
-  if (!async) {
-    *done_out = done;
-    return true;
-  }
+  if (!async) return true;
   /* Bound an async phase: the time limit plus one timeout for the stragglers. */
   uint64_t hard =
       (limit_ns ? limit_ns : bench_now_ns() + 3600ull * 1000000000ull) + (uint64_t)tmo * 2000000ull;
@@ -330,7 +310,7 @@ static bool run_phase(struct bench_ctx *c, bool async, HixlTransferOp op, size_t
       void *ud = (void *)(uintptr_t)(w + 1), *back = NULL;
       if (s[w].busy) continue;
       s[w].t_submit = bench_now_ns();
-      if (!(ok = xfer_ok(xfer_async(c, op, w * batch, batch, tmo, ud, &s[w].req), op, true, NULL))) break;
+      if (!(ok = xfer(c, op, w * batch, batch, tmo, ud, &s[w].req, NULL))) break;
       if (submitted++ == 0 && o.api == API_ENGINE) { /* the user data comes back */
         HixlStatus st = HixlEngineGetTransferUserData(c->eng, s[w].req, &back);
         if (st != HIXL_SUCCESS || back != ud) {
@@ -358,8 +338,8 @@ static bool run_phase(struct bench_ctx *c, bool async, HixlTransferOp op, size_t
                ts == HIXL_TRANSFER_TIMEOUT ? "TIMEOUT" : "FAILED", HixlGetLastErrorMessage());
         ok = false;
       } else {
-        if (lat) lat[done] = bench_now_ns() - s[w].t_submit;
-        done++;
+        if (lat) lat[*done] = bench_now_ns() - s[w].t_submit;
+        ++*done;
       }
     }
     if (!progressed && bench_now_ns() > hard) {
@@ -368,23 +348,20 @@ static bool run_phase(struct bench_ctx *c, bool async, HixlTransferOp op, size_t
     }
     if (!progressed) sched_yield();
   }
-  *done_out = done;
   return ok;
 }
 
 /* A point: warm-up, then the measured phase, its figures into r. */
 static bool run_point(struct bench_ctx *c, bool async, HixlTransferOp op, size_t block, size_t batch,
                       uint64_t iters, uint64_t warmup, struct point_result *r) {
-  uint64_t done = 0;
-  if (warmup > 0 && !run_phase(c, async, op, block, batch, warmup, NULL, 0, &done)) return false;
+  if (warmup > 0 && !run_phase(c, async, op, block, batch, warmup, NULL, 0, &r->iters)) return false;
   uint64_t t0 = bench_now_ns();
-  if (!run_phase(c, async, op, block, batch, iters, c->lat, t0 + (uint64_t)(o.max_seconds * 1e9), &done))
+  if (!run_phase(c, async, op, block, batch, iters, c->lat, t0 + (uint64_t)(o.max_seconds * 1e9), &r->iters))
     return false;
   r->seconds = (double)(bench_now_ns() - t0) / 1e9;
-  r->iters = done;
-  r->bytes = done * block * batch;
+  r->bytes = r->iters * block * batch;
   r->gbps = r->seconds > 0 ? (double)r->bytes / r->seconds / 1e9 : 0;
-  r->st = bench_stats_ns(c->lat, done);
+  r->st = bench_stats_ns(c->lat, r->iters);
   return true;
 }
 
@@ -408,8 +385,7 @@ static int run_sweep(struct bench_ctx *c) {
       hb_say("[%zu/%zu] %s block %zu batch %zu%s: up to %" PRIu64 " iterations (%.1f s so far)\n", p + 1,
              total_points, op_names[op], block, batch, o.async ? " async" : "", iters,
              (double)(bench_now_ns() - sweep_t0) / 1e9);
-    struct point_result r = {apis[o.api], op_names[op], o.async ? "async" : "sync", block,
-                             batch,       window,       .verified = "skipped"};
+    struct point_result r = {op_names[op], block, batch, .verified = "skipped"};
     if (o.verify) {
       int v = verify_point(c, op, block, batch, window, p + 2);
       if (v < 0) return 1;
@@ -430,18 +406,17 @@ static int run_sweep(struct bench_ctx *c) {
 /* Small READ round trips, one TransferSync (cs: BatchGetSync) of one op each: a sync
  * point of --lat-size, batch 1 (its seconds: the round trips' wall time). */
 static int run_latency(struct bench_ctx *c) {
-  size_t size = o.lat_size;
   uint64_t warmup = o.warmup != UINT64_MAX ? o.warmup : 1000;
-  struct point_result r = {
-      apis[o.api], "READ", "latency", size, 1, 1, .verified = o.verify ? "yes" : "skipped"};
-  if (o.verify && verify_point(c, HIXL_READ, size, 1, 1, 1) != 1) return 1;
+  struct point_result r = {"READ", o.lat_size, 1, .verified = o.verify ? "yes" : "skipped"};
+  if (o.verify && verify_point(c, HIXL_READ, o.lat_size, 1, 1, 1) != 1) return 1;
   if (o.progress)
-    hb_say("latency: %" PRIu64 " READ round trips of %zu B after %" PRIu64 " warm-up\n", o.lat_iters, size,
-           warmup);
-  if (!run_point(c, false, HIXL_READ, size, 1, o.lat_iters, warmup, &r)) return 1;
+    hb_say("latency: %" PRIu64 " READ round trips of %zu B after %" PRIu64 " warm-up\n", o.lat_iters,
+           o.lat_size, warmup);
+  if (!run_point(c, false, HIXL_READ, o.lat_size, 1, o.lat_iters, warmup, &r)) return 1;
   printf("latency: %zu B READ round trip (api %s), %" PRIu64 " iterations: avg %.2f us, p50 %.2f us, "
          "p99 %.2f us, min %.2f us, max %.2f us (verified: %s)\n",
-         size, r.api, r.iters, r.st.avg_us, r.st.p50_us, r.st.p99_us, r.st.min_us, r.st.max_us, r.verified);
+         o.lat_size, apis[o.api], r.iters, r.st.avg_us, r.st.p50_us, r.st.p99_us, r.st.min_us, r.st.max_us,
+         r.verified);
   c->res[c->n_res++] = r;
   return 0;
 }
@@ -449,11 +424,11 @@ static int run_latency(struct bench_ctx *c) {
 /* A point's fields in the CSV's order (tool first, api last); the JSON's without tool. */
 static size_t point_fields(const struct point_result *r, struct hb_field *f) {
   const struct hb_field v[] = {HB_FS("tool", NULL, "hixl-bench"),
-                               HB_FS("mode", NULL, r->mode),
+                               HB_FS("mode", NULL, o.latency ? "latency" : (o.async ? "async" : "sync")),
                                HB_FS("op", NULL, r->op),
                                HB_FU("block_size", NULL, r->block),
                                HB_FU("batch", NULL, r->batch),
-                               HB_FU("window", NULL, r->window),
+                               HB_FU("window", NULL, o.async && !o.latency ? o.window : 1),
                                HB_FU("iters", NULL, r->iters),
                                HB_FU("bytes", NULL, r->bytes),
                                HB_FD("seconds", NULL, "%.6f", NULL, r->seconds),
@@ -464,16 +439,16 @@ static size_t point_fields(const struct point_result *r, struct hb_field *f) {
                                HB_FD("min_us", NULL, "%.3f", NULL, r->st.min_us),
                                HB_FD("max_us", NULL, "%.3f", NULL, r->st.max_us),
                                HB_FS("verified", NULL, r->verified),
-                               HB_FS("api", NULL, r->api)};
+                               HB_FS("api", NULL, apis[o.api])};
   memcpy(f, v, sizeof(v));
   return HB_NF(v);
 }
 
 /* The engine options beyond Transport, "K=V K=V" ("none"), and the one the bench adds on
  * the target. */
-static const char *options_text(char *buf, size_t cap) {
-  size_t n = 0;
-  buf[0] = '\0';
+static const char *options_text(void) {
+  static char buf[HB_EXTRA_MAX * 128];
+  size_t n = 0, cap = sizeof(buf);
   for (size_t i = 0; i < o.x.n && n < cap; i++)
     n += (size_t)snprintf(buf + n, cap - n, "%s%s=%s", n > 0 ? " " : "", o.x.v[i].key, o.x.v[i].value);
   if (target_sets_unreg() && n < cap)
@@ -484,7 +459,6 @@ static const char *options_text(char *buf, size_t cap) {
 /* The points as CSV rows (--csv, appended) and as --json's results (without tool). */
 static bool write_results(const struct bench_ctx *c) {
   struct hb_field rec[24];
-  char opts[HB_EXTRA_MAX * 128];
   FILE *f = o.csv && c->n_res ? hb_csv(o.csv, BENCH_CSV_HEADER) : NULL;
   for (size_t i = 0; f && i < c->n_res; i++)
     hb_emit(NULL, NULL, f, i, c->n_res, rec, point_fields(&c->res[i], rec));
@@ -494,8 +468,8 @@ static bool write_results(const struct bench_ctx *c) {
   fprintf(f, "  \"api\": \"%s\",\n  \"transport\": \"%s\",\n", apis[o.api],
           o.transport ? o.transport : "default");
   if (o.api == API_ENGINE)
-    fprintf(f, "  \"engine_options\": \"%s\",\n  \"unregistered\": \"%s\",\n",
-            options_text(opts, sizeof(opts)), unregs[o.unreg]);
+    fprintf(f, "  \"engine_options\": \"%s\",\n  \"unregistered\": \"%s\",\n", options_text(),
+            unregs[o.unreg]);
   fprintf(f, "  \"peer\": \"%s\",\n  \"registered_bytes\": %zu,\n  \"results\": [\n", o.peer, c->span);
   for (size_t i = 0; i < c->n_res; i++)
     hb_emit(NULL, f, NULL, i, c->n_res, rec + 1, point_fields(&c->res[i], rec) - 1);
@@ -504,14 +478,13 @@ static bool write_results(const struct bench_ctx *c) {
 
 /* Print the run's header line, measure, write the results: 0 ok, 1 a failure. */
 static int measure(struct bench_ctx *c, uint64_t connect_ns) {
-  char opts[HB_EXTRA_MAX * 128];
   printf("# hixl-bench (hixl %s): initiator %s -> target %s, api %s, transport %s, ", HixlVersionString(),
          o.local, o.peer, apis[o.api], o.transport ? o.transport : (o.api == API_CS ? "tcp" : "default"));
   if (o.async) printf("async window %zu, ", o.window);
   if (!o.async) printf("sync, ");
   if (o.unreg) printf("%zu bytes per side, unregistered %s (staged)", c->span, unregs[o.unreg]);
   if (!o.unreg) printf("%zu registered bytes per side", c->span);
-  if (o.api == API_ENGINE) printf(", engine options %s", options_text(opts, sizeof(opts)));
+  if (o.api == API_ENGINE) printf(", engine options %s", options_text());
   printf(", verify %s, connect %.2f ms\n", o.verify ? "on" : "off", (double)connect_ns / 1e6);
   int rc = o.latency ? run_latency(c) : run_sweep(c);
   return write_results(c) ? rc : 1;
@@ -523,10 +496,9 @@ static int measure(struct bench_ctx *c, uint64_t connect_ns) {
 static int initiator_engine(struct bench_ctx *c) {
   uint8_t *bufs[2] = {c->lbuf, c->vbuf};
   HixlMemHandle h[2];
-  HixlOption opt[BENCH_ENGINE_OPTS];
   size_t nreg = 0, want = (o.unreg & UNREG_LOCAL) ? 0 : 2;
   int rc = 1;
-  if (!(c->eng = hb_engine(o.local, o.transport, opt, engine_options(false, opt)))) return 1;
+  if (!(c->eng = hb_engine(o.local, o.transport, o.x.v, o.x.n))) return 1;
   while (nreg < want && hb_reg(c->eng, bufs[nreg], c->span, &h[nreg]) == HIXL_SUCCESS) nreg++;
   uint64_t t0 = bench_now_ns();
   if (nreg == want && hb_ok(HixlEngineConnect(c->eng, o.peer, 10000), "HixlEngineConnect")) {
@@ -540,8 +512,9 @@ static int initiator_engine(struct bench_ctx *c) {
   return rc;
 }
 
-/* The server's registration tagged BENCH_CS_TAG, by HixlCSClientGetRemoteMem. */
-static bool cs_find_target(struct bench_ctx *c, size_t *len) {
+/* The server's registration tagged BENCH_CS_TAG, by HixlCSClientGetRemoteMem: into c->rbase,
+ * and c->span shrunk to its length. */
+static bool cs_find_target(struct bench_ctx *c) {
   HcommMem *mems = NULL;
   char **tags = NULL;
   uint32_t n = 0;
@@ -551,7 +524,7 @@ static bool cs_find_target(struct bench_ctx *c, size_t *len) {
     if (tags[i] == NULL || strcmp(tags[i], BENCH_CS_TAG) != 0) continue;
     if (mems[i].type != HCCL_MEM_TYPE_HOST || mems[i].size > SIZE_MAX) break;
     c->rbase = (uintptr_t)mems[i].addr;
-    *len = (size_t)mems[i].size;
+    c->span = mems[i].size < c->span ? (size_t)mems[i].size : c->span;
     return true;
   }
   hb_say("the server at %s has no host memory tagged \"%s\" (%u registrations)\n", o.peer, BENCH_CS_TAG, n);
@@ -559,12 +532,12 @@ static bool cs_find_target(struct bench_ctx *c, size_t *len) {
 }
 
 /* --api cs: a CS client with both regions registered, connected to the target's CS
- * server, which holds the buffer found by its tag. Shrinks c->span to that buffer. */
+ * server, which holds the buffer found by its tag. */
 static int initiator_cs(struct bench_ctx *c) {
   HcommMem mem[2] = {{.type = HCCL_MEM_TYPE_HOST, .addr = c->lbuf, .size = c->span},
                      {.type = HCCL_MEM_TYPE_HOST, .addr = c->vbuf, .size = c->span}};
   MemHandle h[2];
-  size_t nreg = 0, rlen = 0;
+  size_t nreg = 0;
   int rc = 1;
   EndpointDesc lep = {.protocol = cs_protocol(), .address = o.local}, rep = {.protocol = cs_protocol()};
   HixlClientDesc cd = {
@@ -575,10 +548,7 @@ static int initiator_cs(struct bench_ctx *c) {
   uint64_t t0 = bench_now_ns();
   if (nreg == 2 && hb_ok(HixlCSClientConnect(c->cli, 10000), "HixlCSClientConnect")) {
     uint64_t connect_ns = bench_now_ns() - t0;
-    if (cs_find_target(c, &rlen)) {
-      c->span = rlen < c->span ? rlen : c->span;
-      rc = measure(c, connect_ns);
-    }
+    if (cs_find_target(c)) rc = measure(c, connect_ns);
   }
   while (nreg > 0) /* in reverse */
     if (!hb_ok(HixlCSClientUnregMem(c->cli, h[--nreg]), "HixlCSClientUnregMem")) rc = 1;

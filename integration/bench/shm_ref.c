@@ -58,8 +58,7 @@ static int target(int fd) {
 struct ctx {
   HixlEngine *e;
   pid_t pid;
-  uint64_t raddr; /* the target's registered memory */
-  uint64_t maddr; /* ... and its AllocMem memory, mapped here */
+  uint64_t addr[2]; /* the target's registered memory, and its AllocMem memory (mapped here) */
   unsigned char *src, *dst;
   HixlTransferOpDesc *d;
   struct iovec *riov; /* remote ranges of one process_vm_readv call */
@@ -79,14 +78,14 @@ struct fig {
 };
 
 /* One TransferSync of op: batch blocks from block index first (mod the span), to or from
- * the target's memory at raddr, in the scattered order or not. */
-static void shm_call(struct ctx *c, uint64_t raddr, HixlTransferOp op, size_t first, size_t block,
-                     size_t batch, bool scattered, const char *what) {
+ * the target's registered memory or its mapped one, in the scattered order or not. */
+static void shm_call(struct ctx *c, bool mapped, HixlTransferOp op, size_t first, size_t block, size_t batch,
+                     bool scattered, const char *what) {
   size_t nblk = o.span / block;
   for (size_t i = 0; i < batch; i++) {
     size_t b = (first + i) % nblk, rb = scattered ? c->perm[b] : b;
     c->d[i] = (HixlTransferOpDesc){.local_addr = (uintptr_t)(op == HIXL_WRITE ? c->src : c->dst) + b * block,
-                                   .remote_addr = raddr + rb * block,
+                                   .remote_addr = c->addr[mapped] + rb * block,
                                    .len = block};
   }
   hb_check(HixlEngineTransferSync(c->e, peer, op, c->d, batch, 60000), "%s", what);
@@ -106,13 +105,13 @@ static double run_fig(struct ctx *c, struct fig *f) {
         struct iovec l = {c->dst + first * f->block, len};
         for (size_t i = 0; i < f->batch; i++) {
           size_t rb = f->scattered ? c->perm[first + i] : first + i;
-          c->riov[i] = (struct iovec){(void *)(uintptr_t)(c->raddr + rb * f->block), f->block};
+          c->riov[i] = (struct iovec){(void *)(uintptr_t)(c->addr[0] + rb * f->block), f->block};
         }
         if (process_vm_readv(c->pid, &l, 1, c->riov, f->batch, 0) != (ssize_t)len)
           hb_die("process_vm_readv: %s", strerror(errno));
       } else {
-        shm_call(c, f->mapped ? c->maddr : c->raddr, f->kind == K_WRITE ? HIXL_WRITE : HIXL_READ, first,
-                 f->block, f->batch, f->scattered, f->name);
+        shm_call(c, f->mapped, f->kind == K_WRITE ? HIXL_WRITE : HIXL_READ, first, f->block, f->batch,
+                 f->scattered, f->name);
       }
       first = (first + f->batch) % nblk;
       done += len;
@@ -122,28 +121,19 @@ static double run_fig(struct ctx *c, struct fig *f) {
   return (double)done / t / 1e9;
 }
 
-/* Move the whole span with sync transfers of op, batch ops of block bytes each, in
- * the scattered order or not. */
-static void move_span(struct ctx *c, uint64_t raddr, HixlTransferOp op, size_t block, size_t batch,
-                      bool scattered) {
-  for (size_t first = 0; first < o.span / block; first += batch)
-    shm_call(c, raddr, op, first, block, batch, scattered, "data check");
-}
-
 /* The measured paths move the right bytes: scattered 4 KiB batches out and back,
  * then 4 MiB ops out and 256 KiB ops back, each compared byte for byte; into the
  * registered memory and into the mapped one. */
 static void verify(struct ctx *c, const char *when) {
   for (int pass = 0; pass < 4; pass++) {
-    uint64_t raddr = pass < 2 ? c->raddr : c->maddr;
-    for (size_t i = 0; i < o.span; i += 8) {
-      uint64_t v = (i + (size_t)pass) * 0x9e3779b97f4a7c15ull + 1;
-      memcpy(c->src + i, &v, 8);
-    }
-    memset(c->dst, 0, o.span);
     bool small = pass % 2 == 0; /* scattered 4 KiB x512 both ways, else 4 MiB out, 256 KiB back */
-    move_span(c, raddr, HIXL_WRITE, small ? 4 * KiB : 4 * MiB, small ? 512 : 1, small);
-    move_span(c, raddr, HIXL_READ, small ? 4 * KiB : 256 * KiB, small ? 512 : 1, small);
+    bench_pattern_fill(c->src, o.span, (uint64_t)pass + 1);
+    memset(c->dst, 0, o.span);
+    for (int back = 0; back < 2; back++) { /* the whole span out, then back */
+      size_t block = small ? 4 * KiB : (back ? 256 * KiB : 4 * MiB), batch = small ? 512 : 1;
+      for (size_t first = 0; first < o.span / block; first += batch)
+        shm_call(c, pass >= 2, back ? HIXL_READ : HIXL_WRITE, first, block, batch, small, "data check");
+    }
     if (memcmp(c->src, c->dst, o.span) != 0)
       hb_die("data check %s the measurements FAILED (pass %d, %s memory)", when, pass,
              pass < 2 ? "registered" : "mapped");
@@ -194,10 +184,7 @@ static int setup(void) {
 
 static int initiator(struct hb_peer *tgt) {
   struct ctx c = {.pid = tgt->pid};
-  uint64_t addrs[2];
-  hb_wait_ready(tgt->fd, addrs, 2);
-  c.raddr = addrs[0];
-  c.maddr = addrs[1];
+  hb_wait_ready(tgt->fd, c.addr, 2);
   if (!bench_pin_cpu(o.cpu_init)) return 1;
   c.src = buf_new(o.span, 1);
   c.dst = buf_new(o.span, 2);
@@ -225,10 +212,9 @@ static int initiator(struct hb_peer *tgt) {
   HixlSetLogLevel(HIXL_LOG_WARN);
   verify(&c, "before");
   if (g_mapped != 1)
-    fprintf(stderr,
-            "hixl-shm-ref: the target's AllocMem memory is not mapped here (%d regions): the mapped "
-            "figures below are process_vm_* copies\n",
-            g_mapped);
+    hb_say("the target's AllocMem memory is not mapped here (%d regions): the mapped figures below are "
+           "process_vm_* copies\n",
+           g_mapped);
 
 /* A shm figure's WRITE and READ: "shm [mapped ]WRITE|READ SIZE xBATCH[, LAYOUT]". */
 #define SHM_WR(mapped, size, block, batch, layout, scattered)                                                \

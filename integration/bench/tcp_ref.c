@@ -32,12 +32,12 @@ static struct {
 /* One connection, each side's thread: its socket and what it measured. */
 struct conn {
   int fd;
-  uint64_t deadline_ns; /* sender: set by the main thread before the barrier opens */
-  pthread_barrier_t *start;
   uint64_t sent, acked, end_ns; /* stream */
   uint64_t *lat, n;             /* rtt: the round trips measured */
   bool ok;
 };
+static pthread_barrier_t start; /* the sender's threads start together */
+static uint64_t deadline_ns;    /* set by the sender's main thread before the barrier opens */
 
 static void set_sock_opts(int fd) {
   int one = 1;
@@ -105,12 +105,11 @@ static void *source_thread(void *p) {
   struct conn *a = p;
   uint8_t *buf = hb_map(o.size);
   if (buf != NULL) memset(buf, o.mode == REF_STREAM ? 0xa5 : 0x5a, o.size);
-  pthread_barrier_wait(a->start);
+  pthread_barrier_wait(&start);
   if (buf == NULL) return NULL;
   if (o.mode == REF_STREAM) {
     bool sent_all = true;
-    while (bench_now_ns() < a->deadline_ns && (sent_all = hb_write_all(a->fd, buf, o.size)))
-      a->sent += o.size;
+    while (bench_now_ns() < deadline_ns && (sent_all = hb_write_all(a->fd, buf, o.size))) a->sent += o.size;
     shutdown(a->fd, SHUT_WR);
     a->ok = sent_all && recv_all(a->fd, &a->acked, sizeof(a->acked)) && a->acked == a->sent;
   } else {
@@ -122,7 +121,7 @@ static void *source_thread(void *p) {
       }
       uint64_t t1 = bench_now_ns();
       if (i >= o.warmup) a->lat[a->n++] = t1 - t0;
-      if (t1 > a->deadline_ns) break;
+      if (t1 > deadline_ns) break;
     }
     a->ok = a->n > 0;
   }
@@ -162,26 +161,21 @@ static void report(unsigned n, uint64_t iters, uint64_t bytes, double secs, cons
 }
 
 static int sender(struct hb_peer *p) {
-  unsigned n = o.mode == REF_STREAM ? o.streams : 1, started = 0;
+  unsigned n = o.mode == REF_STREAM ? o.streams : 1;
   struct conn a[REF_MAX_STREAMS];
   pthread_t th[REF_MAX_STREAMS];
-  pthread_barrier_t start;
   uint64_t *lat = calloc(o.mode == REF_RTT ? o.iters : 1, sizeof(*lat)), bytes = 0, sum = 0;
   int rc = lat && bench_pin_cpu(o.cpu[0]) ? 0 : 1;
   close(o.lfd);
   pthread_barrier_init(&start, NULL, n + 1);
-  for (unsigned i = 0; i < n && rc == 0; i++) {
-    a[i] = (struct conn){.fd = connect_receiver(), .start = &start, .lat = lat};
-    rc = a[i].fd < 0;
+  for (unsigned i = 0; i < n && rc == 0; i++) { /* a failure leaves those started at the barrier */
+    a[i] = (struct conn){.fd = connect_receiver(), .lat = lat};
+    rc = a[i].fd < 0 || pthread_create(&th[i], NULL, source_thread, &a[i]) != 0;
+    if (rc && a[i].fd >= 0) hb_say("pthread_create failed\n");
   }
-  for (; started < n && rc == 0; started++)
-    if (pthread_create(&th[started], NULL, source_thread, &a[started]) != 0) {
-      hb_say("pthread_create failed\n");
-      rc = 1; /* those started wait at the barrier; the exit ends them */
-    }
   if (rc == 0) {
     uint64_t t0 = bench_now_ns(), t_end = t0;
-    for (unsigned i = 0; i < n; i++) a[i].deadline_ns = t0 + (uint64_t)(o.seconds * 1e9);
+    deadline_ns = t0 + (uint64_t)(o.seconds * 1e9);
     pthread_barrier_wait(&start);
     for (unsigned i = 0; i < n; i++) {
       pthread_join(th[i], NULL);
