@@ -176,8 +176,9 @@ static const struct hb_opt opts[] = {
 
 static int setup(void) {
   o.span = o.span_mib * MiB;
-  if (o.span % (4 * MiB) != 0) hb_die("--span-mib: a multiple of 4");
-  if (o.csv && !hb_csv_ready(o.csv, SHM_CSV_HEADER)) return 2; /* fails now, not after measuring */
+  if (o.span % (4 * MiB) != 0)
+    return hb_say("--span-mib: a multiple of 4\n"), hb_usage(stderr, opts, NULL), 2;
+  if (o.csv && !hb_csv_ready(o.csv, SHM_CSV_HEADER)) return 1; /* fails now, not after measuring */
   snprintf(peer, sizeof(peer), "127.0.0.1:%u", (unsigned)hb_ports("127.0.0.1", 1));
   return 0;
 }

@@ -12,6 +12,9 @@
 #define REF_MAX_STREAMS       64
 #define REF_ACCEPT_TIMEOUT_MS 10000
 #define REF_IO_TIMEOUT_S      30 /* SO_RCVTIMEO / SO_SNDTIMEO: no call blocks forever */
+#define REF_CSV_HEADER                                                                                       \
+  "tool,mode,streams,size,iters,bytes,seconds,gbps,"                                                         \
+  "avg_us,p50_us,p99_us,min_us,max_us"
 
 enum ref_mode { REF_STREAM, REF_RTT };
 
@@ -140,8 +143,8 @@ static int connect_receiver(void) {
   return -1;
 }
 
-/* The human line and the CSV row of the run. */
-static void report(unsigned n, uint64_t iters, uint64_t bytes, double secs, const struct bench_stats *s) {
+/* The human line and the CSV row of the run: false when the row could not be written (said). */
+static bool report(unsigned n, uint64_t iters, uint64_t bytes, double secs, const struct bench_stats *s) {
   double gbps = o.mode == REF_STREAM && secs > 0 ? (double)bytes / secs / 1e9 : 0;
   if (!o.quiet && o.mode == REF_STREAM)
     printf("tcp stream: %u connection%s, %zu B writes: %" PRIu64 " bytes in %.3f s = %.3f GB/s\n", n,
@@ -150,14 +153,14 @@ static void report(unsigned n, uint64_t iters, uint64_t bytes, double secs, cons
     printf("tcp rtt: %zu B request + %zu B response, %" PRIu64
            " round trips: avg %.2f us, p50 %.2f us, p99 %.2f us, min %.2f us, max %.2f us\n",
            o.size, o.size, iters, s->avg_us, s->p50_us, s->p99_us, s->min_us, s->max_us);
-  FILE *f = o.csv ? hb_csv(o.csv, "tool,mode,streams,size,iters,bytes,seconds,gbps,avg_us,p50_us,p99_us,"
-                                  "min_us,max_us")
-                  : NULL;
-  if (f == NULL) return;
+  FILE *f = o.csv ? hb_csv(o.csv, REF_CSV_HEADER) : NULL;
+  if (f == NULL) return !o.csv;
   fprintf(f, "tcp-ref,%s,%u,%zu,%" PRIu64 ",%" PRIu64 ",%.6f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
           o.mode == REF_STREAM ? "stream" : "rtt", n, o.size, iters, bytes, secs, gbps, s->avg_us, s->p50_us,
           s->p99_us, s->min_us, s->max_us);
-  fclose(f);
+  if (fclose(f) == 0) return true;
+  hb_say("--csv %s: %s\n", o.csv, strerror(errno));
+  return false;
 }
 
 static int sender(struct hb_peer *p) {
@@ -189,8 +192,9 @@ static int sender(struct hb_peer *p) {
     }
     for (uint64_t i = 0; i < a[0].n; i++) sum += lat[i];
     struct bench_stats s = bench_stats_ns(lat, a[0].n);
-    if (rc == 0 && o.mode == REF_STREAM) report(n, bytes / o.size, bytes, (double)(t_end - t0) / 1e9, &s);
-    if (rc == 0 && o.mode == REF_RTT) report(n, a[0].n, a[0].n * o.size * 2, (double)sum / 1e9, &s);
+    if (rc == 0 && o.mode == REF_STREAM)
+      rc = !report(n, bytes / o.size, bytes, (double)(t_end - t0) / 1e9, &s);
+    if (rc == 0 && o.mode == REF_RTT) rc = !report(n, a[0].n, a[0].n * o.size * 2, (double)sum / 1e9, &s);
   }
   if (rc != 0) kill(p->pid, SIGTERM); /* a failed sender may leave the receiver waiting on a socket */
   free(lat);
@@ -214,7 +218,8 @@ static const struct hb_opt opts[] = {
 static int setup(void) {
   socklen_t sl = sizeof(o.sa);
   o.sa = (struct sockaddr_in){.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  if (o.mode < 0) return hb_usage(stderr, opts, NULL), 2;
+  if (o.mode < 0) return hb_say("--mode is required\n"), hb_usage(stderr, opts, NULL), 2;
+  if (o.csv && !hb_csv_ready(o.csv, REF_CSV_HEADER)) return 1; /* fails now, not after measuring */
   if (o.size == 0) o.size = o.mode == REF_STREAM ? (1u << 20) : 64;
   if (o.seconds <= 0) o.seconds = o.mode == REF_STREAM ? 3.0 : 10.0;
   o.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
