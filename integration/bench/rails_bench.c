@@ -27,7 +27,6 @@ static struct {
   const char *listen, *connect, *local, *rails, *transport, *json, *label, *stats_file, *ready_file;
   size_t buf_size, op_size;
   uint64_t seed, ops, seconds, batch, depth, expect_rails, stall_ms, probe_ms, timeout_ms;
-  int dir; /* -1 unset, else HIXL_READ or HIXL_WRITE (from read, write) */
   bool progress, read, write;
   struct hb_extra x; /* --opt */
 } o = {.role = ROLE_NONE,
@@ -89,12 +88,11 @@ static int parse_opts(int argc, char **argv) {
   hb_prog = PROG;
   hb_parse(argc, argv, opts,
            "Exit status: 0 when every op completed and verified, 1 otherwise, 2 for bad options.\n");
-  o.dir = o.read ? HIXL_READ : o.write ? HIXL_WRITE : -1;
   bool ini = o.role == ROLE_INITIATOR;
   if (o.role == ROLE_NONE) return hb_say("--role target or --role initiator\n"), 2;
   if (o.role == ROLE_TARGET && !o.listen) return hb_say("a target needs --listen IP:PORT\n"), 2;
   if (ini && !o.connect) return hb_say("an initiator needs --connect IP:PORT\n"), 2;
-  if (ini && o.dir < 0) return hb_say("an initiator needs --read or --write\n"), 2;
+  if (ini && !o.read && !o.write) return hb_say("an initiator needs --read or --write\n"), 2;
   if (ini && o.ops == 0 && o.seconds == 0) return hb_say("an initiator needs --ops N or --seconds S\n"), 2;
   if (o.read && o.write) return hb_say("--read or --write, not both\n"), 2;
   if (o.depth * o.batch > MAX_FLIGHT) return hb_say("--depth x --batch is at most 256 ops in flight\n"), 2;
@@ -159,9 +157,8 @@ static uint64_t lat[MAX_REQS]; /* the requests' latencies, ns */
 struct run {
   HixlEngine *e;
   HixlMemHandle lh;
-  uint8_t *local;   /* depth x batch op-sized slots (WRITE's read-backs land there too), then scratch */
-  uint8_t *ref;     /* the target's buffer as it should read (READ) or the written pattern (WRITE) */
-  uint8_t *scratch; /* WRITE: what a slot should read back, one op */
+  uint8_t *local; /* depth x batch op-sized slots (WRITE's read-backs land there too), then a scratch op */
+  uint8_t *ref;   /* the target's buffer as it should read (READ) or the written pattern (WRITE) */
   uint64_t remote, remote_len, seed, nslots;
   HixlTransferReq req[MAX_DEPTH]; /* the requests in flight, NULL: a free slot */
   uint64_t t0[MAX_DEPTH];         /* ... posted at */
@@ -209,9 +206,9 @@ static int rails_read(struct run *r) {
   return 0;
 }
 
-/* The rails as last read, as a JSON array. */
-static void rails_json(FILE *f, const struct run *r) {
-  fprintf(f, "[");
+/* A JSON line's end: its last key, "rails", the rails as last read. */
+static void rails_json_end(FILE *f, const struct run *r) {
+  fprintf(f, "\"rails\": [");
   for (size_t k = 0; k < r->nri; k++) {
     const struct hixl_rail_info *x = &r->ri[k];
     fprintf(f,
@@ -224,35 +221,28 @@ static void rails_json(FILE *f, const struct run *r) {
       fprintf(f, *c == '"' || *c == '\\' ? "\\%c" : (unsigned char)*c < 0x20 ? "\\u%04x" : "%c", *c);
     fprintf(f, "\"}");
   }
-  fprintf(f, "]");
+  fprintf(f, "]}\n");
 }
 
-/* --stats-file: the state now, written whole then renamed over the file. */
-static void stats_write(struct run *r, const char *phase) {
+/* --stats-file, every STATS_PERIOD (now UINT64_MAX: at once): the state now, written whole
+ * then renamed over the file. */
+static void stats_write(struct run *r, uint64_t now, const char *phase) {
   char tmp[4096];
+  if (!o.stats_file || now < r->next_stats) return;
+  r->next_stats = now + STATS_PERIOD;
   rails_read(r);
   snprintf(tmp, sizeof(tmp), "%s.tmp", o.stats_file);
   FILE *f = fopen(tmp, "w");
   if (!f) return;
-  fprintf(f,
-          "{\"phase\": \"%s\", \"ops\": %" PRIu64 ", \"verified_bytes\": %" PRIu64
-          ", \"max_ms\": %.3f, \"rails\": ",
+  fprintf(f, "{\"phase\": \"%s\", \"ops\": %" PRIu64 ", \"verified_bytes\": %" PRIu64 ", \"max_ms\": %.3f, ",
           phase, r->done, r->verified_bytes, (double)r->max_ns / 1e6);
-  rails_json(f, r);
-  fprintf(f, "}\n");
+  rails_json_end(f, r);
   if (fclose(f) == 0) rename(tmp, o.stats_file);
-}
-
-/* The stats file, phase phase, every STATS_PERIOD. */
-static void stats_tick(struct run *r, uint64_t now, const char *phase) {
-  if (!o.stats_file || now < r->next_stats) return;
-  stats_write(r, phase);
-  r->next_stats = now + STATS_PERIOD;
 }
 
 /* The stats file every STATS_PERIOD, a progress line every PROG_PERIOD. */
 static void progress(struct run *r, uint64_t now) {
-  stats_tick(r, now, "running");
+  stats_write(r, now, "running");
   if (!o.progress || now < r->next_prog) return;
   uint64_t tn = r->timed_ns + (now - r->t_phase), dn = r->done - r->last_prog_done, dt = tn - r->prog_ns_at;
   hb_say("%.1f s: %" PRIu64 " ops, %.2f Gbit/s (last second %.2f), max %.1f ms",
@@ -271,10 +261,9 @@ static void progress(struct run *r, uint64_t now) {
  * byte is wrong. */
 static bool check(struct run *r, uint64_t op, const uint8_t *got, const uint8_t *want) {
   size_t bad = 0;
-  bool read = o.dir == HIXL_READ;
   if (bench_same(got, want, o.op_size, &bad)) return r->verified_bytes += o.op_size, true;
-  hb_say("%s op %" PRIu64 " (remote offset %" PRIu64 "): byte %zu %s\n", read ? "READ" : "WRITE", op,
-         rslot(r, op) * o.op_size, bad, read ? "is wrong" : "reads back wrong");
+  hb_say("%s op %" PRIu64 " (remote offset %" PRIu64 "): byte %zu %s\n", o.read ? "READ" : "WRITE", op,
+         rslot(r, op) * o.op_size, bad, o.read ? "is wrong" : "reads back wrong");
   return false;
 }
 
@@ -283,11 +272,11 @@ static int post(struct run *r, size_t s, uint64_t first) {
   HixlTransferOpDesc d[MAX_FLIGHT];
   for (uint64_t i = 0; i < o.batch; i++) {
     uint64_t op = first + i;
-    if (o.dir == HIXL_WRITE) write_data(r, op, lslot(r, op));
-    d[i] = op_at(r, lslot(r, op), rslot(r, op), o.dir == HIXL_READ);
+    if (o.write) write_data(r, op, lslot(r, op));
+    d[i] = op_at(r, lslot(r, op), rslot(r, op), o.read);
   }
   r->t0[s] = bench_now_ns();
-  HixlStatus st = HixlEngineTransferAsync(r->e, o.connect, (HixlTransferOp)o.dir, d, o.batch,
+  HixlStatus st = HixlEngineTransferAsync(r->e, o.connect, o.read ? HIXL_READ : HIXL_WRITE, d, o.batch,
                                           (int32_t)o.timeout_ms, NULL, &r->req[s]);
   return hb_ok(st, "HixlEngineTransferAsync") ? 0 : -1; /* the slot's req is set only on success */
 }
@@ -307,7 +296,7 @@ static int wait_req(struct run *r, size_t s) {
   }
   if (r->nlat < MAX_REQS) lat[r->nlat++] = ns;
   if (ns > r->max_ns) r->max_ns = ns;
-  for (uint64_t op = first; o.dir == HIXL_READ && op < first + o.batch; op++)
+  for (uint64_t op = first; o.read && op < first + o.batch; op++)
     if (!check(r, op, lslot(r, op), r->ref + rslot(r, op) * o.op_size)) return -1;
   r->done += o.batch;
   return 0;
@@ -318,6 +307,7 @@ static int wait_req(struct run *r, size_t s) {
 static int write_check(struct run *r) {
   HixlTransferOpDesc d[MAX_FLIGHT];
   uint64_t chunk = o.depth * o.batch;
+  uint8_t *want = r->local + chunk * o.op_size; /* the scratch: what a slot should read back */
   for (uint64_t first = r->checked; first < r->submitted; first += chunk) {
     uint64_t nb = r->submitted - first < chunk ? r->submitted - first : chunk;
     for (uint64_t i = 0; i < nb; i++) d[i] = op_at(r, r->local + i * o.op_size, rslot(r, first + i), true);
@@ -325,18 +315,21 @@ static int write_check(struct run *r) {
                "reading back the written slots"))
       return -1;
     for (uint64_t i = 0; i < nb; i++) {
-      write_data(r, first + i, r->scratch);
-      if (!check(r, first + i, r->local + i * o.op_size, r->scratch)) return -1;
+      write_data(r, first + i, want);
+      if (!check(r, first + i, r->local + i * o.op_size, want)) return -1;
     }
   }
   r->checked = r->submitted;
   return 0;
 }
 
-/* Whether to post more: not stopped or held, and ops or seconds left. */
+/* Whether to post more: not stopped or held, ops or seconds left, and for WRITE room: the ops
+ * since the last check are consecutive, so the next request would write a slot one of them
+ * wrote once they span more than the buffer (then drain, check). */
 static bool more(const struct run *r, uint64_t now) {
   return !stop_flag && !hold_flag &&
-         (o.ops ? r->submitted < o.ops : now - r->t_start < o.seconds * 1000000000ull);
+         (o.ops ? r->submitted < o.ops : now - r->t_start < o.seconds * 1000000000ull) &&
+         !(o.write && r->submitted + o.batch - r->checked > r->nslots);
 }
 
 /* The loop: keep depth requests in flight; 0, or -1 at the first failure (said). */
@@ -345,33 +338,26 @@ static int loop(struct run *r) {
   r->t_phase = r->t_start = bench_now_ns();
   r->next_prog = r->t_start + PROG_PERIOD;
   for (;;) {
-    bool go = more(r, bench_now_ns());
-    /* WRITE: the ops since the last check are consecutive, so the next request would
-     * write a slot one of them wrote once they span more than the buffer: drain, check */
-    if (go && o.dir == HIXL_WRITE && r->submitted + o.batch - r->checked > r->nslots) go = false;
-    if (go && !r->req[s]) {
-      if (post(r, s, r->submitted) < 0) return -1;
-      r->submitted += o.batch;
-      s = (s + 1) % o.depth;
-      continue;
-    }
     if (r->req[s]) { /* the oldest: once it is done, its slot takes the next request */
       if (wait_req(r, s) < 0) return -1;
       progress(r, bench_now_ns());
       continue;
     }
-    if (r->done != r->submitted) { /* another request in flight (done counts those ended well) */
-      s = (s + 1) % o.depth;
+    if (more(r, bench_now_ns())) {
+      if (post(r, s, r->submitted) < 0) return -1;
+      r->submitted += o.batch;
+    } else if (r->done == r->submitted) {
+      r->timed_ns += bench_now_ns() - r->t_phase; /* none in flight (done: those ended well): phase over */
+      if (o.write && write_check(r) < 0) return -1;
+      while (hold_flag && !stop_flag) { /* SIGUSR1: nothing in flight until SIGUSR2 */
+        stats_write(r, bench_now_ns(), "held");
+        poll(NULL, 0, 20);
+      }
+      if (!more(r, bench_now_ns())) return 0;
+      r->t_phase = bench_now_ns();
       continue;
     }
-    r->timed_ns += bench_now_ns() - r->t_phase; /* nothing in flight: the timed phase ends */
-    if (o.dir == HIXL_WRITE && write_check(r) < 0) return -1;
-    while (hold_flag && !stop_flag) { /* SIGUSR1: nothing in flight until SIGUSR2 */
-      stats_tick(r, bench_now_ns(), "held");
-      poll(NULL, 0, 20);
-    }
-    if (!more(r, bench_now_ns())) return 0;
-    r->t_phase = bench_now_ns();
+    s = (s + 1) % o.depth; /* posted, or another request is in flight: the next slot */
   }
 }
 
@@ -415,7 +401,7 @@ static void print_result(struct run *r, bool pass) {
   rails_read(r);
   double gbit = gbps_of(r->done * o.op_size, r->timed_ns), secs = (double)r->timed_ns / 1e9;
   struct bench_stats ls = bench_stats_ns(lat, r->nlat); /* sorts them: the run is over */
-  const char *dir = o.dir == HIXL_READ ? "read" : "write";
+  const char *dir = o.read ? "read" : "write";
   printf(PROG ": %s %" PRIu64 " ops of %zu bytes (batch %" PRIu64 ", depth %" PRIu64 ") to %s: %s\n", dir,
          r->done, o.op_size, o.batch, o.depth, o.connect, pass ? "every byte verified" : "FAILED");
   printf("  %.3f GB/s = %.3f Gbit/s over %.2f s; request latency p50 %.1f ms, p99 %.1f ms, max %.1f ms\n",
@@ -436,12 +422,11 @@ static void print_result(struct run *r, bool pass) {
           "{\"bench\": \"rails\", \"label\": \"%s\", \"dir\": \"%s\", \"rails_configured\": \"%s\", "
           "\"pass\": %s, \"op_bytes\": %zu, \"ops\": %" PRIu64 ", \"batch\": %" PRIu64 ", \"depth\": %" PRIu64
           ", \"secs\": %.4f, \"gbps\": %.4f, \"GBps\": %.4f, \"lat_ms_p50\": %.3f, \"lat_ms_p99\": %.3f, "
-          "\"lat_ms_max\": %.3f, \"verified_bytes\": %" PRIu64 ", \"rails\": ",
+          "\"lat_ms_max\": %.3f, \"verified_bytes\": %" PRIu64 ", ",
           o.label ? o.label : "", dir, o.rails ? o.rails : "", pass ? "true" : "false", o.op_size, r->done,
           o.batch, o.depth, secs, gbit, gbit / 8.0, ls.p50_us / 1e3, ls.p99_us / 1e3, ls.max_us / 1e3,
           r->verified_bytes);
-  rails_json(f, r);
-  fprintf(f, "}\n");
+  rails_json_end(f, r);
   fclose(f);
 }
 
@@ -465,14 +450,13 @@ static int run_initiator(void) {
     goto out_disconnect;
   }
   if (!(r.ref = hb_map(r.nslots * o.op_size))) goto out_disconnect;
-  bench_pattern_fill(r.ref, r.nslots * o.op_size, o.dir == HIXL_READ ? r.seed : r.seed ^ WRITE_SEED);
-  r.scratch = r.local + lbytes - o.op_size;
+  bench_pattern_fill(r.ref, r.nslots * o.op_size, o.read ? r.seed : r.seed ^ WRITE_SEED);
   install_signals();
   int lr = loop(&r);
   HixlTransferStatus ts;
   for (size_t s = 0; lr < 0 && s < o.depth; s++) /* after a failure: let the others end */
     if (r.req[s]) hb_wait_xfer(r.e, r.req[s], &ts);
-  if (o.stats_file) stats_write(&r, lr == 0 ? "done" : "failed");
+  stats_write(&r, UINT64_MAX, lr == 0 ? "done" : "failed");
   print_result(&r, lr == 0);
   rc = lr == 0 ? 0 : 1;
   munmap(r.ref, r.nslots * o.op_size);

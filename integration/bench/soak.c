@@ -29,6 +29,7 @@
 #define SOAK_RSS_SLACK  (16ull << 20)             /* the goal: RSS <= bound + 16 MiB */
 
 #define SOAK_DEFAULT_ANSWER_MIB "16" /* LinkAnswerMiB unless an --opt sets it */
+#define SOAK_CLIENT_MEM         (3 * SOAK_BATCH_LEN + 3 * (size_t)SOAK_LARGE) /* a client's buffers */
 
 enum { PH_BASE1, PH_HOSTILE, PH_BASE2, PH_N };
 static const char *const ph_name[PH_N] = {"baseline", "hostile", "baseline-after"};
@@ -181,7 +182,6 @@ struct client {
   unsigned id, errors_told;
   HixlEngine *eng;
   uint8_t *mem; /* rd | wr | back | large | large_back | key_base (the pattern WRITE data comes from) */
-  size_t mem_len;
   pthread_t th;
 };
 
@@ -269,11 +269,10 @@ static void *client_main(void *arg) {
 static bool client_start(struct client *c, unsigned id) {
   HixlMemHandle h;
   c->id = id;
-  c->mem_len = 3 * SOAK_BATCH_LEN + 3 * (size_t)SOAK_LARGE;
-  if ((c->mem = hb_map(c->mem_len)) == NULL) return false;
-  bench_pattern_fill(c->mem + c->mem_len - SOAK_LARGE, SOAK_LARGE, 1000 + c->id); /* key_base */
+  if ((c->mem = hb_map(SOAK_CLIENT_MEM)) == NULL) return false;
+  bench_pattern_fill(c->mem + SOAK_CLIENT_MEM - SOAK_LARGE, SOAK_LARGE, 1000 + c->id); /* key_base */
   if (!(c->eng = hb_engine("127.0.0.1", o.transport, NULL, 0)) ||
-      hb_reg(c->eng, c->mem, c->mem_len, &h) != HIXL_SUCCESS ||
+      hb_reg(c->eng, c->mem, SOAK_CLIENT_MEM, &h) != HIXL_SUCCESS ||
       !hb_ok(HixlEngineConnect(c->eng, g_taddr, 10000), "a client's HixlEngineConnect"))
     return false;
   return pthread_create(&c->th, NULL, client_main, c) == 0;
@@ -419,7 +418,7 @@ static void herd_open(uint32_t i) {
  * a connection that ended (closed by the target when it was up) is opened again on a tick. */
 static void herd_event(uint32_t i, uint32_t events) {
   struct herd_slot *s = &g_h.s[i];
-  uint8_t buf[4096], rr[WIRE_SMALL_FRAME];
+  uint8_t buf[4096];
   size_t n = 0;
   ssize_t k;
   if (!s->connected && (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) == EPOLLOUT) {
@@ -429,8 +428,7 @@ static void herd_event(uint32_t i, uint32_t events) {
     if (s->kind != HERD_IDLE) n = wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "soak-half");
     if (s->kind == HERD_HALF_PRE) n = 10;
     if (s->kind == HERD_HALF_POST) {
-      wire_put_read_req(rr, 1, g_rbase, SOAK_SMALL);
-      memcpy(buf + n, rr, WIRE_HDR_LEN);
+      wire_put_read_req(buf + n, 1, g_rbase, SOAK_SMALL); /* only its header is sent */
       n += WIRE_HDR_LEN;
     }
     if (n > 0) (void)!send(s->fd, buf, n, MSG_NOSIGNAL); /* a few bytes into an empty socket */
@@ -549,7 +547,7 @@ struct phase_res {
 #define SAMPLE_NF 8
 
 struct run {
-  pid_t pid;
+  struct hb_peer tgt; /* the target process */
   struct client cl[SOAK_MAX];
   struct joiner jn;
   struct phase_res ph[PH_N];
@@ -574,20 +572,20 @@ static bool run_phase(struct run *r, int ph, double secs) {
     return false;
   }
   atomic_store(&r->jn.phase, ph);
-  if (!sample_proc(r->pid, &prev)) prev = r->idle;
+  if (!sample_proc(r->tgt.pid, &prev)) prev = r->idle;
   legit_now(l0);
   uint64_t start = bench_now_ns(), tprev = start, cpu0 = prev.cpu_ns, bprev = l0[L_BYTES];
   res->ran = true;
   for (unsigned tick = 1; tick <= (unsigned)(secs + 0.5); tick++) {
     if (read(tfd, &v, sizeof(v)) != (ssize_t)sizeof(v)) break; /* blocks for the second */
-    if (waitpid(r->pid, &wst, WNOHANG) == r->pid) {
+    if (waitpid(r->tgt.pid, &wst, WNOHANG) == r->tgt.pid) {
       hb_say("FINDING: the target process ended during the %s phase (%s %d)\n", ph_name[ph],
              WIFSIGNALED(wst) ? "signal" : "status", WIFSIGNALED(wst) ? WTERMSIG(wst) : WEXITSTATUS(wst));
       r->target_died = true;
       break;
     }
     uint64_t tn = bench_now_ns();
-    if (!sample_proc(r->pid, &now)) continue;
+    if (!sample_proc(r->tgt.pid, &now)) continue;
     legit_now(l);
     double t = (double)(tn - r->t0_ns) / 1e9, dt = (double)(tn - tprev) / 1e9;
     double cpu = 100.0 * (double)(now.cpu_ns - prev.cpu_ns) / 1e9 / dt;
@@ -651,6 +649,7 @@ static int report(struct run *r) {
   for (int p = 0; p < PH_N; p++) {
     const struct phase_res *x = &r->ph[p];
     struct join_counts *j = &r->jn.n[p];
+    if (!x->ran) continue;
     uint64_t tries = atomic_load(&j->tries), ok = atomic_load(&j->ok), late = atomic_load(&j->late);
     uint64_t max_ms = atomic_load(&j->max_ms), x_wrong = x->legit[L_WRONG] + atomic_load(&j->wrong);
     snprintf(joiners[p], sizeof(joiners[p]), "%" PRIu64 " / %" PRIu64 " (%" PRIu64 ")%s", ok, tries, max_ms,
@@ -679,20 +678,13 @@ static int report(struct run *r) {
         HB_FU("joins_late", NULL, late),
         HB_FU("join_max_ms", NULL, max_ms),
         HB_FS(NULL, "late joiners served / tried (max ms)", joiners[p])};
-    memcpy(rows[p], rec, sizeof(rec));
-    if (!x->ran) continue;
-    n_ran++;
+    memcpy(rows[n_ran], rec, sizeof(rec)); /* kept for the JSON */
+    hb_emit(stdout, NULL, NULL, n_ran++, PH_N, rec, PHASE_NF);
     if (p != PH_HOSTILE) bb += (double)x->legit[L_BYTES], bs += x->secs;
     failed += x->legit[L_FAILED_OPS];
     wrong += x_wrong;
     if (x->rss_max_kib > rss_max) rss_max = x->rss_max_kib;
     if (x->fds_max > fds_max) fds_max = x->fds_max;
-  }
-  hb_head(stdout, HB_MD, rows[0], PHASE_NF);
-  for (int p = 0; p < PH_N; p++) {
-    if (!r->ph[p].ran) continue;
-    hb_row(stdout, HB_MD, rows[p], PHASE_NF);
-    putchar('\n');
   }
   printf("\nHostile peers (%.0f s): %u READ floods sent %" PRIu64 " READ_REQs of %zu bytes and read no answer"
          " (links lost: %" PRIu64 "); %u idle connects (from %u addresses) and %u half-sent ones were"
@@ -747,8 +739,7 @@ static int report(struct run *r) {
     fprintf(f, "%s\"%s\": \"%s\"", i ? ", " : "", g_topts.v[i].key, g_topts.v[i].value);
   fprintf(f, "},\n  \"target_idle_rss_kib\": %" PRIu64 ", \"target_idle_fds\": %d,\n  \"phases\": [\n",
           r->idle.rss_kib, r->idle.fds);
-  for (size_t p = 0, i = 0; p < PH_N; p++)
-    if (r->ph[p].ran) hb_json_item(f, i++, n_ran, rows[p], PHASE_NF);
+  for (size_t i = 0; i < n_ran; i++) hb_json_item(f, i, n_ran, rows[i], PHASE_NF);
   fprintf(f, "  ],\n  \"samples\": [\n");
   for (size_t i = 0; i < r->n_smp; i++) hb_json_item(f, i, r->n_smp, r->smp[i], SAMPLE_NF);
   fprintf(f,
@@ -791,7 +782,6 @@ static const struct hb_opt opts[] = {
 
 int main(int argc, char **argv) {
   static struct run r;
-  struct hb_peer tgt;
   uint64_t ready[2]; /* the target's registered memory: address, length */
   uint8_t rr[WIRE_SMALL_FRAME];
   unsigned started = 0;
@@ -813,10 +803,9 @@ int main(int argc, char **argv) {
   snprintf(g_taddr, sizeof(g_taddr), "127.0.0.1:%u", (unsigned)port);
   g_tsa = (struct sockaddr_in){
       .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(0x7f000001u)};
-  hb_spawn(&tgt, target_main, NULL); /* before any thread */
-  hb_wait_ready(tgt.fd, ready, 2);
+  hb_spawn(&r.tgt, target_main, NULL); /* before any thread */
+  hb_wait_ready(r.tgt.fd, ready, 2);
   g_rbase = (uintptr_t)ready[0];
-  r.pid = tgt.pid;
   r.jn.pace =
       (struct pacer){(uint64_t)(o.join_every * 1e9), 1, -1, join_once, &r.jn, "late joiner", -1, 0, NULL};
   rlim_t nofile = set_nofile(RLIM_INFINITY), need = (rlim_t)o.idle + o.half + 1024; /* up to the hard limit */
@@ -826,12 +815,13 @@ int main(int argc, char **argv) {
     goto out_target;
   }
   r.cap_smp = (size_t)(o.seconds + 2 * o.base_seconds) + 16;
-  if ((r.smp = calloc(r.cap_smp, sizeof(*r.smp))) == NULL || !sample_proc(r.pid, &r.idle)) goto out_target;
+  if ((r.smp = calloc(r.cap_smp, sizeof(*r.smp))) == NULL || !sample_proc(r.tgt.pid, &r.idle))
+    goto out_target;
   bench_pattern_fill(g_ref, SOAK_READ_AREA, SOAK_SEED); /* the target filled its region alike */
   r.frame_len = (unsigned)wire_put_read_req(rr, 1, 0, 1);
   hb_say("target %s (pid %d, Transport %s, RLIMIT_NOFILE %u): %.1f MiB RSS, %d descriptors, %zu bytes"
          " registered\n",
-         g_taddr, (int)r.pid, o.transport, o.target_nofile, (double)r.idle.rss_kib / 1024.0, r.idle.fds,
+         g_taddr, (int)r.tgt.pid, o.transport, o.target_nofile, (double)r.idle.rss_kib / 1024.0, r.idle.fds,
          (size_t)ready[1]);
   r.t0_ns = bench_now_ns();
   while (started < o.clients && client_start(&r.cl[started], started)) started++;
@@ -852,14 +842,14 @@ int main(int argc, char **argv) {
   for (unsigned i = 0; i < o.clients; i++) {
     if (i < started) pthread_join(r.cl[i].th, NULL);
     if (r.cl[i].eng != NULL) HixlEngineDestroy(r.cl[i].eng);
-    if (r.cl[i].mem != NULL) munmap(r.cl[i].mem, r.cl[i].mem_len);
+    if (r.cl[i].mem != NULL) munmap(r.cl[i].mem, SOAK_CLIENT_MEM);
   }
   if (r.jn.pace.stopfd >= 0) close(r.jn.pace.stopfd);
   if (ran) rc = report(&r);
 out_target:
   if (!r.target_died) { /* a hang past 30 s of QUIT is a finding: it is killed */
-    (void)!send(tgt.fd, "QUIT\n", 5, MSG_NOSIGNAL);
-    int trc = bench_wait_child(tgt.pid, 30, &in_time);
+    (void)!send(r.tgt.fd, "QUIT\n", 5, MSG_NOSIGNAL);
+    int trc = bench_wait_child(r.tgt.pid, 30, &in_time);
     if (!in_time)
       hb_say("FINDING: the target did not exit within 30 s of QUIT (HixlEngineDestroy hangs?); killed it\n");
     if (trc != 0) {
@@ -867,7 +857,7 @@ out_target:
       rc = 1;
     }
   }
-  close(tgt.fd);
+  close(r.tgt.fd);
   free(r.smp);
   return rc;
 }
