@@ -320,6 +320,13 @@ void hb_head(FILE *f, enum hb_out how, const struct hb_field *r, size_t n) {
   fputs(how == HB_MD ? "|\n" : "\n", f);
 }
 
+void hb_json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++)
+    fprintf(f, *s == '"' || *s == '\\' ? "\\%c" : (unsigned char)*s < 0x20 ? "\\u%04x" : "%c", *s);
+  fputc('"', f);
+}
+
 void hb_row(FILE *f, enum hb_out how, const struct hb_field *r, size_t n) {
   const char *sep = how == HB_MD ? "| " : how == HB_CSV ? "" : "{";
   for (size_t i = 0; i < n; i++) {
@@ -327,8 +334,10 @@ void hb_row(FILE *f, enum hb_out how, const struct hb_field *r, size_t n) {
     if (!in_out(how, x)) continue;
     fputs(sep, f);
     if (how == HB_JSON) fprintf(f, "\"%s\": ", x->key);
-    if (x->s)
-      fprintf(f, how == HB_JSON && !x->raw ? "\"%s\"" : "%s", x->s);
+    if (x->s && how == HB_JSON && !x->raw)
+      hb_json_str(f, x->s);
+    else if (x->s)
+      fputs(x->s, f);
     else if (x->fmt)
       fprintf(f, how == HB_MD && x->tfmt ? x->tfmt : x->fmt, x->d);
     else

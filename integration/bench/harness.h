@@ -151,7 +151,10 @@ struct hb_field {
 enum hb_out { HB_MD, HB_CSV, HB_JSON };
 /* The header of a markdown table (its two lines) or of a CSV file (its line). */
 void hb_head(FILE *f, enum hb_out how, const struct hb_field *r, size_t n);
-/* One record: "| a | b |", "a,b" or {"k": a, "k2": b}, without a newline. */
+/* s as a JSON string: quoted, with '"', '\\' and control characters escaped. */
+void hb_json_str(FILE *f, const char *s);
+/* One record: "| a | b |", "a,b" or {"k": a, "k2": b}, without a newline; a string
+ * field is escaped in JSON (hb_json_str). */
 void hb_row(FILE *f, enum hb_out how, const struct hb_field *r, size_t n);
 /* Item i of n of a JSON array: "    {...}" and ",\n", or "\n" after the last. */
 void hb_json_item(FILE *f, size_t i, size_t n, const struct hb_field *r, size_t nf);

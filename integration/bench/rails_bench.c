@@ -214,12 +214,11 @@ static void rails_json_end(FILE *f, const struct run *r) {
     fprintf(f,
             "%s{\"rail\": %zu, \"local\": \"%s\", \"remote\": \"%s\", \"state\": \"%s\", \"bytes\": %" PRIu64
             ", \"ops\": %" PRIu64 ", \"failures\": %" PRIu64 ", \"retried\": %" PRIu64
-            ", \"control\": %d, \"last_down\": \"",
+            ", \"control\": %d, \"last_down\": ",
             k ? ", " : "", k, x->local, x->remote, x->state, x->bytes, x->ops, x->failures, x->retried,
             x->control);
-    for (const char *c = x->last_down; *c; c++) /* a message: escaped */
-      fprintf(f, *c == '"' || *c == '\\' ? "\\%c" : (unsigned char)*c < 0x20 ? "\\u%04x" : "%c", *c);
-    fprintf(f, "\"}");
+    hb_json_str(f, x->last_down); /* a message */
+    fputc('}', f);
   }
   fprintf(f, "]}\n");
 }
@@ -418,14 +417,17 @@ static void print_result(struct run *r, bool pass) {
   FILE *f = o.json ? fopen(o.json, "a") : NULL;
   if (o.json && !f) hb_say("--json %s: %s\n", o.json, strerror(errno));
   if (!f) return;
+  fputs("{\"bench\": \"rails\", \"label\": ", f); /* the label and the rails as given: escaped */
+  hb_json_str(f, o.label ? o.label : "");
+  fprintf(f, ", \"dir\": \"%s\", \"rails_configured\": ", dir);
+  hb_json_str(f, o.rails ? o.rails : "");
   fprintf(f,
-          "{\"bench\": \"rails\", \"label\": \"%s\", \"dir\": \"%s\", \"rails_configured\": \"%s\", "
-          "\"pass\": %s, \"op_bytes\": %zu, \"ops\": %" PRIu64 ", \"batch\": %" PRIu64 ", \"depth\": %" PRIu64
+          ", \"pass\": %s, \"op_bytes\": %zu, \"ops\": %" PRIu64 ", \"batch\": %" PRIu64
+          ", \"depth\": %" PRIu64
           ", \"secs\": %.4f, \"gbps\": %.4f, \"GBps\": %.4f, \"lat_ms_p50\": %.3f, \"lat_ms_p99\": %.3f, "
           "\"lat_ms_max\": %.3f, \"verified_bytes\": %" PRIu64 ", ",
-          o.label ? o.label : "", dir, o.rails ? o.rails : "", pass ? "true" : "false", o.op_size, r->done,
-          o.batch, o.depth, secs, gbit, gbit / 8.0, ls.p50_us / 1e3, ls.p99_us / 1e3, ls.max_us / 1e3,
-          r->verified_bytes);
+          pass ? "true" : "false", o.op_size, r->done, o.batch, o.depth, secs, gbit, gbit / 8.0,
+          ls.p50_us / 1e3, ls.p99_us / 1e3, ls.max_us / 1e3, r->verified_bytes);
   rails_json_end(f, r);
   fclose(f);
 }
