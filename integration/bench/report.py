@@ -687,10 +687,8 @@ def auth(res, out, template=None):
     v["cpu"] = md("case | transport | on s/GiB | off s/GiB | off-b s/GiB | A/B on/off (min / **med** / max) | A/A "
                   "off-b/off | on + AuthPayloadTag s/GiB | its A/B", "llrrrllrl", L)
 
-    try:
-        v["frames"] = open(os.path.join(res, "frames.out")).read().split("\n", 1)[1].strip()
-    except (OSError, IndexError):
-        v["frames"] = "(not measured in this run)"
+    # hixl-auth-bench --frames' table below its first line; a file missing or with no table: not measured
+    v["frames"] = read(os.path.join(res, "frames.out")).partition("\n")[2].strip() or "(not measured in this run)"
 
     L = []
     for t in sorted(conn, key=lambda k: k != "tcp"):
