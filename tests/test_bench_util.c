@@ -2,7 +2,7 @@
  * confidence interval of a median from order statistics, against published ranks and
  * against the binomial distribution summed here another way (lgamma); the ratio of runs
  * rotated through the places of a round (bench_places_median); nearest-rank percentiles
- * of bench_stats_ns; bench_read_line's lines. */
+ * of bench_stats_ns; the medians, even counts included; bench_read_line's lines. */
 #include <CUnit/Basic.h>
 #include <math.h>
 #include <stdio.h>
@@ -27,6 +27,26 @@ static void test_median_ci_published_ranks(void) {
     CU_ASSERT_DOUBLE_EQUAL(hi, (double)(t[i].n + 1 - t[i].k), 0);
     CU_ASSERT_DOUBLE_EQUAL(m, (double)(t[i].n + 1) / 2, 0);
   }
+}
+
+/* The medians: the middle value, or the mean of the two middle ones (not the upper one,
+ * which the bench harness returned for an even count until it used these). */
+static void test_medians_even_and_odd(void) {
+  double d[] = {5, 1, 4, 2}, odd[] = {3, 9, 1};
+  uint64_t u[] = {40, 10, 30, 20}, uo[] = {7, 3, 5}, big[] = {UINT64_MAX - 1, UINT64_MAX};
+  double c[300];
+  for (size_t i = 0; i < 300; i++) c[i] = (double)(300 - i);
+  CU_ASSERT_DOUBLE_EQUAL(bench_median_sorting(d, 4), 3.0, 0);
+  CU_ASSERT_DOUBLE_EQUAL(d[0], 1.0, 0); /* sorted in place */
+  CU_ASSERT_DOUBLE_EQUAL(bench_median_sorting(odd, 3), 3.0, 0);
+  CU_ASSERT_DOUBLE_EQUAL(bench_median_sorting(d, 0), 0.0, 0);
+  CU_ASSERT_EQUAL(bench_median_u64(u, 4), 25);
+  CU_ASSERT_EQUAL(bench_median_u64(uo, 3), 5);
+  CU_ASSERT_EQUAL(bench_median_u64(big, 2), UINT64_MAX - 1); /* no overflow in the mean */
+  CU_ASSERT_EQUAL(bench_median_u64(u, 0), 0);
+  CU_ASSERT_DOUBLE_EQUAL(bench_median(c, 4), 298.5, 0); /* a copy: c is not sorted */
+  CU_ASSERT_DOUBLE_EQUAL(c[0], 300.0, 0);
+  CU_ASSERT_DOUBLE_EQUAL(bench_median_sorting(c, 300), 150.5, 0); /* more than bench_median's 256 */
 }
 
 /* P(X <= j) for X ~ Binomial(n, 1/2), term by term from lgamma. */
@@ -147,6 +167,7 @@ int main(void) {
                          {"places: a slow place counts once", test_places_slow_place_counts_once},
                          {"places: medians, a fixed interval, empty places", test_places_median_and_interval},
                          {"stats: nearest-rank percentiles", test_stats_nearest_rank},
+                         {"medians: even and odd counts, in place or a copy", test_medians_even_and_odd},
                          {"read_line: lines with and without a last newline", test_read_line},
                          CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"bench_util", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};

@@ -345,7 +345,7 @@ static int grants_one(size_t n, double *ms) {
   }
   free(r);
   if (st != HIXL_SUCCESS) return hb_say("--grants: %s\n", HixlGetLastErrorMessage()), 1;
-  for (int k = 0; k < 3; k++) ms[k] = hb_median_dbl(t[k], RUNS);
+  for (int k = 0; k < 3; k++) ms[k] = bench_median_sorting(t[k], RUNS);
   return 0;
 }
 

@@ -125,13 +125,27 @@ static inline double bench_median_ci(const double *v, size_t n, double *lo, doub
 
 #define BENCH_PLACES_MAX 8
 
+/* The median of v[0..n), which it sorts: the middle value, or the mean of the two middle
+ * ones when n is even; 0 when n is 0. */
+static inline double bench_median_sorting(double *v, size_t n) {
+  if (n == 0) return 0;
+  qsort(v, n, sizeof(*v), bench_cmp_double);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* The same of integers (times in ns), the mean of the two middle ones rounded down. */
+static inline uint64_t bench_median_u64(uint64_t *v, size_t n) {
+  if (n == 0) return 0;
+  qsort(v, n, sizeof(*v), bench_cmp_u64);
+  return n % 2 ? v[n / 2] : v[n / 2 - 1] + (v[n / 2] - v[n / 2 - 1]) / 2;
+}
+
 /* The median of v[0..n) (unsorted; not changed), which is at most 256 values. */
 static inline double bench_median(const double *v, size_t n) {
   double w[256];
   if (n == 0 || n > 256) return 0;
   memcpy(w, v, n * sizeof(*w));
-  qsort(w, n, sizeof(*w), bench_cmp_double);
-  return n % 2 ? w[n / 2] : (w[n / 2 - 1] + w[n / 2]) / 2;
+  return bench_median_sorting(w, n);
 }
 
 /* The geometric mean of the medians of `places` groups, v[i] in group i % places (the

@@ -244,7 +244,7 @@ static int initiator(struct hb_peer *p) {
       if (o.progress) fprintf(stderr, "\r%s: %u/%u", s->name, it + 1, o.iters);
     }
     if (o.progress) fprintf(stderr, "\r%*s\r", 40, "");
-    for (int raw = 0; raw < 2; raw++) s->sec[raw] = hb_median_dbl(t[raw], o.iters);
+    for (int raw = 0; raw < 2; raw++) s->sec[raw] = bench_median_sorting(t[raw], o.iters);
   }
   FILE *f = o.json ? hb_json_open(o.json, "hixl-cache-bench") : NULL;
   if (f)

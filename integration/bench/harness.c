@@ -385,16 +385,6 @@ FILE *hb_json_open(const char *path, const char *tool) {
   return f;
 }
 
-uint64_t hb_median_u64(uint64_t *v, size_t n) {
-  qsort(v, n, sizeof(*v), bench_cmp_u64);
-  return n ? v[n / 2] : 0;
-}
-
-double hb_median_dbl(double *v, size_t n) {
-  qsort(v, n, sizeof(*v), bench_cmp_double);
-  return n ? v[n / 2] : 0;
-}
-
 const hixl_kv_ops *hb_plugin(const char *path) {
   const hixl_kv_ops *ops = NULL;
   char err[256] = "";

@@ -1,8 +1,8 @@
 /* harness: what every hixl benchmark shares, so that each bench is only its workload:
  * one option table that parses argv and prints the usage, messages and exits, the
  * engine and its registrations, waits on its requests, buffers, the peer process (fork,
- * one socketpair) and the lines it speaks, free ports, the reporter, medians, the KV
- * plugin's entry and a KV host's step. The statistics and the data pattern stay in
+ * one socketpair) and the lines it speaks, free ports, the reporter, the KV plugin's
+ * entry and a KV host's step. The statistics (every median) and the data pattern are in
  * bench_util.h (the demo and the examples use them too). */
 #ifndef HIXL_BENCH_HARNESS_H
 #define HIXL_BENCH_HARNESS_H
@@ -164,10 +164,6 @@ FILE *hb_csv(const char *path, const char *header);
 /* A JSON file opened for writing, begun with what every bench records: "{\n  "tool",
  * "hixl_version", "time", "kernel", "cpus" (each a line, with its comma); dies on failure. */
 FILE *hb_json_open(const char *path, const char *tool);
-
-/* The median of v[0..n), the upper one when n is even (sorts it). */
-uint64_t hb_median_u64(uint64_t *v, size_t n);
-double hb_median_dbl(double *v, size_t n);
 
 /* Poll request r until it is no longer WAITING (a request has no descriptor): the
  * status of the last poll, its state into *ts. */

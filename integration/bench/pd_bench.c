@@ -352,7 +352,7 @@ static uint64_t probe_ns(const struct dest *d, enum probe what) {
     hb_check(hb_wait_xfer(d->p->raw, rq, &ts), "raw status");
     if (ts != HIXL_TRANSFER_COMPLETED) hb_die("raw async WRITE of one layer ended %d", (int)ts);
   }
-  return hb_median_u64(t, n);
+  return bench_median_u64(t, n);
 }
 
 /* The raw engine's own pipelined push (docs/performance-pd.md): each layer's WRITE (with
@@ -784,7 +784,7 @@ int main(int argc, char **argv) {
         hb_die("push %s: wait_for_layer_load returned before the last layer was saved", did);
       t[S_PUSH][r] = t_done - t_last;
     }
-    for (int s = 0; s < (o.push ? S_N : S_PULL_N); s++) w->med[s] = hb_median_u64(t[s], w->rounds);
+    for (int s = 0; s < (o.push ? S_N : S_PULL_N); s++) w->med[s] = bench_median_u64(t[s], w->rounds);
   }
   fprintf(stderr, "\r%60s\r", "");
   hb_send(fd, "quit\n");

@@ -143,7 +143,7 @@ static void verify(struct ctx *c, const char *when) {
 static double median(const struct fig *f) {
   double v[16];
   memcpy(v, f->gbps, sizeof(v));
-  return hb_median_dbl(v, (size_t)o.rounds);
+  return bench_median_sorting(v, (size_t)o.rounds);
 }
 
 /* A figure's row: the table's (2 decimals), or with csv the CSV's (kind memcpy |

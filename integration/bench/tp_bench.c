@@ -378,7 +378,7 @@ static void pair_run(uint32_t np, uint32_t nd) {
   double rat_lo, rat_hi, by_place[3] = {0, 0, 0};
   double rat = bench_places_median(ratio, nr, 3, 2000, &rat_lo, &rat_hi, by_place);
   qsort(aa, nr, sizeof(*aa), bench_cmp_double);
-  uint64_t pm = hb_median_u64(pns, nr), rm = hb_median_u64(rns, nr), total = need * o.requests;
+  uint64_t pm = bench_median_u64(pns, nr), rm = bench_median_u64(rns, nr), total = need * o.requests;
   double pg = (double)total / (double)pm, rg = (double)total / (double)rm;
   double preq = (double)ops0 / ((double)o.requests * (nr + 1)), rreq = (double)rops / o.requests;
   double moved = (double)bytes0 / ((double)o.requests * (nr + 1));
