@@ -344,7 +344,7 @@ static int grants_one(size_t n, double *ms) {
     HixlEngineDestroy(e);
   }
   free(r);
-  if (st != HIXL_SUCCESS) return hb_say("--grants: %s\n", HixlGetLastErrorMessage()), 1;
+  if (st != HIXL_SUCCESS) return !hb_fail("--grants", st);
   for (int k = 0; k < 3; k++) ms[k] = bench_median_sorting(t[k], RUNS);
   return 0;
 }
@@ -361,7 +361,10 @@ static int grants_bench(void) {
          "|---:|---:|---:|---:|---:|\n");
   for (size_t k = 0; k < 2; k++) {
     double ms[3];
-    if (grants_one(sizes[k], ms)) return 1;
+    if (grants_one(sizes[k], ms)) {
+      if (j) fclose(j);
+      return 1;
+    }
     const struct hb_field rec[] = {HB_FU("ranges", "ranges a request", sizes[k]),
                                    HB_FD("first_grant_ms", "first grant ms", "%.3f", NULL, ms[0]),
                                    HB_FD("last_grant_ms", "64th grant ms", "%.3f", NULL, ms[1]),
