@@ -140,11 +140,7 @@ static void verify(struct ctx *c, const char *when) {
   }
 }
 
-static double median(const struct fig *f) {
-  double v[16];
-  memcpy(v, f->gbps, sizeof(v));
-  return bench_median_sorting(v, (size_t)o.rounds);
-}
+static double median(const struct fig *f) { return bench_median(f->gbps, (size_t)o.rounds); }
 
 /* A figure's row: the table's (2 decimals), or with csv the CSV's (kind memcpy |
  * process_vm_readv | shm | shm-mapped, op copy | READ | WRITE, 4 decimals): the median GB/s
