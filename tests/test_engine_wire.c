@@ -567,6 +567,27 @@ static void test_call_after(void) {
   assert_target_serves();
 }
 
+/* CALL_TAG waits for a tag its data posts behind it on an RDMA QP. On a tcp link no
+ * tag can come: the frame is a protocol error that closes the link, its handler not
+ * run (it would otherwise wait there until the caller's timeout). */
+static void test_call_tag_on_tcp_closes(void) {
+  enum { SVC = 3 };
+  static uint8_t out[WIRE_CALL_TAG_AT + sizeof(struct after_req)];
+  struct after_seen seen = {0};
+  struct after_req q = {0, 16, 47};
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(target, SVC, after_handler, &seen));
+  int fd = raw_link();
+  CU_ASSERT_FATAL(fd >= 0);
+  memcpy(out + WIRE_CALL_TAG_AT, &q, sizeof(q));
+  size_t n = wire_put_call_tag(out, 1, 1, SVC, sizeof(q));
+  CU_ASSERT(raw_send_all(fd, out, n));
+  CU_ASSERT(closed_by_peer(fd));
+  close(fd);
+  CU_ASSERT_EQUAL(seen.calls, 0);
+  TU_ASSERT_OK(hixl_engine_set_service(target, SVC, NULL, NULL));
+  assert_target_serves();
+}
+
 /* Registered ranges, some adjacent, some one byte, out of order, two registrations,
  * first and last bytes of one: WRITE_ACK 0, exactly those bytes changed. */
 static void test_stage_write_registered(void) {
@@ -1550,6 +1571,7 @@ int main(int argc, char **argv) {
   CU_add_test(t, "a truncated frame then a vanished peer", test_truncated_then_gone);
   CU_add_test(t, "CALL_AFTER: served behind its landed WRITEs, refused behind a refused one",
               test_call_after);
+  CU_add_test(t, "CALL_TAG on a tcp link: closed, not served", test_call_tag_on_tcp_closes);
   CU_add_test(t, "STAGE_WRITE into registered ranges lands exactly", test_stage_write_registered);
   CU_add_test(t, "STAGE_WRITE with a range outside: FAILED, nothing written, link kept",
               test_stage_write_outside_refused);

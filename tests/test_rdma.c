@@ -394,6 +394,128 @@ static void test_peer_without_rdma(void) {
   HixlEngineDestroy(s);
 }
 
+/* ---- a call behind WRITEs, served once their tag landed (CALL_TAG) ---- */
+
+struct tag_req {
+  uint64_t off, len, seed;
+};
+struct tag_seen {
+  int calls, missing;
+};
+
+/* The service: whether [off, off + len) of the target's memory holds the seed's
+ * pattern at the moment the call is served (progress thread: g.smem is not written
+ * by the test meanwhile). */
+static HixlStatus tag_handler(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                              size_t cap, size_t *resp_len) {
+  struct tag_seen *s = ctx;
+  struct tag_req q;
+  (void)peer;
+  s->calls++;
+  if (len != sizeof(q)) return HIXL_PARAM_INVALID;
+  memcpy(&q, req, sizeof(q));
+  ptrdiff_t at = tu_check_pattern(g.smem + q.off, q.len, q.seed);
+  if (at >= 0) s->missing++;
+  *resp_len = (size_t)snprintf((char *)resp, cap, at < 0 ? "all there" : "byte %td missing", at);
+  return at < 0 ? HIXL_SUCCESS : HIXL_FAILED;
+}
+
+/* Eight WRITEs from cli, each with a call behind it, started back to back before any
+ * is waited for: 4 KiB in one op, 12 MiB in one op (more than a submitting thread
+ * posts itself, so its tag waits behind the progress thread's posts) and 4 MiB in 256
+ * ops of 16 KiB, in turn. Every call finds its data there when it is served, each
+ * answer comes back, and the bytes are checked; tagged: how many went as CALL_TAG. */
+static void tagged_calls(HixlEngine *cli, uint64_t seed0, int tagged) {
+  enum { SVC = 2, N = 8, SMALL = 16u << 10 };
+  static HixlTransferOpDesc ops[256];
+  struct tag_seen seen = {0};
+  struct hixl_link_info before, after;
+  struct tag_req q[N];
+  hixl_call_t call[N];
+  uint8_t ans[N][64];
+  uint32_t alen[N];
+  size_t off = 0;
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, SVC, tag_handler, &seen));
+  TU_ASSERT_OK_FATAL(hixl_engine_link_info(cli, g.srv_name, &before));
+  for (int i = 0; i < N; i++) {
+    size_t len = i % 3 == 0 ? 4096 : i % 3 == 1 ? (12u << 20) : 256 * SMALL, nops = i % 3 == 2 ? 256 : 1;
+    q[i] = (struct tag_req){off, len, seed0 + (uint64_t)i};
+    tu_fill(g.cmem + off, len, q[i].seed);
+    memset(g.smem + off, 0, len);
+    for (size_t k = 0; k < nops; k++) { /* the ops backwards: their order is not the memory's */
+      size_t at = nops == 1 ? off : off + (nops - 1 - k) * SMALL;
+      ops[k] = op(at, at, nops == 1 ? len : SMALL);
+    }
+    TU_ASSERT_OK_FATAL(hixl_engine_transfer_then_call(cli, g.srv_name, HIXL_WRITE, ops, nops, SVC, &q[i],
+                                                      sizeof(q[i]), ans[i], sizeof(ans[i]), &alen[i], 60000,
+                                                      &call[i]));
+    off += len;
+  }
+  for (int i = 0; i < N; i++) {
+    TU_ASSERT_OK(hixl_engine_call_wait(cli, g.srv_name, call[i]));
+    CU_ASSERT(alen[i] == 9 && memcmp(ans[i], "all there", 9) == 0);
+    TU_ASSERT_PATTERN(g.smem + q[i].off, q[i].len, q[i].seed, "target memory after a WRITE and its call");
+  }
+  CU_ASSERT_EQUAL(seen.calls, N);
+  CU_ASSERT_EQUAL(seen.missing, 0);
+  TU_ASSERT_OK(hixl_engine_link_info(cli, g.srv_name, &after));
+  CU_ASSERT_EQUAL(after.tag_calls - before.tag_calls, (uint64_t)tagged);
+  TU_ASSERT_OK(hixl_engine_set_service(g.srv, SVC, NULL, NULL));
+}
+
+/* The target takes tags: each call rides behind its WRITEs on the QP's tag. */
+static void test_call_tag(void) { tagged_calls(g.cli, 300, 8); }
+
+/* A target that takes no tags (an older hixl; HIXL_TEST_NO_CALL_TAG in a test build
+ * leaves WIRE_CAP_CALL_TAG out of its handshake): the same calls go once their
+ * WRITEs' completions are back, none tagged, each finding its data. */
+static void test_call_tag_peer_without(void) {
+  static const HixlOption rdma = {"Transport", "rdma"};
+  HixlEngine *c2 = engine_with(tu_ip(), &rdma, 1);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(c2);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(tu_register(c2, g.cmem, MEM));
+  setenv("HIXL_TEST_NO_CALL_TAG", "1", 1);
+  HixlStatus st = HixlEngineConnect(c2, g.srv_name, 5000);
+  unsetenv("HIXL_TEST_NO_CALL_TAG");
+  TU_ASSERT_OK_FATAL(st);
+  tagged_calls(c2, 400, 0);
+  HixlEngineDestroy(c2);
+}
+
+/* A peer whose tag is not the one due (HIXL_TEST_TAG_SKEW, a test build: tag n + 1
+ * behind call n): the target closes the link at the tag, its call unserved, and the
+ * caller's wait ends FAILED well within its timeout; a new link works. */
+static void test_call_tag_out_of_order(void) {
+  enum { SVC = 2 };
+  static const HixlOption rdma = {"Transport", "rdma"};
+  struct tag_seen seen = {0};
+  struct tag_req q = {0, 1u << 20, 500};
+  uint8_t ans[64];
+  uint32_t alen = 0;
+  hixl_call_t call;
+  HixlEngine *c2 = engine_with(tu_ip(), &rdma, 1);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(c2);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(tu_register(c2, g.cmem, MEM));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(c2, g.srv_name, 5000));
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, SVC, tag_handler, &seen));
+  tu_fill(g.cmem, q.len, q.seed);
+  HixlTransferOpDesc d = op(0, 0, q.len);
+  setenv("HIXL_TEST_TAG_SKEW", "1", 1);
+  int64_t t0 = tu_now_ms();
+  HixlStatus st = hixl_engine_transfer_then_call(c2, g.srv_name, HIXL_WRITE, &d, 1, SVC, &q, sizeof(q), ans,
+                                                 sizeof(ans), &alen, 60000, &call);
+  unsetenv("HIXL_TEST_TAG_SKEW");
+  TU_ASSERT_OK_FATAL(st);
+  TU_ASSERT_STATUS(hixl_engine_call_wait(c2, g.srv_name, call), HIXL_FAILED);
+  CU_ASSERT(tu_now_ms() - t0 < 30000); /* the link's end, not the call's deadline */
+  CU_ASSERT_EQUAL(seen.calls, 0);
+  TU_ASSERT_OK(HixlEngineConnect(c2, g.srv_name, 5000));
+  TU_ASSERT_OK(HixlEngineTransferSync(c2, g.srv_name, HIXL_WRITE, &d, 1, 30000));
+  TU_ASSERT_PATTERN(g.smem, q.len, q.seed, "target memory over a new link");
+  TU_ASSERT_OK(hixl_engine_set_service(g.srv, SVC, NULL, NULL));
+  HixlEngineDestroy(c2);
+}
+
 /* The CS API over RDMA: endpoints with protocol rdma; data checked byte for byte. */
 static void test_cs_over_rdma(void) {
   uint16_t port = tu_free_port();
@@ -467,6 +589,10 @@ int main(int argc, char **argv) {
   CU_add_test(s, "16 async requests in flight", test_async_window);
   CU_add_test(s, "outside the registration: FAILED, untouched", test_out_of_range);
   CU_add_test(s, "registered after Connect; deregistered", test_register_after_connect);
+  CU_add_test(s, "8 WRITEs, a call behind each: served at their tag, data there", test_call_tag);
+  CU_add_test(s, "a target without tags: the calls follow the completions", test_call_tag_peer_without);
+  CU_add_test(s, "a tag out of order: link closed, call FAILED, a new link works",
+              test_call_tag_out_of_order);
   CU_pSuite o = CU_add_suite("rdma options and peers", NULL, NULL);
   CU_add_test(o, "HCCL_RDMA_TC / HCCL_RDMA_SL on the QP", test_env_qos);
   CU_add_test(o, "auto: shm on one host first, then rdma", test_auto_order);

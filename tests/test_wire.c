@@ -183,10 +183,11 @@ static void test_hdr_type(void) {
   CU_ASSERT_EQUAL(hdr_of(WIRE_AUTH_PROOF, 32, 0), WIRE_OK);
   CU_ASSERT_EQUAL(hdr_of(WIRE_RAILS_ACK, 18, 0), WIRE_OK);
   CU_ASSERT_EQUAL(hdr_of(WIRE_WIN_DEL, 20, 0), WIRE_OK);
-  CU_ASSERT_EQUAL(hdr_of(WIRE_SHM_DEV_MAP, 96, 0), WIRE_OK); /* the last type */
+  CU_ASSERT_EQUAL(hdr_of(WIRE_SHM_DEV_MAP, 96, 0), WIRE_OK);
   CU_ASSERT_EQUAL(hdr_of(WIRE_SHM_DEV_MAP, 95, 0), WIRE_ELEN);
-  CU_ASSERT_EQUAL(hdr_of(36, 36, 0), WIRE_ETYPE);
-  CU_ASSERT_EQUAL(hdr_of(36, 32, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_CALL_TAG, 14, 0), WIRE_OK); /* the last type */
+  CU_ASSERT_EQUAL(hdr_of(37, 37, 0), WIRE_ETYPE);
+  CU_ASSERT_EQUAL(hdr_of(37, 32, 0), WIRE_ETYPE);
 }
 
 static void test_hdr_flags_reserved(void) {
@@ -255,6 +256,7 @@ static const struct {
     {WIRE_WIN_ADD, 24, 4 + 20 * 4096, 0},
     {WIRE_WIN_DEL, 20, 4 + 16 * 4096, 0},
     {WIRE_SHM_DEV_MAP, 96, 96, 0},
+    {WIRE_CALL_TAG, 14, 14 + 65536, 0},
 };
 #define NLIMITS (sizeof(limits) / sizeof(limits[0]))
 
@@ -313,7 +315,8 @@ static void test_constants(void) {
   CU_ASSERT_EQUAL(WIRE_WIN_ADD, 33);
   CU_ASSERT_EQUAL(WIRE_WIN_DEL, 34);
   CU_ASSERT_EQUAL(WIRE_SHM_DEV_MAP, 35);
-  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 35);
+  CU_ASSERT_EQUAL(WIRE_CALL_TAG, 36);
+  CU_ASSERT_EQUAL(WIRE_TYPE_MAX_, 36);
   CU_ASSERT_EQUAL(WIRE_SHM_F_DEVMAP, 0x2u);
   CU_ASSERT_EQUAL(WIRE_CAP_WIN, 0x800u);
   CU_ASSERT_EQUAL(WIRE_CAP_RAILS, 0x200u);
@@ -322,6 +325,7 @@ static void test_constants(void) {
   CU_ASSERT_EQUAL(WIRE_MAX_CALL, 65536);
   CU_ASSERT_EQUAL(WIRE_CAP_CALL, 0x40);
   CU_ASSERT_EQUAL(WIRE_CAP_CALL_AFTER, 0x80);
+  CU_ASSERT_EQUAL(WIRE_CAP_CALL_TAG, 0x2000);
   CU_ASSERT_EQUAL(WIRE_MAX_PAYLOAD, MIB(4));
   CU_ASSERT_EQUAL(WIRE_MAX_STAGE, MIB(16));
   CU_ASSERT_EQUAL(WIRE_MAX_STAGE_SEGS, 4096);
@@ -424,6 +428,7 @@ static void test_names(void) {
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SHM_MAP_HELLO), "SHM_MAP_HELLO");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SHM_UNMAP_ACK), "SHM_UNMAP_ACK");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_CALL_AFTER), "CALL_AFTER");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_CALL_TAG), "CALL_TAG");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_AUTH_CHALLENGE), "AUTH_CHALLENGE");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_AUTH_PROOF), "AUTH_PROOF");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_RAILS), "RAILS");
@@ -431,7 +436,7 @@ static void test_names(void) {
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_WIN_ADD), "WIN_ADD");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_WIN_DEL), "WIN_DEL");
   CU_ASSERT_STRING_EQUAL(wire_type_name(WIRE_SHM_DEV_MAP), "SHM_DEV_MAP");
-  CU_ASSERT_STRING_EQUAL(wire_type_name(36), "?");
+  CU_ASSERT_STRING_EQUAL(wire_type_name(37), "?");
   /* Every type has its own name. */
   for (unsigned t = 1; t <= WIRE_TYPE_MAX_; t++) {
     CU_ASSERT_STRING_NOT_EQUAL(wire_type_name(t), "?");
@@ -928,6 +933,36 @@ static void test_rt_call(void) {
   wire_put_call(buf, WIRE_CALL_RESP, 1, 0, 4);
   buf[15] = 1; /* payload_len 1 */
   CU_ASSERT_EQUAL(wire_parse_hdr(buf, &h), WIRE_ELEN);
+}
+
+/* CALL_TAG: seq, tag (u32), service, then the bytes; any tag is well formed (what
+ * it names is the link's business). */
+static void test_rt_call_tag(void) {
+  static uint8_t buf[WIRE_CALL_TAG_AT + WIRE_MAX_CALL];
+  const size_t lens[] = {0, 1, 33, WIRE_MAX_CALL};
+  const uint32_t tags[] = {0, 1, 0x89abcdefu, UINT32_MAX};
+  for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+    struct wire_hdr h;
+    struct wire_msg m;
+    memset(buf + WIRE_CALL_TAG_AT, 0x5a, lens[i]);
+    size_t len = wire_put_call_tag(buf, 0x0102030405060708ull, tags[i], 0xcafe, (uint32_t)lens[i]);
+    CU_ASSERT_EQUAL_FATAL(len, WIRE_CALL_TAG_AT + lens[i]);
+    CU_ASSERT_EQUAL(buf[WIRE_HDR_LEN + 8], (uint8_t)(tags[i] >> 24)); /* tag, big-endian */
+    CU_ASSERT_EQUAL(buf[WIRE_HDR_LEN + 12], 0xca);                    /* service, big-endian */
+    CU_ASSERT_EQUAL_FATAL(wire_parse_hdr(buf, &h), WIRE_OK);
+    CU_ASSERT_EQUAL(h.type, WIRE_CALL_TAG);
+    CU_ASSERT_EQUAL_FATAL(wire_decode(&h, buf + WIRE_HDR_LEN, &m), WIRE_OK);
+    CU_ASSERT_EQUAL(m.u.call.seq, 0x0102030405060708ull);
+    CU_ASSERT_EQUAL(m.u.call.after, tags[i]);
+    CU_ASSERT_EQUAL(m.u.call.service, 0xcafe);
+    CU_ASSERT_EQUAL(m.u.call.len, lens[i]);
+    CU_ASSERT_PTR_EQUAL(m.u.call.data, buf + WIRE_CALL_TAG_AT);
+    CU_ASSERT(lens[i] == 0 || (m.u.call.data[0] == 0x5a && m.u.call.data[lens[i] - 1] == 0x5a));
+  }
+  /* Shorter than its fixed part, or longer than its cap: refused by the header. */
+  CU_ASSERT_EQUAL(hdr_of(WIRE_CALL_TAG, 13, 0), WIRE_ELEN);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_CALL_TAG, 14 + WIRE_MAX_CALL + 1, 0), WIRE_ELEN);
+  CU_ASSERT_EQUAL(hdr_of(WIRE_CALL_TAG, 14, 1), WIRE_ELEN);
 }
 
 /* CALL_AFTER: seq, after, service, then the bytes; after must come before seq (a CALL
@@ -1877,6 +1912,7 @@ static CU_TestInfo rt_tests[] = {
     {"notify", test_rt_notify},
     {"call and call_resp", test_rt_call},
     {"call_after", test_rt_call_after},
+    {"call_tag", test_rt_call_tag},
     {"stage write and read", test_rt_stage},
     {"stage pull and push bytes", test_rt_stage_rdma_bytes},
     {"stage pull and push", test_rt_stage_rdma},

@@ -75,6 +75,7 @@ static const struct {
     [WIRE_WIN_ADD] = {4 + 20, 4 + 20 * 4096, 0},
     [WIRE_WIN_DEL] = {4 + 16, 4 + 16 * 4096, 0},
     [WIRE_SHM_DEV_MAP] = {96, 96, 0},
+    [WIRE_CALL_TAG] = {14, 14 + 65536, 0},
 };
 
 /* Whatever wire_parse_hdr says must agree with the raw bytes. */
@@ -193,6 +194,11 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
     CHECK(h->payload_len == 0);
     got = wire_put_call_after(buf, m->u.call.seq, m->u.call.after, m->u.call.service, m->u.call.len);
     memcpy(buf + WIRE_CALL_AFTER_AT, m->u.call.data, m->u.call.len);
+    break;
+  case WIRE_CALL_TAG:
+    CHECK(h->payload_len == 0 && m->u.call.after <= UINT32_MAX);
+    got = wire_put_call_tag(buf, m->u.call.seq, (uint32_t)m->u.call.after, m->u.call.service, m->u.call.len);
+    memcpy(buf + WIRE_CALL_TAG_AT, m->u.call.data, m->u.call.len);
     break;
   case WIRE_STAGE_PULL:
   case WIRE_STAGE_PUSH:
@@ -416,6 +422,11 @@ static void check_msg(enum wire_err e, const struct wire_hdr *h, const uint8_t *
     if (e != WIRE_OK) break;
     CHECK(h->payload_len == 0 && m->u.call.len <= WIRE_MAX_CALL && m->u.call.after < m->u.call.seq);
     CHECK(m->u.call.len == n - 18 && inside(m->u.call.data, m->u.call.len, b, n));
+    break;
+  case WIRE_CALL_TAG: /* a request as CALL's, with the tag of the data it waits for: any value */
+    CHECK(e == WIRE_OK && h->payload_len == 0 && m->u.call.len <= WIRE_MAX_CALL);
+    CHECK(m->u.call.seq == get64(b) && m->u.call.after == get32(b + 8) && m->u.call.service == get16(b + 12));
+    CHECK(m->u.call.len == n - 14 && inside(m->u.call.data, m->u.call.len, b, n));
     break;
   case WIRE_RDMA_CONNECT:
   case WIRE_RDMA_CONNECT_ACK:

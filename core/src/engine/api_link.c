@@ -143,6 +143,7 @@ HixlStatus hixl_engine_link_info(HixlEngine *e, const char *remote, struct hixl_
   if (c) {
     memset(info, 0, sizeof(*info));
     snprintf(info->transport, sizeof(info->transport), "%s", c->xp->name);
+    info->tag_calls = c->tag_calls;
     st = c->xp->link.info(c, info);
   }
   pthread_mutex_unlock(&e->lock);

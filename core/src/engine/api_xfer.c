@@ -511,10 +511,27 @@ HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, Hix
      * refused. Waiting for their answers first would add a round trip. */
     r->is_async = true;
     memmove(frame + WIRE_CALL_AFTER_AT, frame + WIRE_CALL_REQ_AT, len);
-    link_then_behind(r, c, th, service, (uint32_t)len);
+    link_then_behind(r, c, th, service, (uint32_t)len, WIRE_CALL_AFTER, r->chunks[0].seq);
     th = NULL;
     frame = NULL;
     c->xp->link.async(c, r); /* the progress thread reads the answers */
+    pthread_mutex_unlock(&e->lock);
+    *call = r;
+  } else if (st == HIXL_SUCCESS && !c->dead && op == HIXL_WRITE && (c->xp->flags & XPORT_TAGS) &&
+             !r->railed && r->ndirect == r->nchunks && (c->peer->caps & WIRE_CAP_CALL_TAG) &&
+             c->xp->link.post_tag(c, r, c->tags_sent + 1) == 0) {
+    /* Every WRITE is a work request on the link's QP, and a tag rides behind them (an
+     * RDMA WRITE with immediate data): the call leaves now, and the target serves it
+     * when the tag lands, the WRITEs before it having landed. Waiting for their
+     * completions here first would add a trip back and the call's own way. */
+    c->tags_sent++;
+    c->tag_calls++;
+    r->is_async = true;
+    memmove(frame + WIRE_CALL_TAG_AT, frame + WIRE_CALL_REQ_AT, len);
+    link_then_behind(r, c, th, service, (uint32_t)len, WIRE_CALL_TAG, c->tags_sent);
+    th = NULL;
+    frame = NULL;
+    c->xp->link.async(c, r); /* the progress thread reads the answer */
     pthread_mutex_unlock(&e->lock);
     *call = r;
   } else if (st == HIXL_SUCCESS) {

@@ -54,6 +54,8 @@ struct hixl_link_info {
                           * id; FUTEX_OWNER_DIED once that ended); 0: none, its pidfd is asked */
   uint32_t windows;      /* rdma, a scoped target: the windows it opened to this engine on the link's QP */
   uint64_t win_ops;      /* ... and the chunks posted inside them since Connect */
+  uint64_t tag_calls;    /* rdma: calls sent behind a transfer's WRITEs that the target served when the
+                          * tag posted after them landed (CALL_TAG), since Connect */
 };
 HixlStatus hixl_engine_link_info(HixlEngine *e, const char *remote, struct hixl_link_info *info);
 

@@ -63,10 +63,17 @@ enum conn_role { CONN_TARGET_HELLO, CONN_TARGET_AUTH, CONN_TARGET, CONN_INITIATO
 struct peer;
 
 /* Why a link reads no frames (struct conn's stall): it reads again once none holds. */
-#define LINK_STALL_MODULE  0x1 /* a module paused it (a target's RDMA staged unit is on the QP) */
-#define LINK_STALL_FENCE   0x2 /* a CALL waits until every answer queued before it was sent */
-#define LINK_STALL_BACKLOG 0x4 /* it owes its peer more answers than the bound (issue 28) */
-#define LINK_STALL_DEVMEM  0x8 /* the engine's device buffers are all in use: reads once one is back */
+#define LINK_STALL_MODULE  0x1  /* a module paused it (a target's RDMA staged unit is on the QP) */
+#define LINK_STALL_FENCE   0x2  /* a CALL waits until every answer queued before it was sent */
+#define LINK_STALL_BACKLOG 0x4  /* it owes its peer more answers than the bound (issue 28) */
+#define LINK_STALL_DEVMEM  0x8  /* the engine's device buffers are all in use: reads once one is back */
+#define LINK_STALL_TAG     0x10 /* a CALL_TAG waits for its data's tag (link_tag_landed) */
+
+/* Tags a target link takes ahead of the CALL_TAGs that name them, at most: past it the
+ * peer is not sending the calls its data announced, and the link ends. */
+#define LINK_TAGS_AHEAD 65536u
+
+struct tag_park; /* link_frames.c: the CALL_TAG a target link waits to serve */
 
 #define LINK_DEV_STREAMS 2 /* devices a link copies on asynchronously; a third's copies are synchronous */
 struct conn {
@@ -101,6 +108,12 @@ struct conn {
   struct link_pay pay;                /* ... and what it keeps about it (link_pay_of) */
   /* target: the last seq of a WRITE refused here (CALL_AFTER checks it) */
   uint64_t write_refused;
+  /* CALL_TAG. Target: the last tag landed (link_tag_landed) and the last a CALL_TAG
+   * named, and the call waiting for its tag (LINK_STALL_TAG); initiator: the last tag
+   * sent, and the calls sent so (hixl_link_info.tag_calls). */
+  uint32_t tags_landed, tags_called, tags_sent;
+  struct tag_park *tag_park;
+  uint64_t tag_calls;
   uint8_t stall;          /* why the link reads no frames now (LINK_STALL_*), 0: it reads */
   bool in_fence;          /* releasing a stall (no recursion) */
   bool always_read;       /* initiator: the target sends frames on its own (shm SHM_UNMAP): never parked */
@@ -384,11 +397,13 @@ void link_req_maybe_free(struct hixl_transfer_req *r);
  * on c when r's other chunks have all ended with SUCCESS; it may leave at once. */
 void link_then_attach(struct hixl_transfer_req *r, struct conn *c, struct chunk *th, uint16_t service,
                       uint32_t len);
-/* Send th, a CALL chunk whose frame holds its request at WIRE_CALL_AFTER_AT, right
- * behind r's chunks, all frames already queued on c (lock held): a CALL_AFTER that
- * the target serves only if none of them was refused there. */
+/* Send th, a CALL chunk, now, the target serving it once r's chunks have landed there
+ * (lock held). type WIRE_CALL_AFTER: the request at WIRE_CALL_AFTER_AT, r's chunks all
+ * frames already queued on c, served only if none of them was refused (after: the
+ * first one's seq). WIRE_CALL_TAG: the request at WIRE_CALL_TAG_AT, served when the
+ * tag after, which c's transport posts behind r's chunks (link.post_tag), lands. */
 void link_then_behind(struct hixl_transfer_req *r, struct conn *c, struct chunk *th, uint16_t service,
-                      uint32_t len);
+                      uint32_t len, uint8_t type, uint64_t after);
 /* After the caller's own copy of r (then_caller, now cleared): send r's CALL if it was
  * released meanwhile, and leave the link to the progress thread for its answer and for
  * what the socket did not take (lock held). */

@@ -366,6 +366,7 @@ void link_free_graveyard(struct HixlEngine *e) {
     link_devq_streams_free(c);
     for (int i = 0; i < XPORT_MODS; i++) e->mods[i]->link.free(c);
     auth_frames_free(&c->proof);
+    free(c->tag_park); /* a CALL_TAG whose tag never came: it dies with its link */
     free(c->rxbuf);
     free(c);
   }

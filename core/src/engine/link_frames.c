@@ -223,13 +223,15 @@ static int queue_heap(struct conn *c, uint8_t *frame, size_t len) {
 }
 
 void link_then_behind(struct hixl_transfer_req *r, struct conn *c, struct chunk *th, uint16_t service,
-                      uint32_t len) {
+                      uint32_t len, uint8_t type, uint64_t after) {
   link_then_init(r, c, th, service, len, THEN_SENT);
   th->seq = c->next_seq++;
-  th->tx.heap_len = wire_put_call_after(th->tx.heap, th->seq, r->chunks[0].seq, service, len);
+  th->tx.heap_len = type == WIRE_CALL_TAG
+                        ? wire_put_call_tag(th->tx.heap, th->seq, (uint32_t)after, service, len)
+                        : wire_put_call_after(th->tx.heap, th->seq, after, service, len);
   link_enqueue(c, &th->tx);
-  /* Alone on the queue (the start sent the data already): out now. Else it leaves
-   * behind the data, which the progress thread is sending. */
+  /* Alone on the queue (the start sent the data already, or it moves on the QP): out
+   * now. Else it leaves behind what is queued, which the progress thread is sending. */
   if (c->txq_head == &th->tx)
     link_flush(c);
   else
@@ -511,6 +513,88 @@ static void target_call(struct conn *c, const struct wire_msg *m) {
   free(frame);
 }
 
+/* ---- CALL_TAG: a call served once its data's tag landed (target) ---- */
+
+/* The CALL_TAG a target link waits to serve: one at most, since the link reads no
+ * frames meanwhile (LINK_STALL_TAG), so its answers leave in the order the frames came. */
+struct tag_park {
+  uint64_t seq;
+  uint32_t tag, len;
+  uint16_t service;
+  uint8_t data[];
+};
+
+static void tag_kill(struct conn *c, const char *why) {
+  log_error("%s: %s", c->remote_name, why);
+  link_conn_kill(c, HIXL_FAILED, why);
+}
+
+/* Tags come in the order they were posted, as the CALL_TAGs naming them do: a call is
+ * served at once when its tag has landed, else it waits, and so does the link. */
+static void target_call_tag(struct conn *c, const struct wire_msg *m) {
+  uint32_t tag = (uint32_t)m->u.call.after;
+  char why[192];
+  if (!(c->xp->flags & XPORT_TAGS)) {
+    snprintf(why, sizeof(why), "protocol error: CALL_TAG on a %s link, which carries no tags: closing it",
+             c->xp->name);
+    tag_kill(c, why);
+    return;
+  }
+  if (tag != c->tags_called + 1) {
+    snprintf(why, sizeof(why), "protocol error: CALL_TAG with tag %u where %u was due: closing this link",
+             tag, c->tags_called + 1);
+    tag_kill(c, why);
+    return;
+  }
+  c->tags_called = tag;
+  if ((int32_t)(c->tags_landed - tag) >= 0) { /* its data's tag came first */
+    target_call(c, m);
+    return;
+  }
+  struct tag_park *t = malloc(sizeof(*t) + m->u.call.len);
+  if (!t) {
+    link_conn_kill(c, HIXL_FAILED, "out of memory");
+    return;
+  }
+  *t =
+      (struct tag_park){.seq = m->u.call.seq, .tag = tag, .len = m->u.call.len, .service = m->u.call.service};
+  if (m->u.call.len) memcpy(t->data, m->u.call.data, m->u.call.len);
+  c->tag_park = t;
+  c->stall |= LINK_STALL_TAG;
+  link_conn_arm(c);
+}
+
+void link_tag_landed(struct conn *c, uint32_t tag) {
+  char why[192];
+  if (c->dead) return;
+  if (tag != c->tags_landed + 1 || (uint32_t)(tag - c->tags_called) > LINK_TAGS_AHEAD) {
+    snprintf(
+        why, sizeof(why),
+        "protocol error: data tag %u where %u was due, %u calls named so far (at most %u ahead): closing "
+        "this link",
+        tag, c->tags_landed + 1, c->tags_called, LINK_TAGS_AHEAD);
+    tag_kill(c, why);
+    return;
+  }
+  c->tags_landed = tag;
+  struct tag_park *t = c->tag_park;
+  if (!t || t->tag != tag) return;
+  struct wire_msg m = {.hdr = {.type = WIRE_CALL_TAG}};
+  m.u.call.seq = t->seq;
+  m.u.call.after = t->tag;
+  m.u.call.service = t->service;
+  m.u.call.data = t->data;
+  m.u.call.len = t->len;
+  c->tag_park = NULL;
+  target_call(c, &m);
+  free(t);
+  if (c->dead) return;
+  c->stall &= (uint8_t)~LINK_STALL_TAG; /* the frames behind it, as link_resume reads them */
+  link_conn_arm(c);
+  link_parse_frames(c);
+  if (!c->dead) link_flush(c);
+}
+
 static void target_handle(struct conn *c, const struct wire_msg *m) {
   struct HixlEngine *e = c->eng;
   uint8_t frame[WIRE_SMALL_FRAME];
@@ -523,6 +607,7 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
     return;
   }
   case WIRE_CALL: target_call(c, m); return;
+  case WIRE_CALL_TAG: target_call_tag(c, m); return;
   case WIRE_RAILS: {
     uint8_t ack[WIRE_HDR_LEN + 12 + WIRE_RAIL_LEN * WIRE_MAX_RAILS];
     uint32_t addr[WIRE_MAX_RAILS];
@@ -797,7 +882,7 @@ static bool type_allowed(const struct HixlEngine *e, enum conn_role role, unsign
   case CONN_TARGET_AUTH: return type == WIRE_AUTH_PROOF;
   case CONN_TARGET:
     return type == WIRE_NOTIFY || type == WIRE_SYNC || type == WIRE_CALL || type == WIRE_CALL_AFTER ||
-           (type == WIRE_RAILS && e->n_rail_addrs > 0) ||
+           type == WIRE_CALL_TAG || (type == WIRE_RAILS && e->n_rail_addrs > 0) ||
            (type <= WIRE_TYPE_MAX_ && e->frame_owner[type] != NULL);
   case CONN_INITIATOR:
     return type == WIRE_WRITE_ACK || type == WIRE_READ_RESP || type == WIRE_NOTIFY_ACK ||
@@ -856,7 +941,8 @@ void link_parse_frames(struct conn *c) {
     /* A CALL is served once every answer queued before it on this link has been sent:
      * a handler that lets memory go (the plugin's FREE) knows no earlier answer still
      * reads it. The link reads nothing more until then (stall_release). */
-    if ((h.type == WIRE_CALL || h.type == WIRE_CALL_AFTER) && c->role == CONN_TARGET && c->txq_head) {
+    if ((h.type == WIRE_CALL || h.type == WIRE_CALL_AFTER || h.type == WIRE_CALL_TAG) &&
+        c->role == CONN_TARGET && c->txq_head) {
       c->stall |= LINK_STALL_FENCE;
       link_conn_arm(c);
       return;

@@ -427,7 +427,8 @@ const struct xport_ops xport_stage = {
              .post_own = xport_no_post_own,
              .dev_reach = xport_no_dev_reach,
              .copy_now = xport_no_copy_now,
-             .mem_added = xport_no_mem_added},
+             .mem_added = xport_no_mem_added,
+             .post_tag = xport_no_post_tag},
 };
 
 HixlStatus hixl_engine_stage_stats(HixlEngine *e, struct hixl_stage_stats *out) {

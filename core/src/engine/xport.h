@@ -49,6 +49,7 @@ enum xport_id { XPORT_SHM, XPORT_RDMA, XPORT_TCP, XPORT_STAGE, XPORT_MODS };
 #define XPORT_CPU_COPY   0x8u  /* a thread's own copy moves the data (no NIC): its drive hook copies */
 #define XPORT_IN_STREAM  0x10u /* direct chunks are frames on the link's socket, landed in order */
 #define XPORT_DEVMEM     0x20u /* moves device memory (through host bounce buffers and devmem.h) */
+#define XPORT_TAGS       0x40u /* its links carry tags behind their data (post_tag, link_tag_landed): CALL_TAG */
 
 /* The module on one engine (UCT's interface). */
 /* What a grant did to the ranges it tells a module of (iface.grant). */
@@ -158,6 +159,12 @@ struct xport_link_ops {
   /* Initiator: the peer advertised [addr, addr + len) on c (MEM_ADD), now in its table
    * (shm: a freed range's tombstone there goes; the memory is new). Lock held. */
   void (*mem_added)(struct conn *c, uint64_t addr, uint64_t len);
+  /* Initiator: r's chunks are all direct ones on c, queued by start: post behind them a
+   * notice carrying tag, which the peer's module hands to link_tag_landed once every
+   * one of them has landed there (rdma: a WRITE with immediate data on the link's QP).
+   * 0: it will be posted (a failure to post kills the link); -1: it cannot be here (the
+   * caller sends its call once the chunks' answers are back instead). Lock held. */
+  int (*post_tag)(struct conn *c, struct hixl_transfer_req *r, uint32_t tag);
 };
 
 struct xport_ops {
@@ -183,7 +190,8 @@ struct xport_ops {
   X(link.connect) X(link.attach) X(link.discard) X(link.target_frame) X(link.initiator_frame)                \
   X(link.payload_done) X(link.kill) X(link.closed) X(link.free) X(link.info) X(link.table_current)           \
   X(link.reach) X(link.post) X(link.start) X(link.async) X(link.drive) X(link.req_timeout) X(link.answer)    \
-  X(link.chunk_end) X(link.post_own) X(link.dev_reach) X(link.copy_now) X(link.mem_added)
+  X(link.chunk_end) X(link.post_own) X(link.dev_reach) X(link.copy_now) X(link.mem_added)                   \
+  X(link.post_tag)
 /* clang-format on */
 
 /* PARAM_INVALID naming the module and the first empty slot, or SUCCESS. */
@@ -230,6 +238,7 @@ bool xport_no_dev_reach(struct conn *c, const struct hixl_mem_reg *lreg, const s
 bool xport_no_copy_now(struct conn *c, HixlTransferOp op, const HixlTransferOpDesc *descs, size_t n,
                        struct hixl_mem_reg *const *lregs, HixlStatus *st, char *why, size_t cap); /* false */
 void xport_no_mem_added(struct conn *c, uint64_t addr, uint64_t len);
+int xport_no_post_tag(struct conn *c, struct hixl_transfer_req *r, uint32_t tag); /* -1: no tags here */
 /* The memory slots of a module that registers nothing (tcp: its frames carry the
  * data; staging: it asks the link's transport). */
 #define XPORT_MEM_NONE                                                                                       \

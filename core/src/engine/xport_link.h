@@ -202,6 +202,10 @@ struct link_pay {
 struct link_pay *link_pay_of(struct conn *c, const struct xport_ops *module);
 /* A target refused the data of the WRITE (or STAGE_WRITE) seq: a CALL_AFTER behind it fails. */
 void link_write_refused(struct conn *c, uint64_t seq);
+/* Target: the tag the peer posted behind its data (xport link.post_tag) came, every
+ * byte posted before it having landed: the CALL_TAG waiting for it is served. Tags come
+ * in order, 1, 2, ...; any other is a protocol error that ends the link. Lock held. */
+void link_tag_landed(struct conn *c, uint32_t tag);
 void link_rearm(struct conn *c);      /* tell epoll again what to watch (a target stalled or not) */
 void link_resume(struct conn *c);     /* a stalled target link reads again: frames waiting first */
 void link_unpark(struct conn *c);     /* the progress thread reads the link (answers are due) */

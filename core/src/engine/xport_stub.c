@@ -118,6 +118,11 @@ bool xport_no_copy_now(struct conn *c, HixlTransferOp op, const HixlTransferOpDe
 
 void xport_no_mem_added(struct conn *c, uint64_t addr, uint64_t len) { (void)c, (void)addr, (void)len; }
 
+int xport_no_post_tag(struct conn *c, struct hixl_transfer_req *r, uint32_t tag) {
+  (void)c, (void)r, (void)tag;
+  return -1;
+}
+
 HixlStatus xport_check(const struct xport_ops *x) {
   if (!x || !x->name) return hixl_fail(HIXL_PARAM_INVALID, "a module's table is NULL or has no name");
 #define CHECK_SLOT(slot)                                                                                     \

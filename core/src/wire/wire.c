@@ -24,7 +24,8 @@ const char *wire_type_name(unsigned type) {
       "SYNC_ACK",   "RDMA_CONNECT", "RDMA_CONNECT_ACK", "SHM_HELLO",     "SHM_HELLO_ACK", "STAGE_WRITE",
       "STAGE_READ", "STAGE_PULL",   "STAGE_PUSH",       "CALL",          "CALL_RESP",     "SHM_MAP_HELLO",
       "SHM_MAP",    "SHM_MAP_ACK",  "SHM_UNMAP",        "SHM_UNMAP_ACK", "CALL_AFTER",    "AUTH_CHALLENGE",
-      "AUTH_PROOF", "RAILS",        "RAILS_ACK",        "WIN_ADD",       "WIN_DEL",       "SHM_DEV_MAP"};
+      "AUTH_PROOF", "RAILS",        "RAILS_ACK",        "WIN_ADD",       "WIN_DEL",       "SHM_DEV_MAP",
+      "CALL_TAG"};
   return type <= WIRE_TYPE_MAX_ ? names[type] : "?";
 }
 
@@ -69,6 +70,7 @@ static const struct {
     [WIRE_WIN_ADD] = {4 + WIRE_WIN_LEN, 4 + WIRE_WIN_LEN *WIRE_MAX_WINS, 0},
     [WIRE_WIN_DEL] = {4 + WIRE_WIN_DEL_LEN, 4 + WIRE_WIN_DEL_LEN *WIRE_MAX_WINS, 0},
     [WIRE_SHM_DEV_MAP] = {WIRE_SHM_DEV_MAP_LEN, WIRE_SHM_DEV_MAP_LEN, 0},
+    [WIRE_CALL_TAG] = {14, 14 + WIRE_MAX_CALL, 0},
 };
 
 enum wire_err wire_parse_hdr(const uint8_t buf[WIRE_HDR_LEN], struct wire_hdr *hdr) {
@@ -339,6 +341,13 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     m->u.call.len = (uint32_t)(n - 18);
     /* It follows WRITEs sent before it: none can come from its own seq on. */
     return m->u.call.after < m->u.call.seq ? WIRE_OK : WIRE_EBODY;
+  case WIRE_CALL_TAG:
+    m->u.call.seq = be_get64(b);
+    m->u.call.after = be_get32(b + 8);
+    m->u.call.service = be_get16(b + 12);
+    m->u.call.data = b + 14;
+    m->u.call.len = (uint32_t)(n - 14);
+    return WIRE_OK;
   case WIRE_CALL_RESP:
     m->u.call.seq = be_get64(b);
     m->u.call.status = be_get32(b + 8);
@@ -590,4 +599,12 @@ size_t wire_put_call_after(uint8_t *buf, uint64_t seq, uint64_t after, uint16_t 
   be_put64(buf + WIRE_HDR_LEN + 8, after);
   be_put16(buf + WIRE_HDR_LEN + 16, service);
   return WIRE_CALL_AFTER_AT + len;
+}
+
+size_t wire_put_call_tag(uint8_t *buf, uint64_t seq, uint32_t tag, uint16_t service, uint32_t len) {
+  put_hdr(buf, (uint8_t)WIRE_CALL_TAG, 14u + len, 0);
+  be_put64(buf + WIRE_HDR_LEN, seq);
+  be_put32(buf + WIRE_HDR_LEN + 8, tag);
+  be_put16(buf + WIRE_HDR_LEN + 12, service);
+  return WIRE_CALL_TAG_AT + len;
 }

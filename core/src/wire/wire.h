@@ -39,6 +39,8 @@
 #define WIRE_CAP_WIN        0x800u /* HELLO: takes WIN_ADD / WIN_DEL (a scoped target's RDMA windows) */
 #define WIRE_CAP_WIN_RUNS                                                                                    \
   0x1000u /* HELLO: a WIN_ADD over windows it holds replaces them (windows per run, split) */
+#define WIRE_CAP_CALL_TAG                                                                                    \
+  0x2000u /* HELLO_ACK: answers CALL_TAG, and keeps receives posted on its RDMA links' QPs for the tags */
 
 /* Header flags. WIRE_F_TAG: the frame is proven: WIRE_TAG_LEN bytes follow its body
  * (before any payload), the tag over its header and body (util/auth.h). On an
@@ -135,7 +137,10 @@ enum wire_type {
   WIRE_SHM_DEV_MAP = 35, /* target -> initiator: addr, len, alloc_len, offset, IPC handle: a device
                             registration to open (only to an initiator that set WIRE_SHM_F_DEVMAP);
                             taken back with SHM_UNMAP */
-  WIRE_TYPE_MAX_ = 35,
+  WIRE_CALL_TAG = 36,    /* seq, tag u32, service u16, request bytes: a CALL served once this link's QP
+                            received an RDMA WRITE with immediate data tag (what the initiator posted
+                            before that on the QP has landed); only on an RDMA link */
+  WIRE_TYPE_MAX_ = 36,
 };
 
 /* HELLO_ACK status values. */
@@ -280,7 +285,7 @@ struct wire_msg {
       uint64_t seq;
       uint32_t status;     /* CALL_RESP only */
       uint16_t service;    /* CALL and CALL_AFTER */
-      uint64_t after;      /* CALL_AFTER only: the first seq of the WRITEs it follows */
+      uint64_t after;      /* CALL_AFTER: the first seq of the WRITEs it follows; CALL_TAG: the tag */
       const uint8_t *data; /* the request or the answer, inside the body */
       uint32_t len;        /* <= WIRE_MAX_CALL */
     } call;
@@ -376,6 +381,9 @@ size_t wire_put_call(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t s
 /* CALL_AFTER (seq, after, service, then len bytes at buf + WIRE_CALL_AFTER_AT). */
 #define WIRE_CALL_AFTER_AT (WIRE_HDR_LEN + 18u)
 size_t wire_put_call_after(uint8_t *buf, uint64_t seq, uint64_t after, uint16_t service, uint32_t len);
+/* CALL_TAG (seq, tag, service, then len bytes at buf + WIRE_CALL_TAG_AT). */
+#define WIRE_CALL_TAG_AT (WIRE_HDR_LEN + 14u)
+size_t wire_put_call_tag(uint8_t *buf, uint64_t seq, uint32_t tag, uint16_t service, uint32_t len);
 
 #define WIRE_SMALL_FRAME 48u /* the largest frame built by wire_put_write_req / read_req / sync / ack */
 

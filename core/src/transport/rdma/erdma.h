@@ -38,8 +38,19 @@ struct erdma_engine {              /* engine_xe(e, XPORT_RDMA), while the engine
 /* epoll data: a device's index, plus this for its async event fd */
 #define ERDMA_EV_ASYNC 0x100u
 
-/* wr_id of a window's bind: never a chunk's or a link's address. */
+/* wr_ids that are never a chunk's or a link's address: a window's bind, a tag (a
+ * WRITE with immediate data behind a transfer's WRITEs), a target's receive for one. */
 #define ERDMA_WR_BIND 1u
+#define ERDMA_WR_TAG  2u
+#define ERDMA_WR_RECV 3u
+
+/* An initiator link's tag to post once the chunk it follows is posted (after NULL:
+ * now); in the order of their requests, as the chunks are. */
+struct erdma_tag {
+  struct chunk *after;
+  uint32_t tag;
+};
+#define ERDMA_TAGS 64 /* tags waiting on a link at most: past it, a call waits for its data's completions */
 
 /* A range's memory regions (r->xm[XPORT_RDMA], a bounce buffer's handle): one per device. */
 struct erdma_mr {
@@ -81,7 +92,9 @@ struct erdma_link {                      /* link_xs(c, XPORT_RDMA) (initiator: p
   /* A target's windows split since (a range in them shared by a later grant): still
    * open, all their ranges still granted, no longer the peer's; unsorted, may overlap. */
   struct erdma_wins retired;
-  uint64_t win_ops; /* initiator: chunks posted inside windows */
+  uint64_t win_ops;                  /* initiator: chunks posted inside windows */
+  struct erdma_tag tags[ERDMA_TAGS]; /* initiator: tags not yet posted, a ring */
+  uint32_t tag_head, tag_n;
 };
 
 /* ---- rdma_win.c ---- */

@@ -45,6 +45,7 @@ struct rdma_qp_info {
 
 #define RDMA_CQ_DEPTH     4096
 #define RDMA_SIGNAL_EVERY 16 /* selective signalling: every Nth WR, and the last posted */
+#define RDMA_RECV_DEPTH   16 /* receives an RC QP holds: a target's, for the tags of WRITEs with immediate */
 
 /* Whether any RDMA device exists on this host (cheap; for skips and auto). */
 bool rdma_available(void);
@@ -123,6 +124,14 @@ int rdma_qp_query(struct ibv_qp *qp, struct rdma_qp_params *out);
 int rdma_post(struct ibv_qp *qp, bool write, void *laddr, uint32_t len, uint32_t lkey, uint64_t raddr,
               uint32_t rkey, uint64_t wr_id, bool signaled);
 
+/* Post a zero-length RDMA WRITE with immediate data tag, signaled with wr_id: the
+ * peer's QP takes one of its receives for it and completes that with the tag once
+ * every WR posted before it here has been executed there (RC, in order). 0, or -1
+ * with errno set. */
+int rdma_post_tag(struct ibv_qp *qp, uint32_t tag, uint64_t wr_id);
+/* Post one receive with no buffer (for a WRITE with immediate: nothing lands in it). */
+int rdma_post_recv0(struct ibv_qp *qp, uint64_t wr_id);
+
 /* Completion channel: the fd to watch, then re-arm and drain. */
 int rdma_chan_fd(const struct rdma_dev *d);
 int rdma_cq_rearm(struct rdma_dev *d); /* take the event, ack it, request the next */
@@ -153,6 +162,9 @@ struct rdma_wc {
   uint64_t wr_id;
   uint32_t qpn;
   bool bind; /* a window's bind */
+  bool recv; /* a receive, completed (a failed one is told apart by its wr_id) */
+  bool imm;  /* ... taken by a WRITE with immediate data: its tag is in imm_data */
+  uint32_t imm_data;
   int ok;
   const char *status; /* ibv_wc_status_str */
 };

@@ -246,12 +246,14 @@ uint32_t rdma_mr_rkey(const struct ibv_mr *mr) { return mr->rkey; }
 
 static struct ibv_qp *qp_new_on(struct rdma_dev *d, struct ibv_cq *cq, struct rdma_qp_info *local, char *err,
                                 size_t errlen) {
-  struct ibv_qp_init_attr ia = {
-      .send_cq = cq,
-      .recv_cq = cq,
-      .cap = {.max_send_wr = d->max_qp_wr, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1},
-      .qp_type = IBV_QPT_RC,
-      .sq_sig_all = 0};
+  struct ibv_qp_init_attr ia = {.send_cq = cq,
+                                .recv_cq = cq,
+                                .cap = {.max_send_wr = d->max_qp_wr,
+                                        .max_recv_wr = RDMA_RECV_DEPTH,
+                                        .max_send_sge = 1,
+                                        .max_recv_sge = 1},
+                                .qp_type = IBV_QPT_RC,
+                                .sq_sig_all = 0};
   struct ibv_qp *qp = ibv_create_qp(d->pd, &ia);
   if (!qp) {
     snprintf(err, errlen, "%s: ibv_create_qp: %s", d->name, strerror(errno));
@@ -343,6 +345,31 @@ int rdma_post(struct ibv_qp *qp, bool write, void *laddr, uint32_t len, uint32_t
   wr.wr.rdma.remote_addr = raddr;
   wr.wr.rdma.rkey = rkey;
   int rc = ibv_post_send(qp, &wr, &bad);
+  if (rc == 0) return 0;
+  errno = rc;
+  return -1;
+}
+
+int rdma_post_tag(struct ibv_qp *qp, uint32_t tag, uint64_t wr_id) {
+  struct ibv_send_wr wr = {.wr_id = wr_id,
+                           .sg_list = NULL,
+                           .num_sge = 0,
+                           .opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+                           .send_flags = IBV_SEND_SIGNALED,
+                           .imm_data = htonl(tag)},
+                     *bad;
+  /* A zero-length WRITE names no memory: neither address nor key is checked (C9-88). */
+  wr.wr.rdma.remote_addr = 0;
+  wr.wr.rdma.rkey = 0;
+  int rc = ibv_post_send(qp, &wr, &bad);
+  if (rc == 0) return 0;
+  errno = rc;
+  return -1;
+}
+
+int rdma_post_recv0(struct ibv_qp *qp, uint64_t wr_id) {
+  struct ibv_recv_wr wr = {.wr_id = wr_id, .sg_list = NULL, .num_sge = 0}, *bad;
+  int rc = ibv_post_recv(qp, &wr, &bad);
   if (rc == 0) return 0;
   errno = rc;
   return -1;
@@ -508,6 +535,9 @@ int rdma_cq_poll(struct rdma_dev *d, struct rdma_wc *out, int max) {
     out[i].qpn = wc[i].qp_num;
     out[i].ok = wc[i].status == IBV_WC_SUCCESS;
     out[i].bind = out[i].ok && wc[i].opcode == IBV_WC_BIND_MW;
+    out[i].recv = out[i].ok && (wc[i].opcode & IBV_WC_RECV) != 0;
+    out[i].imm = out[i].recv && (wc[i].wc_flags & IBV_WC_WITH_IMM) != 0;
+    out[i].imm_data = out[i].imm ? ntohl(wc[i].imm_data) : 0;
     out[i].status = ibv_wc_status_str(wc[i].status);
   }
   return n;

@@ -179,7 +179,11 @@ static void erdma_close(struct HixlEngine *e) {
 }
 
 static uint32_t erdma_caps(const struct HixlEngine *e) {
-  return eng_of(e) ? WIRE_CAP_RDMA | WIRE_CAP_STAGE_RDMA | WIRE_CAP_WIN | WIRE_CAP_WIN_RUNS : 0;
+  uint32_t tags = WIRE_CAP_CALL_TAG; /* its target links keep receives posted for tags */
+#ifdef HIXL_DEVMEM_TEST
+  if (getenv("HIXL_TEST_NO_CALL_TAG")) tags = 0; /* test builds: a peer that takes no tags */
+#endif
+  return eng_of(e) ? WIRE_CAP_RDMA | WIRE_CAP_STAGE_RDMA | WIRE_CAP_WIN | WIRE_CAP_WIN_RUNS | tags : 0;
 }
 
 static int erdma_event_fd(const struct HixlEngine *e) {
@@ -520,7 +524,13 @@ static void erdma_target_connect(struct conn *c, const struct wire_msg *m) {
   struct rdma_dev *d = l ? &eng_of(e)->dev[l->dev = dev_of_conn(c)] : NULL;
   if (l && (l->qp = rdma_qp_new(d, &local, err, sizeof(err)))) {
     struct rdma_qp_params qp_params = qp_params_of(engine_opts(e));
-    if (rdma_qp_connect(d, l->qp, &local, &peer, &qp_params, err, sizeof(err)) == 0) {
+    /* Receives for the peer's tags (WRITEs with immediate data), each posted again as
+     * it completes: a tag finding none waits at the peer (RNR, retried without end). */
+    int rc = 0;
+    for (int i = 0; i < RDMA_RECV_DEPTH && rc == 0; i++) rc = rdma_post_recv0(l->qp, ERDMA_WR_RECV);
+    if (rc != 0)
+      snprintf(err, sizeof(err), "%s: ibv_post_recv on QP 0x%x: %s", d->name, local.qpn, strerror(errno));
+    else if (rdma_qp_connect(d, l->qp, &local, &peer, &qp_params, err, sizeof(err)) == 0) {
       status = 0;
       links_add(c, l);
       log_info("link from %s: rdma, QP 0x%x <-> 0x%x on %s", link_remote(c), local.qpn, peer.qpn, d->name);
@@ -548,18 +558,68 @@ static struct chunk *fifo_pop(struct chunk **head, struct chunk **tail) {
   return ch;
 }
 
+/* The first of l's tags still waiting for its chunk to be posted, or NULL. */
+static struct erdma_tag *tag_waiting(struct erdma_link *l) {
+  for (uint32_t i = 0; i < l->tag_n; i++) {
+    struct erdma_tag *t = &l->tags[(l->tag_head + i) % ERDMA_TAGS];
+    if (t->after) return t;
+  }
+  return NULL;
+}
+
+/* Post the tags whose chunks are posted, in order, while the send queue has room;
+ * each signaled (its completion gives its slot back). false: the link was killed. */
+static bool tags_post(struct conn *c, struct erdma_link *l, uint32_t max_wr) {
+  while (l->tag_n && !l->tags[l->tag_head].after && l->sq_used < max_wr) {
+    if (rdma_post_tag(l->qp, l->tags[l->tag_head].tag, ERDMA_WR_TAG) != 0) {
+      char why[192];
+      snprintf(why, sizeof(why), "ibv_post_send of a tag (WRITE with immediate) on QP 0x%x failed: %s",
+               rdma_qp_num(l->qp), strerror(errno));
+      link_conn_kill(c, HIXL_FAILED, why);
+      return false;
+    }
+    l->tag_head = (l->tag_head + 1) % ERDMA_TAGS;
+    l->tag_n--;
+    l->sq_used++;
+    l->unsignaled = 0;
+  }
+  return true;
+}
+
+/* A chunk leaves the queue without being posted (timed out, or its window closed):
+ * its request failed, so a tag behind it must never land, or the call waiting for it
+ * would be served. The link is reset instead (the call ends with it). true: killed. */
+static bool tags_chunk_dropped(struct conn *c, struct erdma_link *l, const struct chunk *ch) {
+  for (uint32_t i = 0; i < l->tag_n; i++) {
+    const struct erdma_tag *t = &l->tags[(l->tag_head + i) % ERDMA_TAGS];
+    if (t->after && t->after->req == ch->req) {
+      link_conn_kill(c, HIXL_FAILED,
+                     "a transfer with a call behind it lost a chunk before it was posted: link reset so that "
+                     "the call is not served");
+      return true;
+    }
+  }
+  return false;
+}
+
 /* Post waiting chunks while the send queue has room, at most budget bytes: a
  * provider may do the transfer's work in the posting thread (rxe does), so a caller
  * posts a little and completions post the rest in steps. The last WR posted in a
- * step is signaled, so its completion comes back and the next step follows. */
+ * step is signaled, so its completion comes back and the next step follows. A tag
+ * behind a chunk (post_tag) is posted right after it. */
 static void erdma_post(struct conn *c, size_t budget) {
   struct erdma_link *l = link_of(c);
   uint32_t max_wr = eng_of(link_engine(c))->dev[l->dev].max_qp_wr;
   size_t posted = 0;
+  if (!tags_post(c, l, max_wr)) return;
   while (l->rq_head && !link_dead(c) && l->sq_used < max_wr && posted < budget) {
     struct chunk *ch = l->rq_head;
     if (link_req_cancelled(ch->req)) { /* timed out before it reached the wire */
       fifo_pop(&l->rq_head, &l->rq_tail);
+      if (l->tag_n && tags_chunk_dropped(c, l, ch)) {
+        fifo_push(&l->rpend_head, &l->rpend_tail, ch); /* ended by the kill */
+        return;
+      }
       link_chunk_end(ch, HIXL_TIMEOUT, "request timed out before it was posted");
       continue;
     }
@@ -567,6 +627,10 @@ static void erdma_post(struct conn *c, size_t budget) {
     ch->nwr = ch->rkey ? 1 : erdma_wins_pieces(l, ch->raddr, ch->len);
     if (ch->nwr == 0) {
       fifo_pop(&l->rq_head, &l->rq_tail);
+      if (l->tag_n && tags_chunk_dropped(c, l, ch)) {
+        fifo_push(&l->rpend_head, &l->rpend_tail, ch);
+        return;
+      }
       link_chunk_end(
           ch, HIXL_FAILED,
           "the peer closed the memory window over it (its grant was revoked) before it was posted");
@@ -575,8 +639,11 @@ static void erdma_post(struct conn *c, size_t budget) {
     if (l->sq_used + ch->nwr > max_wr && l->sq_used > 0) break; /* room comes back with completions */
     fifo_pop(&l->rq_head, &l->rq_tail);
     posted += ch->len;
+    struct erdma_tag *tag = l->tag_n ? tag_waiting(l) : NULL;
+    if (tag && tag->after != ch) tag = NULL;
     bool last = !l->rq_head || l->sq_used + ch->nwr >= max_wr || posted >= budget;
-    bool signaled = last || l->unsignaled + ch->nwr >= RDMA_SIGNAL_EVERY;
+    /* A tag's chunk is signaled: the tag's own completion ends no chunk. */
+    bool signaled = last || tag || l->unsignaled + ch->nwr >= RDMA_SIGNAL_EVERY;
     uint32_t lkey = mr_lkey(ch->lreg->xm[XPORT_RDMA], l->dev);
     int rc = 0;
     if (ch->rkey) {
@@ -605,7 +672,25 @@ static void erdma_post(struct conn *c, size_t budget) {
     fifo_push(&l->rpend_head, &l->rpend_tail, ch);
     l->sq_used += ch->nwr;
     l->unsignaled = signaled ? 0 : l->unsignaled + ch->nwr;
+    if (tag) {
+      tag->after = NULL;
+      if (!tags_post(c, l, max_wr)) return;
+    }
   }
+}
+
+/* xport link.post_tag: the tag goes behind r's last chunk, the tail of the queue
+ * while r's chunks wait there, else (all posted) now. */
+static int erdma_post_tag(struct conn *c, struct hixl_transfer_req *r, uint32_t tag) {
+  struct erdma_link *l = link_of(c);
+  if (!l || !l->qp || link_dead(c) || l->tag_n == ERDMA_TAGS) return -1;
+  struct chunk *after = l->rq_tail && l->rq_tail->req == r ? l->rq_tail : NULL;
+#ifdef HIXL_DEVMEM_TEST
+  if (getenv("HIXL_TEST_TAG_SKEW")) tag++; /* test builds: a peer whose tags do not follow its calls */
+#endif
+  l->tags[(l->tag_head + l->tag_n++) % ERDMA_TAGS] = (struct erdma_tag){.after = after, .tag = tag};
+  if (!after) (void)tags_post(c, l, eng_of(link_engine(c))->dev[l->dev].max_qp_wr); /* a failure kills c */
+  return 0;
 }
 
 /* A target's own WR (a staged unit's STAGE_PULL / STAGE_PUSH), completed in erdma_on_cq. */
@@ -646,7 +731,25 @@ static void wc_handle(struct HixlEngine *e, int dev, const struct rdma_wc *w) {
   struct conn *c = conn_of_qpn(e, dev, w->qpn);
   if (!c || link_dead(c)) return;
   struct erdma_link *l = link_of(c);
-  if (link_is_target(c)) { /* a target's own WR (a staged unit), or a window's bind */
+  if (link_is_target(c)) { /* a tag's receive, a target's own WR (a staged unit), or a window's bind */
+    if (w->wr_id == ERDMA_WR_RECV) {
+      char why[192];
+      if (!w->ok || !w->imm) {
+        snprintf(why, sizeof(why), "%s on QP 0x%x: %s",
+                 w->ok ? "protocol error: a SEND, where only tags (WRITEs with immediate) come"
+                       : "a receive failed",
+                 w->qpn, w->ok ? "closing this link" : w->status);
+        link_conn_kill(c, HIXL_FAILED, why);
+        return;
+      }
+      if (rdma_post_recv0(l->qp, ERDMA_WR_RECV) != 0) {
+        snprintf(why, sizeof(why), "ibv_post_recv on QP 0x%x failed: %s", w->qpn, strerror(errno));
+        link_conn_kill(c, HIXL_FAILED, why);
+        return;
+      }
+      link_tag_landed(c, w->imm_data);
+      return;
+    }
     if (w->wr_id == ERDMA_WR_BIND) {
       if (!w->ok) {
         char why[192];
@@ -668,6 +771,11 @@ static void wc_handle(struct HixlEngine *e, int dev, const struct rdma_wc *w) {
     snprintf(why, sizeof(why), "RDMA %s failed: %s (QP 0x%x)",
              known ? (ch->kind == CHUNK_WRITE ? "WRITE" : "READ") : "work request", w->status, w->qpn);
     link_conn_kill(c, HIXL_FAILED, why); /* a QP in error is a broken link */
+    return;
+  }
+  if (w->wr_id == ERDMA_WR_TAG) { /* a tag left: its slot is free (its chunks ended at their own) */
+    l->sq_used--;
+    erdma_post(c, ERDMA_STEP);
     return;
   }
   /* RC completes in order: this ends every chunk posted up to it. */
@@ -811,6 +919,7 @@ static void erdma_kill(struct conn *c, HixlStatus st, const char *msg) {
   while ((ch = fifo_pop(&l->rpend_head, &l->rpend_tail))) link_chunk_lost(c, ch, st, msg);
   while ((ch = fifo_pop(&l->rq_head, &l->rq_tail))) link_chunk_lost(c, ch, st, msg);
   l->sq_used = 0;
+  l->tag_n = 0; /* their calls end with the link */
 }
 
 static void erdma_free(struct conn *c) {
@@ -862,7 +971,7 @@ static bool erdma_progress(struct HixlEngine *e) {
     if (x->stash[i].n > x->stash[i].head) erdma_stash_drain(e, i, wc_handle); /* kept by a grant */
   for (struct erdma_link *l = x ? x->links : NULL, *next; l; l = next) {
     next = l->next; /* a failed post kills the link: it leaves the list */
-    if (l->rq_head && l->sq_used == 0 && !link_dead(l->conn)) erdma_post(l->conn, ERDMA_STEP);
+    if ((l->rq_head || l->tag_n) && l->sq_used == 0 && !link_dead(l->conn)) erdma_post(l->conn, ERDMA_STEP);
   }
   return false;
 }
@@ -890,7 +999,7 @@ static const uint8_t erdma_init_frames[] = {WIRE_WIN_ADD, WIRE_WIN_DEL, 0};
 const struct xport_ops xport_rdma = {
     .name = "rdma",
     .id = XPORT_RDMA,
-    .flags = XPORT_ONE_SIDED | XPORT_STAGE_RDMA,
+    .flags = XPORT_ONE_SIDED | XPORT_STAGE_RDMA | XPORT_TAGS,
     .stage_threshold = STAGE_AUTO_RDMA,
     .frames = erdma_frames,
     .init_frames = erdma_init_frames,
@@ -933,5 +1042,6 @@ const struct xport_ops xport_rdma = {
              .post_own = erdma_post_own,
              .dev_reach = erdma_dev_reach,
              .copy_now = xport_no_copy_now,
-             .mem_added = xport_no_mem_added},
+             .mem_added = xport_no_mem_added,
+             .post_tag = erdma_post_tag},
 };

@@ -586,5 +586,6 @@ const struct xport_ops xport_shm = {
              .post_own = xport_no_post_own,
              .dev_reach = eshm_dev_reach,
              .copy_now = eshm_copy_now,
-             .mem_added = eshm_mem_added},
+             .mem_added = eshm_mem_added,
+             .post_tag = xport_no_post_tag},
 };

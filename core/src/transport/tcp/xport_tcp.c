@@ -146,5 +146,6 @@ const struct xport_ops xport_tcp = {
              .post_own = xport_no_post_own,
              .dev_reach = xport_no_dev_reach,
              .copy_now = xport_no_copy_now,
-             .mem_added = xport_no_mem_added},
+             .mem_added = xport_no_mem_added,
+             .post_tag = xport_no_post_tag},
 };
