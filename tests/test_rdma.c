@@ -516,6 +516,43 @@ static void test_call_tag_out_of_order(void) {
   HixlEngineDestroy(c2);
 }
 
+/* A chunk of a WRITE with a call behind it dropped before it was posted (as when its
+ * deadline passes while it waits for the send queue; HIXL_TEST_TAG_DROP in a test
+ * build drops those waiting behind a tag): the link is reset rather than the tag
+ * posted, so the call is never served; the wait ends FAILED, not at its deadline, and
+ * a new link works. 12 MiB: a submitting thread posts 4 MiB itself, the rest waits. */
+static void test_call_tag_chunk_dropped(void) {
+  enum { SVC = 2 };
+  static const HixlOption rdma = {"Transport", "rdma"};
+  struct tag_seen seen = {0};
+  struct tag_req q = {0, 12u << 20, 600};
+  uint8_t ans[64];
+  uint32_t alen = 0;
+  hixl_call_t call;
+  HixlEngine *c2 = engine_with(tu_ip(), &rdma, 1);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(c2);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(tu_register(c2, g.cmem, MEM));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(c2, g.srv_name, 5000));
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, SVC, tag_handler, &seen));
+  tu_fill(g.cmem, q.len, q.seed);
+  HixlTransferOpDesc d = op(0, 0, q.len);
+  int64_t t0 = tu_now_ms();
+  setenv("HIXL_TEST_TAG_DROP", "1", 1);
+  HixlStatus st = hixl_engine_transfer_then_call(c2, g.srv_name, HIXL_WRITE, &d, 1, SVC, &q, sizeof(q), ans,
+                                                 sizeof(ans), &alen, 60000, &call);
+  if (st == HIXL_SUCCESS) st = hixl_engine_call_wait(c2, g.srv_name, call);
+  unsetenv("HIXL_TEST_TAG_DROP");
+  TU_ASSERT_STATUS(st, HIXL_FAILED);
+  TU_ASSERT_ERRMSG_HAS("lost a chunk before it was posted");
+  CU_ASSERT(tu_now_ms() - t0 < 30000);
+  CU_ASSERT_EQUAL(seen.calls, 0);
+  TU_ASSERT_OK(HixlEngineConnect(c2, g.srv_name, 5000));
+  TU_ASSERT_OK(HixlEngineTransferSync(c2, g.srv_name, HIXL_WRITE, &d, 1, 30000));
+  TU_ASSERT_PATTERN(g.smem, q.len, q.seed, "target memory over a new link");
+  TU_ASSERT_OK(hixl_engine_set_service(g.srv, SVC, NULL, NULL));
+  HixlEngineDestroy(c2);
+}
+
 /* The CS API over RDMA: endpoints with protocol rdma; data checked byte for byte. */
 static void test_cs_over_rdma(void) {
   uint16_t port = tu_free_port();
@@ -593,6 +630,8 @@ int main(int argc, char **argv) {
   CU_add_test(s, "a target without tags: the calls follow the completions", test_call_tag_peer_without);
   CU_add_test(s, "a tag out of order: link closed, call FAILED, a new link works",
               test_call_tag_out_of_order);
+  CU_add_test(s, "a tagged WRITE's chunk dropped unposted: link reset, call FAILED unserved",
+              test_call_tag_chunk_dropped);
   CU_pSuite o = CU_add_suite("rdma options and peers", NULL, NULL);
   CU_add_test(o, "HCCL_RDMA_TC / HCCL_RDMA_SL on the QP", test_env_qos);
   CU_add_test(o, "auto: shm on one host first, then rdma", test_auto_order);
