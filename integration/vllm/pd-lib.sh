@@ -81,13 +81,28 @@ pd_kvenv() {  # connector kv_port
 
 pd_pids=()
 pd_cleanup() {
-  local p
+  local p i live
   # SIGCONT after SIGTERM: compare.py stops idle pairs, and a stopped process acts on
   # SIGTERM only once continued.
   for p in "${pd_pids[@]}"; do
     kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null || true
     kill -CONT -- "-$p" 2>/dev/null || true
   done
+  # Then SIGKILL what is left after 30 s: a vLLM API server whose engine core it had
+  # just force-killed sat in epoll_wait for minutes after SIGTERM (2026-12-05, the fault
+  # case's decode; it had no hixl library loaded), and an unbounded wait hangs the run.
+  for ((i = 0; i < 300; i++)); do
+    live=0
+    for p in "${pd_pids[@]}"; do # running, not a zombie waiting for the wait below
+      [ -r "/proc/$p/stat" ] && [ "$(sed 's/.*) //' "/proc/$p/stat" 2>/dev/null | cut -c1)" != Z ] && live=1
+    done
+    [ $live = 0 ] && break
+    sleep 0.1
+  done
+  if [ $live = 1 ]; then
+    echo "pd_cleanup: instances still up 30 s after SIGTERM: SIGKILL" >&2
+    for p in "${pd_pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || kill -KILL "$p" 2>/dev/null || true; done
+  fi
   for p in "${pd_pids[@]}"; do wait "$p" 2>/dev/null || true; done
 }
 
