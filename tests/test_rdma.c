@@ -466,84 +466,54 @@ static void tagged_calls(HixlEngine *cli, uint64_t seed0, int tagged) {
 /* The target takes tags: each call rides behind its WRITEs on the QP's tag. */
 static void test_call_tag(void) { tagged_calls(g.cli, 300, 8); }
 
+/* A second engine linked to g.srv over rdma, knob (or nothing) set in the environment
+ * while it connects; NULL when it cannot be made. */
+static HixlEngine *tag_peer(const char *knob) {
+  static const HixlOption rdma = {"Transport", "rdma"};
+  HixlEngine *c2 = engine_with(tu_ip(), &rdma, 1);
+  if (!c2) return NULL;
+  if (knob) setenv(knob, "1", 1);
+  HixlStatus st = tu_register(c2, g.cmem, MEM) ? HixlEngineConnect(c2, g.srv_name, 5000) : HIXL_FAILED;
+  if (knob) unsetenv(knob);
+  if (st == HIXL_SUCCESS) return c2;
+  HixlEngineDestroy(c2);
+  return NULL;
+}
+
 /* A target that takes no tags (an older hixl; HIXL_TEST_NO_CALL_TAG in a test build
  * leaves WIRE_CAP_CALL_TAG out of its handshake): the same calls go once their
  * WRITEs' completions are back, none tagged, each finding its data. */
 static void test_call_tag_peer_without(void) {
-  static const HixlOption rdma = {"Transport", "rdma"};
-  HixlEngine *c2 = engine_with(tu_ip(), &rdma, 1);
+  HixlEngine *c2 = tag_peer("HIXL_TEST_NO_CALL_TAG");
   CU_ASSERT_PTR_NOT_NULL_FATAL(c2);
-  CU_ASSERT_PTR_NOT_NULL_FATAL(tu_register(c2, g.cmem, MEM));
-  setenv("HIXL_TEST_NO_CALL_TAG", "1", 1);
-  HixlStatus st = HixlEngineConnect(c2, g.srv_name, 5000);
-  unsetenv("HIXL_TEST_NO_CALL_TAG");
-  TU_ASSERT_OK_FATAL(st);
   tagged_calls(c2, 400, 0);
   HixlEngineDestroy(c2);
 }
 
-/* A peer whose tag is not the one due (HIXL_TEST_TAG_SKEW, a test build: tag n + 1
- * behind call n): the target closes the link at the tag, its call unserved, and the
- * caller's wait ends FAILED well within its timeout; a new link works. */
-static void test_call_tag_out_of_order(void) {
+/* One WRITE of len bytes with a call behind it, from a new peer, with knob set while
+ * it is started and waited for: the wait ends FAILED (the reason holding why, unless
+ * NULL) at the link's end, well within its 60 s timeout, the handler never run; then
+ * the peer links again and a WRITE lands byte for byte. */
+static void tag_broken(const char *knob, size_t len, uint64_t seed, const char *why) {
   enum { SVC = 2 };
-  static const HixlOption rdma = {"Transport", "rdma"};
   struct tag_seen seen = {0};
-  struct tag_req q = {0, 1u << 20, 500};
+  struct tag_req q = {0, len, seed};
   uint8_t ans[64];
   uint32_t alen = 0;
   hixl_call_t call;
-  HixlEngine *c2 = engine_with(tu_ip(), &rdma, 1);
+  HixlEngine *c2 = tag_peer(NULL);
   CU_ASSERT_PTR_NOT_NULL_FATAL(c2);
-  CU_ASSERT_PTR_NOT_NULL_FATAL(tu_register(c2, g.cmem, MEM));
-  TU_ASSERT_OK_FATAL(HixlEngineConnect(c2, g.srv_name, 5000));
-  TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, SVC, tag_handler, &seen));
-  tu_fill(g.cmem, q.len, q.seed);
-  HixlTransferOpDesc d = op(0, 0, q.len);
-  setenv("HIXL_TEST_TAG_SKEW", "1", 1);
-  int64_t t0 = tu_now_ms();
-  HixlStatus st = hixl_engine_transfer_then_call(c2, g.srv_name, HIXL_WRITE, &d, 1, SVC, &q, sizeof(q), ans,
-                                                 sizeof(ans), &alen, 60000, &call);
-  unsetenv("HIXL_TEST_TAG_SKEW");
-  TU_ASSERT_OK_FATAL(st);
-  TU_ASSERT_STATUS(hixl_engine_call_wait(c2, g.srv_name, call), HIXL_FAILED);
-  CU_ASSERT(tu_now_ms() - t0 < 30000); /* the link's end, not the call's deadline */
-  CU_ASSERT_EQUAL(seen.calls, 0);
-  TU_ASSERT_OK(HixlEngineConnect(c2, g.srv_name, 5000));
-  TU_ASSERT_OK(HixlEngineTransferSync(c2, g.srv_name, HIXL_WRITE, &d, 1, 30000));
-  TU_ASSERT_PATTERN(g.smem, q.len, q.seed, "target memory over a new link");
-  TU_ASSERT_OK(hixl_engine_set_service(g.srv, SVC, NULL, NULL));
-  HixlEngineDestroy(c2);
-}
-
-/* A chunk of a WRITE with a call behind it dropped before it was posted (as when its
- * deadline passes while it waits for the send queue; HIXL_TEST_TAG_DROP in a test
- * build drops those waiting behind a tag): the link is reset rather than the tag
- * posted, so the call is never served; the wait ends FAILED, not at its deadline, and
- * a new link works. 12 MiB: a submitting thread posts 4 MiB itself, the rest waits. */
-static void test_call_tag_chunk_dropped(void) {
-  enum { SVC = 2 };
-  static const HixlOption rdma = {"Transport", "rdma"};
-  struct tag_seen seen = {0};
-  struct tag_req q = {0, 12u << 20, 600};
-  uint8_t ans[64];
-  uint32_t alen = 0;
-  hixl_call_t call;
-  HixlEngine *c2 = engine_with(tu_ip(), &rdma, 1);
-  CU_ASSERT_PTR_NOT_NULL_FATAL(c2);
-  CU_ASSERT_PTR_NOT_NULL_FATAL(tu_register(c2, g.cmem, MEM));
-  TU_ASSERT_OK_FATAL(HixlEngineConnect(c2, g.srv_name, 5000));
   TU_ASSERT_OK_FATAL(hixl_engine_set_service(g.srv, SVC, tag_handler, &seen));
   tu_fill(g.cmem, q.len, q.seed);
   HixlTransferOpDesc d = op(0, 0, q.len);
   int64_t t0 = tu_now_ms();
-  setenv("HIXL_TEST_TAG_DROP", "1", 1);
+  setenv(knob, "1", 1);
   HixlStatus st = hixl_engine_transfer_then_call(c2, g.srv_name, HIXL_WRITE, &d, 1, SVC, &q, sizeof(q), ans,
                                                  sizeof(ans), &alen, 60000, &call);
   if (st == HIXL_SUCCESS) st = hixl_engine_call_wait(c2, g.srv_name, call);
-  unsetenv("HIXL_TEST_TAG_DROP");
+  unsetenv(knob);
   TU_ASSERT_STATUS(st, HIXL_FAILED);
-  TU_ASSERT_ERRMSG_HAS("lost a chunk before it was posted");
+  if (why) TU_ASSERT_ERRMSG_HAS(why);
   CU_ASSERT(tu_now_ms() - t0 < 30000);
   CU_ASSERT_EQUAL(seen.calls, 0);
   TU_ASSERT_OK(HixlEngineConnect(c2, g.srv_name, 5000));
@@ -551,6 +521,19 @@ static void test_call_tag_chunk_dropped(void) {
   TU_ASSERT_PATTERN(g.smem, q.len, q.seed, "target memory over a new link");
   TU_ASSERT_OK(hixl_engine_set_service(g.srv, SVC, NULL, NULL));
   HixlEngineDestroy(c2);
+}
+
+/* A peer whose tag is not the one due (HIXL_TEST_TAG_SKEW, a test build: tag n + 1
+ * behind call n): the target closes the link at the tag. */
+static void test_call_tag_out_of_order(void) { tag_broken("HIXL_TEST_TAG_SKEW", 1u << 20, 500, NULL); }
+
+/* Chunks of a WRITE with a call behind it dropped before they were posted (as when the
+ * deadline passes while they wait for the send queue; HIXL_TEST_TAG_DROP in a test
+ * build drops those waiting behind a tag): the link is reset rather than the tag
+ * posted, so the call is never served. 12 MiB: a submitting thread posts 4 MiB
+ * itself, the rest waits. */
+static void test_call_tag_chunk_dropped(void) {
+  tag_broken("HIXL_TEST_TAG_DROP", 12u << 20, 600, "lost a chunk before it was posted");
 }
 
 /* The CS API over RDMA: endpoints with protocol rdma; data checked byte for byte. */
