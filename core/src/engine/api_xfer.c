@@ -496,42 +496,43 @@ HixlStatus hixl_engine_transfer_then_call(HixlEngine *e, const char *remote, Hix
   struct conn *c;
   HixlStatus st = transfer_submit(e, remote, op, descs, count, timeout_ms, false, fn, &r, &c);
   /* The start's own send may have found the link reset (the peer closed it): c is dead,
-   * every chunk has ended with it, and so will the call attached below. */
-  if (st == HIXL_SUCCESS && !c->dead && !(c->peer->caps & WIRE_CAP_CALL)) {
+   * every chunk has ended with it, and so will the call attached below. (A dead link
+   * has let go of its peer: it takes the last branch, which ends the call.) */
+  bool calls = st == HIXL_SUCCESS && !c->dead && (c->peer->caps & WIRE_CAP_CALL);
+  /* Where the call can leave now and the target serve it behind the data, waiting for
+   * the data's answers or completions first would add a trip back and the call's own
+   * way: over tcp every WRITE is a frame queued on the link's stream already, and the
+   * call follows them (CALL_AFTER: served once they all landed, unless one was
+   * refused); over rdma every WRITE is a work request on the link's QP, and a tag rides
+   * behind them (CALL_TAG: served when the tag, an RDMA WRITE with immediate data,
+   * lands). */
+  uint8_t behind = 0;
+  if (calls && op == HIXL_WRITE && !r->railed && r->ndirect == r->nchunks) {
+    if ((c->xp->flags & XPORT_IN_STREAM) && (c->peer->caps & WIRE_CAP_CALL_AFTER))
+      behind = WIRE_CALL_AFTER;
+    else if ((c->xp->flags & XPORT_TAGS) && (c->peer->caps & WIRE_CAP_CALL_TAG) &&
+             c->xp->link.post_tag(c, r, c->tags_sent + 1) == 0)
+      behind = WIRE_CALL_TAG;
+  }
+  if (st == HIXL_SUCCESS && !c->dead && !calls) {
     /* Not before transfer_submit: it may bring the link up. The transfer goes on; its
      * end is waited for here, as nobody else would. */
     (void)api_req_wait(e, c, r, fn, remote);
     pthread_mutex_unlock(&e->lock);
     st = hixl_fail(HIXL_UNSUPPORTED, "%s: %s speaks an older protocol without service calls", fn, remote);
-  } else if (st == HIXL_SUCCESS && !c->dead && op == HIXL_WRITE && (c->xp->flags & XPORT_IN_STREAM) &&
-             !r->railed && r->ndirect == r->nchunks && (c->peer->caps & WIRE_CAP_CALL_AFTER)) {
-    /* (A dead link has let go of its peer: it takes the branch below, which ends the call.) */
-    /* Every WRITE is a frame queued on the link's stream already: the call follows them
-     * at once, and the target serves it once they have all landed, unless one was
-     * refused. Waiting for their answers first would add a round trip. */
+  } else if (behind) {
+    uint64_t after = r->chunks[0].seq; /* CALL_AFTER: the first WRITE it follows */
+    if (behind == WIRE_CALL_TAG) {
+      after = ++c->tags_sent;
+      c->tag_calls++;
+    }
     r->is_async = true;
-    memmove(frame + WIRE_CALL_AFTER_AT, frame + WIRE_CALL_REQ_AT, len);
-    link_then_behind(r, c, th, service, (uint32_t)len, WIRE_CALL_AFTER, r->chunks[0].seq);
+    memmove(frame + (behind == WIRE_CALL_TAG ? WIRE_CALL_TAG_AT : WIRE_CALL_AFTER_AT),
+            frame + WIRE_CALL_REQ_AT, len);
+    link_then_behind(r, c, th, service, (uint32_t)len, behind, after);
     th = NULL;
     frame = NULL;
     c->xp->link.async(c, r); /* the progress thread reads the answers */
-    pthread_mutex_unlock(&e->lock);
-    *call = r;
-  } else if (st == HIXL_SUCCESS && !c->dead && op == HIXL_WRITE && (c->xp->flags & XPORT_TAGS) &&
-             !r->railed && r->ndirect == r->nchunks && (c->peer->caps & WIRE_CAP_CALL_TAG) &&
-             c->xp->link.post_tag(c, r, c->tags_sent + 1) == 0) {
-    /* Every WRITE is a work request on the link's QP, and a tag rides behind them (an
-     * RDMA WRITE with immediate data): the call leaves now, and the target serves it
-     * when the tag lands, the WRITEs before it having landed. Waiting for their
-     * completions here first would add a trip back and the call's own way. */
-    c->tags_sent++;
-    c->tag_calls++;
-    r->is_async = true;
-    memmove(frame + WIRE_CALL_TAG_AT, frame + WIRE_CALL_REQ_AT, len);
-    link_then_behind(r, c, th, service, (uint32_t)len, WIRE_CALL_TAG, c->tags_sent);
-    th = NULL;
-    frame = NULL;
-    c->xp->link.async(c, r); /* the progress thread reads the answer */
     pthread_mutex_unlock(&e->lock);
     *call = r;
   } else if (st == HIXL_SUCCESS) {
