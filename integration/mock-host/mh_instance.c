@@ -768,12 +768,15 @@ static void decode_step(struct inst *x) {
     x->rank_killed = true;
     say(x, "fault decode-rank-dies: rank %u dies as its loads start, with %zu loads in flight", die, loading);
   }
-  meta_step(x, die);
+  /* decode-dies: before this step's loads start (as the Python host), so what prefill
+   * holds for them is certain to be left to its lease; killed after start_load_kv, the
+   * worker could pin, read and release them all first on a loaded machine. */
   if (x->a->fault == MH_FAULT_DECODE_DIES && x->count >= x->a->fault_at && loading) {
-    say(x, "fault decode-dies: killing this process (pid %d) with %zu loads in flight", (int)getpid(),
+    say(x, "fault decode-dies: killing this process (pid %d) as its loads start, %zu of them", (int)getpid(),
         loading);
     raise(SIGKILL);
   }
+  meta_step(x, die);
   struct ireq **sent, **recv;
   size_t ns, nr;
   if (finished(x, &sent, &ns, &recv, &nr) < 0) return;
