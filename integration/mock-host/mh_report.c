@@ -165,9 +165,9 @@ bool mh_verdict(const struct mh_router *rt) {
     return base && rt->nverified == o->requests && p_clean && d_clean && rt->intruder_in &&
            rt->intrusion.attempts > 0 && rt->intrusion.admitted == 0 && rt->intrusion.entries_seen == 0 &&
            rt->intrusion.refused == rt->intrusion.attempts;
-  if (o->fault == MH_FAULT_DECODE_DIES)
+  if (o->fault == MH_FAULT_DECODE_DIES) /* pull: what prefill held for it went back by its lease */
     return base && D->dead && !D->stats_in && rt->nfail > 0 && !rt->ncorrupt && p_clean &&
-           rt->ndone == o->requests;
+           rt->ndone == o->requests && (rt->push || (P->s.stats_ok && P->s.ks.lease_expired > 0));
   if (o->fault == MH_FAULT_PREFILL_DIES)
     return base && P->dead && !P->stats_in && rt->nfail + rt->nrecomputed > 0 && !rt->ncorrupt && d_clean &&
            rt->ndone == o->requests;
