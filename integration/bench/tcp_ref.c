@@ -1,8 +1,11 @@
 /* hixl-tcp-ref: the plain TCP reference hixl-bench is compared with, on 127.0.0.1 in the same
  * run (docs/performance.md): --mode stream, --streams threads each send()ing --size bytes for
  * --seconds (GB/s over all; the receiver acknowledges the byte count at EOF, so the time
- * includes the drain), or --mode rtt, --size byte request and response (latency). TCP_NODELAY
- * on every socket. The receiver is the test's server; one host: the count goes in host order. */
+ * includes the drain), or --mode rtt, --size byte request and response (latency), or --mode
+ * answered, --size byte messages, at most --window of them unanswered, each answered by the
+ * receiver with its count (8 bytes) once it has it whole: the kernel's ceiling for a WRITE that
+ * ends when the target holds its data, as hixl's does (docs/performance-peers.md). TCP_NODELAY
+ * on every socket. The receiver is the test's server; one host: the counts go in host order. */
 #include <inttypes.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -16,13 +19,15 @@
   "tool,mode,streams,size,iters,bytes,seconds,gbps,"                                                         \
   "avg_us,p50_us,p99_us,min_us,max_us"
 
-enum ref_mode { REF_STREAM, REF_RTT };
+enum ref_mode { REF_STREAM, REF_RTT, REF_ANSWERED };
+static const char *const modes[] = {"stream", "rtt", "answered", NULL};
 
 static struct {
   int mode;         /* enum ref_mode */
-  size_t size;      /* bytes per send() (stream) or per message (rtt) */
+  size_t size;      /* bytes per send() (stream) or per message (rtt, answered) */
   unsigned streams; /* connections (stream) */
-  double seconds;   /* stream duration; rtt upper bound */
+  unsigned window;  /* messages unanswered at most (answered) */
+  double seconds;   /* stream and answered duration; rtt upper bound */
   uint64_t iters;   /* rtt round trips measured */
   uint64_t warmup;  /* rtt round trips not measured */
   const char *csv;  /* append a row here */
@@ -30,12 +35,12 @@ static struct {
   bool quiet;
   int lfd;               /* the receiver's listening socket */
   struct sockaddr_in sa; /* ... and its address */
-} o = {.mode = -1, .streams = 1, .seconds = -1, .iters = 20000, .warmup = 1000, .cpu = {-1, -1}};
+} o = {.mode = -1, .streams = 1, .window = 1, .seconds = -1, .iters = 20000, .warmup = 1000, .cpu = {-1, -1}};
 
 /* One connection, each side's thread: its socket and what it measured. */
 struct conn {
   int fd;
-  uint64_t sent, acked, end_ns; /* stream */
+  uint64_t sent, acked, end_ns; /* stream: bytes; answered: messages */
   uint64_t *lat, n;             /* rtt: the round trips measured */
   bool ok;
 };
@@ -54,7 +59,7 @@ static void set_sock_opts(int fd) {
 static bool recv_all(int fd, void *p, size_t len) { return recv(fd, p, len, MSG_WAITALL) == (ssize_t)len; }
 
 /* The receiver's side of a connection: stream: drain to EOF and acknowledge the byte
- * count; rtt: echo each message until EOF. */
+ * count; rtt: echo each message until EOF; answered: answer each with the count so far. */
 static void *sink_thread(void *p) {
   struct conn *a = p;
   uint8_t *buf = hb_map(o.size);
@@ -66,6 +71,10 @@ static void *sink_thread(void *p) {
       a->acked += n > 0 ? (uint64_t)n : 0;
     }
     a->ok = hb_write_all(a->fd, &a->acked, sizeof(a->acked));
+  } else if (o.mode == REF_ANSWERED) {
+    while ((n = recv(a->fd, buf, o.size, MSG_WAITALL)) == (ssize_t)o.size)
+      if (++a->acked, !hb_write_all(a->fd, &a->acked, sizeof(a->acked))) goto out;
+    a->ok = n == 0;
   } else {
     while ((n = recv(a->fd, buf, o.size, MSG_WAITALL)) == (ssize_t)o.size)
       if (!hb_write_all(a->fd, buf, o.size)) goto out;
@@ -102,8 +111,33 @@ static int receiver(int ctrl) {
   return rc;
 }
 
+/* answered: up to o.window messages out, then whatever answers have come (at least one),
+ * until the deadline; then the answers still owed. Each answer is the receiver's count. */
+static bool answered(struct conn *a, const uint8_t *buf) {
+  uint64_t ans[256];
+  size_t part = 0; /* bytes of an answer read so far */
+  bool more = true;
+  for (;;) {
+    more = more && bench_now_ns() < deadline_ns;
+    for (; more && a->sent - a->acked < o.window; a->sent++)
+      if (!hb_write_all(a->fd, buf, o.size)) return hb_say("send: %s\n", strerror(errno)), false;
+    if (a->acked == a->sent) break; /* past the deadline, with nothing owed */
+    ssize_t k = recv(a->fd, (uint8_t *)ans + part, sizeof(ans) - part, 0);
+    if (k <= 0 && !(k < 0 && errno == EINTR))
+      return hb_say("answers: %s\n", k ? strerror(errno) : "EOF"), false;
+    part += k > 0 ? (size_t)k : 0;
+    size_t whole = part / sizeof(ans[0]);
+    if (whole > 0 && ans[whole - 1] != a->acked + whole)
+      return hb_say("answer %" PRIu64 " counts %" PRIu64 "\n", a->acked + whole, ans[whole - 1]), false;
+    a->acked += whole;
+    memmove(ans, ans + whole, part %= sizeof(ans[0]));
+  }
+  shutdown(a->fd, SHUT_WR);
+  return true;
+}
+
 /* The sender's side: stream: send until the deadline, then wait for the receiver's
- * count; rtt: warm-up and measured round trips, until the deadline at most. */
+ * count; rtt: warm-up and measured round trips, until the deadline at most; answered: above. */
 static void *source_thread(void *p) {
   struct conn *a = p;
   uint8_t *buf = hb_map(o.size);
@@ -115,6 +149,8 @@ static void *source_thread(void *p) {
     while (bench_now_ns() < deadline_ns && (sent_all = hb_write_all(a->fd, buf, o.size))) a->sent += o.size;
     shutdown(a->fd, SHUT_WR);
     a->ok = sent_all && recv_all(a->fd, &a->acked, sizeof(a->acked)) && a->acked == a->sent;
+  } else if (o.mode == REF_ANSWERED) {
+    a->ok = answered(a, buf);
   } else {
     for (uint64_t i = 0; i < o.warmup + o.iters; i++) {
       uint64_t t0 = bench_now_ns();
@@ -145,19 +181,22 @@ static int connect_receiver(void) {
 
 /* The human line and the CSV row of the run: false when the row could not be written (said). */
 static bool report(unsigned n, uint64_t iters, uint64_t bytes, double secs, const struct bench_stats *s) {
-  double gbps = o.mode == REF_STREAM && secs > 0 ? (double)bytes / secs / 1e9 : 0;
+  double gbps = o.mode != REF_RTT && secs > 0 ? (double)bytes / secs / 1e9 : 0;
   if (!o.quiet && o.mode == REF_STREAM)
     printf("tcp stream: %u connection%s, %zu B writes: %" PRIu64 " bytes in %.3f s = %.3f GB/s\n", n,
            n == 1 ? "" : "s", o.size, bytes, secs, gbps);
+  if (!o.quiet && o.mode == REF_ANSWERED)
+    printf("tcp answered: %zu B messages, at most %u unanswered, each answered with 8 B: %" PRIu64
+           " in %.3f s = %.3f GB/s\n",
+           o.size, o.window, iters, secs, gbps);
   if (!o.quiet && o.mode == REF_RTT)
     printf("tcp rtt: %zu B request + %zu B response, %" PRIu64
            " round trips: avg %.2f us, p50 %.2f us, p99 %.2f us, min %.2f us, max %.2f us\n",
            o.size, o.size, iters, s->avg_us, s->p50_us, s->p99_us, s->min_us, s->max_us);
   FILE *f = o.csv ? hb_csv(o.csv, REF_CSV_HEADER) : NULL;
   if (f == NULL) return !o.csv;
-  fprintf(f, "tcp-ref,%s,%u,%zu,%" PRIu64 ",%" PRIu64 ",%.6f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f\n",
-          o.mode == REF_STREAM ? "stream" : "rtt", n, o.size, iters, bytes, secs, gbps, s->avg_us, s->p50_us,
-          s->p99_us, s->min_us, s->max_us);
+  fprintf(f, "tcp-ref,%s,%u,%zu,%" PRIu64 ",%" PRIu64 ",%.6f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f\n", modes[o.mode],
+          n, o.size, iters, bytes, secs, gbps, s->avg_us, s->p50_us, s->p99_us, s->min_us, s->max_us);
   if (fclose(f) == 0) return true;
   hb_say("--csv %s: %s\n", o.csv, strerror(errno));
   return false;
@@ -187,13 +226,12 @@ static int sender(struct hb_peer *p) {
         hb_say("stream %u: sent %" PRIu64 " bytes, receiver acknowledged %" PRIu64 "\n", i, a[i].sent,
                a[i].acked);
       rc |= !a[i].ok;
-      bytes += a[i].sent;
+      bytes += o.mode == REF_ANSWERED ? a[i].acked * o.size : a[i].sent;
       t_end = a[i].end_ns > t_end ? a[i].end_ns : t_end;
     }
     for (uint64_t i = 0; i < a[0].n; i++) sum += lat[i];
     struct bench_stats s = bench_stats_ns(lat, a[0].n);
-    if (rc == 0 && o.mode == REF_STREAM)
-      rc = !report(n, bytes / o.size, bytes, (double)(t_end - t0) / 1e9, &s);
+    if (rc == 0 && o.mode != REF_RTT) rc = !report(n, bytes / o.size, bytes, (double)(t_end - t0) / 1e9, &s);
     if (rc == 0 && o.mode == REF_RTT) rc = !report(n, a[0].n, a[0].n * o.size * 2, (double)sum / 1e9, &s);
   }
   if (rc != 0) kill(p->pid, SIGTERM); /* a failed sender may leave the receiver waiting on a socket */
@@ -201,12 +239,15 @@ static int sender(struct hb_peer *p) {
   return rc;
 }
 
-static const char *const modes[] = {"stream", "rtt", NULL};
 static const struct hb_opt opts[] = {
-    {"--mode", HB_CHOICE, &o.mode, "stream|rtt", "required", 0, 0, modes},
-    {"--size", HB_SIZE, &o.size, "BYTES", "per send (stream, default 1M) or message (64)", 1, 1 << 30, NULL},
+    {"--mode", HB_CHOICE, &o.mode, "stream|rtt|answered", "required", 0, 0, modes},
+    {"--size", HB_SIZE, &o.size, "BYTES", "per send (stream, default 1M) or message (64; answered 4K)", 1,
+     1 << 30, NULL},
     {"--streams", HB_UNS, &o.streams, "N", "connections (default 1, max 64)", 1, REF_MAX_STREAMS, NULL},
-    {"--seconds", HB_DBL, &o.seconds, "S", "stream duration (default 3); rtt's limit (10)", 1e-9, 3600, NULL},
+    {"--window", HB_UNS, &o.window, "N", "answered: messages unanswered at most (default 1)", 1, 1u << 20,
+     NULL},
+    {"--seconds", HB_DBL, &o.seconds, "S", "stream and answered duration (default 3); rtt's limit (10)", 1e-9,
+     3600, NULL},
     {"--iters", HB_U64, &o.iters, "N", "rtt round trips measured (default 20000)", 1, 1e8, NULL},
     {"--warmup", HB_U64, &o.warmup, "N", "rtt round trips before measuring (default 1000)", 0, 1e8, NULL},
     {"--pin", HB_PIN, o.cpu, "S,R", "pin the sender process to CPU S and the receiver to CPU R", 0, 0, NULL},
@@ -220,8 +261,8 @@ static int setup(void) {
   o.sa = (struct sockaddr_in){.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   if (o.mode < 0) return hb_say("--mode is required\n"), hb_usage(stderr, opts, NULL), 2;
   if (o.csv && !hb_csv_ready(o.csv, REF_CSV_HEADER)) return 1; /* fails now, not after measuring */
-  if (o.size == 0) o.size = o.mode == REF_STREAM ? (1u << 20) : 64;
-  if (o.seconds <= 0) o.seconds = o.mode == REF_STREAM ? 3.0 : 10.0;
+  if (o.size == 0) o.size = o.mode == REF_STREAM ? (1u << 20) : o.mode == REF_RTT ? 64 : 4096;
+  if (o.seconds <= 0) o.seconds = o.mode == REF_RTT ? 10.0 : 3.0;
   o.lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (o.lfd < 0 || bind(o.lfd, (struct sockaddr *)&o.sa, sizeof(o.sa)) != 0 ||
       listen(o.lfd, REF_MAX_STREAMS) != 0 || getsockname(o.lfd, (struct sockaddr *)&o.sa, &sl) != 0)

@@ -13,7 +13,12 @@
 # both its thread modes, 3 rounds interleaved, GB/s only (OUT/thread_mode.md, .json):
 # ucx_perftest's one-thread default, -M single, takes no lock (only the master thread may
 # call it), where hixl's API takes the engine's lock in every call; -M multi (any thread
-# may call it, as hixl's) is the like-for-like one.
+# may call it, as hixl's) is the like-for-like one. And the loopback WRITE's ceiling: a
+# WRITE ends when the target holds its data, a UCX put when its bytes are handed to the
+# socket, so hixl-tcp-ref --mode answered (plain sockets, 4 KiB messages, each answered by
+# the receiver with 8 bytes once it has it whole, hixl's window unanswered at most) runs
+# beside hixl 1-buf and UCX, 3 rounds interleaved, with the TCP segments each sends per
+# op (the host's OutSegs, both directions: run it on an idle machine) (OUT/answered.md, .json).
 #
 #   integration/peers/profile_peers.sh [--build DIR] [--out DIR] [--duration S] [--window W]
 #
@@ -215,3 +220,39 @@ if command -v ucx_perftest >/dev/null; then
   cat "$out/thread_mode.md"
   python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$out/thread_mode.json"
 fi
+
+# ---- the loopback WRITE's ceiling with an answer per op: hixl 1-buf, plain sockets answered, UCX ----
+segs() { awk '/^Tcp:/ { if (h) { print $f; exit } for (i = 1; i <= NF; i++) if ($i == "OutSegs") f = i; h = 1 }' /proc/net/snmp; }
+cmake --build "$build" --target hixl-tcp-ref -j2 >/dev/null 2>&1 ||
+  { say "cannot build hixl-tcp-ref in $build: the answered ceiling is left out"; exit 0; }
+ref=$build/integration/bench/hixl-tcp-ref
+say "loopback WRITE 4 KiB x 1 x 1: hixl 1-buf, plain sockets answered (window $window), UCX"
+n=$(awk -v d="$duration" 'BEGIN { print int(d * 1.5e9 / 4096) }')
+for r in 1 2 3; do
+  s0=$(segs); h=$(hixl_run tcp write 4096 50 "$window"); s1=$(segs)
+  a=$("$ref" --mode answered --size 4096 --window "$window" --seconds "$duration" --pin 0,1 |
+    sed -n 's/.*: \([0-9]*\) in \([0-9.]*\) s = \([0-9.]*\) GB\/s/\1 \3/p'); s2=$(segs)
+  u=$(ucx_run tcp write 4096 single "$n"); s3=$(segs)
+  # round, GB/s and segments per op of each: hixl (ops from its GB/s), answered, UCX (N + 100 warm-up ops)
+  awk -v r="$r" -v h="${h:-0}" -v a="${a:-0 0}" -v u="${u:-0}" -v d="$duration" -v n="$n" \
+    -v s0="$s0" -v s1="$s1" -v s2="$s2" -v s3="$s3" 'BEGIN {
+      split(a, q, " "); ho = h * 1e9 * d / 4096
+      printf "%d %s %.3f %s %.3f %s %.3f\n", r, h, ho ? (s1 - s0) / ho : 0, q[2], q[1] ? (s2 - s1) / q[1] : 0, u, (s3 - s2) / (n + 100) }'
+done >"$out/answered.txt"
+awk '{ for (i = 2; i <= 7; i++) v[i] = v[i] " " $i }
+  function med(l,  x, c, i, j, t) {
+    c = split(l, x, " ")
+    for (i = 2; i <= c; i++) for (j = i; j > 1 && x[j - 1] + 0 > x[j] + 0; j--) { t = x[j]; x[j] = x[j - 1]; x[j - 1] = t }
+    return x[int((c + 1) / 2)]
+  }
+  END {
+    h = med(v[2]); a = med(v[4]); u = med(v[6])
+    print "| point | hixl 1-buf GB/s | plain sockets, answered, GB/s | UCX put GB/s | hixl / answered | answered / UCX | hixl / UCX | TCP segments an op: hixl | answered | UCX |"
+    print "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    printf "| loopback TCP WRITE 4 KiB x 1 x 1 | %.3f | %.3f | %.3f | %.2fx | %.2fx | %.2fx | %.2f | %.2f | %.2f |\n",
+      h, a, u, (a > 0 ? h / a : 0), (u > 0 ? a / u : 0), (u > 0 ? h / u : 0), med(v[3]), med(v[5]), med(v[7])
+  }' "$out/answered.txt" >"$out/answered.md"
+awk -F' *\\| *' 'NR == 3 { printf "{\"point\": \"%s\", \"hixl_gbps\": %s, \"answered_gbps\": %s, \"ucx_gbps\": %s, \"segments_per_op\": {\"hixl\": %s, \"answered\": %s, \"ucx\": %s}}\n", $2, $3, $4, $5, $9, $10, $11 }' \
+  "$out/answered.md" >"$out/answered.json"
+cat "$out/answered.md"
+python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$out/answered.json"
