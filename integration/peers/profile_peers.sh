@@ -58,6 +58,13 @@ ev=context-switches,task-clock
 for s in sendmsg sendto recvfrom recvmsg epoll_wait poll futex sched_yield; do
   ev+=,syscalls:sys_enter_$s
 done
+# The median of a space-separated list of numbers, for the awk programs below (mawk has no asort).
+awk_med='function med(l,  v, c, i, j, t) {
+  c = split(l, v, " ")
+  for (i = 2; i <= c; i++) for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+  return v[int((c + 1) / 2)]
+}
+'
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 # hixl_run PATH OP BLOCK POLLUS WINDOW [TAG]: a target (same host: --alloc, as run_peers.sh's
@@ -200,12 +207,7 @@ if command -v ucx_perftest >/dev/null; then
     done
   done >"$out/thread_mode.txt"
   # Medians over the rounds, and the ratios of medians.
-  awk '{ k = $2 " " $3 " " $4; h[k] = h[k] " " $5; s[k] = s[k] " " $6; m[k] = m[k] " " $7; if (!(k in seen)) { seen[k]; o[++n] = k } }
-    function med(l,  v, c, i, j, t) { # mawk has no asort
-      c = split(l, v, " ")
-      for (i = 2; i <= c; i++) for (j = i; j > 1 && v[j - 1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
-      return v[int((c + 1) / 2)]
-    }
+  awk "$awk_med"'{ k = $2 " " $3 " " $4; h[k] = h[k] " " $5; s[k] = s[k] " " $6; m[k] = m[k] " " $7; if (!(k in seen)) { seen[k]; o[++n] = k } }
     END {
       print "| point | hixl 1-buf GB/s | UCX -M single GB/s | UCX -M multi GB/s | hixl / single | hixl / multi | multi / single |"
       print "|---|---:|---:|---:|---:|---:|---:|"
@@ -239,12 +241,7 @@ for r in 1 2 3; do
       split(a, q, " "); ho = h * 1e9 * d / 4096
       printf "%d %s %.3f %s %.3f %s %.3f\n", r, h, ho ? (s1 - s0) / ho : 0, q[2], q[1] ? (s2 - s1) / q[1] : 0, u, (s3 - s2) / (n + 100) }'
 done >"$out/answered.txt"
-awk '{ for (i = 2; i <= 7; i++) v[i] = v[i] " " $i }
-  function med(l,  x, c, i, j, t) {
-    c = split(l, x, " ")
-    for (i = 2; i <= c; i++) for (j = i; j > 1 && x[j - 1] + 0 > x[j] + 0; j--) { t = x[j]; x[j] = x[j - 1]; x[j - 1] = t }
-    return x[int((c + 1) / 2)]
-  }
+awk "$awk_med"'{ for (i = 2; i <= 7; i++) v[i] = v[i] " " $i }
   END {
     h = med(v[2]); a = med(v[4]); u = med(v[6])
     print "| point | hixl 1-buf GB/s | plain sockets, answered, GB/s | UCX put GB/s | hixl / answered | answered / UCX | hixl / UCX | TCP segments an op: hixl | answered | UCX |"
