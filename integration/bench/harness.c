@@ -124,21 +124,25 @@ static bool opt_set(const struct hb_opt *t, const char *v) {
 
 void hb_parse(int argc, char **argv, const struct hb_opt *tab, const char *head) {
   for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    /* "--name value", or "--name=value" (the value after the first '='); a flag takes none */
+    const char *a = argv[i], *eq = strncmp(a, "--", 2) == 0 ? strchr(a, '=') : NULL;
+    const char *v = eq ? eq + 1 : i + 1 < argc ? argv[i + 1] : NULL;
+    size_t len = eq ? (size_t)(eq - a) : strlen(a);
     const struct hb_opt *t = tab;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       hb_usage(stdout, tab, head);
       exit(0);
     }
-    while (t->name && strcmp(t->name, a) != 0) t++;
+    while (t->name && (strncmp(t->name, a, len) != 0 || t->name[len] != '\0')) t++;
     bool flag = t->name && (t->kind == HB_FLAG || t->kind == HB_NOFLAG);
-    if (flag) *(bool *)t->p = t->kind == HB_FLAG;
-    if (!t->name || (!flag && (v == NULL || !opt_set(t, v)))) {
-      hb_say("bad option or value: %s%s%s\n", a, t->name && v ? " " : "", t->name && v ? v : "");
+    if (flag && !eq) *(bool *)t->p = t->kind == HB_FLAG;
+    if (!t->name || (flag && eq) || (!flag && (v == NULL || !opt_set(t, v)))) {
+      bool shown = t->name && v && !eq; /* the value, when it is the next argument */
+      hb_say("bad option or value: %s%s%s\n", a, shown ? " " : "", shown ? v : "");
       hb_usage(stderr, tab, head);
       exit(2);
     }
-    i += !flag;
+    i += !flag && !eq;
   }
 }
 

@@ -50,8 +50,9 @@ struct hb_opt {
 };
 typedef bool (*hb_opt_fn)(void *p, const char *value);
 
-/* Fill the table's variables from argv. --help prints head and the table and exits 0;
- * a bad flag or value is said, with the usage, and exits 2. */
+/* Fill the table's variables from argv, each value the next argument or after '='
+ * ("--iters 5", "--iters=5"). --help prints head and the table and exits 0; a bad flag
+ * or value is said, with the usage, and exits 2. */
 void hb_parse(int argc, char **argv, const struct hb_opt *t, const char *head);
 void hb_usage(FILE *f, const struct hb_opt *t, const char *head);
 

@@ -43,45 +43,56 @@
  * Output, one line on stdout:
  *   RESULT tool=hixl op=... block=... batch=... threads=... seconds=... batches=...
  *          bytes=... gbps=... verified_bytes=... cpu_s=...
- * cpu_s is this process's user + system time for its whole life (getrusage), as
+ * cpu_s is this process's user + system time for its whole life (its CPU-time clock), as
  * /usr/bin/time would count it for the peers' programs.
  *
  * --mode=report turns run_peers.sh's raw records into the markdown table and the JSON
  * (run_report below). */
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
-#include <sys/mman.h>
-#include <sys/resource.h>
+#include <unistd.h>
 
-#include "bench_util.h"
-#include "hixl/hixl.h"
+#include "harness.h"
 
 #define PEERS_CALL_TIMEOUT_MS 30000
 #define PEERS_MAX_THREADS     64
 #define PEERS_MAX_WINDOW      1024
 
-struct peers_opts {
-  const char *mode;      /* "target" / "initiator" */
+enum { MODE_TARGET, MODE_INITIATOR, MODE_REPORT };
+static const char *const modes[] = {"target", "initiator", "report", NULL};
+static const char *const operations[] = {"read", "write", NULL}; /* HIXL_READ, HIXL_WRITE */
+
+static struct {
+  int mode;              /* --mode: index in modes[], -1 none */
   const char *protocol;  /* hixl's Transport: tcp / shm */
   const char *local;     /* target: IP:PORT it listens on; initiator: IP */
   const char *segment;   /* initiator: the target engine, IP:PORT */
   uintptr_t remote_addr; /* initiator: the target's buffer */
-  HixlTransferOp op;
+  int op;                /* --operation: index in operations[], a HixlTransferOp */
   unsigned threads;
   size_t batch, block, buffer_size;
   double duration;
   bool verify;
-  bool alloc;      /* target: the buffer from HixlEngineAllocMem, not registered mmap */
-  bool one_buffer; /* initiator: ucx_perftest's shape, one block a thread (file head) */
-  unsigned window; /* initiator: batches in flight a thread (1: TransferSync; file head) */
-};
+  bool alloc;                  /* target: the buffer from HixlEngineAllocMem, not registered mmap */
+  bool one_buffer;             /* initiator: ucx_perftest's shape, one block a thread (file head) */
+  unsigned window;             /* initiator: batches in flight a thread (1: TransferSync; file head) */
+  const char *raw, *md, *json; /* --mode=report */
+} o = {.mode = -1,
+       .protocol = "tcp",
+       .op = HIXL_READ,
+       .threads = 12,
+       .batch = 128,
+       .block = 65536,
+       .buffer_size = (size_t)1 << 30,
+       .duration = 10,
+       .window = 1};
 
 struct worker {
   pthread_t tid;
-  const struct peers_opts *o;
   HixlEngine *eng;
   uint8_t *local;
   unsigned index;
@@ -97,26 +108,13 @@ static void on_signal(int sig) {
   g_stop = 1;
 }
 
-static void say_hixl(const char *what, HixlStatus st) {
-  const char *why = HixlGetLastErrorMessage();
-  fprintf(stderr, "hixl-peers: %s failed: %s%s%s\n", what, HixlStatusName(st), why && *why ? ": " : "",
-          why ? why : "");
-}
-
-static double cpu_seconds(void) {
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
-         (double)ru.ru_stime.tv_usec / 1e6;
-}
-
 /* The B ops of thread t, Mooncake's layout: op i at S * (i * T + t) on both sides; with
  * --one_buffer all at S * t, ucx_perftest's one message buffer a thread. */
-static void fill_descs(const struct peers_opts *o, unsigned t, uintptr_t local, HixlTransferOpDesc *d) {
-  for (size_t i = 0; i < o->batch; i++) {
-    size_t off = o->block * (o->one_buffer ? t : i * o->threads + t);
+static void fill_descs(unsigned t, uintptr_t local, HixlTransferOpDesc *d) {
+  for (size_t i = 0; i < o.batch; i++) {
+    size_t off = o.block * (o.one_buffer ? t : i * o.threads + t);
     d[i] =
-        (HixlTransferOpDesc){.local_addr = local + off, .remote_addr = o->remote_addr + off, .len = o->block};
+        (HixlTransferOpDesc){.local_addr = local + off, .remote_addr = o.remote_addr + off, .len = o.block};
   }
 }
 
@@ -125,18 +123,16 @@ static void fill_descs(const struct peers_opts *o, unsigned t, uintptr_t local, 
  * when it completed); the W requests move the same blocks. The poll yields the CPU only
  * when no request ended. */
 static HixlStatus stream(struct worker *w, const HixlTransferOpDesc *d) {
-  const struct peers_opts *o = w->o;
   HixlTransferReq req[PEERS_MAX_WINDOW] = {0};
   HixlStatus st = HIXL_SUCCESS;
   unsigned busy = 0;
   for (;;) {
     bool running = atomic_load_explicit(&g_running, memory_order_relaxed) && st == HIXL_SUCCESS;
-    for (unsigned k = 0; k < o->window && running; k++) {
+    for (unsigned k = 0; k < o.window && running; k++) {
       if (req[k] != NULL) continue;
-      st = HixlEngineTransferAsync(w->eng, o->segment, o->op, d, o->batch, PEERS_CALL_TIMEOUT_MS, NULL,
-                                   &req[k]);
+      st = HixlEngineTransferAsync(w->eng, o.segment, o.op, d, o.batch, PEERS_CALL_TIMEOUT_MS, NULL, &req[k]);
       if (st != HIXL_SUCCESS) {
-        say_hixl("HixlEngineTransferAsync", st);
+        hb_fail("HixlEngineTransferAsync", st);
         req[k] = NULL;
         break;
       }
@@ -144,7 +140,7 @@ static HixlStatus stream(struct worker *w, const HixlTransferOpDesc *d) {
     }
     if (busy == 0) return st;
     bool ended = false;
-    for (unsigned k = 0; k < o->window; k++) {
+    for (unsigned k = 0; k < o.window; k++) {
       HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
       if (req[k] == NULL) continue;
       HixlStatus ps = HixlEngineGetTransferStatus(w->eng, req[k], &ts);
@@ -154,10 +150,9 @@ static HixlStatus stream(struct worker *w, const HixlTransferOpDesc *d) {
       ended = true;
       if (ps != HIXL_SUCCESS || ts != HIXL_TRANSFER_COMPLETED) {
         if (ps != HIXL_SUCCESS)
-          say_hixl("HixlEngineGetTransferStatus", ps);
+          hb_fail("HixlEngineGetTransferStatus", ps);
         else
-          fprintf(stderr, "hixl-peers: a request ended %s\n",
-                  ts == HIXL_TRANSFER_TIMEOUT ? "TIMEOUT" : "FAILED");
+          hb_say("a request ended %s\n", ts == HIXL_TRANSFER_TIMEOUT ? "TIMEOUT" : "FAILED");
         if (st == HIXL_SUCCESS) st = ps != HIXL_SUCCESS ? ps : HIXL_FAILED;
       } else if (st == HIXL_SUCCESS) {
         w->batches++;
@@ -169,22 +164,16 @@ static HixlStatus stream(struct worker *w, const HixlTransferOpDesc *d) {
 
 static void *worker_main(void *arg) {
   struct worker *w = arg;
-  const struct peers_opts *o = w->o;
-  HixlTransferOpDesc *d = calloc(o->batch, sizeof(*d));
+  HixlTransferOpDesc *d = calloc(o.batch, sizeof(*d));
   if (d == NULL) {
     w->st = HIXL_FAILED;
     return NULL;
   }
-  fill_descs(o, w->index, (uintptr_t)w->local, d);
-  if (o->window > 1) {
-    w->st = stream(w, d);
-    free(d);
-    return NULL;
-  }
-  while (atomic_load_explicit(&g_running, memory_order_relaxed)) {
-    HixlStatus st = HixlEngineTransferSync(w->eng, o->segment, o->op, d, o->batch, PEERS_CALL_TIMEOUT_MS);
-    if (st != HIXL_SUCCESS) {
-      say_hixl("HixlEngineTransferSync", st);
+  fill_descs(w->index, (uintptr_t)w->local, d);
+  if (o.window > 1) w->st = stream(w, d);
+  while (o.window == 1 && atomic_load_explicit(&g_running, memory_order_relaxed)) {
+    HixlStatus st = HixlEngineTransferSync(w->eng, o.segment, o.op, d, o.batch, PEERS_CALL_TIMEOUT_MS);
+    if (!hb_ok(st, "HixlEngineTransferSync")) {
       w->st = st;
       break;
     }
@@ -196,34 +185,27 @@ static void *worker_main(void *arg) {
 
 /* Pattern out through the point's descriptors, back into a zeroed buffer, compared:
  * the bytes checked, or 0 when a transfer failed or a byte differs (said on stderr). */
-static uint64_t verify(const struct peers_opts *o, HixlEngine *eng, uint8_t *local, size_t span) {
-  HixlTransferOpDesc *d = calloc(o->batch, sizeof(*d));
+static uint64_t verify(HixlEngine *eng, uint8_t *local, size_t span) {
+  HixlTransferOpDesc *d = calloc(o.batch, sizeof(*d));
   uint8_t *want = malloc(span);
   uint64_t ok = 0;
-  if (d == NULL || want == NULL) goto out;
-  bench_pattern_fill(want, span, 0x5eed ^ (uint64_t)o->block);
-  memcpy(local, want, span);
-  for (unsigned t = 0; t < o->threads; t++) {
-    fill_descs(o, t, (uintptr_t)local, d);
-    HixlStatus st = HixlEngineTransferSync(eng, o->segment, HIXL_WRITE, d, o->batch, PEERS_CALL_TIMEOUT_MS);
-    if (st != HIXL_SUCCESS) {
-      say_hixl("verify: HixlEngineTransferSync(WRITE)", st);
-      goto out;
-    }
-  }
-  memset(local, 0, span);
-  for (unsigned t = 0; t < o->threads; t++) {
-    fill_descs(o, t, (uintptr_t)local, d);
-    HixlStatus st = HixlEngineTransferSync(eng, o->segment, HIXL_READ, d, o->batch, PEERS_CALL_TIMEOUT_MS);
-    if (st != HIXL_SUCCESS) {
-      say_hixl("verify: HixlEngineTransferSync(READ)", st);
-      goto out;
-    }
-  }
   size_t bad = 0;
+  if (d == NULL || want == NULL) goto out;
+  bench_pattern_fill(want, span, 0x5eed ^ (uint64_t)o.block);
+  memcpy(local, want, span);
+  for (int pass = 0; pass < 2; pass++) { /* WRITE the pattern, then READ it back into zeros */
+    HixlTransferOp op = pass ? HIXL_READ : HIXL_WRITE;
+    if (pass) memset(local, 0, span);
+    for (unsigned t = 0; t < o.threads; t++) {
+      fill_descs(t, (uintptr_t)local, d);
+      if (!hb_ok(HixlEngineTransferSync(eng, o.segment, op, d, o.batch, PEERS_CALL_TIMEOUT_MS),
+                 pass ? "verify: HixlEngineTransferSync(READ)" : "verify: HixlEngineTransferSync(WRITE)"))
+        goto out;
+    }
+  }
   if (!bench_same(want, local, span, &bad)) {
-    fprintf(stderr, "hixl-peers: VERIFY FAILED at byte %zu of %zu (block %zu): 0x%02x, expected 0x%02x\n",
-            bad, span, o->block, local[bad], want[bad]);
+    hb_say("VERIFY FAILED at byte %zu of %zu (block %zu): 0x%02x, expected 0x%02x\n", bad, span, o.block,
+           local[bad], want[bad]);
     goto out;
   }
   ok = span;
@@ -233,71 +215,38 @@ out:
   return ok;
 }
 
-/* An engine at o->local (o->protocol) with len bytes of host memory registered: *buf
- * itself, or with alloc len bytes from HixlEngineAllocMem, *buf set to them. NULL, said
- * on stderr, when a step fails (nothing left behind). */
-static HixlEngine *engine_up(const struct peers_opts *o, void **buf, size_t len, bool alloc,
-                             HixlMemHandle *mh) {
-  HixlEngine *eng = NULL;
-  HixlOption opt[] = {{.key = "Transport", .value = o->protocol}};
-  HixlMemDesc md = {.addr = (uintptr_t)*buf, .len = len};
-  HixlStatus st = HixlEngineCreate(&eng);
-  const char *what = "HixlEngineCreate";
-  if (st == HIXL_SUCCESS && (st = HixlEngineInitialize(eng, o->local, opt, 1)) != HIXL_SUCCESS)
-    what = "HixlEngineInitialize";
-  else if (st == HIXL_SUCCESS && alloc && (st = HixlEngineAllocMem(eng, len, buf, mh)) != HIXL_SUCCESS)
-    what = "HixlEngineAllocMem";
-  else if (st == HIXL_SUCCESS && !alloc &&
-           (st = HixlEngineRegisterMem(eng, &md, HIXL_MEM_HOST, mh)) != HIXL_SUCCESS)
-    what = "HixlEngineRegisterMem";
-  if (st == HIXL_SUCCESS) return eng;
-  say_hixl(what, st);
-  if (eng) HixlEngineDestroy(eng);
-  return NULL;
-}
-
-static int run_initiator(const struct peers_opts *o) {
+static int run_initiator(void) {
   int rc = 1;
   HixlEngine *eng = NULL;
   HixlMemHandle mh = NULL;
-  HixlStatus st;
   struct worker w[PEERS_MAX_THREADS];
-  size_t span = o->block * (o->one_buffer ? 1 : o->batch) * o->threads;
-  if (span > o->buffer_size) {
-    fprintf(stderr, "hixl-peers: %zu x %zu x %u bytes do not fit --buffer_size=%zu\n", o->block, o->batch,
-            o->threads, o->buffer_size);
+  size_t span = o.block * (o.one_buffer ? 1 : o.batch) * o.threads;
+  if (span > o.buffer_size) {
+    hb_say("%zu x %zu x %u bytes do not fit --buffer_size=%zu\n", o.block, o.batch, o.threads, o.buffer_size);
     return 2;
   }
-  uint8_t *local =
-      mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
-  if (local == MAP_FAILED) {
-    fprintf(stderr, "hixl-peers: mmap %zu bytes: %s\n", span, strerror(errno));
-    return 1;
-  }
-  void *mem = local;
-  if (!(eng = engine_up(o, &mem, span, false, &mh))) goto out_unmap;
-  st = HixlEngineConnect(eng, o->segment, 10000);
-  if (st != HIXL_SUCCESS) {
-    say_hixl("HixlEngineConnect", st);
-    goto out_dereg;
-  }
+  uint8_t *local = hb_map(span);
+  if (local == NULL) return 1;
+  if (!(eng = hb_engine(o.local, o.protocol, NULL, 0))) goto out_unmap;
+  if (hb_reg(eng, local, span, &mh) != HIXL_SUCCESS) goto out_destroy;
+  if (!hb_ok(HixlEngineConnect(eng, o.segment, 10000), "HixlEngineConnect")) goto out_dereg;
 
   uint64_t t0 = bench_now_ns();
   unsigned started = 0;
-  for (; started < o->threads; started++) {
-    w[started] = (struct worker){.o = o, .eng = eng, .local = local, .index = started, .st = HIXL_SUCCESS};
+  for (; started < o.threads; started++) {
+    w[started] = (struct worker){.eng = eng, .local = local, .index = started, .st = HIXL_SUCCESS};
     if (pthread_create(&w[started].tid, NULL, worker_main, &w[started]) != 0) {
-      fprintf(stderr, "hixl-peers: pthread_create: %s\n", strerror(errno));
+      hb_say("pthread_create: %s\n", strerror(errno));
       break;
     }
   }
-  struct timespec nap = {.tv_sec = (time_t)o->duration,
-                         .tv_nsec = (long)((o->duration - (double)(time_t)o->duration) * 1e9)};
+  struct timespec nap = {.tv_sec = (time_t)o.duration,
+                         .tv_nsec = (long)((o.duration - (double)(time_t)o.duration) * 1e9)};
   while (nanosleep(&nap, &nap) != 0 && errno == EINTR && !g_stop) {
   }
   atomic_store(&g_running, false);
   uint64_t batches = 0;
-  bool failed = started < o->threads;
+  bool failed = started < o.threads;
   for (unsigned i = 0; i < started; i++) {
     pthread_join(w[i].tid, NULL);
     batches += w[i].batches;
@@ -306,43 +255,46 @@ static int run_initiator(const struct peers_opts *o) {
   double secs = (double)(bench_now_ns() - t0) / 1e9;
   if (failed) goto out_disconnect;
 
-  uint64_t bytes = batches * o->batch * o->block;
-  uint64_t checked = o->verify ? verify(o, eng, local, span) : 0;
+  uint64_t bytes = batches * o.batch * o.block;
+  uint64_t checked = o.verify ? verify(eng, local, span) : 0;
   printf("Test completed: duration %.2f, batch count %" PRIu64 ", throughput %.2f GB/s\n", secs, batches,
          (double)bytes / secs / 1e9);
-  printf(
-      "RESULT tool=hixl op=%s block=%zu batch=%zu threads=%u shape=%s window=%u seconds=%.4f batches=%" PRIu64
-      " bytes=%" PRIu64 " gbps=%.4f verified_bytes=%" PRIu64 " cpu_s=%.3f\n",
-      o->op == HIXL_READ ? "READ" : "WRITE", o->block, o->batch, o->threads,
-      o->one_buffer ? "one_buffer" : "blocks", o->window, secs, batches, bytes, (double)bytes / secs / 1e9,
-      checked, cpu_seconds());
-  rc = (o->verify && checked == 0) ? 3 : 0;
+  printf("RESULT tool=hixl op=%s block=%zu batch=%zu threads=%u shape=%s window=%u seconds=%.4f"
+         " batches=%" PRIu64 " bytes=%" PRIu64 " gbps=%.4f verified_bytes=%" PRIu64 " cpu_s=%.3f\n",
+         o.op == HIXL_READ ? "READ" : "WRITE", o.block, o.batch, o.threads,
+         o.one_buffer ? "one_buffer" : "blocks", o.window, secs, batches, bytes, (double)bytes / secs / 1e9,
+         checked, (double)hb_cpu_ns(0) / 1e9);
+  rc = (o.verify && checked == 0) ? 3 : 0;
 out_disconnect:
-  HixlEngineDisconnect(eng, o->segment, 0);
+  HixlEngineDisconnect(eng, o.segment, 0);
 out_dereg:
   HixlEngineDeregisterMem(eng, mh);
+out_destroy:
   HixlEngineDestroy(eng);
 out_unmap:
   munmap(local, span);
   return rc;
 }
 
-static int run_target(const struct peers_opts *o) {
+static int run_target(void) {
   int rc = 1;
   HixlEngine *eng = NULL;
   HixlMemHandle mh = NULL;
   void *buf = NULL;
   /* Not populated: the pages a point touches fault in on its first use, as
    * numa_alloc_onnode's do for Mooncake's target (and as a fresh memfd's do). */
-  if (!o->alloc) {
-    buf = mmap(NULL, o->buffer_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (!o.alloc) {
+    buf = mmap(NULL, o.buffer_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (buf == MAP_FAILED) {
-      fprintf(stderr, "hixl-peers: mmap %zu bytes: %s\n", o->buffer_size, strerror(errno));
+      hb_say("mmap %zu bytes: %s\n", o.buffer_size, strerror(errno));
       return 1;
     }
   }
-  if (!(eng = engine_up(o, &buf, o->buffer_size, o->alloc, &mh))) goto out_unmap;
-  printf("READY %s %" PRIxPTR " %zu\n", o->local, (uintptr_t)buf, o->buffer_size);
+  if (!(eng = hb_engine(o.local, o.protocol, NULL, 0))) goto out_unmap;
+  if (o.alloc ? !hb_ok(HixlEngineAllocMem(eng, o.buffer_size, &buf, &mh), "HixlEngineAllocMem")
+              : hb_reg(eng, buf, o.buffer_size, &mh) != HIXL_SUCCESS)
+    goto out_destroy;
+  printf("READY %s %" PRIxPTR " %zu\n", o.local, (uintptr_t)buf, o.buffer_size);
   fflush(stdout);
   /* Serve until stdin ends or a signal: the engine's own threads do the work. */
   struct pollfd pfd = {.fd = 0, .events = POLLIN};
@@ -352,13 +304,14 @@ static int run_target(const struct peers_opts *o) {
     if (r > 0 && read(0, sink, sizeof(sink)) <= 0) break;
   }
   rc = 0;
-  if (o->alloc)
+  if (o.alloc)
     HixlEngineFreeMem(eng, mh);
   else
     HixlEngineDeregisterMem(eng, mh);
+out_destroy:
   HixlEngineDestroy(eng);
 out_unmap:
-  if (!o->alloc) munmap(buf, o->buffer_size);
+  if (!o.alloc) munmap(buf, o.buffer_size);
   return rc;
 }
 
@@ -550,21 +503,11 @@ static void rep_table(FILE *md, struct rep_point *pt, size_t npt, const struct r
   fprintf(md, "\n");
 }
 
-static void rep_json_string(FILE *js, const char *s) {
-  fputc('"', js);
-  for (const char *c = s; *c; c++)
-    if (*c == '"' || *c == '\\')
-      fprintf(js, "\\%c", *c);
-    else if ((unsigned char)*c >= 0x20)
-      fputc(*c, js);
-  fputc('"', js);
-}
-
 static void rep_json(FILE *js, struct rep_point *pt, size_t npt, const struct rep_skip *sk, size_t nsk) {
   fprintf(js, "{\n  \"unit\": \"GB/s (10^9 bytes per second), median over rounds\",\n  \"tools\": {");
   for (int t = 0; t < REP_TOOLS; t++) {
     fprintf(js, "%s\n    \"%s\": ", t ? "," : "", rep_tool[t].name);
-    rep_json_string(js, rep_tool[t].what);
+    hb_json_str(js, rep_tool[t].what);
   }
   fprintf(js, "\n  },\n  \"compared\": {");
   for (size_t k = 0; k < REP_PEERS; k++)
@@ -597,7 +540,7 @@ static void rep_json(FILE *js, struct rep_point *pt, size_t npt, const struct re
   for (size_t k = 0; k < nsk; k++) {
     fprintf(js, "%s\n    {\"path\": \"%s\", \"tool\": \"%s\", \"reason\": ", k ? "," : "", sk[k].path,
             sk[k].tool);
-    rep_json_string(js, sk[k].why);
+    hb_json_str(js, sk[k].why);
     fprintf(js, "}");
   }
   fprintf(js, "\n  ]\n}\n");
@@ -610,7 +553,7 @@ static int run_report(const char *raw, const char *md_path, const char *json_pat
   char line[1024];
   FILE *f = fopen(raw, "r");
   if (f == NULL) {
-    fprintf(stderr, "hixl-peers: report: %s: %s\n", raw, strerror(errno));
+    hb_say("report: %s: %s\n", raw, strerror(errno));
     return 1;
   }
   while (fgets(line, sizeof(line), f) != NULL) {
@@ -663,7 +606,7 @@ static int run_report(const char *raw, const char *md_path, const char *json_pat
   FILE *md = md_path ? fopen(md_path, "w") : stdout;
   FILE *js = json_path ? fopen(json_path, "w") : NULL;
   if (md == NULL || (json_path && js == NULL)) {
-    fprintf(stderr, "hixl-peers: report: cannot write %s\n", md == NULL ? md_path : json_path);
+    hb_say("report: cannot write %s\n", md == NULL ? md_path : json_path);
     if (md != NULL && md != stdout) fclose(md);
     return 1;
   }
@@ -689,92 +632,56 @@ static int run_report(const char *raw, const char *md_path, const char *json_pat
   return 0;
 }
 
-static void usage(void) {
-  fprintf(stderr,
-          "usage: hixl-peers --mode=target --protocol=tcp|shm --local_server_name=IP:PORT [--buffer_size=N]\n"
-          "                  [--alloc]\n"
-          "       hixl-peers --mode=initiator --protocol=tcp|shm --segment_id=IP:PORT --remote_addr=HEX\n"
-          "                  --operation=read|write --threads=T --batch_size=B --block_size=S\n"
-          "                  --duration=SECONDS [--verify] [--buffer_size=N] [--local_server_name=IP]\n"
-          "                  [--one_buffer] [--window=W]\n"
-          "       hixl-peers --mode=report --raw=FILE [--md=FILE] [--json=FILE]\n"
-          "Mooncake transfer_engine_bench's knobs and throughput formula (see the file's head).\n");
+static bool set_hex(void *p, const char *v) {
+  char *end = NULL;
+  errno = 0;
+  unsigned long long x = strtoull(v, &end, 16);
+  *(uintptr_t *)p = (uintptr_t)x;
+  return end != v && *end == '\0' && errno == 0 && x != 0 && x <= UINTPTR_MAX;
 }
 
-/* "--name=value" -> value when arg names name, else NULL. */
-static const char *flag(const char *arg, const char *name) {
-  size_t n = strlen(name);
-  if (strncmp(arg, "--", 2) != 0 || strncmp(arg + 2, name, n) != 0 || arg[2 + n] != '=') return NULL;
-  return arg + 3 + n;
-}
+static const struct hb_opt opts[] = {
+    {"--mode", HB_CHOICE, &o.mode, "MODE", "target | initiator | report", 0, 0, modes},
+    {"--protocol", HB_STR, &o.protocol, "NAME", "hixl's Transport: tcp (default) | shm", 0, 0, NULL},
+    {"--local_server_name", HB_STR, &o.local, "ADDR", "target: IP:PORT it listens on; initiator: its IP", 0,
+     0, NULL},
+    {"--buffer_size", HB_SIZE, &o.buffer_size, "BYTES", "the buffers' size (1G)", 1, 1e15, NULL},
+    {"--alloc", HB_FLAG, &o.alloc, NULL, "target: the buffer from HixlEngineAllocMem", 0, 0, NULL},
+    {"--segment_id", HB_STR, &o.segment, "IP:PORT", "initiator: the target engine", 0, 0, NULL},
+    {"--remote_addr", HB_FN, &o.remote_addr, "HEX", "initiator: the target's buffer (its READY line)", 0, 0,
+     set_hex},
+    {"--operation", HB_CHOICE, &o.op, "OP", "read (default) | write", 0, 0, operations},
+    {"--threads", HB_UNS, &o.threads, "T", "initiator threads (12)", 1, PEERS_MAX_THREADS, NULL},
+    {"--batch_size", HB_SIZE, &o.batch, "B", "ops a batch (128)", 1, HIXL_MAX_BATCH, NULL},
+    {"--block_size", HB_SIZE, &o.block, "S", "bytes an op (64K)", 1, 1e15, NULL},
+    {"--duration", HB_DBL, &o.duration, "SECONDS", "how long the threads loop (10)", 1e-3, 86400, NULL},
+    {"--verify", HB_FLAG, &o.verify, NULL, "then every byte of the point, out and back", 0, 0, NULL},
+    {"--one_buffer", HB_FLAG, &o.one_buffer, NULL, "ucx_perftest's shape: one block a thread", 0, 0, NULL},
+    {"--window", HB_UNS, &o.window, "W", "batches in flight a thread (1: sync)", 1, PEERS_MAX_WINDOW, NULL},
+    {"--raw", HB_STR, &o.raw, "FILE", "report: run_peers.sh's raw records", 0, 0, NULL},
+    {"--md", HB_STR, &o.md, "FILE", "report: the tables (default stdout)", 0, 0, NULL},
+    {"--json", HB_STR, &o.json, "FILE", "report: the JSON", 0, 0, NULL},
+    {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
 
 int main(int argc, char **argv) {
-  const char *raw = NULL, *md = NULL, *json = NULL;
-  struct peers_opts o = {.protocol = "tcp",
-                         .local = NULL,
-                         .op = HIXL_READ,
-                         .threads = 12,
-                         .batch = 128,
-                         .block = 65536,
-                         .buffer_size = (size_t)1 << 30,
-                         .duration = 10,
-                         .window = 1};
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i], *v;
-    uint64_t u = 0;
-    char *end = NULL;
-    if ((v = flag(a, "mode")) != NULL)
-      o.mode = v;
-    else if ((v = flag(a, "protocol")) != NULL)
-      o.protocol = v;
-    else if ((v = flag(a, "local_server_name")) != NULL)
-      o.local = v;
-    else if ((v = flag(a, "segment_id")) != NULL)
-      o.segment = v;
-    else if ((v = flag(a, "remote_addr")) != NULL)
-      o.remote_addr = (uintptr_t)strtoull(v, &end, 16);
-    else if ((v = flag(a, "operation")) != NULL && (strcmp(v, "read") == 0 || strcmp(v, "write") == 0))
-      o.op = strcmp(v, "read") == 0 ? HIXL_READ : HIXL_WRITE;
-    else if ((v = flag(a, "threads")) != NULL && bench_parse_u64(v, &u) && u >= 1 && u <= PEERS_MAX_THREADS)
-      o.threads = (unsigned)u;
-    else if ((v = flag(a, "batch_size")) != NULL && bench_parse_u64(v, &u) && u >= 1 && u <= HIXL_MAX_BATCH)
-      o.batch = (size_t)u;
-    else if ((v = flag(a, "block_size")) != NULL && bench_parse_size(v, &o.block) && o.block > 0)
-      continue;
-    else if ((v = flag(a, "buffer_size")) != NULL && bench_parse_size(v, &o.buffer_size) && o.buffer_size > 0)
-      continue;
-    else if ((v = flag(a, "duration")) != NULL && (o.duration = strtod(v, &end)) > 0 && *end == '\0')
-      continue;
-    else if ((v = flag(a, "raw")) != NULL)
-      raw = v;
-    else if ((v = flag(a, "md")) != NULL)
-      md = v;
-    else if ((v = flag(a, "json")) != NULL)
-      json = v;
-    else if (strcmp(a, "--verify") == 0)
-      o.verify = true;
-    else if (strcmp(a, "--alloc") == 0)
-      o.alloc = true;
-    else if (strcmp(a, "--one_buffer") == 0)
-      o.one_buffer = true;
-    else if ((v = flag(a, "window")) != NULL && bench_parse_u64(v, &u) && u >= 1 && u <= PEERS_MAX_WINDOW)
-      o.window = (unsigned)u;
-    else {
-      fprintf(stderr, "hixl-peers: bad argument %s\n", a);
-      usage();
-      return 2;
-    }
+  static const char head[] =
+      "hixl with Mooncake transfer_engine_bench's knobs and throughput formula (the file's head);\n"
+      "--name=value, as Mooncake's flags, or --name value. A target needs --local_server_name, an\n"
+      "initiator --segment_id and --remote_addr, a report --raw.\n";
+  hb_prog = "hixl-peers";
+  hb_parse(argc, argv, opts, head);
+  bool target = o.mode == MODE_TARGET && o.local != NULL;
+  if (!target && !(o.mode == MODE_INITIATOR && o.segment && o.remote_addr) &&
+      !(o.mode == MODE_REPORT && o.raw)) {
+    hb_usage(stderr, opts, head);
+    return 2;
   }
   struct sigaction sa = {.sa_handler = on_signal};
   sigaction(SIGINT, &sa, NULL);
   sigaction(SIGTERM, &sa, NULL);
   setvbuf(stdout, NULL, _IOLBF, 0);
-  if (o.mode != NULL && strcmp(o.mode, "report") == 0 && raw != NULL) return run_report(raw, md, json);
-  if (o.mode != NULL && strcmp(o.mode, "target") == 0 && o.local != NULL) return run_target(&o);
-  if (o.mode != NULL && strcmp(o.mode, "initiator") == 0 && o.segment != NULL && o.remote_addr != 0) {
-    if (o.local == NULL) o.local = "127.0.0.1";
-    return run_initiator(&o);
-  }
-  usage();
-  return 2;
+  if (o.mode == MODE_REPORT) return run_report(o.raw, o.md, o.json);
+  if (target) return run_target();
+  if (o.local == NULL) o.local = "127.0.0.1";
+  return run_initiator();
 }

@@ -22,7 +22,7 @@
 #
 #   integration/peers/profile_peers.sh [--build DIR] [--out DIR] [--duration S] [--window W]
 #
-# --build: a build with hixl-peers (run_peers.sh compiles it; default build-peers);
+# --build: a build with hixl-peers (run_peers.sh builds it; default build-peers);
 # --window: hixl's window at WRITE (default 53, what run_peers.sh measured for UCX on
 # 2026-12-04). Initiators on CPU 0, targets on CPU 1. Output: OUT/profile.md (a table),
 # OUT/profile.json, OUT/*.stat (perf's own output). Needs perf with the syscalls
@@ -47,8 +47,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 say() { echo "profile: $*" >&2; }
-hp=$build/hixl-peers
-[ -x "$hp" ] || { say "no $hp (run integration/peers/run_peers.sh --quick once to build it)"; exit 1; }
+hp=$build/integration/peers/hixl-peers
+[ -x "$hp" ] || { say "no $hp (cmake --build $build --target hixl-peers builds it)"; exit 1; }
 command -v perf >/dev/null || { say "perf is missing (apt-get install linux-perf)"; exit 1; }
 perf stat -e syscalls:sys_enter_read true 2>/dev/null ||
   { say "perf cannot count the syscalls tracepoints here (root, or perf_event_paranoid <= 1)"; exit 1; }

@@ -99,10 +99,9 @@ log=$out/log
 say() { echo "peers: $*" >&2; }
 
 # ------------------------------------------------------------------ the tools
-cmake --build "$build" --target hixl -j2 >/dev/null
-hp=$build/hixl-peers
-cc -std=c11 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE -I"$top/core/include" -I"$top/integration/bench" \
-  -o "$hp" "$here/hixl_peers.c" -L"$build/core" -lhixl -Wl,-rpath,"$build/core" -lpthread -lm
+[ -f "$build/CMakeCache.txt" ] || cmake -S "$top" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$build" --target hixl-peers -j2 >/dev/null
+hp=$build/integration/peers/hixl-peers
 
 size_of() { # 4K -> 4096
   local v=${1%[KkMmGg]} u=${1: -1}
