@@ -9,6 +9,9 @@
 #       [--duration S] [--paths tcp,shm] [--ops read,write] [--blocks 4K,64K,4M]
 #       [--batches 1,128] [--threads 1,8] [--buffer BYTES] [--poll-us US]
 #
+# --build: a build of this tree (default build-peers, configured RelWithDebInfo when new);
+# the script builds its hixl-peers target (integration/peers/CMakeLists.txt).
+#
 # Every point (path x op x block x batch x threads) runs every tool for --duration
 # seconds per round, the tools' order rotated from round to round. Each tool keeps
 # batch x threads ops in flight: hixl and Mooncake with `threads` threads each waiting
