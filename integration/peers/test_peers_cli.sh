@@ -7,28 +7,7 @@
 # READY line, never a sleep.
 set -uo pipefail
 bin=$1
-work=$(mktemp -d)
-fails=0
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-check() { # check DESCRIPTION COMMAND...: run a shell test, report
-  local what=$1
-  shift
-  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fails=$((fails + 1)); fi
-}
-run() { # run NAME ARGS...: stdout to $work/NAME.out, stderr to .err, status to .rc
-  local name=$1
-  shift
-  "$bin" "$@" >"$work/$name.out" 2>"$work/$name.err"
-  echo $? >"$work/$name.rc"
-}
-rc_is() { [ "$(cat "$work/$1.rc")" = "$2" ] || { echo "  $1: exit $(cat "$work/$1.rc"), want $2"; cat "$work/$1.out" "$work/$1.err"; false; }; }
-has() { grep -Eq -- "$2" "$work/$1" || { echo "  $1 lacks /$2/:"; cat "$work/$1"; false; }; }
+source "$(dirname "$0")/../cli_test.sh"
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 # target PROTOCOL [ARGS...]: a target on a free port; sets port, addr and the coproc's fds.
@@ -121,5 +100,4 @@ done
 run help --help
 check "--help: exit 0, every option" has help.out "--remote_addr HEX"
 
-[ $fails = 0 ] && echo "test_peers_cli: all passed" || echo "test_peers_cli: $fails failed"
-[ $fails = 0 ]
+cli_done hixl-peers

@@ -4,39 +4,17 @@
 # usage errors (exit 2). Readiness comes from the "ready" line, never a sleep.
 set -uo pipefail
 bin=$1
-work=$(mktemp -d)
-fails=0
-serve_pid=
-cleanup() {
-  [ -n "$serve_pid" ] && kill "$serve_pid" 2>/dev/null && wait "$serve_pid" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-check() { # check DESCRIPTION COMMAND...: run a shell test, report
-  local what=$1
-  shift
-  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fails=$((fails + 1)); fi
-}
+source "$(dirname "$0")/../cli_test.sh"
 
 # A responder on 127.0.0.1, port chosen by hixl-rping and printed.
 coproc SERVE { exec "$bin" --serve -q -d 127.0.0.1 -p 0; }
-serve_pid=$SERVE_PID
+pids+=("$SERVE_PID")
 if ! read -r -t 20 ready _ _ port <&"${SERVE[0]}" || [ "$ready" != ready ]; then
   echo "FAIL the responder did not start"
   exit 1
 fi
 echo "responder on 127.0.0.1:$port"
 dead=$(python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.3", 0)); print(s.getsockname()[1])' 2>/dev/null || echo 9)
-
-run() { # run NAME ARGS...: stdout to $work/NAME.out, stderr to .err, status to .rc
-  local name=$1
-  shift
-  "$bin" "$@" >"$work/$name.out" 2>"$work/$name.err"
-  echo $? >"$work/$name.rc"
-}
-rc_is() { [ "$(cat "$work/$1.rc")" = "$2" ] || { echo "  $1: exit $(cat "$work/$1.rc"), want $2"; cat "$work/$1.out" "$work/$1.err"; false; }; }
-has() { grep -Eq -- "$2" "$work/$1" || { echo "  $1 lacks /$2/:"; cat "$work/$1"; false; }; }
 
 run table -q -d 127.0.0.2 -c 5 -i 1 "127.0.0.1:$port"
 check "table: exit 0" rc_is table 0
@@ -90,11 +68,10 @@ check "count 0: exit 2" rc_is badcount 2
 run badip -q 127.0.0.1.5
 check "bad address: exit 2" rc_is badip 2
 
-kill -TERM "$serve_pid"
-wait "$serve_pid"
+kill -TERM "${pids[0]}"
+wait "${pids[0]}"
 serve_rc=$?
-serve_pid=
+pids=()
 check "responder exits 0 on SIGTERM" test "$serve_rc" = 0
 
-[ "$fails" = 0 ] && echo "hixl-rping: every check passed" || echo "hixl-rping: $fails checks failed"
-[ "$fails" = 0 ]
+cli_done hixl-rping

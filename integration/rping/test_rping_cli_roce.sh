@@ -12,28 +12,7 @@ if [ -z "$ip" ] || [ -z "$(ls /sys/class/infiniband 2>/dev/null)" ]; then
   [ -n "${HIXL_REQUIRE_RDMA:-}" ] && exit 1
   exit 77
 fi
-work=$(mktemp -d)
-fails=0
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
-check() { # check DESCRIPTION COMMAND...
-  local what=$1
-  shift
-  if "$@"; then echo "ok   $what"; else echo "FAIL $what"; fails=$((fails + 1)); fi
-}
-run() { # run NAME ARGS...: stdout to $work/NAME.out, stderr to .err, status to .rc
-  local name=$1
-  shift
-  "$bin" "$@" >"$work/$name.out" 2>"$work/$name.err"
-  echo $? >"$work/$name.rc"
-}
-rc_is() { [ "$(cat "$work/$1.rc")" = "$2" ] || { echo "  $1: exit $(cat "$work/$1.rc"), want $2"; cat "$work/$1.out" "$work/$1.err"; false; }; }
-has() { grep -Eq -- "$2" "$work/$1" || { echo "  $1 lacks /$2/:"; cat "$work/$1"; false; }; }
+source "$(dirname "$0")/../cli_test.sh"
 
 # Responders: one in mode roce on the RDMA address, one in mode udp on loopback. Each
 # prints "ready DEVICE port PORT" once it answers; wait for that line.
@@ -96,5 +75,4 @@ for name in roce udp; do
   [ "$rc" = 0 ] || cat "$work/$name.serve.err"
 done
 
-[ "$fails" = 0 ] && echo "hixl-rping -m roce: every check passed" || echo "hixl-rping -m roce: $fails checks failed"
-[ "$fails" = 0 ]
+cli_done "hixl-rping -m roce"
