@@ -18,7 +18,7 @@ target() {
   coproc TGT { exec "$bin" --mode=target --protocol="$proto" --local_server_name="127.0.0.1:$port" "$@"; }
   pids+=("$TGT_PID")
   tgt_in=${TGT[1]}
-  if ! read -r ready _ addr len <&"${TGT[0]}" || [ "$ready" != READY ]; then
+  if ! read -r -t 30 ready _ addr len <&"${TGT[0]}" || [ "$ready" != READY ]; then
     echo "FAIL the $proto target did not start"
     exit 1
   fi
@@ -49,7 +49,7 @@ check "its line says the shape" has w_tcp.out "op=WRITE block=65536 batch=4 thre
 point r_tcp_win tcp --operation read --threads 2 --batch_size 1 --block_size 4K --one_buffer --window 8 --verify
 check "tcp READ, one buffer a thread, 8 in flight (--name value): every byte back" verified r_tcp_win $((2 * 4096))
 check "its line says the shape" has r_tcp_win.out "shape=one_buffer window=8 "
-point big tcp --operation=write --threads=2 --batch_size=128 --block_size=1M
+point big tcp --operation=write --threads=2 --batch_size=16 --block_size=1M
 check "a point past the target's 16 MiB: exit 1" rc_is big 1
 check "... saying the range is not registered" has big.err "not inside memory registered with 127\.0\.0\.1:$port"
 point nofit tcp --threads=2 --batch_size=4 --block_size=1M --buffer_size=4M
