@@ -170,15 +170,13 @@ static void *worker_main(void *arg) {
     return NULL;
   }
   fill_descs(w->index, (uintptr_t)w->local, d);
-  if (o.window > 1) w->st = stream(w, d);
-  while (o.window == 1 && atomic_load_explicit(&g_running, memory_order_relaxed)) {
-    HixlStatus st = HixlEngineTransferSync(w->eng, o.segment, o.op, d, o.batch, PEERS_CALL_TIMEOUT_MS);
-    if (!hb_ok(st, "HixlEngineTransferSync")) {
-      w->st = st;
-      break;
+  if (o.window > 1)
+    w->st = stream(w, d);
+  else
+    while (w->st == HIXL_SUCCESS && atomic_load_explicit(&g_running, memory_order_relaxed)) {
+      w->st = HixlEngineTransferSync(w->eng, o.segment, o.op, d, o.batch, PEERS_CALL_TIMEOUT_MS);
+      if (hb_ok(w->st, "HixlEngineTransferSync")) w->batches++;
     }
-    w->batches++;
-  }
   free(d);
   return NULL;
 }
