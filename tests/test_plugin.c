@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdarg.h>
@@ -46,6 +47,8 @@ static char *config(char *buf, size_t cap, uint16_t port, const char *role, unsi
            test_ip(), (unsigned)port, role, lease_ms, policy, timeout_ms, timeout_ms, transport());
   return buf;
 }
+
+static char *config_push(char *buf, size_t cap, uint16_t port, const char *role, unsigned lease_ms);
 
 /* A re-executed child (--child) has no CUnit registry: a failure there exits 9. */
 static bool in_child;
@@ -554,6 +557,13 @@ static void test_op_args(void) {
   CU_ASSERT_TRUE(has_error("get_finished"));
   ST_IS(ops->handle_preemptions(x.worker, NULL), HIXL_KV_PARAM_INVALID);
   ST_IS(ops->handle_preemptions(x.sched, &(hixl_kv_ids){NULL, 0}), HIXL_KV_PARAM_INVALID);
+  /* A list with a count and no array (before: read through NULL); a prompt past int64. */
+  ST_IS(ops->update_connector_output(x.sched, &(hixl_kv_ids){NULL, 1}, NULL, NULL), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->update_connector_output(x.sched, NULL, NULL, &(hixl_kv_ids){NULL, 2}), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT(has_error("failed list"));
+  hixl_kv_request huge = request("r3", UINT64_MAX, NULL);
+  ST_IS(ops->get_num_new_matched_tokens(x.sched, &huge, 0, &tokens, &flag), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT(has_error("num_prompt_tokens"));
   ST_IS(ops->register_kv_groups(x.worker, NULL, 1), HIXL_KV_PARAM_INVALID);
   inst_down(&x);
 
@@ -576,6 +586,185 @@ static void test_op_args(void) {
   ST_IS(ops->register_kv_caches(w, k.layers, 0), HIXL_KV_PARAM_INVALID);
   ST_IS(ops->destroy(w), HIXL_KV_SUCCESS);
   free(k.mem);
+}
+
+/* ---- a host that misuses the plugin: a clear status each time, nothing held ---- */
+
+struct alloc_arg {
+  hixl_kv_connector *w;
+  uintptr_t base[16];
+  hixl_kv_status st[16];
+};
+
+static void *alloc_main(void *p) {
+  struct alloc_arg *a = p;
+  for (int i = 0; i < 16; i++) a->st[i] = ops->alloc_kv_memory(a->w, 4096, &a->base[i]);
+  return NULL;
+}
+
+static int cmp_uptr(const void *a, const void *b) {
+  return *(const uintptr_t *)a < *(const uintptr_t *)b ? -1 : *(const uintptr_t *)a > *(const uintptr_t *)b;
+}
+
+/* alloc_kv_memory on six threads at once: every call its own memory, all freed by destroy
+ * (before: two calls grew the list to the same size and both appended, one past its end). */
+static void test_alloc_memory_threads(void) {
+  char cfg[512], err[256];
+  hixl_kv_connector *w = NULL;
+  struct alloc_arg a[6] = {0};
+  pthread_t t[6];
+  uintptr_t all[6 * 16];
+  config(cfg, sizeof(cfg), free_port(), "both", 30000, "fail", 2000);
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &w, err, sizeof(err)), HIXL_KV_SUCCESS);
+  for (int i = 0; i < 6; i++) {
+    a[i].w = w;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&t[i], NULL, alloc_main, &a[i]), 0);
+  }
+  for (int i = 0; i < 6; i++) pthread_join(t[i], NULL);
+  for (int i = 0; i < 6; i++)
+    for (int j = 0; j < 16; j++) {
+      CU_ASSERT_EQUAL(a[i].st[j], HIXL_KV_SUCCESS);
+      all[i * 16 + j] = a[i].base[j];
+      if (a[i].st[j] == HIXL_KV_SUCCESS) memset((void *)a[i].base[j], i, 4096); /* it is ours to write */
+    }
+  qsort(all, 6 * 16, sizeof(all[0]), cmp_uptr);
+  for (int i = 1; i < 6 * 16; i++) CU_ASSERT(all[i] >= all[i - 1] + 4096);
+  ST_IS(ops->destroy(w), HIXL_KV_SUCCESS);
+}
+
+struct shut_arg {
+  hixl_kv_connector *c;
+  hixl_kv_status st;
+};
+
+static void *shut_main(void *p) {
+  struct shut_arg *a = p;
+  a->st = ops->shutdown(a->c);
+  return NULL;
+}
+
+/* shutdown on two threads at once (a push producer: its pusher thread runs from create):
+ * both return, the threads joined once (before: both joined the pusher, and one of them
+ * waited for ever); then destroy. */
+static void test_shutdown_threads(void) {
+  char cfg[512], err[256];
+  struct shut_arg a[2] = {0};
+  pthread_t t[2];
+  config_push(cfg, sizeof(cfg), free_port(), "producer", 10000);
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &a[0].c, err, sizeof(err)), HIXL_KV_SUCCESS);
+  a[1].c = a[0].c;
+  for (int i = 0; i < 2; i++) CU_ASSERT_EQUAL_FATAL(pthread_create(&t[i], NULL, shut_main, &a[i]), 0);
+  for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  CU_ASSERT(a[0].st == HIXL_KV_SUCCESS && a[1].st == HIXL_KV_SUCCESS);
+  ST_IS(ops->shutdown(a[0].c), HIXL_KV_SUCCESS);
+  ST_IS(ops->destroy(a[0].c), HIXL_KV_SUCCESS);
+}
+
+/* request_finished twice for one request: the second is refused, and the request holds
+ * one place of max_inflight_requests (before: two, one never given back). */
+static void test_finished_twice(void) {
+  char cfg[640], err[256];
+  hixl_kv_connector *s = NULL;
+  snprintf(cfg, sizeof(cfg),
+           "{\"address\": \"%s:%u\", \"role\": \"producer\", \"max_inflight_requests\": 2, "
+           "\"Transport\": \"%s\"}",
+           test_ip(), (unsigned)free_port(), transport());
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &s, err, sizeof(err)), HIXL_KV_SUCCESS);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+  uint64_t blocks[2] = {3, 4};
+  const char *ids[3] = {"t-1", "t-2", "t-3"};
+  for (int k = 0; k < 2; k++) {
+    hixl_kv_request r = request(ids[0], 2 * BLOCK_TOKENS, "{\"do_remote_decode\": true}");
+    int32_t delay = -1;
+    hixl_kv_buffer out = {0};
+    ST_IS(ops->request_finished(s, &r, blocks, 2, &delay, &out), k ? HIXL_KV_PARAM_INVALID : HIXL_KV_SUCCESS);
+    if (k) CU_ASSERT(has_error("held already"));
+    ops->free_buffer(&out);
+  }
+  ST_IS(ops->update_connector_output(s, &(hixl_kv_ids){ids, 1}, NULL, NULL), HIXL_KV_SUCCESS);
+  for (int i = 1; i < 3; i++) { /* both held: t-1's one place is free again */
+    hixl_kv_request r = request(ids[i], 2 * BLOCK_TOKENS, "{\"do_remote_decode\": true}");
+    int32_t delay = -1;
+    hixl_kv_buffer out = {0};
+    ST_IS(ops->request_finished(s, &r, blocks, 2, &delay, &out), HIXL_KV_SUCCESS);
+    CU_ASSERT_EQUAL(delay, 1);
+    ops->free_buffer(&out);
+  }
+  ST_IS(ops->destroy(s), HIXL_KV_SUCCESS);
+}
+
+/* Bind the scheduler's metadata at the worker: its status (not stepped: that asserts). */
+static hixl_kv_status bind_once(hixl_kv_connector *sched, hixl_kv_connector *worker) {
+  hixl_kv_buffer m = {0};
+  ST_IS(ops->build_connector_meta(sched, &m), HIXL_KV_SUCCESS);
+  hixl_kv_status st = ops->bind_connector_meta(worker, m.data, m.len);
+  ops->free_buffer(&m);
+  return st;
+}
+
+/* Whether the worker reports id finished sending, and holds no block after. */
+static bool sent_and_empty(hixl_kv_connector *worker, const char *id) {
+  hixl_kv_ids sd = {0}, rv = {0};
+  hixl_kv_stats st = {0};
+  bool sent = ops->get_finished(worker, NULL, &sd, &rv) == HIXL_KV_SUCCESS && ids_have(&sd, id);
+  ops->free_ids(&sd);
+  ops->free_ids(&rv);
+  ops->get_stats(worker, &st);
+  if (!sent || st.blocks_held || st.requests_held)
+    fprintf(stderr, "%s: sent %d, blocks_held %llu, requests_held %llu\n", id, sent,
+            (unsigned long long)st.blocks_held, (unsigned long long)st.requests_held);
+  return sent && st.blocks_held == 0 && st.requests_held == 0;
+}
+
+/* A producer's block id past its caches' blocks: the hold is refused at bind, said, and
+ * the request reported finished (the host frees its blocks); nothing is held, so no PIN
+ * grants memory for it (before: held, and a PIN granted memory past the request's). */
+static void test_hold_past_blocks(void) {
+  char cfg[512];
+  struct inst x;
+  config(cfg, sizeof(cfg), free_port(), "both", 30000, "fail", 2000);
+  ST_IS(inst_up(&x, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+  uint64_t blocks[2] = {1, BLOCKS};
+  hixl_kv_request r = request("past-1", 2 * BLOCK_TOKENS, "{\"do_remote_decode\": true}");
+  int32_t delay = -1;
+  hixl_kv_buffer out = {0};
+  ST_IS(ops->request_finished(x.sched, &r, blocks, 2, &delay, &out), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(delay, 1);
+  ops->free_buffer(&out);
+  ST_IS(bind_once(x.sched, x.worker), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT(has_error("is past its 32 blocks"));
+  CU_ASSERT_TRUE(sent_and_empty(x.worker, "past-1"));
+  inst_down(&x);
+}
+
+/* A push-mode scheduler's PUSH bound by a pull-mode worker (the two configured apart):
+ * refused at bind, said, and reported finished and failed (before: queued for a pusher
+ * that does not run here, its blocks held for ever). */
+static void test_push_into_pull(void) {
+  char pcfg[512], wcfg[512], err[256];
+  struct inst x = {0};
+  uint16_t port = free_port();
+  config_push(pcfg, sizeof(pcfg), port, "producer", 10000);
+  config(wcfg, sizeof(wcfg), port, "producer", 10000, "fail", 2000);
+  ST_IS(ops->create(pcfg, strlen(pcfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &x.sched, err, sizeof(err)),
+        HIXL_KV_SUCCESS);
+  ST_IS(ops->create(wcfg, strlen(wcfg), HIXL_KV_ROLE_WORKER, 0, 1, &x.worker, err, sizeof(err)),
+        HIXL_KV_SUCCESS);
+  kv_init(&x.kv, BLOCK_BYTES);
+  ST_IS(ops->register_kv_caches(x.worker, x.kv.layers, LAYERS), HIXL_KV_SUCCESS);
+  const char *params = "{\"do_remote_decode\": true, \"remote_engine\": \"127.0.0.1:9\", "
+                       "\"remote_request_id\": \"c1\", \"remote_block_ids\": [1, 2], \"hixl_abi\": 1, "
+                       "\"tp_size\": 1, \"cap\": \"00112233445566778899aabbccddeeff\"}";
+  uint64_t blocks[2] = {3, 4};
+  hixl_kv_request r = request("pp-1", 2 * BLOCK_TOKENS, params);
+  ST_IS(ops->update_state_after_alloc(x.sched, &r, blocks, 2, 0), HIXL_KV_SUCCESS);
+  ST_IS(bind_once(x.sched, x.worker), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT(has_error("this worker's mode is pull"));
+  CU_ASSERT_TRUE(sent_and_empty(x.worker, "pp-1"));
+  hixl_kv_stats st = {0};
+  ST_IS(ops->get_stats(x.worker, &st), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(st.pushes_failed, 1);
+  inst_down(&x);
 }
 
 /* ---- hand-offs ---- */
@@ -1657,6 +1846,11 @@ static CU_TestInfo arg_tests[] = {
      test_push_allocs_bounded},
     {"push producer: at most max_inflight_requests wait to be pushed, room made again",
      test_push_producer_bounded},
+    {"alloc_kv_memory on six threads at once", test_alloc_memory_threads},
+    {"shutdown on two threads at once", test_shutdown_threads},
+    {"request_finished twice: refused, one place held", test_finished_twice},
+    {"a held block past the caches: refused at bind, nothing held", test_hold_past_blocks},
+    {"a PUSH bound by a pull-mode worker: refused, finished, nothing held", test_push_into_pull},
     CU_TEST_INFO_NULL,
 };
 static CU_TestInfo pd_tests[] = {

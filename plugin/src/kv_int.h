@@ -428,6 +428,7 @@ struct hixl_kv_connector {
   struct kv_cfg cfg;
   pthread_mutex_t lock; /* a leaf: never held across a hixl call */
   bool shut;
+  uint8_t joined; /* the threads: 0 running, 1 a shutdown joins them (others wait on load.cond), 2 joined */
 
   struct kv_sched sched; /* role scheduler */
 

@@ -146,12 +146,19 @@ hixl_kv_status kv_shutdown(hixl_kv_connector *c) {
   pthread_cond_broadcast(&c->push.cond);
   pthread_cond_broadcast(&c->push.saved);
   pthread_cond_broadcast(&c->exp.landed);
+  /* One caller joins the threads; one on another thread meanwhile returns once they are. */
+  while (c->joined == 1) pthread_cond_wait(&c->load.cond, &c->lock);
+  bool mine = c->joined == 0;
+  if (mine) c->joined = 1;
   pthread_mutex_unlock(&c->lock);
+  if (!mine) return HIXL_KV_SUCCESS;
   kv_loader_join(c);
-  if (c->push.on) {
-    pthread_join(c->push.thread, NULL);
-    c->push.on = false;
-  }
+  if (c->push.on) pthread_join(c->push.thread, NULL);
+  pthread_mutex_lock(&c->lock);
+  c->push.on = false;
+  c->joined = 2;
+  pthread_cond_broadcast(&c->load.cond);
+  pthread_mutex_unlock(&c->lock);
   return HIXL_KV_SUCCESS;
 }
 

@@ -178,9 +178,19 @@ void kv_load_heads(const hixl_kv_connector *c, const struct kv_load *l, struct k
   }
 }
 
+/* A push that cannot start: failed and finished at once, so the host frees its blocks. */
+static hixl_kv_status push_refused(hixl_kv_connector *c, const struct kv_meta_entry *e, const char *why) {
+  c->stats.pushes_failed++;
+  kv_finished_add(c, &c->sending_done, e->req);
+  return kv_fail(HIXL_KV_PARAM_INVALID, "bind_connector_meta: request %s: %s", e->req, why);
+}
+
 hixl_kv_status kv_push_parts(hixl_kv_connector *c, struct kv_meta_entry *e, uint64_t now) {
   uint32_t np = c->world, p = c->rank, nd = e->rtp;
   uint64_t dsts = 0;
+  if (!c->cfg.push) /* no pusher runs here */
+    return push_refused(c, e,
+                        "its scheduler pushes, and this worker's mode is pull: give both the same mode");
   if (tp_usable(c, np, nd)) {
     for (uint32_t d = 0; d < nd; d++)
       if (kv_tp_reads(&c->lay, np, p, nd, d)) dsts |= UINT64_C(1) << d;
@@ -222,10 +232,9 @@ hixl_kv_status kv_push_parts(hixl_kv_connector *c, struct kv_meta_entry *e, uint
       free(x);
     }
     free(w);
-    return kv_fail(HIXL_KV_PARAM_INVALID,
-                   "bind_connector_meta: request %s: out of memory, or consumer \"%s\" "
-                   "is not ip:port",
-                   e->req, e->remote);
+    char why[KV_MAX_ENGINE + 64];
+    snprintf(why, sizeof(why), "out of memory, or consumer \"%s\" is not ip:port", e->remote);
+    return push_refused(c, e, why);
   }
   c->stats.blocks_held += e->nblocks;
   c->stats.requests_held++;

@@ -203,6 +203,10 @@ static hixl_kv_status check_req(const hixl_kv_request *r, const char *fn, char *
   CHECK_ARG(kv_copy_id(id, r->req_id, r->req_id_len), "%s: req_id must be 1 to %u bytes of text", fn,
             KV_MAX_ID);
   CHECK_ARG(r->kv_transfer_params_len == 0 || r->kv_transfer_params, "%s: kv_transfer_params is NULL", fn);
+  CHECK_ARG(r->kv_transfer_params_len <= INT32_MAX, "%s: kv_transfer_params is %zu bytes; at most 2^31 - 1",
+            fn, r->kv_transfer_params_len); /* json-c's length is an int */
+  CHECK_ARG(r->num_prompt_tokens <= INT64_MAX, "%s: num_prompt_tokens %" PRIu64 "; at most 2^63 - 1", fn,
+            r->num_prompt_tokens); /* the tokens answered are an int64 */
   return HIXL_KV_SUCCESS;
 }
 
@@ -486,6 +490,12 @@ static hixl_kv_status finished(hixl_kv_connector *c, const hixl_kv_request *r, c
   bool full = false;
   if (c->cfg.producer && !(r->flags & HIXL_KV_REQ_ABORTED) && nblocks > 0) {
     pthread_mutex_lock(&c->lock);
+    if (kv_idhash_has(&c->sched.holding, id)) { /* its blocks are held by the first call */
+      pthread_mutex_unlock(&c->lock);
+      free(b->v);
+      return kv_fail(HIXL_KV_PARAM_INVALID, "request_finished: request %s is held already: once a request",
+                     id);
+    }
     full = c->sched.holding.n >= c->cfg.max_inflight;
     if (full && c->sched.not_held++ == 0)
       log_warn("hixl-kv: %zu requests are held for consumers (max_inflight_requests); request %s and "
@@ -593,6 +603,11 @@ hixl_kv_status kv_update_output(hixl_kv_connector *c, const hixl_kv_ids *sending
   (void)recving;
   CHECK_ARG(c && c->role == HIXL_KV_ROLE_SCHEDULER,
             "update_connector_output: connector is NULL or a worker's");
+  const hixl_kv_ids *lists[] = {sending, recving, failed};
+  for (int k = 0; k < 3; k++)
+    CHECK_ARG(!lists[k] || lists[k]->count == 0 || lists[k]->ids,
+              "update_connector_output: the %s list has %zu ids and no array",
+              k ? k > 1 ? "failed" : "recving" : "sending", lists[k]->count);
   pthread_mutex_lock(&c->lock);
   for (size_t i = 0; sending && i < sending->count; i++) {
     const char *id = sending->ids[i];

@@ -4,12 +4,12 @@
  * ACCEPT, the landed LAYER(S) notices and ABORT of the pushes it expects. Every call
  * presents the capability of its request (kv_cap.c), or is refused and counted
  * (cap_refused): reaching the engine's port is not enough to act on a request. */
+#include <inttypes.h>
 #include <stdarg.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
 #include "kv_int.h"
 #include "kv_obs.h"
 #include "util/log.h"
@@ -56,22 +56,41 @@ static void held_refuse(hixl_kv_connector *c, const char *id) {
   kv_gone_add_why(c, id, c->hold.full_why);
 }
 
+/* A HOLD's first block past its group's blocks (a PIN grants the blocks' memory, so an id
+ * past them would grant memory beyond the caches), said into why; false when none is. */
+static bool held_past(const hixl_kv_connector *c, const struct kv_meta_entry *e, char *why, size_t cap) {
+  size_t k = 0;
+  for (uint32_t g = 0; g < e->ngroups && g < c->lay.ng; g++)
+    for (uint32_t j = 0; j < e->gn[g]; j++, k++)
+      if (e->blocks[k] >= c->lay.g[g].num_blocks) {
+        snprintf(why, cap, "refused: group %u's block %" PRIu64 " is past its %" PRIu64 " blocks", g,
+                 e->blocks[k], c->lay.g[g].num_blocks);
+        return true;
+      }
+  return false;
+}
+
 hixl_kv_status kv_held_bind(hixl_kv_connector *c, struct kv_meta_entry *e) {
+  char why[160];
   if (kv_held_find(c, e->req)) return HIXL_KV_SUCCESS;
   if (kv_idhash_has(&c->gone, e->req)) { /* the consumer freed it already (an abort) */
     kv_finished_add(c, &c->sending_done, e->req);
     return HIXL_KV_SUCCESS;
+  }
+  if (held_past(c, e, why, sizeof(why))) { /* not held: the host frees it, its consumer hears GONE */
+    kv_finished_add(c, &c->sending_done, e->req);
+    kv_gone_add_why(c, e->req, "refused: a block id past its group's blocks"); /* kept: a constant */
+    return kv_fail(HIXL_KV_PARAM_INVALID, "bind_connector_meta: request %s: %s", e->req, why);
   }
   if (c->hold.held.n >= c->cfg.max_inflight) {
     held_refuse(c, e->req);
     return HIXL_KV_SUCCESS;
   }
   struct kv_held *h = calloc(1, sizeof(*h));
-  if (!h) return HIXL_KV_RESOURCE_EXHAUSTED;
-  snprintf(h->id, sizeof(h->id), "%s", e->req);
-  if (kv_idhash_add(&c->hold.held, h->id, h, SIZE_MAX, NULL) < 0) {
+  if (h) snprintf(h->id, sizeof(h->id), "%s", e->req);
+  if (!h || kv_idhash_add(&c->hold.held, h->id, h, SIZE_MAX, NULL) < 0) {
     free(h);
-    return HIXL_KV_RESOURCE_EXHAUSTED;
+    return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "bind_connector_meta: request %s: out of memory", e->req);
   }
   kv_cap_make(c->cap_key, h->id, &h->cap); /* what its consumer's calls present */
   h->blocks = e->blocks;

@@ -66,19 +66,20 @@ hixl_kv_status kv_alloc_memory(hixl_kv_connector *c, uint64_t bytes, uintptr_t *
             "with register_kv_groups",
             fn);
   CHECK_ARG(bytes > 0 && bytes <= (UINT64_C(1) << 46), "%s: %" PRIu64 " bytes; 1 to 2^46", fn, bytes);
-  pthread_mutex_lock(&c->lock);
-  struct kv_mem *v = realloc(c->mems, (c->nmems + 1) * sizeof(*v));
-  if (v) c->mems = v;
-  pthread_mutex_unlock(&c->lock);
-  if (!v) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
   void *p = NULL;
   HixlMemHandle h = NULL;
   HixlStatus st = HixlEngineAllocMem(c->eng, (size_t)bytes, &p, &h);
   if (st != HIXL_SUCCESS)
     return kv_fail(st, "%s: %" PRIu64 " bytes: %s", fn, bytes, HixlGetLastErrorMessage());
+  /* Grown and appended in one hold of the lock: calls on several threads each add theirs. */
   pthread_mutex_lock(&c->lock);
-  c->mems[c->nmems++] = (struct kv_mem){(uintptr_t)p, bytes, h};
+  struct kv_mem *v = realloc(c->mems, (c->nmems + 1) * sizeof(*v));
+  if (v) c->mems = v, c->mems[c->nmems++] = (struct kv_mem){(uintptr_t)p, bytes, h};
   pthread_mutex_unlock(&c->lock);
+  if (!v) {
+    HixlEngineFreeMem(c->eng, h);
+    return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  }
   *base = (uintptr_t)p;
   return HIXL_KV_SUCCESS;
 }
@@ -208,8 +209,8 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
         c->hold.epoch = e->epoch;
         c->hold.bound_seq = e->seq;
       }
-      if (kv_held_bind(c, e) != HIXL_KV_SUCCESS)
-        st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+      hixl_kv_status hs = kv_held_bind(c, e);
+      if (hs != HIXL_KV_SUCCESS) st = hs;
     } else if (c->cfg.consumer) { /* LOAD or FREE: the loader's, one part per producer rank (kv_tp.c) */
       hixl_kv_status ls = kv_load_parts(c, e);
       if (ls != HIXL_KV_SUCCESS)
@@ -272,7 +273,11 @@ hixl_kv_status kv_start_load(hixl_kv_connector *c) {
 
 hixl_kv_status kv_wait_layer(hixl_kv_connector *c, uint32_t layer) {
   CHECK_ARG(c && c->role == HIXL_KV_ROLE_WORKER, "wait_for_layer_load: connector is NULL or a scheduler's");
-  CHECK_ARG(c->lay.ng == 0 || layer < c->layers, "wait_for_layer_load: layer %u of %u", layer, c->layers);
+  pthread_mutex_lock(&c->lock); /* a registration on another thread sets them */
+  uint32_t nl = c->layers;
+  bool ok = c->lay.ng == 0 || layer < nl;
+  pthread_mutex_unlock(&c->lock);
+  CHECK_ARG(ok, "wait_for_layer_load: layer %u of %u", layer, nl);
   /* Pull: loads are asynchronous, they end in get_finished; load_in_forward ones ended in
    * start_load_kv (here only if it failed to wait). */
   if (!c->cfg.push)
@@ -305,13 +310,15 @@ hixl_kv_status kv_wait_layer(hixl_kv_connector *c, uint32_t layer) {
 
 hixl_kv_status kv_save_layer(hixl_kv_connector *c, uint32_t layer) {
   CHECK_ARG(c && c->role == HIXL_KV_ROLE_WORKER, "save_kv_layer: connector is NULL or a scheduler's");
-  CHECK_ARG(c->lay.ng == 0 || layer < c->layers, "save_kv_layer: layer %u of %u", layer, c->layers);
-  if (c->cfg.push && c->push.saved_step) { /* this step's pushes may send layer now */
-    pthread_mutex_lock(&c->lock);
+  pthread_mutex_lock(&c->lock); /* saved_step and layers are set together, by the registration */
+  uint32_t n = c->layers;
+  bool ok = c->lay.ng == 0 || layer < n;
+  if (ok && c->cfg.push && c->push.saved_step) { /* this step's pushes may send layer now */
     c->push.saved_step[layer] = c->step;
     pthread_cond_broadcast(&c->push.saved); /* the pusher only */
-    pthread_mutex_unlock(&c->lock);
   }
+  pthread_mutex_unlock(&c->lock);
+  CHECK_ARG(ok, "save_kv_layer: layer %u of %u", layer, n);
   return HIXL_KV_SUCCESS; /* pull mode: the consumer reads the blocks; nothing to send */
 }
 
