@@ -245,6 +245,11 @@ static void reset_mine(void) { caches_fill(&mine, 0); }
 
 /* ---- arguments ---- */
 
+static int ready_at_once(void *ctx, uint32_t layer, int32_t timeout_ms) {
+  (void)ctx, (void)layer, (void)timeout_ms;
+  return 1;
+}
+
 static void test_args(void) {
   HixlCacheManager *m2 = NULL;
   uint64_t id = 0;
@@ -302,6 +307,19 @@ static void test_args(void) {
   TU_ASSERT_STATUS(HixlCacheTaskDestroy(NULL), HIXL_PARAM_INVALID);
   TU_ASSERT_STATUS(HixlCacheManagerTransferCacheAsync(mgr, my_b, NULL, NULL, 0, NULL, NULL),
                    HIXL_PARAM_INVALID);
+  /* The contiguous cache into 3 blocks of 0x5555555555555556 bytes: more than its item,
+   * though their product wraps to 2 (before: taken, 2 bytes a tensor moved). */
+  uintptr_t dst[C_TENSORS];
+  for (int t = 0; t < C_TENSORS; t++) dst[t] = (uintptr_t)peer_addrs[0];
+  HixlLayerSynchronizer sync = {ready_at_once, NULL, 1000};
+  HixlCacheTransferConfig cfg = {CLUSTER_PEER, dst, C_TENSORS, 0, 0, 0};
+  const uint64_t three[] = {0, 1, 2};
+  HixlCacheAsyncArgs wrap = {NULL, 0, three, 3, 0x5555555555555556ull, 0, 2000};
+  HixlCacheTask *task = NULL;
+  TU_ASSERT_STATUS(HixlCacheManagerTransferCacheAsync(mgr, my_c, &sync, &cfg, 1, &wrap, &task),
+                   HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(HixlGetLastErrorMessage(), "exceed the batch item"));
+  CU_ASSERT_PTR_NULL(task);
   CU_ASSERT_TRUE(my_blocks_untouched(NULL));
   CU_ASSERT(HIXL_CACHE_MAX_ADDRS >= 240);
 }

@@ -269,7 +269,7 @@ HixlStatus HixlCacheManagerTransferCacheAsync(HixlCacheManager *m, uint64_t src_
     else if (!args->dst_block_memory_size || args->num_dst_blocks == 0)
       st = hixl_fail(HIXL_PARAM_INVALID,
                      "%s: a contiguous source into blocks needs dst_block_memory_size and blocks", fn);
-    else if (args->num_dst_blocks * args->dst_block_memory_size > c->item_bytes)
+    else if (args->dst_block_memory_size > c->item_bytes / args->num_dst_blocks) /* a product would wrap */
       st = hixl_fail(HIXL_PARAM_INVALID,
                      "%s: %zu blocks of %" PRIu64 " bytes exceed the batch item of %" PRIu64 " bytes", fn,
                      args->num_dst_blocks, args->dst_block_memory_size, c->item_bytes);

@@ -314,7 +314,7 @@ retry:
                      fn);
       goto out;
     }
-    if (ndb * dbs > src_item) {
+    if (ndb && dbs > src_item / ndb) { /* a product would wrap */
       st =
           hixl_fail(HIXL_PARAM_INVALID,
                     "%s: %zu blocks of %" PRIu64 " bytes exceed the source's batch item of %" PRIu64 " bytes",
