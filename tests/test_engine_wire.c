@@ -1110,7 +1110,14 @@ static void test_stage_unmapped_page(void) {
 
 /* ---- a fake target, for the initiator side ---- */
 
-enum fake_mode { FAKE_SILENT, FAKE_GARBAGE, FAKE_NEW_VERSION, FAKE_BAD_SEQ, FAKE_CLOSE_THEN_SERVE };
+enum fake_mode {
+  FAKE_SILENT,
+  FAKE_GARBAGE,
+  FAKE_NEW_VERSION,
+  FAKE_BAD_SEQ,
+  FAKE_CLOSE_THEN_SERVE,
+  FAKE_MEM_FLOOD
+};
 
 struct fake {
   int lfd;
@@ -1154,6 +1161,15 @@ static void *fake_main(void *arg) {
     size_t n;
     switch (f->mode) {
     case FAKE_GARBAGE: raw_send_all(fd, "HTTP/1.1 400 Bad Request\r\n\r\n", 28); break;
+    case FAKE_MEM_FLOOD: /* after the first request: a registration more than an initiator keeps */
+      if (send_hello_ack(fd, WIRE_VERSION) && read_frame(fd, &h, buf, sizeof(buf)))
+        for (uint32_t i = 0; i <= LINK_PEER_MEM_MAX; i++) {
+          struct wire_wr w;
+          wire_begin(&w, buf, sizeof(buf), WIRE_MEM_ADD);
+          wire_put_mem_entry(&w, 0x100000000ull + (uint64_t)i * 4096, 4096, 0, "");
+          if (!raw_send_all(fd, buf, wire_end(&w, 0))) break; /* the initiator ended the link */
+        }
+      break;
     case FAKE_NEW_VERSION:
     case FAKE_BAD_SEQ:
       send_hello_ack(fd, f->mode == FAKE_NEW_VERSION ? WIRE_VERSION + 1 : WIRE_VERSION);
@@ -1239,6 +1255,34 @@ static void test_response_out_of_order_fails_link(void) {
   TU_ASSERT_ERRMSG_HAS("protocol error");
   TU_ASSERT_STATUS(HixlEngineTransferSync(c, addr, HIXL_WRITE, &op, 1, 1000), HIXL_NOT_CONNECTED);
   TU_ASSERT_ERRMSG_HAS("lost");
+  HixlEngineDestroy(c);
+  fake_stop(&f);
+  tu_free_mem(buf, 4096);
+}
+
+/* A dialled target that advertises more registrations than an initiator keeps
+ * (LINK_PEER_MEM_MAX): the link ends, the request on it FAILED in time, naming why
+ * (before: every MEM_ADD kept, each a sorted insert under the engine's lock: 1 M of
+ * them held this engine's other calls for 30 s and 330 MiB). */
+static void test_mem_add_flood_ends_link(void) {
+  struct fake f;
+  char addr[TU_ADDR_LEN];
+  HixlEngine *c;
+  HixlMemHandle h;
+  uint8_t *buf = tu_alloc_mem(4096, false);
+  HixlMemDesc d = {(uintptr_t)buf, 4096};
+  fake_start(&f, FAKE_MEM_FLOOD);
+  tu_addr(addr, sizeof(addr), f.port);
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&c));
+  TU_ASSERT_OK_FATAL(HixlEngineInitialize(c, "127.0.0.1", NULL, 0));
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(c, &d, HIXL_MEM_HOST, &h));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(c, addr, 2000));
+  HixlTransferOpDesc op = {(uintptr_t)buf, 0x1000, 64};
+  int64_t t0 = tu_now_ms();
+  TU_ASSERT_STATUS(HixlEngineTransferSync(c, addr, HIXL_WRITE, &op, 1, 10000), HIXL_FAILED);
+  TU_ASSERT_ERRMSG_HAS("LINK_PEER_MEM_MAX");
+  CU_ASSERT(tu_now_ms() - t0 < 10000);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(c, addr, HIXL_WRITE, &op, 1, 1000), HIXL_NOT_CONNECTED);
   HixlEngineDestroy(c);
   fake_stop(&f);
   tu_free_mem(buf, 4096);
@@ -1595,6 +1639,8 @@ int main(int argc, char **argv) {
   CU_add_test(i, "non-hixl target: clear error", test_connect_non_hixl_target);
   CU_add_test(i, "newer protocol version: clear error", test_connect_version_mismatch);
   CU_add_test(i, "response out of order: FAILED, then NOT_CONNECTED", test_response_out_of_order_fails_link);
+  CU_add_test(i, "a target advertising more than LINK_PEER_MEM_MAX registrations: the link ends",
+              test_mem_add_flood_ends_link);
   CU_add_test(i, "target hung up while idle: Connect links again", test_reconnect_after_idle_hangup);
   CU_basic_set_mode(CU_BRM_VERBOSE);
   CU_basic_run_tests();

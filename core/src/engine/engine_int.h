@@ -75,6 +75,11 @@ struct peer;
 
 struct tag_park; /* link_frames.c: the CALL_TAG a target link waits to serve */
 
+/* A peer's registrations an initiator keeps, at most (its HELLO_ACK's WIRE_MAX_MEM_ENTRIES
+ * and the MEM_ADDs after): past it the link ends, so a peer's table costs this side at
+ * most ~5 MiB and its sorted inserts a bounded time under the engine's lock. */
+#define LINK_PEER_MEM_MAX 16384u
+
 #define LINK_DEV_STREAMS 2 /* devices a link copies on asynchronously; a third's copies are synchronous */
 struct conn {
   struct HixlEngine *eng;

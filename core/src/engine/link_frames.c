@@ -763,6 +763,13 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   if (m->hdr.type == WIRE_MEM_ADD || m->hdr.type == WIRE_MEM_DEL) {
     if (!p) return;
     if (m->hdr.type == WIRE_MEM_ADD) {
+      if (p->rtab.count >= LINK_PEER_MEM_MAX && !memtab_find_exact(&p->rtab, m->u.mem.addr, m->u.mem.len)) {
+        char why[320];
+        snprintf(why, sizeof(why), "%s advertised more than %u registrations (LINK_PEER_MEM_MAX)",
+                 c->remote_name, LINK_PEER_MEM_MAX);
+        link_conn_kill(c, HIXL_FAILED, why);
+        return;
+      }
       link_peer_add_mem(p, &m->u.mem, c->rail);
       c->xp->link.mem_added(c, m->u.mem.addr, m->u.mem.len);
     } else {
