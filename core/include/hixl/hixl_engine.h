@@ -14,7 +14,7 @@ extern "C" {
 
 #define HIXL_DEFAULT_TIMEOUT_MS 1000  /* used when a timeout_ms argument is 0 */
 #define HIXL_MAX_NOTIFY_LEN     1024  /* name and message, each, without the NUL */
-#define HIXL_MAX_NOTIFY_QUEUE   4096  /* undrained notifications kept per engine link */
+#define HIXL_MAX_NOTIFY_QUEUE   4096  /* undrained notifications an engine keeps, from all links together */
 #define HIXL_MAX_REGISTRATIONS  4096  /* registered memories per engine */
 #define HIXL_MAX_BATCH          65536 /* op descriptors per transfer call */
 
@@ -140,7 +140,8 @@ HIXL_API HixlStatus HixlEngineGetTransferStatus(HixlEngine *engine, HixlTransfer
 /** The user_data given to TransferAsync, while the request is not yet released. */
 HIXL_API HixlStatus HixlEngineGetTransferUserData(HixlEngine *engine, HixlTransferReq req, void **user_data);
 
-/** Deliver {name, msg} to a connected remote engine and wait for its receipt. */
+/** Deliver {name, msg} to a connected remote engine and wait for its receipt: NOTIFY_FAILED
+ *  when it holds HIXL_MAX_NOTIFY_QUEUE undrained ones already, from any of its links. */
 HIXL_API HixlStatus HixlEngineSendNotify(HixlEngine *engine, const char *remote_engine,
                                          const HixlNotifyDesc *notify, int32_t timeout_ms);
 
