@@ -38,6 +38,12 @@ HixlStatus api_enter(HixlEngine *e, const char *fn) {
   return HIXL_SUCCESS;
 }
 
+void api_out(HixlEngine *e) { e->outside++; }
+
+void api_back(HixlEngine *e) {
+  if (--e->outside == 0) engine_signal(e);
+}
+
 /* The modules, by id: the transports in the order Connect tries them, then staging. */
 static const struct xport_ops *const engine_mods[XPORT_MODS] = {[XPORT_SHM] = &xport_shm,
                                                                 [XPORT_RDMA] = &xport_rdma,
@@ -258,7 +264,13 @@ HixlStatus HixlEngineFinalize(HixlEngine *e) {
   if (e->rail_stop) e->rail_stop(e); /* the rail prober, if a railed Connect started it */
   link_stop(e);
   pthread_mutex_lock(&e->lock);
-  while (e->revoke_waiters > 0) engine_wait(e, 0);
+  /* Calls out of the lock end first: a Connect's handshake fails on its socket cut here
+   * (one still dialling sees the engine finalized once dialled), the others are short. */
+  while (e->revoke_waiters > 0 || e->outside > 0) {
+    for (struct api_dial *d = e->dials; d; d = d->next)
+      if (d->fd >= 0) shutdown(d->fd, SHUT_RDWR);
+    engine_wait(e, 0);
+  }
   /* Work still running without the lock (an shm copy) ends before what it holds goes. */
   for (int i = 0; i < XPORT_MODS; i++) e->mods[i]->iface.quiesce(e);
   link_free_graveyard(e);

@@ -18,6 +18,11 @@
 
 /* api.c */
 HixlStatus api_enter(HixlEngine *e, const char *fn); /* lock e, initialized; on failure not locked */
+/* A call about to release the lock and go on using what Finalize frees (a module's state,
+ * a registration): api_out before, api_back once it holds the lock again; Finalize waits
+ * until no call is out. Lock held for both. */
+void api_out(HixlEngine *e);
+void api_back(HixlEngine *e);
 HixlStatus api_check_timeout(int32_t timeout_ms, const char *fn);
 HixlStatus api_check_remote(const char *remote, const char *fn, struct sockaddr_in *sa); /* "ip:port" */
 struct peer *api_find_peer(HixlEngine *e, const char *name);

@@ -11,24 +11,23 @@
 
 /* ---- links ---- */
 
-HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_ms) {
-  struct sockaddr_in sa;
+/* Connect's dial, handshake and attach, the engine's lock released (api_out: Finalize
+ * waits for it, and cuts d's socket). Returns without the lock. */
+static HixlStatus connect_out(HixlEngine *e, const char *remote, const struct sockaddr_in *sa,
+                              uint64_t deadline, struct api_dial *d) {
   HixlStatus st;
-  if ((st = api_check_remote(remote, "HixlEngineConnect", &sa)) != HIXL_SUCCESS) return st;
-  if ((st = api_check_timeout(timeout_ms, "HixlEngineConnect")) != HIXL_SUCCESS) return st;
-  uint64_t deadline = hixl_deadline_ns(timeout_ms);
-  if ((st = api_enter(e, "HixlEngineConnect")) != HIXL_SUCCESS) return st;
-  struct peer *old = api_find_peer(e, remote);
-  bool connected = old && old->conn && link_alive(old->conn);
-  pthread_mutex_unlock(&e->lock);
-  if (connected)
-    return hixl_fail(HIXL_ALREADY_CONNECTED, "HixlEngineConnect: already connected to %s", remote);
-
+  struct peer *old;
   struct peer *p = calloc(1, sizeof(*p));
   if (!p) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineConnect: out of memory");
   snprintf(p->name, sizeof(p->name), "%s", remote);
-  int fd = sock_connect(&sa, deadline, &st);
+  int fd = sock_connect(sa, deadline, &st);
   if (fd < 0) goto free_peer;
+  if ((st = api_enter(e, "HixlEngineConnect")) != HIXL_SUCCESS) { /* finalized while it dialled */
+    close(fd);
+    goto free_peer;
+  }
+  d->fd = fd;
+  pthread_mutex_unlock(&e->lock);
   sock_set_buffers(fd, (size_t)e->opts.sockbuf_kib << 10);
   const struct xport_ops *xp = NULL;
   void *link = NULL;
@@ -73,6 +72,32 @@ close_fd:
   close(fd);
 free_peer:
   api_peer_release(p);
+  return st;
+}
+
+HixlStatus HixlEngineConnect(HixlEngine *e, const char *remote, int32_t timeout_ms) {
+  struct sockaddr_in sa;
+  HixlStatus st;
+  if ((st = api_check_remote(remote, "HixlEngineConnect", &sa)) != HIXL_SUCCESS) return st;
+  if ((st = api_check_timeout(timeout_ms, "HixlEngineConnect")) != HIXL_SUCCESS) return st;
+  uint64_t deadline = hixl_deadline_ns(timeout_ms);
+  if ((st = api_enter(e, "HixlEngineConnect")) != HIXL_SUCCESS) return st;
+  struct peer *old = api_find_peer(e, remote);
+  if (old && old->conn && link_alive(old->conn)) {
+    pthread_mutex_unlock(&e->lock);
+    return hixl_fail(HIXL_ALREADY_CONNECTED, "HixlEngineConnect: already connected to %s", remote);
+  }
+  struct api_dial d = {-1, e->dials};
+  e->dials = &d;
+  api_out(e);
+  pthread_mutex_unlock(&e->lock);
+  st = connect_out(e, remote, &sa, deadline, &d);
+  pthread_mutex_lock(&e->lock);
+  struct api_dial **at = &e->dials;
+  while (*at != &d) at = &(*at)->next;
+  *at = d.next;
+  api_back(e);
+  pthread_mutex_unlock(&e->lock);
   return st;
 }
 

@@ -81,29 +81,37 @@ HixlStatus hixl_engine_alloc_tagged(HixlEngine *e, size_t len, const char *tag, 
   CHECK_ARG(len > 0 && len <= ((size_t)1 << 46), "HixlEngineAllocMem: len %zu is 0 or above 64 TiB", len);
   HixlStatus st = api_enter(e, "HixlEngineAllocMem"); /* fail before allocating */
   if (st != HIXL_SUCCESS) return st;
+  api_out(e); /* Finalize waits: h stays until this call has made it whole */
   pthread_mutex_unlock(&e->lock);
   int fd = -1;
   void *p = NULL;
   size_t map_len = 0;
   bool huge = false;
-  if ((st = alloc_map(len, &fd, &p, &map_len, &huge)) != HIXL_SUCCESS) return st;
-  HixlMemDesc m = {(uintptr_t)p, map_len};
-  HixlMemHandle h;
-  if ((st = hixl_engine_register_tagged(e, &m, HIXL_MEM_HOST, tag, &h)) != HIXL_SUCCESS) {
-    munmap(p, map_len);
-    close(fd);
-    return hixl_fail(st, "HixlEngineAllocMem: %s", HixlGetLastErrorMessage());
+  HixlMemHandle h = NULL;
+  if ((st = alloc_map(len, &fd, &p, &map_len, &huge)) == HIXL_SUCCESS) {
+    HixlMemDesc m = {(uintptr_t)p, map_len};
+    if ((st = hixl_engine_register_tagged(e, &m, HIXL_MEM_HOST, tag, &h)) != HIXL_SUCCESS) {
+      munmap(p, map_len);
+      close(fd);
+      st = hixl_fail(st, "HixlEngineAllocMem: %s", HixlGetLastErrorMessage());
+    }
   }
   /* Sealed at its size: a peer that maps it can trust every page stays (no SIGBUS). */
-  bool sealed = fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0;
-  if (!sealed)
+  bool sealed = st == HIXL_SUCCESS && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0;
+  if (st == HIXL_SUCCESS && !sealed)
     log_warn("HixlEngineAllocMem: cannot seal the memfd (%s): peers copy it, not map it", strerror(errno));
-  pthread_mutex_lock(&e->lock); /* h stays: only FreeMem or Finalize drop it */
-  h->memfd = fd;
-  h->map_len = map_len;
-  h->sealed = sealed;
-  for (int k = 0; k < XPORT_MODS; k++) e->mods[k]->mem.share(e, h);
+  pthread_mutex_lock(&e->lock); /* h stays: only FreeMem or Finalize drop it, and Finalize waits */
+  if (st == HIXL_SUCCESS) {
+    h->memfd = fd; /* Finalize's release unmaps it, when Finalize came meanwhile */
+    h->map_len = map_len;
+    h->sealed = sealed;
+    if (!e->initialized)
+      st = hixl_fail(HIXL_PARAM_INVALID, "HixlEngineAllocMem: the engine was finalized during the call");
+    for (int k = 0; k < XPORT_MODS && st == HIXL_SUCCESS; k++) e->mods[k]->mem.share(e, h);
+  }
+  api_back(e);
   pthread_mutex_unlock(&e->lock);
+  if (st != HIXL_SUCCESS) return st;
   log_info("engine %s: allocated %zu bytes at %p (memfd, %s pages)", e->local_name, map_len, p,
            huge ? "huge" : "normal");
   *addr = p;
@@ -127,8 +135,10 @@ HixlStatus HixlEngineFreeMem(HixlEngine *e, HixlMemHandle handle) {
   } else if ((st = reg_idle(r, "HixlEngineFreeMem", "nothing was released")) == HIXL_SUCCESS) {
     /* Peers that mapped it let go first (a round trip; silent ones are cut off). */
     uint64_t deadline = hixl_now_ns() + (uint64_t)HIXL_DEFAULT_TIMEOUT_MS * 1000000u;
-    r->freeing = true; /* the hooks may release the lock while they wait */
+    r->freeing = true; /* the hooks may release the lock while they wait (api_out: r stays) */
+    api_out(e);
     for (int k = 0; k < XPORT_MODS; k++) e->mods[k]->mem.unshare(e, r, deadline);
+    api_back(e);
     r->freeing = false;
     /* A transfer may have started on it while the peers answered (lock released). */
     if ((st = reg_idle(r, "HixlEngineFreeMem", "nothing was released")) == HIXL_SUCCESS) reg_drop(e, r);
@@ -234,8 +244,10 @@ HixlStatus HixlEngineDeregisterMem(HixlEngine *e, HixlMemHandle handle) {
              r->type == HIXL_MEM_DEVICE) {
     /* Peers that opened it by IPC handle close it first (a round trip; silent ones are cut off). */
     uint64_t deadline = hixl_now_ns() + (uint64_t)HIXL_DEFAULT_TIMEOUT_MS * 1000000u;
-    r->freeing = true; /* the hooks may release the lock while they wait */
+    r->freeing = true; /* the hooks may release the lock while they wait (api_out: r stays) */
+    api_out(e);
     for (int k = 0; k < XPORT_MODS; k++) e->mods[k]->mem.unshare(e, r, deadline);
+    api_back(e);
     r->freeing = false;
     /* A transfer may have started on it while the peers answered (lock released). */
     if ((st = reg_idle(r, "HixlEngineDeregisterMem", "nothing was released")) == HIXL_SUCCESS) reg_drop(e, r);

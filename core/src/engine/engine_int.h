@@ -75,6 +75,12 @@ struct peer;
 
 struct tag_park; /* link_frames.c: the CALL_TAG a target link waits to serve */
 
+/* A Connect between its dial and its link's attach, lock released (HixlEngine's dials). */
+struct api_dial {
+  int fd; /* its socket once dialled, else -1 */
+  struct api_dial *next;
+};
+
 /* A peer's registrations an initiator keeps, at most (its HELLO_ACK's WIRE_MAX_MEM_ENTRIES
  * and the MEM_ADDs after): past it the link ends, so a peer's table costs this side at
  * most ~5 MiB and its sorted inserts a bounded time under the engine's lock. */
@@ -318,6 +324,9 @@ struct HixlEngine {
   bool devmap_unscoped;            /* ... but hands same-host peers device allocations by IPC handle
                                     * whatever they were granted (hixl_engine_set_devmap_scoped) */
   uint32_t revoke_waiters;         /* revokes waiting for recalls (lock released): Finalize waits */
+  uint32_t outside;                /* calls between two holds of the lock that use what Finalize frees
+                                    * (api_out / api_back): Finalize waits for none */
+  struct api_dial *dials;          /* Connects handshaking: Finalize cuts their sockets */
   int dev_local;                   /* 1 + the device of the first device memory registered, 0 before:
                                     * where peers' device memory is opened (atomic: Connect reads it
                                     * without the lock) */
