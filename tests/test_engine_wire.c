@@ -1288,6 +1288,89 @@ static void test_mem_add_flood_ends_link(void) {
   tu_free_mem(buf, 4096);
 }
 
+/* A scoped target of its own, its memory mem (MEM_LEN) granted to the raw peers'
+ * name for its first glen bytes. */
+static HixlEngine *scoped_target(uint8_t *mem, uint64_t glen, uint16_t *port) {
+  HixlEngine *t;
+  char addr[TU_ADDR_LEN];
+  HixlMemHandle h;
+  HixlMemDesc d = {(uintptr_t)mem, MEM_LEN};
+  *port = tu_free_port();
+  TU_ASSERT_OK(HixlEngineCreate(&t));
+  TU_ASSERT_OK(HixlEngineInitialize(t, tu_addr(addr, sizeof(addr), *port), NULL, 0));
+  TU_ASSERT_OK(HixlEngineRegisterMem(t, &d, HIXL_MEM_HOST, &h));
+  TU_ASSERT_OK(hixl_engine_set_scoped(t, true));
+  uint64_t g[1][2] = {{(uintptr_t)mem, glen}};
+  TU_ASSERT_OK(hixl_engine_grant(t, "raw-test", g, 1));
+  return t;
+}
+
+/* Whether t's target link (the one raw peer) shows cond, waited for (bounded). */
+#define TARGET_LINK_SHOWS(t, cond)                                                                           \
+  ({                                                                                                         \
+    bool seen_ = false;                                                                                      \
+    for (int64_t end_ = tu_now_ms() + 10000; !seen_ && tu_now_ms() < end_; sched_yield()) {                  \
+      pthread_mutex_lock(&(t)->lock);                                                                        \
+      for (struct conn *c = (t)->conns; c; c = c->next)                                                      \
+        if (c->role == CONN_TARGET && (cond)) seen_ = true;                                                  \
+      pthread_mutex_unlock(&(t)->lock);                                                                      \
+    }                                                                                                        \
+    seen_;                                                                                                   \
+  })
+
+/* A revoke while the peer's WRITE into the range is still landing (its header and 100
+ * bytes sent): the link is cut, and no byte of it lands once the revoke returned (before:
+ * the rest landed whenever the peer sent it, into memory the owner had reused). */
+static void test_revoke_cuts_write_under_way(void) {
+  uint8_t *mem = tu_alloc_mem(MEM_LEN, true);
+  static uint8_t pay[4096], frame[64];
+  uint16_t port;
+  HixlEngine *t = scoped_target(mem, 65536, &port);
+  int fd = raw_link_to(port, 0);
+  CU_ASSERT_FATAL(fd >= 0);
+  memset(pay, 0xEE, sizeof(pay));
+  CU_ASSERT(raw_send_all(fd, frame, wire_put_write_req(frame, 1, (uintptr_t)mem, sizeof(pay))) &&
+            raw_send_all(fd, pay, 100));
+  CU_ASSERT_FATAL(TARGET_LINK_SHOWS(t, c->pay_left == sizeof(pay) - 100));
+  uint64_t g[1][2] = {{(uintptr_t)mem, 65536}};
+  TU_ASSERT_OK(hixl_engine_revoke(t, "raw-test", g, 1));
+  memset(mem, 0, 65536);                                /* the owner reuses what it took back */
+  (void)raw_send_all(fd, pay + 100, sizeof(pay) - 100); /* into a cut link: may fail */
+  CU_ASSERT_TRUE(closed_by_peer(fd));
+  CU_ASSERT_EQUAL(tu_check_byte(mem, 65536, 0), -1);
+  close(fd);
+  TU_ASSERT_OK(HixlEngineDestroy(t));
+  tu_free_mem(mem, MEM_LEN);
+}
+
+/* A revoke while answers to the peer's READs are queued (it reads 4 KiB at a time): the
+ * link is cut, and no byte the owner writes into the range after the revoke reaches the
+ * peer (before: the answers were read from memory as the socket drained, 30 MB after the
+ * revoke, the range's new contents included). */
+static void test_revoke_cuts_answers_queued(void) {
+  uint8_t *mem = tu_alloc_mem(MEM_LEN, true);
+  uint8_t frame[64], buf[4096];
+  uint16_t port;
+  memset(mem, 0x11, MEM_LEN);
+  HixlEngine *t = scoped_target(mem, MEM_LEN, &port);
+  int fd = raw_link_to(port, 4096);
+  CU_ASSERT_FATAL(fd >= 0);
+  for (uint64_t i = 0; i < 8; i++)
+    CU_ASSERT(raw_send_all(fd, frame, wire_put_read_req(frame, 1 + i, (uintptr_t)mem, MEM_LEN)));
+  CU_ASSERT_FATAL(TARGET_LINK_SHOWS(t, c->txq_head != NULL && c->answers_items > 0));
+  uint64_t g[1][2] = {{(uintptr_t)mem, MEM_LEN}};
+  TU_ASSERT_OK(hixl_engine_revoke(t, "raw-test", g, 1));
+  memset(mem, 0x5a, MEM_LEN); /* the owner reuses what it took back */
+  size_t got = 0, late = 0;
+  for (ssize_t k; (k = recv(fd, buf, sizeof(buf), 0)) > 0; got += (size_t)k)
+    for (ssize_t j = 0; j < k; j++) late += buf[j] == 0x5a;
+  CU_ASSERT(got < 8 * (size_t)MEM_LEN); /* cut short */
+  CU_ASSERT_EQUAL(late, 0);
+  close(fd);
+  TU_ASSERT_OK(HixlEngineDestroy(t));
+  tu_free_mem(mem, MEM_LEN);
+}
+
 /* A target that hangs up while the link is idle: the next Connect must see it is
  * gone and link again, not answer ALREADY_CONNECTED. */
 static void test_reconnect_after_idle_hangup(void) {
@@ -1607,6 +1690,10 @@ int main(int argc, char **argv) {
   if (CU_initialize_registry() != CUE_SUCCESS) return 1;
   CU_pSuite t = CU_add_suite("target_vs_raw_peers", suite_init, suite_clean);
   CU_add_test(t, "garbage closes the link, engine keeps serving", test_garbage_closes_link);
+  CU_add_test(t, "a revoke cuts a link whose WRITE still lands in the range",
+              test_revoke_cuts_write_under_way);
+  CU_add_test(t, "a revoke cuts a link with READ answers queued from the range",
+              test_revoke_cuts_answers_queued);
   CU_add_test(t, "HELLO of another version gets a clear refusal", test_version_mismatch_answered);
   CU_add_test(t, "a request before HELLO closes the link", test_request_before_hello_closes);
   CU_add_test(t, "an oversized frame closes the link, memory untouched", test_oversized_frame_closes);

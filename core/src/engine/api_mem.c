@@ -398,6 +398,44 @@ static void revoke_wait(HixlEngine *e, const char *peer) {
   if (--e->revoke_waiters == 0) engine_signal(e);
 }
 
+/* Whether [a, a + len) meets one of the n ranges. */
+static bool meets_any(uint64_t a, uint64_t len, const uint64_t (*r)[2], size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (len > 0 && a < r[i][0] + r[i][1] && r[i][0] < a + len) return true;
+  return false;
+}
+
+/* Whether target link c moves data in one of the ranges still: a WRITE's payload landing
+ * (in place, or its device bounce copied in at its end), an answer queued that a send
+ * reads from memory (READ_RESP, STAGE_READ's gather). Lock held. */
+static bool link_in_ranges(const struct conn *c, const uint64_t (*r)[2], size_t n) {
+  if (c->pay_left > 0 && !c->pay_discard) {
+    if (c->pay_dst && meets_any((uintptr_t)c->pay_dst, c->pay_cur, r, n)) return true;
+    for (uint32_t i = 0; i < c->pay_nspan; i++)
+      if (meets_any(c->pay_span_remote ? c->pay_span[i].raddr : c->pay_span[i].laddr, c->pay_span[i].len, r,
+                    n))
+        return true;
+    if (c->pay.bounce && meets_any(c->pay.dst, c->pay.len, r, n)) return true;
+  }
+  for (const struct txitem *it = c->txq_head; it; it = it->next) {
+    if (it->payload && meets_any((uintptr_t)it->payload, it->payload_len, r, n)) return true;
+    for (uint32_t i = 0; i < it->ngather; i++)
+      if (meets_any(it->gather[i].laddr, it->gather[i].len, r, n)) return true;
+  }
+  return false;
+}
+
+/* A revoke's ranges taken back: peer's links that still move data there are cut, so no
+ * byte of theirs lands in them or leaves them once the revoke returns (over tcp the data
+ * of an op checked at its header streams on; the memory may be reused at once). Lock held. */
+static void revoke_cut(HixlEngine *e, const char *peer, const uint64_t (*r)[2], size_t n) {
+  uint32_t walk = ++e->walks;
+  for (struct conn *c; (c = link_next(e, walk));)
+    if (!c->dead && c->role == CONN_TARGET && strcmp(c->remote_name, peer) == 0 && link_in_ranges(c, r, n))
+      link_conn_kill(c, HIXL_FAILED,
+                     "an op of its was still moving data in memory a revoke took back: cut off");
+}
+
 static HixlStatus grant_call(HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n,
                              bool add) {
   const char *fn = add ? "hixl_engine_grant" : "hixl_engine_revoke";
@@ -412,6 +450,7 @@ static HixlStatus grant_call(HixlEngine *e, const char *peer, const uint64_t (*r
   HixlStatus st = grant_enter(e, fn, &took);
   if (st != HIXL_SUCCESS) return st;
   st = add ? grant_add(e, peer, ranges, n) : grant_remove(e, peer, ranges, n);
+  if (!add && st == HIXL_SUCCESS) revoke_cut(e, peer, ranges, n);
   /* A service handler runs on the progress thread, which reads the answers: it cannot
    * wait for them (the recalls are sent, and the peer starts no copy there once it has
    * read them; a copy already running may still end after). */
