@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1371,6 +1372,74 @@ static void test_revoke_cuts_answers_queued(void) {
   tu_free_mem(mem, MEM_LEN);
 }
 
+struct flood_link {
+  int fd;
+  atomic_bool stop;
+};
+
+static void *sync_flood_send(void *p) { /* SYNC frames without end, 64 KiB at a time */
+  struct flood_link *f = p;
+  static uint8_t buf[1 << 16];
+  size_t k = 0, fl = wire_put_sync(buf, 1);
+  for (uint64_t s = 1; k + fl <= sizeof(buf); s++, k += fl) wire_put_sync(buf + k, s);
+  while (!atomic_load(&f->stop) && raw_send_all(f->fd, buf, k)) {
+  }
+  return NULL;
+}
+
+static void *sync_flood_drain(void *p) { /* and the SYNC_ACKs read */
+  struct flood_link *f = p;
+  static uint8_t sink[1 << 16];
+  while (!atomic_load(&f->stop) && recv(f->fd, sink, sizeof(sink), 0) > 0) {
+  }
+  return NULL;
+}
+
+/* A peer streaming SYNC frames (and reading the answers) keeps this engine's progress
+ * thread busy without end; the engine's own calls still get the lock: ten TransferSync
+ * WRITEs to another engine (timeout 1000 ms) each end SUCCESS within 3 s, every byte
+ * there (before: the progress thread took the lock back each time it let it go, and
+ * such a call returned after 0.7-9 s). */
+static void test_busy_peer_keeps_no_caller_out(void) {
+  HixlEngine *v, *h;
+  char vaddr[TU_ADDR_LEN], haddr[TU_ADDR_LEN];
+  uint16_t vport = tu_free_port();
+  uint8_t *vb = tu_alloc_mem(MEM_LEN, true), *hb = tu_alloc_mem(MEM_LEN, true);
+  HixlMemDesc vd = {(uintptr_t)vb, MEM_LEN}, hd = {(uintptr_t)hb, MEM_LEN};
+  HixlMemHandle mh;
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&h));
+  TU_ASSERT_OK_FATAL(HixlEngineInitialize(h, tu_addr(haddr, sizeof(haddr), tu_free_port()), NULL, 0));
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(h, &hd, HIXL_MEM_HOST, &mh));
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&v));
+  TU_ASSERT_OK_FATAL(HixlEngineInitialize(v, tu_addr(vaddr, sizeof(vaddr), vport), NULL, 0));
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(v, &vd, HIXL_MEM_HOST, &mh));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(v, haddr, 5000));
+  struct flood_link f = {.fd = raw_link_to(vport, 0)};
+  CU_ASSERT_FATAL(f.fd >= 0);
+  pthread_t ts, td;
+  CU_ASSERT_FATAL(pthread_create(&ts, NULL, sync_flood_send, &f) == 0 &&
+                  pthread_create(&td, NULL, sync_flood_drain, &f) == 0);
+  for (int i = 0; i < 10; i++) {
+    tu_fill(vb, 65536, 300 + (uint64_t)i);
+    HixlTransferOpDesc op = {(uintptr_t)vb, (uintptr_t)hb + (uint64_t)i * 65536, 65536};
+    int64_t t0 = tu_now_ms();
+    TU_ASSERT_OK(HixlEngineTransferSync(v, haddr, HIXL_WRITE, &op, 1, 1000));
+    int64_t ms = tu_now_ms() - t0;
+    if (ms >= 3000) fprintf(stderr, "  [TransferSync %d took %lld ms]\n", i, (long long)ms);
+    CU_ASSERT(ms < 3000);
+    CU_ASSERT_EQUAL(memcmp(hb + (uint64_t)i * 65536, vb, 65536), 0);
+  }
+  atomic_store(&f.stop, true);
+  shutdown(f.fd, SHUT_RDWR);
+  pthread_join(ts, NULL);
+  pthread_join(td, NULL);
+  close(f.fd);
+  TU_ASSERT_OK(HixlEngineDestroy(v));
+  TU_ASSERT_OK(HixlEngineDestroy(h));
+  tu_free_mem(vb, MEM_LEN);
+  tu_free_mem(hb, MEM_LEN);
+}
+
 /* A target that hangs up while the link is idle: the next Connect must see it is
  * gone and link again, not answer ALREADY_CONNECTED. */
 static void test_reconnect_after_idle_hangup(void) {
@@ -1694,6 +1763,8 @@ int main(int argc, char **argv) {
               test_revoke_cuts_write_under_way);
   CU_add_test(t, "a revoke cuts a link with READ answers queued from the range",
               test_revoke_cuts_answers_queued);
+  CU_add_test(t, "a peer keeping the progress thread busy keeps no caller out past its timeout",
+              test_busy_peer_keeps_no_caller_out);
   CU_add_test(t, "HELLO of another version gets a clear refusal", test_version_mismatch_answered);
   CU_add_test(t, "a request before HELLO closes the link", test_request_before_hello_closes);
   CU_add_test(t, "an oversized frame closes the link, memory untouched", test_oversized_frame_closes);

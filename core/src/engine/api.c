@@ -29,7 +29,7 @@
 /* Lock e and check it is initialized; on failure the lock is not held. */
 HixlStatus api_enter(HixlEngine *e, const char *fn) {
   if (!e) return hixl_fail(HIXL_PARAM_INVALID, "%s: engine is NULL", fn);
-  pthread_mutex_lock(&e->lock);
+  engine_lock_caller(e);
   if (!e->initialized) {
     pthread_mutex_unlock(&e->lock);
     return hixl_fail(HIXL_PARAM_INVALID, "%s: engine is not initialized; call HixlEngineInitialize first",

@@ -39,15 +39,13 @@ struct hixl_transfer_req *api_req_new(HixlEngine *e, uint32_t nchunks, uint64_t 
 /* Wait for a request the caller holds, then let go of it. Lock held. */
 HixlStatus api_req_wait(HixlEngine *e, struct conn *c, struct hixl_transfer_req *r, const char *fn,
                         const char *remote) {
-  struct timespec ts = {.tv_sec = (time_t)(r->deadline_ns / 1000000000ull),
-                        .tv_nsec = (long)(r->deadline_ns % 1000000000ull)};
   HixlStatus st = HIXL_SUCCESS;
   /* Receive our own answers when nobody else is; an async request's data was handed to
    * its transport already (shm would copy it twice). */
   if (c && !r->is_async && !r->railed) link_drive(c, r);
   if (c && r->railed && !c->dead) link_unpark(c); /* the progress thread reads every rail */
   while (r->outstanding > 0)
-    if (pthread_cond_timedwait(&e->cond, &e->lock, &ts) == ETIMEDOUT) break;
+    if (engine_cond_wait(e, r->deadline_ns) == ETIMEDOUT) break;
   uint32_t starved = r->outstanding > 0 ? stage_cancel(r) : 0;
   if (starved > 0) {
     r->cancelled = true;

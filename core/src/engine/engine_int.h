@@ -343,7 +343,15 @@ struct HixlEngine {
   struct memtab regs;
   struct peer *peers;
   struct conn *conns;
-  uint32_t walks;                           /* walks over conns begun (link_next) */
+  uint32_t walks; /* walks over conns begun (link_next) */
+  /* The lock's hand-off to callers (engine_lock_caller, link_progress.c): callers blocked
+   * on it now, callers that took it so far, waiters on cond now, and whether cond was
+   * signalled in this hold. The progress thread, releasing the lock while a caller is
+   * blocked on it or one it woke waits, lets that caller in before it takes it again:
+   * a mutex favours the thread that just released it, and a peer that keeps it busy
+   * would otherwise keep every caller out past its timeout. */
+  uint32_t lock_wanted, lock_gen, cond_waiters; /* __atomic */
+  bool signalled;
   struct conn *graveyard;                   /* killed, freed by the progress thread after a batch */
   const struct xport_ops *mods[XPORT_MODS]; /* the transports and the staging pool (xport.h) */
   void *xe[XPORT_MODS];                     /* each module's engine state, or NULL */

@@ -635,7 +635,7 @@ void link_drive_socket(struct conn *c, struct hixl_transfer_req *r) {
     pthread_mutex_unlock(&e->lock);
     int n = poll(p, np, spin ? 0 : ms);
     bool contended = n == 0 && spin && poll_yield(&quiet);
-    pthread_mutex_lock(&e->lock);
+    engine_lock_caller(e);
     if (contended) { /* the call sleeps from now on, and the link's next ones too for a while */
       c->spin_quiet = quiet;
       poll_end = 0;
@@ -833,6 +833,22 @@ void link_tick_start(struct HixlEngine *e) { timer_set(e, true); }
  * meanwhile is taken at once: no wake-up of a sleeping thread, which on a VM's idle
  * vCPU costs tens of microseconds. Anything that would wake the thread (a socket, the event fd the API
  * writes, the timer) is an event of the same epoll, so an empty poll has nothing to do. */
+/* The progress thread's release of the lock between rounds. While a caller is blocked on
+ * the lock, or one it woke waits on cond, it lets that caller take the lock before it
+ * takes it again (at most 1 ms): a mutex favours the thread that just released it, and a
+ * peer that keeps this thread busy (a stream of small frames) kept callers out for
+ * seconds past their timeouts. */
+static void progress_unlock(struct HixlEngine *e) {
+  bool hand = __atomic_load_n(&e->lock_wanted, __ATOMIC_RELAXED) > 0 ||
+              (e->signalled && __atomic_load_n(&e->cond_waiters, __ATOMIC_RELAXED) > 0);
+  uint32_t gen = __atomic_load_n(&e->lock_gen, __ATOMIC_RELAXED);
+  e->signalled = false;
+  pthread_mutex_unlock(&e->lock);
+  for (uint64_t end = hand ? hixl_now_ns() + 1000000u : 0;
+       hand && __atomic_load_n(&e->lock_gen, __ATOMIC_RELAXED) == gen && hixl_now_ns() < end;)
+    sched_yield();
+}
+
 static void *progress_main(void *arg) {
   struct HixlEngine *e = arg;
   struct epoll_event evs[64];
@@ -909,7 +925,7 @@ static void *progress_main(void *arg) {
     if (open && now >= quiet) poll_end = now + poll_ns; /* from the end of this round's work */
     wait_ms = more || now < poll_end ? 0 : -1;
     link_free_graveyard(e);
-    pthread_mutex_unlock(&e->lock);
+    progress_unlock(e);
   }
   return NULL;
 }

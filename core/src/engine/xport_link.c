@@ -23,17 +23,31 @@ struct hixl_mem_reg *engine_reg_at(const struct HixlEngine *e, size_t i) {
   return (struct hixl_mem_reg *)e->regs.v[i];
 }
 
-void engine_wait(struct HixlEngine *e, uint64_t deadline) {
+int engine_cond_wait(struct HixlEngine *e, uint64_t deadline) {
+  __atomic_add_fetch(&e->cond_waiters, 1, __ATOMIC_RELAXED);
+  int rc;
   if (deadline == 0) {
-    pthread_cond_wait(&e->cond, &e->lock);
-    return;
+    rc = pthread_cond_wait(&e->cond, &e->lock);
+  } else { /* e->cond runs on CLOCK_MONOTONIC (HixlEngineCreate), as the deadlines do */
+    struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000u),
+                          .tv_nsec = (long)(deadline % 1000000000u)};
+    rc = pthread_cond_timedwait(&e->cond, &e->lock, &ts);
   }
-  /* e->cond runs on CLOCK_MONOTONIC (HixlEngineCreate), as the deadlines do. */
-  struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000u),
-                        .tv_nsec = (long)(deadline % 1000000000u)};
-  pthread_cond_timedwait(&e->cond, &e->lock, &ts);
+  __atomic_sub_fetch(&e->cond_waiters, 1, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&e->lock_gen, 1, __ATOMIC_RELAXED);
+  return rc;
 }
-void engine_signal(struct HixlEngine *e) { pthread_cond_broadcast(&e->cond); }
+void engine_wait(struct HixlEngine *e, uint64_t deadline) { (void)engine_cond_wait(e, deadline); }
+void engine_signal(struct HixlEngine *e) {
+  e->signalled = true;
+  pthread_cond_broadcast(&e->cond);
+}
+void engine_lock_caller(struct HixlEngine *e) {
+  __atomic_add_fetch(&e->lock_wanted, 1, __ATOMIC_RELAXED);
+  pthread_mutex_lock(&e->lock);
+  __atomic_sub_fetch(&e->lock_wanted, 1, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&e->lock_gen, 1, __ATOMIC_RELAXED);
+}
 void engine_unlock(struct HixlEngine *e) { pthread_mutex_unlock(&e->lock); }
 void engine_lock(struct HixlEngine *e) { pthread_mutex_lock(&e->lock); }
 

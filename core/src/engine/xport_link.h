@@ -125,7 +125,11 @@ struct hixl_mem_reg *engine_reg_at(const struct HixlEngine *e, size_t i); /* in 
 /* Wait on the engine's condition (a request ended, a module signalled), the lock
  * released meanwhile; deadline 0: no deadline (CLOCK_MONOTONIC ns). */
 void engine_wait(struct HixlEngine *e, uint64_t deadline);
+/* engine_wait's, with pthread_cond_(timed)wait's result (ETIMEDOUT). */
+int engine_cond_wait(struct HixlEngine *e, uint64_t deadline);
 void engine_signal(struct HixlEngine *e); /* wake every engine_wait */
+/* Lock e as a caller of the API does: the progress thread lets it in (HixlEngine's lock_wanted). */
+void engine_lock_caller(struct HixlEngine *e);
 void engine_unlock(struct HixlEngine *e); /* around a long copy or a blocking call */
 void engine_lock(struct HixlEngine *e);
 
