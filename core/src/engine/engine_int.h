@@ -351,10 +351,10 @@ struct HixlEngine {
    * a mutex favours the thread that just released it, and a peer that keeps it busy
    * would otherwise keep every caller out past its timeout. */
   uint32_t lock_wanted, lock_gen, cond_waiters; /* __atomic */
-  bool signalled;
-  struct conn *graveyard;                   /* killed, freed by the progress thread after a batch */
-  const struct xport_ops *mods[XPORT_MODS]; /* the transports and the staging pool (xport.h) */
-  void *xe[XPORT_MODS];                     /* each module's engine state, or NULL */
+  bool signalled;                               /* __atomic */
+  struct conn *graveyard;                       /* killed, freed by the progress thread after a batch */
+  const struct xport_ops *mods[XPORT_MODS];     /* the transports and the staging pool (xport.h) */
+  void *xe[XPORT_MODS];                         /* each module's engine state, or NULL */
   const struct xport_ops *frame_owner[WIRE_TYPE_MAX_ + 1]; /* target frames a module owns */
   const struct xport_ops *init_owner[WIRE_TYPE_MAX_ + 1];  /* initiator frames a module owns */
   struct stage_pool pool;

@@ -839,10 +839,10 @@ void link_tick_start(struct HixlEngine *e) { timer_set(e, true); }
  * peer that keeps this thread busy (a stream of small frames) kept callers out for
  * seconds past their timeouts. */
 static void progress_unlock(struct HixlEngine *e) {
+  bool woke = __atomic_exchange_n(&e->signalled, false, __ATOMIC_RELAXED);
   bool hand = __atomic_load_n(&e->lock_wanted, __ATOMIC_RELAXED) > 0 ||
-              (e->signalled && __atomic_load_n(&e->cond_waiters, __ATOMIC_RELAXED) > 0);
+              (woke && __atomic_load_n(&e->cond_waiters, __ATOMIC_RELAXED) > 0);
   uint32_t gen = __atomic_load_n(&e->lock_gen, __ATOMIC_RELAXED);
-  e->signalled = false;
   pthread_mutex_unlock(&e->lock);
   for (uint64_t end = hand ? hixl_now_ns() + 1000000u : 0;
        hand && __atomic_load_n(&e->lock_gen, __ATOMIC_RELAXED) == gen && hixl_now_ns() < end;)

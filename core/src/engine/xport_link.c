@@ -39,7 +39,7 @@ int engine_cond_wait(struct HixlEngine *e, uint64_t deadline) {
 }
 void engine_wait(struct HixlEngine *e, uint64_t deadline) { (void)engine_cond_wait(e, deadline); }
 void engine_signal(struct HixlEngine *e) {
-  e->signalled = true;
+  __atomic_store_n(&e->signalled, true, __ATOMIC_RELAXED); /* some signal without the lock */
   pthread_cond_broadcast(&e->cond);
 }
 void engine_lock_caller(struct HixlEngine *e) {
