@@ -1238,19 +1238,27 @@ static void test_connect_version_mismatch(void) {
   connect_to_fake(FAKE_NEW_VERSION, HIXL_FAILED, "protocol version");
 }
 
-static void test_response_out_of_order_fails_link(void) {
-  struct fake f;
-  char addr[TU_ADDR_LEN];
+/* A client engine with a 4 KiB buffer (*buf) registered, linked to fake f, started in
+ * mode at addr. */
+static HixlEngine *fake_client(struct fake *f, enum fake_mode mode, char *addr, uint8_t **buf) {
   HixlEngine *c;
   HixlMemHandle h;
-  uint8_t *buf = tu_alloc_mem(4096, false);
-  HixlMemDesc d = {(uintptr_t)buf, 4096};
-  fake_start(&f, FAKE_BAD_SEQ);
-  tu_addr(addr, sizeof(addr), f.port);
+  *buf = tu_alloc_mem(4096, false);
+  HixlMemDesc d = {(uintptr_t)*buf, 4096};
+  fake_start(f, mode);
+  tu_addr(addr, TU_ADDR_LEN, f->port);
   TU_ASSERT_OK_FATAL(HixlEngineCreate(&c));
   TU_ASSERT_OK_FATAL(HixlEngineInitialize(c, "127.0.0.1", NULL, 0));
   TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(c, &d, HIXL_MEM_HOST, &h));
   TU_ASSERT_OK_FATAL(HixlEngineConnect(c, addr, 2000));
+  return c;
+}
+
+static void test_response_out_of_order_fails_link(void) {
+  struct fake f;
+  char addr[TU_ADDR_LEN];
+  uint8_t *buf;
+  HixlEngine *c = fake_client(&f, FAKE_BAD_SEQ, addr, &buf);
   HixlTransferOpDesc op = {(uintptr_t)buf, 0x1000, 64};
   TU_ASSERT_STATUS(HixlEngineTransferSync(c, addr, HIXL_WRITE, &op, 1, 3000), HIXL_FAILED);
   TU_ASSERT_ERRMSG_HAS("protocol error");
@@ -1268,16 +1276,8 @@ static void test_response_out_of_order_fails_link(void) {
 static void test_mem_add_flood_ends_link(void) {
   struct fake f;
   char addr[TU_ADDR_LEN];
-  HixlEngine *c;
-  HixlMemHandle h;
-  uint8_t *buf = tu_alloc_mem(4096, false);
-  HixlMemDesc d = {(uintptr_t)buf, 4096};
-  fake_start(&f, FAKE_MEM_FLOOD);
-  tu_addr(addr, sizeof(addr), f.port);
-  TU_ASSERT_OK_FATAL(HixlEngineCreate(&c));
-  TU_ASSERT_OK_FATAL(HixlEngineInitialize(c, "127.0.0.1", NULL, 0));
-  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(c, &d, HIXL_MEM_HOST, &h));
-  TU_ASSERT_OK_FATAL(HixlEngineConnect(c, addr, 2000));
+  uint8_t *buf;
+  HixlEngine *c = fake_client(&f, FAKE_MEM_FLOOD, addr, &buf);
   HixlTransferOpDesc op = {(uintptr_t)buf, 0x1000, 64};
   int64_t t0 = tu_now_ms();
   TU_ASSERT_STATUS(HixlEngineTransferSync(c, addr, HIXL_WRITE, &op, 1, 10000), HIXL_FAILED);

@@ -588,6 +588,19 @@ static void test_op_args(void) {
   free(k.mem);
 }
 
+/* A producer's scheduler that holds at most 2 requests (max_inflight_requests). */
+static hixl_kv_connector *producer_sched_max2(void) {
+  char cfg[640], err[256] = "";
+  hixl_kv_connector *s = NULL;
+  snprintf(cfg, sizeof(cfg),
+           "{\"address\": \"%s:%u\", \"role\": \"producer\", \"max_inflight_requests\": 2, "
+           "\"Transport\": \"%s\"}",
+           test_ip(), (unsigned)free_port(), transport());
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &s, err, sizeof(err)), HIXL_KV_SUCCESS);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+  return s;
+}
+
 /* ---- a host that misuses the plugin: a clear status each time, nothing held ---- */
 
 struct alloc_arg {
@@ -663,14 +676,7 @@ static void test_shutdown_threads(void) {
 /* request_finished twice for one request: the second is refused, and the request holds
  * one place of max_inflight_requests (before: two, one never given back). */
 static void test_finished_twice(void) {
-  char cfg[640], err[256];
-  hixl_kv_connector *s = NULL;
-  snprintf(cfg, sizeof(cfg),
-           "{\"address\": \"%s:%u\", \"role\": \"producer\", \"max_inflight_requests\": 2, "
-           "\"Transport\": \"%s\"}",
-           test_ip(), (unsigned)free_port(), transport());
-  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &s, err, sizeof(err)), HIXL_KV_SUCCESS);
-  CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+  hixl_kv_connector *s = producer_sched_max2();
   uint64_t blocks[2] = {3, 4};
   const char *ids[3] = {"t-1", "t-2", "t-3"};
   for (int k = 0; k < 2; k++) {
@@ -1420,15 +1426,7 @@ static void test_push_expired(void) {
  * consumers; one more is not held (its blocks free at once, no kv_transfer_params),
  * and a request that finished sending makes room again. */
 static void test_max_inflight(void) {
-  char cfg[640];
-  hixl_kv_connector *s = NULL;
-  char err[256] = "";
-  snprintf(cfg, sizeof(cfg),
-           "{\"address\": \"%s:%u\", \"role\": \"producer\", \"max_inflight_requests\": 2, "
-           "\"Transport\": \"%s\"}",
-           test_ip(), (unsigned)free_port(), transport());
-  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &s, err, sizeof(err)), HIXL_KV_SUCCESS);
-  CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+  hixl_kv_connector *s = producer_sched_max2();
   uint64_t blocks[2] = {3, 4};
   const char *ids[3] = {"m-1", "m-2", "m-3"};
   for (int i = 0; i < 3; i++) {
