@@ -1319,24 +1319,34 @@ static HixlEngine *scoped_target(uint8_t *mem, uint64_t glen, uint16_t *port) {
     seen_;                                                                                                   \
   })
 
-/* A revoke while the peer's WRITE into the range is still landing (its header and 100
- * bytes sent): the link is cut, and no byte of it lands once the revoke returned (before:
- * the rest landed whenever the peer sent it, into memory the owner had reused). */
+/* A WRITE into the range under way (its header and 100 bytes sent) while the range is
+ * revoked. Granted twice, the first revoke leaves the bytes granted (two requests
+ * sharing blocks): the link stays and the WRITE lands whole. The second takes them back:
+ * the link is cut, and no byte lands once the revoke returned (before: the rest landed
+ * whenever the peer sent it, into memory the owner had reused). */
 static void test_revoke_cuts_write_under_way(void) {
   uint8_t *mem = tu_alloc_mem(MEM_LEN, true);
   static uint8_t pay[4096], frame[64];
   uint16_t port;
   HixlEngine *t = scoped_target(mem, 65536, &port);
+  uint64_t g[1][2] = {{(uintptr_t)mem, 65536}};
+  TU_ASSERT_OK(hixl_engine_grant(t, "raw-test", g, 1)); /* the same bytes, held twice */
   int fd = raw_link_to(port, 0);
   CU_ASSERT_FATAL(fd >= 0);
   memset(pay, 0xEE, sizeof(pay));
-  CU_ASSERT(raw_send_all(fd, frame, wire_put_write_req(frame, 1, (uintptr_t)mem, sizeof(pay))) &&
-            raw_send_all(fd, pay, 100));
-  CU_ASSERT_FATAL(TARGET_LINK_SHOWS(t, c->pay_left == sizeof(pay) - 100));
-  uint64_t g[1][2] = {{(uintptr_t)mem, 65536}};
-  TU_ASSERT_OK(hixl_engine_revoke(t, "raw-test", g, 1));
-  memset(mem, 0, 65536);                                /* the owner reuses what it took back */
-  (void)raw_send_all(fd, pay + 100, sizeof(pay) - 100); /* into a cut link: may fail */
+  for (uint64_t seq = 1; seq <= 2; seq++) {
+    memset(mem, 0, 65536);
+    CU_ASSERT(raw_send_all(fd, frame, wire_put_write_req(frame, seq, (uintptr_t)mem, sizeof(pay))) &&
+              raw_send_all(fd, pay, 100));
+    CU_ASSERT_FATAL(TARGET_LINK_SHOWS(t, c->pay_left == sizeof(pay) - 100));
+    TU_ASSERT_OK(hixl_engine_revoke(t, "raw-test", g, 1));
+    if (seq == 2) memset(mem, 0, 65536);                  /* the owner reuses what it took back */
+    (void)raw_send_all(fd, pay + 100, sizeof(pay) - 100); /* into a cut link: may fail */
+    if (seq == 1) {
+      CU_ASSERT(expect_answer(fd, WIRE_WRITE_ACK, 1, HIXL_SUCCESS, 0, __LINE__));
+      CU_ASSERT_EQUAL(memcmp(mem, pay, sizeof(pay)), 0);
+    }
+  }
   CU_ASSERT_TRUE(closed_by_peer(fd));
   CU_ASSERT_EQUAL(tu_check_byte(mem, 65536, 0), -1);
   close(fd);

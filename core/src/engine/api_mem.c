@@ -398,40 +398,52 @@ static void revoke_wait(HixlEngine *e, const char *peer) {
   if (--e->revoke_waiters == 0) engine_signal(e);
 }
 
-/* Whether [a, a + len) meets one of the n ranges. */
-static bool meets_any(uint64_t a, uint64_t len, const uint64_t (*r)[2], size_t n) {
-  for (size_t i = 0; i < n; i++)
-    if (len > 0 && a < r[i][0] + r[i][1] && r[i][0] < a + len) return true;
+/* What a revoke took back from a peer: its ranges, and what the peer still holds after
+ * it (another grant may hold the same bytes: two requests sharing blocks). */
+struct revoked {
+  const uint64_t (*r)[2];
+  size_t n;
+  const struct grant_set *left;
+};
+
+/* Whether some byte of [a, a + len) is in one of the ranges and no longer granted. */
+static bool lost(const struct revoked *v, uint64_t a, uint64_t len) {
+  for (size_t i = 0; i < v->n && len > 0; i++) {
+    uint64_t end = v->r[i][0] + v->r[i][1];
+    uint64_t lo = a > v->r[i][0] ? a : v->r[i][0], hi = a + len < end ? a + len : end;
+    if (lo < hi && !grant_covers(v->left, lo, hi - lo)) return true;
+  }
   return false;
 }
 
-/* Whether target link c moves data in one of the ranges still: a WRITE's payload landing
- * (in place, or its device bounce copied in at its end), an answer queued that a send
- * reads from memory (READ_RESP, STAGE_READ's gather). Lock held. */
-static bool link_in_ranges(const struct conn *c, const uint64_t (*r)[2], size_t n) {
+/* Whether target link c still moves data in memory v took back: a WRITE's payload
+ * landing (in place, or its device bounce copied in at its end), an answer queued that
+ * a send reads from memory (READ_RESP, STAGE_READ's gather). Lock held. */
+static bool link_in_revoked(const struct conn *c, const struct revoked *v) {
   if (c->pay_left > 0 && !c->pay_discard) {
-    if (c->pay_dst && meets_any((uintptr_t)c->pay_dst, c->pay_cur, r, n)) return true;
+    if (c->pay_dst && lost(v, (uintptr_t)c->pay_dst, c->pay_cur)) return true;
     for (uint32_t i = 0; i < c->pay_nspan; i++)
-      if (meets_any(c->pay_span_remote ? c->pay_span[i].raddr : c->pay_span[i].laddr, c->pay_span[i].len, r,
-                    n))
+      if (lost(v, c->pay_span_remote ? c->pay_span[i].raddr : c->pay_span[i].laddr, c->pay_span[i].len))
         return true;
-    if (c->pay.bounce && meets_any(c->pay.dst, c->pay.len, r, n)) return true;
+    if (c->pay.bounce && lost(v, c->pay.dst, c->pay.len)) return true;
   }
   for (const struct txitem *it = c->txq_head; it; it = it->next) {
-    if (it->payload && meets_any((uintptr_t)it->payload, it->payload_len, r, n)) return true;
+    if (it->payload && lost(v, (uintptr_t)it->payload, it->payload_len)) return true;
     for (uint32_t i = 0; i < it->ngather; i++)
-      if (meets_any(it->gather[i].laddr, it->gather[i].len, r, n)) return true;
+      if (lost(v, it->gather[i].laddr, it->gather[i].len)) return true;
   }
   return false;
 }
 
-/* A revoke's ranges taken back: peer's links that still move data there are cut, so no
- * byte of theirs lands in them or leaves them once the revoke returns (over tcp the data
- * of an op checked at its header streams on; the memory may be reused at once). Lock held. */
+/* A revoke's ranges taken back: peer's links that still move data in bytes no grant of
+ * its holds any more are cut, so none lands there or leaves once the revoke returns (over
+ * tcp the data of an op checked at its header streams on; the memory may be reused at
+ * once). Lock held. */
 static void revoke_cut(HixlEngine *e, const char *peer, const uint64_t (*r)[2], size_t n) {
+  struct revoked v = {r, n, grant_set_of(e, peer, false)};
   uint32_t walk = ++e->walks;
   for (struct conn *c; (c = link_next(e, walk));)
-    if (!c->dead && c->role == CONN_TARGET && strcmp(c->remote_name, peer) == 0 && link_in_ranges(c, r, n))
+    if (!c->dead && c->role == CONN_TARGET && strcmp(c->remote_name, peer) == 0 && link_in_revoked(c, &v))
       link_conn_kill(c, HIXL_FAILED,
                      "an op of its was still moving data in memory a revoke took back: cut off");
 }
