@@ -366,7 +366,7 @@ static void *alloc_loop_main(void *p) {
     HixlMemHandle h = NULL;
     HixlStatus st = HixlEngineAllocMem(a->e, 4096, &addr, &h);
     if (st == HIXL_SUCCESS) {
-      atomic_fetch_add(&a->ok, 1); /* not written: a Finalize may unmap it at once */
+      atomic_fetch_add(&a->ok, 1);     /* not written: a Finalize may unmap it at once */
       st = HixlEngineFreeMem(a->e, h); /* PARAM_INVALID when a Finalize came between */
       a->other += st != HIXL_SUCCESS && st != HIXL_PARAM_INVALID;
     } else {
