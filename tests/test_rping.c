@@ -1336,6 +1336,57 @@ static void test_responder_ignores_garbage(void) {
   ASSERT_HCCN(HccnRpingDeinit(r), HCCN_SUCCESS);
 }
 
+struct ping_flood {
+  struct sockaddr_in to;
+  atomic_bool stop;
+  uint64_t sent;
+};
+
+static void *ping_flood_main(void *arg) { /* PINGs as fast as one thread sends, 64 a call */
+  struct ping_flood *f = arg;
+  int fd = udp_bind("127.0.0.1", 0);
+  int big = 1 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big)); /* the PONGs: never read */
+  static uint8_t buf[64][RP_MAX_PKT];
+  struct mmsghdr m[64];
+  struct iovec iov[64];
+  for (int i = 0; i < 64; i++) {
+    struct rp_pkt ping = {.type = RP_PING, .batch = 9, .seq = (uint32_t)i};
+    iov[i] = (struct iovec){buf[i], rp_encode(&ping, buf[i], sizeof(buf[i]))};
+    m[i] = (struct mmsghdr){
+        .msg_hdr = {.msg_name = &f->to, .msg_namelen = sizeof(f->to), .msg_iov = &iov[i], .msg_iovlen = 1}};
+  }
+  while (fd >= 0 && !atomic_load(&f->stop)) {
+    int k = sendmmsg(fd, m, 64, 0);
+    f->sent += k > 0 ? (uint64_t)k : 0;
+  }
+  if (fd >= 0) close(fd);
+  return NULL;
+}
+
+/* A flood of PINGs at a responder (one thread sending them as fast as it can, more than
+ * one thread answers): Deinit still ends it within 5 s (before: the responder read until
+ * its socket was empty before it looked at Deinit's eventfd, and under a flood faster
+ * than its answers that never came). */
+static void test_deinit_under_flood(void) {
+  uint16_t rport;
+  HccnRpingCtx r = ctx_on("127.0.0.2", &rport);
+  struct ping_flood f = {.to = sa_of("127.0.0.2", rport)};
+  pthread_t th;
+  CU_ASSERT_FATAL(r && pthread_create(&th, NULL, ping_flood_main, &f) == 0);
+  for (int64_t end = (int64_t)(now_ns() / 1000000) + 5000;
+       f.sent < 100000 && (int64_t)(now_ns() / 1000000) < end;)
+    sched_yield();
+  CU_ASSERT(f.sent >= 100000); /* it floods */
+  uint64_t t0 = now_ns();
+  ASSERT_HCCN(HccnRpingDeinit(r), HCCN_SUCCESS);
+  uint64_t ms = (now_ns() - t0) / 1000000;
+  if (ms >= 5000) fprintf(stderr, "  [Deinit under the flood took %llu ms]\n", (unsigned long long)ms);
+  CU_ASSERT(ms < 5000);
+  atomic_store(&f.stop, true);
+  pthread_join(th, NULL);
+}
+
 /* A responder answers in the version it was asked in; one in mode UDP gives no RoCE
  * endpoint, so a ROCE client knows it cannot probe it over RDMA. */
 static void test_responder_versions(void) {
@@ -1464,6 +1515,7 @@ int main(void) {
   s = CU_add_suite("on the wire", NULL, NULL);
   CU_add_test(s, "TOS byte and source port both ways", test_tos_both_ways);
   CU_add_test(s, "responder ignores malformed datagrams", test_responder_ignores_garbage);
+  CU_add_test(s, "Deinit ends a responder under a flood of PINGs", test_deinit_under_flood);
   CU_add_test(s, "responder answers in the version asked", test_responder_versions);
   CU_add_test(s, "forged and damaged answers are not counted", test_forged_answers_ignored);
   CU_add_test(s, "drops, delays and late answers", test_impaired_responder);

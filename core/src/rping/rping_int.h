@@ -32,6 +32,9 @@
 
 #define RP_WR_SEND  (1ull << 32) /* wr_id: a send (else a receive); the low 32 bits are the slot */
 #define RP_WC_BATCH 16           /* completions taken by one poll */
+/* Datagrams (or completions) a loop takes before it looks at its deadline and its stop
+ * again: a flood faster than one thread answers must not keep it from either. */
+#define RP_DRAIN_MAX 256
 
 /* A target as the context keeps it (copied from HccnRpingTargetInfo). */
 struct rp_target {

@@ -185,7 +185,7 @@ HccnResult rp_handshake(struct rp_ctx *ctx, struct rp_target *t, size_t n, uint6
                   ctx->addr_str);
       break;
     }
-    for (;;) {
+    for (int taken = 0; taken < RP_DRAIN_MAX; taken++) { /* then the deadline again */
       struct sockaddr_in from;
       struct rp_pkt ack;
       uint8_t tos;

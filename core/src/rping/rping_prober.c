@@ -142,7 +142,7 @@ static void *batch_udp_main(void *arg) {
     if (pfd[0].revents) break; /* Stop or Deinit */
     for (size_t s = 1; s < nfd; s++) {
       if (!pfd[s].revents) continue;
-      for (;;) {
+      for (int taken = 0; taken < RP_DRAIN_MAX; taken++) { /* then Stop and the rounds again */
         struct sockaddr_in from;
         uint8_t tos;
         ssize_t k = rp_recv_tos(pfd[s].fd, buf, sizeof(buf), &from, &tos);

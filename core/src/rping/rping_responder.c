@@ -128,12 +128,14 @@ static bool roce_answer(struct rp_ctx *ctx, uint32_t slot, const struct rdma_ud_
   return true; /* the AH is let go when the send completes */
 }
 
-/* Drain the responder's CQ: answer PINGs; a slot whose answer left receives again. */
-static void roce_answer_all(struct rp_ctx *ctx) {
+/* Drain the responder's CQ, RP_DRAIN_MAX completions at most: answer PINGs; a slot whose
+ * answer left receives again. True when it stopped with completions maybe left. */
+static bool roce_answer_all(struct rp_ctx *ctx) {
   struct rdma_ud_wc wc[RP_WC_BATCH];
-  int n;
+  int n = 0;
 
-  while ((n = rdma_ud_poll(&ctx->resp_ud, wc, RP_WC_BATCH)) > 0) {
+  for (int taken = 0; taken < RP_DRAIN_MAX && (n = rdma_ud_poll(&ctx->resp_ud, wc, RP_WC_BATCH)) > 0;
+       taken += n) {
     for (int i = 0; i < n; i++) {
       uint32_t slot = (uint32_t)wc[i].wr_id;
       if (slot >= RP_RESP_SLOTS) continue;
@@ -153,6 +155,7 @@ static void roce_answer_all(struct rp_ctx *ctx) {
     }
   }
   if (n < 0) log_error("rping responder %s: ibv_poll_cq failed", ctx->addr_str);
+  return n > 0;
 }
 
 void *rp_responder_main(void *arg) {
@@ -162,20 +165,21 @@ void *rp_responder_main(void *arg) {
                           {.fd = ctx->close_efd, .events = POLLIN},
                           {.fd = ctx->roce ? rdma_ud_chan_fd(&ctx->resp_ud) : -1, .events = POLLIN}};
 
+  bool roce_more = false; /* the CQ drain stopped at RP_DRAIN_MAX: go on without its event */
   for (;;) {
-    if (poll(pfd, 3, -1) < 0 && errno != EINTR) {
+    if (poll(pfd, 3, roce_more ? 0 : -1) < 0 && errno != EINTR) {
       log_error("rping responder %s:%u: poll: %s; no longer answering", ctx->addr_str, ctx->port,
                 strerror(errno));
       break;
     }
-    if (pfd[1].revents) break;
-    if (pfd[2].revents) {
-      if (rdma_ud_rearm(&ctx->resp_ud) != 0)
+    if (pfd[1].revents) break; /* Deinit: looked at after every RP_DRAIN_MAX datagrams */
+    if (pfd[2].revents || roce_more) {
+      if (pfd[2].revents && rdma_ud_rearm(&ctx->resp_ud) != 0)
         log_error("rping responder %s: UD QP 0x%x: cannot re-arm its CQ: %s", ctx->addr_str, ctx->resp_ud.qpn,
                   strerror(errno));
-      roce_answer_all(ctx);
+      roce_more = roce_answer_all(ctx);
     }
-    for (;;) {
+    for (int taken = 0; taken < RP_DRAIN_MAX; taken++) {
       struct sockaddr_in from;
       struct rp_pkt pkt;
       uint8_t tos;
