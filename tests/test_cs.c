@@ -1980,9 +1980,30 @@ out:
 
 /* The same against a stopped server, so the batches are surely outstanding: Destroy
  * returns at once, and a batch timeout of 300 ms gives TIMEOUT on time. */
+struct query_loop {
+  HixlClientHandle c;
+  atomic_bool stop;
+  int64_t worst_ms; /* the longest one query took */
+  unsigned n;
+};
+
+static void *query_loop_main(void *p) { /* queries of a handle the client never gave out */
+  struct query_loop *q = p;
+  static int bogus;
+  while (!atomic_load(&q->stop)) {
+    HixlCompleteStatus s;
+    int64_t t0 = tu_now_ms();
+    (void)HixlCSClientQueryCompleteStatus(q->c, (CompleteHandle)&bogus, &s);
+    int64_t el = tu_now_ms() - t0;
+    q->worst_ms = el > q->worst_ms ? el : q->worst_ms;
+    q->n++;
+  }
+  return NULL;
+}
+
 static void test_stopped_server(void) {
   uint16_t port = tu_free_port();
-  HixlClientHandle fast = NULL, slow = NULL;
+  HixlClientHandle fast = NULL, slow = NULL, mid = NULL;
   HixlOneSideOpDesc d;
   CompleteHandle h, hs[8];
   HixlCompleteStatus s;
@@ -2000,11 +2021,13 @@ static void test_stopped_server(void) {
   if (!srvchild_start(&sc, port, 4 * MiB, 0)) return;
   fast = client_new(port, "300");
   slow = client_new(port, NULL);
-  if (!fast || !slow || !client_region(fast, &src1, 2 * MiB, "c1") ||
+  mid = client_new(port, "3000");
+  if (!fast || !slow || !mid || !client_region(fast, &src1, 2 * MiB, "c1") ||
       !client_region(slow, &src2, 2 * MiB, "c2"))
     goto out;
   TU_ASSERT_OK(HixlCSClientConnect(fast, CONNECT_MS));
   TU_ASSERT_OK(HixlCSClientConnect(slow, CONNECT_MS));
+  TU_ASSERT_OK(HixlCSClientConnect(mid, CONNECT_MS));
   if (!remote_find(fast, "server_mem", &rm)) goto out;
   tu_fill(src1.mem, 64 * KiB, 390); /* the link works before the stop */
   d = op(src1.mem, rm.addr, 64 * KiB);
@@ -2012,6 +2035,25 @@ static void test_stopped_server(void) {
   srvchild_expect(&sc, 0, 64 * KiB, 390, "child memory before the stop");
 
   if (!(stopped = srvchild_stop(&sc))) goto out;
+  /* A batch to a range the server never advertised waits for its table first (a SYNC the
+   * stopped server never answers), up to the batch's 3 s; the client's other calls go on
+   * meanwhile (before: each waited on the client's lock for those 3 s). */
+  {
+    struct query_loop q = {.c = mid};
+    pthread_t th;
+    CU_ASSERT_FATAL(pthread_create(&th, NULL, query_loop_main, &q) == 0);
+    d = op(src1.mem, (unsigned char *)rm.addr + 64 * MiB, 4 * KiB);
+    t0 = tu_now_ms();
+    st = HixlCSClientBatchPutAsync(mid, 1, &d, &h);
+    el = tu_now_ms() - t0;
+    atomic_store(&q.stop, true);
+    pthread_join(th, NULL);
+    if (st == HIXL_SUCCESS) TU_ASSERT_OK(wait_batch(mid, h, tu_now_ms() + 10000, &s, err, sizeof(err)));
+    fprintf(stderr,
+            "  [an unadvertised range: %s after %lld ms; %u queries meanwhile, the longest %lld ms]\n",
+            HixlStatusName(st), (long long)el, q.n, (long long)q.worst_ms);
+    CU_ASSERT(q.n > 0 && q.worst_ms < 1000);
+  }
   /* Async batches end TIMEOUT once HIXL_CS_BATCH_TIMEOUT_MS (300) has passed. */
   for (i = 0; i < 2; i++) {
     d = op(src1.mem + MiB, (unsigned char *)rm.addr + MiB, 64 * KiB);
@@ -2111,6 +2153,7 @@ out:
   client_region_free(slow, &src2);
   if (fast) TU_ASSERT_OK(HixlCSClientDestroy(fast));
   if (slow) TU_ASSERT_OK(HixlCSClientDestroy(slow));
+  if (mid) TU_ASSERT_OK(HixlCSClientDestroy(mid));
   srvchild_quit(&sc);
 }
 

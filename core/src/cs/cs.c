@@ -35,6 +35,7 @@ struct cs_client {
   int32_t batch_timeout_ms; /* async batches end TIMEOUT after this */
   pthread_mutex_t lock;     /* guards batches and the GetRemoteMem outputs */
   struct ptrset batches;    /* CompleteHandles not yet final */
+  uint32_t starting;        /* batches being started (lock released): they count toward the limit */
   HcommMem *rmem;           /* last GetRemoteMem output, owned here */
   char **rtags;
   struct hixl_remote_mem *rsnap;
@@ -365,20 +366,28 @@ static HixlStatus batch_async(struct cs_client *c, HixlTransferOp op, uint32_t n
   HixlStatus st = to_ops(n, list, fn, &ops);
   if (st != HIXL_SUCCESS) return st;
   pthread_mutex_lock(&c->lock);
-  if (c->batches.count >= HIXL_CS_MAX_INFLIGHT_BATCHES) {
+  bool full = c->batches.count + c->starting >= HIXL_CS_MAX_INFLIGHT_BATCHES;
+  c->starting += !full;
+  pthread_mutex_unlock(&c->lock);
+  if (full) {
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED,
                    "%s: %d batches are not completed yet (the limit); query them with "
                    "HixlCSClientQueryCompleteStatus first",
                    fn, HIXL_CS_MAX_INFLIGHT_BATCHES);
   } else {
+    /* Without the client's lock: the engine may wait for the server's table first (a
+     * range it has not heard of yet), up to the batch's timeout, and the client's other
+     * calls go on meanwhile. */
     st = HixlEngineTransferAsync(c->eng, c->remote, op, ops, n, c->batch_timeout_ms, NULL, &req);
+    pthread_mutex_lock(&c->lock);
+    c->starting--;
     if (st == HIXL_SUCCESS && ptrset_add(&c->batches, req) < 0) {
       HixlTransferStatus ts; /* cannot track it: let the engine release it as it ends */
       (void)HixlEngineGetTransferStatus(c->eng, req, &ts);
       st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
     }
+    pthread_mutex_unlock(&c->lock);
   }
-  pthread_mutex_unlock(&c->lock);
   free(ops);
   if (st == HIXL_SUCCESS) *complete_handle = req;
   return st;
