@@ -720,6 +720,19 @@ static void test_heads_checked(void) {
   g.kind = HIXL_KV_GROUP_FULL_ATTENTION;
   ST_IS(ops->register_kv_groups(w, &g, 1), HIXL_KV_SUCCESS);
   ops->destroy(w);
+  /* A 1.3 host's array of two groups: its elements are 80 bytes apart, not 88 (before:
+   * group 1 was read 88 bytes in, and refused for its "size"). */
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 1, 2, &w, err, sizeof(err)), HIXL_KV_SUCCESS);
+  hixl_kv_plane pl2 = pl;
+  pl2.base = (uintptr_t)mem + 32768;
+  hixl_kv_group g1 = g;
+  g1.first_layer = 1;
+  g1.planes = &pl2;
+  _Alignas(hixl_kv_group) uint8_t old_host[2 * HIXL_KV_GROUP_SIZE_1_3];
+  memcpy(old_host, &g, HIXL_KV_GROUP_SIZE_1_3);
+  memcpy(old_host + HIXL_KV_GROUP_SIZE_1_3, &g1, HIXL_KV_GROUP_SIZE_1_3);
+  ST_IS(ops->register_kv_groups(w, (const hixl_kv_group *)(const void *)old_host, 2), HIXL_KV_SUCCESS);
+  ops->destroy(w);
   free(mem);
   /* required_kv_layout HND: what get_required_kvcache_layout asks of the runtime. */
   snprintf(cfg, sizeof(cfg), "{\"address\": \"%s:%u\", \"required_kv_layout\": \"HND\"}", test_ip(),

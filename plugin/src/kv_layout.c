@@ -162,17 +162,25 @@ uint32_t kv_layout_world(const char *text) {
   return w <= KV_TP_MAX ? (uint32_t)w : 0;
 }
 
+/* Group i of the host's array: its elements are the host's sizeof(hixl_kv_group)
+ * (groups[0].size, checked), 80 bytes for a host built against 1.3 or 1.4. */
+static const hixl_kv_group *group_at(const hixl_kv_group *groups, size_t i) {
+  return (const hixl_kv_group *)(const void *)((const uint8_t *)groups + i * groups[0].size);
+}
+
 hixl_kv_status kv_layout_build(struct kv_layout *out, const hixl_kv_group *groups, size_t ng, uint32_t world,
                                bool need_base, const char *fn) {
   CHECK_ARG(groups && ng > 0 && ng <= KV_MAX_GROUPS, "%s: %zu groups; 1 to %u", fn, ng, KV_MAX_GROUPS);
+  CHECK_ARG(groups[0].size >= HIXL_KV_GROUP_SIZE_1_3 && groups[0].size % _Alignof(hixl_kv_group) == 0,
+            "%s: group 0: size %u; set it to sizeof(hixl_kv_group) (%zu)", fn, groups[0].size,
+            sizeof(hixl_kv_group));
   struct kv_layout l = {0};
   char why[256];
   uint32_t total = 0, maxid = 0;
   for (size_t gi = 0; gi < ng; gi++) {
-    const hixl_kv_group *g = &groups[gi];
-    CHECK_ARG(g->size >= HIXL_KV_GROUP_SIZE_1_3,
-              "%s: group %zu: size %u; set it to sizeof(hixl_kv_group) (%zu)", fn, gi, g->size,
-              sizeof(hixl_kv_group));
+    const hixl_kv_group *g = group_at(groups, gi);
+    CHECK_ARG(g->size == groups[0].size, "%s: group %zu: size %u where group 0's is %u: one host, one size",
+              fn, gi, g->size, groups[0].size);
     CHECK_ARG(kind_name(g->kind), "%s: group %zu: kind %u is unknown", fn, gi, g->kind);
     CHECK_ARG((g->flags & ~HIXL_KV_GROUP_CROSS_LAYER) == 0 && g->reserved == 0,
               "%s: group %zu: flags 0x%x has unknown bits, or reserved is not 0", fn, gi, g->flags);
@@ -211,7 +219,7 @@ hixl_kv_status kv_layout_build(struct kv_layout *out, const hixl_kv_group *group
   }
   for (uint32_t i = 0; i < l.nlayers; i++) l.map[i].group = UINT32_MAX;
   for (size_t gi = 0; gi < ng; gi++, l.ng++) {
-    const hixl_kv_group *g = &groups[gi];
+    const hixl_kv_group *g = group_at(groups, gi);
     struct kv_group *d = &l.g[gi];
     d->kind = g->kind;
     d->flags = g->flags;

@@ -210,7 +210,8 @@ typedef struct {
                             * "Tensor parallelism", says which ranks read which heads. */
   uint32_t reserved2;      /* 0 */
 } hixl_kv_group;
-/* The size of a 1.3 / 1.4 host's hixl_kv_group: register_kv_groups takes it too. */
+/* The size of a 1.3 / 1.4 host's hixl_kv_group: register_kv_groups takes it too, an array of
+ * them that many bytes apart (every group of one call the same size). */
 #define HIXL_KV_GROUP_SIZE_1_3 offsetof(hixl_kv_group, total_kv_heads)
 
 /* One group's block ids of a request (a pair, frozen). */

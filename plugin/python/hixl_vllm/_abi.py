@@ -129,6 +129,10 @@ class Group(Structure):
                 ("total_kv_heads", c_uint32), ("reserved2", c_uint32)]
 
 
+# A 1.3 / 1.4 plugin's hixl_kv_group: it steps through an array by this size.
+GROUP_SIZE_1_3 = Group.total_kv_heads.offset
+
+
 class BlockIds(Structure):
     _fields_ = [("ids", POINTER(c_uint64)), ("count", c_size_t)]
 

@@ -289,6 +289,19 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._layout = str(self._opts["layout"]) if "layout" in self._opts else None
         extra = self._doc["kv_connector_extra_config"]
         self._push = extra.get("mode") == "push"
+        # What can refuse the configuration is checked before create: past it, a refusal
+        # would leave the connector's engine and threads behind.
+        groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+        self._multi_group = len(groups) > 1
+        # load_in_forward: vLLM's synchronous loads (the request runs in the step that loads
+        # it). Their failures come back as block ids only, which name no request once there
+        # are several KV cache groups (each numbers its own blocks).
+        self._in_forward = extra.get("load_in_forward") is True
+        if self._in_forward and self._multi_group:
+            raise HixlConfigError("load_in_forward: this model has %d KV cache groups; a load in the forward "
+                                  "pass reports its failures as block ids, which name no request across "
+                                  "groups: leave load_in_forward out for hybrid models" % len(groups))
+        self._traces_off = int(extra.get("trace_ring", 1)) == 0
         self._plugin = _abi.load_plugin(self._opts.get("plugin"))
         self._crole = _role_of(role)
         self._rank, self._world = self._parallel(vllm_config)
@@ -316,7 +329,6 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._windows = _windows_of(kv_cache_config, self._block_size)
         # The tokens of one of this instance's blocks as the KV cache spec has them (the
         # scheduler's block, which kernel blocks may split), for checking a producer's.
-        groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
         spec_bs = getattr(getattr(groups[0], "kv_cache_spec", None), "block_size", None) if len(groups) == 1 else None
         self._spec_block_size = int(spec_bs) if isinstance(spec_bs, int) and spec_bs > 0 else (
             self._block_size if not groups else 0)
@@ -325,17 +337,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         # loads not yet reported; several KV cache groups report failures per request.
         self._times: list = []
         self._failed: set = set()
-        self._multi_group = len(groups) > 1
-        # load_in_forward: vLLM's synchronous loads (the request runs in the step that loads
-        # it). Their failures come back as block ids only, which name no request once there
-        # are several KV cache groups (each numbers its own blocks).
-        self._in_forward = extra.get("load_in_forward") is True
         self._local_hit: Dict[str, int] = {}  # load_in_forward: request -> tokens cached here (block-aligned)
-        if self._in_forward and self._multi_group:
-            raise HixlConfigError("load_in_forward: this model has %d KV cache groups; a load in the forward "
-                                  "pass reports its failures as block ids, which name no request across "
-                                  "groups: leave load_in_forward out for hybrid models" % len(groups))
-        self._traces_off = int(self._doc["kv_connector_extra_config"].get("trace_ring", 1)) == 0
         # Worker: layer names -> layer ids, the description registered, the last counters.
         self._kv: Optional[layout.KVDescription] = None
         self._last_stats: Dict[str, int] = {}
@@ -527,7 +529,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _register(self, d: layout.KVDescription) -> None:
         d.total_kv_heads = self._total_kv_heads()
-        arr, n, keep = d.to_c()
+        arr, n, keep = d.to_c(ctypes.sizeof(_abi.Group) if self._plugin.abi_minor >= 5 else _abi.GROUP_SIZE_1_3)
         self._call("register_kv_groups", arr, n)
         del keep
         self._kv = d
@@ -626,6 +628,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
             self._call("shutdown")
         finally:
             self._plugin.ops.destroy(self._c)
+            self._c = ctypes.c_void_p()  # NULL: a hook after this is PARAM_INVALID, not a freed connector
         return None
 
     def get_kv_connector_stats(self) -> Optional[KVConnectorStats]:

@@ -105,6 +105,10 @@ def planes_of(t: TensorInfo, axes: str, what: str) -> Tuple[List[Tuple[int, int,
         # Heads outermost of a contiguous block (HND: packed, LBHNC, BLHNC): each head's
         # tokens lie together, so a rank of another TP size can take its heads of it.
         heads, head_stride = t.shape[outer], t.stride[outer] * e
+    if not heads and "H" in axes and t.shape[axes.index("H")] == 1:
+        # One head on this rank (TP at or past the model's KV heads): the block is that head,
+        # so ranks of another TP size still pair heads with it (its axis has no stride here).
+        heads, head_stride = 1, block
     nplanes = t.shape[i_s] if i_s >= 0 else 1
     planes = []
     for p in range(nplanes):
@@ -356,8 +360,10 @@ class KVDescription:
     buffers: List[Tuple[int, int]] = field(default_factory=list)  # (storage ptr, bytes), each once
     total_kv_heads: int = 0  # the model's KV heads over every TP rank (0: the planes' heads x TP size)
 
-    def to_c(self):
-        """hixl_kv_group structs (and what keeps them alive) for register_kv_groups."""
+    def to_c(self, group_size: int = ctypes.sizeof(_abi.Group)):
+        """hixl_kv_group structs (and what keeps them alive) for register_kv_groups; group_size
+        smaller than this build's (_abi.GROUP_SIZE_1_3, for a 1.3 or 1.4 plugin, which steps
+        through the array by its own struct's size): records that many bytes apart."""
         keep = []
         arr = (_abi.Group * len(self.groups))()
         for i, g in enumerate(self.groups):
@@ -372,6 +378,13 @@ class KVDescription:
                                 ctypes.cast(ids, ctypes.POINTER(ctypes.c_uint32)), 0, g.planes_per_layer,
                                 ctypes.cast(planes, ctypes.POINTER(_abi.Plane)), g.num_blocks, g.block_tokens,
                                 g.elem_size, g.window_tokens, 0, name, len(name), heads, 0)
+        if group_size < ctypes.sizeof(_abi.Group):
+            raw = ctypes.create_string_buffer(group_size * len(self.groups))
+            for i in range(len(self.groups)):
+                arr[i].size = group_size
+                ctypes.memmove(ctypes.addressof(raw) + i * group_size, ctypes.addressof(arr[i]), group_size)
+            keep.append(raw)
+            arr = ctypes.cast(raw, ctypes.POINTER(_abi.Group))
         return arr, len(self.groups), keep
 
 

@@ -103,6 +103,18 @@ def test_failing_op_carries_last_error(plugin_path):
         w.shutdown()
 
 
+def test_hook_after_shutdown(plugin_path):
+    """A hook after shutdown is the plugin's PARAM_INVALID (a NULL connector), not a call
+    into the connector destroy freed (before: the handle was left set)."""
+    from hixl_vllm import HixlConnectorMetadata
+    w = HixlKVConnector(vconfig(), KVConnectorRole.WORKER, None)
+    w.shutdown()
+    with pytest.raises(HixlError) as e:
+        w.bind_connector_metadata(HixlConnectorMetadata(b"x"))
+    assert e.value.status_name == "PARAM_INVALID" and "NULL" in e.value.detail
+    w.shutdown()  # twice: nothing more
+
+
 def test_scheduler_round(plugin_path):
     """A consumer scheduler: params in as a dict, tokens out, metadata bytes in the subclass."""
     s = HixlKVConnector(vconfig(), KVConnectorRole.SCHEDULER, None)

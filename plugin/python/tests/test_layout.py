@@ -123,6 +123,40 @@ def test_total_kv_heads_abi15():
     assert arr[0].total_kv_heads == 0
 
 
+def test_one_head_per_rank():
+    """A rank holding one KV head (TP at the model's heads, or past them) still says it has a
+    head, so a rank of another TP size pairs heads with it (before: the size-1 axis was
+    skipped, the group went without heads and the two sides' digests never matched)."""
+    for shape, name in (((8, 1, 16, 2 * 8), "packed"), ((2, 8, 16, 1, 8), "kv_first")):
+        t = torch.zeros(*shape, dtype=torch.bfloat16)
+        d = layout.describe_layers({"model.layers.0.attn": t}, name)
+        d.total_kv_heads = 8
+        arr, n, keep = d.to_c()
+        block = 16 * 8 * 2 * (2 if name == "packed" else 1)
+        assert arr[0].planes[0].num_heads == 1 and arr[0].planes[0].block_bytes == block
+        assert arr[0].planes[0].head_stride == block and arr[0].total_kv_heads == 8
+
+
+def test_groups_for_an_abi13_plugin():
+    """A 1.3 / 1.4 plugin steps through the groups by its own 80-byte struct: each record is
+    GROUP_SIZE_1_3 bytes, says so, and holds its group (before: 88 bytes apart, so such a
+    plugin read the second group from the first one's tail)."""
+    t = torch.zeros(8, 4, 16, 2 * 8, dtype=torch.bfloat16)
+    d = layout.describe_layers({"model.layers.0.attn": t, "model.layers.1.attn": t.clone()}, "packed")
+    d.groups.append(d.groups[0])  # two groups (the same one twice is enough to see the stride)
+    full, n, keep = d.to_c()
+    arr, n, keep2 = d.to_c(_abi.GROUP_SIZE_1_3)
+    assert _abi.GROUP_SIZE_1_3 == 80 and n == 2
+    raw = ctypes.string_at(arr, 2 * _abi.GROUP_SIZE_1_3)
+    for i in range(2):
+        g = _abi.Group.from_buffer_copy(raw[i * 80:(i + 1) * 80] + bytes(ctypes.sizeof(_abi.Group) - 80))
+        assert g.size == 80 and g.total_kv_heads == 0  # what a 1.3 plugin does not read
+        for f in ("kind", "flags", "num_layers", "planes_per_layer", "num_blocks", "block_tokens", "elem_size",
+                  "layout_len"):
+            assert getattr(g, f) == getattr(full[i], f), f
+        assert g.planes[0].block_bytes == full[i].planes[0].block_bytes and g.layer_ids[0] == full[i].layer_ids[0]
+
+
 # ---- the layout read from what vLLM says (no layout option) ----
 
 class FlashAttn:
