@@ -1339,7 +1339,7 @@ static void test_responder_ignores_garbage(void) {
 struct ping_flood {
   struct sockaddr_in to;
   atomic_bool stop;
-  uint64_t sent;
+  atomic_uint_fast64_t sent;
 };
 
 static void *ping_flood_main(void *arg) { /* PINGs as fast as one thread sends, 64 a call */
@@ -1358,7 +1358,7 @@ static void *ping_flood_main(void *arg) { /* PINGs as fast as one thread sends, 
   }
   while (fd >= 0 && !atomic_load(&f->stop)) {
     int k = sendmmsg(fd, m, 64, 0);
-    f->sent += k > 0 ? (uint64_t)k : 0;
+    atomic_fetch_add(&f->sent, k > 0 ? (uint64_t)k : 0);
   }
   if (fd >= 0) close(fd);
   return NULL;
@@ -1375,9 +1375,9 @@ static void test_deinit_under_flood(void) {
   pthread_t th;
   CU_ASSERT_FATAL(r && pthread_create(&th, NULL, ping_flood_main, &f) == 0);
   for (int64_t end = (int64_t)(now_ns() / 1000000) + 5000;
-       f.sent < 100000 && (int64_t)(now_ns() / 1000000) < end;)
+       atomic_load(&f.sent) < 100000 && (int64_t)(now_ns() / 1000000) < end;)
     sched_yield();
-  CU_ASSERT(f.sent >= 100000); /* it floods */
+  CU_ASSERT(atomic_load(&f.sent) >= 100000); /* it floods */
   uint64_t t0 = now_ns();
   ASSERT_HCCN(HccnRpingDeinit(r), HCCN_SUCCESS);
   uint64_t ms = (now_ns() - t0) / 1000000;
