@@ -1421,7 +1421,20 @@ static void test_bad_handles(void) {
   TU_ASSERT_OK(HixlCSClientConnect(c, CONNECT_MS));
   TU_ASSERT_OK(HixlCSClientDestroy(c)); /* connected, memory still registered */
   TU_ASSERT_OK(HixlCSServerDestroy(s));
+  /* A new server and client, likely where the old ones were in memory: new handles, and
+   * the old ones stay destroyed (with addresses for handles, they named the new ones). */
+  HixlServerHandle s2 = NULL;
+  HixlClientHandle c2 = NULL;
+  sd.server_port = tu_free_port();
+  cd.server_port = sd.server_port;
+  TU_ASSERT_OK(HixlCSServerCreate(&sd, NULL, &s2));
+  TU_ASSERT_OK(HixlCSClientCreate(&cd, NULL, &c2));
+  CU_ASSERT(s2 != s && c2 != c);
   bad_handle_calls(s, c, smh, cmh, "destroyed handles");
+  TU_ASSERT_OK(HixlCSServerListen(s2, 0));
+  TU_ASSERT_OK(HixlCSClientConnect(c2, CONNECT_MS));
+  TU_ASSERT_OK(HixlCSClientDestroy(c2));
+  TU_ASSERT_OK(HixlCSServerDestroy(s2));
   /* The live pair is unaffected by any of it. */
   put_get_check(g.cli, g.src.mem, g.dst.mem, g.raddr, g.srv.m.mem, 64 * KiB, 310);
 }
@@ -1573,7 +1586,12 @@ static void test_query_rules(void) {
 
   d = op(g.dst.mem, g.raddr, 4 * KiB);
   memset(g.dst.mem, 0, 4 * KiB);
+  CompleteHandle released = h;
   TU_ASSERT_OK(HixlCSClientBatchGetAsync(g.cli, 1, &d, &h));
+  /* A new batch, likely where the released one was in memory: a handle of its own, and
+   * the released one stays unknown (with addresses for handles, it named the new batch). */
+  CU_ASSERT(h != released);
+  TU_ASSERT_STATUS(HixlCSClientQueryCompleteStatus(g.cli, released, &s), HIXL_PARAM_INVALID);
   ASSERT_BATCH_ENDS(g.cli, h, HIXL_COMPLETE_STATUS_COMPLETED, XFER_MS, "BatchGetAsync");
   TU_ASSERT_PATTERN(g.dst.mem, 4 * KiB, 330, "BatchGetAsync");
 

@@ -965,6 +965,14 @@ static void test_deregister_args(void) {
   CU_ASSERT_PTR_NOT_NULL_FATAL(h);
   TU_ASSERT_OK(HixlEngineDeregisterMem(g.cli, h));
   TU_ASSERT_STATUS(HixlEngineDeregisterMem(g.cli, h), HIXL_PARAM_INVALID);
+  /* The same range registered again, likely in the registration's old memory: a handle of
+   * its own, and the stale one does not drop it (with addresses for handles, it did). */
+  HixlMemHandle h2 = tu_register(g.cli, m, 4096);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(h2);
+  CU_ASSERT(h2 != h);
+  TU_ASSERT_STATUS(HixlEngineDeregisterMem(g.cli, h), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineFreeMem(g.cli, h), HIXL_PARAM_INVALID);
+  TU_ASSERT_OK(HixlEngineDeregisterMem(g.cli, h2));
   tu_free_mem(m, 4096);
 }
 

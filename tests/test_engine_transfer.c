@@ -259,8 +259,14 @@ static void test_async_single(void) {
 
   memset(g.dst.mem, 0, len);
   d = desc(g.dst.mem, g.s.mem + 5, len);
+  HixlTransferReq released = req;
   req = NULL;
   TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_READ, &d, 1, 0, NULL, &req));
+  /* A new request, likely where the released one was in memory: a handle of its own, and
+   * the released one stays unknown (with addresses for handles, it named the new one). */
+  CU_ASSERT(req != released);
+  TU_ASSERT_STATUS(HixlEngineGetTransferStatus(g.cli, released, &ts), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlEngineGetTransferUserData(g.cli, released, &ud), HIXL_PARAM_INVALID);
   TU_ASSERT_OK(HixlEngineGetTransferUserData(g.cli, req, &ud));
   CU_ASSERT_PTR_NULL(ud);
   TU_ASSERT_OK(tu_wait_request(g.cli, req, tu_now_ms() + XFER_TIMEOUT, &ts));

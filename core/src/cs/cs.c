@@ -1,6 +1,8 @@
 /* cs: the HixlCS* client/server API, a thin layer over the engine. A server is an
  * engine that listens; a client is a client-only engine linked to one server. Live
- * handles are kept in a registry so a stale or bogus handle is PARAM_INVALID. */
+ * handles are tokens kept in a registry (util/handles.h: never an address, never given
+ * twice), so a stale or bogus handle is PARAM_INVALID, even once its memory holds a new
+ * server or client. */
 #include <arpa/inet.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -10,7 +12,7 @@
 #include "engine/engine_ext.h"
 #include "hixl/hixl_cs.h"
 #include "hixl/hixl_engine.h"
-#include "util/ptrset.h"
+#include "util/handles.h"
 #include "util/status_int.h"
 
 #define CS_DEFAULT_BATCH_TIMEOUT_MS 30000
@@ -34,8 +36,8 @@ struct cs_client {
   char remote[64];          /* "server_ip:port" */
   int32_t batch_timeout_ms; /* async batches end TIMEOUT after this */
   pthread_mutex_t lock;     /* guards batches and the GetRemoteMem outputs */
-  struct ptrset batches;    /* CompleteHandles not yet final */
-  uint32_t starting;        /* batches being started (lock released): they count toward the limit */
+  struct handles batches;   /* CompleteHandles not yet final -> their engine requests (NULL: starting,
+                             * the lock released; it counts toward the limit) */
   HcommMem *rmem;           /* last GetRemoteMem output, owned here */
   char **rtags;
   struct hixl_remote_mem *rsnap;
@@ -45,15 +47,16 @@ struct cs_client {
  * reverse) is as unknown as a freed one. */
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t registry_cond = PTHREAD_COND_INITIALIZER; /* a handle's last call returned */
-static struct ptrset servers, clients;
+static struct handles servers, clients;
 
-/* A call begins on h (a struct cs_server or cs_client): false when h is not live. */
-static bool registry_enter(struct ptrset *set, void *h) {
+/* A call begins on the handle h: its struct cs_server or cs_client, NULL when h is not
+ * live. */
+static void *registry_enter(struct handles *set, void *h) {
   pthread_mutex_lock(&registry_lock);
-  bool ok = h && ptrset_has(set, h);
-  if (ok) ((struct cs_ref *)h)->calls++;
+  struct cs_ref *ref = handles_get(set, (uintptr_t)h);
+  if (ref) ref->calls++;
   pthread_mutex_unlock(&registry_lock);
-  return ok;
+  return ref;
 }
 
 /* ... and returns st. */
@@ -64,21 +67,23 @@ static HixlStatus registry_leave(void *h, HixlStatus st) {
   return st;
 }
 
-static int registry_add(struct ptrset *set, void *h) {
+/* obj's handle, or NULL when out of memory. */
+static void *registry_add(struct handles *set, void *obj) {
   pthread_mutex_lock(&registry_lock);
-  int rc = ptrset_add(set, h);
+  uintptr_t token = handles_add(set, obj);
   pthread_mutex_unlock(&registry_lock);
-  return rc;
+  return (void *)token;
 }
 
-/* Take h out (no new call begins on it) and wait until its calls in flight returned. */
-static bool registry_del(struct ptrset *set, void *h) {
+/* Take the handle h out (no new call begins on it) and wait until its calls in flight
+ * returned: its object, NULL when h is not live. */
+static void *registry_del(struct handles *set, void *h) {
   pthread_mutex_lock(&registry_lock);
-  bool ok = h && ptrset_del(set, h);
-  if (set->count == 0) ptrset_free(set);
-  while (ok && ((struct cs_ref *)h)->calls > 0) pthread_cond_wait(&registry_cond, &registry_lock);
+  struct cs_ref *ref = handles_del(set, (uintptr_t)h);
+  if (set->count == 0) handles_free(set);
+  while (ref && ref->calls > 0) pthread_cond_wait(&registry_cond, &registry_lock);
   pthread_mutex_unlock(&registry_lock);
-  return ok;
+  return ref;
 }
 
 #define CHECK_ARG(cond, ...)                                                                                 \
@@ -168,11 +173,10 @@ HixlStatus HixlCSServerCreate(const HixlServerDesc *desc, const HixlServerConfig
     if (desc->endpoint_list[i].protocol != HIXL_EP_PROTOCOL_TCP) transport = "auto";
   }
   if ((st = engine_new(desc->server_ip, transport, device, &s->eng)) != HIXL_SUCCESS) goto free_server;
-  if (registry_add(&servers, s) < 0) {
+  if (!(*server_handle = registry_add(&servers, s))) {
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
     goto destroy_engine;
   }
-  *server_handle = s;
   return HIXL_SUCCESS;
 destroy_engine:
   HixlEngineDestroy(s->eng);
@@ -182,9 +186,8 @@ free_server:
 }
 
 #define SERVER(h, fn)                                                                                        \
-  struct cs_server *s = (h);                                                                                 \
-  if (!registry_enter(&servers, s))                                                                          \
-  return hixl_fail(HIXL_PARAM_INVALID, "%s: server handle %p is unknown or destroyed", fn, (void *)s)
+  struct cs_server *s = registry_enter(&servers, (h));                                                       \
+  if (!s) return hixl_fail(HIXL_PARAM_INVALID, "%s: server handle %p is unknown or destroyed", fn, (h))
 
 HixlStatus HixlCSServerRegMem(HixlServerHandle server_handle, const char *mem_tag, const HcommMem *mem,
                               MemHandle *mem_handle) {
@@ -204,10 +207,10 @@ HixlStatus HixlCSServerUnregMem(HixlServerHandle server_handle, MemHandle mem_ha
 }
 
 HixlStatus HixlCSServerDestroy(HixlServerHandle server_handle) {
-  struct cs_server *s = server_handle;
-  if (!registry_del(&servers, s))
+  struct cs_server *s = registry_del(&servers, server_handle);
+  if (!s)
     return hixl_fail(HIXL_PARAM_INVALID, "HixlCSServerDestroy: server handle %p is unknown or destroyed",
-                     (void *)s);
+                     server_handle);
   HixlEngineDestroy(s->eng); /* closes client links: their batches end FAILED */
   free(s);
   return HIXL_SUCCESS;
@@ -250,11 +253,10 @@ HixlStatus HixlCSClientCreate(const HixlClientDesc *desc, const HixlClientConfig
   if ((st = engine_new(local, transport, rdma ? desc->local_endpoint->device : NULL, &c->eng)) !=
       HIXL_SUCCESS)
     goto free_client;
-  if (registry_add(&clients, c) < 0) {
+  if (!(*client_handle = registry_add(&clients, c))) {
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
     goto destroy_engine;
   }
-  *client_handle = c;
   return HIXL_SUCCESS;
 destroy_engine:
   HixlEngineDestroy(c->eng);
@@ -265,9 +267,8 @@ free_client:
 }
 
 #define CLIENT(h, fn)                                                                                        \
-  struct cs_client *c = (h);                                                                                 \
-  if (!registry_enter(&clients, c))                                                                          \
-  return hixl_fail(HIXL_PARAM_INVALID, "%s: client handle %p is unknown or destroyed", fn, (void *)c)
+  struct cs_client *c = registry_enter(&clients, (h));                                                       \
+  if (!c) return hixl_fail(HIXL_PARAM_INVALID, "%s: client handle %p is unknown or destroyed", fn, (h))
 
 static int32_t timeout_arg(uint32_t timeout_ms) {
   return timeout_ms > (uint32_t)INT32_MAX ? INT32_MAX : (int32_t)timeout_ms;
@@ -365,31 +366,34 @@ static HixlStatus batch_async(struct cs_client *c, HixlTransferOp op, uint32_t n
   CHECK_ARG(complete_handle, "%s: complete_handle is NULL", fn);
   HixlStatus st = to_ops(n, list, fn, &ops);
   if (st != HIXL_SUCCESS) return st;
+  /* The batch's handle first (a place toward the limit, and its memory), so that once
+   * the transfer has started nothing can fail. */
+  uintptr_t token = 0;
   pthread_mutex_lock(&c->lock);
-  bool full = c->batches.count + c->starting >= HIXL_CS_MAX_INFLIGHT_BATCHES;
-  c->starting += !full;
+  bool full = c->batches.count >= HIXL_CS_MAX_INFLIGHT_BATCHES;
+  if (!full) token = handles_add(&c->batches, NULL);
   pthread_mutex_unlock(&c->lock);
   if (full) {
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED,
                    "%s: %d batches are not completed yet (the limit); query them with "
                    "HixlCSClientQueryCompleteStatus first",
                    fn, HIXL_CS_MAX_INFLIGHT_BATCHES);
+  } else if (!token) {
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
   } else {
     /* Without the client's lock: the engine may wait for the server's table first (a
      * range it has not heard of yet), up to the batch's timeout, and the client's other
      * calls go on meanwhile. */
     st = HixlEngineTransferAsync(c->eng, c->remote, op, ops, n, c->batch_timeout_ms, NULL, &req);
     pthread_mutex_lock(&c->lock);
-    c->starting--;
-    if (st == HIXL_SUCCESS && ptrset_add(&c->batches, req) < 0) {
-      HixlTransferStatus ts; /* cannot track it: let the engine release it as it ends */
-      (void)HixlEngineGetTransferStatus(c->eng, req, &ts);
-      st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
-    }
+    if (st == HIXL_SUCCESS)
+      handles_set(&c->batches, token, req);
+    else
+      handles_del(&c->batches, token);
     pthread_mutex_unlock(&c->lock);
   }
   free(ops);
-  if (st == HIXL_SUCCESS) *complete_handle = req;
+  if (st == HIXL_SUCCESS) *complete_handle = (CompleteHandle)token;
   return st;
 }
 
@@ -412,15 +416,16 @@ static HixlStatus query_status(struct cs_client *c, CompleteHandle complete_hand
   HixlTransferStatus ts;
   CHECK_ARG(complete_status, "HixlCSClientQueryCompleteStatus: complete_status is NULL");
   pthread_mutex_lock(&c->lock);
-  if (!complete_handle || !ptrset_has(&c->batches, complete_handle)) {
+  HixlTransferReq req = handles_get(&c->batches, (uintptr_t)complete_handle);
+  if (!req) { /* unknown, final already, or still starting (its handle not given out yet) */
     pthread_mutex_unlock(&c->lock);
     return hixl_fail(HIXL_PARAM_INVALID,
                      "HixlCSClientQueryCompleteStatus: complete_handle %p is unknown or was already released "
                      "by a final status",
                      complete_handle);
   }
-  HixlStatus st = HixlEngineGetTransferStatus(c->eng, complete_handle, &ts);
-  if (st == HIXL_SUCCESS && ts != HIXL_TRANSFER_WAITING) ptrset_del(&c->batches, complete_handle);
+  HixlStatus st = HixlEngineGetTransferStatus(c->eng, req, &ts);
+  if (st == HIXL_SUCCESS && ts != HIXL_TRANSFER_WAITING) handles_del(&c->batches, (uintptr_t)complete_handle);
   pthread_mutex_unlock(&c->lock);
   if (st != HIXL_SUCCESS) return st;
   static const HixlCompleteStatus map[] = {
@@ -464,12 +469,12 @@ HixlStatus HixlCSClientBatchGetSync(HixlClientHandle client_handle, uint32_t lis
 }
 
 HixlStatus HixlCSClientDestroy(HixlClientHandle client_handle) {
-  struct cs_client *c = client_handle;
-  if (!registry_del(&clients, c))
+  struct cs_client *c = registry_del(&clients, client_handle);
+  if (!c)
     return hixl_fail(HIXL_PARAM_INVALID, "HixlCSClientDestroy: client handle %p is unknown or destroyed",
-                     (void *)c);
+                     client_handle);
   HixlEngineDestroy(c->eng); /* batches in flight end FAILED; the engine frees them */
-  ptrset_free(&c->batches);
+  handles_free(&c->batches);
   free_remote_outputs(c);
   pthread_mutex_destroy(&c->lock);
   free(c);

@@ -305,13 +305,13 @@ HixlStatus HixlEngineDestroy(HixlEngine *e) {
   if (e->initialized) HixlEngineFinalize(e);
   /* Async requests never queried: every chunk ended when the links closed. */
   for (size_t i = 0; i < e->reqs.cap; i++) {
-    struct hixl_transfer_req *r = e->reqs.slots[i];
+    struct hixl_transfer_req *r = e->reqs.slots[i].obj;
     if (r) {
       free(r->staged);
       free(r);
     }
   }
-  ptrset_free(&e->reqs);
+  handles_free(&e->reqs);
   link_free_graveyard(e); /* a link a caller was still driving at Finalize */
   auth_destroy(&e->auth);
   pthread_cond_destroy(&e->cond);

@@ -9,16 +9,21 @@
 
 #include "devmem/devmem.h"
 #include "engine/api_int.h"
+#include "util/handles.h"
 #include "util/log.h"
 #include "util/sock.h"
 #include "util/status_int.h"
 
 /* ---- memory ---- */
 
-/* The registration behind handle, or NULL when this engine holds none such. */
+/* The registration behind handle (a token, util/handles.h), or NULL when this engine
+ * holds none such: a handle of a registration since dropped stays unknown, even where a
+ * new registration took its memory. */
 static struct hixl_mem_reg *reg_of(HixlEngine *e, HixlMemHandle handle) {
-  for (size_t i = 0; i < e->regs.count; i++)
-    if (e->regs.v[i] == &handle->range) return handle;
+  for (size_t i = 0; i < e->regs.count; i++) {
+    struct hixl_mem_reg *r = (struct hixl_mem_reg *)e->regs.v[i]; /* range is its first member */
+    if (r->token == (uintptr_t)handle) return r;
+  }
   return NULL;
 }
 
@@ -101,13 +106,14 @@ HixlStatus hixl_engine_alloc_tagged(HixlEngine *e, size_t len, const char *tag, 
   if (st == HIXL_SUCCESS && !sealed)
     log_warn("HixlEngineAllocMem: cannot seal the memfd (%s): peers copy it, not map it", strerror(errno));
   pthread_mutex_lock(&e->lock); /* h stays: only FreeMem or Finalize drop it, and Finalize waits */
-  if (st == HIXL_SUCCESS) {
-    h->memfd = fd; /* Finalize's release unmaps it, when Finalize came meanwhile */
-    h->map_len = map_len;
-    h->sealed = sealed;
+  struct hixl_mem_reg *r = st == HIXL_SUCCESS ? reg_of(e, h) : NULL;
+  if (r) {
+    r->memfd = fd; /* Finalize's release unmaps it, when Finalize came meanwhile */
+    r->map_len = map_len;
+    r->sealed = sealed;
     if (!e->initialized)
       st = hixl_fail(HIXL_PARAM_INVALID, "HixlEngineAllocMem: the engine was finalized during the call");
-    for (int k = 0; k < XPORT_MODS && st == HIXL_SUCCESS; k++) e->mods[k]->mem.share(e, h);
+    for (int k = 0; k < XPORT_MODS && st == HIXL_SUCCESS; k++) e->mods[k]->mem.share(e, r);
   }
   api_back(e);
   pthread_mutex_unlock(&e->lock);
@@ -188,6 +194,7 @@ HixlStatus hixl_engine_register_tagged(HixlEngine *e, const HixlMemDesc *mem, Hi
     goto unlock;
   }
   r->memfd = -1;
+  r->token = handle_token();
   r->range.addr = mem->addr;
   r->range.len = mem->len;
   r->type = type;
@@ -216,7 +223,7 @@ HixlStatus hixl_engine_register_tagged(HixlEngine *e, const HixlMemDesc *mem, Hi
   link_broadcast_mem(e, WIRE_MEM_ADD, r);
   /* Device memory is offered to same-host peers (shm: an IPC handle), after its MEM_ADD. */
   for (int k = 0; type == HIXL_MEM_DEVICE && k < XPORT_MODS; k++) e->mods[k]->mem.share(e, r);
-  *handle = r;
+  *handle = (HixlMemHandle)r->token;
 unlock:
   pthread_mutex_unlock(&e->lock);
   return st;

@@ -380,25 +380,26 @@ HixlStatus HixlEngineTransferAsync(HixlEngine *e, const char *remote, HixlTransf
   r->user_data = user_data;
   c->xp->link.async(c, r); /* nobody waits in a call; shm: copied now or queued, c may be gone after */
   pthread_mutex_lock(&e->req_lock);
-  int added = ptrset_add(&e->reqs, r);
+  uintptr_t token = handles_add(&e->reqs, r);
   pthread_mutex_unlock(&e->req_lock);
-  if (added < 0) {
+  if (!token) {
     r->cancelled = true;
     r->user_holds = false;
     link_req_maybe_free(r);
     pthread_mutex_unlock(&e->lock);
     return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineTransferAsync: out of memory");
   }
-  *req = r;
+  *req = (HixlTransferReq)token; /* a token (util/handles.h), not r's address */
   pthread_mutex_unlock(&e->lock);
   return HIXL_SUCCESS;
 }
 
-/* Find a request the caller still holds; returns with req_lock held on success. */
-static HixlStatus req_enter(HixlEngine *e, HixlTransferReq req, const char *fn) {
+/* Find a request the caller still holds (*out); returns with req_lock held on success. */
+static HixlStatus req_enter(HixlEngine *e, HixlTransferReq req, const char *fn,
+                            struct hixl_transfer_req **out) {
   if (!e) return hixl_fail(HIXL_PARAM_INVALID, "%s: engine is NULL", fn);
   pthread_mutex_lock(&e->req_lock);
-  if (!req || !ptrset_has(&e->reqs, req)) {
+  if (!(*out = handles_get(&e->reqs, (uintptr_t)req))) {
     pthread_mutex_unlock(&e->req_lock);
     return hixl_fail(HIXL_PARAM_INVALID, "%s: request %p is unknown or was already released", fn,
                      (void *)req);
@@ -408,9 +409,9 @@ static HixlStatus req_enter(HixlEngine *e, HixlTransferReq req, const char *fn) 
 
 HixlStatus HixlEngineGetTransferStatus(HixlEngine *e, HixlTransferReq req, HixlTransferStatus *status) {
   CHECK_ARG(status, "HixlEngineGetTransferStatus: status output is NULL");
-  HixlStatus st = req_enter(e, req, "HixlEngineGetTransferStatus");
+  struct hixl_transfer_req *r;
+  HixlStatus st = req_enter(e, req, "HixlEngineGetTransferStatus", &r);
   if (st != HIXL_SUCCESS) return st;
-  struct hixl_transfer_req *r = req;
   HixlTransferStatus s = HIXL_TRANSFER_WAITING;
   hixl_error_clear();
   /* Polling a request in flight must not contend with the progress thread. */
@@ -423,11 +424,11 @@ HixlStatus HixlEngineGetTransferStatus(HixlEngine *e, HixlTransferReq req, HixlT
   pthread_mutex_unlock(&e->req_lock);
   pthread_mutex_lock(&e->lock);
   pthread_mutex_lock(&e->req_lock);
-  if (!ptrset_has(&e->reqs, r)) { /* another thread settled it meanwhile */
+  if (handles_get(&e->reqs, (uintptr_t)req) != r) { /* another thread settled it meanwhile */
     pthread_mutex_unlock(&e->req_lock);
     pthread_mutex_unlock(&e->lock);
     return hixl_fail(HIXL_PARAM_INVALID, "HixlEngineGetTransferStatus: request %p was already released",
-                     (void *)r);
+                     (void *)req);
   }
   if (r->outstanding == 0) {
     s = r->status == HIXL_SUCCESS   ? HIXL_TRANSFER_COMPLETED
@@ -448,7 +449,7 @@ HixlStatus HixlEngineGetTransferStatus(HixlEngine *e, HixlTransferReq req, HixlT
     }
   }
   if (s != HIXL_TRANSFER_WAITING) {
-    ptrset_del(&e->reqs, r);
+    handles_del(&e->reqs, (uintptr_t)req);
     r->user_holds = false;
     link_req_maybe_free(r);
   }
@@ -460,9 +461,10 @@ HixlStatus HixlEngineGetTransferStatus(HixlEngine *e, HixlTransferReq req, HixlT
 
 HixlStatus HixlEngineGetTransferUserData(HixlEngine *e, HixlTransferReq req, void **user_data) {
   CHECK_ARG(user_data, "HixlEngineGetTransferUserData: user_data output is NULL");
-  HixlStatus st = req_enter(e, req, "HixlEngineGetTransferUserData");
+  struct hixl_transfer_req *r;
+  HixlStatus st = req_enter(e, req, "HixlEngineGetTransferUserData", &r);
   if (st != HIXL_SUCCESS) return st;
-  *user_data = req->user_data;
+  *user_data = r->user_data;
   pthread_mutex_unlock(&e->req_lock);
   return HIXL_SUCCESS;
 }

@@ -18,7 +18,7 @@
 #include "hixl/hixl_engine.h"
 #include "util/auth.h"
 #include "util/memtab.h"
-#include "util/ptrset.h"
+#include "util/handles.h"
 #include "wire/wire.h"
 
 #define ENGINE_TCP_CHUNK (1u << 20) /* ops larger than this are split */
@@ -358,7 +358,7 @@ struct HixlEngine {
   const struct xport_ops *frame_owner[WIRE_TYPE_MAX_ + 1]; /* target frames a module owns */
   const struct xport_ops *init_owner[WIRE_TYPE_MAX_ + 1];  /* initiator frames a module owns */
   struct stage_pool pool;
-  struct ptrset reqs;       /* async requests the caller holds; under req_lock too */
+  struct handles reqs;      /* async requests the caller holds, by token; under req_lock too */
   pthread_mutex_t req_lock; /* taken after lock, or alone to poll a WAITING request */
   struct notify_item *notifies;
   size_t n_notifies, cap_notifies;

@@ -32,6 +32,7 @@ struct hixl_mem_reg {
   size_t map_len;             /* ... and the length of its mapping */
   bool sealed;                /* ... sealed against shrinking and growing: peers may map it */
   bool freeing;               /* ... FreeMem or a device DeregisterMem waits: a second one is refused */
+  uintptr_t token;            /* its HixlMemHandle (util/handles.h: never an address, never reused) */
 };
 
 /* A peer's registration as it advertised it. */
