@@ -806,6 +806,13 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def update_connector_output(self, connector_output: Any):
         sending = getattr(connector_output, "finished_sending", None) or set()
+        if self._push and not sending <= self._pushing:
+            # A push that ended before its request did (the request goes on generating):
+            # vLLM frees a request's blocks on finished_sending, and asserts it finished.
+            # Taken out of vLLM's set; the plugin hears of it below, so the request's
+            # request_finished answers delay_free False and vLLM frees the blocks then.
+            early = sending - self._pushing
+            connector_output.finished_sending = sending - early
         recving = getattr(connector_output, "finished_recving", None) or set()
         self._invalid |= set(getattr(connector_output, "invalid_block_ids", None) or ())
         failed = []

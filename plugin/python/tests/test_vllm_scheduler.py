@@ -138,7 +138,7 @@ def step(sched, sending=None, recving=None, invalid=None):
     return so, outs
 
 
-META_TYPES = {1: "LOAD", 2: "HOLD", 3: "FREE"}
+META_TYPES = {1: "LOAD", 2: "HOLD", 3: "FREE", 4: "PUSH", 5: "EXPECT"}
 
 
 def meta(so):
@@ -234,6 +234,44 @@ def test_producer_holds_blocks_until_finished_sending(model_dir):
     step(p, sending={"prod-1"})  # the consumer has read the blocks
     assert_empty(p)
     p.shutdown()
+
+
+@pytest.mark.parametrize("max_tokens", [1, 3])
+def test_push_mode_producer_frees_once_finished(model_dir, max_tokens):
+    """Push mode: the producer writes the prompt's KV into the consumer's blocks as the
+    prefill runs. With max_tokens 1 the request ends in that step, so its push ends after
+    it: request_finished keeps the blocks until finished_sending. With max_tokens 3 the
+    request goes on generating and its push can end first: vLLM frees a request's blocks
+    on finished_sending and asserts the request is finished, so the adapter holds that id
+    back from vLLM (the plugin notes the push ended), and the blocks are freed when the
+    request ends (request_finished answers delay_free False)."""
+    c = make_scheduler(model_dir, "kv_consumer", keys={"mode": "push"})
+    c.add_request(make_request("d-0", {"do_remote_prefill": True}, 3))
+    step(c)  # the consumer allocates the blocks the producer pushes into
+    params = c.connector.get_push_params("d-0")
+    assert params["do_remote_decode"] is True and len(params["remote_block_ids"]) == PROMPT_BLOCKS
+    p = make_scheduler(model_dir, "kv_producer", keys={"mode": "push"})
+    r = make_request("p-0", params, max_tokens)
+    p.add_request(r)
+    so, outs = step(p)  # the prefill, its layers pushed as they are computed
+    assert meta(so) == (1, ("PUSH", "p-0"))
+    if max_tokens == 1:
+        assert r.status == RequestStatus.FINISHED_LENGTH_CAPPED
+        assert calls(p, "request_finished_all_groups", "p-0")[0][1][0] is True  # kept until sent
+        assert free(p) == usable(p) - PROMPT_BLOCKS
+        step(p, sending={"p-0"})  # the push ended
+    else:
+        assert r.status == RequestStatus.RUNNING
+        step(p, sending={"p-0"})  # the push ended; the request goes on (a second token)
+        assert r.status == RequestStatus.RUNNING and "p-0" in p.requests
+        step(p)  # the third token: the request ends, and its blocks are free at once
+        assert r.status == RequestStatus.FINISHED_LENGTH_CAPPED
+        assert calls(p, "request_finished_all_groups", "p-0")[0][1][0] is False
+    assert_empty(p)
+    assert not p.connector._pushing
+    p.shutdown()
+    c.finish_requests("d-0", RequestStatus.FINISHED_ABORTED)
+    c.shutdown()
 
 
 # ---- 2. remote prefill: load, then compute only what was not loaded ----
