@@ -27,9 +27,7 @@ for c in cmake python3 timeout taskset; do command -v "$c" >/dev/null || die "$c
 
 ROUNDS=${AB_ROUNDS:-3} SECS=${AB_SECONDS:-1} TIMEOUT=${AB_TIMEOUT:-300}
 TRANSPORTS=(tcp shm) BATCHES=(1 64) OPS=(read write) SIZES=4K,16K,64K,256K,1M,4M
-if [ "${AB_QUICK:-0}" = 1 ]; then
-  TRANSPORTS=(tcp) SIZES=16K,1M ROUNDS=${AB_ROUNDS:-1} SECS=0.5
-fi
+[ "${AB_QUICK:-0}" != 1 ] || TRANSPORTS=(tcp) SIZES=16K,1M ROUNDS=${AB_ROUNDS:-1} SECS=0.5
 [[ "$ROUNDS" =~ ^[1-9]$ ]] || die "AB_ROUNDS must be 1..9"
 [[ "$TIMEOUT" =~ ^[1-9][0-9]*$ ]] || die "AB_TIMEOUT must be whole seconds"
 TOTAL=4G # per point: --max-seconds ends each point first

@@ -12,8 +12,6 @@ lists the hooks, docs/vllm.md the figures. --tree takes hixl_vllm from another c
 (A/B). Needs torch only for the worker's tensors (64 blocks of 4 tokens per layer).
 """
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import json

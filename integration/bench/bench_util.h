@@ -32,27 +32,6 @@ static inline uint64_t bench_now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Wait up to timeout_s for child pid to exit: its exit code (128 + signal when killed
- * by one). Past the deadline it is killed and reaped and false goes to *in_time (the
- * caller says what that means); 1 then. Polls: a child's exit has no descriptor. */
-static inline int bench_wait_child(pid_t pid, int timeout_s, bool *in_time) {
-  uint64_t deadline = bench_now_ns() + (uint64_t)timeout_s * 1000000000ull;
-  int wst = 0;
-  *in_time = true;
-  for (;;) {
-    pid_t w = waitpid(pid, &wst, WNOHANG);
-    if (w == pid) return WIFEXITED(wst) ? WEXITSTATUS(wst) : 128 + WTERMSIG(wst);
-    if (w < 0) return 1;
-    if (bench_now_ns() > deadline) {
-      *in_time = false;
-      kill(pid, SIGKILL);
-      waitpid(pid, &wst, 0);
-      return 1;
-    }
-    poll(NULL, 0, 10);
-  }
-}
-
 static inline bool bench_parse_u64(const char *s, uint64_t *out) {
   char *end = NULL;
   if (s == NULL || *s == '\0' || *s == '-') return false;

@@ -67,10 +67,10 @@ static int target(int fd) {
   uint32_t n;
   static uint64_t list[1 << 16];
   /* "digest these blocks": a count, the blocks; until the channel closes */
-  while (read(fd, &n, sizeof(n)) == sizeof(n) && n > 0 && n <= (1 << 16)) {
-    if (bench_read_full(fd, list, n * sizeof(uint64_t)) != 0) break;
+  while (bench_read_full(fd, &n, sizeof(n)) == 0 && n > 0 && n <= (1 << 16) &&
+         bench_read_full(fd, list, n * sizeof(uint64_t)) == 0) {
     uint64_t h = digest(t, list, n);
-    if (write(fd, &h, sizeof(h)) < 0) break;
+    if (!hb_write_all(fd, &h, sizeof(h))) break;
   }
   HixlCacheManagerDestroy(m);
   HixlEngineDestroy(e);
@@ -166,10 +166,8 @@ static bool arrived(const struct scen *s) {
   uint32_t n = o.req;
   uint64_t h = 0;
   const uint64_t *far = s->push ? s->dst : s->src, *near = s->push ? s->src : s->dst;
-  if (write(tgt->fd, &n, sizeof(n)) < 0 || write(tgt->fd, far, n * sizeof(uint64_t)) < 0 ||
-      bench_read_full(tgt->fd, &h, sizeof(h)) != 0)
-    return false;
-  return h == digest(mine, near, n);
+  return hb_write_all(tgt->fd, &n, sizeof(n)) && hb_write_all(tgt->fd, far, n * sizeof(uint64_t)) &&
+         bench_read_full(tgt->fd, &h, sizeof(h)) == 0 && h == digest(mine, near, n);
 }
 
 static void pick(uint64_t *v, size_t n, uint64_t *rng) {

@@ -86,7 +86,8 @@ struct hb_peer {
 };
 /* Run fn(arg, fd) in a child process, which exits with its result. Dies on failure. */
 void hb_spawn(struct hb_peer *p, int (*fn)(void *arg, int fd), void *arg);
-/* Close the channel and wait up to timeout_s for the child (killed past it): its status. */
+/* Close the channel and wait up to timeout_s for the child: its exit code (128 + the signal's
+ * number when one ended it); past timeout_s it is killed, which is said, and 1. */
 int hb_reap(struct hb_peer *p, int timeout_s);
 /* All len bytes to a socket (EINTR retried, no SIGPIPE): false when it failed. */
 bool hb_write_all(int fd, const void *p, size_t len);

@@ -44,7 +44,7 @@ static struct {
   uint64_t lat_iters;     /* round trips of --latency */
   size_t lat_size;        /* bytes per latency READ */
   const char *csv, *json; /* result files */
-  bool verify, progress;  /* a byte-for-byte check per point; progress lines on stderr */
+  bool progress;          /* progress lines on stderr */
   int cpu[2];             /* --pin: initiator, target; -1 none */
   struct hb_extra x;      /* --opt: to both engines, in order given */
   int unreg;              /* --unregistered: enum bench_unreg bits */
@@ -61,7 +61,6 @@ static struct {
        .window = 4,
        .lat_iters = 20000,
        .lat_size = 64,
-       .verify = true,
        .progress = true,
        .cpu = {-1, -1}};
 
@@ -71,7 +70,7 @@ struct point_result { /* a point's own figures; its api, mode and window are the
   uint64_t iters, bytes;
   double seconds, gbps;
   struct bench_stats st;
-  const char *verified; /* "yes" / "no" / "skipped" */
+  const char *verified; /* "yes" / "no" */
 };
 
 struct bench_ctx {
@@ -211,8 +210,8 @@ static void build_descs(const struct bench_ctx *c, size_t first, uintptr_t local
  * Batch{Put,Get}Sync), else started, *handle its HixlTransferReq or CompleteHandle (the CS
  * API has no per-batch timeout: its batches end TIMEOUT after HIXL_CS_BATCH_TIMEOUT_MS).
  * False after saying which call failed ("HixlEngineTransferSync(READ, verify)"). */
-static bool xfer(struct bench_ctx *c, HixlTransferOp op, size_t first, size_t n, int32_t tmo, void *user_data,
-                 void **handle, const char *what) {
+static bool xfer(struct bench_ctx *c, HixlTransferOp op, size_t first, size_t n, int32_t tmo, void **handle,
+                 const char *what) {
   const HixlOneSideOpDesc *cd = &c->cdescs[first];
   HixlTransferReq req = NULL;
   HixlStatus st;
@@ -220,7 +219,7 @@ static bool xfer(struct bench_ctx *c, HixlTransferOp op, size_t first, size_t n,
   if (o.api == API_ENGINE && handle == NULL)
     st = HixlEngineTransferSync(c->eng, o.peer, op, &c->descs[first], n, tmo);
   else if (o.api == API_ENGINE)
-    st = HixlEngineTransferAsync(c->eng, o.peer, op, &c->descs[first], n, tmo, user_data, &req);
+    st = HixlEngineTransferAsync(c->eng, o.peer, op, &c->descs[first], n, tmo, NULL, &req);
   else if (handle == NULL)
     st = op == HIXL_READ ? HixlCSClientBatchGetSync(c->cli, (uint32_t)n, cd, (uint32_t)tmo)
                          : HixlCSClientBatchPutSync(c->cli, (uint32_t)n, cd, (uint32_t)tmo);
@@ -264,7 +263,7 @@ static int verify_point(struct bench_ctx *c, HixlTransferOp op, size_t block, si
   for (size_t w = 0; w < 2 * window; w++) { /* every request's slots: WRITE from src, then READ into dst */
     HixlTransferOp d = w < window ? HIXL_WRITE : HIXL_READ;
     build_descs(c, 0, (uintptr_t)(d == HIXL_WRITE ? src : dst), block, batch, w % window);
-    if (!xfer(c, d, 0, batch, call_timeout(block * batch), NULL, NULL, "verify")) return -1;
+    if (!xfer(c, d, 0, batch, call_timeout(block * batch), NULL, "verify")) return -1;
   }
   size_t bad = 0;
   if (!bench_same(src, dst, used, &bad)) {
@@ -294,7 +293,7 @@ static bool run_phase(struct bench_ctx *c, bool async, HixlTransferOp op, size_t
   for (size_t w = 0; w < window; w++) build_descs(c, w * batch, (uintptr_t)c->lbuf, block, batch, w);
   for (*done = 0; !async && *done < count;) {
     uint64_t t0 = bench_now_ns();
-    if (!xfer(c, op, 0, batch, tmo, NULL, NULL, lat ? NULL : "warm-up")) return false;
+    if (!xfer(c, op, 0, batch, tmo, NULL, lat ? NULL : "warm-up")) return false;
     uint64_t t = bench_now_ns();
     if (lat) lat[*done] = t - t0;
     ++*done;
@@ -307,17 +306,10 @@ static bool run_phase(struct bench_ctx *c, bool async, HixlTransferOp op, size_t
   for (;;) {
     bool submit = limit_ns == 0 || bench_now_ns() <= limit_ns;
     for (size_t w = 0; w < window && submit && ok && submitted < count; w++) {
-      void *ud = (void *)(uintptr_t)(w + 1), *back = NULL;
       if (s[w].busy) continue;
       s[w].t_submit = bench_now_ns();
-      if (!(ok = xfer(c, op, w * batch, batch, tmo, ud, &s[w].req, NULL))) break;
-      if (submitted++ == 0 && o.api == API_ENGINE) { /* the user data comes back */
-        HixlStatus st = HixlEngineGetTransferUserData(c->eng, s[w].req, &back);
-        if (st != HIXL_SUCCESS || back != ud) {
-          hb_say("HixlEngineGetTransferUserData gave %p (%s), expected %p\n", back, HixlStatusName(st), ud);
-          ok = false;
-        }
-      }
+      if (!(ok = xfer(c, op, w * batch, batch, tmo, &s[w].req, NULL))) break;
+      submitted++;
       s[w].busy = true;
       busy++;
     }
@@ -385,13 +377,10 @@ static int run_sweep(struct bench_ctx *c) {
       hb_say("[%zu/%zu] %s block %zu batch %zu%s: up to %" PRIu64 " iterations (%.1f s so far)\n", p + 1,
              total_points, op_names[op], block, batch, o.async ? " async" : "", iters,
              (double)(bench_now_ns() - sweep_t0) / 1e9);
-    struct point_result r = {op_names[op], block, batch, .verified = "skipped"};
-    if (o.verify) {
-      int v = verify_point(c, op, block, batch, window, p + 2);
-      if (v < 0) return 1;
-      r.verified = v == 1 ? "yes" : "no";
-      rc |= v == 0;
-    }
+    int v = verify_point(c, op, block, batch, window, p + 2);
+    struct point_result r = {op_names[op], block, batch, .verified = v == 1 ? "yes" : "no"};
+    if (v < 0) return 1;
+    rc |= v == 0;
     if (!run_point(c, o.async, op, block, batch, iters, point_warmup(iters), &r)) return 1;
     printf("%-6s %10zu %6zu %9" PRIu64 " %9.3f %10.2f %10.2f %10.2f  %s\n", r.op, r.block, r.batch, r.iters,
            r.gbps, r.st.avg_us, r.st.p50_us, r.st.p99_us, r.verified);
@@ -407,8 +396,8 @@ static int run_sweep(struct bench_ctx *c) {
  * point of --lat-size, batch 1 (its seconds: the round trips' wall time). */
 static int run_latency(struct bench_ctx *c) {
   uint64_t warmup = o.warmup != UINT64_MAX ? o.warmup : 1000;
-  struct point_result r = {"READ", o.lat_size, 1, .verified = o.verify ? "yes" : "skipped"};
-  if (o.verify && verify_point(c, HIXL_READ, o.lat_size, 1, 1, 1) != 1) return 1;
+  struct point_result r = {"READ", o.lat_size, 1, .verified = "yes"};
+  if (verify_point(c, HIXL_READ, o.lat_size, 1, 1, 1) != 1) return 1;
   if (o.progress)
     hb_say("latency: %" PRIu64 " READ round trips of %zu B after %" PRIu64 " warm-up\n", o.lat_iters,
            o.lat_size, warmup);
@@ -485,7 +474,7 @@ static int measure(struct bench_ctx *c, uint64_t connect_ns) {
   if (o.unreg) printf("%zu bytes per side, unregistered %s (staged)", c->span, unregs[o.unreg]);
   if (!o.unreg) printf("%zu registered bytes per side", c->span);
   if (o.api == API_ENGINE) printf(", engine options %s", options_text());
-  printf(", verify %s, connect %.2f ms\n", o.verify ? "on" : "off", (double)connect_ns / 1e6);
+  printf(", verify on, connect %.2f ms\n", (double)connect_ns / 1e6);
   int rc = o.latency ? run_latency(c) : run_sweep(c);
   return write_results(c) ? rc : 1;
 }
@@ -627,7 +616,6 @@ static const struct hb_opt opts[] = {
     {"--max-seconds", HB_DBL, &o.max_seconds, "S", "a point's time limit (default 3)", 1e-9, 3600, NULL},
     {"--async", HB_FLAG, &o.async, NULL, "TransferAsync (cs: Batch*Async), --window requests", 0, 0, NULL},
     {"--window", HB_SIZE, &o.window, "N", "async requests in flight (default 4)", 1, BENCH_MAX_WINDOW, NULL},
-    {"--no-verify", HB_NOFLAG, &o.verify, NULL, "skip the byte-for-byte check of each point", 0, 0, NULL},
     {"--latency", HB_FLAG, &o.latency, NULL, "only small READ round trips (sync, batch 1)", 0, 0, NULL},
     {"--lat-iters", HB_U64, &o.lat_iters, "N", "round trips (default 20000)", 1, BENCH_MAX_ITERS, NULL},
     {"--lat-size", HB_SIZE, &o.lat_size, "BYTES", "bytes per READ (default 64)", 1, 1e18, NULL},

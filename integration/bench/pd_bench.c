@@ -599,11 +599,7 @@ static void row_out(const struct row *w, size_t i, FILE *json, FILE *csv) {
       F2("raw_call_push_ratio", "ratio", ms(w, S_RAW_CALL_PUSH) / l)};
   size_t nf = o.push ? HB_NF(r) : PD_PULL_FIELDS;
   if (i == 0 && csv) hb_head(csv, HB_CSV, r, nf);
-  hb_emit(stdout, NULL, csv, i, o.nprompts, r, nf);
-  if (json) {
-    fputs(i ? ",\n " : "\n ", json);
-    hb_row(json, HB_JSON, r, nf);
-  }
+  hb_emit(stdout, json, csv, i, o.nprompts, r, nf);
 }
 
 int main(int argc, char **argv) {
@@ -797,11 +793,11 @@ int main(int argc, char **argv) {
     fprintf(f,
             "{\"transport\": \"%s\", \"layout\": \"%s\", \"layers\": %u, \"block_tokens\": %u"
             ", \"block_bytes\": %" PRIu64 ", \"rounds\": %u, \"step_us\": %" PRIu64
-            ", \"push\": %s, \"obs\": %s, \"rows\": [",
+            ", \"push\": %s, \"obs\": %s, \"rows\": [\n",
             o.transport, layout_names[o.layout], o.layers, o.block_tokens, o.block_bytes, o.rounds, o.step_us,
             o.push ? "true" : "false", o.obs ? "true" : "false");
   for (size_t i = 0; i < o.nprompts; i++) row_out(&rows[i], i, f, csv);
-  if (f) fprintf(f, "\n]}\n"), fclose(f);
+  if (f) hb_json_end(f, o.json);
   if (csv) fclose(csv);
   return host_down(&p);
 }

@@ -87,13 +87,10 @@ def cpu_seconds(json_path):
         return None
 
 
-def machine():
-    cpu = next((l.split(":", 1)[1].strip() for l in read("/proc/cpuinfo").splitlines()
-                if l.startswith("model name")), "")
-    kib = next((int(l.split()[1]) for l in read("/proc/meminfo").splitlines() if l.startswith("MemTotal")), 0)
-    os_name = next((l.split("=", 1)[1].strip('"') for l in read("/etc/os-release").splitlines()
-                    if l.startswith("PRETTY_NAME=")), "unknown")
-    return cpu, "%.1f GiB" % (kib / 1048576), platform.release(), os_name
+def machine():  # CPU model, memory, kernel, OS
+    kib = int(grep(r"^MemTotal\S*\s+(\d+)", "/proc/meminfo", re.M) or 0)
+    return (grep(r"^model name[^:]*:(.*)", "/proc/cpuinfo", re.M).strip(), "%.1f GiB" % (kib / 1048576),
+            platform.release(), grep(r"^PRETTY_NAME=(.*)", "/etc/os-release", re.M).strip('"') or "unknown")
 
 
 def fill(template, out, values):
@@ -568,12 +565,11 @@ def auth(res, out, template=None):
     def put(d, key, variant, r, x):
         d.setdefault(key, {}).setdefault(variant, {})[r] = x
 
-    for p in sorted(glob.glob(os.path.join(res, "raw", "r*-*.json"))):  # the JSON keys in one order
+    for p, j in jsons(res, "raw", "r*-*.json"):  # the JSON keys in one order
         m = re.match(r"r(\d+)-(?:(ops|pd)-(\w+)-(onp|on|off|offb)|conn)\.json$", os.path.basename(p))
         if not m:
             continue
         r, kind, t, v = int(m[1]), m[2], m[3], m[4]
-        j = json.load(open(p))
         if not kind:  # the connects
             for x in j["results"]:
                 put(conn, x["transport"], x["mode"].replace("-", ""), r, x)

@@ -38,9 +38,8 @@ export HIXL_KV_PLUGIN=$PLUGIN
 # run_host OUT_JSON WHAT CMD...: CMD --json OUT_JSON, its output beside it as .txt, whose
 # last line (the summary) is shown.
 run_host() {
-  local out=$1 what=$2
-  shift 2
-  "$@" --json "$out" >"${out%.json}.txt" || die "$what failed (see ${out%.json}.txt)"
+  local out=$1
+  "${@:3}" --json "$out" >"${out%.json}.txt" || die "$2 failed (see ${out%.json}.txt)"
   tail -n 1 "${out%.json}.txt" | sed "s/^/$NAME:   /" >&2
 }
 # The same hand-off, both hosts: llama8b, 4096-token requests, packed, the host's memory.

@@ -13,19 +13,16 @@ NAME=run_auth
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"
 (($# == 1 || $# == 2)) || die "usage: $0 BUILD_DIR [OUTPUT_MD]"
-start "BUILD_DIR [OUTPUT_MD]" "$@"
-OUT=${2:-$SRC/docs/performance-auth.md}
-BENCH=$BIN/hixl-bench ABENCH=$BIN/hixl-auth-bench
-MHOST=$BUILD/integration/mock-host/hixl-mock-host PLUGIN=$BUILD/plugin/libhixl_kv_connector.so
-need "$BENCH" "$ABENCH" "$MHOST" "$PLUGIN"
+page performance-auth.md hixl-bench auth-results "$@"
+ABENCH=$BIN/hixl-auth-bench MHOST=$BUILD/integration/mock-host/hixl-mock-host
+PLUGIN=$BUILD/plugin/libhixl_kv_connector.so
+need "$ABENCH" "$MHOST" "$PLUGIN"
 for c in python3 timeout; do command -v "$c" >/dev/null || die "$c is missing"; done
 [ -x /usr/bin/time ] || die "/usr/bin/time is missing (Debian: apt-get install time)"
 ROUNDS=${AUTH_ROUNDS:-5} REQUESTS=${AUTH_REQUESTS:-32} SECS=${AUTH_SECONDS:-1} CONNECTS=${AUTH_CONNECTS:-500}
 [[ "$ROUNDS" =~ ^[1-9][0-9]?$ && "$ROUNDS" -le 20 ]] || die "AUTH_ROUNDS must be 1..20"
-[[ "$REQUESTS" =~ ^[1-9][0-9]*$ ]] || die "AUTH_REQUESTS must be a whole number"
-[[ "$CONNECTS" =~ ^[1-9][0-9]*$ ]] || die "AUTH_CONNECTS must be a whole number"
+for k in REQUESTS CONNECTS; do [[ "${!k}" =~ ^[1-9][0-9]*$ ]] || die "AUTH_$k must be a whole number"; done
 [[ "$SECS" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "AUTH_SECONDS must be a number of seconds"
-results auth-results
 RAW=$RES/raw
 NOTE=$RES/notes # one line per thing the page must say about the run
 OPEN_MSG="accepts links from anyone" # an engine with a port and no key says this once
@@ -103,9 +100,8 @@ measure() {
       done
     done
     log "round $r/$ROUNDS: connects"
-    timeout -k 10 300 env -u HIXL_AUTH_KEY_FILE "$ABENCH" --connects "$CONNECTS" --aa --transports tcp,auto \
-      --no-progress --json "$RAW/r$r-conn.json" >"$RAW/r$r-conn.out" 2>"$RAW/r$r-conn.err" ||
-      die "hixl-auth-bench (round $r) failed; see $RAW/r$r-conn.err"
+    timed "$RAW/r$r-conn" 300 "hixl-auth-bench (round $r)" env -u HIXL_AUTH_KEY_FILE "$ABENCH" --connects "$CONNECTS" \
+      --aa --transports tcp,auto --no-progress --json "$RAW/r$r-conn.json"
     echo "after round $r: $(load)" >>"$RES/load"
     log "round $r done after $((SECONDS - t0)) s; about $(((SECONDS - t0) * (ROUNDS - r) / r)) s to go"
   done

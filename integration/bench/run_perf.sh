@@ -19,11 +19,8 @@ RES=$BUILD/perf-results
 ROUNDS=${PERF_ROUNDS:-3}
 [[ "$ROUNDS" =~ ^[1-9]$ ]] || die "PERF_ROUNDS must be 1..9"
 PIN="" ON_CLIENT=() ON_SERVER=()
-if [ "$(nproc)" -ge 2 ]; then
-  PIN="0,1" ON_CLIENT=(taskset -c 0) ON_SERVER=(taskset -c 1)
-fi
+[ "$(nproc)" -ge 2 ] && PIN="0,1" ON_CLIENT=(taskset -c 0) ON_SERVER=(taskset -c 1)
 UCX_ENV=(UCX_TLS=tcp UCX_NET_DEVICES=lo)
-meta() { echo "$1=$2" >>"$RES/meta"; } # KEY VALUE: what the page needs besides the tools' outputs
 
 if [ "${PERF_REPORT_ONLY:-0}" = 1 ]; then
   [ -s "$RES/meta" ] || die "PERF_REPORT_ONLY: no $RES/meta"
@@ -36,33 +33,32 @@ results perf-results
 
 # Background servers we start; stopped on any exit.
 BG_PIDS=()
+# stop PID: stops a server we started: it exits after one client; a failed client leaves it waiting.
+stop() {
+  kill "$1" 2>/dev/null
+  wait "$1" 2>/dev/null
+}
 cleanup() {
-  for p in "${BG_PIDS[@]}"; do
-    kill "$p" 2>/dev/null && wait "$p" 2>/dev/null
-  done
+  for p in "${BG_PIDS[@]}"; do stop "$p"; done
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # A TCP port not in use on this host (not in /proc/net/tcp{,6}), from $1 upward.
 free_port() {
-  local p
-  for p in $(seq "$1" $(($1 + 200))); do
-    if ! grep -q "$(printf ':%04X ' "$p")" /proc/net/tcp /proc/net/tcp6 2>/dev/null; then
-      echo "$p"
-      return 0
-    fi
+  local p=$1
+  while grep -q "$(printf ':%04X ' "$p")" /proc/net/tcp /proc/net/tcp6 2>/dev/null; do
+    ((++p <= $1 + 200)) || return 1
   done
-  return 1
+  echo "$p"
 }
 # serve LOG PORT CMD...: starts server CMD (stopped on exit; its output appended to LOG) and
 # waits up to 10 s for it to listen on PORT. Reads /proc/net/tcp rather than connecting: a
 # probe would count as a client.
 serve() {
-  local log=$1 hex i
+  local hex i
   hex=$(printf '%04X' "$2")
-  shift 2
-  "$@" >>"$log" 2>&1 &
+  "${@:3}" >>"$1" 2>&1 &
   BG_PIDS+=($!)
   for ((i = 0; i < 200; i++)); do
     awk -v h="$hex" 'NR > 1 { split($2, a, ":"); if (a[2] == h && $4 == "0A") f = 1 } END { exit !f }' \
@@ -95,9 +91,8 @@ others_pct() { # SNAP_BEFORE SNAP_AFTER
     printf "%d\n", p }'
 }
 BUSY=$(cpu_busy)
-if [[ "${PERF_WAIT_IDLE:-}" =~ ^[0-9]+$ ]]; then
-  for ((w = 0; w < PERF_WAIT_IDLE && BUSY > 10; w++)); do BUSY=$(cpu_busy); done
-fi
+[[ "${PERF_WAIT_IDLE:-}" =~ ^[0-9]+$ ]] || PERF_WAIT_IDLE=0
+for ((w = 0; w < PERF_WAIT_IDLE && BUSY > 10; w++)); do BUSY=$(cpu_busy); done
 [ "$BUSY" -gt 10 ] && log "warning: other processes keep ${BUSY}% of the CPUs busy; figures will be disturbed"
 
 START=$(date -u '+%Y-%m-%d %H:%M:%S UTC')
@@ -106,9 +101,7 @@ T0=$(date +%s)
 
 # ------------------------------------------------------------ one-shot tools
 run() { # LOG TIMEOUT TOOL ARGS...: one run of a tool, its output appended to $RES/LOG
-  local out=$RES/$1 t=$2
-  shift 2
-  timeout "$t" "$@" >>"$out" 2>&1 || log "${1##*/} ${*:2} failed (see $out)"
+  timeout "$2" "${@:3}" >>"$RES/$1" 2>&1 || log "${3##*/} ${*:4} failed (see $RES/$1)"
 }
 tcp_stream() { # STREAMS SIZE CSV PIN -> runs hixl-tcp-ref, appends to CSV
   run tcp_ref.log 30 "$TCPREF" --mode stream --streams "$1" --size "$2" --seconds 3 --csv "$3" ${4:+--pin "$4"}
@@ -117,16 +110,12 @@ tcp_rtt() { # CSV PIN
   run tcp_ref.log 60 "$TCPREF" --mode rtt --size 64 --iters 10000 --warmup 1000 --seconds 20 --csv "$1" ${2:+--pin "$2"}
 }
 hixl_lat() { # LOG CSV PIN [extra args]: 64 B READ round trips, appended to CSV
-  local log=$1 csv=$2 pin=$3
-  shift 3
-  run "$log" 60 "$BENCH" --transport tcp --latency --lat-size 64 --lat-iters 10000 --max-seconds 20 --csv "$csv" \
-    --no-progress ${pin:+--pin "$pin"} "$@"
+  run "$1" 60 "$BENCH" --transport tcp --latency --lat-size 64 --lat-iters 10000 --max-seconds 20 --csv "$2" \
+    --no-progress ${3:+--pin "$3"} "${@:4}"
 }
 hixl_4m() { # LOG CSV [extra args]: 4 MiB WRITE and READ, pinned, appended to CSV
-  local log=$1 csv=$2
-  shift 2
-  run "$log" 120 "$BENCH" --transport tcp --op both --block-sizes 4M --batch 1 --total 16G --max-seconds 3 \
-    --csv "$csv" --no-progress ${PIN:+--pin "$PIN"} "$@"
+  run "$1" 120 "$BENCH" --transport tcp --op both --block-sizes 4M --batch 1 --total 16G --max-seconds 3 \
+    --csv "$2" --no-progress ${PIN:+--pin "$PIN"} "${@:3}"
 }
 # Staging over tcp: the same sync sweep with engine options (--opt) or with the
 # initiator's memory unregistered. Every run is named; its CSV is round<R>_st_<name>.csv.
@@ -147,7 +136,7 @@ hixl_stage() { # NAME -> the staging run NAME of round $r, WRITE and READ
 }
 UCX_NOTE=""
 ucx_put() { # sets UCX_LAST to GB/s or n/a, and UCX_NOTE on failure
-  local port mib
+  local port
   UCX_LAST=n/a
   if ! command -v ucx_perftest >/dev/null 2>&1; then
     UCX_NOTE="ucx_perftest not installed (apt-get install ucx-utils)"
@@ -159,21 +148,12 @@ ucx_put() { # sets UCX_LAST to GB/s or n/a, and UCX_NOTE on failure
       >"$RES/ucx_client.tmp" 2>&1 || UCX_NOTE="ucx_perftest client failed: $(tail -1 "$RES/ucx_client.tmp")"
     cat "$RES/ucx_client.tmp" >>"$RES/ucx_client.log"
     # ucx_perftest's MB/s are MiB/s; the Final row's overall bandwidth is column 7.
-    mib=$(awk '$1 == "Final:" { print $7 }' "$RES/ucx_client.tmp")
-    if [ -n "$mib" ]; then
-      UCX_LAST=$(awk -v m="$mib" 'BEGIN { printf "%.4f", m * 1048576 / 1e9 }')
-    else
-      UCX_NOTE=${UCX_NOTE:-"no Final: row in ucx_perftest output"}
-    fi
+    UCX_LAST=$(awk '$1 == "Final:" { printf "%.4f", $7 * 1048576 / 1e9 }' "$RES/ucx_client.tmp")
+    [ -n "$UCX_LAST" ] || UCX_LAST=n/a UCX_NOTE=${UCX_NOTE:-"no Final: row in ucx_perftest output"}
   else
     UCX_NOTE="ucx_perftest server did not listen within 10 s: $(tail -1 "$RES/ucx_server.log")"
   fi
-  stop_last
-}
-# Stop the last server we started: it exits after one client; a failed client leaves it waiting.
-stop_last() {
-  kill "${BG_PIDS[-1]}" 2>/dev/null
-  wait "${BG_PIDS[-1]}" 2>/dev/null
+  stop "${BG_PIDS[-1]}"
 }
 
 # ---------------------------------------------- rounds: the targeted figures
@@ -196,7 +176,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
   ((r % 2)) || runs=(unregistered registered coalesced direct default)
   for run in "${runs[@]}"; do hixl_stage "$run"; done
   others=$(others_pct "$snap" "$(cpu_snap)")
-  meta others_r "$others"
+  echo "others_r=$others" >>"$RES/meta" # RES/meta: KEY=VALUE lines, what the page needs besides the tools' outputs
   log "round $r: other processes used $others% of the CPUs"
 done
 [ -n "$UCX_NOTE" ] && log "UCX: $UCX_NOTE"
@@ -221,7 +201,7 @@ if command -v iperf3 >/dev/null 2>&1; then
     else
       IPERF_NOTE="iperf3 server did not listen within 10 s"
     fi
-    stop_last
+    stop "${BG_PIDS[-1]}"
   done
 else
   IPERF_NOTE="iperf3 not installed (apt-get install iperf3)"

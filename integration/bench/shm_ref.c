@@ -239,12 +239,11 @@ static int initiator(struct hb_peer *tgt) {
       SHM_WR("mapped ", "4 MiB x1", 4 * MiB, 1, "", false),
       SHM_WR("mapped ", "16 MiB x1", 16 * MiB, 1, "", false),
       SHM_WR("mapped ", "4 KiB x1024", 4 * KiB, 1024, ", scattered", true),
-      /* the last N_KREFS: only with --kernel-refs */
+      /* the last two: only with --kernel-refs */
       {"process_vm_readv 1 MiB, one call per block", K_READV, MiB, 1, false, {0}, false},
       {"process_vm_readv 4 KiB x1024 in one call, scattered", K_READV, 4 * KiB, 1024, true, {0}, false},
   };
-  enum { NF = sizeof(figs) / sizeof(figs[0]), N_KREFS = 2 };
-  size_t nf = o.kernel_refs ? NF : NF - N_KREFS;
+  size_t nf = HB_NF(figs) - (o.kernel_refs ? 0 : 2);
   for (int r = 0; r < o.rounds; r++)
     for (size_t i = 0; i < nf; i++)
       if (!o.only || strstr(figs[i].name, o.only)) figs[i].gbps[r] = run_fig(&c, &figs[i]);

@@ -321,12 +321,12 @@ static void join_once(void *arg) {
   if (buf != NULL) munmap(buf, SOAK_JOIN_LEN);
 }
 
-enum { H_FLOOD_BYTES, H_FLOOD_LOST, H_HERD_CONNECTED, H_HERD_CLOSED, H_CHURN, H_CHURN_ERRORS, H_N };
+/* the hostile peers' counts, loaded in this order: closed before connected keeps connected - closed >= 0 */
+enum { H_FLOOD_BYTES, H_FLOOD_LOST, H_HERD_CLOSED, H_HERD_CONNECTED, H_CHURN, H_CHURN_ERRORS, H_N };
 
-enum herd_kind { HERD_IDLE, HERD_HALF_PRE, HERD_HALF_POST };
+enum herd_kind { HERD_IDLE, HERD_HALF_PRE, HERD_HALF_POST }; /* slot i: below --idle idle, then PRE, POST */
 struct herd_slot {
   int fd;
-  uint8_t kind;
   bool connected;
 };
 
@@ -334,7 +334,6 @@ struct herd_slot {
 static struct hostile {
   int stopfd;
   atomic_uint_least64_t n[H_N];
-  atomic_int_least64_t herd_open; /* idle / half-sent connections up now */
   struct flood {
     struct pacer pace; /* fd: its link, made before the other hostile peers begin */
     size_t have, off;  /* chunk: READ_REQs, sent up to off */
@@ -406,7 +405,7 @@ static void flood_send(void *arg, short revents) {
 static void herd_open(uint32_t i) {
   struct herd_slot *s = &g_h.s[i];
   struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET, .data.u32 = i};
-  s->fd = connect_from(s->kind == HERD_IDLE ? 2 + i % o.idle_addrs : 11, true, 0);
+  s->fd = connect_from(i < o.idle ? 2 + i % o.idle_addrs : 11, true, 0);
   if (s->fd >= 0 && epoll_ctl(g_h.herd.fd, EPOLL_CTL_ADD, s->fd, &ev) != 0) {
     close(s->fd);
     s->fd = -1; /* opened again on a tick */
@@ -418,16 +417,16 @@ static void herd_open(uint32_t i) {
  * a connection that ended (closed by the target when it was up) is opened again on a tick. */
 static void herd_event(uint32_t i, uint32_t events) {
   struct herd_slot *s = &g_h.s[i];
+  enum herd_kind kind = i < o.idle ? HERD_IDLE : (i - o.idle) % 2 ? HERD_HALF_POST : HERD_HALF_PRE;
   uint8_t buf[4096];
   size_t n = 0;
   ssize_t k;
   if (!s->connected && (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)) == EPOLLOUT) {
     s->connected = true;
-    atomic_fetch_add(&g_h.herd_open, 1);
     atomic_fetch_add(&g_h.n[H_HERD_CONNECTED], 1);
-    if (s->kind != HERD_IDLE) n = wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "soak-half");
-    if (s->kind == HERD_HALF_PRE) n = 10;
-    if (s->kind == HERD_HALF_POST) {
+    if (kind != HERD_IDLE) n = wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "soak-half");
+    if (kind == HERD_HALF_PRE) n = 10;
+    if (kind == HERD_HALF_POST) {
       wire_put_read_req(buf + n, 1, g_rbase, SOAK_SMALL); /* only its header is sent */
       n += WIRE_HDR_LEN;
     }
@@ -437,10 +436,7 @@ static void herd_event(uint32_t i, uint32_t events) {
   if (!(events & (EPOLLERR | EPOLLHUP)) && k < 0 && (errno == EAGAIN || errno == EINTR)) return;
   close(s->fd); /* which takes it out of the epoll set */
   s->fd = -1;
-  if (s->connected) {
-    atomic_fetch_sub(&g_h.herd_open, 1);
-    atomic_fetch_add(&g_h.n[H_HERD_CLOSED], 1);
-  }
+  if (s->connected) atomic_fetch_add(&g_h.n[H_HERD_CLOSED], 1); /* up now: connected - closed */
   s->connected = false;
 }
 
@@ -513,10 +509,7 @@ static bool hostile_start(void) {
     if (f->pace.fd < 0) hb_say("flood %u: no link to the target\n", i);
     if (f->pace.fd < 0 || !hostile_thread(&f->pace)) return false;
   }
-  for (size_t i = 0; i < g_h.n_herd; i++) {
-    g_h.s[i].kind = i < o.idle ? HERD_IDLE : ((i - o.idle) % 2 ? HERD_HALF_POST : HERD_HALF_PRE);
-    herd_open((uint32_t)i);
-  }
+  for (size_t i = 0; i < g_h.n_herd; i++) herd_open((uint32_t)i);
   if (g_h.n_herd > 0 && !hostile_thread(&g_h.herd)) return false;
   if (o.churn_rate == 0) return true;
   g_h.churn =
@@ -590,8 +583,9 @@ static bool run_phase(struct run *r, int ph, double secs) {
     double t = (double)(tn - r->t0_ns) / 1e9, dt = (double)(tn - tprev) / 1e9;
     double cpu = 100.0 * (double)(now.cpu_ns - prev.cpu_ns) / 1e9 / dt;
     double mbs = (double)(l[L_BYTES] - bprev) / 1e6 / dt;
-    uint64_t flood = hr ? atomic_load(&hr->n[H_FLOOD_BYTES]) / r->frame_len : 0;
-    int64_t herd_open = hr ? atomic_load(&hr->herd_open) : 0;
+    for (int k = 0; hr && k < H_N; k++) res->hostile[k] = atomic_load(&hr->n[k]); /* so far */
+    uint64_t flood = res->hostile[H_FLOOD_BYTES] / r->frame_len;
+    uint64_t herd_open = res->hostile[H_HERD_CONNECTED] - res->hostile[H_HERD_CLOSED]; /* up now, >= 0 */
     const struct hb_field s[SAMPLE_NF] = {
         HB_FD("t", NULL, "%.1f", NULL, t),         HB_FS("phase", NULL, ph_name[ph]),
         HB_FU("rss_kib", NULL, now.rss_kib),       HB_FU("fds", NULL, now.fds),
@@ -607,10 +601,9 @@ static bool run_phase(struct run *r, int ph, double secs) {
             l[L_WRONG] - l0[L_WRONG], (double)now.rss_kib / 1024.0, now.fds, cpu);
     if (hr)
       fprintf(stderr,
-              " | flood %" PRIu64 " READ_REQs sent, idle/half-sent %" PRId64 " open, %" PRIu64
+              " | flood %" PRIu64 " READ_REQs sent, idle/half-sent %" PRIu64 " open, %" PRIu64
               " closed by the target, churn %" PRIu64,
-              flood, herd_open, (uint64_t)atomic_load(&hr->n[H_HERD_CLOSED]),
-              (uint64_t)atomic_load(&hr->n[H_CHURN]));
+              flood, herd_open, res->hostile[H_HERD_CLOSED], res->hostile[H_CHURN]);
     if (r->jn.up)
       fprintf(stderr, " | joiners %" PRIu64 "/%" PRIu64 " ok", (uint64_t)atomic_load(&jc->ok),
               (uint64_t)atomic_load(&jc->tries));
@@ -621,8 +614,7 @@ static bool run_phase(struct run *r, int ph, double secs) {
   }
   close(tfd);
   res->secs = (double)(bench_now_ns() - start) / 1e9;
-  legit_now(l);
-  for (int k = 0; k < L_N; k++) res->legit[k] = l[k] - l0[k];
+  for (int k = 0; k < L_N; k++) res->legit[k] = atomic_load(&g_legit[k]) - l0[k];
   if (tprev > start) res->cpu_pct = 100.0 * (double)(prev.cpu_ns - cpu0) / (double)(tprev - start);
   for (int k = 0; hr && k < H_N; k++) res->hostile[k] = atomic_load(&hr->n[k]);
   if (hr) hostile_stop();
@@ -785,8 +777,8 @@ int main(int argc, char **argv) {
   uint64_t ready[2]; /* the target's registered memory: address, length */
   uint8_t rr[WIRE_SMALL_FRAME];
   unsigned started = 0;
-  bool in_time, ran = false;
-  int rc = 1;
+  bool ran = false;
+  int rc = 1, trc;
   hb_prog = "hixl-soak";
   hb_parse(argc, argv, opts,
            "One target engine (its own process, under a descriptor limit) serves legitimate clients\n"
@@ -846,18 +838,13 @@ int main(int argc, char **argv) {
   }
   if (r.jn.pace.stopfd >= 0) close(r.jn.pace.stopfd);
   if (ran) rc = report(&r);
-out_target:
-  if (!r.target_died) { /* a hang past 30 s of QUIT is a finding: it is killed */
-    (void)!send(r.tgt.fd, "QUIT\n", 5, MSG_NOSIGNAL);
-    int trc = bench_wait_child(r.tgt.pid, 30, &in_time);
-    if (!in_time)
-      hb_say("FINDING: the target did not exit within 30 s of QUIT (HixlEngineDestroy hangs?); killed it\n");
-    if (trc != 0) {
-      hb_say("the target process exited with status %d\n", trc);
-      rc = 1;
-    }
+out_target: /* closing the channel ends its hb_serve; hb_reap kills and says a hang past 30 s */
+  if (r.target_died)
+    close(r.tgt.fd);
+  else if ((trc = hb_reap(&r.tgt, 30)) != 0) {
+    hb_say("FINDING: the target process exited with status %d\n", trc);
+    rc = 1;
   }
-  close(r.tgt.fd);
   free(r.smp);
   return rc;
 }

@@ -23,16 +23,15 @@ enum ref_mode { REF_STREAM, REF_RTT, REF_ANSWERED };
 static const char *const modes[] = {"stream", "rtt", "answered", NULL};
 
 static struct {
-  int mode;         /* enum ref_mode */
-  size_t size;      /* bytes per send() (stream) or per message (rtt, answered) */
-  unsigned streams; /* connections (stream) */
-  unsigned window;  /* messages unanswered at most (answered) */
-  double seconds;   /* stream and answered duration; rtt upper bound */
-  uint64_t iters;   /* rtt round trips measured */
-  uint64_t warmup;  /* rtt round trips not measured */
-  const char *csv;  /* append a row here */
-  int cpu[2];       /* --pin: sender, receiver; -1 none */
-  bool quiet;
+  int mode;              /* enum ref_mode */
+  size_t size;           /* bytes per send() (stream) or per message (rtt, answered) */
+  unsigned streams;      /* connections (stream) */
+  unsigned window;       /* messages unanswered at most (answered) */
+  double seconds;        /* stream and answered duration; rtt upper bound */
+  uint64_t iters;        /* rtt round trips measured */
+  uint64_t warmup;       /* rtt round trips not measured */
+  const char *csv;       /* append a row here */
+  int cpu[2];            /* --pin: sender, receiver; -1 none */
   int lfd;               /* the receiver's listening socket */
   struct sockaddr_in sa; /* ... and its address */
 } o = {.mode = -1, .streams = 1, .window = 1, .seconds = -1, .iters = 20000, .warmup = 1000, .cpu = {-1, -1}};
@@ -55,9 +54,6 @@ static void set_sock_opts(int fd) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 }
 
-/* len bytes, all of them (blocking socket: short only on error, timeout or EOF). */
-static bool recv_all(int fd, void *p, size_t len) { return recv(fd, p, len, MSG_WAITALL) == (ssize_t)len; }
-
 /* The receiver's side of a connection: stream: drain to EOF and acknowledge the byte
  * count; rtt: echo each message until EOF; answered: answer each with the count so far. */
 static void *sink_thread(void *p) {
@@ -71,13 +67,11 @@ static void *sink_thread(void *p) {
       a->acked += n > 0 ? (uint64_t)n : 0;
     }
     a->ok = hb_write_all(a->fd, &a->acked, sizeof(a->acked));
-  } else if (o.mode == REF_ANSWERED) {
+  } else { /* each message whole: answered with the count so far, or (rtt) echoed */
+    bool echo = o.mode == REF_RTT;
     while ((n = recv(a->fd, buf, o.size, MSG_WAITALL)) == (ssize_t)o.size)
-      if (++a->acked, !hb_write_all(a->fd, &a->acked, sizeof(a->acked))) goto out;
-    a->ok = n == 0;
-  } else {
-    while ((n = recv(a->fd, buf, o.size, MSG_WAITALL)) == (ssize_t)o.size)
-      if (!hb_write_all(a->fd, buf, o.size)) goto out;
+      if (++a->acked, !hb_write_all(a->fd, echo ? (void *)buf : &a->acked, echo ? o.size : sizeof(a->acked)))
+        goto out;
     a->ok = n == 0; /* the sender closed between two messages */
   }
 out:
@@ -148,13 +142,13 @@ static void *source_thread(void *p) {
     bool sent_all = true;
     while (bench_now_ns() < deadline_ns && (sent_all = hb_write_all(a->fd, buf, o.size))) a->sent += o.size;
     shutdown(a->fd, SHUT_WR);
-    a->ok = sent_all && recv_all(a->fd, &a->acked, sizeof(a->acked)) && a->acked == a->sent;
+    a->ok = sent_all && bench_read_full(a->fd, &a->acked, sizeof(a->acked)) == 0 && a->acked == a->sent;
   } else if (o.mode == REF_ANSWERED) {
     a->ok = answered(a, buf);
   } else {
     for (uint64_t i = 0; i < o.warmup + o.iters; i++) {
       uint64_t t0 = bench_now_ns();
-      if (!hb_write_all(a->fd, buf, o.size) || !recv_all(a->fd, buf, o.size)) {
+      if (!hb_write_all(a->fd, buf, o.size) || bench_read_full(a->fd, buf, o.size) != 0) {
         hb_say("round trip %" PRIu64 " failed: %s\n", i, strerror(errno));
         goto out;
       }
@@ -182,14 +176,14 @@ static int connect_receiver(void) {
 /* The human line and the CSV row of the run: false when the row could not be written (said). */
 static bool report(unsigned n, uint64_t iters, uint64_t bytes, double secs, const struct bench_stats *s) {
   double gbps = o.mode != REF_RTT && secs > 0 ? (double)bytes / secs / 1e9 : 0;
-  if (!o.quiet && o.mode == REF_STREAM)
+  if (o.mode == REF_STREAM)
     printf("tcp stream: %u connection%s, %zu B writes: %" PRIu64 " bytes in %.3f s = %.3f GB/s\n", n,
            n == 1 ? "" : "s", o.size, bytes, secs, gbps);
-  if (!o.quiet && o.mode == REF_ANSWERED)
+  if (o.mode == REF_ANSWERED)
     printf("tcp answered: %zu B messages, at most %u unanswered, each answered with 8 B: %" PRIu64
            " in %.3f s = %.3f GB/s\n",
            o.size, o.window, iters, secs, gbps);
-  if (!o.quiet && o.mode == REF_RTT)
+  if (o.mode == REF_RTT)
     printf("tcp rtt: %zu B request + %zu B response, %" PRIu64
            " round trips: avg %.2f us, p50 %.2f us, p99 %.2f us, min %.2f us, max %.2f us\n",
            o.size, o.size, iters, s->avg_us, s->p50_us, s->p99_us, s->min_us, s->max_us);
@@ -252,7 +246,6 @@ static const struct hb_opt opts[] = {
     {"--warmup", HB_U64, &o.warmup, "N", "rtt round trips before measuring (default 1000)", 0, 1e8, NULL},
     {"--pin", HB_PIN, o.cpu, "S,R", "pin the sender process to CPU S and the receiver to CPU R", 0, 0, NULL},
     {"--csv", HB_STR, &o.csv, "FILE", "append one result row (a new file: its header first)", 0, 0, NULL},
-    {"--quiet", HB_FLAG, &o.quiet, NULL, "no human-readable line", 0, 0, NULL},
     {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
 
 /* The defaults of the mode, and the receiver's socket listening before the fork. */
