@@ -282,7 +282,8 @@ static uint64_t raw_run(struct side *p, struct side *d, uint64_t *ops_out) {
   size_t nt = 0;
   for (size_t i = 0; i < nj; i++)
     for (uint32_t w = 0; w < o.per_producer && w < o.requests; w++)
-      if (pthread_create(&th[nt], NULL, raw_main, &jobs[i]) == 0) nt++;
+      if ((errno = pthread_create(&th[nt++], NULL, raw_main, &jobs[i])) != 0) /* fewer: a slower reference */
+        hb_die("raw reference: pthread_create: %s", strerror(errno));
   for (size_t i = 0; i < nt; i++) pthread_join(th[i], NULL);
   uint64_t ns = bench_now_ns() - t0;
   for (size_t i = 0; i < nj; i++) free(jobs[i].v), free(jobs[i].starts);
