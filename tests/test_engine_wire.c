@@ -1382,6 +1382,50 @@ static void test_revoke_cuts_answers_queued(void) {
   tu_free_mem(mem, MEM_LEN);
 }
 
+/* A peer that asked for READs from a registration and does not read its socket (or sends a
+ * WRITE's header and stalls its payload) keeps ops in flight on it without end: the owner's
+ * DeregisterMem takes the memory back all the same, cutting that peer's link, as an RDMA
+ * peer's ops fail once the MR is gone (before: FAILED "transfers in flight" at every try,
+ * the memory held by the peer for as long as it liked). No byte the owner writes after it
+ * reaches the peer. */
+static void test_deregister_cuts_stalled_peer(void) {
+  uint8_t *mem = tu_alloc_mem(MEM_LEN, true);
+  static uint8_t frame[64], buf[4096], pay[4096];
+  for (int stall_write = 0; stall_write < 2; stall_write++) {
+    HixlEngine *t;
+    char addr[TU_ADDR_LEN];
+    HixlMemHandle h;
+    HixlMemDesc d = {(uintptr_t)mem, MEM_LEN};
+    uint16_t port = tu_free_port();
+    memset(mem, 0x11, MEM_LEN);
+    TU_ASSERT_OK(HixlEngineCreate(&t));
+    TU_ASSERT_OK(HixlEngineInitialize(t, tu_addr(addr, sizeof(addr), port), NULL, 0));
+    TU_ASSERT_OK(HixlEngineRegisterMem(t, &d, HIXL_MEM_HOST, &h));
+    int fd = raw_link_to(port, 4096);
+    CU_ASSERT_FATAL(fd >= 0);
+    if (stall_write) {
+      CU_ASSERT(raw_send_all(fd, frame, wire_put_write_req(frame, 1, (uintptr_t)mem, sizeof(pay))) &&
+                raw_send_all(fd, pay, 100));
+      CU_ASSERT_FATAL(TARGET_LINK_SHOWS(t, c->pay_left == sizeof(pay) - 100));
+    } else {
+      for (uint64_t i = 0; i < 8; i++)
+        CU_ASSERT(raw_send_all(fd, frame, wire_put_read_req(frame, 1 + i, (uintptr_t)mem, MEM_LEN)));
+      CU_ASSERT_FATAL(TARGET_LINK_SHOWS(t, c->txq_head != NULL && c->answers_items > 0));
+    }
+    TU_ASSERT_OK(HixlEngineDeregisterMem(t, h));
+    memset(mem, 0x5a, MEM_LEN); /* the owner reuses what it took back */
+    size_t late = 0;
+    for (ssize_t k; (k = recv(fd, buf, sizeof(buf), 0)) > 0;)
+      for (ssize_t j = 0; j < k; j++) late += buf[j] == 0x5a;
+    CU_ASSERT_EQUAL(late, 0);                 /* and the link ended (recv returned) */
+    (void)raw_send_all(fd, pay, sizeof(pay)); /* the rest of the WRITE, into a cut link */
+    CU_ASSERT_EQUAL(tu_check_byte(mem, MEM_LEN, 0x5a), -1);
+    close(fd);
+    TU_ASSERT_OK(HixlEngineDestroy(t));
+  }
+  tu_free_mem(mem, MEM_LEN);
+}
+
 struct flood_link {
   int fd;
   atomic_bool stop;
@@ -1773,6 +1817,8 @@ int main(int argc, char **argv) {
               test_revoke_cuts_write_under_way);
   CU_add_test(t, "a revoke cuts a link with READ answers queued from the range",
               test_revoke_cuts_answers_queued);
+  CU_add_test(t, "DeregisterMem cuts a peer that keeps ops in flight on the range",
+              test_deregister_cuts_stalled_peer);
   CU_add_test(t, "a peer keeping the progress thread busy keeps no caller out past its timeout",
               test_busy_peer_keeps_no_caller_out);
   CU_add_test(t, "HELLO of another version gets a clear refusal", test_version_mismatch_answered);

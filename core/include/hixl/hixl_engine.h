@@ -96,7 +96,10 @@ HIXL_API HixlStatus HixlEngineDestroy(HixlEngine *engine);
 HIXL_API HixlStatus HixlEngineRegisterMem(HixlEngine *engine, const HixlMemDesc *mem, HixlMemType type,
                                           HixlMemHandle *handle);
 
-/** Deregister; FAILED while transfers that use the range are still in flight. */
+/** Deregister. A peer's ops still moving data in the range (over tcp: a WRITE's data
+ *  landing, READ answers queued) end FAILED there: its links are cut, as an RDMA
+ *  peer's ops fail once the MR is gone. FAILED, with nothing released, while this
+ *  engine's own transfers that use the range are in flight. */
 HIXL_API HixlStatus HixlEngineDeregisterMem(HixlEngine *engine, HixlMemHandle handle);
 
 /** Allocate at least len bytes of host memory and register it as RegisterMem does
@@ -109,7 +112,8 @@ HIXL_API HixlStatus HixlEngineDeregisterMem(HixlEngine *engine, HixlMemHandle ha
  *  (DeregisterMem refuses it); Finalize frees what is left. */
 HIXL_API HixlStatus HixlEngineAllocMem(HixlEngine *engine, size_t len, void **addr, HixlMemHandle *handle);
 
-/** Deregister and unmap memory from HixlEngineAllocMem; FAILED while transfers that
+/** Deregister and unmap memory from HixlEngineAllocMem; peers' ops moving data in it
+ *  are cut as DeregisterMem cuts them; FAILED while this engine's own transfers that
  *  use it are in flight (nothing is released then). Every peer that mapped it unmaps
  *  it before this returns (a round trip, once its copies running end); a peer that
  *  does not answer within HIXL_DEFAULT_TIMEOUT_MS is disconnected (logged). */

@@ -41,6 +41,15 @@ static HixlStatus reg_idle(const struct hixl_mem_reg *r, const char *fn, const c
                    r->inflight, (unsigned long long)r->range.addr, (unsigned long long)r->range.len, then);
 }
 
+static void cut_peers_in(HixlEngine *e, const struct hixl_mem_reg *r);
+
+/* reg_idle, once peers' links moving data in r are cut (the caller takes r back: they
+ * are cut even when its own transfers then keep it). Lock held. */
+static HixlStatus reg_take_back(HixlEngine *e, struct hixl_mem_reg *r, const char *fn, const char *then) {
+  cut_peers_in(e, r);
+  return reg_idle(r, fn, then);
+}
+
 #define ALLOC_HUGE (2u << 20)
 
 /* A shared mapping of a new memfd of at least len bytes: huge pages when the kernel
@@ -138,7 +147,7 @@ HixlStatus HixlEngineFreeMem(HixlEngine *e, HixlMemHandle handle) {
   } else if (r->freeing) {
     st = hixl_fail(HIXL_FAILED, "HixlEngineFreeMem: another call is freeing [0x%llx, +%llu)",
                    (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
-  } else if ((st = reg_idle(r, "HixlEngineFreeMem", "nothing was released")) == HIXL_SUCCESS) {
+  } else if ((st = reg_take_back(e, r, "HixlEngineFreeMem", "nothing was released")) == HIXL_SUCCESS) {
     /* Peers that mapped it let go first (a round trip; silent ones are cut off). */
     uint64_t deadline = hixl_now_ns() + (uint64_t)HIXL_DEFAULT_TIMEOUT_MS * 1000000u;
     r->freeing = true; /* the hooks may release the lock while they wait (api_out: r stays) */
@@ -246,9 +255,9 @@ HixlStatus HixlEngineDeregisterMem(HixlEngine *e, HixlMemHandle handle) {
   } else if (r->freeing) {
     st = hixl_fail(HIXL_FAILED, "HixlEngineDeregisterMem: another call is deregistering [0x%llx, +%llu)",
                    (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
-  } else if ((st = reg_idle(r, "HixlEngineDeregisterMem",
-                            "wait for them to end (this engine's own transfers by their timeouts, a peer's "
-                            "as they are answered)")) == HIXL_SUCCESS &&
+  } else if ((st = reg_take_back(e, r, "HixlEngineDeregisterMem",
+                                 "wait for this engine's own transfers on it to end (by their timeouts)")) ==
+                 HIXL_SUCCESS &&
              r->type == HIXL_MEM_DEVICE) {
     /* Peers that opened it by IPC handle close it first (a round trip; silent ones are cut off). */
     uint64_t deadline = hixl_now_ns() + (uint64_t)HIXL_DEFAULT_TIMEOUT_MS * 1000000u;
@@ -454,6 +463,20 @@ static void revoke_cut(HixlEngine *e, const char *peer, const uint64_t (*r)[2], 
     if (!c->dead && c->role == CONN_TARGET && strcmp(c->remote_name, peer) == 0 && link_in_revoked(c, &v))
       link_conn_kill(c, HIXL_FAILED,
                      "an op of its was still moving data in memory a revoke took back: cut off");
+}
+
+/* DeregisterMem or FreeMem takes r back: peers' links that still move data in it (a
+ * WRITE's payload landing, READ answers queued) are cut, as an RDMA peer's ops fail once
+ * the MR is gone; a peer that stalls (does not read its answers, or sends half a
+ * payload) kept them so, and the memory held, for as long as it liked. Lock held. */
+static void cut_peers_in(HixlEngine *e, const struct hixl_mem_reg *r) {
+  const uint64_t range[1][2] = {{r->range.addr, r->range.len}};
+  struct revoked v = {range, 1, NULL}; /* none of it left to anyone */
+  uint32_t walk = ++e->walks;
+  for (struct conn *c; (c = link_next(e, walk));)
+    if (!c->dead && c->role == CONN_TARGET && link_in_revoked(c, &v))
+      link_conn_kill(c, HIXL_FAILED,
+                     "an op of its was still moving data in memory its owner deregistered: cut off");
 }
 
 static HixlStatus grant_call(HixlEngine *e, const char *peer, const uint64_t (*ranges)[2], size_t n,
