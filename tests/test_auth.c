@@ -171,6 +171,15 @@ static void test_key_file_checks(void) {
   TU_ASSERT_STATUS(HixlEngineInitialize(e, "127.0.0.1", &u, 1), HIXL_PARAM_INVALID);
   TU_ASSERT_ERRMSG_HAS("needs AuthKeyFile");
   HixlEngineDestroy(e);
+  /* So do AuthPayloadTag on and AuthAliases: without a key they protected nothing, silently. */
+  const HixlOption keyless[2] = {{"AuthPayloadTag", "on"}, {"AuthAliases", "127.0.0.2:7000"}};
+  for (int i = 0; i < 2; i++) {
+    TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+    TU_ASSERT_STATUS(HixlEngineInitialize(e, "127.0.0.1", &keyless[i], 1), HIXL_PARAM_INVALID);
+    TU_ASSERT_ERRMSG_HAS("needs AuthKeyFile");
+    TU_ASSERT_ERRMSG_HAS(keyless[i].key);
+    HixlEngineDestroy(e);
+  }
 }
 
 /* Rotation: the target's file gains key B beside A, the initiator moves to B alone,

@@ -215,6 +215,15 @@ static void test_bad_values(void) {
   ONE_ERROR("{\"address\": \"1.2.3:4\"}", 1, 13, "address", "not an IPv4 address");
   ONE_ERROR("{\"address\": \"127.0.0.1:65536\"}", 1, 13, "address", "not in [0,65535]");
   ONE_ERROR("{\"address\": \":5\"}", 1, 13, "address", "is not \"ip\" or \"ip:port\"");
+  /* Peers dial it: one host, and a port the engine reads as written (a 64-byte padded port
+   * was cut to 4123 when the plugin copied it; whitespace or a sign the engine refuses). */
+  ONE_ERROR("{\"address\": \"0.0.0.0:16000\"}", 1, 13, "address", "not one host's address");
+  ONE_ERROR("{\"address\": \"255.255.255.255\"}", 1, 13, "address", "not one host's address");
+  ONE_ERROR("{\"address\": \"239.1.2.3:5\"}", 1, 13, "address", "not one host's address");
+  ONE_ERROR("{\"address\": \"127.0.0.1:0000000000000000000000000000000000000000000000000041235\"}", 1, 13,
+            "address", "not in [0,65535]");
+  ONE_ERROR("{\"address\": \"127.0.0.1: 80\"}", 1, 13, "address", "not in [0,65535]");
+  ONE_ERROR("{\"address\": \"127.0.0.1:+80\"}", 1, 13, "address", "not in [0,65535]");
   ONE_ERROR("{\"RdmaTrafficClass\": 130}", 1, 22, "RdmaTrafficClass", "130 is not a multiple of 4");
   ONE_ERROR("{\"RdmaTrafficClass\": \"130\"}", 1, 22, "RdmaTrafficClass", "not a multiple of 4");
   ONE_ERROR("{\"RdmaTrafficClass\": 256}", 1, 22, "RdmaTrafficClass", "expected [0,255], a multiple of 4");
@@ -230,11 +239,14 @@ static void test_bad_values(void) {
   ONE_ERROR("{\"StagingUnregistered\": \"maybe\"}", 1, 25, "StagingUnregistered", "on | off");
   ONE_ERROR("{\"RdmaDevice\": \"a/b\"}", 1, 16, "RdmaDevice", "is not valid");
   /* Valid edges. */
-  const char *ok[] = {"{\"address\": \"127.0.0.1\"}",       "{\"address\": \"127.0.0.1:0\"}",
-                      "{\"address\": \"127.0.0.1:65535\"}", "{\"address\": \"\"}",
-                      "{\"RdmaTrafficClass\": 0}",          "{\"RdmaTrafficClass\": 252}",
-                      "{\"RdmaServiceLevel\": 0}",          "{\"StagingThreshold\": 0}",
-                      "{\"BufferPool\": \"1024:4096\"}",    "{\"StagingUnregistered\": \"off\"}"};
+  const char *ok[] = {
+      "{\"address\": \"127.0.0.1\"}", "{\"address\": \"127.0.0.1:0\"}", "{\"address\": \"127.0.0.1:65535\"}",
+      "{\"address\": \"\"}", "{\"RdmaTrafficClass\": 0}", "{\"RdmaTrafficClass\": 252}",
+      "{\"RdmaServiceLevel\": 0}", "{\"StagingThreshold\": 0}", "{\"BufferPool\": \"1024:4096\"}",
+      "{\"StagingUnregistered\": \"off\"}",
+      /* every numeric engine option takes a JSON number (nine refused one) */
+      "{\"PollUs\": 50}", "{\"MaxLinks\": 100}", "{\"LinkAnswerMiB\": 16}", "{\"SocketBufferKiB\": 0}",
+      "{\"HandshakeTimeout\": 5000}", "{\"AuthPayloadTag\": false}"};
   for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
     HixlConfig *c = NULL;
     CU_ASSERT_EQUAL(parse(ok[i], &c), HIXL_SUCCESS);
@@ -263,6 +275,14 @@ static void test_bad_documents(void) {
   ONE_ERROR("{\"role\": \"\xed\xa0\x80\"}", 1, 11, "", "invalid UTF-8");        /* a surrogate, encoded */
   ONE_ERROR("{\"address\": \"\xf4\x90\x80\x80\"}", 1, 14, "", "invalid UTF-8"); /* past U+10FFFF */
   ONE_ERROR("{\"address\": \"\xe2\x82\"}", 1, 14, "", "invalid UTF-8");         /* cut short */
+  /* An escaped NUL, in a value or a key: the C string would end there, the rest dropped
+   * ("producer\u0000junk" was taken as producer). A raw control character: JSON allows none. */
+  ONE_ERROR("{\"role\": \"producer\\u0000junk\"}", 1, 19, "", "\\u0000 in a string");
+  ONE_ERROR("{\"role\\u0000typo\": \"consumer\"}", 1, 7, "", "\\u0000 in a string");
+  ONE_ERROR("{\"trace_file\": \"/tmp/a\nrole consumer\"}", 1, 23, "", "a control character in a string");
+  HixlConfig *esc = NULL; /* an escaped backslash before u0000 is text, not a NUL */
+  CU_ASSERT_EQUAL(parse("{\"trace_file\": \"/tmp/a\\\\u0000\"}", &esc), HIXL_SUCCESS);
+  HixlConfigFree(esc);
   /* A NUL byte: the length says where the document ends, not the NUL. */
   const char nul[] = "{\"role\": \"both\"\0}";
   HixlConfig *c = (HixlConfig *)1;

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kv_int.h"
@@ -238,6 +239,17 @@ static void test_off_and_args(void) {
   CU_ASSERT_EQUAL(kv_obs_new(&cfg, HIXL_KV_ROLE_WORKER, 0, &o, why, sizeof(why)), HIXL_KV_PARAM_INVALID);
   CU_ASSERT_PTR_NULL(o);
   CU_ASSERT_PTR_NOT_NULL(strstr(why, "/nonexistent-dir/t.jsonl"));
+  /* A FIFO (no reader): refused, not waited on (open blocked until a reader came: create
+   * hung for ever); a device likewise. */
+  snprintf(cfg.trace_file, sizeof(cfg.trace_file), "/tmp/hixl-test-obs-%d.fifo", (int)getpid());
+  unlink(cfg.trace_file);
+  CU_ASSERT_EQUAL_FATAL(mkfifo(cfg.trace_file, 0600), 0);
+  CU_ASSERT_EQUAL(kv_obs_new(&cfg, HIXL_KV_ROLE_WORKER, 0, &o, why, sizeof(why)), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(why, "not a regular file"));
+  unlink(cfg.trace_file);
+  snprintf(cfg.trace_file, sizeof(cfg.trace_file), "/dev/zero");
+  CU_ASSERT_EQUAL(kv_obs_new(&cfg, HIXL_KV_ROLE_WORKER, 0, &o, why, sizeof(why)), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(why, "not a regular file"));
 }
 
 /* A request moved in parts (tensor parallelism: one per peer rank) is one transfer, from

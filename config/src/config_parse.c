@@ -326,6 +326,27 @@ static size_t utf8_invalid(const char *text, size_t len) {
   return NOWHERE;
 }
 
+/* The offset, in a string of the document, of a control character (JSON allows none
+ * raw) or of an escaped NUL (\u0000: the value or key, a C string, would end there and
+ * the rest be dropped: "push\u0000x" taken as "push"); NOWHERE when there is none. */
+static size_t bad_in_string(const char *t, size_t len) {
+  bool in = false;
+  for (size_t i = 0; i < len; i++) {
+    unsigned char c = (unsigned char)t[i];
+    if (!in)
+      in = c == '"';
+    else if (c == '"')
+      in = false;
+    else if (c < 0x20)
+      return i;
+    else if (c == '\\' && i + 1 < len) {
+      if (t[i + 1] == 'u' && i + 6 <= len && memcmp(t + i + 2, "0000", 4) == 0) return i;
+      i++; /* the escaped character: a quote or backslash there ends nothing */
+    }
+  }
+  return NOWHERE;
+}
+
 static bool parse_json(struct doc *d, json_object **root) {
   const char *t = d->text;
   size_t len = d->len, i = 0;
@@ -343,6 +364,13 @@ static bool parse_json(struct doc *d, json_object **root) {
   if (bad != NOWHERE) {
     add_err(d->er, bad, "",
             "invalid UTF-8 (RFC 3629: no overlong forms, surrogates or code points past U+10FFFF)");
+    return false;
+  }
+  if ((bad = bad_in_string(t, len)) != NOWHERE) {
+    add_err(d->er, bad, "",
+            t[bad] == '\\'
+                ? "\\u0000 in a string: a NUL would end the text there (what follows dropped)"
+                : "a control character in a string (JSON allows none unescaped: use \\n, \\t, ...)");
     return false;
   }
   struct json_tokener *tok = json_tokener_new_ex(HIXL_CONFIG_MAX_DEPTH);

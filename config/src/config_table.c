@@ -8,19 +8,23 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 /* ---- the table ---- */
 
+/* The connector's engine address: it listens there and hands it to peers (a request's
+ * remote_engine), so it names one host: not 0.0.0.0, multicast or broadcast. The port
+ * is 1 to 5 digits, nothing else (the engine's own parser takes no more). */
 static bool check_address(const char *s, char *why, size_t cap) {
   char ip[INET_ADDRSTRLEN + 1];
   const char *colon = strchr(s, ':');
   size_t n = colon ? (size_t)(colon - s) : strlen(s);
   struct in_addr a;
   if (n == 0 || n >= sizeof(ip)) {
-    snprintf(why, cap, "\"%s\" is not \"ip\" or \"ip:port\"", s);
+    snprintf(why, cap, "\"%.64s\" is not \"ip\" or \"ip:port\"", s);
     return false;
   }
   memcpy(ip, s, n);
@@ -29,12 +33,17 @@ static bool check_address(const char *s, char *why, size_t cap) {
     snprintf(why, cap, "\"%s\" is not an IPv4 address", ip);
     return false;
   }
+  uint32_t h = ntohl(a.s_addr);
+  if (h == 0 || h == UINT32_MAX || (h >> 28) == 0xe) {
+    snprintf(why, cap, "%s is not one host's address (a wildcard, broadcast or multicast one): peers dial it",
+             ip);
+    return false;
+  }
   if (colon) {
-    char *end;
-    errno = 0;
-    unsigned long port = strtoul(colon + 1, &end, 10);
-    if (!colon[1] || *end || errno || port > 65535 || colon[1] == '-' || colon[1] == '+' || colon[1] == ' ') {
-      snprintf(why, cap, "port \"%s\" is not in [0,65535]", colon + 1);
+    size_t digits = strspn(colon + 1, "0123456789");
+    unsigned long port = digits && digits <= 5 ? strtoul(colon + 1, NULL, 10) : 65536;
+    if (colon[1 + digits] || port > 65535) {
+      snprintf(why, cap, "port \"%.16s\" is not in [0,65535]", colon + 1);
       return false;
     }
   }
@@ -181,13 +190,18 @@ static const struct row key_rows[] = {
      false,
      false},
 };
-#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
-#define N_KEY_ROWS   (sizeof(key_rows) / sizeof(key_rows[0]))
+#define N_KEY_ROWS (sizeof(key_rows) / sizeof(key_rows[0]))
 
-/* The engine's options, as cfg_rows; which of them take JSON numbers or booleans. */
-static const char *const engine_int_keys[] = {"RdmaTrafficClass", "RdmaServiceLevel", "RdmaGidIndex",
-                                              "StagingThreshold", "RdmaTimeout",      "RdmaRetryCount"};
-static const char *const engine_bool_keys[] = {"StagingUnregistered"};
+/* Which engine options take a JSON number or boolean, from their range in the engine's
+ * table (a list of them here fell behind it: nine numeric options refused numbers): a
+ * number where the range is a bracketed number range ("[0,7]", "auto, or [0,255]"; not
+ * a quoted text form such as BufferPool's "NUM:SIZE_MB"), a boolean where it is "on | off". */
+static bool engine_takes_int(const char *range) {
+  const char *b = strchr(range, '[');
+  return range[0] != '"' && b && b[1] >= '0' && b[1] <= '9';
+}
+
+static bool engine_takes_bool(const char *range) { return strcmp(range, "on | off") == 0; }
 
 struct row cfg_rows[MAX_ROWS];
 size_t cfg_n_rows;
@@ -210,8 +224,8 @@ void cfg_rows_init(void) {
                      0,
                      0,
                      NULL,
-                     cfg_in_list(eo[i].name, engine_int_keys, ARRAY_LEN(engine_int_keys)),
-                     cfg_in_list(eo[i].name, engine_bool_keys, ARRAY_LEN(engine_bool_keys))};
+                     engine_takes_int(eo[i].range),
+                     engine_takes_bool(eo[i].range)};
   }
 }
 

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -139,9 +140,20 @@ hixl_kv_status kv_obs_new(const struct kv_cfg *cfg, int32_t role, uint32_t rank,
   clock_gettime(CLOCK_MONOTONIC, &m);
   o->off_ns = ((int64_t)r.tv_sec - (int64_t)m.tv_sec) * 1000000000ll + (r.tv_nsec - m.tv_nsec);
   if (cfg->trace_file[0] && ring) {
-    o->fd = open(cfg->trace_file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-    if (o->fd < 0) {
-      snprintf(why, cap, "trace_file %s: %s", cfg->trace_file, strerror(errno));
+    /* A regular file only: a FIFO blocked this open until a reader came (create hung for
+     * ever), and later a reader that stops blocked every write. */
+    struct stat sb;
+    const char *bad = NULL, *not_reg = "not a regular file (a FIFO, socket or device)";
+    if (stat(cfg->trace_file, &sb) == 0 && !S_ISREG(sb.st_mode))
+      bad = not_reg;
+    else if ((o->fd = open(cfg->trace_file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK | O_NOCTTY,
+                           0644)) < 0)
+      bad = strerror(errno);
+    else if (fstat(o->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) /* swapped in meanwhile */
+      bad = not_reg;
+    if (bad) {
+      snprintf(why, cap, "trace_file %s: %s", cfg->trace_file, bad);
+      if (o->fd >= 0) close(o->fd);
       free(o->ring);
       free(o);
       return HIXL_KV_PARAM_INVALID;

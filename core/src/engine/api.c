@@ -201,6 +201,13 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
                      "this process: it needs AuthKeyFile (or HIXL_AUTH_KEY_FILE), so that only peers holding "
                      "the key can connect");
   }
+  if ((opts.auth_payload_tag || opts.alias_n) && !opts.auth_key_file[0]) {
+    pthread_mutex_unlock(&e->lock);
+    return hixl_fail(HIXL_PARAM_INVALID,
+                     "HixlEngineInitialize: %s acts on authenticated links only: it needs AuthKeyFile (or "
+                     "HIXL_AUTH_KEY_FILE); without a key it would protect nothing",
+                     opts.auth_payload_tag ? "AuthPayloadTag on" : "AuthAliases");
+  }
   if ((st = auth_open(&e->auth, opts.auth_key_file)) != HIXL_SUCCESS) {
     pthread_mutex_unlock(&e->lock);
     return hixl_fail(st, "HixlEngineInitialize: %s", HixlGetLastErrorMessage());
