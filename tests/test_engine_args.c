@@ -515,6 +515,13 @@ static void test_option_buffer_pool(void) {
   EXPECT_OPTION("BufferPool", ":8", HIXL_PARAM_INVALID);
   EXPECT_OPTION("BufferPool", "4:", HIXL_PARAM_INVALID);
   EXPECT_OPTION("BufferPool", "", HIXL_PARAM_INVALID);
+  /* Whitespace strtoull would skip, and empty list items strtok_r would: refused. */
+  EXPECT_OPTION("BufferPool", "4:\t8", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("BufferPool", "\n4:8", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("RdmaTrafficClass", "\v132", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("PollUs", "\r5", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("Rails", "127.0.0.1,,127.0.0.2", HIXL_PARAM_INVALID);
+  EXPECT_OPTION("Rails", ",127.0.0.1", HIXL_PARAM_INVALID);
   EXPECT_OPTION("BufferPool", "4:8", HIXL_SUCCESS);
   EXPECT_OPTION("BufferPool", "0:0", HIXL_SUCCESS);
   EXPECT_OPTION("BufferPool", "8:16", HIXL_SUCCESS);

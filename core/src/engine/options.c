@@ -13,7 +13,7 @@
 typedef bool (*opt_parse_fn)(const char *value, struct hixl_options *o);
 
 static bool parse_u32(const char *s, uint32_t min, uint32_t max, uint32_t *out) {
-  if (!s || !*s || *s == '-' || *s == '+' || *s == ' ') return false;
+  if (!s || *s < '0' || *s > '9') return false; /* strtoull would skip whitespace and take a sign */
   errno = 0;
   char *end;
   unsigned long long v = strtoull(s, &end, 10);
@@ -114,6 +114,12 @@ static bool parse_key_file(const char *s, struct hixl_options *o) {
   return true;
 }
 
+/* A comma-separated list has no empty item (strtok_r would skip it): none first, last or
+ * between two commas. */
+static bool list_items_ok(const char *s) {
+  return s[0] != ',' && s[strlen(s) - 1] != ',' && !strstr(s, ",,");
+}
+
 /* AuthAliases: "" or 1 to HIXL_ALIASES_MAX distinct "ip:port", comma-separated (port 1-65535). */
 static bool parse_aliases(const char *s, struct hixl_options *o) {
   o->alias_n = 0;
@@ -121,14 +127,16 @@ static bool parse_aliases(const char *s, struct hixl_options *o) {
   if (!*s) return true;
   char buf[256], *save = NULL;
   strcpy(buf, s);
-  if (buf[strlen(buf) - 1] == ',') return false;
+  if (!list_items_ok(buf)) return false;
   for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     char *colon = strrchr(tok, ':'), *end = NULL;
     struct in_addr a;
     if (o->alias_n == HIXL_ALIASES_MAX || !colon) return false;
     *colon = '\0';
     unsigned long port = strtoul(colon + 1, &end, 10);
-    if (inet_pton(AF_INET, tok, &a) != 1 || !colon[1] || *end || port == 0 || port > 65535) return false;
+    if (inet_pton(AF_INET, tok, &a) != 1 || colon[1] < '0' || colon[1] > '9' || *end || port == 0 ||
+        port > 65535)
+      return false;
     for (uint32_t i = 0; i < o->alias_n; i++)
       if (o->alias_addr[i] == a.s_addr && o->alias_port[i] == port) return false;
     o->alias_addr[o->alias_n] = a.s_addr;
@@ -146,7 +154,7 @@ static bool parse_rails(const char *s, struct hixl_options *o) {
   if (strcmp(s, "auto") == 0) return o->rails_on = o->rails_auto = true;
   char buf[256], *save = NULL;
   strcpy(buf, s);
-  if (buf[strlen(buf) - 1] == ',') return false;
+  if (!list_items_ok(buf)) return false;
   for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     struct in_addr a;
     if (o->rails_n == HIXL_RAILS_MAX || inet_pton(AF_INET, tok, &a) != 1 || a.s_addr == htonl(INADDR_ANY))
