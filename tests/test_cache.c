@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cache/cache_int.h"
 #include "engine/engine_ext.h"
 #include "test_util.h"
 
@@ -320,6 +321,31 @@ static void test_args(void) {
                    HIXL_PARAM_INVALID);
   CU_ASSERT_PTR_NOT_NULL(strstr(HixlGetLastErrorMessage(), "exceed the batch item"));
   CU_ASSERT_PTR_NULL(task);
+  /* A blocks source into destination block -1 (vLLM's padding) or 2^58 + 1: the offset,
+   * index x block size, wrapped (before: taken, one block before the destination tensor,
+   * another layer's KV, overwritten). */
+  uintptr_t bdst[B_TENSORS];
+  for (int t = 0; t < B_TENSORS; t++) bdst[t] = (uintptr_t)peer_addrs[t];
+  HixlCacheTransferConfig bcfg = {CLUSTER_PEER, bdst, B_TENSORS, 0, 0, 0};
+  const uint64_t one_src[] = {0}, far[][1] = {{UINT64_MAX}, {(UINT64_C(1) << 58) + 1}};
+  for (int i = 0; i < 2; i++) {
+    HixlCacheAsyncArgs past = {one_src, 1, far[i], 1, 0, 0, 2000};
+    TU_ASSERT_STATUS(HixlCacheManagerTransferCacheAsync(mgr, my_b, &sync, &bcfg, 1, &past, &task),
+                     HIXL_PARAM_INVALID);
+    TU_ASSERT_ERRMSG_HAS("outside any cache");
+    CU_ASSERT_PTR_NULL(task);
+  }
+  /* A CacheKey of another cluster: refused, as a BlocksCacheKey of another cluster is
+   * (before: registered, and found by a lookup naming this cluster). */
+  HixlCacheDesc dc = desc_c();
+  HixlCacheKey other = HIXL_CACHE_KEY_INIT(CLUSTER_PEER, 9);
+  uintptr_t ac[C_TENSORS];
+  uint64_t oid;
+  for (int t = 0; t < C_TENSORS; t++) ac[t] = (uintptr_t)mine.c[t];
+  TU_ASSERT_STATUS(
+      HixlCacheManagerRegisterCache(mgr, &dc, ac, C_TENSORS, &other, 1, HIXL_CACHE_ACCESS_REMOTE, &oid),
+      HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("names cluster 2");
   CU_ASSERT_TRUE(my_blocks_untouched(NULL));
   CU_ASSERT(HIXL_CACHE_MAX_ADDRS >= 240);
 }
@@ -686,6 +712,11 @@ static void test_async_pipelined(void) {
   TU_ASSERT_OK(HixlCacheTaskGetResults(task, res, 1));
   CU_ASSERT_EQUAL(res[0], HIXL_SUCCESS);
   TU_ASSERT_OK(HixlCacheTaskDestroy(task));
+  /* Its handle, destroyed: unknown (a token, not the freed task's address: before, read
+   * after free). */
+  TU_ASSERT_STATUS(HixlCacheTaskSynchronize(task, 10), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheTaskGetResults(task, res, 1), HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(HixlCacheTaskDestroy(task), HIXL_PARAM_INVALID);
   /* blocks not in the list are the peer's own */
   const uint64_t others[] = {9, 13, 299, 301};
   for (uint32_t l = 0; l < B_LAYERS; l++) CU_ASSERT_EQUAL(peer_layer_state(l, others, 4, 99), 0);
@@ -920,6 +951,104 @@ static void test_register_race(void) {
     for (int t = 0; t < C_TENSORS; t++) free(a[i].mem[t]);
 }
 
+/* ---- a manager's Destroy: all or nothing ---- */
+
+static struct tu_hold destroy_hold = TU_HOLD_INIT;
+struct destroy_call {
+  HixlEngine *e;
+  HixlCacheManager *m;
+  const char *peer;
+  HixlStatus st;
+};
+
+static void *hold_peer(void *p) { /* keeps the peer's progress thread in its handler */
+  struct destroy_call *d = p;
+  uint8_t ans[8];
+  size_t n;
+  d->st = hixl_engine_call(d->e, d->peer, 3, "x", 1, ans, sizeof(ans), &n, 20000);
+  return NULL;
+}
+
+static void *link_peer(void *p) { /* a Link whose HELLO waits on the held peer */
+  struct destroy_call *d = p;
+  d->st = HixlCacheManagerLink(d->m, 77, d->peer, 20000);
+  return NULL;
+}
+
+static uint32_t calls_of(HixlCacheManager *m) {
+  pthread_mutex_lock(&m->lock);
+  uint32_t n = m->calls;
+  pthread_mutex_unlock(&m->lock);
+  return n;
+}
+
+/* Destroy while the engine refuses a cache's deregistration (a transfer of the caller's
+ * own in flight on it: FAILED, and the manager and its cache stay whole, before: freed,
+ * the registration left in the engine for good and a second Destroy a use after free), or
+ * while another call is under way (a Link waiting for its peer: FAILED, before: freed
+ * under it); once both ended, SUCCESS and the memory registers again. After the engine's
+ * Finalize, Destroy frees all and takes its service away (before: FAILED, the freed
+ * manager left as the engine's CACHE handler, and a new manager refused). */
+static void test_destroy_whole_or_nothing(void) {
+  char aa[TU_ADDR_LEN], ab[TU_ADDR_LEN];
+  HixlEngine *a = tu_engine_start_with(tu_addr(aa, sizeof(aa), tu_free_port()), "tcp"); /* the peer answers */
+  HixlEngine *b = tu_engine_start_with(tu_addr(ab, sizeof(ab), tu_free_port()), "tcp");
+  CU_ASSERT_FATAL(a && b);
+  struct caches k;
+  caches_alloc(&k);
+  caches_fill(&k, 9);
+  uint8_t *bmem = calloc(1, B_BLOCKS * B_BLOCK);
+  CU_ASSERT_FATAL(bmem && tu_register(b, bmem, B_BLOCKS * B_BLOCK));
+  HixlCacheManager *m;
+  uint64_t idc, idb;
+  TU_ASSERT_OK_FATAL(HixlCacheManagerCreate(a, CLUSTER_PEER, &m));
+  TU_ASSERT_OK_FATAL(register_both(m, &k, 1, 1, &idc, &idb));
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(b, 3, tu_hold_handler, &destroy_hold));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(a, ab, TIMEOUT));
+  struct destroy_call h = {a, NULL, ab, -1}, l = {a, m, ab, -1};
+  pthread_t th, tl;
+  CU_ASSERT_FATAL(pthread_create(&th, NULL, hold_peer, &h) == 0);
+  tu_hold_entered(&destroy_hold);
+  /* A WRITE from the blocks cache's tensor 0 (64 KiB: sent from it, not staged), unanswered
+   * while the peer is held. */
+  HixlTransferOpDesc op = {(uintptr_t)k.b[0], (uintptr_t)bmem, B_BLOCKS * B_BLOCK};
+  HixlTransferReq r;
+  TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(a, ab, HIXL_WRITE, &op, 1, 20000, NULL, &r));
+  TU_ASSERT_STATUS(HixlCacheManagerDestroy(m), HIXL_FAILED);
+  HixlMemDesc md = {(uintptr_t)k.b[0], B_BLOCKS * B_BLOCK};
+  HixlMemHandle again;
+  TU_ASSERT_STATUS(HixlEngineRegisterMem(a, &md, HIXL_MEM_HOST, &again), HIXL_PARAM_INVALID); /* still its */
+  HixlCacheStats stats;
+  TU_ASSERT_OK(HixlCacheManagerGetStats(m, &stats)); /* usable */
+  CU_ASSERT_FATAL(pthread_create(&tl, NULL, link_peer, &l) == 0);
+  for (int64_t end = tu_now_ms() + 10000; calls_of(m) == 0 && tu_now_ms() < end;) sched_yield();
+  CU_ASSERT_EQUAL(calls_of(m), 1);
+  TU_ASSERT_STATUS(HixlCacheManagerDestroy(m), HIXL_FAILED);
+  TU_ASSERT_ERRMSG_HAS("1 other calls");
+  tu_hold_release(&destroy_hold);
+  pthread_join(tl, NULL);
+  pthread_join(th, NULL);
+  HixlTransferStatus ts;
+  TU_ASSERT_OK(tu_wait_request(a, r, tu_now_ms() + 20000, &ts));
+  CU_ASSERT_EQUAL(ts, HIXL_TRANSFER_COMPLETED);
+  TU_ASSERT_OK(HixlCacheManagerDestroy(m));
+  TU_ASSERT_OK(HixlEngineRegisterMem(a, &md, HIXL_MEM_HOST, &again)); /* the cache's registration is gone */
+  TU_ASSERT_OK(HixlEngineDeregisterMem(a, again));
+  /* After the engine's Finalize. */
+  TU_ASSERT_OK_FATAL(HixlCacheManagerCreate(a, CLUSTER_PEER, &m));
+  TU_ASSERT_OK(register_both(m, &k, 1, 1, &idc, &idb));
+  TU_ASSERT_OK(HixlEngineFinalize(a));
+  TU_ASSERT_OK(HixlCacheManagerDestroy(m));
+  TU_ASSERT_OK(HixlEngineInitialize(a, aa, NULL, 0));
+  TU_ASSERT_OK(HixlCacheManagerCreate(a, CLUSTER_PEER, &m));
+  TU_ASSERT_OK(HixlCacheManagerDestroy(m));
+  TU_ASSERT_OK(HixlEngineDestroy(a));
+  TU_ASSERT_OK(HixlEngineDestroy(b));
+  for (int t = 0; t < C_TENSORS; t++) free(k.c[t]);
+  for (int t = 0; t < B_TENSORS; t++) free(k.b[t]);
+  free(bmem);
+}
+
 int main(void) {
   int down[2], up[2];
   signal(SIGPIPE, SIG_IGN);
@@ -935,22 +1064,24 @@ int main(void) {
   close(up[1]);
   to_peer = down[1];
   from_peer = up[0];
-  CU_TestInfo tests[] = {{"arguments of every call", test_args},
-                         {"pull blocks by BlocksCacheKey, others untouched", test_pull_blocks},
-                         {"adjacent blocks coalesce: 1024 blocks, one op per tensor", test_coalescing},
-                         {"layer ranges, one or two tensors per layer", test_layer_ranges},
-                         {"push blocks", test_push_blocks},
-                         {"contiguous: CacheKey, id and index, size, push", test_contiguous},
-                         {"layout mismatches move nothing", test_mismatches},
-                         {"NOT_FOUND: no such key, unregistered, found again", test_not_found},
-                         {"async: no byte of layer l before its release", test_async_pipelined},
-                         {"async: a layer never ready fails the task", test_async_not_ready},
-                         {"allocated caches: pulled, mapped on one host, freed", test_allocated},
-                         {"one CacheKey registered by two threads at once: one wins", test_register_race},
-                         {"a lost link comes back with Link", test_relink},
-                         {"a stopped peer: TIMEOUT on time", test_stopped_peer},
-                         {"a dead peer: FAILED, never a hang", test_dead_peer},
-                         CU_TEST_INFO_NULL};
+  CU_TestInfo tests[] = {
+      {"arguments of every call", test_args},
+      {"pull blocks by BlocksCacheKey, others untouched", test_pull_blocks},
+      {"adjacent blocks coalesce: 1024 blocks, one op per tensor", test_coalescing},
+      {"layer ranges, one or two tensors per layer", test_layer_ranges},
+      {"push blocks", test_push_blocks},
+      {"contiguous: CacheKey, id and index, size, push", test_contiguous},
+      {"layout mismatches move nothing", test_mismatches},
+      {"NOT_FOUND: no such key, unregistered, found again", test_not_found},
+      {"async: no byte of layer l before its release", test_async_pipelined},
+      {"async: a layer never ready fails the task", test_async_not_ready},
+      {"allocated caches: pulled, mapped on one host, freed", test_allocated},
+      {"one CacheKey registered by two threads at once: one wins", test_register_race},
+      {"a manager's Destroy: refused while in use, whole or not at all", test_destroy_whole_or_nothing},
+      {"a lost link comes back with Link", test_relink},
+      {"a stopped peer: TIMEOUT on time", test_stopped_peer},
+      {"a dead peer: FAILED, never a hang", test_dead_peer},
+      CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"cache manager, two processes", suite_init, suite_clean, NULL, NULL, tests},
                            CU_SUITE_INFO_NULL};
   int rc = 1;

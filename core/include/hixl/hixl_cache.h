@@ -99,7 +99,12 @@ typedef struct {
 HIXL_API HixlStatus HixlCacheManagerCreate(HixlEngine *engine, uint64_t cluster_id, HixlCacheManager **mgr);
 
 /** Unregister every cache, unlink every cluster and free the manager (the engine
- *  stays the caller's). FAILED, and nothing freed, while an async task still runs. */
+ *  stays the caller's). FAILED, and nothing freed, while an async task exists or
+ *  another call on the manager is under way (new calls are refused once Destroy has
+ *  begun). FAILED too when the engine refuses a cache's deregistration (a transfer of
+ *  the caller's own in flight on its memory): that cache, the ones after it and the
+ *  manager stay, usable, for Destroy again; the caches before it are gone. After the
+ *  engine's Finalize (its registrations released) Destroy frees everything. */
 HIXL_API HixlStatus HixlCacheManagerDestroy(HixlCacheManager *mgr);
 
 /** Link remote_cluster_id to the manager at remote_engine ("ip:port"): connects
@@ -228,6 +233,8 @@ HIXL_API HixlStatus HixlCacheTaskGetResults(HixlCacheTask *task, HixlStatus *res
 /** Free an ended task; a task still running is stopped first (its layers not yet
  *  sent are not sent; those in flight end or time out). */
 HIXL_API HixlStatus HixlCacheTaskDestroy(HixlCacheTask *task);
+/* A task handle is a token, not an address: one destroyed is PARAM_INVALID to every
+ * call; a Synchronize or GetResults under way in it returns before Destroy frees it. */
 
 /** Reserved by the seed: always UNSUPPORTED. */
 HIXL_API HixlStatus HixlCacheManagerRemapRegisteredMemory(HixlCacheManager *mgr, const HixlMemDesc *mems,

@@ -50,26 +50,69 @@ HixlStatus HixlCacheManagerCreate(HixlEngine *engine, uint64_t cluster_id, HixlC
   return HIXL_SUCCESS;
 }
 
+HixlStatus cm_enter(HixlCacheManager *m, const char *fn) {
+  CHECK_ARG(m, "%s: mgr is NULL", fn);
+  pthread_mutex_lock(&m->lock);
+  bool closing = m->closing;
+  m->calls += !closing;
+  pthread_mutex_unlock(&m->lock);
+  CHECK_ARG(!closing, "%s: the manager is being destroyed", fn);
+  return HIXL_SUCCESS;
+}
+
+HixlStatus cm_leave(HixlCacheManager *m, HixlStatus st) {
+  pthread_mutex_lock(&m->lock);
+  m->calls--;
+  pthread_mutex_unlock(&m->lock);
+  return st;
+}
+
+/* Destroy: nothing in use (no task, pin, registration or other call under way, and no
+ * new one begins once it has begun), then every cache deregistered, one at a time. One
+ * the engine refuses (a transfer of the caller's own in flight on it) stays, with the
+ * rest and the manager: FAILED, the manager usable again (the caches deregistered
+ * before it are gone, as by UnregisterCache). Only then is the service taken away and
+ * everything freed. */
 HixlStatus HixlCacheManagerDestroy(HixlCacheManager *m) {
   CHECK_ARG(m, "HixlCacheManagerDestroy: mgr is NULL");
   pthread_mutex_lock(&m->lock);
-  uint32_t tasks = m->tasks, busy = 0;
+  uint32_t tasks = m->tasks, busy = 0, calls = m->calls;
   for (struct cm_cache *c = m->caches; c; c = c->next) busy += c->busy;
   for (struct cm_cache *c = m->pending; c; c = c->next) busy++; /* a registration under way */
+  bool was_closing = m->closing;
+  if (!tasks && !busy && !calls) m->closing = true;
   pthread_mutex_unlock(&m->lock);
-  if (tasks || busy)
-    return hixl_fail(HIXL_FAILED,
-                     "HixlCacheManagerDestroy: %u async tasks and %u transfers or registrations still use it",
-                     tasks, busy);
-  hixl_engine_set_service(m->eng, HIXL_SERVICE_CACHE, NULL, NULL);
-  HixlStatus st = HIXL_SUCCESS;
-  while (m->caches) {
+  CHECK_ARG(!was_closing, "HixlCacheManagerDestroy: another call is destroying the manager");
+  if (tasks || busy || calls)
+    return hixl_fail(
+        HIXL_FAILED,
+        "HixlCacheManagerDestroy: %u async tasks, %u transfers or registrations and %u other calls "
+        "still use it; nothing was freed",
+        tasks, busy, calls);
+  for (;;) {
+    pthread_mutex_lock(&m->lock);
     struct cm_cache *c = m->caches;
-    HixlStatus s = cache_deregister(m, c, "HixlCacheManagerDestroy");
-    if (s != HIXL_SUCCESS && st == HIXL_SUCCESS) st = s;
-    m->caches = c->next;
+    if (c) { /* out of the list under the lock: the service no longer finds it */
+      m->caches = c->next;
+      m->naddrs -= c->desc.num_tensors;
+    }
+    pthread_mutex_unlock(&m->lock);
+    if (!c) break;
+    HixlStatus st = cache_deregister(m, c, "HixlCacheManagerDestroy");
+    if (st != HIXL_SUCCESS) {
+      pthread_mutex_lock(&m->lock);
+      c->next = m->caches;
+      m->caches = c;
+      m->naddrs += c->desc.num_tensors;
+      m->closing = false;
+      pthread_mutex_unlock(&m->lock);
+      return st;
+    }
     cache_free(c);
   }
+  /* Once this returns no peer's lookup runs cm_serve (the progress thread calls it with
+   * the engine's lock held); on a finalized engine too. */
+  hixl_engine_set_service(m->eng, HIXL_SERVICE_CACHE, NULL, NULL);
   while (m->links) {
     struct cm_link *l = m->links;
     if (l->connected) HixlEngineDisconnect(m->eng, l->remote, 0);
@@ -79,7 +122,7 @@ HixlStatus HixlCacheManagerDestroy(HixlCacheManager *m) {
   }
   pthread_mutex_destroy(&m->lock);
   free(m);
-  return st;
+  return HIXL_SUCCESS;
 }
 
 HixlStatus HixlCacheManagerGetStats(HixlCacheManager *m, HixlCacheStats *stats) {

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "cache/cache_int.h"
+#include "util/handles.h"
 #include "util/sock.h"
 #include "util/thread.h"
 
@@ -39,7 +40,32 @@ struct HixlCacheTask {
   uint64_t dbms; /* destination block bytes; 0: a contiguous destination */
   uint32_t tpl;
   uint64_t deadline;
+  uint32_t users; /* Synchronize / GetResults calls in it (under task_lock): Destroy waits for them */
 };
+
+/* Tasks by handle: a HixlCacheTask * the caller holds is a token (util/handles.h), so a
+ * destroyed task's handle is PARAM_INVALID, not its freed memory; and a call in a task
+ * keeps it until the call returns (a Synchronize racing Destroy read the freed task). */
+static pthread_mutex_t task_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t task_left = PTHREAD_COND_INITIALIZER; /* a task's last user returned */
+static struct handles task_handles;
+
+/* The live task behind handle h, taken for a call (task_put after); NULL, said, if none. */
+static HixlCacheTask *task_get(HixlCacheTask *h, const char *fn) {
+  pthread_mutex_lock(&task_lock);
+  HixlCacheTask *t = handles_get(&task_handles, (uintptr_t)h);
+  if (t) t->users++;
+  pthread_mutex_unlock(&task_lock);
+  if (!t) hixl_fail(HIXL_PARAM_INVALID, "%s: task %p is unknown or destroyed", fn, (void *)h);
+  return t;
+}
+
+static HixlStatus task_put(HixlCacheTask *t, HixlStatus st) {
+  pthread_mutex_lock(&task_lock);
+  if (--t->users == 0) pthread_cond_broadcast(&task_left);
+  pthread_mutex_unlock(&task_lock);
+  return st;
+}
 
 static void cm_conf_fail(struct cm_conf *cf, HixlStatus st, const char *why) {
   if (cf->st != HIXL_SUCCESS) return;
@@ -207,11 +233,9 @@ static uint64_t *cm_dup_u64(const uint64_t *v, size_t n) {
   return c;
 }
 
-HixlStatus HixlCacheManagerTransferCacheAsync(HixlCacheManager *m, uint64_t src_cache_id,
-                                              const HixlLayerSynchronizer *sync,
-                                              const HixlCacheTransferConfig *configs, size_t num_configs,
-                                              const HixlCacheAsyncArgs *args, HixlCacheTask **task) {
-  const char *fn = "HixlCacheManagerTransferCacheAsync";
+static HixlStatus async_in(HixlCacheManager *m, uint64_t src_cache_id, const HixlLayerSynchronizer *sync,
+                           const HixlCacheTransferConfig *configs, size_t num_configs,
+                           const HixlCacheAsyncArgs *args, HixlCacheTask **task, const char *fn) {
   static const HixlCacheAsyncArgs none = {0};
   HixlStatus st;
   CHECK_ARG(m && sync && sync->synchronize_layer && configs && task,
@@ -278,6 +302,15 @@ HixlStatus HixlCacheManagerTransferCacheAsync(HixlCacheManager *m, uint64_t src_
     st =
         hixl_fail(HIXL_PARAM_INVALID, "%s: src_block_indices given for contiguous cache %" PRIu64, fn, c->id);
   }
+  /* A destination block's offset, index x block size, stays inside the largest tensor a
+   * cache may have (2^48 bytes): unchecked it wrapped (an index of -1, vLLM's padding,
+   * wrote one block before the destination tensor, into another layer's KV). */
+  for (size_t j = 0; st == HIXL_SUCCESS && t->dbms && j < args->num_dst_blocks; j++)
+    if (args->dst_block_indices[j] >= (UINT64_C(1) << 48) / t->dbms)
+      st = hixl_fail(HIXL_PARAM_INVALID,
+                     "%s: dst_block_indices[%zu] = %" PRIu64 ": its %" PRIu64
+                     "-byte block lies past 2^48 bytes, outside any cache",
+                     fn, j, args->dst_block_indices[j], t->dbms);
   if (st == HIXL_SUCCESS && (!(t->sb = cm_dup_u64(args->src_block_indices, args->num_src_blocks)) ||
                              !(t->db = cm_dup_u64(args->dst_block_indices, args->num_dst_blocks)) ||
                              !(t->conf = calloc(num_configs, sizeof(*t->conf)))))
@@ -341,7 +374,20 @@ HixlStatus HixlCacheManagerTransferCacheAsync(HixlCacheManager *m, uint64_t src_
     cache_unpin(m, c);
     return st;
   }
-  *task = t;
+  pthread_mutex_lock(&task_lock);
+  uintptr_t token = handles_add(&task_handles, t);
+  pthread_mutex_unlock(&task_lock);
+  if (!token) { /* stopped at once: the caller never had it */
+    t->stop = true;
+    pthread_join(t->thread, NULL);
+    cache_unpin(m, c);
+    pthread_mutex_lock(&m->lock);
+    m->tasks--;
+    pthread_mutex_unlock(&m->lock);
+    cm_task_free(t);
+    return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  }
+  *task = (HixlCacheTask *)token;
   return HIXL_SUCCESS;
 }
 
@@ -353,9 +399,22 @@ static HixlStatus cm_task_status(HixlCacheTask *t) {
   return HIXL_SUCCESS;
 }
 
-HixlStatus HixlCacheTaskSynchronize(HixlCacheTask *t, int32_t timeout_ms) {
-  CHECK_ARG(t, "HixlCacheTaskSynchronize: task is NULL");
+HixlStatus HixlCacheManagerTransferCacheAsync(HixlCacheManager *m, uint64_t src_cache_id,
+                                              const HixlLayerSynchronizer *sync,
+                                              const HixlCacheTransferConfig *configs, size_t num_configs,
+                                              const HixlCacheAsyncArgs *args, HixlCacheTask **task) {
+  const char *fn = "HixlCacheManagerTransferCacheAsync";
+  HixlStatus st = cm_enter(m, fn);
+  return st != HIXL_SUCCESS
+             ? st
+             : cm_leave(m, async_in(m, src_cache_id, sync, configs, num_configs, args, task, fn));
+}
+
+HixlStatus HixlCacheTaskSynchronize(HixlCacheTask *h, int32_t timeout_ms) {
+  CHECK_ARG(h, "HixlCacheTaskSynchronize: task is NULL");
   CHECK_ARG(timeout_ms >= 0, "HixlCacheTaskSynchronize: timeout_ms %d is negative", timeout_ms);
+  HixlCacheTask *t = task_get(h, "HixlCacheTaskSynchronize");
+  if (!t) return HIXL_PARAM_INVALID;
   uint64_t deadline = hixl_deadline_ns(timeout_ms);
   struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
                         .tv_nsec = (long)(deadline % 1000000000ull)};
@@ -367,11 +426,13 @@ HixlStatus HixlCacheTaskSynchronize(HixlCacheTask *t, int32_t timeout_ms) {
               : hixl_fail(HIXL_TIMEOUT, "HixlCacheTaskSynchronize: the task is still running after %d ms",
                           timeout_ms ? timeout_ms : HIXL_DEFAULT_TIMEOUT_MS);
   pthread_mutex_unlock(&t->lock);
-  return st;
+  return task_put(t, st);
 }
 
-HixlStatus HixlCacheTaskGetResults(HixlCacheTask *t, HixlStatus *results, size_t num_results) {
-  CHECK_ARG(t && results, "HixlCacheTaskGetResults: task or results is NULL");
+HixlStatus HixlCacheTaskGetResults(HixlCacheTask *h, HixlStatus *results, size_t num_results) {
+  CHECK_ARG(h && results, "HixlCacheTaskGetResults: task or results is NULL");
+  HixlCacheTask *t = task_get(h, "HixlCacheTaskGetResults");
+  if (!t) return HIXL_PARAM_INVALID;
   pthread_mutex_lock(&t->lock);
   HixlStatus st = HIXL_SUCCESS;
   if (!t->done)
@@ -383,15 +444,23 @@ HixlStatus HixlCacheTaskGetResults(HixlCacheTask *t, HixlStatus *results, size_t
   else
     for (size_t i = 0; i < t->nconf; i++) results[i] = t->conf[i].st;
   pthread_mutex_unlock(&t->lock);
-  return st;
+  return task_put(t, st);
 }
 
-HixlStatus HixlCacheTaskDestroy(HixlCacheTask *t) {
-  CHECK_ARG(t, "HixlCacheTaskDestroy: task is NULL");
+HixlStatus HixlCacheTaskDestroy(HixlCacheTask *h) {
+  CHECK_ARG(h, "HixlCacheTaskDestroy: task is NULL");
+  pthread_mutex_lock(&task_lock); /* no new call finds it; those in it return first */
+  HixlCacheTask *t = handles_del(&task_handles, (uintptr_t)h);
+  if (task_handles.count == 0) handles_free(&task_handles);
+  pthread_mutex_unlock(&task_lock);
+  CHECK_ARG(t, "HixlCacheTaskDestroy: task %p is unknown or destroyed", (void *)h);
   pthread_mutex_lock(&t->lock);
   t->stop = true;
   pthread_mutex_unlock(&t->lock);
-  pthread_join(t->thread, NULL);
+  pthread_join(t->thread, NULL); /* ends a Synchronize waiting in it: the task is done */
+  pthread_mutex_lock(&task_lock);
+  while (t->users > 0) pthread_cond_wait(&task_left, &task_lock);
+  pthread_mutex_unlock(&task_lock);
   HixlCacheManager *m = t->mgr;
   cache_unpin(m, t->cache);
   pthread_mutex_lock(&m->lock);

@@ -76,8 +76,15 @@ struct HixlCacheManager {
   size_t naddrs; /* tensor addresses registered, all caches */
   struct cm_link *links;
   uint32_t tasks; /* async tasks not yet destroyed */
+  uint32_t calls; /* public calls under way (cm_enter): Destroy waits for none */
+  bool closing;   /* Destroy has begun: new calls are refused */
   HixlCacheStats stats;
 };
+
+/* A public call begins on m (PARAM_INVALID, said, once Destroy has begun) ... */
+HixlStatus cm_enter(HixlCacheManager *m, const char *fn);
+/* ... and ends, returning st. */
+HixlStatus cm_leave(HixlCacheManager *m, HixlStatus st);
 
 /* The layers both sides move: tensors per layer dividing both tensor counts, ranges
  * inside both, of one length (and equal, for a push). */

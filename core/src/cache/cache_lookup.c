@@ -87,10 +87,9 @@ static HixlStatus cm_relink(HixlCacheManager *m, uint64_t cluster, const char *r
   return st;
 }
 
-HixlStatus HixlCacheManagerLink(HixlCacheManager *m, uint64_t remote_cluster_id, const char *remote_engine,
-                                int32_t timeout_ms) {
-  const char *fn = "HixlCacheManagerLink";
-  CHECK_ARG(m && remote_engine, "%s: mgr or remote_engine is NULL", fn);
+static HixlStatus link_in(HixlCacheManager *m, uint64_t remote_cluster_id, const char *remote_engine,
+                          int32_t timeout_ms, const char *fn) {
+  CHECK_ARG(remote_engine, "%s: remote_engine is NULL", fn);
   CHECK_ARG(strlen(remote_engine) < sizeof(((struct cm_link *)0)->remote), "%s: remote_engine is too long",
             fn);
   CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms %d is negative", fn, timeout_ms);
@@ -116,7 +115,9 @@ HixlStatus HixlCacheManagerLink(HixlCacheManager *m, uint64_t remote_cluster_id,
   l->connected = ours;
   l->nonce = nonce;
   pthread_mutex_lock(&m->lock);
-  if (cm_link_by_cluster(m, remote_cluster_id)) { /* a racing Link won */
+  struct cm_link *won = cm_link_by_cluster(m, remote_cluster_id);
+  if (won) { /* a racing Link won; if this call made the engine link, Unlink is to close it */
+    if (ours && strcmp(won->remote, remote_engine) == 0) won->connected = true;
     pthread_mutex_unlock(&m->lock);
     free(l);
     return hixl_fail(HIXL_ALREADY_CONNECTED, "%s: cluster %" PRIu64 " is already linked", fn,
@@ -128,9 +129,15 @@ HixlStatus HixlCacheManagerLink(HixlCacheManager *m, uint64_t remote_cluster_id,
   return HIXL_SUCCESS;
 }
 
-HixlStatus HixlCacheManagerUnlink(HixlCacheManager *m, uint64_t remote_cluster_id, int32_t timeout_ms) {
-  const char *fn = "HixlCacheManagerUnlink";
-  CHECK_ARG(m, "%s: mgr is NULL", fn);
+HixlStatus HixlCacheManagerLink(HixlCacheManager *m, uint64_t remote_cluster_id, const char *remote_engine,
+                                int32_t timeout_ms) {
+  const char *fn = "HixlCacheManagerLink";
+  HixlStatus st = cm_enter(m, fn);
+  return st != HIXL_SUCCESS ? st : cm_leave(m, link_in(m, remote_cluster_id, remote_engine, timeout_ms, fn));
+}
+
+static HixlStatus unlink_in(HixlCacheManager *m, uint64_t remote_cluster_id, int32_t timeout_ms,
+                            const char *fn) {
   CHECK_ARG(timeout_ms >= 0, "%s: timeout_ms %d is negative", fn, timeout_ms);
   pthread_mutex_lock(&m->lock);
   struct cm_link **pp = &m->links;
@@ -145,6 +152,12 @@ HixlStatus HixlCacheManagerUnlink(HixlCacheManager *m, uint64_t remote_cluster_i
   cm_views_free(l->views);
   free(l);
   return st;
+}
+
+HixlStatus HixlCacheManagerUnlink(HixlCacheManager *m, uint64_t remote_cluster_id, int32_t timeout_ms) {
+  const char *fn = "HixlCacheManagerUnlink";
+  HixlStatus st = cm_enter(m, fn);
+  return st != HIXL_SUCCESS ? st : cm_leave(m, unlink_in(m, remote_cluster_id, timeout_ms, fn));
 }
 
 /* ---- finding a remote cache ---- */

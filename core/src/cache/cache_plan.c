@@ -153,8 +153,9 @@ HixlStatus cm_check_blocks(const uint64_t *v, size_t n, uint64_t limit, const ch
 }
 
 /* pull_cache and push_cache: one batch item of each tensor of the layers. */
-static HixlStatus cm_item(HixlCacheManager *m, const HixlCacheAnyKey *key, uint64_t local_id,
-                          uint32_t local_batch, const HixlCacheTransferArgs *a, bool push, const char *fn) {
+static HixlStatus cm_item_in(HixlCacheManager *m, const HixlCacheAnyKey *key, uint64_t local_id,
+                             uint32_t local_batch, const HixlCacheTransferArgs *a, bool push,
+                             const char *fn) {
   HixlStatus st;
   if (!a) a = &cm_default_args;
   CHECK_ARG(m, "%s: mgr is NULL", fn);
@@ -230,6 +231,12 @@ out:
   return st;
 }
 
+static HixlStatus cm_item(HixlCacheManager *m, const HixlCacheAnyKey *key, uint64_t local_id,
+                          uint32_t local_batch, const HixlCacheTransferArgs *a, bool push, const char *fn) {
+  HixlStatus st = cm_enter(m, fn);
+  return st != HIXL_SUCCESS ? st : cm_leave(m, cm_item_in(m, key, local_id, local_batch, a, push, fn));
+}
+
 HixlStatus HixlCacheManagerPullCache(HixlCacheManager *m, const HixlCacheAnyKey *key, uint64_t cache_id,
                                      uint32_t batch_index, const HixlCacheTransferArgs *args) {
   return cm_item(m, key, cache_id, batch_index, args, false, "HixlCacheManagerPullCache");
@@ -246,10 +253,10 @@ HixlStatus HixlCacheManagerPushCache(HixlCacheManager *m, const HixlCacheKeyById
 /* pull_blocks and push_blocks. With then (a push), the transfer's last batch is started
  * with its call and the local cache stays pinned on success: hixl_cache_unpin lets it
  * go. */
-static HixlStatus cm_blocks(HixlCacheManager *m, const HixlCacheAnyKey *key, uint64_t local_id,
-                            const uint64_t *sb, size_t nsb, const uint64_t *db, size_t ndb,
-                            const HixlCacheTransferArgs *a, bool push, const struct cm_then *then,
-                            const char *fn) {
+static HixlStatus cm_blocks_in(HixlCacheManager *m, const HixlCacheAnyKey *key, uint64_t local_id,
+                               const uint64_t *sb, size_t nsb, const uint64_t *db, size_t ndb,
+                               const HixlCacheTransferArgs *a, bool push, const struct cm_then *then,
+                               const char *fn) {
   HixlStatus st;
   if (!a) a = &cm_default_args;
   CHECK_ARG(m, "%s: mgr is NULL", fn);
@@ -341,6 +348,16 @@ out:
   cm_views_free(v);
   if (!then || st != HIXL_SUCCESS) cache_unpin(m, c);
   return st;
+}
+
+static HixlStatus cm_blocks(HixlCacheManager *m, const HixlCacheAnyKey *key, uint64_t local_id,
+                            const uint64_t *sb, size_t nsb, const uint64_t *db, size_t ndb,
+                            const HixlCacheTransferArgs *a, bool push, const struct cm_then *then,
+                            const char *fn) {
+  HixlStatus st = cm_enter(m, fn);
+  return st != HIXL_SUCCESS
+             ? st
+             : cm_leave(m, cm_blocks_in(m, key, local_id, sb, nsb, db, ndb, a, push, then, fn));
 }
 
 HixlStatus HixlCacheManagerPullBlocks(HixlCacheManager *m, const HixlCacheAnyKey *src_key,

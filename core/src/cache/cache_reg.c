@@ -22,14 +22,16 @@ void cache_free(struct cm_cache *c) {
   free(c);
 }
 
-/* Deregister what is still registered of c; FAILED (c kept) when the engine refuses. */
+/* Deregister what is still registered of c; FAILED (c kept) when the engine refuses (a
+ * transfer in flight on it). A handle the engine no longer knows is gone already: its
+ * Finalize released every registration. */
 HixlStatus cache_deregister(HixlCacheManager *m, struct cm_cache *c, const char *fn) {
   HixlStatus st = HIXL_SUCCESS;
   for (uint32_t t = 0; c->handles && t < c->desc.num_tensors; t++) {
     if (!c->handles[t]) continue;
     HixlStatus s = c->allocated ? HixlEngineFreeMem(m->eng, c->handles[t])
                                 : HixlEngineDeregisterMem(m->eng, c->handles[t]);
-    if (s == HIXL_SUCCESS)
+    if (s == HIXL_SUCCESS || s == HIXL_PARAM_INVALID) /* unknown: the engine's Finalize released it */
       c->handles[t] = NULL;
     else if (st == HIXL_SUCCESS)
       st = hixl_fail(s, "%s: cache %" PRIu64 " tensor %u: %s", fn, c->id, t, HixlGetLastErrorMessage());
@@ -90,10 +92,10 @@ static void list_unlink(struct cm_cache **head, struct cm_cache *c) {
     }
 }
 
-static HixlStatus cm_register(HixlCacheManager *m, bool blocks, bool alloc, const HixlCacheDesc *desc,
-                              uintptr_t *addrs, size_t num_addrs, const HixlCacheKey *keys, size_t num_keys,
-                              const HixlBlocksCacheKey *bkey, HixlCacheAccess access, uint64_t *cache_id,
-                              const char *fn) {
+static HixlStatus cm_register_in(HixlCacheManager *m, bool blocks, bool alloc, const HixlCacheDesc *desc,
+                                 uintptr_t *addrs, size_t num_addrs, const HixlCacheKey *keys,
+                                 size_t num_keys, const HixlBlocksCacheKey *bkey, HixlCacheAccess access,
+                                 uint64_t *cache_id, const char *fn) {
   uint64_t tb = 0;
   HixlStatus st;
   CHECK_ARG(m && addrs && cache_id, "%s: mgr, addrs or cache_id output is NULL", fn);
@@ -102,6 +104,10 @@ static HixlStatus cm_register(HixlCacheManager *m, bool blocks, bool alloc, cons
             desc->num_tensors);
   CHECK_ARG(num_keys == 0 || keys, "%s: keys is NULL but num_keys is %zu", fn, num_keys);
   CHECK_ARG(num_keys <= desc->shape[0], "%s: %zu keys for a batch of %" PRIu64, fn, num_keys, desc->shape[0]);
+  for (size_t i = 0; i < num_keys; i++) /* as the blocks calls: peers look a key up by its cluster */
+    CHECK_ARG(keys[i].cluster_id == m->cluster_id,
+              "%s: key %zu names cluster %" PRIu64 ", this manager is cluster %" PRIu64, fn, i,
+              keys[i].cluster_id, m->cluster_id);
   CHECK_ARG(access >= HIXL_CACHE_ACCESS_DEFAULT && access <= HIXL_CACHE_ACCESS_REMOTE,
             "%s: remote_accessible %d is unknown", fn, (int)access);
   /* Device memory moves only registered with the engine, which knows it is device
@@ -238,6 +244,16 @@ fail_alloc:
   return st;
 }
 
+static HixlStatus cm_register(HixlCacheManager *m, bool blocks, bool alloc, const HixlCacheDesc *desc,
+                              uintptr_t *addrs, size_t num_addrs, const HixlCacheKey *keys, size_t num_keys,
+                              const HixlBlocksCacheKey *bkey, HixlCacheAccess access, uint64_t *cache_id,
+                              const char *fn) {
+  HixlStatus st = cm_enter(m, fn);
+  if (st != HIXL_SUCCESS) return st;
+  return cm_leave(m, cm_register_in(m, blocks, alloc, desc, addrs, num_addrs, keys, num_keys, bkey, access,
+                                    cache_id, fn));
+}
+
 HixlStatus HixlCacheManagerRegisterCache(HixlCacheManager *m, const HixlCacheDesc *desc,
                                          const uintptr_t *addrs, size_t num_addrs, const HixlCacheKey *keys,
                                          size_t num_keys, HixlCacheAccess remote_accessible,
@@ -276,9 +292,7 @@ HixlStatus HixlCacheManagerRegisterBlocksCache(HixlCacheManager *m, const HixlCa
                      cache_id, fn);
 }
 
-HixlStatus HixlCacheManagerUnregisterCache(HixlCacheManager *m, uint64_t cache_id) {
-  const char *fn = "HixlCacheManagerUnregisterCache";
-  CHECK_ARG(m, "%s: mgr is NULL", fn);
+static HixlStatus unregister_in(HixlCacheManager *m, uint64_t cache_id, const char *fn) {
   pthread_mutex_lock(&m->lock);
   struct cm_cache **pp = &m->caches;
   while (*pp && (*pp)->id != cache_id) pp = &(*pp)->next;
@@ -310,6 +324,12 @@ HixlStatus HixlCacheManagerUnregisterCache(HixlCacheManager *m, uint64_t cache_i
   if (st != HIXL_SUCCESS) return st;
   cache_free(c);
   return HIXL_SUCCESS;
+}
+
+HixlStatus HixlCacheManagerUnregisterCache(HixlCacheManager *m, uint64_t cache_id) {
+  const char *fn = "HixlCacheManagerUnregisterCache";
+  HixlStatus st = cm_enter(m, fn);
+  return st != HIXL_SUCCESS ? st : cm_leave(m, unregister_in(m, cache_id, fn));
 }
 
 HixlStatus HixlCacheManagerRemapRegisteredMemory(HixlCacheManager *m, const HixlMemDesc *mems,

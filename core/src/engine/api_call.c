@@ -92,8 +92,12 @@ void HixlEngineFreeNotifies(HixlNotifyDesc *notifies) { free(notifies); }
 HixlStatus hixl_engine_set_service(HixlEngine *e, uint16_t service, hixl_call_fn fn, void *ctx) {
   CHECK_ARG(service > 0 && service < ENGINE_SERVICES, "hixl_engine_set_service: service %u is not in [1, %d)",
             (unsigned)service, ENGINE_SERVICES);
-  HixlStatus st = api_enter(e, "hixl_engine_set_service");
-  if (st != HIXL_SUCCESS) return st;
+  HixlStatus st = HIXL_SUCCESS;
+  if (!fn && e) { /* taking a handler away works on a finalized engine too: its owner is going */
+    engine_lock_caller(e);
+  } else if ((st = api_enter(e, "hixl_engine_set_service")) != HIXL_SUCCESS) {
+    return st;
+  }
   struct engine_service *s = &e->services[service];
   if (fn && s->fn)
     st = hixl_fail(HIXL_PARAM_INVALID, "hixl_engine_set_service: service %u of %s already has a handler",

@@ -197,7 +197,9 @@ typedef HixlStatus (*hixl_call_fn)(void *ctx, const char *peer, const uint8_t *r
                                    size_t cap, size_t *resp_len);
 
 /* Install (fn) or remove (NULL) the handler of service; PARAM_INVALID when another
- * handler holds it. */
+ * handler holds it. Removing works on a finalized engine too (its owner is going, and a
+ * peer must not reach it once the engine is initialized again); once it returns, the
+ * handler runs no more. */
 HixlStatus hixl_engine_set_service(HixlEngine *e, uint16_t service, hixl_call_fn fn, void *ctx);
 
 /* Ask remote's service and wait for the answer (at most cap bytes into resp, its
