@@ -165,14 +165,26 @@ static void test_accept_peers_bounded(void) {
   CU_ASSERT_FATAL(params_cap(&params, &cap));
   step(&d); /* the worker expects it */
   fill_peers(&d, KV_SVC_ACCEPT, id, &cap);
-  uint8_t state;
-  TU_ASSERT_OK(serve(&d, "127.0.0.1:20000", KV_SVC_ABORT, id, &cap, &state, NULL, 0)); /* it ends, failed */
+  /* It ends, failed, with the producer's reason: control bytes in it (a forged log line,
+   * terminal escapes) reach the log and the trace escaped, as \xNN (before: raw). */
+  struct kv_out o = {0};
+  uint8_t resp[64];
+  size_t n = 0;
+  CU_ASSERT_FATAL(kv_msg(d.worker, &o, KV_SVC_ABORT, id, &cap, 0, "oops\n[hixl E 1.0 1] forged\x1b[2J"));
+  TU_ASSERT_OK(kv_serve(d.worker, "127.0.0.1:20000", o.p, o.len, resp, sizeof(resp), &n));
+  free(o.p);
   all_revoked(&d);
   hixl_kv_ids s = {0}, rv = {0};
   ST_IS(ops->get_finished(d.worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
   CU_ASSERT(rv.count == 1 && strcmp(rv.ids[0], id) == 0);
   ops->free_ids(&s);
   ops->free_ids(&rv);
+  /* its trace, once the host took it */
+  hixl_kv_buffer tr = {0};
+  ST_IS(ops->drain_traces(d.worker, &tr), HIXL_KV_SUCCESS);
+  CU_ASSERT_PTR_NOT_NULL(memmem(tr.data, tr.len, "oops\\\\x0a[hixl E 1.0 1] forged\\\\x1b[2J", 38));
+  CU_ASSERT_PTR_NULL(memmem(tr.data, tr.len, "oops\\n", 6));
+  ops->free_buffer(&tr);
   hixl_kv_blocks errs = {0};
   ST_IS(ops->get_block_ids_with_load_errors(d.worker, &errs), HIXL_KV_SUCCESS);
   CU_ASSERT(errs.count == NB && errs.ids[0] == blocks[0] && errs.ids[1] == blocks[1]);

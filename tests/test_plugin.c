@@ -743,6 +743,61 @@ static void test_hold_past_blocks(void) {
   inst_down(&x);
 }
 
+/* A push consumer's expected block past its caches' blocks: refused at bind, said, the
+ * load reported received with its blocks in the load errors, nothing expected (before:
+ * expected, and an ACCEPT granted the producer memory past the caches: another
+ * request's blocks, which it then overwrote). */
+static void test_expect_past_blocks(void) {
+  char cfg[512];
+  struct inst d;
+  config_push(cfg, sizeof(cfg), free_port(), "consumer", 10000);
+  ST_IS(inst_up(&d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+  hixl_kv_request r = request("xpast-1", 2 * BLOCK_TOKENS, "{\"do_remote_prefill\": true}");
+  int64_t tokens = 0;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(d.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  uint64_t blocks[2] = {1, BLOCKS};
+  ST_IS(ops->update_state_after_alloc(d.sched, &r, blocks, 2, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  hixl_kv_buffer params = {0};
+  ST_IS(ops->get_push_params(d.sched, "xpast-1", 7, &params), HIXL_KV_SUCCESS);
+  ops->free_buffer(&params);
+  ST_IS(bind_once(d.sched, d.worker), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT(has_error("is past its 32 blocks"));
+  hixl_kv_ids sd = {0}, rv = {0};
+  ST_IS(ops->get_finished(d.worker, NULL, &sd, &rv), HIXL_KV_SUCCESS);
+  CU_ASSERT_TRUE(ids_have(&rv, "xpast-1"));
+  ops->free_ids(&sd);
+  ops->free_ids(&rv);
+  hixl_kv_blocks eb = {0};
+  ST_IS(ops->get_block_ids_with_load_errors(d.worker, &eb), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(eb.count, 2);
+  ops->free_buffer(&eb.raw);
+  inst_down(&d);
+}
+
+/* A HOLD bound before the worker registered its caches: refused (there is nothing to
+ * check its blocks against; before, bound unchecked, and a PIN granted whatever ids it
+ * named once the caches came). */
+static void test_hold_before_register(void) {
+  char cfg[512], err[256];
+  struct inst x = {0};
+  config(cfg, sizeof(cfg), free_port(), "producer", 10000, "fail", 2000);
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &x.sched, err, sizeof(err)),
+        HIXL_KV_SUCCESS);
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &x.worker, err, sizeof(err)),
+        HIXL_KV_SUCCESS);
+  uint64_t blocks[2] = {1, 2};
+  hixl_kv_request r = request("early-1", 2 * BLOCK_TOKENS, "{\"do_remote_decode\": true}");
+  int32_t delay = -1;
+  hixl_kv_buffer out = {0};
+  ST_IS(ops->request_finished(x.sched, &r, blocks, 2, &delay, &out), HIXL_KV_SUCCESS);
+  ops->free_buffer(&out);
+  ST_IS(bind_once(x.sched, x.worker), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT(has_error("of KV caches registered"));
+  CU_ASSERT_TRUE(sent_and_empty(x.worker, "early-1"));
+  inst_down(&x);
+}
+
 /* A push-mode scheduler's PUSH bound by a pull-mode worker (the two configured apart):
  * refused at bind, said, and reported finished and failed (before: queued for a pusher
  * that does not run here, its blocks held for ever). */
@@ -1848,6 +1903,8 @@ static CU_TestInfo arg_tests[] = {
     {"shutdown on two threads at once", test_shutdown_threads},
     {"request_finished twice: refused, one place held", test_finished_twice},
     {"a held block past the caches: refused at bind, nothing held", test_hold_past_blocks},
+    {"an expected block past the caches: refused at bind, the load failed", test_expect_past_blocks},
+    {"a hold bound before the caches are registered: refused", test_hold_before_register},
     {"a PUSH bound by a pull-mode worker: refused, finished, nothing held", test_push_into_pull},
     CU_TEST_INFO_NULL,
 };

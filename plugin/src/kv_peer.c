@@ -104,8 +104,10 @@ HixlStatus kv_tell(hixl_kv_connector *c, const struct kv_meta_entry *e, uint8_t 
  * world sizes differ, why they cannot map). */
 HixlStatus kv_layout_mismatch(const char *peer_kind, const char *peer, const char *theirs, const char *mine,
                               const char *me, char *why, size_t cap) {
+  char esc[4 * KV_LAYOUT_TEXT + 1]; /* theirs comes from the peer, and is logged: escaped */
+  log_escape(esc, sizeof(esc), theirs, strlen(theirs));
   snprintf(why, cap, "layout mismatch: the %s %s has %s, this %s has %s; nothing was moved", peer_kind, peer,
-           theirs, me, mine);
+           esc, me, mine);
   return HIXL_PARAM_INVALID;
 }
 

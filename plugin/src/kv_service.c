@@ -56,11 +56,17 @@ static void held_refuse(hixl_kv_connector *c, const char *id) {
   kv_gone_add_why(c, id, c->hold.full_why);
 }
 
-/* A HOLD's first block past its group's blocks (a PIN grants the blocks' memory, so an id
- * past them would grant memory beyond the caches), said into why; false when none is. */
-static bool held_past(const hixl_kv_connector *c, const struct kv_meta_entry *e, char *why, size_t cap) {
+/* A HOLD's or EXPECT's first block past its group's blocks (a PIN or ACCEPT grants the
+ * blocks' memory, so an id past them would grant memory beyond the caches: another
+ * request's blocks), said into why; or none to check against (no caches registered yet,
+ * or groups past theirs); false when every block is inside. */
+static bool blocks_past(const hixl_kv_connector *c, const struct kv_meta_entry *e, char *why, size_t cap) {
   size_t k = 0;
-  for (uint32_t g = 0; g < e->ngroups && g < c->lay.ng; g++)
+  if (c->lay.ng == 0 || e->ngroups > c->lay.ng) {
+    snprintf(why, cap, "refused: %u groups of blocks, and %u of KV caches registered", e->ngroups, c->lay.ng);
+    return true;
+  }
+  for (uint32_t g = 0; g < e->ngroups; g++)
     for (uint32_t j = 0; j < e->gn[g]; j++, k++)
       if (e->blocks[k] >= c->lay.g[g].num_blocks) {
         snprintf(why, cap, "refused: group %u's block %" PRIu64 " is past its %" PRIu64 " blocks", g,
@@ -77,7 +83,7 @@ hixl_kv_status kv_held_bind(hixl_kv_connector *c, struct kv_meta_entry *e) {
     kv_finished_add(c, &c->sending_done, e->req);
     return HIXL_KV_SUCCESS;
   }
-  if (held_past(c, e, why, sizeof(why))) { /* not held: the host frees it, its consumer hears GONE */
+  if (blocks_past(c, e, why, sizeof(why))) { /* not held: the host frees it, its consumer hears GONE */
     kv_finished_add(c, &c->sending_done, e->req);
     kv_gone_add_why(c, e->req, "refused: a block id past its group's blocks"); /* kept: a constant */
     return kv_fail(HIXL_KV_PARAM_INVALID, "bind_connector_meta: request %s: %s", e->req, why);
@@ -156,7 +162,16 @@ static void expect_refuse(hixl_kv_connector *c, const struct kv_meta_entry *e) {
 }
 
 hixl_kv_status kv_expect_bind(hixl_kv_connector *c, struct kv_meta_entry *e, uint64_t now) {
+  char why[160];
   if (kv_expect_find(c, e->req)) return HIXL_KV_SUCCESS;
+  if (blocks_past(c, e, why, sizeof(why))) { /* its load fails now; its producer hears GONE */
+    kv_obs_count(c, KV_CAUSE_REFUSED);
+    c->stats.loads_failed++;
+    kv_err_blocks_add(c, e->blocks, e->nblocks);
+    kv_finished_add(c, &c->recving_done, e->req);
+    kv_gone_add_why(c, e->req, "refused: a block id past its group's blocks"); /* kept: a constant */
+    return kv_fail(HIXL_KV_PARAM_INVALID, "bind_connector_meta: request %s: %s", e->req, why);
+  }
   if (c->exp.expects.n >= c->cfg.max_inflight) {
     expect_refuse(c, e);
     return HIXL_KV_SUCCESS;
@@ -180,7 +195,7 @@ hixl_kv_status kv_expect_bind(hixl_kv_connector *c, struct kv_meta_entry *e, uin
 free_both:
   free(x);
   free(landed);
-  return HIXL_KV_RESOURCE_EXHAUSTED;
+  return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "bind_connector_meta: out of memory");
 }
 
 /* x ends: landed whole (why NULL) or failed. Lock held. */
@@ -408,8 +423,8 @@ static HixlStatus serve_accept(hixl_kv_connector *c, const char *peer, const str
     else
       kv_obs_phase(c, r->id, KV_PH_PINNED, peer);
   }
-  for (uint32_t g = 0; g < x->ngroups; g++) /* what lands: at most what each group expects */
-    x->pgn[g] = r->png == x->ngroups && r->pgn[g] < x->gn[g] ? r->pgn[g] : x->gn[g];
+  for (uint32_t g = 0; !*tp_why && st == HIXL_SUCCESS && g < x->ngroups; g++) /* what lands: at most what */
+    x->pgn[g] = r->png == x->ngroups && r->pgn[g] < x->gn[g] ? r->pgn[g] : x->gn[g]; /* each group expects */
   held_answer(c, out, x->blocks, x->n, x->gn, x->ngroups);
   return st;
 }
@@ -441,8 +456,11 @@ static HixlStatus serve_layers(hixl_kv_connector *c, const struct svc_req *r, st
 static HixlStatus serve_abort(hixl_kv_connector *c, const char *peer, const struct svc_req *r,
                               struct kv_expect *x) {
   if (x) {
-    char why[KV_MAX_ID + 64];
-    snprintf(why, sizeof(why), "the producer %s gave up: %s", peer, r->reason);
+    char
+        esc[KV_MAX_ID + 1]; /* the peer's text, logged: escaped (docs/security.md, "Logs"), cut at its size */
+    char why[sizeof(esc) + 96];
+    log_escape(esc, sizeof(esc), r->reason, strlen(r->reason));
+    snprintf(why, sizeof(why), "the producer %s gave up: %s", peer, esc);
     kv_expect_end(c, x, why);
   }
   return HIXL_SUCCESS;

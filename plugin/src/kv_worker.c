@@ -197,9 +197,9 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
           st = ps;
         else
           kv_obs_phase(c, e->req, KV_PH_BOUND, e->remote);
-      } else if (e->type == KV_META_EXPECT && c->cfg.consumer &&
-                 kv_expect_bind(c, e, now) != HIXL_KV_SUCCESS) {
-        st = kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+      } else if (e->type == KV_META_EXPECT && c->cfg.consumer) {
+        hixl_kv_status xs = kv_expect_bind(c, e, now); /* said: PARAM_INVALID or out of memory */
+        if (xs != HIXL_KV_SUCCESS) st = xs;
       }
       continue;
     }
