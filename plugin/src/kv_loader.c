@@ -54,7 +54,7 @@ static HixlStatus pin_answer(hixl_kv_connector *c, const struct kv_meta_entry *e
     return ps;
   }
   if (state == KV_PIN_GONE) {
-    char reason[257], esc[4 * 256 + 1]; /* the peer's text, logged: escaped */
+    char reason[257], esc[257]; /* the peer's text, logged: escaped (cut at its size) */
     kv_get_str(&in, reason, 256);
     log_escape(esc, sizeof(esc), reason, strlen(reason));
     snprintf(why, cap, "the producer %s no longer holds request %s: %s", e->remote, e->rreq, esc);

@@ -83,7 +83,7 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
   struct kv_in in = {ans, n, 0, false};
   uint8_t state = kv_get_u8(&in);
   if (state != KV_PIN_HELD) {
-    char gone[257] = "", esc[4 * 256 + 1]; /* GONE: the consumer's reason, logged: escaped */
+    char gone[257] = "", esc[97]; /* GONE: the consumer's reason, logged: escaped (cut at its size) */
     if (state == KV_PIN_GONE && !kv_get_str(&in, gone, sizeof(gone) - 1)) snprintf(gone, sizeof(gone), "?");
     log_escape(esc, sizeof(esc), gone, strlen(gone));
     snprintf(why, cap, "the consumer %s does not expect request %s (%s%s)", e->remote, e->rreq,

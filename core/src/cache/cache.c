@@ -50,23 +50,6 @@ HixlStatus HixlCacheManagerCreate(HixlEngine *engine, uint64_t cluster_id, HixlC
   return HIXL_SUCCESS;
 }
 
-HixlStatus cm_enter(HixlCacheManager *m, const char *fn) {
-  CHECK_ARG(m, "%s: mgr is NULL", fn);
-  pthread_mutex_lock(&m->lock);
-  bool closing = m->closing;
-  m->calls += !closing;
-  pthread_mutex_unlock(&m->lock);
-  CHECK_ARG(!closing, "%s: the manager is being destroyed", fn);
-  return HIXL_SUCCESS;
-}
-
-HixlStatus cm_leave(HixlCacheManager *m, HixlStatus st) {
-  pthread_mutex_lock(&m->lock);
-  m->calls--;
-  pthread_mutex_unlock(&m->lock);
-  return st;
-}
-
 /* Destroy: nothing in use (no task, pin, registration or other call under way, and no
  * new one begins once it has begun), then every cache deregistered, one at a time. One
  * the engine refuses (a transfer of the caller's own in flight on it) stays, with the

@@ -81,10 +81,24 @@ struct HixlCacheManager {
   HixlCacheStats stats;
 };
 
-/* A public call begins on m (PARAM_INVALID, said, once Destroy has begun) ... */
-HixlStatus cm_enter(HixlCacheManager *m, const char *fn);
+/* A public call begins on m (PARAM_INVALID, said, once Destroy has begun) ... (inline:
+ * every file of the manager's calls them, and cache.c calls down into those files) */
+static inline HixlStatus cm_enter(HixlCacheManager *m, const char *fn) {
+  if (!m) return hixl_fail(HIXL_PARAM_INVALID, "%s: mgr is NULL", fn);
+  pthread_mutex_lock(&m->lock);
+  bool closing = m->closing;
+  m->calls += !closing;
+  pthread_mutex_unlock(&m->lock);
+  return closing ? hixl_fail(HIXL_PARAM_INVALID, "%s: the manager is being destroyed", fn) : HIXL_SUCCESS;
+}
+
 /* ... and ends, returning st. */
-HixlStatus cm_leave(HixlCacheManager *m, HixlStatus st);
+static inline HixlStatus cm_leave(HixlCacheManager *m, HixlStatus st) {
+  pthread_mutex_lock(&m->lock);
+  m->calls--;
+  pthread_mutex_unlock(&m->lock);
+  return st;
+}
 
 /* The layers both sides move: tensors per layer dividing both tensor counts, ranges
  * inside both, of one length (and equal, for a push). */
