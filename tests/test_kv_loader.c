@@ -16,6 +16,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/engine_ext.h"
+#include "hixl/hixl_cache.h"
 #include "hixl/hixl_kv_connector.h"
 #include "kv_int.h"
 #include "test_util.h"
@@ -182,6 +184,107 @@ static void test_preempt_load_taken_ahead(void) {
   inst_down(&p);
 }
 
+/* The producer P finishes id with block pb and hands back its params (P's worker binds
+ * its hold at P's next step). */
+static char *finish_one(struct inst *p, const char *id, uint64_t pb) {
+  hixl_kv_request r = request(id, NULL);
+  r.num_prompt_tokens = BLOCK_TOKENS;
+  hixl_kv_buffer params = {0};
+  int32_t delay = 0;
+  ST_IS(ops->request_finished(p->sched, &r, &pb, 1, &delay, &params), HIXL_KV_SUCCESS);
+  char *text = strndup((char *)params.data, params.len);
+  ops->free_buffer(&params);
+  return text;
+}
+
+/* The consumer d queues id's load from params into its block db. */
+static void load_one(struct inst *d, const char *id, const char *params, uint64_t db) {
+  hixl_kv_request r = request(id, params);
+  r.num_prompt_tokens = BLOCK_TOKENS;
+  int64_t tokens = 0;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(d->sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  ST_IS(ops->update_state_after_alloc(d->sched, &r, &db, 1, (uint64_t)tokens), HIXL_KV_SUCCESS);
+}
+
+/* H's KV service: a producer that answers each PIN "not yet" after 1.5 s (a GC pause, a
+ * stopped process: the delay is the peer's behaviour under test, not a wait for an event). */
+static HixlStatus slow_kv(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                          size_t cap, size_t *resp_len) {
+  (void)ctx, (void)peer, (void)req, (void)len, (void)cap;
+  struct timespec ts = {1, 500000000};
+  nanosleep(&ts, NULL);
+  resp[0] = KV_PIN_NOT_YET;
+  *resp_len = 1;
+  return HIXL_SUCCESS;
+}
+
+/* A producer H that answers every PIN late (1.5 s, "not yet"), with four loads
+ * of the consumer pulling from it, beside a healthy producer P (leases of 600 ms): P's
+ * L1, held, waits behind P's L0 (one loader thread a producer), which P never binds, so
+ * L1 lives on the renewer's PINs until L0 times out. The renewer's round waits for H's
+ * PINs a quarter lease, all at once: L1 is renewed in time and loads (before: H's PINs
+ * one after another, 1.5 s each; L1's lease ran out and it failed). */
+static void test_hung_producer_delays_no_renewal(void) {
+  struct inst p, d;
+  bool up = inst_up_with(&p, "producer", "\"mode\": \"pull\", \"lease_ms\": 600", 0x11) &&
+            inst_up_with(&d, "consumer",
+                         "\"mode\": \"pull\", \"lease_ms\": 600, \"loads_per_producer\": 1, "
+                         "\"transfer_timeout_ms\": 4000, \"connect_timeout_ms\": 5000",
+                         0xEE);
+  CU_ASSERT_FATAL(up);
+  char haddr[TU_ADDR_LEN], waddr[64], params[512];
+  uint64_t cluster = 0;
+  HixlCacheManager *hm = NULL;
+  tu_addr(haddr, sizeof(haddr), tu_free_port());
+  HixlEngine *h = tu_engine_start_with(haddr, "tcp");
+  CU_ASSERT_FATAL(h && kv_worker_address(haddr, 0, waddr, sizeof(waddr), &cluster) == HIXL_KV_SUCCESS);
+  TU_ASSERT_OK_FATAL(HixlCacheManagerCreate(h, cluster, &hm)); /* the consumer links to it */
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(h, HIXL_SERVICE_KV, slow_kv, NULL));
+  char *l1 = finish_one(&p, "L1", 1);
+  step(&p);                           /* L1 held */
+  char *l0 = finish_one(&p, "L0", 2); /* never bound: its PINs answer "not yet" */
+  CU_ASSERT_FATAL(l1 && l0);
+  for (int i = 0; i < 4; i++) {
+    char id[8];
+    snprintf(id, sizeof(id), "H%d", i);
+    snprintf(params, sizeof(params),
+             "{\"do_remote_prefill\": true, \"remote_engine\": \"%s\", \"remote_request_id\": \"%s\", "
+             "\"remote_block_ids\": [1], \"remote_num_tokens\": %d, \"tp_size\": 1, "
+             "\"cap\": \"00112233445566778899aabbccddeeff\"}",
+             haddr, id, BLOCK_TOKENS);
+    load_one(&d, id, params, (uint64_t)(4 + i));
+  }
+  load_one(&d, "L0", l0, 2);
+  load_one(&d, "L1", l1, 3);
+  step(&d);
+  bool l1_ended = false;
+  for (int64_t end = tu_now_ms() + 12000; !l1_ended && tu_now_ms() < end;) {
+    hixl_kv_ids sd = {0}, rv = {0};
+    if (ops->get_finished(d.worker, NULL, &sd, &rv) == HIXL_KV_SUCCESS)
+      for (size_t i = 0; i < rv.count; i++) l1_ended = l1_ended || strcmp(rv.ids[i], "L1") == 0;
+    ops->free_ids(&sd);
+    ops->free_ids(&rv);
+    if (ops->get_finished(p.worker, NULL, &sd, &rv) == HIXL_KV_SUCCESS) { /* P's leases are looked at here */
+      ops->free_ids(&sd);
+      ops->free_ids(&rv);
+    }
+    struct timespec ts = {0, 20000000}; /* a host's step, not a synchronization: the lease is tested */
+    nanosleep(&ts, NULL);
+  }
+  CU_ASSERT_TRUE(l1_ended);
+  hixl_kv_stats sp;
+  ST_IS(ops->get_stats(p.worker, &sp), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(sp.lease_expired, 0);
+  CU_ASSERT_EQUAL(tu_check_byte(block(&d, 0, 0, 3), BLOCK_BYTES, 0x11), -1); /* loaded: P's cache is 0x11 */
+  free(l1);
+  free(l0);
+  inst_down(&d);
+  inst_down(&p);
+  HixlCacheManagerDestroy(hm);
+  HixlEngineDestroy(h);
+}
+
 int main(void) {
   char err[256] = "";
   if (hixl_kv_connector_entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS) {
@@ -190,6 +293,8 @@ int main(void) {
   }
   CU_TestInfo tests[] = {{"a load taken ahead, preempted before it runs: none of its blocks written",
                           test_preempt_load_taken_ahead},
+                         {"a producer that answers no PIN delays no other's lease renewal",
+                          test_hung_producer_delays_no_renewal},
                          CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"kv_loader", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
   return tu_run_suites("test_kv_loader", suites);

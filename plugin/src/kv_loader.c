@@ -231,15 +231,51 @@ static HixlStatus pull_ops(hixl_kv_connector *c, const struct kv_meta_entry *e, 
   return st;
 }
 
+#define RENEW_WINDOW 32 /* PINs of a renewal round in flight at once */
+
+/* Renew the n loads' requests: their PINs started RENEW_WINDOW at a time and waited for
+ * together, each for at most timeout_ms, so a producer that does not answer costs a
+ * window one timeout, not one per load (one after another, the loads behind it waited
+ * that long each, and a healthy producer's lease ran out meanwhile). ans: RENEW_WINDOW
+ * answers of HIXL_CALL_MAX bytes. */
+static void renew_round(hixl_kv_connector *c, const struct kv_meta_entry *v, size_t n, uint8_t *ans,
+                        int32_t timeout_ms) {
+  for (size_t k0 = 0; k0 < n; k0 += RENEW_WINDOW) {
+    hixl_call_t call[RENEW_WINDOW];
+    uint32_t len[RENEW_WINDOW];
+    bool started[RENEW_WINDOW] = {false};
+    size_t w = n - k0 < RENEW_WINDOW ? n - k0 : RENEW_WINDOW;
+    for (size_t k = 0; k < w; k++) {
+      struct kv_out msg = {0};
+      pin_msg(c, &msg, &v[k0 + k]);
+      started[k] = !msg.bad && hixl_engine_call_start(c->eng, v[k0 + k].remote, HIXL_SERVICE_KV, msg.p,
+                                                      msg.len, ans + k * HIXL_CALL_MAX, HIXL_CALL_MAX,
+                                                      &len[k], timeout_ms, &call[k]) == HIXL_SUCCESS;
+      free(msg.p);
+    }
+    for (size_t k = 0; k < w; k++)
+      if (started[k] && hixl_engine_call_wait(c->eng, v[k0 + k].remote, call[k]) == HIXL_SUCCESS) {
+        pthread_mutex_lock(&c->lock); /* the pull itself sees any failure */
+        c->stats.lookups++;
+        pthread_mutex_unlock(&c->lock);
+      }
+  }
+}
+
 /* The renewer: while loads are being pulled or wait for a loader thread, it pins each
  * again every half lease (vLLM's decode heartbeats), so a load longer than the lease,
  * or one queued behind others of its producer for longer, keeps its request held; idle
- * otherwise. */
+ * otherwise. A round's PINs wait at most a quarter lease (or notify_timeout_ms) for their
+ * answers, and the next round starts half a lease after this one started: a producer
+ * that does not answer delays no other's renewal past its lease. */
 static void *renewer_main(void *arg) {
   hixl_kv_connector *c = arg;
   struct kv_loader *ld = &c->load;
   uint64_t half = (uint64_t)c->cfg.lease_ms * 500000ull;
-  uint8_t *ans = malloc(HIXL_CALL_MAX);
+  int32_t quarter = (int32_t)(c->cfg.lease_ms / 4), notify = c->cfg.notify_timeout_ms;
+  int32_t timeout_ms = notify > 0 && notify < quarter ? notify : quarter > 0 ? quarter : 1;
+  uint64_t at = 0; /* the next round */
+  uint8_t *ans = malloc((size_t)RENEW_WINDOW * HIXL_CALL_MAX);
   struct kv_meta_entry *v = NULL;
   size_t cap = 0;
   pthread_mutex_lock(&c->lock);
@@ -248,12 +284,13 @@ static void *renewer_main(void *arg) {
       ld->renewer_idle = true;
       pthread_cond_wait(&ld->renew, &c->lock);
       ld->renewer_idle = false;
+      at = kv_now_ns() + half; /* a load just started or queued was pinned (or bound) just now */
       continue;
     }
-    uint64_t at = kv_now_ns() + half; /* a load just started or queued was pinned (or bound) just now */
     struct timespec ts = {.tv_sec = (time_t)(at / 1000000000ull), .tv_nsec = (long)(at % 1000000000ull)};
     while (!c->shut && pthread_cond_timedwait(&ld->renew, &c->lock, &ts) == 0) {
     }
+    at = kv_now_ns() + half;           /* this round starts now: the next half a lease after it */
     size_t n = 0, want = ld->npulling; /* copied: a load's entry goes when its thread is done with it */
     for (struct kv_load *l = ld->queue; l; l = l->next) want += l->whole != NULL;
     if (want > cap) {
@@ -266,17 +303,7 @@ static void *renewer_main(void *arg) {
       if (l->whole) v[n++] = l->e; /* a load waiting for its turn (not a FREE) */
     for (size_t k = 0; k < n; k++) v[k].blocks = v[k].rblocks = NULL;
     pthread_mutex_unlock(&c->lock);
-    for (size_t k = 0; k < n; k++) {
-      struct kv_out msg = {0};
-      size_t len = 0;
-      HixlStatus st;
-      pin_msg(c, &msg, &v[k]);
-      if (kv_call_msg(c, v[k].remote, &msg, ans, HIXL_CALL_MAX, &len, c->cfg.notify_timeout_ms, &st) == 0) {
-        pthread_mutex_lock(&c->lock); /* the pull itself sees any failure */
-        c->stats.lookups++;
-        pthread_mutex_unlock(&c->lock);
-      }
-    }
+    renew_round(c, v, n, ans, timeout_ms);
     pthread_mutex_lock(&c->lock);
   }
   pthread_mutex_unlock(&c->lock);
