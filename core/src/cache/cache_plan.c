@@ -22,8 +22,9 @@ HixlStatus cm_layer_range(const char *fn, const char *side, uint32_t start, uint
     CHECK_ARG(start == 0, "%s: %s layer range starts at %u but has no count", fn, side, start);
     count = layers;
   }
-  CHECK_ARG(start < layers && count <= layers - start, "%s: %s layer range [%u, %u) is outside its %u layers",
-            fn, side, start, start + count, layers);
+  CHECK_ARG(start < layers && count <= layers - start,
+            "%s: %s layer range [%u, +%u) is outside its %u layers", fn, side, start, count,
+            layers); /* start + count may wrap: not printed */
   *s = start;
   *c = count;
   return HIXL_SUCCESS;

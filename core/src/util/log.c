@@ -25,7 +25,13 @@ static void log_read_env(void) {
   static const char *const names[] = {"off", "error", "warn", "info", "debug"};
   if (!v || atomic_load(&log_level_set_by_api)) return;
   for (int i = 0; i < 5; i++)
-    if (strcasecmp(v, names[i]) == 0) atomic_store(&hixl_log_level_, i);
+    if (strcasecmp(v, names[i]) == 0) {
+      atomic_store(&hixl_log_level_, i);
+      return;
+    }
+  char esc[64]; /* said once, at the level kept: a typo (debgu) left the level at error silently */
+  log_escape(esc, sizeof(esc), v, strlen(v));
+  log_error("HIXL_LOG_LEVEL=\"%s\" is not one of off, error, warn, info, debug: the level stays error", esc);
 }
 
 /* Called from Create: no work happens in library constructors. */

@@ -81,8 +81,8 @@ def split_config(kv_transfer_config: Any) -> Tuple[Dict[str, Any], Dict[str, Any
     """vLLM's kv_transfer_config as (the document for the plugin's create, the adapter's
     options). The adapter's keys live in kv_connector_extra_config.hixl_vllm."""
     extra = dict(_field(kv_transfer_config, "kv_connector_extra_config", None) or {})
-    opts = extra.pop("hixl_vllm", None) or {}
-    if not isinstance(opts, dict):
+    opts = extra.pop("hixl_vllm", {})
+    if not isinstance(opts, dict):  # [], 0 or "" too: they were taken as {}
         raise HixlConfigError("kv_connector_extra_config.hixl_vllm: expected an object")
     for k in opts:
         if k not in ADAPTER_KEYS:
@@ -90,6 +90,9 @@ def split_config(kv_transfer_config: Any) -> Tuple[Dict[str, Any], Dict[str, Any
             raise HixlConfigError(f"kv_connector_extra_config.hixl_vllm: unknown key {k!r}"
                                   + (f"; did you mean {near[0]!r}?" if near else
                                      f" (known: {', '.join(ADAPTER_KEYS)})"))
+    if not isinstance(opts.get("prefer_cross_layer_blocks", False), bool):  # bool("false") is True
+        raise HixlConfigError("kv_connector_extra_config.hixl_vllm.prefer_cross_layer_blocks: expected true or "
+                              f"false, got {opts['prefer_cross_layer_blocks']!r}")
     doc: Dict[str, Any] = {}
     for f in _PASSED_FIELDS:
         v = _field(kv_transfer_config, f)
@@ -301,7 +304,10 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
             raise HixlConfigError("load_in_forward: this model has %d KV cache groups; a load in the forward "
                                   "pass reports its failures as block ids, which name no request across "
                                   "groups: leave load_in_forward out for hybrid models" % len(groups))
-        self._traces_off = int(extra.get("trace_ring", 1)) == 0
+        ring = extra.get("trace_ring", 1)
+        if isinstance(ring, bool) or not isinstance(ring, int):  # the plugin's check names it too, later
+            raise HixlConfigError(f"kv_connector_extra_config.trace_ring: expected an integer, got {ring!r}")
+        self._traces_off = ring == 0
         self._plugin = _abi.load_plugin(self._opts.get("plugin"))
         self._crole = _role_of(role)
         self._rank, self._world = self._parallel(vllm_config)
@@ -434,7 +440,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     @property
     def prefer_cross_layer_blocks(self) -> bool:
-        return bool(self._opts.get("prefer_cross_layer_blocks", False))
+        return self._opts.get("prefer_cross_layer_blocks", False)  # a bool: split_config checked it
 
     # ---- worker side ----
 

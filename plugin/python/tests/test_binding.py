@@ -88,6 +88,19 @@ def test_adapter_key_typo():
     assert "layuot" in str(e.value) and "'layout'" in str(e.value)
 
 
+@pytest.mark.parametrize("extra,key", [
+    ({"hixl_vllm": []}, "hixl_vllm: expected an object"),  # [], 0 and "" were taken as {}
+    ({"hixl_vllm": 0}, "hixl_vllm: expected an object"),
+    ({"hixl_vllm": {"prefer_cross_layer_blocks": "false"}}, "prefer_cross_layer_blocks: expected true or false"),
+    ({"trace_ring": "many"}, "trace_ring: expected an integer"),  # a bare ValueError from int() before
+    ({"trace_ring": None}, "trace_ring: expected an integer"),
+])
+def test_adapter_value_types(extra, key):
+    """Adapter values of the wrong type are refused naming the key, before the plugin is made."""
+    with pytest.raises(HixlConfigError, match=key):
+        HixlKVConnector(vconfig(**extra), KVConnectorRole.SCHEDULER, None)
+
+
 def test_failing_op_carries_last_error(plugin_path):
     w = HixlKVConnector(vconfig(), KVConnectorRole.WORKER, None)
     try:
