@@ -1430,6 +1430,7 @@ static void test_bad_handles(void) {
   TU_ASSERT_OK(HixlCSServerCreate(&sd, NULL, &s2));
   TU_ASSERT_OK(HixlCSClientCreate(&cd, NULL, &c2));
   CU_ASSERT(s2 != s && c2 != c);
+  CU_ASSERT(((uintptr_t)s2 & 1) && ((uintptr_t)c2 & 1)); /* tokens, never an (aligned) address */
   bad_handle_calls(s, c, smh, cmh, "destroyed handles");
   TU_ASSERT_OK(HixlCSServerListen(s2, 0));
   TU_ASSERT_OK(HixlCSClientConnect(c2, CONNECT_MS));
