@@ -271,6 +271,8 @@ static void test_bad_documents(void) {
   ONE_ERROR("{\"role\": \"both\" /* c */}", 1, 17, "", "not JSON");
   ONE_ERROR("{\"a\":[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]}", 1, 21, "", "nesting deeper than 16");
   ONE_ERROR("{\"role\": \"\xff\"}", 1, 11, "", "invalid UTF-8");
+  ONE_ERROR("\xef\xbb\xbf{\"role\": \"both\"}", 1, 1, "",
+            "a UTF-8 byte order mark");                                         /* was "invalid UTF-8" */
   ONE_ERROR("{\"role\": \"\xc0\xaf\"}", 1, 11, "", "invalid UTF-8");            /* overlong '/' */
   ONE_ERROR("{\"role\": \"\xed\xa0\x80\"}", 1, 11, "", "invalid UTF-8");        /* a surrogate, encoded */
   ONE_ERROR("{\"address\": \"\xf4\x90\x80\x80\"}", 1, 14, "", "invalid UTF-8"); /* past U+10FFFF */

@@ -52,6 +52,10 @@ assert k["layer_pipelining"]["value"] is True
 PY
 HCCL_RDMA_TC=104 "$tool" show "$work/ok.json" | grep -q '^RdmaTrafficClass  *104  *(env HCCL_RDMA_TC)$' || fail "show"
 "$tool" show - <"$work/ok.json" | grep -q '^role  *consumer  *(document 1:10)$' || fail "show from stdin"
+# A value from the environment with a newline is shown escaped: it cannot forge a line.
+HIXL_KV_TRACE_FILE=$'/tmp/t\nrole producer' "$tool" show "$work/ok.json" >"$work/show.txt"
+grep -q '^trace_file  */tmp/t\\x0arole producer  *(env HIXL_KV_TRACE_FILE)$' "$work/show.txt" &&
+  ! grep -q '^role producer' "$work/show.txt" || fail "show escapes control bytes"
 
 for form in "" check show reference; do
   # shellcheck disable=SC2086

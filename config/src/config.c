@@ -122,7 +122,16 @@ void HixlConfigPrint(const HixlConfig *c, FILE *out, int as_json) {
       json_str(out, from);
       fputs("}", out);
     } else {
-      fprintf(out, "%-22s %-24s (%s)\n", r->info.name, *v->text ? v->text : "\"\"", from);
+      char shown[4 * 256 + 3]; /* control bytes as \xNN: a value from the environment cannot forge a line */
+      size_t k = 0;
+      for (const char *p = *v->text ? v->text : "\"\""; *p && k + 5 < sizeof(shown); p++) {
+        if ((unsigned char)*p < 0x20 || *p == 0x7f)
+          k += (size_t)snprintf(shown + k, sizeof(shown) - k, "\\x%02x", (unsigned char)*p);
+        else
+          shown[k++] = *p;
+      }
+      shown[k] = '\0';
+      fprintf(out, "%-22s %-24s (%s)\n", r->info.name, shown, from);
     }
   }
   if (as_json) fputs("\n  }\n}\n", out);

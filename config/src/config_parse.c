@@ -360,6 +360,10 @@ static bool parse_json(struct doc *d, json_object **root) {
     add_err(d->er, (size_t)(nul - t), "", "a NUL byte: a JSON document is text");
     return false;
   }
+  if (len >= 3 && memcmp(t, "\xEF\xBB\xBF", 3) == 0) { /* valid UTF-8, but no JSON text may start so */
+    add_err(d->er, 0, "", "a UTF-8 byte order mark: JSON has none (RFC 8259); save the file without it");
+    return false;
+  }
   size_t bad = utf8_invalid(t, len);
   if (bad != NOWHERE) {
     add_err(d->er, bad, "",
