@@ -752,12 +752,8 @@ static void test_expect_past_blocks(void) {
   struct inst d;
   config_push(cfg, sizeof(cfg), free_port(), "consumer", 10000);
   ST_IS(inst_up(&d, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
-  hixl_kv_request r = request("xpast-1", 2 * BLOCK_TOKENS, "{\"do_remote_prefill\": true}");
-  int64_t tokens = 0;
-  int32_t async = 0;
-  ST_IS(ops->get_num_new_matched_tokens(d.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
   uint64_t blocks[2] = {1, BLOCKS};
-  ST_IS(ops->update_state_after_alloc(d.sched, &r, blocks, 2, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  decode_alloc(&d, "xpast-1", "{\"do_remote_prefill\": true}", blocks, 2);
   hixl_kv_buffer params = {0};
   ST_IS(ops->get_push_params(d.sched, "xpast-1", 7, &params), HIXL_KV_SUCCESS);
   ops->free_buffer(&params);
