@@ -11,6 +11,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/engine_ext.h"
+#include "hixl/hixl_cache.h"
 #include "hixl/hixl_kv_connector.h"
 #include "kv_int.h"
 #include "test_util.h"
@@ -60,32 +62,62 @@ static hixl_kv_request request(const char *id, const char *params) {
   return (hixl_kv_request){id, strlen(id), NB * BLOCK_TOKENS, params, params ? strlen(params) : 0, 0};
 }
 
+/* The consumer d expects id into its blocks db (NB of them): its push params' text
+ * (free it), NULL on failure. */
+static char *expect_push(struct inst *d, const char *id, const uint64_t *db) {
+  hixl_kv_request r = request(id, "{\"do_remote_prefill\": true}");
+  hixl_kv_buffer params = {0};
+  int64_t tokens = 0;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(d->sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  ST_IS(ops->update_state_after_alloc(d->sched, &r, db, NB, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  if (ops->get_push_params(d->sched, id, strlen(id), &params) != HIXL_KV_SUCCESS) return NULL;
+  char *text = strndup((char *)params.data, params.len);
+  ops->free_buffer(&params);
+  return text;
+}
+
+/* The producer p pushes id from its blocks pb (NB of them) as params say. */
+static void produce(struct inst *p, const char *id, const char *params, const uint64_t *pb) {
+  hixl_kv_request r = request(id, params);
+  int64_t tokens = 0;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(p->sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  ST_IS(ops->update_state_after_alloc(p->sched, &r, pb, NB, 0), HIXL_KV_SUCCESS);
+}
+
+/* Fill p's blocks pb with seed's pattern and d's db with 0xEE. */
+static void fill_blocks(struct inst *d, const uint64_t *db, struct inst *p, const uint64_t *pb,
+                        uint64_t seed) {
+  for (int l = 0; l < LAYERS; l++)
+    for (int v = 0; v < 2; v++)
+      for (int b = 0; b < NB; b++) {
+        memset(block(d, l, v, db[b]), 0xEE, BLOCK_BYTES);
+        tu_fill(block(p, l, v, pb[b]), BLOCK_BYTES, seed + (uint64_t)(l * 4 + v * 2 + b));
+      }
+}
+
+/* d's blocks db hold seed's pattern (fill_blocks). */
+static void assert_landed(struct inst *d, const uint64_t *db, uint64_t seed) {
+  for (int l = 0; l < LAYERS; l++)
+    for (int v = 0; v < 2; v++)
+      for (int b = 0; b < NB; b++)
+        TU_ASSERT_PATTERN(block(d, l, v, db[b]), BLOCK_BYTES, seed + (uint64_t)(l * 4 + v * 2 + b),
+                          "a pushed block");
+}
+
 /* One request pushed from p's blocks {4, 5} into d's {1, 2}: whether it ended on both
  * sides within WAIT_MS; *landed: the consumer's load succeeded. */
 static bool push_one(struct inst *d, struct inst *p, const char *id, uint64_t seed, bool *landed) {
   static const uint64_t dblocks[NB] = {1, 2}, pblocks[NB] = {4, 5};
-  hixl_kv_request r = request(id, "{\"do_remote_prefill\": true}");
-  hixl_kv_buffer params = {0}, none = {0};
-  int64_t tokens = 0;
-  int32_t async = 0, delay = 0;
+  hixl_kv_buffer none = {0};
+  int32_t delay = 0;
   *landed = false;
-  for (int l = 0; l < LAYERS; l++)
-    for (int v = 0; v < 2; v++)
-      for (int b = 0; b < NB; b++) {
-        memset(block(d, l, v, dblocks[b]), 0xEE, BLOCK_BYTES);
-        tu_fill(block(p, l, v, pblocks[b]), BLOCK_BYTES, seed + (uint64_t)(l * 4 + v * 2 + b));
-      }
-  /* The consumer allocates first and hands its blocks to the producer. */
-  CU_ASSERT_EQUAL(ops->get_num_new_matched_tokens(d->sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
-  CU_ASSERT_EQUAL(ops->update_state_after_alloc(d->sched, &r, dblocks, NB, (uint64_t)tokens),
-                  HIXL_KV_SUCCESS);
-  CU_ASSERT_EQUAL_FATAL(ops->get_push_params(d->sched, id, strlen(id), &params), HIXL_KV_SUCCESS);
-  char *text = strndup((char *)params.data, params.len);
-  ops->free_buffer(&params);
+  fill_blocks(d, dblocks, p, pblocks, seed);
+  char *text = expect_push(d, id, dblocks); /* the consumer allocates first and hands its blocks over */
   CU_ASSERT_PTR_NOT_NULL_FATAL(text);
-  r = request(id, text);
-  CU_ASSERT_EQUAL(ops->get_num_new_matched_tokens(p->sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
-  CU_ASSERT_EQUAL(ops->update_state_after_alloc(p->sched, &r, pblocks, NB, 0), HIXL_KV_SUCCESS);
+  produce(p, id, text, pblocks);
+  hixl_kv_request r = request(id, text);
   step(d);
   step(p);
   for (uint32_t l = 0; l < LAYERS; l++) CU_ASSERT_EQUAL(ops->save_kv_layer(p->worker, l), HIXL_KV_SUCCESS);
@@ -99,11 +131,7 @@ static bool push_one(struct inst *d, struct inst *p, const char *id, uint64_t se
   CU_ASSERT_EQUAL(ops->get_block_ids_with_load_errors(d->worker, &errs), HIXL_KV_SUCCESS);
   *landed = errs.count == 0;
   ops->free_buffer(&errs.raw);
-  for (int l = 0; *landed && l < LAYERS; l++)
-    for (int v = 0; v < 2; v++)
-      for (int b = 0; b < NB; b++)
-        TU_ASSERT_PATTERN(block(d, l, v, dblocks[b]), BLOCK_BYTES, seed + (uint64_t)(l * 4 + v * 2 + b),
-                          "a pushed block");
+  if (*landed) assert_landed(d, dblocks, seed);
   return true;
 }
 
@@ -145,6 +173,92 @@ down:
   inst_down(&d);
 }
 
+/* H's KV service: a consumer that answers each ACCEPT "not yet" after 1.5 s (a GC
+ * pause, a stopped process: the delay is the peer's behaviour under test, not a wait
+ * for an event). */
+static HixlStatus slow_kv(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                          size_t cap, size_t *resp_len) {
+  (void)ctx, (void)peer, (void)req, (void)len, (void)cap;
+  struct timespec ts = {1, 500000000};
+  nanosleep(&ts, NULL);
+  resp[0] = KV_PIN_NOT_YET;
+  *resp_len = 1;
+  return HIXL_SUCCESS;
+}
+
+/* One step of the producer pushes to a consumer H that never accepts (each answer 1.5
+ * s late, the producer's transfer_timeout_ms 3000) and, after it, to a healthy
+ * consumer D whose expected push lives 600 ms: D's part goes through its layers as
+ * soon as D accepts, and lands byte for byte; H's fails; both end on the producer,
+ * which holds nothing after. Before, the pusher ACCEPTed a step's parts one after
+ * another: D's ACCEPT came after H's 3 s, past D's lease, and D's load failed. */
+static void test_hung_consumer_delays_no_other_push(void) {
+  static const uint64_t db[NB] = {1, 2}, pb[NB] = {4, 5}, hb[NB] = {6, 7};
+  struct inst d, p;
+  bool up = inst_up_with(&d, "consumer", "\"mode\": \"push\", \"lease_ms\": 600", 0xEE) &&
+            inst_up_with(&p, "producer",
+                         "\"mode\": \"push\", \"lease_ms\": 5000, \"transfer_timeout_ms\": 3000, "
+                         "\"connect_timeout_ms\": 3000, \"notify_timeout_ms\": 1000",
+                         0x11);
+  CU_ASSERT_FATAL(up);
+  char haddr[TU_ADDR_LEN], waddr[64], hparams[512];
+  uint64_t cluster = 0;
+  HixlCacheManager *hm = NULL;
+  tu_addr(haddr, sizeof(haddr), tu_free_port());
+  HixlEngine *h = tu_engine_start_with(haddr, "tcp");
+  CU_ASSERT_FATAL(h && kv_worker_address(haddr, 0, waddr, sizeof(waddr), &cluster) == HIXL_KV_SUCCESS);
+  TU_ASSERT_OK_FATAL(HixlCacheManagerCreate(h, cluster, &hm)); /* the producer links to it */
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(h, HIXL_SERVICE_KV, slow_kv, NULL));
+  snprintf(hparams, sizeof(hparams),
+           "{\"do_remote_decode\": true, \"remote_engine\": \"%s\", \"remote_request_id\": \"H\", "
+           "\"remote_block_ids\": [1, 2], \"tp_size\": 1, \"cap\": \"00112233445566778899aabbccddeeff\"}",
+           haddr);
+  fill_blocks(&d, db, &p, pb, 500);
+  char *dparams = expect_push(&d, "D", db);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(dparams);
+  produce(&p, "H", hparams, hb); /* first in the step */
+  produce(&p, "D", dparams, pb);
+  step(&d);
+  step(&p);
+  for (uint32_t l = 0; l < LAYERS; l++) ST_IS(ops->save_kv_layer(p.worker, l), HIXL_KV_SUCCESS);
+  bool d_got = false, d_sent = false, h_sent = false;
+  for (int64_t end = tu_now_ms() + WAIT_MS; !(d_got && d_sent && h_sent) && tu_now_ms() < end;) {
+    hixl_kv_ids s = {0}, r = {0};
+    if (ops->get_finished(d.worker, NULL, &s, &r) == HIXL_KV_SUCCESS)
+      for (size_t i = 0; i < r.count; i++) d_got |= strcmp(r.ids[i], "D") == 0;
+    ops->free_ids(&s);
+    ops->free_ids(&r);
+    if (ops->get_finished(p.worker, NULL, &s, &r) == HIXL_KV_SUCCESS)
+      for (size_t i = 0; i < s.count; i++) {
+        d_sent |= strcmp(s.ids[i], "D") == 0;
+        h_sent |= strcmp(s.ids[i], "H") == 0;
+      }
+    ops->free_ids(&s);
+    ops->free_ids(&r);
+    struct timespec ts = {0, 5000000}; /* a host's step, not a synchronization: the lease is tested */
+    nanosleep(&ts, NULL);
+  }
+  CU_ASSERT_TRUE(d_got && d_sent && h_sent);
+  hixl_kv_blocks errs = {0};
+  ST_IS(ops->get_block_ids_with_load_errors(d.worker, &errs), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(errs.count, 0); /* D's load did not fail */
+  ops->free_buffer(&errs.raw);
+  assert_landed(&d, db, 500);
+  hixl_kv_stats sp, sd;
+  ST_IS(ops->get_stats(p.worker, &sp), HIXL_KV_SUCCESS);
+  ST_IS(ops->get_stats(d.worker, &sd), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(sp.pushes_done, 1);
+  CU_ASSERT_EQUAL(sp.pushes_failed, 1);
+  CU_ASSERT_EQUAL(sp.requests_held, 0);
+  CU_ASSERT_EQUAL(sp.blocks_held, 0);
+  CU_ASSERT_EQUAL(sd.blocks_held, 0);
+  free(dparams);
+  inst_down(&p);
+  inst_down(&d);
+  HixlCacheManagerDestroy(hm);
+  HixlEngineDestroy(h);
+}
+
 int main(void) {
   char err[256] = "";
   if (hixl_kv_connector_entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS) {
@@ -153,6 +267,8 @@ int main(void) {
   }
   CU_TestInfo tests[] = {{"each allocation of the pusher fails in turn: the request ends, nothing held",
                           test_pusher_allocation_fails},
+                         {"a consumer that never accepts delays no other consumer's push",
+                          test_hung_consumer_delays_no_other_push},
                          CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"kv_pusher", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
   return tu_run_suites("test_kv_pusher", suites);

@@ -132,18 +132,6 @@ out:
   return st;
 }
 
-/* Wait until layer l of step has been saved (save_kv_layer), or the deadline. */
-static bool push_wait_saved(hixl_kv_connector *c, uint32_t l, uint64_t step, uint64_t deadline) {
-  struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
-                        .tv_nsec = (long)(deadline % 1000000000ull)};
-  pthread_mutex_lock(&c->lock);
-  while (!c->shut && c->push.saved_step[l] < step)
-    if (pthread_cond_timedwait(&c->push.saved, &c->lock, &ts) == ETIMEDOUT) break;
-  bool ok = c->push.saved_step[l] >= step;
-  pthread_mutex_unlock(&c->lock);
-  return ok;
-}
-
 /* One range of layers of one push on its way (one layer while the pusher keeps up):
  * its WRITE, and the landed notice (KV service LAYER or LAYERS call) the engine sends
  * once the WRITE has landed (hixl_engine_transfer_then_call). The pusher starts each
@@ -201,11 +189,9 @@ out:
   return st;
 }
 
-/* The last layer from k on whose save for step has come, each one between too. */
-static uint32_t saved_through(hixl_kv_connector *c, uint32_t k, uint64_t step) {
-  pthread_mutex_lock(&c->lock);
+/* The last layer from k on whose save for step has come, each one between too; c->lock held. */
+static uint32_t saved_through(const hixl_kv_connector *c, uint32_t k, uint64_t step) {
   while (k + 1 < c->layers && c->push.saved_step[k + 1] >= step) k++;
-  pthread_mutex_unlock(&c->lock);
   return k;
 }
 
@@ -283,58 +269,135 @@ static void push_end(hixl_kv_connector *c, struct kv_push *p, HixlStatus st, con
   pthread_mutex_unlock(&c->lock);
 }
 
-/* One step's pushes, layer by layer: each layer leaves as soon as it is saved, while
- * the producer computes the next; layers saved while the pusher was busy starting
- * earlier ones leave together, as one range with one notice (layer_pipelining false:
- * every layer at once, once the last is saved). Each notice follows its data. Every
- * push ends here, failed when this runs out of memory. */
+/* A step's parts on their way (push_batch). The accept threads take parts in turn and
+ * ACCEPT each on its consumer; the pusher takes each part through its layers on its
+ * own, from the moment its ACCEPT is answered: a consumer that answers late (or never,
+ * up to transfer_timeout_ms) delays only its own parts. */
+struct push_run {
+  hixl_kv_connector *c;
+  struct kv_push **v;
+  size_t n;
+  HixlStatus *st;
+  char (*why)[512];
+  bool *accepting; /* under c->lock: the part's ACCEPT is not answered yet */
+  size_t next;     /* under c->lock: the next part an accept thread takes */
+};
+
+#define PUSH_ACCEPTERS 8 /* accept threads of a step at most */
+
+static void *accept_main(void *arg) {
+  struct push_run *b = arg;
+  hixl_kv_connector *c = b->c;
+  pthread_mutex_lock(&c->lock);
+  while (b->next < b->n) {
+    size_t i = b->next++;
+    if (!b->accepting[i]) continue; /* its link failed */
+    pthread_mutex_unlock(&c->lock);
+    HixlStatus st = push_accept(c, b->v[i], b->why[i], sizeof(b->why[i]));
+    pthread_mutex_lock(&c->lock);
+    b->st[i] = st;
+    b->accepting[i] = false;
+    pthread_cond_broadcast(&c->push.saved); /* the pusher takes it from here */
+  }
+  pthread_mutex_unlock(&c->lock);
+  return NULL;
+}
+
+/* The next range of layers a part may start now, round robin from part *from: its
+ * index (n: none now), its range in *k, *count; *waiting: a part still waits for its
+ * ACCEPT or a save. A part whose save did not come by the deadline (or the connector
+ * shuts) fails here. c->lock held. */
+static size_t push_next(struct push_run *b, const uint32_t *cur, bool whole, uint64_t step, bool expired,
+                        size_t from, uint32_t *k, uint32_t *count, bool *waiting) {
+  hixl_kv_connector *c = b->c;
+  *waiting = false;
+  for (size_t j = 0; j < b->n; j++) {
+    size_t i = (from + j) % b->n;
+    if (b->accepting[i]) {
+      *waiting = true;
+      continue;
+    }
+    if (b->st[i] != HIXL_SUCCESS || cur[i] >= c->layers) continue;
+    uint32_t need = whole ? c->layers - 1 : cur[i];
+    if (c->push.saved_step[need] >= step) {
+      *k = cur[i];
+      *count = saved_through(c, need, step) - cur[i] + 1;
+      return i;
+    }
+    if (expired) {
+      b->st[i] = HIXL_TIMEOUT;
+      snprintf(b->why[i], sizeof(b->why[i]), "layer %u was not saved within lease_ms %u", need,
+               c->cfg.lease_ms);
+    } else {
+      *waiting = true;
+    }
+  }
+  return b->n;
+}
+
+/* One step's pushes, layer by layer: each part's layers leave as soon as they are
+ * saved and its consumer accepted it, while the producer computes the next; layers
+ * saved while the pusher was busy starting earlier ones leave together, as one range
+ * with one notice (layer_pipelining false: every layer at once, once the last is
+ * saved). Each notice follows its data. Every push ends here, failed when this runs
+ * out of memory. */
 static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
   HixlStatus *st = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*st)));
   char(*why)[512] = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*why)));
   struct push_note *notes = KV_ALLOC(KV_TEST_PUSH, calloc(n * c->layers + 1, sizeof(*notes)));
-  size_t nnotes = 0;
+  bool *accepting = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*accepting)));
+  uint32_t *cur = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*cur))); /* a part's next layer */
+  size_t nnotes = 0, nthreads = 0;
   uint64_t t_saved = 0; /* when the pusher saw the step's last layer saved */
-  if (!st || !why || !notes) {
+  pthread_t th[PUSH_ACCEPTERS];
+  if (!st || !why || !notes || !accepting || !cur) {
     for (size_t i = 0; i < n; i++) push_end(c, v[i], HIXL_RESOURCE_EXHAUSTED, "out of memory", 0, 0);
     goto free_arrays;
   }
   link_all(c, v, n, st, why);
-  for (size_t i = 0; i < n; i++)
-    if (st[i] == HIXL_SUCCESS) st[i] = push_accept(c, v[i], why[i], sizeof(why[i]));
+  struct push_run b = {c, v, n, st, why, accepting, 0};
+  for (size_t i = 0; i < n; i++) accepting[i] = st[i] == HIXL_SUCCESS;
+  /* One part: its ACCEPT here. Several: on threads, while this one pushes. */
+  for (; n > 1 && nthreads < n && nthreads < PUSH_ACCEPTERS; nthreads++) {
+    if (pthread_create(&th[nthreads], NULL, accept_main, &b) != 0) break;
+    thread_name(th[nthreads], "hixl-kv-accept");
+  }
+  if (!nthreads) accept_main(&b); /* one after another, here */
   pthread_mutex_lock(&c->lock);
   c->stats.lookups += n;
-  pthread_mutex_unlock(&c->lock);
   /* A cross-layer group moves whole: then every layer leaves at once, after the last. */
   bool whole = !c->cfg.pipelining;
   for (uint32_t g = 0; g < c->lay.ng; g++) whole |= (c->lay.g[g].flags & HIXL_KV_GROUP_CROSS_LAYER) != 0;
-  for (uint32_t l = 0, count; l < c->layers; l += count) {
-    bool any = false;
-    count = 1;
-    for (size_t i = 0; i < n; i++) any |= st[i] == HIXL_SUCCESS;
-    if (!any) break;
-    uint32_t need = whole ? c->layers - 1 : l;
-    uint64_t deadline = v[0]->bound_ns + (uint64_t)c->cfg.lease_ms * 1000000ull;
-    if (!push_wait_saved(c, need, v[0]->step, deadline)) {
-      for (size_t i = 0; i < n; i++)
-        if (st[i] == HIXL_SUCCESS) {
-          st[i] = HIXL_TIMEOUT;
-          snprintf(why[i], sizeof(why[i]), "layer %u was not saved within lease_ms %u", need,
-                   c->cfg.lease_ms);
-        }
-      break;
+  uint64_t step = v[0]->step, deadline = v[0]->bound_ns + (uint64_t)c->cfg.lease_ms * 1000000ull;
+  struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000ull),
+                        .tv_nsec = (long)(deadline % 1000000000ull)};
+  for (size_t from = 0;;) {
+    uint32_t k = 0, count = 0;
+    bool waiting, expired = c->shut || kv_now_ns() >= deadline;
+    size_t i = push_next(&b, cur, whole, step, expired, from, &k, &count, &waiting);
+    if (i == n) {
+      if (!waiting) break;
+      if (expired) /* only ACCEPTs are awaited: their threads wake this */
+        pthread_cond_wait(&c->push.saved, &c->lock);
+      else
+        pthread_cond_timedwait(&c->push.saved, &c->lock, &ts);
+      continue;
     }
-    count = saved_through(c, need, v[0]->step) - l + 1;
-    t_saved = kv_now_ns();
-    for (size_t i = 0; i < n; i++) {
-      if (st[i] != HIXL_SUCCESS) continue;
-      struct push_note *pn = &notes[nnotes];
-      if ((st[i] = layer_start(c, v[i], l, count, pn, why[i], sizeof(why[i]))) != HIXL_SUCCESS) continue;
+    pthread_mutex_unlock(&c->lock);
+    if (k + count == c->layers && !t_saved) t_saved = kv_now_ns();
+    struct push_note *pn = &notes[nnotes];
+    if ((st[i] = layer_start(c, v[i], k, count, pn, why[i], sizeof(why[i]))) == HIXL_SUCCESS) {
       pn->i = (uint32_t)i;
-      pn->layer = l;
+      pn->layer = k;
       pn->count = count;
       nnotes++;
     }
+    cur[i] = k + count;
+    from = i + 1;
+    pthread_mutex_lock(&c->lock);
   }
+  pthread_mutex_unlock(&c->lock);
+  for (size_t t = 0; t < nthreads; t++) pthread_join(th[t], NULL);
   /* Every notice answered (or failed) before the pushes are reported done. */
   for (size_t j = 0; j < nnotes; j++) {
     struct push_note *pn = &notes[j];
@@ -354,6 +417,8 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
   uint64_t t_end = kv_now_ns();
   for (size_t i = 0; i < n; i++) push_end(c, v[i], st[i], why[i], t_end, t_saved);
 free_arrays:
+  free(cur);
+  free(accepting);
   free(notes);
   free(why);
   free(st);
