@@ -186,18 +186,18 @@ static HixlStatus slow_kv(void *ctx, const char *peer, const uint8_t *req, size_
   return HIXL_SUCCESS;
 }
 
-/* One step of the producer pushes to a consumer H that never accepts (each answer 1.5
- * s late, the producer's transfer_timeout_ms 3000) and, after it, to a healthy
- * consumer D whose expected push lives 600 ms: D's part goes through its layers as
- * soon as D accepts, and lands byte for byte; H's fails; both end on the producer,
+/* One step of the producer pushes two requests to a consumer H that never accepts (each
+ * answer 1.5 s late, the producer's transfer_timeout_ms 2000) and, after them, one to a
+ * healthy consumer D whose expected push lives 600 ms: D's part goes through its layers
+ * as soon as D accepts, and lands byte for byte; H's fail; all end on the producer,
  * which holds nothing after. Before, the pusher ACCEPTed a step's parts one after
- * another: D's ACCEPT came after H's 3 s, past D's lease, and D's load failed. */
+ * another: D's ACCEPT came after H's, past D's lease, and D's load failed. */
 static void test_hung_consumer_delays_no_other_push(void) {
-  static const uint64_t db[NB] = {1, 2}, pb[NB] = {4, 5}, hb[NB] = {6, 7};
+  static const uint64_t db[NB] = {1, 2}, pb[NB] = {4, 5}, hb[2][NB] = {{6, 7}, {0, 3}};
   struct inst d, p;
   bool up = inst_up_with(&d, "consumer", "\"mode\": \"push\", \"lease_ms\": 600", 0xEE) &&
             inst_up_with(&p, "producer",
-                         "\"mode\": \"push\", \"lease_ms\": 5000, \"transfer_timeout_ms\": 3000, "
+                         "\"mode\": \"push\", \"lease_ms\": 20000, \"transfer_timeout_ms\": 2000, "
                          "\"connect_timeout_ms\": 3000, \"notify_timeout_ms\": 1000",
                          0x11);
   CU_ASSERT_FATAL(up);
@@ -209,20 +209,23 @@ static void test_hung_consumer_delays_no_other_push(void) {
   CU_ASSERT_FATAL(h && kv_worker_address(haddr, 0, waddr, sizeof(waddr), &cluster) == HIXL_KV_SUCCESS);
   TU_ASSERT_OK_FATAL(HixlCacheManagerCreate(h, cluster, &hm)); /* the producer links to it */
   TU_ASSERT_OK_FATAL(hixl_engine_set_service(h, HIXL_SERVICE_KV, slow_kv, NULL));
-  snprintf(hparams, sizeof(hparams),
-           "{\"do_remote_decode\": true, \"remote_engine\": \"%s\", \"remote_request_id\": \"H\", "
-           "\"remote_block_ids\": [1, 2], \"tp_size\": 1, \"cap\": \"00112233445566778899aabbccddeeff\"}",
-           haddr);
   fill_blocks(&d, db, &p, pb, 500);
   char *dparams = expect_push(&d, "D", db);
   CU_ASSERT_PTR_NOT_NULL_FATAL(dparams);
-  produce(&p, "H", hparams, hb); /* first in the step */
+  for (int i = 0; i < 2; i++) { /* first in the step */
+    snprintf(hparams, sizeof(hparams),
+             "{\"do_remote_decode\": true, \"remote_engine\": \"%s\", \"remote_request_id\": \"H%d\", "
+             "\"remote_block_ids\": [1, 2], \"tp_size\": 1, \"cap\": \"00112233445566778899aabbccddeeff\"}",
+             haddr, i);
+    produce(&p, i ? "H1" : "H0", hparams, hb[i]);
+  }
   produce(&p, "D", dparams, pb);
   step(&d);
   step(&p);
   for (uint32_t l = 0; l < LAYERS; l++) ST_IS(ops->save_kv_layer(p.worker, l), HIXL_KV_SUCCESS);
-  bool d_got = false, d_sent = false, h_sent = false;
-  for (int64_t end = tu_now_ms() + WAIT_MS; !(d_got && d_sent && h_sent) && tu_now_ms() < end;) {
+  bool d_got = false, d_sent = false;
+  int h_sent = 0;
+  for (int64_t end = tu_now_ms() + 2 * WAIT_MS; !(d_got && d_sent && h_sent == 2) && tu_now_ms() < end;) {
     hixl_kv_ids s = {0}, r = {0};
     if (ops->get_finished(d.worker, NULL, &s, &r) == HIXL_KV_SUCCESS)
       for (size_t i = 0; i < r.count; i++) d_got |= strcmp(r.ids[i], "D") == 0;
@@ -231,14 +234,14 @@ static void test_hung_consumer_delays_no_other_push(void) {
     if (ops->get_finished(p.worker, NULL, &s, &r) == HIXL_KV_SUCCESS)
       for (size_t i = 0; i < s.count; i++) {
         d_sent |= strcmp(s.ids[i], "D") == 0;
-        h_sent |= strcmp(s.ids[i], "H") == 0;
+        h_sent += s.ids[i][0] == 'H';
       }
     ops->free_ids(&s);
     ops->free_ids(&r);
     struct timespec ts = {0, 5000000}; /* a host's step, not a synchronization: the lease is tested */
     nanosleep(&ts, NULL);
   }
-  CU_ASSERT_TRUE(d_got && d_sent && h_sent);
+  CU_ASSERT_TRUE(d_got && d_sent && h_sent == 2);
   hixl_kv_blocks errs = {0};
   ST_IS(ops->get_block_ids_with_load_errors(d.worker, &errs), HIXL_KV_SUCCESS);
   CU_ASSERT_EQUAL(errs.count, 0); /* D's load did not fail */
@@ -248,7 +251,7 @@ static void test_hung_consumer_delays_no_other_push(void) {
   ST_IS(ops->get_stats(p.worker, &sp), HIXL_KV_SUCCESS);
   ST_IS(ops->get_stats(d.worker, &sd), HIXL_KV_SUCCESS);
   CU_ASSERT_EQUAL(sp.pushes_done, 1);
-  CU_ASSERT_EQUAL(sp.pushes_failed, 1);
+  CU_ASSERT_EQUAL(sp.pushes_failed, 2);
   CU_ASSERT_EQUAL(sp.requests_held, 0);
   CU_ASSERT_EQUAL(sp.blocks_held, 0);
   CU_ASSERT_EQUAL(sd.blocks_held, 0);

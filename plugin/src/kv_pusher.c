@@ -269,10 +269,11 @@ static void push_end(hixl_kv_connector *c, struct kv_push *p, HixlStatus st, con
   pthread_mutex_unlock(&c->lock);
 }
 
-/* A step's parts on their way (push_batch). The accept threads take parts in turn and
- * ACCEPT each on its consumer; the pusher takes each part through its layers on its
- * own, from the moment its ACCEPT is answered: a consumer that answers late (or never,
- * up to transfer_timeout_ms) delays only its own parts. */
+/* A step's parts on their way (push_batch). The accept threads take the consumers in
+ * turn and ACCEPT each one's parts on it, one after another; the pusher takes each part
+ * through its layers on its own, from the moment its ACCEPT is answered: a consumer
+ * that answers late (or never, up to transfer_timeout_ms a part) delays only its own
+ * parts. */
 struct push_run {
   hixl_kv_connector *c;
   struct kv_push **v;
@@ -280,7 +281,8 @@ struct push_run {
   HixlStatus *st;
   char (*why)[512];
   bool *accepting; /* under c->lock: the part's ACCEPT is not answered yet */
-  size_t next;     /* under c->lock: the next part an accept thread takes */
+  size_t *peer;    /* a part's consumer: the index of its first part's remote */
+  size_t next;     /* under c->lock: the next part whose consumer an accept thread may take */
 };
 
 #define PUSH_ACCEPTERS 8 /* accept threads of a step at most */
@@ -290,14 +292,17 @@ static void *accept_main(void *arg) {
   hixl_kv_connector *c = b->c;
   pthread_mutex_lock(&c->lock);
   while (b->next < b->n) {
-    size_t i = b->next++;
-    if (!b->accepting[i]) continue; /* its link failed */
-    pthread_mutex_unlock(&c->lock);
-    HixlStatus st = push_accept(c, b->v[i], b->why[i], sizeof(b->why[i]));
-    pthread_mutex_lock(&c->lock);
-    b->st[i] = st;
-    b->accepting[i] = false;
-    pthread_cond_broadcast(&c->push.saved); /* the pusher takes it from here */
+    size_t r = b->next++;
+    if (b->peer[r] != r) continue; /* not a consumer's first part */
+    for (size_t i = r; i < b->n; i++) {
+      if (b->peer[i] != r || !b->accepting[i]) continue; /* another's, or its link failed */
+      pthread_mutex_unlock(&c->lock);
+      HixlStatus st = push_accept(c, b->v[i], b->why[i], sizeof(b->why[i]));
+      pthread_mutex_lock(&c->lock);
+      b->st[i] = st;
+      b->accepting[i] = false;
+      pthread_cond_broadcast(&c->push.saved); /* the pusher takes it from here */
+    }
   }
   pthread_mutex_unlock(&c->lock);
   return NULL;
@@ -347,18 +352,25 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
   struct push_note *notes = KV_ALLOC(KV_TEST_PUSH, calloc(n * c->layers + 1, sizeof(*notes)));
   bool *accepting = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*accepting)));
   uint32_t *cur = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*cur))); /* a part's next layer */
-  size_t nnotes = 0, nthreads = 0;
+  size_t *peer = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*peer)));
+  size_t nnotes = 0, nthreads = 0, npeers = 0;
   uint64_t t_saved = 0; /* when the pusher saw the step's last layer saved */
   pthread_t th[PUSH_ACCEPTERS];
-  if (!st || !why || !notes || !accepting || !cur) {
+  if (!st || !why || !notes || !accepting || !cur || !peer) {
     for (size_t i = 0; i < n; i++) push_end(c, v[i], HIXL_RESOURCE_EXHAUSTED, "out of memory", 0, 0);
     goto free_arrays;
   }
   link_all(c, v, n, st, why);
-  struct push_run b = {c, v, n, st, why, accepting, 0};
-  for (size_t i = 0; i < n; i++) accepting[i] = st[i] == HIXL_SUCCESS;
-  /* One part: its ACCEPT here. Several: on threads, while this one pushes. */
-  for (; n > 1 && nthreads < n && nthreads < PUSH_ACCEPTERS; nthreads++) {
+  struct push_run b = {c, v, n, st, why, accepting, peer, 0};
+  for (size_t i = 0; i < n; i++) {
+    accepting[i] = st[i] == HIXL_SUCCESS;
+    peer[i] = i;
+    for (size_t j = 0; j < i && peer[i] == i; j++)
+      if (strcmp(v[j]->e.remote, v[i]->e.remote) == 0) peer[i] = peer[j];
+    npeers += peer[i] == i;
+  }
+  /* One part: its ACCEPT here. Several: on a thread a consumer, while this one pushes. */
+  for (; n > 1 && nthreads < npeers && nthreads < PUSH_ACCEPTERS; nthreads++) {
     if (pthread_create(&th[nthreads], NULL, accept_main, &b) != 0) break;
     thread_name(th[nthreads], "hixl-kv-accept");
   }
@@ -417,6 +429,7 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
   uint64_t t_end = kv_now_ns();
   for (size_t i = 0; i < n; i++) push_end(c, v[i], st[i], why[i], t_end, t_saved);
 free_arrays:
+  free(peer);
   free(cur);
   free(accepting);
   free(notes);
