@@ -189,9 +189,9 @@ static HixlStatus slow_kv(void *ctx, const char *peer, const uint8_t *req, size_
 /* One step of the producer pushes two requests to a consumer H that never accepts (each
  * answer 1.5 s late, the producer's transfer_timeout_ms 2000) and, after them, one to a
  * healthy consumer D whose expected push lives 600 ms: D's part goes through its layers
- * as soon as D accepts, and lands byte for byte; H's fail; all end on the producer,
- * which holds nothing after. Before, the pusher ACCEPTed a step's parts one after
- * another: D's ACCEPT came after H's, past D's lease, and D's load failed. */
+ * as soon as D accepts, lands byte for byte and ends on the producer (finished_sending)
+ * before H's, which fail; the producer holds nothing after. Before, the pusher ACCEPTed a step's parts one
+ * after another: D's ACCEPT came after H's, past D's lease, and D's load failed. */
 static void test_hung_consumer_delays_no_other_push(void) {
   static const uint64_t db[NB] = {1, 2}, pb[NB] = {4, 5}, hb[2][NB] = {{6, 7}, {0, 3}};
   struct inst d, p;
@@ -223,7 +223,7 @@ static void test_hung_consumer_delays_no_other_push(void) {
   step(&d);
   step(&p);
   for (uint32_t l = 0; l < LAYERS; l++) ST_IS(ops->save_kv_layer(p.worker, l), HIXL_KV_SUCCESS);
-  bool d_got = false, d_sent = false;
+  bool d_got = false, d_sent = false, d_before_h = false;
   int h_sent = 0;
   for (int64_t end = tu_now_ms() + 2 * WAIT_MS; !(d_got && d_sent && h_sent == 2) && tu_now_ms() < end;) {
     hixl_kv_ids s = {0}, r = {0};
@@ -233,7 +233,7 @@ static void test_hung_consumer_delays_no_other_push(void) {
     ops->free_ids(&r);
     if (ops->get_finished(p.worker, NULL, &s, &r) == HIXL_KV_SUCCESS)
       for (size_t i = 0; i < s.count; i++) {
-        d_sent |= strcmp(s.ids[i], "D") == 0;
+        if (strcmp(s.ids[i], "D") == 0) d_sent = true, d_before_h = h_sent == 0;
         h_sent += s.ids[i][0] == 'H';
       }
     ops->free_ids(&s);
@@ -242,6 +242,7 @@ static void test_hung_consumer_delays_no_other_push(void) {
     nanosleep(&ts, NULL);
   }
   CU_ASSERT_TRUE(d_got && d_sent && h_sent == 2);
+  CU_ASSERT_TRUE(d_before_h); /* D's part ended as it landed, not with H's */
   hixl_kv_blocks errs = {0};
   ST_IS(ops->get_block_ids_with_load_errors(d.worker, &errs), HIXL_KV_SUCCESS);
   CU_ASSERT_EQUAL(errs.count, 0); /* D's load did not fail */

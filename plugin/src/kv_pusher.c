@@ -195,6 +195,16 @@ static uint32_t saved_through(const hixl_kv_connector *c, uint32_t k, uint64_t s
   return k;
 }
 
+/* A part of a step's pushes (push_batch). */
+struct push_part {
+  HixlStatus st;
+  bool accepting; /* under c->lock: its ACCEPT is not answered yet */
+  bool ended;     /* push_end'ed */
+  uint32_t cur;   /* the next layer to start */
+  size_t peer;    /* its consumer: the index of the first part with its remote */
+  char why[512];
+};
+
 /* Linking to one consumer rank (link_all). */
 struct link_job {
   hixl_kv_connector *c;
@@ -215,12 +225,12 @@ static void *link_main(void *arg) {
 /* Link to every consumer rank the batch's parts write to, all at once (a thread each
  * when there are several): a consumer instance that is gone costs one
  * connect_timeout_ms, not one per part. A part whose link failed fails now. */
-static void link_all(hixl_kv_connector *c, struct kv_push **v, size_t n, HixlStatus *st, char (*why)[512]) {
+static void link_all(hixl_kv_connector *c, struct kv_push **v, size_t n, struct push_part *p) {
   struct link_job *jobs = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*jobs)));
   size_t nj = 0, *of = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*of)));
   if (!jobs || !of) {
     for (size_t i = 0; i < n; i++)
-      st[i] = HIXL_RESOURCE_EXHAUSTED, snprintf(why[i], sizeof(why[i]), "out of memory");
+      p[i].st = HIXL_RESOURCE_EXHAUSTED, snprintf(p[i].why, sizeof(p[i].why), "out of memory");
     free(jobs);
     free(of);
     return;
@@ -242,8 +252,8 @@ static void link_all(hixl_kv_connector *c, struct kv_push **v, size_t n, HixlSta
       link_main(&jobs[k]); /* the one, or no thread: here */
   }
   for (size_t i = 0; i < n; i++)
-    if ((st[i] = jobs[of[i]].st) != HIXL_SUCCESS)
-      snprintf(why[i], sizeof(why[i]), "linking to the consumer %s: %s", v[i]->e.remote, jobs[of[i]].why);
+    if ((p[i].st = jobs[of[i]].st) != HIXL_SUCCESS)
+      snprintf(p[i].why, sizeof(p[i].why), "linking to the consumer %s: %s", v[i]->e.remote, jobs[of[i]].why);
   free(jobs);
   free(of);
 }
@@ -277,12 +287,12 @@ static void push_end(hixl_kv_connector *c, struct kv_push *p, HixlStatus st, con
 struct push_run {
   hixl_kv_connector *c;
   struct kv_push **v;
+  struct push_part *p;
   size_t n;
-  HixlStatus *st;
-  char (*why)[512];
-  bool *accepting; /* under c->lock: the part's ACCEPT is not answered yet */
-  size_t *peer;    /* a part's consumer: the index of its first part's remote */
-  size_t next;     /* under c->lock: the next part whose consumer an accept thread may take */
+  size_t next; /* under c->lock: the next part whose consumer an accept thread may take */
+  struct push_note *notes;
+  size_t nnotes;
+  uint64_t t_saved; /* when the pusher saw the step's last layer saved */
 };
 
 #define PUSH_ACCEPTERS 8 /* accept threads of a step at most */
@@ -293,14 +303,15 @@ static void *accept_main(void *arg) {
   pthread_mutex_lock(&c->lock);
   while (b->next < b->n) {
     size_t r = b->next++;
-    if (b->peer[r] != r) continue; /* not a consumer's first part */
+    if (b->p[r].peer != r) continue; /* not a consumer's first part */
     for (size_t i = r; i < b->n; i++) {
-      if (b->peer[i] != r || !b->accepting[i]) continue; /* another's, or its link failed */
+      struct push_part *q = &b->p[i];
+      if (q->peer != r || !q->accepting) continue; /* another's, or its link failed */
       pthread_mutex_unlock(&c->lock);
-      HixlStatus st = push_accept(c, b->v[i], b->why[i], sizeof(b->why[i]));
+      HixlStatus st = push_accept(c, b->v[i], q->why, sizeof(q->why));
       pthread_mutex_lock(&c->lock);
-      b->st[i] = st;
-      b->accepting[i] = false;
+      q->st = st;
+      q->accepting = false;
       pthread_cond_broadcast(&c->push.saved); /* the pusher takes it from here */
     }
   }
@@ -308,36 +319,78 @@ static void *accept_main(void *arg) {
   return NULL;
 }
 
-/* The next range of layers a part may start now, round robin from part *from: its
- * index (n: none now), its range in *k, *count; *waiting: a part still waits for its
- * ACCEPT or a save. A part whose save did not come by the deadline (or the connector
- * shuts) fails here. c->lock held. */
-static size_t push_next(struct push_run *b, const uint32_t *cur, bool whole, uint64_t step, bool expired,
-                        size_t from, uint32_t *k, uint32_t *count, bool *waiting) {
+/* The next range of layers a part may start now, round robin from part from: its
+ * index (n: none now), its range in *k, *count; *accepts, *saves: a part still waits for
+ * its ACCEPT, for a save. A part whose save did not come by the deadline (or the
+ * connector shuts) fails here. c->lock held. */
+static size_t push_next(struct push_run *b, bool whole, uint64_t step, bool expired, size_t from, uint32_t *k,
+                        uint32_t *count, bool *accepts, bool *saves) {
   hixl_kv_connector *c = b->c;
-  *waiting = false;
+  *accepts = *saves = false;
   for (size_t j = 0; j < b->n; j++) {
     size_t i = (from + j) % b->n;
-    if (b->accepting[i]) {
-      *waiting = true;
-      continue;
-    }
-    if (b->st[i] != HIXL_SUCCESS || cur[i] >= c->layers) continue;
-    uint32_t need = whole ? c->layers - 1 : cur[i];
+    struct push_part *q = &b->p[i];
+    *accepts |= q->accepting;
+    if (q->accepting || q->st != HIXL_SUCCESS || q->cur >= c->layers) continue;
+    uint32_t need = whole ? c->layers - 1 : q->cur;
     if (c->push.saved_step[need] >= step) {
-      *k = cur[i];
-      *count = saved_through(c, need, step) - cur[i] + 1;
+      *k = q->cur;
+      *count = saved_through(c, need, step) - q->cur + 1;
       return i;
     }
     if (expired) {
-      b->st[i] = HIXL_TIMEOUT;
-      snprintf(b->why[i], sizeof(b->why[i]), "layer %u was not saved within lease_ms %u", need,
-               c->cfg.lease_ms);
+      q->st = HIXL_TIMEOUT;
+      snprintf(q->why, sizeof(q->why), "layer %u was not saved within lease_ms %u", need, c->cfg.lease_ms);
     } else {
-      *waiting = true;
+      *saves = true;
     }
   }
   return b->n;
+}
+
+/* Wait for the notices of part i (b->n: of every part) not waited for yet. */
+static void notes_wait(struct push_run *b, size_t i) {
+  hixl_kv_connector *c = b->c;
+  for (size_t j = 0; j < b->nnotes; j++) {
+    struct push_note *pn = &b->notes[j];
+    if (!pn->call || (i < b->n && pn->i != i)) continue;
+    struct push_part *q = &b->p[pn->i];
+    struct kv_meta_entry *e = &b->v[pn->i]->e;
+    HixlStatus ns = hixl_engine_call_wait(c->eng, e->remote, pn->call);
+    pn->call = NULL;
+    if (ns == HIXL_SUCCESS) {
+      pthread_mutex_lock(&c->lock);
+      c->stats.layers_pushed += pn->count;
+      pthread_mutex_unlock(&c->lock);
+    } else if (q->st == HIXL_SUCCESS) {
+      q->st = ns;
+      snprintf(q->why, sizeof(q->why), "layers %u..%u of request %s to %s, or their landed notice: %s",
+               pn->layer, pn->layer + pn->count - 1, e->req, e->remote, HixlGetLastErrorMessage());
+    }
+  }
+}
+
+/* Part i ends: its notices answered, reported. */
+static void part_end(struct push_run *b, size_t i) {
+  notes_wait(b, i);
+  push_end(b->c, b->v[i], b->p[i].st, b->p[i].why, kv_now_ns(), b->t_saved);
+  b->p[i].ended = true;
+}
+
+/* While the pusher only waits for ACCEPTs, a part whose every layer left ends (the host
+ * may free its blocks), rather than with its step's slowest consumer: whether one did
+ * (c->lock held, and again on return). A failed part ends with the step: its ABORT may
+ * wait for the consumer, while another part's layer waits to be started. */
+static bool end_one_pushed(struct push_run *b) {
+  for (size_t i = 0; i < b->n; i++) {
+    struct push_part *q = &b->p[i];
+    if (q->ended || q->accepting || q->st != HIXL_SUCCESS || q->cur < b->c->layers) continue;
+    pthread_mutex_unlock(&b->c->lock);
+    part_end(b, i);
+    pthread_mutex_lock(&b->c->lock);
+    return true;
+  }
+  return false;
 }
 
 /* One step's pushes, layer by layer: each part's layers leave as soon as they are
@@ -347,27 +400,23 @@ static size_t push_next(struct push_run *b, const uint32_t *cur, bool whole, uin
  * saved). Each notice follows its data. Every push ends here, failed when this runs
  * out of memory. */
 static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
-  HixlStatus *st = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*st)));
-  char(*why)[512] = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*why)));
-  struct push_note *notes = KV_ALLOC(KV_TEST_PUSH, calloc(n * c->layers + 1, sizeof(*notes)));
-  bool *accepting = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*accepting)));
-  uint32_t *cur = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*cur))); /* a part's next layer */
-  size_t *peer = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*peer)));
-  size_t nnotes = 0, nthreads = 0, npeers = 0;
-  uint64_t t_saved = 0; /* when the pusher saw the step's last layer saved */
+  struct push_run b = {.c = c, .v = v, .n = n};
+  size_t nthreads = 0, npeers = 0;
   pthread_t th[PUSH_ACCEPTERS];
-  if (!st || !why || !notes || !accepting || !cur || !peer) {
+  b.p = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*b.p)));
+  b.notes = KV_ALLOC(KV_TEST_PUSH, calloc(n * c->layers + 1, sizeof(*b.notes)));
+  if (!b.p || !b.notes) {
     for (size_t i = 0; i < n; i++) push_end(c, v[i], HIXL_RESOURCE_EXHAUSTED, "out of memory", 0, 0);
     goto free_arrays;
   }
-  link_all(c, v, n, st, why);
-  struct push_run b = {c, v, n, st, why, accepting, peer, 0};
+  link_all(c, v, n, b.p);
   for (size_t i = 0; i < n; i++) {
-    accepting[i] = st[i] == HIXL_SUCCESS;
-    peer[i] = i;
-    for (size_t j = 0; j < i && peer[i] == i; j++)
-      if (strcmp(v[j]->e.remote, v[i]->e.remote) == 0) peer[i] = peer[j];
-    npeers += peer[i] == i;
+    struct push_part *q = &b.p[i];
+    q->accepting = q->st == HIXL_SUCCESS;
+    q->peer = i;
+    for (size_t j = 0; j < i && q->peer == i; j++)
+      if (strcmp(v[j]->e.remote, v[i]->e.remote) == 0) q->peer = b.p[j].peer;
+    npeers += q->peer == i;
   }
   /* One part: its ACCEPT here. Several: on a thread a consumer, while this one pushes. */
   for (; n > 1 && nthreads < npeers && nthreads < PUSH_ACCEPTERS; nthreads++) {
@@ -385,56 +434,39 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
                         .tv_nsec = (long)(deadline % 1000000000ull)};
   for (size_t from = 0;;) {
     uint32_t k = 0, count = 0;
-    bool waiting, expired = c->shut || kv_now_ns() >= deadline;
-    size_t i = push_next(&b, cur, whole, step, expired, from, &k, &count, &waiting);
+    bool accepts, saves, expired = c->shut || kv_now_ns() >= deadline;
+    size_t i = push_next(&b, whole, step, expired, from, &k, &count, &accepts, &saves);
     if (i == n) {
-      if (!waiting) break;
-      if (expired) /* only ACCEPTs are awaited: their threads wake this */
-        pthread_cond_wait(&c->push.saved, &c->lock);
-      else
+      if (!accepts && !saves) break;
+      if (saves)
         pthread_cond_timedwait(&c->push.saved, &c->lock, &ts);
+      else if (!end_one_pushed(&b)) /* only ACCEPTs are awaited: their threads wake this */
+        pthread_cond_wait(&c->push.saved, &c->lock);
       continue;
     }
     pthread_mutex_unlock(&c->lock);
-    if (k + count == c->layers && !t_saved) t_saved = kv_now_ns();
-    struct push_note *pn = &notes[nnotes];
-    if ((st[i] = layer_start(c, v[i], k, count, pn, why[i], sizeof(why[i]))) == HIXL_SUCCESS) {
+    struct push_part *q = &b.p[i];
+    struct push_note *pn = &b.notes[b.nnotes];
+    if (k + count == c->layers && !b.t_saved) b.t_saved = kv_now_ns();
+    if ((q->st = layer_start(c, v[i], k, count, pn, q->why, sizeof(q->why))) == HIXL_SUCCESS) {
       pn->i = (uint32_t)i;
       pn->layer = k;
       pn->count = count;
-      nnotes++;
+      b.nnotes++;
     }
-    cur[i] = k + count;
+    q->cur = k + count;
     from = i + 1;
     pthread_mutex_lock(&c->lock);
   }
   pthread_mutex_unlock(&c->lock);
   for (size_t t = 0; t < nthreads; t++) pthread_join(th[t], NULL);
   /* Every notice answered (or failed) before the pushes are reported done. */
-  for (size_t j = 0; j < nnotes; j++) {
-    struct push_note *pn = &notes[j];
-    struct kv_meta_entry *e = &v[pn->i]->e;
-    HixlStatus ns = hixl_engine_call_wait(c->eng, e->remote, pn->call);
-    if (ns == HIXL_SUCCESS) {
-      pthread_mutex_lock(&c->lock);
-      c->stats.layers_pushed += pn->count;
-      pthread_mutex_unlock(&c->lock);
-    } else if (st[pn->i] == HIXL_SUCCESS) {
-      st[pn->i] = ns;
-      snprintf(why[pn->i], sizeof(why[pn->i]),
-               "layers %u..%u of request %s to %s, or their landed notice: %s", pn->layer,
-               pn->layer + pn->count - 1, e->req, e->remote, HixlGetLastErrorMessage());
-    }
-  }
-  uint64_t t_end = kv_now_ns();
-  for (size_t i = 0; i < n; i++) push_end(c, v[i], st[i], why[i], t_end, t_saved);
+  notes_wait(&b, n);
+  for (size_t i = 0; i < n; i++)
+    if (!b.p[i].ended) part_end(&b, i);
 free_arrays:
-  free(peer);
-  free(cur);
-  free(accepting);
-  free(notes);
-  free(why);
-  free(st);
+  free(b.notes);
+  free(b.p);
 }
 
 void *kv_pusher_main(void *arg) {
