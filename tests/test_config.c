@@ -200,7 +200,6 @@ static void test_bad_values(void) {
   ONE_ERROR("{\"lease_ms\": 1.5}", 1, 14, "lease_ms",
             "expected an integer in [1,86400000], got a fractional");
   ONE_ERROR("{\"lease_ms\": \"30000\"}", 1, 14, "lease_ms", "got a string");
-  ONE_ERROR("{\"lease_ms\": 99999999999999999999}", 1, 14, "lease_ms", "too large");
   ONE_ERROR("{\"max_inflight_requests\": 0}", 1, 27, "max_inflight_requests", "out of range");
   ONE_ERROR("{\"loads_per_producer\": 0}", 1, 24, "loads_per_producer", "out of range");
   ONE_ERROR("{\"loads_per_producer\": 9}", 1, 24, "loads_per_producer", "out of range");
@@ -334,6 +333,114 @@ static void test_unknown_keys(void) {
   ONE_ERROR("{\"bufferpool\": \"4:8\"}", 1, 2, "bufferpool", "did you mean \"BufferPool\"?");
   ONE_ERROR("{\"lease\": 5}", 1, 2, "lease", "unknown key \"lease\"");
   ONE_ERROR("{\"zzzzzzzz\": 5}", 1, 2, "zzzzzzzz", "hixl-config reference");
+}
+
+/* An unknown key is placed however long it is (a path cut at 159 bytes found no member)
+ * and whatever its escapes (jscan wrote a lone surrogate as CESU bytes, json-c as U+FFFD:
+ * the keys differed, and the error had line 0). */
+static void test_unknown_key_places(void) {
+  char key[201], doc[512], path[128];
+  memset(key, 'k', 200);
+  key[200] = '\0';
+  memcpy(path, key, sizeof(path) - 1); /* the error's path is cut to its field */
+  path[sizeof(path) - 1] = '\0';
+  snprintf(doc, sizeof(doc), "{\"role\": \"producer\",\n \"%s\": 1}", key);
+  ONE_ERROR(doc, 2, 2, path, "unknown key \"kkkk");
+  snprintf(doc, sizeof(doc), "{\"kv_connector\": \"x\",\n \"kv_connector_extra_config\": {\"%.140s\": 1}}",
+           key);
+  memcpy(path + 26, key, sizeof(path) - 27);
+  memcpy(path, "kv_connector_extra_config.", 26);
+  ONE_ERROR(doc, 2, 32, path, "unknown key \"kkkk");
+  /* Each lone or paired surrogate escape, decoded as json-c decodes it. */
+  static const char *const keys[] = {
+      "lease\\ud800",       "lease\\udc00",        "lease\\ud800\\ud800",
+      "lease\\ud800\\n",    "lease\\ud800\\u0041", "lease\\udbff\\udfff",
+      "lease\\ud800x",      "\\uDC00\\uD800",      "lease\\ud800\\ud83d\\ude00",
+      "lease\\ud800\\u00e9"};
+  for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+    HixlConfig *c = NULL;
+    snprintf(doc, sizeof(doc), "{\"role\": \"producer\",\n \"%s\": 1}", keys[i]);
+    CU_ASSERT_EQUAL(parse(doc, &c), HIXL_PARAM_INVALID);
+    CU_ASSERT_EQUAL(nerr, 1);
+    CU_ASSERT(errs[0].line == 2 && errs[0].column == 2);
+    if (errs[0].line != 2) fprintf(stderr, "  key %s: at %u:%u\n", keys[i], errs[0].line, errs[0].column);
+  }
+}
+
+/* A key with a dot is one name, never a path: "a.b" beside "a": {"b": ..} is its own
+ * (unknown) key, and neither takes the other's place. Before, both shared the path
+ * "a.b" and every error of either was placed at the last of the two. */
+static void test_dotted_keys(void) {
+  HixlConfig *c = (HixlConfig *)1;
+  const char *d1 = "{\"kv_connector\": \"x\", \"kv_connector_extra_config\": {\"role\": \"bogus\"},\n"
+                   " \"kv_connector_extra_config.role\": \"producer\"}";
+  CU_ASSERT_EQUAL(parse(d1, &c), HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_NULL(c);
+  CU_ASSERT_EQUAL_FATAL(nerr, 2);
+  CU_ASSERT(errs[0].line == 1 && errs[0].column == 61); /* at "bogus", not at the dotted key's value */
+  CU_ASSERT_STRING_EQUAL(errs[0].path, "kv_connector_extra_config.role");
+  CU_ASSERT_PTR_NOT_NULL(strstr(errs[0].message, "\"bogus\" is not one of"));
+  CU_ASSERT(errs[1].line == 2 && errs[1].column == 2);
+  CU_ASSERT_PTR_NOT_NULL(strstr(errs[1].message, "unknown key \"kv_connector_extra_config.role\""));
+  CU_ASSERT_PTR_NOT_NULL(
+      strstr(errs[1].message, "a key is one name, not a path: the member this path names is at 1:53"));
+  /* The dotted key first: the nested member's error is still at its own value. */
+  const char *d2 = "{\"kv_connector\": \"x\", \"kv_connector_extra_config.role\": 1,\n"
+                   " \"kv_connector_extra_config\": {\"role\": \"bogus\"}}";
+  CU_ASSERT_EQUAL(parse(d2, &c), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL_FATAL(nerr, 2);
+  CU_ASSERT(errs[0].line == 1 && errs[0].column == 23);
+  CU_ASSERT_PTR_NOT_NULL(strstr(errs[0].message, "the member this path names is at 2:32"));
+  CU_ASSERT(errs[1].line == 2 && errs[1].column == 40);
+  CU_ASSERT_PTR_NOT_NULL(strstr(errs[1].message, "\"bogus\""));
+  /* Inside kv_connector_extra_config: "role.x" beside "role": {"x": ..}. */
+  const char *d3 = "{\"kv_connector\": \"x\", \"kv_connector_extra_config\": {\"role\": {\"x\": 1},\n"
+                   " \"role.x\": 2}}";
+  CU_ASSERT_EQUAL(parse(d3, &c), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL_FATAL(nerr, 2);
+  CU_ASSERT(errs[0].line == 1 && errs[0].column == 61);
+  CU_ASSERT_PTR_NOT_NULL(strstr(errs[0].message, "expected a string"));
+  CU_ASSERT(errs[1].line == 2 && errs[1].column == 2);
+  CU_ASSERT_STRING_EQUAL(errs[1].path, "kv_connector_extra_config.role.x");
+  CU_ASSERT_PTR_NOT_NULL(strstr(errs[1].message, "the member this path names is at 1:62"));
+  /* Alone, a dotted key is said to be one name too. */
+  ONE_ERROR("{\"kv_connector\": \"x\", \"kv_connector_extra_config.role\": \"producer\"}", 1, 23,
+            "kv_connector_extra_config.role", "(a key is one name, not a dotted path)");
+}
+
+/* An integer past int64 is quoted as the document writes it: json-c saturates it to
+ * 9223372036854775807 (or its negative), which the messages quoted, and a negative one
+ * was called too large. */
+static void test_big_integers(void) {
+  ONE_ERROR("{\"RdmaTimeout\": 99999999999999999999}", 1, 17, "RdmaTimeout",
+            "99999999999999999999 is out of range: expected [5,20]");
+  ONE_ERROR("{\"RdmaTimeout\": 18446744073709551616}", 1, 17, "RdmaTimeout", "18446744073709551616 is out");
+  ONE_ERROR("{\"RdmaTimeout\": 18446744073709551615}", 1, 17, "RdmaTimeout", "18446744073709551615 is out");
+  ONE_ERROR("{\"RdmaTimeout\": -99999999999999999999}", 1, 17, "RdmaTimeout", "-99999999999999999999 is out");
+  ONE_ERROR("{\"lease_ms\": 99999999999999999999}", 1, 14, "lease_ms",
+            "99999999999999999999 is out of range: expected [1,86400000]");
+  ONE_ERROR("{\"lease_ms\": -99999999999999999999}", 1, 14, "lease_ms",
+            "-99999999999999999999 is out of range");
+  ONE_ERROR("{\"lease_ms\": 9223372036854775808}", 1, 14, "lease_ms", "9223372036854775808 is out of range");
+  ONE_ERROR("{\"lease_ms\": 9223372036854775807}", 1, 14, "lease_ms", "9223372036854775807 is out of range");
+  ONE_ERROR("{\"lease_ms\": -9223372036854775808}", 1, 14, "lease_ms",
+            "-9223372036854775808 is out of range");
+  char doc[256], digits[101];
+  memset(digits, '7', 100);
+  digits[100] = '\0';
+  snprintf(doc, sizeof(doc), "{\"lease_ms\": %s}", digits); /* quoted cut, never saturated */
+  ONE_ERROR(doc, 1, 14, "lease_ms", "7777777777... is out of range");
+  for (size_t i = 0; i < nerr && i < MAXE; i++) {
+    CU_ASSERT_PTR_NULL(strstr(errs[i].message, "9223372036854775807"));
+    CU_ASSERT_PTR_NULL(strstr(errs[i].message, "too large"));
+  }
+  HixlConfig *c = NULL; /* in range: as before */
+  CU_ASSERT_EQUAL(parse("{\"RdmaTimeout\": 14, \"lease_ms\": -0}", &c), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL(nerr, 1);
+  CU_ASSERT_PTR_NOT_NULL(strstr(errs[0].message, "0 is out of range"));
+  CU_ASSERT_EQUAL(parse("{\"RdmaTimeout\": 14, \"lease_ms\": 86400000}", &c), HIXL_SUCCESS);
+  CU_ASSERT_STRING_EQUAL(str_of(c, "RdmaTimeout"), "14");
+  HixlConfigFree(c);
 }
 
 /* Every independent error of a document in one parse, in document order; the total
@@ -594,22 +701,26 @@ static void test_files(void) {
 int main(void) {
   unsetenv("HCCL_RDMA_TC");
   unsetenv("HCCL_RDMA_SL");
-  CU_TestInfo table[] = {{"every key has a valid default", test_defaults},
-                         {"every engine option is a key", test_engine_rows},
-                         {"valid values read back typed", test_values},
-                         {"the observer's keys", test_obs_keys},
-                         {"each invalid value: path, line:column, what is allowed", test_bad_values},
-                         {"bad documents", test_bad_documents},
-                         {"duplicate keys", test_duplicates},
-                         {"unknown keys and suggestions", test_unknown_keys},
-                         {"every error of a document at once", test_all_errors},
-                         {"arguments", test_args},
-                         {"vLLM's --kv-transfer-config shape", test_vllm_shape},
-                         {"document, then environment, then default", test_env},
-                         {"engine options an engine takes", test_engine_options},
-                         {"files", test_files},
-                         {"as many keys as allowed, then one more", test_many_keys},
-                         CU_TEST_INFO_NULL};
+  CU_TestInfo table[] = {
+      {"every key has a valid default", test_defaults},
+      {"every engine option is a key", test_engine_rows},
+      {"valid values read back typed", test_values},
+      {"the observer's keys", test_obs_keys},
+      {"each invalid value: path, line:column, what is allowed", test_bad_values},
+      {"bad documents", test_bad_documents},
+      {"duplicate keys", test_duplicates},
+      {"unknown keys and suggestions", test_unknown_keys},
+      {"an unknown key's place: however long, whatever its escapes", test_unknown_key_places},
+      {"a dotted key is one name: each member keeps its place", test_dotted_keys},
+      {"an integer past int64 quoted as written", test_big_integers},
+      {"every error of a document at once", test_all_errors},
+      {"arguments", test_args},
+      {"vLLM's --kv-transfer-config shape", test_vllm_shape},
+      {"document, then environment, then default", test_env},
+      {"engine options an engine takes", test_engine_options},
+      {"files", test_files},
+      {"as many keys as allowed, then one more", test_many_keys},
+      CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"config", NULL, NULL, NULL, NULL, table}, CU_SUITE_INFO_NULL};
   if (CU_initialize_registry() != CUE_SUCCESS || CU_register_suites(suites) != CUE_SUCCESS) return 1;
   return tu_run_registry();

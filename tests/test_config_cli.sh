@@ -23,17 +23,50 @@ set +e
 set -e
 [ $rc -eq 1 ] && grep -q "No such file or directory" "$work/err" || fail "a missing file: rc $rc"
 
-# The key file, as Initialize will find it: none is a note; open to others, or
-# StagingUnregistered on without one, an error; a file of mode 0600 checks.
+# The key file, as Initialize will find it: none is a note; one Initialize refuses (open
+# to others, no key in it, a line that is no key), or StagingUnregistered on without
+# one, an error with Initialize's own reason (auth_open reads it); a file of mode 0600
+# holding a key checks, saying nothing else.
 echo '{"role": "producer"}' >"$work/nokey.json"
 "$tool" check "$work/nokey.json" | grep -q "note: no AuthKeyFile" || fail "no note for a document without a key"
 echo 00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff >"$work/k"
 chmod 644 "$work/k"
 echo "{\"AuthKeyFile\": \"$work/k\"}" >"$work/key.json"
 if "$tool" check "$work/key.json" 2>"$work/err"; then fail "check passed a key file open to others"; fi
-grep -q "mode 0644, open to group or others" "$work/err" || { cat "$work/err"; fail "the key file's mode"; }
+grep -qxF "$work/key.json: HixlEngineInitialize would fail: AuthKeyFile $work/k: mode 0644 gives group or others access to it: chmod 600 it" "$work/err" ||
+  { cat "$work/err"; fail "the key file's mode"; }
 chmod 600 "$work/k"
-"$tool" check "$work/key.json" | grep -q ': ok$' || fail "a key file of mode 0600 does not check"
+"$tool" check "$work/key.json" >"$work/out" 2>"$work/err" || { cat "$work/err"; fail "a key file of mode 0600 does not check"; }
+[ "$(cat "$work/out")" = "$work/key.json: ok" ] && [ ! -s "$work/err" ] || { cat "$work/out" "$work/err"; fail "a good key file: more than ok"; }
+check_key() { # CONTENT WHY: a key file of mode 0600 holding CONTENT fails check, saying WHY
+  printf '%b' "$1" >"$work/k"
+  if "$tool" check "$work/key.json" >"$work/out" 2>"$work/err"; then fail "check passed a key file of: $1"; fi
+  grep -qxF "$work/key.json: HixlEngineInitialize would fail: AuthKeyFile $work/k: $2" "$work/err" ||
+    { cat "$work/out" "$work/err"; fail "a key file of '$1': not \"$2\""; }
+  ! grep -q ': ok$' "$work/out" || fail "a bad key file also said ok"
+}
+check_key '' 'no key in it (one line of 64 hex digits, e.g. from `openssl rand -hex 32`)'
+check_key '# a comment\n\n' 'no key in it (one line of 64 hex digits, e.g. from `openssl rand -hex 32`)'
+check_key 'not-a-key\n' 'line 1: a key is 32 to 128 hex digits, an even count (this line has 9 characters)'
+check_key '00112233445566778899aabbccddeeffx0112233445566778899aabbccddeeff\n' 'line 1: not a hex digit at column 33'
+check_key '00112233445566778899aabbccddeeff\n00112233445566778899aabbccddeeff\n' 'line 2: the same key twice'
+check_key '00112233445566778899aabbccddeeff\n\0' 'it holds a NUL byte: a key file is text'
+echo 00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff >"$work/k"
+# A key file this user cannot read (its owner runs the engine): judged by kind and mode,
+# its keys not read (a note); run as nobody where this test runs as root.
+as_nobody() { setpriv --reuid=65534 --regid=65534 --clear-groups "$@"; }
+if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null && as_nobody "$tool" --help >/dev/null 2>&1; then
+  chmod 711 "$work"
+  chmod 644 "$work/key.json"
+  as_nobody "$tool" check "$work/key.json" >"$work/out" 2>"$work/err" || { cat "$work/err"; fail "an unreadable key file of mode 0600"; }
+  grep -q "note: AuthKeyFile $work/k: this user cannot read it" "$work/out" && grep -q ': ok$' "$work/out" ||
+    { cat "$work/out"; fail "no note for an unreadable key file"; }
+  chmod 640 "$work/k"
+  if as_nobody "$tool" check "$work/key.json" 2>"$work/err"; then fail "an unreadable key file of mode 0640 checked"; fi
+  grep -q "mode 0640, open to group or others" "$work/err" || { cat "$work/err"; fail "an unreadable key file's mode"; }
+  chmod 600 "$work/k"
+  chmod 700 "$work"
+fi
 echo '{"StagingUnregistered": true}' >"$work/unreg.json"
 if "$tool" check "$work/unreg.json" 2>"$work/err"; then fail "StagingUnregistered on without a key checked"; fi
 grep -q "needs AuthKeyFile" "$work/err" || { cat "$work/err"; fail "StagingUnregistered without a key"; }

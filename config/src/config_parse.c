@@ -111,11 +111,19 @@ static const char *json_type_word(json_object *o) {
 
 /* ---- values ---- */
 
-/* A document value as text for row r, or NULL (why says which JSON type it wanted). */
-static const char *value_text(const struct row *r, json_object *o, char *buf, size_t cap, char *why,
-                              size_t wcap) {
+/* A document value as text for row r, or NULL (why says which JSON type it wanted, or
+ * that an integer is past int64: quoted from lit, the integer as the document writes it). */
+static const char *value_text(const struct row *r, json_object *o, const char *lit, bool lit_in_range,
+                              char *buf, size_t cap, char *why, size_t wcap) {
   json_type t = json_object_get_type(o);
   const HixlConfigKeyInfo *k = &r->info;
+  if (t == json_type_int && (k->type == HIXL_CONFIG_INT || (k->type == HIXL_CONFIG_ENGINE && r->json_int))) {
+    int64_t n = json_object_get_int64(o);
+    if (lit ? !lit_in_range : n == INT64_MAX || n == INT64_MIN) {
+      snprintf(why, wcap, "%s is out of range: expected %s", lit ? lit : "the number", k->range);
+      return NULL;
+    }
+  }
   switch (k->type) {
   case HIXL_CONFIG_STRING:
   case HIXL_CONFIG_ENUM:
@@ -124,13 +132,7 @@ static const char *value_text(const struct row *r, json_object *o, char *buf, si
     return NULL;
   case HIXL_CONFIG_INT:
     if (t == json_type_int) {
-      errno = 0;
-      int64_t n = json_object_get_int64(o);
-      if (errno == ERANGE || n == INT64_MAX || n == INT64_MIN) {
-        snprintf(why, wcap, "the number is too large: expected %s", k->range);
-        return NULL;
-      }
-      snprintf(buf, cap, "%" PRId64, n);
+      snprintf(buf, cap, "%" PRId64, json_object_get_int64(o));
       return buf;
     }
     snprintf(why, wcap, "expected an integer in %s, got %s", k->range, json_type_word(o));
@@ -166,9 +168,35 @@ struct doc {
   struct errs *er;
 };
 
-static size_t member_off(const struct doc *d, const char *path, bool value) {
-  const struct jscan_member *m = jscan_find(&d->js, path);
+#define ROOT 0 /* jscan's number of the document's object */
+
+/* Where key of object obj (jscan's number) sits: by its object and key, never by its
+ * dotted path, which a key with a dot in it ("a.b") shares with the member b of "a". */
+static size_t member_off(const struct doc *d, size_t obj, const char *key, bool value) {
+  const struct jscan_member *m = jscan_member_of(&d->js, obj, key);
   return m ? (value ? m->val_off : m->key_off) : NOWHERE;
+}
+
+/* The JSON integer at off as the document writes it (json-c saturates one past int64 to
+ * INT64_MAX or INT64_MIN, a number the document never holds); at most cap - 4 bytes of
+ * it, then "...". *in_range: whether it is an int64. */
+static const char *int_literal(const struct doc *d, size_t off, char *buf, size_t cap, bool *in_range) {
+  size_t n = 0;
+  *in_range = true;
+  if (off == NOWHERE || cap < 8) return NULL;
+  while (off + n < d->len && strchr("-0123456789", d->text[off + n]) && d->text[off + n]) n++;
+  if (n == 0) return NULL;
+  if (n < cap - 4) {
+    memcpy(buf, d->text + off, n);
+    buf[n] = '\0';
+    errno = 0;
+    (void)strtoll(buf, NULL, 10);
+    *in_range = errno != ERANGE;
+  } else {
+    snprintf(buf, cap, "%.*s...", (int)(cap - 4), d->text + off);
+    *in_range = false;
+  }
+  return buf;
 }
 
 /* Every repeated key is an error: json-c would keep the last one silently. */
@@ -182,32 +210,58 @@ static void check_duplicates(struct doc *d) {
   }
 }
 
-/* Take the hixl keys of obj (the document, or its kv_connector_extra_config). */
-static void take_members(struct doc *d, json_object *obj, const char *prefix, HixlConfig *c, bool *given) {
+/* An unknown key with a dot in it is one name, not a path: " (a key is one name, not a
+ * path: ...)", naming the member the path names when the document has one (json-c sees
+ * "a.b": 1 and "a": {"b": 2} as two members; neither takes the other's place). */
+static const char *dotted_note(const struct doc *d, const struct jscan_member *m, char *buf, size_t cap) {
+  buf[0] = '\0';
+  if (!m || !strchr(m->key, '.')) return buf;
+  for (size_t k = 0; k < d->js.n; k++) {
+    const struct jscan_member *o = &d->js.m[k];
+    if (o != m && o->obj != m->obj && strcmp(o->path, m->path) == 0) {
+      unsigned l, c;
+      jscan_line_col(d->text, d->len, o->key_off, &l, &c);
+      snprintf(buf, cap, " (a key is one name, not a path: the member this path names is at %u:%u)", l, c);
+      return buf;
+    }
+  }
+  snprintf(buf, cap, " (a key is one name, not a dotted path)");
+  return buf;
+}
+
+/* Take the hixl keys of obj, jscan's object number obj_no (the document, or its
+ * kv_connector_extra_config). */
+static void take_members(struct doc *d, json_object *obj, size_t obj_no, const char *prefix, HixlConfig *c,
+                         bool *given) {
   json_object_object_foreach(obj, key, val) {
-    char path[160];
-    snprintf(path, sizeof(path), "%s%s", prefix, key);
-    size_t idx;
+    const struct jscan_member *m = jscan_member_of(&d->js, obj_no, key);
+    char pbuf[sizeof(((HixlConfigError *)0)->path)];
+    const char *path = m ? m->path : pbuf; /* pbuf: never, unless jscan and json-c disagree */
+    snprintf(pbuf, sizeof(pbuf), "%s%s", prefix, key);
+    size_t idx, key_at = m ? m->key_off : NOWHERE, val_at = m ? m->val_off : NOWHERE;
     const struct row *r = cfg_row_find(key, &idx);
     if (!r) {
       const char *near = nearest(key, false);
+      char note[128];
+      dotted_note(d, m, note, sizeof(note));
       if (near)
-        add_err(d->er, member_off(d, path, false), path, "unknown key \"%s\"; did you mean \"%s\"?", key,
-                near);
+        add_err(d->er, key_at, path, "unknown key \"%s\"; did you mean \"%s\"?%s", key, near, note);
       else
-        add_err(d->er, member_off(d, path, false), path,
-                "unknown key \"%s\" (`hixl-config reference` lists the keys)", key);
+        add_err(d->er, key_at, path, "unknown key \"%s\" (`hixl-config reference` lists the keys)%s", key,
+                note);
       continue;
     }
-    char buf[32], why[320];
-    const char *text = value_text(r, val, buf, sizeof(buf), why, sizeof(why));
+    char buf[32], lit[48], why[320];
+    bool in_range = true;
+    const char *l = int_literal(d, val_at, lit, sizeof(lit), &in_range);
+    const char *text = value_text(r, val, l, in_range, buf, sizeof(buf), why, sizeof(why));
     struct val v = {0};
     if (!text || !cfg_take_text(r, text, &v, why, sizeof(why))) {
-      add_err(d->er, member_off(d, path, true), path, "%s", why);
+      add_err(d->er, val_at, path, "%s", why);
       continue;
     }
     v.src = HIXL_CONFIG_FROM_DOCUMENT;
-    jscan_line_col(d->text, d->len, member_off(d, path, true), &v.line, &v.col);
+    jscan_line_col(d->text, d->len, val_at, &v.line, &v.col);
     free(c->v[idx].text);
     c->v[idx] = v;
     given[idx] = true;
@@ -220,7 +274,7 @@ static void take_vllm_alias(struct doc *d, json_object *root, const char *vkey, 
                             const char *const map[][2], size_t nmap, HixlConfig *c, bool *given) {
   json_object *o;
   if (!json_object_object_get_ex(root, vkey, &o)) return;
-  size_t off = member_off(d, vkey, true), idx = 0;
+  size_t off = member_off(d, ROOT, vkey, true), idx = 0;
   const struct row *r = cfg_row_find(hkey, &idx);
   if (!json_object_is_type(o, json_type_string)) {
     add_err(d->er, off, vkey, "expected a string, got %s", json_type_word(o));
@@ -260,25 +314,29 @@ static void take_vllm(struct doc *d, json_object *root, HixlConfig *c, bool *giv
     (void)val;
     if (cfg_in_list(key, vllm_keys, N_VLLM_KEYS)) continue;
     const char *near = nearest(key, true);
+    const struct jscan_member *m = jscan_member_of(&d->js, ROOT, key);
+    size_t at = m ? m->key_off : NOWHERE;
+    char note[128];
+    dotted_note(d, m, note, sizeof(note));
     if (cfg_row_find(key, NULL))
-      add_err(d->er, member_off(d, key, false), key,
+      add_err(d->er, at, key,
               "\"%s\" is a hixl key: in a vLLM --kv-transfer-config document it goes inside %s", key, EXTRA);
     else if (near)
-      add_err(d->er, member_off(d, key, false), key,
-              "unknown key \"%s\" of vLLM's --kv-transfer-config; did you mean \"%s\"?", key, near);
+      add_err(d->er, at, key, "unknown key \"%s\" of vLLM's --kv-transfer-config; did you mean \"%s\"?%s",
+              key, near, note);
     else
-      add_err(d->er, member_off(d, key, false), key, "unknown key \"%s\" of vLLM's --kv-transfer-config",
-              key);
+      add_err(d->er, at, key, "unknown key \"%s\" of vLLM's --kv-transfer-config%s", key, note);
   }
   json_object *o;
   if (json_object_object_get_ex(root, "kv_connector", &o) && !json_object_is_type(o, json_type_string))
-    add_err(d->er, member_off(d, "kv_connector", true), "kv_connector", "expected a string, got %s",
+    add_err(d->er, member_off(d, ROOT, "kv_connector", true), "kv_connector", "expected a string, got %s",
             json_type_word(o));
   if (json_object_object_get_ex(root, EXTRA, &o)) {
+    const struct jscan_member *m = jscan_member_of(&d->js, ROOT, EXTRA);
     if (json_object_is_type(o, json_type_object))
-      take_members(d, o, EXTRA ".", c, given);
+      take_members(d, o, m ? m->child : NOWHERE, EXTRA ".", c, given);
     else if (!json_object_is_type(o, json_type_null))
-      add_err(d->er, member_off(d, EXTRA, true), EXTRA, "expected an object of hixl keys, got %s",
+      add_err(d->er, m ? m->val_off : NOWHERE, EXTRA, "expected an object of hixl keys, got %s",
               json_type_word(o));
   }
   static const char *const roles[][2] = {
@@ -459,7 +517,7 @@ HixlStatus HixlConfigParse(const char *text, size_t len, HixlConfig **config, Hi
   if (c->vllm)
     take_vllm(&d, root, c, given);
   else
-    take_members(&d, root, "", c, given);
+    take_members(&d, root, ROOT, "", c, given);
   /* Then the environment, then the default. */
   for (size_t i = 0; i < cfg_n_rows; i++) {
     if (given[i]) continue;

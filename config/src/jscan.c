@@ -97,6 +97,8 @@ static char *scan_string(struct scan *sc) {
           hex4(sc->s + i + 2, sc->len - i - 2, &lo) == 0 && lo >= 0xDC00 && lo < 0xE000) {
         cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
         i += 6;
+      } else if (cp >= 0xD800 && cp < 0xE000) {
+        cp = 0xFFFD; /* a lone surrogate: json-c writes the replacement character */
       }
       /* 6 bytes of escape never become more than 4 of UTF-8: d is big enough */
       p += put_utf8(p, cp);
@@ -120,7 +122,8 @@ static char *join(const char *prefix, const char *key, long index) {
   return p;
 }
 
-static int add_member(struct scan *sc, char *path, size_t key_off, size_t val_off, size_t first, size_t obj) {
+static int add_member(struct scan *sc, char *path, size_t key_len, size_t key_off, size_t val_off,
+                      size_t first, size_t obj) {
   struct jscan *o = sc->out;
   if (o->n == sc->max_members) return -2;
   if (o->n == sc->cap) {
@@ -130,7 +133,9 @@ static int add_member(struct scan *sc, char *path, size_t key_off, size_t val_of
     o->m = m;
     sc->cap = cap;
   }
-  o->m[o->n++] = (struct jscan_member){path, key_off, val_off, first, obj};
+  size_t child = sc->i < sc->len && sc->s[sc->i] == '{' ? sc->objs : (size_t)-1; /* numbered next */
+  o->m[o->n++] =
+      (struct jscan_member){path, path + strlen(path) - key_len, key_off, val_off, first, obj, child};
   return 0;
 }
 
@@ -167,6 +172,7 @@ static void scan_value(struct scan *sc, const char *path, int depth) {
       if (sc->i < sc->len && sc->s[sc->i] == ':') sc->i++;
       skip_ws(sc);
       char *p = join(path, key, 0);
+      size_t key_len = strlen(key);
       free(key);
       if (!p) {
         sc->oom = 1;
@@ -179,7 +185,7 @@ static void scan_value(struct scan *sc, const char *path, int depth) {
           first = k;
           break;
         }
-      int rc = add_member(sc, p, key_off, sc->i, first, obj);
+      int rc = add_member(sc, p, key_len, key_off, sc->i, first, obj);
       if (rc != 0) {
         free(p);
         sc->oom = rc == -2 ? 2 : 1;
@@ -232,9 +238,9 @@ int jscan_run(const char *text, size_t len, int max_depth, size_t max_members, s
   return 0;
 }
 
-const struct jscan_member *jscan_find(const struct jscan *js, const char *path) {
+const struct jscan_member *jscan_member_of(const struct jscan *js, size_t obj, const char *key) {
   for (size_t k = js->n; k-- > 0;)
-    if (strcmp(js->m[k].path, path) == 0) return &js->m[k];
+    if (js->m[k].obj == obj && strcmp(js->m[k].key, key) == 0) return &js->m[k];
   return NULL;
 }
 

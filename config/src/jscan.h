@@ -2,18 +2,21 @@
  *
  * json-c parses the values but keeps no positions and keeps the last of two equal
  * keys silently; jscan walks the same text (which json-c has already accepted) and
- * records, for every member of every object, its dotted path and the byte offsets
- * of its key and its value. */
+ * records, for every member of every object, its key, its dotted path and the byte
+ * offsets of its key and its value. A member is found by its object and its key, never
+ * by its path: a key may hold a dot ("a.b"), so two members can share one path. */
 #ifndef HIXL_JSCAN_H
 #define HIXL_JSCAN_H
 #include <stddef.h>
 
 struct jscan_member {
-  char *path;     /* "a.b", "a[2].c" */
-  size_t key_off; /* the key's opening quote */
-  size_t val_off; /* the value's first byte */
-  size_t first;   /* a repeated key: index of the member it repeats, else (size_t)-1 */
-  size_t obj;     /* which object it belongs to (objects are numbered as met) */
+  char *path;      /* "a.b", "a[2].c": for messages; not unique (a key may hold a dot) */
+  const char *key; /* the key as json-c decodes it (a lone surrogate escape is U+FFFD): in path */
+  size_t key_off;  /* the key's opening quote */
+  size_t val_off;  /* the value's first byte */
+  size_t first;    /* a repeated key: index of the member it repeats, else (size_t)-1 */
+  size_t obj;      /* which object it belongs to (objects are numbered as met; the root is 0) */
+  size_t child;    /* the object its value is, else (size_t)-1 */
 };
 
 struct jscan {
@@ -25,8 +28,8 @@ struct jscan {
  * search for a repeated key, linear per member, bounded); 0, -1 when out of memory, -2
  * when the text has more members. */
 int jscan_run(const char *text, size_t len, int max_depth, size_t max_members, struct jscan *out);
-/* The last member with this path, or NULL. */
-const struct jscan_member *jscan_find(const struct jscan *js, const char *path);
+/* The last member of object obj with this key (the one whose value json-c keeps), or NULL. */
+const struct jscan_member *jscan_member_of(const struct jscan *js, size_t obj, const char *key);
 void jscan_free(struct jscan *js);
 /* 1-based line and column (in bytes) of a byte offset. */
 void jscan_line_col(const char *text, size_t len, size_t off, unsigned *line, unsigned *col);

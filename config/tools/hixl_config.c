@@ -8,8 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "hixl/hixl_config.h"
+#include "util/auth.h" /* core's key-file reader: the tool links libhixl statically */
 
 #define MAX_ERRORS 256
 
@@ -53,9 +55,10 @@ static void print_errors(const char *path, const HixlConfigError *e, size_t n) {
 
 /* The AuthKeyFile a valid document names, as Initialize will find it on this host: a
  * note when there is none (the engine accepts anyone) or the file is not here (it may
- * be on the host that runs it); an error (-1) when Initialize would refuse it: not a
- * regular file, group or others may access it, or StagingUnregistered is on without
- * a key. */
+ * be on the host that runs it); an error (-1) when Initialize would refuse it, with
+ * Initialize's reason: the file is read by auth_open, as HixlEngineInitialize reads it
+ * (its kind, its mode, its size and the keys in it), or StagingUnregistered is on
+ * without a key. A file this user may not read is judged by its kind and mode alone. */
 static int key_check(const char *path, const HixlConfig *c) {
   const char *key = NULL, *unreg = NULL;
   struct stat st;
@@ -80,14 +83,30 @@ static int key_check(const char *path, const HixlConfig *c) {
            key, strerror(errno));
     return 0;
   }
-  if (!S_ISREG(st.st_mode)) {
-    fprintf(stderr, "%s: AuthKeyFile %s is not a regular file: Initialize refuses it\n", path, key);
-    return -1;
+  if (access(key, R_OK) != 0 && errno == EACCES) { /* the engine's user may read it: kind and mode only */
+    if (!S_ISREG(st.st_mode)) {
+      fprintf(stderr, "%s: AuthKeyFile %s is not a regular file: Initialize refuses it\n", path, key);
+      return -1;
+    }
+    if (st.st_mode & 077) {
+      fprintf(
+          stderr,
+          "%s: AuthKeyFile %s is mode %04o, open to group or others: Initialize refuses it; chmod 600 it\n",
+          path, key, (unsigned)(st.st_mode & 07777));
+      return -1;
+    }
+    printf(
+        "%s: note: AuthKeyFile %s: this user cannot read it (%s): its keys are not checked (Initialize reads "
+        "it as the engine's user)\n",
+        path, key, strerror(EACCES));
+    return 0;
   }
-  if (st.st_mode & 077) {
-    fprintf(stderr,
-            "%s: AuthKeyFile %s is mode %04o, open to group or others: Initialize refuses it; chmod 600 it\n",
-            path, key, (unsigned)(st.st_mode & 07777));
+  struct auth a;
+  auth_init(&a);
+  HixlStatus st_open = auth_open(&a, key);
+  auth_destroy(&a); /* wipes the keys read */
+  if (st_open != HIXL_SUCCESS) {
+    fprintf(stderr, "%s: HixlEngineInitialize would fail: %s\n", path, HixlGetLastErrorMessage());
     return -1;
   }
   return 0;
