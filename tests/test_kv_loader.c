@@ -19,6 +19,7 @@
 #include "engine/engine_ext.h"
 #include "hixl/hixl_cache.h"
 #include "hixl/hixl_kv_connector.h"
+#include "kv_hung.h"
 #include "kv_int.h"
 #include "test_util.h"
 
@@ -207,18 +208,6 @@ static void load_one(struct inst *d, const char *id, const char *params, uint64_
   ST_IS(ops->update_state_after_alloc(d->sched, &r, &db, 1, (uint64_t)tokens), HIXL_KV_SUCCESS);
 }
 
-/* H's KV service: a producer that answers each PIN "not yet" after 1.5 s (a GC pause, a
- * stopped process: the delay is the peer's behaviour under test, not a wait for an event). */
-static HixlStatus slow_kv(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
-                          size_t cap, size_t *resp_len) {
-  (void)ctx, (void)peer, (void)req, (void)len, (void)cap;
-  struct timespec ts = {1, 500000000};
-  nanosleep(&ts, NULL);
-  resp[0] = KV_PIN_NOT_YET;
-  *resp_len = 1;
-  return HIXL_SUCCESS;
-}
-
 /* A producer H that answers every PIN late (1.5 s, "not yet"), with four loads
  * of the consumer pulling from it, beside a healthy producer P (leases of 600 ms): P's
  * L1, held, waits behind P's L0 (one loader thread a producer), which P never binds, so
@@ -233,14 +222,9 @@ static void test_hung_producer_delays_no_renewal(void) {
                          "\"transfer_timeout_ms\": 4000, \"connect_timeout_ms\": 5000",
                          0xEE);
   CU_ASSERT_FATAL(up);
-  char haddr[TU_ADDR_LEN], waddr[64], params[512];
-  uint64_t cluster = 0;
-  HixlCacheManager *hm = NULL;
-  tu_addr(haddr, sizeof(haddr), tu_free_port());
-  HixlEngine *h = tu_engine_start_with(haddr, "tcp");
-  CU_ASSERT_FATAL(h && kv_worker_address(haddr, 0, waddr, sizeof(waddr), &cluster) == HIXL_KV_SUCCESS);
-  TU_ASSERT_OK_FATAL(HixlCacheManagerCreate(h, cluster, &hm)); /* the consumer links to it */
-  TU_ASSERT_OK_FATAL(hixl_engine_set_service(h, HIXL_SERVICE_KV, slow_kv, NULL));
+  char params[512];
+  struct hung_peer h;
+  CU_ASSERT_FATAL(hung_peer_up(&h));
   char *l1 = finish_one(&p, "L1", 1);
   step(&p);                           /* L1 held */
   char *l0 = finish_one(&p, "L0", 2); /* never bound: its PINs answer "not yet" */
@@ -252,7 +236,7 @@ static void test_hung_producer_delays_no_renewal(void) {
              "{\"do_remote_prefill\": true, \"remote_engine\": \"%s\", \"remote_request_id\": \"%s\", "
              "\"remote_block_ids\": [1], \"remote_num_tokens\": %d, \"tp_size\": 1, "
              "\"cap\": \"00112233445566778899aabbccddeeff\"}",
-             haddr, id, BLOCK_TOKENS);
+             h.addr, id, BLOCK_TOKENS);
     load_one(&d, id, params, (uint64_t)(4 + i));
   }
   load_one(&d, "L0", l0, 2);
@@ -281,8 +265,7 @@ static void test_hung_producer_delays_no_renewal(void) {
   free(l0);
   inst_down(&d);
   inst_down(&p);
-  HixlCacheManagerDestroy(hm);
-  HixlEngineDestroy(h);
+  hung_peer_down(&h);
 }
 
 int main(void) {

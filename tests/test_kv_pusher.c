@@ -14,6 +14,7 @@
 #include "engine/engine_ext.h"
 #include "hixl/hixl_cache.h"
 #include "hixl/hixl_kv_connector.h"
+#include "kv_hung.h"
 #include "kv_int.h"
 #include "test_util.h"
 
@@ -173,19 +174,6 @@ down:
   inst_down(&d);
 }
 
-/* H's KV service: a consumer that answers each ACCEPT "not yet" after 1.5 s (a GC
- * pause, a stopped process: the delay is the peer's behaviour under test, not a wait
- * for an event). */
-static HixlStatus slow_kv(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
-                          size_t cap, size_t *resp_len) {
-  (void)ctx, (void)peer, (void)req, (void)len, (void)cap;
-  struct timespec ts = {1, 500000000};
-  nanosleep(&ts, NULL);
-  resp[0] = KV_PIN_NOT_YET;
-  *resp_len = 1;
-  return HIXL_SUCCESS;
-}
-
 /* One step of the producer pushes two requests to a consumer H that never accepts (each
  * answer 1.5 s late, the producer's transfer_timeout_ms 2000) and, after them, one to a
  * healthy consumer D whose expected push lives 600 ms: D's part goes through its layers
@@ -201,14 +189,9 @@ static void test_hung_consumer_delays_no_other_push(void) {
                          "\"connect_timeout_ms\": 3000, \"notify_timeout_ms\": 1000",
                          0x11);
   CU_ASSERT_FATAL(up);
-  char haddr[TU_ADDR_LEN], waddr[64], hparams[512];
-  uint64_t cluster = 0;
-  HixlCacheManager *hm = NULL;
-  tu_addr(haddr, sizeof(haddr), tu_free_port());
-  HixlEngine *h = tu_engine_start_with(haddr, "tcp");
-  CU_ASSERT_FATAL(h && kv_worker_address(haddr, 0, waddr, sizeof(waddr), &cluster) == HIXL_KV_SUCCESS);
-  TU_ASSERT_OK_FATAL(HixlCacheManagerCreate(h, cluster, &hm)); /* the producer links to it */
-  TU_ASSERT_OK_FATAL(hixl_engine_set_service(h, HIXL_SERVICE_KV, slow_kv, NULL));
+  char hparams[512];
+  struct hung_peer h;
+  CU_ASSERT_FATAL(hung_peer_up(&h));
   fill_blocks(&d, db, &p, pb, 500);
   char *dparams = expect_push(&d, "D", db);
   CU_ASSERT_PTR_NOT_NULL_FATAL(dparams);
@@ -216,7 +199,7 @@ static void test_hung_consumer_delays_no_other_push(void) {
     snprintf(hparams, sizeof(hparams),
              "{\"do_remote_decode\": true, \"remote_engine\": \"%s\", \"remote_request_id\": \"H%d\", "
              "\"remote_block_ids\": [1, 2], \"tp_size\": 1, \"cap\": \"00112233445566778899aabbccddeeff\"}",
-             haddr, i);
+             h.addr, i);
     produce(&p, i ? "H1" : "H0", hparams, hb[i]);
   }
   produce(&p, "D", dparams, pb);
@@ -259,8 +242,7 @@ static void test_hung_consumer_delays_no_other_push(void) {
   free(dparams);
   inst_down(&p);
   inst_down(&d);
-  HixlCacheManagerDestroy(hm);
-  HixlEngineDestroy(h);
+  hung_peer_down(&h);
 }
 
 int main(void) {
