@@ -20,6 +20,7 @@
 
 #include "devmem/devmem.h"
 #include "util/be.h"
+#include "util/log.h"
 
 HixlStatus devmem_ipc_valid(const struct devmem_ipc *h, char *why, size_t cap) {
   if (!h) {
@@ -159,6 +160,11 @@ static bool cu_load(char *why, size_t cap) {
   cu.batch = (CUresult(*)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, CUmemcpyAttributes *, size_t *,
                           size_t, CUstream))dlsym(h, "cuMemcpyBatchAsync_v2");
   const char *k = getenv("HIXL_DEVMEM_COPY_KERNEL");
+  if (k && strcmp(k, "0") != 0 && strcmp(k, "1") != 0) { /* "off" or a typo: on, said, not silently */
+    char esc[64];
+    log_escape(esc, sizeof(esc), k, strlen(k));
+    log_error("HIXL_DEVMEM_COPY_KERNEL=\"%s\" is neither 0 nor 1: the copy kernel stays on", esc);
+  }
   if (!k || strcmp(k, "0") != 0) {
     cu.module_load = (CUresult(*)(CUmodule *, const void *))dlsym(h, "cuModuleLoadData");
     cu.module_fn = (CUresult(*)(CUfunction *, CUmodule, const char *))dlsym(h, "cuModuleGetFunction");
