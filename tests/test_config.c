@@ -342,14 +342,15 @@ static void test_unknown_key_places(void) {
   char key[201], doc[512], path[128];
   memset(key, 'k', 200);
   key[200] = '\0';
-  memcpy(path, key, sizeof(path) - 1); /* the error's path is cut to its field */
-  path[sizeof(path) - 1] = '\0';
+  memcpy(path, key, sizeof(path) - 4); /* the error's path is cut to its field, with "..." */
+  memcpy(path + sizeof(path) - 4, "...", 4);
   snprintf(doc, sizeof(doc), "{\"role\": \"producer\",\n \"%s\": 1}", key);
   ONE_ERROR(doc, 2, 2, path, "unknown key \"kkkk");
   snprintf(doc, sizeof(doc), "{\"kv_connector\": \"x\",\n \"kv_connector_extra_config\": {\"%.140s\": 1}}",
            key);
-  memcpy(path + 26, key, sizeof(path) - 27);
   memcpy(path, "kv_connector_extra_config.", 26);
+  memcpy(path + 26, key, sizeof(path) - 30);
+  memcpy(path + sizeof(path) - 4, "...", 4);
   ONE_ERROR(doc, 2, 32, path, "unknown key \"kkkk");
   /* Each lone or paired surrogate escape, decoded as json-c decodes it. */
   static const char *const keys[] = {
@@ -406,6 +407,135 @@ static void test_dotted_keys(void) {
   /* Alone, a dotted key is said to be one name too. */
   ONE_ERROR("{\"kv_connector\": \"x\", \"kv_connector_extra_config.role\": \"producer\"}", 1, 23,
             "kv_connector_extra_config.role", "(a key is one name, not a dotted path)");
+}
+
+/* ---- document text in messages ---- */
+
+/* The one error of text (NUL-terminated) is exactly on path, saying msg. */
+static void exact_error(const char *text, const char *path, const char *msg) {
+  HixlConfig *c = (HixlConfig *)1;
+  CU_ASSERT_EQUAL(parse(text, &c), HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_NULL(c);
+  CU_ASSERT_EQUAL(nerr, 1);
+  CU_ASSERT_STRING_EQUAL(errs[0].path, path);
+  CU_ASSERT_STRING_EQUAL(errs[0].message, msg);
+  if (nerr != 1 || strcmp(errs[0].path, path) != 0 || strcmp(errs[0].message, msg) != 0)
+    fprintf(stderr,
+            "  %zu errors; the first: path \"%s\", message \"%s\"\n  wanted: path \"%s\", message \"%s\"\n",
+            nerr, errs[0].path, errs[0].message, path, msg);
+}
+
+/* No error of the last parse holds a byte below 0x20 or DEL, in its path or message. */
+static void no_control_bytes(void) {
+  for (size_t i = 0; i < nerr && i < MAXE; i++)
+    for (const char *p = errs[i].path; *p; p++) CU_ASSERT(*p >= 0x20 && *p != 0x7f);
+  for (size_t i = 0; i < nerr && i < MAXE; i++)
+    for (const char *p = errs[i].message; *p; p++) CU_ASSERT(*p >= 0x20 && *p != 0x7f);
+}
+
+/* A key or value the document writes is quoted escaped: a newline in it (an escape that
+ * json-c decodes) came out raw, in hixl-config check's output and in the message the
+ * plugin hands the host's log, where it forged a line. */
+static void test_quoted_escaped(void) {
+  exact_error("{\"role\": \"producer\",\n \"a\\nb: forged\": 1}", "a\\nb: forged",
+              "unknown key \"a\\nb: forged\" (`hixl-config reference` lists the keys)");
+  exact_error("{\"rol\\te\": \"both\"}", "rol\\te", "unknown key \"rol\\te\"; did you mean \"role\"?");
+  exact_error("{\"mode\": \"pu\\u001bll\\r\\t\"}", "mode", "\"pu\\x1bll\\r\\t\" is not one of: pull | push");
+  /* a quote or a backslash cannot end the quote or fake an escape; DEL, a C1 control and
+   * the line separators are escaped too */
+  exact_error("{\"role\": \"a\\\"b\\\\n\\u007f\\u0085\\u2028\\u2029\\u00e9\"}", "role",
+              "\"a\\\"b\\\\n\\x7f\\u0085\\u2028\\u2029\xc3\xa9\" is not one of: producer | consumer | both");
+  exact_error("{\"Transport\": \"tcp\\n\"}", "Transport",
+              "\"tcp\\n\" is not valid: expected auto | tcp | rdma | shm");
+  exact_error("{\"address\": \"1\\n2:3\"}", "address", "\"1\\n2\" is not an IPv4 address");
+  exact_error("{\"address\": \"127.0.0.1:8\\n\"}", "address", "port \"8\\n\" is not in [0,65535]");
+  exact_error("{\"address\": \":1\\n\"}", "address", "\":1\\n\" is not \"ip\" or \"ip:port\"");
+  /* vLLM's shape: its own keys and values, and the path of a hixl key inside */
+  exact_error("{\"kv_connector\": \"H\", \"kv_role\": \"kv_both\\n\"}", "kv_role",
+              "\"kv_both\\n\" is not one of: kv_producer | kv_consumer | kv_both");
+  exact_error("{\"kv_connector\": \"H\", \"x\\u2028y\": 1}", "x\\u2028y",
+              "unknown key \"x\\u2028y\" of vLLM's --kv-transfer-config");
+  exact_error("{\"kv_connector\": \"H\", \"kv_connector_extra_config\": {\"mode\\n\": \"pull\"}}",
+              "kv_connector_extra_config.mode\\n", "unknown key \"mode\\n\"; did you mean \"mode\"?");
+  /* a repeated key (unknown too: two errors at its place): its path */
+  HixlConfig *c = NULL;
+  CU_ASSERT_EQUAL(parse("{\"a\\nb\": 1, \"a\\nb\": 2}", &c), HIXL_PARAM_INVALID);
+  CU_ASSERT_EQUAL_FATAL(nerr, 2);
+  CU_ASSERT_STRING_EQUAL(errs[0].path, "a\\nb");
+  CU_ASSERT_STRING_EQUAL(errs[1].path, "a\\nb");
+  size_t dup = strncmp(errs[0].message, "duplicate", 9) == 0 ? 0 : 1;
+  CU_ASSERT_STRING_EQUAL(errs[dup].message, "duplicate key (first at 1:2); each key may appear once");
+  CU_ASSERT_STRING_EQUAL(errs[1 - dup].message,
+                         "unknown key \"a\\nb\" (`hixl-config reference` lists the keys)");
+  no_control_bytes();
+  /* a file's name, in the message that it cannot be opened */
+  CU_ASSERT_EQUAL(HixlConfigParseFile("/nonexistent/a\nb.json", &c, errs, MAXE, &nerr), HIXL_FAILED);
+  CU_ASSERT_STRING_EQUAL(errs[0].message, "cannot open /nonexistent/a\\nb.json: No such file or directory");
+  /* the environment: a value of any bytes, UTF-8 or not */
+  setenv("HCCL_RDMA_TC", "1\n2\xff", 1);
+  exact_error("{}", "RdmaTrafficClass",
+              "environment HCCL_RDMA_TC=\"1\\n2\\xff\": \"1\\n2\\xff\" is not valid: expected [0,255], a "
+              "multiple of 4");
+  unsetenv("HCCL_RDMA_TC");
+}
+
+/* A long key or value is quoted cut, its first 64 bytes and "...", so what is wrong and
+ * what is allowed still fit in the message: a bad value of 1,000 bytes was quoted whole,
+ * and the allowed values were cut off. */
+static void test_quoted_cut(void) {
+  char v[1001], doc[2048], want[384], q[128];
+  memset(v, 'v', 1000);
+  v[1000] = '\0';
+  snprintf(q, sizeof(q), "\"%.64s...\"", v);
+  snprintf(doc, sizeof(doc), "{\"mode\": \"%s\"}", v);
+  snprintf(want, sizeof(want), "%s is not one of: pull | push", q);
+  exact_error(doc, "mode", want);
+  snprintf(doc, sizeof(doc), "{\"Transport\": \"%s\"}", v);
+  snprintf(want, sizeof(want), "%s is not valid: expected auto | tcp | rdma | shm", q);
+  exact_error(doc, "Transport", want);
+  snprintf(doc, sizeof(doc), "{\"kv_connector\": \"H\", \"kv_role\": \"%s\"}", v);
+  snprintf(want, sizeof(want), "%s is not one of: kv_producer | kv_consumer | kv_both", q);
+  exact_error(doc, "kv_role", want);
+  snprintf(doc, sizeof(doc), "{\"address\": \"%s\"}", v);
+  snprintf(want, sizeof(want), "%s is not \"ip\" or \"ip:port\"", q);
+  exact_error(doc, "address", want);
+  snprintf(doc, sizeof(doc), "{\"address\": \"127.0.0.1:%s\"}", v);
+  snprintf(want, sizeof(want), "port %s is not in [0,65535]", q);
+  exact_error(doc, "address", want);
+  /* a key: in the message at 64 bytes, in the path at its field */
+  char path[128];
+  snprintf(doc, sizeof(doc), "{\"%.300s\": 1}", v);
+  snprintf(want, sizeof(want), "unknown key %s (`hixl-config reference` lists the keys)", q);
+  snprintf(path, sizeof(path), "%.124s...", v);
+  exact_error(doc, path, want);
+  /* 64 bytes are quoted whole */
+  snprintf(doc, sizeof(doc), "{\"mode\": \"%.64s\"}", v);
+  snprintf(want, sizeof(want), "\"%.64s\" is not one of: pull | push", v);
+  exact_error(doc, "mode", want);
+  /* 64 bytes of escaped text at most: escapes count, and none is split, nor a character */
+  snprintf(doc, sizeof(doc), "{\"mode\": \"");
+  for (int i = 0; i < 100; i++) strcat(doc, "\\u0001");
+  strcat(doc, "\"}");
+  exact_error(
+      doc, "mode",
+      "\"\\x01\\x01\\x01\\x01\\x01\\x01\\x01\\x01\\x01\\x01\\x01\\x01\\x01\\x01\\x01\\x01...\" is not "
+      "one of: pull | push");
+  snprintf(doc, sizeof(doc), "{\"mode\": \"%.63s\\nx\"}", v);
+  snprintf(want, sizeof(want), "\"%.63s...\" is not one of: pull | push", v);
+  exact_error(doc, "mode", want);
+  snprintf(doc, sizeof(doc), "{\"mode\": \"%.63s\\u00e9\"}", v);
+  exact_error(doc, "mode", want);
+  /* the environment's value, quoted twice, leaves what is allowed in the message */
+  char e[1001];
+  memset(e, '9', 1000);
+  e[1000] = '\0';
+  setenv("HCCL_RDMA_TC", e, 1);
+  snprintf(
+      want, sizeof(want),
+      "environment HCCL_RDMA_TC=\"%.64s...\": \"%.64s...\" is not valid: expected [0,255], a multiple of 4",
+      e, e);
+  exact_error("{}", "RdmaTrafficClass", want);
+  unsetenv("HCCL_RDMA_TC");
 }
 
 /* An integer past int64 is quoted as the document writes it: json-c saturates it to
@@ -713,6 +843,8 @@ int main(void) {
       {"an unknown key's place: however long, whatever its escapes", test_unknown_key_places},
       {"a dotted key is one name: each member keeps its place", test_dotted_keys},
       {"an integer past int64 quoted as written", test_big_integers},
+      {"a key or value in a message: escaped", test_quoted_escaped},
+      {"a long key or value in a message: cut, what is allowed kept", test_quoted_cut},
       {"every error of a document at once", test_all_errors},
       {"arguments", test_args},
       {"vLLM's --kv-transfer-config shape", test_vllm_shape},

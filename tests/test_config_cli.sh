@@ -86,9 +86,30 @@ PY
 HCCL_RDMA_TC=104 "$tool" show "$work/ok.json" | grep -q '^RdmaTrafficClass  *104  *(env HCCL_RDMA_TC)$' || fail "show"
 "$tool" show - <"$work/ok.json" | grep -q '^role  *consumer  *(document 1:10)$' || fail "show from stdin"
 # A value from the environment with a newline is shown escaped: it cannot forge a line.
-HIXL_KV_TRACE_FILE=$'/tmp/t\nrole producer' "$tool" show "$work/ok.json" >"$work/show.txt"
-grep -q '^trace_file  */tmp/t\\x0arole producer  *(env HIXL_KV_TRACE_FILE)$' "$work/show.txt" &&
+HIXL_KV_TRACE_FILE=$'/tmp/t\nrole producer\x85' "$tool" show "$work/ok.json" >"$work/show.txt"
+grep -q '^trace_file  */tmp/t\\nrole producer\\x85  *(env HIXL_KV_TRACE_FILE)$' "$work/show.txt" &&
   ! grep -q '^role producer' "$work/show.txt" || fail "show escapes control bytes"
+
+# A key or value a document holds is quoted escaped, and cut: a newline in it (a JSON
+# escape) cannot forge a line of check's output, nor a long value push out what is allowed.
+printf '{\n "role": "producer",\n "a\\nforged:1:1: role: forged": 1,\n "mode": "x\\u001b[2K\\u0085"}\n' >"$work/nl.json"
+if "$tool" check "$work/nl.json" 2>"$work/err"; then fail "check passed a document with unknown keys"; fi
+[ "$(wc -l <"$work/err")" -eq 2 ] || { cat "$work/err"; fail "a key holding \\n: not one line per error"; }
+grep -qxF "$work/nl.json:3:2: a\\nforged:1:1: role: forged: unknown key \"a\\nforged:1:1: role: forged\" (\`hixl-config reference\` lists the keys)" "$work/err" &&
+  grep -qxF "$work/nl.json:4:10: mode: \"x\\x1b[2K\\u0085\" is not one of: pull | push" "$work/err" ||
+  { cat "$work/err"; fail "a key or value holding control characters: not quoted escaped"; }
+printf '{"mode": "%01000d"}' 0 >"$work/long.json"
+if "$tool" check "$work/long.json" 2>"$work/err"; then fail "check passed a 1000-byte mode"; fi
+grep -qxF "$work/long.json:1:10: mode: \"$(printf '%064d' 0)...\" is not one of: pull | push" "$work/err" ||
+  { cat "$work/err"; fail "a 1000-byte value: not cut, or what is allowed lost"; }
+# A value that is a file's name, in check's notes; a file's name itself.
+printf '{"AuthKeyFile": "/nonexistent/k\\nforged.json: ok"}' >"$work/nlkey.json"
+"$tool" check "$work/nlkey.json" >"$work/out" || fail "a document naming a key file not here"
+[ "$(wc -l <"$work/out")" -eq 2 ] &&
+  grep -qxF "$work/nlkey.json: note: AuthKeyFile /nonexistent/k\\nforged.json: ok: No such file or directory on this host (Initialize needs it where the engine runs)" "$work/out" ||
+  { cat "$work/out"; fail "AuthKeyFile holding \\n: not one line"; }
+if "$tool" check "$work/no"$'\n'"ne.json" 2>"$work/err"; then fail "check passed a missing file"; fi
+[ "$(wc -l <"$work/err")" -eq 1 ] || { cat "$work/err"; fail "a file's name holding a newline: not one line"; }
 
 for form in "" check show reference; do
   # shellcheck disable=SC2086

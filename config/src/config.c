@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "config_int.h"
 
@@ -81,6 +82,76 @@ HixlStatus HixlConfigEngineOptions(const HixlConfig *c, const HixlOption **optio
   return HIXL_SUCCESS;
 }
 
+/* ---- text in messages ---- */
+
+size_t cfg_utf8_len(const unsigned char *s, size_t avail) {
+  unsigned c = avail ? s[0] : 0;
+  size_t n;
+  unsigned lo = 0x80, hi = 0xBF; /* the allowed range of the second byte */
+  if (avail == 0) return 0;
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) lo = 0xA0; /* overlong */
+    if (c == 0xED) hi = 0x9F; /* surrogates */
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) lo = 0x90; /* overlong */
+    if (c == 0xF4) hi = 0x8F; /* past U+10FFFF */
+  } else {
+    return 0; /* 0x80-0xC1 lead bytes, 0xF5-0xFF */
+  }
+  if (n > avail || s[1] < lo || s[1] > hi) return 0;
+  for (size_t k = 2; k < n; k++)
+    if (s[k] < 0x80 || s[k] > 0xBF) return 0;
+  return n;
+}
+
+const char *cfg_escape(char *buf, size_t cap, const char *s) {
+  static const char from[] = "\n\r\t\\\"", to[] = "nrt\\\"";
+  const unsigned char *p = (const unsigned char *)s;
+  size_t len = strlen(s), k = 0;
+  if (cap < 4) {
+    if (cap) buf[0] = '\0';
+    return buf;
+  }
+  for (size_t i = 0, n; i < len; i += n) {
+    char e[8];
+    const char *add = e;
+    size_t w = 0;
+    const char *q;
+    uint32_t cp = 0;
+    n = cfg_utf8_len(p + i, len - i);
+    if (n == 2) cp = (uint32_t)(p[i] & 0x1F) << 6 | (p[i + 1] & 0x3F);
+    if (n == 3) cp = (uint32_t)(p[i] & 0x0F) << 12 | (uint32_t)(p[i + 1] & 0x3F) << 6 | (p[i + 2] & 0x3F);
+    if (n == 0) { /* not UTF-8: the byte alone */
+      n = 1;
+      w = (size_t)snprintf(e, sizeof(e), "\\x%02x", p[i]);
+    } else if (n == 1 && (q = strchr(from, p[i])) != NULL) {
+      e[0] = '\\';
+      e[1] = to[q - from];
+      w = 2;
+    } else if (n == 1 && (p[i] < 0x20 || p[i] == 0x7f)) {
+      w = (size_t)snprintf(e, sizeof(e), "\\x%02x", p[i]);
+    } else if ((cp >= 0x80 && cp <= 0x9f) || cp == 0x2028 || cp == 0x2029) {
+      w = (size_t)snprintf(e, sizeof(e), "\\u%04x", (unsigned)cp);
+    } else {
+      add = s + i;
+      w = n;
+    }
+    if (k + w > cap - 4) {
+      memcpy(buf + k, "...", 4);
+      return buf;
+    }
+    memcpy(buf + k, add, w);
+    k += w;
+  }
+  buf[k] = '\0';
+  return buf;
+}
+
 /* ---- printing ---- */
 
 static void json_str(FILE *out, const char *s) {
@@ -122,16 +193,9 @@ void HixlConfigPrint(const HixlConfig *c, FILE *out, int as_json) {
       json_str(out, from);
       fputs("}", out);
     } else {
-      char shown[4 * 256 + 3]; /* control bytes as \xNN: a value from the environment cannot forge a line */
-      size_t k = 0;
-      for (const char *p = *v->text ? v->text : "\"\""; *p && k + 5 < sizeof(shown); p++) {
-        if ((unsigned char)*p < 0x20 || *p == 0x7f)
-          k += (size_t)snprintf(shown + k, sizeof(shown) - k, "\\x%02x", (unsigned char)*p);
-        else
-          shown[k++] = *p;
-      }
-      shown[k] = '\0';
-      fprintf(out, "%-22s %-24s (%s)\n", r->info.name, shown, from);
+      char shown[4 * 1024 + 4]; /* escaped: a value from the environment cannot forge a line */
+      fprintf(out, "%-22s %-24s (%s)\n", r->info.name,
+              *v->text ? cfg_escape(shown, sizeof(shown), v->text) : "\"\"", from);
     }
   }
   if (as_json) fputs("\n  }\n}\n", out);

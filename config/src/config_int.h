@@ -1,4 +1,5 @@
-/* config_int: shared by config.c, config_table.c, config_parse.c: the key table's rows, a configuration. */
+/* config_int: shared by config.c, config_table.c, config_parse.c (and hixl-config): the key table's rows, a
+ * configuration, the escaping of quoted text. */
 #ifndef HIXL_CONFIG_INT_H
 #define HIXL_CONFIG_INT_H
 
@@ -45,6 +46,21 @@ struct HixlConfig {
   size_t nopts;
   bool vllm;
 };
+
+/* ---- text from a document or the environment, in messages (config.c) ---- */
+
+#define CFG_QUOTE_MAX 64                  /* a key or value quoted in a message: at most this many bytes */
+#define CFG_QUOTE_CAP (CFG_QUOTE_MAX + 4) /* its buffer: room for "..." and the NUL */
+
+/* The length of the well-formed UTF-8 sequence (RFC 3629: no overlong forms, surrogates
+ * or code points past U+10FFFF) at s, of at most avail bytes; 0 when there is none. */
+size_t cfg_utf8_len(const unsigned char *s, size_t avail);
+/* s, escaped into buf (cap >= 4 bytes) to stay one line of plain text in a message, a
+ * terminal or a log whatever it holds: \n, \r, \t, \\ and \"; \xNN for any other control
+ * byte, DEL and a byte that is not UTF-8; \uNNNN for a C1 control and U+2028 / U+2029
+ * (line breaks to some readers). At most cap - 4 bytes of that, never an escape or a
+ * character split, then "..." when s goes on. Returns buf. */
+const char *cfg_escape(char *buf, size_t cap, const char *s);
 
 /* ---- config_table.c's functions, for config.c and config_parse.c ---- */
 

@@ -54,7 +54,7 @@ add_err(struct errs *er, size_t off, const char *path, const char *fmt, ...) {
     if (off != (size_t)-1) jscan_line_col(er->text, er->len, off, &l, &c);
     e->line = l;
     e->column = c;
-    snprintf(e->path, sizeof(e->path), "%s", path ? path : "");
+    cfg_escape(e->path, sizeof(e->path), path ? path : ""); /* a key's text, as messages quote it */
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof(e->message), fmt, ap);
@@ -242,12 +242,13 @@ static void take_members(struct doc *d, json_object *obj, size_t obj_no, const c
     const struct row *r = cfg_row_find(key, &idx);
     if (!r) {
       const char *near = nearest(key, false);
-      char note[128];
+      char note[128], q[CFG_QUOTE_CAP];
       dotted_note(d, m, note, sizeof(note));
+      cfg_escape(q, sizeof(q), key);
       if (near)
-        add_err(d->er, key_at, path, "unknown key \"%s\"; did you mean \"%s\"?%s", key, near, note);
+        add_err(d->er, key_at, path, "unknown key \"%s\"; did you mean \"%s\"?%s", q, near, note);
       else
-        add_err(d->er, key_at, path, "unknown key \"%s\" (`hixl-config reference` lists the keys)%s", key,
+        add_err(d->er, key_at, path, "unknown key \"%s\" (`hixl-config reference` lists the keys)%s", q,
                 note);
       continue;
     }
@@ -287,7 +288,8 @@ static void take_vllm_alias(struct doc *d, json_object *root, const char *vkey, 
     snprintf(allowed + strlen(allowed), sizeof(allowed) - strlen(allowed), "%s%s", i ? " | " : "", map[i][0]);
   }
   if (!mapped) {
-    add_err(d->er, off, vkey, "\"%s\" is not one of: %s", s, allowed);
+    char q[CFG_QUOTE_CAP];
+    add_err(d->er, off, vkey, "\"%s\" is not one of: %s", cfg_escape(q, sizeof(q), s), allowed);
     return;
   }
   if (given[idx]) {
@@ -316,16 +318,17 @@ static void take_vllm(struct doc *d, json_object *root, HixlConfig *c, bool *giv
     const char *near = nearest(key, true);
     const struct jscan_member *m = jscan_member_of(&d->js, ROOT, key);
     size_t at = m ? m->key_off : NOWHERE;
-    char note[128];
+    char note[128], q[CFG_QUOTE_CAP];
     dotted_note(d, m, note, sizeof(note));
+    cfg_escape(q, sizeof(q), key);
     if (cfg_row_find(key, NULL))
       add_err(d->er, at, key,
-              "\"%s\" is a hixl key: in a vLLM --kv-transfer-config document it goes inside %s", key, EXTRA);
+              "\"%s\" is a hixl key: in a vLLM --kv-transfer-config document it goes inside %s", q, EXTRA);
     else if (near)
-      add_err(d->er, at, key, "unknown key \"%s\" of vLLM's --kv-transfer-config; did you mean \"%s\"?%s",
-              key, near, note);
+      add_err(d->er, at, key, "unknown key \"%s\" of vLLM's --kv-transfer-config; did you mean \"%s\"?%s", q,
+              near, note);
     else
-      add_err(d->er, at, key, "unknown key \"%s\" of vLLM's --kv-transfer-config%s", key, note);
+      add_err(d->er, at, key, "unknown key \"%s\" of vLLM's --kv-transfer-config%s", q, note);
   }
   json_object *o;
   if (json_object_object_get_ex(root, "kv_connector", &o) && !json_object_is_type(o, json_type_string))
@@ -356,31 +359,8 @@ static bool is_vllm(json_object *root) {
  * json-c's own check lets overlong forms through. */
 static size_t utf8_invalid(const char *text, size_t len) {
   const unsigned char *s = (const unsigned char *)text;
-  for (size_t i = 0; i < len;) {
-    unsigned c = s[i];
-    size_t n;
-    unsigned lo = 0x80, hi = 0xBF; /* the allowed range of the second byte */
-    if (c < 0x80) {
-      i++;
-      continue;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-      n = 2;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      n = 3;
-      if (c == 0xE0) lo = 0xA0; /* overlong */
-      if (c == 0xED) hi = 0x9F; /* surrogates */
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      n = 4;
-      if (c == 0xF0) lo = 0x90; /* overlong */
-      if (c == 0xF4) hi = 0x8F; /* past U+10FFFF */
-    } else {
-      return i; /* 0x80-0xC1 lead bytes, 0xF5-0xFF */
-    }
-    if (i + n > len || s[i + 1] < lo || s[i + 1] > hi) return i;
-    for (size_t k = 2; k < n; k++)
-      if (s[i + k] < 0x80 || s[i + k] > 0xBF) return i;
-    i += n;
-  }
+  for (size_t i = 0, n; i < len; i += n)
+    if ((n = cfg_utf8_len(s + i, len - i)) == 0) return i;
   return NOWHERE;
 }
 
@@ -525,9 +505,10 @@ HixlStatus HixlConfigParse(const char *text, size_t len, HixlConfig **config, Hi
     char why[320];
     struct val v = {0};
     if (env) {
+      char q[CFG_QUOTE_CAP];
       if (!cfg_take_text(&cfg_rows[i], env, &v, why, sizeof(why)))
-        add_err(&er, NOWHERE, cfg_rows[i].info.name, "environment %s=\"%s\": %s", cfg_rows[i].info.env, env,
-                why);
+        add_err(&er, NOWHERE, cfg_rows[i].info.name, "environment %s=\"%s\": %s", cfg_rows[i].info.env,
+                cfg_escape(q, sizeof(q), env), why);
       v.src = HIXL_CONFIG_FROM_ENV;
     } else if (!cfg_take_text(&cfg_rows[i], cfg_rows[i].info.def, &v, why, sizeof(why))) {
       add_err(&er, NOWHERE, cfg_rows[i].info.name, "the default is invalid: %s",
@@ -559,6 +540,8 @@ HixlStatus HixlConfigParseFile(const char *path, HixlConfig **config, HixlConfig
   if (!config) return HIXL_PARAM_INVALID;
   *config = NULL;
   if (!path) return HIXL_PARAM_INVALID;
+  char shown[256]; /* the path, as messages quote text: cut, so the reason stays */
+  cfg_escape(shown, sizeof(shown), path);
   /* Opened without blocking, and checked to be a regular file before anything is read:
    * fopen of a FIFO waits for a writer forever. */
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -566,11 +549,11 @@ HixlStatus HixlConfigParseFile(const char *path, HixlConfig **config, HixlConfig
   struct stat sb;
   if (fd >= 0 && !f) close(fd);
   if (!f) {
-    add_err(&er, NOWHERE, "", "cannot open %s: %s", path, strerror(errno));
+    add_err(&er, NOWHERE, "", "cannot open %s: %s", shown, strerror(errno));
   } else if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-    add_err(&er, NOWHERE, "", "%s is not a regular file", path);
+    add_err(&er, NOWHERE, "", "%s is not a regular file", shown);
   } else if (sb.st_size > (off_t)HIXL_CONFIG_MAX_BYTES) {
-    add_err(&er, NOWHERE, "", "%s is %lld bytes: at most %u are read", path, (long long)sb.st_size,
+    add_err(&er, NOWHERE, "", "%s is %lld bytes: at most %u are read", shown, (long long)sb.st_size,
             HIXL_CONFIG_MAX_BYTES);
   } else {
     char *buf = malloc(HIXL_CONFIG_MAX_BYTES + 1);
@@ -578,9 +561,9 @@ HixlStatus HixlConfigParseFile(const char *path, HixlConfig **config, HixlConfig
     if (!buf) {
       add_err(&er, NOWHERE, "", "out of memory");
     } else if (ferror(f)) {
-      add_err(&er, NOWHERE, "", "cannot read %s: %s", path, strerror(errno));
+      add_err(&er, NOWHERE, "", "cannot read %s: %s", shown, strerror(errno));
     } else if (n > HIXL_CONFIG_MAX_BYTES) { /* it grew since fstat */
-      add_err(&er, NOWHERE, "", "%s is over %u bytes", path, HIXL_CONFIG_MAX_BYTES);
+      add_err(&er, NOWHERE, "", "%s is over %u bytes", shown, HIXL_CONFIG_MAX_BYTES);
     } else {
       fclose(f);
       HixlStatus st = HixlConfigParse(buf, n, config, errors, max_errors, num_errors);

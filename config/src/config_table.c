@@ -19,18 +19,18 @@
  * remote_engine), so it names one host: not 0.0.0.0, multicast or broadcast. The port
  * is 1 to 5 digits, nothing else (the engine's own parser takes no more). */
 static bool check_address(const char *s, char *why, size_t cap) {
-  char ip[INET_ADDRSTRLEN + 1];
+  char ip[INET_ADDRSTRLEN + 1], q[CFG_QUOTE_CAP];
   const char *colon = strchr(s, ':');
   size_t n = colon ? (size_t)(colon - s) : strlen(s);
   struct in_addr a;
   if (n == 0 || n >= sizeof(ip)) {
-    snprintf(why, cap, "\"%.64s\" is not \"ip\" or \"ip:port\"", s);
+    snprintf(why, cap, "\"%s\" is not \"ip\" or \"ip:port\"", cfg_escape(q, sizeof(q), s));
     return false;
   }
   memcpy(ip, s, n);
   ip[n] = '\0';
   if (inet_pton(AF_INET, ip, &a) != 1) {
-    snprintf(why, cap, "\"%s\" is not an IPv4 address", ip);
+    snprintf(why, cap, "\"%s\" is not an IPv4 address", cfg_escape(q, sizeof(q), ip));
     return false;
   }
   uint32_t h = ntohl(a.s_addr);
@@ -43,7 +43,7 @@ static bool check_address(const char *s, char *why, size_t cap) {
     size_t digits = strspn(colon + 1, "0123456789");
     unsigned long port = digits && digits <= 5 ? strtoul(colon + 1, NULL, 10) : 65536;
     if (colon[1 + digits] || port > 65535) {
-      snprintf(why, cap, "port \"%.16s\" is not in [0,65535]", colon + 1);
+      snprintf(why, cap, "port \"%s\" is not in [0,65535]", cfg_escape(q, sizeof(q), colon + 1));
       return false;
     }
   }
@@ -262,13 +262,14 @@ static bool enum_has(const char *range, const char *s) {
  * On success set v. */
 bool cfg_take_text(const struct row *r, const char *text, struct val *v, char *why, size_t cap) {
   const HixlConfigKeyInfo *k = &r->info;
+  char q[CFG_QUOTE_CAP]; /* text, as a message quotes it */
   switch (k->type) {
   case HIXL_CONFIG_STRING:
     if (r->check && *text && !r->check(text, why, cap)) return false;
     break;
   case HIXL_CONFIG_ENUM:
     if (!enum_has(k->range, text)) {
-      snprintf(why, cap, "\"%s\" is not one of: %s", text, k->range);
+      snprintf(why, cap, "\"%s\" is not one of: %s", cfg_escape(q, sizeof(q), text), k->range);
       return false;
     }
     break;
@@ -277,7 +278,7 @@ bool cfg_take_text(const struct row *r, const char *text, struct val *v, char *w
     errno = 0;
     long long n = strtoll(text, &end, 10);
     if (!*text || *end || errno || *text == ' ' || *text == '+') {
-      snprintf(why, cap, "\"%s\" is not an integer: expected %s", text, k->range);
+      snprintf(why, cap, "\"%s\" is not an integer: expected %s", cfg_escape(q, sizeof(q), text), k->range);
       return false;
     }
     if (n < r->min || n > r->max) {
@@ -289,7 +290,7 @@ bool cfg_take_text(const struct row *r, const char *text, struct val *v, char *w
   }
   case HIXL_CONFIG_BOOL:
     if (strcmp(text, "true") != 0 && strcmp(text, "false") != 0) {
-      snprintf(why, cap, "\"%s\" is not true or false", text);
+      snprintf(why, cap, "\"%s\" is not true or false", cfg_escape(q, sizeof(q), text));
       return false;
     }
     v->num = strcmp(text, "true") == 0;
@@ -303,7 +304,7 @@ bool cfg_take_text(const struct row *r, const char *text, struct val *v, char *w
                  "%ld is not a multiple of 4 (the low 2 bits of the traffic class are ECN): expected %s", n,
                  k->range);
       else
-        snprintf(why, cap, "\"%s\" is not valid: expected %s", text, k->range);
+        snprintf(why, cap, "\"%s\" is not valid: expected %s", cfg_escape(q, sizeof(q), text), k->range);
       return false;
     }
     break;

@@ -10,10 +10,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "config_int.h" /* cfg_escape: the tool links libhixl-config statically */
 #include "hixl/hixl_config.h"
 #include "util/auth.h" /* core's key-file reader: the tool links libhixl statically */
 
 #define MAX_ERRORS 256
+
+/* Text that is not the tool's own (a file name, a value, a message quoting one), as
+ * the library's messages quote it: one line, whatever it holds. */
+#define SHOWN_CAP (4 * 4096 + 4)
+static const char *shown(char *buf, const char *s) { return cfg_escape(buf, SHOWN_CAP, s); }
 
 static int usage(FILE *f, int rc) {
   fputs("usage: hixl-config check FILE...        every error of each file, as FILE:LINE:COL: key: message;\n"
@@ -61,9 +67,11 @@ static void print_errors(const char *path, const HixlConfigError *e, size_t n) {
  * without a key. A file this user may not read is judged by its kind and mode alone. */
 static int key_check(const char *path, const HixlConfig *c) {
   const char *key = NULL, *unreg = NULL;
+  static char kbuf[SHOWN_CAP], mbuf[SHOWN_CAP];
   struct stat st;
   HixlConfigGetString(c, "AuthKeyFile", &key);
   HixlConfigGetString(c, "StagingUnregistered", &unreg);
+  const char *k = key ? shown(kbuf, key) : ""; /* the key file's name, as printed */
   if (!key || !*key) {
     if (unreg && strcmp(unreg, "on") == 0) {
       fprintf(stderr,
@@ -79,26 +87,26 @@ static int key_check(const char *path, const HixlConfig *c) {
     return 0;
   }
   if (stat(key, &st) != 0) {
-    printf("%s: note: AuthKeyFile %s: %s on this host (Initialize needs it where the engine runs)\n", path,
-           key, strerror(errno));
+    printf("%s: note: AuthKeyFile %s: %s on this host (Initialize needs it where the engine runs)\n", path, k,
+           strerror(errno));
     return 0;
   }
   if (access(key, R_OK) != 0 && errno == EACCES) { /* the engine's user may read it: kind and mode only */
     if (!S_ISREG(st.st_mode)) {
-      fprintf(stderr, "%s: AuthKeyFile %s is not a regular file: Initialize refuses it\n", path, key);
+      fprintf(stderr, "%s: AuthKeyFile %s is not a regular file: Initialize refuses it\n", path, k);
       return -1;
     }
     if (st.st_mode & 077) {
       fprintf(
           stderr,
           "%s: AuthKeyFile %s is mode %04o, open to group or others: Initialize refuses it; chmod 600 it\n",
-          path, key, (unsigned)(st.st_mode & 07777));
+          path, k, (unsigned)(st.st_mode & 07777));
       return -1;
     }
     printf(
         "%s: note: AuthKeyFile %s: this user cannot read it (%s): its keys are not checked (Initialize reads "
         "it as the engine's user)\n",
-        path, key, strerror(EACCES));
+        path, k, strerror(EACCES));
     return 0;
   }
   struct auth a;
@@ -106,7 +114,8 @@ static int key_check(const char *path, const HixlConfig *c) {
   HixlStatus st_open = auth_open(&a, key);
   auth_destroy(&a); /* wipes the keys read */
   if (st_open != HIXL_SUCCESS) {
-    fprintf(stderr, "%s: HixlEngineInitialize would fail: %s\n", path, HixlGetLastErrorMessage());
+    fprintf(stderr, "%s: HixlEngineInitialize would fail: %s\n", path, /* it quotes the file's name */
+            shown(mbuf, HixlGetLastErrorMessage()));
     return -1;
   }
   return 0;
@@ -125,19 +134,21 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (strcmp(cmd, "check") == 0) {
+    static char name[SHOWN_CAP];
     int bad = 0;
     /* What only the host that runs it can tell, said here too: the key file. */
     if (argc < 3) return usage(stderr, 2);
     for (int i = 2; i < argc; i++) {
       HixlConfig *c = NULL;
       size_t n = 0;
+      shown(name, argv[i]);
       if (parse(argv[i], &c, errs, &n) != HIXL_SUCCESS) {
-        print_errors(argv[i], errs, n);
+        print_errors(name, errs, n);
         bad = 1;
-      } else if (key_check(argv[i], c) != 0) {
+      } else if (key_check(name, c) != 0) {
         bad = 1;
       } else {
-        printf("%s: ok\n", argv[i]);
+        printf("%s: ok\n", name);
       }
       HixlConfigFree(c);
     }
@@ -147,10 +158,11 @@ int main(int argc, char **argv) {
     int as_json = argc == 4 && strcmp(argv[2], "--json") == 0;
     if (argc != 3 + as_json) return usage(stderr, 2);
     const char *path = argv[2 + as_json];
+    static char name[SHOWN_CAP];
     HixlConfig *c = NULL;
     size_t n = 0;
     if (parse(path, &c, errs, &n) != HIXL_SUCCESS) {
-      print_errors(path, errs, n);
+      print_errors(shown(name, path), errs, n);
       return 1;
     }
     HixlConfigPrint(c, stdout, as_json);

@@ -29,6 +29,11 @@ extern "C" {
 
 typedef struct HixlConfig HixlConfig;
 
+/* A key or value the document (or the environment) holds is quoted escaped, so the
+ * error stays one line of text whatever it holds: \n, \r, \t, \\, \", \xNN for any other
+ * control byte, DEL or byte that is not UTF-8, \uNNNN for a C1 control, U+2028 and
+ * U+2029; and cut, with "...", past 64 bytes (a path past its field), so what is
+ * allowed always fits in message. */
 typedef struct {
   uint32_t line;     /* 1-based; 0 when the error has no place in the document */
   uint32_t column;   /* 1-based, in bytes */
