@@ -165,6 +165,13 @@ static void test_key_file_checks(void) {
   TU_ASSERT_STATUS(HixlEngineInitialize(e, "127.0.0.1", &o, 1), HIXL_PARAM_INVALID);
   TU_ASSERT_ERRMSG_HAS("cannot open it");
   HixlEngineDestroy(e);
+  /* A path with a newline (from the environment, say) is quoted escaped: it forged a line of a log. */
+  HixlOption nl = {"AuthKeyFile", "/nonexistent/a\nb.key"};
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+  TU_ASSERT_STATUS(HixlEngineInitialize(e, "127.0.0.1", &nl, 1), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("/nonexistent/a\\x0ab.key");
+  CU_ASSERT_PTR_NULL(strchr(HixlGetLastErrorMessage(), '\n'));
+  HixlEngineDestroy(e);
   /* StagingUnregistered on needs a key. */
   HixlOption u = {"StagingUnregistered", "on"};
   TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));

@@ -200,8 +200,11 @@ HixlStatus auth_open(struct auth *a, const char *path) {
   if (!path || !*path) return HIXL_SUCCESS;
   if (strlen(path) >= sizeof(a->path))
     return hixl_fail(HIXL_PARAM_INVALID, "AuthKeyFile: the path is longer than %u bytes", AUTH_PATH_MAX - 1);
-  if (!load(path, &ring, &st, why, sizeof(why)))
-    return hixl_fail(HIXL_PARAM_INVALID, "AuthKeyFile %s: %s", path, why);
+  if (!load(path, &ring, &st, why, sizeof(why))) {
+    char shown[512]; /* escaped: a path from the environment cannot forge a line of a log */
+    log_escape(shown, sizeof(shown), path, strlen(path));
+    return hixl_fail(HIXL_PARAM_INVALID, "AuthKeyFile %s: %s", shown, why);
+  }
   pthread_mutex_lock(&a->mu);
   a->ring = ring;
   snprintf(a->path, sizeof(a->path), "%s", path);
@@ -233,15 +236,16 @@ void auth_current(struct auth *a, struct auth_ring *out) {
       (st.st_dev != a->dev || st.st_ino != a->ino || st.st_size != a->size ||
        st.st_mtim.tv_sec != a->mtime.tv_sec || st.st_mtim.tv_nsec != a->mtime.tv_nsec)) {
     struct auth_ring ring;
-    char why[256];
+    char why[256], shown[512];
+    log_escape(shown, sizeof(shown), a->path, strlen(a->path));
     if (load(a->path, &ring, &st, why, sizeof(why))) {
       a->ring = ring;
       remember(a, &st);
       a->reload_failed = false;
-      log_info("AuthKeyFile %s re-read: %u key(s) in force", a->path, ring.n);
+      log_info("AuthKeyFile %s re-read: %u key(s) in force", shown, ring.n);
     } else if (!a->reload_failed) {
       a->reload_failed = true;
-      log_error("AuthKeyFile %s changed but cannot be used (%s): the keys read before stay in force", a->path,
+      log_error("AuthKeyFile %s changed but cannot be used (%s): the keys read before stay in force", shown,
                 why);
     }
     auth_wipe(&ring, sizeof(ring));
