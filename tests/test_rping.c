@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sock_diag.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -24,6 +25,7 @@
 
 #include "hixl/hixl.h"
 #include "transport/rdma/rdma.h"
+#include "rping/rping_int.h"
 #include "rping/rping_wire.h"
 #include "test_util.h"
 
@@ -552,8 +554,14 @@ static void test_wire_v2_rejects(void) {
     else
       CU_PASS(cases[i].what);
   }
-  /* An endpoint of another length. */
+  /* QPN 0xffffff is the multicast QPN, no responder's: refused like the others. */
   size_t n = good_ack_v2(buf);
+  memcpy(buf + 36, (const uint8_t[]){0, 0xff, 0xff, 0xff}, 4);
+  CU_ASSERT_EQUAL(rp_decode(buf, n, &p), RP_EENDPOINT);
+  memcpy(buf + 36, (const uint8_t[]){0, 0xff, 0xff, 0xfe}, 4);
+  CU_ASSERT_EQUAL(rp_decode(buf, n, &p), RP_OK);
+  /* An endpoint of another length. */
+  n = good_ack_v2(buf);
   buf[11] = RP_EP_LEN - 1;
   buf[9] = (uint8_t)(n - 1);
   CU_ASSERT_EQUAL(rp_decode(buf, n - 1, &p), RP_ELEN);
@@ -1019,6 +1027,46 @@ static void test_npu_num_limit(void) {
   for (int i = 0; i < 3; i++) ASSERT_HCCN(HccnRpingDeinit(r[i]), HCCN_SUCCESS);
 }
 
+/* Two AddTargets race for the last place (npuNum 1): both pass the count check and
+ * both targets answer; the one that adds second finds the context full. Its target
+ * did answer: the call says so (HCCN_E_PARA, the npuNum rule), not "did not answer
+ * ... Has it run HccnRpingInit?". The first call is held in its handshake by a plain
+ * socket that reads its HELLO and answers it only once the second call is done. */
+static void test_add_race_for_last_place(void) {
+  uint16_t port = free_udp_port("127.0.0.6"), rport;
+  int spy = udp_bind("127.0.0.6", port);
+  HccnRpingInitAttr a = attr_of(free_udp_port("127.0.0.1"));
+  HccnRpingCtx r = ctx_on("127.0.0.2", &rport);
+  HccnRpingTargetInfo t2 = tgt("127.0.0.2", rport);
+  struct add_job j = {.t = tgt("127.0.0.6", port), .timeout_ms = 30000};
+  uint8_t buf[RP_MAX_PKT + 1];
+  struct sockaddr_in from;
+  struct rp_pkt hello;
+  char name[80];
+  pthread_t th;
+
+  a.npuNum = 1;
+  CU_ASSERT_FATAL(spy >= 0 && r != NULL);
+  ASSERT_HCCN_FATAL(HccnRpingInit("127.0.0.1", &a, &j.c), HCCN_SUCCESS);
+  CU_ASSERT_FATAL(pthread_create(&th, NULL, add_thread, &j) == 0);
+  ssize_t n = recv_wait(spy, buf, sizeof(buf), 10000, &from, NULL); /* it waits in its handshake */
+  CU_ASSERT_FATAL(n > 0 && rp_decode(buf, (size_t)n, &hello) == RP_OK && hello.type == RP_HELLO);
+  ASSERT_HCCN(HccnRpingAddTarget(j.c, 1, &t2), HCCN_SUCCESS); /* takes the last place */
+  hello.type = RP_HELLO_ACK;
+  n = (ssize_t)rp_encode(&hello, buf, sizeof(buf));
+  CU_ASSERT(sendto(spy, buf, (size_t)n, 0, (struct sockaddr *)&from, sizeof(from)) == n);
+  pthread_join(th, NULL);
+  snprintf(name, sizeof(name), "127.0.0.6:%u (answered; the context was full)", port);
+  CU_ASSERT_EQUAL(j.r, HCCN_E_PARA);
+  if (!strstr(j.err, name) || !strstr(j.err, "npuNum 1") || strstr(j.err, "did not answer"))
+    tu_fail(__FILE__, __LINE__, "the call whose target answered says: %s", j.err);
+  else
+    CU_PASS("the target that answered is not said to be silent");
+  close(spy);
+  ASSERT_HCCN(HccnRpingDeinit(j.c), HCCN_SUCCESS);
+  ASSERT_HCCN(HccnRpingDeinit(r), HCCN_SUCCESS);
+}
+
 /* ---------------------------------------------------------------- batches */
 
 static void test_batch_rules(void) {
@@ -1183,6 +1231,69 @@ static void test_deinit_with_batch_running(void) {
   CU_ASSERT(now_ns() - t0 < 2000000000ull);
   ASSERT_HCCN(HccnRpingGetResult(c, 1, &t, NULL), HCCN_E_PARA);
   ASSERT_HCCN(HccnRpingDeinit(r), HCCN_SUCCESS);
+}
+
+/* Datagrams that reached fd since *drops was read: those queued now (read here) and
+ * those the kernel dropped for want of room (SK_MEMINFO_DROPS, a running count, into
+ * *drops). Call once nothing sends to fd any more. */
+static uint64_t datagrams_arrived(int fd, uint32_t *drops) {
+  uint32_t mi[SK_MEMINFO_VARS], before = *drops;
+  socklen_t len = sizeof(mi);
+  uint64_t got = 0;
+  uint8_t buf[RP_MAX_PKT + 1];
+
+  while (recv(fd, buf, sizeof(buf), MSG_DONTWAIT) >= 0) got++;
+  if (getsockopt(fd, SOL_SOCKET, SO_MEMINFO, mi, &len) != 0 || len < sizeof(mi)) {
+    tu_fail(__FILE__, __LINE__, "SO_MEMINFO: %s", strerror(errno));
+    return UINT64_MAX;
+  }
+  *drops = mi[SK_MEMINFO_DROPS];
+  return got + (uint32_t)(*drops - before);
+}
+
+/* An interval-0 batch is one burst of every probe (here a million). Stop, and Deinit,
+ * end it where it is: the prober looks at its stop eventfd every RP_DRAIN_MAX probes,
+ * not once the burst is all sent (it was: Stop took seconds). Counted, not timed: the
+ * probes that reached the target by the time Stop or Deinit returned are far fewer
+ * than the batch's. */
+static void test_stop_ends_burst(void) {
+  const uint32_t pkts = 1000000;
+  struct fake f = {.mute = true};
+  HccnRpingInitAttr a = attr_of(free_udp_port("127.0.0.1"));
+  HccnRpingCtx c = NULL;
+  HccnRpingTargetInfo t;
+  uint64_t one = 1, arrived;
+  uint32_t drops = 0;
+
+  a.bufferSize = 0xfffff000u; /* room for pktNum x 2048 */
+  CU_ASSERT_FATAL(fake_start(&f, "127.0.0.5"));
+  ASSERT_HCCN_FATAL(HccnRpingInit("127.0.0.1", &a, &c), HCCN_SUCCESS);
+  t = tgt("127.0.0.5", f.port);
+  ASSERT_HCCN_FATAL(HccnRpingAddTarget(c, 1, &t), HCCN_SUCCESS);
+  /* The fake's thread stops reading: what arrives stays queued or is counted dropped. */
+  CU_ASSERT(write(f.efd, &one, sizeof(one)) == sizeof(one));
+  pthread_join(f.th, NULL);
+  datagrams_arrived(f.fd, &drops); /* from here on */
+
+  ASSERT_HCCN(HccnRpingBatchPingStart(c, pkts, 0, 60000), HCCN_SUCCESS);
+  ASSERT_HCCN(HccnRpingBatchPingStop(c), HCCN_SUCCESS);
+  arrived = datagrams_arrived(f.fd, &drops);
+  if (arrived >= pkts)
+    tu_fail(__FILE__, __LINE__, "Stop returned after all %llu probes of the burst were sent",
+            (unsigned long long)arrived);
+  else
+    CU_PASS("Stop ended the burst");
+  ASSERT_HCCN(HccnRpingBatchPingStart(c, pkts, 0, 60000), HCCN_SUCCESS);
+  ASSERT_HCCN(HccnRpingDeinit(c), HCCN_SUCCESS);
+  arrived = datagrams_arrived(f.fd, &drops);
+  if (arrived >= pkts)
+    tu_fail(__FILE__, __LINE__, "Deinit returned after all %llu probes of the burst were sent",
+            (unsigned long long)arrived);
+  else
+    CU_PASS("Deinit ended the burst");
+  close(f.fd);
+  close(f.efd);
+  free(f.q);
 }
 
 /* ---------------------------------------------------------------- responders in a child */
@@ -1414,6 +1525,100 @@ static void test_responder_versions(void) {
   ASSERT_HCCN(HccnRpingDeinit(r), HCCN_SUCCESS);
 }
 
+/* A mode-ROCE handshake's HELLO_ACK names the responder's UD endpoint; probes go to its
+ * GID and answers count from there. A GID other than the target's own address (another
+ * host, a multicast group) is refused, as is QPN 0xffffff (decoding drops it); the
+ * target's own IPv4-mapped GID is taken. rp_handshake runs on a context marked ROCE:
+ * the handshake is UDP, so no RDMA device is needed. */
+struct ep_answer {
+  int fd;
+  uint8_t gid[16];
+  uint32_t qpn; /* written over the encoded endpoint's, as a hostile peer may */
+};
+
+static void *ep_answer_main(void *arg) {
+  struct ep_answer *a = arg;
+  struct rp_ep ep = {.qpn = 0x11, .qkey = RP_QKEY, .mtu = 1024};
+  uint8_t buf[RP_MAX_PKT + 1], epb[RP_EP_LEN];
+  struct sockaddr_in from;
+  struct rp_pkt p;
+  ssize_t n = recv_wait(a->fd, buf, sizeof(buf), 10000, &from, NULL);
+
+  if (n <= 0 || rp_decode(buf, (size_t)n, &p) != RP_OK || p.type != RP_HELLO) return NULL;
+  memcpy(ep.gid, a->gid, 16);
+  rp_ep_put(&ep, epb);
+  p.type = RP_HELLO_ACK;
+  p.payload = epb;
+  p.payload_len = RP_EP_LEN;
+  n = (ssize_t)rp_encode(&p, buf, sizeof(buf));
+  for (int i = 0; i < 4; i++) buf[RP_HDR_LEN + 4 + i] = (uint8_t)(a->qpn >> (24 - 8 * i));
+  if (sendto(a->fd, buf, (size_t)n, 0, (struct sockaddr *)&from, sizeof(from)) != n) perror("ep_answer");
+  return NULL;
+}
+
+static void test_roce_endpoint_must_be_target(void) {
+  static const struct {
+    const char *what;
+    uint8_t gid[16];
+    uint32_t qpn;
+    bool ok;
+    int err;
+  } cases[] = {
+      {"another host's GID",
+       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 9, 9, 9},
+       0x11,
+       false,
+       RP_HS_BAD_GID},
+      {"a multicast GID",
+       {0xff, 0x0e, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 6},
+       0x11,
+       false,
+       RP_HS_BAD_GID},
+      {"another address's GID on the same host",
+       {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 1},
+       0x11,
+       false,
+       RP_HS_BAD_GID},
+      {"the multicast QPN", {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 6}, 0xffffff, false, 0},
+      {"its own GID", {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 127, 0, 0, 6}, 0x11, true, 0},
+  };
+  struct rp_ctx ctx;
+
+  memset(&ctx, 0, sizeof(ctx));
+  inet_pton(AF_INET, "127.0.0.1", &ctx.addr);
+  snprintf(ctx.addr_str, sizeof(ctx.addr_str), "127.0.0.1");
+  ctx.roce = true;
+  ctx.close_efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  CU_ASSERT_FATAL(ctx.close_efd >= 0);
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    struct ep_answer a = {.fd = udp_bind("127.0.0.6", 0), .qpn = cases[i].qpn};
+    struct rp_target t;
+    bool ok = !cases[i].ok;
+    int err = -99;
+    pthread_t th;
+
+    CU_ASSERT_FATAL(a.fd >= 0);
+    memcpy(a.gid, cases[i].gid, 16);
+    memset(&t, 0, sizeof(t));
+    inet_pton(AF_INET, "127.0.0.6", &t.dst);
+    t.port = sock_port(a.fd);
+    snprintf(t.name, sizeof(t.name), "127.0.0.6:%u", t.port);
+    CU_ASSERT_FATAL(pthread_create(&th, NULL, ep_answer_main, &a) == 0);
+    /* The answer comes at once; a refused one that is dropped leaves the wait to end. */
+    ASSERT_HCCN(rp_handshake(&ctx, &t, 1, now_ns() + (cases[i].err || cases[i].ok ? 10000 : 500) * 1000000ull,
+                             &ok, &err),
+                HCCN_SUCCESS);
+    pthread_join(th, NULL);
+    close(a.fd);
+    if (ok != cases[i].ok || err != cases[i].err)
+      tu_fail(__FILE__, __LINE__, "%s: ok %d err %d, want ok %d err %d", cases[i].what, ok, err, cases[i].ok,
+              cases[i].err);
+    else
+      CU_PASS(cases[i].what);
+  }
+  close(ctx.close_efd);
+}
+
 /* Duplicates, answers for other batches, seqs or targets, wrong types, garbage and
  * damaged payloads are never counted. */
 static void test_forged_answers_ignored(void) {
@@ -1506,17 +1711,20 @@ int main(void) {
   CU_add_test(s, "Deinit wakes a waiting AddTarget", test_deinit_during_add);
   CU_add_test(s, "answering targets stay added", test_add_partial);
   CU_add_test(s, "npuNum bounds the targets", test_npu_num_limit);
+  CU_add_test(s, "two AddTargets racing for the last place", test_add_race_for_last_place);
   s = CU_add_suite("batches", NULL, NULL);
   CU_add_test(s, "state rules and bufferSize", test_batch_rules);
   CU_add_test(s, "results, states and RemoveTarget", test_results_and_states);
   CU_add_test(s, "four contexts probe each other and themselves", test_self_and_mesh);
   CU_add_test(s, "a dead target: bounded batch, all lost", test_dead_target_bounded);
   CU_add_test(s, "Deinit with a batch running", test_deinit_with_batch_running);
+  CU_add_test(s, "Stop and Deinit end an interval-0 burst", test_stop_ends_burst);
   s = CU_add_suite("on the wire", NULL, NULL);
   CU_add_test(s, "TOS byte and source port both ways", test_tos_both_ways);
   CU_add_test(s, "responder ignores malformed datagrams", test_responder_ignores_garbage);
   CU_add_test(s, "Deinit ends a responder under a flood of PINGs", test_deinit_under_flood);
   CU_add_test(s, "responder answers in the version asked", test_responder_versions);
+  CU_add_test(s, "ROCE handshake: the endpoint's GID is the target's", test_roce_endpoint_must_be_target);
   CU_add_test(s, "forged and damaged answers are not counted", test_forged_answers_ignored);
   CU_add_test(s, "drops, delays and late answers", test_impaired_responder);
   if (CU_get_error() != CUE_SUCCESS) {

@@ -383,7 +383,7 @@ static HccnResult add_targets(HccnRpingCtx h, uint32_t n, const HccnRpingTargetI
   struct rp_target *pend = NULL;
   bool *ok = NULL;
   int *err = NULL;
-  size_t npend = 0, nfail = 0;
+  size_t npend = 0, nfail = 0, nfull = 0;
   char failed[RP_MAX_LIST_IN_MSG * (RP_NAME_LEN + 80) + 16] = "";
   struct rp_ctx *c = NULL;
   HccnResult r;
@@ -425,7 +425,8 @@ static HccnResult add_targets(HccnRpingCtx h, uint32_t n, const HccnRpingTargetI
   for (size_t k = 0; k < npend; k++) {
     if (!ok[k] || find_target(c, pend[k].dst) >= 0) continue; /* failed, or added meanwhile */
     if (c->ntargets == c->npu_num) {
-      ok[k] = false; /* a concurrent AddTarget filled the context */
+      ok[k] = false; /* a concurrent AddTarget filled the context: it answered all the same */
+      err[k] = RP_ADD_FULL;
       continue;
     }
     if (c->ntargets == c->cap) {
@@ -445,7 +446,15 @@ static HccnResult add_targets(HccnRpingCtx h, uint32_t n, const HccnRpingTargetI
   for (size_t k = 0; k < npend; k++) {
     if (ok[k]) continue;
     size_t used = strlen(failed);
-    if (nfail < RP_MAX_LIST_IN_MSG && err[k] == RP_HS_NOT_ROCE)
+    char gid[INET6_ADDRSTRLEN];
+    if (err[k] == RP_ADD_FULL) nfull++;
+    if (nfail < RP_MAX_LIST_IN_MSG && err[k] == RP_ADD_FULL)
+      snprintf(failed + used, sizeof(failed) - used, "%s%s (answered; the context was full)",
+               nfail ? ", " : "", pend[k].name);
+    else if (nfail < RP_MAX_LIST_IN_MSG && err[k] == RP_HS_BAD_GID)
+      snprintf(failed + used, sizeof(failed) - used, "%s%s (its RoCE endpoint names GID %s, not its address)",
+               nfail ? ", " : "", pend[k].name, inet_ntop(AF_INET6, pend[k].ep.gid, gid, sizeof(gid)));
+    else if (nfail < RP_MAX_LIST_IN_MSG && err[k] == RP_HS_NOT_ROCE)
       snprintf(failed + used, sizeof(failed) - used, "%s%s (answers, but in mode UDP: no RoCE endpoint)",
                nfail ? ", " : "", pend[k].name);
     else if (nfail < RP_MAX_LIST_IN_MSG && err[k] == RP_HS_SMALL_MTU)
@@ -458,7 +467,12 @@ static HccnResult add_targets(HccnRpingCtx h, uint32_t n, const HccnRpingTargetI
       snprintf(failed + used, sizeof(failed) - used, ", ...");
     nfail++;
   }
-  if (nfail > 0)
+  if (nfail > 0 && nfull == nfail) /* each answered: the npuNum rule, as if checked before */
+    r = rp_fail(HCCN_E_PARA,
+                "%s: %zu of %zu targets answered but were not added: %s. A concurrent AddTarget filled the "
+                "context to attr->npuNum %u.%s",
+                fn, nfull, npend, failed, c->npu_num, nfull < npend ? " The others were added." : "");
+  else if (nfail > 0)
     r = rp_fail(
         HCCN_E_FAIL,
         "%s: %zu of %zu targets did not answer%s within %u ms: %s. Has each run HccnRpingInit%s on that "

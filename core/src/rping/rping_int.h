@@ -29,6 +29,8 @@
 #define RP_AH_CACHE     16    /* the responder keeps the AHs of this many recent senders */
 #define RP_HS_NOT_ROCE  (-1)  /* rp_handshake err[]: answered without a RoCE endpoint */
 #define RP_HS_SMALL_MTU (-2)  /* rp_handshake err[]: its MTU cannot carry the target's probes */
+#define RP_HS_BAD_GID   (-3)  /* rp_handshake err[]: its endpoint's GID is not the target's address */
+#define RP_ADD_FULL     (-4)  /* AddTarget: answered, but a concurrent AddTarget filled the context */
 
 #define RP_WR_SEND  (1ull << 32) /* wr_id: a send (else a receive); the low 32 bits are the slot */
 #define RP_WC_BATCH 16           /* completions taken by one poll */
@@ -158,9 +160,8 @@ struct sockaddr_in rp_target_sa(const struct rp_target *t);
 /* Start / the body of the responder thread on ctx->resp_fd. */
 void *rp_responder_main(void *arg);
 /* Handshake with t[0..n): ok[i] set for each that answered before deadline_ns (ROCE:
- * with a usable endpoint, stored in t[i].ep), err[i] the last errno of sending to it
- * (0: none) or RP_HS_*. HCCN_E_FAIL when the context closes meanwhile or no socket
- * could be made. */
+ * with a usable endpoint whose GID is t[i]'s address, stored in t[i].ep), err[i] the last errno of sending to
+ * it (0: none) or RP_HS_*. HCCN_E_FAIL when the context closes meanwhile or no socket could be made. */
 HccnResult rp_handshake(struct rp_ctx *ctx, struct rp_target *t, size_t n, uint64_t deadline_ns, bool *ok,
                         int *err);
 /* Mode ROCE: open the device that owns ctx->addr, the memory, the responder's UD QP

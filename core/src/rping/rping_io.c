@@ -122,6 +122,13 @@ static uint32_t rp_random32(void) {
   return (uint32_t)(hixl_now_ns() * 0x9e3779b97f4a7c15ull >> 32);
 }
 
+/* Whether gid is a's IPv4-mapped form (::ffff:a.b.c.d): the GID a RoCE responder
+ * advertises, rdma_dev_open having picked the GID of its context's address. */
+static bool gid_is_addr(const uint8_t gid[16], struct in_addr a) {
+  static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return memcmp(gid, mapped, sizeof(mapped)) == 0 && memcmp(gid + 12, &a.s_addr, 4) == 0;
+}
+
 bool rp_from_target(const struct sockaddr_in *from, const struct rp_target *t) {
   return from->sin_addr.s_addr == t->dst.s_addr && ntohs(from->sin_port) == t->port;
 }
@@ -202,10 +209,14 @@ HccnResult rp_handshake(struct rp_ctx *ctx, struct rp_target *t, size_t n, uint6
         continue;
       }
       /* rp_decode checked the endpoint already; a HELLO_ACK without one is from a
-       * responder in mode UDP (or one that predates version 2). */
+       * responder in mode UDP (or one that predates version 2). The endpoint is the
+       * peer's word: probes go to its GID and answers count from there, so it must be
+       * the address dialled, not another host's (nor a multicast group's). */
       struct rp_target *tt = &t[ack.seq];
       if (ack.payload_len != RP_EP_LEN || rp_ep_get(ack.payload, ack.payload_len, &tt->ep) != RP_OK)
         err[ack.seq] = RP_HS_NOT_ROCE;
+      else if (!gid_is_addr(tt->ep.gid, tt->dst))
+        err[ack.seq] = RP_HS_BAD_GID;
       else if (tt->ep.mtu < RP_HDR_LEN + tt->payload_len)
         err[ack.seq] = RP_HS_SMALL_MTU;
       else

@@ -64,10 +64,11 @@ static void batch_finish(struct rp_batch *b) {
 
 /* ---- over UDP ---- */
 
-/* Send probe seq to every target; returns how many left. */
-static uint32_t send_round(struct rp_batch *b, uint32_t seq, uint8_t *buf, size_t cap) {
+/* Send probe seq to targets [first, end); returns how many left. */
+static uint32_t send_probes(struct rp_batch *b, uint32_t seq, size_t first, size_t end, uint8_t *buf,
+                            size_t cap) {
   uint32_t sent = 0;
-  for (size_t i = 0; i < b->n; i++) {
+  for (size_t i = first; i < end; i++) {
     const struct rp_target *t = &b->t[i];
     struct rp_pkt ping = {.type = RP_PING,
                           .batch = b->id,
@@ -107,6 +108,7 @@ static void *batch_udp_main(void *arg) {
   const uint64_t t0 = hixl_now_ns();
   uint64_t last_send = t0, sent = 0, answered = 0;
   uint32_t round = 0;
+  size_t next = 0; /* the target probe round goes to next, within a round sent in pieces */
   size_t nfd = b->nsocks + 1;
   struct pollfd *pfd = calloc(nfd, sizeof(*pfd));
 
@@ -123,8 +125,18 @@ static void *batch_udp_main(void *arg) {
   for (;;) {
     uint64_t now = hixl_now_ns(), wake;
 
-    while (round < b->pkt_num && now >= t0 + round * interval) {
-      sent += send_round(b, round++, buf, sizeof(buf));
+    /* At most RP_DRAIN_MAX probes, then Stop and the answers again: a burst of due
+     * probes (interval 0: every round at once, up to millions) must not hold Stop or
+     * Deinit until it is all sent. A round cut short goes on after the poll. */
+    for (size_t budget = RP_DRAIN_MAX; budget > 0 && round < b->pkt_num && now >= t0 + round * interval;) {
+      size_t end = b->n - next < budget ? b->n : next + budget;
+      sent += send_probes(b, round, next, end, buf, sizeof(buf));
+      budget -= end - next;
+      next = end;
+      if (next == b->n) {
+        next = 0;
+        round++;
+      }
       now = last_send = hixl_now_ns();
     }
     if (round == b->pkt_num && (answered == sent || now >= last_send + timeout)) break;
@@ -324,7 +336,7 @@ static void *batch_roce_main(void *arg) {
   struct rp_batch *b = arg;
   const uint64_t interval = (uint64_t)b->interval_ms * 1000000u, timeout = (uint64_t)b->timeout_ms * 1000000u;
   const uint64_t t0 = hixl_now_ns();
-  uint64_t last_send = t0;
+  uint64_t last_send = t0, checked = 0; /* b->sent when Stop was last looked at */
   uint32_t round = 0;
 
   for (;;) {
@@ -332,6 +344,10 @@ static void *batch_roce_main(void *arg) {
     while (round < b->pkt_num && now >= t0 + round * interval && !b->stopping && !b->qp_dead) {
       roce_send_round(b, round++);
       now = last_send = hixl_now_ns();
+      if (b->sent - checked >= RP_DRAIN_MAX) { /* a burst of due rounds: Stop may not wait for all */
+        roce_wait(b, 0);
+        checked = b->sent;
+      }
     }
     if (b->stopping || b->qp_dead) break; /* a failed QP receives nothing either */
     if (round == b->pkt_num && (b->answered == b->sent || now >= last_send + timeout)) break;

@@ -6,7 +6,8 @@
 #include "util/be.h"
 
 static int ep_ok(const struct rp_ep *ep) {
-  return ep->qpn >= 2 && ep->qpn <= 0xffffff &&
+  /* QPN 0 and 1 are the SMI and GSI QPs, 0xffffff the multicast QPN: none is a responder's. */
+  return ep->qpn >= 2 && ep->qpn < 0xffffff &&
          (ep->mtu == 256 || ep->mtu == 512 || ep->mtu == 1024 || ep->mtu == 2048 || ep->mtu == 4096);
 }
 

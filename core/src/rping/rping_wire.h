@@ -15,7 +15,9 @@
  * the responder's RoCE endpoint (RP_EP_LEN bytes, below) as its payload. Responders
  * answer in the version they were asked in, so a version-1 peer never sees version 2.
  *
- *  RoCE endpoint: 0 kind (1 = RoCE UD) | 1 reserved[3] = 0 | 4 qpn | 8 qkey | 12 mtu | 16 gid[16] | 32 */
+ *  RoCE endpoint: 0 kind (1 = RoCE UD) | 1 reserved[3] = 0 | 4 qpn | 8 qkey | 12 mtu | 16 gid[16] | 32
+ *  A receiver takes it only from the target it dialled and only when gid is that
+ *  target's own address, IPv4-mapped (::ffff:a.b.c.d): what every responder sends. */
 #ifndef HIXL_RPING_WIRE_H
 #define HIXL_RPING_WIRE_H
 
@@ -52,7 +54,7 @@ enum rp_err {
 
 /* A responder's RoCE UD endpoint: where probes go and what they may carry. */
 struct rp_ep {
-  uint32_t qpn;    /* UD queue pair number, 2..0xffffff */
+  uint32_t qpn;    /* UD queue pair number, 2..0xfffffe (0xffffff is the multicast QPN) */
   uint32_t qkey;   /* the Q_Key probes must carry */
   uint32_t mtu;    /* bytes one message may carry: 256, 512, 1024, 2048 or 4096 */
   uint8_t gid[16]; /* the responder's GID (RoCE v2: its IPv4-mapped address) */
