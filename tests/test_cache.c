@@ -982,6 +982,42 @@ static uint32_t calls_of(HixlCacheManager *m) {
   return n;
 }
 
+/* A peer's lookup of k, answered by m's CACHE service as on the engine's progress thread:
+ * the cache it names (*id), else the status and its reason (why). */
+static HixlStatus serve_lookup(HixlCacheManager *m, HixlCacheAnyKey k, uint64_t *id, char *why, size_t cap) {
+  uint8_t req[64], ans[256];
+  size_t n = 0;
+  struct be_out o = be_out_fixed(req, sizeof(req));
+  be_out_u8(&o, CM_PROTO);
+  be_out_u8(&o, CM_OP_LOOKUP);
+  cm_put_key(&o, &k);
+  HixlStatus st = cm_serve(m, "test", req, o.len, ans, sizeof(ans), &n);
+  struct cm_view v;
+  memset(&v, 0, sizeof(v));
+  snprintf(why, cap, "%.*s", st == HIXL_SUCCESS ? 0 : (int)n, (const char *)ans);
+  if (st == HIXL_SUCCESS && !cm_get_view(ans, n, &v)) return HIXL_FAILED;
+  *id = v.id;
+  free(v.addrs);
+  return st;
+}
+
+/* The lookups of the caches of test_destroy_whole_or_nothing (cluster CLUSTER_PEER): the
+ * contiguous cache by CacheKey req 1 at idc, the blocks cache by model 1 at idb, and
+ * CacheKey req 2 naming nothing. */
+static void expect_lookups(HixlCacheManager *m, uint64_t idc, uint64_t idb) {
+  HixlCacheAnyKey kc = {.kind = HIXL_CACHE_KEY_REQ, .u.req = HIXL_CACHE_KEY_INIT(CLUSTER_PEER, 1)};
+  HixlCacheAnyKey kx = {.kind = HIXL_CACHE_KEY_REQ, .u.req = HIXL_CACHE_KEY_INIT(CLUSTER_PEER, 2)};
+  HixlCacheAnyKey kb = {.kind = HIXL_CACHE_KEY_BLOCKS, .u.blocks = {CLUSTER_PEER, 1}};
+  uint64_t id = 0;
+  char why[320];
+  TU_ASSERT_OK(serve_lookup(m, kc, &id, why, sizeof(why)));
+  CU_ASSERT_EQUAL(id, idc);
+  TU_ASSERT_OK(serve_lookup(m, kb, &id, why, sizeof(why)));
+  CU_ASSERT_EQUAL(id, idb);
+  TU_ASSERT_STATUS(serve_lookup(m, kx, &id, why, sizeof(why)), HIXL_NOT_FOUND);
+  CU_ASSERT_PTR_NOT_NULL(strstr(why, "names no cache"));
+}
+
 /* Destroy while the engine refuses a cache's deregistration (a transfer of the caller's
  * own in flight on it: FAILED, and the manager and its cache stay whole, before: freed,
  * the registration left in the engine for good and a second Destroy a use after free), or
@@ -1003,6 +1039,16 @@ static void test_destroy_whole_or_nothing(void) {
   uint64_t idc, idb;
   TU_ASSERT_OK_FATAL(HixlCacheManagerCreate(a, CLUSTER_PEER, &m));
   TU_ASSERT_OK_FATAL(register_both(m, &k, 1, 1, &idc, &idb));
+  /* A third cache, CacheKey req 2, registered last: Destroy deregisters it first. */
+  uint8_t *xmem = calloc(C_TENSORS, C_BATCH * C_ITEM);
+  HixlCacheDesc dx = desc_c();
+  HixlCacheKey kx = HIXL_CACHE_KEY_INIT(CLUSTER_PEER, 2);
+  uintptr_t ax[C_TENSORS];
+  uint64_t idx;
+  CU_ASSERT_FATAL(xmem != NULL);
+  for (int t = 0; t < C_TENSORS; t++) ax[t] = (uintptr_t)(xmem + t * C_BATCH * C_ITEM);
+  TU_ASSERT_OK_FATAL(
+      HixlCacheManagerRegisterCache(m, &dx, ax, C_TENSORS, &kx, 1, HIXL_CACHE_ACCESS_REMOTE, &idx));
   TU_ASSERT_OK_FATAL(hixl_engine_set_service(b, 3, tu_hold_handler, &destroy_hold));
   TU_ASSERT_OK_FATAL(HixlEngineConnect(a, ab, TIMEOUT));
   struct destroy_call h = {a, NULL, ab, -1}, l = {a, m, ab, -1};
@@ -1015,6 +1061,14 @@ static void test_destroy_whole_or_nothing(void) {
   HixlTransferReq r;
   TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(a, ab, HIXL_WRITE, &op, 1, 20000, NULL, &r));
   TU_ASSERT_STATUS(HixlCacheManagerDestroy(m), HIXL_FAILED);
+  /* Destroy freed the third cache before the engine refused the blocks cache: the third's
+   * key names nothing and is free, the others' are found as before; and so after an
+   * UnregisterCache the engine refuses. */
+  expect_lookups(m, idc, idb);
+  TU_ASSERT_OK(HixlCacheManagerRegisterCache(m, &dx, ax, C_TENSORS, &kx, 1, HIXL_CACHE_ACCESS_LOCAL, &idx));
+  TU_ASSERT_OK(HixlCacheManagerUnregisterCache(m, idx));
+  TU_ASSERT_STATUS(HixlCacheManagerUnregisterCache(m, idb), HIXL_FAILED);
+  expect_lookups(m, idc, idb);
   HixlMemDesc md = {(uintptr_t)k.b[0], B_BLOCKS * B_BLOCK};
   HixlMemHandle again;
   TU_ASSERT_STATUS(HixlEngineRegisterMem(a, &md, HIXL_MEM_HOST, &again), HIXL_PARAM_INVALID); /* still its */
@@ -1047,6 +1101,7 @@ static void test_destroy_whole_or_nothing(void) {
   for (int t = 0; t < C_TENSORS; t++) free(k.c[t]);
   for (int t = 0; t < B_TENSORS; t++) free(k.b[t]);
   free(bmem);
+  free(xmem);
 }
 
 int main(void) {

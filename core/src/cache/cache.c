@@ -37,6 +37,7 @@ HixlStatus HixlCacheManagerCreate(HixlEngine *engine, uint64_t cluster_id, HixlC
   m->next_id = 1;
   if (getrandom(&m->nonce, sizeof(m->nonce), 0) != (ssize_t)sizeof(m->nonce))
     m->nonce = hixl_now_ns() ^ (uint64_t)(uintptr_t)m;
+  m->index.seed = m->nonce;
   pthread_mutex_init(&m->lock, NULL);
   HixlStatus st = hixl_engine_set_service(engine, HIXL_SERVICE_CACHE, cm_serve, m);
   if (st != HIXL_SUCCESS) {
@@ -77,6 +78,7 @@ HixlStatus HixlCacheManagerDestroy(HixlCacheManager *m) {
     struct cm_cache *c = m->caches;
     if (c) { /* out of the list under the lock: the service no longer finds it */
       m->caches = c->next;
+      c->listed = false;
       m->naddrs -= c->desc.num_tensors;
     }
     pthread_mutex_unlock(&m->lock);
@@ -86,11 +88,15 @@ HixlStatus HixlCacheManagerDestroy(HixlCacheManager *m) {
       pthread_mutex_lock(&m->lock);
       c->next = m->caches;
       m->caches = c;
+      c->listed = true;
       m->naddrs += c->desc.num_tensors;
       m->closing = false;
       pthread_mutex_unlock(&m->lock);
       return st;
     }
+    pthread_mutex_lock(&m->lock);
+    cm_index_drop(&m->index, c);
+    pthread_mutex_unlock(&m->lock);
     cache_free(c);
   }
   /* Once this returns no peer's lookup runs cm_serve (the progress thread calls it with
@@ -103,6 +109,7 @@ HixlStatus HixlCacheManagerDestroy(HixlCacheManager *m) {
     cm_views_free(l->views);
     free(l);
   }
+  cm_index_free(&m->index);
   pthread_mutex_destroy(&m->lock);
   free(m);
   return HIXL_SUCCESS;

@@ -1,7 +1,8 @@
 /* cache_int: the cache manager's state, and what its files call of each other. */
-/* The files call only downward (no cycle, tests/check_layers.sh): cache_codec.c at the bottom;
- * cache_reg.c, cache_service.c and cache_lookup.c on it; cache.c (the manager's life)
- * and cache_plan.c (pull and push) on those; cache_async.c at the top. */
+/* The files call only downward (no cycle, tests/check_layers.sh): cache_codec.c and
+ * cache_index.c at the bottom; cache_reg.c, cache_service.c and cache_lookup.c on them;
+ * cache.c (the manager's life) and cache_plan.c (pull and push) on those; cache_async.c
+ * at the top. */
 #ifndef HIXL_CACHE_INT_H
 #define HIXL_CACHE_INT_H
 #include <pthread.h>
@@ -39,6 +40,7 @@ struct cm_cache {
   size_t nkeys;
   bool has_bkey;
   HixlBlocksCacheKey bkey;
+  bool listed;    /* in mgr->caches, where peers' lookups find it (pending: its keys only taken) */
   uint32_t busy;  /* transfers and tasks using it */
   bool allocated; /* AllocateCache: handles[0] is the engine's allocation holding every tensor */
   struct cm_cache *next;
@@ -65,6 +67,30 @@ struct cm_link {
   struct cm_link *next;
 };
 
+/* A key of the index: kind, then the key's fields (a CacheKey's req, model, prefix; a
+ * BlocksCacheKey's model). */
+enum { CM_IX_REQ = 1, CM_IX_BLOCKS = 2 };
+struct cm_ixkey {
+  uint32_t kind;
+  uint64_t a, b, c;
+};
+
+struct cm_slot {
+  uint64_t a, b, c;
+  struct cm_cache *cache; /* NULL: an empty slot */
+  uint32_t batch;         /* the batch item a CacheKey names */
+  uint32_t kind;
+};
+
+/* Every key of the manager's caches, pending ones' too (cache_index.c); zeroed: empty. */
+struct cm_index {
+  struct cm_slot *slots;
+  size_t cap; /* slots: 0 or a power of two */
+  size_t n;   /* keys held, at most cap / 2 */
+  uint64_t seed;
+  void *(*calloc_fn)(size_t, size_t); /* NULL: calloc (a white-box test fails it) */
+};
+
 struct HixlCacheManager {
   HixlEngine *eng;
   uint64_t cluster_id;
@@ -72,6 +98,7 @@ struct HixlCacheManager {
   pthread_mutex_t lock; /* a leaf: never held across an engine call */
   struct cm_cache *caches;
   struct cm_cache *pending; /* being registered: their ids and keys are taken, nothing is served */
+  struct cm_index index;    /* the keys of caches and pending, to their caches */
   uint64_t next_id;
   size_t naddrs; /* tensor addresses registered, all caches */
   struct cm_link *links;
@@ -118,6 +145,28 @@ bool cm_get_key(struct be_in *i, HixlCacheAnyKey *k); /* false: malformed */
 void cm_put_view(struct be_out *o, const struct cm_cache *c, uint32_t batch);
 /* Decode a LOOKUP answer (v->addrs allocated); false when it is malformed. */
 bool cm_get_view(const uint8_t *p, size_t n, struct cm_view *v);
+
+/* ---- cache_index.c: the manager's keys, hashed (mgr->lock held) ---- */
+
+static inline struct cm_ixkey cm_ixkey_req(const HixlCacheKey *k) {
+  return (struct cm_ixkey){CM_IX_REQ, k->req_id, k->model_id, k->prefix_id};
+}
+static inline struct cm_ixkey cm_ixkey_blocks(uint64_t model_id) {
+  return (struct cm_ixkey){CM_IX_BLOCKS, model_id, 0, 0};
+}
+/* Room for more keys; false (nothing changed) when out of memory. */
+bool cm_index_reserve(struct cm_index *ix, size_t more);
+/* Add k, absent, naming batch item batch of c, into room reserved: it never allocates. */
+void cm_index_put(struct cm_index *ix, const struct cm_ixkey *k, struct cm_cache *c, uint32_t batch);
+/* The cache k names (and its batch item, when batch is not NULL), or NULL. */
+struct cm_cache *cm_index_get(const struct cm_index *ix, const struct cm_ixkey *k, uint32_t *batch);
+/* Remove k, when it names c. */
+void cm_index_del(struct cm_index *ix, const struct cm_ixkey *k, const struct cm_cache *c);
+void cm_index_free(struct cm_index *ix);
+/* Add every key of c (none of them held): all, or none and false when out of memory. */
+bool cm_index_add(struct cm_index *ix, struct cm_cache *c);
+/* Remove every key of c. */
+void cm_index_drop(struct cm_index *ix, const struct cm_cache *c);
 
 /* ---- cache_reg.c: local caches ---- */
 

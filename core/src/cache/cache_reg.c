@@ -64,24 +64,42 @@ static int cm_cmp_uptr(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Register a cache at addrs, or (alloc) allocate its tensors and write their
- * addresses to addrs. */
-/* PARAM_INVALID when a cache of list already holds one of keys or bkey's model. */
-static HixlStatus keys_clash(const struct cm_cache *list, const char *fn, const HixlCacheKey *keys,
+/* PARAM_INVALID when a cache of the manager, pending ones included, already holds one of
+ * keys or bkey's model (mgr->lock held): one probe of the index per key. */
+static HixlStatus keys_clash(const HixlCacheManager *m, const char *fn, const HixlCacheKey *keys,
                              size_t num_keys, const HixlBlocksCacheKey *bkey) {
-  for (const struct cm_cache *o = list; o; o = o->next) {
-    if (bkey && o->has_bkey && o->bkey.model_id == bkey->model_id)
-      return hixl_fail(HIXL_PARAM_INVALID,
-                       "%s: BlocksCacheKey model %" PRIu64 " already names cache %" PRIu64, fn,
-                       bkey->model_id, o->id);
-    for (size_t i = 0; i < num_keys; i++)
-      for (size_t j = 0; j < o->nkeys; j++)
-        if (o->keys[j].req_id == keys[i].req_id && o->keys[j].model_id == keys[i].model_id &&
-            o->keys[j].prefix_id == keys[i].prefix_id)
-          return hixl_fail(HIXL_PARAM_INVALID, "%s: CacheKey req %" PRIu64 " already names cache %" PRIu64,
-                           fn, keys[i].req_id, o->id);
+  const struct cm_cache *o;
+  struct cm_ixkey bk = cm_ixkey_blocks(bkey ? bkey->model_id : 0);
+  if (bkey && (o = cm_index_get(&m->index, &bk, NULL)) != NULL)
+    return hixl_fail(HIXL_PARAM_INVALID, "%s: BlocksCacheKey model %" PRIu64 " already names cache %" PRIu64,
+                     fn, bkey->model_id, o->id);
+  for (size_t i = 0; i < num_keys; i++) {
+    struct cm_ixkey k = cm_ixkey_req(&keys[i]);
+    if ((o = cm_index_get(&m->index, &k, NULL)) != NULL)
+      return hixl_fail(HIXL_PARAM_INVALID, "%s: CacheKey req %" PRIu64 " already names cache %" PRIu64, fn,
+                       keys[i].req_id, o->id);
   }
   return HIXL_SUCCESS;
+}
+
+/* PARAM_INVALID when two of keys are the same, naming the first pair as a scan of each
+ * key against those before it would: through an index of its own, c's keys to c. */
+static HixlStatus keys_repeat(struct cm_cache *c, const char *fn, const HixlCacheKey *keys, size_t num_keys,
+                              uint64_t seed) {
+  struct cm_index ix = {.seed = seed};
+  HixlStatus st = HIXL_SUCCESS;
+  if (num_keys < 2) return HIXL_SUCCESS;
+  if (!cm_index_reserve(&ix, num_keys)) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
+  for (size_t i = 0; i < num_keys && st == HIXL_SUCCESS; i++) {
+    struct cm_ixkey k = cm_ixkey_req(&keys[i]);
+    uint32_t j = 0;
+    if (cm_index_get(&ix, &k, &j))
+      st = hixl_fail(HIXL_PARAM_INVALID, "%s: keys %zu and %zu are the same", fn, (size_t)j, i);
+    else
+      cm_index_put(&ix, &k, c, (uint32_t)i);
+  }
+  cm_index_free(&ix);
+  return st;
 }
 
 static void list_unlink(struct cm_cache **head, struct cm_cache *c) {
@@ -92,6 +110,8 @@ static void list_unlink(struct cm_cache **head, struct cm_cache *c) {
     }
 }
 
+/* Register a cache at addrs, or (alloc) allocate its tensors and write their
+ * addresses to addrs. */
 static HixlStatus cm_register_in(HixlCacheManager *m, bool blocks, bool alloc, const HixlCacheDesc *desc,
                                  uintptr_t *addrs, size_t num_addrs, const HixlCacheKey *keys,
                                  size_t num_keys, const HixlBlocksCacheKey *bkey, HixlCacheAccess access,
@@ -132,11 +152,6 @@ static HixlStatus cm_register_in(HixlCacheManager *m, bool blocks, bool alloc, c
   uint64_t stride = (tb + 4095) / 4096 * 4096;
   CHECK_ARG(!alloc || stride <= ((uint64_t)1 << 46) / num_addrs,
             "%s: %zu tensors of %" PRIu64 " bytes are too many to allocate", fn, num_addrs, tb);
-  for (size_t i = 0; i < num_keys; i++)
-    for (size_t j = 0; j < i; j++)
-      CHECK_ARG(keys[i].req_id != keys[j].req_id || keys[i].model_id != keys[j].model_id ||
-                    keys[i].prefix_id != keys[j].prefix_id,
-                "%s: keys %zu and %zu are the same", fn, j, i);
   struct cm_cache *c = calloc(1, sizeof(*c));
   uintptr_t *sorted = alloc ? NULL : malloc(num_addrs * sizeof(*sorted)); /* to check for overlaps */
   if (!c || (!alloc && !sorted) || !(c->addrs = malloc(num_addrs * sizeof(*c->addrs))) ||
@@ -145,6 +160,7 @@ static HixlStatus cm_register_in(HixlCacheManager *m, bool blocks, bool alloc, c
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
     goto fail_alloc;
   }
+  if ((st = keys_repeat(c, fn, keys, num_keys, m->nonce)) != HIXL_SUCCESS) goto fail_alloc;
   if (!alloc) { /* allocated tensors are laid out apart below */
     memcpy(sorted, addrs, num_addrs * sizeof(*sorted));
     qsort(sorted, num_addrs, sizeof(*sorted), cm_cmp_uptr);
@@ -170,16 +186,18 @@ static HixlStatus cm_register_in(HixlCacheManager *m, bool blocks, bool alloc, c
     c->has_bkey = true;
     c->bkey = *bkey;
   }
-  /* Reserve an id, the addresses and the keys (c waits in m->pending, so a concurrent
-   * registration of one of its keys is refused); check keys against the other caches. */
+  /* Reserve an id, the addresses and the keys (c waits in m->pending, its keys in the
+   * index, so a concurrent registration of one of them is refused); check keys against
+   * the other caches'. */
   pthread_mutex_lock(&m->lock);
-  if (m->naddrs + num_addrs > HIXL_CACHE_MAX_ADDRS) {
+  if (m->naddrs + num_addrs > HIXL_CACHE_MAX_ADDRS)
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: %zu tensor addresses are registered; %zu more exceed %d", fn,
                    m->naddrs, num_addrs, HIXL_CACHE_MAX_ADDRS);
-  } else {
-    st = keys_clash(m->caches, fn, keys, num_keys, bkey);
-    if (st == HIXL_SUCCESS) st = keys_clash(m->pending, fn, keys, num_keys, bkey);
-  }
+  else
+    st = keys_clash(m, fn, keys, num_keys, bkey);
+  if (st == HIXL_SUCCESS && !cm_index_add(&m->index, c))
+    st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory for the index of %zu more keys", fn,
+                   num_keys + (bkey != NULL));
   if (st == HIXL_SUCCESS) {
     c->id = m->next_id++;
     m->naddrs += num_addrs;
@@ -225,6 +243,7 @@ static HixlStatus cm_register_in(HixlCacheManager *m, bool blocks, bool alloc, c
   list_unlink(&m->pending, c);
   c->next = m->caches;
   m->caches = c;
+  c->listed = true;
   pthread_mutex_unlock(&m->lock);
   free(sorted);
   *cache_id = c->id;
@@ -236,6 +255,7 @@ fail_registered:
       HixlEngineDeregisterMem(m->eng, c->handles[t]); /* never an allocation: it is the last step */
   pthread_mutex_lock(&m->lock);
   list_unlink(&m->pending, c);
+  cm_index_drop(&m->index, c);
   m->naddrs -= num_addrs;
   pthread_mutex_unlock(&m->lock);
 fail_alloc:
@@ -308,6 +328,7 @@ static HixlStatus unregister_in(HixlCacheManager *m, uint64_t cache_id, const ch
     *pp = c->next; /* peers can no longer find it; its keys stay taken until it is gone */
     c->next = m->pending;
     m->pending = c;
+    c->listed = false;
   }
   pthread_mutex_unlock(&m->lock);
   if (st != HIXL_SUCCESS) return st;
@@ -317,8 +338,10 @@ static HixlStatus unregister_in(HixlCacheManager *m, uint64_t cache_id, const ch
   if (st != HIXL_SUCCESS) { /* in flight on the engine: keep it */
     c->next = m->caches;
     m->caches = c;
+    c->listed = true;
   } else {
     m->naddrs -= c->desc.num_tensors;
+    cm_index_drop(&m->index, c);
   }
   pthread_mutex_unlock(&m->lock);
   if (st != HIXL_SUCCESS) return st;

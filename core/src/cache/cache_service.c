@@ -6,7 +6,9 @@
 
 #include "cache/cache_int.h"
 
-/* The cache a key names here, and the batch item it names; NULL with why. */
+/* The cache a key names here, and the batch item it names; NULL with why. A CacheKey
+ * or a BlocksCacheKey is one probe of the index; a cache id, a walk of the caches
+ * (at most HIXL_CACHE_MAX_ADDRS). */
 static struct cm_cache *cache_by_key(HixlCacheManager *m, const HixlCacheAnyKey *k, uint32_t *batch,
                                      char *why, size_t cap) {
   char kt[160];
@@ -15,26 +17,25 @@ static struct cm_cache *cache_by_key(HixlCacheManager *m, const HixlCacheAnyKey 
     snprintf(why, cap, "%s: this manager is cluster %" PRIu64, kt, m->cluster_id);
     return NULL;
   }
-  for (struct cm_cache *c = m->caches; c; c = c->next) {
-    if (k->kind == HIXL_CACHE_KEY_ID && c->id == k->u.id.cache_id) {
-      if (k->u.id.batch_index >= c->desc.shape[0] && !c->blocks) {
-        snprintf(why, cap, "%s: cache %" PRIu64 " has %" PRIu64 " batch items", kt, c->id, c->desc.shape[0]);
-        return NULL;
-      }
-      *batch = k->u.id.batch_index;
-      return c;
+  struct cm_cache *c = NULL;
+  uint32_t b = 0;
+  if (k->kind == HIXL_CACHE_KEY_REQ) {
+    struct cm_ixkey ik = cm_ixkey_req(&k->u.req);
+    c = cm_index_get(&m->index, &ik, &b);
+  } else if (k->kind == HIXL_CACHE_KEY_BLOCKS) {
+    struct cm_ixkey ik = cm_ixkey_blocks(k->u.blocks.model_id);
+    c = cm_index_get(&m->index, &ik, NULL);
+  } else if (k->kind == HIXL_CACHE_KEY_ID) {
+    for (c = m->caches; c && c->id != k->u.id.cache_id;) c = c->next;
+    if (c && k->u.id.batch_index >= c->desc.shape[0] && !c->blocks) {
+      snprintf(why, cap, "%s: cache %" PRIu64 " has %" PRIu64 " batch items", kt, c->id, c->desc.shape[0]);
+      return NULL;
     }
-    if (k->kind == HIXL_CACHE_KEY_BLOCKS && c->has_bkey && c->bkey.model_id == k->u.blocks.model_id) {
-      *batch = 0;
-      return c;
-    }
-    if (k->kind == HIXL_CACHE_KEY_REQ)
-      for (size_t b = 0; b < c->nkeys; b++)
-        if (c->keys[b].req_id == k->u.req.req_id && c->keys[b].model_id == k->u.req.model_id &&
-            c->keys[b].prefix_id == k->u.req.prefix_id) {
-          *batch = (uint32_t)b;
-          return c;
-        }
+    b = k->u.id.batch_index;
+  }
+  if (c && c->listed) { /* a pending cache (registering, or going) holds its keys but is not served */
+    *batch = b;
+    return c;
   }
   snprintf(why, cap, "%s names no cache on cluster %" PRIu64, kt, m->cluster_id);
   return NULL;
