@@ -8,8 +8,11 @@
  * own behaviour: that is for a lent GPU (docs/device-memory.md).
  *
  * Device memory is a memfd mapped shared (so another process can map it by an IPC
- * handle: /proc/<pid>/fd/<fd>), one device (0), its pointers host pointers; copies are
- * memcpy. Prototypes from the toolkit's cuda.h, so each entry point has CUDA's own. */
+ * handle: /proc/<pid>/fd/<fd>), one device (0). As on a GPU, the CPU cannot touch it:
+ * its device pointer is a PROT_NONE mapping of the memfd (a load or store there faults,
+ * and the kernel's copies to or from it fail EFAULT), and the fake's own copies go
+ * through a second, readable and writable mapping of it. Copies are memcpy.
+ * Prototypes from the toolkit's cuda.h, so each entry point has CUDA's own. */
 #include <cuda.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -105,7 +108,8 @@ FAKE_API CUresult cuGetErrorString(CUresult r, const char **s) {
 /* ---- device memory: allocations here, and mappings of other processes' ---- */
 #define RANGES 256
 static struct range {
-  uintptr_t base;
+  uintptr_t base; /* the device pointer: a mapping the CPU cannot touch */
+  uintptr_t rw;   /* the same memory, mapped for the fake's own copies */
   size_t len;
   int fd;    /* an allocation's memfd (the IPC handle names it); -1 for a peer's mapping */
   bool peer; /* opened from an IPC handle */
@@ -117,12 +121,29 @@ static struct range *range_of(uintptr_t p) { /* lock held */
   return NULL;
 }
 
-static CUresult range_add(uintptr_t base, size_t len, int fd, bool peer) {
+/* Where the fake copies p, device memory of g: its readable mapping. */
+static void *rw_of(const struct range *g, uintptr_t p) { return (void *)(g->rw + (p - g->base)); }
+
+/* The device pointer and the fake's own mapping of len bytes of memfd f: false when
+ * either cannot be made. */
+static bool map_pair(int f, size_t len, uintptr_t *base, uintptr_t *rw) {
+  void *b = mmap(NULL, len, PROT_NONE, MAP_SHARED, f, 0), *m = MAP_FAILED;
+  if (b != MAP_FAILED) m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+  if (m == MAP_FAILED) {
+    if (b != MAP_FAILED) munmap(b, len);
+    return false;
+  }
+  *base = (uintptr_t)b;
+  *rw = (uintptr_t)m;
+  return true;
+}
+
+static CUresult range_add(uintptr_t base, uintptr_t rw, size_t len, int fd, bool peer) {
   CUresult r = CUDA_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&lock);
   for (int i = 0; i < RANGES; i++)
     if (!ranges[i].base) {
-      ranges[i] = (struct range){base, len, fd, peer};
+      ranges[i] = (struct range){base, rw, len, fd, peer};
       r = CUDA_SUCCESS;
       break;
     }
@@ -139,17 +160,18 @@ FAKE_API CUresult cuMemAlloc(CUdeviceptr *p, size_t len) {
     if (fd >= 0) close(fd);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (m == MAP_FAILED) {
+  uintptr_t m, rw;
+  if (!map_pair(fd, len, &m, &rw)) {
     close(fd);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  if ((r = range_add((uintptr_t)m, len, fd, false)) != CUDA_SUCCESS) {
-    munmap(m, len);
+  if ((r = range_add(m, rw, len, fd, false)) != CUDA_SUCCESS) {
+    munmap((void *)m, len);
+    munmap((void *)rw, len);
     close(fd);
     return r;
   }
-  *p = (CUdeviceptr)(uintptr_t)m;
+  *p = (CUdeviceptr)m;
   return CUDA_SUCCESS;
 }
 
@@ -162,6 +184,7 @@ static CUresult range_free(uintptr_t base, bool peer) {
   pthread_mutex_unlock(&lock);
   if (!x.base) return CUDA_ERROR_INVALID_VALUE;
   munmap((void *)x.base, x.len);
+  munmap((void *)x.rw, x.len);
   if (x.fd >= 0) close(x.fd);
   return CUDA_SUCCESS;
 }
@@ -180,6 +203,7 @@ FAKE_API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute a, CUdev
   switch (a) {
   case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned int *)data = CU_MEMORYTYPE_DEVICE; break;
   case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = 0; break;
+  case CU_POINTER_ATTRIBUTE_IS_MANAGED: *(int *)data = 0; break; /* no managed memory here */
   case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = (CUdeviceptr)x.base; break;
   case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = x.len; break;
   default: return CUDA_ERROR_INVALID_VALUE;
@@ -386,6 +410,8 @@ static CUresult copy(void *dst, const void *src, size_t n, bool dst_dev, bool sr
   struct range *d = dst_dev ? range_of((uintptr_t)dst) : NULL, *s = src_dev ? range_of((uintptr_t)src) : NULL;
   bool ok = (!dst_dev || (d && (uintptr_t)dst + n <= d->base + d->len)) &&
             (!src_dev || (s && (uintptr_t)src + n <= s->base + s->len));
+  if (ok && d) dst = rw_of(d, (uintptr_t)dst);
+  if (ok && s) src = rw_of(s, (uintptr_t)src);
   pthread_mutex_unlock(&lock);
   return ok ? enqueue(st, dst, src, n, NULL, NULL) : CUDA_ERROR_INVALID_VALUE;
 }
@@ -437,18 +463,22 @@ FAKE_API CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_
          o != CU_MEMCPY_SRC_ACCESS_ORDER_ANY))
       return CUDA_ERROR_INVALID_VALUE;
   }
+  void **to = malloc(2 * count * sizeof(*to)), **from = to + count;
+  if (!to) return CUDA_ERROR_OUT_OF_MEMORY;
   pthread_mutex_lock(&lock);
   bool ok = true;
   for (size_t i = 0; i < count && ok; i++) {
     struct range *d = range_of((uintptr_t)dsts[i]), *s = range_of((uintptr_t)srcs[i]);
     ok = (!d || dsts[i] + sizes[i] <= d->base + d->len) && (!s || srcs[i] + sizes[i] <= s->base + s->len) &&
          (d || s);
+    to[i] = d ? rw_of(d, (uintptr_t)dsts[i]) : DP(dsts[i]);
+    from[i] = s ? rw_of(s, (uintptr_t)srcs[i]) : DP(srcs[i]);
   }
   pthread_mutex_unlock(&lock);
-  if (!ok) return CUDA_ERROR_INVALID_VALUE;
-  for (size_t i = 0; i < count; i++)
-    if ((r = enqueue(st, DP(dsts[i]), DP(srcs[i]), sizes[i], NULL, NULL)) != CUDA_SUCCESS) return r;
-  return CUDA_SUCCESS;
+  for (size_t i = 0; i < count && ok && r == CUDA_SUCCESS; i++)
+    r = enqueue(st, to[i], from[i], sizes[i], NULL, NULL);
+  free(to);
+  return ok ? r : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* ---- the copy kernel (core/src/devmem/gather.cu): a module made of its PTX ----
@@ -493,16 +523,18 @@ FAKE_API CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy,
       bx == 0 || bx > 1024 || by != 1 || bz != 1 || shmem != 0 || !params || !params[0] || extra)
     return CUDA_ERROR_INVALID_VALUE;
   const struct gather_param *g = params[0]; /* read now, as CUDA copies the parameters at launch */
+  void *to[GATHER_MAX], *from[GATHER_MAX];
   pthread_mutex_lock(&lock);
   bool ok = true;
   for (unsigned i = 0; i < gy && ok; i++) {
     struct range *d = range_of((uintptr_t)g->dst[i]), *s = range_of((uintptr_t)g->src[i]);
     ok = d && s && g->dst[i] + g->len[i] <= d->base + d->len && g->src[i] + g->len[i] <= s->base + s->len;
+    if (ok) to[i] = rw_of(d, (uintptr_t)g->dst[i]), from[i] = rw_of(s, (uintptr_t)g->src[i]);
   }
   pthread_mutex_unlock(&lock);
   if (!ok) return CUDA_ERROR_INVALID_VALUE; /* a GPU would fault in the kernel: CUDA_ERROR_ILLEGAL_ADDRESS */
   for (unsigned i = 0; i < gy; i++)
-    if ((r = enqueue(st, DP(g->dst[i]), DP(g->src[i]), g->len[i], NULL, NULL)) != CUDA_SUCCESS) return r;
+    if ((r = enqueue(st, to[i], from[i], g->len[i], NULL, NULL)) != CUDA_SUCCESS) return r;
   return CUDA_SUCCESS;
 }
 
@@ -542,14 +574,16 @@ FAKE_API CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned 
   snprintf(path, sizeof(path), "/proc/%u/fd/%u", pid, fd);
   int f = open(path, O_RDWR | O_CLOEXEC);
   if (f < 0) return CUDA_ERROR_INVALID_VALUE;
-  void *m = mmap(NULL, (size_t)len, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
+  uintptr_t m, rw;
+  bool mapped = map_pair(f, (size_t)len, &m, &rw);
   close(f);
-  if (m == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-  if ((r = range_add((uintptr_t)m, (size_t)len, -1, true)) != CUDA_SUCCESS) {
-    munmap(m, (size_t)len);
+  if (!mapped) return CUDA_ERROR_OUT_OF_MEMORY;
+  if ((r = range_add(m, rw, (size_t)len, -1, true)) != CUDA_SUCCESS) {
+    munmap((void *)m, (size_t)len);
+    munmap((void *)rw, (size_t)len);
     return r;
   }
-  *p = (CUdeviceptr)(uintptr_t)m;
+  *p = (CUdeviceptr)m;
   return CUDA_SUCCESS;
 }
 

@@ -12,6 +12,7 @@
  * Engines on 127.0.0.1 (the guest's rxe address there), one process, Transport tcp
  * (rdma in the soft-RoCE guest) unless a test says otherwise. */
 #include <CUnit/Basic.h>
+#include <dlfcn.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
@@ -25,6 +26,7 @@
 #include "hixl/hixl_cache.h"
 #include "hixl/hixl_cs.h"
 #include "hixl/hixl_engine.h"
+#include "raw_auth.h"
 #include "test_util.h"
 
 #define DEV_LEN  (4u << 20) /* each engine's "device" region: several 1 MiB chunks */
@@ -113,6 +115,84 @@ static void test_no_driver(void) {
   HixlEngineFinalize(e);
   HixlEngineDestroy(e);
   tu_free_mem(buf, 4096);
+}
+
+/* With a CUDA driver (the fake one in fakecuda_test_devmem, whose device memory faults
+ * when the CPU touches it, as a GPU's does; the GPU's own in the GPU run): cuMemAlloc'd
+ * memory registered as HIXL_MEM_HOST is refused PARAM_INVALID, naming HIXL_MEM_DEVICE,
+ * and nothing is registered; as HIXL_MEM_DEVICE it registers, and host memory as host
+ * memory still does. Before, it registered as host memory and a peer's WRITE into it
+ * was received there by this CPU: the process died (SIGSEGV on the fake). Likewise an
+ * op whose local range is device memory never registered (hixl takes unregistered
+ * memory for host memory, and stages it through this CPU): refused PARAM_INVALID before
+ * anything is sent; before, the WRITE's send failed EFAULT and took the link down, and
+ * the READ's answer was copied into device memory by the CPU (SIGSEGV). Without a driver
+ * there is nothing to try. */
+static void test_device_as_host(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    CU_PASS("no CUDA driver here: nothing to register");
+    return;
+  }
+  int (*init)(unsigned) = (int (*)(unsigned))dlsym(lib, "cuInit");
+  int (*retain)(void **, int) = (int (*)(void **, int))dlsym(lib, "cuDevicePrimaryCtxRetain");
+  int (*push)(void *) = (int (*)(void *))dlsym(lib, "cuCtxPushCurrent_v2");
+  int (*pop)(void **) = (int (*)(void **))dlsym(lib, "cuCtxPopCurrent_v2");
+  int (*alloc)(unsigned long long *, size_t) =
+      (int (*)(unsigned long long *, size_t))dlsym(lib, "cuMemAlloc_v2");
+  int (*release)(unsigned long long) = (int (*)(unsigned long long))dlsym(lib, "cuMemFree_v2");
+  void *ctx = NULL;
+  unsigned long long dev = 0;
+  if (!init || !retain || !push || !pop || !alloc || !release || init(0) != 0 || retain(&ctx, 0) != 0 ||
+      push(ctx) != 0) {
+    CU_PASS("the CUDA driver does not start here (no device): nothing to register");
+    return;
+  }
+  CU_ASSERT_FATAL(alloc(&dev, 1u << 20) == 0);
+  HixlEngine *e = NULL;
+  char name[TU_ADDR_LEN];
+  uint8_t *buf = tu_alloc_mem(8192, false);
+  HixlMemHandle h = NULL;
+  tu_addr(name, sizeof(name), tu_free_port());
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+  TU_ASSERT_OK_FATAL(HixlEngineInitialize(e, name, NULL, 0));
+  HixlMemDesc d = {.addr = (uintptr_t)dev + 4096, .len = 8192};
+  TU_ASSERT_STATUS(HixlEngineRegisterMem(e, &d, HIXL_MEM_HOST, &h), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("HIXL_MEM_DEVICE");
+  printf("  [%s]\n", HixlGetLastErrorMessage());
+  CU_ASSERT_PTR_NULL(h);
+  HixlMemDesc tail = {.addr = (uintptr_t)dev + (1u << 20) - 100, .len = 100}; /* its last bytes */
+  TU_ASSERT_STATUS(HixlEngineRegisterMem(e, &tail, HIXL_MEM_HOST, &h), HIXL_PARAM_INVALID);
+  TU_ASSERT_OK(HixlEngineRegisterMem(e, &d, HIXL_MEM_DEVICE, &h));
+  TU_ASSERT_OK(HixlEngineDeregisterMem(e, h));
+  HixlMemDesc hd = {.addr = (uintptr_t)buf, .len = 8192};
+  TU_ASSERT_OK(HixlEngineRegisterMem(e, &hd, HIXL_MEM_HOST, &h));
+  /* Unregistered device memory as an op's local range, to a peer's host memory. */
+  char tn[TU_ADDR_LEN];
+  HixlEngine *t = tu_engine_start_opts(tu_addr(tn, sizeof(tn), tu_free_port()), "tcp", NULL, 0);
+  uint8_t *tmem = tu_alloc_mem(8192, false);
+  CU_ASSERT_FATAL(t && tmem && tu_register(t, tmem, 8192));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(e, tn, 5000));
+  tu_fill(tmem, 8192, 701);
+  for (int k = 0; k < 2; k++) {
+    HixlTransferOpDesc op = {.local_addr = (uintptr_t)dev + 64, .remote_addr = (uintptr_t)tmem, .len = 100};
+    TU_ASSERT_STATUS(HixlEngineTransferSync(e, tn, k ? HIXL_READ : HIXL_WRITE, &op, 1, 5000),
+                     HIXL_PARAM_INVALID);
+    TU_ASSERT_ERRMSG_HAS("HIXL_MEM_DEVICE");
+  }
+  TU_ASSERT_PATTERN(tmem, 8192, 701, "the peer's memory an op from unregistered device memory aimed at");
+  HixlTransferOpDesc ok = {.local_addr = (uintptr_t)buf, .remote_addr = (uintptr_t)tmem, .len = 100};
+  TU_ASSERT_OK(HixlEngineTransferSync(e, tn, HIXL_READ, &ok, 1, 5000)); /* the link serves on */
+  TU_ASSERT_PATTERN(buf, 100, 701, "a READ after the refusals");
+  HixlEngineFinalize(t);
+  HixlEngineDestroy(t);
+  tu_free_mem(tmem, 8192);
+  TU_ASSERT_OK(HixlEngineDeregisterMem(e, h));
+  HixlEngineFinalize(e);
+  HixlEngineDestroy(e);
+  tu_free_mem(buf, 8192);
+  CU_ASSERT(release(dev) == 0);
+  pop(&ctx);
 }
 
 /* ---- the provider's IPC (same host, two processes), host stand-in ---- */
@@ -358,6 +438,104 @@ static void test_refusals(void) {
   CU_ASSERT_EQUAL(tu_check_pattern(b.dev, DEV_LEN, 302), -1);
   CU_ASSERT_EQUAL(tu_check_pattern(loose, 8192, 301), -1);
   tu_free_mem(loose, 8192);
+}
+
+/* ---- a hostile peer's staged frames into device memory ---- */
+
+/* A raw peer's HELLO to a keyless engine on 127.0.0.1:port; the socket, or -1. */
+static int raw_hello(uint16_t port) {
+  uint8_t buf[4096];
+  struct wire_hdr h;
+  struct wire_msg m;
+  int fd = raw_dial(port);
+  if (fd < 0) return -1;
+  if (!raw_send_all(fd, buf, wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "raw-peer")) ||
+      !raw_recv_frame(fd, &h, NULL, buf, sizeof(buf)) || h.type != WIRE_HELLO_ACK ||
+      wire_decode(&h, buf, &m) != WIRE_OK || m.u.hello_ack.status != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* A STAGE_WRITE (its data, the ranges' total, after it) or STAGE_READ of n ranges. */
+static bool raw_stage(int fd, enum wire_type type, uint64_t seq, const uint64_t (*s)[2], uint32_t n,
+                      const uint8_t *data) {
+  uint8_t frame[WIRE_HDR_LEN + 12 + 4 * WIRE_STAGE_SEG_LEN];
+  uint64_t total = 0;
+  for (uint32_t i = 0; i < n; i++) total += s[i][1];
+  bool write = type == WIRE_STAGE_WRITE;
+  size_t len = wire_put_stage(frame, type, seq, n, write ? (uint32_t)total : 0);
+  for (uint32_t i = 0; i < n; i++) wire_put_stage_seg(frame, false, i, s[i][0], (uint32_t)s[i][1]);
+  return raw_send_all(fd, frame, len) && (!write || raw_send_all(fd, data, total));
+}
+
+/* The next answer is (type, seq, status) with plen bytes of payload (read and dropped). */
+static bool raw_answer(int fd, uint8_t type, uint64_t seq, uint32_t status, uint32_t plen) {
+  uint8_t body[64];
+  struct wire_hdr h;
+  struct wire_msg m;
+  memset(&m, 0, sizeof(m));
+  if (!raw_recv_frame(fd, &h, NULL, body, sizeof(body)) || wire_decode(&h, body, &m) != WIRE_OK) return false;
+  if (h.type != type || m.u.ack.seq != seq || m.u.ack.status != status || h.payload_len != plen)
+    printf("  [got %s seq %llu %s payload %u]\n", wire_type_name(h.type), (unsigned long long)m.u.ack.seq,
+           HixlStatusName(m.u.ack.status), h.payload_len);
+  return h.type == type && m.u.ack.seq == seq && m.u.ack.status == status && h.payload_len == plen;
+}
+
+/* A peer's STAGE_WRITE / STAGE_READ whose ranges lie in a device registration (alone, or
+ * beside a host registration's): refused FAILED, nothing written, nothing sent, no copy
+ * made; the link serves a host range after. Staged data is moved by this CPU, which on
+ * a GPU host cannot touch device memory. Before, every range inside a registration was
+ * received in place or sent from where it lies, device memory too: the frames were
+ * answered SUCCESS and the CPU wrote and read the "device" bytes (a fault on a GPU). */
+static void test_staged_frames_refused(void) {
+  const size_t dlen = 64u << 10, hlen = 64u << 10;
+  uint16_t port = tu_free_port();
+  char name[TU_ADDR_LEN];
+  snprintf(name, sizeof(name), "127.0.0.1:%u", port);
+  HixlEngine *t = tu_engine_start_opts(name, "tcp", NULL, 0);
+  uint8_t *dev = tu_alloc_mem(dlen, false), *host = tu_alloc_mem(hlen, false), data[32768];
+  HixlMemHandle hd, hh;
+  CU_ASSERT_FATAL(t && dev && host);
+  HixlMemDesc dd = {(uintptr_t)dev, dlen}, hd_ = {(uintptr_t)host, hlen};
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(t, &dd, HIXL_MEM_DEVICE, &hd));
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(t, &hd_, HIXL_MEM_HOST, &hh));
+  tu_fill(dev, dlen, 601);
+  tu_fill(host, hlen, 602);
+  tu_fill(data, sizeof(data), 603);
+  int fd = raw_hello(port);
+  CU_ASSERT_FATAL(fd >= 0);
+  uint64_t o0, i0, o1, i1;
+  devmem_test_counts(&o0, &i0);
+  const uint64_t small[1][2] = {{(uintptr_t)dev + 100, 64}};
+  const uint64_t in_place[1][2] = {{(uintptr_t)dev + 4096, 20000}}; /* long enough to land in place */
+  const uint64_t mixed[2][2] = {{(uintptr_t)host + 8, 64}, {(uintptr_t)dev + 8, 64}};
+  CU_ASSERT(raw_stage(fd, WIRE_STAGE_WRITE, 1, small, 1, data));
+  CU_ASSERT(raw_answer(fd, WIRE_WRITE_ACK, 1, HIXL_FAILED, 0));
+  CU_ASSERT(raw_stage(fd, WIRE_STAGE_WRITE, 2, in_place, 1, data));
+  CU_ASSERT(raw_answer(fd, WIRE_WRITE_ACK, 2, HIXL_FAILED, 0));
+  CU_ASSERT(raw_stage(fd, WIRE_STAGE_WRITE, 3, mixed, 2, data));
+  CU_ASSERT(raw_answer(fd, WIRE_WRITE_ACK, 3, HIXL_FAILED, 0));
+  CU_ASSERT(raw_stage(fd, WIRE_STAGE_READ, 4, small, 1, NULL));
+  CU_ASSERT(raw_answer(fd, WIRE_READ_RESP, 4, HIXL_FAILED, 0));
+  CU_ASSERT(raw_stage(fd, WIRE_STAGE_READ, 5, in_place, 1, NULL));
+  CU_ASSERT(raw_answer(fd, WIRE_READ_RESP, 5, HIXL_FAILED, 0));
+  TU_ASSERT_PATTERN(dev, dlen, 601, "device memory a peer's staged frames aimed at");
+  TU_ASSERT_PATTERN(host, hlen, 602, "host memory beside it in a refused frame");
+  devmem_test_counts(&o1, &i1);
+  CU_ASSERT_EQUAL(o1 - o0, 0);
+  CU_ASSERT_EQUAL(i1 - i0, 0);
+  /* The link still serves host memory. */
+  const uint64_t ok[1][2] = {{(uintptr_t)host + 1000, 64}};
+  CU_ASSERT(raw_stage(fd, WIRE_STAGE_WRITE, 6, ok, 1, data));
+  CU_ASSERT(raw_answer(fd, WIRE_WRITE_ACK, 6, HIXL_SUCCESS, 0));
+  TU_ASSERT_SAME(host + 1000, data, 64, "a staged WRITE to host memory after the refusals");
+  close(fd);
+  HixlEngineFinalize(t);
+  HixlEngineDestroy(t);
+  tu_free_mem(dev, dlen);
+  tu_free_mem(host, hlen);
 }
 
 /* Over the same-host path (shm copies host memory itself) device ops go as tcp frames
@@ -927,6 +1105,8 @@ static void test_cache_device(void) {
 static CU_TestInfo none_tests[] = {
     {"no driver: HIXL_MEM_DEVICE UNSUPPORTED with a sentence (with one: host memory refused)",
      test_no_driver},
+    {"with a driver: device memory registered as host memory refused, naming HIXL_MEM_DEVICE",
+     test_device_as_host},
     CU_TEST_INFO_NULL,
 };
 
@@ -934,6 +1114,8 @@ static CU_TestInfo host_tests[] = {
     {"device <-> device and host, WRITE and READ, 1 B to 3 MiB, byte for byte", test_moves},
     {"64 small ops between device ranges: direct, byte for byte", test_small_batch},
     {"an op from unregistered memory to a device range: refused, nothing moved", test_refusals},
+    {"a peer's staged frames into a device registration: refused, nothing written or read",
+     test_staged_frames_refused},
     {"a shm link: device ops on its socket, beside host ops shm copies, one batch", test_shm_socket},
     {"the link cut under an async device WRITE its target is not reading: FAILED in time", test_peer_lost},
     {"48 async device ops at once, more than the pool: they wait, all land, buffers back", test_many_async},

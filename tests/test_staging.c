@@ -1018,6 +1018,68 @@ static void child_quit(tu_child *c) {
     CU_PASS("child exited 0");
 }
 
+/* ---------------------------------------------------------------- 6b. a peer stops answering */
+
+/* A peer that stops answering (its progress thread held in a service handler: it reads
+ * nothing) while staged units to it are on the wire: each call times out, and at its
+ * deadline its buffer comes back (on the socket a buffer is only a token), so three
+ * calls go out on a pool of two, and a staged WRITE and READ to another peer meanwhile
+ * complete; once the peer reads again, its late answers are dropped and it serves again.
+ * Before, the stalled peer kept the whole pool until its link died: the third call and
+ * those to the other peer ended RESOURCE_EXHAUSTED. Over rdma a unit's buffer stays
+ * until the answer (the target may still move its bytes): not run there. */
+static void test_stalled_peer_pool_back(void) {
+  const struct stage_opts two = {.pool = "2:1"};
+  const size_t len = 64 * KiB;
+  char bn[TU_ADDR_LEN], cn[TU_ADDR_LEN];
+  struct tu_hold h = TU_HOLD_INIT;
+  uint8_t ans[8];
+  uint32_t alen = 0;
+  hixl_call_t held;
+  HixlTransferOpDesc d;
+
+  if (tu_transport() && strcmp(tu_transport(), "rdma") == 0) {
+    CU_PASS("rdma: staged units go by the target's RDMA and keep their buffer until answered");
+    return;
+  }
+  HixlEngine *b = target_start(&DEFAULTS, bn), *c = target_start(&DEFAULTS, cn);
+  HixlEngine *a = engine_start(tu_ip(), &two);
+  uint8_t *bm = tu_alloc_mem(4 * len, false), *cm = tu_alloc_mem(len, false);
+  uint8_t *loose = malloc(len), *back = malloc(len);
+  CU_ASSERT_FATAL(a && b && c && bm && cm && loose && back);
+  CU_ASSERT_FATAL(tu_register(b, bm, 4 * len) && tu_register(c, cm, len));
+  CU_ASSERT_FATAL(connect_to(a, bn) && connect_to(a, cn));
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(b, 1, tu_hold_handler, &h));
+  TU_ASSERT_OK_FATAL(hixl_engine_call_start(a, bn, 1, NULL, 0, ans, sizeof(ans), &alen, XFER_MS, &held));
+  tu_hold_entered(&h); /* b reads nothing from here */
+  tu_fill(loose, len, 901);
+  for (int i = 0; i < 3; i++) {
+    d = desc(loose, (uintptr_t)bm + (size_t)i * len, len);
+    TU_ASSERT_STATUS(sync_xfer(a, bn, HIXL_WRITE, &d, 1, STOP_TIMEOUT), HIXL_TIMEOUT);
+  }
+  tu_fill(loose, len, 902);
+  d = desc(loose, (uintptr_t)cm, len);
+  TU_ASSERT_OK(sync_xfer(a, cn, HIXL_WRITE, &d, 1, XFER_MS));
+  TU_ASSERT_PATTERN(cm, len, 902, "staged WRITE to another peer while one stalls");
+  memset(back, 0, len);
+  d = desc(back, (uintptr_t)cm, len);
+  TU_ASSERT_OK(sync_xfer(a, cn, HIXL_READ, &d, 1, XFER_MS));
+  TU_ASSERT_PATTERN(back, len, 902, "staged READ from another peer while one stalls");
+  tu_hold_release(&h);
+  (void)hixl_engine_call_wait(a, bn, held);
+  tu_fill(loose, len, 903);
+  d = desc(loose, (uintptr_t)bm + 3 * len, len);
+  TU_ASSERT_OK(sync_xfer(a, bn, HIXL_WRITE, &d, 1, XFER_MS));
+  TU_ASSERT_PATTERN(bm + 3 * len, len, 903, "staged WRITE to the peer once it reads again");
+  TU_ASSERT_OK(HixlEngineDestroy(a));
+  TU_ASSERT_OK(HixlEngineDestroy(b));
+  TU_ASSERT_OK(HixlEngineDestroy(c));
+  tu_free_mem(bm, 4 * len);
+  tu_free_mem(cm, len);
+  free(loose);
+  free(back);
+}
+
 /* ---------------------------------------------------------------- 7. exhausted */
 
 /* One call while every buffer is held: RESOURCE_EXHAUSTED on time, "BufferPool 1:1". */
@@ -1270,6 +1332,8 @@ int main(int argc, char **argv) {
   CU_add_test(s, "BufferPool 1:1 cycles one buffer", test_one_buffer);
   CU_add_test(s, "small registered ops coalesced; threshold 0", test_coalescing);
   CU_add_test(s, "async staged requests, window of 4", test_async_window);
+  CU_add_test(s, "a peer stops answering: its units' buffers back at their deadline",
+              test_stalled_peer_pool_back);
   s = CU_add_suite("staging, target in a child process", NULL, NULL);
   CU_add_test(s, "pool held by a stopped peer: EXHAUSTED, then recovers", test_exhausted_pool);
   CU_add_test(s, "unmapped target address: FAILED, target survives", test_target_unmapped);

@@ -4,8 +4,10 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,7 +22,17 @@
 
 #include "devmem/devmem.h"
 #include "util/be.h"
-#include "util/log.h"
+
+/* The notice for the host (devmem_notice_take): devmem sits beside util/log, not above
+ * it, so it logs nothing itself. */
+static char notice[160];
+static bool notice_due; /* atomic: notice is written before it is set */
+
+bool devmem_notice_take(char *out, size_t cap) {
+  if (!__atomic_exchange_n(&notice_due, false, __ATOMIC_ACQ_REL)) return false;
+  snprintf(out, cap, "%s", notice);
+  return true;
+}
 
 HixlStatus devmem_ipc_valid(const struct devmem_ipc *h, char *why, size_t cap) {
   if (!h) {
@@ -161,9 +173,9 @@ static bool cu_load(char *why, size_t cap) {
                           size_t, CUstream))dlsym(h, "cuMemcpyBatchAsync_v2");
   const char *k = getenv("HIXL_DEVMEM_COPY_KERNEL");
   if (k && strcmp(k, "0") != 0 && strcmp(k, "1") != 0) { /* "off" or a typo: on, said, not silently */
-    char esc[64];
-    log_escape(esc, sizeof(esc), k, strlen(k));
-    log_error("HIXL_DEVMEM_COPY_KERNEL=\"%s\" is neither 0 nor 1: the copy kernel stays on", esc);
+    snprintf(notice, sizeof(notice),
+             "HIXL_DEVMEM_COPY_KERNEL=\"%.40s\" is neither 0 nor 1: the copy kernel stays on", k);
+    __atomic_store_n(&notice_due, true, __ATOMIC_RELEASE);
   }
   if (!k || strcmp(k, "0") != 0) {
     cu.module_load = (CUresult(*)(CUmodule *, const void *))dlsym(h, "cuModuleLoadData");
@@ -1413,6 +1425,75 @@ const struct devmem_ops *devmem_get(char *why, size_t cap) {
   pthread_once(&once, devmem_find);
   if (!provider && why) snprintf(why, cap, "%s", provider_why);
   return provider;
+}
+
+#ifdef HIXL_HAVE_CUDA_H
+/* A walk of the loaded objects for libcuda: the first object's count of loads since the
+ * process began (dlpi_adds) tells whether anything was loaded since the last walk that
+ * found none, so a process without CUDA pays one callback a check. */
+struct cu_walk {
+  bool first, found, counted;
+  unsigned long long adds;
+};
+static unsigned long long cu_walked_adds; /* atomic: dlpi_adds at the last walk that found none */
+
+static int cu_lib_seen(struct dl_phdr_info *info, size_t size, void *arg) {
+  struct cu_walk *w = arg;
+  if (w->first) {
+    w->first = false;
+    w->counted = size >= offsetof(struct dl_phdr_info, dlpi_adds) + sizeof(info->dlpi_adds);
+    w->adds = w->counted ? info->dlpi_adds : 0;
+    if (w->counted && w->adds == __atomic_load_n(&cu_walked_adds, __ATOMIC_RELAXED))
+      return 1; /* nothing new */
+  }
+  const char *n = info->dlpi_name, *b = n ? strrchr(n, '/') : NULL;
+  b = b ? b + 1 : n;
+  return (w->found = b && strncmp(b, "libcuda.so", 10) == 0);
+}
+
+/* Whether this process has loaded the CUDA driver (itself, or a runtime for it): only
+ * then can it hold CUDA device memory. A walk of the loaded objects, not a dlopen with
+ * RTLD_NOLOAD (which searches the library path: 20 us); once seen, for good. */
+static bool cu_in_process(void) {
+  static bool seen; /* atomic */
+  struct cu_walk w = {.first = true};
+  if (__atomic_load_n(&seen, __ATOMIC_RELAXED)) return true;
+  dl_iterate_phdr(cu_lib_seen, &w);
+  if (w.found)
+    __atomic_store_n(&seen, true, __ATOMIC_RELAXED);
+  else if (w.counted)
+    __atomic_store_n(&cu_walked_adds, w.adds, __ATOMIC_RELAXED);
+  return w.found;
+}
+#endif
+
+HixlStatus devmem_host_check(uint64_t addr, uint64_t len, char *why, size_t cap) {
+#ifdef HIXL_HAVE_CUDA_H
+  /* Never load the driver here: cuInit in a process that does not use CUDA costs, and
+   * its children forked after could not use CUDA. */
+  if (!cu_in_process()) return HIXL_SUCCESS;
+  if (devmem_get(NULL, 0) != &cuda_ops)
+    return HIXL_SUCCESS; /* the stand-in's "device" memory is host memory */
+  const uint64_t at[2] = {addr, addr + (len ? len - 1 : 0)};
+  for (int i = 0; i < 2; i++) {
+    unsigned int type = 0;
+    int ord = -1, managed = 0; /* managed memory may say DEVICE wherever it lies: the CPU reaches it */
+    if (cu.pointer_attr(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)at[i]) != CUDA_SUCCESS ||
+        type != CU_MEMORYTYPE_DEVICE ||
+        (cu.pointer_attr(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, (CUdeviceptr)at[i]) == CUDA_SUCCESS &&
+         managed))
+      continue;
+    (void)cu.pointer_attr(&ord, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)at[i]);
+    snprintf(why, cap,
+             "0x%llx is CUDA device memory (device %d), which this CPU cannot touch: register it as "
+             "HIXL_MEM_DEVICE",
+             (unsigned long long)at[i], ord);
+    return HIXL_PARAM_INVALID;
+  }
+#else
+  (void)addr, (void)len, (void)why, (void)cap;
+#endif
+  return HIXL_SUCCESS;
 }
 
 HixlStatus devmem_copy_many(const struct devmem_ops *dm, const struct devmem_copy *v, size_t n, size_t *bad,

@@ -122,6 +122,18 @@ HixlStatus devmem_ipc_valid(const struct devmem_ipc *h, char *why, size_t cap);
 /* The provider of this process (found once), or NULL with why: no driver, no device,
  * or a build without CUDA headers. */
 const struct devmem_ops *devmem_get(char *why, size_t cap);
+/* What finding the provider left for the host's log (a setting it could not take, its
+ * value quoted raw: escape it), into out; true once, for the first caller after it was
+ * found (devmem logs nothing itself: it sits beside util/log, not above it). */
+bool devmem_notice_take(char *out, size_t cap);
+
+/* Whether [addr, addr + len), taken for host memory (registered as such, or an op's
+ * unregistered range staged through this CPU), is device memory of the driver this
+ * process loaded (its ends asked): PARAM_INVALID naming it (the CPU cannot touch it: a
+ * recv or memcpy into it faults), else SUCCESS. Never loads a driver (a process holds
+ * device memory only once it loaded one; without one: a walk of the loaded objects);
+ * the host stand-in's "device" memory is host memory. */
+HixlStatus devmem_host_check(uint64_t addr, uint64_t len, char *why, size_t cap);
 
 /* v[0..n) copied by dm: by its copy_many, or one at a time (d2d, to_host, to_device: a
  * wait each) where it has none; *bad and *st as copy_many's. */

@@ -180,10 +180,22 @@ HixlStatus hixl_engine_register_tagged(HixlEngine *e, const HixlMemDesc *mem, Hi
   CHECK_ARG(type == HIXL_MEM_HOST || type == HIXL_MEM_DEVICE, "HixlEngineRegisterMem: unknown memory type %d",
             (int)type);
   int device = -1;
+  if (type == HIXL_MEM_HOST) { /* device memory called host memory: this CPU would touch it */
+    char why[320];
+    HixlStatus hs = devmem_host_check(mem->addr, mem->len, why, sizeof(why));
+    if (hs != HIXL_SUCCESS)
+      return hixl_fail(hs, "HixlEngineRegisterMem: HIXL_MEM_HOST [0x%lx, +%zu): %s", (unsigned long)mem->addr,
+                       mem->len, why);
+  }
   if (type == HIXL_MEM_DEVICE) { /* the provider tells what it is, and which device */
     char why[320];
     const struct devmem_ops *dm = devmem_get(why, sizeof(why));
     if (!dm) return hixl_fail(HIXL_UNSUPPORTED, "HixlEngineRegisterMem: device memory: %s", why);
+    if (devmem_notice_take(why, sizeof(why))) { /* once a process: quotes the host's setting, escaped */
+      char esc[sizeof(why) * 4];
+      log_escape(esc, sizeof(esc), why, strlen(why));
+      log_error("%s", esc);
+    }
     HixlStatus qs = dm->query(mem->addr, mem->len, &device, why, sizeof(why));
     if (qs != HIXL_SUCCESS)
       return hixl_fail(qs, "HixlEngineRegisterMem: HIXL_MEM_DEVICE [0x%lx, +%zu): %s",

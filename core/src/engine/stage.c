@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "devmem/devmem.h"
 #include "engine/engine_int.h"
 #include "engine/stage.h"
 #include "engine/stage_int.h"
@@ -135,11 +136,21 @@ uint32_t stage_cancel(struct hixl_transfer_req *r) {
   uint32_t n = 0;
   char why[160];
   starved_why(r->eng, why, sizeof(why));
-  for (uint32_t i = link_req_first_staged(r); i < r->nchunks; i++)
-    if (r->chunks[i].unit->waiting) {
+  for (uint32_t i = link_req_first_staged(r); i < r->nchunks; i++) {
+    struct chunk *ch = &r->chunks[i];
+    if (ch->unit->waiting) {
       n++;
-      link_chunk_end(&r->chunks[i], HIXL_RESOURCE_EXHAUSTED, why);
+      link_chunk_end(ch, HIXL_RESOURCE_EXHAUSTED, why);
+    } else if (ch->unit->sbuf && !ch->unit->srdma) {
+      /* On the socket, unanswered at the deadline: its buffer was only a token (the data
+       * goes from, and an answer lands in, the caller's ranges; a late answer is dropped,
+       * the request cancelled), so it goes back now. A peer that stops answering kept
+       * it, and so the whole pool from every other peer, until its link died. By RDMA the
+       * target may still move the buffer's bytes: it stays until the answer or the link's
+       * death. */
+      stage_release(ch);
     }
+  }
   return n;
 }
 
@@ -271,6 +282,12 @@ HixlStatus stage_plan_op(const struct conn *c, struct stage_plan *sp, const Hixl
                      "is off (BufferPool 0:0); nothing was sent",
                      fn, i, lreg ? "remote" : "local", (unsigned long)(lreg ? d->remote_addr : d->local_addr),
                      d->len, lreg ? "with " : "with this engine", lreg ? remote : "");
+  char why[256];
+  if (!lreg && devmem_host_check(d->local_addr, d->len, why, sizeof(why)) != HIXL_SUCCESS)
+    return hixl_fail(HIXL_PARAM_INVALID,
+                     "%s: op %zu local range [0x%lx, +%zu) is not registered, so it would be staged through "
+                     "this CPU, but %s; nothing was sent",
+                     fn, i, (unsigned long)d->local_addr, d->len, why);
   if (!(caps & WIRE_CAP_STAGE))
     return hixl_fail(HIXL_FAILED,
                      "%s: op %zu needs staging (its %s range is not registered) but %s does not serve "

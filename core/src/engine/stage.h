@@ -46,8 +46,10 @@ int stage_plan_fill(struct hixl_transfer_req *r, const struct stage_plan *sp, st
 /* Whether small ops on c are worth packing into units, and below which length. */
 bool stage_packs(const struct conn *c);
 uint32_t stage_threshold(const struct conn *c);
-void stage_submit(struct hixl_transfer_req *r);     /* queue r's units for buffers, start what can */
-uint32_t stage_cancel(struct hixl_transfer_req *r); /* end units still waiting; returns how many */
+void stage_submit(struct hixl_transfer_req *r); /* queue r's units for buffers, start what can */
+/* At r's deadline: end its units still waiting (returns how many) and take back the
+ * buffers of those unanswered on the socket. */
+uint32_t stage_cancel(struct hixl_transfer_req *r);
 HixlStatus stage_exhausted(struct HixlEngine *e, const char *fn, uint32_t units, const char *remote);
 
 #endif

@@ -134,13 +134,15 @@ static void target_ack(struct conn *c, uint64_t seq, uint32_t status) {
   if (link_queue_small(c, frame, len, NULL, 0, NULL) < 0) link_conn_kill(c, HIXL_FAILED, "out of memory");
 }
 
-/* Whether every range of the frame just taken lies in one registration (and, scoped,
- * in the peer's grants); fills tregs. Otherwise the frame takes the checked path. */
+/* Whether every range of the frame just taken lies in one registration of host memory
+ * (and, scoped, in the peer's grants); fills tregs. Otherwise the frame takes the
+ * checked path, which refuses device memory: this CPU would receive into it or send
+ * from it in place (on a GPU host, a fault). */
 static bool regs_all(struct conn *c, struct stage_link *t) {
   for (uint32_t i = 0; i < t->tsegs_n; i++)
     if (!(t->tregs[i] =
               (struct hixl_mem_reg *)memtab_find(&c->eng->regs, t->tsegs[i].raddr, t->tsegs[i].len)) ||
-        !link_grant_ok(c, t->tsegs[i].raddr, t->tsegs[i].len))
+        t->tregs[i]->type == HIXL_MEM_DEVICE || !link_grant_ok(c, t->tsegs[i].raddr, t->tsegs[i].len))
       return false;
   return true;
 }
