@@ -538,6 +538,51 @@ static void test_staged_frames_refused(void) {
   tu_free_mem(host, hlen);
 }
 
+/* A peer's WRITE_REQ / READ_REQ of device memory longer than a pool buffer (1 MiB; the
+ * wire takes up to 4 MiB a frame, and hixl's own initiators split at 1 MiB): refused,
+ * nothing written, the link serving after. Before, the WRITE's payload was received into
+ * the 1 MiB pool buffer past its end, and the READ copied 4 MiB out of device memory
+ * into one: a heap overflow any peer could make (ASan: heap-buffer-overflow; plain: a
+ * crash). */
+static void test_oversized_frames_refused(void) {
+  const size_t dlen = 8u << 20;
+  uint16_t port = tu_free_port();
+  char name[TU_ADDR_LEN];
+  snprintf(name, sizeof(name), "127.0.0.1:%u", port);
+  HixlEngine *t = tu_engine_start_opts(name, "tcp", NULL, 0);
+  uint8_t *dev = tu_alloc_mem(dlen, false);
+  uint8_t *buf = malloc(WIRE_SMALL_FRAME + (4u << 20));
+  HixlMemHandle hd;
+  CU_ASSERT_FATAL(t && dev && buf);
+  HixlMemDesc dd = {(uintptr_t)dev, dlen};
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(t, &dd, HIXL_MEM_DEVICE, &hd));
+  tu_fill(dev, dlen, 611);
+  int fd = raw_hello(port);
+  CU_ASSERT_FATAL(fd >= 0);
+  static const uint32_t lens[] = {(1u << 20) + 1, 4u << 20};
+  for (uint32_t i = 0; i < 2; i++) {
+    size_t k = wire_put_write_req(buf, 1 + i, (uintptr_t)dev + 4096, lens[i]);
+    tu_fill(buf + k, lens[i], 612);
+    CU_ASSERT(raw_send_all(fd, buf, k + lens[i]));
+    CU_ASSERT(raw_answer(fd, WIRE_WRITE_ACK, 1 + i, HIXL_RESOURCE_EXHAUSTED, 0));
+    k = wire_put_read_req(buf, 3 + i, (uintptr_t)dev + 4096, lens[i]);
+    CU_ASSERT(raw_send_all(fd, buf, k));
+    CU_ASSERT(raw_answer(fd, WIRE_READ_RESP, 3 + i, HIXL_FAILED, 0));
+  }
+  TU_ASSERT_PATTERN(dev, dlen, 611, "device memory an oversized WRITE aimed at");
+  /* One pool buffer's worth still lands, and is read back. */
+  size_t k = wire_put_write_req(buf, 5, (uintptr_t)dev + 4096, 1u << 20);
+  tu_fill(buf + k, 1u << 20, 613);
+  CU_ASSERT(raw_send_all(fd, buf, k + (1u << 20)));
+  CU_ASSERT(raw_answer(fd, WIRE_WRITE_ACK, 5, HIXL_SUCCESS, 0));
+  TU_ASSERT_PATTERN(dev + 4096, 1u << 20, 613, "a 1 MiB WRITE into device memory");
+  close(fd);
+  free(buf);
+  HixlEngineFinalize(t);
+  HixlEngineDestroy(t);
+  tu_free_mem(dev, dlen);
+}
+
 /* Over the same-host path (shm copies host memory itself) device ops go as tcp frames
  * on the link's socket: alone, and in one batch with host ops that shm copies. */
 static void test_shm_socket(void) {
@@ -1116,6 +1161,8 @@ static CU_TestInfo host_tests[] = {
     {"an op from unregistered memory to a device range: refused, nothing moved", test_refusals},
     {"a peer's staged frames into a device registration: refused, nothing written or read",
      test_staged_frames_refused},
+    {"a peer's WRITE / READ of device memory longer than a pool buffer: refused, no overflow",
+     test_oversized_frames_refused},
     {"a shm link: device ops on its socket, beside host ops shm copies, one batch", test_shm_socket},
     {"the link cut under an async device WRITE its target is not reading: FAILED in time", test_peer_lost},
     {"48 async device ops at once, more than the pool: they wait, all land, buffers back", test_many_async},

@@ -494,8 +494,12 @@ void link_dev_post(struct conn *c, struct chunk *ch) {
   link_wake(e); /* the progress thread, or the caller driving c, copies it */
 }
 
-uint8_t *link_dev_landing(struct conn *c, const struct hixl_mem_reg *r) {
+uint8_t *link_dev_landing(struct conn *c, const struct hixl_mem_reg *r, uint32_t len) {
   char why[256] = "";
+  /* A pool buffer holds one chunk, as hixl's initiators split device ops: a longer
+   * frame (a peer's own; the wire takes 4 MiB) would overrun it. Refused, unlogged: the
+   * peer hears it in the answer. */
+  if (len > ENGINE_TCP_CHUNK) return NULL;
   /* Never refused for want of a pool buffer: one beyond the pool when it is out or this
    * link holds its share (the link then stalls until one is back, devq_pause), so no
    * link's WRITE fails and none takes more than its share of the pool. */
@@ -533,6 +537,13 @@ void link_dev_landed(struct conn *c, struct link_pay *pay) {
 
 void link_dev_read(struct conn *c, struct hixl_mem_reg *r, uint64_t seq, uint64_t raddr, uint32_t len) {
   struct HixlEngine *e = c->eng;
+  if (len > ENGINE_TCP_CHUNK) { /* a pool buffer holds one chunk: a longer copy would overrun it */
+    uint8_t frame[WIRE_SMALL_FRAME];
+    if (link_queue_small(c, frame, wire_put_ack(frame, WIRE_READ_RESP, seq, HIXL_FAILED, 0), NULL, 0, NULL) <
+        0)
+      link_conn_kill(c, HIXL_FAILED, "out of memory");
+    return;
+  }
   struct devjob *j = calloc(1, sizeof(*j));
   struct txitem *it = j ? calloc(1, sizeof(*it)) : NULL;
   if (!it) {

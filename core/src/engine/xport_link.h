@@ -248,11 +248,12 @@ HixlStatus xport_devmem_in(const struct hixl_mem_reg *r, uint64_t dst, const voi
  * copied with the lock released (link_progress.c). Initiator: ch, a WRITE or READ
  * chunk of a device registration, queued on c; its frame leaves once its buffer (and a
  * WRITE's copy) is ready, frames behind it wait. Target: the buffer a WRITE of len
- * bytes into r lands in, or NULL (pool empty: refuse it); the link stops reading while
- * the pool is empty. Once landed (pay), the copy to the device, then the ACK. A READ of
+ * bytes into r lands in, or NULL (no memory, or len above one pool buffer: refuse it);
+ * the link stops reading while the pool is empty. A READ longer than a pool buffer is
+ * answered FAILED. Once landed (pay), the copy to the device, then the ACK. A READ of
  * r: copied out, then answered; the answers keep their order. */
 void link_dev_post(struct conn *c, struct chunk *ch);
-uint8_t *link_dev_landing(struct conn *c, const struct hixl_mem_reg *r);
+uint8_t *link_dev_landing(struct conn *c, const struct hixl_mem_reg *r, uint32_t len);
 void link_dev_landed(struct conn *c, struct link_pay *pay);
 void link_dev_read(struct conn *c, struct hixl_mem_reg *r, uint64_t seq, uint64_t raddr, uint32_t len);
 

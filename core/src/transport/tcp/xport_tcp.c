@@ -42,8 +42,10 @@ static void tcp_target_frame(struct conn *c, const struct wire_msg *m) {
     struct link_pay *pay = link_pay_of(c, &xport_tcp);
     uint8_t *dst = r ? (uint8_t *)(uintptr_t)m->u.write_req.raddr : NULL, *bounce = NULL;
     uint32_t st = r ? HIXL_SUCCESS : HIXL_FAILED;
-    if (r && r->type == HIXL_MEM_DEVICE && !(dst = bounce = link_dev_landing(c, r)))
-      st = HIXL_RESOURCE_EXHAUSTED; /* device memory lands in a host buffer first; no memory: dropped */
+    /* Device memory lands in a host buffer first; none (no memory, or the frame is longer
+     * than one): dropped. */
+    if (r && r->type == HIXL_MEM_DEVICE && !(dst = bounce = link_dev_landing(c, r, m->hdr.payload_len)))
+      st = HIXL_RESOURCE_EXHAUSTED;
     link_pay_single(c, dst, m->hdr.payload_len);
     *pay = (struct link_pay){.seq = m->u.write_req.seq,
                              .reg = r,
