@@ -643,6 +643,48 @@ static void test_peer_lost(void) {
   side_down(&y);
 }
 
+/* Device READs from four peers that stop answering (their threads held) time out; the
+ * pool buffers their answers would have landed in come back at the deadline, and a
+ * healthy peer's device READ then lands byte for byte. Before, each stalled link kept
+ * its share (4 of the pool's 16) until it died: four such peers held the whole pool,
+ * and the healthy peer's READ timed out too. */
+static void test_stalled_peers_keep_no_pool(void) {
+  enum { STALLED = 4 };
+  struct side x, y[STALLED + 1];
+  struct tu_hold h[STALLED];
+  hixl_call_t held[STALLED];
+  uint8_t ans[8];
+  uint32_t alen = 0;
+  uint64_t out0, out1, pinned, waits;
+  CU_ASSERT_FATAL(side_up(&x, "tcp"));
+  for (int i = 0; i <= STALLED; i++) {
+    CU_ASSERT_FATAL(side_up(&y[i], "tcp"));
+    TU_ASSERT_OK_FATAL(HixlEngineConnect(x.e, y[i].name, 5000));
+  }
+  devmem_test_pool(&out0, &pinned, &waits);
+  for (int i = 0; i < STALLED; i++) {
+    h[i] = (struct tu_hold)TU_HOLD_INIT;
+    TU_ASSERT_OK_FATAL(hixl_engine_set_service(y[i].e, 1, tu_hold_handler, &h[i]));
+    TU_ASSERT_OK_FATAL(
+        hixl_engine_call_start(x.e, y[i].name, 1, NULL, 0, ans, sizeof(ans), &alen, 20000, &held[i]));
+    tu_hold_entered(&h[i]);                                                   /* y[i] reads nothing more */
+    HixlTransferOpDesc d = {(uintptr_t)x.dev, (uintptr_t)y[i].host, DEV_LEN}; /* 4 chunks of 1 MiB */
+    TU_ASSERT_STATUS(HixlEngineTransferSync(x.e, y[i].name, HIXL_READ, &d, 1, 200), HIXL_TIMEOUT);
+  }
+  devmem_test_pool(&out1, &pinned, &waits);
+  CU_ASSERT_EQUAL(out1, out0); /* every buffer back at the deadlines */
+  tu_fill(y[STALLED].host, HOST_LEN, 521);
+  HixlTransferOpDesc d = {(uintptr_t)x.dev, (uintptr_t)y[STALLED].host, DEV_LEN};
+  TU_ASSERT_OK(HixlEngineTransferSync(x.e, y[STALLED].name, HIXL_READ, &d, 1, 5000));
+  TU_ASSERT_PATTERN(x.dev, DEV_LEN, 521, "a healthy peer's device READ beside stalled ones");
+  for (int i = 0; i < STALLED; i++) {
+    tu_hold_release(&h[i]);
+    hixl_engine_call_wait(x.e, y[i].name, held[i]); /* the late answers are dropped */
+  }
+  side_down(&x);
+  for (int i = 0; i <= STALLED; i++) side_down(&y[i]);
+}
+
 /* ---- the pool of pinned host buffers, copies without the lock ---- */
 
 /* One round trip through b's progress thread after a's last answer came: b answers a
@@ -1166,6 +1208,8 @@ static CU_TestInfo host_tests[] = {
     {"a shm link: device ops on its socket, beside host ops shm copies, one batch", test_shm_socket},
     {"the link cut under an async device WRITE its target is not reading: FAILED in time", test_peer_lost},
     {"48 async device ops at once, more than the pool: they wait, all land, buffers back", test_many_async},
+    {"device READs from peers that stop answering: the pool comes back at their deadlines",
+     test_stalled_peers_keep_no_pool},
     {"the pool: a wait when out, a buffer of its own from spill, freed when put back", test_pool_spill},
     {"two links WRITE into one target beyond its pool: none refused, all land, buffers back",
      test_two_links_write},

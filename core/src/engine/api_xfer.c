@@ -54,6 +54,7 @@ HixlStatus api_req_wait(HixlEngine *e, struct conn *c, struct hixl_transfer_req 
   } else if (r->outstanding > 0) {
     uint32_t left = r->outstanding;
     r->cancelled = true;
+    link_req_drop_bounces(r);
     bool reset = mods_req_timeout(e, r);
     st = hixl_fail(HIXL_TIMEOUT, "%s: %u of %u chunks to %s unanswered at the deadline%s", fn, left,
                    r->nchunks + (r->then ? 1u : 0u), remote,
@@ -445,6 +446,7 @@ HixlStatus HixlEngineGetTransferStatus(HixlEngine *e, HixlTransferReq req, HixlT
       s = HIXL_TRANSFER_TIMEOUT;
       hixl_fail(HIXL_TIMEOUT, "transfer: %u of %u chunks unanswered at the deadline", r->outstanding,
                 r->nchunks);
+      link_req_drop_bounces(r);
       mods_req_timeout(e, r);
     }
   }

@@ -803,6 +803,7 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
     c->pay_chunk = ch;
     uint8_t *dst = ch->req->cancelled ? NULL : ch->laddr;
     if (dst && ch->bounce) dst = ch->bounce; /* device memory: into its pool buffer, copied in after */
+    ch->landing = dst && dst == ch->bounce;  /* its bounce stays until then (link_req_drop_bounces) */
     link_pay_single(c, dst, m->hdr.payload_len);
     return;
   }
@@ -831,7 +832,8 @@ static void payload_done(struct conn *c) {
     char why[384];
     why[0] = '\0';
     c->pay_chunk = NULL;
-    if (!ch) return;                         /* its chunk ended first: the data was dropped */
+    if (!ch) return; /* its chunk ended first: the data was dropped */
+    ch->landing = false;
     if (ch->bounce && !ch->req->cancelled) { /* a READ into device memory: copied in by the devq */
       link_devq_land(c, ch);
       return;

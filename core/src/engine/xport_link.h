@@ -109,6 +109,7 @@ struct chunk {
   const struct xport_ops *owner; /* the module told of its answer and its end (staged units) */
   uint8_t *bounce;               /* a READ into device memory: its answer lands here first (a pool buffer) */
   struct devjob *dj;             /* its device copy while one is queued or running (engine_int.h) */
+  bool landing;                  /* its READ answer is being received into bounce */
   uint8_t answer;                /* the answer's wire type, when not the kind's usual one */
   bool dev;                      /* a direct op's on device memory (here or at the peer): counted */
 };
