@@ -106,7 +106,9 @@ HIXL_API HixlStatus HixlCSClientCreate(const HixlClientDesc *client_desc, const 
  *  After a failure or a lost link, Connect may simply be called again. */
 HIXL_API HixlStatus HixlCSClientConnect(HixlClientHandle client_handle, uint32_t timeout_ms);
 /** The server's registrations and their tags, as of now. The arrays belong to the
- *  client and stay valid until the next call or HixlCSClientDestroy. */
+ *  client and stay valid until the next call or HixlCSClientDestroy: the next call from
+ *  any thread, so threads that share a client and read these arrays must take turns
+ *  (the one exception to "safe from any thread": the seed hands the arrays out so). */
 HIXL_API HixlStatus HixlCSClientGetRemoteMem(HixlClientHandle client_handle, HcommMem **remote_mem_list,
                                              char ***mem_tag_list, uint32_t *list_num, uint32_t timeout_ms);
 /** Register local memory for put/get; mem_tag may be NULL. */
