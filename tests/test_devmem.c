@@ -671,6 +671,18 @@ static void test_stalled_peers_keep_no_pool(void) {
     HixlTransferOpDesc d = {(uintptr_t)x.dev, (uintptr_t)y[i].host, DEV_LEN}; /* 4 chunks of 1 MiB */
     TU_ASSERT_STATUS(HixlEngineTransferSync(x.e, y[i].name, HIXL_READ, &d, 1, 200), HIXL_TIMEOUT);
   }
+  /* Two async READs on one stalled link: the second's chunks wait for buffers (4 a
+   * link), and leave without them, or take those the first gave back, at its deadline. */
+  HixlTransferReq rq[2];
+  for (int k = 0; k < 2; k++) {
+    HixlTransferOpDesc d = {(uintptr_t)x.dev, (uintptr_t)y[0].host, DEV_LEN};
+    TU_ASSERT_OK_FATAL(HixlEngineTransferAsync(x.e, y[0].name, HIXL_READ, &d, 1, 200, NULL, &rq[k]));
+  }
+  for (int k = 0; k < 2; k++) {
+    HixlTransferStatus fin = HIXL_TRANSFER_WAITING;
+    tu_wait_request(x.e, rq[k], tu_now_ms() + 10000, &fin);
+    CU_ASSERT_EQUAL(fin, HIXL_TRANSFER_TIMEOUT);
+  }
   devmem_test_pool(&out1, &pinned, &waits);
   CU_ASSERT_EQUAL(out1, out0); /* every buffer back at the deadlines */
   tu_fill(y[STALLED].host, HOST_LEN, 521);

@@ -36,6 +36,29 @@ struct hixl_transfer_req *api_req_new(HixlEngine *e, uint32_t nchunks, uint64_t 
   return r;
 }
 
+/* At cancelled r's deadline: its device READs not answered yet give their pool buffer
+ * back (a late answer is dropped), as stage_cancel does a socket unit's, and those still
+ * waiting for one leave without it; one whose answer is landing or being copied to the
+ * device keeps it until that ends. Else a peer that stops answering kept them, and with
+ * a few such peers the pool, from every other. */
+static void req_drop_bounces(struct hixl_transfer_req *r) {
+  for (uint32_t i = 0; i < r->nchunks; i++) {
+    struct chunk *ch = &r->chunks[i];
+    if (ch->kind != CHUNK_READ) continue;
+    if (ch->dj && ch->dj->kind == DJ_ASK && ch->dj->needs_buf) {
+      /* Still waiting for a buffer: its frame goes without one (the answer is dropped),
+       * rather than take one later for an answer nobody waits for. */
+      struct conn *c = ch->dj->c;
+      ch->tx.unready = false;
+      link_devq_drop(r->eng, ch->dj);
+      link_flush(c);
+    } else if (ch->bounce && !ch->dj && !ch->landing) {
+      link_devbuf_put(r->eng, ch->bounce);
+      ch->bounce = NULL;
+    }
+  }
+}
+
 /* Wait for a request the caller holds, then let go of it. Lock held. */
 HixlStatus api_req_wait(HixlEngine *e, struct conn *c, struct hixl_transfer_req *r, const char *fn,
                         const char *remote) {
@@ -54,7 +77,7 @@ HixlStatus api_req_wait(HixlEngine *e, struct conn *c, struct hixl_transfer_req 
   } else if (r->outstanding > 0) {
     uint32_t left = r->outstanding;
     r->cancelled = true;
-    link_req_drop_bounces(r);
+    req_drop_bounces(r);
     bool reset = mods_req_timeout(e, r);
     st = hixl_fail(HIXL_TIMEOUT, "%s: %u of %u chunks to %s unanswered at the deadline%s", fn, left,
                    r->nchunks + (r->then ? 1u : 0u), remote,
@@ -446,7 +469,7 @@ HixlStatus HixlEngineGetTransferStatus(HixlEngine *e, HixlTransferReq req, HixlT
       s = HIXL_TRANSFER_TIMEOUT;
       hixl_fail(HIXL_TIMEOUT, "transfer: %u of %u chunks unanswered at the deadline", r->outstanding,
                 r->nchunks);
-      link_req_drop_bounces(r);
+      req_drop_bounces(r);
       mods_req_timeout(e, r);
     }
   }

@@ -434,12 +434,6 @@ void link_then_flush(struct hixl_transfer_req *r);
 struct conn *link_then_conn(struct hixl_transfer_req *r);
 /* r gave up (its deadline): a CALL still held ends with st, why. */
 void link_then_cancel(struct hixl_transfer_req *r, HixlStatus st, const char *why);
-/* At cancelled r's deadline: its device READs not answered yet give their pool buffer
- * back (a late answer is dropped), as stage_cancel does a socket unit's, and those still
- * waiting for one leave without it; one whose answer is landing or being copied to the
- * device keeps it until that ends. Else a peer that stops answering kept them, and with
- * a few such peers the pool, from every other. */
-void link_req_drop_bounces(struct hixl_transfer_req *r);
 void link_drive(struct conn *c, struct hixl_transfer_req *r);
 void link_take_pending(struct conn *c);
 void link_free_graveyard(struct HixlEngine *e);

@@ -108,24 +108,6 @@ void link_then_cancel(struct hixl_transfer_req *r, HixlStatus st, const char *wh
   link_chunk_end(r->then, st, why);
 }
 
-void link_req_drop_bounces(struct hixl_transfer_req *r) {
-  for (uint32_t i = 0; i < r->nchunks; i++) {
-    struct chunk *ch = &r->chunks[i];
-    if (ch->kind != CHUNK_READ) continue;
-    if (ch->dj && ch->dj->kind == DJ_ASK && ch->dj->needs_buf) {
-      /* Still waiting for a buffer: its frame goes without one (the answer is dropped),
-       * rather than take one later for an answer nobody waits for. */
-      struct conn *c = ch->dj->c;
-      ch->tx.unready = false;
-      link_devq_drop(r->eng, ch->dj);
-      link_flush(c);
-    } else if (ch->bounce && !ch->dj && !ch->landing) {
-      link_devbuf_put(r->eng, ch->bounce);
-      ch->bounce = NULL;
-    }
-  }
-}
-
 void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why) {
   struct hixl_transfer_req *r = ch->req;
   if (ch->dj && !ch->dj->running) link_devq_drop(r->eng, ch->dj); /* its copy had not begun */

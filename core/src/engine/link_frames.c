@@ -803,7 +803,7 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
     c->pay_chunk = ch;
     uint8_t *dst = ch->req->cancelled ? NULL : ch->laddr;
     if (dst && ch->bounce) dst = ch->bounce; /* device memory: into its pool buffer, copied in after */
-    ch->landing = dst && dst == ch->bounce;  /* its bounce stays until then (link_req_drop_bounces) */
+    ch->landing = dst && dst == ch->bounce;  /* its bounce stays until then (api_xfer.c) */
     link_pay_single(c, dst, m->hdr.payload_len);
     return;
   }
