@@ -222,9 +222,9 @@ static void *link_main(void *arg) {
   return NULL;
 }
 
-/* Link to every consumer rank the batch's parts write to, all at once (a thread each
- * when there are several): a consumer instance that is gone costs one
- * connect_timeout_ms, not one per part. A part whose link failed fails now. */
+/* Link to every consumer rank the batch's parts write to (p[i].peer: one a consumer), all at once (a thread
+ * each when there are several): a consumer instance that is gone costs one connect_timeout_ms, not one per
+ * part. A part whose link failed fails now. */
 static void link_all(hixl_kv_connector *c, struct kv_push **v, size_t n, struct push_part *p) {
   struct link_job *jobs = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*jobs)));
   size_t nj = 0, *of = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*of)));
@@ -235,11 +235,9 @@ static void link_all(hixl_kv_connector *c, struct kv_push **v, size_t n, struct 
     free(of);
     return;
   }
-  for (size_t i = 0; i < n; i++) {
-    size_t k = 0;
-    while (k < nj && strcmp(jobs[k].e->remote, v[i]->e.remote) != 0) k++;
-    if (k == nj) jobs[nj++] = (struct link_job){.c = c, .e = &v[i]->e};
-    of[i] = k;
+  for (size_t i = 0; i < n; i++) { /* a job a consumer: its first part's (p[i].peer) */
+    if (p[i].peer == i) jobs[nj] = (struct link_job){.c = c, .e = &v[i]->e};
+    of[i] = p[i].peer == i ? nj++ : of[p[i].peer];
   }
   for (size_t k = 0; k < nj; k++) {
     jobs[k].started = nj > 1 && pthread_create(&jobs[k].t, NULL, link_main, &jobs[k]) == 0;
@@ -409,15 +407,15 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
     for (size_t i = 0; i < n; i++) push_end(c, v[i], HIXL_RESOURCE_EXHAUSTED, "out of memory", 0, 0);
     goto free_arrays;
   }
-  link_all(c, v, n, b.p);
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = 0; i < n; i++) { /* the consumers: a part's is its remote's first part */
     struct push_part *q = &b.p[i];
-    q->accepting = q->st == HIXL_SUCCESS;
     q->peer = i;
     for (size_t j = 0; j < i && q->peer == i; j++)
       if (strcmp(v[j]->e.remote, v[i]->e.remote) == 0) q->peer = b.p[j].peer;
     npeers += q->peer == i;
   }
+  link_all(c, v, n, b.p);
+  for (size_t i = 0; i < n; i++) b.p[i].accepting = b.p[i].st == HIXL_SUCCESS;
   /* One part: its ACCEPT here. Several: on a thread a consumer, while this one pushes. */
   for (; n > 1 && nthreads < npeers && nthreads < PUSH_ACCEPTERS; nthreads++) {
     if (pthread_create(&th[nthreads], NULL, accept_main, &b) != 0) break;
