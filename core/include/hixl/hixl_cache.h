@@ -89,7 +89,7 @@ typedef struct {
   uint32_t src_layer_start, src_layer_count;
   uint32_t dst_layer_start, dst_layer_count;
   uint32_t tensor_num_per_layer; /* in [1, num_tensors], dividing it; 0: the default 2 */
-  int32_t timeout_ms;            /* 0: HIXL_DEFAULT_TIMEOUT_MS */
+  int32_t timeout_ms;            /* the whole call: its lookup and its transfer; 0: HIXL_DEFAULT_TIMEOUT_MS */
 } HixlCacheTransferArgs;
 #define HIXL_CACHE_TRANSFER_ARGS_INIT                                                                        \
   { -1, 0, 0, 0, 0, HIXL_CACHE_TENSORS_PER_LAYER, 0 }

@@ -1,6 +1,6 @@
 /* cache_codec: keys (wire form, text, equality), tags, and the CACHE service's messages. */
 /* Every message is big-endian, through util/be.h:
- *   request:       proto u8 (CM_PROTO), op u8, then for LOOKUP a key
+ *   request:       proto u8 (CM_PROTO), op u8, then for LOOKUP a key (HELLO: nothing)
  *   key:           kind u8, then REQ: cluster, req, model, prefix (u64 each);
  *                  ID: cluster u64, cache u64, batch u32; BLOCKS: cluster u64, model u64
  *   HELLO answer:  cluster u64, nonce u64
@@ -101,6 +101,33 @@ void cm_key_text(const HixlCacheAnyKey *k, char *out, size_t cap) {
 
 void cm_tag_of(char *tag, uint64_t nonce, uint64_t id) {
   snprintf(tag, CM_TAG_LEN, CM_TAG_PREFIX "%016" PRIx64 "/%" PRIu64, nonce, id);
+}
+
+HixlStatus cm_get_request(const uint8_t *req, size_t len, const char *peer, uint8_t *op, HixlCacheAnyKey *k,
+                          char *why, size_t cap) {
+  struct be_in in = be_in_of(req, len);
+  uint8_t proto = be_in_u8(&in), o = be_in_u8(&in);
+  if (in.bad || proto != CM_PROTO) {
+    snprintf(why, cap, "cache service request of %zu bytes from %s, layout %u: this side speaks layout %u",
+             len, peer, proto, CM_PROTO);
+    return HIXL_UNSUPPORTED;
+  }
+  if (o == CM_OP_HELLO) {
+    if (be_in_left(&in) != 0) {
+      snprintf(why, cap, "malformed cache hello from %s: %zu bytes after the op", peer, be_in_left(&in));
+      return HIXL_PARAM_INVALID;
+    }
+  } else if (o == CM_OP_LOOKUP) {
+    if (!cm_get_key(&in, k) || be_in_left(&in) != 0) {
+      snprintf(why, cap, "malformed cache lookup from %s (%zu bytes)", peer, len);
+      return HIXL_PARAM_INVALID;
+    }
+  } else {
+    snprintf(why, cap, "unknown cache service operation %u from %s", o, peer);
+    return HIXL_UNSUPPORTED;
+  }
+  *op = o;
+  return HIXL_SUCCESS;
 }
 
 void cm_put_view(struct be_out *o, const struct cm_cache *c, uint32_t batch) {

@@ -141,6 +141,10 @@ void cm_key_text(const HixlCacheAnyKey *k, char *out, size_t cap);
 void cm_tag_of(char *tag, uint64_t nonce, uint64_t id); /* tag: CM_TAG_LEN bytes */
 void cm_put_key(struct be_out *o, const HixlCacheAnyKey *k);
 bool cm_get_key(struct be_in *i, HixlCacheAnyKey *k); /* false: malformed */
+/* A CACHE service request from peer: its op, and for LOOKUP the key (into *k); anything
+ * malformed or not spoken here is refused (why, text) before the service acts on it. */
+HixlStatus cm_get_request(const uint8_t *req, size_t len, const char *peer, uint8_t *op, HixlCacheAnyKey *k,
+                          char *why, size_t cap);
 /* A LOOKUP answer: local cache c, batch item batch. */
 void cm_put_view(struct be_out *o, const struct cm_cache *c, uint32_t batch);
 /* Decode a LOOKUP answer (v->addrs allocated); false when it is malformed. */
@@ -186,7 +190,8 @@ HixlStatus cm_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
 void cm_views_free(struct cm_view *v);
 struct cm_link *cm_link_by_cluster(HixlCacheManager *m, uint64_t cluster); /* mgr->lock held */
 void cm_forget(HixlCacheManager *m, uint64_t cluster, uint64_t id);
-HixlStatus cm_find(HixlCacheManager *m, const HixlCacheAnyKey *key, int32_t timeout_ms, const char *fn,
+/* deadline: the calling pull's or push's (CLOCK_MONOTONIC ns), its lookup and transfer both inside it */
+HixlStatus cm_find(HixlCacheManager *m, const HixlCacheAnyKey *key, uint64_t deadline, const char *fn,
                    struct cm_view **out, char *remote, bool *hit);
 
 /* ---- cache_plan.c: op lists; pull and push ---- */

@@ -197,7 +197,7 @@ void cm_forget(HixlCacheManager *m, uint64_t cluster, uint64_t id) {
 /* The peer's view of the cache key names, from memory when it still holds (every
  * tensor still advertised under the cache's tag), else by one lookup. *out is the
  * caller's copy; *remote the peer's engine. */
-HixlStatus cm_find(HixlCacheManager *m, const HixlCacheAnyKey *key, int32_t timeout_ms, const char *fn,
+HixlStatus cm_find(HixlCacheManager *m, const HixlCacheAnyKey *key, uint64_t deadline, const char *fn,
                    struct cm_view **out, char *remote, bool *hit) {
   *hit = false;
   uint64_t cluster = cm_key_cluster(key);
@@ -242,10 +242,15 @@ HixlStatus cm_find(HixlCacheManager *m, const HixlCacheAnyKey *key, int32_t time
   be_out_u8(&b, CM_PROTO);
   be_out_u8(&b, CM_OP_LOOKUP);
   cm_put_key(&b, key);
+  uint64_t now = hixl_now_ns();
+  if (now >= deadline)
+    return hixl_fail(HIXL_TIMEOUT, "%s: timed out before the lookup of a cache on cluster %" PRIu64, fn,
+                     cluster);
+  int32_t left = (int32_t)((deadline - now + 999999) / 1000000);
   size_t cap = 40 + (size_t)HIXL_CACHE_MAX_ADDRS * 8, n = 0;
   uint8_t *ans = malloc(cap);
   if (!ans) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
-  HixlStatus st = hixl_engine_call(m->eng, remote, HIXL_SERVICE_CACHE, req, b.len, ans, cap, &n, timeout_ms);
+  HixlStatus st = hixl_engine_call(m->eng, remote, HIXL_SERVICE_CACHE, req, b.len, ans, cap, &n, left);
   pthread_mutex_lock(&m->lock);
   m->stats.lookups++;
   pthread_mutex_unlock(&m->lock);

@@ -90,12 +90,11 @@ struct cm_then {
   hixl_call_t *call;
 };
 
-/* Run ops against remote, in engine-sized batches within one deadline; with then, the
- * last batch is started with its call and not waited for. */
+/* Run ops against remote, in engine-sized batches within the call's deadline; with then,
+ * the last batch is started with its call and not waited for. */
 static HixlStatus cm_run_ops(HixlCacheManager *m, const char *remote, HixlTransferOp op,
-                             const struct opvec *o, int32_t timeout_ms, const struct cm_then *then,
+                             const struct opvec *o, uint64_t deadline, const struct cm_then *then,
                              const char *fn) {
-  uint64_t deadline = hixl_deadline_ns(timeout_ms);
   HixlStatus st = HIXL_SUCCESS;
   size_t calls = 0;
   for (size_t i = 0; i < o->n && st == HIXL_SUCCESS; i += HIXL_MAX_BATCH) {
@@ -182,9 +181,10 @@ static HixlStatus cm_item_in(HixlCacheManager *m, const HixlCacheAnyKey *key, ui
     goto out;
   }
   uint64_t there = cm_key_cluster(key);
+  uint64_t deadline = hixl_deadline_ns(a->timeout_ms); /* the lookup and the transfer: one timeout */
   bool hit;
 retry:
-  if ((st = cm_find(m, key, a->timeout_ms, fn, &v, remote, &hit)) != HIXL_SUCCESS) goto out;
+  if ((st = cm_find(m, key, deadline, fn, &v, remote, &hit)) != HIXL_SUCCESS) goto out;
   if (v->blocks) {
     st = hixl_fail(HIXL_PARAM_INVALID,
                    "%s: cache %" PRIu64 " on cluster %" PRIu64 " is a blocks cache; use the blocks calls", fn,
@@ -223,7 +223,7 @@ retry:
         goto out;
       }
     }
-  st = cm_run_ops(m, remote, push ? HIXL_WRITE : HIXL_READ, &ops, a->timeout_ms, NULL, fn);
+  st = cm_run_ops(m, remote, push ? HIXL_WRITE : HIXL_READ, &ops, deadline, NULL, fn);
   if (cm_stale_view(m, st, hit, there, &v, &ops)) goto retry;
 out:
   opvec_free(&ops);
@@ -279,9 +279,10 @@ static HixlStatus cm_blocks_in(HixlCacheManager *m, const HixlCacheAnyKey *key, 
     st = hixl_fail(HIXL_PARAM_INVALID, "%s: local cache %" PRIu64 " is not a blocks cache", fn, c->id);
     goto out;
   }
+  uint64_t deadline = hixl_deadline_ns(a->timeout_ms); /* the lookup and the transfer: one timeout */
   bool hit;
 retry:
-  if ((st = cm_find(m, key, a->timeout_ms, fn, &v, remote, &hit)) != HIXL_SUCCESS) goto out;
+  if ((st = cm_find(m, key, deadline, fn, &v, remote, &hit)) != HIXL_SUCCESS) goto out;
   if (push && !v->blocks) {
     st = hixl_fail(HIXL_PARAM_INVALID, "%s: cache %" PRIu64 " on cluster %" PRIu64 " is not a blocks cache",
                    fn, v->id, there);
@@ -342,7 +343,7 @@ retry:
     st = hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
     goto out;
   }
-  st = cm_run_ops(m, remote, push ? HIXL_WRITE : HIXL_READ, &ops, a->timeout_ms, then, fn);
+  st = cm_run_ops(m, remote, push ? HIXL_WRITE : HIXL_READ, &ops, deadline, then, fn);
   if (cm_stale_view(m, st, hit, there, &v, &ops)) goto retry;
 out:
   opvec_free(&ops);

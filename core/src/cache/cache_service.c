@@ -44,46 +44,33 @@ static struct cm_cache *cache_by_key(HixlCacheManager *m, const HixlCacheAnyKey 
 HixlStatus cm_serve(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp, size_t cap,
                     size_t *resp_len) {
   HixlCacheManager *m = ctx;
-  struct be_in in = be_in_of(req, len);
   struct be_out out = be_out_fixed(resp, cap);
-  uint8_t proto = be_in_u8(&in), op = be_in_u8(&in);
-  HixlStatus st = HIXL_SUCCESS;
   char why[320] = "";
-  if (in.bad || proto != CM_PROTO) {
-    snprintf(why, sizeof(why), "cache service request of %zu bytes, layout %u: this side speaks layout %u",
-             len, proto, CM_PROTO);
-    st = HIXL_UNSUPPORTED;
-  } else if (op == CM_OP_HELLO && be_in_left(&in) == 0) {
+  uint8_t op = 0;
+  HixlCacheAnyKey k;
+  HixlStatus st = cm_get_request(req, len, peer, &op, &k, why, sizeof(why));
+  if (st == HIXL_SUCCESS && op == CM_OP_HELLO) {
     be_out_u64(&out, m->cluster_id);
     be_out_u64(&out, m->nonce);
-  } else if (op == CM_OP_LOOKUP) {
-    HixlCacheAnyKey k;
-    if (!cm_get_key(&in, &k) || be_in_left(&in) != 0) {
-      snprintf(why, sizeof(why), "malformed cache lookup from %s", peer);
-      st = HIXL_PARAM_INVALID;
+  } else if (st == HIXL_SUCCESS) { /* CM_OP_LOOKUP */
+    pthread_mutex_lock(&m->lock);
+    uint32_t batch = 0;
+    struct cm_cache *c = cache_by_key(m, &k, &batch, why, sizeof(why));
+    if (!c) {
+      st = HIXL_NOT_FOUND;
+    } else if (!c->remote) {
+      snprintf(why, sizeof(why),
+               "cache %" PRIu64 " of cluster %" PRIu64 " is registered without remote access", c->id,
+               m->cluster_id);
+      st = HIXL_NOT_FOUND;
     } else {
-      pthread_mutex_lock(&m->lock);
-      uint32_t batch = 0;
-      struct cm_cache *c = cache_by_key(m, &k, &batch, why, sizeof(why));
-      if (!c) {
-        st = HIXL_NOT_FOUND;
-      } else if (!c->remote) {
-        snprintf(why, sizeof(why),
-                 "cache %" PRIu64 " of cluster %" PRIu64 " is registered without remote access", c->id,
-                 m->cluster_id);
-        st = HIXL_NOT_FOUND;
-      } else {
-        cm_put_view(&out, c, batch);
-      }
-      pthread_mutex_unlock(&m->lock);
-      if (st == HIXL_SUCCESS && out.bad) {
-        snprintf(why, sizeof(why), "cache answer does not fit %zu bytes", cap);
-        st = HIXL_FAILED;
-      }
+      cm_put_view(&out, c, batch);
     }
-  } else {
-    snprintf(why, sizeof(why), "unknown cache service operation %u", op);
-    st = HIXL_UNSUPPORTED;
+    pthread_mutex_unlock(&m->lock);
+    if (st == HIXL_SUCCESS && out.bad) {
+      snprintf(why, sizeof(why), "cache answer does not fit %zu bytes", cap);
+      st = HIXL_FAILED;
+    }
   }
   if (st != HIXL_SUCCESS) {
     size_t n = strlen(why);
