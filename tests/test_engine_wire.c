@@ -296,6 +296,70 @@ static void test_out_of_range_refused_link_kept(void) {
   close(fd);
 }
 
+/* The next answer on fd, past the MEM_ADD / MEM_DEL frames the target broadcasts. */
+static bool read_answer(int fd, struct wire_hdr *h, struct wire_msg *m) {
+  uint8_t body[512];
+  while (read_frame(fd, h, body, sizeof(body)))
+    if (h->type != WIRE_MEM_ADD && h->type != WIRE_MEM_DEL) return wire_decode(h, body, m) == WIRE_OK;
+  return false;
+}
+
+/* Well-formed frames in the wrong places, to a target: a WRITE or READ across two
+ * adjacent registrations, into one deregistered since, or wrapping past 2^64: each
+ * refused, memory untouched, the link kept; then a second HELLO on the live link
+ * closes it. */
+static void test_wrong_places_refused(void) {
+  uint8_t frame[64], data[128];
+  struct wire_hdr h;
+  struct wire_msg m;
+  uint8_t *two = tu_alloc_mem(8192, false);
+  HixlMemHandle h0, h1;
+  HixlMemDesc d0 = {(uintptr_t)two, 4096}, d1 = {(uintptr_t)two + 4096, 4096};
+  memset(two, 0x22, 8192);
+  memset(data, 0xdd, sizeof(data));
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(target, &d0, HIXL_MEM_HOST, &h0));
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(target, &d1, HIXL_MEM_HOST, &h1));
+  int fd = raw_link();
+  CU_ASSERT_FATAL(fd >= 0);
+  /* Across the boundary of the two registrations. */
+  size_t n = wire_put_write_req(frame, 1, (uintptr_t)two + 4096 - 64, sizeof(data));
+  CU_ASSERT(raw_send_all(fd, frame, n) && raw_send_all(fd, data, sizeof(data)));
+  CU_ASSERT_FATAL(read_answer(fd, &h, &m));
+  CU_ASSERT(h.type == WIRE_WRITE_ACK && m.u.ack.seq == 1 && m.u.ack.status == HIXL_FAILED);
+  n = wire_put_read_req(frame, 2, (uintptr_t)two + 4096 - 64, sizeof(data));
+  CU_ASSERT(raw_send_all(fd, frame, n));
+  CU_ASSERT_FATAL(read_answer(fd, &h, &m));
+  CU_ASSERT(h.type == WIRE_READ_RESP && m.u.ack.seq == 2 && m.u.ack.status == HIXL_FAILED &&
+            h.payload_len == 0);
+  /* Wrapping past 2^64. */
+  n = wire_put_read_req(frame, 3, UINT64_MAX - 15, sizeof(data));
+  CU_ASSERT(raw_send_all(fd, frame, n));
+  CU_ASSERT_FATAL(read_answer(fd, &h, &m));
+  CU_ASSERT(h.type == WIRE_READ_RESP && m.u.ack.seq == 3 && m.u.ack.status == HIXL_FAILED &&
+            h.payload_len == 0);
+  /* Into the second after DeregisterMem (its MEM_DEL comes first, skipped). */
+  TU_ASSERT_OK(HixlEngineDeregisterMem(target, h1));
+  n = wire_put_write_req(frame, 4, (uintptr_t)two + 4096 + 64, sizeof(data));
+  CU_ASSERT(raw_send_all(fd, frame, n) && raw_send_all(fd, data, sizeof(data)));
+  CU_ASSERT_FATAL(read_answer(fd, &h, &m));
+  CU_ASSERT(h.type == WIRE_WRITE_ACK && m.u.ack.seq == 4 && m.u.ack.status == HIXL_FAILED);
+  CU_ASSERT(tu_check_byte(two, 8192, 0x22) == -1);
+  /* The link still serves the first. */
+  n = wire_put_write_req(frame, 5, (uintptr_t)two + 64, sizeof(data));
+  CU_ASSERT(raw_send_all(fd, frame, n) && raw_send_all(fd, data, sizeof(data)));
+  CU_ASSERT_FATAL(read_answer(fd, &h, &m));
+  CU_ASSERT(h.type == WIRE_WRITE_ACK && m.u.ack.seq == 5 && m.u.ack.status == HIXL_SUCCESS);
+  CU_ASSERT(tu_check_byte(two + 64, sizeof(data), 0xdd) == -1);
+  /* A second HELLO on the live link: closed. */
+  uint8_t hello[512];
+  CU_ASSERT(raw_send_all(fd, hello, wire_put_hello(hello, sizeof(hello), WIRE_CAP_TCP_DATA, "raw-again")));
+  CU_ASSERT(closed_by_peer(fd));
+  close(fd);
+  TU_ASSERT_OK(HixlEngineDeregisterMem(target, h0));
+  tu_free_mem(two, 8192);
+  assert_target_serves();
+}
+
 static void test_truncated_then_gone(void) {
   uint8_t frame[64];
   int fd = raw_link();
@@ -1117,8 +1181,18 @@ enum fake_mode {
   FAKE_NEW_VERSION,
   FAKE_BAD_SEQ,
   FAKE_CLOSE_THEN_SERVE,
-  FAKE_MEM_FLOOD
+  FAKE_MEM_FLOOD,
+  FAKE_RAILS_MEM_FLOOD, /* advertises rails; MEM_ADDs past LINK_PEER_MEM_MAX before its RAILS_ACK */
+  FAKE_RAILS_ELSEWHERE, /* answers RAILS with addresses no peer's rail has (svc_port: a local service) */
+  FAKE_RAILS_DEVICE,    /* a second rail to itself, whose HELLO_ACK alone lists a device registration */
+  FAKE_EMPTY_WRAPPING,  /* advertises empty and wrapping registrations, in HELLO_ACK and MEM_ADD */
+  FAKE_RAILS_FULL,      /* LINK_PEER_MEM_MAX registrations, then a second rail listing more */
+  FAKE_READ_LONG,       /* advertises FAKE_REG; answers a READ with more bytes than it asked */
+  FAKE_WRONG_KIND,      /* ... answers a WRITE with a READ_RESP of its seq */
+  FAKE_DOUBLE_ACK       /* ... answers a WRITE twice */
 };
+
+#define FAKE_REG 0x100000000ull /* the 4 KiB registration the answering fakes advertise */
 
 struct fake {
   int lfd;
@@ -1127,20 +1201,97 @@ struct fake {
   pthread_t th;
   int pipe_done[2];   /* the test closes the write end to end the fake */
   int pipe_closed[2]; /* FAKE_CLOSE_THEN_SERVE: written once the first link is closed */
+  uint16_t svc_port;  /* FAKE_RAILS_ELSEWHERE: a listener standing for a service of this host */
 };
 
-static bool send_hello_ack(int fd, uint8_t version) {
+static bool send_hello_ack_caps(int fd, uint8_t version, uint32_t caps) {
   uint8_t buf[64];
   struct wire_wr w;
   wire_begin(&w, buf, sizeof(buf), WIRE_HELLO_ACK);
   wire_put_u32(&w, 0);
-  wire_put_u32(&w, WIRE_CAP_TCP_DATA);
+  wire_put_u32(&w, caps);
   wire_put_u16(&w, 4);
   wire_put_bytes(&w, "fake", 4);
   wire_put_u32(&w, 0);
   size_t n = wire_end(&w, 0);
   buf[4] = version;
   return raw_send_all(fd, buf, n);
+}
+
+static bool send_hello_ack(int fd, uint8_t version) {
+  return send_hello_ack_caps(fd, version, WIRE_CAP_TCP_DATA);
+}
+
+struct fake_ent {
+  uint64_t addr, len;
+  uint8_t kind;
+};
+
+/* HELLO_ACK (tcp data) listing n registrations, each tagged "d". */
+static bool fake_hello_ack_ents(int fd, uint8_t *buf, size_t cap, const struct fake_ent *e, uint32_t n) {
+  struct wire_wr w;
+  wire_begin(&w, buf, cap, WIRE_HELLO_ACK);
+  wire_put_u32(&w, 0);
+  wire_put_u32(&w, WIRE_CAP_TCP_DATA);
+  wire_put_u16(&w, 4);
+  wire_put_bytes(&w, "fake", 4);
+  wire_put_u32(&w, n);
+  for (uint32_t i = 0; i < n; i++) wire_put_mem_entry_kind(&w, e[i].addr, e[i].len, 0, "d", e[i].kind);
+  return raw_send_all(fd, buf, wire_end(&w, 0));
+}
+
+/* Read the initiator's SYNC and answer it. */
+static bool fake_answer_sync(int fd, uint8_t *buf, size_t cap) {
+  struct wire_hdr h;
+  if (!read_frame(fd, &h, buf, cap) || h.type != WIRE_SYNC) return false;
+  uint64_t seq = 0;
+  for (int i = 0; i < 8; i++) seq = seq << 8 | buf[i];
+  return raw_send_all(fd, buf, wire_put_ack(buf, WIRE_SYNC_ACK, seq, 0, 0));
+}
+
+/* The rails modes: HELLO_ACK with WIRE_CAP_RAILS, the initiator's RAILS read, then
+ * (flood) more MEM_ADDs than it keeps, and RAILS_ACK naming n rails (addr, port). */
+static void fake_rails(int fd, struct fake *f, uint8_t *buf, size_t cap) {
+  struct wire_hdr h;
+  if (!send_hello_ack_caps(fd, WIRE_VERSION, WIRE_CAP_TCP_DATA | WIRE_CAP_RAILS) ||
+      !read_frame(fd, &h, buf, cap) || h.type != WIRE_RAILS)
+    return;
+  uint32_t adds = f->mode == FAKE_RAILS_MEM_FLOOD ? LINK_PEER_MEM_MAX + 1
+                  : f->mode == FAKE_RAILS_FULL    ? LINK_PEER_MEM_MAX
+                                                  : 0;
+  for (uint32_t i = 0; i < adds; i++) {
+    struct wire_wr w;
+    wire_begin(&w, buf, cap, WIRE_MEM_ADD);
+    wire_put_mem_entry(&w, 0x100000000ull + (uint64_t)i * 4096, 4096, 0, "");
+    if (!raw_send_all(fd, buf, wire_end(&w, 0))) return; /* the initiator gave up on the link */
+  }
+  /* Rail 0 (this link), then: this host as 0.0.0.0, a multicast and a broadcast
+   * address, no port; every one at the local service's port but the last. */
+  uint32_t addr[5] = {0x7f000001u, 0, 0xe0000001u, 0xffffffffu, 0x7f000001u};
+  uint16_t port[5] = {f->port, f->svc_port, f->svc_port, f->svc_port, 0};
+  uint32_t n = f->mode == FAKE_RAILS_ELSEWHERE ? 5 : 1;
+  bool two = f->mode == FAKE_RAILS_DEVICE || f->mode == FAKE_RAILS_FULL;
+  if (two) { /* rail 1: this listener again */
+    n = 2;
+    addr[1] = 0x7f000001u;
+    port[1] = f->port;
+  }
+  if (!raw_send_all(fd, buf, wire_put_rails_ack(buf, cap, 0, addr, port, n)) || !two) return;
+  struct pollfd pa = {.fd = f->lfd, .events = POLLIN};
+  int fd1 = poll(&pa, 1, 5000) == 1 ? accept(f->lfd, NULL, NULL) : -1;
+  if (fd1 < 0 || !read_frame(fd1, &h, buf, cap)) {
+    if (fd1 >= 0) close(fd1);
+    return;
+  }
+  struct fake_ent ents[40] = {{0x200000000ull, 4096, WIRE_MEM_DEVICE}};
+  uint32_t k = 1;
+  for (; f->mode == FAKE_RAILS_FULL && k < 40; k++)
+    ents[k] = (struct fake_ent){0x900000000ull + k * 4096, 4096, 0};
+  fake_hello_ack_ents(fd1, buf, cap, ents, k);
+  fake_answer_sync(fd, buf, cap); /* the initiator's (remote_mems) on the control link, rail 0 */
+  struct pollfd pd = {.fd = f->pipe_done[0], .events = POLLIN};
+  poll(&pd, 1, 10000);
+  close(fd1);
 }
 
 static void *fake_main(void *arg) {
@@ -1161,6 +1312,50 @@ static void *fake_main(void *arg) {
   if (f->mode != FAKE_SILENT && f->mode != FAKE_CLOSE_THEN_SERVE && read_frame(fd, &h, buf, sizeof(buf))) {
     size_t n;
     switch (f->mode) {
+    case FAKE_RAILS_MEM_FLOOD:
+    case FAKE_RAILS_ELSEWHERE:
+    case FAKE_RAILS_DEVICE:
+    case FAKE_RAILS_FULL: fake_rails(fd, f, buf, sizeof(buf)); break;
+    case FAKE_EMPTY_WRAPPING: {
+      /* One good registration among empty ones and ones that wrap past 2^64 (or end at it). */
+      const struct fake_ent ents[] = {{0x300000000ull, 0, 0},
+                                      {0xfffffffffffff000ull, 0x2000, 0},
+                                      {0x100000000ull, 4096, 0},
+                                      {0xfffffffffffff000ull, 0x1000, 0}};
+      const struct fake_ent adds[] = {{0x400000000ull, 0, 0}, {0xffffffffffffe000ull, 0x3000, 0}};
+      bool ok = fake_hello_ack_ents(fd, buf, sizeof(buf), ents, 4);
+      for (int k = 0; ok && k < 2; k++) { /* and as MEM_ADDs on the live link */
+        struct wire_wr w;
+        wire_begin(&w, buf, sizeof(buf), WIRE_MEM_ADD);
+        wire_put_mem_entry_kind(&w, adds[k].addr, adds[k].len, 0, "d", 0);
+        ok = raw_send_all(fd, buf, wire_end(&w, 0));
+      }
+      if (ok) fake_answer_sync(fd, buf, sizeof(buf));
+      break;
+    }
+    case FAKE_READ_LONG:
+    case FAKE_WRONG_KIND:
+    case FAKE_DOUBLE_ACK: {
+      const struct fake_ent reg = {FAKE_REG, 4096, 0};
+      uint8_t pay[4096 + 16];
+      if (!fake_hello_ack_ents(fd, buf, sizeof(buf), &reg, 1) || !read_frame(fd, &h, buf, sizeof(buf)) ||
+          h.payload_len > sizeof(pay) || !raw_recv_all(fd, pay, h.payload_len))
+        break;
+      uint64_t seq = 0;
+      for (int i = 0; i < 8; i++) seq = seq << 8 | buf[i];
+      uint32_t len = (uint32_t)buf[16] << 24 | (uint32_t)buf[17] << 16 | (uint32_t)buf[18] << 8 | buf[19];
+      memset(pay, 0xab, sizeof(pay));
+      if (f->mode == FAKE_READ_LONG && len <= 4096) { /* 16 bytes more than asked */
+        n = wire_put_ack(buf, WIRE_READ_RESP, seq, 0, len + 16);
+        if (raw_send_all(fd, buf, n)) raw_send_all(fd, pay, len + 16);
+      } else if (f->mode == FAKE_WRONG_KIND) {
+        raw_send_all(fd, buf, wire_put_ack(buf, WIRE_READ_RESP, seq, 0, 0));
+      } else if (f->mode == FAKE_DOUBLE_ACK) {
+        n = wire_put_ack(buf, WIRE_WRITE_ACK, seq, 0, 0);
+        if (raw_send_all(fd, buf, n)) raw_send_all(fd, buf, n);
+      }
+      break;
+    }
     case FAKE_GARBAGE: raw_send_all(fd, "HTTP/1.1 400 Bad Request\r\n\r\n", 28); break;
     case FAKE_MEM_FLOOD: /* after the first request: a registration more than an initiator keeps */
       if (send_hello_ack(fd, WIRE_VERSION) && read_frame(fd, &h, buf, sizeof(buf)))
@@ -1287,6 +1482,162 @@ static void test_mem_add_flood_ends_link(void) {
   HixlEngineDestroy(c);
   fake_stop(&f);
   tu_free_mem(buf, 4096);
+}
+
+/* An initiator with five rails listed, for the fakes that advertise rails. */
+static HixlEngine *rails_client(void) {
+  HixlOption o[] = {{"Rails", "127.0.0.1,127.0.0.2,127.0.0.3,127.0.0.4,127.0.0.5"}, {"Transport", "tcp"}};
+  HixlEngine *c;
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&c));
+  TU_ASSERT_OK_FATAL(HixlEngineInitialize(c, "127.0.0.1", o, 2));
+  return c;
+}
+
+/* A target that streams MEM_ADDs while the initiator waits for its RAILS_ACK (the
+ * handshake reads them too): bounded as on a live link, Connect FAILED in time (before:
+ * every one kept, LINK_PEER_MEM_MAX + 1 of them, and Connect succeeded). */
+static void test_mem_add_flood_in_handshake(void) {
+  struct fake f = {0};
+  char addr[TU_ADDR_LEN];
+  fake_start(&f, FAKE_RAILS_MEM_FLOOD);
+  tu_addr(addr, sizeof(addr), f.port);
+  HixlEngine *c = rails_client();
+  int64_t t0 = tu_now_ms();
+  TU_ASSERT_STATUS(HixlEngineConnect(c, addr, 10000), HIXL_FAILED);
+  TU_ASSERT_ERRMSG_HAS("LINK_PEER_MEM_MAX");
+  CU_ASSERT(tu_now_ms() - t0 < 10000);
+  size_t n = 0;
+  TU_ASSERT_STATUS(hixl_engine_rails(c, addr, NULL, 0, &n), HIXL_NOT_CONNECTED);
+  HixlEngineDestroy(c);
+  fake_stop(&f);
+}
+
+/* A target whose RAILS_ACK names 0.0.0.0 (this host, to connect), multicast and
+ * broadcast addresses and port 0: none dialled, the link Connect made is the one rail,
+ * and the local service at 0.0.0.0's port got no connection (before: dialled, and
+ * the prober dialled it again every RailProbeMs). */
+static void test_rails_elsewhere_not_dialled(void) {
+  struct fake f = {0};
+  char addr[TU_ADDR_LEN];
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  socklen_t sl = sizeof(sa);
+  int svc = socket(AF_INET, SOCK_STREAM, 0);
+  inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  CU_ASSERT_FATAL(bind(svc, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(svc, 8) == 0);
+  getsockname(svc, (struct sockaddr *)&sa, &sl);
+  f.svc_port = ntohs(sa.sin_port);
+  fake_start(&f, FAKE_RAILS_ELSEWHERE);
+  tu_addr(addr, sizeof(addr), f.port);
+  HixlEngine *c = rails_client();
+  TU_ASSERT_OK(HixlEngineConnect(c, addr, 1500)); /* it waits for the rails it dials */
+  struct hixl_rail_info ri[HIXL_RAILS_MAX];
+  size_t n = 99;
+  TU_ASSERT_OK(hixl_engine_rails(c, addr, ri, HIXL_RAILS_MAX, &n));
+  CU_ASSERT_EQUAL(n, 0); /* one rail: the link Connect made */
+  struct pollfd pf = {.fd = svc, .events = POLLIN};
+  CU_ASSERT_EQUAL(poll(&pf, 1, 0), 0); /* nobody connected to the service */
+  HixlEngineDestroy(c);
+  fake_stop(&f);
+  close(svc);
+}
+
+/* A registration only a second rail's handshake lists, as device memory: the
+ * initiator's table says device memory, as the rail said (before: host memory, the
+ * kind dropped as the rail's table joined the peer's). */
+static void test_rail_table_keeps_kind(void) {
+  struct fake f = {0};
+  char addr[TU_ADDR_LEN];
+  fake_start(&f, FAKE_RAILS_DEVICE);
+  tu_addr(addr, sizeof(addr), f.port);
+  HixlEngine *c = rails_client();
+  TU_ASSERT_OK(HixlEngineConnect(c, addr, 3000));
+  struct hixl_rail_info ri[HIXL_RAILS_MAX];
+  size_t n = 0;
+  TU_ASSERT_OK(hixl_engine_rails(c, addr, ri, HIXL_RAILS_MAX, &n));
+  CU_ASSERT_EQUAL(n, 2);
+  struct hixl_remote_mem *v = NULL;
+  size_t count = 0;
+  TU_ASSERT_OK(hixl_engine_remote_mems(c, addr, 3000, &v, &count));
+  CU_ASSERT_EQUAL_FATAL(count, 1);
+  CU_ASSERT_EQUAL(v[0].addr, 0x200000000ull);
+  CU_ASSERT_EQUAL(v[0].len, 4096);
+  CU_ASSERT_STRING_EQUAL(v[0].tag, "d");
+  CU_ASSERT(v[0].device);
+  free(v);
+  HixlEngineDestroy(c);
+  fake_stop(&f);
+}
+
+/* A target at LINK_PEER_MEM_MAX registrations whose second rail lists more: the table
+ * stays at the bound (before: each rail's handshake added its own, past it). */
+static void test_rail_table_bounded(void) {
+  struct fake f = {0};
+  char addr[TU_ADDR_LEN];
+  fake_start(&f, FAKE_RAILS_FULL);
+  tu_addr(addr, sizeof(addr), f.port);
+  HixlEngine *c = rails_client();
+  TU_ASSERT_OK(HixlEngineConnect(c, addr, 10000));
+  size_t n = 0;
+  TU_ASSERT_OK(hixl_engine_rails(c, addr, NULL, 0, &n));
+  CU_ASSERT_EQUAL(n, 2);
+  struct hixl_remote_mem *v = NULL;
+  size_t count = 0;
+  TU_ASSERT_OK(hixl_engine_remote_mems(c, addr, 10000, &v, &count));
+  CU_ASSERT(count <= LINK_PEER_MEM_MAX);
+  free(v);
+  HixlEngineDestroy(c);
+  fake_stop(&f);
+}
+
+/* Answers that do not fit what was asked: the link ends FAILED ("protocol error"),
+ * no byte of a READ answered with more than it asked lands, and a second answer to a
+ * WRITE ends the next transfer on the link rather than answering it. */
+static void test_wrong_answers_fail_link(void) {
+  static const enum fake_mode modes[] = {FAKE_READ_LONG, FAKE_WRONG_KIND, FAKE_DOUBLE_ACK};
+  for (size_t k = 0; k < sizeof(modes) / sizeof(modes[0]); k++) {
+    struct fake f = {0};
+    char addr[TU_ADDR_LEN];
+    uint8_t *buf;
+    HixlEngine *c = fake_client(&f, modes[k], addr, &buf);
+    memset(buf, 0x5a, 4096);
+    HixlTransferOpDesc op = {(uintptr_t)buf + 1024, FAKE_REG, 64};
+    HixlTransferOp kind = modes[k] == FAKE_READ_LONG ? HIXL_READ : HIXL_WRITE;
+    if (modes[k] == FAKE_DOUBLE_ACK) /* the first answer is its */
+      TU_ASSERT_OK(HixlEngineTransferSync(c, addr, HIXL_WRITE, &op, 1, 3000));
+    TU_ASSERT_STATUS(HixlEngineTransferSync(c, addr, kind, &op, 1, 3000), HIXL_FAILED);
+    TU_ASSERT_ERRMSG_HAS("protocol error");
+    CU_ASSERT(tu_check_byte(buf, 4096, 0x5a) == -1); /* a READ's buffer: nothing landed */
+    TU_ASSERT_STATUS(HixlEngineTransferSync(c, addr, HIXL_WRITE, &op, 1, 1000), HIXL_NOT_CONNECTED);
+    HixlEngineDestroy(c);
+    fake_stop(&f);
+    tu_free_mem(buf, 4096);
+  }
+}
+
+/* A target advertising empty registrations and ones that wrap past 2^64, in HELLO_ACK
+ * and by MEM_ADD: only its good one is kept and listed (before: all of them, handed on
+ * to the caller as they came). */
+static void test_empty_wrapping_not_kept(void) {
+  struct fake f = {0};
+  char addr[TU_ADDR_LEN];
+  HixlEngine *c;
+  HixlOption o[] = {{"Transport", "tcp"}};
+  fake_start(&f, FAKE_EMPTY_WRAPPING);
+  tu_addr(addr, sizeof(addr), f.port);
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&c));
+  TU_ASSERT_OK_FATAL(HixlEngineInitialize(c, "127.0.0.1", o, 1));
+  TU_ASSERT_OK(HixlEngineConnect(c, addr, 3000));
+  struct hixl_remote_mem *v = NULL;
+  size_t count = 0;
+  TU_ASSERT_OK(hixl_engine_remote_mems(c, addr, 3000, &v, &count)); /* its SYNC follows the MEM_ADDs */
+  CU_ASSERT_EQUAL(count, 1);
+  if (count >= 1) {
+    CU_ASSERT_EQUAL(v[0].addr, 0x100000000ull);
+    CU_ASSERT_EQUAL(v[0].len, 4096);
+  }
+  free(v);
+  HixlEngineDestroy(c);
+  fake_stop(&f);
 }
 
 /* A scoped target of its own, its memory mem (MEM_LEN) granted to the raw peers'
@@ -1827,6 +2178,8 @@ int main(int argc, char **argv) {
   CU_add_test(t, "out-of-range WRITE/READ refused, memory untouched, link kept",
               test_out_of_range_refused_link_kept);
   CU_add_test(t, "a truncated frame then a vanished peer", test_truncated_then_gone);
+  CU_add_test(t, "WRITE/READ across registrations, deregistered or wrapping refused; a second HELLO closes",
+              test_wrong_places_refused);
   CU_add_test(t, "CALL_AFTER: served behind its landed WRITEs, refused behind a refused one",
               test_call_after);
   CU_add_test(t, "CALL_TAG on a tcp link: closed, not served", test_call_tag_on_tcp_closes);
@@ -1855,6 +2208,17 @@ int main(int argc, char **argv) {
   CU_add_test(i, "response out of order: FAILED, then NOT_CONNECTED", test_response_out_of_order_fails_link);
   CU_add_test(i, "a target advertising more than LINK_PEER_MEM_MAX registrations: the link ends",
               test_mem_add_flood_ends_link);
+  CU_add_test(i, "a target advertising more than LINK_PEER_MEM_MAX registrations in the handshake: FAILED",
+              test_mem_add_flood_in_handshake);
+  CU_add_test(i, "a target naming 0.0.0.0, multicast, broadcast or port 0 as rails: none dialled",
+              test_rails_elsewhere_not_dialled);
+  CU_add_test(i, "a device registration a second rail lists: device memory in the table",
+              test_rail_table_keeps_kind);
+  CU_add_test(i, "empty and wrapping registrations advertised: not kept", test_empty_wrapping_not_kept);
+  CU_add_test(i, "a READ answered long, a WRITE answered as a READ or twice: FAILED, nothing lands",
+              test_wrong_answers_fail_link);
+  CU_add_test(i, "a second rail listing registrations past LINK_PEER_MEM_MAX: the table stays bounded",
+              test_rail_table_bounded);
   CU_add_test(i, "target hung up while idle: Connect links again", test_reconnect_after_idle_hangup);
   CU_basic_set_mode(CU_BRM_VERBOSE);
   CU_basic_run_tests();

@@ -230,6 +230,17 @@ static uint32_t rail_source(const HixlEngine *e, const struct sockaddr_in *to, u
   return e->opts.rail_addr[i % e->opts.rails_n];
 }
 
+/* Whether a peer reached at link (rail 0) may have a rail at to: a port and a unicast
+ * address, never 0.0.0.0 (connect takes it as this host), loopback only for a peer on
+ * this host. Else a peer would have this engine dial, and its prober dial again and
+ * again, a service of this host it names. */
+static bool rail_addr_ok(const struct sockaddr_in *link, const struct sockaddr_in *to) {
+  uint32_t a = ntohl(to->sin_addr.s_addr), l = ntohl(link->sin_addr.s_addr);
+  if (to->sin_port == 0 || a == INADDR_ANY || a >= 0xe0000000u)
+    return false; /* multicast, reserved, broadcast */
+  return (a >> 24) != 127 || (l >> 24) == 127;
+}
+
 /* Connect's link is rail 0; RAILS_ACK names the peer's rails, its listen address first. */
 static HixlStatus ask_rails(HixlEngine *e, int fd, const char *remote, uint64_t deadline, struct peer *p) {
   uint8_t buf[WIRE_HDR_LEN + 12 + WIRE_RAIL_LEN * WIRE_MAX_RAILS];
@@ -252,17 +263,28 @@ static HixlStatus ask_rails(HixlEngine *e, int fd, const char *remote, uint64_t 
   p->rails[0].local = here;
   p->rails[0].local.sin_port = 0; /* dialled again from any port */
   getpeername(fd, (struct sockaddr *)&p->rails[0].remote, &(socklen_t){sizeof(p->rails[0].remote)});
+  uint32_t k = 1;
   for (uint32_t i = 1; i < n; i++) {
     uint32_t addr;
     uint16_t port;
     wire_rail_at(&m, i, &addr, &port);
-    struct rail *rl = &p->rails[i];
+    struct rail *rl = &p->rails[k];
     rl->remote = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons(port)};
     rl->remote.sin_addr.s_addr = htonl(addr);
+    if (!rail_addr_ok(&p->rails[0].remote, &rl->remote)) {
+      char to[32];
+      log_warn("link to %s: its rail %u (%s) is not an address a peer's rail can have (no port, 0.0.0.0, "
+               "multicast or broadcast, or loopback from a peer reached over a network): not dialled",
+               remote, i, addr_str(&rl->remote, to, sizeof(to)));
+      memset(rl, 0, sizeof(*rl));
+      continue;
+    }
     rl->local = (struct sockaddr_in){.sin_family = AF_INET};
-    rl->local.sin_addr.s_addr = rail_source(e, &rl->remote, i);
+    rl->local.sin_addr.s_addr = rail_source(e, &rl->remote, k);
+    k++;
   }
-  p->n_rails = n;
+  if (k < 2) memset(p->rails, 0, sizeof(p->rails)); /* one rail: the link Connect made */
+  p->n_rails = k < 2 ? 0 : k;
   return HIXL_SUCCESS;
 }
 
@@ -304,9 +326,13 @@ static HixlStatus rail_dial(HixlEngine *e, const char *want_name, const struct r
 static void rail_keys(struct peer *p, const struct peer *hs, uint32_t k) {
   for (size_t i = 0; i < hs->rtab.count; i++) {
     const struct remote_mem *t = (const struct remote_mem *)hs->rtab.v[i];
+    /* The bound of a peer's table holds for all its rails together (a miss costs a SYNC). */
+    if (p->rtab.count >= LINK_PEER_MEM_MAX && !memtab_find_exact(&p->rtab, t->range.addr, t->range.len))
+      continue;
     struct wire_mem_entry me = {.addr = t->range.addr,
                                 .len = t->range.len,
                                 .rkey = t->rkey,
+                                .kind = t->kind, /* else a device range it alone lists reads as host */
                                 .tag_len = (uint16_t)strlen(t->tag),
                                 .tag = (const uint8_t *)t->tag};
     link_peer_add_mem(p, &me, (int)k);

@@ -628,6 +628,11 @@ HixlStatus link_handshake_recv(int fd, uint64_t deadline, struct peer *p, uint8_
     if (h->type != WIRE_MEM_ADD && h->type != WIRE_MEM_DEL) return HIXL_SUCCESS;
     if (wire_decode(h, buf + WIRE_HDR_LEN, &m) != WIRE_OK) return hixl_fail(HIXL_FAILED, "malformed frame");
     if (h->type == WIRE_MEM_ADD) {
+      /* The live link's bound holds here too: a peer streaming MEM_ADDs before its
+       * answer would grow the table until the deadline. */
+      if (p->rtab.count >= LINK_PEER_MEM_MAX && !memtab_find_exact(&p->rtab, m.u.mem.addr, m.u.mem.len))
+        return hixl_fail(HIXL_FAILED, "the peer advertised more than %u registrations (LINK_PEER_MEM_MAX)",
+                         LINK_PEER_MEM_MAX);
       link_peer_add_mem(p, &m.u.mem, 0);
     } else {
       struct memtab_entry *ent = memtab_find_exact(&p->rtab, m.u.mem.addr, m.u.mem.len);
@@ -640,6 +645,9 @@ size_t link_mem_entry_len(const struct hixl_mem_reg *r) { return WIRE_MEM_ENTRY_
 
 /* Record one registration a peer advertised (handshake or MEM_ADD). */
 void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me, int rail) {
+  /* No registration is empty or wraps past 2^64: such an entry is not kept (nor handed
+   * on by hixl_engine_remote_mems); memtab_find's arithmetic would never match it. */
+  if (me->len == 0 || me->addr + me->len < me->addr) return;
   struct remote_mem *rm = (struct remote_mem *)memtab_find_exact(&p->rtab, me->addr, me->len);
   struct memtab_entry *clash;
   if (rail < 0 || rail >= HIXL_RAILS_MAX) rail = 0;
