@@ -20,6 +20,13 @@
 #define ESHM_STEP_CHUNKS 1024u       /* chunks per progress-thread step */
 #define ESHM_CALLER_COPY (64u << 10) /* an async request this small is copied by its caller */
 
+/* What one peer may have mapped here at once: each memfd is a mapping (the kernel allows
+ * a process 65530) and address space (128 TiB in all), however sparse; the count also
+ * bounds its table, whose regions taken back stay as tombstones. A peer that hands
+ * over more is copied with process_vm_* beyond it. */
+#define ESHM_PEER_MAPS      4096u
+#define ESHM_PEER_MAP_BYTES ((uint64_t)4 << 40)
+
 #define ESHM_GEN_LEN  4096u
 #define ESHM_GEN_MSG  "hixl-gen" /* the page's message on the unix socket (8 bytes) */
 #define ESHM_LIFE_OFF 64u        /* the life word's offset in that page (shm_life.c) */
@@ -99,6 +106,9 @@ struct shm_peer {
   void *life_page;      /* ... that mapping, the peer's own (the link's may go first) */
   struct conn *conn;    /* NULL once the link died */
   struct memtab maps;   /* the target's regions mapped here (struct shm_map) */
+  uint64_t map_bytes;   /* ... the bytes of its memfds mapped now (ESHM_PEER_MAP_BYTES) */
+  uint64_t pid_asked;   /* the coarse clock's tick its pidfd was last found alive (shm_copy.c) */
+  bool map_full_told;   /* ... past that or ESHM_PEER_MAPS entries: logged once */
   struct shm_ipc *ipcs; /* the target's device allocations opened here ... */
   int device;           /* ... in the context of this device: the one this engine's side uses */
   uint64_t map_ops;     /* ops moved by memcpy on them */
@@ -203,7 +213,8 @@ void eshm_peer_drop(struct HixlEngine *e, const char *name, uint64_t deadline);
 bool eshm_life_start(struct eshm_engine *x);
 /* Target, Finalize: the word back to 0 and the thread ended. */
 void eshm_life_stop(struct eshm_engine *x);
-/* Initiator: whether s's process has exited: its life word, else its pidfd. */
+/* Initiator: whether s's process has exited: its life word, else its pidfd. The word
+ * is the target's own to write: before a copy by pid, ask the pidfd too. */
 bool eshm_peer_gone(const struct shm_peer *s);
 
 /* ---- shm_copy.c: the data path ---- */

@@ -15,8 +15,11 @@
  * gone; 0 (no thread, or its engine ended), the pidfd as before. The page is sealed
  * against writes by anyone but the target (F_SEAL_FUTURE_WRITE), so another peer
  * cannot make a dead target look alive; an initiator that finds the seal missing
- * ignores the word. The thread replaces only its own robust list, which glibc keeps
- * for robust mutexes that this thread never takes. */
+ * ignores the word. The target itself can: it writes the word, and may die leaving
+ * it "alive". Its mapped pages are harmless then, but a pid is not, so copies by
+ * process_vm_* ask the pidfd as well (shm_copy.c, at most once per coarse clock tick).
+ * The thread replaces only its own robust list, which glibc keeps for robust
+ * mutexes that this thread never takes. */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>

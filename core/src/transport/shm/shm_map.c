@@ -182,8 +182,10 @@ static void ipc_drop(struct shm_peer *s, struct shm_ipc *o) {
 static void map_unmap(struct shm_peer *s, struct shm_map *mp) {
   if (mp->dev && mp->ipc)
     ipc_drop(s, mp->ipc);
-  else if (!mp->dev && mp->base)
+  else if (!mp->dev && mp->base) {
     munmap(mp->base, mp->map_len);
+    s->map_bytes -= mp->map_len;
+  }
   mp->ipc = NULL;
   mp->base = NULL;
 }
@@ -293,6 +295,19 @@ static HixlStatus map_take(struct shm_peer *s, int ufd, const struct wire_msg *m
              (unsigned long long)m->u.map.addr, (unsigned long long)m->u.map.len, bad);
     return HIXL_FAILED;
   }
+  /* A bound on what a peer makes this process map, sparse memfds included, and on its
+   * table: a region taken back stays there as a tombstone (eshm_map_retire). */
+  if (s->maps.count >= ESHM_PEER_MAPS || m->u.map.map_len > ESHM_PEER_MAP_BYTES - s->map_bytes) {
+    close(fd);
+    if (!s->map_full_told)
+      log_warn(
+          "link to %s: not mapping the peer's [0x%llx, +%llu): %zu of its regions are mapped or taken "
+          "back (%llu bytes mapped), at most %u (%llu bytes) are: process_vm_* copies this one and any more",
+          s->name, (unsigned long long)m->u.map.addr, (unsigned long long)m->u.map.len, s->maps.count,
+          (unsigned long long)s->map_bytes, ESHM_PEER_MAPS, (unsigned long long)ESHM_PEER_MAP_BYTES);
+    s->map_full_told = true;
+    return HIXL_SUCCESS;
+  }
   void *p = mmap(NULL, (size_t)m->u.map.map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int err = errno;
   close(fd);
@@ -303,6 +318,7 @@ static HixlStatus map_take(struct shm_peer *s, int ufd, const struct wire_msg *m
     mp->range.len = m->u.map.len;
     mp->base = p;
     mp->map_len = (size_t)m->u.map.map_len;
+    s->map_bytes += mp->map_len; /* map_unmap counts it off */
     /* A child forked later must not keep the target's pages alive, nor write them. */
     if (madvise(p, mp->map_len, MADV_DONTFORK) < 0 || memtab_add(&s->maps, &mp->range, &clash) < 0) {
       err = errno;

@@ -1,0 +1,560 @@
+/* test_shm_hostile: a same-host target that lies to the engine linked to it, played
+ * by a fake that speaks the wire on raw sockets (the engine here is the initiator):
+ *  - it dies leaving its life word "alive" (it writes that word itself) while a child
+ *    of it keeps the link, and another process gets its pid (a PID namespace of this
+ *    test's own, where clone3 picks the pid): a WRITE to the memory it listed fails,
+ *    and the other process's bytes stay as they were (skipped where user namespaces
+ *    are off);
+ *  - it hands over more memfds than a peer may have mapped (ESHM_PEER_MAPS), or more
+ *    bytes (ESHM_PEER_MAP_BYTES, sparse 1 TiB memfds): the engine maps up to the bound
+ *    and copies the rest with process_vm_*; the link stays up and data moves;
+ *  - it hands regions over and takes each back at once, past ESHM_PEER_MAPS: the
+ *    tombstones they leave are bounded too (a region after them is not mapped);
+ *  - its first SHM_MAP comes with a pipe, a file on disk, an unsealed or short memfd,
+ *    no descriptor, two or eight: Connect fails with a protocol error naming it, and
+ *    no descriptor it sent stays open here. */
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/sched.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CUnit/Basic.h>
+
+#include "engine/engine_ext.h"
+#include "raw_auth.h"
+#include "test_util.h"
+#include "transport/shm/shm_int.h"
+#include "util/be.h"
+#include "wire/wire.h"
+
+#define KiB        ((size_t)1 << 10)
+#define TiB        ((uint64_t)1 << 40)
+#define REG_LEN    (64 * KiB)
+#define REG_SEED   4301
+#define SRC_SEED   4302
+#define READY_MS   10000
+#define CONNECT_MS 30000
+#define FAKE_LIFE  0x1234u             /* the life word the fake writes: a thread id, no FUTEX_OWNER_DIED */
+#define MAP_BASE   ((uint64_t)1 << 44) /* where the fake says its memfds lie (nothing of its own) */
+#define FINAL_MAP  (MAP_BASE + ((uint64_t)1 << 30)) /* churn: the region it hands over last */
+#define LAST_UNMAP (MAP_BASE + ((uint64_t)2 << 30)) /* ... and the range it asks back last */
+
+/* The probe bytes the fake shows at their own address (SHM_HELLO_ACK). */
+static uint8_t probe[CMA_NONCE_LEN] = "hixl-hostile-pr";
+
+struct fake {
+  uint16_t port;          /* its TCP port */
+  int lfd;                /* ... its listener there */
+  char name[TU_ADDR_LEN]; /* ... as an engine name */
+  uint64_t reg;           /* the one registration its HELLO_ACK lists: [reg, + REG_LEN) */
+  uint32_t maps;          /* memfds it hands over after SHM_MAP_HELLO ... */
+  uint64_t map_len;       /* ... of this many bytes each (sparse) */
+  bool die;               /* after SHM_MAP_ACK: a child keeps its sockets, it exits */
+  int bad;                /* what goes with the first SHM_MAP instead of its memfd (enum bad) */
+  uint32_t churn;         /* after SHM_MAP_ACK: regions handed over and taken back at once */
+  int ready;              /* ... then 'd' here, once the engine answered all of it */
+  int done;               /* readable (EOF) ends it; -1: only the link's end does */
+};
+
+/* What a fake sends with its first SHM_MAP in place of a sealed memfd of the region. */
+enum bad {
+  BAD_NONE,     /* nothing bad: the memfd */
+  BAD_PIPE,     /* a pipe's read end */
+  BAD_FILE,     /* a regular file on disk */
+  BAD_UNSEALED, /* a memfd that can shrink */
+  BAD_SHORT,    /* a sealed memfd of half the region */
+  BAD_NO_FD,    /* the message alone */
+  BAD_TWO,      /* the memfd and a second one */
+  BAD_MANY,     /* eight memfds: more than the receiver has room for (MSG_CTRUNC) */
+};
+
+/* One message of len bytes with descriptors fds[0..n) on the unix socket (n <= 8). */
+static bool send_fds(int sock, const void *data, size_t len, const int *fds, size_t n) {
+  union {
+    struct cmsghdr h;
+    char buf[CMSG_SPACE(8 * sizeof(int))];
+  } u;
+  struct iovec iov = {(void *)data, len};
+  struct msghdr mh = {.msg_iov = &iov,
+                      .msg_iovlen = 1,
+                      .msg_control = n ? u.buf : NULL,
+                      .msg_controllen = n ? CMSG_SPACE(n * sizeof(int)) : 0};
+  memset(&u, 0, sizeof(u));
+  if (n > 0) {
+    struct cmsghdr *c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(n * sizeof(int));
+    memcpy(CMSG_DATA(c), fds, n * sizeof(int));
+  }
+  return sendmsg(sock, &mh, MSG_NOSIGNAL) == (ssize_t)len;
+}
+
+static bool send_fd(int sock, const void *data, size_t len, int fd) {
+  return send_fds(sock, data, len, &fd, 1);
+}
+
+/* A memfd of len bytes sealed with seals, its word at ESHM_LIFE_OFF set to life when
+ * life is not 0; -1 on error. */
+static int memfd_sealed(uint64_t len, unsigned seals, uint32_t life) {
+  int fd = memfd_create("hixl-test-fake", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd >= 0 && (ftruncate(fd, (off_t)len) != 0 ||
+                  (life && pwrite(fd, &life, sizeof(life), ESHM_LIFE_OFF) != (ssize_t)sizeof(life)) ||
+                  fcntl(fd, F_ADD_SEALS, seals) != 0)) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+/* The answer to SHM_MAP_HELLO: its page (life word FAKE_LIFE, sealed as a target
+ * seals it), f->maps memfds, SHM_MAP_ACK OK. */
+static bool fake_map(const struct fake *f, int fd, int uc) {
+  uint8_t buf[256];
+  struct wire_wr w;
+  int g =
+      memfd_sealed(ESHM_GEN_LEN, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL | F_SEAL_FUTURE_WRITE, FAKE_LIFE);
+  bool ok = g >= 0 && send_fd(uc, ESHM_GEN_MSG, 8, g);
+  if (g >= 0) close(g);
+  for (uint32_t i = 0; ok && i < f->maps; i++) {
+    int bad = i == 0 ? f->bad : BAD_NONE, v[8], nv = 1, p[2] = {-1, -1};
+    v[0] = memfd_sealed(bad == BAD_SHORT ? f->map_len / 2 : f->map_len,
+                        bad == BAD_UNSEALED ? F_SEAL_GROW : F_SEAL_SHRINK | F_SEAL_GROW, 0);
+    if (bad == BAD_PIPE && pipe(p) == 0) close(v[0]), v[0] = p[0];
+    if (bad == BAD_FILE) close(v[0]), v[0] = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+    if (bad == BAD_TWO || bad == BAD_MANY)
+      for (; nv < (bad == BAD_TWO ? 2 : 8); nv++) v[nv] = memfd_sealed(f->map_len, F_SEAL_SHRINK, 0);
+    if (bad == BAD_NO_FD) nv = 0;
+    wire_begin(&w, buf, sizeof(buf), WIRE_SHM_MAP);
+    wire_put_u64(&w, MAP_BASE + i * f->map_len);
+    wire_put_u64(&w, f->map_len);
+    wire_put_u64(&w, f->map_len);
+    size_t n = wire_end(&w, 0);
+    ok = v[0] >= 0 && send_fds(uc, buf + WIRE_HDR_LEN, WIRE_SHM_MAP_LEN, v, (size_t)nv) &&
+         raw_send_all(fd, buf, n);
+    for (int k = 0; k < (nv > 1 ? nv : 1); k++)
+      if (v[k] >= 0) close(v[k]);
+    if (p[1] >= 0) close(p[1]);
+  }
+  wire_begin(&w, buf, sizeof(buf), WIRE_SHM_MAP_ACK);
+  wire_put_u32(&w, WIRE_HELLO_OK);
+  return ok && raw_send_all(fd, buf, wire_end(&w, 0));
+}
+
+/* Read the engine's frames on fd into rb (*rn bytes held) without blocking, or
+ * waiting up to 10 s when wait; true once an SHM_UNMAP_ACK of addr came. */
+static bool ack_seen(int fd, uint8_t *rb, size_t cap, size_t *rn, uint64_t addr, bool wait) {
+  struct pollfd pf = {.fd = fd, .events = POLLIN};
+  bool seen = false;
+  while (!seen && poll(&pf, 1, wait ? 10000 : 0) == 1) {
+    ssize_t k = recv(fd, rb + *rn, cap - *rn, MSG_DONTWAIT);
+    if (k <= 0) break;
+    *rn += (size_t)k;
+    struct wire_hdr h;
+    while (*rn >= WIRE_HDR_LEN && wire_parse_hdr(rb, &h) == WIRE_OK &&
+           *rn >= WIRE_HDR_LEN + h.body_len + h.payload_len) {
+      size_t n = WIRE_HDR_LEN + h.body_len + h.payload_len;
+      seen |= h.type == WIRE_SHM_UNMAP_ACK && h.body_len >= 8 && be_get64(rb + WIRE_HDR_LEN) == addr;
+      memmove(rb, rb + n, *rn - n);
+      *rn -= n;
+    }
+  }
+  return seen;
+}
+
+/* After SHM_MAP_ACK: f->churn regions handed over (a memfd each) and taken back
+ * (SHM_UNMAP), one more handed over (FINAL_MAP), then an SHM_UNMAP of a range never
+ * handed over; 'd' on f->ready once the engine answered that one (it read all before). */
+static bool fake_churn(const struct fake *f, int fd, int uc) {
+  static uint8_t rb[1 << 16];
+  uint8_t buf[256];
+  struct wire_wr w;
+  size_t rn = 0;
+  for (uint32_t i = 0; i <= f->churn + 1; i++) {
+    uint64_t a = i < f->churn ? MAP_BASE - (uint64_t)(i + 1) * 8192 : i == f->churn ? FINAL_MAP : LAST_UNMAP;
+    if (i <= f->churn) {
+      int m = memfd_sealed(4096, F_SEAL_SHRINK, 0);
+      wire_begin(&w, buf, sizeof(buf), WIRE_SHM_MAP);
+      wire_put_u64(&w, a);
+      wire_put_u64(&w, 4096);
+      wire_put_u64(&w, 4096);
+      size_t n = wire_end(&w, 0);
+      bool ok = m >= 0 && send_fd(uc, buf + WIRE_HDR_LEN, WIRE_SHM_MAP_LEN, m) && raw_send_all(fd, buf, n);
+      if (m >= 0) close(m);
+      if (!ok) return false;
+    }
+    if (i == f->churn) continue; /* FINAL_MAP stays */
+    wire_begin(&w, buf, sizeof(buf), WIRE_SHM_UNMAP);
+    wire_put_u64(&w, a);
+    wire_put_u64(&w, 4096);
+    if (!raw_send_all(fd, buf, wire_end(&w, 0))) return false;
+    (void)ack_seen(fd, rb, sizeof(rb), &rn, LAST_UNMAP, false); /* the answers drained as they come */
+  }
+  while (!ack_seen(fd, rb, sizeof(rb), &rn, LAST_UNMAP, true))
+    if (rn == sizeof(rb)) return false;
+  return tu_write_all(f->ready, "d", 1) == 0;
+}
+
+/* The fake target: HELLO_ACK listing f->reg, SHM_HELLO_ACK naming its own pid, its
+ * unix socket and the probe; memory to map on SHM_MAP_HELLO (fake_map); then it drops
+ * whatever comes until done or the link ends. */
+static void fake_serve(const struct fake *f) {
+  uint8_t buf[1024], body[1024];
+  char sname[64];
+  struct wire_wr w;
+  struct wire_hdr h;
+  struct wire_msg m;
+  int ul = -1, uc = -1;
+  int fd = accept(f->lfd, NULL, NULL);
+  if (fd < 0) return;
+  if (!raw_recv_frame(fd, &h, NULL, body, sizeof(body)) || h.type != WIRE_HELLO) goto out;
+  wire_begin(&w, buf, sizeof(buf), WIRE_HELLO_ACK);
+  wire_put_u32(&w, WIRE_HELLO_OK);
+  wire_put_u32(&w, WIRE_CAP_TCP_DATA | WIRE_CAP_SHM);
+  wire_put_u16(&w, 4);
+  wire_put_bytes(&w, "fake", 4);
+  wire_put_u32(&w, 1);
+  wire_put_mem_entry(&w, f->reg, REG_LEN, 0, "");
+  if (!raw_send_all(fd, buf, wire_end(&w, 0))) goto out;
+  if (!raw_recv_frame(fd, &h, NULL, body, sizeof(body)) || h.type != WIRE_SHM_HELLO ||
+      wire_decode(&h, body, &m) != WIRE_OK)
+    goto out;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  int n = snprintf(sname, sizeof(sname), "hixl-test-hostile-%ld", (long)getpid());
+  memcpy(sa.sun_path + 1, sname, (size_t)n);
+  ul = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+  if (ul < 0 ||
+      bind(ul, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)) < 0 ||
+      listen(ul, 4) < 0)
+    goto out;
+  wire_begin(&w, buf, sizeof(buf), WIRE_SHM_HELLO_ACK);
+  wire_put_u32(&w, WIRE_HELLO_OK);
+  wire_put_shm_id(&w, WIRE_SHM_LAYOUT, m.u.shm.boot_id, (uint32_t)getpid(), (uint32_t)geteuid());
+  wire_put_u64(&w, (uintptr_t)probe);
+  wire_put_bytes(&w, probe, sizeof(probe));
+  wire_put_u16(&w, (uint16_t)n);
+  wire_put_bytes(&w, sname, (size_t)n);
+  if (!raw_send_all(fd, buf, wire_end(&w, 0))) goto out;
+  for (;;) {
+    struct pollfd pf[2] = {{.fd = fd, .events = POLLIN}, {.fd = f->done, .events = POLLIN}};
+    if (poll(pf, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    if (pf[1].revents) break;
+    if (!raw_recv_frame(fd, &h, NULL, body, sizeof(body))) break;
+    if (h.type != WIRE_SHM_MAP_HELLO) continue;
+    if (uc < 0) uc = accept(ul, NULL, NULL); /* it connected before it sent the frame */
+    if (uc < 0 || !fake_map(f, fd, uc)) break;
+    if (f->die && fork() != 0) _exit(0); /* the child goes on with the sockets */
+    if (f->churn && !fake_churn(f, fd, uc)) break;
+  }
+out:
+  if (uc >= 0) close(uc);
+  if (ul >= 0) close(ul);
+  close(fd);
+}
+
+/* The fake's TCP listener on tu_ip():f->port; false on error. */
+static bool fake_listen(struct fake *f) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(f->port)};
+  int one = 1;
+  f->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  inet_pton(AF_INET, tu_ip(), &sa.sin_addr);
+  setsockopt(f->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  return f->lfd >= 0 && bind(f->lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(f->lfd, 4) == 0;
+}
+
+/* tu_child_start body: the fake in a child; the test closes ctl_fd to end it. */
+static int fake_child(void *arg, int ready_fd, int ctl_fd) {
+  struct fake *f = arg;
+  f->done = ctl_fd;
+  f->ready = ready_fd;
+  if (!fake_listen(f) || tu_write_all(ready_fd, "r", 1) != 0) return 1;
+  fake_serve(f);
+  close(f->lfd);
+  return 0;
+}
+
+/* ---------------------------------------------------------------- pid reuse */
+
+/* Exit codes of reuse_main (bits, 0: all well). */
+#define REUSE_SKIP     77
+#define REUSE_SETUP    2 /* something before the WRITE failed: see stderr */
+#define REUSE_WROTE_OK 4 /* the WRITE to the dead fake's memory reported SUCCESS */
+#define REUSE_TOUCHED  8 /* ... and the process that got its pid had its bytes changed */
+
+static int reuse_fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "  [pid reuse: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "]\n");
+  va_end(ap);
+  return REUSE_SETUP;
+}
+
+/* The heir of the fake's pid: it holds the bytes the fake listed (a fork of the same
+ * process: same address, same pattern) until the pipe closes, then exits 0 if they
+ * are intact. Only async-signal-safe calls: it is cloned from a process with threads. */
+static void heir_main(const uint8_t *reg, int rfd) {
+  char b;
+  while (read(rfd, &b, 1) != 0 && errno == EINTR) {
+  }
+  _exit(tu_check_pattern(reg, REG_LEN, REG_SEED) < 0 ? 0 : 1);
+}
+
+/* pid 1 of a PID namespace of this test: the fake (a child) links, lists its memory
+ * and writes its life word "alive", forks a child that keeps the link, and exits;
+ * once it is reaped the heir gets its pid (clone3 set_tid), then a WRITE goes to the
+ * memory the fake listed. */
+static int reuse_main(void) {
+  uint8_t *reg = tu_alloc_mem(REG_LEN, false), *src = tu_alloc_mem(REG_LEN, false);
+  struct fake f = {.lfd = -1, .done = -1, .die = true};
+  struct hixl_link_info li;
+  int rp[2], hp[2], ws = 0;
+  char b;
+  if (!reg || !src || pipe(rp) != 0) return reuse_fail("no memory or pipes");
+  tu_fill(reg, REG_LEN, REG_SEED);
+  tu_fill(src, REG_LEN, SRC_SEED);
+  f.reg = (uintptr_t)reg;
+  f.port = tu_free_port();
+  tu_addr(f.name, sizeof(f.name), f.port);
+  pid_t t = fork(); /* before any engine: no threads yet */
+  if (t == 0) {
+    close(rp[0]);
+    if (!fake_listen(&f) || write(rp[1], "r", 1) != 1) _exit(1);
+    fake_serve(&f);
+    _exit(0);
+  }
+  close(rp[1]);
+  if (t < 0 || read(rp[0], &b, 1) != 1) return reuse_fail("the fake did not start");
+  HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
+  if (!e || !tu_register(e, src, REG_LEN)) return reuse_fail("no engine");
+  HixlStatus st = HixlEngineConnect(e, f.name, CONNECT_MS);
+  if (st != HIXL_SUCCESS) return reuse_fail("Connect: %s: %s", HixlStatusName(st), HixlGetLastErrorMessage());
+  if (hixl_engine_link_info(e, f.name, &li) != HIXL_SUCCESS || strcmp(li.transport, "shm") != 0 ||
+      li.peer_pid != (uint32_t)t || li.peer_life != FAKE_LIFE)
+    return reuse_fail("the link is not shm to pid %d with life word 0x%x", (int)t, FAKE_LIFE);
+  if (waitpid(t, &ws, 0) != t) return reuse_fail("the fake did not exit");
+  /* Its pid is free: the heir takes it. */
+  if (pipe(hp) != 0) return reuse_fail("no pipe");
+  pid_t tid = t;
+  struct clone_args ca = {.exit_signal = SIGCHLD, .set_tid = (uintptr_t)&tid, .set_tid_size = 1};
+  long v = syscall(SYS_clone3, &ca, sizeof(ca));
+  if (v == 0) {
+    close(hp[1]);
+    heir_main(reg, hp[0]);
+  }
+  close(hp[0]);
+  if (v < 0) {
+    fprintf(stderr, "  [pid reuse: clone3 cannot pick pid %d (%s): skipped]\n", (int)t, strerror(errno));
+    HixlEngineDestroy(e);
+    return REUSE_SKIP;
+  }
+  HixlTransferOpDesc d = {.local_addr = (uintptr_t)src, .remote_addr = (uintptr_t)reg, .len = REG_LEN};
+  st = HixlEngineTransferSync(e, f.name, HIXL_WRITE, &d, 1, 5000);
+  fprintf(stderr, "  [pid reuse: the fake's pid %d now the heir's; WRITE to the fake's memory: %s: %s]\n",
+          (int)t, HixlStatusName(st), st == HIXL_SUCCESS ? "" : HixlGetLastErrorMessage());
+  close(hp[1]);
+  int rc = st == HIXL_SUCCESS ? REUSE_WROTE_OK : 0;
+  if (waitpid((pid_t)v, &ws, 0) != (pid_t)v || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0) rc |= REUSE_TOUCHED;
+  HixlEngineDestroy(e);
+  return rc; /* as pid 1, its end ends the fake's child too */
+}
+
+/* tu_child_start body: a user namespace (this uid mapped to itself) and a PID
+ * namespace whose pid 1 runs reuse_main; its exit code. */
+static int ns_child(void *arg, int ready_fd, int ctl_fd) {
+  char map[64];
+  unsigned uid = (unsigned)geteuid(), gid = (unsigned)getegid();
+  (void)arg, (void)ready_fd, (void)ctl_fd;
+  if (unshare(CLONE_NEWUSER | CLONE_NEWPID) != 0) {
+    fprintf(stderr, "  [pid reuse: unshare(CLONE_NEWUSER | CLONE_NEWPID): %s: skipped]\n", strerror(errno));
+    return REUSE_SKIP;
+  }
+  const char *files[] = {"/proc/self/uid_map", "/proc/self/setgroups", "/proc/self/gid_map"};
+  for (int i = 0; i < 3; i++) {
+    int fd = open(files[i], O_WRONLY | O_CLOEXEC);
+    int n = i == 1 ? snprintf(map, sizeof(map), "deny")
+                   : snprintf(map, sizeof(map), "%u %u 1", i ? gid : uid, i ? gid : uid);
+    bool ok = fd >= 0 && write(fd, map, (size_t)n) == n;
+    if (fd >= 0) close(fd);
+    if (!ok) return reuse_fail("cannot write %s", files[i]);
+  }
+  pid_t p = fork();
+  if (p == 0) _exit(reuse_main());
+  int ws = 0;
+  if (p < 0 || waitpid(p, &ws, 0) != p) return reuse_fail("no pid 1");
+  return WIFEXITED(ws) ? WEXITSTATUS(ws) : REUSE_SETUP;
+}
+
+static void test_pid_reuse(void) {
+  tu_child c = {0};
+  CU_ASSERT_FATAL(tu_child_start(&c, ns_child, NULL) == 0);
+  int ws = tu_child_wait(&c, 60000);
+  CU_ASSERT_FATAL(ws >= 0 && WIFEXITED(ws));
+  int rc = WEXITSTATUS(ws);
+  if (rc == REUSE_SKIP) return;
+  CU_ASSERT_EQUAL(rc & REUSE_SETUP, 0);
+  if (rc & REUSE_WROTE_OK)
+    tu_fail(__FILE__, __LINE__, "a WRITE to a dead target whose life word says alive reported SUCCESS");
+  if (rc & REUSE_TOUCHED)
+    tu_fail(__FILE__, __LINE__, "the process that took the dead target's pid had its memory written");
+}
+
+/* ---------------------------------------------------------------- bounds */
+
+/* The fake hands over maps memfds of map_len bytes: want of them mapped here, the
+ * link up, and a WRITE to the memory it listed (process_vm_*) lands. */
+static void bound_case(uint32_t maps, uint64_t map_len, uint32_t want) {
+  uint8_t *reg = tu_alloc_mem(REG_LEN, true), *src = tu_alloc_mem(REG_LEN, false);
+  struct fake f = {.lfd = -1, .maps = maps, .map_len = map_len};
+  struct hixl_link_info li;
+  tu_child c = {0};
+  char b;
+  CU_ASSERT_FATAL(reg && src);
+  tu_fill(src, REG_LEN, SRC_SEED);
+  f.reg = (uintptr_t)reg;
+  f.port = tu_free_port();
+  tu_addr(f.name, sizeof(f.name), f.port);
+  CU_ASSERT_FATAL(tu_child_start(&c, fake_child, &f) == 0); /* before this test's engine */
+  CU_ASSERT_FATAL(tu_child_read(&c, &b, 1, READY_MS) == 0);
+  HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
+  CU_ASSERT_FATAL(e && tu_register(e, src, REG_LEN));
+  TU_ASSERT_OK(HixlEngineConnect(e, f.name, CONNECT_MS));
+  TU_ASSERT_OK(hixl_engine_link_info(e, f.name, &li));
+  CU_ASSERT_STRING_EQUAL(li.transport, "shm");
+  CU_ASSERT_EQUAL(li.mapped, want);
+  CU_ASSERT(li.mapped_bytes <= ESHM_PEER_MAP_BYTES);
+  printf("  [%u memfds of %llu bytes handed over: %u mapped, %llu bytes]\n", maps,
+         (unsigned long long)map_len, li.mapped, (unsigned long long)li.mapped_bytes);
+  HixlTransferOpDesc d = {.local_addr = (uintptr_t)src, .remote_addr = (uintptr_t)reg, .len = REG_LEN};
+  TU_ASSERT_OK(HixlEngineTransferSync(e, f.name, HIXL_WRITE, &d, 1, 5000));
+  TU_ASSERT_PATTERN(reg, REG_LEN, SRC_SEED, "the fake's listed memory, written by process_vm_writev");
+  HixlEngineDestroy(e);
+  int ws = tu_child_stop(&c, 10000);
+  CU_ASSERT(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  tu_free_mem(reg, REG_LEN);
+  tu_free_mem(src, REG_LEN);
+}
+
+static void test_bound_count(void) { bound_case(ESHM_PEER_MAPS + 4, 4096, ESHM_PEER_MAPS); }
+
+/* The fake hands over ESHM_PEER_MAPS + 100 regions, each taken back at once (a
+ * tombstone each, while nothing else bounded them), then one more: that one is not
+ * mapped, the table being full; the link stays up and data moves. */
+static void test_bound_churn(void) {
+  uint8_t *reg = tu_alloc_mem(REG_LEN, true), *src = tu_alloc_mem(REG_LEN, false);
+  struct fake f = {.lfd = -1, .churn = ESHM_PEER_MAPS + 100};
+  struct hixl_link_info li;
+  tu_child c = {0};
+  char b;
+  CU_ASSERT_FATAL(reg && src);
+  tu_fill(src, REG_LEN, SRC_SEED);
+  f.reg = (uintptr_t)reg;
+  f.port = tu_free_port();
+  tu_addr(f.name, sizeof(f.name), f.port);
+  CU_ASSERT_FATAL(tu_child_start(&c, fake_child, &f) == 0);
+  CU_ASSERT_FATAL(tu_child_read(&c, &b, 1, READY_MS) == 0);
+  HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
+  CU_ASSERT_FATAL(e && tu_register(e, src, REG_LEN));
+  TU_ASSERT_OK(HixlEngineConnect(e, f.name, CONNECT_MS));
+  CU_ASSERT_FATAL(tu_child_read(&c, &b, 1, 60000) == 0 && b == 'd');
+  TU_ASSERT_OK(hixl_engine_link_info(e, f.name, &li));
+  CU_ASSERT_STRING_EQUAL(li.transport, "shm");
+  CU_ASSERT_EQUAL(li.mapped, 0);
+  printf("  [%u regions handed over and taken back, then one more: %u mapped]\n", f.churn, li.mapped);
+  HixlTransferOpDesc d = {.local_addr = (uintptr_t)src, .remote_addr = (uintptr_t)reg, .len = REG_LEN};
+  TU_ASSERT_OK(HixlEngineTransferSync(e, f.name, HIXL_WRITE, &d, 1, 5000));
+  TU_ASSERT_PATTERN(reg, REG_LEN, SRC_SEED, "the fake's listed memory, written by process_vm_writev");
+  HixlEngineDestroy(e);
+  int ws = tu_child_stop(&c, 10000);
+  CU_ASSERT(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  tu_free_mem(reg, REG_LEN);
+  tu_free_mem(src, REG_LEN);
+}
+
+static void test_bound_bytes(void) { bound_case(8, TiB, (uint32_t)(ESHM_PEER_MAP_BYTES / TiB)); }
+
+/* ---------------------------------------------------------------- bad descriptors */
+
+/* The descriptors open in this process. */
+static int open_fds(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  for (struct dirent *de; d && (de = readdir(d));) n += de->d_name[0] != '.';
+  if (d) closedir(d);
+  return n - 1; /* d's own */
+}
+
+/* The fake's first SHM_MAP comes with bad in place of its memfd: Connect (Transport
+ * shm) fails with a protocol error naming it, and nothing it sent stays open here. */
+static void bad_case(enum bad bad, const char *need) {
+  struct fake f = {.lfd = -1, .maps = 1, .map_len = 64 * KiB, .bad = bad};
+  tu_child c = {0};
+  char b;
+  f.reg = (uintptr_t)probe; /* a registration to list; nothing goes there */
+  f.port = tu_free_port();
+  tu_addr(f.name, sizeof(f.name), f.port);
+  CU_ASSERT_FATAL(tu_child_start(&c, fake_child, &f) == 0);
+  CU_ASSERT_FATAL(tu_child_read(&c, &b, 1, READY_MS) == 0);
+  int before = open_fds();
+  HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
+  CU_ASSERT_FATAL(e != NULL);
+  TU_ASSERT_STATUS(HixlEngineConnect(e, f.name, CONNECT_MS), HIXL_FAILED);
+  TU_ASSERT_ERRMSG_HAS(need);
+  printf("  [%s]\n", HixlGetLastErrorMessage());
+  HixlEngineDestroy(e);
+  CU_ASSERT_EQUAL(open_fds(), before);
+  int ws = tu_child_stop(&c, 10000);
+  CU_ASSERT(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+}
+
+static void test_bad_fds(void) {
+  bad_case(BAD_PIPE, "is not a regular file");
+  bad_case(BAD_FILE, "is not sealed against shrinking");
+  bad_case(BAD_UNSEALED, "is not sealed against shrinking");
+  bad_case(BAD_SHORT, "is shorter than the region");
+  bad_case(BAD_NO_FD, "without its descriptor");
+  bad_case(BAD_TWO, "without its descriptor");
+  bad_case(BAD_MANY, "without its descriptor");
+}
+
+/* ---------------------------------------------------------------- main */
+
+int main(int argc, char **argv) {
+  int rc = tu_child_main(argc, argv);
+  if (rc >= 0) return rc; /* a server child */
+  if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+  CU_pSuite s = CU_add_suite("shm: a target that lies to its initiator", NULL, NULL);
+  CU_add_test(s, "it dies with its life word 'alive', its pid reused: WRITE FAILED, the heir untouched",
+              test_pid_reuse);
+  CU_add_test(s, "more memfds than a peer may map: mapped up to ESHM_PEER_MAPS, data moves",
+              test_bound_count);
+  CU_add_test(s, "8 sparse 1 TiB memfds: mapped up to ESHM_PEER_MAP_BYTES, data moves", test_bound_bytes);
+  CU_add_test(s, "regions handed over and taken back: the table bounded too", test_bound_churn);
+  CU_add_test(s, "a pipe, a file, unsealed, short, none, two, eight descriptors: FAILED, none kept",
+              test_bad_fds);
+  if (CU_get_error() != CUE_SUCCESS) {
+    fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
+    CU_cleanup_registry();
+    return 1;
+  }
+  return tu_run_registry();
+}
