@@ -653,6 +653,15 @@ HixlStatus kv_held_parse(hixl_kv_connector *c, struct kv_in *in, const char *pee
                          const char *req, struct kv_peer_held *h, char *why, size_t cap);
 HixlStatus kv_layout_mismatch(const char *peer_kind, const char *peer, const char *theirs, const char *mine,
                               const char *me, char *why, size_t cap);
+/* What a PIN answer (n bytes at ans, kv_loader.c) says of e's request: HELD (SUCCESS, what
+ * it holds into h), GONE (NOT_FOUND), or not bound yet (*again, SUCCESS); why on failure. */
+HixlStatus kv_pin_answer(hixl_kv_connector *c, const struct kv_meta_entry *e, const uint8_t *ans, size_t n,
+                         struct kv_peer_held *h, bool *again, char *why, size_t cap);
+/* What an ACCEPT answer (n bytes at ans, kv_pusher.c) says of push e: SUCCESS when the
+ * consumer expects it, as push_counts_ok asks, its planes into h; else why. h->r.planes
+ * is the caller's to free either way. */
+HixlStatus kv_accept_answer(hixl_kv_connector *c, const struct kv_meta_entry *e, const uint8_t *ans, size_t n,
+                            struct kv_peer_held *h, char *why, size_t cap);
 
 /* ---- the threads: kv_loader.c, kv_pusher.c ---- */
 

@@ -37,10 +37,9 @@ static void pin_msg(const hixl_kv_connector *c, struct kv_out *msg, const struct
   }
 }
 
-/* What a PIN answer (n bytes at ans) says of e's request: HELD (SUCCESS, what it holds
- * into h), GONE (NOT_FOUND), or not bound yet (*again, SUCCESS); why on failure. */
-static HixlStatus pin_answer(hixl_kv_connector *c, const struct kv_meta_entry *e, const uint8_t *ans,
-                             size_t n, struct kv_peer_held *h, bool *again, char *why, size_t cap) {
+/* The parse alone, no I/O (kv_int.h): tests/fuzz/fuzz_kv_service.c drives it. */
+HixlStatus kv_pin_answer(hixl_kv_connector *c, const struct kv_meta_entry *e, const uint8_t *ans, size_t n,
+                         struct kv_peer_held *h, bool *again, char *why, size_t cap) {
   struct kv_in in = {ans, n, 0, false};
   uint8_t state = kv_get_u8(&in);
   *again = false;
@@ -81,7 +80,7 @@ static HixlStatus pin(hixl_kv_connector *c, const struct kv_meta_entry *e, uint6
     snprintf(why, cap, "asking %s for request %s: %s", e->remote, e->rreq, HixlGetLastErrorMessage());
     return st;
   }
-  if ((st = pin_answer(c, e, ans, n, h, &again, why, cap)) != HIXL_SUCCESS || !again) return st;
+  if ((st = kv_pin_answer(c, e, ans, n, h, &again, why, cap)) != HIXL_SUCCESS || !again) return st;
   snprintf(why, cap, "the producer %s did not hold request %s within %d ms", e->remote, e->rreq,
            c->cfg.transfer_timeout_ms);
   return HIXL_TIMEOUT;
@@ -171,7 +170,8 @@ static HixlStatus pin_load(hixl_kv_connector *c, struct kv_loader_slot *s, const
     s->ahead_call = NULL;
     bool again = true;
     if (st == HIXL_SUCCESS &&
-        ((st = pin_answer(c, e, s->ahead_ans, s->ahead_len, h, &again, why, cap)) != HIXL_SUCCESS || !again))
+        ((st = kv_pin_answer(c, e, s->ahead_ans, s->ahead_len, h, &again, why, cap)) != HIXL_SUCCESS ||
+         !again))
       return st; /* held, gone, or refused: as pin() would have found */
   }
   ahead_drop(c, s); /* one for another load (that one was preempted) */

@@ -56,6 +56,45 @@ static void push_pairs(const hixl_kv_connector *c, const struct kv_meta_entry *e
   }
 }
 
+/* The parse of an ACCEPT answer alone, no I/O (kv_int.h): tests/fuzz/fuzz_kv_service.c
+ * drives it. */
+HixlStatus kv_accept_answer(hixl_kv_connector *c, const struct kv_meta_entry *e, const uint8_t *ans, size_t n,
+                            struct kv_peer_held *h, char *why, size_t cap) {
+  struct kv_in in = {ans, n, 0, false};
+  uint8_t state = kv_get_u8(&in);
+  if (state != KV_PIN_HELD) {
+    char gone[257] = "", esc[97]; /* GONE: the consumer's reason, logged: escaped (cut at its size) */
+    if (state == KV_PIN_GONE && !kv_get_str(&in, gone, sizeof(gone) - 1)) snprintf(gone, sizeof(gone), "?");
+    log_escape(esc, sizeof(esc), gone, strlen(gone));
+    snprintf(why, cap, "the consumer %s does not expect request %s (%s%s)", e->remote, e->rreq,
+             state == KV_PIN_GONE      ? "it already ended: "
+             : state == KV_PIN_NOT_YET ? "not within the transfer timeout"
+                                       : "a malformed answer",
+             esc);
+    return state == KV_PIN_GONE ? HIXL_NOT_FOUND : state == KV_PIN_NOT_YET ? HIXL_TIMEOUT : HIXL_FAILED;
+  }
+  HixlStatus st = kv_held_parse(c, &in, "consumer", e->remote, e->rreq, h, why, cap);
+  if (st != HIXL_SUCCESS) return st;
+  if (h->world != e->rtp) {
+    snprintf(why, cap, "the consumer %s runs %u ranks, its push params said tp_size %u", e->remote, h->world,
+             e->rtp);
+    return HIXL_PARAM_INVALID;
+  }
+  bool fewer = e->ngroups != h->ngroups;
+  for (uint32_t g = 0; g < e->ngroups && !fewer; g++) fewer = h->gn[g] < e->gn[g];
+  if (fewer) {
+    snprintf(why, cap, "the consumer %s expects %zu blocks of request %s, this producer has %zu", e->remote,
+             h->n, e->rreq, e->nblocks);
+    return HIXL_PARAM_INVALID;
+  }
+  if (h->n == e->nrblocks && h->digest != kv_groups_digest(e->rblocks, e->nrblocks, e->rgn, e->ngroups)) {
+    snprintf(why, cap, "the consumer %s expects request %s in other blocks than its push params named",
+             e->remote, e->rreq);
+    return HIXL_PARAM_INVALID;
+  }
+  return push_counts_ok(c, e, why, cap) ? HIXL_SUCCESS : HIXL_PARAM_INVALID;
+}
+
 /* Accept on the consumer: it expects the request, with the same layout, into at
  * least as many blocks per group, and its push params name as many (push_counts_ok);
  * its planes go to p->r. */
@@ -80,41 +119,7 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
              HixlGetLastErrorMessage());
     goto out;
   }
-  struct kv_in in = {ans, n, 0, false};
-  uint8_t state = kv_get_u8(&in);
-  if (state != KV_PIN_HELD) {
-    char gone[257] = "", esc[97]; /* GONE: the consumer's reason, logged: escaped (cut at its size) */
-    if (state == KV_PIN_GONE && !kv_get_str(&in, gone, sizeof(gone) - 1)) snprintf(gone, sizeof(gone), "?");
-    log_escape(esc, sizeof(esc), gone, strlen(gone));
-    snprintf(why, cap, "the consumer %s does not expect request %s (%s%s)", e->remote, e->rreq,
-             state == KV_PIN_GONE      ? "it already ended: "
-             : state == KV_PIN_NOT_YET ? "not within the transfer timeout"
-                                       : "a malformed answer",
-             esc);
-    st = state == KV_PIN_GONE ? HIXL_NOT_FOUND : state == KV_PIN_NOT_YET ? HIXL_TIMEOUT : HIXL_FAILED;
-    goto out;
-  }
-  if ((st = kv_held_parse(c, &in, "consumer", e->remote, e->rreq, h, why, cap)) != HIXL_SUCCESS) goto out;
-  if (h->world != e->rtp) {
-    snprintf(why, cap, "the consumer %s runs %u ranks, its push params said tp_size %u", e->remote, h->world,
-             e->rtp);
-    st = HIXL_PARAM_INVALID;
-    goto out;
-  }
-  bool fewer = e->ngroups != h->ngroups;
-  for (uint32_t g = 0; g < e->ngroups && !fewer; g++) fewer = h->gn[g] < e->gn[g];
-  if (fewer) {
-    snprintf(why, cap, "the consumer %s expects %zu blocks of request %s, this producer has %zu", e->remote,
-             h->n, e->rreq, e->nblocks);
-    st = HIXL_PARAM_INVALID;
-  } else if (h->n == e->nrblocks &&
-             h->digest != kv_groups_digest(e->rblocks, e->nrblocks, e->rgn, e->ngroups)) {
-    snprintf(why, cap, "the consumer %s expects request %s in other blocks than its push params named",
-             e->remote, e->rreq);
-    st = HIXL_PARAM_INVALID;
-  } else if (!push_counts_ok(c, e, why, cap)) {
-    st = HIXL_PARAM_INVALID;
-  } else {
+  if ((st = kv_accept_answer(c, e, ans, n, h, why, cap)) == HIXL_SUCCESS) {
     p->r = h->r; /* its planes: this push's */
     h->r.planes = NULL;
     /* Its block pairs as runs and the heads it moves, once: each layer's ops come
