@@ -1080,6 +1080,53 @@ static void test_stalled_peer_pool_back(void) {
   free(back);
 }
 
+/* A staged WRITE to a peer that reads nothing times out with its unit part-sent (16 MiB,
+ * more than the sockets hold): the caller has TIMEOUT and its memory back, and writes
+ * other bytes there. Once the peer reads again the rest of the frame goes out, from a
+ * copy the engine took at the deadline: the peer's memory holds the first bytes
+ * throughout, and the link still serves. Before, the rest went from the caller's
+ * ranges after the call had returned (the peer got the caller's new bytes; memory the
+ * caller had freed would have failed the send and taken the link). */
+static void test_part_sent_write_timeout(void) {
+  const struct stage_opts one = {.pool = "1:16"};
+  const size_t len = 16 * MiB, tail = 64 * KiB;
+  char bn[TU_ADDR_LEN];
+  struct tu_hold h = TU_HOLD_INIT;
+  uint8_t ans[8];
+  uint32_t alen = 0;
+  hixl_call_t held;
+  HixlTransferOpDesc d;
+
+  if (tu_transport() && strcmp(tu_transport(), "rdma") == 0) {
+    CU_PASS(
+        "rdma: a staged unit goes by the target's RDMA from the engine's buffer, not the caller's ranges");
+    return;
+  }
+  HixlEngine *b = target_start(&DEFAULTS, bn), *a = engine_start(tu_ip(), &one);
+  uint8_t *bm = tu_alloc_mem(len + tail, false), *loose = tu_alloc_mem(len, false), *small = malloc(tail);
+  CU_ASSERT_FATAL(a && b && bm && loose && small);
+  CU_ASSERT_FATAL(tu_register(b, bm, len + tail) && connect_to(a, bn));
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(b, 1, tu_hold_handler, &h));
+  TU_ASSERT_OK_FATAL(hixl_engine_call_start(a, bn, 1, NULL, 0, ans, sizeof(ans), &alen, XFER_MS, &held));
+  tu_hold_entered(&h); /* b reads nothing from here */
+  tu_fill(loose, len, 911);
+  d = desc(loose, (uintptr_t)bm, len);
+  TU_ASSERT_STATUS(sync_xfer(a, bn, HIXL_WRITE, &d, 1, STOP_TIMEOUT), HIXL_TIMEOUT);
+  tu_fill(loose, len, 912); /* the caller's memory again */
+  tu_hold_release(&h);
+  (void)hixl_engine_call_wait(a, bn, held);
+  tu_fill(small, tail, 913); /* behind the timed-out frame on the link: applied after it */
+  d = desc(small, (uintptr_t)bm + len, tail);
+  TU_ASSERT_OK(sync_xfer(a, bn, HIXL_WRITE, &d, 1, XFER_MS));
+  TU_ASSERT_PATTERN(bm + len, tail, 913, "a staged WRITE after the timed-out one");
+  TU_ASSERT_PATTERN(bm, len, 911, "the timed-out WRITE's bytes, as they were when it was made");
+  TU_ASSERT_OK(HixlEngineDestroy(a));
+  TU_ASSERT_OK(HixlEngineDestroy(b));
+  tu_free_mem(bm, len + tail);
+  tu_free_mem(loose, len);
+  free(small);
+}
+
 /* ---------------------------------------------------------------- 7. exhausted */
 
 /* One call while every buffer is held: RESOURCE_EXHAUSTED on time, "BufferPool 1:1". */
@@ -1335,6 +1382,8 @@ int main(int argc, char **argv) {
   CU_add_test(s, "a peer stops answering: its units' buffers back at their deadline",
               test_stalled_peer_pool_back);
   s = CU_add_suite("staging, target in a child process", NULL, NULL);
+  CU_add_test(s, "a staged WRITE times out part-sent: the rest goes from a copy made at the deadline",
+              test_part_sent_write_timeout);
   CU_add_test(s, "pool held by a stopped peer: EXHAUSTED, then recovers", test_exhausted_pool);
   CU_add_test(s, "unmapped target address: FAILED, target survives", test_target_unmapped);
   if (CU_get_error() != CUE_SUCCESS) {

@@ -132,6 +132,32 @@ static void starved_why(const struct HixlEngine *e, char *why, size_t len) {
            e->opts.pool_num, e->opts.pool_size_mb);
 }
 
+/* A socket WRITE unit part-sent at its deadline: the rest of its frame would be read
+ * from the caller's ranges after the call returned TIMEOUT, when they are the caller's
+ * again (to reuse, or free: the send then fails and takes the link). Its ranges are
+ * copied now, while they still hold the data, and the frame ends from the copy; the
+ * peer applies it as it would have, and its answer is dropped. A unit not started yet
+ * is dropped from the queue unsent (link_frames.c). Out of memory, the link is cut. */
+static void unit_detach(struct chunk *ch) {
+  struct txitem *it = &ch->tx;
+  struct conn *c = ch->unit->sconn;
+  if (!it->gather || it->sent == 0 || !c || c->dead || c->txq_head != it) return;
+  uint8_t *copy = malloc(it->payload_len);
+  if (!copy) {
+    link_conn_kill(c, HIXL_FAILED, "out of memory for the rest of a staged WRITE that timed out part-sent");
+    return;
+  }
+  size_t off = 0;
+  for (uint32_t g = 0; g < it->ngather && off < it->payload_len; g++) {
+    size_t n = it->gather[g].len < it->payload_len - off ? it->gather[g].len : it->payload_len - off;
+    memcpy(copy + off, (const void *)(uintptr_t)it->gather[g].laddr, n);
+    off += n;
+  }
+  it->payload = it->own_payload = copy; /* freed once sent (link_txitem_done) */
+  it->gather = NULL;
+  it->ngather = 0;
+}
+
 uint32_t stage_cancel(struct hixl_transfer_req *r) {
   uint32_t n = 0;
   char why[160];
@@ -142,6 +168,7 @@ uint32_t stage_cancel(struct hixl_transfer_req *r) {
       n++;
       link_chunk_end(ch, HIXL_RESOURCE_EXHAUSTED, why);
     } else if (ch->unit->sbuf && !ch->unit->srdma) {
+      unit_detach(ch);
       /* On the socket, unanswered at the deadline: its buffer was only a token (the data
        * goes from, and an answer lands in, the caller's ranges; a late answer is dropped,
        * the request cancelled), so it goes back now. A peer that stops answering kept
