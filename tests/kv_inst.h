@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "hixl/hixl_kv_connector.h"
 #include "test_util.h"
@@ -71,6 +72,36 @@ static inline void step(struct inst *x) {
   ST_IS(ops->bind_connector_meta(x->worker, m.data, m.len), HIXL_KV_SUCCESS);
   ops->free_buffer(&m);
   ST_IS(ops->start_load_kv(x->worker), HIXL_KV_SUCCESS);
+}
+
+/* Block b of x's cache in layer's K (v 0) or V (v 1). */
+static inline uint8_t *block(struct inst *x, int layer, int v, uint64_t b) {
+  return x->mem + ((size_t)layer * 2 + (size_t)v) * BLOCKS * BLOCK_BYTES + b * BLOCK_BYTES;
+}
+
+/* The pattern seed of a request's k-th block in layer's K or V, the request's seed given. */
+static inline uint64_t seed_of(uint64_t seed, int layer, int v, int k) {
+  return seed + (uint64_t)(layer * 4 + v * 2 + k);
+}
+
+/* Step x until id shows among its worker's finished sending (which 0) or receiving (1);
+ * false if it did not within ms. */
+static inline bool inst_wait_stepped(struct inst *x, const char *id, int which, int ms) {
+  int64_t end = tu_now_ms() + ms;
+  do {
+    hixl_kv_ids s = {0}, r = {0};
+    bool seen = false;
+    step(x);
+    if (ops->get_finished(x->worker, NULL, &s, &r) != HIXL_KV_SUCCESS) return false;
+    for (size_t i = 0; i < (which ? r.count : s.count); i++)
+      seen |= strcmp((which ? r.ids : s.ids)[i], id) == 0;
+    ops->free_ids(&s);
+    ops->free_ids(&r);
+    if (seen) return true;
+    struct timespec ts = {0, 1000000}; /* polling the host's op, as a host does between steps */
+    nanosleep(&ts, NULL);
+  } while (tu_now_ms() < end);
+  return false;
 }
 
 #endif

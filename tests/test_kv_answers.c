@@ -47,14 +47,6 @@ static bool inst_up(struct inst *x, const char *role, const char *mode) {
   return inst_up_with(x, role, keys, 0xEE);
 }
 
-static uint8_t *block(struct inst *x, int layer, int v, uint64_t b) {
-  return x->mem + ((size_t)layer * 2 + (size_t)v) * BLOCKS * BLOCK_BYTES + b * BLOCK_BYTES;
-}
-
-static uint64_t seed_of(uint64_t seed, int layer, int v, int b) {
-  return seed + (uint64_t)(layer * 4 + v * 2 + b);
-}
-
 /* How the peer lies in its HELD answers (a producer's to PIN, a consumer's to ACCEPT). */
 enum lie {
   LIE_NONE,
@@ -243,25 +235,6 @@ static void test_lying_pin_answers(void) {
   inst_down(&p);
 }
 
-/* Step x until id shows in its worker's finished sending (which 0) or receiving (1). */
-static bool wait_stepped(struct inst *x, const char *id, int which) {
-  int64_t end = tu_now_ms() + WAIT_MS;
-  do {
-    hixl_kv_ids s = {0}, r = {0};
-    bool seen = false;
-    step(x);
-    if (ops->get_finished(x->worker, NULL, &s, &r) != HIXL_KV_SUCCESS) return false;
-    for (size_t i = 0; i < (which ? r.count : s.count); i++)
-      seen |= strcmp((which ? r.ids : s.ids)[i], id) == 0;
-    ops->free_ids(&s);
-    ops->free_ids(&r);
-    if (seen) return true;
-    struct timespec ts = {0, 1000000}; /* polling the host's op, as a host does between steps */
-    nanosleep(&ts, NULL);
-  } while (tu_now_ms() < end);
-  return false;
-}
-
 /* The consumer d expects id into its blocks db: its push params' text (free it). */
 static char *expect_push(struct inst *d, const char *id, const uint64_t *db) {
   hixl_kv_request r = request(id, "{\"do_remote_prefill\": true}");
@@ -311,7 +284,7 @@ static void test_lying_accept_answers(void) {
     ST_IS(ops->request_finished(p.sched, &r, pb, NB, &delay, &none), HIXL_KV_SUCCESS);
     ops->free_buffer(&none);
     free(text);
-    bool sent = wait_stepped(&p, id, 0), got = wait_stepped(&d, id, 1);
+    bool sent = inst_wait_stepped(&p, id, 0, WAIT_MS), got = inst_wait_stepped(&d, id, 1, WAIT_MS);
     CU_ASSERT(sent && got);
     if (!sent || !got) fprintf(stderr, "push lie %d: sent %d, received %d\n", lie, sent, got);
     CU_ASSERT(tu_now_ms() - t0 < TRANSFER_MS); /* refused at once, not timed out */

@@ -41,14 +41,6 @@ static bool inst_up(struct inst *x, const char *role) {
                       0xEE);
 }
 
-static uint8_t *block(struct inst *x, int layer, int v, uint64_t b) {
-  return x->mem + ((size_t)layer * 2 + (size_t)v) * BLOCKS * BLOCK_BYTES + b * BLOCK_BYTES;
-}
-
-static uint64_t seed_of(uint64_t seed, int layer, int v, int b) {
-  return seed + (uint64_t)(layer * 4 + v * 2 + b);
-}
-
 /* Step x until each of the n ids showed in its worker's finished sending (which 0) or
  * receiving (1), each once; false if one did not within WAIT_MS or one showed twice. */
 static bool wait_finished(struct inst *x, const char *const *ids, int n, int which) {

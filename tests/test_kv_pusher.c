@@ -36,29 +36,6 @@ static bool inst_up(struct inst *x, const char *role) {
                       0xEE);
 }
 
-/* Step x until id shows in its worker's finished sending (which 0) or receiving (1). */
-static bool wait_finished(struct inst *x, const char *id, int which) {
-  int64_t end = tu_now_ms() + WAIT_MS;
-  do {
-    hixl_kv_ids s = {0}, r = {0};
-    bool seen = false;
-    step(x);
-    if (ops->get_finished(x->worker, NULL, &s, &r) != HIXL_KV_SUCCESS) return false;
-    for (size_t i = 0; i < (which ? r.count : s.count); i++)
-      seen |= strcmp((which ? r.ids : s.ids)[i], id) == 0;
-    ops->free_ids(&s);
-    ops->free_ids(&r);
-    if (seen) return true;
-    struct timespec ts = {0, 1000000};
-    nanosleep(&ts, NULL);
-  } while (tu_now_ms() < end);
-  return false;
-}
-
-static uint8_t *block(struct inst *x, int layer, int v, uint64_t b) {
-  return x->mem + ((size_t)layer * 2 + (size_t)v) * BLOCKS * BLOCK_BYTES + b * BLOCK_BYTES;
-}
-
 static hixl_kv_request request(const char *id, const char *params) {
   return (hixl_kv_request){id, strlen(id), NB * BLOCK_TOKENS, params, params ? strlen(params) : 0, 0};
 }
@@ -126,7 +103,7 @@ static bool push_one(struct inst *d, struct inst *p, const char *id, uint64_t se
   CU_ASSERT_EQUAL(ops->request_finished(p->sched, &r, pblocks, NB, &delay, &none), HIXL_KV_SUCCESS);
   ops->free_buffer(&none);
   free(text);
-  bool sent = wait_finished(p, id, 0), got = sent && wait_finished(d, id, 1);
+  bool sent = inst_wait_stepped(p, id, 0, WAIT_MS), got = sent && inst_wait_stepped(d, id, 1, WAIT_MS);
   if (!sent || !got) return false;
   hixl_kv_blocks errs = {0};
   CU_ASSERT_EQUAL(ops->get_block_ids_with_load_errors(d->worker, &errs), HIXL_KV_SUCCESS);
