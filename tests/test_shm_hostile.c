@@ -42,6 +42,17 @@
 #include "util/be.h"
 #include "wire/wire.h"
 
+#if defined(__SANITIZE_THREAD__)
+#define UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define UNDER_TSAN 1
+#endif
+#endif
+#ifndef UNDER_TSAN
+#define UNDER_TSAN 0
+#endif
+
 #define KiB        ((size_t)1 << 10)
 #define TiB        ((uint64_t)1 << 40)
 #define REG_LEN    (64 * KiB)
@@ -440,7 +451,13 @@ static void bound_case(uint32_t maps, uint64_t map_len, uint32_t want) {
   TU_ASSERT_OK(HixlEngineConnect(e, f.name, CONNECT_MS));
   TU_ASSERT_OK(hixl_engine_link_info(e, f.name, &li));
   CU_ASSERT_STRING_EQUAL(li.transport, "shm");
+#if UNDER_TSAN
+  /* ThreadSanitizer holds most of the address space: a TiB mapping fails there, and its
+   * region goes by process_vm_* as any whose mapping fails. The bounds still hold. */
+  CU_ASSERT(li.mapped <= want);
+#else
   CU_ASSERT_EQUAL(li.mapped, want);
+#endif
   CU_ASSERT(li.mapped_bytes <= ESHM_PEER_MAP_BYTES);
   printf("  [%u memfds of %llu bytes handed over: %u mapped, %llu bytes]\n", maps,
          (unsigned long long)map_len, li.mapped, (unsigned long long)li.mapped_bytes);
