@@ -274,7 +274,7 @@ static void *renewer_main(void *arg) {
   uint64_t half = (uint64_t)c->cfg.lease_ms * 500000ull;
   int32_t quarter = (int32_t)(c->cfg.lease_ms / 4), notify = c->cfg.notify_timeout_ms;
   int32_t timeout_ms = notify > 0 && notify < quarter ? notify : quarter > 0 ? quarter : 1;
-  uint64_t at = 0; /* the next round */
+  uint64_t at = kv_now_ns() + half; /* the next round: half a lease after the loads that started it */
   uint8_t *ans = malloc((size_t)RENEW_WINDOW * HIXL_CALL_MAX);
   struct kv_meta_entry *v = NULL;
   size_t cap = 0;
