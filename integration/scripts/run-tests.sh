@@ -64,7 +64,7 @@ if [ -n "$reports" ]; then
   exit 1
 fi
 
-echo "== clang build (-Werror) and the parsers under libFuzzer (wire 60 s, plugin metadata and configuration 30 s each)"
+echo "== clang build (-Werror) and the parsers under libFuzzer (wire 60 s; plugin metadata, KV service, cache service, RPing and configuration 30 s each)"
 CC=clang cmake -S "$top" -B "$top/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHIXL_WERROR=ON -DHIXL_FUZZ=ON >/dev/null
 cmake --build "$top/build-fuzz" -j"$jobs"
 (cd "$top/build-fuzz" && ctest -L fuzz --output-on-failure)
