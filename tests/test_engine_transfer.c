@@ -765,6 +765,51 @@ static void test_notify_from_server_engine(void) {
   TU_ASSERT_OK(HixlEngineDestroy(e));
 }
 
+/* The queue's bounds: one link holds at most HIXL_MAX_NOTIFY_PER_LINK undrained, so a
+ * peer that floods it leaves room for the others; all links together at most
+ * HIXL_MAX_NOTIFY_QUEUE; a drain gives every link its share again. */
+static void test_notify_bounds(void) {
+  enum { PEERS = HIXL_MAX_NOTIFY_QUEUE / HIXL_MAX_NOTIFY_PER_LINK + 1 };
+  HixlEngine *p[PEERS] = {NULL};
+  HixlNotifyDesc n = {.name = "flood", .msg = "m", .remote_engine = NULL}, *list = NULL;
+  size_t count = 0, from_first = 0;
+
+  for (int k = 0; k < PEERS; k++) {
+    char name[TU_ADDR_LEN];
+    p[k] = tu_engine_start(tu_addr(name, sizeof(name), tu_free_port()));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(p[k]);
+    TU_ASSERT_OK(HixlEngineConnect(p[k], g.srv_name, 5000));
+  }
+  for (int i = 0; i < HIXL_MAX_NOTIFY_PER_LINK; i++)
+    if (HixlEngineSendNotify(p[0], g.srv_name, &n, 5000) != HIXL_SUCCESS) {
+      tu_fail(__FILE__, __LINE__, "notification %d of the first link: %s", i, HixlGetLastErrorMessage());
+      break;
+    }
+  TU_ASSERT_STATUS(HixlEngineSendNotify(p[0], g.srv_name, &n, 5000), HIXL_NOTIFY_FAILED);
+  CU_ASSERT_PTR_NOT_NULL(strstr(HixlGetLastErrorMessage(), "from one link"));
+  /* The others fill the rest of the queue, each within its share; then it is full. */
+  for (int k = 1; k < PEERS - 1; k++)
+    for (int i = 0; i < HIXL_MAX_NOTIFY_PER_LINK; i++)
+      if (HixlEngineSendNotify(p[k], g.srv_name, &n, 5000) != HIXL_SUCCESS) {
+        tu_fail(__FILE__, __LINE__, "notification %d of link %d: %s", i, k, HixlGetLastErrorMessage());
+        k = PEERS;
+        break;
+      }
+  TU_ASSERT_STATUS(HixlEngineSendNotify(p[PEERS - 1], g.srv_name, &n, 5000), HIXL_NOTIFY_FAILED);
+  TU_ASSERT_OK(HixlEngineGetNotifies(g.srv, &list, &count));
+  CU_ASSERT_EQUAL(count, HIXL_MAX_NOTIFY_QUEUE);
+  for (size_t i = 0; i < count; i++) from_first += strcmp(list[i].remote_engine, list[0].remote_engine) == 0;
+  CU_ASSERT_EQUAL(from_first, HIXL_MAX_NOTIFY_PER_LINK);
+  HixlEngineFreeNotifies(list);
+  /* Drained: the first link has its share again, and the last one gets in. */
+  TU_ASSERT_OK(HixlEngineSendNotify(p[0], g.srv_name, &n, 5000));
+  TU_ASSERT_OK(HixlEngineSendNotify(p[PEERS - 1], g.srv_name, &n, 5000));
+  TU_ASSERT_OK(HixlEngineGetNotifies(g.srv, &list, &count));
+  CU_ASSERT_EQUAL(count, 2);
+  HixlEngineFreeNotifies(list);
+  for (int k = 0; k < PEERS; k++) TU_ASSERT_OK(HixlEngineDestroy(p[k]));
+}
+
 /* ------------------------------------------------------------ allocated memory */
 
 /* Descriptors of this process open on hixl's memfds. */
@@ -1391,6 +1436,7 @@ int main(void) {
   CU_add_test(s, "client memory deregistered", test_local_deregister);
   CU_add_test(s, "notify delivery", test_notify);
   CU_add_test(s, "notify from a listening engine", test_notify_from_server_engine);
+  CU_add_test(s, "notifications: one link holds a share of the queue", test_notify_bounds);
   CU_add_test(s, "allocated memory: memfd, registered, freed once", test_alloc_mem);
   CU_add_test(s, "a CALL is served after the READ answers before it (tcp)", test_call_after_answers);
   CU_add_test(s, "calls started before any answer is waited for, served in order", test_call_start);

@@ -12,11 +12,12 @@
 extern "C" {
 #endif
 
-#define HIXL_DEFAULT_TIMEOUT_MS 1000  /* used when a timeout_ms argument is 0 */
-#define HIXL_MAX_NOTIFY_LEN     1024  /* name and message, each, without the NUL */
-#define HIXL_MAX_NOTIFY_QUEUE   4096  /* undrained notifications an engine keeps, from all links together */
-#define HIXL_MAX_REGISTRATIONS  4096  /* registered memories per engine */
-#define HIXL_MAX_BATCH          65536 /* op descriptors per transfer call */
+#define HIXL_DEFAULT_TIMEOUT_MS  1000  /* used when a timeout_ms argument is 0 */
+#define HIXL_MAX_NOTIFY_LEN      1024  /* name and message, each, without the NUL */
+#define HIXL_MAX_NOTIFY_QUEUE    4096  /* undrained notifications an engine keeps, from all links together */
+#define HIXL_MAX_NOTIFY_PER_LINK 1024  /* ... of them from one link: one peer cannot fill the queue */
+#define HIXL_MAX_REGISTRATIONS   4096  /* registered memories per engine */
+#define HIXL_MAX_BATCH           65536 /* op descriptors per transfer call */
 
 typedef struct HixlEngine HixlEngine;              /* opaque */
 typedef struct hixl_mem_reg *HixlMemHandle;        /* opaque, from RegisterMem */
@@ -145,7 +146,8 @@ HIXL_API HixlStatus HixlEngineGetTransferStatus(HixlEngine *engine, HixlTransfer
 HIXL_API HixlStatus HixlEngineGetTransferUserData(HixlEngine *engine, HixlTransferReq req, void **user_data);
 
 /** Deliver {name, msg} to a connected remote engine and wait for its receipt: NOTIFY_FAILED
- *  when it holds HIXL_MAX_NOTIFY_QUEUE undrained ones already, from any of its links. */
+ *  when it holds HIXL_MAX_NOTIFY_QUEUE undrained ones already, from any of its links, or
+ *  HIXL_MAX_NOTIFY_PER_LINK from this link. */
 HIXL_API HixlStatus HixlEngineSendNotify(HixlEngine *engine, const char *remote_engine,
                                          const HixlNotifyDesc *notify, int32_t timeout_ms);
 

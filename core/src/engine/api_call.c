@@ -79,6 +79,7 @@ HixlStatus HixlEngineGetNotifies(HixlEngine *e, HixlNotifyDesc **notifies, size_
     }
   }
   e->n_notifies = 0;
+  e->notify_gen += n > 0; /* every link's undrained count is 0 again */
   pthread_mutex_unlock(&e->lock);
   *notifies = out;
   *count = n;

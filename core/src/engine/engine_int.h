@@ -119,6 +119,10 @@ struct conn {
   struct link_pay pay;                /* ... and what it keeps about it (link_pay_of) */
   /* target: the last seq of a WRITE refused here (CALL_AFTER checks it) */
   uint64_t write_refused;
+  /* target: notifications from this link still undrained, as of the engine's drain
+   * notify_gen (a later drain took them all) */
+  uint64_t notify_gen;
+  uint32_t notify_held;
   /* CALL_TAG. Target: the last tag landed (link_tag_landed) and the last a CALL_TAG
    * named, and the call waiting for its tag (LINK_STALL_TAG); initiator: the last tag
    * sent, and the calls sent so (hixl_link_info.tag_calls). */
@@ -362,6 +366,7 @@ struct HixlEngine {
   pthread_mutex_t req_lock; /* taken after lock, or alone to poll a WAITING request */
   struct notify_item *notifies;
   size_t n_notifies, cap_notifies;
+  uint64_t notify_gen; /* GetNotifies drains so far (a link's notify_held counts since one) */
   struct engine_service services[ENGINE_SERVICES]; /* CALL handlers, by service number */
   /* Rails (api_dial.c): the addresses this engine accepts links on, listen address first
    * (advertised in RAILS_ACK), the extra listeners, and the prober thread, started at the

@@ -635,7 +635,11 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
     return;
   case WIRE_NOTIFY: {
     uint32_t st = HIXL_SUCCESS;
-    if (e->n_notifies >= HIXL_MAX_NOTIFY_QUEUE) {
+    if (c->notify_gen != e->notify_gen) { /* drained since this link's last */
+      c->notify_gen = e->notify_gen;
+      c->notify_held = 0;
+    }
+    if (e->n_notifies >= HIXL_MAX_NOTIFY_QUEUE || c->notify_held >= HIXL_MAX_NOTIFY_PER_LINK) {
       st = HIXL_NOTIFY_FAILED;
     } else {
       if (e->n_notifies == e->cap_notifies) {
@@ -654,6 +658,7 @@ static void target_handle(struct conn *c, const struct wire_msg *m) {
       }
       if (it && it->name && it->msg && it->remote) {
         e->n_notifies++;
+        c->notify_held++;
       } else {
         if (it) {
           free(it->name);
@@ -813,8 +818,9 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   }
   char why[512];
   if (ch->kind == CHUNK_NOTIFY)
-    snprintf(why, sizeof(why), "%s refused the notification (%s; %d undrained at most)", c->remote_name,
-             HixlStatusName(m->u.ack.status), HIXL_MAX_NOTIFY_QUEUE);
+    snprintf(why, sizeof(why), "%s refused the notification (%s; %d undrained at most, %d from one link)",
+             c->remote_name, HixlStatusName(m->u.ack.status), HIXL_MAX_NOTIFY_QUEUE,
+             HIXL_MAX_NOTIFY_PER_LINK);
   else
     snprintf(why, sizeof(why), "%s refused %s of remote [0x%llx, +%u): not inside memory registered there",
              c->remote_name, ch->kind == CHUNK_READ ? "READ" : "WRITE", (unsigned long long)ch->raddr,
