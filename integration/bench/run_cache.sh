@@ -1,11 +1,9 @@
 #!/usr/bin/env bash
-# run_cache.sh BUILD_DIR [OUTPUT_MD]
-#
-# The cache manager against the raw engine moving the same op lists (hixl-cache-bench),
-# over tcp and auto (shm between two processes of this host); the method and the goal are
-# on the page, OUTPUT_MD (default docs/performance-cache.md). Each transport runs
-# CACHE_RUNS times (default 3) of CACHE_ITERS iterations (default 15); each run's JSON is
-# kept in BUILD_DIR/cache-results. RDMA figures come from the soft-RoCE guest (not here).
+# run_cache.sh BUILD_DIR [OUTPUT_MD]: the cache manager against the raw engine moving the same op lists
+# (hixl-cache-bench), over tcp and auto (shm between two processes of this host); the method and the goal are on the
+# page, OUTPUT_MD (default docs/performance-cache.md). Each transport runs CACHE_RUNS times (default 3) of
+# CACHE_ITERS iterations (default 15); each run's JSON is kept in BUILD_DIR/cache-results. RDMA figures come from the
+# soft-RoCE guest (not here).
 NAME=run_cache
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"

@@ -50,7 +50,6 @@ static uintptr_t g_rbase;             /* its registered memory */
 static uint8_t g_ref[SOAK_READ_AREA]; /* the read area's expected content */
 static atomic_bool g_clients_stop;
 
-/* Bytes of a and b that differ. */
 static uint64_t count_wrong(const uint8_t *a, const uint8_t *b, size_t len) {
   uint64_t n = 0;
   if (memcmp(a, b, len) != 0)
@@ -134,10 +133,8 @@ static int target_main(void *arg, int ctrl) {
   uint8_t *mem;
   int rc = 1;
   (void)arg;
-  if (set_nofile(o.target_nofile) == 0) {
-    hb_say("target: setrlimit(RLIMIT_NOFILE, %u): %s\n", o.target_nofile, strerror(errno));
-    return 1;
-  }
+  if (set_nofile(o.target_nofile) == 0)
+    hb_die("target: setrlimit(RLIMIT_NOFILE, %u): %s", o.target_nofile, strerror(errno));
   if ((mem = hb_map(len)) == NULL) return 1;
   bench_pattern_fill(mem, len, SOAK_SEED);
   if ((e = hb_engine(g_taddr, o.transport, g_topts.v, g_topts.n)) != NULL) {
@@ -214,18 +211,19 @@ static void check(struct client *c, const uint8_t *got, const uint8_t *want, siz
   if (c->errors_told++ < 5) hb_say("client %u: %s: %" PRIu64 " of %zu bytes wrong\n", c->id, what, w, len);
 }
 
-/* data = key_base ^ key, 8 bytes at a time: fresh for each round, cheap to make. */
-static void keyed(uint8_t *out, const uint8_t *base, size_t len, uint64_t key) {
+/* len bytes of fresh data (key_base ^ key, 8 bytes at a time: cheap to make) WRITten from src to at in
+ * n ops, then read back in one op into the len bytes after src (its back), checked. */
+static void write_back(struct client *c, HixlTransferOpDesc *d, uint32_t n, uint8_t *src, uintptr_t at,
+                       size_t len, uint64_t key, const char *what) {
+  const uint8_t *key_base = c->mem + SOAK_CLIENT_MEM - SOAK_LARGE;
+  uint8_t *back = src + len;
   for (uint64_t i = 0, v; i + 8 <= len; i += 8) {
-    memcpy(&v, base + i, 8);
+    memcpy(&v, key_base + i, 8);
     v ^= key;
-    memcpy(out + i, &v, 8);
+    memcpy(src + i, &v, 8);
   }
-}
-
-/* The WRITE d[0..n) of src, then its len bytes at at read back into back in one op, checked. */
-static void write_back(struct client *c, HixlTransferOpDesc *d, size_t n, const uint8_t *src, uint8_t *back,
-                       uintptr_t at, size_t len, const char *what) {
+  for (uint32_t i = 0; i < n; i++)
+    d[i] = (HixlTransferOpDesc){(uintptr_t)src + i * (len / n), at + i * (len / n), len / n};
   if (!legit_call(c, HIXL_WRITE, d, n)) return;
   d[0] = (HixlTransferOpDesc){(uintptr_t)back, at, len};
   if (legit_call(c, HIXL_READ, d, 1)) check(c, back, src, len, what);
@@ -234,9 +232,7 @@ static void write_back(struct client *c, HixlTransferOpDesc *d, size_t n, const 
 static void *client_main(void *arg) {
   struct client *c = arg;
   HixlTransferOpDesc d[SOAK_BATCH];
-  uint8_t *rd = c->mem, *wr = rd + SOAK_BATCH_LEN, *back = wr + SOAK_BATCH_LEN;
-  uint8_t *large = back + SOAK_BATCH_LEN, *large_back = large + SOAK_LARGE,
-          *key_base = large_back + SOAK_LARGE;
+  uint8_t *rd = c->mem, *wr = rd + SOAK_BATCH_LEN, *large = wr + 2 * SOAK_BATCH_LEN;
   uintptr_t warea = g_rbase + SOAK_READ_AREA + (uintptr_t)c->id * SOAK_WRITE_AREA;
   const uint32_t slots = SOAK_READ_AREA / SOAK_SMALL;
 
@@ -253,15 +249,9 @@ static void *client_main(void *arg) {
 
     /* 200 x 4 KiB WRITEs of fresh data, read back; every fourth round a 4 MiB one too. */
     uint64_t key = bench_pattern_word(c->id + 1, k);
-    uintptr_t at = warea + (uintptr_t)(k % 4) * (1u << 20);
-    keyed(wr, key_base, SOAK_BATCH_LEN, key);
-    for (uint32_t i = 0; i < SOAK_BATCH; i++)
-      d[i] = (HixlTransferOpDesc){(uintptr_t)wr + i * SOAK_SMALL, at + i * SOAK_SMALL, SOAK_SMALL};
-    write_back(c, d, SOAK_BATCH, wr, back, at, SOAK_BATCH_LEN, "WRITE read back");
-    if (k % 4 != 3) continue;
-    keyed(large, key_base, SOAK_LARGE, ~key);
-    d[0] = (HixlTransferOpDesc){(uintptr_t)large, warea + (SOAK_WRITE_AREA / 2), SOAK_LARGE};
-    write_back(c, d, 1, large, large_back, d[0].remote_addr, SOAK_LARGE, "large WRITE read back");
+    write_back(c, d, SOAK_BATCH, wr, warea + (k % 4) * (1u << 20), SOAK_BATCH_LEN, key, "WRITE read back");
+    if (k % 4 == 3)
+      write_back(c, d, 1, large, warea + SOAK_WRITE_AREA / 2, SOAK_LARGE, ~key, "large WRITE read back");
   }
   return NULL;
 }
@@ -276,11 +266,6 @@ static bool client_start(struct client *c, unsigned id) {
       !hb_ok(HixlEngineConnect(c->eng, g_taddr, 10000), "a client's HixlEngineConnect"))
     return false;
   return pthread_create(&c->th, NULL, client_main, c) == 0;
-}
-
-/* The clients' counts now. */
-static void legit_now(uint64_t s[L_N]) {
-  for (int k = 0; k < L_N; k++) s[k] = atomic_load(&g_legit[k]);
 }
 
 struct join_counts {
@@ -444,8 +429,7 @@ static void herd_event(uint32_t i, uint32_t events) {
 static void herd_ready(void *arg, short revents) {
   struct epoll_event evs[256];
   int k = epoll_wait(g_h.herd.fd, evs, 256, 0);
-  (void)arg;
-  (void)revents;
+  (void)arg, (void)revents;
   for (int j = 0; j < k; j++)
     if (g_h.s[evs[j].data.u32].fd >= 0) herd_event(evs[j].data.u32, evs[j].events);
 }
@@ -470,23 +454,17 @@ static void churn_once(void *arg) {
   struct linger lg = {.l_onoff = 1, .l_linger = 0};
   int fd = connect_from(12 + (unsigned)(k % 4), true, 0);
   (void)arg;
-  if (fd < 0) {
-    atomic_fetch_add(&g_h.n[H_CHURN_ERRORS], 1);
-    return;
-  }
+  atomic_fetch_add(&g_h.n[fd < 0 ? H_CHURN_ERRORS : H_CHURN], 1);
+  if (fd < 0) return;
   if (k % 3 == 1)
     (void)!send(fd, hello, wire_put_hello(hello, sizeof(hello), WIRE_CAP_TCP_DATA, "soak-churn"),
                 MSG_NOSIGNAL);
   if (k % 3 == 2) setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
   close(fd);
-  atomic_fetch_add(&g_h.n[H_CHURN], 1);
 }
 
-/* One more hostile peer, p's thread; false when it did not start. */
 static bool hostile_thread(struct pacer *p) {
-  if (pthread_create(&g_h.th[g_h.n_th], NULL, pacer_main, p) != 0) return false;
-  g_h.n_th++;
-  return true;
+  return pthread_create(&g_h.th[g_h.n_th], NULL, pacer_main, p) == 0 && ++g_h.n_th > 0;
 }
 
 /* The flood links first (the target has descriptors then), then the rest; false when
@@ -566,7 +544,7 @@ static bool run_phase(struct run *r, int ph, double secs) {
   }
   atomic_store(&r->jn.phase, ph);
   if (!sample_proc(r->tgt.pid, &prev)) prev = r->idle;
-  legit_now(l0);
+  for (int k = 0; k < L_N; k++) l0[k] = atomic_load(&g_legit[k]);
   uint64_t start = bench_now_ns(), tprev = start, cpu0 = prev.cpu_ns, bprev = l0[L_BYTES];
   res->ran = true;
   for (unsigned tick = 1; tick <= (unsigned)(secs + 0.5); tick++) {
@@ -579,7 +557,7 @@ static bool run_phase(struct run *r, int ph, double secs) {
     }
     uint64_t tn = bench_now_ns();
     if (!sample_proc(r->tgt.pid, &now)) continue;
-    legit_now(l);
+    for (int k = 0; k < L_N; k++) l[k] = atomic_load(&g_legit[k]);
     double t = (double)(tn - r->t0_ns) / 1e9, dt = (double)(tn - tprev) / 1e9;
     double cpu = 100.0 * (double)(now.cpu_ns - prev.cpu_ns) / 1e9 / dt;
     double mbs = (double)(l[L_BYTES] - bprev) / 1e6 / dt;
@@ -720,13 +698,13 @@ static int report(struct run *r) {
   if (o.json == NULL) return rc;
 
   FILE *f = hb_json_open(o.json, "hixl-soak");
-  fprintf(f, "  \"transport\": \"%s\", \"hostile_seconds\": %.0f, \"baseline_seconds\": %.0f,\n", o.transport,
-          o.seconds, o.base_seconds);
-  fprintf(f,
-          "  \"clients\": %u, \"floods\": %u, \"flood_len\": %zu, \"idle_connects\": %u, \"idle_addrs\": %u,"
-          " \"half_sent\": %u, \"churn_rate\": %u, \"target_nofile\": %u,\n",
-          o.clients, o.floods, o.flood_len, o.idle, o.idle_addrs, o.half, o.churn_rate, o.target_nofile);
-  fprintf(f, "  \"options\": {");
+  fprintf(
+      f,
+      "  \"transport\": \"%s\", \"hostile_seconds\": %.0f, \"baseline_seconds\": %.0f,\n  \"clients\": %u,"
+      " \"floods\": %u, \"flood_len\": %zu, \"idle_connects\": %u, \"idle_addrs\": %u, \"half_sent\": %u,"
+      " \"churn_rate\": %u, \"target_nofile\": %u,\n  \"options\": {",
+      o.transport, o.seconds, o.base_seconds, o.clients, o.floods, o.flood_len, o.idle, o.idle_addrs, o.half,
+      o.churn_rate, o.target_nofile);
   for (size_t i = 0; i < g_topts.n; i++)
     fprintf(f, "%s\"%s\": \"%s\"", i ? ", " : "", g_topts.v[i].key, g_topts.v[i].value);
   fprintf(f, "},\n  \"target_idle_rss_kib\": %" PRIu64 ", \"target_idle_fds\": %d,\n  \"phases\": [\n",
