@@ -1,15 +1,14 @@
 #!/usr/bin/python3
 """adapter_step.py [--tree DIR] [--blocks N] [--layers N] [--steps N] [--json FILE]
 
-The adapter's own CPU per step (this thread's, time.thread_time_ns: another process taking
-the CPU does not inflate it), 64 requests in flight, through hixl_vllm into the plugin
-without a peer or KV moving (the plugin answers from its own state), so what is measured is
-the adapter, ctypes and the plugin's bookkeeping: a producer's and a consumer's scheduler
-step and a worker step (every layer), each the hooks vLLM calls in it.
+The adapter's own CPU per step (this thread's, time.thread_time_ns: another process taking the CPU does not inflate
+it), 64 requests in flight, through hixl_vllm into the plugin without a peer or KV moving (the plugin answers from
+its own state), so what is measured is the adapter, ctypes and the plugin's bookkeeping: a producer's and a
+consumer's scheduler step and a worker step (every layer), each the hooks vLLM calls in it.
 
-Medians over --steps steps, with the plugin's C ops' share (ctypes' call included); main()
-lists the hooks, docs/vllm.md the figures. --tree takes hixl_vllm from another checkout
-(A/B). Needs torch only for the worker's tensors (64 blocks of 4 tokens per layer).
+Medians over --steps steps, with the plugin's C ops' share (ctypes' call included); main() lists the hooks,
+docs/vllm.md the figures. --tree takes hixl_vllm from another checkout (A/B). Needs torch only for the worker's
+tensors (64 blocks of 4 tokens per layer).
 """
 
 import argparse
@@ -64,11 +63,11 @@ def main() -> int:
     from hixl_vllm import HixlKVConnector
     from hixl_vllm._base import KVConnectorRole
 
-    def config(role: str, mode: str = "pull"):
+    def config(role: str):
         return fv.VllmConfig(fv.KVTransferConfig.from_dict({
             "kv_connector": "HixlKVConnector", "kv_connector_module_path": "hixl_vllm",
             "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
-            "kv_connector_extra_config": {"address": f"127.0.0.1:{free_port()}", "mode": mode,
+            "kv_connector_extra_config": {"address": f"127.0.0.1:{free_port()}", "mode": "pull",
                                           "Transport": "tcp", "lease_ms": 600000}}))
 
     names = [f"model.layers.{l}.self_attn.attn" for l in range(a.layers)]
@@ -76,8 +75,7 @@ def main() -> int:
 
     def connector(vc, role, kc=kcc):
         c = HixlKVConnector(vc, role, kc)
-        t = CTimer(c._plugin.ops)
-        c._plugin.ops = t
+        c._plugin.ops = t = CTimer(c._plugin.ops)
         if hasattr(c, "_bind_ops"):
             c._bind_ops()
         return c, t

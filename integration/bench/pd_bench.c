@@ -14,13 +14,10 @@
 /* Under callgrind (--separate-threads=yes) each process dumps its counts at the end of
  * every phase, so a profile shows the plugin's instructions beside the raw engine's for
  * the same op lists (issue 47). Outside valgrind a mark does nothing. */
-#if defined(__has_include)
 #if __has_include(<valgrind/callgrind.h>)
 #include <valgrind/callgrind.h>
 #define PD_PHASE(name) CALLGRIND_DUMP_STATS_AT(name)
-#endif
-#endif
-#ifndef PD_PHASE
+#else
 #define PD_PHASE(name) ((void)0)
 #endif
 
@@ -67,8 +64,7 @@ struct conn {
 };
 
 struct host {
-  uint8_t *mem; /* the KV pool: layers x (K, V) x pool_blocks blocks, one mapping */
-  size_t len;
+  uint8_t *mem;             /* the KV pool: layers x (K, V) x pool_blocks blocks, one mapping */
   uint64_t *ids;            /* a shuffled free list (block_order): allocations come out scattered */
   const uint64_t *peer_ids; /* the other side's: which blocks it allocates (the head of it) */
   struct conn pull, push;
@@ -84,12 +80,10 @@ static uint64_t *block_order(uint64_t seed) {
   for (uint64_t i = 0; i < o.pool_blocks; i++) ids[i] = i;
   for (uint64_t i = 0; i + 8 < o.pool_blocks; i += 8) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
-    uint64_t j = (s >> 33) % ((o.pool_blocks - i) / 8) * 8 + i;
-    for (int k = 0; k < 8; k++) {
-      uint64_t t = ids[i + k];
-      ids[i + k] = ids[j + k];
-      ids[j + k] = t;
-    }
+    uint64_t j = (s >> 33) % ((o.pool_blocks - i) / 8) * 8 + i, run[8];
+    memcpy(run, ids + i, sizeof(run)); /* runs i and j swap places (j may be i) */
+    memmove(ids + i, ids + j, sizeof(run));
+    memcpy(ids + j, run, sizeof(run));
   }
   return ids;
 }
@@ -147,28 +141,13 @@ static size_t build_ops(HixlTransferOpDesc *v, uintptr_t lbase, uintptr_t rbase,
   return m + 1;
 }
 
-/* The worker's KV cache: kv_first as register_kv_caches' layers; BLNHC and cross_layer
- * as the one group of planes they are (register_kv_groups, ABI 1.3). The plugin copies. */
+/* The worker's KV cache as the one group of planes its layout is (register_kv_groups, ABI
+ * 1.3, as hixl_vllm registers it; for kv_first the very group the plugin makes of
+ * register_kv_caches' layers, kv_worker.c's kv_setup). The plugin copies. */
 static void register_kv(hixl_kv_connector *w, const struct host *p) {
-  static hixl_kv_layer ly[256];
   static hixl_kv_plane pl[512];
   uint32_t ppl = planes_per_layer(), np = o.layout == LAYOUT_CROSS ? 1 : o.layers * ppl;
   const char *name = layout_names[o.layout];
-  if (o.layout == LAYOUT_KV_FIRST) {
-    for (uint32_t l = 0; l < o.layers; l++)
-      ly[l] = (hixl_kv_layer){"layer",
-                              5,
-                              (uintptr_t)p->mem + plane_geo(l, 0).off,
-                              o.pool_blocks,
-                              o.block_bytes,
-                              o.pool_blocks * o.block_bytes,
-                              HIXL_KV_LAYOUT_KV_FIRST,
-                              KV_ELEM,
-                              o.block_tokens};
-    if (ops->register_kv_caches(w, ly, o.layers) != HIXL_KV_SUCCESS)
-      hb_die("register_kv_caches: %s", ops->last_error());
-    return;
-  }
   for (uint32_t i = 0; i < np; i++) {
     struct plane_geo g = plane_geo(i / ppl, i % ppl);
     pl[i] =
@@ -185,7 +164,8 @@ static void register_kv(hixl_kv_connector *w, const struct host *p) {
                      .elem_size = KV_ELEM,
                      .layout = name,
                      .layout_len = strlen(name)};
-  if (!HIXL_KV_HAS_OP(ops, register_kv_groups)) hb_die("--layout %s: the plugin is older than ABI 1.3", name);
+  if (!HIXL_KV_HAS_OP(ops, register_kv_groups))
+    hb_die("register_kv_groups: the plugin is older than ABI 1.3");
   if (ops->register_kv_groups(w, &g, 1) != HIXL_KV_SUCCESS)
     hb_die("register_kv_groups: %s", ops->last_error());
 }
@@ -210,17 +190,16 @@ static void host_up(struct host *h, uint64_t seed, uint16_t port, uint16_t peer,
   char addr[64];
   HixlMemHandle mh;
   if (o.pin && !bench_pin_cpu(cpu)) exit(1);
-  h->len = (size_t)o.layers * 2 * o.pool_blocks * o.block_bytes;
-  if (!(h->mem = hb_map(h->len))) hb_die("mmap %zu bytes: %s", h->len, strerror(errno));
-  memset(h->mem, 0x5a, h->len);
+  size_t len = (size_t)o.layers * 2 * o.pool_blocks * o.block_bytes;
+  if (!(h->mem = hb_map(len))) hb_die("mmap %zu bytes: %s", len, strerror(errno));
+  memset(h->mem, 0x5a, len);
   h->ids = block_order(seed);
   h->peer_ids = block_order(3 - seed);
   ops = hb_plugin(o.plugin);
   conn_up(&h->pull, port, role, "pull", h);
   if (o.push) conn_up(&h->push, (uint16_t)(port + 1), role, "push", h);
   snprintf(addr, sizeof(addr), "%s:%u", o.ip, (unsigned)port + 2);
-  if (!(h->raw = hb_engine(addr, o.transport, NULL, 0)) ||
-      hb_reg(h->raw, h->mem, h->len, &mh) != HIXL_SUCCESS)
+  if (!(h->raw = hb_engine(addr, o.transport, NULL, 0)) || hb_reg(h->raw, h->mem, len, &mh) != HIXL_SUCCESS)
     hb_die("the raw engine %s failed", addr);
   snprintf(h->peer_raw, sizeof(h->peer_raw), "%s:%u", o.ip, (unsigned)peer + 2);
 }
@@ -292,21 +271,19 @@ static void compute_ns(uint64_t ns) {
 
 /* Decode's raw engine serves a layer-landed call (raw_push_ns with calls) as the plugin's
  * consumer serves its notice (docs/performance-pd.md). */
-static struct {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  uint64_t landed;
-} raw_landed = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+static pthread_mutex_t landed_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t landed_cv = PTHREAD_COND_INITIALIZER;
+static uint64_t landed;
 
 static HixlStatus raw_landed_call(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
                                   size_t cap, size_t *resp_len) {
   (void)ctx, (void)peer, (void)req, (void)resp, (void)cap;
   *resp_len = 0;
   if (len != sizeof(uint32_t)) return HIXL_PARAM_INVALID;
-  pthread_mutex_lock(&raw_landed.mu);
-  raw_landed.landed++;
-  pthread_cond_broadcast(&raw_landed.cv);
-  pthread_mutex_unlock(&raw_landed.mu);
+  pthread_mutex_lock(&landed_mu);
+  landed++;
+  pthread_cond_broadcast(&landed_cv);
+  pthread_mutex_unlock(&landed_mu);
   return HIXL_SUCCESS;
 }
 
@@ -431,7 +408,6 @@ static void raw_pushes(const struct dest *d, uint64_t compute, bool plain_first,
 static int prefill_main(void *arg, int fd) {
   uint16_t port = *(uint16_t *)arg;
   struct host p;
-  bool linked = false;
   host_up(&p, 1, port, (uint16_t)(port + 3), "producer", 1);
   hb_send(fd, "ready %" PRIuPTR "\n", (uintptr_t)p.mem);
   PD_PHASE("prefill: setup");
@@ -463,9 +439,7 @@ static int prefill_main(void *arg, int fd) {
       PD_PHASE("prefill: plugin pull");
       hb_send(fd, "freed\n");
     } else if (sscanf(line, "push %63s %" SCNu64 " %" SCNuPTR " %n", id, &nb, &dbase, &off) == 3 && off > 0) {
-      hb_check(linked ? HIXL_SUCCESS : HixlEngineConnect(p.raw, p.peer_raw, 10000), "raw connect to %s",
-               p.peer_raw);
-      linked = true;
+      if (npush == 0) hb_check(HixlEngineConnect(p.raw, p.peer_raw, 10000), "raw connect to %s", p.peer_raw);
       const struct dest d = {&p, dbase, nb};
       /* Each layer's compute as long as one layer's raw WRITE: the unit pipelining cannot hide. */
       uint64_t compute = probe_ns(&d, PROBE_LAYER), rtt = probe_ns(&d, PROBE_NOTICE);
@@ -648,8 +622,7 @@ int main(int argc, char **argv) {
   host_up(&p, 2, dport, pport, "consumer", 0);
   hb_check(hixl_engine_set_service(p.raw, HIXL_SERVICE_KV, raw_landed_call, NULL), "raw engine service");
   int32_t pull_fd = -1;
-  if (!HIXL_KV_HAS_OP(ops, get_event_fd)) hb_die("get_event_fd: the plugin is older than ABI 1.2");
-  if (ops->get_event_fd(p.pull.worker, &pull_fd) != HIXL_KV_SUCCESS)
+  if (ops->get_event_fd(p.pull.worker, &pull_fd) != HIXL_KV_SUCCESS) /* ABI 1.2: register_kv checked 1.3 */
     hb_die("get_event_fd: %s", ops->last_error());
   hb_check(HixlEngineConnect(p.raw, p.peer_raw, 10000), "raw connect");
   HixlTransferOpDesc *opv = malloc((size_t)o.layers * 2 * o.pool_blocks * sizeof(*opv));
@@ -684,7 +657,6 @@ int main(int argc, char **argv) {
         int pass = r % 2 ? k : 4 - k;
         bool plug = pass == 1 || pass == 2;
         uint64_t t_fin = 0;
-        char *params = NULL;
         hixl_kv_stats s0, s1;
         PD_PHASE("decode: between");
         if (pass == 4) {
@@ -699,7 +671,7 @@ int main(int argc, char **argv) {
           int off = 0;
           if (sscanf(hb_recv(fd, line, sizeof(line)), "params %" SCNu64 " %n", &t_fin, &off) != 1 || !off)
             hb_die("prefill: %s", line);
-          params = strdup(line + off);
+          const char *params = line + off; /* used before the next hb_recv overwrites line */
           if (first_block(params) != p.peer_ids[0]) hb_die("prefill allocated other blocks: %s", params);
           hixl_kv_request q = request(did, nb * o.block_tokens, params);
           sched_alloc(&p.pull, &q, p.ids, nb, "decode scheduler");
@@ -738,7 +710,6 @@ int main(int argc, char **argv) {
         hb_recv(fd, line, sizeof(line)); /* freed */
         PD_PHASE(pass == 2 ? "decode: plugin pull, host woken by the fd"
                            : "decode: plugin pull, host stepping");
-        free(params);
       }
       if (!o.push) continue;
       /* Push, layer by layer (prefill's compute per layer: its probe_ns right before). */

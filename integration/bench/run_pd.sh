@@ -1,30 +1,21 @@
 #!/usr/bin/env bash
-# run_pd.sh BUILD_DIR [OUTPUT_MD]: hixl-pd-bench over tcp, auto (shm between two processes)
-# and rdma (the soft-RoCE guest, integration/rxe-vm/, rxe0 at 10.77.0.1), decode on CPU 0 and
-# prefill on CPU 1 like two hosts: OUTPUT_MD (default docs/performance-pd.md, the method and
-# the goals on it) and beside it a plot of hand-off latency against prompt length (.png;
-# gnuplot-nox installed when missing); then the pull per layout for docs/performance-layouts.md
-# (and pd-results/pd-layouts.json). Environment: the PD_* below, their defaults there; PD_STEP_US:
-# the host polls get_finished once a step, as a runtime does; PD_REPORT_ONLY=1: the pages from
-# the last results, measuring nothing; PD_RDMA=0: no rdma; PD_LAYOUTS: 1 after the rest, 0 not,
-# only: alone (performance-pd.md untouched); PD_LAYOUT_REPEATS: the runs of each case.
+# run_pd.sh BUILD_DIR [OUTPUT_MD]: hixl-pd-bench over tcp, auto (shm between two processes) and rdma (the soft-RoCE
+# guest, integration/rxe-vm/, rxe0 at 10.77.0.1), decode on CPU 0 and prefill on CPU 1 like two hosts: OUTPUT_MD
+# (default docs/performance-pd.md, the method and the goals on it) and beside it a plot of hand-off latency against
+# prompt length (.png, by gnuplot); then the pull per layout for docs/performance-layouts.md (and
+# pd-results/pd-layouts.json). Environment: the PD_* below, their defaults there; PD_STEP_US: the host polls
+# get_finished once a step, as a runtime does; PD_REPORT_ONLY=1: the pages from the last results, measuring nothing;
+# PD_RDMA=0: no rdma; PD_LAYOUTS: 1 after the rest, 0 not, only: alone (performance-pd.md untouched);
+# PD_LAYOUT_REPEATS: the runs of each case.
 NAME=run_pd
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"
 page performance-pd.md hixl-pd-bench pd-results "$@"
 PNG=${OUT%.md}.png
-ROUNDS=${PD_ROUNDS:-5}
-PROMPTS=${PD_PROMPTS:-256,512,1024,2048,4096}
-STEP_US=${PD_STEP_US:-500}
-REPORT_ONLY=${PD_REPORT_ONLY:-0}
-RDMA=${PD_RDMA:-1}
-RP=${PD_RDMA_PROMPTS:-$PROMPTS}
-RR=${PD_RDMA_ROUNDS:-5}
-LAYOUTS=${PD_LAYOUTS:-1}
-LPROMPTS=${PD_LAYOUT_PROMPTS:-256,1024,4096}
-LROUNDS=${PD_LAYOUT_ROUNDS:-3}
-LREPEATS=${PD_LAYOUT_REPEATS:-2}
-LOUT=$SRC/docs/performance-layouts.md
+ROUNDS=${PD_ROUNDS:-5} PROMPTS=${PD_PROMPTS:-256,512,1024,2048,4096} STEP_US=${PD_STEP_US:-500}
+REPORT_ONLY=${PD_REPORT_ONLY:-0} RDMA=${PD_RDMA:-1} RP=${PD_RDMA_PROMPTS:-$PROMPTS} RR=${PD_RDMA_ROUNDS:-5}
+LAYOUTS=${PD_LAYOUTS:-1} LPROMPTS=${PD_LAYOUT_PROMPTS:-256,1024,4096} LROUNDS=${PD_LAYOUT_ROUNDS:-3}
+LREPEATS=${PD_LAYOUT_REPEATS:-2} LOUT=$SRC/docs/performance-layouts.md
 
 # The layouts sweep: every case LREPEATS times, the two block sizes alternating which
 # goes first, so drift on this shared machine falls on both alike; then the page.
@@ -53,11 +44,7 @@ layouts() {
 
 [ "$LAYOUTS" != only ] || { layouts; exit 0; }
 
-if ! command -v gnuplot >/dev/null; then
-  log "installing gnuplot-nox (Debian) for the plot"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends gnuplot-nox >/dev/null ||
-    die "gnuplot-nox could not be installed"
-fi
+command -v gnuplot >/dev/null || die "gnuplot is missing, for the plot (integration/scripts/install-deps.sh)"
 
 for t in tcp auto; do
   [ "$REPORT_ONLY" = 0 ] || { [ -s "$RES/pd-$t.json" ] || die "PD_REPORT_ONLY: no $RES/pd-$t.json"; continue; }

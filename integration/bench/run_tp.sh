@@ -1,12 +1,10 @@
 #!/usr/bin/env bash
-# run_tp.sh BUILD_DIR [OUTPUT_MD]: hixl-tp-bench over the pairs (1,2) (2,1) (2,4) (4,2)
-# (1,4) (4,1) (2,2), a GQA and an MLA model, then MLA again with shared CPUs for reference:
-# OUTPUT_MD (default docs/performance-tp.md, the method on it), the JSON lines in
-# BUILD_DIR/tp-results/tp.json. Environment: TP_ROUNDS (default 45, a multiple of 3: the
-# plugin takes each place in a round equally often), TP_REQUESTS (8), TP_PROMPT (1024),
-# TP_LAYERS (GQA, 8), TP_MLA_LAYERS (27, DeepSeek-V2-Lite's: a request then carries about
-# a GQA one's bytes), TP_TRANSPORT (tcp), TP_CPUS (split, the sides on their own CPUs as on
-# two hosts; or shared).
+# run_tp.sh BUILD_DIR [OUTPUT_MD]: hixl-tp-bench over the pairs (1,2) (2,1) (2,4) (4,2) (1,4) (4,1) (2,2), a GQA and
+# an MLA model, then MLA again with shared CPUs for reference: OUTPUT_MD (default docs/performance-tp.md, the method
+# on it), the JSON lines in BUILD_DIR/tp-results/tp.json. Environment: TP_ROUNDS (default 45, a multiple of 3: the
+# plugin takes each place in a round equally often), TP_REQUESTS (8), TP_PROMPT (1024), TP_LAYERS (GQA, 8),
+# TP_MLA_LAYERS (27, DeepSeek-V2-Lite's: a request then carries about a GQA one's bytes), TP_TRANSPORT (tcp), TP_CPUS
+# (split, the sides on their own CPUs as on two hosts; or shared).
 NAME=run_tp
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"

@@ -5,7 +5,6 @@
  * memory of its heads) and raw engines on the same memory. The method:
  * docs/performance-tp.md. Every consumer byte is checked after every run. */
 #include <inttypes.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 
@@ -337,7 +336,7 @@ static void pair_run(uint32_t np, uint32_t nd) {
   fill(&p, np * 10 + nd);
   uint64_t pns[MAX_ROUNDS], rns[MAX_ROUNDS], rops = 0, ops0 = 0, bytes0 = 0, held = 0, need = 0;
   double aa[MAX_ROUNDS], ratio[MAX_ROUNDS];
-  uint32_t nr = o.rounds < MAX_ROUNDS ? o.rounds : MAX_ROUNDS;
+  uint32_t nr = o.rounds; /* at most MAX_ROUNDS (its option's bound) */
   /* A warm-up round (links made, pages touched), not counted; then each round runs the
    * plugin once and the raw engine twice, the plugin's place in turn (performance-tp.md). */
   for (uint32_t r = 0; r <= nr; r++) {
