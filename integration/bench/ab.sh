@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
-# ab.sh OLD NEW [OUT_DIR]: hixl-bench built at git revision OLD against NEW (a revision, or
-# WORKTREE: this checkout's uncommitted tree), interleaved on this machine over one sweep (README.md,
-# "Layout", says which; ab.md what each figure is and when a point is flagged). The sweep has batch
-# 1 and batched because 476b89a halved tcp batches of 16 KiB ops when only batch 1 was measured;
-# each run's CPU seconds are kept beside it because per GiB they move far less than wall-clock on a
-# shared machine. Revisions get detached worktrees OUT_DIR/wt-<sha> (built in <wt>/build), removed
-# at the end unless they were there before (then reused) or AB_KEEP=1; WORKTREE builds into
-# OUT_DIR/new-build. Writes OUT_DIR/ab.md (also on stdout), ab.json and the raw runs in raw/.
-# Environment: AB_ROUNDS (1..9, default 3), AB_SECONDS (per point, default 1), AB_TIMEOUT
-# (seconds per hixl-bench run, default 300), AB_KEEP=1, AB_QUICK=1 (tcp, 16K and 1M, one round
-# unless AB_ROUNDS, 0.5 s a point: to try the script, not to decide).
+# ab.sh OLD NEW [OUT_DIR]: hixl-bench built at git revision OLD against NEW (a revision, or WORKTREE: this checkout's
+# uncommitted tree), interleaved on this machine over one sweep (README.md, "Layout", says which; ab.md what each figure
+# is and when a point is flagged). The sweep has batch 1 and batched because 476b89a halved tcp batches of 16 KiB ops
+# when only batch 1 was measured; each run's CPU seconds are kept beside it because per GiB they move far less than
+# wall-clock on a shared machine. Revisions get detached worktrees OUT_DIR/wt-<sha> (built in <wt>/build), removed at
+# the end unless they were there before (then reused) or AB_KEEP=1; WORKTREE builds into OUT_DIR/new-build. Writes
+# OUT_DIR/ab.md (also on stdout), ab.json and the raw runs in raw/. Environment: AB_ROUNDS (1..9, default 3), AB_SECONDS
+# (per point, default 1), AB_TIMEOUT (seconds per hixl-bench run, default 300), AB_KEEP=1, AB_QUICK=1 (tcp, 16K and 1M,
+# one round unless AB_ROUNDS, 0.5 s a point: to try the script, not to decide).
 NAME=ab
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"
@@ -25,15 +23,13 @@ OUT=$(cd "$OUT" && pwd)
 for c in cmake python3 timeout taskset; do command -v "$c" >/dev/null || die "$c is missing"; done
 [ "$(nproc)" -ge 2 ] || die "needs 2 CPUs: initiator and target are pinned to CPUs 0 and 1"
 
-ROUNDS=${AB_ROUNDS:-3} SECS=${AB_SECONDS:-1} TIMEOUT=${AB_TIMEOUT:-300}
+ROUNDS=${AB_ROUNDS:-3} SECS=${AB_SECONDS:-1} TIMEOUT=${AB_TIMEOUT:-300} TOTAL=4G # TOTAL per point: SECS ends it first
 TRANSPORTS=(tcp shm) BATCHES=(1 64) OPS=(read write) SIZES=4K,16K,64K,256K,1M,4M
 [ "${AB_QUICK:-0}" != 1 ] || TRANSPORTS=(tcp) SIZES=16K,1M ROUNDS=${AB_ROUNDS:-1} SECS=0.5
 [[ "$ROUNDS" =~ ^[1-9]$ ]] || die "AB_ROUNDS must be 1..9"
 [[ "$TIMEOUT" =~ ^[1-9][0-9]*$ ]] || die "AB_TIMEOUT must be whole seconds"
-TOTAL=4G # per point: --max-seconds ends each point first
 
-# Worktrees this run created; removed on any exit unless AB_KEEP=1.
-CREATED=()
+CREATED=() # worktrees this run created; removed on any exit unless AB_KEEP=1
 cleanup() {
   [ "${AB_KEEP:-0}" = 1 ] && return 0
   local wt
@@ -78,9 +74,7 @@ RAW=$OUT/raw
 rm -rf "$RAW"
 mkdir -p "$RAW"
 
-NGROUPS=$((${#TRANSPORTS[@]} * ${#BATCHES[@]} * ${#OPS[@]}))
-LOAD0=$(load)
-T0=$SECONDS
+NGROUPS=$((${#TRANSPORTS[@]} * ${#BATCHES[@]} * ${#OPS[@]})) LOAD0=$(load) T0=$SECONDS
 log "sweep: ${TRANSPORTS[*]} x batch ${BATCHES[*]} x $SIZES x ${OPS[*]}, rounds: $ROUNDS, $SECS s a point; load $LOAD0"
 awk '$1 > 0.5 { exit 1 }' /proc/loadavg || log "other processes keep the CPUs busy: expect a wide A/A spread"
 for ((r = 1; r <= ROUNDS; r++)); do

@@ -1,11 +1,10 @@
 #!/usr/bin/env python3
-"""report.py PAGE ARGS...: the pages the run_*.sh scripts write, from their tools' raw outputs (PAGE: perf,
-cache, obs, adapter, ab, auth, layouts, pd, pd_dat, tp; each one's docstring names its ARGS). The scripts run
-the tools (interleaved rounds, pinning, time limits); this file holds what they compute (medians, ratios, A/A,
-verdicts) and the pages' text. A page that is a template is its docs page itself: the prose is written there,
-once, and report.py rewrites only its blocks marked <!-- hixl:begin NAME --> ... <!-- hixl:end NAME --> (fill).
-"""
-import csv, glob, json, math, os, platform, re, statistics, subprocess, sys, textwrap, time
+"""report.py PAGE ARGS...: the pages the run_*.sh scripts write, from their tools' raw outputs (PAGE: perf, cache, obs,
+adapter, ab, auth, layouts, pd, pd_dat, tp; each one's docstring names its ARGS). The scripts run the tools (interleaved
+rounds, pinning, time limits); this file holds what they compute (medians, ratios, A/A, verdicts) and the pages' text. A
+page that is a template is its docs page itself: the prose is written there, once, and report.py rewrites only its
+blocks marked <!-- hixl:begin NAME --> ... <!-- hixl:end NAME --> (fill)."""
+import collections, csv, glob, json, math, operator, os, platform, re, statistics, subprocess, sys, textwrap, time
 
 NUM = re.compile(r"^[0-9.]+$")
 MARK = re.compile(r"<!-- hixl:begin ([\w.-]+) -->(.*?)<!-- hixl:end \1 -->", re.S)
@@ -18,8 +17,9 @@ r2all = lambda vs: "/".join(map(r2, vs))
 pm = lambda ok: "PASS" if ok else "MISS"
 span = lambda vs: "%.2f-%.2fx" % (min(vs), max(vs))
 x2 = lambda r: "n/a" if r in (None, "n/a") else "%.2fx" % float(r)  # a ratio as 0.00x, or n/a
+sz = lambda b: "%g MiB" % (b / 1048576) if b >= 1048576 else "%g KiB" % (b / 1024)  # a size in bytes, as 4 KiB
 ratio = lambda a, b: "n/a" if "n/a" in (a, b) or float(b) == 0 else "%.2f" % (float(a) / float(b))
-verdict = lambda r, op, goal: "NOT MEASURED" if r == "n/a" else pm(float(r) >= goal if op == "ge" else float(r) <= goal)
+verdict = lambda r, op, goal: "NOT MEASURED" if r == "n/a" else pm(getattr(operator, op)(float(r), float(goal)))
 # md() of ROWS (dicts), each row FORM.format_map(row)
 tab = lambda head, align, form, rows: md(head, align, [form.format_map(r) for r in rows])
 # (path, its JSON) of every file the glob os.path.join(*PARTS) names, in path order
@@ -65,8 +65,7 @@ def get(path, col, **conds):
 def meta(res):
     """KEY=VALUE lines a script wrote beside its tools' outputs; repeated keys collect."""
     m = {}
-    for line in read(os.path.join(res, "meta")).splitlines():
-        k, _, v = line.partition("=")
+    for k, _, v in (line.partition("=") for line in read(os.path.join(res, "meta")).splitlines()):
         m.setdefault(k, []).append(v)
     return {k: v if k.endswith("_r") else v[-1] for k, v in m.items()}
 
@@ -130,12 +129,10 @@ def perf(res, out, src):
     v["nproc"], (v["cpu"], v["mem"], v["kernel"], v["os"]) = hostinfo()[0], machine()
     v["others_rounds"], v["rounds"] = "/".join(M.get("others_r", [])), ROUNDS
 
-    def goal(name, r, *op_goal, show=True):  # a ratio's block (unless not SHOW), and its verdict's if it has a goal
-        if show:
-            v[name] = r
+    def goal(name, r, *op_goal):  # a ratio's block, and its verdict's if it has a goal
+        v[name] = r
         if op_goal:
-            op, g = op_goal
-            v[f"verdict_{name}_{op}_{g}".replace(".", "_")] = verdict(r, op, float(g))
+            v["_".join(("verdict", name) + op_goal).replace(".", "_")] = verdict(r, *op_goal)
 
     # The targeted figures, every round (block r2all_v_NAME), and their medians (block r2_MEDIAN).
     Med = {}
@@ -154,18 +151,15 @@ def perf(res, out, src):
                            ("r_w_ucx", "hw", "ucx", "ge", "3"), ("r_r_ucx", "hr", "ucx", "ge", "3"),
                            ("r_rtt", "hrtt", "trtt", "le", "1.3"), ("r_rtt99", "hrtt99", "trtt99")):
         goal(name, ratio(Med[a], Med[b]), *g)
-    # CS vs engine, figures sw sr (sync) aw ar (async window 4) l l99 (64 B).
-    for f, suffix, col, conds in [(m[0] + op[0].lower(), "_cs", "gbps", dict(mode=m, op=op, block_size=4194304))
-                                  for m in ("sync", "async") for op in OPS] + [
-                                     ("l", "_cs_lat", "avg_us", dict(mode="latency")),
-                                     ("l99", "_cs_lat", "p99_us", dict(mode="latency"))]:
+    # CS vs engine, figures sw sr (sync) aw ar (async window 4) l l99 (64 B; the latencies have no goal).
+    for f, suffix, col, conds, *g in [(m[0] + op[0].lower(), "_cs", "gbps", dict(mode=m, op=op, block_size=4194304),
+                                       "ge", "0.95") for m in ("sync", "async") for op in OPS] + [
+            ("l", "_cs_lat", "avg_us", dict(mode="latency")), ("l99", "_cs_lat", "p99_us", dict(mode="latency"))]:
         m = {}
         for api in ("cs", "engine"):
             rounds_ = fig(suffix, col, api=api, **conds)
-            m[api], v[f"r2all_c_{api}_{f}"] = median(rounds_), r2all(rounds_)
-            v[f"r2_m_{api}_{f}"] = r2(m[api])
-        # The latencies have no goal.
-        goal(f"rc_{f}", ratio(m["cs"], m["engine"]), *(() if f.startswith("l") else ("ge", "0.95")))
+            m[api], v[f"r2all_c_{api}_{f}"], v[f"r2_m_{api}_{f}"] = median(rounds_), r2all(rounds_), r2(median(rounds_))
+        goal(f"rc_{f}", ratio(m["cs"], m["engine"]), *g)
 
     for k, patterns in (("h", ("", "_lat")), ("cs", ("_cs", "_cs_lat")), ("st", ("_st_*",))):
         ok = [row.get("verified") == "yes" for p in patterns for f in glob.glob(R(f"round[0-9]{p}.csv"))
@@ -182,7 +176,7 @@ def perf(res, out, src):
         w = op[0].lower()
         st, h = st_median("default", op, 16384, 1024), Med["h" + w]
         v[f"gbps_st_{w}16k"], v[f"gbps_h_{w}4m"], v[f"rx_st_{w}16k_h_{w}4m"] = gbps(st), gbps(h), x2(ratio(st, h))
-        goal(f"r_st_{w}", ratio(st, h), "ge", "0.7", show=False)
+        v[f"verdict_r_st_{w}_ge_0_7"] = verdict(ratio(st, h), "ge", 0.7)
     SMALL = [(b, op) for b in (64, 512, 1024, 2048, 4096, 16384) for op in OPS]  # blocks x 1024
     UNREG = [(b, op) for b in (65536, 4194304) for op in OPS]  # blocks x 64
     # The default StagingThreshold, from the option table (auto: the tcp-link value).
@@ -214,17 +208,14 @@ def perf(res, out, src):
 
     rows = csv_rows(R("hixl_sweep.csv"))
     v["sweep_table"] = md("op | block | batch | iters | GB/s | avg us | p50 us | p99 us | verified", "lrrrrrrrl", [
-        "%s | %s | %s | %s | %.2f | %.1f | %.1f | %.1f | %s" % (
-            x["op"], x["block_size"], x["batch"], x["iters"], float(x["gbps"]), float(x["avg_us"]),
-            float(x["p50_us"]), float(x["p99_us"]), x["verified"]) for x in rows]) if rows else \
+        [x["op"], x["block_size"], x["batch"], x["iters"], "%.2f" % float(x["gbps"])] +
+        ["%.1f" % float(x[k]) for k in ("avg_us", "p50_us", "p99_us")] + [x["verified"]] for x in rows]) if rows else \
         "(the sweep did not run; see perf-results/hixl_sweep.err)"
-    L = []  # every small block at batch 1024: direct, default, all coalesced
-    for b, op in SMALL:
-        d, df, al = (st_median(n, op, b, 1024) for n in ("direct", "default", "coalesced"))
-        how = (" (coalesced)" if b < int(ST_DEF) else " (direct)") if ST_DEF else ""
-        L.append([f"{b} B", op, gbps(d), gbps(df) + how, x2(ratio(df, d)), gbps(al), x2(ratio(al, d))])
+    how = lambda b: (" (coalesced)" if b < int(ST_DEF) else " (direct)") if ST_DEF else ""  # what the default does
     v["coalesce_table"] = md(f"block x 1024 | op | direct (0) | default ({v['st_def_text']}) | default / direct | "
-                             f"coalesced ({ST_ALL}) | coalesced / direct", "rlrrrrr", L)
+                             f"coalesced ({ST_ALL}) | coalesced / direct", "rlrrrrr", [  # direct, default, coalesced
+        [f"{b} B", op, gbps(d), gbps(df) + how(b), x2(ratio(df, d)), gbps(al), x2(ratio(al, d))] for b, op in SMALL
+        for d, df, al in [[st_median(n, op, b, 1024) for n in ("direct", "default", "coalesced")]]])
     v["unreg_table"] = md(
         "block x 64 | op | registered | unregistered local (staged) | unregistered / registered", "rlrrr",
         [[f"{b // 1024} KiB", op, gbps(reg), gbps(un), x2(ratio(un, reg))] for b, op in UNREG
@@ -232,21 +223,19 @@ def perf(res, out, src):
     st_all = lambda *a: r2all(st_rounds(*a))  # per-round GB/s of every staging figure
     v["stage_rounds_table"] = md(f"figure | op | direct (0) | default | coalesced ({ST_ALL})", "lllll", [
         [f"{b} B x 1024", op] + [st_all(n, op, b, 1024) for n in ("direct", "default", "coalesced")]
-        for b, op in SMALL]) + "\n\n" + md(
-        "figure | op | registered | unregistered local", "llll",
-        [[f"{b // 1024} KiB x 64", op, st_all("registered", op, b, 64), st_all("unregistered", op, b, 64)]
-         for b, op in UNREG])
+        for b, op in SMALL]) + "\n\n" + md("figure | op | registered | unregistered local", "llll", [
+        [f"{b // 1024} KiB x 64", op] + [st_all(n, op, b, 64) for n in ("registered", "unregistered")]
+        for b, op in UNREG])
 
     # ----- the shm section. A figure is KIND:OP:BLOCK:BATCH:LAYOUT, as in hixl-shm-ref's CSV.
     SHM_CSV = R("shm.csv")
     MC = {b: f"memcpy:copy:{b}:1:adjacent" for b in (4096, 262144, 1048576, 4194304, 16777216)}
     RV = {b: f"process_vm_readv:READ:{b}:1:adjacent" for b in (4096, 262144, 1048576, 4194304)}
     RVS = "process_vm_readv:READ:4096:1024:scattered"  # one call for 1024 scattered 4 KiB blocks
-    # The issue's targets (LABEL, GOAL, FIGURE, REFERENCE, KERNEL): FIGURE / REFERENCE >= GOAL.
-    # KERNEL / REFERENCE is the kernel's ceiling: the same ratio with the hixl figure
-    # replaced by bare process_vm_readv calls of the same blocks. For adjacent 4 KiB
-    # batches that is one call per 256 KiB (the best a batch of 4 KiB ops could reach);
-    # for scattered ones, the kernel's own scattered batch.
+    # The issue's targets (LABEL, GOAL, FIGURE, REFERENCE, KERNEL): FIGURE / REFERENCE >= GOAL. KERNEL / REFERENCE is
+    # the kernel's ceiling: the same ratio with the hixl figure replaced by bare process_vm_readv calls of the same
+    # blocks. For adjacent 4 KiB batches that is one call per 256 KiB (the best a batch of 4 KiB ops could reach); for
+    # scattered ones, the kernel's own scattered batch.
     targets = [(f"shm {op} {name}, 1 op per call / memcpy {name}", "0.8", f"shm:{op}:{b}:1:adjacent", MC[b], RV[b])
                for b, name in ((262144, "256 KiB"), (1048576, "1 MiB"), (4194304, "4 MiB")) for op in OPS]
     targets += [(f"shm {op} 16 x 256 KiB per call / memcpy 256 KiB", "0.8", f"shm:{op}:262144:16:adjacent",
@@ -268,20 +257,19 @@ def perf(res, out, src):
 
     shm_ratio = lambda p, f, ref: ratio(shm_fig(p, f), shm_fig(p, ref))
 
-    def shm_result(p, goal, f, ref, k):  # PASS, or whose the MISS is
-        r = verdict(shm_ratio(p, f, ref), "ge", float(goal))
-        return r if r != "MISS" else {"MISS": "MISS, the kernel's too", "PASS": "MISS, hixl's"}.get(
-            verdict(shm_ratio(p, k, ref), "ge", float(goal)), r)
+    def shm_result(p, goal, f, ref, k=None):  # PASS, or (with a KERNEL figure) whose the MISS is
+        r = verdict(shm_ratio(p, f, ref), "ge", goal)
+        return r if r != "MISS" or not k else {"MISS": "MISS, the kernel's too", "PASS": "MISS, hixl's"}.get(
+            verdict(shm_ratio(p, k, ref), "ge", goal), r)
 
-    v["shm_target_table"] = md(
-        "target (ratio of medians) | goal | 4 KiB pages | kernel's ceiling | result | huge pages | kernel's ceiling | "
-        "result", "lrrrlrrl", [[label, f">= {t[0]}x"] + [x for p in ("4k", "thp") for x in (
-            x2(shm_ratio(p, t[1], t[2])), x2(shm_ratio(p, t[3], t[2])), shm_result(p, *t))]
-            for label, *t in targets])
-    v["shm_map_table"] = md("target (ratio of medians) | goal | 4 KiB pages | result | huge pages | result", "lrrlrl", [
-        [label, f">= {goal}x"] + [x for p in ("4k", "thp") for r in [shm_ratio(p, f, ref)]
-                                 for x in (x2(r), verdict(r, "ge", float(goal)))]
-        for label, goal, f, ref in map_targets]) + (f"\n- hixl-shm-ref note: {M['shm_note']}." if M["shm_note"] else "")
+    # A target's cells with P pages: its ratio, the kernel's ceiling (with a KERNEL figure), the result.
+    cells = lambda p, goal, f, ref, k=None: [x2(shm_ratio(p, f, ref))] + ([x2(shm_ratio(p, k, ref))] if k else []) + \
+        [shm_result(p, goal, f, ref, k)]
+    for block, ts, ceil in (("shm_target_table", targets, "kernel's ceiling | "), ("shm_map_table", map_targets, "")):
+        v[block] = md(f"target (ratio of medians) | goal | 4 KiB pages | {ceil}result | huge pages | {ceil}result",
+                      "lr" + ("rrl" if ceil else "rl") * 2,
+                      [[label, f">= {t[0]}x"] + [x for p in ("4k", "thp") for x in cells(p, *t)] for label, *t in ts])
+    v["shm_map_table"] += f"\n- hixl-shm-ref note: {M['shm_note']}." if M["shm_note"] else ""
 
     for p, name in (("4k", "4 KiB pages"), ("thp", "Huge pages")):
         # How many targets pass, whose the misses are, hixl against the bare call.
@@ -303,29 +291,23 @@ def perf(res, out, src):
     v["r2_shm_fig_4k_rv_4096"] = r2(shm_fig("4k", RV[4096]))
 
     rows = csv_rows(SHM_CSV)
-    sz = lambda b: "%g MiB" % (b / 1048576) if b >= 1048576 else "%g KiB" % (b / 1024)
-    groups, med, rnd = ([], [], [], []), {}, {}
+    groups, med, rnd = [{}, {}, {}, {}], {}, {}  # groups: figure -> its order (batch, then block)
     for x in rows:
         k, b, n, op, lay = x["kind"], int(x["block_size"]), int(x["batch"]), x["op"], x["layout"]
         shm = "shm mapped " if k == "shm-mapped" else "shm "
-        if k == "memcpy":
-            name = f"memcpy {sz(b)}"
-        elif k == "process_vm_readv":
-            name = (f"process_vm_readv {n} x {sz(b)} in one call, {lay}" if n > 1 else
-                    f"process_vm_readv {sz(b)}, one call per block")
-        elif n == 1:
-            name = f"{shm}{op} {sz(b)}, 1 op per call"
-        else:
-            name = f"{shm}{op} {n} x {sz(b)} per call" + (f", {lay}" if b == 4096 else "")
+        name = {"memcpy": [f"memcpy {sz(b)}"] * 2,  # its name by kind: [one block per call, a batch per call]
+                "process_vm_readv": [f"process_vm_readv {sz(b)}, one call per block",
+                                     f"process_vm_readv {n} x {sz(b)} in one call, {lay}"]}.get(k, [
+            f"{shm}{op} {sz(b)}, 1 op per call",
+            f"{shm}{op} {n} x {sz(b)} per call" + (f", {lay}" if b == 4096 else "")])[n > 1]
         g = {"memcpy": 0, "process_vm_readv": 1, "shm": 2}.get(k, 3)  # rows grouped by kind, in CSV order
-        if all(name != y for y, _ in groups[g]):
-            groups[g].append((name, n * 1e10 + b))
+        groups[g].setdefault(name, n * 1e10 + b)
         med[x["pages"], name] = "%.2f" % float(x["gbps"])
         rnd[x["pages"], name] = "/".join("%.2f" % float(r) for r in x["round_gbps"].split("/"))
-    groups[1].sort(key=lambda y: y[1])  # kernel calls by batch, then block
+    groups[1] = sorted(groups[1], key=groups[1].get)  # kernel calls by batch, then block
     cell = lambda p, name: f"{med[p, name]} | {rnd[p, name]}" if (p, name) in med else "n/a | n/a"
     v["shm_figure_table"] = md("figure (GB/s) | 4 KiB pages | rounds | huge pages | rounds", "lrlrl", [
-        f"{name} | {cell('4k', name)} | {cell('thp', name)}" for g in groups for name, _ in g]) if rows else \
+        f"{name} | {cell('4k', name)} | {cell('thp', name)}" for g in groups for name in g]) if rows else \
         f"(hixl-shm-ref did not run: {M['shm_note'] or 'see perf-results/shm_ref_*.log'})"
 
     v["shm_span"] = get(SHM_CSV, "span_mib", tool="hixl-shm-ref")
@@ -356,9 +338,8 @@ def cache(res, out, _runs, iters, template=None):
     for t in ("tcp", "auto"):
         rs = [j["results"] for _, j in jsons(res, f"{t}-*.json")]
         L = []
-        for i, sc in enumerate(rs[0] if rs else []):
-            x = [r[i] for r in rs]  # this scenario in every run
-            m = lambda k: statistics.median(y[k] for y in x)
+        for x in zip(*rs):  # a scenario in every run
+            sc, m = x[0], lambda k: statistics.median(y[k] for y in x)
             goal = ("met" if m("ratio") >= 0.95 else "missed") if sc["scenario"].startswith("pull") else "(none)"
             L.append([sc["scenario"], f"{m('raw_gbps'):.2f}", f"{m('cache_gbps'):.2f}", sc["raw_ops"], sc["cache_ops"],
                       ", ".join(f"{y['ratio']:.2f}x" for y in x), f"{m('ratio'):.2f}x", goal,
@@ -379,9 +360,8 @@ def obs(res, out, _cycles, rounds, transport, template=None):
         runs.setdefault(int(c), {})[int(k)] = j["rows"]
     gmean = lambda v: math.exp(sum(math.log(x) for x in v) / len(v))
 
-    # Per cycle, on against off, each the geometric mean of its two runs (A B B A: drift
-    # falls on both alike); a cell is the median over cycles. A/A: a cycle's last off run
-    # against its first.
+    # Per cycle, on against off, each the geometric mean of its two runs (A B B A: drift falls on both alike); a cell is
+    # the median over cycles. A/A: a cycle's last off run against its first.
     L, cells, aas = [], [], []
     for t in [r["tokens"] for r in runs[min(runs)][2]]:
         row = [str(t)]
@@ -526,8 +506,7 @@ def ab(raw, out):
         bad = low and s["aa"] is not None and s["ratio"] < 1 / s["aa"]
         unsure += low and s["aa"] is None
         flag = "REGRESSION?" if bad else "below 0.9, no A/A" if low and s["aa"] is None else ""
-        size = f"{k[3] >> 20} MiB" if k[3] >= 1 << 20 else f"{k[3] >> 10} KiB"
-        L.append([*k[:3], size, f"{s['old']:.2f}", f"{s['new']:.2f}", x2(s["ratio"]), x2(s["aa"]), flag])
+        L.append([*k[:3], sz(k[3]), f"{s['old']:.2f}", f"{s['new']:.2f}", x2(s["ratio"]), x2(s["aa"]), flag])
         jp.append(dict(transport=k[0], batch=k[1], op=k[2], block_size=k[3], gbps=s, regression=bool(bad)))
     lines.append(md("transport | batch | op | block | OLD GB/s | NEW GB/s | NEW/OLD | A/A | REGRESSION?", "lrlrrrrrl", L))
     lines.append("\nCPU seconds (user + system, initiator and target, whole run) per GiB measured, per group; "
@@ -539,8 +518,7 @@ def ab(raw, out):
         L.append([*k, f"{s['old']:.3f}", f"{s['new']:.3f}", x2(s["ratio"]), x2(s["aa"]), "MORE CPU?" if bad else ""])
         jg.append(dict(transport=k[0], batch=k[1], op=k[2], cpu_s_per_gib=s, more_cpu=bool(bad)))
     lines.append(md("transport | batch | op | OLD s/GiB | NEW s/GiB | NEW/OLD | A/A | MORE CPU?", "lrlrrrrl", L))
-    rs = [p["gbps"]["ratio"] for p in jp if p["gbps"]["ratio"]]
-    aas = [p["gbps"]["aa"] for p in jp if p["gbps"]["aa"]]
+    rs, aas = ([p["gbps"][k] for p in jp if p["gbps"][k]] for k in ("ratio", "aa"))
     lines.append(f"\nNEW/OLD GB/s {min(rs):.2f}-{max(rs):.2f}x over {len(jp)} points"
                  + (f", A/A {min(aas):.2f}-{max(aas):.2f}x" if aas else ", no A/A (one round)")
                  + f"; {sum(p['regression'] for p in jp)} flagged REGRESSION?, "
@@ -560,11 +538,8 @@ def auth(res, out, template=None):
     GOAL, NOISE = 0.95, 0.05
     # ops[(t, op)][variant][round] = GB/s; pd[t][variant][round] = {gbs, p50, p99}; conn[t][variant][round] = its row;
     # cpu[(kind, t)][variant][round] = CPU seconds per GiB moved (ops: READ and WRITE of one run together)
-    ops, pd, conn, cpu, rounds = {}, {}, {}, {}, set()
-
-    def put(d, key, variant, r, x):
-        d.setdefault(key, {}).setdefault(variant, {})[r] = x
-
+    ops, pd, conn, cpu = (collections.defaultdict(lambda: collections.defaultdict(dict)) for _ in range(4))
+    rounds = set()
     for p, j in jsons(res, "raw", "r*-*.json"):  # the JSON keys in one order
         m = re.match(r"r(\d+)-(?:(ops|pd)-(\w+)-(onp|on|off|offb)|conn)\.json$", os.path.basename(p))
         if not m:
@@ -572,38 +547,35 @@ def auth(res, out, template=None):
         r, kind, t, v = int(m[1]), m[2], m[3], m[4]
         if not kind:  # the connects
             for x in j["results"]:
-                put(conn, x["transport"], x["mode"].replace("-", ""), r, x)
+                conn[x["transport"]][x["mode"].replace("-", "")][r] = x
             continue
         rounds.add(r)
         if kind == "ops":
             for x in j["results"]:
-                put(ops, (t, x["op"]), v, r, x["gbps"])
+                ops[t, x["op"]][v][r] = x["gbps"]
         moved = sum(x.get("bytes", 0) for x in j["results"]) if kind == "ops" else j.get("kv_bytes_verified", 0)
         c = cpu_seconds(p)
         if c is not None and moved > 0:
-            put(cpu, (kind, t), v, r, c / (moved / 2**30))
+            cpu[kind, t][v][r] = c / (moved / 2**30)
         if kind == "pd":
             if not j.get("pass"):
                 sys.exit(f"run_auth: {p}: the mock host's run did not pass")
-            put(pd, t, v, r, {"gbs": j["gb_per_s"], "p50": j["handoff_ms_p50"], "p99": j["handoff_ms_p99"]})
+            pd[t][v][r] = {"gbs": j["gb_per_s"], "p50": j["handoff_ms_p50"], "p99": j["handoff_ms_p99"]}
     rounds = sorted(rounds)
     n = len(rounds)
 
-    at = lambda x, key: x if key is None else x[key]  # a round's figure: the value, or its KEY
+    by = lambda d, key: {w: {r: x[key] for r, x in rs.items()} for w, rs in d.items()}  # each round's figure KEY
+    pair = lambda d, a, b: [d[a][r] / d[b][r] for r in rounds if r in d.get(a, ()) and d.get(b, {}).get(r, 0) > 0]
 
-    # Per-round ratios d[a][r] / d[b][r] over the rounds both ran.
-    pair = lambda d, a, b, key=None: [at(d[a][r], key) / at(d[b][r], key) for r in rounds
-                                      if r in d.get(a, {}) and r in d.get(b, {}) and at(d[b][r], key) > 0]
-    def pooled(d, key=None):
+    def pooled(d):
         """median(on) / median(every keyless run, off and off-b): twice the reference runs."""
-        on = [at(x, key) for x in d.get("on", {}).values()]
-        offs = [at(x, key) for v in ("off", "offb") for x in d.get(v, {}).values()]
+        on, offs = list(d.get("on", {}).values()), [x for w in ("off", "offb") for x in d.get(w, {}).values()]
         return med(on) / med(offs) if on and offs and med(offs) > 0 else None
 
     spread = lambda v: {"min": min(v), "median": med(v), "max": max(v)} if v else None
     # A/B on/off, A/A off-b/off and A/B on+tag/off, each over the rounds
-    abaa = lambda d, key=None: [spread(pair(d, a, "off", key)) for a in ("on", "offb", "onp")]
-    meds = lambda d, key=None: {k: med(at(x, key) for x in d[k].values()) for k in d}  # each variant's median
+    abaa = lambda d: [spread(pair(d, a, "off")) for a in ("on", "offb", "onp")]
+    meds = lambda d: {k: med(d[k].values()) for k in d}  # each variant's median
     fp = lambda x: "n/a" if x is None else f"{x:.3f}"
     fx = lambda s: "n/a" if s is None else f"{s['min']:.3f} / **{s['median']:.3f}** / {s['max']:.3f}"
     aa_width = lambda s: None if s is None else max(abs(s["max"] - 1), abs(1 - s["min"]))  # from 1, either way
@@ -613,8 +585,7 @@ def auth(res, out, template=None):
     def verdict(ab, aa):  # PASS or MISS, and why the A/A makes it unsure
         if ab is None:
             return "n/a", ""
-        w = aa_width(aa)
-        notes = []
+        w, notes = aa_width(aa), []
         if ab["median"] < GOAL and aa is not None and aa["min"] <= ab["median"]:
             notes.append("the A/A ratio went as low in these rounds: not told apart from noise")
         if w is not None and w > NOISE:
@@ -661,21 +632,20 @@ def auth(res, out, template=None):
     L = []
     for t in PD:
         d = pd[t]
-        (ab, aa, abp), (lab, laa, _) = abaa(d, "gbs"), abaa(d, "p50")
+        gd, ld = by(d, "gbs"), by(d, "p50")
+        (ab, aa, abp), (lab, laa, _), g, l, pl = abaa(gd), abaa(ld), meds(gd), meds(ld), pooled(gd)
         vd, why = verdict(ab, aa)
-        g, l = meds(d, "gbs"), meds(d, "p50")
-        L.append(f"{t} | {three(g, '.3f')} | {fx(ab)} | {fx(aa)} | {fp(pooled(d, 'gbs'))} | "
+        L.append(f"{t} | {three(g, '.3f')} | {fx(ab)} | {fx(aa)} | {fp(pl)} | "
                  f"**{vd}**{': ' + why if why else ''} | {three(l, '.1f', ' / ')} | {fx(lab)} | {fx(laa)} | "
                  f"{g.get('onp', 0):.3f} | {fx(abp)}")
         J["pd"].append({"transport": t, "gbps_median": g, "handoff_p50_ms_median": l, "rounds": d, "ab_gbps": ab,
-                        "aa_gbps": aa, "on_over_all_keyless_gbps": pooled(d, "gbs"), "ab_handoff_p50": lab,
+                        "aa_gbps": aa, "on_over_all_keyless_gbps": pl, "ab_handoff_p50": lab,
                         "aa_handoff_p50": laa, "verdict": vd, "note": why})
     v["pd"] = md("transport | on GB/s | off GB/s | off-b GB/s | A/B GB/s on/off | A/A GB/s off-b/off | GB/s on / all "
                  "keyless | verdict (>= 0.95x) | hand-off p50 ms on / off / off-b | A/B p50 on/off | A/A p50 off-b/off | "
                  "on + AuthPayloadTag GB/s | its A/B", "lrrrllrllllrl", L)
     L, J["cpu_s_per_gib"] = [], []
-    for (kind, t) in sorted(cpu, key=lambda k: (k[0] != "ops", k[1] != "tcp")):
-        d = cpu[(kind, t)]
+    for (kind, t), d in sorted(cpu.items(), key=lambda kd: (kd[0][0] != "ops", kd[0][1] != "tcp")):
         (ab, aa, abp), g = abaa(d), meds(d)
         L.append(f"{'4 MiB ops' if kind == 'ops' else 'P/D hand-off'} | {t} | {three(g, '.3f')} | {fx(ab)} | "
                  f"{fx(aa)} | {g.get('onp', 0):.3f} | {fx(abp)}")
@@ -687,13 +657,11 @@ def auth(res, out, template=None):
     v["frames"] = read(os.path.join(res, "frames.out")).partition("\n")[2].strip() or "(not measured in this run)"
 
     L = []
-    for t in sorted(conn, key=lambda k: k != "tcp"):
-        d = conn[t]
+    for t, d in sorted(conn.items(), key=lambda td: td[0] != "tcp"):
         m3 = lambda key: " / ".join(f"{med(x[key] for x in d[w].values()):.0f}" for w in ("on", "off", "offb") if w in d)
         added = med(d["on"][r]["p50_us"] - d["off"][r]["p50_us"] for r in rounds if r in d["on"] and r in d["off"])
-        s = {name: spread(pair(d, a, b, key)) for name, (a, b, key) in
-             {"ab_p50": ("on", "off", "p50_us"), "aa_p50": ("offb", "off", "p50_us"),
-              "ab_mean": ("on", "off", "mean_us"), "aa_mean": ("offb", "off", "mean_us")}.items()}
+        s = {f"{name}_{key[:-3]}": spread(pair(by(d, key), a, "off")) for key in ("p50_us", "mean_us")
+             for name, a in (("ab", "on"), ("aa", "offb"))}  # ab_p50 aa_p50 ab_mean aa_mean
         L.append(f"{t} | {m3('p50_us')} | {m3('p99_us')} | {m3('mean_us')} | {added:.0f} | "
                  + " | ".join(map(fx, s.values())))
         J["connect"].append({"transport": t, "rounds": d, "added_p50_us": added, **s})
@@ -731,22 +699,20 @@ def layouts(res, out, rounds, template=None):
     NAMES = {"tcp": "tcp", "auto": "shm (Transport auto between two processes of one host)"}
     rows, aa_runs = [], []
     for (t, lay, bt), js in runs.items():
-        for i, r0 in enumerate(js[0]["rows"]):
-            rs = [j["rows"][i] for j in js]
+        for rs in zip(*(j["rows"] for j in js)):  # a row in every run
             if len({(r["plugin_engine_ops"], r["engine_ops"], r["runs"]) for r in rs}) != 1:
                 print("run_pd: %s %s %d-token blocks, %d tokens: op counts differ between runs" %
-                      (t, lay, bt, r0["tokens"]), file=sys.stderr)
+                      (t, lay, bt, rs[0]["tokens"]), file=sys.stderr)
             aa_runs += [r["aa_ratio"] for r in rs]
             row = {"transport": t, "layout": lay, "block_tokens": bt,
-                   **{k: r0[k] for k in ("tokens", "blocks", "bytes", "runs")},
-                   "plugin_engine_ops": max(r["plugin_engine_ops"] for r in rs), "engine_ops": r0["engine_ops"],
+                   **{k: rs[0][k] for k in ("tokens", "blocks", "bytes", "runs")},
+                   "plugin_engine_ops": max(r["plugin_engine_ops"] for r in rs), "engine_ops": rs[0]["engine_ops"],
                    "repeats": len(rs), "rounds": sum(r["rounds"] for r in rs),
                    **{k: statistics.median(r[k] for r in rs) for k in ("plugin_fd_gbs", "raw_gbs", "raw2_gbs")}}
             rows.append(dict(row, ratio=row["plugin_fd_gbs"] / row["raw_gbs"], aa_ratio=row["raw2_gbs"] / row["raw_gbs"]))
     rows.sort(key=lambda r: (r["transport"] != "tcp", LAYOUTS.index(r["layout"]), r["block_tokens"], r["tokens"]))
     transports = [t for t in ("tcp", "auto") if any(r["transport"] == t for r in rows)]
-    find = lambda t, lay, bt, tok: next((r for r in rows if (r["transport"], r["layout"], r["block_tokens"],
-                                                               r["tokens"]) == (t, lay, bt, tok)), None)
+    find = {(r["transport"], r["layout"], r["block_tokens"], r["tokens"]): r for r in rows[::-1]}.get  # first match
     longest = max(r["tokens"] for r in rows)
 
     # Goal 1: block-major layouts, the longest request: engine ops <= runs of adjacent blocks.
@@ -756,7 +722,7 @@ def layouts(res, out, rounds, template=None):
     g2 = [{"transport": t, "layout": lay, "tokens": tok, "judged": lay in BLOCK_MAJOR,
            "plugin": a["plugin_fd_gbs"] / b["plugin_fd_gbs"], "raw": a["raw_gbs"] / b["raw_gbs"]}
           for t in transports for lay in LAYOUTS for tok in sorted({r["tokens"] for r in rows})
-          for a, b in [(find(t, lay, 16, tok), find(t, lay, 64, tok))] if a and b]
+          for a, b in [(find((t, lay, 16, tok)), find((t, lay, 64, tok)))] if a and b]
     judged = [g for g in g2 if g["judged"]]
     g2_pass = bool(judged) and all(g["plugin"] >= 0.9 for g in judged)
 
@@ -764,40 +730,35 @@ def layouts(res, out, rounds, template=None):
                "block_tokens_ratio": g2, "goals": {"ops_le_runs": pm(g1_pass), "16_over_64": pm(g2_pass)}},
               open(os.path.join(res, "pd-layouts.json"), "w"), indent=1)
 
-    def verdicts(t):
-        mine = [r for r in g1 if r["transport"] == t]
-        kv = {r["block_tokens"]: r["plugin_engine_ops"] for r in rows
-              if r["transport"] == t and r["layout"] == "kv_first" and r["tokens"] == longest}
-        out = ["engine ops per %d-token request, block-major layouts, <= its runs of adjacent blocks: %s (%s)" %
-               (longest, pm(mine and all(r["plugin_engine_ops"] <= r["runs"] for r in mine)),
-                "; ".join("%s %d-token blocks: %d ops for %d runs (kv_first: %s)" % (
-                    r["layout"], r["block_tokens"], r["plugin_engine_ops"], r["runs"], kv.get(r["block_tokens"], "-"))
-                    for r in mine))]
-        mine = [g for g in judged if g["transport"] == t]
-        miss = [g for g in mine if g["plugin"] < 0.9]
-        out.append("16-token blocks / 64-token blocks, plugin pull GB/s, the same bytes, block-major layouts:"
-                   " %s (goal >= 0.9): %s" % (span([g["plugin"] for g in mine]), "PASS" if not miss else
-                    "MISS at %s" % ", ".join("%s %d tokens (%.2fx; the raw engine's: %.2fx)" %
-                                             (g["layout"], g["tokens"], g["plugin"], g["raw"]) for g in miss))
-                   if mine else "no pairs measured: MISS")
-        for lay in LAYOUTS:
-            v = [g for g in g2 if g["transport"] == t and g["layout"] == lay]
-            if v:
-                out.append("%s, 16 / 64-token blocks by prompt (%s tokens): plugin %s; raw engine %s" %
-                           (lay, ", ".join(str(g["tokens"]) for g in v),
-                            ", ".join("%.2fx" % g["plugin"] for g in v), ", ".join("%.2fx" % g["raw"] for g in v)))
-        return out + ["the raw engine against itself in the same rounds (A/A, the noise of the ratios): %s" %
-                      span([r["aa_ratio"] for r in rows if r["transport"] == t])]
-
     reps = max(r["repeats"] for r in rows)
     L = []
-    for t in transports:
+    for t in transports:  # its table, then its verdicts
         L += ["## %s" % NAMES[t], "", tab(
             "layout | block tokens | prompt tokens | runs of adjacent blocks | plugin engine ops per request | raw "
             "engine ops | plugin GB/s | raw engine GB/s | ratio | A/A", "l" * 10, "{layout} | {block_tokens} | {tokens}"
             " | {runs} | {plugin_engine_ops} | {engine_ops} | {plugin_fd_gbs:.2f} | {raw_gbs:.2f} | {ratio:.2f} | "
             "{aa_ratio:.2f}", [r for r in rows if r["transport"] == t]), ""]
-        L += ["- " + v for v in verdicts(t)] + [""]
+        mine = [r for r in g1 if r["transport"] == t]
+        kv = {r["block_tokens"]: r["plugin_engine_ops"] for r in rows
+              if r["transport"] == t and r["layout"] == "kv_first" and r["tokens"] == longest}
+        L.append("- engine ops per %d-token request, block-major layouts, <= its runs of adjacent blocks: %s (%s)" %
+                 (longest, pm(mine and all(r["plugin_engine_ops"] <= r["runs"] for r in mine)),
+                  "; ".join("%s %d-token blocks: %d ops for %d runs (kv_first: %s)" % (
+                      r["layout"], r["block_tokens"], r["plugin_engine_ops"], r["runs"], kv.get(r["block_tokens"], "-"))
+                      for r in mine)))
+        mine = [g for g in judged if g["transport"] == t]
+        miss = [g for g in mine if g["plugin"] < 0.9]
+        L.append("- 16-token blocks / 64-token blocks, plugin pull GB/s, the same bytes, block-major layouts:"
+                 " %s (goal >= 0.9): %s" % (span([g["plugin"] for g in mine]), "PASS" if not miss else
+                  "MISS at %s" % ", ".join("%s %d tokens (%.2fx; the raw engine's: %.2fx)" %
+                                           (g["layout"], g["tokens"], g["plugin"], g["raw"]) for g in miss))
+                 if mine else "- no pairs measured: MISS")
+        for lay, ps in [(lay, [g for g in g2 if g["transport"] == t and g["layout"] == lay]) for lay in LAYOUTS]:
+            L += ["- %s, 16 / 64-token blocks by prompt (%s tokens): plugin %s; raw engine %s" % (
+                lay, ", ".join(str(g["tokens"]) for g in ps), ", ".join("%.2fx" % g["plugin"] for g in ps),
+                ", ".join("%.2fx" % g["raw"] for g in ps))] if ps else []
+        L += ["- the raw engine against itself in the same rounds (A/A, the noise of the ratios): %s" %
+              span([r["aa_ratio"] for r in rows if r["transport"] == t]), ""]
     fill(template or out, out, {
         "run": "%s (%s CPUs, %s)" % (day, ncpu, kernel), "times": "%d time%s" % (reps, "" if reps == 1 else "s"),
         "rounds": "%s round%s" % (rounds, "" if rounds == "1" else "s"), "ncpu": ncpu, "load": load,
@@ -840,19 +801,16 @@ def pd_verdict(path):
       (col("push_ratio"), "PASS" if not miss else "MISS at %s" %
        ", ".join("%d tokens (%.2fx; the floor there, one layer plus one notice round trip: %.2fx; the pusher"
                  " was %.2f ms behind at the last save; the raw engine's own push: %.2fx, with a call per"
-                 " layer: %.2fx)" %
-                 (r["tokens"], r["push_ratio"], r["push_floor"], r["behind_ms"], r["raw_push_ratio"],
-                  r["raw_call_push_ratio"])
-                 for r in miss)))
+                 " layer: %.2fx)" % tuple(r[k] for k in ("tokens", "push_ratio", "push_floor", "behind_ms",
+                                                          "raw_push_ratio", "raw_call_push_ratio")) for r in miss)))
     # The like-for-like reference is the raw engine's push with a landed call per layer (the
     # plugin's protocol without the plugin); the one without calls polls its requests.
     ceil = [r for r in miss if r["raw_call_push_ratio"] >= r["push_ratio"] - 0.05]
     if ceil:
         P("where the push missed, the raw engine's own push with a call per layer was as slow (within 0.05x) at %s:"
           " the machine's ceiling in this run" % ", ".join("%d tokens" % r["tokens"] for r in ceil))
-    P("the raw engine's own pipelined push, after the last layer / one layer: %s (it learns each"
-      " layer landed by polling, 50 us apart, and from the answer, a one-way trip after decode holds it)" %
-      col("raw_push_ratio"))
+    P("the raw engine's own pipelined push, after the last layer / one layer: %s (it learns each layer landed by"
+      " polling, 50 us apart, and from the answer, a one-way trip after decode holds it)" % col("raw_push_ratio"))
     P("the same with a landed call behind each layer, as the plugin's notice: %s" % col("raw_call_push_ratio"))
     # Issue 47's measure: like for like, the raw READ with both hosts stepping beside it, as
     # they do during the pull (a step's CPU grows with the pull's time, not its bytes).
@@ -873,9 +831,8 @@ def pd_dat(path):
 
 
 def tp(res, out, template, cpus, mla_layers, shown_res):
-    """docs/performance-tp.md from run_tp.sh's RES (gqa.md, mla.md, mla-shared.md, tp.json: hixl-tp-bench's JSON
-    lines, whose goal lines it writes), into the blocks of TEMPLATE (the page itself); SHOWN_RES: RES as the page
-    names it."""
+    """docs/performance-tp.md from run_tp.sh's RES (gqa.md, mla.md, mla-shared.md, tp.json: hixl-tp-bench's JSON lines,
+    whose goal lines it writes), into the blocks of TEMPLATE (the page itself); SHOWN_RES: RES as the page names it."""
     text = read(os.path.join(res, "tp.json"))
     rows = [json.loads(l) for l in text.splitlines()]
     ratios = sorted(re.findall(r'"ratio": ([0-9.]*)', text), key=float)

@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
-# run_obs.sh BUILD_DIR [OUTPUT_MD]: what observing costs the P/D hand-off (issue 30), written as the
-# page OUTPUT_MD (default docs/performance-obs.md), which says the method; results in
-# BUILD_DIR/obs-results/. Environment: OBS_CYCLES (default 4), OBS_PROMPTS (default 256,1024,4096),
-# OBS_ROUNDS (default 3), OBS_TRANSPORT (default auto: shm between the two processes; tcp too),
-# OBS_REPORT_ONLY=1 (write the page again from the last run's results, measuring nothing).
+# run_obs.sh BUILD_DIR [OUTPUT_MD]: what observing costs the P/D hand-off (issue 30), written as the page OUTPUT_MD
+# (default docs/performance-obs.md), which says the method; results in BUILD_DIR/obs-results/. Environment: OBS_CYCLES
+# (default 4), OBS_PROMPTS (default 256,1024,4096), OBS_ROUNDS (default 3), OBS_TRANSPORT (default auto: shm between the
+# two processes; tcp too), OBS_REPORT_ONLY=1 (write the page again from the last run's results, measuring nothing).
 NAME=run_obs
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"
 page performance-obs.md hixl-pd-bench obs-results "$@"
-CYCLES=${OBS_CYCLES:-4} PROMPTS=${OBS_PROMPTS:-256,1024,4096}
-ROUNDS=${OBS_ROUNDS:-3} TRANSPORT=${OBS_TRANSPORT:-auto}
+CYCLES=${OBS_CYCLES:-4} PROMPTS=${OBS_PROMPTS:-256,1024,4096} ROUNDS=${OBS_ROUNDS:-3} TRANSPORT=${OBS_TRANSPORT:-auto}
 if [ "${OBS_REPORT_ONLY:-0}" != 1 ]; then
   rm -f "$RES"/obs-*.json
   for c in $(seq 1 "$CYCLES"); do
