@@ -94,16 +94,14 @@ static int check_refused(const struct pair *p, const char *transport) {
 /* Every mode of one transport, in turns of o.block connects; res[mode] filled. */
 static int measure(const char *transport, const char *key, void *region, struct result *res) {
   struct pair pairs[MODE_COUNT] = {0};
-  uint64_t *conn[MODE_COUNT] = {NULL}, disc_sum[MODE_COUNT] = {0}, done[MODE_COUNT] = {0};
-  uint64_t c_ns, d_ns, t_start = bench_now_ns(), last = 0;
   size_t m, nm = n_modes();
+  uint64_t *conn = calloc(nm * o.connects, sizeof(*conn)); /* mode m's from m * o.connects */
+  uint64_t disc_sum[MODE_COUNT] = {0}, done[MODE_COUNT] = {0};
+  uint64_t c_ns, d_ns, t_start = bench_now_ns(), last = 0;
   int rc = -1;
 
-  for (m = 0; m < nm; m++) {
-    if (pair_up(&pairs[m], transport, m == MODE_ON ? key : "", region) != 0) goto out_pairs;
-    conn[m] = calloc(o.connects, sizeof(uint64_t));
-    if (!conn[m]) goto out_pairs;
-  }
+  for (m = 0; m < nm; m++)
+    if (!conn || pair_up(&pairs[m], transport, m == MODE_ON ? key : "", region) != 0) goto out_pairs;
   if (check_refused(pairs, transport) != 0) goto out_pairs;
   for (m = 0; m < nm; m++) /* first links cost more (threads, pages): not measured */
     for (uint64_t i = 0; i < o.warmup; i++)
@@ -114,7 +112,7 @@ static int measure(const char *transport, const char *key, void *region, struct 
       m = turn % 2 ? nm - 1 - k : k; /* on off [off-b], then [off-b] off on */
       for (uint64_t i = 0; i < o.block && done[m] < o.connects; i++) {
         if (cycle(&pairs[m], transport, (int)m, &c_ns, &d_ns) != 0) goto out_pairs;
-        conn[m][done[m]++] = c_ns;
+        conn[m * o.connects + done[m]++] = c_ns;
         disc_sum[m] += d_ns;
       }
     }
@@ -126,15 +124,13 @@ static int measure(const char *transport, const char *key, void *region, struct 
     }
   }
   for (m = 0; m < nm; m++) {
-    res[m].conn = bench_stats_ns(conn[m], o.connects);
+    res[m].conn = bench_stats_ns(conn + m * o.connects, o.connects);
     res[m].disc_mean_us = (double)disc_sum[m] / (double)o.connects / 1e3;
   }
   rc = 0;
 out_pairs:
-  for (m = 0; m < nm; m++) {
-    pair_down(&pairs[m]);
-    free(conn[m]);
-  }
+  for (m = 0; m < nm; m++) pair_down(&pairs[m]);
+  free(conn);
   return rc;
 }
 

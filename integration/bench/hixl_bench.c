@@ -255,8 +255,7 @@ static int verify_point(struct bench_ctx *c, HixlTransferOp op, size_t block, si
                         uint64_t seed) {
   size_t nslots = c->span / block;
   size_t used = (batch * window < nslots ? batch * window : nslots) * block;
-  /* src holds the pattern, dst receives it back; for WRITE the measured region
-   * is the source, for READ it is the destination. */
+  /* src holds the pattern, dst gets it back: the measured region is WRITE's src, READ's dst */
   uint8_t *src = op == HIXL_WRITE ? c->lbuf : c->vbuf, *dst = op == HIXL_WRITE ? c->vbuf : c->lbuf;
   bench_pattern_fill(src, used, seed);
   memset(dst, 0, used);
@@ -282,9 +281,8 @@ static int verify_point(struct bench_ctx *c, HixlTransferOp op, size_t block, si
 static bool run_phase(struct bench_ctx *c, bool async, HixlTransferOp op, size_t block, size_t batch,
                       uint64_t count, uint64_t *lat, uint64_t limit_ns, uint64_t *done) {
   struct {
-    void *req; /* HixlTransferReq, or CompleteHandle with --api cs */
+    void *req; /* HixlTransferReq, or CompleteHandle with --api cs; NULL: none in flight */
     uint64_t t_submit;
-    bool busy;
   } s[BENCH_MAX_WINDOW] = {0};
   size_t window = async ? o.window : 1, busy = 0;
   int32_t tmo = call_timeout(block * batch);
@@ -306,33 +304,31 @@ static bool run_phase(struct bench_ctx *c, bool async, HixlTransferOp op, size_t
   for (;;) {
     bool submit = limit_ns == 0 || bench_now_ns() <= limit_ns;
     for (size_t w = 0; w < window && submit && ok && submitted < count; w++) {
-      if (s[w].busy) continue;
+      if (s[w].req) continue;
       s[w].t_submit = bench_now_ns();
       if (!(ok = xfer(c, op, w * batch, batch, tmo, &s[w].req, NULL))) break;
       submitted++;
-      s[w].busy = true;
       busy++;
     }
     if (busy == 0) break;
     bool progressed = false;
     for (size_t w = 0; w < window; w++) {
       HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
-      if (!s[w].busy) continue;
+      if (!s[w].req) continue;
       HixlStatus st = xfer_status(c, s[w].req, &ts);
       if (st == HIXL_SUCCESS && ts == HIXL_TRANSFER_WAITING) continue;
-      s[w].busy = false; /* an unknown state is not polled again */
+      s[w].req = NULL; /* an unknown state is not polled again */
       busy--;
       progressed = true;
-      if (!hb_ok(st, o.api == API_CS ? "HixlCSClientQueryCompleteStatus" : "HixlEngineGetTransferStatus")) {
-        ok = false;
-      } else if (ts != HIXL_TRANSFER_COMPLETED) {
-        hb_say("async %s %s request ended %s (%s)\n", apis[o.api], op_names[op],
-               ts == HIXL_TRANSFER_TIMEOUT ? "TIMEOUT" : "FAILED", HixlGetLastErrorMessage());
-        ok = false;
-      } else {
+      if (st == HIXL_SUCCESS && ts == HIXL_TRANSFER_COMPLETED) {
         if (lat) lat[*done] = bench_now_ns() - s[w].t_submit;
         ++*done;
+        continue;
       }
+      ok = false; /* a failed poll is said by hb_ok, a request that ended badly here */
+      if (hb_ok(st, o.api == API_CS ? "HixlCSClientQueryCompleteStatus" : "HixlEngineGetTransferStatus"))
+        hb_say("async %s %s request ended %s (%s)\n", apis[o.api], op_names[op],
+               ts == HIXL_TRANSFER_TIMEOUT ? "TIMEOUT" : "FAILED", HixlGetLastErrorMessage());
     }
     if (!progressed && bench_now_ns() > hard) {
       hb_say("%zu async requests still WAITING past their timeout; giving up\n", busy);

@@ -83,22 +83,6 @@ static const struct hb_opt opts[] = {
     {"--opt", HB_FN, &o.x, "KEY=VALUE", "any other engine option; repeatable", 0, 0, hb_extra_add},
     {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
 
-/* The options, then what the role needs: 0, or 2 (said) for the first thing missing. */
-static int parse_opts(int argc, char **argv) {
-  hb_prog = PROG;
-  hb_parse(argc, argv, opts,
-           "Exit status: 0 when every op completed and verified, 1 otherwise, 2 for bad options.\n");
-  bool ini = o.role == ROLE_INITIATOR;
-  if (o.role == ROLE_NONE) return hb_say("--role target or --role initiator\n"), 2;
-  if (o.role == ROLE_TARGET && !o.listen) return hb_say("a target needs --listen IP:PORT\n"), 2;
-  if (ini && !o.connect) return hb_say("an initiator needs --connect IP:PORT\n"), 2;
-  if (ini && !o.read && !o.write) return hb_say("an initiator needs --read or --write\n"), 2;
-  if (ini && o.ops == 0 && o.seconds == 0) return hb_say("an initiator needs --ops N or --seconds S\n"), 2;
-  if (o.read && o.write) return hb_say("--read or --write, not both\n"), 2;
-  if (o.depth * o.batch > MAX_FLIGHT) return hb_say("--depth x --batch is at most 256 ops in flight\n"), 2;
-  return 0;
-}
-
 /* An engine on addr with the options given; NULL when it cannot (said). */
 static HixlEngine *engine_up(const char *addr) {
   HixlOption opt[HB_EXTRA_MAX + 3];
@@ -473,8 +457,18 @@ out_engine:
   return rc;
 }
 
+/* The options, then what the role needs (2, said, for the first thing missing), then the role. */
 int main(int argc, char **argv) {
-  int rc = parse_opts(argc, argv);
-  if (rc) return rc;
+  hb_prog = PROG;
+  hb_parse(argc, argv, opts,
+           "Exit status: 0 when every op completed and verified, 1 otherwise, 2 for bad options.\n");
+  bool ini = o.role == ROLE_INITIATOR;
+  if (o.role == ROLE_NONE) return hb_say("--role target or --role initiator\n"), 2;
+  if (o.role == ROLE_TARGET && !o.listen) return hb_say("a target needs --listen IP:PORT\n"), 2;
+  if (ini && !o.connect) return hb_say("an initiator needs --connect IP:PORT\n"), 2;
+  if (ini && !o.read && !o.write) return hb_say("an initiator needs --read or --write\n"), 2;
+  if (ini && o.ops == 0 && o.seconds == 0) return hb_say("an initiator needs --ops N or --seconds S\n"), 2;
+  if (o.read && o.write) return hb_say("--read or --write, not both\n"), 2;
+  if (o.depth * o.batch > MAX_FLIGHT) return hb_say("--depth x --batch is at most 256 ops in flight\n"), 2;
   return o.role == ROLE_TARGET ? run_target() : run_initiator();
 }

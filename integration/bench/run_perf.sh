@@ -12,10 +12,8 @@
 NAME=run_perf
 # shellcheck source-path=SCRIPTDIR source=common.sh
 . "$(dirname "$0")/common.sh"
-start "BUILD_DIR [OUTPUT_MD]" "$@"
-OUT=${2:-$SRC/docs/performance.md}
-BENCH=$BIN/hixl-bench TCPREF=$BIN/hixl-tcp-ref SHMREF=$BIN/hixl-shm-ref
-RES=$BUILD/perf-results
+page performance.md hixl-bench perf-results "$@"
+TCPREF=$BIN/hixl-tcp-ref SHMREF=$BIN/hixl-shm-ref
 ROUNDS=${PERF_ROUNDS:-3}
 [[ "$ROUNDS" =~ ^[1-9]$ ]] || die "PERF_ROUNDS must be 1..9"
 PIN="" ON_CLIENT=() ON_SERVER=()
@@ -27,7 +25,7 @@ if [ "${PERF_REPORT_ONLY:-0}" = 1 ]; then
   report perf "$RES" "$OUT" "$SRC"
   exit 0
 fi
-need "$BENCH" "$TCPREF"
+need "$TCPREF"
 rm -rf "$RES"
 results perf-results
 
