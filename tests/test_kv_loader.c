@@ -74,14 +74,15 @@ static hixl_kv_request request(const char *id, const char *params) {
   return (hixl_kv_request){id, strlen(id), NB * BLOCK_TOKENS, params, params ? strlen(params) : 0, 0};
 }
 
-/* The producer finishes id with its blocks pb (filled from seed) and holds them; the
- * consumer allocates db for it and queues its load (bound at the consumer's next step). */
-static void hold_and_load(struct inst *p, struct inst *d, const char *id, const uint64_t pb[NB],
-                          const uint64_t db[NB], uint64_t seed) {
+/* The producer finishes pid with its blocks pb (filled from seed) and holds them; the
+ * consumer allocates db for its request id and queues its load from pid (bound at the
+ * consumer's next step). */
+static void hold_and_load(struct inst *p, struct inst *d, const char *pid, const char *id,
+                          const uint64_t pb[NB], const uint64_t db[NB], uint64_t seed) {
   for (int l = 0; l < LAYERS; l++)
     for (int v = 0; v < 2; v++)
       for (int b = 0; b < NB; b++) tu_fill(block(p, l, v, pb[b]), BLOCK_BYTES, seed_of(seed, l, v, b));
-  hixl_kv_request r = request(id, NULL);
+  hixl_kv_request r = request(pid, NULL);
   hixl_kv_buffer params = {0};
   int32_t delay = 0;
   ST_IS(ops->request_finished(p->sched, &r, pb, NB, &delay, &params), HIXL_KV_SUCCESS);
@@ -120,8 +121,8 @@ static void test_preempt_load_taken_ahead(void) {
   CU_ASSERT_FATAL(up);
   static const uint64_t pa[NB] = {1, 2}, pb[NB] = {3, 4}, da[NB] = {1, 2}, db[NB] = {5, 6};
   const char *a = "ahead-a", *b = "ahead-b";
-  hold_and_load(&p, &d, a, pa, da, 100);
-  hold_and_load(&p, &d, b, pb, db, 200);
+  hold_and_load(&p, &d, a, a, pa, da, 100);
+  hold_and_load(&p, &d, b, b, pb, db, 200);
   step(&p); /* the producer's worker holds both */
 
   kv_test_point_reset(KV_TEST_LOADER_NEXT);
@@ -173,6 +174,67 @@ static void test_preempt_load_taken_ahead(void) {
   CU_ASSERT_EQUAL(sp.blocks_held, 0);
   CU_ASSERT_EQUAL(sp.lease_expired, 0);
   kv_test_park(KV_TEST_LOADER_NEXT, false);
+  inst_down(&d);
+  inst_down(&p);
+}
+
+/* Two loads of one producer, one loader thread: the second (b) is PINned ahead while the
+ * first is pulled, and the thread is parked right after it sent that PIN; b is preempted
+ * in the queue (a FREE to the producer), then allocated again and loaded under the same
+ * id from another of the producer's requests, on other blocks. The PIN sent ahead was answered for the
+ * first b (its blocks, held then): the second b must ask its own, and land. */
+static void test_stale_pin_ahead(void) {
+  struct inst p, d;
+  bool up = inst_up(&p, "producer") && inst_up(&d, "consumer");
+  CU_ASSERT_FATAL(up);
+  static const uint64_t pa[NB] = {1, 2}, pb[NB] = {3, 4}, pb2[NB] = {5, 6};
+  static const uint64_t da[NB] = {1, 2}, db[NB] = {5, 6}, db2[NB] = {3, 4};
+  const char *a = "stale-a", *b = "stale-b";
+  hold_and_load(&p, &d, a, a, pa, da, 100);
+  hold_and_load(&p, &d, b, b, pb, db, 200);
+  step(&p); /* the producer's worker holds both */
+
+  kv_test_point_reset(KV_TEST_LOADER_AHEAD);
+  kv_test_park(KV_TEST_LOADER_AHEAD, true);
+  step(&d); /* one loader thread: a, with b's PIN sent ahead */
+  bool parked = kv_test_point_wait(KV_TEST_LOADER_AHEAD, 1, WAIT_MS);
+  CU_ASSERT(parked);
+  const char *ids[1] = {b};
+  ST_IS(ops->handle_preemptions(d.worker, &(hixl_kv_ids){ids, 1}), HIXL_KV_SUCCESS); /* b queued: FREEd */
+  hold_and_load(&p, &d, "stale-b2", b, pb2, db2, 300); /* b again, from another of P's requests */
+  step(&p);
+  step(&d); /* the second b queued behind a */
+  kv_test_park(KV_TEST_LOADER_AHEAD, false);
+
+  /* a lands; b ends twice: the first failed (preempted), the second landed. */
+  int seen_a = 0, seen_b = 0;
+  for (int64_t end = tu_now_ms() + WAIT_MS; (seen_a < 1 || seen_b < 2) && tu_now_ms() < end;) {
+    hixl_kv_ids sd = {0}, rv = {0};
+    step(&d);
+    if (ops->get_finished(d.worker, NULL, &sd, &rv) == HIXL_KV_SUCCESS)
+      for (size_t i = 0; i < rv.count; i++) {
+        seen_a += strcmp(rv.ids[i], a) == 0;
+        seen_b += strcmp(rv.ids[i], b) == 0;
+      }
+    ops->free_ids(&sd);
+    ops->free_ids(&rv);
+    struct timespec ts = {0, 1000000}; /* polling the host's op, as a host does between steps */
+    nanosleep(&ts, NULL);
+  }
+  CU_ASSERT_EQUAL(seen_a, 1);
+  CU_ASSERT_EQUAL(seen_b, 2);
+  for (int l = 0; l < LAYERS; l++)
+    for (int v = 0; v < 2; v++)
+      for (int k = 0; k < NB; k++) {
+        TU_ASSERT_PATTERN(block(&d, l, v, da[k]), BLOCK_BYTES, seed_of(100, l, v, k), "a block of stale-a");
+        TU_ASSERT_PATTERN(block(&d, l, v, db2[k]), BLOCK_BYTES, seed_of(300, l, v, k), "the second stale-b");
+        CU_ASSERT_EQUAL(tu_check_byte(block(&d, l, v, db[k]), BLOCK_BYTES, 0xEE), -1); /* the first b's */
+      }
+  hixl_kv_stats sd;
+  ST_IS(ops->get_stats(d.worker, &sd), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(sd.loads_done, 2);
+  CU_ASSERT_EQUAL(sd.loads_failed, 1);
+  kv_test_park(KV_TEST_LOADER_AHEAD, false);
   inst_down(&d);
   inst_down(&p);
 }
@@ -266,11 +328,14 @@ int main(void) {
     fprintf(stderr, "test_kv_loader: %s\n", err);
     return 1;
   }
-  CU_TestInfo tests[] = {{"a load taken ahead, preempted before it runs: none of its blocks written",
-                          test_preempt_load_taken_ahead},
-                         {"a producer that answers no PIN delays no other's lease renewal",
-                          test_hung_producer_delays_no_renewal},
-                         CU_TEST_INFO_NULL};
+  CU_TestInfo tests[] = {
+      {"a load taken ahead, preempted before it runs: none of its blocks written",
+       test_preempt_load_taken_ahead},
+      {"a PIN sent ahead for a load preempted in the queue: the same id loaded again asks anew",
+       test_stale_pin_ahead},
+      {"a producer that answers no PIN delays no other's lease renewal",
+       test_hung_producer_delays_no_renewal},
+      CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"kv_loader", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
   return tu_run_suites("test_kv_loader", suites);
 }

@@ -36,6 +36,7 @@ enum kv_test_site {
 enum kv_test_point {
   KV_TEST_LOADER_NEXT,  /* a loader thread took the load it PINned ahead, the lock dropped, not yet run */
   KV_TEST_PREEMPT_WAIT, /* handle_preemptions marked its loads, about to wait (lock held: never armed) */
+  KV_TEST_LOADER_AHEAD, /* a loader thread started the PIN of its next load, its own pull not yet run */
   KV_TEST_POINTS
 };
 #ifdef HIXL_KV_TEST_HOOKS
@@ -363,6 +364,8 @@ struct kv_loader_slot {
   struct hixl_transfer_req *ahead_call; /* ... its PIN (a hixl_call_t), or NULL */
   uint8_t *ahead_ans;                   /* HIXL_CALL_MAX bytes for its answer (allocated at the first) */
   uint32_t ahead_len;
+  bool ahead_stale; /* that load was preempted in the queue: the answer is for no later load (under the lock)
+                     */
   struct kv_meta_entry freed;          /* the load FREEd last (no block lists) */
   struct hixl_transfer_req *free_call; /* ... its FREE (a hixl_call_t), or NULL */
   uint8_t free_ans[64];

@@ -116,6 +116,7 @@ static void ahead_start(hixl_kv_connector *c, struct kv_loader_slot *s, const st
       if (found) {
         n->ahead_by = (uint32_t)(s - ld->slots) + 1;
         s->ahead = n->e;
+        s->ahead_stale = false;
         s->ahead.blocks = s->ahead.rblocks = NULL;
       }
       break;
@@ -164,7 +165,13 @@ static struct kv_load *ahead_take(hixl_kv_connector *c, const struct kv_loader_s
 static HixlStatus pin_load(hixl_kv_connector *c, struct kv_loader_slot *s, const struct kv_meta_entry *e,
                            uint64_t deadline, uint8_t *ans, struct kv_peer_held *h, uint64_t *t_pin,
                            char *why, size_t cap) {
-  if (s->ahead_call && strcmp(s->ahead.req, e->req) == 0 && strcmp(s->ahead.remote, e->remote) == 0) {
+  /* A load preempted while queued, allocated again under the same id, is not the one
+   * the PIN was sent for: that answer's blocks and grants were freed (kv_preemptions). */
+  pthread_mutex_lock(&c->lock);
+  bool stale = s->ahead_stale;
+  pthread_mutex_unlock(&c->lock);
+  if (s->ahead_call && !stale && strcmp(s->ahead.req, e->req) == 0 &&
+      strcmp(s->ahead.remote, e->remote) == 0) {
     *t_pin = kv_now_ns(); /* the histogram takes what this load waits for it (usually nothing) */
     HixlStatus st = hixl_engine_call_wait(c->eng, e->remote, s->ahead_call);
     s->ahead_call = NULL;
@@ -369,6 +376,7 @@ static HixlStatus load_one(hixl_kv_connector *c, struct kv_load *l, uint32_t slo
   if (c->load.renewer_idle) pthread_cond_broadcast(&c->load.renew); /* else it is timing a half lease */
   pthread_mutex_unlock(&c->lock);
   ahead_start(c, s, l); /* answered behind this pull's data */
+  KV_TEST_POINT(KV_TEST_LOADER_AHEAD);
   st = pull_ops(c, e, &o, deadline, why, cap);
   pthread_mutex_lock(&c->lock);
   c->load.pulling[slot] = NULL;

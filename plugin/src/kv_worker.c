@@ -539,6 +539,7 @@ hixl_kv_status kv_preemptions(hixl_kv_connector *c, const hixl_kv_ids *ids) {
   }
   for (int k = 0; k < 2; k++)
     for (struct kv_load *l = k ? q : gone; l; l = l->next) {
+      if (l->ahead_by) c->load.slots[l->ahead_by - 1].ahead_stale = true; /* its PIN sent ahead */
       if (l->whole) kv_obs_cause_set(c, l->e.req, KV_CAUSE_ABORTED);
       kv_load_part_end(c, l, HIXL_FAILED, "preempted (handle_preemptions)"); /* a FREE: nothing */
     }
