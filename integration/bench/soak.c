@@ -268,6 +268,11 @@ static bool client_start(struct client *c, unsigned id) {
   return pthread_create(&c->th, NULL, client_main, c) == 0;
 }
 
+/* The clients' counts now. */
+static void legit_now(uint64_t s[L_N]) {
+  for (int k = 0; k < L_N; k++) s[k] = atomic_load(&g_legit[k]);
+}
+
 struct join_counts {
   atomic_uint_least64_t tries, ok, late, wrong, max_ms; /* late: served after the phase */
 };
@@ -463,8 +468,11 @@ static void churn_once(void *arg) {
   close(fd);
 }
 
+/* One more hostile peer, p's thread; false when it did not start. */
 static bool hostile_thread(struct pacer *p) {
-  return pthread_create(&g_h.th[g_h.n_th], NULL, pacer_main, p) == 0 && ++g_h.n_th > 0;
+  if (pthread_create(&g_h.th[g_h.n_th], NULL, pacer_main, p) != 0) return false;
+  g_h.n_th++;
+  return true;
 }
 
 /* The flood links first (the target has descriptors then), then the rest; false when
@@ -544,7 +552,7 @@ static bool run_phase(struct run *r, int ph, double secs) {
   }
   atomic_store(&r->jn.phase, ph);
   if (!sample_proc(r->tgt.pid, &prev)) prev = r->idle;
-  for (int k = 0; k < L_N; k++) l0[k] = atomic_load(&g_legit[k]);
+  legit_now(l0);
   uint64_t start = bench_now_ns(), tprev = start, cpu0 = prev.cpu_ns, bprev = l0[L_BYTES];
   res->ran = true;
   for (unsigned tick = 1; tick <= (unsigned)(secs + 0.5); tick++) {
@@ -557,7 +565,7 @@ static bool run_phase(struct run *r, int ph, double secs) {
     }
     uint64_t tn = bench_now_ns();
     if (!sample_proc(r->tgt.pid, &now)) continue;
-    for (int k = 0; k < L_N; k++) l[k] = atomic_load(&g_legit[k]);
+    legit_now(l);
     double t = (double)(tn - r->t0_ns) / 1e9, dt = (double)(tn - tprev) / 1e9;
     double cpu = 100.0 * (double)(now.cpu_ns - prev.cpu_ns) / 1e9 / dt;
     double mbs = (double)(l[L_BYTES] - bprev) / 1e6 / dt;

@@ -364,8 +364,7 @@ struct kv_loader_slot {
   struct hixl_transfer_req *ahead_call; /* ... its PIN (a hixl_call_t), or NULL */
   uint8_t *ahead_ans;                   /* HIXL_CALL_MAX bytes for its answer (allocated at the first) */
   uint32_t ahead_len;
-  bool ahead_stale; /* that load was preempted in the queue: the answer is for no later load (under the lock)
-                     */
+  bool ahead_stale;                    /* its load preempted while queued: the answer is no one's (lock) */
   struct kv_meta_entry freed;          /* the load FREEd last (no block lists) */
   struct hixl_transfer_req *free_call; /* ... its FREE (a hixl_call_t), or NULL */
   uint8_t free_ans[64];

@@ -165,13 +165,14 @@ static struct kv_load *ahead_take(hixl_kv_connector *c, const struct kv_loader_s
 static HixlStatus pin_load(hixl_kv_connector *c, struct kv_loader_slot *s, const struct kv_meta_entry *e,
                            uint64_t deadline, uint8_t *ans, struct kv_peer_held *h, uint64_t *t_pin,
                            char *why, size_t cap) {
-  /* A load preempted while queued, allocated again under the same id, is not the one
-   * the PIN was sent for: that answer's blocks and grants were freed (kv_preemptions). */
-  pthread_mutex_lock(&c->lock);
-  bool stale = s->ahead_stale;
-  pthread_mutex_unlock(&c->lock);
-  if (s->ahead_call && !stale && strcmp(s->ahead.req, e->req) == 0 &&
-      strcmp(s->ahead.remote, e->remote) == 0) {
+  bool mine = s->ahead_call && strcmp(s->ahead.req, e->req) == 0 && strcmp(s->ahead.remote, e->remote) == 0;
+  if (mine) { /* unless its load was preempted while queued and e is that id allocated again: the
+               * answer's blocks and grants were freed then (kv_preemptions) */
+    pthread_mutex_lock(&c->lock);
+    mine = !s->ahead_stale;
+    pthread_mutex_unlock(&c->lock);
+  }
+  if (mine) {
     *t_pin = kv_now_ns(); /* the histogram takes what this load waits for it (usually nothing) */
     HixlStatus st = hixl_engine_call_wait(c->eng, e->remote, s->ahead_call);
     s->ahead_call = NULL;
