@@ -234,6 +234,13 @@ static void test_stale_pin_ahead(void) {
   ST_IS(ops->get_stats(d.worker, &sd), HIXL_KV_SUCCESS);
   CU_ASSERT_EQUAL(sd.loads_done, 2);
   CU_ASSERT_EQUAL(sd.loads_failed, 1);
+  /* The producer was told of all three of its requests: it holds nothing. */
+  const char *all[3] = {a, b, "stale-b2"};
+  CU_ASSERT(wait_finished(&p, all, 3, 0));
+  hixl_kv_stats sp;
+  ST_IS(ops->get_stats(p.worker, &sp), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(sp.requests_held, 0);
+  CU_ASSERT_EQUAL(sp.blocks_held, 0);
   kv_test_park(KV_TEST_LOADER_AHEAD, false);
   inst_down(&d);
   inst_down(&p);
