@@ -9,6 +9,7 @@
  * of engine ops is read from the stats. Over Transport auto (shm on one host), again
  * over tcp (test_cache_tcp), and over rdma in the soft-RoCE guest. */
 #include <errno.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sched.h>
@@ -1018,6 +1019,63 @@ static void expect_lookups(HixlCacheManager *m, uint64_t idc, uint64_t idb) {
   CU_ASSERT_PTR_NOT_NULL(strstr(why, "names no cache"));
 }
 
+/* A peer's lookups of caches registered without remote access (a CacheKey, a
+ * BlocksCacheKey, their ids with a batch item in range and out of it) get the answer a
+ * key that names nothing gets: NOT_FOUND, "names no cache", no word of the cache's id,
+ * access or batch size (before: "cache N of cluster C is registered without remote
+ * access", and "cache N has 4 batch items" for an index out of range). A cache with
+ * remote access beside them is found, and its batch size is told as before. */
+static void test_local_caches_unseen(void) {
+  char addr[TU_ADDR_LEN];
+  HixlEngine *e = tu_engine_start_with(tu_addr(addr, sizeof(addr), tu_free_port()), "tcp");
+  CU_ASSERT_FATAL(e != NULL);
+  struct caches k, r;
+  caches_alloc(&k);
+  caches_alloc(&r);
+  HixlCacheManager *m;
+  TU_ASSERT_OK_FATAL(HixlCacheManagerCreate(e, CLUSTER_PEER, &m));
+  HixlCacheDesc dc = desc_c(), db = desc_b();
+  HixlCacheKey key = HIXL_CACHE_KEY_INIT(CLUSTER_PEER, 3);
+  HixlBlocksCacheKey bkey = {CLUSTER_PEER, 3};
+  uintptr_t ac[C_TENSORS], ab[B_TENSORS];
+  for (int t = 0; t < C_TENSORS; t++) ac[t] = (uintptr_t)k.c[t];
+  for (int t = 0; t < B_TENSORS; t++) ab[t] = (uintptr_t)k.b[t];
+  uint64_t idc, idb, ridc, ridb, id = 0;
+  TU_ASSERT_OK_FATAL(
+      HixlCacheManagerRegisterCache(m, &dc, ac, C_TENSORS, &key, 1, HIXL_CACHE_ACCESS_LOCAL, &idc));
+  TU_ASSERT_OK_FATAL(
+      HixlCacheManagerRegisterBlocksCache(m, &db, ab, B_TENSORS, &bkey, HIXL_CACHE_ACCESS_LOCAL, &idb));
+  TU_ASSERT_OK_FATAL(register_both(m, &r, 4, 4, &ridc, &ridb));
+  HixlCacheAnyKey keys[] = {
+      {.kind = HIXL_CACHE_KEY_REQ, .u.req = key},
+      {.kind = HIXL_CACHE_KEY_BLOCKS, .u.blocks = bkey},
+      {.kind = HIXL_CACHE_KEY_ID, .u.id = {CLUSTER_PEER, idc, 0}},
+      {.kind = HIXL_CACHE_KEY_ID, .u.id = {CLUSTER_PEER, idc, C_BATCH}},
+      {.kind = HIXL_CACHE_KEY_ID, .u.id = {CLUSTER_PEER, idb, 0}},
+  };
+  char why[320], text[32];
+  for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+    TU_ASSERT_STATUS(serve_lookup(m, keys[i], &id, why, sizeof(why)), HIXL_NOT_FOUND);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, "names no cache"));
+    CU_ASSERT_PTR_NULL(strstr(why, "remote access"));
+    CU_ASSERT_PTR_NULL(strstr(why, "batch items"));
+    if (keys[i].kind != HIXL_CACHE_KEY_ID) { /* the id is in the key's own text only */
+      snprintf(text, sizeof(text), "cache %" PRIu64, keys[i].kind == HIXL_CACHE_KEY_REQ ? idc : idb);
+      CU_ASSERT_PTR_NULL(strstr(why, text));
+    }
+  }
+  HixlCacheAnyKey found = {.kind = HIXL_CACHE_KEY_ID, .u.id = {CLUSTER_PEER, ridc, 0}};
+  TU_ASSERT_OK(serve_lookup(m, found, &id, why, sizeof(why)));
+  CU_ASSERT_EQUAL(id, ridc);
+  found.u.id.batch_index = C_BATCH;
+  TU_ASSERT_STATUS(serve_lookup(m, found, &id, why, sizeof(why)), HIXL_NOT_FOUND);
+  CU_ASSERT_PTR_NOT_NULL(strstr(why, "batch items"));
+  TU_ASSERT_OK(HixlCacheManagerDestroy(m));
+  TU_ASSERT_OK(HixlEngineDestroy(e));
+  for (int t = 0; t < C_TENSORS; t++) free(k.c[t]), free(r.c[t]);
+  for (int t = 0; t < B_TENSORS; t++) free(k.b[t]), free(r.b[t]);
+}
+
 /* Destroy while the engine refuses a cache's deregistration (a transfer of the caller's
  * own in flight on it: FAILED, and the manager and its cache stay whole, before: freed,
  * the registration left in the engine for good and a second Destroy a use after free), or
@@ -1133,6 +1191,7 @@ int main(void) {
       {"allocated caches: pulled, mapped on one host, freed", test_allocated},
       {"one CacheKey registered by two threads at once: one wins", test_register_race},
       {"a manager's Destroy: refused while in use, whole or not at all", test_destroy_whole_or_nothing},
+      {"caches without remote access: a peer's lookup learns nothing of them", test_local_caches_unseen},
       {"a lost link comes back with Link", test_relink},
       {"a stopped peer: TIMEOUT on time", test_stopped_peer},
       {"a dead peer: FAILED, never a hang", test_dead_peer},

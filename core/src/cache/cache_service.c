@@ -27,13 +27,16 @@ static struct cm_cache *cache_by_key(HixlCacheManager *m, const HixlCacheAnyKey 
     c = cm_index_get(&m->index, &ik, NULL);
   } else if (k->kind == HIXL_CACHE_KEY_ID) {
     for (c = m->caches; c && c->id != k->u.id.cache_id;) c = c->next;
-    if (c && k->u.id.batch_index >= c->desc.shape[0] && !c->blocks) {
+    if (c && c->listed && c->remote && k->u.id.batch_index >= c->desc.shape[0] && !c->blocks) {
       snprintf(why, cap, "%s: cache %" PRIu64 " has %" PRIu64 " batch items", kt, c->id, c->desc.shape[0]);
       return NULL;
     }
     b = k->u.id.batch_index;
   }
-  if (c && c->listed) { /* a pending cache (registering, or going) holds its keys but is not served */
+  /* A pending cache (registering, or going) holds its keys but is not served; one without
+   * remote access is not there for a peer: the same answer as no cache, so that a peer
+   * does not learn it exists (its id, its batch size). */
+  if (c && c->listed && c->remote) {
     *batch = b;
     return c;
   }
@@ -57,11 +60,6 @@ HixlStatus cm_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
     uint32_t batch = 0;
     struct cm_cache *c = cache_by_key(m, &k, &batch, why, sizeof(why));
     if (!c) {
-      st = HIXL_NOT_FOUND;
-    } else if (!c->remote) {
-      snprintf(why, sizeof(why),
-               "cache %" PRIu64 " of cluster %" PRIu64 " is registered without remote access", c->id,
-               m->cluster_id);
       st = HIXL_NOT_FOUND;
     } else {
       cm_put_view(&out, c, batch);
