@@ -149,17 +149,15 @@ static size_t fields(struct result (*res)[MODE_COUNT], size_t t, size_t m, struc
                                HB_FD("mean_us", "mean_us", "%.3f", "%.1f", s->avg_us),
                                HB_FD("min_us", "min_us", "%.3f", "%.1f", s->min_us),
                                HB_FD("max_us", NULL, "%.3f", NULL, s->max_us),
-                               HB_FD("disc_mean_us", "disc_mean_us", "%.3f", "%.1f", res[t][k].disc_mean_us)},
-                        r[] = {HB_FS("transport", "transport", o.transports[t]),
-                               HB_FD("on_off_p50", "p50 on/off", "%.4f", "%.2fx",
-                                     ratio(on->p50_us, off->p50_us)),
-                               HB_FD("on_off_p99", "p99 on/off", "%.4f", "%.2fx",
-                                     ratio(on->p99_us, off->p99_us)),
-                               HB_FD("on_off_mean", "mean on/off", "%.4f", "%.2fx",
-                                     ratio(on->avg_us, off->avg_us)),
-                               HB_FD("aa_p50", "p50 A/A", "%.4f", "%.2fx", ratio(b->p50_us, off->p50_us)),
-                               HB_FD("aa_p99", "p99 A/A", "%.4f", "%.2fx", ratio(b->p99_us, off->p99_us)),
-                               HB_FD("aa_mean", "mean A/A", "%.4f", "%.2fx", ratio(b->avg_us, off->avg_us))};
+                               HB_FD("disc_mean_us", "disc_mean_us", "%.3f", "%.1f", res[t][k].disc_mean_us)};
+  const struct hb_field r[] = {
+      HB_FS("transport", "transport", o.transports[t]),
+      HB_FD("on_off_p50", "p50 on/off", "%.4f", "%.2fx", ratio(on->p50_us, off->p50_us)),
+      HB_FD("on_off_p99", "p99 on/off", "%.4f", "%.2fx", ratio(on->p99_us, off->p99_us)),
+      HB_FD("on_off_mean", "mean on/off", "%.4f", "%.2fx", ratio(on->avg_us, off->avg_us)),
+      HB_FD("aa_p50", "p50 A/A", "%.4f", "%.2fx", ratio(b->p50_us, off->p50_us)),
+      HB_FD("aa_p99", "p99 A/A", "%.4f", "%.2fx", ratio(b->p99_us, off->p99_us)),
+      HB_FD("aa_mean", "mean A/A", "%.4f", "%.2fx", ratio(b->avg_us, off->avg_us))};
   if (m == MODE_COUNT) return memcpy(f, r, sizeof(r)), HB_NF(r) - (o.aa ? 0 : 3);
   return memcpy(f, v, sizeof(v)), HB_NF(v);
 }
@@ -184,17 +182,6 @@ static int report(struct result (*res)[MODE_COUNT]) {
 
 /* ---- --frames: the per-frame proof against its alternatives ---- */
 
-/* Median ns per call of fn over 9 runs of reps calls each. */
-static double time_ns(void (*fn)(void *), void *arg, unsigned reps) {
-  double v[9];
-  for (int r = 0; r < 9; r++) {
-    uint64_t t0 = bench_now_ns();
-    for (unsigned i = 0; i < reps; i++) fn(arg);
-    v[r] = (double)(bench_now_ns() - t0) / reps;
-  }
-  return bench_median(v, 9);
-}
-
 struct fctx {
   struct auth_frames f, peer; /* the initiator's tags and the target's, which checks them */
   struct auth_key k;
@@ -204,29 +191,33 @@ struct fctx {
   uint64_t ok; /* checks that passed */
 };
 
-static void p_seal(void *x) {
-  struct fctx *c = x;
-  auth_seal_frame(&c->f.tx, c->a, c->n, NULL, 0, c->tag);
+/* Median ns per call of fn over 9 runs of reps calls each. */
+static double time_ns(void (*fn)(struct fctx *), struct fctx *c, unsigned reps) {
+  double v[9];
+  for (int r = 0; r < 9; r++) {
+    uint64_t t0 = bench_now_ns();
+    for (unsigned i = 0; i < reps; i++) fn(c);
+    v[r] = (double)(bench_now_ns() - t0) / reps;
+  }
+  return bench_median(v, 9);
 }
-static void p_check(void *x) {
-  struct fctx *c = x;
+
+static void p_seal(struct fctx *c) { auth_seal_frame(&c->f.tx, c->a, c->n, NULL, 0, c->tag); }
+static void p_check(struct fctx *c) {
   c->peer.rx.seq = 0; /* the same frame checked again and again: its count held */
   c->ok += auth_check_frame(&c->peer.rx, c->a, c->n, NULL, 0, c->tag0);
 }
-static void p_hmac(void *x) {
-  struct fctx *c = x;
+static void p_hmac(struct fctx *c) {
   auth_hmac(&c->k, (const void *const[]){c->a}, (const size_t[]){c->n}, 1, c->mac);
 }
-static void p_encrypt(void *x) {
-  struct fctx *c = x;
+static void p_encrypt(struct fctx *c) {
   uint8_t iv[12] = {0};
   int outl = 0;
   EVP_EncryptInit_ex(c->gcm, NULL, NULL, NULL, iv);
   EVP_EncryptUpdate(c->gcm, c->b, &outl, c->a, (int)c->n);
   EVP_EncryptFinal_ex(c->gcm, c->tag, &outl);
 }
-static void p_memcpy(void *x) {
-  struct fctx *c = x;
+static void p_memcpy(struct fctx *c) {
   memcpy(c->b, c->a, c->n);
   __asm__ __volatile__("" ::"r"(c->b) : "memory");
 }
@@ -234,7 +225,7 @@ static void p_memcpy(void *x) {
 /* What --frames times, in the table's order: a frame header's bytes, or a 1 MiB chunk's. */
 static const struct {
   const char *name;
-  void (*fn)(void *);
+  void (*fn)(struct fctx *);
   bool chunk;
 } prims[] = {{"tag a frame header (hixl: GMAC)", p_seal, false},
              {"check a frame header's tag (hixl)", p_check, false},

@@ -221,14 +221,14 @@ static int initiator(struct hb_peer *p) {
   printf(
       "# hixl-cache-bench (hixl %s): %s -> %s, transport %s, %u layers x K,V, %u blocks of %zu B per tensor,"
       " %u blocks a request (%.1f MiB), %u iterations, medians\n",
-      HixlVersionString(), o.ip, peer, o.transport ? o.transport : "auto", o.layers, o.blocks, o.bs, o.req,
+      HixlVersionString(), o.ip, peer, transports[transport], o.layers, o.blocks, o.bs, o.req,
       bytes / 1048576.0, o.iters);
   FILE *f = o.json ? hb_json_open(o.json, "hixl-cache-bench") : NULL;
   if (f)
     fprintf(f,
             "  \"transport\": \"%s\",\n  \"layers\": %u,\n  \"blocks\": %u,\n  \"block_bytes\": %zu,\n  "
             "\"req_blocks\": %u,\n  \"iters\": %u,\n  \"results\": [\n",
-            o.transport ? o.transport : "auto", o.layers, o.blocks, o.bs, o.req, o.iters);
+            transports[transport], o.layers, o.blocks, o.bs, o.req, o.iters);
   for (int i = 0; i < 3; i++) {
     struct scen *s = &sc[i];
     size_t n = build_ops(s, ops);

@@ -637,6 +637,10 @@ int main(int argc, char **argv) {
    * READ with both hosts stepping; each one's time and CPU sample (-1: none). */
   static const int pass_t[5] = {S_RAW, S_PLUGIN, S_PLUGIN_FD, S_RAW2, S_RAW_HOST},
                    pass_c[5] = {S_CPU_RAW, -1, S_CPU_PLUGIN, -1, S_CPU_RAW_HOST};
+  /* The result files are made before the runs, so that a bad path fails before minutes of them. */
+  FILE *f = o.json ? fopen(o.json, "w") : NULL;
+  FILE *csv = o.csv ? fopen(o.csv, "w") : NULL;
+  if ((o.json && !f) || (o.csv && !csv)) hb_die("%s: %s", o.json && !f ? o.json : o.csv, strerror(errno));
   unsigned req = 0;
   for (size_t pi = 0; pi < o.nprompts; pi++) {
     struct row *w = &rows[pi];
@@ -755,11 +759,9 @@ int main(int argc, char **argv) {
   }
   fprintf(stderr, "\r%60s\r", "");
   hb_send(fd, "quit\n");
-  hb_reap(&prefill, 60);
+  int rc = hb_reap(&prefill, 60);
+  if (rc != 0) hb_say("the prefill process ended with %d\n", rc);
 
-  FILE *f = o.json ? fopen(o.json, "w") : NULL;
-  FILE *csv = o.csv ? fopen(o.csv, "w") : NULL;
-  if ((o.json && !f) || (o.csv && !csv)) hb_die("%s: %s", o.json && !f ? o.json : o.csv, strerror(errno));
   if (f)
     fprintf(f,
             "{\"transport\": \"%s\", \"layout\": \"%s\", \"layers\": %u, \"block_tokens\": %u"
@@ -768,7 +770,10 @@ int main(int argc, char **argv) {
             o.transport, layout_names[o.layout], o.layers, o.block_tokens, o.block_bytes, o.rounds, o.step_us,
             o.push ? "true" : "false", o.obs ? "true" : "false");
   for (size_t i = 0; i < o.nprompts; i++) row_out(&rows[i], i, f, csv);
-  if (f) hb_json_end(f, o.json);
-  if (csv) fclose(csv);
-  return host_down(&p);
+  if (f && !hb_json_end(f, o.json)) rc = 1;
+  if (csv && fclose(csv) != 0) {
+    hb_say("--csv %s: %s\n", o.csv, strerror(errno));
+    rc = 1;
+  }
+  return host_down(&p) || rc != 0;
 }

@@ -519,8 +519,8 @@ def ab(raw, out):
         jg.append(dict(transport=k[0], batch=k[1], op=k[2], cpu_s_per_gib=s, more_cpu=bool(bad)))
     lines.append(md("transport | batch | op | OLD s/GiB | NEW s/GiB | NEW/OLD | A/A | MORE CPU?", "lrlrrrrl", L))
     rs, aas = ([p["gbps"][k] for p in jp if p["gbps"][k]] for k in ("ratio", "aa"))
-    lines.append(f"\nNEW/OLD GB/s {min(rs):.2f}-{max(rs):.2f}x over {len(jp)} points"
-                 + (f", A/A {min(aas):.2f}-{max(aas):.2f}x" if aas else ", no A/A (one round)")
+    lines.append(f"\nNEW/OLD GB/s {span(rs)} over {len(jp)} points"
+                 + (f", A/A {span(aas)}" if aas else ", no A/A (one round)")
                  + f"; {sum(p['regression'] for p in jp)} flagged REGRESSION?, "
                  f"{sum(g['more_cpu'] for g in jg)} groups MORE CPU?"
                  + (f", {unsure} points below 0.9 with no A/A to judge them by." if unsure else "."))

@@ -28,10 +28,10 @@ NOTE=$RES/notes # one line per thing the page must say about the run
 OPEN_MSG="accepts links from anyone" # an engine with a port and no key says this once
 
 KEYDIR="" LOCKED=0
-cleanup() {
+cleanup() { # each once: past it, /tmp/bench.lock may be another run's
   [ -n "$KEYDIR" ] && rm -rf "$KEYDIR"
   [ "$LOCKED" = 1 ] && rm -f /tmp/bench.lock
-  return 0
+  KEYDIR="" LOCKED=0
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -107,7 +107,6 @@ measure() {
   done
   echo "$((SECONDS - t0))" >"$RES/elapsed"
   cleanup
-  LOCKED=0 KEYDIR=""
 }
 
 [ "${AUTH_REPORT_ONLY:-0}" = 1 ] || measure

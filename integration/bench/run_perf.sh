@@ -36,10 +36,7 @@ stop() {
   kill "$1" 2>/dev/null
   wait "$1" 2>/dev/null
 }
-cleanup() {
-  for p in "${BG_PIDS[@]}"; do stop "$p"; done
-}
-trap cleanup EXIT
+trap 'for p in "${BG_PIDS[@]}"; do stop "$p"; done' EXIT
 trap 'exit 130' INT TERM
 
 # A TCP port not in use on this host (not in /proc/net/tcp{,6}), from $1 upward.
@@ -72,21 +69,20 @@ cpu_snap() {
   echo "$(awk '/^cpu / { t = 0; for (i = 2; i <= 9; i++) t += $i; print $2 + $3 + $4, t, $5 + $6 }' /proc/stat)" \
     "$(awk '{ print $16 + $17 }' /proc/$$/stat)"
 }
+# Percent of all CPUs between two snaps: busy (not idle), or others: the CPU time of everything
+# else while we measure (the machine's user+nice+system time less this script's processes').
+cpu_pct() { # busy|others SNAP_BEFORE SNAP_AFTER
+  awk -v w="$1" -v a="$2" -v b="$3" 'BEGIN { split(a, x, " "); split(b, y, " "); dt = y[2] - x[2]
+    u = w == "busy" ? dt - (y[3] - x[3]) : (y[1] - x[1]) - (y[4] - x[4]); p = 0
+    if (dt > 0 && u > 0) p = 100 * u / dt
+    printf "%d\n", p }'
+}
 # Percent of all CPUs busy over one second.
 cpu_busy() {
   local a
   a=$(cpu_snap)
   sleep 1
-  awk -v a="$a" -v b="$(cpu_snap)" 'BEGIN { split(a, x, " "); split(b, y, " "); dt = y[2] - x[2]
-    busy = 0; if (dt > 0) busy = 100 * (dt - (y[3] - x[3])) / dt; printf "%d\n", busy }'
-}
-# CPU time of everything else while we measure: the machine's user+nice+system time
-# less what this script's own processes used, as a percent of all CPUs.
-others_pct() { # SNAP_BEFORE SNAP_AFTER
-  awk -v a="$1" -v b="$2" 'BEGIN { split(a, x, " "); split(b, y, " ")
-    dt = y[2] - x[2]; o = (y[1] - x[1]) - (y[4] - x[4]); p = 0
-    if (dt > 0 && o > 0) p = 100 * o / dt
-    printf "%d\n", p }'
+  cpu_pct busy "$a" "$(cpu_snap)"
 }
 BUSY=$(cpu_busy)
 [[ "${PERF_WAIT_IDLE:-}" =~ ^[0-9]+$ ]] || PERF_WAIT_IDLE=0
@@ -173,7 +169,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
   runs=(default direct coalesced registered unregistered)
   ((r % 2)) || runs=(unregistered registered coalesced direct default)
   for run in "${runs[@]}"; do hixl_stage "$run"; done
-  others=$(others_pct "$snap" "$(cpu_snap)")
+  others=$(cpu_pct others "$snap" "$(cpu_snap)")
   echo "others_r=$others" >>"$RES/meta" # RES/meta: KEY=VALUE lines, what the page needs besides the tools' outputs
   log "round $r: other processes used $others% of the CPUs"
 done
@@ -233,7 +229,7 @@ if [ -x "$SHMREF" ]; then
       SHM_NOTE+="${SHM_NOTE:+; }the $pages run failed: $(tail -1 "$RES/shm_ref_$pages.log")"
     fi
   done
-  SHM_OTHERS=$(others_pct "$snap" "$(cpu_snap)")
+  SHM_OTHERS=$(cpu_pct others "$snap" "$(cpu_snap)")
 else
   SHM_NOTE="$SHMREF is missing (cmake --build $BUILD)"
 fi
@@ -241,7 +237,7 @@ fi
 COMMIT=$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo "uncommitted")
 git -C "$SRC" diff --quiet HEAD -- core 2>/dev/null || COMMIT="$COMMIT (plus uncommitted changes in core/)"
 printf '%s\n' "start=$START" "busy=$BUSY" "elapsed=$(($(date +%s) - T0))" \
-  "others=$(others_pct "$SNAP_START" "$(cpu_snap)")" "commit=$COMMIT" "ucx_note=$UCX_NOTE" \
+  "others=$(cpu_pct others "$SNAP_START" "$(cpu_snap)")" "commit=$COMMIT" "ucx_note=$UCX_NOTE" \
   "iperf_note=$IPERF_NOTE" "shm_note=$SHM_NOTE" "shm_others=$SHM_OTHERS" "ucx_env=${UCX_ENV[*]}" \
   "pin=$PIN" "rounds=$ROUNDS" "st_all=$ST_ALL" >>"$RES/meta"
 report perf "$RES" "$OUT" "$SRC"

@@ -7,6 +7,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/param.h>
 
 #include "harness.h"
 #include "hixl/hixl_kv_connector.h"
@@ -78,7 +79,10 @@ struct side {
   struct rank r[MAX_TP];
 };
 
-static void side_up(struct side *s, uint32_t world, const char *role) {
+/* The producer's or the consumer's ranks, made on its CPUs: this thread's, and those of the engines
+ * it makes; it keeps the consumer's after, for the host's loop and the raw threads. */
+static void side_up(struct side *s, uint32_t world, bool consumer) {
+  cpus_side(consumer);
   memset(s, 0, sizeof(*s));
   s->world = world;
   uint16_t port = hb_ports(o.ip, 2 * world), rport = (uint16_t)(port + world);
@@ -86,7 +90,7 @@ static void side_up(struct side *s, uint32_t world, const char *role) {
   snprintf(cfg, sizeof(cfg),
            "{\"address\": \"%s:%u\", \"role\": \"%s\", \"lease_ms\": 60000, \"transfer_timeout_ms\": 60000,"
            " \"connect_timeout_ms\": 10000, \"loads_per_producer\": %u, \"Transport\": \"%s\"}",
-           o.ip, (unsigned)port, role, o.per_producer, o.transport);
+           o.ip, (unsigned)port, consumer ? "consumer" : "producer", o.per_producer, o.transport);
   if (ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, world, &s->sched, err, sizeof(err)))
     hb_die("create scheduler: %s", err);
   for (uint32_t i = 0; i < world; i++) {
@@ -134,15 +138,13 @@ static void side_down(struct side *s) {
   ops->destroy(s->sched);
 }
 
-static void step(struct side *s) { hb_kv_step(ops, s->sched, s->w, s->world); }
-
 /* Steps s until every rank reported each of the n requests (sending or receiving). */
 static void wait_all(struct side *s, uint32_t n, bool recving) {
   uint64_t want = (uint64_t)n * s->world, got = 0, deadline = bench_now_ns() + 120000000000ull;
   int32_t fd = -1; /* none (a plugin older than ABI 1.2): poll only waits its 1 ms */
   if (HIXL_KV_HAS_OP(ops, get_event_fd)) ops->get_event_fd(s->w[0], &fd);
   for (;;) {
-    step(s);
+    hb_kv_step(ops, s->sched, s->w, s->world);
     for (uint32_t i = 0; i < s->world; i++) {
       size_t sent = 0, recvd = 0;
       hb_kv_poll(ops, NULL, s->w[i], NULL, 0, &sent, &recvd);
@@ -156,20 +158,18 @@ static void wait_all(struct side *s, uint32_t n, bool recving) {
 
 /* Request q's blocks: producer q * n + 1 .., consumer (requests - 1 - q) * n + 1 .. */
 static uint64_t pblock(uint32_t q, uint32_t j) { return (uint64_t)q * nblocks_req() + j + 1; }
-static uint64_t cblock(uint32_t q, uint32_t j) {
-  return (uint64_t)(o.requests - 1 - q) * nblocks_req() + j + 1;
-}
+static uint64_t cblock(uint32_t q, uint32_t j) { return pblock(o.requests - 1 - q, j); }
 
 /* ---- the plugin's pull ---- */
 
 static uint64_t plugin_run(struct side *p, struct side *d, uint32_t round) {
   uint32_t n = nblocks_req(); /* at most 65536 / 16 */
   uint64_t pb[4096], cb[4096];
-  char *params[256], id[64]; /* --requests: at most 256 */
+  char *params[256], id[256][24]; /* --requests: at most 256 */
   for (uint32_t q = 0; q < o.requests; q++) {
     for (uint32_t j = 0; j < n; j++) pb[j] = pblock(q, j);
-    snprintf(id, sizeof(id), "r%u-%u", round, q);
-    hixl_kv_request r = {id, strlen(id), o.prompt, NULL, 0, 0};
+    snprintf(id[q], sizeof(id[q]), "r%u-%u", round, q);
+    hixl_kv_request r = {id[q], strlen(id[q]), o.prompt, NULL, 0, 0};
     int32_t delay = 0;
     hixl_kv_buffer b = {0};
     if (ops->request_finished(p->sched, &r, pb, n, &delay, &b) || !delay) hb_die("request_finished");
@@ -177,12 +177,11 @@ static uint64_t plugin_run(struct side *p, struct side *d, uint32_t round) {
     ops->free_buffer(&b);
     if (!params[q]) hb_die("out of memory for request %u's parameters", q);
   }
-  step(p);
+  hb_kv_step(ops, p->sched, p->w, p->world);
   uint64_t t0 = bench_now_ns();
   for (uint32_t q = 0; q < o.requests; q++) {
     for (uint32_t j = 0; j < n; j++) cb[j] = cblock(q, j);
-    snprintf(id, sizeof(id), "r%u-%u", round, q);
-    hixl_kv_request r = {id, strlen(id), o.prompt, params[q], strlen(params[q]), 0};
+    hixl_kv_request r = {id[q], strlen(id[q]), o.prompt, params[q], strlen(params[q]), 0};
     int64_t tokens = -1;
     int32_t async = 0;
     if (ops->get_num_new_matched_tokens(d->sched, &r, 0, &tokens, &async) ||
@@ -208,19 +207,17 @@ struct raw_job {
 
 /* The pieces consumer rank d reads of producer rank p into out: per request, block and
  * layer, its heads' run (MLA: the latent) when p is the rank it reads them from; 0 when
- * it reads none there (out untouched). */
+ * it reads none there (out untouched). With as many ranks on both sides, rank d's heads
+ * are rank p = d's alone. */
 static size_t pieces(const struct side *ps, const struct side *ds, uint32_t p, uint32_t d,
                      struct raw_job *out) {
   const struct rank *pr = &ps->r[p], *dr = &ds->r[d];
-  uint32_t np = ps->world, ndr = ds->world;
-  uint64_t off_p = 0, off_d = 0, len = 0;
-  if (o.mla || np == ndr) {
-    if (p != (np == ndr ? d : d % np)) return 0;
-    len = pr->block;
+  uint32_t np = ps->world;
+  uint64_t off_p = 0, off_d = 0, len = pr->block;
+  if (o.mla) {
+    if (p != d % np) return 0;
   } else {
-    uint32_t lo = pr->first > dr->first ? pr->first : dr->first;
-    uint32_t hi =
-        pr->first + pr->nheads < dr->first + dr->nheads ? pr->first + pr->nheads : dr->first + dr->nheads;
+    uint32_t lo = MAX(pr->first, dr->first), hi = MIN(pr->first + pr->nheads, dr->first + dr->nheads);
     if (lo >= hi) return 0;
     if (np > o.heads && p != pr->first * (np / o.heads) + d % (np / o.heads)) return 0;
     off_p = (lo - pr->first) * head_bytes();
@@ -257,7 +254,7 @@ static void *raw_main(void *arg) {
   struct raw_job *j = arg;
   for (uint32_t q; (q = atomic_fetch_add(&j->next, 1)) < o.requests;)
     for (size_t i = j->starts[q]; i < j->starts[q + 1]; i += HIXL_MAX_BATCH) {
-      size_t k = j->starts[q + 1] - i < HIXL_MAX_BATCH ? j->starts[q + 1] - i : HIXL_MAX_BATCH;
+      size_t k = MIN(j->starts[q + 1] - i, (size_t)HIXL_MAX_BATCH);
       hb_check(HixlEngineTransferSync(j->e, j->remote, HIXL_READ, j->v + i, k, 60000), "raw READ");
     }
   return NULL;
@@ -329,10 +326,8 @@ static bool check(struct side *d, uint32_t seed) {
 
 static void pair_run(uint32_t np, uint32_t nd) {
   struct side p, d;
-  cpus_side(false); /* the producer's engines and their threads */
-  side_up(&p, np, "producer");
-  cpus_side(true); /* the consumer's, and this thread: the host's loop, the raw threads */
-  side_up(&d, nd, "consumer");
+  side_up(&p, np, false);
+  side_up(&d, nd, true);
   fill(&p, np * 10 + nd);
   uint64_t pns[MAX_ROUNDS], rns[MAX_ROUNDS], rops = 0, ops0 = 0, bytes0 = 0, held = 0, need = 0;
   double aa[MAX_ROUNDS], ratio[MAX_ROUNDS];
@@ -429,6 +424,18 @@ int main(int argc, char **argv) {
       {NULL, 0, NULL, NULL, NULL, 0, 0, NULL}};
   hb_prog = "hixl-tp-bench";
   hb_parse(argc, argv, opts, NULL);
+  /* Every pair read before the first runs: a typo at the end costs no run. */
+  uint32_t pairs[64][2], npairs = 0;
+  char *end;
+  for (const char *s = o.pairs; *s; s = end + strspn(end, " ")) {
+    unsigned long a = strtoul(s, &end, 10), b = 0;
+    if (*end != ',') hb_die("--pairs: \"%s\" is not P,D", s);
+    b = strtoul(end + 1, &end, 10);
+    if (!a || !b || a > MAX_TP || b > MAX_TP) hb_die("--pairs: sizes 1 to %d", MAX_TP);
+    if (npairs == 64) hb_die("--pairs: at most 64 pairs");
+    pairs[npairs][0] = (uint32_t)a;
+    pairs[npairs++][1] = (uint32_t)b;
+  }
   char key[256] = "";
   if (!getenv("HIXL_AUTH_KEY_FILE")) { /* both sides of this run share one key, as a deployment does */
     if (bench_key_file(key, sizeof(key), "hixl-tp-bench") != 0) return 1;
@@ -450,14 +457,7 @@ int main(int argc, char **argv) {
          "range) | plugin ops/request | raw ops/request | bytes moved/request | bytes needed/request | "
          "prefill blocks held after |\n");
   printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
-  char *end;
-  for (const char *s = o.pairs; *s; s = end + strspn(end, " ")) {
-    unsigned long a = strtoul(s, &end, 10), b = 0;
-    if (*end != ',') hb_die("--pairs: \"%s\" is not P,D", s);
-    b = strtoul(end + 1, &end, 10);
-    if (!a || !b || a > MAX_TP || b > MAX_TP) hb_die("--pairs: sizes 1 to %d", MAX_TP);
-    pair_run((uint32_t)a, (uint32_t)b);
-  }
+  for (uint32_t i = 0; i < npairs; i++) pair_run(pairs[i][0], pairs[i][1]);
   if (json) fclose(json);
   if (key[0]) unlink(key);
   return 0;
