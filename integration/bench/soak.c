@@ -823,7 +823,10 @@ int main(int argc, char **argv) {
     if (r.cl[i].mem != NULL) munmap(r.cl[i].mem, SOAK_CLIENT_MEM);
   }
   if (r.jn.pace.stopfd >= 0) close(r.jn.pace.stopfd);
-  if (ran) rc = report(&r);
+  /* A target that died is reported too (the table up to then, its JSON saying so, the goals
+   * it touched missed); the run fails as before. */
+  if (ran || r.target_died) rc = report(&r);
+  if (r.target_died) rc = 1;
 out_target: /* closing the channel ends its hb_serve; hb_reap kills and says a hang past 30 s */
   if (r.target_died)
     close(r.tgt.fd);
