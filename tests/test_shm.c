@@ -42,6 +42,7 @@
 #include "engine/engine_ext.h"
 #include "raw_auth.h"
 #include "test_util.h"
+#include "transport/shm/shm_int.h"
 #include "util/cma.h"
 #include "wire/wire.h"
 
@@ -1307,6 +1308,63 @@ static void test_target_refuses_own_pid(void) {
   HixlEngineDestroy(t);
 }
 
+/* The target's side: connections to a link's unix socket from other processes than
+ * the one its SHM_HELLO named are accepted and closed, ESHM_STRANGERS_MAX of them; then
+ * the socket closes (a connect is refused) and the link goes on without same-host
+ * copies: SHM_MAP_HELLO is refused, "no unix socket", the link stays up. Before, the
+ * target took every one (someone flooding the name held its progress thread). Here
+ * this process is the stranger: the SHM_HELLO names its parent. */
+static void test_target_strangers_bounded(void) {
+  char name[TU_ADDR_LEN];
+  uint16_t port = tu_free_port();
+  HixlEngine *t = tu_engine_start_with(tu_addr(name, sizeof(name), port), NULL);
+  struct cma_self self;
+  uint8_t buf[1024];
+  struct wire_wr w;
+  struct wire_hdr h;
+  struct wire_msg m;
+  char sname[WIRE_SHM_SOCK_MAX + 1];
+  CU_ASSERT_FATAL(t && cma_self_get(&self) == 0);
+  int fd = raw_link(port);
+  CU_ASSERT_FATAL(fd >= 0);
+  wire_begin(&w, buf, sizeof(buf), WIRE_SHM_HELLO);
+  wire_put_shm_id(&w, WIRE_SHM_LAYOUT, self.boot_id, (uint32_t)getppid(), self.uid);
+  wire_put_u32(&w, WIRE_SHM_F_MAP);
+  CU_ASSERT_FATAL(raw_send_all(fd, buf, wire_end(&w, 0)));
+  CU_ASSERT_FATAL(raw_recv_frame(fd, &h, NULL, buf, sizeof(buf)) && h.type == WIRE_SHM_HELLO_ACK &&
+                  wire_decode(&h, buf, &m) == WIRE_OK && m.u.shm.status == WIRE_HELLO_OK);
+  CU_ASSERT_FATAL(m.u.shm.sock_len > 0 && m.u.shm.sock_len <= WIRE_SHM_SOCK_MAX);
+  memcpy(sname, m.u.shm.sock, m.u.shm.sock_len);
+  sname[m.u.shm.sock_len] = '\0';
+  /* Strangers until a connect is refused (the socket gone), for at most 10 s. */
+  uint32_t taken = 0;
+  bool refused = false;
+  for (int64_t end = tu_now_ms() + 10000; !refused && tu_now_ms() < end;) {
+    int u = unix_sock(sname, false);
+    refused = u < 0 && errno == ECONNREFUSED;
+    if (u >= 0) {
+      taken++;
+      close(u);
+    }
+  }
+  CU_ASSERT(refused);
+  CU_ASSERT(taken >= ESHM_STRANGERS_MAX);
+  /* + those queued when it closed: the listener's backlog, 4, and one more the kernel lets in */
+  CU_ASSERT(taken <= ESHM_STRANGERS_MAX + 5);
+  /* The link goes on: its SHM_MAP_HELLO is answered, refused for want of the socket. */
+  wire_begin(&w, buf, sizeof(buf), WIRE_SHM_MAP_HELLO);
+  wire_put_u32(&w, 0);
+  CU_ASSERT_FATAL(raw_send_all(fd, buf, wire_end(&w, 0)));
+  bool got = false; /* SHM_MAP frames would come first, had it taken the link's peer */
+  while (!got && raw_recv_frame(fd, &h, NULL, buf, sizeof(buf))) got = h.type == WIRE_SHM_MAP_ACK;
+  CU_ASSERT_FATAL(got);
+  CU_ASSERT_FATAL(wire_decode(&h, buf, &m) == WIRE_OK);
+  CU_ASSERT_EQUAL(m.u.map.status, WIRE_HELLO_REFUSED);
+  CU_ASSERT(m.u.map.text_len > 0 && memmem(m.u.map.text, m.u.map.text_len, "no unix socket", 14) != NULL);
+  close(fd);
+  HixlEngineDestroy(t);
+}
+
 /* ---------------------------------------------------------------- main */
 
 int main(int argc, char **argv) {
@@ -1337,6 +1395,8 @@ int main(int argc, char **argv) {
   CU_add_test(s, "the process the fakes named: untouched", test_holder_untouched);
   CU_add_test(s, "target: SHM_HELLO naming its own pid REFUSED; socket takes the named pid only",
               test_target_refuses_own_pid);
+  CU_add_test(s, "target: a link's socket takes 64 strangers, then closes; the link goes on",
+              test_target_strangers_bounded);
   s = CU_add_suite("transport choice", NULL, NULL);
   CU_add_test(s, "auto picks shm for a peer on this host", test_auto_picks_shm);
   CU_add_test(s, "target told tcp: auto -> tcp, shm -> FAILED", test_target_without_shm);

@@ -27,9 +27,14 @@
 #define ESHM_PEER_MAPS      4096u
 #define ESHM_PEER_MAP_BYTES ((uint64_t)4 << 40)
 
-#define ESHM_GEN_LEN  4096u
-#define ESHM_GEN_MSG  "hixl-gen" /* the page's message on the unix socket (8 bytes) */
-#define ESHM_LIFE_OFF 64u        /* the life word's offset in that page (shm_life.c) */
+/* Connections from other processes than its peer a link's unix socket takes (each
+ * accepted and closed); past that it closes, and the link goes on without same-host
+ * copies: its peer connects right after SHM_HELLO_ACK, so more are someone flooding
+ * the name, who would otherwise hold the progress thread accepting them. */
+#define ESHM_STRANGERS_MAX 64u
+#define ESHM_GEN_LEN       4096u
+#define ESHM_GEN_MSG       "hixl-gen" /* the page's message on the unix socket (8 bytes) */
+#define ESHM_LIFE_OFF      64u        /* the life word's offset in that page (shm_life.c) */
 
 /* The binding of a link's unix socket to the link (authenticated links): the
  * initiator sends a fresh nonce on the socket, the target answers
@@ -130,6 +135,7 @@ struct eshm_link {                 /* link_xs(c, XPORT_SHM) */
   int ufd;                  /* both: the connected unix socket (binding, then memfds), or -1 */
   uint32_t hello_pid;       /* target: the pid the initiator's SHM_HELLO named */
   uint32_t peer_uid;        /* target: the uid the connected initiator runs as (SO_PEERCRED) */
+  uint32_t strangers;       /* target: connections to lfd from other processes (ESHM_STRANGERS_MAX) */
   bool want_map;            /* target: the initiator maps memory (WIRE_SHM_F_MAP) */
   bool want_devmap;         /* target: ... and opens device memory by IPC handle (WIRE_SHM_F_DEVMAP) */
   bool dev_told;            /* initiator: a device op went as tcp frames (logged once a link) */

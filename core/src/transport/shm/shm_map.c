@@ -122,6 +122,13 @@ bool eshm_target_accept(struct conn *c, struct eshm_link *l) {
              "closed",
              link_remote(c), pid, uid, l->hello_pid);
     close(fd);
+    if (++l->strangers >= ESHM_STRANGERS_MAX) {
+      log_warn("link from %s: no same-host copies: %u other processes than pid %u connected to its unix "
+               "socket (someone floods its name): closed",
+               link_remote(c), l->strangers, l->hello_pid);
+      eshm_unix_close(x, l);
+      break;
+    }
   }
   return l->ufd >= 0;
 }
