@@ -258,7 +258,8 @@ static void put_get_check(HixlClientHandle c, unsigned char *local, unsigned cha
 /* A child re-executes this program with these arguments (a fork without exec would
  * inherit locks held by the engine threads of this process):
  *   --cs-child server PORT LEN SEED  a HixlCS server with LEN bytes tagged "server_mem"
- *   --cs-child wrongkind N           call N of wrong_kind_names, with a handle of the other kind */
+ *   --cs-child wrongkind N           call N of wrong_kind_names, with a handle of the other kind
+ *   --cs-child unbounded N           call N of unbounded_names, with an argument it must not read past */
 #define CS_CHILD_FLAG "--cs-child"
 #define CHILD_UP      3 /* fds set up by tu_child_start */
 #define CHILD_DOWN    4
@@ -429,6 +430,73 @@ static int wrong_kind_child(unsigned which) {
   return 0;
 }
 
+/* The calls unbounded_child makes: strings that end at a page nobody may read, without a
+ * NUL, and a list_num far above what desc_list holds. Each must be refused from the
+ * bytes it may read (a tag has at most 255, a device name at most 63, a batch at most
+ * HIXL_MAX_BATCH ops), not crash or try to allocate for 2^32 - 1 ops. */
+static const char *const unbounded_names[] = {
+    "HixlCSServerRegMem(tag without a NUL)",
+    "HixlCSClientRegMem(tag without a NUL)",
+    "HixlCSServerCreate(endpoint device without a NUL)",
+    "HixlCSClientCreate(local_endpoint device without a NUL)",
+    "HixlCSClientCreate(remote_endpoint device without a NUL)",
+    "HixlCSClientBatchPutAsync(list_num 2^32 - 1, one op)",
+    "HixlCSClientBatchGetSync(list_num 2^32 - 1, one op)",
+};
+#define N_UNBOUNDED (sizeof(unbounded_names) / sizeof(unbounded_names[0]))
+
+static int unbounded_child(unsigned which) {
+  static unsigned char smem[4096], cmem[4096];
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  unsigned char *two = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  HixlServerDesc sd = {
+      .server_ip = "127.0.0.1", .server_port = 9, .endpoint_list = NULL, .endpoint_list_num = 0};
+  HixlClientDesc cd = {
+      .server_ip = "127.0.0.1", .server_port = 9, .local_endpoint = NULL, .remote_endpoint = NULL};
+  EndpointDesc ep = {.protocol = HIXL_EP_PROTOCOL_RDMA, .address = "127.0.0.1", .device = NULL};
+  HixlServerHandle s = NULL, s2 = NULL;
+  HixlClientHandle c = NULL, c2 = NULL;
+  MemHandle mh = NULL;
+  HcommMem sm = host_mem(smem, sizeof(smem)), cm = host_mem(cmem, sizeof(cmem));
+  HixlOneSideOpDesc d = op(cmem, smem, 64);
+  CompleteHandle ch = NULL;
+  child_reply r;
+  HixlStatus st;
+
+  memset(&r, 0, sizeof(r));
+  if (two == MAP_FAILED || mprotect(two + page, page, PROT_NONE) != 0) return 2;
+  memset(two, 'a', page); /* no NUL up to the page nobody may read */
+  const char *tag = (const char *)two + page - (HIXL_CS_MAX_TAG_LEN + 1);
+  ep.device = (const char *)two + page - 64;
+  if (HixlCSServerCreate(&sd, NULL, &s) != HIXL_SUCCESS || HixlCSClientCreate(&cd, NULL, &c) != HIXL_SUCCESS)
+    return 2;
+  switch (which) {
+  case 0: st = HixlCSServerRegMem(s, tag, &sm, &mh); break;
+  case 1: st = HixlCSClientRegMem(c, tag, &cm, &mh); break;
+  case 2:
+    sd.endpoint_list = &ep;
+    sd.endpoint_list_num = 1;
+    st = HixlCSServerCreate(&sd, NULL, &s2);
+    break;
+  case 3:
+    cd.local_endpoint = &ep;
+    st = HixlCSClientCreate(&cd, NULL, &c2);
+    break;
+  case 4:
+    cd.remote_endpoint = &ep;
+    st = HixlCSClientCreate(&cd, NULL, &c2);
+    break;
+  case 5: st = HixlCSClientBatchPutAsync(c, UINT32_MAX, &d, &ch); break;
+  case 6: st = HixlCSClientBatchGetSync(c, UINT32_MAX, &d, 100); break;
+  default: return 2;
+  }
+  r.status = st;
+  snprintf(r.error, sizeof(r.error), "%s", HixlGetLastErrorMessage());
+  if (tu_write_all(CHILD_UP, &r, sizeof(r)) != 0) return 3;
+  if (HixlCSClientDestroy(c) != HIXL_SUCCESS || HixlCSServerDestroy(s) != HIXL_SUCCESS) return 4;
+  return 0;
+}
+
 /* In a child: run it and return its exit code. Otherwise -1. */
 static int cs_child_main(int argc, char **argv) {
   ssize_t n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
@@ -440,6 +508,8 @@ static int cs_child_main(int argc, char **argv) {
                         strtoull(argv[5], NULL, 10));
   if (argc == 4 && strcmp(argv[2], "wrongkind") == 0)
     return wrong_kind_child((unsigned)strtoul(argv[3], NULL, 10));
+  if (argc == 4 && strcmp(argv[2], "unbounded") == 0)
+    return unbounded_child((unsigned)strtoul(argv[3], NULL, 10));
   fprintf(stderr, "%s: bad child arguments\n", argv[0]);
   return 2;
 }
@@ -1440,42 +1510,49 @@ static void test_bad_handles(void) {
   put_get_check(g.cli, g.src.mem, g.dst.mem, g.raddr, g.srv.m.mem, 64 * KiB, 310);
 }
 
-/* A server handle given to a client function and the other way round: PARAM_INVALID.
- * Each call runs in a child of its own, so a crash is reported, not suffered. */
-static void test_wrong_kind_handles(void) {
-  unsigned i;
+/* Call i of a child kind ("wrongkind", "unbounded") in a child of its own, so a crash
+ * is reported, not suffered: the call must return PARAM_INVALID and the child end well. */
+static void child_call_invalid(const char *kind, unsigned i, const char *name) {
+  char idx[16];
+  char *argv[] = {self_exe, CS_CHILD_FLAG, (char *)kind, idx, NULL};
+  child_reply r;
+  tu_child c;
+  int ws;
+  bool replied;
 
-  for (i = 0; i < N_WRONG_KIND; i++) {
-    char idx[16];
-    char *argv[] = {self_exe, CS_CHILD_FLAG, "wrongkind", idx, NULL};
-    child_reply r;
-    tu_child c;
-    int ws;
-    bool replied;
-
-    snprintf(idx, sizeof(idx), "%u", i);
-    if (tu_child_start(&c, exec_child, argv) != 0) {
-      tu_fail(__FILE__, __LINE__, "cannot start a child");
-      return;
-    }
-    memset(&r, 0, sizeof(r));
-    replied = tu_child_read(&c, &r, sizeof(r), 10000) == 0;
-    ws = tu_child_wait(&c, 10000);
-    if (!replied)
-      tu_fail(__FILE__, __LINE__, "%s: the call did not return (child %s %d)", wrong_kind_names[i],
-              ws >= 0 && WIFSIGNALED(ws) ? "killed by signal" : "exited with",
-              ws < 0            ? -1
-              : WIFSIGNALED(ws) ? WTERMSIG(ws)
-                                : WEXITSTATUS(ws));
-    else if (r.status != HIXL_PARAM_INVALID)
-      tu_fail(__FILE__, __LINE__, "%s: got %s (\"%s\"), want HIXL_PARAM_INVALID", wrong_kind_names[i],
-              HixlStatusName(r.status), r.error);
-    else if (ws < 0 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
-      tu_fail(__FILE__, __LINE__, "%s: PARAM_INVALID, but the child then ended badly (wait status 0x%x)",
-              wrong_kind_names[i], (unsigned)ws);
-    else
-      CU_PASS(wrong_kind_names[i]);
+  snprintf(idx, sizeof(idx), "%u", i);
+  if (tu_child_start(&c, exec_child, argv) != 0) {
+    tu_fail(__FILE__, __LINE__, "cannot start a child");
+    return;
   }
+  memset(&r, 0, sizeof(r));
+  replied = tu_child_read(&c, &r, sizeof(r), 10000) == 0;
+  ws = tu_child_wait(&c, 10000);
+  if (!replied)
+    tu_fail(__FILE__, __LINE__, "%s: the call did not return (child %s %d)", name,
+            ws >= 0 && WIFSIGNALED(ws) ? "killed by signal" : "exited with",
+            ws < 0            ? -1
+            : WIFSIGNALED(ws) ? WTERMSIG(ws)
+                              : WEXITSTATUS(ws));
+  else if (r.status != HIXL_PARAM_INVALID)
+    tu_fail(__FILE__, __LINE__, "%s: got %s (\"%s\"), want HIXL_PARAM_INVALID", name,
+            HixlStatusName(r.status), r.error);
+  else if (ws < 0 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+    tu_fail(__FILE__, __LINE__, "%s: PARAM_INVALID, but the child then ended badly (wait status 0x%x)", name,
+            (unsigned)ws);
+  else
+    CU_PASS(name);
+}
+
+/* A server handle given to a client function and the other way round: PARAM_INVALID. */
+static void test_wrong_kind_handles(void) {
+  for (unsigned i = 0; i < N_WRONG_KIND; i++) child_call_invalid("wrongkind", i, wrong_kind_names[i]);
+}
+
+/* Unterminated strings and a list_num past the list: PARAM_INVALID from the bytes the
+ * call may read, never a read past them. */
+static void test_unbounded_args(void) {
+  for (unsigned i = 0; i < N_UNBOUNDED; i++) child_call_invalid("unbounded", i, unbounded_names[i]);
 }
 
 /* mem_tag NULL is listed as ""; the list is replaced by the next call and follows the
@@ -2356,6 +2433,7 @@ int main(int argc, char **argv) {
   CU_add_test(s, "GetRemoteMem arguments", test_remote_mem_args);
   CU_add_test(s, "NULL, made-up and destroyed handles", test_bad_handles);
   CU_add_test(s, "server handle to client calls and back", test_wrong_kind_handles);
+  CU_add_test(s, "tags and device names without a NUL, list_num past the list", test_unbounded_args);
   CU_add_test(s, "mem tags; GetRemoteMem replaced and refreshed", test_remote_mem_tags);
   CU_add_test(s, "QueryCompleteStatus releases; bogus handles", test_query_rules);
   CU_add_test(s, "at most 4096 uncompleted batches", test_inflight_limit);

@@ -93,7 +93,8 @@ HIXL_API HixlStatus HixlCSServerRegMem(HixlServerHandle server_handle, const cha
                                        const HcommMem *mem, MemHandle *mem_handle);
 /** Start accepting clients; backlog 0 means the default (512). */
 HIXL_API HixlStatus HixlCSServerListen(HixlServerHandle server_handle, uint32_t backlog);
-/** Deregister; FAILED while a client transfer on it is in flight. */
+/** Deregister. A client's transfer still moving data in it ends FAILED there (its link
+ *  is cut), as HixlEngineDeregisterMem says. */
 HIXL_API HixlStatus HixlCSServerUnregMem(HixlServerHandle server_handle, MemHandle mem_handle);
 /** Refuse new calls, wait for those in flight on this handle, close every client link
  *  (their batches end FAILED) and free the server. */

@@ -102,8 +102,9 @@ static HixlStatus check_ipv4(const char *ip, const char *what, const char *fn) {
 static HixlStatus check_endpoint(const EndpointDesc *ep, const char *what, const char *fn) {
   HixlStatus st;
   if (!ep) return HIXL_SUCCESS;
-  CHECK_ARG(!ep->device || (strlen(ep->device) > 0 && strlen(ep->device) < 64),
-            "%s: %s device name is empty or too long", fn, what);
+  size_t dev_len = ep->device ? strnlen(ep->device, 64) : 0; /* it may lack a NUL */
+  CHECK_ARG(!ep->device || (dev_len > 0 && dev_len < 64), "%s: %s device name is empty or too long", fn,
+            what);
   CHECK_ARG(ep->protocol == HIXL_EP_PROTOCOL_TCP || ep->protocol == HIXL_EP_PROTOCOL_RDMA ||
                 ep->protocol == HIXL_EP_PROTOCOL_SHM,
             "%s: %s protocol %d is unknown", fn, what, (int)ep->protocol);
@@ -137,8 +138,8 @@ static HixlStatus reg_mem(HixlEngine *eng, const char *tag, const HcommMem *mem,
   HixlMemHandle h;
   CHECK_ARG(mem_handle, "%s: mem_handle is NULL", fn);
   CHECK_ARG(mem, "%s: mem is NULL", fn);
-  CHECK_ARG(!tag || strlen(tag) <= HIXL_CS_MAX_TAG_LEN, "%s: mem_tag is longer than %d bytes", fn,
-            HIXL_CS_MAX_TAG_LEN);
+  CHECK_ARG(!tag || strnlen(tag, HIXL_CS_MAX_TAG_LEN + 1) <= HIXL_CS_MAX_TAG_LEN,
+            "%s: mem_tag is longer than %d bytes", fn, HIXL_CS_MAX_TAG_LEN);
   CHECK_ARG(mem->type == HCCL_MEM_TYPE_HOST || mem->type == HCCL_MEM_TYPE_DEVICE,
             "%s: memory type %d is unknown", fn, (int)mem->type);
   HixlMemDesc d = {.addr = (uintptr_t)mem->addr, .len = (size_t)mem->size};
@@ -343,6 +344,8 @@ HixlStatus HixlCSClientUnregMem(HixlClientHandle client_handle, MemHandle mem_ha
 static HixlStatus to_ops(uint32_t n, const HixlOneSideOpDesc *list, const char *fn,
                          HixlTransferOpDesc **out) {
   CHECK_ARG(list && n > 0, "%s: need list_num > 0 and a desc_list", fn);
+  /* Before reading the list or allocating for it. */
+  CHECK_ARG(n <= HIXL_MAX_BATCH, "%s: list_num %u is more than %d ops", fn, n, HIXL_MAX_BATCH);
   HixlTransferOpDesc *ops = malloc(n * sizeof(*ops));
   if (!ops) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
   for (uint32_t i = 0; i < n; i++) {
