@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -899,6 +900,50 @@ static void test_register_args(void) {
   tu_free_mem(extra, 8192);
 }
 
+/* Host memory peers could not read and write is refused (PARAM_INVALID, saying which
+ * byte): a page with no access, a read-only one, a hole, a range running past its
+ * mapping. Before, each registered, and a peer's first WRITE there killed this process
+ * (SIGSEGV on its progress thread). Two adjacent mappings, both read-write, register
+ * as one range. */
+static void test_register_unmapped(void) {
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  unsigned char *m = mmap(NULL, 4 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  HixlMemHandle h = BOGUS_MEM;
+  CU_ASSERT_FATAL(m != MAP_FAILED);
+  /* [0] read-write, [1] no access, [2] read-only, [3] read-write but unmapped below */
+  CU_ASSERT_FATAL(mprotect(m + page, page, PROT_NONE) == 0 && mprotect(m + 2 * page, page, PROT_READ) == 0);
+  CU_ASSERT_FATAL(munmap(m + 3 * page, page) == 0);
+  const struct {
+    size_t off, len;
+    const char *says;
+  } bad[] = {{page, page, "not readable and writable"},
+             {2 * page, 16, "not readable and writable"},
+             {0, 2 * page, "not readable and writable"},
+             {3 * page, page, "not mapped"},
+             {page - 8, 16, "not readable and writable"}};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    HixlMemDesc d = {.addr = (uintptr_t)m + bad[i].off, .len = bad[i].len};
+    TU_ASSERT_STATUS(HixlEngineRegisterMem(g.cli, &d, HIXL_MEM_HOST, &h), HIXL_PARAM_INVALID);
+    TU_ASSERT_ERRMSG_HAS(bad[i].says);
+    CU_ASSERT_PTR_EQUAL(h, BOGUS_MEM);
+  }
+  HixlMemDesc ok = {.addr = (uintptr_t)m, .len = page};
+  TU_ASSERT_OK(HixlEngineRegisterMem(g.cli, &ok, HIXL_MEM_HOST, &h));
+  TU_ASSERT_OK(HixlEngineDeregisterMem(g.cli, h));
+  munmap(m, 3 * page);
+  /* Two mappings side by side (anonymous, then a memfd's), one range across both. */
+  unsigned char *two = mmap(NULL, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  int fd = memfd_create("test-register", MFD_CLOEXEC);
+  CU_ASSERT_FATAL(two != MAP_FAILED && fd >= 0 && ftruncate(fd, (off_t)page) == 0);
+  CU_ASSERT_FATAL(mmap(two + page, page, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) ==
+                  two + page);
+  HixlMemDesc both = {.addr = (uintptr_t)two, .len = 2 * page};
+  TU_ASSERT_OK(HixlEngineRegisterMem(g.cli, &both, HIXL_MEM_HOST, &h));
+  TU_ASSERT_OK(HixlEngineDeregisterMem(g.cli, h));
+  munmap(two, 2 * page);
+  close(fd);
+}
+
 static void test_register_overlap(void) {
   const uintptr_t base = (uintptr_t)g.cli_mem; /* [base, base + MEM_LEN) is registered */
   const struct {
@@ -1250,6 +1295,7 @@ int main(void) {
 
   s = CU_add_suite("live pair", live_init, live_cleanup);
   CU_add_test(s, "RegisterMem arguments", test_register_args);
+  CU_add_test(s, "RegisterMem: host memory peers cannot read and write refused", test_register_unmapped);
   CU_add_test(s, "RegisterMem overlapping ranges", test_register_overlap);
   CU_add_test(s, "DeregisterMem arguments", test_deregister_args);
   CU_add_test(s, "Connect arguments", test_connect_args);

@@ -89,7 +89,9 @@ HIXL_API HixlStatus HixlEngineFinalize(HixlEngine *engine);
 HIXL_API HixlStatus HixlEngineDestroy(HixlEngine *engine);
 
 /** Register [mem->addr, mem->addr + mem->len) for transfers; ranges must not overlap
- *  an existing registration. HIXL_MEM_DEVICE takes a CUDA device pointer (the range
+ *  an existing registration. HIXL_MEM_HOST must lie whole in readable and writable
+ *  mappings of this process (PARAM_INVALID names the first byte that does not), as an
+ *  RDMA registration must: peers read and write it. HIXL_MEM_DEVICE takes a CUDA device pointer (the range
  *  inside one allocation; its device found from it) and moves it over tcp links
  *  through host buffers; it is UNSUPPORTED, saying why, where no CUDA driver is found
  *  (docs/device-memory.md). Memory registered after Connect is usable by connected

@@ -9,6 +9,7 @@
 
 #include "devmem/devmem.h"
 #include "engine/api_int.h"
+#include "util/cma.h"
 #include "util/handles.h"
 #include "util/log.h"
 #include "util/sock.h"
@@ -183,6 +184,8 @@ HixlStatus hixl_engine_register_tagged(HixlEngine *e, const HixlMemDesc *mem, Hi
   if (type == HIXL_MEM_HOST) { /* device memory called host memory: this CPU would touch it */
     char why[320];
     HixlStatus hs = devmem_host_check(mem->addr, mem->len, why, sizeof(why));
+    if (hs == HIXL_SUCCESS && !cma_range_rw(mem->addr, mem->len, why, sizeof(why)))
+      hs = HIXL_PARAM_INVALID; /* else the first peer op on it would kill this process */
     if (hs != HIXL_SUCCESS)
       return hixl_fail(hs, "HixlEngineRegisterMem: HIXL_MEM_HOST [0x%lx, +%zu): %s", (unsigned long)mem->addr,
                        mem->len, why);

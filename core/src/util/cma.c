@@ -55,6 +55,33 @@ int cma_self_get(struct cma_self *self) {
   return 0;
 }
 
+bool cma_range_rw(uint64_t addr, uint64_t len, char *why, size_t cap) {
+  FILE *f = fopen("/proc/self/maps", "re");
+  if (!f) return true;
+  char line[512];
+  uint64_t at = addr, end = addr + len; /* at: the first byte not yet found in a mapping */
+  while (at < end && fgets(line, sizeof(line), f)) {
+    unsigned long lo, hi;
+    char perms[8];
+    bool whole = strchr(line, '\n') != NULL;
+    int ok = sscanf(line, "%lx-%lx %7s", &lo, &hi, perms);
+    while (!whole && fgets(line, sizeof(line), f)) whole = strchr(line, '\n') != NULL; /* a long path */
+    if (ok != 3 || hi <= at) continue; /* the lines come in address order */
+    if (lo > at) break;                /* a hole at at */
+    if (perms[0] != 'r' || perms[1] != 'w') {
+      snprintf(why, cap, "0x%llx is mapped %s, not readable and writable: peers read and write it",
+               (unsigned long long)at, perms);
+      fclose(f);
+      return false;
+    }
+    at = hi;
+  }
+  fclose(f);
+  if (at >= end) return true;
+  snprintf(why, cap, "0x%llx is not mapped in this process", (unsigned long long)at);
+  return false;
+}
+
 int cma_pidfd_open(uint32_t pid) {
 #ifdef SYS_pidfd_open
   return (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);

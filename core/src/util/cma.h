@@ -31,6 +31,12 @@ struct cma_seg {
 /* Fill *self; -1 with errno when the boot id cannot be read or parsed. */
 int cma_self_get(struct cma_self *self);
 
+/* Whether [addr, addr + len) lies whole in mappings of this process that are readable
+ * and writable (/proc/self/maps), as one-sided peers will read and write it; false with
+ * the first byte that is not, and why, in why. True when /proc/self/maps cannot be read
+ * (the check is then not made). */
+bool cma_range_rw(uint64_t addr, uint64_t len, char *why, size_t cap);
+
 /* A pidfd for pid (pidfd_open), or -1 with errno (ENOSYS on kernels before 5.3). */
 int cma_pidfd_open(uint32_t pid);
 
