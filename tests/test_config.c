@@ -268,7 +268,11 @@ static void test_bad_documents(void) {
   ONE_ERROR("{\"role\": \"both\",, }", 1, 17, "", "not JSON");
   ONE_ERROR("{'role': 'both'}", 1, 10, "", "not JSON"); /* json-c tells where it gave up */
   ONE_ERROR("{\"role\": \"both\" /* c */}", 1, 17, "", "not JSON");
-  ONE_ERROR("{\"a\":[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]}", 1, 21, "", "nesting deeper than 16");
+  ONE_ERROR("{\"a\":[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]}", 1, 22, "", "nesting deeper than 16");
+  /* 16 levels (the object and 15 arrays) are read, 17 refused: json-c holds one level
+   * fewer than its depth, and 16 were refused as "deeper than 16". */
+  ONE_ERROR("{\"a\":[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]}", 1, 2, "a", "unknown key \"a\"");
+  ONE_ERROR("{\"a\":[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}", 1, 22, "", "nesting deeper than 16");
   ONE_ERROR("{\"role\": \"\xff\"}", 1, 11, "", "invalid UTF-8");
   ONE_ERROR("\xef\xbb\xbf{\"role\": \"both\"}", 1, 1, "",
             "a UTF-8 byte order mark");                                         /* was "invalid UTF-8" */
@@ -772,6 +776,45 @@ static void test_many_keys(void) {
   free(doc);
 }
 
+/* A key whose path is HIXL_CONFIG_MAX_PATH bytes is an unknown key, placed; one byte more
+ * is refused whole. Each member below a key held that key in its path, and the search for
+ * a repeated key compared whole paths: a 16 kB key above 4,095 members took seconds, a
+ * 40 kB one 26 s (160 MB), a key of most of 1 MiB minutes and gigabytes. */
+static void test_long_paths(void) {
+  size_t klen = 16 * 1024, cap = klen + (size_t)HIXL_CONFIG_MAX_KEYS * 16 + 64, len = 0;
+  char *doc = malloc(cap), *key = malloc(klen + 1);
+  CU_ASSERT_FATAL(doc != NULL && key != NULL);
+  memset(key, 'k', klen);
+  key[klen] = '\0';
+  HixlConfig *c = (HixlConfig *)1;
+  for (int extra = 0; extra < 2; extra++) {
+    /* at the top, and inside kv_connector_extra_config (its path: "kv_connector_extra_config.") */
+    snprintf(doc, cap, "{\"%.*s\": 1}", HIXL_CONFIG_MAX_PATH + extra, key);
+    CU_ASSERT_EQUAL(parse(doc, &c), HIXL_PARAM_INVALID);
+    CU_ASSERT_PTR_NULL(c);
+    CU_ASSERT_EQUAL(nerr, 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(errs[0].message, extra ? "longer than 1024 bytes" : "unknown key \"kkkk"));
+    CU_ASSERT_EQUAL(errs[0].line, extra ? 0 : 1);
+    snprintf(doc, cap, "{\"kv_connector\": \"x\", \"kv_connector_extra_config\": {\"%.*s\": 1}}",
+             HIXL_CONFIG_MAX_PATH - 26 + extra, key);
+    CU_ASSERT_EQUAL(parse(doc, &c), HIXL_PARAM_INVALID);
+    CU_ASSERT_EQUAL(nerr, 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(errs[0].message, extra ? "longer than 1024 bytes" : "unknown key \"kkkk"));
+    CU_ASSERT_EQUAL(errs[0].column, extra ? 0 : 53);
+  }
+  /* a long key above as many members as allowed: refused at once, one error */
+  len = (size_t)snprintf(doc, cap, "{\"%s\": {", key);
+  for (unsigned i = 0; i + 1 < HIXL_CONFIG_MAX_KEYS; i++)
+    len += (size_t)snprintf(doc + len, cap - len, "%s\"%x\": 1", i ? "," : "", i);
+  len += (size_t)snprintf(doc + len, cap - len, "}}");
+  CU_ASSERT_EQUAL(HixlConfigParse(doc, len, &c, errs, MAXE, &nerr), HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_NULL(c);
+  CU_ASSERT_EQUAL(nerr, 1);
+  CU_ASSERT_PTR_NOT_NULL(strstr(errs[0].message, "longer than 1024 bytes"));
+  free(key);
+  free(doc);
+}
+
 static void test_files(void) {
   char dir[] = "/tmp/hixl-config-XXXXXX", path[128];
   HixlConfig *c = (HixlConfig *)1;
@@ -852,6 +895,7 @@ int main(void) {
       {"engine options an engine takes", test_engine_options},
       {"files", test_files},
       {"as many keys as allowed, then one more", test_many_keys},
+      {"a key path as long as allowed, then one byte more", test_long_paths},
       CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"config", NULL, NULL, NULL, NULL, table}, CU_SUITE_INFO_NULL};
   if (CU_initialize_registry() != CUE_SUCCESS || CU_register_suites(suites) != CUE_SUCCESS) return 1;

@@ -415,7 +415,7 @@ static bool parse_json(struct doc *d, json_object **root) {
                 : "a control character in a string (JSON allows none unescaped: use \\n, \\t, ...)");
     return false;
   }
-  struct json_tokener *tok = json_tokener_new_ex(HIXL_CONFIG_MAX_DEPTH);
+  struct json_tokener *tok = json_tokener_new_ex(HIXL_CONFIG_MAX_DEPTH + 1); /* it holds one level fewer */
   if (!tok) {
     add_err(d->er, NOWHERE, "", "out of memory");
     return false;
@@ -481,10 +481,16 @@ HixlStatus HixlConfigParse(const char *text, size_t len, HixlConfig **config, Hi
     goto out;
   }
   if (!parse_json(&d, &root)) goto out;
-  int rc = jscan_run(d.text, d.len, HIXL_CONFIG_MAX_DEPTH + 1, HIXL_CONFIG_MAX_KEYS, &d.js);
+  int rc =
+      jscan_run(d.text, d.len, HIXL_CONFIG_MAX_DEPTH + 1, HIXL_CONFIG_MAX_KEYS, HIXL_CONFIG_MAX_PATH, &d.js);
   if (rc == -2) {
     add_err(&er, NOWHERE, "", "the document has more than %u keys: a configuration has a few dozen",
             HIXL_CONFIG_MAX_KEYS);
+    goto out;
+  }
+  if (rc == -3) { /* each member below a key holds its path: a long one cost their number times its length */
+    add_err(&er, NOWHERE, "", "a key whose path is longer than %u bytes: a configuration's keys are short",
+            HIXL_CONFIG_MAX_PATH);
     goto out;
   }
   if (rc != 0 || !(c = calloc(1, sizeof(*c)))) {

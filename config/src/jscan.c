@@ -15,8 +15,8 @@ struct scan {
   size_t len, i;
   int max_depth;
   struct jscan *out;
-  size_t cap, objs, max_members;
-  int oom; /* 1: out of memory, 2: more members than max_members (the scan stops) */
+  size_t cap, objs, max_members, max_path;
+  int oom; /* 1: out of memory, 2: more members than max_members, 3: a path past max_path (the scan stops) */
 };
 
 static void skip_ws(struct scan *sc) {
@@ -178,10 +178,17 @@ static void scan_value(struct scan *sc, const char *path, int depth) {
         sc->oom = 1;
         return;
       }
+      size_t plen = strlen(p);
+      if (plen > sc->max_path) { /* every member below holds this path: refused, not copied on */
+        free(p);
+        sc->oom = 3;
+        return;
+      }
+      /* this object's own member with this key: by the key, the object's prefix is the same */
       size_t first = (size_t)-1;
-      for (size_t k = mine; k < sc->out->n; k++) /* this object's own member with this key */
+      for (size_t k = mine; k < sc->out->n; k++)
         if (sc->out->m[k].obj == obj && sc->out->m[k].first == (size_t)-1 &&
-            strcmp(sc->out->m[k].path, p) == 0) {
+            strcmp(sc->out->m[k].key, p + plen - key_len) == 0) {
           first = k;
           break;
         }
@@ -226,14 +233,15 @@ static void scan_value(struct scan *sc, const char *path, int depth) {
   while (sc->i < sc->len && !strchr(",]} \t\r\n", sc->s[sc->i]) && sc->s[sc->i]) sc->i++;
 }
 
-int jscan_run(const char *text, size_t len, int max_depth, size_t max_members, struct jscan *out) {
-  struct scan sc = {text, len, 0, max_depth, out, 0, 0, max_members, 0};
+int jscan_run(const char *text, size_t len, int max_depth, size_t max_members, size_t max_path,
+              struct jscan *out) {
+  struct scan sc = {text, len, 0, max_depth, out, 0, 0, max_members, max_path, 0};
   out->m = NULL;
   out->n = 0;
   scan_value(&sc, "", 0);
   if (sc.oom) {
     jscan_free(out);
-    return sc.oom == 2 ? -2 : -1;
+    return -sc.oom;
   }
   return 0;
 }

@@ -24,10 +24,13 @@ struct jscan {
   size_t n;
 };
 
-/* Scan text (valid JSON), recording at most max_members members (which keeps the
- * search for a repeated key, linear per member, bounded); 0, -1 when out of memory, -2
- * when the text has more members. */
-int jscan_run(const char *text, size_t len, int max_depth, size_t max_members, struct jscan *out);
+/* Scan text (valid JSON), recording at most max_members members, each with a path of
+ * at most max_path bytes (every member holds its whole path: a long key above many
+ * members cost their number times its length, in memory and in the search for a
+ * repeated key); 0, -1 when out of memory, -2 when the text has more members, -3 when
+ * a member's path is longer. */
+int jscan_run(const char *text, size_t len, int max_depth, size_t max_members, size_t max_path,
+              struct jscan *out);
 /* The last member of object obj with this key (the one whose value json-c keeps), or NULL. */
 const struct jscan_member *jscan_member_of(const struct jscan *js, size_t obj, const char *key);
 void jscan_free(struct jscan *js);

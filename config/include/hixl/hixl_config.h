@@ -26,6 +26,7 @@ extern "C" {
 #define HIXL_CONFIG_MAX_BYTES (1u << 20) /* a larger document is refused */
 #define HIXL_CONFIG_MAX_DEPTH 16         /* nesting deeper than this is refused */
 #define HIXL_CONFIG_MAX_KEYS  4096       /* a document with more object members is refused */
+#define HIXL_CONFIG_MAX_PATH  1024       /* a key whose path ("a.b") is longer is refused */
 
 typedef struct HixlConfig HixlConfig;
 
