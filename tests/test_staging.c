@@ -651,6 +651,47 @@ close:
   free(lu);
 }
 
+/* ---------------------------------------------------------------- 3b. huge */
+
+/* Child body: an initiator and a StagingUnregistered target; one op of malloc'd local
+ * memory whose length is within a chunk of SIZE_MAX (its range does not wrap: it
+ * starts in the first page). Writes the call's status to ready_fd. */
+static int huge_len_child(void *arg, int ready_fd, int ctl_fd) {
+  const struct stage_opts on = {.unreg = "on"};
+  uint32_t st = HIXL_FAILED;
+  HixlTransferOpDesc d;
+  pair p;
+
+  (void)arg;
+  (void)ctl_fd;
+  if (pair_open(&p, DEFAULTS, on)) {
+    d = desc((const void *)(uintptr_t)4096, 4096, SIZE_MAX - 3 * 4096);
+    st = sync_xfer(p.ini, p.tgt_name, HIXL_WRITE, &d, 1, 1000);
+  }
+  if (tu_write_all(ready_fd, &st, sizeof(st)) != 0) return 2;
+  pair_close(&p);
+  return 0;
+}
+
+/* An op whose length is near SIZE_MAX is refused at once as too large, its chunk
+ * count computed without wrapping (it wrapped to 0 and the staging plan then walked
+ * 2^40 pieces holding the engine lock). In a child: a hang there is reported, not
+ * inherited. */
+static void test_huge_len_refused(void) {
+  tu_child c;
+  uint32_t st = 0;
+
+  CU_ASSERT_FATAL(tu_child_start(&c, huge_len_child, NULL) == 0);
+  if (tu_child_read(&c, &st, sizeof(st), REFUSE_MS) != 0) {
+    tu_fail(__FILE__, __LINE__, "an op of %zu bytes did not return within %d ms", SIZE_MAX - 3 * 4096,
+            REFUSE_MS);
+    tu_child_kill(&c, SIGKILL);
+  } else {
+    CU_ASSERT_EQUAL(st, HIXL_PARAM_INVALID);
+  }
+  tu_child_wait(&c, CMD_MS);
+}
+
 /* ---------------------------------------------------------------- 4. mixed */
 
 /* Every size with every kind (direct, local unregistered, remote unregistered,
@@ -1375,6 +1416,7 @@ int main(int argc, char **argv) {
   CU_add_test(s, "scoped target, no grant: staged ops refused, nothing allocated",
               test_scoped_target_allocates_nothing);
   CU_add_test(s, "BufferPool 0:0 refuses unregistered ranges", test_pool_off);
+  CU_add_test(s, "an op of nearly SIZE_MAX bytes: PARAM_INVALID at once", test_huge_len_refused);
   CU_add_test(s, "mixed sizes and kinds in one batch", test_mixed_batch);
   CU_add_test(s, "BufferPool 1:1 cycles one buffer", test_one_buffer);
   CU_add_test(s, "small registered ops coalesced; threshold 0", test_coalescing);

@@ -238,7 +238,8 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
     CHECK_ARG(descs[i].local_addr + descs[i].len > descs[i].local_addr &&
                   descs[i].remote_addr + descs[i].len > descs[i].remote_addr,
               "%s: op %zu range wraps around the address space", fn, i);
-    nchunks += (descs[i].len + ENGINE_TCP_CHUNK - 1) / ENGINE_TCP_CHUNK;
+    /* Rounded up without adding first: a length near SIZE_MAX would wrap to 0 chunks. */
+    nchunks += descs[i].len / ENGINE_TCP_CHUNK + (descs[i].len % ENGINE_TCP_CHUNK != 0);
   }
   CHECK_ARG(nchunks <= UINT32_MAX / 2, "%s: batch is too large", fn);
   /* The deadline counts from when the call holds the engine, read when first needed: a
