@@ -747,6 +747,94 @@ static void test_async_not_ready(void) {
   CU_ASSERT_EQUAL(peer(P_FILL, 0, 0, PEER_SEED, NULL).st, 0);
 }
 
+/* A synchronizer that answers neither 1 nor 0 for layer 1 (-1, as a C call says it
+ * failed; 2): the layer is not ready, the task fails naming it, and no byte of it or of
+ * the layers after it moves (before: any non-zero was "ready", and unready KV left). */
+static int garbage_ret;
+
+static int garbage_sync(void *ctx, uint32_t layer, int32_t timeout_ms) {
+  (void)ctx, (void)timeout_ms;
+  return layer == 0 ? 1 : garbage_ret;
+}
+
+static void test_async_garbage_sync(void) {
+  static const uint64_t blocks[] = {60, 61};
+  const int rets[] = {-1, 2};
+  uintptr_t dst[B_TENSORS];
+  for (int t = 0; t < B_TENSORS; t++) dst[t] = (uintptr_t)peer_addrs[t];
+  HixlCacheTransferConfig cfg = {CLUSTER_PEER, dst, B_TENSORS, 0, 0, 0};
+  HixlCacheAsyncArgs a = {blocks, 2, blocks, 2, 0, 0, 10000};
+  for (int i = 0; i < 2; i++) {
+    HixlLayerSynchronizer sync = {garbage_sync, NULL, 1000};
+    HixlCacheTask *task = NULL;
+    garbage_ret = rets[i];
+    caches_fill(&mine, 66 + i);
+    TU_ASSERT_OK_FATAL(HixlCacheManagerTransferCacheAsync(mgr, my_b, &sync, &cfg, 1, &a, &task));
+    TU_ASSERT_STATUS(HixlCacheTaskSynchronize(task, 8000), HIXL_FAILED);
+    TU_ASSERT_ERRMSG_HAS("layer 1");
+    HixlStatus res[1] = {0};
+    TU_ASSERT_OK(HixlCacheTaskGetResults(task, res, 1));
+    CU_ASSERT_EQUAL(res[0], HIXL_FAILED);
+    TU_ASSERT_OK(HixlCacheTaskDestroy(task));
+    CU_ASSERT_EQUAL(peer_layer_state(0, blocks, 2, 66 + i), 1);
+    CU_ASSERT_EQUAL(peer_layer_state(1, blocks, 2, 66 + i), 0);
+    CU_ASSERT_EQUAL(peer_layer_state(2, blocks, 2, 66 + i), 0);
+    CU_ASSERT_EQUAL(peer(P_FILL, 0, 0, PEER_SEED, NULL).st, 0);
+  }
+}
+
+/* A synchronizer that destroys its own task (on the task's thread): refused, and the
+ * task ends as the synchronizer said (before: SUCCESS, the task freed under its own
+ * running thread, which read and wrote it after). */
+struct self_destroy {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  HixlCacheTask *task; /* set once TransferCacheAsync returned */
+  HixlStatus st;       /* what Destroy said inside */
+  bool called;
+};
+
+static int self_destroy_sync(void *ctx, uint32_t layer, int32_t timeout_ms) {
+  struct self_destroy *s = ctx;
+  (void)layer, (void)timeout_ms;
+  pthread_mutex_lock(&s->lock);
+  while (!s->task) pthread_cond_wait(&s->cond, &s->lock);
+  HixlCacheTask *t = s->task;
+  pthread_mutex_unlock(&s->lock);
+  HixlStatus st = HixlCacheTaskDestroy(t);
+  pthread_mutex_lock(&s->lock);
+  if (!s->called) s->st = st;
+  s->called = true;
+  pthread_mutex_unlock(&s->lock);
+  return 0;
+}
+
+static void test_async_self_destroy(void) {
+  static const uint64_t blocks[] = {70};
+  struct self_destroy s = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, HIXL_SUCCESS, false};
+  uintptr_t dst[B_TENSORS];
+  for (int t = 0; t < B_TENSORS; t++) dst[t] = (uintptr_t)peer_addrs[t];
+  HixlLayerSynchronizer sync = {self_destroy_sync, &s, 1000};
+  HixlCacheTransferConfig cfg = {CLUSTER_PEER, dst, B_TENSORS, 0, 0, 0};
+  HixlCacheAsyncArgs a = {blocks, 1, blocks, 1, 0, 0, 10000};
+  HixlCacheTask *task = NULL;
+  caches_fill(&mine, 77);
+  TU_ASSERT_OK_FATAL(HixlCacheManagerTransferCacheAsync(mgr, my_b, &sync, &cfg, 1, &a, &task));
+  pthread_mutex_lock(&s.lock);
+  s.task = task;
+  pthread_cond_broadcast(&s.cond);
+  pthread_mutex_unlock(&s.lock);
+  TU_ASSERT_STATUS(HixlCacheTaskSynchronize(task, 8000), HIXL_FAILED);
+  TU_ASSERT_ERRMSG_HAS("layer 0");
+  pthread_mutex_lock(&s.lock);
+  CU_ASSERT_TRUE(s.called);
+  CU_ASSERT_EQUAL(s.st, HIXL_PARAM_INVALID);
+  pthread_mutex_unlock(&s.lock);
+  TU_ASSERT_OK(HixlCacheTaskDestroy(task));
+  for (uint32_t l = 0; l < B_LAYERS; l++) CU_ASSERT_EQUAL(peer_layer_state(l, blocks, 1, 77), 0);
+  CU_ASSERT_EQUAL(peer(P_FILL, 0, 0, PEER_SEED, NULL).st, 0);
+}
+
 /* A lost link comes back with Link (SUCCESS, once; then ALREADY_CONNECTED), and the
  * cache remembered before is pulled over the new link, every byte. Here this side drops
  * it; a producer cuts it the same way when a lease it granted expires. */
@@ -1188,6 +1276,8 @@ int main(void) {
       {"NOT_FOUND: no such key, unregistered, found again", test_not_found},
       {"async: no byte of layer l before its release", test_async_pipelined},
       {"async: a layer never ready fails the task", test_async_not_ready},
+      {"async: a synchronizer answering neither 1 nor 0 sends nothing of the layer", test_async_garbage_sync},
+      {"async: a synchronizer destroying its own task is refused", test_async_self_destroy},
       {"allocated caches: pulled, mapped on one host, freed", test_allocated},
       {"one CacheKey registered by two threads at once: one wins", test_register_race},
       {"a manager's Destroy: refused while in use, whole or not at all", test_destroy_whole_or_nothing},

@@ -8,14 +8,15 @@
  * point into. Checked: HELLO answers that lie (another cluster, short, long) leave no
  * link; LOOKUP answers that lie (more tensors than here, an item smaller than here,
  * element size 0 or other, batch index outside, address wrapping 2^64, a count near
- * 2^32, truncated, trailing bytes, an unknown kind byte, another kind of cache) move
- * nothing and leave every local byte as it was; an honest answer moves exactly the item
- * asked; and a peer that answers a lookup late and then stalls the transfer ends the
- * pull TIMEOUT within the caller's one timeout (the lookup and the transfer each had a
- * timeout of their own: twice it). A third engine holds a real manager (cluster 3): its
- * service refuses malformed requests (old layout, unknown op, trailing bytes, bad keys)
- * with a reason, and its cache unregistered and registered again over and over while
- * this side pulls and floods it with lookups moves right bytes or is refused. */
+ * 2^32, truncated, trailing bytes, an unknown kind byte, another kind of cache, another
+ * cache or item than an id key named) move nothing and leave every local byte as it
+ * was; an honest answer moves exactly the item asked; and a peer that answers a lookup
+ * late and then stalls the transfer ends the pull TIMEOUT within the caller's one
+ * timeout (the lookup and the transfer each had a timeout of their own: twice it). A
+ * third engine holds a real manager (cluster 3): its service refuses malformed requests
+ * (old layout, unknown op, trailing bytes, bad keys) with a reason, and its cache
+ * unregistered and registered again over and over while this side pulls and floods it
+ * with lookups moves right bytes or is refused. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <sched.h>
@@ -288,6 +289,35 @@ static void test_answer_lies(void) {
   CU_ASSERT_TRUE(local_untouched());
 }
 
+/* An answer to a CacheKeyByIdAndIndex naming another cache or another batch item than
+ * the key asked (the peer's cache 99, item 1): refused, nothing moves, and it is not
+ * remembered (before: the item the answer named moved, SUCCESS). */
+static void test_answer_not_the_key(void) {
+  HixlCacheAnyKey k = {.kind = HIXL_CACHE_KEY_ID};
+  k.u.id = (HixlCacheKeyByIdAndIndex){PEER, 99, 1};
+  struct ans other_item = honest();
+  other_item.batch = 2;
+  reset_local();
+  set_answer(other_item);
+  TU_ASSERT_STATUS(HixlCacheManagerPullCache(mgr, &k, cid, 0, NULL), HIXL_FAILED);
+  TU_ASSERT_ERRMSG_HAS("cache 99 item 2");
+  CU_ASSERT_TRUE(local_untouched());
+  TU_ASSERT_STATUS(HixlCacheManagerPushCache(mgr, &k.u.id, cid, 0, NULL), HIXL_FAILED);
+  k.u.id.cache_id = 98; /* the answer names cache 99 */
+  set_answer(honest());
+  TU_ASSERT_STATUS(HixlCacheManagerPullCache(mgr, &k, cid, 0, NULL), HIXL_FAILED);
+  TU_ASSERT_ERRMSG_HAS("cache 98 item 1");
+  CU_ASSERT_TRUE(local_untouched());
+  /* The key's own cache and item: taken, exactly that item moved. */
+  k.u.id.cache_id = 99;
+  TU_ASSERT_OK(HixlCacheManagerPullCache(mgr, &k, cid, 0, NULL));
+  for (int t = 0; t < NT; t++) {
+    TU_ASSERT_SAME(ltensor(0, t), pbuf + t * TB + ITEM, ITEM, "the pulled item");
+    memset(ltensor(0, t), SENT, ITEM);
+  }
+  CU_ASSERT_TRUE(local_untouched());
+}
+
 /* A slow peer: it answers the lookup after SLOW_MS, then serves nothing (its progress
  * thread held in another call, queued on the link ahead of the transfer). The pull
  * ends TIMEOUT within its one timeout, not the lookup's time plus a timeout more. */
@@ -481,13 +511,15 @@ static void test_lookup_races_unregister(void) {
 }
 
 int main(void) {
-  CU_TestInfo tests[] = {{"HELLO answers that lie leave no link", test_hello_lies},
-                         {"honest answers move exactly the item and blocks asked", test_honest},
-                         {"LOOKUP answers that lie move nothing", test_answer_lies},
-                         {"a real service: malformed requests refused; lookups racing unregistration",
-                          test_lookup_races_unregister},
-                         {"a slow peer: lookup and transfer within one timeout", test_slow_peer},
-                         CU_TEST_INFO_NULL};
+  CU_TestInfo tests[] = {
+      {"HELLO answers that lie leave no link", test_hello_lies},
+      {"honest answers move exactly the item and blocks asked", test_honest},
+      {"LOOKUP answers that lie move nothing", test_answer_lies},
+      {"an answer naming another cache or item than the id key: refused", test_answer_not_the_key},
+      {"a real service: malformed requests refused; lookups racing unregistration",
+       test_lookup_races_unregister},
+      {"a slow peer: lookup and transfer within one timeout", test_slow_peer},
+      CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {
       {"cache manager against a hostile peer", suite_init, suite_clean, NULL, NULL, tests},
       CU_SUITE_INFO_NULL};

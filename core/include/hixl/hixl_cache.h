@@ -183,8 +183,8 @@ HIXL_API HixlStatus HixlCacheManagerPushBlocks(HixlCacheManager *mgr, const Hixl
                                                size_t num_dst_blocks, const HixlCacheTransferArgs *args);
 
 /* Asked before layer is sent: return 1 once the layer's KV is ready, 0 if it is not
- * within timeout_ms (the task then fails naming the layer). Called from the task's
- * own thread. */
+ * within timeout_ms (the task then fails naming the layer; any other value fails it
+ * too, naming the value). Called from the task's own thread. */
 typedef int (*HixlLayerSynchronizeFn)(void *ctx, uint32_t layer, int32_t timeout_ms);
 
 typedef struct {
@@ -231,7 +231,8 @@ HIXL_API HixlStatus HixlCacheTaskSynchronize(HixlCacheTask *task, int32_t timeou
 HIXL_API HixlStatus HixlCacheTaskGetResults(HixlCacheTask *task, HixlStatus *results, size_t num_results);
 
 /** Free an ended task; a task still running is stopped first (its layers not yet
- *  sent are not sent; those in flight end or time out). */
+ *  sent are not sent; those in flight end or time out). PARAM_INVALID, and nothing
+ *  done, on the task's own thread (from its synchronizer). */
 HIXL_API HixlStatus HixlCacheTaskDestroy(HixlCacheTask *task);
 /* A task handle is a token, not an address: one destroyed is PARAM_INVALID to every
  * call; a Synchronize or GetResults under way in it returns before Destroy frees it. */

@@ -176,16 +176,21 @@ static void *cm_task_main(void *arg) {
     int32_t left = cm_ms_left(t->deadline);
     int32_t per = t->sync.timeout_ms ? t->sync.timeout_ms : HIXL_DEFAULT_TIMEOUT_MS;
     HixlStatus st = HIXL_SUCCESS;
+    int ready = 0;
     if (cm_task_stopped(t)) {
       snprintf(why, sizeof(why), "the task was destroyed before layer %u was sent", l);
       st = HIXL_FAILED;
     } else if (left == 0) {
       snprintf(why, sizeof(why), "layer %u was not sent before the task's deadline", l);
       st = HIXL_TIMEOUT;
-    } else if (!t->sync.synchronize_layer(t->sync.ctx, l, per < left ? per : left)) {
+    } else if ((ready = t->sync.synchronize_layer(t->sync.ctx, l, per < left ? per : left)) == 0) {
       snprintf(why, sizeof(why), "layer %u was not ready within %d ms (the layer synchronizer said so)", l,
                per < left ? per : left);
       st = cm_ms_left(t->deadline) == 0 ? HIXL_TIMEOUT : HIXL_FAILED;
+    } else if (ready != 1) { /* only 1 is ready: -1 (a failed C call) must not send unready KV */
+      snprintf(why, sizeof(why), "layer %u: the layer synchronizer returned %d (1: ready, 0: not ready)", l,
+               ready);
+      st = HIXL_FAILED;
     }
     for (size_t i = 0; i < t->nconf; i++) {
       struct cm_conf *cf = &t->conf[i];
@@ -450,7 +455,15 @@ HixlStatus HixlCacheTaskGetResults(HixlCacheTask *h, HixlStatus *results, size_t
 HixlStatus HixlCacheTaskDestroy(HixlCacheTask *h) {
   CHECK_ARG(h, "HixlCacheTaskDestroy: task is NULL");
   pthread_mutex_lock(&task_lock); /* no new call finds it; those in it return first */
-  HixlCacheTask *t = handles_del(&task_handles, (uintptr_t)h);
+  HixlCacheTask *t = handles_get(&task_handles, (uintptr_t)h);
+  if (t && pthread_equal(t->thread, pthread_self())) { /* its synchronizer: it cannot join itself */
+    pthread_mutex_unlock(&task_lock);
+    return hixl_fail(HIXL_PARAM_INVALID,
+                     "HixlCacheTaskDestroy: called on task %p's own thread (its layer synchronizer); "
+                     "return 0 to stop it and destroy it from another thread",
+                     (void *)h);
+  }
+  t = handles_del(&task_handles, (uintptr_t)h);
   if (task_handles.count == 0) handles_free(&task_handles);
   pthread_mutex_unlock(&task_lock);
   CHECK_ARG(t, "HixlCacheTaskDestroy: task %p is unknown or destroyed", (void *)h);

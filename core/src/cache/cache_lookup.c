@@ -269,6 +269,15 @@ HixlStatus cm_find(HixlCacheManager *m, const HixlCacheAnyKey *key, uint64_t dea
     return hixl_fail(HIXL_FAILED, "%s: %s gave a malformed cache answer (%zu bytes)", fn, remote, n);
   }
   free(ans);
+  /* An id key names the cache and its item: an answer of another is not this key's. */
+  if (key->kind == HIXL_CACHE_KEY_ID &&
+      (v->id != key->u.id.cache_id || (!v->blocks && v->batch_index != key->u.id.batch_index))) {
+    HixlStatus bad = hixl_fail(
+        HIXL_FAILED, "%s: %s answered cache %" PRIu64 " item %u for a key naming cache %" PRIu64 " item %u",
+        fn, remote, v->id, v->batch_index, key->u.id.cache_id, key->u.id.batch_index);
+    cm_views_free(v);
+    return bad;
+  }
   v->key = *key;
   struct cm_view *keep = cm_view_copy(v);
   pthread_mutex_lock(&m->lock);
