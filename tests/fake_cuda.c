@@ -100,6 +100,7 @@ FAKE_API CUresult cuGetErrorString(CUresult r, const char **s) {
   case CUDA_ERROR_INVALID_VALUE: *s = "invalid argument (fake CUDA)"; break;
   case CUDA_ERROR_INVALID_CONTEXT: *s = "invalid device context (fake CUDA)"; break;
   case CUDA_ERROR_OUT_OF_MEMORY: *s = "out of memory (fake CUDA)"; break;
+  case CUDA_ERROR_ILLEGAL_ADDRESS: *s = "an illegal memory access was encountered (fake CUDA)"; break;
   default: *s = "an error of the fake CUDA driver"; break;
   }
   return CUDA_SUCCESS;
@@ -273,7 +274,29 @@ struct op {
   size_t n;
   CUstreamCallback cb; /* NULL: a copy */
   void *ud;
+  bool fault; /* the copy faults when run (fakecuda_test_fault) */
 };
+
+/* A device fault, for tests: fakecuda_test_fault(n) lets n more copies start on streams
+ * and makes the one after them fault when its stream runs it (nothing copied), as a
+ * GPU's copy or kernel faults on an address. As on a GPU the context is then broken (sticky): every copy
+ * started after it, and every wait, fails CUDA_ERROR_ILLEGAL_ADDRESS, callbacks are
+ * told so; fakecuda_test_fault(-1) mends it (a GPU's stays broken). */
+FAKE_API void fakecuda_test_fault(long n);
+static long fault_after = -1; /* lock */
+static bool faulted;          /* atomic */
+
+FAKE_API void fakecuda_test_fault(long n) {
+  pthread_mutex_lock(&lock);
+  fault_after = n;
+  if (n < 0) __atomic_store_n(&faulted, false, __ATOMIC_RELAXED);
+  pthread_mutex_unlock(&lock);
+}
+
+static CUresult fault_status(void) {
+  return __atomic_load_n(&faulted, __ATOMIC_RELAXED) ? CUDA_ERROR_ILLEGAL_ADDRESS : CUDA_SUCCESS;
+}
+
 struct fstream {
   pthread_t t;
   pthread_mutex_t m;
@@ -296,8 +319,8 @@ static void *stream_main(void *arg) {
     s->busy = true;
     pthread_mutex_unlock(&s->m);
     if (o->cb)
-      o->cb((CUstream)s, CUDA_SUCCESS, o->ud);
-    else
+      o->cb((CUstream)s, fault_status(), o->ud);
+    else if (!o->fault)
       memcpy(o->dst, o->src, o->n);
     free(o);
     pthread_mutex_lock(&s->m);
@@ -334,7 +357,7 @@ FAKE_API CUresult cuStreamSynchronize(CUstream st) {
   pthread_mutex_lock(&s->m);
   while (s->head || s->busy) pthread_cond_wait(&s->cv, &s->m);
   pthread_mutex_unlock(&s->m);
-  return CUDA_SUCCESS;
+  return fault_status();
 }
 
 /* Returns once its work is done (CUDA's returns at once and frees it later). */
@@ -368,9 +391,23 @@ static CUresult enqueue(CUstream st, void *dst, const void *src, size_t n, CUstr
       memcpy(dst, src, n);
     return CUDA_SUCCESS;
   }
+  bool fault = false;
+  if (!cb) { /* a copy: none starts on a broken context; the one armed breaks it */
+    pthread_mutex_lock(&lock);
+    CUresult r = fault_status();
+    if (r == CUDA_SUCCESS && fault_after == 0) {
+      fault = true;
+      fault_after = -1;
+      __atomic_store_n(&faulted, true, __ATOMIC_RELAXED);
+    } else if (r == CUDA_SUCCESS && fault_after > 0) {
+      fault_after--;
+    }
+    pthread_mutex_unlock(&lock);
+    if (r != CUDA_SUCCESS) return r;
+  }
   struct op *o = malloc(sizeof(*o));
   if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
-  *o = (struct op){NULL, dst, src, n, cb, ud};
+  *o = (struct op){NULL, dst, src, n, cb, ud, fault};
   pthread_mutex_lock(&s->m);
   if (s->tail)
     s->tail->next = o;

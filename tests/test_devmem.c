@@ -195,6 +195,63 @@ static void test_device_as_host(void) {
   pop(&ctx);
 }
 
+/* With a CUDA driver that can be told to fault (the fake's fakecuda_test_fault; not a
+ * GPU's): copy_many of three copies into device memory, the first faulting on its
+ * stream after it started (nothing lands), which breaks the context, so the second's
+ * start fails (CUDA's sticky error) and the wait fails. A copy that fails only when
+ * waited for fails them all: *bad 0, not 1, which said the first had landed. */
+static void test_many_fault(void) {
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  void (*fault)(long) = lib ? (void (*)(long))dlsym(lib, "fakecuda_test_fault") : NULL;
+  char why[256] = "";
+  const struct devmem_ops *dm = devmem_get(why, sizeof(why));
+  if (!fault || !dm || strcmp(dm->name, "cuda") != 0) {
+    CU_PASS("no fake CUDA driver here: nothing can be told to fault");
+    return;
+  }
+  int (*init)(unsigned) = (int (*)(unsigned))dlsym(lib, "cuInit");
+  int (*retain)(void **, int) = (int (*)(void **, int))dlsym(lib, "cuDevicePrimaryCtxRetain");
+  int (*push)(void *) = (int (*)(void *))dlsym(lib, "cuCtxPushCurrent_v2");
+  int (*pop)(void **) = (int (*)(void **))dlsym(lib, "cuCtxPopCurrent_v2");
+  int (*alloc)(unsigned long long *, size_t) =
+      (int (*)(unsigned long long *, size_t))dlsym(lib, "cuMemAlloc_v2");
+  int (*release)(unsigned long long) = (int (*)(unsigned long long))dlsym(lib, "cuMemFree_v2");
+  int (*dtoh)(void *, unsigned long long, size_t) =
+      (int (*)(void *, unsigned long long, size_t))dlsym(lib, "cuMemcpyDtoH_v2");
+  void *ctx = NULL;
+  unsigned long long dev = 0;
+  CU_ASSERT_FATAL(init && retain && push && pop && alloc && release && dtoh && init(0) == 0 &&
+                  retain(&ctx, 0) == 0 && push(ctx) == 0);
+  CU_ASSERT_FATAL(alloc(&dev, 3 * 4096) == 0);
+  uint8_t *host = tu_alloc_mem(3 * 4096, false), *back = tu_alloc_mem(3 * 4096, false);
+  CU_ASSERT_FATAL(host && back);
+  tu_fill(host, 3 * 4096, 731);
+  struct devmem_copy v[3];
+  for (int i = 0; i < 3; i++)
+    v[i] = (struct devmem_copy){.dst = dev + (uint64_t)i * 4096,
+                                .src = (uintptr_t)host + (uint64_t)i * 4096,
+                                .n = 4096,
+                                .ddev = 0,
+                                .sdev = -1};
+  size_t bad = 99;
+  struct devmem_many ms;
+  fault(0); /* the next copy started faults when it runs */
+  TU_ASSERT_STATUS(devmem_copy_many(dm, v, 3, &bad, &ms, why, sizeof(why)), HIXL_FAILED);
+  printf("  [bad %zu: %s]\n", bad, why);
+  CU_ASSERT_EQUAL(bad, 0); /* before: 1, as if the first had landed */
+  fault(-1);
+  CU_ASSERT_FATAL(dtoh(back, dev, 4096) == 0);
+  CU_ASSERT(memcmp(back, host, 4096) != 0);                              /* it did not land */
+  TU_ASSERT_OK(devmem_copy_many(dm, v, 3, &bad, &ms, why, sizeof(why))); /* mended: all land */
+  CU_ASSERT_EQUAL(bad, 3);
+  CU_ASSERT_FATAL(dtoh(back, dev, 3 * 4096) == 0);
+  TU_ASSERT_PATTERN(back, 3 * 4096, 731, "three copies after the fault was mended");
+  tu_free_mem(host, 3 * 4096);
+  tu_free_mem(back, 3 * 4096);
+  CU_ASSERT(release(dev) == 0);
+  pop(&ctx);
+}
+
 /* ---- the provider's IPC (same host, two processes), host stand-in ---- */
 
 #define IPC_LEN (1u << 20)
@@ -1206,6 +1263,8 @@ static CU_TestInfo none_tests[] = {
      test_no_driver},
     {"with a driver: device memory registered as host memory refused, naming HIXL_MEM_DEVICE",
      test_device_as_host},
+    {"with a driver: copy_many whose first copy faults on its stream fails them all (bad 0)",
+     test_many_fault},
     CU_TEST_INFO_NULL,
 };
 

@@ -507,8 +507,10 @@ static HixlStatus cu_copy_many(const struct devmem_copy *v, size_t n, size_t *ba
     }
     k = j;
   }
-  if ((r = cu_many_wait(&m)) != CUDA_SUCCESS && *bad == n) {
-    snprintf(why, cap, "cuStreamSynchronize after %zu copies: %s", n, cu_err(r));
+  /* A failed wait fails them all, a start failed before it too: which of those started
+   * ended cannot be told (a fault breaks the context, so a later start fails with it). */
+  if ((r = cu_many_wait(&m)) != CUDA_SUCCESS) {
+    if (*bad == n) snprintf(why, cap, "cuStreamSynchronize after %zu copies: %s", n, cu_err(r));
     *bad = 0;
   }
   *ms = (struct devmem_many){.waits = m.waits, .batched = m.batched, .gathered = m.gathered};
