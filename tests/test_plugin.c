@@ -824,6 +824,104 @@ static void test_push_into_pull(void) {
   inst_down(&x);
 }
 
+/* A worker whose config names another role than its scheduler's (kv_role set apart):
+ * each entry it has no part for is refused at bind, said, and reported finished (a
+ * HOLD or PUSH: sending; a LOAD or EXPECT: receiving, its blocks in the load errors),
+ * so the host frees or recomputes (before: skipped without a word, and the host waited
+ * for the request for ever, its blocks held). */
+static void test_roles_mixed(void) {
+  static const char *const sched_role[4] = {"producer", "consumer", "producer", "consumer"};
+  static const char *const worker_role[4] = {"consumer", "producer", "consumer", "producer"};
+  static const char *const ids[4] = {"rm-hold", "rm-load", "rm-push", "rm-expect"};
+  const char *params[4] = {
+      NULL,
+      "{\"do_remote_prefill\": true, \"remote_engine\": \"127.0.0.1:9\", \"remote_request_id\": \"p1\", "
+      "\"remote_block_ids\": [5, 6], \"hixl_abi\": 1, \"tp_size\": 1, "
+      "\"cap\": \"00112233445566778899aabbccddeeff\"}",
+      "{\"do_remote_decode\": true, \"remote_engine\": \"127.0.0.1:9\", \"remote_request_id\": \"c1\", "
+      "\"remote_block_ids\": [1, 2], \"hixl_abi\": 1, \"tp_size\": 1, "
+      "\"cap\": \"00112233445566778899aabbccddeeff\"}",
+      "{\"do_remote_prefill\": true}"};
+  for (int k = 0; k < 4; k++) {
+    char scfg[512], wcfg[512], err[256];
+    struct inst x = {0};
+    uint16_t port = free_port();
+    bool push = k >= 2;
+    if (push) {
+      config_push(scfg, sizeof(scfg), port, sched_role[k], 10000);
+      config_push(wcfg, sizeof(wcfg), port, worker_role[k], 10000);
+    } else {
+      config(scfg, sizeof(scfg), port, sched_role[k], 10000, "fail", 2000);
+      config(wcfg, sizeof(wcfg), port, worker_role[k], 10000, "fail", 2000);
+    }
+    ST_IS(ops->create(scfg, strlen(scfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &x.sched, err, sizeof(err)),
+          HIXL_KV_SUCCESS);
+    ST_IS(ops->create(wcfg, strlen(wcfg), HIXL_KV_ROLE_WORKER, 0, 1, &x.worker, err, sizeof(err)),
+          HIXL_KV_SUCCESS);
+    kv_init(&x.kv, BLOCK_BYTES);
+    ST_IS(ops->register_kv_caches(x.worker, x.kv.layers, LAYERS), HIXL_KV_SUCCESS);
+    uint64_t blocks[2] = {3, 4};
+    hixl_kv_request r = request(ids[k], 2 * BLOCK_TOKENS, params[k]);
+    if (k == 0) { /* a HOLD: the host keeps the blocks until get_finished reports them sent */
+      int32_t delay = -1;
+      hixl_kv_buffer out = {0};
+      ST_IS(ops->request_finished(x.sched, &r, blocks, 2, &delay, &out), HIXL_KV_SUCCESS);
+      CU_ASSERT_EQUAL(delay, 1);
+      ops->free_buffer(&out);
+    } else if (k == 3) { /* an EXPECT: the host waits for the push to land */
+      decode_alloc(&x, ids[k], params[k], blocks, 2);
+      hixl_kv_buffer out = {0};
+      ST_IS(ops->get_push_params(x.sched, ids[k], strlen(ids[k]), &out), HIXL_KV_SUCCESS);
+      ops->free_buffer(&out);
+    } else { /* a LOAD (waited for as received) or a PUSH (as sent) */
+      ST_IS(ops->update_state_after_alloc(x.sched, &r, blocks, 2, 2 * BLOCK_TOKENS), HIXL_KV_SUCCESS);
+    }
+    ST_IS(bind_once(x.sched, x.worker), HIXL_KV_PARAM_INVALID);
+    CU_ASSERT(has_error("role"));
+    hixl_kv_ids sd = {0}, rv = {0};
+    ST_IS(ops->get_finished(x.worker, NULL, &sd, &rv), HIXL_KV_SUCCESS);
+    bool sending = k == 0 || k == 2;
+    CU_ASSERT_TRUE(ids_have(sending ? &sd : &rv, ids[k]));
+    ops->free_ids(&sd);
+    ops->free_ids(&rv);
+    uint64_t errs[4] = {0};
+    size_t nerr = load_errors(&x, errs, 4);
+    if (!sending) CU_ASSERT_TRUE(nerr == 2 && errs[0] == 3 && errs[1] == 4);
+    hixl_kv_stats_ex st = {.size = sizeof(st)};
+    ST_IS(ops->get_stats_ex(x.worker, &st), HIXL_KV_SUCCESS);
+    CU_ASSERT(st.blocks_held == 0 && st.requests_held == 0);
+    CU_ASSERT_EQUAL(sending ? st.loads_failed : st.loads_failed - 1, 0);
+    inst_down(&x);
+  }
+}
+
+/* An EXPECT bound before the push consumer's worker registered its caches: refused,
+ * said, and the load reported received with its blocks in the load errors (before:
+ * refused but never reported, so the host waited for the request for ever). */
+static void test_expect_before_register(void) {
+  char cfg[512], err[256];
+  struct inst d = {0};
+  config_push(cfg, sizeof(cfg), free_port(), "consumer", 10000);
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &d.sched, err, sizeof(err)),
+        HIXL_KV_SUCCESS);
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &d.worker, err, sizeof(err)),
+        HIXL_KV_SUCCESS);
+  uint64_t blocks[2] = {1, 2}, errs[4] = {0};
+  decode_alloc(&d, "xearly-1", "{\"do_remote_prefill\": true}", blocks, 2);
+  hixl_kv_buffer params = {0};
+  ST_IS(ops->get_push_params(d.sched, "xearly-1", 8, &params), HIXL_KV_SUCCESS);
+  ops->free_buffer(&params);
+  ST_IS(bind_once(d.sched, d.worker), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT(has_error("first"));
+  hixl_kv_ids sd = {0}, rv = {0};
+  ST_IS(ops->get_finished(d.worker, NULL, &sd, &rv), HIXL_KV_SUCCESS);
+  CU_ASSERT_TRUE(ids_have(&rv, "xearly-1"));
+  ops->free_ids(&sd);
+  ops->free_ids(&rv);
+  CU_ASSERT_TRUE(load_errors(&d, errs, 4) == 2 && errs[0] == 1 && errs[1] == 2);
+  inst_down(&d);
+}
+
 /* ---- hand-offs ---- */
 
 /* Prefill in a child process: serves one request, reports through a pipe. */
@@ -1902,6 +2000,9 @@ static CU_TestInfo arg_tests[] = {
     {"an expected block past the caches: refused at bind, the load failed", test_expect_past_blocks},
     {"a hold bound before the caches are registered: refused", test_hold_before_register},
     {"a PUSH bound by a pull-mode worker: refused, finished, nothing held", test_push_into_pull},
+    {"a worker of another role than its scheduler: each entry refused, finished", test_roles_mixed},
+    {"an expect bound before the caches are registered: refused, the load failed",
+     test_expect_before_register},
     CU_TEST_INFO_NULL,
 };
 static CU_TestInfo pd_tests[] = {

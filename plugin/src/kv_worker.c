@@ -164,6 +164,30 @@ hixl_kv_status kv_alloc_caches(hixl_kv_connector *c, hixl_kv_layer *ly, size_t n
   return kv_setup(c, ly, n, true);
 }
 
+#define ROLE_WHY                                                                                             \
+  "this worker's role (its config's role, or kv_role) takes no part in it: give the scheduler and its "      \
+  "workers the same role"
+
+/* An entry this worker takes no part in (its config names another role than its
+ * scheduler's, or no caches are registered to check it against): refused, said, and
+ * reported finished, so the host frees (a HOLD or PUSH: sending) or recomputes (a LOAD
+ * or EXPECT: receiving, its blocks load errors) the blocks it keeps for the request,
+ * instead of waiting for it for ever. Lock held. */
+static hixl_kv_status entry_refused(hixl_kv_connector *c, const struct kv_meta_entry *e, const char *why) {
+  if (e->type == KV_META_HOLD || e->type == KV_META_PUSH) {
+    if (e->type == KV_META_PUSH) c->stats.pushes_failed++;
+    kv_finished_add(c, &c->sending_done, e->req);
+  } else {
+    kv_obs_count(c, KV_CAUSE_REFUSED);
+    c->stats.loads_failed++;
+    kv_err_blocks_add(c, e->blocks, e->nblocks);
+    kv_finished_add(c, &c->recving_done, e->req);
+  }
+  if (e->type == KV_META_HOLD || e->type == KV_META_EXPECT) /* its peer's PIN or ACCEPT hears GONE */
+    kv_gone_add_why(c, e->req, "refused: the worker's role or caches do not take it"); /* a constant */
+  return kv_fail(HIXL_KV_PARAM_INVALID, "bind_connector_meta: request %s: %s", e->req, why);
+}
+
 hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
   const char *fn = "bind_connector_meta";
   CHECK_ARG(c && meta && c->role == HIXL_KV_ROLE_WORKER,
@@ -186,9 +210,9 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
     struct kv_meta_entry *e = &v[i];
     if (e->type == KV_META_PUSH || e->type == KV_META_EXPECT) {
       if (c->lay.ng == 0 || e->ngroups != c->lay.ng) {
-        st = kv_fail(HIXL_KV_PARAM_INVALID, "%s: request %s: %s", fn, e->req,
-                     c->lay.ng ? "its blocks name another number of KV cache groups than registered"
-                               : "register_kv_caches (or register_kv_groups) first");
+        st = entry_refused(c, e,
+                           c->lay.ng ? "its blocks name another number of KV cache groups than registered"
+                                     : "register_kv_caches (or register_kv_groups) first");
         continue;
       }
       if (e->type == KV_META_PUSH && c->cfg.producer) {
@@ -200,11 +224,16 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
       } else if (e->type == KV_META_EXPECT && c->cfg.consumer) {
         hixl_kv_status xs = kv_expect_bind(c, e, now); /* said: PARAM_INVALID or out of memory */
         if (xs != HIXL_KV_SUCCESS) st = xs;
+      } else {
+        st = entry_refused(c, e, ROLE_WHY);
       }
       continue;
     }
     if (e->type == KV_META_HOLD) {
-      if (!c->cfg.producer) continue;
+      if (!c->cfg.producer) {
+        st = entry_refused(c, e, ROLE_WHY);
+        continue;
+      }
       if (e->epoch != c->hold.epoch || e->seq > c->hold.bound_seq) { /* a PIN of an earlier one fails now */
         c->hold.epoch = e->epoch;
         c->hold.bound_seq = e->seq;
@@ -217,6 +246,8 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
         st = ls;
       else if (e->type != KV_META_FREE)
         kv_obs_phase(c, e->req, KV_PH_BOUND, e->remote);
+    } else if (e->type == KV_META_LOAD) {
+      st = entry_refused(c, e, ROLE_WHY);
     }
   }
   pthread_mutex_unlock(&c->lock);
