@@ -1,10 +1,10 @@
 /* test_memtab: util/memtab, the sorted table of non-overlapping ranges every transfer
- * looks its ops up in: add (overlaps refused), find (the whole range inside one entry,
- * ranges across two entries, at the edges, of length 0, wrapping past 2^64), and
- * memtab_find_near, which tries the previous op's entry first and must answer exactly
- * as memtab_find does for every hint, inside or not, on every range tried, and
- * memtab_hot, which tries the entry it found last: the same answers, and never an
- * entry removed since, even at the address it was found at. */
+ * looks its ops up in: add (overlaps refused, where an end is 2^64 too), find (the
+ * whole range inside one entry, ranges across two entries, at the edges, of length 0,
+ * wrapping past 2^64), and memtab_find_near, which tries the previous op's entry first
+ * and must answer exactly as memtab_find does for every hint, inside or not, on every
+ * range tried, and memtab_hot, which tries the entry it found last: the same answers,
+ * and never an entry removed since, even at the address it was found at. */
 #include "util/memtab.h"
 
 #include "test_util.h"
@@ -48,6 +48,34 @@ static void test_add_find(void) {
   CU_ASSERT_PTR_EQUAL(memtab_find(&t, ~0ull - 0x1ff, 0x100), &ents[3]);
   CU_ASSERT_PTR_NULL(memtab_find(&t, ~0ull, 2));           /* wraps */
   CU_ASSERT_PTR_NULL(memtab_find(&t, ~0ull - 0xff, 0x10)); /* an entry ending at 2^64: its end wraps */
+  memtab_free(&t);
+}
+
+/* Overlaps where an end is 2^64 (its sum wraps to 0): refused like any other, whether the
+ * entry in the table ends there or the one added does. */
+static void test_add_at_top(void) {
+  struct memtab t;
+  struct memtab_entry inside = {~0ull - 0x7f, 0x10}, tail = {~0ull - 0x1ff + 0x80, 0x100};
+  struct memtab_entry to_top = {0x800, 0ull - 0x800}, *clash = NULL;
+  table_up(&t);
+  CU_ASSERT_EQUAL(memtab_add(&t, &inside, &clash), -1); /* inside ents[4], which ends at 2^64 */
+  CU_ASSERT_PTR_EQUAL(clash, &ents[4]);
+  clash = NULL;
+  CU_ASSERT_EQUAL(memtab_add(&t, &tail, &clash), -1); /* ents[3]'s tail and ents[4]'s head */
+  CU_ASSERT_PTR_EQUAL(clash, &ents[3]);
+  clash = NULL;
+  CU_ASSERT_EQUAL(memtab_add(&t, &to_top, &clash), -1); /* ends at 2^64, over every entry */
+  CU_ASSERT_PTR_EQUAL(clash, &ents[0]);
+  CU_ASSERT_EQUAL(t.count, N);
+  memtab_free(&t);
+  t = (struct memtab){0};
+  CU_ASSERT_EQUAL(memtab_add(&t, &ents[2], &clash), 0);
+  CU_ASSERT_EQUAL(memtab_add(&t, &to_top, &clash), -1); /* starts below ents[2], ends at 2^64 */
+  CU_ASSERT_PTR_EQUAL(clash, &ents[2]);
+  CU_ASSERT_EQUAL(memtab_add(&t, &ents[4], &clash), 0);
+  CU_ASSERT_EQUAL(memtab_add(&t, &inside, &clash), -1); /* the last entry ends at 2^64 */
+  CU_ASSERT_PTR_EQUAL(clash, &ents[4]);
+  CU_ASSERT_EQUAL(t.count, 2);
   memtab_free(&t);
 }
 
@@ -107,6 +135,7 @@ static void test_hot(void) {
 int main(void) {
   static CU_TestInfo tests[] = {
       {"add refuses overlaps; find at the edges", test_add_find},
+      {"add refuses overlaps at 2^64", test_add_at_top},
       {"find_near answers as find, whatever the hint", test_near_agrees},
       {"hot answers as find, and forgets a removed entry", test_hot},
       CU_TEST_INFO_NULL,

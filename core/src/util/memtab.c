@@ -34,11 +34,12 @@ size_t memtab_upper(const void *base, size_t n, size_t stride, uint64_t key) {
 int memtab_add(struct memtab *t, struct memtab_entry *e, struct memtab_entry **clash) {
   size_t i = upper_bound(t, e->addr);
   *clash = NULL;
-  if (i > 0 && t->v[i - 1]->addr + t->v[i - 1]->len > e->addr) {
+  /* Offsets from the lower start, not ends: an end at 2^64 wraps to 0 and hid the overlap. */
+  if (i > 0 && e->addr - t->v[i - 1]->addr < t->v[i - 1]->len) {
     *clash = t->v[i - 1];
     return -1;
   }
-  if (i < t->count && e->addr + e->len > t->v[i]->addr) {
+  if (i < t->count && t->v[i]->addr - e->addr < e->len) {
     *clash = t->v[i];
     return -1;
   }
