@@ -4,9 +4,11 @@
  * the bounded ring, trace_file, and the ops' argument checks. */
 #include <CUnit/Basic.h>
 #include <json-c/json.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -252,6 +254,105 @@ static void test_off_and_args(void) {
   CU_ASSERT_PTR_NOT_NULL(strstr(why, "not a regular file"));
 }
 
+/* A trace_file that is a symbolic link is refused, not followed: another user plants
+ * /tmp/t.jsonl -> a file this process may write (docs/observability.md's example path),
+ * and every finished trace was appended to that file. */
+static void test_file_symlink(void) {
+  char dir[] = "/tmp/test_obs_XXXXXX", victim[64], link[64], why[256] = "";
+  CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+  snprintf(victim, sizeof(victim), "%s/victim", dir);
+  snprintf(link, sizeof(link), "%s/t.jsonl", dir);
+  FILE *f = fopen(victim, "w");
+  CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+  fputs("keep\n", f);
+  fclose(f);
+  CU_ASSERT_EQUAL_FATAL(symlink(victim, link), 0);
+  struct kv_cfg cfg = {.metrics = true, .trace_ring = 4};
+  snprintf(cfg.trace_file, sizeof(cfg.trace_file), "%s", link);
+  struct kv_obs *o = NULL;
+  hixl_kv_status st = kv_obs_new(&cfg, HIXL_KV_ROLE_WORKER, 0, &o, why, sizeof(why));
+  CU_ASSERT_EQUAL(st, HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(why, "symbolic link"));
+  if (o) { /* followed: a trace lands in the victim */
+    hixl_kv_connector c = {.obs = o};
+    const char *id = "r";
+    hixl_kv_ids one = {&id, 1};
+    kv_obs_phase(&c, id, KV_PH_BOUND, NULL);
+    kv_obs_reported(&c, &one);
+    kv_obs_free(o);
+  }
+  struct stat sb;
+  CU_ASSERT_EQUAL(stat(victim, &sb), 0);
+  CU_ASSERT_EQUAL(sb.st_size, 5); /* "keep\n" only */
+  unlink(link);
+  unlink(victim);
+  rmdir(dir);
+}
+
+/* A trace the disk took only part of (full: here the file size limit) is counted, and
+ * the next one that fits still starts a line of its own: the torn line was glued to it,
+ * and both were lost to a reader of JSON lines. */
+static void test_file_torn(void) {
+  char path[] = "/tmp/test_obs_XXXXXX";
+  int fd = mkstemp(path);
+  CU_ASSERT_FATAL(fd >= 0);
+  close(fd);
+  hixl_kv_connector *c = conn_new(false, 4, path, false);
+  const char *ids[] = {"a", "b"};
+  struct rlimit was;
+  CU_ASSERT_EQUAL_FATAL(getrlimit(RLIMIT_FSIZE, &was), 0);
+  void (*old)(int) = signal(SIGXFSZ, SIG_IGN);
+  struct rlimit small = {10, was.rlim_max};
+  CU_ASSERT_EQUAL_FATAL(setrlimit(RLIMIT_FSIZE, &small), 0);
+  kv_obs_phase(c, ids[0], KV_PH_BOUND, NULL);
+  hixl_kv_ids one = {&ids[0], 1};
+  kv_obs_reported(c, &one); /* 10 bytes of it written */
+  CU_ASSERT_EQUAL(setrlimit(RLIMIT_FSIZE, &was), 0);
+  signal(SIGXFSZ, old);
+  kv_obs_phase(c, ids[1], KV_PH_BOUND, NULL);
+  one.ids = &ids[1];
+  kv_obs_reported(c, &one);
+  char *t = render(c);
+  HAS_LINE(t, "hixl_kv_trace_write_errors_total{role=\"consumer\",rank=\"3\",mode=\"pull\"} 1");
+  free(t);
+  conn_free(c);
+  FILE *f = fopen(path, "r");
+  char line[4096];
+  int whole = 0;
+  while (f && fgets(line, sizeof(line), f)) {
+    json_object *o = json_tokener_parse(line), *v;
+    if (o && json_object_object_get_ex(o, "req", &v) && strcmp(json_object_get_string(v), "b") == 0) whole++;
+    json_object_put(o);
+  }
+  if (f) fclose(f);
+  CU_ASSERT_EQUAL(whole, 1);
+  unlink(path);
+}
+
+/* Trace lines are JSON, which is UTF-8: an id (any bytes but NUL through the C API) that
+ * is not UTF-8 is written with its stray bytes escaped (\u00XX); well-formed UTF-8 and
+ * quotes, backslashes and control characters as before. Before, the raw bytes made the
+ * line one a strict reader (Python's json) refuses. */
+static void test_trace_utf8(void) {
+  hixl_kv_connector *c = conn_new(false, 4, NULL, false);
+  const char *id = "r\xff\xc3\xa9\"\n\xe2\x82";
+  hixl_kv_ids one = {&id, 1};
+  kv_obs_phase(c, id, KV_PH_BOUND, NULL);
+  kv_obs_reported(c, &one);
+  hixl_kv_buffer b = {0};
+  CU_ASSERT_EQUAL_FATAL(kv_drain_traces(c, &b), HIXL_KV_SUCCESS);
+  json_tokener *tok = json_tokener_new();
+  json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
+  json_object *d = json_tokener_parse_ex(tok, (char *)b.data, (int)b.len - 1), *v; /* without its \n */
+  CU_ASSERT_PTR_NOT_NULL(d);
+  CU_ASSERT_TRUE(d && json_object_object_get_ex(d, "req", &v) &&
+                 strcmp(json_object_get_string(v), "r\xc3\xbf\xc3\xa9\"\n\xc3\xa2\xc2\x82") == 0);
+  json_object_put(d);
+  json_tokener_free(tok);
+  kv_free_buffer(&b);
+  conn_free(c);
+}
+
 /* A request moved in parts (tensor parallelism: one per peer rank) is one transfer, from
  * its first op posted to its last part's last byte, observed once the host took it; a
  * failed one is not a transfer. */
@@ -309,6 +410,9 @@ int main(void) {
   CU_add_test(s, "trace_and_causes", test_trace_and_causes);
   CU_add_test(s, "ring_and_file", test_ring_and_file);
   CU_add_test(s, "off_and_args", test_off_and_args);
+  CU_add_test(s, "file_symlink", test_file_symlink);
+  CU_add_test(s, "file_torn", test_file_torn);
+  CU_add_test(s, "trace_utf8", test_trace_utf8);
   CU_add_test(s, "cause_of", test_cause_of);
   CU_add_test(s, "parts_once", test_parts_once);
   CU_basic_set_mode(CU_BRM_VERBOSE);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -97,6 +98,7 @@ struct kv_obs {
   struct kv_hist h[KV_H_COUNT];
   _Atomic uint64_t fail[KV_CAUSE_COUNT];
   _Atomic uint64_t traces_dropped, trace_write_errors;
+  _Atomic bool torn; /* trace_file ends inside a line (a write it took only part of) */
 
   pthread_mutex_t lock; /* a leaf, below c->lock: the table, the ring, the peers */
   struct kv_rec *tab[KV_OBS_HASH];
@@ -141,14 +143,17 @@ hixl_kv_status kv_obs_new(const struct kv_cfg *cfg, int32_t role, uint32_t rank,
   o->off_ns = ((int64_t)r.tv_sec - (int64_t)m.tv_sec) * 1000000000ll + (r.tv_nsec - m.tv_nsec);
   if (cfg->trace_file[0] && ring) {
     /* A regular file only: a FIFO blocked this open until a reader came (create hung for
-     * ever), and later a reader that stops blocked every write. */
+     * ever), and later a reader that stops blocked every write. Not through a symbolic
+     * link: one planted in /tmp by another user chose the file every trace was appended to. */
     struct stat sb;
-    const char *bad = NULL, *not_reg = "not a regular file (a FIFO, socket or device)";
-    if (stat(cfg->trace_file, &sb) == 0 && !S_ISREG(sb.st_mode))
-      bad = not_reg;
-    else if ((o->fd = open(cfg->trace_file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK | O_NOCTTY,
+    const char *bad = NULL, *not_reg = "not a regular file (a FIFO, socket or device)",
+               *sym = "a symbolic link (not followed: name the file itself)";
+    if (lstat(cfg->trace_file, &sb) == 0 && !S_ISREG(sb.st_mode))
+      bad = S_ISLNK(sb.st_mode) ? sym : not_reg;
+    else if ((o->fd = open(cfg->trace_file,
+                           O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW,
                            0644)) < 0)
-      bad = strerror(errno);
+      bad = errno == ELOOP ? sym : strerror(errno);
     else if (fstat(o->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) /* swapped in meanwhile */
       bad = not_reg;
     if (bad) {
@@ -370,16 +375,38 @@ void kv_obs_failed(hixl_kv_connector *c, const char *id, enum kv_cause cause, co
 
 /* ---- text: JSON strings, Prometheus label values ---- */
 
+/* The length of the well-formed UTF-8 sequence that starts at s (no overlong form,
+ * surrogate or code point past U+10FFFF), 0 if none. */
+static size_t utf8_len(const unsigned char *s) {
+  unsigned char c = s[0];
+  size_t n = c < 0x80                 ? 1
+             : c >= 0xc2 && c <= 0xdf ? 2
+             : c >= 0xe0 && c <= 0xef ? 3
+             : c >= 0xf0 && c <= 0xf4 ? 4
+                                      : 0;
+  for (size_t i = 1; i < n; i++)
+    if ((s[i] & 0xc0) != 0x80) return 0; /* stops at the NUL */
+  if ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] > 0x9f) || (c == 0xf0 && s[1] < 0x90) ||
+      (c == 0xf4 && s[1] > 0x8f))
+    return 0;
+  return n;
+}
+
+/* s as a JSON string. JSON is UTF-8: a byte of s that is not (ids are any bytes but NUL
+ * through the C API) is written as the code point of its value, \u00XX. */
 static void put_json_str(FILE *f, const char *s) {
   fputc('"', f);
   for (; *s; s++) {
     unsigned char ch = (unsigned char)*s;
+    size_t n = ch < 0x80 ? 1 : utf8_len((const unsigned char *)s);
     if (ch == '"' || ch == '\\')
       fprintf(f, "\\%c", ch);
-    else if (ch < 0x20 || ch == 0x7f)
+    else if (ch < 0x20 || ch == 0x7f || n == 0)
       fprintf(f, "\\u%04x", ch);
-    else
-      fputc(ch, f);
+    else {
+      fwrite(s, 1, n, f);
+      s += n - 1;
+    }
   }
   fputc('"', f);
 }
@@ -487,8 +514,20 @@ void kv_obs_reported(hixl_kv_connector *c, const hixl_kv_ids *ids) {
     }
     rec_free(r);
     if (!line) continue;
-    if (o->fd >= 0 && write(o->fd, line, len) != (ssize_t)len) /* no lock held: a slow disk stalls no mark */
-      atomic_fetch_add_explicit(&o->trace_write_errors, 1, memory_order_relaxed);
+    if (o->fd >= 0) { /* no lock held: a slow disk stalls no mark */
+      /* After a line the file took only part of (disk full), the next starts a line of its
+       * own: glued to the torn one, a reader of JSON lines lost both. */
+      bool torn = atomic_exchange_explicit(&o->torn, false, memory_order_relaxed);
+      struct iovec v[2] = {{(void *)"\n", 1}, {line, len}};
+      size_t want = len + torn;
+      ssize_t n = writev(o->fd, torn ? v : v + 1, torn ? 2 : 1);
+      if (n != (ssize_t)want) {
+        atomic_fetch_add_explicit(&o->trace_write_errors, 1, memory_order_relaxed);
+        /* It ends inside a line now, unless nothing went (as it was) or only the newline did. */
+        bool inside = n <= 0 ? torn : !(torn && n == 1);
+        if (inside) atomic_store_explicit(&o->torn, true, memory_order_relaxed);
+      }
+    }
     pthread_mutex_lock(&o->lock);
     if (o->ring_n == o->ring_cap) { /* full: the oldest goes */
       free(o->ring[o->ring_head]);
