@@ -36,6 +36,7 @@ UNSUPPORTED = 103905
 
 ROLE_SCHEDULER = 0
 ROLE_WORKER = 1
+MAX_ID = 256  # the most bytes of a request id the plugin takes (no NUL among them)
 TOKENS_LATER = -1
 REQ_ABORTED = 0x1
 
@@ -302,11 +303,24 @@ def load_plugin(explicit: Optional[str] = None) -> Plugin:
 # ---- helpers for arguments ----
 
 
+def id_bytes(s: str) -> Optional[bytes]:
+    """A request id as the plugin takes it (UTF-8, 1 to MAX_ID bytes, no NUL), or None
+    for one it refuses: vLLM's ids are the client's (a request's request_id field, its
+    X-Request-Id header), so any str can come."""
+    try:
+        b = str(s).encode()
+    except UnicodeEncodeError:  # a lone surrogate
+        return None
+    return b if 0 < len(b) <= MAX_ID and b"\0" not in b else None
+
+
 def ids_in(strings: Optional[Iterable[str]]):
-    """A hixl_kv_ids for strings (kept alive by the returned tuple), or None."""
+    """A hixl_kv_ids for strings (kept alive by the returned tuple), or None. Ids the
+    plugin refuses (id_bytes) are left out: it never held them, so they name nothing of
+    its (and one cut at a NUL would name another request)."""
     if strings is None:
         return None, None
-    enc = [s.encode() for s in strings]
+    enc = [b for b in map(id_bytes, strings) if b is not None]
     arr = (c_char_p * max(1, len(enc)))(*enc)
     return Ids(arr, len(enc)), arr
 

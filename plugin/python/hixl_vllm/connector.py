@@ -339,6 +339,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._spec_block_size = int(spec_bs) if isinstance(spec_bs, int) and spec_bs > 0 else (
             self._block_size if not groups else 0)
         self._mismatched: set = set()  # requests whose producer's params were refused (logged once)
+        self._bad_ids: set = set()  # requests whose ids the plugin refuses (logged once)
         # Worker: from the plugin's traces, transfer times not yet in the stats and failed
         # loads not yet reported; several KV cache groups report failures per request.
         self._times: list = []
@@ -403,8 +404,27 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._enc[rid] = ((p, flags), raw)
         return raw
 
+    def _refused(self, request: Any) -> bool:
+        """A request whose id the plugin refuses (_abi.id_bytes: longer than MAX_ID bytes, a
+        NUL, a lone surrogate). The id is the client's, so it must not stop vLLM's
+        scheduler (an exception from a hook ends the engine): hixl moves nothing of it and
+        vLLM computes its prompt here. Said once per request."""
+        rid = request.request_id
+        if _abi.id_bytes(rid) is not None:
+            return False
+        if rid not in self._bad_ids:
+            if len(self._bad_ids) >= 1 << 16:  # requests vLLM never finished here: forget the lot
+                self._bad_ids.clear()
+            self._bad_ids.add(rid)
+            logger.warning("hixl: request %r: its id is not 1 to %d bytes of UTF-8 without NUL, so hixl moves none "
+                           "of its KV (computed here; a producer's hold of it ends at its lease)",
+                           str(rid)[:64], _abi.MAX_ID)
+        return True
+
     def _req(self, request: Any, flags: int = 0) -> Tuple[_abi.Request, tuple]:
-        rid = str(request.request_id).encode()
+        rid = _abi.id_bytes(request.request_id)
+        if rid is None:  # the hooks check _refused first
+            raise ValueError(f"hixl: request id {str(request.request_id)[:64]!r} is not one the plugin takes")
         params = self._params_of(request)
         r = _abi.Request(rid, len(rid), int(getattr(request, "num_prompt_tokens", 0)), params,
                          len(params) if params else 0, flags)
@@ -695,6 +715,8 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
     # ---- scheduler side ----
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> Tuple[Optional[int], bool]:
+        if self._refused(request):
+            return 0, False
         r, keep = self._req(request)
         n, is_async = ctypes.c_int64(), ctypes.c_int32()
         self._call("get_num_new_matched_tokens", ctypes.byref(r), int(num_computed_tokens), ctypes.byref(n),
@@ -736,6 +758,8 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         return True
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
+        if self._refused(request):
+            return  # get_num_new_matched_tokens answered 0: nothing to load, nothing the plugin holds
         rid = str(request.request_id)
         if num_external_tokens == 0 and rid in self._load_queued:
             # vLLM's second call, once the load is done (or failed and is recomputed): the
@@ -776,6 +800,9 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _finished(self, request: Any, groups: tuple) -> Tuple[bool, Optional[dict]]:
         rid = str(request.request_id)
+        if self._refused(request):
+            self._bad_ids.discard(request.request_id)
+            return False, None  # nothing held: vLLM frees the blocks, a consumer computes the prompt
         groups = self._windowed(groups, request)
         # Only a request that ran to its end hands its KV on, as with vLLM's connectors;
         # any other end (aborted, FINISHED_ERROR, FINISHED_IGNORED) is passed as an abort:
@@ -786,12 +813,20 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         aborted = self._aborted(request) or (st.startswith("FINISHED_") and not ended)
         r, keep = self._req(request, _abi.REQ_ABORTED if aborted else 0)
         delay, out = ctypes.c_int32(0), _abi.Buffer()
-        if len(groups) == 1:
-            p, n, a = _abi.u64_buffer(groups[0])
-            self._call("request_finished", ctypes.byref(r), p, n, ctypes.byref(delay), ctypes.byref(out))
-        else:
-            arr, n, k2 = _abi.block_groups(groups)
-            self._call("request_finished_groups", ctypes.byref(r), arr, n, ctypes.byref(delay), ctypes.byref(out))
+        try:
+            if len(groups) == 1:
+                p, n, a = _abi.u64_buffer(groups[0])
+                self._call("request_finished", ctypes.byref(r), p, n, ctypes.byref(delay), ctypes.byref(out))
+            else:
+                arr, n, k2 = _abi.block_groups(groups)
+                self._call("request_finished_groups", ctypes.byref(r), arr, n, ctypes.byref(delay),
+                           ctypes.byref(out))
+        except _abi.HixlError as e:
+            # One request the plugin refuses (a client reused the id of a request still held
+            # for its consumer) must not stop vLLM's scheduler, which an exception from this
+            # hook does: nothing is held for it (outputs are written only on success), vLLM
+            # frees its blocks and a consumer computes its prompt.
+            logger.error("hixl: request %s: its KV is not kept for a consumer: %s", rid, e)
         del keep
         params = self._plugin.take_buffer(out)
         self._enc.pop(rid, None)

@@ -98,6 +98,15 @@ def planes_of(t: TensorInfo, axes: str, what: str) -> Tuple[List[Tuple[int, int,
         else:
             raise LayoutError(f"{what}: axis {axes[a]} (stride {t.stride[a]}) lies apart from the axes inside "
                               f"a block (contiguous for {run} elements); a plane splits only by K|V and by head")
+    # The axes apart from the run must not fold back into it: block b's bytes would be
+    # block b + 1's too (an as_strided view; an expanded one, stride 0), and a load into
+    # one block would overwrite its neighbours' KV.
+    extent = run * e
+    for a in sorted((a for a in (ib, i_s, i_h) if a >= 0 and t.shape[a] > 1), key=lambda a: t.stride[a]):
+        if t.stride[a] * e < extent:
+            raise LayoutError(f"{what}: axis {axes[a]} (stride {t.stride[a]}) overlaps the {extent} bytes inside it: "
+                              "its blocks would share memory")
+        extent += t.stride[a] * e * (t.shape[a] - 1)
     heads = t.shape[i_h] if i_h >= 0 else 0
     block = run * e * (heads or 1)
     head_stride = t.stride[i_h] * e if i_h >= 0 else 0

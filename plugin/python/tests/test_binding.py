@@ -241,3 +241,62 @@ def test_hybrid_load_failure_is_reported_per_request(plugin_path):
     finally:
         w.shutdown()
         s.shutdown()
+
+
+# Request ids the plugin refuses (more than 256 bytes, a NUL, a lone surrogate): vLLM's ids
+# are the client's (the request_id field of a completion request, its X-Request-Id header).
+BAD_IDS = ["x" * 257, "\u00e9" * 129, "a\0b", "r-\udcff"]
+
+
+@pytest.mark.parametrize("rid", BAD_IDS, ids=["long", "long-utf8", "nul", "surrogate"])
+def test_request_id_the_plugin_refuses_does_not_stop_the_scheduler(plugin_path, rid):
+    """Before: every scheduler hook raised (HixlError PARAM_INVALID, or UnicodeEncodeError)
+    for such an id, with or without kv_transfer_params, which ends vLLM's engine: one
+    client request took the instance down. Now hixl moves nothing of that request (0
+    tokens, nothing held) and the other requests go on."""
+    params = {"do_remote_prefill": True, "remote_engine": "127.0.0.1:9", "remote_request_id": "p-r1",
+              "remote_block_ids": [7, 8, 9], "remote_num_tokens": 40}
+    for role in ("kv_consumer", "kv_producer"):
+        s = HixlKVConnector(vconfig(role), KVConnectorRole.SCHEDULER, None)
+        try:
+            for p in (None, dict(params)):
+                r = fv.Request(rid, 40, p)
+                assert s.get_num_new_matched_tokens(r, 0) == (0, False)
+                s.update_state_after_alloc(r, fv.KVCacheBlocks([[1, 2, 3]]), 0)
+                r.status = fv.RequestStatus.FINISHED_STOPPED
+                assert s.request_finished(r, [1, 2, 3]) == (False, None)
+            ok = fv.Request("r1", 40, dict(params) if role == "kv_consumer" else None)
+            assert s.get_num_new_matched_tokens(ok, 0) == ((40, True) if role == "kv_consumer" else (0, False))
+        finally:
+            s.shutdown()
+    w = HixlKVConnector(vconfig(), KVConnectorRole.WORKER, None)
+    try:
+        from hixl_vllm import HixlConnectorMetadata
+        w.handle_preemptions(HixlConnectorMetadata(b"", [rid, "r1"]))  # never the plugin's: left out
+        assert w.get_finished({rid}) == (None, None)
+    finally:
+        w.shutdown()
+
+
+def test_request_id_reused_while_held_does_not_stop_the_scheduler(plugin_path):
+    """A producer holds a finished request's blocks until its consumer reads them; a client
+    that sends another request with the same request_id meanwhile (a retry) made
+    request_finished raise (PARAM_INVALID "held already"), which ends vLLM's engine.
+    Now the second is not held (its consumer computes it); the first stays held, and once
+    it is released the id holds again."""
+    s = HixlKVConnector(vconfig("kv_producer"), KVConnectorRole.SCHEDULER, None)
+    try:
+        def finish():
+            r = fv.Request("same", 40, {"do_remote_decode": True})
+            assert s.get_num_new_matched_tokens(r, 0) == (0, False)
+            s.update_state_after_alloc(r, fv.KVCacheBlocks([[1, 2, 3]]), 0)
+            r.status = fv.RequestStatus.FINISHED_STOPPED
+            return s.request_finished(r, [1, 2, 3])
+        delay, params = finish()
+        assert delay is True and params["remote_request_id"] == "same"
+        assert finish() == (False, None)
+        s.update_connector_output(fv.KVConnectorOutput(finished_sending={"same"}))  # the consumer read it
+        delay, params = finish()
+        assert delay is True and params["remote_block_ids"] == [1, 2, 3]
+    finally:
+        s.shutdown()

@@ -71,6 +71,23 @@ def test_bad_tensor_is_named():
         one(torch.zeros(4, 4), "no-such-layout")
 
 
+
+def test_overlapping_blocks_are_refused():
+    """A view whose blocks share memory (as_strided, or a block axis expanded: stride 0)
+    was described as planes whose blocks overlap, and the plugin takes them (it refuses
+    stride 0 only): a load into one block wrote over its neighbours' KV. Now refused,
+    naming the axis."""
+    base = torch.zeros(1 << 15, dtype=torch.float16)
+    t = base.as_strided((10, 2, 16, 64), (64, 16 * 64, 64, 1))  # (B, H, N, 2D): block b + 1 starts 64 in
+    with pytest.raises(layout.LayoutError, match=r"model.layers.0.attn.*axis B .*overlaps"):
+        one(t, "packed")
+    with pytest.raises(layout.LayoutError, match=r"axis B \(stride 0\)"):
+        one(torch.zeros(1, 2, 16, 64, dtype=torch.float16).expand(10, 2, 16, 64), "packed")
+    k_in_v = base.as_strided((2, 10, 16, 2, 64), (1000, 2048, 128, 64, 1))  # (2, B, N, H, D): V inside K
+    with pytest.raises(layout.LayoutError, match=r"axis S .*overlaps"):
+        one(k_in_v, "kv_first")
+
+
 def test_cross_layer():
     t = torch.zeros(10, 3, 2, 16, 2, 64, dtype=torch.float16)  # (B, L, 2, N, H, D)
     d = layout.describe_cross_layer(t, [f"model.layers.{l}.attn" for l in range(3)])
