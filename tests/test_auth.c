@@ -221,6 +221,91 @@ static void test_rotation(void) {
   eng_down(&b);
 }
 
+/* A key file another user owns is refused even where this process can read it (root):
+ * that user could rewrite the key at will. Only as root can the test make one. */
+static void test_key_file_owner(void) {
+  HixlEngine *e;
+  char addr[TU_ADDR_LEN];
+  if (geteuid() != 0) {
+    printf("  [skipped: not root: only root can give a file to another user]\n");
+    return;
+  }
+  const char *k = key_file("theirs", KEY_A "\n", 0600);
+  CU_ASSERT_EQUAL_FATAL(chown(k, 65534, 65534), 0);
+  HixlOption o = {"AuthKeyFile", k};
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+  TU_ASSERT_STATUS(HixlEngineInitialize(e, tu_addr(addr, sizeof(addr), tu_free_port()), &o, 1),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("owned by");
+  HixlEngineDestroy(e);
+}
+
+/* A relative AuthKeyFile names the file as it was when the engine started: after the
+ * process changes its directory, the same name there is another file (here with
+ * another key), and it is not read as a rotation. */
+static void test_key_file_relative(void) {
+  struct eng a = {0}, b = {0};
+  char here[512], d1[96], d2[96];
+  CU_ASSERT_PTR_NOT_NULL_FATAL(getcwd(here, sizeof(here)));
+  snprintf(d1, sizeof(d1), "%s/rel1", dir);
+  snprintf(d2, sizeof(d2), "%s/rel2", dir);
+  CU_ASSERT_EQUAL_FATAL(mkdir(d1, 0700), 0);
+  CU_ASSERT_EQUAL_FATAL(mkdir(d2, 0700), 0);
+  key_file("rel1/k", KEY_A "\n", 0600);
+  key_file("rel2/k", KEY_B "\n", 0600);
+  CU_ASSERT_EQUAL_FATAL(chdir(d1), 0);
+  HixlStatus st = eng_up(&b, "k", 2);
+  CU_ASSERT_EQUAL(chdir(d2), 0);
+  if (st == HIXL_SUCCESS) st = eng_up(&a, key_file("rel_i", KEY_A "\n", 0600), 1);
+  if (st == HIXL_SUCCESS) {
+    TU_ASSERT_OK(HixlEngineConnect(a.e, b.name, 5000));
+    TU_ASSERT_OK(HixlEngineDisconnect(a.e, b.name, 5000));
+  }
+  CU_ASSERT_EQUAL(chdir(here), 0);
+  TU_ASSERT_OK(st);
+  eng_down(&a);
+  eng_down(&b);
+}
+
+/* A key file made unusable after it was read (group-readable, then removed) keeps the
+ * keys in force, and the engine says so: a chmod moves no mtime, a missing file has
+ * none. */
+static void test_key_file_unusable_logged(void) {
+  struct eng a, b;
+  char line[512], path[96];
+  const char *k = key_file("gone_t", KEY_A "\n", 0600);
+  snprintf(path, sizeof(path), "%s", k);
+  TU_ASSERT_OK_FATAL(eng_up(&a, key_file("gone_i", KEY_A "\n", 0600), 1));
+  TU_ASSERT_OK_FATAL(eng_up(&b, path, 2));
+  TU_ASSERT_OK(HixlEngineConnect(a.e, b.name, 5000));
+  TU_ASSERT_OK(HixlEngineDisconnect(a.e, b.name, 5000));
+  tu_log_capture(HIXL_LOG_ERROR, false);
+  tu_log_watch("cannot be used");
+  /* A kernel with coarse timestamps moves the ctime at its next tick: chmod until it has. */
+  struct stat was, now;
+  CU_ASSERT_EQUAL_FATAL(stat(path, &was), 0);
+  do chmod(path, 0640);
+  while (stat(path, &now) == 0 && now.st_ctim.tv_sec == was.st_ctim.tv_sec &&
+         now.st_ctim.tv_nsec == was.st_ctim.tv_nsec);
+  TU_ASSERT_OK(HixlEngineConnect(a.e, b.name, 5000));
+  TU_ASSERT_OK(HixlEngineDisconnect(a.e, b.name, 5000));
+  CU_ASSERT_TRUE(tu_log_seen(line, sizeof(line)));
+  CU_ASSERT_PTR_NOT_NULL(strstr(line, "group or others"));
+  /* Usable again (a clean re-read), then removed: said again. */
+  chmod(path, 0600);
+  TU_ASSERT_OK(HixlEngineConnect(a.e, b.name, 5000));
+  TU_ASSERT_OK(HixlEngineDisconnect(a.e, b.name, 5000));
+  tu_log_watch("cannot be used");
+  unlink(path);
+  TU_ASSERT_OK(HixlEngineConnect(a.e, b.name, 5000));
+  TU_ASSERT_OK(HixlEngineDisconnect(a.e, b.name, 5000));
+  CU_ASSERT_TRUE(tu_log_seen(line, sizeof(line)));
+  HixlSetLogCallback(NULL, NULL);
+  HixlSetLogLevel(HIXL_LOG_ERROR);
+  eng_down(&a);
+  eng_down(&b);
+}
+
 /* ---- a keyless relay (channel binding) ---- */
 
 /* A TCP forwarder holding no key: it accepts one connection on its own port and passes
@@ -801,6 +886,9 @@ static CU_TestInfo auth_tests[] = {
     {"a target without a key: the keyed initiator refuses it", test_keyless_target_refused},
     {"key files: permissions, contents; StagingUnregistered needs a key", test_key_file_checks},
     {"rotation: a second key, re-read at the next handshake", test_rotation},
+    {"a key file another user owns: refused", test_key_file_owner},
+    {"a relative key file after a chdir: still the file it named", test_key_file_relative},
+    {"a key file made unusable after it was read: keys kept, and said", test_key_file_unusable_logged},
     {"a keyless relay between two keyed engines: refused, naming both; memory untouched", test_keyless_relay},
     {"a handshake reflected to its own engine: refused, memory untouched", test_reflection},
     {"a forwarder listed in AuthAliases: linked through it, byte for byte", test_alias_through_forwarder},

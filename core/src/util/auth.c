@@ -155,6 +155,10 @@ static bool load(const char *path, struct auth_ring *ring, struct stat *st, char
   } else if (st->st_mode & 077) {
     snprintf(why, cap, "mode %04o gives group or others access to it: chmod 600 it",
              (unsigned)(st->st_mode & 07777));
+  } else if (st->st_uid != geteuid() && st->st_uid != 0) {
+    /* its owner may rewrite the key at will, whatever the mode says (ssh's StrictModes) */
+    snprintf(why, cap, "owned by uid %u, not by this process's user (uid %u) or root: chown it",
+             (unsigned)st->st_uid, (unsigned)geteuid());
   } else if (st->st_size > KEY_FILE_MAX) {
     snprintf(why, cap, "%lld bytes: a key file is at most %d", (long long)st->st_size, KEY_FILE_MAX);
   } else {
@@ -180,6 +184,7 @@ static void remember(struct auth *a, const struct stat *st) {
   a->dev = st->st_dev;
   a->ino = st->st_ino;
   a->mtime = st->st_mtim;
+  a->ctime = st->st_ctim;
   a->size = st->st_size;
 }
 
@@ -197,17 +202,25 @@ HixlStatus auth_open(struct auth *a, const char *path) {
   char why[256];
   struct stat st;
   struct auth_ring ring;
+  char full[AUTH_PATH_MAX], cwd[AUTH_PATH_MAX];
   if (!path || !*path) return HIXL_SUCCESS;
-  if (strlen(path) >= sizeof(a->path))
+  /* Re-read later by this name: a relative one is made absolute now, so a chdir of the
+   * host does not point it at another file (symlinks are kept: they may be rotated). */
+  if (path[0] != '/' && !getcwd(cwd, sizeof(cwd)))
+    return hixl_fail(HIXL_PARAM_INVALID,
+                     "AuthKeyFile: a relative path, and the working directory is unknown: %s",
+                     strerror(errno));
+  if ((size_t)snprintf(full, sizeof(full), "%s%s%s", path[0] == '/' ? "" : cwd, path[0] == '/' ? "" : "/",
+                       path) >= sizeof(full))
     return hixl_fail(HIXL_PARAM_INVALID, "AuthKeyFile: the path is longer than %u bytes", AUTH_PATH_MAX - 1);
-  if (!load(path, &ring, &st, why, sizeof(why))) {
+  if (!load(full, &ring, &st, why, sizeof(why))) {
     char shown[512]; /* escaped: a path from the environment cannot forge a line of a log */
     log_escape(shown, sizeof(shown), path, strlen(path));
     return hixl_fail(HIXL_PARAM_INVALID, "AuthKeyFile %s: %s", shown, why);
   }
   pthread_mutex_lock(&a->mu);
   a->ring = ring;
-  snprintf(a->path, sizeof(a->path), "%s", path);
+  snprintf(a->path, sizeof(a->path), "%s", full);
   remember(a, &st);
   a->reload_failed = false;
   pthread_mutex_unlock(&a->mu);
@@ -232,9 +245,12 @@ bool auth_enabled(struct auth *a) {
 void auth_current(struct auth *a, struct auth_ring *out) {
   struct stat st;
   pthread_mutex_lock(&a->mu);
-  if (a->path[0] && stat(a->path, &st) == 0 &&
-      (st.st_dev != a->dev || st.st_ino != a->ino || st.st_size != a->size ||
-       st.st_mtim.tv_sec != a->mtime.tv_sec || st.st_mtim.tv_nsec != a->mtime.tv_nsec)) {
+  /* A file gone or changed in any way (a chmod moves only its ctime) is read again: what
+   * cannot be used is said once, and the keys read before stay. */
+  if (a->path[0] &&
+      (stat(a->path, &st) != 0 || st.st_dev != a->dev || st.st_ino != a->ino || st.st_size != a->size ||
+       st.st_mtim.tv_sec != a->mtime.tv_sec || st.st_mtim.tv_nsec != a->mtime.tv_nsec ||
+       st.st_ctim.tv_sec != a->ctime.tv_sec || st.st_ctim.tv_nsec != a->ctime.tv_nsec)) {
     struct auth_ring ring;
     char why[256], shown[512];
     log_escape(shown, sizeof(shown), a->path, strlen(a->path));

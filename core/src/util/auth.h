@@ -5,9 +5,11 @@
  * A key file (AuthKeyFile, or HIXL_AUTH_KEY_FILE) holds one or two keys, one per
  * line, each 32 to 128 hex digits (16 to 64 bytes); blank lines and lines starting
  * with '#' are skipped. It is refused when group or others have any permission on
- * it. Two keys at once let a deployment rotate: add the new key beside the old one
- * on every host, then take the old one out; each change is read at the next
- * handshake (the file's identity and mtime are checked), with no restart. A key is
+ * it, or when it is owned by another user than this process's or root. Two keys at
+ * once let a deployment rotate: add the new key beside the old one on every host, then
+ * take the old one out; each change is read at the next handshake (the file's
+ * identity, size, mtime and ctime are checked), with no restart. A relative path is
+ * taken from the working directory at auth_open. A key is
  * named on the wire by its id, the first 8 bytes of HMAC(key, "hixl key id v1"). */
 #ifndef HIXL_AUTH_H
 #define HIXL_AUTH_H
@@ -49,6 +51,7 @@ struct auth {
   dev_t dev; /* the file as last read: a change to any of these re-reads it */
   ino_t ino;
   struct timespec mtime;
+  struct timespec ctime;
   off_t size;
   bool reload_failed; /* the last re-read failed (logged once until one succeeds) */
 };
@@ -60,7 +63,8 @@ bool auth_parse(char *text, struct auth_ring *ring, char *why, size_t cap);
 void auth_init(struct auth *a);
 void auth_destroy(struct auth *a);
 /* Read path (NULL or "": no authentication). Fails, naming the file and the reason,
- * when it cannot be read, has group or other permissions, or holds no valid key. */
+ * when it cannot be read, has group or other permissions, another owner, or holds no
+ * valid key. */
 HixlStatus auth_open(struct auth *a, const char *path);
 void auth_close(struct auth *a); /* the keys are wiped: no authentication until the next open */
 bool auth_enabled(struct auth *a);
