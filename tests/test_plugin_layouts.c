@@ -1169,6 +1169,184 @@ static void test_planes_move_the_tensors(void) {
   }
 }
 
+/* ---- a careless host's descriptions: refused by name, before anything is registered ---- */
+
+/* A fresh worker (rank 0 of 1). */
+static hixl_kv_connector *worker_up(void) {
+  char cfg[512], err[256];
+  hixl_kv_connector *w = NULL;
+  config(cfg, sizeof(cfg), "both", "pull");
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 0, 1, &w, err, sizeof(err)), HIXL_KV_SUCCESS);
+  return w;
+}
+
+/* register_kv_groups of one plane p (num_blocks nb, elem_size 2) on w: its status,
+ * and whether the error names what. */
+static hixl_kv_status one_plane(hixl_kv_connector *w, hixl_kv_plane p, uint64_t nb, const char *what) {
+  hixl_kv_group g = {.size = sizeof(g),
+                     .kind = HIXL_KV_GROUP_FULL_ATTENTION,
+                     .num_layers = 1,
+                     .planes_per_layer = 1,
+                     .planes = &p,
+                     .num_blocks = nb,
+                     .block_tokens = M_TOKENS,
+                     .elem_size = M_ELEM};
+  hixl_kv_status st = ops->register_kv_groups(w, &g, 1);
+  if (st != HIXL_KV_SUCCESS && what && !strstr(ops->last_error(), what)) {
+    fprintf(stderr, "  the error does not name %s: %s\n", what, ops->last_error());
+    CU_FAIL("the error does not name what is wrong");
+  }
+  return st;
+}
+
+/* The same on a worker of its own, destroyed after. */
+static hixl_kv_status alone(hixl_kv_plane p, uint64_t nb, const char *what) {
+  hixl_kv_connector *w = worker_up();
+  if (!w) return HIXL_KV_FAILED;
+  hixl_kv_status st = one_plane(w, p, nb, what);
+  ops->destroy(w);
+  return st;
+}
+
+/* Planes whose blocks or heads overlap, whose heads lie past the address space
+ * (head_stride times the heads wrapped 64 bits), and whose heads split an element
+ * (before: each registered, and the op lists read and wrote wherever they pointed);
+ * then a group's reserved2 not 0, and V before K (register_kv_caches' v_offset wrapped
+ * 64 bits, V over K). Each is refused, naming what, and leaves nothing registered: a
+ * good description then registers, once. */
+static void test_bad_planes_refused(void) {
+  uint8_t *mem = aligned_alloc(4096, 65536);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(mem);
+  uintptr_t b = (uintptr_t)mem;
+  /* Blocks 128 bytes long, 64 apart: block 1 is half of block 0. */
+  ST_IS(alone((hixl_kv_plane){.base = b, .block_stride = 64, .block_bytes = 128}, 4, "overlap"),
+        HIXL_KV_PARAM_INVALID);
+  /* Heads adjacent (64 bytes each), blocks 64 apart: block 1's head 0 is block 0's head 1. */
+  ST_IS(alone(
+            (hixl_kv_plane){
+                .base = b, .block_stride = 64, .block_bytes = 128, .head_stride = 64, .num_heads = 2},
+            4, "overlap"),
+        HIXL_KV_PARAM_INVALID);
+  /* 3 heads 2^63 apart: head 1 at base + 2^63, head 2 at base + 2^64 (base). */
+  ST_IS(alone((hixl_kv_plane){.base = b,
+                              .block_stride = 192,
+                              .block_bytes = 192,
+                              .head_stride = UINT64_C(1) << 63,
+                              .num_heads = 3},
+              4, "head_stride"),
+        HIXL_KV_PARAM_INVALID);
+  /* 8 bytes in 8 heads: a head of 1 byte, half an element. */
+  ST_IS(
+      alone((hixl_kv_plane){.base = b, .block_stride = 8, .block_bytes = 8, .head_stride = 1, .num_heads = 8},
+            4, "elem_size"),
+      HIXL_KV_PARAM_INVALID);
+  /* A 1.5 group whose reserved2 is not 0 (before: ignored, so a later version could not give it a
+   * meaning). */
+  hixl_kv_connector *w = worker_up();
+  CU_ASSERT_PTR_NOT_NULL_FATAL(w);
+  hixl_kv_plane pl = {.base = b, .block_stride = 128, .block_bytes = 128};
+  hixl_kv_group g = {.size = sizeof(g),
+                     .kind = HIXL_KV_GROUP_FULL_ATTENTION,
+                     .num_layers = 1,
+                     .planes_per_layer = 1,
+                     .planes = &pl,
+                     .num_blocks = 4,
+                     .block_tokens = M_TOKENS,
+                     .elem_size = M_ELEM,
+                     .reserved2 = 1};
+  ST_IS(ops->register_kv_groups(w, &g, 1), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(ops->last_error(), "reserved2"));
+  ops->destroy(w);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(w = worker_up());
+  /* KV-first with V before K: v_offset -2048 wraps to base - 2048, and V's 4 blocks of 1024
+   * cover K's first 2. */
+  hixl_kv_layer ly = {.base = b + 8192,
+                      .num_blocks = 4,
+                      .block_bytes = 1024,
+                      .v_offset = (uint64_t)0 - 2048,
+                      .layout = HIXL_KV_LAYOUT_KV_FIRST,
+                      .elem_size = M_ELEM,
+                      .block_tokens = M_TOKENS};
+  ST_IS(ops->register_kv_caches(w, &ly, 1), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(ops->last_error(), "V at offset"));
+  /* The good one still registers on the same worker: an LHBNC plane (heads num_blocks
+   * apart), once. */
+  ST_IS(one_plane(w,
+                  (hixl_kv_plane){
+                      .base = b, .block_stride = 64, .block_bytes = 128, .head_stride = 256, .num_heads = 2},
+                  4, NULL),
+        HIXL_KV_SUCCESS);
+  ST_IS(
+      one_plane(w, (hixl_kv_plane){.base = b + 8192, .block_stride = 128, .block_bytes = 128}, 4, "already"),
+      HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->destroy(w), HIXL_KV_SUCCESS);
+  free(mem);
+}
+
+/* Layout names the handshake metadata's JSON and the digest cannot carry: a quote (before:
+ * get_handshake_metadata gave {"layout":"abi=1.5 ... [a"b ...} , JSON that does not
+ * parse), a backslash, a newline. Refused, naming the layout name. */
+static void test_layout_name_refused(void) {
+  uint8_t *mem = aligned_alloc(4096, 4096);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(mem);
+  hixl_kv_plane p = {.base = (uintptr_t)mem, .block_stride = 128, .block_bytes = 128};
+  const char *names[] = {"a\"b", "a\\b", "a\nb"};
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+    hixl_kv_connector *w = worker_up();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(w);
+    hixl_kv_group g = {.size = sizeof(g),
+                       .kind = HIXL_KV_GROUP_FULL_ATTENTION,
+                       .num_layers = 1,
+                       .planes_per_layer = 1,
+                       .planes = &p,
+                       .num_blocks = 4,
+                       .block_tokens = M_TOKENS,
+                       .elem_size = M_ELEM,
+                       .layout = names[i],
+                       .layout_len = 3};
+    ST_IS(ops->register_kv_groups(w, &g, 1), HIXL_KV_PARAM_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ops->last_error(), "layout name"));
+    ops->destroy(w);
+  }
+  free(mem);
+}
+
+/* A cross-layer group of 200 planes: their sizes overran the 1 KiB compatibility digest,
+ * which lost its " tp=1" (before: registered, and every hand-off with a peer of the same
+ * layout failed "layout mismatch"). Refused at registration, naming the digest. */
+static void test_digest_overrun_refused(void) {
+  enum { N = 200, BYTES = 1024 };
+  uint8_t *mem = aligned_alloc(4096, N * BYTES);
+  hixl_kv_plane *p = calloc(N, sizeof(*p));
+  CU_ASSERT_PTR_NOT_NULL_FATAL(mem);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(p);
+  for (int i = 0; i < N; i++) /* block-major: plane i is bytes i * 1024.. of each 200 KiB block */
+    p[i] = (hixl_kv_plane){
+        .base = (uintptr_t)mem + (size_t)i * BYTES, .block_stride = N * BYTES, .block_bytes = BYTES};
+  hixl_kv_connector *w = worker_up();
+  CU_ASSERT_PTR_NOT_NULL_FATAL(w);
+  hixl_kv_group g = {.size = sizeof(g),
+                     .kind = HIXL_KV_GROUP_FULL_ATTENTION,
+                     .flags = HIXL_KV_GROUP_CROSS_LAYER,
+                     .num_layers = 1,
+                     .planes_per_layer = N,
+                     .planes = p,
+                     .num_blocks = 1,
+                     .block_tokens = M_TOKENS,
+                     .elem_size = M_ELEM};
+  ST_IS(ops->register_kv_groups(w, &g, 1), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(ops->last_error(), "digest"));
+  hixl_kv_buffer hs = {0};
+  if (ops->get_handshake_metadata(w, &hs) == HIXL_KV_SUCCESS) { /* what a peer would be told */
+    if (strstr((const char *)hs.data, "planes=") && !strstr((const char *)hs.data, " tp=1"))
+      fprintf(stderr, "  registered, and its digest has no tp=: %.80s...\n", (const char *)hs.data);
+    ops->free_buffer(&hs);
+  }
+  ops->destroy(w);
+  free(p);
+  free(mem);
+}
+
 /* The table this host was built against holds the 1.3 ops. */
 static void test_ops_present(void) {
   CU_ASSERT_TRUE(ops->abi_version >= HIXL_KV_ABI_VERSION);
@@ -1185,6 +1363,9 @@ static CU_TestInfo adapter_tests[] = {
     {"the 1.3 ops are in the table", test_ops_present},
     {"planes from shapes, strides and element size", test_planes_from_strides},
     {"planes moved by the header's rules land each hand-off's bytes", test_planes_move_the_tensors},
+    {"a careless host's planes: refused by name, nothing registered", test_bad_planes_refused},
+    {"layout names JSON and the digest cannot carry: refused", test_layout_name_refused},
+    {"a group past the compatibility digest: refused", test_digest_overrun_refused},
     CU_TEST_INFO_NULL,
 };
 static CU_TestInfo layout_tests[] = {

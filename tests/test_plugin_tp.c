@@ -750,6 +750,36 @@ static void test_heads_checked(void) {
   CU_ASSERT_PTR_NOT_NULL(strstr(err, "required_kv_layout"));
 }
 
+/* A 1.3 host's planes of 2^31 heads on rank 1 of 2: their heads times the world is 2^32,
+ * which wrapped to 0 KV heads (before: a division by 0, the host killed by SIGFPE);
+ * refused, naming the heads. */
+static void test_heads_overflow(void) {
+  char cfg[256];
+  snprintf(cfg, sizeof(cfg), "{\"address\": \"%s:%u\", \"Transport\": \"tcp\"}", test_ip(),
+           (unsigned)free_ports(2));
+  hixl_kv_connector *w = NULL;
+  char err[256];
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 1, 2, &w, err, sizeof(err)), HIXL_KV_SUCCESS);
+  uint8_t *mem = aligned_alloc(4096, 4096);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(mem);
+  hixl_kv_plane pl = {.base = (uintptr_t)mem,
+                      .block_bytes = UINT64_C(1) << 31,
+                      .head_stride = 1,
+                      .num_heads = UINT32_C(1) << 31};
+  hixl_kv_group g = {.size = HIXL_KV_GROUP_SIZE_1_3,
+                     .kind = HIXL_KV_GROUP_FULL_ATTENTION,
+                     .num_layers = 1,
+                     .planes_per_layer = 1,
+                     .planes = &pl,
+                     .num_blocks = 1,
+                     .block_tokens = TOKENS,
+                     .elem_size = 1};
+  ST_IS(ops->register_kv_groups(w, &g, 1), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(ops->last_error(), "heads"));
+  ops->destroy(w);
+  free(mem);
+}
+
 #define T(name)                                                                                              \
   { #name, test_##name }
 static CU_TestInfo tp_tests[] = {
@@ -759,7 +789,7 @@ static CU_TestInfo tp_tests[] = {
     T(push_gqa8_2_4),    T(push_gqa8_4_2),     T(push_gqa8_1_4),   T(push_gqa8_4_1),      T(push_gqa8_2_2),
     T(push_gqa2_1_4),    T(push_gqa2_4_1),     T(push_gqa2_4_2),   T(push_mla_1_4),       T(push_mla_4_1),
     T(push_mla_2_4),     T(no_head_dimension), T(neither_divides), T(consumer_rank_gone), T(late_hold),
-    T(queued_load_kept), T(pinned_ahead),      T(heads_checked),   CU_TEST_INFO_NULL};
+    T(queued_load_kept), T(pinned_ahead),      T(heads_checked),   T(heads_overflow),     CU_TEST_INFO_NULL};
 
 static CU_SuiteInfo suites[] = {{"tensor parallelism across the hand-off", NULL, NULL, NULL, NULL, tp_tests},
                                 CU_SUITE_INFO_NULL};

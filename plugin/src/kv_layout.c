@@ -47,14 +47,21 @@ static bool plane_ok(const hixl_kv_plane *p, uint64_t nb, uint32_t elem, bool ne
     snprintf(why, cap, "base, block_bytes (a multiple of elem_size %u) must be set and reserved 0", elem);
     return false;
   }
-  if (p->num_heads && (p->block_bytes % p->num_heads || p->head_stride < p->block_bytes / p->num_heads)) {
+  if (p->num_heads && (p->block_bytes % p->num_heads || p->block_bytes / p->num_heads % elem ||
+                       p->head_stride < p->block_bytes / p->num_heads)) {
     snprintf(why, cap,
-             "%u heads: block_bytes %" PRIu64 " must divide into them and head_stride %" PRIu64 " hold one",
-             p->num_heads, p->block_bytes, p->head_stride);
+             "%u heads: block_bytes %" PRIu64 " must divide into them, each a multiple of elem_size %u, and "
+             "head_stride %" PRIu64 " hold one",
+             p->num_heads, p->block_bytes, elem, p->head_stride);
+    return false;
+  }
+  if (p->num_heads > 1 && p->head_stride > (UINT64_C(1) << 46) / (p->num_heads - 1)) { /* before it wraps */
+    snprintf(why, cap, "%u heads of head_stride %" PRIu64 " overflow the address space", p->num_heads,
+             p->head_stride);
     return false;
   }
   struct kv_plane q = {p->base, p->block_stride, p->block_bytes, p->head_stride, p->num_heads};
-  uint64_t span = piece_span(&q);
+  uint64_t span = piece_span(&q), len = q.heads ? q.bytes / q.heads : q.bytes;
   if (nb > 1 && p->block_stride == 0) {
     snprintf(why, cap, "block_stride is 0");
     return false;
@@ -63,6 +70,16 @@ static bool plane_ok(const hixl_kv_plane *p, uint64_t nb, uint32_t elem, bool ne
       p->base + (nb - 1) * p->block_stride + span < p->base) {
     snprintf(why, cap, "%" PRIu64 " blocks of stride %" PRIu64 " overflow the address space", nb,
              p->block_stride);
+    return false;
+  }
+  /* No two pieces share a byte: blocks lie apart (stride past a block's last head), or
+   * heads do (a head-major layout: each head's blocks end before the next head). */
+  if (nb > 1 && p->block_stride < span &&
+      (q.heads <= 1 || p->block_stride < len || p->head_stride < (nb - 1) * p->block_stride + len)) {
+    snprintf(why, cap,
+             "blocks overlap: block_stride %" PRIu64 " is below the %" PRIu64 " bytes a block spans, and its "
+             "heads do not lie apart (head_stride at least (num_blocks - 1) x block_stride + %" PRIu64 ")",
+             p->block_stride, span, len);
     return false;
   }
   return true;
@@ -92,8 +109,8 @@ static uint32_t model_heads(const struct kv_group *g, const struct kv_plane *q) 
  * answers carry it; a mismatch names both). Plane sizes per group: layer 0's, and a
  * hash of every layer's when they differ, each as the model has it (all KV heads: a
  * head's bytes times the heads). " tp=N" last: two sides of different world sizes
- * share everything before it (kv_tp_check says whether they can map). */
-static void layout_text(struct kv_layout *l, uint32_t world) {
+ * share everything before it (kv_tp_check says whether they can map). Whether it fit. */
+static bool layout_text(struct kv_layout *l, uint32_t world) {
   size_t n = (size_t)snprintf(l->text, sizeof(l->text), "abi=%u.5 layers=%u", HIXL_KV_ABI_MAJOR, l->nlayers);
   for (uint32_t gi = 0; gi < l->ng && n < sizeof(l->text); gi++) {
     const struct kv_group *g = &l->g[gi];
@@ -123,7 +140,8 @@ static void layout_text(struct kv_layout *l, uint32_t world) {
       n += (size_t)snprintf(l->text + n, sizeof(l->text) - n, " sizes#%016" PRIx64, h);
     if (n < sizeof(l->text)) n += (size_t)snprintf(l->text + n, sizeof(l->text) - n, "]");
   }
-  if (n < sizeof(l->text)) snprintf(l->text + n, sizeof(l->text) - n, " tp=%u", world);
+  if (n < sizeof(l->text)) n += (size_t)snprintf(l->text + n, sizeof(l->text) - n, " tp=%u", world);
+  return n < sizeof(l->text); /* else cut: no " tp=", and no peer would match it */
 }
 
 /* A group's KV heads over every rank (kv_tp.c): total (0: the planes' heads times the
@@ -141,7 +159,10 @@ static hixl_kv_status group_heads(struct kv_group *d, size_t gi, uint32_t total,
               "%s: group %zu: plane %u has %u heads, plane 0 %u (every plane of a "
               "group holds this rank's heads)",
               fn, gi, p, d->planes[p].heads, heads);
-  d->kheads = total ? total : heads * world;
+  uint64_t k = total ? total : (uint64_t)heads * world;
+  CHECK_ARG(k <= UINT32_MAX, "%s: group %zu: %u heads per rank over %u ranks: more KV heads than %u", fn, gi,
+            heads, world, UINT32_MAX);
+  d->kheads = (uint32_t)k;
   uint32_t want = world <= d->kheads ? d->kheads / world : 1;
   CHECK_ARG((world <= d->kheads ? d->kheads % world == 0 : world % d->kheads == 0) && heads == want,
             "%s: group %zu: %u KV heads over %u ranks: a rank holds %s%u, its planes %u", fn, gi, d->kheads,
@@ -160,6 +181,13 @@ uint32_t kv_layout_world(const char *text) {
   const char *t = strstr(text, " tp=");
   unsigned long w = t ? strtoul(t + 4, NULL, 10) : 0;
   return w <= KV_TP_MAX ? (uint32_t)w : 0;
+}
+
+/* A layout name the digest and the handshake metadata's JSON carry as they are. */
+static bool name_ok(const char *s, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (s[i] <= ' ' || s[i] > '~' || s[i] == '"' || s[i] == '\\') return false;
+  return true;
 }
 
 /* Group i of the host's array: its elements are the host's sizeof(hixl_kv_group)
@@ -182,8 +210,10 @@ hixl_kv_status kv_layout_build(struct kv_layout *out, const hixl_kv_group *group
     CHECK_ARG(g->size == groups[0].size, "%s: group %zu: size %u where group 0's is %u: one host, one size",
               fn, gi, g->size, groups[0].size);
     CHECK_ARG(kind_name(g->kind), "%s: group %zu: kind %u is unknown", fn, gi, g->kind);
-    CHECK_ARG((g->flags & ~HIXL_KV_GROUP_CROSS_LAYER) == 0 && g->reserved == 0,
-              "%s: group %zu: flags 0x%x has unknown bits, or reserved is not 0", fn, gi, g->flags);
+    CHECK_ARG((g->flags & ~HIXL_KV_GROUP_CROSS_LAYER) == 0 && g->reserved == 0 &&
+                  (g->size < sizeof(hixl_kv_group) || g->reserved2 == 0), /* a 1.3 host's ends before it */
+              "%s: group %zu: flags 0x%x has unknown bits, or reserved or reserved2 is not 0", fn, gi,
+              g->flags);
     CHECK_ARG(g->num_layers > 0 && g->num_layers <= KV_MAX_LAYERS && g->planes_per_layer > 0 && g->planes &&
                   g->num_blocks > 0 && g->block_tokens > 0 && g->elem_size > 0,
               "%s: group %zu: num_layers (1 to %u), planes_per_layer, planes, num_blocks, block_tokens and "
@@ -192,11 +222,12 @@ hixl_kv_status kv_layout_build(struct kv_layout *out, const hixl_kv_group *group
     CHECK_ARG((g->kind == HIXL_KV_GROUP_SLIDING_WINDOW) == (g->window_tokens > 0),
               "%s: group %zu: window_tokens %u goes with kind sliding window, and only with it", fn, gi,
               g->window_tokens);
-    CHECK_ARG(!g->layout_len ||
-                  (g->layout && g->layout_len < sizeof(l.g[0].layout) &&
-                   !memchr(g->layout, '\0', g->layout_len) && !memchr(g->layout, ' ', g->layout_len)),
-              "%s: group %zu: layout name must be 1 to %zu bytes of text without spaces", fn, gi,
-              sizeof(l.g[0].layout) - 1);
+    CHECK_ARG(
+        !g->layout_len ||
+            (g->layout && g->layout_len < sizeof(l.g[0].layout) && name_ok(g->layout, g->layout_len)),
+        "%s: group %zu: layout name must be 1 to %zu bytes of printable ASCII without spaces, quotes or "
+        "backslashes",
+        fn, gi, sizeof(l.g[0].layout) - 1);
     uint64_t np = (uint64_t)g->planes_per_layer * (g->flags & HIXL_KV_GROUP_CROSS_LAYER ? 1 : g->num_layers);
     CHECK_ARG(total + np <= KV_MAX_PLANES, "%s: %" PRIu64 " planes in group %zu; at most %u in all", fn, np,
               gi, KV_MAX_PLANES);
@@ -276,7 +307,15 @@ hixl_kv_status kv_layout_build(struct kv_layout *out, const hixl_kv_group *group
   for (uint32_t gi = 0, k = 0; gi < l.ng; gi++)
     for (uint32_t p = 0; p < l.g[gi].nplanes; p++) l.by_base[k++] = (struct kv_plane_at){gi, p};
   qsort_r(l.by_base, l.nplanes, sizeof(*l.by_base), cmp_by_base, &l);
-  layout_text(&l, world);
+  if (!layout_text(&l, world)) {
+    uint32_t np = l.nplanes;
+    kv_layout_free(&l);
+    return kv_fail(
+        HIXL_KV_PARAM_INVALID,
+        "%s: %zu groups of %u planes: the compatibility digest (each group's plane sizes and heads) "
+        "is longer than %u bytes; describe fewer planes (a cross-layer group: one per block)",
+        fn, ng, np, KV_LAYOUT_TEXT - 1);
+  }
   *out = l;
   return HIXL_KV_SUCCESS;
 }

@@ -107,9 +107,10 @@ static hixl_kv_status kv_setup(hixl_kv_connector *c, hixl_kv_layer *ly, size_t n
         fn, i);
     CHECK_ARG(l->layout == HIXL_KV_LAYOUT_KV_FIRST || l->layout == HIXL_KV_LAYOUT_BLOCKS_FIRST,
               "%s: layer %zu: layout %u is unknown", fn, i, l->layout);
-    CHECK_ARG(alloc || l->layout != HIXL_KV_LAYOUT_KV_FIRST || l->v_offset >= l->num_blocks * l->block_bytes,
-              "%s: layer %zu: V at offset %" PRIu64 " overlaps K's %" PRIu64 " bytes", fn, i, l->v_offset,
-              l->num_blocks * l->block_bytes);
+    CHECK_ARG(alloc || l->layout != HIXL_KV_LAYOUT_KV_FIRST ||
+                  (l->v_offset >= l->num_blocks * l->block_bytes && l->base + l->v_offset > l->base),
+              "%s: layer %zu: V at offset %" PRIu64 " overlaps K's %" PRIu64 " bytes, or wraps past 2^64", fn,
+              i, l->v_offset, l->num_blocks * l->block_bytes);
     CHECK_ARG(l->num_blocks == l0->num_blocks && l->block_bytes == l0->block_bytes &&
                   l->layout == l0->layout && l->elem_size == l0->elem_size &&
                   l->block_tokens == l0->block_tokens,
