@@ -910,6 +910,63 @@ static void test_release(void) {
   side_down(&p);
 }
 
+/* Push: two producers accepted the expected push (tensor parallelism: each writes its
+ * own heads; here two engines as rank 0 of world 1), and one of them ABORTs it. Once
+ * get_finished reports the load failed (its blocks in the load errors, the host may
+ * reuse them), the other one, still writing, lands nothing more in them: its grant is
+ * revoked and, as when the push expires, its links are cut (a same-host copy is not
+ * scoped, so the revoke alone does not stop it). */
+static void abort_cuts_body(void) {
+  struct push_case t;
+  push_up(&t, "push-ab");
+  HixlEngine *h2 = hostile_up(t.d.addr);
+  struct kv_out groups = {0}, why = {0};
+  const uint32_t gn = 2;
+  kv_put_groups(&groups, &gn, 1);
+  kv_put_str(&why, "rank gave up", 12);
+  uint8_t ans[4096], *src = tu_alloc_mem(BLOCK_BYTES, false);
+  size_t n = 0;
+  CU_ASSERT_FATAL(src && tu_register(t.h, src, BLOCK_BYTES));
+  memset(src, 0x5A, BLOCK_BYTES);
+  uint8_t *blk = block_at(&t.d, 0, 0, push_db[0]);
+  HixlTransferOpDesc w = {(uintptr_t)src, (uintptr_t)blk, BLOCK_BYTES};
+  TU_ASSERT_OK_FATAL(call(t.h, t.d.addr, KV_SVC_ACCEPT, "push-ab", P_RIGHT, &t.cap, &groups, ans, &n));
+  CU_ASSERT_FATAL(n >= 1 && ans[0] == KV_PIN_HELD);
+  TU_ASSERT_OK_FATAL(call(h2, t.d.addr, KV_SVC_ACCEPT, "push-ab", P_RIGHT, &t.cap, &groups, ans, &n));
+  CU_ASSERT_FATAL(n >= 1 && ans[0] == KV_PIN_HELD);
+  TU_ASSERT_OK(HixlEngineTransferSync(t.h, t.d.addr, HIXL_WRITE, &w, 1, 5000)); /* layer 0, accepted */
+  TU_ASSERT_OK(call(h2, t.d.addr, KV_SVC_ABORT, "push-ab", P_RIGHT, &t.cap, &why, ans, &n));
+  CU_ASSERT_TRUE(wait_finished(&t.d, "push-ab", false, 0)); /* failed: the host may reuse the blocks */
+  hixl_kv_blocks e = {0};
+  ST_IS(ops->get_block_ids_with_load_errors(t.d.worker, &e), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(e.count, 2);
+  ops->free_buffer(&e.raw);
+  memset(blk, 0xEE, BLOCK_BYTES); /* the host's next request computes into it */
+  HixlStatus late = HixlEngineTransferSync(t.h, t.d.addr, HIXL_WRITE, &w, 1, 5000);
+  CU_ASSERT_NOT_EQUAL(late, HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(tu_check_byte(blk, BLOCK_BYTES, 0xEE), -1); /* nothing of the late write landed */
+  printf("  [the other producer's WRITE after the ABORT was reported: %s]\n", HixlStatusName(late));
+  free(groups.p);
+  free(why.p);
+  HixlEngineDestroy(h2);
+  HixlEngineDestroy(t.h);
+  tu_free_mem(src, BLOCK_BYTES);
+  free(t.params);
+  side_down(&t.p);
+  side_down(&t.d);
+}
+
+/* With a key, as a deployment runs: two engines of one process then link by same-host
+ * copies under auto (without one, tcp), which the revoke alone does not stop. Before,
+ * the late WRITE landed over shm (tcp refused it already). */
+static void test_abort_cuts_other_producers(void) {
+  const char *had = getenv("HIXL_AUTH_KEY_FILE");
+  CU_ASSERT_FATAL(tu_key_file() != NULL);
+  if (!had) setenv("HIXL_AUTH_KEY_FILE", tu_key_file(), 1);
+  abort_cuts_body();
+  if (!had) unsetenv("HIXL_AUTH_KEY_FILE");
+}
+
 int main(int argc, char **argv) {
   int rc = tu_child_main(argc, argv);
   if (rc >= 0) return rc;
@@ -942,6 +999,9 @@ int main(int argc, char **argv) {
   CU_add_test(s, "push: LAYER and LAYERS without the capability are refused and mark nothing",
               test_layers_without_cap);
   CU_add_test(s, "push: ACCEPT without the capability is refused", test_accept_without_cap);
+  CU_add_test(
+      s, "push: an ABORT by one producer cuts off the others that accepted, before the failure is reported",
+      test_abort_cuts_other_producers);
   CU_add_test(s, "cap_refused counts each refusal and nothing else", test_refusals_counted);
   CU_add_test(s,
               "pull: RELEASE: refused without the capability, NOT_YET before the hold, then HELD and freed",

@@ -456,6 +456,11 @@ static HixlStatus serve_layers(hixl_kv_connector *c, const struct svc_req *r, st
 static HixlStatus serve_abort(hixl_kv_connector *c, const char *peer, const struct svc_req *r,
                               struct kv_expect *x) {
   if (x) {
+    /* The other producer ranks that accepted it may still be writing: cut off before the
+     * host hears of the failure and reuses the blocks, as when it expires (drop_peers). */
+    for (uint32_t i = 0; i < x->peers.n; i++)
+      if (strcmp(x->peers.v[i].name, peer) != 0 && !kv_idhash_has(&c->drop, x->peers.v[i].name))
+        kv_idhash_add(&c->drop, x->peers.v[i].name, NULL, SIZE_MAX, NULL);
     char
         esc[KV_MAX_ID + 1]; /* the peer's text, logged: escaped (docs/security.md, "Logs"), cut at its size */
     char why[sizeof(esc) + 96];
