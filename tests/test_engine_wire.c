@@ -1964,6 +1964,70 @@ static HixlEngine *target_with(const HixlOption *o, size_t n, char *addr, uint16
   return t;
 }
 
+/* ---- a service handler calling its own engine ---- */
+
+/* What the handler below tried of its engine, from inside its call. */
+struct reenter {
+  HixlEngine *e;
+  char peer[TU_ADDR_LEN];
+  HixlStatus call, start, unset, wait, destroy;
+};
+
+static HixlStatus reenter_handler(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                                  size_t cap, size_t *resp_len) {
+  struct reenter *r = ctx;
+  uint8_t ans[16];
+  size_t n = 0;
+  uint32_t n32 = 0;
+  hixl_call_t call = NULL;
+  (void)peer, (void)req, (void)len;
+  r->call = hixl_engine_call(r->e, r->peer, 3, "x", 1, ans, sizeof(ans), &n, 200);
+  r->start = hixl_engine_call_start(r->e, r->peer, 3, "x", 1, ans, sizeof(ans), &n32, 200, &call);
+  r->unset = hixl_engine_set_service(r->e, 3, NULL, NULL);
+  r->wait = hixl_engine_call_wait(r->e, r->peer, (hixl_call_t)ctx); /* refused before it is looked at */
+  r->destroy = HixlEngineDestroy(r->e); /* its Finalize refused: it must not free the engine either */
+  *resp_len = (size_t)snprintf((char *)resp, cap, "served");
+  return HIXL_SUCCESS;
+}
+
+/* A handler runs holding its engine's lock: one that calls its engine (forwards the
+ * call, takes itself away, waits for a call, destroys it) is refused at once with PARAM_INVALID,
+ * and its own answer still goes back (before: each waited for that lock forever, and
+ * with it the progress thread, every link of the engine and its Finalize). A NULL
+ * engine to hixl_engine_call_wait is PARAM_INVALID (before: a crash). */
+static void test_handler_calls_its_engine(void) {
+  char saddr[TU_ADDR_LEN];
+  uint16_t sport;
+  struct reenter r = {.call = HIXL_SUCCESS,
+                      .start = HIXL_SUCCESS,
+                      .unset = HIXL_SUCCESS,
+                      .wait = HIXL_SUCCESS,
+                      .destroy = HIXL_SUCCESS};
+  HixlEngine *s = target_with(NULL, 0, saddr, &sport), *c = NULL;
+  CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+  r.e = s;
+  snprintf(r.peer, sizeof(r.peer), "%s", saddr);
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(s, 3, reenter_handler, &r));
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&c));
+  TU_ASSERT_OK_FATAL(HixlEngineInitialize(c, "127.0.0.1", NULL, 0));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(c, saddr, 2000));
+  uint8_t ans[16] = {0};
+  size_t n = 0;
+  HixlStatus st = hixl_engine_call(c, saddr, 3, "q", 1, ans, sizeof(ans), &n, 2000);
+  TU_ASSERT_STATUS(st, HIXL_SUCCESS);
+  CU_ASSERT(n == 6 && memcmp(ans, "served", 6) == 0);
+  TU_ASSERT_STATUS(r.call, HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(r.start, HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(r.unset, HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(r.wait, HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(r.destroy, HIXL_PARAM_INVALID);
+  TU_ASSERT_STATUS(hixl_engine_call_wait(NULL, saddr, (hixl_call_t)&r), HIXL_PARAM_INVALID);
+  HixlEngineDestroy(c);
+  if (st != HIXL_SUCCESS) return; /* s's progress thread waits for its own lock: s is left behind */
+  TU_ASSERT_OK(hixl_engine_set_service(s, 3, NULL, NULL)); /* still there: the handler could not take it */
+  HixlEngineDestroy(s);
+}
+
 /* A connection that never says HELLO is closed at HandshakeTimeout (issue 28: it was
  * kept forever); one that did stays. */
 static void test_handshake_deadline(void) {
@@ -2183,6 +2247,8 @@ int main(int argc, char **argv) {
   CU_add_test(t, "CALL_AFTER: served behind its landed WRITEs, refused behind a refused one",
               test_call_after);
   CU_add_test(t, "CALL_TAG on a tcp link: closed, not served", test_call_tag_on_tcp_closes);
+  CU_add_test(t, "a service handler calling its own engine: refused at once, never a hang",
+              test_handler_calls_its_engine);
   CU_add_test(t, "STAGE_WRITE into registered ranges lands exactly", test_stage_write_registered);
   CU_add_test(t, "STAGE_WRITE with a range outside: FAILED, nothing written, link kept",
               test_stage_write_outside_refused);

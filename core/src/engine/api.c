@@ -26,9 +26,19 @@
 #include "util/sock.h"
 #include "util/status_int.h"
 
+HixlStatus api_not_serving(HixlEngine *e, const char *fn) {
+  if (link_serving_engine != e) return HIXL_SUCCESS;
+  return hixl_fail(HIXL_PARAM_INVALID,
+                   "%s: called from a service handler of engine %s, which runs holding the engine's lock: a "
+                   "handler must not call its engine",
+                   fn, e->local_name);
+}
+
 /* Lock e and check it is initialized; on failure the lock is not held. */
 HixlStatus api_enter(HixlEngine *e, const char *fn) {
   if (!e) return hixl_fail(HIXL_PARAM_INVALID, "%s: engine is NULL", fn);
+  HixlStatus st = api_not_serving(e, fn); /* its lock is this thread's already: waiting would hang */
+  if (st != HIXL_SUCCESS) return st;
   engine_lock_caller(e);
   if (!e->initialized) {
     pthread_mutex_unlock(&e->lock);
@@ -309,6 +319,8 @@ HixlStatus HixlEngineFinalize(HixlEngine *e) {
 
 HixlStatus HixlEngineDestroy(HixlEngine *e) {
   CHECK_ARG(e, "HixlEngineDestroy: engine is NULL");
+  HixlStatus st = api_not_serving(e, "HixlEngineDestroy"); /* its Finalize would be refused, not waited for */
+  if (st != HIXL_SUCCESS) return st;
   if (e->initialized) HixlEngineFinalize(e);
   /* Async requests never queried: every chunk ended when the links closed. */
   for (size_t i = 0; i < e->reqs.cap; i++) {

@@ -95,6 +95,7 @@ HixlStatus hixl_engine_set_service(HixlEngine *e, uint16_t service, hixl_call_fn
             (unsigned)service, ENGINE_SERVICES);
   HixlStatus st = HIXL_SUCCESS;
   if (!fn && e) { /* taking a handler away works on a finalized engine too: its owner is going */
+    if ((st = api_not_serving(e, "hixl_engine_set_service")) != HIXL_SUCCESS) return st;
     engine_lock_caller(e);
   } else if ((st = api_enter(e, "hixl_engine_set_service")) != HIXL_SUCCESS) {
     return st;
@@ -189,11 +190,13 @@ HixlStatus hixl_engine_call_start(HixlEngine *e, const char *remote, uint16_t se
 
 HixlStatus hixl_engine_call_wait(HixlEngine *e, const char *remote, hixl_call_t call) {
   const char *fn = "hixl_engine_call_wait";
-  CHECK_ARG(call && remote, "%s: call or remote is NULL", fn);
+  CHECK_ARG(e && call && remote, "%s: engine, call or remote is NULL", fn);
+  HixlStatus st = api_not_serving(e, fn);
+  if (st != HIXL_SUCCESS) return st;
   pthread_mutex_lock(&e->lock); /* not api_enter: a call started is waited for even while finalizing */
   struct peer *p = api_find_peer(e, remote);
   struct conn *c = p ? p->conn : NULL; /* NULL: the link died, and ended the call */
-  HixlStatus st = api_req_wait(e, c, call, fn, remote);
+  st = api_req_wait(e, c, call, fn, remote);
   pthread_mutex_unlock(&e->lock);
   return st;
 }

@@ -18,6 +18,8 @@
 
 /* api.c */
 HixlStatus api_enter(HixlEngine *e, const char *fn); /* lock e, initialized; on failure not locked */
+/* PARAM_INVALID when this thread runs a service handler of e, which holds e's lock. */
+HixlStatus api_not_serving(HixlEngine *e, const char *fn);
 /* A call about to release the lock and go on using what Finalize frees (a module's state,
  * a registration): api_out before, api_back once it holds the lock again; Finalize waits
  * until no call is out. Lock held for both. */

@@ -192,7 +192,8 @@ HixlStatus hixl_engine_grant_peers(HixlEngine *e, size_t *peers);
 /* Answers one CALL from peer: req/len is the request; write at most cap bytes of the
  * answer to resp and set *resp_len. A status other than SUCCESS goes back with resp
  * as its reason, in text. Runs on the progress thread with the engine lock held: it
- * must not call the engine, and any lock it takes must never be held while calling it. */
+ * must not call the engine (but to grant and revoke; any other call of its engine is
+ * refused with PARAM_INVALID), and any lock it takes must never be held while calling it. */
 typedef HixlStatus (*hixl_call_fn)(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
                                    size_t cap, size_t *resp_len);
 
