@@ -117,6 +117,28 @@ static void test_no_driver(void) {
   tu_free_mem(buf, 4096);
 }
 
+/* The driver entry points the device tests call themselves, from lib; false unless all. */
+struct cu_fns {
+  int (*init)(unsigned);
+  int (*retain)(void **, int);
+  int (*push)(void *);
+  int (*pop)(void **);
+  int (*alloc)(unsigned long long *, size_t);
+  int (*release)(unsigned long long);
+  int (*dtoh)(void *, unsigned long long, size_t);
+};
+
+static bool cu_fns_load(void *lib, struct cu_fns *f) {
+  f->init = (int (*)(unsigned))dlsym(lib, "cuInit");
+  f->retain = (int (*)(void **, int))dlsym(lib, "cuDevicePrimaryCtxRetain");
+  f->push = (int (*)(void *))dlsym(lib, "cuCtxPushCurrent_v2");
+  f->pop = (int (*)(void **))dlsym(lib, "cuCtxPopCurrent_v2");
+  f->alloc = (int (*)(unsigned long long *, size_t))dlsym(lib, "cuMemAlloc_v2");
+  f->release = (int (*)(unsigned long long))dlsym(lib, "cuMemFree_v2");
+  f->dtoh = (int (*)(void *, unsigned long long, size_t))dlsym(lib, "cuMemcpyDtoH_v2");
+  return f->init && f->retain && f->push && f->pop && f->alloc && f->release && f->dtoh;
+}
+
 /* With a CUDA driver (the fake one in fakecuda_test_devmem, whose device memory faults
  * when the CPU touches it, as a GPU's does; the GPU's own in the GPU run): cuMemAlloc'd
  * memory registered as HIXL_MEM_HOST is refused PARAM_INVALID, naming HIXL_MEM_DEVICE,
@@ -134,21 +156,14 @@ static void test_device_as_host(void) {
     CU_PASS("no CUDA driver here: nothing to register");
     return;
   }
-  int (*init)(unsigned) = (int (*)(unsigned))dlsym(lib, "cuInit");
-  int (*retain)(void **, int) = (int (*)(void **, int))dlsym(lib, "cuDevicePrimaryCtxRetain");
-  int (*push)(void *) = (int (*)(void *))dlsym(lib, "cuCtxPushCurrent_v2");
-  int (*pop)(void **) = (int (*)(void **))dlsym(lib, "cuCtxPopCurrent_v2");
-  int (*alloc)(unsigned long long *, size_t) =
-      (int (*)(unsigned long long *, size_t))dlsym(lib, "cuMemAlloc_v2");
-  int (*release)(unsigned long long) = (int (*)(unsigned long long))dlsym(lib, "cuMemFree_v2");
+  struct cu_fns cu;
   void *ctx = NULL;
   unsigned long long dev = 0;
-  if (!init || !retain || !push || !pop || !alloc || !release || init(0) != 0 || retain(&ctx, 0) != 0 ||
-      push(ctx) != 0) {
+  if (!cu_fns_load(lib, &cu) || cu.init(0) != 0 || cu.retain(&ctx, 0) != 0 || cu.push(ctx) != 0) {
     CU_PASS("the CUDA driver does not start here (no device): nothing to register");
     return;
   }
-  CU_ASSERT_FATAL(alloc(&dev, 1u << 20) == 0);
+  CU_ASSERT_FATAL(cu.alloc(&dev, 1u << 20) == 0);
   HixlEngine *e = NULL;
   char name[TU_ADDR_LEN];
   uint8_t *buf = tu_alloc_mem(8192, false);
@@ -191,8 +206,8 @@ static void test_device_as_host(void) {
   HixlEngineFinalize(e);
   HixlEngineDestroy(e);
   tu_free_mem(buf, 8192);
-  CU_ASSERT(release(dev) == 0);
-  pop(&ctx);
+  CU_ASSERT(cu.release(dev) == 0);
+  cu.pop(&ctx);
 }
 
 /* With a CUDA driver that can be told to fault (the fake's fakecuda_test_fault; not a
@@ -209,20 +224,11 @@ static void test_many_fault(void) {
     CU_PASS("no fake CUDA driver here: nothing can be told to fault");
     return;
   }
-  int (*init)(unsigned) = (int (*)(unsigned))dlsym(lib, "cuInit");
-  int (*retain)(void **, int) = (int (*)(void **, int))dlsym(lib, "cuDevicePrimaryCtxRetain");
-  int (*push)(void *) = (int (*)(void *))dlsym(lib, "cuCtxPushCurrent_v2");
-  int (*pop)(void **) = (int (*)(void **))dlsym(lib, "cuCtxPopCurrent_v2");
-  int (*alloc)(unsigned long long *, size_t) =
-      (int (*)(unsigned long long *, size_t))dlsym(lib, "cuMemAlloc_v2");
-  int (*release)(unsigned long long) = (int (*)(unsigned long long))dlsym(lib, "cuMemFree_v2");
-  int (*dtoh)(void *, unsigned long long, size_t) =
-      (int (*)(void *, unsigned long long, size_t))dlsym(lib, "cuMemcpyDtoH_v2");
+  struct cu_fns cu;
   void *ctx = NULL;
   unsigned long long dev = 0;
-  CU_ASSERT_FATAL(init && retain && push && pop && alloc && release && dtoh && init(0) == 0 &&
-                  retain(&ctx, 0) == 0 && push(ctx) == 0);
-  CU_ASSERT_FATAL(alloc(&dev, 3 * 4096) == 0);
+  CU_ASSERT_FATAL(cu_fns_load(lib, &cu) && cu.init(0) == 0 && cu.retain(&ctx, 0) == 0 && cu.push(ctx) == 0);
+  CU_ASSERT_FATAL(cu.alloc(&dev, 3 * 4096) == 0);
   uint8_t *host = tu_alloc_mem(3 * 4096, false), *back = tu_alloc_mem(3 * 4096, false);
   CU_ASSERT_FATAL(host && back);
   tu_fill(host, 3 * 4096, 731);
@@ -240,16 +246,16 @@ static void test_many_fault(void) {
   printf("  [bad %zu: %s]\n", bad, why);
   CU_ASSERT_EQUAL(bad, 0); /* before: 1, as if the first had landed */
   fault(-1);
-  CU_ASSERT_FATAL(dtoh(back, dev, 4096) == 0);
+  CU_ASSERT_FATAL(cu.dtoh(back, dev, 4096) == 0);
   CU_ASSERT(memcmp(back, host, 4096) != 0);                              /* it did not land */
   TU_ASSERT_OK(devmem_copy_many(dm, v, 3, &bad, &ms, why, sizeof(why))); /* mended: all land */
   CU_ASSERT_EQUAL(bad, 3);
-  CU_ASSERT_FATAL(dtoh(back, dev, 3 * 4096) == 0);
+  CU_ASSERT_FATAL(cu.dtoh(back, dev, 3 * 4096) == 0);
   TU_ASSERT_PATTERN(back, 3 * 4096, 731, "three copies after the fault was mended");
   tu_free_mem(host, 3 * 4096);
   tu_free_mem(back, 3 * 4096);
-  CU_ASSERT(release(dev) == 0);
-  pop(&ctx);
+  CU_ASSERT(cu.release(dev) == 0);
+  cu.pop(&ctx);
 }
 
 /* ---- the provider's IPC (same host, two processes), host stand-in ---- */
