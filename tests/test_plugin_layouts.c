@@ -1182,15 +1182,20 @@ static hixl_kv_connector *worker_up(void) {
 
 /* register_kv_groups of one plane p (num_blocks nb, elem_size 2) on w: its status,
  * and whether the error names what. */
+/* A full-attention group of one layer of the one plane p, nb blocks. */
+static hixl_kv_group group_of(hixl_kv_plane *p, uint64_t nb) {
+  return (hixl_kv_group){.size = sizeof(hixl_kv_group),
+                         .kind = HIXL_KV_GROUP_FULL_ATTENTION,
+                         .num_layers = 1,
+                         .planes_per_layer = 1,
+                         .planes = p,
+                         .num_blocks = nb,
+                         .block_tokens = M_TOKENS,
+                         .elem_size = M_ELEM};
+}
+
 static hixl_kv_status one_plane(hixl_kv_connector *w, hixl_kv_plane p, uint64_t nb, const char *what) {
-  hixl_kv_group g = {.size = sizeof(g),
-                     .kind = HIXL_KV_GROUP_FULL_ATTENTION,
-                     .num_layers = 1,
-                     .planes_per_layer = 1,
-                     .planes = &p,
-                     .num_blocks = nb,
-                     .block_tokens = M_TOKENS,
-                     .elem_size = M_ELEM};
+  hixl_kv_group g = group_of(&p, nb);
   hixl_kv_status st = ops->register_kv_groups(w, &g, 1);
   if (st != HIXL_KV_SUCCESS && what && !strstr(ops->last_error(), what)) {
     fprintf(stderr, "  the error does not name %s: %s\n", what, ops->last_error());
@@ -1245,15 +1250,8 @@ static void test_bad_planes_refused(void) {
   hixl_kv_connector *w = worker_up();
   CU_ASSERT_PTR_NOT_NULL_FATAL(w);
   hixl_kv_plane pl = {.base = b, .block_stride = 128, .block_bytes = 128};
-  hixl_kv_group g = {.size = sizeof(g),
-                     .kind = HIXL_KV_GROUP_FULL_ATTENTION,
-                     .num_layers = 1,
-                     .planes_per_layer = 1,
-                     .planes = &pl,
-                     .num_blocks = 4,
-                     .block_tokens = M_TOKENS,
-                     .elem_size = M_ELEM,
-                     .reserved2 = 1};
+  hixl_kv_group g = group_of(&pl, 4);
+  g.reserved2 = 1;
   ST_IS(ops->register_kv_groups(w, &g, 1), HIXL_KV_PARAM_INVALID);
   CU_ASSERT_PTR_NOT_NULL(strstr(ops->last_error(), "reserved2"));
   ops->destroy(w);
@@ -1294,16 +1292,9 @@ static void test_layout_name_refused(void) {
   for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
     hixl_kv_connector *w = worker_up();
     CU_ASSERT_PTR_NOT_NULL_FATAL(w);
-    hixl_kv_group g = {.size = sizeof(g),
-                       .kind = HIXL_KV_GROUP_FULL_ATTENTION,
-                       .num_layers = 1,
-                       .planes_per_layer = 1,
-                       .planes = &p,
-                       .num_blocks = 4,
-                       .block_tokens = M_TOKENS,
-                       .elem_size = M_ELEM,
-                       .layout = names[i],
-                       .layout_len = 3};
+    hixl_kv_group g = group_of(&p, 4);
+    g.layout = names[i];
+    g.layout_len = 3;
     ST_IS(ops->register_kv_groups(w, &g, 1), HIXL_KV_PARAM_INVALID);
     CU_ASSERT_PTR_NOT_NULL(strstr(ops->last_error(), "layout name"));
     ops->destroy(w);
