@@ -248,8 +248,8 @@ const char *hixl_transport_name(enum hixl_transport t) { return (unsigned)t < 4 
     "accepted",                                                                                              \
     parse_max_links_addr)                                                                                    \
   X("AuthKeyFile", "", "HIXL_AUTH_KEY_FILE",                                                                 \
-    "a path (< 1024 bytes) to a file of one or two keys of 32-128 hex digits, no group or other access; "    \
-    "\"\" none",                                                                                             \
+    "a path (< 1024 bytes) to a file of one or two keys of 32-128 hex digits, no group or other access, "    \
+    "owned by this user or root; \"\" none",                                                                 \
     "pre-shared keys: every link proves one both ends hold (HMAC-SHA256 challenge-response) before "         \
     "anything else; \"\" accepts links from anyone (docs/security.md)",                                      \
     parse_key_file)                                                                                          \
