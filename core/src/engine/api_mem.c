@@ -172,8 +172,9 @@ HixlStatus hixl_engine_register_tagged(HixlEngine *e, const HixlMemDesc *mem, Hi
                                        const char *tag, HixlMemHandle *handle) {
   struct memtab_entry *clash;
   CHECK_ARG(mem && handle, "HixlEngineRegisterMem: mem or handle is NULL");
-  CHECK_ARG(!tag || strlen(tag) <= WIRE_MAX_TAG, "HixlEngineRegisterMem: mem_tag is longer than %u bytes",
-            WIRE_MAX_TAG);
+  /* strnlen: a tag may lack a NUL (the CS API's check reads no further either) */
+  CHECK_ARG(!tag || strnlen(tag, WIRE_MAX_TAG + 1) <= WIRE_MAX_TAG,
+            "HixlEngineRegisterMem: mem_tag is longer than %u bytes", WIRE_MAX_TAG);
   CHECK_ARG(mem->addr != 0 && mem->len > 0, "HixlEngineRegisterMem: empty range [0x%lx, +%zu)",
             (unsigned long)mem->addr, mem->len);
   CHECK_ARG(mem->addr + mem->len > mem->addr, "HixlEngineRegisterMem: range [0x%lx, +%zu) wraps around",
