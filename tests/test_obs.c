@@ -289,6 +289,110 @@ static void test_file_symlink(void) {
   rmdir(dir);
 }
 
+/* trace_file holds request ids: created 0600 (what the umask leaves of it), as logs with
+ * user data are. A file already there that others could have written or placed is
+ * refused, as the symbolic link is: writable by its group or by anyone, owned by another
+ * user, or a hard link (one more name: another user's link chose the file traces went to
+ * where protected_hardlinks is off). Before, it was created 0644 and every such file was
+ * appended to. */
+static void test_file_owner_mode(void) {
+  char dir[] = "/tmp/test_obs_XXXXXX", path[64], other[64], why[256] = "";
+  CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+  snprintf(path, sizeof(path), "%s/t.jsonl", dir);
+  snprintf(other, sizeof(other), "%s/other", dir);
+  struct kv_cfg cfg = {.metrics = true, .trace_ring = 4};
+  snprintf(cfg.trace_file, sizeof(cfg.trace_file), "%s", path);
+  struct kv_obs *o = NULL;
+  mode_t was = umask(022);
+  CU_ASSERT_EQUAL(kv_obs_new(&cfg, HIXL_KV_ROLE_WORKER, 0, &o, why, sizeof(why)), HIXL_KV_SUCCESS);
+  umask(was);
+  kv_obs_free(o);
+  struct stat sb;
+  CU_ASSERT_EQUAL_FATAL(stat(path, &sb), 0);
+  CU_ASSERT_EQUAL(sb.st_mode & 07777, 0600);
+  static const struct {
+    mode_t mode;
+    bool chown_other, hard_link;
+    const char *says;
+  } bad[] = {{0666, false, false, "writable by"},
+             {0620, false, false, "writable by"},
+             {0644, true, false, "owned by"},
+             {0600, false, true, "hard link"}};
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    unlink(path);
+    unlink(other);
+    FILE *f = fopen(path, "w");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs("keep\n", f);
+    fclose(f);
+    CU_ASSERT_EQUAL_FATAL(chmod(path, bad[i].mode), 0);
+    if (bad[i].chown_other && chown(path, 65534, 65534) != 0) continue; /* not root: cannot give it away */
+    if (bad[i].hard_link) CU_ASSERT_EQUAL_FATAL(link(path, other), 0);
+    o = NULL;
+    why[0] = '\0';
+    CU_ASSERT_EQUAL(kv_obs_new(&cfg, HIXL_KV_ROLE_WORKER, 0, &o, why, sizeof(why)), HIXL_KV_PARAM_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, bad[i].says));
+    CU_ASSERT_PTR_NOT_NULL(strstr(why, path));
+    if (o) { /* taken: a trace lands in it */
+      hixl_kv_connector c = {.obs = o};
+      const char *id = "r";
+      hixl_kv_ids one = {&id, 1};
+      kv_obs_phase(&c, id, KV_PH_BOUND, NULL);
+      kv_obs_reported(&c, &one);
+      kv_obs_free(o);
+    }
+    CU_ASSERT_EQUAL(stat(path, &sb), 0);
+    CU_ASSERT_EQUAL(sb.st_size, 5); /* "keep\n" only */
+  }
+  unlink(path);
+  unlink(other);
+  rmdir(dir);
+}
+
+/* trace_file with trace_ring 0 is honoured: every finished trace goes to the file, none
+ * is kept for drain_traces. Before, the file was silently never opened nor written. */
+static void test_file_without_ring(void) {
+  char path[] = "/tmp/test_obs_XXXXXX";
+  int fd = mkstemp(path);
+  CU_ASSERT_FATAL(fd >= 0);
+  close(fd);
+  hixl_kv_connector *c = conn_new(false, 0, path, false);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(c->obs);
+  const char *id = "w";
+  hixl_kv_ids one = {&id, 1};
+  kv_obs_phase(c, id, KV_PH_BOUND, NULL);
+  kv_obs_reported(c, &one);
+  hixl_kv_buffer b = {0};
+  CU_ASSERT_EQUAL(kv_drain_traces(c, &b), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(b.len, 0);
+  kv_free_buffer(&b);
+  conn_free(c);
+  FILE *f = fopen(path, "r");
+  char line[4096];
+  int n = 0;
+  while (f && fgets(line, sizeof(line), f)) n += strstr(line, "\"req\":\"w\"") != NULL;
+  if (f) fclose(f);
+  CU_ASSERT_EQUAL(n, 1);
+  unlink(path);
+}
+
+/* Requests past the in-flight bound (65536) are not traced, and counted where the other
+ * trace counters are: hixl_kv_traces_untraced_total. Before, the count was kept but never
+ * shown. */
+static void test_untraced_shown(void) {
+  hixl_kv_connector *c = conn_new(false, 4, NULL, false);
+  char id[16];
+  for (unsigned i = 0; i <= 65536; i++) {
+    snprintf(id, sizeof(id), "u%u", i);
+    kv_obs_phase(c, id, KV_PH_BOUND, NULL);
+  }
+  char *t = render(c);
+  HAS_LINE(t, "# TYPE hixl_kv_traces_untraced_total counter");
+  HAS_LINE(t, "hixl_kv_traces_untraced_total{role=\"consumer\",rank=\"3\",mode=\"pull\"} 1");
+  free(t);
+  conn_free(c);
+}
+
 /* A trace the disk took only part of (full: here the file size limit) is counted, and
  * the next one that fits still starts a line of its own: the torn line was glued to it,
  * and both were lost to a reader of JSON lines. */
@@ -411,6 +515,9 @@ int main(void) {
   CU_add_test(s, "ring_and_file", test_ring_and_file);
   CU_add_test(s, "off_and_args", test_off_and_args);
   CU_add_test(s, "file_symlink", test_file_symlink);
+  CU_add_test(s, "file_owner_mode", test_file_owner_mode);
+  CU_add_test(s, "file_without_ring", test_file_without_ring);
+  CU_add_test(s, "untraced_shown", test_untraced_shown);
   CU_add_test(s, "file_torn", test_file_torn);
   CU_add_test(s, "trace_utf8", test_trace_utf8);
   CU_add_test(s, "cause_of", test_cause_of);

@@ -97,13 +97,12 @@ struct kv_obs {
   int64_t off_ns; /* CLOCK_REALTIME - CLOCK_MONOTONIC, taken once */
   struct kv_hist h[KV_H_COUNT];
   _Atomic uint64_t fail[KV_CAUSE_COUNT];
-  _Atomic uint64_t traces_dropped, trace_write_errors;
+  _Atomic uint64_t traces_dropped, trace_write_errors, untraced; /* untraced: the table was full */
   _Atomic bool torn; /* trace_file ends inside a line (a write it took only part of) */
 
   pthread_mutex_t lock; /* a leaf, below c->lock: the table, the ring, the peers */
   struct kv_rec *tab[KV_OBS_HASH];
   size_t nrec;
-  uint64_t untraced; /* requests not traced: the table was full */
   char **ring;
   size_t ring_head, ring_n;
   struct kv_peer_stat peers[KV_OBS_PEERS + 1]; /* the last: "other" */
@@ -119,7 +118,8 @@ static uint64_t mono_ns(void) {
 hixl_kv_status kv_obs_new(const struct kv_cfg *cfg, int32_t role, uint32_t rank, struct kv_obs **out,
                           char *why, size_t cap) {
   *out = NULL;
-  if (!cfg->metrics && cfg->trace_ring == 0) return HIXL_KV_SUCCESS;
+  bool file = cfg->trace_file[0] && role == HIXL_KV_ROLE_WORKER; /* with trace_ring 0 too: the file only */
+  if (!cfg->metrics && cfg->trace_ring == 0 && !file) return HIXL_KV_SUCCESS;
   struct kv_obs *o = calloc(1, sizeof(*o));
   uint32_t ring = role == HIXL_KV_ROLE_WORKER ? cfg->trace_ring : 0; /* a scheduler moves nothing */
   if (!o || (ring && !(o->ring = calloc(ring, sizeof(char *))))) {
@@ -141,10 +141,12 @@ hixl_kv_status kv_obs_new(const struct kv_cfg *cfg, int32_t role, uint32_t rank,
   clock_gettime(CLOCK_REALTIME, &r);
   clock_gettime(CLOCK_MONOTONIC, &m);
   o->off_ns = ((int64_t)r.tv_sec - (int64_t)m.tv_sec) * 1000000000ll + (r.tv_nsec - m.tv_nsec);
-  if (cfg->trace_file[0] && ring) {
+  if (file) {
     /* A regular file only: a FIFO blocked this open until a reader came (create hung for
      * ever), and later a reader that stops blocked every write. Not through a symbolic
-     * link: one planted in /tmp by another user chose the file every trace was appended to. */
+     * link: one planted in /tmp by another user chose the file every trace was appended to.
+     * Traces carry request ids: created 0600, and a file another user could have placed or
+     * written (its owner, group or world write, a second name) is refused likewise. */
     struct stat sb;
     const char *bad = NULL, *not_reg = "not a regular file (a FIFO, socket or device)",
                *sym = "a symbolic link (not followed: name the file itself)";
@@ -152,10 +154,16 @@ hixl_kv_status kv_obs_new(const struct kv_cfg *cfg, int32_t role, uint32_t rank,
       bad = S_ISLNK(sb.st_mode) ? sym : not_reg;
     else if ((o->fd = open(cfg->trace_file,
                            O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW,
-                           0644)) < 0)
+                           0600)) < 0)
       bad = errno == ELOOP ? sym : strerror(errno);
     else if (fstat(o->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) /* swapped in meanwhile */
       bad = not_reg;
+    else if (sb.st_uid != geteuid())
+      bad = "owned by another user (name a file of this user's, or a new one)";
+    else if (sb.st_mode & (S_IWGRP | S_IWOTH))
+      bad = "writable by its group or by anyone (chmod go-w it, or name a new file)";
+    else if (sb.st_nlink != 1)
+      bad = "a hard link (the file has other names: name a file of its own)";
     if (bad) {
       snprintf(why, cap, "trace_file %s: %s", cfg->trace_file, bad);
       if (o->fd >= 0) close(o->fd);
@@ -243,7 +251,7 @@ static struct kv_rec *rec_get(struct kv_obs *o, const char *id, bool make) {
   struct kv_rec *r = rec_find(o, id, &pp);
   if (r || !make) return r;
   if (o->nrec >= KV_OBS_MAX_RECS || !(r = calloc(1, sizeof(*r)))) {
-    o->untraced++;
+    atomic_fetch_add_explicit(&o->untraced, 1, memory_order_relaxed);
     return NULL;
   }
   snprintf(r->id, sizeof(r->id), "%s", id);
@@ -503,7 +511,7 @@ void kv_obs_reported(hixl_kv_connector *c, const hixl_kv_ids *ids) {
     if (have && !r->transport[0]) snprintf(r->transport, sizeof(r->transport), "%s", li.transport);
     peer_count(o, r);
     size_t len = 0;
-    char *line = o->ring_cap ? rec_line(o, r, &len) : NULL;
+    char *line = o->ring_cap || o->fd >= 0 ? rec_line(o, r, &len) : NULL;
     pthread_mutex_unlock(&o->lock);
     /* A transfer this side moved (it posted ops), whole: once per request, whatever parts. */
     uint64_t posted = r->t[KV_PH_POSTED], last = r->t[KV_PH_LAST_BYTE];
@@ -527,6 +535,10 @@ void kv_obs_reported(hixl_kv_connector *c, const hixl_kv_ids *ids) {
         bool inside = n <= 0 ? torn : !(torn && n == 1);
         if (inside) atomic_store_explicit(&o->torn, true, memory_order_relaxed);
       }
+    }
+    if (!o->ring_cap) { /* trace_file only */
+      free(line);
+      continue;
     }
     pthread_mutex_lock(&o->lock);
     if (o->ring_n == o->ring_cap) { /* full: the oldest goes */
@@ -673,6 +685,11 @@ hixl_kv_status kv_render_metrics(hixl_kv_connector *c, hixl_kv_buffer *text) {
     fputs("hixl_kv_traces_dropped_total{", f);
     labels(f, c, role);
     fprintf(f, "} %" PRIu64 "\n", atomic_load_explicit(&o->traces_dropped, memory_order_relaxed));
+    family(f, "hixl_kv_traces_untraced_total", "counter",
+           "Requests not traced: 65536 were under way already (or out of memory for one more)");
+    fputs("hixl_kv_traces_untraced_total{", f);
+    labels(f, c, role);
+    fprintf(f, "} %" PRIu64 "\n", atomic_load_explicit(&o->untraced, memory_order_relaxed));
     family(f, "hixl_kv_trace_write_errors_total", "counter", "Finished traces trace_file did not take whole");
     fputs("hixl_kv_trace_write_errors_total{", f);
     labels(f, c, role);

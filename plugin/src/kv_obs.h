@@ -5,9 +5,9 @@
  * trace_file), and the Prometheus text of all of it.
  *
  * The connector's files mark phases with one call each where they happen; every call
- * is a no-op when the connector observes nothing (metrics false and trace_ring 0:
- * c->obs is NULL). The calls take the table's own mutex, a leaf below c->lock (they may
- * be called with c->lock held), a few times per request, never per op. */
+ * is a no-op when the connector observes nothing (metrics false, trace_ring 0, no
+ * trace_file: c->obs is NULL). The calls take the table's own mutex, a leaf below
+ * c->lock (they may be called with c->lock held), a few times per request, never per op. */
 #ifndef HIXL_KV_OBS_H
 #define HIXL_KV_OBS_H
 
@@ -54,9 +54,10 @@ enum kv_phase {
 
 struct kv_obs;
 
-/* The connector's observer from its config (cfg->metrics, trace_ring, trace_file); NULL
- * in *out when it observes nothing. PARAM_INVALID with why when trace_file cannot be
- * opened. */
+/* The connector's observer from its config (cfg->metrics, trace_ring, trace_file: a
+ * worker's, with trace_ring 0 too); NULL in *out when it observes nothing. PARAM_INVALID
+ * with why when trace_file cannot be opened or is refused (not a regular file of this
+ * user's, only it may write, of one name). */
 hixl_kv_status kv_obs_new(const struct kv_cfg *cfg, int32_t role, uint32_t rank, struct kv_obs **out,
                           char *why, size_t cap);
 void kv_obs_free(struct kv_obs *o);
