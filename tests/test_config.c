@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "hixl/hixl_config.h"
+#include "jscan.h"
 #include "test_util.h"
 
 #define MAXE 32
@@ -776,6 +777,49 @@ static void test_many_keys(void) {
   free(doc);
 }
 
+/* Every error's line:column comes from one pass over the text, then a search per place
+ * (steps counted by jscan_line_steps, not timed): each place was a walk from the text's
+ * start, and a 1 MiB document of newlines, then a key repeated 4,000 times took 2 s
+ * (about 8,000 walks of 1 MiB: the repeated key's first place was looked up for every
+ * repetition, whatever max_errors). The places stay right past a million lines. */
+static void test_places_linear(void) {
+  size_t cap = (size_t)HIXL_CONFIG_MAX_BYTES, len = 0, pad = 0;
+  char *doc = malloc(cap);
+  CU_ASSERT_FATAL(doc != NULL);
+  const char *head = "{\"a\": {\"b\": 1}", *rep = ",\n\"lease_ms\": 1, \"a.b\": 1";
+  unsigned n = 2000;
+  pad = cap - strlen(head) - n * strlen(rep) - 2;
+  doc[len++] = '{';
+  memset(doc + len, '\n', pad);
+  len += pad;
+  len += (size_t)snprintf(doc + len, cap - len, "%s", head + 1);
+  for (unsigned i = 0; i < n; i++) len += (size_t)snprintf(doc + len, cap - len, "%s", rep);
+  doc[len++] = '}';
+  CU_ASSERT_FATAL(len <= cap);
+  HixlConfig *c = (HixlConfig *)1;
+  jscan_line_steps = 0;
+  CU_ASSERT_EQUAL(HixlConfigParse(doc, len, &c, errs, MAXE, &nerr), HIXL_PARAM_INVALID);
+  size_t steps = jscan_line_steps;
+  CU_ASSERT_PTR_NULL(c);
+  CU_ASSERT_EQUAL(nerr, 2 * (n - 1) + 2); /* each repetition; "a" and "a.b" unknown */
+  CU_ASSERT_TRUE(steps <= 2 * len);
+  if (steps > 2 * len) fprintf(stderr, "  %zu steps for a text of %zu bytes\n", steps, len);
+  /* The first MAXE errors found, in document order: the repetitions on line pad + 3 (the
+   * text after the newlines is on line pad + 1, the first repetition's first on pad + 2). */
+  char first[64];
+  CU_ASSERT_EQUAL(errs[0].line, pad + 3);
+  CU_ASSERT_EQUAL(errs[0].column, 1);
+  CU_ASSERT_STRING_EQUAL(errs[0].path, "lease_ms");
+  snprintf(first, sizeof(first), "first at %zu:1)", pad + 2);
+  CU_ASSERT_PTR_NOT_NULL(strstr(errs[0].message, first));
+  CU_ASSERT_EQUAL(errs[1].line, pad + 3);
+  CU_ASSERT_EQUAL(errs[1].column, 16);
+  CU_ASSERT_STRING_EQUAL(errs[1].path, "a.b");
+  snprintf(first, sizeof(first), "first at %zu:16)", pad + 2);
+  CU_ASSERT_PTR_NOT_NULL(strstr(errs[1].message, first));
+  free(doc);
+}
+
 /* A key whose path is HIXL_CONFIG_MAX_PATH bytes is an unknown key, placed; one byte more
  * is refused whole. Each member below a key held that key in its path, and the search for
  * a repeated key compared whole paths: a 16 kB key above 4,095 members took seconds, a
@@ -896,6 +940,7 @@ int main(void) {
       {"files", test_files},
       {"as many keys as allowed, then one more", test_many_keys},
       {"a key path as long as allowed, then one byte more", test_long_paths},
+      {"errors' places: one pass over the text, not one per place", test_places_linear},
       CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"config", NULL, NULL, NULL, NULL, table}, CU_SUITE_INFO_NULL};
   if (CU_initialize_registry() != CUE_SUCCESS || CU_register_suites(suites) != CUE_SUCCESS) return 1;

@@ -44,6 +44,7 @@ struct errs {
   size_t max, n;
   const char *text;
   size_t len;
+  struct jscan_lines lines; /* the text's, for every place looked up */
 };
 
 static void __attribute__((format(printf, 4, 5)))
@@ -51,7 +52,7 @@ add_err(struct errs *er, size_t off, const char *path, const char *fmt, ...) {
   if (er->n < er->max) {
     HixlConfigError *e = &er->e[er->n];
     unsigned l = 0, c = 0;
-    if (off != (size_t)-1) jscan_line_col(er->text, er->len, off, &l, &c);
+    if (off != (size_t)-1) jscan_line_col(&er->lines, er->text, er->len, off, &l, &c);
     e->line = l;
     e->column = c;
     cfg_escape(e->path, sizeof(e->path), path ? path : ""); /* a key's text, as messages quote it */
@@ -205,7 +206,7 @@ static void check_duplicates(struct doc *d) {
     const struct jscan_member *m = &d->js.m[k];
     if (m->first == (size_t)-1) continue;
     unsigned l, c;
-    jscan_line_col(d->text, d->len, d->js.m[m->first].key_off, &l, &c);
+    jscan_line_col(&d->er->lines, d->text, d->len, d->js.m[m->first].key_off, &l, &c);
     add_err(d->er, m->key_off, m->path, "duplicate key (first at %u:%u); each key may appear once", l, c);
   }
 }
@@ -220,7 +221,7 @@ static const char *dotted_note(const struct doc *d, const struct jscan_member *m
     const struct jscan_member *o = &d->js.m[k];
     if (o != m && o->obj != m->obj && strcmp(o->path, m->path) == 0) {
       unsigned l, c;
-      jscan_line_col(d->text, d->len, o->key_off, &l, &c);
+      jscan_line_col(&d->er->lines, d->text, d->len, o->key_off, &l, &c);
       snprintf(buf, cap, " (a key is one name, not a path: the member this path names is at %u:%u)", l, c);
       return buf;
     }
@@ -262,7 +263,7 @@ static void take_members(struct doc *d, json_object *obj, size_t obj_no, const c
       continue;
     }
     v.src = HIXL_CONFIG_FROM_DOCUMENT;
-    jscan_line_col(d->text, d->len, val_at, &v.line, &v.col);
+    jscan_line_col(&d->er->lines, d->text, d->len, val_at, &v.line, &v.col);
     free(c->v[idx].text);
     c->v[idx] = v;
     given[idx] = true;
@@ -305,7 +306,7 @@ static void take_vllm_alias(struct doc *d, json_object *root, const char *vkey, 
     return;
   }
   v.src = HIXL_CONFIG_FROM_DOCUMENT;
-  jscan_line_col(d->text, d->len, off, &v.line, &v.col);
+  jscan_line_col(&d->er->lines, d->text, d->len, off, &v.line, &v.col);
   free(c->v[idx].text);
   c->v[idx] = v;
   given[idx] = true;
@@ -466,7 +467,7 @@ static int err_cmp(const void *a, const void *b) {
 
 HixlStatus HixlConfigParse(const char *text, size_t len, HixlConfig **config, HixlConfigError *errors,
                            size_t max_errors, size_t *num_errors) {
-  struct errs er = {errors, errors ? max_errors : 0, 0, text, len};
+  struct errs er = {errors, errors ? max_errors : 0, 0, text, len, {NULL, 0, false}};
   if (num_errors) *num_errors = 0;
   if (!config) return HIXL_PARAM_INVALID;
   *config = NULL;
@@ -529,6 +530,7 @@ out:
   if (errors) /* in document order: errors with no place (environment) first */
     qsort(errors, er.n < er.max ? er.n : er.max, sizeof(*errors), err_cmp);
   jscan_free(&d.js);
+  jscan_lines_free(&er.lines);
   json_object_put(root);
   if (num_errors) *num_errors = er.n;
   if (er.n > 0) {
@@ -541,7 +543,7 @@ out:
 
 HixlStatus HixlConfigParseFile(const char *path, HixlConfig **config, HixlConfigError *errors,
                                size_t max_errors, size_t *num_errors) {
-  struct errs er = {errors, errors ? max_errors : 0, 0, "", 0};
+  struct errs er = {errors, errors ? max_errors : 0, 0, "", 0, {NULL, 0, false}};
   if (num_errors) *num_errors = 0;
   if (!config) return HIXL_PARAM_INVALID;
   *config = NULL;

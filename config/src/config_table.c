@@ -174,16 +174,17 @@ static const struct row key_rows[] = {
      false,
      false},
     {{"trace_ring", HIXL_CONFIG_INT, "1024", NULL, "[0,1048576]",
-      "worker: finished per-request traces kept for drain_traces (the oldest dropped beyond); 0: no "
-      "traces"},
+      "worker: finished per-request traces kept for drain_traces (the oldest dropped beyond); 0: none "
+      "kept (trace_file still gets them)"},
      0,
      1048576,
      NULL,
      false,
      false},
     {{"trace_file", HIXL_CONFIG_STRING, "", "HIXL_KV_TRACE_FILE", "a path; \"\" none",
-      "worker: finished traces are also appended to this file, one JSON line each (needs trace_ring > 0); "
-      "several processes may share it"},
+      "worker: finished traces are also appended to this file, one JSON line each (trace_ring 0 too); "
+      "created 0600; a file of another user's, writable by others or a link is refused; several processes "
+      "may share it"},
      0,
      0,
      check_path,

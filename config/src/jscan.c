@@ -259,10 +259,51 @@ void jscan_free(struct jscan *js) {
   js->n = 0;
 }
 
-void jscan_line_col(const char *text, size_t len, size_t off, unsigned *line, unsigned *col) {
+_Thread_local size_t jscan_line_steps;
+
+/* Where the text's newlines are: one pass, the array doubled as it fills. */
+static void lines_build(struct jscan_lines *li, const char *text, size_t len) {
+  size_t cap = 0;
+  li->built = true;
+  if (len > UINT32_MAX) return; /* never (a document is at most 1 MiB): the walk */
+  jscan_line_steps += len;
+  for (const char *p = text, *end = text + len; (p = memchr(p, '\n', (size_t)(end - p))) != NULL; p++) {
+    if (li->n == cap) {
+      cap = cap ? 2 * cap : 64;
+      uint32_t *e = realloc(li->eol, cap * sizeof(*e));
+      if (!e) { /* out of memory: the walk */
+        jscan_lines_free(li);
+        li->built = true;
+        return;
+      }
+      li->eol = e;
+    }
+    li->eol[li->n++] = (uint32_t)(p - text);
+  }
+  if (!li->eol) li->eol = malloc(sizeof(*li->eol)); /* no newline: one line, still searched */
+}
+
+void jscan_line_col(struct jscan_lines *li, const char *text, size_t len, size_t off, unsigned *line,
+                    unsigned *col) {
+  if (off > len) off = len;
+  if (li && !li->built) lines_build(li, text, len);
+  if (li && li->eol) { /* the newlines before off: eol[0, lo) */
+    size_t lo = 0, hi = li->n;
+    while (lo < hi) {
+      size_t mid = lo + (hi - lo) / 2;
+      jscan_line_steps++;
+      if (li->eol[mid] < off)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    *line = (unsigned)(lo + 1);
+    *col = (unsigned)(off - (lo ? li->eol[lo - 1] + 1 : 0) + 1);
+    return;
+  }
   unsigned l = 1;
   size_t bol = 0;
-  if (off > len) off = len;
+  jscan_line_steps += off;
   for (size_t i = 0; i < off; i++)
     if (text[i] == '\n') {
       l++;
@@ -270,4 +311,11 @@ void jscan_line_col(const char *text, size_t len, size_t off, unsigned *line, un
     }
   *line = l;
   *col = (unsigned)(off - bol + 1);
+}
+
+void jscan_lines_free(struct jscan_lines *li) {
+  free(li->eol);
+  li->eol = NULL;
+  li->n = 0;
+  li->built = false;
 }

@@ -7,7 +7,9 @@
  * by its path: a key may hold a dot ("a.b"), so two members can share one path. */
 #ifndef HIXL_JSCAN_H
 #define HIXL_JSCAN_H
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct jscan_member {
   char *path;      /* "a.b", "a[2].c": for messages; not unique (a key may hold a dot) */
@@ -34,7 +36,22 @@ int jscan_run(const char *text, size_t len, int max_depth, size_t max_members, s
 /* The last member of object obj with this key (the one whose value json-c keeps), or NULL. */
 const struct jscan_member *jscan_member_of(const struct jscan *js, size_t obj, const char *key);
 void jscan_free(struct jscan *js);
-/* 1-based line and column (in bytes) of a byte offset. */
-void jscan_line_col(const char *text, size_t len, size_t off, unsigned *line, unsigned *col);
+/* Where a text's lines start, for jscan_line_col: zeroed before the first lookup in a
+ * text, jscan_lines_free after the last. */
+struct jscan_lines {
+  uint32_t *eol; /* offsets of the text's newlines, found at the first lookup */
+  size_t n;
+  bool built;
+};
+
+/* 1-based line and column (in bytes) of a byte offset of text: with lines, one pass over
+ * the text at the first lookup, then a binary search each (a walk from the start per
+ * lookup cost the text's length for every repeated key); without (NULL), or out of
+ * memory, that walk. */
+void jscan_line_col(struct jscan_lines *lines, const char *text, size_t len, size_t off, unsigned *line,
+                    unsigned *col);
+void jscan_lines_free(struct jscan_lines *lines);
+/* Steps this thread's line:column lookups took (bytes walked, search steps): for a test. */
+extern _Thread_local size_t jscan_line_steps;
 
 #endif
