@@ -99,6 +99,7 @@ struct rp_batch {
   uint64_t sent, answered; /* prober thread only */
   bool stopping;           /* prober thread only: Stop or Deinit seen */
   bool qp_dead;            /* prober thread only: the QP failed; nothing more is sent */
+  bool roce_more;          /* prober thread only: the last CQ drain stopped at RP_DRAIN_MAX */
 };
 #define RP_ANSWERED UINT64_MAX
 

@@ -236,12 +236,15 @@ static void roce_take(struct rp_batch *b, uint32_t slot, const struct rdma_ud_wc
   if (take_answer(b, &p, from_ok, gi.tc, now)) b->answered++;
 }
 
-/* Take every completion there is: free send slots, count answers, repost receives. */
+/* Take the completions there are, RP_DRAIN_MAX at most, then Stop and the deadline again
+ * (a flood of UD messages kept this loop going): free send slots, count answers, repost
+ * receives. b->roce_more when it stopped with completions maybe left: the channel has no
+ * event for them, so the next wait does not sleep. */
 static void roce_drain(struct rp_batch *b) {
   struct rdma_ud_wc wc[RP_WC_BATCH];
-  int n;
+  int n = 0;
 
-  while ((n = rdma_ud_poll(&b->ud, wc, RP_WC_BATCH)) > 0) {
+  for (int taken = 0; taken < RP_DRAIN_MAX && (n = rdma_ud_poll(&b->ud, wc, RP_WC_BATCH)) > 0; taken += n) {
     uint64_t now = hixl_now_ns();
     for (int i = 0; i < n; i++) {
       uint32_t slot = (uint32_t)wc[i].wr_id;
@@ -270,17 +273,19 @@ static void roce_drain(struct rp_batch *b) {
       if (rc != 0) roce_qp_failed(b, "cannot post a receive", strerror(rc));
     }
   }
+  b->roce_more = n > 0;
   if (n < 0) roce_qp_failed(b, "ibv_poll_cq", "failed");
 }
 
-/* Wait until a completion, Stop, or until (CLOCK_MONOTONIC ns); then drain. */
+/* Wait until a completion, Stop, or until (CLOCK_MONOTONIC ns), not at all when the last
+ * drain left completions; then drain. */
 static void roce_wait(struct rp_batch *b, uint64_t until) {
   struct pollfd pfd[2] = {{.fd = b->stop_efd, .events = POLLIN},
                           {.fd = rdma_ud_chan_fd(&b->ud), .events = POLLIN}};
   uint64_t now = hixl_now_ns();
   struct timespec ts = {.tv_sec = 0, .tv_nsec = 0};
 
-  if (until > now) {
+  if (until > now && !b->roce_more) {
     ts.tv_sec = (time_t)((until - now) / 1000000000u);
     ts.tv_nsec = (long)((until - now) % 1000000000u);
   }
