@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cache/cache_ext.h"
 #include "cache/cache_int.h"
 #include "engine/engine_ext.h"
 #include "test_util.h"
@@ -304,6 +305,7 @@ static void test_args(void) {
   TU_ASSERT_STATUS(HixlCacheManagerPushCache(mgr, NULL, my_c, 0, NULL), HIXL_PARAM_INVALID);
   TU_ASSERT_STATUS(HixlCacheManagerGetStats(NULL, &s), HIXL_PARAM_INVALID);
   TU_ASSERT_STATUS(HixlCacheManagerGetStats(mgr, NULL), HIXL_PARAM_INVALID);
+  hixl_cache_unpin(NULL, my_b); /* nothing (before: a NULL dereference) */
   TU_ASSERT_STATUS(HixlCacheManagerRemapRegisteredMemory(mgr, NULL, 0), HIXL_UNSUPPORTED);
   TU_ASSERT_STATUS(HixlCacheTaskSynchronize(NULL, 10), HIXL_PARAM_INVALID);
   TU_ASSERT_STATUS(HixlCacheTaskDestroy(NULL), HIXL_PARAM_INVALID);
@@ -453,6 +455,59 @@ static void test_push_blocks(void) {
         }
       }
     }
+  }
+  CU_ASSERT_EQUAL(peer(P_FILL, 0, 0, PEER_SEED, NULL).st, 0);
+}
+
+/* A destination block twice in one list: PARAM_INVALID naming both places, nothing
+ * moved (before: taken, two sources written to one block, the second winning); a list
+ * of more blocks than the destination has: refused before it is walked (before: walked,
+ * planned and moved, 1025 copies into block 0). Pull and push, a contiguous item cut
+ * into blocks, an async task. */
+static void test_repeated_dst_blocks(void) {
+  const uint64_t sb[] = {3, 4, 5}, db[] = {20, 21, 20}, twice[] = {7, 7};
+  static uint64_t many[B_BLOCKS + 1];
+  static uint8_t got[B_BLOCKS * B_BLOCK];
+  HixlCacheAnyKey k = blocks_key(), kc = {.kind = HIXL_CACHE_KEY_REQ};
+  kc.u.req = (HixlCacheKey)HIXL_CACHE_KEY_INIT(CLUSTER_PEER, PEER_REQ);
+  HixlBlocksCacheKey pk = {CLUSTER_PEER, PEER_MODEL};
+  reset_mine();
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, my_b, sb, 3, db, 3, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("dst_blocks[0] and dst_blocks[2] are both block 20");
+  HixlCacheTransferArgs two = HIXL_CACHE_TRANSFER_ARGS_INIT; /* the peer's 2 contiguous layers */
+  two.src_layer_count = two.dst_layer_count = 2;
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &kc, my_b, NULL, 0, twice, 2, &two), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("dst_blocks[0] and dst_blocks[1] are both block 7");
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, my_b, many, B_BLOCKS + 1, many, B_BLOCKS + 1, NULL),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("1025 dst_blocks");
+  CU_ASSERT_TRUE(my_blocks_untouched(NULL));
+  /* push: the peer's block 20 keeps its pattern */
+  TU_ASSERT_STATUS(HixlCacheManagerPushBlocks(mgr, &pk, my_b, sb, 3, db, 3, NULL), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("are both block 20");
+  /* async: a blocks source into the peer's blocks */
+  uintptr_t bdst[B_TENSORS];
+  for (int t = 0; t < B_TENSORS; t++) bdst[t] = (uintptr_t)peer_addrs[t];
+  HixlLayerSynchronizer sync = {ready_at_once, NULL, 1000};
+  HixlCacheTransferConfig cfg = {CLUSTER_PEER, bdst, B_TENSORS, 0, 0, 0};
+  HixlCacheAsyncArgs args = {sb, 3, db, 3, 0, 0, TIMEOUT};
+  HixlCacheTask *task = NULL;
+  TU_ASSERT_STATUS(HixlCacheManagerTransferCacheAsync(mgr, my_b, &sync, &cfg, 1, &args, &task),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("dst_block_indices[0] and dst_block_indices[2] are both block 20");
+  CU_ASSERT_PTR_NULL(task);
+  if (task) {
+    HixlCacheTaskSynchronize(task, TIMEOUT);
+    HixlCacheTaskDestroy(task);
+  }
+  for (uint32_t t = 0; t < B_TENSORS; t++) {
+    CU_ASSERT_EQUAL_FATAL(peer(P_GET, 1, t, 0, got).st, 0);
+    for (size_t j = 0; j < B_BLOCK; j++)
+      if (got[20 * B_BLOCK + j] != pat(PEER_SEED, 100 + t, 20 * B_BLOCK + j)) {
+        tu_fail(__FILE__, __LINE__, "peer tensor %u block 20 byte %zu: got 0x%02x", t, j,
+                got[20 * B_BLOCK + j]);
+        break;
+      }
   }
   CU_ASSERT_EQUAL(peer(P_FILL, 0, 0, PEER_SEED, NULL).st, 0);
 }
@@ -684,6 +739,47 @@ static HixlStatus push_task(const uint64_t *blocks, size_t n, struct gate *g, in
   HixlCacheTransferConfig cfg = {CLUSTER_PEER, dst, B_TENSORS, 0, 0, 0};
   HixlCacheAsyncArgs a = {blocks, n, blocks, n, 0, 0, task_ms};
   return HixlCacheManagerTransferCacheAsync(mgr, my_b, &sync, &cfg, 1, &a, task);
+}
+
+static uint32_t busy_of(uint64_t id) {
+  pthread_mutex_lock(&mgr->lock);
+  struct cm_cache *c = cache_by_id(mgr, id);
+  uint32_t n = c ? c->busy : 0;
+  pthread_mutex_unlock(&mgr->lock);
+  return n;
+}
+
+/* hixl_cache_unpin lets go of the pin a push with a call behind it left, once; on a
+ * cache an async task holds it does nothing (before: it took the task's pin, and
+ * UnregisterCache would have freed the cache under the task's thread). */
+static void test_unpin_only_then_pins(void) {
+  static const uint64_t blocks[] = {40};
+  struct gate g = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, 0};
+  HixlBlocksCacheKey pk = {CLUSTER_PEER, PEER_MODEL};
+  const uint8_t hello[2] = {CM_PROTO, CM_OP_HELLO};
+  uint8_t ans[16];
+  uint32_t n = 0;
+  hixl_call_t call = NULL;
+  caches_fill(&mine, 55);
+  TU_ASSERT_OK_FATAL(hixl_cache_push_blocks_then_call(mgr, &pk, my_b, blocks, 1, blocks, 1, NULL,
+                                                      HIXL_SERVICE_CACHE, hello, sizeof(hello), ans,
+                                                      sizeof(ans), &n, &call));
+  TU_ASSERT_OK(hixl_engine_call_wait(eng, peer_addr, call));
+  CU_ASSERT_EQUAL(n, 16);
+  CU_ASSERT_EQUAL(busy_of(my_b), 1);
+  HixlCacheTask *task = NULL;
+  TU_ASSERT_OK_FATAL(push_task(blocks, 1, &g, 20000, 30000, &task));
+  CU_ASSERT_EQUAL(busy_of(my_b), 2);
+  hixl_cache_unpin(mgr, my_b); /* the then-call's */
+  CU_ASSERT_EQUAL(busy_of(my_b), 1);
+  hixl_cache_unpin(mgr, my_b); /* none left: the task's stays */
+  CU_ASSERT_EQUAL(busy_of(my_b), 1);
+  if (busy_of(my_b) == 1) TU_ASSERT_STATUS(HixlCacheManagerUnregisterCache(mgr, my_b), HIXL_FAILED);
+  gate_release(&g, B_LAYERS);
+  TU_ASSERT_OK(HixlCacheTaskSynchronize(task, TIMEOUT));
+  TU_ASSERT_OK(HixlCacheTaskDestroy(task));
+  CU_ASSERT_EQUAL(busy_of(my_b), 0);
+  CU_ASSERT_EQUAL(peer(P_FILL, 0, 0, PEER_SEED, NULL).st, 0);
 }
 
 static void test_async_pipelined(void) {
@@ -1071,6 +1167,58 @@ static uint32_t calls_of(HixlCacheManager *m) {
   return n;
 }
 
+static bool closing_of(HixlCacheManager *m) {
+  pthread_mutex_lock(&m->lock);
+  bool c = m->closing;
+  pthread_mutex_unlock(&m->lock);
+  return c;
+}
+
+static void *destroy_mgr(void *p) {
+  struct destroy_call *d = p;
+  d->st = HixlCacheManagerDestroy(d->m);
+  return NULL;
+}
+
+/* GetStats while Destroy is under way (held in its first deregistration: the engine's
+ * lock is a held service handler's): PARAM_INVALID, as every other call (before:
+ * SUCCESS, read from the manager Destroy was freeing); Destroy then ends. */
+static struct tu_hold stats_hold = TU_HOLD_INIT;
+static void test_stats_during_destroy(void) {
+  char aa[TU_ADDR_LEN], ab[TU_ADDR_LEN];
+  HixlEngine *a = tu_engine_start_with(tu_addr(aa, sizeof(aa), tu_free_port()), "tcp");
+  HixlEngine *b = tu_engine_start_with(tu_addr(ab, sizeof(ab), tu_free_port()), "tcp");
+  CU_ASSERT_FATAL(a && b);
+  struct caches k;
+  caches_alloc(&k);
+  HixlCacheManager *m;
+  uint64_t idc, idb;
+  TU_ASSERT_OK_FATAL(HixlCacheManagerCreate(a, CLUSTER_PEER, &m));
+  TU_ASSERT_OK_FATAL(register_both(m, &k, 1, 1, &idc, &idb));
+  TU_ASSERT_OK_FATAL(hixl_engine_set_service(a, 3, tu_hold_handler, &stats_hold));
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(b, aa, TIMEOUT));
+  struct destroy_call h = {b, NULL, aa, -1}, d = {a, m, NULL, -1};
+  pthread_t th, td;
+  CU_ASSERT_FATAL(pthread_create(&th, NULL, hold_peer, &h) == 0);
+  tu_hold_entered(&stats_hold); /* a's progress thread holds a's lock */
+  CU_ASSERT_FATAL(pthread_create(&td, NULL, destroy_mgr, &d) == 0);
+  for (int64_t end = tu_now_ms() + 10000; !closing_of(m) && tu_now_ms() < end;) sched_yield();
+  CU_ASSERT_TRUE(closing_of(m));
+  HixlCacheStats s;
+  TU_ASSERT_STATUS(HixlCacheManagerGetStats(m, &s), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("being destroyed");
+  hixl_cache_unpin(m, idb); /* refused too: nothing to see, nothing touched */
+  tu_hold_release(&stats_hold);
+  pthread_join(td, NULL);
+  pthread_join(th, NULL);
+  TU_ASSERT_OK(d.st);
+  TU_ASSERT_OK(h.st);
+  TU_ASSERT_OK(HixlEngineDestroy(b));
+  TU_ASSERT_OK(HixlEngineDestroy(a));
+  for (int t = 0; t < C_TENSORS; t++) free(k.c[t]);
+  for (int t = 0; t < B_TENSORS; t++) free(k.b[t]);
+}
+
 /* A peer's lookup of k, answered by m's CACHE service as on the engine's progress thread:
  * the cache it names (*id), else the status and its reason (why). */
 static HixlStatus serve_lookup(HixlCacheManager *m, HixlCacheAnyKey k, uint64_t *id, char *why, size_t cap) {
@@ -1271,6 +1419,7 @@ int main(void) {
       {"adjacent blocks coalesce: 1024 blocks, one op per tensor", test_coalescing},
       {"layer ranges, one or two tensors per layer", test_layer_ranges},
       {"push blocks", test_push_blocks},
+      {"a destination block twice, a list longer than the cache: refused", test_repeated_dst_blocks},
       {"contiguous: CacheKey, id and index, size, push", test_contiguous},
       {"layout mismatches move nothing", test_mismatches},
       {"NOT_FOUND: no such key, unregistered, found again", test_not_found},
@@ -1278,9 +1427,11 @@ int main(void) {
       {"async: a layer never ready fails the task", test_async_not_ready},
       {"async: a synchronizer answering neither 1 nor 0 sends nothing of the layer", test_async_garbage_sync},
       {"async: a synchronizer destroying its own task is refused", test_async_self_destroy},
+      {"hixl_cache_unpin: a then-call's pin only, never a task's", test_unpin_only_then_pins},
       {"allocated caches: pulled, mapped on one host, freed", test_allocated},
       {"one CacheKey registered by two threads at once: one wins", test_register_race},
       {"a manager's Destroy: refused while in use, whole or not at all", test_destroy_whole_or_nothing},
+      {"GetStats while Destroy is under way: refused, as every call", test_stats_during_destroy},
       {"caches without remote access: a peer's lookup learns nothing of them", test_local_caches_unseen},
       {"a lost link comes back with Link", test_relink},
       {"a stopped peer: TIMEOUT on time", test_stopped_peer},

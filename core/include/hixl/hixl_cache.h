@@ -100,8 +100,9 @@ HIXL_API HixlStatus HixlCacheManagerCreate(HixlEngine *engine, uint64_t cluster_
 
 /** Unregister every cache, unlink every cluster and free the manager (the engine
  *  stays the caller's). FAILED, and nothing freed, while an async task exists or
- *  another call on the manager is under way (new calls are refused once Destroy has
- *  begun). FAILED too when the engine refuses a cache's deregistration (a transfer of
+ *  another call on the manager is under way (new calls, GetStats too, are refused once
+ *  Destroy has begun; none may begin once it may have returned: the handle is freed
+ *  then). FAILED too when the engine refuses a cache's deregistration (a transfer of
  *  the caller's own in flight on its memory): that cache, the ones after it and the
  *  manager stay, usable, for Destroy again; the caches before it are gone. After the
  *  engine's Finalize (its registrations released) Destroy frees everything. */
@@ -162,7 +163,9 @@ HIXL_API HixlStatus HixlCacheManagerPullCache(HixlCacheManager *mgr, const HixlC
 
 /** Copy remote blocks into local blocks cache dst_cache_id: src_blocks[j] to
  *  dst_blocks[j] when src_key is a BlocksCacheKey; otherwise src_blocks is empty and
- *  the remote batch item fills dst_blocks in order, one block's bytes each. */
+ *  the remote batch item fills dst_blocks in order, one block's bytes each. A block
+ *  twice in dst_blocks (two sources into one block), or more dst_blocks than the
+ *  cache has blocks: PARAM_INVALID, nothing moved. */
 HIXL_API HixlStatus HixlCacheManagerPullBlocks(HixlCacheManager *mgr, const HixlCacheAnyKey *src_key,
                                                uint64_t dst_cache_id, const uint64_t *src_blocks,
                                                size_t num_src_blocks, const uint64_t *dst_blocks,
@@ -176,7 +179,8 @@ HIXL_API HixlStatus HixlCacheManagerPushCache(HixlCacheManager *mgr, const HixlC
                                               const HixlCacheTransferArgs *args);
 
 /** Copy local blocks into a remote blocks cache: src_blocks[j] to dst_blocks[j]
- *  (a contiguous local cache: src_blocks empty, its item 0 cut into blocks). */
+ *  (a contiguous local cache: src_blocks empty, its item 0 cut into blocks).
+ *  dst_blocks as PullBlocks: each block once, no more than the remote cache has. */
 HIXL_API HixlStatus HixlCacheManagerPushBlocks(HixlCacheManager *mgr, const HixlBlocksCacheKey *dst_key,
                                                uint64_t src_cache_id, const uint64_t *src_blocks,
                                                size_t num_src_blocks, const uint64_t *dst_blocks,
@@ -184,7 +188,10 @@ HIXL_API HixlStatus HixlCacheManagerPushBlocks(HixlCacheManager *mgr, const Hixl
 
 /* Asked before layer is sent: return 1 once the layer's KV is ready, 0 if it is not
  * within timeout_ms (the task then fails naming the layer; any other value fails it
- * too, naming the value). Called from the task's own thread. */
+ * too, naming the value). Called from the task's own thread. It must return within
+ * about timeout_ms: hixl cannot stop a thread inside the caller's function, so one that
+ * never returns holds the task, HixlCacheTaskDestroy (it waits for the thread) and the
+ * manager's Destroy (refused while the task exists) for ever. */
 typedef int (*HixlLayerSynchronizeFn)(void *ctx, uint32_t layer, int32_t timeout_ms);
 
 typedef struct {
@@ -208,7 +215,7 @@ typedef struct {
 typedef struct {
   const uint64_t *src_block_indices; /* blocks source: which blocks */
   size_t num_src_blocks;
-  const uint64_t *dst_block_indices; /* blocks destination: where (NULL: contiguous destination) */
+  const uint64_t *dst_block_indices; /* blocks destination: where, each once (NULL: contiguous destination) */
   size_t num_dst_blocks;
   uint64_t dst_block_memory_size; /* 0: the source's block size */
   uint32_t tensor_num_per_layer;  /* 0: 2 */
@@ -231,8 +238,9 @@ HIXL_API HixlStatus HixlCacheTaskSynchronize(HixlCacheTask *task, int32_t timeou
 HIXL_API HixlStatus HixlCacheTaskGetResults(HixlCacheTask *task, HixlStatus *results, size_t num_results);
 
 /** Free an ended task; a task still running is stopped first (its layers not yet
- *  sent are not sent; those in flight end or time out). PARAM_INVALID, and nothing
- *  done, on the task's own thread (from its synchronizer). */
+ *  sent are not sent; those in flight end or time out). A synchronizer call under way
+ *  is waited for: one that never returns holds Destroy for ever. PARAM_INVALID, and
+ *  nothing done, on the task's own thread (from its synchronizer). */
 HIXL_API HixlStatus HixlCacheTaskDestroy(HixlCacheTask *task);
 /* A task handle is a token, not an address: one destroyed is PARAM_INVALID to every
  * call; a Synchronize or GetResults under way in it returns before Destroy frees it. */
@@ -249,7 +257,7 @@ typedef struct {
   uint64_t bytes;
 } HixlCacheStats;
 
-/** Counters since Create. */
+/** Counters since Create. A call as the others: PARAM_INVALID once Destroy has begun. */
 HIXL_API HixlStatus HixlCacheManagerGetStats(HixlCacheManager *mgr, HixlCacheStats *stats);
 
 #ifdef __cplusplus

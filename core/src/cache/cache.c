@@ -115,10 +115,15 @@ HixlStatus HixlCacheManagerDestroy(HixlCacheManager *m) {
   return HIXL_SUCCESS;
 }
 
+/* A call as the others (cm_enter): Destroy refuses while it reads, and it is refused once
+ * Destroy has begun (before: it read the manager Destroy was freeing). */
 HixlStatus HixlCacheManagerGetStats(HixlCacheManager *m, HixlCacheStats *stats) {
-  CHECK_ARG(m && stats, "HixlCacheManagerGetStats: mgr or stats output is NULL");
+  const char *fn = "HixlCacheManagerGetStats";
+  CHECK_ARG(m && stats, "%s: mgr or stats output is NULL", fn);
+  HixlStatus st = cm_enter(m, fn);
+  if (st != HIXL_SUCCESS) return st;
   pthread_mutex_lock(&m->lock);
   *stats = m->stats;
   pthread_mutex_unlock(&m->lock);
-  return HIXL_SUCCESS;
+  return cm_leave(m, HIXL_SUCCESS);
 }

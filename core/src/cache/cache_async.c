@@ -316,6 +316,8 @@ static HixlStatus async_in(HixlCacheManager *m, uint64_t src_cache_id, const Hix
                      "%s: dst_block_indices[%zu] = %" PRIu64 ": its %" PRIu64
                      "-byte block lies past 2^48 bytes, outside any cache",
                      fn, j, args->dst_block_indices[j], t->dbms);
+  if (st == HIXL_SUCCESS && t->dbms)
+    st = cm_check_distinct(args->dst_block_indices, args->num_dst_blocks, fn, "dst_block_indices");
   if (st == HIXL_SUCCESS && (!(t->sb = cm_dup_u64(args->src_block_indices, args->num_src_blocks)) ||
                              !(t->db = cm_dup_u64(args->dst_block_indices, args->num_dst_blocks)) ||
                              !(t->conf = calloc(num_configs, sizeof(*t->conf)))))

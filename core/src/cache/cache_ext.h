@@ -23,7 +23,9 @@ HixlStatus hixl_cache_push_blocks_then_call(HixlCacheManager *mgr, const HixlBlo
                                             const void *req, size_t len, void *resp, size_t cap,
                                             uint32_t *resp_len, hixl_call_t *call);
 
-/* Let go of the pin hixl_cache_push_blocks_then_call left on cache_id. */
+/* Let go of the pin hixl_cache_push_blocks_then_call left on cache_id (one per call;
+ * nothing when none is left: a task's or a transfer's pin is theirs). A call as the
+ * others: nothing on a NULL manager or one being destroyed. */
 void hixl_cache_unpin(HixlCacheManager *mgr, uint64_t cache_id);
 
 #endif

@@ -40,9 +40,10 @@ struct cm_cache {
   size_t nkeys;
   bool has_bkey;
   HixlBlocksCacheKey bkey;
-  bool listed;    /* in mgr->caches, where peers' lookups find it (pending: its keys only taken) */
-  uint32_t busy;  /* transfers and tasks using it */
-  bool allocated; /* AllocateCache: handles[0] is the engine's allocation holding every tensor */
+  bool listed;        /* in mgr->caches, where peers' lookups find it (pending: its keys only taken) */
+  uint32_t busy;      /* transfers and tasks using it */
+  uint32_t then_pins; /* of busy: left by hixl_cache_push_blocks_then_call, for hixl_cache_unpin */
+  bool allocated;     /* AllocateCache: handles[0] is the engine's allocation holding every tensor */
   struct cm_cache *next;
 };
 
@@ -203,5 +204,8 @@ int cm_plan_blocks(struct opvec *o, const struct cm_layers *ly, const uintptr_t 
                    bool local_is_src);
 HixlStatus cm_check_blocks(const uint64_t *v, size_t n, uint64_t limit, const char *fn, const char *what,
                            uint64_t cluster);
+/* PARAM_INVALID naming the first two places of the lowest block in v twice (two sources would
+ * land in one block, the last silently winning). */
+HixlStatus cm_check_distinct(const uint64_t *v, size_t n, const char *fn, const char *what);
 
 #endif

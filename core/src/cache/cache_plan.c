@@ -152,6 +152,30 @@ HixlStatus cm_check_blocks(const uint64_t *v, size_t n, uint64_t limit, const ch
   return HIXL_SUCCESS;
 }
 
+static int cm_cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+HixlStatus cm_check_distinct(const uint64_t *v, size_t n, const char *fn, const char *what) {
+  if (n < 2) return HIXL_SUCCESS;
+  uint64_t *s = malloc(n * sizeof(*s));
+  if (!s) return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "%s: out of memory checking %zu %s", fn, n, what);
+  memcpy(s, v, n * sizeof(*s));
+  qsort(s, n, sizeof(*s), cm_cmp_u64);
+  size_t k = 1;
+  while (k < n && s[k] != s[k - 1]) k++;
+  uint64_t twice = k < n ? s[k] : 0;
+  free(s);
+  if (k == n) return HIXL_SUCCESS;
+  size_t i = 0, j;
+  while (v[i] != twice) i++;
+  for (j = i + 1; v[j] != twice;) j++;
+  return hixl_fail(HIXL_PARAM_INVALID,
+                   "%s: %s[%zu] and %s[%zu] are both block %" PRIu64 ": two sources would land in one block",
+                   fn, what, i, what, j, twice);
+}
+
 /* pull_cache and push_cache: one batch item of each tensor of the layers. */
 static HixlStatus cm_item_in(HixlCacheManager *m, const HixlCacheAnyKey *key, uint64_t local_id,
                              uint32_t local_batch, const HixlCacheTransferArgs *a, bool push,
@@ -303,6 +327,12 @@ retry:
   /* Sizes: the destination's block; a blocks source must match it. */
   uint64_t dbs = push ? v->item_bytes : c->item_bytes, dnb = push ? v->shape0 : c->desc.shape[0];
   uint64_t src_item = push ? c->item_bytes : v->item_bytes, snb = push ? c->desc.shape[0] : v->shape0;
+  if (ndb > dnb) { /* before any list is walked: each block at most once */
+    st = hixl_fail(HIXL_PARAM_INVALID,
+                   "%s: %zu dst_blocks, but the cache on cluster %" PRIu64 " has %" PRIu64 " blocks", fn, ndb,
+                   push ? there : here, dnb);
+    goto out;
+  }
   if (src_blocks_side) {
     if (src_item != dbs) {
       st = hixl_fail(HIXL_PARAM_INVALID,
@@ -331,7 +361,9 @@ retry:
       goto out;
     }
   }
-  if ((st = cm_check_blocks(db, ndb, dnb, fn, "dst_blocks", push ? there : here)) != HIXL_SUCCESS) goto out;
+  if ((st = cm_check_blocks(db, ndb, dnb, fn, "dst_blocks", push ? there : here)) != HIXL_SUCCESS ||
+      (st = cm_check_distinct(db, ndb, fn, "dst_blocks")) != HIXL_SUCCESS)
+    goto out;
   struct cm_layers ly;
   if ((st = cm_plan_layers(fn, a, push ? c->desc.num_tensors : v->n, push ? v->n : c->desc.num_tensors, push,
                            &ly)) != HIXL_SUCCESS)
@@ -348,7 +380,13 @@ retry:
 out:
   opvec_free(&ops);
   cm_views_free(v);
-  if (!then || st != HIXL_SUCCESS) cache_unpin(m, c);
+  if (!then || st != HIXL_SUCCESS) {
+    cache_unpin(m, c);
+  } else { /* hixl_cache_unpin's to let go */
+    pthread_mutex_lock(&m->lock);
+    c->then_pins++;
+    pthread_mutex_unlock(&m->lock);
+  }
   return st;
 }
 
@@ -393,9 +431,17 @@ HixlStatus hixl_cache_push_blocks_then_call(HixlCacheManager *m, const HixlBlock
   return cm_blocks(m, &k, src_cache_id, src_blocks, nsrc, dst_blocks, ndst, args, true, &t, fn);
 }
 
+/* A call as the others (cm_enter): nothing on a NULL manager or one being destroyed
+ * (Destroy begins only once no cache is pinned). Only a pin a then-call left goes: a
+ * task's or a transfer's taken would let UnregisterCache free the cache under it. */
 void hixl_cache_unpin(HixlCacheManager *m, uint64_t cache_id) {
+  if (cm_enter(m, "hixl_cache_unpin") != HIXL_SUCCESS) return;
   pthread_mutex_lock(&m->lock);
   struct cm_cache *c = cache_by_id(m, cache_id);
-  if (c && c->busy > 0) c->busy--;
+  if (c && c->then_pins > 0) {
+    c->then_pins--;
+    c->busy--;
+  }
   pthread_mutex_unlock(&m->lock);
+  cm_leave(m, HIXL_SUCCESS);
 }
