@@ -302,6 +302,115 @@ static void test_held_bounded(void) {
   inst_down(&p);
 }
 
+/* Pull producer: a request id used again after its request ended. The capability binds
+ * the id, not one run of it, so the earlier consumer's params would act on the later
+ * request: the scheduler refuses request_finished of an id whose finished_sending came
+ * back lately (PARAM_INVALID, logged), and a worker refuses a hold of an id that ended
+ * there lately (a restarted scheduler that did not know it): not held, reported
+ * finished-sending at once, its consumer's PIN answering GONE saying why. A FREE that
+ * came before its hold (an abort) is still no reuse: not held, silently. Before, the
+ * scheduler answered delay_free 1 and params, and the worker held nothing and said
+ * nothing: the consumer heard GONE "it was freed, its lease expired, or it was aborted". */
+static void test_held_id_reused(void) {
+  struct inst p;
+  CU_ASSERT_FATAL(inst_up(&p, "producer", "pull"));
+  static const uint64_t blocks[NB] = {3, 4};
+  const char *id = "reused";
+  hixl_kv_request r = request(id, NULL);
+  hixl_kv_buffer params = {0};
+  int32_t delay = 0;
+  struct kv_cap cap;
+  uint8_t state;
+  ST_IS(ops->request_finished(p.sched, &r, blocks, NB, &delay, &params), HIXL_KV_SUCCESS);
+  CU_ASSERT_FATAL(params_cap(&params, &cap));
+  step(&p);
+  TU_ASSERT_OK(serve(&p, "127.0.0.1:20000", KV_SVC_FREE, id, &cap, &state, NULL, 0)); /* loaded and freed */
+  hixl_kv_ids s = {0}, rv = {0};
+  ST_IS(ops->get_finished(p.worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
+  CU_ASSERT_TRUE(s.count == 1 && strcmp(s.ids[0], id) == 0);
+  ST_IS(ops->update_connector_output(p.sched, &s, NULL, NULL), HIXL_KV_SUCCESS);
+  ops->free_ids(&s);
+  ops->free_ids(&rv);
+  /* The same id again, on the scheduler that held it: refused and logged. */
+  tu_log_watch("must be unique per run");
+  delay = 7;
+  ST_IS(ops->request_finished(p.sched, &r, blocks, NB, &delay, &params), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(ops->last_error(), "unique per run"));
+  CU_ASSERT_EQUAL(delay, 7); /* outputs untouched */
+  char line[512] = "";
+  CU_ASSERT_TRUE(tu_log_seen(line, sizeof(line)));
+  CU_ASSERT_PTR_NOT_NULL(strstr(line, id));
+  /* ... on a restarted scheduler, which does not know it: its worker refuses the hold. */
+  char cfg[256], err[256] = "";
+  snprintf(cfg, sizeof(cfg), "{\"address\": \"%s:%u\", \"role\": \"producer\", \"mode\": \"pull\"}", tu_ip(),
+           (unsigned)tu_free_port());
+  hixl_kv_connector *s2 = NULL;
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &s2, err, sizeof(err)), HIXL_KV_SUCCESS);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(s2);
+  ST_IS(ops->request_finished(s2, &r, blocks, NB, &delay, &params), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(delay, 1);
+  CU_ASSERT_FATAL(params_cap(&params, &cap));
+  tu_log_watch("must be");
+  bind_from(&p, s2);
+  CU_ASSERT_TRUE(tu_log_seen(line, sizeof(line)));
+  CU_ASSERT_PTR_NOT_NULL(strstr(line, id));
+  CU_ASSERT_EQUAL(held_now(&p), 0);
+  ST_IS(ops->get_finished(p.worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
+  CU_ASSERT_TRUE(s.count == 1 && strcmp(s.ids[0], id) == 0); /* the host frees its blocks */
+  ops->free_ids(&s);
+  ops->free_ids(&rv);
+  gone_saying(&p, "127.0.0.1:20000", KV_SVC_PIN, id, &cap, "request ids must be unique per run");
+  CU_ASSERT_EQUAL(granted(&p, "127.0.0.1:20000"), 0);
+  /* An abort's FREE before the hold: not held, and no reuse. */
+  const char *early = "freed-early";
+  hixl_kv_request r2 = request(early, NULL);
+  ST_IS(ops->request_finished(s2, &r2, blocks, NB, &delay, &params), HIXL_KV_SUCCESS);
+  CU_ASSERT_FATAL(params_cap(&params, &cap));
+  TU_ASSERT_OK(serve(&p, "127.0.0.1:20000", KV_SVC_FREE, early, &cap, &state, NULL, 0));
+  bind_from(&p, s2);
+  CU_ASSERT_EQUAL(held_now(&p), 0);
+  ST_IS(ops->get_finished(p.worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
+  CU_ASSERT_TRUE(s.count == 1 && strcmp(s.ids[0], early) == 0);
+  ops->free_ids(&s);
+  ops->free_ids(&rv);
+  gone_saying(&p, "127.0.0.1:20000", KV_SVC_PIN, early, &cap, "freed it before it was held");
+  ops->destroy(s2);
+  inst_down(&p);
+}
+
+/* Push producer: request_finished of a request whose push is under way answers
+ * delay_free 1 once; a second one, before its finished_sending came back, is refused
+ * (PARAM_INVALID), as pull mode refuses one of a request still held. Before: SUCCESS
+ * with delay_free 0, and the host freed blocks the pusher was still sending from. Once
+ * its finished_sending came back, delay_free 0. */
+static void test_push_finished_twice(void) {
+  struct inst p;
+  CU_ASSERT_FATAL(inst_up(&p, "producer", "push"));
+  static const uint64_t blocks[NB] = {3, 4};
+  const char *id = "pushed-twice";
+  char params[256];
+  snprintf(params, sizeof(params),
+           "{\"do_remote_decode\": true, \"remote_engine\": \"%s:%u\", \"remote_request_id\": \"%s\", "
+           "\"remote_block_ids\": [5, 6]}",
+           tu_ip(), (unsigned)tu_free_port(), id);
+  hixl_kv_request r = request(id, params);
+  ST_IS(ops->update_state_after_alloc(p.sched, &r, blocks, NB, 0), HIXL_KV_SUCCESS);
+  hixl_kv_buffer out = {0};
+  int32_t delay = 0;
+  ST_IS(ops->request_finished(p.sched, &r, blocks, NB, &delay, &out), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(delay, 1);
+  delay = 7;
+  ST_IS(ops->request_finished(p.sched, &r, blocks, NB, &delay, &out), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_EQUAL(delay, 7);
+  CU_ASSERT_PTR_NOT_NULL(strstr(ops->last_error(), id));
+  const char *ids[] = {id};
+  hixl_kv_ids sent = {ids, 1};
+  ST_IS(ops->update_connector_output(p.sched, &sent, NULL, NULL), HIXL_KV_SUCCESS);
+  ST_IS(ops->request_finished(p.sched, &r, blocks, NB, &delay, &out), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(delay, 0);
+  inst_down(&p);
+}
+
 /* k calls of op on id (one neither held nor expected: a lookup that misses) from a
  * peer, presenting cap; each must be answered SUCCESS. */
 static void calls_ok(struct inst *x, uint8_t op, const char *id, const struct kv_cap *cap, unsigned k) {
@@ -455,6 +564,9 @@ int main(void) {
        test_accept_peers_bounded},
       {"a worker holds at most max_inflight_requests requests; one more is refused, GONE naming it",
        test_held_bounded},
+      {"a request id held again after it ended: refused by the scheduler, and by a worker that knows it",
+       test_held_id_reused},
+      {"push: a second request_finished while the push is under way is refused", test_push_finished_twice},
       {"PIN answered among 100 or 10000 held requests", test_held_lookups_flat},
       {"a worker expects at most max_inflight_requests pushes; one more fails, GONE naming it",
        test_expects_bounded},

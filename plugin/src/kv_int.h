@@ -328,6 +328,7 @@ struct kv_idhash {
 #define KV_FAILED_MAX  4096u /* consumer scheduler: failed loads of requests not finished */
 #define KV_UNREACH_MAX 1024u /* worker: peers whose last Link failed */
 #define KV_ALLOCS_MAX  4096u /* push consumer scheduler: allocations get_push_params has not taken */
+#define KV_DELAYED_MAX 4096u /* push producer scheduler: requests finished (delay_free 1), not pushed yet */
 
 /* Role scheduler. */
 struct kv_sched {
@@ -336,8 +337,13 @@ struct kv_sched {
   struct kv_idhash failed;  /* consumer: requests whose load failed (recompute: 0 tokens), till finished */
   struct kv_idhash allocs;  /* push consumer: a struct kv_alloc per request, for get_push_params */
   struct kv_idhash pushing; /* push producer: requests whose blocks stay until pushed, at most max_inflight */
+  struct kv_idhash delayed; /* push producer: requests whose request_finished answered delay_free 1, until
+                               their finished_sending (a second request_finished of one is refused) */
   struct kv_idhash holding; /* pull producer: requests held for a consumer, until finished_sending (at most
                                max_inflight_requests, hashed) */
+  struct kv_idhash ended;   /* pull producer: requests held whose finished_sending came back, the last
+                               KV_GONE_MAX: request_finished of one again is a reused id, refused */
+  uint64_t reused;          /* ... request_finished calls refused so (the first is logged) */
   uint64_t not_held;        /* producer: requests not held (pull) or not pushed (push) at max_inflight */
   uint64_t epoch;           /* pull producer: this scheduler's, random (below 2^52: exact in any JSON) */
   uint64_t hold_seq;        /* ... and the number of the last hold it queued */
@@ -352,6 +358,7 @@ struct kv_holder {
                               * now + lease_ms under the lock, and the request then made the newest */
   uint64_t epoch, bound_seq; /* the scheduler's epoch, and the last hold of it bound */
   uint64_t refused;          /* holds refused at the bound (the first is logged) */
+  uint64_t reused;           /* holds refused for an id that ended here lately (the first is logged) */
   char full_why[128];        /* what a PIN of a refused one hears (GONE), naming the bound */
 };
 

@@ -201,6 +201,8 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   kv_idhash_clear(&c->exp.expects, kv_expect_free);
   kv_idhash_clear(&c->sched.allocs, kv_alloc_free);
   kv_idhash_clear(&c->sched.pushing, NULL);
+  kv_idhash_clear(&c->sched.delayed, NULL);
+  kv_idhash_clear(&c->sched.ended, NULL);
   kv_idset_clear(&c->load.busy);
   kv_idset_clear(&c->push.active);
   kv_idhash_clear(&c->sched.holding, NULL);

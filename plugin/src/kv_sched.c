@@ -479,8 +479,20 @@ static hixl_kv_status finished(hixl_kv_connector *c, const hixl_kv_request *r, c
      * update_connector_output already passed on that it has (or it was never pushed):
      * then the host frees them now, as the plugin reports that request no more. */
     pthread_mutex_lock(&c->lock);
-    bool pushing = kv_idhash_del(&c->sched.pushing, id, NULL);
+    bool again = kv_idhash_has(&c->sched.delayed, id); /* its blocks are kept by the first call */
+    bool pushing = !again && kv_idhash_del(&c->sched.pushing, id, NULL);
+    if (pushing && kv_idhash_add(&c->sched.delayed, id, NULL, KV_DELAYED_MAX, NULL) < 0) {
+      kv_idhash_add(&c->sched.pushing, id, NULL, SIZE_MAX, NULL); /* as it was: room was there */
+      pthread_mutex_unlock(&c->lock);
+      free(b->v);
+      return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "request_finished: request %s: out of memory", id);
+    }
     pthread_mutex_unlock(&c->lock);
+    if (again) {
+      free(b->v);
+      return kv_fail(HIXL_KV_PARAM_INVALID,
+                     "request_finished: request %s is kept until it is pushed already: once a request", id);
+    }
     *delay_free = pushing;
     params->data = NULL;
     params->len = 0;
@@ -495,6 +507,22 @@ static hixl_kv_status finished(hixl_kv_connector *c, const hixl_kv_request *r, c
       free(b->v);
       return kv_fail(HIXL_KV_PARAM_INVALID, "request_finished: request %s is held already: once a request",
                      id);
+    }
+    if (kv_idhash_has(&c->sched.ended, id)) { /* a reused id: its earlier params' capability acts on it */
+      bool first = c->sched.reused++ == 0;
+      pthread_mutex_unlock(&c->lock);
+      free(b->v);
+      if (first)
+        log_warn(
+            "hixl-kv: request_finished of request %s, which was held here and ended lately: a request id "
+            "must be unique per run; it is not held (its consumer computes it), and later reused ids are "
+            "refused the same (the first such refusal)",
+            id);
+      return kv_fail(
+          HIXL_KV_PARAM_INVALID,
+          "request_finished: request %s was held here and ended lately: a request id must be unique "
+          "per run; not held",
+          id);
     }
     full = c->sched.holding.n >= c->cfg.max_inflight;
     if (full && c->sched.not_held++ == 0)
@@ -612,8 +640,10 @@ hixl_kv_status kv_update_output(hixl_kv_connector *c, const hixl_kv_ids *sending
   for (size_t i = 0; sending && i < sending->count; i++) {
     const char *id = sending->ids[i];
     if (!id) continue;
-    kv_idhash_del(&c->sched.holding, id, NULL); /* its blocks are free: room to hold more */
+    if (kv_idhash_del(&c->sched.holding, id, NULL)) /* its blocks are free: room to hold more */
+      kv_idhash_add(&c->sched.ended, id, NULL, KV_GONE_MAX, NULL); /* the same id held again is refused */
     kv_idhash_del(&c->sched.pushing, id, NULL); /* pushed before request_finished: see kv_finished */
+    kv_idhash_del(&c->sched.delayed, id, NULL); /* the host frees its blocks now */
   }
   bool first = false;
   for (size_t i = 0; failed && i < failed->count; i++)

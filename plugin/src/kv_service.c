@@ -14,6 +14,15 @@
 #include "kv_obs.h"
 #include "util/log.h"
 
+/* What a PIN of a request hears when its consumer's FREE came before its hold (an
+ * abort: the hold is then never made), and when its id ended here before its hold came
+ * (a reused id: refused). Constants: kv_held_bind tells the first from an ending by its
+ * address. */
+static const char freed_early[] = "its consumer freed it before it was held here (an abort)";
+static const char reused[] =
+    "refused: its request id was held here by a request that ended lately (request ids must be unique per "
+    "run)";
+
 struct kv_held *kv_held_find(hixl_kv_connector *c, const char *id) {
   void *h;
   return kv_idhash_get(&c->hold.held, id, &h) ? h : NULL;
@@ -78,8 +87,18 @@ static bool blocks_past(const hixl_kv_connector *c, const struct kv_meta_entry *
 
 hixl_kv_status kv_held_bind(hixl_kv_connector *c, struct kv_meta_entry *e) {
   char why[160];
+  void *ended = NULL;
   if (kv_held_find(c, e->req)) return HIXL_KV_SUCCESS;
-  if (kv_idhash_has(&c->gone, e->req)) { /* the consumer freed it already (an abort) */
+  if (kv_idhash_get(&c->gone, e->req, &ended)) { /* freed already (an abort), or a reused id */
+    if (ended != freed_early) {                  /* not held: the host frees it, its consumer hears why */
+      if (c->hold.reused++ == 0)
+        log_warn("hixl-kv: request %s was held here by a request that ended lately: a request id must be "
+                 "unique per run; it is not held, its blocks are reported free at once and its consumer's "
+                 "PIN answers GONE saying so (the first such refusal)",
+                 e->req);
+      kv_obs_count(c, KV_CAUSE_REFUSED);
+      kv_gone_add_why(c, e->req, reused);
+    }
     kv_finished_add(c, &c->sending_done, e->req);
     return HIXL_KV_SUCCESS;
   }
@@ -530,7 +549,7 @@ static HixlStatus serve_free(hixl_kv_connector *c, const char *peer, const struc
     kv_obs_phase(c, r->id, KV_PH_FREE, peer);
     if ((h->freed & h->need) == h->need) held_release(c, h);
   } else if (!h && !kv_idhash_has(&c->gone, r->id)) {
-    kv_gone_add(c, r->id);
+    kv_gone_add_why(c, r->id, freed_early);
   }
   return HIXL_SUCCESS;
 }

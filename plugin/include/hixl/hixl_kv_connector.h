@@ -248,7 +248,11 @@ struct hixl_kv_ops {
   hixl_kv_status (*build_connector_meta)(hixl_kv_connector *c, hixl_kv_buffer *meta);
   /* A request aborted while its KV still loads (load_async): the host keeps its blocks
    * until a worker's get_finished reports it received, as vLLM does for requests in
-   * WAITING_FOR_REMOTE_KVS; the pull (or the expected push) writes into them until then. */
+   * WAITING_FOR_REMOTE_KVS; the pull (or the expected push) writes into them until then.
+   * Once a request: a second call while the first keeps its blocks (held for a consumer,
+   * or not pushed yet) is PARAM_INVALID. A request id is used once per run (a capability
+   * binds the id): a producer refuses one it held that ended lately (PARAM_INVALID,
+   * nothing held; the host frees the blocks). */
   hixl_kv_status (*request_finished)(hixl_kv_connector *c, const hixl_kv_request *req,
                                      const uint64_t *block_ids, size_t num_blocks, int32_t *delay_free,
                                      hixl_kv_buffer *kv_transfer_params);
