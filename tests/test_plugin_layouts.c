@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -1281,6 +1282,113 @@ static void test_bad_planes_refused(void) {
   free(mem);
 }
 
+/* register_kv_groups of groups g[0..n) on a worker of its own: its status, and whether
+ * the error names what. */
+static hixl_kv_status groups_alone(hixl_kv_group *g, size_t n, const char *what) {
+  hixl_kv_connector *w = worker_up();
+  if (!w) return HIXL_KV_FAILED;
+  hixl_kv_status st = ops->register_kv_groups(w, g, n);
+  if (st != HIXL_KV_SUCCESS && what && !strstr(ops->last_error(), what)) {
+    fprintf(stderr, "  the error does not name %s: %s\n", what, ops->last_error());
+    CU_FAIL("the error does not name what is wrong");
+  }
+  ops->destroy(w);
+  return st;
+}
+
+/* Two planes of one group that share bytes: V given K's base, layers of a block-major
+ * layout 64 bytes apart where a layer's piece is 128, and a head-major plane whose second
+ * head lies on the next plane's blocks (before: registered, and a load into one plane
+ * wrote the other's bytes; only a plane's own pieces were compared). Refused, naming
+ * both planes. Planes that interleave without sharing a byte (BLNHC's layers, heads
+ * apart) register, and so does one tensor in two groups (vLLM's hybrid allocator: the
+ * groups' blocks come from one pool). */
+static void test_planes_sharing_refused(void) {
+  uint8_t *mem = aligned_alloc(4096, 65536);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(mem);
+  uintptr_t b = (uintptr_t)mem;
+  hixl_kv_plane kv[2] = {{.base = b, .block_stride = 128, .block_bytes = 128},
+                         {.base = b, .block_stride = 128, .block_bytes = 128}}; /* V over K */
+  hixl_kv_group g = group_of(kv, 4);
+  g.planes_per_layer = 2;
+  ST_IS(groups_alone(&g, 1, "planes 0 and 1 share bytes"), HIXL_KV_PARAM_INVALID);
+  kv[1].base = b + 4 * 128 - 64; /* V's block 0 over K's block 3 */
+  ST_IS(groups_alone(&g, 1, "share bytes"), HIXL_KV_PARAM_INVALID);
+  kv[1].base = b + 4 * 128; /* V after K: taken */
+  ST_IS(groups_alone(&g, 1, NULL), HIXL_KV_SUCCESS);
+  /* Block-major, 2 layers: each block 256 bytes, a layer's piece 128. */
+  hixl_kv_plane bl[2] = {{.base = b, .block_stride = 256, .block_bytes = 128},
+                         {.base = b + 64, .block_stride = 256, .block_bytes = 128}};
+  g = group_of(bl, 4);
+  g.num_layers = 2;
+  ST_IS(groups_alone(&g, 1, "share bytes"), HIXL_KV_PARAM_INVALID);
+  bl[1].base = b + 128; /* BLNHC: the layers side by side in a block */
+  ST_IS(groups_alone(&g, 1, NULL), HIXL_KV_SUCCESS);
+  /* Head-major (LHBNC), 2 layers: a layer's head h of block j at + h * 512 + j * 128; the
+   * next layer 1024 on. Given 512 on, its head 0 is the first layer's head 1. */
+  hixl_kv_plane hm[2] = {
+      {.base = b, .block_stride = 128, .block_bytes = 256, .head_stride = 512, .num_heads = 2},
+      {.base = b + 512, .block_stride = 128, .block_bytes = 256, .head_stride = 512, .num_heads = 2}};
+  g = group_of(hm, 4);
+  g.num_layers = 2;
+  ST_IS(groups_alone(&g, 1, "share bytes"), HIXL_KV_PARAM_INVALID);
+  hm[1].base = b + 1024;
+  ST_IS(groups_alone(&g, 1, NULL), HIXL_KV_SUCCESS);
+  /* One tensor, layer 0 in group 0 and layer 1 in group 1: taken. */
+  hixl_kv_plane one = {.base = b, .block_stride = 128, .block_bytes = 128};
+  hixl_kv_group two[2] = {group_of(&one, 4), group_of(&one, 4)};
+  two[1].first_layer = 1;
+  ST_IS(groups_alone(two, 2, NULL), HIXL_KV_SUCCESS);
+  /* register_kv_caches: layer 1 given layer 0's tensor (one group: refused too). */
+  hixl_kv_connector *w = worker_up();
+  CU_ASSERT_PTR_NOT_NULL_FATAL(w);
+  hixl_kv_layer ly = {.base = b,
+                      .num_blocks = 4,
+                      .block_bytes = 128,
+                      .v_offset = 512,
+                      .layout = HIXL_KV_LAYOUT_KV_FIRST,
+                      .elem_size = M_ELEM,
+                      .block_tokens = M_TOKENS};
+  hixl_kv_layer two_layers[2] = {ly, ly};
+  ST_IS(ops->register_kv_caches(w, two_layers, 2), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(ops->last_error(), "share bytes"));
+  two_layers[1].base = b + 1024;
+  ST_IS(ops->register_kv_caches(w, two_layers, 2), HIXL_KV_SUCCESS);
+  ST_IS(ops->destroy(w), HIXL_KV_SUCCESS);
+  free(mem);
+}
+
+/* A plane that runs across the start of alloc_kv_memory's region, or over all of it,
+ * from host memory just below it (before: only a plane starting inside the region and
+ * running past its end was refused; these were registered again over the region).
+ * Refused, naming the region; a plane inside it still registers. */
+static void test_plane_across_alloc_refused(void) {
+  hixl_kv_connector *w = worker_up();
+  CU_ASSERT_PTR_NOT_NULL_FATAL(w);
+  uintptr_t base = 0;
+  ST_IS(ops->alloc_kv_memory(w, 8192, &base), HIXL_KV_SUCCESS);
+  void *below = mmap((void *)(base - 4096), 4096, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+  if (below == MAP_FAILED || below != (void *)(base - 4096)) { /* the page below is taken: nothing to show */
+    if (below != MAP_FAILED) munmap(below, 4096);
+    fprintf(stderr, "  the page below alloc_kv_memory's region is taken; not run\n");
+    ops->destroy(w);
+    return;
+  }
+  /* Its 4 blocks of 2048 from 4 KiB below the region: across its start. */
+  ST_IS(one_plane(w, (hixl_kv_plane){.base = base - 4096, .block_stride = 2048, .block_bytes = 2048}, 4,
+                  "alloc_kv_memory region"),
+        HIXL_KV_PARAM_INVALID);
+  /* 7 blocks: over all of it. */
+  ST_IS(one_plane(w, (hixl_kv_plane){.base = base - 4096, .block_stride = 2048, .block_bytes = 2048}, 7,
+                  "alloc_kv_memory region"),
+        HIXL_KV_PARAM_INVALID);
+  ST_IS(one_plane(w, (hixl_kv_plane){.base = base, .block_stride = 2048, .block_bytes = 2048}, 4, NULL),
+        HIXL_KV_SUCCESS);
+  ST_IS(ops->destroy(w), HIXL_KV_SUCCESS);
+  munmap(below, 4096);
+}
+
 /* Layout names the handshake metadata's JSON and the digest cannot carry: a quote (before:
  * get_handshake_metadata gave {"layout":"abi=1.5 ... [a"b ...} , JSON that does not
  * parse), a backslash, a newline. Refused, naming the layout name. */
@@ -1355,6 +1463,9 @@ static CU_TestInfo adapter_tests[] = {
     {"planes from shapes, strides and element size", test_planes_from_strides},
     {"planes moved by the header's rules land each hand-off's bytes", test_planes_move_the_tensors},
     {"a careless host's planes: refused by name, nothing registered", test_bad_planes_refused},
+    {"two planes of a group that share bytes: refused; interleaved, or of two groups: taken",
+     test_planes_sharing_refused},
+    {"a plane across alloc_kv_memory's region: refused", test_plane_across_alloc_refused},
     {"layout names JSON and the digest cannot carry: refused", test_layout_name_refused},
     {"a group past the compatibility digest: refused", test_digest_overrun_refused},
     CU_TEST_INFO_NULL,

@@ -85,6 +85,58 @@ static bool plane_ok(const hixl_kv_plane *p, uint64_t nb, uint32_t elem, bool ne
   return true;
 }
 
+/* Floor of x / y, y > 0. */
+static int64_t floor_div(int64_t x, int64_t y) { return x / y - (x % y < 0); }
+
+/* Whether a piece of plane a and one of plane b (nb blocks of one stride each) share a
+ * byte: heads h, k at d = (a's head h) - (b's head k) apart, blocks t apart, overlap
+ * where -len(a) < d + t * stride < len(b) for some |t| < nb; heads adjacent are one
+ * piece. Planes of different strides whose spans meet are taken as sharing (no layout
+ * interleaves them). */
+static bool planes_share(const struct kv_plane *a, const struct kv_plane *b, uint64_t nb) {
+  if (a->stride != b->stride && nb > 1) return true;
+  const struct kv_plane *q[2] = {a, b};
+  int64_t n[2], step[2], len[2];
+  for (int i = 0; i < 2; i++) {
+    bool one = q[i]->heads <= 1 || q[i]->head_stride == q[i]->bytes / q[i]->heads;
+    n[i] = one ? 1 : q[i]->heads;
+    step[i] = one ? 0 : (int64_t)q[i]->head_stride;
+    len[i] = one ? (int64_t)q[i]->bytes : (int64_t)(q[i]->bytes / q[i]->heads);
+  }
+  /* Their spans meet (the caller checked), so |d0| < 2^47 and nothing below wraps. */
+  int64_t s = (int64_t)a->stride, far = (int64_t)nb - 1, d0 = (int64_t)(a->base - b->base);
+  bool same = step[0] == step[1]; /* then d hangs on h - k only: each difference once */
+  for (int64_t h = 0; h < n[0]; h++)
+    for (int64_t k = 0; k < (same && h ? 1 : n[1]); k++) {
+      int64_t d = d0 + h * step[0] - k * step[1];
+      int64_t t = s ? floor_div(-len[0] - d, s) + 1 : 0; /* the least t with d + t * s > -len(a) */
+      if (t < -far) t = -far;
+      if (t <= far && d + t * s < len[1] && d + t * s > -len[0]) return true;
+    }
+  return false;
+}
+
+/* Whether two planes of group g share a byte (a load into one would overwrite the
+ * other); which, into *pa and *pb. Planes of different groups may: vLLM's hybrid
+ * allocator shares each tensor among layers of several groups, whose blocks come from
+ * one pool. */
+static bool group_planes_share(const struct kv_group *g, uint32_t *pa, uint32_t *pb) {
+  for (uint32_t i = 0; i < g->nplanes; i++) {
+    const struct kv_plane *a = &g->planes[i];
+    uint64_t ahi = a->base + (g->num_blocks - 1) * a->stride + piece_span(a);
+    for (uint32_t j = i + 1; j < g->nplanes; j++) {
+      const struct kv_plane *b = &g->planes[j];
+      uint64_t bhi = b->base + (g->num_blocks - 1) * b->stride + piece_span(b);
+      if (a->base < bhi && b->base < ahi && planes_share(a, b, g->num_blocks)) {
+        *pa = i;
+        *pb = j;
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
 void kv_layout_free(struct kv_layout *l) {
   for (uint32_t g = 0; g < l->ng; g++) {
     free(l->g[g].layer_ids);
@@ -273,6 +325,15 @@ hixl_kv_status kv_layout_build(struct kv_layout *out, const hixl_kv_group *group
       d->planes[p] = (struct kv_plane){s->base, s->block_stride, s->block_bytes,
                                        s->num_heads ? s->head_stride : 0, s->num_heads};
       d->bytes_per_block += s->block_bytes;
+    }
+    uint32_t pa, pb;
+    if (group_planes_share(d, &pa, &pb)) {
+      l.ng++;
+      kv_layout_free(&l);
+      return kv_fail(HIXL_KV_PARAM_INVALID,
+                     "%s: group %zu: planes %u and %u share bytes (or interleave with different "
+                     "block_strides): a load into one would overwrite the other",
+                     fn, gi, pa, pb);
     }
     uint32_t kheads = g->size >= sizeof(hixl_kv_group) ? g->total_kv_heads : 0;
     hixl_kv_status hst = group_heads(d, gi, kheads, world, fn);
@@ -539,6 +600,7 @@ hixl_kv_status kv_layout_register(hixl_kv_connector *c, const struct kv_layout *
   struct kv_span *s = malloc((l->nplanes ? l->nplanes : 1) * sizeof(*s));
   if (!s) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "%s: out of memory", fn);
   size_t n = 0;
+  pthread_mutex_lock(&c->lock); /* alloc_kv_memory on another thread grows c->mems */
   for (uint32_t gi = 0; gi < l->ng; gi++)
     for (uint32_t p = 0; p < l->g[gi].nplanes; p++) {
       const struct kv_plane *q = &l->g[gi].planes[p];
@@ -546,17 +608,21 @@ hixl_kv_status kv_layout_register(hixl_kv_connector *c, const struct kv_layout *
       bool inside = false; /* in memory alloc_kv_memory gave: registered already */
       for (size_t a = 0; a < c->nmems; a++) {
         const struct kv_mem *m = &c->mems[a];
-        if (lo >= m->base && lo < m->base + m->len && hi > m->base + m->len) {
+        bool in = lo >= m->base && hi <= m->base + m->len;
+        if (!in && lo < m->base + m->len && hi > m->base) { /* across its start or its end */
+          pthread_mutex_unlock(&c->lock);
           free(s);
           return kv_fail(HIXL_KV_PARAM_INVALID,
-                         "%s: group %u, plane %u runs past the alloc_kv_memory region [0x%" PRIx64
-                         ", +%" PRIu64 "): it ends at 0x%" PRIx64,
-                         fn, gi, p, m->base, m->len, hi);
+                         "%s: group %u, plane %u [0x%" PRIx64 ", 0x%" PRIx64
+                         ") runs across the alloc_kv_memory region [0x%" PRIx64 ", +%" PRIu64
+                         "): a plane lies wholly inside one or outside all",
+                         fn, gi, p, lo, hi, m->base, m->len);
         }
-        inside |= lo >= m->base && hi <= m->base + m->len;
+        inside |= in;
       }
       if (!inside) s[n++] = (struct kv_span){lo, hi};
     }
+  pthread_mutex_unlock(&c->lock);
   qsort(s, n, sizeof(*s), cmp_span);
   size_t m = 0; /* spans that overlap or touch: one registration (one MR over rdma) */
   for (size_t j = 0; j < n; j++)

@@ -94,7 +94,10 @@ static hixl_kv_status kv_setup(hixl_kv_connector *c, hixl_kv_layer *ly, size_t n
             "%s: connector or layers is NULL, none given, or a "
             "scheduler's connector",
             fn);
-  CHECK_ARG(c->lay.ng == 0, "%s: caches are already registered", fn);
+  pthread_mutex_lock(&c->lock); /* a registration on another thread sets it */
+  bool done = c->lay.ng > 0 || c->registering;
+  pthread_mutex_unlock(&c->lock);
+  CHECK_ARG(!done, "%s: caches are already registered", fn);
   CHECK_ARG(n <= KV_MAX_PLANES / 2, "%s: %zu layers; at most %u", fn, n, KV_MAX_PLANES / 2);
   const hixl_kv_layer *l0 = &ly[0];
   for (size_t i = 0; i < n; i++) {
