@@ -823,7 +823,7 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
                            ctypes.byref(out))
         except _abi.HixlError as e:
             # One request the plugin refuses (a client reused the id of a request still held
-            # for its consumer) must not stop vLLM's scheduler, which an exception from this
+            # for its consumer, or held lately) must not stop vLLM's scheduler, which an exception from this
             # hook does: nothing is held for it (outputs are written only on success), vLLM
             # frees its blocks and a consumer computes its prompt.
             logger.error("hixl: request %s: its KV is not kept for a consumer: %s", rid, e)
