@@ -18,6 +18,7 @@
 
 #include <CUnit/Basic.h>
 
+#include "devmem/devmem.h"
 #include "engine/engine_ext.h"
 #include "test_util.h"
 
@@ -674,6 +675,41 @@ static void test_huge_len_refused(void) {
   pair_close(&p);
 }
 
+/* An op of 2^50 bytes registered on neither side, to a StagingUnregistered target, is
+ * refused at once as too large, nothing staged; so is a batch of two ops that together
+ * pass 1 TiB (2^20 pieces of 1 MiB). Before, the first was planned as 2^27 units of the
+ * default 8 MiB buffers: ~47 GB of chunks and units allocated and filled (on a machine
+ * with less memory the allocation failed: RESOURCE_EXHAUSTED after the plan). */
+static void test_huge_batch_bounded(void) {
+  const struct stage_opts on = {.unreg = "on"};
+  const size_t over = ((size_t)1 << 39) + 1; /* 2^19 + 1 pieces */
+  struct hixl_stage_stats before, got;
+  HixlTransferOpDesc d[2];
+  pair p;
+
+  if (!pair_open(&p, DEFAULTS, on)) {
+    tu_fail(__FILE__, __LINE__, "cannot open the pair");
+    pair_close(&p);
+    return;
+  }
+  before = stats_now(p.ini);
+  d[0] = desc((const void *)(uintptr_t)4096, 4096, (size_t)1 << 50);
+  if (!tu_status_is(sync_xfer(p.ini, p.tgt_name, HIXL_READ, d, 1, 1000), HIXL_PARAM_INVALID, "2^50 B READ",
+                    __FILE__, __LINE__))
+    goto close; /* the rest would try to move a TiB from unmapped memory */
+  TU_ASSERT_ERRMSG_HAS("too large");
+  TU_ASSERT_ERRMSG_HAS("at most 1048576");
+  d[0] = desc((const void *)(uintptr_t)4096, 4096, over);
+  d[1] = desc((const void *)(uintptr_t)4096 + over, 4096 + over, over);
+  TU_ASSERT_STATUS(sync_xfer(p.ini, p.tgt_name, HIXL_READ, d, 2, 1000), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("too large");
+  got = stats_since(p.ini, &before);
+  CU_ASSERT_EQUAL(got.units, 0);
+  CU_ASSERT_EQUAL(got.waits, 0);
+close:
+  pair_close(&p);
+}
+
 /* ---------------------------------------------------------------- 4. mixed */
 
 /* Every size with every kind (direct, local unregistered, remote unregistered,
@@ -1103,6 +1139,146 @@ static void test_stalled_peer_pool_back(void) {
   free(back);
 }
 
+/* ---------------------------------------------------------------- 6c. starved beside device READs */
+
+/* A batch whose staged op finds no pool buffer by its deadline (the pool's one buffer
+ * held by a unit the stalled peer never answers) ends RESOURCE_EXHAUSTED from a wait and
+ * FAILED from GetTransferStatus; its other op, a device READ on the same stalled peer,
+ * is cancelled as a timed-out one is: its bounce buffers come back at the deadline and
+ * its late answers are dropped. Before, the starved path skipped that (and the rdma
+ * link reset): the READ's four buffers stayed out until the peer answered (over rdma its
+ * work requests could still write the caller's memory). Device memory is the test
+ * builds' host stand-in (HIXL_TEST_DEVMEM=host), chosen once a process: so in a child
+ * that re-executes this program (no engines in a forked child), over tcp, whose device
+ * ops go through the bounce buffers. */
+#define STARVED_FLAG "--starved-devmem"
+
+/* In the child: a failed check, said on stderr; the child then exits 1. */
+#define STARVED_CHECK(cond, ...)                                                                             \
+  do {                                                                                                       \
+    if (!(cond)) {                                                                                           \
+      fprintf(stderr, "starved-devmem child, line %d: ", __LINE__);                                          \
+      fprintf(stderr, __VA_ARGS__);                                                                          \
+      fputc('\n', stderr);                                                                                   \
+      fails++;                                                                                               \
+    }                                                                                                        \
+  } while (0)
+
+/* Device pool buffers out now (the stand-in counts every engine's). */
+static uint64_t dev_bufs_out(void) {
+  uint64_t out, pinned, waits;
+
+  devmem_test_pool(&out, &pinned, &waits);
+  return out;
+}
+
+static int starved_devmem_child(void) {
+  const size_t dlen = 4 * MiB, small = 64 * KiB;
+  const HixlOption one = {.key = "BufferPool", .value = "1:1"};
+  char bn[TU_ADDR_LEN], an[TU_ADDR_LEN];
+  struct tu_hold h = TU_HOLD_INIT;
+  HixlTransferOpDesc d[2];
+  HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
+  HixlTransferReq holder = NULL, req = NULL;
+  HixlMemHandle hd = NULL;
+  hixl_call_t held = NULL;
+  uint8_t ans[8];
+  uint32_t alen = 0;
+  HixlStatus st;
+  int fails = 0;
+
+  if (setenv("HIXL_TEST_DEVMEM", "host", 1) != 0) return 2; /* before any engine asks for the provider */
+  HixlEngine *b = tu_engine_start_opts(tu_addr(bn, sizeof(bn), tu_free_port()), "tcp", NULL, 0);
+  HixlEngine *a = tu_engine_start_opts(tu_addr(an, sizeof(an), tu_free_port()), "tcp", &one, 1);
+  uint8_t *dev = tu_alloc_mem(dlen, false), *bm = tu_alloc_mem(4 * dlen, false),
+          *host = tu_alloc_mem(small, false);
+  uint8_t *loose = malloc(small), *loose2 = malloc(small);
+  HixlMemDesc md = {.addr = (uintptr_t)dev, .len = dlen};
+  if (!a || !b || !dev || !bm || !host || !loose || !loose2 || !tu_register(b, bm, 4 * dlen) ||
+      !tu_register(a, host, small) || HixlEngineRegisterMem(a, &md, HIXL_MEM_DEVICE, &hd) != HIXL_SUCCESS ||
+      HixlEngineConnect(a, bn, 5000) != HIXL_SUCCESS ||
+      hixl_engine_set_service(b, 1, tu_hold_handler, &h) != HIXL_SUCCESS) {
+    fprintf(stderr, "starved-devmem child: setup failed: %s\n", HixlGetLastErrorMessage());
+    return 3;
+  }
+  tu_fill(dev, dlen, 951);
+  tu_fill(bm, 4 * dlen, 952);
+  tu_fill(loose, small, 953);
+  st = hixl_engine_call_start(a, bn, 1, NULL, 0, ans, sizeof(ans), &alen, XFER_MS, &held);
+  STARVED_CHECK(st == HIXL_SUCCESS, "call_start: %s", HixlStatusName(st));
+  tu_hold_entered(&h); /* b reads nothing from here */
+  /* The pool's one buffer: a staged WRITE b never answers while held. */
+  d[0] = desc(loose, (uintptr_t)bm, small);
+  st = HixlEngineTransferAsync(a, bn, HIXL_WRITE, d, 1, XFER_MS, NULL, &holder);
+  STARVED_CHECK(st == HIXL_SUCCESS, "the holder's TransferAsync: %s", HixlStatusName(st));
+  /* A device READ (four 1 MiB chunks, a bounce buffer each) and a staged READ that starves. */
+  d[0] = desc(dev, (uintptr_t)bm + dlen, dlen);
+  d[1] = desc(loose2, (uintptr_t)bm + 3 * dlen, small);
+  st = sync_xfer(a, bn, HIXL_READ, d, 2, STOP_TIMEOUT);
+  STARVED_CHECK(st == HIXL_RESOURCE_EXHAUSTED, "starved TransferSync: %s (want RESOURCE_EXHAUSTED): %s",
+                HixlStatusName(st), HixlGetLastErrorMessage());
+  STARVED_CHECK(dev_bufs_out() == 0, "after the starved TransferSync %llu device buffers are out (want 0)",
+                (unsigned long long)dev_bufs_out());
+  /* The same by GetTransferStatus. */
+  d[0] = desc(dev, (uintptr_t)bm + 2 * dlen, dlen);
+  st = HixlEngineTransferAsync(a, bn, HIXL_READ, d, 2, STOP_TIMEOUT, NULL, &req);
+  STARVED_CHECK(st == HIXL_SUCCESS, "starved TransferAsync: %s", HixlStatusName(st));
+  st = tu_wait_request(a, req, tu_now_ms() + STOP_TIMEOUT + STOP_MARGIN, &ts);
+  STARVED_CHECK(st == HIXL_SUCCESS && ts == HIXL_TRANSFER_FAILED,
+                "starved async: %s, state %d (want FAILED): %s", HixlStatusName(st), (int)ts,
+                HixlGetLastErrorMessage());
+  STARVED_CHECK(dev_bufs_out() == 0, "after the starved async batch %llu device buffers are out (want 0)",
+                (unsigned long long)dev_bufs_out());
+  /* b reads again: the holder completes, the cancelled READs' answers are dropped. A
+   * sync op after them on the link ends once they were all read. */
+  tu_hold_release(&h);
+  (void)hixl_engine_call_wait(a, bn, held);
+  st = tu_wait_request(a, holder, tu_now_ms() + XFER_MS, &ts);
+  STARVED_CHECK(st == HIXL_SUCCESS && ts == HIXL_TRANSFER_COMPLETED, "the holder: %s, state %d: %s",
+                HixlStatusName(st), (int)ts, HixlGetLastErrorMessage());
+  d[0] = desc(host, (uintptr_t)bm + small, small);
+  st = sync_xfer(a, bn, HIXL_READ, d, 1, XFER_MS);
+  STARVED_CHECK(st == HIXL_SUCCESS, "a READ after: %s: %s", HixlStatusName(st), HixlGetLastErrorMessage());
+  STARVED_CHECK(tu_check_pattern(dev, dlen, 951) == -1, "the cancelled device READs wrote device memory");
+  STARVED_CHECK(tu_mismatch(bm, loose, small) == -1, "the holder's data did not land");
+  STARVED_CHECK(dev_bufs_out() == 0, "at the end %llu device buffers are out (want 0)",
+                (unsigned long long)dev_bufs_out());
+  if (HixlEngineDeregisterMem(a, hd) != HIXL_SUCCESS || HixlEngineDestroy(a) != HIXL_SUCCESS ||
+      HixlEngineDestroy(b) != HIXL_SUCCESS) {
+    fprintf(stderr, "starved-devmem child: shutdown: %s\n", HixlGetLastErrorMessage());
+    fails++;
+  }
+  tu_free_mem(dev, dlen);
+  tu_free_mem(bm, 4 * dlen);
+  tu_free_mem(host, small);
+  free(loose);
+  free(loose2);
+  return fails ? 1 : 0;
+}
+
+/* In a starved-devmem child: run it and return its exit code. Otherwise -1. */
+static int starved_child_main(int argc, char **argv) {
+  if (argc != 2 || strcmp(argv[1], STARVED_FLAG) != 0) return -1;
+  return starved_devmem_child();
+}
+
+static void test_starved_batch_device_reads(void) {
+  char *argv[] = {(char *)tu_self_exe(), STARVED_FLAG, NULL};
+  tu_child c;
+  int ws;
+
+  if (tu_child_start(&c, exec_self, argv) != 0) {
+    tu_fail(__FILE__, __LINE__, "cannot start the child");
+    return;
+  }
+  ws = tu_child_wait(&c, 4 * XFER_MS);
+  if (ws < 0 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0)
+    tu_fail(__FILE__, __LINE__, "the child's checks failed (wait status 0x%x; what failed is on its stderr)",
+            (unsigned)ws);
+  else
+    CU_PASS("starved batch: device buffers back, late answers dropped");
+}
+
 /* A staged WRITE to a peer that reads nothing times out with its unit part-sent (16 MiB,
  * more than the sockets hold): the caller has TIMEOUT and its memory back, and writes
  * other bytes there. Once the peer reads again the rest of the frame goes out, from a
@@ -1385,6 +1561,8 @@ int main(int argc, char **argv) {
   if (rc >= 0) return rc; /* a tu_server child (test 7's target) */
   rc = target_child_main(argc, argv);
   if (rc >= 0) return rc; /* a staging target child */
+  rc = starved_child_main(argc, argv);
+  if (rc >= 0) return rc; /* the starved-batch child (test 6c) */
   if (!tu_self_exe()[0]) {
     fprintf(stderr, "cannot resolve /proc/self/exe\n");
     return 1;
@@ -1399,12 +1577,16 @@ int main(int argc, char **argv) {
               test_scoped_target_allocates_nothing);
   CU_add_test(s, "BufferPool 0:0 refuses unregistered ranges", test_pool_off);
   CU_add_test(s, "an op of nearly SIZE_MAX bytes: PARAM_INVALID at once", test_huge_len_refused);
+  CU_add_test(s, "an op of 2^50 bytes, a batch over 1 TiB: PARAM_INVALID before anything is allocated",
+              test_huge_batch_bounded);
   CU_add_test(s, "mixed sizes and kinds in one batch", test_mixed_batch);
   CU_add_test(s, "BufferPool 1:1 cycles one buffer", test_one_buffer);
   CU_add_test(s, "small registered ops coalesced; threshold 0", test_coalescing);
   CU_add_test(s, "async staged requests, window of 4", test_async_window);
   CU_add_test(s, "a peer stops answering: its units' buffers back at their deadline",
               test_stalled_peer_pool_back);
+  CU_add_test(s, "a starved batch to a stalled peer: its device READs' bounce buffers back at the deadline",
+              test_starved_batch_device_reads);
   s = CU_add_suite("staging, target in a child process", NULL, NULL);
   CU_add_test(s, "a staged WRITE times out part-sent: the rest goes from a copy made at the deadline",
               test_part_sent_write_timeout);

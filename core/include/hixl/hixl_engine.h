@@ -129,18 +129,24 @@ HIXL_API HixlStatus HixlEngineConnect(HixlEngine *engine, const char *remote_eng
 /** Close the link; transfers still in flight on it end FAILED. */
 HIXL_API HixlStatus HixlEngineDisconnect(HixlEngine *engine, const char *remote_engine, int32_t timeout_ms);
 
-/** Run a batch of ops and wait: READ copies remote to local, WRITE local to remote. */
+/** Run a batch of ops and wait: READ copies remote to local, WRITE local to remote.
+ *  A batch moves at most 1 TiB, each op's length counted in 1 MiB pieces rounded up
+ *  (2^20 pieces); a longer one is PARAM_INVALID before anything is allocated or sent.
+ *  TIMEOUT, or RESOURCE_EXHAUSTED when staged ops found no staging buffer by the
+ *  deadline: the rest of the batch is cancelled alike (design.md, "Requests"). */
 HIXL_API HixlStatus HixlEngineTransferSync(HixlEngine *engine, const char *remote_engine, HixlTransferOp op,
                                            const HixlTransferOpDesc *descs, size_t count, int32_t timeout_ms);
 
-/** Start a batch of ops; poll HixlEngineGetTransferStatus on *req. The timeout
- *  (0: default) runs from this call; user_data is kept with the request. */
+/** Start a batch of ops (bounded as TransferSync's); poll HixlEngineGetTransferStatus
+ *  on *req. The timeout (0: default) runs from this call; user_data is kept with the
+ *  request. */
 HIXL_API HixlStatus HixlEngineTransferAsync(HixlEngine *engine, const char *remote_engine, HixlTransferOp op,
                                             const HixlTransferOpDesc *descs, size_t count, int32_t timeout_ms,
                                             void *user_data, HixlTransferReq *req);
 
 /** Where an async request stands. Once it reports COMPLETED, TIMEOUT or FAILED the
- *  request is released; querying it again is PARAM_INVALID. */
+ *  request is released; querying it again is PARAM_INVALID. Past its deadline it ends
+ *  TIMEOUT, or FAILED when staged ops found no staging buffer, cancelled alike. */
 HIXL_API HixlStatus HixlEngineGetTransferStatus(HixlEngine *engine, HixlTransferReq req,
                                                 HixlTransferStatus *status);
 

@@ -13,6 +13,12 @@
 
 /* Batches of at most this many ops plan on the stack (transfer_submit). */
 #define SMALL_BATCH 16
+/* A call's ops, each counted in ENGINE_TCP_CHUNK pieces rounded up, at most this many
+ * (1 TiB): its chunks, staged units (a unit is 1 MiB or more) and their ranges are one
+ * allocation each, counted from the lengths alone before anything is allocated. Else
+ * one op of 2^50 bytes from memory registered on neither side (staged) would allocate
+ * and fill ~47 GB of units. */
+#define XFER_MAX_CHUNKS (1u << 20)
 
 /* Whether a request timing out had to reset a link (RDMA work requests posted). */
 static bool mods_req_timeout(HixlEngine *e, struct hixl_transfer_req *r) {
@@ -59,6 +65,23 @@ static void req_drop_bounces(struct hixl_transfer_req *r) {
   }
 }
 
+/* r is given up before it ended (its deadline passed, or the call failed after it
+ * started), whatever the call reports: its staged units still waiting end (returns how
+ * many), the rest are cancelled (late answers dropped), its pool and bounce buffers come
+ * back, and a link holding its RDMA work requests is reset (*reset), so that nothing of
+ * it touches the caller's memory, or holds a pool, after the call returns. Before, a
+ * batch whose staged units starved (RESOURCE_EXHAUSTED) skipped the last two: its device
+ * READs kept their bounce buffers until the peer answered, and an RDMA READ could land
+ * in memory the caller had taken back. *left: its chunks still unanswered. Lock held. */
+static uint32_t req_abandon(HixlEngine *e, struct hixl_transfer_req *r, uint32_t *left, bool *reset) {
+  uint32_t starved = stage_cancel(r);
+  *left = r->outstanding;
+  r->cancelled = true;
+  req_drop_bounces(r);
+  *reset = mods_req_timeout(e, r);
+  return starved;
+}
+
 /* Wait for a request the caller holds, then let go of it. Lock held. */
 HixlStatus api_req_wait(HixlEngine *e, struct conn *c, struct hixl_transfer_req *r, const char *fn,
                         const char *remote) {
@@ -69,16 +92,13 @@ HixlStatus api_req_wait(HixlEngine *e, struct conn *c, struct hixl_transfer_req 
   if (c && r->railed && !c->dead) link_unpark(c); /* the progress thread reads every rail */
   while (r->outstanding > 0)
     if (engine_cond_wait(e, r->deadline_ns) == ETIMEDOUT) break;
-  uint32_t starved = r->outstanding > 0 ? stage_cancel(r) : 0;
+  uint32_t starved = 0, left = 0;
+  bool reset = false;
+  if (r->outstanding > 0) starved = req_abandon(e, r, &left, &reset);
   if (starved > 0) {
-    r->cancelled = true;
-    st = stage_exhausted(e, fn, starved, remote);
+    st = stage_exhausted(e, fn, starved, remote, reset);
     link_then_cancel(r, st, "the transfer before it found no staging buffer");
-  } else if (r->outstanding > 0) {
-    uint32_t left = r->outstanding;
-    r->cancelled = true;
-    req_drop_bounces(r);
-    bool reset = mods_req_timeout(e, r);
+  } else if (left > 0) {
     st = hixl_fail(HIXL_TIMEOUT, "%s: %u of %u chunks to %s unanswered at the deadline%s", fn, left,
                    r->nchunks + (r->then ? 1u : 0u), remote,
                    reset ? "; RDMA work requests were still posted, so the link was reset (Connect again)"
@@ -194,7 +214,10 @@ static HixlStatus plan_ops(HixlEngine *e, struct conn *c, const HixlTransferOpDe
       return st;
     lregs[i] = NULL;
   }
-  if (plan->ndirect + plan->nsock + plan->stage.nunits > UINT32_MAX / 2)
+  /* Bounded by transfer_submit's count already (a unit is 1 MiB or more); kept as the
+   * allocation's own guard. */
+  if (plan->ndirect + plan->nsock + plan->stage.nunits > XFER_MAX_CHUNKS ||
+      plan->stage.nsegs > XFER_MAX_CHUNKS)
     return hixl_fail(HIXL_PARAM_INVALID, "%s: batch is too large", fn);
   return HIXL_SUCCESS;
 }
@@ -241,7 +264,9 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
     /* Rounded up without adding first: a length near SIZE_MAX would wrap to 0 chunks. */
     nchunks += descs[i].len / ENGINE_TCP_CHUNK + (descs[i].len % ENGINE_TCP_CHUNK != 0);
   }
-  CHECK_ARG(nchunks <= UINT32_MAX / 2, "%s: batch is too large", fn);
+  CHECK_ARG(nchunks <= XFER_MAX_CHUNKS,
+            "%s: batch is too large: its ops come to %llu pieces of 1 MiB, a call moves at most %u (1 TiB)",
+            fn, (unsigned long long)nchunks, XFER_MAX_CHUNKS);
   /* The deadline counts from when the call holds the engine, read when first needed: a
    * call its transport copies at once (copy_now: a memcpy, which cannot wait) reads no
    * clock at all (~10% of a 4 KiB same-host op). */
@@ -408,7 +433,9 @@ HixlStatus HixlEngineTransferAsync(HixlEngine *e, const char *remote, HixlTransf
   uintptr_t token = handles_add(&e->reqs, r);
   pthread_mutex_unlock(&e->req_lock);
   if (!token) {
-    r->cancelled = true;
+    uint32_t left;
+    bool reset;
+    (void)req_abandon(e, r, &left, &reset); /* the caller never sees r: nothing of it may go on */
     r->user_holds = false;
     link_req_maybe_free(r);
     pthread_mutex_unlock(&e->lock);
@@ -435,8 +462,10 @@ static HixlStatus req_enter(HixlEngine *e, HixlTransferReq req, const char *fn,
 HixlStatus HixlEngineGetTransferStatus(HixlEngine *e, HixlTransferReq req, HixlTransferStatus *status) {
   CHECK_ARG(status, "HixlEngineGetTransferStatus: status output is NULL");
   struct hixl_transfer_req *r;
-  HixlStatus st = req_enter(e, req, "HixlEngineGetTransferStatus", &r);
-  if (st != HIXL_SUCCESS) return st;
+  HixlStatus st;
+  /* A request that ended is settled under the engine lock, which a handler holds. */
+  if (e && (st = api_not_serving(e, "HixlEngineGetTransferStatus")) != HIXL_SUCCESS) return st;
+  if ((st = req_enter(e, req, "HixlEngineGetTransferStatus", &r)) != HIXL_SUCCESS) return st;
   HixlTransferStatus s = HIXL_TRANSFER_WAITING;
   hixl_error_clear();
   /* Polling a request in flight must not contend with the progress thread. */
@@ -461,17 +490,16 @@ HixlStatus HixlEngineGetTransferStatus(HixlEngine *e, HixlTransferReq req, HixlT
                                     : HIXL_TRANSFER_FAILED;
     if (s != HIXL_TRANSFER_COMPLETED) hixl_fail(r->status, "transfer failed: %s", r->err);
   } else if (hixl_now_ns() >= r->deadline_ns) {
-    uint32_t starved = stage_cancel(r);
-    r->cancelled = true;
+    uint32_t left;
+    bool reset;
+    uint32_t starved = req_abandon(e, r, &left, &reset);
     if (starved > 0) {
       s = HIXL_TRANSFER_FAILED;
-      stage_exhausted(e, "HixlEngineGetTransferStatus", starved, "the peer");
+      stage_exhausted(e, "HixlEngineGetTransferStatus", starved, "the peer", reset);
     } else {
       s = HIXL_TRANSFER_TIMEOUT;
-      hixl_fail(HIXL_TIMEOUT, "transfer: %u of %u chunks unanswered at the deadline", r->outstanding,
-                r->nchunks);
-      req_drop_bounces(r);
-      mods_req_timeout(e, r);
+      hixl_fail(HIXL_TIMEOUT, "transfer: %u of %u chunks unanswered at the deadline%s", left, r->nchunks,
+                reset ? "; RDMA work requests were still posted, so the link was reset (Connect again)" : "");
     }
   }
   if (s != HIXL_TRANSFER_WAITING) {

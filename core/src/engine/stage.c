@@ -117,13 +117,17 @@ static void stage_release(struct chunk *ch) {
   if (p->wait_head) link_wake(ch->req->eng); /* the progress thread hands it on after its batch */
 }
 
-HixlStatus stage_exhausted(struct HixlEngine *e, const char *fn, uint32_t units, const char *remote) {
+HixlStatus stage_exhausted(struct HixlEngine *e, const char *fn, uint32_t units, const char *remote,
+                           bool reset) {
   return hixl_fail(HIXL_RESOURCE_EXHAUSTED,
                    "%s: BufferPool %u:%u (%u staging buffers of %u MiB) stayed busy until the deadline: "
                    "%u staged units of this batch to %s never got a buffer and none of their data was "
-                   "sent; give the call more time, the pool more buffers, or wait for transfers in flight",
+                   "sent; give the call more time, the pool more buffers, or wait for transfers in flight%s",
                    fn, e->opts.pool_num, e->opts.pool_size_mb, e->opts.pool_num, e->opts.pool_size_mb, units,
-                   remote);
+                   remote,
+                   reset ? "; RDMA work requests of its other ops were still posted, so the link was reset "
+                           "(Connect again)"
+                         : "");
 }
 
 /* How a unit that never got a buffer ends. */
@@ -477,8 +481,9 @@ const struct xport_ops xport_stage = {
 
 HixlStatus hixl_engine_stage_stats(HixlEngine *e, struct hixl_stage_stats *out) {
   if (!e || !out) return hixl_fail(HIXL_PARAM_INVALID, "hixl_engine_stage_stats: engine or out is NULL");
-  pthread_mutex_lock(&e->lock);
+  bool take = link_serving_engine != e; /* a handler of e holds e's lock already: waiting would hang */
+  if (take) pthread_mutex_lock(&e->lock);
   *out = e->pool.stats;
-  pthread_mutex_unlock(&e->lock);
+  if (take) pthread_mutex_unlock(&e->lock);
   return HIXL_SUCCESS;
 }

@@ -50,6 +50,9 @@ void stage_submit(struct hixl_transfer_req *r); /* queue r's units for buffers, 
 /* At r's deadline: end its units still waiting (returns how many) and take back the
  * buffers of those unanswered on the socket. */
 uint32_t stage_cancel(struct hixl_transfer_req *r);
-HixlStatus stage_exhausted(struct HixlEngine *e, const char *fn, uint32_t units, const char *remote);
+/* RESOURCE_EXHAUSTED for fn, whose units to remote never got a buffer; reset: a link of
+ * the batch was reset (its RDMA work requests were still posted), said too. */
+HixlStatus stage_exhausted(struct HixlEngine *e, const char *fn, uint32_t units, const char *remote,
+                           bool reset);
 
 #endif
