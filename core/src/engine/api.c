@@ -191,6 +191,8 @@ HixlStatus HixlEngineInitialize(HixlEngine *e, const char *local_engine, const H
   bool has_port;
   HixlStatus st;
   CHECK_ARG(e, "HixlEngineInitialize: engine is NULL");
+  /* From a handler of e: e's lock is this thread's already (waiting would hang). */
+  if ((st = api_not_serving(e, "HixlEngineInitialize")) != HIXL_SUCCESS) return st;
   CHECK_ARG(local_engine && strlen(local_engine) < ENGINE_NAME_MAX,
             "HixlEngineInitialize: local_engine is NULL or longer than %d characters", ENGINE_NAME_MAX - 1);
   st = sock_parse_endpoint(local_engine, "local_engine", &sa, &has_port);

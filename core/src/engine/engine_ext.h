@@ -193,14 +193,18 @@ HixlStatus hixl_engine_grant_peers(HixlEngine *e, size_t *peers);
  * answer to resp and set *resp_len. A status other than SUCCESS goes back with resp
  * as its reason, in text. Runs on the progress thread with the engine lock held: it
  * must not call the engine (but to grant and revoke; any other call of its engine is
- * refused with PARAM_INVALID), and any lock it takes must never be held while calling it. */
+ * refused with PARAM_INVALID), and any lock it takes must never be held while calling it.
+ * It must not block either (wait for a peer, a device, another thread): while it runs,
+ * no link of the engine moves, and every call of the engine that takes its lock (all but
+ * polling a request in flight), from any thread, waits for it without bound: timeout_ms
+ * bounds the wait for peers, not for the lock. The peers' calls time out at their side. */
 typedef HixlStatus (*hixl_call_fn)(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
                                    size_t cap, size_t *resp_len);
 
 /* Install (fn) or remove (NULL) the handler of service; PARAM_INVALID when another
- * handler holds it. Removing works on a finalized engine too (its owner is going, and a
- * peer must not reach it once the engine is initialized again); once it returns, the
- * handler runs no more. */
+ * handler holds it. fn must return without blocking (hixl_call_fn). Removing works on a
+ * finalized engine too (its owner is going, and a peer must not reach it once the engine
+ * is initialized again); once it returns, the handler runs no more. */
 HixlStatus hixl_engine_set_service(HixlEngine *e, uint16_t service, hixl_call_fn fn, void *ctx);
 
 /* Ask remote's service and wait for the answer (at most cap bytes into resp, its

@@ -42,12 +42,13 @@ struct hixl_transfer_req {
   uint64_t deadline_ns;
   void *user_data;
   char err[256];
-  /* hixl_engine_transfer_then_call: a CALL that leaves on then_conn once every chunk
-   * above ended, all with SUCCESS (else it ends with their failure), if then_conn is
-   * still in the engine's list of links (only compared: it may be gone). Counted in
-   * outstanding; its frame is built when it leaves (the link's next seq). */
+  /* hixl_engine_transfer_then_call: a CALL that leaves on the link then_link names once
+   * every chunk above ended, all with SUCCESS (else it ends with their failure), if that
+   * link is still in the engine's list (found by its id, not its address: a link freed
+   * meanwhile may have left its address to a newer one). Counted in outstanding; its
+   * frame is built when it leaves (the link's next seq). */
   struct chunk *then;
-  struct conn *then_conn;
+  uint64_t then_link; /* conn.id */
   enum { THEN_NONE, THEN_HELD, THEN_SENT, THEN_ENDED } then_state;
   uint16_t then_service;
   uint32_t then_len; /* request bytes, at WIRE_CALL_REQ_AT of then->tx.heap */
@@ -90,6 +91,7 @@ struct api_dial {
 struct conn {
   struct HixlEngine *eng;
   struct conn *next; /* engine's list of live connections */
+  uint64_t id;       /* unique per engine (conn_ids): what a request names it by (then_link) */
   int fd;
   enum conn_role role;
   bool dead;
@@ -376,6 +378,7 @@ struct HixlEngine {
   uint16_t rail_ports[HIXL_RAILS_MAX]; /* host order */
   int rail_fds[HIXL_RAILS_MAX];        /* listeners beyond listen_fd; -1: none */
   uint64_t peer_ids;
+  uint64_t conn_ids; /* links made so far (conn.id) */
   bool rail_thread_on;
   bool rail_stop_failed; /* the prober could not start: not tried again */
   pthread_t rail_thread;
@@ -435,7 +438,7 @@ void link_then_behind(struct hixl_transfer_req *r, struct conn *c, struct chunk 
  * released meanwhile, and leave the link to the progress thread for its answer and for
  * what the socket did not take (lock held). */
 void link_then_flush(struct hixl_transfer_req *r);
-/* The link r's CALL goes on, if it is still in the engine's list (only compared), else NULL. */
+/* The link r's CALL goes on (r->then_link), if it is still in the engine's list, else NULL. */
 struct conn *link_then_conn(struct hixl_transfer_req *r);
 /* r gave up (its deadline): a CALL still held ends with st, why. */
 void link_then_cancel(struct hixl_transfer_req *r, HixlStatus st, const char *why);

@@ -39,7 +39,7 @@ void link_req_maybe_free(struct hixl_transfer_req *r) {
 
 struct conn *link_then_conn(struct hixl_transfer_req *r) {
   struct conn *c = NULL;
-  for (struct conn *k = r->eng->conns; k && !c; k = k->next) c = k == r->then_conn ? k : NULL;
+  for (struct conn *k = r->eng->conns; k && !c; k = k->next) c = k->id == r->then_link ? k : NULL;
   return c;
 }
 
@@ -50,7 +50,8 @@ static void then_release(struct hixl_transfer_req *r) {
   struct chunk *th = r->then;
   char why[384];
   /* Only a link still in the engine's list: a caller's copy (shm) runs unlocked, and a
-   * link killed meanwhile may have been freed since. */
+   * link killed meanwhile may have been freed since (its address perhaps a new link's,
+   * to another peer: found by id). */
   struct conn *c = link_then_conn(r);
   HixlStatus st = r->status;
   if (st != HIXL_SUCCESS) {
@@ -88,7 +89,7 @@ uint32_t link_then_init(struct hixl_transfer_req *r, struct conn *c, struct chun
   th->kind = CHUNK_CALL;
   th->tx.chunk = th;
   r->then = th;
-  r->then_conn = c;
+  r->then_link = c->id;
   r->then_service = service;
   r->then_len = len;
   r->then_state = state;
@@ -140,6 +141,7 @@ struct conn *link_conn_new(struct HixlEngine *e, int fd, enum conn_role role) {
     return NULL;
   }
   c->eng = e;
+  c->id = ++e->conn_ids;
   c->fd = fd;
   c->role = role;
   c->next_seq = 1;
@@ -366,6 +368,8 @@ void link_free_graveyard(struct HixlEngine *e) {
     link_devq_streams_free(c);
     for (int i = 0; i < XPORT_MODS; i++) e->mods[i]->link.free(c);
     auth_frames_free(&c->proof);
+    auth_wipe(c->auth_expect, sizeof(c->auth_expect)); /* target: the link's secrets die with it */
+    auth_wipe(c->session, sizeof(c->session));
     free(c->tag_park); /* a CALL_TAG whose tag never came: it dies with its link */
     free(c->rxbuf);
     free(c);
