@@ -46,6 +46,16 @@ static char *render(hixl_kv_connector *c) {
 
 #define HAS_LINE(text, line) CU_ASSERT_PTR_NOT_NULL(strstr((text), line "\n"))
 
+/* How many lines of the file at path hold s (0: no file). */
+static int lines_with(const char *path, const char *s) {
+  FILE *f = fopen(path, "r");
+  char line[4096];
+  int n = 0;
+  while (f && fgets(line, sizeof(line), f)) n += strstr(line, s) != NULL;
+  if (f) fclose(f);
+  return n;
+}
+
 /* Bucket i holds values up to 2^(lo + i): 1000 ns and 0 in the first (1.024 us), 1025 ns
  * in the second, 2^40 ns past the last (68.7 s) in +Inf; cumulative counts; _count is
  * the +Inf bucket's; _sum in seconds. */
@@ -201,12 +211,7 @@ static void test_ring_and_file(void) {
   CU_ASSERT_PTR_NULL(strstr(t, "hixl_kv_transfer_seconds"));
   free(t);
   conn_free(c);
-  FILE *f = fopen(path, "r");
-  char line[4096];
-  int n = 0;
-  while (f && fgets(line, sizeof(line), f)) n += strstr(line, "\"req\":") != NULL;
-  if (f) fclose(f);
-  CU_ASSERT_EQUAL(n, 3);
+  CU_ASSERT_EQUAL(lines_with(path, "\"req\":"), 3);
   unlink(path);
 }
 
@@ -367,12 +372,7 @@ static void test_file_without_ring(void) {
   CU_ASSERT_EQUAL(b.len, 0);
   kv_free_buffer(&b);
   conn_free(c);
-  FILE *f = fopen(path, "r");
-  char line[4096];
-  int n = 0;
-  while (f && fgets(line, sizeof(line), f)) n += strstr(line, "\"req\":\"w\"") != NULL;
-  if (f) fclose(f);
-  CU_ASSERT_EQUAL(n, 1);
+  CU_ASSERT_EQUAL(lines_with(path, "\"req\":\"w\""), 1);
   unlink(path);
 }
 
