@@ -134,8 +134,8 @@ static struct erdma_win window_at(HixlEngine *e, uint64_t addr) {
   struct erdma_win w = {0};
   struct erdma_link *l = rdma_link_of(e);
   pthread_mutex_lock(&e->lock);
-  for (size_t k = 0; l && k < l->wins.n; k++)
-    if (l->wins.v[k].addr == addr) w = l->wins.v[k];
+  const struct erdma_win *x = l ? erdma_rwins_find(&l->rwins, addr) : NULL;
+  if (x && x->addr == addr) w = *x;
   pthread_mutex_unlock(&e->lock);
   return w;
 }
@@ -148,15 +148,8 @@ static void forge(HixlEngine *e, uint64_t addr, uint64_t len, uint32_t rkey) {
   struct erdma_link *l = rdma_link_of(e);
   CU_ASSERT_PTR_NOT_NULL_FATAL(l);
   pthread_mutex_lock(&e->lock);
-  struct erdma_win *v = realloc(l->wins.v, (l->wins.n + 1) * sizeof(*v));
-  CU_ASSERT_PTR_NOT_NULL_FATAL(v);
-  size_t k = erdma_wins_at(&(struct erdma_wins){v, l->wins.n, l->wins.n}, addr);
-  k = k == l->wins.n ? 0 : k + 1; /* after the last one starting at or before addr */
-  memmove(v + k + 1, v + k, (l->wins.n - k) * sizeof(*v));
-  v[k] = (struct erdma_win){.addr = addr, .len = len, .rkey = rkey};
-  l->wins.v = v;
-  l->wins.n++;
-  l->wins.cap = l->wins.n;
+  struct erdma_win w = {.addr = addr, .len = len, .rkey = rkey};
+  CU_ASSERT_EQUAL(erdma_rwins_add(&l->rwins, &w, 1), 0); /* over any it holds there */
   pthread_mutex_unlock(&e->lock);
 }
 
@@ -321,7 +314,13 @@ static void forged(HixlEngine *e, uint8_t *local, uint64_t raddr_off, uint64_t l
   HixlTransferOpDesc d = op(local, 0, raddr_off, len);
   TU_ASSERT_STATUS(HixlEngineTransferSync(e, g.t_name, write ? HIXL_WRITE : HIXL_READ, &d, 1, 10000),
                    HIXL_FAILED);
-  TU_ASSERT_ERRMSG_HAS("RDMA"); /* the NIC refused it: the QP went to error */
+  /* The NIC refused it: the QP went to error. The target's QP went too, and it closes the
+   * link: that close may reach this side before its own completion does (1 run in 10 in
+   * the soft-RoCE guest). Either way nothing moved (below). */
+  const char *why = HixlGetLastErrorMessage();
+  CU_ASSERT(strstr(why, "RDMA") != NULL || strstr(why, "peer closed the connection") != NULL);
+  if (!strstr(why, "RDMA") && !strstr(why, "peer closed the connection"))
+    fprintf(stderr, "  error: %s\n", why);
   CU_ASSERT_EQUAL(tu_check_byte(local, len, 0x5a), -1);
   TU_ASSERT_PATTERN(g.tmem, MEM, 4, what);
   TU_ASSERT_OK(HixlEngineConnect(e, g.t_name, 10000));
@@ -479,8 +478,8 @@ static void test_shared_range_splits(void) {
   struct erdma_link *l = rdma_link_of(g.i);
   CU_ASSERT_PTR_NOT_NULL_FATAL(l);
   pthread_mutex_lock(&g.i->lock);
-  for (size_t k = 0; k < l->wins.n; k++)
-    if (l->wins.v[k].addr == at(D_OFF + 3 * WIN)) l->wins.v[k].rkey = run_key;
+  struct erdma_win *fourth_win = (struct erdma_win *)erdma_rwins_find(&l->rwins, at(D_OFF + 3 * WIN));
+  if (fourth_win && fourth_win->addr == at(D_OFF + 3 * WIN)) fourth_win->rkey = run_key;
   pthread_mutex_unlock(&g.i->lock);
   tu_fill(g.tmem, MEM, 11);
   HixlTransferOpDesc fourth = op(g.imem, 0, D_OFF + 3 * WIN, WIN);
@@ -587,8 +586,8 @@ static void test_wins_bounded(void) {
   CU_ASSERT_PTR_NOT_NULL_FATAL(full);
   pthread_mutex_lock(&g.i->lock);
   struct conn *c = l->conn;
-  free(l->wins.v);
-  l->wins = (struct erdma_wins){full, ERDMA_WINS_MAX, ERDMA_WINS_MAX};
+  erdma_rwins_free(&l->rwins);
+  l->rwins.main = (struct erdma_wins){full, ERDMA_WINS_MAX, ERDMA_WINS_MAX};
   erdma_win_frame(c, &m);
   bool dead = c->dead;
   pthread_mutex_unlock(&g.i->lock);

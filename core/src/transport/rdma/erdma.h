@@ -1,6 +1,7 @@
 /* erdma: the RDMA transport's own records, shared by its files: xport_rdma.c (links,
- * posts, completions) and rdma_win.c (scoped memory: a peer's windows). Nothing
- * outside transport/rdma includes this. Lock: the engine's, for every field. */
+ * posts, completions) and rdma_win.c (scoped memory: a peer's windows; their vectors
+ * are rdma_wins.h's). Nothing outside transport/rdma includes this. Lock: the engine's,
+ * for every field. */
 #ifndef HIXL_ERDMA_H
 #define HIXL_ERDMA_H
 
@@ -11,6 +12,7 @@
 
 #include "engine/xport_link.h"
 #include "transport/rdma/rdma.h"
+#include "transport/rdma/rdma_wins.h"
 
 #define ERDMA_DEVS (HIXL_RAILS_MAX + 1) /* the engine's own, and one per other rail address */
 
@@ -59,25 +61,6 @@ struct erdma_mr {
   struct rdma_dmabuf db; /* for the windows' own MRs over parts of it (rdma_win.c) */
 };
 
-/* A window: on a target's link, bound on its QP (mw) over an MR: the registration's
- * where the device holds the key to the window, else one of its own (own_mr); on an
- * initiator's, what WIN_ADD said (mr and mw NULL). */
-struct erdma_win {
-  uint64_t addr, len;
-  uint32_t rkey;
-  struct ibv_mr *mr;
-  struct ibv_mw *mw;
-  bool own_mr;  /* mr is the window's: deregistered when it closes */
-  bool closing; /* a target's, marked to close (rdma_win.c, wins_close_marked) */
-};
-/* Windows one initiator link takes from its target at most: past it, WIN_ADD ends the link. */
-#define ERDMA_WINS_MAX (1u << 20)
-
-struct erdma_wins { /* sorted by addr, disjoint */
-  struct erdma_win *v;
-  size_t n, cap;
-};
-
 struct erdma_link {                      /* link_xs(c, XPORT_RDMA) (initiator: posts; target: holds the QP) */
   struct ibv_qp *qp;                     /* NULL once the link died */
   int dev;                               /* its device: the engine's dev[dev] */
@@ -88,10 +71,11 @@ struct erdma_link {                      /* link_xs(c, XPORT_RDMA) (initiator: p
   uint32_t sq_used;                      /* WRs posted and not yet completed */
   uint32_t unsignaled;                   /* WRs posted since the last signaled one */
   void (*own_done)(struct conn *c, bool ok, const char *status); /* a target's own WR */
-  struct erdma_wins wins; /* scoped memory: the windows of this link's QP */
+  struct erdma_wins wins; /* target: scoped memory, the windows bound on this link's QP */
   /* A target's windows split since (a range in them shared by a later grant): still
    * open, all their ranges still granted, no longer the peer's; unsorted, may overlap. */
   struct erdma_wins retired;
+  struct erdma_rwins rwins;          /* initiator: the windows its target told it of */
   uint64_t win_ops;                  /* initiator: chunks posted inside windows */
   struct erdma_tag tags[ERDMA_TAGS]; /* initiator: tags not yet posted, a ring */
   uint32_t tag_head, tag_n;
@@ -109,13 +93,6 @@ void erdma_win_frame(struct conn *c, const struct wire_msg *m);
 void erdma_wins_dereg(struct HixlEngine *e, uint64_t addr, uint64_t len);
 /* The link dies (its QP goes after this) or is freed: its windows go. */
 void erdma_wins_free(struct HixlEngine *e, struct erdma_link *l);
-/* Initiator: whether windows of l cover [addr, addr + len). */
-bool erdma_wins_cover(const struct erdma_link *l, uint64_t addr, uint64_t len);
-/* Index of the last window starting at or before addr, or n when none does. */
-size_t erdma_wins_at(const struct erdma_wins *w, uint64_t addr);
-/* The work requests a chunk of [addr, addr + len) takes inside l's windows: one per
- * window it spans; 0 when they do not cover it (closed since it was planned). */
-uint32_t erdma_wins_pieces(const struct erdma_link *l, uint64_t addr, uint64_t len);
 /* Completions kept by a waiting thread: handed to the progress thread's handler. */
 void erdma_stash_drain(struct HixlEngine *e, int dev,
                        void (*handle)(struct HixlEngine *e, int dev, const struct rdma_wc *w));

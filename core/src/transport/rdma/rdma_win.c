@@ -26,64 +26,25 @@
 
 #include "transport/rdma/erdma.h"
 #include "util/log.h"
-#include "util/memtab.h"
 #include "util/sock.h"
 
 #define WIN_BIND_WAIT_NS (5ull * 1000000000ull) /* a bind not complete by then resets the link */
 
-/* ---- the sorted vector ---- */
-
-size_t erdma_wins_at(const struct erdma_wins *w, uint64_t addr) {
-  size_t lo = memtab_upper(w->v, w->n, sizeof(*w->v), addr);
-  return lo == 0 ? w->n : lo - 1;
-}
-
-uint32_t erdma_wins_pieces(const struct erdma_link *l, uint64_t addr, uint64_t len) {
-  uint64_t pos = addr, end = addr + len;
-  uint32_t k = 0;
-  for (size_t i = erdma_wins_at(&l->wins, pos); i < l->wins.n && pos < end; i++, k++) {
-    const struct erdma_win *w = &l->wins.v[i];
-    if (pos < w->addr || pos >= w->addr + w->len) return 0; /* a gap */
-    pos = w->addr + w->len;
-  }
-  return pos >= end ? k : 0;
-}
-
-bool erdma_wins_cover(const struct erdma_link *l, uint64_t addr, uint64_t len) {
-  return len > 0 && erdma_wins_pieces(l, addr, len) > 0;
-}
+/* ---- a target's sorted vector ---- */
 
 static int by_addr(const void *a, const void *b) {
   const struct erdma_win *x = a, *y = b;
   return x->addr < y->addr ? -1 : x->addr > y->addr;
 }
 
-/* Whether a window of add (sorted, n) overlaps [addr, addr + len). */
-static bool overlaps_any(const struct erdma_win *add, size_t n, uint64_t addr, uint64_t len) {
-  size_t lo = 0, hi = n; /* the first window of add ending after addr */
-  while (lo < hi) {
-    size_t mid = lo + (hi - lo) / 2;
-    if (add[mid].addr + add[mid].len <= addr)
-      lo = mid + 1;
-    else
-      hi = mid;
-  }
-  return lo < n && add[lo].addr < addr + len;
-}
-
-/* Add n windows (sorted here) to w; replace: first drop those of w they overlap (an
- * initiator told of a split, WIRE_CAP_WIN_RUNS). -1: out of memory (w unchanged), -2:
- * one overlaps another (w unchanged). */
-static int wins_add(struct erdma_wins *w, struct erdma_win *add, size_t n, bool replace) {
+/* Add n windows (sorted here) to w. -1: out of memory (w unchanged), -2: one overlaps
+ * another (w unchanged). */
+static int wins_add(struct erdma_wins *w, struct erdma_win *add, size_t n) {
   qsort(add, n, sizeof(*add), by_addr);
   struct erdma_win *out = malloc((w->n + n ? w->n + n : 1) * sizeof(*out));
   if (!out) return -1;
   size_t a = 0, b = 0, k = 0;
   while (a < w->n || b < n) {
-    if (replace && a < w->n && overlaps_any(add, n, w->v[a].addr, w->v[a].len)) {
-      a++; /* replaced */
-      continue;
-    }
     struct erdma_win next = b == n || (a < w->n && w->v[a].addr <= add[b].addr) ? w->v[a++] : add[b++];
     if (k > 0 && out[k - 1].addr + out[k - 1].len > next.addr) {
       free(out);
@@ -95,23 +56,6 @@ static int wins_add(struct erdma_wins *w, struct erdma_win *add, size_t n, bool 
   w->v = out;
   w->n = w->cap = k;
   return 0;
-}
-
-/* Take the window that is exactly [addr, addr + len) out of w into *out: false when
- * there is none. The vector is compacted by the caller (wins_compact). */
-static bool wins_take(struct erdma_wins *w, uint64_t addr, uint64_t len, struct erdma_win *out) {
-  size_t i = erdma_wins_at(w, addr);
-  if (i >= w->n || w->v[i].addr != addr || w->v[i].len != len) return false;
-  *out = w->v[i];
-  w->v[i].len = 0; /* marked: gone at the compaction */
-  return true;
-}
-
-static void wins_compact(struct erdma_wins *w) {
-  size_t k = 0;
-  for (size_t i = 0; i < w->n; i++)
-    if (w->v[i].len) w->v[k++] = w->v[i];
-  w->n = k;
 }
 
 static void win_close(struct HixlEngine *e, struct erdma_win *w) {
@@ -131,6 +75,7 @@ void erdma_wins_free(struct HixlEngine *e, struct erdma_link *l) {
   free(l->wins.v);
   free(l->retired.v);
   l->wins = l->retired = (struct erdma_wins){0};
+  erdma_rwins_free(&l->rwins);
 }
 
 /* Close l's retired windows that overlap one of ranges (sorted), or all of them that
@@ -375,7 +320,7 @@ static void wins_open(struct HixlEngine *e, struct conn *c, struct erdma_link *l
     free(nw);
     return;
   }
-  int rc = wins_add(&l->wins, nw, k, false);
+  int rc = wins_add(&l->wins, nw, k);
   if (rc != 0) {
     snprintf(err, sizeof(err), "%s",
              rc == -1 ? "out of memory for its windows" : "a window overlaps another");
@@ -580,16 +525,15 @@ void erdma_win_frame(struct conn *c, const struct wire_msg *m) {
   uint32_t n = m->u.win.count;
   if (m->hdr.type == WIRE_WIN_DEL) {
     for (uint32_t i = 0; i < n; i++) {
-      struct erdma_win w;
       uint64_t addr, len;
       uint32_t key;
       wire_win(m, i, &addr, &len, &key);
-      wins_take(&l->wins, addr, len, &w); /* one it never had: nothing to forget */
+      erdma_rwins_del(&l->rwins, addr, len); /* one it never had: nothing to forget */
     }
-    wins_compact(&l->wins);
     return;
   }
-  if (l->wins.n + n > ERDMA_WINS_MAX) { /* a target holds no more grants than that for one peer */
+  /* a target holds no more grants than that for one peer */
+  if (erdma_rwins_count(&l->rwins) + n > ERDMA_WINS_MAX) {
     link_conn_kill(c, HIXL_FAILED, "protocol error: WIN_ADD past the bound of windows a link holds");
     return;
   }
@@ -599,7 +543,7 @@ void erdma_win_frame(struct conn *c, const struct wire_msg *m) {
     return;
   }
   for (uint32_t i = 0; i < n; i++) wire_win(m, i, &add[i].addr, &add[i].len, &add[i].rkey);
-  int rc = wins_add(&l->wins, add, n, true); /* a split's windows replace the one split */
+  int rc = erdma_rwins_add(&l->rwins, add, n); /* a split's windows replace the one split */
   free(add);
   if (rc == -1) link_conn_kill(c, HIXL_RESOURCE_EXHAUSTED, "out of memory for the peer's memory windows");
   if (rc == -2) link_conn_kill(c, HIXL_FAILED, "protocol error: the windows of one WIN_ADD overlap");

@@ -627,7 +627,7 @@ static void erdma_post(struct conn *c, size_t budget) {
       continue;
     }
     /* With the registration's key, one WR; inside windows (key 0), one per window. */
-    ch->nwr = ch->rkey ? 1 : erdma_wins_pieces(l, ch->raddr, ch->len);
+    ch->nwr = ch->rkey ? 1 : erdma_rwins_pieces(&l->rwins, ch->raddr, ch->len);
     if (ch->nwr == 0) {
       fifo_pop(&l->rq_head, &l->rq_tail);
       if (l->tag_n && tags_chunk_dropped(c, l, ch)) return;
@@ -651,9 +651,8 @@ static void erdma_post(struct conn *c, size_t budget) {
                      (uint64_t)(uintptr_t)ch, signaled);
     } else { /* the last piece carries the chunk (and the signal): RC completes in order */
       uint64_t pos = ch->raddr, end = ch->raddr + ch->len;
-      size_t w = erdma_wins_at(&l->wins, pos);
-      for (uint32_t p = 0; p < ch->nwr && rc == 0; p++, w++) {
-        const struct erdma_win *win = &l->wins.v[w];
+      for (uint32_t p = 0; p < ch->nwr && rc == 0; p++) {
+        const struct erdma_win *win = erdma_rwins_find(&l->rwins, pos); /* there: counted in nwr just now */
         uint64_t stop = win->addr + win->len < end ? win->addr + win->len : end;
         bool lastp = p + 1 == ch->nwr;
         rc = rdma_post(l->qp, ch->kind == CHUNK_WRITE, ch->laddr + (pos - ch->raddr), (uint32_t)(stop - pos),
@@ -946,7 +945,7 @@ static HixlStatus erdma_info(const struct conn *c, struct hixl_link_info *info) 
   info->sl_queried = q.sl;
   info->timeout_queried = q.timeout;
   info->retry_queried = q.retry;
-  info->windows = (uint32_t)link_of(c)->wins.n;
+  info->windows = (uint32_t)(link_of(c)->wins.n + erdma_rwins_count(&link_of(c)->rwins));
   info->win_ops = link_of(c)->win_ops;
   return HIXL_SUCCESS;
 }
@@ -980,7 +979,7 @@ static bool erdma_progress(struct HixlEngine *e) {
  * windows the peer opened to this engine (a scoped peer's key is 0). */
 static bool erdma_reach(const struct conn *c, const struct remote_mem *rm, uint64_t raddr, uint64_t len) {
   const struct erdma_link *l = link_of(c);
-  return rm->rkey != 0 || (l && l->qp && erdma_wins_cover(l, raddr, len));
+  return rm->rkey != 0 || (l && l->qp && erdma_rwins_cover(&l->rwins, raddr, len));
 }
 
 /* Device memory moves by RDMA where both sides have an MR over it (GPUDirect): this
