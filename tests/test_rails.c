@@ -2,7 +2,8 @@
  * handshake that finds the peer's rails, striping (every rail carries bytes, every
  * byte arrives), failover when a rail's socket resets mid-transfer (its chunks move to
  * the others, the transfer succeeds), the prober bringing a rail back, a slow link
- * that is not a failed rail, and a peer without rails. Both engines live in this
+ * that is not a failed rail, a peer without rails, and each rail's own table of the
+ * peer's ranges whatever order rails are read in. Both engines live in this
  * process; the faults are made through the engines' internals (a socket shut, a
  * target link that stops reading). A rail whose path is gone (a veth set down) is the
  * shaped two-namespace bed's case, in integration/rails/. */
@@ -12,8 +13,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "engine/api_int.h"
 #include "engine/engine_int.h"
 #include "test_util.h"
+#include "util/sock.h"
 
 #define MIB      (1u << 20)
 #define BUF_LEN  (16u * MIB)
@@ -288,9 +291,10 @@ static void test_slow_is_not_failed(void) {
   pair_down(&p);
 }
 
-/* A peer's range keeps a key per rail (each rail's device has its own: rdma), whichever
- * rail's link told it first; a one-sided rail is used for a range only once it knows its
- * key there, a tcp rail always; a chunk carries the key of the rail it goes on. */
+/* Each rail's link keeps its own table of the peer's ranges, with its own keys (each
+ * rail's device has its own: rdma), whichever rail's link told a range first; a
+ * one-sided rail is used for a range only when its own table holds it, a tcp rail
+ * always; a chunk carries the key of the rail it goes on. */
 static void test_rail_keys(void) {
   static const struct xport_ops one_sided = {.name = "one-sided", .flags = XPORT_ONE_SIDED};
   static const struct xport_ops stream = {.name = "stream", .flags = XPORT_IN_STREAM};
@@ -299,27 +303,29 @@ static void test_rail_keys(void) {
   static const uint8_t tag[] = "kv";
   struct wire_mem_entry me = {.addr = 0x10000, .len = 4096, .rkey = 0x222, .tag_len = 2, .tag = tag};
   link_peer_add_mem(&p, &me, 1); /* rail 1's MEM_ADD came first */
+  CU_ASSERT_PTR_NULL(memtab_find(&p.rtab, 0x10000, 4096));
+  const struct remote_mem *r1m = (const struct remote_mem *)memtab_find(&p.rails[1].rtab, 0x10000, 4096);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(r1m);
+  CU_ASSERT_EQUAL(r1m->rkey, 0x222u);
+  CU_ASSERT_STRING_EQUAL(r1m->tag, "kv");
+  struct conn r0 = {.rail = 0, .xp = &one_sided, .peer = &p}, r1 = {.rail = 1, .xp = &one_sided, .peer = &p};
+  struct conn t0 = {.rail = 0, .xp = &stream, .peer = &p}, solo = {.rail = -1, .xp = &one_sided, .peer = &p};
+  CU_ASSERT_FALSE(link_rail_keyed(&r0, r1m));
+  CU_ASSERT_TRUE(link_rail_keyed(&r1, r1m));
+  CU_ASSERT_TRUE(link_rail_keyed(&t0, r1m));
+  CU_ASSERT_TRUE(link_rail_keyed(&r0, NULL));
+  CU_ASSERT_EQUAL(link_rail_rkey(&r1, r1m), 0x222u);
+  me.rkey = 0x111;
+  link_peer_add_mem(&p, &me, 0); /* then rail 0's: in its own table, with its own key */
   const struct remote_mem *rm = (const struct remote_mem *)memtab_find(&p.rtab, 0x10000, 4096);
   CU_ASSERT_PTR_NOT_NULL_FATAL(rm);
-  CU_ASSERT_EQUAL(rm->rail_known, 1u << 1);
-  CU_ASSERT_EQUAL(rm->rkey, 0u);
-  CU_ASSERT_STRING_EQUAL(rm->tag, "kv");
-  struct conn r0 = {.rail = 0, .xp = &one_sided}, r1 = {.rail = 1, .xp = &one_sided};
-  struct conn t0 = {.rail = 0, .xp = &stream}, solo = {.rail = -1, .xp = &one_sided};
-  CU_ASSERT_FALSE(link_rail_keyed(&r0, rm));
-  CU_ASSERT_TRUE(link_rail_keyed(&r1, rm));
-  CU_ASSERT_TRUE(link_rail_keyed(&t0, rm));
-  CU_ASSERT_TRUE(link_rail_keyed(&r0, NULL));
-  CU_ASSERT_EQUAL(link_rail_rkey(&r1, rm), 0x222u);
-  me.rkey = 0x111;
-  link_peer_add_mem(&p, &me, 0); /* then rail 0's: the same entry, both keys */
   CU_ASSERT_EQUAL(p.rtab.count, 1u);
-  CU_ASSERT_PTR_EQUAL(memtab_find(&p.rtab, 0x10000, 4096), rm);
-  CU_ASSERT_EQUAL(rm->rail_known, 3u);
+  CU_ASSERT_EQUAL(p.rails[1].rtab.count, 1u);
   CU_ASSERT_TRUE(link_rail_keyed(&r0, rm));
+  CU_ASSERT_TRUE(link_rail_keyed(&r1, rm));
   CU_ASSERT_EQUAL(link_rail_rkey(&r0, rm), 0x111u);
-  CU_ASSERT_EQUAL(link_rail_rkey(&r1, rm), 0x222u);
-  CU_ASSERT_EQUAL(link_rail_rkey(&solo, rm), 0x111u); /* a link without rails: rail 0's key */
+  CU_ASSERT_EQUAL(link_rail_rkey(&r1, rm), 0x222u);   /* rail 0's entry, rail 1's key */
+  CU_ASSERT_EQUAL(link_rail_rkey(&solo, rm), 0x111u); /* a link without rails: its table's key */
   CU_ASSERT_TRUE(link_rail_keyed(&solo, rm));
   me.rkey = 0x333;
   link_peer_add_mem(&p, &me, 1); /* re-advertised on rail 1 (registered again): the new key */
@@ -327,12 +333,140 @@ static void test_rail_keys(void) {
   CU_ASSERT_EQUAL(link_rail_rkey(&r0, rm), 0x111u);
   link_peer_add_mem(&p, &me, HIXL_RAILS_MAX); /* out of range: taken as rail 0 */
   CU_ASSERT_EQUAL(link_rail_rkey(&r0, rm), 0x333u);
-  for (size_t i = 0; i < p.rtab.count; i++) free(p.rtab.v[i]);
-  memtab_free(&p.rtab);
+  link_peer_del_mem(&p, 0x10000, 4096, 1); /* withdrawn on rail 1: rail 0 keeps it */
+  CU_ASSERT_FALSE(link_rail_keyed(&r1, rm));
+  CU_ASSERT_EQUAL(link_rail_rkey(&r1, rm), 0x333u); /* rail 1 is not picked for it; rm's own key */
+  CU_ASSERT_PTR_EQUAL(memtab_find(&p.rtab, 0x10000, 4096), rm);
+  link_peer_rtab_free(&p.rtab);
+  link_peer_rtab_free(&p.rails[1].rtab);
+}
+
+/* ---- each rail's view of the peer's table, whatever order rails are read in ---- */
+
+/* A link of p's as rail k, on one end of a socketpair (the other end in *far), in e's
+ * list and watched by no epoll: the test reads it itself (link_take_pending). Lock held. */
+static struct conn *table_rail(HixlEngine *e, struct peer *p, uint32_t k, int *far) {
+  int sv[2];
+  struct conn *c = NULL;
+  if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) return NULL;
+  if (sock_set_nonblock(sv[0], true) < 0 || !(c = link_conn_new(e, sv[0], CONN_INITIATOR))) {
+    close(sv[0]);
+    close(sv[1]);
+    return NULL;
+  }
+  c->next = e->conns;
+  e->conns = c;
+  c->peer = p;
+  c->rail = (int)k;
+  p->rails[k].conn = c;
+  *far = sv[1];
+  return c;
+}
+
+/* The target says MEM_ADD (with rkey) or MEM_DEL of [addr, +len) on rail link c (its
+ * far end far), and c reads it now. */
+static void table_say(struct conn *c, int far, enum wire_type type, uint64_t addr, uint64_t len,
+                      uint32_t rkey) {
+  uint8_t buf[128];
+  struct wire_wr w;
+  wire_begin(&w, buf, sizeof(buf), type);
+  wire_put_mem_entry(&w, addr, len, rkey, type == WIRE_MEM_ADD ? "kv" : NULL);
+  size_t n = wire_end(&w, 0);
+  CU_ASSERT_EQUAL(write(far, buf, n), (ssize_t)n);
+  link_take_pending(c);
+}
+
+/* The key an RDMA chunk into [addr, +len) would carry on rail k, the op looked up in
+ * the control rail's (rail 0's) table; 0: the control rail has no entry, or rail k
+ * would not carry it. */
+static uint32_t table_key(struct peer *p, uint32_t k, uint64_t addr, uint64_t len) {
+  static const struct xport_ops one_sided = {.name = "one-sided", .flags = XPORT_ONE_SIDED};
+  struct conn r = {.rail = (int)k, .xp = &one_sided, .peer = p};
+  const struct remote_mem *rm = (const struct remote_mem *)memtab_find(&p->rtab, addr, len);
+  return rm && link_rail_keyed(&r, rm) ? link_rail_rkey(&r, rm) : 0;
+}
+
+/* A range registered again (FreeMem then AllocMem at the same address, or
+ * DeregisterMem then RegisterMem), told on both rails (MEM_DEL, MEM_ADD with each
+ * rail's device's key), the rails read in either order, one rail lagging behind
+ * several registrations, one of another length: the control rail keeps the range and
+ * its key throughout, and each rail ends with its own new key. Before, one table for
+ * every rail: a rail's MEM_DEL read after the other rail's MEM_DEL and MEM_ADD removed
+ * the new entry; the lagging rail's MEM_ADD made it again with its own key only, so
+ * the control rail had none (RDMA: every op into the range staged or refused
+ * PARAM_INVALID until the next registration or reconnect; tcp: the range unknown
+ * until the lagging rail's MEM_ADD was read). Driven in one hold of the lock. */
+static void test_rereg_every_rail_keyed(void) {
+  enum { R = 0x10000, L = 4096 };
+  int far[2] = {-1, -1};
+  struct conn *c[2] = {NULL, NULL};
+  HixlEngine *e = tu_engine_start_opts(T_ADDR, "tcp", NULL, 0);
+  struct peer *p = calloc(1, sizeof(*p));
+  CU_ASSERT_FATAL(e && p);
+  pthread_mutex_lock(&e->lock);
+  p->n_rails = 2;
+  c[0] = table_rail(e, p, 0, &far[0]);
+  c[1] = table_rail(e, p, 1, &far[1]);
+  p->conn = c[0];
+  if (c[0] && c[1]) {
+    table_say(c[0], far[0], WIRE_MEM_ADD, R, L, 0x100);
+    table_say(c[1], far[1], WIRE_MEM_ADD, R, L, 0x200);
+    CU_ASSERT_EQUAL(table_key(p, 0, R, L), 0x100u);
+    CU_ASSERT_EQUAL(table_key(p, 1, R, L), 0x200u);
+    /* Rail 0 read first. */
+    table_say(c[0], far[0], WIRE_MEM_DEL, R, L, 0);
+    table_say(c[0], far[0], WIRE_MEM_ADD, R, L, 0x101);
+    CU_ASSERT_EQUAL(table_key(p, 0, R, L), 0x101u);
+    table_say(c[1], far[1], WIRE_MEM_DEL, R, L, 0);
+    CU_ASSERT_PTR_NOT_NULL(memtab_find(&p->rtab, R, L)); /* before: no entry (tcp rails too) */
+    CU_ASSERT_EQUAL(table_key(p, 0, R, L), 0x101u);
+    CU_ASSERT_EQUAL(table_key(p, 1, R, L), 0u);
+    table_say(c[1], far[1], WIRE_MEM_ADD, R, L, 0x201);
+    CU_ASSERT_EQUAL(table_key(p, 0, R, L), 0x101u); /* before: 0, rail 1's key only */
+    CU_ASSERT_EQUAL(table_key(p, 1, R, L), 0x201u);
+    /* Rail 1 read first. */
+    table_say(c[1], far[1], WIRE_MEM_DEL, R, L, 0);
+    table_say(c[1], far[1], WIRE_MEM_ADD, R, L, 0x202);
+    table_say(c[0], far[0], WIRE_MEM_DEL, R, L, 0);
+    CU_ASSERT_EQUAL(table_key(p, 0, R, L), 0u); /* rail 0 has not heard of the new one yet */
+    table_say(c[0], far[0], WIRE_MEM_ADD, R, L, 0x102);
+    CU_ASSERT_EQUAL(table_key(p, 0, R, L), 0x102u);
+    CU_ASSERT_EQUAL(table_key(p, 1, R, L), 0x202u); /* before: 0, rail 0's key only */
+    /* Registered again with another length, then twice more at the first: rail 1
+     * reads all of it after rail 0. */
+    table_say(c[0], far[0], WIRE_MEM_DEL, R, L, 0);
+    table_say(c[0], far[0], WIRE_MEM_ADD, R, 2 * L, 0x103);
+    table_say(c[0], far[0], WIRE_MEM_DEL, R, 2 * L, 0);
+    table_say(c[0], far[0], WIRE_MEM_ADD, R, L, 0x104);
+    table_say(c[0], far[0], WIRE_MEM_DEL, R, L, 0);
+    table_say(c[0], far[0], WIRE_MEM_ADD, R, L, 0x105);
+    table_say(c[1], far[1], WIRE_MEM_DEL, R, L, 0);
+    table_say(c[1], far[1], WIRE_MEM_ADD, R, 2 * L, 0x203);
+    CU_ASSERT_EQUAL(table_key(p, 0, R, L), 0x105u);
+    CU_ASSERT_EQUAL(table_key(p, 1, R, L), 0u); /* rail 1's (R, 2L) is not the control rail's range */
+    table_say(c[1], far[1], WIRE_MEM_DEL, R, 2 * L, 0);
+    table_say(c[1], far[1], WIRE_MEM_ADD, R, L, 0x204);
+    table_say(c[1], far[1], WIRE_MEM_DEL, R, L, 0);
+    CU_ASSERT_EQUAL(table_key(p, 0, R, L), 0x105u); /* before: no entry */
+    table_say(c[1], far[1], WIRE_MEM_ADD, R, L, 0x205);
+    CU_ASSERT_EQUAL(table_key(p, 0, R, L), 0x105u); /* before: 0 */
+    CU_ASSERT_EQUAL(table_key(p, 1, R, L), 0x205u);
+    CU_ASSERT_EQUAL(table_key(p, 0, R, 2 * L), 0u);
+  }
+  for (int k = 0; k < 2; k++) {
+    if (!c[k]) continue;
+    c[k]->peer = NULL;
+    link_conn_kill(c[k], HIXL_FAILED, "test: done");
+    close(far[k]);
+  }
+  pthread_mutex_unlock(&e->lock);
+  api_peer_release(p);
+  HixlEngineDestroy(e);
 }
 
 static CU_TestInfo tests[] = {
     {"rail_keys", test_rail_keys},
+    {"rereg_every_rail_keyed", test_rereg_every_rail_keyed},
     {"options", test_options},
     {"striping", test_striping},
     {"peer_without_rails", test_peer_without_rails},

@@ -90,8 +90,8 @@ struct peer *api_find_peer(HixlEngine *e, const char *name) {
 }
 
 void api_peer_release(struct peer *p) {
-  for (size_t i = 0; i < p->rtab.count; i++) free(p->rtab.v[i]);
-  memtab_free(&p->rtab);
+  link_peer_rtab_free(&p->rtab);
+  for (int k = 1; k < HIXL_RAILS_MAX; k++) link_peer_rtab_free(&p->rails[k].rtab);
   auth_wipe(p->session, sizeof(p->session));
   auth_frames_free(&p->proof);
   free(p);

@@ -322,21 +322,13 @@ static HixlStatus rail_dial(HixlEngine *e, const char *want_name, const struct r
   return HIXL_SUCCESS;
 }
 
-/* The keys rail k's handshake learned (its device's) join p's table (lock held). */
-static void rail_keys(struct peer *p, const struct peer *hs, uint32_t k) {
-  for (size_t i = 0; i < hs->rtab.count; i++) {
-    const struct remote_mem *t = (const struct remote_mem *)hs->rtab.v[i];
-    /* The bound of a peer's table holds for all its rails together (a miss costs a SYNC). */
-    if (p->rtab.count >= LINK_PEER_MEM_MAX && !memtab_find_exact(&p->rtab, t->range.addr, t->range.len))
-      continue;
-    struct wire_mem_entry me = {.addr = t->range.addr,
-                                .len = t->range.len,
-                                .rkey = t->rkey,
-                                .kind = t->kind, /* else a device range it alone lists reads as host */
-                                .tag_len = (uint16_t)strlen(t->tag),
-                                .tag = (const uint8_t *)t->tag};
-    link_peer_add_mem(p, &me, (int)k);
-  }
+/* The table rail k's handshake learned (with its device's keys) becomes that rail's,
+ * replacing what its link before told (lock held). Bounded as Connect's own. */
+static void rail_table(struct peer *p, struct peer *hs, uint32_t k) {
+  struct memtab *t = link_peer_rtab(p, (int)k);
+  link_peer_rtab_free(t);
+  *t = hs->rtab;
+  memset(&hs->rtab, 0, sizeof(hs->rtab));
 }
 
 /* A dialled rail joins p as rail k, its data moved by xp (lock held); false: no
@@ -405,7 +397,7 @@ static void rail_bring_up(HixlEngine *e, uint64_t id, uint32_t k, uint64_t deadl
     close(fd);
     return;
   }
-  rail_keys(p, hs, k); /* before the link is read: its MEM_ADD / MEM_DEL follow these */
+  rail_table(p, hs, k); /* before the link is read: its MEM_ADD / MEM_DEL follow these */
   struct auth_frames proof = {0};
   auth_frames_move(&proof, &hs->proof);
   api_peer_release(hs);

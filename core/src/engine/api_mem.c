@@ -306,7 +306,7 @@ HixlStatus hixl_engine_remote_mems(HixlEngine *e, const char *remote, int32_t ti
   if (c && (st = api_link_sync(e, c, deadline, fn, remote)) == HIXL_SUCCESS)
     c = api_link_for(e, remote, fn, &st);
   if (!c || st != HIXL_SUCCESS) goto unlock; /* nothing is returned on failure */
-  struct memtab *t = &c->peer->rtab;
+  struct memtab *t = link_rtab(c);           /* the control link's, which the SYNC brought up to date */
   size_t bytes = t->count * sizeof(**out);
   for (size_t i = 0; i < t->count; i++) bytes += strlen(((struct remote_mem *)t->v[i])->tag) + 1;
   struct hixl_remote_mem *v = malloc(bytes ? bytes : 1);
@@ -339,7 +339,7 @@ HixlStatus hixl_engine_remote_has(HixlEngine *e, const char *remote, const uint6
   if (st != HIXL_SUCCESS) return st;
   struct conn *c = api_link_for(e, remote, fn, &st);
   for (size_t k = 0; c && k < n && st == HIXL_SUCCESS; k++) {
-    const struct remote_mem *rm = (const struct remote_mem *)memtab_find(&c->peer->rtab, addrs[k], len);
+    const struct remote_mem *rm = (const struct remote_mem *)memtab_find(link_rtab(c), addrs[k], len);
     if (!rm || strcmp(rm->tag, tag) != 0)
       st = hixl_fail(HIXL_PARAM_INVALID, "%s: %s no longer advertises [0x%llx, +%llu) as \"%s\"", fn, remote,
                      (unsigned long long)addrs[k], (unsigned long long)len, tag);

@@ -118,14 +118,13 @@ HixlStatus api_req_wait(HixlEngine *e, struct conn *c, struct hixl_transfer_req 
 static size_t remote_lookup(struct conn *c, const HixlTransferOpDesc *descs, size_t count,
                             const struct remote_mem **rms) {
   size_t miss = 0;
+  struct memtab *t = link_rtab(c); /* c's own table (each rail's link has one): its keys */
   for (size_t i = 0; i < count; i++) {
-    struct memtab *t = &c->peer->rtab; /* the first op tries where the call before's fell */
-    if (i == 0)
+    if (i == 0) /* the first op tries where the call before's fell */
       rms[i] = (const struct remote_mem *)memtab_hot(t, descs[i].remote_addr, descs[i].len);
     else
       rms[i] = (const struct remote_mem *)memtab_find_near(t, rms[i - 1] ? &rms[i - 1]->range : NULL,
                                                            descs[i].remote_addr, descs[i].len);
-    if (rms[i] && !link_rail_keyed(c, rms[i])) rms[i] = NULL; /* only another rail's link told its key */
     miss += !rms[i];
   }
   return miss;
@@ -292,6 +291,11 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
      * 256 KiB memcpy). Reading them may have ended the link: look it up again. */
     link_take_pending(c);
     if (!(c = api_link_for(e, remote, fn, &st))) goto unlock;
+    /* Each rail's chunks carry its own table's key: its withdrawals are applied too. */
+    for (uint32_t k = 0; c->rail >= 0 && k < c->peer->n_rails; k++) {
+      struct conn *rail = c->peer->rails[k].conn;
+      if (rail && rail != c && !rail->dead) link_take_pending(rail);
+    }
   }
   /* Small batches (a TransferSync of one op, the common case) keep these on the stack. */
   lregs = count <= SMALL_BATCH ? small : malloc(count * (sizeof(*lregs) + sizeof(struct remote_mem *)));

@@ -82,9 +82,10 @@ struct api_dial {
   struct api_dial *next;
 };
 
-/* A peer's registrations an initiator keeps, at most (its HELLO_ACK's WIRE_MAX_MEM_ENTRIES
- * and the MEM_ADDs after): past it the link ends, so a peer's table costs this side at
- * most ~5 MiB and its sorted inserts a bounded time under the engine's lock. */
+/* A peer's registrations an initiator keeps, at most, per link (its HELLO_ACK's
+ * WIRE_MAX_MEM_ENTRIES and the MEM_ADDs after): past it the link ends, so a link's table
+ * costs this side at most ~5 MiB (a railed peer's, one per rail) and its sorted inserts a
+ * bounded time under the engine's lock. */
 #define LINK_PEER_MEM_MAX 16384u
 
 #define LINK_DEV_STREAMS 2 /* devices a link copies on asynchronously; a third's copies are synchronous */
@@ -184,6 +185,8 @@ struct rail {
   uint64_t next_probe_ns;                 /* down: dialled again from then on (RailProbeMs) */
   char last_down[128];                    /* why it last went down ("" if never) */
   bool dialling;                          /* the prober is dialling it, the lock released */
+  struct memtab rtab; /* k >= 1: the peer's registrations as this rail's link told them (rail 0's: the
+                         peer's rtab); each link's own frames alone change it (link_rtab) */
 };
 
 struct peer {
@@ -191,7 +194,7 @@ struct peer {
   char name[ENGINE_NAME_MAX];          /* as given to Connect */
   char remote_name[WIRE_MAX_NAME + 1]; /* as the peer calls itself */
   struct conn *conn;                   /* NULL once the link broke */
-  struct memtab rtab;                  /* the peer's registrations, as advertised */
+  struct memtab rtab;                  /* the peer's registrations, as its first link (rail 0) told them */
   uint32_t caps;                       /* WIRE_CAP_* from its HELLO_ACK */
   char broken_why[256];
   uint8_t session[AUTH_MAC_LEN]; /* the link's session secret, when authed */
@@ -464,13 +467,20 @@ void link_devq_fini(struct HixlEngine *e);   /* Finalize, links gone */
 void link_devq_streams_free(struct conn *c); /* c is freed: no copy of its is under way */
 void link_txq_unlink(struct conn *c, struct txitem *it); /* out of c's send queue, wherever it is */
 /* Rails: the live rail of p least loaded, other than except (ties: p->conn), or NULL.
- * rm (NULL: any): a one-sided rail (rdma) only when it knows rm's key for that rail. */
+ * rm (NULL: any): a one-sided rail (rdma) only when its own table holds rm's range. */
 struct conn *link_rail_pick(struct peer *p, const struct conn *except, const struct remote_mem *rm);
-/* Whether rail link c can move a chunk into rm: any link that is not one-sided, and a
- * one-sided one whose rail's key rm holds (NULL rm: yes). */
+/* Whether rail link c can move a chunk into rm (an entry of any rail's table): any link
+ * that is not one-sided, and a one-sided one whose own table holds rm's range exactly
+ * (NULL rm: yes). */
 bool link_rail_keyed(const struct conn *c, const struct remote_mem *rm);
-/* The key a chunk into rm carries on link c: its rail's key, or rm's own off rails. */
+/* The key a chunk into rm carries on link c: that of rm's range in c's own table, or
+ * rm's own (off rails; a rail that does not hold the range). */
 uint32_t link_rail_rkey(const struct conn *c, const struct remote_mem *rm);
+/* The peer's registrations as its link of rail index rail told them (0, or -1 off
+ * rails: p->rtab). Each rail's table is changed by that link's frames alone, so the
+ * order in which rails are read cannot make one rail lose a range or a key. */
+struct memtab *link_peer_rtab(struct peer *p, int rail);
+struct memtab *link_rtab(const struct conn *c); /* c's own table (c->peer set) */
 /* A chunk of len bytes goes on rail c: its load grows (the stall clock starts if it was idle). */
 void link_rail_charge(struct conn *c, uint32_t len);
 /* Post ch on rail link to (its next seq, its load, its key into rm when rm is not NULL);
@@ -480,8 +490,11 @@ void link_rail_post(struct conn *to, struct chunk *ch, const struct remote_mem *
 bool link_rails_tick(struct HixlEngine *e);
 void link_tick_start(struct HixlEngine *e); /* the progress thread's 100 ms tick runs (rails need it) */
 /* Record a registration p advertised on its link of rail index rail (0: its first link,
- * or a peer without rails): the range, and that rail's key. */
+ * or a peer without rails) in that rail's table: the range, and that rail's key. */
 void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me, int rail);
+/* A registration p withdrew on its link of rail index rail leaves that rail's table. */
+void link_peer_del_mem(struct peer *p, uint64_t addr, uint64_t len, int rail);
+void link_peer_rtab_free(struct memtab *t); /* its entries and itself */
 size_t link_mem_entry_len(const struct hixl_mem_reg *r);
 uint32_t link_mem_key(const struct conn *c, const struct hixl_mem_reg *r); /* the transports' key on c */
 uint32_t link_caps(const struct HixlEngine *e); /* WIRE_CAP_* this engine advertises */

@@ -189,12 +189,27 @@ void link_conn_bury(struct conn *c) {
 
 /* ---- rails ---- */
 
+struct memtab *link_peer_rtab(struct peer *p, int rail) {
+  return rail > 0 && rail < HIXL_RAILS_MAX ? &p->rails[rail].rtab : &p->rtab;
+}
+
+struct memtab *link_rtab(const struct conn *c) {
+  return link_peer_rtab(c->peer, c->rail);
+}
+
+/* rm's range in rail link c's own table, or NULL. */
+static const struct remote_mem *rail_own(const struct conn *c, const struct remote_mem *rm) {
+  return (const struct remote_mem *)memtab_find_exact(link_rtab(c), rm->range.addr, rm->range.len);
+}
+
 bool link_rail_keyed(const struct conn *c, const struct remote_mem *rm) {
-  return !rm || !(c->xp->flags & XPORT_ONE_SIDED) || c->rail < 0 || (rm->rail_known >> c->rail) & 1u;
+  return !rm || !(c->xp->flags & XPORT_ONE_SIDED) || c->rail < 0 || !c->peer || rail_own(c, rm);
 }
 
 uint32_t link_rail_rkey(const struct conn *c, const struct remote_mem *rm) {
-  return c->rail >= 0 && (rm->rail_known >> c->rail) & 1u ? rm->rail_rkey[c->rail] : rm->rkey;
+  const struct remote_mem *own =
+      c->rail >= 0 && c->peer && (c->xp->flags & XPORT_ONE_SIDED) ? rail_own(c, rm) : NULL;
+  return own ? own->rkey : rm->rkey;
 }
 
 struct conn *link_rail_pick(struct peer *p, const struct conn *except, const struct remote_mem *rm) {
@@ -243,8 +258,9 @@ static bool rail_retry(struct conn *c, struct chunk *ch) {
   if (!p || c->rail < 0 || c->eng->stopping || ch->owner ||
       (ch->kind != CHUNK_READ && ch->kind != CHUNK_WRITE) || r->cancelled || hixl_now_ns() >= r->deadline_ns)
     return false;
-  /* Another rail's device may know the peer's range by another key (rdma): look it up. */
-  const struct remote_mem *rm = (const struct remote_mem *)memtab_find(&p->rtab, ch->raddr, ch->len);
+  /* Another rail's device may know the peer's range by another key (rdma): the range as
+   * c's table holds it, then looked up in the other rail's. */
+  const struct remote_mem *rm = (const struct remote_mem *)memtab_find(link_rtab(c), ch->raddr, ch->len);
   struct conn *to = link_rail_pick(p, c, rm);
   if (!to || ((to->xp->flags & XPORT_ONE_SIDED) && !rm)) return false;
   p->rails[c->rail].retried++;
@@ -639,8 +655,7 @@ HixlStatus link_handshake_recv(int fd, uint64_t deadline, struct peer *p, uint8_
                          LINK_PEER_MEM_MAX);
       link_peer_add_mem(p, &m.u.mem, 0);
     } else {
-      struct memtab_entry *ent = memtab_find_exact(&p->rtab, m.u.mem.addr, m.u.mem.len);
-      if (ent && memtab_remove(&p->rtab, ent)) free(ent);
+      link_peer_del_mem(p, m.u.mem.addr, m.u.mem.len, 0);
     }
   }
 }
@@ -652,21 +667,30 @@ void link_peer_add_mem(struct peer *p, const struct wire_mem_entry *me, int rail
   /* No registration is empty or wraps past 2^64: such an entry is not kept (nor handed
    * on by hixl_engine_remote_mems); memtab_find's arithmetic would never match it. */
   if (me->len == 0 || me->addr + me->len < me->addr) return;
-  struct remote_mem *rm = (struct remote_mem *)memtab_find_exact(&p->rtab, me->addr, me->len);
+  struct memtab *t = link_peer_rtab(p, rail);
+  struct remote_mem *rm = (struct remote_mem *)memtab_find_exact(t, me->addr, me->len);
   struct memtab_entry *clash;
-  if (rail < 0 || rail >= HIXL_RAILS_MAX) rail = 0;
-  if (!rm) { /* a rail's link may advertise a range before the first link does */
+  if (!rm) {
     if (!(rm = calloc(1, sizeof(*rm)))) return; /* the table is a cache: a miss costs a SYNC */
     rm->range.addr = me->addr;
     rm->range.len = me->len;
     rm->kind = me->kind;
     snprintf(rm->tag, sizeof(rm->tag), "%.*s", (int)me->tag_len, (const char *)me->tag);
-    if (memtab_add(&p->rtab, &rm->range, &clash) < 0) {
+    if (memtab_add(t, &rm->range, &clash) < 0) {
       free(rm);
       return;
     }
   }
-  if (rail == 0) rm->rkey = me->rkey;
-  rm->rail_rkey[rail] = me->rkey;
-  rm->rail_known |= 1u << rail;
+  rm->rkey = me->rkey;
+}
+
+void link_peer_del_mem(struct peer *p, uint64_t addr, uint64_t len, int rail) {
+  struct memtab *t = link_peer_rtab(p, rail);
+  struct memtab_entry *ent = memtab_find_exact(t, addr, len);
+  if (ent && memtab_remove(t, ent)) free(ent);
+}
+
+void link_peer_rtab_free(struct memtab *t) {
+  for (size_t i = 0; i < t->count; i++) free(t->v[i]);
+  memtab_free(t);
 }

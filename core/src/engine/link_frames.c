@@ -767,8 +767,12 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
   }
   if (m->hdr.type == WIRE_MEM_ADD || m->hdr.type == WIRE_MEM_DEL) {
     if (!p) return;
+    /* Each rail's link changes its own table: rails are read in no set order, and one
+     * rail's MEM_DEL read after another's MEM_DEL and MEM_ADD of the same range (registered
+     * again) removed the new entry, and with it the other rail's key. */
+    struct memtab *t = link_rtab(c);
     if (m->hdr.type == WIRE_MEM_ADD) {
-      if (p->rtab.count >= LINK_PEER_MEM_MAX && !memtab_find_exact(&p->rtab, m->u.mem.addr, m->u.mem.len)) {
+      if (t->count >= LINK_PEER_MEM_MAX && !memtab_find_exact(t, m->u.mem.addr, m->u.mem.len)) {
         char why[320];
         snprintf(why, sizeof(why), "%s advertised more than %u registrations (LINK_PEER_MEM_MAX)",
                  c->remote_name, LINK_PEER_MEM_MAX);
@@ -778,8 +782,7 @@ static void initiator_handle(struct conn *c, const struct wire_msg *m) {
       link_peer_add_mem(p, &m->u.mem, c->rail);
       c->xp->link.mem_added(c, m->u.mem.addr, m->u.mem.len);
     } else {
-      struct memtab_entry *ent = memtab_find_exact(&p->rtab, m->u.mem.addr, m->u.mem.len);
-      if (ent && memtab_remove(&p->rtab, ent)) free(ent);
+      link_peer_del_mem(p, m->u.mem.addr, m->u.mem.len, c->rail);
     }
     return;
   }

@@ -98,16 +98,16 @@ void link_read_always(struct conn *c) {
 }
 
 const struct remote_mem *peer_remote_find(const struct peer *p, uint64_t addr, uint64_t len) {
-  return p ? (const struct remote_mem *)memtab_find(&p->rtab, addr, len) : NULL;
+  if (!p) return NULL;
+  return (const struct remote_mem *)memtab_find(p->conn ? link_rtab(p->conn) : &p->rtab, addr, len);
 }
 const struct remote_mem *link_remote_find(const struct conn *c, uint64_t addr, uint64_t len) {
-  return peer_remote_find(c->peer, addr, len);
+  return c->peer ? (const struct remote_mem *)memtab_find(link_rtab(c), addr, len) : NULL;
 }
 bool link_grant_covers(struct conn *c, uint64_t addr, uint64_t len) { return link_grant_ok(c, addr, len); }
 
 void link_peer_forget(struct conn *c, uint64_t addr, uint64_t len) {
-  struct memtab_entry *ent = c->peer ? memtab_find_exact(&c->peer->rtab, addr, len) : NULL;
-  if (ent && memtab_remove(&c->peer->rtab, ent)) free(ent);
+  if (c->peer) link_peer_del_mem(c->peer, addr, len, c->rail);
 }
 
 struct link_pay *link_pay_of(struct conn *c, const struct xport_ops *module) {

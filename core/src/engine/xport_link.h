@@ -38,11 +38,9 @@ struct hixl_mem_reg {
 /* A peer's registration as it advertised it. */
 struct remote_mem {
   struct memtab_entry range; /* first: the peer's memtab holds pointers to it */
-  uint32_t rkey;             /* RDMA remote key (on the peer's first link, rail 0), 0 without RDMA */
-  /* With rails, each rail's link reaches a device of its own, with keys of its own:
-   * rail k's key, valid when bit k of rail_known is set (its link advertised it). */
-  uint32_t rail_rkey[HIXL_RAILS_MAX];
-  uint32_t rail_known;
+  /* RDMA remote key on the link that told it (each rail's link reaches a device of its
+   * own, with keys of its own: each rail has its own table), 0 without RDMA */
+  uint32_t rkey;
   uint8_t kind; /* WIRE_MEM_HOST or WIRE_MEM_DEVICE: the peer's device memory, which only its CPU moves */
   char tag[WIRE_MAX_TAG + 1];
 };
@@ -166,7 +164,8 @@ uint32_t link_local_ip(const struct conn *c);
 /* Initiator: forget the peer's advertised range [addr, addr + len) (it was withdrawn). */
 void link_peer_forget(struct conn *c, uint64_t addr, uint64_t len);
 /* Initiator: the peer's advertised registration holding [addr, addr + len), or NULL;
- * during Connect from its struct peer, afterwards from the link. */
+ * during Connect from its struct peer, afterwards from the link (each rail's link has
+ * its own table; the peer's is that of its control link). */
 const struct remote_mem *peer_remote_find(const struct peer *p, uint64_t addr, uint64_t len);
 const struct remote_mem *link_remote_find(const struct conn *c, uint64_t addr, uint64_t len);
 /* Target: whether c's peer may reach all of [addr, addr + len) (always, unless the
