@@ -12,7 +12,11 @@
  *    tombstones they leave are bounded too (a region after them is not mapped);
  *  - its first SHM_MAP comes with a pipe, a file on disk, an unsealed or short memfd,
  *    no descriptor, two or eight: Connect fails with a protocol error naming it, and
- *    no descriptor it sent stays open here. */
+ *    no descriptor it sent stays open here;
+ *  - it sends SHM_UNMAPs without end and reads none of the answers: the link is cut
+ *    once ESHM_UNMAP_UNSENT answers wait unsent, rather than each queued here;
+ *  - it asks its mapped region back and resets the link: the answer's failed send cuts
+ *    the link, which frees nothing still in use (ASan). */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
@@ -80,6 +84,9 @@ struct fake {
   uint32_t churn;         /* after SHM_MAP_ACK: regions handed over and taken back at once */
   int ready;              /* ... then 'd' here, once the engine answered all of it */
   int done;               /* readable (EOF) ends it; -1: only the link's end does */
+  uint32_t flood;         /* after SHM_MAP_ACK: SHM_UNMAPs, their answers unread (fake_flood) */
+  bool flood_mapped;      /* ... each of the region it handed over first, not of other ranges */
+  bool reset;             /* after SHM_MAP_ACK: an SHM_UNMAP of that region, then a reset */
 };
 
 /* What a fake sends with its first SHM_MAP in place of a sealed memfd of the region. */
@@ -221,6 +228,55 @@ static bool fake_churn(const struct fake *f, int fd, int uc) {
   return tu_write_all(f->ready, "d", 1) == 0;
 }
 
+/* After SHM_MAP_ACK: f->flood SHM_UNMAPs of ranges never handed over (flood_mapped:
+ * each of the region handed over first), as fast as the engine takes them, its answers
+ * never read (its socket's buffers 4 KiB, set on the listener); on f->ready 'a' when
+ * the engine took them all, 'c' when it cut the link first, 's' when it stopped
+ * reading for 5 s. */
+static void fake_flood(const struct fake *f, int fd) {
+  static uint8_t out[1024 * (WIRE_HDR_LEN + WIRE_SHM_UNMAP_LEN)];
+  struct wire_wr w;
+  char r = 'a';
+  for (uint32_t i = 0; i < f->flood && r == 'a'; i += 1024) {
+    size_t n = 0;
+    for (uint32_t k = 0; k < 1024; k++) {
+      wire_begin(&w, out + n, sizeof(out) - n, WIRE_SHM_UNMAP);
+      wire_put_u64(&w, f->flood_mapped ? MAP_BASE : LAST_UNMAP + (uint64_t)(i + k) * 4096);
+      wire_put_u64(&w, f->flood_mapped ? f->map_len : 4096);
+      n += wire_end(&w, 0);
+    }
+    for (size_t off = 0; off < n && r == 'a';) {
+      struct pollfd pf = {.fd = fd, .events = POLLOUT};
+      if (poll(&pf, 1, 5000) != 1) {
+        r = 's';
+        break;
+      }
+      ssize_t k = send(fd, out + off, n - off, MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (k < 0 && errno != EAGAIN && errno != EINTR) r = 'c';
+      if (k > 0) off += (size_t)k;
+    }
+  }
+  (void)tu_write_all(f->ready, &r, 1);
+}
+
+/* After SHM_MAP_ACK, once the test says Connect returned (a byte on f->done): an
+ * SHM_UNMAP of the region handed over first, then the link reset (SO_LINGER 0) before
+ * the engine reads it, so that its answer cannot be sent; 'd' on f->ready. */
+static void fake_reset(const struct fake *f, int fd) {
+  uint8_t buf[64];
+  struct wire_wr w;
+  struct linger lg = {.l_onoff = 1, .l_linger = 0};
+  char go;
+  while (read(f->done, &go, 1) < 0 && errno == EINTR) {
+  }
+  wire_begin(&w, buf, sizeof(buf), WIRE_SHM_UNMAP);
+  wire_put_u64(&w, MAP_BASE);
+  wire_put_u64(&w, f->map_len);
+  if (raw_send_all(fd, buf, wire_end(&w, 0))) setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+  close(fd);
+  (void)tu_write_all(f->ready, "d", 1);
+}
+
 /* The fake target: HELLO_ACK listing f->reg, SHM_HELLO_ACK naming its own pid, its
  * unix socket and the probe; memory to map on SHM_MAP_HELLO (fake_map); then it drops
  * whatever comes until done or the link ends. */
@@ -274,20 +330,30 @@ static void fake_serve(const struct fake *f) {
     if (uc < 0 || !fake_map(f, fd, uc)) break;
     if (f->die && fork() != 0) _exit(0); /* the child goes on with the sockets */
     if (f->churn && !fake_churn(f, fd, uc)) break;
+    if (f->flood) fake_flood(f, fd);
+    if (f->reset) {
+      fake_reset(f, fd);
+      fd = -1;
+      break;
+    }
   }
 out:
   if (uc >= 0) close(uc);
   if (ul >= 0) close(ul);
-  close(fd);
+  if (fd >= 0) close(fd);
 }
 
 /* The fake's TCP listener on tu_ip():f->port; false on error. */
 static bool fake_listen(struct fake *f) {
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(f->port)};
-  int one = 1;
+  int one = 1, small = 4096;
   f->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   inet_pton(AF_INET, tu_ip(), &sa.sin_addr);
   setsockopt(f->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (f->flood) { /* the accepted socket's too */
+    setsockopt(f->lfd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+    setsockopt(f->lfd, SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+  }
   return f->lfd >= 0 && bind(f->lfd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(f->lfd, 4) == 0;
 }
 
@@ -509,6 +575,81 @@ static void test_bound_churn(void) {
 
 static void test_bound_bytes(void) { bound_case(8, TiB, (uint32_t)(ESHM_PEER_MAP_BYTES / TiB)); }
 
+/* The fake sends 2^19 SHM_UNMAPs (16 MiB of frames, an SHM_UNMAP_ACK owed for each) and
+ * reads none of the answers: the engine cuts the link once ESHM_UNMAP_UNSENT of them
+ * wait unsent (the socket's buffers full). Before, it read on and queued every answer
+ * (a heap frame and a send item each, ~8 times the bytes that came in: this process
+ * grew by ~120 MB), without bound. mapped: each asks back the one region it handed
+ * over (mapped, then a tombstone), whose answer the link's cut took the peer's table
+ * with, under the retiring entry (ASan: heap-use-after-free in eshm_map_retire). */
+static void flood_case(bool mapped) {
+  uint8_t *src = tu_alloc_mem(REG_LEN, false);
+  struct fake f = {.lfd = -1, .flood = 1u << 19, .flood_mapped = mapped, .maps = mapped, .map_len = 4096};
+  tu_child c = {0};
+  char b;
+  CU_ASSERT_FATAL(src != NULL);
+  f.reg = (uintptr_t)probe; /* a registration to list; nothing goes there */
+  f.port = tu_free_port();
+  tu_addr(f.name, sizeof(f.name), f.port);
+  CU_ASSERT_FATAL(tu_child_start(&c, fake_child, &f) == 0);
+  CU_ASSERT_FATAL(tu_child_read(&c, &b, 1, READY_MS) == 0);
+  HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
+  CU_ASSERT_FATAL(e && tu_register(e, src, REG_LEN));
+  TU_ASSERT_OK(HixlEngineConnect(e, f.name, CONNECT_MS));
+  CU_ASSERT_FATAL(tu_child_read(&c, &b, 1, 60000) == 0);
+  printf("  [%u SHM_UNMAPs of %s sent, answers unread: %s]\n", f.flood,
+         mapped ? "the region mapped" : "ranges never handed over",
+         b == 'a'   ? "all taken, the link up"
+         : b == 'c' ? "the link cut"
+                    : "the engine stopped reading");
+  CU_ASSERT(b == 'c' || b == 's');
+  HixlTransferOpDesc d = {.local_addr = (uintptr_t)src, .remote_addr = (uintptr_t)probe, .len = 16};
+  if (b == 'c')
+    TU_ASSERT_STATUS(HixlEngineTransferSync(e, f.name, HIXL_READ, &d, 1, 5000), HIXL_NOT_CONNECTED);
+  HixlEngineDestroy(e);
+  int ws = tu_child_stop(&c, 10000);
+  CU_ASSERT(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  tu_free_mem(src, REG_LEN);
+}
+
+static void test_bound_unmap_flood(void) {
+  flood_case(false);
+  flood_case(true);
+}
+
+/* The fake asks its one mapped region back (SHM_UNMAP) and resets the link at once: the
+ * engine's answer fails to send, which cuts the link, and the cut took the peer's table
+ * (its last reference) with the entry being retired, written after (ASan:
+ * heap-use-after-free in eshm_map_retire, 2 of 3 rounds: in the others the engine sent
+ * the answer before the reset came). 4 rounds; the link just ends. */
+static void test_unmap_then_reset(void) {
+  uint8_t *src = tu_alloc_mem(REG_LEN, false);
+  CU_ASSERT_FATAL(src != NULL);
+  HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
+  CU_ASSERT_FATAL(e && tu_register(e, src, REG_LEN));
+  for (int round = 0; round < 4; round++) {
+    struct fake f = {.lfd = -1, .reset = true, .maps = 1, .map_len = 4096};
+    struct hixl_link_info li;
+    tu_child c = {0};
+    char b;
+    f.reg = (uintptr_t)probe; /* a registration to list; nothing goes there */
+    f.port = tu_free_port();
+    tu_addr(f.name, sizeof(f.name), f.port);
+    CU_ASSERT_FATAL(tu_child_start(&c, fake_child, &f) == 0);
+    CU_ASSERT_FATAL(tu_child_read(&c, &b, 1, READY_MS) == 0);
+    TU_ASSERT_OK(HixlEngineConnect(e, f.name, CONNECT_MS));
+    CU_ASSERT_FATAL(tu_child_write(&c, "g", 1) == 0 && tu_child_read(&c, &b, 1, 60000) == 0 && b == 'd');
+    for (int i = 0; i < 1000 && hixl_engine_link_info(e, f.name, &li) == HIXL_SUCCESS; i++)
+      usleep(10000); /* until the progress thread saw the reset */
+    HixlTransferOpDesc d = {.local_addr = (uintptr_t)src, .remote_addr = (uintptr_t)probe, .len = 16};
+    TU_ASSERT_STATUS(HixlEngineTransferSync(e, f.name, HIXL_READ, &d, 1, 5000), HIXL_NOT_CONNECTED);
+    int ws = tu_child_stop(&c, 10000);
+    CU_ASSERT(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  }
+  HixlEngineDestroy(e);
+  tu_free_mem(src, REG_LEN);
+}
+
 /* ---------------------------------------------------------------- bad descriptors */
 
 /* The descriptors open in this process. */
@@ -566,6 +707,10 @@ int main(int argc, char **argv) {
               test_bound_count);
   CU_add_test(s, "8 sparse 1 TiB memfds: mapped up to ESHM_PEER_MAP_BYTES, data moves", test_bound_bytes);
   CU_add_test(s, "regions handed over and taken back: the table bounded too", test_bound_churn);
+  CU_add_test(s, "SHM_UNMAPs flooding in, answers unread: the link cut, not queued without bound",
+              test_bound_unmap_flood);
+  CU_add_test(s, "an SHM_UNMAP of its mapped region, then a reset: the link ends, nothing freed in use",
+              test_unmap_then_reset);
   CU_add_test(s, "a pipe, a file, unsealed, short, none, two, eight descriptors: FAILED, none kept",
               test_bad_fds);
   if (CU_get_error() != CUE_SUCCESS) {

@@ -36,6 +36,13 @@
 #define ESHM_GEN_MSG       "hixl-gen" /* the page's message on the unix socket (8 bytes) */
 #define ESHM_LIFE_OFF      64u        /* the life word's offset in that page (shm_life.c) */
 
+/* SHM_UNMAP_ACKs an initiator queues while its link's queue does not empty (the socket's
+ * buffers full: the target does not read); past that the link is cut. A target asks back
+ * only what it handed over, once each, and reads the answers; one that asks on without
+ * reading made this process queue a frame for each (~8 times the bytes it sent) without
+ * bound. Far above the regions a target hands over: drop_peer asks all back at once. */
+#define ESHM_UNMAP_UNSENT 16384u
+
 /* The binding of a link's unix socket to the link (authenticated links): the
  * initiator sends a fresh nonce on the socket, the target answers
  * HMAC-SHA256(session, ESHM_BIND_LABEL || nonce || u32 BE initiator pid). */
@@ -136,6 +143,7 @@ struct eshm_link {                 /* link_xs(c, XPORT_SHM) */
   uint32_t hello_pid;       /* target: the pid the initiator's SHM_HELLO named */
   uint32_t peer_uid;        /* target: the uid the connected initiator runs as (SO_PEERCRED) */
   uint32_t strangers;       /* target: connections to lfd from other processes (ESHM_STRANGERS_MAX) */
+  uint32_t acks_unsent;     /* initiator: SHM_UNMAP_ACKs queued since the queue last emptied */
   bool want_map;            /* target: the initiator maps memory (WIRE_SHM_F_MAP) */
   bool want_devmap;         /* target: ... and opens device memory by IPC handle (WIRE_SHM_F_DEVMAP) */
   bool dev_told;            /* initiator: a device op went as tcp frames (logged once a link) */

@@ -202,7 +202,9 @@ static void map_free(struct shm_peer *s, struct shm_map *mp) {
   free(mp);
 }
 
+/* Answer SHM_UNMAP: the link is cut once ESHM_UNMAP_UNSENT answers wait unsent. Lock held. */
 static void send_unmap_ack(struct conn *c, uint64_t addr, uint64_t len) {
+  struct eshm_link *l = link_of(c);
   uint8_t buf[WIRE_HDR_LEN + WIRE_SHM_UNMAP_LEN];
   struct wire_wr w;
   wire_begin(&w, buf, sizeof(buf), WIRE_SHM_UNMAP_ACK);
@@ -210,18 +212,31 @@ static void send_unmap_ack(struct conn *c, uint64_t addr, uint64_t len) {
   wire_put_u64(&w, len);
   link_queue_copy(c, buf, wire_end(&w, 0));
   if (!link_dead(c)) link_flush(c);
+  if (link_dead(c) || !l) return;
+  l->acks_unsent = link_unsent(c) ? l->acks_unsent + 1 : 0;
+  if (l->acks_unsent > ESHM_UNMAP_UNSENT) {
+    char why[160];
+    snprintf(why, sizeof(why),
+             "it asked memory back (SHM_UNMAP) while %u answers waited unsent, not read: cut off",
+             l->acks_unsent);
+    log_warn("link to %s: %s", link_remote(c), why);
+    link_conn_kill(c, HIXL_FAILED, why);
+  }
 }
 
 /* Take mp out of use: unmapped at once when no copy holds it, else when the last one
  * ends; then SHM_UNMAP_ACK if the target asked and the link is up. The entry stays
  * as a tombstone: an op queued before the target freed the range fails on it rather
- * than reaching, by process_vm_*, whatever the target maps there next. Lock held. */
+ * than reaching, by process_vm_*, whatever the target maps there next. The answer is
+ * the last touch: a send that fails, or one answer too many, cuts the link, and with
+ * it may go s and mp (eshm_kill). Lock held. */
 void eshm_map_retire(struct shm_peer *s, struct shm_map *mp) {
   mp->revoked = true;
   if (mp->refs > 0) return;
   map_unmap(s, mp);
-  if (mp->ack_owed && s->conn && !link_dead(s->conn)) send_unmap_ack(s->conn, mp->range.addr, mp->range.len);
+  bool ack = mp->ack_owed;
   mp->ack_owed = false;
+  if (ack && s->conn && !link_dead(s->conn)) send_unmap_ack(s->conn, mp->range.addr, mp->range.len);
 }
 
 void eshm_map_put(struct shm_peer *s, struct shm_map *mp) {
