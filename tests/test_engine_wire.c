@@ -1190,7 +1190,9 @@ enum fake_mode {
   FAKE_RAILS_FULL,      /* LINK_PEER_MEM_MAX registrations, then a second rail listing more */
   FAKE_READ_LONG,       /* advertises FAKE_REG; answers a READ with more bytes than it asked */
   FAKE_WRONG_KIND,      /* ... answers a WRITE with a READ_RESP of its seq */
-  FAKE_DOUBLE_ACK       /* ... answers a WRITE twice */
+  FAKE_DOUBLE_ACK,      /* ... answers a WRITE twice */
+  FAKE_KEYLESS_TABLE,   /* no key: serves any HELLO, its HELLO_ACK listing 20 registrations */
+  FAKE_RAILS_LONG_TAG   /* one MEM_ADD tagged WIRE_MAX_TAG bytes before its RAILS_ACK (one rail) */
 };
 
 #define FAKE_REG 0x100000000ull /* the 4 KiB registration the answering fakes advertise */
@@ -1266,6 +1268,15 @@ static void fake_rails(int fd, struct fake *f, uint8_t *buf, size_t cap) {
     wire_put_mem_entry(&w, 0x100000000ull + (uint64_t)i * 4096, 4096, 0, "");
     if (!raw_send_all(fd, buf, wire_end(&w, 0))) return; /* the initiator gave up on the link */
   }
+  if (f->mode == FAKE_RAILS_LONG_TAG) { /* a registration made meanwhile, its tag as long as may be */
+    char tag[WIRE_MAX_TAG + 1];
+    struct wire_wr w;
+    memset(tag, 't', WIRE_MAX_TAG);
+    tag[WIRE_MAX_TAG] = '\0';
+    wire_begin(&w, buf, cap, WIRE_MEM_ADD);
+    wire_put_mem_entry(&w, FAKE_REG, 4096, 0, tag);
+    if (!raw_send_all(fd, buf, wire_end(&w, 0))) return;
+  }
   /* Rail 0 (this link), then: this host as 0.0.0.0, a multicast and a broadcast
    * address, no port; every one at the local service's port but the last. */
   uint32_t addr[5] = {0x7f000001u, 0, 0xe0000001u, 0xffffffffu, 0x7f000001u};
@@ -1277,7 +1288,9 @@ static void fake_rails(int fd, struct fake *f, uint8_t *buf, size_t cap) {
     addr[1] = 0x7f000001u;
     port[1] = f->port;
   }
-  if (!raw_send_all(fd, buf, wire_put_rails_ack(buf, cap, 0, addr, port, n)) || !two) return;
+  if (!raw_send_all(fd, buf, wire_put_rails_ack(buf, cap, 0, addr, port, n))) return;
+  if (f->mode == FAKE_RAILS_LONG_TAG) fake_answer_sync(fd, buf, cap); /* remote_mems' */
+  if (!two) return;
   struct pollfd pa = {.fd = f->lfd, .events = POLLIN};
   int fd1 = poll(&pa, 1, 5000) == 1 ? accept(f->lfd, NULL, NULL) : -1;
   if (fd1 < 0 || !read_frame(fd1, &h, buf, cap)) {
@@ -1316,7 +1329,8 @@ static void *fake_main(void *arg) {
     case FAKE_RAILS_MEM_FLOOD:
     case FAKE_RAILS_ELSEWHERE:
     case FAKE_RAILS_DEVICE:
-    case FAKE_RAILS_FULL: fake_rails(fd, f, buf, sizeof(buf)); break;
+    case FAKE_RAILS_FULL:
+    case FAKE_RAILS_LONG_TAG: fake_rails(fd, f, buf, sizeof(buf)); break;
     case FAKE_EMPTY_WRAPPING: {
       /* One good registration among empty ones and ones that wrap past 2^64 (or end at it). */
       const struct fake_ent ents[] = {{0x300000000ull, 0, 0},
@@ -1355,6 +1369,12 @@ static void *fake_main(void *arg) {
         n = wire_put_ack(buf, WIRE_WRITE_ACK, seq, 0, 0);
         if (raw_send_all(fd, buf, n)) raw_send_all(fd, buf, n);
       }
+      break;
+    }
+    case FAKE_KEYLESS_TABLE: {
+      struct fake_ent ents[20];
+      for (uint32_t k = 0; k < 20; k++) ents[k] = (struct fake_ent){0x100000000ull + k * 4096, 4096, 0};
+      fake_hello_ack_ents(fd, buf, sizeof(buf), ents, 20); /* 478 bytes of body */
       break;
     }
     case FAKE_GARBAGE: raw_send_all(fd, "HTTP/1.1 400 Bad Request\r\n\r\n", 28); break;
@@ -1432,6 +1452,29 @@ static void test_connect_non_hixl_target(void) {
 
 static void test_connect_version_mismatch(void) {
   connect_to_fake(FAKE_NEW_VERSION, HIXL_FAILED, "protocol version");
+}
+
+/* An initiator with a key dialling a target without one whose registration table is
+ * longer than any refusal: refused as a target that does not authenticate (before: "sent
+ * a malformed HELLO_ACK", the body read into a buffer sized for an AUTH_CHALLENGE). */
+static void test_connect_keyless_target_with_table(void) {
+  struct fake f;
+  char addr[TU_ADDR_LEN], key[] = "/tmp/hixl-keyless-XXXXXX";
+  HixlEngine *c;
+  int kfd = mkstemp(key);
+  CU_ASSERT_FATAL(kfd >= 0);
+  CU_ASSERT_FATAL(tu_write_all(kfd, UNREG_KEY "\n", strlen(UNREG_KEY) + 1) == 0);
+  close(kfd);
+  HixlOption o[] = {{"AuthKeyFile", key}, {"Transport", "tcp"}};
+  fake_start(&f, FAKE_KEYLESS_TABLE);
+  tu_addr(addr, sizeof(addr), f.port);
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&c));
+  TU_ASSERT_OK_FATAL(HixlEngineInitialize(c, "127.0.0.1", o, 2));
+  TU_ASSERT_STATUS(HixlEngineConnect(c, addr, 2000), HIXL_FAILED);
+  TU_ASSERT_ERRMSG_HAS("does not authenticate");
+  HixlEngineDestroy(c);
+  fake_stop(&f);
+  unlink(key);
 }
 
 /* A client engine with a 4 KiB buffer (*buf) registered, linked to fake f, started in
@@ -1517,6 +1560,30 @@ static void test_mem_add_flood_in_handshake(void) {
  * broadcast addresses and port 0: none dialled, the link Connect made is the one rail,
  * and the local service at 0.0.0.0's port got no connection (before: dialled, and
  * the prober dialled it again every RailProbeMs). */
+/* A registration the target makes while the initiator waits for its RAILS_ACK, tagged
+ * WIRE_MAX_TAG bytes: read like any other, Connect succeeds and the peer's table has it
+ * (before: its MEM_ADD was longer than the buffer sized for RAILS_ACK, "malformed
+ * frame", Connect FAILED; an RDMA_CONNECT_ACK's buffer failed on a tag of 8 bytes). */
+static void test_mem_add_long_tag_in_handshake(void) {
+  struct fake f = {0};
+  char addr[TU_ADDR_LEN];
+  fake_start(&f, FAKE_RAILS_LONG_TAG);
+  tu_addr(addr, sizeof(addr), f.port);
+  HixlEngine *c = rails_client();
+  TU_ASSERT_OK(HixlEngineConnect(c, addr, 3000));
+  struct hixl_remote_mem *v = NULL;
+  size_t count = 0;
+  TU_ASSERT_OK(hixl_engine_remote_mems(c, addr, 3000, &v, &count));
+  CU_ASSERT_EQUAL(count, 1);
+  if (count == 1) {
+    CU_ASSERT_EQUAL(v[0].addr, FAKE_REG);
+    CU_ASSERT_EQUAL(strlen(v[0].tag), WIRE_MAX_TAG);
+  }
+  free(v);
+  HixlEngineDestroy(c);
+  fake_stop(&f);
+}
+
 static void test_rails_elsewhere_not_dialled(void) {
   struct fake f = {0};
   char addr[TU_ADDR_LEN];
@@ -2425,6 +2492,10 @@ int main(int argc, char **argv) {
   CU_add_test(i, "silent target: Connect times out", test_connect_silent_target_times_out);
   CU_add_test(i, "non-hixl target: clear error", test_connect_non_hixl_target);
   CU_add_test(i, "newer protocol version: clear error", test_connect_version_mismatch);
+  CU_add_test(i, "keyed initiator, keyless target with a table: says it does not authenticate",
+              test_connect_keyless_target_with_table);
+  CU_add_test(i, "a MEM_ADD with the longest tag during the handshake: read, Connect succeeds",
+              test_mem_add_long_tag_in_handshake);
   CU_add_test(i, "response out of order: FAILED, then NOT_CONNECTED", test_response_out_of_order_fails_link);
   CU_add_test(i, "a target advertising more than LINK_PEER_MEM_MAX registrations: the link ends",
               test_mem_add_flood_ends_link);

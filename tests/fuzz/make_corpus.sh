@@ -30,7 +30,7 @@ HELLO=1 HELLO_ACK=2 MEM_ADD=3 MEM_DEL=4 WRITE_REQ=5 WRITE_ACK=6 READ_REQ=7
 READ_RESP=8 NOTIFY=9 NOTIFY_ACK=10 SYNC=11 SYNC_ACK=12 RDMA_CONNECT=13 RDMA_CONNECT_ACK=14
 SHM_HELLO=15 SHM_HELLO_ACK=16 STAGE_WRITE=17 STAGE_READ=18 STAGE_PULL=19 STAGE_PUSH=20
 CALL=21 CALL_RESP=22 SHM_MAP_HELLO=23 SHM_MAP=24 SHM_MAP_ACK=25 SHM_UNMAP=26 SHM_UNMAP_ACK=27 CALL_AFTER=28
-AUTH_CHALLENGE=29 AUTH_PROOF=30 RAILS=31 RAILS_ACK=32 WIN_ADD=33 WIN_DEL=34 SHM_DEV_MAP=35
+AUTH_CHALLENGE=29 AUTH_PROOF=30 RAILS=31 RAILS_ACK=32 WIN_ADD=33 WIN_DEL=34 SHM_DEV_MAP=35 CALL_TAG=36
 seg() { u64 "$1"; u32 "$2"; } # seg ADDR LEN: one STAGE range
 # stage_rdma TYPE BODY_LEN PAYLOAD_LEN BUF COUNT: a STAGE_PULL / STAGE_PUSH up to its ranges
 stage_rdma() { hdr "$1" "$2" "$3"; u64 10; u64 "$4"; u32 0xc0ffee; u32 "$5"; }
@@ -157,7 +157,7 @@ write_ack_stage() { hdr $WRITE_ACK 12 0; u64 10; u32 0; } # what ends either
 { hdr $SHM_DEV_MAP 96 0; u64 0x7f0000400000; u64 0; u64 65536; u64 0; fill 64 H; } >"$out/bad_shm_dev_map_empty"
 { hdr $SHM_DEV_MAP 64 0; u64 0x7f0000400000; u64 4096; u64 65536; u64 8192; fill 32 H; } >"$out/bad_shm_dev_map_short"
 { hdr $SHM_HELLO_ACK 53 0; u32 0; shm_id 1; u64 0x1000; fill 15 N; } >"$out/bad_shm_hello_ack_short"
-{ hdr 21 36 0; u64 1; u64 0x1000; u32 1; u32 1; seg 0x2000 10; } >"$out/bad_type_21"
+{ hdr 37 36 0; u64 1; u64 0x1000; u32 1; u32 1; seg 0x2000 10; } >"$out/bad_type_37" # one past the last type
 { hdr $STAGE_READ 24 0; u64 1; u32 0; seg 0x1000 10; } >"$out/bad_stage_count_0"
 { hdr $STAGE_READ 24 0; u64 1; u32 0x40000001; seg 0x1000 10; } >"$out/bad_stage_count_wrap32"
 { hdr $STAGE_READ 36 0; u64 1; u32 1; seg 0x1000 10; seg 0x2000 10; } >"$out/bad_stage_body_len"
@@ -194,5 +194,23 @@ write_ack_stage() { hdr $WRITE_ACK 12 0; u64 10; u32 0; } # what ends either
 { hdr $WIN_ADD 44 0; u32 3; u64 4096; u64 4096; u32 0x11; u64 65536; u64 8192; u32 0x22; } >"$out/bad_win_add_count"
 { hdr $WIN_ADD 24 0; u32 1; u64 4096; u64 0; u32 0x11; } >"$out/bad_win_add_empty"
 { hdr $WIN_DEL 20 0; u32 1; u64 0xffffffffffff0000; u64 0x20000; } >"$out/bad_win_del_wraps"
+# CALL_TAG, device entries, and each fixed-range field one past its bound
+{ hdr $CALL_TAG 18 0; u64 11; u32 1; u16 1; str abcd; } >"$out/ok_call_tag"
+{ hdr $CALL_TAG 13 0; u64 11; u32 1; u8 1; } >"$out/bad_call_tag_short"
+{ hdr $CALL_TAG $((14 + 65537)) 0; u64 11; u32 1; u16 1; fill 65537 x; } >"$out/bad_call_tag_long"
+{ hdr $MEM_ADD 23 0; u64 0x7f0000200000; u64 8192; u32 0x1234; u8 1; u8 1; str d; } >"$out/ok_mem_add_device"
+{ hdr $MEM_ADD 23 0; u64 0x7f0000200000; u64 8192; u32 0x1234; u8 2; u8 1; str d; } >"$out/bad_mem_add_kind_2"
+{ hdr $HELLO_ACK 270 0; u32 4; u32 0; u16 256; fill 256 n; u32 0; } >"$out/bad_hello_ack_name_256"
+{ hdr $HELLO_ACK 18 0; u32 4; u32 0; u16 4; str fake; u32 0; } >"$out/ok_hello_ack_not_me"
+{ hdr $RDMA_CONNECT 25 0; u32 0x1000000; u32 0x22; fill 16 G; u8 3; } >"$out/bad_rdma_connect_qpn"
+{ hdr $RDMA_CONNECT 25 0; u32 0x11; u32 0x22; fill 16 G; u8 0; } >"$out/bad_rdma_connect_mtu_0"
+{ hdr $RDMA_CONNECT_ACK 29 0; u32 0; u32 0x33; u32 0x1000000; fill 16 G; u8 6; } >"$out/bad_rdma_connect_ack_psn_mtu"
+{ hdr $AUTH_PROOF 31 0; fill 31 m; } >"$out/bad_auth_proof_short"
+{ hdr $SHM_MAP_ACK 261 0; u32 2; fill 257 r; } >"$out/bad_shm_map_ack_long"
+{ hdr $WIN_DEL 4 0; u32 0; } >"$out/bad_win_del_count_0"
+{ hdr $WIN_ADD 24 0; u32 1; u64 0xffffffffffff0000; u64 0xffff; u32 0x11; } >"$out/ok_win_add_top"
+{ hdr $WIN_ADD 24 0; u32 1; u64 0xffffffffffff0000; u64 0x10000; u32 0x11; } >"$out/bad_win_add_to_2p64"
+{ hdr $WRITE_REQ 16 8 1 2; u64 1; u64 0x1000; str payload8; } >"$out/bad_payload_tag_alone"
+{ hdr $SYNC 9 0; u64 5; u8 0; } >"$out/bad_sync_long"
 head -c 10 "$out/ok_hello" >"$out/bad_truncated_header"
 head -c 25 "$out/ok_hello" >"$out/bad_truncated_body"

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "engine/api_int.h"
+#include "util/be.h"
 #include "util/log.h"
 #include "util/sock.h"
 #include "util/status_int.h"
@@ -20,10 +21,9 @@
 
 static HixlStatus ask_rails(HixlEngine *e, int fd, const char *remote, uint64_t deadline, struct peer *p);
 
-/* Receive one handshake frame's header into h (its bytes into hb) and its body into
- * body (cap bytes). */
+/* Receive one handshake frame's header into h (its bytes into hb); the caller reads its body. */
 static HixlStatus recv_frame(int fd, const char *remote, uint64_t deadline, struct wire_hdr *h,
-                             uint8_t hb[WIRE_HDR_LEN], uint8_t *body, size_t cap) {
+                             uint8_t hb[WIRE_HDR_LEN]) {
   HixlStatus st = sock_recv_all(fd, hb, WIRE_HDR_LEN, deadline);
   if (st != HIXL_SUCCESS)
     return hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());
@@ -34,10 +34,7 @@ static HixlStatus recv_frame(int fd, const char *remote, uint64_t deadline, stru
   if (err != WIRE_OK || (h->type != WIRE_HELLO_ACK && h->type != WIRE_AUTH_CHALLENGE))
     return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s is not a hixl engine (%s)", remote,
                      err != WIRE_OK ? wire_err_str(err) : "unexpected first frame");
-  if (body && h->body_len > cap)
-    return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s sent a malformed %s", remote,
-                     wire_type_name(h->type));
-  return body ? sock_recv_all(fd, body, h->body_len, deadline) : HIXL_SUCCESS;
+  return HIXL_SUCCESS;
 }
 
 /* The initiator's half of authentication: check the target's AUTH_CHALLENGE and
@@ -50,12 +47,20 @@ static HixlStatus prove(HixlEngine *e, int fd, const char *remote, uint64_t dead
   uint8_t hb[WIRE_HDR_LEN];
   struct wire_hdr h;
   struct wire_msg m;
-  HixlStatus st = recv_frame(fd, remote, deadline, &h, hb, body, sizeof(body));
+  HixlStatus st = recv_frame(fd, remote, deadline, &h, hb);
   if (st != HIXL_SUCCESS) return st;
+  /* A keyless target serving the link sends its whole table, longer than any refusal
+   * or challenge: of such a HELLO_ACK only the status (its first field) is read. */
+  bool served = h.type == WIRE_HELLO_ACK && h.body_len > sizeof(body);
+  if (h.body_len > sizeof(body) && !served)
+    return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s sent a malformed %s", remote,
+                     wire_type_name(h.type));
+  if ((st = sock_recv_all(fd, body, served ? 4 : h.body_len, deadline)) != HIXL_SUCCESS)
+    return hixl_fail(st, "HixlEngineConnect: handshake with %s: %s", remote, HixlGetLastErrorMessage());
   if (h.type == WIRE_HELLO_ACK) {
-    if (wire_decode(&h, body, &m) != WIRE_OK)
+    if (served ? be_get32(body) != WIRE_HELLO_OK : wire_decode(&h, body, &m) != WIRE_OK)
       return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s sent a malformed HELLO_ACK", remote);
-    if (m.u.hello_ack.status == WIRE_HELLO_OK)
+    if (served || m.u.hello_ack.status == WIRE_HELLO_OK)
       return hixl_fail(HIXL_FAILED,
                        "HixlEngineConnect: %s does not authenticate (it has no AuthKeyFile), and this engine "
                        "has one: refusing the link",
@@ -148,7 +153,7 @@ HixlStatus api_handshake(HixlEngine *e, int fd, const char *remote, uint64_t dea
     auth_wipe(&ring, sizeof(ring));
     if (st != HIXL_SUCCESS) return st;
   }
-  if ((st = recv_frame(fd, remote, deadline, &h, hb, NULL, 0)) != HIXL_SUCCESS) return st;
+  if ((st = recv_frame(fd, remote, deadline, &h, hb)) != HIXL_SUCCESS) return st;
   if (h.type != WIRE_HELLO_ACK)
     return hixl_fail(HIXL_FAILED, "HixlEngineConnect: %s sent %s where HELLO_ACK was due", remote,
                      wire_type_name(h.type));

@@ -637,16 +637,22 @@ HixlStatus link_handshake_tag(int fd, uint64_t deadline, struct peer *p, const u
 
 HixlStatus link_handshake_recv(int fd, uint64_t deadline, struct peer *p, uint8_t *buf, size_t cap,
                                struct wire_hdr *h) {
+  /* A MEM_ADD / MEM_DEL is read here, whatever cap (sized for the answer awaited) holds:
+   * its tag may be WIRE_MAX_TAG bytes. */
+  uint8_t ent[WIRE_HDR_LEN + WIRE_MEM_ENTRY_FIXED + WIRE_MAX_TAG];
   HixlStatus st;
   for (;;) {
     struct wire_msg m;
     if ((st = sock_recv_all(fd, buf, WIRE_HDR_LEN, deadline)) != HIXL_SUCCESS) return st;
-    if (wire_parse_hdr(buf, h) != WIRE_OK || WIRE_HDR_LEN + h->body_len > cap)
+    enum wire_err err = wire_parse_hdr(buf, h);
+    bool mem = err == WIRE_OK && (h->type == WIRE_MEM_ADD || h->type == WIRE_MEM_DEL);
+    uint8_t *f = mem ? memcpy(ent, buf, WIRE_HDR_LEN) : buf;
+    if (err != WIRE_OK || WIRE_HDR_LEN + h->body_len > (mem ? sizeof(ent) : cap))
       return hixl_fail(HIXL_FAILED, "malformed frame");
-    if ((st = sock_recv_all(fd, buf + WIRE_HDR_LEN, h->body_len, deadline)) != HIXL_SUCCESS) return st;
-    if ((st = link_handshake_tag(fd, deadline, p, buf, h)) != HIXL_SUCCESS) return st;
-    if (h->type != WIRE_MEM_ADD && h->type != WIRE_MEM_DEL) return HIXL_SUCCESS;
-    if (wire_decode(h, buf + WIRE_HDR_LEN, &m) != WIRE_OK) return hixl_fail(HIXL_FAILED, "malformed frame");
+    if ((st = sock_recv_all(fd, f + WIRE_HDR_LEN, h->body_len, deadline)) != HIXL_SUCCESS) return st;
+    if ((st = link_handshake_tag(fd, deadline, p, f, h)) != HIXL_SUCCESS) return st;
+    if (!mem) return HIXL_SUCCESS;
+    if (wire_decode(h, f + WIRE_HDR_LEN, &m) != WIRE_OK) return hixl_fail(HIXL_FAILED, "malformed frame");
     if (h->type == WIRE_MEM_ADD) {
       /* The live link's bound holds here too: a peer streaming MEM_ADDs before its
        * answer would grow the table until the deadline. */

@@ -223,7 +223,8 @@ HixlStatus link_handshake_send(int fd, struct peer *p, uint8_t *frame, size_t le
 HixlStatus link_handshake_tag(int fd, uint64_t deadline, struct peer *p, const uint8_t *frame,
                               const struct wire_hdr *h);
 /* During Connect (blocking socket, no lock): receive the next frame into buf (header,
- * then body; its tag checked), applying the MEM_ADD / MEM_DEL the target sends meanwhile to p. */
+ * then body; its tag checked; cap bytes, for the answer awaited), applying the MEM_ADD /
+ * MEM_DEL the target sends meanwhile to p (read apart: any tag fits). */
 HixlStatus link_handshake_recv(int fd, uint64_t deadline, struct peer *p, uint8_t *buf, size_t cap,
                                struct wire_hdr *h);
 uint32_t peer_caps(const struct peer *p); /* WIRE_CAP_* of its HELLO_ACK */
