@@ -19,6 +19,9 @@
  *     revoke. Each fails at the NIC (the QP goes to error, the link ends), and the
  *     target's memory and the initiator's buffer are unchanged;
  *   - revoke closes the windows at once, on both sides;
+ *   - an op spanning more windows than a send queue holds work requests (one each) is
+ *     refused before any is posted, and the link stays (an op before it in the call
+ *     ends at once, not at the deadline);
  *   - the device was asked whether it holds a window's key to the window, and the
  *     windows are bound over the registration's own MR where it does, over an MR of
  *     their own where it does not (soft-RoCE in Linux 6.1: the forged key above would
@@ -46,6 +49,7 @@
 #define C_OFF (2u << 20)    /* a run of four adjacent ranges, granted together */
 #define D_OFF (2560u << 10) /* another run of four, one of them then granted again */
 #define E_OFF (3328u << 10) /* two runs of four overlapping by two (the plugin's runs of blocks) */
+#define F_OFF (1536u << 10) /* one range cut into more windows than a send queue holds */
 
 static struct {
   int bounds;            /* what the target's device answered rdma_probe_mw_bounds: 1, 0 */
@@ -595,6 +599,50 @@ static void test_wins_bounded(void) {
   TU_ASSERT_OK(HixlEngineConnect(g.i, g.t_name, 10000));
 }
 
+/* An op that needs more work requests than a send queue holds (one per window it spans)
+ * is refused before any is posted, and the link stays: posted, it ran past the QP's
+ * depth (ENOMEM from the provider, the link reset with that alone as its reason).
+ * White-box: I's device is said to hold 8 work requests a QP (rxe retires them as they
+ * are posted, so its real depth is not reached at will), and I's window over F is cut
+ * into 16 with the window's own key. */
+static void test_pieces_past_queue(void) {
+  const uint64_t f[1][2] = {{at(F_OFF), WIN}};
+  struct erdma_engine *x = engine_xe(g.i, XPORT_RDMA);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(x);
+  grant(g.i_name, f, 1, true);
+  read_by_rdma(g.tmem + F_OFF, 6, "READ of the granted range"); /* I has read its WIN_ADD */
+  uint32_t key = window_key(g.i, at(F_OFF)), qpn = info(g.i).qpn;
+  CU_ASSERT_NOT_EQUAL_FATAL(key, 0);
+  for (uint64_t k = 0; k < 16; k++) forge(g.i, at(F_OFF) + k * (WIN / 16), WIN / 16, key);
+  pthread_mutex_lock(&g.i->lock);
+  uint32_t depth = x->dev[0].max_qp_wr;
+  x->dev[0].max_qp_wr = 8;
+  pthread_mutex_unlock(&g.i->lock);
+  tu_fill(g.tmem + F_OFF, WIN, 7);
+  memset(g.imem, 0x5a, WIN);
+  HixlTransferOpDesc d = op(g.imem, 0, F_OFF, WIN);
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, &d, 1, 10000), HIXL_FAILED);
+  CU_ASSERT_PTR_NOT_NULL(strstr(HixlGetLastErrorMessage(), "spans 16 of the peer's memory windows"));
+  CU_ASSERT_EQUAL(tu_check_byte(g.imem, WIN, 0x5a), -1);
+  CU_ASSERT_EQUAL(info(g.i).qpn, qpn);
+  /* Behind a narrow op in one call: the narrow one is posted unsignaled (more is queued
+   * behind it) and the refusal posts nothing after it. A signaled zero-length WRITE
+   * ends it at once; without it the call waited for its deadline, which reset the link. */
+  HixlTransferOpDesc two[2] = {op(g.imem, 0, F_OFF, WIN / 16), op(g.imem, 0, F_OFF, WIN)};
+  TU_ASSERT_STATUS(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, two, 2, 3000), HIXL_FAILED);
+  CU_ASSERT_PTR_NOT_NULL(strstr(HixlGetLastErrorMessage(), "spans 16 of the peer's memory windows"));
+  /* The same link; half of it (8 windows) fits. */
+  CU_ASSERT_EQUAL(info(g.i).qpn, qpn);
+  d.len = WIN / 2;
+  TU_ASSERT_OK(HixlEngineTransferSync(g.i, g.t_name, HIXL_READ, &d, 1, 10000));
+  TU_ASSERT_SAME(g.imem, g.tmem + F_OFF, WIN / 2, "READ over 8 windows");
+  pthread_mutex_lock(&g.i->lock);
+  x->dev[0].max_qp_wr = depth;
+  pthread_mutex_unlock(&g.i->lock);
+  forge(g.i, at(F_OFF), WIN, key); /* the window the target sent, which its revoke names */
+  grant(g.i_name, f, 1, false);
+}
+
 /* Every window closes with its link, and the engine's count comes back to what the
  * grants still hold open (none here once revoked). */
 static void test_windows_drain(void) {
@@ -630,6 +678,8 @@ int main(int argc, char **argv) {
   CU_add_test(s, "a registration withdrawn closes its windows", test_dereg_closes);
   CU_add_test(s, "a WIN_ADD past the bound ends the link", test_wins_bounded);
   CU_add_test(s, "a window's MR: its own, or the registration's", test_window_mr);
+  CU_add_test(s, "more windows in an op than a send queue holds: refused, the link stays",
+              test_pieces_past_queue);
   CU_add_test(s, "windows closed: bound == closed", test_windows_drain);
   return tu_run_registry();
 }

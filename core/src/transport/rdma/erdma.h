@@ -70,6 +70,7 @@ struct erdma_link {                      /* link_xs(c, XPORT_RDMA) (initiator: p
   struct chunk *rpend_head, *rpend_tail; /* posted, in completion order */
   uint32_t sq_used;                      /* WRs posted and not yet completed */
   uint32_t unsignaled;                   /* WRs posted since the last signaled one */
+  bool tail_unsig;                       /* the last chunk posted went unsignaled: nothing ends it yet */
   void (*own_done)(struct conn *c, bool ok, const char *status); /* a target's own WR */
   struct erdma_wins wins; /* target: scoped memory, the windows bound on this link's QP */
   /* A target's windows split since (a range in them shared by a later grant): still

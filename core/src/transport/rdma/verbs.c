@@ -338,7 +338,7 @@ int rdma_post(struct ibv_qp *qp, bool write, void *laddr, uint32_t len, uint32_t
   struct ibv_sge sge = {.addr = (uintptr_t)laddr, .length = len, .lkey = lkey};
   struct ibv_send_wr wr = {.wr_id = wr_id,
                            .sg_list = &sge,
-                           .num_sge = 1,
+                           .num_sge = len ? 1 : 0, /* zero-length: no memory named (C9-88) */
                            .opcode = write ? IBV_WR_RDMA_WRITE : IBV_WR_RDMA_READ,
                            .send_flags = signaled ? IBV_SEND_SIGNALED : 0},
                      *bad;

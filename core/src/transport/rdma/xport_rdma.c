@@ -2,8 +2,9 @@
  * (RDMA_CONNECT / RDMA_CONNECT_ACK) and memory keys (in memory entries); data then
  * moves as one-sided RDMA WRITE and READ posted by the initiator, with no work on the
  * target's CPU. Every chunk is one work request; every RDMA_SIGNAL_EVERY-th one, the
- * last one posted and the one that fills the send queue are signaled, and a signaled
- * completion ends every chunk posted before it (RC completes in order).
+ * last one posted and the one that fills the send queue are signaled (where posting
+ * stops after an unsignaled one, a signaled zero-length WRITE follows it), and a
+ * signaled completion ends every chunk posted before it (RC completes in order).
  *
  * Rails (docs/rails.md): the engine opens one device per local rail address besides
  * its own (each with its PD, CQ and completion channel), registers every range on
@@ -522,7 +523,10 @@ static void erdma_target_connect(struct conn *c, const struct wire_msg *m) {
   qp_info_of(m, &peer);
   if (eng_of(e) && !link_of(c) && !(l = calloc(1, sizeof(*l)))) snprintf(err, sizeof(err), "out of memory");
   struct rdma_dev *d = l ? &eng_of(e)->dev[l->dev = dev_of_conn(c)] : NULL;
-  if (l && (l->qp = rdma_qp_new(d, &local, err, sizeof(err)))) {
+  if (d && atomic_load(&eng_of(e)->down[l->dev]) && rdma_port_active(d) != 1) /* as erdma_connect */
+    snprintf(err, sizeof(err), "RDMA device %s port %u is down (until its PORT_ACTIVE event)", d->name,
+             d->port);
+  else if (l && (l->qp = rdma_qp_new(d, &local, err, sizeof(err)))) {
     struct rdma_qp_params qp_params = qp_params_of(engine_opts(e));
     /* Receives for the peer's tags (WRITEs with immediate data), each posted again as
      * it completes: a tag finding none waits at the peer (RNR, retried without end). */
@@ -586,7 +590,8 @@ static bool tags_post(struct conn *c, struct erdma_link *l, uint32_t max_wr) {
   return true;
 }
 
-/* A chunk popped from the queue is not posted (timed out, or its window closed): its
+/* A chunk popped from the queue is not posted (timed out, its window closed, or it
+ * spans more windows than a send queue holds work requests): its
  * request failed, so a tag behind it must never land, or the call waiting for it would
  * be served. Where one waits behind it, the link is reset instead, the chunk ending
  * with the link and the call with it: true. */
@@ -628,12 +633,19 @@ static void erdma_post(struct conn *c, size_t budget) {
     }
     /* With the registration's key, one WR; inside windows (key 0), one per window. */
     ch->nwr = ch->rkey ? 1 : erdma_rwins_pieces(&l->rwins, ch->raddr, ch->len);
-    if (ch->nwr == 0) {
+    if (ch->nwr == 0 || ch->nwr > max_wr) { /* past the depth: the provider refuses, the link dies */
+      char why[256];
       fifo_pop(&l->rq_head, &l->rq_tail);
       if (l->tag_n && tags_chunk_dropped(c, l, ch)) return;
-      link_chunk_end(
-          ch, HIXL_FAILED,
-          "the peer closed the memory window over it (its grant was revoked) before it was posted");
+      if (ch->nwr)
+        snprintf(why, sizeof(why),
+                 "an op spans %u of the peer's memory windows, a work request each, and a send queue holds "
+                 "%u: ask the peer to grant the range as one run",
+                 ch->nwr, max_wr);
+      else
+        snprintf(why, sizeof(why),
+                 "the peer closed the memory window over it (its grant was revoked) before it was posted");
+      link_chunk_end(ch, HIXL_FAILED, why);
       continue;
     }
     if (l->sq_used + ch->nwr > max_wr && l->sq_used > 0) break; /* room comes back with completions */
@@ -671,10 +683,29 @@ static void erdma_post(struct conn *c, size_t budget) {
     fifo_push(&l->rpend_head, &l->rpend_tail, ch);
     l->sq_used += ch->nwr;
     l->unsignaled = signaled ? 0 : l->unsignaled + ch->nwr;
+    l->tail_unsig = !signaled;
     if (tag) {
       tag->after = NULL;
       if (!tags_post(c, l, max_wr)) return;
     }
+  }
+  /* The last chunk posted went unsignaled and posting stopped before a signaled one
+   * (the chunks behind it dropped or refused, or too wide for the room left): no
+   * completion would end it. A zero-length WRITE, signaled, does (RC completes in
+   * order); its slot is counted as the chunk's. */
+  if (l->tail_unsig && l->rpend_tail && !link_dead(c) && l->sq_used < max_wr) {
+    struct chunk *ch = l->rpend_tail;
+    if (rdma_post(l->qp, true, NULL, 0, 0, 0, 0, (uint64_t)(uintptr_t)ch, true) != 0) {
+      char why[192];
+      snprintf(why, sizeof(why), "ibv_post_send of a zero-length WRITE on QP 0x%x failed: %s",
+               rdma_qp_num(l->qp), strerror(errno));
+      link_conn_kill(c, HIXL_FAILED, why);
+      return;
+    }
+    ch->nwr++;
+    l->sq_used++;
+    l->unsignaled = 0;
+    l->tail_unsig = false;
   }
 }
 
@@ -917,7 +948,8 @@ static void erdma_kill(struct conn *c, HixlStatus st, const char *msg) {
   /* The QP is gone (no DMA after this): on a rail, its chunks go on another rail. */
   while ((ch = fifo_pop(&l->rpend_head, &l->rpend_tail))) link_chunk_lost(c, ch, st, msg);
   while ((ch = fifo_pop(&l->rq_head, &l->rq_tail))) link_chunk_lost(c, ch, st, msg);
-  l->sq_used = 0;
+  l->sq_used = l->unsignaled = 0;
+  l->tail_unsig = false;
   l->tag_n = 0; /* their calls end with the link */
 }
 
