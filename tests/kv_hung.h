@@ -1,7 +1,8 @@
 /* kv_hung: a peer worker that does not answer in time, for white-box plugin tests: a
  * bare engine whose KV service answers every call "not yet", 1.5 s late (a GC pause, a
  * stopped process: the delay is the peer's behaviour under test, not a wait for an
- * event), with a cache manager of the worker's cluster, so that links to it succeed. */
+ * event), or at once (never_peer_up: a peer that never binds the request), with a cache
+ * manager of the worker's cluster, so that links to it succeed. */
 #ifndef HIXL_TEST_KV_HUNG_H
 #define HIXL_TEST_KV_HUNG_H
 
@@ -16,6 +17,7 @@ struct hung_peer {
   HixlEngine *e;
   HixlCacheManager *m;
   char addr[TU_ADDR_LEN];
+  int calls; /* never_peer_up's: the calls it answered (atomic) */
 };
 
 static inline HixlStatus hung_kv(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
@@ -40,6 +42,36 @@ static inline bool hung_peer_up(struct hung_peer *h) {
             hixl_engine_set_service(h->e, HIXL_SERVICE_KV, hung_kv, NULL) == HIXL_SUCCESS;
   if (!up) tu_fail(__FILE__, __LINE__, "a hung peer at %s: %s", h->addr, HixlGetLastErrorMessage());
   return up;
+}
+
+/* A peer that never binds the request: its KV service answers every call "not yet" at
+ * once, and counts them (h->calls). */
+static inline HixlStatus never_kv(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                                  size_t cap, size_t *resp_len) {
+  (void)peer, (void)req, (void)len, (void)cap;
+  __atomic_add_fetch(&((struct hung_peer *)ctx)->calls, 1, __ATOMIC_SEQ_CST);
+  resp[0] = KV_PIN_NOT_YET;
+  *resp_len = 1;
+  return HIXL_SUCCESS;
+}
+
+/* h up as hung_peer_up, answering at once (never_kv). */
+static inline bool never_peer_up(struct hung_peer *h) {
+  bool up = hung_peer_up(h) && hixl_engine_set_service(h->e, HIXL_SERVICE_KV, NULL, NULL) == HIXL_SUCCESS &&
+            hixl_engine_set_service(h->e, HIXL_SERVICE_KV, never_kv, h) == HIXL_SUCCESS;
+  if (!up)
+    tu_fail(__FILE__, __LINE__, "a peer that never binds at %s: %s", h->addr, HixlGetLastErrorMessage());
+  return up;
+}
+
+/* Whether h answered at least n calls within timeout_ms. */
+static inline bool hung_peer_asked(struct hung_peer *h, int n, int timeout_ms) {
+  int64_t end = tu_now_ms() + timeout_ms;
+  while (__atomic_load_n(&h->calls, __ATOMIC_SEQ_CST) < n && tu_now_ms() < end) {
+    struct timespec ts = {0, 1000000}; /* polling the count */
+    nanosleep(&ts, NULL);
+  }
+  return __atomic_load_n(&h->calls, __ATOMIC_SEQ_CST) >= n;
 }
 
 static inline void hung_peer_down(struct hung_peer *h) {

@@ -329,6 +329,38 @@ static void test_hung_producer_delays_no_renewal(void) {
   hung_peer_down(&h);
 }
 
+/* A load whose producer answers its PIN "not yet" (it never binds it), with a
+ * transfer_timeout_ms of 30 s: shutdown, once that PIN is being asked again, returns
+ * within a few seconds, not when the PIN times out (before: the loader asked on until
+ * transfer_timeout_ms and shutdown joined it, 30 s). The load ends failed. */
+static void test_shutdown_stops_pin_not_yet(void) {
+  struct inst d;
+  CU_ASSERT_FATAL(inst_up_with(&d, "consumer",
+                               "\"mode\": \"pull\", \"lease_ms\": 20000, \"loads_per_producer\": 1, "
+                               "\"transfer_timeout_ms\": 30000, \"connect_timeout_ms\": 5000",
+                               0xEE));
+  struct hung_peer h;
+  CU_ASSERT_FATAL(never_peer_up(&h));
+  char params[512];
+  snprintf(params, sizeof(params),
+           "{\"do_remote_prefill\": true, \"remote_engine\": \"%s\", \"remote_request_id\": \"N0\", "
+           "\"remote_block_ids\": [1], \"remote_num_tokens\": %d, \"tp_size\": 1, "
+           "\"cap\": \"00112233445566778899aabbccddeeff\"}",
+           h.addr, BLOCK_TOKENS);
+  load_one(&d, "N0", params, 1);
+  step(&d);
+  CU_ASSERT_FATAL(hung_peer_asked(&h, 3, WAIT_MS)); /* and asked again */
+  int64_t t0 = tu_now_ms();
+  ST_IS(ops->shutdown(d.worker), HIXL_KV_SUCCESS);
+  int64_t took = tu_now_ms() - t0;
+  if (took >= 5000) tu_fail(__FILE__, __LINE__, "shutdown took %lld ms (a PIN asked on)", (long long)took);
+  hixl_kv_stats sd;
+  ST_IS(ops->get_stats(d.worker, &sd), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(sd.loads_failed, 1);
+  inst_down(&d);
+  hung_peer_down(&h);
+}
+
 int main(void) {
   char err[256] = "";
   if (hixl_kv_connector_entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS) {
@@ -342,6 +374,8 @@ int main(void) {
        test_stale_pin_ahead},
       {"a producer that answers no PIN delays no other's lease renewal",
        test_hung_producer_delays_no_renewal},
+      {"shutdown while a PIN is answered \"not yet\": no wait for transfer_timeout_ms",
+       test_shutdown_stops_pin_not_yet},
       CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"kv_loader", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
   return tu_run_suites("test_kv_loader", suites);

@@ -222,6 +222,42 @@ static void test_hung_consumer_delays_no_other_push(void) {
   hung_peer_down(&h);
 }
 
+/* A push to a consumer that answers its ACCEPT "not yet" (it never expects the request),
+ * with a transfer_timeout_ms of 30 s: the producer's shutdown, once that ACCEPT is being
+ * asked again, returns within a few seconds (before: the pusher asked on until
+ * transfer_timeout_ms and shutdown joined it, 30 s); the push ends failed, the producer
+ * holds nothing. */
+static void test_shutdown_stops_accept_not_yet(void) {
+  static const uint64_t pb[NB] = {4, 5};
+  struct inst p;
+  CU_ASSERT_FATAL(inst_up_with(&p, "producer",
+                               "\"mode\": \"push\", \"lease_ms\": 20000, \"transfer_timeout_ms\": 30000, "
+                               "\"connect_timeout_ms\": 3000, \"notify_timeout_ms\": 1000",
+                               0x11));
+  struct hung_peer h;
+  CU_ASSERT_FATAL(never_peer_up(&h));
+  char params[512];
+  snprintf(params, sizeof(params),
+           "{\"do_remote_decode\": true, \"remote_engine\": \"%s\", \"remote_request_id\": \"N0\", "
+           "\"remote_block_ids\": [1, 2], \"tp_size\": 1, \"cap\": \"00112233445566778899aabbccddeeff\"}",
+           h.addr);
+  produce(&p, "N0", params, pb);
+  step(&p);
+  CU_ASSERT_FATAL(hung_peer_asked(&h, 3, WAIT_MS)); /* and asked again */
+  int64_t t0 = tu_now_ms();
+  ST_IS(ops->shutdown(p.worker), HIXL_KV_SUCCESS);
+  int64_t took = tu_now_ms() - t0;
+  if (took >= 5000)
+    tu_fail(__FILE__, __LINE__, "shutdown took %lld ms (an ACCEPT asked on)", (long long)took);
+  hixl_kv_stats sp;
+  ST_IS(ops->get_stats(p.worker, &sp), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(sp.pushes_failed, 1);
+  CU_ASSERT_EQUAL(sp.requests_held, 0);
+  CU_ASSERT_EQUAL(sp.blocks_held, 0);
+  inst_down(&p);
+  hung_peer_down(&h);
+}
+
 int main(void) {
   char err[256] = "";
   if (hixl_kv_connector_entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS) {
@@ -232,6 +268,8 @@ int main(void) {
                           test_pusher_allocation_fails},
                          {"a consumer that never accepts delays no other consumer's push",
                           test_hung_consumer_delays_no_other_push},
+                         {"shutdown while an ACCEPT is answered \"not yet\": no wait for transfer_timeout_ms",
+                          test_shutdown_stops_accept_not_yet},
                          CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"kv_pusher", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
   return tu_run_suites("test_kv_pusher", suites);

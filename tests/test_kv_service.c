@@ -550,6 +550,113 @@ static void test_drop_flat(void) {
   free(c);
 }
 
+/* kv_serve of op on id from peer as rank rank of world ranks (LAYERS: every layer),
+ * presenting cap: its status, its answer's first byte in *state. */
+static HixlStatus serve_rank(struct inst *x, const char *peer, uint8_t op, const char *id,
+                             const struct kv_cap *cap, uint32_t world, uint32_t rank, uint8_t *state) {
+  struct kv_out o = {0};
+  uint8_t resp[4096];
+  size_t n = 0;
+  kv_put_u8(&o, KV_SVC_PROTO);
+  kv_put_u8(&o, op);
+  kv_put_str(&o, id, strlen(id));
+  kv_put_cap(&o, cap);
+  kv_put_u32(&o, world);
+  kv_put_u32(&o, rank);
+  if (op == KV_SVC_LAYERS) {
+    kv_put_u32(&o, 0);
+    kv_put_u32(&o, LAYERS);
+  }
+  CU_ASSERT_FATAL(!o.bad);
+  HixlStatus st = kv_serve(x->worker, peer, o.p, o.len, resp, sizeof(resp), &n);
+  free(o.p);
+  *state = n ? resp[0] : 0;
+  return st;
+}
+
+static bool to_cut(struct inst *x, const char *peer) {
+  pthread_mutex_lock(&x->worker->lock);
+  bool cut = kv_idhash_has(&x->worker->drop, peer);
+  pthread_mutex_unlock(&x->worker->lock);
+  return cut;
+}
+
+/* Pull producer, a consumer instance of two ranks that both read the request (its need,
+ * set as held_rank sets it for a layout whose heads each rank reads: this instance's
+ * layout has no heads): rank 0 PINs and FREEs it, rank 1 PINs and never comes again.
+ * Rank 0's grant is revoked at its FREE; when the lease runs out, only rank 1's links are
+ * to be cut. Before, rank 0 kept its grant until the request ended and its links were
+ * cut with rank 1's, failing its loads of other requests. */
+static void test_lease_cuts_only_unfreed_rank(void) {
+  static const char *r0 = "127.0.0.1:21000", *r1 = "127.0.0.1:21001";
+  struct inst p;
+  CU_ASSERT_FATAL(inst_up_with(&p, "producer", "\"mode\": \"pull\", \"lease_ms\": 300", 0));
+  struct kv_cap cap;
+  hold_n(p.sched, "tp", 1, &cap);
+  step(&p);
+  CU_ASSERT_EQUAL_FATAL(held_now(&p), 1);
+  uint8_t state = 0;
+  TU_ASSERT_OK(serve_rank(&p, r0, KV_SVC_PIN, "tp-0", &cap, 2, 0, &state));
+  CU_ASSERT_EQUAL(state, KV_PIN_HELD);
+  pthread_mutex_lock(&p.worker->lock);
+  struct kv_held *h = kv_held_find(p.worker, "tp-0");
+  CU_ASSERT_PTR_NOT_NULL_FATAL(h);
+  h->need = 3; /* both consumer ranks free it */
+  pthread_mutex_unlock(&p.worker->lock);
+  TU_ASSERT_OK(serve_rank(&p, r1, KV_SVC_PIN, "tp-0", &cap, 2, 1, &state));
+  CU_ASSERT_EQUAL(state, KV_PIN_HELD);
+  CU_ASSERT(granted(&p, r0) > 0 && granted(&p, r1) > 0);
+  TU_ASSERT_OK(serve_rank(&p, r0, KV_SVC_FREE, "tp-0", &cap, 2, 0, &state));
+  CU_ASSERT_EQUAL(held_now(&p), 1); /* rank 1 has not freed it */
+  CU_ASSERT_EQUAL(granted(&p, r0), 0);
+  CU_ASSERT(granted(&p, r1) > 0);
+  struct timespec ts = {0, 400000000}; /* past the lease: its expiry is tested, not waited for */
+  nanosleep(&ts, NULL);
+  TU_ASSERT_OK(serve_rank(&p, r1, KV_SVC_PIN, "tp-0", &cap, 2, 1, &state)); /* leases looked at */
+  CU_ASSERT_EQUAL(state, KV_PIN_GONE);
+  CU_ASSERT_EQUAL(held_now(&p), 0);
+  CU_ASSERT_TRUE(to_cut(&p, r1));
+  CU_ASSERT_FALSE(to_cut(&p, r0));
+  CU_ASSERT_EQUAL(granted(&p, r1), 0);
+  inst_down(&p);
+}
+
+/* Push consumer, a producer instance of two ranks that both write the request (its want,
+ * set as serve_accept sets it for a layout whose heads each rank writes): both ACCEPT,
+ * rank 0's every layer lands, rank 1 writes nothing. Rank 0's grant is revoked once its
+ * last layer landed; when the expected push runs out, only rank 1's links are to be
+ * cut. Before, rank 0's were too, failing its pushes of other requests. */
+static void test_expiry_cuts_only_unfinished_rank(void) {
+  static const char *p0 = "127.0.0.1:22000", *p1 = "127.0.0.1:22001";
+  struct inst d;
+  CU_ASSERT_FATAL(inst_up_with(&d, "consumer", "\"mode\": \"push\", \"lease_ms\": 300", 0));
+  struct kv_cap cap;
+  expect_n(d.sched, "px", 1, &cap);
+  step(&d);
+  uint8_t state = 0;
+  TU_ASSERT_OK(serve_rank(&d, p0, KV_SVC_ACCEPT, "px-0", &cap, 2, 0, &state));
+  CU_ASSERT_EQUAL(state, KV_PIN_HELD);
+  pthread_mutex_lock(&d.worker->lock);
+  struct kv_expect *x = kv_expect_find(d.worker, "px-0");
+  CU_ASSERT_PTR_NOT_NULL_FATAL(x);
+  x->want = 3; /* both producer ranks write it */
+  pthread_mutex_unlock(&d.worker->lock);
+  TU_ASSERT_OK(serve_rank(&d, p1, KV_SVC_ACCEPT, "px-0", &cap, 2, 1, &state));
+  CU_ASSERT_EQUAL(state, KV_PIN_HELD);
+  CU_ASSERT(granted(&d, p0) > 0 && granted(&d, p1) > 0);
+  TU_ASSERT_OK(serve_rank(&d, p0, KV_SVC_LAYERS, "px-0", &cap, 2, 0, &state));
+  CU_ASSERT_EQUAL(granted(&d, p0), 0);
+  CU_ASSERT(granted(&d, p1) > 0);
+  struct timespec ts = {0, 400000000}; /* past the lease: its expiry is tested, not waited for */
+  nanosleep(&ts, NULL);
+  serve_rank(&d, p1, KV_SVC_ACCEPT, "px-0", &cap, 2, 1, &state); /* expects looked at */
+  CU_ASSERT_NOT_EQUAL(state, KV_PIN_HELD);
+  CU_ASSERT_TRUE(to_cut(&d, p1));
+  CU_ASSERT_FALSE(to_cut(&d, p0));
+  CU_ASSERT_EQUAL(granted(&d, p1), 0);
+  inst_down(&d);
+}
+
 int main(void) {
   char err[256] = "";
   if (hixl_kv_connector_entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS) {
@@ -573,6 +680,10 @@ int main(void) {
       {"ACCEPT and wait_for_layer_load answered among 100 or 10000 expected pushes",
        test_expects_lookups_flat},
       {"the peers to cut: one entry a name among 100 or 10000", test_drop_flat},
+      {"a lease that runs out cuts the consumer ranks that did not free it, not one that did",
+       test_lease_cuts_only_unfreed_rank},
+      {"an expected push that runs out cuts the producer ranks that did not finish, not one that did",
+       test_expiry_cuts_only_unfinished_rank},
       CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"kv_service", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
   return tu_run_suites("test_kv_service", suites);

@@ -221,6 +221,7 @@ struct kv_peers {
   struct kv_peer_ref {
     char name[KV_PEER_NAME_MAX + 1];
     struct kv_revoke *grant;
+    bool done; /* it is done with the request (kv_peers_done): no grant, not cut when it expires */
   } * v;
   uint32_t n;
 };
@@ -557,8 +558,14 @@ bool kv_peers_has(const struct kv_peers *s, const char *name);
  * or s holds KV_PEERS_MAX others. */
 struct kv_peer_ref *kv_peers_add(struct kv_peers *s, const char *name);
 void kv_peers_free(struct kv_peers *s);
-/* Each of s's peers into c->drop (cut before the host reuses the blocks), once. */
+/* Each of s's peers into c->drop (cut before the host reuses the blocks), once; not one
+ * done with the request (kv_peers_done): it reaches the blocks no more. */
 void kv_peers_drop(hixl_kv_connector *c, const struct kv_peers *s);
+/* peer is done with the request whose peers are s (pull: a consumer rank's FREE or
+ * RELEASE; push: every layer of a producer rank landed), while other ranks are not:
+ * its grant revoked now (kv_revoke_later), and it is not cut when the request's lease
+ * runs out or another rank aborts it. A PIN or ACCEPT after it grants again. Lock held. */
+void kv_peers_done(hixl_kv_connector *c, struct kv_peers *s, const char *peer);
 /* The request's blocks go to peer (a PIN's consumer rank, an ACCEPT's producer rank):
  * granted once to it, as to each other rank of its instance that moves them (a grant
  * that fails is logged: the peer's transfers are refused); false when kv_peers_add
@@ -635,8 +642,9 @@ int kv_call_msg(hixl_kv_connector *c, const char *remote, struct kv_out *o, uint
                 size_t *n, int32_t timeout_ms, HixlStatus *st);
 /* Send o (a PIN, RELEASE or ACCEPT; freed here) again while the peer answers "not yet"
  * (KV_PIN_NOT_YET: it binds the request at its next step), a little apart, until
- * deadline. SUCCESS: the answer (n bytes in ans), "not yet" only once the deadline
- * passed; else the status of the call that failed. */
+ * deadline or this connector shuts down (shutdown joins the caller). SUCCESS: the
+ * answer (n bytes in ans), "not yet" only once the deadline passed or it shut down;
+ * else the status of the call that failed. */
 HixlStatus kv_call_settled(hixl_kv_connector *c, const char *remote, struct kv_out *o, uint64_t deadline,
                            uint8_t *ans, size_t cap, size_t *n);
 int kv_call_ex(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id,

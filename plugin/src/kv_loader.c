@@ -81,8 +81,15 @@ static HixlStatus pin(hixl_kv_connector *c, const struct kv_meta_entry *e, uint6
     return st;
   }
   if ((st = kv_pin_answer(c, e, ans, n, h, &again, why, cap)) != HIXL_SUCCESS || !again) return st;
-  snprintf(why, cap, "the producer %s did not hold request %s within %d ms", e->remote, e->rreq,
-           c->cfg.transfer_timeout_ms);
+  pthread_mutex_lock(&c->lock);
+  bool shut = c->shut; /* kv_call_settled asks no more then */
+  pthread_mutex_unlock(&c->lock);
+  if (shut)
+    snprintf(why, cap, "the producer %s did not hold request %s yet when this worker shut down", e->remote,
+             e->rreq);
+  else
+    snprintf(why, cap, "the producer %s did not hold request %s within %d ms", e->remote, e->rreq,
+             c->cfg.transfer_timeout_ms);
   return HIXL_TIMEOUT;
 }
 

@@ -40,13 +40,25 @@ void kv_peers_free(struct kv_peers *s) {
 
 void kv_peers_drop(hixl_kv_connector *c, const struct kv_peers *s) {
   for (uint32_t i = 0; i < s->n; i++)
-    if (!kv_idhash_has(&c->drop, s->v[i].name)) kv_idhash_add(&c->drop, s->v[i].name, NULL, SIZE_MAX, NULL);
+    if (!s->v[i].done && !kv_idhash_has(&c->drop, s->v[i].name))
+      kv_idhash_add(&c->drop, s->v[i].name, NULL, SIZE_MAX, NULL);
+}
+
+void kv_peers_done(hixl_kv_connector *c, struct kv_peers *s, const char *peer) {
+  for (uint32_t i = 0; i < s->n; i++)
+    if (strcmp(s->v[i].name, peer) == 0) {
+      if (s->v[i].grant) kv_revoke_later(c, s->v[i].grant);
+      s->v[i].grant = NULL;
+      s->v[i].done = true;
+      return;
+    }
 }
 
 bool kv_peers_grant(hixl_kv_connector *c, struct kv_peers *s, const char *peer, const uint64_t *blocks,
                     const uint32_t *gn, uint32_t ngroups) {
   struct kv_peer_ref *r = kv_peers_add(s, peer);
   if (!r) return false;
+  r->done = false; /* it reads again */
   if (!r->grant) r->grant = kv_grant(c, peer, blocks, gn, ngroups);
   return true;
 }

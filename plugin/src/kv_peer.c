@@ -39,6 +39,10 @@ HixlStatus kv_call_settled(hixl_kv_connector *c, const char *remote, struct kv_o
     int32_t left = kv_ms_until(deadline);
     st = hixl_engine_call(c->eng, remote, HIXL_SERVICE_KV, o->p, o->len, ans, cap, n, left > 0 ? left : 1);
     if (st != HIXL_SUCCESS || *n == 0 || ans[0] != KV_PIN_NOT_YET || kv_ms_until(deadline) == 0) break;
+    pthread_mutex_lock(&c->lock);
+    bool shut = c->shut; /* shutdown joins this thread: asking on held it up to the deadline */
+    pthread_mutex_unlock(&c->lock);
+    if (shut) break;
     struct timespec ts = {0, tries < 20 ? 200000 : 2000000}; /* the peer binds it at its next step */
     nanosleep(&ts, NULL);
   }

@@ -450,8 +450,8 @@ static HixlStatus serve_accept(hixl_kv_connector *c, const char *peer, const str
 
 /* LAYER(S): layers of x landed from that producer rank; the forward pass wakes once per
  * call, and only when one of them is new. */
-static HixlStatus serve_layers(hixl_kv_connector *c, const struct svc_req *r, struct kv_expect *x,
-                               const char **tp_why) {
+static HixlStatus serve_layers(hixl_kv_connector *c, const char *peer, const struct svc_req *r,
+                               struct kv_expect *x, const char **tp_why) {
   uint64_t bit = UINT64_C(1) << r->rank;
   if (x && (x->ptp != r->world || !(x->want & bit))) {
     *tp_why = "that producer rank did not accept it here";
@@ -467,6 +467,9 @@ static HixlStatus serve_layers(hixl_kv_connector *c, const struct svc_req *r, st
       woke = true;
       if (x->landed[l] == x->want && ++x->nlanded == c->layers) kv_expect_end(c, x, NULL), x = NULL;
     }
+  bool all = woke && x; /* every layer of that rank landed: its writes are over */
+  for (uint32_t l = 0; l < c->layers && all; l++) all = (x->landed[l] & bit) != 0;
+  if (all) kv_peers_done(c, &x->peers, peer);
   if (woke) pthread_cond_broadcast(&c->exp.landed); /* the forward pass only */
   return HIXL_SUCCESS;
 }
@@ -478,7 +481,8 @@ static HixlStatus serve_abort(hixl_kv_connector *c, const char *peer, const stru
     /* The other producer ranks that accepted it may still be writing: cut off before the
      * host hears of the failure and reuses the blocks, as when it expires (drop_peers). */
     for (uint32_t i = 0; i < x->peers.n; i++)
-      if (strcmp(x->peers.v[i].name, peer) != 0 && !kv_idhash_has(&c->drop, x->peers.v[i].name))
+      if (strcmp(x->peers.v[i].name, peer) != 0 && !x->peers.v[i].done &&
+          !kv_idhash_has(&c->drop, x->peers.v[i].name))
         kv_idhash_add(&c->drop, x->peers.v[i].name, NULL, SIZE_MAX, NULL);
     char
         esc[KV_MAX_ID + 1]; /* the peer's text, logged: escaped (docs/security.md, "Logs"), cut at its size */
@@ -529,6 +533,7 @@ static HixlStatus serve_release(hixl_kv_connector *c, const char *peer, const st
   if (h) {
     if ((*tp_why = held_rank(c, h, r->world))) return HIXL_SUCCESS;
     h->freed |= UINT64_C(1) << r->rank;
+    kv_peers_done(c, &h->peers, peer);
     kv_obs_phase(c, r->id, KV_PH_FREE, peer);
     kv_put_u8(out, KV_PIN_HELD);
     if ((h->freed & h->need) == h->need) held_release(c, h);
@@ -546,6 +551,7 @@ static HixlStatus serve_free(hixl_kv_connector *c, const char *peer, const struc
                              struct kv_held *h, const char **tp_why) {
   if (h && !(*tp_why = held_rank(c, h, r->world))) {
     h->freed |= UINT64_C(1) << r->rank;
+    kv_peers_done(c, &h->peers, peer); /* its reads are over: the lease cuts only the others */
     kv_obs_phase(c, r->id, KV_PH_FREE, peer);
     if ((h->freed & h->need) == h->need) held_release(c, h);
   } else if (!h && !kv_idhash_has(&c->gone, r->id)) {
@@ -617,7 +623,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
   case KV_SVC_RELEASE: st = serve_release(c, peer, &r, h, &out, &tp_why); break;
   case KV_SVC_ACCEPT: st = serve_accept(c, peer, &r, x, &out, &tp_why); break;
   case KV_SVC_LAYER:
-  case KV_SVC_LAYERS: st = serve_layers(c, &r, x, &tp_why); break;
+  case KV_SVC_LAYERS: st = serve_layers(c, peer, &r, x, &tp_why); break;
   case KV_SVC_ABORT: st = serve_abort(c, peer, &r, x); break;
   default: st = HIXL_UNSUPPORTED; break;
   }
