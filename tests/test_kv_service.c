@@ -225,6 +225,26 @@ static uint64_t held_now(struct inst *x) {
   return st.requests_held;
 }
 
+/* Whether x's worker reports id alone as finished sending now (get_finished). */
+static bool sending_only(struct inst *x, const char *id) {
+  hixl_kv_ids s = {0}, rv = {0};
+  ST_IS(ops->get_finished(x->worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
+  bool one = s.count == 1 && strcmp(s.ids[0], id) == 0;
+  ops->free_ids(&s);
+  ops->free_ids(&rv);
+  return one;
+}
+
+/* A pull producer's scheduler made anew (one restarted), with more keys ("" or ", ..."). */
+static hixl_kv_connector *sched_restarted(const char *more) {
+  char cfg[320], err[256] = "";
+  snprintf(cfg, sizeof(cfg), "{\"address\": \"%s:%u\", \"role\": \"producer\", \"mode\": \"pull\"%s}",
+           tu_ip(), (unsigned)tu_free_port(), more);
+  hixl_kv_connector *s = NULL;
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &s, err, sizeof(err)), HIXL_KV_SUCCESS);
+  return s;
+}
+
 /* Whether ids (get_finished's) are exactly prefix-first .. prefix-(first + n - 1). */
 static bool ids_are(const hixl_kv_ids *ids, const char *prefix, unsigned first, unsigned n) {
   char id[32];
@@ -256,13 +276,9 @@ static void test_held_bounded(void) {
   step(&p);
   CU_ASSERT_EQUAL(held_now(&p), HELD_CAP);
   /* The scheduler restarted: a new one, its holds bound to the same worker. */
-  char cfg[256], err[256] = "";
-  snprintf(cfg, sizeof(cfg),
-           "{\"address\": \"%s:%u\", \"role\": \"producer\", \"mode\": \"pull\", \"lease_ms\": 20000, "
-           "\"max_inflight_requests\": %u}",
-           tu_ip(), (unsigned)tu_free_port(), HELD_CAP);
-  hixl_kv_connector *s2 = NULL;
-  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &s2, err, sizeof(err)), HIXL_KV_SUCCESS);
+  char more[96];
+  snprintf(more, sizeof(more), ", \"lease_ms\": 20000, \"max_inflight_requests\": %u", HELD_CAP);
+  hixl_kv_connector *s2 = sched_restarted(more);
   CU_ASSERT_PTR_NOT_NULL_FATAL(s2);
   hold_n(s2, "b", HELD_CAP, bcap);
   tu_log_watch("max_inflight_requests");
@@ -325,12 +341,9 @@ static void test_held_id_reused(void) {
   CU_ASSERT_FATAL(params_cap(&params, &cap));
   step(&p);
   TU_ASSERT_OK(serve(&p, "127.0.0.1:20000", KV_SVC_FREE, id, &cap, &state, NULL, 0)); /* loaded and freed */
-  hixl_kv_ids s = {0}, rv = {0};
-  ST_IS(ops->get_finished(p.worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
-  CU_ASSERT_TRUE(s.count == 1 && strcmp(s.ids[0], id) == 0);
-  ST_IS(ops->update_connector_output(p.sched, &s, NULL, NULL), HIXL_KV_SUCCESS);
-  ops->free_ids(&s);
-  ops->free_ids(&rv);
+  CU_ASSERT_TRUE(sending_only(&p, id));
+  hixl_kv_ids done = {(const char *[]){id}, 1};
+  ST_IS(ops->update_connector_output(p.sched, &done, NULL, NULL), HIXL_KV_SUCCESS);
   /* The same id again, on the scheduler that held it: refused and logged. */
   tu_log_watch("must be unique per run");
   delay = 7;
@@ -341,11 +354,7 @@ static void test_held_id_reused(void) {
   CU_ASSERT_TRUE(tu_log_seen(line, sizeof(line)));
   CU_ASSERT_PTR_NOT_NULL(strstr(line, id));
   /* ... on a restarted scheduler, which does not know it: its worker refuses the hold. */
-  char cfg[256], err[256] = "";
-  snprintf(cfg, sizeof(cfg), "{\"address\": \"%s:%u\", \"role\": \"producer\", \"mode\": \"pull\"}", tu_ip(),
-           (unsigned)tu_free_port());
-  hixl_kv_connector *s2 = NULL;
-  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &s2, err, sizeof(err)), HIXL_KV_SUCCESS);
+  hixl_kv_connector *s2 = sched_restarted("");
   CU_ASSERT_PTR_NOT_NULL_FATAL(s2);
   ST_IS(ops->request_finished(s2, &r, blocks, NB, &delay, &params), HIXL_KV_SUCCESS);
   CU_ASSERT_EQUAL(delay, 1);
@@ -355,10 +364,7 @@ static void test_held_id_reused(void) {
   CU_ASSERT_TRUE(tu_log_seen(line, sizeof(line)));
   CU_ASSERT_PTR_NOT_NULL(strstr(line, id));
   CU_ASSERT_EQUAL(held_now(&p), 0);
-  ST_IS(ops->get_finished(p.worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
-  CU_ASSERT_TRUE(s.count == 1 && strcmp(s.ids[0], id) == 0); /* the host frees its blocks */
-  ops->free_ids(&s);
-  ops->free_ids(&rv);
+  CU_ASSERT_TRUE(sending_only(&p, id)); /* the host frees its blocks */
   gone_saying(&p, "127.0.0.1:20000", KV_SVC_PIN, id, &cap, "request ids must be unique per run");
   CU_ASSERT_EQUAL(granted(&p, "127.0.0.1:20000"), 0);
   /* An abort's FREE before the hold: not held, and no reuse. */
@@ -369,10 +375,7 @@ static void test_held_id_reused(void) {
   TU_ASSERT_OK(serve(&p, "127.0.0.1:20000", KV_SVC_FREE, early, &cap, &state, NULL, 0));
   bind_from(&p, s2);
   CU_ASSERT_EQUAL(held_now(&p), 0);
-  ST_IS(ops->get_finished(p.worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
-  CU_ASSERT_TRUE(s.count == 1 && strcmp(s.ids[0], early) == 0);
-  ops->free_ids(&s);
-  ops->free_ids(&rv);
+  CU_ASSERT_TRUE(sending_only(&p, early));
   gone_saying(&p, "127.0.0.1:20000", KV_SVC_PIN, early, &cap, "freed it before it was held");
   ops->destroy(s2);
   inst_down(&p);
