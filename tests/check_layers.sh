@@ -39,7 +39,7 @@ rank() {
     # service; the loader and pusher threads; the worker ops; the connector's life.
     kv_util.c.o | kv_wire.c.o | kv_config.c.o | kv_test_hooks.c.o) echo 10 ;;
     kv_cap.c.o | kv_tp.c.o) echo 11 ;;
-    kv_obs.c.o | kv_layout.c.o | kv_grant.c.o) echo 12 ;;
+    kv_obs.c.o | kv_layout.c.o | kv_grant.c.o | kv_word.c.o) echo 12 ;;
     kv_sched.c.o | kv_parts.c.o | kv_peer.c.o) echo 13 ;;
     kv_service*.c.o) echo 14 ;;
     kv_loader.c.o | kv_pusher.c.o) echo 15 ;;

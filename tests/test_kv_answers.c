@@ -322,6 +322,179 @@ static void test_lying_accept_answers(void) {
   inst_down(&p);
 }
 
+/* ---- push over shm: the landed bytes (kv_word.c) ---- */
+
+/* How the consumer answers ACCEPT_W, one way per case. */
+enum bytes_case {
+  BYTES_OK,      /* as kv_serve does */
+  BYTES_OLD,     /* refused as malformed, as a consumer from before landed bytes does */
+  BYTES_STALE,   /* as kv_serve, its row holding the mark before (an earlier push's late write) */
+  BYTES_NO_MARK, /* an address with mark 0 */
+  BYTES_PAST,    /* an address outside the consumer's memory */
+};
+
+struct counter {
+  hixl_kv_connector *real;
+  _Atomic int how;
+  _Atomic int accept_w, accept, notices; /* calls served: ACCEPT_W, ACCEPT, LAYER or LAYERS */
+};
+
+/* The consumer's KV service, counting the calls it serves, answering ACCEPT_W as told.
+ * An ACCEPT_W answer that is HELD ends with u64 the row's address and u8 the mark. */
+static HixlStatus counting_kv(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                              size_t cap, size_t *resp_len) {
+  struct counter *K = ctx;
+  uint8_t op = len >= 2 ? req[1] : 0;
+  int how = atomic_load(&K->how);
+  if (op == KV_SVC_ACCEPT_W)
+    atomic_fetch_add(&K->accept_w, 1);
+  else if (op == KV_SVC_ACCEPT)
+    atomic_fetch_add(&K->accept, 1);
+  else if (op == KV_SVC_LAYER || op == KV_SVC_LAYERS)
+    atomic_fetch_add(&K->notices, 1);
+  if (op == KV_SVC_ACCEPT_W && how == BYTES_OLD) {
+    int n = snprintf((char *)resp, cap, "malformed KV service request from %s", peer);
+    *resp_len = n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+    return HIXL_PARAM_INVALID;
+  }
+  HixlStatus st = kv_serve(K->real, peer, req, len, resp, cap, resp_len);
+  if (op != KV_SVC_ACCEPT_W || st != HIXL_SUCCESS || *resp_len < 10 || resp[0] != KV_PIN_HELD) return st;
+  uint8_t *tail = resp + *resp_len - 9;
+  uint8_t *row = (uint8_t *)(uintptr_t)be_get64(tail), mark = tail[8];
+  if (how == BYTES_NO_MARK) tail[8] = 0;
+  if (how == BYTES_PAST) be_put64(tail, 4096); /* never mapped, never registered */
+  if (how == BYTES_STALE && row && mark) memset(row, mark == 1 ? 255 : mark - 1, LAYERS);
+  return st;
+}
+
+/* Until *v reaches want; false if it did not within WAIT_MS. */
+static bool wait_count(_Atomic int *v, int want) {
+  int64_t end = tu_now_ms() + WAIT_MS;
+  while (atomic_load(v) < want) {
+    if (tu_now_ms() >= end) return false;
+    struct timespec ts = {0, 200000};
+    nanosleep(&ts, NULL);
+  }
+  return true;
+}
+
+/* A push over shm (both engines hold a key: a link within one process is shm only
+ * then) tells each layer by its landed byte: the forward pass holds layer 0 before any
+ * notice came, and one LAYERS notice ends the push. A consumer from before landed
+ * bytes gets ACCEPT and a notice per layer. A byte left with the mark before in a
+ * reused row is not taken for this push's. An answer with an address and no mark, or
+ * an address outside the consumer's memory, fails the push at once, nothing held. */
+static void test_landed_bytes(void) {
+  char keys[512];
+  snprintf(keys, sizeof(keys),
+           "\"mode\": \"push\", \"lease_ms\": 20000, \"transfer_timeout_ms\": 5000, \"connect_timeout_ms\": "
+           "5000, \"AuthKeyFile\": \"%s\"",
+           tu_key_file());
+  struct inst p, d;
+  bool up = inst_up_with(&p, "producer", keys, 0xEE) && inst_up_with(&d, "consumer", keys, 0xEE);
+  CU_ASSERT_FATAL(up);
+  struct counter K = {.real = d.worker};
+  TU_ASSERT_OK(hixl_engine_set_service(d.worker->eng, HIXL_SERVICE_KV, NULL, NULL));
+  TU_ASSERT_OK(hixl_engine_set_service(d.worker->eng, HIXL_SERVICE_KV, counting_kv, &K));
+  static const uint64_t pb[NB] = {4, 5}, db[NB] = {1, 2};
+  uint64_t pushed = 0;
+  for (int how = BYTES_OK; how <= BYTES_PAST; how++) {
+    char id[32];
+    snprintf(id, sizeof(id), "bytes-%d", how);
+    uint64_t seed = 300 + 10 * (uint64_t)how;
+    bool ok = how <= BYTES_STALE, bytes = how == BYTES_OK || how == BYTES_STALE;
+    atomic_store(&K.how, how);
+    atomic_store(&K.accept_w, 0);
+    atomic_store(&K.accept, 0);
+    atomic_store(&K.notices, 0);
+    memset(d.mem, 0xEE, LAYERS * 2 * BLOCKS * BLOCK_BYTES);
+    for (int l = 0; l < LAYERS; l++)
+      for (int v = 0; v < 2; v++)
+        for (int b = 0; b < NB; b++) tu_fill(block(&p, l, v, pb[b]), BLOCK_BYTES, seed_of(seed, l, v, b));
+    char *text = expect_push(&d, id, db);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+    hixl_kv_request r = request(id, text);
+    int64_t tokens = 0;
+    int32_t async = 0;
+    ST_IS(ops->get_num_new_matched_tokens(p.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+    ST_IS(ops->update_state_after_alloc(p.sched, &r, pb, NB, 0), HIXL_KV_SUCCESS);
+    int64_t t0 = tu_now_ms();
+    step(&d);
+    step(&p);
+    CU_ASSERT(
+        wait_count(how == BYTES_OLD ? &K.accept : &K.accept_w, 1)); /* the pusher's, as the push starts */
+    struct hixl_link_info li;
+    memset(&li, 0, sizeof(li));
+    TU_ASSERT_OK(hixl_engine_link_info(p.worker->eng, d.worker->engine_addr, &li));
+    CU_ASSERT_STRING_EQUAL(li.transport, "shm");
+    if (how == BYTES_STALE) { /* its row holds the mark before: not this push's */
+      pthread_mutex_lock(&d.worker->lock);
+      struct kv_expect *x = kv_expect_find(d.worker, id);
+      CU_ASSERT(x && x->wranks == 1 && x->mark != 0);
+      if (x) CU_ASSERT(!kv_word_landed(d.worker, x, 0, 0) && !kv_word_landed(d.worker, x, 1, 0));
+      pthread_mutex_unlock(&d.worker->lock);
+    }
+    ST_IS(ops->save_kv_layer(p.worker, 0), HIXL_KV_SUCCESS);
+    if (ok) { /* the forward pass holds layer 0: told by its byte, before any notice */
+      ST_IS(ops->wait_for_layer_load(d.worker, 0), HIXL_KV_SUCCESS);
+      if (bytes) CU_ASSERT_EQUAL(atomic_load(&K.notices), 0);
+      for (int v = 0; v < 2; v++)
+        for (int k = 0; k < NB; k++) {
+          TU_ASSERT_PATTERN(block(&d, 0, v, db[k]), BLOCK_BYTES, seed_of(seed, 0, v, k), "layer 0 pushed");
+          CU_ASSERT_EQUAL(tu_check_byte(block(&d, 1, v, db[k]), BLOCK_BYTES, 0xEE), -1); /* not saved yet */
+        }
+    }
+    ST_IS(ops->save_kv_layer(p.worker, 1), HIXL_KV_SUCCESS);
+    if (ok) ST_IS(ops->wait_for_layer_load(d.worker, 1), HIXL_KV_SUCCESS);
+    ST_IS(ops->wait_for_save(p.worker), HIXL_KV_SUCCESS);
+    hixl_kv_buffer none = {0};
+    int32_t delay = 0;
+    ST_IS(ops->request_finished(p.sched, &r, pb, NB, &delay, &none), HIXL_KV_SUCCESS);
+    ops->free_buffer(&none);
+    free(text);
+    bool sent = inst_wait_stepped(&p, id, 0, WAIT_MS), got = inst_wait_stepped(&d, id, 1, WAIT_MS);
+    CU_ASSERT(sent && got);
+    CU_ASSERT(tu_now_ms() - t0 < TRANSFER_MS); /* ended at once, not timed out */
+    hixl_kv_blocks errs = {0};
+    ST_IS(ops->get_block_ids_with_load_errors(d.worker, &errs), HIXL_KV_SUCCESS);
+    CU_ASSERT_EQUAL(errs.count, ok ? 0 : NB);
+    if (errs.count != (ok ? 0u : NB)) fprintf(stderr, "bytes case %d: %zu load errors\n", how, errs.count);
+    ops->free_buffer(&errs.raw);
+    for (int l = 0; l < LAYERS; l++)
+      for (int v = 0; v < 2; v++)
+        for (uint64_t b = 0; b < BLOCKS; b++) {
+          int k = b == db[0] ? 0 : b == db[1] ? 1 : -1;
+          if (ok && k >= 0)
+            TU_ASSERT_PATTERN(block(&d, l, v, b), BLOCK_BYTES, seed_of(seed, l, v, k), "a block pushed");
+          else if ((k < 0 || how == BYTES_NO_MARK) &&
+                   tu_check_byte(block(&d, l, v, b), BLOCK_BYTES, 0xEE) != -1)
+            CU_FAIL(
+                "a byte the push may not write changed"); /* PAST: layer 0 may land before its byte fails */
+        }
+    /* The calls: landed bytes, ACCEPT_W and one LAYERS; an old consumer, ACCEPT and a
+     * notice per layer (the second saved after the first landed); a bad answer, none. */
+    CU_ASSERT_EQUAL(atomic_load(&K.accept_w), 1);
+    CU_ASSERT_EQUAL(atomic_load(&K.accept), how == BYTES_OLD ? 1 : 0);
+    CU_ASSERT_EQUAL(atomic_load(&K.notices), bytes ? 1 : how == BYTES_OLD ? LAYERS : 0);
+    hixl_kv_stats sp, sd;
+    ST_IS(ops->get_stats(p.worker, &sp), HIXL_KV_SUCCESS);
+    ST_IS(ops->get_stats(d.worker, &sd), HIXL_KV_SUCCESS);
+    pushed += ok ? LAYERS : 0;
+    CU_ASSERT_EQUAL(sp.layers_pushed, pushed); /* PAST: layer 0's data landed, not its byte: not counted */
+    CU_ASSERT_EQUAL(sp.requests_held, 0);
+    CU_ASSERT_EQUAL(sp.blocks_held, 0);
+    CU_ASSERT_EQUAL(sd.requests_held, 0);
+    CU_ASSERT_EQUAL(sd.blocks_held, 0);
+    pthread_mutex_lock(&d.worker->lock);
+    CU_ASSERT_EQUAL(d.worker->words.nfree, KV_WORD_ROWS); /* every row given back */
+    pthread_mutex_unlock(&d.worker->lock);
+  }
+  TU_ASSERT_OK(hixl_engine_set_service(d.worker->eng, HIXL_SERVICE_KV, NULL, NULL));
+  TU_ASSERT_OK(hixl_engine_set_service(d.worker->eng, HIXL_SERVICE_KV, kv_serve, d.worker));
+  inst_down(&d);
+  inst_down(&p);
+}
+
 int main(void) {
   char err[256] = "";
   if (hixl_kv_connector_entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS) {
@@ -332,6 +505,8 @@ int main(void) {
       {"a producer's lying PIN answers fail the load, nothing written, nothing held", test_lying_pin_answers},
       {"a consumer's lying ACCEPT answers fail the push, nothing written, nothing held",
        test_lying_accept_answers},
+      {"push over shm: layers told by landed bytes, one notice; an old consumer, a stale mark, bad rows",
+       test_landed_bytes},
       CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"kv_answers", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
   return tu_run_suites("test_kv_answers", suites);

@@ -279,6 +279,9 @@ struct kv_expect {
   uint64_t step;               /* the step that bound it: its wait_for_layer_load waits for it */
   struct kv_peers peers;       /* the producer ranks that accepted it (they may write into the blocks) */
   struct kv_cap cap;           /* what an ACCEPT, LAYER(S) or ABORT of it presents */
+  uint64_t wranks;             /* the producer ranks given a row of landed bytes (ACCEPT_W, kv_word.c) */
+  uint16_t row[KV_TP_MAX];     /* ... each one's row + 1 */
+  uint8_t mark;                /* what they write there for a layer landed (0: none given yet) */
 };
 
 /* Push mode, producer worker: a request to write into a consumer rank's blocks (one
@@ -293,6 +296,8 @@ struct kv_push {
   struct kv_heads hs[KV_MAX_GROUPS]; /* ... and the heads it moves per group (kv_tp.c) */
   uint64_t step;                     /* the step whose save_kv_layer calls release its layers */
   uint64_t bound_ns;
+  uint64_t waddr; /* the consumer's landed bytes for it (ACCEPT_W, kv_word.c); 0: none */
+  uint8_t wmark;  /* ... and what it writes there for a layer landed */
   struct kv_push *next;
 };
 
@@ -432,6 +437,22 @@ struct kv_expecter {
   char full_why[128];       /* what an ACCEPT of a refused one hears (GONE), naming the bound */
 };
 
+/* Push over shm, the landed bytes (kv_word.c). A consumer worker's rows, one byte a
+ * layer, KV_WORD_ROWS of them in memory its engine allocated (a same-host peer maps it):
+ * an expected push's producer rank that asks (ACCEPT_W) gets a row and writes each
+ * layer's byte right after the layer's data; the forward pass reads it. A producer's
+ * bytes to write from. Under the connector's lock, but src (the pusher's alone). */
+#define KV_WORD_ROWS 1024u
+struct kv_words {
+  uint8_t *rows; /* consumer: KV_WORD_ROWS x layers bytes; NULL: none */
+  HixlMemHandle rh;
+  uint32_t *free_rows; /* rows not given, nfree of them */
+  uint32_t nfree;
+  uint8_t mark; /* the last mark given: 1 to 255, round */
+  uint8_t *src; /* producer: layers bytes; NULL: none */
+  HixlMemHandle sh;
+};
+
 struct hixl_kv_connector {
   int32_t role;
   uint32_t rank, world;
@@ -482,6 +503,7 @@ struct hixl_kv_connector {
   struct kv_loader load;  /* pull consumer */
   struct kv_pusher push;  /* push producer */
   struct kv_expecter exp; /* push consumer */
+  struct kv_words words;  /* push, a worker: the landed bytes (kv_word.c) */
 };
 
 /* ---- kv_util.c ---- */
@@ -663,6 +685,9 @@ struct kv_peer_held {
   uint32_t ngroups, gn[KV_MAX_GROUPS];
   uint32_t world;     /* its instance's tensor-parallel size */
   struct kv_remote r; /* its planes (r.planes malloc'ed) */
+  bool word;          /* in: the call was an ACCEPT_W (its answer ends with the two below) */
+  uint64_t waddr;     /* out: the landed bytes' address (0: none) */
+  uint8_t wmark;      /* ... and their mark */
 };
 /* Parse a HELD answer after its state byte (in): malformed is FAILED, another layout or
  * world sizes that cannot map PARAM_INVALID; why names peer_kind peer and request req. */
@@ -679,6 +704,23 @@ HixlStatus kv_pin_answer(hixl_kv_connector *c, const struct kv_meta_entry *e, co
  * is the caller's to free either way. */
 HixlStatus kv_accept_answer(hixl_kv_connector *c, const struct kv_meta_entry *e, const uint8_t *ans, size_t n,
                             struct kv_peer_held *h, char *why, size_t cap);
+
+/* ---- the landed bytes: kv_word.c ---- */
+/* After registration (not under the lock): a push worker allocates its rows (consumer)
+ * or its bytes to write from (producer); without them it goes by notices (logged). */
+void kv_words_setup(hixl_kv_connector *c);
+/* At destroy, the engine still up. */
+void kv_words_free(hixl_kv_connector *c);
+/* Push consumer, an ACCEPT_W of x by producer rank rank: the address of its row (0:
+ * none free, or none here); x->mark set. Lock held. */
+uint64_t kv_word_take(hixl_kv_connector *c, struct kv_expect *x, uint32_t rank);
+/* x ends: its rows are free again. Lock held. */
+void kv_word_give(hixl_kv_connector *c, struct kv_expect *x);
+/* Whether producer rank rank wrote layer's byte of x. Lock held. */
+bool kv_word_landed(const hixl_kv_connector *c, const struct kv_expect *x, uint32_t layer, uint32_t rank);
+/* Push producer: whether to ask remote for landed bytes (this worker has bytes to write
+ * from, and its link to remote copies by CPU: shm). */
+bool kv_word_wanted(hixl_kv_connector *c, const char *remote);
 
 /* ---- the threads: kv_loader.c, kv_pusher.c ---- */
 

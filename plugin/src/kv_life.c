@@ -181,6 +181,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
     HixlCacheManagerDestroy(c->mgr);
     for (size_t i = 0; i < c->nregs; i++) HixlEngineDeregisterMem(c->eng, c->regs[i]);
     for (size_t i = 0; i < c->nmems; i++) HixlEngineFreeMem(c->eng, c->mems[i].h);
+    kv_words_free(c);
     HixlEngineDestroy(c->eng);
   }
   free(c->regs);

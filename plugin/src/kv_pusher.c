@@ -73,6 +73,18 @@ HixlStatus kv_accept_answer(hixl_kv_connector *c, const struct kv_meta_entry *e,
              esc);
     return state == KV_PIN_GONE ? HIXL_NOT_FOUND : state == KV_PIN_NOT_YET ? HIXL_TIMEOUT : HIXL_FAILED;
   }
+  h->waddr = 0;
+  h->wmark = 0;
+  if (h->word) { /* an ACCEPT_W's answer ends with the landed bytes' address and mark */
+    struct kv_in tail = {ans, n, n >= 9 ? n - 9 : 0, n < 10};
+    h->waddr = kv_get_u64(&tail);
+    h->wmark = kv_get_u8(&tail);
+    if (tail.bad || (h->waddr != 0) != (h->wmark != 0)) {
+      snprintf(why, cap, "the consumer %s gave a malformed answer for request %s", e->remote, e->rreq);
+      return HIXL_FAILED;
+    }
+    in.len = n - 9;
+  }
   HixlStatus st = kv_held_parse(c, &in, "consumer", e->remote, e->rreq, h, why, cap);
   if (st != HIXL_SUCCESS) return st;
   if (h->world != e->rtp) {
@@ -106,15 +118,22 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
   struct kv_peer_held *h = calloc(1, sizeof(*h));
   size_t n = 0;
   uint64_t t_accept = kv_obs_phase(c, e->req, KV_PH_PIN, e->remote);
-  struct kv_out msg = {0};
-  kv_msg(c, &msg, KV_SVC_ACCEPT, e->rreq, &e->rcap, 0, "");
-  kv_put_groups(&msg, e->gn, e->ngroups); /* what it writes per group: the consumer's bytes_loaded */
   if (!ans || !h) {
-    free(msg.p);
     snprintf(why, cap, "out of memory");
     goto out;
   }
-  if ((st = kv_call_settled(c, e->remote, &msg, deadline, ans, HIXL_CALL_MAX, &n)) != HIXL_SUCCESS) {
+  /* Over shm, ACCEPT_W: the layers' landed bytes too (kv_word.c). A consumer older than
+   * them refuses it as malformed: ACCEPT then. */
+  h->word = kv_word_wanted(c, e->remote);
+  for (;;) {
+    struct kv_out msg = {0};
+    kv_msg(c, &msg, h->word ? KV_SVC_ACCEPT_W : KV_SVC_ACCEPT, e->rreq, &e->rcap, 0, "");
+    kv_put_groups(&msg, e->gn, e->ngroups); /* what it writes per group: the consumer's bytes_loaded */
+    st = kv_call_settled(c, e->remote, &msg, deadline, ans, HIXL_CALL_MAX, &n);
+    if (!h->word || (st != HIXL_PARAM_INVALID && st != HIXL_UNSUPPORTED)) break;
+    h->word = false;
+  }
+  if (st != HIXL_SUCCESS) {
     snprintf(why, cap, "asking the consumer %s for request %s: %s", e->remote, e->rreq,
              HixlGetLastErrorMessage());
     goto out;
@@ -122,6 +141,8 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
   if ((st = kv_accept_answer(c, e, ans, n, h, why, cap)) == HIXL_SUCCESS) {
     p->r = h->r; /* its planes: this push's */
     h->r.planes = NULL;
+    p->waddr = h->waddr;
+    p->wmark = h->wmark;
     /* Its block pairs as runs and the heads it moves, once: each layer's ops come
      * from them (a layer's pairs were sorted and checked again per layer). */
     struct kv_pairs pairs[KV_MAX_GROUPS];
@@ -146,42 +167,90 @@ out:
 struct push_note {
   hixl_call_t call;
   uint32_t i, layer, count;
+  bool counted; /* its layers counted in layers_pushed already (landed bytes) */
   uint32_t alen;
   uint8_t ans[256];
 };
 
+/* Layers [k, k + count) of push v with landed bytes (kv_word.c): their data, then their
+ * bytes, each copied by this thread before its call returns (shm); the last range's
+ * notice names every layer (LAYERS 0..), its call into pn. Lock not held. */
+static HixlStatus layer_word(hixl_kv_connector *c, struct kv_push *v, uint32_t k, uint32_t count,
+                             const struct opvec *o, struct push_note *pn, char *why, size_t cap) {
+  struct kv_meta_entry *e = &v->e;
+  const HixlTransferOpDesc *d = o->v;
+  int32_t t = c->cfg.transfer_timeout_ms;
+  HixlStatus st = HIXL_SUCCESS;
+  for (size_t i = 0; st == HIXL_SUCCESS && i < o->n; i += HIXL_MAX_BATCH)
+    st = HixlEngineTransferSync(c->eng, e->remote, HIXL_WRITE, d + i,
+                                o->n - i < HIXL_MAX_BATCH ? o->n - i : HIXL_MAX_BATCH, t);
+  if (st != HIXL_SUCCESS) return st;
+  __atomic_thread_fence(__ATOMIC_RELEASE); /* the data's stores before the bytes' */
+  memset(c->words.src + k, v->wmark, count);
+  HixlTransferOpDesc w = {(uintptr_t)(c->words.src + k), (uintptr_t)(v->waddr + k), count};
+  if ((st = HixlEngineTransferSync(c->eng, e->remote, HIXL_WRITE, &w, 1, t)) != HIXL_SUCCESS) return st;
+  pthread_mutex_lock(&c->lock);
+  c->stats.layers_pushed += count; /* landed, and the consumer can tell */
+  pthread_mutex_unlock(&c->lock);
+  if (k + count < c->layers) return HIXL_SUCCESS; /* no notice: the bytes told */
+  struct kv_out msg = {0};
+  kv_msg(c, &msg, c->layers > 1 ? KV_SVC_LAYERS : KV_SVC_LAYER, e->rreq, &e->rcap, 0, "");
+  if (c->layers > 1) kv_put_u32(&msg, c->layers);
+  if (msg.bad) {
+    free(msg.p);
+    snprintf(why, cap, "the notice of request %s to %s: out of memory", e->req, e->remote);
+    return HIXL_RESOURCE_EXHAUSTED;
+  }
+  st = hixl_engine_call_start(c->eng, e->remote, HIXL_SERVICE_KV, msg.p, msg.len, pn->ans, sizeof(pn->ans),
+                              &pn->alen, t, &pn->call);
+  free(msg.p);
+  pn->layer = 0;
+  pn->count = c->layers;
+  pn->counted = true;
+  return st;
+}
+
 /* Start layers [k, k + count) of push v with their notice (LAYER for one, LAYERS
- * for more); why on failure. */
+ * for more), the notice's call into pn (NULL: none, landed bytes told); why on failure. */
 static HixlStatus layer_start(hixl_kv_connector *c, struct kv_push *v, uint32_t k, uint32_t count,
                               struct push_note *pn, char *why, size_t cap) {
   struct kv_meta_entry *e = &v->e;
   struct kv_out msg = {0};
   struct opvec o = {0};
   uint64_t t_build = kv_now_ns();
+  pn->call = NULL;
+  pn->counted = false;
+  pn->layer = k;
+  pn->count = count;
   HixlStatus st = kv_ops_runs(&o, &c->lay, &v->r, k, count, &v->runs, v->hs, why, cap);
   if (st != HIXL_SUCCESS) return st;
-  kv_msg(c, &msg, count > 1 ? KV_SVC_LAYERS : KV_SVC_LAYER, e->rreq, &e->rcap, k, "");
-  if (count > 1) kv_put_u32(&msg, count);
   const HixlTransferOpDesc *d = o.v;
-  if (msg.bad) {
-    st = HIXL_RESOURCE_EXHAUSTED;
-    snprintf(why, cap, "out of memory");
-    goto out;
-  }
   int32_t t = c->cfg.transfer_timeout_ms;
   kv_obs_phase(c, e->req, KV_PH_POSTED, NULL); /* the first range's: its first op */
-  size_t i = 0; /* batches before the last go synchronously, the last with the notice behind it */
-  for (; st == HIXL_SUCCESS && o.n - i > HIXL_MAX_BATCH; i += HIXL_MAX_BATCH)
-    st = HixlEngineTransferSync(c->eng, e->remote, HIXL_WRITE, d + i, HIXL_MAX_BATCH, t);
-  if (st == HIXL_SUCCESS)
-    st = o.n > i ? hixl_engine_transfer_then_call(c->eng, e->remote, HIXL_WRITE, d + i, o.n - i,
-                                                  HIXL_SERVICE_KV, msg.p, msg.len, pn->ans, sizeof(pn->ans),
-                                                  &pn->alen, t, &pn->call)
-                 : hixl_engine_call_start(c->eng, e->remote, HIXL_SERVICE_KV, msg.p, msg.len, pn->ans,
-                                          sizeof(pn->ans), &pn->alen, t, &pn->call); /* no block here */
-  if (st != HIXL_SUCCESS)
-    snprintf(why, cap, "layers %u..%u of request %s to %s: %s", k, k + count - 1, e->req, e->remote,
-             HixlGetLastErrorMessage());
+  if (v->waddr) {
+    why[0] = '\0';
+    st = layer_word(c, v, k, count, &o, pn, why, cap);
+  } else {
+    kv_msg(c, &msg, count > 1 ? KV_SVC_LAYERS : KV_SVC_LAYER, e->rreq, &e->rcap, k, "");
+    if (count > 1) kv_put_u32(&msg, count);
+    if (msg.bad) {
+      st = HIXL_RESOURCE_EXHAUSTED;
+      snprintf(why, cap, "out of memory");
+      goto out;
+    }
+    size_t i = 0; /* batches before the last go synchronously, the last with the notice behind it */
+    for (; st == HIXL_SUCCESS && o.n - i > HIXL_MAX_BATCH; i += HIXL_MAX_BATCH)
+      st = HixlEngineTransferSync(c->eng, e->remote, HIXL_WRITE, d + i, HIXL_MAX_BATCH, t);
+    if (st == HIXL_SUCCESS)
+      st = o.n > i ? hixl_engine_transfer_then_call(c->eng, e->remote, HIXL_WRITE, d + i, o.n - i,
+                                                    HIXL_SERVICE_KV, msg.p, msg.len, pn->ans, sizeof(pn->ans),
+                                                    &pn->alen, t, &pn->call)
+                   : hixl_engine_call_start(c->eng, e->remote, HIXL_SERVICE_KV, msg.p, msg.len, pn->ans,
+                                            sizeof(pn->ans), &pn->alen, t, &pn->call); /* no block here */
+  }
+  if (st != HIXL_SUCCESS && !(v->waddr && why[0]))
+    snprintf(why, cap, "layers %u..%u of request %s to %s%s: %s", k, k + count - 1, e->req, e->remote,
+             v->waddr ? ", their landed bytes or their notice" : "", HixlGetLastErrorMessage());
   kv_obs_hist(c, KV_H_POST, kv_now_ns() - t_build);
   if (st == HIXL_SUCCESS) kv_obs_moved(c, e->req, o.bytes, o.n);
   pthread_mutex_lock(&c->lock);
@@ -363,7 +432,7 @@ static void notes_wait(struct push_run *b, size_t i) {
     pn->call = NULL;
     if (ns == HIXL_SUCCESS) {
       pthread_mutex_lock(&c->lock);
-      c->stats.layers_pushed += pn->count;
+      if (!pn->counted) c->stats.layers_pushed += pn->count;
       pthread_mutex_unlock(&c->lock);
     } else if (q->st == HIXL_SUCCESS) {
       q->st = ns;
@@ -451,10 +520,8 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
     struct push_part *q = &b.p[i];
     struct push_note *pn = &b.notes[b.nnotes];
     if (k + count == c->layers && !b.t_saved) b.t_saved = kv_now_ns();
-    if ((q->st = layer_start(c, v[i], k, count, pn, q->why, sizeof(q->why))) == HIXL_SUCCESS) {
+    if ((q->st = layer_start(c, v[i], k, count, pn, q->why, sizeof(q->why))) == HIXL_SUCCESS && pn->call) {
       pn->i = (uint32_t)i;
-      pn->layer = k;
-      pn->count = count;
       b.nnotes++;
     }
     q->cur = k + count;

@@ -232,6 +232,7 @@ void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why) {
     kv_obs_phase(c, x->id, KV_PH_LAST_BYTE, NULL); /* the producer's histograms time the transfer */
   }
   kv_peers_revoke(c, &x->peers);
+  kv_word_give(c, x);
   kv_finished_add(c, &c->recving_done, x->id);
   kv_gone_add(c, x->id);
   kv_expect_free(x);
@@ -283,6 +284,7 @@ static const char *op_name(uint8_t op) {
   case KV_SVC_PIN: return "PIN";
   case KV_SVC_FREE: return "FREE";
   case KV_SVC_ACCEPT: return "ACCEPT";
+  case KV_SVC_ACCEPT_W: return "ACCEPT_W";
   case KV_SVC_LAYER: return "LAYER";
   case KV_SVC_ABORT: return "ABORT";
   case KV_SVC_LAYERS: return "LAYERS";
@@ -387,7 +389,7 @@ static enum svc_parsed svc_parse(const uint8_t *req, size_t len, struct svc_req 
     r->epoch = kv_get_u64(&in);
     r->seq = kv_get_u64(&in);
   }
-  if (r->op == KV_SVC_ACCEPT && in.off < len) {
+  if ((r->op == KV_SVC_ACCEPT || r->op == KV_SVC_ACCEPT_W) && in.off < len) {
     r->png = kv_get_u8(&in);
     if (r->png > KV_MAX_GROUPS) in.bad = true;
     for (uint32_t g = 0; g < r->png && !in.bad; g++) r->pgn[g] = kv_get_u32(&in);
@@ -416,7 +418,8 @@ static bool gone_why(const hixl_kv_connector *c, const char *id, const char **wh
 /* Each operation, the capability checked: its answer into out, or a status; *tp_why
  * when the caller is a rank that has no part in it (refused). Lock held. */
 
-/* ACCEPT of an expected push (x): the producer rank is granted its blocks. */
+/* ACCEPT of an expected push (x): the producer rank is granted its blocks; an
+ * ACCEPT_W is given its row of landed bytes too (kv_word.c). */
 static HixlStatus serve_accept(hixl_kv_connector *c, const char *peer, const struct svc_req *r,
                                struct kv_expect *x, struct kv_out *out, const char **tp_why) {
   HixlStatus st = HIXL_SUCCESS;
@@ -445,6 +448,12 @@ static HixlStatus serve_accept(hixl_kv_connector *c, const char *peer, const str
   for (uint32_t g = 0; !*tp_why && st == HIXL_SUCCESS && g < x->ngroups; g++) /* what lands: at most what */
     x->pgn[g] = r->png == x->ngroups && r->pgn[g] < x->gn[g] ? r->pgn[g] : x->gn[g]; /* each group expects */
   held_answer(c, out, x->blocks, x->n, x->gn, x->ngroups);
+  if (r->op == KV_SVC_ACCEPT_W) { /* none to a rank refused (tp_why): the answer is a refusal then */
+    uint64_t had = x->wranks, at = !*tp_why && st == HIXL_SUCCESS ? kv_word_take(c, x, r->rank) : 0;
+    if (x->wranks != had) pthread_cond_broadcast(&c->exp.landed); /* a forward pass waiting polls now */
+    kv_put_u64(out, at);
+    kv_put_u8(out, at ? x->mark : 0);
+  }
   return st;
 }
 
@@ -621,7 +630,8 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
   case KV_SVC_PIN: st = serve_pin(c, peer, &r, h, &out, &tp_why); break;
   case KV_SVC_FREE: st = serve_free(c, peer, &r, h, &tp_why); break;
   case KV_SVC_RELEASE: st = serve_release(c, peer, &r, h, &out, &tp_why); break;
-  case KV_SVC_ACCEPT: st = serve_accept(c, peer, &r, x, &out, &tp_why); break;
+  case KV_SVC_ACCEPT:
+  case KV_SVC_ACCEPT_W: st = serve_accept(c, peer, &r, x, &out, &tp_why); break;
   case KV_SVC_LAYER:
   case KV_SVC_LAYERS: st = serve_layers(c, peer, &r, x, &tp_why); break;
   case KV_SVC_ABORT: st = serve_abort(c, peer, &r, x); break;

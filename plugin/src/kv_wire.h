@@ -113,20 +113,24 @@ void kv_meta_free(struct kv_meta_entry *entries, size_t count);
 #define KV_SVC_PROTO       5u
 #define KV_SVC_PROTO_NOCAP 3u /* the protocol before capabilities: refused as carrying none */
 enum kv_svc_op {
-  KV_SVC_PIN = 1,     /* req id, cap [, u64 epoch, u64 seq of its hold] -> state, layout text, block count
-                       * and digest (extends the lease) */
-  KV_SVC_FREE = 2,    /* req id, cap -> the producer frees it */
-  KV_SVC_ACCEPT = 3,  /* push: req id, cap [, the producer's blocks per group (kv_put_groups)] -> as PIN's
-                       * answer, of the consumer's blocks */
-  KV_SVC_LAYER = 4,   /* push: req id, cap, layer u32 -> that layer has landed */
-  KV_SVC_ABORT = 5,   /* push: req id, cap, reason -> the push failed; the consumer reports it */
-  KV_SVC_LAYERS = 6,  /* push: req id, cap, first u32, count u32 (>= 2) -> those layers have landed */
-  KV_SVC_RELEASE = 7, /* req id, cap [, u64 epoch, u64 seq] -> state: HELD (this rank's share freed now),
-                       * NOT_YET (nothing done, nothing remembered: ask again) or GONE. A consumer rank
-                       * that reads nothing of that producer rank frees it in one call (a FREE that
-                       * came before the hold would not free it); older producers answer UNSUPPORTED */
+  KV_SVC_PIN = 1,      /* req id, cap [, u64 epoch, u64 seq of its hold] -> state, layout text, block count
+                        * and digest (extends the lease) */
+  KV_SVC_FREE = 2,     /* req id, cap -> the producer frees it */
+  KV_SVC_ACCEPT = 3,   /* push: req id, cap [, the producer's blocks per group (kv_put_groups)] -> as PIN's
+                        * answer, of the consumer's blocks */
+  KV_SVC_LAYER = 4,    /* push: req id, cap, layer u32 -> that layer has landed */
+  KV_SVC_ABORT = 5,    /* push: req id, cap, reason -> the push failed; the consumer reports it */
+  KV_SVC_LAYERS = 6,   /* push: req id, cap, first u32, count u32 (>= 2) -> those layers have landed */
+  KV_SVC_RELEASE = 7,  /* req id, cap [, u64 epoch, u64 seq] -> state: HELD (this rank's share freed now),
+                        * NOT_YET (nothing done, nothing remembered: ask again) or GONE. A consumer rank
+                        * that reads nothing of that producer rank frees it in one call (a FREE that
+                        * came before the hold would not free it); older producers answer UNSUPPORTED */
+  KV_SVC_ACCEPT_W = 8, /* push, a producer whose link copies by CPU (shm): as ACCEPT -> as its answer, and
+                        * when HELD, then u64 the address of this rank's landed bytes (one a layer; 0:
+                        * none) and u8 their mark (kv_word.c); older consumers refuse it as malformed
+                        * (PARAM_INVALID): the producer asks again with ACCEPT */
 };
-#define KV_SVC_OP_LAST KV_SVC_RELEASE
+#define KV_SVC_OP_LAST KV_SVC_ACCEPT_W
 enum kv_pin_state {
   KV_PIN_HELD = 0,    /* then: layout text, u32 block count, u64 kv_groups_digest, the groups' counts
                        * (kv_put_groups), the plane table (kv_layout_put_planes) */

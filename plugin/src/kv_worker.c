@@ -3,6 +3,7 @@
  * to the pusher, wait for landed ones, and report what finished. */
 #include <errno.h>
 #include <inttypes.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,8 @@ static hixl_kv_status setup_groups(hixl_kv_connector *c, const hixl_kv_group *g,
   if (st != HIXL_KV_SUCCESS) {
     free(saved);
     kv_layout_free(&l);
+  } else {
+    kv_words_setup(c); /* push: the landed bytes, sized by the layers */
   }
   return st;
 }
@@ -306,6 +309,25 @@ hixl_kv_status kv_start_load(hixl_kv_connector *c) {
   return st;
 }
 
+/* How long wait_for_layer_load polls landed bytes, yielding between looks, before it
+ * naps between them (a layer's transfer at most, on the hosts measured: issue 47); the
+ * first nap, doubled each time up to the last (a producer that died after its accept
+ * costs a wake-up a millisecond until the lease ends, not 20). */
+#define KV_WORD_SPIN_NS    5000000ull
+#define KV_WORD_NAP_NS     50000ull
+#define KV_WORD_NAP_MAX_NS 1000000ull
+
+/* Whether layer of x landed from every producer rank that writes it: its notice, or
+ * its landed byte. Lock held. */
+static bool layer_held(const hixl_kv_connector *c, const struct kv_expect *x, uint32_t layer) {
+  if (!x->want) return false; /* no producer accepted it yet */
+  uint64_t miss = x->want & ~x->landed[layer];
+  if (miss & ~x->wranks) return false; /* a rank without landed bytes: its notice */
+  for (uint32_t r = 0; miss && r < KV_TP_MAX; r++)
+    if ((miss >> r & 1) && !kv_word_landed(c, x, layer, r)) return false;
+  return true;
+}
+
 hixl_kv_status kv_wait_layer(hixl_kv_connector *c, uint32_t layer) {
   CHECK_ARG(c && c->role == HIXL_KV_ROLE_WORKER, "wait_for_layer_load: connector is NULL or a scheduler's");
   pthread_mutex_lock(&c->lock); /* a registration on another thread sets them */
@@ -318,19 +340,34 @@ hixl_kv_status kv_wait_layer(hixl_kv_connector *c, uint32_t layer) {
   if (!c->cfg.push)
     return c->cfg.load_in_forward ? forward_loads_wait(c, "wait_for_layer_load") : HIXL_KV_SUCCESS;
   /* Push: until layer has landed for every request this step bound (the forward pass
-   * about to use it), or one's lease ends. Earlier ones end in get_finished. */
+   * about to use it), or one's lease ends. Earlier ones end in get_finished. A layer
+   * told by landed bytes (kv_word.c) wakes nobody: it is polled, yielding the CPU between
+   * looks for up to KV_WORD_SPIN_NS a call, then napping between them. */
   pthread_mutex_lock(&c->lock);
   hixl_kv_status st = HIXL_KV_SUCCESS;
+  uint64_t t0 = kv_now_ns(), nap = KV_WORD_NAP_NS;
   for (;;) {
     kv_expects_expire(c);
     uint64_t first = UINT64_MAX;
+    bool bytes = false; /* one waited for may be told by its landed bytes */
     /* This step's are the newest (bound in order): the walk stops at the first of an earlier step. */
     for (const struct kv_idnode *n = c->exp.expects.newest; n; n = kv_idnode_older(n)) {
       const struct kv_expect *x = kv_idnode_val(n);
       if (x->step != c->step) break;
-      if ((!x->want || x->landed[layer] != x->want) && x->deadline_ns < first) first = x->deadline_ns;
+      if (layer_held(c, x, layer)) continue;
+      if (x->deadline_ns < first) first = x->deadline_ns;
+      bytes |= x->wranks != 0;
     }
     if (first == UINT64_MAX || c->shut) break;
+    uint64_t now = kv_now_ns();
+    if (bytes && now - t0 < KV_WORD_SPIN_NS) {
+      pthread_mutex_unlock(&c->lock);
+      sched_yield();
+      pthread_mutex_lock(&c->lock);
+      continue;
+    }
+    if (bytes && now + nap < first) first = now + nap;
+    if (bytes && nap < KV_WORD_NAP_MAX_NS) nap *= 2;
     struct timespec ts = {.tv_sec = (time_t)(first / 1000000000ull),
                           .tv_nsec = (long)(first % 1000000000ull)};
     pthread_cond_timedwait(&c->exp.landed, &c->lock, &ts);

@@ -8,8 +8,9 @@
  * workers are the plugin linked in (hixl_kv_test) on loopback, set up once; worker 0
  * holds request "fz-held", worker 1 expects the push "fz-push" (each made again once
  * an input ended it). With bit 2 of the first byte set, a request's capability bytes
- * are replaced by that request's, so the ops get past the capability check.
- * Invariants abort(); LeakSanitizer (the libFuzzer build) catches what a refused
+ * are replaced by that request's, so the ops get past the capability check; with bit
+ * 3 set, an ACCEPT answer is read as an ACCEPT_W's (the landed bytes' address and
+ * mark after it). Invariants abort(); LeakSanitizer (the libFuzzer build) catches what a refused
  * answer leaves allocated.
  *
  * FUZZ_KV_SERVICE_SEEDS=DIR: write one valid message of each op and each answer
@@ -209,16 +210,16 @@ static void seeds(const char *dir) {
   static const struct {
     const char *name;
     uint8_t op;
-  } v[] = {{"pin", KV_SVC_PIN},        {"free", KV_SVC_FREE},   {"accept", KV_SVC_ACCEPT},
-           {"layer", KV_SVC_LAYER},    {"abort", KV_SVC_ABORT}, {"layers", KV_SVC_LAYERS},
-           {"release", KV_SVC_RELEASE}};
+  } v[] = {{"pin", KV_SVC_PIN},         {"free", KV_SVC_FREE},        {"accept", KV_SVC_ACCEPT},
+           {"layer", KV_SVC_LAYER},     {"abort", KV_SVC_ABORT},      {"layers", KV_SVC_LAYERS},
+           {"release", KV_SVC_RELEASE}, {"accept_w", KV_SVC_ACCEPT_W}};
   for (size_t i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
     struct kv_out o = {0};
-    bool push = v[i].op == KV_SVC_ACCEPT || v[i].op == KV_SVC_LAYER || v[i].op == KV_SVC_LAYERS ||
-                v[i].op == KV_SVC_ABORT;
+    bool accept = v[i].op == KV_SVC_ACCEPT || v[i].op == KV_SVC_ACCEPT_W;
+    bool push = accept || v[i].op == KV_SVC_LAYER || v[i].op == KV_SVC_LAYERS || v[i].op == KV_SVC_ABORT;
     kv_msg(c, &o, v[i].op, push ? PUSH : HELD, &cap, 1, "a reason");
     if (v[i].op == KV_SVC_LAYERS) kv_put_u32(&o, 2);
-    if (v[i].op == KV_SVC_ACCEPT) kv_put_groups(&o, gn, 1);
+    if (accept) kv_put_groups(&o, gn, 1);
     if (v[i].op == KV_SVC_PIN || v[i].op == KV_SVC_RELEASE) {
       kv_put_u64(&o, 7);
       kv_put_u64(&o, 1);
@@ -228,7 +229,7 @@ static void seeds(const char *dir) {
     seed_write(dir, name, push ? 5 : 4, &o); /* bit 2: with the live request's capability */
     free(o.p);
   }
-  for (uint8_t t = 2; t <= 3; t++) { /* HELD answers, of the blocks the entries name */
+  for (uint8_t t = 2; t <= 11; t += t == 3 ? 8 : 1) { /* HELD answers, of the blocks the entries name */
     struct kv_out o = {0};
     kv_put_u8(&o, KV_PIN_HELD);
     kv_put_str(&o, c->lay.text, strlen(c->lay.text));
@@ -236,16 +237,22 @@ static void seeds(const char *dir) {
     kv_put_u64(&o, kv_groups_digest(their_blocks, NB, gn, 1));
     kv_put_groups(&o, gn, 1);
     kv_layout_put_planes(&o, &c->lay);
-    seed_write(dir, t == 2 ? "ans-pin-held" : "ans-accept-held", t, &o);
-    struct kv_peer_held h = {0}; /* and they parse */
+    if (t == 11) { /* an ACCEPT_W's: the landed bytes' address and mark after it (bit 3) */
+      kv_put_u64(&o, 0x10000);
+      kv_put_u8(&o, 7);
+    }
+    seed_write(dir, t == 2 ? "ans-pin-held" : t == 3 ? "ans-accept-held" : "ans-acceptw-held", t, &o);
+    struct kv_peer_held h = {.word = t == 11}; /* and they parse */
     char why[512] = "";
     bool again = true;
     HixlStatus st = t == 2 ? kv_pin_answer(workers[1].w, &load_e, o.p, o.len, &h, &again, why, sizeof(why))
                            : kv_accept_answer(workers[0].w, &push_e, o.p, o.len, &h, why, sizeof(why));
     if (st != HIXL_SUCCESS) fprintf(stderr, "fuzz_kv_service: a valid answer: %s\n", why);
-    CHECK(st == HIXL_SUCCESS && (t == 3 || !again));
+    CHECK(st == HIXL_SUCCESS && (t != 2 || !again) && h.waddr == (t == 11 ? 0x10000u : 0) &&
+          h.wmark == (t == 11 ? 7 : 0));
     free(h.r.planes);
     free(o.p);
+    if (t == 11) continue;
     o = (struct kv_out){0}; /* GONE, and why */
     kv_put_u8(&o, KV_PIN_GONE);
     kv_put_str(&o, "it was freed", 12);
@@ -284,8 +291,9 @@ static void serve_one(int x, const uint8_t *req, size_t len) {
 
 /* A PIN answer (pin) or an ACCEPT answer read by c: what it says, or why not; what it
  * leaves is freed. */
-static void answer_one(hixl_kv_connector *c, bool pin, const uint8_t *ans, size_t len) {
+static void answer_one(hixl_kv_connector *c, bool pin, bool word, const uint8_t *ans, size_t len) {
   struct kv_peer_held *h = calloc(1, sizeof(*h));
+  if (h) h->word = word; /* an ACCEPT_W's answer */
   char why[512] = "";
   bool again = false;
   CHECK(h != NULL);
@@ -327,8 +335,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   switch (data[0] & 3) {
   case 0: serve_one(0, copy, size - 1); break;
   case 1: serve_one(1, copy, size - 1); break;
-  case 2: answer_one(workers[1].w, true, copy, size - 1); break;
-  case 3: answer_one(workers[0].w, false, copy, size - 1); break;
+  case 2: answer_one(workers[1].w, true, false, copy, size - 1); break;
+  case 3: answer_one(workers[0].w, false, (data[0] & 8) != 0, copy, size - 1); break;
   }
   free(copy);
   return 0;
