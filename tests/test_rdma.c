@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include "engine/engine_ext.h"
+#include "engine/engine_int.h"
+#include "transport/rdma/erdma.h"
 #include "transport/rdma/rdma.h"
 #include "test_util.h"
 
@@ -583,6 +585,114 @@ static void test_cs_over_rdma(void) {
   tu_free_mem(cmem, 8u << 20);
 }
 
+/* White-box: e's device keeps room on its CQ for `more` QPs besides those on it, and
+ * the device allows no more (the CQ does not grow). The entries it had. */
+static uint32_t cq_room(HixlEngine *e, uint32_t more, int *max_cqe) {
+  struct erdma_engine *x = engine_xe(e, XPORT_RDMA);
+  struct rdma_dev *d = &x->dev[0];
+  pthread_mutex_lock(&d->cq_lock);
+  uint32_t cap = d->cqb.cap;
+  d->cqb.cap = d->cqb.held + d->cqb.dead + more * d->qp_cqes;
+  *max_cqe = d->max_cqe;
+  d->max_cqe = (int)d->cqb.cap;
+  pthread_mutex_unlock(&d->cq_lock);
+  return cap;
+}
+
+static void cq_cap_set(HixlEngine *e, uint32_t cap, int max_cqe) {
+  struct rdma_dev *d = &((struct erdma_engine *)engine_xe(e, XPORT_RDMA))->dev[0];
+  pthread_mutex_lock(&d->cq_lock);
+  d->cqb.cap = cap;
+  d->max_cqe = max_cqe;
+  pthread_mutex_unlock(&d->cq_lock);
+}
+
+/* A device's CQ starts at RDMA_CQ_FIRST entries (7 QPs; what the provider rounds it to)
+ * and grows as QPs come, up to the device's max_cqe: two links more than it held at
+ * first, from one engine, each moving bytes. */
+static void test_cq_grows(void) {
+  static const HixlOption rdma = {"Transport", "rdma"};
+  enum { NMAX = 32 };
+  char names[NMAX][TU_ADDR_LEN];
+  HixlEngine *t[NMAX], *c = engine_with(tu_ip(), &rdma, 1);
+  uint8_t *tmem[NMAX], *cmem = tu_alloc_mem(4096, false);
+  CU_ASSERT_FATAL(c && cmem && tu_register(c, cmem, 4096));
+  struct rdma_dev *d = &((struct erdma_engine *)engine_xe(c, XPORT_RDMA))->dev[0];
+  pthread_mutex_lock(&d->cq_lock);
+  uint32_t first = d->cqb.cap, N = first / d->qp_cqes + 2;
+  pthread_mutex_unlock(&d->cq_lock);
+  CU_ASSERT_FATAL(N <= NMAX && (uint64_t)N * d->qp_cqes <= (uint64_t)d->max_cqe);
+  for (uint32_t i = 0; i < N; i++) {
+    snprintf(names[i], sizeof(names[i]), "%s:%u", tu_ip(), (unsigned)tu_free_port());
+    t[i] = engine_with(names[i], &rdma, 1);
+    tmem[i] = tu_alloc_mem(4096, false);
+    CU_ASSERT_FATAL(t[i] && tmem[i] && tu_register(t[i], tmem[i], 4096));
+    TU_ASSERT_OK_FATAL(HixlEngineConnect(c, names[i], 5000));
+    tu_fill(cmem, 4096, 50 + (uint64_t)i);
+    HixlTransferOpDesc op = {(uintptr_t)cmem, (uintptr_t)tmem[i], 4096};
+    TU_ASSERT_OK(HixlEngineTransferSync(c, names[i], HIXL_WRITE, &op, 1, 10000));
+    TU_ASSERT_PATTERN(tmem[i], 4096, 50 + (uint64_t)i, "a link's WRITE, its QP on the grown CQ");
+  }
+  pthread_mutex_lock(&d->cq_lock);
+  CU_ASSERT_TRUE(d->cqb.cap > first && d->cqb.held >= N * d->qp_cqes && d->cqb.held <= d->cqb.cap);
+  pthread_mutex_unlock(&d->cq_lock);
+  HixlEngineDestroy(c);
+  for (uint32_t i = 0; i < N; i++) {
+    HixlEngineDestroy(t[i]);
+    tu_free_mem(tmem[i], 4096);
+  }
+  tu_free_mem(cmem, 4096);
+}
+
+/* Every QP on a device's CQ holds room there for all it can hold (a QP in error
+ * completes each WR it holds: four of 1,024 WRs failing together overran the 4,096
+ * entries before, and requests waited for their deadlines). Where the CQ has room for
+ * one more QP (cut to it here): one link is made, the next is refused by name, at the
+ * initiator and at the target alike, and none overruns; a link gone gives its room
+ * back (once the CQ is found empty), and a new link moves data. */
+static void test_cq_room(void) {
+  static const HixlOption rdma = {"Transport", "rdma"};
+  char a_name[TU_ADDR_LEN], b_name[TU_ADDR_LEN];
+  snprintf(a_name, sizeof(a_name), "%s:%u", tu_ip(), (unsigned)tu_free_port());
+  snprintf(b_name, sizeof(b_name), "%s:%u", tu_ip(), (unsigned)tu_free_port());
+  HixlEngine *a = engine_with(a_name, &rdma, 1), *b = engine_with(b_name, &rdma, 1),
+             *c = engine_with(tu_ip(), &rdma, 1);
+  uint8_t *bmem = tu_alloc_mem(1u << 20, false), *cmem = tu_alloc_mem(1u << 20, false);
+  CU_ASSERT_FATAL(a && b && c && bmem && cmem);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(tu_register(b, bmem, 1u << 20));
+  CU_ASSERT_PTR_NOT_NULL_FATAL(tu_register(c, cmem, 1u << 20));
+  int max_cqe;
+  uint32_t cap = cq_room(c, 1, &max_cqe);
+  TU_ASSERT_OK(HixlEngineConnect(c, a_name, 5000));
+  TU_ASSERT_STATUS(HixlEngineConnect(c, b_name, 5000), HIXL_FAILED);
+  TU_ASSERT_ERRMSG_HAS("no room for another QP on its completion queue");
+  /* The link to a goes: its QP's room is back once c's progress thread finds the CQ empty. */
+  TU_ASSERT_OK(HixlEngineDisconnect(c, a_name, 5000));
+  HixlStatus st = HIXL_FAILED;
+  for (int64_t end = tu_now_ms() + 5000; st != HIXL_SUCCESS && tu_now_ms() < end;)
+    st = HixlEngineConnect(c, b_name, 5000);
+  TU_ASSERT_STATUS(st, HIXL_SUCCESS);
+  struct hixl_link_info info;
+  TU_ASSERT_OK(hixl_engine_link_info(c, b_name, &info));
+  CU_ASSERT_EQUAL(info.rdma, 1);
+  tu_fill(cmem, 4096, 31);
+  HixlTransferOpDesc d = {(uintptr_t)cmem, (uintptr_t)bmem, 4096};
+  TU_ASSERT_OK(HixlEngineTransferSync(c, b_name, HIXL_WRITE, &d, 1, 10000));
+  TU_ASSERT_PATTERN(bmem, 4096, 31, "target after a WRITE on the link made once room came back");
+  cq_cap_set(c, cap, max_cqe);
+  /* The target: b's CQ, with c's link on it, has no room for a's. */
+  cap = cq_room(b, 0, &max_cqe);
+  TU_ASSERT_STATUS(HixlEngineConnect(a, b_name, 5000), HIXL_FAILED);
+  TU_ASSERT_ERRMSG_HAS("could not connect its QP");
+  cq_cap_set(b, cap, max_cqe);
+  TU_ASSERT_OK(HixlEngineConnect(a, b_name, 5000));
+  HixlEngineDestroy(c);
+  HixlEngineDestroy(a);
+  HixlEngineDestroy(b);
+  tu_free_mem(bmem, 1u << 20);
+  tu_free_mem(cmem, 1u << 20);
+}
+
 int main(int argc, char **argv) {
   int rc = tu_child_main(argc, argv);
   if (rc >= 0) return rc;
@@ -620,6 +730,9 @@ int main(int argc, char **argv) {
   CU_add_test(o, "auto: shm on one host first, then rdma", test_auto_order);
   CU_add_test(o, "peer without RDMA: auto -> tcp, rdma -> FAILED", test_peer_without_rdma);
   CU_add_test(o, "HixlCS* with rdma endpoints", test_cs_over_rdma);
+  CU_add_test(o, "a device's CQ full: a new QP refused by name; room back once a link goes", test_cq_room);
+  CU_add_test(o, "a device's CQ grows as QPs come: two links more than it held at first, each moving bytes",
+              test_cq_grows);
   CU_add_test(o, "locked-memory limit: clear RESOURCE_EXHAUSTED", test_memlock);
   CU_add_test(o, "target short of locked memory: staged units fall back to the socket",
               test_stage_rdma_fallback);

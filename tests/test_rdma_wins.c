@@ -11,13 +11,18 @@
  *     random WIN_ADDs (windows alone, adjacent, overlapping each other: refused,
  *     replacing those held, thousands at once), WIN_DELs (held, never held, a length
  *     off): the same windows found at every address tried, the same pieces and cover
- *     for random ranges, the same count. */
+ *     for random ranges, the same count;
+ *   - a device's completion queue (struct rdma_cqb in transport/rdma/rdma.h), counted:
+ *     QPs that all fail at once, each completing every work request it holds, never
+ *     put more completions in it than it holds (four initiator QPs of 1,024 WRs
+ *     overran the fixed 4,096 entries before). */
 #include <CUnit/Basic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "test_util.h"
+#include "transport/rdma/rdma.h"
 #include "transport/rdma/rdma_wins.h"
 
 #define HELD   (ERDMA_WINS_MAX - 4096) /* windows held: room left for the WIN_ADDs below */
@@ -282,11 +287,108 @@ static void test_differential(void) {
   CU_ASSERT_EQUAL(erdma_rwins_count(&w), 0);
 }
 
+/* A CQ's entries against a model of what is in it: live QPs post up to their depth,
+ * succeed (one completion for the signaled one), fail (every WR they hold completes,
+ * flushed, and they are destroyed), and the progress thread polls (the CQ found empty
+ * frees what destroyed QPs held). In no state does the CQ hold more than its entries. */
+#define CQ_QPS   64
+#define CQ_DEPTH (1024 + RDMA_RECV_DEPTH) /* a QP's send and receive depths */
+static void test_cq_bound(void) {
+  /* RDMA_CQ_FIRST at first (less where the device allows less), then grown as QPs
+   * come: twice, or what they need, up to the device's max_cqe, then no more */
+  CU_ASSERT_EQUAL(rdma_cq_size(32767), RDMA_CQ_FIRST);   /* soft-RoCE */
+  CU_ASSERT_EQUAL(rdma_cq_size(4194303), RDMA_CQ_FIRST); /* mlx5 */
+  CU_ASSERT_EQUAL(rdma_cq_size(4000), 4000);
+  CU_ASSERT_EQUAL(rdma_cq_size(0), 1);
+  CU_ASSERT_EQUAL(rdma_cq_grow(8191, 8191 + CQ_DEPTH, 32767), 16382);
+  CU_ASSERT_EQUAL(rdma_cq_grow(16384, 16384 + CQ_DEPTH, 32767), 32767);
+  CU_ASSERT_EQUAL(rdma_cq_grow(32767, 32767 + CQ_DEPTH, 32767), 0);
+  CU_ASSERT_EQUAL(rdma_cq_grow(4096, 40000, 4194303), 40000);
+  CU_ASSERT_EQUAL(rdma_cq_grow(8192, 8193, 0), 0);
+  /* the fixed 4,096 entries of before: a fourth QP of 1,040 is refused, not let overrun */
+  struct rdma_cqb b = {.cap = 4096};
+  for (int i = 0; i < 3; i++) CU_ASSERT_TRUE(rdma_cqb_take(&b, CQ_DEPTH));
+  CU_ASSERT_FALSE(rdma_cqb_take(&b, CQ_DEPTH));
+  CU_ASSERT_EQUAL(b.held, 3 * CQ_DEPTH);
+  /* one destroyed: its room waits for the CQ to be found empty */
+  rdma_cqb_give(&b, CQ_DEPTH, true);
+  CU_ASSERT_FALSE(rdma_cqb_take(&b, CQ_DEPTH));
+  rdma_cqb_empty(&b, CQ_DEPTH);
+  CU_ASSERT_TRUE(rdma_cqb_take(&b, CQ_DEPTH));
+  /* one never posted on: at once */
+  rdma_cqb_give(&b, CQ_DEPTH, false);
+  CU_ASSERT_TRUE(rdma_cqb_take(&b, CQ_DEPTH));
+
+  /* random: 64 would-be QPs on a CQ that starts at RDMA_CQ_FIRST and grows up to
+   * soft-RoCE's max_cqe (31 fit then) */
+  b = (struct rdma_cqb){.cap = rdma_cq_size(32767)};
+  uint32_t held[CQ_QPS] = {0}; /* WRs a live QP holds */
+  bool live[CQ_QPS] = {false};
+  uint64_t in_cq = 0, max_cq = 0, rng = 11, refused = 0, flushed = 0, emptied = 0;
+  for (int op = 0; op < 200000; op++) {
+    uint32_t q = (uint32_t)(tu_rand(&rng) % CQ_QPS);
+    switch (tu_rand(&rng) % 6) {
+    case 0: /* a link: a QP, where there is room */
+      if (live[q]) break;
+      if (rdma_cqb_take(&b, CQ_DEPTH)) {
+        live[q] = true;
+      } else {
+        uint32_t want = rdma_cq_grow(b.cap, (uint64_t)b.held + b.dead + CQ_DEPTH, 32767);
+        if (want) { /* as qp_new_on: resized, then taken */
+          CU_ASSERT_TRUE(want > b.cap);
+          b.cap = want;
+          live[q] = rdma_cqb_take(&b, CQ_DEPTH);
+          CU_ASSERT_TRUE(live[q]);
+        } else {
+          refused++;
+        }
+      }
+      break;
+    case 1: /* posts, as far as the queues go */
+    case 2:
+      if (live[q]) held[q] = CQ_DEPTH - (uint32_t)(tu_rand(&rng) % 4);
+      break;
+    case 3: /* a signaled completion ends what it holds */
+      if (live[q] && held[q]) {
+        in_cq++;
+        held[q] = 0;
+      }
+      break;
+    case 4: /* fails: every WR completes, flushed; then destroyed */
+      if (!live[q]) break;
+      in_cq += held[q];
+      flushed += held[q];
+      held[q] = 0;
+      live[q] = false;
+      rdma_cqb_give(&b, CQ_DEPTH, true);
+      break;
+    case 5: { /* the progress thread polls (now and then): some, or all */
+      if (tu_rand(&rng) % 16) break;
+      uint32_t dead = b.dead;
+      uint64_t take = tu_rand(&rng) % 3 == 0 ? in_cq : in_cq / 2;
+      in_cq -= take;
+      if (in_cq == 0) {
+        rdma_cqb_empty(&b, dead);
+        emptied++;
+      }
+      break;
+    }
+    }
+    if (in_cq > max_cq) max_cq = in_cq;
+    CU_ASSERT_TRUE_FATAL(in_cq <= b.cap);
+    CU_ASSERT_TRUE_FATAL((uint64_t)b.held + b.dead <= b.cap);
+  }
+  CU_ASSERT_TRUE(refused > 0 && flushed > 0 && emptied > 0);
+  CU_ASSERT_TRUE(b.cap > 32767 - CQ_DEPTH && b.cap <= 32767); /* grown to the device's bound */
+  CU_ASSERT_TRUE(max_cq > b.cap / 2);                         /* it came near */
+}
+
 int main(void) {
   static CU_TestInfo tests[] = {
       {"one-window WIN_ADD / WIN_DEL: not the windows held", test_small_frames},
       {"holes a WIN_ADD steps over: a few times, then rebuilt", test_holes_stepped_over},
       {"random frames: the same answers as a reference", test_differential},
+      {"a CQ's entries: QPs failing at once never overrun it", test_cq_bound},
       CU_TEST_INFO_NULL,
   };
   CU_SuiteInfo suites[] = {{"rdma_wins", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};

@@ -28,9 +28,10 @@ struct erdma_engine {              /* engine_xe(e, XPORT_RDMA), while the engine
   struct rdma_dev dev[ERDMA_DEVS]; /* [0]: the engine's address (or RdmaDevice); then rail addresses' */
   uint32_t ip[ERDMA_DEVS];         /* the IPv4 address each was opened for, network order */
   int n;
-  int epfd;                      /* event_fd: every device's completion channel and async events */
-  _Atomic bool down[ERDMA_DEVS]; /* its port went down (async event), until it is active again */
-  struct erdma_link *links;      /* those with a QP, for completions and timeouts */
+  int epfd;                        /* event_fd: every device's completion channel and async events */
+  _Atomic bool down[ERDMA_DEVS];   /* its port went down (async event), until it is active again */
+  _Atomic bool cq_err[ERDMA_DEVS]; /* its CQ overran (IBV_EVENT_CQ_ERR): no QP on it again */
+  struct erdma_link *links;        /* those with a QP, for completions and timeouts */
   struct erdma_stash stash[ERDMA_DEVS];
   bool win_refusal_logged;    /* a range got no window: said once */
   bool dmabuf_refusal_logged; /* device memory got no MR (GPUDirect): said once at info */

@@ -5,6 +5,7 @@
 #define HIXL_RDMA_H
 
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,6 +19,31 @@ struct ibv_mr;
 struct ibv_mw;
 struct ibv_wc;
 
+/* The completion queue's entries, counted without a device. A QP in error completes
+ * every work request it holds, signaled or not (flushed), so each QP on the CQ holds
+ * room for its whole send and receive queues from its creation; a QP destroyed keeps
+ * its room (its flushed completions may still be in the CQ) until the CQ is next found
+ * empty. The CQ cannot overrun: a QP without room is refused. */
+struct rdma_cqb {
+  uint32_t cap;  /* entries the CQ holds */
+  uint32_t held; /* by live QPs */
+  uint32_t dead; /* by QPs destroyed since the CQ was last found empty */
+};
+/* Entries to ask of a CQ on a device that allows max_cqe, at first: RDMA_CQ_FIRST at
+ * most (it grows as QPs come: rdma_cq_grow). */
+uint32_t rdma_cq_size(int max_cqe);
+/* What to resize a CQ of cap entries to, for need entries, on a device that allows
+ * max_cqe: twice cap or need, whichever is more, at most max_cqe; 0 when need is more
+ * than max_cqe (the CQ cannot hold it). */
+uint32_t rdma_cq_grow(uint32_t cap, uint64_t need, int max_cqe);
+/* Take n entries for a new QP: false when they do not fit (nothing taken). */
+bool rdma_cqb_take(struct rdma_cqb *b, uint32_t n);
+/* A QP's n entries come back: dead (it was posted on: its completions may be in the
+ * CQ), or at once (it never held a work request). */
+void rdma_cqb_give(struct rdma_cqb *b, uint32_t n, bool dead);
+/* The CQ was found empty by a poll begun when b->dead was dead: those are free. */
+void rdma_cqb_empty(struct rdma_cqb *b, uint32_t dead);
+
 struct rdma_dev {
   struct ibv_context *ctx; /* this engine's own (async events are per context) */
   struct ibv_pd *pd;
@@ -28,6 +54,10 @@ struct rdma_dev {
   uint8_t gid[16];
   int mtu;            /* enum ibv_mtu of the port */
   uint32_t max_qp_wr; /* send queue depth used for every QP */
+  uint32_t qp_cqes;   /* CQ entries each QP on cq holds: its send and receive depths */
+  int max_cqe;        /* the device's: cq grows up to it (ibv_resize_cq) */
+  struct rdma_cqb cqb;
+  pthread_mutex_t cq_lock; /* cqb's (a leaf: QPs are made with and without the engine's lock) */
   uint32_t max_rd_atom;
   uint64_t max_msg_sz;
   bool mw2;      /* binds type 2 memory windows (a QP's own windows: scoped memory) */
@@ -43,7 +73,9 @@ struct rdma_qp_info {
   uint8_t mtu;
 };
 
-#define RDMA_CQ_DEPTH     4096
+#define RDMA_CQ_FIRST                                                                                        \
+  8191                       /* a CQ's entries at first (64 bytes each): 7 QPs of 1,024 WRs; a power of two  \
+                              * less one, as providers round (rxe: 8,192 asked gives 16,383) */
 #define RDMA_SIGNAL_EVERY 16 /* selective signalling: every Nth WR, and the last posted */
 #define RDMA_RECV_DEPTH   16 /* receives an RC QP holds: a target's, for the tags of WRITEs with immediate */
 
@@ -103,7 +135,8 @@ void rdma_dereg(struct ibv_mr *mr);
 uint32_t rdma_mr_lkey(const struct ibv_mr *mr);
 uint32_t rdma_mr_rkey(const struct ibv_mr *mr);
 
-/* Create an RC QP in INIT and fill *local with what the peer needs. */
+/* Create an RC QP in INIT and fill *local with what the peer needs; refused (with err)
+ * when d's CQ has no room for its queues (struct rdma_cqb). */
 struct ibv_qp *rdma_qp_new(struct rdma_dev *d, struct rdma_qp_info *local, char *err, size_t errlen);
 /* What every QP carries: GRH traffic class, SL, ack timeout (4.096 us * 2^timeout) and
  * retransmissions before a work request fails. */
@@ -114,7 +147,7 @@ struct rdma_qp_params {
 int rdma_qp_connect(struct rdma_dev *d, struct ibv_qp *qp, const struct rdma_qp_info *local,
                     const struct rdma_qp_info *remote, const struct rdma_qp_params *p, char *err,
                     size_t errlen);
-void rdma_qp_free(struct ibv_qp *qp);
+void rdma_qp_free(struct ibv_qp *qp); /* its CQ entries come back once the CQ is drained */
 uint32_t rdma_qp_num(const struct ibv_qp *qp);
 /* Read back what the QP carries (ibv_query_qp). */
 int rdma_qp_query(struct ibv_qp *qp, struct rdma_qp_params *out);
@@ -143,7 +176,8 @@ enum rdma_async_kind {
   RDMA_ASYNC_PORT_DOWN,
   RDMA_ASYNC_PORT_UP,
   RDMA_ASYNC_DEVICE_FATAL,
-  RDMA_ASYNC_QP_FATAL
+  RDMA_ASYNC_QP_FATAL,
+  RDMA_ASYNC_CQ_ERR /* d's CQ overran: it is broken, and every QP on it */
 };
 struct rdma_async {
   enum rdma_async_kind kind;
@@ -168,7 +202,10 @@ struct rdma_wc {
   int ok;
   const char *status; /* ibv_wc_status_str */
 };
+/* Take up to max completions off d's CQ (finding it empty frees the dead QPs' room). */
 int rdma_cq_poll(struct rdma_dev *d, struct rdma_wc *out, int max);
+/* Whether destroyed QPs still hold room on d's CQ (a poll that finds it empty frees it). */
+bool rdma_cq_dead(struct rdma_dev *d);
 
 /* ---- unreliable datagram (UD) queue pairs, address handles: RPing's probes ---- */
 

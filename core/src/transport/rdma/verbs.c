@@ -44,6 +44,29 @@ static int find_gid(struct ibv_context *ctx, uint8_t port, int tbl_len, const st
   return fallback;
 }
 
+uint32_t rdma_cq_size(int max_cqe) {
+  return max_cqe <= 0 ? 1 : (uint32_t)max_cqe < RDMA_CQ_FIRST ? (uint32_t)max_cqe : RDMA_CQ_FIRST;
+}
+
+uint32_t rdma_cq_grow(uint32_t cap, uint64_t need, int max_cqe) {
+  if (max_cqe <= 0 || need > (uint64_t)max_cqe) return 0;
+  uint64_t want = (uint64_t)cap * 2 > need ? (uint64_t)cap * 2 : need;
+  return want < (uint64_t)max_cqe ? (uint32_t)want : (uint32_t)max_cqe;
+}
+
+bool rdma_cqb_take(struct rdma_cqb *b, uint32_t n) {
+  if ((uint64_t)b->held + b->dead + n > b->cap) return false;
+  b->held += n;
+  return true;
+}
+
+void rdma_cqb_give(struct rdma_cqb *b, uint32_t n, bool dead) {
+  b->held -= n;
+  if (dead) b->dead += n;
+}
+
+void rdma_cqb_empty(struct rdma_cqb *b, uint32_t dead) { b->dead -= dead; }
+
 int rdma_dev_open(struct rdma_dev *d, const struct sockaddr_in *ip, const char *devname, int gid_index,
                   char *err, size_t errlen) {
   struct ibv_port_attr pa;
@@ -133,13 +156,21 @@ int rdma_dev_open(struct rdma_dev *d, const struct sockaddr_in *ip, const char *
     snprintf(err, errlen, "%s: ibv_create_comp_channel: %s", d->name, strerror(errno));
     goto free_pd;
   }
-  d->cq = ibv_create_cq(d->ctx, RDMA_CQ_DEPTH, NULL, d->chan, 0);
+  uint32_t cqe = rdma_cq_size(da.max_cqe);
+  d->cq = ibv_create_cq(d->ctx, (int)cqe, NULL, d->chan, 0);
   if (!d->cq || ibv_req_notify_cq(d->cq, 0) != 0) {
-    snprintf(err, errlen, "%s: ibv_create_cq(%d): %s", d->name, RDMA_CQ_DEPTH, strerror(errno));
+    snprintf(err, errlen, "%s: ibv_create_cq(%u): %s", d->name, cqe, strerror(errno));
     goto destroy_cq;
   }
-  log_info("rdma: %s port %u GID index %d for %s, mtu %d, %u WRs per QP", d->name, d->port, d->gid_index,
-           ipstr, 128 << d->mtu, d->max_qp_wr);
+  d->qp_cqes = d->max_qp_wr + RDMA_RECV_DEPTH;
+  d->max_cqe = da.max_cqe;
+  d->cqb = (struct rdma_cqb){.cap = d->cq->cqe > 0 ? (uint32_t)d->cq->cqe : 0};
+  if (pthread_mutex_init(&d->cq_lock, NULL) != 0) {
+    snprintf(err, errlen, "%s: pthread_mutex_init failed", d->name);
+    goto destroy_cq;
+  }
+  log_info("rdma: %s port %u GID index %d for %s, mtu %d, %u WRs per QP, CQ of %u entries (%u QPs)", d->name,
+           d->port, d->gid_index, ipstr, 128 << d->mtu, d->max_qp_wr, d->cqb.cap, d->cqb.cap / d->qp_cqes);
   return 0;
 destroy_cq:
   if (d->cq) ibv_destroy_cq(d->cq);
@@ -154,6 +185,7 @@ close_ctx:
 
 void rdma_dev_close(struct rdma_dev *d) {
   if (!d->ctx) return;
+  pthread_mutex_destroy(&d->cq_lock);
   ibv_destroy_cq(d->cq);
   ibv_destroy_comp_channel(d->chan);
   ibv_dealloc_pd(d->pd);
@@ -244,9 +276,35 @@ void rdma_dereg(struct ibv_mr *mr) {
 uint32_t rdma_mr_lkey(const struct ibv_mr *mr) { return mr->lkey; }
 uint32_t rdma_mr_rkey(const struct ibv_mr *mr) { return mr->rkey; }
 
+/* A QP on d's own CQ holds room there (qp_context: d); the probe's are on a CQ of its own. */
 static struct ibv_qp *qp_new_on(struct rdma_dev *d, struct ibv_cq *cq, struct rdma_qp_info *local, char *err,
                                 size_t errlen) {
-  struct ibv_qp_init_attr ia = {.send_cq = cq,
+  bool counted = cq == d->cq;
+  if (counted) {
+    pthread_mutex_lock(&d->cq_lock);
+    bool room = rdma_cqb_take(&d->cqb, d->qp_cqes);
+    /* Full: the CQ grows, up to the device's max_cqe (under cq_lock: one QP at a time;
+     * the progress thread's polls go on, the provider serializes them with the resize). */
+    uint32_t want =
+        room ? 0 : rdma_cq_grow(d->cqb.cap, (uint64_t)d->cqb.held + d->cqb.dead + d->qp_cqes, d->max_cqe);
+    if (want && ibv_resize_cq(d->cq, (int)want) == 0 && d->cq->cqe > 0) {
+      d->cqb.cap = (uint32_t)d->cq->cqe;
+      room = rdma_cqb_take(&d->cqb, d->qp_cqes);
+    }
+    struct rdma_cqb b = d->cqb;
+    pthread_mutex_unlock(&d->cq_lock);
+    if (!room) {
+      snprintf(
+          err, errlen,
+          "%s: no room for another QP on its completion queue (%u entries, the device allows %d: %u held "
+          "by %u QPs, %u by QPs destroyed whose completions are not yet taken; %u each): fewer links on "
+          "this device",
+          d->name, b.cap, d->max_cqe, b.held, b.held / d->qp_cqes, b.dead, d->qp_cqes);
+      return NULL;
+    }
+  }
+  struct ibv_qp_init_attr ia = {.qp_context = counted ? d : NULL,
+                                .send_cq = cq,
                                 .recv_cq = cq,
                                 .cap = {.max_send_wr = d->max_qp_wr,
                                         .max_recv_wr = RDMA_RECV_DEPTH,
@@ -257,7 +315,7 @@ static struct ibv_qp *qp_new_on(struct rdma_dev *d, struct ibv_cq *cq, struct rd
   struct ibv_qp *qp = ibv_create_qp(d->pd, &ia);
   if (!qp) {
     snprintf(err, errlen, "%s: ibv_create_qp: %s", d->name, strerror(errno));
-    return NULL;
+    goto give;
   }
   struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT,
                           .pkey_index = 0,
@@ -267,13 +325,20 @@ static struct ibv_qp *qp_new_on(struct rdma_dev *d, struct ibv_cq *cq, struct rd
   if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
     snprintf(err, errlen, "%s: QP 0x%x to INIT: %s", d->name, qp->qp_num, strerror(errno));
     ibv_destroy_qp(qp);
-    return NULL;
+    goto give;
   }
   local->qpn = qp->qp_num;
   local->psn = (uint32_t)random() & 0xffffff;
   memcpy(local->gid, d->gid, 16);
   local->mtu = (uint8_t)d->mtu;
   return qp;
+give: /* no work request was posted on it: its room comes back at once */
+  if (counted) {
+    pthread_mutex_lock(&d->cq_lock);
+    rdma_cqb_give(&d->cqb, d->qp_cqes, false);
+    pthread_mutex_unlock(&d->cq_lock);
+  }
+  return NULL;
 }
 
 struct ibv_qp *rdma_qp_new(struct rdma_dev *d, struct rdma_qp_info *local, char *err, size_t errlen) {
@@ -319,7 +384,17 @@ int rdma_qp_connect(struct rdma_dev *d, struct ibv_qp *qp, const struct rdma_qp_
 }
 
 void rdma_qp_free(struct ibv_qp *qp) {
-  if (qp) ibv_destroy_qp(qp);
+  if (!qp) return;
+  struct rdma_dev *d = qp->qp_context;
+  if (ibv_destroy_qp(qp) != 0) {
+    log_error("rdma: destroying QP 0x%x: %s (its CQ entries stay held)", qp->qp_num, strerror(errno));
+    return;
+  }
+  if (d) {
+    pthread_mutex_lock(&d->cq_lock);
+    rdma_cqb_give(&d->cqb, d->qp_cqes, true);
+    pthread_mutex_unlock(&d->cq_lock);
+  }
 }
 
 uint32_t rdma_qp_num(const struct ibv_qp *qp) { return qp->qp_num; }
@@ -501,6 +576,9 @@ int rdma_async_get(struct rdma_dev *d, struct rdma_async *out) {
     out->port = (uint8_t)ev.element.port_num;
     break;
   case IBV_EVENT_DEVICE_FATAL: out->kind = RDMA_ASYNC_DEVICE_FATAL; break;
+  case IBV_EVENT_CQ_ERR: /* d's own CQ (a UD QP's CQ on this context is not) */
+    out->kind = ev.element.cq == d->cq ? RDMA_ASYNC_CQ_ERR : RDMA_ASYNC_OTHER;
+    break;
   case IBV_EVENT_QP_FATAL:
   case IBV_EVENT_QP_REQ_ERR:
   case IBV_EVENT_QP_ACCESS_ERR:
@@ -526,10 +604,27 @@ int rdma_cq_rearm(struct rdma_dev *d) {
   return ibv_req_notify_cq(d->cq, 0);
 }
 
+bool rdma_cq_dead(struct rdma_dev *d) {
+  pthread_mutex_lock(&d->cq_lock);
+  bool dead = d->cqb.dead > 0;
+  pthread_mutex_unlock(&d->cq_lock);
+  return dead;
+}
+
 int rdma_cq_poll(struct rdma_dev *d, struct rdma_wc *out, int max) {
   struct ibv_wc wc[32];
   if (max > 32) max = 32;
+  /* QPs destroyed by now add no completion after: once the CQ is found empty, the
+   * ones they left are taken. */
+  pthread_mutex_lock(&d->cq_lock);
+  uint32_t dead = d->cqb.dead;
+  pthread_mutex_unlock(&d->cq_lock);
   int n = ibv_poll_cq(d->cq, max, wc);
+  if (n >= 0 && n < max && dead) {
+    pthread_mutex_lock(&d->cq_lock);
+    rdma_cqb_empty(&d->cqb, dead);
+    pthread_mutex_unlock(&d->cq_lock);
+  }
   for (int i = 0; i < n; i++) {
     out[i].wr_id = wc[i].wr_id;
     out[i].qpn = wc[i].qp_num;

@@ -452,6 +452,13 @@ static HixlStatus erdma_connect(struct HixlEngine *e, int fd, uint64_t deadline,
   getsockname(fd, (struct sockaddr *)&here, &(socklen_t){sizeof(here)});
   l->dev = dev_of_ip(eng_of(e), here.sin_addr.s_addr); /* a rail's: its address's device */
   struct rdma_dev *d = &eng_of(e)->dev[l->dev];
+  if (atomic_load(&eng_of(e)->cq_err[l->dev])) {
+    free(l);
+    return hixl_fail(HIXL_FAILED,
+                     "HixlEngineConnect: %s: RDMA device %s: its completion queue overran (CQ_ERR); "
+                     "reinitialize the engine",
+                     remote, d->name);
+  }
   /* A port marked down by its event: refused until it is active (its PORT_ACTIVE event,
    * or the port's state now, should that event come late). */
   if (atomic_load(&eng_of(e)->down[l->dev]) && rdma_port_active(d) != 1) {
@@ -493,6 +500,7 @@ fail_io:
   st = hixl_fail(st, "HixlEngineConnect: QP exchange with %s: %s", remote, HixlGetLastErrorMessage());
 free_qp:
   rdma_qp_free(qp);
+  link_wake(e); /* as erdma_kill */
   free(l);
   return st;
 }
@@ -523,7 +531,9 @@ static void erdma_target_connect(struct conn *c, const struct wire_msg *m) {
   qp_info_of(m, &peer);
   if (eng_of(e) && !link_of(c) && !(l = calloc(1, sizeof(*l)))) snprintf(err, sizeof(err), "out of memory");
   struct rdma_dev *d = l ? &eng_of(e)->dev[l->dev = dev_of_conn(c)] : NULL;
-  if (d && atomic_load(&eng_of(e)->down[l->dev]) && rdma_port_active(d) != 1) /* as erdma_connect */
+  if (d && atomic_load(&eng_of(e)->cq_err[l->dev]))
+    snprintf(err, sizeof(err), "RDMA device %s: its completion queue overran (CQ_ERR)", d->name);
+  else if (d && atomic_load(&eng_of(e)->down[l->dev]) && rdma_port_active(d) != 1) /* as erdma_connect */
     snprintf(err, sizeof(err), "RDMA device %s port %u is down (until its PORT_ACTIVE event)", d->name,
              d->port);
   else if (l && (l->qp = rdma_qp_new(d, &local, err, sizeof(err)))) {
@@ -879,6 +889,12 @@ static void erdma_on_dev_async(struct HixlEngine *e, int dev) {
       log_warn("engine %s: %s; its links fail now", engine_name(e), why);
       links_kill_on(e, dev, 0, why);
       break;
+    case RDMA_ASYNC_CQ_ERR: /* completions are lost: no request on the device would end but by its deadline */
+      atomic_store(&x->cq_err[dev], true);
+      snprintf(why, sizeof(why), "RDMA device %s: its completion queue overran (%s)", d->name, ev.what);
+      log_error("engine %s: %s; its links fail now, and no QP is made on it again", engine_name(e), why);
+      links_kill_on(e, dev, 0, why);
+      break;
     case RDMA_ASYNC_PORT_UP:
       if (ev.port != d->port || !atomic_exchange(&x->down[dev], false)) break;
       log_info("engine %s: RDMA device %s port %u: %s", engine_name(e), d->name, d->port, ev.what);
@@ -942,7 +958,10 @@ static void erdma_kill(struct conn *c, HixlStatus st, const char *msg) {
   if (!l) return;
   links_remove(c, l);
   erdma_wins_free(link_engine(c), l); /* before the QP they are bound on */
-  if (l->qp) rdma_qp_free(l->qp);
+  if (l->qp) {
+    rdma_qp_free(l->qp);
+    link_wake(link_engine(c)); /* its CQ room comes back once erdma_progress finds the CQ empty */
+  }
   l->qp = NULL;
   l->own_done = NULL;
   /* The QP is gone (no DMA after this): on a rail, its chunks go on another rail. */
@@ -998,8 +1017,10 @@ static void erdma_start(struct conn *c, struct hixl_transfer_req *r) {
  * rail that died, link_chunk_lost) have no completion to post them: post them now. */
 static bool erdma_progress(struct HixlEngine *e) {
   struct erdma_engine *x = eng_of(e);
-  for (int i = 0; x && i < x->n; i++)
+  for (int i = 0; x && i < x->n; i++) {
     if (x->stash[i].n > x->stash[i].head) erdma_stash_drain(e, i, wc_handle); /* kept by a grant */
+    if (rdma_cq_dead(&x->dev[i])) erdma_on_dev_cq(e, i); /* found empty: dead QPs' room is free */
+  }
   for (struct erdma_link *l = x ? x->links : NULL, *next; l; l = next) {
     next = l->next; /* a failed post kills the link: it leaves the list */
     if ((l->rq_head || l->tag_n) && l->sq_used == 0 && !link_dead(l->conn)) erdma_post(l->conn, ERDMA_STEP);
