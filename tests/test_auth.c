@@ -11,7 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "engine/api_int.h"
 #include "engine/engine_ext.h"
+#include "engine/engine_int.h"
 #include "hixl/hixl_engine.h"
 #include "raw_auth.h"
 #include "util/log.h"
@@ -660,6 +662,48 @@ static void test_payload_tags_move(void) {
   eng_down(&b);
 }
 
+/* Whether e's peer name holds a session secret (any byte set); *authed: it says it
+ * is authenticated; *broken: its link is gone (read under e's lock, engine internals). */
+static bool peer_secret(HixlEngine *e, const char *name, bool *authed, bool *broken) {
+  bool any = false;
+  pthread_mutex_lock(&e->lock);
+  struct peer *p = api_find_peer(e, name);
+  for (size_t i = 0; p && i < sizeof(p->session); i++) any |= p->session[i] != 0;
+  *authed = p && p->authed;
+  *broken = p && !p->conn;
+  pthread_mutex_unlock(&e->lock);
+  return any;
+}
+
+/* An initiator whose authenticated link broke (the target finalized) wipes the link's
+ * session secret as the link ends, its peer kept (before: the secret stayed in memory
+ * until Disconnect, Connect or Finalize freed the peer); the peer says the link was lost. */
+static void test_broken_link_wipes_session(void) {
+  const char *k = key_file("wipe", KEY_A "\n", 0600);
+  struct eng a, b;
+  bool authed = false, broken = true;
+  TU_ASSERT_OK_FATAL(eng_up(&a, k, 71));
+  TU_ASSERT_OK_FATAL(eng_up(&b, k, 72));
+  char bname[TU_ADDR_LEN];
+  snprintf(bname, sizeof(bname), "%s", b.name);
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(a.e, bname, 5000));
+  CU_ASSERT_TRUE(peer_secret(a.e, bname, &authed, &broken));
+  CU_ASSERT_TRUE(authed);
+  CU_ASSERT_FALSE(broken);
+  eng_down(&b); /* its end of the link closes: a's progress thread sees the link end */
+  for (int64_t until = tu_now_ms() + 5000; tu_now_ms() < until; sched_yield()) {
+    peer_secret(a.e, bname, &authed, &broken);
+    if (broken) break;
+  }
+  CU_ASSERT_TRUE_FATAL(broken);
+  CU_ASSERT_FALSE(peer_secret(a.e, bname, &authed, &broken)); /* wiped with the link */
+  CU_ASSERT_FALSE(authed);
+  HixlTransferOpDesc op = {.local_addr = (uintptr_t)a.mem, .remote_addr = 4096, .len = 64};
+  TU_ASSERT_STATUS(HixlEngineTransferSync(a.e, bname, HIXL_READ, &op, 1, 1000), HIXL_NOT_CONNECTED);
+  TU_ASSERT_ERRMSG_HAS("was lost");
+  eng_down(&a);
+}
+
 /* A frame put into the stream to Z after the handshake: Z ends the link, its memory
  * unchanged; V's next transfer fails. */
 static void test_mitm_injects(void) {
@@ -897,6 +941,8 @@ static CU_TestInfo auth_tests[] = {
     {"a forwarder alters data: taken without AuthPayloadTag, refused with it; on against off refused",
      test_mitm_alters_data},
     {"AuthPayloadTag on both: direct and staged ops byte for byte", test_payload_tags_move},
+    {"a broken authenticated link: the initiator wipes its session secret at once",
+     test_broken_link_wipes_session},
     CU_TEST_INFO_NULL,
 };
 

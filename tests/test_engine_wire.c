@@ -2432,6 +2432,94 @@ static void test_broadcast_after_killed_link(void) {
   assert_target_serves();
 }
 
+/* ---- device memory's entries: only to an initiator that reads their kind ---- */
+
+/* A raw link that sent HELLO with caps; its HELLO_ACK's body in body (cap bytes). */
+static int raw_link_hello(uint32_t caps, uint8_t *body, size_t cap, struct wire_hdr *h) {
+  uint8_t hello[WIRE_HDR_LEN + 6 + WIRE_MAX_NAME];
+  int fd = raw_connect(target_port());
+  if (fd >= 0 && (!raw_send_all(fd, hello, wire_put_hello(hello, sizeof(hello), caps, "raw-caps")) ||
+                  !read_frame(fd, h, body, cap) || h->type != WIRE_HELLO_ACK)) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+/* Reads count entries as an engine before device memory did (the kind byte the high
+ * byte of a u16 tag length): true when they fill the left bytes exactly. */
+static bool old_entries_ok(const uint8_t *p, size_t left, uint32_t count) {
+  for (uint32_t i = 0; i < count; i++) {
+    size_t tl = left >= WIRE_MEM_ENTRY_FIXED ? (size_t)p[20] << 8 | p[21] : 0;
+    if (left < WIRE_MEM_ENTRY_FIXED || left - WIRE_MEM_ENTRY_FIXED < tl) return false;
+    p += WIRE_MEM_ENTRY_FIXED + tl;
+    left -= WIRE_MEM_ENTRY_FIXED + tl;
+  }
+  return left == 0;
+}
+
+/* Of a decoded HELLO_ACK's entries: how many are device memory, and whether one is
+ * [addr, +len) of that kind. */
+static uint32_t ack_devices(const struct wire_msg *m, uint64_t addr, uint64_t len, bool *found) {
+  const uint8_t *cur = m->u.hello_ack.entries;
+  size_t left = m->u.hello_ack.entries_len;
+  struct wire_mem_entry me;
+  uint32_t n = 0;
+  *found = false;
+  while (wire_mem_entry_next(&cur, &left, &me)) {
+    n += me.kind == WIRE_MEM_DEVICE;
+    *found |= me.kind == WIRE_MEM_DEVICE && me.addr == addr && me.len == len;
+  }
+  return n;
+}
+
+/* A device registration (the test builds' host stand-in provider, set in main) is told, in
+ * HELLO_ACK and by MEM_ADD / MEM_DEL, only to an initiator whose HELLO carried
+ * WIRE_CAP_DEVMEM; one without it (an engine before device memory, which reads the
+ * kind byte as part of the tag's length and refuses the frame) hears of the host
+ * registrations alone, and its HELLO_ACK parses the old way (before: the kind-1 entry
+ * went to every initiator). */
+static void test_device_entries_need_cap(void) {
+  uint8_t body[4096];
+  struct wire_hdr h;
+  struct wire_msg m;
+  bool found = false;
+  int before = raw_link(); /* caps TCP_DATA only, linked before the registration */
+  CU_ASSERT_FATAL(before >= 0);
+  uint8_t *dev = tu_alloc_mem(UMEM_LEN, false);
+  CU_ASSERT_FATAL(dev != NULL);
+  HixlMemDesc d = {.addr = (uintptr_t)dev, .len = UMEM_LEN};
+  HixlMemHandle hd;
+  TU_ASSERT_OK_FATAL(HixlEngineRegisterMem(target, &d, HIXL_MEM_DEVICE, &hd));
+  CU_ASSERT_TRUE(EXPECT_SYNC(before, 1)); /* no MEM_ADD came first */
+
+  int old = raw_link_hello(WIRE_CAP_TCP_DATA, body, sizeof(body), &h);
+  CU_ASSERT_FATAL(old >= 0);
+  CU_ASSERT_EQUAL_FATAL(wire_decode(&h, body, &m), WIRE_OK);
+  CU_ASSERT_EQUAL(m.u.hello_ack.status, WIRE_HELLO_OK);
+  CU_ASSERT_EQUAL(m.u.hello_ack.count, 2); /* tmem and smem */
+  CU_ASSERT_EQUAL(ack_devices(&m, d.addr, d.len, &found), 0);
+  CU_ASSERT_TRUE(old_entries_ok(m.u.hello_ack.entries, m.u.hello_ack.entries_len, m.u.hello_ack.count));
+
+  int now = raw_link_hello(WIRE_CAP_TCP_DATA | WIRE_CAP_DEVMEM, body, sizeof(body), &h);
+  CU_ASSERT_FATAL(now >= 0);
+  CU_ASSERT_EQUAL_FATAL(wire_decode(&h, body, &m), WIRE_OK);
+  CU_ASSERT_EQUAL(m.u.hello_ack.count, 3);
+  CU_ASSERT_EQUAL(ack_devices(&m, d.addr, d.len, &found), 1);
+  CU_ASSERT_TRUE(found);
+  CU_ASSERT_TRUE(m.u.hello_ack.caps & WIRE_CAP_DEVMEM); /* the target reads kinds too */
+
+  TU_ASSERT_OK(HixlEngineDeregisterMem(target, hd));
+  CU_ASSERT_TRUE(expect_mem_frame(now, WIRE_MEM_DEL, d.addr, d.len));
+  CU_ASSERT_TRUE(EXPECT_SYNC(before, 2)); /* no MEM_DEL either */
+  CU_ASSERT_TRUE(EXPECT_SYNC(old, 1));
+  close(before);
+  close(old);
+  close(now);
+  tu_free_mem(dev, UMEM_LEN);
+  assert_target_serves();
+}
+
 int main(int argc, char **argv) {
   int rc = tu_child_main(argc, argv); /* resolves tu_self_exe(); -1 unless a tu_server child */
   if (rc >= 0) return rc;
@@ -2444,6 +2532,9 @@ int main(int argc, char **argv) {
     return 1;
   }
   signal(SIGPIPE, SIG_IGN); /* a target child that died is a failed assertion, not our death */
+  /* The test builds' host stand-in for device memory (test_device_entries_need_cap),
+   * chosen once per process, at its first device question: before any engine. */
+  setenv("HIXL_TEST_DEVMEM", "host", 0);
   if (CU_initialize_registry() != CUE_SUCCESS) return 1;
   CU_pSuite t = CU_add_suite("target_vs_raw_peers", suite_init, suite_clean);
   CU_add_test(t, "garbage closes the link, engine keeps serving", test_garbage_closes_link);
@@ -2486,6 +2577,8 @@ int main(int argc, char **argv) {
   CU_add_test(t, "out of descriptors: no spin, accepting again once they go", test_out_of_descriptors);
   CU_add_test(t, "MEM_ADD / MEM_DEL reach every live link after one dies mid-broadcast",
               test_broadcast_after_killed_link);
+  CU_add_test(t, "device memory's entries only to an initiator whose HELLO has WIRE_CAP_DEVMEM",
+              test_device_entries_need_cap);
   CU_pSuite u = CU_add_suite("target_staging_unregistered_on", NULL, NULL);
   CU_add_test(u, "an unmapped page: FAILED, target alive, link kept", test_stage_unmapped_page);
   CU_pSuite i = CU_add_suite("initiator_vs_fake_targets", NULL, NULL);

@@ -197,8 +197,8 @@ struct peer {
   struct memtab rtab;                  /* the peer's registrations, as its first link (rail 0) told them */
   uint32_t caps;                       /* WIRE_CAP_* from its HELLO_ACK */
   char broken_why[256];
-  uint8_t session[AUTH_MAC_LEN]; /* the link's session secret, when authed */
-  bool authed;                   /* the peer proved a key this engine holds */
+  uint8_t session[AUTH_MAC_LEN]; /* the link's session secret, when authed; wiped when that link ends */
+  bool authed;                   /* the peer proved a key this engine holds (false once wiped) */
   struct auth_frames proof;      /* during Connect: the frame tags (its link takes them) */
   uint64_t id;                   /* unique per engine: found again after the lock was released */
   /* Rails: n_rails > 1 when both engines have them and the link is tcp. rails[0] is

@@ -296,6 +296,10 @@ static void peer_detach(struct conn *c, const char *why) {
   } else if (c->rail >= 0) {
     log_warn("link to %s: rail %d is down (%s)", p->name, c->rail, why);
   }
+  if (c->rail <= 0) { /* the link whose handshake made the session secret: it dies with it */
+    p->authed = false;
+    auth_wipe(p->session, sizeof(p->session));
+  }
   c->peer = NULL;
 }
 
@@ -593,7 +597,8 @@ void link_set_want_out(struct conn *c, bool on) {
 }
 
 uint32_t link_caps(const struct HixlEngine *e) {
-  uint32_t caps = WIRE_CAP_CALL | WIRE_CAP_CALL_AFTER | (e->n_rail_addrs > 1 ? WIRE_CAP_RAILS : 0u);
+  uint32_t caps =
+      WIRE_CAP_CALL | WIRE_CAP_CALL_AFTER | WIRE_CAP_DEVMEM | (e->n_rail_addrs > 1 ? WIRE_CAP_RAILS : 0u);
   for (int i = 0; i < XPORT_MODS; i++) caps |= e->mods[i]->iface.caps(e);
   return caps;
 }

@@ -238,11 +238,18 @@ void link_then_behind(struct hixl_transfer_req *r, struct conn *c, struct chunk 
     link_set_want_out(c, true);
 }
 
+/* Whether target link c tells its peer of r: device memory (kind 1) only to an
+ * initiator whose HELLO said it reads the kind byte (WIRE_CAP_DEVMEM); an older one
+ * reads that byte as the high byte of the tag's length and refuses the frame. */
+static bool mem_told(const struct conn *c, const struct hixl_mem_reg *r) {
+  return r->type != HIXL_MEM_DEVICE || (c->hello_caps & WIRE_CAP_DEVMEM);
+}
+
 /* Every target link hears of r (a failed send kills its link: the walk goes on). */
 void link_broadcast_mem(struct HixlEngine *e, enum wire_type type, const struct hixl_mem_reg *r) {
   uint32_t walk = ++e->walks;
   for (struct conn *c; (c = link_next(e, walk));) {
-    if (c->role != CONN_TARGET) continue;
+    if (c->role != CONN_TARGET || !mem_told(c, r)) continue;
     size_t cap = WIRE_HDR_LEN + link_mem_entry_len(r);
     uint8_t *buf = malloc(cap);
     struct wire_wr w;
@@ -270,8 +277,13 @@ static void send_hello_ack(struct conn *c, uint32_t status) {
   bool ok = status == WIRE_HELLO_OK;
   const char *name = ok || status == WIRE_HELLO_NOT_ME ? e->local_name : ""; /* NOT_ME: who answered */
   size_t cap = WIRE_HDR_LEN + 14 + strlen(name);
-  for (size_t i = 0; ok && i < e->regs.count; i++)
-    cap += link_mem_entry_len((struct hixl_mem_reg *)e->regs.v[i]);
+  uint32_t told = 0;
+  for (size_t i = 0; ok && i < e->regs.count; i++) {
+    const struct hixl_mem_reg *r = (const struct hixl_mem_reg *)e->regs.v[i];
+    if (!mem_told(c, r)) continue;
+    cap += link_mem_entry_len(r);
+    told++;
+  }
   uint8_t *buf = malloc(cap);
   struct wire_wr w;
   if (!buf) {
@@ -283,12 +295,13 @@ static void send_hello_ack(struct conn *c, uint32_t status) {
   wire_put_u32(&w, ok ? link_caps(e) : 0);
   wire_put_u16(&w, (uint16_t)strlen(name));
   wire_put_bytes(&w, name, strlen(name));
-  wire_put_u32(&w, ok ? (uint32_t)e->regs.count : 0);
-  for (size_t i = 0; status == WIRE_HELLO_OK && i < e->regs.count; i++)
-    wire_put_mem_entry_kind(
-        &w, e->regs.v[i]->addr, e->regs.v[i]->len, link_mem_key(c, (struct hixl_mem_reg *)e->regs.v[i]),
-        ((struct hixl_mem_reg *)e->regs.v[i])->tag,
-        ((struct hixl_mem_reg *)e->regs.v[i])->type == HIXL_MEM_DEVICE ? WIRE_MEM_DEVICE : WIRE_MEM_HOST);
+  wire_put_u32(&w, told);
+  for (size_t i = 0; ok && i < e->regs.count; i++) {
+    const struct hixl_mem_reg *r = (const struct hixl_mem_reg *)e->regs.v[i];
+    if (mem_told(c, r))
+      wire_put_mem_entry_kind(&w, r->range.addr, r->range.len, link_mem_key(c, r), r->tag,
+                              r->type == HIXL_MEM_DEVICE ? WIRE_MEM_DEVICE : WIRE_MEM_HOST);
+  }
   size_t len = wire_end(&w, 0);
   if (len == 0 || queue_heap(c, buf, len) < 0) {
     free(buf);

@@ -229,8 +229,8 @@ HixlStatus link_handshake_recv(int fd, uint64_t deadline, struct peer *p, uint8_
                                struct wire_hdr *h);
 uint32_t peer_caps(const struct peer *p); /* WIRE_CAP_* of its HELLO_ACK */
 /* The link's session secret (AUTH_MAC_LEN bytes), derived in the authenticated
- * handshake and never sent; NULL when the link was not authenticated (no AuthKeyFile).
- * Initiator: during Connect, from its peer; target: from its link. */
+ * handshake and never sent; NULL when the link was not authenticated (no AuthKeyFile)
+ * or, initiator, has ended (wiped then). Initiator: from its peer; target: from its link. */
 const uint8_t *peer_session(const struct peer *p);
 /* Target, scoped memory: may c's peer reach [addr, addr + len)? Always true unless the
  * engine is scoped; a refusal is counted and logged (what: "WRITE", "READ", ...). */

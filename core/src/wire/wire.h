@@ -41,6 +41,8 @@
   0x1000u /* HELLO: a WIN_ADD over windows it holds replaces them (windows per run, split) */
 #define WIRE_CAP_CALL_TAG                                                                                    \
   0x2000u /* HELLO_ACK: answers CALL_TAG, and keeps receives posted on its RDMA links' QPs for the tags */
+#define WIRE_CAP_DEVMEM                                                                                      \
+  0x4000u /* HELLO: reads a memory entry's kind byte: device memory (WIRE_MEM_DEVICE) entries welcome */
 
 /* Header flags. WIRE_F_TAG: the frame is proven: WIRE_TAG_LEN bytes follow its body
  * (before any payload), the tag over its header and body (util/auth.h). On an
