@@ -430,7 +430,7 @@ static void test_landed_bytes(void) {
     if (how == BYTES_STALE) { /* its row holds the mark before: not this push's */
       pthread_mutex_lock(&d.worker->lock);
       struct kv_expect *x = kv_expect_find(d.worker, id);
-      CU_ASSERT(x && x->wranks == 1 && x->mark != 0);
+      CU_ASSERT(x && x->wranks == 1 && x->mark[0] != 0);
       if (x) CU_ASSERT(!kv_word_landed(d.worker, x, 0, 0) && !kv_word_landed(d.worker, x, 1, 0));
       pthread_mutex_unlock(&d.worker->lock);
     }

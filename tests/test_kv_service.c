@@ -502,6 +502,121 @@ static void test_expects_bounded(void) {
   inst_down(&d);
 }
 
+/* Whether x's worker reports id alone as finished receiving now (get_finished), its
+ * blocks (expect_n's) alone with the load errors. */
+static bool failed_only(struct inst *x, const char *id) {
+  hixl_kv_ids s = {0}, rv = {0};
+  hixl_kv_blocks errs = {0};
+  ST_IS(ops->get_finished(x->worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
+  ST_IS(ops->get_block_ids_with_load_errors(x->worker, &errs), HIXL_KV_SUCCESS);
+  bool one = s.count == 0 && rv.count == 1 && strcmp(rv.ids[0], id) == 0 && errs.count == NB &&
+             errs.ids[0] == 5 && errs.ids[1] == 6;
+  ops->free_ids(&s);
+  ops->free_ids(&rv);
+  ops->free_buffer(&errs.raw);
+  return one;
+}
+
+/* Push consumer: an id expected again after its push ended there (the capability binds
+ * the id, so the earlier push's producer could act on the later one) is not expected,
+ * as a pull producer does not hold one: its load fails at once (reported received, its
+ * blocks with the load errors), the first such refusal is logged, and its producer's
+ * ACCEPT answers GONE saying why, granting nothing. One that handle_preemptions ended is
+ * the same request allocated again: expected anew. Before, every one was expected anew:
+ * its ACCEPT answered HELD with the blocks. */
+static void test_expect_id_reused(void) {
+  struct inst d;
+  CU_ASSERT_FATAL(inst_up(&d, "consumer", "push"));
+  const char *peer = "127.0.0.1:20000";
+  struct kv_cap cap;
+  uint8_t state;
+  expect_n(d.sched, "reused", 1, &cap);
+  step(&d);
+  TU_ASSERT_OK(serve(&d, peer, KV_SVC_ABORT, "reused-0", &cap, &state, NULL, 0)); /* it ended, failed */
+  CU_ASSERT_TRUE(failed_only(&d, "reused-0"));
+  expect_n(d.sched, "reused", 1, &cap);
+  tu_log_watch("must be unique per run");
+  step(&d);
+  char line[512] = "";
+  CU_ASSERT_TRUE(tu_log_seen(line, sizeof(line)));
+  CU_ASSERT_PTR_NOT_NULL(strstr(line, "reused-0"));
+  CU_ASSERT_TRUE(failed_only(&d, "reused-0"));
+  gone_saying(&d, peer, KV_SVC_ACCEPT, "reused-0", &cap, "request ids must be unique per run");
+  CU_ASSERT_EQUAL(granted(&d, peer), 0);
+  /* Preempted, then allocated again: the same request, expected anew. */
+  expect_n(d.sched, "preempted", 1, &cap);
+  step(&d);
+  const char *ids[] = {"preempted-0"};
+  hixl_kv_ids pre = {ids, 1};
+  ST_IS(ops->handle_preemptions(d.worker, &pre), HIXL_KV_SUCCESS);
+  CU_ASSERT_TRUE(failed_only(&d, "preempted-0"));
+  expect_n(d.sched, "preempted", 1, &cap);
+  step(&d);
+  TU_ASSERT_OK(serve(&d, peer, KV_SVC_ACCEPT, "preempted-0", &cap, &state, NULL, 0));
+  CU_ASSERT_EQUAL(state, KV_PIN_HELD);
+  CU_ASSERT(granted(&d, peer) > 0);
+  inst_down(&d);
+}
+
+/* ACCEPT_W of id from peer, presenting cap: HELD, its row's address and mark (the answer's
+ * last 9 bytes) into *row, *mark. */
+static void accept_w(struct inst *x, const char *peer, const char *id, const struct kv_cap *cap,
+                     uint64_t *row, uint8_t *mark) {
+  struct kv_out o = {0};
+  uint8_t resp[4096];
+  size_t n = 0;
+  CU_ASSERT_FATAL(kv_msg(x->worker, &o, KV_SVC_ACCEPT_W, id, cap, 0, ""));
+  TU_ASSERT_OK(kv_serve(x->worker, peer, o.p, o.len, resp, sizeof(resp), &n));
+  free(o.p);
+  CU_ASSERT_FATAL(n > 9 && resp[0] == KV_PIN_HELD);
+  *row = 0;
+  for (int i = 0; i < 8; i++) *row = *row << 8 | resp[n - 9 + i];
+  *mark = resp[n - 1];
+}
+
+/* Push consumer, the landed bytes (kv_word.c): an expected push that fails gives its row
+ * back while its producer may still write there (it is cut at the next get_finished),
+ * and the next ACCEPT_W takes that row at once. The late byte, the earlier push's mark,
+ * is not the later push's landed layer, however many pushes took rows between (here
+ * 254: the marks ran round once). Before, each push took the connector's next mark, 1 to
+ * 255 round: the later push had the earlier one's mark, and its layer 0 was held before
+ * anything was written. */
+static void test_row_reused_marked(void) {
+  struct inst d;
+  CU_ASSERT_FATAL(inst_up_with(
+      &d, "consumer", "\"mode\": \"push\", \"lease_ms\": 20000, \"max_inflight_requests\": 1024", 0));
+  enum { N = 255 }; /* w-0, 254 more, then w-255: the 255th take after w-0's */
+  const char *peer = "127.0.0.1:20000";
+  struct kv_cap *cap = calloc(N + 1, sizeof(*cap));
+  CU_ASSERT_PTR_NOT_NULL_FATAL(cap);
+  expect_n(d.sched, "w", N + 1, cap);
+  step(&d);
+  uint64_t row0 = 0, row = 0;
+  uint8_t mark0 = 0, mark = 0, state;
+  accept_w(&d, peer, "w-0", &cap[0], &row0, &mark0);
+  for (unsigned i = 1; i < N; i++) { /* 254 more pushes take rows */
+    char id[32];
+    snprintf(id, sizeof(id), "w-%u", i);
+    accept_w(&d, peer, id, &cap[i], &row, &mark);
+  }
+  TU_ASSERT_OK(serve(&d, peer, KV_SVC_ABORT, "w-0", &cap[0], &state, NULL, 0)); /* w-0 failed */
+  accept_w(&d, peer, "w-255", &cap[N], &row, &mark);
+  CU_ASSERT_FATAL(row == row0 && row != 0); /* the row w-0 gave back */
+  CU_ASSERT(mark != 0 && mark != mark0);
+  memset((uint8_t *)(uintptr_t)row, mark0, LAYERS); /* w-0's producer, not cut yet, lands its bytes */
+  pthread_mutex_lock(&d.worker->lock);
+  struct kv_expect *x = kv_expect_find(d.worker, "w-255");
+  CU_ASSERT_PTR_NOT_NULL(x);
+  if (x) CU_ASSERT(!kv_word_landed(d.worker, x, 0, 0) && !kv_word_landed(d.worker, x, 1, 0));
+  pthread_mutex_unlock(&d.worker->lock);
+  memset((uint8_t *)(uintptr_t)row, mark, 1); /* its own producer's byte of layer 0 */
+  pthread_mutex_lock(&d.worker->lock);
+  if (x) CU_ASSERT(kv_word_landed(d.worker, x, 0, 0) && !kv_word_landed(d.worker, x, 1, 0));
+  pthread_mutex_unlock(&d.worker->lock);
+  free(cap);
+  inst_down(&d);
+}
+
 /* Push consumer: with FEW, then MANY pushes expected (bound at an earlier step), ACCEPTs
  * of one not expected and the forward pass's wait_for_layer_load are answered. */
 static void test_expects_lookups_flat(void) {
@@ -680,6 +795,10 @@ int main(void) {
       {"PIN answered among 100 or 10000 held requests", test_held_lookups_flat},
       {"a worker expects at most max_inflight_requests pushes; one more fails, GONE naming it",
        test_expects_bounded},
+      {"push: a request id expected again after it ended is refused; one preempted is expected anew",
+       test_expect_id_reused},
+      {"push over shm: a row given back and taken again is told apart by its mark, 255 takes later",
+       test_row_reused_marked},
       {"ACCEPT and wait_for_layer_load answered among 100 or 10000 expected pushes",
        test_expects_lookups_flat},
       {"the peers to cut: one entry a name among 100 or 10000", test_drop_flat},

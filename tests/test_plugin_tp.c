@@ -13,11 +13,13 @@
 
 #include <CUnit/Basic.h>
 #include <CUnit/CUnit.h>
+#include <dlfcn.h>
 #include <poll.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "hixl/hixl_kv_connector.h"
 #include "kv_host.h"
@@ -87,20 +89,43 @@ static uint16_t free_ports(uint32_t world) {
 }
 
 static unsigned lease_ms = 10000;
+static const char *auth_key; /* set: both sides hold this key file, and link over shm (push_shm) */
+
+/* A key file (mode 0600) both sides read, made once and removed at exit: two engines of
+ * this process link over shm only when they hold a key. */
+static char key_path[64];
+static void key_remove(void) { unlink(key_path); }
+static const char *key_file(void) {
+  if (key_path[0]) return key_path;
+  char path[] = "/tmp/hixl-tp-key-XXXXXX";
+  int fd = mkstemp(path);
+  if (fd < 0) return NULL;
+  static const char hex[] = "5e0c9a7b3d1f2e4a6c8b0d2f4e6a8c0b1d3f5e7a9c2b4d6f8e0a1c3e5b7d9f2a\n";
+  bool ok = write(fd, hex, sizeof(hex) - 1) == (ssize_t)(sizeof(hex) - 1);
+  close(fd);
+  if (!ok) {
+    unlink(path);
+    return NULL;
+  }
+  snprintf(key_path, sizeof(key_path), "%s", path);
+  atexit(key_remove);
+  return key_path;
+}
 
 static hixl_kv_status side_up(struct side *s, const struct model *m, uint32_t world, const char *role,
                               const char *mode) {
   memset(s, 0, sizeof(*s));
   s->m = m;
   s->world = world;
-  char cfg[512];
+  char cfg[640], key[128] = "";
   uint16_t port = free_ports(world);
+  if (auth_key) snprintf(key, sizeof(key), ",\n \"AuthKeyFile\": \"%s\"", auth_key);
   snprintf(
       cfg, sizeof(cfg),
       "{\"address\": \"%s:%u\", \"role\": \"%s\", \"mode\": \"%s\", \"lease_ms\": %u,\n"
       " \"load_failure_policy\": \"fail\", \"transfer_timeout_ms\": 5000, \"connect_timeout_ms\": 5000,\n"
-      " \"Transport\": \"%s\"}\n",
-      test_ip(), (unsigned)port, role, mode, lease_ms, transport());
+      " \"Transport\": \"%s\"%s}\n",
+      test_ip(), (unsigned)port, role, mode, lease_ms, auth_key ? "auto" : transport(), key);
   char err[256] = "";
   hixl_kv_status st =
       ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, world, &s->sched, err, sizeof(err));
@@ -395,9 +420,29 @@ static void push(const struct model *m, uint32_t np, uint32_t nd) {
     moved += s.bytes_pushed;
   }
   CU_ASSERT_EQUAL(moved, needed(&d));
+  if (auth_key) /* the links were shm: the layers told by landed bytes (docs/plugin.md) */
+    for (uint32_t i = 0; i < np; i++) {
+      hixl_kv_buffer mt = {0};
+      ST_IS(ops->render_metrics(p.r[i].worker, &mt), HIXL_KV_SUCCESS);
+      bool pushed = stats(p.r[i].worker).bytes_pushed > 0;
+      CU_ASSERT(!pushed || memmem(mt.data, mt.len, "transport=\"shm\"", 15));
+      CU_ASSERT(!memmem(mt.data, mt.len, "transport=\"tcp\"", 15));
+      ops->free_buffer(&mt);
+    }
   free(text);
   side_down(&d);
   side_down(&p);
+}
+
+/* push over shm (both sides hold a key): each producer rank that writes a consumer rank
+ * asks it for a row of landed bytes (ACCEPT_W) and tells each layer by its byte; the
+ * consumer rank's forward pass holds a layer once every writer's byte came, and not
+ * before its data (rank_is: layer l + 1 still untouched). */
+static void push_shm(const struct model *m, uint32_t np, uint32_t nd) {
+  auth_key = key_file();
+  CU_ASSERT_PTR_NOT_NULL_FATAL(auth_key);
+  push(m, np, nd);
+  auth_key = NULL;
 }
 
 static const struct model gqa8 = {.kv_heads = 8}, gqa2 = {.kv_heads = 2}, mla = {.mla = true};
@@ -418,6 +463,13 @@ PAIR(gqa2_4_2, gqa2, 4, 2)
 PAIR(mla_1_4, mla, 1, 4)
 PAIR(mla_4_1, mla, 4, 1) /* prefill ranks 1..3 read by nobody: freed */
 PAIR(mla_2_4, mla, 2, 4)
+#define SHM(name, m, a, b)                                                                                   \
+  static void test_push_shm_##name(void) { push_shm(&m, a, b); }
+SHM(gqa8_2_1, gqa8, 2, 1) /* two writers of one consumer rank: a row each */
+SHM(gqa8_1_2, gqa8, 1, 2)
+SHM(gqa8_4_2, gqa8, 4, 2)
+SHM(gqa2_4_1, gqa2, 4, 1)
+SHM(mla_4_1, mla, 4, 1)
 
 /* Pairs that cannot map: the load fails with both sizes named, nothing moves, and
  * every producer rank frees its copy. */
@@ -689,6 +741,40 @@ static void test_no_head_dimension(void) { cannot_map(&flat8, 1, 2, "head dimens
 static void test_neither_divides(void) { cannot_map(&mla, 2, 3, "neither divides"); }
 
 /* A group's heads that do not add up: refused at registration, naming them. */
+/* Params whose remote_engine leaves no port for the peer's last rank (port + rank past
+ * 65535: 65535 with tp_size 2, as a broken or hostile peer may send) are refused where
+ * they come in: a pull consumer's get_num_new_matched_tokens offers nothing to load (the
+ * host computes the prompt), a push producer pushes nothing (request_finished frees its
+ * blocks), and no worker binds an entry it cannot act on. Before, the scheduler checked
+ * rank 0's port alone: the worker's bind_connector_meta failed (PARAM_INVALID: the vLLM
+ * adapter raises, stopping the worker), and a pull consumer's request never finished. */
+static void test_ports_past_end(void) {
+  char params[512];
+  const char *flags[2] = {"do_remote_prefill", "do_remote_decode"};
+  for (int k = 0; k < 2; k++) { /* a pull consumer, a push producer */
+    struct side s;
+    ST_IS(side_up(&s, &gqa8, 1, k ? "producer" : "consumer", k ? "push" : "pull"), HIXL_KV_SUCCESS);
+    snprintf(params, sizeof(params),
+             "{\"%s\": true, \"remote_engine\": \"%s:65535\", \"remote_request_id\": \"past\", "
+             "\"remote_block_ids\": [1, 2, 3, 4], \"tp_size\": 2}",
+             flags[k], test_ip());
+    hixl_kv_request r = request("past", NREQ * TOKENS, params);
+    int64_t tokens = -1;
+    int32_t async = -1;
+    ST_IS(ops->get_num_new_matched_tokens(s.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+    CU_ASSERT_EQUAL(tokens, 0);
+    ST_IS(ops->update_state_after_alloc(s.sched, &r, k ? p_blocks : c_blocks, NREQ, (uint64_t)tokens),
+          HIXL_KV_SUCCESS);
+    step(&s); /* bind_connector_meta: SUCCESS */
+    hixl_kv_ids sent = {0}, recv = {0};
+    ST_IS(ops->get_finished(s.r[0].worker, NULL, &sent, &recv), HIXL_KV_SUCCESS);
+    CU_ASSERT(sent.count == 0 && recv.count == 0); /* nothing was bound */
+    ops->free_ids(&sent);
+    ops->free_ids(&recv);
+    side_down(&s);
+  }
+}
+
 static void test_heads_checked(void) {
   char cfg[256];
   snprintf(cfg, sizeof(cfg), "{\"address\": \"%s:%u\", \"Transport\": \"tcp\"}", test_ip(),
@@ -783,13 +869,17 @@ static void test_heads_overflow(void) {
 #define T(name)                                                                                              \
   { #name, test_##name }
 static CU_TestInfo tp_tests[] = {
-    T(pull_gqa8_1_2),    T(pull_gqa8_2_1),     T(pull_gqa8_2_4),   T(pull_gqa8_4_2),      T(pull_gqa8_1_4),
-    T(pull_gqa8_4_1),    T(pull_gqa8_2_2),     T(pull_gqa2_1_4),   T(pull_gqa2_4_1),      T(pull_gqa2_4_2),
-    T(pull_mla_1_4),     T(pull_mla_4_1),      T(pull_mla_2_4),    T(push_gqa8_1_2),      T(push_gqa8_2_1),
-    T(push_gqa8_2_4),    T(push_gqa8_4_2),     T(push_gqa8_1_4),   T(push_gqa8_4_1),      T(push_gqa8_2_2),
-    T(push_gqa2_1_4),    T(push_gqa2_4_1),     T(push_gqa2_4_2),   T(push_mla_1_4),       T(push_mla_4_1),
-    T(push_mla_2_4),     T(no_head_dimension), T(neither_divides), T(consumer_rank_gone), T(late_hold),
-    T(queued_load_kept), T(pinned_ahead),      T(heads_checked),   T(heads_overflow),     CU_TEST_INFO_NULL};
+    T(pull_gqa8_1_2),      T(pull_gqa8_2_1),     T(pull_gqa8_2_4),     T(pull_gqa8_4_2),
+    T(pull_gqa8_1_4),      T(pull_gqa8_4_1),     T(pull_gqa8_2_2),     T(pull_gqa2_1_4),
+    T(pull_gqa2_4_1),      T(pull_gqa2_4_2),     T(pull_mla_1_4),      T(pull_mla_4_1),
+    T(pull_mla_2_4),       T(push_gqa8_1_2),     T(push_gqa8_2_1),     T(push_gqa8_2_4),
+    T(push_gqa8_4_2),      T(push_gqa8_1_4),     T(push_gqa8_4_1),     T(push_gqa8_2_2),
+    T(push_gqa2_1_4),      T(push_gqa2_4_1),     T(push_gqa2_4_2),     T(push_mla_1_4),
+    T(push_mla_4_1),       T(push_mla_2_4),      T(no_head_dimension), T(neither_divides),
+    T(consumer_rank_gone), T(late_hold),         T(queued_load_kept),  T(pinned_ahead),
+    T(heads_checked),      T(heads_overflow),    T(ports_past_end),    T(push_shm_gqa8_2_1),
+    T(push_shm_gqa8_1_2),  T(push_shm_gqa8_4_2), T(push_shm_gqa2_4_1), T(push_shm_mla_4_1),
+    CU_TEST_INFO_NULL};
 
 static CU_SuiteInfo suites[] = {{"tensor parallelism across the hand-off", NULL, NULL, NULL, NULL, tp_tests},
                                 CU_SUITE_INFO_NULL};
@@ -797,5 +887,8 @@ static CU_SuiteInfo suites[] = {{"tensor parallelism across the hand-off", NULL,
 int main(void) {
   so = kv_host_open("test_plugin_tp", HIXL_KV_PLUGIN_PATH, &ops);
   if (!so) return 1;
+  /* Kept loaded past the run's dlclose: the push_shm cases' keys made libcrypto's global
+   * state, which LeakSanitizer would report as lost once the library was unmapped. */
+  dlopen(HIXL_KV_PLUGIN_PATH, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD | RTLD_NODELETE);
   return kv_host_run("test_plugin_tp", suites, so);
 }

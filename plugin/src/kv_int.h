@@ -281,7 +281,7 @@ struct kv_expect {
   struct kv_cap cap;           /* what an ACCEPT, LAYER(S) or ABORT of it presents */
   uint64_t wranks;             /* the producer ranks given a row of landed bytes (ACCEPT_W, kv_word.c) */
   uint16_t row[KV_TP_MAX];     /* ... each one's row + 1 */
-  uint8_t mark;                /* what they write there for a layer landed (0: none given yet) */
+  uint8_t mark[KV_TP_MAX];     /* ... and what each writes there for a layer landed (its row's mark) */
 };
 
 /* Push mode, producer worker: a request to write into a consumer rank's blocks (one
@@ -434,6 +434,7 @@ struct kv_expecter {
   pthread_cond_t landed;    /* a layer landed or an expected push ended (the forward pass waits in
                              * wait_for_layer_load; CLOCK_MONOTONIC) */
   uint64_t refused;         /* expected pushes refused at the bound (the first is logged) */
+  uint64_t reused;          /* ... refused for an id expected here that ended lately (the first is logged) */
   char full_why[128];       /* what an ACCEPT of a refused one hears (GONE), naming the bound */
 };
 
@@ -448,8 +449,8 @@ struct kv_words {
   HixlMemHandle rh;
   uint32_t *free_rows; /* rows not given, nfree of them */
   uint32_t nfree;
-  uint8_t mark; /* the last mark given: 1 to 255, round */
-  uint8_t *src; /* producer: layers bytes; NULL: none */
+  uint8_t *marks; /* each row's last mark, 1 to 255 round: its next taker gets the next */
+  uint8_t *src;   /* producer: layers bytes; NULL: none */
   HixlMemHandle sh;
 };
 
@@ -627,15 +628,18 @@ void kv_held_free(void *h); /* a struct kv_held never released (destroy) */
 void kv_leases_expire(hixl_kv_connector *c);
 struct kv_expect *kv_expect_find(hixl_kv_connector *c, const char *id);
 /* bind: an EXPECT entry (its blocks taken) bound at now: expected, or refused at
- * max_inflight_requests (its load fails at once: reported received, its blocks with
- * load errors; its producer's ACCEPT answers GONE naming the bound); RESOURCE_EXHAUSTED:
- * out of memory. */
+ * max_inflight_requests or as a reused id (one that ended here lately, not preempted)
+ * (its load fails at once: reported received, its blocks with load errors; its
+ * producer's ACCEPT answers GONE naming why); RESOURCE_EXHAUSTED: out of memory. */
 hixl_kv_status kv_expect_bind(hixl_kv_connector *c, struct kv_meta_entry *e, uint64_t now);
 void kv_expect_free(void *x); /* a struct kv_expect never ended (destroy) */
 void kv_expects_expire(hixl_kv_connector *c);
 /* x ends: landed whole (why NULL) or failed: reported by get_finished (and its blocks
  * by get_block_ids_with_load_errors). */
 void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why);
+/* x ends preempted (handle_preemptions), its producers cut first: the host allocates
+ * the request again, and its EXPECT then is expected anew (not a reused id). */
+void kv_expect_preempt(hixl_kv_connector *c, struct kv_expect *x);
 
 /* kv_grant.c: scoped memory. kv_grant: inside kv_serve only (the engine lets its
  * handler grant); the grant's revoke, made now so that revoking never fails for want
@@ -712,7 +716,7 @@ void kv_words_setup(hixl_kv_connector *c);
 /* At destroy, the engine still up. */
 void kv_words_free(hixl_kv_connector *c);
 /* Push consumer, an ACCEPT_W of x by producer rank rank: the address of its row (0:
- * none free, or none here); x->mark set. Lock held. */
+ * none free, or none here); x->mark[rank] set. Lock held. */
 uint64_t kv_word_take(hixl_kv_connector *c, struct kv_expect *x, uint32_t rank);
 /* x ends: its rows are free again. Lock held. */
 void kv_word_give(hixl_kv_connector *c, struct kv_expect *x);

@@ -175,6 +175,15 @@ static bool params_parse(const hixl_kv_connector *c, const hixl_kv_request *r, c
     else
       p->tp = (uint32_t)t;
   }
+  /* The peer's ranks listen on port + rank: each one's port is checked here, so no
+   * worker is handed an entry naming a rank it cannot reach (refused at its bind). */
+  char last[KV_MAX_ENGINE + 16];
+  uint64_t cluster;
+  if (ok && kv_worker_address(p->remote, p->tp - 1, last, sizeof(last), &cluster) != HIXL_KV_SUCCESS)
+    ok = false, snprintf(why, cap,
+                         "remote_engine is not ip:port with port + rank in [1, 65535] for each of "
+                         "its %u ranks",
+                         p->tp);
   if (!ok && why[0] == '\0') snprintf(why, cap, "kv_transfer_params is not a JSON object");
   if (!ok) {
     free(p->blocks);

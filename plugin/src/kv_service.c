@@ -20,8 +20,12 @@
  * address. */
 static const char freed_early[] = "its consumer freed it before it was held here (an abort)";
 static const char reused[] =
-    "refused: its request id was held here by a request that ended lately (request ids must be unique per "
+    "refused: its request id was used here by a request that ended lately (request ids must be unique per "
     "run)";
+/* What an ACCEPT of an expected push that handle_preemptions ended hears: the host
+ * allocates the same request again, expected anew (kv_expect_bind tells it from a
+ * reused id by its address). */
+static const char preempted[] = "its consumer preempted it (handle_preemptions)";
 
 struct kv_held *kv_held_find(hixl_kv_connector *c, const char *id) {
   void *h;
@@ -182,7 +186,21 @@ static void expect_refuse(hixl_kv_connector *c, const struct kv_meta_entry *e) {
 
 hixl_kv_status kv_expect_bind(hixl_kv_connector *c, struct kv_meta_entry *e, uint64_t now) {
   char why[160];
+  void *ended = NULL;
   if (kv_expect_find(c, e->req)) return HIXL_KV_SUCCESS;
+  if (kv_idhash_get(&c->gone, e->req, &ended) && ended != preempted) { /* a reused id, as kv_held_bind */
+    if (c->exp.reused++ == 0)
+      log_warn("hixl-kv: request %s was expected here by a request that ended lately: a request id must be "
+               "unique per run; it is not expected, its load fails at once (its blocks are reported with "
+               "the load errors) and its producer's ACCEPT answers GONE saying so (the first such refusal)",
+               e->req);
+    kv_obs_count(c, KV_CAUSE_REFUSED);
+    c->stats.loads_failed++;
+    kv_err_blocks_add(c, e->blocks, e->nblocks);
+    kv_finished_add(c, &c->recving_done, e->req);
+    kv_gone_add_why(c, e->req, reused);
+    return HIXL_KV_SUCCESS;
+  }
   if (blocks_past(c, e, why, sizeof(why))) { /* its load fails now; its producer hears GONE */
     kv_obs_count(c, KV_CAUSE_REFUSED);
     c->stats.loads_failed++;
@@ -217,8 +235,9 @@ free_both:
   return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "bind_connector_meta: out of memory");
 }
 
-/* x ends: landed whole (why NULL) or failed. Lock held. */
-void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why) {
+/* x ends: landed whole (why NULL) or failed; an ACCEPT of it then hears GONE and
+ * gone_why (NULL: the caller's words). Lock held. */
+static void expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why, const char *gone_why) {
   kv_idhash_del(&c->exp.expects, x->id, NULL);
   if (why) {
     kv_obs_failed(c, x->id, KV_CAUSE_ABORTED, why); /* the cause set ahead, if any */
@@ -234,9 +253,18 @@ void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why) {
   kv_peers_revoke(c, &x->peers);
   kv_word_give(c, x);
   kv_finished_add(c, &c->recving_done, x->id);
-  kv_gone_add(c, x->id);
+  kv_gone_add_why(c, x->id, gone_why);
   kv_expect_free(x);
   pthread_cond_broadcast(&c->exp.landed);
+}
+
+void kv_expect_end(hixl_kv_connector *c, struct kv_expect *x, const char *why) {
+  expect_end(c, x, why, NULL);
+}
+
+void kv_expect_preempt(hixl_kv_connector *c, struct kv_expect *x) {
+  kv_peers_drop(c, &x->peers);
+  expect_end(c, x, "preempted (handle_preemptions)", preempted);
 }
 
 /* Expected pushes that no producer finished within the lease fail, oldest deadline
@@ -452,7 +480,7 @@ static HixlStatus serve_accept(hixl_kv_connector *c, const char *peer, const str
     uint64_t had = x->wranks, at = !*tp_why && st == HIXL_SUCCESS ? kv_word_take(c, x, r->rank) : 0;
     if (x->wranks != had) pthread_cond_broadcast(&c->exp.landed); /* a forward pass waiting polls now */
     kv_put_u64(out, at);
-    kv_put_u8(out, at ? x->mark : 0);
+    kv_put_u8(out, at ? x->mark[r->rank] : 0);
   }
   return st;
 }

@@ -7,9 +7,11 @@
  * writes one byte per layer into a row the consumer gave it (ACCEPT_W), right after the
  * layer's data, and the consumer's forward pass (wait_for_layer_load) reads the byte; one
  * LAYERS notice of every layer still ends the push (its bookkeeping: bytes loaded,
- * grants, finished_recving). Each row holds a mark (1 to 255, a new one each expected
- * push that takes rows), so a byte left by an earlier push in a reused row is not taken
- * for this one's. A byte is written whole or not at all: no tearing to guard against.
+ * grants, finished_recving). Each row has a mark (1 to 255, the next one each time the
+ * row is taken), so a byte left in a reused row by its earlier taker (a push that failed
+ * gives its row back before its producer is cut) is not taken for this one's, however
+ * many other rows were taken between. A byte is written whole or not at all: no tearing
+ * to guard against.
  * Over tcp or rdma the notice follows the data on the same link already (CALL_AFTER,
  * CALL_TAG), so no rows are asked for there; a producer that asks anyway writes into
  * memory its grants do not cover, and is refused (docs/security.md). */
@@ -28,11 +30,13 @@ void kv_words_setup(hixl_kv_connector *c) {
   HixlMemHandle h = NULL;
   if (c->cfg.consumer) {
     uint32_t *fr = malloc(KV_WORD_ROWS * sizeof(*fr));
-    if (!fr || HixlEngineAllocMem(c->eng, KV_WORD_ROWS * layers, &p, &h) != HIXL_SUCCESS) {
+    uint8_t *marks = calloc(KV_WORD_ROWS, sizeof(*marks));
+    if (!fr || !marks || HixlEngineAllocMem(c->eng, KV_WORD_ROWS * layers, &p, &h) != HIXL_SUCCESS) {
       log_warn("hixl-kv: no landed bytes for pushes into this worker (%s): every layer waits for its "
                "notice",
-               fr ? HixlGetLastErrorMessage() : "out of memory");
+               fr && marks ? HixlGetLastErrorMessage() : "out of memory");
       free(fr);
+      free(marks);
     } else {
       memset(p, 0, KV_WORD_ROWS * layers);
       for (uint32_t i = 0; i < KV_WORD_ROWS; i++) fr[i] = KV_WORD_ROWS - 1 - i; /* row 0 first */
@@ -40,6 +44,7 @@ void kv_words_setup(hixl_kv_connector *c) {
       c->words.rows = p;
       c->words.rh = h;
       c->words.free_rows = fr;
+      c->words.marks = marks;
       c->words.nfree = KV_WORD_ROWS;
       pthread_mutex_unlock(&c->lock);
     }
@@ -59,6 +64,7 @@ void kv_words_free(hixl_kv_connector *c) {
   if (c->words.rows) HixlEngineFreeMem(c->eng, c->words.rh);
   if (c->words.src) HixlEngineFreeMem(c->eng, c->words.sh);
   free(c->words.free_rows);
+  free(c->words.marks);
   memset(&c->words, 0, sizeof(c->words));
 }
 
@@ -70,7 +76,7 @@ uint64_t kv_word_take(hixl_kv_connector *c, struct kv_expect *x, uint32_t rank) 
     memset(c->words.rows + (size_t)row * c->layers, 0, c->layers);
     x->row[rank] = (uint16_t)(row + 1);
     x->wranks |= UINT64_C(1) << rank;
-    if (!x->mark) x->mark = c->words.mark = (uint8_t)(c->words.mark % 255u + 1u);
+    x->mark[rank] = c->words.marks[row] = (uint8_t)(c->words.marks[row] % 255u + 1u);
   }
   return (uint64_t)(uintptr_t)(c->words.rows + (size_t)(x->row[rank] - 1) * c->layers);
 }
@@ -87,7 +93,8 @@ void kv_word_give(hixl_kv_connector *c, struct kv_expect *x) {
 bool kv_word_landed(const hixl_kv_connector *c, const struct kv_expect *x, uint32_t layer, uint32_t rank) {
   if (rank >= KV_TP_MAX || !x->row[rank] || layer >= c->layers) return false;
   const uint8_t *b = c->words.rows + (size_t)(x->row[rank] - 1) * c->layers + layer;
-  return __atomic_load_n(b, __ATOMIC_ACQUIRE) == x->mark; /* the data before it: the copy returned first */
+  /* The data before it: the copy returned first. */
+  return __atomic_load_n(b, __ATOMIC_ACQUIRE) == x->mark[rank];
 }
 
 bool kv_word_wanted(hixl_kv_connector *c, const char *remote) {

@@ -619,9 +619,7 @@ hixl_kv_status kv_preemptions(hixl_kv_connector *c, const hixl_kv_ids *ids) {
    * them are cut off before the host hears of it (as when their lease ends). */
   for (size_t i = 0; i < ids->count; i++) {
     struct kv_expect *x = ids->ids[i] ? kv_expect_find(c, ids->ids[i]) : NULL;
-    if (!x) continue;
-    kv_peers_drop(c, &x->peers);
-    kv_expect_end(c, x, "preempted (handle_preemptions)");
+    if (x) kv_expect_preempt(c, x);
   }
   /* Loads and pushes under way: those not yet pulling end failed at once, the others
    * are waited for (they end within their timeouts). */
