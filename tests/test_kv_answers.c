@@ -249,6 +249,40 @@ static char *expect_push(struct inst *d, const char *id, const uint64_t *db) {
   return text;
 }
 
+/* A push of id from p's blocks pb (filled from seed) into d's db (its cache set to
+ * 0xEE first), its params' text into *text (free it): the request, both schedulers told,
+ * neither stepped yet. */
+static hixl_kv_request push_begin(struct inst *p, struct inst *d, const char *id, const uint64_t pb[NB],
+                                  const uint64_t db[NB], uint64_t seed, char **text) {
+  memset(d->mem, 0xEE, LAYERS * 2 * BLOCKS * BLOCK_BYTES);
+  for (int l = 0; l < LAYERS; l++)
+    for (int v = 0; v < 2; v++)
+      for (int b = 0; b < NB; b++) tu_fill(block(p, l, v, pb[b]), BLOCK_BYTES, seed_of(seed, l, v, b));
+  *text = expect_push(d, id, db);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(*text);
+  hixl_kv_request r = request(id, *text);
+  int64_t tokens = 0;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(p->sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  ST_IS(ops->update_state_after_alloc(p->sched, &r, pb, NB, 0), HIXL_KV_SUCCESS);
+  return r;
+}
+
+/* p's part of push r ends (wait_for_save, request_finished; text freed): whether p
+ * reported it sent and d received, each within WAIT_MS (stepped meanwhile). */
+static bool push_finish(struct inst *p, struct inst *d, hixl_kv_request *r, const char *id,
+                        const uint64_t pb[NB], char *text) {
+  ST_IS(ops->wait_for_save(p->worker), HIXL_KV_SUCCESS);
+  hixl_kv_buffer none = {0};
+  int32_t delay = 0;
+  ST_IS(ops->request_finished(p->sched, r, pb, NB, &delay, &none), HIXL_KV_SUCCESS);
+  ops->free_buffer(&none);
+  free(text);
+  bool sent = inst_wait_stepped(p, id, 0, WAIT_MS), got = inst_wait_stepped(d, id, 1, WAIT_MS);
+  if (!sent || !got) fprintf(stderr, "push %s: sent %d, received %d\n", id, sent, got);
+  return sent && got;
+}
+
 static void test_lying_accept_answers(void) {
   struct inst p, d;
   bool up = inst_up(&p, "producer", "push") && inst_up(&d, "consumer", "push");
@@ -263,30 +297,13 @@ static void test_lying_accept_answers(void) {
     uint64_t seed = 100 * (uint64_t)lie;
     atomic_store(&L.lie, lie);
     int lied = atomic_load(&L.lied);
-    memset(d.mem, 0xEE, LAYERS * 2 * BLOCKS * BLOCK_BYTES);
-    for (int l = 0; l < LAYERS; l++)
-      for (int v = 0; v < 2; v++)
-        for (int b = 0; b < NB; b++) tu_fill(block(&p, l, v, pb[b]), BLOCK_BYTES, seed_of(seed, l, v, b));
-    char *text = expect_push(&d, id, db);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(text);
-    hixl_kv_request r = request(id, text);
-    int64_t tokens = 0;
-    int32_t async = 0;
-    ST_IS(ops->get_num_new_matched_tokens(p.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
-    ST_IS(ops->update_state_after_alloc(p.sched, &r, pb, NB, 0), HIXL_KV_SUCCESS);
+    char *text = NULL;
+    hixl_kv_request r = push_begin(&p, &d, id, pb, db, seed, &text);
     int64_t t0 = tu_now_ms();
     step(&d);
     step(&p);
     for (uint32_t l = 0; l < LAYERS; l++) ST_IS(ops->save_kv_layer(p.worker, l), HIXL_KV_SUCCESS);
-    ST_IS(ops->wait_for_save(p.worker), HIXL_KV_SUCCESS);
-    hixl_kv_buffer none = {0};
-    int32_t delay = 0;
-    ST_IS(ops->request_finished(p.sched, &r, pb, NB, &delay, &none), HIXL_KV_SUCCESS);
-    ops->free_buffer(&none);
-    free(text);
-    bool sent = inst_wait_stepped(&p, id, 0, WAIT_MS), got = inst_wait_stepped(&d, id, 1, WAIT_MS);
-    CU_ASSERT(sent && got);
-    if (!sent || !got) fprintf(stderr, "push lie %d: sent %d, received %d\n", lie, sent, got);
+    CU_ASSERT(push_finish(&p, &d, &r, id, pb, text));
     CU_ASSERT(tu_now_ms() - t0 < TRANSFER_MS); /* refused at once, not timed out */
     CU_ASSERT(atomic_load(&L.lied) > lied);
     hixl_kv_blocks errs = {0};
@@ -407,17 +424,8 @@ static void test_landed_bytes(void) {
     atomic_store(&K.accept_w, 0);
     atomic_store(&K.accept, 0);
     atomic_store(&K.notices, 0);
-    memset(d.mem, 0xEE, LAYERS * 2 * BLOCKS * BLOCK_BYTES);
-    for (int l = 0; l < LAYERS; l++)
-      for (int v = 0; v < 2; v++)
-        for (int b = 0; b < NB; b++) tu_fill(block(&p, l, v, pb[b]), BLOCK_BYTES, seed_of(seed, l, v, b));
-    char *text = expect_push(&d, id, db);
-    CU_ASSERT_PTR_NOT_NULL_FATAL(text);
-    hixl_kv_request r = request(id, text);
-    int64_t tokens = 0;
-    int32_t async = 0;
-    ST_IS(ops->get_num_new_matched_tokens(p.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
-    ST_IS(ops->update_state_after_alloc(p.sched, &r, pb, NB, 0), HIXL_KV_SUCCESS);
+    char *text = NULL;
+    hixl_kv_request r = push_begin(&p, &d, id, pb, db, seed, &text);
     int64_t t0 = tu_now_ms();
     step(&d);
     step(&p);
@@ -446,14 +454,7 @@ static void test_landed_bytes(void) {
     }
     ST_IS(ops->save_kv_layer(p.worker, 1), HIXL_KV_SUCCESS);
     if (ok) ST_IS(ops->wait_for_layer_load(d.worker, 1), HIXL_KV_SUCCESS);
-    ST_IS(ops->wait_for_save(p.worker), HIXL_KV_SUCCESS);
-    hixl_kv_buffer none = {0};
-    int32_t delay = 0;
-    ST_IS(ops->request_finished(p.sched, &r, pb, NB, &delay, &none), HIXL_KV_SUCCESS);
-    ops->free_buffer(&none);
-    free(text);
-    bool sent = inst_wait_stepped(&p, id, 0, WAIT_MS), got = inst_wait_stepped(&d, id, 1, WAIT_MS);
-    CU_ASSERT(sent && got);
+    CU_ASSERT(push_finish(&p, &d, &r, id, pb, text));
     CU_ASSERT(tu_now_ms() - t0 < TRANSFER_MS); /* ended at once, not timed out */
     hixl_kv_blocks errs = {0};
     ST_IS(ops->get_block_ids_with_load_errors(d.worker, &errs), HIXL_KV_SUCCESS);
