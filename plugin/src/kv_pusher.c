@@ -185,7 +185,9 @@ static HixlStatus layer_word(hixl_kv_connector *c, struct kv_push *v, uint32_t k
     st = HixlEngineTransferSync(c->eng, e->remote, HIXL_WRITE, d + i,
                                 o->n - i < HIXL_MAX_BATCH ? o->n - i : HIXL_MAX_BATCH, t);
   if (st != HIXL_SUCCESS) return st;
-  __atomic_thread_fence(__ATOMIC_RELEASE); /* the data's stores before the bytes' */
+  /* The data's stores are seen before the bytes': the engine's lock, released after
+   * the copy above and taken for the one below, orders them (a store-release then a
+   * load-acquire, on every CPU). */
   memset(c->words.src + k, v->wmark, count);
   HixlTransferOpDesc w = {(uintptr_t)(c->words.src + k), (uintptr_t)(v->waddr + k), count};
   if ((st = HixlEngineTransferSync(c->eng, e->remote, HIXL_WRITE, &w, 1, t)) != HIXL_SUCCESS) return st;
