@@ -348,6 +348,7 @@ enum bytes_case {
   BYTES_STALE,   /* as kv_serve, its row holding the mark before (an earlier push's late write) */
   BYTES_NO_MARK, /* an address with mark 0 */
   BYTES_PAST,    /* an address outside the consumer's memory */
+  BYTES_REFUSED, /* refused (PARAM_INVALID), not as malformed: not asked again with ACCEPT */
 };
 
 struct counter {
@@ -369,8 +370,11 @@ static HixlStatus counting_kv(void *ctx, const char *peer, const uint8_t *req, s
     atomic_fetch_add(&K->accept, 1);
   else if (op == KV_SVC_LAYER || op == KV_SVC_LAYERS)
     atomic_fetch_add(&K->notices, 1);
-  if (op == KV_SVC_ACCEPT_W && how == BYTES_OLD) {
-    int n = snprintf((char *)resp, cap, "malformed KV service request from %s", peer);
+  if (op == KV_SVC_ACCEPT_W && (how == BYTES_OLD || how == BYTES_REFUSED)) {
+    int n = snprintf((char *)resp, cap,
+                     how == BYTES_OLD ? "malformed KV service request from %s"
+                                      : "refused: ACCEPT_W from %s: a made-up reason",
+                     peer);
     *resp_len = n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
     return HIXL_PARAM_INVALID;
   }
@@ -400,7 +404,8 @@ static bool wait_count(_Atomic int *v, int want) {
  * notice came, and one LAYERS notice ends the push. A consumer from before landed
  * bytes gets ACCEPT and a notice per layer. A byte left with the mark before in a
  * reused row is not taken for this push's. An answer with an address and no mark, or
- * an address outside the consumer's memory, fails the push at once, nothing held. */
+ * an address outside the consumer's memory, fails the push at once, nothing held; so
+ * does an ACCEPT_W refused for another reason than being unknown, not asked again. */
 static void test_landed_bytes(void) {
   char keys[512];
   snprintf(keys, sizeof(keys),
@@ -415,7 +420,7 @@ static void test_landed_bytes(void) {
   TU_ASSERT_OK(hixl_engine_set_service(d.worker->eng, HIXL_SERVICE_KV, counting_kv, &K));
   static const uint64_t pb[NB] = {4, 5}, db[NB] = {1, 2};
   uint64_t pushed = 0;
-  for (int how = BYTES_OK; how <= BYTES_PAST; how++) {
+  for (int how = BYTES_OK; how <= BYTES_REFUSED; how++) {
     char id[32];
     snprintf(id, sizeof(id), "bytes-%d", how);
     uint64_t seed = 300 + 10 * (uint64_t)how;
@@ -467,13 +472,14 @@ static void test_landed_bytes(void) {
           int k = b == db[0] ? 0 : b == db[1] ? 1 : -1;
           if (ok && k >= 0)
             TU_ASSERT_PATTERN(block(&d, l, v, b), BLOCK_BYTES, seed_of(seed, l, v, k), "a block pushed");
-          else if ((k < 0 || how == BYTES_NO_MARK) &&
+          else if ((k < 0 || how == BYTES_NO_MARK || how == BYTES_REFUSED) &&
                    tu_check_byte(block(&d, l, v, b), BLOCK_BYTES, 0xEE) != -1)
             CU_FAIL(
                 "a byte the push may not write changed"); /* PAST: layer 0 may land before its byte fails */
         }
     /* The calls: landed bytes, ACCEPT_W and one LAYERS; an old consumer, ACCEPT and a
-     * notice per layer (the second saved after the first landed); a bad answer, none. */
+     * notice per layer (the second saved after the first landed); a bad answer or another
+     * refusal, none (no ACCEPT after it). */
     CU_ASSERT_EQUAL(atomic_load(&K.accept_w), 1);
     CU_ASSERT_EQUAL(atomic_load(&K.accept), how == BYTES_OLD ? 1 : 0);
     CU_ASSERT_EQUAL(atomic_load(&K.notices), bytes ? 1 : how == BYTES_OLD ? LAYERS : 0);

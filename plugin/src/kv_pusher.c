@@ -130,7 +130,12 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
     kv_msg(c, &msg, h->word ? KV_SVC_ACCEPT_W : KV_SVC_ACCEPT, e->rreq, &e->rcap, 0, "");
     kv_put_groups(&msg, e->gn, e->ngroups); /* what it writes per group: the consumer's bytes_loaded */
     st = kv_call_settled(c, e->remote, &msg, deadline, ans, HIXL_CALL_MAX, &n);
-    if (!h->word || (st != HIXL_PARAM_INVALID && st != HIXL_UNSUPPORTED)) break;
+    /* Only an older consumer's refusal of the op itself: any other refusal (a wrong
+     * capability, a rank refused) would be ACCEPT's too, and counted twice there. */
+    bool older =
+        st == HIXL_UNSUPPORTED ||
+        (st == HIXL_PARAM_INVALID && strstr(HixlGetLastErrorMessage(), "malformed KV service request"));
+    if (!h->word || !older) break;
     h->word = false;
   }
   if (st != HIXL_SUCCESS) {
