@@ -361,6 +361,68 @@ static void test_shutdown_stops_pin_not_yet(void) {
   hung_peer_down(&h);
 }
 
+/* x's step whose bind runs out of memory at its nth allocation of the bind site
+ * (KV_ALLOC, KV_TEST_BIND): the bind's status; the injection is off after. */
+static hixl_kv_status step_short(struct inst *x, unsigned nth) {
+  hixl_kv_buffer m = {0};
+  ST_IS(ops->build_connector_meta(x->sched, &m), HIXL_KV_SUCCESS);
+  kv_test_fail_nth(KV_TEST_BIND, nth);
+  hixl_kv_status st = ops->bind_connector_meta(x->worker, m.data, m.len);
+  kv_test_fail_nth(KV_TEST_BIND, 0);
+  ops->free_buffer(&m);
+  ST_IS(ops->start_load_kv(x->worker), HIXL_KV_SUCCESS);
+  return st;
+}
+
+/* A bind that runs out of memory: the consumer's LOAD at each of its allocations (the
+ * request's, its part's), then the producer's HOLD. Each time the bind says
+ * RESOURCE_EXHAUSTED and the request still ends on both sides: the consumer reports it
+ * finished receiving with its two blocks in the load errors and none of them written,
+ * the producer finished sending (a HOLD refused at once; a hold nobody pulls, when its
+ * lease ends), and the producer holds nothing after. Before, the bind returned the
+ * error and kept nothing: the host waited for the request for ever. */
+static void test_bind_out_of_memory(void) {
+  static const uint64_t pb[NB] = {4, 5}, db[NB] = {1, 2};
+  struct inst p, d;
+  bool up =
+      inst_up_with(&p, "producer", "\"mode\": \"pull\", \"lease_ms\": 400", 0x11) && inst_up(&d, "consumer");
+  CU_ASSERT_FATAL(up);
+  for (unsigned k = 0; k < 3; k++) { /* k 0, 1: the LOAD's first and second allocation; 2: the HOLD's */
+    char pid[16], id[16];
+    snprintf(pid, sizeof(pid), "oom-p%u", k);
+    snprintf(id, sizeof(id), "oom-d%u", k);
+    hold_and_load(&p, &d, pid, id, pb, db, 100 + k);
+    unsigned failed0 = kv_test_failed(KV_TEST_BIND);
+    if (k == 2) {
+      CU_ASSERT_EQUAL(step_short(&p, 1), HIXL_KV_RESOURCE_EXHAUSTED);
+    } else {
+      step(&p);
+      CU_ASSERT_EQUAL(step_short(&d, k + 1), HIXL_KV_RESOURCE_EXHAUSTED);
+    }
+    CU_ASSERT_EQUAL(kv_test_failed(KV_TEST_BIND), failed0 + 1);
+    const char *dids[] = {id}, *pids[] = {pid};
+    CU_ASSERT_TRUE(wait_finished(&d, dids, 1, 1));
+    CU_ASSERT_TRUE(wait_finished(&p, pids, 1, 0));
+    hixl_kv_blocks errs = {0};
+    ST_IS(ops->get_block_ids_with_load_errors(d.worker, &errs), HIXL_KV_SUCCESS);
+    CU_ASSERT_EQUAL(errs.count, NB);
+    for (size_t i = 0; i < errs.count && i < NB; i++) CU_ASSERT_EQUAL(errs.ids[i], db[i]);
+    ops->free_buffer(&errs.raw);
+    uint8_t fill[BLOCK_BYTES];
+    memset(fill, 0xEE, sizeof(fill)); /* the consumer's memory as inst_up left it */
+    for (int l = 0; l < LAYERS; l++)
+      for (int v = 0; v < 2; v++)
+        for (int b = 0; b < NB; b++)
+          TU_ASSERT_SAME(block(&d, l, v, db[b]), fill, BLOCK_BYTES, "a block not loaded");
+    hixl_kv_stats s;
+    ST_IS(ops->get_stats(p.worker, &s), HIXL_KV_SUCCESS);
+    CU_ASSERT_EQUAL(s.requests_held, 0);
+    CU_ASSERT_EQUAL(s.blocks_held, 0);
+  }
+  inst_down(&d);
+  inst_down(&p);
+}
+
 int main(void) {
   char err[256] = "";
   if (hixl_kv_connector_entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS) {
@@ -376,6 +438,8 @@ int main(void) {
        test_hung_producer_delays_no_renewal},
       {"shutdown while a PIN is answered \"not yet\": no wait for transfer_timeout_ms",
        test_shutdown_stops_pin_not_yet},
+      {"a bind out of memory (the consumer's LOAD, the producer's HOLD): the request still ends",
+       test_bind_out_of_memory},
       CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"kv_loader", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
   return tu_run_suites("test_kv_loader", suites);

@@ -258,6 +258,61 @@ static void test_shutdown_stops_accept_not_yet(void) {
   hung_peer_down(&h);
 }
 
+/* The consumer's EXPECT bind runs out of memory (KV_ALLOC, KV_TEST_BIND): the bind says
+ * RESOURCE_EXHAUSTED, and the request still ends on both sides: the consumer reports it
+ * finished receiving with its blocks in the load errors and none written, the
+ * producer's ACCEPT hears GONE and its push ends (finished_sending, counted failed),
+ * holding nothing. Before, the bind kept nothing and told nobody: the host waited for
+ * the request for ever and the producer's ACCEPT for its transfer timeout. */
+static void test_expect_out_of_memory(void) {
+  static const uint64_t db[NB] = {1, 2}, pb[NB] = {4, 5};
+  struct inst d, p;
+  if (!inst_up(&d, "consumer") || !inst_up(&p, "producer")) goto down;
+  fill_blocks(&d, db, &p, pb, 77);
+  char *text = expect_push(&d, "oom-x", db);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+  produce(&p, "oom-x", text, pb);
+  hixl_kv_buffer m = {0}, none = {0};
+  ST_IS(ops->build_connector_meta(d.sched, &m), HIXL_KV_SUCCESS);
+  unsigned failed0 = kv_test_failed(KV_TEST_BIND);
+  kv_test_fail_nth(KV_TEST_BIND, 1);
+  CU_ASSERT_EQUAL(ops->bind_connector_meta(d.worker, m.data, m.len), HIXL_KV_RESOURCE_EXHAUSTED);
+  kv_test_fail_nth(KV_TEST_BIND, 0);
+  CU_ASSERT_EQUAL(kv_test_failed(KV_TEST_BIND), failed0 + 1);
+  ops->free_buffer(&m);
+  ST_IS(ops->start_load_kv(d.worker), HIXL_KV_SUCCESS);
+  step(&p);
+  for (uint32_t l = 0; l < LAYERS; l++) CU_ASSERT_EQUAL(ops->save_kv_layer(p.worker, l), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(ops->wait_for_save(p.worker), HIXL_KV_SUCCESS);
+  hixl_kv_request r = request("oom-x", text);
+  int32_t delay = 0;
+  CU_ASSERT_EQUAL(ops->request_finished(p.sched, &r, pb, NB, &delay, &none), HIXL_KV_SUCCESS);
+  ops->free_buffer(&none);
+  free(text);
+  CU_ASSERT_TRUE(inst_wait_stepped(&d, "oom-x", 1, WAIT_MS));
+  CU_ASSERT_TRUE(inst_wait_stepped(&p, "oom-x", 0, WAIT_MS));
+  hixl_kv_blocks errs = {0};
+  ST_IS(ops->get_block_ids_with_load_errors(d.worker, &errs), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(errs.count, NB);
+  for (size_t i = 0; i < errs.count && i < NB; i++) CU_ASSERT_EQUAL(errs.ids[i], db[i]);
+  ops->free_buffer(&errs.raw);
+  uint8_t fill[BLOCK_BYTES];
+  memset(fill, 0xEE, sizeof(fill)); /* fill_blocks' consumer bytes */
+  for (int l = 0; l < LAYERS; l++)
+    for (int v = 0; v < 2; v++)
+      for (int b = 0; b < NB; b++)
+        TU_ASSERT_SAME(block(&d, l, v, db[b]), fill, BLOCK_BYTES, "a block not pushed");
+  hixl_kv_stats s;
+  ST_IS(ops->get_stats(p.worker, &s), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(s.requests_held, 0);
+  CU_ASSERT_EQUAL(s.blocks_held, 0);
+  CU_ASSERT_EQUAL(s.pushes_failed, 1);
+  CU_ASSERT_EQUAL(s.pushes_done, 0);
+down:
+  inst_down(&p);
+  inst_down(&d);
+}
+
 int main(void) {
   char err[256] = "";
   if (hixl_kv_connector_entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS) {
@@ -270,6 +325,8 @@ int main(void) {
                           test_hung_consumer_delays_no_other_push},
                          {"shutdown while an ACCEPT is answered \"not yet\": no wait for transfer_timeout_ms",
                           test_shutdown_stops_accept_not_yet},
+                         {"a consumer's EXPECT bind out of memory: the push still ends on both sides",
+                          test_expect_out_of_memory},
                          CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"kv_pusher", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
   return tu_run_suites("test_kv_pusher", suites);

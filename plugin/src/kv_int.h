@@ -28,6 +28,7 @@ struct kv_obs;
 enum kv_test_site {
   KV_TEST_PUSH,  /* the pusher's own allocations (kv_pusher.c) */
   KV_TEST_GRANT, /* grants and their revokes (kv_grant.c) */
+  KV_TEST_BIND,  /* what a worker's bind keeps of an entry: a load's parts, a hold, an expected push */
   KV_TEST_SITES
 };
 /* Points a white-box test waits for, and parks a thread at (never with c->lock held

@@ -88,6 +88,20 @@ static bool tp_usable(const hixl_kv_connector *c, uint32_t np, uint32_t nd) {
   return c->lay.ng > 0 && kv_tp_check(&c->lay, np, nd, why, sizeof(why));
 }
 
+/* A load that cannot be bound fails at once (its blocks to the load errors, the host told it
+ * finished) rather than being waited for by the host for ever; its producer's lease frees
+ * its side. An abort's FREE is only told: nothing waits for it. Lock held. */
+static hixl_kv_status load_unbound(hixl_kv_connector *c, const struct kv_meta_entry *e, hixl_kv_status st,
+                                   const char *why) {
+  if (e->type == KV_META_LOAD) {
+    kv_obs_count(c, KV_CAUSE_OTHER);
+    c->stats.loads_failed++;
+    kv_err_blocks_add(c, e->blocks, e->nblocks);
+    kv_finished_add(c, &c->recving_done, e->req);
+  }
+  return kv_fail(st, "bind_connector_meta: request %s: %s", e->req, why);
+}
+
 hixl_kv_status kv_load_parts(hixl_kv_connector *c, struct kv_meta_entry *e) {
   uint32_t np = e->rtp, nd = c->world, d = c->rank;
   uint64_t reads, frees;
@@ -98,16 +112,17 @@ hixl_kv_status kv_load_parts(hixl_kv_connector *c, struct kv_meta_entry *e) {
     reads = frees = UINT64_C(1) << (d % np);
   }
   if (e->type == KV_META_FREE) reads = 0; /* an abort: only told */
-  struct kv_whole *w = reads ? calloc(1, sizeof(*w)) : NULL;
-  if (reads && !w) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "bind_connector_meta: out of memory");
+  struct kv_whole *w = reads ? KV_ALLOC(KV_TEST_BIND, calloc(1, sizeof(*w))) : NULL;
+  if (reads && !w) return load_unbound(c, e, HIXL_KV_RESOURCE_EXHAUSTED, "out of memory");
   if (w) w->in_forward = c->cfg.load_in_forward;
   struct kv_load *first = NULL, **tail = &first;
-  bool ok = true;
+  bool ok = true, oom = false; /* !ok and !oom: the producer's address */
   for (uint32_t p = 0; p < np && ok; p++) {
     bool read = reads >> p & 1;
     if (!read && !(frees >> p & 1)) continue;
-    struct kv_load *l = calloc(1, sizeof(*l));
+    struct kv_load *l = KV_ALLOC(KV_TEST_BIND, calloc(1, sizeof(*l)));
     if (!l) {
+      oom = true;
       ok = false;
       break;
     }
@@ -119,6 +134,7 @@ hixl_kv_status kv_load_parts(hixl_kv_connector *c, struct kv_meta_entry *e) {
       l->whole = w;
       ok = dup_blocks(&l->e.blocks, e->blocks, e->nblocks) &&
            dup_blocks(&l->e.rblocks, e->rblocks, e->nrblocks);
+      oom = !ok;
     } else {
       l->e.type = KV_META_FREE;
       l->e.nblocks = l->e.nrblocks = 0;
@@ -140,10 +156,10 @@ hixl_kv_status kv_load_parts(hixl_kv_connector *c, struct kv_meta_entry *e) {
       free(l);
     }
     free(w);
-    return kv_fail(HIXL_KV_PARAM_INVALID,
-                   "bind_connector_meta: request %s: out of memory, or producer \"%s\" "
-                   "is not ip:port",
-                   e->req, e->remote);
+    char why[KV_MAX_ENGINE + 64];
+    snprintf(why, sizeof(why), "producer \"%s\" is not ip:port", e->remote);
+    return oom ? load_unbound(c, e, HIXL_KV_RESOURCE_EXHAUSTED, "out of memory")
+               : load_unbound(c, e, HIXL_KV_PARAM_INVALID, why);
   }
   if (c->load.bound_tail)
     c->load.bound_tail->next = first;

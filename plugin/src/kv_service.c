@@ -115,10 +115,13 @@ hixl_kv_status kv_held_bind(hixl_kv_connector *c, struct kv_meta_entry *e) {
     held_refuse(c, e->req);
     return HIXL_KV_SUCCESS;
   }
-  struct kv_held *h = calloc(1, sizeof(*h));
+  struct kv_held *h = KV_ALLOC(KV_TEST_BIND, calloc(1, sizeof(*h)));
   if (h) snprintf(h->id, sizeof(h->id), "%s", e->req);
-  if (!h || kv_idhash_add(&c->hold.held, h->id, h, SIZE_MAX, NULL) < 0) {
+  if (!h || kv_idhash_add(&c->hold.held, h->id, h, SIZE_MAX, NULL) < 0) { /* not held: as one refused */
     free(h);
+    kv_obs_count(c, KV_CAUSE_OTHER);
+    kv_finished_add(c, &c->sending_done, e->req);
+    kv_gone_add_why(c, e->req, "refused: its producer was out of memory"); /* kept: a constant */
     return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "bind_connector_meta: request %s: out of memory", e->req);
   }
   kv_cap_make(c->cap_key, h->id, &h->cap); /* what its consumer's calls present */
@@ -213,7 +216,7 @@ hixl_kv_status kv_expect_bind(hixl_kv_connector *c, struct kv_meta_entry *e, uin
     expect_refuse(c, e);
     return HIXL_KV_SUCCESS;
   }
-  struct kv_expect *x = calloc(1, sizeof(*x));
+  struct kv_expect *x = KV_ALLOC(KV_TEST_BIND, calloc(1, sizeof(*x)));
   uint64_t *landed = calloc(c->layers, sizeof(*landed));
   if (!x || !landed) goto free_both;
   snprintf(x->id, sizeof(x->id), "%s", e->req);
@@ -229,10 +232,15 @@ hixl_kv_status kv_expect_bind(hixl_kv_connector *c, struct kv_meta_entry *e, uin
   x->deadline_ns = now + (uint64_t)c->cfg.lease_ms * 1000000ull; /* the newest: its deadline comes last */
   kv_obs_phase(c, x->id, KV_PH_BOUND, NULL);
   return HIXL_KV_SUCCESS;
-free_both:
+free_both: /* not expected: its load fails now, as one refused, and its producer hears GONE */
   free(x);
   free(landed);
-  return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "bind_connector_meta: out of memory");
+  kv_obs_count(c, KV_CAUSE_OTHER);
+  c->stats.loads_failed++;
+  kv_err_blocks_add(c, e->blocks, e->nblocks);
+  kv_finished_add(c, &c->recving_done, e->req);
+  kv_gone_add_why(c, e->req, "refused: its consumer was out of memory"); /* kept: a constant */
+  return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "bind_connector_meta: request %s: out of memory", e->req);
 }
 
 /* x ends: landed whole (why NULL) or failed; an ACCEPT of it then hears GONE and
