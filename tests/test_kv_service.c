@@ -575,17 +575,18 @@ static void accept_w(struct inst *x, const char *peer, const char *id, const str
 }
 
 /* Push consumer, the landed bytes (kv_word.c): an expected push that fails gives its row
- * back while its producer may still write there (it is cut at the next get_finished),
- * and the next ACCEPT_W takes that row at once. The late byte, the earlier push's mark,
- * is not the later push's landed layer, however many pushes took rows between (here
- * 254: the marks ran round once). Before, each push took the connector's next mark, 1 to
- * 255 round: the later push had the earlier one's mark, and its layer 0 was held before
- * anything was written. */
+ * back while its producer may still write there (it is cut at the next get_finished).
+ * The free rows are a queue: the next 1,023 ACCEPT_Ws take every other row first, and
+ * only the 1,024th takes it again. Its mark then differs, so the late byte, the earlier
+ * push's mark, is not the later push's landed layer. Before: a stack (the very next
+ * ACCEPT_W took the row back, a row's mark came round after 255 takes of it, not 255 x
+ * 1,024) and, before that, one mark per push for the connector, 1 to 255 round (the
+ * later push had the earlier one's mark, its layer 0 held before anything was written). */
 static void test_row_reused_marked(void) {
   struct inst d;
   CU_ASSERT_FATAL(inst_up_with(
-      &d, "consumer", "\"mode\": \"push\", \"lease_ms\": 20000, \"max_inflight_requests\": 1024", 0));
-  enum { N = 255 }; /* w-0, 254 more, then w-255: the 255th take after w-0's */
+      &d, "consumer", "\"mode\": \"push\", \"lease_ms\": 20000, \"max_inflight_requests\": 2048", 0));
+  enum { N = KV_WORD_ROWS }; /* w-0, its row back, 1,023 more, then w-1024 */
   const char *peer = "127.0.0.1:20000";
   struct kv_cap *cap = calloc(N + 1, sizeof(*cap));
   CU_ASSERT_PTR_NOT_NULL_FATAL(cap);
@@ -594,18 +595,23 @@ static void test_row_reused_marked(void) {
   uint64_t row0 = 0, row = 0;
   uint8_t mark0 = 0, mark = 0, state;
   accept_w(&d, peer, "w-0", &cap[0], &row0, &mark0);
-  for (unsigned i = 1; i < N; i++) { /* 254 more pushes take rows */
+  TU_ASSERT_OK(serve(&d, peer, KV_SVC_ABORT, "w-0", &cap[0], &state, NULL, 0)); /* w-0 failed */
+  unsigned again = 0;
+  for (unsigned i = 1; i < N; i++) { /* every other row is taken before w-0's */
     char id[32];
     snprintf(id, sizeof(id), "w-%u", i);
     accept_w(&d, peer, id, &cap[i], &row, &mark);
+    again += row == row0;
   }
-  TU_ASSERT_OK(serve(&d, peer, KV_SVC_ABORT, "w-0", &cap[0], &state, NULL, 0)); /* w-0 failed */
-  accept_w(&d, peer, "w-255", &cap[N], &row, &mark);
+  CU_ASSERT_EQUAL(again, 0);
+  char last[32];
+  snprintf(last, sizeof(last), "w-%u", (unsigned)N);
+  accept_w(&d, peer, last, &cap[N], &row, &mark);
   CU_ASSERT_FATAL(row == row0 && row != 0); /* the row w-0 gave back */
   CU_ASSERT(mark != 0 && mark != mark0);
   memset((uint8_t *)(uintptr_t)row, mark0, LAYERS); /* w-0's producer, not cut yet, lands its bytes */
   pthread_mutex_lock(&d.worker->lock);
-  struct kv_expect *x = kv_expect_find(d.worker, "w-255");
+  struct kv_expect *x = kv_expect_find(d.worker, last);
   CU_ASSERT_PTR_NOT_NULL(x);
   if (x) CU_ASSERT(!kv_word_landed(d.worker, x, 0, 0) && !kv_word_landed(d.worker, x, 1, 0));
   pthread_mutex_unlock(&d.worker->lock);
@@ -797,7 +803,7 @@ int main(void) {
        test_expects_bounded},
       {"push: a request id expected again after it ended is refused; one preempted is expected anew",
        test_expect_id_reused},
-      {"push over shm: a row given back and taken again is told apart by its mark, 255 takes later",
+      {"push over shm: a row given back is taken again after every other, told apart by its mark",
        test_row_reused_marked},
       {"ACCEPT and wait_for_layer_load answered among 100 or 10000 expected pushes",
        test_expects_lookups_flat},

@@ -448,10 +448,10 @@ struct kv_expecter {
 struct kv_words {
   uint8_t *rows; /* consumer: KV_WORD_ROWS x layers bytes; NULL: none */
   HixlMemHandle rh;
-  uint32_t *free_rows; /* rows not given, nfree of them */
-  uint32_t nfree;
-  uint8_t *marks; /* each row's last mark, 1 to 255 round: its next taker gets the next */
-  uint8_t *src;   /* producer: layers bytes; NULL: none */
+  uint32_t *free_rows;  /* the rows not given, a queue: nfree of them from head, round */
+  uint32_t head, nfree; /* (a row given back is taken after every other free row) */
+  uint8_t *marks;       /* each row's last mark, 1 to 255 round: its next taker gets the next */
+  uint8_t *src;         /* producer: layers bytes; NULL: none */
   HixlMemHandle sh;
 };
 

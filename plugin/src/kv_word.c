@@ -9,9 +9,10 @@
  * LAYERS notice of every layer still ends the push (its bookkeeping: bytes loaded,
  * grants, finished_recving). Each row has a mark (1 to 255, the next one each time the
  * row is taken), so a byte left in a reused row by its earlier taker (a push that failed
- * gives its row back before its producer is cut) is not taken for this one's, however
- * many other rows were taken between. A byte is written whole or not at all: no tearing
- * to guard against.
+ * gives its row back before its producer is cut) is not taken for this one's; and the
+ * free rows are a queue, so a row given back is taken again only after every other free
+ * row: one row's mark comes round after 255 x 1,024 takes, not 255. A byte is written
+ * whole or not at all: no tearing to guard against.
  * Over tcp or rdma the notice follows the data on the same link already (CALL_AFTER,
  * CALL_TAG), so no rows are asked for there; a producer that asks anyway writes into
  * memory its grants do not cover, and is refused (docs/security.md). */
@@ -39,12 +40,13 @@ void kv_words_setup(hixl_kv_connector *c) {
       free(marks);
     } else {
       memset(p, 0, KV_WORD_ROWS * layers);
-      for (uint32_t i = 0; i < KV_WORD_ROWS; i++) fr[i] = KV_WORD_ROWS - 1 - i; /* row 0 first */
+      for (uint32_t i = 0; i < KV_WORD_ROWS; i++) fr[i] = i; /* row 0 first */
       pthread_mutex_lock(&c->lock);
       c->words.rows = p;
       c->words.rh = h;
       c->words.free_rows = fr;
       c->words.marks = marks;
+      c->words.head = 0;
       c->words.nfree = KV_WORD_ROWS;
       pthread_mutex_unlock(&c->lock);
     }
@@ -72,7 +74,9 @@ uint64_t kv_word_take(hixl_kv_connector *c, struct kv_expect *x, uint32_t rank) 
   if (!c->words.rows || rank >= KV_TP_MAX) return 0;
   if (!x->row[rank]) {
     if (c->words.nfree == 0) return 0; /* that rank's layers go by notices */
-    uint32_t row = c->words.free_rows[--c->words.nfree];
+    uint32_t row = c->words.free_rows[c->words.head];
+    c->words.head = (c->words.head + 1) % KV_WORD_ROWS;
+    c->words.nfree--;
     memset(c->words.rows + (size_t)row * c->layers, 0, c->layers);
     x->row[rank] = (uint16_t)(row + 1);
     x->wranks |= UINT64_C(1) << rank;
@@ -84,7 +88,7 @@ uint64_t kv_word_take(hixl_kv_connector *c, struct kv_expect *x, uint32_t rank) 
 void kv_word_give(hixl_kv_connector *c, struct kv_expect *x) {
   for (uint32_t r = 0; x->wranks && r < KV_TP_MAX; r++)
     if (x->row[r]) {
-      c->words.free_rows[c->words.nfree++] = x->row[r] - 1u;
+      c->words.free_rows[(c->words.head + c->words.nfree++) % KV_WORD_ROWS] = x->row[r] - 1u;
       x->row[r] = 0;
     }
   x->wranks = 0;
