@@ -315,6 +315,12 @@ static bool more(const struct run *r, uint64_t now) {
          !(o.write && r->submitted + o.batch - r->checked > r->nslots);
 }
 
+/* A failure inside a timed phase: the phase's time so far counts, as its ops done do. */
+static int phase_failed(struct run *r) {
+  r->timed_ns += bench_now_ns() - r->t_phase;
+  return -1;
+}
+
 /* The loop: keep depth requests in flight; 0, or -1 at the first failure (said). */
 static int loop(struct run *r) {
   size_t s = 0; /* requests complete in order of slots: the oldest is waited for first */
@@ -322,12 +328,12 @@ static int loop(struct run *r) {
   r->next_prog = r->t_start + PROG_PERIOD;
   for (;;) {
     if (r->req[s]) { /* the oldest: once it is done, its slot takes the next request */
-      if (wait_req(r, s) < 0) return -1;
+      if (wait_req(r, s) < 0) return phase_failed(r);
       progress(r, bench_now_ns());
       continue;
     }
     if (more(r, bench_now_ns())) {
-      if (post(r, s, r->submitted) < 0) return -1;
+      if (post(r, s, r->submitted) < 0) return phase_failed(r);
       r->submitted += o.batch;
     } else if (r->done == r->submitted) {
       r->timed_ns += bench_now_ns() - r->t_phase; /* none in flight (done: those ended well): phase over */
