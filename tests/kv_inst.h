@@ -104,4 +104,20 @@ static inline bool inst_wait_stepped(struct inst *x, const char *id, int which, 
   return false;
 }
 
+/* x's worker reports exactly the n blocks db with load errors, and each still holds fill
+ * in every layer's K and V: nothing of the failed request landed. */
+static inline void inst_assert_unloaded(struct inst *x, const uint64_t *db, size_t n, int fill,
+                                        const char *what) {
+  hixl_kv_blocks errs = {0};
+  ST_IS(ops->get_block_ids_with_load_errors(x->worker, &errs), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(errs.count, n);
+  for (size_t i = 0; i < errs.count && i < n; i++) CU_ASSERT_EQUAL(errs.ids[i], db[i]);
+  ops->free_buffer(&errs.raw);
+  uint8_t want[BLOCK_BYTES];
+  memset(want, fill, sizeof(want));
+  for (int l = 0; l < LAYERS; l++)
+    for (int v = 0; v < 2; v++)
+      for (size_t b = 0; b < n; b++) TU_ASSERT_SAME(block(x, l, v, db[b]), want, BLOCK_BYTES, what);
+}
+
 #endif

@@ -403,17 +403,7 @@ static void test_bind_out_of_memory(void) {
     const char *dids[] = {id}, *pids[] = {pid};
     CU_ASSERT_TRUE(wait_finished(&d, dids, 1, 1));
     CU_ASSERT_TRUE(wait_finished(&p, pids, 1, 0));
-    hixl_kv_blocks errs = {0};
-    ST_IS(ops->get_block_ids_with_load_errors(d.worker, &errs), HIXL_KV_SUCCESS);
-    CU_ASSERT_EQUAL(errs.count, NB);
-    for (size_t i = 0; i < errs.count && i < NB; i++) CU_ASSERT_EQUAL(errs.ids[i], db[i]);
-    ops->free_buffer(&errs.raw);
-    uint8_t fill[BLOCK_BYTES];
-    memset(fill, 0xEE, sizeof(fill)); /* the consumer's memory as inst_up left it */
-    for (int l = 0; l < LAYERS; l++)
-      for (int v = 0; v < 2; v++)
-        for (int b = 0; b < NB; b++)
-          TU_ASSERT_SAME(block(&d, l, v, db[b]), fill, BLOCK_BYTES, "a block not loaded");
+    inst_assert_unloaded(&d, db, NB, 0xEE, "a block not loaded"); /* 0xEE: as inst_up left it */
     hixl_kv_stats s;
     ST_IS(ops->get_stats(p.worker, &s), HIXL_KV_SUCCESS);
     CU_ASSERT_EQUAL(s.requests_held, 0);

@@ -291,17 +291,7 @@ static void test_expect_out_of_memory(void) {
   free(text);
   CU_ASSERT_TRUE(inst_wait_stepped(&d, "oom-x", 1, WAIT_MS));
   CU_ASSERT_TRUE(inst_wait_stepped(&p, "oom-x", 0, WAIT_MS));
-  hixl_kv_blocks errs = {0};
-  ST_IS(ops->get_block_ids_with_load_errors(d.worker, &errs), HIXL_KV_SUCCESS);
-  CU_ASSERT_EQUAL(errs.count, NB);
-  for (size_t i = 0; i < errs.count && i < NB; i++) CU_ASSERT_EQUAL(errs.ids[i], db[i]);
-  ops->free_buffer(&errs.raw);
-  uint8_t fill[BLOCK_BYTES];
-  memset(fill, 0xEE, sizeof(fill)); /* fill_blocks' consumer bytes */
-  for (int l = 0; l < LAYERS; l++)
-    for (int v = 0; v < 2; v++)
-      for (int b = 0; b < NB; b++)
-        TU_ASSERT_SAME(block(&d, l, v, db[b]), fill, BLOCK_BYTES, "a block not pushed");
+  inst_assert_unloaded(&d, db, NB, 0xEE, "a block not pushed"); /* 0xEE: fill_blocks' consumer bytes */
   hixl_kv_stats s;
   ST_IS(ops->get_stats(p.worker, &s), HIXL_KV_SUCCESS);
   CU_ASSERT_EQUAL(s.requests_held, 0);
