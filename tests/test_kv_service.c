@@ -623,6 +623,41 @@ static void test_row_reused_marked(void) {
   inst_down(&d);
 }
 
+/* A scheduler handed kv_transfer_params meant for it (a pull consumer's do_remote_prefill,
+ * a push producer's do_remote_decode, true) that do not parse: the request moves no KV
+ * (0 tokens; nothing pushed), and the first such refusal is said, naming the request and
+ * why; a second is not, nor are params meant for the other side. Before, nothing was said:
+ * an operator saw prompts computed again with no reason anywhere. */
+static void test_params_refused_said(void) {
+  static const char *const roles[2] = {"consumer", "producer"}, *const flags[2] = {"do_remote_prefill",
+                                                                                   "do_remote_decode"};
+  static const uint64_t blocks[NB] = {1, 2};
+  for (int k = 0; k < 2; k++) {
+    struct inst x;
+    CU_ASSERT_FATAL(inst_up_with(&x, roles[k], k ? "\"mode\": \"push\"" : "\"mode\": \"pull\"", 0));
+    char bad[160], other[96], line[512] = "", id[2][16];
+    snprintf(bad, sizeof(bad), "{\"%s\": true, \"remote_engine\": 7}", flags[k]);
+    snprintf(other, sizeof(other), "{\"%s\": true}", flags[1 - k]);
+    for (int n = 0; n < 3; n++) { /* the first refused, a second refused, one for the other side */
+      snprintf(id[0], sizeof(id[0]), "bad-%d", n);
+      hixl_kv_request r = request(id[0], n < 2 ? bad : other);
+      int64_t tokens = -1;
+      int32_t async = -1;
+      tu_log_watch(id[0]);
+      if (k == 0) {
+        ST_IS(ops->get_num_new_matched_tokens(x.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+        CU_ASSERT_EQUAL(tokens, 0);
+      } else { /* the producer's allocation reads them (push), then its request_finished frees the blocks */
+        ST_IS(ops->update_state_after_alloc(x.sched, &r, blocks, NB, 0), HIXL_KV_SUCCESS);
+      }
+      bool said = tu_log_seen(line, sizeof(line));
+      CU_ASSERT_EQUAL(said, n == 0);
+      if (n == 0) CU_ASSERT_PTR_NOT_NULL(strstr(line, "remote_engine is missing or not a string"));
+    }
+    inst_down(&x);
+  }
+}
+
 /* Push consumer: with FEW, then MANY pushes expected (bound at an earlier step), ACCEPTs
  * of one not expected and the forward pass's wait_for_layer_load are answered. */
 static void test_expects_lookups_flat(void) {
@@ -805,6 +840,8 @@ int main(void) {
        test_expect_id_reused},
       {"push over shm: a row given back is taken again after every other, told apart by its mark",
        test_row_reused_marked},
+      {"kv_transfer_params meant for a scheduler that do not parse: the first refusal said",
+       test_params_refused_said},
       {"ACCEPT and wait_for_layer_load answered among 100 or 10000 expected pushes",
        test_expects_lookups_flat},
       {"the peers to cut: one entry a name among 100 or 10000", test_drop_flat},

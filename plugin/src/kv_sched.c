@@ -22,6 +22,7 @@ struct kv_params {
   uint64_t epoch, seq; /* hold_epoch, hold_seq: which hold of the producer (0: not given) */
   struct kv_cap cap;   /* cap: what the peer's KV service wants for remote_request_id (len 0: not given) */
   uint32_t tp;         /* tp_size: the peer instance's tensor-parallel size (not given: this one's) */
+  bool flagged;        /* the flag asked for was true: the params were meant for this side */
 };
 
 /* A request's block ids from the host, every group's one list after another. */
@@ -105,8 +106,9 @@ static bool params_parse(const hixl_kv_connector *c, const hixl_kv_request *r, c
       o && json_tokener_get_error(tok) == json_tokener_success && json_object_is_type(o, json_type_object);
   json_tokener_free(tok);
   json_object *v;
-  if (ok && (!json_object_object_get_ex(o, flag, &v) || !json_object_is_type(v, json_type_boolean) ||
-             !json_object_get_boolean(v)))
+  p->flagged = ok && json_object_object_get_ex(o, flag, &v) && json_object_is_type(v, json_type_boolean) &&
+               json_object_get_boolean(v);
+  if (ok && !p->flagged)
     ok = false, snprintf(why, cap, "%s is not true", flag);
   else if (ok &&
            (!json_object_object_get_ex(o, "remote_engine", &v) || !json_object_is_type(v, json_type_string) ||
@@ -193,6 +195,20 @@ static bool params_parse(const hixl_kv_connector *c, const hixl_kv_request *r, c
   return ok;
 }
 
+/* Params meant for this side (their flag true) that do not parse: the request moves no KV
+ * through hixl. The first such refusal is said, naming the request and why; all counted. */
+static void params_refused(hixl_kv_connector *c, const char *id, const char *flag, const char *why) {
+  char esc[4 * KV_MAX_ID + 1]; /* a client's id: escaped (docs/security.md, "Logs") */
+  pthread_mutex_lock(&c->lock);
+  bool first = c->sched.params_refused++ == 0;
+  pthread_mutex_unlock(&c->lock);
+  if (!first) return;
+  log_escape(esc, sizeof(esc), id, strnlen(id, KV_MAX_ID));
+  log_warn("hixl-kv: request %s: kv_transfer_params with %s true refused (%s): it moves no KV through hixl "
+           "(a consumer computes its prompt, a producer pushes nothing); later such refusals are not logged",
+           esc, flag, why);
+}
+
 /* Whether the request's params set flag to true (push mode: the router's mark). */
 static bool params_flag(const hixl_kv_request *r, const char *flag) {
   if (!r->kv_transfer_params || r->kv_transfer_params_len == 0) return false;
@@ -233,6 +249,7 @@ hixl_kv_status kv_matched(hixl_kv_connector *c, const hixl_kv_request *r, uint64
       c->cfg.consumer && (c->cfg.push ? params_flag(r, "do_remote_prefill")
                                       : r->kv_transfer_params_len &&
                                             params_parse(c, r, "do_remote_prefill", &p, why, sizeof(why)));
+  if (!remote && p.flagged) params_refused(c, id, "do_remote_prefill", why);
   if (remote) {
     free(p.blocks);
     pthread_mutex_lock(&c->lock);
@@ -302,8 +319,9 @@ static hixl_kv_status push_after_alloc(hixl_kv_connector *c, const hixl_kv_reque
     }
     return HIXL_KV_SUCCESS;
   }
-  struct kv_params p;
+  struct kv_params p = {0};
   if (!c->cfg.producer || !params_parse(c, r, "do_remote_decode", &p, why, sizeof(why))) {
+    if (p.flagged) params_refused(c, id, "do_remote_decode", why);
     free(b->v);
     return HIXL_KV_SUCCESS;
   }
