@@ -352,10 +352,9 @@ struct kv_sched {
                                KV_GONE_MAX: request_finished of one again is a reused id, refused */
   uint64_t reused;          /* ... request_finished calls refused so (the first is logged) */
   uint64_t not_held;        /* producer: requests not held (pull) or not pushed (push) at max_inflight */
-  uint64_t
-      params_refused; /* kv_transfer_params meant for this side that did not parse (the first is logged) */
-  uint64_t epoch;     /* pull producer: this scheduler's, random (below 2^52: exact in any JSON) */
-  uint64_t hold_seq;  /* ... and the number of the last hold it queued */
+  uint64_t params_refused;  /* kv_transfer_params meant for it that did not parse (the first logged) */
+  uint64_t epoch;           /* pull producer: this scheduler's, random (below 2^52: exact in any JSON) */
+  uint64_t hold_seq;        /* ... and the number of the last hold it queued */
   uint8_t cap_key[KV_CAP_KEY_LEN]; /* random: its requests' capabilities derive from it (kv_cap.c); each
                                     * metadata carries it to the workers */
 };

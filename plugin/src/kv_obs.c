@@ -753,3 +753,10 @@ void kv_finished_add(hixl_kv_connector *c, struct kv_idset *set, const char *id)
   kv_idset_add(set, id);
   kv_efd_signal(c);
 }
+
+void kv_recv_refused(hixl_kv_connector *c, const struct kv_meta_entry *e, enum kv_cause cause) {
+  kv_obs_count(c, cause);
+  c->stats.loads_failed++;
+  kv_err_blocks_add(c, e->blocks, e->nblocks);
+  kv_finished_add(c, &c->recving_done, e->req);
+}

@@ -84,6 +84,9 @@ void kv_obs_failed(hixl_kv_connector *c, const char *id, enum kv_cause cause, co
 void kv_obs_cause_set(hixl_kv_connector *c, const char *id, enum kv_cause cause);
 /* A failure that belongs to no request of this connector (a refused call). */
 void kv_obs_count(hixl_kv_connector *c, enum kv_cause cause);
+/* A load or an expected push that ends before it began (refused, out of memory): counted
+ * under cause, its blocks to the load errors, finished receiving. Lock held. */
+void kv_recv_refused(hixl_kv_connector *c, const struct kv_meta_entry *e, enum kv_cause cause);
 /* The cause a failed status (and its reason) stands for. */
 enum kv_cause kv_obs_cause(HixlStatus st, const char *why);
 /* get_finished handed these to the host: their traces end (to the ring and the file); a

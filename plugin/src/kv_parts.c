@@ -94,10 +94,7 @@ static bool tp_usable(const hixl_kv_connector *c, uint32_t np, uint32_t nd) {
 static hixl_kv_status load_unbound(hixl_kv_connector *c, const struct kv_meta_entry *e, hixl_kv_status st,
                                    const char *why) {
   if (e->type == KV_META_LOAD) {
-    kv_obs_count(c, KV_CAUSE_OTHER);
-    c->stats.loads_failed++;
-    kv_err_blocks_add(c, e->blocks, e->nblocks);
-    kv_finished_add(c, &c->recving_done, e->req);
+    kv_recv_refused(c, e, KV_CAUSE_OTHER);
   }
   return kv_fail(st, "bind_connector_meta: request %s: %s", e->req, why);
 }

@@ -180,10 +180,7 @@ static void expect_refuse(hixl_kv_connector *c, const struct kv_meta_entry *e) {
              "load_failure_policy decides) and their producers' ACCEPT answers GONE; raise "
              "max_inflight_requests to expect more (the first such refusal)",
              c->exp.expects.n, c->cfg.max_inflight, e->req);
-  kv_obs_count(c, KV_CAUSE_REFUSED);
-  c->stats.loads_failed++;
-  kv_err_blocks_add(c, e->blocks, e->nblocks);
-  kv_finished_add(c, &c->recving_done, e->req);
+  kv_recv_refused(c, e, KV_CAUSE_REFUSED);
   kv_gone_add_why(c, e->req, c->exp.full_why);
 }
 
@@ -197,18 +194,12 @@ hixl_kv_status kv_expect_bind(hixl_kv_connector *c, struct kv_meta_entry *e, uin
                "unique per run; it is not expected, its load fails at once (its blocks are reported with "
                "the load errors) and its producer's ACCEPT answers GONE saying so (the first such refusal)",
                e->req);
-    kv_obs_count(c, KV_CAUSE_REFUSED);
-    c->stats.loads_failed++;
-    kv_err_blocks_add(c, e->blocks, e->nblocks);
-    kv_finished_add(c, &c->recving_done, e->req);
+    kv_recv_refused(c, e, KV_CAUSE_REFUSED);
     kv_gone_add_why(c, e->req, reused);
     return HIXL_KV_SUCCESS;
   }
   if (blocks_past(c, e, why, sizeof(why))) { /* its load fails now; its producer hears GONE */
-    kv_obs_count(c, KV_CAUSE_REFUSED);
-    c->stats.loads_failed++;
-    kv_err_blocks_add(c, e->blocks, e->nblocks);
-    kv_finished_add(c, &c->recving_done, e->req);
+    kv_recv_refused(c, e, KV_CAUSE_REFUSED);
     kv_gone_add_why(c, e->req, "refused: a block id past its group's blocks"); /* kept: a constant */
     return kv_fail(HIXL_KV_PARAM_INVALID, "bind_connector_meta: request %s: %s", e->req, why);
   }
@@ -235,10 +226,7 @@ hixl_kv_status kv_expect_bind(hixl_kv_connector *c, struct kv_meta_entry *e, uin
 free_both: /* not expected: its load fails now, as one refused, and its producer hears GONE */
   free(x);
   free(landed);
-  kv_obs_count(c, KV_CAUSE_OTHER);
-  c->stats.loads_failed++;
-  kv_err_blocks_add(c, e->blocks, e->nblocks);
-  kv_finished_add(c, &c->recving_done, e->req);
+  kv_recv_refused(c, e, KV_CAUSE_OTHER);
   kv_gone_add_why(c, e->req, "refused: its consumer was out of memory"); /* kept: a constant */
   return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "bind_connector_meta: request %s: out of memory", e->req);
 }

@@ -185,10 +185,7 @@ static hixl_kv_status entry_refused(hixl_kv_connector *c, const struct kv_meta_e
     if (e->type == KV_META_PUSH) c->stats.pushes_failed++;
     kv_finished_add(c, &c->sending_done, e->req);
   } else {
-    kv_obs_count(c, KV_CAUSE_REFUSED);
-    c->stats.loads_failed++;
-    kv_err_blocks_add(c, e->blocks, e->nblocks);
-    kv_finished_add(c, &c->recving_done, e->req);
+    kv_recv_refused(c, e, KV_CAUSE_REFUSED);
   }
   if (e->type == KV_META_HOLD || e->type == KV_META_EXPECT) /* its peer's PIN or ACCEPT hears GONE */
     kv_gone_add_why(c, e->req, "refused: the worker's role or caches do not take it"); /* a constant */
