@@ -381,6 +381,59 @@ static void test_held_id_reused(void) {
   inst_down(&p);
 }
 
+/* Pull producer: a hold of an id the worker holds already (a restarted scheduler that
+ * did not know it, or two schedulers on one worker) is not held again, and the first
+ * is said (a warning naming the request and the hold); the second's consumer is
+ * refused (a wrong capability) and served nothing, the first's keeps its request, and
+ * the host hears the id finished once, when the first ends. Before, the second hold
+ * was dropped with no word anywhere. */
+static void test_held_again_said(void) {
+  struct inst p;
+  CU_ASSERT_FATAL(inst_up(&p, "producer", "pull"));
+  static const uint64_t blocks[NB] = {3, 4};
+  const char *id = "held-twice";
+  hixl_kv_request r = request(id, NULL);
+  hixl_kv_buffer params = {0};
+  int32_t delay = 0;
+  struct kv_cap cap1, cap2;
+  uint8_t state;
+  ST_IS(ops->request_finished(p.sched, &r, blocks, NB, &delay, &params), HIXL_KV_SUCCESS);
+  CU_ASSERT_FATAL(params_cap(&params, &cap1));
+  step(&p);
+  CU_ASSERT_EQUAL(held_now(&p), 1);
+  for (int n = 0; n < 2; n++) { /* two more schedulers: the first said, the second not */
+    hixl_kv_connector *s2 = sched_restarted("");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(s2);
+    ST_IS(ops->request_finished(s2, &r, blocks, NB, &delay, &params), HIXL_KV_SUCCESS);
+    CU_ASSERT_EQUAL(delay, 1);
+    CU_ASSERT_FATAL(params_cap(&params, &cap2));
+    char line[512] = "";
+    tu_log_watch("held here already");
+    bind_from(&p, s2);
+    CU_ASSERT_EQUAL(tu_log_seen(line, sizeof(line)), n == 0);
+    if (n == 0) CU_ASSERT_PTR_NOT_NULL(strstr(line, id));
+    CU_ASSERT_EQUAL(held_now(&p), 1);
+    hixl_kv_ids s = {0}, rv = {0};
+    ST_IS(ops->get_finished(p.worker, NULL, &s, &rv), HIXL_KV_SUCCESS);
+    CU_ASSERT_EQUAL(s.count, 0); /* nothing reported free while the first is held */
+    ops->free_ids(&s);
+    ops->free_ids(&rv);
+    ops->destroy(s2);
+  }
+  char why[256] = "";
+  CU_ASSERT_EQUAL(serve(&p, "127.0.0.1:20001", KV_SVC_PIN, id, &cap2, &state, why, sizeof(why)),
+                  HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_NOT_NULL(strstr(why, "wrong capability"));
+  CU_ASSERT_EQUAL(granted(&p, "127.0.0.1:20001"), 0);
+  TU_ASSERT_OK(serve(&p, "127.0.0.1:20000", KV_SVC_PIN, id, &cap1, &state, NULL, 0));
+  CU_ASSERT_EQUAL(state, KV_PIN_HELD);
+  TU_ASSERT_OK(serve(&p, "127.0.0.1:20000", KV_SVC_FREE, id, &cap1, &state, NULL, 0));
+  CU_ASSERT_EQUAL(held_now(&p), 0);
+  CU_ASSERT_TRUE(sending_only(&p, id)); /* once */
+  CU_ASSERT_FALSE(sending_only(&p, id));
+  inst_down(&p);
+}
+
 /* Push producer: request_finished of a request whose push is under way answers
  * delay_free 1 once; a second one, before its finished_sending came back, is refused
  * (PARAM_INVALID), as pull mode refuses one of a request still held. Before: SUCCESS
@@ -832,6 +885,8 @@ int main(void) {
        test_held_bounded},
       {"a request id held again after it ended: refused by the scheduler, and by a worker that knows it",
        test_held_id_reused},
+      {"a hold of an id held already: not held again, the first said, the id finished once",
+       test_held_again_said},
       {"push: a second request_finished while the push is under way is refused", test_push_finished_twice},
       {"PIN answered among 100 or 10000 held requests", test_held_lookups_flat},
       {"a worker expects at most max_inflight_requests pushes; one more fails, GONE naming it",

@@ -367,6 +367,7 @@ struct kv_holder {
   uint64_t epoch, bound_seq; /* the scheduler's epoch, and the last hold of it bound */
   uint64_t refused;          /* holds refused at the bound (the first is logged) */
   uint64_t reused;           /* holds refused for an id that ended here lately (the first is logged) */
+  uint64_t again;            /* holds of an id held here already, not held again (the first is logged) */
   char full_why[128];        /* what a PIN of a refused one hears (GONE), naming the bound */
 };
 

@@ -92,7 +92,17 @@ static bool blocks_past(const hixl_kv_connector *c, const struct kv_meta_entry *
 hixl_kv_status kv_held_bind(hixl_kv_connector *c, struct kv_meta_entry *e) {
   char why[160];
   void *ended = NULL;
-  if (kv_held_find(c, e->req)) return HIXL_KV_SUCCESS;
+  if (kv_held_find(c, e->req)) { /* another scheduler's (one restarted, or two on one worker) */
+    if (c->hold.again++ == 0)
+      log_warn("hixl-kv: request %s is held here already, and a scheduler handed over a hold of it again "
+               "(hold %" PRIu64 " of epoch %" PRIu64 "): a scheduler that restarted while its predecessor's "
+               "holds were leased, or two schedulers sharing this worker, does this. The second is not "
+               "held: its consumer's PIN is refused (a wrong capability), and its blocks are reported free "
+               "when the first hold ends, within its lease (the first such hold)",
+               e->req, e->seq, e->epoch);
+    kv_obs_count(c, KV_CAUSE_REFUSED);
+    return HIXL_KV_SUCCESS;
+  }
   if (kv_idhash_get(&c->gone, e->req, &ended)) { /* freed already (an abort), or a reused id */
     if (ended != freed_early) {                  /* not held: the host frees it, its consumer hears why */
       if (c->hold.reused++ == 0)
