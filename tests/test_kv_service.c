@@ -467,6 +467,40 @@ static void test_push_finished_twice(void) {
   inst_down(&p);
 }
 
+/* An operation past the ones a worker knows (a newer peer's), with its own fields after
+ * the id or none, is answered UNSUPPORTED saying so, not PARAM_INVALID "malformed": the
+ * status a newer caller falls back on (as the pusher does from ACCEPT_W to ACCEPT),
+ * whatever the text. Protocol 4's malformed calls still say malformed. Before, one with
+ * fields of its own was called malformed. */
+static void test_unknown_op_unsupported(void) {
+  struct inst p;
+  CU_ASSERT_FATAL(inst_up(&p, "producer", "pull"));
+  struct kv_cap cap;
+  kv_cap_make(p.worker->cap_key, "newer", &cap);
+  for (int extra = 0; extra < 3; extra++) {
+    struct kv_out o = {0};
+    CU_ASSERT_FATAL(kv_msg(p.worker, &o, KV_SVC_PIN, "newer", &cap, 0, "a test"));
+    for (int k = 0; k < extra; k++) kv_put_u64(&o, 0x0102030405060708ull); /* its own fields */
+    CU_ASSERT_FATAL(!o.bad);
+    for (int op = 0; op < 2; op++) {
+      o.p[1] = op ? KV_SVC_OP_LAST + 1 : 0;
+      uint8_t resp[512];
+      size_t n = 0;
+      ST_IS(kv_serve(p.worker, "127.0.0.1:20000", o.p, o.len, resp, sizeof(resp), &n), HIXL_UNSUPPORTED);
+      CU_ASSERT_PTR_NOT_NULL(memmem(resp, n, "not known to this worker", 24));
+    }
+    o.p[1] = KV_SVC_PIN;
+    o.p[0] = 4; /* protocol 4: malformed, as before */
+    uint8_t resp[512];
+    size_t n = 0;
+    ST_IS(kv_serve(p.worker, "127.0.0.1:20000", o.p, o.len, resp, sizeof(resp), &n), HIXL_PARAM_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(memmem(resp, n, "malformed", 9));
+    free(o.p);
+  }
+  CU_ASSERT_EQUAL(held_now(&p), 0);
+  inst_down(&p);
+}
+
 /* k calls of op on id (one neither held nor expected: a lookup that misses) from a
  * peer, presenting cap; each must be answered SUCCESS. */
 static void calls_ok(struct inst *x, uint8_t op, const char *id, const struct kv_cap *cap, unsigned k) {
@@ -888,6 +922,7 @@ int main(void) {
       {"a hold of an id held already: not held again, the first said, the id finished once",
        test_held_again_said},
       {"push: a second request_finished while the push is under way is refused", test_push_finished_twice},
+      {"an operation past the ones known: UNSUPPORTED, not malformed", test_unknown_op_unsupported},
       {"PIN answered among 100 or 10000 held requests", test_held_lookups_flat},
       {"a worker expects at most max_inflight_requests pushes; one more fails, GONE naming it",
        test_expects_bounded},

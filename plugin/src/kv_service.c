@@ -401,8 +401,9 @@ struct svc_req {
 
 enum svc_parsed {
   SVC_OK,
-  SVC_OLD, /* protocol 3, before capabilities: proto, op and id only */
-  SVC_BAD, /* malformed */
+  SVC_OLD,     /* protocol 3, before capabilities: proto, op and id only */
+  SVC_UNKNOWN, /* an operation this worker does not know (a newer peer's), whatever follows its id */
+  SVC_BAD,     /* malformed */
 };
 
 static enum svc_parsed svc_parse(const uint8_t *req, size_t len, struct svc_req *r) {
@@ -413,6 +414,8 @@ static enum svc_parsed svc_parse(const uint8_t *req, size_t len, struct svc_req 
   kv_get_str(&in, r->id, KV_MAX_ID);
   if (!in.bad && r->proto == KV_SVC_PROTO_NOCAP && r->op >= KV_SVC_PIN && r->op <= KV_SVC_OP_LAST)
     return SVC_OLD; /* a call that carries no capability, whatever follows */
+  if (!in.bad && r->proto == KV_SVC_PROTO && (r->op < KV_SVC_PIN || r->op > KV_SVC_OP_LAST))
+    return SVC_UNKNOWN; /* its fields are not known here: not read, and not called malformed */
   kv_get_cap(&in, &r->cap);
   r->world = kv_get_u32(&in);
   r->rank = kv_get_u32(&in);
@@ -636,6 +639,11 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
     pthread_mutex_unlock(&c->lock);
     return st;
   }
+  if (parsed == SVC_UNKNOWN) /* the status a newer caller falls back on, not this text */
+    return refuse(HIXL_UNSUPPORTED, resp, cap, resp_len,
+                  "unsupported: KV service operation %u from %s is not known to this worker (its plugin is "
+                  "older); nothing was done",
+                  r.op, peer);
   if (parsed == SVC_BAD)
     return refuse(HIXL_PARAM_INVALID, resp, cap, resp_len, "malformed KV service request from %s%s", peer,
                   r.proto == 4 ? " (KV service protocol 4, before tensor parallelism: update its plugin)"
