@@ -1638,6 +1638,52 @@ out:
   region_unmap(&more);
 }
 
+/* An op whose local_buf is NULL is PARAM_INVALID in every batch kind, the whole batch
+ * refused before anything moves: no handle, nothing read from or written to the server,
+ * and the link stays (a put from NULL reset it, FAILED; a get into NULL threw the data
+ * away and ended COMPLETED). A client of its own, so a broken link harms no other test. */
+static void test_null_local_buf(void) {
+  HixlClientHandle cli = client_new(g.srv.port, NULL);
+  region src;
+  HixlOneSideOpDesc d[2];
+  CompleteHandle h = SENTINEL;
+  char what[96];
+
+  memset(&src, 0, sizeof(src));
+  if (!cli || !client_region(cli, &src, 64 * KiB, "null_src")) goto out;
+  for (int k = PUT_ASYNC; k <= GET_SYNC; k++) {
+    bool put = k == PUT_ASYNC || k == PUT_SYNC, async = k == PUT_ASYNC || k == GET_ASYNC;
+    HixlStatus st = HixlCSClientConnect(cli, CONNECT_MS); /* each kind on a live link */
+    if (k == PUT_ASYNC)
+      TU_ASSERT_OK(st);
+    else
+      TU_ASSERT_STATUS(st, HIXL_ALREADY_CONNECTED);
+    snprintf(what, sizeof(what), "%s after one with a NULL local_buf", batch_names[k]);
+    tu_fill(g.srv.m.mem, 4 * KiB, 360 + (uint64_t)k);
+    tu_fill(src.mem, 4 * KiB, 370 + (uint64_t)k);
+    d[0] = op(src.mem, g.raddr, 64);
+    d[1] = op(NULL, g.raddr + 64, 64);
+    TU_ASSERT_STATUS(batch_call(k, cli, 2, d, &h), HIXL_PARAM_INVALID);
+    TU_ASSERT_ERRMSG_HAS("local_buf");
+    CU_ASSERT_PTR_EQUAL(h, SENTINEL);
+    TU_ASSERT_PATTERN(g.srv.m.mem, 4 * KiB, 360 + (uint64_t)k, "server memory after the refused batch");
+    TU_ASSERT_PATTERN(src.mem, 4 * KiB, 370 + (uint64_t)k, "client memory after the refused batch");
+    /* The link still carries a good batch of the same kind. */
+    if (async) {
+      ASSERT_ASYNC_ENDS(cli, put, 1, d, HIXL_COMPLETE_STATUS_COMPLETED, XFER_MS, what);
+    } else {
+      TU_ASSERT_OK(batch_call(k, cli, 1, d, NULL));
+    }
+    if (put)
+      TU_ASSERT_PATTERN(g.srv.m.mem, 64, 370 + (uint64_t)k, what);
+    else
+      TU_ASSERT_PATTERN(src.mem, 64, 360 + (uint64_t)k, what);
+  }
+out:
+  client_region_free(cli, &src);
+  if (cli) TU_ASSERT_OK(HixlCSClientDestroy(cli));
+}
+
 /* A final status releases the handle; made-up handles and another client's are refused. */
 static void test_query_rules(void) {
   HixlClientHandle other = client_new(g.srv.port, NULL);
@@ -2429,6 +2475,7 @@ int main(int argc, char **argv) {
   CU_add_test(s, "RegMem / UnregMem arguments, both sides", test_regmem_args);
   CU_add_test(s, "Listen twice and its arguments", test_listen_args);
   CU_add_test(s, "batch arguments", test_batch_args);
+  CU_add_test(s, "a NULL local_buf: PARAM_INVALID, and the link stays", test_null_local_buf);
   CU_add_test(s, "unregistered client memory is staged", test_unregistered_client_memory);
   CU_add_test(s, "GetRemoteMem arguments", test_remote_mem_args);
   CU_add_test(s, "NULL, made-up and destroyed handles", test_bad_handles);

@@ -74,7 +74,7 @@ typedef struct HixlServerDesc {
 
 typedef struct HixlOneSideOpDesc {
   void *remote_buf; /* inside memory the server registered */
-  void *local_buf;  /* inside memory this client registered */
+  void *local_buf;  /* inside memory this client registered (else staged); NULL is PARAM_INVALID */
   uint64_t len;     /* bytes, > 0 */
 } HixlOneSideOpDesc;
 

@@ -353,6 +353,12 @@ static HixlStatus to_ops(uint32_t n, const HixlOneSideOpDesc *list, const char *
       free(ops);
       return hixl_fail(HIXL_PARAM_INVALID, "%s: op %u length does not fit in memory", fn, i);
     }
+    /* Refused here: the engine reads a NULL destination as "discard" (a get would end
+     * COMPLETED with its bytes dropped) and a put from it resets the link. */
+    if (!list[i].local_buf) {
+      free(ops);
+      return hixl_fail(HIXL_PARAM_INVALID, "%s: op %u local_buf is NULL; nothing was sent", fn, i);
+    }
     ops[i].local_addr = (uintptr_t)list[i].local_buf;
     ops[i].remote_addr = (uintptr_t)list[i].remote_buf;
     ops[i].len = (size_t)list[i].len;
