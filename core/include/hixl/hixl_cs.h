@@ -103,10 +103,12 @@ HIXL_API HixlStatus HixlCSServerDestroy(HixlServerHandle server_handle);
 /** Create a client for the server in client_desc; config may be NULL. */
 HIXL_API HixlStatus HixlCSClientCreate(const HixlClientDesc *client_desc, const HixlClientConfig *config,
                                        HixlClientHandle *client_handle);
-/** Link to the server, retrying until timeout_ms while it does not listen yet.
- *  After a failure or a lost link, Connect may simply be called again. */
+/** Link to the server, retrying until timeout_ms (0: 1000 ms) while it does not listen yet.
+ *  After a failure or a lost link, Connect may simply be called again; on a live link
+ *  it is HIXL_ALREADY_CONNECTED and the link stays. */
 HIXL_API HixlStatus HixlCSClientConnect(HixlClientHandle client_handle, uint32_t timeout_ms);
-/** The server's registrations and their tags, as of now. The arrays belong to the
+/** The server's registrations and their tags, as of now (one round trip of at most
+ *  timeout_ms, 0: 1000 ms). The arrays belong to the
  *  client and stay valid until the next call or HixlCSClientDestroy: the next call from
  *  any thread, so threads that share a client and read these arrays must take turns
  *  (the one exception to "safe from any thread": the seed hands the arrays out so). */
