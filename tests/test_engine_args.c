@@ -1117,6 +1117,20 @@ static void test_transfer_sync_args(void) {
   d = good_desc(0, 64);
   d.local_addr = UINTPTR_MAX - 8;
   TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 1000), HIXL_PARAM_INVALID);
+  /* A local address 0 (NULL), alone or in a good batch: refused, nothing sent, the link
+   * kept. Before, a READ took it as the discard sink and ended SUCCESS with its bytes
+   * dropped; a WRITE from it reset the link. */
+  for (int k = 0; k < 2; k++) {
+    many[0] = good_desc(0, 64);
+    many[1] = good_desc(128, 64);
+    many[k].local_addr = 0;
+    TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_READ, many, 2, 1000), HIXL_PARAM_INVALID);
+    CU_ASSERT_PTR_NOT_NULL(strstr(HixlGetLastErrorMessage(), "local_addr is 0"));
+    TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, many, 2, 1000),
+                     HIXL_PARAM_INVALID);
+  }
+  d = good_desc(0, 64);
+  TU_ASSERT_OK(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 1000)); /* the link stayed */
   /* More than HIXL_MAX_BATCH descriptors. */
   huge = calloc(HIXL_MAX_BATCH + 1, sizeof(*huge));
   CU_ASSERT_PTR_NOT_NULL_FATAL(huge);
@@ -1150,6 +1164,10 @@ static void test_transfer_async_args(void) {
                    HIXL_PARAM_INVALID);
   d.len = 0;
   TU_ASSERT_STATUS(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 1000, NULL, &req),
+                   HIXL_PARAM_INVALID);
+  d = good_desc(0, 64);
+  d.local_addr = 0; /* NULL: not the discard sink */
+  TU_ASSERT_STATUS(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_READ, &d, 1, 1000, NULL, &req),
                    HIXL_PARAM_INVALID);
   CU_ASSERT_PTR_EQUAL(req, BOGUS_REQ);
 

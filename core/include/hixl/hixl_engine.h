@@ -39,7 +39,7 @@ typedef struct {
 } HixlMemDesc;
 
 typedef struct {
-  uintptr_t local_addr;  /* inside memory registered with this engine */
+  uintptr_t local_addr;  /* inside memory registered with this engine (else staged); 0 is PARAM_INVALID */
   uintptr_t remote_addr; /* inside memory registered with the remote engine */
   size_t len;            /* bytes, > 0 */
 } HixlTransferOpDesc;
