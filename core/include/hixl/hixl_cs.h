@@ -105,7 +105,7 @@ HIXL_API HixlStatus HixlCSClientCreate(const HixlClientDesc *client_desc, const 
                                        HixlClientHandle *client_handle);
 /** Link to the server, retrying until timeout_ms (0: 1000 ms) while it does not listen yet.
  *  After a failure or a lost link, Connect may simply be called again; on a live link
- *  it is HIXL_ALREADY_CONNECTED and the link stays. */
+ *  it is HIXL_SUCCESS (with a warning, as HIXL answers) and the link stays. */
 HIXL_API HixlStatus HixlCSClientConnect(HixlClientHandle client_handle, uint32_t timeout_ms);
 /** The server's registrations and their tags, as of now (one round trip of at most
  *  timeout_ms, 0: 1000 ms). The arrays belong to the
