@@ -931,6 +931,56 @@ static void test_async_self_destroy(void) {
   CU_ASSERT_EQUAL(peer(P_FILL, 0, 0, PEER_SEED, NULL).st, 0);
 }
 
+/* One layer of more ops than one engine call takes (HIXL_MAX_BATCH, 65,536): every other
+ * one-byte block of a local blocks cache into the first 40,000 bytes of each of the
+ * peer's tensors, 80,000 ops a layer, none adjacent at the source. The task sends them
+ * all, as PullBlocks and PushBlocks send a plan of any length (before: each layer was one
+ * TransferAsync of all its ops, which the engine refused, and the task failed
+ * PARAM_INVALID with nothing sent). The peer's bytes past the blocks stay its own. */
+enum { BIG_BLOCKS = 40000 };
+
+static void test_async_layer_past_batch(void) {
+  static uint64_t sb[BIG_BLOCKS], db[BIG_BLOCKS];
+  static uint8_t got[B_BLOCKS * B_BLOCK];
+  static uint8_t *src[B_TENSORS];
+  uintptr_t a[B_TENSORS], dst[B_TENSORS];
+  const uint64_t seed = 44;
+  for (uint32_t t = 0; t < B_TENSORS; t++) {
+    CU_ASSERT_PTR_NOT_NULL_FATAL(src[t] = malloc(2 * BIG_BLOCKS));
+    for (size_t j = 0; j < 2 * BIG_BLOCKS; j++) src[t][j] = pat(seed, 200 + t, j);
+    a[t] = (uintptr_t)src[t];
+    dst[t] = (uintptr_t)peer_addrs[t];
+  }
+  for (size_t i = 0; i < BIG_BLOCKS; i++) sb[i] = 2 * i, db[i] = i;
+  HixlCacheDesc d = {B_TENSORS, 1, 2, {2 * BIG_BLOCKS, 1}, HIXL_CACHE_HOST};
+  uint64_t id = 0;
+  TU_ASSERT_OK_FATAL(
+      HixlCacheManagerRegisterBlocksCache(mgr, &d, a, B_TENSORS, NULL, HIXL_CACHE_ACCESS_REMOTE, &id));
+  HixlLayerSynchronizer sync = {ready_at_once, NULL, 1000};
+  HixlCacheTransferConfig cfg = {CLUSTER_PEER, dst, B_TENSORS, 0, 0, 0};
+  HixlCacheAsyncArgs args = {sb, BIG_BLOCKS, db, BIG_BLOCKS, 0, 0, 60000};
+  HixlCacheTask *task = NULL;
+  TU_ASSERT_OK(HixlCacheManagerTransferCacheAsync(mgr, id, &sync, &cfg, 1, &args, &task));
+  if (task) {
+    TU_ASSERT_OK(HixlCacheTaskSynchronize(task, 60000));
+    HixlStatus res[1] = {12345};
+    TU_ASSERT_OK(HixlCacheTaskGetResults(task, res, 1));
+    CU_ASSERT_EQUAL(res[0], HIXL_SUCCESS);
+    TU_ASSERT_OK(HixlCacheTaskDestroy(task));
+  }
+  for (uint32_t t = 0; t < B_TENSORS; t++) {
+    CU_ASSERT_EQUAL_FATAL(peer(P_GET, 1, t, 0, got).st, 0);
+    size_t bad_blocks = 0, bad_rest = 0;
+    for (size_t j = 0; j < BIG_BLOCKS; j++) bad_blocks += got[j] != src[t][2 * j];
+    for (size_t j = BIG_BLOCKS; j < B_BLOCKS * B_BLOCK; j++) bad_rest += got[j] != pat(PEER_SEED, 100 + t, j);
+    CU_ASSERT_EQUAL(bad_blocks, 0);
+    CU_ASSERT_EQUAL(bad_rest, 0);
+  }
+  TU_ASSERT_OK(HixlCacheManagerUnregisterCache(mgr, id));
+  for (uint32_t t = 0; t < B_TENSORS; t++) free(src[t]);
+  CU_ASSERT_EQUAL(peer(P_FILL, 0, 0, PEER_SEED, NULL).st, 0);
+}
+
 /* A lost link comes back with Link (SUCCESS, once; then ALREADY_CONNECTED), and the
  * cache remembered before is pulled over the new link, every byte. Here this side drops
  * it; a producer cuts it the same way when a lease it granted expires. */
@@ -1427,6 +1477,7 @@ int main(void) {
       {"async: a layer never ready fails the task", test_async_not_ready},
       {"async: a synchronizer answering neither 1 nor 0 sends nothing of the layer", test_async_garbage_sync},
       {"async: a synchronizer destroying its own task is refused", test_async_self_destroy},
+      {"async: a layer of more ops than one engine call takes, sent whole", test_async_layer_past_batch},
       {"hixl_cache_unpin: a then-call's pin only, never a task's", test_unpin_only_then_pins},
       {"allocated caches: pulled, mapped on one host, freed", test_allocated},
       {"one CacheKey registered by two threads at once: one wins", test_register_race},

@@ -100,7 +100,7 @@ static int32_t cm_ms_left(uint64_t deadline) {
   return now >= deadline ? 0 : (int32_t)((deadline - now + 999999) / 1000000);
 }
 
-/* Layer l of the source to cf: one async WRITE of its tensors' items or blocks. */
+/* Layer l of the source to cf: async WRITEs of its tensors' items or blocks, HIXL_MAX_BATCH ops each. */
 static void cm_send_layer(HixlCacheTask *t, struct cm_conf *cf, uint32_t l) {
   struct cm_cache *c = t->cache;
   struct opvec ops = {0};
@@ -115,8 +115,12 @@ static void cm_send_layer(HixlCacheTask *t, struct cm_conf *cf, uint32_t l) {
                             c->blocks ? t->sb : NULL, t->db, t->ndb, t->dbms, true) < 0) {
     st = HIXL_RESOURCE_EXHAUSTED;
   }
-  if (st == HIXL_SUCCESS && cf->nreqs == cf->cap) {
+  /* One request per HIXL_MAX_BATCH ops: an engine call takes no more (a layer of many
+   * tensors or scattered blocks has more). */
+  size_t parts = (ops.n + HIXL_MAX_BATCH - 1) / HIXL_MAX_BATCH;
+  if (st == HIXL_SUCCESS && cf->cap - cf->nreqs < parts) {
     size_t cap = cf->cap ? cf->cap * 2 : 16;
+    if (cap < cf->nreqs + parts) cap = cf->nreqs + parts;
     HixlTransferReq *v = realloc(cf->reqs, cap * sizeof(*v));
     if (v) {
       cf->reqs = v;
@@ -130,11 +134,15 @@ static void cm_send_layer(HixlCacheTask *t, struct cm_conf *cf, uint32_t l) {
     opvec_free(&ops);
     return;
   }
-  int32_t left = cm_ms_left(t->deadline);
-  HixlTransferReq r = NULL;
-  st = left > 0 ? HixlEngineTransferAsync(t->mgr->eng, cf->remote, HIXL_WRITE, ops.v, ops.n, left, NULL, &r)
-                : HIXL_TIMEOUT;
-  if (st == HIXL_SUCCESS) cf->reqs[cf->nreqs++] = r;
+  size_t calls = 0;
+  for (size_t i = 0; i < ops.n && st == HIXL_SUCCESS; i += HIXL_MAX_BATCH, calls++) {
+    size_t k = ops.n - i < HIXL_MAX_BATCH ? ops.n - i : HIXL_MAX_BATCH;
+    int32_t left = cm_ms_left(t->deadline);
+    HixlTransferReq r = NULL;
+    st = left > 0 ? HixlEngineTransferAsync(t->mgr->eng, cf->remote, HIXL_WRITE, ops.v + i, k, left, NULL, &r)
+                  : HIXL_TIMEOUT;
+    if (st == HIXL_SUCCESS) cf->reqs[cf->nreqs++] = r;
+  }
   char why[320];
   if (st == HIXL_TIMEOUT)
     snprintf(why, sizeof(why), "layer %u was not sent to %s before the task's deadline", l, cf->remote);
@@ -142,7 +150,7 @@ static void cm_send_layer(HixlCacheTask *t, struct cm_conf *cf, uint32_t l) {
     snprintf(why, sizeof(why), "layer %u to %s: %s", l, cf->remote, HixlGetLastErrorMessage());
   if (st != HIXL_SUCCESS) cm_conf_fail(cf, st, why);
   pthread_mutex_lock(&t->mgr->lock);
-  t->mgr->stats.transfers++;
+  t->mgr->stats.transfers += calls;
   t->mgr->stats.engine_ops += ops.n;
   if (st == HIXL_SUCCESS) t->mgr->stats.bytes += ops.bytes;
   pthread_mutex_unlock(&t->mgr->lock);
