@@ -35,7 +35,8 @@ enum {
   B_LAYERS = 3,
   B_TENSORS = 6,
   B_BLOCKS = 1024,
-  B_BLOCK = 64, /* 32 elements of 2 bytes */
+  B_BLOCK = 64,    /* 32 elements of 2 bytes */
+  ODD_TENSORS = 3, /* a cache whose tensors are no whole number of 2-tensor layers */
   ELEM = 2,
   SENTINEL = 0xEE,
   CLUSTER_ME = 1,
@@ -98,7 +99,7 @@ static HixlStatus register_both(HixlCacheManager *m, struct caches *k, uint64_t 
 
 /* ---- the peer process ---- */
 
-enum { P_INIT, P_GET, P_FILL, P_UNREG_B, P_REG_B, P_ALLOC_B, P_QUIT };
+enum { P_INIT, P_GET, P_FILL, P_UNREG_B, P_REG_B, P_ALLOC_B, P_ALLOC_ODD, P_QUIT };
 
 struct pcmd {
   int32_t op;
@@ -147,12 +148,16 @@ static void peer_main(int in, int out) {
       r.st =
           HixlCacheManagerRegisterBlocksCache(m, &db, ab, B_TENSORS, &bkey, HIXL_CACHE_ACCESS_REMOTE, &r.idb);
     }
-    if (c.op == P_ALLOC_B) { /* a blocks cache in allocated memory, model PEER_MODEL + 1, filled */
+    if (c.op == P_ALLOC_B || c.op == P_ALLOC_ODD) {
+      /* a blocks cache in allocated memory, model PEER_MODEL + 1, filled; ODD: of
+       * ODD_TENSORS tensors, model PEER_MODEL + 2 */
       HixlCacheDesc db = desc_b();
-      HixlBlocksCacheKey bkey = {CLUSTER_PEER, PEER_MODEL + 1};
+      uint32_t n = c.op == P_ALLOC_ODD ? ODD_TENSORS : B_TENSORS;
+      db.num_tensors = n;
+      HixlBlocksCacheKey bkey = {CLUSTER_PEER, PEER_MODEL + (c.op == P_ALLOC_ODD ? 2 : 1)};
       uintptr_t ab[B_TENSORS];
-      r.st = HixlCacheManagerAllocateBlocksCache(m, &db, &bkey, ab, B_TENSORS, &r.idb);
-      for (uint32_t t = 0; t < B_TENSORS && r.st == HIXL_SUCCESS; t++) {
+      r.st = HixlCacheManagerAllocateBlocksCache(m, &db, &bkey, ab, n, &r.idb);
+      for (uint32_t t = 0; t < n && r.st == HIXL_SUCCESS; t++) {
         for (size_t j = 0; j < B_BLOCKS * B_BLOCK; j++) ((uint8_t *)ab[t])[j] = pat(c.seed, 100 + t, j);
         r.addrs_b[t] = ab[t];
       }
@@ -1128,6 +1133,65 @@ static void test_allocated(void) {
   CU_ASSERT_EQUAL(li.mapped, 0);
 }
 
+/* A cache of 3 tensors (K and V cached apart, one tensor a layer, 3 layers), pulled and
+ * pushed with the default arguments: every tensor, tensor i to tensor i. The seed asks
+ * tensor_num_per_layer (default 2) to divide the tensor count only when a layer range
+ * is given (before: PARAM_INVALID, "tensor_num_per_layer 2 must ... divide the
+ * source's 3 tensors", nothing moved). With a range it still must. */
+static void test_odd_tensors_default_args(void) {
+  static uint8_t *odd[ODD_TENSORS];
+  static uint8_t got[B_BLOCKS * B_BLOCK];
+  const uint64_t sb[] = {5, 6, 900}, db[] = {1, 2, 3}, pdb[] = {10, 11, 12};
+  const uint64_t seed = 33;
+  HixlCacheDesc d = desc_b();
+  d.num_tensors = ODD_TENSORS;
+  uintptr_t a[ODD_TENSORS];
+  for (uint32_t t = 0; t < ODD_TENSORS; t++) {
+    CU_ASSERT_PTR_NOT_NULL_FATAL(odd[t] = malloc(B_BLOCKS * B_BLOCK));
+    memset(odd[t], SENTINEL, B_BLOCKS * B_BLOCK);
+    a[t] = (uintptr_t)odd[t];
+  }
+  uint64_t id = 0;
+  TU_ASSERT_OK_FATAL(
+      HixlCacheManagerRegisterBlocksCache(mgr, &d, a, ODD_TENSORS, NULL, HIXL_CACHE_ACCESS_REMOTE, &id));
+  struct prep r = peer(P_ALLOC_ODD, 0, 0, seed, NULL);
+  CU_ASSERT_EQUAL_FATAL(r.st, HIXL_SUCCESS);
+  HixlCacheAnyKey k = {.kind = HIXL_CACHE_KEY_BLOCKS, .u.blocks = {CLUSTER_PEER, PEER_MODEL + 2}};
+  HixlBlocksCacheKey pk = {CLUSTER_PEER, PEER_MODEL + 2};
+  /* a layer range with the default 2 tensors a layer: refused, nothing moved */
+  HixlCacheTransferArgs ranged = HIXL_CACHE_TRANSFER_ARGS_INIT;
+  ranged.src_layer_count = ranged.dst_layer_count = 1;
+  TU_ASSERT_STATUS(HixlCacheManagerPullBlocks(mgr, &k, id, sb, 3, db, 3, &ranged), HIXL_PARAM_INVALID);
+  /* pull, every tensor: the blocks asked, the rest untouched */
+  TU_ASSERT_OK(HixlCacheManagerPullBlocks(mgr, &k, id, sb, 3, db, 3, NULL));
+  for (uint32_t t = 0; t < ODD_TENSORS; t++) {
+    size_t bad = 0;
+    for (size_t b = 0; b < B_BLOCKS; b++) {
+      int i = b >= 1 && b <= 3 ? (int)b - 1 : -1;
+      for (size_t j = 0; j < B_BLOCK; j++)
+        bad += odd[t][b * B_BLOCK + j] != (i >= 0 ? pat(seed, 100 + t, sb[i] * B_BLOCK + j) : SENTINEL);
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+  }
+  /* push them back into the peer's blocks 10, 11, 12; its other blocks stay its own */
+  TU_ASSERT_OK(HixlCacheManagerPushBlocks(mgr, &pk, id, db, 3, pdb, 3, NULL));
+  for (uint32_t t = 0; t < ODD_TENSORS; t++) {
+    struct iovec local = {got, sizeof(got)};
+    struct iovec remote = {(void *)(uintptr_t)r.addrs_b[t], sizeof(got)};
+    CU_ASSERT_EQUAL_FATAL(process_vm_readv(peer_pid, &local, 1, &remote, 1, 0), (ssize_t)sizeof(got));
+    size_t bad = 0;
+    for (size_t b = 0; b < B_BLOCKS; b++) {
+      int i = b >= 10 && b <= 12 ? (int)b - 10 : -1;
+      for (size_t j = 0; j < B_BLOCK; j++)
+        bad += got[b * B_BLOCK + j] != pat(seed, 100 + t, (i >= 0 ? sb[i] : b) * B_BLOCK + j);
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+  }
+  TU_ASSERT_STATUS(peer(P_UNREG_B, 0, 0, r.idb, NULL).st, HIXL_SUCCESS);
+  TU_ASSERT_OK(HixlCacheManagerUnregisterCache(mgr, id));
+  for (uint32_t t = 0; t < ODD_TENSORS; t++) free(odd[t]);
+}
+
 /* Two threads register one CacheKey at once, RACE_TRIALS times: exactly one succeeds
  * each time, the other is refused naming the key (issue 28: the key was checked under
  * the lock and inserted after the engine registration, so both could succeed). */
@@ -1480,6 +1544,8 @@ int main(void) {
       {"async: a layer of more ops than one engine call takes, sent whole", test_async_layer_past_batch},
       {"hixl_cache_unpin: a then-call's pin only, never a task's", test_unpin_only_then_pins},
       {"allocated caches: pulled, mapped on one host, freed", test_allocated},
+      {"3 tensors with the default arguments: every tensor, pulled and pushed",
+       test_odd_tensors_default_args},
       {"one CacheKey registered by two threads at once: one wins", test_register_race},
       {"a manager's Destroy: refused while in use, whole or not at all", test_destroy_whole_or_nothing},
       {"GetStats while Destroy is under way: refused, as every call", test_stats_during_destroy},

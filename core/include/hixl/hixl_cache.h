@@ -83,12 +83,14 @@ typedef struct {
 } HixlCacheAnyKey;
 
 /* The optional arguments of pull and push (NULL: all defaults). A layer range is
- * [start, start + count) with step 1; count 0 means every layer. */
+ * [start, start + count) with step 1; count 0 means every layer. With every layer on
+ * both sides (both counts 0) every tensor moves, tensor i to tensor i (equal counts),
+ * and tensor_num_per_layer is not used: the seed asks it to divide only with a range. */
 typedef struct {
   int64_t size; /* bytes per tensor; -1: a whole batch item (pull_cache, push_cache) */
   uint32_t src_layer_start, src_layer_count;
   uint32_t dst_layer_start, dst_layer_count;
-  uint32_t tensor_num_per_layer; /* in [1, num_tensors], dividing it; 0: the default 2 */
+  uint32_t tensor_num_per_layer; /* with a range: in [1, num_tensors], dividing it; 0: the default 2 */
   int32_t timeout_ms;            /* the whole call: its lookup and its transfer; 0: HIXL_DEFAULT_TIMEOUT_MS */
 } HixlCacheTransferArgs;
 #define HIXL_CACHE_TRANSFER_ARGS_INIT                                                                        \

@@ -32,6 +32,16 @@ HixlStatus cm_layer_range(const char *fn, const char *side, uint32_t start, uint
 
 static HixlStatus cm_plan_layers(const char *fn, const HixlCacheTransferArgs *a, uint32_t src_tensors,
                                  uint32_t dst_tensors, bool push, struct cm_layers *out) {
+  if (a->src_layer_start == 0 && a->src_layer_count == 0 && a->dst_layer_start == 0 &&
+      a->dst_layer_count == 0) {
+    /* Every layer on both sides: every tensor, i to i. The seed asks tensor_num_per_layer
+     * to divide the tensor count only with a layer range (a cache of K or V alone, one
+     * tensor a layer, may have an odd count). */
+    CHECK_ARG(src_tensors == dst_tensors, "%s: %u source tensors against %u destination tensors", fn,
+              src_tensors, dst_tensors);
+    *out = (struct cm_layers){1, 0, 0, src_tensors};
+    return HIXL_SUCCESS;
+  }
   uint32_t tpl = a->tensor_num_per_layer ? a->tensor_num_per_layer : HIXL_CACHE_TENSORS_PER_LAYER;
   CHECK_ARG(tpl <= src_tensors && src_tensors % tpl == 0,
             "%s: tensor_num_per_layer %u must be in [1, %u] and divide the source's %u tensors", fn, tpl,
