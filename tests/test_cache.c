@@ -517,6 +517,36 @@ static void test_repeated_dst_blocks(void) {
   CU_ASSERT_EQUAL(peer(P_FILL, 0, 0, PEER_SEED, NULL).st, 0);
 }
 
+/* An async task given dst_block_memory_size but no dst_block_indices: a destination
+ * of blocks with none named. Refused, nothing sent, as the seed's implementation
+ * refuses it (before: taken as a contiguous destination, each tensor's whole batch item
+ * written at dst_addrs[i], over whatever blocks lie there). */
+static void test_async_block_size_without_blocks(void) {
+  static uint8_t got[B_BLOCKS * B_BLOCK];
+  uintptr_t dst[C_TENSORS];
+  for (int t = 0; t < C_TENSORS; t++) dst[t] = (uintptr_t)peer_addrs[t];
+  HixlLayerSynchronizer sync = {ready_at_once, NULL, 1000};
+  HixlCacheTransferConfig cfg = {CLUSTER_PEER, dst, C_TENSORS, 0, 0, 0};
+  HixlCacheAsyncArgs a = {NULL, 0, NULL, 0, B_BLOCK, 0, TIMEOUT};
+  HixlCacheTask *task = NULL;
+  caches_fill(&mine, 23);
+  TU_ASSERT_STATUS(HixlCacheManagerTransferCacheAsync(mgr, my_c, &sync, &cfg, 1, &a, &task),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("dst_block_memory_size");
+  CU_ASSERT_PTR_NULL(task);
+  if (task) {
+    HixlCacheTaskSynchronize(task, TIMEOUT);
+    HixlCacheTaskDestroy(task);
+  }
+  for (uint32_t t = 0; t < C_TENSORS; t++) { /* the peer's blocks tensors: every byte its own */
+    CU_ASSERT_EQUAL_FATAL(peer(P_GET, 1, t, 0, got).st, 0);
+    size_t bad = 0;
+    for (size_t j = 0; j < B_BLOCKS * B_BLOCK; j++) bad += got[j] != pat(PEER_SEED, 100 + t, j);
+    CU_ASSERT_EQUAL(bad, 0);
+  }
+  CU_ASSERT_EQUAL(peer(P_FILL, 0, 0, PEER_SEED, NULL).st, 0);
+}
+
 /* ---- contiguous ---- */
 
 static void test_contiguous(void) {
@@ -1534,6 +1564,7 @@ int main(void) {
       {"layer ranges, one or two tensors per layer", test_layer_ranges},
       {"push blocks", test_push_blocks},
       {"a destination block twice, a list longer than the cache: refused", test_repeated_dst_blocks},
+      {"async: a block size with no blocks named: refused", test_async_block_size_without_blocks},
       {"contiguous: CacheKey, id and index, size, push", test_contiguous},
       {"layout mismatches move nothing", test_mismatches},
       {"NOT_FOUND: no such key, unregistered, found again", test_not_found},

@@ -219,7 +219,7 @@ typedef struct {
   size_t num_src_blocks;
   const uint64_t *dst_block_indices; /* blocks destination: where, each once (NULL: contiguous destination) */
   size_t num_dst_blocks;
-  uint64_t dst_block_memory_size; /* 0: the source's block size */
+  uint64_t dst_block_memory_size; /* 0: the source's block size; not 0: only with dst_block_indices */
   uint32_t tensor_num_per_layer;  /* 0: 2 */
   int32_t timeout_ms;             /* the whole task; 0: HIXL_DEFAULT_TIMEOUT_MS */
 } HixlCacheAsyncArgs;

@@ -314,6 +314,12 @@ static HixlStatus async_in(HixlCacheManager *m, uint64_t src_cache_id, const Hix
   } else if (args->num_src_blocks) {
     st =
         hixl_fail(HIXL_PARAM_INVALID, "%s: src_block_indices given for contiguous cache %" PRIu64, fn, c->id);
+  } else if (args->dst_block_memory_size) { /* blocks meant, none named: not a whole item over them */
+    st = hixl_fail(HIXL_PARAM_INVALID,
+                   "%s: dst_block_memory_size %" PRIu64
+                   " given for a contiguous destination (dst_block_indices NULL); "
+                   "name the destination blocks, or pass 0",
+                   fn, args->dst_block_memory_size);
   }
   /* A destination block's offset, index x block size, stays inside the largest tensor a
    * cache may have (2^48 bytes): unchecked it wrapped (an index of -1, vLLM's padding,
