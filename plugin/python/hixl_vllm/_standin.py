@@ -16,6 +16,19 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 
+class KVCacheAccess(enum.IntFlag):
+    """How a connector's workers reach the device KV cache (vLLM >= 0.34): flags of what
+    they need of its allocation."""
+    IN_PROCESS = 0  # torch ops and copy kernels only: any allocation
+    REGISTERS = enum.auto()  # registered with UCX or RDMA: one physical allocation a segment
+    EXPORTS_FD = enum.auto()  # imported by another process through POSIX file descriptors
+    EXPORTS_FABRIC = enum.auto()  # imported through FABRIC handles
+    LEGACY_IPC = enum.auto()  # shared through legacy CUDA IPC: no extensible KV cache
+
+    def needs_single_chunk(self) -> bool:
+        return bool(self & (KVCacheAccess.REGISTERS | KVCacheAccess.EXPORTS_FD | KVCacheAccess.EXPORTS_FABRIC))
+
+
 class KVConnectorRole(enum.Enum):
     SCHEDULER = 0  # in the scheduler process
     WORKER = 1  # in each worker process
@@ -141,6 +154,24 @@ class KVConnectorBase_V1(ABC):
     def register_cross_layers_kv_cache(self, kv_cache: Any, attn_backend: Any):
         return
 
+    @classmethod
+    def supports_lookahead_block_hashes(cls, kv_transfer_config: Any) -> bool:
+        return False
+
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config: Any) -> KVCacheAccess:
+        return KVCacheAccess.IN_PROCESS
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        return True
+
+    def unregister_kv_caches(self) -> None:
+        return
+
+    def restore_kv_caches(self) -> None:
+        return
+
     def set_host_xfer_buffer_ops(self, copy_operation: Any):
         return
 
@@ -207,6 +238,10 @@ class KVConnectorBase_V1(ABC):
 
     def on_new_request(self, request: Any) -> None:
         return
+
+    def may_load_async(self, request: Any) -> bool:
+        params = getattr(request, "kv_transfer_params", None)
+        return bool(params and params.get("do_remote_prefill"))
 
     def update_connector_output(self, connector_output: Any):
         return

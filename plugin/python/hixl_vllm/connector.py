@@ -19,8 +19,8 @@ from array import array
 from typing import Any, Dict, Iterable, Optional, Tuple
 
 from . import _abi, layout
-from ._base import (USING_VLLM, KVConnectorBase_V1, KVConnectorMetadata, KVConnectorPromMetrics, KVConnectorRole,
-                    KVConnectorStats, KVConnectorTransferResults, SupportsHMA)
+from ._base import (USING_VLLM, KVCacheAccess, KVConnectorBase_V1, KVConnectorMetadata, KVConnectorPromMetrics,
+                    KVConnectorRole, KVConnectorStats, KVConnectorTransferResults, SupportsHMA)
 
 logger = logging.getLogger("hixl_vllm")
 
@@ -905,6 +905,39 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         finally:
             plugin.ops.destroy(c)
         return answer or None
+
+    @classmethod
+    def kv_cache_access(cls, kv_transfer_config: Any) -> KVCacheAccess:
+        """vLLM >= 0.34: hixl registers the KV cache with its engine (RDMA: memory regions
+        over it) and, between processes on one host, shares device memory through legacy
+        CUDA IPC (cuIpcGetMemHandle), which cannot export memory vLLM maps itself: so one
+        plain allocation, vLLM's extensible KV cache off (an explicit
+        --enable-extensible-kv-cache is refused by vLLM, naming legacy CUDA IPC). vLLM
+        reads this only for a device KV cache; the same answer on the CPU."""
+        return KVCacheAccess.REGISTERS | KVCacheAccess.LEGACY_IPC
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        """vLLM >= 0.34: no. The worker's engine keeps the KV cache registered, and its
+        peers hold grants to it, for the connector's life; sleep mode gives the cache's
+        memory back and maps new memory on wake-up, under a registration that would then
+        name freed memory. vLLM refuses enable_sleep_mode with this connector, saying so."""
+        return False
+
+    def unregister_kv_caches(self) -> None:
+        """vLLM >= 0.34 calls this before it gives the KV cache's memory back (sleep mode,
+        a discard, a weight update's release of an extensible cache); none of them is
+        supported (supports_sleep_mode, kv_cache_access), so a call is refused before any
+        memory goes: the default did nothing, and the memory would have gone with peers
+        still able to reach it."""
+        raise _abi.HixlError(
+            "unregister_kv_caches", _abi.UNSUPPORTED,
+            "hixl keeps the KV cache registered for the connector's life: releasing its memory "
+            "(sleep mode, discard, a weight update's release) is not supported")
+
+    def restore_kv_caches(self) -> None:
+        """vLLM >= 0.34, after a wake-up: nothing to redo (unregister_kv_caches is refused)."""
+        return
 
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict) -> bool:

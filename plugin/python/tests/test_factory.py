@@ -8,9 +8,11 @@ import json
 import os
 
 import fakevllm as fv
+import pytest
 from conftest import TOP
 from hixl_vllm import HixlKVConnector
-from hixl_vllm._base import KVConnectorRole
+from hixl_vllm._abi import UNSUPPORTED, HixlError
+from hixl_vllm._base import KVCacheAccess, KVConnectorRole
 
 EXAMPLE = os.path.join(TOP, "config", "examples", "vllm-kv-transfer-config.json")
 
@@ -29,5 +31,29 @@ def test_example_names_the_connector(plugin_path):
     c = cls(fv.VllmConfig(fv.KVTransferConfig.from_dict(cfg)), KVConnectorRole.SCHEDULER, None)
     try:
         assert c.role == KVConnectorRole.SCHEDULER
+    finally:
+        c.shutdown()
+
+
+def test_device_cache_access_and_sleep_mode(plugin_path):
+    """vLLM >= 0.34 asks a connector class how its workers reach the device KV cache, and
+    whether it follows sleep mode. hixl registers the cache with its engine (RDMA) and
+    shares device memory on one host through legacy CUDA IPC: one plain allocation (the
+    default, IN_PROCESS, let vLLM map the cache itself, which neither can take). It keeps
+    the registration for the connector's life: no sleep mode (the default said yes), and
+    a call to drop the registration is refused before vLLM frees the memory (the default
+    did nothing)."""
+    with open(EXAMPLE) as f:
+        cfg = fv.KVTransferConfig.from_dict(json.load(f))
+    access = HixlKVConnector.kv_cache_access(cfg)
+    assert access == KVCacheAccess.REGISTERS | KVCacheAccess.LEGACY_IPC
+    assert access.needs_single_chunk()
+    assert HixlKVConnector.supports_sleep_mode(cfg) is False
+    c = HixlKVConnector(fv.VllmConfig(cfg), KVConnectorRole.SCHEDULER, None)
+    try:
+        with pytest.raises(HixlError) as e:
+            c.unregister_kv_caches()
+        assert e.value.status == UNSUPPORTED and "sleep mode" in str(e.value)
+        assert c.restore_kv_caches() is None
     finally:
         c.shutdown()

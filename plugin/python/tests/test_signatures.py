@@ -18,7 +18,9 @@ get_kv_connector_stats get_kv_connector_kv_cache_events get_handshake_metadata b
 bind_gpu_block_pool get_num_new_matched_tokens update_state_after_alloc build_connector_meta on_new_request
 update_connector_output request_finished take_events has_pending_push_work get_required_kvcache_layout
 requires_piecewise_for_cudagraph get_finished_count build_kv_connector_stats set_xfer_handshake_metadata
-set_xfer_handshake_metadata_pp_aware build_prom_metrics reset_cache get_transfer_results""".split()
+set_xfer_handshake_metadata_pp_aware build_prom_metrics reset_cache get_transfer_results
+supports_lookahead_block_hashes kv_cache_access supports_sleep_mode unregister_kv_caches restore_kv_caches
+may_load_async""".split()  # the last line: vLLM 0.34's
 
 
 def public_members(cls):
