@@ -362,7 +362,7 @@ HixlStatus HixlCacheManagerRemapRegisteredMemory(HixlCacheManager *m, const Hixl
   CHECK_ARG(m, "HixlCacheManagerRemapRegisteredMemory: mgr is NULL");
   return hixl_fail(HIXL_UNSUPPORTED,
                    "HixlCacheManagerRemapRegisteredMemory: reserved by the seed (device memory "
-                   "repair after a UCE fault); hixl has no device memory");
+                   "repair after a UCE fault): not done here; unregister the cache and register it anew");
 }
 
 /* Pin a local cache (busy) and copy what the plan needs; NULL with the failure. */
