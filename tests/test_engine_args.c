@@ -215,6 +215,8 @@ static void test_init_bad_local_engine(void) {
   const char *bad[] = {"",           "1.2.3",           "127.0.0.1:99999", "host:abc",
                        "127.0.0.1:", "127.0.0.1:65536", "127.0.0.1:12ab",  "300.0.0.1",
                        ":1234",      "127.0.0.1:1:2",   " 127.0.0.1",      "127.0.0.1 "};
+  /* A negative port is none (test_init_good_local_engine); these are not numbers. */
+  const char *bad_neg[] = {"127.0.0.1:-", "127.0.0.1:--1", "127.0.0.1:-1x", "127.0.0.1:-2147483649"};
   HixlEngine *e = NULL;
   size_t i;
 
@@ -226,6 +228,8 @@ static void test_init_bad_local_engine(void) {
     else
       CU_PASS("bad local_engine rejected");
   }
+  for (i = 0; i < sizeof(bad_neg) / sizeof(bad_neg[0]); i++)
+    TU_ASSERT_STATUS(try_init_name(bad_neg[i]), HIXL_PARAM_INVALID);
   /* NULL name, and a failed Initialize leaves the engine usable. */
   TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
   TU_ASSERT_STATUS(HixlEngineInitialize(e, NULL, NULL, 0), HIXL_PARAM_INVALID);
@@ -236,10 +240,25 @@ static void test_init_bad_local_engine(void) {
 
 static void test_init_good_local_engine(void) {
   char name[TU_ADDR_LEN];
+  HixlEngine *e = NULL;
 
   TU_ASSERT_OK(try_init_name("127.0.0.1"));
   TU_ASSERT_OK(try_init_name("127.0.0.1:0"));
   TU_ASSERT_OK(try_init_name(tu_addr(name, sizeof(name), tu_free_port())));
+  /* Seed 001: "host_port<=0 ... is a Client, no listening" (HIXL takes the port as an
+   * int32_t and listens only when it is above 0). Before, a negative port was refused. */
+  TU_ASSERT_OK(try_init_name("127.0.0.1:-1"));
+  TU_ASSERT_OK(try_init_name("127.0.0.1:-0"));
+  TU_ASSERT_OK(try_init_name("127.0.0.1:-65536"));
+  TU_ASSERT_OK(try_init_name("127.0.0.1:-2147483648"));
+  /* ... and it does not listen: a later listen on a port of its own is taken. */
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+  TU_ASSERT_OK(HixlEngineInitialize(e, "127.0.0.1:-1", NULL, 0));
+  TU_ASSERT_OK(hixl_engine_listen(e, tu_free_port(), 0));
+  /* A remote engine still needs a port above 0. */
+  TU_ASSERT_STATUS(HixlEngineConnect(e, "127.0.0.1:-1", 200), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("needs a port");
+  TU_ASSERT_OK(HixlEngineDestroy(e));
 }
 
 /* Whether thread tid is among the n in v. */

@@ -59,7 +59,7 @@ typedef struct {
 HIXL_API HixlStatus HixlEngineCreate(HixlEngine **engine);
 
 /** Start the engine as local_engine ("ip" or "ip:port"; port > 0 listens on it,
- *  no port or port 0 makes a client-only engine). options may be NULL when
+ *  no port or a port <= 0 makes a client-only engine, as in HIXL). options may be NULL when
  *  num_options is 0; an unknown key or bad value is PARAM_INVALID. */
 HIXL_API HixlStatus HixlEngineInitialize(HixlEngine *engine, const char *local_engine,
                                          const HixlOption *options, size_t num_options);

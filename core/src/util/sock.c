@@ -59,14 +59,19 @@ HixlStatus sock_parse_endpoint(const char *text, const char *what, struct sockad
   if (colon) {
     char *end;
     const char *p = colon + 1;
+    /* A port <= 0 (an int32_t, as HIXL reads it) means none: seed 001's client. */
+    bool neg = *p == '-';
+    p += neg;
     if (*p < '0' || *p > '9')
-      return hixl_fail(HIXL_PARAM_INVALID, "%s \"%s\": port must be a number in [0,65535]", what, text);
+      return hixl_fail(HIXL_PARAM_INVALID,
+                       "%s \"%s\": port must be a number in [0,65535] (or negative: none)", what, text);
     errno = 0;
     unsigned long port = strtoul(p, &end, 10);
-    if (errno || *end || port > 65535)
-      return hixl_fail(HIXL_PARAM_INVALID, "%s \"%s\": port must be a number in [0,65535]", what, text);
-    sa->sin_port = htons((uint16_t)port);
-    *has_port = port > 0;
+    if (errno || *end || port > (neg ? (unsigned long)INT32_MAX + 1 : 65535ul))
+      return hixl_fail(HIXL_PARAM_INVALID,
+                       "%s \"%s\": port must be a number in [0,65535] (or negative: none)", what, text);
+    if (!neg) sa->sin_port = htons((uint16_t)port);
+    *has_port = !neg && port > 0;
   }
   return HIXL_SUCCESS;
 }

@@ -8,7 +8,8 @@
 
 #include "hixl/hixl_status.h"
 
-/* Parse "ip" or "ip:port" (IPv4 dotted quad, port 0-65535). */
+/* Parse "ip" or "ip:port" (IPv4 dotted quad, port 0-65535; a port of 0 or below, down
+ * to INT32_MIN, is none: *has_port false, as with no port). */
 HixlStatus sock_parse_endpoint(const char *text, const char *what, struct sockaddr_in *sa, bool *has_port);
 /* A non-blocking listening socket on sa; returns fd or -1 with the error recorded. */
 int sock_listen(const struct sockaddr_in *sa, int backlog, HixlStatus *st);
