@@ -1148,6 +1148,19 @@ static void test_transfer_sync_args(void) {
     TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, many, 2, 1000),
                      HIXL_PARAM_INVALID);
   }
+  /* A remote address 0 likewise: PARAM_INVALID, as HIXL's own TransferSync and TransferAsync
+   * answer it ("remote addr of desc can not be null", hicann/hixl src/hixl/engine/hixl_impl.cc).
+   * Before, it went as a staged op and ended FAILED (the peer lets none reach unregistered
+   * memory), after a round trip to the peer. */
+  for (int k = 0; k < 2; k++) {
+    many[0] = good_desc(0, 64);
+    many[1] = good_desc(128, 64);
+    many[k].remote_addr = 0;
+    TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_READ, many, 2, 1000), HIXL_PARAM_INVALID);
+    TU_ASSERT_ERRMSG_HAS("remote_addr is 0");
+    TU_ASSERT_STATUS(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, many, 2, 1000),
+                     HIXL_PARAM_INVALID);
+  }
   d = good_desc(0, 64);
   TU_ASSERT_OK(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 1000)); /* the link stayed */
   /* More than HIXL_MAX_BATCH descriptors. */
@@ -1188,6 +1201,12 @@ static void test_transfer_async_args(void) {
   d.local_addr = 0; /* NULL: not the discard sink */
   TU_ASSERT_STATUS(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_READ, &d, 1, 1000, NULL, &req),
                    HIXL_PARAM_INVALID);
+  CU_ASSERT_PTR_EQUAL(req, BOGUS_REQ);
+  d = good_desc(0, 64);
+  d.remote_addr = 0; /* as HIXL answers it */
+  TU_ASSERT_STATUS(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, 1000, NULL, &req),
+                   HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("remote_addr is 0");
   CU_ASSERT_PTR_EQUAL(req, BOGUS_REQ);
 
   /* Status and user data: bad arguments, then a real request. */

@@ -40,7 +40,7 @@ typedef struct {
 
 typedef struct {
   uintptr_t local_addr;  /* inside memory registered with this engine (else staged); 0 is PARAM_INVALID */
-  uintptr_t remote_addr; /* inside memory registered with the remote engine */
+  uintptr_t remote_addr; /* inside memory registered with the remote engine; 0 is PARAM_INVALID */
   size_t len;            /* bytes, > 0 */
 } HixlTransferOpDesc;
 

@@ -259,6 +259,8 @@ static HixlStatus transfer_submit(HixlEngine *e, const char *remote, HixlTransfe
     CHECK_ARG(descs[i].len > 0, "%s: op %zu has length 0", fn, i);
     /* Inside, 0 is the discard sink of a read whose caller gave up: never the caller's. */
     CHECK_ARG(descs[i].local_addr != 0, "%s: op %zu local_addr is 0 (NULL); nothing was sent", fn, i);
+    /* No peer registers 0 (RegisterMem refuses it); HIXL refuses it here too. */
+    CHECK_ARG(descs[i].remote_addr != 0, "%s: op %zu remote_addr is 0 (NULL); nothing was sent", fn, i);
     CHECK_ARG(descs[i].local_addr + descs[i].len > descs[i].local_addr &&
                   descs[i].remote_addr + descs[i].len > descs[i].remote_addr,
               "%s: op %zu range wraps around the address space", fn, i);
