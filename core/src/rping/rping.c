@@ -520,7 +520,7 @@ HccnResult HccnRpingRemoveTarget(HccnRpingCtx rpingCtx, uint32_t targetNum, Hccn
   if (c->batch)
     r = rp_fail(HCCN_E_FAIL, "%s: a batch is active; call HccnRpingBatchPingStop first", fn);
   else if (c->ntargets == 0)
-    r = rp_fail(HCCN_E_FAIL, "%s: no targets have been added", fn);
+    r = rp_fail(HCCN_E_FAIL, "%s: no targets are added (none yet, or every one removed)", fn);
   for (uint32_t i = 0; i < targetNum && r == HCCN_SUCCESS; i++)
     if (find_target(c, dst[i]) < 0)
       r = rp_fail(HCCN_E_PARA,
