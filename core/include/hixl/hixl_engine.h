@@ -65,7 +65,8 @@ HIXL_API HixlStatus HixlEngineInitialize(HixlEngine *engine, const char *local_e
                                          const HixlOption *options, size_t num_options);
 
 /** hixl's own: one row per option HixlEngineInitialize takes (name, default as
- *  text, the environment variable read when the option is absent or NULL, the
+ *  text, the environment variable read when the option is not given (options NULL or
+ *  without it; a given option with a NULL value is PARAM_INVALID), the
  *  allowed values in words, a one-line doc), for tools that describe or check them. */
 typedef struct {
   const char *name;
