@@ -121,6 +121,15 @@ def usable(sched):
     return sched.kv_cache_manager.block_pool.num_gpu_blocks - 1
 
 
+def runner_output(ids, sampled, kvo):
+    """vLLM's ModelRunnerOutput for requests `ids`: 0.32's also takes req_id_to_index,
+    which 0.34 dropped (its scheduler indexes model_runner_output.req_ids itself)."""
+    kw = {}
+    if "req_id_to_index" in getattr(ModelRunnerOutput, "__dataclass_fields__", {}):
+        kw["req_id_to_index"] = {r: i for i, r in enumerate(ids)}
+    return ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, kv_connector_output=kvo, **kw)
+
+
 def step(sched, sending=None, recving=None, invalid=None):
     """One engine step: schedule, a worker's output (a token for each request whose
     prompt is done, and the KV transfers reported), update_from_output. Returns the
@@ -130,9 +139,7 @@ def step(sched, sending=None, recving=None, invalid=None):
     kvo = None
     if sending is not None or recving is not None or invalid is not None:
         kvo = KVConnectorOutput(finished_sending=sending, finished_recving=recving, invalid_block_ids=invalid or set())
-    mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                            sampled_token_ids=[[] if sched.requests[r].is_prefill_chunk else [TOKEN] for r in ids],
-                            kv_connector_output=kvo)
+    mro = runner_output(ids, [[] if sched.requests[r].is_prefill_chunk else [TOKEN] for r in ids], kvo)
     eco = sched.update_from_output(so, mro)
     outs = {o.request_id: o for e in eco.values() for o in e.outputs}
     return so, outs
@@ -160,6 +167,7 @@ def assert_empty(sched):
     assert free(sched) == usable(sched)
     assert not sched.requests and not sched.running and len(sched.waiting) == 0
     assert len(sched.kv_holding_waiting) == 0
+    assert len(getattr(sched, "async_kv_waiting", ())) == 0  # vLLM 0.34's queue of loads not started
     assert not sched.finished_recving_kv_req_ids and not sched.failed_recving_kv_req_ids
     c = sched.connector
     assert not c._loading and not c._load_queued and not c._enc
@@ -599,8 +607,7 @@ def test_load_in_forward_failure_recomputes(model_dir):
     assert so.has_sync_kv_loads and so.num_scheduled_tokens == {"cons-sf": 1}
     (blocks,) = c.kv_cache_manager.get_block_ids("cons-sf")
     kvo = KVConnectorOutput(finished_sending=set(), finished_recving=set(), invalid_block_ids={blocks[1]})
-    mro = ModelRunnerOutput(req_ids=["cons-sf"], req_id_to_index={"cons-sf": 0}, sampled_token_ids=[[TOKEN]],
-                            kv_connector_output=kvo)
+    mro = runner_output(["cons-sf"], [[TOKEN]], kvo)
     c.update_from_output(so, mro)
     assert r.status == RequestStatus.RUNNING and list(r.output_token_ids) == []
     assert r.num_computed_tokens == BLOCK  # cut at the failed block
