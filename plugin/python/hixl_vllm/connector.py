@@ -845,6 +845,23 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
     def request_finished_all_groups(self, request: Any, block_ids: tuple) -> Tuple[bool, Optional[dict]]:
         return self._finished(request, tuple(block_ids))
 
+    def may_load_async(self, request: Any) -> bool:
+        """vLLM >= 0.34, as a request enters the waiting queues: whether
+        get_num_new_matched_tokens may answer load_async True for it. With
+        --max-num-inflight-kv-loads such requests wait in a queue of their own, whose
+        loads start while the running batch is full; one that then answers a synchronous
+        load (or none) stops that queue until a running slot is free, holding back the
+        async loads behind it (another connector's, under MultiConnector). A consumer's
+        params (do_remote_prefill), as vLLM's default, but never with load_in_forward
+        (every load synchronous) nor for an id the plugin refuses (nothing is loaded).
+        Called often: no plugin call, no log."""
+        if self._in_forward:
+            return False
+        params = getattr(request, "kv_transfer_params", None)
+        if not (isinstance(params, dict) and params.get("do_remote_prefill")):
+            return False
+        return _abi.id_bytes(request.request_id) is not None
+
     def update_connector_output(self, connector_output: Any):
         sending = getattr(connector_output, "finished_sending", None) or set()
         if self._push and not sending <= self._pushing:

@@ -57,3 +57,26 @@ def test_device_cache_access_and_sleep_mode(plugin_path):
         assert c.restore_kv_caches() is None
     finally:
         c.shutdown()
+
+
+@pytest.mark.parametrize("keys,want", [({}, True), ({"load_in_forward": True}, False), ({"mode": "push"}, True)],
+                         ids=["pull", "load_in_forward", "push"])
+def test_may_load_async(plugin_path, keys, want):
+    """vLLM >= 0.34 asks may_load_async as a request enters its waiting queues: a yes puts
+    it in the queue of async loads (--max-num-inflight-kv-loads), which starts loads while
+    the running batch is full and stops at a request whose load turns out synchronous.
+    vLLM's default says yes for any do_remote_prefill, also with load_in_forward, where
+    every hixl load is synchronous; and for an id the plugin refuses, which loads
+    nothing."""
+    with open(EXAMPLE) as f:
+        d = json.load(f)
+    d["kv_connector_extra_config"].update(keys)
+    c = HixlKVConnector(fv.VllmConfig(fv.KVTransferConfig.from_dict(d)), KVConnectorRole.SCHEDULER, None)
+    try:
+        assert c.may_load_async(fv.Request("r1", 40, {"do_remote_prefill": True})) is want
+        assert c.may_load_async(fv.Request("r\0nul", 40, {"do_remote_prefill": True})) is False
+        assert c.may_load_async(fv.Request("r2", 40, {"do_remote_prefill": False})) is False
+        assert c.may_load_async(fv.Request("r3", 40, {"do_remote_decode": True})) is False
+        assert c.may_load_async(fv.Request("r4", 40, None)) is False
+    finally:
+        c.shutdown()

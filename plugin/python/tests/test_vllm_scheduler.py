@@ -56,17 +56,19 @@ def model_dir(tmp_path_factory, plugin_path):
     return str(d)
 
 
-def make_scheduler(model_dir, role, num_blocks=64, policy="recompute", prefix_caching=True, keys=None):
+def make_scheduler(model_dir, role, num_blocks=64, policy="recompute", prefix_caching=True, keys=None, sched=None):
     """vLLM's Scheduler with HixlKVConnector as its connector; num_blocks counts vLLM's
-    null block, so num_blocks - 1 are usable; keys: more of hixl's configuration."""
+    null block, so num_blocks - 1 are usable; keys: more of hixl's configuration; sched:
+    SchedulerConfig's fields other than the defaults here."""
     extra = {"address": f"127.0.0.1:{free_port()}", "mode": "pull", **(keys or {})}
     if role == "kv_producer":
         extra["lease_ms"] = 30000
     vc = VllmConfig(
         model_config=ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32", seed=0,
                                  max_model_len=1024),
-        scheduler_config=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=64, max_model_len=1024,
-                                         enable_chunked_prefill=True, is_encoder_decoder=False),
+        scheduler_config=SchedulerConfig(**{"max_num_seqs": 16, "max_num_batched_tokens": 64, "max_model_len": 1024,
+                                            "enable_chunked_prefill": True, "is_encoder_decoder": False,
+                                            **(sched or {})}),
         cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=prefix_caching),
         kv_transfer_config=KVTransferConfig(kv_connector="HixlKVConnector", kv_connector_module_path="hixl_vllm",
                                             kv_role=role, kv_load_failure_policy=policy,
@@ -617,6 +619,51 @@ def test_load_in_forward_failure_recomputes(model_dir):
     assert list(r.output_token_ids) == [TOKEN]
     so, outs = step(c)
     assert r.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    assert free(c) == start
+    assert_empty(c)
+    c.shutdown()
+
+
+@pytest.mark.skipif("max_num_inflight_kv_loads" not in getattr(SchedulerConfig, "__dataclass_fields__", {}),
+                    reason="vLLM < 0.34: no --max-num-inflight-kv-loads, no queue of async loads")
+@pytest.mark.parametrize("in_forward", [False, True], ids=["async", "load_in_forward"])
+def test_inflight_kv_loads_queue(model_dir, in_forward):
+    """vLLM 0.34 with --max-num-inflight-kv-loads puts the requests whose connector's
+    may_load_async says yes in a queue of their own, whose loads start while the running
+    batch is full (max_num_seqs 1 here, taken by a local request). An asynchronous load
+    starts then; a load_in_forward request (a synchronous load) waits in the plain queue
+    for a running slot, asked nothing meanwhile. With vLLM's default answer (yes for any
+    do_remote_prefill) it sat at the head of the async queue, where the scheduler asked
+    it every step while the batch was full and stopped there, holding back any async
+    load behind it."""
+    params = producer_params(model_dir)
+    keys = {"load_in_forward": True} if in_forward else {}
+    c = make_scheduler(model_dir, "kv_consumer", keys=keys, prefix_caching=False,  # busy has the same prompt
+                       sched={"max_num_seqs": 1, "max_num_inflight_kv_loads": 2})
+    start = free(c)
+    c.add_request(make_request("busy", None, 3))
+    step(c)  # busy's prompt: the one running slot is taken
+    r = make_request("cons-q", dict(params), 2)
+    c.add_request(r)
+    assert (r in c.async_kv_waiting) is not in_forward and (r in c.waiting) is in_forward
+    so, _ = step(c)  # busy decodes; the batch is full
+    if in_forward:
+        assert meta(so) == (0, None) and r.status == RequestStatus.WAITING
+        assert calls(c, "get_num_new_matched_tokens", "cons-q") == []
+        while "busy" in c.requests:
+            step(c)
+        so, _ = step(c)  # a slot: loaded and run in one step
+        assert so.has_sync_kv_loads and meta(so) == (1, ("LOAD", "cons-q"))
+        assert calls(c, "get_num_new_matched_tokens", "cons-q") == [((0,), (PROMPT - 1, False))]
+    else:
+        assert meta(so) == (1, ("LOAD", "cons-q")) and r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        assert calls(c, "get_num_new_matched_tokens", "cons-q") == [((0,), (PROMPT, True))]
+        step(c, recving={"cons-q"})
+        while "busy" in c.requests:
+            step(c)
+    while c.requests:
+        step(c)
+    assert r.status == RequestStatus.FINISHED_LENGTH_CAPPED and list(r.output_token_ids) == [TOKEN] * 2
     assert free(c) == start
     assert_empty(c)
     c.shutdown()
