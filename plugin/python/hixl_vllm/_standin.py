@@ -113,6 +113,10 @@ class KVConnectorBase_V1(ABC):
         return False
 
     @property
+    def supports_divergent_local_hybrid_hits(self) -> bool:
+        return False
+
+    @property
     def requires_kv_delivery(self) -> bool:
         return bool(getattr(self._kv_transfer_config, "is_kv_producer", False))
 
@@ -134,6 +138,9 @@ class KVConnectorBase_V1(ABC):
         return self._role
 
     # ---- worker side ----
+
+    def get_mem_pool_context(self) -> Optional[Any]:
+        return None
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         self._connector_metadata = connector_metadata
@@ -173,6 +180,12 @@ class KVConnectorBase_V1(ABC):
         return
 
     def set_host_xfer_buffer_ops(self, copy_operation: Any):
+        return
+
+    def finish_forward(self) -> None:
+        return
+
+    def reset_capture_state(self) -> None:
         return
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata):
@@ -221,12 +234,22 @@ class KVConnectorBase_V1(ABC):
 
     # ---- scheduler side ----
 
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        self._kv_cache_manager = kv_cache_manager
+        self.bind_gpu_block_pool(getattr(kv_cache_manager, "block_pool", None))
+
     def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
         return
+
+    def get_loaded_kv_cache_group_ids(self, request: Any) -> tuple:
+        return tuple(getattr(self._kv_cache_config, "prefix_cacheable_group_ids", None) or ())
 
     @abstractmethod
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple:
         ...
+
+    def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> dict:
+        return {"external_unspecified": num_external_tokens} if num_external_tokens else {}
 
     @abstractmethod
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int):
@@ -249,8 +272,14 @@ class KVConnectorBase_V1(ABC):
     def request_finished(self, request: Any, block_ids: list) -> tuple:
         return False, None
 
+    def register_finished_partial_tail(self, request: Any, block_ids: tuple, partial_tail_offloads: list) -> bool:
+        return False
+
     def take_events(self) -> Iterable:
         return ()
+
+    def has_pending_block_frees(self) -> bool:
+        return False
 
     def has_pending_push_work(self) -> bool:
         return False

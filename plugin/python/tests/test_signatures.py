@@ -20,7 +20,10 @@ update_connector_output request_finished take_events has_pending_push_work get_r
 requires_piecewise_for_cudagraph get_finished_count build_kv_connector_stats set_xfer_handshake_metadata
 set_xfer_handshake_metadata_pp_aware build_prom_metrics reset_cache get_transfer_results
 supports_lookahead_block_hashes kv_cache_access supports_sleep_mode unregister_kv_caches restore_kv_caches
-may_load_async""".split()  # the last line: vLLM 0.34's
+may_load_async
+supports_divergent_local_hybrid_hits get_mem_pool_context finish_forward reset_capture_state bind_kv_cache_manager
+get_loaded_kv_cache_group_ids get_external_cache_hit_sources register_finished_partial_tail
+has_pending_block_frees""".split()  # the line before the last: vLLM 0.34's; the last: 0.32's and 0.34's
 
 
 def public_members(cls):
@@ -79,6 +82,17 @@ def test_standin_carries_vllm_api():
     have = set(public_members(_standin.KVConnectorBase_V1))
     assert not [n for n in VLLM_BASE_API if n not in have]
     assert "request_finished_all_groups" in public_members(_standin.SupportsHMA)
+
+
+def test_list_has_every_vllm_hook_when_installed():
+    """Each public method and property of the installed vLLM's KVConnectorBase_V1 is in
+    VLLM_BASE_API (so in the stand-ins): a vLLM that adds a hook fails here until the
+    stand-ins carry it and docs/vllm.md says what it does for hixl. The list may hold
+    hooks an older vLLM had."""
+    if not hixl_vllm.USING_VLLM:
+        pytest.skip("vLLM is not installed here")
+    from vllm.distributed.kv_transfer.kv_connector.v1 import base
+    assert not [n for n in public_members(base.KVConnectorBase_V1) if n != "__init__" and n not in VLLM_BASE_API]
 
 
 def test_nothing_abstract_left():
