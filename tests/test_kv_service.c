@@ -390,23 +390,16 @@ static void test_held_id_reused(void) {
 static void test_held_again_said(void) {
   struct inst p;
   CU_ASSERT_FATAL(inst_up(&p, "producer", "pull"));
-  static const uint64_t blocks[NB] = {3, 4};
-  const char *id = "held-twice";
-  hixl_kv_request r = request(id, NULL);
-  hixl_kv_buffer params = {0};
-  int32_t delay = 0;
+  const char *id = "held-twice-0"; /* hold_n's first of "held-twice" */
   struct kv_cap cap1, cap2;
   uint8_t state;
-  ST_IS(ops->request_finished(p.sched, &r, blocks, NB, &delay, &params), HIXL_KV_SUCCESS);
-  CU_ASSERT_FATAL(params_cap(&params, &cap1));
+  hold_n(p.sched, "held-twice", 1, &cap1);
   step(&p);
   CU_ASSERT_EQUAL(held_now(&p), 1);
   for (int n = 0; n < 2; n++) { /* two more schedulers: the first said, the second not */
     hixl_kv_connector *s2 = sched_restarted("");
     CU_ASSERT_PTR_NOT_NULL_FATAL(s2);
-    ST_IS(ops->request_finished(s2, &r, blocks, NB, &delay, &params), HIXL_KV_SUCCESS);
-    CU_ASSERT_EQUAL(delay, 1);
-    CU_ASSERT_FATAL(params_cap(&params, &cap2));
+    hold_n(s2, "held-twice", 1, &cap2);
     char line[512] = "";
     tu_log_watch("held here already");
     bind_from(&p, s2);
