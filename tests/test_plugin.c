@@ -1602,8 +1602,9 @@ static void test_max_inflight(void) {
 }
 
 /* The scheduler's bounds (plugin/src/kv_int.h; docs/plugin.md, "Bounds"). */
-#define KV_FAILED_MAX 4096
-#define KV_ALLOCS_MAX 4096
+#define KV_FAILED_MAX  4096
+#define KV_ALLOCS_MAX  4096
+#define KV_MAX_ID_TEST 256 /* a request id's bytes at most (plugin/src/kv_wire.h, KV_MAX_ID) */
 
 /* get_num_new_matched_tokens of id: the status (and, on success, tokens > 0). */
 static hixl_kv_status matched(hixl_kv_connector *s, const char *id, const char *params) {
@@ -1654,6 +1655,49 @@ static void test_failed_bounded(void) {
   ST_IS(ops->destroy(s), HIXL_KV_SUCCESS);
   free(ids);
   free(v);
+}
+
+/* update_connector_output with an id no request has (NULL, "", or past KV_MAX_ID bytes,
+ * which every other op refuses) in any list: PARAM_INVALID naming the list and the id's
+ * place, and nothing changes: the valid ids beside it are not taken either (before:
+ * SUCCESS, the bad ids skipped or kept among the failed loads, and the good ones taken:
+ * a held request's place given back, a load marked failed). */
+static void test_output_bad_ids(void) {
+  char cfg[640], err[256] = "", longid[KV_MAX_ID_TEST + 2];
+  hixl_kv_connector *s = NULL;
+  const char *params = "{\"do_remote_prefill\": true, \"remote_engine\": \"127.0.0.1:9\", "
+                       "\"remote_request_id\": \"p-1\", \"remote_block_ids\": [1, 2]}";
+  memset(longid, 'x', sizeof(longid) - 1);
+  longid[sizeof(longid) - 1] = '\0'; /* KV_MAX_ID + 1 bytes */
+  config(cfg, sizeof(cfg), free_port(), "both", 1000, "fail", 1000);
+  ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, 1, &s, err, sizeof(err)), HIXL_KV_SUCCESS);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(s);
+  /* A request held for a consumer (its producer side) and one loaded (its consumer side). */
+  uint64_t blocks[2] = {3, 4};
+  hixl_kv_request held = request("ob-held", 2 * BLOCK_TOKENS, NULL);
+  int32_t delay = -1;
+  hixl_kv_buffer out = {0};
+  ST_IS(ops->request_finished(s, &held, blocks, 2, &delay, &out), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(delay, 1);
+  ops->free_buffer(&out);
+  ST_IS(matched(s, "ob-load", params), HIXL_KV_SUCCESS);
+  const char *bad[3] = {NULL, "", longid};
+  static const char *const said[3] = {"sending list's id 1", "recving list's id 1", "failed list's id 1"};
+  for (int b = 0; b < 3; b++)
+    for (int list = 0; list < 3; list++) {
+      const char *v[2] = {list == 0 ? "ob-held" : "ob-load", bad[b]};
+      hixl_kv_ids ids = {v, 2};
+      ST_IS(ops->update_connector_output(s, list == 0 ? &ids : NULL, list == 1 ? &ids : NULL,
+                                         list == 2 ? &ids : NULL),
+            HIXL_KV_PARAM_INVALID);
+      CU_ASSERT(has_error(said[list]));
+    }
+  /* Nothing changed: ob-held is held still (a second request_finished is refused as held
+   * already, not as ended lately), and ob-load's load is not failed. */
+  ST_IS(ops->request_finished(s, &held, blocks, 2, &delay, &out), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT(has_error("held already"));
+  ST_IS(matched(s, "ob-load", params), HIXL_KV_SUCCESS);
+  ST_IS(ops->destroy(s), HIXL_KV_SUCCESS);
 }
 
 /* get_push_params of id: the status (params freed). */
@@ -1989,6 +2033,7 @@ static CU_TestInfo arg_tests[] = {
     {"alloc_kv_caches: the plugin's memory for the layers", test_alloc_kv_caches},
     {"max_inflight_requests bounds what a producer holds", test_max_inflight},
     {"a consumer's failed loads: forgotten at request_finished, at most KV_FAILED_MAX", test_failed_bounded},
+    {"update_connector_output with an id no request has: refused, nothing taken", test_output_bad_ids},
     {"push allocations: released at request_finished, replaced, at most KV_ALLOCS_MAX",
      test_push_allocs_bounded},
     {"push producer: at most max_inflight_requests wait to be pushed, room made again",

@@ -659,14 +659,29 @@ hixl_kv_status kv_update_output(hixl_kv_connector *c, const hixl_kv_ids *sending
   CHECK_ARG(c && c->role == HIXL_KV_ROLE_SCHEDULER,
             "update_connector_output: connector is NULL or a worker's");
   const hixl_kv_ids *lists[] = {sending, recving, failed};
-  for (int k = 0; k < 3; k++)
+  /* Every id is one a request can have (as check_req takes it), checked before anything
+   * is taken: a NULL, empty or overlong one names no request, and one kept among the
+   * failed loads would push a real one out. */
+  for (int k = 0; k < 3; k++) {
+    const char *name = k ? k > 1 ? "failed" : "recving" : "sending";
     CHECK_ARG(!lists[k] || lists[k]->count == 0 || lists[k]->ids,
-              "update_connector_output: the %s list has %zu ids and no array",
-              k ? k > 1 ? "failed" : "recving" : "sending", lists[k]->count);
+              "update_connector_output: the %s list has %zu ids and no array", name, lists[k]->count);
+    for (size_t i = 0; lists[k] && i < lists[k]->count; i++) {
+      const char *id = lists[k]->ids[i];
+      size_t n = id ? strnlen(id, KV_MAX_ID + 1) : 0;
+      CHECK_ARG(n >= 1 && n <= KV_MAX_ID,
+                "update_connector_output: the %s list's id %zu is %s: a request id is 1 to %u bytes; "
+                "nothing taken",
+                name, i,
+                !id ? "NULL"
+                : n ? "too long"
+                    : "empty",
+                KV_MAX_ID);
+    }
+  }
   pthread_mutex_lock(&c->lock);
   for (size_t i = 0; sending && i < sending->count; i++) {
     const char *id = sending->ids[i];
-    if (!id) continue;
     if (kv_idhash_del(&c->sched.holding, id, NULL)) /* its blocks are free: room to hold more */
       kv_idhash_add(&c->sched.ended, id, NULL, KV_GONE_MAX, NULL); /* the same id held again is refused */
     kv_idhash_del(&c->sched.pushing, id, NULL); /* pushed before request_finished: see kv_finished */
@@ -674,7 +689,7 @@ hixl_kv_status kv_update_output(hixl_kv_connector *c, const hixl_kv_ids *sending
   }
   bool first = false;
   for (size_t i = 0; failed && i < failed->count; i++)
-    if (failed->ids[i] && !kv_idhash_has(&c->sched.failed, failed->ids[i]) &&
+    if (!kv_idhash_has(&c->sched.failed, failed->ids[i]) &&
         kv_idhash_add(&c->sched.failed, failed->ids[i], NULL, KV_FAILED_MAX, NULL) == 1)
       first = first || c->sched.failed.evicted == 1;
   pthread_mutex_unlock(&c->lock);
