@@ -1700,6 +1700,36 @@ static void test_output_bad_ids(void) {
   ST_IS(ops->destroy(s), HIXL_KV_SUCCESS);
 }
 
+/* A request whose flags have a bit this ABI does not define (only HIXL_KV_REQ_ABORTED):
+ * refused by every op that takes a request, and nothing changes (before: the bit was
+ * ignored, so a request_finished with it held the request as if it were not there). */
+static void test_request_unknown_flags(void) {
+  hixl_kv_connector *s = producer_sched_max2();
+  uint64_t blocks[2] = {3, 4};
+  int64_t tokens = -1;
+  int32_t delay = -1, async = -1;
+  hixl_kv_buffer out = {0};
+  hixl_kv_request r = request("uf-1", 2 * BLOCK_TOKENS, NULL);
+  r.flags = 0x2u;
+  ST_IS(ops->request_finished(s, &r, blocks, 2, &delay, &out), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT(has_error("flags 0x2"));
+  CU_ASSERT_EQUAL(delay, -1);
+  CU_ASSERT_PTR_NULL(out.data);
+  r.flags = HIXL_KV_REQ_ABORTED | 0x80000000u;
+  ST_IS(ops->get_num_new_matched_tokens(s, &r, 0, &tokens, &async), HIXL_KV_PARAM_INVALID);
+  CU_ASSERT(has_error("flags 0x80000001"));
+  CU_ASSERT_EQUAL(tokens, -1);
+  ST_IS(ops->update_state_after_alloc(s, &r, blocks, 2, 0), HIXL_KV_PARAM_INVALID);
+  ST_IS(ops->request_finished_groups(s, &r, &(hixl_kv_block_ids){blocks, 2}, 1, &delay, &out),
+        HIXL_KV_PARAM_INVALID);
+  /* Nothing was held: the same request without the bit is held now, once. */
+  r.flags = 0;
+  ST_IS(ops->request_finished(s, &r, blocks, 2, &delay, &out), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(delay, 1);
+  ops->free_buffer(&out);
+  ST_IS(ops->destroy(s), HIXL_KV_SUCCESS);
+}
+
 /* get_push_params of id: the status (params freed). */
 static hixl_kv_status push_params(hixl_kv_connector *s, const char *id) {
   hixl_kv_buffer out = {0};
@@ -2034,6 +2064,7 @@ static CU_TestInfo arg_tests[] = {
     {"max_inflight_requests bounds what a producer holds", test_max_inflight},
     {"a consumer's failed loads: forgotten at request_finished, at most KV_FAILED_MAX", test_failed_bounded},
     {"update_connector_output with an id no request has: refused, nothing taken", test_output_bad_ids},
+    {"a request's flags with a bit not defined: refused, nothing held", test_request_unknown_flags},
     {"push allocations: released at request_finished, replaced, at most KV_ALLOCS_MAX",
      test_push_allocs_bounded},
     {"push producer: at most max_inflight_requests wait to be pushed, room made again",

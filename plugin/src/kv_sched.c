@@ -227,6 +227,9 @@ static hixl_kv_status check_req(const hixl_kv_request *r, const char *fn, char *
   CHECK_ARG(r, "%s: request is NULL", fn);
   CHECK_ARG(kv_copy_id(id, r->req_id, r->req_id_len), "%s: req_id must be 1 to %u bytes of text", fn,
             KV_MAX_ID);
+  CHECK_ARG((r->flags & ~HIXL_KV_REQ_ABORTED) == 0,
+            "%s: request flags 0x%x: only HIXL_KV_REQ_ABORTED (0x%x) is defined", fn, r->flags,
+            HIXL_KV_REQ_ABORTED); /* a bit not defined would be ignored */
   CHECK_ARG(r->kv_transfer_params_len == 0 || r->kv_transfer_params, "%s: kv_transfer_params is NULL", fn);
   CHECK_ARG(r->kv_transfer_params_len <= INT32_MAX, "%s: kv_transfer_params is %zu bytes; at most 2^31 - 1",
             fn, r->kv_transfer_params_len); /* json-c's length is an int */
