@@ -329,6 +329,66 @@ static void test_hung_producer_delays_no_renewal(void) {
   hung_peer_down(&h);
 }
 
+/* A pull consumer's request that waits to be scheduled for 2.5 of its producer's leases
+ * (600 ms; the consumer stepping as a host does meanwhile) keeps the hold when its host
+ * called on_new_request as it arrived: the scheduler's metadata renews it every third
+ * of a lease (RENEW: the lease runs again, nothing granted), and its load, bound after,
+ * pulls every byte. The same wait without on_new_request loses the hold (its lease
+ * expires at the producer) and the load fails with its block in the load errors, as
+ * every such load did before. */
+static void test_waiting_request_renewed(void) {
+  struct inst p, d;
+  bool up = inst_up_with(&p, "producer", "\"mode\": \"pull\", \"lease_ms\": 600", 0x11) &&
+            inst_up_with(&d, "consumer",
+                         "\"mode\": \"pull\", \"lease_ms\": 600, \"transfer_timeout_ms\": 4000, "
+                         "\"connect_timeout_ms\": 5000",
+                         0xEE);
+  CU_ASSERT_FATAL(up);
+  for (int renew = 1; renew >= 0; renew--) {
+    const char *id = renew ? "waited-renewed" : "waited-not-renewed";
+    uint64_t pb = renew ? 1 : 2, db = renew ? 3 : 4;
+    char *params = finish_one(&p, id, pb);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(params);
+    step(&p); /* held: its lease runs from here */
+    hixl_kv_request r = request(id, params);
+    r.num_prompt_tokens = BLOCK_TOKENS;
+    if (renew) ST_IS(ops->on_new_request(d.sched, &r), HIXL_KV_SUCCESS);
+    for (int64_t end = tu_now_ms() + 1500; tu_now_ms() < end;) { /* not scheduled yet */
+      step(&d); /* the consumer's steps: its metadata carries the renewals */
+      hixl_kv_ids sd = {0}, rv = {0};
+      if (ops->get_finished(p.worker, NULL, &sd, &rv) == HIXL_KV_SUCCESS) { /* the producer's leases */
+        ops->free_ids(&sd);
+        ops->free_ids(&rv);
+      }
+      struct timespec ts = {0, 20000000}; /* a host's step, not a synchronization: the lease is tested */
+      nanosleep(&ts, NULL);
+    }
+    load_one(&d, id, params, db);
+    CU_ASSERT(inst_wait_stepped(&d, id, 1, 8000));
+    if (renew) {
+      hixl_kv_blocks errs = {0};
+      ST_IS(ops->get_block_ids_with_load_errors(d.worker, &errs), HIXL_KV_SUCCESS);
+      CU_ASSERT_EQUAL(errs.count, 0);
+      ops->free_buffer(&errs.raw);
+      for (int l = 0; l < LAYERS; l++)
+        for (int v = 0; v < 2; v++)
+          CU_ASSERT_EQUAL(tu_check_byte(block(&d, l, v, db), BLOCK_BYTES, 0x11), -1); /* P's cache is 0x11 */
+    } else {
+      inst_assert_unloaded(&d, &db, 1, 0xEE, "a load whose hold expired while it waited");
+    }
+    free(params);
+  }
+  hixl_kv_stats sp;
+  ST_IS(ops->get_stats(p.worker, &sp), HIXL_KV_SUCCESS);
+  CU_ASSERT_EQUAL(sp.lease_expired, 1); /* the one not renewed */
+  CU_ASSERT_EQUAL(sp.requests_held, 0);
+  pthread_mutex_lock(&p.worker->lock);
+  CU_ASSERT(p.worker->hold.renewed >= 3); /* about one a 200 ms of the 1.5 s */
+  pthread_mutex_unlock(&p.worker->lock);
+  inst_down(&d);
+  inst_down(&p);
+}
+
 /* A load whose producer answers its PIN "not yet" (it never binds it), with a
  * transfer_timeout_ms of 30 s: shutdown, once that PIN is being asked again, returns
  * within a few seconds, not when the PIN times out (before: the loader asked on until
@@ -426,6 +486,8 @@ int main(void) {
        test_stale_pin_ahead},
       {"a producer that answers no PIN delays no other's lease renewal",
        test_hung_producer_delays_no_renewal},
+      {"a request waiting to be scheduled past its producer's lease: renewed since on_new_request, loaded",
+       test_waiting_request_renewed},
       {"shutdown while a PIN is answered \"not yet\": no wait for transfer_timeout_ms",
        test_shutdown_stops_pin_not_yet},
       {"a bind out of memory (the consumer's LOAD, the producer's HOLD): the request still ends",

@@ -460,6 +460,40 @@ static void test_push_finished_twice(void) {
   inst_down(&p);
 }
 
+/* RENEW (a consumer's request not scheduled yet): a held request's lease runs again and
+ * nothing is granted, no consumer recorded; a wrong capability is refused; a request
+ * gone answers GONE, one not bound yet NOT_YET, as a PIN would. */
+static void test_renew_served(void) {
+  struct inst p;
+  CU_ASSERT_FATAL(inst_up(&p, "producer", "pull"));
+  struct kv_cap cap, other;
+  uint8_t state;
+  hold_n(p.sched, "renew", 1, &cap);
+  step(&p);
+  pthread_mutex_lock(&p.worker->lock);
+  struct kv_held *h = kv_held_find(p.worker, "renew-0");
+  uint64_t before = h ? h->expires_ns : 0;
+  pthread_mutex_unlock(&p.worker->lock);
+  CU_ASSERT_FATAL(before != 0);
+  TU_ASSERT_OK(serve(&p, "127.0.0.1:20000", KV_SVC_RENEW, "renew-0", &cap, &state, NULL, 0));
+  CU_ASSERT_EQUAL(state, KV_PIN_HELD);
+  pthread_mutex_lock(&p.worker->lock);
+  CU_ASSERT(h->expires_ns > before); /* the lease runs again */
+  CU_ASSERT_EQUAL(p.worker->hold.renewed, 1);
+  pthread_mutex_unlock(&p.worker->lock);
+  CU_ASSERT_EQUAL(granted(&p, "127.0.0.1:20000"), 0); /* nothing granted */
+  kv_cap_make(p.worker->cap_key, "someone-else", &other);
+  CU_ASSERT_EQUAL(serve(&p, "127.0.0.1:20000", KV_SVC_RENEW, "renew-0", &other, &state, NULL, 0),
+                  HIXL_PARAM_INVALID);
+  TU_ASSERT_OK(serve(&p, "127.0.0.1:20000", KV_SVC_FREE, "renew-0", &cap, &state, NULL, 0));
+  CU_ASSERT(gone_saying(&p, "127.0.0.1:20000", KV_SVC_RENEW, "renew-0", &cap, "freed"));
+  kv_cap_make(p.worker->cap_key, "not-yet", &other);
+  TU_ASSERT_OK(serve(&p, "127.0.0.1:20000", KV_SVC_RENEW, "not-yet", &other, &state, NULL, 0));
+  CU_ASSERT_EQUAL(state, KV_PIN_NOT_YET);
+  CU_ASSERT_EQUAL(held_now(&p), 0);
+  inst_down(&p);
+}
+
 /* An operation past the ones a worker knows (a newer peer's), with its own fields after
  * the id or none, is answered UNSUPPORTED saying so, not PARAM_INVALID "malformed": the
  * status a newer caller falls back on (as the pusher does from ACCEPT_W to ACCEPT),
@@ -915,6 +949,7 @@ int main(void) {
       {"a hold of an id held already: not held again, the first said, the id finished once",
        test_held_again_said},
       {"push: a second request_finished while the push is under way is refused", test_push_finished_twice},
+      {"RENEW: a held request's lease runs again, nothing granted", test_renew_served},
       {"an operation past the ones known: UNSUPPORTED, not malformed", test_unknown_op_unsupported},
       {"PIN answered among 100 or 10000 held requests", test_held_lookups_flat},
       {"a worker expects at most max_inflight_requests pushes; one more fails, GONE naming it",

@@ -388,12 +388,14 @@ static void test_table_sizes(void) {
   CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, get_event_fd), 8 + 25 * sizeof(void *));
   /* 1.3 appends get_stats_ex */
   CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, get_stats_ex), 8 + 26 * sizeof(void *));
-  CU_ASSERT_EQUAL(ops->abi_version, (1u << 16) | 5u); /* 1.4 adds no op: hixl_kv_stats_ex.cap_refused */
+  CU_ASSERT_EQUAL(ops->abi_version, (1u << 16) | 6u); /* 1.4 adds no op: hixl_kv_stats_ex.cap_refused */
   /* 1.5 appends render_metrics and drain_traces after 1.3's build_connector_worker_meta */
   CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, render_metrics),
                   offsetof(hixl_kv_ops, build_connector_worker_meta) + sizeof(void *));
   CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, drain_traces),
                   offsetof(hixl_kv_ops, render_metrics) + sizeof(void *));
+  /* 1.6 appends on_new_request */
+  CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, on_new_request), offsetof(hixl_kv_ops, drain_traces) + sizeof(void *));
   CU_ASSERT_EQUAL(ops->size, sizeof(hixl_kv_ops));
   small.size = (uint32_t)offsetof(hixl_kv_ops, render_metrics); /* a 1.4 plugin */
   CU_ASSERT_TRUE(HIXL_KV_HAS_OP(&small, build_connector_worker_meta));

@@ -336,6 +336,14 @@ struct kv_idhash {
 #define KV_UNREACH_MAX 1024u /* worker: peers whose last Link failed */
 #define KV_ALLOCS_MAX  4096u /* push consumer scheduler: allocations get_push_params has not taken */
 #define KV_DELAYED_MAX 4096u /* push producer scheduler: requests finished (delay_free 1), not pushed yet */
+#define KV_WAITING_MAX 4096u /* pull consumer scheduler: requests not scheduled yet whose holds it renews */
+
+/* Pull consumer scheduler: a request on_new_request saw, not scheduled yet: its
+ * producer's hold is renewed (a RENEW entry) every third of lease_ms (kv_sched.c). */
+struct kv_waiting {
+  struct kv_meta_entry e; /* the RENEW: the producer, its request, capability, TP size and hold */
+  uint64_t next_ns;       /* when the next renewal is due */
+};
 
 /* Role scheduler. */
 struct kv_sched {
@@ -348,6 +356,8 @@ struct kv_sched {
                                their finished_sending (a second request_finished of one is refused) */
   struct kv_idhash holding; /* pull producer: requests held for a consumer, until finished_sending (at most
                                max_inflight_requests, hashed) */
+  struct kv_idhash waiting; /* pull consumer: id -> struct kv_waiting, the next renewal due first (each
+                               made the newest as it is renewed; at most KV_WAITING_MAX) */
   struct kv_idhash ended;   /* pull producer: requests held whose finished_sending came back, the last
                                KV_GONE_MAX: request_finished of one again is a reused id, refused */
   uint64_t reused;          /* ... request_finished calls refused so (the first is logged) */
@@ -368,6 +378,7 @@ struct kv_holder {
   uint64_t refused;          /* holds refused at the bound (the first is logged) */
   uint64_t reused;           /* holds refused for an id that ended here lately (the first is logged) */
   uint64_t again;            /* holds of an id held here already, not held again (the first is logged) */
+  uint64_t renewed;          /* RENEWs served for a held request (its consumer's request not scheduled yet) */
   char full_why[128];        /* what a PIN of a refused one hears (GONE), naming the bound */
 };
 
@@ -414,8 +425,13 @@ struct kv_loader {
   struct kv_idset forward_done; /* ... those ended, for their traces (kv_obs_reported, without the lock) */
   pthread_t renewer;            /* pins the loads being pulled again every half lease */
   bool renewer_on;
-  bool renewer_idle;    /* it waits for a load to be queued or pulled */
-  pthread_cond_t renew; /* loads queued, a pull started while it was idle, or shut (CLOCK_MONOTONIC) */
+  bool renewer_idle;            /* it waits for a load to be queued or pulled */
+  pthread_cond_t renew;         /* loads queued, a pull started while it was idle, renewals bound, or shut
+                                 * (CLOCK_MONOTONIC) */
+  struct kv_meta_entry *renews; /* RENEWs bound (one per producer rank this rank renews), for the renewer */
+  size_t nrenews, renews_cap;
+  uint64_t renews_dropped; /* ... past KV_WAITING_MAX at once (the first is logged) */
+  bool renew_old_said;     /* a producer that does not take RENEW was named */
 };
 
 /* Worker, push producer: the pushes (kv_pusher.c). */
@@ -732,6 +748,9 @@ bool kv_word_wanted(hixl_kv_connector *c, const char *remote);
 /* ---- the threads: kv_loader.c, kv_pusher.c ---- */
 
 /* start_load_kv: the bound loads go to the loader threads, started as needed. Lock held. */
+/* A RENEW bound (a pull consumer's request not scheduled yet): the producer ranks this
+ * rank renews, queued for the renewer (kv_loader.c). Lock held. */
+void kv_renew_bind(hixl_kv_connector *c, const struct kv_meta_entry *e);
 hixl_kv_status kv_loader_submit(hixl_kv_connector *c);
 void kv_loader_join(hixl_kv_connector *c); /* after shut */
 void *kv_pusher_main(void *arg);
@@ -742,6 +761,7 @@ hixl_kv_status kv_create(const char *json, size_t len, int32_t role, uint32_t ra
                          hixl_kv_connector **out, char *err, size_t err_cap);
 hixl_kv_status kv_destroy(hixl_kv_connector *c);
 hixl_kv_status kv_shutdown(hixl_kv_connector *c);
+hixl_kv_status kv_new_request(hixl_kv_connector *c, const hixl_kv_request *r);
 hixl_kv_status kv_matched(hixl_kv_connector *c, const hixl_kv_request *r, uint64_t computed, int64_t *tokens,
                           int32_t *load_async);
 hixl_kv_status kv_after_alloc(hixl_kv_connector *c, const hixl_kv_request *r, const uint64_t *blocks,

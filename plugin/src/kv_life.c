@@ -190,6 +190,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   kv_idhash_clear(&c->hold.held, kv_held_free);
   loads_free(c->load.bound);
   loads_free(c->load.queue);
+  free(c->load.renews);
   while (c->push.pushes) {
     struct kv_push *p = c->push.pushes;
     c->push.pushes = p->next;
@@ -211,6 +212,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   kv_idhash_clear(&c->unreach, NULL);
   free(c->push.saved_step);
   kv_idhash_clear(&c->sched.failed, NULL);
+  kv_idhash_clear(&c->sched.waiting, free);
   kv_idhash_clear(&c->gone, NULL);
   kv_idset_clear(&c->sending_done);
   kv_idset_clear(&c->recving_done);
@@ -292,6 +294,7 @@ static const hixl_kv_ops kv_ops_v1 = {
     .build_connector_worker_meta = kv_worker_meta,
     .render_metrics = kv_render_metrics,
     .drain_traces = kv_drain_traces,
+    .on_new_request = kv_new_request,
 };
 
 KV_EXPORT hixl_kv_status hixl_kv_connector_entry(uint32_t abi_major, const hixl_kv_ops **ops, char *err,

@@ -27,10 +27,11 @@
 #include "util/log.h"
 #include "util/thread.h"
 
-/* A PIN of e's request; with its hold's number (from the params), so the producer
- * answers at once for one it bound and does not hold. */
-static void pin_msg(const hixl_kv_connector *c, struct kv_out *msg, const struct kv_meta_entry *e) {
-  kv_msg(c, msg, KV_SVC_PIN, e->rreq, &e->rcap, 0, "");
+/* A PIN (or RENEW: op) of e's request; with its hold's number (from the params), so the
+ * producer answers at once for one it bound and does not hold. */
+static void hold_msg(const hixl_kv_connector *c, struct kv_out *msg, uint8_t op,
+                     const struct kv_meta_entry *e) {
+  kv_msg(c, msg, op, e->rreq, &e->rcap, 0, "");
   if (e->seq) {
     kv_put_u64(msg, e->epoch);
     kv_put_u64(msg, e->seq);
@@ -74,7 +75,7 @@ static HixlStatus pin(hixl_kv_connector *c, const struct kv_meta_entry *e, uint6
   struct kv_out msg = {0};
   size_t n = 0;
   bool again;
-  pin_msg(c, &msg, e);
+  hold_msg(c, &msg, KV_SVC_PIN, e);
   HixlStatus st = kv_call_settled(c, e->remote, &msg, deadline, ans, HIXL_CALL_MAX, &n);
   if (st != HIXL_SUCCESS) {
     snprintf(why, cap, "asking %s for request %s: %s", e->remote, e->rreq, HixlGetLastErrorMessage());
@@ -133,7 +134,7 @@ static void ahead_start(hixl_kv_connector *c, struct kv_loader_slot *s, const st
   pthread_mutex_unlock(&c->lock);
   if (!found || (!s->ahead_ans && !(s->ahead_ans = malloc(HIXL_CALL_MAX)))) return;
   struct kv_out msg = {0};
-  pin_msg(c, &msg, &s->ahead);
+  hold_msg(c, &msg, KV_SVC_PIN, &s->ahead);
   int32_t t = c->cfg.transfer_timeout_ms;
   kv_obs_phase(c, s->ahead.req, KV_PH_PIN, s->ahead.remote);
   if (msg.bad ||
@@ -248,13 +249,29 @@ static HixlStatus pull_ops(hixl_kv_connector *c, const struct kv_meta_entry *e, 
 
 #define RENEW_WINDOW 32 /* PINs of a renewal round in flight at once */
 
-/* Renew the n loads' requests: their PINs started RENEW_WINDOW at a time and waited for
- * together, each for at most timeout_ms, so a producer that does not answer costs a
- * window one timeout, not one per load (one after another, the loads behind it waited
- * that long each, and a healthy producer's lease ran out meanwhile). ans: RENEW_WINDOW
- * answers of HIXL_CALL_MAX bytes. */
+/* A RENEW refused as an operation the producer does not know (its plugin is older):
+ * said once; its holds are then renewed only once their loads are queued. */
+static void renew_unknown(hixl_kv_connector *c, const struct kv_meta_entry *e, HixlStatus st,
+                          const uint8_t *ans, uint32_t len) {
+  bool old = st == HIXL_UNSUPPORTED || (st == HIXL_PARAM_INVALID && memmem(ans, len, "malformed", 9));
+  pthread_mutex_lock(&c->lock);
+  bool say = old && !c->load.renew_old_said;
+  c->load.renew_old_said |= old;
+  pthread_mutex_unlock(&c->lock);
+  if (say)
+    log_warn("hixl-kv: the producer %s does not renew a hold before its load starts (its plugin is older): "
+             "its requests that wait to be scheduled longer than its lease_ms are recomputed",
+             e->remote);
+}
+
+/* Renew the n requests' holds, op PIN (loads queued or pulled) or RENEW (requests not
+ * scheduled yet): the calls started RENEW_WINDOW at a time and waited for together,
+ * each for at most timeout_ms, so a producer that does not answer costs a window one
+ * timeout, not one per load (one after another, the loads behind it waited that long
+ * each, and a healthy producer's lease ran out meanwhile). ans: RENEW_WINDOW answers of
+ * HIXL_CALL_MAX bytes. */
 static void renew_round(hixl_kv_connector *c, const struct kv_meta_entry *v, size_t n, uint8_t *ans,
-                        int32_t timeout_ms) {
+                        int32_t timeout_ms, uint8_t op) {
   for (size_t k0 = 0; k0 < n; k0 += RENEW_WINDOW) {
     hixl_call_t call[RENEW_WINDOW];
     uint32_t len[RENEW_WINDOW];
@@ -262,19 +279,64 @@ static void renew_round(hixl_kv_connector *c, const struct kv_meta_entry *v, siz
     size_t w = n - k0 < RENEW_WINDOW ? n - k0 : RENEW_WINDOW;
     for (size_t k = 0; k < w; k++) {
       struct kv_out msg = {0};
-      pin_msg(c, &msg, &v[k0 + k]);
+      hold_msg(c, &msg, op, &v[k0 + k]);
       started[k] = !msg.bad && hixl_engine_call_start(c->eng, v[k0 + k].remote, HIXL_SERVICE_KV, msg.p,
                                                       msg.len, ans + k * HIXL_CALL_MAX, HIXL_CALL_MAX,
                                                       &len[k], timeout_ms, &call[k]) == HIXL_SUCCESS;
       free(msg.p);
     }
-    for (size_t k = 0; k < w; k++)
-      if (started[k] && hixl_engine_call_wait(c->eng, v[k0 + k].remote, call[k]) == HIXL_SUCCESS) {
+    for (size_t k = 0; k < w; k++) {
+      HixlStatus st = started[k] ? hixl_engine_call_wait(c->eng, v[k0 + k].remote, call[k]) : HIXL_FAILED;
+      if (st == HIXL_SUCCESS) {
         pthread_mutex_lock(&c->lock); /* the pull itself sees any failure */
         c->stats.lookups++;
         pthread_mutex_unlock(&c->lock);
+      } else if (op == KV_SVC_RENEW && started[k]) {
+        renew_unknown(c, &v[k0 + k], st, ans + k * HIXL_CALL_MAX, len[k]);
       }
+    }
   }
+}
+
+/* The renewals of requests not scheduled yet: each producer linked (a failed link: its
+ * requests' holds are left to their leases), then RENEWed, as a round. */
+static void renew_waiting(hixl_kv_connector *c, struct kv_meta_entry *v, size_t n, uint8_t *ans,
+                          int32_t timeout_ms) {
+  size_t m = 0;
+  for (size_t k = 0; k < n && !c->shut; k++) /* kv_link notes an unreachable producer */
+    if (kv_link(c, &v[k], c->cfg.connect_timeout_ms) == HIXL_SUCCESS) v[m++] = v[k];
+  renew_round(c, v, m, ans, timeout_ms, KV_SVC_RENEW);
+}
+
+/* The renewer, started with the first load or the first renewal bound (lock held). */
+static void renewer_up(hixl_kv_connector *c);
+
+void kv_renew_bind(hixl_kv_connector *c, const struct kv_meta_entry *e) {
+  struct kv_loader *ld = &c->load;
+  /* Rank r renews producer ranks r, r + world, ...: the ranks together renew each once. */
+  for (uint32_t p = c->rank; p < e->rtp; p += c->world) {
+    if (ld->nrenews == ld->renews_cap) {
+      size_t cap = ld->renews_cap ? 2 * ld->renews_cap : 16;
+      struct kv_meta_entry *nv = cap <= KV_WAITING_MAX ? realloc(ld->renews, cap * sizeof(*nv)) : NULL;
+      if (!nv) { /* past the bound at once (or out of memory): left to its lease */
+        if (ld->renews_dropped++ == 0)
+          log_warn("hixl-kv: more than %u hold renewals bound at once: request %s's is dropped (the first "
+                   "such); it is recomputed if it waits past its producer's lease",
+                   KV_WAITING_MAX, e->req);
+        break;
+      }
+      ld->renews = nv;
+      ld->renews_cap = cap;
+    }
+    struct kv_meta_entry *x = &ld->renews[ld->nrenews];
+    *x = *e;
+    x->blocks = x->rblocks = NULL;
+    if (kv_worker_address(e->remote, p, x->remote, sizeof(x->remote), &x->cluster) == HIXL_KV_SUCCESS)
+      ld->nrenews++;
+  }
+  if (!ld->nrenews) return;
+  renewer_up(c);
+  pthread_cond_broadcast(&ld->renew);
 }
 
 /* The renewer: while loads are being pulled or wait for a loader thread, it pins each
@@ -295,6 +357,17 @@ static void *renewer_main(void *arg) {
   size_t cap = 0;
   pthread_mutex_lock(&c->lock);
   while (!c->shut && ans) {
+    if (ld->nrenews) { /* requests not scheduled yet: their holds renewed now */
+      struct kv_meta_entry *rv = ld->renews;
+      size_t rn = ld->nrenews;
+      ld->renews = NULL;
+      ld->nrenews = ld->renews_cap = 0;
+      pthread_mutex_unlock(&c->lock);
+      renew_waiting(c, rv, rn, ans, timeout_ms);
+      free(rv);
+      pthread_mutex_lock(&c->lock);
+      continue;
+    }
     if (ld->npulling == 0 && !ld->queue) {
       ld->renewer_idle = true;
       pthread_cond_wait(&ld->renew, &c->lock);
@@ -303,8 +376,9 @@ static void *renewer_main(void *arg) {
       continue;
     }
     struct timespec ts = {.tv_sec = (time_t)(at / 1000000000ull), .tv_nsec = (long)(at % 1000000000ull)};
-    while (!c->shut && pthread_cond_timedwait(&ld->renew, &c->lock, &ts) == 0) {
+    while (!c->shut && !ld->nrenews && pthread_cond_timedwait(&ld->renew, &c->lock, &ts) == 0) {
     }
+    if (ld->nrenews) continue;         /* those first; this round's time is kept */
     at = kv_now_ns() + half;           /* this round starts now: the next half a lease after it */
     size_t n = 0, want = ld->npulling; /* copied: a load's entry goes when its thread is done with it */
     for (struct kv_load *l = ld->queue; l; l = l->next) want += l->whole != NULL;
@@ -318,7 +392,7 @@ static void *renewer_main(void *arg) {
       if (l->whole) v[n++] = l->e; /* a load waiting for its turn (not a FREE) */
     for (size_t k = 0; k < n; k++) v[k].blocks = v[k].rblocks = NULL;
     pthread_mutex_unlock(&c->lock);
-    renew_round(c, v, n, ans, timeout_ms);
+    renew_round(c, v, n, ans, timeout_ms, KV_SVC_PIN);
     pthread_mutex_lock(&c->lock);
   }
   pthread_mutex_unlock(&c->lock);
@@ -569,6 +643,14 @@ static void *loader_main(void *arg) {
   return NULL;
 }
 
+static void renewer_up(hixl_kv_connector *c) {
+  struct kv_loader *ld = &c->load;
+  if (!ld->renewer_on && !c->shut && c->cfg.lease_ms > 0) {
+    ld->renewer_on = pthread_create(&ld->renewer, NULL, renewer_main, c) == 0; /* else no renewals */
+    if (ld->renewer_on) thread_name(ld->renewer, "hixl-kv-renew");
+  }
+}
+
 hixl_kv_status kv_loader_submit(hixl_kv_connector *c) {
   struct kv_loader *ld = &c->load;
   if (!ld->bound) return HIXL_KV_SUCCESS;
@@ -598,10 +680,7 @@ hixl_kv_status kv_loader_submit(hixl_kv_connector *c) {
     ld->nthreads++;
     ld->idle++; /* until it takes a load */
   }
-  if (ld->nthreads && !ld->renewer_on && !c->shut && c->cfg.lease_ms > 0) {
-    ld->renewer_on = pthread_create(&ld->renewer, NULL, renewer_main, c) == 0; /* else no renewals */
-    if (ld->renewer_on) thread_name(ld->renewer, "hixl-kv-renew");
-  }
+  if (ld->nthreads) renewer_up(c);
   pthread_cond_broadcast(&ld->cond);
   pthread_cond_broadcast(&ld->renew); /* loads queued: the renewer keeps them held too */
   if (ld->nthreads == 0 && !c->shut)  /* the loads stay queued: a later start_load_kv tries again */

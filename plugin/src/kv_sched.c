@@ -280,6 +280,73 @@ static void meta_add(hixl_kv_connector *c, const struct kv_meta_entry *e) {
   c->sched.meta_count++;
 }
 
+/* How often a waiting request's hold is renewed: a third of the lease (the consumer's
+ * lease_ms sets the pace, as for its loads: keep it no longer than the producers'). */
+static uint64_t renew_every_ns(const hixl_kv_connector *c) {
+  return (uint64_t)c->cfg.lease_ms * 1000000ull / 3;
+}
+
+/* id is no longer waiting to be scheduled: its hold is not renewed from here. Lock held. */
+static void waiting_drop(hixl_kv_connector *c, const char *id) {
+  void *w = NULL;
+  if (kv_idhash_del(&c->sched.waiting, id, &w)) free(w);
+}
+
+hixl_kv_status kv_new_request(hixl_kv_connector *c, const hixl_kv_request *r) {
+  char id[KV_MAX_ID + 1], why[256] = "";
+  hixl_kv_status st;
+  CHECK_ARG(c && c->role == HIXL_KV_ROLE_SCHEDULER, "on_new_request: connector is NULL or a worker's");
+  if ((st = check_req(r, "on_new_request", id)) != HIXL_KV_SUCCESS) return st;
+  struct kv_params p;
+  /* Params that do not parse: get_num_new_matched_tokens says so, once. */
+  if (!c->cfg.consumer || c->cfg.push || c->cfg.lease_ms == 0 || r->kv_transfer_params_len == 0 ||
+      (r->flags & HIXL_KV_REQ_ABORTED) || !params_parse(c, r, "do_remote_prefill", &p, why, sizeof(why)))
+    return HIXL_KV_SUCCESS;
+  free(p.blocks);
+  struct kv_waiting *w = calloc(1, sizeof(*w));
+  if (!w) return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "on_new_request: out of memory");
+  w->e = (struct kv_meta_entry){
+      .type = KV_META_RENEW, .rcap = p.cap, .rtp = p.tp, .epoch = p.epoch, .seq = p.seq};
+  snprintf(w->e.req, sizeof(w->e.req), "%s", id);
+  snprintf(w->e.remote, sizeof(w->e.remote), "%s", p.remote);
+  snprintf(w->e.rreq, sizeof(w->e.rreq), "%s", p.rreq);
+  char engine[64];
+  (void)kv_worker_address(p.remote, 0, engine, sizeof(engine), &w->e.cluster); /* params_parse checked it */
+  w->next_ns = kv_now_ns() + renew_every_ns(c); /* one scheduled before then needs none */
+  void *old = NULL;
+  char gone[KV_MAX_ID + 1] = "";
+  pthread_mutex_lock(&c->lock);
+  waiting_drop(c, id); /* seen again: these params */
+  int added = kv_idhash_add(&c->sched.waiting, id, w, KV_WAITING_MAX, &old);
+  if (added == 1 && c->sched.waiting.evicted == 1)
+    snprintf(gone, sizeof(gone), "%s", ((struct kv_waiting *)old)->e.req);
+  pthread_mutex_unlock(&c->lock);
+  free(old);
+  if (added < 0) {
+    free(w);
+    return kv_fail(HIXL_KV_RESOURCE_EXHAUSTED, "on_new_request: out of memory");
+  }
+  if (gone[0])
+    log_warn("hixl-kv: %u requests wait to be scheduled with their producers' holds renewed (the bound): the "
+             "oldest is no longer renewed (request %s now; it is recomputed if it waits past its producer's "
+             "lease) (the first such)",
+             KV_WAITING_MAX, gone);
+  return HIXL_KV_SUCCESS;
+}
+
+/* The renewals due (RENEW entries), at most 1024 a build; each renewed is made the
+ * newest, so the oldest is always the next due. Lock held. */
+static void renewals_due(hixl_kv_connector *c) {
+  uint64_t now = kv_now_ns();
+  for (unsigned k = 0; k < 1024 && c->sched.waiting.oldest; k++) {
+    struct kv_waiting *w = kv_idnode_val(c->sched.waiting.oldest);
+    if (w->next_ns > now) break;
+    meta_add(c, &w->e);
+    w->next_ns = now + renew_every_ns(c);
+    kv_idhash_touch(&c->sched.waiting, w->e.req);
+  }
+}
+
 /* Push mode: a consumer expects the producer's writes into the blocks just allocated
  * (get_push_params tells the producer where); a producer queues a PUSH of its blocks
  * into the consumer's named in the params. b is taken (freed here or kept). */
@@ -388,6 +455,9 @@ hixl_kv_status kv_after_alloc_groups(hixl_kv_connector *c, const hixl_kv_request
   if ((st = check_req(r, fn, id)) != HIXL_KV_SUCCESS || (st = gb_take(g, ng, &b, fn)) != HIXL_KV_SUCCESS)
     return st;
   if (c->cfg.push) return push_after_alloc(c, r, id, &b, external);
+  pthread_mutex_lock(&c->lock);
+  waiting_drop(c, id); /* scheduled: its load (or FREE) keeps or frees the hold from here */
+  pthread_mutex_unlock(&c->lock);
   struct kv_params p;
   if (!c->cfg.consumer || r->kv_transfer_params_len == 0 ||
       !params_parse(c, r, "do_remote_prefill", &p, why, sizeof(why))) {
@@ -458,6 +528,7 @@ hixl_kv_status kv_build_meta(hixl_kv_connector *c, hixl_kv_buffer *meta) {
             "the connector is a worker's");
   struct kv_out o = {0};
   pthread_mutex_lock(&c->lock);
+  renewals_due(c);
   kv_meta_begin(&o, c->sched.cap_key, c->sched.meta_count); /* the key: for the workers' checks */
   kv_put_raw(&o, c->sched.meta.p, c->sched.meta.len);       /* the entries, encoded as they were queued */
   bool bad = o.bad || c->sched.meta.bad;
@@ -615,6 +686,9 @@ hixl_kv_status kv_finished_groups(hixl_kv_connector *c, const hixl_kv_request *r
   if ((st = check_req(r, "request_finished", id)) != HIXL_KV_SUCCESS ||
       (st = gb_take(g, ng, &b, "request_finished")) != HIXL_KV_SUCCESS)
     return st;
+  pthread_mutex_lock(&c->lock);
+  waiting_drop(c, id); /* finished before it was scheduled (an abort): no more renewals */
+  pthread_mutex_unlock(&c->lock);
   return finished(c, r, id, &b, delay_free, params);
 }
 

@@ -323,6 +323,7 @@ static const char *op_name(uint8_t op) {
   case KV_SVC_ABORT: return "ABORT";
   case KV_SVC_LAYERS: return "LAYERS";
   case KV_SVC_RELEASE: return "RELEASE";
+  case KV_SVC_RENEW: return "RENEW";
   default: return "an unknown operation";
   }
 }
@@ -422,7 +423,7 @@ static enum svc_parsed svc_parse(const uint8_t *req, size_t len, struct svc_req 
   r->layer = r->op == KV_SVC_LAYER || r->op == KV_SVC_LAYERS ? kv_get_u32(&in) : 0;
   r->count = r->op == KV_SVC_LAYERS ? kv_get_u32(&in) : 1;
   if (r->op == KV_SVC_ABORT) kv_get_str(&in, r->reason, KV_MAX_ID);
-  if ((r->op == KV_SVC_PIN || r->op == KV_SVC_RELEASE) && in.off < len) {
+  if ((r->op == KV_SVC_PIN || r->op == KV_SVC_RELEASE || r->op == KV_SVC_RENEW) && in.off < len) {
     r->epoch = kv_get_u64(&in);
     r->seq = kv_get_u64(&in);
   }
@@ -546,6 +547,19 @@ static bool hold_bound(const hixl_kv_connector *c, const struct svc_req *r) {
   return r->seq && r->epoch == c->hold.epoch && r->seq <= c->hold.bound_seq;
 }
 
+/* What a PIN or RENEW of a request not held here hears: GONE and why (it ended here,
+ * or this worker bound every hold up to its number), else "not yet". Lock held. */
+static void not_held(const hixl_kv_connector *c, const struct svc_req *r, struct kv_out *out) {
+  const char *why = "it was freed, its lease expired, or it was aborted";
+  if (gone_why(c, r->id, &why))
+    put_gone(out, why);
+  else if (hold_bound(c, r))
+    put_gone(out, "it was never held here (this worker bound every hold up to its number), or was freed "
+                  "long ago");
+  else
+    kv_put_u8(out, KV_PIN_NOT_YET);
+}
+
 /* PIN of held h: the lease runs again, the consumer rank is granted its blocks. */
 static HixlStatus serve_pin(hixl_kv_connector *c, const char *peer, const struct svc_req *r,
                             struct kv_held *h, struct kv_out *out, const char **tp_why) {
@@ -559,14 +573,24 @@ static HixlStatus serve_pin(hixl_kv_connector *c, const char *peer, const struct
     held_answer(c, out, h->blocks, h->n, h->gn, h->ngroups);
     return st;
   }
-  const char *why = "it was freed, its lease expired, or it was aborted";
-  if (gone_why(c, r->id, &why))
-    put_gone(out, why);
-  else if (hold_bound(c, r))
-    put_gone(out, "it was never held here (this worker bound every hold up to its number), or was freed "
-                  "long ago");
-  else
-    kv_put_u8(out, KV_PIN_NOT_YET);
+  not_held(c, r, out);
+  return HIXL_SUCCESS;
+}
+
+/* RENEW: a consumer whose request waits to be scheduled keeps it held here: the lease
+ * runs again, as a PIN's does, but nothing is granted and no consumer is recorded (the
+ * load's PIN does both); not held: as a PIN's answer. */
+static HixlStatus serve_renew(hixl_kv_connector *c, const struct svc_req *r, struct kv_held *h,
+                              struct kv_out *out, const char **tp_why) {
+  if (h) {
+    if ((*tp_why = held_rank(c, h, r->world))) return HIXL_SUCCESS;
+    h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
+    kv_idhash_touch(&c->hold.held, h->id); /* its lease now ends last */
+    c->hold.renewed++;
+    kv_put_u8(out, KV_PIN_HELD);
+    return HIXL_SUCCESS;
+  }
+  not_held(c, r, out);
   return HIXL_SUCCESS;
 }
 
@@ -652,7 +676,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
   pthread_mutex_lock(&c->lock);
   kv_leases_expire(c);
   kv_expects_expire(c);
-  bool held_op = r.op == KV_SVC_PIN || r.op == KV_SVC_FREE || r.op == KV_SVC_RELEASE;
+  bool held_op = r.op == KV_SVC_PIN || r.op == KV_SVC_FREE || r.op == KV_SVC_RELEASE || r.op == KV_SVC_RENEW;
   struct kv_held *h = held_op ? kv_held_find(c, r.id) : NULL;
   struct kv_expect *x = held_op ? NULL : kv_expect_find(c, r.id);
   enum cap_verdict v = CAP_OK;
@@ -672,6 +696,7 @@ HixlStatus kv_serve(void *ctx, const char *peer, const uint8_t *req, size_t len,
   case KV_SVC_PIN: st = serve_pin(c, peer, &r, h, &out, &tp_why); break;
   case KV_SVC_FREE: st = serve_free(c, peer, &r, h, &tp_why); break;
   case KV_SVC_RELEASE: st = serve_release(c, peer, &r, h, &out, &tp_why); break;
+  case KV_SVC_RENEW: st = serve_renew(c, &r, h, &out, &tp_why); break;
   case KV_SVC_ACCEPT:
   case KV_SVC_ACCEPT_W: st = serve_accept(c, peer, &r, x, &out, &tp_why); break;
   case KV_SVC_LAYER:

@@ -170,11 +170,16 @@ void kv_meta_put(struct kv_out *o, const struct kv_meta_entry *e) {
     kv_put_groups(o, e->gn, e->ngroups);
     break;
   case KV_META_FREE:
+  case KV_META_RENEW:
     kv_put_str(o, e->remote, strlen(e->remote));
     kv_put_u64(o, e->cluster);
     kv_put_str(o, e->rreq, strlen(e->rreq));
     kv_put_cap(o, &e->rcap);
     kv_put_u32(o, e->rtp);
+    if (e->type == KV_META_RENEW) {
+      kv_put_u64(o, e->epoch);
+      kv_put_u64(o, e->seq);
+    }
     break;
   default: o->bad = true;
   }
@@ -237,16 +242,22 @@ bool kv_meta_parse(const uint8_t *p, size_t len, uint8_t key[KV_CAP_KEY_LEN], st
       if (e->nblocks == 0) in.bad = true;
       break;
     case KV_META_FREE:
+    case KV_META_RENEW:
       kv_get_str(&in, e->remote, KV_MAX_ENGINE);
       e->cluster = kv_get_u64(&in);
       kv_get_str(&in, e->rreq, KV_MAX_ID);
       kv_get_cap(&in, &e->rcap);
       e->rtp = kv_get_u32(&in);
+      if (e->type == KV_META_RENEW) {
+        e->epoch = kv_get_u64(&in);
+        e->seq = kv_get_u64(&in);
+      }
       break;
     default: in.bad = true;
     }
     if (!in.bad && e->req[0] == '\0') in.bad = true;
-    if ((e->type == KV_META_LOAD || e->type == KV_META_PUSH || e->type == KV_META_FREE) &&
+    if ((e->type == KV_META_LOAD || e->type == KV_META_PUSH || e->type == KV_META_FREE ||
+         e->type == KV_META_RENEW) &&
         (e->rtp == 0 || e->rtp > KV_TP_MAX))
       in.bad = true;
   }

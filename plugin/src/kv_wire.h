@@ -75,12 +75,13 @@ enum kv_meta_type {
   KV_META_FREE = 3,   /* consumer: tell the producer to free a request it holds (abort) */
   KV_META_PUSH = 4,   /* producer, push mode: write blocks into the consumer's, layer by layer */
   KV_META_EXPECT = 5, /* consumer, push mode: a producer will write these blocks */
+  KV_META_RENEW = 6,  /* consumer, pull: renew a producer's hold of a request not scheduled yet */
 };
 
 struct kv_meta_entry {
   uint8_t type;
   char req[KV_MAX_ID + 1];        /* this side's request id */
-  char remote[KV_MAX_ENGINE + 1]; /* LOAD, FREE: the producer's engine, "ip:port" */
+  char remote[KV_MAX_ENGINE + 1]; /* LOAD, FREE, RENEW: the producer's engine, "ip:port" */
   uint64_t cluster;               /* LOAD, FREE: the producer's cluster id */
   char rreq[KV_MAX_ID + 1];       /* LOAD, FREE: the producer's request id */
   struct kv_cap rcap; /* LOAD, FREE, PUSH: rreq's capability, from its kv_transfer_params (len 0: none) */
@@ -129,8 +130,12 @@ enum kv_svc_op {
                         * when HELD, then u64 the address of this rank's landed bytes (one a layer; 0:
                         * none) and u8 their mark (kv_word.c); older consumers refuse it as malformed
                         * (PARAM_INVALID): the producer asks again with ACCEPT */
+  KV_SVC_RENEW = 9,    /* req id, cap [, u64 epoch, u64 seq] -> state: HELD (its lease runs again; nothing
+                        * granted, no consumer recorded: its load's PIN does that), NOT_YET or GONE and
+                        * why. A request waiting to be scheduled keeps its hold; older producers answer
+                        * UNSUPPORTED or "malformed": the consumer stops asking that producer */
 };
-#define KV_SVC_OP_LAST KV_SVC_ACCEPT_W
+#define KV_SVC_OP_LAST KV_SVC_RENEW
 enum kv_pin_state {
   KV_PIN_HELD = 0,    /* then: layout text, u32 block count, u64 kv_groups_digest, the groups' counts
                        * (kv_put_groups), the plane table (kv_layout_put_planes) */

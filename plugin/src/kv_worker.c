@@ -233,6 +233,14 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
       }
       continue;
     }
+    if (e->type == KV_META_RENEW) { /* nothing of this side's: a producer's hold renewed */
+      if (c->cfg.consumer && !c->cfg.push)
+        kv_renew_bind(c, e);
+      else
+        st = kv_fail(HIXL_KV_PARAM_INVALID, "%s: request %s: a renewal of its producer's hold: %s", fn,
+                     e->req, ROLE_WHY);
+      continue;
+    }
     if (e->type == KV_META_HOLD) {
       if (!c->cfg.producer) {
         st = entry_refused(c, e, ROLE_WHY);

@@ -28,7 +28,7 @@ extern "C" {
 #endif
 
 #define HIXL_KV_ABI_MAJOR    1u
-#define HIXL_KV_ABI_MINOR    5u
+#define HIXL_KV_ABI_MINOR    6u
 #define HIXL_KV_ABI_VERSION  ((HIXL_KV_ABI_MAJOR << 16) | HIXL_KV_ABI_MINOR)
 #define HIXL_KV_ENTRY_SYMBOL "hixl_kv_connector_entry"
 
@@ -378,7 +378,21 @@ struct hixl_kv_ops {
    * beyond. An empty buffer (len 0) when none, or traces are off (trace_ring 0); release
    * with free_buffer. */
   hixl_kv_status (*drain_traces)(hixl_kv_connector *c, hixl_kv_buffer *lines);
-  /* ---- end of version 1.5: later versions append here ---- */
+  /* ---- end of version 1.5 ---- */
+
+  /* ---- version 1.6 ---- */
+
+  /* Scheduler side, as a request arrives (vLLM's on_new_request), before it is
+   * scheduled. A pull consumer's request whose kv_transfer_params name a producer's hold
+   * has that hold renewed while it waits: every third of this connector's lease_ms a
+   * build_connector_meta tells the workers to renew it (RENEW), until
+   * update_state_after_alloc (its load then keeps it held, as before),
+   * request_finished, or its finished_recving. Without it a request that waits longer
+   * than the producer's lease loses the hold and is recomputed. Any other request, or a
+   * push or producer connector: nothing. Params that do not parse: nothing (as
+   * get_num_new_matched_tokens finds them later). */
+  hixl_kv_status (*on_new_request)(hixl_kv_connector *c, const hixl_kv_request *req);
+  /* ---- end of version 1.6: later versions append here ---- */
 };
 
 /* True when the table the plugin gave is large enough to hold op. */
