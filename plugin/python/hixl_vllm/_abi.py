@@ -187,6 +187,8 @@ _OPS = [
     # ---- 1.5 (optional here: used when the table has them) ----
     ("render_metrics", CFUNCTYPE(_st, _C, POINTER(Buffer))),
     ("drain_traces", CFUNCTYPE(_st, _C, POINTER(Buffer))),
+    # ---- 1.6 (optional here) ----
+    ("on_new_request", CFUNCTYPE(_st, _C, POINTER(Request))),
 ]
 # The last op the adapter needs: a table that ends before it is too old.
 _LAST_NEEDED = "build_connector_worker_meta"

@@ -730,6 +730,22 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
             self._local_hit[str(request.request_id)] = int(num_computed_tokens)
         return int(n.value), bool(is_async.value) and n.value > 0
 
+    def on_new_request(self, request: Any) -> None:
+        """vLLM, as a request arrives (scheduler side): a pull consumer's request has its
+        producer's hold renewed until it is scheduled, so a request that waits in vLLM's
+        queues longer than the producer's lease still loads (ABI 1.6; an older plugin: as
+        before, renewed only once scheduled). Best effort: a failure is logged, never
+        raised into vLLM's scheduler."""
+        if not self._plugin.has("on_new_request") or self._refused(request):
+            return
+        r, keep = self._req(request)
+        try:
+            self._call("on_new_request", ctypes.byref(r))
+        except _abi.HixlError as e:
+            logger.warning("hixl: request %r: its producer's hold is not renewed while it waits: %s",
+                           str(request.request_id)[:64], e)
+        del keep
+
     def _remote_mismatch(self, request: Any) -> bool:
         """A producer's params that cannot fill this request's blocks: another prompt length,
         or another block size (its block count for its tokens). Once the load is queued vLLM

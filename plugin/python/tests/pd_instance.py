@@ -532,6 +532,7 @@ class Instance:
             r.seed, r.blocks, r.compute, r.outcome = msg["seed"], None, False, None
             self.reqs[r.request_id] = r
             self.order.append(r.request_id)
+            self.sched.on_new_request(r)  # as vLLM's scheduler does as a request arrives
         else:
             raise SystemExit(f"unknown message {msg}")
 

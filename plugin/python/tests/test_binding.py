@@ -145,6 +145,34 @@ def test_scheduler_round(plugin_path):
         s.shutdown()
 
 
+def test_waiting_request_hold_renewed(plugin_path):
+    """on_new_request (ABI 1.6): a pull consumer's request that waits to be scheduled has
+    its producer's hold renewed: after a third of lease_ms the metadata carries a renewal
+    (a RENEW entry: longer than an empty one), none once it is scheduled, and none for a
+    request the consumer takes no KV for; a plugin without the op: nothing, as before."""
+    import time
+    s = HixlKVConnector(vconfig(lease_ms=30), KVConnectorRole.SCHEDULER, None)
+    try:
+        empty = len(s.build_connector_meta(fv.SchedulerOutput()).data)
+        params = {"do_remote_prefill": True, "remote_engine": "127.0.0.1:9", "remote_request_id": "p-w1",
+                  "remote_block_ids": [7, 8, 9], "remote_num_tokens": 40}
+        r = fv.Request("w1", 40, dict(params))
+        s.on_new_request(r)
+        s.on_new_request(fv.Request("w2", 40))  # no params: nothing to renew
+        time.sleep(0.02)  # past a third of the 30 ms lease: the renewal is due (the lease is tested)
+        assert len(s.build_connector_meta(fv.SchedulerOutput()).data) > empty
+        s.update_state_after_alloc(r, fv.KVCacheBlocks([[1, 2, 3]]), 40)  # scheduled: the load keeps it
+        s.build_connector_meta(fv.SchedulerOutput())
+        time.sleep(0.02)
+        assert len(s.build_connector_meta(fv.SchedulerOutput()).data) == empty
+        s._plugin.has = lambda name: name != "on_new_request"  # an older plugin: not called
+        s.on_new_request(fv.Request("w3", 40, dict(params, remote_request_id="p-w3")))
+        time.sleep(0.02)
+        assert len(s.build_connector_meta(fv.SchedulerOutput()).data) == empty
+    finally:
+        s.shutdown()
+
+
 class _Resolved:
     name = "LBHNC"
 
