@@ -389,6 +389,57 @@ static void test_waiting_request_renewed(void) {
   inst_down(&p);
 }
 
+/* The producer's KV service as a plugin from before RENEW answers it: malformed. */
+static HixlStatus no_renew_kv(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
+                              size_t cap, size_t *resp_len) {
+  if (len >= 2 && req[1] == KV_SVC_RENEW) {
+    int n = snprintf((char *)resp, cap, "malformed KV service request from %s", peer);
+    *resp_len = n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
+    return HIXL_PARAM_INVALID;
+  }
+  return kv_serve(ctx, peer, req, len, resp, cap, resp_len);
+}
+
+/* A producer whose plugin predates RENEW refuses it as malformed: the consumer says so
+ * once, naming the producer, and its request still loads when scheduled in time (as
+ * before on_new_request). */
+static void test_renew_refused_by_older_producer(void) {
+  struct inst p, d;
+  bool up = inst_up_with(&p, "producer", "\"mode\": \"pull\", \"lease_ms\": 20000", 0x11) &&
+            inst_up_with(&d, "consumer", "\"mode\": \"pull\", \"lease_ms\": 150", 0xEE);
+  CU_ASSERT_FATAL(up);
+  TU_ASSERT_OK(hixl_engine_set_service(p.worker->eng, HIXL_SERVICE_KV, NULL, NULL));
+  TU_ASSERT_OK(hixl_engine_set_service(p.worker->eng, HIXL_SERVICE_KV, no_renew_kv, p.worker));
+  tu_log_capture(HIXL_LOG_WARN, true);
+  char *params = finish_one(&p, "old-renew", 1);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(params);
+  step(&p);
+  hixl_kv_request r = request("old-renew", params);
+  r.num_prompt_tokens = BLOCK_TOKENS;
+  tu_log_watch("does not renew a hold");
+  ST_IS(ops->on_new_request(d.sched, &r), HIXL_KV_SUCCESS);
+  char line[512] = "";
+  bool said = false;
+  for (int64_t end = tu_now_ms() + 5000; !said && tu_now_ms() < end;) {
+    step(&d); /* renewals every 50 ms */
+    said = tu_log_seen(line, sizeof(line));
+    if (!said) tu_log_watch("does not renew a hold");
+    struct timespec ts = {0, 10000000}; /* a host's step */
+    nanosleep(&ts, NULL);
+  }
+  CU_ASSERT_TRUE(said);
+  CU_ASSERT_PTR_NOT_NULL(strstr(line, "127.0.0.1:"));
+  load_one(&d, "old-renew", params, 3);
+  CU_ASSERT(inst_wait_stepped(&d, "old-renew", 1, 8000));
+  for (int l = 0; l < LAYERS; l++) CU_ASSERT_EQUAL(tu_check_byte(block(&d, l, 0, 3), BLOCK_BYTES, 0x11), -1);
+  HixlSetLogLevel(HIXL_LOG_ERROR);
+  TU_ASSERT_OK(hixl_engine_set_service(p.worker->eng, HIXL_SERVICE_KV, NULL, NULL));
+  TU_ASSERT_OK(hixl_engine_set_service(p.worker->eng, HIXL_SERVICE_KV, kv_serve, p.worker));
+  free(params);
+  inst_down(&d);
+  inst_down(&p);
+}
+
 /* A load whose producer answers its PIN "not yet" (it never binds it), with a
  * transfer_timeout_ms of 30 s: shutdown, once that PIN is being asked again, returns
  * within a few seconds, not when the PIN times out (before: the loader asked on until
@@ -488,6 +539,8 @@ int main(void) {
        test_hung_producer_delays_no_renewal},
       {"a request waiting to be scheduled past its producer's lease: renewed since on_new_request, loaded",
        test_waiting_request_renewed},
+      {"RENEW refused by a producer from before it: said once, the load unharmed",
+       test_renew_refused_by_older_producer},
       {"shutdown while a PIN is answered \"not yet\": no wait for transfer_timeout_ms",
        test_shutdown_stops_pin_not_yet},
       {"a bind out of memory (the consumer's LOAD, the producer's HOLD): the request still ends",

@@ -251,9 +251,9 @@ static HixlStatus pull_ops(hixl_kv_connector *c, const struct kv_meta_entry *e, 
 
 /* A RENEW refused as an operation the producer does not know (its plugin is older):
  * said once; its holds are then renewed only once their loads are queued. */
-static void renew_unknown(hixl_kv_connector *c, const struct kv_meta_entry *e, HixlStatus st,
-                          const uint8_t *ans, uint32_t len) {
-  bool old = st == HIXL_UNSUPPORTED || (st == HIXL_PARAM_INVALID && memmem(ans, len, "malformed", 9));
+static void renew_unknown(hixl_kv_connector *c, const struct kv_meta_entry *e, HixlStatus st) {
+  bool old = st == HIXL_UNSUPPORTED ||
+             (st == HIXL_PARAM_INVALID && strstr(HixlGetLastErrorMessage(), "malformed KV service request"));
   pthread_mutex_lock(&c->lock);
   bool say = old && !c->load.renew_old_said;
   c->load.renew_old_said |= old;
@@ -292,19 +292,25 @@ static void renew_round(hixl_kv_connector *c, const struct kv_meta_entry *v, siz
         c->stats.lookups++;
         pthread_mutex_unlock(&c->lock);
       } else if (op == KV_SVC_RENEW && started[k]) {
-        renew_unknown(c, &v[k0 + k], st, ans + k * HIXL_CALL_MAX, len[k]);
+        renew_unknown(c, &v[k0 + k], st);
       }
     }
   }
 }
 
-/* The renewals of requests not scheduled yet: each producer linked (a failed link: its
- * requests' holds are left to their leases), then RENEWed, as a round. */
+/* The renewals of requests not scheduled yet: each producer linked, then RENEWed, as a
+ * round. A producer whose last link failed (kv_link notes it; a load's link clears it) is
+ * not linked again for a renewal: its holds are left to their leases, and a dead one
+ * costs this thread one connect_timeout_ms, not one a request. */
 static void renew_waiting(hixl_kv_connector *c, struct kv_meta_entry *v, size_t n, uint8_t *ans,
                           int32_t timeout_ms) {
   size_t m = 0;
-  for (size_t k = 0; k < n && !c->shut; k++) /* kv_link notes an unreachable producer */
-    if (kv_link(c, &v[k], c->cfg.connect_timeout_ms) == HIXL_SUCCESS) v[m++] = v[k];
+  for (size_t k = 0; k < n; k++) {
+    pthread_mutex_lock(&c->lock);
+    bool skip = c->shut || kv_idhash_has(&c->unreach, v[k].remote);
+    pthread_mutex_unlock(&c->lock);
+    if (!skip && kv_link(c, &v[k], c->cfg.connect_timeout_ms) == HIXL_SUCCESS) v[m++] = v[k];
+  }
   renew_round(c, v, m, ans, timeout_ms, KV_SVC_RENEW);
 }
 
