@@ -395,7 +395,8 @@ static void test_table_sizes(void) {
   CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, drain_traces),
                   offsetof(hixl_kv_ops, render_metrics) + sizeof(void *));
   /* 1.6 appends on_new_request */
-  CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, on_new_request), offsetof(hixl_kv_ops, drain_traces) + sizeof(void *));
+  CU_ASSERT_EQUAL(offsetof(hixl_kv_ops, on_new_request),
+                  offsetof(hixl_kv_ops, drain_traces) + sizeof(void *));
   CU_ASSERT_EQUAL(ops->size, sizeof(hixl_kv_ops));
   small.size = (uint32_t)offsetof(hixl_kv_ops, render_metrics); /* a 1.4 plugin */
   CU_ASSERT_TRUE(HIXL_KV_HAS_OP(&small, build_connector_worker_meta));
