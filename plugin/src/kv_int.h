@@ -698,6 +698,10 @@ int kv_call_ex(hixl_kv_connector *c, const char *remote, uint8_t op, const char 
 int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id, const struct kv_cap *rcap,
             uint8_t *ans, size_t cap, size_t *n, int32_t timeout_ms, HixlStatus *st);
 HixlStatus kv_link(hixl_kv_connector *c, const struct kv_meta_entry *e, int32_t timeout_ms);
+/* Whether a KV service call that ended st was refused as an operation the peer does not
+ * know (its plugin is older): UNSUPPORTED, or an older worker's "malformed" (read from
+ * the engine's last error, in the thread that waited for the call). */
+bool kv_op_unknown(HixlStatus st);
 HixlStatus kv_tell(hixl_kv_connector *c, const struct kv_meta_entry *e, uint8_t op, const char *reason,
                    uint8_t *ans, size_t cap, size_t *n);
 /* What a peer's PIN or ACCEPT answer says it holds (or expects). */

@@ -252,8 +252,7 @@ static HixlStatus pull_ops(hixl_kv_connector *c, const struct kv_meta_entry *e, 
 /* A RENEW refused as an operation the producer does not know (its plugin is older):
  * said once; its holds are then renewed only once their loads are queued. */
 static void renew_unknown(hixl_kv_connector *c, const struct kv_meta_entry *e, HixlStatus st) {
-  bool old = st == HIXL_UNSUPPORTED ||
-             (st == HIXL_PARAM_INVALID && strstr(HixlGetLastErrorMessage(), "malformed KV service request"));
+  bool old = kv_op_unknown(st);
   pthread_mutex_lock(&c->lock);
   bool say = old && !c->load.renew_old_said;
   c->load.renew_old_said |= old;

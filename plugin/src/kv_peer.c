@@ -67,6 +67,11 @@ int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id
 /* Link to the peer of e (again, if its link was lost), within timeout_ms: SUCCESS
  * also when it was linked already. A peer it fails for is remembered as unreachable
  * until a Link to it succeeds (or, past KV_UNREACH_MAX such peers, the oldest is forgotten). */
+bool kv_op_unknown(HixlStatus st) {
+  return st == HIXL_UNSUPPORTED ||
+         (st == HIXL_PARAM_INVALID && strstr(HixlGetLastErrorMessage(), "malformed KV service request"));
+}
+
 HixlStatus kv_link(hixl_kv_connector *c, const struct kv_meta_entry *e, int32_t timeout_ms) {
   HixlStatus st = HixlCacheManagerLink(c->mgr, e->cluster, e->remote, timeout_ms);
   if (st == HIXL_ALREADY_CONNECTED) st = HIXL_SUCCESS;

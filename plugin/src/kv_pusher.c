@@ -132,10 +132,7 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
     st = kv_call_settled(c, e->remote, &msg, deadline, ans, HIXL_CALL_MAX, &n);
     /* Only an older consumer's refusal of the op itself: any other refusal (a wrong
      * capability, a rank refused) would be ACCEPT's too, and counted twice there. */
-    bool older =
-        st == HIXL_UNSUPPORTED ||
-        (st == HIXL_PARAM_INVALID && strstr(HixlGetLastErrorMessage(), "malformed KV service request"));
-    if (!h->word || !older) break;
+    if (!h->word || !kv_op_unknown(st)) break;
     h->word = false;
   }
   if (st != HIXL_SUCCESS) {

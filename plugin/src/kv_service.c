@@ -560,13 +560,18 @@ static void not_held(const hixl_kv_connector *c, const struct svc_req *r, struct
     kv_put_u8(out, KV_PIN_NOT_YET);
 }
 
+/* Held h's lease runs again from now: it ends last. Lock held. */
+static void lease_again(hixl_kv_connector *c, struct kv_held *h) {
+  h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
+  kv_idhash_touch(&c->hold.held, h->id);
+}
+
 /* PIN of held h: the lease runs again, the consumer rank is granted its blocks. */
 static HixlStatus serve_pin(hixl_kv_connector *c, const char *peer, const struct svc_req *r,
                             struct kv_held *h, struct kv_out *out, const char **tp_why) {
   if (h) {
     if ((*tp_why = held_rank(c, h, r->world)) || !peers_room(c, &h->peers, peer, tp_why)) return HIXL_SUCCESS;
-    h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
-    kv_idhash_touch(&c->hold.held, h->id); /* its lease now ends last */
+    lease_again(c, h);
     kv_obs_phase(c, r->id, KV_PH_PINNED, peer);
     HixlStatus st = HIXL_SUCCESS;
     if (!kv_peers_grant(c, &h->peers, peer, h->blocks, h->gn, h->ngroups)) st = HIXL_RESOURCE_EXHAUSTED;
@@ -584,8 +589,7 @@ static HixlStatus serve_renew(hixl_kv_connector *c, const struct svc_req *r, str
                               struct kv_out *out, const char **tp_why) {
   if (h) {
     if ((*tp_why = held_rank(c, h, r->world))) return HIXL_SUCCESS;
-    h->expires_ns = kv_now_ns() + (uint64_t)c->cfg.lease_ms * 1000000ull;
-    kv_idhash_touch(&c->hold.held, h->id); /* its lease now ends last */
+    lease_again(c, h);
     c->hold.renewed++;
     kv_put_u8(out, KV_PIN_HELD);
     return HIXL_SUCCESS;
