@@ -827,6 +827,70 @@ static void test_push_into_pull(void) {
   inst_down(&x);
 }
 
+/* Metadata bound after shutdown (no thread is left to run it), and a LOAD bound before
+ * it that no start_load_kv started: each request is reported finished (a HOLD or PUSH:
+ * sending; a LOAD or EXPECT: receiving, its blocks in the load errors) and the bind
+ * answers FAILED, said (before: taken, and never finished: the host waited for ever). */
+static void test_bind_after_shutdown(void) {
+  static const char *const role[4] = {"producer", "consumer", "producer", "consumer"};
+  static const char *const ids[5] = {"sd-hold", "sd-load", "sd-push", "sd-expect", "sd-unstarted"};
+  const char *params[4] = {
+      NULL,
+      "{\"do_remote_prefill\": true, \"remote_engine\": \"127.0.0.1:9\", \"remote_request_id\": \"p1\", "
+      "\"remote_block_ids\": [5, 6], \"hixl_abi\": 1, \"tp_size\": 1, "
+      "\"cap\": \"00112233445566778899aabbccddeeff\"}",
+      "{\"do_remote_decode\": true, \"remote_engine\": \"127.0.0.1:9\", \"remote_request_id\": \"c1\", "
+      "\"remote_block_ids\": [1, 2], \"hixl_abi\": 1, \"tp_size\": 1, "
+      "\"cap\": \"00112233445566778899aabbccddeeff\"}",
+      "{\"do_remote_prefill\": true}"};
+  for (int k = 0; k < 5; k++) {
+    char cfg[512];
+    struct inst x = {0};
+    bool push = k == 2 || k == 3;
+    if (push)
+      config_push(cfg, sizeof(cfg), free_port(), role[k], 10000);
+    else
+      config(cfg, sizeof(cfg), free_port(), k == 4 ? "consumer" : role[k], 10000, "fail", 2000);
+    ST_IS(inst_up(&x, cfg, BLOCK_BYTES), HIXL_KV_SUCCESS);
+    uint64_t blocks[2] = {3, 4};
+    hixl_kv_request r = request(ids[k], 2 * BLOCK_TOKENS, params[k == 4 ? 1 : k]);
+    if (k == 0) {
+      int32_t delay = -1;
+      hixl_kv_buffer out = {0};
+      ST_IS(ops->request_finished(x.sched, &r, blocks, 2, &delay, &out), HIXL_KV_SUCCESS);
+      ops->free_buffer(&out);
+    } else if (k == 3) {
+      decode_alloc(&x, ids[k], params[k], blocks, 2);
+      hixl_kv_buffer out = {0};
+      ST_IS(ops->get_push_params(x.sched, ids[k], strlen(ids[k]), &out), HIXL_KV_SUCCESS);
+      ops->free_buffer(&out);
+    } else {
+      ST_IS(ops->update_state_after_alloc(x.sched, &r, blocks, 2, 2 * BLOCK_TOKENS), HIXL_KV_SUCCESS);
+    }
+    if (k == 4) { /* bound, then shut down before start_load_kv */
+      ST_IS(bind_once(x.sched, x.worker), HIXL_KV_SUCCESS);
+      ST_IS(ops->shutdown(x.worker), HIXL_KV_SUCCESS);
+    } else {
+      ST_IS(ops->shutdown(x.worker), HIXL_KV_SUCCESS);
+      ST_IS(bind_once(x.sched, x.worker), HIXL_KV_FAILED);
+      CU_ASSERT(has_error("shut down"));
+    }
+    hixl_kv_ids sd = {0}, rv = {0};
+    ST_IS(ops->get_finished(x.worker, NULL, &sd, &rv), HIXL_KV_SUCCESS);
+    bool sending = k == 0 || k == 2;
+    CU_ASSERT_TRUE(ids_have(sending ? &sd : &rv, ids[k]));
+    ops->free_ids(&sd);
+    ops->free_ids(&rv);
+    uint64_t errs[4] = {0};
+    size_t nerr = load_errors(&x, errs, 4);
+    if (!sending) CU_ASSERT_TRUE(nerr == 2 && errs[0] == 3 && errs[1] == 4);
+    hixl_kv_stats_ex st = {.size = sizeof(st)};
+    ST_IS(ops->get_stats_ex(x.worker, &st), HIXL_KV_SUCCESS);
+    CU_ASSERT(st.blocks_held == 0 && st.requests_held == 0);
+    inst_down(&x);
+  }
+}
+
 /* A worker whose config names another role than its scheduler's (kv_role set apart):
  * each entry it has no part for is refused at bind, said, and reported finished (a
  * HOLD or PUSH: sending; a LOAD or EXPECT: receiving, its blocks in the load errors),
@@ -2074,6 +2138,8 @@ static CU_TestInfo arg_tests[] = {
      test_push_producer_bounded},
     {"alloc_kv_memory on six threads at once", test_alloc_memory_threads},
     {"shutdown on two threads at once", test_shutdown_threads},
+    {"metadata bound after shutdown, and a load it left unstarted: reported finished",
+     test_bind_after_shutdown},
     {"request_finished twice: refused, one place held", test_finished_twice},
     {"a held block past the caches: refused at bind, nothing held", test_hold_past_blocks},
     {"an expected block past the caches: refused at bind, the load failed", test_expect_past_blocks},

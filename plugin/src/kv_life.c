@@ -138,6 +138,19 @@ fail:
   return st;
 }
 
+static void loads_free(struct kv_load *l);
+
+/* Loads bound or queued that no loader thread took (none started, or every one had
+ * left): ended failed, so the host hears of each in get_finished (its blocks in the
+ * load errors) instead of waiting for it for ever. Their producers' leases free them
+ * there. c->lock held. */
+static void loads_left_end(hixl_kv_connector *c, struct kv_load **list, struct kv_load **tail) {
+  for (struct kv_load *l = *list; l; l = l->next)
+    if (l->e.type != KV_META_FREE) kv_load_part_end(c, l, HIXL_FAILED, "FAILED: shut down before it ran");
+  loads_free(*list);
+  *list = *tail = NULL;
+}
+
 hixl_kv_status kv_shutdown(hixl_kv_connector *c) {
   CHECK_ARG(c, "shutdown: connector is NULL");
   pthread_mutex_lock(&c->lock);
@@ -155,6 +168,8 @@ hixl_kv_status kv_shutdown(hixl_kv_connector *c) {
   kv_loader_join(c);
   if (c->push.on) pthread_join(c->push.thread, NULL);
   pthread_mutex_lock(&c->lock);
+  loads_left_end(c, &c->load.bound, &c->load.bound_tail);
+  loads_left_end(c, &c->load.queue, &c->load.queue_tail);
   c->push.on = false;
   c->joined = 2;
   pthread_cond_broadcast(&c->load.cond);

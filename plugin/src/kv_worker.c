@@ -180,7 +180,7 @@ hixl_kv_status kv_alloc_caches(hixl_kv_connector *c, hixl_kv_layer *ly, size_t n
  * reported finished, so the host frees (a HOLD or PUSH: sending) or recomputes (a LOAD
  * or EXPECT: receiving, its blocks load errors) the blocks it keeps for the request,
  * instead of waiting for it for ever. Lock held. */
-static hixl_kv_status entry_refused(hixl_kv_connector *c, const struct kv_meta_entry *e, const char *why) {
+static void entry_ended(hixl_kv_connector *c, const struct kv_meta_entry *e, const char *gone) {
   if (e->type == KV_META_HOLD || e->type == KV_META_PUSH) {
     if (e->type == KV_META_PUSH) c->stats.pushes_failed++;
     kv_finished_add(c, &c->sending_done, e->req);
@@ -188,7 +188,11 @@ static hixl_kv_status entry_refused(hixl_kv_connector *c, const struct kv_meta_e
     kv_recv_refused(c, e, KV_CAUSE_REFUSED);
   }
   if (e->type == KV_META_HOLD || e->type == KV_META_EXPECT) /* its peer's PIN or ACCEPT hears GONE */
-    kv_gone_add_why(c, e->req, "refused: the worker's role or caches do not take it"); /* a constant */
+    kv_gone_add_why(c, e->req, gone);                       /* a constant */
+}
+
+static hixl_kv_status entry_refused(hixl_kv_connector *c, const struct kv_meta_entry *e, const char *why) {
+  entry_ended(c, e, "refused: the worker's role or caches do not take it");
   return kv_fail(HIXL_KV_PARAM_INVALID, "bind_connector_meta: request %s: %s", e->req, why);
 }
 
@@ -212,6 +216,13 @@ hixl_kv_status kv_bind(hixl_kv_connector *c, const uint8_t *meta, size_t len) {
   uint64_t now = kv_now_ns();
   for (size_t i = 0; i < n; i++) {
     struct kv_meta_entry *e = &v[i];
+    if (c->shut) { /* no thread is left to run it: ended as refused (a FREE or RENEW is best effort) */
+      if (e->type != KV_META_FREE && e->type != KV_META_RENEW) {
+        entry_ended(c, e, "refused: its worker shut down");
+        st = kv_fail(HIXL_KV_FAILED, "%s: request %s: the connector is shut down", fn, e->req);
+      }
+      continue;
+    }
     if (e->type == KV_META_PUSH || e->type == KV_META_EXPECT) {
       if (c->lay.ng == 0 || e->ngroups != c->lay.ng) {
         st = entry_refused(c, e,
