@@ -10,11 +10,16 @@
  * failed (received, its blocks in the load errors), the one before it landed byte for
  * byte, and the producer holds nothing once both are freed there. */
 #include <CUnit/Basic.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "engine/engine_ext.h"
 #include "hixl/hixl_cache.h"
@@ -389,6 +394,83 @@ static void test_waiting_request_renewed(void) {
   inst_down(&p);
 }
 
+/* A listener on tu_ip() that never accepts: the kernel completes each connection, nobody
+ * answers HELLO. Returns its fd (-1 on error) and writes "ip:port" into addr. */
+static int mute_listener(char *addr, size_t cap) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET};
+  socklen_t sl = sizeof(sa);
+  if (fd < 0 || inet_pton(AF_INET, tu_ip(), &sa.sin_addr) != 1 || bind(fd, (struct sockaddr *)&sa, sl) != 0 ||
+      listen(fd, 64) != 0 || getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  tu_addr(addr, cap, ntohs(sa.sin_port));
+  return fd;
+}
+
+/* The connections waiting at a mute listener, taken (and closed) now. */
+static int mute_taken(int fd) {
+  int n = 0, c;
+  while ((c = accept(fd, NULL, NULL)) >= 0) close(c), n++;
+  return n;
+}
+
+/* Step d until fd has a connection waiting (or ms pass): whether one came. */
+static bool step_until_dialled(struct inst *d, int fd, int ms) {
+  for (int64_t end = tu_now_ms() + ms; tu_now_ms() < end;) {
+    step(d); /* the consumer's steps carry the renewals */
+    struct pollfd pf = {fd, POLLIN, 0};
+    if (poll(&pf, 1, 20) == 1) return true; /* the event itself, not a nap */
+  }
+  return false;
+}
+
+/* Renewals of requests waiting for a producer that cannot be reached: the first one
+ * links and fails, and from then no renewal for that producer links again (a dead one
+ * costs the renewer one connect_timeout_ms, not one a request): a later request of the
+ * same producer is passed over, and the renewer goes on to the next producer. */
+static void test_renew_skips_unreachable(void) {
+  char dead[TU_ADDR_LEN], next[TU_ADDR_LEN];
+  int fx = mute_listener(dead, sizeof(dead)), fy = mute_listener(next, sizeof(next));
+  CU_ASSERT_FATAL(fx >= 0 && fy >= 0);
+  struct inst d;
+  CU_ASSERT_FATAL(inst_up_with(&d, "consumer",
+                               "\"mode\": \"pull\", \"lease_ms\": 300, \"connect_timeout_ms\": 300", 0xEE));
+  const char *ids[3] = {"unreach-a", "unreach-b", "unreach-c"};
+  char params[3][512];
+  for (int k = 0; k < 3; k++)
+    snprintf(params[k], sizeof(params[k]),
+             "{\"do_remote_prefill\": true, \"remote_engine\": \"%s\", \"remote_request_id\": \"%s\", "
+             "\"remote_block_ids\": [1], \"hixl_abi\": 1, \"tp_size\": 1, "
+             "\"cap\": \"00112233445566778899aabbccddeeff\"}",
+             k < 2 ? dead : next, ids[k]);
+  hixl_kv_request r = request(ids[0], params[0]);
+  r.num_prompt_tokens = BLOCK_TOKENS;
+  ST_IS(ops->on_new_request(d.sched, &r), HIXL_KV_SUCCESS);
+  CU_ASSERT_FATAL(step_until_dialled(&d, fx, 5000)); /* a's renewal links */
+  bool noted = false;
+  for (int64_t end = tu_now_ms() + 5000; !noted && tu_now_ms() < end;) { /* ... and fails */
+    step(&d);
+    pthread_mutex_lock(&d.worker->lock);
+    noted = kv_idhash_has(&d.worker->unreach, dead);
+    pthread_mutex_unlock(&d.worker->lock);
+    struct timespec ts = {0, 10000000}; /* a host's step */
+    nanosleep(&ts, NULL);
+  }
+  CU_ASSERT_FATAL(noted);
+  for (int k = 1; k < 3; k++) { /* b (older) then c: b's renewal comes first */
+    r = request(ids[k], params[k]);
+    r.num_prompt_tokens = BLOCK_TOKENS;
+    ST_IS(ops->on_new_request(d.sched, &r), HIXL_KV_SUCCESS);
+  }
+  CU_ASSERT_TRUE(step_until_dialled(&d, fy, 5000)); /* c's renewal links: b's was before it */
+  CU_ASSERT_EQUAL(mute_taken(fx), 1);               /* a's first renewal only */
+  close(fx);
+  close(fy);
+  inst_down(&d);
+}
+
 /* The producer's KV service as a plugin from before RENEW answers it: malformed. */
 static HixlStatus no_renew_kv(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
                               size_t cap, size_t *resp_len) {
@@ -537,6 +619,8 @@ int main(void) {
        test_stale_pin_ahead},
       {"a producer that answers no PIN delays no other's lease renewal",
        test_hung_producer_delays_no_renewal},
+      {"renewals of a producer that cannot be reached: linked once, then passed over",
+       test_renew_skips_unreachable},
       {"a request waiting to be scheduled past its producer's lease: renewed since on_new_request, loaded",
        test_waiting_request_renewed},
       {"RENEW refused by a producer from before it: said once, the load unharmed",
