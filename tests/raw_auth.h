@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "util/auth.h"
+#include "util/be.h"
 #include "util/sock.h"
 #include "wire/wire.h"
 
@@ -100,13 +101,16 @@ typedef bool (*raw_send_fn)(int fd, const void *buf, size_t n);
 typedef bool (*raw_recv_fn)(int fd, void *buf, size_t n);
 
 struct raw_auth {
-  const char *key_hex;        /* the key the raw peer holds; NULL: it sends a plain HELLO */
-  const char *name;           /* the name it claims */
-  bool bad_proof;             /* send a proof with one bit flipped */
-  const uint8_t *replay;      /* send these WIRE_AUTH_MAC bytes as the proof, whatever the challenge */
-  const uint8_t *nonce;       /* use this nonce (NULL: a fresh one) */
-  const char *dialled;        /* the address it says it dialled (NULL: the fd's peer, as "ip:port") */
-  bool unproven;              /* offer no WIRE_CAP_PROVEN (an older hixl: its frames carry no tags) */
+  const char *key_hex;   /* the key the raw peer holds; NULL: it sends a plain HELLO */
+  const char *name;      /* the name it claims */
+  bool bad_proof;        /* send a proof with one bit flipped */
+  const uint8_t *replay; /* send these WIRE_AUTH_MAC bytes as the proof, whatever the challenge */
+  const uint8_t *nonce;  /* use this nonce (NULL: a fresh one) */
+  const char *dialled;   /* the address it says it dialled (NULL: the fd's peer, as "ip:port") */
+  bool unproven;         /* offer no WIRE_CAP_PROVEN (an older hixl: its frames carry no tags) */
+  const uint8_t *ext;    /* HELLO extension bytes to append as they are (entries, or not) */
+  uint16_t ext_len;
+  bool ext_unproven;          /* leave them out of its proof (as if a relay had added them) */
   struct auth_frames *frames; /* where to keep the link's frame tags once proven (NULL: not kept) */
   uint8_t proof[32];          /* out: the proof it sent */
   uint8_t session[32];        /* out: the session secret, when the target's proof checked */
@@ -153,6 +157,11 @@ static inline bool raw_auth_hello(int fd, struct raw_auth *a, raw_send_fn send_f
   } else {
     len = wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, a->name);
   }
+  if (a->ext_len) { /* appended after the fields, the body's length put right */
+    memcpy(buf + len, a->ext, a->ext_len);
+    be_put32(buf + 8, (uint32_t)(len - WIRE_HDR_LEN + a->ext_len));
+    len += a->ext_len;
+  }
   if (!send_fn(fd, buf, len)) return false;
   for (;;) {
     if (!recv_fn(fd, buf, WIRE_HDR_LEN) || wire_parse_hdr(buf, &h) != WIRE_OK ||
@@ -178,13 +187,18 @@ static inline bool raw_auth_hello(int fd, struct raw_auth *a, raw_send_fn send_f
     const struct auth_key *k = &ring.key[0];
     uint8_t mac[AUTH_MAC_LEN];
     size_t nl = strlen(a->name);
-    auth_transcript_mac(k, AUTH_LABEL_TARGET, nonce, m.u.auth.nonce, a->name, nl, m.u.auth.name,
-                        m.u.auth.name_len, caps | WIRE_CAP_AUTH, dialled, strlen(dialled), mac);
+    const uint8_t *ext = a->ext_unproven ? NULL : a->ext;
+    size_t ext_len = a->ext_unproven ? 0 : a->ext_len;
+    auth_transcript_mac_ext(k, AUTH_LABEL_TARGET, nonce, m.u.auth.nonce, a->name, nl, m.u.auth.name,
+                            m.u.auth.name_len, caps | WIRE_CAP_AUTH, dialled, strlen(dialled), ext, ext_len,
+                            mac);
     a->target_proved = auth_equal(mac, m.u.auth.mac, AUTH_MAC_LEN);
-    auth_transcript_mac(k, AUTH_LABEL_INITIATOR, nonce, m.u.auth.nonce, a->name, nl, m.u.auth.name,
-                        m.u.auth.name_len, caps | WIRE_CAP_AUTH, dialled, strlen(dialled), a->proof);
-    auth_transcript_mac(k, AUTH_LABEL_SESSION, nonce, m.u.auth.nonce, a->name, nl, m.u.auth.name,
-                        m.u.auth.name_len, caps | WIRE_CAP_AUTH, dialled, strlen(dialled), a->session);
+    auth_transcript_mac_ext(k, AUTH_LABEL_INITIATOR, nonce, m.u.auth.nonce, a->name, nl, m.u.auth.name,
+                            m.u.auth.name_len, caps | WIRE_CAP_AUTH, dialled, strlen(dialled), ext, ext_len,
+                            a->proof);
+    auth_transcript_mac_ext(k, AUTH_LABEL_SESSION, nonce, m.u.auth.nonce, a->name, nl, m.u.auth.name,
+                            m.u.auth.name_len, caps | WIRE_CAP_AUTH, dialled, strlen(dialled), ext, ext_len,
+                            a->session);
     if (a->replay) memcpy(a->proof, a->replay, AUTH_MAC_LEN);
     if (a->bad_proof) a->proof[0] ^= 1;
     struct wire_wr w;

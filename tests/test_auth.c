@@ -794,6 +794,37 @@ static void test_raw_bad_proof(void) {
   legit_still_works();
 }
 
+/* Two HELLO extensions (one of a type nobody knows yet, one empty): a keyed HELLO with
+ * them is served and proven (they are in both proofs); left out of the initiator's
+ * proof, as a relay that appended them would leave them, the same HELLO is refused
+ * (before: any byte after HELLO's fields closed the link as malformed, so HELLO could
+ * not grow; test_engine_wire has the unkeyed HELLO). */
+static const uint8_t hello_ext[] = {0xfe, 0x01, 0x00, 0x03, 'n', 'e', 'w', 0x00, 0x07, 0x00, 0x00};
+
+static void test_raw_hello_ext(void) {
+  struct raw_auth a = {.name = "ext:1", .key_hex = KEY_A, .ext = hello_ext, .ext_len = sizeof(hello_ext)};
+  int fd = raw_dial(tport);
+  CU_ASSERT_FATAL(fd >= 0);
+  CU_ASSERT_TRUE_FATAL(raw_auth_hello(fd, &a, raw_send_all, raw_recv_all));
+  CU_ASSERT_TRUE(a.challenged && a.target_proved);
+  CU_ASSERT_EQUAL(a.status, WIRE_HELLO_OK);
+  CU_ASSERT_TRUE(a.ack_proven);
+  close(fd);
+  struct raw_auth b = {.name = "ext:2",
+                       .key_hex = KEY_A,
+                       .ext = hello_ext,
+                       .ext_len = sizeof(hello_ext),
+                       .ext_unproven = true};
+  fd = raw_dial(tport);
+  CU_ASSERT_FATAL(fd >= 0);
+  CU_ASSERT_TRUE_FATAL(raw_auth_hello(fd, &b, raw_send_all, raw_recv_all));
+  CU_ASSERT_TRUE(b.challenged);
+  CU_ASSERT_FALSE(b.target_proved); /* the target's proof covers them: the initiator sees it too */
+  assert_bare_refusal(fd, &b);
+  close(fd);
+  legit_still_works();
+}
+
 /* A recorded handshake played again: the same HELLO (nonce) and the same proof meet a
  * fresh challenge, and are refused. */
 static void test_raw_replay(void) {
@@ -1334,6 +1365,7 @@ static CU_TestInfo hostile_tests[] = {
     {"no key: a bare refusal, no table, memory untouched", test_raw_no_key},
     {"a wrong key: refused before any challenge", test_raw_wrong_key},
     {"the right key id, a wrong proof: refused", test_raw_bad_proof},
+    {"HELLO extensions: in the proofs, served; left out of them (a relay's): refused", test_raw_hello_ext},
     {"a replayed handshake: refused", test_raw_replay},
     {"frames out of turn (a WRITE before the proof): closed, nothing written", test_raw_out_of_turn},
     {"a proof that never comes: closed at HandshakeTimeout", test_raw_proof_never_comes},

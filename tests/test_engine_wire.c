@@ -226,6 +226,41 @@ static void test_version_mismatch_answered(void) {
   assert_target_serves();
 }
 
+/* A HELLO grown by extensions (a type nobody knows yet, and an empty one) is served:
+ * the engine skips what it does not know; extensions that do not parse (an entry
+ * running past the frame, or bytes too few for an entry) close the link as malformed
+ * (before: any byte after HELLO's fields closed it, so HELLO could not grow). */
+static void test_hello_ext(void) {
+  uint8_t buf[2048];
+  struct wire_hdr h;
+  struct wire_msg m;
+  int fd = raw_connect(target_port());
+  CU_ASSERT_FATAL(fd >= 0);
+  size_t n = wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "from-later");
+  n = wire_hello_add_ext(buf, sizeof(buf), n, 0xfe01, "new", 3);
+  n = n ? wire_hello_add_ext(buf, sizeof(buf), n, 7, NULL, 0) : 0;
+  CU_ASSERT_FATAL(n == WIRE_HDR_LEN + 6 + 10 + 7 + 4);
+  CU_ASSERT(raw_send_all(fd, buf, n));
+  CU_ASSERT_FATAL(read_frame(fd, &h, buf, sizeof(buf)));
+  CU_ASSERT_EQUAL(h.type, WIRE_HELLO_ACK);
+  CU_ASSERT_FATAL(wire_decode(&h, buf, &m) == WIRE_OK);
+  CU_ASSERT_EQUAL(m.u.hello_ack.status, WIRE_HELLO_OK);
+  close(fd);
+  static const uint8_t bad[2][4] = {{0x00, 0x01, 0x00, 0x09}, {0x00, 0x01, 0x00, 0x00}};
+  static const size_t bad_len[2] = {4, 3}; /* 9 bytes said, none there; 3 bytes, no entry */
+  for (int k = 0; k < 2; k++) {
+    fd = raw_connect(target_port());
+    CU_ASSERT_FATAL(fd >= 0);
+    n = wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "from-later");
+    memcpy(buf + n, bad[k], bad_len[k]);
+    be_put32(buf + 8, (uint32_t)(n - WIRE_HDR_LEN + bad_len[k]));
+    CU_ASSERT(raw_send_all(fd, buf, n + bad_len[k]));
+    CU_ASSERT(closed_by_peer(fd));
+    close(fd);
+  }
+  assert_target_serves();
+}
+
 static void test_request_before_hello_closes(void) {
   uint8_t buf[64];
   int fd = raw_connect(target_port());
@@ -2547,6 +2582,7 @@ int main(int argc, char **argv) {
   CU_add_test(t, "a peer keeping the progress thread busy keeps no caller out past its timeout",
               test_busy_peer_keeps_no_caller_out);
   CU_add_test(t, "HELLO of another version gets a clear refusal", test_version_mismatch_answered);
+  CU_add_test(t, "a HELLO grown by extensions: served; extensions that do not parse: closed", test_hello_ext);
   CU_add_test(t, "a request before HELLO closes the link", test_request_before_hello_closes);
   CU_add_test(t, "an oversized frame closes the link, memory untouched", test_oversized_frame_closes);
   CU_add_test(t, "out-of-range WRITE/READ refused, memory untouched, link kept",

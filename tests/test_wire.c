@@ -220,8 +220,8 @@ static const struct {
   uint32_t min, max;
   uint32_t payload;
 } limits[] = {
-    {WIRE_HELLO, 6, 6 + WIRE_MAX_NAME + 32 + 1 + 2 * 8 + 2 + WIRE_MAX_NAME,
-     0}, /* name, the auth block, dialled */
+    {WIRE_HELLO, 6, 6 + WIRE_MAX_NAME + 32 + 1 + 2 * 8 + 2 + WIRE_MAX_NAME + 1024,
+     0}, /* name, the auth block, dialled, extensions */
     {WIRE_HELLO_ACK, 14, WIRE_MAX_BODY, 0},
     {WIRE_MEM_ADD, 22, 22 + WIRE_MAX_TAG, 0},
     {WIRE_MEM_DEL, 22, 22, 0},
@@ -1284,6 +1284,62 @@ static void test_bad_hello(void) {
   CU_ASSERT_EQUAL(decode_body(WIRE_HELLO, body, 6, 0, &m), WIRE_EBODY);
 }
 
+/* HELLO's extensions: entries of u16 type, u16 length, bytes, after its fields (keyed
+ * or not), skipped whatever their type; entries that do not fill the rest exactly, or
+ * more than WIRE_HELLO_EXT_MAX bytes of them, are refused. */
+static void test_hello_ext(void) {
+  uint8_t buf[WIRE_HDR_LEN + 6 + WIRE_MAX_NAME + WIRE_AUTH_BLOCK_MAX + WIRE_HELLO_EXT_MAX + 64];
+  uint8_t nonce[WIRE_AUTH_NONCE], id[WIRE_AUTH_ID], big[WIRE_HELLO_EXT_MAX];
+  static const uint8_t want[11] = {0xbe, 0xef, 0, 3, 'a', 'b', 'c', 0, 1, 0, 0};
+  struct wire_msg m;
+  memset(nonce, 1, sizeof(nonce));
+  memset(id, 2, sizeof(id));
+  memset(big, 3, sizeof(big));
+  for (int keyed = 0; keyed < 2; keyed++) {
+    size_t n =
+        keyed ? wire_put_hello_auth(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "i", nonce, id, 1, "127.0.0.1:9")
+              : wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "i");
+    size_t fields = n - WIRE_HDR_LEN;
+    CU_ASSERT_EQUAL_FATAL(parse_frame(buf, n, &m), WIRE_OK);
+    CU_ASSERT_EQUAL(m.u.hello.ext_len, 0);
+    CU_ASSERT_PTR_NULL(m.u.hello.ext);
+    n = wire_hello_add_ext(buf, sizeof(buf), n, 0xbeef, "abc", 3);
+    n = n ? wire_hello_add_ext(buf, sizeof(buf), n, 1, NULL, 0) : 0;
+    CU_ASSERT_EQUAL_FATAL(n, WIRE_HDR_LEN + fields + 7 + 4);
+    CU_ASSERT_EQUAL_FATAL(parse_frame(buf, n, &m), WIRE_OK);
+    CU_ASSERT_EQUAL(m.u.hello.ext_len, 11);
+    CU_ASSERT_PTR_EQUAL(m.u.hello.ext, buf + WIRE_HDR_LEN + fields);
+    CU_ASSERT_EQUAL(memcmp(m.u.hello.ext, want, sizeof(want)), 0);
+    CU_ASSERT_EQUAL(m.u.hello.name_len, 1);
+    CU_ASSERT_EQUAL(m.u.hello.dialled_len, keyed ? 11 : 0);
+    /* Room for 1,013 more bytes of extensions, not 1,014. */
+    CU_ASSERT_EQUAL(wire_hello_add_ext(buf, sizeof(buf), n, 2, big, WIRE_HELLO_EXT_MAX - 11 - 4 + 1), 0);
+    size_t full = wire_hello_add_ext(buf, sizeof(buf), n, 2, big, WIRE_HELLO_EXT_MAX - 11 - 4);
+    CU_ASSERT_EQUAL_FATAL(full, n + WIRE_HELLO_EXT_MAX - 11);
+    CU_ASSERT_EQUAL(parse_frame(buf, full, &m), WIRE_OK);
+    CU_ASSERT_EQUAL(m.u.hello.ext_len, WIRE_HELLO_EXT_MAX);
+    /* Each of these bodies the decoder refuses: an entry past the end, a stub. */
+    uint8_t *body = buf + WIRE_HDR_LEN;
+    put16(body + fields + 2, 4); /* one byte too many: the next entry is left 3 bytes */
+    CU_ASSERT_EQUAL(decode_body(WIRE_HELLO, body, (uint32_t)(n - WIRE_HDR_LEN), 0, &m), WIRE_EBODY);
+    put16(body + fields + 2, 8);
+    CU_ASSERT_EQUAL(decode_body(WIRE_HELLO, body, (uint32_t)(n - WIRE_HDR_LEN), 0, &m), WIRE_EBODY);
+    put16(body + fields + 2, 3);
+    for (uint32_t stub = 1; stub < 4; stub++) /* fewer bytes than an entry's type and length */
+      CU_ASSERT_EQUAL(decode_body(WIRE_HELLO, body, (uint32_t)(n - WIRE_HDR_LEN - 4 + stub), 0, &m),
+                      WIRE_EBODY);
+    put16(body + fields + 2, WIRE_HELLO_EXT_MAX - 4 + 1); /* one entry of 1,025 bytes in all */
+    CU_ASSERT_EQUAL(decode_body(WIRE_HELLO, body, (uint32_t)(fields + WIRE_HELLO_EXT_MAX + 1), 0, &m),
+                    WIRE_EBODY);
+  }
+  /* Only a HELLO, whole, grows. */
+  size_t n = wire_put_sync(buf, 1);
+  CU_ASSERT_EQUAL(wire_hello_add_ext(buf, sizeof(buf), n, 1, NULL, 0), 0);
+  n = wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "i");
+  CU_ASSERT_EQUAL(wire_hello_add_ext(buf, sizeof(buf), n - 1, 1, NULL, 0), 0);
+  CU_ASSERT_EQUAL(wire_hello_add_ext(buf, n + 3, n, 1, NULL, 0), 0);
+}
+
 /* HELLO_ACK body: status, caps, name_len, name, count, then entries. */
 static size_t raw_hello_ack(uint8_t *b, uint16_t nl, uint32_t count) {
   put32(b, 0);
@@ -1896,6 +1952,7 @@ static CU_TestInfo hdr_tests[] = {
 };
 static CU_TestInfo rt_tests[] = {
     {"hello", test_rt_hello},
+    {"hello extensions", test_hello_ext},
     {"hello_ack", test_rt_hello_ack},
     {"hello_ack empty", test_rt_hello_ack_empty},
     {"hello_ack max entries", test_rt_hello_ack_max},

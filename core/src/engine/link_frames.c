@@ -461,8 +461,9 @@ static void target_hello(struct conn *c, const struct wire_msg *m) {
     const char *me = e->local_name;
     size_t me_len = strlen(me);
 #define TRANSCRIPT(label, out)                                                                               \
-  auth_transcript_mac(k, label, m->u.hello.nonce, nonce_t, m->u.hello.name, m->u.hello.name_len, me, me_len, \
-                      m->u.hello.caps, m->u.hello.dialled, m->u.hello.dialled_len, out)
+  auth_transcript_mac_ext(k, label, m->u.hello.nonce, nonce_t, m->u.hello.name, m->u.hello.name_len, me,     \
+                          me_len, m->u.hello.caps, m->u.hello.dialled, m->u.hello.dialled_len,               \
+                          m->u.hello.ext, m->u.hello.ext_len, out)
     TRANSCRIPT(AUTH_LABEL_TARGET, mac);
     TRANSCRIPT(AUTH_LABEL_INITIATOR, c->auth_expect);
     TRANSCRIPT(AUTH_LABEL_SESSION, c->session);

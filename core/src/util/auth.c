@@ -60,16 +60,37 @@ void auth_transcript_mac(const struct auth_key *key, const char *label, const ui
                          const uint8_t nonce_t[AUTH_NONCE_LEN], const void *name_i, size_t name_i_len,
                          const void *name_t, size_t name_t_len, uint32_t caps_i, const void *dialled,
                          size_t dialled_len, uint8_t out[AUTH_MAC_LEN]) {
+  auth_transcript_mac_ext(key, label, nonce_i, nonce_t, name_i, name_i_len, name_t, name_t_len, caps_i,
+                          dialled, dialled_len, NULL, 0, out);
+}
+
+void auth_transcript_mac_ext(const struct auth_key *key, const char *label,
+                             const uint8_t nonce_i[AUTH_NONCE_LEN], const uint8_t nonce_t[AUTH_NONCE_LEN],
+                             const void *name_i, size_t name_i_len, const void *name_t, size_t name_t_len,
+                             uint32_t caps_i, const void *dialled, size_t dialled_len, const void *ext,
+                             size_t ext_len, uint8_t out[AUTH_MAC_LEN]) {
   uint8_t li[2] = {(uint8_t)(name_i_len >> 8), (uint8_t)name_i_len};
   uint8_t lt[2] = {(uint8_t)(name_t_len >> 8), (uint8_t)name_t_len};
   uint8_t ld[2] = {(uint8_t)(dialled_len >> 8), (uint8_t)dialled_len};
   uint8_t caps[4] = {(uint8_t)(caps_i >> 24), (uint8_t)(caps_i >> 16), (uint8_t)(caps_i >> 8),
                      (uint8_t)caps_i};
-  const void *parts[] = {label, nonce_i, nonce_t, key->id, li, name_i, lt, name_t, caps, ld, dialled};
-  const size_t lens[] = {
-      strlen(label), AUTH_NONCE_LEN, AUTH_NONCE_LEN, AUTH_ID_LEN, 2, name_i_len, 2, name_t_len, 4, 2,
-      dialled_len};
-  auth_hmac(key, parts, lens, 11, out);
+  uint8_t le[2] = {(uint8_t)(ext_len >> 8), (uint8_t)ext_len};
+  const void *parts[] = {label,  nonce_i, nonce_t, key->id, li, name_i, lt,
+                         name_t, caps,    ld,      dialled, le, ext};
+  const size_t lens[] = {strlen(label),
+                         AUTH_NONCE_LEN,
+                         AUTH_NONCE_LEN,
+                         AUTH_ID_LEN,
+                         2,
+                         name_i_len,
+                         2,
+                         name_t_len,
+                         4,
+                         2,
+                         dialled_len,
+                         2,
+                         ext_len};
+  auth_hmac(key, parts, lens, ext_len ? 13 : 11, out); /* no extensions: the transcript as before them */
 }
 
 const struct auth_key *auth_key_by_id(const struct auth_ring *ring, const uint8_t id[AUTH_ID_LEN]) {

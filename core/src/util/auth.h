@@ -95,6 +95,14 @@ void auth_transcript_mac(const struct auth_key *key, const char *label, const ui
                          const uint8_t nonce_t[AUTH_NONCE_LEN], const void *name_i, size_t name_i_len,
                          const void *name_t, size_t name_t_len, uint32_t caps_i, const void *dialled,
                          size_t dialled_len, uint8_t out[AUTH_MAC_LEN]);
+/* ... and the HELLO's extensions (wire.h WIRE_HELLO_EXT_MAX), whole, known or not: a
+ * relay that drops or alters one fails the proofs. None (ext_len 0): the same MAC as
+ * auth_transcript_mac, so engines from before extensions still agree. */
+void auth_transcript_mac_ext(const struct auth_key *key, const char *label,
+                             const uint8_t nonce_i[AUTH_NONCE_LEN], const uint8_t nonce_t[AUTH_NONCE_LEN],
+                             const void *name_i, size_t name_i_len, const void *name_t, size_t name_t_len,
+                             uint32_t caps_i, const void *dialled, size_t dialled_len, const void *ext,
+                             size_t ext_len, uint8_t out[AUTH_MAC_LEN]);
 /* The key of ring with this id, or NULL. */
 const struct auth_key *auth_key_by_id(const struct auth_ring *ring, const uint8_t id[AUTH_ID_LEN]);
 

@@ -34,7 +34,7 @@ static const struct {
   uint32_t min, max;
   uint32_t payload; /* the largest payload the type may carry */
 } wire_limits[WIRE_TYPE_MAX_ + 1] = {
-    [WIRE_HELLO] = {6, 6 + WIRE_MAX_NAME + WIRE_AUTH_BLOCK_MAX, 0},
+    [WIRE_HELLO] = {6, 6 + WIRE_MAX_NAME + WIRE_AUTH_BLOCK_MAX + WIRE_HELLO_EXT_MAX, 0},
     [WIRE_HELLO_ACK] = {14, WIRE_MAX_BODY, 0},
     [WIRE_MEM_ADD] = {WIRE_MEM_ENTRY_FIXED, WIRE_MEM_ENTRY_FIXED + WIRE_MAX_TAG, 0},
     [WIRE_MEM_DEL] = {WIRE_MEM_ENTRY_FIXED, WIRE_MEM_ENTRY_FIXED, 0},
@@ -112,6 +112,19 @@ bool wire_mem_entry_next(const uint8_t **cursor, size_t *left, struct wire_mem_e
   return *left > 0 && mem_entry_get(cursor, left, entry);
 }
 
+/* HELLO's extensions, from at to the body's end n: well formed entries (a type this
+ * reader does not know is skipped), WIRE_HELLO_EXT_MAX bytes at most. */
+static enum wire_err hello_ext(const uint8_t *b, size_t at, size_t n, struct wire_msg *m) {
+  if (at > n || n - at > WIRE_HELLO_EXT_MAX) return WIRE_EBODY;
+  m->u.hello.ext_len = (uint16_t)(n - at);
+  m->u.hello.ext = n > at ? b + at : NULL;
+  for (size_t i = at; i < n;) {
+    if (n - i < WIRE_HELLO_EXT_ENTRY || n - i - WIRE_HELLO_EXT_ENTRY < be_get16(b + i + 2)) return WIRE_EBODY;
+    i += WIRE_HELLO_EXT_ENTRY + be_get16(b + i + 2);
+  }
+  return WIRE_OK;
+}
+
 enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct wire_msg *m) {
   size_t n = hdr->body_len;
   memset(m, 0, sizeof(*m));
@@ -122,7 +135,7 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
     m->u.hello.name_len = be_get16(b + 4);
     m->u.hello.name = b + 6;
     if (m->u.hello.name_len > WIRE_MAX_NAME) return WIRE_EBODY;
-    if (!(m->u.hello.caps & WIRE_CAP_AUTH)) return n == 6u + m->u.hello.name_len ? WIRE_OK : WIRE_EBODY;
+    if (!(m->u.hello.caps & WIRE_CAP_AUTH)) return hello_ext(b, 6u + m->u.hello.name_len, n, m);
     if (n < 6u + m->u.hello.name_len + WIRE_AUTH_NONCE + 1u) return WIRE_EBODY;
     m->u.hello.nonce = b + 6 + m->u.hello.name_len;
     m->u.hello.n_ids = m->u.hello.nonce[WIRE_AUTH_NONCE];
@@ -134,7 +147,7 @@ enum wire_err wire_decode(const struct wire_hdr *hdr, const uint8_t *b, struct w
       m->u.hello.dialled_len = be_get16(b + at);
       m->u.hello.dialled = b + at + 2u;
       if (m->u.hello.dialled_len == 0 || m->u.hello.dialled_len > WIRE_MAX_NAME) return WIRE_EBODY;
-      return n == at + 2u + m->u.hello.dialled_len ? WIRE_OK : WIRE_EBODY;
+      return hello_ext(b, at + 2u + m->u.hello.dialled_len, n, m);
     }
   case WIRE_AUTH_CHALLENGE:
     m->u.auth.nonce = b;
@@ -486,6 +499,22 @@ size_t wire_put_hello_auth(uint8_t *buf, size_t cap, uint32_t caps, const char *
   wire_put_u16(&w, (uint16_t)strlen(dialled));
   wire_put_bytes(&w, dialled, strlen(dialled));
   return wire_end(&w, 0);
+}
+
+size_t wire_hello_add_ext(uint8_t *buf, size_t cap, size_t len, uint16_t type, const void *val,
+                          uint16_t vlen) {
+  struct wire_hdr h;
+  struct wire_msg m;
+  if (len < WIRE_HDR_LEN || wire_parse_hdr(buf, &h) != WIRE_OK || h.type != WIRE_HELLO ||
+      len != WIRE_HDR_LEN + (size_t)h.body_len || wire_decode(&h, buf + WIRE_HDR_LEN, &m) != WIRE_OK)
+    return 0;
+  size_t add = WIRE_HELLO_EXT_ENTRY + vlen;
+  if (cap < len || cap - len < add || m.u.hello.ext_len + add > WIRE_HELLO_EXT_MAX) return 0;
+  be_put16(buf + len, type);
+  be_put16(buf + len + 2, vlen);
+  if (vlen) memcpy(buf + len + WIRE_HELLO_EXT_ENTRY, val, vlen);
+  put_hdr(buf, WIRE_HELLO, h.body_len + (uint32_t)add, 0);
+  return len + add;
 }
 
 size_t wire_put_sync(uint8_t *buf, uint64_t seq) {

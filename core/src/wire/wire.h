@@ -61,10 +61,17 @@
  * name), the initiator AUTH_PROOF (its proof); only then HELLO_ACK. A refusal is a
  * HELLO_ACK with status WIRE_HELLO_AUTH and nothing else in it, or WIRE_HELLO_NOT_ME
  * and the target's name (what was dialled is not one of its names). */
-#define WIRE_AUTH_NONCE           32u
-#define WIRE_AUTH_MAC             32u
-#define WIRE_AUTH_ID              8u
-#define WIRE_AUTH_IDS_MAX         2u
+#define WIRE_AUTH_NONCE   32u
+#define WIRE_AUTH_MAC     32u
+#define WIRE_AUTH_ID      8u
+#define WIRE_AUTH_IDS_MAX 2u
+/* HELLO extensions (docs/design.md, "How the protocol grows"): after HELLO's fields
+ * above, entries of u16 type, u16 length and that many bytes, to the frame's end, at
+ * most WIRE_HELLO_EXT_MAX bytes in all. A reader skips a type it does not know; a keyed
+ * HELLO's extensions are in the auth transcript whole (auth_transcript_mac_ext). None is
+ * defined yet: this lets an engine from now on take a HELLO that a later one grows. */
+#define WIRE_HELLO_EXT_MAX        1024u
+#define WIRE_HELLO_EXT_ENTRY      4u
 #define WIRE_AUTH_BLOCK_MAX       (WIRE_AUTH_NONCE + 1u + WIRE_AUTH_ID * WIRE_AUTH_IDS_MAX + 2u + WIRE_MAX_NAME)
 #define WIRE_AUTH_CHALLENGE_FIXED (WIRE_AUTH_NONCE + WIRE_AUTH_ID + WIRE_AUTH_MAC + 2u)
 
@@ -196,6 +203,8 @@ struct wire_msg {
       const uint8_t *ids;
       uint16_t dialled_len; /* ... and the address the initiator dialled */
       const uint8_t *dialled;
+      uint16_t ext_len; /* extensions after the fields above (WIRE_HELLO_EXT_MAX), 0: none */
+      const uint8_t *ext;
     } hello;
     struct {
       const uint8_t *nonce; /* AUTH_CHALLENGE */
@@ -363,6 +372,10 @@ size_t wire_put_hello(uint8_t *buf, size_t cap, uint32_t caps, const char *name)
 size_t wire_put_hello_auth(uint8_t *buf, size_t cap, uint32_t caps, const char *name,
                            const uint8_t nonce[WIRE_AUTH_NONCE], const uint8_t *ids, unsigned n_ids,
                            const char *dialled);
+/* Append one HELLO extension entry (type, len bytes of val) to the HELLO of len bytes in
+ * buf: the new length, or 0 when cap or WIRE_HELLO_EXT_MAX is too small. */
+size_t wire_hello_add_ext(uint8_t *buf, size_t cap, size_t len, uint16_t type, const void *val,
+                          uint16_t vlen);
 /* STAGE_WRITE / STAGE_READ header and seq/count: the caller then appends count ranges
  * with wire_put_stage_seg into buf (WIRE_HDR_LEN + 12 + count * 12 bytes in all). */
 size_t wire_put_stage(uint8_t *buf, enum wire_type type, uint64_t seq, uint32_t count, uint32_t payload_len);
