@@ -408,6 +408,49 @@ static void test_reflection(void) {
   eng_down(&v);
 }
 
+/* One keyed handshake of a raw peer holding the key that says it dialled dialled: the
+ * status of Z's HELLO_ACK, and whether it was challenged. */
+static uint32_t dialled_status(uint16_t port, const char *dialled, bool *challenged) {
+  struct raw_auth a = {.name = "raw:1", .key_hex = KEY_A, .dialled = dialled};
+  int fd = raw_dial(port);
+  CU_ASSERT_FATAL(fd >= 0);
+  CU_ASSERT_TRUE(raw_auth_hello(fd, &a, raw_send_all, raw_recv_all));
+  close(fd);
+  *challenged = a.challenged;
+  return a.status;
+}
+
+/* Z listens on 0.0.0.0 (any address of its host). A handshake that says it dialled an
+ * address of this host at Z's port is Z's; one that dialled another host at the same
+ * port (a relay elsewhere that passes on what it was sent, in a deployment where every
+ * engine uses one port) is refused NOT_ME, as any other address is: before, Z took any
+ * IP at its port as its own name, and such a relay passed channel binding. */
+static void test_any_address_binding(void) {
+  struct eng z;
+  char name[32], dialled[48];
+  bool ch = false;
+  memset(&z, 0, sizeof(z));
+  uint16_t port = tu_free_port();
+  snprintf(name, sizeof(name), "0.0.0.0:%u", (unsigned)port);
+  HixlOption o[1] = {{"AuthKeyFile", key_file("any_z", KEY_A "\n", 0600)}};
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&z.e));
+  TU_ASSERT_OK_FATAL(HixlEngineInitialize(z.e, name, o, 1));
+  snprintf(dialled, sizeof(dialled), "127.0.0.1:%u", (unsigned)port);
+  CU_ASSERT_EQUAL(dialled_status(port, dialled, &ch), WIRE_HELLO_OK);
+  CU_ASSERT_TRUE(ch);
+  snprintf(dialled, sizeof(dialled), "%s:%u", tu_ip(), (unsigned)port);
+  CU_ASSERT_EQUAL(dialled_status(port, dialled, &ch), WIRE_HELLO_OK); /* the address it was reached at */
+  CU_ASSERT_TRUE(ch);
+  /* 192.0.2.1 (TEST-NET-1, RFC 5737) is no address of this host. */
+  snprintf(dialled, sizeof(dialled), "192.0.2.1:%u", (unsigned)port);
+  CU_ASSERT_EQUAL(dialled_status(port, dialled, &ch), WIRE_HELLO_NOT_ME);
+  CU_ASSERT_FALSE(ch);
+  snprintf(dialled, sizeof(dialled), "127.0.0.1:%u", (unsigned)(port == 65535 ? 1 : port + 1));
+  CU_ASSERT_EQUAL(dialled_status(port, dialled, &ch), WIRE_HELLO_NOT_ME); /* another port */
+  CU_ASSERT_FALSE(ch);
+  eng_down(&z);
+}
+
 /* The same forwarder, listed in Z's AuthAliases (NAT, a service address): linked
  * through it, data byte for byte. The relay's port is chosen before Z starts. */
 static void test_alias_through_forwarder(void) {
@@ -966,6 +1009,8 @@ static CU_TestInfo auth_tests[] = {
     {"a key file made unusable after it was read: keys kept, and said", test_key_file_unusable_logged},
     {"a keyless relay between two keyed engines: refused, naming both; memory untouched", test_keyless_relay},
     {"a handshake reflected to its own engine: refused, memory untouched", test_reflection},
+    {"listening on 0.0.0.0: a handshake that dialled another host at its port is refused",
+     test_any_address_binding},
     {"a forwarder listed in AuthAliases: linked through it, byte for byte", test_alias_through_forwarder},
     {"a forwarder alters a byte of an answer: the READ fails, nothing lands", test_mitm_alters_answer},
     {"a forwarder puts in a frame of its own: the link ends, nothing written", test_mitm_injects},

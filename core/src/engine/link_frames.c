@@ -365,11 +365,28 @@ static bool nonce_mine(struct HixlEngine *e, const uint8_t *nonce) {
   return mine;
 }
 
+/* Whether a (network order) is an address of this host, as link c's peer may have
+ * dialled it: the address c came in on, a loopback address, or an interface's (asked
+ * only when it is neither: a peer that dialled what it reached needs no getifaddrs). */
+static bool host_addr(const struct conn *c, uint32_t a) {
+  struct sockaddr_in in;
+  socklen_t sl = sizeof(in);
+  uint32_t ifs[256];
+  if ((ntohl(a) >> 24) == 127) return true;
+  if (getsockname(c->fd, (struct sockaddr *)&in, &sl) == 0 && in.sin_addr.s_addr == a) return true;
+  int n = sock_if_addrs(ifs, sizeof(ifs) / sizeof(ifs[0]), false);
+  for (int i = 0; i < n; i++)
+    if (ifs[i] == a) return true;
+  return false;
+}
+
 /* Whether dialled ("ip:port", n bytes from the wire) names this engine: its listening
- * address (any IP of the host when it listens on 0.0.0.0), a rail's, or an AuthAliases
- * entry. Channel binding: a relay that passed a handshake meant for it on to this
- * engine is caught here, or by the proofs (the dialled address is in the transcript). */
-static bool dialled_is_me(const struct HixlEngine *e, const uint8_t *dialled, size_t n) {
+ * address (any IP of the host when it listens on 0.0.0.0: not any IP at all, or a relay
+ * on another host at the same port would pass), a rail's, or an AuthAliases entry.
+ * Channel binding: a relay that passed a handshake meant for it on to this engine is
+ * caught here, or by the proofs (the dialled address is in the transcript). */
+static bool dialled_is_me(const struct conn *c, const uint8_t *dialled, size_t n) {
+  const struct HixlEngine *e = c->eng;
   char text[WIRE_MAX_NAME + 1];
   struct in_addr a;
   if (n == 0 || n > WIRE_MAX_NAME) return false;
@@ -381,8 +398,8 @@ static bool dialled_is_me(const struct HixlEngine *e, const uint8_t *dialled, si
   unsigned long port = strtoul(colon + 1, &end, 10);
   if (!colon[1] || *end || port == 0 || port > 65535 || inet_pton(AF_INET, text, &a) != 1) return false;
   const struct sockaddr_in *me = &e->local_addr;
-  if (port == ntohs(me->sin_port) &&
-      (me->sin_addr.s_addr == htonl(INADDR_ANY) || me->sin_addr.s_addr == a.s_addr))
+  if (port == ntohs(me->sin_port) && (me->sin_addr.s_addr == a.s_addr ||
+                                      (me->sin_addr.s_addr == htonl(INADDR_ANY) && host_addr(c, a.s_addr))))
     return true;
   for (uint32_t i = 0; i < e->n_rail_addrs; i++)
     if (e->rail_addrs[i] == a.s_addr && e->rail_ports[i] == port) return true;
@@ -443,7 +460,7 @@ static void target_hello(struct conn *c, const struct wire_msg *m) {
     return;
   }
   bool reflected = nonce_mine(e, m->u.hello.nonce);
-  if (reflected || !dialled_is_me(e, m->u.hello.dialled, m->u.hello.dialled_len)) {
+  if (reflected || !dialled_is_me(c, m->u.hello.dialled, m->u.hello.dialled_len)) {
     auth_wipe(&ring, sizeof(ring));
     refuse_not_me(c, m, reflected);
     return;
