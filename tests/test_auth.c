@@ -16,6 +16,7 @@
 #include "engine/engine_int.h"
 #include "hixl/hixl_engine.h"
 #include "raw_auth.h"
+#include "util/be.h"
 #include "util/log.h"
 #include "test_util.h"
 
@@ -929,6 +930,61 @@ static void test_raw_out_of_turn(void) {
   legit_still_works();
 }
 
+/* Error lines the library logs (a counter for HixlSetLogCallback), and the last. */
+struct log_count {
+  int n;
+  char last[512];
+};
+
+static void count_line(HixlLogLevel level, const char *msg, void *ctx) {
+  struct log_count *lc = ctx;
+  if (level != HIXL_LOG_ERROR) return;
+  lc->n++;
+  snprintf(lc->last, sizeof(lc->last), "%s", msg);
+}
+
+/* Peers without the key open connections and send what is not a HELLO (garbage, a
+ * frame out of turn, a HELLO of another version): each is closed, and the log says so
+ * once a second at most, with the count, as for refused handshakes (docs/security.md,
+ * threat model). Before, each such connection wrote an error line: a peer that reaches
+ * the port could fill the log at the rate it connects. */
+static void test_raw_garbage_logged_rarely(void) {
+  struct log_count lc = {0};
+  uint8_t b[64];
+  HixlSetLogCallback(count_line, &lc);
+  for (int i = 0; i < 300; i++) {
+    int fd = raw_dial(tport);
+    CU_ASSERT_FATAL(fd >= 0);
+    size_t n = WIRE_HDR_LEN;
+    if (i % 3 == 0) { /* not hixl at all */
+      memset(b, 'G', sizeof(b));
+    } else if (i % 3 == 1) { /* a frame out of turn: a WRITE before any HELLO */
+      n = wire_put_write_req(b, 1, (uintptr_t)tgt.mem, 8);
+      memset(b + n, 0xee, 8);
+      n += 8;
+    } else { /* a HELLO of another version */
+      n = wire_put_hello(b, sizeof(b), WIRE_CAP_TCP_DATA, "old:1");
+      b[4] = WIRE_VERSION + 1;
+    }
+    CU_ASSERT_TRUE(raw_send_all(fd, b, n));
+    if (i % 3 == 2) {
+      struct wire_hdr h;
+      CU_ASSERT_TRUE(raw_recv_all(fd, b, WIRE_HDR_LEN)); /* HELLO_ACK status 1 */
+      CU_ASSERT_EQUAL(wire_parse_hdr(b, &h), WIRE_OK);
+      CU_ASSERT_TRUE(raw_recv_all(fd, b, h.body_len) && be_get32(b) == WIRE_HELLO_VERSION);
+    }
+    CU_ASSERT_TRUE(raw_closed_silent(fd));
+    close(fd);
+  }
+  HixlSetLogCallback(NULL, NULL);
+  /* 300 closed: one line a second at most (the run takes a few; none when the suite's
+   * refusal before it was logged less than a second ago), each with the count */
+  CU_ASSERT(lc.n <= 20);
+  CU_ASSERT(lc.n == 0 || strstr(lc.last, "refused since the last such line") != NULL);
+  TU_ASSERT_PATTERN(tgt.mem, MEM, 5, "the target's memory after garbage before HELLO");
+  legit_still_works();
+}
+
 /* A connection that says HELLO and never proves is closed at HandshakeTimeout: its
  * own engine here, with a short one. */
 static void test_raw_proof_never_comes(void) {
@@ -1414,6 +1470,8 @@ static CU_TestInfo hostile_tests[] = {
     {"a replayed handshake: refused", test_raw_replay},
     {"frames out of turn (a WRITE before the proof): closed, nothing written", test_raw_out_of_turn},
     {"a proof that never comes: closed at HandshakeTimeout", test_raw_proof_never_comes},
+    {"300 connections sending garbage before HELLO: closed, logged once a second at most",
+     test_raw_garbage_logged_rarely},
     {"a spoofed name: refused; names in the log escaped", test_raw_spoofed_name},
     {"frames altered, wrongly tagged, untagged, replayed, dropped, reordered: link closed, nothing written",
      test_frames_tampered},

@@ -313,20 +313,34 @@ static void send_hello_ack(struct conn *c, uint32_t status) {
 
 _Thread_local struct HixlEngine *link_serving_engine;
 
+/* One more link refused before it proved anything: whether the log may say so now (at
+ * most once a second, whoever reaches the port must not fill the log), with *count the
+ * links refused since the last such line, this one included. */
+static bool refusal_due(struct HixlEngine *e, unsigned long long *count) {
+  uint64_t now = hixl_now_ns();
+  e->auth_refusals++;
+  if (now - e->auth_logged < 1000000000ull && e->auth_logged != 0) return false;
+  *count = (unsigned long long)e->auth_refusals;
+  e->auth_refusals = 0;
+  e->auth_logged = now;
+  return true;
+}
+
+/* The log line of a refused link, from its address and claimed name: rate-limited by
+ * refusal_due. */
+static void refusal_log(struct conn *c, const char *why) {
+  unsigned long long n;
+  char from[INET_ADDRSTRLEN] = "?";
+  if (!refusal_due(c->eng, &n)) return;
+  inet_ntop(AF_INET, &c->from, from, sizeof(from));
+  log_error("refused a link from %s (calling itself \"%s\"): %s (%llu refused since the last such line)",
+            from, c->remote_name, why, n);
+}
+
 /* Refuse a handshake: a bare HELLO_ACK (status only), then the link is closed. The
  * log says why, at most once a second, with how many were refused meanwhile. */
 static void auth_refuse(struct conn *c, const char *why) {
-  struct HixlEngine *e = c->eng;
-  uint64_t now = hixl_now_ns();
-  char from[INET_ADDRSTRLEN] = "?";
-  inet_ntop(AF_INET, &c->from, from, sizeof(from));
-  e->auth_refusals++;
-  if (now - e->auth_logged >= 1000000000ull || e->auth_logged == 0) {
-    log_error("refused a link from %s (calling itself \"%s\"): %s (%llu refused since the last such line)",
-              from, c->remote_name, why, (unsigned long long)e->auth_refusals);
-    e->auth_refusals = 0;
-    e->auth_logged = now;
-  }
+  refusal_log(c, why);
   c->authed = false;
   auth_wipe(c->auth_expect, sizeof(c->auth_expect));
   auth_wipe(c->session, sizeof(c->session));
@@ -414,9 +428,8 @@ static void refuse_not_me(struct conn *c, const struct wire_msg *m, bool reflect
   struct HixlEngine *e = c->eng;
   char dialled[WIRE_MAX_NAME + 1];
   log_escape(dialled, sizeof(dialled), m->u.hello.dialled, m->u.hello.dialled_len);
-  uint64_t now = hixl_now_ns();
-  e->auth_refusals++;
-  if (now - e->auth_logged >= 1000000000ull || e->auth_logged == 0) {
+  unsigned long long n;
+  if (refusal_due(e, &n))
     log_error("refused a link from \"%s\": it dialled %s, %s (%llu refused since the last such line)",
               c->remote_name, dialled,
               reflected
@@ -424,10 +437,7 @@ static void refuse_not_me(struct conn *c, const struct wire_msg *m, bool reflect
                     "never links to itself)"
                   : "which is not one of this engine's names (its own, its rails', AuthAliases): a relay "
                     "or an address translation in between",
-              (unsigned long long)e->auth_refusals);
-    e->auth_refusals = 0;
-    e->auth_logged = now;
-  }
+              n);
   send_hello_ack(c, WIRE_HELLO_NOT_ME);
   link_conn_kill(c, HIXL_FAILED, "it dialled another address than this engine's");
 }
@@ -941,6 +951,17 @@ static bool type_allowed(const struct HixlEngine *e, enum conn_role role, unsign
   return false;
 }
 
+/* A frame that ends link c: logged and the link killed. A peer still handshaking (it
+ * proved no key yet: without one it is anyone who reaches the port) is logged as a
+ * refused handshake is, once a second at most with the count. */
+static void frame_refuse(struct conn *c, const char *why) {
+  if (c->role == CONN_TARGET_HELLO || c->role == CONN_TARGET_AUTH)
+    refusal_log(c, why);
+  else
+    log_error("%s: %s", c->remote_name[0] ? c->remote_name : "handshaking peer", why);
+  link_conn_kill(c, HIXL_FAILED, why);
+}
+
 /* Parse and act on every whole frame in the receive buffer. */
 void link_parse_frames(struct conn *c) {
   while (!c->dead && c->pay_left == 0 && !c->stall) {
@@ -952,10 +973,12 @@ void link_parse_frames(struct conn *c) {
     if (avail < WIRE_HDR_LEN) return;
     enum wire_err err = wire_parse_hdr(p, &h);
     if (err == WIRE_EVERSION && c->role == CONN_TARGET_HELLO && h.type == WIRE_HELLO) {
-      log_error("peer speaks hixl protocol version %u, this engine speaks %u: refusing it", h.version,
-                WIRE_VERSION);
+      char why[96];
+      snprintf(why, sizeof(why),
+               "it speaks hixl protocol version %u, this engine %u (protocol version mismatch)", h.version,
+               WIRE_VERSION);
       send_hello_ack(c, WIRE_HELLO_VERSION);
-      link_conn_kill(c, HIXL_FAILED, "protocol version mismatch");
+      frame_refuse(c, why);
       return;
     }
     if (err == WIRE_OK && !type_allowed(c->eng, c->role, h.type)) {
@@ -965,16 +988,14 @@ void link_parse_frames(struct conn *c) {
                c->role == CONN_INITIATOR ? "an initiator"
                : c->role == CONN_TARGET  ? "a target"
                                          : "a handshaking");
-      log_error("%s: %s", c->remote_name[0] ? c->remote_name : "handshaking peer", why);
-      link_conn_kill(c, HIXL_FAILED, why);
+      frame_refuse(c, why);
       return;
     }
     if (err != WIRE_OK) {
       char why[160];
       snprintf(why, sizeof(why), "malformed frame (%s, type %s): closing this link", wire_err_str(err),
                wire_type_name(h.type));
-      log_error("%s: %s", c->remote_name[0] ? c->remote_name : "handshaking peer", why);
-      link_conn_kill(c, HIXL_FAILED, why);
+      frame_refuse(c, why);
       return;
     }
     size_t tag = c->proof.on ? WIRE_TAG_LEN : 0;
@@ -982,8 +1003,7 @@ void link_parse_frames(struct conn *c) {
       char why[192];
       snprintf(why, sizeof(why), "%s %s on %s link: closing this link", tag ? "an unproven" : "a proven",
                wire_type_name(h.type), tag ? "an authenticated" : "a link that was not authenticated");
-      log_error("%s: %s", c->remote_name[0] ? c->remote_name : "handshaking peer", why);
-      link_conn_kill(c, HIXL_FAILED, why);
+      frame_refuse(c, why);
       return;
     }
     if (avail < WIRE_HDR_LEN + h.body_len + tag) return; /* body not here yet; fits ENGINE_RXBUF */
@@ -1004,8 +1024,7 @@ void link_parse_frames(struct conn *c) {
                "on the "
                "way: closing this link",
                wire_type_name(h.type), (unsigned long long)c->proof.rx.seq);
-      log_error("%s: %s", c->remote_name[0] ? c->remote_name : "handshaking peer", why);
-      link_conn_kill(c, HIXL_FAILED, why);
+      frame_refuse(c, why);
       return;
     }
     if (tag && h.payload_len > 0 && c->eng->opts.auth_payload_tag && !(h.flags & WIRE_F_PAYLOAD_TAG)) {
@@ -1023,8 +1042,7 @@ void link_parse_frames(struct conn *c) {
       char why[160];
       snprintf(why, sizeof(why), "malformed %s body (%s): closing this link", wire_type_name(h.type),
                wire_err_str(err));
-      log_error("%s: %s", c->remote_name[0] ? c->remote_name : "handshaking peer", why);
-      link_conn_kill(c, HIXL_FAILED, why);
+      frame_refuse(c, why);
       return;
     }
     c->rx_start += WIRE_HDR_LEN + h.body_len + tag;
