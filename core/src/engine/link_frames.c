@@ -380,14 +380,17 @@ static bool nonce_mine(struct HixlEngine *e, const uint8_t *nonce) {
 }
 
 /* Whether a (network order) is an address of this host, as link c's peer may have
- * dialled it: the address c came in on, a loopback address, or an interface's (asked
- * only when it is neither: a peer that dialled what it reached needs no getifaddrs). */
+ * dialled it: the address c came in on, a loopback address when c came in over
+ * loopback (to a peer on another host, 127.0.0.1 is its own host: a forwarder there),
+ * or an interface's (asked only when it is neither: a peer that dialled what it
+ * reached needs no getifaddrs). */
 static bool host_addr(const struct conn *c, uint32_t a) {
   struct sockaddr_in in;
   socklen_t sl = sizeof(in);
   uint32_t ifs[256];
-  if ((ntohl(a) >> 24) == 127) return true;
-  if (getsockname(c->fd, (struct sockaddr *)&in, &sl) == 0 && in.sin_addr.s_addr == a) return true;
+  if (getsockname(c->fd, (struct sockaddr *)&in, &sl) != 0) return false;
+  if (in.sin_addr.s_addr == a) return true;
+  if ((ntohl(a) >> 24) == 127) return (ntohl(in.sin_addr.s_addr) >> 24) == 127;
   int n = sock_if_addrs(ifs, sizeof(ifs) / sizeof(ifs[0]), false);
   for (int i = 0; i < n; i++)
     if (ifs[i] == a) return true;
