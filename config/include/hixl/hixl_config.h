@@ -100,7 +100,8 @@ HIXL_API HixlStatus HixlConfigEngineOptions(const HixlConfig *config, const Hixl
                                             size_t *num_options);
 
 /** Print the effective configuration, one key per line with its source, or as one
- *  JSON object ({"key": {"value": ..., "source": "document|env NAME|default"}}). */
+ *  JSON object ({"shape": "hixl|vllm", "keys": {"key": {"value": ..., "source":
+ *  "document LINE:COL|env NAME|default"}}}). */
 HIXL_API void HixlConfigPrint(const HixlConfig *config, FILE *out, int as_json);
 
 /** Print the key table as Markdown (docs/config.md's reference section). */
