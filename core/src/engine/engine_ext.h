@@ -90,8 +90,9 @@ struct hixl_stage_stats {
 HixlStatus hixl_engine_stage_stats(HixlEngine *e, struct hixl_stage_stats *out);
 
 /* A scoped engine's RDMA windows (docs/security.md, "Scoped memory over RDMA"): each
- * range granted to a peer linked over RDMA gets a type 2 memory window on each of that
- * peer's QPs, over an MR of its own, closed at the revoke. All zero without RDMA. */
+ * run of ranges granted to a peer linked over RDMA gets a type 2 memory window on each
+ * of that peer's QPs (a range each for a peer without WIN_RUNS), over its registration's
+ * MR or an MR of its own (own_mrs), closed at the revoke. All zero without RDMA. */
 struct hixl_window_stats {
   uint64_t open;    /* windows bound now, over every link */
   uint64_t bound;   /* ... bound since Initialize */
