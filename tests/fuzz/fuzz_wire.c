@@ -39,7 +39,7 @@ static int null_or_inside(const uint8_t *p, const uint8_t *base, size_t len) {
 static const struct {
   uint32_t min, max, payload;
 } limits[WIRE_TYPE_MAX_ + 1] = {
-    [WIRE_HELLO] = {6, 6 + WIRE_MAX_NAME + 32 + 1 + 2 * 8 + 2 + WIRE_MAX_NAME,
+    [WIRE_HELLO] = {6, 6 + WIRE_MAX_NAME + 32 + 1 + 2 * 8 + 2 + WIRE_MAX_NAME + 1024,
                     0}, /* name, the auth block, dialled */
     [WIRE_HELLO_ACK] = {14, WIRE_MAX_BODY, 0},
     [WIRE_MEM_ADD] = {22, 22 + WIRE_MAX_TAG, 0},
@@ -226,6 +226,7 @@ static void check_rebuild(const uint8_t *frame, const struct wire_msg *m) {
         wire_put_u16(&w, m->u.hello.dialled_len);
         wire_put_bytes(&w, m->u.hello.dialled, m->u.hello.dialled_len);
       }
+      wire_put_bytes(&w, m->u.hello.ext, m->u.hello.ext_len);
       break;
     case WIRE_AUTH_CHALLENGE:
       wire_put_bytes(&w, m->u.auth.nonce, WIRE_AUTH_NONCE);
@@ -357,8 +358,15 @@ static void check_msg(enum wire_err e, const struct wire_hdr *h, const uint8_t *
     CHECK(m->u.hello.name_len <= WIRE_MAX_NAME);
     CHECK(inside(m->u.hello.name, m->u.hello.name_len, b, n));
     CHECK((m->u.hello.nonce != NULL) == ((m->u.hello.caps & WIRE_CAP_AUTH) != 0));
+    CHECK(m->u.hello.ext_len <= 1024 && (m->u.hello.ext != NULL) == (m->u.hello.ext_len > 0));
+    CHECK(m->u.hello.ext == NULL || m->u.hello.ext + m->u.hello.ext_len == b + n); /* to the end */
+    for (size_t i = 0; i < m->u.hello.ext_len;) { /* whole entries, exactly */
+      CHECK(m->u.hello.ext_len - i >= 4);
+      i += 4u + get16(m->u.hello.ext + i + 2);
+      CHECK(i <= m->u.hello.ext_len);
+    }
     if (!m->u.hello.nonce) {
-      CHECK(n == 6u + m->u.hello.name_len);
+      CHECK(n == 6u + m->u.hello.name_len + m->u.hello.ext_len);
       break;
     }
     CHECK(m->u.hello.n_ids >= 1 && m->u.hello.n_ids <= WIRE_AUTH_IDS_MAX);
@@ -367,7 +375,7 @@ static void check_msg(enum wire_err e, const struct wire_hdr *h, const uint8_t *
     CHECK(m->u.hello.dialled_len >= 1 && m->u.hello.dialled_len <= WIRE_MAX_NAME);
     CHECK(inside(m->u.hello.dialled, m->u.hello.dialled_len, b, n));
     CHECK(n == 6u + m->u.hello.name_len + WIRE_AUTH_NONCE + 1u + (size_t)m->u.hello.n_ids * WIRE_AUTH_ID +
-                   2u + m->u.hello.dialled_len);
+                   2u + m->u.hello.dialled_len + m->u.hello.ext_len);
     break;
   case WIRE_AUTH_CHALLENGE:
     CHECK((e == WIRE_OK) == (n == 74u + get16(b + 72)));
