@@ -1184,6 +1184,37 @@ static void test_scoped_nothing_granted(void) {
   CU_ASSERT_TRUE(refused1 >= refused0 + 4);
 }
 
+/* Warning lines about refused ops, and the last. */
+static void count_refused(HixlLogLevel level, const char *msg, void *ctx) {
+  struct log_count *lc = ctx;
+  if (level != HIXL_LOG_WARN || !strstr(msg, "refused")) return;
+  lc->n++;
+  snprintf(lc->last, sizeof(lc->last), "%s", msg);
+}
+
+/* A peer that holds the key sends 300 ops outside its grants (direct and staged): each
+ * is refused and counted, and the log says so once a second at most, with how many it
+ * left unsaid (before: a warning each, so a key holder filled the log at the rate it
+ * sent ops). */
+static void test_scoped_refusals_logged_rarely(void) {
+  struct log_count lc = {0};
+  uint64_t refused0, refused1;
+  TU_ASSERT_OK(hixl_engine_grant_stats(st.e, si.name, NULL, &refused0));
+  HixlSetLogLevel(HIXL_LOG_WARN);
+  HixlSetLogCallback(count_refused, &lc);
+  for (int i = 0; i < 300; i++)
+    TU_ASSERT_STATUS(sop(i % 2 ? HIXL_READ : HIXL_WRITE, 4096 * (size_t)(i % 8), i % 4 < 2 ? 64 : 8192),
+                     HIXL_FAILED);
+  HixlSetLogCallback(NULL, NULL);
+  HixlSetLogLevel(HIXL_LOG_ERROR);
+  TU_ASSERT_OK(hixl_engine_grant_stats(st.e, si.name, NULL, &refused1));
+  CU_ASSERT_TRUE(refused1 >= refused0 + 300); /* every one counted */
+  /* one line a second at most (none when the line before came less than a second ago) */
+  CU_ASSERT(lc.n <= 20);
+  CU_ASSERT(lc.n == 0 || strstr(lc.last, "refused since the last such line") != NULL);
+  TU_ASSERT_PATTERN(st.mem, MEM, 7, "the scoped target's memory: nothing granted, nothing written");
+}
+
 static void test_scoped_inside_and_outside(void) {
   const uint64_t base = (uintptr_t)st.mem;
   const uint64_t g[2][2] = {{base + 65536, 65536}, {base + 131072, 32768}}; /* adjacent */
@@ -1329,6 +1360,8 @@ static void test_scoped_sets_freed(void) {
 
 static CU_TestInfo scoped_tests[] = {
     {"nothing granted: WRITE, READ, staged ops FAILED, nothing moved", test_scoped_nothing_granted},
+    {"300 ops outside the grants: refused, counted, logged once a second at most",
+     test_scoped_refusals_logged_rarely},
     {"inside the grants served byte for byte; across their edges FAILED", test_scoped_inside_and_outside},
     {"grants count; revoke; overlapping grants held byte by byte; other names refused",
      test_scoped_revoke_and_counts},

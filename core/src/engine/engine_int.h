@@ -348,6 +348,8 @@ struct HixlEngine {
   uint8_t nonces[ENGINE_NONCES][32];
   bool nonce_used[ENGINE_NONCES];
   uint64_t auth_logged; /* when that line was written */
+  uint64_t op_refusals; /* a linked peer's ops refused since the last line about one (link_refused_say) */
+  uint64_t op_logged;   /* when that line was written */
   pthread_t thread;
   struct memtab regs;
   struct peer *peers;

@@ -15,6 +15,7 @@
 #include "engine/engine_int.h"
 #include "util/log.h"
 #include "util/memtab.h"
+#include "util/sock.h"
 #include "util/status_int.h"
 
 struct grant_range {
@@ -264,11 +265,27 @@ bool link_grant_ok(struct conn *c, uint64_t addr, uint64_t len) {
   return grant_covers(c->grants, addr, len);
 }
 
+bool link_refused_say(struct conn *c, unsigned long long *more) {
+  struct HixlEngine *e = c->eng;
+  uint64_t now = hixl_now_ns();
+  if (e->op_logged != 0 && now - e->op_logged < 1000000000ull) {
+    e->op_refusals++;
+    return false;
+  }
+  *more = (unsigned long long)e->op_refusals;
+  e->op_refusals = 0;
+  e->op_logged = now;
+  return true;
+}
+
 bool link_granted(struct conn *c, uint64_t addr, uint64_t len, const char *what) {
   struct HixlEngine *e = c->eng;
+  unsigned long long more;
   if (link_grant_ok(c, addr, len)) return true;
   e->grant_refusals++;
-  log_warn("refused %s of [0x%llx, +%llu) from %s: not granted to it (scoped memory)", what,
-           (unsigned long long)addr, (unsigned long long)len, c->remote_name);
+  if (link_refused_say(c, &more))
+    log_warn("refused %s of [0x%llx, +%llu) from %s: not granted to it (scoped memory; %llu more ops "
+             "refused since the last such line)",
+             what, (unsigned long long)addr, (unsigned long long)len, c->remote_name, more);
   return false;
 }

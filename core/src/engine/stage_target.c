@@ -47,16 +47,20 @@ static bool target_check(struct conn *c, const struct stage_seg *s, uint32_t n, 
   for (uint32_t i = 0; i < n; i++) {
     if (!link_granted(c, s[i].raddr, s[i].len, write ? "staged WRITE" : "staged READ")) return false;
     const struct hixl_mem_reg *r = (const struct hixl_mem_reg *)memtab_find(&e->regs, s[i].raddr, s[i].len);
+    unsigned long long more;
     if (r && r->type == HIXL_MEM_DEVICE) { /* staged data is copied by this CPU: not into device memory */
-      log_warn("refused staged %s of [0x%llx, +%u) from %s: device memory moves only by direct ops",
-               write ? "WRITE" : "READ", (unsigned long long)s[i].raddr, s[i].len, c->remote_name);
+      if (link_refused_say(c, &more))
+        log_warn("refused staged %s of [0x%llx, +%u) from %s: device memory moves only by direct ops (%llu "
+                 "more ops refused since the last such line)",
+                 write ? "WRITE" : "READ", (unsigned long long)s[i].raddr, s[i].len, c->remote_name, more);
       return false;
     }
     if (r) continue;
     if (!e->opts.stage_unregistered) {
-      log_warn("refused staged %s of [0x%llx, +%u) from %s: not inside memory registered here, and "
-               "StagingUnregistered is off",
-               write ? "WRITE" : "READ", (unsigned long long)s[i].raddr, s[i].len, c->remote_name);
+      if (link_refused_say(c, &more))
+        log_warn("refused staged %s of [0x%llx, +%u) from %s: not inside memory registered here, and "
+                 "StagingUnregistered is off (%llu more ops refused since the last such line)",
+                 write ? "WRITE" : "READ", (unsigned long long)s[i].raddr, s[i].len, c->remote_name, more);
       return false;
     }
     *any_unreg = true;

@@ -235,6 +235,10 @@ const uint8_t *peer_session(const struct peer *p);
 /* Target, scoped memory: may c's peer reach [addr, addr + len)? Always true unless the
  * engine is scoped; a refusal is counted and logged (what: "WRITE", "READ", ...). */
 bool link_granted(struct conn *c, uint64_t addr, uint64_t len, const char *what);
+/* A linked peer's op refused (not granted, not registered, ...): whether to say so in
+ * the log now, once a second at most (a peer that holds the key must not fill the log
+ * at the rate it sends ops), with *more the refusals left unsaid since the last line. */
+bool link_refused_say(struct conn *c, unsigned long long *more);
 const uint8_t *link_session(const struct conn *c);
 
 /* ---- device memory (devmem.h), in r, a HIXL_MEM_DEVICE registration ---- */

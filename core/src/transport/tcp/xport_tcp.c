@@ -30,9 +30,11 @@ static HixlStatus tcp_connect(struct HixlEngine *e, int fd, uint64_t deadline, c
 
 static struct hixl_mem_reg *target_range(struct conn *c, uint64_t addr, uint64_t len, const char *what) {
   struct hixl_mem_reg *r = engine_reg_find(link_engine(c), addr, len);
-  if (!r)
-    log_warn("refused %s of [0x%llx, +%llu) from %s: not inside memory registered here", what,
-             (unsigned long long)addr, (unsigned long long)len, link_remote(c));
+  unsigned long long more;
+  if (!r && link_refused_say(c, &more))
+    log_warn("refused %s of [0x%llx, +%llu) from %s: not inside memory registered here (%llu more ops "
+             "refused since the last such line)",
+             what, (unsigned long long)addr, (unsigned long long)len, link_remote(c), more);
   return r && link_granted(c, addr, len, what) ? r : NULL;
 }
 
