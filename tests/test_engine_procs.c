@@ -520,6 +520,83 @@ static void test_stopped_peer(void) {
   HixlEngineDisconnect(g.cli, g.srv_name, 1000);
 }
 
+/* Bytes of got that are neither want's nor 0 (what the peer held before). */
+static size_t foreign_bytes(const unsigned char *got, const unsigned char *want, size_t len) {
+  size_t n = 0;
+  for (size_t i = 0; i < len; i++) n += got[i] != want[i] && got[i] != 0;
+  return n;
+}
+
+/* A 64 MiB WRITE to a stopped peer times out with its frames in the socket, one part-sent
+ * (tcp): from the call's return on the caller's memory is its own again, sync and async
+ * alike. DeregisterMem succeeds at once (it refused, "still in flight", for as long as
+ * the peer stayed stopped), and what the caller writes there afterwards never reaches
+ * the peer: the part-sent frame ends from a copy (it went on from the caller's memory,
+ * after the call had returned). Over rdma and shm the data moves without the peer's CPU
+ * and the WRITE completes. */
+static void test_stopped_peer_lets_go(void) {
+  const size_t len = 64 * MiB;
+  tu_server_cfg cfg = {.mem_len = 2 * len, .shared = NULL, .seed = 0};
+  tu_server_ready info;
+  tu_child c;
+  HixlTransferReq req = NULL;
+  HixlTransferStatus ts = HIXL_TRANSFER_WAITING;
+  struct hixl_link_info li;
+  unsigned char *src[2];
+  HixlMemHandle h[2];
+  HixlStatus st;
+
+  if (!start_server(&c, &cfg, &info)) return;
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(g.cli, g.srv_name, 5000));
+  TU_ASSERT_OK(hixl_engine_link_info(g.cli, g.srv_name, &li));
+  bool one_sided = strcmp(li.transport, "tcp") != 0;
+  for (int k = 0; k < 2; k++) {
+    src[k] = tu_alloc_mem(len, false);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(src[k]);
+    tu_fill(src[k], len, 51 + (uint64_t)k);
+    h[k] = tu_register(g.cli, src[k], len);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(h[k]);
+  }
+  tu_child_kill(&c, SIGSTOP);
+  CU_ASSERT_EQUAL_FATAL(tu_child_wait_stopped(&c, 5000), 0);
+
+  HixlTransferOpDesc d = desc(src[0], info.addr, len);
+  st = HixlEngineTransferSync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, STOP_TIMEOUT);
+  TU_ASSERT_STATUS(st, one_sided ? HIXL_SUCCESS : HIXL_TIMEOUT);
+  TU_ASSERT_OK(HixlEngineDeregisterMem(g.cli, h[0])); /* right after the call: nothing holds it */
+  memset(src[0], 0xa5, len);                          /* the caller's again: reused */
+
+  d = desc(src[1], info.addr + len, len);
+  TU_ASSERT_OK(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_WRITE, &d, 1, STOP_TIMEOUT, NULL, &req));
+  TU_ASSERT_OK(tu_wait_request(g.cli, req, tu_now_ms() + STOP_TIMEOUT + 5000, &ts));
+  CU_ASSERT_EQUAL(ts, one_sided ? HIXL_TRANSFER_COMPLETED : HIXL_TRANSFER_TIMEOUT);
+  TU_ASSERT_OK(HixlEngineDeregisterMem(g.cli, h[1]));
+  memset(src[1], 0x5a, len);
+
+  tu_child_kill(&c, SIGCONT); /* it takes in what was left on the wire, then answers */
+  memset(g.local, 0, 2 * len);
+  d = desc(g.local, info.addr, 2 * len);
+  TU_ASSERT_OK(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_READ, &d, 1, 30000));
+  for (int k = 0; k < 2; k++) {
+    tu_fill(src[k], len, 51 + (uint64_t)k); /* what the WRITE held when it was called */
+    if (one_sided) {
+      TU_ASSERT_SAME(g.local + (size_t)k * len, src[k], len, "WRITE done while the peer was stopped");
+      continue;
+    }
+    size_t bad = foreign_bytes(g.local + (size_t)k * len, src[k], len);
+    if (bad)
+      tu_fail(__FILE__, __LINE__,
+              "%s WRITE that timed out: %zu bytes at the peer came from the caller's memory after the call "
+              "returned",
+              k ? "async" : "sync", bad);
+    else
+      CU_PASS("nothing read from the caller's memory after the call returned");
+  }
+  child_quit(&c);
+  HixlEngineDisconnect(g.cli, g.srv_name, 1000);
+  for (int k = 0; k < 2; k++) tu_free_mem(src[k], len);
+}
+
 /* ---------------------------------------------------------------- main */
 
 int main(int argc, char **argv) {
@@ -532,6 +609,8 @@ int main(int argc, char **argv) {
   CU_add_test(s, "data across processes, checked on both sides", test_two_process_data);
   CU_add_test(s, "peer killed mid-transfer, then a new peer", test_kill_mid_transfer);
   CU_add_test(s, "stopped peer gives TIMEOUT on time", test_stopped_peer);
+  CU_add_test(s, "a WRITE that timed out on a stopped peer lets go of the caller's memory",
+              test_stopped_peer_lets_go);
   if (CU_get_error() != CUE_SUCCESS) {
     fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
     CU_cleanup_registry();

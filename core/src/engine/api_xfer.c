@@ -77,6 +77,7 @@ static uint32_t req_abandon(HixlEngine *e, struct hixl_transfer_req *r, uint32_t
   uint32_t starved = stage_cancel(r);
   *left = r->outstanding;
   r->cancelled = true;
+  link_req_let_go(r);
   req_drop_bounces(r);
   *reset = mods_req_timeout(e, r);
   return starved;

@@ -428,6 +428,13 @@ size_t grant_count(const struct HixlEngine *e, const char *peer);
 bool link_grant_ok(struct conn *c, uint64_t addr, uint64_t len); /* link_granted without the log */
 void grant_free_all(struct HixlEngine *e);
 void link_req_maybe_free(struct hixl_transfer_req *r);
+/* r was given up (cancelled): its frames on a socket let go of the caller's host memory
+ * and of its registrations. A WRITE frame part-sent cannot stop mid-frame: it ends from
+ * a copy of its data made now; one not started is dropped unsent (link_frames.c), and
+ * READ data that comes later is discarded, so nothing reads or writes the caller's
+ * ranges after its call returned, and DeregisterMem need not wait for a peer that may
+ * never answer. Out of memory for the copy, a chunk keeps its registration. Lock held. */
+void link_req_let_go(struct hixl_transfer_req *r);
 /* Attach th, a CALL chunk whose frame holds its request, to r (lock held): it leaves
  * on c when r's other chunks have all ended with SUCCESS; it may leave at once. */
 void link_then_attach(struct hixl_transfer_req *r, struct conn *c, struct chunk *th, uint16_t service,

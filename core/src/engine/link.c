@@ -115,6 +115,7 @@ void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why) {
   link_devbuf_put(r->eng, ch->bounce);
   ch->bounce = NULL;
   if (ch->lreg) ch->lreg->inflight--;
+  ch->lreg = NULL; /* an ended chunk holds nothing (link_req_let_go tells them so) */
   if (ch->owner) ch->owner->link.chunk_end(ch);
   if (st != HIXL_SUCCESS && r->status == HIXL_SUCCESS) {
     r->status = st;
@@ -127,6 +128,24 @@ void link_chunk_end(struct chunk *ch, HixlStatus st, const char *why) {
     link_req_maybe_free(r);
   } else if (left == 1 && r->then_state == THEN_HELD) {
     then_release(r); /* only the CALL is left: the transfer has ended */
+  }
+}
+
+void link_req_let_go(struct hixl_transfer_req *r) {
+  for (uint32_t i = 0; i < r->ndirect + r->nsock; i++) {
+    struct chunk *ch = &r->chunks[i];
+    struct txitem *it = &ch->tx;
+    if (!ch->lreg || ch->lreg->type != HIXL_MEM_HOST || it->hdr_len == 0) continue; /* ended; not a frame */
+    if (ch->kind != CHUNK_READ && ch->kind != CHUNK_WRITE) continue;
+    size_t total = it->hdr_len + it->heap_len + it->tag_len + it->payload_len + it->ptag_len;
+    if (ch->kind == CHUNK_WRITE && it->payload == ch->laddr && it->sent > 0 && it->sent < total) {
+      uint8_t *copy = malloc(it->payload_len);
+      if (!copy) continue; /* it keeps the registration: Deregister refuses until the frame is out */
+      memcpy(copy, it->payload, it->payload_len);
+      it->payload = it->own_payload = copy; /* freed once sent (link_txitem_done) */
+    }
+    ch->lreg->inflight--;
+    ch->lreg = NULL;
   }
 }
 
