@@ -202,6 +202,10 @@ void link_txitem_done(struct conn *c, struct txitem *it) {
 void link_conn_bury(struct conn *c) {
   close(c->fd);
   c->fd = -1;
+  /* The progress thread frees it after its round: woken, else a link a caller killed
+   * (Disconnect; a drive that found the peer gone) stayed, with its 256 KiB receive
+   * buffer and a same-host peer's page mapped, until some event woke the thread. */
+  if (!c->eng->graveyard) link_wake(c->eng);
   c->next = c->eng->graveyard;
   c->eng->graveyard = c;
 }
