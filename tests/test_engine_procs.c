@@ -601,6 +601,56 @@ static void test_stopped_peer_lets_go(void) {
   for (int k = 0; k < 2; k++) tu_free_mem(src[k], len);
 }
 
+/* A short op is packed into a staged unit (StagingThreshold, auto on tcp and rdma) even
+ * when its local range is registered: the unit holds that registration as a direct
+ * chunk holds its own. DeregisterMem refuses while the op is in flight (it succeeded,
+ * and a READ answered later landed in memory the caller had taken back), and succeeds
+ * once the op was given up; what comes after its deadline is dropped. */
+static void test_stopped_peer_staged_holds(void) {
+  tu_server_cfg cfg = {.mem_len = MiB, .shared = NULL, .seed = 71};
+  tu_server_ready info;
+  tu_child c;
+  HixlTransferReq req[2] = {NULL, NULL};
+  HixlTransferStatus ts;
+  const size_t len = 64 * KiB;
+
+  if (!start_server(&c, &cfg, &info)) return;
+  TU_ASSERT_OK_FATAL(HixlEngineConnect(g.cli, g.srv_name, 5000));
+  unsigned char *m = tu_alloc_mem(len, false);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(m);
+  HixlMemHandle h = tu_register(g.cli, m, len);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(h);
+  memset(m, 0x11, len);
+  tu_child_kill(&c, SIGSTOP);
+  CU_ASSERT_EQUAL_FATAL(tu_child_wait_stopped(&c, 5000), 0);
+
+  HixlTransferOpDesc d[2] = {desc(m, info.addr, KiB), desc(m + 8 * KiB, info.addr + 8 * KiB, KiB)};
+  TU_ASSERT_OK(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_READ, &d[0], 1, STOP_TIMEOUT, NULL, &req[0]));
+  TU_ASSERT_OK(HixlEngineTransferAsync(g.cli, g.srv_name, HIXL_WRITE, &d[1], 1, STOP_TIMEOUT, NULL, &req[1]));
+  bool waiting = true; /* a one-sided transport may have copied them already */
+  for (int k = 0; k < 2; k++) {
+    TU_ASSERT_OK(HixlEngineGetTransferStatus(g.cli, req[k], &ts));
+    waiting &= ts == HIXL_TRANSFER_WAITING;
+    if (ts != HIXL_TRANSFER_WAITING) req[k] = NULL; /* final: released */
+  }
+  if (waiting) {
+    TU_ASSERT_STATUS(HixlEngineDeregisterMem(g.cli, h), HIXL_FAILED);
+    TU_ASSERT_ERRMSG_HAS("in flight");
+  }
+  for (int k = 0; k < 2; k++)
+    if (req[k]) TU_ASSERT_OK(tu_wait_request(g.cli, req[k], tu_now_ms() + STOP_TIMEOUT + 5000, &ts));
+  TU_ASSERT_OK(HixlEngineDeregisterMem(g.cli, h)); /* given up: nothing holds it */
+  memset(m, 0x22, len);
+
+  tu_child_kill(&c, SIGCONT); /* its answers to both come before the READ below's */
+  HixlTransferOpDesc back = desc(g.local, info.addr, KiB);
+  TU_ASSERT_OK(HixlEngineTransferSync(g.cli, g.srv_name, HIXL_READ, &back, 1, 10000));
+  CU_ASSERT_EQUAL(tu_check_byte(m, len, 0x22), -1); /* late data dropped, not landed */
+  child_quit(&c);
+  HixlEngineDisconnect(g.cli, g.srv_name, 1000);
+  tu_free_mem(m, len);
+}
+
 /* Links cut in e (white box): those in its graveyard, waiting for the progress thread. */
 static int graveyard_len(HixlEngine *e) {
   int n = 0;
@@ -653,6 +703,8 @@ int main(int argc, char **argv) {
   CU_add_test(s, "stopped peer gives TIMEOUT on time", test_stopped_peer);
   CU_add_test(s, "a WRITE that timed out on a stopped peer lets go of the caller's memory",
               test_stopped_peer_lets_go);
+  CU_add_test(s, "a short (staged) op holds its registration while in flight",
+              test_stopped_peer_staged_holds);
   CU_add_test(s, "Connect, READ, Disconnect again and again: the cut links are freed", test_disconnect_frees);
   if (CU_get_error() != CUE_SUCCESS) {
     fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());

@@ -107,6 +107,12 @@ static void wait_remove(struct stage_pool *p, struct chunk *ch) {
   ch->unit->next_wait = NULL;
 }
 
+/* The unit touches the caller's ranges no more: the registrations it held go back. */
+static void unit_let_go(struct chunk *ch) {
+  for (uint32_t k = 0; k < ch->unit->nregs; k++) ch->unit->regs[k]->inflight--;
+  ch->unit->nregs = 0;
+}
+
 /* The unit ended: its buffer is free. */
 static void stage_release(struct chunk *ch) {
   struct stage_pool *p = &ch->req->eng->pool;
@@ -168,6 +174,10 @@ uint32_t stage_cancel(struct hixl_transfer_req *r) {
   starved_why(r->eng, why, sizeof(why));
   for (uint32_t i = link_req_first_staged(r); i < r->nchunks; i++) {
     struct chunk *ch = &r->chunks[i];
+    /* From here nothing of it reads or writes the caller's ranges (a part-sent frame
+     * ends from its copy, one unsent is dropped, late data is discarded, an RDMA unit's
+     * data was packed already and is not scattered): its registrations go back. */
+    unit_let_go(ch);
     if (ch->unit->waiting) {
       n++;
       link_chunk_end(ch, HIXL_RESOURCE_EXHAUSTED, why);
@@ -350,14 +360,20 @@ int stage_plan_fill(struct hixl_transfer_req *r, const struct stage_plan *sp, st
                     HixlTransferOp op, const HixlTransferOpDesc *descs, size_t count,
                     struct hixl_mem_reg *const *lregs) {
   if (sp->nunits == 0) return 0;
-  struct stage_unit *u = calloc(1, sp->nunits * sizeof(*u) + sp->nsegs * sizeof(struct stage_seg));
+  struct stage_unit *u = calloc(1, sp->nunits * sizeof(*u) + sp->nsegs * sizeof(struct stage_seg) +
+                                       sp->nsegs * sizeof(struct hixl_mem_reg *));
   if (!u) return -1;
   r->staged = u;
   size_t unit = r->eng->pool.unit;
   struct chunk *ch = NULL;
-  struct stage_seg *seg = (struct stage_seg *)(u + sp->nunits);
+  struct stage_seg *seg0 = (struct stage_seg *)(u + sp->nunits), *seg = seg0;
+  struct hixl_mem_reg **held = (struct hixl_mem_reg **)(seg0 + sp->nsegs), *reg = NULL;
   for (size_t i = 0; i < count; i++) {
     if (lregs[i]) continue;
+    /* A short op's local range may be registered (packed all the same): held, as a
+     * direct chunk holds its own, so DeregisterMem refuses while the unit may touch it. */
+    reg = (struct hixl_mem_reg *)memtab_find_near(&r->eng->regs, reg ? &reg->range : NULL,
+                                                  descs[i].local_addr, descs[i].len);
     for (size_t off = 0; off < descs[i].len;) {
       size_t piece = descs[i].len - off < unit ? descs[i].len - off : unit;
       if (!ch || ch->len + piece > unit || ch->unit->nsegs == WIRE_MAX_STAGE_SEGS) {
@@ -366,8 +382,13 @@ int stage_plan_fill(struct hixl_transfer_req *r, const struct stage_plan *sp, st
         ch->kind = op == HIXL_READ ? CHUNK_SREAD : CHUNK_SWRITE;
         ch->unit = u++;
         ch->unit->segs = seg;
+        ch->unit->regs = held + (seg - seg0); /* at most one a range */
         ch->unit->sconn = c;
         ch->tx.chunk = ch;
+      }
+      if (reg && (ch->unit->nregs == 0 || ch->unit->regs[ch->unit->nregs - 1] != reg)) {
+        ch->unit->regs[ch->unit->nregs++] = reg;
+        reg->inflight++;
       }
       seg->laddr = descs[i].local_addr + off;
       seg->raddr = descs[i].remote_addr + off;
@@ -429,6 +450,7 @@ static bool stage_answer(struct conn *c, struct chunk *ch, const struct wire_msg
 }
 
 static void stage_chunk_end(struct chunk *ch) {
+  unit_let_go(ch);
   if (ch->unit->sbuf || ch->unit->waiting) stage_release(ch);
 }
 

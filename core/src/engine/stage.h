@@ -23,6 +23,11 @@ struct stage_unit {
   uint8_t *sbuf;      /* the pool buffer, once it has one */
   struct conn *sconn; /* the link it goes on, while it waits */
   struct chunk *next_wait;
+  /* The registrations its local ranges lie in, each held (inflight) until the unit ends
+   * or its request is given up, so DeregisterMem refuses meanwhile (into the request's
+   * allocation). */
+  struct hixl_mem_reg **regs;
+  uint32_t nregs;
 };
 
 /* How a batch's staged ops pack into units: counted op by op (stage_plan_op), then
