@@ -271,11 +271,13 @@ HixlStatus HixlEngineDeregisterMem(HixlEngine *e, HixlMemHandle handle) {
   } else if (r->freeing) {
     st = hixl_fail(HIXL_FAILED, "HixlEngineDeregisterMem: another call is deregistering [0x%llx, +%llu)",
                    (unsigned long long)r->range.addr, (unsigned long long)r->range.len);
-  } else if ((st = reg_take_back(
-                  e, r, "HixlEngineDeregisterMem",
-                  "wait for the transfers on it to end (this engine's own, by their timeouts; a peer's data "
-                  "already taken in, once copied)")) == HIXL_SUCCESS &&
-             r->type == HIXL_MEM_DEVICE) {
+  } else if (
+      (st = reg_take_back(
+           e, r, "HixlEngineDeregisterMem",
+           "wait for the transfers on it to end (this engine's own by their timeouts, an async one once "
+           "HixlEngineGetTransferStatus has answered it; a peer's data already taken in, once copied)")) ==
+          HIXL_SUCCESS &&
+      r->type == HIXL_MEM_DEVICE) {
     /* Peers that opened it by IPC handle close it first (a round trip; silent ones are cut off). */
     uint64_t deadline = hixl_now_ns() + (uint64_t)HIXL_DEFAULT_TIMEOUT_MS * 1000000u;
     r->freeing = true; /* the hooks may release the lock while they wait (api_out: r stays) */
