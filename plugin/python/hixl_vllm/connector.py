@@ -292,6 +292,11 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._layout = str(self._opts["layout"]) if "layout" in self._opts else None
         extra = self._doc["kv_connector_extra_config"]
         self._push = extra.get("mode") == "push"
+        # kv_both (one instance both sides, vLLM's usual role for a P/D pair): in pull mode
+        # only a request marked do_remote_decode is held for a consumer (_finished).
+        side = extra.get("role") or {"kv_producer": "producer", "kv_consumer": "consumer"}.get(
+            self._doc.get("kv_role"), "both")
+        self._both = side == "both" and not self._push
         # What can refuse the configuration is checked before create: past it, a refusal
         # would leave the connector's engine and threads behind.
         groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
@@ -820,6 +825,14 @@ class HixlKVConnector(KVConnectorBase_V1, SupportsHMA):
             self._bad_ids.discard(request.request_id)
             return False, None  # nothing held: vLLM frees the blocks, a consumer computes the prompt
         groups = self._windowed(groups, request)
+        params = getattr(request, "kv_transfer_params", None)
+        if self._both and not (isinstance(params, dict) and params.get("do_remote_decode") is True):
+            # kv_both: a request no proxy marked do_remote_decode (decode's own, once loaded,
+            # or one served here) is no consumer's to load, so nothing is held: its blocks
+            # go back now, as vLLM's connectors do it, not at the lease (every request
+            # decode finished was held lease_ms). No blocks: the plugin holds none, and
+            # still ends the request's consumer side (an abort's FREE included).
+            groups = tuple(() for _ in groups)
         # Only a request that ran to its end hands its KV on, as with vLLM's connectors;
         # any other end (aborted, FINISHED_ERROR, FINISHED_IGNORED) is passed as an abort:
         # a producer holds nothing, a consumer that never set up its load frees the

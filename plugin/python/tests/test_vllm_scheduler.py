@@ -413,6 +413,47 @@ def test_consumer_ended_before_scheduled_frees_the_producer(model_dir, end):
     c.shutdown()
 
 
+def test_kv_both_holds_only_requests_for_remote_decode(model_dir):
+    """kv_both (vLLM's usual role for both sides of a P/D pair, as NixlConnector's examples
+    have it): a request that no proxy marked do_remote_decode (decode's own, loaded from
+    its producer; or one served here directly) is nobody's to load, so its blocks go back
+    when it ends, as vLLM's connectors do it. It was held for lease_ms (30 s) before:
+    every request decode finished pinned its prompt's and its output's KV that long.
+    A request marked do_remote_decode is held as on a kv_producer."""
+    params = producer_params(model_dir)
+    b = make_scheduler(model_dir, "kv_both", keys={"lease_ms": 30000})
+    start = free(b)
+    r, _ = consumer_load(b, "both-cons", params, max_tokens=2)  # decode's: loaded, then decoded
+    step(b, recving={"both-cons"})
+    step(b)
+    _, outs = step(b)
+    assert r.status == RequestStatus.FINISHED_LENGTH_CAPPED
+    assert [o for _, o in calls(b, "request_finished_all_groups", "both-cons")] == [(False, None)]
+    assert outs["both-cons"].kv_transfer_params is None
+    assert_empty(b)
+    so, _ = step(b)
+    assert meta(so) == (0, None)  # no HOLD for the workers
+
+    b.add_request(make_request("both-plain", None, 2, prompt=70))  # served here, no hand-off
+    step(b)
+    _, outs = step(b)
+    assert outs["both-plain"].finish_reason == FinishReason.LENGTH
+    assert [o for _, o in calls(b, "request_finished_all_groups", "both-plain")] == [(False, None)]
+    assert outs["both-plain"].kv_transfer_params is None
+    assert_empty(b)
+
+    b.add_request(make_request("both-pd", {"do_remote_decode": True}, 1))  # a prefill for a consumer
+    _, outs = step(b)
+    ((_, (delay, p2)),) = calls(b, "request_finished_all_groups", "both-pd")
+    assert delay is True and p2 == outs["both-pd"].kv_transfer_params and p2["remote_request_id"] == "both-pd"
+    assert free(b) == start - PROMPT_BLOCKS
+    so, _ = step(b)
+    assert meta(so) == (1, ("HOLD", "both-pd"))
+    step(b, sending={"both-pd"})
+    assert_empty(b)
+    b.shutdown()
+
+
 # ---- 4. preemption after the load: never loaded twice ----
 
 def test_consumer_preempted_after_load_is_not_loaded_again(model_dir):
