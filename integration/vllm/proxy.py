@@ -222,6 +222,15 @@ def make_handler(proxy: Proxy):
     return Handler
 
 
+class Server(ThreadingHTTPServer):
+    # The listen backlog: socketserver's default, 5 connections not yet accepted,
+    # overflowed under a burst of clients (pd_check.py's burst, 24 at once: a client's
+    # connection was reset, as the kernel's SYN cookies do once the queue is full);
+    # vLLM's own servers (uvicorn) take 2048.
+    request_queue_size = 1024
+    daemon_threads = True
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
@@ -234,8 +243,7 @@ def main() -> int:
     a = ap.parse_args()
     mc = Upstream(a.mooncake_bootstrap, a.timeout) if a.mooncake_bootstrap else None
     proxy = Proxy(Upstream(a.prefill, a.timeout), Upstream(a.decode, a.timeout), mc)
-    srv = ThreadingHTTPServer((a.host, a.port), make_handler(proxy))
-    srv.daemon_threads = True
+    srv = Server((a.host, a.port), make_handler(proxy))
     print(f"proxy: {a.host}:{a.port} -> prefill {a.prefill}, decode {a.decode}", flush=True)
     try:
         srv.serve_forever()
