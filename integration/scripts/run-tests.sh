@@ -5,7 +5,8 @@
 #  1c. real vLLM on the CPU (integration/vllm, its own venv from PyPI): the adapter's
 #     tests that use vLLM's classes, vLLM's Scheduler with hixl's connector, and
 #     prefill -> decode vLLM instances handing off through hixl (run-pd.sh), with
-#     asynchronous loads and with loads in the forward pass (load_in_forward);
+#     asynchronous loads and with loads in the forward pass (load_in_forward, and
+#     kv_role kv_both), and the scenarios of pd_check.py --scenarios;
 #  2. the same suite built with AddressSanitizer + UBSan (zero errors, zero leaks);
 #  2b. the same suite built with ThreadSanitizer: zero reports, from any process the
 #     tests start (TSan writes each process's reports to build-tsan/tsan/);
@@ -41,8 +42,12 @@ vvenv=$(bash "$top/integration/vllm/install.sh" | tail -1)
   PYTHONDONTWRITEBYTECODE=1 "$vvenv/bin/python" -m pytest -q -p no:cacheprovider \
   plugin/python/tests/test_signatures.py plugin/python/tests/test_factory.py plugin/python/tests/test_stats.py \
   plugin/python/tests/test_layout.py plugin/python/tests/test_binding.py plugin/python/tests/test_vllm_scheduler.py)
-HIXL_VLLM_VENV=$vvenv bash "$top/integration/vllm/run-pd.sh" --requests 20
-HIXL_VLLM_VENV=$vvenv bash "$top/integration/vllm/run-pd.sh" --requests 20 --connector hixl-fwd
+# Then pd_check.py's scenarios (about 40 s): a shared prefix, identical prompts at once,
+# max_tokens 1 and short prompts, clients hanging up, a burst past max_num_seqs; the
+# forward-pass run with kv_role kv_both on both sides and the prefix-cache scenarios.
+HIXL_VLLM_VENV=$vvenv bash "$top/integration/vllm/run-pd.sh" --requests 20 --scenarios all
+HIXL_VLLM_VENV=$vvenv bash "$top/integration/vllm/run-pd.sh" --requests 20 --connector hixl-fwd --kv-both \
+  --scenarios prefix,same
 
 echo "== ASan + UBSan build and test"
 cmake -S "$top" -B "$top/build-asan" -DCMAKE_BUILD_TYPE=Debug -DHIXL_WERROR=ON -DHIXL_SANITIZE=ON >/dev/null

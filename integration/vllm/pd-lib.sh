@@ -40,17 +40,19 @@ pd_check_connector() {  # name
 # --kv-transfer-config of one side of a pair. kv_port is the side's own listening
 # port: hixl's data address, NIXL's handshake side channel, Mooncake's bootstrap server.
 # Every consumer recomputes on a failed load (vLLM's default is to fail the request).
+# hixl's lease is $pd_lease_ms (default 30000) on both sides. role kv_both (both
+# sides, as vLLM's NixlConnector examples have it): decode is the one that recomputes.
 pd_kvcfg() {  # connector role kv_port
   local policy=
-  [ "$2" = kv_consumer ] && policy='"kv_load_failure_policy": "recompute", '
+  case $2 in kv_consumer|kv_both) policy='"kv_load_failure_policy": "recompute", ' ;; esac
   case $1 in
     hixl|hixl-fwd)
       # hixl-fwd: the consumer loads in the forward pass (load_in_forward, vLLM's
       # synchronous load); the producer is hixl's usual one.
       local fwd=
-      [ "$1" = hixl-fwd ] && [ "$2" = kv_consumer ] && fwd=', "load_in_forward": true'
-      printf '{"kv_connector": "HixlKVConnector", "kv_connector_module_path": "hixl_vllm", "kv_role": "%s", %s"kv_connector_extra_config": {"address": "127.0.0.1:%s", "mode": "pull", "lease_ms": 30000, "transfer_timeout_ms": 10000%s}}' \
-        "$2" "$policy" "$3" "$fwd" ;;
+      [ "$1" = hixl-fwd ] && [ "$2" != kv_producer ] && fwd=', "load_in_forward": true'
+      printf '{"kv_connector": "HixlKVConnector", "kv_connector_module_path": "hixl_vllm", "kv_role": "%s", %s"kv_connector_extra_config": {"address": "127.0.0.1:%s", "mode": "pull", "lease_ms": %s, "transfer_timeout_ms": 10000%s}}' \
+        "$2" "$policy" "$3" "${pd_lease_ms:-30000}" "$fwd" ;;
     nixl)
       # The CPU platform registers vLLM's own KV cache as DRAM (no host buffer);
       # kv_buffer_device must say "cpu" (_NIXL_SUPPORTED_DEVICE["cpu"]).

@@ -4,7 +4,8 @@
 #
 #   integration/vllm/run-pd.sh [--connector hixl|nixl|mooncake|mooncake-stock]
 #                              [--requests N] [--json FILE] [--no-fault] [--keep]
-#                              [--out DIR]
+#                              [--out DIR] [--scenarios LIST] [--decode-blocks N]
+#                              [--lease-ms N] [--kv-both]
 #
 # (mooncake: vLLM's MooncakeConnector through mooncake_cpu_shim.py, since the stock
 # class stops on a CPU-only torch; mooncake-stock: the stock class, which shows that.)
@@ -20,13 +21,19 @@
 #    proxy, every token id compared; TTFT, hand-off, bytes moved, blocks held at the end;
 #    then the producer is killed with a request's KV held and decode must recompute
 #    (hixl only: the fault case counts hixl's failed loads).
-# Exits 0 only if every answer is identical, both sides end holding 0 blocks, and the
-# fault ends in recompute with identical tokens. Logs go to $out (default build-vllm/pd,
+#    --scenarios LIST (or all): pd_check.py's scenarios, before the fault (a shared
+#    prefix, identical prompts at once, max_tokens 1 and short prompts, clients that
+#    hang up, a burst past max_num_seqs); --decode-blocks N: decode's
+#    --num-gpu-blocks-override; --lease-ms N: hixl's lease on both sides; --kv-both:
+#    kv_role kv_both on both sides.
+# Exits 0 only if every answer is identical, both sides end holding 0 blocks, no hold
+# ended at its lease, and the fault ends in recompute with identical tokens. Logs go to $out (default build-vllm/pd,
 # build-vllm/pd-<connector> for a peer).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/../.." && pwd)
 here=$top/integration/vllm
-requests=20 json= fault=1 keep=0 connector=hixl out=
+requests=20 json= fault=1 keep=0 connector=hixl out= scenarios= decode_blocks=
+p_role=kv_producer d_role=kv_consumer
 while [ $# -gt 0 ]; do
   case $1 in
     --connector) connector=$2; shift ;;
@@ -35,6 +42,10 @@ while [ $# -gt 0 ]; do
     --no-fault) fault=0 ;;
     --keep) keep=1 ;;
     --out) out=$2; shift ;;
+    --scenarios) scenarios=$2; shift ;;
+    --decode-blocks) decode_blocks=$2; shift ;;
+    --lease-ms) pd_lease_ms=$2; shift ;;
+    --kv-both) p_role=kv_both d_role=kv_both ;;
     *) echo "run-pd.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -67,9 +78,11 @@ pd_common=(--enforce-eager --dtype float32 --max-model-len 1024 --block-size 32 
 trap pd_cleanup EXIT
 pd_serve plain "$plain_port" "" "${common[@]}"
 pd_serve prefill "$p_port" "$(pd_kvenv "$connector" "$p_kv")" "${pd_common[@]}" \
-  --kv-transfer-config "$(pd_kvcfg "$connector" kv_producer "$p_kv")"
-pd_serve decode "$d_port" "$(pd_kvenv "$connector" "$d_kv")" "${pd_common[@]}" \
-  --kv-transfer-config "$(pd_kvcfg "$connector" kv_consumer "$d_kv")"
+  --kv-transfer-config "$(pd_kvcfg "$connector" "$p_role" "$p_kv")"
+d_extra=()
+[ -n "$decode_blocks" ] && d_extra=(--num-gpu-blocks-override "$decode_blocks")
+pd_serve decode "$d_port" "$(pd_kvenv "$connector" "$d_kv")" "${pd_common[@]}" "${d_extra[@]}" \
+  --kv-transfer-config "$(pd_kvcfg "$connector" "$d_role" "$d_kv")"
 pd_proxy proxy "$proxy_port" "$p_port" "$d_port" "$connector" "$p_kv"
 
 echo "run-pd: starting vLLM (plain :$plain_port, prefill :$p_port, decode :$d_port, proxy :$proxy_port); logs in $out"
@@ -85,6 +98,7 @@ args=(--plain "http://127.0.0.1:$plain_port" --proxy "http://127.0.0.1:$proxy_po
       --prefill "http://127.0.0.1:$p_port" --decode "http://127.0.0.1:$d_port" --model "$model"
       --requests "$requests" --json "${json:-$out/pd.json}")
 [ "$connector" = hixl ] || args+=(--connector "$connector" --label "$connector")
+[ -n "$scenarios" ] && args+=(--scenarios "$scenarios" --logs "$out")
 if [ $fault = 1 ] && [[ $connector == hixl* ]]; then
   args+=(--kill-producer "$prefill_pid")
 elif [ $fault = 1 ]; then
