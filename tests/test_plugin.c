@@ -827,6 +827,24 @@ static void test_push_into_pull(void) {
   inst_down(&x);
 }
 
+/* A request whose entry the worker refused at bind: reported finished at once (sending,
+ * or receiving with its blocks 3 and 4 in the load errors), nothing held after. The
+ * worker's stats then. */
+static hixl_kv_stats_ex ended_refused(struct inst *x, const char *id, bool sending) {
+  hixl_kv_ids sd = {0}, rv = {0};
+  ST_IS(ops->get_finished(x->worker, NULL, &sd, &rv), HIXL_KV_SUCCESS);
+  CU_ASSERT_TRUE(ids_have(sending ? &sd : &rv, id));
+  ops->free_ids(&sd);
+  ops->free_ids(&rv);
+  uint64_t errs[4] = {0};
+  size_t nerr = load_errors(x, errs, 4);
+  if (!sending) CU_ASSERT_TRUE(nerr == 2 && errs[0] == 3 && errs[1] == 4);
+  hixl_kv_stats_ex st = {.size = sizeof(st)};
+  ST_IS(ops->get_stats_ex(x->worker, &st), HIXL_KV_SUCCESS);
+  CU_ASSERT(st.blocks_held == 0 && st.requests_held == 0);
+  return st;
+}
+
 /* Metadata bound after shutdown (no thread is left to run it), and a LOAD bound before
  * it that no start_load_kv started: each request is reported finished (a HOLD or PUSH:
  * sending; a LOAD or EXPECT: receiving, its blocks in the load errors) and the bind
@@ -875,18 +893,7 @@ static void test_bind_after_shutdown(void) {
       ST_IS(bind_once(x.sched, x.worker), HIXL_KV_FAILED);
       CU_ASSERT(has_error("shut down"));
     }
-    hixl_kv_ids sd = {0}, rv = {0};
-    ST_IS(ops->get_finished(x.worker, NULL, &sd, &rv), HIXL_KV_SUCCESS);
-    bool sending = k == 0 || k == 2;
-    CU_ASSERT_TRUE(ids_have(sending ? &sd : &rv, ids[k]));
-    ops->free_ids(&sd);
-    ops->free_ids(&rv);
-    uint64_t errs[4] = {0};
-    size_t nerr = load_errors(&x, errs, 4);
-    if (!sending) CU_ASSERT_TRUE(nerr == 2 && errs[0] == 3 && errs[1] == 4);
-    hixl_kv_stats_ex st = {.size = sizeof(st)};
-    ST_IS(ops->get_stats_ex(x.worker, &st), HIXL_KV_SUCCESS);
-    CU_ASSERT(st.blocks_held == 0 && st.requests_held == 0);
+    ended_refused(&x, ids[k], k == 0 || k == 2);
     inst_down(&x);
   }
 }
@@ -945,18 +952,8 @@ static void test_roles_mixed(void) {
     }
     ST_IS(bind_once(x.sched, x.worker), HIXL_KV_PARAM_INVALID);
     CU_ASSERT(has_error("role"));
-    hixl_kv_ids sd = {0}, rv = {0};
-    ST_IS(ops->get_finished(x.worker, NULL, &sd, &rv), HIXL_KV_SUCCESS);
     bool sending = k == 0 || k == 2;
-    CU_ASSERT_TRUE(ids_have(sending ? &sd : &rv, ids[k]));
-    ops->free_ids(&sd);
-    ops->free_ids(&rv);
-    uint64_t errs[4] = {0};
-    size_t nerr = load_errors(&x, errs, 4);
-    if (!sending) CU_ASSERT_TRUE(nerr == 2 && errs[0] == 3 && errs[1] == 4);
-    hixl_kv_stats_ex st = {.size = sizeof(st)};
-    ST_IS(ops->get_stats_ex(x.worker, &st), HIXL_KV_SUCCESS);
-    CU_ASSERT(st.blocks_held == 0 && st.requests_held == 0);
+    hixl_kv_stats_ex st = ended_refused(&x, ids[k], sending);
     CU_ASSERT_EQUAL(sending ? st.loads_failed : st.loads_failed - 1, 0);
     inst_down(&x);
   }
