@@ -845,6 +845,17 @@ static hixl_kv_stats_ex ended_refused(struct inst *x, const char *id, bool sendi
   return st;
 }
 
+/* Each kind of entry's request params: a HOLD's (none), a LOAD's, a PUSH's, an EXPECT's. */
+static const char *const entry_params[4] = {
+    NULL,
+    "{\"do_remote_prefill\": true, \"remote_engine\": \"127.0.0.1:9\", \"remote_request_id\": \"p1\", "
+    "\"remote_block_ids\": [5, 6], \"hixl_abi\": 1, \"tp_size\": 1, "
+    "\"cap\": \"00112233445566778899aabbccddeeff\"}",
+    "{\"do_remote_decode\": true, \"remote_engine\": \"127.0.0.1:9\", \"remote_request_id\": \"c1\", "
+    "\"remote_block_ids\": [1, 2], \"hixl_abi\": 1, \"tp_size\": 1, "
+    "\"cap\": \"00112233445566778899aabbccddeeff\"}",
+    "{\"do_remote_prefill\": true}"};
+
 /* Metadata bound after shutdown (no thread is left to run it), and a LOAD bound before
  * it that no start_load_kv started: each request is reported finished (a HOLD or PUSH:
  * sending; a LOAD or EXPECT: receiving, its blocks in the load errors) and the bind
@@ -852,15 +863,7 @@ static hixl_kv_stats_ex ended_refused(struct inst *x, const char *id, bool sendi
 static void test_bind_after_shutdown(void) {
   static const char *const role[4] = {"producer", "consumer", "producer", "consumer"};
   static const char *const ids[5] = {"sd-hold", "sd-load", "sd-push", "sd-expect", "sd-unstarted"};
-  const char *params[4] = {
-      NULL,
-      "{\"do_remote_prefill\": true, \"remote_engine\": \"127.0.0.1:9\", \"remote_request_id\": \"p1\", "
-      "\"remote_block_ids\": [5, 6], \"hixl_abi\": 1, \"tp_size\": 1, "
-      "\"cap\": \"00112233445566778899aabbccddeeff\"}",
-      "{\"do_remote_decode\": true, \"remote_engine\": \"127.0.0.1:9\", \"remote_request_id\": \"c1\", "
-      "\"remote_block_ids\": [1, 2], \"hixl_abi\": 1, \"tp_size\": 1, "
-      "\"cap\": \"00112233445566778899aabbccddeeff\"}",
-      "{\"do_remote_prefill\": true}"};
+  const char *const *params = entry_params;
   for (int k = 0; k < 5; k++) {
     char cfg[512];
     struct inst x = {0};
@@ -907,15 +910,7 @@ static void test_roles_mixed(void) {
   static const char *const sched_role[4] = {"producer", "consumer", "producer", "consumer"};
   static const char *const worker_role[4] = {"consumer", "producer", "consumer", "producer"};
   static const char *const ids[4] = {"rm-hold", "rm-load", "rm-push", "rm-expect"};
-  const char *params[4] = {
-      NULL,
-      "{\"do_remote_prefill\": true, \"remote_engine\": \"127.0.0.1:9\", \"remote_request_id\": \"p1\", "
-      "\"remote_block_ids\": [5, 6], \"hixl_abi\": 1, \"tp_size\": 1, "
-      "\"cap\": \"00112233445566778899aabbccddeeff\"}",
-      "{\"do_remote_decode\": true, \"remote_engine\": \"127.0.0.1:9\", \"remote_request_id\": \"c1\", "
-      "\"remote_block_ids\": [1, 2], \"hixl_abi\": 1, \"tp_size\": 1, "
-      "\"cap\": \"00112233445566778899aabbccddeeff\"}",
-      "{\"do_remote_prefill\": true}"};
+  const char *const *params = entry_params;
   for (int k = 0; k < 4; k++) {
     char scfg[512], wcfg[512], err[256];
     struct inst x = {0};
