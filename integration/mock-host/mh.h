@@ -317,7 +317,9 @@ struct mh_inst_args {
   enum mh_dev dev;   /* ... in device memory (--kv-memory cuda | device-sim) */
   bool metrics;      /* send render_metrics's text to the router (--metrics-port) */
   bool verbose;
-  uint32_t tp; /* this instance's worker ranks (tensor-parallel size) */
+  uint32_t tp;       /* this instance's worker ranks (tensor-parallel size) */
+  uint32_t queue_ms; /* decode: on_new_request as a request arrives, scheduled queue_ms later (0: at once,
+                      * and no on_new_request) */
 };
 
 /* Run an instance until the router says exit or goes away; the process exit code. */
@@ -377,6 +379,7 @@ int mh_rank_main(const struct mh_inst_args *a, uint32_t rank, int fd);
 
 /* The command line, every default filled in. */
 struct mh_opts {
+  const char *side_plugin[2]; /* --prefill-plugin, --decode-plugin: that instance's, else --plugin's */
   const char *plugin, *config, *json, *transport, *policy, *model_name, *mode, *layout;
   const char *kv_memory; /* "hixl" (alloc_kv_caches), "host" (the host's, register_kv_caches), "cuda" or
                           * "device-sim" (device memory, mh_devmem.c) */
@@ -394,6 +397,7 @@ struct mh_opts {
   uint8_t set_who[16]; /* ... for both instances (0), or --prefill-set (1) / --decode-set (2) */
   uint32_t nset;
   uint32_t timeout_s;
+  uint32_t queue_ms;       /* --queue-ms: decode schedules a request that long after it arrived; 0 at once */
   const char *trace;       /* --trace FILE: every trace line, and one hand-off line per request */
   uint16_t metrics_port;   /* --metrics-port N: /metrics on 127.0.0.1:N; 0 none */
   uint32_t metrics_linger; /* --metrics-linger S: serve S s more after the summary (SIGTERM ends it) */
@@ -486,15 +490,17 @@ struct mh_router {
   uint32_t nreset;     /* link-reset: TCP connections prefill shut down */
   uint32_t handed_off; /* kv_transfer_params forwarded so far */
   uint64_t t_start, t_end, bytes;
-  bool timed_out;       /* mh_run gave up at --timeout */
-  bool exits_clean;     /* mh_reap: every instance that reported exited with status 0 */
-  const char *addr[2];  /* each instance's engine address */
-  const char *key_file; /* the AuthKeyFile both instances use; NULL: none */
-  pid_t intruder;       /* --fault intruder: its process, 0 before it starts */
-  int intruder_stop;    /* closing it tells the intruder to stop */
-  int intruder_report;  /* ... and it writes its figures here */
-  bool intruder_ready;  /* it made its minimum of attempts: the run may end */
-  bool intruder_in;     /* its figures came */
+  bool timed_out;        /* mh_run gave up at --timeout */
+  bool exits_clean;      /* mh_reap: every instance that reported exited with status 0 */
+  const char *addr[2];   /* each instance's engine address */
+  const char *key_file;  /* the AuthKeyFile both instances use; NULL: none */
+  const char *plugin[2]; /* each instance's plugin (--prefill-plugin, --decode-plugin) when they differ */
+  uint32_t abi[2];       /* ... and its ops table's abi_version */
+  pid_t intruder;        /* --fault intruder: its process, 0 before it starts */
+  int intruder_stop;     /* closing it tells the intruder to stop */
+  int intruder_report;   /* ... and it writes its figures here */
+  bool intruder_ready;   /* it made its minimum of attempts: the run may end */
+  bool intruder_in;      /* its figures came */
   struct mh_intrusion intrusion;
   struct mh_obs *obs; /* traces and metrics the instances sent (mh_obs.c) */
 };
@@ -528,10 +534,10 @@ struct mh_metrics *mh_metrics_start(uint16_t port, char *err, size_t cap);
 void mh_metrics_set(struct mh_metrics *m, int k, const char *text, size_t len); /* side k's latest */
 void mh_metrics_stop(struct mh_metrics *m);
 
-/* Start the instances (prefill with config cfg_p and model o->model, decode with cfg_d
- * and md) and route every request until both reported, or --timeout (rt->timed_out);
- * -1 when an instance could not be started. */
-int mh_run(struct mh_router *rt, const hixl_kv_ops *ops, const char *cfg_p, const char *cfg_d,
+/* Start the instances (prefill with plugin ops[0], config cfg_p and model o->model,
+ * decode with ops[1], cfg_d and md) and route every request until both reported, or --timeout
+ * (rt->timed_out); -1 when an instance could not be started. */
+int mh_run(struct mh_router *rt, const hixl_kv_ops *const ops[2], const char *cfg_p, const char *cfg_d,
            const struct mh_model *md, uint32_t drain_ms);
 /* Wait for the instances to exit (killing those that do not) and check how they did
  * (rt->exits_clean). */

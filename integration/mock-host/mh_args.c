@@ -23,6 +23,8 @@ static void usage(FILE *f) {
       "  A prefill and a decode instance (separate processes, each a scheduler and a worker KV\n"
       "  connector) and a router; every byte of KV that reaches decode is checked.\n"
       "  --plugin PATH            libhixl_kv_connector.so (default: the one built beside this host)\n"
+      "  --prefill-plugin PATH --decode-plugin PATH   that instance's plugin (default --plugin's):\n"
+      "                           peers of different builds, as in an upgrade one instance at a time\n"
       "  --config FILE            base connector config (JSON); address and role are set per instance\n"
       "  --model NAME             preset shape (default llama8b: 32 layers, 8 KV heads x 128 x 2 B,\n"
       "                           16-token blocks; tiny: 2 layers, 2 x 16 x 2 B, 4-token blocks, 64 blocks;\n"
@@ -54,6 +56,9 @@ static void usage(FILE *f) {
       "  --mode pull|push         sets the config's mode (push: decode allocates first, prefill\n"
       "                           writes each layer into it as soon as it is computed)\n"
       "  --lease-ms N             sets the config's lease_ms\n"
+      "  --queue-ms N             (pull) decode calls on_new_request (ABI 1.6) as a request arrives\n"
+      "                           and schedules it N ms later, as a request waiting in vLLM's queues:\n"
+      "                           past a third of prefill's lease its hold is renewed (RENEW)\n"
       "  --on-load-failure fail|recompute   sets the config's load_failure_policy\n"
       "  --prefill-addr IP:PORT --decode-addr IP:PORT   (default --ip and free ports)\n"
       "  --ip IP                  the instances' address (default 127.0.0.1)\n"
@@ -145,6 +150,9 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
     O_EXPIPC,
     O_EXPRDMA,
     O_IP,
+    O_PPLUGIN,
+    O_DPLUGIN,
+    O_QUEUE,
     O_HELP
   };
   static const struct option lo[] = {{"plugin", 1, 0, O_PLUGIN},
@@ -191,6 +199,9 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
                                      {"expect-device-ipc", 0, 0, O_EXPIPC},
                                      {"expect-device-rdma", 0, 0, O_EXPRDMA},
                                      {"ip", 1, 0, O_IP},
+                                     {"prefill-plugin", 1, 0, O_PPLUGIN},
+                                     {"decode-plugin", 1, 0, O_DPLUGIN},
+                                     {"queue-ms", 1, 0, O_QUEUE},
                                      {"help", 0, 0, O_HELP},
                                      {0, 0, 0, 0}};
   uint64_t set[O_HELP + 1] = {0}, v = 0;
@@ -210,6 +221,8 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
     given[c] = true;
     switch (c) {
     case O_PLUGIN: o->plugin = optarg; break;
+    case O_PPLUGIN: o->side_plugin[0] = optarg; break;
+    case O_DPLUGIN: o->side_plugin[1] = optarg; break;
     case O_CONFIG: o->config = optarg; break;
     case O_MODEL: o->model_name = optarg; break;
     case O_TRANSPORT: o->transport = optarg; break;
@@ -351,6 +364,7 @@ int mh_parse_opts(int argc, char **argv, struct mh_opts *o) {
   if (given[O_CUS]) o->compute_us = (uint32_t)set[O_CUS];
   if (given[O_LEASE]) o->lease_ms = (int64_t)set[O_LEASE];
   if (given[O_TIMEOUT]) o->timeout_s = (uint32_t)set[O_TIMEOUT];
+  if (given[O_QUEUE]) o->queue_ms = (uint32_t)set[O_QUEUE];
   if (given[O_MPORT] && set[O_MPORT] > 65535) {
     fprintf(stderr, "hixl-mock-host: --metrics-port %" PRIu64 ": want 1 to 65535\n", set[O_MPORT]);
     return 2;

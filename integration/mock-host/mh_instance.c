@@ -44,6 +44,7 @@ struct ireq {
   uint32_t smask;       /* ranks whose get_finished reported it finished sending */
   uint32_t rmask;       /* ... finished receiving */
   bool rank_lost;       /* a rank went away before it reported the request */
+  uint64_t t_arrived;   /* decode: when the router's frame came (--queue-ms counts from it) */
 };
 
 /* A worker rank in a process of its own (TP > 1), as the instance sees it. */
@@ -663,6 +664,10 @@ static void decode_admit(struct inst *x) {
       i++;
       continue;
     }
+    if (x->a->queue_ms && mh_now_ns() < r->t_arrived + x->a->queue_ms * 1000000ull) {
+      i++; /* --queue-ms: still waiting in the host's queues */
+      continue;
+    }
     if (x->dead_mask) { /* a rank is gone: this instance loads nothing more */
       done(x, i, MH_FAILED, 0, "decode: a worker rank is gone (mask 0x%x); request not served", x->dead_mask);
       continue;
@@ -853,7 +858,18 @@ static int handle_frame(struct inst *x, uint8_t type, struct mh_in *in) {
       say(x, "malformed or impossible request frame from the router (prompt %" PRIu64 ")", prompt);
       return -1;
     }
-    if (!req_add(x, idx, seed, prompt, params, plen)) send_fail(x, idx, "%s: out of memory", x->who);
+    struct ireq *r = req_add(x, idx, seed, prompt, params, plen);
+    if (!r) {
+      send_fail(x, idx, "%s: out of memory", x->who);
+      return 0;
+    }
+    r->t_arrived = mh_now_ns();
+    if (!x->a->prefill && x->a->queue_ms && HAS(x, on_new_request)) { /* vLLM: as the request arrives */
+      hixl_kv_request q = hreq(r);
+      hixl_kv_status st = x->ops->on_new_request(x->sched, &q);
+      if (st != HIXL_KV_SUCCESS)
+        say(x, "on_new_request(%s) failed (%s): %s", r->id, mh_status_name(st), x->ops->last_error());
+    }
     return 0;
   }
   say(x, "unexpected frame type %u from the router", type);

@@ -308,8 +308,17 @@ int main(int argc, char **argv) {
   }
   char pbuf[PATH_MAX];
   const char *plugin = plugin_path(o.plugin, pbuf, sizeof(pbuf));
-  const hixl_kv_ops *ops;
-  if (plugin_load(plugin, &ops) < 0) return 1;
+  /* Each instance's plugin: --prefill-plugin / --decode-plugin, else the one above (loaded
+   * once when both are the same path). */
+  const char *side_plugin[2];
+  const hixl_kv_ops *ops[2];
+  for (int k = 0; k < 2; k++) {
+    side_plugin[k] = o.side_plugin[k] ? o.side_plugin[k] : plugin;
+    if (k == 1 && strcmp(side_plugin[1], side_plugin[0]) == 0)
+      ops[1] = ops[0];
+    else if (plugin_load(side_plugin[k], &ops[k]) < 0)
+      return 1;
+  }
   const char *cfg_path = o.config ? o.config : file_exists(MH_CONFIG_MAIN) ? MH_CONFIG_MAIN : MH_CONFIG_MOCK;
   int64_t lease_p = 0, lease_d = 0;
   bool push = false;
@@ -319,6 +328,10 @@ int main(int argc, char **argv) {
   const char *key = key_setup(&o, key_dir, key_path);
   if (key && !*key) return 1;
   rt.key_file = key;
+  for (int k = 0; k < 2 && ops[1] != ops[0]; k++) {
+    rt.plugin[k] = side_plugin[k];
+    rt.abi[k] = ops[k]->abi_version;
+  }
   uint16_t ports[2];
   if (o.ip) inst_ip = o.ip;
   free_ports(o.tp, ports);
@@ -329,13 +342,20 @@ int main(int argc, char **argv) {
   rt.addr[0] = config_address(cfg_p, addr_p, sizeof(addr_p));
   rt.addr[1] = config_address(cfg_d, addr_d, sizeof(addr_d));
   rc = 1;
-  if (push && !HIXL_KV_HAS_OP(ops, get_push_params)) {
-    fprintf(stderr, "hixl-mock-host: mode push needs get_push_params, which this plugin's ops table lacks\n");
+  if (push && !HIXL_KV_HAS_OP(ops[1], get_push_params)) { /* decode's scheduler asks it */
+    fprintf(stderr, "hixl-mock-host: mode push needs get_push_params, which %s's ops table lacks\n",
+            side_plugin[1]);
     goto free_cfg;
   }
-  if (o.verbose)
+  if (o.verbose && ops[1] == ops[0])
     fprintf(stderr, "hixl-mock-host: plugin %s\n  prefill config %s\n  decode config %s\n", plugin, cfg_p,
             cfg_d);
+  else if (o.verbose)
+    fprintf(stderr,
+            "hixl-mock-host: prefill plugin %s (ABI %u.%u)\n  decode plugin %s (ABI %u.%u)\n"
+            "  prefill config %s\n  decode config %s\n",
+            side_plugin[0], ops[0]->abi_version >> 16, ops[0]->abi_version & 0xffff, side_plugin[1],
+            ops[1]->abi_version >> 16, ops[1]->abi_version & 0xffff, cfg_p, cfg_d);
 
   rt.push = push;
   if (!(rt.r = requests_new(&o))) goto free_cfg;

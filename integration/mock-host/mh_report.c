@@ -349,6 +349,9 @@ int mh_report(const struct mh_router *rt, const struct mh_model *md, bool pass) 
   printf("  %-28s %s\n", "links",
          rt->key_file ? "authenticated: both instances hold a key (AuthKeyFile)"
                       : "no key: anyone who reaches a port may link");
+  for (int k = 0; k < 2 && rt->plugin[0]; k++)
+    printf("  %-28s %s (ABI %u.%u)\n", k ? "decode plugin" : "prefill plugin", rt->plugin[k],
+           rt->abi[k] >> 16, rt->abi[k] & 0xffff);
   if (o->fault == MH_FAULT_INTRUDER)
     printf("  %-28s %" PRIu64 " connections, %" PRIu64 " refused, %" PRIu64 " let in, %" PRIu64
            " memory entries learned%s\n",

@@ -322,7 +322,8 @@ static int start_instance(struct mh_router *rt, int k, const hixl_kv_ops *ops, c
                              .dev = mh_opts_dev(o),
                              .metrics = o->metrics_port != 0,
                              .verbose = o->verbose,
-                             .tp = o->tp[k]};
+                             .tp = o->tp[k],
+                             .queue_ms = o->queue_ms};
     exit(mh_instance_main(&a)); /* exit, not _exit: a sanitizer build checks the instance for leaks */
   }
   close(sv[1]);
@@ -413,12 +414,12 @@ static void intruder_stop(struct mh_router *rt) {
   rt->intruder = 0;
 }
 
-int mh_run(struct mh_router *rt, const hixl_kv_ops *ops, const char *cfg_p, const char *cfg_d,
+int mh_run(struct mh_router *rt, const hixl_kv_ops *const ops[2], const char *cfg_p, const char *cfg_d,
            const struct mh_model *md, uint32_t drain_ms) {
   const struct mh_opts *o = rt->o;
   rt->t_start = mh_now_ns();
-  if (start_instance(rt, 0, ops, cfg_p, &o->model, drain_ms) < 0) return -1;
-  if (start_instance(rt, 1, ops, cfg_d, md, drain_ms) < 0 || mh_obs_serve(rt) < 0) {
+  if (start_instance(rt, 0, ops[0], cfg_p, &o->model, drain_ms) < 0) return -1;
+  if (start_instance(rt, 1, ops[1], cfg_d, md, drain_ms) < 0 || mh_obs_serve(rt) < 0) {
     for (int k = 0; k < 2; k++)
       if (rt->side[k].pid > 0) {
         kill(rt->side[k].pid, SIGKILL);
