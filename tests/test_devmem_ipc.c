@@ -70,6 +70,7 @@ static int child_main(void *argp, int ready_fd, int ctl_fd) {
   struct child_info info;
   memset(&info, 0, sizeof(info));
   if (a->forge) setenv("HIXL_TEST_SHM_FORGE", a->forge, 1);
+  unsetenv("HIXL_TEST_NO_DEVMEM_CAP"); /* the target is of this build (test_no_devmem_cap) */
   unsetenv("HIXL_TEST_DEVMEM_DEVICE"); /* its memory is device 0's, whatever this process's is */
   tu_addr(info.name, sizeof(info.name), tu_free_port());
   HixlEngine *e = tu_engine_start_opts(info.name, "shm", NULL, 0);
@@ -268,6 +269,42 @@ static void test_pull_push(void) {
   pair_down(&p);
   devmem_test_d2d(&d1, &m1);
   CU_ASSERT_EQUAL(m1, m0); /* closed at Finalize */
+}
+
+/* An initiator whose HELLO lacks WIRE_CAP_DEVMEM while its SHM_HELLO asks for device
+ * mappings (WIRE_SHM_F_DEVMAP), as engines from the IPC handover (7709cff) to the bit
+ * (8417983) send them: the target tells it of no device registration, so it hands it
+ * none either, and the link serves the host memory. Before, the target sent SHM_DEV_MAP
+ * of a registration it had not told, the initiator refused it as a protocol error and
+ * the link died in Connect, every time: a KV hand-off in device memory between such an
+ * engine and a later one never linked (hixl-mock-host with an older plugin). */
+static void test_no_devmem_cap(void) {
+  struct child_arg a = {.dev_len = DEV_LEN};
+  struct pair p;
+  uint64_t d0, m0, d1, m1;
+  devmem_test_d2d(&d0, &m0);
+  setenv("HIXL_TEST_NO_DEVMEM_CAP", "1", 1); /* this process's engine (link_caps); no thread runs yet */
+  CU_ASSERT_FATAL(pair_up(&p, &a));
+  TU_ASSERT_OK(HixlEngineConnect(p.e, p.ci.name, WAIT_MS));
+  CU_ASSERT_EQUAL(mapped(&p), 0);
+  devmem_test_d2d(&d1, &m1);
+  CU_ASSERT_EQUAL(m1, m0); /* no allocation opened */
+  /* The peer's device memory is not known here: refused, nothing written here. */
+  memset(p.dev, 0x5a, p.len);
+  CU_ASSERT_EQUAL(child_seed(&p, 'f', 71), 'k');
+  CU_ASSERT_NOT_EQUAL(xfer(&p, HIXL_READ, p.dev, p.ci.dev, 4096), HIXL_SUCCESS);
+  CU_ASSERT_EQUAL(tu_check_byte(p.dev, p.len, 0x5a), -1);
+  /* The link lives: the peer's host memory written and read back, byte for byte. */
+  tu_fill(p.host, HOST_LEN, 72);
+  TU_ASSERT_OK(xfer(&p, HIXL_WRITE, p.host, p.ci.host, HOST_LEN));
+  memset(p.host, 0, HOST_LEN);
+  TU_ASSERT_OK(xfer(&p, HIXL_READ, p.host, p.ci.host, HOST_LEN));
+  tu_fill(p.want, HOST_LEN, 72);
+  TU_ASSERT_SAME(p.host, p.want, HOST_LEN, "the peer's host memory over a link without device memory");
+  CU_ASSERT_EQUAL(ipc_bytes(p.e), 0);
+  CU_ASSERT_EQUAL(child_seed(&p, 'v', 71), 'y'); /* its device memory untouched */
+  pair_down(&p);
+  unsetenv("HIXL_TEST_NO_DEVMEM_CAP");
 }
 
 static struct hixl_devmem_stats dstats(HixlEngine *e) {
@@ -744,6 +781,9 @@ static CU_TestInfo tests[] = {
     {"the target killed mid-pull: the request ends in time, the next op fails, the mapping closes",
      test_peer_killed},
     {"a forged handover (handle past its allocation, range not the registration): refused", test_forged},
+    {"an initiator without WIRE_CAP_DEVMEM (an older engine's HELLO) asking for device mappings: none handed "
+     "over, the link serves host memory",
+     test_no_devmem_cap},
     {"a scoped target hands over only a granted allocation; a revoke returns once it is closed here (from "
      "a service handler: sent, no deadlock)",
      test_scoped},

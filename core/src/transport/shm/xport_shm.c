@@ -426,7 +426,12 @@ static void eshm_target_hello(struct conn *c, const struct wire_msg *m) {
     if (status == WIRE_HELLO_OK && layout2 && first) {
       l->hello_pid = m->u.shm.pid;
       l->want_map = (m->u.shm.flags & WIRE_SHM_F_MAP) != 0;
-      l->want_devmap = l->want_map && (m->u.shm.flags & WIRE_SHM_F_DEVMAP) != 0;
+      /* Device memory is handed over only where it is told (link_frames.c mem_told): an
+       * initiator whose HELLO lacks WIRE_CAP_DEVMEM (engines before it ask for device
+       * mappings all the same) hears of no device registration, and would refuse a
+       * SHM_DEV_MAP of one as a protocol error, ending the link. */
+      l->want_devmap = l->want_map && (m->u.shm.flags & WIRE_SHM_F_DEVMAP) != 0 &&
+                       (link_hello_caps(c) & WIRE_CAP_DEVMEM) != 0;
       if ((l->lfd = uds_listen(sock, sizeof(sock))) < 0 || !eshm_unix_watch(x, l)) {
         log_warn("link from %s: no same-host copies: cannot make and watch a unix socket to prove this "
                  "process's pid with: %s",
