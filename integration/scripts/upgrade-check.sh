@@ -17,7 +17,7 @@
 #     --full        also llama8b (pull, tcp) each way; the faults decode-aborts (old
 #                   prefill, push) and prefill-dies (old decode, push); and RENEW: a
 #                   request waits in decode's queue past the producer's lease (--queue-ms
-#                   1000 --lease-ms 600, pull), each way
+#                   2000 --lease-ms 1500, pull), each way
 #     --devmem      also the KV in device memory (device-sim: HIXL_TEST_DEVMEM=host,
 #                   both builds with HIXL_BUILD_TESTS on), pull and push, tcp and shm
 #     --key none    run without a key (keyed links between builds on either side of
@@ -168,8 +168,8 @@ for c in "${commits[@]}"; do
     run "$c" old-decode pull tcp llama8b plain
     run "$c" old-prefill push tcp tiny fault --fault decode-aborts
     run "$c" old-decode push tcp tiny fault --fault prefill-dies "${fast[@]}"
-    run "$c" old-prefill pull tcp tiny renew --queue-ms 1000 --lease-ms 600
-    run "$c" old-decode pull tcp tiny renew --queue-ms 1000 --lease-ms 600
+    run "$c" old-prefill pull tcp tiny renew --queue-ms 2000 --lease-ms 1500 --concurrency 16
+    run "$c" old-decode pull tcp tiny renew --queue-ms 2000 --lease-ms 1500 --concurrency 16
   fi
   if [ $devmem = 1 ]; then
     for way in old-prefill old-decode; do
