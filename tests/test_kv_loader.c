@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -471,10 +472,14 @@ static void test_renew_skips_unreachable(void) {
   inst_down(&d);
 }
 
+/* RENEWs no_renew_kv refused (its handler runs on the producer's progress thread). */
+static atomic_uint renews_refused;
+
 /* The producer's KV service as a plugin from before RENEW answers it: malformed. */
 static HixlStatus no_renew_kv(void *ctx, const char *peer, const uint8_t *req, size_t len, uint8_t *resp,
                               size_t cap, size_t *resp_len) {
   if (len >= 2 && req[1] == KV_SVC_RENEW) {
+    atomic_fetch_add(&renews_refused, 1);
     int n = snprintf((char *)resp, cap, "malformed KV service request from %s", peer);
     *resp_len = n < 0 ? 0 : (size_t)n < cap ? (size_t)n : cap - 1;
     return HIXL_PARAM_INVALID;
@@ -519,6 +524,66 @@ static void test_renew_refused_by_older_producer(void) {
   TU_ASSERT_OK(hixl_engine_set_service(p.worker->eng, HIXL_SERVICE_KV, kv_serve, p.worker));
   free(params);
   inst_down(&d);
+  inst_down(&p);
+}
+
+/* The RENEWs a producer of this build has served. */
+static uint64_t renewed(struct inst *p) {
+  pthread_mutex_lock(&p->worker->lock);
+  uint64_t n = p->worker->hold.renewed;
+  pthread_mutex_unlock(&p->worker->lock);
+  return n;
+}
+
+/* Step d (a host's 10 ms steps) until q has served n RENEWs (its renewals every third of
+ * d's lease run in the same rounds as the other producer's): false after 5 s. */
+static bool step_until_renewed(struct inst *d, struct inst *q, uint64_t n) {
+  for (int64_t end = tu_now_ms() + 5000; renewed(q) < n;) {
+    if (tu_now_ms() >= end) return false;
+    step(d);
+    struct timespec ts = {0, 10000000};
+    nanosleep(&ts, NULL);
+  }
+  return true;
+}
+
+/* A producer that refused RENEW as an operation it does not know is not asked again
+ * (docs/plugin.md, the op table: "the consumer stops asking them") while another
+ * producer's holds are renewed round after round, until it is linked anew (a producer
+ * restarted at that address may have been upgraded): then it is asked once more. Before,
+ * every round asked it again for every waiting request, each refused. */
+static void test_renew_not_asked_again(void) {
+  struct inst p, q, d;
+  bool up = inst_up_with(&p, "producer", "\"mode\": \"pull\", \"lease_ms\": 20000", 0x11) &&
+            inst_up_with(&q, "producer", "\"mode\": \"pull\", \"lease_ms\": 20000", 0x22) &&
+            inst_up_with(&d, "consumer", "\"mode\": \"pull\", \"lease_ms\": 150", 0xEE);
+  CU_ASSERT_FATAL(up);
+  TU_ASSERT_OK(hixl_engine_set_service(p.worker->eng, HIXL_SERVICE_KV, NULL, NULL));
+  TU_ASSERT_OK(hixl_engine_set_service(p.worker->eng, HIXL_SERVICE_KV, no_renew_kv, p.worker));
+  char *pp = finish_one(&p, "old-p", 1), *qp = finish_one(&q, "new-q", 2);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(pp);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(qp);
+  step(&p);
+  step(&q);
+  atomic_store(&renews_refused, 0);
+  hixl_kv_request r = request("old-p", pp), s = request("new-q", qp);
+  r.num_prompt_tokens = s.num_prompt_tokens = BLOCK_TOKENS;
+  ST_IS(ops->on_new_request(d.sched, &r), HIXL_KV_SUCCESS);
+  ST_IS(ops->on_new_request(d.sched, &s), HIXL_KV_SUCCESS);
+  CU_ASSERT_TRUE(step_until_renewed(&d, &q, 6)); /* six rounds for q */
+  CU_ASSERT_EQUAL(atomic_load(&renews_refused), 1);
+  /* Linked anew: asked once more, and then no more. */
+  TU_ASSERT_OK(HixlEngineDisconnect(d.worker->eng, p.worker->cfg.address, 1000));
+  uint64_t now = renewed(&q);
+  CU_ASSERT_TRUE(step_until_renewed(&d, &q, now + 6));
+  CU_ASSERT_EQUAL(atomic_load(&renews_refused), 2);
+  HixlSetLogLevel(HIXL_LOG_ERROR);
+  TU_ASSERT_OK(hixl_engine_set_service(p.worker->eng, HIXL_SERVICE_KV, NULL, NULL));
+  TU_ASSERT_OK(hixl_engine_set_service(p.worker->eng, HIXL_SERVICE_KV, kv_serve, p.worker));
+  free(pp);
+  free(qp);
+  inst_down(&d);
+  inst_down(&q);
   inst_down(&p);
 }
 
@@ -625,6 +690,8 @@ int main(void) {
        test_waiting_request_renewed},
       {"RENEW refused by a producer from before it: said once, the load unharmed",
        test_renew_refused_by_older_producer},
+      {"a producer that refused RENEW is not asked again until it is linked anew",
+       test_renew_not_asked_again},
       {"shutdown while a PIN is answered \"not yet\": no wait for transfer_timeout_ms",
        test_shutdown_stops_pin_not_yet},
       {"a bind out of memory (the consumer's LOAD, the producer's HOLD): the request still ends",

@@ -430,8 +430,10 @@ struct kv_loader {
                                  * (CLOCK_MONOTONIC) */
   struct kv_meta_entry *renews; /* RENEWs bound (one per producer rank this rank renews), for the renewer */
   size_t nrenews, renews_cap;
-  uint64_t renews_dropped; /* ... past KV_WAITING_MAX at once (the first is logged) */
-  bool renew_old_said;     /* a producer that does not take RENEW was named */
+  uint64_t renews_dropped;  /* ... past KV_WAITING_MAX at once (the first is logged) */
+  bool renew_old_said;      /* a producer that does not take RENEW was named */
+  struct kv_idhash norenew; /* producers that refused RENEW as unknown: not asked again until linked anew
+                             * (kv_link), at most KV_UNREACH_MAX */
 };
 
 /* Worker, push producer: the pushes (kv_pusher.c). */

@@ -64,19 +64,24 @@ int kv_call(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id
   return kv_call_ex(c, remote, op, id, rcap, 0, "", ans, cap, n, timeout_ms, st);
 }
 
-/* Link to the peer of e (again, if its link was lost), within timeout_ms: SUCCESS
- * also when it was linked already. A peer it fails for is remembered as unreachable
- * until a Link to it succeeds (or, past KV_UNREACH_MAX such peers, the oldest is forgotten). */
+/* Whether st refuses a KV service operation as one the peer does not know: UNSUPPORTED,
+ * or an older worker's "malformed" (its last error's text). */
 bool kv_op_unknown(HixlStatus st) {
   return st == HIXL_UNSUPPORTED ||
          (st == HIXL_PARAM_INVALID && strstr(HixlGetLastErrorMessage(), "malformed KV service request"));
 }
 
+/* Link to the peer of e (again, if its link was lost), within timeout_ms: SUCCESS
+ * also when it was linked already. A peer it fails for is remembered as unreachable
+ * until a Link to it succeeds (or, past KV_UNREACH_MAX such peers, the oldest is forgotten).
+ * A peer linked anew may be another build (restarted): a refused RENEW is forgotten. */
 HixlStatus kv_link(hixl_kv_connector *c, const struct kv_meta_entry *e, int32_t timeout_ms) {
   HixlStatus st = HixlCacheManagerLink(c->mgr, e->cluster, e->remote, timeout_ms);
+  bool anew = st == HIXL_SUCCESS; /* the engine linked now (ALREADY_CONNECTED: it was) */
   if (st == HIXL_ALREADY_CONNECTED) st = HIXL_SUCCESS;
   pthread_mutex_lock(&c->lock);
   kv_unreach_note(c, e->remote, st == HIXL_SUCCESS);
+  if (anew) kv_idhash_del(&c->load.norenew, e->remote, NULL); /* restarted, maybe upgraded: RENEW again */
   pthread_mutex_unlock(&c->lock);
   return st;
 }
