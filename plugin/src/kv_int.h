@@ -445,6 +445,8 @@ struct kv_pusher {
   pthread_cond_t saved;   /* a layer was saved (the pusher waits; CLOCK_MONOTONIC) */
   bool on;
   pthread_t thread;
+  struct kv_idhash noword; /* consumers that refused ACCEPT_W as unknown (older): ACCEPT until linked anew
+                            * (kv_link), at most KV_UNREACH_MAX */
 };
 
 /* Worker, push consumer: the pushes expected (kv_service.c), at most

@@ -226,6 +226,7 @@ hixl_kv_status kv_destroy(hixl_kv_connector *c) {
   kv_idhash_clear(&c->drop, NULL);
   kv_idhash_clear(&c->unreach, NULL);
   kv_idhash_clear(&c->load.norenew, NULL);
+  kv_idhash_clear(&c->push.noword, NULL);
   free(c->push.saved_step);
   kv_idhash_clear(&c->sched.failed, NULL);
   kv_idhash_clear(&c->sched.waiting, free);

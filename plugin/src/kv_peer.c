@@ -81,7 +81,10 @@ HixlStatus kv_link(hixl_kv_connector *c, const struct kv_meta_entry *e, int32_t 
   if (st == HIXL_ALREADY_CONNECTED) st = HIXL_SUCCESS;
   pthread_mutex_lock(&c->lock);
   kv_unreach_note(c, e->remote, st == HIXL_SUCCESS);
-  if (anew) kv_idhash_del(&c->load.norenew, e->remote, NULL); /* restarted, maybe upgraded: RENEW again */
+  if (anew) { /* restarted, maybe upgraded: RENEW and ACCEPT_W again */
+    kv_idhash_del(&c->load.norenew, e->remote, NULL);
+    kv_idhash_del(&c->push.noword, e->remote, NULL);
+  }
   pthread_mutex_unlock(&c->lock);
   return st;
 }
