@@ -654,9 +654,13 @@ HixlStatus link_handshake_tag(int fd, uint64_t deadline, struct peer *p, const u
   uint8_t tag[WIRE_TAG_LEN];
   HixlStatus st;
   if ((h->flags & WIRE_F_TAG) != (p->proof.on ? WIRE_F_TAG : 0u))
-    return hixl_fail(HIXL_FAILED, "%s %s on %s link", p->proof.on ? "an unproven" : "a proven",
+    return hixl_fail(HIXL_FAILED, "%s %s on %s link%s", p->proof.on ? "an unproven" : "a proven",
                      wire_type_name(h->type),
-                     p->proof.on ? "an authenticated" : "a link that was not authenticated");
+                     p->proof.on ? "an authenticated" : "a link that was not authenticated",
+                     p->proof.on && h->type == WIRE_HELLO_ACK
+                         ? " (the target is a hixl from before every frame was proven, f97fb9a: upgrade it; "
+                           "docs/security.md)"
+                         : "");
   if (!p->proof.on) return HIXL_SUCCESS;
   if ((st = sock_recv_all(fd, tag, sizeof(tag), deadline)) != HIXL_SUCCESS) return st;
   if (!auth_check_frame(&p->proof.rx, frame, WIRE_HDR_LEN + h->body_len, NULL, 0, tag))
