@@ -706,6 +706,11 @@ HixlStatus kv_link(hixl_kv_connector *c, const struct kv_meta_entry *e, int32_t 
  * know (its plugin is older): UNSUPPORTED, or an older worker's "malformed" (read from
  * the engine's last error, in the thread that waited for the call). */
 bool kv_op_unknown(HixlStatus st);
+/* Peers that refused an op as unknown (c->load.norenew, c->push.noword): whether peer is
+ * among them, and note it (at most KV_UNREACH_MAX, the oldest forgotten); kv_link
+ * forgets a peer it links anew. Take c->lock. */
+bool kv_peer_older(hixl_kv_connector *c, struct kv_idhash *set, const char *peer);
+void kv_peer_older_note(hixl_kv_connector *c, struct kv_idhash *set, const char *peer);
 HixlStatus kv_tell(hixl_kv_connector *c, const struct kv_meta_entry *e, uint8_t op, const char *reason,
                    uint8_t *ans, size_t cap, size_t *n);
 /* What a peer's PIN or ACCEPT answer says it holds (or expects). */

@@ -255,11 +255,10 @@ static HixlStatus pull_ops(hixl_kv_connector *c, const struct kv_meta_entry *e, 
  * queued. */
 static void renew_unknown(hixl_kv_connector *c, const struct kv_meta_entry *e, HixlStatus st) {
   bool old = kv_op_unknown(st);
+  if (old) kv_peer_older_note(c, &c->load.norenew, e->remote);
   pthread_mutex_lock(&c->lock);
   bool say = old && !c->load.renew_old_said;
   c->load.renew_old_said |= old;
-  if (old && !kv_idhash_has(&c->load.norenew, e->remote))
-    kv_idhash_add(&c->load.norenew, e->remote, NULL, KV_UNREACH_MAX, NULL);
   pthread_mutex_unlock(&c->lock);
   if (say)
     log_warn("hixl-kv: the producer %s does not renew a hold before its load starts (its plugin is older): "
@@ -313,10 +312,8 @@ static void renew_waiting(hixl_kv_connector *c, struct kv_meta_entry *v, size_t 
     bool skip = c->shut || kv_idhash_has(&c->unreach, v[k].remote);
     pthread_mutex_unlock(&c->lock);
     if (skip || kv_link(c, &v[k], c->cfg.connect_timeout_ms) != HIXL_SUCCESS) continue;
-    pthread_mutex_lock(&c->lock);
-    skip = kv_idhash_has(&c->load.norenew, v[k].remote); /* after the link: a new one forgets it */
-    pthread_mutex_unlock(&c->lock);
-    if (!skip) v[m++] = v[k];
+    if (!kv_peer_older(c, &c->load.norenew, v[k].remote))
+      v[m++] = v[k]; /* after the link: a new one forgets */
   }
   renew_round(c, v, m, ans, timeout_ms, KV_SVC_RENEW);
 }

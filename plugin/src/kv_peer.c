@@ -71,6 +71,19 @@ bool kv_op_unknown(HixlStatus st) {
          (st == HIXL_PARAM_INVALID && strstr(HixlGetLastErrorMessage(), "malformed KV service request"));
 }
 
+bool kv_peer_older(hixl_kv_connector *c, struct kv_idhash *set, const char *peer) {
+  pthread_mutex_lock(&c->lock);
+  bool has = kv_idhash_has(set, peer);
+  pthread_mutex_unlock(&c->lock);
+  return has;
+}
+
+void kv_peer_older_note(hixl_kv_connector *c, struct kv_idhash *set, const char *peer) {
+  pthread_mutex_lock(&c->lock);
+  if (!kv_idhash_has(set, peer)) kv_idhash_add(set, peer, NULL, KV_UNREACH_MAX, NULL);
+  pthread_mutex_unlock(&c->lock);
+}
+
 /* Link to the peer of e (again, if its link was lost), within timeout_ms: SUCCESS
  * also when it was linked already. A peer it fails for is remembered as unreachable
  * until a Link to it succeeds (or, past KV_UNREACH_MAX such peers, the oldest is forgotten).

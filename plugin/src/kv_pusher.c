@@ -125,10 +125,7 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
   /* Over shm, ACCEPT_W: the layers' landed bytes too (kv_word.c). A consumer older than
    * them refuses it as malformed: ACCEPT then, and for its next pushes until it is
    * linked anew (restarted, perhaps upgraded), not a refused round trip each. */
-  pthread_mutex_lock(&c->lock);
-  bool older = kv_idhash_has(&c->push.noword, e->remote);
-  pthread_mutex_unlock(&c->lock);
-  h->word = !older && kv_word_wanted(c, e->remote);
+  h->word = !kv_peer_older(c, &c->push.noword, e->remote) && kv_word_wanted(c, e->remote);
   for (;;) {
     struct kv_out msg = {0};
     kv_msg(c, &msg, h->word ? KV_SVC_ACCEPT_W : KV_SVC_ACCEPT, e->rreq, &e->rcap, 0, "");
@@ -138,10 +135,7 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
      * capability, a rank refused) would be ACCEPT's too, and counted twice there. */
     if (!h->word || !kv_op_unknown(st)) break;
     h->word = false;
-    pthread_mutex_lock(&c->lock);
-    if (!kv_idhash_has(&c->push.noword, e->remote))
-      kv_idhash_add(&c->push.noword, e->remote, NULL, KV_UNREACH_MAX, NULL);
-    pthread_mutex_unlock(&c->lock);
+    kv_peer_older_note(c, &c->push.noword, e->remote);
   }
   if (st != HIXL_SUCCESS) {
     snprintf(why, cap, "asking the consumer %s for request %s: %s", e->remote, e->rreq,
