@@ -1227,7 +1227,13 @@ enum fake_mode {
   FAKE_WRONG_KIND,      /* ... answers a WRITE with a READ_RESP of its seq */
   FAKE_DOUBLE_ACK,      /* ... answers a WRITE twice */
   FAKE_KEYLESS_TABLE,   /* no key: serves any HELLO, its HELLO_ACK listing 20 registrations */
-  FAKE_RAILS_LONG_TAG   /* one MEM_ADD tagged WIRE_MAX_TAG bytes before its RAILS_ACK (one rail) */
+  FAKE_RAILS_LONG_TAG,  /* one MEM_ADD tagged WIRE_MAX_TAG bytes before its RAILS_ACK (one rail) */
+  FAKE_RAILS_MEM_DEL,   /* before its RAILS_ACK: two MEM_ADDs, then a MEM_DEL of the first */
+  FAKE_RAILS_BAD_MEM,   /* before its RAILS_ACK: a MEM_ADD whose tag runs past its body */
+  FAKE_RAILS_TAGGED,    /* before its RAILS_ACK: a MEM_ADD flagged as proven on a keyless link */
+  FAKE_CHALLENGE,       /* answers HELLO with a well-formed AUTH_CHALLENGE naming a key nobody holds */
+  FAKE_CHALLENGE_BAD,   /* ... an AUTH_CHALLENGE whose name_len says one byte more than it carries */
+  FAKE_ACK_BAD          /* a HELLO_ACK whose count says one registration and lists none */
 };
 
 #define FAKE_REG 0x100000000ull /* the 4 KiB registration the answering fakes advertise */
@@ -1303,6 +1309,26 @@ static void fake_rails(int fd, struct fake *f, uint8_t *buf, size_t cap) {
     wire_put_mem_entry(&w, 0x100000000ull + (uint64_t)i * 4096, 4096, 0, "");
     if (!raw_send_all(fd, buf, wire_end(&w, 0))) return; /* the initiator gave up on the link */
   }
+  if (f->mode == FAKE_RAILS_MEM_DEL || f->mode == FAKE_RAILS_BAD_MEM || f->mode == FAKE_RAILS_TAGGED) {
+    struct wire_wr w;
+    size_t n;
+    for (int k = 0; k < 2; k++) { /* FAKE_REG and FAKE_REG + 64 KiB */
+      wire_begin(&w, buf, cap, WIRE_MEM_ADD);
+      wire_put_mem_entry(&w, FAKE_REG + (uint64_t)k * 0x10000, 4096, 0, "d");
+      if (!raw_send_all(fd, buf, wire_end(&w, 0))) return;
+    }
+    wire_begin(&w, buf, cap, f->mode == FAKE_RAILS_MEM_DEL ? WIRE_MEM_DEL : WIRE_MEM_ADD);
+    wire_put_mem_entry(&w, FAKE_REG, 4096, 0, f->mode == FAKE_RAILS_BAD_MEM ? "x" : "");
+    n = wire_end(&w, 0);
+    if (f->mode == FAKE_RAILS_BAD_MEM)
+      buf[WIRE_HDR_LEN + WIRE_MEM_ENTRY_FIXED - 1] = 9; /* tag_len 9, 1 byte */
+    if (f->mode == FAKE_RAILS_TAGGED) {                 /* flagged as tagged, a tag after the body */
+      buf[7] |= WIRE_F_TAG;
+      memset(buf + n, 0x5a, AUTH_TAG_LEN);
+      n += AUTH_TAG_LEN;
+    }
+    if (!raw_send_all(fd, buf, n)) return;
+  }
   if (f->mode == FAKE_RAILS_LONG_TAG) { /* a registration made meanwhile, its tag as long as may be */
     char tag[WIRE_MAX_TAG + 1];
     struct wire_wr w;
@@ -1324,7 +1350,8 @@ static void fake_rails(int fd, struct fake *f, uint8_t *buf, size_t cap) {
     port[1] = f->port;
   }
   if (!raw_send_all(fd, buf, wire_put_rails_ack(buf, cap, 0, addr, port, n))) return;
-  if (f->mode == FAKE_RAILS_LONG_TAG) fake_answer_sync(fd, buf, cap); /* remote_mems' */
+  if (f->mode == FAKE_RAILS_LONG_TAG || f->mode == FAKE_RAILS_MEM_DEL)
+    fake_answer_sync(fd, buf, cap); /* remote_mems' */
   if (!two) return;
   struct pollfd pa = {.fd = f->lfd, .events = POLLIN};
   int fd1 = poll(&pa, 1, 5000) == 1 ? accept(f->lfd, NULL, NULL) : -1;
@@ -1365,7 +1392,33 @@ static void *fake_main(void *arg) {
     case FAKE_RAILS_ELSEWHERE:
     case FAKE_RAILS_DEVICE:
     case FAKE_RAILS_FULL:
-    case FAKE_RAILS_LONG_TAG: fake_rails(fd, f, buf, sizeof(buf)); break;
+    case FAKE_RAILS_LONG_TAG:
+    case FAKE_RAILS_MEM_DEL:
+    case FAKE_RAILS_BAD_MEM:
+    case FAKE_RAILS_TAGGED: fake_rails(fd, f, buf, sizeof(buf)); break;
+    case FAKE_CHALLENGE:
+    case FAKE_CHALLENGE_BAD: { /* nonce, key id, proof, name_len, name */
+      struct wire_wr w;
+      wire_begin(&w, buf, sizeof(buf), WIRE_AUTH_CHALLENGE);
+      uint8_t fixed[WIRE_AUTH_NONCE + WIRE_AUTH_ID + WIRE_AUTH_MAC];
+      for (size_t k = 0; k < sizeof(fixed); k++) fixed[k] = (uint8_t)(k * 7);
+      wire_put_bytes(&w, fixed, sizeof(fixed));
+      wire_put_u16(&w, f->mode == FAKE_CHALLENGE_BAD ? 5 : 4);
+      wire_put_bytes(&w, "fake", 4);
+      raw_send_all(fd, buf, wire_end(&w, 0));
+      break;
+    }
+    case FAKE_ACK_BAD: {
+      struct wire_wr w;
+      wire_begin(&w, buf, sizeof(buf), WIRE_HELLO_ACK);
+      wire_put_u32(&w, 0);
+      wire_put_u32(&w, WIRE_CAP_TCP_DATA);
+      wire_put_u16(&w, 4);
+      wire_put_bytes(&w, "fake", 4);
+      wire_put_u32(&w, 1); /* one registration, none follows */
+      raw_send_all(fd, buf, wire_end(&w, 0));
+      break;
+    }
     case FAKE_EMPTY_WRAPPING: {
       /* One good registration among empty ones and ones that wrap past 2^64 (or end at it). */
       const struct fake_ent ents[] = {{0x300000000ull, 0, 0},
@@ -1642,6 +1695,83 @@ static void test_rails_elsewhere_not_dialled(void) {
   HixlEngineDestroy(c);
   fake_stop(&f);
   close(svc);
+}
+
+/* A registration the target takes back (MEM_DEL) while the initiator waits for its
+ * RAILS_ACK: the handshake applies it, so the peer's table lists only the one kept. */
+static void test_mem_del_in_handshake(void) {
+  struct fake f = {0};
+  char addr[TU_ADDR_LEN];
+  fake_start(&f, FAKE_RAILS_MEM_DEL);
+  tu_addr(addr, sizeof(addr), f.port);
+  HixlEngine *c = rails_client();
+  TU_ASSERT_OK(HixlEngineConnect(c, addr, 3000));
+  struct hixl_remote_mem *v = NULL;
+  size_t count = 99;
+  TU_ASSERT_OK(hixl_engine_remote_mems(c, addr, 3000, &v, &count));
+  CU_ASSERT_EQUAL(count, 1);
+  if (count == 1) {
+    CU_ASSERT_EQUAL(v[0].addr, FAKE_REG + 0x10000);
+    CU_ASSERT_EQUAL(v[0].len, 4096);
+    CU_ASSERT_STRING_EQUAL(v[0].tag, "d");
+  }
+  free(v);
+  HixlEngineDestroy(c);
+  fake_stop(&f);
+}
+
+/* A MEM_ADD whose tag runs past its body, or one flagged as proven on a link without a
+ * key, while the initiator waits for its RAILS_ACK: Connect FAILED, naming why, and no
+ * link is left to the fake. */
+static void test_bad_mem_in_handshake(void) {
+  const struct {
+    enum fake_mode mode;
+    const char *msg;
+  } cases[] = {{FAKE_RAILS_BAD_MEM, "malformed frame"},
+               {FAKE_RAILS_TAGGED, "a proven MEM_ADD on a link that was not authenticated"}};
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    struct fake f = {0};
+    char addr[TU_ADDR_LEN];
+    fake_start(&f, cases[i].mode);
+    tu_addr(addr, sizeof(addr), f.port);
+    HixlEngine *c = rails_client();
+    TU_ASSERT_STATUS(HixlEngineConnect(c, addr, 3000), HIXL_FAILED);
+    TU_ASSERT_ERRMSG_HAS(cases[i].msg);
+    size_t n = 0;
+    TU_ASSERT_STATUS(hixl_engine_rails(c, addr, NULL, 0, &n), HIXL_NOT_CONNECTED);
+    HixlEngineDestroy(c);
+    fake_stop(&f);
+  }
+}
+
+/* Handshake answers an initiator must refuse, each naming why: an AUTH_CHALLENGE to an
+ * engine without a key, a malformed HELLO_ACK; to an engine with a key, a malformed
+ * AUTH_CHALLENGE and one naming a key it does not hold. */
+static void test_connect_bad_handshake_answers(void) {
+  const struct {
+    enum fake_mode mode;
+    bool key;
+    const char *msg;
+  } cases[] = {{FAKE_CHALLENGE, false, "AUTH_CHALLENGE where HELLO_ACK was due"},
+               {FAKE_ACK_BAD, false, "malformed HELLO_ACK"},
+               {FAKE_CHALLENGE_BAD, true, "malformed AUTH_CHALLENGE"},
+               {FAKE_CHALLENGE, true, "chose a key this engine does not hold"}};
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    struct fake f = {0};
+    char addr[TU_ADDR_LEN];
+    HixlEngine *c;
+    HixlOption o[] = {{"Transport", "tcp"}, {"AuthKeyFile", tu_key_file()}};
+    fake_start(&f, cases[i].mode);
+    tu_addr(addr, sizeof(addr), f.port);
+    TU_ASSERT_OK_FATAL(HixlEngineCreate(&c));
+    TU_ASSERT_OK_FATAL(HixlEngineInitialize(c, "127.0.0.1", o, cases[i].key ? 2 : 1));
+    TU_ASSERT_STATUS(HixlEngineConnect(c, addr, 3000), HIXL_FAILED);
+    TU_ASSERT_ERRMSG_HAS(cases[i].msg);
+    size_t n = 0;
+    TU_ASSERT_STATUS(hixl_engine_rails(c, addr, NULL, 0, &n), HIXL_NOT_CONNECTED);
+    HixlEngineDestroy(c);
+    fake_stop(&f);
+  }
 }
 
 /* A registration only a second rail's handshake lists, as device memory: that rail's
@@ -2625,6 +2755,12 @@ int main(int argc, char **argv) {
               test_connect_keyless_target_with_table);
   CU_add_test(i, "a MEM_ADD with the longest tag during the handshake: read, Connect succeeds",
               test_mem_add_long_tag_in_handshake);
+  CU_add_test(i, "a MEM_DEL before the RAILS_ACK: applied, the table lists the one kept",
+              test_mem_del_in_handshake);
+  CU_add_test(i, "a malformed or wrongly proven MEM_ADD before the RAILS_ACK: Connect FAILED",
+              test_bad_mem_in_handshake);
+  CU_add_test(i, "handshake answers refused: a challenge unasked, or of an unknown key; malformed ones",
+              test_connect_bad_handshake_answers);
   CU_add_test(i, "response out of order: FAILED, then NOT_CONNECTED", test_response_out_of_order_fails_link);
   CU_add_test(i, "a target advertising more than LINK_PEER_MEM_MAX registrations: the link ends",
               test_mem_add_flood_ends_link);
