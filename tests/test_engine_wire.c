@@ -2541,6 +2541,62 @@ static void test_out_of_descriptors(void) {
   CU_ASSERT(tu_child_wait(&child, 10000) == 0);
 }
 
+/* Out of descriptors with every connection past its HELLO (none to close for room): the
+ * target stops accepting for a back-off rather than spinning, and takes the connection
+ * that waited once a link goes (the listener is watched again after the back-off). */
+static void test_out_of_descriptors_all_linked(void) {
+  uint16_t port = tu_free_port();
+  char p[16];
+  char *argv[] = {(char *)tu_self_exe(), FDCAP_FLAG, p, NULL};
+  tu_child child;
+  int64_t up = -9, cpu_us = -1;
+  int held[24], n = 0, waiting = -1;
+  uint8_t buf[4096];
+  struct wire_hdr h;
+  snprintf(p, sizeof(p), "%u", (unsigned)port);
+  CU_ASSERT_FATAL(tu_child_start(&child, exec_self, argv) == 0);
+  if (tu_child_read(&child, &up, sizeof(up), 10000) != 0 || up != 0) {
+    tu_fail(__FILE__, __LINE__, "descriptor-capped target did not come up (%lld)", (long long)up);
+    tu_child_wait(&child, 5000);
+    return;
+  }
+  /* Links that say HELLO until one gets no answer: the target has no descriptor for it. */
+  while (n < 24 && waiting < 0) {
+    int fd = raw_connect(port);
+    CU_ASSERT_FATAL(fd >= 0);
+    CU_ASSERT_FATAL(raw_send_all(fd, buf, wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, "raw-test")));
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    if (poll(&pf, 1, 2000) == 1) {
+      bool linked = read_frame(fd, &h, buf, sizeof(buf)) && h.type == WIRE_HELLO_ACK;
+      if (!linked) { /* closed, not taken */
+        tu_fail(__FILE__, __LINE__, "link %d: said HELLO, got no HELLO_ACK but a closed connection", n);
+        close(fd);
+        break;
+      }
+      held[n++] = fd;
+    } else {
+      waiting = fd;
+    }
+  }
+  CU_ASSERT_FATAL(waiting >= 0 && n > 0);
+  CU_ASSERT(tu_child_write(&child, "m", 1) == 0);
+  CU_ASSERT(tu_child_read(&child, &cpu_us, sizeof(cpu_us), 10000) == 0);
+  if (cpu_us < 0 || cpu_us >= 200000)
+    tu_fail(__FILE__, __LINE__, "target used %lld us of CPU in 1 s with no descriptor left",
+            (long long)cpu_us);
+  CU_ASSERT(expect_sync(held[0], 1, __LINE__)); /* the links it holds are served meanwhile */
+  close(held[--n]);
+  struct wire_msg m;
+  bool acked = read_frame(waiting, &h, buf, sizeof(buf)) && h.type == WIRE_HELLO_ACK &&
+               wire_decode(&h, buf, &m) == WIRE_OK && m.u.hello_ack.status == WIRE_HELLO_OK;
+  if (!acked) tu_fail(__FILE__, __LINE__, "the connection that waited got no HELLO_ACK once a link went");
+  CU_ASSERT(acked && expect_sync(waiting, 2, __LINE__));
+  close(waiting);
+  while (n > 0) close(held[--n]);
+  CU_ASSERT(tu_child_write(&child, "q", 1) == 0);
+  CU_ASSERT(tu_child_wait(&child, 10000) == 0);
+}
+
 /* Read frames from fd until one of type; true when it names [addr, +len). */
 static bool expect_mem_frame(int fd, uint8_t type, uint64_t addr, uint64_t len) {
   uint8_t body[512];
@@ -2741,6 +2797,8 @@ int main(int argc, char **argv) {
               test_handshake_deadline);
   CU_add_test(t, "MaxLinksPerAddress and MaxLinks: beyond them closed as accepted", test_link_caps);
   CU_add_test(t, "out of descriptors: no spin, accepting again once they go", test_out_of_descriptors);
+  CU_add_test(t, "out of descriptors, every link past HELLO: a back-off, then the waiting one is taken",
+              test_out_of_descriptors_all_linked);
   CU_add_test(t, "MEM_ADD / MEM_DEL reach every live link after one dies mid-broadcast",
               test_broadcast_after_killed_link);
   CU_add_test(t, "device memory's entries only to an initiator whose HELLO has WIRE_CAP_DEVMEM",

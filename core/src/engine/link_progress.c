@@ -757,6 +757,12 @@ static void accept_all(struct HixlEngine *e, int lfd) {
     int fd = accept4(lfd, (struct sockaddr *)&sa, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        /* accept4 says so before it looks at the queue: with no connection waiting there
+         * is nobody to make room for (the one closed would be the one just taken). */
+        int err = errno;
+        struct pollfd pl = {.fd = lfd, .events = POLLIN};
+        if (poll(&pl, 1, 0) != 1) return;
+        errno = err;
         if (evict_unproven(e, &evicted,
                            "out of descriptors: the oldest connection without HELLO closed for a new one"))
           continue;
