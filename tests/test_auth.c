@@ -341,10 +341,10 @@ static void *relay_main(void *arg) {
   return NULL;
 }
 
-static bool relay_up(struct relay *r, uint16_t to_port) {
+/* The relay's listener on a free port and its done pipe; no thread yet. */
+static bool relay_bind(struct relay *r) {
   int p[2];
   memset(r, 0, sizeof(*r));
-  r->to_port = to_port;
   r->port = tu_free_port();
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(r->port)};
   inet_pton(AF_INET, tu_ip(), &sa.sin_addr);
@@ -356,6 +356,12 @@ static bool relay_up(struct relay *r, uint16_t to_port) {
     return false;
   r->done_r = p[0];
   r->done_w = p[1];
+  return true;
+}
+
+static bool relay_up(struct relay *r, uint16_t to_port) {
+  if (!relay_bind(r)) return false;
+  r->to_port = to_port;
   return pthread_create(&r->th, NULL, relay_main, r) == 0;
 }
 
@@ -766,6 +772,117 @@ static void test_mitm_injects(void) {
   mitm_down(&x, &v, &z, got, gh);
 }
 
+/* ---- a forwarder that tampers with the proven handshake itself ---- */
+
+/* The forwarder of test_alias_through_forwarder, reading Z's side frame by frame: on
+ * HSX_FLIP_ACK it alters one byte of the HELLO_ACK's tag (the first proven frame); on
+ * HSX_ADD_MEM it passes the HELLO_ACK on and puts after it a MEM_ADD of its own with a
+ * tag it cannot make, which V reads while it waits for the shm handshake's answer. */
+enum hsx_mode { HSX_FLIP_ACK, HSX_ADD_MEM };
+
+struct hsx {
+  struct relay r;
+  enum hsx_mode mode;
+  bool acked; /* a HELLO_ACK came from Z */
+};
+
+/* One frame from fd into buf (cap bytes): header, body, tag when flagged, payload. */
+static bool hsx_frame(int fd, uint8_t *buf, size_t cap, struct wire_hdr *h, size_t *n) {
+  if (!raw_recv_all(fd, buf, WIRE_HDR_LEN) || wire_parse_hdr(buf, h) != WIRE_OK) return false;
+  size_t len = WIRE_HDR_LEN + h->body_len + ((h->flags & WIRE_F_TAG) ? AUTH_TAG_LEN : 0) + h->payload_len;
+  if (len > cap || !raw_recv_all(fd, buf + WIRE_HDR_LEN, len - WIRE_HDR_LEN)) return false;
+  *n = len;
+  return true;
+}
+
+static void *hsx_main(void *arg) {
+  struct hsx *x = arg;
+  uint8_t buf[16384];
+  int a = accept(x->r.lfd, NULL, NULL), b = a >= 0 ? raw_dial(x->r.to_port) : -1;
+  while (a >= 0 && b >= 0) {
+    struct pollfd pf[3] = {
+        {.fd = x->r.done_r, .events = POLLIN}, {.fd = a, .events = POLLIN}, {.fd = b, .events = POLLIN}};
+    if (poll(pf, 3, 10000) <= 0 || pf[0].revents) break;
+    ssize_t n;
+    size_t fn = 0;
+    struct wire_hdr h;
+    if (pf[1].revents) { /* V's bytes pass as they are */
+      n = read(a, buf, sizeof(buf));
+      if (n > 0) sock_hb_received(a);
+      if (n <= 0 || !raw_send_all(b, buf, (size_t)n)) break;
+      continue;
+    }
+    if (!hsx_frame(b, buf, sizeof(buf), &h, &fn)) break;
+    bool ack = h.type == WIRE_HELLO_ACK && (h.flags & WIRE_F_TAG);
+    if (ack && x->mode == HSX_FLIP_ACK) buf[WIRE_HDR_LEN + h.body_len + 3] ^= 0x01; /* in its tag */
+    if (!raw_send_all(a, buf, fn)) break;
+    if (ack && x->mode == HSX_ADD_MEM) {
+      struct wire_wr w;
+      wire_begin(&w, buf, sizeof(buf), WIRE_MEM_ADD);
+      wire_put_mem_entry(&w, 0x100000000ull, 4096, 0, "relay");
+      n = (ssize_t)wire_end(&w, 0);
+      buf[7] |= WIRE_F_TAG;
+      memset(buf + n, 0x66, AUTH_TAG_LEN); /* a guessed tag */
+      if (!raw_send_all(a, buf, (size_t)n + AUTH_TAG_LEN)) break;
+    }
+    x->acked |= ack;
+  }
+  if (a >= 0) close(a);
+  if (b >= 0) close(b);
+  return NULL;
+}
+
+/* How many links e holds (engine internals, under its lock). */
+static unsigned conns_of(HixlEngine *e) {
+  unsigned n = 0;
+  pthread_mutex_lock(&e->lock);
+  for (struct conn *c = e->conns; c; c = c->next) n++;
+  pthread_mutex_unlock(&e->lock);
+  return n;
+}
+
+/* V dials Z through the forwarder (listed in Z's AuthAliases), both on shm: Connect
+ * FAILED naming the frame whose proof failed; V keeps no link, Z none (once it saw the
+ * forwarder hang up), neither's memory changed; V then links to Z itself. */
+static void hsx_case(enum hsx_mode mode, const char *frame) {
+  struct eng v, z;
+  struct hsx x;
+  char via[TU_ADDR_LEN];
+  bool authed = true, broken = false;
+  const HixlOption shm = {"Transport", "shm"};
+  memset(&x, 0, sizeof(x));
+  x.mode = mode;
+  TU_ASSERT_OK_FATAL(eng_up_with(&v, key_file("hsx_v", KEY_A "\n", 0600), 61, &shm, 1));
+  CU_ASSERT_FATAL(relay_bind(&x.r));
+  tu_addr(via, sizeof(via), x.r.port);
+  HixlOption o[2] = {{"AuthAliases", via}, shm};
+  TU_ASSERT_OK_FATAL(eng_up_with(&z, key_file("hsx_z", KEY_A "\n", 0600), 62, o, 2));
+  x.r.to_port = port_of(&z);
+  CU_ASSERT_FATAL(pthread_create(&x.r.th, NULL, hsx_main, &x) == 0);
+  TU_ASSERT_STATUS(HixlEngineConnect(v.e, via, 5000), HIXL_FAILED);
+  TU_ASSERT_ERRMSG_HAS(frame);
+  TU_ASSERT_ERRMSG_HAS("failed its proof");
+  relay_down(&x.r);
+  CU_ASSERT_TRUE(x.acked); /* Z did take V's proof: only the forwarder's byte failed */
+  CU_ASSERT_FALSE(peer_secret(v.e, via, &authed, &broken));
+  CU_ASSERT_FALSE(authed);
+  CU_ASSERT_EQUAL(conns_of(v.e), 0);
+  HixlTransferOpDesc op = {.local_addr = (uintptr_t)v.mem, .remote_addr = (uintptr_t)z.mem, .len = 64};
+  TU_ASSERT_STATUS(HixlEngineTransferSync(v.e, via, HIXL_WRITE, &op, 1, 1000), HIXL_NOT_CONNECTED);
+  unsigned left = 1;
+  for (int64_t until = tu_now_ms() + 5000; tu_now_ms() < until && (left = conns_of(z.e)) != 0;) sched_yield();
+  CU_ASSERT_EQUAL(left, 0);
+  TU_ASSERT_PATTERN(v.mem, MEM, 61, "V's memory after a tampered handshake");
+  TU_ASSERT_PATTERN(z.mem, MEM, 62, "Z's memory after a tampered handshake");
+  TU_ASSERT_OK(HixlEngineConnect(v.e, z.name, 5000)); /* V dials Z itself: linked */
+  move_and_check(&v, &z, 62);
+  eng_down(&v);
+  eng_down(&z);
+}
+
+static void test_hsx_flip_ack(void) { hsx_case(HSX_FLIP_ACK, "HELLO_ACK (frame 1)"); }
+static void test_hsx_add_mem(void) { hsx_case(HSX_ADD_MEM, "MEM_ADD (frame 2)"); }
+
 /* ---- hostile peers speaking the wire directly to a target with a key ---- */
 
 static struct eng tgt, ini; /* a keyed target and a keyed initiator linked to it */
@@ -1075,6 +1192,10 @@ static CU_TestInfo auth_tests[] = {
     {"AuthPayloadTag on both: direct and staged ops byte for byte", test_payload_tags_move},
     {"a broken authenticated link: the initiator wipes its session secret at once",
      test_broken_link_wipes_session},
+    {"a forwarder alters the HELLO_ACK's tag: Connect FAILED, no link either side, memory untouched",
+     test_hsx_flip_ack},
+    {"a forwarder puts a MEM_ADD into the handshake: Connect FAILED, no link either side, memory untouched",
+     test_hsx_add_mem},
     CU_TEST_INFO_NULL,
 };
 
