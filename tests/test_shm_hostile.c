@@ -87,6 +87,19 @@ struct fake {
   uint32_t flood;         /* after SHM_MAP_ACK: SHM_UNMAPs, their answers unread (fake_flood) */
   bool flood_mapped;      /* ... each of the region it handed over first, not of other ranges */
   bool reset;             /* after SHM_MAP_ACK: an SHM_UNMAP of that region, then a reset */
+  int ack;                /* what its SHM_HELLO_ACK says (enum ack) */
+};
+
+/* What a fake's SHM_HELLO_ACK says instead of the truth (its pid, its socket, OK). */
+enum ack {
+  ACK_TRUE,      /* the truth */
+  ACK_SHORT,     /* its status alone: shorter than any SHM_HELLO_ACK */
+  ACK_LAYOUT0,   /* layout 0: no layout */
+  ACK_REFUSED,   /* WIRE_HELLO_REFUSED */
+  ACK_BOOT,      /* another boot id (one byte changed) */
+  ACK_NO_SOCK,   /* no unix socket named */
+  ACK_SELF,      /* the initiator's own pid */
+  ACK_OTHER_PID, /* pid 1, whose socket it is not */
 };
 
 /* What a fake sends with its first SHM_MAP in place of a sealed memfd of the region. */
@@ -309,13 +322,19 @@ static void fake_serve(const struct fake *f) {
       bind(ul, (struct sockaddr *)&sa, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n)) < 0 ||
       listen(ul, 4) < 0)
     goto out;
+  uint8_t boot[CMA_BOOT_ID_LEN];
+  uint32_t pid = f->ack == ACK_SELF ? m.u.shm.pid : f->ack == ACK_OTHER_PID ? 1u : (uint32_t)getpid();
+  memcpy(boot, m.u.shm.boot_id, sizeof(boot));
+  boot[0] ^= f->ack == ACK_BOOT ? 1 : 0;
   wire_begin(&w, buf, sizeof(buf), WIRE_SHM_HELLO_ACK);
-  wire_put_u32(&w, WIRE_HELLO_OK);
-  wire_put_shm_id(&w, WIRE_SHM_LAYOUT, m.u.shm.boot_id, (uint32_t)getpid(), (uint32_t)geteuid());
-  wire_put_u64(&w, (uintptr_t)probe);
-  wire_put_bytes(&w, probe, sizeof(probe));
-  wire_put_u16(&w, (uint16_t)n);
-  wire_put_bytes(&w, sname, (size_t)n);
+  wire_put_u32(&w, f->ack == ACK_REFUSED ? WIRE_HELLO_REFUSED : WIRE_HELLO_OK);
+  if (f->ack != ACK_SHORT) {
+    wire_put_shm_id(&w, f->ack == ACK_LAYOUT0 ? 0 : WIRE_SHM_LAYOUT, boot, pid, (uint32_t)geteuid());
+    wire_put_u64(&w, (uintptr_t)probe);
+    wire_put_bytes(&w, probe, sizeof(probe));
+    wire_put_u16(&w, f->ack == ACK_NO_SOCK ? 0 : (uint16_t)n);
+    wire_put_bytes(&w, sname, f->ack == ACK_NO_SOCK ? 0 : (size_t)n);
+  }
   if (!raw_send_all(fd, buf, wire_end(&w, 0))) goto out;
   for (;;) {
     struct pollfd pf[2] = {{.fd = fd, .events = POLLIN}, {.fd = f->done, .events = POLLIN}};
@@ -694,6 +713,66 @@ static void test_bad_fds(void) {
   bad_case(BAD_MANY, "without its descriptor");
 }
 
+/* ---------------------------------------------------------------- SHM_HELLO_ACK */
+
+/* The fake's SHM_HELLO_ACK says ack: with Transport shm Connect fails naming why (need),
+ * and no descriptor stays open here; with auto, a malformed answer (too short: the
+ * frame; layout 0: the SHM_HELLO_ACK) fails Connect too,
+ * any other leaves the link on tcp, data moving. */
+static void ack_case(enum ack ack, bool shm, const char *need) {
+  uint8_t *reg = tu_alloc_mem(REG_LEN, true), *src = tu_alloc_mem(REG_LEN, false);
+  struct fake f = {.lfd = -1, .ack = ack};
+  struct hixl_link_info li;
+  tu_child c = {0};
+  char b;
+  CU_ASSERT_FATAL(reg && src);
+  tu_fill(reg, REG_LEN, REG_SEED);
+  tu_fill(src, REG_LEN, SRC_SEED);
+  f.reg = (uintptr_t)reg;
+  f.port = tu_free_port();
+  tu_addr(f.name, sizeof(f.name), f.port);
+  CU_ASSERT_FATAL(tu_child_start(&c, fake_child, &f) == 0);
+  CU_ASSERT_FATAL(tu_child_read(&c, &b, 1, READY_MS) == 0);
+  int before = open_fds();
+  HixlEngine *e = tu_engine_start_with(tu_ip(), shm ? "shm" : NULL);
+  CU_ASSERT_FATAL(e && tu_register(e, src, REG_LEN));
+  if (shm || ack == ACK_SHORT || ack == ACK_LAYOUT0) {
+    TU_ASSERT_STATUS(HixlEngineConnect(e, f.name, CONNECT_MS), HIXL_FAILED);
+    TU_ASSERT_ERRMSG_HAS(need);
+    printf("  [%s]\n", HixlGetLastErrorMessage());
+    TU_ASSERT_STATUS(hixl_engine_link_info(e, f.name, &li), HIXL_NOT_CONNECTED);
+  } else {
+    TU_ASSERT_OK(HixlEngineConnect(e, f.name, CONNECT_MS));
+    TU_ASSERT_OK(hixl_engine_link_info(e, f.name, &li));
+    CU_ASSERT_STRING_EQUAL(li.transport, "tcp");
+    CU_ASSERT_EQUAL(li.mapped, 0);
+  }
+  HixlEngineDestroy(e);
+  CU_ASSERT_EQUAL(open_fds(), before);
+  TU_ASSERT_PATTERN(reg, REG_LEN, REG_SEED, "the fake's listed memory after a refused shm handshake");
+  int ws = tu_child_stop(&c, 10000);
+  CU_ASSERT(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  tu_free_mem(reg, REG_LEN);
+  tu_free_mem(src, REG_LEN);
+}
+
+static void test_bad_hello_ack(void) {
+  const struct {
+    enum ack ack;
+    const char *need;
+  } cases[] = {{ACK_SHORT, "malformed frame"},
+               {ACK_LAYOUT0, "answered SHM_HELLO with a malformed SHM_HELLO_ACK"},
+               {ACK_REFUSED, "does not offer same-host copies"},
+               {ACK_BOOT, "runs on another host (its boot id differs)"},
+               {ACK_NO_SOCK, "named no unix socket to prove its pid with"},
+               {ACK_SELF, "named this very process"},
+               {ACK_OTHER_PID, "named pid 1 (uid"}};
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    ack_case(cases[i].ack, true, cases[i].need);
+    ack_case(cases[i].ack, false, cases[i].need);
+  }
+}
+
 /* ---------------------------------------------------------------- main */
 
 int main(int argc, char **argv) {
@@ -713,6 +792,9 @@ int main(int argc, char **argv) {
               test_unmap_then_reset);
   CU_add_test(s, "a pipe, a file, unsealed, short, none, two, eight descriptors: FAILED, none kept",
               test_bad_fds);
+  CU_add_test(
+      s, "SHM_HELLO_ACK short, layout 0, refused, another boot, no socket, this pid, pid 1: FAILED or tcp",
+      test_bad_hello_ack);
   if (CU_get_error() != CUE_SUCCESS) {
     fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
     CU_cleanup_registry();
