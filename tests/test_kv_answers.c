@@ -149,6 +149,19 @@ static hixl_kv_request request(const char *id, const char *params) {
   return (hixl_kv_request){id, strlen(id), NB * BLOCK_TOKENS, params, params ? strlen(params) : 0, 0};
 }
 
+/* The tp_size params text says (0: as it was written): a router that rewrote it. */
+static int tp_said;
+
+/* Params text with its tp_size set to tp_said (one digit, as this test's are). */
+static void tp_edit(char *text) {
+  char *t = strstr(text, "\"tp_size\":");
+  if (!tp_said || !t) return;
+  for (t += 10; *t == ' '; t++) {
+  }
+  CU_ASSERT_FATAL(*t >= '1' && *t <= '9' && !(t[1] >= '0' && t[1] <= '9'));
+  *t = (char)('0' + tp_said);
+}
+
 /* The producer finishes id with its blocks pb (filled from seed) and holds them; the
  * consumer allocates db for it and queues its load (bound at the consumer's next step). */
 static void hold_and_load(struct inst *p, struct inst *d, const char *id, const uint64_t pb[NB],
@@ -163,6 +176,7 @@ static void hold_and_load(struct inst *p, struct inst *d, const char *id, const 
   char *text = strndup((char *)params.data, params.len);
   ops->free_buffer(&params);
   CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+  tp_edit(text);
   r = request(id, text);
   int64_t tokens = 0;
   int32_t async = 0;
@@ -260,6 +274,7 @@ static hixl_kv_request push_begin(struct inst *p, struct inst *d, const char *id
       for (int b = 0; b < NB; b++) tu_fill(block(p, l, v, pb[b]), BLOCK_BYTES, seed_of(seed, l, v, b));
   *text = expect_push(d, id, db);
   CU_ASSERT_PTR_NOT_NULL_FATAL(*text);
+  tp_edit(*text);
   hixl_kv_request r = request(id, *text);
   int64_t tokens = 0;
   int32_t async = 0;
@@ -337,6 +352,60 @@ static void test_lying_accept_answers(void) {
   TU_ASSERT_OK(hixl_engine_set_service(d.worker->eng, HIXL_SERVICE_KV, kv_serve, d.worker));
   inst_down(&d);
   inst_down(&p);
+}
+
+/* A peer that runs another tensor-parallel size than the params said (a router that
+ * rewrote tp_size, or params from another instance): the producer's PIN answer says 1
+ * rank where the consumer's params said 2 (kv_pin_answer), the consumer's ACCEPT answer
+ * the same to a producer told 2 (kv_accept_answer). Each fails at once naming both
+ * sizes, no byte of the consumer's cache changes, and neither side holds anything. */
+static void test_tp_size_said(void) {
+  char line[1024];
+  for (int push = 0; push < 2; push++) {
+    struct inst p, d;
+    const char *mode = push ? "push" : "pull";
+    bool up = inst_up(&p, "producer", mode) && inst_up(&d, "consumer", mode);
+    CU_ASSERT_FATAL(up);
+    static const uint64_t pb[NB] = {4, 5}, db[NB] = {1, 2};
+    const char *id = push ? "tp-said-push" : "tp-said-pull";
+    tu_log_capture(HIXL_LOG_ERROR, false);
+    tu_log_watch(push ? "its push params said tp_size 2" : "its kv_transfer_params said tp_size 2");
+    tp_said = 2;
+    if (push) {
+      char *text = NULL;
+      hixl_kv_request r = push_begin(&p, &d, id, pb, db, 7, &text);
+      step(&d);
+      step(&p);
+      for (uint32_t l = 0; l < LAYERS; l++) ST_IS(ops->save_kv_layer(p.worker, l), HIXL_KV_SUCCESS);
+      CU_ASSERT(push_finish(&p, &d, &r, id, pb, text));
+    } else {
+      memset(d.mem, 0xEE, LAYERS * 2 * BLOCKS * BLOCK_BYTES);
+      hold_and_load(&p, &d, id, pb, db, 7);
+      step(&p);
+      step(&d);
+      CU_ASSERT(wait_finished(&d, id, 1));
+      CU_ASSERT(wait_finished(&p, id, 0)); /* told (FREE) */
+    }
+    tp_said = 0;
+    CU_ASSERT_TRUE(tu_log_seen(line, sizeof(line)));
+    CU_ASSERT_PTR_NOT_NULL(strstr(line, "runs 1 ranks"));
+    HixlSetLogCallback(NULL, NULL);
+    HixlSetLogLevel(HIXL_LOG_ERROR);
+    hixl_kv_blocks errs = {0};
+    ST_IS(ops->get_block_ids_with_load_errors(d.worker, &errs), HIXL_KV_SUCCESS);
+    CU_ASSERT_EQUAL(errs.count, NB);
+    ops->free_buffer(&errs.raw);
+    CU_ASSERT_EQUAL(tu_check_byte(d.mem, LAYERS * 2 * BLOCKS * BLOCK_BYTES, 0xEE), -1);
+    hixl_kv_stats sp, sd;
+    ST_IS(ops->get_stats(p.worker, &sp), HIXL_KV_SUCCESS);
+    ST_IS(ops->get_stats(d.worker, &sd), HIXL_KV_SUCCESS);
+    CU_ASSERT_EQUAL(sp.requests_held, 0);
+    CU_ASSERT_EQUAL(sp.blocks_held, 0);
+    CU_ASSERT_EQUAL(sd.requests_held, 0);
+    CU_ASSERT_EQUAL(sd.blocks_held, 0);
+    inst_down(&d);
+    inst_down(&p);
+  }
 }
 
 /* ---- push over shm: the landed bytes (kv_word.c) ---- */
@@ -530,6 +599,9 @@ int main(void) {
       {"a producer's lying PIN answers fail the load, nothing written, nothing held", test_lying_pin_answers},
       {"a consumer's lying ACCEPT answers fail the push, nothing written, nothing held",
        test_lying_accept_answers},
+      {"a peer of another tensor-parallel size than tp_size said: pull and push fail, nothing written, "
+       "nothing held",
+       test_tp_size_said},
       {"push over shm: layers told by landed bytes, one notice; an old consumer, a stale mark, bad rows",
        test_landed_bytes},
       CU_TEST_INFO_NULL};
