@@ -825,8 +825,9 @@ static void test_drop_flat(void) {
 
 /* kv_serve of op on id from peer as rank rank of world ranks (LAYERS: every layer),
  * presenting cap: its status, its answer's first byte in *state. */
-static HixlStatus serve_rank(struct inst *x, const char *peer, uint8_t op, const char *id,
-                             const struct kv_cap *cap, uint32_t world, uint32_t rank, uint8_t *state) {
+static HixlStatus serve_rank_why(struct inst *x, const char *peer, uint8_t op, const char *id,
+                                 const struct kv_cap *cap, uint32_t world, uint32_t rank, uint8_t *state,
+                                 char *why, size_t why_cap) {
   struct kv_out o = {0};
   uint8_t resp[4096];
   size_t n = 0;
@@ -844,7 +845,13 @@ static HixlStatus serve_rank(struct inst *x, const char *peer, uint8_t op, const
   HixlStatus st = kv_serve(x->worker, peer, o.p, o.len, resp, sizeof(resp), &n);
   free(o.p);
   *state = n ? resp[0] : 0;
+  if (why) snprintf(why, why_cap, "%.*s", (int)n, (const char *)resp);
   return st;
+}
+
+static HixlStatus serve_rank(struct inst *x, const char *peer, uint8_t op, const char *id,
+                             const struct kv_cap *cap, uint32_t world, uint32_t rank, uint8_t *state) {
+  return serve_rank_why(x, peer, op, id, cap, world, rank, state, NULL, 0);
 }
 
 static bool to_cut(struct inst *x, const char *peer) {
@@ -930,6 +937,111 @@ static void test_expiry_cuts_only_unfinished_rank(void) {
   inst_down(&d);
 }
 
+/* Push consumer, producer ranks that have no part in an expected push: one of another
+ * world size than the first ACCEPT's, one that writes nothing into this rank (its want),
+ * and LAYERS from either. Each is refused PARAM_INVALID naming why, is granted nothing,
+ * and marks no layer landed; the rank that has a part is served throughout. */
+static void test_accept_ranks_refused(void) {
+  static const char *p0 = "127.0.0.1:23000", *p1 = "127.0.0.1:23001", *p3 = "127.0.0.1:23003";
+  struct inst d;
+  char why[512];
+  CU_ASSERT_FATAL(inst_up(&d, "consumer", "push"));
+  struct kv_cap cap;
+  expect_n(d.sched, "ar", 1, &cap);
+  step(&d);
+  uint8_t state = 0;
+  TU_ASSERT_OK(serve_rank(&d, p0, KV_SVC_ACCEPT, "ar-0", &cap, 2, 0, &state));
+  CU_ASSERT_EQUAL(state, KV_PIN_HELD);
+  pthread_mutex_lock(&d.worker->lock);
+  struct kv_expect *x = kv_expect_find(d.worker, "ar-0");
+  CU_ASSERT_PTR_NOT_NULL_FATAL(x);
+  x->want = 1; /* only producer rank 0 writes into this rank (a layout whose heads it cuts) */
+  pthread_mutex_unlock(&d.worker->lock);
+  const struct {
+    const char *peer;
+    uint8_t op;
+    uint32_t world, rank;
+    const char *why;
+  } cases[] = {
+      {p3, KV_SVC_ACCEPT, 3, 0, "another producer rank of it runs another world size"},
+      {p3, KV_SVC_ACCEPT_W, 3, 2, "another producer rank of it runs another world size"},
+      {p1, KV_SVC_ACCEPT, 2, 1, "that producer rank writes nothing into this rank"},
+      {p1, KV_SVC_LAYERS, 2, 1, "that producer rank did not accept it here"},
+      {p3, KV_SVC_LAYERS, 3, 0, "that producer rank did not accept it here"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    TU_ASSERT_STATUS(serve_rank_why(&d, cases[i].peer, cases[i].op, "ar-0", &cap, cases[i].world,
+                                    cases[i].rank, &state, why, sizeof(why)),
+                     HIXL_PARAM_INVALID);
+    if (!strstr(why, cases[i].why) || !strstr(why, "refused: ") || !strstr(why, cases[i].peer))
+      tu_fail(__FILE__, __LINE__, "case %zu: the refusal \"%s\" does not say \"%s\"", i, why, cases[i].why);
+    CU_ASSERT_EQUAL(granted(&d, cases[i].peer), 0);
+  }
+  pthread_mutex_lock(&d.worker->lock);
+  x = kv_expect_find(d.worker, "ar-0");
+  CU_ASSERT_PTR_NOT_NULL_FATAL(x);
+  uint32_t landed = x->nlanded;
+  uint64_t any = 0;
+  for (uint32_t l = 0; l < LAYERS; l++) any |= x->landed[l];
+  CU_ASSERT_EQUAL(x->ptp, 2);
+  pthread_mutex_unlock(&d.worker->lock);
+  CU_ASSERT_EQUAL(landed, 0);
+  CU_ASSERT_EQUAL(any, 0);
+  CU_ASSERT(granted(&d, p0) > 0); /* the rank with a part: still served */
+  TU_ASSERT_OK(serve_rank(&d, p0, KV_SVC_LAYERS, "ar-0", &cap, 2, 0, &state));
+  CU_ASSERT_EQUAL(granted(&d, p0), 0); /* every layer of it landed: its grant revoked */
+  inst_down(&d);
+}
+
+/* Pull producer: PIN, RENEW and RELEASE of an id no longer held nor remembered as
+ * ended (freed long ago: past KV_GONE_MAX ids ended since), naming its hold number,
+ * which this worker bound: GONE, saying it was never held or freed long ago (no later
+ * step brings it), nothing granted; naming a number not bound yet: "not yet". */
+static void test_never_held_gone(void) {
+  static const char *peer = "127.0.0.1:24000";
+  struct inst p;
+  CU_ASSERT_FATAL(inst_up(&p, "producer", "pull"));
+  struct kv_cap cap[2];
+  uint8_t state = 0;
+  hold_n(p.sched, "nh", 2, cap);
+  step(&p);
+  CU_ASSERT_EQUAL_FATAL(held_now(&p), 2);
+  TU_ASSERT_OK(serve(&p, peer, KV_SVC_FREE, "nh-1", &cap[1], &state, NULL, 0)); /* rank 0 of 1: freed */
+  CU_ASSERT_EQUAL_FATAL(held_now(&p), 1);
+  pthread_mutex_lock(&p.worker->lock);
+  void *why_was = NULL;
+  CU_ASSERT_TRUE(kv_idhash_del(&p.worker->gone, "nh-1", &why_was)); /* a constant: nothing to free */
+  uint64_t epoch = p.worker->hold.epoch, bound = p.worker->hold.bound_seq;
+  pthread_mutex_unlock(&p.worker->lock);
+  CU_ASSERT_FATAL(bound == 2); /* nh-1's number */
+  const uint8_t ops_[] = {KV_SVC_PIN, KV_SVC_RENEW, KV_SVC_RELEASE};
+  for (size_t i = 0; i < sizeof(ops_); i++)
+    for (int later = 0; later < 2; later++) {
+      struct kv_out o = {0};
+      uint8_t resp[1024];
+      size_t n = 0;
+      CU_ASSERT_FATAL(kv_msg(p.worker, &o, ops_[i], "nh-1", &cap[1], 0, ""));
+      kv_put_u64(&o, epoch);
+      kv_put_u64(&o, later ? bound + 1 : bound);
+      TU_ASSERT_OK(kv_serve(p.worker, peer, o.p, o.len, resp, sizeof(resp), &n));
+      free(o.p);
+      CU_ASSERT_FATAL(n > 0);
+      if (later) {
+        CU_ASSERT_EQUAL(resp[0], KV_PIN_NOT_YET);
+      } else {
+        CU_ASSERT_EQUAL(resp[0], KV_PIN_GONE);
+        const char *want =
+            ops_[i] == KV_SVC_RELEASE ? "no longer held here" : "never held here (this worker bound";
+        if (!memmem(resp, n, want, strlen(want)))
+          tu_fail(__FILE__, __LINE__, "op %u: GONE \"%.*s\" does not say \"%s\"", ops_[i], (int)n - 1,
+                  (const char *)resp + 1, want);
+      }
+      CU_ASSERT_EQUAL(granted(&p, peer), 0);
+    }
+  CU_ASSERT_EQUAL(held_now(&p), 1); /* nh-0: untouched */
+  inst_down(&p);
+}
+
 int main(void) {
   char err[256] = "";
   if (hixl_kv_connector_entry(HIXL_KV_ABI_MAJOR, &ops, err, sizeof(err)) != HIXL_KV_SUCCESS) {
@@ -967,6 +1079,10 @@ int main(void) {
        test_lease_cuts_only_unfreed_rank},
       {"an expected push that runs out cuts the producer ranks that did not finish, not one that did",
        test_expiry_cuts_only_unfinished_rank},
+      {"push: ACCEPT and LAYERS from producer ranks with no part in it: refused, naming why, nothing granted",
+       test_accept_ranks_refused},
+      {"pull: PIN, RENEW, RELEASE of a hold bound here, ended and forgotten: GONE, saying so",
+       test_never_held_gone},
       CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"kv_service", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
   return tu_run_suites("test_kv_service", suites);
