@@ -112,6 +112,10 @@ enum bad {
   BAD_NO_FD,    /* the message alone */
   BAD_TWO,      /* the memfd and a second one */
   BAD_MANY,     /* eight memfds: more than the receiver has room for (MSG_CTRUNC) */
+  BAD_DESC,     /* the memfd, its message naming another address than the frame */
+  BAD_OVERLAP,  /* the memfd; a second SHM_MAP of a region overlapping the first's */
+  BAD_PAGE,     /* its page (before any SHM_MAP) a memfd not sealed against shrinking */
+  BAD_REFUSE,   /* SHM_MAP_ACK refused (no page, no memfd), then an SHM_MAP on the live link */
 };
 
 /* One message of len bytes with descriptors fds[0..n) on the unix socket (n <= 8). */
@@ -158,8 +162,21 @@ static int memfd_sealed(uint64_t len, unsigned seals, uint32_t life) {
 static bool fake_map(const struct fake *f, int fd, int uc) {
   uint8_t buf[256];
   struct wire_wr w;
-  int g =
-      memfd_sealed(ESHM_GEN_LEN, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL | F_SEAL_FUTURE_WRITE, FAKE_LIFE);
+  if (f->bad == BAD_REFUSE) { /* refused; then a region handed over all the same, on TCP alone */
+    wire_begin(&w, buf, sizeof(buf), WIRE_SHM_MAP_ACK);
+    wire_put_u32(&w, WIRE_HELLO_REFUSED);
+    wire_put_bytes(&w, "a test refuses", 14);
+    bool ok = raw_send_all(fd, buf, wire_end(&w, 0));
+    wire_begin(&w, buf, sizeof(buf), WIRE_SHM_MAP);
+    wire_put_u64(&w, MAP_BASE);
+    wire_put_u64(&w, f->map_len);
+    wire_put_u64(&w, f->map_len);
+    return ok && raw_send_all(fd, buf, wire_end(&w, 0));
+  }
+  int g = memfd_sealed(ESHM_GEN_LEN,
+                       f->bad == BAD_PAGE ? F_SEAL_GROW
+                                          : F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL | F_SEAL_FUTURE_WRITE,
+                       FAKE_LIFE);
   bool ok = g >= 0 && send_fd(uc, ESHM_GEN_MSG, 8, g);
   if (g >= 0) close(g);
   for (uint32_t i = 0; ok && i < f->maps; i++) {
@@ -171,13 +188,15 @@ static bool fake_map(const struct fake *f, int fd, int uc) {
     if (bad == BAD_TWO || bad == BAD_MANY)
       for (; nv < (bad == BAD_TWO ? 2 : 8); nv++) v[nv] = memfd_sealed(f->map_len, F_SEAL_SHRINK, 0);
     if (bad == BAD_NO_FD) nv = 0;
+    uint8_t said[WIRE_SHM_MAP_LEN]; /* what the message on the unix socket says */
     wire_begin(&w, buf, sizeof(buf), WIRE_SHM_MAP);
-    wire_put_u64(&w, MAP_BASE + i * f->map_len);
+    wire_put_u64(&w, MAP_BASE + i * f->map_len - (f->bad == BAD_OVERLAP && i ? f->map_len / 2 : 0));
     wire_put_u64(&w, f->map_len);
     wire_put_u64(&w, f->map_len);
     size_t n = wire_end(&w, 0);
-    ok = v[0] >= 0 && send_fds(uc, buf + WIRE_HDR_LEN, WIRE_SHM_MAP_LEN, v, (size_t)nv) &&
-         raw_send_all(fd, buf, n);
+    memcpy(said, buf + WIRE_HDR_LEN, sizeof(said));
+    said[6] ^= bad == BAD_DESC ? 0x10 : 0; /* 1 MiB on */
+    ok = v[0] >= 0 && send_fds(uc, said, WIRE_SHM_MAP_LEN, v, (size_t)nv) && raw_send_all(fd, buf, n);
     for (int k = 0; k < (nv > 1 ? nv : 1); k++)
       if (v[k] >= 0) close(v[k]);
     if (p[1] >= 0) close(p[1]);
@@ -347,6 +366,13 @@ static void fake_serve(const struct fake *f) {
     if (h.type != WIRE_SHM_MAP_HELLO) continue;
     if (uc < 0) uc = accept(ul, NULL, NULL); /* it connected before it sent the frame */
     if (uc < 0 || !fake_map(f, fd, uc)) break;
+    if (f->bad == BAD_REFUSE) { /* its side closed (which wakes a parked link); 'c' once the engine's is */
+      shutdown(fd, SHUT_WR);
+      while (raw_recv_frame(fd, &h, NULL, body, sizeof(body))) {
+      }
+      (void)tu_write_all(f->ready, "c", 1);
+      break;
+    }
     if (f->die && fork() != 0) _exit(0); /* the child goes on with the sockets */
     if (f->churn && !fake_churn(f, fd, uc)) break;
     if (f->flood) fake_flood(f, fd);
@@ -683,7 +709,7 @@ static int open_fds(void) {
 /* The fake's first SHM_MAP comes with bad in place of its memfd: Connect (Transport
  * shm) fails with a protocol error naming it, and nothing it sent stays open here. */
 static void bad_case(enum bad bad, const char *need) {
-  struct fake f = {.lfd = -1, .maps = 1, .map_len = 64 * KiB, .bad = bad};
+  struct fake f = {.lfd = -1, .maps = bad == BAD_OVERLAP ? 2 : 1, .map_len = 64 * KiB, .bad = bad};
   tu_child c = {0};
   char b;
   f.reg = (uintptr_t)probe; /* a registration to list; nothing goes there */
@@ -711,6 +737,48 @@ static void test_bad_fds(void) {
   bad_case(BAD_NO_FD, "without its descriptor");
   bad_case(BAD_TWO, "without its descriptor");
   bad_case(BAD_MANY, "without its descriptor");
+  bad_case(BAD_DESC, "the descriptor on the unix socket is not the one SHM_MAP announced");
+  bad_case(BAD_OVERLAP, "is overlapping a region already mapped");
+  bad_case(BAD_PAGE, "the target's page is not a sealed memfd");
+}
+
+/* The fake refuses to map (SHM_MAP_ACK refused: the initiator closes its unix socket
+ * and copies with process_vm_*), then sends an SHM_MAP all the same and closes its side
+ * (a link refused mapping is parked: read again at a hang-up, or a drive that reads).
+ * The engine ends the link saying why (a protocol error), maps nothing, keeps no
+ * descriptor; a WRITE after it is NOT_CONNECTED and lands nothing. */
+static void test_map_after_refusal(void) {
+  uint8_t *reg = tu_alloc_mem(REG_LEN, true), *src = tu_alloc_mem(REG_LEN, false);
+  struct fake f = {.lfd = -1, .maps = 1, .map_len = 64 * KiB, .bad = BAD_REFUSE};
+  tu_child c = {0};
+  char b, line[512];
+  CU_ASSERT_FATAL(reg && src);
+  tu_fill(reg, REG_LEN, REG_SEED);
+  tu_fill(src, REG_LEN, SRC_SEED);
+  f.reg = (uintptr_t)reg;
+  f.port = tu_free_port();
+  tu_addr(f.name, sizeof(f.name), f.port);
+  CU_ASSERT_FATAL(tu_child_start(&c, fake_child, &f) == 0);
+  CU_ASSERT_FATAL(tu_child_read(&c, &b, 1, READY_MS) == 0);
+  int before = open_fds();
+  HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
+  CU_ASSERT_FATAL(e && tu_register(e, src, REG_LEN));
+  tu_log_capture(HIXL_LOG_WARN, false);
+  tu_log_watch("SHM_MAP on a link without a unix socket");
+  TU_ASSERT_OK(HixlEngineConnect(e, f.name, CONNECT_MS));
+  CU_ASSERT_FATAL(tu_child_read(&c, &b, 1, 60000) == 0 && b == 'c'); /* the engine ended the link */
+  CU_ASSERT_TRUE(tu_log_seen(line, sizeof(line)));
+  HixlSetLogCallback(NULL, NULL);
+  HixlSetLogLevel(HIXL_LOG_ERROR);
+  HixlTransferOpDesc d = {.local_addr = (uintptr_t)src, .remote_addr = (uintptr_t)reg, .len = REG_LEN};
+  TU_ASSERT_STATUS(HixlEngineTransferSync(e, f.name, HIXL_WRITE, &d, 1, 5000), HIXL_NOT_CONNECTED);
+  TU_ASSERT_PATTERN(reg, REG_LEN, REG_SEED, "the fake's listed memory after the link ended");
+  HixlEngineDestroy(e);
+  CU_ASSERT_EQUAL(open_fds(), before);
+  int ws = tu_child_stop(&c, 10000);
+  CU_ASSERT(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  tu_free_mem(reg, REG_LEN);
+  tu_free_mem(src, REG_LEN);
 }
 
 /* ---------------------------------------------------------------- SHM_HELLO_ACK */
@@ -790,8 +858,12 @@ int main(int argc, char **argv) {
               test_bound_unmap_flood);
   CU_add_test(s, "an SHM_UNMAP of its mapped region, then a reset: the link ends, nothing freed in use",
               test_unmap_then_reset);
-  CU_add_test(s, "a pipe, a file, unsealed, short, none, two, eight descriptors: FAILED, none kept",
+  CU_add_test(s,
+              "a pipe, a file, unsealed, short, none, two, eight, another's, overlapping, a loose page: "
+              "FAILED, none kept",
               test_bad_fds);
+  CU_add_test(s, "an SHM_MAP after its own refusal to map: the link ends, nothing mapped or kept",
+              test_map_after_refusal);
   CU_add_test(
       s, "SHM_HELLO_ACK short, layout 0, refused, another boot, no socket, this pid, pid 1: FAILED or tcp",
       test_bad_hello_ack);
