@@ -175,6 +175,52 @@ static void test_key_file_checks(void) {
   TU_ASSERT_ERRMSG_HAS("/nonexistent/a\\x0ab.key");
   CU_ASSERT_PTR_NULL(strchr(HixlGetLastErrorMessage(), '\n'));
   HixlEngineDestroy(e);
+  /* Not a regular file (a directory, a fifo: open takes both), too large, a NUL byte,
+   * a read that fails (/proc/self/mem: a regular file of mode 0600 this user owns, whose
+   * offset 0 is no mapping: EIO), a path past AUTH_PATH_MAX: each refused, naming why. */
+  char big[4097 + 1], dpath[128], fpath[128], lpath[AUTH_PATH_MAX + 8];
+  memset(big, '#', sizeof(big) - 1);
+  big[sizeof(big) - 1] = '\0';
+  snprintf(dpath, sizeof(dpath), "%s/a-dir", dir);
+  snprintf(fpath, sizeof(fpath), "%s/a-fifo", dir);
+  CU_ASSERT_FATAL(mkdir(dpath, 0700) == 0 && mkfifo(fpath, 0600) == 0);
+  memset(lpath, 'a', AUTH_PATH_MAX - 4); /* relative: under 1024 bytes, but not once made absolute */
+  lpath[AUTH_PATH_MAX - 4] = '\0';
+  char *nul = (char *)key_file("nul", KEY_A "\n#x\n", 0600);
+  CU_ASSERT_FATAL(nul && truncate(nul, 64 + 1 + 3) == 0);
+  FILE *nf = fopen(nul, "r+");
+  CU_ASSERT_FATAL(nf && fseek(nf, 66, SEEK_SET) == 0 && fputc(0, nf) == 0);
+  fclose(nf);
+  const struct {
+    const char *path, *why;
+  } files[] = {{dpath, "not a regular file"},
+               {fpath, "not a regular file"},
+               {key_file("big", big, 0600), "4097 bytes: a key file is at most 4096"},
+               {nul, "holds a NUL byte"},
+               {"/proc/self/mem", "cannot read it"},
+               {lpath, "the path is longer than 1023 bytes"}};
+  for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+    HixlOption f = {"AuthKeyFile", files[i].path};
+    TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+    TU_ASSERT_STATUS(HixlEngineInitialize(e, "127.0.0.1", &f, 1), HIXL_PARAM_INVALID);
+    TU_ASSERT_ERRMSG_HAS(files[i].why);
+    HixlEngineDestroy(e);
+  }
+  /* A path of 1024 bytes or more, a newline in it (from the environment, say): refused
+   * by the options' check, saying why (before, the whole value was quoted first and the
+   * reason fell past the end of the 1 KiB message) and escaped (it was quoted raw). */
+  memset(lpath, 'b', sizeof(lpath) - 1);
+  lpath[0] = '/';
+  lpath[40] = '\n';
+  lpath[sizeof(lpath) - 1] = '\0';
+  HixlOption lo = {"AuthKeyFile", lpath};
+  TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));
+  TU_ASSERT_STATUS(HixlEngineInitialize(e, "127.0.0.1", &lo, 1), HIXL_PARAM_INVALID);
+  TU_ASSERT_ERRMSG_HAS("is invalid: expected a path (< 1024 bytes)");
+  TU_ASSERT_ERRMSG_HAS("/bbb");
+  TU_ASSERT_ERRMSG_HAS("\\x0abbb");
+  CU_ASSERT_PTR_NULL(strchr(HixlGetLastErrorMessage(), '\n'));
+  HixlEngineDestroy(e);
   /* StagingUnregistered on needs a key. */
   HixlOption u = {"StagingUnregistered", "on"};
   TU_ASSERT_OK_FATAL(HixlEngineCreate(&e));

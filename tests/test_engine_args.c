@@ -465,7 +465,8 @@ static void test_calls_before_initialize(void) {
 /* ---------------------------------------------------------------- options */
 
 /* Initialize a client engine with one option; returns the status and leaves the
- * last error message of this thread as Initialize set it. */
+ * last error message of this thread as Initialize set it. A refusal's message names
+ * the key and the value (escaped: a control character as \xNN). */
 static HixlStatus try_option(const char *key, const char *value) {
   HixlOption o = {.key = key, .value = value};
   HixlEngine *e = NULL;
@@ -478,7 +479,9 @@ static HixlStatus try_option(const char *key, const char *value) {
   HixlEngineDestroy(e);
   /* Destroy succeeded and may have cleared the message; failures are judged by the
    * message Initialize left, so check it here. */
-  if (st != HIXL_SUCCESS && (!strstr(msg, key) || !strstr(msg, value)))
+  char shown[4 * 64 + 1]; /* the value as messages quote it: escaped (log_escape) */
+  log_escape(shown, sizeof(shown), value, strlen(value));
+  if (st != HIXL_SUCCESS && (!strstr(msg, key) || !strstr(msg, shown)))
     tu_fail(__FILE__, __LINE__, "option %s=\"%s\": message \"%s\" names not both key and value", key, value,
             msg);
   return st;

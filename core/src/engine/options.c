@@ -8,7 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "util/log.h"
 #include "util/status_int.h"
+
+#define BAD_VALUE_SHOWN 64u /* bytes of a refused value quoted in the message */
 
 typedef bool (*opt_parse_fn)(const char *value, struct hixl_options *o);
 
@@ -306,9 +309,15 @@ static HixlStatus unknown_key(const char *key) {
   return hixl_fail(HIXL_PARAM_INVALID, "unknown option \"%s\" (known: %s)", key, known);
 }
 
+/* The value is quoted escaped (one from the environment cannot forge a line of a log)
+ * and cut, so that the reason after it always fits the message. */
 static HixlStatus bad_value(const hixl_option_info *info, const char *value, const char *from) {
-  return hixl_fail(HIXL_PARAM_INVALID, "%s \"%s\" (from %s) is invalid: expected %s", info->name,
-                   value ? value : "(null)", from, info->range);
+  char shown[4 * BAD_VALUE_SHOWN + 1];
+  size_t n = value ? strlen(value) : 0;
+  log_escape(shown, sizeof(shown), value ? value : "(null)",
+             value ? (n > BAD_VALUE_SHOWN ? BAD_VALUE_SHOWN : n) : 6);
+  return hixl_fail(HIXL_PARAM_INVALID, "%s \"%s\"%s (from %s) is invalid: expected %s", info->name, shown,
+                   n > BAD_VALUE_SHOWN ? "..." : "", from, info->range);
 }
 
 HixlStatus hixl_options_parse(const HixlOption *opts, size_t n, struct hixl_options *out) {
