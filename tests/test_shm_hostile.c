@@ -828,7 +828,7 @@ static void test_bad_hello_ack(void) {
   const struct {
     enum ack ack;
     const char *need;
-  } cases[] = {{ACK_SHORT, "malformed frame"},
+  } cases[] = {{ACK_SHORT, "malformed frame: a SHM_HELLO_ACK header"},
                {ACK_LAYOUT0, "answered SHM_HELLO with a malformed SHM_HELLO_ACK"},
                {ACK_REFUSED, "does not offer same-host copies"},
                {ACK_BOOT, "runs on another host (its boot id differs)"},

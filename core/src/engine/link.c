@@ -682,12 +682,19 @@ HixlStatus link_handshake_recv(int fd, uint64_t deadline, struct peer *p, uint8_
     enum wire_err err = wire_parse_hdr(buf, h);
     bool mem = err == WIRE_OK && (h->type == WIRE_MEM_ADD || h->type == WIRE_MEM_DEL);
     uint8_t *f = mem ? memcpy(ent, buf, WIRE_HDR_LEN) : buf;
-    if (err != WIRE_OK || WIRE_HDR_LEN + h->body_len > (mem ? sizeof(ent) : cap))
-      return hixl_fail(HIXL_FAILED, "malformed frame");
+    if (err == WIRE_ELEN) /* the header names a known type */
+      return hixl_fail(HIXL_FAILED, "malformed frame: a %s header: %s (%u body bytes)",
+                       wire_type_name(h->type), wire_err_str(err), h->body_len);
+    if (err != WIRE_OK) return hixl_fail(HIXL_FAILED, "malformed frame: %s", wire_err_str(err));
+    if (WIRE_HDR_LEN + h->body_len > (mem ? sizeof(ent) : cap))
+      return hixl_fail(HIXL_FAILED,
+                       "malformed frame: a %s of %u body bytes, more than the %zu it may have here",
+                       wire_type_name(h->type), h->body_len, (mem ? sizeof(ent) : cap) - WIRE_HDR_LEN);
     if ((st = sock_recv_all(fd, f + WIRE_HDR_LEN, h->body_len, deadline)) != HIXL_SUCCESS) return st;
     if ((st = link_handshake_tag(fd, deadline, p, f, h)) != HIXL_SUCCESS) return st;
     if (!mem) return HIXL_SUCCESS;
-    if (wire_decode(h, f + WIRE_HDR_LEN, &m) != WIRE_OK) return hixl_fail(HIXL_FAILED, "malformed frame");
+    if ((err = wire_decode(h, f + WIRE_HDR_LEN, &m)) != WIRE_OK)
+      return hixl_fail(HIXL_FAILED, "malformed frame: a %s: %s", wire_type_name(h->type), wire_err_str(err));
     if (h->type == WIRE_MEM_ADD) {
       /* The live link's bound holds here too: a peer streaming MEM_ADDs before its
        * answer would grow the table until the deadline. */
