@@ -45,6 +45,7 @@ struct ireq {
   uint32_t rmask;       /* ... finished receiving */
   bool rank_lost;       /* a rank went away before it reported the request */
   uint64_t t_arrived;   /* decode: when the router's frame came (--queue-ms counts from it) */
+  bool announced;       /* decode: on_new_request took it (its hold is renewed until it finishes) */
 };
 
 /* A worker rank in a process of its own (TP > 1), as the instance sees it. */
@@ -192,11 +193,16 @@ static hixl_kv_status sched_finished(struct inst *x, const struct ireq *r, uint3
                                      hixl_kv_buffer *params) {
   hixl_kv_request q = hreq(r);
   hixl_kv_block_ids g[MH_MAX_GROUPS];
+  size_t ng = mh_num_groups(&x->a->model);
   q.flags = flags;
-  if (mh_num_groups(&x->a->model) == 1)
-    return x->ops->request_finished(x->sched, &q, r->blocks, r->nblocks, delay, params);
+  if (ng == 1)
+    return x->ops->request_finished(x->sched, &q, r->blocks, r->blocks ? r->nblocks : 0, delay, params);
   if (!HAS(x, request_finished_groups)) return HIXL_KV_UNSUPPORTED;
-  return x->ops->request_finished_groups(x->sched, &q, g, group_ids(x, r, g), delay, params);
+  if (r->blocks)
+    ng = group_ids(x, r, g);
+  else /* never allocated: an empty list each group */
+    for (size_t k = 0; k < ng; k++) g[k] = (hixl_kv_block_ids){NULL, 0};
+  return x->ops->request_finished_groups(x->sched, &q, g, ng, delay, params);
 }
 
 /* ---- the ranks: in this process (TP 1), else one process each, one request and one
@@ -619,8 +625,10 @@ static void done(struct inst *x, size_t i, uint8_t outcome, uint64_t t_held, con
   va_start(ap, fmt);
   vsnprintf(why, sizeof(why), fmt, ap);
   va_end(ap);
-  /* The request ends as a runtime ends it: request_finished, then its blocks go back. */
-  if (r->blocks && !r->aborted) {
+  /* The request ends as a runtime ends it: request_finished, then its blocks go back.
+   * One on_new_request took is finished even without blocks (vLLM finishes every request
+   * it saw): else the scheduler renews its producer's hold for ever. */
+  if ((r->blocks || r->announced) && !r->aborted) {
     int32_t delay = 0;
     hixl_kv_buffer p = {0};
     hixl_kv_status st = sched_finished(x, r, 0, &delay, &p);
@@ -867,6 +875,7 @@ static int handle_frame(struct inst *x, uint8_t type, struct mh_in *in) {
     if (!x->a->prefill && x->a->queue_ms && HAS(x, on_new_request)) { /* vLLM: as the request arrives */
       hixl_kv_request q = hreq(r);
       hixl_kv_status st = x->ops->on_new_request(x->sched, &q);
+      r->announced = st == HIXL_KV_SUCCESS;
       if (st != HIXL_KV_SUCCESS)
         say(x, "on_new_request(%s) failed (%s): %s", r->id, mh_status_name(st), x->ops->last_error());
     }
