@@ -437,6 +437,7 @@ struct kv_loader {
 };
 
 /* Worker, push producer: the pushes (kv_pusher.c). */
+#define KV_PUSH_GONE 16 /* consumers a pusher remembers a failed Link to (the oldest ends first) */
 struct kv_pusher {
   uint64_t *saved_step; /* per layer: the step of its last save_kv_layer */
   struct kv_push *pushes, *tail;
@@ -447,6 +448,10 @@ struct kv_pusher {
   pthread_t thread;
   struct kv_idhash noword; /* consumers that refused ACCEPT_W as unknown (older): ACCEPT until linked anew
                             * (kv_link), at most KV_UNREACH_MAX */
+  struct {                 /* consumers a Link failed to lately (the pusher thread's alone): */
+    char remote[KV_MAX_ENGINE + 1];
+    uint64_t until_ns; /* ... not dialled again before this (the failure + connect_timeout_ms) */
+  } gone[KV_PUSH_GONE];
 };
 
 /* Worker, push consumer: the pushes expected (kv_service.c), at most

@@ -291,6 +291,7 @@ struct link_job {
   const struct kv_meta_entry *e;
   pthread_t t;
   bool started;
+  bool skipped; /* a Link to its consumer failed lately: not dialled */
   HixlStatus st;
   char why[256];
 };
@@ -302,9 +303,25 @@ static void *link_main(void *arg) {
   return NULL;
 }
 
+/* The slot of c->push.gone that remote has (KV_PUSH_GONE: none); with make, else the one that ends
+ * first, taken for it. The pusher thread's alone. */
+static size_t gone_slot(hixl_kv_connector *c, const char *remote, bool make) {
+  size_t old = 0;
+  for (size_t k = 0; k < KV_PUSH_GONE; k++) {
+    if (strcmp(c->push.gone[k].remote, remote) == 0) return k;
+    if (c->push.gone[k].until_ns < c->push.gone[old].until_ns) old = k;
+  }
+  if (!make) return KV_PUSH_GONE;
+  snprintf(c->push.gone[old].remote, sizeof(c->push.gone[old].remote), "%s", remote);
+  return old;
+}
+
 /* Link to every consumer rank the batch's parts write to (p[i].peer: one a consumer), all at once (a thread
  * each when there are several): a consumer instance that is gone costs one connect_timeout_ms, not one per
- * part. A part whose link failed fails now. */
+ * part. A part whose link failed fails now. A consumer a Link failed to less than connect_timeout_ms ago is
+ * not dialled again, its parts fail at once: else each step queued behind a dead consumer would wait its
+ * own connect_timeout_ms on this thread (and every other consumer's pushes behind it); one that comes back
+ * is linked again once that time has passed. */
 static void link_all(hixl_kv_connector *c, struct kv_push **v, size_t n, struct push_part *p) {
   struct link_job *jobs = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*jobs)));
   size_t nj = 0, *of = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*of)));
@@ -319,15 +336,30 @@ static void link_all(hixl_kv_connector *c, struct kv_push **v, size_t n, struct 
     if (p[i].peer == i) jobs[nj] = (struct link_job){.c = c, .e = &v[i]->e};
     of[i] = p[i].peer == i ? nj++ : of[p[i].peer];
   }
+  uint64_t now = kv_now_ns();
   for (size_t k = 0; k < nj; k++) {
+    size_t g = gone_slot(c, jobs[k].e->remote, false);
+    if (g < KV_PUSH_GONE && now < c->push.gone[g].until_ns) { /* failed lately: not again yet */
+      jobs[k].skipped = true;
+      jobs[k].st = HIXL_NOT_CONNECTED;
+      snprintf(jobs[k].why, sizeof(jobs[k].why),
+               "a Link to it failed less than connect_timeout_ms (%u ms) ago: not dialled again yet",
+               (unsigned)c->cfg.connect_timeout_ms);
+      continue;
+    }
     jobs[k].started = nj > 1 && pthread_create(&jobs[k].t, NULL, link_main, &jobs[k]) == 0;
     if (jobs[k].started) thread_name(jobs[k].t, "hixl-kv-link");
   }
   for (size_t k = 0; k < nj; k++) {
+    if (jobs[k].skipped) continue;
     if (jobs[k].started)
       pthread_join(jobs[k].t, NULL);
     else
       link_main(&jobs[k]); /* the one, or no thread: here */
+    size_t g = gone_slot(c, jobs[k].e->remote, jobs[k].st != HIXL_SUCCESS);
+    if (g < KV_PUSH_GONE) /* failed: remembered from now; linked: forgotten */
+      c->push.gone[g].until_ns =
+          jobs[k].st != HIXL_SUCCESS ? kv_now_ns() + (uint64_t)c->cfg.connect_timeout_ms * 1000000ull : 0;
   }
   for (size_t i = 0; i < n; i++)
     if ((p[i].st = jobs[of[i]].st) != HIXL_SUCCESS)
