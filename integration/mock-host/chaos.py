@@ -172,7 +172,7 @@ def judge(facts, rc, out, err, js, wall, hard, sanlogs):
         return "not-applied", "prefill had no TCP connection at that hand-off: nothing was reset"
     # The host's verdict failed while every invariant held: a short lease may have run out.
     expired = js["prefill"]["lease_expired"] > 0 or "lease" in err.lower()
-    if facts["lease"] <= 3000 and expired and facts["fault"] not in ("mismatch-heads",):
+    if facts["lease"] <= 3000 and expired:
         return "tolerated", "lease %d ms ran out for a request (by design)" % facts["lease"]
     return "FAIL", "the host's verdict: " + " | ".join(
         l.strip() for l in (out + err).splitlines() if "FAIL" in l or "NOT handled" in l or "failed" in l)[:600]
