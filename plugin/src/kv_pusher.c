@@ -463,7 +463,7 @@ static void notes_wait(struct push_run *b, size_t i) {
   hixl_kv_connector *c = b->c;
   for (size_t j = 0; j < b->nnotes; j++) {
     struct push_note *pn = &b->notes[j];
-    if (!pn->call || (i < b->n && pn->i != i)) continue;
+    if ((i < b->n && pn->i != i) || !pn->call) continue; /* another part's: its thread's (end_all) */
     struct push_part *q = &b->p[pn->i];
     struct kv_meta_entry *e = &b->v[pn->i]->e;
     HixlStatus ns = hixl_engine_call_wait(c->eng, e->remote, pn->call);
@@ -485,6 +485,44 @@ static void part_end(struct push_run *b, size_t i) {
   notes_wait(b, i);
   push_end(b->c, b->v[i], b->p[i].st, b->p[i].why, kv_now_ns(), b->t_saved);
   b->p[i].ended = true;
+}
+
+/* The parts of one consumer (end_all): p's first part's index. */
+struct end_job {
+  struct push_run *b;
+  size_t peer;
+  pthread_t t;
+  bool started;
+};
+
+static void *end_main(void *arg) {
+  struct end_job *j = arg;
+  for (size_t i = j->peer; i < j->b->n; i++)
+    if (j->b->p[i].peer == j->peer && !j->b->p[i].ended) part_end(j->b, i);
+  return NULL;
+}
+
+/* The step's parts not ended yet end, each consumer's on a thread of its own when there are
+ * several: a failed part's ABORT may wait notify_timeout_ms for its consumer (and a link
+ * again), and consumers that are gone (a dead instance's ranks) would otherwise cost that
+ * once each, one after another, on this thread. */
+static void end_all(struct push_run *b) {
+  size_t nj = 0;
+  for (size_t i = 0; i < b->n; i++) nj += b->p[i].peer == i && !b->p[i].ended;
+  struct end_job *jobs = nj > 1 ? KV_ALLOC(KV_TEST_PUSH, calloc(nj, sizeof(*jobs))) : NULL;
+  size_t k = 0;
+  for (size_t i = 0; jobs && i < b->n; i++) {
+    if (b->p[i].peer != i || b->p[i].ended) continue;
+    jobs[k] = (struct end_job){.b = b, .peer = i};
+    jobs[k].started = pthread_create(&jobs[k].t, NULL, end_main, &jobs[k]) == 0;
+    if (jobs[k].started) thread_name(jobs[k].t, "hixl-kv-end");
+    k++;
+  }
+  for (size_t j = 0; j < k; j++)
+    if (jobs[j].started) pthread_join(jobs[j].t, NULL);
+  free(jobs);
+  for (size_t i = 0; i < b->n; i++) /* one consumer, no memory, or a thread that did not start: here */
+    if (!b->p[i].ended) part_end(b, i);
 }
 
 /* While the pusher only waits for ACCEPTs, a part whose every layer left ends (the host
@@ -570,8 +608,7 @@ static void push_batch(hixl_kv_connector *c, struct kv_push **v, size_t n) {
   for (size_t t = 0; t < nthreads; t++) pthread_join(th[t], NULL);
   /* Every notice answered (or failed) before the pushes are reported done. */
   notes_wait(&b, n);
-  for (size_t i = 0; i < n; i++)
-    if (!b.p[i].ended) part_end(&b, i);
+  end_all(&b);
 free_arrays:
   free(b.notes);
   free(b.p);
