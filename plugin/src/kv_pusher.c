@@ -502,17 +502,26 @@ static void *end_main(void *arg) {
   return NULL;
 }
 
-/* The step's parts not ended yet end, each consumer's on a thread of its own when there are
- * several: a failed part's ABORT may wait notify_timeout_ms for its consumer (and a link
- * again), and consumers that are gone (a dead instance's ranks) would otherwise cost that
- * once each, one after another, on this thread. */
+/* Whether a part of consumer peer (its first part's index) failed and has not ended:
+ * its ABORT is still to be told. */
+static bool end_aborts(const struct push_run *b, size_t peer) {
+  for (size_t i = peer; i < b->n; i++)
+    if (b->p[i].peer == peer && !b->p[i].ended && b->p[i].st != HIXL_SUCCESS) return true;
+  return false;
+}
+
+/* The step's parts not ended yet end. A failed part's ABORT may wait notify_timeout_ms
+ * for its consumer (and a link again), and consumers that are gone (a dead instance's
+ * ranks) would otherwise cost that once each, one after another, on this thread: when
+ * several consumers have one, each ends its parts on a thread of its own. Parts that
+ * succeeded end here (no round trip): a step that went well starts no thread. */
 static void end_all(struct push_run *b) {
   size_t nj = 0;
-  for (size_t i = 0; i < b->n; i++) nj += b->p[i].peer == i && !b->p[i].ended;
+  for (size_t i = 0; i < b->n; i++) nj += b->p[i].peer == i && end_aborts(b, i);
   struct end_job *jobs = nj > 1 ? KV_ALLOC(KV_TEST_PUSH, calloc(nj, sizeof(*jobs))) : NULL;
   size_t k = 0;
   for (size_t i = 0; jobs && i < b->n; i++) {
-    if (b->p[i].peer != i || b->p[i].ended) continue;
+    if (b->p[i].peer != i || !end_aborts(b, i)) continue;
     jobs[k] = (struct end_job){.b = b, .peer = i};
     jobs[k].started = pthread_create(&jobs[k].t, NULL, end_main, &jobs[k]) == 0;
     if (jobs[k].started) thread_name(jobs[k].t, "hixl-kv-end");
