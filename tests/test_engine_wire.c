@@ -1720,6 +1720,21 @@ static void test_mem_del_in_handshake(void) {
   fake_stop(&f);
 }
 
+/* Engine c Connects to a fake in mode: FAILED, the error naming msg, no link left to the
+ * fake; c is destroyed. */
+static void connect_refused(HixlEngine *c, enum fake_mode mode, const char *msg) {
+  struct fake f = {0};
+  char addr[TU_ADDR_LEN];
+  size_t n = 0;
+  fake_start(&f, mode);
+  tu_addr(addr, sizeof(addr), f.port);
+  TU_ASSERT_STATUS(HixlEngineConnect(c, addr, 3000), HIXL_FAILED);
+  TU_ASSERT_ERRMSG_HAS(msg);
+  TU_ASSERT_STATUS(hixl_engine_rails(c, addr, NULL, 0, &n), HIXL_NOT_CONNECTED);
+  HixlEngineDestroy(c);
+  fake_stop(&f);
+}
+
 /* A MEM_ADD whose tag runs past its body, or one flagged as proven on a link without a
  * key, while the initiator waits for its RAILS_ACK: Connect FAILED, naming why, and no
  * link is left to the fake. */
@@ -1729,19 +1744,8 @@ static void test_bad_mem_in_handshake(void) {
     const char *msg;
   } cases[] = {{FAKE_RAILS_BAD_MEM, "malformed frame"},
                {FAKE_RAILS_TAGGED, "a proven MEM_ADD on a link that was not authenticated"}};
-  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    struct fake f = {0};
-    char addr[TU_ADDR_LEN];
-    fake_start(&f, cases[i].mode);
-    tu_addr(addr, sizeof(addr), f.port);
-    HixlEngine *c = rails_client();
-    TU_ASSERT_STATUS(HixlEngineConnect(c, addr, 3000), HIXL_FAILED);
-    TU_ASSERT_ERRMSG_HAS(cases[i].msg);
-    size_t n = 0;
-    TU_ASSERT_STATUS(hixl_engine_rails(c, addr, NULL, 0, &n), HIXL_NOT_CONNECTED);
-    HixlEngineDestroy(c);
-    fake_stop(&f);
-  }
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+    connect_refused(rails_client(), cases[i].mode, cases[i].msg);
 }
 
 /* Handshake answers an initiator must refuse, each naming why: an AUTH_CHALLENGE to an
@@ -1757,20 +1761,11 @@ static void test_connect_bad_handshake_answers(void) {
                {FAKE_CHALLENGE_BAD, true, "malformed AUTH_CHALLENGE"},
                {FAKE_CHALLENGE, true, "chose a key this engine does not hold"}};
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-    struct fake f = {0};
-    char addr[TU_ADDR_LEN];
     HixlEngine *c;
     HixlOption o[] = {{"Transport", "tcp"}, {"AuthKeyFile", tu_key_file()}};
-    fake_start(&f, cases[i].mode);
-    tu_addr(addr, sizeof(addr), f.port);
     TU_ASSERT_OK_FATAL(HixlEngineCreate(&c));
     TU_ASSERT_OK_FATAL(HixlEngineInitialize(c, "127.0.0.1", o, cases[i].key ? 2 : 1));
-    TU_ASSERT_STATUS(HixlEngineConnect(c, addr, 3000), HIXL_FAILED);
-    TU_ASSERT_ERRMSG_HAS(cases[i].msg);
-    size_t n = 0;
-    TU_ASSERT_STATUS(hixl_engine_rails(c, addr, NULL, 0, &n), HIXL_NOT_CONNECTED);
-    HixlEngineDestroy(c);
-    fake_stop(&f);
+    connect_refused(c, cases[i].mode, cases[i].msg);
   }
 }
 
