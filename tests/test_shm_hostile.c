@@ -413,6 +413,17 @@ static int fake_child(void *arg, int ready_fd, int ctl_fd) {
   return 0;
 }
 
+/* The fake f, listing the registration at reg, in a child c, listening on a free port
+ * (f->name) when this returns. */
+static void fake_up(struct fake *f, uintptr_t reg, tu_child *c) {
+  char b;
+  f->reg = reg;
+  f->port = tu_free_port();
+  tu_addr(f->name, sizeof(f->name), f->port);
+  CU_ASSERT_FATAL(tu_child_start(c, fake_child, f) == 0); /* before the test's engine */
+  CU_ASSERT_FATAL(tu_child_read(c, &b, 1, READY_MS) == 0);
+}
+
 /* ---------------------------------------------------------------- pid reuse */
 
 /* Exit codes of reuse_main (bits, 0: all well). */
@@ -549,14 +560,9 @@ static void bound_case(uint32_t maps, uint64_t map_len, uint32_t want) {
   struct fake f = {.lfd = -1, .maps = maps, .map_len = map_len};
   struct hixl_link_info li;
   tu_child c = {0};
-  char b;
   CU_ASSERT_FATAL(reg && src);
   tu_fill(src, REG_LEN, SRC_SEED);
-  f.reg = (uintptr_t)reg;
-  f.port = tu_free_port();
-  tu_addr(f.name, sizeof(f.name), f.port);
-  CU_ASSERT_FATAL(tu_child_start(&c, fake_child, &f) == 0); /* before this test's engine */
-  CU_ASSERT_FATAL(tu_child_read(&c, &b, 1, READY_MS) == 0);
+  fake_up(&f, (uintptr_t)reg, &c);
   HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
   CU_ASSERT_FATAL(e && tu_register(e, src, REG_LEN));
   TU_ASSERT_OK(HixlEngineConnect(e, f.name, CONNECT_MS));
@@ -595,11 +601,7 @@ static void test_bound_churn(void) {
   char b;
   CU_ASSERT_FATAL(reg && src);
   tu_fill(src, REG_LEN, SRC_SEED);
-  f.reg = (uintptr_t)reg;
-  f.port = tu_free_port();
-  tu_addr(f.name, sizeof(f.name), f.port);
-  CU_ASSERT_FATAL(tu_child_start(&c, fake_child, &f) == 0);
-  CU_ASSERT_FATAL(tu_child_read(&c, &b, 1, READY_MS) == 0);
+  fake_up(&f, (uintptr_t)reg, &c);
   HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
   CU_ASSERT_FATAL(e && tu_register(e, src, REG_LEN));
   TU_ASSERT_OK(HixlEngineConnect(e, f.name, CONNECT_MS));
@@ -633,11 +635,7 @@ static void flood_case(bool mapped) {
   tu_child c = {0};
   char b;
   CU_ASSERT_FATAL(src != NULL);
-  f.reg = (uintptr_t)probe; /* a registration to list; nothing goes there */
-  f.port = tu_free_port();
-  tu_addr(f.name, sizeof(f.name), f.port);
-  CU_ASSERT_FATAL(tu_child_start(&c, fake_child, &f) == 0);
-  CU_ASSERT_FATAL(tu_child_read(&c, &b, 1, READY_MS) == 0);
+  fake_up(&f, (uintptr_t)probe, &c);
   HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
   CU_ASSERT_FATAL(e && tu_register(e, src, REG_LEN));
   TU_ASSERT_OK(HixlEngineConnect(e, f.name, CONNECT_MS));
@@ -677,11 +675,7 @@ static void test_unmap_then_reset(void) {
     struct hixl_link_info li;
     tu_child c = {0};
     char b;
-    f.reg = (uintptr_t)probe; /* a registration to list; nothing goes there */
-    f.port = tu_free_port();
-    tu_addr(f.name, sizeof(f.name), f.port);
-    CU_ASSERT_FATAL(tu_child_start(&c, fake_child, &f) == 0);
-    CU_ASSERT_FATAL(tu_child_read(&c, &b, 1, READY_MS) == 0);
+    fake_up(&f, (uintptr_t)probe, &c);
     TU_ASSERT_OK(HixlEngineConnect(e, f.name, CONNECT_MS));
     CU_ASSERT_FATAL(tu_child_write(&c, "g", 1) == 0 && tu_child_read(&c, &b, 1, 60000) == 0 && b == 'd');
     for (int i = 0; i < 1000 && hixl_engine_link_info(e, f.name, &li) == HIXL_SUCCESS; i++)
@@ -711,12 +705,7 @@ static int open_fds(void) {
 static void bad_case(enum bad bad, const char *need) {
   struct fake f = {.lfd = -1, .maps = bad == BAD_OVERLAP ? 2 : 1, .map_len = 64 * KiB, .bad = bad};
   tu_child c = {0};
-  char b;
-  f.reg = (uintptr_t)probe; /* a registration to list; nothing goes there */
-  f.port = tu_free_port();
-  tu_addr(f.name, sizeof(f.name), f.port);
-  CU_ASSERT_FATAL(tu_child_start(&c, fake_child, &f) == 0);
-  CU_ASSERT_FATAL(tu_child_read(&c, &b, 1, READY_MS) == 0);
+  fake_up(&f, (uintptr_t)probe, &c);
   int before = open_fds();
   HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
   CU_ASSERT_FATAL(e != NULL);
@@ -755,11 +744,7 @@ static void test_map_after_refusal(void) {
   CU_ASSERT_FATAL(reg && src);
   tu_fill(reg, REG_LEN, REG_SEED);
   tu_fill(src, REG_LEN, SRC_SEED);
-  f.reg = (uintptr_t)reg;
-  f.port = tu_free_port();
-  tu_addr(f.name, sizeof(f.name), f.port);
-  CU_ASSERT_FATAL(tu_child_start(&c, fake_child, &f) == 0);
-  CU_ASSERT_FATAL(tu_child_read(&c, &b, 1, READY_MS) == 0);
+  fake_up(&f, (uintptr_t)reg, &c);
   int before = open_fds();
   HixlEngine *e = tu_engine_start_with(tu_ip(), "shm");
   CU_ASSERT_FATAL(e && tu_register(e, src, REG_LEN));
@@ -792,15 +777,10 @@ static void ack_case(enum ack ack, bool shm, const char *need) {
   struct fake f = {.lfd = -1, .ack = ack};
   struct hixl_link_info li;
   tu_child c = {0};
-  char b;
   CU_ASSERT_FATAL(reg && src);
   tu_fill(reg, REG_LEN, REG_SEED);
   tu_fill(src, REG_LEN, SRC_SEED);
-  f.reg = (uintptr_t)reg;
-  f.port = tu_free_port();
-  tu_addr(f.name, sizeof(f.name), f.port);
-  CU_ASSERT_FATAL(tu_child_start(&c, fake_child, &f) == 0);
-  CU_ASSERT_FATAL(tu_child_read(&c, &b, 1, READY_MS) == 0);
+  fake_up(&f, (uintptr_t)reg, &c);
   int before = open_fds();
   HixlEngine *e = tu_engine_start_with(tu_ip(), shm ? "shm" : NULL);
   CU_ASSERT_FATAL(e && tu_register(e, src, REG_LEN));
