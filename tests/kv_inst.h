@@ -120,4 +120,14 @@ static inline void inst_assert_unloaded(struct inst *x, const uint64_t *db, size
       for (size_t b = 0; b < n; b++) TU_ASSERT_SAME(block(x, l, v, db[b]), want, BLOCK_BYTES, what);
 }
 
+/* Neither x nor y (NULL: only x) holds a request or a block. */
+static inline void inst_assert_idle(struct inst *x, struct inst *y) {
+  for (struct inst *i = x; i; i = i == x ? y : NULL) {
+    hixl_kv_stats st;
+    ST_IS(ops->get_stats(i->worker, &st), HIXL_KV_SUCCESS);
+    CU_ASSERT_EQUAL(st.requests_held, 0);
+    CU_ASSERT_EQUAL(st.blocks_held, 0);
+  }
+}
+
 #endif

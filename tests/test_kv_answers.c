@@ -339,13 +339,7 @@ static void test_lying_accept_answers(void) {
             fprintf(stderr, "push lie %d: layer %d %s block %" PRIu64 " changed\n", lie, l, v ? "V" : "K", b);
           }
         }
-    hixl_kv_stats sp, sd;
-    ST_IS(ops->get_stats(p.worker, &sp), HIXL_KV_SUCCESS);
-    ST_IS(ops->get_stats(d.worker, &sd), HIXL_KV_SUCCESS);
-    CU_ASSERT_EQUAL(sp.requests_held, 0);
-    CU_ASSERT_EQUAL(sp.blocks_held, 0);
-    CU_ASSERT_EQUAL(sd.requests_held, 0);
-    CU_ASSERT_EQUAL(sd.blocks_held, 0);
+    inst_assert_idle(&p, &d);
   }
   atomic_store(&L.lie, LIE_NONE);
   TU_ASSERT_OK(hixl_engine_set_service(d.worker->eng, HIXL_SERVICE_KV, NULL, NULL));
@@ -396,13 +390,7 @@ static void test_tp_size_said(void) {
     CU_ASSERT_EQUAL(errs.count, NB);
     ops->free_buffer(&errs.raw);
     CU_ASSERT_EQUAL(tu_check_byte(d.mem, LAYERS * 2 * BLOCKS * BLOCK_BYTES, 0xEE), -1);
-    hixl_kv_stats sp, sd;
-    ST_IS(ops->get_stats(p.worker, &sp), HIXL_KV_SUCCESS);
-    ST_IS(ops->get_stats(d.worker, &sd), HIXL_KV_SUCCESS);
-    CU_ASSERT_EQUAL(sp.requests_held, 0);
-    CU_ASSERT_EQUAL(sp.blocks_held, 0);
-    CU_ASSERT_EQUAL(sd.requests_held, 0);
-    CU_ASSERT_EQUAL(sd.blocks_held, 0);
+    inst_assert_idle(&p, &d);
     inst_down(&d);
     inst_down(&p);
   }
