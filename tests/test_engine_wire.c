@@ -1644,34 +1644,46 @@ static void test_mem_add_flood_in_handshake(void) {
   fake_stop(&f);
 }
 
-/* A target whose RAILS_ACK names 0.0.0.0 (this host, to connect), multicast and
- * broadcast addresses and port 0: none dialled, the link Connect made is the one rail,
- * and the local service at 0.0.0.0's port got no connection (before: dialled, and
- * the prober dialled it again every RailProbeMs). */
 /* A registration the target makes while the initiator waits for its RAILS_ACK, tagged
  * WIRE_MAX_TAG bytes: read like any other, Connect succeeds and the peer's table has it
  * (before: its MEM_ADD was longer than the buffer sized for RAILS_ACK, "malformed
  * frame", Connect FAILED; an RDMA_CONNECT_ACK's buffer failed on a tag of 8 bytes). */
-static void test_mem_add_long_tag_in_handshake(void) {
+/* A rails client Connects to a fake in mode: SUCCESS, and the peer's table lists one
+ * registration, copied to *one (its tag to tag); false when it lists another count. */
+static bool handshake_one_mem(enum fake_mode mode, struct hixl_remote_mem *one, char tag[WIRE_MAX_TAG + 1]) {
   struct fake f = {0};
   char addr[TU_ADDR_LEN];
-  fake_start(&f, FAKE_RAILS_LONG_TAG);
+  fake_start(&f, mode);
   tu_addr(addr, sizeof(addr), f.port);
   HixlEngine *c = rails_client();
   TU_ASSERT_OK(HixlEngineConnect(c, addr, 3000));
   struct hixl_remote_mem *v = NULL;
-  size_t count = 0;
+  size_t count = 99;
   TU_ASSERT_OK(hixl_engine_remote_mems(c, addr, 3000, &v, &count));
   CU_ASSERT_EQUAL(count, 1);
   if (count == 1) {
-    CU_ASSERT_EQUAL(v[0].addr, FAKE_REG);
-    CU_ASSERT_EQUAL(strlen(v[0].tag), WIRE_MAX_TAG);
+    *one = v[0];
+    snprintf(tag, WIRE_MAX_TAG + 1, "%s", v[0].tag);
+    one->tag = tag;
   }
   free(v);
   HixlEngineDestroy(c);
   fake_stop(&f);
+  return count == 1;
 }
 
+static void test_mem_add_long_tag_in_handshake(void) {
+  struct hixl_remote_mem m;
+  char tag[WIRE_MAX_TAG + 1];
+  if (!handshake_one_mem(FAKE_RAILS_LONG_TAG, &m, tag)) return;
+  CU_ASSERT_EQUAL(m.addr, FAKE_REG);
+  CU_ASSERT_EQUAL(strlen(tag), WIRE_MAX_TAG);
+}
+
+/* A target whose RAILS_ACK names 0.0.0.0 (this host, to connect), multicast and
+ * broadcast addresses and port 0: none dialled, the link Connect made is the one rail,
+ * and the local service at 0.0.0.0's port got no connection (before: dialled, and
+ * the prober dialled it again every RailProbeMs). */
 static void test_rails_elsewhere_not_dialled(void) {
   struct fake f = {0};
   char addr[TU_ADDR_LEN];
@@ -1700,24 +1712,12 @@ static void test_rails_elsewhere_not_dialled(void) {
 /* A registration the target takes back (MEM_DEL) while the initiator waits for its
  * RAILS_ACK: the handshake applies it, so the peer's table lists only the one kept. */
 static void test_mem_del_in_handshake(void) {
-  struct fake f = {0};
-  char addr[TU_ADDR_LEN];
-  fake_start(&f, FAKE_RAILS_MEM_DEL);
-  tu_addr(addr, sizeof(addr), f.port);
-  HixlEngine *c = rails_client();
-  TU_ASSERT_OK(HixlEngineConnect(c, addr, 3000));
-  struct hixl_remote_mem *v = NULL;
-  size_t count = 99;
-  TU_ASSERT_OK(hixl_engine_remote_mems(c, addr, 3000, &v, &count));
-  CU_ASSERT_EQUAL(count, 1);
-  if (count == 1) {
-    CU_ASSERT_EQUAL(v[0].addr, FAKE_REG + 0x10000);
-    CU_ASSERT_EQUAL(v[0].len, 4096);
-    CU_ASSERT_STRING_EQUAL(v[0].tag, "d");
-  }
-  free(v);
-  HixlEngineDestroy(c);
-  fake_stop(&f);
+  struct hixl_remote_mem m;
+  char tag[WIRE_MAX_TAG + 1];
+  if (!handshake_one_mem(FAKE_RAILS_MEM_DEL, &m, tag)) return;
+  CU_ASSERT_EQUAL(m.addr, FAKE_REG + 0x10000);
+  CU_ASSERT_EQUAL(m.len, 4096);
+  CU_ASSERT_STRING_EQUAL(tag, "d");
 }
 
 /* Engine c Connects to a fake in mode: FAILED, the error naming msg, no link left to the
