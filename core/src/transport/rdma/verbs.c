@@ -498,7 +498,7 @@ int rdma_probe_mw_bounds(struct rdma_dev *d, char *why, size_t cap) {
   memset(buf, 0x5a, 3 * pg);
   struct rdma_qp_info ia, ib;
   const struct rdma_qp_params qp = {.tc = 0, .sl = 0, .timeout = 14, .retry = 1}; /* ~67 ms, one retry */
-  char err[256] = "";
+  char err[512] = ""; /* reg_access says why in up to ~400 bytes (a device name of 64) */
   enum ibv_wc_status st = IBV_WC_GENERAL_ERR;
   if (!(cq = ibv_create_cq(d->ctx, 8, NULL, NULL, 0))) {
     snprintf(why, cap, "ibv_create_cq: %s", strerror(errno));
