@@ -19,12 +19,27 @@ pd_export_env() {
 # N ports the kernel handed out for port 0, each checked free by bind (a free block
 # picked by hand would race with other jobs on the machine).
 pd_ports() {  # n
+  # Below the kernel's ephemeral range: vLLM starts for a minute or two after this, and a
+  # port-0 bind or an outgoing connection meanwhile (vLLM's own sockets, another test)
+  # could take an ephemeral one (seen: "cannot listen ... Address already in use"). A
+  # random free one below it is taken only by an explicit bind of the same number.
   "$vpy" - "$1" <<'EOF'
-import socket, sys
-ss = [socket.socket() for _ in range(int(sys.argv[1]))]
-for s in ss:
-    s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in ss))
+import random, socket, sys
+try:
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError, IndexError):
+    low = 32768
+ss, ports = [], []
+while len(ss) < int(sys.argv[1]):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", random.randrange(10000, max(low, 10001))))
+    except OSError:
+        s.close()
+        continue
+    ss.append(s)
+    ports.append(s.getsockname()[1])
+print(" ".join(map(str, ports)))
 for s in ss:
     s.close()
 EOF

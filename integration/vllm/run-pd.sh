@@ -65,7 +65,7 @@ vpy=$venv/bin/python
 model=${HIXL_VLLM_MODEL:-$out/model}
 "$vpy" "$here/make_model.py" "$model"
 
-# Ports the kernel hands out for port 0 (a block picked by hand would race).
+# Free ports below the ephemeral range (pd_ports: a port-0 bind meanwhile cannot take them).
 ports=($(pd_ports 6))
 plain_port=${ports[0]} p_port=${ports[1]} d_port=${ports[2]} proxy_port=${ports[3]} p_kv=${ports[4]} d_kv=${ports[5]}
 
