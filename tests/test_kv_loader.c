@@ -25,6 +25,7 @@
 #include "engine/engine_ext.h"
 #include "hixl/hixl_cache.h"
 #include "hixl/hixl_kv_connector.h"
+#include "kv_host.h"
 #include "kv_hung.h"
 #include "kv_int.h"
 #include "test_util.h"
@@ -619,6 +620,141 @@ static void test_shutdown_stops_pin_not_yet(void) {
   hung_peer_down(&h);
 }
 
+/* ---- a producer rank the consumer reads nothing of (TP; MLA: every rank the same latent) ---- */
+
+enum { LATENT = BLOCK_TOKENS * 576 * ELEM }; /* one block of the latent */
+
+struct mla_side {
+  hixl_kv_connector *sched, *w[2];
+  uint8_t *mem[2];
+  uint32_t world;
+};
+
+/* s as role: world ranks of an MLA model, each LAYERS layers of BLOCKS latent blocks
+ * filled with 0xEE, rank r on port + r of tu_ip() (held here). */
+static bool mla_up(struct mla_side *s, const char *role, uint32_t world) {
+  memset(s, 0, sizeof(*s));
+  s->world = world;
+  uint16_t port = 0;
+  for (int tries = 0; tries < 50 && !port; tries++) {
+    port = hold_port(tu_ip(), 0);
+    for (uint32_t i = 1; i < world && port; i++)
+      if (!hold_port(tu_ip(), (uint16_t)(port + i))) port = 0;
+  }
+  char cfg[640], err[256] = "";
+  snprintf(cfg, sizeof(cfg),
+           "{\"address\": \"%s:%u\", \"role\": \"%s\", \"Transport\": \"%s\", \"mode\": \"pull\", "
+           "\"lease_ms\": 20000, \"transfer_timeout_ms\": 5000, \"connect_timeout_ms\": 5000, "
+           "\"notify_timeout_ms\": 5000}\n",
+           tu_ip(), (unsigned)port, role, tu_transport() ? tu_transport() : "auto");
+  bool ok = port && ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_SCHEDULER, 0, world, &s->sched, err,
+                                sizeof(err)) == HIXL_KV_SUCCESS;
+  for (uint32_t i = 0; i < world && ok; i++) {
+    s->mem[i] = malloc((size_t)LAYERS * BLOCKS * LATENT);
+    ok = s->mem[i] != NULL;
+    if (!ok) break;
+    memset(s->mem[i], 0xEE, (size_t)LAYERS * BLOCKS * LATENT);
+    hixl_kv_plane planes[LAYERS];
+    for (int l = 0; l < LAYERS; l++)
+      planes[l] = (hixl_kv_plane){.base = (uintptr_t)(s->mem[i] + (size_t)l * BLOCKS * LATENT),
+                                  .block_stride = LATENT,
+                                  .block_bytes = LATENT};
+    hixl_kv_group g = {.size = sizeof(g),
+                       .kind = HIXL_KV_GROUP_MLA,
+                       .num_layers = LAYERS,
+                       .planes_per_layer = 1,
+                       .planes = planes,
+                       .num_blocks = BLOCKS,
+                       .block_tokens = BLOCK_TOKENS,
+                       .elem_size = ELEM,
+                       .layout = "mla",
+                       .layout_len = 3};
+    ok = ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, i, world, &s->w[i], err, sizeof(err)) ==
+             HIXL_KV_SUCCESS &&
+         ops->register_kv_groups(s->w[i], &g, 1) == HIXL_KV_SUCCESS;
+  }
+  if (!ok) tu_fail(__FILE__, __LINE__, "an MLA %s of %u ranks: %s%s", role, world, err, ops->last_error());
+  return ok;
+}
+
+static void mla_down(struct mla_side *s) {
+  for (uint32_t i = 0; i < s->world; i++) {
+    if (s->w[i]) ST_IS(ops->destroy(s->w[i]), HIXL_KV_SUCCESS);
+    free(s->mem[i]);
+  }
+  if (s->sched) ST_IS(ops->destroy(s->sched), HIXL_KV_SUCCESS);
+}
+
+/* Rank i of s as an instance of one rank (inst_wait_stepped steps it alone). */
+static struct inst mla_rank(const struct mla_side *s, uint32_t i) {
+  return (struct inst){.sched = s->sched, .worker = s->w[i], .mem = s->mem[i]};
+}
+
+static void *shutdown_main(void *arg) {
+  ST_IS(ops->shutdown(arg), HIXL_KV_SUCCESS);
+  return NULL;
+}
+
+/* MLA, producer TP 2, consumer TP 1: the consumer reads rank 0 and RELEASEs rank 1,
+ * which it reads nothing of, once rank 1 holds the request. A host may shut the consumer
+ * down as soon as the request's reads ended (vLLM at its end; the mock host), before
+ * rank 1 bound its hold: here rank 1 binds it only after the shutdown began, the loader
+ * parked where it heard "not yet" then (KV_TEST_SETTLE_SHUT). The RELEASE is asked on
+ * (notify_timeout_ms at most), so rank 1 frees the request at once, not at its 20 s
+ * lease. Before: shutdown ended the RELEASE at that "not yet", and rank 1 held the
+ * blocks until the lease ran out (mock_host_tp_4_1_mla_pull failed so, now and then). */
+static void test_release_settled_at_shutdown(void) {
+  static const uint64_t pb[NB] = {3, 5}, db[NB] = {1, 6};
+  const char *id = "rel-shut";
+  struct mla_side p, d;
+  bool up = mla_up(&p, "producer", 2) && mla_up(&d, "consumer", 1);
+  CU_ASSERT_FATAL(up);
+  for (uint32_t i = 0; i < p.world; i++)
+    for (int l = 0; l < LAYERS; l++)
+      for (int b = 0; b < NB; b++)
+        tu_fill(p.mem[i] + ((size_t)l * BLOCKS + pb[b]) * LATENT, LATENT, seed_of(300, l, 0, b));
+  hixl_kv_request r = request(id, NULL);
+  hixl_kv_buffer params = {0}, m = {0};
+  int32_t delay = 0;
+  ST_IS(ops->request_finished(p.sched, &r, pb, NB, &delay, &params), HIXL_KV_SUCCESS);
+  char *text = strndup((char *)params.data, params.len);
+  ops->free_buffer(&params);
+  CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+  ST_IS(ops->build_connector_meta(p.sched, &m), HIXL_KV_SUCCESS);
+  ST_IS(ops->bind_connector_meta(p.w[0], m.data, m.len), HIXL_KV_SUCCESS); /* rank 0 holds it; 1 not yet */
+  r = request(id, text);
+  int64_t tokens = 0;
+  int32_t async = 0;
+  ST_IS(ops->get_num_new_matched_tokens(d.sched, &r, 0, &tokens, &async), HIXL_KV_SUCCESS);
+  ST_IS(ops->update_state_after_alloc(d.sched, &r, db, NB, (uint64_t)tokens), HIXL_KV_SUCCESS);
+  struct inst d0 = mla_rank(&d, 0), p0 = mla_rank(&p, 0), p1 = mla_rank(&p, 1);
+  CU_ASSERT_FATAL(inst_wait_stepped(&d0, id, 1, WAIT_MS));
+  for (int l = 0; l < LAYERS; l++)
+    for (int b = 0; b < NB; b++)
+      TU_ASSERT_PATTERN(d.mem[0] + ((size_t)l * BLOCKS + db[b]) * LATENT, LATENT, seed_of(300, l, 0, b),
+                        "latent");
+
+  kv_test_point_reset(KV_TEST_SETTLE_SHUT);
+  kv_test_park(KV_TEST_SETTLE_SHUT, true);
+  pthread_t t;
+  CU_ASSERT_FATAL(pthread_create(&t, NULL, shutdown_main, d.w[0]) == 0);
+  CU_ASSERT(kv_test_point_wait(KV_TEST_SETTLE_SHUT, 1, WAIT_MS)); /* "not yet" after the shutdown began */
+  ST_IS(ops->bind_connector_meta(p.w[1], m.data, m.len), HIXL_KV_SUCCESS); /* rank 1 holds it now */
+  kv_test_park(KV_TEST_SETTLE_SHUT, false);
+  pthread_join(t, NULL);
+  ops->free_buffer(&m);
+  CU_ASSERT(inst_wait_stepped(&p0, id, 0, WAIT_MS)); /* well within the 20 s lease */
+  CU_ASSERT(inst_wait_stepped(&p1, id, 0, WAIT_MS));
+  for (uint32_t i = 0; i < p.world; i++) {
+    hixl_kv_stats_ex x = {.size = sizeof(x)};
+    ST_IS(ops->get_stats_ex(p.w[i], &x), HIXL_KV_SUCCESS);
+    CU_ASSERT(x.blocks_held == 0 && x.lease_expired == 0);
+  }
+  free(text);
+  mla_down(&d);
+  mla_down(&p);
+}
+
 /* x's step whose bind runs out of memory at its nth allocation of the bind site
  * (KV_ALLOC, KV_TEST_BIND): the bind's status; the injection is off after. */
 static hixl_kv_status step_short(struct inst *x, unsigned nth) {
@@ -694,6 +830,8 @@ int main(void) {
        test_renew_not_asked_again},
       {"shutdown while a PIN is answered \"not yet\": no wait for transfer_timeout_ms",
        test_shutdown_stops_pin_not_yet},
+      {"a RELEASE answered \"not yet\" after shutdown began: asked on, the producer rank frees at once",
+       test_release_settled_at_shutdown},
       {"a bind out of memory (the consumer's LOAD, the producer's HOLD): the request still ends",
        test_bind_out_of_memory},
       CU_TEST_INFO_NULL};

@@ -38,6 +38,7 @@ enum kv_test_point {
   KV_TEST_LOADER_NEXT,  /* a loader thread took the load it PINned ahead, the lock dropped, not yet run */
   KV_TEST_PREEMPT_WAIT, /* handle_preemptions marked its loads, about to wait (lock held: never armed) */
   KV_TEST_LOADER_AHEAD, /* a loader thread started the PIN of its next load, its own pull not yet run */
+  KV_TEST_SETTLE_SHUT,  /* kv_call_settled: answered "not yet" after shutdown began, about to decide */
   KV_TEST_POINTS
 };
 #ifdef HIXL_KV_TEST_HOOKS
@@ -488,7 +489,8 @@ struct hixl_kv_connector {
   struct kv_cfg cfg;
   pthread_mutex_t lock; /* a leaf: never held across a hixl call */
   bool shut;
-  uint8_t joined; /* the threads: 0 running, 1 a shutdown joins them (others wait on load.cond), 2 joined */
+  uint64_t shut_ns; /* when shutdown began: a cleanup call asks on notify_timeout_ms past it at most */
+  uint8_t joined;   /* the threads: 0 running, 1 a shutdown joins them (others wait on load.cond), 2 joined */
 
   struct kv_sched sched; /* role scheduler */
 
@@ -696,11 +698,13 @@ int kv_call_msg(hixl_kv_connector *c, const char *remote, struct kv_out *o, uint
                 size_t *n, int32_t timeout_ms, HixlStatus *st);
 /* Send o (a PIN, RELEASE or ACCEPT; freed here) again while the peer answers "not yet"
  * (KV_PIN_NOT_YET: it binds the request at its next step), a little apart, until
- * deadline or this connector shuts down (shutdown joins the caller). SUCCESS: the
- * answer (n bytes in ans), "not yet" only once the deadline passed or it shut down;
- * else the status of the call that failed. */
+ * deadline or this connector shuts down (shutdown joins the caller). cleanup (a
+ * RELEASE, or the PIN before a FREE: what frees a peer's hold) is asked on after
+ * shutdown began, up to notify_timeout_ms past that: else the peer holds until its
+ * lease. SUCCESS: the answer (n bytes in ans), "not yet" only once the deadline passed
+ * or it shut down; else the status of the call that failed. */
 HixlStatus kv_call_settled(hixl_kv_connector *c, const char *remote, struct kv_out *o, uint64_t deadline,
-                           uint8_t *ans, size_t cap, size_t *n);
+                           uint8_t *ans, size_t cap, size_t *n, bool cleanup);
 int kv_call_ex(hixl_kv_connector *c, const char *remote, uint8_t op, const char *id,
                const struct kv_cap *rcap, uint32_t layer, const char *reason, uint8_t *ans, size_t cap,
                size_t *n, int32_t timeout_ms, HixlStatus *st);

@@ -154,6 +154,7 @@ static void loads_left_end(hixl_kv_connector *c, struct kv_load **list, struct k
 hixl_kv_status kv_shutdown(hixl_kv_connector *c) {
   CHECK_ARG(c, "shutdown: connector is NULL");
   pthread_mutex_lock(&c->lock);
+  if (!c->shut) c->shut_ns = kv_now_ns();
   c->shut = true;
   pthread_cond_broadcast(&c->load.cond);
   pthread_cond_broadcast(&c->push.cond);

@@ -69,14 +69,14 @@ HixlStatus kv_pin_answer(hixl_kv_connector *c, const struct kv_meta_entry *e, co
 }
 
 /* PIN e's request on its producer, asking again while the producer has not bound it
- * yet; what it holds into h. */
+ * yet; what it holds into h. cleanup: a PIN before a FREE (kv_call_settled). */
 static HixlStatus pin(hixl_kv_connector *c, const struct kv_meta_entry *e, uint64_t deadline, uint8_t *ans,
-                      struct kv_peer_held *h, char *why, size_t cap) {
+                      struct kv_peer_held *h, char *why, size_t cap, bool cleanup) {
   struct kv_out msg = {0};
   size_t n = 0;
   bool again;
   hold_msg(c, &msg, KV_SVC_PIN, e);
-  HixlStatus st = kv_call_settled(c, e->remote, &msg, deadline, ans, HIXL_CALL_MAX, &n);
+  HixlStatus st = kv_call_settled(c, e->remote, &msg, deadline, ans, HIXL_CALL_MAX, &n, cleanup);
   if (st != HIXL_SUCCESS) {
     snprintf(why, cap, "asking %s for request %s: %s", e->remote, e->rreq, HixlGetLastErrorMessage());
     return st;
@@ -192,7 +192,7 @@ static HixlStatus pin_load(hixl_kv_connector *c, struct kv_loader_slot *s, const
   }
   ahead_drop(c, s); /* one for another load (that one was preempted) */
   *t_pin = kv_obs_phase(c, e->req, KV_PH_PIN, e->remote);
-  return pin(c, e, deadline, ans, h, why, cap);
+  return pin(c, e, deadline, ans, h, why, cap, false);
 }
 
 /* Wait for the last FREE's answer, if any. As kv_tell: a link that was lost gets it
@@ -533,7 +533,7 @@ static HixlStatus release(hixl_kv_connector *c, const struct kv_meta_entry *e, u
     kv_put_u64(&msg, e->epoch);
     kv_put_u64(&msg, e->seq);
   }
-  HixlStatus st = kv_call_settled(c, e->remote, &msg, deadline, ans, sizeof(ans), &n);
+  HixlStatus st = kv_call_settled(c, e->remote, &msg, deadline, ans, sizeof(ans), &n, true);
   if (st != HIXL_SUCCESS) return st;
   uint8_t state = n ? ans[0] : KV_PIN_GONE;
   if (state == KV_PIN_NOT_YET) return HIXL_TIMEOUT;
@@ -542,10 +542,11 @@ static HixlStatus release(hixl_kv_connector *c, const struct kv_meta_entry *e, u
 
 /* An abort, or a producer rank this consumer rank frees without reading it
  * (pin_first): the producer frees what it holds (best effort). pin_first waits, as a
- * load does, until the producer rank holds the request (within transfer_timeout_ms):
- * a FREE that came first would be refused (no metadata bound there yet) or remembered
- * only as an id, and the hold would wait out its lease. RELEASE does both in one call;
- * a producer without it gets PIN, then FREE. */
+ * load does, until the producer rank holds the request (within transfer_timeout_ms,
+ * and notify_timeout_ms past a shutdown: the host may shut down as soon as the request's
+ * reads ended, before this): a FREE that came first would be refused (no metadata bound
+ * there yet) or remembered only as an id, and the hold would wait out its lease.
+ * RELEASE does both in one call; a producer without it gets PIN, then FREE. */
 static void free_remote(hixl_kv_connector *c, const struct kv_load *l) {
   const struct kv_meta_entry *e = &l->e;
   uint8_t ans[64];
@@ -558,7 +559,7 @@ static void free_remote(hixl_kv_connector *c, const struct kv_load *l) {
     uint8_t *big = malloc(HIXL_CALL_MAX);
     struct kv_peer_held *h = calloc(1, sizeof(*h));
     char why[512];
-    if (big && h && pin(c, e, deadline, big, h, why, sizeof(why)) == HIXL_NOT_FOUND) {
+    if (big && h && pin(c, e, deadline, big, h, why, sizeof(why), true) == HIXL_NOT_FOUND) {
       free(h->r.planes); /* gone there already: nothing to free */
       free(h);
       free(big);

@@ -33,7 +33,7 @@ int kv_call_msg(hixl_kv_connector *c, const char *remote, struct kv_out *o, uint
 }
 
 HixlStatus kv_call_settled(hixl_kv_connector *c, const char *remote, struct kv_out *o, uint64_t deadline,
-                           uint8_t *ans, size_t cap, size_t *n) {
+                           uint8_t *ans, size_t cap, size_t *n, bool cleanup) {
   HixlStatus st = o->bad ? HIXL_RESOURCE_EXHAUSTED : HIXL_SUCCESS;
   for (unsigned tries = 0; st == HIXL_SUCCESS; tries++) {
     int32_t left = kv_ms_until(deadline);
@@ -41,8 +41,14 @@ HixlStatus kv_call_settled(hixl_kv_connector *c, const char *remote, struct kv_o
     if (st != HIXL_SUCCESS || *n == 0 || ans[0] != KV_PIN_NOT_YET || kv_ms_until(deadline) == 0) break;
     pthread_mutex_lock(&c->lock);
     bool shut = c->shut; /* shutdown joins this thread: asking on held it up to the deadline */
+    uint64_t shut_end = c->shut_ns + (uint64_t)c->cfg.notify_timeout_ms * 1000000ull;
     pthread_mutex_unlock(&c->lock);
-    if (shut) break;
+    if (shut) {
+      KV_TEST_POINT(KV_TEST_SETTLE_SHUT);
+      if (!cleanup) break;
+      if (shut_end < deadline) deadline = shut_end;
+      if (kv_ms_until(deadline) == 0) break;
+    }
     struct timespec ts = {0, tries < 20 ? 200000 : 2000000}; /* the peer binds it at its next step */
     nanosleep(&ts, NULL);
   }

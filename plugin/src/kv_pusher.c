@@ -130,7 +130,7 @@ static HixlStatus push_accept(hixl_kv_connector *c, struct kv_push *p, char *why
     struct kv_out msg = {0};
     kv_msg(c, &msg, h->word ? KV_SVC_ACCEPT_W : KV_SVC_ACCEPT, e->rreq, &e->rcap, 0, "");
     kv_put_groups(&msg, e->gn, e->ngroups); /* what it writes per group: the consumer's bytes_loaded */
-    st = kv_call_settled(c, e->remote, &msg, deadline, ans, HIXL_CALL_MAX, &n);
+    st = kv_call_settled(c, e->remote, &msg, deadline, ans, HIXL_CALL_MAX, &n, false);
     /* Only an older consumer's refusal of the op itself: any other refusal (a wrong
      * capability, a rank refused) would be ACCEPT's too, and counted twice there. */
     if (!h->word || !kv_op_unknown(st)) break;
