@@ -153,10 +153,27 @@ static void hold_port(uint16_t port) {
   if (fd >= 0) close(fd);
 }
 
+/* A port to start a run of n at: at random below the kernel's ephemeral range, where no
+ * port-0 bind or outgoing connection takes one and no closed connection of theirs
+ * lingers in TIME_WAIT (a bind without SO_REUSEADDR refuses such a port: after a few
+ * thousand runs on one machine most runs of 4 ephemeral ports held one, and TP runs
+ * found none); 0 (the kernel's pick) where that range is too small. */
+static uint16_t below_ephemeral(uint32_t n) {
+  unsigned low = 32768, r = 0;
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (f) {
+    if (fscanf(f, "%u", &low) != 1) low = 32768;
+    fclose(f);
+  }
+  if (low > 65536 || low < 10000 + n + 64 || getrandom(&r, sizeof(r), 0) != (ssize_t)sizeof(r)) return 0;
+  return (uint16_t)(10000 + r % (low - n - 10000));
+}
+
 /* For each instance a run of n[k] free ports from base[k] (rank r's engine listens on
  * base + r), the two runs apart: the sockets that found them stay bound until both are
- * found, and each is then held for good (hold_port). 0 when no run was found (the
- * kernel's pick then, as before). */
+ * found, and each is then held for good (hold_port). Tried below the ephemeral range
+ * first, then where the kernel picks; 0 when no run was found (the kernel's pick then,
+ * as before). */
 static void free_ports(const uint32_t n[2], uint16_t base[2]) {
   int held[2 * MH_MAX_TP];
   uint32_t nh = 0;
@@ -165,7 +182,8 @@ static void free_ports(const uint32_t n[2], uint16_t base[2]) {
     for (int attempt = 0; attempt < 64 && !base[k]; attempt++) {
       uint32_t first = nh, i = 1;
       uint16_t p = 0, q = 0;
-      int fd = bind_port(0, &p);
+      int fd = bind_port(attempt < 48 ? below_ephemeral(n[k]) : 0, &p);
+      if (fd < 0 && attempt < 48) continue; /* taken: another */
       if (fd < 0) break;
       held[nh++] = fd;
       for (; i < n[k] && p + i <= 65535 && (fd = bind_port((uint16_t)(p + i), &q)) >= 0; i++) held[nh++] = fd;
