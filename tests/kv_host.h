@@ -70,6 +70,33 @@ static inline uint16_t hold_port(const char *ip, uint16_t port) {
 /* A TCP port on test_ip() held for this process (hold_port); 0 if none was found. */
 static inline uint16_t free_port(void) { return hold_port(test_ip(), 0); }
 
+/* A run of n ports from the one returned, each held for this process (hold_port), as TP
+ * ranks listen on port + rank; 0 if none was found. Tried at random below the kernel's
+ * ephemeral range first: no port-0 bind or outgoing connection takes a port there, and
+ * none of their closed connections lingers there in TIME_WAIT, which hold_port's probe
+ * refuses (after tens of thousands of connections on a machine, nearly every run of
+ * ephemeral ports held one); then from the kernel's pick. A run cut short leaves its
+ * first ports held (unused). */
+static inline uint16_t hold_run(const char *ip, uint32_t n) {
+  unsigned low = 32768, r;
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (f) {
+    if (fscanf(f, "%u", &low) != 1) low = 32768;
+    fclose(f);
+  }
+  for (int tries = 0; tries < 64; tries++) {
+    uint16_t base = 0;
+    if (tries < 48 && low <= 65536 && low >= 10000 + n + 64 && getentropy(&r, sizeof(r)) == 0)
+      base = hold_port(ip, (uint16_t)(10000 + r % (low - n - 10000)));
+    else if (tries >= 48)
+      base = hold_port(ip, 0);
+    bool ok = base && base + n <= 65536;
+    for (uint32_t i = 1; i < n && ok; i++) ok = hold_port(ip, (uint16_t)(base + i)) != 0;
+    if (ok) return base;
+  }
+  return 0;
+}
+
 /* One step of metadata from a scheduler to its worker, and the step's loads started. */
 static inline void kv_host_step(const hixl_kv_ops *ops, hixl_kv_connector *sched, hixl_kv_connector *worker) {
   hixl_kv_buffer m = {0};

@@ -635,12 +635,7 @@ struct mla_side {
 static bool mla_up(struct mla_side *s, const char *role, uint32_t world) {
   memset(s, 0, sizeof(*s));
   s->world = world;
-  uint16_t port = 0;
-  for (int tries = 0; tries < 50 && !port; tries++) {
-    port = hold_port(tu_ip(), 0);
-    for (uint32_t i = 1; i < world && port; i++)
-      if (!hold_port(tu_ip(), (uint16_t)(port + i))) port = 0;
-  }
+  uint16_t port = hold_run(tu_ip(), world);
   char cfg[640], err[256] = "";
   snprintf(cfg, sizeof(cfg),
            "{\"address\": \"%s:%u\", \"role\": \"%s\", \"Transport\": \"%s\", \"mode\": \"pull\", "

@@ -77,17 +77,6 @@ static uint32_t block_bytes(const struct side *s, const struct rank *k) {
   return s->m->mla ? LATENT_BYTES : k->heads * HEAD_BYTES;
 }
 
-/* Ports base .. base + world - 1 free on test_ip() now (0 when none found). */
-static uint16_t free_ports(uint32_t world) {
-  for (int tries = 0; tries < 50; tries++) {
-    uint16_t base = free_port();
-    bool ok = base && base + world < 65535;
-    for (uint32_t i = 1; i < world && ok; i++) ok = hold_port(test_ip(), (uint16_t)(base + i)) != 0;
-    if (ok) return base;
-  }
-  return 0;
-}
-
 static unsigned lease_ms = 10000;
 static const char *auth_key; /* set: both sides hold this key file, and link over shm (push_shm) */
 
@@ -118,7 +107,7 @@ static hixl_kv_status side_up(struct side *s, const struct model *m, uint32_t wo
   s->m = m;
   s->world = world;
   char cfg[640], key[128] = "";
-  uint16_t port = free_ports(world);
+  uint16_t port = hold_run(test_ip(), world);
   if (auth_key) snprintf(key, sizeof(key), ",\n \"AuthKeyFile\": \"%s\"", auth_key);
   snprintf(
       cfg, sizeof(cfg),
@@ -778,7 +767,7 @@ static void test_ports_past_end(void) {
 static void test_heads_checked(void) {
   char cfg[256];
   snprintf(cfg, sizeof(cfg), "{\"address\": \"%s:%u\", \"Transport\": \"tcp\"}", test_ip(),
-           (unsigned)free_ports(2)); /* rank 1 listens on port + 1 */
+           (unsigned)hold_run(test_ip(), 2)); /* rank 1 listens on port + 1 */
   hixl_kv_connector *w = NULL;
   char err[256];
   ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 1, 2, &w, err, sizeof(err)), HIXL_KV_SUCCESS);
@@ -842,7 +831,7 @@ static void test_heads_checked(void) {
 static void test_heads_overflow(void) {
   char cfg[256];
   snprintf(cfg, sizeof(cfg), "{\"address\": \"%s:%u\", \"Transport\": \"tcp\"}", test_ip(),
-           (unsigned)free_ports(2));
+           (unsigned)hold_run(test_ip(), 2));
   hixl_kv_connector *w = NULL;
   char err[256];
   ST_IS(ops->create(cfg, strlen(cfg), HIXL_KV_ROLE_WORKER, 1, 2, &w, err, sizeof(err)), HIXL_KV_SUCCESS);
