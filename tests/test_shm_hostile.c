@@ -16,23 +16,37 @@
  *  - it sends SHM_UNMAPs without end and reads none of the answers: the link is cut
  *    once ESHM_UNMAP_UNSENT answers wait unsent, rather than each queued here;
  *  - it asks its mapped region back and resets the link: the answer's failed send cuts
- *    the link, which frees nothing still in use (ASan). */
+ *    the link, which frees nothing still in use (ASan).
+ * And an initiator that lies to the engine (the target here), a raw one in a child:
+ * its SHM_MAP_HELLO comes twice, with nobody connected to the link's unix socket (or a
+ * stranger instead), on a keyed link whose socket it never bound, from a connection of
+ * another uid, when its SHM_HELLO did not ask to map, after it closed its end (the page
+ * cannot go), with no SHM_HELLO at all; and to a target that could not make its page
+ * (memfd_create refused by a seccomp filter, in a child). Each is refused in SHM_MAP_ACK
+ * with its reason, nothing is handed over for it, the socket is closed for good (but
+ * after a second SHM_MAP_HELLO, where the first's grants live on), and the TCP link
+ * stays up: a WRITE on it after lands byte for byte. */
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/filter.h>
 #include <linux/sched.h>
+#include <linux/seccomp.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,7 +57,9 @@
 #include "raw_auth.h"
 #include "test_util.h"
 #include "transport/shm/shm_int.h"
+#include "transport/shm/uds.h"
 #include "util/be.h"
+#include "util/cma.h"
 #include "wire/wire.h"
 
 #if defined(__SANITIZE_THREAD__)
@@ -68,6 +84,7 @@
 #define MAP_BASE   ((uint64_t)1 << 44) /* where the fake says its memfds lie (nothing of its own) */
 #define FINAL_MAP  (MAP_BASE + ((uint64_t)1 << 30)) /* churn: the region it hands over last */
 #define LAST_UNMAP (MAP_BASE + ((uint64_t)2 << 30)) /* ... and the range it asks back last */
+#define USER_A     65501 /* the user a raw initiator becomes (test_map_hello_other_uid) */
 
 /* The probe bytes the fake shows at their own address (SHM_HELLO_ACK). */
 static uint8_t probe[CMA_NONCE_LEN] = "hixl-hostile-pr";
@@ -821,6 +838,434 @@ static void test_bad_hello_ack(void) {
   }
 }
 
+/* ---------------------------------------------------------------- SHM_MAP_HELLO refused */
+
+/* An initiator that lies to its target (the engine here is the target): a raw one in a
+ * child (its pid is not the target's), which says it connected to the link's unix
+ * socket (SHM_MAP_HELLO) when it should not be handed memory. eshm_target_map_hello
+ * refuses each: SHM_MAP_ACK refused with the reason, no region and no page handed
+ * over, the unix socket closed (one try a link) but the TCP link left up: a WRITE on
+ * it after lands byte for byte. */
+enum lie {
+  LIE_TWICE,      /* maps as it should, then sends SHM_MAP_HELLO again */
+  LIE_NO_CONNECT, /* never connects to the unix socket */
+  LIE_STRANGER,   /* a child of it connects (turned away: another pid), it does not */
+  LIE_UNBOUND,    /* a keyed link: it connects, but never asks the binding */
+  LIE_OTHER_UID,  /* it connects as another user (root dropped after its SHM_HELLO) */
+  LIE_NOT_ASKED,  /* its SHM_HELLO did not ask to map memory (no WIRE_SHM_F_MAP) */
+  LIE_HUNG_UP,    /* it connects and closes its end before the frame: its page cannot go */
+  LIE_NO_HELLO,   /* no SHM_HELLO before it: the link has no shm state at all */
+  LIE_NONE,       /* none: it maps as it should, from a target that has no page to hand over */
+};
+
+#define LIE_OFF  8192u /* where in the target's region the WRITE after the refusal lands */
+#define LIE_LEN  4096u
+#define LIE_SEED 4303
+
+struct lie_go {       /* the test to the raw initiator, once the target is up */
+  uint64_t addr, len; /* the target's AllocMem region */
+};
+
+struct lie_result {
+  uint32_t stage;      /* 0: it got through; else the step that failed (err says which) */
+  uint32_t first;      /* LIE_TWICE: the first SHM_MAP_ACK's status ... */
+  uint32_t first_maps; /* ... the SHM_MAPs before it ... */
+  uint32_t first_fds;  /* ... and the descriptors on the unix socket (its page, a memfd) */
+  uint32_t status;     /* the SHM_MAP_ACK of the lie: WIRE_HELLO_* */
+  char reason[WIRE_SHM_REASON_MAX + 1];
+  uint32_t maps;     /* SHM_MAP / SHM_DEV_MAP frames before that ACK */
+  uint32_t fds;      /* descriptors that came on the unix socket after the first ACK (all: LIE_TWICE) */
+  int32_t sock;      /* its unix socket after the ACK: 0 closed on it, 1 open (nothing waiting), -1 none */
+  int32_t again;     /* errno of a connect to the socket's name after it (0: it connected; -1: no name) */
+  uint32_t write_st; /* WRITE_ACK's status of a WRITE on the TCP link after it */
+  char err[160];
+};
+
+struct lie_case {
+  enum lie lie;
+  uint16_t port; /* the target's */
+  bool keyed;
+};
+
+/* A blocking socket to the target at tu_ip():port, 5 s timeouts; -1 on error. */
+static int lie_dial(uint16_t port) {
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+  struct timeval tv = {.tv_sec = 5};
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  inet_pton(AF_INET, tu_ip(), &sa.sin_addr);
+  if (fd >= 0 && (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
+                  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0 ||
+                  connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0)) {
+    close(fd);
+    fd = -1;
+  }
+  return fd;
+}
+
+/* A frame on the raw link (tagged on a keyed one). */
+static bool lie_send(int fd, struct auth_frames *fr, uint8_t *frame, size_t len, const void *pl,
+                     size_t plen) {
+  if (fr->on) return raw_send_proven(fd, fr, frame, len, pl, plen);
+  return raw_send_all(fd, frame, len) && (plen == 0 || raw_send_all(fd, pl, plen));
+}
+
+/* The next frame of type want (others dropped) into buf, decoded into *m. */
+static bool lie_recv(int fd, struct auth_frames *fr, uint8_t *buf, size_t cap, uint8_t want,
+                     struct wire_msg *m, uint32_t *maps) {
+  struct wire_hdr h;
+  for (;;) {
+    bool ok = fr->on ? raw_recv_proven(fd, fr, &h, buf, buf + WIRE_HDR_LEN, cap - WIRE_HDR_LEN)
+                     : raw_recv_frame(fd, &h, buf, buf + WIRE_HDR_LEN, cap - WIRE_HDR_LEN);
+    if (!ok) return false;
+    if (maps && (h.type == WIRE_SHM_MAP || h.type == WIRE_SHM_DEV_MAP)) (*maps)++;
+    if (h.type == want) return wire_decode(&h, buf + WIRE_HDR_LEN, m) == WIRE_OK;
+  }
+}
+
+/* Descriptors waiting on the unix socket u, taken (and closed); *sock: 0 once it ended,
+ * 1 when it is open with nothing more. */
+static uint32_t lie_drain(int u, int32_t *sock) {
+  uint32_t n = 0;
+  for (;;) {
+    union {
+      struct cmsghdr h;
+      char buf[CMSG_SPACE(8 * sizeof(int))];
+    } cm;
+    char data[64];
+    struct iovec iov = {data, sizeof(data)};
+    struct msghdr mh = {
+        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf, .msg_controllen = sizeof(cm.buf)};
+    ssize_t k = recvmsg(u, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    for (struct cmsghdr *c = k >= 0 ? CMSG_FIRSTHDR(&mh) : NULL; c; c = CMSG_NXTHDR(&mh, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t nfd = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < nfd; i++) {
+        int fd;
+        memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        close(fd);
+        n++;
+      }
+    }
+    if (k > 0) continue;
+    *sock = k == 0 || errno == ECONNRESET ? 0 : 1;
+    return n;
+  }
+}
+
+/* A process other than the link's peer connects to its socket and waits until the
+ * target turns it away (EOF); 0 when it did. */
+static int lie_stranger(const char *sname) {
+  pid_t p = fork();
+  if (p == 0) {
+    char b;
+    int u = uds_connect(sname, strlen(sname), 5000);
+    struct pollfd pf = {.fd = u, .events = POLLIN};
+    _exit(u >= 0 && poll(&pf, 1, 10000) == 1 && recv(u, &b, 1, 0) == 0 ? 0 : 1);
+  }
+  int ws = 0;
+  return p > 0 && waitpid(p, &ws, 0) == p && WIFEXITED(ws) && WEXITSTATUS(ws) == 0 ? 0 : -1;
+}
+
+#define LIE_FAIL(n, ...)                                                                                     \
+  do {                                                                                                       \
+    r->stage = (n);                                                                                          \
+    snprintf(r->err, sizeof(r->err), __VA_ARGS__);                                                           \
+    goto out;                                                                                                \
+  } while (0)
+
+/* The raw initiator's lie, told on r. */
+static void lie_run(const struct lie_case *lc, const struct lie_go *go, struct lie_result *r) {
+  static uint8_t buf[16384];
+  uint8_t data[LIE_LEN];
+  char sname[WIRE_SHM_SOCK_MAX + 1] = "";
+  struct auth_frames fr = {0};
+  struct raw_auth a = {.key_hex = lc->keyed ? TU_KEY_HEX : NULL, .name = "raw-liar", .frames = &fr};
+  struct cma_self self;
+  struct wire_wr w;
+  struct wire_msg m;
+  int u = -1;
+  r->sock = -1;
+  r->again = -1;
+  r->write_st = UINT32_MAX;
+  int fd = lie_dial(lc->port);
+  if (fd < 0 || !raw_auth_hello(fd, &a, raw_send_all, raw_recv_all) || a.status != WIRE_HELLO_OK ||
+      !(a.ack_caps & WIRE_CAP_SHM) || (lc->keyed && !fr.on))
+    LIE_FAIL(1, "no link to the target (HELLO_ACK status %u caps 0x%x)", a.status, a.ack_caps);
+  if (lc->lie != LIE_NO_HELLO) {
+    if (cma_self_get(&self) != 0) LIE_FAIL(2, "no boot id");
+    wire_begin(&w, buf, sizeof(buf), WIRE_SHM_HELLO);
+    wire_put_shm_id(&w, WIRE_SHM_LAYOUT, self.boot_id, (uint32_t)getpid(), (uint32_t)geteuid());
+    wire_put_u32(&w, lc->lie == LIE_NOT_ASKED ? 0 : WIRE_SHM_F_MAP);
+    if (!lie_send(fd, &fr, buf, wire_end(&w, 0), NULL, 0) ||
+        !lie_recv(fd, &fr, buf, sizeof(buf), WIRE_SHM_HELLO_ACK, &m, NULL))
+      LIE_FAIL(3, "no SHM_HELLO_ACK");
+    if (m.u.shm.status != WIRE_HELLO_OK || m.u.shm.sock_len == 0 || m.u.shm.sock_len > WIRE_SHM_SOCK_MAX)
+      LIE_FAIL(4, "SHM_HELLO_ACK status %u, socket name of %u bytes", m.u.shm.status, m.u.shm.sock_len);
+    memcpy(sname, m.u.shm.sock, m.u.shm.sock_len);
+    sname[m.u.shm.sock_len] = '\0';
+  }
+  if (lc->lie == LIE_OTHER_UID && tu_become(USER_A, USER_A) != 0) LIE_FAIL(5, "cannot become uid %u", USER_A);
+  if (lc->lie == LIE_STRANGER && lie_stranger(sname) != 0) LIE_FAIL(6, "the stranger was not turned away");
+  if (sname[0] && lc->lie != LIE_NO_CONNECT && lc->lie != LIE_STRANGER &&
+      (u = uds_connect(sname, strlen(sname), 5000)) < 0)
+    LIE_FAIL(7, "cannot connect to the unix socket: %s", strerror(errno));
+  if (lc->lie == LIE_HUNG_UP) {
+    close(u);
+    u = -1;
+  }
+  for (int k = lc->lie == LIE_TWICE ? 0 : 1; k < 2; k++) {
+    uint32_t maps = 0;
+    wire_begin(&w, buf, sizeof(buf), WIRE_SHM_MAP_HELLO);
+    wire_put_u32(&w, 0);
+    if (!lie_send(fd, &fr, buf, wire_end(&w, 0), NULL, 0) ||
+        !lie_recv(fd, &fr, buf, sizeof(buf), WIRE_SHM_MAP_ACK, &m, &maps))
+      LIE_FAIL(8, "no SHM_MAP_ACK");
+    /* What it handed over went on the unix socket before the frames: all there now. */
+    uint32_t fds = u >= 0 ? lie_drain(u, &r->sock) : 0;
+    if (k == 0) {
+      r->first = m.u.map.status;
+      r->first_maps = maps;
+      r->first_fds = fds;
+    } else {
+      r->status = m.u.map.status;
+      r->maps = maps;
+      r->fds = fds;
+      memcpy(r->reason, m.u.map.text, m.u.map.text_len);
+      r->reason[m.u.map.text_len] = '\0';
+    }
+  }
+  if (sname[0]) { /* one try a link: nobody gets onto the socket after */
+    int v = uds_connect(sname, strlen(sname), 1000);
+    r->again = v >= 0 ? 0 : errno;
+    if (v >= 0) close(v);
+  }
+  /* The link is up: a WRITE over tcp lands. */
+  tu_fill(data, sizeof(data), LIE_SEED);
+  wire_begin(&w, buf, sizeof(buf), WIRE_WRITE_REQ);
+  wire_put_u64(&w, 1);
+  wire_put_u64(&w, go->addr + LIE_OFF);
+  if (!lie_send(fd, &fr, buf, wire_end(&w, LIE_LEN), data, LIE_LEN) ||
+      !lie_recv(fd, &fr, buf, sizeof(buf), WIRE_WRITE_ACK, &m, NULL) || m.u.ack.seq != 1)
+    LIE_FAIL(9, "no WRITE_ACK");
+  r->write_st = m.u.ack.status;
+out:
+  if (u >= 0) close(u);
+  if (fd >= 0) close(fd);
+  auth_frames_free(&fr);
+}
+
+/* tu_child_start body: the raw initiator; told the target's region on ctl_fd, it lies,
+ * reports, and keeps nothing open until ctl_fd ends. */
+static int lie_child(void *arg, int ready_fd, int ctl_fd) {
+  struct lie_go go;
+  struct lie_result r;
+  char b;
+  memset(&r, 0, sizeof(r));
+  if (tu_write_all(ready_fd, "r", 1) != 0 || tu_read_all(ctl_fd, &go, sizeof(go)) != 0) return 1;
+  lie_run(arg, &go, &r);
+  if (tu_write_all(ready_fd, &r, sizeof(r)) != 0) return 1;
+  while (read(ctl_fd, &b, 1) > 0) {
+  }
+  return 0;
+}
+
+/* What the raw initiator reports after lie: its SHM_MAP_ACK refused, its reason
+ * holding need, as the target's warning does (line; seen: it came); nothing handed
+ * over for it; the socket closed and taking no one after (where it had one); the link
+ * up: its WRITE after the refusal answered SUCCESS. pid: the raw initiator's. */
+static void lie_check(enum lie lie, const struct lie_result *r, const char *need, pid_t pid, bool seen,
+                      const char *line) {
+  char who[32];
+  if (r->stage != 0)
+    tu_fail(__FILE__, __LINE__, "the raw initiator stopped at step %u: %s", r->stage, r->err);
+  printf("  [SHM_MAP_ACK %s: \"%s\"]\n", r->status == WIRE_HELLO_REFUSED ? "refused" : "OK", r->reason);
+  if (lie == LIE_TWICE) { /* the first was answered as it should be */
+    CU_ASSERT_EQUAL(r->first, WIRE_HELLO_OK);
+    CU_ASSERT_EQUAL(r->first_maps, 1);
+    CU_ASSERT_EQUAL(r->first_fds, 2); /* the page, the region's memfd */
+  }
+  CU_ASSERT_EQUAL(r->status, WIRE_HELLO_REFUSED);
+  if (!strstr(r->reason, need))
+    tu_fail(__FILE__, __LINE__, "the reason \"%s\" does not say \"%s\"", r->reason, need);
+  if (!seen || !strstr(line, need))
+    tu_fail(__FILE__, __LINE__, "the target's warning \"%s\" does not say \"%s\"", line, need);
+  snprintf(who, sizeof(who), "pid %d", (int)pid); /* named by the refusals that name the peer */
+  if ((lie == LIE_NO_CONNECT || lie == LIE_STRANGER || lie == LIE_OTHER_UID) && !strstr(r->reason, who))
+    tu_fail(__FILE__, __LINE__, "the reason \"%s\" does not name the raw initiator, %s", r->reason, who);
+  CU_ASSERT_EQUAL(r->maps, 0);
+  CU_ASSERT_EQUAL(r->fds, 0);
+  bool connected = lie != LIE_NO_CONNECT && lie != LIE_STRANGER && lie != LIE_NO_HELLO && lie != LIE_HUNG_UP;
+  CU_ASSERT_EQUAL(r->sock, !connected ? -1 : lie == LIE_TWICE ? 1 : 0);
+  CU_ASSERT_EQUAL(r->again, lie == LIE_NO_HELLO ? -1 : ECONNREFUSED);
+  CU_ASSERT_EQUAL(r->write_st, HIXL_SUCCESS);
+}
+
+/* The target (this process, Transport shm, keyed or not, an AllocMem region) gets lie
+ * from a raw initiator in a child: refused (lie_check); the region holds the WRITE
+ * after the refusal, the rest as it was. */
+static void lie_case(enum lie lie, bool keyed, const char *need) {
+  static uint8_t want[REG_LEN];
+  struct lie_case lc = {.lie = lie, .port = tu_free_port(), .keyed = keyed};
+  struct lie_result r;
+  struct lie_go go;
+  tu_child c = {0};
+  char name[TU_ADDR_LEN], line[512], b;
+  void *p = NULL;
+  HixlMemHandle h;
+  const char *key = keyed ? tu_key_file() : NULL;
+  HixlOption o = {"AuthKeyFile", key};
+  CU_ASSERT_FATAL(!keyed || key);
+  CU_ASSERT_FATAL(tu_child_start(&c, lie_child, &lc) == 0); /* before the engine */
+  CU_ASSERT_FATAL(tu_child_read(&c, &b, 1, READY_MS) == 0);
+  HixlEngine *t = tu_engine_start_opts(tu_addr(name, sizeof(name), lc.port), "shm", &o, keyed ? 1 : 0);
+  CU_ASSERT_FATAL(t != NULL);
+  TU_ASSERT_OK_FATAL(HixlEngineAllocMem(t, REG_LEN, &p, &h));
+  tu_fill(p, REG_LEN, REG_SEED);
+  tu_log_capture(HIXL_LOG_WARN, false);
+  tu_log_watch("memory not mapped there");
+  go = (struct lie_go){(uintptr_t)p, REG_LEN};
+  CU_ASSERT_FATAL(tu_child_write(&c, &go, sizeof(go)) == 0);
+  CU_ASSERT_FATAL(tu_child_read(&c, &r, sizeof(r), 30000) == 0);
+  bool seen = tu_log_seen(line, sizeof(line));
+  HixlSetLogCallback(NULL, NULL);
+  HixlSetLogLevel(HIXL_LOG_ERROR);
+  lie_check(lie, &r, need, c.pid, seen, line);
+  tu_fill(want, REG_LEN, REG_SEED);
+  tu_fill(want + LIE_OFF, LIE_LEN, LIE_SEED);
+  TU_ASSERT_SAME(p, want, REG_LEN, "the target's region: the WRITE after the refusal, the rest as it was");
+  int ws = tu_child_stop(&c, 10000);
+  CU_ASSERT(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+  HixlEngineDestroy(t);
+}
+
+/* memfd_create fails (ENOSYS) in this process from here on (a seccomp filter, as on a
+ * kernel without memfds): an engine started after it has no page to hand over. 0, or
+ * -1 with errno. */
+static int no_memfds(void) {
+  struct sock_filter f[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_memfd_create, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  struct sock_fprog prog = {.len = (unsigned short)(sizeof(f) / sizeof(f[0])), .filter = f};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 && prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) == 0
+             ? 0
+             : -1;
+}
+
+struct nopage_up { /* the target child's readiness */
+  uint64_t addr;   /* its registered memory (REG_LEN bytes, REG_SEED), 0: it did not start */
+  bool skip;       /* ... for want of seccomp filters */
+  char err[120];
+};
+
+struct nopage_end { /* ... and its answer at the end */
+  int64_t mismatch; /* the first byte of its memory that is not the WRITE or REG_SEED, -1: none */
+  bool seen;        /* its warning came ... */
+  char line[400];   /* ... this one */
+};
+
+/* tu_child_start body: a target without its page (no_memfds), Transport shm, on port
+ * *arg, its memory registered (AllocMem needs a memfd too); on a byte on ctl_fd it
+ * checks that memory and says what it logged, then waits for ctl_fd to end. */
+static int nopage_target(void *arg, int ready_fd, int ctl_fd) {
+  static uint8_t want[REG_LEN];
+  struct nopage_up up = {0, false, ""};
+  struct nopage_end end = {-1, false, ""};
+  char name[TU_ADDR_LEN], b;
+  uint8_t *mem = tu_alloc_mem(REG_LEN, false);
+  HixlEngine *t = NULL;
+  if (!mem) {
+    snprintf(up.err, sizeof(up.err), "no memory");
+  } else if (no_memfds() != 0) {
+    up.skip = true;
+    snprintf(up.err, sizeof(up.err), "no seccomp filter to refuse memfd_create with: %s", strerror(errno));
+  } else if (!(t = tu_engine_start_with(tu_addr(name, sizeof(name), *(const uint16_t *)arg), "shm")) ||
+             !tu_register(t, mem, REG_LEN)) {
+    snprintf(up.err, sizeof(up.err), "no engine: %s", HixlGetLastErrorMessage());
+  } else {
+    tu_fill(mem, REG_LEN, REG_SEED);
+    up.addr = (uintptr_t)mem;
+    tu_log_capture(HIXL_LOG_WARN, false);
+    tu_log_watch("memory not mapped there");
+  }
+  if (tu_write_all(ready_fd, &up, sizeof(up)) != 0 || !up.addr || tu_read_all(ctl_fd, &b, 1) != 0) return 1;
+  end.seen = tu_log_seen(end.line, sizeof(end.line));
+  tu_fill(want, REG_LEN, REG_SEED);
+  tu_fill(want + LIE_OFF, LIE_LEN, LIE_SEED);
+  end.mismatch = tu_mismatch(mem, want, REG_LEN);
+  if (tu_write_all(ready_fd, &end, sizeof(end)) != 0) return 1;
+  while (read(ctl_fd, &b, 1) > 0) {
+  }
+  HixlEngineDestroy(t);
+  return 0;
+}
+
+/* A target that could not make its page (memfd_create refused, in a child) refuses an
+ * initiator that asks as it should: this process, the raw initiator here. */
+static void test_map_hello_no_page(void) {
+  struct lie_case lc = {.lie = LIE_NONE, .port = tu_free_port()};
+  struct nopage_up up;
+  struct nopage_end end;
+  struct lie_result r;
+  tu_child c = {0};
+  memset(&r, 0, sizeof(r));
+  CU_ASSERT_FATAL(tu_child_start(&c, nopage_target, &lc.port) == 0);
+  CU_ASSERT_FATAL(tu_child_read(&c, &up, sizeof(up), READY_MS) == 0);
+  if (up.skip) {
+    printf("  [skipped: %s]\n", up.err);
+    tu_child_stop(&c, 10000);
+    return;
+  }
+  if (!up.addr) {
+    tu_fail(__FILE__, __LINE__, "the target without a page did not start: %s", up.err);
+    tu_child_stop(&c, 10000);
+    return;
+  }
+  struct lie_go go = {up.addr, REG_LEN};
+  lie_run(&lc, &go, &r);
+  CU_ASSERT_FATAL(tu_child_write(&c, "c", 1) == 0 && tu_child_read(&c, &end, sizeof(end), 10000) == 0);
+  lie_check(LIE_NONE, &r, "this engine offers no memory to map (it could not make its page)", getpid(),
+            end.seen, end.line);
+  if (end.mismatch >= 0)
+    tu_fail(__FILE__, __LINE__, "the target's memory differs at byte %lld from the WRITE after the refusal",
+            (long long)end.mismatch);
+  int ws = tu_child_stop(&c, 10000);
+  CU_ASSERT(ws >= 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+}
+
+static void test_map_hello_twice(void) { lie_case(LIE_TWICE, false, "SHM_MAP_HELLO came twice"); }
+
+static void test_map_hello_not_connected(void) {
+  lie_case(LIE_NO_CONNECT, false, "this link's peer, did not connect to the unix socket");
+  lie_case(LIE_STRANGER, false, "this link's peer, did not connect to the unix socket");
+}
+
+static void test_map_hello_unbound(void) {
+  lie_case(LIE_UNBOUND, true, "the unix socket was not bound to this link first (the link has a key)");
+}
+
+static void test_map_hello_other_uid(void) {
+  if (geteuid() != 0) {
+    printf("  [skipped: an initiator of another user needs root to drop]\n");
+    return;
+  }
+  lie_case(LIE_OTHER_UID, false, "connected as uid 65501; memory is mapped only into processes of uid 0");
+}
+
+static void test_map_hello_not_asked(void) {
+  lie_case(LIE_NOT_ASKED, false, "the initiator's SHM_HELLO did not ask to map memory");
+}
+
+static void test_map_hello_hung_up(void) {
+  lie_case(LIE_HUNG_UP, false, "cannot hand over its page on the unix socket");
+}
+
+static void test_map_hello_no_hello(void) {
+  lie_case(LIE_NO_HELLO, false, "no unix socket is open on this link");
+}
+
 /* ---------------------------------------------------------------- main */
 
 int main(int argc, char **argv) {
@@ -847,6 +1292,18 @@ int main(int argc, char **argv) {
   CU_add_test(
       s, "SHM_HELLO_ACK short, layout 0, refused, another boot, no socket, this pid, pid 1: FAILED or tcp",
       test_bad_hello_ack);
+  s = CU_add_suite("shm: an initiator that lies to its target (SHM_MAP_HELLO refused)", NULL, NULL);
+  CU_add_test(s, "SHM_MAP_HELLO twice: the second refused, nothing more handed over, the link up",
+              test_map_hello_twice);
+  CU_add_test(s, "SHM_MAP_HELLO with the peer not connected (none, or a stranger instead): refused",
+              test_map_hello_not_connected);
+  CU_add_test(s, "SHM_MAP_HELLO on a keyed link, the socket never bound: refused", test_map_hello_unbound);
+  CU_add_test(s, "SHM_MAP_HELLO from a connection of another uid: refused", test_map_hello_other_uid);
+  CU_add_test(s, "SHM_MAP_HELLO when its SHM_HELLO did not ask to map: refused", test_map_hello_not_asked);
+  CU_add_test(s, "SHM_MAP_HELLO after it closed its end of the socket: its page cannot go, refused",
+              test_map_hello_hung_up);
+  CU_add_test(s, "SHM_MAP_HELLO with no SHM_HELLO before it: refused", test_map_hello_no_hello);
+  CU_add_test(s, "SHM_MAP_HELLO to a target that could not make its page: refused", test_map_hello_no_page);
   if (CU_get_error() != CUE_SUCCESS) {
     fprintf(stderr, "CUnit: %s\n", CU_get_error_msg());
     CU_cleanup_registry();
