@@ -311,13 +311,14 @@ static struct {
   const char *needle;
   char line[512];
   bool echo;
-} g_log = {PTHREAD_MUTEX_INITIALIZER, NULL, "", false};
+  unsigned hits;
+} g_log = {PTHREAD_MUTEX_INITIALIZER, NULL, "", false, 0};
 
 static void log_cb(HixlLogLevel level, const char *msg, void *ctx) {
   (void)level, (void)ctx;
   pthread_mutex_lock(&g_log.lock);
   if (g_log.echo) fprintf(stderr, "[hixl] %s\n", msg);
-  if (g_log.needle && !g_log.line[0] && strstr(msg, g_log.needle))
+  if (g_log.needle && strstr(msg, g_log.needle) && g_log.hits++ == 0)
     snprintf(g_log.line, sizeof(g_log.line), "%s", msg);
   pthread_mutex_unlock(&g_log.lock);
 }
@@ -334,7 +335,15 @@ void tu_log_watch(const char *needle) {
   pthread_mutex_lock(&g_log.lock);
   g_log.needle = needle;
   g_log.line[0] = '\0';
+  g_log.hits = 0;
   pthread_mutex_unlock(&g_log.lock);
+}
+
+unsigned tu_log_hits(void) {
+  pthread_mutex_lock(&g_log.lock);
+  unsigned n = g_log.hits;
+  pthread_mutex_unlock(&g_log.lock);
+  return n;
 }
 
 bool tu_log_seen(char *out, size_t cap) {

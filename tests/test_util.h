@@ -142,6 +142,8 @@ HixlStatus tu_device_refusal(void);
 void tu_log_capture(HixlLogLevel level, bool echo);
 void tu_log_watch(const char *needle);
 bool tu_log_seen(char *out, size_t cap);
+/** How many lines held the needle since tu_log_watch (tu_log_seen leaves it as it was). */
+unsigned tu_log_hits(void);
 
 /** A key file (mode 0600) for AuthKeyFile, made once per process with a fixed test
  *  key and removed when the process that made it exits; NULL if it cannot be. */

@@ -150,6 +150,7 @@ struct eshm_link {                 /* link_xs(c, XPORT_SHM) */
   bool watched;             /* target: lfd (before accept) or ufd (until its bind request) is in epfd */
   bool bound;               /* target: the binding was answered, or the link has no key to bind with */
   bool mapping;             /* target: SHM_MAP_HELLO was taken: regions go to ufd (grants) */
+  bool said_again;          /* target: a repeated SHM_MAP_HELLO was warned of (the rest at debug) */
   struct shm_grant *grants; /* target: regions this link's initiator was given */
   uint32_t ngrants, cap_grants;
   const uint64_t *gen; /* initiator: the target's withdrawal count (its page, mapped) */

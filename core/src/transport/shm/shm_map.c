@@ -658,7 +658,11 @@ void eshm_target_map_hello(struct conn *c) {
     log_info("link from %s: %u regions handed over to map", link_remote(c), l->ngrants);
   } else {
     if (l && !again) eshm_unix_close(x, l);
-    log_warn("link from %s: memory not mapped there: %s", link_remote(c), why);
+    if (again && l->said_again) /* refused alike each time: a peer repeating it cannot flood the log */
+      log_debug("link from %s: memory not mapped there: %s", link_remote(c), why);
+    else
+      log_warn("link from %s: memory not mapped there: %s", link_remote(c), why);
+    if (again) l->said_again = true;
   }
   wire_begin(&w, buf, sizeof(buf), WIRE_SHM_MAP_ACK);
   wire_put_u32(&w, why[0] ? WIRE_HELLO_REFUSED : WIRE_HELLO_OK);
