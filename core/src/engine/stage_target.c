@@ -178,9 +178,12 @@ static void target_rdma_done(struct conn *c, bool ok, const char *status);
 static void target_rdma(struct conn *c, struct stage_link *t, const struct wire_msg *m) {
   bool pull = m->hdr.type == WIRE_STAGE_PULL, unreg = false;
   uint32_t st = HIXL_SUCCESS;
+  unsigned long long more;
   if (!(c->xp->flags & XPORT_STAGE_RDMA)) {
-    log_warn("%s sent %s on a %s link, which cannot move it: refused", c->remote_name,
-             wire_type_name(m->hdr.type), c->xp->name);
+    if (link_refused_say(c, &more)) /* a peer's every frame: not a line each */
+      log_warn("%s sent %s on a %s link, which cannot move it: refused (%llu more ops refused since the last "
+               "such line)",
+               c->remote_name, wire_type_name(m->hdr.type), c->xp->name, more);
     st = HIXL_FAILED;
   } else if (tsegs_take(t, m) < 0) {
     st = HIXL_RESOURCE_EXHAUSTED;
