@@ -66,7 +66,7 @@ HixlStatus HixlEngineGetNotifies(HixlEngine *e, HixlNotifyDesc **notifies, size_
     pthread_mutex_unlock(&e->lock);
     return hixl_fail(HIXL_RESOURCE_EXHAUSTED, "HixlEngineGetNotifies: out of memory");
   }
-  char *s = (char *)(out + n);
+  char *s = out ? (char *)(out + n) : NULL; /* no notifies: out is NULL, and NULL + 0 is undefined */
   for (size_t i = 0; i < n; i++) {
     char *const parts[3] = {e->notifies[i].name, e->notifies[i].msg, e->notifies[i].remote};
     const char **dst[3] = {&out[i].name, &out[i].msg, &out[i].remote_engine};
