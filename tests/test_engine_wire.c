@@ -27,6 +27,7 @@
 #include "engine/api_int.h"
 #include "engine/engine_ext.h"
 #include "engine/engine_int.h"
+#include "transport/rdma/rdma.h"
 #include "util/sock.h"
 #include "raw_auth.h"
 #include "test_util.h"
@@ -846,6 +847,31 @@ static void test_stage_rdma_without_qp(void) {
   HixlSetLogLevel(HIXL_LOG_ERROR);
   ASSERT_LINK_SERVES(fd, 98);
   ASSERT_MEMORY();
+  close(fd);
+}
+
+/* RDMA_CONNECT to a target that connects no QP for it (no RDMA device here): the
+ * refusal, RDMA_CONNECT_ACK with a status, parses as the wire says (before: its QP
+ * fields were all zero, mtu 0, which wire_decode refuses, so the target sent a frame
+ * its own parser calls malformed; found by fuzz_link). Where the target does connect
+ * a QP (an RDMA device), the answer must parse all the same. */
+static void test_rdma_connect_refusal_parses(void) {
+  static const uint8_t gid[16] = {0xfe, 0x80};
+  uint8_t frame[WIRE_HDR_LEN + WIRE_QP_INFO_LEN];
+  struct wire_wr w;
+  struct wire_hdr h;
+  struct wire_msg m;
+  int fd = raw_link();
+  CU_ASSERT_FATAL(fd >= 0);
+  wire_begin(&w, frame, sizeof(frame), WIRE_RDMA_CONNECT);
+  wire_put_qp_info(&w, 0x1234, 0x42, gid, 3);
+  size_t n = wire_end(&w, 0);
+  CU_ASSERT_FATAL(n == sizeof(frame));
+  CU_ASSERT_FATAL(raw_send_all(fd, frame, n));
+  CU_ASSERT_FATAL(read_answer(fd, &h, &m));
+  CU_ASSERT_EQUAL(h.type, WIRE_RDMA_CONNECT_ACK);
+  CU_ASSERT(m.u.qp.mtu >= 1 && m.u.qp.mtu <= 5);
+  if (!rdma_available()) CU_ASSERT_NOT_EQUAL(m.u.qp.status, 0);
   close(fd);
 }
 
@@ -2792,6 +2818,8 @@ int main(int argc, char **argv) {
   CU_add_test(t, "STAGE_PULL / STAGE_PUSH without a QP: FAILED, link kept, a warning a second at most",
               test_stage_rdma_without_qp);
   CU_add_test(t, "malformed staged frames close only their link", test_stage_malformed_closes_link);
+  CU_add_test(t, "RDMA_CONNECT refused (no QP): the RDMA_CONNECT_ACK parses",
+              test_rdma_connect_refusal_parses);
   CU_add_test(t, "a STAGE_READ flood nobody reads: bounded, RESOURCE_EXHAUSTED beyond",
               test_stage_read_flood_bounded);
   CU_add_test(t, "a READ flood nobody reads: the target owes at most LinkAnswersMax, serves others",

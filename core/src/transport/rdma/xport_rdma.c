@@ -554,6 +554,7 @@ static void erdma_target_connect(struct conn *c, const struct wire_msg *m) {
   }
   if (status != 0) free(l);
   if (status != 0) log_error("link from %s: cannot connect a QP: %s", link_remote(c), err);
+  if (local.mtu == 0) local.mtu = 1; /* a refusal without a QP: its fields are not read, but must parse */
   link_queue_copy(c, buf, put_qp_frame(buf, sizeof(buf), WIRE_RDMA_CONNECT_ACK, status, &local));
 }
 
