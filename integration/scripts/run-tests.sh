@@ -13,7 +13,7 @@
 #  2b. the same suite built with ThreadSanitizer: zero reports, from any process the
 #     tests start (TSan writes each process's reports to build-tsan/tsan/);
 #  3. a clang build of everything, and the wire, plugin-metadata and configuration
-#     parsers fuzzed with libFuzzer;
+#     parsers fuzzed with libFuzzer, and a live engine's links (fuzz_link);
 #  4. the RDMA suite (CTest label rdma) for real inside a QEMU guest with soft-RoCE;
 #  5. formatting check against .clang-format.
 set -euo pipefail
@@ -100,7 +100,7 @@ if [ -n "$reports" ]; then
   exit 1
 fi
 
-echo "== clang build (-Werror) and the parsers under libFuzzer (wire 60 s; plugin metadata, KV service, cache service, RPing and configuration 30 s each)"
+echo "== clang build (-Werror) and the parsers under libFuzzer (wire 60 s; plugin metadata, KV service, cache service, RPing, configuration and an engine's links 30 s each)"
 CC=clang cmake -S "$top" -B "$top/build-fuzz" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHIXL_WERROR=ON -DHIXL_FUZZ=ON "${cuda[@]}" >/dev/null
 cmake --build "$top/build-fuzz" -j"$jobs"
 (cd "$top/build-fuzz" && ctest -L fuzz --output-on-failure)
