@@ -45,6 +45,7 @@
  * FUZZ_LINK_SEEDS=DIR: write the seed sequences there first (tests/fuzz/link_corpus
  * came from it). FUZZ_LINK_LOG=1: the engines' log, and each link's byte counts. */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -86,7 +87,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define FUZZ_LINK_OPS      256u
 #define FUZZ_LINK_CLOSE_MS 10000
 #define FUZZ_LINK_HOLD_MS  10
-#define FUZZ_SERVICE       3 /* the target's test service (ENGINE_SERVICES is 4) */
+#define FUZZ_LINK_FDS      64 /* descriptors more than after the first input: a leak */
+#define FUZZ_SERVICE       3  /* the target's test service (ENGINE_SERVICES is 4) */
 
 static HixlEngine *target, *init;
 static uint8_t *area;       /* S_lo | R | S_hi */
@@ -449,6 +451,16 @@ static bool recv_all(int fd, void *p, size_t n) {
   return true;
 }
 
+/* Descriptors this process holds (both engines' and the raw link's). */
+static int fds_open(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  CHECK(d != NULL);
+  while (readdir(d)) n++;
+  closedir(d);
+  return n - 3; /* ., .. and d's own */
+}
+
 /* A link to the target through the keyless handshake, as an initiator makes it. */
 static int raw_link(bool hold) {
   struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(tport)};
@@ -464,7 +476,11 @@ static int raw_link(bool hold) {
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   if (hold) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &(int){4096}, sizeof(int));
-  CHECK(connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+  if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+    fprintf(stderr, "fuzz_link: cannot connect to the target: %s (%d descriptors open here)\n",
+            strerror(errno), fds_open());
+    abort();
+  }
   size_t n = wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, PEER_NAME);
   CHECK(n > 0 && send(fd, buf, n, MSG_NOSIGNAL) == (ssize_t)n);
   CHECK(recv_all(fd, buf, WIRE_HDR_LEN));
@@ -587,6 +603,14 @@ static void check_engine(void) {
   size_t count = 0;
   CHECK(HixlEngineGetNotifies(target, &nd, &count) == HIXL_SUCCESS);
   HixlEngineFreeNotifies(nd);
+  /* The links gone leave no descriptor behind (now and then: it reads /proc). */
+  static int base = -1;
+  static unsigned runs;
+  if (base < 0) base = fds_open();
+  if (++runs % 256 == 0 && fds_open() > base + FUZZ_LINK_FDS) {
+    fprintf(stderr, "fuzz_link: %d descriptors open, %d after the first input\n", fds_open(), base);
+    abort();
+  }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
