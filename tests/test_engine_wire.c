@@ -863,15 +863,29 @@ static void test_rdma_connect_refusal_parses(void) {
   struct wire_msg m;
   int fd = raw_link();
   CU_ASSERT_FATAL(fd >= 0);
-  wire_begin(&w, frame, sizeof(frame), WIRE_RDMA_CONNECT);
-  wire_put_qp_info(&w, 0x1234, 0x42, gid, 3);
-  size_t n = wire_end(&w, 0);
-  CU_ASSERT_FATAL(n == sizeof(frame));
-  CU_ASSERT_FATAL(raw_send_all(fd, frame, n));
-  CU_ASSERT_FATAL(read_answer(fd, &h, &m));
-  CU_ASSERT_EQUAL(h.type, WIRE_RDMA_CONNECT_ACK);
-  CU_ASSERT(m.u.qp.mtu >= 1 && m.u.qp.mtu <= 5);
-  if (!rdma_available()) CU_ASSERT_NOT_EQUAL(m.u.qp.status, 0);
+  fill_and_snapshot(410);
+  tu_log_capture(HIXL_LOG_ERROR, false);
+  tu_log_watch("cannot connect a QP");
+  for (int k = 0; k < 8; k++) { /* the second and on: refused (a QP, or none, on this link already) */
+    wire_begin(&w, frame, sizeof(frame), WIRE_RDMA_CONNECT);
+    wire_put_qp_info(&w, 0x1234, 0x42, gid, 3);
+    size_t n = wire_end(&w, 0);
+    CU_ASSERT_FATAL(n == sizeof(frame));
+    CU_ASSERT_FATAL(raw_send_all(fd, frame, n));
+    CU_ASSERT_FATAL(read_answer(fd, &h, &m));
+    CU_ASSERT_EQUAL(h.type, WIRE_RDMA_CONNECT_ACK);
+    CU_ASSERT(m.u.qp.mtu >= 1 && m.u.qp.mtu <= 5);
+    if (!rdma_available() || k > 0) CU_ASSERT_NOT_EQUAL(m.u.qp.status, 0);
+  }
+  char line[512];
+  tu_log_seen(line, sizeof(line));
+  unsigned said = tu_log_hits(); /* a line a second at most (0: another refusal was said within it) */
+  if (said > 1)
+    tu_fail(__FILE__, __LINE__, "%u error lines for 8 refused RDMA_CONNECTs (\"%s\")", said, line);
+  HixlSetLogCallback(NULL, NULL);
+  HixlSetLogLevel(HIXL_LOG_ERROR);
+  ASSERT_LINK_SERVES(fd, 120);
+  ASSERT_MEMORY();
   close(fd);
 }
 
@@ -2818,7 +2832,8 @@ int main(int argc, char **argv) {
   CU_add_test(t, "STAGE_PULL / STAGE_PUSH without a QP: FAILED, link kept, a warning a second at most",
               test_stage_rdma_without_qp);
   CU_add_test(t, "malformed staged frames close only their link", test_stage_malformed_closes_link);
-  CU_add_test(t, "RDMA_CONNECT refused (no QP): the RDMA_CONNECT_ACK parses",
+  CU_add_test(t,
+              "RDMA_CONNECT refused (no QP), 8 times: each RDMA_CONNECT_ACK parses, a line a second at most",
               test_rdma_connect_refusal_parses);
   CU_add_test(t, "a STAGE_READ flood nobody reads: bounded, RESOURCE_EXHAUSTED beyond",
               test_stage_read_flood_bounded);

@@ -528,8 +528,12 @@ static void erdma_target_connect(struct conn *c, const struct wire_msg *m) {
   uint8_t buf[WIRE_HDR_LEN + 4 + WIRE_QP_INFO_LEN];
   uint32_t status = 1;
   struct erdma_link *l = NULL;
+  unsigned long long more;
   qp_info_of(m, &peer);
-  if (eng_of(e) && !link_of(c) && !(l = calloc(1, sizeof(*l)))) snprintf(err, sizeof(err), "out of memory");
+  if (eng_of(e) && link_of(c))
+    snprintf(err, sizeof(err), "this link has a QP already");
+  else if (eng_of(e) && !(l = calloc(1, sizeof(*l))))
+    snprintf(err, sizeof(err), "out of memory");
   struct rdma_dev *d = l ? &eng_of(e)->dev[l->dev = dev_of_conn(c)] : NULL;
   if (d && atomic_load(&eng_of(e)->cq_err[l->dev]))
     snprintf(err, sizeof(err), "RDMA device %s: its completion queue overran (CQ_ERR)", d->name);
@@ -553,7 +557,9 @@ static void erdma_target_connect(struct conn *c, const struct wire_msg *m) {
     }
   }
   if (status != 0) free(l);
-  if (status != 0) log_error("link from %s: cannot connect a QP: %s", link_remote(c), err);
+  if (status != 0 && link_refused_say(c, &more)) /* a peer can send it over and over: not a line each */
+    log_error("link from %s: cannot connect a QP: %s (%llu more refused since the last such line)",
+              link_remote(c), err, more);
   if (local.mtu == 0) local.mtu = 1; /* a refusal without a QP: its fields are not read, but must parse */
   link_queue_copy(c, buf, put_qp_frame(buf, sizeof(buf), WIRE_RDMA_CONNECT_ACK, status, &local));
 }
