@@ -18,7 +18,7 @@
 #include "kv_int.h"
 #include "test_util.h"
 
-enum { LAYERS = 2, BLOCKS = 8, NB = 2, BLOCK_TOKENS = 4, ELEM = 2, BLOCK_BYTES = BLOCK_TOKENS * 8 * ELEM };
+enum { LAYERS = 2, BLOCKS = 24, NB = 2, BLOCK_TOKENS = 4, ELEM = 2, BLOCK_BYTES = BLOCK_TOKENS * 8 * ELEM };
 #define WAIT_MS 10000 /* a request ends well within this, or it never will */
 
 /* The plugin's one entry point, here linked in rather than found by dlsym. */
@@ -367,6 +367,51 @@ static void test_gone_consumer_costs_one_connect_timeout(void) {
   inst_down(&p);
 }
 
+/* Two gone consumers whose Links failed apart: A's in a step of its own, then four
+ * steps of a push to each. The second step dials B (A is in its window); while it waits
+ * connect_timeout_ms, A's window ends, so before, the third step dialled A while B was
+ * in its window, the fourth B, and so on: the two alternated and every step waited
+ * connect_timeout_ms (found by chaos.py seed 40355, ASan: push, decode TP 4, a rank
+ * killed, the other three ranks' links lost earlier than the dead one's Link failed;
+ * prefill pushed 1 s a step and still held blocks when it was shut down). A step whose
+ * dial failed gives the consumers it left out its window too: two connect_timeout_ms
+ * in all, the three steps behind fail at once. Each ends failed, the producer holds
+ * nothing. */
+static void test_gone_consumers_out_of_phase(void) {
+  enum { NSTEP = 4, CONNECT_MS = 1000 };
+  struct inst p;
+  bool up = inst_up_with(&p, "producer",
+                         "\"mode\": \"push\", \"lease_ms\": 20000, \"transfer_timeout_ms\": 2000, "
+                         "\"connect_timeout_ms\": 1000, \"notify_timeout_ms\": 500",
+                         0x11);
+  CU_ASSERT_FATAL(up);
+  uint16_t port[2] = {tu_free_port(), tu_free_port()}; /* nobody listens there: connection refused */
+  CU_ASSERT_FATAL(port[0] != 0 && port[1] != 0 && port[0] != port[1]);
+  int64_t t0 = tu_now_ms();
+  int n = 0;
+  for (int st = 0; st <= NSTEP; st++) { /* step 0: A alone; then A and B */
+    for (int k = 0; k < (st ? 2 : 1); k++, n++) {
+      char id[16], params[512];
+      const uint64_t pb[NB] = {(uint64_t)(2 * n), (uint64_t)(2 * n + 1)};
+      snprintf(id, sizeof(id), "O%d", n);
+      snprintf(params, sizeof(params),
+               "{\"do_remote_decode\": true, \"remote_engine\": \"127.0.0.1:%u\", \"remote_request_id\": "
+               "\"%s\", \"remote_block_ids\": [1, 2], \"tp_size\": 1, \"cap\": "
+               "\"00112233445566778899aabbccddeeff\"}",
+               (unsigned)port[k], id);
+      produce(&p, id, params, pb);
+    }
+    step(&p);
+    for (uint32_t l = 0; l < LAYERS; l++) ST_IS(ops->save_kv_layer(p.worker, l), HIXL_KV_SUCCESS);
+  }
+  CU_ASSERT_FATAL(2 * n <= BLOCKS);
+  int64_t took = wait_pushes_failed(&p, 'O', n, t0);
+  CU_ASSERT_TRUE(took < 3 * CONNECT_MS + CONNECT_MS / 2); /* 2 x CONNECT_MS and some; before: NSTEP + 1 */
+  if (took >= 3 * CONNECT_MS + CONNECT_MS / 2)
+    fprintf(stderr, "test_kv_pusher: the pushes to two gone consumers took %lld ms\n", (long long)took);
+  inst_down(&p);
+}
+
 /* One step of four requests, each to a consumer of its own that never answers (a hung
  * peer), transfer_timeout_ms 1 s and notify_timeout_ms 2 s: the four ACCEPTs time out
  * together, and the four ABORTs that follow (each waits notify_timeout_ms) are told
@@ -424,6 +469,8 @@ int main(void) {
       {"a gone consumer costs one connect_timeout_ms, not one per step queued behind it",
        test_gone_consumer_costs_one_connect_timeout},
       {"a step's failed pushes to several consumers are told (ABORT) together", test_aborts_told_together},
+      {"two gone consumers whose Links failed apart do not take a connect_timeout_ms a step in turn",
+       test_gone_consumers_out_of_phase},
       CU_TEST_INFO_NULL};
   CU_SuiteInfo suites[] = {{"kv_pusher", NULL, NULL, NULL, NULL, tests}, CU_SUITE_INFO_NULL};
   return tu_run_suites("test_kv_pusher", suites);

@@ -321,7 +321,8 @@ static size_t gone_slot(hixl_kv_connector *c, const char *remote, bool make) {
  * part. A part whose link failed fails now. A consumer a Link failed to less than connect_timeout_ms ago is
  * not dialled again, its parts fail at once: else each step queued behind a dead consumer would wait its
  * own connect_timeout_ms on this thread (and every other consumer's pushes behind it); one that comes back
- * is linked again once that time has passed. */
+ * is linked again once that time has passed. A step whose dial failed gives that time to the consumers it
+ * left out too. */
 static void link_all(hixl_kv_connector *c, struct kv_push **v, size_t n, struct push_part *p) {
   struct link_job *jobs = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*jobs)));
   size_t nj = 0, *of = KV_ALLOC(KV_TEST_PUSH, calloc(n, sizeof(*of)));
@@ -350,6 +351,7 @@ static void link_all(hixl_kv_connector *c, struct kv_push **v, size_t n, struct 
     jobs[k].started = nj > 1 && pthread_create(&jobs[k].t, NULL, link_main, &jobs[k]) == 0;
     if (jobs[k].started) thread_name(jobs[k].t, "hixl-kv-link");
   }
+  uint64_t until = 0; /* the window of a dial that failed here */
   for (size_t k = 0; k < nj; k++) {
     if (jobs[k].skipped) continue;
     if (jobs[k].started)
@@ -360,6 +362,14 @@ static void link_all(hixl_kv_connector *c, struct kv_push **v, size_t n, struct 
     if (g < KV_PUSH_GONE) /* failed: remembered from now; linked: forgotten */
       c->push.gone[g].until_ns =
           jobs[k].st != HIXL_SUCCESS ? kv_now_ns() + (uint64_t)c->cfg.connect_timeout_ms * 1000000ull : 0;
+    if (g < KV_PUSH_GONE && c->push.gone[g].until_ns > until) until = c->push.gone[g].until_ns;
+  }
+  /* The consumers left out share that window: theirs ended while this step's dial waited,
+   * and the next step would dial them alone, then this one's again: a step each,
+   * connect_timeout_ms each, in turn (a dead instance's ranks whose links went apart). */
+  for (size_t k = 0; until && k < nj; k++) {
+    size_t g = jobs[k].skipped ? gone_slot(c, jobs[k].e->remote, false) : KV_PUSH_GONE;
+    if (g < KV_PUSH_GONE && c->push.gone[g].until_ns < until) c->push.gone[g].until_ns = until;
   }
   for (size_t i = 0; i < n; i++)
     if ((p[i].st = jobs[of[i]].st) != HIXL_SUCCESS)
