@@ -50,6 +50,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -69,11 +70,24 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
+/* The engines' last messages (quiet keeps them), shown when an invariant fails. */
+#define LAST_LOG 16
+static char last[LAST_LOG][256];
+static unsigned last_n;
+static pthread_mutex_t last_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static _Noreturn void fail(void) {
+  unsigned n = last_n < LAST_LOG ? last_n : LAST_LOG;
+  for (unsigned i = last_n - n; i < last_n; i++)
+    fprintf(stderr, "fuzz_link: engine said: %s\n", last[i % LAST_LOG]);
+  abort();
+}
+
 #define CHECK(cond)                                                                                          \
   do {                                                                                                       \
     if (!(cond)) {                                                                                           \
       fprintf(stderr, "fuzz_link: %s:%d: invariant failed: %s\n", __FILE__, __LINE__, #cond);                \
-      abort();                                                                                               \
+      fail();                                                                                                \
     }                                                                                                        \
   } while (0)
 
@@ -127,6 +141,9 @@ static void quiet(HixlLogLevel level, const char *message, void *ctx) {
   (void)level;
   (void)ctx;
   CHECK(message != NULL);
+  pthread_mutex_lock(&last_lock);
+  snprintf(last[last_n++ % LAST_LOG], sizeof(last[0]), "%s", message);
+  pthread_mutex_unlock(&last_lock);
 }
 
 static uint16_t free_port(void) {
@@ -479,7 +496,7 @@ static int raw_link(bool hold) {
   if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
     fprintf(stderr, "fuzz_link: cannot connect to the target: %s (%d descriptors open here)\n",
             strerror(errno), fds_open());
-    abort();
+    fail();
   }
   size_t n = wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, PEER_NAME);
   CHECK(n > 0 && send(fd, buf, n, MSG_NOSIGNAL) == (ssize_t)n);
@@ -516,7 +533,7 @@ static void check_answers(const uint8_t *b, size_t n) {
     if (wire_decode(&h, b + WIRE_HDR_LEN, &m) != WIRE_OK) {
       fprintf(stderr, "fuzz_link: the target sent a malformed %s (body %u bytes, payload %u)\n",
               wire_type_name(h.type), h.body_len, h.payload_len);
-      abort();
+      fail();
     }
     size_t pay =
         n - WIRE_HDR_LEN - h.body_len < h.payload_len ? n - WIRE_HDR_LEN - h.body_len : h.payload_len;
@@ -553,7 +570,7 @@ static void pump(int fd, const struct out *o) {
       fprintf(stderr, "fuzz_link: the link stood still for %d ms (%s, %zu of %zu bytes sent)\n",
               FUZZ_LINK_CLOSE_MS,
               shut ? "half-closed, the target did not close it" : "the target read nothing", sent, o->len);
-      abort();
+      fail();
     }
     if (k <= 0) continue;
     if (reading && (p.revents & (POLLIN | POLLHUP | POLLERR))) {
@@ -609,7 +626,7 @@ static void check_engine(void) {
   if (base < 0) base = fds_open();
   if (++runs % 256 == 0 && fds_open() > base + FUZZ_LINK_FDS) {
     fprintf(stderr, "fuzz_link: %d descriptors open, %d after the first input\n", fds_open(), base);
-    abort();
+    fail();
   }
 }
 
