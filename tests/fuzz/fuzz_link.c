@@ -38,7 +38,7 @@
  * addr: a selector byte (P, R's end, S_lo, S_hi + 1, 0, ~0, 8 input bytes, G),
  * plus a signed 16-bit offset when its bit 3 is set. len(mod): mod & 3 picks 1, 2, 3
  * or 4 input bytes. A length field may lie; the payload sent is bounded (FUZZ_LINK_PAY).
- * With a hold anywhere in the input, the raw link's receive buffer is small and nothing
+ * With a hold anywhere in the input, the raw link's receive buffer is 64 KiB and nothing
  * is read back until the target has taken no byte for FUZZ_LINK_HOLD_MS, so that its
  * answers back up (LinkAnswersMax is 16 here) and the link stalls and resumes.
  *
@@ -492,7 +492,7 @@ static int raw_link(bool hold) {
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  if (hold) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &(int){4096}, sizeof(int));
+  if (hold) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &(int){65536}, sizeof(int));
   if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
     fprintf(stderr, "fuzz_link: cannot connect to the target: %s (%d descriptors open here)\n",
             strerror(errno), fds_open());
