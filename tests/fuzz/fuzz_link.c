@@ -459,6 +459,7 @@ static uint64_t now_ms(void) {
 
 static bool recv_all(int fd, void *p, size_t n) {
   uint8_t *b = p;
+  errno = 0;
   while (n) {
     ssize_t k = recv(fd, b, n, 0);
     if (k <= 0) return false;
@@ -500,7 +501,11 @@ static int raw_link(bool hold) {
   }
   size_t n = wire_put_hello(buf, sizeof(buf), WIRE_CAP_TCP_DATA, PEER_NAME);
   CHECK(n > 0 && send(fd, buf, n, MSG_NOSIGNAL) == (ssize_t)n);
-  CHECK(recv_all(fd, buf, WIRE_HDR_LEN));
+  if (!recv_all(fd, buf, WIRE_HDR_LEN)) { /* EOF: it closed the link; EAGAIN: 5 s without an answer */
+    fprintf(stderr, "fuzz_link: no HELLO_ACK: %s (%d descriptors open here)\n",
+            errno ? strerror(errno) : "EOF", fds_open());
+    fail();
+  }
   CHECK(wire_parse_hdr(buf, &h) == WIRE_OK && h.type == WIRE_HELLO_ACK);
   uint8_t *body = malloc(h.body_len ? h.body_len : 1);
   CHECK(body && recv_all(fd, body, h.body_len));
