@@ -86,10 +86,11 @@ static void side_gone(struct mh_router *rt, int k) {
 }
 
 /* link-cut: at the Nth hand-off prefill stops answering (SIGSTOP: no FIN, no RST, as a
- * partition looks to its peer) until every transfer in flight has ended. In pull mode it
- * is stopped before decode is told to load (a stop sent after could land only once decode
- * had pinned and read: the router may be preempted between the two); in push mode after
- * prefill is told to push. The router waits until the stop has taken effect. */
+ * partition looks to its peer) until every transfer in flight has ended. It is stopped
+ * before decode is told to load (pull) or prefill to push (push): a stop sent after could
+ * land only once the transfer had ended, the router preempted between the two (seen in
+ * push mode under TSan: every request verified, the fault acted on nothing). The router
+ * waits until the stop has taken effect. */
 static void cut_maybe(struct mh_router *rt) {
   struct mh_child *s = &rt->side[0];
   if (rt->o->fault != MH_FAULT_LINK_CUT || ++rt->handed_off != rt->o->fault_at || s->dead) return;
@@ -256,8 +257,8 @@ static void handle(struct mh_router *rt, int k, uint8_t type, struct mh_in *in) 
     mh_put_str(&o, str, n); /* where to write: decode's blocks */
     r->state = MH_R_PUSH;
     reset_maybe(rt);
+    cut_maybe(rt); /* before: it reads the request once resumed */
     mh_send(rt->side[0].conn.fd, MH_REQ, &o);
-    cut_maybe(rt);
     return;
   }
   if (type == MH_DONE && k == 1) {
